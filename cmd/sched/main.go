@@ -1,0 +1,94 @@
+// Command sched is kiln's one binary: it enqueues work, runs workers, trains,
+// tokenizes, verifies and benchmarks. Each subcommand lives in its own file
+// and adds itself to the root command from an init function.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// Exit codes. Bad input (a usage mistake, an unknown name, a malformed file,
+// a server that refuses our credentials) exits 2 so that scripts can tell it
+// from a failure of the work itself (1).
+const (
+	exitOK       = 0
+	exitFailure  = 1
+	exitBadInput = 2
+)
+
+var rootCmd = &cobra.Command{
+	Use:   "sched",
+	Short: "kiln: turn public datasets into a small code language model on one GPU",
+	Long: `sched drives kiln: enqueue ingest and training work, run workers, and
+inspect runs. Configuration comes from flags, then KILN_* environment
+variables, then an optional config file (see 'sched config').`,
+	SilenceUsage:  true,
+	SilenceErrors: true,
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := rootCmd.ExecuteContext(ctx)
+	stop()
+	os.Exit(report(err))
+}
+
+// report prints err on one line and maps it to an exit code.
+func report(err error) int {
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintln(os.Stderr, "sched:", err)
+	if isBadInput(err) {
+		return exitBadInput
+	}
+	return exitFailure
+}
+
+// badInputError marks an error as the caller's to fix (exit code 2).
+type badInputError struct{ err error }
+
+func (e badInputError) Error() string  { return e.err.Error() }
+func (e badInputError) Unwrap() error  { return e.err }
+func (e badInputError) BadInput() bool { return true }
+
+// badInput wraps err (or a formatted message) as bad input.
+func badInput(format string, args ...any) error {
+	return badInputError{fmt.Errorf(format, args...)}
+}
+
+// isBadInput reports whether any error in the chain says it is bad input.
+// Packages below cmd opt in by implementing BadInput() bool, without
+// importing anything from here.
+func isBadInput(err error) bool {
+	var b interface{ BadInput() bool }
+	return errors.As(err, &b) && b.BadInput()
+}
+
+func init() {
+	rootCmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return badInputError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
+	})
+}
+
+// argsError is returned by exactArgs and friends.
+type argsError struct{ error }
+
+func (argsError) BadInput() bool { return true }
+
+// exactArgs is cobra.ExactArgs with a message that says what to pass.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if len(args) != n {
+			return argsError{fmt.Errorf("%s expects %s (got %d argument(s)); see '%s --help'", c.CommandPath(), what, len(args), c.CommandPath())}
+		}
+		return nil
+	}
+}

@@ -1,0 +1,74 @@
+// Package model holds the Llama architecture kiln trains: its configuration
+// (transformers' config.json), its parameters under Hugging Face tensor
+// names, safetensors I/O, the engine interface both engines implement, and
+// the CPU reference engine every faster path is checked against.
+package model
+
+import "fmt"
+
+// Config is a Llama configuration. Field names follow transformers'
+// LlamaConfig; JSON reading and writing (including rope_parameters and the
+// older rope_theta) lives in configjson.go.
+type Config struct {
+	VocabSize        int     // vocab_size
+	Hidden           int     // hidden_size (d_model)
+	Layers           int     // num_hidden_layers
+	Heads            int     // num_attention_heads
+	KVHeads          int     // num_key_value_heads
+	HeadDim          int     // head_dim (Hidden/Heads when absent)
+	Intermediate     int     // intermediate_size (SwiGLU width, d_ff)
+	MaxPositions     int     // max_position_embeddings
+	RopeTheta        float64 // rope_parameters.rope_theta (or rope_theta)
+	RMSNormEps       float64 // rms_norm_eps
+	TieEmbeddings    bool    // tie_word_embeddings
+	BOSTokenID       int     // bos_token_id
+	EOSTokenID       int     // eos_token_id
+	InitializerRange float64 // initializer_range (std of the normal init)
+}
+
+// Validate reports the first field that makes c unusable, by its JSON name.
+func (c Config) Validate() error {
+	switch {
+	case c.VocabSize <= 0:
+		return fmt.Errorf("vocab_size must be positive, got %d", c.VocabSize)
+	case c.Hidden <= 0:
+		return fmt.Errorf("hidden_size must be positive, got %d", c.Hidden)
+	case c.Layers <= 0:
+		return fmt.Errorf("num_hidden_layers must be positive, got %d", c.Layers)
+	case c.Heads <= 0 || c.KVHeads <= 0:
+		return fmt.Errorf("num_attention_heads (%d) and num_key_value_heads (%d) must be positive", c.Heads, c.KVHeads)
+	case c.Heads%c.KVHeads != 0:
+		return fmt.Errorf("num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", c.Heads, c.KVHeads)
+	case c.HeadDim <= 0 || c.HeadDim%2 != 0:
+		return fmt.Errorf("head_dim must be positive and even, got %d", c.HeadDim)
+	case c.Intermediate <= 0:
+		return fmt.Errorf("intermediate_size must be positive, got %d", c.Intermediate)
+	case c.RopeTheta <= 0:
+		return fmt.Errorf("rope_theta must be positive, got %g", c.RopeTheta)
+	case c.RMSNormEps <= 0:
+		return fmt.Errorf("rms_norm_eps must be positive, got %g", c.RMSNormEps)
+	}
+	return nil
+}
+
+// Presets are the model sizes selected with --model.
+var Presets = map[string]Config{
+	// tiny: for tests and the demo; trains on a CPU in minutes.
+	"tiny": {VocabSize: 4096, Hidden: 128, Layers: 4, Heads: 4, KVHeads: 2, HeadDim: 32, Intermediate: 352,
+		MaxPositions: 1024, RopeTheta: 10000, RMSNormEps: 1e-5, TieEmbeddings: true, BOSTokenID: 1, EOSTokenID: 0, InitializerRange: 0.02},
+	// small: 32.0M parameters, the pilot's model.
+	"small": {VocabSize: 16384, Hidden: 512, Layers: 8, Heads: 8, KVHeads: 4, HeadDim: 64, Intermediate: 1408,
+		MaxPositions: 4096, RopeTheta: 10000, RMSNormEps: 1e-5, TieEmbeddings: true, BOSTokenID: 1, EOSTokenID: 0, InitializerRange: 0.02},
+	// base: 101.7M parameters.
+	"base": {VocabSize: 32000, Hidden: 768, Layers: 16, Heads: 12, KVHeads: 4, HeadDim: 64, Intermediate: 1408,
+		MaxPositions: 4096, RopeTheta: 10000, RMSNormEps: 1e-5, TieEmbeddings: true, BOSTokenID: 1, EOSTokenID: 0, InitializerRange: 0.02},
+}
+
+// Preset returns the named model size, or an error that lists the names.
+func Preset(name string) (Config, error) {
+	c, ok := Presets[name]
+	if !ok {
+		return Config{}, fmt.Errorf("unknown model %q: choose tiny, small or base", name)
+	}
+	return c, nil
+}

@@ -1,0 +1,177 @@
+package model
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// Batch is one micro-batch: B sequences of T positions. Targets[i] is the
+// token that should follow Inputs[i], or -1 where no loss is taken (the
+// golden files' last position). The loss is the mean cross-entropy over the
+// positions whose target is not -1.
+type Batch struct {
+	B, T    int
+	Inputs  []int32 // (B, T)
+	Targets []int32 // (B, T), -1 = ignored
+}
+
+// AdamW holds one optimizer step's hyper-parameters. Weight decay is
+// decoupled and applies to parameters of 2 or more dimensions only.
+type AdamW struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float64
+	// Clip is the global gradient-norm limit; 0 disables clipping.
+	Clip float64
+}
+
+// StepMetrics is what a step reports once the engine is synchronised.
+type StepMetrics struct {
+	// Loss is the sum over the micro-batches since ZeroGrad of
+	// scale x (mean loss of the micro-batch): the mean loss of the whole
+	// batch when the trainer passes scale = 1/k for k equal micro-batches.
+	Loss float64
+	// GradNorm is the global gradient norm before clipping, of the last Step.
+	GradNorm float64
+}
+
+// OptimizerState is the AdamW state, laid out like Params.Data.
+type OptimizerState struct {
+	Step int       // number of AdamW steps taken (bias correction)
+	M, V []float32 // first and second moments
+}
+
+// Sampling selects the next token in generation.
+type Sampling struct {
+	Temperature float64 // 0 = greedy
+	TopK        int     // 0 = whole vocabulary
+	Seed        uint64
+}
+
+// MemoryStats is what an engine reports of its memory use, in bytes.
+type MemoryStats struct {
+	PeakAllocated int64 // tensors and workspaces (comparable to torch.cuda.max_memory_allocated)
+	InUse         int64 // what the process holds on the device now
+}
+
+// Engine runs the model: both the CPU reference and the CUDA engine
+// implement it, and the trainer sees nothing else. Engines are not safe for
+// concurrent use; the CUDA engine pins its calls to one OS thread itself.
+type Engine interface {
+	Name() string
+	Config() Config
+
+	// SetParams copies p onto the engine and resets gradients; Params copies
+	// the engine's current parameters back into p.
+	SetParams(p *Params) error
+	Params(p *Params) error
+	SetOptimizerState(s *OptimizerState) error
+	OptimizerState() (*OptimizerState, error)
+
+	// ZeroGrad clears the accumulated gradients and loss.
+	ZeroGrad() error
+	// ForwardBackward runs one micro-batch and adds scale x its gradient
+	// (of the mean loss) to the accumulated gradients. It need not wait for
+	// the device; errors may surface at the next synchronising call.
+	ForwardBackward(b Batch, scale float32) error
+	// Step clips the global gradient norm and applies one AdamW update.
+	Step(o AdamW) error
+	// Metrics waits for the engine and returns the loss accumulated since
+	// ZeroGrad and the last Step's gradient norm.
+	Metrics() (StepMetrics, error)
+	// Grads copies the accumulated gradients into g (laid out like Params).
+	Grads(g *Params) error
+
+	// Logits runs the forward pass only and returns (B, T, vocab) logits.
+	Logits(b Batch) ([]float32, error)
+	// EvalLoss returns the mean loss of b without touching gradients.
+	EvalLoss(b Batch) (float64, error)
+	// Generate extends prompt by up to n tokens with a KV cache, stopping
+	// early after stop when stop >= 0.
+	Generate(prompt []int32, n int, stop int32, s Sampling) ([]int32, error)
+
+	Memory() MemoryStats
+	Close() error
+}
+
+// Options select and configure an engine.
+type Options struct {
+	// Precision is "fp32" or "bf16". The CPU engine computes in fp32 always.
+	Precision string
+	// MaxBatch and MaxSeq bound the micro-batch, so that an engine can
+	// allocate its activations once.
+	MaxBatch, MaxSeq int
+	// Threads bounds CPU parallelism (0 = all cores).
+	Threads int
+	// ForceSM80 makes the CUDA engine build the sm_80 path on a newer GPU.
+	ForceSM80 bool
+	// Log receives one-line notices, such as why "auto" fell back to the CPU.
+	Log func(string)
+}
+
+// Factory makes an engine for c. An error that implements
+// Unavailable() bool means the engine cannot run here (no device, no
+// library); "auto" then falls back to the CPU.
+type Factory func(c Config, o Options) (Engine, error)
+
+var (
+	enginesMu sync.Mutex
+	engines   = map[string]Factory{}
+)
+
+// Register makes an engine available by name. Engines register from init.
+func Register(name string, f Factory) {
+	enginesMu.Lock()
+	defer enginesMu.Unlock()
+	engines[name] = f
+}
+
+// Engines lists the registered engine names.
+func Engines() []string {
+	enginesMu.Lock()
+	defer enginesMu.Unlock()
+	var names []string
+	for n := range engines {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// NewEngine makes the named engine: "cpu", "cuda", or "auto" (cuda when it
+// loads, else cpu with a one-line notice through o.Log).
+func NewEngine(name string, c Config, o Options) (Engine, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Precision == "" {
+		o.Precision = "bf16"
+	}
+	if o.Precision != "fp32" && o.Precision != "bf16" {
+		return nil, fmt.Errorf("unknown precision %q: choose fp32 or bf16", o.Precision)
+	}
+	enginesMu.Lock()
+	cuda, cpu := engines["cuda"], engines["cpu"]
+	f, ok := engines[name]
+	enginesMu.Unlock()
+	if name == "auto" {
+		if cuda != nil {
+			e, err := cuda(c, o)
+			if err == nil {
+				return e, nil
+			}
+			if o.Log != nil {
+				o.Log("engine auto: using the CPU: " + err.Error())
+			}
+		} else if o.Log != nil {
+			o.Log("engine auto: using the CPU: this build has no CUDA engine")
+		}
+		if cpu == nil {
+			return nil, fmt.Errorf("engine auto: no CPU engine registered")
+		}
+		return cpu(c, o)
+	}
+	if !ok {
+		return nil, fmt.Errorf("unknown engine %q: choose cuda, cpu or auto (registered: %v)", name, Engines())
+	}
+	return f(c, o)
+}

@@ -1,0 +1,221 @@
+// Package trainer is kiln's training loop: the learning-rate schedule,
+// micro-batches with gradient accumulation, evaluation, metrics and
+// checkpoints that resume bit-for-bit. It sees the model only through
+// model.Engine, so the CPU reference and the CUDA engine run the same loop.
+package trainer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+// RunConfig is what a run trains, on what, and how; it is read from YAML
+// (`sched train --config FILE`) and stored in every checkpoint, so that a
+// resumed run continues with the same settings. Zero values take the
+// defaults of WithDefaults.
+type RunConfig struct {
+	// Model is a preset name (tiny, small, base).
+	Model string `yaml:"model" json:"model"`
+	// Seq is the number of positions per sequence (the window is Seq+1 ids).
+	Seq int `yaml:"seq" json:"seq"`
+	// Batch is the number of sequences per micro-batch.
+	Batch int `yaml:"batch" json:"batch"`
+	// Accumulate is the number of micro-batches per optimizer step.
+	Accumulate int `yaml:"accumulate" json:"accumulate"`
+
+	// LR is the peak learning rate; Warmup the number of warmup steps;
+	// Floor the end of the cosine decay as a fraction of LR.
+	LR     float64 `yaml:"lr" json:"lr"`
+	Warmup int     `yaml:"warmup" json:"warmup"`
+	Floor  float64 `yaml:"floor" json:"floor"`
+
+	// TotalSteps is the length of the run in optimizer steps; when zero it
+	// is derived from TotalTokens. The cosine decays over the whole run.
+	TotalSteps  int   `yaml:"total_steps" json:"total_steps"`
+	TotalTokens int64 `yaml:"total_tokens" json:"total_tokens"`
+
+	Clip        float64 `yaml:"clip" json:"clip"`
+	WeightDecay float64 `yaml:"weight_decay" json:"weight_decay"`
+	Beta1       float64 `yaml:"beta1" json:"beta1"`
+	Beta2       float64 `yaml:"beta2" json:"beta2"`
+	Eps         float64 `yaml:"eps" json:"eps"`
+
+	// EvalEvery, CheckpointEvery and LogEvery count optimizer steps; zero
+	// disables evaluation or periodic checkpoints. EvalBatches is the
+	// number of held-out micro-batches one evaluation averages.
+	EvalEvery       int `yaml:"eval_every" json:"eval_every"`
+	EvalBatches     int `yaml:"eval_batches" json:"eval_batches"`
+	CheckpointEvery int `yaml:"checkpoint_every" json:"checkpoint_every"`
+	LogEvery        int `yaml:"log_every" json:"log_every"`
+
+	// Seed fixes the initial weights and the data order.
+	Seed uint64 `yaml:"seed" json:"seed"`
+	// Engine is cpu, cuda or auto; Precision fp32 or bf16.
+	Engine    string `yaml:"engine" json:"engine"`
+	Precision string `yaml:"precision" json:"precision"`
+
+	// Mixture lists the token stores and their sampling weights.
+	Mixture []MixtureEntry `yaml:"mixture" json:"mixture"`
+}
+
+// MixtureEntry is one token store and its share of the training windows.
+type MixtureEntry struct {
+	Store  string  `yaml:"store" json:"store"`
+	Weight float64 `yaml:"weight" json:"weight"`
+}
+
+// ParseMixtureEntry reads the command line's STORE[=WEIGHT] (weight 1 when
+// absent).
+func ParseMixtureEntry(s string) (MixtureEntry, error) {
+	store, w, ok := strings.Cut(s, "=")
+	e := MixtureEntry{Store: store, Weight: 1}
+	if store == "" {
+		return e, badInput(fmt.Errorf("--tokens %q: give a token store directory, optionally =WEIGHT", s))
+	}
+	if ok {
+		v, err := strconv.ParseFloat(w, 64)
+		if err != nil || !(v > 0) {
+			return e, badInput(fmt.Errorf("--tokens %q: the weight after = must be a positive number", s))
+		}
+		e.Weight = v
+	}
+	return e, nil
+}
+
+// WithDefaults returns c with every zero field set to its default, the one
+// place defaults are decided.
+func (c RunConfig) WithDefaults() RunConfig {
+	def := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	deff := func(p *float64, v float64) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	if c.Model == "" {
+		c.Model = "tiny"
+	}
+	def(&c.Seq, 256)
+	def(&c.Batch, 8)
+	def(&c.Accumulate, 1)
+	deff(&c.LR, 3e-4)
+	deff(&c.Floor, 0.1)
+	deff(&c.Clip, 1.0)
+	deff(&c.Beta1, 0.9)
+	deff(&c.Beta2, 0.95)
+	deff(&c.Eps, 1e-8)
+	def(&c.EvalBatches, 4)
+	def(&c.LogEvery, 10)
+	if c.TotalSteps == 0 && c.TotalTokens > 0 {
+		per := int64(c.TokensPerStep())
+		c.TotalSteps = int((c.TotalTokens + per - 1) / per)
+	}
+	if c.Engine == "" {
+		c.Engine = "auto"
+	}
+	if c.Precision == "" {
+		c.Precision = "bf16"
+	}
+	for i := range c.Mixture {
+		deff(&c.Mixture[i].Weight, 1)
+	}
+	return c
+}
+
+// TokensPerStep is the number of target tokens one optimizer step trains on.
+func (c RunConfig) TokensPerStep() int { return c.Batch * c.Accumulate * c.Seq }
+
+// Validate reports the first field that makes c unusable, by its YAML name.
+// It expects c.WithDefaults().
+func (c RunConfig) Validate() error {
+	mc, err := model.Preset(c.Model)
+	if err != nil {
+		return badInput(fmt.Errorf("model: %w", err))
+	}
+	var msg string
+	switch {
+	case c.Seq < 1 || c.Seq > mc.MaxPositions:
+		msg = fmt.Sprintf("seq %d is out of range: model %s takes 1 to %d positions", c.Seq, c.Model, mc.MaxPositions)
+	case c.Batch < 1:
+		msg = fmt.Sprintf("batch must be at least 1, got %d", c.Batch)
+	case c.Accumulate < 1:
+		msg = fmt.Sprintf("accumulate must be at least 1, got %d", c.Accumulate)
+	case !(c.LR > 0):
+		msg = fmt.Sprintf("lr must be positive, got %g", c.LR)
+	case c.Warmup < 0:
+		msg = fmt.Sprintf("warmup must not be negative, got %d", c.Warmup)
+	case c.Floor < 0 || c.Floor > 1:
+		msg = fmt.Sprintf("floor is a fraction of lr between 0 and 1, got %g", c.Floor)
+	case c.TotalSteps <= 0:
+		msg = "set total_steps or total_tokens: the run needs a length for its cosine decay"
+	case c.Clip < 0:
+		msg = fmt.Sprintf("clip must not be negative (0 disables clipping), got %g", c.Clip)
+	case c.WeightDecay < 0:
+		msg = fmt.Sprintf("weight_decay must not be negative, got %g", c.WeightDecay)
+	case c.Beta1 < 0 || c.Beta1 >= 1 || c.Beta2 < 0 || c.Beta2 >= 1:
+		msg = fmt.Sprintf("beta1 (%g) and beta2 (%g) must lie in [0, 1)", c.Beta1, c.Beta2)
+	case !(c.Eps > 0):
+		msg = fmt.Sprintf("eps must be positive, got %g", c.Eps)
+	case c.EvalEvery < 0 || c.CheckpointEvery < 0 || c.LogEvery < 0 || c.EvalBatches < 0:
+		msg = "eval_every, eval_batches, checkpoint_every and log_every must not be negative"
+	case c.Precision != "fp32" && c.Precision != "bf16":
+		msg = fmt.Sprintf("precision %q: choose fp32 or bf16", c.Precision)
+	case len(c.Mixture) == 0:
+		msg = "mixture is empty: name at least one token store (--tokens STORE[=WEIGHT])"
+	}
+	if msg != "" {
+		return badInput(errors.New(msg))
+	}
+	for i, m := range c.Mixture {
+		if m.Store == "" || !(m.Weight > 0) {
+			return badInput(fmt.Errorf("mixture[%d]: needs a store and a positive weight, got %q weight %g", i, m.Store, m.Weight))
+		}
+	}
+	return nil
+}
+
+// ModelConfig is the Llama configuration of c's preset.
+func (c RunConfig) ModelConfig() (model.Config, error) {
+	mc, err := model.Preset(c.Model)
+	if err != nil {
+		return mc, badInput(fmt.Errorf("model: %w", err))
+	}
+	return mc, nil
+}
+
+// LoadRunConfig reads a YAML run configuration; unknown keys are an error,
+// so that a misspelt setting is not silently ignored.
+func LoadRunConfig(path string) (RunConfig, error) {
+	var c RunConfig
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, badInput(fmt.Errorf("run config: %w", err))
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return c, badInput(fmt.Errorf("run config %s: %w (fix the YAML; keys are listed in trainer.RunConfig)", path, err))
+	}
+	return c, nil
+}
+
+// inputError marks an error as the caller's to fix; cmd/sched maps it to
+// exit code 2.
+type inputError struct{ err error }
+
+func (e inputError) Error() string  { return e.err.Error() }
+func (e inputError) Unwrap() error  { return e.err }
+func (e inputError) BadInput() bool { return true }
+
+func badInput(err error) error { return inputError{err} }

@@ -1,0 +1,88 @@
+package trainer
+
+import (
+	"encoding/json"
+	"io"
+	"math"
+	"strings"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+// Metrics is one logged step, written as one JSON line of metrics.jsonl.
+type Metrics struct {
+	Step     int     `json:"step"`
+	Tokens   int64   `json:"tokens"`
+	Loss     float64 `json:"loss"`
+	PPL      float64 `json:"ppl"`
+	LR       float64 `json:"lr"`
+	GradNorm float64 `json:"grad_norm"`
+	TokPerS  float64 `json:"tok_per_s"`
+	// MFU is the model FLOP utilisation, absent where the device's peak is
+	// unknown (the CPU).
+	MFU *float64 `json:"mfu,omitempty"`
+	// EvalLoss is set on steps that ran an evaluation.
+	EvalLoss *float64 `json:"eval_loss,omitempty"`
+	EvalPPL  *float64 `json:"eval_ppl,omitempty"`
+}
+
+// WriteJSONL writes m as one line.
+func (m Metrics) WriteJSONL(w io.Writer) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// FLOPsPerToken is the training cost of one token: 6N for the parameter
+// matmuls (forward and backward) plus 12 L T d for attention scores and
+// values, the PaLM appendix B estimate. N counts the embedding table too
+// because the tied LM head multiplies by it.
+func FLOPsPerToken(c model.Config, seq int) float64 {
+	return 6*float64(c.NumParams()) + 12*float64(c.Layers)*float64(seq)*float64(c.Hidden)
+}
+
+// PeakFLOPS is the dense (no sparsity) peak of known GPUs, in FLOP/s,
+// for bf16 tensor-core math and plain fp32, from the vendors' data sheets.
+// Names match nvidia-smi's product names by substring.
+var PeakFLOPS = []struct {
+	Name       string
+	BF16, FP32 float64
+}{
+	{"H200", 989e12, 67e12},
+	{"H100 PCIe", 756e12, 51e12},
+	{"H100", 989e12, 67e12},
+	{"A100", 312e12, 19.5e12},
+	{"L40S", 362e12, 91.6e12},
+	{"L4", 121e12, 30.3e12},
+	{"A10", 125e12, 31.2e12},
+	{"RTX 4090", 165e12, 82.6e12},
+	{"RTX 3090", 71e12, 35.6e12},
+	{"RTX 3080", 59.5e12, 29.8e12},
+	{"RTX 3060", 25.6e12, 12.7e12},
+}
+
+// PeakFor returns the peak FLOP/s of the named device at precision, or 0
+// when it is not in the table (then MFU is left out).
+func PeakFor(device, precision string) float64 {
+	for _, p := range PeakFLOPS {
+		if strings.Contains(device, p.Name) {
+			if precision == "fp32" {
+				return p.FP32
+			}
+			return p.BF16
+		}
+	}
+	return 0
+}
+
+// MFU is tok/s x FLOPs per token / peak, or nil without a known peak.
+func MFU(tokPerS, flopsPerToken, peak float64) *float64 {
+	if peak <= 0 || math.IsNaN(tokPerS) {
+		return nil
+	}
+	v := tokPerS * flopsPerToken / peak
+	return &v
+}

@@ -1,0 +1,62 @@
+package trainer
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"testing"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+func TestFLOPsPerTokenOfSmall(t *testing.T) {
+	c, _ := model.Preset("small")
+	// 6 x 32.0M + 12 x 8 layers x 1024 x 512 = 192.1e6 + 50.3e6.
+	got := FLOPsPerToken(c, 1024)
+	want := 6*float64(c.NumParams()) + 12*8*1024*512
+	if got != want || math.Abs(got-242.4e6) > 0.5e6 {
+		t.Errorf("FLOPs per token = %g, want %g (about 242.4e6)", got, want)
+	}
+}
+
+func TestMFUUsesTheDevicePeak(t *testing.T) {
+	peak := PeakFor("NVIDIA H200", "bf16")
+	if peak != 989e12 {
+		t.Fatalf("H200 bf16 peak = %g", peak)
+	}
+	if PeakFor("NVIDIA H100 PCIe", "bf16") != 756e12 {
+		t.Errorf("H100 PCIe must not match the SXM entry")
+	}
+	if PeakFor("NVIDIA GeForce RTX 3060", "fp32") != 12.7e12 {
+		t.Errorf("RTX 3060 fp32 peak wrong")
+	}
+	m := MFU(1e6, 242.4e6, peak)
+	if m == nil || math.Abs(*m-0.2451) > 1e-3 {
+		t.Errorf("MFU = %v, want about 0.245", m)
+	}
+	if MFU(1e6, 242.4e6, PeakFor("cpu", "fp32")) != nil {
+		t.Errorf("unknown device: MFU must be left out")
+	}
+}
+
+func TestMetricsLineIsOneJSONObject(t *testing.T) {
+	var buf bytes.Buffer
+	m := Metrics{Step: 3, Tokens: 300, Loss: 2, PPL: math.Exp(2), LR: 1e-4, GradNorm: 0.5, TokPerS: 1000}
+	if err := m.WriteJSONL(&buf); err != nil {
+		t.Fatal(err)
+	}
+	line := buf.String()
+	if line[len(line)-1] != '\n' || bytes.Count(buf.Bytes(), []byte("\n")) != 1 {
+		t.Fatalf("not one line: %q", line)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["step"] != 3.0 || got["loss"] != 2.0 || got["tok_per_s"] != 1000.0 {
+		t.Errorf("fields: %v", got)
+	}
+	if _, ok := got["mfu"]; ok {
+		t.Errorf("mfu present without a peak: %v", got)
+	}
+}

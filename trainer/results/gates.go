@@ -1,0 +1,200 @@
+package results
+
+import (
+	"fmt"
+	"math"
+	"slices"
+)
+
+// Verdict is a gate's outcome.
+type Verdict string
+
+const (
+	Pass Verdict = "pass"
+	Fail Verdict = "fail"
+	// Unknown means there is not yet enough evidence to decide, which is not
+	// the same as passing: the long run waits for a pass.
+	Unknown Verdict = "unknown"
+)
+
+// Gate is one of the pilot's checks: its number, its limit and its verdict,
+// with a sentence a person can act on.
+type Gate struct {
+	Name    string
+	Value   float64
+	Limit   string
+	Verdict Verdict
+	Detail  string
+}
+
+// The seed plan's thresholds. A spike is a logged loss above SpikeRatio x
+// the median of the SpikeWindow losses before it; generation is sane when at
+// least MinDistinct4Grams of a sample's 4-grams are distinct; throughput is
+// within ThroughputTolerance of the bench figure for the same shape.
+const (
+	SpikeRatio          = 1.5
+	SpikeWindow         = 100
+	FallingFraction     = 0.10
+	MinDistinct4Grams   = 0.5
+	ThroughputTolerance = 0.10
+)
+
+// SmoothGate checks that after warmup no logged training loss exceeds
+// SpikeRatio x the median of the SpikeWindow losses logged before it.
+func SmoothGate(recs []Record, warmupSteps int) Gate {
+	g := Gate{Name: "smooth", Limit: fmt.Sprintf("<= %.1fx the median of the %d losses before", SpikeRatio, SpikeWindow)}
+	pts := TrainCurve(recs)
+	worst, worstStep, checked := 0.0, 0, 0
+	window := make([]float64, 0, SpikeWindow)
+	for i, p := range pts {
+		if p.Step <= warmupSteps || i < SpikeWindow {
+			continue
+		}
+		window = window[:0]
+		for _, q := range pts[i-SpikeWindow : i] {
+			window = append(window, q.Loss)
+		}
+		m := median(window)
+		if m <= 0 {
+			continue
+		}
+		checked++
+		if r := p.Loss / m; r > worst || math.IsNaN(p.Loss) {
+			worst, worstStep = r, p.Step
+		}
+	}
+	g.Value = worst
+	switch {
+	case checked == 0:
+		g.Verdict = Unknown
+		g.Detail = fmt.Sprintf("no loss logged after warmup (step %d) with %d losses before it yet", warmupSteps, SpikeWindow)
+	case math.IsNaN(worst) || worst > SpikeRatio:
+		g.Verdict = Fail
+		g.Detail = fmt.Sprintf("loss at step %d is %.2fx the median before it: lengthen warmup or lower the learning rate", worstStep, worst)
+	default:
+		g.Verdict = Pass
+		g.Detail = fmt.Sprintf("largest ratio %.2fx at step %d over %d checked losses", worst, worstStep, checked)
+	}
+	return g
+}
+
+// FallingGate fits a line to the last FallingFraction of the evaluation
+// losses against tokens and checks that its slope is negative. The value is
+// the slope in loss per billion tokens.
+func FallingGate(recs []Record) Gate {
+	g := Gate{Name: "still falling", Limit: "slope < 0 over the last 10% of eval losses"}
+	pts := EvalCurve(recs)
+	n := int(math.Ceil(float64(len(pts)) * FallingFraction))
+	n = max(n, 2)
+	if len(pts) < n {
+		g.Verdict = Unknown
+		g.Detail = fmt.Sprintf("%d eval losses logged; need at least 2", len(pts))
+		return g
+	}
+	tail := pts[len(pts)-n:]
+	x := make([]float64, n)
+	y := make([]float64, n)
+	for i, p := range tail {
+		x[i], y[i] = float64(p.Tokens)/1e9, p.Loss
+	}
+	slope, ok := fitSlope(x, y)
+	if !ok {
+		g.Verdict = Unknown
+		g.Detail = "the last eval losses were all logged at the same token count"
+		return g
+	}
+	g.Value = slope
+	if slope < 0 {
+		g.Verdict = Pass
+		g.Detail = fmt.Sprintf("slope %.4g loss per billion tokens over the last %d eval losses", slope, n)
+	} else {
+		g.Verdict = Fail
+		g.Detail = fmt.Sprintf("slope %.4g over the last %d eval losses: a plateau means the learning rate is wrong", slope, n)
+	}
+	return g
+}
+
+// GenerationGate checks that at least MinDistinct4Grams of the 4-grams in a
+// generated sample are distinct; a model stuck repeating itself fails.
+func GenerationGate(sample []int32) Gate {
+	g := Gate{Name: "sane generation", Limit: fmt.Sprintf(">= %.0f%% distinct 4-grams", MinDistinct4Grams*100)}
+	if len(sample) < 4 {
+		g.Verdict = Unknown
+		g.Detail = fmt.Sprintf("the sample has %d tokens; need at least 4", len(sample))
+		return g
+	}
+	g.Value = Distinct4Grams(sample)
+	if g.Value >= MinDistinct4Grams {
+		g.Verdict = Pass
+	} else {
+		g.Verdict = Fail
+	}
+	g.Detail = fmt.Sprintf("%.0f%% of the %d 4-grams in a %d-token sample are distinct", g.Value*100, len(sample)-3, len(sample))
+	return g
+}
+
+// Distinct4Grams is the fraction of a sequence's 4-grams that are distinct.
+func Distinct4Grams(s []int32) float64 {
+	if len(s) < 4 {
+		return 0
+	}
+	seen := make(map[[4]int32]struct{}, len(s))
+	for i := 0; i+4 <= len(s); i++ {
+		seen[[4]int32(s[i:i+4])] = struct{}{}
+	}
+	return float64(len(seen)) / float64(len(s)-3)
+}
+
+// ThroughputGate compares the run's tok/s with what `sched bench` measured
+// for the same shape; a large gap means the data loader, not the GPU, sets
+// the pace. The value is measured/bench.
+func ThroughputGate(measured, bench float64) Gate {
+	g := Gate{Name: "tok/s vs bench", Limit: fmt.Sprintf("within %.0f%% of bench", ThroughputTolerance*100)}
+	if bench <= 0 || measured <= 0 {
+		g.Verdict = Unknown
+		g.Detail = "no bench figure for this shape: run 'sched enqueue bench sweep'"
+		if measured <= 0 {
+			g.Detail = "no tok/s logged yet"
+		}
+		return g
+	}
+	g.Value = measured / bench
+	if math.Abs(g.Value-1) <= ThroughputTolerance {
+		g.Verdict = Pass
+		g.Detail = fmt.Sprintf("%.0f tok/s against %.0f in bench (%.0f%%)", measured, bench, g.Value*100)
+	} else {
+		g.Verdict = Fail
+		g.Detail = fmt.Sprintf("%.0f tok/s against %.0f in bench (%.0f%%): if lower, the data loader is the bottleneck", measured, bench, g.Value*100)
+	}
+	return g
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+// fitSlope is the least-squares slope of y against x.
+func fitSlope(x, y []float64) (float64, bool) {
+	var mx, my float64
+	for i := range x {
+		mx += x[i]
+		my += y[i]
+	}
+	mx /= float64(len(x))
+	my /= float64(len(y))
+	var sxy, sxx float64
+	for i := range x {
+		sxy += (x[i] - mx) * (y[i] - my)
+		sxx += (x[i] - mx) * (x[i] - mx)
+	}
+	if sxx == 0 {
+		return 0, false
+	}
+	return sxy / sxx, true
+}

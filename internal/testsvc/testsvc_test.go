@@ -1,0 +1,98 @@
+package testsvc
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestRedisSurvivesRestart(t *testing.T) {
+	t.Parallel()
+	r := StartRedis(t)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r.Stop()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING succeeded against a stopped server")
+	}
+	r.Start()
+	got, err := c.Get(ctx, "k").Result()
+	if err != nil || got != "v" {
+		t.Fatalf("after restart: Get = %q, %v; want \"v\" (append-only data kept)", got, err)
+	}
+}
+
+func TestRedisInstancesAreIndependent(t *testing.T) {
+	t.Parallel()
+	a, b := Redis(t), Redis(t)
+	if a == b {
+		t.Fatalf("two servers share address %s", a)
+	}
+	ctx := context.Background()
+	ca := redis.NewClient(&redis.Options{Addr: a})
+	cb := redis.NewClient(&redis.Options{Addr: b})
+	defer ca.Close()
+	defer cb.Close()
+	if err := ca.Set(ctx, "k", "a", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := cb.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Fatalf("key written to %s visible on %s (n=%d, err=%v)", a, b, n, err)
+	}
+}
+
+func TestS3SurvivesRestart(t *testing.T) {
+	t.Parallel()
+	s := S3(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := minio.New(s.Endpoint, &minio.Options{
+		Creds:      credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""),
+		MaxRetries: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.MakeBucket(ctx, "bkt", minio.MakeBucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte("hello")
+	if _, err := c.PutObject(ctx, "bkt", "x/y", bytes.NewReader(body), int64(len(body)), minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.Stop()
+	if _, err := c.StatObject(ctx, "bkt", "x/y", minio.StatObjectOptions{}); err == nil {
+		t.Fatal("StatObject succeeded against a stopped server")
+	}
+	s.Start()
+	o, err := c.GetObject(ctx, "bkt", "x/y", minio.GetObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(o)
+	if err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("after restart: object = %q, %v; want %q", got, err, body)
+	}
+}
+
+func TestS3RejectsWrongCredentials(t *testing.T) {
+	t.Parallel()
+	s := S3(t)
+	c, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, "wrong", "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ListBuckets(context.Background()); err == nil {
+		t.Fatal("ListBuckets with a wrong secret succeeded")
+	}
+}

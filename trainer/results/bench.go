@@ -1,0 +1,105 @@
+package results
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// BenchRow is one shape of the bench sweep as `sched bench` measured it.
+type BenchRow struct {
+	Model     string  `json:"model,omitempty"` // preset name, when the shape is one
+	Vocab     int     `json:"vocab"`
+	DModel    int     `json:"d_model"`
+	Layers    int     `json:"layers"`
+	Batch     int     `json:"batch"`
+	Seq       int     `json:"seq"`
+	TokPerSec float64 `json:"tok_per_sec"`
+	// PeakMemory is the engine's peak allocation in bytes.
+	PeakMemory int64   `json:"peak_memory_bytes"`
+	MFU        float64 `json:"mfu"`
+	// GPUIdle records whether no other process used the device during the
+	// measurement; the seed plan's contended figures were 2.1x too low.
+	GPUIdle bool   `json:"gpu_idle"`
+	Device  string `json:"device,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// Same reports whether r measured the given shape.
+func (r BenchRow) Same(vocab, dModel, layers, batch, seq int) bool {
+	return r.Vocab == vocab && r.DModel == dModel && r.Layers == layers && r.Batch == batch && r.Seq == seq
+}
+
+// ReadBench reads bench rows stored one JSON object per line
+// (results/bench/sweep.jsonl). A later row for the same shape replaces an
+// earlier one, so that re-running the sweep updates the table in place.
+func ReadBench(r io.Reader) ([]BenchRow, error) {
+	var rows []BenchRow
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		t := bytes.TrimSpace(sc.Bytes())
+		if len(t) == 0 {
+			continue
+		}
+		var row BenchRow
+		if err := json.Unmarshal(t, &row); err != nil {
+			return nil, fmt.Errorf("bench line %d is not a JSON row (%v): fix or delete that line", line, err)
+		}
+		replaced := false
+		for i := range rows {
+			if rows[i].Same(row.Vocab, row.DModel, row.Layers, row.Batch, row.Seq) {
+				rows[i], replaced = row, true
+			}
+		}
+		if !replaced {
+			rows = append(rows, row)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read bench rows: %w", err)
+	}
+	return rows, nil
+}
+
+// FindBench returns the tok/s measured for a shape, or 0.
+func FindBench(rows []BenchRow, vocab, dModel, layers, batch, seq int) float64 {
+	for _, r := range rows {
+		if r.Same(vocab, dModel, layers, batch, seq) && r.Error == "" {
+			return r.TokPerSec
+		}
+	}
+	return 0
+}
+
+// BenchTable renders the sweep as a Markdown table.
+func BenchTable(rows []BenchRow) string {
+	var b strings.Builder
+	var out [][]string
+	for _, r := range rows {
+		name := r.Model
+		if name == "" {
+			name = "-"
+		}
+		tps, mem, mfu, idle := "-", "-", "-", "no"
+		if r.Error != "" {
+			tps = "error: " + r.Error
+		} else {
+			tps = fmt.Sprintf("%.0f", r.TokPerSec)
+			mem = fmt.Sprintf("%.2f GiB", float64(r.PeakMemory)/(1<<30))
+			if r.MFU > 0 {
+				mfu = fmt.Sprintf("%.1f%%", r.MFU*100)
+			}
+		}
+		if r.GPUIdle {
+			idle = "yes"
+		}
+		out = append(out, []string{name, fmt.Sprint(r.Vocab), fmt.Sprint(r.DModel), fmt.Sprint(r.Layers),
+			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), tps, mem, mfu, idle})
+	}
+	table(&b, []string{"model", "vocab", "d_model", "layers", "batch", "seq", "tok/s", "peak memory", "MFU", "GPU idle"}, out)
+	return b.String()
+}

@@ -1,0 +1,39 @@
+package results
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestReadBenchReplacesSameShape(t *testing.T) {
+	in := `{"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":40000,"peak_memory_bytes":2147483648,"mfu":0.31,"gpu_idle":false}
+{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":32,"seq":1024,"tok_per_sec":90000,"peak_memory_bytes":8589934592,"mfu":0.35,"gpu_idle":true}
+{"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":43704,"peak_memory_bytes":2147483648,"mfu":0.33,"gpu_idle":true}
+{"vocab":16384,"d_model":768,"layers":12,"batch":16,"seq":512,"error":"out of memory"}
+`
+	rows, err := ReadBench(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 3 {
+		t.Fatalf("got %d rows, want 3", len(rows))
+	}
+	if got := FindBench(rows, 16384, 512, 8, 16, 512); got != 43704 {
+		t.Errorf("re-measured shape: %v, want the later 43704", got)
+	}
+	if got := FindBench(rows, 16384, 768, 12, 16, 512); got != 0 {
+		t.Errorf("failed shape must have no figure, got %v", got)
+	}
+	tab := BenchTable(rows)
+	for _, want := range []string{"| model ", "| GPU idle |", "43704", "8.00 GiB", "35.0%", "| small ", "error: out of memory", "| yes "} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("bench table lacks %q:\n%s", want, tab)
+		}
+	}
+}
+
+func TestReadBenchNamesBadLine(t *testing.T) {
+	if _, err := ReadBench(strings.NewReader("{}\n{oops\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Fatalf("want an error naming line 2, got %v", err)
+	}
+}

@@ -1,0 +1,105 @@
+package results
+
+import (
+	"math"
+	"testing"
+)
+
+// curve makes n training losses decaying from 6 towards 2 with a small
+// deterministic wiggle, one eval loss every 10 steps.
+func curve(n int) []Record {
+	recs := make([]Record, n)
+	for i := range recs {
+		step := i + 1
+		l := 2 + 4*math.Exp(-float64(step)/200) + 0.02*math.Sin(float64(step))
+		recs[i] = Record{Step: step, Tokens: int64(step) * 8192, Loss: F(l)}
+		if step%10 == 0 {
+			recs[i].EvalLoss = F(l + 0.05)
+		}
+	}
+	return recs
+}
+
+func TestSmoothGate(t *testing.T) {
+	recs := curve(1000)
+	if g := SmoothGate(recs, 100); g.Verdict != Pass || g.Value > 1.1 {
+		t.Fatalf("smooth curve: %+v", g)
+	}
+	// A spike of 1.6x at step 700 fails and is named.
+	*recs[699].Loss *= 1.6
+	g := SmoothGate(recs, 100)
+	if g.Verdict != Fail || g.Value < 1.5 {
+		t.Fatalf("spiked curve: %+v", g)
+	}
+	// The same spike inside warmup is allowed: warmup exists for it.
+	if g := SmoothGate(recs, 800); g.Verdict != Pass {
+		t.Fatalf("spike during warmup: %+v", g)
+	}
+	if g := SmoothGate(curve(50), 10); g.Verdict != Unknown {
+		t.Fatalf("too short a run must be unknown: %+v", g)
+	}
+	nan := curve(300)
+	nan[250].Loss = F(math.NaN())
+	if g := SmoothGate(nan, 10); g.Verdict != Fail {
+		t.Fatalf("NaN loss must fail: %+v", g)
+	}
+}
+
+func TestFallingGate(t *testing.T) {
+	if g := FallingGate(curve(1000)); g.Verdict != Pass || g.Value >= 0 {
+		t.Fatalf("falling curve: %+v", g)
+	}
+	// A plateau with the last eval losses rising fails.
+	recs := curve(1000)
+	for i := 900; i < 1000; i++ {
+		if recs[i].EvalLoss != nil {
+			recs[i].EvalLoss = F(2 + float64(i)/1e4)
+		}
+	}
+	if g := FallingGate(recs); g.Verdict != Fail || g.Value <= 0 {
+		t.Fatalf("rising tail: %+v", g)
+	}
+	if g := FallingGate(curve(15)); g.Verdict != Unknown {
+		t.Fatalf("one eval loss: %+v", g)
+	}
+}
+
+func TestGenerationGate(t *testing.T) {
+	varied := make([]int32, 256)
+	for i := range varied {
+		varied[i] = int32(i * 7 % 251)
+	}
+	if g := GenerationGate(varied); g.Verdict != Pass || g.Value < 0.95 {
+		t.Fatalf("varied sample: %+v", g)
+	}
+	// "a b c a b c ..." has only 3 distinct 4-grams.
+	rep := make([]int32, 256)
+	for i := range rep {
+		rep[i] = int32(i % 3)
+	}
+	g := GenerationGate(rep)
+	if g.Verdict != Fail || math.Abs(g.Value-3.0/253) > 1e-12 {
+		t.Fatalf("repeating sample: %+v", g)
+	}
+	if g := GenerationGate([]int32{1, 2}); g.Verdict != Unknown {
+		t.Fatalf("short sample: %+v", g)
+	}
+}
+
+func TestThroughputGate(t *testing.T) {
+	for _, c := range []struct {
+		measured, bench float64
+		want            Verdict
+	}{
+		{95000, 100000, Pass},
+		{109000, 100000, Pass},
+		{85000, 100000, Fail},
+		{120000, 100000, Fail},
+		{90000, 0, Unknown},
+		{0, 100000, Unknown},
+	} {
+		if g := ThroughputGate(c.measured, c.bench); g.Verdict != c.want {
+			t.Errorf("%v vs %v: %+v, want %s", c.measured, c.bench, g, c.want)
+		}
+	}
+}

@@ -1,0 +1,286 @@
+package results
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+// Setting is one row of the configuration table, in the order given.
+type Setting struct{ Key, Value string }
+
+// Summary is everything summary.md reports about a run.
+type Summary struct {
+	Run      string
+	Settings []Setting
+	Records  []Record
+	// Model and Seq give the FLOPs per token for MFU; PeakTFLOPS is the
+	// device's dense bf16 peak (0 leaves MFU out, as on the CPU).
+	Model      model.Config
+	Seq        int
+	PeakTFLOPS float64
+	// TotalSteps is the run's planned length, for progress.
+	TotalSteps int
+	Gates      []Gate
+	// Sample is a generated text shown under the gates, when there is one.
+	Sample string
+}
+
+// Figures are the headline numbers derived from the records.
+type Figures struct {
+	Steps          int
+	TokensSeen     int64
+	FinalLoss      float64
+	BestLoss       float64
+	BestLossStep   int
+	FirstEvalLoss  float64
+	FinalEvalLoss  float64
+	BestEvalLoss   float64
+	BestEvalStep   int
+	TokPerSec      float64
+	MFU            float64
+	PeakMemory     int64
+	WallClock      time.Duration
+	HaveTrain      bool
+	HaveEval       bool
+	HaveThroughput bool
+}
+
+// Figures computes the headline numbers. Throughput is the median of the
+// logged tok/s, so that the first steps (compilation, cold caches) and a
+// checkpoint upload do not move it.
+func (s Summary) Figures() Figures {
+	var f Figures
+	var rates []float64
+	for _, r := range s.Records {
+		f.Steps = max(f.Steps, r.Step)
+		f.TokensSeen = max(f.TokensSeen, r.Tokens)
+		f.PeakMemory = max(f.PeakMemory, r.PeakMemory)
+		f.WallClock = max(f.WallClock, time.Duration(r.ElapsedS*float64(time.Second)))
+		if r.TokPerSec > 0 {
+			rates = append(rates, r.TokPerSec)
+		}
+		if r.Loss != nil {
+			if !f.HaveTrain || *r.Loss < f.BestLoss {
+				f.BestLoss, f.BestLossStep = *r.Loss, r.Step
+			}
+			f.FinalLoss, f.HaveTrain = *r.Loss, true
+		}
+		if r.EvalLoss != nil {
+			if !f.HaveEval {
+				f.FirstEvalLoss = *r.EvalLoss
+			}
+			if !f.HaveEval || *r.EvalLoss < f.BestEvalLoss {
+				f.BestEvalLoss, f.BestEvalStep = *r.EvalLoss, r.Step
+			}
+			f.FinalEvalLoss, f.HaveEval = *r.EvalLoss, true
+		}
+	}
+	if len(rates) > 0 {
+		f.TokPerSec, f.HaveThroughput = median(rates), true
+		if s.PeakTFLOPS > 0 && s.Seq > 0 && s.Model.Layers > 0 {
+			f.MFU = MFU(f.TokPerSec, s.Model, s.Seq, s.PeakTFLOPS)
+		}
+	}
+	return f
+}
+
+// FLOPsPerToken is the seed plan's estimate of training FLOPs per token:
+// 6 x parameters + 12 x layers x seq x d_model (the attention scores).
+func FLOPsPerToken(c model.Config, seq int) float64 {
+	return 6*float64(c.NumParams()) + 12*float64(c.Layers)*float64(seq)*float64(c.Hidden)
+}
+
+// MFU is the model FLOPs utilisation: achieved TFLOPS over peakTFLOPS.
+func MFU(tokPerSec float64, c model.Config, seq int, peakTFLOPS float64) float64 {
+	return tokPerSec * FLOPsPerToken(c, seq) / 1e12 / peakTFLOPS
+}
+
+// WriteMarkdown renders summary.md.
+func (s Summary) WriteMarkdown(w io.Writer) error {
+	f := s.Figures()
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Run %s\n\n", s.Run)
+
+	b.WriteString("## Results\n\n")
+	table(&b, []string{"", ""}, s.resultRows(f))
+
+	if len(s.Gates) > 0 {
+		b.WriteString("\n## Gates\n\n")
+		var rows [][]string
+		for _, g := range s.Gates {
+			rows = append(rows, []string{g.Name, formatValue(g), g.Limit, string(g.Verdict), g.Detail})
+		}
+		table(&b, []string{"gate", "value", "limit", "verdict", "detail"}, rows)
+	}
+
+	if len(s.Settings) > 0 {
+		b.WriteString("\n## Configuration\n\n")
+		var rows [][]string
+		for _, st := range s.Settings {
+			rows = append(rows, []string{st.Key, st.Value})
+		}
+		table(&b, []string{"setting", "value"}, rows)
+	}
+
+	if s.Sample != "" {
+		b.WriteString("\n## Sample\n\n```\n")
+		b.WriteString(strings.ReplaceAll(s.Sample, "```", "` ` `"))
+		b.WriteString("\n```\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	if err != nil {
+		return fmt.Errorf("write summary of run %s: %w", s.Run, err)
+	}
+	return nil
+}
+
+// Table renders the results table alone, for a terminal.
+func (s Summary) Table() string {
+	var b strings.Builder
+	table(&b, []string{"", ""}, s.resultRows(s.Figures()))
+	return b.String()
+}
+
+func (s Summary) resultRows(f Figures) [][]string {
+	na := "n/a"
+	step := fmt.Sprint(f.Steps)
+	if s.TotalSteps > 0 {
+		step = fmt.Sprintf("%d / %d", f.Steps, s.TotalSteps)
+	}
+	rows := [][]string{{"step", step}, {"tokens seen", humanCount(float64(f.TokensSeen))}}
+	final, best := na, na
+	if f.HaveTrain {
+		final = fmt.Sprintf("%.4f", f.FinalLoss)
+		best = fmt.Sprintf("%.4f (step %d)", f.BestLoss, f.BestLossStep)
+	}
+	rows = append(rows, []string{"final train loss", final}, []string{"best train loss", best})
+	firstE, finalE, bestE := na, na, na
+	if f.HaveEval {
+		firstE = fmt.Sprintf("%.4f", f.FirstEvalLoss)
+		finalE = fmt.Sprintf("%.4f", f.FinalEvalLoss)
+		bestE = fmt.Sprintf("%.4f (step %d)", f.BestEvalLoss, f.BestEvalStep)
+	}
+	rows = append(rows, []string{"first eval loss", firstE}, []string{"final eval loss", finalE}, []string{"best eval loss", bestE})
+	tps, mfu := na, na
+	if f.HaveThroughput {
+		tps = fmt.Sprintf("%.0f", f.TokPerSec)
+	}
+	if f.MFU > 0 {
+		mfu = fmt.Sprintf("%.1f%%", f.MFU*100)
+	}
+	mem := na
+	if f.PeakMemory > 0 {
+		mem = fmt.Sprintf("%.2f GiB", float64(f.PeakMemory)/(1<<30))
+	}
+	rows = append(rows, []string{"tok/s (median)", tps}, []string{"MFU", mfu}, []string{"peak memory", mem},
+		[]string{"wall-clock", f.WallClock.Round(time.Second).String()})
+	return rows
+}
+
+func formatValue(g Gate) string {
+	if g.Verdict == Unknown {
+		return "-"
+	}
+	switch g.Name {
+	case "sane generation", "tok/s vs bench":
+		return fmt.Sprintf("%.0f%%", g.Value*100)
+	case "smooth":
+		return fmt.Sprintf("%.2fx", g.Value)
+	}
+	return fmt.Sprintf("%.4g", g.Value)
+}
+
+func humanCount(v float64) string {
+	switch a := math.Abs(v); {
+	case a >= 1e9:
+		return fmt.Sprintf("%.2fB", v/1e9)
+	case a >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case a >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// table writes a Markdown table whose columns are padded so that it also
+// reads well as plain text on a terminal.
+func table(b *strings.Builder, head []string, rows [][]string) {
+	width := make([]int, len(head))
+	for i, h := range head {
+		width[i] = max(len(h), 3)
+	}
+	for _, r := range rows {
+		for i, c := range r {
+			width[i] = max(width[i], len(escape(c)))
+		}
+	}
+	line := func(cells []string) {
+		b.WriteString("|")
+		for i, c := range cells {
+			fmt.Fprintf(b, " %-*s |", width[i], escape(c))
+		}
+		b.WriteString("\n")
+	}
+	line(head)
+	sep := make([]string, len(head))
+	for i := range sep {
+		sep[i] = strings.Repeat("-", width[i])
+	}
+	line(sep)
+	for _, r := range rows {
+		line(r)
+	}
+}
+
+func escape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+// WriteFiles writes summary.md and loss.svg into dir, each through a
+// temporary file and a rename so that a reader never sees half a file.
+// metrics.jsonl is the trainer's to append; it is not touched here.
+func (s Summary) WriteFiles(dir string) error {
+	var md strings.Builder
+	if err := s.WriteMarkdown(&md); err != nil {
+		return err
+	}
+	if err := writeAtomic(filepath.Join(dir, SummaryFile), []byte(md.String())); err != nil {
+		return err
+	}
+	svg, err := LossPlotSVG(s.Run, s.Records)
+	if err != nil {
+		return err
+	}
+	return writeAtomic(filepath.Join(dir, PlotFile), svg)
+}
+
+// The files of a results directory (results/<run>/ in object storage).
+const (
+	MetricsFile = "metrics.jsonl"
+	SummaryFile = "summary.md"
+	PlotFile    = "loss.svg"
+)
+
+func writeAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+package cuda
+
+import (
+	"sync"
+	"unsafe"
+)
+
+// cuBLAS enums used by the engine (cublas_api.h, library_types.h).
+const (
+	ComputeF32         = 68 // CUBLAS_COMPUTE_32F
+	ComputeF32Pedantic = 69 // CUBLAS_COMPUTE_32F_PEDANTIC: no reduced-precision shortcuts
+	DataF32            = 0  // CUDA_R_32F
+	DataBF16           = 14 // CUDA_R_16BF
+
+	opN = 0
+	opT = 1
+
+	descTransA = 3 // CUBLASLT_MATMUL_DESC_TRANSA
+	descTransB = 4 // CUBLASLT_MATMUL_DESC_TRANSB
+)
+
+// BLASLt is the bound cuBLASLt library.
+type BLASLt struct {
+	Path string
+
+	cublasLtCreate                 func(h *uintptr) int32
+	cublasLtDestroy                func(h uintptr) int32
+	cublasLtGetVersion             func() uint64
+	cublasLtMatmulDescCreate       func(d *uintptr, compute int32, scale int32) int32
+	cublasLtMatmulDescDestroy      func(d uintptr) int32
+	cublasLtMatmulDescSetAttribute func(d uintptr, attr int32, buf unsafe.Pointer, size uint64) int32
+	cublasLtMatrixLayoutCreate     func(l *uintptr, dtype int32, rows, cols uint64, ld int64) int32
+	cublasLtMatrixLayoutDestroy    func(l uintptr) int32
+	cublasLtMatmul                 func(h, desc uintptr, alpha unsafe.Pointer, a uint64, ad uintptr, b uint64, bd uintptr,
+		beta unsafe.Pointer, c uint64, cd uintptr, d uint64, dd uintptr, algo uintptr, ws uint64, wsSize uint64, stream uintptr) int32
+}
+
+var (
+	ltOnce sync.Once
+	ltLib  *BLASLt
+	ltErr  error
+)
+
+// LoadBLASLt loads cuBLASLt once per process, preferring CUDA 13 over 12.
+func LoadBLASLt() (*BLASLt, error) {
+	ltOnce.Do(func() { ltLib, ltErr = loadBLASLt(libDirs()) })
+	return ltLib, ltErr
+}
+
+func loadBLASLt(dirs []string) (*BLASLt, error) {
+	lib, path, err := openLibrary("cuBLASLt (libcublasLt)", []string{"libcublasLt.so.13", "libcublasLt.so.12"}, dirs)
+	if err != nil {
+		return nil, err
+	}
+	b := &BLASLt{Path: path}
+	err = bind(lib, path, map[string]any{
+		"cublasLtCreate":                 &b.cublasLtCreate,
+		"cublasLtDestroy":                &b.cublasLtDestroy,
+		"cublasLtGetVersion":             &b.cublasLtGetVersion,
+		"cublasLtMatmulDescCreate":       &b.cublasLtMatmulDescCreate,
+		"cublasLtMatmulDescDestroy":      &b.cublasLtMatmulDescDestroy,
+		"cublasLtMatmulDescSetAttribute": &b.cublasLtMatmulDescSetAttribute,
+		"cublasLtMatrixLayoutCreate":     &b.cublasLtMatrixLayoutCreate,
+		"cublasLtMatrixLayoutDestroy":    &b.cublasLtMatrixLayoutDestroy,
+		"cublasLtMatmul":                 &b.cublasLtMatmul,
+	})
+	return b, err
+}
+
+func ltCheck(call string, r int32) error {
+	if r == 0 {
+		return nil
+	}
+	return &Error{Call: call, Code: int(r)}
+}
+
+// Version is cuBLASLt's version, e.g. 130100.
+func (b *BLASLt) Version() uint64 { return b.cublasLtGetVersion() }
+
+// LtHandle is a cuBLASLt handle with a cache of matmul descriptors.
+type LtHandle struct {
+	b     *BLASLt
+	h     uintptr
+	descs map[[3]int32]uintptr
+	lays  map[[4]int64]uintptr
+}
+
+// NewHandle creates a cuBLASLt handle on the current context.
+func (b *BLASLt) NewHandle() (*LtHandle, error) {
+	var h uintptr
+	if err := ltCheck("cublasLtCreate", b.cublasLtCreate(&h)); err != nil {
+		return nil, err
+	}
+	return &LtHandle{b: b, h: h, descs: map[[3]int32]uintptr{}, lays: map[[4]int64]uintptr{}}, nil
+}
+
+// Destroy frees the handle and its cached descriptors.
+func (h *LtHandle) Destroy() error {
+	for _, d := range h.descs {
+		h.b.cublasLtMatmulDescDestroy(d)
+	}
+	for _, l := range h.lays {
+		h.b.cublasLtMatrixLayoutDestroy(l)
+	}
+	return ltCheck("cublasLtDestroy", h.b.cublasLtDestroy(h.h))
+}
+
+func (h *LtHandle) desc(compute int32, ta, tb bool) (uintptr, error) {
+	key := [3]int32{compute, b2i(ta), b2i(tb)}
+	if d, ok := h.descs[key]; ok {
+		return d, nil
+	}
+	var d uintptr
+	if err := ltCheck("cublasLtMatmulDescCreate", h.b.cublasLtMatmulDescCreate(&d, compute, DataF32)); err != nil {
+		return 0, err
+	}
+	for _, a := range []struct {
+		attr int32
+		v    int32
+	}{{descTransA, opOf(ta)}, {descTransB, opOf(tb)}} {
+		v := a.v
+		if err := ltCheck("cublasLtMatmulDescSetAttribute", h.b.cublasLtMatmulDescSetAttribute(d, a.attr, unsafe.Pointer(&v), 4)); err != nil {
+			return 0, err
+		}
+	}
+	h.descs[key] = d
+	return d, nil
+}
+
+func (h *LtHandle) layout(dtype int32, rows, cols, ld int) (uintptr, error) {
+	key := [4]int64{int64(dtype), int64(rows), int64(cols), int64(ld)}
+	if l, ok := h.lays[key]; ok {
+		return l, nil
+	}
+	var l uintptr
+	if err := ltCheck("cublasLtMatrixLayoutCreate", h.b.cublasLtMatrixLayoutCreate(&l, dtype, uint64(rows), uint64(cols), int64(ld))); err != nil {
+		return 0, err
+	}
+	h.lays[key] = l
+	return l, nil
+}
+
+func b2i(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func opOf(t bool) int32 {
+	if t {
+		return opT
+	}
+	return opN
+}
+
+// Gemm computes, in row-major terms, C (M x N, fp32) = alpha op(A) op(B) +
+// beta C, where A is stored (M x K) or, with ta, (K x M), and B (K x N) or,
+// with tb, (N x K). A and B share dtype (DataF32 or DataBF16); compute is
+// ComputeF32 or ComputeF32Pedantic. cuBLASLt is column-major, so it computes
+// C^T = op(B)^T op(A)^T with the operands swapped.
+func (h *LtHandle) Gemm(compute, dtype int32, ta, tb bool, M, N, K int, alpha float32, A, B Ptr, beta float32, C Ptr, ws Ptr, wsSize int64, stream uintptr) error {
+	d, err := h.desc(compute, tb, ta)
+	if err != nil {
+		return err
+	}
+	// Stored column-major shapes of the swapped operands.
+	br, bc := N, K
+	if tb {
+		br, bc = K, N
+	}
+	ar, ac := K, M
+	if ta {
+		ar, ac = M, K
+	}
+	la, err := h.layout(dtype, br, bc, br)
+	if err != nil {
+		return err
+	}
+	lb, err := h.layout(dtype, ar, ac, ar)
+	if err != nil {
+		return err
+	}
+	lc, err := h.layout(DataF32, N, M, N)
+	if err != nil {
+		return err
+	}
+	al, be := alpha, beta
+	r := h.b.cublasLtMatmul(h.h, d, unsafe.Pointer(&al), uint64(B), la, uint64(A), lb,
+		unsafe.Pointer(&be), uint64(C), lc, uint64(C), lc, 0, uint64(ws), uint64(wsSize), stream)
+	return ltCheck("cublasLtMatmul", r)
+}

@@ -1,0 +1,82 @@
+package cuda
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A library that is nowhere must fail with an error that lists every place
+// tried and says what to install, and that "auto" reads as unavailable.
+func TestOpenLibraryMissingListsWhatWasTried(t *testing.T) {
+	dir := t.TempDir()
+	_, _, err := openLibrary("NVRTC (libnvrtc)", []string{"libkiln-nonexistent.so.13", "libkiln-nonexistent.so.12"}, []string{dir, "/nonexistent/cuda/lib64"})
+	if err == nil {
+		t.Fatal("loading a nonexistent library succeeded")
+	}
+	var le *LoadError
+	if !errors.As(err, &le) {
+		t.Fatalf("error %T is not a *LoadError: %v", err, err)
+	}
+	msg := err.Error()
+	for _, want := range []string{
+		"libkiln-nonexistent.so.13", "libkiln-nonexistent.so.12",
+		filepath.Join(dir, "libkiln-nonexistent.so.13"),
+		"/nonexistent/cuda/lib64/libkiln-nonexistent.so.12",
+		"CUDA_HOME",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error does not mention %q:\n%s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("error is not one line:\n%s", msg)
+	}
+	var u interface{ Unavailable() bool }
+	if !errors.As(err, &u) || !u.Unavailable() {
+		t.Error("a missing library is not marked Unavailable, so auto would not fall back")
+	}
+	var b interface{ BadInput() bool }
+	if !errors.As(err, &b) || !b.BadInput() {
+		t.Error("a missing library is not marked BadInput, so --engine cuda would not exit 2")
+	}
+}
+
+// The search order is: bare sonames for the loader's own search first, then
+// CUDA_HOME, LD_LIBRARY_PATH and the usual places.
+func TestLibDirsOrder(t *testing.T) {
+	t.Setenv("CUDA_HOME", "/opt/cuda-x")
+	t.Setenv("LD_LIBRARY_PATH", "/opt/a:/opt/b")
+	dirs := libDirs()
+	idx := func(s string) int {
+		for i, d := range dirs {
+			if d == s {
+				return i
+			}
+		}
+		return -1
+	}
+	ch, a, b, usr := idx("/opt/cuda-x/lib64"), idx("/opt/a"), idx("/opt/b"), idx("/usr/local/cuda/lib64")
+	if ch < 0 || a < 0 || b < 0 || usr < 0 || !(ch < a && a < b && b < usr) {
+		t.Fatalf("search order wrong: %v", dirs)
+	}
+	c := candidates([]string{"libx.so.13", "libx.so.12"}, []string{"/d"})
+	want := []string{"libx.so.13", "libx.so.12", "/d/libx.so.13", "/d/libx.so.12"}
+	if strings.Join(c, ",") != strings.Join(want, ",") {
+		t.Fatalf("candidates = %v, want %v", c, want)
+	}
+}
+
+// A library that exists but lacks a symbol names the symbol.
+func TestBindMissingSymbolNamesIt(t *testing.T) {
+	lib, path, err := openLibrary("libc", []string{"libc.so.6"}, nil)
+	if err != nil {
+		t.Skipf("no libc.so.6 to test with: %v", err)
+	}
+	var f func() int32
+	err = bind(lib, path, map[string]any{"kiln_no_such_symbol": &f})
+	if err == nil || !strings.Contains(err.Error(), "kiln_no_such_symbol") {
+		t.Fatalf("bind error = %v, want one naming the symbol", err)
+	}
+}

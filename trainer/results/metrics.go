@@ -13,9 +13,9 @@ import (
 	"sort"
 )
 
-// Record is one line of metrics.jsonl. A training line carries Loss, an
-// evaluation line EvalLoss; one line may carry both. Fields the writer does
-// not know stay zero.
+// Record is one line of metrics.jsonl as trainer.Metrics writes it. A
+// training line carries Loss, an evaluation line EvalLoss; one line may
+// carry both. Fields the writer does not know stay zero.
 type Record struct {
 	Step      int      `json:"step"`
 	Tokens    int64    `json:"tokens"`
@@ -23,7 +23,9 @@ type Record struct {
 	EvalLoss  *float64 `json:"eval_loss,omitempty"`
 	LR        float64  `json:"lr,omitempty"`
 	GradNorm  float64  `json:"grad_norm,omitempty"`
-	TokPerSec float64  `json:"tok_per_sec,omitempty"`
+	TokPerSec float64  `json:"tok_per_s,omitempty"`
+	// MFU is absent where the device's peak is unknown (the CPU).
+	MFU *float64 `json:"mfu,omitempty"`
 	// ElapsedS is the run's wall-clock in seconds when the line was written,
 	// counted across segments.
 	ElapsedS float64 `json:"elapsed_s,omitempty"`
@@ -86,6 +88,9 @@ func merge(out []Record, rec Record) []Record {
 		}
 		if rec.LR == 0 {
 			rec.LR = prev.LR
+		}
+		if rec.MFU == nil {
+			rec.MFU = prev.MFU
 		}
 		if rec.GradNorm == 0 {
 			rec.GradNorm = prev.GradNorm

@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/kiln-lm/kiln/model"
 )
 
 // Setting is one row of the configuration table, in the order given.
@@ -20,11 +18,6 @@ type Summary struct {
 	Run      string
 	Settings []Setting
 	Records  []Record
-	// Model and Seq give the FLOPs per token for MFU; PeakTFLOPS is the
-	// device's dense bf16 peak (0 leaves MFU out, as on the CPU).
-	Model      model.Config
-	Seq        int
-	PeakTFLOPS float64
 	// TotalSteps is the run's planned length, for progress.
 	TotalSteps int
 	Gates      []Gate
@@ -57,7 +50,7 @@ type Figures struct {
 // checkpoint upload do not move it.
 func (s Summary) Figures() Figures {
 	var f Figures
-	var rates []float64
+	var rates, mfus []float64
 	for _, r := range s.Records {
 		f.Steps = max(f.Steps, r.Step)
 		f.TokensSeen = max(f.TokensSeen, r.Tokens)
@@ -65,6 +58,9 @@ func (s Summary) Figures() Figures {
 		f.WallClock = max(f.WallClock, time.Duration(r.ElapsedS*float64(time.Second)))
 		if r.TokPerSec > 0 {
 			rates = append(rates, r.TokPerSec)
+		}
+		if r.MFU != nil {
+			mfus = append(mfus, *r.MFU)
 		}
 		if r.Loss != nil {
 			if !f.HaveTrain || *r.Loss < f.BestLoss {
@@ -84,22 +80,11 @@ func (s Summary) Figures() Figures {
 	}
 	if len(rates) > 0 {
 		f.TokPerSec, f.HaveThroughput = median(rates), true
-		if s.PeakTFLOPS > 0 && s.Seq > 0 && s.Model.Layers > 0 {
-			f.MFU = MFU(f.TokPerSec, s.Model, s.Seq, s.PeakTFLOPS)
-		}
+	}
+	if len(mfus) > 0 {
+		f.MFU = median(mfus)
 	}
 	return f
-}
-
-// FLOPsPerToken is the seed plan's estimate of training FLOPs per token:
-// 6 x parameters + 12 x layers x seq x d_model (the attention scores).
-func FLOPsPerToken(c model.Config, seq int) float64 {
-	return 6*float64(c.NumParams()) + 12*float64(c.Layers)*float64(seq)*float64(c.Hidden)
-}
-
-// MFU is the model FLOPs utilisation: achieved TFLOPS over peakTFLOPS.
-func MFU(tokPerSec float64, c model.Config, seq int, peakTFLOPS float64) float64 {
-	return tokPerSec * FLOPsPerToken(c, seq) / 1e12 / peakTFLOPS
 }
 
 // WriteMarkdown renders summary.md.

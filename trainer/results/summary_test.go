@@ -3,29 +3,12 @@ package results
 import (
 	"encoding/xml"
 	"errors"
-	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/kiln-lm/kiln/model"
 )
-
-func TestMFUMatchesSeedFormula(t *testing.T) {
-	c, _ := model.Preset("small")
-	// FLOPs/token = 6 x params + 12 x layers x seq x d_model.
-	want := 6*float64(c.NumParams()) + 12*8*1024*512
-	if got := FLOPsPerToken(c, 1024); got != want {
-		t.Fatalf("FLOPs/token %v, want %v", got, want)
-	}
-	// 100k tok/s on a 25 TFLOPS card.
-	if got := MFU(100000, c, 1024, 25); math.Abs(got-100000*want/1e12/25) > 1e-12 {
-		t.Fatalf("MFU %v", got)
-	}
-}
 
 func TestSummaryMarkdown(t *testing.T) {
 	recs := curve(1000)
@@ -33,15 +16,12 @@ func TestSummaryMarkdown(t *testing.T) {
 		recs[i].TokPerSec = 40000 + float64(i%3)*1000
 		recs[i].ElapsedS = float64(i+1) * 0.2
 		recs[i].PeakMemory = 3 << 30
+		recs[i].MFU = F(0.30 + float64(i%3)*0.01)
 	}
-	c, _ := model.Preset("small")
 	s := Summary{
 		Run:        "pilot",
 		Settings:   []Setting{{"model", "small"}, {"lr", "0.0004"}},
 		Records:    recs,
-		Model:      c,
-		Seq:        1024,
-		PeakTFLOPS: 25,
 		TotalSteps: 15258,
 		Gates:      []Gate{SmoothGate(recs, 100), FallingGate(recs), GenerationGate([]int32{1, 2, 3, 4, 5}), ThroughputGate(41000, 100000)},
 		Sample:     "func main() {}",
@@ -62,7 +42,7 @@ func TestSummaryMarkdown(t *testing.T) {
 		"# Run pilot", "| step ", "1000 / 15258", "8.19M", "41000", "3.00 GiB", "3m20s",
 		"| smooth ", "| still falling ", "| sane generation ", "| tok/s vs bench ", "41%", "| fail ",
 		"| lr ", "0.0004", "func main() {}",
-		"| MFU ", fmt.Sprintf("%.1f%%", 100*MFU(41000, c, 1024, 25)),
+		"| MFU ", "31.0%",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("summary.md lacks %q:\n%s", want, md)

@@ -1,0 +1,343 @@
+// Package hub is kiln's client for the Hugging Face Hub's dataset endpoints:
+// resolve a revision to a commit, list a repository's files through the tree
+// API, and download files with resume and verification. It exists because a
+// week-long ingest meets every failure the Hub has: broken connections,
+// signed CDN redirects, gated repositories and rate limits (see
+// docs/decisions/hub-client.md).
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// DefaultEndpoint is the Hub's base URL when HF_ENDPOINT is not set.
+const DefaultEndpoint = "https://huggingface.co"
+
+// Config configures a Client. The zero value is usable: defaults are
+// resolved in withDefaults, and Environment fills Endpoint and Token the
+// way huggingface_hub does.
+type Config struct {
+	// Endpoint is the Hub's base URL (HF_ENDPOINT), without a trailing slash.
+	Endpoint string
+	// Token is sent as a bearer token to the Hub's own host only (HF_TOKEN).
+	Token string
+	// HTTPClient carries the requests; its CheckRedirect is replaced so that
+	// the token never follows a redirect to another host.
+	HTTPClient *http.Client
+	// MaxConcurrent bounds the requests in flight, downloads included
+	// (default 8): the Hub rate-limits per token, not per connection.
+	MaxConcurrent int
+	// MaxRetries bounds attempts after a transient failure (a broken
+	// connection, a 5xx, a 429) for one request (default 8).
+	MaxRetries int
+	// MaxWait caps one wait for a rate limit or a backoff (default 5m).
+	MaxWait time.Duration
+	// Logger receives retries and rate-limit waits (default: none).
+	Logger *zap.Logger
+}
+
+// Environment returns a Config read from the environment as huggingface_hub
+// reads it: HF_ENDPOINT (trailing slashes removed) and HF_TOKEN, with
+// HUGGING_FACE_HUB_TOKEN as the older spelling.
+func Environment() Config {
+	var c Config
+	c.Endpoint = strings.TrimRight(os.Getenv("HF_ENDPOINT"), "/")
+	c.Token = os.Getenv("HF_TOKEN")
+	if c.Token == "" {
+		c.Token = os.Getenv("HUGGING_FACE_HUB_TOKEN")
+	}
+	return c
+}
+
+func (c Config) withDefaults() Config {
+	if c.Endpoint == "" {
+		c.Endpoint = DefaultEndpoint
+	}
+	c.Endpoint = strings.TrimRight(c.Endpoint, "/")
+	if c.HTTPClient == nil {
+		c.HTTPClient = &http.Client{Transport: http.DefaultTransport}
+	}
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 8
+	}
+	if c.MaxRetries <= 0 {
+		c.MaxRetries = 8
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = 5 * time.Minute
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	u, err := url.Parse(c.Endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return &BadInputError{fmt.Errorf("hub endpoint %q (HF_ENDPOINT) is not an http(s) URL: set it to a base URL such as %s", c.Endpoint, DefaultEndpoint)}
+	}
+	return nil
+}
+
+// Client talks to one Hub endpoint. It is safe for concurrent use.
+type Client struct {
+	cfg  Config
+	host string // the endpoint's host:port, the only host that sees the token
+	http *http.Client
+	sem  chan struct{}
+}
+
+// New returns a Client for cfg.
+func New(cfg Config) (*Client, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	u, _ := url.Parse(cfg.Endpoint)
+	c := &Client{cfg: cfg, host: u.Host, sem: make(chan struct{}, cfg.MaxConcurrent)}
+	hc := *cfg.HTTPClient
+	hc.CheckRedirect = c.checkRedirect
+	c.http = &hc
+	return c, nil
+}
+
+// Endpoint returns the base URL the client talks to.
+func (c *Client) Endpoint() string { return c.cfg.Endpoint }
+
+// DatasetPage is the dataset's page on the Hub, where gated terms are accepted.
+func (c *Client) DatasetPage(repo string) string {
+	return c.cfg.Endpoint + "/datasets/" + repo
+}
+
+// checkRedirect drops the token on any hop that leaves the Hub's host:port.
+// net/http alone would forward it to another port of the same host, and a
+// CDN's signed URL needs no token.
+func (c *Client) checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return fmt.Errorf("stopped after %d redirects", len(via))
+	}
+	if req.URL.Host != c.host {
+		req.Header.Del("Authorization")
+	}
+	return nil
+}
+
+// acquire takes a concurrency slot; release gives it back.
+func (c *Client) acquire(ctx context.Context) error {
+	select {
+	case c.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Client) release() { <-c.sem }
+
+// newRequest builds a GET for the Hub, with the token when there is one.
+func (c *Client) newRequest(ctx context.Context, rawURL string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("User-Agent", "kiln-ingest")
+	if c.cfg.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
+	}
+	return req, nil
+}
+
+// get performs GET rawURL with retries on transient failures and returns a
+// response with a 2xx status. The caller closes the body. edit may add
+// headers (Range) before each attempt. The caller holds a concurrency slot.
+func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.Request)) (*http.Response, error) {
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		req, err := c.newRequest(ctx, rawURL)
+		if err != nil {
+			return nil, err
+		}
+		if edit != nil {
+			edit(req)
+		}
+		resp, err := c.http.Do(req)
+		var wait time.Duration
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			lastErr = err
+			wait = backoff(attempt)
+		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+			return resp, nil
+		case resp.StatusCode == http.StatusTooManyRequests:
+			wait = rateLimitWait(resp.Header, attempt)
+			lastErr = fmt.Errorf("rate limited (429) by %s", resp.Request.URL.Host)
+			drain(resp)
+		case resp.StatusCode >= 500:
+			lastErr = fmt.Errorf("%s answered %s", resp.Request.URL.Host, resp.Status)
+			wait = backoff(attempt)
+			drain(resp)
+		default:
+			err := c.statusError(repo, rawURL, resp)
+			drain(resp)
+			return nil, err
+		}
+		if attempt >= c.cfg.MaxRetries {
+			return nil, fmt.Errorf("GET %s: giving up after %d attempts: %w", redact(rawURL), attempt+1, lastErr)
+		}
+		wait = min(wait, c.cfg.MaxWait)
+		c.cfg.Logger.Info("hub request will be retried", zap.String("url", redact(rawURL)),
+			zap.Int("attempt", attempt+1), zap.Duration("wait", wait), zap.Error(lastErr))
+		if err := sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// getJSON decodes a JSON answer into v and returns the response headers.
+func (c *Client) getJSON(ctx context.Context, repo, rawURL string, v any) (http.Header, error) {
+	if err := c.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer c.release()
+	resp, err := c.get(ctx, repo, rawURL, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 256<<20)).Decode(v); err != nil {
+		return nil, fmt.Errorf("GET %s: decoding the answer: %w", redact(rawURL), err)
+	}
+	return resp.Header, nil
+}
+
+// statusError turns a final non-2xx answer into an error that says what to do.
+func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
+	code := resp.Header.Get("X-Error-Code")
+	msg := resp.Header.Get("X-Error-Message")
+	if msg == "" {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			msg = e.Error
+		} else {
+			msg = strings.TrimSpace(string(body))
+		}
+	}
+	switch {
+	case code == "GatedRepo" || (resp.StatusCode == http.StatusForbidden && strings.Contains(msg, "authorized list")):
+		return &GatedError{Repo: repo, Page: c.DatasetPage(repo), HasToken: c.cfg.Token != ""}
+	case resp.StatusCode == http.StatusUnauthorized:
+		if c.cfg.Token != "" {
+			return &BadInputError{fmt.Errorf("the hub refused HF_TOKEN for dataset %s (401): check the token at %s/settings/tokens", repo, c.cfg.Endpoint)}
+		}
+		return &BadInputError{fmt.Errorf("dataset %s needs a token (401): set HF_TOKEN, and accept its terms at %s if it is gated", repo, c.DatasetPage(repo))}
+	case code == "RepoNotFound":
+		return &BadInputError{fmt.Errorf("dataset %s was not found on %s: check its name at %s", repo, c.cfg.Endpoint, c.DatasetPage(repo))}
+	case code == "RevisionNotFound":
+		return &BadInputError{fmt.Errorf("dataset %s has no such revision (%s): check the revision in the preset", repo, redact(rawURL))}
+	case resp.StatusCode == http.StatusNotFound:
+		return &NotFoundError{URL: redact(rawURL), Repo: repo}
+	}
+	if msg != "" {
+		return fmt.Errorf("GET %s: %s: %s", redact(rawURL), resp.Status, msg)
+	}
+	return fmt.Errorf("GET %s: %s", redact(rawURL), resp.Status)
+}
+
+// GatedError says that a dataset's terms must be accepted on its page.
+type GatedError struct {
+	Repo     string
+	Page     string
+	HasToken bool
+}
+
+func (e *GatedError) Error() string {
+	if e.HasToken {
+		return fmt.Sprintf("dataset %s is gated and this HF_TOKEN is not in its authorized list: accept its terms at %s with the token's account", e.Repo, e.Page)
+	}
+	return fmt.Sprintf("dataset %s is gated: accept its terms at %s and set HF_TOKEN", e.Repo, e.Page)
+}
+
+// BadInput marks the error as the user's to fix.
+func (e *GatedError) BadInput() bool { return true }
+
+// NotFoundError is a 404 for a file or path that does not exist.
+type NotFoundError struct {
+	URL  string
+	Repo string
+}
+
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("%s: not found in dataset %s (404)", e.URL, e.Repo)
+}
+
+// BadInputError wraps an error the user fixes (a name, a token, an endpoint).
+type BadInputError struct{ Err error }
+
+func (e *BadInputError) Error() string  { return e.Err.Error() }
+func (e *BadInputError) Unwrap() error  { return e.Err }
+func (e *BadInputError) BadInput() bool { return true }
+
+// IsGated reports whether err says a dataset is gated.
+func IsGated(err error) bool {
+	var g *GatedError
+	return errors.As(err, &g)
+}
+
+func drain(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+}
+
+// backoff is exponential with full jitter, from 250ms, capped at 30s.
+func backoff(attempt int) time.Duration {
+	d := 250 * time.Millisecond << min(attempt, 7)
+	d = min(d, 30*time.Second)
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// redact drops the query of a URL: signed CDN URLs carry credentials there.
+func redact(raw string) string {
+	if i := strings.IndexByte(raw, '?'); i >= 0 {
+		return raw[:i]
+	}
+	return raw
+}
+
+// escapePath escapes each segment of a repository path for a URL.
+func escapePath(p string) string {
+	parts := strings.Split(p, "/")
+	for i, s := range parts {
+		parts[i] = url.PathEscape(s)
+	}
+	return strings.Join(parts, "/")
+}

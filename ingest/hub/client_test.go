@@ -1,0 +1,331 @@
+package hub_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
+)
+
+const repo = "owner/data"
+
+func newHub(t *testing.T) *hubtest.Hub {
+	t.Helper()
+	h := hubtest.New()
+	t.Cleanup(h.Close)
+	return h
+}
+
+func newClient(t *testing.T, h *hubtest.Hub, token string) *hub.Client {
+	t.Helper()
+	c, err := hub.New(hub.Config{Endpoint: h.Server.URL + "/", Token: token, MaxRetries: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+func TestResolveRevision(t *testing.T) {
+	h := newHub(t)
+	h.Add(repo, "a.txt", []byte("a"), false)
+	c := newClient(t, h, "")
+	got, err := c.ResolveRevision(context.Background(), repo, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != h.Commit {
+		t.Fatalf("resolved %q, want %q", got, h.Commit)
+	}
+	_, err = c.ResolveRevision(context.Background(), repo, "no-such-branch")
+	if err == nil || !strings.Contains(err.Error(), "no such revision") {
+		t.Fatalf("unknown revision: got %v", err)
+	}
+	_, err = c.ResolveRevision(context.Background(), "owner/missing", "main")
+	if err == nil || !strings.Contains(err.Error(), "owner/missing was not found") || !isBadInput(err) {
+		t.Fatalf("unknown dataset: got %v", err)
+	}
+	_, err = c.ResolveRevision(context.Background(), "../etc", "main")
+	if err == nil || !isBadInput(err) {
+		t.Fatalf("malformed repo id: got %v", err)
+	}
+}
+
+func TestListFollowsLinkPagination(t *testing.T) {
+	h := newHub(t)
+	h.PageSize = 2
+	want := []string{"README.md", "data/Go/train-0.parquet", "data/Go/train-1.parquet", "data/Python/train-0.parquet", "other/x.jsonl"}
+	for _, p := range want {
+		h.Add(repo, p, []byte(p), strings.HasSuffix(p, ".parquet"))
+	}
+	c := newClient(t, h, "")
+	files, err := c.List(context.Background(), repo, "main", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range files {
+		got = append(got, f.Path)
+		if strings.HasSuffix(f.Path, ".parquet") && (f.LFS == nil || len(f.LFS.OID) != 64) {
+			t.Errorf("%s: want an LFS sha256, got %+v", f.Path, f.LFS)
+		}
+	}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("listed %v, want %v", got, want)
+	}
+	pages := 0
+	for _, r := range h.Requests() {
+		if strings.Contains(r.Path, "/tree/") {
+			pages++
+		}
+	}
+	if pages < 4 { // 5 files + 4 directories at 2 per page
+		t.Fatalf("listing took %d pages; pagination was not followed", pages)
+	}
+
+	sub, err := c.List(context.Background(), repo, "main", "data/Go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sub) != 2 || sub[0].Path != "data/Go/train-0.parquet" {
+		t.Fatalf("listing data/Go gave %+v", sub)
+	}
+}
+
+func TestDownloadRedirectsWithoutLeakingToken(t *testing.T) {
+	h := newHub(t)
+	h.Gated, h.Authorized = true, "secret-token"
+	content := randomBytes(t, 100_000)
+	h.Add(repo, "data/big.parquet", content, true)
+	h.Add(repo, "small.json", []byte(`{"a":1}`), false)
+	c := newClient(t, h, "secret-token")
+	ctx := context.Background()
+	files, err := c.List(ctx, repo, "main", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, f := range files {
+		dst := filepath.Join(dir, filepath.Base(f.Path))
+		if err := c.Download(ctx, repo, "main", f, dst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _ := os.ReadFile(filepath.Join(dir, "big.parquet"))
+	if !bytes.Equal(got, content) {
+		t.Fatal("downloaded LFS content differs")
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "small.json")); string(got) != `{"a":1}` {
+		t.Fatalf("small file: %q", got)
+	}
+	sawCDN := false
+	for _, r := range h.Requests() {
+		switch r.Host {
+		case "cdn":
+			sawCDN = true
+			if r.Authorization != "" {
+				t.Fatalf("the token was sent to the CDN: %+v", r)
+			}
+		case "hub":
+			if r.Authorization != "Bearer secret-token" {
+				t.Fatalf("the hub did not get the token: %+v", r)
+			}
+		}
+	}
+	if !sawCDN {
+		t.Fatalf("the LFS file was not fetched from the CDN: %+v", h.Requests())
+	}
+}
+
+func TestDownloadResumesWithRange(t *testing.T) {
+	h := newHub(t)
+	h.BreakOnce = true
+	content := randomBytes(t, 300_000)
+	h.Add(repo, "data/a.parquet", content, true)
+	c := newClient(t, h, "")
+	ctx := context.Background()
+	files, err := c.List(ctx, repo, "main", "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "a.parquet")
+	if err := c.Download(ctx, repo, "main", files[0], dst); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
+		t.Fatal("resumed download differs from the content")
+	}
+	ranged := false
+	for _, r := range h.Requests() {
+		if r.Host == "cdn" && r.Range == fmt.Sprintf("bytes=%d-", len(content)/2) {
+			ranged = true
+		}
+	}
+	if !ranged {
+		t.Fatalf("no Range request resumed the download from byte %d: %+v", len(content)/2, h.Requests())
+	}
+	if _, err := os.Stat(dst + ".part"); !os.IsNotExist(err) {
+		t.Fatal("the .part file was left behind")
+	}
+}
+
+func TestDownloadRestartsWhenRangeIgnored(t *testing.T) {
+	h := newHub(t)
+	h.BreakOnce, h.IgnoreRange = true, true
+	content := randomBytes(t, 50_000)
+	h.Add(repo, "a.parquet", content, true)
+	c := newClient(t, h, "")
+	files, err := c.List(context.Background(), repo, "main", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "a")
+	if err := c.Download(context.Background(), repo, "main", files[0], dst); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
+		t.Fatal("content differs after a restart from zero")
+	}
+}
+
+func TestDownloadRejectsWrongChecksum(t *testing.T) {
+	h := newHub(t)
+	h.Add(repo, "a.parquet", []byte("the real content"), true)
+	c := newClient(t, h, "")
+	files, err := c.List(context.Background(), repo, "main", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := files[0]
+	f.LFS.OID = strings.Repeat("0", 64)
+	dst := filepath.Join(t.TempDir(), "a")
+	err = c.Download(context.Background(), repo, "main", f, dst)
+	if err == nil || !strings.Contains(err.Error(), "sha256 mismatch") {
+		t.Fatalf("want a sha256 mismatch, got %v", err)
+	}
+	for _, p := range []string{dst, dst + ".part"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("%s was left after a failed verification", p)
+		}
+	}
+	f = files[0]
+	f.LFS = nil
+	f.Size = 3
+	f.OID = ""
+	err = c.Download(context.Background(), repo, "main", f, dst)
+	if err == nil || !strings.Contains(err.Error(), "got") {
+		t.Fatalf("want a size mismatch, got %v", err)
+	}
+}
+
+func TestGatedDatasetNamesThePage(t *testing.T) {
+	h := newHub(t)
+	h.Gated, h.Authorized = true, "good"
+	h.Add(repo, "a.txt", []byte("a"), false)
+	ctx := context.Background()
+
+	_, err := newClient(t, h, "").List(ctx, repo, "main", "")
+	if !hub.IsGated(err) || !isBadInput(err) {
+		t.Fatalf("no token: want a gated error, got %v", err)
+	}
+	page := h.Server.URL + "/datasets/" + repo
+	if !strings.Contains(err.Error(), page) || !strings.Contains(err.Error(), "HF_TOKEN") {
+		t.Fatalf("the error should name %s and HF_TOKEN: %v", page, err)
+	}
+
+	_, err = newClient(t, h, "other").ResolveRevision(ctx, repo, "main")
+	if !hub.IsGated(err) || !strings.Contains(err.Error(), "authorized list") || !strings.Contains(err.Error(), page) {
+		t.Fatalf("unauthorized token: want a gated error naming %s, got %v", page, err)
+	}
+}
+
+func TestRateLimitIsWaitedOut(t *testing.T) {
+	h := newHub(t)
+	h.RateLimited = 3
+	h.Add(repo, "a.txt", []byte("a"), false)
+	c := newClient(t, h, "")
+	start := time.Now()
+	sha, err := c.ResolveRevision(context.Background(), repo, "main")
+	if err != nil || sha != h.Commit {
+		t.Fatalf("after 429s: %q, %v", sha, err)
+	}
+	n := 0
+	for _, r := range h.Requests() {
+		if r.Status == http.StatusTooManyRequests {
+			n++
+		}
+	}
+	if n != 3 {
+		t.Fatalf("saw %d answers of 429, want 3", n)
+	}
+	if time.Since(start) < 100*time.Millisecond {
+		t.Fatal("the client did not wait between rate-limited attempts")
+	}
+
+	h.RateLimited = 100
+	_, err = c.ResolveRevision(context.Background(), repo, "main")
+	if err == nil || !strings.Contains(err.Error(), "429") {
+		t.Fatalf("endless 429: want an error after the retries, got %v", err)
+	}
+}
+
+func TestContextCancelsRateLimitWait(t *testing.T) {
+	h := newHub(t)
+	h.RateLimited = 1000
+	h.Add(repo, "a.txt", []byte("a"), false)
+	c := newClient(t, h, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	_, err := c.List(ctx, repo, "main", "")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("want the context's error, got %v", err)
+	}
+}
+
+func TestReadRange(t *testing.T) {
+	h := newHub(t)
+	content := randomBytes(t, 10_000)
+	h.Add(repo, "a.parquet", content, true)
+	c := newClient(t, h, "")
+	got, err := c.ReadRange(context.Background(), repo, "main", "a.parquet", 9_000, 1_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, content[9_000:]) {
+		t.Fatal("range content differs")
+	}
+}
+
+func TestEnvironment(t *testing.T) {
+	t.Setenv("HF_ENDPOINT", "http://mirror.example:8080//")
+	t.Setenv("HF_TOKEN", "tok")
+	cfg := hub.Environment()
+	if cfg.Endpoint != "http://mirror.example:8080" || cfg.Token != "tok" {
+		t.Fatalf("environment read as %+v", cfg)
+	}
+	_, err := hub.New(hub.Config{Endpoint: "mirror.example"})
+	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "HF_ENDPOINT") {
+		t.Fatalf("a bad endpoint: got %v", err)
+	}
+}
+
+func isBadInput(err error) bool {
+	var b interface{ BadInput() bool }
+	return errors.As(err, &b) && b.BadInput()
+}

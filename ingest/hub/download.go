@@ -1,0 +1,234 @@
+package hub
+
+import (
+	"context"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// ResolveURL is the download URL of path at rev in dataset repo.
+func (c *Client) ResolveURL(repo, rev, path string) string {
+	return fmt.Sprintf("%s/datasets/%s/resolve/%s/%s", c.cfg.Endpoint, repo, url.PathEscape(rev), escapePath(path))
+}
+
+// Download fetches f at rev into dst. It writes dst+".part" first, resumes
+// that file with a Range request after a broken connection (or a restart),
+// checks the size, and checks the LFS sha256 (or the git blob id of a
+// small file) before renaming it to dst. A file that fails verification is
+// removed, so that the next attempt starts clean.
+func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst string) error {
+	if err := checkRepo(repo); err != nil {
+		return err
+	}
+	want, sum := f.Size, newVerifier(f)
+	if f.LFS != nil {
+		want = f.LFS.Size
+	}
+	part := dst + ".part"
+	out, err := os.OpenFile(part, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return fmt.Errorf("downloading %s: %w", f.Path, err)
+	}
+	defer out.Close()
+	off, err := resumeOffset(out, want, sum)
+	if err != nil {
+		return fmt.Errorf("downloading %s: reading the partial file %s: %w", f.Path, part, err)
+	}
+
+	if err := c.acquire(ctx); err != nil {
+		return err
+	}
+	defer c.release()
+	src := c.ResolveURL(repo, rev, f.Path)
+	for broken := 0; off < want; {
+		n, err := c.fetchFrom(ctx, repo, src, out, sum, &off)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var transient *brokenError
+		if !errors.As(err, &transient) {
+			return fmt.Errorf("downloading %s of dataset %s: %w", f.Path, repo, err)
+		}
+		if n > 0 {
+			broken = 0 // progress was made: this is a flaky link, not a dead one
+		}
+		if broken++; broken > c.cfg.MaxRetries {
+			return fmt.Errorf("downloading %s of dataset %s: connection broke %d times in a row at byte %d: %w", f.Path, repo, broken, off, err)
+		}
+		c.cfg.Logger.Sugar().Infow("download interrupted, resuming", "path", f.Path, "offset", off, "error", err)
+		if err := sleep(ctx, backoff(broken)); err != nil {
+			return err
+		}
+	}
+	if off != want {
+		os.Remove(part)
+		return fmt.Errorf("downloading %s of dataset %s: got %d bytes, the tree lists %d; the partial file was removed, retry", f.Path, repo, off, want)
+	}
+	if err := sum.check(); err != nil {
+		os.Remove(part)
+		return fmt.Errorf("downloading %s of dataset %s: %w; the file was removed, retry", f.Path, repo, err)
+	}
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("downloading %s: %w", f.Path, err)
+	}
+	return os.Rename(part, dst)
+}
+
+// brokenError is a body that ended early: the download resumes from there.
+type brokenError struct{ err error }
+
+func (e *brokenError) Error() string { return "connection broken: " + e.err.Error() }
+func (e *brokenError) Unwrap() error { return e.err }
+
+// fetchFrom requests src from *off on and appends what arrives to out.
+func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, sum *verifier, off *int64) (int64, error) {
+	start := *off
+	resp, err := c.get(ctx, repo, src, func(r *http.Request) {
+		// Identity: a transparently gunzipped body would not match byte offsets.
+		r.Header.Set("Accept-Encoding", "identity")
+		if start > 0 {
+			r.Header.Set("Range", "bytes="+strconv.FormatInt(start, 10)+"-")
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	switch {
+	case start > 0 && resp.StatusCode == http.StatusOK:
+		// The server ignored the Range: start over rather than append twice.
+		if err := out.Truncate(0); err != nil {
+			return 0, err
+		}
+		sum.reset()
+		start, *off = 0, 0
+	case resp.StatusCode == http.StatusPartialContent:
+		if got := contentRangeStart(resp.Header.Get("Content-Range")); got != start {
+			return 0, fmt.Errorf("asked for bytes from %d, the server sent from %d (Content-Range %q)", start, got, resp.Header.Get("Content-Range"))
+		}
+	}
+	if _, err := out.Seek(start, io.SeekStart); err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(io.MultiWriter(out, sum), resp.Body)
+	*off += n
+	if err != nil {
+		return n, &brokenError{err}
+	}
+	return n, nil
+}
+
+// contentRangeStart parses the first byte position of "bytes 100-199/200".
+func contentRangeStart(h string) int64 {
+	s, ok := strings.CutPrefix(h, "bytes ")
+	if !ok {
+		return -1
+	}
+	first, _, _ := strings.Cut(s, "-")
+	v, err := strconv.ParseInt(first, 10, 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// resumeOffset hashes what a previous attempt left in out and returns where
+// to continue; a partial file longer than the target is discarded.
+func resumeOffset(out *os.File, want int64, sum *verifier) (int64, error) {
+	st, err := out.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if st.Size() > want {
+		return 0, out.Truncate(0)
+	}
+	n, err := io.Copy(sum, io.NewSectionReader(out, 0, st.Size()))
+	return n, err
+}
+
+// verifier hashes a download as it arrives and checks it at the end.
+type verifier struct {
+	kind string // "sha256", "git-sha1", or "" when the tree gave no id
+	want string
+	size int64
+	h    hash.Hash
+}
+
+func newVerifier(f File) *verifier {
+	v := &verifier{}
+	switch {
+	case f.LFS != nil && len(f.LFS.OID) == 64:
+		v.kind, v.want, v.size = "sha256", strings.ToLower(f.LFS.OID), f.LFS.Size
+	case f.LFS == nil && len(f.OID) == 40:
+		v.kind, v.want, v.size = "git-sha1", strings.ToLower(f.OID), f.Size
+	}
+	v.reset()
+	return v
+}
+
+func (v *verifier) reset() {
+	switch v.kind {
+	case "sha256":
+		v.h = sha256.New()
+	case "git-sha1":
+		v.h = sha1.New()
+		fmt.Fprintf(v.h, "blob %d\x00", v.size)
+	}
+}
+
+func (v *verifier) Write(p []byte) (int, error) {
+	if v.h != nil {
+		v.h.Write(p)
+	}
+	return len(p), nil
+}
+
+func (v *verifier) check() error {
+	if v.h == nil {
+		return nil
+	}
+	if got := hex.EncodeToString(v.h.Sum(nil)); got != v.want {
+		return fmt.Errorf("%s mismatch: got %s, the hub lists %s", v.kind, got, v.want)
+	}
+	return nil
+}
+
+// ReadRange returns n bytes of path at rev from offset off, through a Range
+// request: enough to read a parquet footer or the first lines of a file
+// without downloading it.
+func (c *Client) ReadRange(ctx context.Context, repo, rev, path string, off, n int64) ([]byte, error) {
+	if err := c.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer c.release()
+	resp, err := c.get(ctx, repo, c.ResolveURL(repo, rev, path), func(r *http.Request) {
+		r.Header.Set("Accept-Encoding", "identity")
+		r.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", off, off+n-1))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading %s of dataset %s: %w", path, repo, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusPartialContent {
+		return nil, fmt.Errorf("reading %s of dataset %s: the server ignored the Range request (%s)", path, repo, resp.Status)
+	}
+	buf := make([]byte, n)
+	got, err := io.ReadFull(resp.Body, buf)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("reading %s of dataset %s: %w", path, repo, err)
+	}
+	return buf[:got], nil
+}

@@ -1,0 +1,360 @@
+// Package hubtest runs a local Hugging Face Hub for tests: an HTTP server
+// that speaks the endpoints kiln uses (revision, tree with Link pagination,
+// resolve with a redirect to a separate CDN host that honours Range), and
+// that can answer as a gated repository, rate-limit with 429, and break a
+// download's connection half way.
+package hubtest
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Hub is a fake Hub with one CDN. Configure it before the first request.
+type Hub struct {
+	// Server is the Hub; CDN is where resolve redirects LFS files.
+	Server *httptest.Server
+	CDN    *httptest.Server
+
+	// Commit is what every revision resolves to.
+	Commit string
+	// PageSize is the number of tree entries per page (default 2).
+	PageSize int
+	// Gated makes every dataset gated: a request without a token gets 401
+	// GatedRepo, one with a token outside Authorized gets 403.
+	Gated      bool
+	Authorized string
+	// RateLimited answers this many requests with 429 before serving.
+	RateLimited int
+	// BreakOnce cuts the first CDN download of each file after half its bytes.
+	BreakOnce bool
+	// IgnoreRange makes the CDN answer every request with the whole file.
+	IgnoreRange bool
+
+	mu       sync.Mutex
+	files    map[string]map[string][]byte // repo -> path -> content
+	lfs      map[string]bool              // repo/path -> stored in LFS
+	broken   map[string]bool
+	requests []Request
+}
+
+// Request is one request seen by the Hub or the CDN.
+type Request struct {
+	Host          string // "hub" or "cdn"
+	Path          string
+	Authorization string
+	Range         string
+	Status        int
+}
+
+// New starts a Hub and its CDN; Close them with Close.
+func New() *Hub {
+	h := &Hub{
+		Commit:   strings.Repeat("c0ffee", 6) + "c0ff",
+		PageSize: 2,
+		files:    map[string]map[string][]byte{},
+		lfs:      map[string]bool{},
+		broken:   map[string]bool{},
+	}
+	h.Server = httptest.NewServer(http.HandlerFunc(h.serveHub))
+	// The CDN is reached by a different host name than the Hub (localhost
+	// versus 127.0.0.1), as a real CDN would be.
+	h.CDN = httptest.NewServer(http.HandlerFunc(h.serveCDN))
+	h.CDN.URL = strings.Replace(h.CDN.URL, "127.0.0.1", "localhost", 1)
+	return h
+}
+
+// Close stops both servers.
+func (h *Hub) Close() {
+	h.Server.Close()
+	h.CDN.Close()
+}
+
+// Add stores a file in repo; lfs says whether it is served through the CDN.
+func (h *Hub) Add(repo, path string, content []byte, lfs bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.files[repo] == nil {
+		h.files[repo] = map[string][]byte{}
+	}
+	h.files[repo][path] = content
+	h.lfs[repo+"/"+path] = lfs
+}
+
+// Requests returns a copy of the requests seen so far.
+func (h *Hub) Requests() []Request {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Request(nil), h.requests...)
+}
+
+func (h *Hub) record(host string, r *http.Request, status int) {
+	h.mu.Lock()
+	h.requests = append(h.requests, Request{Host: host, Path: r.URL.Path, Authorization: r.Header.Get("Authorization"), Range: r.Header.Get("Range"), Status: status})
+	h.mu.Unlock()
+}
+
+func (h *Hub) serveHub(w http.ResponseWriter, r *http.Request) {
+	h.route(&recorder{ResponseWriter: w, h: h, host: "hub", r: r}, r)
+}
+
+// recorder logs a request when its status is written, before the client can
+// see the answer, so that a test reading Requests after a call sees it.
+type recorder struct {
+	http.ResponseWriter
+	h    *Hub
+	host string
+	r    *http.Request
+	done bool
+}
+
+func (w *recorder) WriteHeader(status int) {
+	if !w.done {
+		w.done = true
+		w.h.record(w.host, w.r, status)
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *recorder) Write(p []byte) (int, error) {
+	if !w.done {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *recorder) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
+
+func (w *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return w.ResponseWriter.(http.Hijacker).Hijack()
+}
+
+func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
+	h.mu.Lock()
+	limited := h.RateLimited > 0
+	if limited {
+		h.RateLimited--
+	}
+	h.mu.Unlock()
+	if limited {
+		w.Header().Set("RateLimit", `"api";r=0;t=0`)
+		w.Header().Set("RateLimit-Policy", `"fixed window";"api";q=500;w=300`)
+		http.Error(w, "rate limited", http.StatusTooManyRequests)
+		return http.StatusTooManyRequests
+	}
+	p := r.URL.Path
+	var api bool
+	if rest, ok := strings.CutPrefix(p, "/api/datasets/"); ok {
+		p, api = rest, true
+	} else if rest, ok := strings.CutPrefix(p, "/datasets/"); ok {
+		p = rest
+	} else {
+		return notFound(w, "", "")
+	}
+	parts := strings.SplitN(p, "/", 5) // owner, name, verb, rev, path
+	if len(parts) < 4 {
+		return notFound(w, "RepoNotFound", "Repository not found")
+	}
+	repo, verb, rev := parts[0]+"/"+parts[1], parts[2], parts[3]
+	path := ""
+	if len(parts) == 5 {
+		path = parts[4]
+	}
+	h.mu.Lock()
+	files, ok := h.files[repo]
+	h.mu.Unlock()
+	if !ok {
+		return notFound(w, "RepoNotFound", "Repository not found")
+	}
+	if status := h.gate(w, r, repo); status != 0 {
+		return status
+	}
+	if rev != "main" && rev != h.Commit {
+		return notFound(w, "RevisionNotFound", "Invalid rev id: "+rev)
+	}
+	switch {
+	case api && verb == "revision":
+		writeJSON(w, map[string]any{"id": repo, "sha": h.Commit})
+		return http.StatusOK
+	case api && verb == "tree":
+		return h.tree(w, r, repo, files, path)
+	case !api && verb == "resolve":
+		content, ok := files[path]
+		if !ok {
+			return notFound(w, "EntryNotFound", "Entry not found")
+		}
+		w.Header().Set("X-Repo-Commit", h.Commit)
+		h.mu.Lock()
+		lfs := h.lfs[repo+"/"+path]
+		h.mu.Unlock()
+		if !lfs {
+			http.ServeContent(w, r, path, time.Time{}, bytes.NewReader(content))
+			return http.StatusOK
+		}
+		sum := sha256.Sum256(content)
+		target := fmt.Sprintf("%s/blobs/%s/%s?X-Amz-Signature=secret", h.CDN.URL, repo, hex.EncodeToString(sum[:]))
+		http.Redirect(w, r, target, http.StatusFound)
+		return http.StatusFound
+	}
+	return notFound(w, "", "")
+}
+
+func (h *Hub) gate(w http.ResponseWriter, r *http.Request, repo string) int {
+	if !h.Gated {
+		return 0
+	}
+	auth := r.Header.Get("Authorization")
+	if auth == "" {
+		w.Header().Set("X-Error-Code", "GatedRepo")
+		w.Header().Set("X-Error-Message", "Access to dataset "+repo+" is restricted. You must have access to it and be authenticated to access it. Please log in.")
+		http.Error(w, `{"error":"gated"}`, http.StatusUnauthorized)
+		return http.StatusUnauthorized
+	}
+	if auth != "Bearer "+h.Authorized {
+		w.Header().Set("X-Error-Message", "Access to dataset "+repo+" is restricted and you are not in the authorized list. Visit https://huggingface.co/datasets/"+repo+" to ask for access.")
+		http.Error(w, `{"error":"not authorized"}`, http.StatusForbidden)
+		return http.StatusForbidden
+	}
+	return 0
+}
+
+func (h *Hub) tree(w http.ResponseWriter, r *http.Request, repo string, files map[string][]byte, dir string) int {
+	if r.URL.Query().Get("recursive") != "true" {
+		http.Error(w, "this fake hub only lists recursively", http.StatusBadRequest)
+		return http.StatusBadRequest
+	}
+	var entries []map[string]any
+	dirs := map[string]bool{}
+	prefix := ""
+	if dir != "" {
+		prefix = strings.TrimSuffix(dir, "/") + "/"
+	}
+	h.mu.Lock()
+	for p, content := range files {
+		if !strings.HasPrefix(p, prefix) {
+			continue
+		}
+		for d := p; strings.Contains(d, "/"); {
+			d = d[:strings.LastIndexByte(d, '/')]
+			if strings.HasPrefix(d+"/", prefix) && d+"/" != prefix {
+				dirs[d] = true
+			}
+		}
+		e := map[string]any{"type": "file", "path": p, "size": len(content), "oid": gitOID(content)}
+		if h.lfs[repo+"/"+p] {
+			sum := sha256.Sum256(content)
+			e["lfs"] = map[string]any{"oid": hex.EncodeToString(sum[:]), "size": len(content), "pointerSize": 134}
+			e["oid"] = gitOID([]byte("pointer " + p))
+		}
+		entries = append(entries, e)
+	}
+	h.mu.Unlock()
+	if len(entries) == 0 && dir != "" {
+		return notFound(w, "EntryNotFound", "Entry not found")
+	}
+	for d := range dirs {
+		entries = append(entries, map[string]any{"type": "directory", "path": d, "size": 0, "oid": gitOID([]byte(d))})
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i]["path"].(string) < entries[j]["path"].(string) })
+	start, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
+	end := min(start+h.PageSize, len(entries))
+	if end < len(entries) {
+		q := r.URL.Query()
+		q.Set("cursor", strconv.Itoa(end))
+		w.Header().Set("Link", fmt.Sprintf(`<%s%s?%s>; rel="next"`, h.Server.URL, r.URL.Path, q.Encode()))
+	}
+	writeJSON(w, entries[start:end])
+	return http.StatusOK
+}
+
+func (h *Hub) serveCDN(w http.ResponseWriter, r *http.Request) {
+	h.cdn(&recorder{ResponseWriter: w, h: h, host: "cdn", r: r}, r)
+}
+
+func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/blobs/")
+	if !ok || r.URL.Query().Get("X-Amz-Signature") == "" {
+		http.Error(w, "AccessDenied", http.StatusForbidden)
+		return http.StatusForbidden
+	}
+	if r.Header.Get("Authorization") != "" {
+		// S3 behind a CDN rejects a second credential beside the signature.
+		http.Error(w, "InvalidArgument: only one auth mechanism allowed", http.StatusBadRequest)
+		return http.StatusBadRequest
+	}
+	i := strings.LastIndexByte(rest, '/')
+	repo, oid := rest[:i], rest[i+1:]
+	var content []byte
+	var key string
+	h.mu.Lock()
+	for p, c := range h.files[repo] {
+		sum := sha256.Sum256(c)
+		if hex.EncodeToString(sum[:]) == oid {
+			content, key = c, repo+"/"+p
+		}
+	}
+	breakNow := h.BreakOnce && !h.broken[key] && content != nil
+	if breakNow {
+		h.broken[key] = true
+	}
+	ignoreRange := h.IgnoreRange
+	h.mu.Unlock()
+	if content == nil {
+		http.Error(w, "NoSuchKey", http.StatusNotFound)
+		return http.StatusNotFound
+	}
+	if ignoreRange {
+		r.Header.Del("Range")
+	}
+	if breakNow && r.Header.Get("Range") == "" {
+		w.Header().Set("Content-Length", strconv.Itoa(len(content)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(content[:len(content)/2])
+		w.(http.Flusher).Flush()
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+		return -1
+	}
+	http.ServeContent(w, r, oid, time.Time{}, bytes.NewReader(content))
+	if r.Header.Get("Range") != "" {
+		return http.StatusPartialContent
+	}
+	return http.StatusOK
+}
+
+func notFound(w http.ResponseWriter, code, msg string) int {
+	if code != "" {
+		w.Header().Set("X-Error-Code", code)
+		w.Header().Set("X-Error-Message", msg)
+	}
+	http.Error(w, `{"error":"`+msg+`"}`, http.StatusNotFound)
+	return http.StatusNotFound
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// gitOID is git's blob id for content.
+func gitOID(content []byte) string {
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", len(content))
+	h.Write(content)
+	return hex.EncodeToString(h.Sum(nil))
+}

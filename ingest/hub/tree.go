@@ -1,0 +1,112 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// File is one file of a dataset repository, as the tree API describes it.
+type File struct {
+	Path string `json:"path"`
+	Type string `json:"type"` // "file" or "directory"
+	Size int64  `json:"size"`
+	// OID is the git blob id (sha1 of "blob <size>\x00" + content).
+	OID string `json:"oid"`
+	// LFS is set for files stored in LFS; its OID is the content's sha256.
+	LFS *LFS `json:"lfs,omitempty"`
+}
+
+// LFS is the LFS pointer of a file.
+type LFS struct {
+	OID  string `json:"oid"`
+	Size int64  `json:"size"`
+}
+
+// ResolveRevision returns the commit that rev (a branch, tag or commit)
+// names in dataset repo, so that an ingest can record what it read.
+func (c *Client) ResolveRevision(ctx context.Context, repo, rev string) (string, error) {
+	if err := checkRepo(repo); err != nil {
+		return "", err
+	}
+	u := fmt.Sprintf("%s/api/datasets/%s/revision/%s", c.cfg.Endpoint, repo, url.PathEscape(rev))
+	var info struct {
+		SHA string `json:"sha"`
+	}
+	if _, err := c.getJSON(ctx, repo, u, &info); err != nil {
+		return "", fmt.Errorf("resolving revision %q of dataset %s: %w", rev, repo, err)
+	}
+	if len(info.SHA) != 40 {
+		return "", fmt.Errorf("resolving revision %q of dataset %s: the hub answered no commit (%q)", rev, repo, info.SHA)
+	}
+	return info.SHA, nil
+}
+
+// List returns every file under dir (recursively) at revision rev, following
+// the tree API's pagination through the Link header. Directories are left out.
+func (c *Client) List(ctx context.Context, repo, rev, dir string) ([]File, error) {
+	if err := checkRepo(repo); err != nil {
+		return nil, err
+	}
+	next := fmt.Sprintf("%s/api/datasets/%s/tree/%s", c.cfg.Endpoint, repo, url.PathEscape(rev))
+	if dir = strings.Trim(dir, "/"); dir != "" {
+		next += "/" + escapePath(dir)
+	}
+	next += "?recursive=true&expand=false"
+	var files []File
+	for pages := 0; next != ""; pages++ {
+		var page []File
+		h, err := c.getJSON(ctx, repo, next, &page)
+		if err != nil {
+			return nil, fmt.Errorf("listing dataset %s at %s: %w", repo, rev, err)
+		}
+		for _, f := range page {
+			if f.Type == "file" || f.Type == "" {
+				files = append(files, f)
+			}
+		}
+		next = nextLink(h.Get("Link"))
+		if next != "" {
+			// A relative next link is resolved against the endpoint; an
+			// absolute one to another host would carry our token elsewhere.
+			ref, err := url.Parse(next)
+			if err != nil {
+				return nil, fmt.Errorf("listing dataset %s: bad Link header %q: %w", repo, next, err)
+			}
+			base, _ := url.Parse(c.cfg.Endpoint)
+			abs := base.ResolveReference(ref)
+			if abs.Host != c.host {
+				return nil, fmt.Errorf("listing dataset %s: the next page points to another host (%s)", repo, abs.Host)
+			}
+			next = abs.String()
+		}
+	}
+	return files, nil
+}
+
+// nextLink extracts the rel="next" target of an RFC 8288 Link header.
+func nextLink(h string) string {
+	for _, part := range strings.Split(h, ",") {
+		target, params, ok := strings.Cut(part, ";")
+		if !ok {
+			continue
+		}
+		for _, p := range strings.Split(params, ";") {
+			k, v, _ := strings.Cut(strings.TrimSpace(p), "=")
+			if strings.EqualFold(k, "rel") && strings.Trim(v, `"`) == "next" {
+				return strings.Trim(strings.TrimSpace(target), "<>")
+			}
+		}
+	}
+	return ""
+}
+
+// checkRepo rejects names that are not "owner/name" before they reach a URL.
+func checkRepo(repo string) error {
+	owner, name, ok := strings.Cut(repo, "/")
+	if !ok || owner == "" || name == "" || strings.ContainsAny(repo, "?#%\\ ") || strings.Count(repo, "/") != 1 || strings.Contains(repo, "..") {
+		return &BadInputError{fmt.Errorf("dataset %q is not an owner/name repository id (for example bigcode/the-stack-v2-dedup)", repo)}
+	}
+	return nil
+}

@@ -1,0 +1,413 @@
+package trainer
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+// Checkpoint file names (DESIGN.md, "Formats"). config.json,
+// model.safetensors and tokenizer.json are what transformers' from_pretrained
+// reads; the other two are kiln's own.
+const (
+	ConfigFile     = "config.json"
+	ModelFile      = "model.safetensors"
+	TokenizerFile  = "tokenizer.json"
+	OptimizerFile  = "optimizer.safetensors"
+	StateFile      = "trainer_state.json"
+	stateFormat    = "kiln.trainer_state"
+	stateVersion   = 1
+	stepDirPrefix  = "step-"
+	stepDirDigits  = 7
+	tempDirPattern = ".tmp-step-*"
+)
+
+// StepDir is the directory name of the checkpoint after step.
+func StepDir(step int) string { return fmt.Sprintf("%s%0*d", stepDirPrefix, stepDirDigits, step) }
+
+// State is trainer_state.json: everything beside the weights and the
+// optimizer moments that a run needs to continue exactly where it stopped.
+// It is written last, and lists the size and SHA-256 of every other file,
+// so that a checkpoint whose files do not match it is not taken for valid.
+type State struct {
+	Format  string `json:"format"`
+	Version int    `json:"version"`
+	// Step is the number of optimizer steps taken; Tokens the number of
+	// target tokens trained on.
+	Step   int   `json:"step"`
+	Tokens int64 `json:"tokens_seen"`
+	// Cursor is the data sampler's position after the last step.
+	Cursor json.RawMessage `json:"data_cursor"`
+	// RNG is the seed everything random in a run derives from: the initial
+	// weights and the sampler's permutations. The loop draws no other
+	// random numbers, so the seed and the cursor restore the whole stream.
+	RNG  RNGState  `json:"rng"`
+	Run  RunConfig `json:"run_config"`
+	Loss float64   `json:"loss"`
+	// Files maps each other file of the checkpoint to its size and hash.
+	Files map[string]FileSum `json:"files"`
+}
+
+// RNGState records the run's random seed.
+type RNGState struct {
+	Seed uint64 `json:"seed"`
+}
+
+// FileSum is a file's size and SHA-256.
+type FileSum struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Snapshot is what a checkpoint holds, in memory.
+type Snapshot struct {
+	Config    model.Config
+	Params    *model.Params
+	Optimizer *model.OptimizerState
+	// Tokenizer is the bytes of tokenizer.json, copied as is; nil when the
+	// run has none (tests), and then the file is absent.
+	Tokenizer []byte
+	State     State
+}
+
+// WriteCheckpoint writes s as root/step-NNNNNNN: into a temporary directory
+// beside it, every file synced, trainer_state.json last, then renamed into
+// place and the parent synced. A crash at any point leaves either no
+// step directory or a complete one; a stale temporary directory is never
+// read, and is removed by the next write.
+func WriteCheckpoint(ctx context.Context, root string, s *Snapshot) (string, error) {
+	final := filepath.Join(root, StepDir(s.State.Step))
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return "", fmt.Errorf("write checkpoint: %w", err)
+	}
+	removeStaleTemps(root)
+	tmp, err := os.MkdirTemp(root, tempDirPattern)
+	if err != nil {
+		return "", fmt.Errorf("write checkpoint: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			os.RemoveAll(tmp)
+		}
+	}()
+
+	st := s.State
+	st.Format, st.Version = stateFormat, stateVersion
+	st.Files = map[string]FileSum{}
+	put := func(name string, write func(io.Writer) error) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		sum, err := writeSynced(filepath.Join(tmp, name), write)
+		if err != nil {
+			return fmt.Errorf("write checkpoint %s: %s: %w", final, name, err)
+		}
+		st.Files[name] = sum
+		return nil
+	}
+	cfg, err := model.MarshalConfig(s.Config)
+	if err != nil {
+		return "", fmt.Errorf("write checkpoint %s: config: %w", final, err)
+	}
+	if err := put(ConfigFile, func(w io.Writer) error { _, err := w.Write(cfg); return err }); err != nil {
+		return "", err
+	}
+	mf, err := model.ParamsFile(s.Params, model.F32)
+	if err != nil {
+		return "", fmt.Errorf("write checkpoint %s: %w", final, err)
+	}
+	if err := putEncoded(put, ModelFile, mf); err != nil {
+		return "", err
+	}
+	if s.Tokenizer != nil {
+		if err := put(TokenizerFile, func(w io.Writer) error { _, err := w.Write(s.Tokenizer); return err }); err != nil {
+			return "", err
+		}
+	}
+	if err := putEncoded(put, OptimizerFile, optimizerFile(s.Params, s.Optimizer)); err != nil {
+		return "", err
+	}
+	state, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	if _, err := writeSynced(filepath.Join(tmp, StateFile), func(w io.Writer) error { _, err := w.Write(state); return err }); err != nil {
+		return "", fmt.Errorf("write checkpoint %s: %s: %w", final, StateFile, err)
+	}
+	if err := syncDir(tmp); err != nil {
+		return "", fmt.Errorf("write checkpoint %s: %w", final, err)
+	}
+	// A checkpoint of this step may exist from a run that stopped after
+	// writing it and was resumed from an earlier one; the new one replaces it.
+	if err := os.RemoveAll(final); err != nil {
+		return "", fmt.Errorf("write checkpoint %s: %w", final, err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return "", fmt.Errorf("write checkpoint %s: %w", final, err)
+	}
+	done = true
+	if err := syncDir(root); err != nil {
+		return "", fmt.Errorf("write checkpoint %s: %w", final, err)
+	}
+	return final, nil
+}
+
+// putEncoded writes a safetensors file through put.
+func putEncoded(put func(string, func(io.Writer) error) error, name string, f *model.SafetensorsFile) error {
+	b, err := model.EncodeSafetensors(f)
+	if err != nil {
+		return err
+	}
+	return put(name, func(w io.Writer) error { _, err := w.Write(b); return err })
+}
+
+// Suffixes of the Adam moments in optimizer.safetensors, after the
+// parameter's HF name, as torch's AdamW names its state.
+const (
+	expAvg   = ".exp_avg"
+	expAvgSq = ".exp_avg_sq"
+)
+
+// optimizerFile lays the Adam moments out under the parameter names, with
+// the step count (for bias correction) in the metadata.
+func optimizerFile(p *model.Params, o *model.OptimizerState) *model.SafetensorsFile {
+	f := &model.SafetensorsFile{Metadata: map[string]string{"format": "kiln.adamw", "step": strconv.Itoa(o.Step)}}
+	off := 0
+	for _, s := range p.Specs() {
+		n := s.Elements()
+		f.Tensors = append(f.Tensors,
+			model.F32Tensor(s.Name+expAvg, s.Shape, o.M[off:off+n]),
+			model.F32Tensor(s.Name+expAvgSq, s.Shape, o.V[off:off+n]))
+		off += n
+	}
+	return f
+}
+
+// writeSynced writes a file through a buffer, syncs it, and returns its
+// size and SHA-256.
+func writeSynced(path string, write func(io.Writer) error) (FileSum, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return FileSum{}, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	cw := &countingWriter{w: io.MultiWriter(f, h)}
+	bw := bufio.NewWriterSize(cw, 1<<20)
+	if err := write(bw); err != nil {
+		return FileSum{}, err
+	}
+	if err := bw.Flush(); err != nil {
+		return FileSum{}, err
+	}
+	if err := f.Sync(); err != nil {
+		return FileSum{}, err
+	}
+	if err := f.Close(); err != nil {
+		return FileSum{}, err
+	}
+	return FileSum{Size: cw.n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func removeStaleTemps(root string) {
+	stale, _ := filepath.Glob(filepath.Join(root, tempDirPattern))
+	for _, d := range stale {
+		os.RemoveAll(d)
+	}
+}
+
+// ErrNoCheckpoint is returned by LatestCheckpoint when root holds none.
+var ErrNoCheckpoint = errors.New("no checkpoint")
+
+// CheckCheckpoint reports why dir is not a complete checkpoint: its
+// trainer_state.json is missing or unreadable, or a file it lists is absent
+// or of another size. It reads no file in full; ReadCheckpoint also checks
+// every hash.
+func CheckCheckpoint(dir string) (State, error) {
+	var st State
+	b, err := os.ReadFile(filepath.Join(dir, StateFile))
+	if err != nil {
+		return st, fmt.Errorf("checkpoint %s is incomplete (%w): it was not written to the end; use an earlier one", dir, err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("checkpoint %s: %s is not valid JSON (%v): use an earlier checkpoint", dir, StateFile, err)
+	}
+	if st.Format != stateFormat || st.Version != stateVersion {
+		return st, fmt.Errorf("checkpoint %s: %s is format %q version %d; this build reads %q version %d", dir, StateFile, st.Format, st.Version, stateFormat, stateVersion)
+	}
+	for _, name := range []string{ConfigFile, ModelFile, OptimizerFile} {
+		if _, ok := st.Files[name]; !ok {
+			return st, fmt.Errorf("checkpoint %s: %s does not list %s: use an earlier checkpoint", dir, StateFile, name)
+		}
+	}
+	for name, sum := range st.Files {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			return st, fmt.Errorf("checkpoint %s is incomplete: %w; use an earlier one", dir, err)
+		}
+		if fi.Size() != sum.Size {
+			return st, fmt.Errorf("checkpoint %s: %s is %d bytes, %s says %d (truncated?): use an earlier checkpoint", dir, name, fi.Size(), StateFile, sum.Size)
+		}
+	}
+	return st, nil
+}
+
+// LatestCheckpoint returns the directory of the highest step under root that
+// passes CheckCheckpoint, skipping incomplete ones, or ErrNoCheckpoint.
+func LatestCheckpoint(root string) (string, error) {
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", ErrNoCheckpoint
+	}
+	if err != nil {
+		return "", fmt.Errorf("find checkpoint: %w", err)
+	}
+	type cand struct {
+		step int
+		dir  string
+	}
+	var cands []cand
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), stepDirPrefix)
+		if !e.IsDir() || !ok {
+			continue
+		}
+		step, err := strconv.Atoi(rest)
+		if err != nil {
+			continue
+		}
+		cands = append(cands, cand{step, filepath.Join(root, e.Name())})
+	}
+	sort.Slice(cands, func(i, j int) bool { return cands[i].step > cands[j].step })
+	for _, c := range cands {
+		if _, err := CheckCheckpoint(c.dir); err == nil {
+			return c.dir, nil
+		}
+	}
+	return "", ErrNoCheckpoint
+}
+
+// ReadCheckpoint loads dir, verifying every file against the hashes in
+// trainer_state.json. When want is not nil, a checkpoint of another shape
+// is refused with an error that names both shapes.
+func ReadCheckpoint(dir string, want *model.Config) (*Snapshot, error) {
+	st, err := CheckCheckpoint(dir)
+	if err != nil {
+		return nil, badInput(err)
+	}
+	files := map[string][]byte{}
+	for name, sum := range st.Files {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, fmt.Errorf("read checkpoint %s: %w", dir, err)
+		}
+		if got := sha256.Sum256(b); hex.EncodeToString(got[:]) != sum.SHA256 {
+			return nil, badInput(fmt.Errorf("checkpoint %s: %s has SHA-256 %x, %s says %s (corrupted): use an earlier checkpoint", dir, name, got, StateFile, sum.SHA256))
+		}
+		files[name] = b
+	}
+	c, err := model.ParseConfig(files[ConfigFile])
+	if err != nil {
+		return nil, badInput(fmt.Errorf("checkpoint %s: %s: %w", dir, ConfigFile, err))
+	}
+	if want != nil {
+		if err := sameShape(c, *want); err != nil {
+			return nil, badInput(fmt.Errorf("checkpoint %s: %w: resume with the model it was trained with, or train into another --out directory", dir, err))
+		}
+	}
+	s := &Snapshot{Config: c, State: st, Tokenizer: files[TokenizerFile]}
+	path := filepath.Join(dir, ModelFile)
+	mf, err := model.DecodeSafetensors(path, files[ModelFile])
+	if err != nil {
+		return nil, err
+	}
+	if s.Params, err = model.ParamsFromFile(path, mf, c); err != nil {
+		return nil, err
+	}
+	path = filepath.Join(dir, OptimizerFile)
+	of, err := model.DecodeSafetensors(path, files[OptimizerFile])
+	if err != nil {
+		return nil, err
+	}
+	if s.Optimizer, err = readOptimizer(path, of, s.Params); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// readOptimizer is the inverse of optimizerFile.
+func readOptimizer(path string, f *model.SafetensorsFile, p *model.Params) (*model.OptimizerState, error) {
+	step, err := strconv.Atoi(f.Metadata["step"])
+	if err != nil {
+		return nil, badInput(fmt.Errorf("%s: no optimizer step in the metadata: use an earlier checkpoint", path))
+	}
+	o := &model.OptimizerState{Step: step, M: make([]float32, len(p.Data)), V: make([]float32, len(p.Data))}
+	off := 0
+	for _, s := range p.Specs() {
+		n := s.Elements()
+		for _, part := range []struct {
+			suffix string
+			dst    []float32
+		}{{expAvg, o.M[off : off+n]}, {expAvgSq, o.V[off : off+n]}} {
+			t := f.Tensor(s.Name + part.suffix)
+			if t == nil || fmt.Sprint(t.Shape) != fmt.Sprint(s.Shape) {
+				return nil, badInput(fmt.Errorf("%s: tensor %s is missing or not of shape %v: the file was not written for this model", path, s.Name+part.suffix, s.Shape))
+			}
+			v, err := t.Float32s()
+			if err != nil {
+				return nil, badInput(fmt.Errorf("%s: %w", path, err))
+			}
+			copy(part.dst, v)
+		}
+		off += n
+	}
+	return o, nil
+}
+
+// sameShape compares the fields that fix the parameter layout.
+func sameShape(got, want model.Config) error {
+	type shape struct {
+		vocab, hidden, layers, heads, kv, headDim, ff int
+		tied                                          bool
+	}
+	g := shape{got.VocabSize, got.Hidden, got.Layers, got.Heads, got.KVHeads, got.HeadDim, got.Intermediate, got.TieEmbeddings}
+	w := shape{want.VocabSize, want.Hidden, want.Layers, want.Heads, want.KVHeads, want.HeadDim, want.Intermediate, want.TieEmbeddings}
+	if g != w {
+		return fmt.Errorf("it holds a model of vocab %d, d_model %d, %d layers, %d heads, %d KV heads, head_dim %d, d_ff %d, tied %v; this run's model has vocab %d, d_model %d, %d layers, %d heads, %d KV heads, head_dim %d, d_ff %d, tied %v",
+			g.vocab, g.hidden, g.layers, g.heads, g.kv, g.headDim, g.ff, g.tied, w.vocab, w.hidden, w.layers, w.heads, w.kv, w.headDim, w.ff, w.tied)
+	}
+	return nil
+}

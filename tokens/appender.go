@@ -1,0 +1,318 @@
+package tokens
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"go.uber.org/zap"
+)
+
+// ShardInfo names a shard to append. ID is the exactly-once key: an ID
+// already in the manifest is never appended again. SHA256, when set, is the
+// expected digest of the shard's token bytes; a mismatch refuses the append.
+type ShardInfo struct {
+	ID       string
+	Source   string
+	Revision string
+	SHA256   string
+}
+
+// AppendResult reports what Append did. Duplicate is true when the shard
+// was already in the store and nothing was written; Shard is then the
+// record made by the first append.
+type AppendResult struct {
+	Shard     Shard
+	Duplicate bool
+}
+
+// Appender is the one writer of a store. It holds the store's lock from
+// OpenAppender until Close.
+type Appender struct {
+	dir   string
+	log   *zap.Logger
+	lock  *storeLock
+	f     *os.File // tokens.bin
+	m     *Manifest
+	index map[string]int // shard id -> position in m.Shards
+	buf   []byte
+	// broken is set when a manifest write failed part way: the state on
+	// disk is then unknown, and only a fresh OpenAppender may continue.
+	broken error
+}
+
+// appendChunk is the read size; 1 MiB keeps a write syscall per ~500k ids.
+const appendChunk = 1 << 20
+
+// OpenAppender locks the store in dir for writing, creating an empty store
+// for tok when dir holds none. An existing store must have been created with
+// the same tokenizer. log may be nil.
+func OpenAppender(ctx context.Context, dir string, tok Tokenizer, log *zap.Logger) (*Appender, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if err := tok.validate(); err != nil {
+		return nil, &InputError{err: fmt.Errorf("open token store %s: %w", dir, err)}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create token store %s: %w", dir, err)
+	}
+	lock, err := lockStore(dir)
+	if err != nil {
+		return nil, err
+	}
+	a, err := openLocked(dir, tok, log)
+	if err != nil {
+		lock.release()
+		return nil, err
+	}
+	a.lock = lock
+	return a, nil
+}
+
+func openLocked(dir string, tok Tokenizer, log *zap.Logger) (*Appender, error) {
+	binPath := filepath.Join(dir, TokensFile)
+	m, err := ReadManifest(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// A tokens.bin without a manifest is someone's data that kiln cannot
+		// account for; creating a store over it would truncate it.
+		if st, serr := os.Stat(binPath); serr == nil && st.Size() > 0 {
+			return nil, inputErrorf("token store %s has a %d-byte %s but no %s: refusing to overwrite it; restore the manifest or move %s away",
+				dir, st.Size(), TokensFile, ManifestFile, TokensFile)
+		}
+		m = newManifest(tok)
+		if err := writeManifest(dir, m); err != nil {
+			return nil, fmt.Errorf("create token store %s: %w", dir, err)
+		}
+		log.Info("created token store", zap.String("store", dir), zap.String("tokenizer", tok.Name),
+			zap.Int("vocab", tok.VocabSize), zap.String("dtype", string(m.Dtype)))
+	case err != nil:
+		return nil, err
+	default:
+		have := m.Tokenizer
+		if have.SHA256 != tok.SHA256 {
+			return nil, inputErrorf("token store %s was written with tokenizer %s (sha256 %s), not %s (sha256 %s): its ids would mean different text; append to a new store",
+				dir, have.Name, have.SHA256, tok.Name, tok.SHA256)
+		}
+		if have.VocabSize != tok.VocabSize || have.EOS != tok.EOS {
+			return nil, inputErrorf("token store %s records vocab_size %d and eos_id %d for tokenizer sha256 %s, but the caller says %d and %d: fix the tokenizer metadata",
+				dir, have.VocabSize, have.EOS, tok.SHA256, tok.VocabSize, tok.EOS)
+		}
+	}
+	f, err := os.OpenFile(binPath, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", binPath, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat %s: %w", binPath, err)
+	}
+	width := int64(m.Dtype.Width())
+	if st.Size() < m.Tokens*width {
+		f.Close()
+		return nil, inputErrorf("token store %s: %s holds %d bytes but the manifest commits %d tokens (%d bytes): the file was truncated outside kiln; restore it or re-ingest the store",
+			dir, binPath, st.Size(), m.Tokens, m.Tokens*width)
+	}
+	index := make(map[string]int, len(m.Shards))
+	for i, s := range m.Shards {
+		index[s.ID] = i
+	}
+	return &Appender{dir: dir, log: log, f: f, m: m, index: index, buf: make([]byte, appendChunk)}, nil
+}
+
+// Manifest returns a copy of the committed manifest.
+func (a *Appender) Manifest() Manifest {
+	m := *a.m
+	m.Shards = append([]Shard(nil), a.m.Shards...)
+	m.Skipped = append([]Skipped(nil), a.m.Skipped...)
+	return m
+}
+
+// Append adds the shard's ids, read from r as little-endian values of the
+// store's dtype (the bytes tokens.bin holds), exactly once per info.ID. The
+// shard must end with the EOS id so that shard boundaries are document
+// boundaries. Every id is checked against the vocabulary before the shard
+// is committed; on any error the store is left as it was.
+//
+// The commit protocol survives SIGKILL at any point: tokens.bin is cut back
+// to the committed count, the shard is written past it and fsynced, and only
+// then is the manifest that counts it renamed into place. A crash before the
+// rename leaves bytes that no reader looks at and the next append cuts off;
+// a crash after it leaves the shard committed, and a retry is a no-op.
+func (a *Appender) Append(ctx context.Context, info ShardInfo, r io.Reader) (AppendResult, error) {
+	if a.broken != nil {
+		return AppendResult{}, fmt.Errorf("token store %s: an earlier manifest write failed (%v): reopen the store before appending", a.dir, a.broken)
+	}
+	if info.ID == "" {
+		return AppendResult{}, inputErrorf("append to token store %s: the shard id is empty: pass the ingest task's shard id", a.dir)
+	}
+	if i, ok := a.index[info.ID]; ok {
+		have := a.m.Shards[i]
+		if info.SHA256 != "" && info.SHA256 != have.SHA256 {
+			return AppendResult{}, inputErrorf("append to token store %s: shard %q was appended with sha256 %s, and this append carries %s: give a changed shard a new id",
+				a.dir, info.ID, have.SHA256, info.SHA256)
+		}
+		a.log.Info("shard already appended", zap.String("store", a.dir), zap.String("shard", info.ID), zap.Int64("tokens", have.Tokens))
+		return AppendResult{Shard: have, Duplicate: true}, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return AppendResult{}, err
+	}
+	width := int64(a.m.Dtype.Width())
+	start := a.m.Tokens
+	if err := a.f.Truncate(start * width); err != nil {
+		return AppendResult{}, fmt.Errorf("token store %s: cut %s back to %d committed tokens: %w", a.dir, TokensFile, start, err)
+	}
+	sh, err := a.write(ctx, info, r, start)
+	if err != nil {
+		// Tidy only: readers ignore the bytes and the next append cuts them.
+		_ = a.f.Truncate(start * width)
+		return AppendResult{}, err
+	}
+	if err := a.f.Sync(); err != nil {
+		return AppendResult{}, fmt.Errorf("token store %s: sync %s: %w", a.dir, TokensFile, err)
+	}
+	next := a.Manifest()
+	next.Shards = append(next.Shards, sh)
+	next.Tokens += sh.Tokens
+	next.Documents += sh.Documents
+	if err := writeManifest(a.dir, &next); err != nil {
+		a.broken = err
+		return AppendResult{}, fmt.Errorf("token store %s: commit shard %q: %w", a.dir, info.ID, err)
+	}
+	a.m = &next
+	a.index[sh.ID] = len(next.Shards) - 1
+	a.log.Info("appended shard", zap.String("store", a.dir), zap.String("shard", sh.ID),
+		zap.Int64("tokens", sh.Tokens), zap.Int64("documents", sh.Documents), zap.Int64("committed", next.Tokens))
+	return AppendResult{Shard: sh}, nil
+}
+
+// write streams r into tokens.bin from token index start, validating ids.
+func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start int64) (Shard, error) {
+	width := a.m.Dtype.Width()
+	vocab := uint64(a.m.Tokenizer.VocabSize)
+	eos := a.m.Tokenizer.EOS
+	h := sha256.New()
+	var n, docs int64
+	var last uint32
+	have := 0 // bytes in a.buf not yet written: a partial id carried over
+	for {
+		if err := ctx.Err(); err != nil {
+			return Shard{}, err
+		}
+		k, rerr := r.Read(a.buf[have:])
+		have += k
+		whole := have - have%width
+		chunk := a.buf[:whole]
+		for i := 0; i < whole; i += width {
+			var id uint32
+			if width == 2 {
+				id = uint32(binary.LittleEndian.Uint16(chunk[i:]))
+			} else {
+				id = binary.LittleEndian.Uint32(chunk[i:])
+			}
+			if uint64(id) >= vocab {
+				return Shard{}, inputErrorf("append shard %q to token store %s: token %d of the shard is id %d, outside the vocabulary of %d: tokenize it with the store's tokenizer (%s)",
+					info.ID, a.dir, n+int64(i/width), id, vocab, a.m.Tokenizer.Name)
+			}
+			if id == eos {
+				docs++
+			}
+			last = id
+		}
+		if whole > 0 {
+			h.Write(chunk)
+			if _, err := a.f.WriteAt(chunk, (start+n)*int64(width)); err != nil {
+				return Shard{}, fmt.Errorf("token store %s: write shard %q: %w", a.dir, info.ID, err)
+			}
+			n += int64(whole / width)
+			have = copy(a.buf, a.buf[whole:have])
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return Shard{}, fmt.Errorf("token store %s: read shard %q: %w", a.dir, info.ID, rerr)
+		}
+	}
+	if have != 0 {
+		return Shard{}, inputErrorf("append shard %q to token store %s: the shard's length is not a whole number of %d-byte %s ids (%d bytes left over): the shard file is truncated or was written for another dtype",
+			info.ID, a.dir, width, a.m.Dtype, have)
+	}
+	if n > 0 && last != eos {
+		return Shard{}, inputErrorf("append shard %q to token store %s: the shard ends with id %d, not the EOS id %d: end every document, the last one included, with EOS",
+			info.ID, a.dir, last, eos)
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	if info.SHA256 != "" && info.SHA256 != sum {
+		return Shard{}, inputErrorf("append shard %q to token store %s: its tokens hash to sha256 %s, not the expected %s: the shard file is damaged; produce it again",
+			info.ID, a.dir, sum, info.SHA256)
+	}
+	return Shard{ID: info.ID, Source: info.Source, Revision: info.Revision, SHA256: sum, Documents: docs, Tokens: n, Offset: start}, nil
+}
+
+// Skip records an input that will not be appended, and why, so that ingest
+// can report what it left out. Recording an id twice is a no-op; an id that
+// was appended cannot be skipped.
+func (a *Appender) Skip(ctx context.Context, s Skipped) error {
+	if a.broken != nil {
+		return fmt.Errorf("token store %s: an earlier manifest write failed (%v): reopen the store", a.dir, a.broken)
+	}
+	if s.ID == "" || s.Reason == "" {
+		return inputErrorf("token store %s: a skipped input needs an id and a reason (got id %q, reason %q)", a.dir, s.ID, s.Reason)
+	}
+	if _, ok := a.index[s.ID]; ok {
+		return inputErrorf("token store %s: shard %q is already appended and cannot be recorded as skipped", a.dir, s.ID)
+	}
+	for _, have := range a.m.Skipped {
+		if have.ID == s.ID {
+			return nil
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	next := a.Manifest()
+	next.Skipped = append(next.Skipped, s)
+	if err := writeManifest(a.dir, &next); err != nil {
+		a.broken = err
+		return fmt.Errorf("token store %s: record skipped %q: %w", a.dir, s.ID, err)
+	}
+	a.m = &next
+	a.log.Info("skipped input", zap.String("store", a.dir), zap.String("id", s.ID), zap.String("reason", s.Reason))
+	return nil
+}
+
+// Close releases the store's lock.
+func (a *Appender) Close() error {
+	err := a.f.Close()
+	if lerr := a.lock.release(); err == nil {
+		err = lerr
+	}
+	return err
+}
+
+// Encode appends ids to dst as little-endian values of dtype d: the bytes
+// Append expects and tokens.bin holds.
+func Encode(dst []byte, d Dtype, ids []uint32) []byte {
+	for _, id := range ids {
+		if d == Uint16 {
+			dst = binary.LittleEndian.AppendUint16(dst, uint16(id))
+		} else {
+			dst = binary.LittleEndian.AppendUint32(dst, id)
+		}
+	}
+	return dst
+}

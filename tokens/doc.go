@@ -1,0 +1,57 @@
+// Package tokens is kiln's token store: a flat file of token ids with a
+// manifest, written by one appender and read through mmap by the trainer.
+//
+// # Format
+//
+// A store is a directory holding
+//
+//	tokens.bin     little-endian ids, uint16 (uint32 when the vocabulary
+//	               exceeds 65536), every document ended by the EOS id
+//	manifest.json  format and version, dtype, the tokenizer (name, sha256,
+//	               vocab_size, eos_id), the committed token and document
+//	               counts, the appended shards in order (id, source,
+//	               revision, sha256 of the shard's bytes, documents, tokens,
+//	               offset) and the skipped inputs with their reasons
+//	lock           the appender's flock, holding its pid
+//
+// Only the first Manifest.Tokens ids of tokens.bin are committed; bytes past
+// them are the remains of an interrupted append and are never read.
+//
+// # Writing
+//
+// OpenAppender locks a store (creating it for a tokenizer if absent) and
+// Appender.Append adds one shard's ids under a shard id, exactly once: an id
+// already in the manifest is a no-op reported as AppendResult.Duplicate, so
+// a queue may retry an append whose process was killed at any point.
+// Appender.Skip records an input that was left out and why.
+//
+//	a, err := tokens.OpenAppender(ctx, dir, tokens.Tokenizer{Name: "kiln-16k", SHA256: sum, VocabSize: 16384, EOS: 0}, log)
+//	res, err := a.Append(ctx, tokens.ShardInfo{ID: "the-stack-v2/000123", Source: url, Revision: commit}, shardReader)
+//	err = a.Close()
+//
+// # Reading
+//
+// Open maps the committed tokens. Store.Window copies window i, the
+// seqLen+1 tokens [i*(seqLen+1), (i+1)*(seqLen+1)), into an []int32: the
+// first seqLen are a sequence's inputs and the last seqLen its targets.
+// Windows are disjoint. Every id read is checked against the vocabulary.
+//
+// # Sampling
+//
+// NewSampler mixes several stores by weight. Each store's training windows
+// are visited in a seeded pseudo-random order, without replacement, an
+// epoch at a time; the order is a bijection on the window indices computed
+// on the fly (a Feistel network with cycle walking), so it costs O(1)
+// memory however large the store. Stores take turns by a largest-deficit
+// rule: after k windows, store i has supplied within one window of w_i*k.
+// Sampler.Cursor is a few integers per store that, passed back to
+// NewSampler, resumes the sequence exactly.
+//
+// # Held-out evaluation split
+//
+// Window i of a store is held out for evaluation when a fixed hash of i
+// (independent of the seed) falls in 1 of every HoldOut values. The sampler
+// never returns a held-out window for training; NewEvalSet walks them in
+// index order. Because the choice depends only on the window index, the
+// split stays the same when a store grows or a run changes its seed.
+package tokens

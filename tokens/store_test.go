@@ -1,0 +1,194 @@
+package tokens
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// newStore writes a store of the given shards and returns its directory.
+func newStore(t *testing.T, tok Tokenizer, shards ...[]uint32) string {
+	t.Helper()
+	dir := t.TempDir()
+	a, err := OpenAppender(context.Background(), dir, tok, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ids := range shards {
+		appendIDs(t, a, "s"+string(rune('a'+i)), ids)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func wantInputError(t *testing.T, err error, mentions ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error, want one mentioning %q", mentions)
+	}
+	var ie *InputError
+	if !errors.As(err, &ie) {
+		t.Errorf("%v is not an InputError", err)
+	}
+	for _, m := range mentions {
+		if !strings.Contains(err.Error(), m) {
+			t.Errorf("error %q does not mention %q", err, m)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("error spans lines: %q", err)
+	}
+}
+
+func TestWindowsAreDisjointSpansOfSeqLenPlusOne(t *testing.T) {
+	ids := make([]uint32, 23)
+	for i := range ids {
+		ids[i] = uint32(i + 1)
+	}
+	ids[22] = 0
+	dir := newStore(t, testTok, ids)
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Len() != 23 {
+		t.Fatalf("Len = %d", s.Len())
+	}
+	// 23 tokens hold five windows of 4 (seq_len 3); the last 3 are unused.
+	if got := s.Windows(3); got != 5 {
+		t.Fatalf("Windows(3) = %d, want 5", got)
+	}
+	dst := make([]int32, 4)
+	if err := s.Window(2, 3, dst); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int32{9, 10, 11, 12}; !equal(dst, want) {
+		t.Fatalf("window 2 = %v, want %v", dst, want)
+	}
+	if err := s.Window(5, 3, dst); err == nil {
+		t.Fatal("window 5 of 5 was read")
+	}
+	if err := s.Window(0, 3, dst[:3]); err == nil {
+		t.Fatal("a buffer of seq_len ids was accepted")
+	}
+}
+
+func equal(a, b []int32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestOpenRejectsCorruptManifest(t *testing.T) {
+	dir := newStore(t, testTok, shardIDs(1, 100, 1000, 0))
+	path := filepath.Join(dir, ManifestFile)
+	good, _ := os.ReadFile(path)
+
+	os.WriteFile(path, good[:len(good)/2], 0o644)
+	_, err := Open(dir)
+	wantInputError(t, err, dir, "manifest.json is corrupt", "restore")
+	// The appender refuses too, rather than start a fresh store over it.
+	_, err = OpenAppender(context.Background(), dir, testTok, nil)
+	wantInputError(t, err, "corrupt")
+
+	os.WriteFile(path, []byte(strings.Replace(string(good), `"tokens": 100`, `"tokens": 101`, 1)), 0o644)
+	_, err = Open(dir)
+	wantInputError(t, err, "inconsistent", "shards hold 100 tokens but 101 are committed")
+
+	os.WriteFile(path, []byte(strings.Replace(string(good), `"version": 1`, `"version": 9`, 1)), 0o644)
+	_, err = Open(dir)
+	wantInputError(t, err, "version 9 is not supported")
+
+	os.Remove(path)
+	_, err = Open(dir)
+	wantInputError(t, err, "has no manifest.json")
+}
+
+func TestOpenRejectsShortTokensFile(t *testing.T) {
+	dir := newStore(t, testTok, shardIDs(1, 100, 1000, 0))
+	os.Truncate(filepath.Join(dir, TokensFile), 150)
+	_, err := Open(dir)
+	wantInputError(t, err, dir, "holds 150 bytes", "commits 100 tokens (200 bytes)")
+	_, err = OpenAppender(context.Background(), dir, testTok, nil)
+	wantInputError(t, err, "holds 150 bytes")
+}
+
+// corruptID overwrites the uint16 id at token p, as a foreign tokenizer or
+// a damaged disk would.
+func corruptID(t *testing.T, dir string, p int64, id uint16) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, TokensFile), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(binary.LittleEndian.AppendUint16(nil, id), p*2); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestIDsPastTheVocabulary(t *testing.T) {
+	// Sampled at Open: the first span is always read.
+	dir := newStore(t, testTok, shardIDs(1, 100_000, 1000, 0))
+	corruptID(t, dir, 17, 4000)
+	_, err := Open(dir)
+	wantInputError(t, err, dir, "token 17 is id 4000", "vocabulary of 1000", "re-ingest")
+
+	// Between the samples: Open passes, the window that holds it fails.
+	dir = newStore(t, testTok, shardIDs(1, 1_000_000, 1000, 0))
+	const p = 500_000 + 11
+	corruptID(t, dir, p, 1000)
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatalf("Open: %v (position %d should fall between the sampled spans)", err, p)
+	}
+	defer s.Close()
+	dst := make([]int32, 1025)
+	if err := s.Window(p/1025, 1024, dst); err == nil {
+		t.Fatal("a window holding id 1000 was read")
+	} else {
+		wantInputError(t, err, "token 500011 is id 1000")
+	}
+	if err := s.Window(0, 1024, dst); err != nil {
+		t.Fatalf("a clean window: %v", err)
+	}
+	wantInputError(t, s.Verify(context.Background()), "token 500011 is id 1000")
+}
+
+func TestVerifyFindsDamagedShard(t *testing.T) {
+	dir := newStore(t, testTok, shardIDs(1, 100, 1000, 0), shardIDs(2, 100, 1000, 0))
+	corruptID(t, dir, 150, 3) // a valid id, but not the one appended
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	wantInputError(t, s.Verify(context.Background()), `shard "sb"`, "tokens 100 to 200", "damaged")
+}
+
+func TestEmptyStoreOpens(t *testing.T) {
+	dir := t.TempDir()
+	a := openTestAppender(t, dir, testTok)
+	a.Close()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.Len() != 0 || s.Windows(8) != 0 {
+		t.Fatalf("empty store: Len %d, Windows %d", s.Len(), s.Windows(8))
+	}
+}

@@ -1,0 +1,263 @@
+// Package runs holds kiln's named training runs (pilot, long, demo) as
+// embedded YAML, lets a user file override or extend them, and holds the
+// bench sweep's shapes.
+package runs
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kiln-lm/kiln/trainer"
+)
+
+//go:embed presets.yaml
+var presetsYAML []byte
+
+// Run is one named training run: the trainer's configuration plus what the
+// queue needs to train it in segments and keep its checkpoints.
+type Run struct {
+	Name        string `yaml:"-"`
+	Description string `yaml:"description"`
+	// From names the run this one starts from; only its own fields differ.
+	From              string `yaml:"from,omitempty"`
+	trainer.RunConfig `yaml:",inline"`
+	// Tokenizer names tokenizers/<name>/tokenizer.json in object storage.
+	Tokenizer string    `yaml:"tokenizer"`
+	Segment   Segment   `yaml:"segment"`
+	Retention Retention `yaml:"retention"`
+	// MinFreeDisk is the free space the worker keeps on its checkpoint
+	// disk, such as "20GiB"; a checkpoint that would go below it waits for
+	// uploads and retention to free space, then fails the segment.
+	MinFreeDisk ByteSize `yaml:"min_free_disk"`
+}
+
+// Segment bounds one train:segment task. Zero means no bound; a segment
+// with neither bound runs to the end of the run.
+type Segment struct {
+	MaxSteps    int           `yaml:"max_steps"`
+	MaxDuration time.Duration `yaml:"max_duration"`
+}
+
+// Retention decides which checkpoints stay in object storage: the last
+// KeepLast, and every KeepEvery-th (by checkpoint number, so the step is a
+// multiple of KeepEvery x checkpoint_every). KeepEvery 0 keeps no extra.
+type Retention struct {
+	KeepLast  int `yaml:"keep_last"`
+	KeepEvery int `yaml:"keep_every"`
+}
+
+// ByteSize is a size in bytes written with an optional unit: 512MiB, 20GiB,
+// 1.5GB or a plain number.
+type ByteSize int64
+
+// UnmarshalYAML reads a ByteSize from "20GiB" or a number.
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	v, err := ParseByteSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*b = v
+	return nil
+}
+
+// MarshalYAML writes b in GiB or MiB where it divides evenly.
+func (b ByteSize) MarshalYAML() (any, error) { return b.String(), nil }
+
+func (b ByteSize) String() string {
+	switch {
+	case b != 0 && b%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", b>>30)
+	case b != 0 && b%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", b>>20)
+	}
+	return strconv.FormatInt(int64(b), 10)
+}
+
+// ParseByteSize reads "20GiB", "512MiB", "1.5GB", "4096" and the like.
+func ParseByteSize(s string) (ByteSize, error) {
+	t := strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+		{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	mult := 1.0
+	for _, u := range units {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("size %q: write a number with an optional unit, such as 20GiB or 512MiB", s)
+	}
+	return ByteSize(v * mult), nil
+}
+
+// Set is the runs known by name.
+type Set map[string]Run
+
+// Presets returns the embedded runs.
+func Presets() Set {
+	s, err := parse(presetsYAML, "embedded presets", nil)
+	if err != nil {
+		// The embedded file is tested; failing here is a build defect.
+		panic(err)
+	}
+	return s
+}
+
+// Load returns the embedded runs with the user file at path applied on top
+// ("" for none). A run the file names that is a preset keeps the preset's
+// fields the file does not set; a new run starts from `from:` if given.
+func Load(path string) (Set, error) {
+	base := Presets()
+	if path == "" {
+		return base, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, inputError{fmt.Errorf("runs file: %w", err)}
+	}
+	return parse(b, path, base)
+}
+
+// Get returns the named run with defaults filled in and validated.
+func (s Set) Get(name string) (Run, error) {
+	r, ok := s[name]
+	if !ok {
+		return Run{}, inputError{fmt.Errorf("unknown run %q: choose one of %s, or define it in a runs file (--runs)", name, strings.Join(s.Names(), ", "))}
+	}
+	r.RunConfig = r.RunConfig.WithDefaults()
+	if err := r.Validate(); err != nil {
+		return Run{}, err
+	}
+	return r, nil
+}
+
+// Names lists the runs in alphabetical order.
+func (s Set) Names() []string {
+	names := make([]string, 0, len(s))
+	for n := range s {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Validate checks the trainer's configuration and the run's own fields,
+// naming the run and the field.
+func (r Run) Validate() error {
+	if err := r.RunConfig.Validate(); err != nil {
+		return fmt.Errorf("run %s: %w", r.Name, err)
+	}
+	var msg string
+	switch {
+	case r.Segment.MaxSteps < 0 || r.Segment.MaxDuration < 0:
+		msg = "segment.max_steps and segment.max_duration must not be negative"
+	case r.Retention.KeepLast < 1:
+		msg = fmt.Sprintf("retention.keep_last must be at least 1 (the checkpoint a resume starts from), got %d", r.Retention.KeepLast)
+	case r.Retention.KeepEvery < 0:
+		msg = fmt.Sprintf("retention.keep_every must not be negative, got %d", r.Retention.KeepEvery)
+	case r.CheckpointEvery < 1:
+		msg = "checkpoint_every must be at least 1: a run on the queue resumes from checkpoints"
+	case r.MinFreeDisk < 0:
+		msg = "min_free_disk must not be negative"
+	}
+	if msg != "" {
+		return inputError{fmt.Errorf("run %s: %s", r.Name, msg)}
+	}
+	return nil
+}
+
+// parse reads a runs file onto base (nil for the embedded file itself).
+// Each run is decoded in file order so that `from:` can name a run defined
+// above it in the same file.
+func parse(b []byte, source string, base Set) (Set, error) {
+	out := Set{}
+	for n, r := range base {
+		out[n] = r
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return nil, inputError{fmt.Errorf("runs file %s: %w", source, err)}
+	}
+	if len(doc.Content) == 0 {
+		return out, nil
+	}
+	top := doc.Content[0]
+	if top.Kind != yaml.MappingNode {
+		return nil, inputError{fmt.Errorf("runs file %s: line %d: the top level must map run names to runs", source, top.Line)}
+	}
+	for i := 0; i+1 < len(top.Content); i += 2 {
+		name, body := top.Content[i].Value, top.Content[i+1]
+		// A from: key must be read before the body so that the body
+		// applies on top of the run it names.
+		var head struct {
+			From string `yaml:"from"`
+		}
+		if err := body.Decode(&head); err != nil {
+			return nil, inputError{fmt.Errorf("runs file %s: run %s: %w", source, name, err)}
+		}
+		r, exists := out[name]
+		if head.From != "" {
+			from, ok := out[head.From]
+			if !ok {
+				return nil, inputError{fmt.Errorf("runs file %s: run %s: from %q names no run defined above it", source, name, head.From)}
+			}
+			r, exists = from, true
+			r.Description = ""
+		}
+		r = cloneRun(r)
+		if err := decodeStrict(body, &r); err != nil {
+			return nil, inputError{fmt.Errorf("runs file %s: run %s: %w", source, name, err)}
+		}
+		if !exists && r.Model == "" && head.From == "" {
+			return nil, inputError{fmt.Errorf("runs file %s: run %s: a new run needs `from: <run>` or at least a model", source, name)}
+		}
+		r.Name, r.From = name, head.From
+		out[name] = r
+	}
+	return out, nil
+}
+
+// decodeStrict decodes a node onto v rejecting unknown keys, which
+// yaml.Node.Decode does not do on its own: a misspelt key must not be
+// silently ignored for a month.
+func decodeStrict(n *yaml.Node, v any) error {
+	b, err := yaml.Marshal(n)
+	if err != nil {
+		return err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return fmt.Errorf("%s (the keys are those of trainer.RunConfig plus tokenizer, segment, retention, min_free_disk)", strings.Join(te.Errors, "; "))
+		}
+		return err
+	}
+	return nil
+}
+
+func cloneRun(r Run) Run {
+	r.Mixture = append([]trainer.MixtureEntry(nil), r.Mixture...)
+	return r
+}
+
+type inputError struct{ err error }
+
+func (e inputError) Error() string  { return e.err.Error() }
+func (e inputError) Unwrap() error  { return e.err }
+func (e inputError) BadInput() bool { return true }

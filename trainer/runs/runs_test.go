@@ -1,0 +1,163 @@
+package runs
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func isBadInput(err error) bool {
+	var b interface{ BadInput() bool }
+	return errors.As(err, &b) && b.BadInput()
+}
+
+func TestPresetsMatchTheSeedPlan(t *testing.T) {
+	s := Presets()
+	p, err := s.Get("pilot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Task 8 step 4: seq 1024, batch 8, accumulate 16, lr 4e-4, warmup 2000,
+	// checkpoint every 1000, 2B tokens, cosine to 0.1, 70/20/10 mixture.
+	if p.Model != "small" || p.Seq != 1024 || p.Batch != 8 || p.Accumulate != 16 || p.LR != 4e-4 ||
+		p.Warmup != 2000 || p.CheckpointEvery != 1000 || p.TotalTokens != 2e9 || p.Floor != 0.1 {
+		t.Errorf("pilot = %+v", p.RunConfig)
+	}
+	if p.TotalSteps != 15259 { // ceil(2e9 / (8*16*1024))
+		t.Errorf("pilot total steps %d", p.TotalSteps)
+	}
+	want := map[string]float64{"code": 0.7, "fineweb-edu": 0.2, "math": 0.1}
+	if len(p.Mixture) != 3 {
+		t.Fatalf("pilot mixture %+v", p.Mixture)
+	}
+	for _, m := range p.Mixture {
+		if want[m.Store] != m.Weight {
+			t.Errorf("pilot mixture %s = %v", m.Store, m.Weight)
+		}
+	}
+	if p.MinFreeDisk != 20<<30 || p.Retention.KeepLast != 3 || p.Segment.MaxDuration != 6*time.Hour {
+		t.Errorf("pilot queue settings %+v %+v %v", p.Retention, p.Segment, p.MinFreeDisk)
+	}
+
+	l, err := s.Get("long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Same recipe, 25B tokens.
+	if l.TotalTokens != 25e9 || l.LR != p.LR || l.Seq != p.Seq || l.Accumulate != p.Accumulate || len(l.Mixture) != 3 || l.Retention.KeepEvery != 25 {
+		t.Errorf("long = %+v", l)
+	}
+	if l.Description == p.Description || l.From != "pilot" {
+		t.Errorf("long must describe itself and say where it came from: %+v", l)
+	}
+
+	d, err := s.Get("demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Model != "tiny" || d.Segment.MaxDuration != 2*time.Minute || d.Tokenizer == "" {
+		t.Errorf("demo = %+v", d)
+	}
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "runs.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestUserFileOverridesAndExtends(t *testing.T) {
+	path := writeFile(t, `
+pilot:
+  lr: 3.0e-4
+  mixture:
+    - {store: code, weight: 1}
+mine:
+  from: long
+  total_tokens: 5000000000
+  retention: {keep_last: 5}
+scratch:
+  model: tiny
+  total_steps: 10
+  checkpoint_every: 5
+  retention: {keep_last: 1}
+  mixture: [{store: /data/x}]
+`)
+	s, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Get("pilot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.LR != 3e-4 || p.Warmup != 2000 || len(p.Mixture) != 1 {
+		t.Errorf("override must change lr and mixture and keep the rest: %+v", p.RunConfig)
+	}
+	m, err := s.Get("mine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.TotalTokens != 5e9 || m.Retention.KeepLast != 5 || m.Retention.KeepEvery != 25 || m.Seq != 1024 {
+		t.Errorf("mine = %+v", m)
+	}
+	if _, err := s.Get("scratch"); err != nil {
+		t.Errorf("scratch: %v", err)
+	}
+	// The embedded presets are untouched by a user file.
+	if Presets()["pilot"].LR != 4e-4 || len(Presets()["pilot"].Mixture) != 3 {
+		t.Error("a user file changed the embedded presets")
+	}
+}
+
+func TestBadRunsFilesSayWhatToFix(t *testing.T) {
+	for _, c := range []struct{ body, want string }{
+		{"pilot:\n  learning_rate: 1\n", "learning_rate"},
+		{"x:\n  from: nothing\n", `from "nothing"`},
+		{"x:\n  lr: 1\n", "needs `from: <run>`"},
+		{"- a\n- b\n", "map run names"},
+		{"pilot:\n  min_free_disk: lots\n", "20GiB"},
+		{"pilot: [\n", "runs file"},
+	} {
+		_, err := Load(writeFile(t, c.body))
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: want a bad-input error containing %q, got %v", c.body, c.want, err)
+		}
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "absent.yaml")); err == nil || !isBadInput(err) {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestGetValidates(t *testing.T) {
+	s, err := Load(writeFile(t, "pilot:\n  retention: {keep_last: 0}\nlong:\n  seq: 99999\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{"pilot": "retention.keep_last", "long": "seq 99999", "nope": "unknown run"} {
+		_, err := s.Get(name)
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: want %q, got %v", name, want, err)
+		}
+	}
+}
+
+func TestParseByteSize(t *testing.T) {
+	for in, want := range map[string]ByteSize{"20GiB": 20 << 30, "512MiB": 512 << 20, "1.5GB": 1.5e9, "4096": 4096, " 2 TiB ": 2 << 40} {
+		got, err := ParseByteSize(in)
+		if err != nil || got != want {
+			t.Errorf("%q: %v %v, want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "x", "-1GiB", "GiB"} {
+		if _, err := ParseByteSize(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

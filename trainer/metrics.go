@@ -1,9 +1,13 @@
 package trainer
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 
 	"github.com/kiln-lm/kiln/model"
@@ -85,4 +89,40 @@ func MFU(tokPerS, flopsPerToken, peak float64) *float64 {
 	}
 	v := tokPerS * flopsPerToken / peak
 	return &v
+}
+
+// truncateMetrics keeps the lines of a metrics.jsonl file up to step (all
+// of them when the file is absent, none when step is 0), rewriting the file
+// through a rename so that a crash keeps either version whole.
+func truncateMetrics(path string, step int) error {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	var kept []byte
+	for _, line := range bytes.SplitAfter(b, []byte("\n")) {
+		var m struct {
+			Step *int `json:"step"`
+		}
+		// A torn last line (no newline) is dropped with the steps past the
+		// checkpoint: it was being written when the run stopped.
+		if !bytes.HasSuffix(line, []byte("\n")) || json.Unmarshal(line, &m) != nil || m.Step == nil || *m.Step > step {
+			continue
+		}
+		kept = append(kept, line...)
+	}
+	if len(kept) == len(b) {
+		return nil
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, kept, 0o644); err != nil {
+		return fmt.Errorf("rewrite %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("rewrite %s: %w", path, err)
+	}
+	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/kiln-lm/kiln/model"
@@ -58,5 +60,23 @@ func TestMetricsLineIsOneJSONObject(t *testing.T) {
 	}
 	if _, ok := got["mfu"]; ok {
 		t.Errorf("mfu present without a peak: %v", got)
+	}
+}
+
+func TestTruncateMetricsKeepsStepsUpToTheCheckpoint(t *testing.T) {
+	path := filepath.Join(t.TempDir(), MetricsFile)
+	in := "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2.5}\n{\"step\":3,\"loss\":2}\n{\"step\":4,\"lo"
+	if err := os.WriteFile(path, []byte(in), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := truncateMetrics(path, 2); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(path)
+	if want := "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2.5}\n"; string(got) != want {
+		t.Errorf("kept %q, want %q", got, want)
+	}
+	if err := truncateMetrics(filepath.Join(t.TempDir(), "absent.jsonl"), 5); err != nil {
+		t.Errorf("absent file: %v", err)
 	}
 }

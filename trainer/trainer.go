@@ -1,0 +1,356 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+// Config is one call of Run: a run configuration and where and how far to
+// take it. The queue's segment handler bounds each call with MaxSteps or
+// MaxDuration and uploads each checkpoint from Hooks.Checkpoint; `sched
+// train` runs to the end.
+type Config struct {
+	Run RunConfig
+	// Out is the run directory: checkpoints go to Out/step-NNNNNNN and the
+	// logged steps to Out/metrics.jsonl.
+	Out string
+	// Resume continues from LatestCheckpoint(Out) when there is one.
+	Resume bool
+	// Data supplies the windows; Run.Mixture names the stores it reads.
+	// Run closes it.
+	Data Data
+	// Engine, when set, is used instead of one made from Run.Engine (the
+	// caller keeps ownership). Its Config must be the run's model.
+	Engine model.Engine
+	// Tokenizer is the bytes of tokenizer.json, copied into every checkpoint.
+	Tokenizer []byte
+	// MaxSteps and MaxDuration end this call early (0 = no bound), with a
+	// checkpoint, so that the next call resumes from it.
+	MaxSteps    int
+	MaxDuration time.Duration
+	// PeakFLOPS is the device's peak for MFU; 0 leaves MFU out.
+	PeakFLOPS float64
+	Log       *zap.Logger
+}
+
+// Hooks let a caller follow a run. Every hook is optional.
+type Hooks struct {
+	// Metrics receives each logged step (also written to metrics.jsonl).
+	Metrics func(Metrics)
+	// Step is called after every optimizer step, for progress displays.
+	Step func(step, total int)
+	// Checkpoint is called after a checkpoint is written, for uploads; an
+	// error stops the run.
+	Checkpoint func(ctx context.Context, dir string, step int) error
+}
+
+// Result is where a call of Run stopped.
+type Result struct {
+	Step   int
+	Tokens int64
+	// Checkpoint is the last checkpoint written or resumed from.
+	Checkpoint string
+	// Done is true when the run reached its total steps.
+	Done bool
+}
+
+// NonFiniteError is a loss or gradient norm that is NaN or infinite: the
+// run stops without writing the step, so the last checkpoint stays good.
+type NonFiniteError struct {
+	Step           int
+	Loss, GradNorm float64
+	LastGood       string
+}
+
+func (e *NonFiniteError) Error() string {
+	last := "no checkpoint was written yet"
+	if e.LastGood != "" {
+		last = "the last good checkpoint is " + e.LastGood
+	}
+	return fmt.Sprintf("step %d: loss %g, gradient norm %g: training diverged; %s: resume from it with a lower lr or a longer warmup", e.Step, e.Loss, e.GradNorm, last)
+}
+
+// Run trains cfg.Run from its start or its last checkpoint, until the
+// run's end, a bound of cfg, or ctx is cancelled. On cancellation it writes
+// a checkpoint at the next step boundary and returns ctx's error with the
+// Result, so that a stopped worker loses no step.
+func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
+	if cfg.Data == nil {
+		return Result{}, errors.New("trainer: Config.Data is nil")
+	}
+	defer cfg.Data.Close()
+	rc := cfg.Run.WithDefaults()
+	if err := rc.Validate(); err != nil {
+		return Result{}, err
+	}
+	mc, err := rc.ModelConfig()
+	if err != nil {
+		return Result{}, err
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	l := &loop{cfg: cfg, rc: rc, mc: mc, hooks: hooks, log: log}
+
+	eng := cfg.Engine
+	if eng == nil {
+		eng, err = model.NewEngine(rc.Engine, mc, model.Options{Precision: rc.Precision, MaxBatch: rc.Batch, MaxSeq: rc.Seq,
+			Log: func(s string) { log.Info(s) }})
+		if err != nil {
+			return Result{}, fmt.Errorf("engine %s: %w", rc.Engine, err)
+		}
+		defer eng.Close()
+	}
+	l.eng = eng
+	if err := l.start(); err != nil {
+		return Result{}, err
+	}
+	if err := l.openMetrics(); err != nil {
+		return l.result(), err
+	}
+	defer l.metrics.Close()
+	return l.run(ctx)
+}
+
+// loop is the state of one Run call.
+type loop struct {
+	cfg   Config
+	rc    RunConfig
+	mc    model.Config
+	hooks Hooks
+	log   *zap.Logger
+	eng   model.Engine
+
+	step     int   // optimizer steps taken
+	tokens   int64 // target tokens trained on
+	lastCk   string
+	ckStep   int // step of lastCk, -1 when none
+	loss     float64
+	metrics  *os.File
+	markTime time.Time // start of the current logging interval
+	markTok  int64
+}
+
+// start loads the last checkpoint when resuming, else initialises.
+func (l *loop) start() error {
+	l.ckStep = -1
+	if l.cfg.Resume {
+		dir, err := LatestCheckpoint(l.cfg.Out)
+		switch {
+		case errors.Is(err, ErrNoCheckpoint):
+			l.log.Info("no checkpoint to resume from; starting the run", zap.String("out", l.cfg.Out))
+		case err != nil:
+			return err
+		default:
+			s, err := ReadCheckpoint(dir, &l.mc)
+			if err != nil {
+				return err
+			}
+			if err := l.eng.SetParams(s.Params); err != nil {
+				return fmt.Errorf("resume from %s: %w", dir, err)
+			}
+			if err := l.eng.SetOptimizerState(s.Optimizer); err != nil {
+				return fmt.Errorf("resume from %s: %w", dir, err)
+			}
+			if err := l.cfg.Data.Seek(s.State.Cursor); err != nil {
+				return fmt.Errorf("resume from %s: data cursor: %w", dir, err)
+			}
+			l.step, l.tokens, l.lastCk, l.ckStep, l.loss = s.State.Step, s.State.Tokens, dir, s.State.Step, s.State.Loss
+			l.log.Info("resumed", zap.String("checkpoint", dir), zap.Int("step", l.step), zap.Int64("tokens", l.tokens))
+			return nil
+		}
+	}
+	return l.eng.SetParams(model.InitParams(l.mc, l.rc.Seed))
+}
+
+func (l *loop) result() Result {
+	return Result{Step: l.step, Tokens: l.tokens, Checkpoint: l.lastCk, Done: l.step >= l.rc.TotalSteps}
+}
+
+func (l *loop) run(ctx context.Context) (Result, error) {
+	began, first := time.Now(), l.step
+	l.markTime, l.markTok = began, l.tokens
+	for l.step < l.rc.TotalSteps {
+		if err := ctx.Err(); err != nil {
+			l.log.Info("stopping: writing a checkpoint at the step boundary", zap.Int("step", l.step))
+			if ckErr := l.checkpoint(context.WithoutCancel(ctx)); ckErr != nil {
+				return l.result(), errors.Join(err, ckErr)
+			}
+			return l.result(), err
+		}
+		if (l.cfg.MaxSteps > 0 && l.step-first >= l.cfg.MaxSteps) ||
+			(l.cfg.MaxDuration > 0 && time.Since(began) >= l.cfg.MaxDuration) {
+			return l.result(), l.checkpoint(ctx)
+		}
+		if err := l.trainStep(ctx); err != nil {
+			return l.result(), err
+		}
+		if l.hooks.Step != nil {
+			l.hooks.Step(l.step, l.rc.TotalSteps)
+		}
+		if l.rc.CheckpointEvery > 0 && l.step%l.rc.CheckpointEvery == 0 {
+			if err := l.checkpoint(ctx); err != nil {
+				return l.result(), err
+			}
+		}
+	}
+	return l.result(), l.checkpoint(ctx)
+}
+
+// accumulate runs the step's micro-batches, each scaled by 1/k so that the
+// accumulated gradient is that of the mean loss over all k x Batch windows.
+func (l *loop) accumulate(ctx context.Context) error {
+	if err := l.eng.ZeroGrad(); err != nil {
+		return err
+	}
+	k := l.rc.Accumulate
+	for i := 0; i < k; i++ {
+		b, err := l.cfg.Data.Next(ctx, l.rc.Batch, l.rc.Seq)
+		if err != nil {
+			return fmt.Errorf("step %d: data: %w", l.step+1, err)
+		}
+		if err := checkIDs(b, l.mc.VocabSize); err != nil {
+			return fmt.Errorf("step %d: %w", l.step+1, err)
+		}
+		if err := l.eng.ForwardBackward(b, 1/float32(k)); err != nil {
+			return fmt.Errorf("step %d: %w", l.step+1, err)
+		}
+	}
+	return nil
+}
+
+func (l *loop) trainStep(ctx context.Context) error {
+	if err := l.accumulate(ctx); err != nil {
+		return err
+	}
+	lr := LearningRate(l.step, l.rc.LR, l.rc.Warmup, l.rc.TotalSteps, l.rc.Floor)
+	if err := l.eng.Step(model.AdamW{LR: lr, Beta1: l.rc.Beta1, Beta2: l.rc.Beta2, Eps: l.rc.Eps,
+		WeightDecay: l.rc.WeightDecay, Clip: l.rc.Clip}); err != nil {
+		return fmt.Errorf("step %d: %w", l.step+1, err)
+	}
+	m, err := l.eng.Metrics()
+	if err != nil {
+		return fmt.Errorf("step %d: %w", l.step+1, err)
+	}
+	if !finite(m.Loss) || !finite(m.GradNorm) {
+		return &NonFiniteError{Step: l.step + 1, Loss: m.Loss, GradNorm: m.GradNorm, LastGood: l.lastCk}
+	}
+	l.step++
+	l.tokens += int64(l.rc.TokensPerStep())
+	l.loss = m.Loss
+	if l.rc.LogEvery > 0 && l.step%l.rc.LogEvery == 0 || l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 {
+		return l.logStep(ctx, m, lr)
+	}
+	return nil
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// logStep writes one metrics line; throughput covers the steps since the
+// previous line, evaluation time excluded.
+func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) error {
+	now := time.Now()
+	tps := float64(l.tokens-l.markTok) / now.Sub(l.markTime).Seconds()
+	line := Metrics{Step: l.step, Tokens: l.tokens, Loss: m.Loss, PPL: math.Exp(m.Loss), LR: lr, GradNorm: m.GradNorm,
+		TokPerS: tps, MFU: MFU(tps, FLOPsPerToken(l.mc, l.rc.Seq), l.cfg.PeakFLOPS)}
+	if l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 && l.rc.EvalBatches > 0 {
+		ev, err := l.evaluate(ctx)
+		if err != nil {
+			return err
+		}
+		ppl := math.Exp(ev)
+		line.EvalLoss, line.EvalPPL = &ev, &ppl
+	}
+	if err := line.WriteJSONL(l.metrics); err != nil {
+		return fmt.Errorf("write %s: %w", l.metrics.Name(), err)
+	}
+	if l.hooks.Metrics != nil {
+		l.hooks.Metrics(line)
+	}
+	l.markTime, l.markTok = time.Now(), l.tokens
+	return nil
+}
+
+// evaluate is the mean loss over the first EvalBatches held-out batches.
+func (l *loop) evaluate(ctx context.Context) (float64, error) {
+	sum := 0.0
+	for i := 0; i < l.rc.EvalBatches; i++ {
+		b, err := l.cfg.Data.Eval(ctx, i, l.rc.Batch, l.rc.Seq)
+		if err != nil {
+			return 0, fmt.Errorf("step %d: evaluation data: %w", l.step, err)
+		}
+		if err := checkIDs(b, l.mc.VocabSize); err != nil {
+			return 0, fmt.Errorf("step %d: evaluation: %w", l.step, err)
+		}
+		loss, err := l.eng.EvalLoss(b)
+		if err != nil {
+			return 0, fmt.Errorf("step %d: evaluation: %w", l.step, err)
+		}
+		sum += loss
+	}
+	return sum / float64(l.rc.EvalBatches), nil
+}
+
+// checkpoint writes the state after l.step, unless it is already on disk.
+func (l *loop) checkpoint(ctx context.Context) error {
+	if l.ckStep == l.step {
+		return nil
+	}
+	p := model.NewParams(l.mc)
+	if err := l.eng.Params(p); err != nil {
+		return fmt.Errorf("checkpoint at step %d: %w", l.step, err)
+	}
+	o, err := l.eng.OptimizerState()
+	if err != nil {
+		return fmt.Errorf("checkpoint at step %d: %w", l.step, err)
+	}
+	cur, err := l.cfg.Data.Cursor()
+	if err != nil {
+		return fmt.Errorf("checkpoint at step %d: data cursor: %w", l.step, err)
+	}
+	dir, err := WriteCheckpoint(ctx, l.cfg.Out, &Snapshot{Config: l.mc, Params: p, Optimizer: o, Tokenizer: l.cfg.Tokenizer,
+		State: State{Step: l.step, Tokens: l.tokens, Cursor: cur, RNG: RNGState{Seed: l.rc.Seed}, Run: l.rc, Loss: l.loss}})
+	if err != nil {
+		return err
+	}
+	l.lastCk, l.ckStep = dir, l.step
+	l.log.Info("checkpoint", zap.String("dir", dir), zap.Int("step", l.step))
+	if l.hooks.Checkpoint != nil {
+		if err := l.hooks.Checkpoint(ctx, dir, l.step); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// MetricsFile is the run directory's log of steps.
+const MetricsFile = "metrics.jsonl"
+
+// openMetrics opens Out/metrics.jsonl for appending. A resumed run first
+// drops the lines past its checkpoint: those steps are trained again and
+// logged anew, so each step appears once.
+func (l *loop) openMetrics() error {
+	if err := os.MkdirAll(l.cfg.Out, 0o755); err != nil {
+		return fmt.Errorf("run directory: %w", err)
+	}
+	path := filepath.Join(l.cfg.Out, MetricsFile)
+	if err := truncateMetrics(path, l.step); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	l.metrics = f
+	return nil
+}

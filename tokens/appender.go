@@ -91,6 +91,14 @@ func openLocked(dir string, tok Tokenizer, log *zap.Logger) (*Appender, error) {
 			return nil, inputErrorf("token store %s has a %d-byte %s but no %s: refusing to overwrite it; restore the manifest or move %s away",
 				dir, st.Size(), TokensFile, ManifestFile, TokensFile)
 		}
+		// tokens.bin first: a manifest is never visible without its file.
+		f, err := os.OpenFile(binPath, os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("create token store %s: %w", dir, err)
+		}
+		if err := f.Close(); err != nil {
+			return nil, fmt.Errorf("create token store %s: %w", dir, err)
+		}
 		m = newManifest(tok)
 		if err := writeManifest(dir, m); err != nil {
 			return nil, fmt.Errorf("create token store %s: %w", dir, err)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"unsafe"
@@ -47,6 +49,10 @@ func Open(dir string) (*Store, error) {
 	width := int64(m.Dtype.Width())
 	want := m.Tokens * width
 	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) && m.Tokens == 0 {
+		// A store killed while it was being created: empty, not damaged.
+		return &Store{dir: dir, m: m, vocab: uint32(m.Tokenizer.VocabSize)}, nil
+	}
 	if err != nil {
 		return nil, inputErrorf("token store %s: open %s: %v: the manifest commits %d tokens, so the file must exist; restore it or re-ingest the store", dir, path, err, m.Tokens)
 	}

@@ -192,3 +192,23 @@ func TestEmptyStoreOpens(t *testing.T) {
 		t.Fatalf("empty store: Len %d, Windows %d", s.Len(), s.Windows(8))
 	}
 }
+
+func TestStoreKilledDuringCreation(t *testing.T) {
+	// Both states a kill can leave: tokens.bin alone, and a manifest whose
+	// empty tokens.bin is missing.
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, TokensFile), nil, 0o644)
+	a := openTestAppender(t, dir, testTok)
+	a.Close()
+	os.Remove(filepath.Join(dir, TokensFile))
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatalf("Open of an empty store without tokens.bin: %v", err)
+	}
+	s.Close()
+	b := openTestAppender(t, dir, testTok)
+	appendIDs(t, b, "one", []uint32{7, 0})
+	if got := readAll(t, dir); !equal(got, []int32{7, 0}) {
+		t.Fatalf("store holds %v", got)
+	}
+}

@@ -1,0 +1,402 @@
+package tokenizer
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+)
+
+// FormatError says what in a tokenizer.json kiln cannot use. It is the
+// caller's to fix, so it reports itself as bad input.
+type FormatError struct {
+	Path string // file, or "" when parsed from bytes
+	Msg  string
+}
+
+func (e *FormatError) Error() string {
+	if e.Path == "" {
+		return "tokenizer.json: " + e.Msg
+	}
+	return e.Path + ": " + e.Msg
+}
+
+// BadInput marks the error as the caller's to fix (sched exits 2).
+func (e *FormatError) BadInput() bool { return true }
+
+func formatErr(format string, args ...any) error {
+	return &FormatError{Msg: fmt.Sprintf(format, args...)}
+}
+
+type fileJSON struct {
+	Version       string          `json:"version"`
+	Truncation    json.RawMessage `json:"truncation"`
+	Padding       json.RawMessage `json:"padding"`
+	AddedTokens   []addedJSON     `json:"added_tokens"`
+	Normalizer    json.RawMessage `json:"normalizer"`
+	PreTokenizer  json.RawMessage `json:"pre_tokenizer"`
+	PostProcessor json.RawMessage `json:"post_processor"`
+	Decoder       json.RawMessage `json:"decoder"`
+	Model         *modelJSON      `json:"model"`
+}
+
+type addedJSON struct {
+	ID         *uint32 `json:"id"`
+	Content    string  `json:"content"`
+	SingleWord bool    `json:"single_word"`
+	LStrip     bool    `json:"lstrip"`
+	RStrip     bool    `json:"rstrip"`
+	Normalized bool    `json:"normalized"`
+	Special    bool    `json:"special"`
+}
+
+type modelJSON struct {
+	Type                    string            `json:"type"`
+	Dropout                 *float64          `json:"dropout"`
+	UnkToken                *string           `json:"unk_token"`
+	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
+	FuseUnk                 bool              `json:"fuse_unk"`
+	ByteFallback            bool              `json:"byte_fallback"`
+	IgnoreMerges            bool              `json:"ignore_merges"`
+	Vocab                   map[string]uint32 `json:"vocab"`
+	Merges                  []json.RawMessage `json:"merges"`
+}
+
+type componentJSON struct {
+	Type           string            `json:"type"`
+	AddPrefixSpace bool              `json:"add_prefix_space"`
+	UseRegex       *bool             `json:"use_regex"`
+	Pattern        map[string]string `json:"pattern"`
+	Behavior       string            `json:"behavior"`
+	Invert         bool              `json:"invert"`
+	PreTokenizers  []json.RawMessage `json:"pretokenizers"`
+	Normalizers    []json.RawMessage `json:"normalizers"`
+	Processors     []json.RawMessage `json:"processors"`
+	Decoders       []json.RawMessage `json:"decoders"`
+}
+
+func isNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || string(t) == "null"
+}
+
+// Load reads and parses a tokenizer.json file.
+func Load(path string) (*Tokenizer, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load tokenizer: %w", err)
+	}
+	t, err := Parse(data)
+	if err != nil {
+		var fe *FormatError
+		if errors.As(err, &fe) {
+			fe.Path = path
+		}
+		return nil, err
+	}
+	return t, nil
+}
+
+// Parse builds a Tokenizer from the contents of a tokenizer.json. Components
+// kiln does not implement are refused with an error that names them, rather
+// than approximated.
+func Parse(data []byte) (*Tokenizer, error) {
+	var f fileJSON
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, formatErr("not valid tokenizer JSON (%v); pass a tokenizer.json as written by HF tokenizers", err)
+	}
+	if !isNull(f.Truncation) {
+		return nil, formatErr("truncation is set; kiln encodes whole documents, so remove it (set it to null)")
+	}
+	if !isNull(f.Padding) {
+		return nil, formatErr("padding is set; kiln encodes whole documents, so remove it (set it to null)")
+	}
+	if f.Model == nil {
+		return nil, formatErr("no model; kiln needs a BPE model")
+	}
+	t := &Tokenizer{}
+	sum := sha256.Sum256(data)
+	t.sha256 = hex.EncodeToString(sum[:])
+	var err error
+	if t.nfc, err = parseNormalizer(f.Normalizer); err != nil {
+		return nil, err
+	}
+	if err = t.parsePreTokenizer(f.PreTokenizer); err != nil {
+		return nil, err
+	}
+	if err = parseDecoder(f.Decoder); err != nil {
+		return nil, err
+	}
+	if err = parsePostProcessor(f.PostProcessor); err != nil {
+		return nil, err
+	}
+	if err = t.parseModel(f.Model); err != nil {
+		return nil, err
+	}
+	if err = t.parseAdded(f.AddedTokens); err != nil {
+		return nil, err
+	}
+	t.init()
+	return t, nil
+}
+
+func parseComponent(raw json.RawMessage, what string) (componentJSON, error) {
+	var c componentJSON
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return c, formatErr("%s is malformed: %v", what, err)
+	}
+	return c, nil
+}
+
+func parseNormalizer(raw json.RawMessage) (nfc bool, err error) {
+	if isNull(raw) {
+		return false, nil
+	}
+	c, err := parseComponent(raw, "normalizer")
+	if err != nil {
+		return false, err
+	}
+	switch c.Type {
+	case "NFC":
+		return true, nil
+	case "Sequence":
+		for _, n := range c.Normalizers {
+			one, err := parseNormalizer(n)
+			if err != nil {
+				return false, err
+			}
+			nfc = nfc || one
+		}
+		return nfc, nil
+	}
+	return false, formatErr("normalizer %q is not supported (kiln supports none or NFC)", c.Type)
+}
+
+func parseDecoder(raw json.RawMessage) error {
+	if isNull(raw) {
+		return formatErr("no decoder; kiln needs the ByteLevel decoder")
+	}
+	c, err := parseComponent(raw, "decoder")
+	if err != nil {
+		return err
+	}
+	if c.Type == "ByteLevel" {
+		return nil
+	}
+	if c.Type == "Sequence" && len(c.Decoders) == 1 {
+		return parseDecoder(c.Decoders[0])
+	}
+	return formatErr("decoder %q is not supported (kiln supports ByteLevel)", c.Type)
+}
+
+func parsePostProcessor(raw json.RawMessage) error {
+	if isNull(raw) {
+		return nil
+	}
+	c, err := parseComponent(raw, "post_processor")
+	if err != nil {
+		return err
+	}
+	// ByteLevel's post-processor only trims offsets; ids are unchanged.
+	if c.Type == "ByteLevel" {
+		return nil
+	}
+	return formatErr("post_processor %q is not supported (kiln supports none or ByteLevel)", c.Type)
+}
+
+// parsePreTokenizer flattens the pre-tokenizer into stages. Exactly one
+// ByteLevel stage is required, last, since the BPE vocabulary is written in
+// its alphabet.
+func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
+	if isNull(raw) {
+		return formatErr("no pre_tokenizer; kiln needs a ByteLevel pre-tokenizer")
+	}
+	var walk func(raw json.RawMessage) error
+	walk = func(raw json.RawMessage) error {
+		c, err := parseComponent(raw, "pre_tokenizer")
+		if err != nil {
+			return err
+		}
+		switch c.Type {
+		case "Sequence":
+			for _, p := range c.PreTokenizers {
+				if err := walk(p); err != nil {
+					return err
+				}
+			}
+			return nil
+		case "ByteLevel":
+			st := stage{prefixSpace: c.AddPrefixSpace, byteLevel: true}
+			if c.UseRegex == nil || *c.UseRegex {
+				st.split = splitGPT2
+			}
+			t.stages = append(t.stages, st)
+			return nil
+		case "Split":
+			re, ok := c.Pattern["Regex"]
+			if !ok {
+				return formatErr("pre_tokenizer Split with pattern %v is not supported (kiln supports the GPT-2, GPT-4/Llama-3 and Qwen2 Regex patterns)", c.Pattern)
+			}
+			sp := splitterFor(re)
+			if sp == nil {
+				return formatErr("pre_tokenizer Split regex %q is not supported (kiln supports the GPT-2, GPT-4/Llama-3 and Qwen2 patterns)", re)
+			}
+			if c.Behavior != "Isolated" || c.Invert {
+				return formatErr("pre_tokenizer Split behavior %q (invert %v) is not supported (kiln supports Isolated, not inverted)", c.Behavior, c.Invert)
+			}
+			t.stages = append(t.stages, stage{split: sp})
+			return nil
+		}
+		return formatErr("pre_tokenizer %q is not supported (kiln supports ByteLevel, Split and Sequence)", c.Type)
+	}
+	if err := walk(raw); err != nil {
+		return err
+	}
+	n := 0
+	for _, s := range t.stages {
+		if s.byteLevel {
+			n++
+		}
+	}
+	if n != 1 || !t.stages[len(t.stages)-1].byteLevel {
+		return formatErr("pre_tokenizer must end with exactly one ByteLevel (found %d)", n)
+	}
+	return nil
+}
+
+func (t *Tokenizer) parseModel(m *modelJSON) error {
+	if m.Type != "BPE" && m.Type != "" {
+		return formatErr("model %q is not supported (kiln supports BPE)", m.Type)
+	}
+	if m.Dropout != nil && *m.Dropout != 0 {
+		return formatErr("model.dropout %v is not supported (set it to null)", *m.Dropout)
+	}
+	if m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "" {
+		return formatErr("model.continuing_subword_prefix %q is not supported (set it to null)", *m.ContinuingSubwordPrefix)
+	}
+	if m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "" {
+		return formatErr("model.end_of_word_suffix %q is not supported (set it to null)", *m.EndOfWordSuffix)
+	}
+	if m.ByteFallback {
+		return formatErr("model.byte_fallback is not supported (set it to false)")
+	}
+	if len(m.Vocab) == 0 {
+		return formatErr("model.vocab is empty")
+	}
+	t.ignoreMerges = m.IgnoreMerges
+	t.vocab = m.Vocab
+	maxID := uint32(0)
+	for _, id := range m.Vocab {
+		maxID = max(maxID, id)
+	}
+	if maxID >= 1<<31 {
+		return formatErr("model.vocab has id %d; ids must be below 2^31", maxID)
+	}
+	t.tokens = make([][]byte, maxID+1)
+	t.tokenStr = make([]string, maxID+1)
+	t.byBytes = make(map[string]uint32, len(m.Vocab))
+	for i := range t.byteID {
+		t.byteID[i] = noID
+	}
+	// Iterate in a fixed order so that duplicate ids resolve the same way on
+	// every load.
+	keys := make([]string, 0, len(m.Vocab))
+	for k := range m.Vocab {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, tok := range keys {
+		id := m.Vocab[tok]
+		b, ok := byteLevelDecode(tok)
+		t.tokens[id], t.tokenStr[id] = b, tok
+		if ok {
+			t.byBytes[string(b)] = id
+			if len(b) == 1 {
+				t.byteID[b[0]] = id
+			}
+		}
+	}
+	t.unk = noID
+	if m.UnkToken != nil {
+		id, ok := m.Vocab[*m.UnkToken]
+		if !ok {
+			return formatErr("model.unk_token %q is not in the vocabulary", *m.UnkToken)
+		}
+		t.unk, t.fuseUnk = id, m.FuseUnk
+	}
+	t.merges = newMergeTable(len(m.Merges))
+	for rank, raw := range m.Merges {
+		a, b, err := parseMerge(raw)
+		if err != nil {
+			return formatErr("model.merges[%d]: %v", rank, err)
+		}
+		ia, ok := m.Vocab[a]
+		if !ok {
+			return formatErr("model.merges[%d] names token %q, which is not in the vocabulary", rank, a)
+		}
+		ib, ok := m.Vocab[b]
+		if !ok {
+			return formatErr("model.merges[%d] names token %q, which is not in the vocabulary", rank, b)
+		}
+		id, ok := m.Vocab[a+b]
+		if !ok {
+			return formatErr("model.merges[%d] makes %q, which is not in the vocabulary", rank, a+b)
+		}
+		t.merges.put(ia, ib, uint32(rank), id)
+	}
+	return nil
+}
+
+// parseMerge accepts both spellings HF writes: "a b" and ["a", "b"].
+func parseMerge(raw json.RawMessage) (string, string, error) {
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		a, b, ok := strings.Cut(s, " ")
+		if !ok || a == "" || b == "" || strings.Contains(b, " ") {
+			return "", "", fmt.Errorf("%q is not two tokens separated by one space", s)
+		}
+		return a, b, nil
+	}
+	var pair []string
+	if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 {
+		return "", "", fmt.Errorf("%s is neither \"a b\" nor [\"a\", \"b\"]", raw)
+	}
+	return pair[0], pair[1], nil
+}
+
+func (t *Tokenizer) parseAdded(added []addedJSON) error {
+	for i, a := range added {
+		if a.ID == nil {
+			return formatErr("added_tokens[%d] (%q) has no id", i, a.Content)
+		}
+		if a.Content == "" {
+			return formatErr("added_tokens[%d] has empty content", i)
+		}
+		if a.SingleWord {
+			return formatErr("added_tokens[%d] (%q): single_word is not supported (set it to false)", i, a.Content)
+		}
+		id := *a.ID
+		if id >= 1<<31 {
+			return formatErr("added_tokens[%d] (%q) has id %d; ids must be below 2^31", i, a.Content, id)
+		}
+		for int(id) >= len(t.tokens) {
+			t.tokens = append(t.tokens, nil)
+			t.tokenStr = append(t.tokenStr, "")
+		}
+		// HF decodes an added token from its content, through the
+		// ByteLevel decoder like any other token.
+		b, _ := byteLevelDecode(a.Content)
+		t.tokens[id], t.tokenStr[id] = b, a.Content
+		t.added = append(t.added, addedToken{
+			id: id, content: a.Content, lstrip: a.LStrip, rstrip: a.RStrip,
+			normalized: a.Normalized, special: a.Special,
+		})
+	}
+	return nil
+}

@@ -1,0 +1,269 @@
+package tokenizer
+
+import (
+	"unicode"
+	"unicode/utf8"
+)
+
+// The pre-tokenizers below implement the GPT-2 and GPT-4 splitting regexes
+// by hand. Go's regexp has no lookahead, so `\s+(?!\S)` cannot be written in
+// it, and a state machine that knows the pattern is several times faster
+// than any regex engine. Each scanner reproduces the leftmost-first match
+// sequence of the regex as Oniguruma (inside HF tokenizers) finds it; the
+// golden ids in testdata pin that down.
+//
+// Character classes follow the regexes: \p{L} is unicode.IsLetter, \p{N} is
+// unicode.IsNumber and \s is unicode.IsSpace (Unicode White_Space). A byte
+// that is not valid UTF-8 is classed as "other" (neither letter, number nor
+// space), one byte wide; HF never sees such bytes because its input is a
+// Rust string.
+
+type class uint8
+
+const (
+	clsOther class = iota
+	clsLetter
+	clsNumber
+	clsSpace
+)
+
+var asciiClass [128]class
+
+func init() {
+	for c := 0; c < 128; c++ {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z':
+			asciiClass[c] = clsLetter
+		case c >= '0' && c <= '9':
+			asciiClass[c] = clsNumber
+		case c == ' ', c >= '\t' && c <= '\r':
+			asciiClass[c] = clsSpace
+		default:
+			asciiClass[c] = clsOther
+		}
+	}
+}
+
+// classAt returns the class and width of the character starting at b[i].
+func classAt(b []byte, i int) (class, int) {
+	c := b[i]
+	if c < utf8.RuneSelf {
+		return asciiClass[c], 1
+	}
+	r, w := utf8.DecodeRune(b[i:])
+	if r == utf8.RuneError && w <= 1 {
+		return clsOther, 1
+	}
+	switch {
+	case unicode.IsLetter(r):
+		return clsLetter, w
+	case unicode.IsNumber(r):
+		return clsNumber, w
+	case unicode.IsSpace(r):
+		return clsSpace, w
+	}
+	return clsOther, w
+}
+
+// scanClass returns the end of the run of characters of class cl from i.
+func scanClass(b []byte, i int, cl class) int {
+	for i < len(b) {
+		c, w := classAt(b, i)
+		if c != cl {
+			return i
+		}
+		i += w
+	}
+	return i
+}
+
+// spaceRun ends a whitespace match that starts at i (b[i] is whitespace):
+// `\s+(?!\S)|\s+`. Before a non-space character the greedy run gives back
+// its last character, unless that would leave nothing.
+func spaceRun(b []byte, i int) int {
+	j, last := i, i
+	for j < len(b) {
+		c, w := classAt(b, j)
+		if c != clsSpace {
+			break
+		}
+		last = j
+		j += w
+	}
+	if j == len(b) || last == i {
+		return j
+	}
+	return last
+}
+
+// splitter cuts a piece of text into words; it appends each word's end
+// offset to ends and returns it.
+type splitter func(b []byte, ends []int) []int
+
+// splitGPT2 implements
+//
+//	's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+func splitGPT2(b []byte, ends []int) []int {
+	i := 0
+	for i < len(b) {
+		if b[i] == '\'' {
+			if n := contraction(b[i+1:], false); n > 0 {
+				i += 1 + n
+				ends = append(ends, i)
+				continue
+			}
+		}
+		c, w := classAt(b, i)
+		start := i
+		if b[i] == ' ' && i+1 < len(b) {
+			if c2, _ := classAt(b, i+1); c2 != clsSpace {
+				c, start = c2, i+1
+			}
+		}
+		if c == clsSpace {
+			i = spaceRun(b, i)
+		} else if start == i {
+			i = scanClass(b, i+w, c)
+		} else {
+			i = scanClass(b, start, c)
+		}
+		ends = append(ends, i)
+	}
+	return ends
+}
+
+// contraction returns the length of a contraction suffix at the start of b
+// (after the apostrophe): s t m d re ve ll, case-insensitively when fold is
+// set, or 0.
+func contraction(b []byte, fold bool) int {
+	if len(b) == 0 {
+		return 0
+	}
+	lower := func(c byte) byte {
+		if fold && c >= 'A' && c <= 'Z' {
+			return c + 'a' - 'A'
+		}
+		return c
+	}
+	switch lower(b[0]) {
+	case 's', 't', 'm', 'd':
+		return 1
+	case 'r', 'v':
+		if len(b) > 1 && lower(b[1]) == 'e' {
+			return 2
+		}
+	case 'l':
+		if len(b) > 1 && lower(b[1]) == 'l' {
+			return 2
+		}
+	}
+	if fold && len(b) >= 2 && b[0] == 0xC5 && b[1] == 0xBF {
+		// U+017F LATIN SMALL LETTER LONG S folds to 's' under (?i).
+		return 2
+	}
+	return 0
+}
+
+// gpt4Splitter implements the GPT-4 (cl100k) and Llama-3 pattern
+//
+//	(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//
+// and, with maxDigits 1, Qwen2's variant with \p{N} in place of \p{N}{1,3}.
+func gpt4Splitter(maxDigits int) splitter {
+	return func(b []byte, ends []int) []int {
+		i := 0
+		for i < len(b) {
+			if b[i] == '\'' {
+				if n := contraction(b[i+1:], true); n > 0 {
+					i += 1 + n
+					ends = append(ends, i)
+					continue
+				}
+			}
+			c, w := classAt(b, i)
+			switch c {
+			case clsLetter:
+				i = scanClass(b, i+w, clsLetter)
+				ends = append(ends, i)
+				continue
+			case clsNumber:
+				j := i + w
+				for k := 1; k < maxDigits && j < len(b); k++ {
+					c2, w2 := classAt(b, j)
+					if c2 != clsNumber {
+						break
+					}
+					j += w2
+				}
+				i = j
+				ends = append(ends, i)
+				continue
+			}
+			// [^\r\n\p{L}\p{N}]?\p{L}+ with a one-character prefix.
+			if b[i] != '\r' && b[i] != '\n' && i+w < len(b) {
+				if c2, w2 := classAt(b, i+w); c2 == clsLetter {
+					i = scanClass(b, i+w+w2, clsLetter)
+					ends = append(ends, i)
+					continue
+				}
+			}
+			// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+			j := i
+			cj := c
+			if b[i] == ' ' && i+1 < len(b) {
+				if c2, _ := classAt(b, i+1); c2 == clsOther {
+					j, cj = i+1, clsOther
+				}
+			}
+			if cj == clsOther {
+				j = scanClass(b, j, clsOther)
+				for j < len(b) && (b[j] == '\r' || b[j] == '\n') {
+					j++
+				}
+				i = j
+				ends = append(ends, i)
+				continue
+			}
+			// c is whitespace. `\s*[\r\n]+`: the run up to its last line break.
+			j, nl := i, -1
+			for j < len(b) {
+				c2, w2 := classAt(b, j)
+				if c2 != clsSpace {
+					break
+				}
+				if b[j] == '\r' || b[j] == '\n' {
+					nl = j
+				}
+				j += w2
+			}
+			if nl >= 0 {
+				i = nl + 1
+			} else {
+				i = spaceRun(b, i)
+			}
+			ends = append(ends, i)
+		}
+		return ends
+	}
+}
+
+// Known Split patterns, as HF tokenizer.json files spell them.
+const (
+	patternGPT2  = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+	patternGPT4  = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+	patternQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
+// splitterFor returns the scanner for a Split pattern, or nil when the
+// pattern is not one kiln implements.
+func splitterFor(pattern string) splitter {
+	switch pattern {
+	case patternGPT2:
+		return splitGPT2
+	case patternGPT4:
+		return gpt4Splitter(3)
+	case patternQwen2:
+		return gpt4Splitter(1)
+	}
+	return nil
+}

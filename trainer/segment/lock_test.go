@@ -1,0 +1,133 @@
+package segment
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+)
+
+func newRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{Addr: testsvc.Redis(t)})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
+func TestLockIsExclusiveAndTokensGrow(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	a, err := Acquire(ctx, rdb, "pilot", "gpu-a", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Acquire(ctx, rdb, "pilot", "gpu-b", time.Second, nil)
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "gpu-a") {
+		t.Fatalf("second worker: want ErrLocked naming gpu-a, got %v", err)
+	}
+	// Another run is independent.
+	o, err := Acquire(ctx, rdb, "long", "gpu-b", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Release(ctx)
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err := Acquire(ctx, rdb, "pilot", "gpu-b", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if b.Token() <= a.Token() {
+		t.Fatalf("tokens must grow: %d then %d", a.Token(), b.Token())
+	}
+}
+
+func TestStaleHolderIsFencedOut(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	a, err := Acquire(ctx, rdb, "pilot", "gpu-a", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Fenced(ctx, map[string]string{"checkpoint": "1000"}); err != nil {
+		t.Fatal(err)
+	}
+	// gpu-a freezes: its renewals stop and its lease runs out (deleting the
+	// key is what expiry does, without waiting for it).
+	a.stop()
+	<-a.done
+	rdb.Del(ctx, lockKey("pilot"))
+
+	b, err := Acquire(ctx, rdb, "pilot", "gpu-b", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if err := b.Fenced(ctx, map[string]string{"checkpoint": "2000"}); err != nil {
+		t.Fatal(err)
+	}
+	// gpu-a wakes up and tries to record an older checkpoint.
+	err = a.Fenced(ctx, map[string]string{"checkpoint": "1500"})
+	if !errors.Is(err, ErrLockLost) {
+		t.Fatalf("stale holder: want ErrLockLost, got %v", err)
+	}
+	select {
+	case <-a.Lost():
+	default:
+		t.Fatal("Lost not closed after a refused write")
+	}
+	if got := rdb.HGet(ctx, StateKey("pilot"), "checkpoint").Val(); got != "2000" {
+		t.Fatalf("state checkpoint = %s, want the new holder's 2000", got)
+	}
+	// Releasing the stale lock must not delete the new holder's.
+	a.Release(ctx)
+	if err := b.Check(ctx); err != nil {
+		t.Fatalf("new holder lost its lock to a stale release: %v", err)
+	}
+}
+
+func TestLeaseIsRenewedWhileHeld(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	l, err := Acquire(ctx, rdb, "demo", "w", 90*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	// Several lease lengths later the lock must still be ours.
+	time.Sleep(400 * time.Millisecond)
+	if err := l.Check(ctx); err != nil {
+		t.Fatalf("lock expired although renewed: %v", err)
+	}
+	if _, err := Acquire(ctx, rdb, "demo", "x", time.Second, nil); !errors.Is(err, ErrLocked) {
+		t.Fatalf("want ErrLocked, got %v", err)
+	}
+}
+
+func TestTakeoverIsNoticedByRenewal(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	l, err := Acquire(ctx, rdb, "demo", "w", 90*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	rdb.Set(ctx, lockKey("demo"), "99:intruder", time.Minute)
+	select {
+	case <-l.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("renewal did not notice that another worker holds the lock")
+	}
+	// The intruder's lock survives our release.
+	l.Release(ctx)
+	if v := rdb.Get(ctx, lockKey("demo")).Val(); v != "99:intruder" {
+		t.Fatalf("lock value %q after release", v)
+	}
+}

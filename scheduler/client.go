@@ -1,0 +1,254 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+)
+
+// Client enqueues and inspects kiln's tasks. It is safe for concurrent use.
+type Client struct {
+	c    *asynq.Client
+	insp *asynq.Inspector
+	rdb  redis.UniversalClient
+}
+
+// NewClient connects to the queue's Redis. It does not dial until used;
+// Ping checks the connection with a clear error.
+func NewClient(opt asynq.RedisConnOpt) *Client {
+	return &Client{
+		c:    asynq.NewClient(opt),
+		insp: asynq.NewInspector(opt),
+		rdb:  opt.MakeRedisClient().(redis.UniversalClient),
+	}
+}
+
+// Close releases the client's connections.
+func (c *Client) Close() error {
+	return errors.Join(c.c.Close(), c.insp.Close(), c.rdb.Close())
+}
+
+// Redis returns the client's Redis connection (for progress and cancel marks).
+func (c *Client) Redis() redis.UniversalClient { return c.rdb }
+
+// Ping checks that Redis answers.
+func (c *Client) Ping(ctx context.Context) error {
+	return c.rdb.Ping(ctx).Err()
+}
+
+// DuplicateError says the same work is already queued (or was done within
+// its retention); the existing task's id and state are given.
+type DuplicateError struct {
+	ID    string
+	State string
+}
+
+func (e *DuplicateError) Error() string {
+	if e.State == "" {
+		return "already queued as " + e.ID
+	}
+	return fmt.Sprintf("already queued as %s (%s)", e.ID, e.State)
+}
+
+// Options returns the asynq options of a's kind: queue, id, timeout,
+// retries and retention.
+func Options(a Args) ([]asynq.Option, error) {
+	p, ok := policyOf(a)
+	if !ok {
+		return nil, &UnknownKindError{Kind: a.Kind()}
+	}
+	id, err := TaskID(a)
+	if err != nil {
+		return nil, err
+	}
+	return []asynq.Option{
+		asynq.Queue(p.Queue),
+		asynq.TaskID(id),
+		asynq.Timeout(p.Timeout),
+		asynq.MaxRetry(p.MaxRetry),
+		asynq.Retention(p.Retention),
+	}, nil
+}
+
+// NewTask builds a's asynq task with its kind's options.
+func NewTask(a Args) (*asynq.Task, error) {
+	payload, err := Encode(a)
+	if err != nil {
+		return nil, err
+	}
+	opts, err := Options(a)
+	if err != nil {
+		return nil, err
+	}
+	return asynq.NewTask(a.Kind(), payload, opts...), nil
+}
+
+// Enqueue queues a. Enqueuing the same work again returns a *DuplicateError
+// naming the first task.
+func (c *Client) Enqueue(ctx context.Context, a Args) (*asynq.TaskInfo, error) {
+	t, err := NewTask(a)
+	if err != nil {
+		return nil, err
+	}
+	return c.enqueue(ctx, t)
+}
+
+func (c *Client) enqueue(ctx context.Context, t *asynq.Task) (*asynq.TaskInfo, error) {
+	info, err := c.c.EnqueueContext(ctx, t)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		id := taskID(t.Type(), t.Payload())
+		d := &DuplicateError{ID: id}
+		if ti, err := c.Find(ctx, id); err == nil {
+			d.State = ti.State.String()
+		}
+		return nil, d
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %s: %w", t.Type(), err)
+	}
+	return info, nil
+}
+
+// BatchResult counts the outcome of EnqueueMany.
+type BatchResult struct {
+	Enqueued   int
+	Duplicates int
+}
+
+// EnqueueMany queues many tasks with up to concurrency enqueues in flight.
+// asynq has no batch enqueue (each is one Lua script call), so throughput
+// comes from overlapping round trips. Duplicates are counted, not errors.
+func (c *Client) EnqueueMany(ctx context.Context, args []Args, concurrency int) (BatchResult, error) {
+	if concurrency < 1 {
+		concurrency = 1
+	}
+	var (
+		mu  sync.Mutex
+		res BatchResult
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(concurrency)
+	for _, a := range args {
+		if gctx.Err() != nil {
+			break
+		}
+		g.Go(func() error {
+			_, err := c.Enqueue(gctx, a)
+			var dup *DuplicateError
+			switch {
+			case errors.As(err, &dup):
+				mu.Lock()
+				res.Duplicates++
+				mu.Unlock()
+				return nil
+			case err != nil:
+				return err
+			}
+			mu.Lock()
+			res.Enqueued++
+			mu.Unlock()
+			return nil
+		})
+	}
+	err := g.Wait()
+	if err == nil {
+		err = ctx.Err()
+	}
+	return res, err
+}
+
+// NotFoundError is a task id that no queue holds.
+type NotFoundError struct{ ID string }
+
+func (e *NotFoundError) Error() string {
+	return fmt.Sprintf("task %q not found in queues %v; list tasks with 'sched status' or 'sched runs'", e.ID, Queues)
+}
+func (e *NotFoundError) BadInput() bool { return true }
+
+// Find returns a task's info from whichever queue holds it.
+func (c *Client) Find(ctx context.Context, id string) (*asynq.TaskInfo, error) {
+	known, err := c.knownQueues()
+	if err != nil {
+		return nil, err
+	}
+	for _, q := range Queues {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if !known[q] {
+			continue
+		}
+		ti, err := c.insp.GetTaskInfo(q, id)
+		if err == nil {
+			return ti, nil
+		}
+		if !errors.Is(err, asynq.ErrTaskNotFound) {
+			return nil, fmt.Errorf("look up task %s: %w", id, err)
+		}
+	}
+	return nil, &NotFoundError{ID: id}
+}
+
+// Cancel stops a task: a waiting one is archived; a running one gets its
+// context cancelled and is archived when its handler returns. The cancel
+// mark outlives the task's longest timeout.
+func (c *Client) Cancel(ctx context.Context, id string) (state string, err error) {
+	ti, err := c.Find(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	switch ti.State {
+	case asynq.TaskStateActive:
+		if err := c.rdb.Set(ctx, cancelKey(id), time.Now().Unix(), 8*day).Err(); err != nil {
+			return "", fmt.Errorf("cancel %s: %w", id, err)
+		}
+		if err := c.insp.CancelProcessing(id); err != nil {
+			return "", fmt.Errorf("cancel %s: %w", id, err)
+		}
+		return "cancelling", nil
+	case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry, asynq.TaskStateAggregating:
+		if err := c.insp.ArchiveTask(ti.Queue, id); err != nil {
+			return "", fmt.Errorf("cancel %s: %w", id, err)
+		}
+		return "cancelled", nil
+	default:
+		return "", &finishedError{id: id, state: ti.State.String()}
+	}
+}
+
+type finishedError struct{ id, state string }
+
+func (e *finishedError) Error() string {
+	return fmt.Sprintf("task %s is already %s; nothing to cancel", e.id, e.state)
+}
+func (e *finishedError) BadInput() bool { return true }
+
+// jitter spreads d by ±20% so retries of many tasks do not arrive together.
+func jitter(d time.Duration) time.Duration {
+	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
+}
+
+// RetryDelay is the asynq RetryDelayFunc for kiln: per-kind exponential
+// backoff with jitter. Unknown kinds get a short delay; they are archived
+// by the worker anyway.
+func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
+	p, ok := PolicyFor(t.Type())
+	if !ok || p.Backoff <= 0 {
+		return jitter(10 * time.Second)
+	}
+	d := p.Backoff
+	for i := 0; i < n && d < p.MaxBackoff; i++ {
+		d *= 2
+	}
+	if p.MaxBackoff > 0 && d > p.MaxBackoff {
+		d = p.MaxBackoff
+	}
+	return jitter(d)
+}

@@ -1,0 +1,181 @@
+package scheduler
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Config is kiln's resolved configuration, shared by every command and worker.
+// Zero values mean "use the default"; WithDefaults resolves them in one place,
+// and Validate names the field that is wrong. The environment variable that
+// sets each field is given in its comment; see cmd/sched/config.go for the
+// precedence (flags over environment over config file).
+type Config struct {
+	// RedisURL locates the queue's Redis: redis://[:password@]host:port[/db]
+	// or rediss:// for TLS. KILN_REDIS_URL. Default redis://127.0.0.1:6379/0.
+	RedisURL string `yaml:"redis_url"`
+
+	// S3Endpoint is the object store's host:port (no scheme). Empty means the
+	// local directory store under DataDir/objects. KILN_S3_ENDPOINT.
+	S3Endpoint string `yaml:"s3_endpoint"`
+	// S3Bucket is the one bucket kiln writes to. KILN_S3_BUCKET. Default "kiln".
+	S3Bucket string `yaml:"s3_bucket"`
+	// S3AccessKey and S3SecretKey are the object store's credentials.
+	// KILN_S3_ACCESS_KEY, KILN_S3_SECRET_KEY.
+	S3AccessKey string `yaml:"s3_access_key"`
+	S3SecretKey string `yaml:"s3_secret_key"`
+	// S3Secure selects https. KILN_S3_SECURE. Default false (the compose
+	// stack's MinIO speaks plain http on its private network).
+	S3Secure bool `yaml:"s3_secure"`
+
+	// DataDir holds local state: token stores, downloads, the local object
+	// store. KILN_DATA_DIR. Default ./.kiln.
+	DataDir string `yaml:"data_dir"`
+	// HFToken authenticates Hugging Face Hub downloads (gated datasets). HF_TOKEN.
+	HFToken string `yaml:"hf_token"`
+	// Tokenizer is the default tokenizer name (tokenizers/<name>/tokenizer.json
+	// in the object store). KILN_TOKENIZER. Default "kiln-bpe".
+	Tokenizer string `yaml:"tokenizer"`
+
+	// ShutdownGrace is how long a worker lets in-flight tasks reach a safe
+	// point after SIGTERM before it re-queues them. KILN_SHUTDOWN_GRACE.
+	// Default 30s; the GPU worker's compose service sets more, to checkpoint.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// LogFormat is "json", "console" or "auto" (console on a terminal).
+	// KILN_LOG_FORMAT. Default "auto".
+	LogFormat string `yaml:"log_format"`
+}
+
+// Defaults for Config fields.
+const (
+	DefaultRedisURL      = "redis://127.0.0.1:6379/0"
+	DefaultS3Bucket      = "kiln"
+	DefaultDataDir       = ".kiln"
+	DefaultTokenizer     = "kiln-bpe"
+	DefaultShutdownGrace = 30 * time.Second
+	DefaultLogFormat     = "auto"
+)
+
+// WithDefaults returns c with every unset field resolved to its default.
+func (c Config) WithDefaults() Config {
+	if c.RedisURL == "" {
+		c.RedisURL = DefaultRedisURL
+	}
+	if c.S3Bucket == "" {
+		c.S3Bucket = DefaultS3Bucket
+	}
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	if c.Tokenizer == "" {
+		c.Tokenizer = DefaultTokenizer
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = DefaultShutdownGrace
+	}
+	if c.LogFormat == "" {
+		c.LogFormat = DefaultLogFormat
+	}
+	return c
+}
+
+// ConfigError is a configuration mistake; it names the field and its
+// environment variable, and counts as bad input at the CLI.
+type ConfigError struct {
+	Field string // Go field name, e.g. "RedisURL"
+	Env   string // e.g. "KILN_REDIS_URL"
+	Msg   string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("config %s (%s): %s", e.Field, e.Env, e.Msg)
+}
+
+// BadInput marks configuration errors as the user's to fix.
+func (e *ConfigError) BadInput() bool { return true }
+
+// Validate checks a defaulted Config; the first error names the field.
+func (c Config) Validate() error {
+	u, err := url.Parse(c.RedisURL)
+	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
+		return &ConfigError{"RedisURL", "KILN_REDIS_URL", fmt.Sprintf("%q is not a redis:// or rediss:// URL with a host, e.g. %s", c.RedisURL, DefaultRedisURL)}
+	}
+	if p := strings.Trim(u.Path, "/"); p != "" {
+		var db int
+		if _, err := fmt.Sscanf(p, "%d", &db); err != nil || db < 0 || fmt.Sprint(db) != p {
+			return &ConfigError{"RedisURL", "KILN_REDIS_URL", fmt.Sprintf("database %q in %q is not a number", p, c.RedisURL)}
+		}
+	}
+	if c.S3Endpoint != "" {
+		if strings.Contains(c.S3Endpoint, "://") || strings.Contains(c.S3Endpoint, "/") {
+			return &ConfigError{"S3Endpoint", "KILN_S3_ENDPOINT", fmt.Sprintf("%q must be host:port without scheme or path (use KILN_S3_SECURE=true for https)", c.S3Endpoint)}
+		}
+		if c.S3AccessKey == "" || c.S3SecretKey == "" {
+			return &ConfigError{"S3AccessKey", "KILN_S3_ACCESS_KEY", "an S3 endpoint is set but its access key or secret key (KILN_S3_SECRET_KEY) is empty"}
+		}
+	}
+	if !validBucket(c.S3Bucket) {
+		return &ConfigError{"S3Bucket", "KILN_S3_BUCKET", fmt.Sprintf("%q is not a valid bucket name (3-63 characters: lower-case letters, digits, '-', '.')", c.S3Bucket)}
+	}
+	if c.ShutdownGrace < 0 {
+		return &ConfigError{"ShutdownGrace", "KILN_SHUTDOWN_GRACE", fmt.Sprintf("%v is negative", c.ShutdownGrace)}
+	}
+	switch c.LogFormat {
+	case "json", "console", "auto":
+	default:
+		return &ConfigError{"LogFormat", "KILN_LOG_FORMAT", fmt.Sprintf("%q is not one of json, console, auto", c.LogFormat)}
+	}
+	if c.Tokenizer == "" || strings.ContainsAny(c.Tokenizer, "/\\") {
+		return &ConfigError{"Tokenizer", "KILN_TOKENIZER", fmt.Sprintf("%q is not a tokenizer name (no slashes)", c.Tokenizer)}
+	}
+	return nil
+}
+
+func validBucket(b string) bool {
+	if len(b) < 3 || len(b) > 63 {
+		return false
+	}
+	for _, r := range b {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '.') {
+			return false
+		}
+	}
+	return b[0] != '-' && b[0] != '.'
+}
+
+// Masked returns a copy with secrets replaced, safe to print or log.
+func (c Config) Masked() Config {
+	c.S3SecretKey = mask(c.S3SecretKey)
+	c.HFToken = mask(c.HFToken)
+	if u, err := url.Parse(c.RedisURL); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			c.RedisURL = u.Redacted()
+		}
+	}
+	return c
+}
+
+func mask(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "****"
+}
+
+// LocalStoreDir is where the local object store lives when no S3 endpoint is set.
+func (c Config) LocalStoreDir() string { return filepath.Join(c.DataDir, "objects") }
+
+// DefaultConfigPath is the config file read when --config is not given and
+// the file exists: $XDG_CONFIG_HOME/kiln/config.yaml (or ~/.config/...).
+func DefaultConfigPath() string {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "kiln", "config.yaml")
+}

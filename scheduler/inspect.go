@@ -1,0 +1,149 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/hibiken/asynq"
+)
+
+// QueueStatus is one queue's sizes and its running tasks.
+type QueueStatus struct {
+	Name      string
+	Size      int // pending + active + scheduled + retry
+	Pending   int
+	Active    int
+	Scheduled int
+	Retry     int
+	Archived  int
+	Completed int
+	Paused    bool
+	Running   []TaskStatus
+}
+
+// TaskStatus is a task with its last progress.
+type TaskStatus struct {
+	ID    string
+	Kind  string
+	Queue string
+	State string
+	// Payload is the task's raw payload, for display.
+	Payload     []byte
+	Progress    Progress
+	HasProgress bool
+	LastErr     string
+	Retried     int
+	MaxRetry    int
+	// Finished is when a completed task completed or an archived one was
+	// archived (zero otherwise).
+	Finished time.Time
+}
+
+// Status returns every kiln queue with its running tasks' progress. A queue
+// no task has reached yet is reported empty.
+func (c *Client) Status(ctx context.Context) ([]QueueStatus, error) {
+	known, err := c.knownQueues()
+	if err != nil {
+		return nil, err
+	}
+	var out []QueueStatus
+	for _, q := range Queues {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		qs := QueueStatus{Name: q}
+		if !known[q] {
+			out = append(out, qs)
+			continue
+		}
+		info, err := c.insp.GetQueueInfo(q)
+		if err != nil {
+			return nil, fmt.Errorf("status of queue %s: %w", q, err)
+		}
+		qs.Size, qs.Pending, qs.Active, qs.Scheduled = info.Size, info.Pending, info.Active, info.Scheduled
+		qs.Retry, qs.Archived, qs.Completed, qs.Paused = info.Retry, info.Archived, info.Completed, info.Paused
+		active, err := c.insp.ListActiveTasks(q, asynq.PageSize(100))
+		if err != nil {
+			return nil, fmt.Errorf("active tasks of queue %s: %w", q, err)
+		}
+		for _, ti := range active {
+			qs.Running = append(qs.Running, c.taskStatus(ctx, ti))
+		}
+		out = append(out, qs)
+	}
+	return out, nil
+}
+
+// knownQueues returns the queues asynq has seen a task in; asking about
+// another is an error in asynq, while to kiln it is just an empty queue.
+func (c *Client) knownQueues() (map[string]bool, error) {
+	qs, err := c.insp.Queues()
+	if err != nil {
+		return nil, fmt.Errorf("list queues: %w", err)
+	}
+	m := make(map[string]bool, len(qs))
+	for _, q := range qs {
+		m[q] = true
+	}
+	return m, nil
+}
+
+func (c *Client) taskStatus(ctx context.Context, ti *asynq.TaskInfo) TaskStatus {
+	ts := TaskStatus{
+		ID: ti.ID, Kind: ti.Type, Queue: ti.Queue, State: ti.State.String(),
+		Payload: ti.Payload, LastErr: ti.LastErr, Retried: ti.Retried, MaxRetry: ti.MaxRetry,
+	}
+	switch ti.State {
+	case asynq.TaskStateCompleted:
+		ts.Finished = ti.CompletedAt
+	case asynq.TaskStateArchived:
+		ts.Finished = ti.LastFailedAt
+	}
+	if p, ok, err := ReadProgress(ctx, c.rdb, ti.ID); err == nil && ok {
+		ts.Progress, ts.HasProgress = p, true
+	}
+	return ts
+}
+
+// Task returns one task's status by id.
+func (c *Client) Task(ctx context.Context, id string) (TaskStatus, error) {
+	ti, err := c.Find(ctx, id)
+	if err != nil {
+		return TaskStatus{}, err
+	}
+	return c.taskStatus(ctx, ti), nil
+}
+
+// Runs returns finished tasks (completed, and archived: failed for good or
+// cancelled) kept by retention, newest first, at most limit of them.
+func (c *Client) Runs(ctx context.Context, limit int) ([]TaskStatus, error) {
+	known, err := c.knownQueues()
+	if err != nil {
+		return nil, err
+	}
+	var out []TaskStatus
+	for _, q := range Queues {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if !known[q] {
+			continue
+		}
+		for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){c.insp.ListCompletedTasks, c.insp.ListArchivedTasks} {
+			tis, err := list(q, asynq.PageSize(limit))
+			if err != nil {
+				return nil, fmt.Errorf("finished tasks of queue %s: %w", q, err)
+			}
+			for _, ti := range tis {
+				out = append(out, c.taskStatus(ctx, ti))
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Finished.After(out[j].Finished) })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}

@@ -1,0 +1,235 @@
+package scheduler
+
+import (
+	"sync"
+	"time"
+)
+
+// Queue names. A worker serves some of them (sched worker --queues).
+const (
+	// QueueIngest is CPU work: any number of consumers on any machine.
+	QueueIngest = "ingest"
+	// QueueAppend has exactly one consumer: the machine holding the token
+	// store, so appends are serialised without a distributed lock.
+	QueueAppend = "append"
+	// QueueGPU has one consumer with concurrency 1: the GPU worker.
+	QueueGPU = "gpu"
+)
+
+// Queues lists every queue kiln uses.
+var Queues = []string{QueueIngest, QueueAppend, QueueGPU}
+
+// Task kinds: stable strings stored in Redis with every queued task. Never
+// rename one; add the old string to aliases instead, so queued work is not
+// orphaned.
+const (
+	KindIngestPlan      = "ingest:plan"
+	KindIngestShard     = "ingest:shard"
+	KindIngestAppend    = "ingest:append"
+	KindTrainSegment    = "train:segment"
+	KindBenchRun        = "bench:run"
+	KindTokenizerSample = "tokenizer:sample"
+	KindTokenizerTrain  = "tokenizer:train"
+)
+
+// Args is a task's typed payload. Each kind has one Go type whose Kind()
+// returns its stable kind string.
+type Args interface {
+	Kind() string
+}
+
+// Policy is how one kind is queued and retried.
+type Policy struct {
+	Queue string
+	// Version is the payload version this build writes and reads.
+	Version int
+	// Timeout bounds one attempt; the handler's context ends then.
+	Timeout time.Duration
+	// MaxRetry is the number of retries after the first attempt.
+	MaxRetry int
+	// Backoff is the first retry delay; it doubles per retry up to MaxBackoff.
+	Backoff, MaxBackoff time.Duration
+	// Retention keeps a finished task (and its id) for `sched runs` and for
+	// duplicate detection.
+	Retention time.Duration
+}
+
+const day = 24 * time.Hour
+
+// policies holds every product kind's policy.
+var policies = map[string]Policy{
+	// Listing a dataset is a few hub requests.
+	KindIngestPlan: {Queue: QueueIngest, Version: 1, Timeout: 30 * time.Minute, MaxRetry: 5, Backoff: 30 * time.Second, MaxBackoff: 30 * time.Minute, Retention: 7 * day},
+	// A shard is one file: download (hundreds of MB), decode, tokenize.
+	KindIngestShard: {Queue: QueueIngest, Version: 1, Timeout: 2 * time.Hour, MaxRetry: 8, Backoff: 30 * time.Second, MaxBackoff: time.Hour, Retention: 7 * day},
+	// An append copies one shard file into the store; exactly-once by manifest.
+	KindIngestAppend: {Queue: QueueAppend, Version: 1, Timeout: time.Hour, MaxRetry: 10, Backoff: 10 * time.Second, MaxBackoff: 10 * time.Minute, Retention: 7 * day},
+	// A training segment runs until its step budget; asynq's default
+	// 30-minute timeout would cut it, so its bound only catches a hung GPU.
+	KindTrainSegment: {Queue: QueueGPU, Version: 1, Timeout: 7 * day, MaxRetry: 3, Backoff: time.Minute, MaxBackoff: 30 * time.Minute, Retention: 30 * day},
+	KindBenchRun:     {Queue: QueueGPU, Version: 1, Timeout: 12 * time.Hour, MaxRetry: 1, Backoff: time.Minute, MaxBackoff: 10 * time.Minute, Retention: 30 * day},
+	// Sampling reads a dataset slice on CPU.
+	KindTokenizerSample: {Queue: QueueIngest, Version: 1, Timeout: 2 * time.Hour, MaxRetry: 5, Backoff: 30 * time.Second, MaxBackoff: 30 * time.Minute, Retention: 7 * day},
+	// Training a tokenizer needs the one sample, so it runs where appends do.
+	KindTokenizerTrain: {Queue: QueueAppend, Version: 1, Timeout: 12 * time.Hour, MaxRetry: 2, Backoff: time.Minute, MaxBackoff: 30 * time.Minute, Retention: 30 * day},
+}
+
+// aliases maps retired kind strings to current ones.
+var aliases = map[string]string{}
+
+// Kinds returns the product kinds, in a stable order.
+func Kinds() []string {
+	return []string{KindIngestPlan, KindIngestShard, KindIngestAppend, KindTrainSegment, KindBenchRun, KindTokenizerSample, KindTokenizerTrain}
+}
+
+// Define adds a kind outside the product set (a test's, say) with its
+// policy. It panics if kind is already defined: two meanings for one kind
+// string would misroute queued work.
+func Define(kind string, p Policy) {
+	policiesMu.Lock()
+	defer policiesMu.Unlock()
+	if _, dup := policies[kind]; dup {
+		panic("scheduler: kind " + kind + " defined twice")
+	}
+	policies[kind] = p
+}
+
+var policiesMu sync.RWMutex
+
+// CanonicalKind resolves an alias; ok is false for a kind this build does not know.
+func CanonicalKind(kind string) (canonical string, ok bool) {
+	if k, ok := aliases[kind]; ok {
+		kind = k
+	}
+	policiesMu.RLock()
+	_, ok = policies[kind]
+	policiesMu.RUnlock()
+	return kind, ok
+}
+
+// PolicyFor returns the policy of a product kind.
+func PolicyFor(kind string) (Policy, bool) {
+	kind, _ = CanonicalKind(kind)
+	policiesMu.RLock()
+	defer policiesMu.RUnlock()
+	p, ok := policies[kind]
+	return p, ok
+}
+
+func policyOf(a Args) (Policy, bool) { return PolicyFor(a.Kind()) }
+
+// IngestPlan lists a dataset's files and enqueues one IngestShard per file.
+type IngestPlan struct {
+	// Dataset is a Hugging Face dataset id ("bigcode/the-stack-v2-dedup"),
+	// a preset name, or a local path.
+	Dataset string `json:"dataset"`
+	// Revision pins the dataset commit; empty means the default branch's head
+	// at planning time (the plan records the resolved commit in each shard).
+	Revision string `json:"revision,omitempty"`
+	// Subsets restricts the plan to these config/data_dir names.
+	Subsets []string `json:"subsets,omitempty"`
+	// Store names the token store to fill: tokens/<Store>/. Default Dataset's last element.
+	Store string `json:"store,omitempty"`
+	// Tokenizer names the tokenizer: tokenizers/<Tokenizer>/tokenizer.json.
+	Tokenizer string `json:"tokenizer,omitempty"`
+	// MaxFiles bounds the plan (0 = all files).
+	MaxFiles int `json:"max_files,omitempty"`
+}
+
+func (IngestPlan) Kind() string { return KindIngestPlan }
+
+// IngestShard downloads one file, tokenizes it and writes a shard token file
+// to the object store under tokens/<Store>/shards/.
+type IngestShard struct {
+	Dataset  string `json:"dataset"`
+	Revision string `json:"revision,omitempty"`
+	// Path is the file's path inside the dataset repository.
+	Path string `json:"path"`
+	// URL is the file's download URL (hub resolve URL, s3:// or file://).
+	URL string `json:"url,omitempty"`
+	// Size and SHA256 verify the download when the source publishes them.
+	Size   int64  `json:"size,omitempty"`
+	SHA256 string `json:"sha256,omitempty"`
+	// Format is the file's format: parquet, jsonl, jsonl.gz, jsonl.zst, text.
+	Format string `json:"format,omitempty"`
+	// Column is the text column for tabular formats (default "content").
+	Column    string `json:"column,omitempty"`
+	Store     string `json:"store"`
+	Tokenizer string `json:"tokenizer"`
+}
+
+func (IngestShard) Kind() string { return KindIngestShard }
+
+// IngestAppend appends one shard token file to the token store on the
+// append worker's machine, exactly once (the manifest records shard ids).
+type IngestAppend struct {
+	Store string `json:"store"`
+	// ShardID identifies the shard in the manifest (stable across retries).
+	ShardID string `json:"shard_id"`
+	// Object is the shard token file's key in the object store.
+	Object  string `json:"object"`
+	Source  string `json:"source,omitempty"`
+	SHA256  string `json:"sha256,omitempty"`
+	Docs    int64  `json:"docs,omitempty"`
+	Tokens  int64  `json:"tokens,omitempty"`
+	Dataset string `json:"dataset,omitempty"`
+}
+
+func (IngestAppend) Kind() string { return KindIngestAppend }
+
+// TrainSegment trains a run for a bounded number of steps from its latest
+// checkpoint, writes a checkpoint, and enqueues the next segment.
+type TrainSegment struct {
+	Run string `json:"run"`
+	// Preset is the model preset name (model.Config presets).
+	Preset string `json:"preset,omitempty"`
+	// Stores and Weights mix token stores by weight.
+	Stores  []string  `json:"stores,omitempty"`
+	Weights []float64 `json:"weights,omitempty"`
+	// Tokenizer names the tokenizer used by the stores.
+	Tokenizer string `json:"tokenizer,omitempty"`
+	// Engine is cuda, cpu or auto.
+	Engine string `json:"engine,omitempty"`
+	// FromStep is the checkpoint step this segment resumes from (0: start);
+	// it makes each segment's task id distinct.
+	FromStep int64 `json:"from_step"`
+	// Steps is this segment's step budget; TotalSteps the run's.
+	Steps      int64 `json:"steps,omitempty"`
+	TotalSteps int64 `json:"total_steps,omitempty"`
+	// Options carries run settings later issues add, as a flat map.
+	Options map[string]string `json:"options,omitempty"`
+}
+
+func (TrainSegment) Kind() string { return KindTrainSegment }
+
+// BenchRun measures one model (or one point of a sweep) on the GPU worker.
+type BenchRun struct {
+	// Sweep names the benchmark sweep; Model the preset or checkpoint.
+	Sweep  string            `json:"sweep,omitempty"`
+	Model  string            `json:"model,omitempty"`
+	Engine string            `json:"engine,omitempty"`
+	Params map[string]string `json:"params,omitempty"`
+}
+
+func (BenchRun) Kind() string { return KindBenchRun }
+
+// TokenizerSample draws a training sample for a tokenizer from datasets.
+type TokenizerSample struct {
+	Name     string   `json:"name"`
+	Datasets []string `json:"datasets,omitempty"`
+	// Bytes is the sample size to draw.
+	Bytes int64 `json:"bytes,omitempty"`
+}
+
+func (TokenizerSample) Kind() string { return KindTokenizerSample }
+
+// TokenizerTrain trains a byte-level BPE tokenizer and writes
+// tokenizers/<Name>/tokenizer.json.
+type TokenizerTrain struct {
+	Name      string `json:"name"`
+	VocabSize int    `json:"vocab_size,omitempty"`
+	// Sample is the sample's object key (from TokenizerSample).
+	Sample string `json:"sample,omitempty"`
+}
+
+func (TokenizerTrain) Kind() string { return KindTokenizerTrain }

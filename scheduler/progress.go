@@ -1,0 +1,72 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Progress is what a running task last reported; workers write it to Redis
+// and `sched status` reads it.
+type Progress struct {
+	TaskID string `json:"task_id"`
+	Kind   string `json:"kind"`
+	// Fraction done in [0,1]; negative when unknown.
+	Fraction float64 `json:"fraction"`
+	// Rate is work per second in Unit ("tok/s", "files/s"...).
+	Rate float64 `json:"rate,omitempty"`
+	Unit string  `json:"unit,omitempty"`
+	// ETA is the estimated time left; zero when unknown.
+	ETA     time.Duration `json:"eta,omitempty"`
+	Message string        `json:"message,omitempty"`
+	// State is "running", "done", "failed" or "interrupted".
+	State   string    `json:"state"`
+	Worker  string    `json:"worker,omitempty"`
+	Started time.Time `json:"started"`
+	Updated time.Time `json:"updated"`
+}
+
+// progressKey is the Redis key of a task's progress; it lives as long as
+// the task's retention so that `sched runs` can show the last message.
+func progressKey(taskID string) string { return "kiln:progress:" + taskID }
+
+// WriteProgress stores p, expiring after ttl.
+func WriteProgress(ctx context.Context, rdb redis.UniversalClient, p Progress, ttl time.Duration) error {
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	if err := rdb.Set(ctx, progressKey(p.TaskID), b, ttl).Err(); err != nil {
+		return fmt.Errorf("write progress of %s: %w", p.TaskID, err)
+	}
+	return nil
+}
+
+// ReadProgress returns a task's last progress; ok is false when none was written.
+func ReadProgress(ctx context.Context, rdb redis.UniversalClient, taskID string) (p Progress, ok bool, err error) {
+	b, err := rdb.Get(ctx, progressKey(taskID)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return p, false, nil
+	}
+	if err != nil {
+		return p, false, fmt.Errorf("read progress of %s: %w", taskID, err)
+	}
+	if err := json.Unmarshal(b, &p); err != nil {
+		return p, false, fmt.Errorf("progress of %s is corrupt: %w", taskID, err)
+	}
+	return p, true, nil
+}
+
+// cancelKey marks a task cancelled by `sched cancel`, so the worker archives
+// it instead of retrying the handler's cancellation error.
+func cancelKey(taskID string) string { return "kiln:cancel:" + taskID }
+
+// IsCancelled reports whether `sched cancel` was run on taskID.
+func IsCancelled(ctx context.Context, rdb redis.UniversalClient, taskID string) bool {
+	n, err := rdb.Exists(ctx, cancelKey(taskID)).Result()
+	return err == nil && n > 0
+}

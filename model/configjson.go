@@ -1,0 +1,289 @@
+package model
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+)
+
+// configJSON mirrors the fields of transformers' LlamaConfig that kiln reads.
+// Pointers tell an absent field from a zero one, so that transformers'
+// defaults can be applied exactly where it applies them.
+type configJSON struct {
+	ModelType          *string          `json:"model_type"`
+	VocabSize          *int             `json:"vocab_size"`
+	HiddenSize         *int             `json:"hidden_size"`
+	NumHiddenLayers    *int             `json:"num_hidden_layers"`
+	NumAttentionHeads  *int             `json:"num_attention_heads"`
+	NumKeyValueHeads   *int             `json:"num_key_value_heads"`
+	HeadDim            *int             `json:"head_dim"`
+	IntermediateSize   *int             `json:"intermediate_size"`
+	MaxPositions       *int             `json:"max_position_embeddings"`
+	RopeTheta          *float64         `json:"rope_theta"`
+	RopeParameters     *json.RawMessage `json:"rope_parameters"`
+	RopeScaling        *json.RawMessage `json:"rope_scaling"`
+	RMSNormEps         *float64         `json:"rms_norm_eps"`
+	TieWordEmbeddings  *bool            `json:"tie_word_embeddings"`
+	BOSTokenID         json.RawMessage  `json:"bos_token_id"`
+	EOSTokenID         json.RawMessage  `json:"eos_token_id"`
+	InitializerRange   *float64         `json:"initializer_range"`
+	HiddenAct          *string          `json:"hidden_act"`
+	AttentionBias      *bool            `json:"attention_bias"`
+	MLPBias            *bool            `json:"mlp_bias"`
+	PretrainingTP      *int             `json:"pretraining_tp"`
+	AttentionDropout   *float64         `json:"attention_dropout"`
+	QuantizationConfig *json.RawMessage `json:"quantization_config"`
+}
+
+// ReadConfig reads a transformers config.json.
+func ReadConfig(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("read model config: %w", err)
+	}
+	c, err := ParseConfig(b)
+	if err != nil {
+		return Config{}, &FormatError{Path: path, Msg: err.Error()}
+	}
+	return c, nil
+}
+
+// ParseConfig decodes a transformers LlamaConfig. Absent fields take
+// transformers' defaults (head_dim = hidden_size / num_attention_heads,
+// num_key_value_heads = num_attention_heads, tie_word_embeddings false,
+// rope_theta 10000, rms_norm_eps 1e-6, initializer_range 0.02). Options kiln
+// does not implement (rope scaling, biases, activations other than silu) are
+// rejected by name rather than silently computed differently.
+func ParseConfig(b []byte) (Config, error) {
+	var j configJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return Config{}, fmt.Errorf("config.json is not valid JSON: %w", err)
+	}
+	if j.ModelType != nil && *j.ModelType != "llama" {
+		return Config{}, fmt.Errorf("model_type %q is not supported: kiln implements llama only", *j.ModelType)
+	}
+	if j.HiddenAct != nil && *j.HiddenAct != "silu" {
+		return Config{}, fmt.Errorf("hidden_act %q is not supported: kiln implements silu (SwiGLU) only", *j.HiddenAct)
+	}
+	if j.AttentionBias != nil && *j.AttentionBias {
+		return Config{}, fmt.Errorf("attention_bias true is not supported: kiln's projections have no bias")
+	}
+	if j.MLPBias != nil && *j.MLPBias {
+		return Config{}, fmt.Errorf("mlp_bias true is not supported: kiln's projections have no bias")
+	}
+	if j.PretrainingTP != nil && *j.PretrainingTP != 1 {
+		return Config{}, fmt.Errorf("pretraining_tp %d is not supported: set it to 1", *j.PretrainingTP)
+	}
+	if j.QuantizationConfig != nil && string(*j.QuantizationConfig) != "null" {
+		return Config{}, fmt.Errorf("quantization_config is not supported: kiln reads unquantized F32/BF16 weights only")
+	}
+	required := []struct {
+		name string
+		v    *int
+	}{
+		{"vocab_size", j.VocabSize}, {"hidden_size", j.HiddenSize}, {"num_hidden_layers", j.NumHiddenLayers},
+		{"num_attention_heads", j.NumAttentionHeads}, {"intermediate_size", j.IntermediateSize},
+	}
+	for _, r := range required {
+		if r.v == nil {
+			return Config{}, fmt.Errorf("config.json lacks %s", r.name)
+		}
+	}
+	c := Config{
+		VocabSize:        *j.VocabSize,
+		Hidden:           *j.HiddenSize,
+		Layers:           *j.NumHiddenLayers,
+		Heads:            *j.NumAttentionHeads,
+		KVHeads:          *j.NumAttentionHeads,
+		Intermediate:     *j.IntermediateSize,
+		MaxPositions:     2048,
+		RopeTheta:        10000,
+		RMSNormEps:       1e-6,
+		BOSTokenID:       1,
+		EOSTokenID:       2,
+		InitializerRange: 0.02,
+	}
+	if j.NumKeyValueHeads != nil {
+		c.KVHeads = *j.NumKeyValueHeads
+	}
+	if j.HeadDim != nil {
+		c.HeadDim = *j.HeadDim
+	} else if c.Heads > 0 {
+		c.HeadDim = c.Hidden / c.Heads
+	}
+	if j.MaxPositions != nil {
+		c.MaxPositions = *j.MaxPositions
+	}
+	if j.RMSNormEps != nil {
+		c.RMSNormEps = *j.RMSNormEps
+	}
+	if j.TieWordEmbeddings != nil {
+		c.TieEmbeddings = *j.TieWordEmbeddings
+	}
+	if j.InitializerRange != nil {
+		c.InitializerRange = *j.InitializerRange
+	}
+	if j.RopeTheta != nil {
+		c.RopeTheta = *j.RopeTheta
+	}
+	for _, rp := range []struct {
+		name string
+		raw  *json.RawMessage
+	}{{"rope_parameters", j.RopeParameters}, {"rope_scaling", j.RopeScaling}} {
+		if rp.raw == nil || string(*rp.raw) == "null" {
+			continue
+		}
+		theta, ok, err := parseRopeParameters(rp.name, *rp.raw)
+		if err != nil {
+			return Config{}, err
+		}
+		if ok {
+			c.RopeTheta = theta
+		}
+	}
+	var err error
+	if c.BOSTokenID, err = tokenID("bos_token_id", j.BOSTokenID, c.BOSTokenID); err != nil {
+		return Config{}, err
+	}
+	if c.EOSTokenID, err = tokenID("eos_token_id", j.EOSTokenID, c.EOSTokenID); err != nil {
+		return Config{}, err
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// parseRopeParameters reads rope_parameters (transformers 5) or the older
+// rope_scaling. Only rope_type "default" is implemented; anything else would
+// change every attention score, so it is refused with the keys named.
+func parseRopeParameters(field string, raw json.RawMessage) (theta float64, ok bool, err error) {
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return 0, false, fmt.Errorf("%s must be an object: %w", field, err)
+	}
+	var unknown []string
+	for k, v := range m {
+		switch k {
+		case "rope_type", "type":
+			if s, _ := v.(string); s != "default" {
+				return 0, false, fmt.Errorf("%s.%s %v is not supported: kiln implements rope_type \"default\" only", field, k, v)
+			}
+		case "rope_theta":
+			f, isNum := v.(float64)
+			if !isNum {
+				return 0, false, fmt.Errorf("%s.rope_theta must be a number, got %v", field, v)
+			}
+			theta, ok = f, true
+		default:
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return 0, false, fmt.Errorf("%s has options kiln does not implement: %s (only rope_type \"default\" and rope_theta)", field, strings.Join(unknown, ", "))
+	}
+	return theta, ok, nil
+}
+
+// tokenID reads a token id that transformers allows to be null, an integer
+// or a list of integers (Llama 3 lists several EOS ids); kiln keeps the first.
+func tokenID(field string, raw json.RawMessage, def int) (int, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return def, nil
+	}
+	var id int
+	if err := json.Unmarshal(raw, &id); err == nil {
+		return id, nil
+	}
+	var ids []int
+	if err := json.Unmarshal(raw, &ids); err == nil && len(ids) > 0 {
+		return ids[0], nil
+	}
+	return 0, fmt.Errorf("%s must be an integer or a list of integers, got %s", field, raw)
+}
+
+// MarshalConfig encodes c as transformers' save_pretrained writes a
+// LlamaConfig: sorted keys, two-space indent. It writes rope_parameters for
+// transformers 5 and the top-level rope_theta that transformers 4 reads.
+func MarshalConfig(c Config) ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	m := map[string]any{
+		"architectures":           []string{"LlamaForCausalLM"},
+		"attention_bias":          false,
+		"attention_dropout":       0.0,
+		"bos_token_id":            c.BOSTokenID,
+		"dtype":                   "float32",
+		"eos_token_id":            c.EOSTokenID,
+		"head_dim":                c.HeadDim,
+		"hidden_act":              "silu",
+		"hidden_size":             c.Hidden,
+		"initializer_range":       c.InitializerRange,
+		"intermediate_size":       c.Intermediate,
+		"max_position_embeddings": c.MaxPositions,
+		"mlp_bias":                false,
+		"model_type":              "llama",
+		"num_attention_heads":     c.Heads,
+		"num_hidden_layers":       c.Layers,
+		"num_key_value_heads":     c.KVHeads,
+		"pad_token_id":            nil,
+		"pretraining_tp":          1,
+		"rms_norm_eps":            c.RMSNormEps,
+		"rope_parameters":         map[string]any{"rope_theta": c.RopeTheta, "rope_type": "default"},
+		"rope_theta":              c.RopeTheta,
+		"tie_word_embeddings":     c.TieEmbeddings,
+		"use_cache":               true,
+		"vocab_size":              c.VocabSize,
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(m); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// WriteConfig writes c as config.json at path (through a temporary file and
+// a rename, so that a crash never leaves half a config).
+func WriteConfig(path string, c Config) error {
+	b, err := MarshalConfig(c)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return writeFileAtomic(path, b)
+}
+
+// writeFileAtomic writes b to a temporary file beside path, syncs it and
+// renames it into place.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

@@ -58,10 +58,10 @@ func TolerancesFor(precision string) (Tolerances, error) {
 
 // Expected is a golden directory's expected.json.
 type Expected struct {
-	Loss         float64 `json:"loss"`
-	GradNorm     float64 `json:"grad_norm_before_clip"`
-	Clip         float64 `json:"clip"`
-	AdamW        struct {
+	Loss     float64 `json:"loss"`
+	GradNorm float64 `json:"grad_norm_before_clip"`
+	Clip     float64 `json:"clip"`
+	AdamW    struct {
 		LR          float64 `json:"lr"`
 		Beta1       float64 `json:"beta1"`
 		Beta2       float64 `json:"beta2"`

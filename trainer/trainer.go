@@ -100,7 +100,24 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	l := &loop{cfg: cfg, rc: rc, mc: mc, hooks: hooks, log: log}
+	l := &loop{cfg: cfg, rc: rc, mc: mc, hooks: hooks, log: log, ckStep: -1}
+	// The checkpoint is read before the engine is made, so that one of
+	// another shape is refused before a large model is allocated.
+	var snap *Snapshot
+	if cfg.Resume {
+		dir, err := LatestCheckpoint(cfg.Out)
+		switch {
+		case errors.Is(err, ErrNoCheckpoint):
+			log.Info("no checkpoint to resume from; starting the run", zap.String("out", cfg.Out))
+		case err != nil:
+			return Result{}, err
+		default:
+			if snap, err = ReadCheckpoint(dir, &mc); err != nil {
+				return Result{}, err
+			}
+			l.lastCk = dir
+		}
+	}
 
 	eng := cfg.Engine
 	if eng == nil {
@@ -112,8 +129,8 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 		defer eng.Close()
 	}
 	l.eng = eng
-	if err := l.start(); err != nil {
-		return Result{}, err
+	if err := l.start(snap); err != nil {
+		return l.result(), err
 	}
 	if err := l.openMetrics(); err != nil {
 		return l.result(), err
@@ -141,36 +158,24 @@ type loop struct {
 	markTok  int64
 }
 
-// start loads the last checkpoint when resuming, else initialises.
-func (l *loop) start() error {
-	l.ckStep = -1
-	if l.cfg.Resume {
-		dir, err := LatestCheckpoint(l.cfg.Out)
-		switch {
-		case errors.Is(err, ErrNoCheckpoint):
-			l.log.Info("no checkpoint to resume from; starting the run", zap.String("out", l.cfg.Out))
-		case err != nil:
-			return err
-		default:
-			s, err := ReadCheckpoint(dir, &l.mc)
-			if err != nil {
-				return err
-			}
-			if err := l.eng.SetParams(s.Params); err != nil {
-				return fmt.Errorf("resume from %s: %w", dir, err)
-			}
-			if err := l.eng.SetOptimizerState(s.Optimizer); err != nil {
-				return fmt.Errorf("resume from %s: %w", dir, err)
-			}
-			if err := l.cfg.Data.Seek(s.State.Cursor); err != nil {
-				return fmt.Errorf("resume from %s: data cursor: %w", dir, err)
-			}
-			l.step, l.tokens, l.lastCk, l.ckStep, l.loss = s.State.Step, s.State.Tokens, dir, s.State.Step, s.State.Loss
-			l.log.Info("resumed", zap.String("checkpoint", dir), zap.Int("step", l.step), zap.Int64("tokens", l.tokens))
-			return nil
-		}
+// start puts the resumed snapshot, or freshly initialised weights, on the
+// engine.
+func (l *loop) start(s *Snapshot) error {
+	if s == nil {
+		return l.eng.SetParams(model.InitParams(l.mc, l.rc.Seed))
 	}
-	return l.eng.SetParams(model.InitParams(l.mc, l.rc.Seed))
+	if err := l.eng.SetParams(s.Params); err != nil {
+		return fmt.Errorf("resume from %s: %w", l.lastCk, err)
+	}
+	if err := l.eng.SetOptimizerState(s.Optimizer); err != nil {
+		return fmt.Errorf("resume from %s: %w", l.lastCk, err)
+	}
+	if err := l.cfg.Data.Seek(s.State.Cursor); err != nil {
+		return fmt.Errorf("resume from %s: data cursor: %w", l.lastCk, err)
+	}
+	l.step, l.tokens, l.ckStep, l.loss = s.State.Step, s.State.Tokens, s.State.Step, s.State.Loss
+	l.log.Info("resumed", zap.String("checkpoint", l.lastCk), zap.Int("step", l.step), zap.Int64("tokens", l.tokens))
+	return nil
 }
 
 func (l *loop) result() Result {
@@ -190,7 +195,8 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 		}
 		if (l.cfg.MaxSteps > 0 && l.step-first >= l.cfg.MaxSteps) ||
 			(l.cfg.MaxDuration > 0 && time.Since(began) >= l.cfg.MaxDuration) {
-			return l.result(), l.checkpoint(ctx)
+			err := l.checkpoint(ctx)
+			return l.result(), err
 		}
 		if err := l.trainStep(ctx); err != nil {
 			return l.result(), err
@@ -204,7 +210,8 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 			}
 		}
 	}
-	return l.result(), l.checkpoint(ctx)
+	err := l.checkpoint(ctx)
+	return l.result(), err
 }
 
 // accumulate runs the step's micro-batches, each scaled by 1/k so that the
@@ -236,6 +243,11 @@ func (l *loop) trainStep(ctx context.Context) error {
 	lr := LearningRate(l.step, l.rc.LR, l.rc.Warmup, l.rc.TotalSteps, l.rc.Floor)
 	if err := l.eng.Step(model.AdamW{LR: lr, Beta1: l.rc.Beta1, Beta2: l.rc.Beta2, Eps: l.rc.Eps,
 		WeightDecay: l.rc.WeightDecay, Clip: l.rc.Clip}); err != nil {
+		// An engine may refuse to apply a non-finite gradient; that is a
+		// divergence like a non-finite loss, and is reported as one.
+		if m, merr := l.eng.Metrics(); merr == nil && (!finite(m.Loss) || !finite(m.GradNorm)) {
+			return &NonFiniteError{Step: l.step + 1, Loss: m.Loss, GradNorm: m.GradNorm, LastGood: l.lastCk}
+		}
 		return fmt.Errorf("step %d: %w", l.step+1, err)
 	}
 	m, err := l.eng.Metrics()

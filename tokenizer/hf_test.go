@@ -132,3 +132,34 @@ func TestMatchesHFOnRandomText(t *testing.T) {
 		}
 	}
 }
+
+func TestAddedTokensMatchHF(t *testing.T) {
+	hfModuleDir(t)
+	data := withAdded(t, `[{"id":30093,"content":"<|endoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+		{"id":30094,"content":"<|end|>","single_word":false,"lstrip":true,"rstrip":true,"normalized":false,"special":true},
+		{"id":30095,"content":"<|end","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":false}]`)
+	tk, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "added.tokenizer.json")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	pieces := []string{"<|endoftext|>", "<|end|>", "<|end", "<|", " ", "  ", "\n", "a", "b c", "'s", "1"}
+	var texts []string
+	for range 300 {
+		var b strings.Builder
+		for range 1 + r.IntN(12) {
+			b.WriteString(pieces[r.IntN(len(pieces))])
+		}
+		texts = append(texts, b.String())
+	}
+	want := hfEncode(t, path, texts)
+	for i, s := range texts {
+		if got := tk.Encode(s); firstDiff(got, want[i]) >= 0 {
+			t.Fatalf("text %q: got %q want %q", s, tokStrs(tk, got), tokStrs(tk, want[i]))
+		}
+	}
+}

@@ -1,0 +1,199 @@
+package tokenizer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"testing/iotest"
+)
+
+func TestEncodeReaderMatchesWholeText(t *testing.T) {
+	old := streamChunk
+	streamChunk = 4096
+	defer func() { streamChunk = old }()
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		for _, name := range []string{"edge", "go", "python"} {
+			text := readTestdata(t, name+".txt")
+			want := goldenIDs(t, style, name)
+			var got []uint32
+			calls := 0
+			err := tk.EncodeReader(context.Background(), iotest.HalfReader(bytes.NewReader(text)), func(ids []uint32) error {
+				calls++
+				got = append(got, ids...)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i := firstDiff(got, want); i >= 0 {
+				t.Fatalf("%s/%s: streamed ids differ at %d of %d", style, name, i, len(want))
+			}
+			if len(text) > 3*4096 && calls < 3 {
+				t.Errorf("%s/%s: %d chunks for %d bytes; the text was not cut", style, name, calls, len(text))
+			}
+		}
+	}
+}
+
+func TestEncodeReaderStopsOnEmitError(t *testing.T) {
+	tk := loadStyle(t, "gpt2-style")
+	boom := errors.New("disk full")
+	err := tk.EncodeReader(context.Background(), strings.NewReader("hello\nworld"), func([]uint32) error { return boom })
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want %v", err, boom)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err = tk.EncodeReader(ctx, strings.NewReader("hello\nworld"), func([]uint32) error { return nil })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: err = %v", err)
+	}
+}
+
+// Invalid UTF-8 is encoded byte by byte where it is invalid and decodes to
+// the same bytes.
+func TestInvalidUTF8RoundTrip(t *testing.T) {
+	inputs := [][]byte{
+		{0xff}, {0xc3}, []byte("caf\xc3"), []byte("a\x80b c\xed\xa0\x80d"), []byte("\xf0\x9f\x98 ok"),
+		{0xfe, 0xfe, ' ', 'x', 0xc0, 0xaf}, []byte("it\xff's"),
+	}
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		for _, in := range inputs {
+			ids := tk.EncodeBytes(in)
+			out, err := tk.Decode(ids)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out != string(in) {
+				t.Errorf("%s: %q -> %v -> %q", style, in, ids, out)
+			}
+			if s := tk.Encode(string(in)); firstDiff(s, ids) >= 0 {
+				t.Errorf("%s: Encode and EncodeBytes differ on %q", style, in)
+			}
+		}
+		// An invalid byte is a symbol of its own class: it splits words
+		// like punctuation does.
+		ids := tk.EncodeBytes([]byte("hello\xffworld"))
+		if got := tokStrs(tk, ids); got[0] != "hello" || got[len(got)-1] != "world" {
+			t.Errorf("%s: hello\\xffworld -> %q", style, got)
+		}
+	}
+}
+
+// The heap merge for long words and the scan for short ones must agree
+// exactly; a long word of repeated and random text exercises both.
+func TestLongWordMergeAgrees(t *testing.T) {
+	tk := loadStyle(t, "gpt2-style")
+	r := rand.New(rand.NewPCG(3, 4))
+	for trial := 0; trial < 50; trial++ {
+		n := 2 + r.IntN(120)
+		w := make([]byte, n)
+		for i := range w {
+			w[i] = "etaoinshrdlu_"[r.IntN(13)]
+		}
+		syms := make([]uint32, n)
+		for i, c := range w {
+			syms[i] = tk.byteID[c]
+		}
+		a := tk.merges.merge(append([]uint32(nil), syms...))
+		b := tk.merges.mergeHeap(append([]uint32(nil), syms...))
+		if firstDiff(a, b) >= 0 {
+			t.Fatalf("word %q: scan %v heap %v", w, a, b)
+		}
+	}
+}
+
+// A long text without whitespace is one word; it must encode in
+// O(n log n), and round trip.
+func TestHugeWordRoundTrip(t *testing.T) {
+	tk := loadStyle(t, "gpt4-style")
+	var b strings.Builder
+	r := rand.New(rand.NewPCG(5, 6))
+	for b.Len() < 1<<20 {
+		b.WriteString([]string{"abc", "def", "ghij", "x", "yz", "ing", "tion"}[r.IntN(7)])
+	}
+	ids := tk.Encode(b.String())
+	out, _ := tk.Decode(ids)
+	if out != b.String() {
+		t.Fatal("huge word does not round trip")
+	}
+	if len(ids) > b.Len()/2 {
+		t.Errorf("%d ids for %d bytes: merges did not apply", len(ids), b.Len())
+	}
+}
+
+func TestEncodeBatchMatchesEncode(t *testing.T) {
+	tk := loadStyle(t, "gpt4-style")
+	text := string(readTestdata(t, "python.txt"))
+	var docs []string
+	for len(text) > 0 {
+		n := min(len(text), 3000)
+		docs = append(docs, text[:n])
+		text = text[n:]
+	}
+	got := tk.EncodeBatch(docs)
+	for i, d := range docs {
+		if firstDiff(got[i], tk.Encode(d)) >= 0 {
+			t.Fatalf("doc %d differs", i)
+		}
+	}
+}
+
+func TestVocabularyHelpers(t *testing.T) {
+	tk := loadStyle(t, "gpt2-style")
+	if tk.VocabSize() != 30093 {
+		t.Errorf("VocabSize = %d, want 30093", tk.VocabSize())
+	}
+	if len(tk.SHA256()) != 64 {
+		t.Errorf("SHA256 = %q", tk.SHA256())
+	}
+	id, ok := tk.TokenID("Ġthe")
+	if !ok || tk.Token(id) != "Ġthe" {
+		t.Errorf("TokenID(Ġthe) = %d, %v", id, ok)
+	}
+	if _, ok := tk.EOS(); ok {
+		t.Errorf("the golden vocabulary has no end-of-text token, EOS found one")
+	}
+	if _, err := tk.Decode([]uint32{1 << 30}); err == nil || !strings.Contains(err.Error(), "1073741824") {
+		t.Errorf("decode of an unknown id: %v", err)
+	}
+}
+
+// withAdded returns the golden gpt2-style file with added tokens.
+func withAdded(t *testing.T, added string) []byte {
+	raw := readTestdata(t, "gpt2-style.tokenizer.json")
+	out := bytes.Replace(raw, []byte(`"added_tokens": []`), []byte(`"added_tokens": `+added), 1)
+	if bytes.Equal(out, raw) {
+		t.Fatal("golden file has no empty added_tokens to replace")
+	}
+	return out
+}
+
+func TestAddedTokensMatchedBeforePreTokenization(t *testing.T) {
+	tk, err := Parse(withAdded(t, `[{"id":30093,"content":"<|endoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+		{"id":30094,"content":"<|end|>","single_word":false,"lstrip":true,"rstrip":true,"normalized":false,"special":true}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eos, ok := tk.EOS()
+	if !ok || eos != 30093 || !tk.IsSpecial(eos) || tk.VocabSize() != 30095 {
+		t.Fatalf("EOS = %d %v, vocab %d", eos, ok, tk.VocabSize())
+	}
+	plain := loadStyle(t, "gpt2-style")
+	got := tk.Encode("a b<|endoftext|>c d  <|end|>  e")
+	want := append(plain.Encode("a b"), 30093)
+	want = append(append(want, plain.Encode("c d")...), 30094)
+	want = append(want, plain.Encode("e")...)
+	if firstDiff(got, want) >= 0 {
+		t.Fatalf("got %q want %q", tokStrs(tk, got), tokStrs(tk, want))
+	}
+	s, _ := tk.Decode(tk.Encode("x<|endoftext|>y"))
+	if s != "x<|endoftext|>y" {
+		t.Errorf("decode = %q", s)
+	}
+}

@@ -1,0 +1,277 @@
+package tokens
+
+import (
+	"context"
+	"fmt"
+	"math"
+)
+
+// DefaultHoldOut holds out 1 window in 1000 for evaluation: 24k windows of
+// a 25e9-token store at seq_len 1024, 0.1% of its tokens.
+const DefaultHoldOut = 1000
+
+// evalSalt keys the held-out hash. It is fixed, not derived from the run's
+// seed, so that every run over a store evaluates on the same windows and
+// none trains on another run's evaluation set.
+const evalSalt = 0x6b696c6e2d657661 // "kiln-eva"
+
+// Config selects how a Sampler cuts and orders windows. Zero values are
+// resolved in withDefaults.
+type Config struct {
+	// SeqLen is the number of input positions; a window is SeqLen+1 tokens.
+	SeqLen int
+	// Seed orders the windows; the same seed gives the same sequence.
+	Seed uint64
+	// HoldOut keeps 1 window in HoldOut out of training, for evaluation.
+	// 0 means DefaultHoldOut.
+	HoldOut int
+}
+
+func (c Config) withDefaults() Config {
+	if c.HoldOut == 0 {
+		c.HoldOut = DefaultHoldOut
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.SeqLen < 1 {
+		return fmt.Errorf("seq_len must be at least 1, got %d", c.SeqLen)
+	}
+	if c.HoldOut < 2 {
+		return fmt.Errorf("hold_out must be at least 2 (1 window in hold_out is held out), got %d", c.HoldOut)
+	}
+	return nil
+}
+
+// heldOut reports whether window w of any store is in the evaluation split.
+func heldOut(w uint64, holdOut int) bool {
+	return mix64(w^evalSalt)%uint64(holdOut) == 0
+}
+
+// Source is one store in a mixture and its share of the windows.
+type Source struct {
+	Store  *Store
+	Weight float64
+}
+
+// Cursor is where a Sampler stands: the configuration it was made with,
+// the number of windows drawn, and a few integers per store. Passing it back
+// to NewSampler resumes the exact sequence. It encodes to JSON for a
+// checkpoint's trainer_state.json.
+type Cursor struct {
+	SeqLen  int           `json:"seq_len"`
+	Seed    uint64        `json:"seed"`
+	HoldOut int           `json:"hold_out"`
+	Draws   int64         `json:"draws"`
+	Stores  []StoreCursor `json:"stores"`
+}
+
+// StoreCursor is one store's place in its current epoch.
+type StoreCursor struct {
+	// Windows is the store's window count when the epoch began: a store that
+	// grows during a run keeps its epoch's order, and the new windows join
+	// at the next epoch.
+	Windows int64 `json:"windows"`
+	Epoch   int64 `json:"epoch"`
+	// Pos is the next position in the epoch's permutation, held-out
+	// windows included.
+	Pos int64 `json:"pos"`
+	// Taken counts the training windows this store has supplied.
+	Taken int64 `json:"taken"`
+}
+
+// Sampler draws training windows from a weighted mixture of stores. It is
+// not safe for concurrent use.
+type Sampler struct {
+	cfg     Config
+	sources []Source
+	weights []float64 // normalised to sum to 1
+	cur     Cursor
+	perms   []permutation
+}
+
+// NewSampler mixes sources by weight. cur is nil for a new run, or the
+// Cursor of a stopped one to resume it.
+func NewSampler(sources []Source, cfg Config, cur *Cursor) (*Sampler, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, &InputError{err: fmt.Errorf("token sampler: %w", err)}
+	}
+	if len(sources) == 0 {
+		return nil, inputErrorf("token sampler: no token store given: pass at least one --tokens STORE[=weight]")
+	}
+	var total float64
+	for _, src := range sources {
+		if !(src.Weight > 0) || math.IsInf(src.Weight, 0) {
+			return nil, inputErrorf("token sampler: store %s has weight %v: weights must be positive and finite", src.Store.Dir(), src.Weight)
+		}
+		total += src.Weight
+	}
+	first := sources[0].Store.m.Tokenizer
+	s := &Sampler{cfg: cfg, sources: sources, weights: make([]float64, len(sources)), perms: make([]permutation, len(sources))}
+	for i, src := range sources {
+		st := src.Store
+		s.weights[i] = src.Weight / total
+		if tk := st.m.Tokenizer; tk.SHA256 != first.SHA256 {
+			return nil, inputErrorf("token sampler: store %s was written with tokenizer %s (sha256 %s) and store %s with %s (sha256 %s): a run must use one tokenizer; re-ingest one of them",
+				sources[0].Store.Dir(), first.Name, first.SHA256, st.Dir(), tk.Name, tk.SHA256)
+		}
+		if err := checkTrainable(st, cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cur == nil {
+		s.cur = Cursor{SeqLen: cfg.SeqLen, Seed: cfg.Seed, HoldOut: cfg.HoldOut, Stores: make([]StoreCursor, len(sources))}
+		for i, src := range sources {
+			s.cur.Stores[i].Windows = src.Store.Windows(cfg.SeqLen)
+		}
+	} else {
+		if err := s.checkCursor(cur); err != nil {
+			return nil, err
+		}
+		s.cur = *cur
+		s.cur.Stores = append([]StoreCursor(nil), cur.Stores...)
+	}
+	for i := range sources {
+		s.perms[i] = s.epochPermutation(i, s.cur.Stores[i])
+	}
+	return s, nil
+}
+
+// checkTrainable rejects a store with no training window for cfg.
+func checkTrainable(st *Store, cfg Config) error {
+	n := st.Windows(cfg.SeqLen)
+	if n == 0 {
+		return inputErrorf("token store %s holds %d tokens, fewer than one window of seq_len+1 = %d tokens: ingest more data into it or lower seq_len",
+			st.Dir(), st.Len(), cfg.SeqLen+1)
+	}
+	for w := int64(0); w < n; w++ {
+		if !heldOut(uint64(w), cfg.HoldOut) {
+			return nil
+		}
+	}
+	return inputErrorf("token store %s: all %d of its windows of seq_len+1 = %d tokens are held out for evaluation: ingest more data into it or raise hold_out",
+		st.Dir(), n, cfg.SeqLen+1)
+}
+
+func (s *Sampler) checkCursor(cur *Cursor) error {
+	switch {
+	case cur.SeqLen != s.cfg.SeqLen || cur.Seed != s.cfg.Seed || cur.HoldOut != s.cfg.HoldOut:
+		return inputErrorf("token sampler: the run's cursor was made with seq_len %d, seed %d, hold_out %d, but this run asks for %d, %d, %d: resume with the run's own settings",
+			cur.SeqLen, cur.Seed, cur.HoldOut, s.cfg.SeqLen, s.cfg.Seed, s.cfg.HoldOut)
+	case len(cur.Stores) != len(s.sources):
+		return inputErrorf("token sampler: the run's cursor covers %d stores, but %d are given: resume with the run's stores, in the same order",
+			len(cur.Stores), len(s.sources))
+	}
+	for i, sc := range cur.Stores {
+		have := s.sources[i].Store.Windows(s.cfg.SeqLen)
+		if sc.Windows < 1 || sc.Windows > have || sc.Pos < 0 || sc.Pos > sc.Windows || sc.Epoch < 0 || sc.Taken < 0 {
+			return inputErrorf("token sampler: store %s holds %d windows, but the run's cursor records %d (epoch %d, position %d): it is not the store the run trained on; pass that store",
+				s.sources[i].Store.Dir(), have, sc.Windows, sc.Epoch, sc.Pos)
+		}
+	}
+	return nil
+}
+
+// epochPermutation orders store i's windows for its current epoch. The key
+// depends on the seed, the store's place in the mixture and the epoch, so
+// every epoch of every store has its own order.
+func (s *Sampler) epochPermutation(i int, sc StoreCursor) permutation {
+	key := mix64(s.cfg.Seed ^ mix64(uint64(i)+1) ^ mix64(uint64(sc.Epoch)<<32|0xe90c))
+	return newPermutation(uint64(sc.Windows), key)
+}
+
+// Cursor returns the sampler's position; it shares nothing with the sampler.
+func (s *Sampler) Cursor() Cursor {
+	c := s.cur
+	c.Stores = append([]StoreCursor(nil), s.cur.Stores...)
+	return c
+}
+
+// SeqLen is the number of input positions; Next fills SeqLen+1 tokens.
+func (s *Sampler) SeqLen() int { return s.cfg.SeqLen }
+
+// Next copies the next training window into dst[:SeqLen+1] and returns the
+// index of the store it came from and the window's index in that store.
+// The store is the one furthest behind its weight (lowest index on a tie),
+// so after k draws store i has supplied w_i*k windows to within one.
+func (s *Sampler) Next(ctx context.Context, dst []int32) (store int, window int64, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	k := float64(s.cur.Draws + 1)
+	best, bestDeficit := 0, math.Inf(-1)
+	for i, w := range s.weights {
+		if d := w*k - float64(s.cur.Stores[i].Taken); d > bestDeficit {
+			best, bestDeficit = i, d
+		}
+	}
+	sc := s.cur.Stores[best]
+	perm := s.perms[best]
+	for {
+		if sc.Pos == sc.Windows {
+			sc = StoreCursor{Windows: s.sources[best].Store.Windows(s.cfg.SeqLen), Epoch: sc.Epoch + 1, Taken: sc.Taken}
+			perm = s.epochPermutation(best, sc)
+		}
+		window = int64(perm.at(uint64(sc.Pos)))
+		sc.Pos++
+		if !heldOut(uint64(window), s.cfg.HoldOut) {
+			break
+		}
+	}
+	// The cursor moves only once the window is read, so a failed read
+	// (an id past the vocabulary) leaves it where it was.
+	if err := s.sources[best].Store.Window(window, s.cfg.SeqLen, dst); err != nil {
+		return 0, 0, err
+	}
+	sc.Taken++
+	s.cur.Stores[best] = sc
+	s.perms[best] = perm
+	s.cur.Draws++
+	return best, window, nil
+}
+
+// EvalSet walks a store's held-out windows in index order. Its windows are
+// exactly those a Sampler with the same SeqLen and HoldOut never returns.
+type EvalSet struct {
+	store *Store
+	cfg   Config
+	next  int64
+}
+
+// NewEvalSet returns the evaluation windows of store under cfg (its Seed
+// plays no part).
+func NewEvalSet(store *Store, cfg Config) (*EvalSet, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, &InputError{err: fmt.Errorf("evaluation set of %s: %w", store.Dir(), err)}
+	}
+	return &EvalSet{store: store, cfg: cfg}, nil
+}
+
+// Next copies the next held-out window into dst[:SeqLen+1]; ok is false
+// once the store has no more. Reset starts again from the first.
+func (e *EvalSet) Next(ctx context.Context, dst []int32) (window int64, ok bool, err error) {
+	n := e.store.Windows(e.cfg.SeqLen)
+	for ; e.next < n; e.next++ {
+		if e.next%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return 0, false, err
+			}
+		}
+		if heldOut(uint64(e.next), e.cfg.HoldOut) {
+			w := e.next
+			if err := e.store.Window(w, e.cfg.SeqLen, dst); err != nil {
+				return 0, false, err
+			}
+			e.next++
+			return w, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+// Reset rewinds the set to its first window, so that every evaluation of a
+// run scores the same windows.
+func (e *EvalSet) Reset() { e.next = 0 }

@@ -344,7 +344,7 @@ func (e *ShapeError) BadInput() bool { return true }
 // LoadParams reads the parameters of c from a safetensors file (F32 or
 // BF16) under their Hugging Face names. A tied model's file carries no
 // lm_head.weight; one that does is accepted only if it equals the
-// embeddings' shape, and the embeddings are used.
+// embeddings, since otherwise tying would silently drop trained weights.
 func LoadParams(path string, c Config) (*Params, error) {
 	f, err := ReadSafetensors(path)
 	if err != nil {
@@ -379,7 +379,11 @@ func ParamsFromFile(path string, f *SafetensorsFile, c Config) (*Params, error) 
 			continue
 		}
 		if t.Name == "lm_head.weight" && c.TieEmbeddings && equalShape(t.Shape, []int{c.VocabSize, c.Hidden}) {
-			continue
+			// Some writers store the tied head anyway; it is the same
+			// tensor only if it equals the embeddings.
+			if v, err := t.Float32s(); err == nil && equalValues(v, p.Tensor("model.embed_tokens.weight")) {
+				continue
+			}
 		}
 		extra = append(extra, t.Name)
 	}
@@ -391,6 +395,18 @@ func ParamsFromFile(path string, f *SafetensorsFile, c Config) (*Params, error) 
 		return nil, &FormatError{Path: path, Msg: fmt.Sprintf("tensors %v are not part of this model config%s; use the config.json saved with the weights", extra, hint)}
 	}
 	return p, nil
+}
+
+func equalValues(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func equalShape(a, b []int) bool {

@@ -1,0 +1,72 @@
+package model
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestReadGoldenConfigs(t *testing.T) {
+	c, err := ReadConfig(filepath.Join("testdata", "golden", "hd64", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{VocabSize: 512, Hidden: 128, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 64, Intermediate: 352,
+		MaxPositions: 256, RopeTheta: 10000, RMSNormEps: 1e-5, TieEmbeddings: false, BOSTokenID: 1, EOSTokenID: 2, InitializerRange: 0.02}
+	if c != want {
+		t.Errorf("got %+v\nwant %+v", c, want)
+	}
+}
+
+func TestConfigRoundTrip(t *testing.T) {
+	for name, c := range Presets {
+		b, err := MarshalConfig(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ParseConfig(b)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, b)
+		}
+		if got != c {
+			t.Errorf("%s: round trip gives %+v, want %+v", name, got, c)
+		}
+		if !strings.Contains(string(b), `"rope_type": "default"`) {
+			t.Errorf("%s: no rope_parameters written:\n%s", name, b)
+		}
+	}
+}
+
+// transformers 4 wrote rope_theta at the top level and no head_dim; both
+// still load, with head_dim = hidden_size / num_attention_heads.
+func TestOlderConfigFields(t *testing.T) {
+	c, err := ParseConfig([]byte(`{"model_type":"llama","vocab_size":100,"hidden_size":64,"num_hidden_layers":1,
+		"num_attention_heads":4,"intermediate_size":128,"rope_theta":500000.0,"rope_scaling":null,"eos_token_id":[7,8]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RopeTheta != 500000 || c.HeadDim != 16 || c.KVHeads != 4 || c.EOSTokenID != 7 || c.TieEmbeddings || c.RMSNormEps != 1e-6 {
+		t.Errorf("got %+v", c)
+	}
+}
+
+func TestConfigRejectsWhatIsNotImplemented(t *testing.T) {
+	base := `"vocab_size":100,"hidden_size":64,"num_hidden_layers":1,"num_attention_heads":4,"intermediate_size":128`
+	cases := map[string]string{
+		`"rope_parameters":{"rope_type":"llama3","rope_theta":10000,"factor":8}`:  "rope_type llama3",
+		`"rope_parameters":{"rope_type":"default","rope_theta":10000,"factor":8}`: "factor",
+		`"rope_scaling":{"type":"linear","factor":2}`:                             "rope_scaling.type linear",
+		`"hidden_act":"gelu"`:                                                     "hidden_act",
+		`"attention_bias":true`:                                                   "attention_bias",
+		`"num_key_value_heads":3`:                                                 "num_key_value_heads",
+	}
+	for extra, want := range cases {
+		_, err := ParseConfig([]byte("{" + base + "," + extra + "}"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want one naming %q", extra, err, want)
+		}
+	}
+	if _, err := ParseConfig([]byte(`{"hidden_size":64}`)); err == nil || !strings.Contains(err.Error(), "vocab_size") {
+		t.Errorf("missing vocab_size: %v", err)
+	}
+}

@@ -1,0 +1,139 @@
+package trainer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// Mixture is the Data of a run over token stores: training windows from a
+// tokens.Sampler mixing the stores by weight, evaluation windows from each
+// store's held-out split.
+type Mixture struct {
+	stores  []*tokens.Store
+	sources []tokens.Source
+	cfg     tokens.Config
+	sampler *tokens.Sampler
+	evals   []*tokens.EvalSet
+	// evalCache holds the held-out windows drawn so far, so that Eval(i)
+	// returns the same windows at every evaluation.
+	evalCache [][]int32
+	evalReal  int // windows in evalCache read from the stores, not repeated
+}
+
+// OpenMixture opens the stores of entries for windows of seq+1 ids. A store
+// whose tokenizer has a larger vocabulary than the model, or that is
+// shorter than one window, is refused with an error naming it.
+func OpenMixture(entries []MixtureEntry, mc model.Config, seq int, seed uint64) (*Mixture, error) {
+	m := &Mixture{cfg: tokens.Config{SeqLen: seq, Seed: seed}}
+	for _, e := range entries {
+		st, err := tokens.Open(e.Store)
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.stores = append(m.stores, st)
+		tk := st.Manifest().Tokenizer
+		if tk.VocabSize > mc.VocabSize {
+			m.Close()
+			return nil, badInput(fmt.Errorf("token store %s was written with tokenizer %s of %d ids, more than the model's vocab_size %d: train a model whose vocabulary holds them, or re-ingest the store with a tokenizer of at most %d ids",
+				e.Store, tk.Name, tk.VocabSize, mc.VocabSize, mc.VocabSize))
+		}
+		m.sources = append(m.sources, tokens.Source{Store: st, Weight: e.Weight})
+		ev, err := tokens.NewEvalSet(st, m.cfg)
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.evals = append(m.evals, ev)
+	}
+	var err error
+	if m.sampler, err = tokens.NewSampler(m.sources, m.cfg, nil); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+// Next draws b training windows.
+func (m *Mixture) Next(ctx context.Context, b, t int) (model.Batch, error) {
+	if t != m.cfg.SeqLen {
+		return model.Batch{}, fmt.Errorf("mixture opened for seq %d, asked for %d", m.cfg.SeqLen, t)
+	}
+	w := make([]int32, b*(t+1))
+	for i := 0; i < b; i++ {
+		if _, _, err := m.sampler.Next(ctx, w[i*(t+1):(i+1)*(t+1)]); err != nil {
+			return model.Batch{}, err
+		}
+	}
+	return windowsToBatch(w, b, t), nil
+}
+
+// Eval returns held-out batch i: windows taken from the stores in turn.
+func (m *Mixture) Eval(ctx context.Context, i, b, t int) (model.Batch, error) {
+	need := (i + 1) * b
+	for len(m.evalCache) < need {
+		got := false
+		for _, ev := range m.evals {
+			if len(m.evalCache) == need {
+				break
+			}
+			w := make([]int32, t+1)
+			_, ok, err := ev.Next(ctx, w)
+			if err != nil {
+				return model.Batch{}, err
+			}
+			if ok {
+				m.evalCache = append(m.evalCache, w)
+				m.evalReal++
+				got = true
+			}
+		}
+		if !got {
+			if len(m.evalCache) == 0 {
+				return model.Batch{}, badInput(errors.New("the token stores hold no held-out window (1 window in 1000 is held out): ingest more data, or set eval_every 0"))
+			}
+			// Small stores: score the held-out windows again rather than
+			// fewer of them, so that every evaluation has the same size.
+			m.evalCache = append(m.evalCache, m.evalCache[len(m.evalCache)%m.evalReal])
+		}
+	}
+	w := make([]int32, 0, b*(t+1))
+	for _, win := range m.evalCache[i*b : need] {
+		w = append(w, win...)
+	}
+	return windowsToBatch(w, b, t), nil
+}
+
+// Cursor is the sampler's position as JSON.
+func (m *Mixture) Cursor() (json.RawMessage, error) {
+	return json.Marshal(m.sampler.Cursor())
+}
+
+// Seek resumes the sampler from a cursor that Cursor returned.
+func (m *Mixture) Seek(c json.RawMessage) error {
+	var cur tokens.Cursor
+	if err := json.Unmarshal(c, &cur); err != nil {
+		return badInput(fmt.Errorf("data cursor is not a token sampler cursor: %w", err))
+	}
+	s, err := tokens.NewSampler(m.sources, m.cfg, &cur)
+	if err != nil {
+		return err
+	}
+	m.sampler = s
+	return nil
+}
+
+// Close unmaps the stores.
+func (m *Mixture) Close() error {
+	var errs []error
+	for _, st := range m.stores {
+		errs = append(errs, st.Close())
+	}
+	m.stores = nil
+	return errors.Join(errs...)
+}

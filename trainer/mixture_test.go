@@ -1,0 +1,94 @@
+package trainer
+
+import (
+	"bytes"
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// makeStore appends n pseudo-random ids below vocab (ending with EOS 0) to
+// a new store through the real appender.
+func makeStore(t *testing.T, vocab, n int, seed uint64) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "store")
+	tok := tokens.Tokenizer{Name: "test", SHA256: strings.Repeat("ab", 32), VocabSize: vocab, EOS: 0}
+	a, err := tokens.OpenAppender(context.Background(), dir, tok, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ids := make([]uint32, n)
+	x := seed
+	for i := range ids[:n-1] {
+		x = x*6364136223846793005 + 1442695040888963407
+		ids[i] = uint32(1 + (x>>33)%uint64(vocab-1))
+	}
+	b := tokens.Encode(nil, tokens.DtypeFor(vocab), ids)
+	if _, err := a.Append(context.Background(), tokens.ShardInfo{ID: "s0", Source: "test"}, bytes.NewReader(b)); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestRunOnTokenStoresResumesExactly(t *testing.T) {
+	requireCPU(t)
+	mc := model.Presets["tiny"]
+	code, web := makeStore(t, mc.VocabSize, 200000, 1), makeStore(t, mc.VocabSize, 100000, 2)
+	rc := testRun(4)
+	rc.Mixture = []MixtureEntry{{Store: code, Weight: 0.7}, {Store: web, Weight: 0.3}}
+	rc.EvalEvery = 2
+	open := func() *Mixture {
+		m, err := OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	_, want, err := runCollect(t, context.Background(), Config{Run: rc, Out: t.TempDir(), Data: open()}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want[2].EvalLoss == nil || !finite(*want[2].EvalLoss) {
+		t.Errorf("no evaluation loss at step 2: %+v", want[2])
+	}
+	out := t.TempDir()
+	if _, _, err := runCollect(t, context.Background(), Config{Run: rc, Out: out, Data: open(), MaxSteps: 2}, Hooks{}); err != nil {
+		t.Fatal(err)
+	}
+	_, got, err := runCollect(t, context.Background(), Config{Run: rc, Out: out, Data: open(), Resume: true}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for step := 3; step <= 4; step++ {
+		if got[step].Loss != want[step].Loss {
+			t.Errorf("step %d: resumed loss %v, uninterrupted %v", step, got[step].Loss, want[step].Loss)
+		}
+	}
+	if got[4].EvalLoss == nil || *got[4].EvalLoss != *want[4].EvalLoss {
+		t.Errorf("step 4: resumed evaluation %v, uninterrupted %v", got[4].EvalLoss, *want[4].EvalLoss)
+	}
+}
+
+func TestOpenMixtureRefusesUnfitStores(t *testing.T) {
+	mc := model.Presets["tiny"]
+	big := makeStore(t, 2*mc.VocabSize, 10000, 3)
+	_, err := OpenMixture([]MixtureEntry{{Store: big, Weight: 1}}, mc, 32, 1)
+	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), big) || !strings.Contains(err.Error(), "vocab_size 4096") {
+		t.Errorf("store of a larger vocabulary: want a bad-input error naming %s, got %v", big, err)
+	}
+	short := makeStore(t, mc.VocabSize, 20, 4)
+	_, err = OpenMixture([]MixtureEntry{{Store: short, Weight: 1}}, mc, 32, 1)
+	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), short) || !strings.Contains(err.Error(), "seq_len") {
+		t.Errorf("store shorter than a window: want a bad-input error naming %s, got %v", short, err)
+	}
+	missing := filepath.Join(t.TempDir(), "absent")
+	_, err = OpenMixture([]MixtureEntry{{Store: missing, Weight: 1}}, mc, 32, 1)
+	if err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("absent store: want an error naming %s, got %v", missing, err)
+	}
+}

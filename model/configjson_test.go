@@ -56,9 +56,9 @@ func TestConfigRejectsWhatIsNotImplemented(t *testing.T) {
 		`"rope_parameters":{"rope_type":"llama3","rope_theta":10000,"factor":8}`:  "rope_type llama3",
 		`"rope_parameters":{"rope_type":"default","rope_theta":10000,"factor":8}`: "factor",
 		`"rope_scaling":{"type":"linear","factor":2}`:                             "rope_scaling.type linear",
-		`"hidden_act":"gelu"`:                                                     "hidden_act",
-		`"attention_bias":true`:                                                   "attention_bias",
-		`"num_key_value_heads":3`:                                                 "num_key_value_heads",
+		`"hidden_act":"gelu"`:     "hidden_act",
+		`"attention_bias":true`:   "attention_bias",
+		`"num_key_value_heads":3`: "num_key_value_heads",
 	}
 	for extra, want := range cases {
 		_, err := ParseConfig([]byte("{" + base + "," + extra + "}"))

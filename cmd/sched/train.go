@@ -1,0 +1,171 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/term"
+
+	"github.com/kiln-lm/kiln/trainer"
+)
+
+// trainFlags are the command-line overrides of a run configuration; a flag
+// given on the command line wins over the --config file.
+type trainFlags struct {
+	config, out, tokenizer string
+	tokens                 []string
+	resume                 bool
+	rc                     trainer.RunConfig
+}
+
+func newTrainCmd() *cobra.Command {
+	var f trainFlags
+	c := &cobra.Command{
+		Use:   "train",
+		Short: "train a model on token stores, here and now (without the queue)",
+		Long: `train runs the training loop in this process: it mixes the token stores by
+weight, logs a line every log_every steps (also to OUT/metrics.jsonl),
+evaluates on the stores' held-out windows, and writes checkpoints that
+transformers loads as is to OUT/step-NNNNNNN. Ctrl-C or SIGTERM writes a
+checkpoint at the next step boundary; --resume continues from the last one.`,
+		Example: `  sched train --model tiny --tokens data/code=0.7 --tokens data/web=0.3 --steps 200 --engine cpu
+  sched train --config run.yaml --out runs/pilot --resume`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error { return runTrain(cmd, &f) },
+	}
+	fl := c.Flags()
+	fl.StringVar(&f.config, "config", "", "YAML run configuration (keys of trainer.RunConfig)")
+	fl.StringArrayVar(&f.tokens, "tokens", nil, "token store directory, optionally =WEIGHT (repeat to mix stores)")
+	fl.StringVar(&f.out, "out", "runs/train", "run directory: checkpoints and metrics.jsonl")
+	fl.StringVar(&f.tokenizer, "tokenizer", "", "tokenizer.json the stores were made with, copied into each checkpoint")
+	fl.BoolVar(&f.resume, "resume", false, "continue from the latest checkpoint in --out")
+	fl.StringVar(&f.rc.Model, "model", "", "model size: tiny, small or base (default tiny)")
+	fl.StringVar(&f.rc.Engine, "engine", "", "cpu, cuda or auto (default auto)")
+	fl.StringVar(&f.rc.Precision, "precision", "", "fp32 or bf16 (default bf16)")
+	fl.IntVar(&f.rc.Seq, "seq", 0, "positions per sequence (default 256)")
+	fl.IntVar(&f.rc.Batch, "batch", 0, "sequences per micro-batch (default 8)")
+	fl.IntVar(&f.rc.Accumulate, "accumulate", 0, "micro-batches per optimizer step (default 1)")
+	fl.Float64Var(&f.rc.LR, "lr", 0, "peak learning rate (default 3e-4)")
+	fl.IntVar(&f.rc.Warmup, "warmup", 0, "warmup steps")
+	fl.IntVar(&f.rc.TotalSteps, "steps", 0, "optimizer steps of the whole run")
+	fl.Int64Var(&f.rc.TotalTokens, "total-tokens", 0, "tokens of the whole run (when --steps is not given)")
+	fl.IntVar(&f.rc.EvalEvery, "eval-every", 0, "evaluate every N steps (0: never)")
+	fl.IntVar(&f.rc.CheckpointEvery, "checkpoint-every", 0, "checkpoint every N steps (0: only at the end)")
+	fl.IntVar(&f.rc.LogEvery, "log-every", 0, "log every N steps (default 10)")
+	fl.Uint64Var(&f.rc.Seed, "seed", 0, "seed of the initial weights and the data order")
+	return c
+}
+
+func init() { rootCmd.AddCommand(newTrainCmd()) }
+
+func runTrain(cmd *cobra.Command, f *trainFlags) error {
+	var rc trainer.RunConfig
+	if f.config != "" {
+		var err error
+		if rc, err = trainer.LoadRunConfig(f.config); err != nil {
+			return err
+		}
+	}
+	mergeFlags(cmd, &rc, f)
+	if err := parseTokensFlags(&rc, f.tokens); err != nil {
+		return err
+	}
+	rc = rc.WithDefaults()
+	if err := rc.Validate(); err != nil {
+		return err
+	}
+	mc, err := rc.ModelConfig()
+	if err != nil {
+		return err
+	}
+	var tok []byte
+	if f.tokenizer != "" {
+		if tok, err = os.ReadFile(f.tokenizer); err != nil {
+			return badInput("--tokenizer: %v", err)
+		}
+	}
+	data, err := trainer.OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	log := newLogger(cmd.ErrOrStderr())
+	defer log.Sync()
+	if tok == nil {
+		log.Warn("no --tokenizer: checkpoints will hold no tokenizer.json")
+	}
+	res, err := trainer.Run(cmd.Context(), trainer.Config{Run: rc, Out: f.out, Resume: f.resume, Data: data, Tokenizer: tok, Log: log},
+		trainer.Hooks{Metrics: func(m trainer.Metrics) { printMetrics(out, m, rc.TotalSteps) }})
+	if res.Checkpoint != "" && res.Step > 0 {
+		fmt.Fprintf(out, "step %d, %d tokens; checkpoint %s\n", res.Step, res.Tokens, res.Checkpoint)
+	}
+	return err
+}
+
+// mergeFlags copies the flags given on the command line over rc.
+func mergeFlags(cmd *cobra.Command, rc *trainer.RunConfig, f *trainFlags) {
+	fl := cmd.Flags()
+	set := func(name string, apply func()) {
+		if fl.Changed(name) {
+			apply()
+		}
+	}
+	set("model", func() { rc.Model = f.rc.Model })
+	set("engine", func() { rc.Engine = f.rc.Engine })
+	set("precision", func() { rc.Precision = f.rc.Precision })
+	set("seq", func() { rc.Seq = f.rc.Seq })
+	set("batch", func() { rc.Batch = f.rc.Batch })
+	set("accumulate", func() { rc.Accumulate = f.rc.Accumulate })
+	set("lr", func() { rc.LR = f.rc.LR })
+	set("warmup", func() { rc.Warmup = f.rc.Warmup })
+	set("steps", func() { rc.TotalSteps = f.rc.TotalSteps })
+	set("total-tokens", func() { rc.TotalTokens = f.rc.TotalTokens })
+	set("eval-every", func() { rc.EvalEvery = f.rc.EvalEvery })
+	set("checkpoint-every", func() { rc.CheckpointEvery = f.rc.CheckpointEvery })
+	set("log-every", func() { rc.LogEvery = f.rc.LogEvery })
+	set("seed", func() { rc.Seed = f.rc.Seed })
+}
+
+// parseTokensFlags is applied before validation so that a malformed
+// --tokens is reported by name.
+func parseTokensFlags(rc *trainer.RunConfig, flags []string) error {
+	if len(flags) == 0 {
+		return nil
+	}
+	rc.Mixture = nil
+	for _, s := range flags {
+		e, err := trainer.ParseMixtureEntry(s)
+		if err != nil {
+			return err
+		}
+		rc.Mixture = append(rc.Mixture, e)
+	}
+	return nil
+}
+
+func printMetrics(w io.Writer, m trainer.Metrics, total int) {
+	line := fmt.Sprintf("step %d/%d  loss %.4f  ppl %.2f  lr %.2e  grad %.3f  %.0f tok/s", m.Step, total, m.Loss, m.PPL, m.LR, m.GradNorm, m.TokPerS)
+	if m.MFU != nil {
+		line += fmt.Sprintf("  mfu %.1f%%", 100**m.MFU)
+	}
+	if m.EvalLoss != nil {
+		line += fmt.Sprintf("  eval %.4f (ppl %.2f)", *m.EvalLoss, *m.EvalPPL)
+	}
+	fmt.Fprintln(w, line)
+}
+
+// newLogger writes readable lines on a terminal and JSON otherwise.
+func newLogger(w io.Writer) *zap.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	var e zapcore.Encoder = zapcore.NewJSONEncoder(enc)
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		enc.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		e = zapcore.NewConsoleEncoder(enc)
+	}
+	return zap.New(zapcore.NewCore(e, zapcore.AddSync(w), zap.InfoLevel))
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/tokens"
+	"github.com/kiln-lm/kiln/trainer"
+)
+
+func trainTestStore(t *testing.T, vocab, n int) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "store")
+	a, err := tokens.OpenAppender(context.Background(), dir, tokens.Tokenizer{Name: "test", SHA256: strings.Repeat("cd", 32), VocabSize: vocab}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ids := make([]uint32, n)
+	for i := range ids[:n-1] {
+		ids[i] = uint32(1 + (i*7919)%(vocab-1))
+	}
+	if _, err := a.Append(context.Background(), tokens.ShardInfo{ID: "s0"}, bytes.NewReader(tokens.Encode(nil, tokens.DtypeFor(vocab), ids))); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func runTrainCmd(args ...string) (string, error) {
+	// A fresh command each time: cobra keeps flag values between runs.
+	c := newTrainCmd()
+	var out bytes.Buffer
+	c.SetOut(&out)
+	c.SetErr(&out)
+	c.SetArgs(args[1:])
+	err := c.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestTrainCommandTrainsAndResumes(t *testing.T) {
+	store := trainTestStore(t, 4096, 50000)
+	out := filepath.Join(t.TempDir(), "run")
+	tokJSON := filepath.Join(t.TempDir(), "tokenizer.json")
+	os.WriteFile(tokJSON, []byte(`{"model":{"type":"BPE"}}`), 0o644)
+	args := []string{"train", "--model", "tiny", "--tokens", store + "=1", "--engine", "cpu", "--precision", "fp32",
+		"--seq", "32", "--batch", "2", "--steps", "2", "--log-every", "1", "--out", out, "--tokenizer", tokJSON}
+	text, err := runTrainCmd(args...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	if !strings.Contains(text, "step 1/2  loss ") || !strings.Contains(text, "checkpoint "+filepath.Join(out, "step-0000002")) {
+		t.Errorf("output:\n%s", text)
+	}
+	if _, err := os.Stat(filepath.Join(out, "step-0000002", trainer.TokenizerFile)); err != nil {
+		t.Errorf("checkpoint has no tokenizer.json: %v", err)
+	}
+	// Resuming with a longer run continues from step 2.
+	args[len(args)-7] = "3" // --steps
+	text, err = runTrainCmd(append(args, "--resume")...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	if strings.Contains(text, "step 1/3") || !strings.Contains(text, "step 3/3") {
+		t.Errorf("resumed run did not continue at step 3:\n%s", text)
+	}
+}
+
+func TestTrainCommandBadInput(t *testing.T) {
+	store := trainTestStore(t, 4096, 50000)
+	short := trainTestStore(t, 4096, 10)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"train", "--steps", "1"}, "--tokens"},
+		{[]string{"train", "--steps", "1", "--tokens", store + "=x"}, "weight"},
+		{[]string{"train", "--steps", "1", "--tokens", store, "--model", "huge"}, "unknown model"},
+		{[]string{"train", "--steps", "1", "--tokens", short, "--seq", "32"}, short},
+		{[]string{"train", "--steps", "1", "--tokens", store, "--config", "/absent.yaml"}, "/absent.yaml"},
+	} {
+		_, err := runTrainCmd(tc.args...)
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: want a bad-input error containing %q, got %v", tc.args, tc.want, err)
+		}
+	}
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/spf13/cobra"
+)
+
+// generateFlags are the options of 'sched generate'.
+type generateFlags struct {
+	checkpoint, prompt, engine string
+	maxTokens, topK            int
+	temperature                float64
+	seed                       uint64
+}
+
+func init() {
+	var f generateFlags
+	cmd := &cobra.Command{
+		Use:   "generate --checkpoint DIR --prompt TEXT",
+		Short: "Continue a prompt with a trained checkpoint",
+		Long: `generate loads a checkpoint directory (config.json, model.safetensors and
+tokenizer.json, as training writes them or transformers saves them), encodes
+the prompt and prints it followed by up to --max-tokens generated tokens,
+stopping early at the end-of-text token. --temperature 0 picks the most
+likely token each time; above 0, tokens are drawn from the softmax of the
+logits divided by the temperature, among the --top-k most likely (0 = all),
+from a stream fixed by --seed.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runGenerate(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.checkpoint, "checkpoint", "", "checkpoint directory (required)")
+	fl.StringVar(&f.prompt, "prompt", "", "text to continue (required)")
+	fl.StringVar(&f.engine, "engine", "cpu", "engine: cpu, cuda or auto")
+	fl.IntVar(&f.maxTokens, "max-tokens", 64, "largest number of tokens to generate")
+	fl.Float64Var(&f.temperature, "temperature", 0, "sampling temperature; 0 = greedy")
+	fl.IntVar(&f.topK, "top-k", 0, "sample among the k most likely tokens; 0 = all")
+	fl.Uint64Var(&f.seed, "seed", 0, "random seed for sampling")
+	rootCmd.AddCommand(cmd)
+}
+
+// runGenerate writes the prompt and its continuation to out.
+func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) error {
+	switch {
+	case f.checkpoint == "":
+		return badInput("generate needs --checkpoint DIR: a directory with config.json, model.safetensors and tokenizer.json")
+	case f.prompt == "":
+		return badInput("generate needs --prompt TEXT")
+	case f.maxTokens < 0:
+		return badInput("--max-tokens must not be negative, got %d", f.maxTokens)
+	case f.temperature < 0:
+		return badInput("--temperature must not be negative, got %g", f.temperature)
+	case f.topK < 0:
+		return badInput("--top-k must not be negative, got %d", f.topK)
+	}
+	switch f.engine {
+	case "cpu", "cuda", "auto":
+	default:
+		return badInput("unknown --engine %q: choose cpu, cuda or auto", f.engine)
+	}
+	params, err := model.LoadCheckpoint(f.checkpoint)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return badInput("checkpoint %s: %v (a checkpoint directory holds config.json, model.safetensors and tokenizer.json)", f.checkpoint, err)
+		}
+		return fmt.Errorf("load checkpoint %s: %w", f.checkpoint, err)
+	}
+	cfg := params.Config
+	tokPath := filepath.Join(f.checkpoint, "tokenizer.json")
+	tok, err := tokenizer.Load(tokPath)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return badInput("checkpoint %s has no tokenizer.json: copy the tokenizer the model was trained with into it", f.checkpoint)
+		}
+		return fmt.Errorf("load checkpoint %s: %w", f.checkpoint, err)
+	}
+	if tok.VocabSize() > cfg.VocabSize {
+		return badInput("%s has %d tokens but the model's vocab_size is %d: the tokenizer does not belong to this checkpoint", tokPath, tok.VocabSize(), cfg.VocabSize)
+	}
+	ids := tok.Encode(f.prompt)
+	if len(ids) == 0 {
+		return badInput("--prompt %q encodes to no tokens", f.prompt)
+	}
+	prompt := make([]int32, len(ids))
+	for i, id := range ids {
+		prompt[i] = int32(id)
+	}
+	stop := int32(-1)
+	if eos, ok := tok.EOS(); ok {
+		stop = int32(eos)
+	} else if cfg.EOSTokenID >= 0 && cfg.EOSTokenID < tok.VocabSize() {
+		stop = int32(cfg.EOSTokenID)
+	}
+	eng, err := model.NewEngine(f.engine, cfg, model.Options{Precision: "fp32", MaxBatch: 1, MaxSeq: len(prompt) + f.maxTokens,
+		Log: func(s string) { fmt.Fprintln(errOut, s) }})
+	if err != nil {
+		return err
+	}
+	defer eng.Close()
+	if err := eng.SetParams(params); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	gen, err := eng.Generate(prompt, f.maxTokens, stop, model.Sampling{Temperature: f.temperature, TopK: f.topK, Seed: f.seed})
+	if err != nil {
+		return fmt.Errorf("generate: %w", err)
+	}
+	text := make([]uint32, 0, len(gen))
+	for _, id := range gen {
+		if id == stop {
+			break
+		}
+		text = append(text, uint32(id))
+	}
+	cont, err := tok.Decode(text)
+	if err != nil {
+		return fmt.Errorf("generate: %w", err)
+	}
+	_, err = fmt.Fprintln(out, f.prompt+cont)
+	return err
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/spf13/cobra"
+)
+
+// verifyFlags are the options of 'sched verify'. Zero tolerances mean the
+// precision's defaults (model.FP32Tolerances, model.BF16Tolerances).
+type verifyFlags struct {
+	golden, engine, precision                string
+	lossRel, logitsRel, gradRel, significant float64
+	weightAbs, weightLRs                     float64
+}
+
+func init() {
+	var f verifyFlags
+	cmd := &cobra.Command{
+		Use:   "verify --golden DIR",
+		Short: "Check one training step of an engine against transformers' golden values",
+		Long: `verify loads a golden directory (config.json, model.safetensors,
+batch.safetensors, grads.safetensors, after_adamw_step.safetensors,
+expected.json, as written by transformers), runs one training step with the
+AdamW settings of expected.json on the chosen engine, and prints the loss,
+the gradient norm and each tensor's largest error against its tolerance.
+It exits 1 when anything is beyond tolerance.
+
+Default tolerances: fp32 - loss 1e-5 relative, logits and gradients 1e-4 of
+their largest magnitude, weights after the step 1e-6 where the gradient
+exceeds 1e-4 of its tensor's largest and 2 x lr elsewhere. bf16 - loss 1e-2,
+logits and gradients 5e-2, weights 1e-5 where the gradient exceeds 5e-2 of
+its tensor's largest and 2 x lr elsewhere. Each can be overridden by a flag.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runVerify(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.golden, "golden", "", "golden directory (required), laid out like shared/golden/llama/tiny")
+	fl.StringVar(&f.engine, "engine", "cpu", "engine to check: cpu, cuda or auto")
+	fl.StringVar(&f.precision, "precision", "fp32", "precision to run and judge by: fp32 or bf16")
+	fl.Float64Var(&f.lossRel, "loss-rtol", 0, "loss tolerance, relative (0 = the precision's default)")
+	fl.Float64Var(&f.logitsRel, "logits-rtol", 0, "logits tolerance, relative to the largest logit (0 = default)")
+	fl.Float64Var(&f.gradRel, "grad-rtol", 0, "gradient tolerance, relative to each tensor's largest gradient (0 = default)")
+	fl.Float64Var(&f.significant, "significant", 0, "fraction of a tensor's largest gradient above which a weight is held to --weight-atol (0 = default)")
+	fl.Float64Var(&f.weightAbs, "weight-atol", 0, "weight tolerance after the step where the gradient is significant (0 = default)")
+	fl.Float64Var(&f.weightLRs, "weight-lrs", 0, "weight tolerance elsewhere, in multiples of lr (0 = default)")
+	rootCmd.AddCommand(cmd)
+}
+
+// runVerify runs the check and writes the report to out. A report beyond
+// tolerance is an error wrapping model.ErrVerifyFailed (exit 1); a missing
+// or malformed golden directory is bad input (exit 2).
+func runVerify(ctx context.Context, out, errOut io.Writer, f verifyFlags) error {
+	if f.golden == "" {
+		return badInput("verify needs --golden DIR: a directory such as shared/golden/llama/tiny")
+	}
+	if st, err := os.Stat(f.golden); err != nil || !st.IsDir() {
+		return badInput("--golden %s is not a directory: pass a golden directory holding config.json, model.safetensors, batch.safetensors, grads.safetensors, after_adamw_step.safetensors and expected.json", f.golden)
+	}
+	tol, err := model.TolerancesFor(f.precision)
+	if err != nil {
+		return badInput("--precision: %v", err)
+	}
+	for _, o := range []struct {
+		v   float64
+		dst *float64
+	}{{f.lossRel, &tol.LossRel}, {f.logitsRel, &tol.LogitsRel}, {f.gradRel, &tol.GradRel},
+		{f.significant, &tol.Significant}, {f.weightAbs, &tol.WeightAbs}, {f.weightLRs, &tol.WeightLRs}} {
+		if o.v < 0 {
+			return badInput("tolerances must not be negative, got %g", o.v)
+		}
+		if o.v > 0 {
+			*o.dst = o.v
+		}
+	}
+	switch f.engine {
+	case "cpu", "cuda", "auto":
+	default:
+		return badInput("unknown --engine %q: choose cpu, cuda or auto", f.engine)
+	}
+	r, err := model.Verify(ctx, f.golden, model.VerifyOptions{
+		Engine: f.engine, Precision: f.precision, Tol: &tol,
+		Log: func(s string) { fmt.Fprintln(errOut, s) },
+	})
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return badInput("verify %s: %v", f.golden, err)
+		}
+		return fmt.Errorf("verify %s: %w", f.golden, err)
+	}
+	if err := r.Write(out); err != nil {
+		return err
+	}
+	if !r.Pass {
+		return fmt.Errorf("verify %s on engine %s (%s): %w", f.golden, r.Engine, r.Precision, model.ErrVerifyFailed)
+	}
+	return nil
+}

@@ -1,0 +1,34 @@
+// LM-head loss: one block per row of logits (N, V). Rows whose target is -1
+// take no loss. With grad set, the row is overwritten by its gradient,
+// (softmax - onehot) * gscale, where gscale = micro-batch scale / counted rows.
+
+extern "C" __global__ void xent_fwd_bwd(float* logits, float* losses, const int* targets, int V, float gscale, int grad) {
+    size_t row = (size_t)blockIdx.x * V;
+    int t = targets[blockIdx.x];
+    if (t < 0) {
+        if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
+        if (grad) for (int j = threadIdx.x; j < V; j += blockDim.x) logits[row + j] = 0.0f;
+        return;
+    }
+    float m = -3.0e38f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, logits[row + j]);
+    m = block_max(m);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(logits[row + j] - m);
+    s = block_sum(s);
+    float lse = m + logf(s);
+    float lt = logits[row + t];
+    __syncthreads();
+    if (threadIdx.x == 0) losses[blockIdx.x] = lse - lt;
+    if (grad)
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            logits[row + j] = (expf(logits[row + j] - lse) - (j == t ? 1.0f : 0.0f)) * gscale;
+}
+
+// acc[0] += scale * sum(losses): one block, so the sum is deterministic.
+extern "C" __global__ void loss_reduce(float* acc, const float* losses, int N, float scale) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < N; i += blockDim.x) s += losses[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) acc[0] += s * scale;
+}

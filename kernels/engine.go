@@ -1,0 +1,518 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+
+	"github.com/kiln-lm/kiln/kernels/cuda"
+	"github.com/kiln-lm/kiln/model"
+)
+
+func init() {
+	model.Register("cuda", func(c model.Config, o model.Options) (model.Engine, error) { return New(c, o) })
+}
+
+// wsBytes is cuBLASLt's workspace: enough for its split-K and stream-K
+// algorithms at the model sizes kiln trains.
+const wsBytes = 32 << 20
+
+// Engine is the CUDA implementation of model.Engine. FP32 master weights,
+// gradients and both Adam moments live on the device in one flat buffer
+// each, laid out in model.Params order, so that the norm and AdamW run over
+// whole buffers. Every device call runs on th, one locked OS thread.
+type Engine struct {
+	cfg  model.Config
+	opt  model.Options
+	th   *thread
+	dv   *cuda.Device
+	lt   *cuda.LtHandle
+	fns  map[string]*cuda.Function
+	mods []*cuda.Module
+	mem  *allocator
+	Arch string // what NVRTC built: "sm_90", or "compute_80" when forced
+	// CacheHits is how many kernel files came from the on-disk cache.
+	CacheHits int
+
+	bf16  bool
+	specs []model.TensorSpec
+	off   []int64 // element offset of each spec in the flat buffers
+	n     int64   // total parameters
+
+	params, grads, m, v cuda.Ptr // (n) fp32 each
+	wbf                 cuda.Ptr // (n) bf16 copy of params for the GEMMs (bf16 precision)
+	optStep             int
+
+	maxB, maxT int
+	a          *acts
+	lossAcc    cuda.Ptr // (1) sum of scale x mean loss since ZeroGrad
+	evalAcc    cuda.Ptr // (1)
+	norm       cuda.Ptr // (1) last Step's gradient norm
+	partial    cuda.Ptr // (normBlocks)
+	ws         cuda.Ptr // cuBLASLt workspace
+	cosT, sinT cuda.Ptr // (positions, D/2)
+	positions  int
+	usedAtOpen int64 // device memory in use once the context existed
+}
+
+const normBlocks = 1024
+
+// acts holds the forward activations kept for the backward pass and the
+// backward scratch, sized for maxB x maxT rows (N).
+type acts struct {
+	resid        []cuda.Ptr // L+1 x (N, d): the residual stream entering each layer, then the last
+	mid          []cuda.Ptr // L x (N, d): after attention
+	ln1, ln2     []cuda.Ptr // L x (N, d)
+	rstd1, rstd2 []cuda.Ptr // L x (N)
+	q, y         []cuda.Ptr // L x (N, H*D): rotated queries, attention output
+	k, v         []cuda.Ptr // L x (N, KV*D): rotated keys, values
+	att          []cuda.Ptr // L x (B, H, T, T)
+	g, u, h      []cuda.Ptr // L x (N, F)
+	lnf, rstdf   cuda.Ptr   // (N, d), (N)
+	logits       cuda.Ptr   // (N, V), overwritten by its gradient
+	losses       cuda.Ptr   // (N)
+	ids, tgt     cuda.Ptr   // (N) int32
+	dresid, dln  cuda.Ptr   // (N, d)
+	dy, dq       cuda.Ptr   // (N, H*D)
+	dk, dv       cuda.Ptr   // (N, KV*D)
+	ds           cuda.Ptr   // (B, H, T, T)
+	dh, dg, du   cuda.Ptr   // (N, F)
+	bfA, bfB     cuda.Ptr   // bf16 GEMM operands (bf16 precision)
+	bfElems      int64
+}
+
+// New makes a CUDA engine for c on device 0. When the libraries or a
+// device are missing the error implements Unavailable() bool.
+func New(c model.Config, o model.Options) (*Engine, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Precision == "" {
+		o.Precision = "bf16"
+	}
+	if o.Precision != "fp32" && o.Precision != "bf16" {
+		return nil, fmt.Errorf("unknown precision %q: choose fp32 or bf16", o.Precision)
+	}
+	if c.HeadDim > 256 {
+		return nil, fmt.Errorf("head_dim %d is above the CUDA engine's limit of 256", c.HeadDim)
+	}
+	drv, err := cuda.LoadDriver()
+	if err != nil {
+		return nil, err
+	}
+	nv, err := cuda.LoadNVRTC()
+	if err != nil {
+		return nil, err
+	}
+	lt, err := cuda.LoadBLASLt()
+	if err != nil {
+		return nil, err
+	}
+	// KILN_CUDA_FORCE_SM80=1 forces the sm_80 build where no flag reaches
+	// the engine (sched verify, tests).
+	if os.Getenv("KILN_CUDA_FORCE_SM80") == "1" {
+		o.ForceSM80 = true
+	}
+	e := &Engine{cfg: c, opt: o, bf16: o.Precision == "bf16", specs: c.Specs(), th: newThread()}
+	e.maxB, e.maxT = max(o.MaxBatch, 1), max(o.MaxSeq, 1)
+	if o.MaxBatch <= 0 || o.MaxSeq <= 0 {
+		e.maxB, e.maxT = 1, min(c.MaxPositions, 1024)
+	}
+	for _, s := range e.specs {
+		e.off = append(e.off, e.n)
+		e.n += int64(s.Elements())
+	}
+	err = e.th.do(func() error { return e.open(drv, nv, lt) })
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
+	dv, err := drv.OpenDevice(0)
+	if err != nil {
+		return err
+	}
+	e.dv = dv
+	e.mem = newAllocator(dv)
+	if free, total, err := dv.MemInfo(); err == nil {
+		e.usedAtOpen = int64(total - free)
+	}
+	if dv.Major < 8 {
+		return &cuda.UnavailableError{Err: fmt.Errorf("GPU %s has compute capability %d.%d; kiln's CUDA engine needs 8.0 or newer: use --engine cpu", dv.Name, dv.Major, dv.Minor)}
+	}
+	e.Arch = Target(dv.Major, dv.Minor, e.opt.ForceSM80)
+	if e.fns, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch); err != nil {
+		return err
+	}
+	if e.lt, err = lt.NewHandle(); err != nil {
+		return err
+	}
+	alloc := func(what string, n int64) cuda.Ptr {
+		if err != nil {
+			return 0
+		}
+		var p cuda.Ptr
+		p, err = e.mem.alloc(what, n)
+		return p
+	}
+	e.params = alloc("parameters", e.n*4)
+	e.grads = alloc("gradients", e.n*4)
+	e.m = alloc("Adam first moments", e.n*4)
+	e.v = alloc("Adam second moments", e.n*4)
+	if e.bf16 {
+		e.wbf = alloc("bf16 weight copy", e.n*2)
+	}
+	e.lossAcc = alloc("loss", 4)
+	e.evalAcc = alloc("loss", 4)
+	e.norm = alloc("gradient norm", 4)
+	e.partial = alloc("gradient norm", normBlocks*4)
+	e.ws = alloc("cuBLASLt workspace", wsBytes)
+	if err != nil {
+		return err
+	}
+	e.positions = max(e.cfg.MaxPositions, e.maxT)
+	if err := e.ropeTables(e.positions); err != nil {
+		return err
+	}
+	if e.a, err = e.allocActs(e.maxB, e.maxT); err != nil {
+		return err
+	}
+	for _, p := range []cuda.Ptr{e.params, e.grads, e.m, e.v, e.lossAcc, e.evalAcc, e.norm} {
+		if err := e.zero(p, 1); err != nil {
+			return err
+		}
+	}
+	for _, p := range []cuda.Ptr{e.params, e.grads, e.m, e.v} {
+		if err := e.dv.Memset32(p, 0, e.n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ropeTables uploads cos and sin for positions, in the float32 steps
+// transformers' LlamaRotaryEmbedding takes (as the CPU engine does).
+func (e *Engine) ropeTables(positions int) error {
+	D := e.cfg.HeadDim
+	half := D / 2
+	inv := make([]float32, half)
+	for i := range inv {
+		exp := float32(2*i) / float32(D)
+		inv[i] = float32(1 / float32(math.Pow(e.cfg.RopeTheta, float64(exp))))
+	}
+	cs, sn := make([]float32, positions*half), make([]float32, positions*half)
+	for p := 0; p < positions; p++ {
+		for i := 0; i < half; i++ {
+			a := float64(inv[i] * float32(p))
+			cs[p*half+i] = float32(math.Cos(a))
+			sn[p*half+i] = float32(math.Sin(a))
+		}
+	}
+	var err error
+	if e.cosT, err = e.mem.alloc("rotary table", int64(len(cs))*4); err != nil {
+		return err
+	}
+	if e.sinT, err = e.mem.alloc("rotary table", int64(len(sn))*4); err != nil {
+		return err
+	}
+	if err := cuda.Upload(e.dv, e.cosT, cs); err != nil {
+		return err
+	}
+	return cuda.Upload(e.dv, e.sinT, sn)
+}
+
+func (e *Engine) allocActs(B, T int) (*acts, error) {
+	c := e.cfg
+	N := int64(B * T)
+	d, qd, kvd, F, V := int64(c.Hidden), int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim), int64(c.Intermediate), int64(c.VocabSize)
+	attN := int64(B*c.Heads) * int64(T) * int64(T)
+	a := &acts{}
+	var err error
+	f32 := func(what string, n int64) cuda.Ptr {
+		if err != nil {
+			return 0
+		}
+		var p cuda.Ptr
+		p, err = e.mem.alloc(what, n*4)
+		return p
+	}
+	layer := func(what string, n int64) []cuda.Ptr {
+		ps := make([]cuda.Ptr, c.Layers)
+		for l := range ps {
+			ps[l] = f32(what, n)
+		}
+		return ps
+	}
+	a.resid = append(layer("activations (residual)", N*d), f32("activations (residual)", N*d))
+	a.mid = layer("activations (residual)", N*d)
+	a.ln1, a.ln2 = layer("activations (norm)", N*d), layer("activations (norm)", N*d)
+	a.rstd1, a.rstd2 = layer("activations (norm)", N), layer("activations (norm)", N)
+	a.q, a.y = layer("activations (queries)", N*qd), layer("activations (attention)", N*qd)
+	a.k, a.v = layer("activations (keys)", N*kvd), layer("activations (values)", N*kvd)
+	a.att = layer("activations (attention probabilities)", attN)
+	a.g, a.u, a.h = layer("activations (MLP)", N*F), layer("activations (MLP)", N*F), layer("activations (MLP)", N*F)
+	a.lnf, a.rstdf = f32("activations (norm)", N*d), f32("activations (norm)", N)
+	a.logits = f32("logits", N*V)
+	a.losses = f32("losses", N)
+	a.ids, a.tgt = f32("token ids", N), f32("targets", N)
+	a.dresid, a.dln = f32("gradient scratch", N*d), f32("gradient scratch", N*d)
+	a.dy, a.dq = f32("gradient scratch", N*qd), f32("gradient scratch", N*qd)
+	a.dk, a.dv = f32("gradient scratch", N*kvd), f32("gradient scratch", N*kvd)
+	a.ds = f32("attention gradient scratch", attN)
+	a.dh, a.dg, a.du = f32("gradient scratch", N*F), f32("gradient scratch", N*F), f32("gradient scratch", N*F)
+	if e.bf16 {
+		a.bfElems = N * max(V, F, qd, d)
+		if a.bfElems < V*d {
+			a.bfElems = V * d
+		}
+		a.bfA = f32("bf16 GEMM operands", (a.bfElems+1)/2)
+		a.bfB = f32("bf16 GEMM operands", (a.bfElems+1)/2)
+	}
+	return a, err
+}
+
+func (e *Engine) zero(p cuda.Ptr, n int64) error { return e.dv.Memset32(p, 0, n) }
+
+// w returns the fp32 and (in bf16 precision) bf16 address of spec i.
+func (e *Engine) w(i int) operand {
+	op := operand{f32: e.params + cuda.Ptr(e.off[i]*4)}
+	if e.bf16 {
+		op.bf = e.wbf + cuda.Ptr(e.off[i]*2)
+	}
+	return op
+}
+
+func (e *Engine) gw(i int) cuda.Ptr { return e.grads + cuda.Ptr(e.off[i]*4) }
+
+// Indices into Specs: embed, then 9 per layer, then the final norm and the
+// untied head.
+func layerSpec(l, k int) int { return 1 + 9*l + k }
+
+const (
+	sLN1 = iota
+	sQ
+	sK
+	sV
+	sO
+	sLN2
+	sGate
+	sUp
+	sDown
+)
+
+func (e *Engine) normSpec() int { return 1 + 9*e.cfg.Layers }
+func (e *Engine) headSpec() int {
+	if e.cfg.TieEmbeddings {
+		return 0
+	}
+	return e.normSpec() + 1
+}
+
+// operand is a GEMM input: its fp32 data and, when one is kept, its bf16 copy.
+type operand struct{ f32, bf cuda.Ptr }
+
+func act(p cuda.Ptr) operand { return operand{f32: p} }
+
+// gemm computes C (M x N) = op(A) op(B) + beta C in row-major terms (see
+// cuda.LtHandle.Gemm). In bf16 precision fp32 operands are rounded to bf16
+// first; accumulation is fp32 either way, and fp32 precision never uses TF32.
+func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cuda.Ptr) error {
+	if !e.bf16 {
+		return e.lt.Gemm(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.ws, wsBytes, 0)
+	}
+	pa, pb := A.bf, B.bf
+	if pa == 0 {
+		if err := e.toBF16(e.a.bfA, A.f32, int64(M)*int64(K)); err != nil {
+			return err
+		}
+		pa = e.a.bfA
+	}
+	if pb == 0 {
+		if err := e.toBF16(e.a.bfB, B.f32, int64(K)*int64(N)); err != nil {
+			return err
+		}
+		pb = e.a.bfB
+	}
+	return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.ws, wsBytes, 0)
+}
+
+func (e *Engine) toBF16(dst, src cuda.Ptr, n int64) error {
+	if n > e.a.bfElems && dst != e.wbf {
+		return fmt.Errorf("bf16 operand of %d values exceeds its %d-value buffer", n, e.a.bfElems)
+	}
+	return e.launch("f32_to_bf16", blocks(n, 256), 256, dst, src, n)
+}
+
+func blocks(n int64, per int) int { return int((n + int64(per) - 1) / int64(per)) }
+
+func (e *Engine) launch(name string, grid, block int, args ...any) error {
+	return e.launch3(name, cuda.Dim3{X: grid}, cuda.Dim3{X: block}, args...)
+}
+
+func (e *Engine) launch3(name string, grid, block cuda.Dim3, args ...any) error {
+	f, ok := e.fns[name]
+	if !ok {
+		return fmt.Errorf("kernel %s is not loaded", name)
+	}
+	return f.Launch(grid, block, 0, 0, args...)
+}
+
+// refreshBF16 rounds the master weights into their GEMM copy.
+func (e *Engine) refreshBF16() error {
+	if !e.bf16 {
+		return nil
+	}
+	return e.launch("f32_to_bf16", blocks(e.n, 256), 256, e.wbf, e.params, e.n)
+}
+
+// Name implements model.Engine.
+func (e *Engine) Name() string { return "cuda" }
+
+// Config implements model.Engine.
+func (e *Engine) Config() model.Config { return e.cfg }
+
+func (e *Engine) checkParams(p *model.Params) error {
+	if int64(len(p.Data)) != e.n {
+		return fmt.Errorf("parameters hold %d values, the model needs %d: the checkpoint is for another configuration", len(p.Data), e.n)
+	}
+	return nil
+}
+
+// SetParams implements model.Engine.
+func (e *Engine) SetParams(p *model.Params) error {
+	if err := e.checkParams(p); err != nil {
+		return err
+	}
+	return e.th.do(func() error {
+		if err := cuda.Upload(e.dv, e.params, p.Data); err != nil {
+			return err
+		}
+		if err := e.refreshBF16(); err != nil {
+			return err
+		}
+		return e.zeroGrad()
+	})
+}
+
+// Params implements model.Engine.
+func (e *Engine) Params(p *model.Params) error {
+	if err := e.checkParams(p); err != nil {
+		return err
+	}
+	return e.th.do(func() error { return cuda.Download(e.dv, p.Data, e.params) })
+}
+
+// SetOptimizerState implements model.Engine.
+func (e *Engine) SetOptimizerState(s *model.OptimizerState) error {
+	if int64(len(s.M)) != e.n || int64(len(s.V)) != e.n {
+		return fmt.Errorf("optimizer state holds %d and %d values, the model needs %d: it belongs to another configuration", len(s.M), len(s.V), e.n)
+	}
+	return e.th.do(func() error {
+		e.optStep = s.Step
+		if err := cuda.Upload(e.dv, e.m, s.M); err != nil {
+			return err
+		}
+		return cuda.Upload(e.dv, e.v, s.V)
+	})
+}
+
+// OptimizerState implements model.Engine.
+func (e *Engine) OptimizerState() (*model.OptimizerState, error) {
+	s := &model.OptimizerState{M: make([]float32, e.n), V: make([]float32, e.n)}
+	err := e.th.do(func() error {
+		s.Step = e.optStep
+		if err := cuda.Download(e.dv, s.M, e.m); err != nil {
+			return err
+		}
+		return cuda.Download(e.dv, s.V, e.v)
+	})
+	return s, err
+}
+
+// ZeroGrad implements model.Engine.
+func (e *Engine) ZeroGrad() error { return e.th.do(e.zeroGrad) }
+
+func (e *Engine) zeroGrad() error {
+	if err := e.zero(e.grads, e.n); err != nil {
+		return err
+	}
+	return e.zero(e.lossAcc, 1)
+}
+
+// Grads implements model.Engine.
+func (e *Engine) Grads(g *model.Params) error {
+	if err := e.checkParams(g); err != nil {
+		return err
+	}
+	return e.th.do(func() error { return cuda.Download(e.dv, g.Data, e.grads) })
+}
+
+// Metrics implements model.Engine; it is the one call of a step that waits
+// for the device.
+func (e *Engine) Metrics() (model.StepMetrics, error) {
+	var m model.StepMetrics
+	err := e.th.do(func() error {
+		if err := e.dv.Synchronize(); err != nil {
+			return err
+		}
+		v := make([]float32, 1)
+		if err := cuda.Download(e.dv, v, e.lossAcc); err != nil {
+			return err
+		}
+		m.Loss = float64(v[0])
+		if err := cuda.Download(e.dv, v, e.norm); err != nil {
+			return err
+		}
+		m.GradNorm = float64(v[0])
+		return nil
+	})
+	return m, err
+}
+
+// Memory implements model.Engine.
+func (e *Engine) Memory() model.MemoryStats {
+	var s model.MemoryStats
+	_ = e.th.do(func() error {
+		s.PeakAllocated = e.mem.peak
+		free, total, err := e.dv.MemInfo()
+		if err == nil {
+			// What the device has in use beyond what it had when the
+			// engine's context was made: the engine's allocations plus
+			// cuBLASLt's and the modules' own, not other processes'
+			// (unless they grew meanwhile; bench reports those apart).
+			s.InUse = int64(total-free) - e.usedAtOpen
+		}
+		return nil
+	})
+	return s
+}
+
+// Close implements model.Engine.
+func (e *Engine) Close() error {
+	if e.th == nil {
+		return nil
+	}
+	err := e.th.do(func() error {
+		var errs []error
+		if e.mem != nil {
+			errs = append(errs, e.mem.freeAll())
+		}
+		if e.lt != nil {
+			errs = append(errs, e.lt.Destroy())
+		}
+		for _, m := range e.mods {
+			errs = append(errs, m.Unload())
+		}
+		if e.dv != nil {
+			errs = append(errs, e.dv.Close())
+		}
+		return errors.Join(errs...)
+	})
+	e.th.stop()
+	e.th = nil
+	return err
+}

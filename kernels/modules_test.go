@@ -1,0 +1,73 @@
+package kernels
+
+import (
+	"strings"
+	"testing"
+)
+
+// Every kernel file compiles without CUDA headers (NVRTC 13 ships none) and
+// declares at least one extern "C" kernel that the engine can look up.
+func TestKernelSourcesAreHeaderFree(t *testing.T) {
+	names, err := kernelFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) < 7 {
+		t.Fatalf("found %d kernel files, want at least 7: %v", len(names), names)
+	}
+	for _, n := range names {
+		src, err := source(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(src, "#include") {
+			t.Errorf("%s includes a header; kernels must be header-free", n)
+		}
+		body, _ := sources.ReadFile(n)
+		if len(kernelNames(string(body))) == 0 {
+			t.Errorf("%s declares no extern \"C\" __global__ kernel", n)
+		}
+	}
+}
+
+func TestKernelNames(t *testing.T) {
+	src := "extern \"C\" __global__ void a(int x) {}\n// x\nextern \"C\" __global__ void b_c (float* y) {}"
+	got := strings.Join(kernelNames(src), ",")
+	if got != "a,b_c" {
+		t.Fatalf("kernelNames = %q, want a,b_c", got)
+	}
+}
+
+// The cache key changes with each thing that changes the compiled bytes.
+func TestCacheKey(t *testing.T) {
+	base := cacheKey("rope.cu", "src", "sm_90", 13, 0)
+	for _, other := range []string{
+		cacheKey("rope.cu", "src2", "sm_90", 13, 0),
+		cacheKey("rope.cu", "src", "sm_86", 13, 0),
+		cacheKey("rope.cu", "src", "sm_90", 12, 8),
+		cacheKey("rope.cu", "src", "sm_90", 13, 1),
+	} {
+		if other == base {
+			t.Errorf("cache key %s did not change", other)
+		}
+	}
+	if base != cacheKey("rope.cu", "src", "sm_90", 13, 0) {
+		t.Error("cache key is not deterministic")
+	}
+	if !strings.HasSuffix(cacheKey("rope.cu", "src", "compute_80", 13, 0), ".ptx") || !strings.HasSuffix(base, ".cubin") {
+		t.Error("a virtual architecture must cache PTX and a real one a CUBIN")
+	}
+}
+
+func TestTarget(t *testing.T) {
+	cases := []struct {
+		major, minor int
+		force        bool
+		want         string
+	}{{9, 0, false, "sm_90"}, {8, 6, false, "sm_86"}, {9, 0, true, "compute_80"}, {8, 0, true, "compute_80"}}
+	for _, c := range cases {
+		if got := Target(c.major, c.minor, c.force); got != c.want {
+			t.Errorf("Target(%d, %d, %v) = %s, want %s", c.major, c.minor, c.force, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,337 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/kiln-lm/kiln/kernels/cuda"
+	"github.com/kiln-lm/kiln/model"
+)
+
+// checkBatch rejects a batch the engine cannot take, naming what to change.
+func (e *Engine) checkBatch(b model.Batch, needTargets bool) (count int, err error) {
+	return e.checkRows(b, needTargets, false)
+}
+
+// checkRows is checkBatch; with rowsOnly (generation, which keeps its own
+// attention buffer) only B x T must fit the activation rows.
+func (e *Engine) checkRows(b model.Batch, needTargets, rowsOnly bool) (count int, err error) {
+	if b.B <= 0 || b.T <= 0 || len(b.Inputs) != b.B*b.T {
+		return 0, fmt.Errorf("batch of %d inputs does not match B=%d x T=%d", len(b.Inputs), b.B, b.T)
+	}
+	if b.B*b.T > e.maxB*e.maxT || !rowsOnly && (b.B > e.maxB || b.T > e.maxT) {
+		return 0, fmt.Errorf("batch B=%d x T=%d exceeds the engine's MaxBatch=%d x MaxSeq=%d it was sized for", b.B, b.T, e.maxB, e.maxT)
+	}
+	if needTargets && len(b.Targets) != b.B*b.T {
+		return 0, fmt.Errorf("batch of %d targets does not match B=%d x T=%d", len(b.Targets), b.B, b.T)
+	}
+	v := int32(e.cfg.VocabSize)
+	for i, id := range b.Inputs {
+		if id < 0 || id >= v {
+			return 0, fmt.Errorf("input token %d at position %d is outside the vocabulary [0, %d)", id, i, v)
+		}
+	}
+	if needTargets {
+		for i, id := range b.Targets {
+			if id < -1 || id >= v {
+				return 0, fmt.Errorf("target token %d at position %d is outside the vocabulary [0, %d) (use -1 to ignore a position)", id, i, v)
+			}
+			if id >= 0 {
+				count++
+			}
+		}
+		if count == 0 {
+			return 0, fmt.Errorf("batch has no targets: every target is -1")
+		}
+	}
+	return count, nil
+}
+
+// genState is generation's KV cache: the rotated keys and values of the
+// positions seen so far, (capacity, KV*D) per layer, for one sequence.
+type genState struct {
+	k, v []cuda.Ptr
+	att  cuda.Ptr // (H, Tq, capacity) probabilities of the current rows
+	cap  int
+	pos  int // positions filled
+}
+
+// forward runs the model over b (B x T rows) and leaves the logits in
+// e.a.logits and every activation the backward pass needs. With g (B = 1)
+// the rows continue the cached sequence at position g.pos, their keys and
+// values join the cache, and only the last row's logits are computed.
+func (e *Engine) forward(b model.Batch) error { return e.forwardGen(b, nil) }
+
+func (e *Engine) forwardGen(b model.Batch, g *genState) error {
+	c, a := e.cfg, e.a
+	B, T, N := b.B, b.T, b.B*b.T
+	d, H, KV, D, F, V := c.Hidden, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, c.VocabSize
+	qd, kvd := H*D, KV*D
+	if err := cuda.Upload(e.dv, a.ids, b.Inputs); err != nil {
+		return err
+	}
+	if err := e.launch("embed_fwd", N, 128, a.resid[0], a.ids, e.w(0).f32, N, d); err != nil {
+		return err
+	}
+	eps := float32(c.RMSNormEps)
+	scale := float32(1 / math.Sqrt(float64(D)))
+	normThreads := threadsFor(d)
+	pos0 := 0
+	if g != nil {
+		pos0 = g.pos
+	}
+	for l := 0; l < c.Layers; l++ {
+		W := func(k int) operand { return e.w(layerSpec(l, k)) }
+		steps := []func() error{
+			func() error {
+				return e.launch("rmsnorm_fwd", N, normThreads, a.ln1[l], a.rstd1[l], a.resid[l], W(sLN1).f32, N, d, eps)
+			},
+			func() error { return e.gemm(false, true, N, qd, d, act(a.ln1[l]), W(sQ), 0, a.q[l]) },
+			func() error { return e.gemm(false, true, N, kvd, d, act(a.ln1[l]), W(sK), 0, a.k[l]) },
+			func() error { return e.gemm(false, true, N, kvd, d, act(a.ln1[l]), W(sV), 0, a.v[l]) },
+			func() error { return e.rope(a.q[l], N, T, H, pos0, 1) },
+			func() error { return e.rope(a.k[l], N, T, KV, pos0, 1) },
+			func() error {
+				if g == nil {
+					return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
+						a.y[l], a.att[l], a.q[l], a.k[l], a.v[l], T, T, H, KV, D, 0, scale)
+				}
+				off := cuda.Ptr(int64(pos0*kvd) * 4)
+				if err := e.dv.Copy(g.k[l]+off, a.k[l], int64(N*kvd)*4); err != nil {
+					return err
+				}
+				if err := e.dv.Copy(g.v[l]+off, a.v[l], int64(N*kvd)*4); err != nil {
+					return err
+				}
+				return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: 1}, cuda.Dim3{X: 128},
+					a.y[l], g.att, a.q[l], g.k[l], g.v[l], T, g.cap, H, KV, D, pos0, scale)
+			},
+			func() error { return e.dv.Copy(a.mid[l], a.resid[l], int64(N*d)*4) },
+			func() error { return e.gemm(false, true, N, d, qd, act(a.y[l]), W(sO), 1, a.mid[l]) },
+			func() error {
+				return e.launch("rmsnorm_fwd", N, normThreads, a.ln2[l], a.rstd2[l], a.mid[l], W(sLN2).f32, N, d, eps)
+			},
+			func() error { return e.gemm(false, true, N, F, d, act(a.ln2[l]), W(sGate), 0, a.g[l]) },
+			func() error { return e.gemm(false, true, N, F, d, act(a.ln2[l]), W(sUp), 0, a.u[l]) },
+			func() error {
+				n := int64(N) * int64(F)
+				return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], a.g[l], a.u[l], n)
+			},
+			func() error { return e.dv.Copy(a.resid[l+1], a.mid[l], int64(N*d)*4) },
+			func() error { return e.gemm(false, true, N, d, F, act(a.h[l]), W(sDown), 1, a.resid[l+1]) },
+		}
+		for _, s := range steps {
+			if err := s(); err != nil {
+				return fmt.Errorf("layer %d forward: %w", l, err)
+			}
+		}
+	}
+	L := c.Layers
+	if g != nil {
+		g.pos += N
+		last := cuda.Ptr(int64((N-1)*d) * 4)
+		if err := e.launch("rmsnorm_fwd", 1, normThreads, a.lnf, a.rstdf, a.resid[L]+last, e.w(e.normSpec()).f32, 1, d, eps); err != nil {
+			return err
+		}
+		return e.gemm(false, true, 1, V, d, act(a.lnf), e.w(e.headSpec()), 0, a.logits)
+	}
+	if err := e.launch("rmsnorm_fwd", N, normThreads, a.lnf, a.rstdf, a.resid[L], e.w(e.normSpec()).f32, N, d, eps); err != nil {
+		return err
+	}
+	return e.gemm(false, true, N, V, d, act(a.lnf), e.w(e.headSpec()), 0, a.logits)
+}
+
+func threadsFor(d int) int {
+	switch {
+	case d >= 1024:
+		return 512
+	case d >= 256:
+		return 256
+	default:
+		return 128
+	}
+}
+
+func (e *Engine) rope(x cuda.Ptr, N, T, heads, pos0, dir int) error {
+	n := int64(N) * int64(heads) * int64(e.cfg.HeadDim/2)
+	return e.launch("rope", blocks(n, 256), 256, x, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, pos0, dir)
+}
+
+// lossRows turns the logits into per-row losses (and, with grad, into their
+// gradient scaled by scale/count) and adds scale x mean loss to acc.
+func (e *Engine) lossRows(b model.Batch, count int, scale float32, grad bool, acc cuda.Ptr) error {
+	a := e.a
+	N := b.B * b.T
+	if err := cuda.Upload(e.dv, a.tgt, b.Targets); err != nil {
+		return err
+	}
+	g := 0
+	if grad {
+		g = 1
+	}
+	k := scale / float32(count)
+	if err := e.launch("xent_fwd_bwd", N, 256, a.logits, a.losses, a.tgt, e.cfg.VocabSize, k, g); err != nil {
+		return err
+	}
+	return e.launch("loss_reduce", 1, 1024, acc, a.losses, N, k)
+}
+
+// ForwardBackward implements model.Engine.
+func (e *Engine) ForwardBackward(b model.Batch, scale float32) error {
+	count, err := e.checkBatch(b, true)
+	if err != nil {
+		return err
+	}
+	return e.th.do(func() error {
+		if err := e.forward(b); err != nil {
+			return err
+		}
+		if err := e.lossRows(b, count, scale, true, e.lossAcc); err != nil {
+			return err
+		}
+		return e.backward(b)
+	})
+}
+
+// backward adds the gradient of the loss whose logit gradient lossRows left
+// in e.a.logits.
+func (e *Engine) backward(b model.Batch) error {
+	c, a := e.cfg, e.a
+	B, T, N := b.B, b.T, b.B*b.T
+	d, H, KV, D, F, V := c.Hidden, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, c.VocabSize
+	qd, kvd := H*D, KV*D
+	L := c.Layers
+	scale := float32(1 / math.Sqrt(float64(D)))
+	normThreads := threadsFor(d)
+	normBack := func(x, w, rstd cuda.Ptr, dw cuda.Ptr) error {
+		if err := e.launch("rmsnorm_bwd_dx", N, normThreads, a.dresid, a.dln, x, w, rstd, N, d); err != nil {
+			return err
+		}
+		return e.launch3("rmsnorm_bwd_dw", cuda.Dim3{X: blocks(int64(d), 256), Y: min(N, 256)}, cuda.Dim3{X: 256}, dw, a.dln, x, rstd, N, d)
+	}
+	head := e.headSpec()
+	if err := e.gemm(true, false, V, d, N, act(a.logits), act(a.lnf), 1, e.gw(head)); err != nil {
+		return fmt.Errorf("LM head backward: %w", err)
+	}
+	if err := e.gemm(false, false, N, d, V, act(a.logits), e.w(head), 0, a.dln); err != nil {
+		return fmt.Errorf("LM head backward: %w", err)
+	}
+	if err := e.zero(a.dresid, int64(N*d)); err != nil {
+		return err
+	}
+	if err := normBack(a.resid[L], e.w(e.normSpec()).f32, a.rstdf, e.gw(e.normSpec())); err != nil {
+		return err
+	}
+	for l := L - 1; l >= 0; l-- {
+		W := func(k int) operand { return e.w(layerSpec(l, k)) }
+		G := func(k int) cuda.Ptr { return e.gw(layerSpec(l, k)) }
+		steps := []func() error{
+			// MLP: a.dresid is the gradient of resid[l+1] = mid + h Wdown^T.
+			func() error { return e.gemm(true, false, d, F, N, act(a.dresid), act(a.h[l]), 1, G(sDown)) },
+			func() error { return e.gemm(false, false, N, F, d, act(a.dresid), W(sDown), 0, a.dh) },
+			func() error {
+				n := int64(N) * int64(F)
+				return e.launch("swiglu_bwd", blocks(n, 256), 256, a.dg, a.du, a.dh, a.g[l], a.u[l], n)
+			},
+			func() error { return e.gemm(true, false, F, d, N, act(a.dg), act(a.ln2[l]), 1, G(sGate)) },
+			func() error { return e.gemm(true, false, F, d, N, act(a.du), act(a.ln2[l]), 1, G(sUp)) },
+			func() error { return e.gemm(false, false, N, d, F, act(a.dg), W(sGate), 0, a.dln) },
+			func() error { return e.gemm(false, false, N, d, F, act(a.du), W(sUp), 1, a.dln) },
+			func() error { return normBack(a.mid[l], W(sLN2).f32, a.rstd2[l], G(sLN2)) },
+			// Attention: a.dresid is now the gradient of mid = resid[l] + y Wo^T.
+			func() error { return e.gemm(true, false, d, qd, N, act(a.dresid), act(a.y[l]), 1, G(sO)) },
+			func() error { return e.gemm(false, false, N, qd, d, act(a.dresid), W(sO), 0, a.dy) },
+			func() error {
+				return e.launch3("attn_bwd_q", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
+					a.dq, a.ds, a.dy, a.att[l], a.k[l], a.v[l], T, T, H, KV, D, scale)
+			},
+			func() error {
+				return e.launch3("attn_bwd_kv", cuda.Dim3{X: T, Y: KV, Z: B}, cuda.Dim3{X: min(D, 256)},
+					a.dk, a.dv, a.ds, a.att[l], a.q[l], a.dy, T, T, H, KV, D, scale)
+			},
+			func() error { return e.rope(a.dq, N, T, H, 0, -1) },
+			func() error { return e.rope(a.dk, N, T, KV, 0, -1) },
+			func() error { return e.gemm(true, false, qd, d, N, act(a.dq), act(a.ln1[l]), 1, G(sQ)) },
+			func() error { return e.gemm(true, false, kvd, d, N, act(a.dk), act(a.ln1[l]), 1, G(sK)) },
+			func() error { return e.gemm(true, false, kvd, d, N, act(a.dv), act(a.ln1[l]), 1, G(sV)) },
+			func() error { return e.gemm(false, false, N, d, qd, act(a.dq), W(sQ), 0, a.dln) },
+			func() error { return e.gemm(false, false, N, d, kvd, act(a.dk), W(sK), 1, a.dln) },
+			func() error { return e.gemm(false, false, N, d, kvd, act(a.dv), W(sV), 1, a.dln) },
+			func() error { return normBack(a.resid[l], W(sLN1).f32, a.rstd1[l], G(sLN1)) },
+		}
+		for _, s := range steps {
+			if err := s(); err != nil {
+				return fmt.Errorf("layer %d backward: %w", l, err)
+			}
+		}
+	}
+	return e.launch("embed_bwd", N, 128, e.gw(0), a.ids, a.dresid, N, d)
+}
+
+// Step implements model.Engine: the global norm and AdamW run on the
+// device, and nothing waits for it.
+func (e *Engine) Step(o model.AdamW) error {
+	return e.th.do(func() error {
+		if err := e.launch("sumsq_partial", normBlocks, 256, e.partial, e.grads, e.n); err != nil {
+			return err
+		}
+		if err := e.launch("sumsq_final", 1, 1024, e.norm, e.partial, normBlocks); err != nil {
+			return err
+		}
+		e.optStep++
+		t := float64(e.optStep)
+		stepSize := float32(o.LR / (1 - math.Pow(o.Beta1, t)))
+		bc2Sqrt := float32(math.Sqrt(1 - math.Pow(o.Beta2, t)))
+		decay := float32(1 - o.LR*o.WeightDecay)
+		for i, s := range e.specs {
+			dec := float32(1)
+			if len(s.Shape) >= 2 {
+				dec = decay
+			}
+			n := int64(s.Elements())
+			off := cuda.Ptr(e.off[i] * 4)
+			if err := e.launch("adamw", blocks(n, 256), 256, e.params+off, e.m+off, e.v+off, e.grads+off, e.norm, n,
+				float32(o.Beta1), float32(o.Beta2), float32(o.Eps), dec, float32(o.Clip), stepSize, bc2Sqrt); err != nil {
+				return err
+			}
+		}
+		return e.refreshBF16()
+	})
+}
+
+// Logits implements model.Engine.
+func (e *Engine) Logits(b model.Batch) ([]float32, error) {
+	if _, err := e.checkBatch(b, false); err != nil {
+		return nil, err
+	}
+	out := make([]float32, b.B*b.T*e.cfg.VocabSize)
+	err := e.th.do(func() error {
+		if err := e.forward(b); err != nil {
+			return err
+		}
+		return cuda.Download(e.dv, out, e.a.logits)
+	})
+	return out, err
+}
+
+// EvalLoss implements model.Engine.
+func (e *Engine) EvalLoss(b model.Batch) (float64, error) {
+	count, err := e.checkBatch(b, true)
+	if err != nil {
+		return 0, err
+	}
+	v := make([]float32, 1)
+	err = e.th.do(func() error {
+		if err := e.forward(b); err != nil {
+			return err
+		}
+		if err := e.zero(e.evalAcc, 1); err != nil {
+			return err
+		}
+		if err := e.lossRows(b, count, 1, false, e.evalAcc); err != nil {
+			return err
+		}
+		return cuda.Download(e.dv, v, e.evalAcc)
+	})
+	return float64(v[0]), err
+}

@@ -1,0 +1,145 @@
+package tokenizer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func trainInputs(t testing.TB) []io.Reader {
+	var rs []io.Reader
+	for _, name := range []string{"english", "go", "python", "edge"} {
+		rs = append(rs, bytes.NewReader(readTestdata(t, name+".txt")))
+	}
+	return rs
+}
+
+func TestTrainWritesLoadableTokenizer(t *testing.T) {
+	for _, pattern := range []string{"gpt4", "gpt2"} {
+		t.Run(pattern, func(t *testing.T) {
+			var stages []string
+			data, err := Train(context.Background(), trainInputs(t), TrainOptions{
+				VocabSize: 2000, Pattern: pattern,
+				SpecialTokens: []string{"<|endoftext|>", "<|pad|>"},
+				Progress: func(stage string, done, total int64) {
+					if len(stages) == 0 || stages[len(stages)-1] != stage {
+						stages = append(stages, stage)
+					}
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(stages, ",") != "count,merge" {
+				t.Errorf("progress stages %v", stages)
+			}
+			tk, err := Parse(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tk.VocabSize() != 2000 {
+				t.Errorf("VocabSize = %d, want 2000", tk.VocabSize())
+			}
+			if eos, ok := tk.EOS(); !ok || eos != 0 || !tk.IsSpecial(eos) {
+				t.Errorf("EOS = %d, %v", eos, ok)
+			}
+			for b := 0; b < 256; b++ {
+				if tk.byteID[b] == noID {
+					t.Fatalf("byte %#x has no symbol", b)
+				}
+			}
+			text := readTestdata(t, "go.txt")
+			ids := tk.EncodeBytes(text)
+			if back, _ := tk.Decode(ids); back != string(text) {
+				t.Fatal("trained tokenizer does not round trip go.txt")
+			}
+			if ratio := float64(len(text)) / float64(len(ids)); ratio < 2 {
+				t.Errorf("%.2f bytes per token on text it was trained on; merges are not applied", ratio)
+			}
+			again, err := Train(context.Background(), trainInputs(t), TrainOptions{VocabSize: 2000, Pattern: pattern, SpecialTokens: []string{"<|endoftext|>", "<|pad|>"}})
+			if err != nil || !bytes.Equal(again, data) {
+				t.Errorf("training twice gives different files (err %v)", err)
+			}
+		})
+	}
+}
+
+func TestTrainMinFrequencyStopsEarly(t *testing.T) {
+	data, err := Train(context.Background(), []io.Reader{strings.NewReader("abab abab cd")}, TrainOptions{VocabSize: 1000, MinFrequency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "ab" (4 times), "abab" (2), " abab"... pairs seen once are not merged.
+	if _, ok := tk.TokenID("ab"); !ok {
+		t.Error("frequent pair ab was not merged")
+	}
+	if _, ok := tk.TokenID("cd"); ok {
+		t.Error("pair cd seen once was merged despite MinFrequency 2")
+	}
+	if tk.VocabSize() >= 1000 {
+		t.Errorf("VocabSize %d: training did not stop early", tk.VocabSize())
+	}
+}
+
+func TestTrainRejectsBadOptions(t *testing.T) {
+	for _, o := range []TrainOptions{
+		{VocabSize: 100},
+		{MinFrequency: -1},
+		{Pattern: "llama"},
+		{SpecialTokens: []string{"<s>", "<s>"}},
+	} {
+		_, err := Train(context.Background(), nil, o)
+		var bad interface{ BadInput() bool }
+		if err == nil || !errors.As(err, &bad) {
+			t.Errorf("options %+v: err = %v, want a bad-input error", o, err)
+		}
+	}
+}
+
+func TestTrainHonoursContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Train(ctx, trainInputs(t), TrainOptions{VocabSize: 1000}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+}
+
+// HF tokenizers must load the trained file and give the same ids as kiln.
+func TestTrainedTokenizerMatchesHF(t *testing.T) {
+	hfModuleDir(t)
+	for _, pattern := range []string{"gpt4", "gpt2"} {
+		data, err := Train(context.Background(), trainInputs(t), TrainOptions{VocabSize: 3000, Pattern: pattern})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk, err := Parse(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "trained.tokenizer.json")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var inputs []string
+		for _, name := range texts {
+			inputs = append(inputs, string(readTestdata(t, name+".txt")))
+		}
+		inputs = append(inputs, "a<|endoftext|>b", "x <|endoftext|>\n\ny")
+		want := hfEncode(t, path, inputs)
+		for i, s := range inputs {
+			got := tk.Encode(s)
+			if d := firstDiff(got, want[i]); d >= 0 {
+				t.Fatalf("%s: input %d (%.30q...): ids differ from HF at %d", pattern, i, s, d)
+			}
+		}
+	}
+}

@@ -1,0 +1,101 @@
+package worker
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/scheduler"
+)
+
+// Reporter publishes a running task's progress for `sched status`.
+// Handlers get theirs with Progress(ctx) and call Report as they go; writes
+// are throttled, so calling it per step is cheap.
+type Reporter struct {
+	rdb redis.UniversalClient
+	log *zap.Logger
+	ttl time.Duration
+	// every is the minimum interval between Redis writes.
+	every time.Duration
+
+	mu   sync.Mutex
+	p    scheduler.Progress
+	last time.Time
+}
+
+type reporterKey struct{}
+
+// Progress returns the task's reporter. Outside a worker (a handler called
+// directly from a test or the demo command) it returns a reporter that
+// records nothing, so handlers need no nil checks.
+func Progress(ctx context.Context) *Reporter {
+	if r, ok := ctx.Value(reporterKey{}).(*Reporter); ok {
+		return r
+	}
+	return &Reporter{}
+}
+
+// Report records that fraction of the work is done (negative when unknown),
+// at rate units per second, with a message.
+func (r *Reporter) Report(ctx context.Context, fraction, rate float64, unit, msg string) {
+	if r.rdb == nil {
+		return
+	}
+	r.mu.Lock()
+	now := time.Now()
+	r.p.Fraction, r.p.Rate, r.p.Unit, r.p.Message, r.p.Updated = fraction, rate, unit, msg, now
+	r.p.ETA = 0
+	if fraction > 0 && fraction <= 1 {
+		elapsed := now.Sub(r.p.Started)
+		r.p.ETA = time.Duration(float64(elapsed) * (1 - fraction) / fraction).Round(time.Second)
+	}
+	due := now.Sub(r.last) >= r.every
+	if due {
+		r.last = now
+	}
+	p := r.p
+	r.mu.Unlock()
+	if due {
+		r.write(ctx, p)
+	}
+}
+
+// Message records a message without changing the fraction.
+func (r *Reporter) Message(ctx context.Context, msg string) {
+	r.mu.Lock()
+	f, rate, unit := r.p.Fraction, r.p.Rate, r.p.Unit
+	r.mu.Unlock()
+	r.Report(ctx, f, rate, unit, msg)
+}
+
+// finish writes the final state unthrottled.
+func (r *Reporter) finish(state, msg string) {
+	if r.rdb == nil {
+		return
+	}
+	r.mu.Lock()
+	r.p.State, r.p.Updated = state, time.Now()
+	if state == "done" {
+		r.p.Fraction, r.p.ETA = 1, 0
+	}
+	if msg != "" {
+		r.p.Message = msg
+	}
+	p := r.p
+	r.mu.Unlock()
+	// The task's context may be cancelled by now; the final state must
+	// still be written, so it gets its own short deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r.write(ctx, p)
+}
+
+func (r *Reporter) write(ctx context.Context, p scheduler.Progress) {
+	if err := scheduler.WriteProgress(ctx, r.rdb, p, r.ttl); err != nil {
+		// Progress is advisory: a lost update must not fail the task.
+		r.log.Warn("progress not written", zap.Error(err))
+	}
+}

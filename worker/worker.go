@@ -1,0 +1,246 @@
+// Package worker runs kiln's asynq servers: it serves the queues it is
+// given, dispatches each task to the handler registered for its kind,
+// logs, recovers panics, publishes progress, and drains on shutdown so that
+// no task is lost.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/scheduler"
+)
+
+// Params configures a Worker. Zero values take the defaults noted.
+type Params struct {
+	// Redis is the queue's connection (required).
+	Redis asynq.RedisConnOpt
+	// Queues maps queue name to concurrency, e.g. {"ingest": 4}. Each
+	// queue gets its own asynq server, so a concurrency is a hard bound for
+	// that queue: "gpu": 1 means one training segment at a time whatever
+	// else the worker serves.
+	Queues map[string]int
+	// ShutdownGrace is how long in-flight tasks get, after shutdown begins,
+	// to reach a safe point and return; after it they are re-queued as they
+	// are. Default scheduler.DefaultShutdownGrace.
+	ShutdownGrace time.Duration
+	// Logger receives structured logs. Default zap.NewNop().
+	Logger *zap.Logger
+	// Name identifies this worker in progress records. Default host:pid.
+	Name string
+	// DelayedTaskCheckInterval is how often retried tasks are moved back to
+	// pending. Default 5s (asynq's).
+	DelayedTaskCheckInterval time.Duration
+	// ProgressEvery throttles progress writes. Default 1s.
+	ProgressEvery time.Duration
+}
+
+// Worker is a set of asynq servers sharing one drain signal.
+type Worker struct {
+	p       Params
+	rdb     redis.UniversalClient
+	servers []*asynq.Server
+	// drain is cancelled when shutdown begins; it cancels every handler's
+	// context, so handlers learn of a SIGTERM at once and have the whole
+	// grace period to reach a safe point.
+	drain       context.Context
+	cancelDrain context.CancelFunc
+}
+
+// ParseQueues reads "ingest=4,append=1,gpu=1".
+func ParseQueues(s string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, n, ok := strings.Cut(part, "=")
+		if !ok {
+			n = "1"
+		}
+		c, err := strconv.Atoi(n)
+		if err != nil || c < 1 {
+			return nil, fmt.Errorf("queue %q: concurrency %q is not a positive number (want e.g. ingest=4,append=1,gpu=1)", name, n)
+		}
+		if !validQueue(name) {
+			return nil, fmt.Errorf("unknown queue %q (queues: %s)", name, strings.Join(scheduler.Queues, ", "))
+		}
+		out[name] = c
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no queues given (want e.g. ingest=4,append=1,gpu=1)")
+	}
+	return out, nil
+}
+
+func validQueue(q string) bool {
+	for _, k := range scheduler.Queues {
+		if q == k {
+			return true
+		}
+	}
+	return false
+}
+
+// New builds a worker; Run starts it.
+func New(p Params) (*Worker, error) {
+	if p.Redis == nil {
+		return nil, errors.New("worker: Params.Redis is required")
+	}
+	if len(p.Queues) == 0 {
+		return nil, errors.New("worker: Params.Queues is empty")
+	}
+	if p.ShutdownGrace <= 0 {
+		p.ShutdownGrace = scheduler.DefaultShutdownGrace
+	}
+	if p.Logger == nil {
+		p.Logger = zap.NewNop()
+	}
+	if p.Name == "" {
+		host, _ := os.Hostname()
+		p.Name = fmt.Sprintf("%s:%d", host, os.Getpid())
+	}
+	if p.ProgressEvery <= 0 {
+		p.ProgressEvery = time.Second
+	}
+	w := &Worker{p: p, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
+	w.drain, w.cancelDrain = context.WithCancel(context.Background())
+	for q, n := range p.Queues {
+		w.servers = append(w.servers, asynq.NewServer(p.Redis, asynq.Config{
+			Concurrency:              n,
+			Queues:                   map[string]int{q: 1},
+			ShutdownTimeout:          p.ShutdownGrace,
+			RetryDelayFunc:           retryDelay,
+			IsFailure:                isFailure,
+			DelayedTaskCheckInterval: p.DelayedTaskCheckInterval,
+			Logger:                   asynqLogger{p.Logger.Sugar().With("queue", q)},
+			LogLevel:                 asynq.WarnLevel,
+		}))
+	}
+	return w, nil
+}
+
+// Run serves until ctx ends, then drains: handlers see their context
+// cancelled and get ShutdownGrace to return; what is still running after
+// that is re-queued by asynq. Shutdown order: stop fetching, cancel
+// handlers, wait, close Redis.
+func (w *Worker) Run(ctx context.Context) error {
+	h := w.middleware(mux{})
+	for i, s := range w.servers {
+		if err := s.Start(h); err != nil {
+			for _, started := range w.servers[:i] {
+				started.Shutdown()
+			}
+			return fmt.Errorf("start worker: %w", err)
+		}
+	}
+	w.p.Logger.Info("worker started", zap.Any("queues", w.p.Queues), zap.Strings("handlers", Registered()), zap.String("name", w.p.Name))
+	<-ctx.Done()
+	w.p.Logger.Info("worker draining", zap.Duration("grace", w.p.ShutdownGrace))
+	for _, s := range w.servers {
+		s.Stop()
+	}
+	w.cancelDrain()
+	done := make(chan struct{})
+	for _, s := range w.servers {
+		go func() { s.Shutdown(); done <- struct{}{} }()
+	}
+	for range w.servers {
+		<-done
+	}
+	w.p.Logger.Info("worker stopped")
+	return w.rdb.Close()
+}
+
+// interruptedError is a handler's error after shutdown began: the work
+// stopped at a safe point and must run again, which is not a failure, so
+// it does not use up a retry.
+type interruptedError struct{ err error }
+
+func (e *interruptedError) Error() string { return "interrupted by worker shutdown: " + e.err.Error() }
+func (e *interruptedError) Unwrap() error { return e.err }
+
+func isFailure(err error) bool {
+	var ie *interruptedError
+	return !errors.As(err, &ie)
+}
+
+// retryDelay re-runs interrupted work at once and backs off otherwise.
+func retryDelay(n int, err error, t *asynq.Task) time.Duration {
+	var ie *interruptedError
+	if errors.As(err, &ie) {
+		return 0
+	}
+	return scheduler.RetryDelay(n, err, t)
+}
+
+// middleware wraps every handler: progress reporter in the context, panic
+// recovery, logging with task id and kind, and the mapping of errors after
+// shutdown or `sched cancel`.
+func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) (err error) {
+		id, _ := asynq.GetTaskID(ctx)
+		retried, _ := asynq.GetRetryCount(ctx)
+		log := w.p.Logger.With(zap.String("task_id", id), zap.String("kind", t.Type()), zap.Int("retried", retried))
+		ttl := 7 * 24 * time.Hour
+		if p, ok := scheduler.PolicyFor(t.Type()); ok {
+			ttl = p.Retention
+		}
+		start := time.Now()
+		rep := &Reporter{rdb: w.rdb, log: log, ttl: ttl, every: w.p.ProgressEvery,
+			p: scheduler.Progress{TaskID: id, Kind: t.Type(), Fraction: -1, State: "running", Worker: w.p.Name, Started: start, Updated: start}}
+		rep.write(ctx, rep.p)
+		ctx = context.WithValue(ctx, reporterKey{}, rep)
+		// The handler's context ends when shutdown begins. asynq's own
+		// context is left alone: were it cancelled, asynq would treat the
+		// task as failed at once, while the handler is still saving state.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stop := context.AfterFunc(w.drain, cancel)
+		defer stop()
+		log.Info("task started")
+
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("task %s panicked: %v", t.Type(), r)
+				log.Error("task panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
+			}
+			switch {
+			case err == nil:
+				rep.finish("done", "")
+				log.Info("task done", zap.Duration("took", time.Since(start)))
+				return
+			case w.drain.Err() != nil && !errors.Is(err, asynq.SkipRetry):
+				err = &interruptedError{err}
+				rep.finish("interrupted", err.Error())
+				log.Warn("task interrupted; re-queued", zap.Error(err))
+				return
+			case scheduler.IsCancelled(context.Background(), w.rdb, id):
+				err = fmt.Errorf("cancelled by sched cancel: %w (%w)", err, asynq.SkipRetry)
+			}
+			rep.finish("failed", err.Error())
+			log.Error("task failed", zap.Error(err), zap.Duration("took", time.Since(start)))
+		}()
+		return next.ProcessTask(ctx, t)
+	})
+}
+
+// asynqLogger routes asynq's own logs into zap.
+type asynqLogger struct{ s *zap.SugaredLogger }
+
+func (l asynqLogger) Debug(args ...any) { l.s.Debug(args...) }
+func (l asynqLogger) Info(args ...any)  { l.s.Info(args...) }
+func (l asynqLogger) Warn(args ...any)  { l.s.Warn(args...) }
+func (l asynqLogger) Error(args ...any) { l.s.Error(args...) }
+func (l asynqLogger) Fatal(args ...any) { l.s.Fatal(args...) }

@@ -1,0 +1,360 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+)
+
+// Test kinds: their handlers exercise the machinery, not product code.
+const (
+	kindSlow    = "test:slow"
+	kindPanic   = "test:panic"
+	kindUnbuilt = "test:unbuilt"
+)
+
+// slowArgs works for Steps*StepMS milliseconds, checking its context
+// between steps (its safe points), and records one side effect at the end:
+// INCR kiln-test:done:<Name>.
+type slowArgs struct {
+	Name   string `json:"name"`
+	Steps  int    `json:"steps"`
+	StepMS int    `json:"step_ms"`
+}
+
+func (slowArgs) Kind() string { return kindSlow }
+
+type panicArgs struct{}
+
+func (panicArgs) Kind() string { return kindPanic }
+
+type unbuiltArgs struct{}
+
+func (unbuiltArgs) Kind() string { return kindUnbuilt }
+
+var testPolicy = scheduler.Policy{Queue: scheduler.QueueIngest, Version: 1, Timeout: time.Minute, MaxRetry: 3, Backoff: 100 * time.Millisecond, MaxBackoff: time.Second, Retention: time.Hour}
+
+func init() {
+	scheduler.Define(kindSlow, testPolicy)
+	scheduler.Define(kindPanic, testPolicy)
+	scheduler.Define(kindUnbuilt, testPolicy)
+	Register(func(ctx context.Context, a slowArgs) error {
+		rep := Progress(ctx)
+		for i := 0; i < a.Steps; i++ {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("stopped at step %d of %d: %w", i, a.Steps, ctx.Err())
+			case <-time.After(time.Duration(a.StepMS) * time.Millisecond):
+			}
+			rep.Report(ctx, float64(i+1)/float64(a.Steps), float64(1000/max(a.StepMS, 1)), "steps/s", fmt.Sprintf("step %d", i+1))
+		}
+		return rep.rdb.Incr(context.Background(), "kiln-test:done:"+a.Name).Err()
+	})
+	Register(func(ctx context.Context, a panicArgs) error { panic("boom") })
+}
+
+// TestMain doubles as a worker process: with KILN_TEST_WORKER_URL set, the
+// test binary serves the ingest queue with the test handlers until SIGTERM,
+// so tests can kill a real process.
+func TestMain(m *testing.M) {
+	if url := os.Getenv("KILN_TEST_WORKER_URL"); url != "" {
+		os.Exit(runChild(url))
+	}
+	os.Exit(m.Run())
+}
+
+func runChild(url string) int {
+	opt, err := asynq.ParseRedisURI(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	log, _ := zap.NewDevelopment()
+	w, err := New(Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 2}, ShutdownGrace: 10 * time.Second,
+		Logger: log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := w.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+type env struct {
+	t     *testing.T
+	redis *testsvc.RedisServer
+	url   string
+	opt   asynq.RedisConnOpt
+	c     *scheduler.Client
+	rdb   redis.UniversalClient
+}
+
+func newEnv(t *testing.T) *env {
+	r := testsvc.StartRedis(t)
+	opt, err := asynq.ParseRedisURI(r.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := scheduler.NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	return &env{t: t, redis: r, url: r.URL(0), opt: opt, c: c, rdb: c.Redis()}
+}
+
+// startInProcess runs a worker in this process until the test ends.
+func (e *env) startInProcess() {
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueIngest: 2}, Logger: zap.NewNop(),
+		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	e.t.Cleanup(func() { cancel(); <-done })
+}
+
+// startChild runs a worker as a separate process.
+func (e *env) startChild() *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "KILN_TEST_WORKER_URL="+e.url)
+	logf, err := os.Create(fmt.Sprintf("%s/worker-%d.log", e.t.TempDir(), time.Now().UnixNano()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if e.t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			e.t.Logf("worker log %s:\n%s", logf.Name(), b)
+		}
+		logf.Close()
+	})
+	return cmd
+}
+
+func (e *env) enqueue(a scheduler.Args) string {
+	info, err := e.c.Enqueue(context.Background(), a)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info.ID
+}
+
+// waitFor polls the task until cond holds or the deadline passes.
+func (e *env) waitFor(id string, within time.Duration, what string, cond func(scheduler.TaskStatus) bool) scheduler.TaskStatus {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	var last scheduler.TaskStatus
+	for time.Now().Before(deadline) {
+		ts, err := e.c.Task(context.Background(), id)
+		if err == nil {
+			last = ts
+			if cond(ts) {
+				return ts
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.t.Fatalf("task %s: not %s within %v; last: state=%s err=%q progress=%+v", id, what, within, last.State, last.LastErr, last.Progress)
+	return last
+}
+
+func state(s string) func(scheduler.TaskStatus) bool {
+	return func(ts scheduler.TaskStatus) bool { return ts.State == s }
+}
+
+func (e *env) sideEffects(name string) int {
+	n, err := e.rdb.Get(context.Background(), "kiln-test:done:"+name).Int()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+func TestTaskRunsWithProgress(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startInProcess()
+	id := e.enqueue(slowArgs{Name: "a", Steps: 3, StepMS: 10})
+	ts := e.waitFor(id, 20*time.Second, "completed", state("completed"))
+	if !ts.HasProgress || ts.Progress.State != "done" || ts.Progress.Fraction != 1 || ts.Progress.Message != "step 3" {
+		t.Fatalf("progress after completion: %+v", ts.Progress)
+	}
+	if n := e.sideEffects("a"); n != 1 {
+		t.Fatalf("side effect ran %d times", n)
+	}
+}
+
+func TestFinalErrorsAreArchivedWithoutRetry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startInProcess()
+	ctx := context.Background()
+	raw := asynq.NewClient(e.opt)
+	defer raw.Close()
+	cases := map[string]struct {
+		task *asynq.Task
+		want string
+	}{
+		"unbuilt kind":      {mustTask(t, unbuiltArgs{}), "not available in this build"},
+		"unknown kind":      {asynq.NewTask("nope:x", []byte("{}"), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), `unknown task kind "nope:x"`},
+		"malformed payload": {asynq.NewTask(kindSlow, []byte("\xff not json"), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), "malformed payload"},
+		"future version":    {asynq.NewTask(kindSlow, []byte(`{"v":7,"args":{}}`), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), "payload version 7"},
+	}
+	for name, c := range cases {
+		info, err := raw.EnqueueContext(ctx, c.task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := e.waitFor(info.ID, 20*time.Second, "archived", state("archived"))
+		if ts.Retried != 0 || !strings.Contains(ts.LastErr, c.want) || strings.Contains(ts.LastErr, "\n") {
+			t.Errorf("%s: retried=%d err=%q; want no retry and a one-line error containing %q", name, ts.Retried, ts.LastErr, c.want)
+		}
+	}
+}
+
+func mustTask(t *testing.T, a scheduler.Args) *asynq.Task {
+	task, err := scheduler.NewTask(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return task
+}
+
+func TestPanicBecomesTaskError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startInProcess()
+	id := e.enqueue(panicArgs{})
+	ts := e.waitFor(id, 30*time.Second, "failed with the panic", func(ts scheduler.TaskStatus) bool {
+		return ts.Retried >= 1 && strings.Contains(ts.LastErr, "panicked: boom")
+	})
+	if ts.Progress.State != "failed" {
+		t.Fatalf("progress state %q, want failed", ts.Progress.State)
+	}
+}
+
+func TestRedisRestartUnderRunningWorker(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startInProcess()
+	id := e.enqueue(slowArgs{Name: "before", Steps: 1, StepMS: 1})
+	e.waitFor(id, 20*time.Second, "completed", state("completed"))
+	e.redis.Stop()
+	e.redis.Start()
+	id = e.enqueue(slowArgs{Name: "after", Steps: 1, StepMS: 1})
+	e.waitFor(id, 60*time.Second, "completed after the restart", state("completed"))
+	if e.sideEffects("before") != 1 || e.sideEffects("after") != 1 {
+		t.Fatal("side effects lost or repeated across the restart")
+	}
+}
+
+func TestSIGTERMRequeuesAndAnotherWorkerCompletes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.startChild()
+	id := e.enqueue(slowArgs{Name: "term", Steps: 40, StepMS: 50})
+	e.waitFor(id, 30*time.Second, "running", func(ts scheduler.TaskStatus) bool {
+		return ts.State == "active" && ts.Progress.Fraction > 0
+	})
+	if err := a.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- a.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("worker exit after SIGTERM: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker did not exit within its grace period")
+	}
+	ts, err := e.c.Task(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts.State == "completed" || ts.Progress.State != "interrupted" || ts.Retried != 0 {
+		t.Fatalf("after SIGTERM: state=%s progress=%s retried=%d; want re-queued, interrupted, no retry used", ts.State, ts.Progress.State, ts.Retried)
+	}
+	if n := e.sideEffects("term"); n != 0 {
+		t.Fatalf("interrupted task left %d side effects", n)
+	}
+	e.startChild()
+	e.waitFor(id, 60*time.Second, "completed by the second worker", state("completed"))
+	if n := e.sideEffects("term"); n != 1 {
+		t.Fatalf("side effect ran %d times, want once", n)
+	}
+}
+
+// TestSIGKILLRecoveredByAnotherWorker waits out asynq's lease: a killed
+// worker stops extending it, and a task is recovered once its lease is 30s
+// past expiry (asynq's allowance for clock skew). A worker's recoverer
+// runs when it starts, so the second worker is started right after that
+// point, which the test reads from the lease itself: about a minute.
+func TestSIGKILLRecoveredByAnotherWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for asynq's lease expiry (about a minute)")
+	}
+	t.Parallel()
+	e := newEnv(t)
+	a := e.startChild()
+	id := e.enqueue(slowArgs{Name: "kill", Steps: 40, StepMS: 50})
+	e.waitFor(id, 30*time.Second, "running", func(ts scheduler.TaskStatus) bool {
+		return ts.State == "active" && ts.Progress.Fraction > 0
+	})
+	if err := a.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Wait()
+	exp, err := e.rdb.ZScore(context.Background(), "asynq:{"+scheduler.QueueIngest+"}:lease", id).Result()
+	if err != nil {
+		t.Fatalf("lease of %s: %v", id, err)
+	}
+	recoverable := time.Unix(int64(exp), 0).Add(31 * time.Second)
+	time.Sleep(time.Until(recoverable))
+	e.startChild()
+	ts := e.waitFor(id, 60*time.Second, "completed by the second worker", state("completed"))
+	if n := e.sideEffects("kill"); n != 1 {
+		t.Fatalf("side effect ran %d times, want once", n)
+	}
+	if ts.Retried != 1 {
+		t.Logf("retried=%d", ts.Retried)
+	}
+}
+
+func TestParseQueues(t *testing.T) {
+	q, err := ParseQueues("ingest=4, append=1,gpu")
+	if err != nil || q["ingest"] != 4 || q["append"] != 1 || q["gpu"] != 1 {
+		t.Fatalf("ParseQueues = %v, %v", q, err)
+	}
+	for _, bad := range []string{"", "cpu=2", "ingest=0", "ingest=x"} {
+		if _, err := ParseQueues(bad); err == nil {
+			t.Errorf("ParseQueues(%q) succeeded", bad)
+		}
+	}
+}

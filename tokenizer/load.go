@@ -120,6 +120,9 @@ func Parse(data []byte) (*Tokenizer, error) {
 	if f.Model == nil {
 		return nil, formatErr("no model; kiln needs a BPE model")
 	}
+	if f.Model.Type != "BPE" {
+		return nil, formatErr("model %q is not supported (kiln supports BPE)", f.Model.Type)
+	}
 	t := &Tokenizer{}
 	sum := sha256.Sum256(data)
 	t.sha256 = hex.EncodeToString(sum[:])

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/kiln-lm/kiln/tokenizer"
+)
+
+func init() {
+	var tokPath, in, out, dtype string
+	tok := &cobra.Command{
+		Use:   "tokenize --tokenizer FILE --in TEXT --out IDS [--dtype u16|u32]",
+		Short: "Encode a text file into raw little-endian token ids",
+		Long: `tokenize encodes TEXT with a tokenizer.json and writes the ids as raw
+little-endian u16 or u32 values, for inspection and interchange. u16 is
+refused when the vocabulary has more than 65536 tokens.`,
+		Args: exactArgs(0, "no positional arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runTokenize(cmd.Context(), cmd.ErrOrStderr(), tokPath, in, out, dtype)
+		},
+	}
+	tok.Flags().StringVar(&tokPath, "tokenizer", "", "tokenizer.json to encode with (required)")
+	tok.Flags().StringVar(&in, "in", "", "text file to encode (required)")
+	tok.Flags().StringVar(&out, "out", "", "file to write the ids to (required)")
+	tok.Flags().StringVar(&dtype, "dtype", "u16", "id width: u16 or u32")
+	rootCmd.AddCommand(tok)
+
+	var inputs []string
+	var opts tokenizer.TrainOptions
+	var special []string
+	var trainOut string
+	train := &cobra.Command{
+		Use:   "train --in FILES... --vocab 16384 --out tokenizer.json",
+		Short: "Train a byte-level BPE vocabulary on text files",
+		Args:  exactArgs(0, "no positional arguments (pass files with --in)"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts.SpecialTokens = special
+			return runTokenizerTrain(cmd.Context(), cmd.ErrOrStderr(), inputs, trainOut, opts)
+		},
+	}
+	train.Flags().StringSliceVar(&inputs, "in", nil, "text files to learn from (repeat or comma-separate; required)")
+	train.Flags().IntVar(&opts.VocabSize, "vocab", 16384, "vocabulary size, counting special tokens and the 256 byte symbols")
+	train.Flags().Int64Var(&opts.MinFrequency, "min-frequency", 2, "do not merge pairs seen fewer times")
+	train.Flags().StringSliceVar(&special, "special", []string{"<|endoftext|>"}, "special tokens, first ids in order (the first end-of-text name is the EOS)")
+	train.Flags().StringVar(&opts.Pattern, "pattern", "gpt4", "pre-tokenizer: gpt4 (GPT-4/Llama-3 split) or gpt2")
+	train.Flags().StringVar(&trainOut, "out", "tokenizer.json", "file to write")
+	group := &cobra.Command{Use: "tokenizer", Short: "Tokenizer vocabularies: train"}
+	group.AddCommand(train)
+	rootCmd.AddCommand(group)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+func runTokenize(ctx context.Context, errOut io.Writer, tokPath, in, out, dtype string) error {
+	if tokPath == "" || in == "" || out == "" {
+		return badInput("tokenize needs --tokenizer, --in and --out; see 'sched tokenize --help'")
+	}
+	width := 0
+	switch dtype {
+	case "u16":
+		width = 2
+	case "u32":
+		width = 4
+	default:
+		return badInput("--dtype %q is not u16 or u32", dtype)
+	}
+	tk, err := tokenizer.Load(tokPath)
+	if err != nil {
+		return err
+	}
+	if width == 2 && tk.VocabSize() > 1<<16 {
+		return badInput("tokenizer %s has %d tokens, more than the 65536 that --dtype u16 holds; use --dtype u32", tokPath, tk.VocabSize())
+	}
+	src, err := os.Open(in)
+	if err != nil {
+		return badInput("tokenize: cannot open --in: %v", err)
+	}
+	defer src.Close()
+	var r io.Reader = src
+	if st, err := src.Stat(); err == nil && isTerminal(errOut) {
+		bar := progressbar.DefaultBytes(st.Size(), "tokenize")
+		defer bar.Finish()
+		r = io.TeeReader(src, bar)
+	}
+	// Write beside the destination and rename, so that a failed run never
+	// leaves a truncated id file under the final name.
+	dst, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("tokenize: %w", err)
+	}
+	defer os.Remove(dst.Name())
+	w := bufio.NewWriterSize(dst, 1<<20)
+	var n int64
+	buf := make([]byte, 0, 1<<16)
+	err = tk.EncodeReader(ctx, r, func(ids []uint32) error {
+		n += int64(len(ids))
+		for len(ids) > 0 {
+			k := min(len(ids), cap(buf)/width)
+			buf = buf[:0]
+			for _, id := range ids[:k] {
+				if width == 2 {
+					buf = binary.LittleEndian.AppendUint16(buf, uint16(id))
+				} else {
+					buf = binary.LittleEndian.AppendUint32(buf, id)
+				}
+			}
+			if _, err := w.Write(buf); err != nil {
+				return fmt.Errorf("tokenize: write %s: %w", out, err)
+			}
+			ids = ids[k:]
+		}
+		return nil
+	})
+	if err == nil {
+		err = w.Flush()
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(dst.Name(), out); err != nil {
+		return fmt.Errorf("tokenize: %w", err)
+	}
+	fmt.Fprintf(errOut, "wrote %d ids (%s) to %s\n", n, dtype, out)
+	return nil
+}
+
+func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, out string, opts tokenizer.TrainOptions) error {
+	if len(inputs) == 0 {
+		return badInput("tokenizer train needs --in FILES; see 'sched tokenizer train --help'")
+	}
+	var readers []io.Reader
+	var total int64
+	for _, p := range inputs {
+		f, err := os.Open(p)
+		if err != nil {
+			return badInput("tokenizer train: cannot open --in: %v", err)
+		}
+		defer f.Close()
+		if st, err := f.Stat(); err == nil {
+			total += st.Size()
+		}
+		readers = append(readers, bufio.NewReaderSize(f, 1<<20))
+	}
+	if isTerminal(errOut) {
+		var bar *progressbar.ProgressBar
+		stageNow := ""
+		opts.Progress = func(stage string, done, max int64) {
+			if stage != stageNow {
+				if bar != nil {
+					_ = bar.Finish()
+				}
+				stageNow = stage
+				if stage == "count" {
+					bar = progressbar.DefaultBytes(total, "counting words")
+				} else {
+					bar = progressbar.Default(max, "learning merges")
+				}
+			}
+			_ = bar.Set64(done)
+		}
+		defer func() {
+			if bar != nil {
+				_ = bar.Finish()
+			}
+		}()
+	}
+	data, err := tokenizer.Train(ctx, readers, opts)
+	if err != nil {
+		return err
+	}
+	tmp := out + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("tokenizer train: %w", err)
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return fmt.Errorf("tokenizer train: %w", err)
+	}
+	fmt.Fprintf(errOut, "wrote %s\n", out)
+	return nil
+}

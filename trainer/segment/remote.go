@@ -1,0 +1,294 @@
+package segment
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kiln-lm/kiln/trainer"
+)
+
+// Objects is what a segment needs of the object store (S3 or a local
+// directory): whole objects by key, and listing by prefix.
+type Objects interface {
+	Put(ctx context.Context, key string, r io.Reader, size int64) error
+	Get(ctx context.Context, key string) (io.ReadCloser, error)
+	// List returns every key under prefix, in any order.
+	List(ctx context.Context, prefix string) ([]string, error)
+	Delete(ctx context.Context, key string) error
+}
+
+// MarkerFile is the completion marker of a checkpoint in object storage,
+// written after every other file of it: a checkpoint directory without one
+// is an upload that did not finish and is never resumed from.
+const MarkerFile = "_COMPLETE.json"
+
+// Marker is the marker's content.
+type Marker struct {
+	Step   int   `json:"step"`
+	Tokens int64 `json:"tokens_seen"`
+	// Token is the fencing token of the worker that wrote the checkpoint.
+	Token int64 `json:"fencing_token"`
+	// Files lists the checkpoint's files and sizes, so that a download can
+	// be checked before it is used.
+	Files   map[string]int64 `json:"files"`
+	Written time.Time        `json:"written"`
+}
+
+// CheckpointPrefix is checkpoints/<run>/ in object storage.
+func CheckpointPrefix(run string) string { return "checkpoints/" + run + "/" }
+
+// ResultsPrefix is results/<run>/ in object storage.
+func ResultsPrefix(run string) string { return "results/" + run + "/" }
+
+func checkpointKey(run string, step int) string {
+	return CheckpointPrefix(run) + trainer.StepDir(step) + "/"
+}
+
+// RemoteSteps lists the steps of the run's complete checkpoints in object
+// storage, in increasing order.
+func RemoteSteps(ctx context.Context, obj Objects, run string) ([]int, error) {
+	keys, err := obj.List(ctx, CheckpointPrefix(run))
+	if err != nil {
+		return nil, fmt.Errorf("list checkpoints of run %s: %w", run, err)
+	}
+	var steps []int
+	for _, k := range keys {
+		rest := strings.TrimPrefix(k, CheckpointPrefix(run))
+		dir, file, ok := strings.Cut(rest, "/")
+		if !ok || file != MarkerFile {
+			continue
+		}
+		if s, ok := parseStepDir(dir); ok {
+			steps = append(steps, s)
+		}
+	}
+	sort.Ints(steps)
+	return steps, nil
+}
+
+func parseStepDir(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "step-")
+	if !ok {
+		return 0, false
+	}
+	s, err := strconv.Atoi(rest)
+	return s, err == nil && s >= 0
+}
+
+// Push uploads the local checkpoint dir (a complete one: trainer writes
+// trainer_state.json last and renames the directory into place) to
+// checkpoints/<run>/step-NNNNNNN/, then, only if lock still holds, writes
+// the completion marker. Files go up in a fixed order with
+// trainer_state.json last, so that even without the marker a reader of the
+// prefix sees the trainer's own completeness rule respected.
+func Push(ctx context.Context, obj Objects, lock *Lock, run, dir string) (Marker, error) {
+	st, err := trainer.CheckCheckpoint(dir)
+	if err != nil {
+		return Marker{}, fmt.Errorf("push %s: %w", dir, err)
+	}
+	m := Marker{Step: st.Step, Tokens: st.Tokens, Files: map[string]int64{}}
+	if lock != nil {
+		m.Token = lock.Token()
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return m, fmt.Errorf("push %s: %w", dir, err)
+	}
+	var names []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && e.Name() != trainer.StateFile {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	names = append(names, trainer.StateFile)
+	prefix := checkpointKey(run, st.Step)
+	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return m, err
+		}
+		n, err := putFile(ctx, obj, prefix+name, filepath.Join(dir, name))
+		if err != nil {
+			return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run, err)
+		}
+		m.Files[name] = n
+	}
+	if lock != nil {
+		if err := lock.Check(ctx); err != nil {
+			return m, fmt.Errorf("push checkpoint step %d of run %s: not marking it complete: %w", st.Step, run, err)
+		}
+	}
+	m.Written = time.Now().UTC()
+	b, _ := json.MarshalIndent(m, "", "  ")
+	if err := obj.Put(ctx, prefix+MarkerFile, strings.NewReader(string(b)), int64(len(b))); err != nil {
+		return m, fmt.Errorf("push checkpoint step %d of run %s: marker: %w", st.Step, run, err)
+	}
+	return m, nil
+}
+
+func putFile(ctx context.Context, obj Objects, key, path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	// A file still being appended (metrics.jsonl) is sent as it was when
+	// stat'ed, so the size the store is told stays true.
+	if err := obj.Put(ctx, key, io.LimitReader(f, fi.Size()), fi.Size()); err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+// Pull downloads the complete checkpoint of step into root/step-NNNNNNN,
+// through a temporary directory renamed into place once every file has the
+// size its marker lists and the trainer's own check passes.
+func Pull(ctx context.Context, obj Objects, run string, step int, root string) (string, error) {
+	prefix := checkpointKey(run, step)
+	var m Marker
+	if err := getJSON(ctx, obj, prefix+MarkerFile, &m); err != nil {
+		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return "", fmt.Errorf("pull checkpoint: %w", err)
+	}
+	tmp, err := os.MkdirTemp(root, ".pull-step-*")
+	if err != nil {
+		return "", fmt.Errorf("pull checkpoint: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	for name, size := range m.Files {
+		if name != filepath.Base(name) || name == "." || name == ".." {
+			return "", fmt.Errorf("pull checkpoint step %d of run %s: marker lists a bad file name %q", step, run, name)
+		}
+		got, err := getFile(ctx, obj, prefix+name, filepath.Join(tmp, name))
+		if err != nil {
+			return "", fmt.Errorf("pull checkpoint step %d of run %s: %s: %w", step, run, name, err)
+		}
+		if got != size {
+			return "", fmt.Errorf("pull checkpoint step %d of run %s: %s is %d bytes, the marker says %d", step, run, name, got, size)
+		}
+	}
+	if _, err := trainer.CheckCheckpoint(tmp); err != nil {
+		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
+	}
+	final := filepath.Join(root, trainer.StepDir(step))
+	if err := os.RemoveAll(final); err != nil {
+		return "", fmt.Errorf("pull checkpoint: %w", err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return "", fmt.Errorf("pull checkpoint: %w", err)
+	}
+	return final, nil
+}
+
+func getJSON(ctx context.Context, obj Objects, key string, v any) error {
+	r, err := obj.Get(ctx, key)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if err := json.NewDecoder(r).Decode(v); err != nil {
+		return fmt.Errorf("%s: %w", key, err)
+	}
+	return nil
+}
+
+func getFile(ctx context.Context, obj Objects, key, path string) (int64, error) {
+	r, err := obj.Get(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	defer r.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return n, err
+}
+
+// Keep reports which checkpoint steps retention keeps: the last keepLast,
+// and every one whose number (step / every, every being the run's
+// checkpoint interval) is a multiple of keepEvery.
+func Keep(steps []int, every, keepLast, keepEvery int) map[int]bool {
+	keep := map[int]bool{}
+	for i, s := range steps {
+		if i >= len(steps)-keepLast {
+			keep[s] = true
+		}
+		if keepEvery > 0 && every > 0 && s%every == 0 && (s/every)%keepEvery == 0 && s > 0 {
+			keep[s] = true
+		}
+	}
+	return keep
+}
+
+// Prune deletes the run's checkpoints in object storage that retention
+// does not keep. The marker goes first, so that a checkpoint whose
+// deletion is interrupted is already incomplete and never resumed from.
+// Directories without a marker older than the newest complete checkpoint
+// are abandoned uploads and go too.
+func Prune(ctx context.Context, obj Objects, run string, every, keepLast, keepEvery int) ([]int, error) {
+	keys, err := obj.List(ctx, CheckpointPrefix(run))
+	if err != nil {
+		return nil, fmt.Errorf("prune checkpoints of run %s: %w", run, err)
+	}
+	files := map[int][]string{}
+	complete := map[int]bool{}
+	var steps []int
+	for _, k := range keys {
+		dir, file, ok := strings.Cut(strings.TrimPrefix(k, CheckpointPrefix(run)), "/")
+		s, sok := parseStepDir(dir)
+		if !ok || !sok {
+			continue
+		}
+		files[s] = append(files[s], k)
+		if file == MarkerFile {
+			complete[s] = true
+			steps = append(steps, s)
+		}
+	}
+	sort.Ints(steps)
+	if len(steps) == 0 {
+		return nil, nil
+	}
+	newest := steps[len(steps)-1]
+	keep := Keep(steps, every, keepLast, keepEvery)
+	var deleted []int
+	for s, ks := range files {
+		if keep[s] || (!complete[s] && s >= newest) {
+			continue
+		}
+		// The marker first; path.Base of the marker key is MarkerFile.
+		sort.Slice(ks, func(i, j int) bool { return path.Base(ks[i]) == MarkerFile && path.Base(ks[j]) != MarkerFile })
+		for _, k := range ks {
+			if err := obj.Delete(ctx, k); err != nil {
+				return deleted, fmt.Errorf("prune checkpoint step %d of run %s: %w", s, run, err)
+			}
+		}
+		deleted = append(deleted, s)
+	}
+	sort.Ints(deleted)
+	return deleted, nil
+}
+
+// ErrNoRemote is returned when object storage holds no complete checkpoint.
+var ErrNoRemote = errors.New("no complete checkpoint in object storage")

@@ -1,0 +1,314 @@
+package segment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
+	"github.com/kiln-lm/kiln/trainer/runs"
+)
+
+// Params configure one segment. Zero values take the defaults noted; the
+// defaults are resolved in withDefaults and nowhere else.
+type Params struct {
+	// Run is the run to train (required).
+	Run runs.Run
+	// Dir is the worker's local run root: the run lives in Dir/<run>
+	// (checkpoints, metrics.jsonl, summary.md, loss.svg). Required.
+	Dir string
+	// TokensDir resolves the mixture's relative store names.
+	TokensDir string
+	// Objects is the object store; nil trains from local checkpoints only.
+	Objects Objects
+	// Redis holds the run's lock and state (required).
+	Redis redis.UniversalClient
+	// Owner names this worker to whoever finds the run locked. Default
+	// host:pid.
+	Owner string
+	// LockTTL is the lock's lease. Default 30s: a worker that dies holds
+	// the run for at most this long.
+	LockTTL time.Duration
+	// UploadGrace bounds the wait for uploads once the segment is
+	// cancelled; keep it below the worker's shutdown grace. Default 60s.
+	UploadGrace time.Duration
+	// Tokenizer is tokenizer.json's bytes, copied into every checkpoint.
+	Tokenizer []byte
+	// Engine, when set, is used instead of one made from the run's engine.
+	Engine model.Engine
+	// OpenData opens the run's data. Default: trainer.OpenMixture over
+	// the mixture's stores.
+	OpenData func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error)
+	// PeakFLOPS is the device's peak for MFU (0 leaves it out).
+	PeakFLOPS float64
+	// Bench holds `sched bench` rows for the throughput gate.
+	Bench []results.BenchRow
+	// Sample, when set, generates the sane-generation gate's sample from a
+	// finished run's final checkpoint directory.
+	Sample func(ctx context.Context, checkpoint string) (ids []int32, text string, err error)
+	// Progress receives every optimizer step, for progress displays.
+	Progress func(step, total int, m *trainer.Metrics)
+	// FreeSpace reports the free bytes of a directory's filesystem.
+	// Default: statfs.
+	FreeSpace func(dir string) (int64, error)
+	Log       *zap.Logger
+}
+
+func (p Params) withDefaults() Params {
+	if p.Owner == "" {
+		host, _ := os.Hostname()
+		p.Owner = host + ":" + strconv.Itoa(os.Getpid())
+	}
+	if p.LockTTL == 0 {
+		p.LockTTL = 30 * time.Second
+	}
+	if p.UploadGrace == 0 {
+		p.UploadGrace = 60 * time.Second
+	}
+	if p.FreeSpace == nil {
+		p.FreeSpace = freeSpace
+	}
+	if p.Log == nil {
+		p.Log = zap.NewNop()
+	}
+	if p.OpenData == nil {
+		p.OpenData = func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error) {
+			return trainer.OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+		}
+	}
+	return p
+}
+
+func (p Params) validate() error {
+	switch {
+	case p.Run.Name == "":
+		return errors.New("segment: Params.Run has no name")
+	case p.Dir == "":
+		return errors.New("segment: Params.Dir is required")
+	case p.Redis == nil:
+		return errors.New("segment: Params.Redis is required")
+	}
+	return nil
+}
+
+// Outcome is where a segment stopped.
+type Outcome struct {
+	Step, TotalSteps int
+	// Done is true when the run reached its end: no next segment is due.
+	Done bool
+	// Checkpoint is the local directory of the last checkpoint; Uploaded
+	// the step of the last one marked complete in object storage (-1 none).
+	Checkpoint string
+	Uploaded   int
+	// ResumedFrom is the step the segment started from, and where it found
+	// it: "local", "object storage" or "" for a fresh run.
+	ResumedFrom  int
+	ResumeSource string
+}
+
+// RunDir is the local directory of run under root.
+func RunDir(root, run string) string { return filepath.Join(root, run) }
+
+// Run trains one segment of p.Run. It returns the Outcome and, when the
+// segment was cancelled (SIGTERM, `sched cancel`), ctx's error after its
+// last checkpoint is written and, within UploadGrace, uploaded.
+func Run(ctx context.Context, p Params) (Outcome, error) {
+	p = p.withDefaults()
+	out := Outcome{Uploaded: -1}
+	if err := p.validate(); err != nil {
+		return out, err
+	}
+	run := p.Run.Name
+	rc := p.Run.RunConfig.WithDefaults()
+	rc.Mixture = resolveStores(rc.Mixture, p.TokensDir)
+	out.TotalSteps = rc.TotalSteps
+	mc, err := rc.ModelConfig()
+	if err != nil {
+		return out, err
+	}
+	log := p.Log.With(zap.String("run", run))
+
+	lock, err := Acquire(ctx, p.Redis, run, p.Owner, p.LockTTL, log)
+	if err != nil {
+		return out, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := lock.Release(rctx); err != nil {
+			log.Warn("release run lock", zap.Error(err))
+		}
+	}()
+
+	dir := RunDir(p.Dir, run)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return out, fmt.Errorf("run %s: %w", run, err)
+	}
+	if out.ResumedFrom, out.ResumeSource, err = p.restore(ctx, dir); err != nil {
+		return out, err
+	}
+	if err := p.guardDisk(dir, -1); err != nil {
+		return out, err
+	}
+
+	// Losing the lock stops training at once: another worker owns the run.
+	tctx, cancelTrain := context.WithCancel(ctx)
+	defer cancelTrain()
+	go func() {
+		select {
+		case <-lock.Lost():
+			cancelTrain()
+		case <-tctx.Done():
+		}
+	}()
+
+	up := newUploader(p, lock, dir, rc, log)
+	go up.loop()
+
+	data, err := p.OpenData(rc, mc)
+	if err != nil {
+		up.finish(ctx, p.UploadGrace)
+		return out, err
+	}
+	var stateMu sync.Mutex
+	lastState := time.Time{}
+	hooks := trainer.Hooks{
+		Metrics: func(m trainer.Metrics) {
+			if p.Progress != nil {
+				p.Progress(m.Step, rc.TotalSteps, &m)
+			}
+			stateMu.Lock()
+			due := time.Since(lastState) >= time.Second
+			if due {
+				lastState = time.Now()
+			}
+			stateMu.Unlock()
+			if due {
+				p.writeState(tctx, lock, rc, m, log)
+			}
+		},
+		Step: func(step, total int) {
+			if p.Progress != nil {
+				p.Progress(step, total, nil)
+			}
+		},
+		Checkpoint: func(_ context.Context, cdir string, step int) error {
+			if err := p.guardDisk(dir, up.uploadedStep()); err != nil {
+				return err
+			}
+			up.push(cdir, step)
+			return nil
+		},
+	}
+	res, terr := trainer.Run(tctx, trainer.Config{
+		Run: rc, Out: dir, Resume: true, Data: data, Engine: p.Engine, Tokenizer: p.Tokenizer,
+		MaxSteps: p.Run.Segment.MaxSteps, MaxDuration: p.Run.Segment.MaxDuration, PeakFLOPS: p.PeakFLOPS, Log: log,
+	}, hooks)
+	out.Step, out.Done, out.Checkpoint = res.Step, res.Done, res.Checkpoint
+
+	uerr := up.finish(ctx, p.UploadGrace)
+	out.Uploaded = up.uploadedStep()
+	select {
+	case <-lock.Lost():
+		return out, fmt.Errorf("%w: run %s: stopped at step %d without marking it complete", ErrLockLost, run, res.Step)
+	default:
+	}
+	rerr := p.writeResults(context.WithoutCancel(ctx), dir, rc, out, log)
+	if terr != nil {
+		return out, terr
+	}
+	if uerr != nil {
+		return out, uerr
+	}
+	if rerr != nil {
+		return out, rerr
+	}
+	if out.Done {
+		p.writeState(ctx, lock, rc, trainer.Metrics{Step: res.Step, Tokens: res.Tokens}, log)
+	}
+	return out, nil
+}
+
+func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry {
+	out := append([]trainer.MixtureEntry(nil), m...)
+	for i := range out {
+		if root != "" && !filepath.IsAbs(out[i].Store) {
+			out[i].Store = filepath.Join(root, out[i].Store)
+		}
+	}
+	return out
+}
+
+// restore makes dir's newest checkpoint the run's newest anywhere: when
+// object storage holds a newer complete one (this worker's disk was lost,
+// or the run moved here), it is pulled. The run's metrics.jsonl comes along
+// when dir has none, so that the results keep the whole history.
+func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
+	local := -1
+	if d, err := trainer.LatestCheckpoint(dir); err == nil {
+		st, _ := trainer.CheckCheckpoint(d)
+		local = st.Step
+	} else if !errors.Is(err, trainer.ErrNoCheckpoint) {
+		return 0, "", err
+	}
+	remote := -1
+	if p.Objects != nil {
+		steps, err := RemoteSteps(ctx, p.Objects, p.Run.Name)
+		if err != nil {
+			return 0, "", err
+		}
+		if len(steps) > 0 {
+			remote = steps[len(steps)-1]
+		}
+	}
+	switch {
+	case remote > local:
+		if _, err := Pull(ctx, p.Objects, p.Run.Name, remote, dir); err != nil {
+			return 0, "", err
+		}
+		metrics := filepath.Join(dir, results.MetricsFile)
+		if _, err := os.Stat(metrics); errors.Is(err, os.ErrNotExist) {
+			if _, err := getFile(ctx, p.Objects, ResultsPrefix(p.Run.Name)+results.MetricsFile, metrics); err != nil {
+				p.Log.Warn("no metrics to continue from in object storage", zap.String("run", p.Run.Name), zap.Error(err))
+				os.Remove(metrics)
+			}
+		}
+		p.Log.Info("resuming from object storage", zap.String("run", p.Run.Name), zap.Int("step", remote))
+		return remote, "object storage", nil
+	case local >= 0:
+		p.Log.Info("resuming from the local checkpoint", zap.String("run", p.Run.Name), zap.Int("step", local))
+		return local, "local", nil
+	}
+	return 0, "", nil
+}
+
+func (p Params) writeState(ctx context.Context, lock *Lock, rc trainer.RunConfig, m trainer.Metrics, log *zap.Logger) {
+	f := map[string]string{
+		"step":    strconv.Itoa(m.Step),
+		"total":   strconv.Itoa(rc.TotalSteps),
+		"tokens":  strconv.FormatInt(m.Tokens, 10),
+		"worker":  p.Owner,
+		"updated": time.Now().UTC().Format(time.RFC3339),
+	}
+	if m.Loss != 0 {
+		f["loss"] = strconv.FormatFloat(m.Loss, 'f', 4, 64)
+	}
+	if m.TokPerS > 0 {
+		f["tok_per_s"] = strconv.FormatFloat(m.TokPerS, 'f', 0, 64)
+		left := float64(rc.TotalSteps-m.Step) * float64(rc.TokensPerStep()) / m.TokPerS
+		f["eta_s"] = strconv.FormatFloat(left, 'f', 0, 64)
+	}
+	if err := lock.Fenced(ctx, f); err != nil && !errors.Is(err, context.Canceled) {
+		log.Warn("record run state", zap.Error(err))
+	}
+}

@@ -1,0 +1,225 @@
+package segment
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
+	"github.com/kiln-lm/kiln/trainer/runs"
+)
+
+// streamData is a deterministic token stream with a learnable pattern,
+// standing in for a token store so that these tests need no ingest.
+type streamData struct{ next int }
+
+func (d *streamData) window(i, t int) []int32 {
+	w := make([]int32, t+1)
+	x := uint64(i)*0x9e3779b97f4a7c15 + 1
+	for j := range w {
+		x = x*6364136223846793005 + 1442695040888963407
+		w[j] = int32((x>>40)%61) + 2
+		if j%3 == 2 {
+			w[j] = w[j-1] // a repeat the model can learn
+		}
+	}
+	return w
+}
+
+func (d *streamData) batch(first, b, t int) model.Batch {
+	mb := model.Batch{B: b, T: t}
+	for i := 0; i < b; i++ {
+		w := d.window(first+i, t)
+		for j := 0; j < t; j++ {
+			mb.Inputs = append(mb.Inputs, w[j])
+			mb.Targets = append(mb.Targets, w[j+1])
+		}
+	}
+	return mb
+}
+
+func (d *streamData) Next(ctx context.Context, b, t int) (model.Batch, error) {
+	mb := d.batch(d.next, b, t)
+	d.next += b
+	return mb, nil
+}
+
+func (d *streamData) Eval(ctx context.Context, i, b, t int) (model.Batch, error) {
+	return d.batch(1_000_000+i*b, b, t), nil
+}
+
+func (d *streamData) Cursor() (json.RawMessage, error) { return json.Marshal(d.next) }
+func (d *streamData) Seek(c json.RawMessage) error     { return json.Unmarshal(c, &d.next) }
+func (d *streamData) Close() error                     { return nil }
+
+func openStream(trainer.RunConfig, model.Config) (trainer.Data, error) { return &streamData{}, nil }
+
+func testRun(name string, total int) runs.Run {
+	return runs.Run{
+		Name: name,
+		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 32, Batch: 2, Accumulate: 1, LR: 1e-3, Warmup: 2, TotalSteps: total,
+			LogEvery: 1, EvalEvery: 2, EvalBatches: 1, CheckpointEvery: 2, Seed: 5, Engine: "cpu", Precision: "fp32",
+			Mixture: []trainer.MixtureEntry{{Store: "stream", Weight: 1}}},
+		Tokenizer: "test",
+		Retention: runs.Retention{KeepLast: 2},
+	}
+}
+
+// losses collects the training loss of every logged step.
+type losses struct {
+	mu sync.Mutex
+	m  map[int]float64
+}
+
+func (l *losses) hook(step, total int, m *trainer.Metrics) {
+	if m == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[int]float64{}
+	}
+	l.m[m.Step] = m.Loss
+}
+
+// A worker that loses its disk costs at most one checkpoint interval: the
+// next worker pulls the newest complete checkpoint from object storage and
+// the run continues with the losses it would have had uninterrupted.
+func TestSegmentsResumeFromObjectStorageAfterLosingTheDisk(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+
+	var want losses
+	ref := testRun("ref", 8)
+	if out, err := Run(ctx, Params{Run: ref, Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Progress: want.hook}); err != nil || !out.Done {
+		t.Fatalf("reference run: %+v %v", out, err)
+	}
+
+	run := testRun("r", 8)
+	run.Segment.MaxSteps = 4
+	var first, second losses
+	diskA := t.TempDir()
+	out, err := Run(ctx, Params{Run: run, Dir: diskA, Redis: rdb, Objects: obj, OpenData: openStream, Progress: first.hook, Owner: "gpu-a"})
+	if err != nil || out.Done || out.Step != 4 || out.Uploaded != 4 || out.ResumeSource != "" {
+		t.Fatalf("first segment: %+v %v", out, err)
+	}
+	if err := os.RemoveAll(diskA); err != nil {
+		t.Fatal(err)
+	}
+	out, err = Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Progress: second.hook, Owner: "gpu-b"})
+	if err != nil || out.Step != 8 || out.ResumedFrom != 4 || out.ResumeSource != "object storage" {
+		t.Fatalf("second segment: %+v %v", out, err)
+	}
+	// The second segment is bounded at 4 steps too and ends the run.
+	if !out.Done {
+		t.Fatalf("run not done: %+v", out)
+	}
+	for step := 1; step <= 8; step++ {
+		got := first.m[step]
+		if step > 4 {
+			got = second.m[step]
+		}
+		if got != want.m[step] {
+			t.Errorf("step %d: loss %v, uninterrupted %v", step, got, want.m[step])
+		}
+	}
+
+	// Retention kept the last two; the state in Redis names the last one.
+	steps, err := RemoteSteps(ctx, obj, "r")
+	if err != nil || !reflect.DeepEqual(steps, []int{6, 8}) {
+		t.Fatalf("remote checkpoints %v %v", steps, err)
+	}
+	st := rdb.HGetAll(ctx, StateKey("r")).Val()
+	if st["checkpoint"] != "8" || st["step"] != "8" || st["total"] != "8" || st["worker"] != "gpu-b" {
+		t.Errorf("run state %v", st)
+	}
+
+	// results/r/ holds the whole history: the metrics of both segments.
+	rc, err := obj.Get(ctx, ResultsPrefix("r")+results.MetricsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := results.ReadMetrics(rc)
+	rc.Close()
+	if err != nil || len(recs) != 8 || *recs[0].Loss != want.m[1] {
+		t.Fatalf("results metrics: %d records, %v", len(recs), err)
+	}
+	for _, name := range []string{results.SummaryFile, results.PlotFile} {
+		r, err := obj.Get(ctx, ResultsPrefix("r")+name)
+		if err != nil {
+			t.Fatalf("results/r/%s: %v", name, err)
+		}
+		b, _ := io.ReadAll(r)
+		r.Close()
+		if len(b) < 100 {
+			t.Errorf("results/r/%s is %d bytes", name, len(b))
+		}
+		if name == results.SummaryFile && (!strings.Contains(string(b), "8 / 8") || !strings.Contains(string(b), "| smooth ")) {
+			t.Errorf("summary.md:\n%s", b)
+		}
+	}
+}
+
+func TestSecondWorkerFindsTheRunLocked(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	held, err := Acquire(ctx, rdb, "busy", "gpu-a", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	_, err = Run(ctx, Params{Run: testRun("busy", 4), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Owner: "gpu-b"})
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "gpu-a") {
+		t.Fatalf("want ErrLocked naming gpu-a, got %v", err)
+	}
+}
+
+func TestDiskGuardStopsTheSegment(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	run := testRun("full", 6)
+	run.MinFreeDisk = 10 << 30
+	free := func(string) (int64, error) { return 1 << 30, nil }
+	_, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, OpenData: openStream, FreeSpace: free})
+	if !errors.Is(err, ErrDiskFull) || !strings.Contains(err.Error(), "min_free_disk") || !strings.Contains(err.Error(), "1.0 GiB free") {
+		t.Fatalf("want ErrDiskFull naming the space, got %v", err)
+	}
+	// The lock is released, so the run can be retried once space is freed.
+	if _, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, OpenData: openStream}); err != nil {
+		t.Fatalf("retry with space: %v", err)
+	}
+}
+
+// Cancellation (SIGTERM, `sched cancel`) checkpoints at the next step and
+// uploads it before returning.
+func TestCancelledSegmentUploadsItsLastCheckpoint(t *testing.T) {
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	run := testRun("c", 40)
+	run.CheckpointEvery = 100
+	out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if step == 3 && m == nil {
+				cancel()
+			}
+		}})
+	if !errors.Is(err, context.Canceled) || out.Step != 3 || out.Uploaded != 3 {
+		t.Fatalf("cancelled segment: %+v %v", out, err)
+	}
+	if steps, _ := RemoteSteps(context.Background(), obj, "c"); !reflect.DeepEqual(steps, []int{3}) {
+		t.Fatalf("remote checkpoints %v, want [3]", steps)
+	}
+}

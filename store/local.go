@@ -1,0 +1,174 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// Local stores objects as files under a directory. Put writes a temporary
+// file beside the target and renames it, so a reader never sees a partial
+// object and a crash leaves only a temporary file, which List ignores.
+type Local struct {
+	dir string
+}
+
+// tmpSuffix marks in-progress puts; List and Get never return them.
+const tmpSuffix = ".kiln-partial"
+
+// NewLocal returns a store rooted at dir, creating it if needed.
+func NewLocal(dir string) (*Local, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("local store %s: %w", dir, err)
+	}
+	return &Local{dir: dir}, nil
+}
+
+func (l *Local) path(key string) (string, error) {
+	if err := checkKey(key); err != nil {
+		return "", err
+	}
+	if strings.HasSuffix(key, tmpSuffix) {
+		return "", fmt.Errorf("object key %q: the suffix %s is reserved", key, tmpSuffix)
+	}
+	return filepath.Join(l.dir, filepath.FromSlash(key)), nil
+}
+
+// Put implements Store.
+func (l *Local) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	p, err := l.path(key)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(p), filepath.Base(p)+".*"+tmpSuffix)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	n, err := io.Copy(f, ctxReader{ctx, r})
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	if size >= 0 && n != size {
+		return fmt.Errorf("put %s: read %d bytes, expected %d", key, n, size)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	ok = true
+	return nil
+}
+
+// Get implements Store.
+func (l *Local) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	p, err := l.path(key)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("get %s from %s: %w", key, l.dir, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	return f, nil
+}
+
+// Stat implements Store.
+func (l *Local) Stat(ctx context.Context, key string) (Info, error) {
+	p, err := l.path(key)
+	if err != nil {
+		return Info{}, err
+	}
+	fi, err := os.Stat(p)
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && fi.IsDir()) {
+		return Info{}, fmt.Errorf("stat %s in %s: %w", key, l.dir, ErrNotFound)
+	}
+	if err != nil {
+		return Info{}, fmt.Errorf("stat %s: %w", key, err)
+	}
+	return Info{Key: key, Size: fi.Size(), Modified: fi.ModTime()}, nil
+}
+
+// List implements Store.
+func (l *Local) List(ctx context.Context, prefix string) ([]Info, error) {
+	var out []Info
+	err := filepath.WalkDir(l.dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if d.IsDir() || strings.HasSuffix(p, tmpSuffix) {
+			return nil
+		}
+		rel, err := filepath.Rel(l.dir, p)
+		if err != nil {
+			return err
+		}
+		key := filepath.ToSlash(rel)
+		if !strings.HasPrefix(key, prefix) {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out = append(out, Info{Key: key, Size: fi.Size(), Modified: fi.ModTime()})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list %q in %s: %w", prefix, l.dir, err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// Delete implements Store.
+func (l *Local) Delete(ctx context.Context, key string) error {
+	p, err := l.path(key)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// ctxReader stops a copy when its context ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

@@ -1,0 +1,217 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"sync"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// S3Options configures an S3 store. Zero values take the defaults noted.
+type S3Options struct {
+	// Endpoint is host:port, without scheme.
+	Endpoint  string
+	Bucket    string
+	AccessKey string
+	SecretKey string
+	// Secure selects https.
+	Secure bool
+	// PartSize is the multipart part size: a put of unknown size buffers
+	// one part at a time, so this bounds its memory. Default 16 MiB
+	// (S3's minimum is 5 MiB).
+	PartSize uint64
+	// MaxRetries bounds minio-go's retries of one request on transient
+	// errors (connection refused, 5xx, throttling), with backoff and jitter.
+	// Only re-readable bodies are retried: whole known-size bodies and
+	// buffered parts. Default 5.
+	MaxRetries int
+}
+
+// DefaultPartSize is the multipart part size of S3 puts.
+const DefaultPartSize = 16 << 20
+
+// S3 stores objects in one bucket of an S3 server.
+type S3 struct {
+	o      S3Options
+	c      *minio.Client
+	mu     sync.Mutex
+	bucket bool // bucket known to exist
+}
+
+// NewS3 returns an S3 store. It does not contact the server; the bucket is
+// created on the first put.
+func NewS3(o S3Options) (*S3, error) {
+	if o.PartSize == 0 {
+		o.PartSize = DefaultPartSize
+	}
+	if o.PartSize < 5<<20 {
+		return nil, fmt.Errorf("s3 part size %d is below S3's 5 MiB minimum", o.PartSize)
+	}
+	if o.MaxRetries == 0 {
+		o.MaxRetries = 5
+	}
+	c, err := minio.New(o.Endpoint, &minio.Options{
+		Creds:      credentials.NewStaticV4(o.AccessKey, o.SecretKey, ""),
+		Secure:     o.Secure,
+		MaxRetries: o.MaxRetries,
+	})
+	if err != nil {
+		return nil, &S3Error{Op: "connect", URL: o.url(""), Err: err, bad: true}
+	}
+	return &S3{o: o, c: c}, nil
+}
+
+func (o S3Options) url(key string) string {
+	scheme := "http"
+	if o.Secure {
+		scheme = "https"
+	}
+	u := scheme + "://" + o.Endpoint + "/" + o.Bucket
+	if key != "" {
+		u += "/" + key
+	}
+	return u
+}
+
+// S3Error names the operation, the endpoint and the object.
+type S3Error struct {
+	Op  string
+	URL string // scheme://endpoint/bucket/key
+	Err error
+	bad bool
+}
+
+func (e *S3Error) Error() string { return fmt.Sprintf("s3 %s %s: %v", e.Op, e.URL, e.Err) }
+func (e *S3Error) Unwrap() error { return e.Err }
+
+// BadInput is true for errors only the user can fix: wrong credentials or
+// a malformed endpoint.
+func (e *S3Error) BadInput() bool { return e.bad }
+
+func (s *S3) wrap(op, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	resp := minio.ToErrorResponse(err)
+	switch resp.Code {
+	case "NoSuchKey", "NoSuchBucket":
+		err = fmt.Errorf("%w (%s)", ErrNotFound, resp.Code)
+	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidSecretKey":
+		return &S3Error{Op: op, URL: s.o.url(key), bad: true,
+			Err: fmt.Errorf("%s: check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY", resp.Code)}
+	}
+	if resp.StatusCode == http.StatusNotFound && !errors.Is(err, ErrNotFound) {
+		err = fmt.Errorf("%w: %v", ErrNotFound, err)
+	}
+	return &S3Error{Op: op, URL: s.o.url(key), Err: err}
+}
+
+// ensureBucket creates the bucket on first use.
+func (s *S3) ensureBucket(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bucket {
+		return nil
+	}
+	ok, err := s.c.BucketExists(ctx, s.o.Bucket)
+	if err != nil {
+		return s.wrap("check bucket", "", err)
+	}
+	if !ok {
+		err := s.c.MakeBucket(ctx, s.o.Bucket, minio.MakeBucketOptions{})
+		if code := minio.ToErrorResponse(err).Code; err != nil && code != "BucketAlreadyOwnedByYou" && code != "BucketAlreadyExists" {
+			return s.wrap("create bucket", "", err)
+		}
+	}
+	s.bucket = true
+	return nil
+}
+
+// Put implements Store. S3 makes a put visible only when it completes (a
+// single PUT, or the completion of a multipart upload), so readers never
+// see part of an object; a failed multipart upload is aborted.
+func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if err := s.ensureBucket(ctx); err != nil {
+		return err
+	}
+	_, err := s.c.PutObject(ctx, s.o.Bucket, key, ctxReader{ctx, r}, size, minio.PutObjectOptions{
+		PartSize:    s.o.PartSize,
+		ContentType: "application/octet-stream",
+	})
+	return s.wrap("put", key, err)
+}
+
+// Get implements Store.
+func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	// minio-go's GetObject is lazy; Stat first so that a missing object is
+	// reported here rather than on the first Read.
+	if _, err := s.Stat(ctx, key); err != nil {
+		return nil, err
+	}
+	o, err := s.c.GetObject(ctx, s.o.Bucket, key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, s.wrap("get", key, err)
+	}
+	return o, nil
+}
+
+// Stat implements Store.
+func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
+	if err := checkKey(key); err != nil {
+		return Info{}, err
+	}
+	oi, err := s.c.StatObject(ctx, s.o.Bucket, key, minio.StatObjectOptions{})
+	if err != nil {
+		return Info{}, s.wrap("stat", key, err)
+	}
+	return Info{Key: oi.Key, Size: oi.Size, Modified: oi.LastModified}, nil
+}
+
+// List implements Store. A bucket that does not exist yet lists empty.
+func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
+	var out []Info
+	for oi := range s.c.ListObjects(ctx, s.o.Bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+		if oi.Err != nil {
+			if minio.ToErrorResponse(oi.Err).Code == "NoSuchBucket" {
+				return nil, nil
+			}
+			return nil, s.wrap("list", prefix+"*", oi.Err)
+		}
+		out = append(out, Info{Key: oi.Key, Size: oi.Size, Modified: oi.LastModified})
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+// Delete implements Store.
+func (s *S3) Delete(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	err := s.c.RemoveObject(ctx, s.o.Bucket, key, minio.RemoveObjectOptions{})
+	if code := minio.ToErrorResponse(err).Code; code == "NoSuchKey" || code == "NoSuchBucket" {
+		return nil
+	}
+	return s.wrap("delete", key, err)
+}
+
+// Check verifies that the server answers and accepts the credentials.
+func (s *S3) Check(ctx context.Context) error {
+	_, err := s.c.BucketExists(ctx, s.o.Bucket)
+	return s.wrap("check", "", err)
+}

@@ -1,0 +1,53 @@
+// Package store is kiln's object store: one interface, implemented by S3
+// (through minio-go) and by a local directory. Keys use the prefixes of the
+// design (tokens/<dataset>/shards/, tokenizers/<name>/, checkpoints/<run>/,
+// results/<run>/). A Put is atomic from a reader's point of view: a reader
+// sees the old object, or none, or the whole new one, never a part.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// Store is an object store.
+type Store interface {
+	// Put stores r's bytes at key. size is the length, or -1 when unknown
+	// (streamed in bounded parts).
+	Put(ctx context.Context, key string, r io.Reader, size int64) error
+	// Get opens key for reading; the caller closes it.
+	Get(ctx context.Context, key string) (io.ReadCloser, error)
+	// Stat returns key's metadata.
+	Stat(ctx context.Context, key string) (Info, error)
+	// List returns the objects whose keys start with prefix, sorted by key.
+	List(ctx context.Context, prefix string) ([]Info, error)
+	// Delete removes key; deleting a missing key is not an error.
+	Delete(ctx context.Context, key string) error
+}
+
+// Info describes one object.
+type Info struct {
+	Key      string
+	Size     int64
+	Modified time.Time
+}
+
+// ErrNotFound is returned (wrapped) by Get and Stat for a missing key.
+var ErrNotFound = errors.New("object not found")
+
+// checkKey rejects keys that would escape a prefix or a directory.
+func checkKey(key string) error {
+	if key == "" || strings.HasPrefix(key, "/") || strings.HasSuffix(key, "/") {
+		return fmt.Errorf("object key %q: must be a non-empty relative path not ending in /", key)
+	}
+	for _, part := range strings.Split(key, "/") {
+		if part == "" || part == "." || part == ".." {
+			return fmt.Errorf("object key %q: empty, . or .. path element", key)
+		}
+	}
+	return nil
+}

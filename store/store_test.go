@@ -1,0 +1,212 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+)
+
+func newS3(t *testing.T, s *testsvc.S3Server, retries int) *S3 {
+	st, err := NewS3(S3Options{Endpoint: s.Endpoint, Bucket: "kiln", AccessKey: s.AccessKey, SecretKey: s.SecretKey, PartSize: 5 << 20, MaxRetries: retries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// TestStores runs one suite against both implementations.
+func TestStores(t *testing.T) {
+	t.Parallel()
+	stores := map[string]func(t *testing.T) Store{
+		"local": func(t *testing.T) Store {
+			l, err := NewLocal(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		},
+		"s3": func(t *testing.T) Store { return newS3(t, testsvc.S3(t), 0) },
+	}
+	for name, mk := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testStore(t, mk(t))
+		})
+	}
+}
+
+func testStore(t *testing.T, s Store) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if got, err := s.List(ctx, ""); err != nil || len(got) != 0 {
+		t.Fatalf("empty store lists %v, %v", got, err)
+	}
+	if _, err := s.Stat(ctx, "results/none"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Stat of missing key: %v; want ErrNotFound", err)
+	}
+	if _, err := s.Get(ctx, "results/none"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of missing key: %v; want ErrNotFound", err)
+	}
+	small := []byte("hello")
+	if err := s.Put(ctx, "results/r1/summary.md", bytes.NewReader(small), int64(len(small))); err != nil {
+		t.Fatal(err)
+	}
+	// Unknown size, larger than two parts: the streaming multipart path.
+	big := make([]byte, 11<<20+123)
+	rand.Read(big)
+	if err := s.Put(ctx, "tokens/d/shards/0001.bin", io.MultiReader(bytes.NewReader(big)), -1); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.Get(ctx, "tokens/d/shards/0001.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("round trip of %d bytes: got %d bytes, equal=%v, %v", len(big), len(got), bytes.Equal(got, big), err)
+	}
+	if fi, err := s.Stat(ctx, "tokens/d/shards/0001.bin"); err != nil || fi.Size != int64(len(big)) {
+		t.Fatalf("Stat = %+v, %v", fi, err)
+	}
+	list, err := s.List(ctx, "tokens/")
+	if err != nil || len(list) != 1 || list[0].Key != "tokens/d/shards/0001.bin" {
+		t.Fatalf("List(tokens/) = %+v, %v", list, err)
+	}
+	if all, _ := s.List(ctx, ""); len(all) != 2 || all[0].Key != "results/r1/summary.md" {
+		t.Fatalf("List() = %+v", all)
+	}
+	// A put whose reader fails leaves no object visible.
+	err = s.Put(ctx, "results/r1/broken", io.MultiReader(bytes.NewReader(big[:6<<20]), failingReader{}), -1)
+	if err == nil {
+		t.Fatal("put from a failing reader succeeded")
+	}
+	if _, err := s.Stat(ctx, "results/r1/broken"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("failed put left an object: %v", err)
+	}
+	if all, _ := s.List(ctx, "results/"); len(all) != 1 {
+		t.Fatalf("failed put visible in List: %+v", all)
+	}
+	if err := s.Delete(ctx, "results/r1/summary.md"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "results/r1/summary.md"); err != nil {
+		t.Fatalf("second delete: %v", err)
+	}
+	if _, err := s.Stat(ctx, "results/r1/summary.md"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleted object still there: %v", err)
+	}
+	for _, bad := range []string{"", "/abs", "a/../b", "dir/"} {
+		if err := s.Put(ctx, bad, strings.NewReader("x"), 1); err == nil {
+			t.Errorf("Put(%q) accepted a bad key", bad)
+		}
+	}
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("source went away") }
+
+// blockingReader yields n bytes, then blocks until released.
+type blockingReader struct {
+	r       io.Reader
+	reached chan struct{}
+	release chan struct{}
+	n       int
+}
+
+func (b *blockingReader) Read(p []byte) (int, error) {
+	if b.n <= 0 {
+		if b.reached != nil {
+			close(b.reached)
+			b.reached = nil
+		}
+		<-b.release
+		return b.r.Read(p)
+	}
+	if len(p) > b.n {
+		p = p[:b.n]
+	}
+	n, err := b.r.Read(p)
+	b.n -= n
+	return n, err
+}
+
+func TestS3UnreachableDuringPut(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	s := newS3(t, srv, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := s.Put(ctx, "results/first", strings.NewReader("x"), 1); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 12<<20)
+	rand.Read(body)
+	br := &blockingReader{r: bytes.NewReader(body), n: 7 << 20, reached: make(chan struct{}), release: make(chan struct{})}
+	errc := make(chan error, 1)
+	go func() { errc <- s.Put(ctx, "checkpoints/run/step-0000100/model.safetensors", br, -1) }()
+	<-br.reached // one part is uploaded and the second is being read
+	srv.Stop()
+	close(br.release)
+	err := <-errc
+	if err == nil {
+		t.Fatal("put succeeded while the server was down")
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, srv.Endpoint) || !strings.Contains(msg, "checkpoints/run/step-0000100/model.safetensors") || strings.Contains(msg, "\n") {
+		t.Fatalf("error %q must name the endpoint %s and the object, on one line", msg, srv.Endpoint)
+	}
+	var se *S3Error
+	if !errors.As(err, &se) || se.BadInput() {
+		t.Fatalf("an unreachable server is not bad input: %#v", err)
+	}
+	srv.Start()
+	if _, err := s.Stat(ctx, "checkpoints/run/step-0000100/model.safetensors"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("interrupted put left a visible object: %v", err)
+	}
+	if err := s.Put(ctx, "checkpoints/run/step-0000100/model.safetensors", bytes.NewReader(body), -1); err != nil {
+		t.Fatalf("put after the server came back: %v", err)
+	}
+	fi, err := s.Stat(ctx, "checkpoints/run/step-0000100/model.safetensors")
+	if err != nil || fi.Size != int64(len(body)) {
+		t.Fatalf("after retry: %+v, %v", fi, err)
+	}
+}
+
+func TestS3WrongCredentialsIsBadInput(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	s, err := NewS3(S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: "wrong-secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for name, op := range map[string]func() error{
+		"put":   func() error { return s.Put(ctx, "results/x", strings.NewReader("x"), 1) },
+		"check": func() error { return s.Check(ctx) },
+	} {
+		err := op()
+		var se *S3Error
+		if !errors.As(err, &se) || !se.BadInput() || !strings.Contains(err.Error(), "KILN_S3_SECRET_KEY") || !strings.Contains(err.Error(), srv.Endpoint) {
+			t.Errorf("%s with a wrong secret: %v; want bad input naming the endpoint and KILN_S3_SECRET_KEY", name, err)
+		}
+	}
+	if strings.Contains(fmtErr(s.Check(ctx)), "wrong-secret") {
+		t.Error("error shows the secret")
+	}
+}
+
+func fmtErr(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -47,6 +47,16 @@
 // Sampler.Cursor is a few integers per store that, passed back to
 // NewSampler, resumes the sequence exactly.
 //
+//	s, err := tokens.NewSampler([]tokens.Source{{Store: code, Weight: 0.7}, {Store: web, Weight: 0.3}},
+//		tokens.Config{SeqLen: 1024, Seed: seed}, resumed) // resumed: nil, or a saved *Cursor
+//	buf := make([]int32, s.SeqLen()+1)
+//	_, _, err = s.Next(ctx, buf) // inputs buf[:1024], targets buf[1:]
+//	state.Cursor = s.Cursor()    // saved with the checkpoint
+//
+// A store opened once keeps its length for the life of the Store; a run
+// sees tokens appended since it opened its stores after it reopens them
+// (on resume), from the next epoch of that store on.
+//
 // # Held-out evaluation split
 //
 // Window i of a store is held out for evaluation when a fixed hash of i

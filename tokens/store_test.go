@@ -212,3 +212,31 @@ func TestStoreKilledDuringCreation(t *testing.T) {
 		t.Fatalf("store holds %v", got)
 	}
 }
+
+func TestReaderKeepsItsViewWhileTheStoreGrows(t *testing.T) {
+	dir := t.TempDir()
+	a := openTestAppender(t, dir, testTok)
+	one := shardIDs(1, 1000, 1000, 0)
+	appendIDs(t, a, "one", one)
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	appendIDs(t, a, "two", shardIDs(2, 5000, 1000, 0))
+	if s.Len() != 1000 {
+		t.Fatalf("an open store's Len went from 1000 to %d", s.Len())
+	}
+	dst := make([]int32, 100)
+	if err := s.Window(9, 99, dst); err != nil {
+		t.Fatal(err)
+	}
+	for j := range dst {
+		if dst[j] != int32(one[900+j]) {
+			t.Fatalf("window 9 token %d = %d, want %d", j, dst[j], one[900+j])
+		}
+	}
+	if got := readAll(t, dir); len(got) != 6000 {
+		t.Fatalf("a store opened after the append holds %d tokens, want 6000", len(got))
+	}
+}

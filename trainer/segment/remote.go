@@ -14,18 +14,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
 )
 
-// Objects is what a segment needs of the object store (S3 or a local
-// directory): whole objects by key, and listing by prefix.
-type Objects interface {
-	Put(ctx context.Context, key string, r io.Reader, size int64) error
-	Get(ctx context.Context, key string) (io.ReadCloser, error)
-	// List returns every key under prefix, in any order.
-	List(ctx context.Context, prefix string) ([]string, error)
-	Delete(ctx context.Context, key string) error
-}
+// Objects is the object store a segment pushes to and pulls from: S3 in
+// the compose stack, a local directory in the demo.
+type Objects = store.Store
 
 // MarkerFile is the completion marker of a checkpoint in object storage,
 // written after every other file of it: a checkpoint directory without one
@@ -57,12 +52,13 @@ func checkpointKey(run string, step int) string {
 // RemoteSteps lists the steps of the run's complete checkpoints in object
 // storage, in increasing order.
 func RemoteSteps(ctx context.Context, obj Objects, run string) ([]int, error) {
-	keys, err := obj.List(ctx, CheckpointPrefix(run))
+	objs, err := obj.List(ctx, CheckpointPrefix(run))
 	if err != nil {
 		return nil, fmt.Errorf("list checkpoints of run %s: %w", run, err)
 	}
 	var steps []int
-	for _, k := range keys {
+	for _, o := range objs {
+		k := o.Key
 		rest := strings.TrimPrefix(k, CheckpointPrefix(run))
 		dir, file, ok := strings.Cut(rest, "/")
 		if !ok || file != MarkerFile {
@@ -247,14 +243,15 @@ func Keep(steps []int, every, keepLast, keepEvery int) map[int]bool {
 // Directories without a marker older than the newest complete checkpoint
 // are abandoned uploads and go too.
 func Prune(ctx context.Context, obj Objects, run string, every, keepLast, keepEvery int) ([]int, error) {
-	keys, err := obj.List(ctx, CheckpointPrefix(run))
+	objs, err := obj.List(ctx, CheckpointPrefix(run))
 	if err != nil {
 		return nil, fmt.Errorf("prune checkpoints of run %s: %w", run, err)
 	}
 	files := map[int][]string{}
 	complete := map[int]bool{}
 	var steps []int
-	for _, k := range keys {
+	for _, o := range objs {
+		k := o.Key
 		dir, file, ok := strings.Cut(strings.TrimPrefix(k, CheckpointPrefix(run)), "/")
 		s, sok := parseStepDir(dir)
 		if !ok || !sok {

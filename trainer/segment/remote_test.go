@@ -162,8 +162,9 @@ func TestPruneAppliesRetentionMarkerFirst(t *testing.T) {
 	if !reflect.DeepEqual(steps, []int{20, 40, 50}) {
 		t.Fatalf("kept %v, want 20 (every 2nd) and the last two", steps)
 	}
-	keys, _ := obj.List(ctx, CheckpointPrefix("r"))
-	for _, k := range keys {
+	objs, _ := obj.List(ctx, CheckpointPrefix("r"))
+	for _, o := range objs {
+		k := o.Key
 		for _, gone := range []string{"step-0000010/", "step-0000030/", "step-0000035/"} {
 			if strings.Contains(k, gone) {
 				t.Errorf("%s left behind", k)

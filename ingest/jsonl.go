@@ -1,0 +1,175 @@
+package ingest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+)
+
+// MaxLineBytes bounds one JSON line (one document). A line past it is
+// skipped as too-large rather than held in memory.
+const MaxLineBytes = 64 << 20
+
+// jsonlReader reads JSON lines, plain or compressed, one line at a time.
+type jsonlReader struct {
+	f      *os.File
+	dec    io.Closer // the decompressor, when there is one
+	br     *bufio.Reader
+	name   string
+	cols   Columns
+	line   int64
+	buf    []byte
+	fields map[string]json.RawMessage
+}
+
+func openJSONL(path string, opt OpenOptions) (*jsonlReader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if st.Size() == 0 {
+		f.Close()
+		return nil, &SkipError{Reason: SkipEmptyFile, Path: opt.Name, Err: errors.New("the file is empty")}
+	}
+	r := &jsonlReader{f: f, name: opt.Name, cols: opt.Columns}
+	var in io.Reader = f
+	switch {
+	case strings.HasSuffix(path, ".gz"):
+		z, err := gzip.NewReader(f)
+		if err != nil {
+			f.Close()
+			return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: fmt.Errorf("not gzip: %w", err)}
+		}
+		in, r.dec = z, z
+	case strings.HasSuffix(path, ".zst"):
+		// One decoder goroutine: the cores are the tokenizer's.
+		z, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		if err != nil {
+			f.Close()
+			return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: fmt.Errorf("not zstd: %w", err)}
+		}
+		in, r.dec = z, zstdCloser{z}
+	}
+	r.br = bufio.NewReaderSize(in, 1<<20)
+	return r, nil
+}
+
+type zstdCloser struct{ d *zstd.Decoder }
+
+func (z zstdCloser) Close() error { z.d.Close(); return nil }
+
+// readLine returns the next line without its newline. A line longer than
+// MaxLineBytes is consumed and reported with tooLarge set.
+func (r *jsonlReader) readLine() (line []byte, tooLarge bool, err error) {
+	r.buf = r.buf[:0]
+	for {
+		chunk, err := r.br.ReadSlice('\n')
+		if len(r.buf)+len(chunk) <= MaxLineBytes {
+			r.buf = append(r.buf, chunk...)
+		} else {
+			tooLarge = true
+		}
+		switch {
+		case err == nil:
+			return bytes.TrimRight(r.buf, "\r\n"), tooLarge, nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case errors.Is(err, io.EOF):
+			if len(r.buf) == 0 && !tooLarge {
+				return nil, false, io.EOF
+			}
+			return r.buf, tooLarge, nil
+		default:
+			return nil, false, err
+		}
+	}
+}
+
+func (r *jsonlReader) next(ctx context.Context) (record, error) {
+	for {
+		line, tooLarge, err := r.readLine()
+		if errors.Is(err, io.EOF) {
+			if r.line == 0 {
+				return record{}, &SkipError{Reason: SkipEmptyFile, Path: r.name, Err: errors.New("no lines")}
+			}
+			return record{}, io.EOF
+		}
+		if err != nil {
+			// A truncated or corrupt compressed stream surfaces here.
+			return record{}, &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: fmt.Errorf("after line %d: %w", r.line, err)}
+		}
+		r.line++
+		if tooLarge {
+			return record{skip: SkipTooLarge, id: r.lineID()}, nil
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		if !utf8.Valid(line) {
+			// encoding/json would quietly turn bad bytes into U+FFFD.
+			return record{skip: SkipInvalidUTF8, id: r.lineID()}, nil
+		}
+		clear(r.fields)
+		if err := json.Unmarshal(line, &r.fields); err != nil {
+			return record{}, &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: fmt.Errorf("line %d is not a JSON object: %w", r.line, err)}
+		}
+		rec := record{id: r.lineID()}
+		if r.cols.ID != "" {
+			if id, ok := r.str(r.cols.ID); ok && id != "" {
+				rec.id = id
+			}
+		}
+		if r.cols.Blob != "" {
+			rec.blob, _ = r.str(r.cols.Blob)
+			rec.encoding, _ = r.str(r.cols.Encoding)
+			rec.id = rec.blob
+			rec.null = rec.blob == ""
+			return rec, nil
+		}
+		text, ok := r.str(r.cols.Text)
+		if !ok {
+			rec.null = true
+		} else {
+			rec.text = []byte(text)
+		}
+		return rec, nil
+	}
+}
+
+func (r *jsonlReader) lineID() string { return r.name + "#" + strconv.FormatInt(r.line-1, 10) }
+
+// str returns a string field; a number is given as its text.
+func (r *jsonlReader) str(field string) (string, bool) {
+	raw, ok := r.fields[field]
+	if !ok || string(raw) == "null" {
+		return "", false
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return string(raw), true
+	}
+	return s, true
+}
+
+func (r *jsonlReader) Close() error {
+	if r.dec != nil {
+		r.dec.Close()
+	}
+	return r.f.Close()
+}

@@ -1,0 +1,258 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"github.com/parquet-go/parquet-go"
+)
+
+// parquetReader streams one parquet file. The text column is read a page at
+// a time, so memory is bounded by the page size (about 1 MiB in the datasets
+// kiln reads), not by the row group (often hundreds of MiB of text). The
+// small columns (ids, blob ids, encodings) are read a row group at a time.
+type parquetReader struct {
+	f    *os.File
+	pf   *parquet.File
+	path string
+	name string
+
+	text              int // leaf index of the text column, -1 when blobs are read instead
+	id, blob, encName int // leaf indexes of the small columns, -1 when absent
+
+	rg         int // next row group to open
+	base       int64
+	rows, pos  int64
+	small      map[int][]string // the small columns of the current row group
+	smallNulls map[int][]bool
+
+	pages parquet.Pages
+	page  parquet.Page
+	vr    parquet.ValueReader
+	vals  []parquet.Value
+	vi    int
+	vn    int
+}
+
+func openParquet(path string, opt OpenOptions) (*parquetReader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if st.Size() == 0 {
+		f.Close()
+		return nil, &SkipError{Reason: SkipEmptyFile, Path: opt.Name, Err: errors.New("the file is empty")}
+	}
+	pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+	if err != nil {
+		f.Close()
+		return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: fmt.Errorf("not a readable parquet file: %w", err)}
+	}
+	r := &parquetReader{f: f, pf: pf, path: path, name: opt.Name, text: -1, id: -1, blob: -1, encName: -1,
+		vals: make([]parquet.Value, 256)}
+	lookup := func(col string, required bool) (int, error) {
+		if col == "" {
+			return -1, nil
+		}
+		leaf, ok := pf.Schema().Lookup(col)
+		if !ok {
+			if !required {
+				return -1, nil
+			}
+			return -1, &SkipError{Reason: SkipMissingColumn, Path: opt.Name, Err: fmt.Errorf("no column %q (columns: %v)", col, columnNames(pf))}
+		}
+		return leaf.ColumnIndex, nil
+	}
+	c := opt.Columns
+	if c.Blob != "" {
+		r.blob, err = lookup(c.Blob, true)
+	} else {
+		r.text, err = lookup(c.Text, true)
+	}
+	if err == nil {
+		r.id, err = lookup(c.ID, true)
+	}
+	if err == nil {
+		// The encoding column is optional: python-edu has none and is UTF-8.
+		r.encName, err = lookup(c.Encoding, false)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func columnNames(pf *parquet.File) []string {
+	var names []string
+	for _, f := range pf.Schema().Fields() {
+		names = append(names, f.Name())
+	}
+	return names
+}
+
+func (r *parquetReader) corrupt(err error) error {
+	return &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: err}
+}
+
+func (r *parquetReader) next(ctx context.Context) (record, error) {
+	for r.pos >= r.rows {
+		if err := r.openRowGroup(ctx); err != nil {
+			return record{}, err
+		}
+	}
+	row := r.pos
+	var rec record
+	if r.text >= 0 {
+		v, err := r.nextText()
+		if err != nil {
+			return record{}, err
+		}
+		if v.IsNull() {
+			rec.null = true
+		} else {
+			rec.text = v.ByteArray()
+		}
+	}
+	r.pos++
+	if r.id >= 0 && !r.smallNulls[r.id][row] {
+		rec.id = r.small[r.id][row]
+	} else {
+		rec.id = r.name + "#" + strconv.FormatInt(r.base+row, 10)
+	}
+	if r.blob >= 0 {
+		rec.blob, rec.null = r.small[r.blob][row], r.smallNulls[r.blob][row]
+		rec.id = rec.blob
+	}
+	if r.encName >= 0 {
+		rec.encoding = r.small[r.encName][row]
+	}
+	return rec, nil
+}
+
+// openRowGroup moves to the next row group and reads its small columns.
+func (r *parquetReader) openRowGroup(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.closePages()
+	groups := r.pf.RowGroups()
+	if r.rg >= len(groups) {
+		return io.EOF
+	}
+	g := groups[r.rg]
+	r.rg++
+	r.base += r.rows
+	r.rows, r.pos = g.NumRows(), 0
+	r.small, r.smallNulls = map[int][]string{}, map[int][]bool{}
+	for _, col := range []int{r.id, r.blob, r.encName} {
+		if col < 0 {
+			continue
+		}
+		vals, nulls, err := readSmallColumn(g.ColumnChunks()[col], r.rows)
+		if err != nil {
+			return r.corrupt(fmt.Errorf("row group %d: %w", r.rg-1, err))
+		}
+		r.small[col], r.smallNulls[col] = vals, nulls
+	}
+	if r.text >= 0 {
+		r.pages = g.ColumnChunks()[r.text].Pages()
+	}
+	return nil
+}
+
+// nextText returns the next value of the text column, reading pages as needed.
+func (r *parquetReader) nextText() (parquet.Value, error) {
+	for r.vi >= r.vn {
+		if r.vr != nil {
+			n, err := r.vr.ReadValues(r.vals)
+			r.vi, r.vn = 0, n
+			if n > 0 {
+				continue
+			}
+			if err != nil && !errors.Is(err, io.EOF) {
+				return parquet.Value{}, r.corrupt(err)
+			}
+			parquet.Release(r.page)
+			r.page, r.vr = nil, nil
+		}
+		p, err := r.pages.ReadPage()
+		if errors.Is(err, io.EOF) {
+			return parquet.Value{}, r.corrupt(fmt.Errorf("row group %d ended after %d of %d rows", r.rg-1, r.pos, r.rows))
+		}
+		if err != nil {
+			return parquet.Value{}, r.corrupt(err)
+		}
+		r.page, r.vr = p, p.Values()
+	}
+	v := r.vals[r.vi]
+	r.vi++
+	return v, nil
+}
+
+func readSmallColumn(cc parquet.ColumnChunk, rows int64) ([]string, []bool, error) {
+	pages := cc.Pages()
+	defer pages.Close()
+	vals := make([]string, 0, rows)
+	nulls := make([]bool, 0, rows)
+	buf := make([]parquet.Value, 1024)
+	for {
+		p, err := pages.ReadPage()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		vr := p.Values()
+		for {
+			n, err := vr.ReadValues(buf)
+			for _, v := range buf[:n] {
+				nulls = append(nulls, v.IsNull())
+				if v.IsNull() {
+					vals = append(vals, "")
+				} else {
+					vals = append(vals, string(v.ByteArray()))
+				}
+			}
+			if errors.Is(err, io.EOF) || (err == nil && n == 0) {
+				break
+			}
+			if err != nil {
+				parquet.Release(p)
+				return nil, nil, err
+			}
+		}
+		parquet.Release(p)
+	}
+	if int64(len(vals)) != rows {
+		return nil, nil, fmt.Errorf("a column has %d values for %d rows", len(vals), rows)
+	}
+	return vals, nulls, nil
+}
+
+func (r *parquetReader) closePages() {
+	if r.page != nil {
+		parquet.Release(r.page)
+		r.page, r.vr = nil, nil
+	}
+	r.vi, r.vn = 0, 0
+	if r.pages != nil {
+		r.pages.Close()
+		r.pages = nil
+	}
+}
+
+func (r *parquetReader) Close() error {
+	r.closePages()
+	return r.f.Close()
+}

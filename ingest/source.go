@@ -1,0 +1,181 @@
+// Package ingest turns dataset files into token shards: it reads parquet,
+// JSON lines (plain, gzip, zstd), plain text and Software Heritage blobs as
+// streams of documents, tokenizes them on all cores, and hands the shards to
+// the token store's appender.
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// Document is one training document.
+type Document struct {
+	// ID names the document within its dataset: an id column's value, or
+	// "<file>#<row>" when there is none.
+	ID   string
+	Text string
+}
+
+// Source yields a file's documents one at a time. Next returns io.EOF after
+// the last one. A Source holds at most a page (parquet) or a line (JSON
+// lines) of text at a time, whatever the file's size.
+type Source interface {
+	Next(ctx context.Context) (Document, error)
+	// Skipped counts the records skipped so far, by reason.
+	Skipped() Skips
+	Close() error
+}
+
+// record is one row of a file before it becomes a Document: either its text,
+// or the reference of a Software Heritage blob that holds the text.
+type record struct {
+	id       string
+	text     []byte // valid until the next call to next
+	blob     string
+	encoding string
+	null     bool
+	skip     string // set when the reader already knows the record is skipped
+}
+
+// recordReader is what each file format implements.
+type recordReader interface {
+	next(ctx context.Context) (record, error)
+	Close() error
+}
+
+// textSource turns a recordReader's text records into checked Documents.
+type textSource struct {
+	r     recordReader
+	skips Skips
+}
+
+func (s *textSource) Next(ctx context.Context) (Document, error) {
+	for {
+		rec, err := s.r.next(ctx)
+		if err != nil {
+			return Document{}, err
+		}
+		if rec.skip != "" {
+			s.skips.Add(rec.skip, 1)
+			continue
+		}
+		if rec.null {
+			s.skips.Add(SkipEmptyDocument, 1)
+			continue
+		}
+		if reason := checkText(rec.text); reason != "" {
+			s.skips.Add(reason, 1)
+			continue
+		}
+		return Document{ID: rec.id, Text: string(rec.text)}, nil
+	}
+}
+
+func (s *textSource) Skipped() Skips { return s.skips }
+func (s *textSource) Close() error   { return s.r.Close() }
+
+// Reasons a record or a file is skipped. They are counted per reason and
+// recorded in the token store's manifest.
+const (
+	SkipInvalidUTF8     = "invalid-utf8"     // a document's text is not UTF-8
+	SkipEmptyDocument   = "empty-document"   // a document with no text (or a null)
+	SkipTooLarge        = "too-large"        // a line or blob past the size limit
+	SkipUnknownEncoding = "unknown-encoding" // a Software Heritage src_encoding we cannot decode
+	SkipMissingBlob     = "swh-missing"      // Software Heritage answered NoSuchKey
+	SkipCorruptFile     = "corrupt-file"     // a file that cannot be decoded (bad parquet, truncated zstd)
+	SkipEmptyFile       = "empty-file"       // a file with no documents at all
+	SkipUnsafePath      = "unsafe-path"      // a listed path that would leave the data directory
+	SkipMissingColumn   = "missing-column"   // the preset's text column is not in the file
+)
+
+// Skips counts skipped records and files by reason. It is not safe for
+// concurrent use; each Source owns one.
+type Skips map[string]int64
+
+// Add counts n more skips for reason.
+func (s Skips) Add(reason string, n int64) {
+	if n != 0 {
+		s[reason] += n
+	}
+}
+
+// Merge adds every count of o to s.
+func (s Skips) Merge(o Skips) {
+	for k, v := range o {
+		s.Add(k, v)
+	}
+}
+
+// String is "reason=n, ..." in a stable order, for messages.
+func (s Skips) String() string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(s)) {
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s=%d", k, s[k])
+	}
+	return b.String()
+}
+
+// SkipError says that a whole file was skipped, and why. It is permanent:
+// retrying the same file gives the same answer.
+type SkipError struct {
+	Reason string
+	Path   string
+	Err    error
+}
+
+func (e *SkipError) Error() string {
+	return fmt.Sprintf("%s: skipped (%s): %v", e.Path, e.Reason, e.Err)
+}
+
+func (e *SkipError) Unwrap() error { return e.Err }
+
+// SkipReason returns the reason of a SkipError in err's chain, or "".
+func SkipReason(err error) string {
+	var s *SkipError
+	if errors.As(err, &s) {
+		return s.Reason
+	}
+	return ""
+}
+
+// checkText applies the per-document checks shared by every format. It
+// returns the reason to skip the document, or "" to keep it.
+func checkText(text []byte) string {
+	switch {
+	case len(text) == 0:
+		return SkipEmptyDocument
+	case !utf8.Valid(text):
+		return SkipInvalidUTF8
+	}
+	return ""
+}
+
+// Drain reads every document of src, calling fn for each; it stops at the
+// first error of src, of fn, or of ctx.
+func Drain(ctx context.Context, src Source, fn func(Document) error) error {
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		d, err := src.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := fn(d); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,344 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+	"github.com/parquet-go/parquet-go"
+	"golang.org/x/text/encoding/charmap"
+)
+
+type codeRow struct {
+	Content *string `parquet:"content,optional"`
+	Path    string  `parquet:"path"`
+}
+
+type blobRow struct {
+	BlobID      string `parquet:"blob_id"`
+	SrcEncoding string `parquet:"src_encoding"`
+}
+
+func writeParquet[T any](t *testing.T, path string, rows []T, perGroup int64) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := parquet.NewGenericWriter[T](f, parquet.MaxRowsPerRowGroup(perGroup), parquet.PageBufferSize(256))
+	if _, err := w.Write(rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readAll(t *testing.T, path string, opt OpenOptions) ([]Document, Skips, error) {
+	t.Helper()
+	src, err := Open(context.Background(), path, opt)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer src.Close()
+	var docs []Document
+	err = Drain(context.Background(), src, func(d Document) error { docs = append(docs, d); return nil })
+	return docs, src.Skipped(), err
+}
+
+func strp(s string) *string { return &s }
+
+func TestParquetStreamsRowGroupsAndSkips(t *testing.T) {
+	dir := t.TempDir()
+	var rows []codeRow
+	var want []string
+	for i := range 50 {
+		text := fmt.Sprintf("func f%d() {}\n%s", i, strings.Repeat("x", i*37))
+		rows = append(rows, codeRow{Content: strp(text), Path: fmt.Sprintf("p%d.go", i)})
+		want = append(want, text)
+	}
+	rows[7].Content = nil                       // a null
+	rows[8].Content = strp("")                  // empty
+	rows[9].Content = strp("bad \xff\xfe utf8") // invalid UTF-8
+	want = append(want[:7], want[10:]...)
+	path := filepath.Join(dir, "train-0.parquet")
+	writeParquet(t, path, rows, 8)
+
+	docs, skips, err := readAll(t, path, OpenOptions{Name: "data/train-0.parquet", Columns: Columns{Text: "content", ID: "path"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(docs) != len(want) {
+		t.Fatalf("got %d documents, want %d", len(docs), len(want))
+	}
+	for i, d := range docs {
+		if d.Text != want[i] {
+			t.Fatalf("document %d differs", i)
+		}
+	}
+	if docs[0].ID != "p0.go" || docs[7].ID != "p10.go" {
+		t.Fatalf("ids from the id column: %q, %q", docs[0].ID, docs[7].ID)
+	}
+	if skips[SkipEmptyDocument] != 2 || skips[SkipInvalidUTF8] != 1 {
+		t.Fatalf("skips: %v", skips)
+	}
+
+	docs, _, err = readAll(t, path, OpenOptions{Name: "x.parquet", Columns: Columns{Text: "content"}})
+	if err != nil || docs[3].ID != "x.parquet#3" {
+		t.Fatalf("row ids: %v %+v", err, docs[3].ID)
+	}
+}
+
+func TestBadFilesAreSkipErrors(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.parquet")
+	writeParquet(t, good, []codeRow{{Content: strp("a"), Path: "a"}}, 10)
+	b, _ := os.ReadFile(good)
+
+	corrupt := filepath.Join(dir, "corrupt.parquet")
+	os.WriteFile(corrupt, append(bytes.Repeat([]byte("garbage!"), 100), b[len(b)-20:]...), 0o644)
+	empty := filepath.Join(dir, "empty.jsonl.zst")
+	os.WriteFile(empty, nil, 0o644)
+
+	var zbuf bytes.Buffer
+	zw, _ := zstd.NewWriter(&zbuf)
+	for i := range 2000 {
+		fmt.Fprintf(zw, `{"text":"document %d with some words to compress"}`+"\n", i)
+	}
+	zw.Close()
+	truncated := filepath.Join(dir, "truncated.jsonl.zst")
+	os.WriteFile(truncated, zbuf.Bytes()[:zbuf.Len()/2], 0o644)
+
+	cases := []struct {
+		path, reason string
+		cols         Columns
+	}{
+		{corrupt, SkipCorruptFile, Columns{Text: "content"}},
+		{empty, SkipEmptyFile, Columns{}},
+		{truncated, SkipCorruptFile, Columns{}},
+		{good, SkipMissingColumn, Columns{Text: "text"}},
+	}
+	for _, c := range cases {
+		_, _, err := readAll(t, c.path, OpenOptions{Columns: c.cols})
+		if got := SkipReason(err); got != c.reason {
+			t.Errorf("%s: want skip %q, got %v", filepath.Base(c.path), c.reason, err)
+		}
+	}
+}
+
+func TestJSONLinesCompressed(t *testing.T) {
+	dir := t.TempDir()
+	lines := `{"text":"alpha","meta":{"a":1}}` + "\n" +
+		`{"text":null}` + "\n" +
+		"{\"text\":\"bad \xff\"}\n" +
+		"\n" +
+		`{"text":"beta\nline"}` + "\n" +
+		`{"other":"x"}`
+	write := func(name string, enc func([]byte) []byte) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, enc([]byte(lines)), 0o644)
+		return p
+	}
+	plain := write("a.jsonl", func(b []byte) []byte { return b })
+	gz := write("a.jsonl.gz", func(b []byte) []byte {
+		var buf bytes.Buffer
+		w := gzip.NewWriter(&buf)
+		w.Write(b)
+		w.Close()
+		return buf.Bytes()
+	})
+	zst := write("a.jsonl.zst", func(b []byte) []byte {
+		var buf bytes.Buffer
+		w, _ := zstd.NewWriter(&buf)
+		w.Write(b)
+		w.Close()
+		return buf.Bytes()
+	})
+	for _, p := range []string{plain, gz, zst} {
+		docs, skips, err := readAll(t, p, OpenOptions{Name: "a"})
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if len(docs) != 2 || docs[0].Text != "alpha" || docs[1].Text != "beta\nline" || docs[1].ID != "a#4" {
+			t.Fatalf("%s: documents %+v", p, docs)
+		}
+		if skips[SkipEmptyDocument] != 2 || skips[SkipInvalidUTF8] != 1 {
+			t.Fatalf("%s: skips %v", p, skips)
+		}
+	}
+}
+
+func TestTextFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "main.go")
+	os.WriteFile(p, []byte("package main\n"), 0o644)
+	docs, _, err := readAll(t, p, OpenOptions{Name: "local/main.go"})
+	if err != nil || len(docs) != 1 || docs[0].Text != "package main\n" || docs[0].ID != "local/main.go" {
+		t.Fatalf("%v %+v", err, docs)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.txt")
+	os.WriteFile(bad, []byte{0xff, 0xfe, 0xfd}, 0o644)
+	docs, skips, err := readAll(t, bad, OpenOptions{})
+	if err != nil || len(docs) != 0 || skips[SkipInvalidUTF8] != 1 {
+		t.Fatalf("invalid UTF-8 text file: %v %+v %v", err, docs, skips)
+	}
+}
+
+// fakeSWH serves gzip blobs as the Software Heritage bucket does, answers
+// NoSuchKey in S3's XML for missing ones, and fails each blob once with 503
+// SlowDown when flaky is set.
+type fakeSWH struct {
+	blobs    map[string][]byte
+	flaky    bool
+	mu       sync.Mutex
+	failed   map[string]bool
+	inFlight atomic.Int64
+	peak     atomic.Int64
+	gate     chan struct{}
+	// barrier holds each request until this many are in flight at once (or a
+	// second passes), which proves the client keeps that many outstanding.
+	barrier int64
+}
+
+func (f *fakeSWH) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := f.inFlight.Add(1)
+	defer f.inFlight.Add(-1)
+	for p := f.peak.Load(); n > p && !f.peak.CompareAndSwap(p, n); p = f.peak.Load() {
+	}
+	if f.gate != nil {
+		<-f.gate
+	}
+	for deadline := time.Now().Add(time.Second); f.peak.Load() < f.barrier && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	id := strings.TrimPrefix(r.URL.Path, "/content/")
+	f.mu.Lock()
+	fail := f.flaky && !f.failed[id]
+	f.failed[id] = true
+	f.mu.Unlock()
+	if fail {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code></Error>`)
+		return
+	}
+	b, ok := f.blobs[id]
+	if !ok {
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message><Key>content/%s</Key></Error>`, id)
+		return
+	}
+	var buf bytes.Buffer
+	z := gzip.NewWriter(&buf)
+	z.Write(b)
+	z.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Write(buf.Bytes())
+}
+
+func blobID(i int) string { return fmt.Sprintf("%040x", i+1) }
+
+func TestSoftwareHeritageBlobs(t *testing.T) {
+	fake := &fakeSWH{blobs: map[string][]byte{}, flaky: true, failed: map[string]bool{}, barrier: 32}
+	var rows []blobRow
+	var want []string
+	for i := range 300 {
+		id, enc := blobID(i), "UTF-8"
+		text := fmt.Sprintf("print(%d)\n", i)
+		switch {
+		case i%50 == 3: // missing from the archive
+			rows = append(rows, blobRow{BlobID: id, SrcEncoding: enc})
+			continue
+		case i%50 == 4:
+			enc = "x-klingon"
+			fake.blobs[id] = []byte(text)
+			rows = append(rows, blobRow{BlobID: id, SrcEncoding: enc})
+			continue
+		case i%50 == 5:
+			enc = "ISO-8859-1"
+			text = "caf\u00e9 = 1\n"
+			b, _ := charmap.ISO8859_1.NewEncoder().Bytes([]byte(text))
+			fake.blobs[id] = b
+		default:
+			fake.blobs[id] = []byte(text)
+		}
+		rows = append(rows, blobRow{BlobID: id, SrcEncoding: enc})
+		want = append(want, text)
+	}
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+	path := filepath.Join(t.TempDir(), "ids.parquet")
+	writeParquet(t, path, rows, 64)
+
+	swh := &SWH{Endpoint: srv.URL + "/", InFlight: 64}
+	docs, skips, err := readAll(t, path, OpenOptions{SWH: swh, Columns: Columns{Blob: "blob_id", Encoding: "src_encoding"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(docs) != len(want) {
+		t.Fatalf("got %d documents, want %d (skips %v)", len(docs), len(want), skips)
+	}
+	for i := range docs {
+		if docs[i].Text != want[i] {
+			t.Fatalf("document %d: %q, want %q (order must follow the rows)", i, docs[i].Text, want[i])
+		}
+	}
+	if skips[SkipMissingBlob] != 6 || skips[SkipUnknownEncoding] != 6 {
+		t.Fatalf("skips: %v", skips)
+	}
+	if fake.peak.Load() < 32 {
+		t.Fatalf("at most %d requests were in flight; want many", fake.peak.Load())
+	}
+}
+
+func TestSoftwareHeritageDenied(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusForbidden)
+		fmt.Fprint(w, `<Error><Code>AccessDenied</Code></Error>`)
+	}))
+	defer srv.Close()
+	path := filepath.Join(t.TempDir(), "ids.jsonl")
+	os.WriteFile(path, []byte(`{"blob_id":"`+blobID(1)+`"}`+"\n"), 0o644)
+	_, _, err := readAll(t, path, OpenOptions{SWH: &SWH{Endpoint: srv.URL}, Columns: Columns{Blob: "blob_id"}})
+	if err == nil || !strings.Contains(err.Error(), "AWS_ACCESS_KEY_ID") || !strings.Contains(err.Error(), "AccessDenied") {
+		t.Fatalf("want a clear 403 error, got %v", err)
+	}
+}
+
+func TestSoftwareHeritageCloseStopsInFlight(t *testing.T) {
+	fake := &fakeSWH{blobs: map[string][]byte{}, failed: map[string]bool{}, gate: make(chan struct{})}
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+	defer close(fake.gate)
+	var rows []blobRow
+	for i := range 100 {
+		rows = append(rows, blobRow{BlobID: blobID(i)})
+	}
+	path := filepath.Join(t.TempDir(), "ids.parquet")
+	writeParquet(t, path, rows, 1000)
+	ctx, cancel := context.WithCancel(context.Background())
+	src, err := Open(ctx, path, OpenOptions{SWH: &SWH{Endpoint: srv.URL, InFlight: 16}, Columns: Columns{Blob: "blob_id"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if _, err := src.Next(ctx); err == nil {
+		t.Fatal("Next after cancel returned a document")
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,319 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"encoding/xml"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/minio/minio-go/v7/pkg/signer"
+	"go.uber.org/zap"
+	"golang.org/x/text/encoding"
+	"golang.org/x/text/encoding/htmlindex"
+	"golang.org/x/text/encoding/ianaindex"
+)
+
+// DefaultSWHEndpoint is Software Heritage's public content bucket. Its terms
+// for bulk download are the user's to accept.
+const DefaultSWHEndpoint = "https://softwareheritage.s3.amazonaws.com"
+
+// MaxBlobBytes bounds one blob after decompression; a larger one is skipped.
+const MaxBlobBytes = 16 << 20
+
+// SWH fetches file contents from Software Heritage's S3 bucket by blob id,
+// for the datasets that ship ids only (the-stack-v2-dedup, python-edu).
+type SWH struct {
+	// Endpoint is the bucket's base URL (KILN_SWH_ENDPOINT); objects are
+	// {Endpoint}/content/{blob_id}.
+	Endpoint string
+	// InFlight is the number of blobs requested at once (default 256): one
+	// request takes tens of milliseconds and a blob is a few KiB, so latency,
+	// not bandwidth, sets the rate.
+	InFlight   int
+	MaxRetries int // per blob, for 5xx, SlowDown and broken connections (default 5)
+	HTTP       *http.Client
+	// AWS credentials sign the requests (SigV4) when set; the bucket may
+	// refuse anonymous requests.
+	AccessKey, SecretKey, SessionToken, Region string
+	Logger                                     *zap.Logger
+}
+
+// SWHFromEnv configures SWH from KILN_SWH_ENDPOINT and the AWS_* variables.
+func SWHFromEnv() *SWH {
+	s := &SWH{
+		Endpoint:     os.Getenv("KILN_SWH_ENDPOINT"),
+		AccessKey:    os.Getenv("AWS_ACCESS_KEY_ID"),
+		SecretKey:    os.Getenv("AWS_SECRET_ACCESS_KEY"),
+		SessionToken: os.Getenv("AWS_SESSION_TOKEN"),
+		Region:       os.Getenv("AWS_REGION"),
+	}
+	return s
+}
+
+func (s *SWH) withDefaults() *SWH {
+	c := *s
+	c.Endpoint = strings.TrimRight(c.Endpoint, "/")
+	if c.Endpoint == "" {
+		c.Endpoint = DefaultSWHEndpoint
+	}
+	if c.InFlight <= 0 {
+		c.InFlight = 256
+	}
+	if c.MaxRetries <= 0 {
+		c.MaxRetries = 5
+	}
+	if c.HTTP == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = c.InFlight
+		c.HTTP = &http.Client{Transport: t, Timeout: 2 * time.Minute}
+	}
+	if c.Region == "" {
+		c.Region = "us-east-1"
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return &c
+}
+
+// Documents fetches the blob of each record of rows, InFlight at a time,
+// and yields them in the order of rows so that a shard's content does not
+// depend on network timing.
+func (s *SWH) Documents(ctx context.Context, rows recordReader) Source {
+	cfg := s.withDefaults()
+	ctx, cancel := context.WithCancel(ctx)
+	src := &swhSource{swh: cfg, rows: rows, cancel: cancel, skips: Skips{},
+		queue: make(chan chan blobResult, cfg.InFlight), done: make(chan struct{})}
+	go src.produce(ctx)
+	return src
+}
+
+type blobResult struct {
+	doc  Document
+	skip string
+	err  error
+}
+
+type swhSource struct {
+	swh    *SWH
+	rows   recordReader
+	cancel context.CancelFunc
+	queue  chan chan blobResult
+	done   chan struct{}
+	skips  Skips
+	failed error
+}
+
+// produce reads rows and starts a fetch for each, blocking while the queue
+// (the window of requests in flight) is full.
+func (s *swhSource) produce(ctx context.Context) {
+	defer close(s.done)
+	defer close(s.queue)
+	for {
+		rec, err := s.rows.next(ctx)
+		ch := make(chan blobResult, 1)
+		select {
+		case s.queue <- ch:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			ch <- blobResult{err: err}
+			return
+		}
+		switch {
+		case rec.skip != "":
+			ch <- blobResult{skip: rec.skip}
+		case rec.null:
+			ch <- blobResult{skip: SkipEmptyDocument}
+		default:
+			go func() { ch <- s.swh.fetch(ctx, rec) }()
+		}
+	}
+}
+
+func (s *swhSource) Next(ctx context.Context) (Document, error) {
+	if s.failed != nil {
+		return Document{}, s.failed
+	}
+	for {
+		var ch chan blobResult
+		select {
+		case ch = <-s.queue:
+		case <-ctx.Done():
+			return Document{}, ctx.Err()
+		}
+		if ch == nil {
+			return Document{}, io.EOF
+		}
+		var r blobResult
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			return Document{}, ctx.Err()
+		}
+		switch {
+		case r.err != nil:
+			s.failed = r.err
+			return Document{}, r.err
+		case r.skip != "":
+			s.skips.Add(r.skip, 1)
+		default:
+			return r.doc, nil
+		}
+	}
+}
+
+func (s *swhSource) Skipped() Skips { return s.skips }
+
+func (s *swhSource) Close() error {
+	s.cancel()
+	for range s.queue { // let the producer see the cancellation and exit
+	}
+	<-s.done
+	return s.rows.Close()
+}
+
+// fetch downloads, decompresses and decodes one blob.
+func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
+	if !validBlobID(rec.blob) {
+		return blobResult{skip: SkipMissingBlob}
+	}
+	var last error
+	for attempt := 0; attempt <= s.MaxRetries; attempt++ {
+		if attempt > 0 {
+			d := time.Duration(100<<min(attempt, 6)) * time.Millisecond
+			t := time.NewTimer(d/2 + rand.N(d/2+1))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return blobResult{err: ctx.Err()}
+			}
+		}
+		body, status, err := s.get(ctx, rec.blob)
+		switch {
+		case ctx.Err() != nil:
+			return blobResult{err: ctx.Err()}
+		case err != nil:
+			last = err
+			continue
+		case status == http.StatusOK:
+			return decodeBlob(rec, body)
+		case status == http.StatusNotFound:
+			// NoSuchKey: the archive lacks this blob; the rest of the shard is fine.
+			return blobResult{skip: SkipMissingBlob}
+		case status == http.StatusForbidden:
+			return blobResult{err: fmt.Errorf("Software Heritage (%s) refused blob %s (403 %s): its bulk-download terms are the user's to accept; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for an account that may read it, or KILN_SWH_ENDPOINT for a mirror", s.Endpoint, rec.blob, s3Code(body))}
+		case status == http.StatusTooManyRequests || status >= 500:
+			last = fmt.Errorf("blob %s: %d %s", rec.blob, status, s3Code(body))
+			continue
+		default:
+			return blobResult{err: fmt.Errorf("Software Heritage blob %s: unexpected answer %d %s", rec.blob, status, s3Code(body))}
+		}
+	}
+	return blobResult{err: fmt.Errorf("Software Heritage blob %s: giving up after %d attempts: %w", rec.blob, s.MaxRetries+1, last)}
+}
+
+func (s *SWH) get(ctx context.Context, blob string) ([]byte, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.Endpoint+"/content/"+blob, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	// Identity: the objects are gzip files, which we gunzip ourselves.
+	req.Header.Set("Accept-Encoding", "identity")
+	if s.AccessKey != "" {
+		req.Header.Set("X-Amz-Content-Sha256", "UNSIGNED-PAYLOAD")
+		req = signer.SignV4(*req, s.AccessKey, s.SecretKey, s.SessionToken, s.Region)
+	}
+	resp, err := s.HTTP.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBlobBytes+1))
+	if err != nil {
+		return nil, 0, err
+	}
+	return body, resp.StatusCode, nil
+}
+
+func decodeBlob(rec record, body []byte) blobResult {
+	if len(body) >= 2 && body[0] == 0x1f && body[1] == 0x8b {
+		z, err := gzip.NewReader(bytes.NewReader(body))
+		if err != nil {
+			return blobResult{skip: SkipCorruptFile}
+		}
+		body, err = io.ReadAll(io.LimitReader(z, MaxBlobBytes+1))
+		if err != nil {
+			return blobResult{skip: SkipCorruptFile}
+		}
+	}
+	if len(body) > MaxBlobBytes {
+		return blobResult{skip: SkipTooLarge}
+	}
+	enc, ok := lookupEncoding(rec.encoding)
+	if !ok {
+		return blobResult{skip: SkipUnknownEncoding}
+	}
+	if enc != nil {
+		out, err := enc.NewDecoder().Bytes(body)
+		if err != nil {
+			return blobResult{skip: SkipInvalidUTF8}
+		}
+		body = out
+	}
+	if len(body) == 0 {
+		return blobResult{skip: SkipEmptyDocument}
+	}
+	if !utf8.Valid(body) {
+		return blobResult{skip: SkipInvalidUTF8}
+	}
+	return blobResult{doc: Document{ID: rec.id, Text: string(body)}}
+}
+
+// lookupEncoding maps a src_encoding to a decoder; nil means UTF-8 as is.
+func lookupEncoding(name string) (encoding.Encoding, bool) {
+	switch strings.ToLower(strings.TrimSpace(name)) {
+	case "", "utf-8", "utf8", "ascii", "us-ascii":
+		return nil, true
+	}
+	if e, err := ianaindex.IANA.Encoding(name); err == nil && e != nil {
+		return e, true
+	}
+	if e, err := htmlindex.Get(name); err == nil && e != nil {
+		return e, true
+	}
+	return nil, false
+}
+
+func validBlobID(id string) bool {
+	if len(id) != 40 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// s3Code extracts <Code> from an S3 error document.
+func s3Code(body []byte) string {
+	var e struct {
+		Code string `xml:"Code"`
+	}
+	if xml.Unmarshal(body, &e) == nil {
+		return e.Code
+	}
+	return ""
+}

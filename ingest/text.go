@@ -1,0 +1,52 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// MaxTextFileBytes bounds a plain text file, which is one document: a file
+// past it is skipped as too-large rather than held in memory.
+const MaxTextFileBytes = 64 << 20
+
+// textReader yields a plain text file as one document.
+type textReader struct {
+	path, name string
+	done       bool
+}
+
+func openText(path string, opt OpenOptions) (Source, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if st.Size() == 0 {
+		return nil, &SkipError{Reason: SkipEmptyFile, Path: opt.Name, Err: errors.New("the file is empty")}
+	}
+	return &textSource{r: &textReader{path: path, name: opt.Name}, skips: Skips{}}, nil
+}
+
+func (r *textReader) next(ctx context.Context) (record, error) {
+	if r.done {
+		return record{}, io.EOF
+	}
+	r.done = true
+	f, err := os.Open(r.path)
+	if err != nil {
+		return record{}, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxTextFileBytes+1))
+	if err != nil {
+		return record{}, fmt.Errorf("reading %s: %w", r.name, err)
+	}
+	if len(b) > MaxTextFileBytes {
+		return record{id: r.name, skip: SkipTooLarge}, nil
+	}
+	return record{id: r.name, text: b}, nil
+}
+
+func (r *textReader) Close() error { return nil }

@@ -86,7 +86,9 @@ type Engine interface {
 	// EvalLoss returns the mean loss of b without touching gradients.
 	EvalLoss(b Batch) (float64, error)
 	// Generate extends prompt by up to n tokens with a KV cache, stopping
-	// early after stop when stop >= 0.
+	// early after stop when stop >= 0. It returns the new tokens only, the
+	// stop token included, drawn with a Sampler so that a seed means the
+	// same draws on every engine.
 	Generate(prompt []int32, n int, stop int32, s Sampling) ([]int32, error)
 
 	Memory() MemoryStats

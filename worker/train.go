@@ -1,0 +1,124 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/kiln-lm/kiln/trainer/segment"
+)
+
+// Training is what the train:segment handler needs beyond its payload.
+// The process that runs a GPU worker (`sched worker`, `sched demo`) sets
+// it once with ConfigureTraining before the worker starts.
+type Training struct {
+	// Redis holds the runs' locks and state (required).
+	Redis redis.UniversalClient
+	// Objects holds checkpoints and results (required).
+	Objects store.Store
+	// Enqueue queues the next segment (required): scheduler.Client.Enqueue.
+	Enqueue func(ctx context.Context, a scheduler.Args) error
+	// Runs resolves a payload's run name (required): runs.Load's result.
+	Runs runs.Set
+	// Dir is the local run root (checkpoints, metrics); TokensDir the root
+	// of the mixture's token stores.
+	Dir, TokensDir string
+	// Owner names this worker in run locks. Default host:pid.
+	Owner string
+	// UploadGrace bounds the checkpoint upload after SIGTERM; keep it below
+	// the worker's shutdown grace. Default 60s.
+	UploadGrace time.Duration
+	// OpenData replaces the token-store mixture (tests, the demo).
+	OpenData func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error)
+	// Sample generates a finished run's sample for its generation gate.
+	Sample func(ctx context.Context, checkpoint string) ([]int32, string, error)
+	// Log receives the segment's logs. Default zap.NewNop().
+	Log *zap.Logger
+}
+
+var training atomic.Pointer[Training]
+
+// ConfigureTraining installs t for the training handlers of this process.
+func ConfigureTraining(t Training) { training.Store(&t) }
+
+func init() {
+	Register(trainSegment)
+}
+
+// trainSegment trains one segment of a run and, unless the run is done or
+// the segment was stopped, queues the next one. A run another worker holds
+// is retried later; a run name this build does not know is archived.
+func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
+	t := training.Load()
+	if t == nil {
+		return fmt.Errorf("train:segment: this worker was started without training configured (%w)", asynq.SkipRetry)
+	}
+	run, err := t.Runs.Get(a.Run)
+	if err != nil {
+		return fmt.Errorf("train:segment: %w (%w)", err, asynq.SkipRetry)
+	}
+	if a.Engine != "" {
+		run.Engine = a.Engine
+	}
+	log := t.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	tok, err := tokenizerBytes(ctx, t.Objects, run.Tokenizer)
+	if err != nil {
+		log.Warn("checkpoints will carry no tokenizer.json", zap.String("run", a.Run), zap.Error(err))
+	}
+	rep := Progress(ctx)
+	out, err := segment.Run(ctx, segment.Params{
+		Run: run, Dir: t.Dir, TokensDir: t.TokensDir, Objects: t.Objects, Redis: t.Redis, Owner: t.Owner,
+		UploadGrace: t.UploadGrace, Tokenizer: tok, OpenData: t.OpenData, Sample: t.Sample, Log: log,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if m == nil || total <= 0 {
+				return
+			}
+			rep.Report(ctx, float64(step)/float64(total), m.TokPerS, "tok",
+				fmt.Sprintf("run %s step %d/%d loss %.4f", a.Run, step, total, m.Loss))
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("train:segment run %s: %w", a.Run, err)
+	}
+	if out.Done {
+		rep.Message(ctx, fmt.Sprintf("run %s done at step %d", a.Run, out.Step))
+		return nil
+	}
+	next := scheduler.TrainSegment{Run: a.Run, Engine: a.Engine, FromStep: int64(out.Step), TotalSteps: int64(out.TotalSteps)}
+	if err := t.Enqueue(ctx, next); err != nil {
+		var dup *scheduler.DuplicateError
+		if !errors.As(err, &dup) {
+			return fmt.Errorf("train:segment run %s: queue the segment from step %d: %w", a.Run, out.Step, err)
+		}
+	}
+	return nil
+}
+
+// tokenizerBytes reads tokenizers/<name>/tokenizer.json, which every
+// checkpoint carries so that transformers can load it as is.
+func tokenizerBytes(ctx context.Context, obj store.Store, name string) ([]byte, error) {
+	if name == "" || obj == nil {
+		return nil, errors.New("the run names no tokenizer")
+	}
+	r, err := obj.Get(ctx, "tokenizers/"+name+"/tokenizer.json")
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return io.ReadAll(r)
+}

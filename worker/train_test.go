@@ -1,0 +1,143 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/kiln-lm/kiln/trainer/segment"
+)
+
+// patternData is a deterministic token stream with a learnable repeat,
+// used in place of a token store so these tests need no ingest.
+type patternData struct{ next int }
+
+func (d *patternData) batch(first, b, t int) model.Batch {
+	mb := model.Batch{B: b, T: t}
+	for i := 0; i < b; i++ {
+		x := uint64(first+i)*0x9e3779b97f4a7c15 + 1
+		prev := int32(2)
+		for j := 0; j <= t; j++ {
+			x = x*6364136223846793005 + 1442695040888963407
+			id := int32((x>>40)%61) + 2
+			if j%2 == 1 {
+				id = prev
+			}
+			if j < t {
+				mb.Inputs = append(mb.Inputs, id)
+			}
+			if j > 0 {
+				mb.Targets = append(mb.Targets, id)
+			}
+			prev = id
+		}
+	}
+	return mb
+}
+
+func (d *patternData) Next(_ context.Context, b, t int) (model.Batch, error) {
+	mb := d.batch(d.next, b, t)
+	d.next += b
+	return mb, nil
+}
+func (d *patternData) Eval(_ context.Context, i, b, t int) (model.Batch, error) {
+	return d.batch(1<<20+i*b, b, t), nil
+}
+func (d *patternData) Cursor() (json.RawMessage, error) { return json.Marshal(d.next) }
+func (d *patternData) Seek(c json.RawMessage) error     { return json.Unmarshal(c, &d.next) }
+func (d *patternData) Close() error                     { return nil }
+
+// A run enqueued once trains as a chain of segments, each queuing the
+// next, until the run is done; checkpoints and results land in the store.
+func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := runs.Run{
+		Name: "chain",
+		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: 1e-3, Warmup: 1, TotalSteps: 9,
+			LogEvery: 1, EvalEvery: 3, EvalBatches: 1, CheckpointEvery: 3, Seed: 3, Engine: "cpu", Precision: "fp32",
+			Mixture: []trainer.MixtureEntry{{Store: "pattern", Weight: 1}}},
+		Segment:   runs.Segment{MaxSteps: 3},
+		Retention: runs.Retention{KeepLast: 1},
+	}
+	ConfigureTraining(Training{
+		Redis: e.rdb, Objects: objects, Runs: runs.Set{"chain": run}, Dir: t.TempDir(), Owner: "gpu-test",
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
+		Log:      zap.NewNop(),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop(),
+		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	first := e.enqueue(scheduler.TrainSegment{Run: "chain"})
+	e.waitFor(first, time.Minute, "completed", state("completed"))
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		st := e.rdb.HGetAll(context.Background(), segment.StateKey("chain")).Val()
+		if st["checkpoint"] == "9" && st["step"] == "9" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run not finished through the queue; state %v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	steps, err := segment.RemoteSteps(context.Background(), objects, "chain")
+	if err != nil || len(steps) != 1 || steps[0] != 9 {
+		t.Fatalf("checkpoints in the store: %v %v (retention keeps the last one)", steps, err)
+	}
+	for _, name := range []string{"metrics.jsonl", "summary.md", "loss.svg"} {
+		if _, err := objects.Stat(context.Background(), "results/chain/"+name); err != nil {
+			t.Errorf("results/chain/%s: %v", name, err)
+		}
+	}
+	// Three segments ran: from 0, from 3 and from 6.
+	for _, from := range []int64{3, 6} {
+		info, err := e.c.Enqueue(context.Background(), scheduler.TrainSegment{Run: "chain", FromStep: from, TotalSteps: 9})
+		if err == nil {
+			t.Errorf("segment from step %d was not queued by its predecessor (enqueued anew as %s)", from, info.ID)
+		}
+	}
+}
+
+func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(),
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	id := e.enqueue(scheduler.TrainSegment{Run: "no-such-run"})
+	ts := e.waitFor(id, 30*time.Second, "archived", state("archived"))
+	if !strings.Contains(ts.LastErr, `unknown run "no-such-run"`) || !strings.Contains(ts.LastErr, "pilot") {
+		t.Fatalf("archived with %q; want the unknown run named and the choices listed", ts.LastErr)
+	}
+}

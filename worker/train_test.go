@@ -74,7 +74,7 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 	}
 	ConfigureTraining(Training{
 		Redis: e.rdb, Objects: objects, Runs: runs.Set{"chain": run}, Dir: t.TempDir(), Owner: "gpu-test",
-		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
 		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
 		Log:      zap.NewNop(),
 	})

@@ -516,3 +516,20 @@ func (e *Engine) Close() error {
 	e.th = nil
 	return err
 }
+
+// Device describes the GPU the engine runs on, for reports.
+type Device struct {
+	Name         string
+	Major, Minor int
+	SMs          int
+	TotalBytes   int64
+	// UsedAtStart is the device memory in use once the engine's context
+	// existed, before its allocations: other processes plus the context.
+	UsedAtStart int64
+	Arch        string
+}
+
+// Device reports the engine's GPU.
+func (e *Engine) Device() Device {
+	return Device{Name: e.dv.Name, Major: e.dv.Major, Minor: e.dv.Minor, SMs: e.dv.SMs, TotalBytes: int64(e.dv.Total), UsedAtStart: e.usedAtOpen, Arch: e.Arch}
+}

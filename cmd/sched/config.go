@@ -1,0 +1,253 @@
+package main
+
+// Configuration for every sched command.
+//
+// Other commands get the resolved configuration and their connections
+// through three functions of this file:
+//
+//	cfg, err := loadConfig(cmd)        // scheduler.Config: flags > env > config file > defaults, validated
+//	q, err := openQueue(ctx, cfg)      // *scheduler.Client, Redis checked (bad URL or unreachable: exit 2)
+//	st, err := openStore(ctx, cfg)     // store.Store: S3 when KILN_S3_ENDPOINT is set, else DataDir/objects
+//	log := logger(cfg)              // zap: JSON in containers, console on a terminal
+//
+// Precedence: a flag given on the command line wins over the environment
+// variable, which wins over the config file (--config, KILN_CONFIG, or
+// ~/.config/kiln/config.yaml when it exists), which wins over the defaults
+// in scheduler.Config.WithDefaults. Every error names the setting to fix.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/term"
+	"gopkg.in/yaml.v3"
+
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+)
+
+// setting binds one Config field to its flag and environment variable.
+type setting struct {
+	flag, env, help string
+	get             func(*scheduler.Config) string
+	set             func(*scheduler.Config, string) error
+}
+
+func str(p func(*scheduler.Config) *string) (func(*scheduler.Config) string, func(*scheduler.Config, string) error) {
+	return func(c *scheduler.Config) string { return *p(c) },
+		func(c *scheduler.Config, v string) error { *p(c) = v; return nil }
+}
+
+var settings = func() []setting {
+	mk := func(flag, env, help string, p func(*scheduler.Config) *string) setting {
+		g, s := str(p)
+		return setting{flag, env, help, g, s}
+	}
+	return []setting{
+		mk("redis-url", "KILN_REDIS_URL", "queue Redis URL (redis://[:password@]host:port/db)", func(c *scheduler.Config) *string { return &c.RedisURL }),
+		mk("s3-endpoint", "KILN_S3_ENDPOINT", "S3 endpoint host:port; empty for the local directory store", func(c *scheduler.Config) *string { return &c.S3Endpoint }),
+		mk("s3-bucket", "KILN_S3_BUCKET", "S3 bucket (default kiln)", func(c *scheduler.Config) *string { return &c.S3Bucket }),
+		mk("s3-access-key", "KILN_S3_ACCESS_KEY", "S3 access key", func(c *scheduler.Config) *string { return &c.S3AccessKey }),
+		mk("s3-secret-key", "KILN_S3_SECRET_KEY", "S3 secret key (prefer the environment)", func(c *scheduler.Config) *string { return &c.S3SecretKey }),
+		{"s3-secure", "KILN_S3_SECURE", "use https for S3",
+			func(c *scheduler.Config) string { return strconv.FormatBool(c.S3Secure) },
+			func(c *scheduler.Config, v string) error {
+				b, err := strconv.ParseBool(v)
+				if err != nil {
+					return fmt.Errorf("%q is not true or false", v)
+				}
+				c.S3Secure = b
+				return nil
+			}},
+		mk("data-dir", "KILN_DATA_DIR", "local data directory (default ./.kiln)", func(c *scheduler.Config) *string { return &c.DataDir }),
+		mk("hf-token", "HF_TOKEN", "Hugging Face token for gated datasets (prefer the environment)", func(c *scheduler.Config) *string { return &c.HFToken }),
+		mk("tokenizer", "KILN_TOKENIZER", "default tokenizer name", func(c *scheduler.Config) *string { return &c.Tokenizer }),
+		{"shutdown-grace", "KILN_SHUTDOWN_GRACE", "time in-flight tasks get to stop after SIGTERM (e.g. 30s, 5m)",
+			func(c *scheduler.Config) string { return c.ShutdownGrace.String() },
+			func(c *scheduler.Config, v string) error {
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					return fmt.Errorf("%q is not a duration like 30s or 5m", v)
+				}
+				c.ShutdownGrace = d
+				return nil
+			}},
+		mk("log-format", "KILN_LOG_FORMAT", "log format: json, console or auto", func(c *scheduler.Config) *string { return &c.LogFormat }),
+	}
+}()
+
+// quietRedis drops go-redis's own log lines: its failures reach us as
+// errors, which sched reports once, on one line.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+func init() {
+	redis.SetLogger(quietRedis{})
+	pf := rootCmd.PersistentFlags()
+	pf.String("config", "", "config file (YAML; default $KILN_CONFIG or ~/.config/kiln/config.yaml if present)")
+	for _, s := range settings {
+		pf.String(s.flag, "", s.help+" ["+s.env+"]")
+	}
+	rootCmd.AddCommand(&cobra.Command{
+		Use:   "config",
+		Short: "Print the resolved configuration, secrets masked",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := loadConfig(cmd)
+			if err != nil {
+				return err
+			}
+			m := cfg.Masked()
+			w := cmd.OutOrStdout()
+			for _, s := range settings {
+				fmt.Fprintf(w, "%-20s %-16s %s\n", s.env, s.flag, s.get(&m))
+			}
+			return nil
+		},
+	})
+}
+
+// loadConfig resolves the configuration for cmd: defaults, then the config
+// file, then the environment, then flags given on the command line.
+func loadConfig(cmd *cobra.Command) (scheduler.Config, error) {
+	var cfg scheduler.Config
+	path, explicit := flagValue(cmd, "config")
+	if !explicit {
+		if p := os.Getenv("KILN_CONFIG"); p != "" {
+			path, explicit = p, true
+		} else {
+			path = scheduler.DefaultConfigPath()
+		}
+	}
+	if path != "" {
+		b, err := os.ReadFile(path)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && !explicit:
+		case err != nil:
+			return cfg, badInput("config file %s: %v", path, err)
+		default:
+			dec := yaml.NewDecoder(bytes.NewReader(b))
+			dec.KnownFields(true)
+			var fc fileConfig
+			if err := dec.Decode(&fc); err != nil && !errors.Is(err, fs.ErrNotExist) && err.Error() != "EOF" {
+				return cfg, badInput("config file %s: %v (keys are the yaml names in 'sched config --help')", path, err)
+			}
+			cfg = fc.Config
+			if fc.ShutdownGrace != "" {
+				d, err := time.ParseDuration(fc.ShutdownGrace)
+				if err != nil {
+					return cfg, badInput("config file %s: shutdown_grace %q is not a duration like 30s", path, fc.ShutdownGrace)
+				}
+				cfg.ShutdownGrace = d
+			}
+		}
+	}
+	for _, s := range settings {
+		if v, ok := os.LookupEnv(s.env); ok && v != "" {
+			if err := s.set(&cfg, v); err != nil {
+				return cfg, badInput("environment %s: %v", s.env, err)
+			}
+		}
+		if v, ok := flagValue(cmd, s.flag); ok {
+			if err := s.set(&cfg, v); err != nil {
+				return cfg, badInput("flag --%s: %v", s.flag, err)
+			}
+		}
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// fileConfig is the YAML form: durations as strings.
+type fileConfig struct {
+	scheduler.Config `yaml:",inline"`
+	ShutdownGrace    string `yaml:"shutdown_grace"`
+}
+
+func flagValue(cmd *cobra.Command, name string) (string, bool) {
+	f := cmd.Flags().Lookup(name)
+	if f == nil {
+		f = cmd.InheritedFlags().Lookup(name)
+	}
+	if f == nil || !f.Changed {
+		return "", false
+	}
+	return f.Value.String(), true
+}
+
+// openQueue connects to Redis and checks that it answers, so that a wrong
+// URL fails here with one clear line instead of in a retry loop.
+func openQueue(ctx context.Context, cfg scheduler.Config) (*scheduler.Client, asynq.RedisConnOpt, error) {
+	opt, err := asynq.ParseRedisURI(cfg.RedisURL)
+	if err != nil {
+		return nil, nil, badInput("KILN_REDIS_URL %s: %v", cfg.Masked().RedisURL, err)
+	}
+	c := scheduler.NewClient(opt)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx); err != nil {
+		c.Close()
+		return nil, nil, badInput("cannot reach Redis at %s (KILN_REDIS_URL or --redis-url): %v; check the URL and that Redis is running", cfg.Masked().RedisURL, err)
+	}
+	return c, opt, nil
+}
+
+// openStore returns the object store the configuration names. For S3 it
+// checks the server and the credentials.
+func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
+	if cfg.S3Endpoint == "" {
+		return store.NewLocal(cfg.LocalStoreDir())
+	}
+	s, err := store.NewS3(store.S3Options{Endpoint: cfg.S3Endpoint, Bucket: cfg.S3Bucket, AccessKey: cfg.S3AccessKey, SecretKey: cfg.S3SecretKey, Secure: cfg.S3Secure, MaxRetries: 2})
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := s.Check(cctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// logger builds the zap logger: JSON when not on a terminal (containers,
+// CI), a readable console form on one.
+func logger(cfg scheduler.Config) *zap.Logger {
+	format := cfg.LogFormat
+	if format == "auto" {
+		format = "json"
+		if term.IsTerminal(int(os.Stderr.Fd())) {
+			format = "console"
+		}
+	}
+	var zc zap.Config
+	if format == "console" {
+		zc = zap.NewDevelopmentConfig()
+		zc.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		zc.Development = false
+	} else {
+		zc = zap.NewProductionConfig()
+		zc.EncoderConfig.TimeKey = "time"
+		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	}
+	log, err := zc.Build()
+	if err != nil {
+		return zap.NewNop()
+	}
+	return log
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/scheduler"
+)
+
+func init() {
+	enq := &cobra.Command{
+		Use:   "enqueue",
+		Short: "Queue work: ingest a dataset, train a run, benchmark, train a tokenizer",
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return badInput("unknown work %q: use one of ingest, train, bench, tokenizer (see 'sched enqueue --help')", args[0])
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			return badInput("say what to enqueue: ingest, train, bench or tokenizer (see 'sched enqueue --help')")
+		},
+	}
+
+	ingest := &cobra.Command{
+		Use:   "ingest <dataset>",
+		Short: "Plan the ingest of a dataset (ingest:plan); CPU workers then fetch and tokenize its files",
+		Args:  exactArgs(1, "one dataset (a Hugging Face id like bigcode/the-stack-v2-dedup, or a path)"),
+	}
+	var ip scheduler.IngestPlan
+	ingest.Flags().StringVar(&ip.Revision, "revision", "", "dataset revision (commit or branch)")
+	ingest.Flags().StringVar(&ip.Store, "store", "", "token store name (default: the dataset's last path element)")
+	ingest.Flags().StringSliceVar(&ip.Subsets, "subset", nil, "only these subsets (repeatable)")
+	ingest.Flags().IntVar(&ip.MaxFiles, "max-files", 0, "plan at most this many files (0: all)")
+	ingest.RunE = func(c *cobra.Command, args []string) error {
+		cfg, err := loadConfig(c)
+		if err != nil {
+			return err
+		}
+		ip.Dataset = args[0]
+		if strings.TrimSpace(ip.Dataset) == "" {
+			return badInput("dataset name is empty")
+		}
+		if ip.Store == "" {
+			ip.Store = path.Base(strings.TrimRight(ip.Dataset, "/"))
+		}
+		ip.Tokenizer = cfg.Tokenizer
+		return enqueueOne(c, cfg, ip)
+	}
+
+	train := &cobra.Command{
+		Use:   "train <run>",
+		Short: "Queue the first training segment of a run (train:segment) for the GPU worker",
+		Args:  exactArgs(1, "one run name"),
+	}
+	var ts scheduler.TrainSegment
+	train.Flags().StringVar(&ts.Preset, "preset", "", "model preset")
+	train.Flags().StringSliceVar(&ts.Stores, "store", nil, "token stores to train on (repeatable)")
+	train.Flags().Float64SliceVar(&ts.Weights, "weight", nil, "mixture weights, one per --store")
+	train.Flags().StringVar(&ts.Engine, "engine", "auto", "engine: cuda, cpu or auto")
+	train.Flags().Int64Var(&ts.Steps, "segment-steps", 0, "steps per segment (0: the preset's)")
+	train.Flags().Int64Var(&ts.TotalSteps, "steps", 0, "total steps (0: the preset's)")
+	train.RunE = func(c *cobra.Command, args []string) error {
+		cfg, err := loadConfig(c)
+		if err != nil {
+			return err
+		}
+		if err := checkName("run", args[0]); err != nil {
+			return err
+		}
+		if len(ts.Weights) > 0 && len(ts.Weights) != len(ts.Stores) {
+			return badInput("--weight given %d times but --store %d times: give one weight per store", len(ts.Weights), len(ts.Stores))
+		}
+		ts.Run, ts.Tokenizer = args[0], cfg.Tokenizer
+		return enqueueOne(c, cfg, ts)
+	}
+
+	bench := &cobra.Command{
+		Use:   "bench <sweep|model>",
+		Short: "Queue a benchmark (bench:run) on the GPU worker",
+		Args:  exactArgs(1, "one sweep or model name"),
+	}
+	var br scheduler.BenchRun
+	bench.Flags().StringVar(&br.Engine, "engine", "auto", "engine: cuda, cpu or auto")
+	var isSweep bool
+	bench.Flags().BoolVar(&isSweep, "sweep", false, "the name is a sweep, not a model")
+	bench.RunE = func(c *cobra.Command, args []string) error {
+		cfg, err := loadConfig(c)
+		if err != nil {
+			return err
+		}
+		if err := checkName("benchmark", args[0]); err != nil {
+			return err
+		}
+		if isSweep {
+			br.Sweep = args[0]
+		} else {
+			br.Model = args[0]
+		}
+		return enqueueOne(c, cfg, br)
+	}
+
+	tok := &cobra.Command{
+		Use:   "tokenizer <name>",
+		Short: "Queue the sampling for a new tokenizer (tokenizer:sample)",
+		Args:  exactArgs(1, "one tokenizer name"),
+	}
+	var tsmp scheduler.TokenizerSample
+	tok.Flags().StringSliceVar(&tsmp.Datasets, "dataset", nil, "datasets to sample (repeatable)")
+	tok.Flags().Int64Var(&tsmp.Bytes, "bytes", 0, "sample size in bytes (0: default)")
+	tok.RunE = func(c *cobra.Command, args []string) error {
+		cfg, err := loadConfig(c)
+		if err != nil {
+			return err
+		}
+		if err := checkName("tokenizer", args[0]); err != nil {
+			return err
+		}
+		tsmp.Name = args[0]
+		return enqueueOne(c, cfg, tsmp)
+	}
+
+	enq.AddCommand(ingest, train, bench, tok)
+	rootCmd.AddCommand(enq)
+}
+
+// checkName rejects names that cannot be an object-store prefix element.
+func checkName(what, name string) error {
+	if name == "" || strings.ContainsAny(name, "/\\ \t\n") || name == "." || name == ".." {
+		return badInput("%s name %q: use letters, digits, '-', '_' or '.' (no slashes or spaces)", what, name)
+	}
+	return nil
+}
+
+// enqueueOne queues a and prints its id; a duplicate is reported, not an error.
+func enqueueOne(c *cobra.Command, cfg scheduler.Config, a scheduler.Args) error {
+	ctx := c.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	q, _, err := openQueue(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	info, err := q.Enqueue(ctx, a)
+	var dup *scheduler.DuplicateError
+	if errors.As(err, &dup) {
+		fmt.Fprintf(c.OutOrStdout(), "%s: %s\n", a.Kind(), dup.Error())
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.OutOrStdout(), "queued %s on %s\n", info.ID, info.Queue)
+	return nil
+}

@@ -1,0 +1,187 @@
+package ingest
+
+import (
+	_ "embed"
+	"fmt"
+	"maps"
+	"os"
+	"path"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+//go:embed presets.yaml
+var presetsYAML []byte
+
+// LocalPrefix names a local dataset: "local:<glob>" reads the files that
+// match the glob, each by its format.
+const LocalPrefix = "local:"
+
+// Preset describes a dataset kiln knows how to ingest.
+type Preset struct {
+	Name     string `yaml:"-"`
+	Repo     string `yaml:"repo"`
+	Revision string `yaml:"revision"`
+	// Include are path.Match patterns of the files to read; {var} is
+	// replaced by each value of Vars[var].
+	Include     []string            `yaml:"include"`
+	Vars        map[string][]string `yaml:"vars,omitempty"`
+	Columns     Columns             `yaml:"columns"`
+	Description string              `yaml:"description,omitempty"`
+	// Glob is set for local datasets instead of Repo.
+	Glob string `yaml:"-"`
+}
+
+// PresetError is an unknown or malformed preset: the user's to fix.
+type PresetError struct{ Err error }
+
+func (e *PresetError) Error() string  { return e.Err.Error() }
+func (e *PresetError) Unwrap() error  { return e.Err }
+func (e *PresetError) BadInput() bool { return true }
+
+// Presets returns the embedded presets, with those of overrideFile (YAML in
+// the same shape; KILN_DATASETS when empty) replacing or adding entries.
+func Presets(overrideFile string) (map[string]Preset, error) {
+	out, err := parsePresets(presetsYAML, "the embedded presets")
+	if err != nil {
+		return nil, err
+	}
+	if overrideFile == "" {
+		overrideFile = os.Getenv("KILN_DATASETS")
+	}
+	if overrideFile != "" {
+		b, err := os.ReadFile(overrideFile)
+		if err != nil {
+			return nil, &PresetError{fmt.Errorf("reading dataset presets %s: %w (set KILN_DATASETS or --presets to a YAML file)", overrideFile, err)}
+		}
+		more, err := parsePresets(b, overrideFile)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(out, more)
+	}
+	return out, nil
+}
+
+func parsePresets(b []byte, where string) (map[string]Preset, error) {
+	var m map[string]Preset
+	if err := yaml.Unmarshal(b, &m); err != nil {
+		return nil, &PresetError{fmt.Errorf("%s: not valid preset YAML: %w", where, err)}
+	}
+	for name, p := range m {
+		p.Name = name
+		if p.Revision == "" {
+			p.Revision = "main"
+		}
+		if err := p.validate(); err != nil {
+			return nil, &PresetError{fmt.Errorf("%s: preset %q: %w", where, name, err)}
+		}
+		m[name] = p
+	}
+	return m, nil
+}
+
+func (p Preset) validate() error {
+	if p.Repo == "" || strings.Count(p.Repo, "/") != 1 {
+		return fmt.Errorf("repo %q is not an owner/name dataset id", p.Repo)
+	}
+	if len(p.Include) == 0 {
+		return fmt.Errorf("include lists no file patterns")
+	}
+	for _, pat := range p.Patterns() {
+		if _, err := path.Match(pat, ""); err != nil {
+			return fmt.Errorf("include pattern %q: %w", pat, err)
+		}
+	}
+	return nil
+}
+
+// LookupPreset finds name among presets, or builds a local preset from
+// "local:<glob>". An unknown name lists the known ones.
+func LookupPreset(presets map[string]Preset, name string) (Preset, error) {
+	if glob, ok := strings.CutPrefix(name, LocalPrefix); ok {
+		if glob == "" {
+			return Preset{}, &PresetError{fmt.Errorf("dataset %q names no files: use local:<glob>, for example local:'data/*.jsonl.zst'", name)}
+		}
+		if _, err := path.Match(glob, ""); err != nil {
+			return Preset{}, &PresetError{fmt.Errorf("dataset %q: bad glob: %w", name, err)}
+		}
+		return Preset{Name: name, Glob: glob, Revision: "local"}, nil
+	}
+	p, ok := presets[name]
+	if !ok {
+		return Preset{}, &PresetError{fmt.Errorf("unknown dataset %q: use one of %s, or local:<glob> (see 'sched datasets')", name, strings.Join(slices.Sorted(maps.Keys(presets)), ", "))}
+	}
+	return p, nil
+}
+
+// WithVars returns p with the values of its vars replaced by set
+// ("language" -> ["Python", "Go"]); an unknown var is an error.
+func (p Preset) WithVars(set map[string][]string) (Preset, error) {
+	if len(set) == 0 {
+		return p, nil
+	}
+	vars := maps.Clone(p.Vars)
+	for k, v := range set {
+		if _, ok := vars[k]; !ok {
+			known := slices.Sorted(maps.Keys(p.Vars))
+			return p, &PresetError{fmt.Errorf("dataset %s has no variable %q (it has: %v)", p.Name, k, known)}
+		}
+		vars[k] = v
+	}
+	p.Vars = vars
+	return p, nil
+}
+
+// Patterns expands Include over every combination of Vars.
+func (p Preset) Patterns() []string {
+	pats := slices.Clone(p.Include)
+	for _, k := range slices.Sorted(maps.Keys(p.Vars)) {
+		var next []string
+		for _, pat := range pats {
+			if !strings.Contains(pat, "{"+k+"}") {
+				next = append(next, pat)
+				continue
+			}
+			for _, v := range p.Vars[k] {
+				next = append(next, strings.ReplaceAll(pat, "{"+k+"}", v))
+			}
+		}
+		pats = next
+	}
+	return pats
+}
+
+// Match reports whether a repository path is one of the preset's files.
+func (p Preset) Match(file string) bool {
+	for _, pat := range p.Patterns() {
+		if ok, _ := path.Match(pat, file); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// ListRoots are the directories to list: the fixed leading part of each
+// pattern, so that a language filter does not list all 600 languages.
+func (p Preset) ListRoots() []string {
+	seen := map[string]bool{}
+	var roots []string
+	for _, pat := range p.Patterns() {
+		var fixed []string
+		for _, seg := range strings.Split(path.Dir(pat), "/") {
+			if strings.ContainsAny(seg, "*?[\\") || seg == "." {
+				break
+			}
+			fixed = append(fixed, seg)
+		}
+		root := strings.Join(fixed, "/")
+		if !seen[root] {
+			seen[root] = true
+			roots = append(roots, root)
+		}
+	}
+	return roots
+}

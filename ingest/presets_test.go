@@ -1,0 +1,60 @@
+package ingest
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestEmbeddedPresets(t *testing.T) {
+	ps, err := Presets("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"the-stack-v2", "opc-fineweb-code", "python-edu", "fineweb-edu", "proof-pile-2"} {
+		p, ok := ps[name]
+		if !ok || p.Revision != "main" {
+			t.Fatalf("preset %s: %+v", name, p)
+		}
+	}
+	if ps["fineweb-edu"].Repo != "HuggingFaceFW/fineweb-edu" || !ps["fineweb-edu"].Match("sample/100BT/000_00000.parquet") {
+		t.Fatalf("fineweb-edu: %+v", ps["fineweb-edu"])
+	}
+	stack, err := ps["the-stack-v2"].WithVars(map[string][]string{"language": {"Python", "Go"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stack.Match("data/Go/train-00001.parquet") || stack.Match("data/Rust/train-00001.parquet") {
+		t.Fatal("the language filter does not select files")
+	}
+	if got := strings.Join(stack.ListRoots(), ","); got != "data/Go,data/Python" {
+		t.Fatalf("list roots %q", got)
+	}
+	if _, err := stack.WithVars(map[string][]string{"lang": {"Go"}}); err == nil || !strings.Contains(err.Error(), "language") {
+		t.Fatalf("unknown var: %v", err)
+	}
+	if !ps["proof-pile-2"].Match("arxiv/train/arXiv_000.jsonl.zst") {
+		t.Fatal("proof-pile-2 layout")
+	}
+	_, err = LookupPreset(ps, "the-stak")
+	if err == nil || !strings.Contains(err.Error(), "the-stack-v2") {
+		t.Fatalf("unknown preset should list the known ones: %v", err)
+	}
+	if p, err := LookupPreset(ps, "local:/data/*.txt"); err != nil || p.Glob != "/data/*.txt" {
+		t.Fatalf("local preset: %+v %v", p, err)
+	}
+}
+
+func TestPresetOverride(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "p.yaml")
+	os.WriteFile(f, []byte("fineweb-edu:\n  repo: mirror/fineweb\n  include: ['*.parquet']\n"), 0o644)
+	ps, err := Presets(f)
+	if err != nil || ps["fineweb-edu"].Repo != "mirror/fineweb" || ps["the-stack-v2"].Repo == "" {
+		t.Fatalf("%v %+v", err, ps["fineweb-edu"])
+	}
+	os.WriteFile(f, []byte("bad:\n  repo: nope\n"), 0o644)
+	if _, err := Presets(f); err == nil || !strings.Contains(err.Error(), `preset "bad"`) {
+		t.Fatalf("bad preset: %v", err)
+	}
+}

@@ -28,7 +28,7 @@ func TestEmbeddedPresets(t *testing.T) {
 	if !stack.Match("data/Go/train-00001.parquet") || stack.Match("data/Rust/train-00001.parquet") {
 		t.Fatal("the language filter does not select files")
 	}
-	if got := strings.Join(stack.ListRoots(), ","); got != "data/Go,data/Python" {
+	if got := strings.Join(stack.ListRoots(), ","); got != "data/Python,data/Go" {
 		t.Fatalf("list roots %q", got)
 	}
 	if _, err := stack.WithVars(map[string][]string{"lang": {"Go"}}); err == nil || !strings.Contains(err.Error(), "language") {

@@ -1,0 +1,215 @@
+package kernels_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/kernels"
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/trainer"
+)
+
+// curveConfig is the head_dim-64 model for the loss-curve check.
+var curveConfig = model.Config{VocabSize: 4096, Hidden: 256, Layers: 4, Heads: 4, KVHeads: 2, HeadDim: 64, Intermediate: 704,
+	MaxPositions: 256, RopeTheta: 10000, RMSNormEps: 1e-5, TieEmbeddings: true, BOSTokenID: 0, EOSTokenID: 0, InitializerRange: 0.02}
+
+const (
+	curveSteps = 200
+	curveB     = 4
+	curveT     = 256
+)
+
+// curveCorpus trains a 4096-entry tokenizer on the .txt files in dir and
+// returns it with the files' tokens, documents separated by the EOS id.
+func curveCorpus(t *testing.T, dir string) ([]byte, []int32) {
+	ctx := context.Background()
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.txt"))
+	sort.Strings(paths)
+	if len(paths) == 0 {
+		t.Fatalf("no .txt files in %s", dir)
+	}
+	open := func() []io.Reader {
+		var rs []io.Reader
+		for _, p := range paths {
+			f, err := os.Open(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			rs = append(rs, f)
+		}
+		return rs
+	}
+	tj, err := tokenizer.Train(ctx, open(), tokenizer.TrainOptions{VocabSize: curveConfig.VocabSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Parse(tj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int32
+	for _, r := range open() {
+		err := tok.EncodeReader(ctx, r, func(b []uint32) error {
+			for _, id := range b {
+				ids = append(ids, int32(id))
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, int32(curveConfig.EOSTokenID))
+	}
+	return tj, ids
+}
+
+// curveBatch is step s's batch: consecutive windows of the stream, wrapping.
+func curveBatch(ids []int32, s int) model.Batch {
+	b := model.Batch{B: curveB, T: curveT, Inputs: make([]int32, curveB*curveT), Targets: make([]int32, curveB*curveT)}
+	for i := 0; i < curveB; i++ {
+		start := ((s*curveB + i) * curveT) % (len(ids) - curveT - 1)
+		copy(b.Inputs[i*curveT:], ids[start:start+curveT])
+		copy(b.Targets[i*curveT:], ids[start+1:start+curveT+1])
+	}
+	return b
+}
+
+func curveLR(s int) float64 { return 2e-3 * math.Min(1, float64(s+1)/20) }
+
+func trainCurve(t *testing.T, eng model.Engine, ids []int32) []float64 {
+	if err := eng.SetParams(model.InitParams(curveConfig, 7)); err != nil {
+		t.Fatal(err)
+	}
+	var losses []float64
+	for s := 0; s < curveSteps; s++ {
+		if err := eng.ZeroGrad(); err != nil {
+			t.Fatal(err)
+		}
+		if err := eng.ForwardBackward(curveBatch(ids, s), 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := eng.Step(model.AdamW{LR: curveLR(s), Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}); err != nil {
+			t.Fatal(err)
+		}
+		m, err := eng.Metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		losses = append(losses, m.Loss)
+	}
+	return losses
+}
+
+// The GPU (bf16) and the CPU reference (fp32) train the same model on real
+// text to loss curves within 1% of each other at every logged step, and a
+// checkpoint of the GPU run is written for transformers to load (see
+// .carry's hf_check.py in docs/benchmarks/cuda.md). It takes minutes of
+// CPU, so it runs only when KILN_CURVE_TEXTS names a directory of .txt
+// files; KILN_CURVE_OUT keeps the curve and the checkpoint.
+func TestLossCurveMatchesCPU(t *testing.T) {
+	dir := os.Getenv("KILN_CURVE_TEXTS")
+	if dir == "" {
+		t.Skip("set KILN_CURVE_TEXTS to a directory of .txt files to run the 200-step CPU/GPU loss-curve comparison")
+	}
+	o := model.Options{Precision: "bf16", MaxBatch: curveB, MaxSeq: curveT}
+	gpu, err := model.NewEngine("cuda", curveConfig, o)
+	var u interface{ Unavailable() bool }
+	if errors.As(err, &u) && u.Unavailable() {
+		t.Skipf("no CUDA GPU here, skipping: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gpu.Close()
+	out := os.Getenv("KILN_CURVE_OUT")
+	if out == "" {
+		out = t.TempDir()
+	}
+	tj, ids := curveCorpus(t, dir)
+	t.Logf("corpus: %d tokens; %d steps of %d x %d", len(ids), curveSteps, curveB, curveT)
+	cudaCurve := trainCurve(t, gpu, ids)
+	cpu, err := model.NewEngine("cpu", curveConfig, model.Options{Precision: "fp32", MaxBatch: curveB, MaxSeq: curveT})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cpu.Close()
+	cpuCurve := trainCurve(t, cpu, ids)
+
+	var tsv strings.Builder
+	tsv.WriteString("step\tcpu_fp32\tcuda_bf16\trel_diff\n")
+	worst := 0.0
+	for s := range cpuCurve {
+		rel := math.Abs(cudaCurve[s]-cpuCurve[s]) / cpuCurve[s]
+		fmt.Fprintf(&tsv, "%d\t%.6f\t%.6f\t%.2e\n", s+1, cpuCurve[s], cudaCurve[s], rel)
+		logged := s == 0 || (s+1)%10 == 0
+		if logged {
+			worst = math.Max(worst, rel)
+			if rel > 0.01 {
+				t.Errorf("step %d: cpu %.5f, cuda %.5f differ by %.2f%%", s+1, cpuCurve[s], cudaCurve[s], 100*rel)
+			}
+		}
+	}
+	if err := os.WriteFile(filepath.Join(out, "loss_curve.tsv"), []byte(tsv.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mean := func(xs []float64) float64 {
+		s := 0.0
+		for _, x := range xs {
+			s += x
+		}
+		return s / float64(len(xs))
+	}
+	first, last := cpuCurve[0], mean(cpuCurve[len(cpuCurve)-10:])
+	t.Logf("cpu loss %.4f -> %.4f (last 10 mean), %.1f%% lower; worst logged cpu/cuda difference %.3f%%", first, last, 100*(1-last/first), 100*worst)
+	if last > 0.75*first {
+		t.Errorf("the CPU loss fell only from %.4f to %.4f: the corpus is not learnable enough for the check", first, last)
+	}
+
+	// The GPU run's checkpoint, and its fp32 logits on one sequence for
+	// transformers to reproduce.
+	p := model.NewParams(curveConfig)
+	if err := gpu.Params(p); err != nil {
+		t.Fatal(err)
+	}
+	st, err := gpu.OptimizerState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := trainer.WriteCheckpoint(context.Background(), filepath.Join(out, "checkpoints"),
+		&trainer.Snapshot{Config: curveConfig, Params: p, Optimizer: st, Tokenizer: tj, State: trainer.State{Step: curveSteps}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f32, err := kernels.New(curveConfig, model.Options{Precision: "fp32", MaxBatch: 1, MaxSeq: curveT})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f32.Close()
+	if err := f32.SetParams(p); err != nil {
+		t.Fatal(err)
+	}
+	b := curveBatch(ids, 3)
+	one := model.Batch{B: 1, T: curveT, Inputs: b.Inputs[:curveT]}
+	logits, err := f32.Logits(one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf := &model.SafetensorsFile{Metadata: map[string]string{"format": "pt"}, Tensors: []model.Tensor{
+		model.I32Tensor("input_ids", []int{1, curveT}, one.Inputs),
+		model.F32Tensor("logits", []int{1, curveT, curveConfig.VocabSize}, logits),
+	}}
+	if err := model.WriteSafetensors(filepath.Join(out, "kiln_logits.safetensors"), lf); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checkpoint %s", ck)
+}

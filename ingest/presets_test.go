@@ -1,10 +1,14 @@
 package ingest
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 )
 
 func TestEmbeddedPresets(t *testing.T) {
@@ -56,5 +60,27 @@ func TestPresetOverride(t *testing.T) {
 	os.WriteFile(f, []byte("bad:\n  repo: nope\n"), 0o644)
 	if _, err := Presets(f); err == nil || !strings.Contains(err.Error(), `preset "bad"`) {
 		t.Fatalf("bad preset: %v", err)
+	}
+}
+
+func TestCheckReadsColumnsWithoutDownloading(t *testing.T) {
+	h := hubtest.New()
+	defer h.Close()
+	content := parquetBytes(t, []textRow{{Text: "a"}, {Text: "b"}})
+	h.Add("o/d", "data/a.parquet", content, true)
+	hc, _ := hub.New(hub.Config{Endpoint: h.Server.URL})
+	p := Preset{Name: "d", Repo: "o/d", Revision: "main", Include: []string{"data/*.parquet"}}
+	res, err := Check(context.Background(), p, hc)
+	if err != nil || res.Revision != h.Commit || res.Files != 1 || strings.Join(res.Columns, ",") != "text" {
+		t.Fatalf("%+v %v", res, err)
+	}
+	for _, r := range h.Requests() {
+		if r.Host == "cdn" && r.Range == "" {
+			t.Fatal("check downloaded a whole file")
+		}
+	}
+	p.Columns.Text = "content"
+	if _, err := Check(context.Background(), p, hc); err == nil || !strings.Contains(err.Error(), `no column "content"`) {
+		t.Fatalf("missing column: %v", err)
 	}
 }

@@ -88,7 +88,10 @@ type CPUEngine struct {
 	a *acts // reused while the batch shape stays the same
 }
 
-// NewCPUEngine makes a CPU engine for c with zeroed parameters.
+// NewCPUEngine makes a CPU engine for c with zeroed parameters. o.Threads
+// bounds the engine's own loops (attention, norms, loss, AdamW); the matrix
+// products run on gonum, which sizes its worker pool by GOMAXPROCS. Results
+// are the same bits for every thread count.
 func NewCPUEngine(c Config, o Options) (*CPUEngine, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err

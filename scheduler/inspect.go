@@ -62,8 +62,10 @@ func (c *Client) Status(ctx context.Context) ([]QueueStatus, error) {
 		if err != nil {
 			return nil, fmt.Errorf("status of queue %s: %w", q, err)
 		}
-		qs.Size, qs.Pending, qs.Active, qs.Scheduled = info.Size, info.Pending, info.Active, info.Scheduled
+		qs.Pending, qs.Active, qs.Scheduled = info.Pending, info.Active, info.Scheduled
 		qs.Retry, qs.Archived, qs.Completed, qs.Paused = info.Retry, info.Archived, info.Completed, info.Paused
+		// asynq counts finished tasks in its size; kiln means the work waiting or running.
+		qs.Size = qs.Pending + qs.Active + qs.Scheduled + qs.Retry
 		active, err := c.insp.ListActiveTasks(q, asynq.PageSize(100))
 		if err != nil {
 			return nil, fmt.Errorf("active tasks of queue %s: %w", q, err)

@@ -20,9 +20,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -100,9 +102,10 @@ func init() {
 	for _, s := range settings {
 		pf.String(s.flag, "", s.help+" ["+s.env+"]")
 	}
-	rootCmd.AddCommand(&cobra.Command{
+	var check bool
+	cfgCmd := &cobra.Command{
 		Use:   "config",
-		Short: "Print the resolved configuration, secrets masked",
+		Short: "Print the resolved configuration, secrets masked (--check: also reach Redis and the object store)",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := loadConfig(cmd)
@@ -114,9 +117,23 @@ func init() {
 			for _, s := range settings {
 				fmt.Fprintf(w, "%-20s %-16s %s\n", s.env, s.flag, s.get(&m))
 			}
+			if !check {
+				return nil
+			}
+			q, _, err := openQueue(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			q.Close()
+			if _, err := openStore(cmd.Context(), cfg); err != nil {
+				return err
+			}
+			fmt.Fprintln(w, "redis and object store reachable")
 			return nil
 		},
-	})
+	}
+	cfgCmd.Flags().BoolVar(&check, "check", false, "also connect to Redis and the object store")
+	rootCmd.AddCommand(cfgCmd)
 }
 
 // loadConfig resolves the configuration for cmd: defaults, then the config
@@ -140,17 +157,8 @@ func loadConfig(cmd *cobra.Command) (scheduler.Config, error) {
 		default:
 			dec := yaml.NewDecoder(bytes.NewReader(b))
 			dec.KnownFields(true)
-			var fc fileConfig
-			if err := dec.Decode(&fc); err != nil && !errors.Is(err, fs.ErrNotExist) && err.Error() != "EOF" {
-				return cfg, badInput("config file %s: %v (keys are the yaml names in 'sched config --help')", path, err)
-			}
-			cfg = fc.Config
-			if fc.ShutdownGrace != "" {
-				d, err := time.ParseDuration(fc.ShutdownGrace)
-				if err != nil {
-					return cfg, badInput("config file %s: shutdown_grace %q is not a duration like 30s", path, fc.ShutdownGrace)
-				}
-				cfg.ShutdownGrace = d
+			if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+				return cfg, badInput("config file %s: %s (keys are the yaml names of scheduler.Config, e.g. redis_url)", path, strings.ReplaceAll(err.Error(), "\n", "; "))
 			}
 		}
 	}
@@ -171,12 +179,6 @@ func loadConfig(cmd *cobra.Command) (scheduler.Config, error) {
 		return cfg, err
 	}
 	return cfg, nil
-}
-
-// fileConfig is the YAML form: durations as strings.
-type fileConfig struct {
-	scheduler.Config `yaml:",inline"`
-	ShutdownGrace    string `yaml:"shutdown_grace"`
 }
 
 func flagValue(cmd *cobra.Command, name string) (string, bool) {

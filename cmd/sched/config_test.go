@@ -1,0 +1,119 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+)
+
+// TestMain lets the test binary act as sched itself: with KILN_SCHED_EXEC
+// set it runs main with its arguments, so tests run the real CLI (exit
+// codes, signals) in real processes, with test handlers registered.
+func TestMain(m *testing.M) {
+	if os.Getenv("KILN_SCHED_EXEC") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// sched runs the CLI in a child process with only the given environment
+// (plus PATH and HOME pointing at a temp dir, so no user config is read).
+func sched(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(baseEnv(t), env...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code = 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), code
+}
+
+func baseEnv(t *testing.T) []string {
+	home := t.TempDir()
+	return []string{"KILN_SCHED_EXEC=1", "PATH=" + os.Getenv("PATH"), "HOME=" + home, "XDG_CONFIG_HOME=" + filepath.Join(home, ".config"), "KILN_DATA_DIR=" + filepath.Join(home, "data")}
+}
+
+func TestConfigPrecedenceAndMasking(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "kiln.yaml")
+	os.WriteFile(file, []byte("redis_url: redis://file:1/0\ns3_bucket: from-file\ns3_endpoint: minio:9000\ns3_access_key: ak\ns3_secret_key: file-secret\nshutdown_grace: 2m\n"), 0o644)
+	out, errOut, code := sched(t, []string{"KILN_S3_BUCKET=from-env", "KILN_REDIS_URL=redis://env:2/0", "HF_TOKEN=hf_secret"},
+		"config", "--config", file, "--redis-url", "redis://:pw@flag:3/1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"redis://:xxxxx@flag:3/1", "from-env", "minio:9000", "2m0s", "****"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("config output lacks %q:\n%s", want, out)
+		}
+	}
+	for _, secret := range []string{"file-secret", "hf_secret", ":pw@"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("config output shows secret %q:\n%s", secret, out)
+		}
+	}
+}
+
+// TestBadInputExitsTwo checks that each usage mistake is one line on stderr
+// that names the input, with exit code 2.
+func TestBadInputExitsTwo(t *testing.T) {
+	t.Parallel()
+	redis := testsvc.Redis(t)
+	s3 := testsvc.S3(t)
+	good := "KILN_REDIS_URL=redis://" + redis + "/0"
+	dir := t.TempDir()
+	badYAML := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(badYAML, []byte("redis_ur1: x\n"), 0o644)
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"unknown work", []string{good}, []string{"enqueue", "dataset"}, `unknown work "dataset"`},
+		{"no work", []string{good}, []string{"enqueue"}, "say what to enqueue"},
+		{"bad run name", []string{good}, []string{"enqueue", "train", "a/b"}, `run name "a/b"`},
+		{"missing dataset", []string{good}, []string{"enqueue", "ingest"}, "expects one dataset"},
+		{"weights mismatch", []string{good}, []string{"enqueue", "train", "r", "--store", "a", "--weight", "1", "--weight", "2"}, "one weight per store"},
+		{"malformed redis url", nil, []string{"status", "--redis-url", "localhost:6379"}, "KILN_REDIS_URL"},
+		{"unreachable redis", []string{"KILN_REDIS_URL=redis://127.0.0.1:1/0"}, []string{"status"}, "cannot reach Redis at redis://127.0.0.1:1/0"},
+		{"bad queues", []string{good}, []string{"worker", "--queues", "cpu=2"}, `unknown queue "cpu"`},
+		{"unknown task id", []string{good}, []string{"cancel", "nope"}, `task "nope" not found`},
+		{"bad grace", []string{good, "KILN_SHUTDOWN_GRACE=soon"}, []string{"config"}, "KILN_SHUTDOWN_GRACE"},
+		{"bad config key", []string{good}, []string{"config", "--config", badYAML}, "redis_ur1"},
+		{"missing config file", []string{good}, []string{"config", "--config", filepath.Join(dir, "none.yaml")}, "none.yaml"},
+		{"wrong s3 credentials", []string{good, "KILN_S3_ENDPOINT=" + s3.Endpoint, "KILN_S3_ACCESS_KEY=" + s3.AccessKey, "KILN_S3_SECRET_KEY=wrong"},
+			[]string{"config", "--check"}, "KILN_S3_SECRET_KEY"},
+		{"unknown flag", []string{good}, []string{"status", "--colour"}, "unknown flag: --colour"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, errOut, code := sched(t, c.env, c.args...)
+			lines := strings.Split(strings.TrimSpace(errOut), "\n")
+			if code != exitBadInput || len(lines) != 1 || !strings.Contains(errOut, c.want) {
+				t.Fatalf("sched %v: exit %d, stderr %q; want exit 2 and one line containing %q", c.args, code, errOut, c.want)
+			}
+			if strings.Contains(errOut, "wrong") && c.name == "wrong s3 credentials" && strings.Contains(errOut, "=wrong") {
+				t.Fatalf("error shows the secret: %s", errOut)
+			}
+		})
+	}
+}

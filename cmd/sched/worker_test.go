@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/worker"
+)
+
+// This build's bench:run handler stands in for the benchmark code of a
+// later issue when that code is absent: it records that it ran (INCR
+// kiln-test:bench:<model>) so the CLI path can be checked end to end.
+func init() {
+	if slices.Contains(worker.Registered(), scheduler.KindBenchRun) {
+		return
+	}
+	worker.Register(func(ctx context.Context, a scheduler.BenchRun) error {
+		worker.Progress(ctx).Report(ctx, 0.5, 10, "runs/s", "measuring "+a.Model)
+		url := os.Getenv("KILN_REDIS_URL")
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			return err
+		}
+		c := redis.NewClient(opt)
+		defer c.Close()
+		return c.Incr(ctx, "kiln-test:bench:"+a.Model).Err()
+	})
+}
+
+// startWorker runs `sched worker` as a child process until the test ends.
+func startWorker(t *testing.T, env []string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{"worker"}, args...)...)
+	cmd.Env = append(baseEnv(t), env...)
+	logf, err := os.Create(t.TempDir() + "/worker.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("worker log:\n%s", b)
+		}
+		logf.Close()
+	})
+	return cmd
+}
+
+// waitStatus polls `sched status <id>` until its output matches re.
+func waitStatus(t *testing.T, env []string, id string, re *regexp.Regexp, within time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var out string
+	for time.Now().Before(deadline) {
+		out, _, _ = sched(t, env, "status", id)
+		if re.MatchString(out) {
+			return out
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("status of %s never matched %v; last: %q", id, re, out)
+	return ""
+}
+
+func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json"}
+	startWorker(t, env, "--queues", "gpu=1")
+
+	out, errOut, code := sched(t, env, "enqueue", "bench", "tiny")
+	m := regexp.MustCompile(`queued (bench:run:[0-9a-f]+) on gpu`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("enqueue: exit %d, %q %q", code, out, errOut)
+	}
+	id := m[1]
+	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`\s+completed\s+100\.0%`), time.Minute)
+
+	out, _, code = sched(t, env, "enqueue", "bench", "tiny")
+	if code != 0 || !strings.Contains(out, "already queued as "+id+" (completed)") {
+		t.Fatalf("second enqueue: exit %d, %q; want a duplicate report naming %s", code, out, id)
+	}
+	out, _, _ = sched(t, env, "status")
+	if !regexp.MustCompile(`(?m)^gpu\s+0\s+0\s+0\s+0\s+0\s+1$`).MatchString(out) {
+		t.Fatalf("status does not show the gpu queue with one completed task:\n%s", out)
+	}
+	out, _, _ = sched(t, env, "runs")
+	if !strings.Contains(out, id+"  completed") {
+		t.Fatalf("runs does not list %s:\n%s", id, out)
+	}
+	c := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer c.Close()
+	if n, _ := c.Get(context.Background(), "kiln-test:bench:tiny").Int(); n != 1 {
+		t.Fatalf("the task ran %d times, want once", n)
+	}
+}
+
+// TestMalformedPayloadIsArchivedNotRetried enqueues raw bytes under a real
+// kind: the worker archives the task with a one-line error at once.
+func TestMalformedPayloadIsArchivedNotRetried(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json"}
+	startWorker(t, env, "--queues", "gpu=1,ingest=1")
+	opt, _ := asynq.ParseRedisURI(r.URL(0))
+	c := asynq.NewClient(opt)
+	defer c.Close()
+	ids := map[string]string{}
+	for name, task := range map[string]*asynq.Task{
+		"raw bytes":       asynq.NewTask(scheduler.KindBenchRun, []byte("\x00\x01 not a payload"), asynq.Queue(scheduler.QueueGPU), asynq.MaxRetry(10)),
+		"unbuilt kind":    asynq.NewTask(scheduler.KindTokenizerTrain+"-never", []byte("{}"), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(10)),
+		"wrong arg types": asynq.NewTask(scheduler.KindBenchRun, []byte(`{"v":1,"args":{"model":7}}`), asynq.Queue(scheduler.QueueGPU), asynq.MaxRetry(10)),
+	} {
+		info, err := c.Enqueue(task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[name] = info.ID
+	}
+	for name, id := range ids {
+		out := waitStatus(t, env, id, regexp.MustCompile(`archived`), time.Minute)
+		if !strings.Contains(out, "last error: ") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+			t.Errorf("%s: status %q; want one line with the error", name, out)
+		}
+		insp := asynq.NewInspector(opt)
+		for _, q := range []string{scheduler.QueueGPU, scheduler.QueueIngest} {
+			if ti, err := insp.GetTaskInfo(q, id); err == nil && ti.Retried != 0 {
+				t.Errorf("%s: retried %d times; a payload that cannot be read must not be retried", name, ti.Retried)
+			}
+		}
+		insp.Close()
+	}
+}
+
+// BenchmarkEnqueueIngestShards measures `sched enqueue`'s path for 10,000
+// ingest:shard tasks: one at a time, and with overlapping round trips.
+func BenchmarkEnqueueIngestShards(b *testing.B) {
+	r := testsvc.StartRedis(b)
+	opt, _ := asynq.ParseRedisURI(r.URL(0))
+	q := scheduler.NewClient(opt)
+	defer q.Close()
+	const n = 10000
+	for _, conc := range []int{1, 16, 64} {
+		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				args := make([]scheduler.Args, n)
+				for j := range args {
+					args[j] = scheduler.IngestShard{Dataset: "bench", Path: fmt.Sprintf("data/%d-%d-%d.parquet", conc, i, j), Store: "bench", Tokenizer: "t"}
+				}
+				res, err := q.EnqueueMany(context.Background(), args, conc)
+				if err != nil || res.Enqueued != n {
+					b.Fatalf("%+v, %v", res, err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n)/1000, "µs/task")
+		})
+	}
+}

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+func init() {
+	var presetsFile, storesDir string
+	cmd := &cobra.Command{
+		Use:   "datasets",
+		Short: "List dataset presets and the local token stores",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(c *cobra.Command, args []string) error {
+			presets, err := ingest.Presets(presetsFile)
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "PRESET\tREPOSITORY\tREVISION\tFILES")
+			for _, name := range slices.Sorted(maps.Keys(presets)) {
+				p := presets[name]
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", name, p.Repo, p.Revision, strings.Join(p.Patterns(), " "))
+			}
+			fmt.Fprintln(w, "local:<glob>\t(local files)\t-\tparquet, jsonl[.gz|.zst], text")
+			w.Flush()
+			if storesDir == "" {
+				return nil
+			}
+			entries, err := os.ReadDir(storesDir)
+			if err != nil {
+				return badInput("--stores %s: %v", storesDir, err)
+			}
+			fmt.Fprintln(c.OutOrStdout())
+			w = tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "STORE\tTOKENS\tSHARDS\tSIZE\tCOMMIT\tSKIPPED")
+			for _, e := range entries {
+				dir := filepath.Join(storesDir, e.Name())
+				m, err := tokens.ReadManifest(dir)
+				if err != nil {
+					continue // not a store
+				}
+				var size int64
+				if st, err := os.Stat(filepath.Join(dir, "tokens.bin")); err == nil {
+					size = st.Size()
+				}
+				commits := map[string]bool{}
+				for _, s := range m.Shards {
+					commits[s.Revision] = true
+				}
+				skips := ingest.Skips{}
+				for _, s := range m.Skipped {
+					reason, _, _ := strings.Cut(s.Reason, ":")
+					skips.Add(reason, 1)
+				}
+				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", e.Name(), m.Tokens, len(m.Shards), humanBytes(size),
+					strings.Join(slices.Sorted(maps.Keys(commits)), ","), skips)
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&presetsFile, "presets", "", "YAML file of dataset presets (default $KILN_DATASETS)")
+	cmd.Flags().StringVar(&storesDir, "stores", "", "directory whose subdirectories are token stores")
+
+	check := &cobra.Command{
+		Use:   "check <name>",
+		Short: "Resolve a preset's commit and check its files and columns on the hub",
+		Args:  exactArgs(1, "one dataset"),
+		RunE: func(c *cobra.Command, args []string) error {
+			presets, err := ingest.Presets(presetsFile)
+			if err != nil {
+				return err
+			}
+			p, err := ingest.LookupPreset(presets, args[0])
+			if err != nil {
+				return err
+			}
+			var hc *hub.Client
+			if p.Glob == "" {
+				if hc, err = hub.New(hub.Environment()); err != nil {
+					return err
+				}
+			}
+			res, err := ingest.Check(c.Context(), p, hc)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.OutOrStdout(), "%s: %s at commit %s: %d files, %s; %s has columns %v\n",
+				p.Name, p.Repo, res.Revision, res.Files, humanBytes(res.Bytes), res.Sample, res.Columns)
+			return nil
+		},
+	}
+	cmd.AddCommand(check)
+	rootCmd.AddCommand(cmd)
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/tokenizer"
+)
+
+func init() {
+	var (
+		direct               bool
+		storeDir, dataDir    string
+		tokPath, presetsFile string
+		set                  []string
+		maxTokens, maxDisk   string
+		maxFiles             int
+		seed                 uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "ingest <dataset> --direct --store DIR --tokenizer FILE",
+		Short: "Download, tokenize and append a dataset to a token store in this process",
+		Long: `ingest runs the ingest pipeline in one process, without a queue: list the
+dataset's files in a seeded order, download each, tokenize it on all cores and
+append it exactly once to the store; a re-run appends only what is missing.
+<dataset> is a preset (see 'sched datasets') or local:<glob>.`,
+		Args: exactArgs(1, "one dataset"),
+		RunE: func(c *cobra.Command, args []string) error {
+			if !direct {
+				return badInput("sched ingest runs in one process only with --direct; use 'sched enqueue ingest %s' for the queue", args[0])
+			}
+			if storeDir == "" || tokPath == "" {
+				return badInput("sched ingest --direct needs --store DIR and --tokenizer FILE")
+			}
+			limTokens, err := parseCount(maxTokens)
+			if err != nil {
+				return badInput("--max-tokens %q: %v (for example 25B)", maxTokens, err)
+			}
+			limDisk, err := parseBytes(maxDisk)
+			if err != nil {
+				return badInput("--max-disk %q: %v (for example 50G)", maxDisk, err)
+			}
+			presets, err := ingest.Presets(presetsFile)
+			if err != nil {
+				return err
+			}
+			p, err := ingest.LookupPreset(presets, args[0])
+			if err != nil {
+				return err
+			}
+			vars, err := parseSet(set)
+			if err != nil {
+				return err
+			}
+			if p, err = p.WithVars(vars); err != nil {
+				return err
+			}
+			tok, err := tokenizer.Load(tokPath)
+			if err != nil {
+				return badInput("--tokenizer %s: %v", tokPath, err)
+			}
+			log := newLogger(c.ErrOrStderr())
+			defer log.Sync()
+			opt := ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: strings.TrimSuffix(filepath.Base(tokPath), ".json"),
+				StoreDir: storeDir, DataDir: dataDir, Seed: seed, MaxFiles: maxFiles, MaxTokens: limTokens, MaxDisk: limDisk, Logger: log}
+			if opt.DataDir == "" {
+				opt.DataDir = filepath.Join(storeDir, "incoming")
+			}
+			if p.Glob == "" {
+				cfg := hub.Environment()
+				cfg.Logger = log
+				if opt.Hub, err = hub.New(cfg); err != nil {
+					return err
+				}
+				opt.SWH = ingest.SWHFromEnv()
+				opt.SWH.Logger = log
+			}
+			rep, err := ingest.Direct(c.Context(), opt)
+			if err != nil {
+				return err
+			}
+			out := c.OutOrStdout()
+			fmt.Fprintf(out, "%s at %s: %d files, %d appended (%d tokens), %d already in the store\n", p.Name, rep.Revision, rep.Files, rep.Appended, rep.Tokens, rep.Duplicates)
+			if len(rep.SkippedFiles) > 0 {
+				fmt.Fprintf(out, "skipped files: %s\n", rep.SkippedFiles)
+			}
+			if len(rep.SkippedRecords) > 0 {
+				fmt.Fprintf(out, "skipped documents: %s\n", rep.SkippedRecords)
+			}
+			if rep.Stopped != "" {
+				fmt.Fprintln(out, rep.Stopped)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.BoolVar(&direct, "direct", false, "run the pipeline in this process, without the queue")
+	f.StringVar(&storeDir, "store", "", "token store directory")
+	f.StringVar(&dataDir, "data-dir", "", "directory for downloads and shard files (default <store>/incoming)")
+	f.StringVar(&tokPath, "tokenizer", "", "tokenizer.json")
+	f.StringVar(&presetsFile, "presets", "", "YAML file of dataset presets that add to or replace the built-in ones (default $KILN_DATASETS)")
+	f.StringArrayVar(&set, "set", nil, "preset variable, name=a,b (for example language=Python,Go)")
+	f.StringVar(&maxTokens, "max-tokens", "", "stop before the store passes this many tokens (25B, 500M)")
+	f.StringVar(&maxDisk, "max-disk", "", "stop before the store and its next shard pass this size (50G)")
+	f.IntVar(&maxFiles, "max-files", 0, "read at most this many files of the seeded order (0: all)")
+	f.Uint64Var(&seed, "seed", 0, "seed of the file order")
+	rootCmd.AddCommand(cmd)
+}
+
+// parseSet reads --set name=a,b flags.
+func parseSet(set []string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, s := range set {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" || v == "" {
+			return nil, badInput("--set %q: want name=value[,value...], for example language=Python,Go", s)
+		}
+		out[k] = strings.Split(v, ",")
+	}
+	return out, nil
+}
+
+// parseCount reads a token count: "25B" (billions), "500M", "1.5K", or a
+// plain number. "" is 0 (no limit).
+func parseCount(s string) (int64, error) {
+	return parseScaled(strings.ToUpper(strings.TrimSpace(s)), map[byte]float64{'K': 1e3, 'M': 1e6, 'B': 1e9, 'G': 1e9, 'T': 1e12})
+}
+
+// parseBytes reads a size: "50G", "50GB", "50GiB" (all powers of 1024),
+// "512M", or a plain number of bytes. "" is 0 (no limit).
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
+	return parseScaled(s, map[byte]float64{'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30, 'T': 1 << 40})
+}
+
+func parseScaled(s string, units map[byte]float64) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	mult := 1.0
+	if m, ok := units[s[len(s)-1]]; ok {
+		mult, s = m, s[:len(s)-1]
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("not a number with an optional unit")
+	}
+	return int64(v * mult), nil
+}

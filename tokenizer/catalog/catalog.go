@@ -1,0 +1,324 @@
+// Package catalog is the set of tokenizers kiln knows, by name. A tokenizer
+// lives at tokenizers/<name>/tokenizer.json in object storage, where every
+// worker finds it, and is copied to <data dir>/tokenizers/<name>/tokenizer.json
+// on each machine that uses it. A name, once published, always means the same
+// bytes: token stores and checkpoints record the SHA-256 of those bytes, and a
+// name that changed meaning would silently re-map every id made with it.
+package catalog
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+)
+
+// Prefix is the object-store prefix under which tokenizers live.
+const Prefix = "tokenizers/"
+
+// FileName is the tokenizer's file inside its directory or prefix.
+const FileName = "tokenizer.json"
+
+// Key is the object key of tokenizer name.
+func Key(name string) string { return Prefix + name + "/" + FileName }
+
+// Catalog finds tokenizers in object storage and in the local data directory.
+type Catalog struct {
+	// Objects is the shared object store; nil means the local directory only
+	// (a machine without object storage, or a test).
+	Objects store.Store
+	// Dir is the local root: <data dir>/tokenizers.
+	Dir string
+}
+
+// New returns the catalog of a data directory and an object store.
+func New(objects store.Store, dataDir string) *Catalog {
+	return &Catalog{Objects: objects, Dir: filepath.Join(dataDir, "tokenizers")}
+}
+
+// Entry is one known tokenizer.
+type Entry struct {
+	Name string
+	// Path is the local tokenizer.json (empty when only object storage has it).
+	Path      string
+	SHA256    string
+	VocabSize int
+	// EOS is the end-of-text id that separates documents; HasEOS is false
+	// for a tokenizer without one (it cannot fill a token store).
+	EOS    uint32
+	HasEOS bool
+	// Special lists the special tokens in id order.
+	Special []string
+}
+
+func entryOf(name, local string, t *tokenizer.Tokenizer) Entry {
+	e := Entry{Name: name, Path: local, SHA256: t.SHA256(), VocabSize: t.VocabSize()}
+	e.EOS, e.HasEOS = t.EOS()
+	e.Special = SpecialTokens(t)
+	return e
+}
+
+// SpecialTokens lists t's special tokens in id order.
+func SpecialTokens(t *tokenizer.Tokenizer) []string {
+	var out []string
+	for id := range t.VocabSize() {
+		if t.IsSpecial(uint32(id)) {
+			out = append(out, t.Token(uint32(id)))
+		}
+	}
+	return out
+}
+
+// NameError is a tokenizer name that cannot be a path element.
+type NameError struct{ Name string }
+
+func (e *NameError) Error() string {
+	return fmt.Sprintf("tokenizer name %q: use letters, digits, '-', '_' or '.' (no slashes, spaces, or a leading dot)", e.Name)
+}
+func (e *NameError) BadInput() bool { return true }
+
+// CheckName refuses a name that would not stay one path element.
+func CheckName(name string) error {
+	if name == "" || strings.HasPrefix(name, ".") {
+		return &NameError{name}
+	}
+	for _, r := range name {
+		ok := r == '-' || r == '_' || r == '.' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
+		if !ok {
+			return &NameError{name}
+		}
+	}
+	return nil
+}
+
+// NotFoundError is a tokenizer name that neither place holds.
+type NotFoundError struct {
+	Name  string
+	Known []string
+}
+
+func (e *NotFoundError) Error() string {
+	known := "none yet"
+	if len(e.Known) > 0 {
+		known = strings.Join(e.Known, ", ")
+	}
+	return fmt.Sprintf("tokenizer %q is not known (known: %s): train it with 'sched enqueue tokenizer %s' or 'sched tokenizer train', or name another with --tokenizer",
+		e.Name, known, e.Name)
+}
+func (e *NotFoundError) BadInput() bool { return true }
+
+// ConflictError is one name with two different tokenizer.json files: the
+// local copy and object storage's, or an existing one and a new one.
+type ConflictError struct {
+	Name                string
+	Have, HaveSHA       string // where the existing file is, and its sha256
+	Other, OtherSHA     string
+	publishingOverwrite bool
+}
+
+func (e *ConflictError) Error() string {
+	if e.publishingOverwrite {
+		return fmt.Sprintf("tokenizer %q already exists (%s, sha256 %s) and the new one differs (sha256 %s): a published tokenizer is never replaced, because the stores and checkpoints made with it would change meaning; give the new one another name",
+			e.Name, e.Have, e.HaveSHA, e.OtherSHA)
+	}
+	return fmt.Sprintf("tokenizer %q differs between %s (sha256 %s) and %s (sha256 %s): one of them was replaced outside kiln; remove the wrong copy (the object store's is the published one)",
+		e.Name, e.Have, e.HaveSHA, e.Other, e.OtherSHA)
+}
+func (e *ConflictError) BadInput() bool { return true }
+
+func (c *Catalog) localPath(name string) string { return filepath.Join(c.Dir, name, FileName) }
+
+// fetch returns the bytes of name from object storage (nil, nil when absent)
+// and from the local directory (nil, nil when absent).
+func (c *Catalog) fetch(ctx context.Context, name string) (remote, local []byte, err error) {
+	local, err = os.ReadFile(c.localPath(name))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, fmt.Errorf("read tokenizer %s: %w", c.localPath(name), err)
+	}
+	if c.Objects == nil {
+		return nil, local, nil
+	}
+	r, err := c.Objects.Get(ctx, Key(name))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, local, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("get tokenizer %s: %w", Key(name), err)
+	}
+	defer r.Close()
+	remote, err = io.ReadAll(r)
+	if err != nil {
+		return nil, nil, fmt.Errorf("get tokenizer %s: %w", Key(name), err)
+	}
+	return remote, local, nil
+}
+
+// Resolve finds tokenizer name, copies it from object storage to the local
+// directory when this machine lacks it, and loads it. A local copy that
+// differs from object storage's is refused rather than used.
+func (c *Catalog) Resolve(ctx context.Context, name string) (Entry, *tokenizer.Tokenizer, error) {
+	if err := CheckName(name); err != nil {
+		return Entry{}, nil, err
+	}
+	remote, local, err := c.fetch(ctx, name)
+	if err != nil {
+		return Entry{}, nil, err
+	}
+	data := local
+	switch {
+	case remote == nil && local == nil:
+		known, lerr := c.Names(ctx)
+		if lerr != nil {
+			return Entry{}, nil, lerr
+		}
+		return Entry{}, nil, &NotFoundError{Name: name, Known: known}
+	case remote != nil && local != nil && !bytes.Equal(remote, local):
+		return Entry{}, nil, &ConflictError{Name: name, Have: c.localPath(name), HaveSHA: sha(local), Other: "object storage " + Key(name), OtherSHA: sha(remote)}
+	case local == nil:
+		data = remote
+		if err := writeAtomic(c.localPath(name), remote); err != nil {
+			return Entry{}, nil, err
+		}
+	}
+	t, err := tokenizer.Parse(data)
+	if err != nil {
+		return Entry{}, nil, fmt.Errorf("tokenizer %s: %w", name, err)
+	}
+	return entryOf(name, c.localPath(name), t), t, nil
+}
+
+// Publish stores tokenizer.json bytes under name, in object storage and the
+// local directory. Publishing the same bytes again is a no-op, so a retried
+// task succeeds; different bytes under an existing name are refused.
+func (c *Catalog) Publish(ctx context.Context, name string, data []byte) (Entry, error) {
+	if err := CheckName(name); err != nil {
+		return Entry{}, err
+	}
+	t, err := tokenizer.Parse(data)
+	if err != nil {
+		return Entry{}, fmt.Errorf("publish tokenizer %s: %w", name, err)
+	}
+	remote, local, err := c.fetch(ctx, name)
+	if err != nil {
+		return Entry{}, err
+	}
+	for _, have := range []struct {
+		b     []byte
+		where string
+	}{{remote, "object storage " + Key(name)}, {local, c.localPath(name)}} {
+		if have.b != nil && !bytes.Equal(have.b, data) {
+			return Entry{}, &ConflictError{Name: name, Have: have.where, HaveSHA: sha(have.b), OtherSHA: t.SHA256(), publishingOverwrite: true}
+		}
+	}
+	if c.Objects != nil && remote == nil {
+		if err := c.Objects.Put(ctx, Key(name), bytes.NewReader(data), int64(len(data))); err != nil {
+			return Entry{}, fmt.Errorf("publish tokenizer %s: %w", name, err)
+		}
+	}
+	if local == nil {
+		if err := writeAtomic(c.localPath(name), data); err != nil {
+			return Entry{}, err
+		}
+	}
+	return entryOf(name, c.localPath(name), t), nil
+}
+
+// Names lists the tokenizers in object storage and the local directory.
+func (c *Catalog) Names(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	if c.Objects != nil {
+		infos, err := c.Objects.List(ctx, Prefix)
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", Prefix, err)
+		}
+		for _, in := range infos {
+			rest := strings.TrimPrefix(in.Key, Prefix)
+			if name, file, ok := strings.Cut(rest, "/"); ok && file == FileName {
+				seen[name] = true
+			}
+		}
+	}
+	dirs, err := os.ReadDir(c.Dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("list tokenizers in %s: %w", c.Dir, err)
+	}
+	for _, d := range dirs {
+		if _, err := os.Stat(c.localPath(d.Name())); err == nil {
+			seen[d.Name()] = true
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for n := range seen {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// List describes every known tokenizer without copying any to this machine.
+func (c *Catalog) List(ctx context.Context) ([]Entry, error) {
+	names, err := c.Names(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for _, name := range names {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		remote, local, err := c.fetch(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		data, where := remote, ""
+		if data == nil {
+			data, where = local, c.localPath(name)
+		} else if local != nil {
+			where = c.localPath(name)
+		}
+		t, err := tokenizer.Parse(data)
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer %s: %w", name, err)
+		}
+		out = append(out, entryOf(name, where, t))
+	}
+	return out, nil
+}
+
+// writeAtomic writes data to p through a temporary file and a rename, so a
+// reader never sees part of a tokenizer.json.
+func writeAtomic(p string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(p), "."+path.Base(p)+".*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	if err := os.Rename(f.Name(), p); err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	return nil
+}

@@ -23,6 +23,9 @@ type Summary struct {
 	Gates      []Gate
 	// Sample is a generated text shown under the gates, when there is one.
 	Sample string
+	// WallClock is the run's wall-clock across segments, when the caller
+	// knows it better than the records do.
+	WallClock time.Duration
 }
 
 // Figures are the headline numbers derived from the records.
@@ -83,6 +86,9 @@ func (s Summary) Figures() Figures {
 	}
 	if len(mfus) > 0 {
 		f.MFU = median(mfus)
+	}
+	if s.WallClock > 0 {
+		f.WallClock = s.WallClock
 	}
 	return f
 }
@@ -164,8 +170,12 @@ func (s Summary) resultRows(f Figures) [][]string {
 	if f.PeakMemory > 0 {
 		mem = fmt.Sprintf("%.2f GiB", float64(f.PeakMemory)/(1<<30))
 	}
+	wall := na
+	if f.WallClock > 0 {
+		wall = f.WallClock.Round(time.Second).String()
+	}
 	rows = append(rows, []string{"tok/s (median)", tps}, []string{"MFU", mfu}, []string{"peak memory", mem},
-		[]string{"wall-clock", f.WallClock.Round(time.Second).String()})
+		[]string{"wall-clock", wall})
 	return rows
 }
 

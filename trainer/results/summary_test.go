@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestSummaryMarkdown(t *testing.T) {
@@ -52,12 +53,12 @@ func TestSummaryMarkdown(t *testing.T) {
 
 func TestWriteFilesProducesSummaryAndPlot(t *testing.T) {
 	dir := t.TempDir()
-	s := Summary{Run: "demo", Records: curve(300)}
+	s := Summary{Run: "demo", Records: curve(300), WallClock: 90 * time.Second}
 	if err := s.WriteFiles(dir); err != nil {
 		t.Fatal(err)
 	}
 	md, err := os.ReadFile(filepath.Join(dir, SummaryFile))
-	if err != nil || !strings.HasPrefix(string(md), "# Run demo") {
+	if err != nil || !strings.HasPrefix(string(md), "# Run demo") || !strings.Contains(string(md), "1m30s") {
 		t.Fatalf("summary.md: %v %q", err, md)
 	}
 	svg, err := os.ReadFile(filepath.Join(dir, PlotFile))

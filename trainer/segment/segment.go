@@ -114,6 +114,8 @@ type Outcome struct {
 	// it: "local", "object storage" or "" for a fresh run.
 	ResumedFrom  int
 	ResumeSource string
+	// Wall is the run's wall-clock so far, over all its segments.
+	Wall time.Duration
 }
 
 // RunDir is the local directory of run under root.
@@ -160,6 +162,10 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if err := p.guardDisk(dir, -1); err != nil {
 		return out, err
 	}
+	// Wall-clock adds up over segments; the state hash carries the sum.
+	prevWall, _ := p.Redis.HGet(ctx, StateKey(run), "wall_s").Float64()
+	began := time.Now()
+	wall := func() time.Duration { return time.Duration(prevWall*float64(time.Second)) + time.Since(began) }
 
 	// Losing the lock stops training at once: another worker owns the run.
 	tctx, cancelTrain := context.WithCancel(ctx)
@@ -172,7 +178,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		}
 	}()
 
-	up := newUploader(p, lock, dir, rc, log)
+	up := newUploader(p, lock, dir, rc, log, wall)
 	go up.loop()
 
 	data, err := p.OpenData(rc, mc)
@@ -194,7 +200,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 			}
 			stateMu.Unlock()
 			if due {
-				p.writeState(tctx, lock, rc, m, log)
+				p.writeState(tctx, lock, rc, m, wall(), nil, log)
 			}
 		},
 		Step: func(step, total int) {
@@ -215,6 +221,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		MaxSteps: p.Run.Segment.MaxSteps, MaxDuration: p.Run.Segment.MaxDuration, PeakFLOPS: p.PeakFLOPS, Log: log,
 	}, hooks)
 	out.Step, out.Done, out.Checkpoint = res.Step, res.Done, res.Checkpoint
+	out.Wall = wall()
 
 	uerr := up.finish(ctx, p.UploadGrace)
 	out.Uploaded = up.uploadedStep()
@@ -233,9 +240,10 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if rerr != nil {
 		return out, rerr
 	}
-	if out.Done {
-		p.writeState(ctx, lock, rc, trainer.Metrics{Step: res.Step, Tokens: res.Tokens}, log)
-	}
+	// The segment's last word on the run: "done" tells a waiting
+	// `sched demo` (and `sched status`) that results are final.
+	p.writeState(context.WithoutCancel(ctx), lock, rc, trainer.Metrics{Step: res.Step, Tokens: res.Tokens}, out.Wall,
+		map[string]string{"done": strconv.FormatBool(out.Done)}, log)
 	return out, nil
 }
 
@@ -292,13 +300,18 @@ func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
 	return 0, "", nil
 }
 
-func (p Params) writeState(ctx context.Context, lock *Lock, rc trainer.RunConfig, m trainer.Metrics, log *zap.Logger) {
+// writeState records the run's progress in its state hash, fenced.
+func (p Params) writeState(ctx context.Context, lock *Lock, rc trainer.RunConfig, m trainer.Metrics, wall time.Duration, extra map[string]string, log *zap.Logger) {
 	f := map[string]string{
 		"step":    strconv.Itoa(m.Step),
 		"total":   strconv.Itoa(rc.TotalSteps),
 		"tokens":  strconv.FormatInt(m.Tokens, 10),
 		"worker":  p.Owner,
 		"updated": time.Now().UTC().Format(time.RFC3339),
+		"wall_s":  strconv.FormatFloat(wall.Seconds(), 'f', 1, 64),
+	}
+	for k, v := range extra {
+		f[k] = v
 	}
 	if m.Loss != 0 {
 		f["loss"] = strconv.FormatFloat(m.Loss, 'f', 4, 64)

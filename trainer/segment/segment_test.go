@@ -141,7 +141,7 @@ func TestSegmentsResumeFromObjectStorageAfterLosingTheDisk(t *testing.T) {
 		t.Fatalf("remote checkpoints %v %v", steps, err)
 	}
 	st := rdb.HGetAll(ctx, StateKey("r")).Val()
-	if st["checkpoint"] != "8" || st["step"] != "8" || st["total"] != "8" || st["worker"] != "gpu-b" {
+	if st["checkpoint"] != "8" || st["step"] != "8" || st["total"] != "8" || st["worker"] != "gpu-b" || st["done"] != "true" || st["wall_s"] == "0.0" {
 		t.Errorf("run state %v", st)
 	}
 

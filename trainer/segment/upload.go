@@ -30,6 +30,7 @@ type uploader struct {
 	dir  string
 	rc   trainer.RunConfig
 	log  *zap.Logger
+	wall func() time.Duration
 
 	jobs   chan upJob
 	ctx    context.Context
@@ -46,11 +47,11 @@ type upJob struct {
 	step int
 }
 
-func newUploader(p Params, lock *Lock, dir string, rc trainer.RunConfig, log *zap.Logger) *uploader {
+func newUploader(p Params, lock *Lock, dir string, rc trainer.RunConfig, log *zap.Logger, wall func() time.Duration) *uploader {
 	// Uploads outlive the segment's context: a cancelled segment still owes
 	// object storage its last checkpoint, within UploadGrace.
 	ctx, cancel := context.WithCancel(context.Background())
-	return &uploader{p: p, lock: lock, dir: dir, rc: rc, log: log, jobs: make(chan upJob, 1),
+	return &uploader{p: p, lock: lock, dir: dir, rc: rc, log: log, wall: wall, jobs: make(chan upJob, 1),
 		ctx: ctx, cancel: cancel, done: make(chan struct{}), uploaded: -1}
 }
 
@@ -105,7 +106,7 @@ func (u *uploader) upload(j upJob) error {
 		u.log.Info("checkpoints deleted by retention", zap.Ints("steps", deleted))
 	}
 	u.pruneLocal(j.step)
-	if err := u.p.writeResults(u.ctx, u.dir, u.rc, Outcome{Step: j.step, TotalSteps: u.rc.TotalSteps}, u.log); err != nil {
+	if err := u.p.writeResults(u.ctx, u.dir, u.rc, Outcome{Step: j.step, TotalSteps: u.rc.TotalSteps, Wall: u.wall()}, u.log); err != nil {
 		u.log.Warn("results", zap.Error(err))
 	}
 	return nil
@@ -247,7 +248,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	if len(results.TrainCurve(recs)) == 0 {
 		return nil
 	}
-	s := results.Summary{Run: p.Run.Name, Settings: Settings(p.Run, rc), Records: recs, TotalSteps: rc.TotalSteps}
+	s := results.Summary{Run: p.Run.Name, Settings: Settings(p.Run, rc), Records: recs, TotalSteps: rc.TotalSteps, WallClock: out.Wall}
 	fig := s.Figures()
 	bench := 0.0
 	if mc, err := rc.ModelConfig(); err == nil {

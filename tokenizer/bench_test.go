@@ -1,0 +1,98 @@
+package tokenizer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+)
+
+// benchText is the text of KILN_TOKENIZER_BENCH_TEXT when set (to compare
+// with ../shared/bench/hf_tokenizers_bench.js on the same file), else the
+// golden texts.
+func benchText(b *testing.B) []byte {
+	if p := os.Getenv("KILN_TOKENIZER_BENCH_TEXT"); p != "" {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return data
+	}
+	var all []byte
+	for _, name := range texts {
+		all = append(all, readTestdata(b, name+".txt")...)
+	}
+	return all
+}
+
+// docs8K cuts text as the HF benchmark does: about 8 KB, ending at a line.
+func docs8K(text string) []string {
+	var docs []string
+	for i := 0; i < len(text); {
+		j := min(len(text), i+8192)
+		if nl := strings.IndexByte(text[j:], '\n'); nl >= 0 {
+			j += nl + 1
+		} else {
+			j = len(text)
+		}
+		docs = append(docs, text[i:j])
+		i = j
+	}
+	return docs
+}
+
+// BenchmarkEncodeBatch is throughput on all cores (GOMAXPROCS), the figure
+// compared with HF's encodeBatch; run with -cpu 1 for per-core throughput.
+func BenchmarkEncodeBatch(b *testing.B) {
+	text := benchText(b)
+	docs := docs8K(string(text))
+	for _, style := range styles {
+		b.Run(style, func(b *testing.B) {
+			tk := loadStyle(b, style)
+			b.SetBytes(int64(len(text)))
+			b.ResetTimer()
+			for b.Loop() {
+				tk.EncodeBatch(docs)
+			}
+		})
+	}
+}
+
+// BenchmarkLongWord encodes text without whitespace, one word; time per
+// byte must stay flat as the size grows (no quadratic merge).
+func BenchmarkLongWord(b *testing.B) {
+	tk := loadStyle(b, "gpt2-style")
+	for _, n := range []int{1 << 18, 1 << 20, 4 << 20} {
+		w := bytes.Repeat([]byte("abcdefghijklmnopqrstuvwxyz"), n/26+1)[:n]
+		b.Run(fmt.Sprintf("%dKiB", n>>10), func(b *testing.B) {
+			b.SetBytes(int64(n))
+			for b.Loop() {
+				tk.EncodeBytes(w)
+			}
+		})
+	}
+}
+
+// BenchmarkTrain trains a 16384 vocabulary on KILN_TOKENIZER_TRAIN_TEXT (or
+// the golden texts, with a 4096 vocabulary).
+func BenchmarkTrain(b *testing.B) {
+	vocab := 16384
+	var text []byte
+	if p := os.Getenv("KILN_TOKENIZER_TRAIN_TEXT"); p != "" {
+		var err error
+		if text, err = os.ReadFile(p); err != nil {
+			b.Fatal(err)
+		}
+	} else {
+		text, vocab = benchText(b), 4096
+	}
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		if _, err := Train(context.Background(), []io.Reader{bytes.NewReader(text)}, TrainOptions{VocabSize: vocab}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

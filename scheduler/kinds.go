@@ -219,6 +219,26 @@ type TokenizerSample struct {
 	Datasets []string `json:"datasets,omitempty"`
 	// Bytes is the sample size to draw.
 	Bytes int64 `json:"bytes,omitempty"`
+
+	// Dataset is the one dataset this task samples (a preset name or
+	// local:<glob>); Bytes is its share of the mixture's sample.
+	Dataset string `json:"dataset,omitempty"`
+	// Mixture is every dataset of the tokenizer's sample with its weight:
+	// the sampling task that finds all of them drawn queues the training.
+	Mixture []TokenizerShare `json:"mixture,omitempty"`
+	// TotalBytes is the whole mixture's sample size.
+	TotalBytes int64 `json:"total_bytes,omitempty"`
+	// Seed chooses the files and the held-out documents.
+	Seed uint64 `json:"seed,omitempty"`
+	// VocabSize and Previous are passed on to TokenizerTrain.
+	VocabSize int    `json:"vocab_size,omitempty"`
+	Previous  string `json:"previous,omitempty"`
+}
+
+// TokenizerShare is one dataset's weight in a tokenizer's sample.
+type TokenizerShare struct {
+	Dataset string  `json:"dataset"`
+	Weight  float64 `json:"weight"`
 }
 
 func (TokenizerSample) Kind() string { return KindTokenizerSample }
@@ -228,8 +248,15 @@ func (TokenizerSample) Kind() string { return KindTokenizerSample }
 type TokenizerTrain struct {
 	Name      string `json:"name"`
 	VocabSize int    `json:"vocab_size,omitempty"`
-	// Sample is the sample's object key (from TokenizerSample).
+	// Sample is the sample's object key (from TokenizerSample): the prefix
+	// holding one text and one held-out file per dataset of Mixture.
 	Sample string `json:"sample,omitempty"`
+
+	// Mixture is the datasets sampled, with their weights.
+	Mixture []TokenizerShare `json:"mixture,omitempty"`
+	// Previous names the tokenizer whose figures the report shows beside
+	// the new one's (none when empty or unknown).
+	Previous string `json:"previous,omitempty"`
 }
 
 func (TokenizerTrain) Kind() string { return KindTokenizerTrain }

@@ -134,6 +134,14 @@ type IngestPlan struct {
 	Tokenizer string `json:"tokenizer,omitempty"`
 	// MaxFiles bounds the plan (0 = all files).
 	MaxFiles int `json:"max_files,omitempty"`
+	// Vars sets the preset's variables ("language": ["Python", "Go"]).
+	Vars map[string][]string `json:"vars,omitempty"`
+	// Seed orders the files; the same seed plans the same order.
+	Seed uint64 `json:"seed,omitempty"`
+	// MaxTokens and MaxDisk stop the ingest before the store passes this
+	// many tokens or bytes (0: no limit); every shard and append carries them.
+	MaxTokens int64 `json:"max_tokens,omitempty"`
+	MaxDisk   int64 `json:"max_disk,omitempty"`
 }
 
 func (IngestPlan) Kind() string { return KindIngestPlan }
@@ -156,6 +164,20 @@ type IngestShard struct {
 	Column    string `json:"column,omitempty"`
 	Store     string `json:"store"`
 	Tokenizer string `json:"tokenizer"`
+	// Repo is the hub dataset the file is downloaded from; empty for a
+	// local file, which Path then names on the worker's machine.
+	Repo string `json:"repo,omitempty"`
+	// GitOID verifies a small (non-LFS) download.
+	GitOID string `json:"git_oid,omitempty"`
+	// IDColumn, BlobColumn and EncodingColumn complete Column: a document id,
+	// Software Heritage blob ids, and each blob's encoding.
+	IDColumn       string `json:"id_column,omitempty"`
+	BlobColumn     string `json:"blob_column,omitempty"`
+	EncodingColumn string `json:"encoding_column,omitempty"`
+	// ShardID is the file's exactly-once key in the store's manifest.
+	ShardID   string `json:"shard_id,omitempty"`
+	MaxTokens int64  `json:"max_tokens,omitempty"`
+	MaxDisk   int64  `json:"max_disk,omitempty"`
 }
 
 func (IngestShard) Kind() string { return KindIngestShard }
@@ -173,6 +195,22 @@ type IngestAppend struct {
 	Docs    int64  `json:"docs,omitempty"`
 	Tokens  int64  `json:"tokens,omitempty"`
 	Dataset string `json:"dataset,omitempty"`
+	// Revision is the dataset commit the shard was read at.
+	Revision string `json:"revision,omitempty"`
+	// The tokenizer that wrote the shard, which a new store records and an
+	// existing one must match.
+	Tokenizer       string `json:"tokenizer,omitempty"`
+	TokenizerSHA256 string `json:"tokenizer_sha256,omitempty"`
+	VocabSize       int    `json:"vocab_size,omitempty"`
+	EOS             uint32 `json:"eos,omitempty"`
+	// Skipped counts the documents left out of the shard, by reason.
+	Skipped map[string]int64 `json:"skipped,omitempty"`
+	// SkipReason, when set, records the whole file as skipped (Object is
+	// then empty): SkipMessage says why.
+	SkipReason  string `json:"skip_reason,omitempty"`
+	SkipMessage string `json:"skip_message,omitempty"`
+	MaxTokens   int64  `json:"max_tokens,omitempty"`
+	MaxDisk     int64  `json:"max_disk,omitempty"`
 }
 
 func (IngestAppend) Kind() string { return KindIngestAppend }

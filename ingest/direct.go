@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -211,6 +212,19 @@ func Direct(ctx context.Context, opt DirectOptions) (Report, error) {
 	return rep, nil
 }
 
+// RecordSkips records in the store the documents left out of the input
+// named by base, one entry per reason with its count, in a stable order.
+func RecordSkips(ctx context.Context, app *tokens.Appender, base tokens.Skipped, skips Skips) error {
+	for _, reason := range slices.Sorted(maps.Keys(skips)) {
+		s := base
+		s.Reason, s.Count = reason, skips[reason]
+		if err := app.Skip(ctx, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // stopError ends an ingest cleanly at a limit.
 type stopError struct{ msg string }
 
@@ -272,11 +286,8 @@ func ingestFile(ctx context.Context, opt DirectOptions, app *tokens.Appender, re
 	if err != nil {
 		return fileResult{}, fmt.Errorf("appending %s: %w", f.Path, err)
 	}
-	for reason, n := range st.Skips {
-		// Record-level skips are kept in the manifest next to the shard.
-		if err := app.Skip(ctx, tokens.Skipped{ID: id + "#" + reason, Source: f.Path, Revision: rev, Reason: fmt.Sprintf("%s: %d records", reason, n)}); err != nil {
-			return fileResult{}, err
-		}
+	if err := RecordSkips(ctx, app, tokens.Skipped{ID: id, Source: f.Path, Revision: rev}, st.Skips); err != nil {
+		return fileResult{}, err
 	}
 	return fileResult{tokens: st.Tokens, documents: st.Documents, duplicate: res.Duplicate, skips: st.Skips}, nil
 }

@@ -273,19 +273,22 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 
 // Skip records an input that will not be appended, and why, so that ingest
 // can report what it left out. Recording an id twice is a no-op; an id that
-// was appended cannot be skipped.
+// was appended cannot be skipped. A record with Count set counts documents
+// left out of an input instead: it may name an appended id, and is a no-op
+// when that id already has a record for the same reason, so that a retried
+// append does not count its documents twice.
 func (a *Appender) Skip(ctx context.Context, s Skipped) error {
 	if a.broken != nil {
 		return fmt.Errorf("token store %s: an earlier manifest write failed (%v): reopen the store", a.dir, a.broken)
 	}
-	if s.ID == "" || s.Reason == "" {
-		return inputErrorf("token store %s: a skipped input needs an id and a reason (got id %q, reason %q)", a.dir, s.ID, s.Reason)
+	if s.ID == "" || s.Reason == "" || s.Count < 0 {
+		return inputErrorf("token store %s: a skipped input needs an id, a reason and a count that is not negative (got id %q, reason %q, count %d)", a.dir, s.ID, s.Reason, s.Count)
 	}
-	if _, ok := a.index[s.ID]; ok {
+	if _, ok := a.index[s.ID]; ok && s.Count == 0 {
 		return inputErrorf("token store %s: shard %q is already appended and cannot be recorded as skipped", a.dir, s.ID)
 	}
 	for _, have := range a.m.Skipped {
-		if have.ID == s.ID {
+		if have.ID == s.ID && (have.Count == 0) == (s.Count == 0) && (s.Count == 0 || have.Reason == s.Reason) {
 			return nil
 		}
 	}

@@ -87,12 +87,16 @@ type Shard struct {
 	Offset    int64  `json:"offset"` // first token's index in tokens.bin
 }
 
-// Skipped is an input that ingest decided not to append, and why.
+// Skipped is an input that ingest decided not to append, and why. With
+// Count zero the whole input was left out; with Count set, ID names an
+// input (appended or not) from which Count documents were left out for
+// Reason, so that a store accounts for every document it did not take.
 type Skipped struct {
 	ID       string `json:"id"`
 	Source   string `json:"source,omitempty"`
 	Revision string `json:"revision,omitempty"`
 	Reason   string `json:"reason"`
+	Count    int64  `json:"count,omitempty"`
 }
 
 // Manifest describes a store. Only the first Tokens ids of tokens.bin are

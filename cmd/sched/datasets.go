@@ -62,7 +62,7 @@ func init() {
 				skips := ingest.Skips{}
 				for _, s := range m.Skipped {
 					reason, _, _ := strings.Cut(s.Reason, ":")
-					skips.Add(reason, 1)
+					skips.Add(reason, max(s.Count, 1)) // a count is documents; none is one whole file
 				}
 				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", e.Name(), m.Tokens, len(m.Shards), humanBytes(size),
 					strings.Join(slices.Sorted(maps.Keys(commits)), ","), skips)

@@ -1,0 +1,532 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"golang.org/x/term"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
+	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
+	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/kiln-lm/kiln/trainer/segment"
+	"github.com/kiln-lm/kiln/worker"
+)
+
+// demoOptions configure runDemo; zero values take the defaults in
+// withDefaults.
+type demoOptions struct {
+	// Dir holds everything the demo writes. Default <data-dir>/demo.
+	Dir string
+	// Files is the corpus glob. Default $GOROOT/src/*/*.go.
+	Files string
+	// Duration is the training time. Default 2m.
+	Duration time.Duration
+	// Engine is cuda, cpu or auto. Default auto.
+	Engine string
+	// TokenizerBytes bounds the text the tokenizer learns from; MaxTokens
+	// the token store. Defaults 3 MB and 3M tokens: the whole standard
+	// library's top-level packages are 11.7 MB, and two minutes of CPU
+	// training reads well under a million tokens.
+	TokenizerBytes int64
+	MaxTokens      int64
+	// Quiet turns off the progress display (tests).
+	Quiet bool
+	Log   *zap.Logger
+}
+
+func (o demoOptions) withDefaults() demoOptions {
+	if o.Files == "" {
+		o.Files = filepath.Join(runtime.GOROOT(), "src", "*", "*.go")
+	}
+	if o.Duration == 0 {
+		o.Duration = 2 * time.Minute
+	}
+	if o.Engine == "" {
+		o.Engine = "auto"
+	}
+	if o.TokenizerBytes == 0 {
+		o.TokenizerBytes = 3 << 20
+	}
+	if o.MaxTokens == 0 {
+		o.MaxTokens = 3_000_000
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	return o
+}
+
+// demoResult is what the demo prints, for tests to check.
+type demoResult struct {
+	Summary       results.Summary
+	Figures       results.Figures
+	PlotPath      string
+	SummaryPath   string
+	Sample        string
+	TotalSteps    int
+	CorpusTokens  int64
+	TokenizerPath string
+}
+
+const (
+	demoRun       = "demo"
+	demoTokenizer = "go-4096"
+	demoStore     = "go-stdlib"
+)
+
+func init() {
+	var o demoOptions
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Train a tiny model on the Go standard library in one process: ingest, tokenizer, about two minutes of training, results",
+		Long: `demo runs kiln's whole pipeline on a machine with only Go: an in-process
+Redis-compatible server holds the queue, a local directory is the object
+store, and an in-process worker trains. It ingests the Go standard library
+(the sources under GOROOT), trains a byte-level BPE tokenizer of 4096 ids,
+trains the tiny model for about --duration on the CPU (on the GPU when one
+loads), and prints the results table, the loss plot's path and a generated
+sample. Everything is written under --dir; a second run reuses the
+tokenizer and the token store and trains afresh.`,
+		Args: exactArgs(0, "no arguments"),
+		RunE: func(c *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			if o.Dir == "" {
+				o.Dir = filepath.Join(cfg.DataDir, "demo")
+			}
+			if o.Duration < 0 {
+				return badInput("--duration %v is negative: give a training time such as 2m", o.Duration)
+			}
+			log := logger(cfg)
+			defer log.Sync()
+			o.Log = log
+			o.Quiet = !term.IsTerminal(int(os.Stdout.Fd()))
+			res, err := runDemo(c.Context(), c.OutOrStdout(), o)
+			if err != nil {
+				return err
+			}
+			printDemo(c.OutOrStdout(), res)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&o.Dir, "dir", "", "directory for the demo's files (default <data-dir>/demo)")
+	cmd.Flags().StringVar(&o.Files, "files", "", "corpus glob (default $GOROOT/src/*/*.go)")
+	cmd.Flags().DurationVar(&o.Duration, "duration", 2*time.Minute, "training time")
+	cmd.Flags().StringVar(&o.Engine, "engine", "auto", "engine: cuda, cpu or auto")
+	rootCmd.AddCommand(cmd)
+}
+
+// runDemo runs the pipeline and returns what it made.
+func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, error) {
+	o = o.withDefaults()
+	var res demoResult
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return res, fmt.Errorf("demo directory: %w", err)
+	}
+	objects, err := store.NewLocal(filepath.Join(o.Dir, "objects"))
+	if err != nil {
+		return res, err
+	}
+	files, err := filepath.Glob(o.Files)
+	if err != nil || len(files) == 0 {
+		return res, badInput("--files %q matches no files: give a glob of text files, such as '$GOROOT/src/*/*.go'", o.Files)
+	}
+	sort.Strings(files)
+
+	stage := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
+
+	stage("tokenizer: byte-level BPE, 4096 ids, learned from %s of %s", humanSize(o.TokenizerBytes), o.Files)
+	tokPath := filepath.Join(o.Dir, "tokenizer.json")
+	tok, tokJSON, err := loadDemoTokenizer(ctx, tokPath, files, o.TokenizerBytes)
+	if err != nil {
+		return res, err
+	}
+	res.TokenizerPath = tokPath
+	if err := objects.Put(ctx, "tokenizers/"+demoTokenizer+"/tokenizer.json", bytes.NewReader(tokJSON), int64(len(tokJSON))); err != nil {
+		return res, err
+	}
+
+	stage("ingest: %d files into the token store %s", len(files), demoStore)
+	preset, err := ingest.LookupPreset(nil, ingest.LocalPrefix+o.Files)
+	if err != nil {
+		return res, err
+	}
+	tokensDir := filepath.Join(o.Dir, "tokens")
+	rep, err := ingest.Direct(ctx, ingest.DirectOptions{Preset: preset, Tokenizer: tok, TokenizerName: demoTokenizer,
+		StoreDir: filepath.Join(tokensDir, demoStore), DataDir: filepath.Join(o.Dir, "ingest"), Seed: 1,
+		MaxTokens: o.MaxTokens, Logger: o.Log})
+	if err != nil {
+		return res, fmt.Errorf("demo ingest: %w", err)
+	}
+	if st, err := tokensLen(filepath.Join(tokensDir, demoStore)); err == nil {
+		res.CorpusTokens = st
+	}
+	fmt.Fprintf(out, "    %d files appended this time, %d already there; the store holds %d tokens\n", rep.Appended, rep.Duplicates, res.CorpusTokens)
+
+	run, err := runs.Presets().Get(demoRun)
+	if err != nil {
+		return res, err
+	}
+	run.Engine = o.Engine
+	stepTime, engineName, err := calibrate(ctx, run.RunConfig)
+	if err != nil {
+		return res, err
+	}
+	fitRun(&run, o.Duration, stepTime)
+	res.TotalSteps = run.TotalSteps
+	stage("train: model tiny (%.2fM parameters) on the %s engine, %d steps of %d tokens (about %v at %.2fs a step)",
+		float64(model.Presets["tiny"].NumParams())/1e6, engineName, run.TotalSteps, run.TokensPerStep(),
+		(time.Duration(run.TotalSteps) * stepTime).Round(time.Second), stepTime.Seconds())
+
+	// A demo trains afresh each time; only its own run is cleared.
+	runRoot := filepath.Join(o.Dir, "runs")
+	if err := os.RemoveAll(segment.RunDir(runRoot, demoRun)); err != nil {
+		return res, err
+	}
+	for _, prefix := range []string{segment.CheckpointPrefix(demoRun), segment.ResultsPrefix(demoRun)} {
+		objs, err := objects.List(ctx, prefix)
+		if err != nil {
+			return res, err
+		}
+		for _, ob := range objs {
+			if err := objects.Delete(ctx, ob.Key); err != nil {
+				return res, err
+			}
+		}
+	}
+
+	wallClock, err := trainThroughQueue(ctx, out, o, run, objects, runRoot, tokensDir, tok)
+	if err != nil {
+		return res, err
+	}
+
+	// The results as the queue left them in object storage.
+	resultsDir := filepath.Join(o.Dir, "objects", "results", demoRun)
+	f, err := os.Open(filepath.Join(resultsDir, results.MetricsFile))
+	if err != nil {
+		return res, fmt.Errorf("demo results: %w", err)
+	}
+	recs, err := results.ReadMetrics(f)
+	f.Close()
+	if err != nil {
+		return res, err
+	}
+	res.Summary = results.Summary{Run: demoRun, Records: recs, TotalSteps: run.TotalSteps, WallClock: wallClock}
+	res.Figures = res.Summary.Figures()
+	res.PlotPath = filepath.Join(resultsDir, results.PlotFile)
+	res.SummaryPath = filepath.Join(resultsDir, results.SummaryFile)
+	md, err := os.ReadFile(res.SummaryPath)
+	if err != nil {
+		return res, fmt.Errorf("demo results: %w", err)
+	}
+	res.Sample = sampleFromSummary(string(md))
+	return res, nil
+}
+
+// trainThroughQueue trains the run as a user's GPU worker would: an
+// in-process Redis-compatible server, a worker serving the gpu queue, and
+// one train:segment task queued.
+func trainThroughQueue(ctx context.Context, out io.Writer, o demoOptions, run runs.Run, objects store.Store, runRoot, tokensDir string, tok *tokenizer.Tokenizer) (time.Duration, error) {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		return 0, fmt.Errorf("demo: in-process Redis: %w", err)
+	}
+	defer mr.Close()
+	opt := asynq.RedisClientOpt{Addr: mr.Addr()}
+	client := scheduler.NewClient(opt)
+	defer client.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	set := runs.Presets()
+	set[demoRun] = run
+	worker.ConfigureTraining(worker.Training{
+		Redis: rdb, Objects: objects, Runs: set, Dir: runRoot, TokensDir: tokensDir, Owner: "demo",
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := client.Enqueue(ctx, a); return err },
+		Sample:  func(ctx context.Context, dir string) ([]int32, string, error) { return demoSample(dir, tok) },
+		Log:     o.Log,
+	})
+	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: o.Log,
+		Name: "demo", ShutdownGrace: 30 * time.Second, DelayedTaskCheckInterval: 500 * time.Millisecond})
+	if err != nil {
+		return 0, err
+	}
+	wctx, stopWorker := context.WithCancel(ctx)
+	werr := make(chan error, 1)
+	go func() { werr <- w.Run(wctx) }()
+	defer func() { stopWorker(); <-werr }()
+
+	info, err := client.Enqueue(ctx, scheduler.TrainSegment{Run: demoRun, Engine: o.Engine})
+	if err != nil {
+		return 0, fmt.Errorf("demo: queue the training: %w", err)
+	}
+	var bar *progressbar.ProgressBar
+	if !o.Quiet {
+		bar = progressbar.NewOptions(run.TotalSteps, progressbar.OptionSetWriter(out), progressbar.OptionSetDescription("training"),
+			progressbar.OptionShowCount(), progressbar.OptionSetPredictTime(true), progressbar.OptionClearOnFinish())
+	}
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	lastLine := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case err := <-werr:
+			werr <- err
+			return 0, fmt.Errorf("demo: the worker stopped: %v", err)
+		case <-tick.C:
+		}
+		st := rdb.HGetAll(ctx, segment.StateKey(demoRun)).Val()
+		step, _ := strconv.Atoi(st["step"])
+		if bar != nil {
+			bar.Describe(fmt.Sprintf("training, loss %s", st["loss"]))
+			_ = bar.Set(step)
+		} else if time.Since(lastLine) >= 15*time.Second && st["step"] != "" {
+			fmt.Fprintf(out, "    step %s/%d loss %s tok/s %s\n", st["step"], run.TotalSteps, st["loss"], st["tok_per_s"])
+			lastLine = time.Now()
+		}
+		// A segment that hits its time bound queues the next one, so the
+		// run, not one task, is what the demo waits for.
+		if st["done"] == "true" {
+			if bar != nil {
+				_ = bar.Finish()
+			}
+			wall, _ := strconv.ParseFloat(st["wall_s"], 64)
+			return time.Duration(wall * float64(time.Second)), nil
+		}
+		if err := segmentFailure(ctx, client, info.ID); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// segmentFailure reports a training segment that failed: retried (the
+// worker would wait out a back-off) or archived.
+func segmentFailure(ctx context.Context, client *scheduler.Client, first string) error {
+	if ts, err := client.Task(ctx, first); err == nil && (ts.State == "archived" || ts.State == "retry") {
+		return fmt.Errorf("demo: training failed: %s", ts.LastErr)
+	}
+	qs, err := client.Status(ctx)
+	if err != nil {
+		return nil
+	}
+	for _, q := range qs {
+		if q.Name == scheduler.QueueGPU && (q.Archived > 0 || q.Retry > 0) {
+			msg := "see the log above"
+			if rs, err := client.Runs(ctx, 10); err == nil {
+				for _, r := range rs {
+					if r.State == "archived" && r.LastErr != "" {
+						msg = r.LastErr
+						break
+					}
+				}
+			}
+			return fmt.Errorf("demo: training failed: %s", msg)
+		}
+	}
+	return nil
+}
+
+// loadDemoTokenizer loads the demo's tokenizer, training it first when absent.
+func loadDemoTokenizer(ctx context.Context, path string, files []string, budget int64) (*tokenizer.Tokenizer, []byte, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if t, err := tokenizer.Parse(b); err == nil && t.VocabSize() == 4096 {
+			return t, b, nil
+		}
+	}
+	// Files spread over the whole corpus, not its first directories.
+	order := rand.New(rand.NewPCG(1, 1)).Perm(len(files))
+	var inputs []io.Reader
+	var used int64
+	for _, i := range order {
+		if used >= budget {
+			break
+		}
+		b, err := os.ReadFile(files[i])
+		if err != nil {
+			continue
+		}
+		inputs = append(inputs, bytes.NewReader(b))
+		used += int64(len(b))
+	}
+	b, err := tokenizer.Train(ctx, inputs, tokenizer.TrainOptions{VocabSize: 4096})
+	if err != nil {
+		return nil, nil, fmt.Errorf("demo tokenizer: %w", err)
+	}
+	t, err := tokenizer.Parse(b)
+	if err != nil {
+		return nil, nil, fmt.Errorf("demo tokenizer: %w", err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return nil, nil, err
+	}
+	return t, b, nil
+}
+
+// calibrate times two optimizer steps of the run's shape, so that the demo
+// can choose a step count that ends near its duration and the cosine
+// schedule runs to its floor.
+func calibrate(ctx context.Context, rc trainer.RunConfig) (time.Duration, string, error) {
+	rc = rc.WithDefaults()
+	mc, err := rc.ModelConfig()
+	if err != nil {
+		return 0, "", err
+	}
+	eng, err := model.NewEngine(rc.Engine, mc, model.Options{Precision: rc.Precision, MaxBatch: rc.Batch, MaxSeq: rc.Seq})
+	if err != nil {
+		return 0, "", err
+	}
+	defer eng.Close()
+	if err := eng.SetParams(model.InitParams(mc, 1)); err != nil {
+		return 0, "", err
+	}
+	n := rc.Batch * rc.Seq
+	b := model.Batch{B: rc.Batch, T: rc.Seq, Inputs: make([]int32, n), Targets: make([]int32, n)}
+	for i := range b.Inputs {
+		b.Inputs[i], b.Targets[i] = int32(i*7%mc.VocabSize), int32(i*13%mc.VocabSize)
+	}
+	step := func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := eng.ZeroGrad(); err != nil {
+			return err
+		}
+		if err := eng.ForwardBackward(b, 1); err != nil {
+			return err
+		}
+		if err := eng.Step(model.AdamW{LR: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}); err != nil {
+			return err
+		}
+		_, err := eng.Metrics()
+		return err
+	}
+	if err := step(); err != nil { // allocation, compilation
+		return 0, "", err
+	}
+	start := time.Now()
+	for i := 0; i < 2; i++ {
+		if err := step(); err != nil {
+			return 0, "", err
+		}
+	}
+	// Evaluation, checkpoints and a busier machine later on add about a
+	// quarter to the bare step (measured on a shared 2-core VM: 1.81 s
+	// calibrated, 2.3 s in the run).
+	return time.Since(start) / 2 * 5 / 4, eng.Name(), nil
+}
+
+// fitRun sizes the demo run to d at stepTime per step: at least 40 steps
+// (the loss needs them to fall), evaluations on about 12 points of the
+// curve (each costs about two thirds of a step), warmup a tenth of the
+// run, and a segment bound of twice d in case the machine slows down.
+func fitRun(r *runs.Run, d, stepTime time.Duration) {
+	steps := max(int(d/max(stepTime, time.Millisecond)), 40)
+	r.TotalSteps, r.TotalTokens = steps, 0
+	r.Warmup = min(r.Warmup, max(steps/10, 1))
+	r.EvalEvery = max(steps/12, 1)
+	r.LogEvery = max(min(r.LogEvery, steps/40), 1)
+	r.CheckpointEvery = max(steps/4, 1)
+	r.Segment.MaxSteps = 0
+	r.Segment.MaxDuration = 2 * d
+}
+
+// demoSample generates 256 tokens after a Go prompt from the final
+// checkpoint, on the CPU, seeded so the demo prints the same text each time
+// for the same weights.
+func demoSample(dir string, tok *tokenizer.Tokenizer) ([]int32, string, error) {
+	snap, err := trainer.ReadCheckpoint(dir, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	eng, err := model.NewEngine("cpu", snap.Config, model.Options{Precision: "fp32", MaxBatch: 1, MaxSeq: snap.Config.MaxPositions})
+	if err != nil {
+		return nil, "", err
+	}
+	defer eng.Close()
+	if err := eng.SetParams(snap.Params); err != nil {
+		return nil, "", err
+	}
+	const prompt = "package main\n\nimport (\n"
+	var ids []int32
+	for _, id := range tok.Encode(prompt) {
+		ids = append(ids, int32(id))
+	}
+	gen, err := eng.Generate(ids, 256, -1, model.Sampling{Temperature: 0.8, TopK: 40, Seed: 1})
+	if err != nil {
+		return nil, "", err
+	}
+	u := make([]uint32, len(gen))
+	for i, id := range gen {
+		u[i] = uint32(id)
+	}
+	text, err := tok.Decode(u)
+	if err != nil {
+		return gen, "", err
+	}
+	return gen, prompt + text, nil
+}
+
+// sampleFromSummary returns the fenced sample of summary.md.
+func sampleFromSummary(md string) string {
+	_, rest, ok := strings.Cut(md, "## Sample\n\n```\n")
+	if !ok {
+		return ""
+	}
+	s, _, _ := strings.Cut(rest, "\n```\n")
+	return s
+}
+
+func printDemo(w io.Writer, r demoResult) {
+	fmt.Fprintf(w, "\n==> results of run %s\n\n%s\n", demoRun, r.Summary.Table())
+	f := r.Figures
+	if f.HaveEval && f.FirstEvalLoss > 0 {
+		fmt.Fprintf(w, "eval loss fell from %.3f to %.3f (%.0f%% lower)\n", f.FirstEvalLoss, f.FinalEvalLoss, 100*(1-f.FinalEvalLoss/f.FirstEvalLoss))
+	}
+	fmt.Fprintf(w, "loss curve: %s\nsummary:    %s\n", r.PlotPath, r.SummaryPath)
+	if r.Sample != "" {
+		fmt.Fprintf(w, "\n==> a sample from the final checkpoint\n\n%s\n", r.Sample)
+	}
+}
+
+func tokensLen(dir string) (int64, error) {
+	st, err := tokens.Open(dir)
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	return st.Len(), nil
+}
+
+func humanSize(n int64) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%.0f MB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d KB", n>>10)
+}

@@ -361,3 +361,48 @@ func TestTrainingStepsMatchCPU(t *testing.T) {
 	}
 	t.Logf("cpu %v\ncuda %v", curves[0], curves[1])
 }
+
+// BenchmarkTrainStep times one training step (forward, backward, AdamW,
+// Metrics) of the small preset in bf16; tok/s is the figure to compare.
+func BenchmarkTrainStep(b *testing.B) {
+	for _, sz := range []struct {
+		name string
+		B, T int
+	}{{"small-8x1024", 8, 1024}, {"small-32x1024", 32, 1024}} {
+		b.Run(sz.name, func(b *testing.B) {
+			c := model.Presets["small"]
+			e := newEngine(b, c, model.Options{Precision: "bf16", MaxBatch: sz.B, MaxSeq: sz.T})
+			if err := e.SetParams(model.InitParams(c, 1)); err != nil {
+				b.Fatal(err)
+			}
+			n := sz.B * sz.T
+			batch := model.Batch{B: sz.B, T: sz.T, Inputs: make([]int32, n), Targets: make([]int32, n)}
+			for i := range batch.Inputs {
+				batch.Inputs[i] = int32((i * 7919) % c.VocabSize)
+				batch.Targets[i] = int32((i * 104729) % c.VocabSize)
+			}
+			opt := model.AdamW{LR: 4e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}
+			step := func() {
+				if err := e.ZeroGrad(); err != nil {
+					b.Fatal(err)
+				}
+				if err := e.ForwardBackward(batch, 1); err != nil {
+					b.Fatal(err)
+				}
+				if err := e.Step(opt); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := e.Metrics(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			step() // allocation, module load, cuBLASLt heuristics
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				step()
+			}
+			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "tok/s")
+			b.ReportMetric(float64(e.Memory().PeakAllocated)/(1<<30), "peakGiB")
+		})
+	}
+}

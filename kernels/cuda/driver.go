@@ -2,15 +2,14 @@ package cuda
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"unsafe"
 )
 
-// Result codes of the driver API that callers act on.
-const (
-	errOutOfMemory = 2
-	errNoDevice    = 100
-)
+// errOutOfMemory is CUDA_ERROR_OUT_OF_MEMORY, which the allocator turns
+// into a message with sizes.
+const errOutOfMemory = 2
 
 // Error is a failed CUDA driver, NVRTC or cuBLASLt call.
 type Error struct {
@@ -27,7 +26,9 @@ func (e *Error) Error() string {
 }
 
 // OutOfMemory reports whether the call failed for lack of device memory.
-func (e *Error) OutOfMemory() bool { return e.Code == errOutOfMemory && e.Call[:2] == "cu" }
+func (e *Error) OutOfMemory() bool {
+	return e.Code == errOutOfMemory && strings.HasPrefix(e.Call, "cu") && !strings.HasPrefix(e.Call, "cublas")
+}
 
 // Device attributes (CUdevice_attribute) the engine reads.
 const (
@@ -72,12 +73,6 @@ type Driver struct {
 	cuEventSynchronize        func(e uintptr) int32
 	cuEventElapsedTime        func(ms *float32, start, end uintptr) int32
 	cuGetErrorName            func(code int32, s **byte) int32
-	cuStreamBeginCapture      func(s uintptr, mode int32) int32
-	cuStreamEndCapture        func(s uintptr, g *uintptr) int32
-	cuGraphInstantiate        func(exec *uintptr, g uintptr, flags uint64) int32
-	cuGraphLaunch             func(exec uintptr, s uintptr) int32
-	cuGraphDestroy            func(g uintptr) int32
-	cuGraphExecDestroy        func(exec uintptr) int32
 }
 
 var (
@@ -130,12 +125,6 @@ func loadDriver(dirs []string) (*Driver, error) {
 		"cuEventSynchronize":           &d.cuEventSynchronize,
 		"cuEventElapsedTime_v2":        &d.cuEventElapsedTime,
 		"cuGetErrorName":               &d.cuGetErrorName,
-		"cuStreamBeginCapture_v2":      &d.cuStreamBeginCapture,
-		"cuStreamEndCapture":           &d.cuStreamEndCapture,
-		"cuGraphInstantiateWithFlags":  &d.cuGraphInstantiate,
-		"cuGraphLaunch":                &d.cuGraphLaunch,
-		"cuGraphDestroy":               &d.cuGraphDestroy,
-		"cuGraphExecDestroy":           &d.cuGraphExecDestroy,
 	})
 	if err != nil {
 		return nil, err

@@ -80,3 +80,21 @@ func TestBindMissingSymbolNamesIt(t *testing.T) {
 		t.Fatalf("bind error = %v, want one naming the symbol", err)
 	}
 }
+
+// A failed call's error names the call and the driver's name for the code.
+func TestErrorNamesTheCall(t *testing.T) {
+	e := &Error{Call: "cuMemAlloc_v2", Code: 2, Name: "CUDA_ERROR_OUT_OF_MEMORY"}
+	if got := e.Error(); got != "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (2)" {
+		t.Errorf("Error() = %q", got)
+	}
+	if !e.OutOfMemory() {
+		t.Error("CUDA_ERROR_OUT_OF_MEMORY from the driver is not OutOfMemory")
+	}
+	// cuBLASLt's status 2 is CUBLAS_STATUS_NOT_INITIALIZED, not memory.
+	if (&Error{Call: "cublasLtMatmul", Code: 2}).OutOfMemory() {
+		t.Error("a cuBLASLt status 2 was taken for out of memory")
+	}
+	if got := (&Error{Call: "cublasLtCreate", Code: 7}).Error(); got != "cublasLtCreate: error 7" {
+		t.Errorf("Error() = %q", got)
+	}
+}

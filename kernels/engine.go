@@ -141,8 +141,8 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	if free, total, err := dv.MemInfo(); err == nil {
 		e.usedAtOpen = int64(total - free)
 	}
-	if dv.Major < 8 {
-		return &cuda.UnavailableError{Err: fmt.Errorf("GPU %s has compute capability %d.%d; kiln's CUDA engine needs 8.0 or newer: use --engine cpu", dv.Name, dv.Major, dv.Minor)}
+	if err := checkCapability(dv.Name, dv.Major, dv.Minor); err != nil {
+		return err
 	}
 	e.Arch = Target(dv.Major, dv.Minor, e.opt.ForceSM80)
 	if e.fns, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch); err != nil {
@@ -532,4 +532,13 @@ type Device struct {
 // Device reports the engine's GPU.
 func (e *Engine) Device() Device {
 	return Device{Name: e.dv.Name, Major: e.dv.Major, Minor: e.dv.Minor, SMs: e.dv.SMs, TotalBytes: int64(e.dv.Total), UsedAtStart: e.usedAtOpen, Arch: e.Arch}
+}
+
+// checkCapability refuses GPUs older than compute capability 8.0 (bf16
+// tensor cores, cp.async): "auto" falls back, and --engine cuda exits 2.
+func checkCapability(name string, major, minor int) error {
+	if major < 8 {
+		return &cuda.UnavailableError{Err: fmt.Errorf("GPU %s has compute capability %d.%d; kiln's CUDA engine needs 8.0 or newer: use --engine cpu", name, major, minor)}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -68,6 +69,23 @@ func TestTarget(t *testing.T) {
 	for _, c := range cases {
 		if got := Target(c.major, c.minor, c.force); got != c.want {
 			t.Errorf("Target(%d, %d, %v) = %s, want %s", c.major, c.minor, c.force, got, c.want)
+		}
+	}
+}
+
+func TestCapabilityBelow80IsRefused(t *testing.T) {
+	err := checkCapability("Tesla T4", 7, 5)
+	if err == nil || !strings.Contains(err.Error(), "Tesla T4") || !strings.Contains(err.Error(), "7.5") || !strings.Contains(err.Error(), "--engine cpu") {
+		t.Fatalf("error = %v, want one naming the GPU, its capability and the way out", err)
+	}
+	var u interface{ Unavailable() bool }
+	var b interface{ BadInput() bool }
+	if !errors.As(err, &u) || !u.Unavailable() || !errors.As(err, &b) || !b.BadInput() {
+		t.Error("an old GPU must be Unavailable (auto falls back) and BadInput (exit 2)")
+	}
+	for _, ok := range [][2]int{{8, 0}, {8, 6}, {9, 0}, {12, 0}} {
+		if err := checkCapability("x", ok[0], ok[1]); err != nil {
+			t.Errorf("capability %d.%d refused: %v", ok[0], ok[1], err)
 		}
 	}
 }

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer/results"
+	"github.com/kiln-lm/kiln/trainer/segment"
+)
+
+// BenchResultsKey is where bench:run appends its rows, one JSON object per
+// line (results.BenchRow), and where `sched results bench` reads them.
+const BenchResultsKey = "results/bench/sweep.jsonl"
+
+func init() {
+	rootCmd.AddCommand(&cobra.Command{
+		Use:   "results <run|bench>",
+		Short: "Print a run's results (summary, gates, plot location) or the bench sweep table",
+		Long: `results prints what training left in object storage: for a run,
+results/<run>/summary.md (the results table, the pilot's gates with their
+numbers and verdicts, the configuration, a sample) and where loss.svg is;
+for "bench", the sweep table from results/bench/ (tok/s, peak memory, MFU,
+and whether the GPU was idle).`,
+		Args: exactArgs(1, "a run name or bench"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			if err := checkName("run", args[0]); err != nil {
+				return err
+			}
+			st, err := openStore(c.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			if args[0] == "bench" {
+				return printBench(c.Context(), c.OutOrStdout(), st)
+			}
+			return printRunResults(c.Context(), c.OutOrStdout(), cfg, st, args[0])
+		},
+	})
+}
+
+func printRunResults(ctx context.Context, w io.Writer, cfg scheduler.Config, st store.Store, run string) error {
+	key := segment.ResultsPrefix(run) + results.SummaryFile
+	r, err := st.Get(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return badInput("no results for run %q yet (%s is absent): results appear with the run's first checkpoint; see 'sched status'", run, key)
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	defer r.Close()
+	if _, err := io.Copy(w, r); err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	plot := segment.ResultsPrefix(run) + results.PlotFile
+	where := plot + " in bucket " + cfg.S3Bucket + " (the MinIO console shows it)"
+	if cfg.S3Endpoint == "" {
+		where = filepath.Join(cfg.LocalStoreDir(), filepath.FromSlash(plot))
+	}
+	_, err = fmt.Fprintf(w, "\nloss curve: %s\n", where)
+	return err
+}
+
+func printBench(ctx context.Context, w io.Writer, st store.Store) error {
+	r, err := st.Get(ctx, BenchResultsKey)
+	if errors.Is(err, store.ErrNotFound) {
+		return badInput("no bench results yet (%s is absent): run 'sched enqueue bench sweep --sweep' and a GPU worker", BenchResultsKey)
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", BenchResultsKey, err)
+	}
+	defer r.Close()
+	rows, err := results.ReadBench(r)
+	if err != nil {
+		return fmt.Errorf("%s: %w", BenchResultsKey, err)
+	}
+	_, err = io.WriteString(w, results.BenchTable(rows))
+	return err
+}

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer/results"
+)
+
+func TestResultsCommand(t *testing.T) {
+	t.Parallel()
+	data := t.TempDir()
+	st, err := store.NewLocal(filepath.Join(data, "objects"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	recs := []results.Record{{Step: 10, Tokens: 5120, Loss: results.F(7.5), EvalLoss: results.F(7.6)}, {Step: 20, Tokens: 10240, Loss: results.F(6.1), EvalLoss: results.F(6.2)}}
+	var md strings.Builder
+	s := results.Summary{Run: "pilot", Records: recs, Gates: []results.Gate{results.FallingGate(recs)}}
+	if err := s.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put(ctx, "results/pilot/summary.md", strings.NewReader(md.String()), int64(md.Len())); err != nil {
+		t.Fatal(err)
+	}
+	bench := `{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":32,"seq":1024,"tok_per_sec":91234,"peak_memory_bytes":4294967296,"mfu":0.33,"gpu_idle":true}` + "\n"
+	if err := st.Put(ctx, BenchResultsKey, strings.NewReader(bench), int64(len(bench))); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"KILN_DATA_DIR=" + data}
+
+	out, errOut, code := sched(t, env, "results", "pilot")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"# Run pilot", "| final eval loss  | 6.2000", "| still falling ", "| pass ", filepath.Join(data, "objects", "results", "pilot", "loss.svg")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("results pilot lacks %q:\n%s", want, out)
+		}
+	}
+
+	out, errOut, code = sched(t, env, "results", "bench")
+	if code != 0 || !strings.Contains(out, "91234") || !strings.Contains(out, "| yes ") || !strings.Contains(out, "4.00 GiB") {
+		t.Fatalf("results bench: exit %d\n%s\n%s", code, out, errOut)
+	}
+
+	_, errOut, code = sched(t, env, "results", "long")
+	if code != 2 || !strings.Contains(errOut, `no results for run "long" yet`) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Fatalf("missing run: exit %d, %q", code, errOut)
+	}
+	_, errOut, code = sched(t, []string{"KILN_DATA_DIR=" + t.TempDir()}, "results", "bench")
+	if code != 2 || !strings.Contains(errOut, "no bench results yet") {
+		t.Fatalf("missing bench: exit %d, %q", code, errOut)
+	}
+	_, errOut, code = sched(t, env, "results", "a/b")
+	if code != 2 || !strings.Contains(errOut, "no slashes") {
+		t.Fatalf("bad name: exit %d, %q", code, errOut)
+	}
+}

@@ -476,6 +476,9 @@ func (e *Engine) Metrics() (model.StepMetrics, error) {
 // Memory implements model.Engine.
 func (e *Engine) Memory() model.MemoryStats {
 	var s model.MemoryStats
+	if e.th == nil {
+		return s
+	}
 	_ = e.th.do(func() error {
 		s.PeakAllocated = e.mem.peak
 		free, total, err := e.dv.MemInfo()

@@ -53,6 +53,9 @@ type benchResult struct {
 	// ProcessMemory is what this process holds on the device (nvidia-smi's
 	// per-process figure when it answers, else the engine's own count).
 	ProcessMemory int64 `json:"process_memory_bytes"`
+	// ProcessMemorySource says where ProcessMemory came from: "nvidia-smi"
+	// or "engine" (device memory in use beyond what was in use at start).
+	ProcessMemorySource string `json:"process_memory_source"`
 	// MemoryInUseBefore is device memory already in use when the engine
 	// started (other processes and this process's context).
 	MemoryInUseBefore int64    `json:"memory_in_use_before_bytes"`
@@ -171,9 +174,9 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	ms := eng.Memory()
 	r.PeakMemory = ms.PeakAllocated
 	r.PeakGiB = float64(ms.PeakAllocated) / (1 << 30)
-	r.ProcessMemory = ms.InUse
+	r.ProcessMemory, r.ProcessMemorySource = ms.InUse, "engine"
 	if own, ok := processMemory(ctx, os.Getpid()); ok {
-		r.ProcessMemory = own
+		r.ProcessMemory, r.ProcessMemorySource = own, "nvidia-smi"
 	}
 	r.OtherProcesses = others
 	r.GPUIdle = len(others) == 0

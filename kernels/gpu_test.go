@@ -122,9 +122,35 @@ func TestDeviceCompileRunAndCache(t *testing.T) {
 		if err := cuda.Upload(dv, p, x); err != nil {
 			t.Fatal(err)
 		}
-		if err := f.Launch(cuda.Dim3{X: n / 256}, cuda.Dim3{X: 256}, 0, 0, p, int64(n)); err != nil {
+		st, err := dv.NewStream()
+		if err != nil {
 			t.Fatal(err)
 		}
+		start, err := dv.NewEvent()
+		if err != nil {
+			t.Fatal(err)
+		}
+		end, _ := dv.NewEvent()
+		if err := start.Record(st.Handle()); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Launch(cuda.Dim3{X: n / 256}, cuda.Dim3{X: 256}, 0, st.Handle(), p, int64(n)); err != nil {
+			t.Fatal(err)
+		}
+		if err := end.Record(st.Handle()); err != nil {
+			t.Fatal(err)
+		}
+		ms, err := start.Elapsed(end)
+		if err != nil || ms < 0 {
+			t.Fatalf("event timing: %g ms, %v", ms, err)
+		}
+		if err := st.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: bf16_round over %d values took %.3f ms", arch, n, ms)
+		start.Destroy()
+		end.Destroy()
+		st.Destroy()
 		got := make([]float32, n)
 		if err := cuda.Download(dv, got, p); err != nil {
 			t.Fatal(err)

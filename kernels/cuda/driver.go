@@ -442,3 +442,32 @@ func (e *Event) Elapsed(end *Event) (float32, error) {
 
 // Destroy frees the event.
 func (e *Event) Destroy() error { return e.dv.D.check("cuEventDestroy_v2", e.dv.D.cuEventDestroy(e.e)) }
+
+// Stream is a CUDA stream; the engine uses the legacy default stream (0)
+// today, and streams let later work overlap copies and kernels.
+type Stream struct {
+	dv *Device
+	s  uintptr
+}
+
+// NewStream creates a stream.
+func (dv *Device) NewStream() (*Stream, error) {
+	var s uintptr
+	if err := dv.D.check("cuStreamCreate", dv.D.cuStreamCreate(&s, 0)); err != nil {
+		return nil, err
+	}
+	return &Stream{dv: dv, s: s}, nil
+}
+
+// Handle is the raw CUstream, for Launch and cuBLASLt.
+func (s *Stream) Handle() uintptr { return s.s }
+
+// Synchronize waits for the stream's work.
+func (s *Stream) Synchronize() error {
+	return s.dv.D.check("cuStreamSynchronize", s.dv.D.cuStreamSynchronize(s.s))
+}
+
+// Destroy frees the stream.
+func (s *Stream) Destroy() error {
+	return s.dv.D.check("cuStreamDestroy_v2", s.dv.D.cuStreamDestroy(s.s))
+}

@@ -140,7 +140,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	}
 	log := p.Log.With(zap.String("run", run))
 
-	lock, err := Acquire(ctx, p.Redis, run, p.Owner, p.LockTTL, log)
+	lock, err := acquireWaiting(ctx, p.Redis, run, p.Owner, p.LockTTL, log)
 	if err != nil {
 		return out, err
 	}
@@ -245,6 +245,25 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	p.writeState(context.WithoutCancel(ctx), lock, rc, trainer.Metrics{Step: res.Step, Tokens: res.Tokens}, out.Wall,
 		map[string]string{"done": strconv.FormatBool(out.Done)}, log)
 	return out, nil
+}
+
+// acquireWaiting takes the run's lock, waiting up to one lease for it: a
+// worker that died (SIGKILL, power loss) holds the run until its lease runs
+// out, and its replacement should take over then, not after a retry
+// back-off. A run still locked after a whole lease has a live holder.
+func acquireWaiting(ctx context.Context, rdb redis.UniversalClient, run, owner string, ttl time.Duration, log *zap.Logger) (*Lock, error) {
+	deadline := time.Now().Add(ttl + ttl/10)
+	for {
+		l, err := Acquire(ctx, rdb, run, owner, ttl, log)
+		if !errors.Is(err, ErrLocked) || time.Now().After(deadline) {
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(min(ttl/10, time.Second)):
+		}
+	}
 }
 
 func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry {

@@ -179,9 +179,26 @@ func TestSecondWorkerFindsTheRunLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Release(ctx)
-	_, err = Run(ctx, Params{Run: testRun("busy", 4), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Owner: "gpu-b"})
+	_, err = Run(ctx, Params{Run: testRun("busy", 4), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Owner: "gpu-b", LockTTL: 200 * time.Millisecond})
 	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "gpu-a") {
 		t.Fatalf("want ErrLocked naming gpu-a, got %v", err)
+	}
+}
+
+// A worker that died holds the run until its lease runs out; the next one
+// waits for that rather than failing into a retry back-off.
+func TestDeadWorkersLockIsTakenOverAfterItsLease(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	dead, err := Acquire(ctx, rdb, "orphan", "gpu-a", 300*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.stop() // it stops renewing, as a killed process does
+	<-dead.done
+	out, err := Run(ctx, Params{Run: testRun("orphan", 2), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Owner: "gpu-b", LockTTL: 300 * time.Millisecond})
+	if err != nil || !out.Done {
+		t.Fatalf("takeover after the lease: %+v %v", out, err)
 	}
 }
 

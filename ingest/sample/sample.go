@@ -43,7 +43,7 @@ type Options struct {
 	Bytes int64
 	// HeldOutBytes is the size of the held-out text; documents for it are
 	// chosen by a hash of their id, so they never enter the sample.
-	// Default Bytes/50, at most 8 MiB.
+	// Default Bytes/50 (at least Bytes/5 up to 1 MiB, at most 8 MiB).
 	HeldOutBytes int64
 	// Seed chooses the files and the held-out documents.
 	Seed uint64
@@ -58,7 +58,10 @@ type Options struct {
 
 func (o Options) withDefaults() Options {
 	if o.HeldOutBytes == 0 {
-		o.HeldOutBytes = min(o.Bytes/50, 8<<20)
+		// A fiftieth of a large sample (8 MiB at most) measures bytes per
+		// token to three digits; a small sample holds out up to a fifth,
+		// so that its report has text to measure at all.
+		o.HeldOutBytes = min(max(o.Bytes/50, min(o.Bytes/5, 1<<20)), 8<<20)
 	}
 	if o.Spread <= 0 {
 		o.Spread = 16

@@ -55,6 +55,9 @@ type Report struct {
 	Sources       []SourceReport `json:"sources"`
 	// Previous names the tokenizer compared against, if any.
 	Previous *Entry `json:"previous,omitempty"`
+	// Sample is the object prefix of the text it was trained on, which
+	// tells a retried training that this report is its own.
+	Sample string `json:"sample,omitempty"`
 }
 
 // Measure reports tok's compression of each source's held-out text, beside

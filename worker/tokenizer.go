@@ -1,0 +1,408 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+
+	"github.com/hibiken/asynq"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/ingest/sample"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
+)
+
+// Tokenizers is what the tokenizer:sample and tokenizer:train handlers need
+// beyond their payloads. The process that runs an ingest or append worker
+// sets it once with ConfigureTokenizers before the worker starts.
+type Tokenizers struct {
+	// Objects holds the samples and the tokenizers (required): samples are
+	// drawn on any ingest machine and trained on the append machine.
+	Objects store.Store
+	// DataDir is the local data directory (required): downloads while they
+	// are sampled, and the catalog's copies under tokenizers/.
+	DataDir string
+	// Hub lists and downloads hub datasets. Default hub.New(hub.Environment()).
+	Hub *hub.Client
+	// SWH fetches blob contents for presets that ship blob ids only.
+	// Default ingest.SWHFromEnv().
+	SWH *ingest.SWH
+	// Presets are the datasets known by name. Default ingest.Presets("").
+	Presets map[string]ingest.Preset
+	// Enqueue queues the training once every sample is drawn (required):
+	// scheduler.Client.Enqueue.
+	Enqueue func(ctx context.Context, a scheduler.Args) error
+	// Log receives the handlers' logs. Default zap.NewNop().
+	Log *zap.Logger
+}
+
+var tokenizers atomic.Pointer[Tokenizers]
+
+// ConfigureTokenizers installs t for the tokenizer handlers of this process.
+func ConfigureTokenizers(t Tokenizers) { tokenizers.Store(&t) }
+
+func init() {
+	Register(tokenizerSample)
+	Register(tokenizerTrain)
+}
+
+// permanent marks errors that a retry cannot fix (a bad name, an unknown
+// dataset, a gated one, a refused overwrite) so the task is archived at
+// once with its message instead of failing the same way for hours.
+func permanent(kind string, err error) error {
+	var bi interface{ BadInput() bool }
+	if errors.As(err, &bi) && bi.BadInput() {
+		return fmt.Errorf("%s: %w (%w)", kind, err, asynq.SkipRetry)
+	}
+	return fmt.Errorf("%s: %w", kind, err)
+}
+
+func configuredTokenizers(kind string) (*Tokenizers, error) {
+	t := tokenizers.Load()
+	if t == nil || t.Objects == nil || t.DataDir == "" || t.Enqueue == nil {
+		return nil, fmt.Errorf("%s: this worker was started without tokenizer training configured (object store, data directory, queue) (%w)", kind, asynq.SkipRetry)
+	}
+	return t, nil
+}
+
+func (t *Tokenizers) log() *zap.Logger {
+	if t.Log == nil {
+		return zap.NewNop()
+	}
+	return t.Log
+}
+
+func shares(m []scheduler.TokenizerShare) []sample.Share {
+	out := make([]sample.Share, len(m))
+	for i, s := range m {
+		out[i] = sample.Share{Dataset: s.Dataset, Weight: s.Weight}
+	}
+	return out
+}
+
+// tokenizerSample draws one dataset's part of a tokenizer's sample into
+// object storage; the task that finds every part drawn queues the training.
+func tokenizerSample(ctx context.Context, a scheduler.TokenizerSample) error {
+	const kind = scheduler.KindTokenizerSample
+	t, err := configuredTokenizers(kind)
+	if err != nil {
+		return err
+	}
+	if err := checkSamplePayload(a); err != nil {
+		return permanent(kind, err)
+	}
+	log := t.log().With(zap.String("tokenizer", a.Name), zap.String("dataset", a.Dataset))
+	prefix := sample.Prefix(a.Name, shares(a.Mixture), a.Seed, a.TotalBytes)
+	key := sample.SampleKey(prefix, a.Dataset)
+	if _, err := t.Objects.Stat(ctx, key); err == nil {
+		log.Info("sample already drawn", zap.String("object", key))
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%s: %w", kind, err)
+	} else if err := drawSample(ctx, t, a, prefix, log); err != nil {
+		return permanent(kind, err)
+	}
+	return queueTrainingWhenSampled(ctx, t, a, prefix)
+}
+
+func checkSamplePayload(a scheduler.TokenizerSample) error {
+	if err := catalog.CheckName(a.Name); err != nil {
+		return err
+	}
+	if a.Dataset == "" || a.Bytes <= 0 || len(a.Mixture) == 0 {
+		return &scheduler.PayloadError{Kind: a.Kind(), Msg: "no dataset, size or mixture: enqueue it with 'sched enqueue tokenizer'"}
+	}
+	return nil
+}
+
+func drawSample(ctx context.Context, t *Tokenizers, a scheduler.TokenizerSample, prefix string, log *zap.Logger) error {
+	presets := t.Presets
+	if presets == nil {
+		var err error
+		if presets, err = ingest.Presets(""); err != nil {
+			return err
+		}
+	}
+	preset, err := ingest.LookupPreset(presets, a.Dataset)
+	if err != nil {
+		return err
+	}
+	hc := t.Hub
+	if hc == nil && preset.Repo != "" {
+		if hc, err = hub.New(hub.Environment()); err != nil {
+			return err
+		}
+	}
+	swh := t.SWH
+	if swh == nil {
+		swh = ingest.SWHFromEnv()
+	}
+	tmpRoot := filepath.Join(t.DataDir, "tmp")
+	if err := os.MkdirAll(tmpRoot, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp(tmpRoot, "sample-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	text, err := os.Create(filepath.Join(tmp, "sample.txt"))
+	if err != nil {
+		return err
+	}
+	defer text.Close()
+	held, err := os.Create(filepath.Join(tmp, "heldout.jsonl"))
+	if err != nil {
+		return err
+	}
+	defer held.Close()
+	rep := Progress(ctx)
+	rep.Message(ctx, fmt.Sprintf("sampling %d bytes of %s for tokenizer %s", a.Bytes, a.Dataset, a.Name))
+	st, err := sample.Draw(ctx, sample.Options{Preset: preset, Hub: hc, SWH: swh, Bytes: a.Bytes, Seed: a.Seed, TempDir: tmp, Logger: log}, text, held)
+	if err != nil {
+		return err
+	}
+	if st.Bytes == 0 {
+		return &ingest.PresetError{Err: fmt.Errorf("dataset %s gave no text to sample (files %d, skipped %s): check its preset's columns", a.Dataset, st.Listed, st.Skipped)}
+	}
+	// The held-out text goes first: the sample object is what marks this
+	// dataset done, so it must be the last thing written.
+	if err := putFile(ctx, t.Objects, sample.HeldOutKey(prefix, a.Dataset), held); err != nil {
+		return err
+	}
+	if err := putFile(ctx, t.Objects, sample.SampleKey(prefix, a.Dataset), text); err != nil {
+		return err
+	}
+	log.Info("sample drawn", zap.Int64("bytes", st.Bytes), zap.Int64("documents", st.Documents), zap.Int("files", st.Files),
+		zap.Int64("held_out_bytes", st.HeldOutBytes), zap.Bool("short", st.Short), zap.String("revision", st.Revision))
+	rep.Message(ctx, fmt.Sprintf("sampled %d bytes of %s from %d files", st.Bytes, a.Dataset, st.Files))
+	return nil
+}
+
+func putFile(ctx context.Context, obj store.Store, key string, f *os.File) error {
+	size, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	if err := obj.Put(ctx, key, f, size); err != nil {
+		return fmt.Errorf("store %s: %w", key, err)
+	}
+	return nil
+}
+
+// queueTrainingWhenSampled queues the training once every dataset's sample
+// is in object storage. Each sampling task checks after writing its own, so
+// the last to finish sees them all; two finishing at once both queue the
+// same task id, and the second is a duplicate.
+func queueTrainingWhenSampled(ctx context.Context, t *Tokenizers, a scheduler.TokenizerSample, prefix string) error {
+	for _, s := range a.Mixture {
+		_, err := t.Objects.Stat(ctx, sample.SampleKey(prefix, s.Dataset))
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", a.Kind(), err)
+		}
+	}
+	err := t.Enqueue(ctx, TokenizerTrainTask(a))
+	var dup *scheduler.DuplicateError
+	if err != nil && !errors.As(err, &dup) {
+		return fmt.Errorf("%s: queue the training of tokenizer %s: %w", a.Kind(), a.Name, err)
+	}
+	return nil
+}
+
+// tokenizerTrain trains on the samples, publishes tokenizers/<name>/
+// tokenizer.json, and writes the report beside it.
+func tokenizerTrain(ctx context.Context, a scheduler.TokenizerTrain) error {
+	const kind = scheduler.KindTokenizerTrain
+	t, err := configuredTokenizers(kind)
+	if err != nil {
+		return err
+	}
+	if err := catalog.CheckName(a.Name); err != nil {
+		return permanent(kind, err)
+	}
+	if a.Sample == "" || len(a.Mixture) == 0 {
+		return permanent(kind, &scheduler.PayloadError{Kind: kind, Msg: "no sample or mixture: enqueue it with 'sched enqueue tokenizer'"})
+	}
+	log := t.log().With(zap.String("tokenizer", a.Name))
+	cat := catalog.New(t.Objects, t.DataDir)
+	done, err := alreadyTrained(ctx, cat, a)
+	if err != nil || done {
+		return err
+	}
+	tmp, err := os.MkdirTemp(filepath.Join(t.DataDir), "tokenizer-train-*")
+	if err != nil {
+		return fmt.Errorf("%s: %w", kind, err)
+	}
+	defer os.RemoveAll(tmp)
+	var inputs []io.Reader
+	for i, s := range a.Mixture {
+		f, err := fetchFile(ctx, t.Objects, sample.SampleKey(a.Sample, s.Dataset), filepath.Join(tmp, fmt.Sprintf("sample-%d.txt", i)))
+		if err != nil {
+			return fmt.Errorf("%s: %w", kind, err)
+		}
+		defer f.Close()
+		inputs = append(inputs, f)
+	}
+	rep := Progress(ctx)
+	data, err := tokenizer.Train(ctx, inputs, tokenizer.TrainOptions{
+		VocabSize: a.VocabSize, SpecialTokens: []string{sample.Separator}, Logger: log,
+		Progress: func(stage string, done, total int64) {
+			frac := -1.0
+			if total > 0 {
+				frac = float64(done) / float64(total)
+			}
+			rep.Report(ctx, frac, 0, "", fmt.Sprintf("tokenizer %s: %s %d/%d", a.Name, stage, done, total))
+		},
+	})
+	if err != nil {
+		return permanent(kind, err)
+	}
+	entry, err := cat.Publish(ctx, a.Name, data)
+	if err != nil {
+		return permanent(kind, err)
+	}
+	tok, err := tokenizer.Parse(data)
+	if err != nil {
+		return permanent(kind, err)
+	}
+	report, err := measure(ctx, t, cat, a, entry, tok, log)
+	if err != nil {
+		return fmt.Errorf("%s: report of tokenizer %s: %w", kind, a.Name, err)
+	}
+	if err := cat.PutReport(ctx, report); err != nil {
+		return fmt.Errorf("%s: %w", kind, err)
+	}
+	log.Info("tokenizer trained", zap.Int("vocab", entry.VocabSize), zap.String("sha256", entry.SHA256))
+	rep.Message(ctx, fmt.Sprintf("tokenizer %s: %d ids, sha256 %.12s", a.Name, entry.VocabSize, entry.SHA256))
+	return nil
+}
+
+// alreadyTrained is true when a retried task finds its own work done. A
+// tokenizer of that name trained on other text is refused before hours of
+// training, not after.
+func alreadyTrained(ctx context.Context, cat *catalog.Catalog, a scheduler.TokenizerTrain) (bool, error) {
+	names, err := cat.Names(ctx)
+	if err != nil {
+		return false, err
+	}
+	found := false
+	for _, n := range names {
+		found = found || n == a.Name
+	}
+	if !found {
+		return false, nil
+	}
+	r, ok, err := cat.GetReport(ctx, a.Name)
+	switch {
+	case err != nil:
+		return false, err
+	case ok && r.Sample == a.Sample:
+		return true, nil
+	case ok:
+		return false, permanent(a.Kind(), &nameTakenError{name: a.Name, sha: r.SHA256, sample: r.Sample})
+	}
+	// Published without its report (a crash between the two): training
+	// again gives the same bytes, which Publish accepts.
+	return false, nil
+}
+
+func fetchFile(ctx context.Context, obj store.Store, key, dst string) (*os.File, error) {
+	r, err := obj.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	defer r.Close()
+	f, err := os.Create(dst)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func measure(ctx context.Context, t *Tokenizers, cat *catalog.Catalog, a scheduler.TokenizerTrain, e catalog.Entry, tok *tokenizer.Tokenizer, log *zap.Logger) (catalog.Report, error) {
+	var held []catalog.HeldOut
+	for _, s := range a.Mixture {
+		r, err := t.Objects.Get(ctx, sample.HeldOutKey(a.Sample, s.Dataset))
+		if err != nil {
+			return catalog.Report{}, fmt.Errorf("get held-out text of %s: %w", s.Dataset, err)
+		}
+		docs, err := sample.ReadHeldOut(r)
+		r.Close()
+		if err != nil {
+			return catalog.Report{}, fmt.Errorf("held-out text of %s: %w", s.Dataset, err)
+		}
+		held = append(held, catalog.HeldOut{Source: s.Dataset, Docs: docs})
+	}
+	var prev *catalog.Entry
+	var prevTok *tokenizer.Tokenizer
+	if a.Previous != "" && a.Previous != a.Name {
+		pe, pt, err := cat.Resolve(ctx, a.Previous)
+		var nf *catalog.NotFoundError
+		switch {
+		case errors.As(err, &nf):
+			log.Info("no previous tokenizer to compare with", zap.String("previous", a.Previous))
+		case err != nil:
+			return catalog.Report{}, err
+		default:
+			prev, prevTok = &pe, pt
+		}
+	}
+	r, err := catalog.Measure(ctx, e, tok, prev, prevTok, held)
+	r.Sample = a.Sample
+	return r, err
+}
+
+// nameTakenError is a training under the name of a tokenizer trained on
+// other text.
+type nameTakenError struct{ name, sha, sample string }
+
+func (e *nameTakenError) Error() string {
+	return fmt.Sprintf("tokenizer %q already exists (sha256 %s, trained on %s): a published tokenizer is never replaced, because the stores and checkpoints made with it would change meaning; enqueue the new one under another name",
+		e.name, e.sha, e.sample)
+}
+func (e *nameTakenError) BadInput() bool { return true }
+
+// TokenizerSampleTasks are the sampling tasks of a new tokenizer: one per
+// dataset of the mixture, each drawing its weight's part of total bytes.
+func TokenizerSampleTasks(name string, mix []sample.Share, total int64, vocab int, seed uint64, previous string) []scheduler.TokenizerSample {
+	m := make([]scheduler.TokenizerShare, len(mix))
+	for i, s := range mix {
+		m[i] = scheduler.TokenizerShare{Dataset: s.Dataset, Weight: s.Weight}
+	}
+	budgets := sample.Budgets(mix, total)
+	out := make([]scheduler.TokenizerSample, len(mix))
+	for i, s := range mix {
+		out[i] = scheduler.TokenizerSample{Name: name, Dataset: s.Dataset, Bytes: budgets[i], Mixture: m, TotalBytes: total,
+			Seed: seed, VocabSize: vocab, Previous: previous}
+	}
+	return out
+}
+
+// TokenizerTrainTask is the training task that the sampling tasks of the
+// same arguments queue once every sample is drawn.
+func TokenizerTrainTask(s scheduler.TokenizerSample) scheduler.TokenizerTrain {
+	return scheduler.TokenizerTrain{Name: s.Name, VocabSize: s.VocabSize, Sample: sample.Prefix(s.Name, shares(s.Mixture), s.Seed, s.TotalBytes),
+		Mixture: s.Mixture, Previous: s.Previous}
+}

@@ -1,0 +1,320 @@
+package worker
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/klauspost/compress/zstd"
+	"github.com/parquet-go/parquet-go"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
+	"github.com/kiln-lm/kiln/ingest/sample"
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
+)
+
+type contentRow struct {
+	Content string `parquet:"content"`
+}
+
+type textRow struct {
+	Text string `parquet:"text"`
+}
+
+func parquetOf[T any](t *testing.T, rows []T) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	w := parquet.NewGenericWriter[T](&buf, parquet.MaxRowsPerRowGroup(16))
+	if _, err := w.Write(rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func testdataText(t *testing.T, name string) string {
+	t.Helper()
+	f, err := os.Open(filepath.Join("..", "tokenizer", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// chunks cuts text into documents of about n bytes at line ends.
+func chunks(text string, n int) []string {
+	var out []string
+	for len(text) > 0 {
+		cut := min(n, len(text))
+		if i := strings.IndexByte(text[cut:], '\n'); i >= 0 {
+			cut += i + 1
+		} else {
+			cut = len(text)
+		}
+		out = append(out, text[:cut])
+		text = text[cut:]
+	}
+	return out
+}
+
+// mixedHub serves three datasets the way their real counterparts are laid
+// out: code in parquet "content", prose in parquet "text", maths in zstd
+// JSON lines under <config>/train/.
+func mixedHub(t *testing.T) (*hubtest.Hub, map[string]ingest.Preset) {
+	h := hubtest.New()
+	t.Cleanup(h.Close)
+	code := chunks(testdataText(t, "go.txt.gz")+testdataText(t, "python.txt.gz"), 1500)
+	for f := range 8 {
+		var rows []contentRow
+		for i := f; i < len(code); i += 8 {
+			rows = append(rows, contentRow{code[i]})
+		}
+		h.Add("bigcode/code", fmt.Sprintf("data/Go/train-%05d.parquet", f), parquetOf(t, rows), true)
+	}
+	prose := chunks(testdataText(t, "english.txt.gz"), 600)
+	for f := range 4 {
+		var rows []textRow
+		for i := f; i < len(prose); i += 4 {
+			rows = append(rows, textRow{prose[i]})
+		}
+		h.Add("web/prose", fmt.Sprintf("sample/100BT/%03d_00000.parquet", f), parquetOf(t, rows), true)
+	}
+	for f := range 4 {
+		var z bytes.Buffer
+		zw, _ := zstd.NewWriter(&z)
+		for i := range 150 {
+			n := f*1000 + i
+			doc := fmt.Sprintf("\\begin{theorem} For $n \\ge %d$, $\\sum_{k=1}^{n} k^{%d} \\le \\frac{n^{%d}}{%d} + O(n^{%d})$. \\end{theorem}\n\\begin{proof} By induction on $n$; the case $n = %d$ holds since $\\int_0^1 x^{%d}\\,dx = \\frac{1}{%d}$. \\end{proof}\n",
+				n%7, n%5+1, n%5+2, n%5+2, n%5+1, n%7, n%4, n%4+1)
+			b, _ := json.Marshal(map[string]string{"text": doc})
+			zw.Write(append(b, '\n'))
+		}
+		zw.Close()
+		h.Add("math/pile", fmt.Sprintf("arxiv/train/arxiv_%04d.jsonl.zst", f), z.Bytes(), true)
+	}
+	presets := map[string]ingest.Preset{
+		"code":   {Name: "code", Repo: "bigcode/code", Revision: "main", Include: []string{"data/{language}/*.parquet"}, Vars: map[string][]string{"language": {"*"}}, Columns: ingest.Columns{Text: "content"}},
+		"prose":  {Name: "prose", Repo: "web/prose", Revision: "main", Include: []string{"sample/100BT/*.parquet"}, Columns: ingest.Columns{Text: "text"}},
+		"maths":  {Name: "maths", Repo: "math/pile", Revision: "main", Include: []string{"{config}/train/*.jsonl.zst"}, Vars: map[string][]string{"config": {"arxiv"}}, Columns: ingest.Columns{Text: "text"}},
+		"absent": {Name: "absent", Repo: "nobody/nothing", Revision: "main", Include: []string{"*.parquet"}},
+	}
+	return h, presets
+}
+
+func newTestS3(t *testing.T) store.Store {
+	t.Helper()
+	srv := testsvc.S3(t)
+	s, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// The whole path of a new tokenizer through a real Redis and a real S3
+// server against the fake hub: one sampling task per dataset on the ingest
+// queue, the last of them queuing the training on the append queue, which
+// publishes tokenizer.json in object storage and the data directory with a
+// report beside the previous tokenizer's figures.
+func TestTokenizerSampledAndTrainedThroughTheQueues(t *testing.T) {
+	e := newEnv(t)
+	objects := newTestS3(t)
+	h, presets := mixedHub(t)
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	dataDir := t.TempDir()
+	cat := catalog.New(objects, dataDir)
+	prevData, err := tokenizer.Train(ctx, []io.Reader{strings.NewReader(testdataText(t, "english.txt.gz"))}, tokenizer.TrainOptions{VocabSize: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cat.Publish(ctx, "kiln-bpe", prevData); err != nil {
+		t.Fatal(err)
+	}
+	ConfigureTokenizers(Tokenizers{
+		Objects: objects, DataDir: dataDir, Hub: hc, Presets: presets, Log: zap.NewNop(),
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+	})
+	wctx, cancel := context.WithCancel(context.Background())
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1}, Logger: zap.NewNop(),
+		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	mix, err := sample.ParseMix("code=0.7,prose=0.2,maths=0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total = 120_000
+	tasks := TokenizerSampleTasks("mixed", mix, total, 1024, 42, "kiln-bpe")
+	var ids []string
+	for _, task := range tasks {
+		ids = append(ids, e.enqueue(task))
+	}
+	for _, id := range ids {
+		e.waitFor(id, time.Minute, "completed", state("completed"))
+	}
+	trainID, err := scheduler.TaskID(TokenizerTrainTask(tasks[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(trainID, 2*time.Minute, "completed", state("completed"))
+
+	// Each dataset's sample holds its weight's part of the bytes.
+	prefix := TokenizerTrainTask(tasks[0]).Sample
+	for i, s := range mix {
+		r, err := objects.Get(ctx, sample.SampleKey(prefix, s.Dataset))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r)
+		r.Close()
+		got := len(strings.ReplaceAll(string(b), sample.Separator, ""))
+		if int64(got) != tasks[i].Bytes || tasks[i].Bytes != int64(total*s.Weight+0.5) {
+			t.Errorf("%s: sample of %d bytes, budget %d (weight %.1f of %d)", s.Dataset, got, tasks[i].Bytes, s.Weight, total)
+		}
+	}
+
+	// The tokenizer is in object storage and in the data directory, and a
+	// second machine resolves the same bytes.
+	entry, tok, err := catalog.New(objects, t.TempDir()).Resolve(ctx, "mixed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, err := os.ReadFile(filepath.Join(dataDir, "tokenizers", "mixed", "tokenizer.json"))
+	if err != nil || tokenizerSHA(t, local) != entry.SHA256 {
+		t.Fatalf("the data directory's copy: %v", err)
+	}
+	if tok.VocabSize() != 1024 || fmt.Sprint(entry.Special) != "[<|endoftext|>]" {
+		t.Fatalf("vocab %d, special tokens %v", tok.VocabSize(), entry.Special)
+	}
+	rep, ok, err := cat.GetReport(ctx, "mixed")
+	if err != nil || !ok {
+		t.Fatalf("report: %v %v", ok, err)
+	}
+	if rep.SHA256 != entry.SHA256 || rep.VocabSize != 1024 || rep.Previous == nil || rep.Previous.Name != "kiln-bpe" || len(rep.Sources) != 3 {
+		t.Fatalf("report %+v", rep)
+	}
+	for _, s := range rep.Sources {
+		if s.Documents == 0 || s.BytesPerToken <= 1 || s.Previous == nil || s.Previous.BytesPerToken <= 0 {
+			t.Errorf("source %s: %+v", s.Source, s)
+		}
+		if s.Source == "code" && s.BytesPerToken <= s.Previous.BytesPerToken {
+			t.Errorf("code: the mixed tokenizer (%.3f bytes/token) does not beat the prose one (%.3f)", s.BytesPerToken, s.Previous.BytesPerToken)
+		}
+	}
+	if _, err := objects.Stat(ctx, catalog.ReportMarkdownKey("mixed")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", rep.Markdown())
+
+	// Enqueued again, the same tokenizer is a duplicate; a retried training
+	// finds its own report and does nothing.
+	if _, err := e.c.Enqueue(ctx, tasks[0]); err == nil {
+		t.Fatal("the same sampling task was queued twice")
+	}
+	if err := tokenizerTrain(ctx, TokenizerTrainTask(tasks[0])); err != nil {
+		t.Fatalf("retried training: %v", err)
+	}
+
+	// Another mixture under the same name is refused before training, with
+	// a message naming the existing tokenizer, and archived at once.
+	other := TokenizerSampleTasks("mixed", mix[:1], 10_000, 1024, 42, "")
+	otherID := e.enqueue(other[0])
+	e.waitFor(otherID, time.Minute, "completed", state("completed"))
+	otherTrain, _ := scheduler.TaskID(TokenizerTrainTask(other[0]))
+	ts := e.waitFor(otherTrain, time.Minute, "archived", state("archived"))
+	if !strings.Contains(ts.LastErr, `tokenizer "mixed" already exists`) || !strings.Contains(ts.LastErr, entry.SHA256) {
+		t.Fatalf("archived with %q", ts.LastErr)
+	}
+	if again, _, _ := cat.Resolve(ctx, "mixed"); again.SHA256 != entry.SHA256 {
+		t.Fatal("the published tokenizer changed")
+	}
+}
+
+func tokenizerSHA(t *testing.T, b []byte) string {
+	tk, err := tokenizer.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk.SHA256()
+}
+
+// A sampling task that cannot succeed (an unknown dataset, a bad name, a
+// dataset missing from the hub) is archived with its reason, not retried.
+func TestTokenizerSampleRefusals(t *testing.T) {
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, presets := mixedHub(t)
+	hc, _ := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 1})
+	var queued []scheduler.Args
+	ConfigureTokenizers(Tokenizers{Objects: objects, DataDir: t.TempDir(), Hub: hc, Presets: presets,
+		Enqueue: func(_ context.Context, a scheduler.Args) error { queued = append(queued, a); return nil }})
+	mix := []sample.Share{{Dataset: "code", Weight: 1}}
+	ok := TokenizerSampleTasks("tok", mix, 1000, 512, 1, "")[0]
+	for name, c := range map[string]struct {
+		edit func(*scheduler.TokenizerSample)
+		want string
+	}{
+		"unknown dataset": {func(a *scheduler.TokenizerSample) { a.Dataset = "no-such-set" }, `unknown dataset "no-such-set"`},
+		"bad name":        {func(a *scheduler.TokenizerSample) { a.Name = "a/b" }, `tokenizer name "a/b"`},
+		"no size":         {func(a *scheduler.TokenizerSample) { a.Bytes = 0 }, "no dataset, size or mixture"},
+		"not on the hub":  {func(a *scheduler.TokenizerSample) { a.Dataset = "absent" }, "nobody/nothing"},
+	} {
+		a := ok
+		c.edit(&a)
+		err := tokenizerSample(context.Background(), a)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want %q", name, err, c.want)
+		}
+		if name != "not on the hub" && !errors.Is(err, asynq.SkipRetry) {
+			t.Errorf("%s: %v is retried", name, err)
+		}
+	}
+	if len(queued) != 0 {
+		t.Fatalf("a failed sample queued %v", queued)
+	}
+	if err := tokenizerSample(context.Background(), ok); err != nil {
+		t.Fatal(err)
+	}
+	if len(queued) != 1 || queued[0].(scheduler.TokenizerTrain).Sample != TokenizerTrainTask(ok).Sample {
+		t.Fatalf("the only sample drawn did not queue the training: %v", queued)
+	}
+}

@@ -178,6 +178,12 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		}
 	}()
 
+	if out.ResumeSource == "" {
+		if err := p.initialEval(ctx, dir, rc, mc); err != nil {
+			return out, err
+		}
+	}
+
 	up := newUploader(p, lock, dir, rc, log, wall)
 	go up.loop()
 
@@ -245,6 +251,64 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	p.writeState(context.WithoutCancel(ctx), lock, rc, trainer.Metrics{Step: res.Step, Tokens: res.Tokens}, out.Wall,
 		map[string]string{"done": strconv.FormatBool(out.Done)}, log)
 	return out, nil
+}
+
+// initialEval logs the evaluation loss of the initial weights as step 0,
+// before a fresh run's first step: the curve then starts where the model
+// does (about ln(vocab) for a sane initialisation, a check in itself), and
+// "how far has the loss fallen" has a true first point. Evaluation reads
+// the held-out windows only, so training is unchanged by it.
+func (p Params) initialEval(ctx context.Context, dir string, rc trainer.RunConfig, mc model.Config) error {
+	if rc.EvalBatches <= 0 || rc.EvalEvery <= 0 {
+		return nil
+	}
+	path := filepath.Join(dir, results.MetricsFile)
+	if f, err := os.Open(path); err == nil {
+		recs, rerr := results.ReadMetrics(f)
+		f.Close()
+		if rerr == nil && len(recs) > 0 && recs[0].Step == 0 {
+			return nil
+		}
+	}
+	eng := p.Engine
+	if eng == nil {
+		var err error
+		eng, err = model.NewEngine(rc.Engine, mc, model.Options{Precision: rc.Precision, MaxBatch: rc.Batch, MaxSeq: rc.Seq})
+		if err != nil {
+			return fmt.Errorf("engine %s: %w", rc.Engine, err)
+		}
+		defer eng.Close()
+	}
+	if err := eng.SetParams(model.InitParams(mc, rc.Seed)); err != nil {
+		return fmt.Errorf("initial evaluation: %w", err)
+	}
+	data, err := p.OpenData(rc, mc)
+	if err != nil {
+		return err
+	}
+	defer data.Close()
+	sum := 0.0
+	for i := 0; i < rc.EvalBatches; i++ {
+		b, err := data.Eval(ctx, i, rc.Batch, rc.Seq)
+		if err != nil {
+			return fmt.Errorf("initial evaluation: %w", err)
+		}
+		l, err := eng.EvalLoss(b)
+		if err != nil {
+			return fmt.Errorf("initial evaluation: %w", err)
+		}
+		sum += l
+	}
+	ev := sum / float64(rc.EvalBatches)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("initial evaluation: %w", err)
+	}
+	werr := results.WriteRecord(f, results.Record{Step: 0, EvalLoss: &ev})
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	return werr
 }
 
 // acquireWaiting takes the run's lock, waiting up to one lease for it: a

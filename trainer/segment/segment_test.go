@@ -152,8 +152,14 @@ func TestSegmentsResumeFromObjectStorageAfterLosingTheDisk(t *testing.T) {
 	}
 	recs, err := results.ReadMetrics(rc)
 	rc.Close()
-	if err != nil || len(recs) != 8 || *recs[0].Loss != want.m[1] {
+	// Step 0 is the initial weights' evaluation, then steps 1 to 8.
+	if err != nil || len(recs) != 9 || recs[0].Step != 0 || recs[0].EvalLoss == nil || recs[0].Loss != nil || *recs[1].Loss != want.m[1] {
 		t.Fatalf("results metrics: %d records, %v", len(recs), err)
+	}
+	// The untrained model is near ln(63 ids in use) at best and far above
+	// what it learns.
+	if *recs[0].EvalLoss < 4 || *recs[0].EvalLoss < *recs[8].EvalLoss {
+		t.Errorf("initial eval loss %v, final %v", *recs[0].EvalLoss, *recs[8].EvalLoss)
 	}
 	for _, name := range []string{results.SummaryFile, results.PlotFile} {
 		r, err := obj.Get(ctx, ResultsPrefix("r")+name)

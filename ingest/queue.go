@@ -1,0 +1,549 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// Pipeline runs the three queue steps of an ingest on whatever machine
+// holds the task: Plan and Shard on any CPU worker, Append on the one
+// machine that holds the token stores. The steps meet only in object
+// storage (shard token files and each store's status) and in the tasks the
+// caller enqueues from their results, so no step needs another's disk.
+type Pipeline struct {
+	// Objects holds the shard token files, tokens/<store>/shards/, and each
+	// store's status, tokens/<store>/status.json (required).
+	Objects store.Store
+	// Hub downloads the files of hub datasets; nil on a worker that reads
+	// only local datasets.
+	Hub *hub.Client
+	// SWH fetches the text of datasets that ship Software Heritage ids.
+	SWH *SWH
+	// Presets resolves a plan's dataset name (default: Presets("")).
+	Presets map[string]Preset
+	// Tokenizer finds a tokenizer by name (the tokenizer catalog); Shard
+	// needs it.
+	Tokenizer func(ctx context.Context, name string) (*tokenizer.Tokenizer, error)
+	// DataDir is this machine's own scratch directory: downloads go to
+	// DataDir/raw and shard files to DataDir/shards, each deleted once used.
+	DataDir string
+	// StoresDir holds the token stores, one directory per store; Append
+	// needs it.
+	StoresDir string
+	// Logger receives the steps' logs (default: none).
+	Logger *zap.Logger
+}
+
+// Limits stop an ingest before its store passes them; zero means none.
+type Limits struct {
+	MaxTokens int64 // committed tokens
+	MaxDisk   int64 // bytes of committed tokens (tokens.bin)
+}
+
+// StopError ends a step cleanly at a limit: retrying cannot help until
+// the limit is raised, and nothing was appended.
+type StopError struct{ Msg string }
+
+func (e *StopError) Error() string { return e.Msg }
+
+// MissingShardError is an append whose shard object is gone although the
+// store does not hold the shard: retrying the append cannot bring it back.
+type MissingShardError struct{ Store, ShardID, Object string }
+
+func (e *MissingShardError) Error() string {
+	return fmt.Sprintf("shard %s of token store %s is not in the store and its token file %s is gone: run its ingest:shard task again (sched status lists it) or plan the ingest again",
+		e.ShardID, e.Store, e.Object)
+}
+
+func (e *MissingShardError) BadInput() bool { return true }
+
+// PlanJob is one ingest:plan.
+type PlanJob struct {
+	// Dataset is a preset name or local:<glob>.
+	Dataset string
+	// Revision overrides the preset's (a branch, tag or commit).
+	Revision  string
+	Vars      map[string][]string
+	Store     string
+	Tokenizer string
+	Seed      uint64
+	MaxFiles  int // 0: all files
+	Limits    Limits
+}
+
+// ShardJob is one ingest:shard: one file of a dataset.
+type ShardJob struct {
+	Dataset string
+	// Repo is the hub dataset; empty for a local file, which Path then
+	// names on the worker's machine.
+	Repo     string
+	Revision string
+	Path     string
+	// Size, SHA256 (LFS) and GitOID (small files) verify the download.
+	Size      int64
+	SHA256    string
+	GitOID    string
+	Columns   Columns
+	Store     string
+	Tokenizer string
+	ShardID   string
+	Limits    Limits
+}
+
+// AppendJob is one ingest:append: a shard token file to append, or (with
+// SkipReason set) a file to record as skipped.
+type AppendJob struct {
+	Store   string
+	ShardID string
+	// Object is the shard token file's key; empty for a skipped file.
+	Object    string
+	Dataset   string
+	Source    string
+	Revision  string
+	SHA256    string
+	Documents int64
+	Tokens    int64
+	Tokenizer tokens.Tokenizer
+	// Skipped counts the documents left out of the shard, by reason.
+	Skipped     Skips
+	SkipReason  string
+	SkipMessage string
+	Limits      Limits
+}
+
+// PlanResult is what a plan found; the caller enqueues Shards in order.
+type PlanResult struct {
+	Revision string
+	Files    int // files planned (after MaxFiles)
+	Done     int // of those, already appended or skipped in the store
+	Shards   []ShardJob
+}
+
+// StoreStatus is the summary of a token store that the append step keeps in
+// object storage after every commit, so that planning and shard workers on
+// other machines can see how far the store has come without its disk.
+type StoreStatus struct {
+	Tokens    int64 `json:"tokens"`
+	Documents int64 `json:"documents"`
+	// Bytes is the committed size of tokens.bin.
+	Bytes  int64 `json:"bytes"`
+	Shards int   `json:"shards"`
+	// Done lists the ids appended or recorded as skipped whole, sorted.
+	Done    []string  `json:"done"`
+	Updated time.Time `json:"updated"`
+}
+
+// StatusKey is the object key of a store's status.
+func StatusKey(storeName string) string { return "tokens/" + storeName + "/status.json" }
+
+// ShardPrefix is the object-store prefix of a store's waiting shard files.
+func ShardPrefix(storeName string) string { return "tokens/" + storeName + "/shards/" }
+
+var unsafeKeyChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
+
+// ShardObject is the key of a shard's token file. Shard ids hold slashes
+// and globs ("local:data/*.parquet/data/a.parquet"), so the key is a hash
+// of the id, with the file's name after it for people browsing the bucket.
+func ShardObject(storeName, shardID string) string {
+	h := sha256.Sum256([]byte(shardID))
+	base := unsafeKeyChars.ReplaceAllString(filepath.Base(filepath.FromSlash(shardID)), "_")
+	return ShardPrefix(storeName) + hex.EncodeToString(h[:8]) + "-" + strings.TrimLeft(base, ".") + ".tokens"
+}
+
+// CheckStoreName refuses a store name that would not stay one directory
+// and one object-store path element.
+func CheckStoreName(name string) error {
+	if name == "" || strings.HasPrefix(name, ".") || unsafeKeyChars.MatchString(name) {
+		return &PresetError{fmt.Errorf("token store name %q: use letters, digits, '-', '_' or '.' (no slashes, spaces, or a leading dot)", name)}
+	}
+	return nil
+}
+
+func (p *Pipeline) log() *zap.Logger {
+	if p.Logger == nil {
+		return zap.NewNop()
+	}
+	return p.Logger
+}
+
+// Status reads a store's status from object storage; a store that has
+// never been appended to has the zero status.
+func (p *Pipeline) Status(ctx context.Context, storeName string) (StoreStatus, error) {
+	var st StoreStatus
+	r, err := p.Objects.Get(ctx, StatusKey(storeName))
+	if errors.Is(err, store.ErrNotFound) {
+		return st, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("reading the status of token store %s: %w", storeName, err)
+	}
+	defer r.Close()
+	if err := json.NewDecoder(r).Decode(&st); err != nil {
+		return st, fmt.Errorf("reading the status of token store %s (%s): %w", storeName, StatusKey(storeName), err)
+	}
+	return st, nil
+}
+
+// reached says why a store at st has no room left, or "".
+func (l Limits) reached(storeName string, st StoreStatus) string {
+	switch {
+	case l.MaxTokens > 0 && st.Tokens >= l.MaxTokens:
+		return fmt.Sprintf("ingest into token store %s stopped: it holds %d tokens, --max-tokens is %d", storeName, st.Tokens, l.MaxTokens)
+	case l.MaxDisk > 0 && st.Bytes >= l.MaxDisk:
+		return fmt.Sprintf("ingest into token store %s stopped: its tokens take %d bytes, --max-disk is %d", storeName, st.Bytes, l.MaxDisk)
+	}
+	return ""
+}
+
+// Plan lists the job's dataset in its seeded order and returns a ShardJob
+// for every file that the store does not yet hold, in that order.
+func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
+	var res PlanResult
+	if err := CheckStoreName(job.Store); err != nil {
+		return res, err
+	}
+	if job.Tokenizer == "" {
+		return res, &PresetError{fmt.Errorf("ingest of %s names no tokenizer: set KILN_TOKENIZER or --tokenizer", job.Dataset)}
+	}
+	presets := p.Presets
+	if presets == nil {
+		var err error
+		if presets, err = Presets(""); err != nil {
+			return res, err
+		}
+	}
+	preset, err := LookupPreset(presets, job.Dataset)
+	if err != nil {
+		return res, err
+	}
+	if preset, err = preset.WithVars(job.Vars); err != nil {
+		return res, err
+	}
+	if job.Revision != "" && preset.Glob == "" {
+		preset.Revision = job.Revision
+	}
+	status, err := p.Status(ctx, job.Store)
+	if err != nil {
+		return res, err
+	}
+	if msg := job.Limits.reached(job.Store, status); msg != "" {
+		return res, &StopError{msg}
+	}
+	planned, err := Plan(ctx, preset, p.Hub, job.Seed)
+	if err != nil {
+		return res, err
+	}
+	res.Revision = planned.Revision
+	files := planned.Files
+	if job.MaxFiles > 0 && len(files) > job.MaxFiles {
+		files = files[:job.MaxFiles]
+	}
+	res.Files = len(files)
+	for _, f := range files {
+		id := ShardID(preset, f.Path)
+		if _, done := slices.BinarySearch(status.Done, id); done {
+			res.Done++
+			continue
+		}
+		sj := ShardJob{Dataset: preset.Name, Repo: preset.Repo, Revision: planned.Revision, Path: f.Path, Size: f.Size,
+			GitOID: f.OID, Columns: preset.Columns, Store: job.Store, Tokenizer: job.Tokenizer, ShardID: id, Limits: job.Limits}
+		if f.LFS != nil {
+			sj.Size, sj.SHA256, sj.GitOID = f.LFS.Size, f.LFS.OID, ""
+		}
+		res.Shards = append(res.Shards, sj)
+	}
+	return res, nil
+}
+
+// file is the hub's description of the job's file, for Download to verify.
+func (j ShardJob) file() hub.File {
+	f := hub.File{Path: j.Path, Type: "file", Size: j.Size, OID: j.GitOID}
+	if j.SHA256 != "" {
+		f.LFS = &hub.LFS{OID: j.SHA256, Size: j.Size}
+	}
+	return f
+}
+
+// Shard turns one file into a shard token file in object storage: download
+// into this machine's data directory, decode, tokenize on all cores with
+// EOS after each document, delete the download, upload the shard. The
+// returned AppendJob is what the append step needs; a file that cannot be
+// read (corrupt, empty, an unsafe path) becomes an AppendJob that records
+// the skip, not an error, since retrying it would give the same answer.
+// Done is true when the store already holds the file: there is nothing to
+// append.
+func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)) (out AppendJob, done bool, err error) {
+	if say == nil {
+		say = func(string) {}
+	}
+	if err := CheckStoreName(job.Store); err != nil {
+		return out, false, err
+	}
+	if job.ShardID == "" {
+		return out, false, &PresetError{fmt.Errorf("shard of %s has no shard id: enqueue it through ingest:plan", job.Path)}
+	}
+	if p.Tokenizer == nil {
+		return out, false, errors.New("this worker has no tokenizer catalog configured")
+	}
+	tok, err := p.Tokenizer(ctx, job.Tokenizer)
+	if err != nil {
+		return out, false, err
+	}
+	eos, ok := tok.EOS()
+	if !ok {
+		return out, false, &PresetError{fmt.Errorf("tokenizer %s has no end-of-text token: train or pick one with an EOS special token", job.Tokenizer)}
+	}
+	out = AppendJob{Store: job.Store, ShardID: job.ShardID, Dataset: job.Dataset, Source: job.Path, Revision: job.Revision,
+		Tokenizer: tokens.Tokenizer{Name: job.Tokenizer, SHA256: tok.SHA256(), VocabSize: tok.VocabSize(), EOS: eos}, Limits: job.Limits}
+	status, err := p.Status(ctx, job.Store)
+	if err != nil {
+		return out, false, err
+	}
+	if _, ok := slices.BinarySearch(status.Done, job.ShardID); ok {
+		return out, true, nil
+	}
+	if msg := job.Limits.reached(job.Store, status); msg != "" {
+		return out, false, &StopError{msg + "; " + job.Path + " was not read"}
+	}
+	skipped := func(err error) (AppendJob, bool, error) {
+		out.SkipReason, out.SkipMessage = SkipReason(err), err.Error()
+		p.log().Warn("file skipped", zap.String("file", job.Path), zap.String("reason", out.SkipReason), zap.Error(err))
+		return out, false, nil
+	}
+
+	local := job.Path
+	if job.Repo != "" {
+		if p.Hub == nil {
+			return out, false, fmt.Errorf("%s is in hub dataset %s, and this worker has no hub client", job.Path, job.Repo)
+		}
+		dst, err := SafeJoin(filepath.Join(p.DataDir, "raw", job.Store), job.Path)
+		if SkipReason(err) != "" {
+			return skipped(err)
+		}
+		if err != nil {
+			return out, false, err
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return out, false, err
+		}
+		say("downloading " + job.Path)
+		if err := p.Hub.Download(ctx, job.Repo, job.Revision, job.file(), dst); err != nil {
+			return out, false, err
+		}
+		// The download goes as soon as it is tokenized (and on any error):
+		// a worker's disk holds one raw file per task at most.
+		defer os.Remove(dst)
+		local = dst
+	}
+	st, shard, err := p.tokenize(ctx, job, local, tok, say)
+	if shard != "" {
+		defer os.Remove(shard)
+	}
+	if SkipReason(err) != "" {
+		return skipped(err)
+	}
+	if err != nil {
+		return out, false, err
+	}
+	if job.Repo != "" {
+		os.Remove(local)
+	}
+	if st.Documents == 0 {
+		return skipped(&SkipError{Reason: SkipEmptyFile, Path: job.Path, Err: fmt.Errorf("no usable documents (skipped: %s)", st.Skips)})
+	}
+	say(fmt.Sprintf("uploading %d tokens of %s", st.Tokens, job.Path))
+	f, err := os.Open(shard)
+	if err != nil {
+		return out, false, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return out, false, err
+	}
+	key := ShardObject(job.Store, job.ShardID)
+	if err := p.Objects.Put(ctx, key, f, fi.Size()); err != nil {
+		return out, false, fmt.Errorf("uploading the shard of %s: %w", job.Path, err)
+	}
+	out.Object, out.SHA256, out.Documents, out.Tokens, out.Skipped = key, st.SHA256, st.Documents, st.Tokens, st.Skips
+	return out, false, nil
+}
+
+// tokenize writes the shard file of local into the data directory and
+// returns its path (set whenever a file was created, for the caller to
+// remove).
+func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local string, tok *tokenizer.Tokenizer, say func(string)) (ShardStats, string, error) {
+	src, err := Open(ctx, local, OpenOptions{Name: job.Path, Columns: job.Columns, SWH: p.SWH})
+	if err != nil {
+		return ShardStats{}, "", err
+	}
+	defer src.Close()
+	dir := filepath.Join(p.DataDir, "shards")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return ShardStats{}, "", err
+	}
+	f, err := os.CreateTemp(dir, "shard-*.tokens")
+	if err != nil {
+		return ShardStats{}, "", err
+	}
+	defer f.Close()
+	say("tokenizing " + job.Path)
+	st, err := WriteShard(ctx, src, tok, f)
+	if err == nil {
+		err = f.Close()
+	}
+	return st, f.Name(), err
+}
+
+// AppendResult is what an append did.
+type AppendResult struct {
+	// Duplicate: the store already held the shard; nothing was written.
+	Duplicate bool
+	// Skipped: the job recorded a skipped file.
+	Skipped bool
+	Tokens  int64 // appended by this job
+	Status  StoreStatus
+}
+
+// Append commits one AppendJob to its store, exactly once per shard id:
+// the shard object is streamed through the store's appender, the documents
+// the shard left out are recorded, the store's status is published, and the
+// shard object is deleted. A job whose shard is already in the store (a
+// retry after a crash) only finishes what the first attempt did not.
+// progress, when set, is told how many of the shard's bytes are in.
+func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done, total int64)) (AppendResult, error) {
+	var res AppendResult
+	if err := CheckStoreName(job.Store); err != nil {
+		return res, err
+	}
+	if p.StoresDir == "" {
+		return res, errors.New("this worker has no token store directory configured: it cannot serve the append queue")
+	}
+	app, err := tokens.OpenAppender(ctx, filepath.Join(p.StoresDir, job.Store), job.Tokenizer, p.log())
+	if err != nil {
+		return res, err
+	}
+	defer app.Close()
+	base := tokens.Skipped{ID: job.ShardID, Source: job.Source, Revision: job.Revision}
+
+	if job.SkipReason != "" {
+		s := base
+		s.Reason = job.SkipReason + ": " + job.SkipMessage
+		if err := app.Skip(ctx, s); err != nil {
+			return res, err
+		}
+		res.Skipped = true
+		res.Status, err = p.publishStatus(ctx, job.Store, app.Manifest())
+		return res, err
+	}
+
+	m := app.Manifest()
+	appended := slices.ContainsFunc(m.Shards, func(s tokens.Shard) bool { return s.ID == job.ShardID })
+	if !appended {
+		width := int64(m.Dtype.Width())
+		switch {
+		case job.Limits.MaxTokens > 0 && m.Tokens+job.Tokens > job.Limits.MaxTokens:
+			return res, p.stop(ctx, job, fmt.Sprintf("ingest into token store %s stopped before %s: the store holds %d tokens and this shard's %d would pass --max-tokens %d",
+				job.Store, job.Source, m.Tokens, job.Tokens, job.Limits.MaxTokens))
+		case job.Limits.MaxDisk > 0 && (m.Tokens+job.Tokens)*width > job.Limits.MaxDisk:
+			return res, p.stop(ctx, job, fmt.Sprintf("ingest into token store %s stopped before %s: its %d bytes of tokens would take the store from %d to %d bytes, past --max-disk %d",
+				job.Store, job.Source, job.Tokens*width, m.Tokens*width, (m.Tokens+job.Tokens)*width, job.Limits.MaxDisk))
+		}
+		r, err := p.Objects.Get(ctx, job.Object)
+		if errors.Is(err, store.ErrNotFound) {
+			return res, &MissingShardError{Store: job.Store, ShardID: job.ShardID, Object: job.Object}
+		}
+		if err != nil {
+			return res, fmt.Errorf("reading shard %s: %w", job.Object, err)
+		}
+		cr := &countingReader{r: r, total: job.Tokens * width, progress: progress}
+		ar, err := app.Append(ctx, tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256}, cr)
+		r.Close()
+		if err != nil {
+			return res, err
+		}
+		res.Tokens = ar.Shard.Tokens
+	} else {
+		res.Duplicate = true
+	}
+	if err := RecordSkips(ctx, app, base, job.Skipped); err != nil {
+		return res, err
+	}
+	if res.Status, err = p.publishStatus(ctx, job.Store, app.Manifest()); err != nil {
+		return res, err
+	}
+	// Deleted last: until the status says the shard is in, a lost delete
+	// only leaves garbage, while an early one could lose the shard.
+	if err := p.Objects.Delete(ctx, job.Object); err != nil {
+		return res, fmt.Errorf("deleting the appended shard %s: %w", job.Object, err)
+	}
+	return res, nil
+}
+
+// stop deletes a shard that will not be appended (it would only wait in
+// object storage for a limit that is not coming) and returns the StopError.
+func (p *Pipeline) stop(ctx context.Context, job AppendJob, msg string) error {
+	if err := p.Objects.Delete(ctx, job.Object); err != nil {
+		p.log().Warn("shard left in object storage", zap.String("object", job.Object), zap.Error(err))
+	}
+	p.log().Info("ingest stopped at a limit", zap.String("store", job.Store), zap.String("message", msg))
+	return &StopError{msg + "; raise the limit and plan again to continue"}
+}
+
+func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens.Manifest) (StoreStatus, error) {
+	st := StoreStatus{Tokens: m.Tokens, Documents: m.Documents, Bytes: m.Tokens * int64(m.Dtype.Width()), Shards: len(m.Shards),
+		Done: make([]string, 0, len(m.Shards)+len(m.Skipped)), Updated: time.Now().UTC()}
+	for _, s := range m.Shards {
+		st.Done = append(st.Done, s.ID)
+	}
+	for _, s := range m.Skipped {
+		if s.Count == 0 {
+			st.Done = append(st.Done, s.ID)
+		}
+	}
+	slices.Sort(st.Done)
+	st.Done = slices.Compact(st.Done)
+	b, err := json.Marshal(st)
+	if err != nil {
+		return st, err
+	}
+	if err := p.Objects.Put(ctx, StatusKey(storeName), bytes.NewReader(b), int64(len(b))); err != nil {
+		return st, fmt.Errorf("publishing the status of token store %s: %w", storeName, err)
+	}
+	return st, nil
+}
+
+// countingReader reports how much of a shard has been read.
+type countingReader struct {
+	r        io.Reader
+	n, total int64
+	progress func(done, total int64)
+}
+
+func (c *countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	if c.progress != nil && n > 0 {
+		c.progress(c.n, c.total)
+	}
+	return n, err
+}

@@ -1,0 +1,210 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// Ingest is what the ingest handlers need beyond their payloads. The
+// process that runs an ingest or append worker sets it once with
+// ConfigureIngest before the worker starts.
+type Ingest struct {
+	// Pipeline does the work. Its Tokenizer defaults to the catalog of
+	// Pipeline.Objects and Pipeline.DataDir, with each name loaded once: a
+	// published name never changes meaning.
+	Pipeline ingest.Pipeline
+	// Enqueue queues the next steps (required): scheduler.Client.Enqueue.
+	// A *scheduler.DuplicateError means the step is already queued.
+	Enqueue func(ctx context.Context, a scheduler.Args) error
+}
+
+var ingestCfg atomic.Pointer[Ingest]
+
+// ConfigureIngest installs c for the ingest handlers of this process.
+func ConfigureIngest(c Ingest) {
+	if c.Pipeline.Tokenizer == nil {
+		c.Pipeline.Tokenizer = ingestTokenizers(catalog.New(c.Pipeline.Objects, c.Pipeline.DataDir))
+	}
+	ingestCfg.Store(&c)
+}
+
+func ingestTokenizers(cat *catalog.Catalog) func(context.Context, string) (*tokenizer.Tokenizer, error) {
+	var mu sync.Mutex
+	loaded := map[string]*tokenizer.Tokenizer{}
+	return func(ctx context.Context, name string) (*tokenizer.Tokenizer, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if t, ok := loaded[name]; ok {
+			return t, nil
+		}
+		_, t, err := cat.Resolve(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		loaded[name] = t
+		return t, nil
+	}
+}
+
+func init() {
+	Register(ingestPlan)
+	Register(ingestShard)
+	Register(ingestAppend)
+}
+
+func ingestConfig(kind string) (*Ingest, error) {
+	c := ingestCfg.Load()
+	if c == nil || c.Enqueue == nil || c.Pipeline.Objects == nil {
+		return nil, fmt.Errorf("%s: this worker was started without ingest configured (%w)", kind, asynq.SkipRetry)
+	}
+	return c, nil
+}
+
+// ingestFinal marks errors that a retry cannot fix, so the task is archived with
+// its message instead of retried: a limit reached, bad input (an unknown
+// dataset or tokenizer, a gated dataset, a store made by another
+// tokenizer), or a shard that is gone.
+func ingestFinal(kind string, err error) error {
+	var stop *ingest.StopError
+	var bad interface{ BadInput() bool }
+	if errors.As(err, &stop) || (errors.As(err, &bad) && bad.BadInput()) {
+		return fmt.Errorf("%s: %w (%w)", kind, err, asynq.SkipRetry)
+	}
+	return fmt.Errorf("%s: %w", kind, err)
+}
+
+// ingestPlan lists a dataset and queues one ingest:shard per file the store
+// lacks, in the plan's seeded order; a file already queued keeps its task.
+func ingestPlan(ctx context.Context, a scheduler.IngestPlan) error {
+	c, err := ingestConfig(a.Kind())
+	if err != nil {
+		return err
+	}
+	rep := Progress(ctx)
+	res, err := c.Pipeline.Plan(ctx, ingest.PlanJob{Dataset: a.Dataset, Revision: a.Revision, Vars: a.Vars, Store: a.Store,
+		Tokenizer: a.Tokenizer, Seed: a.Seed, MaxFiles: a.MaxFiles, Limits: ingest.Limits{MaxTokens: a.MaxTokens, MaxDisk: a.MaxDisk}})
+	if err != nil {
+		return ingestFinal(a.Kind(), err)
+	}
+	queued, dups := 0, 0
+	start := time.Now()
+	// One at a time, so that the queue holds the files in the plan's order.
+	for i, sj := range res.Shards {
+		err := c.Enqueue(ctx, ingestShardArgs(sj))
+		var dup *scheduler.DuplicateError
+		switch {
+		case errors.As(err, &dup):
+			dups++
+		case err != nil:
+			return fmt.Errorf("%s %s: queuing %s: %w", a.Kind(), a.Dataset, sj.Path, err)
+		default:
+			queued++
+		}
+		rep.Report(ctx, float64(i+1)/float64(len(res.Shards)), float64(i+1)/max(time.Since(start).Seconds(), 1e-3), "tasks",
+			fmt.Sprintf("%s at %s: queued %d of %d files", a.Dataset, res.Revision, i+1, len(res.Shards)))
+	}
+	rep.Message(ctx, fmt.Sprintf("%s at %s: %d files planned into store %s: %d queued, %d already queued, %d already in the store",
+		a.Dataset, res.Revision, res.Files, a.Store, queued, dups, res.Done))
+	return nil
+}
+
+// ingestShard tokenizes one file into a shard object and queues its append
+// (or the record of its skip).
+func ingestShard(ctx context.Context, a scheduler.IngestShard) error {
+	c, err := ingestConfig(a.Kind())
+	if err != nil {
+		return err
+	}
+	rep := Progress(ctx)
+	job := ingest.ShardJob{Dataset: a.Dataset, Repo: a.Repo, Revision: a.Revision, Path: a.Path, Size: a.Size, SHA256: a.SHA256,
+		GitOID: a.GitOID, Store: a.Store, Tokenizer: a.Tokenizer, ShardID: a.ShardID,
+		Columns: ingest.Columns{Text: a.Column, ID: a.IDColumn, Blob: a.BlobColumn, Encoding: a.EncodingColumn},
+		Limits:  ingest.Limits{MaxTokens: a.MaxTokens, MaxDisk: a.MaxDisk}}
+	out, done, err := c.Pipeline.Shard(ctx, job, func(msg string) { rep.Message(ctx, msg) })
+	if err != nil {
+		return ingestFinal(a.Kind(), err)
+	}
+	if done {
+		rep.Message(ctx, fmt.Sprintf("%s is already in token store %s", a.Path, a.Store))
+		return nil
+	}
+	err = c.Enqueue(ctx, ingestAppendArgs(out))
+	var dup *scheduler.DuplicateError
+	if err != nil && !errors.As(err, &dup) {
+		return fmt.Errorf("%s %s: queuing its append: %w", a.Kind(), a.Path, err)
+	}
+	if out.SkipReason != "" {
+		rep.Message(ctx, fmt.Sprintf("%s skipped (%s): %s", a.Path, out.SkipReason, out.SkipMessage))
+	} else {
+		rep.Message(ctx, fmt.Sprintf("%s: %d documents, %d tokens, skipped documents: %s", a.Path, out.Documents, out.Tokens, out.Skipped))
+	}
+	return nil
+}
+
+// ingestAppend appends one shard to its store; the append queue has one
+// consumer, the machine that holds the stores.
+func ingestAppend(ctx context.Context, a scheduler.IngestAppend) error {
+	c, err := ingestConfig(a.Kind())
+	if err != nil {
+		return err
+	}
+	rep := Progress(ctx)
+	start := time.Now()
+	res, err := c.Pipeline.Append(ctx, ingestAppendJob(a), func(done, total int64) {
+		rep.Report(ctx, float64(done)/float64(max(total, 1)), float64(done)/max(time.Since(start).Seconds(), 1e-3), "B",
+			fmt.Sprintf("appending %s to %s", a.Source, a.Store))
+	})
+	if err != nil {
+		return ingestFinal(a.Kind(), err)
+	}
+	log := c.Pipeline.Logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	switch {
+	case res.Skipped:
+		rep.Message(ctx, fmt.Sprintf("recorded %s as skipped (%s) in store %s", a.Source, a.SkipReason, a.Store))
+	case res.Duplicate:
+		rep.Message(ctx, fmt.Sprintf("%s was already in store %s (%d tokens)", a.Source, a.Store, res.Status.Tokens))
+	default:
+		rep.Message(ctx, fmt.Sprintf("appended %s to store %s: %d tokens, the store holds %d", a.Source, a.Store, res.Tokens, res.Status.Tokens))
+	}
+	log.Info("ingest append", zap.String("store", a.Store), zap.String("shard", a.ShardID), zap.Bool("duplicate", res.Duplicate),
+		zap.Bool("skipped", res.Skipped), zap.Int64("tokens", res.Tokens), zap.Int64("committed", res.Status.Tokens))
+	return nil
+}
+
+func ingestShardArgs(j ingest.ShardJob) scheduler.IngestShard {
+	return scheduler.IngestShard{Dataset: j.Dataset, Repo: j.Repo, Revision: j.Revision, Path: j.Path, Size: j.Size, SHA256: j.SHA256,
+		GitOID: j.GitOID, Format: string(ingest.FormatOf(j.Path)), Column: j.Columns.Text, IDColumn: j.Columns.ID,
+		BlobColumn: j.Columns.Blob, EncodingColumn: j.Columns.Encoding, Store: j.Store, Tokenizer: j.Tokenizer,
+		ShardID: j.ShardID, MaxTokens: j.Limits.MaxTokens, MaxDisk: j.Limits.MaxDisk}
+}
+
+func ingestAppendArgs(j ingest.AppendJob) scheduler.IngestAppend {
+	return scheduler.IngestAppend{Store: j.Store, ShardID: j.ShardID, Object: j.Object, Source: j.Source, SHA256: j.SHA256,
+		Docs: j.Documents, Tokens: j.Tokens, Dataset: j.Dataset, Revision: j.Revision, Tokenizer: j.Tokenizer.Name,
+		TokenizerSHA256: j.Tokenizer.SHA256, VocabSize: j.Tokenizer.VocabSize, EOS: j.Tokenizer.EOS, Skipped: j.Skipped,
+		SkipReason: j.SkipReason, SkipMessage: j.SkipMessage, MaxTokens: j.Limits.MaxTokens, MaxDisk: j.Limits.MaxDisk}
+}
+
+func ingestAppendJob(a scheduler.IngestAppend) ingest.AppendJob {
+	return ingest.AppendJob{Store: a.Store, ShardID: a.ShardID, Object: a.Object, Dataset: a.Dataset, Source: a.Source,
+		Revision: a.Revision, SHA256: a.SHA256, Documents: a.Docs, Tokens: a.Tokens,
+		Tokenizer: tokens.Tokenizer{Name: a.Tokenizer, SHA256: a.TokenizerSHA256, VocabSize: a.VocabSize, EOS: a.EOS},
+		Skipped:   a.Skipped, SkipReason: a.SkipReason, SkipMessage: a.SkipMessage,
+		Limits: ingest.Limits{MaxTokens: a.MaxTokens, MaxDisk: a.MaxDisk}}
+}

@@ -1,0 +1,569 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/klauspost/compress/zstd"
+	"github.com/parquet-go/parquet-go"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+const (
+	ingestRepo      = "owner/corpus"
+	ingestTokenizer = "ingest-test-bpe"
+	ingestStore     = "corpus"
+)
+
+// The test binary doubles as an append worker process: with
+// KILN_TEST_APPEND_WORKER set it serves the append queue with the ingest
+// handlers until SIGTERM, so that a test can SIGKILL a real appender.
+// init runs before TestMain, and after every handler registration of the
+// package's non-test files.
+func init() {
+	if os.Getenv("KILN_TEST_APPEND_WORKER") == "" {
+		return
+	}
+	os.Exit(runIngestAppendChild())
+}
+
+func runIngestAppendChild() int {
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, err); return 1 }
+	opt, err := asynq.ParseRedisURI(os.Getenv("KILN_TEST_REDIS_URL"))
+	if err != nil {
+		return fail(err)
+	}
+	objects, err := store.NewS3(store.S3Options{Endpoint: os.Getenv("KILN_TEST_S3_ENDPOINT"), Bucket: "kiln",
+		AccessKey: os.Getenv("KILN_TEST_S3_ACCESS"), SecretKey: os.Getenv("KILN_TEST_S3_SECRET")})
+	if err != nil {
+		return fail(err)
+	}
+	var st store.Store = objects
+	if d, err := time.ParseDuration(os.Getenv("KILN_TEST_READ_DELAY")); err == nil && d > 0 {
+		st = ingestSlowReads{objects, d}
+	}
+	log, _ := zap.NewDevelopment()
+	c := scheduler.NewClient(opt)
+	defer c.Close()
+	ConfigureIngest(Ingest{
+		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log},
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
+	})
+	w, err := New(Params{Redis: opt, Queues: map[string]int{scheduler.QueueAppend: 1}, ShutdownGrace: 10 * time.Second,
+		Logger: log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+	if err != nil {
+		return fail(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := w.Run(ctx); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+// ingestSlowReads is the S3 store with reads paced to 16 KiB per delay, so that
+// an append lasts long enough to be killed in the middle. Every byte still
+// comes from the S3 server.
+type ingestSlowReads struct {
+	store.Store
+	delay time.Duration
+}
+
+func (s ingestSlowReads) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	r, err := s.Store.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return &ingestSlowReader{r, s.delay}, nil
+}
+
+type ingestSlowReader struct {
+	io.ReadCloser
+	delay time.Duration
+}
+
+func (r *ingestSlowReader) Read(b []byte) (int, error) {
+	time.Sleep(r.delay)
+	return r.ReadCloser.Read(b[:min(len(b), 16<<10)])
+}
+
+// ingestEnv is a queue on a real Redis, an object store on a real
+// versitygw, a fake hub, and a published tokenizer.
+type ingestEnv struct {
+	*env
+	s3      *testsvc.S3Server
+	objects store.Store
+	hub     *hubtest.Hub
+	hc      *hub.Client
+	tok     *tokenizer.Tokenizer
+	presets map[string]ingest.Preset
+}
+
+func newIngestEnv(t *testing.T) *ingestEnv {
+	e := &ingestEnv{env: newEnv(t), s3: testsvc.S3(t), hub: hubtest.New()}
+	t.Cleanup(e.hub.Close)
+	var err error
+	if e.objects, err = store.NewS3(store.S3Options{Endpoint: e.s3.Endpoint, Bucket: "kiln", AccessKey: e.s3.AccessKey, SecretKey: e.s3.SecretKey}); err != nil {
+		t.Fatal(err)
+	}
+	if e.hc, err = hub.New(hub.Config{Endpoint: e.hub.Server.URL}); err != nil {
+		t.Fatal(err)
+	}
+	corpus := strings.Repeat("package main\nfunc main() { fmt.Println(\"hello, world\") }\nthe quick brown fox jumps over the lazy dog\n", 200)
+	b, err := tokenizer.Train(context.Background(), []io.Reader{strings.NewReader(corpus)}, tokenizer.TrainOptions{VocabSize: 320})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.tok, err = tokenizer.Parse(b); err != nil {
+		t.Fatal(err)
+	}
+	// Published from a machine of its own: workers find it by name.
+	if _, err := catalog.New(e.objects, t.TempDir()).Publish(context.Background(), ingestTokenizer, b); err != nil {
+		t.Fatal(err)
+	}
+	e.presets = map[string]ingest.Preset{"corpus": {Name: "corpus", Repo: ingestRepo, Revision: "main",
+		Include: []string{"data/*", "data/*/*/*/*/*"}, Columns: ingest.Columns{Text: "text"}}}
+	return e
+}
+
+// configure installs the ingest handlers' configuration for this process:
+// a data directory of its own, and stores (for the append queue) or none.
+func (e *ingestEnv) configure(dataDir, storesDir string) {
+	ConfigureIngest(Ingest{
+		Pipeline: ingest.Pipeline{Objects: e.objects, Hub: e.hc, Presets: e.presets, DataDir: dataDir, StoresDir: storesDir, Logger: zap.NewNop()},
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+	})
+}
+
+// serve runs an in-process worker on queues until the test ends.
+func (e *ingestEnv) serve(queues map[string]int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := New(Params{Redis: e.opt, Queues: queues, Logger: zap.NewNop(), DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	e.t.Cleanup(func() { cancel(); <-done })
+}
+
+type ingestRow struct {
+	Text string `parquet:"text"`
+}
+
+func ingestParquet(t *testing.T, texts []string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	rows := make([]ingestRow, len(texts))
+	for i, s := range texts {
+		rows[i] = ingestRow{s}
+	}
+	w := parquet.NewGenericWriter[ingestRow](&buf, parquet.MaxRowsPerRowGroup(4))
+	if _, err := w.Write(rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+// addGoodFiles adds n parquet files of docs documents each, every file with
+// one document of invalid UTF-8 as well, and returns the valid documents.
+func (e *ingestEnv) addGoodFiles(prefix string, n, docs int, filler string) []string {
+	var want []string
+	for f := range n {
+		var texts []string
+		for d := range docs {
+			s := fmt.Sprintf("%s file %d doc %d: the quick brown fox%s", prefix, f, d, filler)
+			texts = append(texts, s)
+			want = append(want, s)
+		}
+		texts = append(texts, "bad \xff utf8")
+		e.hub.Add(ingestRepo, fmt.Sprintf("data/%s-%d.parquet", prefix, f), ingestParquet(e.t, texts), true)
+	}
+	return want
+}
+
+// addBadFiles adds one file for each way a file is skipped whole.
+func (e *ingestEnv) addBadFiles() {
+	good := ingestParquet(e.t, []string{"x"})
+	e.hub.Add(ingestRepo, "data/corrupt.parquet", append([]byte("not parquet at all"), good[len(good)-8:]...), true)
+	e.hub.Add(ingestRepo, "data/empty.parquet", nil, false)
+	var z bytes.Buffer
+	zw, _ := zstd.NewWriter(&z)
+	for i := range 500 {
+		fmt.Fprintf(zw, `{"text":"line %d of a file that will be cut short"}`+"\n", i)
+	}
+	zw.Close()
+	e.hub.Add(ingestRepo, "data/truncated.jsonl.zst", z.Bytes()[:z.Len()/2], true)
+	e.hub.Add(ingestRepo, "data/x/../../../escape.parquet", good, false)
+}
+
+// waitDrained waits until the ingest and append queues hold no waiting,
+// running or retrying task: every step the plan started has run.
+func (e *ingestEnv) waitDrained(within time.Duration) {
+	e.t.Helper()
+	insp := asynq.NewInspector(e.opt)
+	defer insp.Close()
+	deadline := time.Now().Add(within)
+	for {
+		busy := 0
+		var last string
+		for _, q := range []string{scheduler.QueueIngest, scheduler.QueueAppend} {
+			qi, err := insp.GetQueueInfo(q)
+			if err != nil {
+				continue // a queue nothing was ever enqueued to
+			}
+			busy += qi.Pending + qi.Active + qi.Scheduled + qi.Retry
+			if qi.Retry > 0 {
+				ts, _ := insp.ListRetryTasks(q)
+				for _, t := range ts {
+					last = t.LastErr
+				}
+			}
+		}
+		if busy == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("queues not drained within %v: %d tasks busy; last retry error %q", within, busy, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *ingestEnv) archived(q string) []*asynq.TaskInfo {
+	insp := asynq.NewInspector(e.opt)
+	defer insp.Close()
+	ts, _ := insp.ListArchivedTasks(q)
+	return ts
+}
+
+// ingestStoreDocs decodes a store's committed tokens into its documents.
+func ingestStoreDocs(t *testing.T, tok *tokenizer.Tokenizer, dir string) ([]string, *tokens.Manifest) {
+	t.Helper()
+	m, err := tokens.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, tokens.TokensFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eos, _ := tok.EOS()
+	var docs []string
+	var ids []uint32
+	for i := range m.Tokens {
+		id := uint32(binary.LittleEndian.Uint16(b[2*i:]))
+		if id != eos {
+			ids = append(ids, id)
+			continue
+		}
+		s, err := tok.Decode(ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, s)
+		ids = ids[:0]
+	}
+	return docs, m
+}
+
+func ingestFilesUnder(t *testing.T, dir string) []string {
+	var out []string
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out
+}
+
+// Plan, shards and appends end to end through the queue: each shard worker
+// download lands in the worker's own data directory, shards travel only
+// through object storage, the append worker alone holds the store, and
+// every file that cannot be read is reported, counted and left out.
+func TestIngestThroughTheQueue(t *testing.T) {
+	e := newIngestEnv(t)
+	want := e.addGoodFiles("good", 4, 5, "")
+	e.addBadFiles()
+	e.hub.BreakOnce, e.hub.RateLimited = true, 2
+	shardData, storesDir := t.TempDir(), t.TempDir()
+	e.configure(shardData, storesDir)
+	e.serve(map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1})
+
+	plan := scheduler.IngestPlan{Dataset: "corpus", Store: ingestStore, Tokenizer: ingestTokenizer, Seed: 7}
+	id := e.enqueue(plan)
+	ts := e.waitFor(id, time.Minute, "completed", state("completed"))
+	if !strings.Contains(ts.Progress.Message, "8 files planned") || !strings.Contains(ts.Progress.Message, "8 queued") {
+		t.Fatalf("plan progress: %q", ts.Progress.Message)
+	}
+	e.waitDrained(2 * time.Minute)
+
+	got, m := ingestStoreDocs(t, e.tok, filepath.Join(storesDir, ingestStore))
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("the store holds %d documents, want each of %d exactly once:\n got %q\nwant %q", len(got), len(want), got, want)
+	}
+	if len(m.Shards) != 4 {
+		t.Fatalf("%d shards appended, want 4", len(m.Shards))
+	}
+	for _, s := range m.Shards {
+		if s.Revision != e.hub.Commit {
+			t.Errorf("shard %s records revision %q, want the resolved commit %s", s.ID, s.Revision, e.hub.Commit)
+		}
+	}
+	files, docs := ingest.Skips{}, ingest.Skips{}
+	for _, s := range m.Skipped {
+		reason, _, _ := strings.Cut(s.Reason, ":")
+		if s.Count == 0 {
+			files.Add(reason, 1)
+		} else {
+			docs.Add(reason, s.Count)
+		}
+	}
+	wantFiles := ingest.Skips{ingest.SkipCorruptFile: 2, ingest.SkipEmptyFile: 1, ingest.SkipUnsafePath: 1}
+	if files.String() != wantFiles.String() || docs.String() != (ingest.Skips{ingest.SkipInvalidUTF8: 4}).String() {
+		t.Fatalf("skipped files %v (want %v), documents %v (want invalid-utf8=4); manifest: %+v", files, wantFiles, docs, m.Skipped)
+	}
+
+	// Nothing waits in object storage or in the shard worker's directory.
+	left, err := e.objects.List(context.Background(), ingest.ShardPrefix(ingestStore))
+	if err != nil || len(left) != 0 {
+		t.Fatalf("shard objects left: %v %v", left, err)
+	}
+	for _, sub := range []string{"raw", "shards"} {
+		if f := ingestFilesUnder(t, filepath.Join(shardData, sub)); len(f) != 0 {
+			t.Fatalf("files left in the shard worker's %s: %v", sub, f)
+		}
+	}
+	if f := ingestFilesUnder(t, filepath.Join(storesDir, "..", "escape.parquet")); len(f) != 0 {
+		t.Fatalf("the escaping path was written: %v", f)
+	}
+	pipe := ingest.Pipeline{Objects: e.objects}
+	st, err := pipe.Status(context.Background(), ingestStore)
+	if err != nil || st.Tokens != m.Tokens || st.Shards != 4 || len(st.Done) != 8 {
+		t.Fatalf("published status %+v (%v); manifest has %d tokens", st, err, m.Tokens)
+	}
+
+	// A new plan queues only what the store lacks: one new file.
+	more := e.addGoodFiles("late", 1, 3, "")
+	plan.Seed = 8
+	id = e.enqueue(plan)
+	ts = e.waitFor(id, time.Minute, "completed", state("completed"))
+	if !strings.Contains(ts.Progress.Message, "9 files planned") || !strings.Contains(ts.Progress.Message, "1 queued") ||
+		!strings.Contains(ts.Progress.Message, "8 already in the store") {
+		t.Fatalf("re-plan progress: %q", ts.Progress.Message)
+	}
+	e.waitDrained(time.Minute)
+	got, m2 := ingestStoreDocs(t, e.tok, filepath.Join(storesDir, ingestStore))
+	if len(got) != len(want)+len(more) || len(m2.Shards) != 5 || m2.Shards[4].Offset != m.Tokens {
+		t.Fatalf("after the re-plan: %d documents, %d shards", len(got), len(m2.Shards))
+	}
+	if a := e.archived(scheduler.QueueAppend); len(a) != 0 {
+		t.Fatalf("archived appends: %s", a[0].LastErr)
+	}
+}
+
+// --max-tokens and --max-disk stop an ingest through the queue before the
+// store passes them: the appends that would pass are archived with a
+// message, their shards are dropped, and a plan against a full store is
+// archived with the limit named.
+func TestIngestStopsAtLimits(t *testing.T) {
+	e := newIngestEnv(t)
+	e.addGoodFiles("good", 6, 4, strings.Repeat(" and more text", 20))
+	storesDir := t.TempDir()
+	e.configure(t.TempDir(), storesDir)
+	e.serve(map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1})
+
+	// One file's tokens, measured through the queue on a store of its own.
+	id := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, MaxFiles: 1})
+	e.waitFor(id, time.Minute, "completed", state("completed"))
+	e.waitDrained(time.Minute)
+	one, err := tokens.ReadManifest(filepath.Join(storesDir, "one"))
+	if err != nil || len(one.Shards) != 1 {
+		t.Fatalf("one-file store: %v", err)
+	}
+	perFile := one.Tokens
+
+	for _, c := range []struct {
+		name string
+		plan scheduler.IngestPlan
+		flag string
+		room func(m *tokens.Manifest) bool
+	}{
+		{"tokens", scheduler.IngestPlan{MaxTokens: perFile*2 + perFile/2}, "--max-tokens", func(m *tokens.Manifest) bool { return m.Tokens <= perFile*2+perFile/2 }},
+		{"disk", scheduler.IngestPlan{MaxDisk: perFile*2*3 + 1}, "--max-disk", func(m *tokens.Manifest) bool { return m.Tokens*2 <= perFile*2*3+1 }},
+	} {
+		p := c.plan
+		p.Dataset, p.Store, p.Tokenizer = "corpus", c.name, ingestTokenizer
+		id := e.enqueue(p)
+		e.waitFor(id, time.Minute, "completed", state("completed"))
+		e.waitDrained(2 * time.Minute)
+		m, err := tokens.ReadManifest(filepath.Join(storesDir, c.name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.room(m) || len(m.Shards) == 0 {
+			t.Fatalf("%s: the store holds %d tokens in %d shards, past the limit", c.name, m.Tokens, len(m.Shards))
+		}
+		stopped := 0
+		for _, a := range e.archived(scheduler.QueueAppend) {
+			if strings.Contains(a.LastErr, "store "+c.name+" stopped") && strings.Contains(a.LastErr, c.flag) {
+				stopped++
+			}
+		}
+		if stopped == 0 || len(m.Shards)+stopped != 6 {
+			t.Fatalf("%s: %d appended and %d appends archived at the limit; want the 6 files split between them", c.name, len(m.Shards), stopped)
+		}
+		if left, _ := e.objects.List(context.Background(), ingest.ShardPrefix(c.name)); len(left) != 0 {
+			t.Fatalf("%s: shards left in object storage after the stop: %v", c.name, left)
+		}
+	}
+
+	// A plan for a store already at its limit enqueues nothing.
+	id = e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, MaxTokens: perFile})
+	ts := e.waitFor(id, time.Minute, "archived", state("archived"))
+	if !strings.Contains(ts.LastErr, "--max-tokens is") || strings.Contains(ts.LastErr, "\n") {
+		t.Fatalf("plan at the limit: %q", ts.LastErr)
+	}
+	// A plan naming an unknown dataset is archived with the choices.
+	id = e.enqueue(scheduler.IngestPlan{Dataset: "nope", Store: "x", Tokenizer: ingestTokenizer})
+	ts = e.waitFor(id, time.Minute, "archived", state("archived"))
+	if !strings.Contains(ts.LastErr, `unknown dataset "nope"`) || ts.Retried != 0 {
+		t.Fatalf("unknown dataset: %q retried %d", ts.LastErr, ts.Retried)
+	}
+}
+
+// SIGKILL of the append worker in the middle of an append, then the retry
+// by a new append worker: the store holds every shard exactly once. The
+// append worker is a separate process with its own store directory; the
+// shard worker (this process) has its own data directory.
+func TestAppendWorkerKilledMidAppend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for asynq's lease expiry (about a minute)")
+	}
+	e := newIngestEnv(t)
+	filler := strings.Repeat(" jumps over the lazy dog and prints hello, world", 40)
+	want := e.addGoodFiles("big", 3, 150, filler)
+	e.configure(t.TempDir(), "") // this process cannot append: it has no stores
+	e.serve(map[string]int{scheduler.QueueIngest: 2})
+	storesDir, appendData := t.TempDir(), t.TempDir()
+	child := func(delay string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "KILN_TEST_APPEND_WORKER=1", "KILN_TEST_REDIS_URL="+e.url,
+			"KILN_TEST_S3_ENDPOINT="+e.s3.Endpoint, "KILN_TEST_S3_ACCESS="+e.s3.AccessKey, "KILN_TEST_S3_SECRET="+e.s3.SecretKey,
+			"KILN_TEST_STORES="+storesDir, "KILN_TEST_DATA="+appendData, "KILN_TEST_READ_DELAY="+delay)
+		logf, err := os.Create(filepath.Join(t.TempDir(), "append-worker.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			if t.Failed() {
+				b, _ := os.ReadFile(logf.Name())
+				t.Logf("append worker log:\n%s", b)
+			}
+			logf.Close()
+		})
+		return cmd
+	}
+	first := child("50ms")
+	e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: ingestStore, Tokenizer: ingestTokenizer, Seed: 3})
+
+	// Kill once some shard is committed and another is part-way in.
+	insp := asynq.NewInspector(e.opt)
+	defer insp.Close()
+	dir := filepath.Join(storesDir, ingestStore)
+	var victim string
+	deadline := time.Now().Add(2 * time.Minute)
+	for victim == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("no append was seen part-way in")
+		}
+		time.Sleep(20 * time.Millisecond)
+		m, err := tokens.ReadManifest(dir)
+		if err != nil || len(m.Shards) == 0 {
+			continue
+		}
+		active, _ := insp.ListActiveTasks(scheduler.QueueAppend)
+		for _, a := range active {
+			ts, err := e.c.Task(context.Background(), a.ID)
+			if err == nil && ts.Progress.Fraction > 0.2 && ts.Progress.Fraction < 0.8 {
+				victim = a.ID
+			}
+		}
+	}
+	if err := first.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	m, err := tokens.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(filepath.Join(dir, tokens.TokensFile)); st.Size() <= m.Tokens*2 {
+		t.Fatalf("tokens.bin is %d bytes and %d tokens are committed: the kill did not land mid-append", st.Size(), m.Tokens)
+	}
+	committedAtKill := len(m.Shards)
+
+	// asynq hands a killed worker's task to another once its lease is 30s
+	// past expiry; a worker recovers such tasks as it starts.
+	exp, err := e.rdb.ZScore(context.Background(), "asynq:{"+scheduler.QueueAppend+"}:lease", victim).Result()
+	if err != nil {
+		t.Fatalf("lease of %s: %v", victim, err)
+	}
+	time.Sleep(time.Until(time.Unix(int64(exp), 0).Add(31 * time.Second)))
+	child("0")
+	e.waitFor(victim, time.Minute, "completed by the second append worker", state("completed"))
+	e.waitDrained(2 * time.Minute)
+
+	got, m := ingestStoreDocs(t, e.tok, dir)
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("after the retry the store holds %d documents, want each of %d exactly once", len(got), len(want))
+	}
+	if len(m.Shards) != 3 || committedAtKill >= 3 {
+		t.Fatalf("%d shards in the store (%d committed at the kill)", len(m.Shards), committedAtKill)
+	}
+	if st, _ := os.Stat(filepath.Join(dir, tokens.TokensFile)); st.Size() != m.Tokens*2 {
+		t.Fatalf("tokens.bin is %d bytes, the manifest commits %d tokens", st.Size(), m.Tokens)
+	}
+	if left, _ := e.objects.List(context.Background(), ingest.ShardPrefix(ingestStore)); len(left) != 0 {
+		t.Fatalf("shard objects left: %v", left)
+	}
+}

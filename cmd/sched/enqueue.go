@@ -105,27 +105,7 @@ func init() {
 		return enqueueOne(c, cfg, br)
 	}
 
-	tok := &cobra.Command{
-		Use:   "tokenizer <name>",
-		Short: "Queue the sampling for a new tokenizer (tokenizer:sample)",
-		Args:  exactArgs(1, "one tokenizer name"),
-	}
-	var tsmp scheduler.TokenizerSample
-	tok.Flags().StringSliceVar(&tsmp.Datasets, "dataset", nil, "datasets to sample (repeatable)")
-	tok.Flags().Int64Var(&tsmp.Bytes, "bytes", 0, "sample size in bytes (0: default)")
-	tok.RunE = func(c *cobra.Command, args []string) error {
-		cfg, err := loadConfig(c)
-		if err != nil {
-			return err
-		}
-		if err := checkName("tokenizer", args[0]); err != nil {
-			return err
-		}
-		tsmp.Name = args[0]
-		return enqueueOne(c, cfg, tsmp)
-	}
-
-	enq.AddCommand(ingest, train, bench, tok)
+	enq.AddCommand(ingest, train, bench, newEnqueueTokenizerCmd())
 	rootCmd.AddCommand(enq)
 }
 

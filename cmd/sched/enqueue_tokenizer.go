@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/ingest/sample"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/worker"
+)
+
+// defaultMixture is the seed plan's mixture for the long run: mostly code,
+// with prose and mathematics so that neither falls apart into characters.
+const defaultMixture = "the-stack-v2=0.7,fineweb-edu=0.2,proof-pile-2=0.1"
+
+// minVocab is the 256 byte symbols, the end-of-text token and one merge.
+const minVocab = 258
+
+// tokenizerRequest is what `sched enqueue tokenizer` was asked for.
+type tokenizerRequest struct {
+	name, sample, from, previous string
+	vocab                        int
+	seed                         uint64
+}
+
+// newEnqueueTokenizerCmd is `sched enqueue tokenizer`, added to the
+// enqueue command by enqueue.go.
+func newEnqueueTokenizerCmd() *cobra.Command {
+	var r tokenizerRequest
+	cmd := &cobra.Command{
+		Use:   "tokenizer <name>",
+		Short: "Sample a mixture of datasets (tokenizer:sample) and train a tokenizer on it (tokenizer:train)",
+		Long: `Queues one tokenizer:sample task per dataset on the ingest queue. Each draws its
+weight's part of --sample from files chosen by --seed across the dataset, and
+keeps a held-out slice apart. The last to finish queues tokenizer:train on the
+append queue, which trains the vocabulary, stores tokenizers/<name>/tokenizer.json
+in object storage and the data directory, and writes report.md beside it:
+vocabulary, special tokens and bytes per token on each dataset's held-out text,
+next to the previous tokenizer's (--previous, default the configured one).
+
+A tokenizer's name is never reused: token stores and checkpoints record its
+sha256, so a new vocabulary needs a new name.`,
+		Args: exactArgs(1, "one tokenizer name"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			r.name = args[0]
+			if !c.Flags().Changed("previous") {
+				r.previous = cfg.Tokenizer
+			}
+			return enqueueTokenizer(c, cfg, r)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&r.vocab, "vocab", 16384, "vocabulary size, special tokens and the 256 bytes included")
+	f.StringVar(&r.sample, "sample", "2GB", "text to train on, over all datasets (e.g. 2GB, 500MB, 1GiB)")
+	f.StringVar(&r.from, "from", defaultMixture, "datasets and weights: preset=weight,... or local:<glob>=weight")
+	f.Uint64Var(&r.seed, "seed", 1, "chooses the files sampled and the held-out documents")
+	f.StringVar(&r.previous, "previous", "", "tokenizer to compare with in the report (default: the configured tokenizer; empty for none)")
+	return cmd
+}
+
+// sampleTasks checks a request and returns its sampling tasks; every
+// mistake is bad input naming the flag.
+func sampleTasks(r tokenizerRequest) ([]scheduler.TokenizerSample, error) {
+	if err := catalog.CheckName(r.name); err != nil {
+		return nil, badInput("%v", err)
+	}
+	if r.vocab < minVocab || r.vocab > 1<<24 {
+		return nil, badInput("--vocab %d: give a vocabulary of %d to %d ids (16384 is the plan's)", r.vocab, minVocab, 1<<24)
+	}
+	total, err := sample.ParseSize(r.sample)
+	if err != nil {
+		return nil, badInput("--sample: %v", err)
+	}
+	mix, err := sample.ParseMix(r.from)
+	if err != nil {
+		return nil, badInput("--from: %v", err)
+	}
+	presets, err := ingest.Presets("")
+	if err != nil {
+		return nil, err
+	}
+	for i, s := range mix {
+		if _, err := ingest.LookupPreset(presets, s.Dataset); err != nil {
+			return nil, badInput("--from: %v", err)
+		}
+		if b := sample.Budgets(mix, total)[i]; b <= 0 {
+			return nil, badInput("--from: %s's weight %.4g of --sample %s is no bytes at all: raise --sample or the weight", s.Dataset, s.Weight, r.sample)
+		}
+	}
+	if r.previous == r.name {
+		r.previous = ""
+	}
+	return worker.TokenizerSampleTasks(r.name, mix, total, r.vocab, r.seed, r.previous), nil
+}
+
+func enqueueTokenizer(c *cobra.Command, cfg scheduler.Config, r tokenizerRequest) error {
+	ctx := c.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	tasks, err := sampleTasks(r)
+	if err != nil {
+		return err
+	}
+	objects, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	// Refused here, before hours of sampling, rather than by the training.
+	cat := catalog.New(objects, cfg.DataDir)
+	names, err := cat.Names(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if n == r.name {
+			e, _, err := cat.Resolve(ctx, n)
+			if err != nil {
+				return err
+			}
+			return badInput("tokenizer %q already exists (%d ids, sha256 %s): a published tokenizer is never replaced, because the stores and checkpoints made with it would change meaning; choose another name", n, e.VocabSize, e.SHA256)
+		}
+	}
+	q, _, err := openQueue(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	out := c.OutOrStdout()
+	for _, t := range tasks {
+		info, err := q.Enqueue(ctx, t)
+		var dup *scheduler.DuplicateError
+		switch {
+		case errors.As(err, &dup):
+			fmt.Fprintf(out, "%s %s: %s\n", t.Kind(), t.Dataset, dup.Error())
+		case err != nil:
+			return err
+		default:
+			fmt.Fprintf(out, "queued %s on %s: %d bytes of %s\n", info.ID, info.Queue, t.Bytes, t.Dataset)
+		}
+	}
+	var ds []string
+	for _, t := range tasks {
+		ds = append(ds, t.Dataset)
+	}
+	fmt.Fprintf(out, "tokenizer:train is queued once %s are sampled; the tokenizer lands at %s and its report at %s\n",
+		strings.Join(ds, ", "), catalog.Key(r.name), catalog.ReportMarkdownKey(r.name))
+	return nil
+}

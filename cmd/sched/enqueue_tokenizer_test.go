@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// trainSmall learns a small vocabulary for a command test.
+func trainSmall(t *testing.T, text string) []byte {
+	t.Helper()
+	b, err := tokenizer.Train(context.Background(), []io.Reader{strings.NewReader(text)}, tokenizer.TrainOptions{VocabSize: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func envValue(env []string, key string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// The default request queues one sampling task per dataset of the plan's
+// mixture, each with its weight's part of 2GB.
+func TestEnqueueTokenizerQueuesOneSampleTaskPerDataset(t *testing.T) {
+	r := testsvc.StartRedis(t)
+	env := append(baseEnv(t), "KILN_REDIS_URL="+r.URL(0))
+	out, errOut, code := sched(t, env, "enqueue", "tokenizer", "code-16k")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if n := len(regexp.MustCompile(`queued tokenizer:sample:\S+ on ingest`).FindAllString(out, -1)); n != 3 {
+		t.Fatalf("%d tasks queued, want 3:\n%s", n, out)
+	}
+	if !strings.Contains(out, "tokenizers/code-16k/tokenizer.json") {
+		t.Fatalf("output does not say where the tokenizer lands:\n%s", out)
+	}
+	opt, _ := asynq.ParseRedisURI(r.URL(0))
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	pending, err := insp.ListPendingTasks(scheduler.QueueIngest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, ti := range pending {
+		a, err := scheduler.Decode[scheduler.TokenizerSample](ti.Payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.VocabSize != 16384 || a.TotalBytes != 2e9 || len(a.Mixture) != 3 || a.Previous != scheduler.DefaultTokenizer || a.Seed != 1 {
+			t.Fatalf("payload %+v", a)
+		}
+		got[a.Dataset] = a.Bytes
+	}
+	if got["the-stack-v2"] != 1.4e9 || got["fineweb-edu"] != 4e8 || got["proof-pile-2"] != 2e8 {
+		t.Fatalf("budgets %v", got)
+	}
+	// The same request again finds the queued tasks.
+	out, _, code = sched(t, env, "enqueue", "tokenizer", "code-16k")
+	if code != 0 || strings.Count(out, "already queued as tokenizer:sample:") != 3 || strings.Contains(out, "queued tokenizer:sample") {
+		t.Fatalf("re-enqueue: exit %d\n%s", code, out)
+	}
+}
+
+// Each bad request exits 2 with one line naming what to fix, and queues
+// nothing.
+func TestEnqueueTokenizerRefusals(t *testing.T) {
+	r := testsvc.StartRedis(t)
+	env := append(baseEnv(t), "KILN_REDIS_URL="+r.URL(0))
+	taken := trainSmall(t, "some words for a tokenizer that exists")
+	dir := filepath.Join(envValue(env, "KILN_DATA_DIR"), "tokenizers", "taken")
+	os.MkdirAll(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, "tokenizer.json"), taken, 0o644)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"a/b"}, `tokenizer name "a/b"`},
+		{[]string{"t", "--vocab", "100"}, "--vocab 100: give a vocabulary of 258"},
+		{[]string{"t", "--sample", "lots"}, `--sample: size "lots" is not a positive byte count`},
+		{[]string{"t", "--from", "the-stack-v2"}, `--from: mixture "the-stack-v2": "the-stack-v2" is not dataset=weight`},
+		{[]string{"t", "--from", "the-stack-v2=0.5,nope=0.5"}, `--from: unknown dataset "nope"`},
+		{[]string{"t", "--from", "fineweb-edu=1,proof-pile-2=1e-12", "--sample", "1MB"}, "proof-pile-2's weight 1e-12 of --sample 1MB is no bytes at all"},
+		{[]string{"taken"}, `tokenizer "taken" already exists (`},
+		{[]string{"t", "u"}, "one tokenizer name"},
+	} {
+		_, errOut, code := sched(t, env, append([]string{"enqueue", "tokenizer"}, c.args...)...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 and %q on one line", c.args, code, errOut, c.want)
+		}
+	}
+	opt, _ := asynq.ParseRedisURI(r.URL(0))
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	if ts, _ := insp.ListPendingTasks(scheduler.QueueIngest); len(ts) != 0 {
+		t.Fatalf("refused requests queued %d tasks", len(ts))
+	}
+}
+
+// writeStore makes a one-shard token store with the tokenizer tj.
+func writeStore(t *testing.T, dir string, tj []byte) {
+	t.Helper()
+	tok, err := tokenizer.Parse(tj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eos, _ := tok.EOS()
+	app, err := tokens.OpenAppender(context.Background(), dir, tokens.Tokenizer{Name: "t", SHA256: tok.SHA256(), VocabSize: tok.VocabSize(), EOS: eos}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	var buf bytes.Buffer
+	for _, id := range append(tok.Encode("a document"), eos) {
+		binary.Write(&buf, binary.LittleEndian, uint16(id))
+	}
+	if _, err := app.Append(context.Background(), tokens.ShardInfo{ID: "s"}, &buf); err != nil {
+		t.Fatal(err)
+	}
+}

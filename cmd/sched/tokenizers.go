@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
+)
+
+func init() {
+	var tokensDir string
+	cmd := &cobra.Command{
+		Use:   "tokenizers [name]",
+		Short: "List the tokenizers known, their vocabulary, and the token stores and runs that use each; with a name, print its report",
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return badInput("give at most one tokenizer name (got %d arguments)", len(args))
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			ctx := c.Context()
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			objects, err := openStore(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			cat := catalog.New(objects, cfg.DataDir)
+			if len(args) == 1 {
+				return printTokenizerReport(ctx, c.OutOrStdout(), cat, args[0])
+			}
+			if tokensDir == "" {
+				tokensDir = filepath.Join(cfg.DataDir, "tokens")
+			}
+			return listTokenizers(ctx, c.OutOrStdout(), cat, tokensDir, cfg.Tokenizer)
+		},
+	}
+	cmd.Flags().StringVar(&tokensDir, "tokens-dir", "", "directory of the token stores (default <data dir>/tokens)")
+	rootCmd.AddCommand(cmd)
+}
+
+// listTokenizers prints one line per tokenizer, and then any store made
+// by a tokenizer the catalog does not hold, so that it is noticed.
+func listTokenizers(ctx context.Context, w io.Writer, cat *catalog.Catalog, tokensDir, configured string) error {
+	entries, err := cat.List(ctx)
+	if err != nil {
+		return err
+	}
+	u, err := cat.Usage(ctx, tokensDir)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tVOCAB\tSHA256\tSTORES\tRUNS")
+	known := map[string]bool{}
+	for _, e := range entries {
+		known[e.SHA256] = true
+		name := e.Name
+		if name == configured {
+			name += " (default)"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.12s\t%s\t%s\n", name, e.VocabSize, e.SHA256, joinOrDash(u.Stores[e.SHA256]), joinOrDash(u.Runs[e.SHA256]))
+	}
+	if len(entries) == 0 {
+		fmt.Fprintln(tw, "(none: train one with 'sched enqueue tokenizer <name>' or 'sched tokenizer train')\t\t\t\t")
+	}
+	for _, sha := range slices.Sorted(maps.Keys(u.Stores)) {
+		if !known[sha] {
+			fmt.Fprintf(tw, "(unknown)\t-\t%.12s\t%s\t%s\n", sha, joinOrDash(u.Stores[sha]), joinOrDash(u.Runs[sha]))
+		}
+	}
+	for _, sha := range slices.Sorted(maps.Keys(u.Runs)) {
+		if !known[sha] && u.Stores[sha] == nil {
+			fmt.Fprintf(tw, "(unknown)\t-\t%.12s\t-\t%s\n", sha, joinOrDash(u.Runs[sha]))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, msg := range u.Unreadable {
+		fmt.Fprintf(w, "unreadable store: %s\n", msg)
+	}
+	return nil
+}
+
+func joinOrDash(ss []string) string {
+	if len(ss) == 0 {
+		return "-"
+	}
+	return strings.Join(ss, ",")
+}
+
+func printTokenizerReport(ctx context.Context, w io.Writer, cat *catalog.Catalog, name string) error {
+	e, _, err := cat.Resolve(ctx, name)
+	if err != nil {
+		return err
+	}
+	r, ok, err := cat.GetReport(ctx, name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		fmt.Fprintf(w, "# Tokenizer %s\n\n- vocabulary: %d ids\n- sha256: %s\n- special tokens: %q\n\n(no report: it was not trained by 'sched enqueue tokenizer')\n",
+			e.Name, e.VocabSize, e.SHA256, e.Special)
+		return nil
+	}
+	_, err = io.WriteString(w, r.Markdown())
+	return err
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/tokens"
 )
 
@@ -44,6 +45,11 @@ func OpenMixture(entries []MixtureEntry, mc model.Config, seq int, seed uint64) 
 				e.Store, tk.Name, tk.VocabSize, mc.VocabSize, mc.VocabSize))
 		}
 		m.sources = append(m.sources, tokens.Source{Store: st, Weight: e.Weight})
+		// Stores made by two tokenizers give ids that mean different text.
+		if err := catalog.CheckStores([]catalog.Store{{Store: entries[0].Store, Tokenizer: m.stores[0].Manifest().Tokenizer}, {Store: e.Store, Tokenizer: tk}}); err != nil {
+			m.Close()
+			return nil, err
+		}
 		ev, err := tokens.NewEvalSet(st, m.cfg)
 		if err != nil {
 			m.Close()

@@ -22,10 +22,13 @@ import (
 // process that runs an ingest or append worker sets it once with
 // ConfigureIngest before the worker starts.
 type Ingest struct {
-	// Pipeline does the work. Its Tokenizer defaults to the catalog of
-	// Pipeline.Objects and Pipeline.DataDir, with each name loaded once: a
-	// published name never changes meaning.
+	// Pipeline does the work. Unless its Tokenizer is set, tokenizers come
+	// from Tokenizers, each name loaded once: a published name never
+	// changes meaning.
 	Pipeline ingest.Pipeline
+	// Tokenizers is the tokenizer catalog (default: that of
+	// Pipeline.Objects and Pipeline.DataDir).
+	Tokenizers *catalog.Catalog
 	// Enqueue queues the next steps (required): scheduler.Client.Enqueue.
 	// A *scheduler.DuplicateError means the step is already queued.
 	Enqueue func(ctx context.Context, a scheduler.Args) error
@@ -35,8 +38,11 @@ var ingestCfg atomic.Pointer[Ingest]
 
 // ConfigureIngest installs c for the ingest handlers of this process.
 func ConfigureIngest(c Ingest) {
+	if c.Tokenizers == nil {
+		c.Tokenizers = catalog.New(c.Pipeline.Objects, c.Pipeline.DataDir)
+	}
 	if c.Pipeline.Tokenizer == nil {
-		c.Pipeline.Tokenizer = ingestTokenizers(catalog.New(c.Pipeline.Objects, c.Pipeline.DataDir))
+		c.Pipeline.Tokenizer = ingestTokenizers(c.Tokenizers)
 	}
 	ingestCfg.Store(&c)
 }

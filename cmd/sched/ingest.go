@@ -1,16 +1,22 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 func init() {
@@ -24,16 +30,23 @@ func init() {
 		seed                 uint64
 	)
 	cmd := &cobra.Command{
-		Use:   "ingest <dataset> --direct --store DIR --tokenizer FILE",
-		Short: "Download, tokenize and append a dataset to a token store in this process",
-		Long: `ingest runs the ingest pipeline in one process, without a queue: list the
-dataset's files in a seeded order, download each, tokenize it on all cores and
-append it exactly once to the store; a re-run appends only what is missing.
-<dataset> is a preset (see 'sched datasets') or local:<glob>.`,
+		Use:   "ingest <dataset> [--direct --store DIR --tokenizer FILE]",
+		Short: "Ingest a dataset into a token store: through the queue, or in this process with --direct",
+		Long: `ingest lists the dataset's files in a seeded order, downloads each, tokenizes
+it on all cores and appends it exactly once to a token store; a re-run adds
+only what is missing. <dataset> is a preset (see 'sched datasets') or
+local:<glob>.
+
+Without --direct it queues an ingest:plan: ingest workers (sched worker
+--queues ingest=N) tokenize the files into object storage and the append
+worker (--queues append=1) fills <data dir>/tokens/<store>. --store is then
+the store's name (default: the dataset's) and --tokenizer the name of a
+published tokenizer (default KILN_TOKENIZER). With --direct the whole
+pipeline runs here: --store is a directory and --tokenizer a tokenizer.json.`,
 		Args: exactArgs(1, "one dataset"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if !direct {
-				return badInput("sched ingest runs in one process only with --direct; use 'sched enqueue ingest %s' for the queue", args[0])
+				return enqueueIngest(c, args[0], storeDir, presetsFile, set, maxTokens, maxDisk, maxFiles, seed)
 			}
 			if storeDir == "" || tokPath == "" {
 				return badInput("sched ingest --direct needs --store DIR and --tokenizer FILE")
@@ -101,9 +114,9 @@ append it exactly once to the store; a re-run appends only what is missing.
 	}
 	f := cmd.Flags()
 	f.BoolVar(&direct, "direct", false, "run the pipeline in this process, without the queue")
-	f.StringVar(&storeDir, "store", "", "token store directory")
+	f.StringVar(&storeDir, "store", "", "token store directory (--direct), or the store's name (queue; default: the dataset's name)")
 	f.StringVar(&dataDir, "data-dir", "", "directory for downloads and shard files (default <store>/incoming)")
-	f.StringVar(&tokPath, "tokenizer", "", "tokenizer.json")
+	f.StringVar(&tokPath, "tokenizer", "", "tokenizer.json (--direct), or a published tokenizer's name (queue; default $KILN_TOKENIZER)")
 	f.StringVar(&presetsFile, "presets", "", "YAML file of dataset presets that add to or replace the built-in ones (default $KILN_DATASETS)")
 	f.StringArrayVar(&set, "set", nil, "preset variable, name=a,b (for example language=Python,Go)")
 	f.StringVar(&maxTokens, "max-tokens", "", "stop before the store passes this many tokens (25B, 500M)")
@@ -111,6 +124,79 @@ append it exactly once to the store; a re-run appends only what is missing.
 	f.IntVar(&maxFiles, "max-files", 0, "read at most this many files of the seeded order (0: all)")
 	f.Uint64Var(&seed, "seed", 0, "seed of the file order")
 	rootCmd.AddCommand(cmd)
+}
+
+// enqueueIngest checks the dataset, store name and limits here, where a
+// mistake exits 2 at once, and queues the ingest:plan.
+func enqueueIngest(c *cobra.Command, dataset, storeName, presetsFile string, set []string, maxTokens, maxDisk string, maxFiles int, seed uint64) error {
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return err
+	}
+	limTokens, err := parseCount(maxTokens)
+	if err != nil {
+		return badInput("--max-tokens %q: %v (for example 25B)", maxTokens, err)
+	}
+	limDisk, err := parseBytes(maxDisk)
+	if err != nil {
+		return badInput("--max-disk %q: %v (for example 50G)", maxDisk, err)
+	}
+	presets, err := ingest.Presets(presetsFile)
+	if err != nil {
+		return err
+	}
+	p, err := ingest.LookupPreset(presets, dataset)
+	if err != nil {
+		return err
+	}
+	vars, err := parseSet(set)
+	if err != nil {
+		return err
+	}
+	if _, err := p.WithVars(vars); err != nil {
+		return err
+	}
+	if storeName == "" {
+		if p.Glob != "" {
+			return badInput("a local dataset needs --store NAME, the token store to fill")
+		}
+		storeName = p.Name
+	}
+	if err := ingest.CheckStoreName(storeName); err != nil {
+		return err
+	}
+	return enqueueOne(c, cfg, scheduler.IngestPlan{Dataset: dataset, Store: storeName, Tokenizer: cfg.Tokenizer, Vars: vars,
+		Seed: seed, MaxFiles: maxFiles, MaxTokens: limTokens, MaxDisk: limDisk})
+}
+
+// configureIngestWorker gives this process's ingest handlers what they
+// need: the object store, the hub, a queue client, this machine's scratch
+// directory (<data dir>/ingest) and its token stores (<data dir>/tokens).
+// The returned function releases the queue client.
+func configureIngestWorker(ctx context.Context, cfg scheduler.Config, opt asynq.RedisConnOpt, log *zap.Logger) (func(), error) {
+	objects, err := openStore(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	hc := hub.Environment()
+	if cfg.HFToken != "" {
+		hc.Token = cfg.HFToken
+	}
+	hc.Logger = log
+	h, err := hub.New(hc)
+	if err != nil {
+		return nil, err
+	}
+	swh := ingest.SWHFromEnv()
+	swh.Logger = log
+	q := scheduler.NewClient(opt)
+	worker.ConfigureIngest(worker.Ingest{
+		Pipeline: ingest.Pipeline{Objects: objects, Hub: h, SWH: swh, DataDir: filepath.Join(cfg.DataDir, "ingest"),
+			StoresDir: filepath.Join(cfg.DataDir, "tokens"), Logger: log},
+		Tokenizers: catalog.New(objects, cfg.DataDir),
+		Enqueue:    func(ctx context.Context, a scheduler.Args) error { _, err := q.Enqueue(ctx, a); return err },
+	})
+	return func() { q.Close() }, nil
 }
 
 // parseSet reads --set name=a,b flags.

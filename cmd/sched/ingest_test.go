@@ -7,8 +7,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
 )
 
 func TestIngestDirectLocalThenDatasets(t *testing.T) {
@@ -37,6 +40,69 @@ func TestIngestDirectLocalThenDatasets(t *testing.T) {
 	_, errOut, code = runModelCLI(t, "ingest", "fineweb-edu", "--direct", "--store", dir, "--tokenizer", tok, "--max-tokens", "lots")
 	if code != 2 || !strings.Contains(errOut, "--max-tokens") {
 		t.Fatalf("bad --max-tokens: code %d, %s", code, errOut)
+	}
+}
+
+// `sched ingest` without --direct queues a plan that `sched worker` carries
+// through shards and appends into <data dir>/tokens/<store>; mistakes are
+// refused before anything is queued.
+func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "kiln")
+	tokFile := goldenTokenizerWithEOS(t, dir)
+	b, _ := os.ReadFile(tokFile)
+	// A tokenizer this machine holds in its catalog directory, by name.
+	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
+	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	src := filepath.Join(dir, "src")
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"text":"func g() {}"}`+"\n"), 0o644)
+	env := []string{"KILN_REDIS_URL=" + testsvc.StartRedis(t).URL(0), "KILN_DATA_DIR=" + data}
+	glob := "local:" + filepath.Join(src, "*.jsonl")
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ingest", glob, "--tokenizer", "tk"}, "needs --store"},
+		{[]string{"ingest", "no-such-dataset", "--store", "s"}, `unknown dataset "no-such-dataset"`},
+		{[]string{"ingest", glob, "--store", "a/b"}, `token store name "a/b"`},
+		{[]string{"ingest", glob, "--store", "s", "--max-disk", "big"}, "--max-disk"},
+	} {
+		_, errOut, code := sched(t, env, c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Fatalf("%v: code %d, %q; want exit 2 and one line with %q", c.args, code, errOut, c.want)
+		}
+	}
+
+	out, errOut, code := sched(t, env, "ingest", glob, "--store", "code", "--tokenizer", "tk", "--max-tokens", "1M")
+	if code != 0 || !strings.Contains(out, "queued ingest:plan:") {
+		t.Fatalf("ingest: code %d\n%s\n%s", code, out, errOut)
+	}
+	out, _, code = sched(t, env, "ingest", glob, "--store", "code", "--tokenizer", "tk", "--max-tokens", "1M")
+	if code != 0 || !strings.Contains(out, "already queued") {
+		t.Fatalf("second ingest: code %d\n%s", code, out)
+	}
+	startWorker(t, env, "--queues", "ingest=1,append=1")
+	storeDir := filepath.Join(data, "tokens", "code")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m, err := tokens.ReadManifest(storeDir)
+		if err == nil && len(m.Shards) == 2 {
+			if m.Documents != 3 {
+				t.Fatalf("the store holds %d documents, want 3", m.Documents)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker did not fill %s: %v", storeDir, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	out, _, code = sched(t, env, "datasets", "--stores", filepath.Join(data, "tokens"))
+	if code != 0 || !strings.Contains(out, "code") {
+		t.Fatalf("datasets: code %d\n%s", code, out)
 	}
 }
 

@@ -28,6 +28,13 @@ func init() {
 			q.Close()
 			log := logger(cfg)
 			defer log.Sync()
+			if qs["ingest"] > 0 || qs["append"] > 0 {
+				release, err := configureIngestWorker(c.Context(), cfg, opt, log)
+				if err != nil {
+					return err
+				}
+				defer release()
+			}
 			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
 			if err != nil {
 				return err

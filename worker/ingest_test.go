@@ -39,41 +39,53 @@ const (
 	ingestStore     = "corpus"
 )
 
-// The test binary doubles as an append worker process: with
-// KILN_TEST_APPEND_WORKER set it serves the append queue with the ingest
-// handlers until SIGTERM, so that a test can SIGKILL a real appender.
-// init runs before TestMain, and after every handler registration of the
-// package's non-test files.
+// The test binary doubles as an ingest worker process: with
+// KILN_TEST_INGEST_WORKER set to queues ("append=1") it serves them with the
+// ingest handlers until SIGTERM, so that a test can SIGKILL a real appender
+// and a benchmark can read a real worker's peak RSS. init runs before
+// TestMain, and after every handler registration of the package's non-test
+// files.
 func init() {
-	if os.Getenv("KILN_TEST_APPEND_WORKER") == "" {
+	if os.Getenv("KILN_TEST_INGEST_WORKER") == "" {
 		return
 	}
-	os.Exit(runIngestAppendChild())
+	os.Exit(runIngestChild())
 }
 
-func runIngestAppendChild() int {
+func runIngestChild() int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, err); return 1 }
+	queues, err := ParseQueues(os.Getenv("KILN_TEST_INGEST_WORKER"))
+	if err != nil {
+		return fail(err)
+	}
 	opt, err := asynq.ParseRedisURI(os.Getenv("KILN_TEST_REDIS_URL"))
 	if err != nil {
 		return fail(err)
 	}
-	objects, err := store.NewS3(store.S3Options{Endpoint: os.Getenv("KILN_TEST_S3_ENDPOINT"), Bucket: "kiln",
-		AccessKey: os.Getenv("KILN_TEST_S3_ACCESS"), SecretKey: os.Getenv("KILN_TEST_S3_SECRET")})
+	var st store.Store
+	if dir := os.Getenv("KILN_TEST_OBJECTS_DIR"); dir != "" {
+		st, err = store.NewLocal(dir)
+	} else {
+		st, err = store.NewS3(store.S3Options{Endpoint: os.Getenv("KILN_TEST_S3_ENDPOINT"), Bucket: "kiln",
+			AccessKey: os.Getenv("KILN_TEST_S3_ACCESS"), SecretKey: os.Getenv("KILN_TEST_S3_SECRET")})
+	}
 	if err != nil {
 		return fail(err)
 	}
-	var st store.Store = objects
 	if d, err := time.ParseDuration(os.Getenv("KILN_TEST_READ_DELAY")); err == nil && d > 0 {
-		st = ingestSlowReads{objects, d}
+		st = ingestSlowReads{st, d}
 	}
 	log, _ := zap.NewDevelopment()
+	if os.Getenv("KILN_TEST_QUIET") != "" {
+		log = zap.NewNop()
+	}
 	c := scheduler.NewClient(opt)
 	defer c.Close()
 	ConfigureIngest(Ingest{
 		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log},
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
 	})
-	w, err := New(Params{Redis: opt, Queues: map[string]int{scheduler.QueueAppend: 1}, ShutdownGrace: 10 * time.Second,
+	w, err := New(Params{Redis: opt, Queues: queues, ShutdownGrace: 10 * time.Second,
 		Logger: log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		return fail(err)
@@ -479,7 +491,7 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 	storesDir, appendData := t.TempDir(), t.TempDir()
 	child := func(delay string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "KILN_TEST_APPEND_WORKER=1", "KILN_TEST_REDIS_URL="+e.url,
+		cmd.Env = append(os.Environ(), "KILN_TEST_INGEST_WORKER=append=1", "KILN_TEST_REDIS_URL="+e.url,
 			"KILN_TEST_S3_ENDPOINT="+e.s3.Endpoint, "KILN_TEST_S3_ACCESS="+e.s3.AccessKey, "KILN_TEST_S3_SECRET="+e.s3.SecretKey,
 			"KILN_TEST_STORES="+storesDir, "KILN_TEST_DATA="+appendData, "KILN_TEST_READ_DELAY="+delay)
 		logf, err := os.Create(filepath.Join(t.TempDir(), "append-worker.log"))

@@ -1,0 +1,303 @@
+package worker
+
+import (
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/parquet-go/parquet-go"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// benchEnvInt reads a size from the environment, or def.
+func benchEnvInt(b *testing.B, name string, def int64) int64 {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive number of bytes", name, v)
+	}
+	return n
+}
+
+// benchTokenizer is the golden gpt2-style tokenizer (the one the
+// tokenizer's own benchmarks and the comparison with HF tokenizers use)
+// with <|endoftext|> added after its vocabulary, so that it can fill a store.
+func benchTokenizer(b *testing.B) []byte {
+	f, err := os.Open("../tokenizer/testdata/gpt2-style.tokenizer.json.gz")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.NewDecoder(zr).Decode(&doc); err != nil {
+		b.Fatal(err)
+	}
+	vocab := len(doc["model"].(map[string]any)["vocab"].(map[string]any))
+	doc["added_tokens"] = []any{map[string]any{"id": vocab, "content": "<|endoftext|>", "single_word": false, "lstrip": false,
+		"rstrip": false, "normalized": false, "special": true}}
+	out, err := json.Marshal(doc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return out
+}
+
+// benchCorpus is the tokenizer's test texts (English, Go, Python), about
+// 1 MB, the material the generated files are cut from.
+func benchCorpus(b *testing.B) string {
+	var all strings.Builder
+	for _, name := range []string{"english", "go", "python"} {
+		f, err := os.Open("../tokenizer/testdata/" + name + ".txt.gz")
+		if err != nil {
+			b.Fatal(err)
+		}
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.Copy(&all, zr); err != nil {
+			b.Fatal(err)
+		}
+		f.Close()
+	}
+	return all.String()
+}
+
+// writeBenchFiles writes zstd-compressed parquet files of about fileBytes
+// of text each, total bytes in all, as the hub's datasets ship them: 4 to
+// 12 KB documents cut from the corpus at shifting offsets, so pages do not
+// repeat, in row groups of 4096 rows.
+func writeBenchFiles(b *testing.B, dir string, total, fileBytes int64) {
+	corpus := benchCorpus(b)
+	off := 0
+	for n, written := 0, int64(0); written < total; n++ {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("part-%04d.parquet", n)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		w := parquet.NewGenericWriter[ingestRow](f, parquet.Compression(&parquet.Zstd), parquet.MaxRowsPerRowGroup(4096))
+		var rows []ingestRow
+		for inFile := int64(0); inFile < fileBytes && written < total; {
+			size := 4096 + (off*7919)%8192
+			if off+size > len(corpus) {
+				off = (off + 4099) % 8192
+			}
+			text := corpus[off : off+size]
+			off += size + 1
+			rows = append(rows, ingestRow{text})
+			inFile += int64(size)
+			written += int64(size)
+			if len(rows) == 1024 {
+				if _, err := w.Write(rows); err != nil {
+					b.Fatal(err)
+				}
+				rows = rows[:0]
+			}
+		}
+		if _, err := w.Write(rows); err != nil {
+			b.Fatal(err)
+		}
+		if err := w.Close(); err != nil {
+			b.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkIngestThroughTheQueue compares ingest of local parquet files end
+// to end through the queue (a real redis-server; plan, shard and append
+// tasks in one worker process; shard token files through the object store)
+// with the tokenizer's own throughput on the same documents, and reports
+// the worker process's peak RSS.
+//
+//	KILN_INGEST_BENCH_BYTES       text to ingest (default 64 MiB; the target is >= 1 GB)
+//	KILN_INGEST_BENCH_FILE_BYTES  text per parquet file (default 32 MiB)
+//	KILN_INGEST_BENCH_DIR         keep the generated files here between runs
+//	KILN_INGEST_BENCH_OBJECTS     "local" for the directory object store, else versitygw
+//
+// Metrics: text-MB/s through the queue, tokenizer-MB/s (EncodeBatch over the
+// same documents, 8 MiB batches, reading excluded), pct-of-tokenizer, and
+// worker-peak-RSS-MiB.
+func BenchmarkIngestThroughTheQueue(b *testing.B) {
+	total := benchEnvInt(b, "KILN_INGEST_BENCH_BYTES", 64<<20)
+	fileBytes := benchEnvInt(b, "KILN_INGEST_BENCH_FILE_BYTES", 32<<20)
+	dir := os.Getenv("KILN_INGEST_BENCH_DIR")
+	if dir == "" {
+		dir = b.TempDir()
+	}
+	dir = filepath.Join(dir, fmt.Sprintf("%d-%d", total, fileBytes))
+	if _, err := os.Stat(filepath.Join(dir, "done")); err != nil {
+		os.RemoveAll(dir)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		writeBenchFiles(b, dir, total, fileBytes)
+		os.WriteFile(filepath.Join(dir, "done"), nil, 0o644)
+	}
+	glob := filepath.Join(dir, "*.parquet")
+	tokJSON := benchTokenizer(b)
+	tok, err := tokenizer.Parse(tokJSON)
+	if err != nil {
+		b.Fatal(err)
+	}
+
+	tokSecs, textBytes := tokenizerAlone(b, tok, glob)
+	b.ReportMetric(float64(textBytes)/1e6/tokSecs, "tokenizer-MB/s")
+
+	for i := 0; i < b.N; i++ {
+		secs, rss, st := ingestOnce(b, tokJSON, glob)
+		b.ReportMetric(float64(textBytes)/1e6/secs, "text-MB/s")
+		b.ReportMetric(100*tokSecs/secs, "pct-of-tokenizer")
+		b.ReportMetric(float64(rss)/(1<<20), "worker-peak-RSS-MiB")
+		b.ReportMetric(float64(st.Tokens)/secs/1e6, "Mtok/s")
+		b.Logf("%d MB of text in %d files: %d tokens; queue %.1fs, tokenizer alone %.1fs; worker peak RSS %d MiB; GOMAXPROCS %d",
+			textBytes/1e6, len(mustGlob(b, glob)), st.Tokens, secs, tokSecs, rss>>20, runtime.GOMAXPROCS(0))
+	}
+}
+
+func mustGlob(b *testing.B, glob string) []string {
+	m, err := filepath.Glob(glob)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m
+}
+
+// tokenizerAlone times EncodeBatch over every document of the files, in
+// the batches WriteShard makes, with the reading outside the clock.
+func tokenizerAlone(b *testing.B, tok *tokenizer.Tokenizer, glob string) (secs float64, textBytes int64) {
+	var elapsed time.Duration
+	for _, path := range mustGlob(b, glob) {
+		src, err := ingest.Open(context.Background(), path, ingest.OpenOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var batch []string
+		size := 0
+		flush := func() {
+			start := time.Now()
+			tok.EncodeBatch(batch)
+			elapsed += time.Since(start)
+			batch, size = batch[:0], 0
+		}
+		err = ingest.Drain(context.Background(), src, func(d ingest.Document) error {
+			batch = append(batch, d.Text)
+			size += len(d.Text)
+			textBytes += int64(len(d.Text))
+			if size >= ingest.BatchBytes {
+				flush()
+			}
+			return nil
+		})
+		src.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		flush()
+	}
+	return elapsed.Seconds(), textBytes
+}
+
+// ingestOnce runs one ingest of glob through the queue in a worker process
+// of its own and returns the seconds from enqueue to the last commit, the
+// worker's peak RSS, and the store's status.
+func ingestOnce(b *testing.B, tokJSON []byte, glob string) (float64, int64, ingest.StoreStatus) {
+	redis := testsvc.StartRedis(b)
+	opt, err := asynq.ParseRedisURI(redis.URL(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := scheduler.NewClient(opt)
+	defer c.Close()
+	tmp := b.TempDir()
+	env := []string{"KILN_TEST_INGEST_WORKER=ingest=1,append=1", "KILN_TEST_QUIET=1", "KILN_TEST_REDIS_URL=" + redis.URL(0),
+		"KILN_TEST_STORES=" + filepath.Join(tmp, "stores"), "KILN_TEST_DATA=" + filepath.Join(tmp, "data")}
+	var objects store.Store
+	if os.Getenv("KILN_INGEST_BENCH_OBJECTS") == "local" {
+		dir := filepath.Join(tmp, "objects")
+		objects, err = store.NewLocal(dir)
+		env = append(env, "KILN_TEST_OBJECTS_DIR="+dir)
+	} else {
+		s3 := testsvc.S3(b)
+		objects, err = store.NewS3(store.S3Options{Endpoint: s3.Endpoint, Bucket: "kiln", AccessKey: s3.AccessKey, SecretKey: s3.SecretKey})
+		env = append(env, "KILN_TEST_S3_ENDPOINT="+s3.Endpoint, "KILN_TEST_S3_ACCESS="+s3.AccessKey, "KILN_TEST_S3_SECRET="+s3.SecretKey)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := catalog.New(objects, filepath.Join(tmp, "publisher")).Publish(ctx, "bench-bpe", tokJSON); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+
+	files := len(mustGlob(b, glob))
+	start := time.Now()
+	if _, err := c.Enqueue(ctx, scheduler.IngestPlan{Dataset: "local:" + glob, Store: "bench", Tokenizer: "bench-bpe"}); err != nil {
+		b.Fatal(err)
+	}
+	pipe := ingest.Pipeline{Objects: objects}
+	var st ingest.StoreStatus
+	for {
+		st, err = pipe.Status(ctx, "bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(st.Done) == files {
+			break
+		}
+		if cmd.ProcessState != nil {
+			b.Fatal("the worker exited")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	secs := time.Since(start).Seconds()
+	if st.Shards != files {
+		b.Fatalf("%d of %d files appended", st.Shards, files)
+	}
+	if _, err := tokens.ReadManifest(filepath.Join(tmp, "stores", "bench")); err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		b.Fatalf("worker exit: %v", err)
+	}
+	rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10 // KiB on Linux
+	return secs, rss, st
+}

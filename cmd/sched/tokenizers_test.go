@@ -2,14 +2,28 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/hibiken/asynq"
+	"github.com/klauspost/compress/zstd"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 // `sched tokenizers` lists each tokenizer with the stores and runs that use
@@ -63,4 +77,149 @@ func TestTokenizersCommand(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, `tokenizer "missing" is not known (known: kiln-bpe, other)`) {
 		t.Fatalf("unknown name: exit %d, %q", code, errOut)
 	}
+}
+
+// The CLI path on a mixed local corpus (code files, prose in JSON lines,
+// maths in zstd JSON lines): `sched enqueue tokenizer` queues the samples,
+// a worker configured as `sched worker` configures it samples and trains,
+// and `sched tokenizers <name>` prints the compression per source beside
+// the configured tokenizer's.
+func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
+	ctx := context.Background()
+	r := testsvc.StartRedis(t)
+	env := append(baseEnv(t), "KILN_REDIS_URL="+r.URL(0))
+	data := envValue(env, "KILN_DATA_DIR")
+	corpus := t.TempDir()
+	code := chunkText(gz(t, "go.txt.gz")+gz(t, "python.txt.gz"), 1500)
+	os.MkdirAll(filepath.Join(corpus, "code"), 0o755)
+	for i, c := range code[:120] {
+		os.WriteFile(filepath.Join(corpus, "code", fmt.Sprintf("%03d.py", i)), []byte(c), 0o644)
+	}
+	prose := gz(t, "english.txt.gz")
+	os.MkdirAll(filepath.Join(corpus, "prose"), 0o755)
+	var pj bytes.Buffer
+	for _, p := range chunkText(prose, 400) {
+		b, _ := json.Marshal(map[string]string{"text": p})
+		pj.Write(append(b, '\n'))
+	}
+	os.WriteFile(filepath.Join(corpus, "prose", "web.jsonl"), pj.Bytes(), 0o644)
+	os.MkdirAll(filepath.Join(corpus, "maths"), 0o755)
+	var mz bytes.Buffer
+	zw, _ := zstd.NewWriter(&mz)
+	for n := range 300 {
+		doc := fmt.Sprintf("\\begin{lemma} Let $f \\colon [0,%d] \\to \\mathbb{R}$ with $|f'(x)| \\le %d$. Then $\\int_0^{%d} f(x)\\,dx \\le %d \\sup_{x} |f(x)|$. \\end{lemma}\n\\begin{proof} Since $\\sum_{k=1}^{n} k^{%d} = O(n^{%d})$, the claim follows. \\end{proof}\n",
+			n%9+1, n%4+1, n%9+1, n%9+1, n%3+1, n%3+2)
+		b, _ := json.Marshal(map[string]string{"text": doc})
+		zw.Write(append(b, '\n'))
+	}
+	zw.Close()
+	os.WriteFile(filepath.Join(corpus, "maths", "arxiv.jsonl.zst"), mz.Bytes(), 0o644)
+
+	// The configured tokenizer (kiln-bpe by default) knows prose only.
+	objects, err := store.NewLocal(filepath.Join(data, "objects"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat := catalog.New(objects, data)
+	prev, err := tokenizer.Train(ctx, []io.Reader{strings.NewReader(prose)}, tokenizer.TrainOptions{VocabSize: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cat.Publish(ctx, scheduler.DefaultTokenizer, prev); err != nil {
+		t.Fatal(err)
+	}
+
+	codeDS, proseDS, mathsDS := "local:"+filepath.Join(corpus, "code", "*.py"), "local:"+filepath.Join(corpus, "prose", "*.jsonl"), "local:"+filepath.Join(corpus, "maths", "*.jsonl.zst")
+	out, errOut, code2 := sched(t, env, "enqueue", "tokenizer", "mixed", "--vocab", "1024", "--sample", "80KB",
+		"--from", codeDS+"=0.6,"+proseDS+"=0.25,"+mathsDS+"=0.15")
+	if code2 != 0 {
+		t.Fatalf("enqueue: exit %d: %s", code2, errOut)
+	}
+	t.Log(out)
+
+	cfg := scheduler.Config{RedisURL: r.URL(0), DataDir: data}.WithDefaults()
+	opt, _ := asynq.ParseRedisURI(cfg.RedisURL)
+	release, err := configureTokenizerWorker(ctx, cfg, opt, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1}, ProgressEvery: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { cancel(); <-done }()
+
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if _, ok, _ := cat.GetReport(ctx, "mixed"); ok {
+			break
+		}
+		arch, _ := insp.ListArchivedTasks(scheduler.QueueIngest)
+		arch2, _ := insp.ListArchivedTasks(scheduler.QueueAppend)
+		for _, a := range append(arch, arch2...) {
+			t.Errorf("archived %s: %s", a.Type, a.LastErr)
+		}
+		if t.Failed() || time.Now().After(deadline) {
+			t.Fatal("no report of tokenizer mixed")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	rep, _, _ := cat.GetReport(ctx, "mixed")
+	for _, s := range rep.Sources {
+		if s.Previous == nil || s.Documents == 0 {
+			t.Fatalf("source %s: %+v", s.Source, s)
+		}
+		if s.Source != proseDS && s.BytesPerToken <= s.Previous.BytesPerToken {
+			t.Errorf("%s: mixed %.3f bytes/token, kiln-bpe %.3f", s.Source, s.BytesPerToken, s.Previous.BytesPerToken)
+		}
+	}
+	out, errOut, code2 = sched(t, env, "tokenizers", "mixed")
+	if code2 != 0 || strings.Count(out, "| local:") != 3 || !strings.Contains(out, "kiln-bpe bytes/token") || !strings.Contains(out, "vocabulary: 1024 ids") {
+		t.Fatalf("sched tokenizers mixed: exit %d %s\n%s", code2, errOut, out)
+	}
+	t.Logf("\n%s", out)
+	out, _, _ = sched(t, env, "tokenizers")
+	if !regexp.MustCompile(`(?m)^mixed\s+1024\s`).MatchString(out) || !regexp.MustCompile(`(?m)^kiln-bpe \(default\)\s+1024\s`).MatchString(out) {
+		t.Fatalf("sched tokenizers:\n%s", out)
+	}
+}
+
+func gz(t *testing.T, name string) string {
+	t.Helper()
+	f, err := os.Open(filepath.Join("..", "..", "tokenizer", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// chunkText cuts text into documents of about n bytes at line ends.
+func chunkText(text string, n int) []string {
+	var out []string
+	for len(text) > 0 {
+		cut := min(n, len(text))
+		if i := strings.IndexByte(text[cut:], '\n'); i >= 0 {
+			cut += i + 1
+		} else {
+			cut = len(text)
+		}
+		out = append(out, text[:cut])
+		text = text[cut:]
+	}
+	return out
 }

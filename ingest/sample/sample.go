@@ -162,7 +162,10 @@ var errFileDone = errors.New("file share taken")
 
 func (w *writer) readFile(ctx context.Context, rev string, f hub.File) error {
 	local := f.Path
-	if w.opt.Hub != nil {
+	if w.opt.Preset.Repo != "" {
+		if w.opt.Hub == nil {
+			return fmt.Errorf("dataset %s is on the hub (%s) but no hub client was given", w.opt.Preset.Name, w.opt.Preset.Repo)
+		}
 		dst, err := ingest.SafeJoin(filepath.Join(w.opt.TempDir, "raw"), f.Path)
 		if err != nil {
 			return err
@@ -216,7 +219,7 @@ func (w *writer) readFile(ctx context.Context, rev string, f hub.File) error {
 func (w *writer) heldOut(id string) bool {
 	h := fnv.New64a()
 	h.Write([]byte(strconv.FormatUint(w.opt.Seed, 10) + "\x00held\x00" + id))
-	return float64(h.Sum64()>>11)/float64(1<<53) < w.heldFrac
+	return float64(mix64(h.Sum64())>>11)/float64(1<<53) < w.heldFrac
 }
 
 type heldLine struct {
@@ -263,4 +266,17 @@ func ReadHeldOut(r io.Reader) ([]string, error) {
 		}
 		out = append(out, l.Text)
 	}
+}
+
+// mix64 is splitmix64's finalizer. FNV-1a alone leaves the top bits of ids
+// that differ only at the end ("file#17", "file#18") nearly equal, which
+// held out no document of a JSON lines file at all; the finalizer spreads
+// every input bit over every output bit.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
 }

@@ -251,3 +251,18 @@ func TestCutUTF8(t *testing.T) {
 		}
 	}
 }
+
+// Ids that differ only in their last characters, as a JSON lines file's
+// do, are held out at the asked rate.
+func TestHeldOutRateOnSimilarIDs(t *testing.T) {
+	w := &writer{opt: Options{Seed: 1}, heldFrac: 0.2}
+	held := 0
+	for i := range 1000 {
+		if w.heldOut(fmt.Sprintf("/tmp/data/arxiv.jsonl.zst#%d", i)) {
+			held++
+		}
+	}
+	if held < 150 || held > 250 {
+		t.Fatalf("%d of 1000 held out, want about 200", held)
+	}
+}

@@ -199,9 +199,9 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	}
 	fitRun(&run, o.Duration, stepTime)
 	res.TotalSteps = run.TotalSteps
-	stage("train: model tiny (%.2fM parameters) on the %s engine, %d steps of %d tokens (about %v at %.2fs a step)",
+	stage("train: model tiny (%.2fM parameters) on the %s engine, %d steps of %d tokens (about %v at %v a step)",
 		float64(model.Presets["tiny"].NumParams())/1e6, engineName, run.TotalSteps, run.TokensPerStep(),
-		(time.Duration(run.TotalSteps) * stepTime).Round(time.Second), stepTime.Seconds())
+		(time.Duration(run.TotalSteps) * stepTime).Round(time.Second), stepTime.Round(10*time.Microsecond))
 
 	// A demo trains afresh each time; only its own run is cleared.
 	runRoot := filepath.Join(o.Dir, "runs")

@@ -1,0 +1,32 @@
+package catalog
+
+import (
+	"context"
+	"testing"
+
+	"github.com/kiln-lm/kiln/tokenizer"
+)
+
+// BenchmarkMeasure is the report's cost per held-out byte with a previous
+// tokenizer to compare (two encodes of every document). Bytes/s is
+// held-out text measured.
+func BenchmarkMeasure(b *testing.B) {
+	code, prose := gunzip(b, "go.txt.gz")+gunzip(b, "python.txt.gz"), gunzip(b, "english.txt.gz")
+	maths := mathsCorpus(2, 3000)
+	data := train(b, 4096, code, prose, maths)
+	tok, err := tokenizer.Parse(data)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prevTok, _ := tokenizer.Parse(train(b, 2048, prose))
+	e := entryOf("bench", "", tok)
+	pe := entryOf("prev", "", prevTok)
+	held := []HeldOut{{"code", docs(code, 2000)}, {"prose", docs(prose, 2000)}, {"maths", docs(maths, 2000)}}
+	b.SetBytes(int64(len(code) + len(prose) + len(maths)))
+	b.ResetTimer()
+	for range b.N {
+		if _, err := Measure(context.Background(), e, tok, &pe, prevTok, held); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

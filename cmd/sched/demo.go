@@ -52,6 +52,9 @@ type demoOptions struct {
 	// training reads well under a million tokens.
 	TokenizerBytes int64
 	MaxTokens      int64
+	// MinSteps is the shortest run, whatever the duration. Default 40: the
+	// loss needs that many to fall.
+	MinSteps int
 	// Quiet turns off the progress display (tests).
 	Quiet bool
 	Log   *zap.Logger
@@ -72,6 +75,9 @@ func (o demoOptions) withDefaults() demoOptions {
 	}
 	if o.MaxTokens == 0 {
 		o.MaxTokens = 3_000_000
+	}
+	if o.MinSteps == 0 {
+		o.MinSteps = 40
 	}
 	if o.Log == nil {
 		o.Log = zap.NewNop()
@@ -197,11 +203,11 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	if err != nil {
 		return res, err
 	}
-	fitRun(&run, o.Duration, stepTime)
+	fitRun(&run, o.Duration, stepTime, o.MinSteps)
 	res.TotalSteps = run.TotalSteps
 	stage("train: model tiny (%.2fM parameters) on the %s engine, %d steps of %d tokens (about %v at %v a step)",
 		float64(model.Presets["tiny"].NumParams())/1e6, engineName, run.TotalSteps, run.TokensPerStep(),
-		(time.Duration(run.TotalSteps) * stepTime).Round(time.Second), stepTime.Round(10*time.Microsecond))
+		(time.Duration(run.TotalSteps) * stepTime).Round(time.Second), stepTime.Round(time.Millisecond))
 
 	// A demo trains afresh each time; only its own run is cleared.
 	runRoot := filepath.Join(o.Dir, "runs")
@@ -442,12 +448,12 @@ func calibrate(ctx context.Context, rc trainer.RunConfig) (time.Duration, string
 	return time.Since(start) / 2 * 5 / 4, eng.Name(), nil
 }
 
-// fitRun sizes the demo run to d at stepTime per step: at least 40 steps
-// (the loss needs them to fall), evaluations on about 12 points of the
+// fitRun sizes the demo run to d at stepTime per step, at least minSteps,
+// with evaluations on about 12 points of the
 // curve (each costs about two thirds of a step), warmup a tenth of the
 // run, and a segment bound of twice d in case the machine slows down.
-func fitRun(r *runs.Run, d, stepTime time.Duration) {
-	steps := max(int(d/max(stepTime, time.Millisecond)), 40)
+func fitRun(r *runs.Run, d, stepTime time.Duration, minSteps int) {
+	steps := max(int(d/max(stepTime, time.Millisecond)), minSteps)
 	r.TotalSteps, r.TotalTokens = steps, 0
 	r.Warmup = min(r.Warmup, max(steps/10, 1))
 	r.EvalEvery = max(steps/12, 1)

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The demo end to end on a small corpus (300k tokens of the standard
+// library) and a short run: tokenizer, ingest, training through the in-process
+// queue, results, plot and sample. The two-minute run and its loss drop
+// are recorded in docs/benchmarks/demo.md.
+func TestDemoRunsThePipeline(t *testing.T) {
+	dir := t.TempDir()
+	var out bytes.Buffer
+	res, err := runDemo(context.Background(), &out, demoOptions{
+		Dir: dir, Files: filepath.Join(runtime.GOROOT(), "src", "*", "*.go"), Duration: 5 * time.Second,
+		Engine: "cpu", TokenizerBytes: 256 << 10, MaxTokens: 300_000, MinSteps: 15, Quiet: true,
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if res.TotalSteps < 15 || res.CorpusTokens <= 0 {
+		t.Fatalf("run of %d steps on %d tokens", res.TotalSteps, res.CorpusTokens)
+	}
+	f := res.Figures
+	if !f.HaveEval || f.FirstEvalLoss < 7 || f.FinalEvalLoss >= f.FirstEvalLoss || f.Steps < res.TotalSteps-5 {
+		t.Fatalf("figures %+v", f)
+	}
+	svg, err := os.ReadFile(res.PlotPath)
+	if err != nil || !bytes.Contains(svg, []byte("<svg")) {
+		t.Fatalf("plot %s: %v", res.PlotPath, err)
+	}
+	md, err := os.ReadFile(res.SummaryPath)
+	if err != nil || !bytes.Contains(md, []byte("| sane generation ")) {
+		t.Fatalf("summary %s: %v\n%s", res.SummaryPath, err, md)
+	}
+	if !strings.HasPrefix(res.Sample, "package main\n\nimport (\n") || len(res.Sample) < 100 {
+		t.Fatalf("sample %q", res.Sample)
+	}
+	var printed bytes.Buffer
+	printDemo(&printed, res)
+	for _, want := range []string{"| first eval loss", "eval loss fell from", res.PlotPath, "a sample from the final checkpoint"} {
+		if !strings.Contains(printed.String(), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, printed.String())
+		}
+	}
+	if !strings.Contains(out.String(), "==> train: model tiny") {
+		t.Errorf("progress output:\n%s", out.String())
+	}
+}
+
+func TestDemoBadInput(t *testing.T) {
+	t.Parallel()
+	_, errOut, code := sched(t, nil, "demo", "--dir", t.TempDir(), "--files", filepath.Join(t.TempDir(), "*.nothing"))
+	if code != 2 || !strings.Contains(errOut, "matches no files") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Fatalf("exit %d, %q", code, errOut)
+	}
+	_, errOut, code = sched(t, nil, "demo", "--duration", "-1m")
+	if code != 2 || !strings.Contains(errOut, "--duration") {
+		t.Fatalf("exit %d, %q", code, errOut)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -89,6 +90,17 @@ func runIngestChild() int {
 		Logger: log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		return fail(err)
+	}
+	if path := os.Getenv("KILN_TEST_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return fail(err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fail(err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

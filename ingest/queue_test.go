@@ -1,0 +1,111 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+func TestShardObjectIsOneSafeKeyPerShard(t *testing.T) {
+	ids := []string{"owner/corpus/data/a.parquet", "owner/corpus/data/b.parquet", "local:/data/*.parquet//data/a.parquet", "owner/x/../../../etc/passwd"}
+	seen := map[string]bool{}
+	for _, id := range ids {
+		key := ShardObject("code", id)
+		if !strings.HasPrefix(key, ShardPrefix("code")) || strings.Contains(strings.TrimPrefix(key, ShardPrefix("code")), "/") ||
+			strings.Contains(key, "..") || seen[key] {
+			t.Fatalf("ShardObject(%q) = %q: want one new key, one element under %s", id, key, ShardPrefix("code"))
+		}
+		seen[key] = true
+		if ShardObject("code", id) != key {
+			t.Fatal("the key of a shard must not change between attempts")
+		}
+	}
+	for _, bad := range []string{"", "a/b", "..", ".hidden", "two words", `back\slash`} {
+		if err := CheckStoreName(bad); err == nil || !strings.Contains(err.Error(), "token store name") {
+			t.Errorf("CheckStoreName(%q) = %v", bad, err)
+		}
+	}
+	if err := CheckStoreName("the-stack-v2_py.1"); err != nil {
+		t.Error(err)
+	}
+}
+
+// A retried append records a shard's skipped documents once, and a whole
+// file skipped is recorded once, whatever the retries.
+func TestRecordSkipsOnceAcrossRetries(t *testing.T) {
+	ctx := context.Background()
+	tok := testTokenizer(t)
+	eos, _ := tok.EOS()
+	dir := t.TempDir()
+	app, err := tokens.OpenAppender(ctx, dir, tokens.Tokenizer{Name: "t", SHA256: tok.SHA256(), VocabSize: tok.VocabSize(), EOS: eos}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	shard := tokens.Encode(nil, tokens.Uint16, []uint32{5, 6, eos})
+	if _, err := app.Append(ctx, tokens.ShardInfo{ID: "s1"}, bytes.NewReader(shard)); err != nil {
+		t.Fatal(err)
+	}
+	skips := Skips{SkipInvalidUTF8: 3, SkipEmptyDocument: 1}
+	for range 2 {
+		if err := RecordSkips(ctx, app, tokens.Skipped{ID: "s1", Source: "a.parquet"}, skips); err != nil {
+			t.Fatal(err)
+		}
+		if err := app.Skip(ctx, tokens.Skipped{ID: "bad", Reason: "corrupt-file: not parquet"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := app.Skip(ctx, tokens.Skipped{ID: "s1", Reason: "corrupt-file: x"}); err == nil {
+		t.Fatal("an appended shard was recorded as skipped whole")
+	}
+	m := app.Manifest()
+	got := map[string]int64{}
+	for _, s := range m.Skipped {
+		got[s.ID+" "+s.Reason] += max(s.Count, 1)
+	}
+	want := map[string]int64{"s1 invalid-utf8": 3, "s1 empty-document": 1, "bad corrupt-file: not parquet": 1}
+	if len(got) != len(want) {
+		t.Fatalf("skipped = %+v", m.Skipped)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("skipped = %+v; want %s counted %d", m.Skipped, k, v)
+		}
+	}
+}
+
+// The status is what planning and shard workers see of a store they do not
+// hold; a store never appended to has the zero status.
+func TestStatusOfAStore(t *testing.T) {
+	ctx := context.Background()
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Pipeline{Objects: objects}
+	st, err := p.Status(ctx, "none")
+	if err != nil || st.Tokens != 0 || len(st.Done) != 0 {
+		t.Fatalf("status of a new store: %+v %v", st, err)
+	}
+	m := tokens.Manifest{Dtype: tokens.Uint16, Tokens: 10, Documents: 2,
+		Shards:  []tokens.Shard{{ID: "b", Tokens: 4}, {ID: "a", Tokens: 6}},
+		Skipped: []tokens.Skipped{{ID: "c", Reason: "empty-file: x"}, {ID: "a", Reason: "invalid-utf8", Count: 2}}}
+	if _, err := p.publishStatus(ctx, "s", m); err != nil {
+		t.Fatal(err)
+	}
+	st, err = p.Status(ctx, "s")
+	if err != nil || st.Tokens != 10 || st.Bytes != 20 || st.Shards != 2 || strings.Join(st.Done, ",") != "a,b,c" {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+	l := Limits{MaxTokens: 10}
+	if msg := l.reached("s", st); !strings.Contains(msg, "--max-tokens is 10") {
+		t.Fatalf("limit message %q", msg)
+	}
+	if msg := (Limits{MaxDisk: 21}).reached("s", st); msg != "" {
+		t.Fatalf("below --max-disk: %q", msg)
+	}
+}

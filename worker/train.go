@@ -37,6 +37,9 @@ type Training struct {
 	Dir, TokensDir string
 	// Owner names this worker in run locks. Default host:pid.
 	Owner string
+	// LockTTL is the run lock's lease: how long a run stays locked after its
+	// worker dies. Default 30s.
+	LockTTL time.Duration
 	// UploadGrace bounds the checkpoint upload after SIGTERM; keep it below
 	// the worker's shutdown grace. Default 60s.
 	UploadGrace time.Duration
@@ -83,7 +86,7 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 	rep := Progress(ctx)
 	out, err := segment.Run(ctx, segment.Params{
 		Run: run, Dir: t.Dir, TokensDir: t.TokensDir, Objects: t.Objects, Redis: t.Redis, Owner: t.Owner,
-		UploadGrace: t.UploadGrace, Tokenizer: tok, OpenData: t.OpenData, Sample: t.Sample, Log: log,
+		LockTTL: t.LockTTL, UploadGrace: t.UploadGrace, Tokenizer: tok, OpenData: t.OpenData, Sample: t.Sample, Log: log,
 		Progress: func(step, total int, m *trainer.Metrics) {
 			if m == nil || total <= 0 {
 				return

@@ -1,0 +1,289 @@
+package segment_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
+	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/kiln-lm/kiln/trainer/segment"
+	"github.com/kiln-lm/kiln/worker"
+)
+
+// TestMain doubles as a GPU worker process: with KILN_E2E_WORKER=1 the test
+// binary serves the gpu queue with the real train:segment handler until
+// it is killed, so the end-to-end test can SIGKILL a real worker.
+func TestMain(m *testing.M) {
+	if os.Getenv("KILN_E2E_WORKER") == "1" {
+		os.Exit(e2eWorker())
+	}
+	os.Exit(m.Run())
+}
+
+func e2eWorker() int {
+	env := os.Getenv
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "e2e worker:", err); return 1 }
+	set, err := runs.Load(env("KILN_E2E_RUNS"))
+	if err != nil {
+		return fail(err)
+	}
+	objects, err := store.NewS3(store.S3Options{Endpoint: env("KILN_E2E_S3"), Bucket: "kiln", AccessKey: env("KILN_E2E_S3_ACCESS"), SecretKey: env("KILN_E2E_S3_SECRET")})
+	if err != nil {
+		return fail(err)
+	}
+	opt := asynq.RedisClientOpt{Addr: env("KILN_E2E_REDIS")}
+	client := scheduler.NewClient(opt)
+	defer client.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: env("KILN_E2E_REDIS")})
+	defer rdb.Close()
+	log, _ := zap.NewDevelopment()
+	worker.ConfigureTraining(worker.Training{
+		Redis: rdb, Objects: objects, Runs: set, Dir: env("KILN_E2E_DIR"), TokensDir: env("KILN_E2E_TOKENS"),
+		Owner: env("KILN_E2E_NAME"), LockTTL: 2 * time.Second, Log: log,
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := client.Enqueue(ctx, a); return err },
+	})
+	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: log,
+		Name: env("KILN_E2E_NAME"), DelayedTaskCheckInterval: 200 * time.Millisecond})
+	if err != nil {
+		return fail(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	if err := w.Run(ctx); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+const e2eRuns = `
+e2e:
+  model: tiny
+  seq: 32
+  batch: 2
+  accumulate: 1
+  lr: 2.0e-3
+  warmup: 4
+  total_steps: 48
+  eval_every: 4
+  eval_batches: 1
+  checkpoint_every: 4
+  log_every: 1
+  seed: 9
+  engine: cpu
+  precision: fp32
+  tokenizer: e2e-512
+  mixture: [{store: go-strings, weight: 1}]
+  retention: {keep_last: 2, keep_every: 5}
+ref:
+  from: e2e
+`
+
+// The issue's end-to-end run on a real Redis and versitygw: ingest local
+// files and append them to a token store, train the tiny model on the CPU
+// through the queue with checkpoints in S3, SIGKILL the worker, and a new
+// worker on a fresh disk resumes from the last checkpoint in S3 and
+// finishes with exactly the losses of an uninterrupted run.
+func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("SIGKILL of a child process is exercised on linux")
+	}
+	ctx := context.Background()
+	rs := testsvc.StartRedis(t)
+	s3 := testsvc.S3(t)
+	objects, err := store.NewS3(store.S3Options{Endpoint: s3.Endpoint, Bucket: "kiln", AccessKey: s3.AccessKey, SecretKey: s3.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	runsFile := filepath.Join(work, "runs.yaml")
+	if err := os.WriteFile(runsFile, []byte(e2eRuns), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// Ingest (local) -> append: a tokenizer learned from the strings and
+	// bytes packages, then their sources appended to a token store.
+	glob := filepath.Join(runtime.GOROOT(), "src", "[bs]*", "*.go")
+	files, _ := filepath.Glob(glob)
+	var inputs []io.Reader
+	for _, f := range files[:min(len(files), 40)] {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inputs = append(inputs, bytes.NewReader(b))
+	}
+	tokJSON, err := tokenizer.Train(ctx, inputs, tokenizer.TrainOptions{VocabSize: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := tokenizer.Parse(tokJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := objects.Put(ctx, "tokenizers/e2e-512/tokenizer.json", bytes.NewReader(tokJSON), int64(len(tokJSON))); err != nil {
+		t.Fatal(err)
+	}
+	preset, err := ingest.LookupPreset(nil, ingest.LocalPrefix+glob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokensDir := filepath.Join(work, "tokens")
+	rep, err := ingest.Direct(ctx, ingest.DirectOptions{Preset: preset, Tokenizer: tok, TokenizerName: "e2e-512",
+		StoreDir: filepath.Join(tokensDir, "go-strings"), DataDir: filepath.Join(work, "ingest"), Seed: 1, MaxTokens: 400_000})
+	if err != nil || rep.Appended == 0 {
+		t.Fatalf("ingest: %+v %v", rep, err)
+	}
+
+	// The uninterrupted reference, in this process, on the same store.
+	set, err := runs.Load(runsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := set.Get("ref")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	defer rdb.Close()
+	want := map[int]float64{}
+	if out, err := segment.Run(ctx, segment.Params{Run: ref, Dir: filepath.Join(work, "ref"), TokensDir: tokensDir, Redis: rdb,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if m != nil {
+				want[m.Step] = m.Loss
+			}
+		}}); err != nil || !out.Done {
+		t.Fatalf("reference run: %+v %v", out, err)
+	}
+
+	client := scheduler.NewClient(asynq.RedisClientOpt{Addr: rs.Addr})
+	defer client.Close()
+	start := func(name string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "KILN_E2E_WORKER=1", "KILN_E2E_NAME="+name, "KILN_E2E_RUNS="+runsFile,
+			"KILN_E2E_REDIS="+rs.Addr, "KILN_E2E_S3="+s3.Endpoint, "KILN_E2E_S3_ACCESS="+s3.AccessKey, "KILN_E2E_S3_SECRET="+s3.SecretKey,
+			"KILN_E2E_DIR="+filepath.Join(work, name), "KILN_E2E_TOKENS="+tokensDir)
+		logf, err := os.Create(filepath.Join(work, name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			logf.Close()
+			if t.Failed() {
+				b, _ := os.ReadFile(logf.Name())
+				t.Logf("%s log:\n%s", name, b)
+			}
+		})
+		return cmd
+	}
+
+	// Worker A trains until two checkpoints are complete in S3, then dies.
+	a := start("gpu-a")
+	if _, err := client.Enqueue(ctx, scheduler.TrainSegment{Run: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		steps, err := segment.RemoteSteps(ctx, objects, "e2e")
+		if err == nil && len(steps) > 0 && steps[len(steps)-1] >= 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint at step 8 in S3 within 3 minutes (have %v, %v)", steps, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Wait()
+	steps, err := segment.RemoteSteps(ctx, objects, "e2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := steps[len(steps)-1]
+	if last >= 48 {
+		t.Fatalf("the run finished before the worker was killed; nothing was tested")
+	}
+
+	// Worker B, on another disk, takes over once A's lock lease runs out.
+	start("gpu-b")
+	if _, err := client.Enqueue(ctx, scheduler.TrainSegment{Run: "e2e", FromStep: int64(last), TotalSteps: 48}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(3 * time.Minute)
+	for rdb.HGet(ctx, segment.StateKey("e2e"), "done").Val() != "true" {
+		if time.Now().After(deadline) {
+			t.Fatalf("run not done within 3 minutes after the restart; state %v", rdb.HGetAll(ctx, segment.StateKey("e2e")).Val())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b, err := os.ReadFile(filepath.Join(work, "gpu-b.log"))
+	if err != nil || !strings.Contains(string(b), "resuming from object storage") {
+		t.Errorf("worker B did not resume from object storage:\n%s", b)
+	}
+
+	// Every step's loss equals the uninterrupted run's: those before the
+	// kill trained by A, those after it by B from A's last checkpoint.
+	r, err := objects.Get(ctx, segment.ResultsPrefix("e2e")+results.MetricsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := results.ReadMetrics(r)
+	r.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]float64{}
+	for _, rec := range recs {
+		if rec.Loss != nil {
+			got[rec.Step] = *rec.Loss
+		}
+	}
+	for step := 1; step <= 48; step++ {
+		if g, ok := got[step]; !ok || g != want[step] {
+			t.Errorf("step %d: loss %v (logged %v), uninterrupted %v", step, g, ok, want[step])
+		}
+	}
+	if recs[0].Step != 0 || recs[0].EvalLoss == nil {
+		t.Errorf("no step-0 evaluation: %+v", recs[0])
+	}
+	// Results and plot are present; retention kept the last two checkpoints
+	// and every fifth (step 20 and 40).
+	for _, name := range []string{results.SummaryFile, results.PlotFile} {
+		if _, err := objects.Stat(ctx, segment.ResultsPrefix("e2e")+name); err != nil {
+			t.Errorf("results/e2e/%s: %v", name, err)
+		}
+	}
+	steps, err = segment.RemoteSteps(ctx, objects, "e2e")
+	if err != nil || fmt.Sprint(steps) != "[20 40 44 48]" {
+		t.Errorf("checkpoints in S3 %v (%v), want [20 40 44 48]", steps, err)
+	}
+	t.Logf("worker killed after step %d was in S3; resumed from it", last)
+}

@@ -1,0 +1,104 @@
+package segment
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RunState is a run's progress as its segments record it in Redis (the
+// hash at StateKey), for `sched status`.
+type RunState struct {
+	Run         string
+	Step, Total int
+	Tokens      int64
+	Loss        float64
+	TokPerS     float64
+	// ETA is the time left at the last logged throughput (0 unknown).
+	ETA time.Duration
+	// Checkpoint is the step of the newest checkpoint marked complete in
+	// object storage (-1 none yet), written at CheckpointAt.
+	Checkpoint   int
+	CheckpointAt time.Time
+	Worker       string
+	Updated      time.Time
+	Wall         time.Duration
+	Done         bool
+}
+
+// ReadRunStates returns every run that has recorded progress, by name.
+func ReadRunStates(ctx context.Context, rdb redis.UniversalClient) ([]RunState, error) {
+	var out []RunState
+	iter := rdb.Scan(ctx, 0, "kiln:run:*:state", 100).Iterator()
+	for iter.Next(ctx) {
+		key := iter.Val()
+		run := strings.TrimSuffix(strings.TrimPrefix(key, "kiln:run:"), ":state")
+		h, err := rdb.HGetAll(ctx, key).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read state of run %s: %w", run, err)
+		}
+		out = append(out, parseState(run, h))
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("list runs: %w", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Run < out[j].Run })
+	return out, nil
+}
+
+func parseState(run string, h map[string]string) RunState {
+	s := RunState{Run: run, Checkpoint: -1, Worker: h["worker"], Done: h["done"] == "true"}
+	s.Step, _ = strconv.Atoi(h["step"])
+	s.Total, _ = strconv.Atoi(h["total"])
+	s.Tokens, _ = strconv.ParseInt(h["tokens"], 10, 64)
+	s.Loss, _ = strconv.ParseFloat(h["loss"], 64)
+	s.TokPerS, _ = strconv.ParseFloat(h["tok_per_s"], 64)
+	if v, err := strconv.ParseFloat(h["eta_s"], 64); err == nil {
+		s.ETA = time.Duration(v) * time.Second
+	}
+	if v, err := strconv.ParseFloat(h["wall_s"], 64); err == nil {
+		s.Wall = time.Duration(v * float64(time.Second))
+	}
+	if v, err := strconv.Atoi(h["checkpoint"]); err == nil {
+		s.Checkpoint = v
+	}
+	s.CheckpointAt, _ = time.Parse(time.RFC3339, h["checkpoint_at"])
+	s.Updated, _ = time.Parse(time.RFC3339, h["updated"])
+	return s
+}
+
+// String is the run's one-line status: step/total, loss, tok/s, ETA and
+// last checkpoint.
+func (s RunState) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: step %d/%d", s.Run, s.Step, s.Total)
+	if s.Loss > 0 {
+		fmt.Fprintf(&b, ", loss %.4f", s.Loss)
+	}
+	if s.TokPerS > 0 {
+		fmt.Fprintf(&b, ", %.0f tok/s", s.TokPerS)
+	}
+	switch {
+	case s.Done:
+		b.WriteString(", done")
+	case s.ETA > 0:
+		fmt.Fprintf(&b, ", ETA %s", s.ETA.Round(time.Minute))
+	}
+	if s.Checkpoint >= 0 {
+		fmt.Fprintf(&b, ", last checkpoint step %d", s.Checkpoint)
+		if !s.CheckpointAt.IsZero() {
+			fmt.Fprintf(&b, " at %s", s.CheckpointAt.Format(time.RFC3339))
+		}
+	} else {
+		b.WriteString(", no checkpoint yet")
+	}
+	if s.Worker != "" && !s.Done {
+		fmt.Fprintf(&b, " (worker %s)", s.Worker)
+	}
+	return b.String()
+}

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -99,15 +100,20 @@ ref:
   from: e2e
 `
 
-// The issue's end-to-end run on a real Redis and versitygw: ingest local
-// files and append them to a token store, train the tiny model on the CPU
-// through the queue with checkpoints in S3, SIGKILL the worker, and a new
-// worker on a fresh disk resumes from the last checkpoint in S3 and
-// finishes with exactly the losses of an uninterrupted run.
-func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("SIGKILL of a child process is exercised on linux")
-	}
+// e2e is the shared setup of the end-to-end tests: real servers, a token
+// store made by local ingest, the uninterrupted reference losses, and a way
+// to start worker processes.
+type e2e struct {
+	ctx     context.Context
+	objects store.Store
+	rdb     *redis.Client
+	client  *scheduler.Client
+	start   func(name string) *exec.Cmd
+	want    map[int]float64
+	work    string
+}
+
+func newE2E(t *testing.T) *e2e {
 	ctx := context.Background()
 	rs := testsvc.StartRedis(t)
 	s3 := testsvc.S3(t)
@@ -165,7 +171,7 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-	defer rdb.Close()
+	t.Cleanup(func() { rdb.Close() })
 	want := map[int]float64{}
 	if out, err := segment.Run(ctx, segment.Params{Run: ref, Dir: filepath.Join(work, "ref"), TokensDir: tokensDir, Redis: rdb,
 		Progress: func(step, total int, m *trainer.Metrics) {
@@ -177,7 +183,7 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 	}
 
 	client := scheduler.NewClient(asynq.RedisClientOpt{Addr: rs.Addr})
-	defer client.Close()
+	t.Cleanup(func() { client.Close() })
 	start := func(name string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "KILN_E2E_WORKER=1", "KILN_E2E_NAME="+name, "KILN_E2E_RUNS="+runsFile,
@@ -203,22 +209,26 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 		return cmd
 	}
 
+	return &e2e{ctx: ctx, objects: objects, rdb: rdb, client: client, start: start, want: want, work: work}
+}
+
+// The issue's end-to-end run on a real Redis and versitygw: ingest local
+// files and append them to a token store, train the tiny model on the CPU
+// through the queue with checkpoints in S3, SIGKILL the worker, and a new
+// worker on a fresh disk resumes from the last checkpoint in S3 and
+// finishes with exactly the losses of an uninterrupted run.
+func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("SIGKILL of a child process is exercised on linux")
+	}
+	e := newE2E(t)
+	ctx, objects, client, start, want := e.ctx, e.objects, e.client, e.start, e.want
 	// Worker A trains until two checkpoints are complete in S3, then dies.
 	a := start("gpu-a")
 	if _, err := client.Enqueue(ctx, scheduler.TrainSegment{Run: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		steps, err := segment.RemoteSteps(ctx, objects, "e2e")
-		if err == nil && len(steps) > 0 && steps[len(steps)-1] >= 8 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no checkpoint at step 8 in S3 within 3 minutes (have %v, %v)", steps, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	e.waitRemote(t, "e2e", 8)
 	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -237,35 +247,14 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 	if _, err := client.Enqueue(ctx, scheduler.TrainSegment{Run: "e2e", FromStep: int64(last), TotalSteps: 48}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(3 * time.Minute)
-	for rdb.HGet(ctx, segment.StateKey("e2e"), "done").Val() != "true" {
-		if time.Now().After(deadline) {
-			t.Fatalf("run not done within 3 minutes after the restart; state %v", rdb.HGetAll(ctx, segment.StateKey("e2e")).Val())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	b, err := os.ReadFile(filepath.Join(work, "gpu-b.log"))
-	if err != nil || !strings.Contains(string(b), "resuming from object storage") {
+	e.waitDone(t, "e2e")
+	if b := e.log("gpu-b"); !strings.Contains(b, "resuming from object storage") {
 		t.Errorf("worker B did not resume from object storage:\n%s", b)
 	}
 
 	// Every step's loss equals the uninterrupted run's: those before the
 	// kill trained by A, those after it by B from A's last checkpoint.
-	r, err := objects.Get(ctx, segment.ResultsPrefix("e2e")+results.MetricsFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs, err := results.ReadMetrics(r)
-	r.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[int]float64{}
-	for _, rec := range recs {
-		if rec.Loss != nil {
-			got[rec.Step] = *rec.Loss
-		}
-	}
+	recs, got := e.losses(t, "e2e")
 	for step := 1; step <= 48; step++ {
 		if g, ok := got[step]; !ok || g != want[step] {
 			t.Errorf("step %d: loss %v (logged %v), uninterrupted %v", step, g, ok, want[step])
@@ -286,4 +275,96 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 		t.Errorf("checkpoints in S3 %v (%v), want [20 40 44 48]", steps, err)
 	}
 	t.Logf("worker killed after step %d was in S3; resumed from it", last)
+}
+
+// SIGTERM, as `docker compose down` sends, stops the worker at the next
+// step boundary with a checkpoint that is uploaded before it exits; the
+// segment is re-queued and the next worker continues from exactly there.
+func TestEndToEndGracefulStopLosesNoStep(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("signals to a child process are exercised on linux")
+	}
+	e := newE2E(t)
+	a := e.start("gpu-a")
+	if _, err := e.client.Enqueue(e.ctx, scheduler.TrainSegment{Run: "e2e"}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRemote(t, "e2e", 4)
+	if err := a.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Wait(); err != nil {
+		t.Fatalf("worker A did not exit cleanly on SIGTERM: %v\n%s", err, e.log("gpu-a"))
+	}
+	stopped, _ := strconv.Atoi(e.rdb.HGet(e.ctx, segment.StateKey("e2e"), "step").Val())
+	steps, err := segment.RemoteSteps(e.ctx, e.objects, "e2e")
+	if err != nil || len(steps) == 0 || steps[len(steps)-1] != stopped || stopped >= 48 {
+		t.Fatalf("stopped at step %d; checkpoints in S3 %v (%v): the stop must checkpoint and upload that very step", stopped, steps, err)
+	}
+	// The interrupted segment is queued again, and B (another disk) runs it.
+	e.start("gpu-b")
+	e.waitDone(t, "e2e")
+	if b := e.log("gpu-b"); !strings.Contains(b, fmt.Sprintf(`"step": %d`, stopped)) || !strings.Contains(b, "resuming from object storage") {
+		t.Errorf("worker B did not resume from step %d in object storage:\n%s", stopped, b)
+	}
+	_, got := e.losses(t, "e2e")
+	for step := 1; step <= 48; step++ {
+		if got[step] != e.want[step] {
+			t.Errorf("step %d: loss %v, uninterrupted %v", step, got[step], e.want[step])
+		}
+	}
+}
+
+func (e *e2e) log(name string) string {
+	b, _ := os.ReadFile(filepath.Join(e.work, name+".log"))
+	return string(b)
+}
+
+// losses reads the run's metrics from results/<run>/ in S3.
+func (e *e2e) losses(t *testing.T, run string) ([]results.Record, map[int]float64) {
+	t.Helper()
+	r, err := e.objects.Get(e.ctx, segment.ResultsPrefix(run)+results.MetricsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := results.ReadMetrics(r)
+	r.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int]float64{}
+	for _, rec := range recs {
+		if rec.Loss != nil {
+			got[rec.Step] = *rec.Loss
+		}
+	}
+	return recs, got
+}
+
+// waitRemote waits for a complete checkpoint at step >= min in S3.
+func (e *e2e) waitRemote(t *testing.T, run string, min int) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		steps, err := segment.RemoteSteps(e.ctx, e.objects, run)
+		if err == nil && len(steps) > 0 && steps[len(steps)-1] >= min {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint at step %d in S3 within 3 minutes (have %v, %v)", min, steps, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitDone waits for the run's state to say done.
+func (e *e2e) waitDone(t *testing.T, run string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for e.rdb.HGet(e.ctx, segment.StateKey(run), "done").Val() != "true" {
+		if time.Now().After(deadline) {
+			t.Fatalf("run not done within 3 minutes; state %v", e.rdb.HGetAll(e.ctx, segment.StateKey(run)).Val())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
 )
 
 // Objects is the object store a segment pushes to and pulls from: S3 in
@@ -119,6 +121,16 @@ func Push(ctx context.Context, obj Objects, lock *Lock, run, dir string) (Marker
 		}
 		m.Files[name] = n
 	}
+	// The run's metrics up to this step go with it, so that a worker that
+	// resumes from here on another disk continues the whole history.
+	if hist, err := metricsUpTo(filepath.Join(filepath.Dir(dir), results.MetricsFile), st.Step); err != nil {
+		return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run, err)
+	} else if hist != nil {
+		if err := obj.Put(ctx, prefix+results.MetricsFile, bytes.NewReader(hist), int64(len(hist))); err != nil {
+			return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run, err)
+		}
+		m.Files[results.MetricsFile] = int64(len(hist))
+	}
 	if lock != nil {
 		if err := lock.Check(ctx); err != nil {
 			return m, fmt.Errorf("push checkpoint step %d of run %s: not marking it complete: %w", st.Step, run, err)
@@ -148,6 +160,29 @@ func putFile(ctx context.Context, obj Objects, key, path string) (int64, error) 
 		return 0, err
 	}
 	return fi.Size(), nil
+}
+
+// metricsUpTo returns the complete lines of the metrics file at path whose
+// step is at most step, or nil when there is no such file.
+func metricsUpTo(path string, step int) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []byte
+	for _, line := range bytes.SplitAfter(b, []byte("\n")) {
+		var r struct {
+			Step *int `json:"step"`
+		}
+		if !bytes.HasSuffix(line, []byte("\n")) || json.Unmarshal(line, &r) != nil || r.Step == nil || *r.Step > step {
+			continue
+		}
+		out = append(out, line...)
+	}
+	return out, nil
 }
 
 // Pull downloads the complete checkpoint of step into root/step-NNNNNNN,

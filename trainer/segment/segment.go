@@ -237,6 +237,12 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	default:
 	}
 	rerr := p.writeResults(context.WithoutCancel(ctx), dir, rc, out, log)
+	// The segment's last word on the run, however it ended: where it
+	// stopped, and "done" to tell a waiting `sched demo` (and `sched
+	// status`) that the results are final.
+	done := out.Done && terr == nil && uerr == nil && rerr == nil
+	p.writeState(context.WithoutCancel(ctx), lock, rc, trainer.Metrics{Step: res.Step, Tokens: res.Tokens}, out.Wall,
+		map[string]string{"done": strconv.FormatBool(done)}, log)
 	if terr != nil {
 		return out, terr
 	}
@@ -246,10 +252,6 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if rerr != nil {
 		return out, rerr
 	}
-	// The segment's last word on the run: "done" tells a waiting
-	// `sched demo` (and `sched status`) that results are final.
-	p.writeState(context.WithoutCancel(ctx), lock, rc, trainer.Metrics{Step: res.Step, Tokens: res.Tokens}, out.Wall,
-		map[string]string{"done": strconv.FormatBool(out.Done)}, log)
 	return out, nil
 }
 
@@ -364,15 +366,14 @@ func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
 	}
 	switch {
 	case remote > local:
-		if _, err := Pull(ctx, p.Objects, p.Run.Name, remote, dir); err != nil {
+		pulled, err := Pull(ctx, p.Objects, p.Run.Name, remote, dir)
+		if err != nil {
 			return 0, "", err
 		}
-		metrics := filepath.Join(dir, results.MetricsFile)
-		if _, err := os.Stat(metrics); errors.Is(err, os.ErrNotExist) {
-			if _, err := getFile(ctx, p.Objects, ResultsPrefix(p.Run.Name)+results.MetricsFile, metrics); err != nil {
-				p.Log.Warn("no metrics to continue from in object storage", zap.String("run", p.Run.Name), zap.Error(err))
-				os.Remove(metrics)
-			}
+		// The checkpoint carries the run's metrics up to its step: the
+		// history continues from there, whatever this disk held.
+		if err := os.Rename(filepath.Join(pulled, results.MetricsFile), filepath.Join(dir, results.MetricsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return 0, "", fmt.Errorf("restore metrics of run %s: %w", p.Run.Name, err)
 		}
 		p.Log.Info("resuming from object storage", zap.String("run", p.Run.Name), zap.Int("step", remote))
 		return remote, "object storage", nil

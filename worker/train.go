@@ -1,10 +1,13 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
@@ -47,6 +51,9 @@ type Training struct {
 	OpenData func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error)
 	// Sample generates a finished run's sample for its generation gate.
 	Sample func(ctx context.Context, checkpoint string) ([]int32, string, error)
+	// Bench measures one shape for bench:run: the GPU bench routine of
+	// `sched bench`. Without it bench:run is archived as unavailable.
+	Bench func(ctx context.Context, s runs.Shape, engine string) (results.BenchRow, error)
 	// Log receives the segment's logs. Default zap.NewNop().
 	Log *zap.Logger
 }
@@ -58,6 +65,92 @@ func ConfigureTraining(t Training) { training.Store(&t) }
 
 func init() {
 	Register(trainSegment)
+	Register(benchRun)
+}
+
+// BenchKey is where bench:run keeps its rows, one JSON object per line;
+// `sched results bench` prints them as a table.
+const BenchKey = "results/bench/sweep.jsonl"
+
+// benchRun measures the sweep ("sweep", or Sweep set) or one model preset
+// and appends a row per shape to results/bench/sweep.jsonl, each as soon as
+// it is measured, so that a sweep cut short keeps what it measured. A shape
+// that fails (out of memory) is recorded with its error and the sweep goes
+// on.
+func benchRun(ctx context.Context, a scheduler.BenchRun) error {
+	t := training.Load()
+	if t == nil || t.Bench == nil {
+		return &UnavailableError{Kind: scheduler.KindBenchRun}
+	}
+	var shapes []runs.Shape
+	switch {
+	case a.Sweep == "sweep" || (a.Sweep == "" && a.Model == "sweep"):
+		shapes = runs.Sweep()
+	case a.Sweep != "":
+		return fmt.Errorf("bench:run: unknown sweep %q: the one sweep is \"sweep\" (%w)", a.Sweep, asynq.SkipRetry)
+	default:
+		// A model alone is measured at the sweep's preset shape, 32 x 1024,
+		// unless the payload's params say otherwise.
+		sh := runs.Shape{Model: a.Model, Batch: 32, Seq: 1024}
+		for k, p := range map[string]*int{"batch": &sh.Batch, "seq": &sh.Seq} {
+			if v, ok := a.Params[k]; ok {
+				n, err := strconv.Atoi(v)
+				if err != nil || n < 1 {
+					return fmt.Errorf("bench:run: %s %q is not a positive number (%w)", k, v, asynq.SkipRetry)
+				}
+				*p = n
+			}
+		}
+		if _, err := sh.Config(); err != nil {
+			return fmt.Errorf("bench:run: %w (%w)", err, asynq.SkipRetry)
+		}
+		shapes = []runs.Shape{sh}
+	}
+	rep := Progress(ctx)
+	for i, sh := range shapes {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rep.Report(ctx, float64(i)/float64(len(shapes)), 0, "", "measuring "+sh.String())
+		row, err := t.Bench(ctx, sh, a.Engine)
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			c, _ := sh.Config()
+			row = results.BenchRow{Model: sh.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: sh.Batch, Seq: sh.Seq, Error: err.Error()}
+		}
+		if err := appendBenchRow(ctx, t.Objects, row); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// appendBenchRow adds one row to BenchKey. Only the GPU worker writes it
+// (queue gpu, concurrency 1), so read-modify-write needs no lock.
+func appendBenchRow(ctx context.Context, obj store.Store, row results.BenchRow) error {
+	var buf bytes.Buffer
+	r, err := obj.Get(ctx, BenchKey)
+	switch {
+	case err == nil:
+		_, err = io.Copy(&buf, r)
+		r.Close()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", BenchKey, err)
+		}
+	case !errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("read %s: %w", BenchKey, err)
+	}
+	line, err := json.Marshal(row)
+	if err != nil {
+		return err
+	}
+	buf.Write(append(line, '\n'))
+	if err := obj.Put(ctx, BenchKey, bytes.NewReader(buf.Bytes()), int64(buf.Len())); err != nil {
+		return fmt.Errorf("write %s: %w", BenchKey, err)
+	}
+	return nil
 }
 
 // trainSegment trains one segment of a run and, unless the run is done or

@@ -13,6 +13,7 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
@@ -139,5 +140,81 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 	ts := e.waitFor(id, 30*time.Second, "archived", state("archived"))
 	if !strings.Contains(ts.LastErr, `unknown run "no-such-run"`) || !strings.Contains(ts.LastErr, "pilot") {
 		t.Fatalf("archived with %q; want the unknown run named and the choices listed", ts.LastErr)
+	}
+}
+
+// cpuBench measures a shape with the CPU engine: two timed steps on random
+// ids, the way `sched bench` measures on the GPU.
+func cpuBench(ctx context.Context, s runs.Shape, engine string) (results.BenchRow, error) {
+	c, err := s.Config()
+	if err != nil {
+		return results.BenchRow{}, err
+	}
+	eng, err := model.NewEngine("cpu", c, model.Options{Precision: "fp32", MaxBatch: s.Batch, MaxSeq: s.Seq})
+	if err != nil {
+		return results.BenchRow{}, err
+	}
+	defer eng.Close()
+	if err := eng.SetParams(model.InitParams(c, 1)); err != nil {
+		return results.BenchRow{}, err
+	}
+	n := s.Batch * s.Seq
+	b := model.Batch{B: s.Batch, T: s.Seq, Inputs: make([]int32, n), Targets: make([]int32, n)}
+	for i := range b.Inputs {
+		b.Inputs[i], b.Targets[i] = int32(i%c.VocabSize), int32((i*7)%c.VocabSize)
+	}
+	start := time.Now()
+	for i := 0; i < 2; i++ {
+		if err := eng.ZeroGrad(); err != nil {
+			return results.BenchRow{}, err
+		}
+		if err := eng.ForwardBackward(b, 1); err != nil {
+			return results.BenchRow{}, err
+		}
+		if err := eng.Step(model.AdamW{LR: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}); err != nil {
+			return results.BenchRow{}, err
+		}
+	}
+	return results.BenchRow{Model: s.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: s.Batch, Seq: s.Seq,
+		TokPerSec: float64(2*n) / time.Since(start).Seconds(), PeakMemory: eng.Memory().PeakAllocated, GPUIdle: true, Device: "cpu"}, nil
+}
+
+func TestBenchRunAppendsRows(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(), Bench: cpuBench,
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	for _, seq := range []string{"16", "32"} {
+		id := e.enqueue(scheduler.BenchRun{Model: "tiny", Engine: "cpu", Params: map[string]string{"batch": "1", "seq": seq}})
+		e.waitFor(id, time.Minute, "completed", state("completed"))
+	}
+	r, err := objects.Get(context.Background(), BenchKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := results.ReadBench(r)
+	r.Close()
+	if err != nil || len(rows) != 2 || rows[0].Seq != 16 || rows[1].Seq != 32 || rows[0].TokPerSec <= 0 || rows[0].Vocab != 4096 {
+		t.Fatalf("rows %+v %v", rows, err)
+	}
+	id := e.enqueue(scheduler.BenchRun{Sweep: "nonsense"})
+	if ts := e.waitFor(id, 30*time.Second, "archived", state("archived")); !strings.Contains(ts.LastErr, `unknown sweep "nonsense"`) {
+		t.Fatalf("unknown sweep archived with %q", ts.LastErr)
+	}
+	id = e.enqueue(scheduler.BenchRun{Model: "tiny", Params: map[string]string{"batch": "many"}})
+	if ts := e.waitFor(id, 30*time.Second, "archived", state("archived")); !strings.Contains(ts.LastErr, `batch "many"`) {
+		t.Fatalf("bad batch archived with %q", ts.LastErr)
 	}
 }

@@ -13,11 +13,12 @@ import (
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/segment"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 // BenchResultsKey is where bench:run appends its rows, one JSON object per
 // line (results.BenchRow), and where `sched results bench` reads them.
-const BenchResultsKey = "results/bench/sweep.jsonl"
+const BenchResultsKey = worker.BenchKey
 
 func init() {
 	rootCmd.AddCommand(&cobra.Command{

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -34,7 +35,9 @@ type Training struct {
 	Objects store.Store
 	// Enqueue queues the next segment (required): scheduler.Client.Enqueue.
 	Enqueue func(ctx context.Context, a scheduler.Args) error
-	// Runs resolves a payload's run name (required): runs.Load's result.
+	// Runs resolves a payload's run name. Default: the embedded presets
+	// with the runs file named by KILN_RUNS applied, read per task so that
+	// an edited file takes effect at the next segment.
 	Runs runs.Set
 	// Dir is the local run root (checkpoints, metrics); TokensDir the root
 	// of the mixture's token stores.
@@ -161,7 +164,14 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 	if t == nil {
 		return fmt.Errorf("train:segment: this worker was started without training configured (%w)", asynq.SkipRetry)
 	}
-	run, err := t.Runs.Get(a.Run)
+	set := t.Runs
+	if set == nil {
+		var err error
+		if set, err = runs.Load(os.Getenv("KILN_RUNS")); err != nil {
+			return fmt.Errorf("train:segment: KILN_RUNS: %w (%w)", err, asynq.SkipRetry)
+		}
+	}
+	run, err := set.Get(a.Run)
 	if err != nil {
 		return fmt.Errorf("train:segment: %w (%w)", err, asynq.SkipRetry)
 	}

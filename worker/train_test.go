@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -140,6 +142,20 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 	ts := e.waitFor(id, 30*time.Second, "archived", state("archived"))
 	if !strings.Contains(ts.LastErr, `unknown run "no-such-run"`) || !strings.Contains(ts.LastErr, "pilot") {
 		t.Fatalf("archived with %q; want the unknown run named and the choices listed", ts.LastErr)
+	}
+	// Without Runs, the runs file named by KILN_RUNS is read per task; a
+	// broken one archives the task with the file's error.
+	bad := filepath.Join(t.TempDir(), "runs.yaml")
+	if err := os.WriteFile(bad, []byte("pilot:\n  learning_rate: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KILN_RUNS", bad)
+	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Dir: t.TempDir(),
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
+	id = e.enqueue(scheduler.TrainSegment{Run: "pilot"})
+	ts = e.waitFor(id, 30*time.Second, "archived", state("archived"))
+	if !strings.Contains(ts.LastErr, "KILN_RUNS") || !strings.Contains(ts.LastErr, "learning_rate") {
+		t.Fatalf("archived with %q; want the runs file's error", ts.LastErr)
 	}
 }
 

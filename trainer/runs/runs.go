@@ -136,7 +136,7 @@ func Load(path string) (Set, error) {
 func (s Set) Get(name string) (Run, error) {
 	r, ok := s[name]
 	if !ok {
-		return Run{}, inputError{fmt.Errorf("unknown run %q: choose one of %s, or define it in a runs file (--runs)", name, strings.Join(s.Names(), ", "))}
+		return Run{}, inputError{fmt.Errorf("unknown run %q: choose one of %s, or define it in a runs file (KILN_RUNS)", name, strings.Join(s.Names(), ", "))}
 	}
 	r.RunConfig = r.RunConfig.WithDefaults()
 	if err := r.Validate(); err != nil {

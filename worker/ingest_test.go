@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -377,6 +378,30 @@ func TestIngestThroughTheQueue(t *testing.T) {
 	wantFiles := ingest.Skips{ingest.SkipCorruptFile: 2, ingest.SkipEmptyFile: 1, ingest.SkipUnsafePath: 1}
 	if files.String() != wantFiles.String() || docs.String() != (ingest.Skips{ingest.SkipInvalidUTF8: 4}).String() {
 		t.Fatalf("skipped files %v (want %v), documents %v (want invalid-utf8=4); manifest: %+v", files, wantFiles, docs, m.Skipped)
+	}
+
+	// Each skipped file is reported by its shard task, with the reason.
+	insp := asynq.NewInspector(e.opt)
+	defer insp.Close()
+	done, err := insp.ListCompletedTasks(scheduler.QueueIngest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reported := map[string]bool{}
+	for _, ti := range done {
+		if ts, err := e.c.Task(context.Background(), ti.ID); err == nil {
+			reported[ts.Progress.Message] = true
+		}
+	}
+	for _, want := range []string{"data/corrupt.parquet skipped (corrupt-file)", "data/truncated.jsonl.zst skipped (corrupt-file)",
+		"data/empty.parquet skipped (empty-file)", "data/x/../../../escape.parquet skipped (unsafe-path)", "skipped documents: invalid-utf8=1"} {
+		found := false
+		for msg := range reported {
+			found = found || strings.Contains(msg, want)
+		}
+		if !found {
+			t.Errorf("no shard task reported %q; reports: %q", want, slices.Collect(maps.Keys(reported)))
+		}
 	}
 
 	// Nothing waits in object storage or in the shard worker's directory.

@@ -11,9 +11,13 @@ import (
 func newS3(t *testing.T) (store.Store, *testsvc.S3Server) {
 	t.Helper()
 	srv := testsvc.S3(t)
-	s, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	s, err := newS3Store(srv)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return s, srv
+}
+
+func newS3Store(srv *testsvc.S3Server) (store.Store, error) {
+	return store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
 }

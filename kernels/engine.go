@@ -341,7 +341,7 @@ func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cu
 }
 
 func (e *Engine) toBF16(dst, src cuda.Ptr, n int64) error {
-	if n > e.a.bfElems && dst != e.wbf {
+	if n > e.a.bfElems {
 		return fmt.Errorf("bf16 operand of %d values exceeds its %d-value buffer", n, e.a.bfElems)
 	}
 	return e.launch("f32_to_bf16", blocks(n, 256), 256, dst, src, n)

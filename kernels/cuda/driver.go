@@ -358,8 +358,9 @@ func (m *Module) Function(name string) (*Function, error) {
 // Dim3 is a launch grid or block shape.
 type Dim3 struct{ X, Y, Z int }
 
-// Launch runs f on stream with args, each a Ptr, int32, uint32, float32,
-// int64 or uint64 passed by value.
+// Launch runs f on stream with args passed by value: Ptr, int64 and uint64
+// as 8 bytes; int (narrowed), int32, uint32 and float32 as 4, matching the
+// kernels' pointer, long long, int, unsigned and float parameters.
 func (f *Function) Launch(grid, block Dim3, shmem int, stream uintptr, args ...any) error {
 	// Each argument lives in its own 8-byte slot of one Go allocation that
 	// stays reachable until the launch returns; the driver copies the values

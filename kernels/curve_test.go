@@ -184,7 +184,15 @@ func TestLossCurveMatchesCPU(t *testing.T) {
 		return s / float64(len(xs))
 	}
 	first, last := cpuCurve[0], mean(cpuCurve[len(cpuCurve)-10:])
-	t.Logf("cpu loss %.4f -> %.4f (last 10 mean), %.1f%% lower; worst logged cpu/cuda difference %.3f%%", first, last, 100*(1-last/first), 100*worst)
+	// Informational: trainers log the mean loss of each interval, which
+	// shows a drift apart from single-batch scatter.
+	worstMean := 0.0
+	for s := 0; s+10 <= len(cpuCurve); s += 10 {
+		c, g := mean(cpuCurve[s:s+10]), mean(cudaCurve[s:s+10])
+		worstMean = math.Max(worstMean, math.Abs(g-c)/c)
+	}
+	t.Logf("cpu loss %.4f -> %.4f (last 10 mean), %.1f%% lower; worst logged cpu/cuda difference %.3f%%, of 10-step means %.3f%%",
+		first, last, 100*(1-last/first), 100*worst, 100*worstMean)
 	if last > 0.75*first {
 		t.Errorf("the CPU loss fell only from %.4f to %.4f: the corpus is not learnable enough for the check", first, last)
 	}

@@ -3,8 +3,10 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -232,5 +234,70 @@ func TestBenchRunAppendsRows(t *testing.T) {
 	id = e.enqueue(scheduler.BenchRun{Model: "tiny", Params: map[string]string{"batch": "many"}})
 	if ts := e.waitFor(id, 30*time.Second, "archived", state("archived")); !strings.Contains(ts.LastErr, `batch "many"`) {
 		t.Fatalf("bad batch archived with %q", ts.LastErr)
+	}
+}
+
+// `sched cancel` on a training segment checkpoints at the step boundary,
+// uploads that checkpoint, archives the task and queues no next segment.
+func TestCancelledSegmentCheckpointsAndStopsTheChain(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := runs.Run{
+		Name: "long-one",
+		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: 1e-3, Warmup: 1, TotalSteps: 100000,
+			LogEvery: 1, EvalEvery: 50, EvalBatches: 1, CheckpointEvery: 1000, Seed: 3, Engine: "cpu", Precision: "fp32",
+			Mixture: []trainer.MixtureEntry{{Store: "pattern", Weight: 1}}},
+		Retention: runs.Retention{KeepLast: 1},
+	}
+	ConfigureTraining(Training{
+		Redis: e.rdb, Objects: objects, Runs: runs.Set{"long-one": run}, Dir: t.TempDir(),
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	id := e.enqueue(scheduler.TrainSegment{Run: "long-one"})
+	deadline := time.Now().Add(time.Minute)
+	for e.rdb.HGet(context.Background(), segment.StateKey("long-one"), "step").Val() == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("training did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := e.c.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	// The handler sees its context end, and the trainer writes a checkpoint
+	// at the step boundary that the segment uploads before returning.
+	var stopped string
+	var steps []int
+	deadline = time.Now().Add(time.Minute)
+	for {
+		st := e.rdb.HGetAll(context.Background(), segment.StateKey("long-one")).Val()
+		steps, err = segment.RemoteSteps(context.Background(), objects, "long-one")
+		if err == nil && len(steps) == 1 && st["done"] == "false" && fmt.Sprint(steps[0]) == st["step"] {
+			stopped = st["step"]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint of the stop step uploaded: state %v, checkpoints %v %v", st, steps, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// No next segment was queued: the one from the stop step is not a
+	// duplicate.
+	from, _ := strconv.Atoi(stopped)
+	if _, err := e.c.Enqueue(context.Background(), scheduler.TrainSegment{Run: "long-one", FromStep: int64(from), TotalSteps: 100000}); err != nil {
+		t.Fatalf("a next segment from step %d was already queued: %v", from, err)
 	}
 }

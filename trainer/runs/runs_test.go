@@ -29,7 +29,7 @@ func TestPresetsMatchTheSeedPlan(t *testing.T) {
 	if p.TotalSteps != 15259 { // ceil(2e9 / (8*16*1024))
 		t.Errorf("pilot total steps %d", p.TotalSteps)
 	}
-	want := map[string]float64{"code": 0.7, "fineweb-edu": 0.2, "math": 0.1}
+	want := map[string]float64{"the-stack-v2": 0.7, "fineweb-edu": 0.2, "proof-pile-2": 0.1}
 	if len(p.Mixture) != 3 {
 		t.Fatalf("pilot mixture %+v", p.Mixture)
 	}
@@ -77,7 +77,7 @@ func TestUserFileOverridesAndExtends(t *testing.T) {
 pilot:
   lr: 3.0e-4
   mixture:
-    - {store: code, weight: 1}
+    - {store: the-stack-v2, weight: 1}
 mine:
   from: long
   total_tokens: 5000000000

@@ -4,11 +4,11 @@ import "testing"
 
 func TestSweepIsTheSeedPlansDenseShapes(t *testing.T) {
 	s := Sweep()
-	if len(s) != 7 {
-		t.Fatalf("%d shapes, want 7", len(s))
+	if len(s) != 8 {
+		t.Fatalf("%d shapes, want 8", len(s))
 	}
 	want := []string{"v16384 d512 L8 16x512", "v16384 d512 L8 32x512", "v16384 d512 L8 16x1024",
-		"v16384 d512 L12 16x512", "v16384 d768 L12 16x512", "small 32x1024", "base 32x1024"}
+		"v16384 d512 L12 16x512", "v16384 d768 L12 16x512", "small 32x1024", "base 32x1024", "small 8x1024"}
 	for i, sh := range s {
 		if sh.String() != want[i] {
 			t.Errorf("shape %d = %s, want %s", i, sh, want[i])

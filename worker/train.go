@@ -186,10 +186,14 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 	if err != nil {
 		log.Warn("checkpoints will carry no tokenizer.json", zap.String("run", a.Run), zap.Error(err))
 	}
+	bench, err := benchRows(ctx, t.Objects)
+	if err != nil {
+		log.Warn("the tok/s gate has no bench figures", zap.Error(err))
+	}
 	rep := Progress(ctx)
 	out, err := segment.Run(ctx, segment.Params{
 		Run: run, Dir: t.Dir, TokensDir: t.TokensDir, Objects: t.Objects, Redis: t.Redis, Owner: t.Owner,
-		LockTTL: t.LockTTL, UploadGrace: t.UploadGrace, Tokenizer: tok, OpenData: t.OpenData, Sample: t.Sample, Log: log,
+		LockTTL: t.LockTTL, UploadGrace: t.UploadGrace, Bench: bench, Tokenizer: tok, OpenData: t.OpenData, Sample: t.Sample, Log: log,
 		Progress: func(step, total int, m *trainer.Metrics) {
 			if m == nil || total <= 0 {
 				return
@@ -213,6 +217,20 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 		}
 	}
 	return nil
+}
+
+// benchRows reads the bench sweep's rows, for the run's tok/s gate; none
+// yet is not an error.
+func benchRows(ctx context.Context, obj store.Store) ([]results.BenchRow, error) {
+	r, err := obj.Get(ctx, BenchKey)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	return results.ReadBench(r)
 }
 
 // tokenizerBytes reads tokenizers/<name>/tokenizer.json, which every

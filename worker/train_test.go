@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -93,6 +94,11 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 	go func() { done <- w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 
+	// A bench figure for the run's shape feeds its tok/s gate.
+	row := `{"model":"tiny","vocab":4096,"d_model":128,"layers":4,"batch":2,"seq":16,"tok_per_sec":1,"gpu_idle":true}` + "\n"
+	if err := objects.Put(context.Background(), BenchKey, strings.NewReader(row), int64(len(row))); err != nil {
+		t.Fatal(err)
+	}
 	first := e.enqueue(scheduler.TrainSegment{Run: "chain"})
 	e.waitFor(first, time.Minute, "completed", state("completed"))
 	deadline := time.Now().Add(2 * time.Minute)
@@ -114,6 +120,15 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 		if _, err := objects.Stat(context.Background(), "results/chain/"+name); err != nil {
 			t.Errorf("results/chain/%s: %v", name, err)
 		}
+	}
+	r, err := objects.Get(context.Background(), "results/chain/summary.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, _ := io.ReadAll(r)
+	r.Close()
+	if !strings.Contains(string(md), "against 1 in bench") {
+		t.Errorf("the tok/s gate did not use the bench figure:\n%s", md)
 	}
 	// Three segments ran: from 0, from 3 and from 6.
 	for _, from := range []int64{3, 6} {

@@ -38,12 +38,15 @@ type Tolerances struct {
 var FP32Tolerances = Tolerances{LossRel: 1e-5, LogitsRel: 1e-4, GradRel: 1e-4, Significant: 1e-4, WeightAbs: 1e-6, WeightLRs: 2}
 
 // BF16Tolerances are the defaults for --precision bf16. bf16 keeps 8
-// mantissa bits (relative rounding 2^-9 ~ 2e-3 per element); sums of a few
-// hundred rounded products land near 1e-2, so loss, logits and gradients get
-// a few times that. Weights after Adam's first step depend on the
-// gradient's sign only, so where the gradient is clearly non-zero (5e-2 of
+// mantissa bits (relative rounding 2^-9 ~ 2e-3 per element); a dot product
+// of K rounded terms errs by about 2^-9 x sqrt(K) of its scale, 2e-3 to
+// 5e-3 for the widths trained here, and two layers of forward and backward
+// GEMMs stay under 1e-2 of each tensor's largest value: logits and gradients
+// are held to 3e-2. The loss is a mean over every position, so its errors
+// average out: 5e-3. Weights after Adam's first step depend on the
+// gradient's sign only, so where the gradient is clearly non-zero (3e-2 of
 // its tensor's largest) they still agree to float rounding.
-var BF16Tolerances = Tolerances{LossRel: 1e-2, LogitsRel: 5e-2, GradRel: 5e-2, Significant: 5e-2, WeightAbs: 1e-5, WeightLRs: 2}
+var BF16Tolerances = Tolerances{LossRel: 5e-3, LogitsRel: 3e-2, GradRel: 3e-2, Significant: 3e-2, WeightAbs: 1e-5, WeightLRs: 2}
 
 // TolerancesFor returns the default tolerances of a precision.
 func TolerancesFor(precision string) (Tolerances, error) {
@@ -101,6 +104,8 @@ type VerifyReport struct {
 type VerifyOptions struct {
 	Engine    string // cpu, cuda or auto
 	Precision string // fp32 or bf16
+	// ForceSM80 makes the CUDA engine build its sm_80 path on a newer GPU.
+	ForceSM80 bool
 	// Tol overrides the precision's default tolerances when set.
 	Tol *Tolerances
 	// Log receives notices such as an "auto" fallback.
@@ -196,7 +201,7 @@ func Verify(ctx context.Context, dir string, o VerifyOptions) (*VerifyReport, er
 	if o.Tol != nil {
 		tol = *o.Tol
 	}
-	eng, err := NewEngine(o.Engine, g.cfg, Options{Precision: o.Precision, MaxBatch: g.batch.B, MaxSeq: g.batch.T, Log: o.Log})
+	eng, err := NewEngine(o.Engine, g.cfg, Options{Precision: o.Precision, MaxBatch: g.batch.B, MaxSeq: g.batch.T, ForceSM80: o.ForceSM80, Log: o.Log})
 	if err != nil {
 		return nil, err
 	}

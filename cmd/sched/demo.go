@@ -151,6 +151,11 @@ tokenizer and the token store and trains afresh.`,
 func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, error) {
 	o = o.withDefaults()
 	var res demoResult
+	// Absolute, so that the paths printed at the end can be opened from
+	// anywhere.
+	if abs, err := filepath.Abs(o.Dir); err == nil {
+		o.Dir = abs
+	}
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return res, fmt.Errorf("demo directory: %w", err)
 	}

@@ -126,8 +126,6 @@ type IngestPlan struct {
 	// Revision pins the dataset commit; empty means the default branch's head
 	// at planning time (the plan records the resolved commit in each shard).
 	Revision string `json:"revision,omitempty"`
-	// Subsets restricts the plan to these config/data_dir names.
-	Subsets []string `json:"subsets,omitempty"`
 	// Store names the token store to fill: tokens/<Store>/. Default Dataset's last element.
 	Store string `json:"store,omitempty"`
 	// Tokenizer names the tokenizer: tokenizers/<Tokenizer>/tokenizer.json.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -32,25 +31,12 @@ func init() {
 		Short: "Plan the ingest of a dataset (ingest:plan); CPU workers then fetch and tokenize its files",
 		Args:  exactArgs(1, "one dataset (a Hugging Face id like bigcode/the-stack-v2-dedup, or a path)"),
 	}
-	var ip scheduler.IngestPlan
-	ingest.Flags().StringVar(&ip.Revision, "revision", "", "dataset revision (commit or branch)")
-	ingest.Flags().StringVar(&ip.Store, "store", "", "token store name (default: the dataset's last path element)")
-	ingest.Flags().StringSliceVar(&ip.Subsets, "subset", nil, "only these subsets (repeatable)")
-	ingest.Flags().IntVar(&ip.MaxFiles, "max-files", 0, "plan at most this many files (0: all)")
+	var ingestStore string
+	var ingestPlan planFlags
+	ingest.Flags().StringVar(&ingestStore, "store", "", "token store name (default: the dataset's name; required for local:<glob>)")
+	ingestPlan.register(ingest.Flags())
 	ingest.RunE = func(c *cobra.Command, args []string) error {
-		cfg, err := loadConfig(c)
-		if err != nil {
-			return err
-		}
-		ip.Dataset = args[0]
-		if strings.TrimSpace(ip.Dataset) == "" {
-			return badInput("dataset name is empty")
-		}
-		if ip.Store == "" {
-			ip.Store = path.Base(strings.TrimRight(ip.Dataset, "/"))
-		}
-		ip.Tokenizer = cfg.Tokenizer
-		return enqueueOne(c, cfg, ip)
+		return enqueueIngest(c, args[0], ingestStore, ingestPlan)
 	}
 
 	train := &cobra.Command{

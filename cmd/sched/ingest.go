@@ -9,6 +9,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/ingest"
@@ -19,15 +20,32 @@ import (
 	"github.com/kiln-lm/kiln/worker"
 )
 
+// planFlags shape an ingest plan; `sched ingest` and `sched enqueue ingest`
+// share them, so both check a plan the same way before it is queued.
+type planFlags struct {
+	presetsFile, revision string
+	set                   []string
+	maxTokens, maxDisk    string
+	maxFiles              int
+	seed                  uint64
+}
+
+func (p *planFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&p.presetsFile, "presets", "", "YAML file of dataset presets that add to or replace the built-in ones (default $KILN_DATASETS)")
+	f.StringVar(&p.revision, "revision", "", "dataset revision: a branch, tag or commit (default: the preset's)")
+	f.StringArrayVar(&p.set, "set", nil, "preset variable, name=a,b (for example language=Python,Go)")
+	f.StringVar(&p.maxTokens, "max-tokens", "", "stop before the store passes this many tokens (25B, 500M)")
+	f.StringVar(&p.maxDisk, "max-disk", "", "stop before the store and its next shard pass this size (50G)")
+	f.IntVar(&p.maxFiles, "max-files", 0, "read at most this many files of the seeded order (0: all)")
+	f.Uint64Var(&p.seed, "seed", 0, "seed of the file order")
+}
+
 func init() {
 	var (
-		direct               bool
-		storeDir, dataDir    string
-		tokPath, presetsFile string
-		set                  []string
-		maxTokens, maxDisk   string
-		maxFiles             int
-		seed                 uint64
+		direct            bool
+		storeDir, dataDir string
+		tokPath           string
+		pf                planFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest <dataset> [--direct --store DIR --tokenizer FILE]",
@@ -46,33 +64,17 @@ pipeline runs here: --store is a directory and --tokenizer a tokenizer.json.`,
 		Args: exactArgs(1, "one dataset"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if !direct {
-				return enqueueIngest(c, args[0], storeDir, presetsFile, set, maxTokens, maxDisk, maxFiles, seed)
+				return enqueueIngest(c, args[0], storeDir, pf)
 			}
 			if storeDir == "" || tokPath == "" {
 				return badInput("sched ingest --direct needs --store DIR and --tokenizer FILE")
 			}
-			limTokens, err := parseCount(maxTokens)
-			if err != nil {
-				return badInput("--max-tokens %q: %v (for example 25B)", maxTokens, err)
-			}
-			limDisk, err := parseBytes(maxDisk)
-			if err != nil {
-				return badInput("--max-disk %q: %v (for example 50G)", maxDisk, err)
-			}
-			presets, err := ingest.Presets(presetsFile)
+			p, _, limTokens, limDisk, err := pf.check(args[0])
 			if err != nil {
 				return err
 			}
-			p, err := ingest.LookupPreset(presets, args[0])
-			if err != nil {
-				return err
-			}
-			vars, err := parseSet(set)
-			if err != nil {
-				return err
-			}
-			if p, err = p.WithVars(vars); err != nil {
-				return err
+			if pf.revision != "" {
+				p.Revision = pf.revision
 			}
 			tok, err := tokenizer.Load(tokPath)
 			if err != nil {
@@ -81,7 +83,7 @@ pipeline runs here: --store is a directory and --tokenizer a tokenizer.json.`,
 			log := newLogger(c.ErrOrStderr())
 			defer log.Sync()
 			opt := ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: strings.TrimSuffix(filepath.Base(tokPath), ".json"),
-				StoreDir: storeDir, DataDir: dataDir, Seed: seed, MaxFiles: maxFiles, MaxTokens: limTokens, MaxDisk: limDisk, Logger: log}
+				StoreDir: storeDir, DataDir: dataDir, Seed: pf.seed, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk, Logger: log}
 			if opt.DataDir == "" {
 				opt.DataDir = filepath.Join(storeDir, "incoming")
 			}
@@ -117,43 +119,44 @@ pipeline runs here: --store is a directory and --tokenizer a tokenizer.json.`,
 	f.StringVar(&storeDir, "store", "", "token store directory (--direct), or the store's name (queue; default: the dataset's name)")
 	f.StringVar(&dataDir, "data-dir", "", "directory for downloads and shard files (default <store>/incoming)")
 	f.StringVar(&tokPath, "tokenizer", "", "tokenizer.json (--direct), or a published tokenizer's name (queue; default $KILN_TOKENIZER)")
-	f.StringVar(&presetsFile, "presets", "", "YAML file of dataset presets that add to or replace the built-in ones (default $KILN_DATASETS)")
-	f.StringArrayVar(&set, "set", nil, "preset variable, name=a,b (for example language=Python,Go)")
-	f.StringVar(&maxTokens, "max-tokens", "", "stop before the store passes this many tokens (25B, 500M)")
-	f.StringVar(&maxDisk, "max-disk", "", "stop before the store and its next shard pass this size (50G)")
-	f.IntVar(&maxFiles, "max-files", 0, "read at most this many files of the seeded order (0: all)")
-	f.Uint64Var(&seed, "seed", 0, "seed of the file order")
+	pf.register(f)
 	rootCmd.AddCommand(cmd)
+}
+
+// check resolves the dataset's preset with its variables and parses the
+// limits, so that a mistake exits 2 before anything is queued or read.
+func (pf planFlags) check(dataset string) (p ingest.Preset, vars map[string][]string, maxTokens, maxDisk int64, err error) {
+	if maxTokens, err = parseCount(pf.maxTokens); err != nil {
+		return p, nil, 0, 0, badInput("--max-tokens %q: %v (for example 25B)", pf.maxTokens, err)
+	}
+	if maxDisk, err = parseBytes(pf.maxDisk); err != nil {
+		return p, nil, 0, 0, badInput("--max-disk %q: %v (for example 50G)", pf.maxDisk, err)
+	}
+	presets, err := ingest.Presets(pf.presetsFile)
+	if err != nil {
+		return p, nil, 0, 0, err
+	}
+	if p, err = ingest.LookupPreset(presets, dataset); err != nil {
+		return p, nil, 0, 0, err
+	}
+	if vars, err = parseSet(pf.set); err != nil {
+		return p, nil, 0, 0, err
+	}
+	if p, err = p.WithVars(vars); err != nil {
+		return p, nil, 0, 0, err
+	}
+	return p, vars, maxTokens, maxDisk, nil
 }
 
 // enqueueIngest checks the dataset, store name and limits here, where a
 // mistake exits 2 at once, and queues the ingest:plan.
-func enqueueIngest(c *cobra.Command, dataset, storeName, presetsFile string, set []string, maxTokens, maxDisk string, maxFiles int, seed uint64) error {
+func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) error {
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return err
 	}
-	limTokens, err := parseCount(maxTokens)
+	p, vars, limTokens, limDisk, err := pf.check(dataset)
 	if err != nil {
-		return badInput("--max-tokens %q: %v (for example 25B)", maxTokens, err)
-	}
-	limDisk, err := parseBytes(maxDisk)
-	if err != nil {
-		return badInput("--max-disk %q: %v (for example 50G)", maxDisk, err)
-	}
-	presets, err := ingest.Presets(presetsFile)
-	if err != nil {
-		return err
-	}
-	p, err := ingest.LookupPreset(presets, dataset)
-	if err != nil {
-		return err
-	}
-	vars, err := parseSet(set)
-	if err != nil {
-		return err
-	}
-	if _, err := p.WithVars(vars); err != nil {
 		return err
 	}
 	if storeName == "" {
@@ -165,8 +168,8 @@ func enqueueIngest(c *cobra.Command, dataset, storeName, presetsFile string, set
 	if err := ingest.CheckStoreName(storeName); err != nil {
 		return err
 	}
-	return enqueueOne(c, cfg, scheduler.IngestPlan{Dataset: dataset, Store: storeName, Tokenizer: cfg.Tokenizer, Vars: vars,
-		Seed: seed, MaxFiles: maxFiles, MaxTokens: limTokens, MaxDisk: limDisk})
+	return enqueueOne(c, cfg, scheduler.IngestPlan{Dataset: dataset, Revision: pf.revision, Store: storeName, Tokenizer: cfg.Tokenizer, Vars: vars,
+		Seed: pf.seed, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk})
 }
 
 // configureIngestWorker gives this process's ingest handlers what they

@@ -2,45 +2,51 @@ package trainer
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/kiln-lm/kiln/model"
 )
 
-// The loop's cost beyond the engine: BenchmarkLoopStep runs Run's step
-// (data, id checks, schedule, metrics) and BenchmarkEngineStep the same
-// engine calls on pre-built batches; the difference is the overhead.
-const benchSeq, benchBatch = 64, 4
-
-func BenchmarkEngineStep(b *testing.B) {
-	mc := model.Presets["tiny"]
-	eng, err := model.NewEngine("cpu", mc, model.Options{Precision: "fp32", MaxBatch: benchBatch, MaxSeq: benchSeq})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer eng.Close()
-	eng.SetParams(model.InitParams(mc, 1))
-	d := newSliceData(mc.VocabSize, 200000)
-	batch, _ := d.Next(context.Background(), benchBatch, benchSeq)
-	o := model.AdamW{LR: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, Clip: 1}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		eng.ZeroGrad()
-		eng.ForwardBackward(batch, 1)
-		eng.Step(o)
-		if _, err := eng.Metrics(); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(float64(b.N*benchBatch*benchSeq)/b.Elapsed().Seconds(), "tok/s")
+func benchConfig() model.Config {
+	c, _ := model.Preset("tiny")
+	c.VocabSize, c.Layers = 256, 1
+	return c
 }
 
-func BenchmarkLoopStep(b *testing.B) {
-	rc := RunConfig{Model: "tiny", Seq: benchSeq, Batch: benchBatch, LR: 1e-4, TotalSteps: b.N, LogEvery: 1,
-		Engine: "cpu", Precision: "fp32", Mixture: []MixtureEntry{{Store: "slice"}}}
-	b.ResetTimer()
-	if _, err := Run(context.Background(), Config{Run: rc, Out: b.TempDir(), Data: newSliceData(4096, 200000)}, Hooks{}); err != nil {
-		b.Fatal(err)
+// Bench trains real steps on the CPU engine: the loss is that of random
+// targets (about ln V at initialisation) and throughput is positive.
+func TestBenchMeasuresRealSteps(t *testing.T) {
+	c := benchConfig()
+	r, err := Bench(context.Background(), BenchOptions{Model: c, Engine: "cpu", Batch: 2, Seq: 16, Steps: 2, Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
 	}
-	b.ReportMetric(float64(b.N*benchBatch*benchSeq)/b.Elapsed().Seconds(), "tok/s")
+	if r.Engine != "cpu" || r.TokPerSec <= 0 || r.Seconds <= 0 {
+		t.Fatalf("result %+v: want the cpu engine and a positive rate", r)
+	}
+	if r.Loss < 4.5 || r.Loss > 6.5 {
+		t.Fatalf("loss %.3f on random targets over 256 ids; want about ln 256 = 5.55", r.Loss)
+	}
+	if r.MFU != 0 {
+		t.Fatalf("MFU %.3g on the CPU: the peak is unknown, so it must be left out", r.MFU)
+	}
+}
+
+func TestBenchRefusesBadShapes(t *testing.T) {
+	c := benchConfig()
+	for _, o := range []BenchOptions{
+		{Model: c, Engine: "cpu", Batch: 0, Seq: 16, Steps: 1},
+		{Model: c, Engine: "cpu", Batch: 1, Seq: c.MaxPositions + 1, Steps: 1},
+		{Model: c, Engine: "cpu", Batch: 1, Seq: 16, Steps: 0},
+		{Model: c, Engine: "tpu", Batch: 1, Seq: 16, Steps: 1},
+	} {
+		if _, err := Bench(context.Background(), o); err == nil {
+			t.Errorf("Bench(%+v) succeeded; want an error", o)
+		}
+	}
+	_, err := Bench(context.Background(), BenchOptions{Model: c, Engine: "cpu", Batch: 1, Seq: c.MaxPositions + 1, Steps: 1})
+	if err == nil || !strings.Contains(err.Error(), "seq must be between 1 and") {
+		t.Fatalf("error %v: want one naming the allowed sequence lengths", err)
+	}
 }

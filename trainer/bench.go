@@ -1,0 +1,197 @@
+package trainer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kiln-lm/kiln/kernels"
+	"github.com/kiln-lm/kiln/model"
+)
+
+// BenchOptions describe one throughput measurement: a model shape trained
+// on random tokens for Steps timed steps after Warmup untimed ones.
+type BenchOptions struct {
+	Model      model.Config
+	Engine     string // cuda, cpu or auto
+	Precision  string // bf16 (default) or fp32
+	Batch, Seq int
+	Steps      int
+	Warmup     int
+	// PeakFLOPS overrides the device's peak for MFU; 0 looks the device up
+	// in PeakFLOPS.
+	PeakFLOPS float64
+	ForceSM80 bool
+	// Log receives one-line notices (an engine fallback, a busy GPU).
+	Log func(string)
+}
+
+// BenchResult is one measurement.
+type BenchResult struct {
+	Engine, Precision, Device, Arch string
+	TokPerSec                       float64
+	// MFU is 0 when the device's peak is unknown (the CPU).
+	MFU     float64
+	Seconds float64
+	Loss    float64
+	// PeakAllocated is the engine's peak bytes for tensors and workspaces,
+	// comparable to torch.cuda.max_memory_allocated.
+	PeakAllocated int64
+	// ProcessMemory is what this process holds on the device: nvidia-smi's
+	// per-process figure when it answers ("nvidia-smi"), else the engine's
+	// own count ("engine").
+	ProcessMemory       int64
+	ProcessMemorySource string
+	// MemoryInUseBefore is device memory in use when the engine started.
+	MemoryInUseBefore int64
+	// OtherProcesses lists other processes on the GPU as "pid:MiB"; figures
+	// taken beside them are not comparable (the seed plan measured a 2.14x
+	// difference from that alone).
+	OtherProcesses []string
+}
+
+// GPUIdle reports whether no other process was on the GPU.
+func (r BenchResult) GPUIdle() bool { return len(r.OtherProcesses) == 0 }
+
+// Bench measures training throughput the way the trainer trains: ZeroGrad,
+// ForwardBackward, Step, and Metrics (the step's one synchronisation).
+func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
+	c := o.Model
+	if err := c.Validate(); err != nil {
+		return BenchResult{}, err
+	}
+	switch {
+	case o.Batch <= 0:
+		return BenchResult{}, fmt.Errorf("batch must be positive, got %d", o.Batch)
+	case o.Seq <= 0 || o.Seq > c.MaxPositions:
+		return BenchResult{}, fmt.Errorf("seq must be between 1 and the model's %d positions, got %d", c.MaxPositions, o.Seq)
+	case o.Steps <= 0 || o.Warmup < 0:
+		return BenchResult{}, fmt.Errorf("steps must be positive and warmup not negative (got %d, %d)", o.Steps, o.Warmup)
+	}
+	if o.Precision == "" {
+		o.Precision = "bf16"
+	}
+	logf := o.Log
+	if logf == nil {
+		logf = func(string) {}
+	}
+	others := GPUProcesses(ctx)
+	eng, err := model.NewEngine(o.Engine, c, model.Options{Precision: o.Precision, MaxBatch: o.Batch, MaxSeq: o.Seq, ForceSM80: o.ForceSM80, Log: logf})
+	if err != nil {
+		return BenchResult{}, err
+	}
+	defer eng.Close()
+	r := BenchResult{Engine: eng.Name(), Precision: o.Precision, OtherProcesses: others}
+	if ce, ok := eng.(*kernels.Engine); ok {
+		d := ce.Device()
+		r.Device, r.Arch, r.MemoryInUseBefore = d.Name, d.Arch, d.UsedAtStart
+	}
+	if err := eng.SetParams(model.InitParams(c, 1)); err != nil {
+		return r, err
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	n := o.Batch * o.Seq
+	b := model.Batch{B: o.Batch, T: o.Seq, Inputs: make([]int32, n), Targets: make([]int32, n)}
+	for i := range b.Inputs {
+		b.Inputs[i] = int32(rng.IntN(c.VocabSize))
+		b.Targets[i] = int32(rng.IntN(c.VocabSize))
+	}
+	opt := model.AdamW{LR: 4e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}
+	step := func() (model.StepMetrics, error) {
+		if err := eng.ZeroGrad(); err != nil {
+			return model.StepMetrics{}, err
+		}
+		if err := eng.ForwardBackward(b, 1); err != nil {
+			return model.StepMetrics{}, err
+		}
+		if err := eng.Step(opt); err != nil {
+			return model.StepMetrics{}, err
+		}
+		return eng.Metrics()
+	}
+	for i := 0; i < o.Warmup; i++ {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		if _, err := step(); err != nil {
+			return r, err
+		}
+	}
+	start := time.Now()
+	var m model.StepMetrics
+	for i := 0; i < o.Steps; i++ {
+		if err := ctx.Err(); err != nil {
+			return r, err
+		}
+		if m, err = step(); err != nil {
+			return r, err
+		}
+	}
+	r.Seconds = time.Since(start).Seconds()
+	r.Loss = m.Loss
+	r.TokPerSec = float64(n*o.Steps) / r.Seconds
+	peak := o.PeakFLOPS
+	if peak <= 0 {
+		peak = PeakFor(r.Device, o.Precision)
+	}
+	if mfu := MFU(r.TokPerSec, FLOPsPerToken(c, o.Seq), peak); mfu != nil {
+		r.MFU = *mfu
+	}
+	ms := eng.Memory()
+	r.PeakAllocated = ms.PeakAllocated
+	r.ProcessMemory, r.ProcessMemorySource = ms.InUse, "engine"
+	if own, ok := processMemory(ctx, os.Getpid()); ok {
+		r.ProcessMemory, r.ProcessMemorySource = own, "nvidia-smi"
+	}
+	if !r.GPUIdle() {
+		logf(fmt.Sprintf("warning: other processes were using the GPU when the run started (%s): figures from a busy GPU are not comparable", strings.Join(others, ", ")))
+	}
+	return r, nil
+}
+
+// GPUProcesses lists the processes nvidia-smi sees on the GPU as
+// "pid:MiB", other than this one; nil when nvidia-smi is absent.
+func GPUProcesses(ctx context.Context) []string {
+	var out []string
+	for _, r := range smiApps(ctx) {
+		if r[0] != strconv.Itoa(os.Getpid()) {
+			out = append(out, r[0]+":"+r[1]+"MiB")
+		}
+	}
+	return out
+}
+
+// processMemory is pid's device memory according to nvidia-smi.
+func processMemory(ctx context.Context, pid int) (int64, bool) {
+	for _, r := range smiApps(ctx) {
+		if r[0] == strconv.Itoa(pid) {
+			mib, err := strconv.ParseInt(r[1], 10, 64)
+			return mib << 20, err == nil
+		}
+	}
+	return 0, false
+}
+
+// smiApps asks nvidia-smi for the compute processes: (pid, MiB) rows.
+func smiApps(ctx context.Context) [][2]string {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	b, err := exec.CommandContext(ctx, "nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits").Output()
+	if err != nil {
+		return nil
+	}
+	var rows [][2]string
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		parts := strings.Split(string(line), ",")
+		if len(parts) == 2 {
+			rows = append(rows, [2]string{strings.TrimSpace(parts[0]), strings.TrimSpace(parts[1])})
+		}
+	}
+	return rows
+}

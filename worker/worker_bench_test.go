@@ -80,3 +80,44 @@ func BenchmarkPerTaskOverhead(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkIdlePickup measures one task's time from enqueue to completion
+// on an otherwise idle worker, at the default TaskCheckInterval and at
+// asynq's own 1s: the gap is what the idle poll adds to each task.
+func BenchmarkIdlePickup(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		every time.Duration
+	}{{"default", 0}, {"asynq-1s", time.Second}} {
+		b.Run(tc.name, func(b *testing.B) {
+			r := testsvc.StartRedis(b)
+			opt, _ := asynq.ParseRedisURI(r.URL(0))
+			c := scheduler.NewClient(opt)
+			defer c.Close()
+			w, err := New(Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 1}, Logger: zap.NewNop(), TaskCheckInterval: tc.every})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { _ = w.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := c.Enqueue(context.Background(), noopArgs{N: 1_000_000 + i}); err != nil {
+					b.Fatal(err)
+				}
+				for {
+					st, err := c.Status(context.Background())
+					if err != nil {
+						b.Fatal(err)
+					}
+					if st[0].Completed == i+1 {
+						break
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+			}
+		})
+	}
+}

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"context"
+	"path/filepath"
+
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/worker"
 )
 
@@ -21,19 +25,42 @@ func init() {
 			if err != nil {
 				return badInput("--queues %q: %v", queues, err)
 			}
+			// The client stays open while the worker runs: a training
+			// segment queues the next one through it.
 			q, opt, err := openQueue(c.Context(), cfg)
 			if err != nil {
 				return err
 			}
-			q.Close()
+			defer q.Close()
 			log := logger(cfg)
 			defer log.Sync()
-			if qs["ingest"] > 0 || qs["append"] > 0 {
+			// tokenizer:sample runs on the ingest queue and tokenizer:train
+			// on append, so either one needs the tokenizer handlers too.
+			if qs[scheduler.QueueIngest] > 0 || qs[scheduler.QueueAppend] > 0 {
 				release, err := configureIngestWorker(c.Context(), cfg, opt, log)
 				if err != nil {
 					return err
 				}
 				defer release()
+				rt, err := configureTokenizerWorker(c.Context(), cfg, opt, log)
+				if err != nil {
+					return err
+				}
+				defer rt()
+			}
+			if qs[scheduler.QueueGPU] > 0 {
+				objects, err := openStore(c.Context(), cfg)
+				if err != nil {
+					return err
+				}
+				worker.ConfigureTraining(worker.Training{
+					Redis: q.Redis(), Objects: objects,
+					Enqueue:     func(ctx context.Context, a scheduler.Args) error { _, err := q.Enqueue(ctx, a); return err },
+					Dir:         filepath.Join(cfg.DataDir, "runs"),
+					TokensDir:   filepath.Join(cfg.DataDir, "tokens"),
+					UploadGrace: cfg.ShutdownGrace * 3 / 4,
+					Log:         log,
+				})
 			}
 			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
 			if err != nil {

@@ -196,9 +196,15 @@ func (c *Client) Find(ctx context.Context, id string) (*asynq.TaskInfo, error) {
 	return nil, &NotFoundError{ID: id}
 }
 
-// Cancel stops a task: a waiting one is archived; a running one gets its
-// context cancelled and is archived when its handler returns. The cancel
-// mark outlives the task's longest timeout.
+// Cancel stops a task so that it never runs again: a waiting one is
+// archived; a running one gets its context cancelled (its handler stops at
+// a safe point: a training segment checkpoints) and is archived once it
+// leaves the active state. asynq moves a cancelled task to retry at once,
+// without waiting for its handler, so without the archive it would run
+// again after its back-off. The cancel mark outlives the task's longest
+// timeout. state is "cancelled", or "cancelling" when the task was still
+// active after CancelWait (its worker did not answer: it is archived by
+// the worker's middleware when the handler returns, or by a later cancel).
 func (c *Client) Cancel(ctx context.Context, id string) (state string, err error) {
 	ti, err := c.Find(ctx, id)
 	if err != nil {
@@ -212,7 +218,7 @@ func (c *Client) Cancel(ctx context.Context, id string) (state string, err error
 		if err := c.insp.CancelProcessing(id); err != nil {
 			return "", fmt.Errorf("cancel %s: %w", id, err)
 		}
-		return "cancelling", nil
+		return c.archiveWhenStopped(ctx, ti.Queue, id)
 	case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry, asynq.TaskStateAggregating:
 		if err := c.insp.ArchiveTask(ti.Queue, id); err != nil {
 			return "", fmt.Errorf("cancel %s: %w", id, err)
@@ -220,6 +226,42 @@ func (c *Client) Cancel(ctx context.Context, id string) (state string, err error
 		return "cancelled", nil
 	default:
 		return "", &finishedError{id: id, state: ti.State.String()}
+	}
+}
+
+// CancelWait bounds how long Cancel waits for a running task to leave the
+// active state before it reports "cancelling".
+var CancelWait = 15 * time.Second
+
+// archiveWhenStopped waits, up to CancelWait, for the task to leave the
+// active state and archives it where asynq left it waiting to retry.
+func (c *Client) archiveWhenStopped(ctx context.Context, queue, id string) (string, error) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(CancelWait)
+	for {
+		ti, err := c.insp.GetTaskInfo(queue, id)
+		if err != nil {
+			return "", fmt.Errorf("cancel %s: %w", id, err)
+		}
+		switch ti.State {
+		case asynq.TaskStateActive:
+		case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry:
+			if err := c.insp.ArchiveTask(queue, id); err != nil {
+				return "", fmt.Errorf("cancel %s: archive: %w", id, err)
+			}
+			return "cancelled", nil
+		default:
+			// Archived by the worker, or finished before the cancel landed.
+			return ti.State.String(), nil
+		}
+		select {
+		case <-ctx.Done():
+			return "cancelling", ctx.Err()
+		case <-deadline:
+			return "cancelling", nil
+		case <-tick.C:
+		}
 	}
 }
 

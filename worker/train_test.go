@@ -253,7 +253,8 @@ func TestBenchRunAppendsRows(t *testing.T) {
 }
 
 // `sched cancel` on a training segment checkpoints at the step boundary,
-// uploads that checkpoint, archives the task and queues no next segment.
+// uploads that checkpoint, archives the task so that it never runs again,
+// and queues no next segment.
 func TestCancelledSegmentCheckpointsAndStopsTheChain(t *testing.T) {
 	e := newEnv(t)
 	objects, err := store.NewLocal(t.TempDir())
@@ -289,8 +290,14 @@ func TestCancelledSegmentCheckpointsAndStopsTheChain(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := e.c.Cancel(context.Background(), id); err != nil {
-		t.Fatal(err)
+	// Cancel returns once the task has left the active state and is
+	// archived: asynq alone would have moved it to retry, and the segment
+	// would have run again after its back-off.
+	if st, err := e.c.Cancel(context.Background(), id); err != nil || st != "cancelled" {
+		t.Fatalf("cancel: %q, %v; want cancelled", st, err)
+	}
+	if ts, err := e.c.Task(context.Background(), id); err != nil || ts.State != "archived" {
+		t.Fatalf("cancelled segment is %q (%v); want archived so that it never runs again", ts.State, err)
 	}
 	// The handler sees its context end, and the trainer writes a checkpoint
 	// at the step boundary that the segment uploads before returning.

@@ -25,7 +25,15 @@ func init() {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.OutOrStdout(), "%s %s\n", args[0], state)
+			w := c.OutOrStdout()
+			switch state {
+			case "cancelled":
+				fmt.Fprintf(w, "%s cancelled: stopped and archived; it will not run again (a training segment keeps the checkpoint of its stop step)\n", args[0])
+			case "cancelling":
+				fmt.Fprintf(w, "%s cancelling: asked its worker to stop, but it is still running; run 'sched cancel %s' again to archive it once it stops\n", args[0], args[0])
+			default:
+				fmt.Fprintf(w, "%s %s before the cancel reached it\n", args[0], state)
+			}
 			return nil
 		},
 	})

@@ -35,10 +35,22 @@ type Engine struct {
 	// CacheHits is how many kernel files came from the on-disk cache.
 	CacheHits int
 
-	bf16  bool
-	specs []model.TensorSpec
-	off   []int64 // element offset of each spec in the flat buffers
-	n     int64   // total parameters
+	bf16 bool
+	// flash: training attention runs the tiled kernels of flash.cu (bf16,
+	// head_dim 64) instead of keeping the (T, T) probabilities.
+	flash bool
+	// launches counts kernel launches by name, so tests can tell which
+	// attention path ran.
+	launches map[string]int
+	// With profiling on, every kernel and GEMM is timed by events and
+	// waited for: the figures say where a step's device time goes, at the
+	// cost of the overlap a normal step has.
+	profiling bool
+	profMS    map[string]float64
+	evA, evB  *cuda.Event
+	specs     []model.TensorSpec
+	off       []int64 // element offset of each spec in the flat buffers
+	n         int64   // total parameters
 
 	params, grads, m, v cuda.Ptr // (n) fp32 each
 	wbf                 cuda.Ptr // (n) bf16 copy of params for the GEMMs (bf16 precision)
@@ -67,7 +79,9 @@ type acts struct {
 	rstd1, rstd2 []cuda.Ptr // L x (N)
 	q, y         []cuda.Ptr // L x (N, H*D): rotated queries, attention output
 	k, v         []cuda.Ptr // L x (N, KV*D): rotated keys, values
-	att          []cuda.Ptr // L x (B, H, T, T)
+	att          []cuda.Ptr // L x (B, H, T, T), without flash attention
+	lse          []cuda.Ptr // L x (B, H, T) base-2 log-sum-exp, with flash attention
+	dvec         cuda.Ptr   // (B, H, T) rowsum(dy * y), with flash attention
 	g, u, h      []cuda.Ptr // L x (N, F)
 	lnf, rstdf   cuda.Ptr   // (N, d), (N)
 	logits       cuda.Ptr   // (N, V), overwritten by its gradient
@@ -76,7 +90,7 @@ type acts struct {
 	dresid, dln  cuda.Ptr   // (N, d)
 	dy, dq       cuda.Ptr   // (N, H*D)
 	dk, dv       cuda.Ptr   // (N, KV*D)
-	ds           cuda.Ptr   // (B, H, T, T)
+	ds           cuda.Ptr   // (B, H, T, T), without flash attention
 	dh, dg, du   cuda.Ptr   // (N, F)
 	bfA, bfB     cuda.Ptr   // bf16 GEMM operands (bf16 precision)
 	bfElems      int64
@@ -114,7 +128,11 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	if os.Getenv("KILN_CUDA_FORCE_SM80") == "1" {
 		o.ForceSM80 = true
 	}
-	e := &Engine{cfg: c, opt: o, bf16: o.Precision == "bf16", specs: c.Specs(), th: newThread()}
+	e := &Engine{cfg: c, opt: o, bf16: o.Precision == "bf16", specs: c.Specs(), th: newThread(), launches: map[string]int{}}
+	// fp32 precision keeps the exact straightforward attention: the flash
+	// kernels round to bf16 for the tensor cores. KILN_CUDA_ATTENTION=naive
+	// selects it in bf16 too, for comparisons.
+	e.flash = e.bf16 && c.HeadDim == flashHeadDim && os.Getenv("KILN_CUDA_ATTENTION") != "naive"
 	e.maxB, e.maxT = max(o.MaxBatch, 1), max(o.MaxSeq, 1)
 	if o.MaxBatch <= 0 || o.MaxSeq <= 0 {
 		e.maxB, e.maxT = 1, min(c.MaxPositions, 1024)
@@ -253,7 +271,13 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	a.rstd1, a.rstd2 = layer("activations (norm)", N), layer("activations (norm)", N)
 	a.q, a.y = layer("activations (queries)", N*qd), layer("activations (attention)", N*qd)
 	a.k, a.v = layer("activations (keys)", N*kvd), layer("activations (values)", N*kvd)
-	a.att = layer("activations (attention probabilities)", attN)
+	if e.flash {
+		a.lse = layer("activations (attention log-sum-exp)", int64(B*c.Heads*T))
+		a.dvec = f32("attention gradient scratch", int64(B*c.Heads*T))
+	} else {
+		a.att = layer("activations (attention probabilities)", attN)
+		a.ds = f32("attention gradient scratch", attN)
+	}
 	a.g, a.u, a.h = layer("activations (MLP)", N*F), layer("activations (MLP)", N*F), layer("activations (MLP)", N*F)
 	a.lnf, a.rstdf = f32("activations (norm)", N*d), f32("activations (norm)", N)
 	a.logits = f32("logits", N*V)
@@ -262,7 +286,6 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	a.dresid, a.dln = f32("gradient scratch", N*d), f32("gradient scratch", N*d)
 	a.dy, a.dq = f32("gradient scratch", N*qd), f32("gradient scratch", N*qd)
 	a.dk, a.dv = f32("gradient scratch", N*kvd), f32("gradient scratch", N*kvd)
-	a.ds = f32("attention gradient scratch", attN)
 	a.dh, a.dg, a.du = f32("gradient scratch", N*F), f32("gradient scratch", N*F), f32("gradient scratch", N*F)
 	if e.bf16 {
 		a.bfElems = N * max(V, F, qd, d)
@@ -337,7 +360,9 @@ func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cu
 		}
 		pb = e.a.bfB
 	}
-	return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.ws, wsBytes, 0)
+	return e.timed("cublasLt bf16 GEMM", func() error {
+		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.ws, wsBytes, 0)
+	})
 }
 
 func (e *Engine) toBF16(dst, src cuda.Ptr, n int64) error {
@@ -358,7 +383,69 @@ func (e *Engine) launch3(name string, grid, block cuda.Dim3, args ...any) error 
 	if !ok {
 		return fmt.Errorf("kernel %s is not loaded", name)
 	}
-	return f.Launch(grid, block, 0, 0, args...)
+	e.launches[name]++
+	return e.timed(name, func() error { return f.Launch(grid, block, 0, 0, args...) })
+}
+
+// timed runs op, and with profiling on adds its device time to name's.
+func (e *Engine) timed(name string, op func() error) error {
+	if !e.profiling {
+		return op()
+	}
+	if err := e.evA.Record(0); err != nil {
+		return err
+	}
+	if err := op(); err != nil {
+		return err
+	}
+	if err := e.evB.Record(0); err != nil {
+		return err
+	}
+	ms, err := e.evA.Elapsed(e.evB)
+	e.profMS[name] += float64(ms)
+	return err
+}
+
+// SetProfiling turns per-kernel timing on or off and clears the totals.
+func (e *Engine) SetProfiling(on bool) error {
+	return e.th.do(func() error {
+		e.profiling, e.profMS = on, map[string]float64{}
+		if on && e.evA == nil {
+			var err error
+			if e.evA, err = e.dv.NewEvent(); err != nil {
+				return err
+			}
+			if e.evB, err = e.dv.NewEvent(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// KernelTimes returns the device milliseconds per kernel name (GEMMs as
+// one entry) since SetProfiling(true).
+func (e *Engine) KernelTimes() map[string]float64 {
+	out := map[string]float64{}
+	_ = e.th.do(func() error {
+		for k, v := range e.profMS {
+			out[k] = v
+		}
+		return nil
+	})
+	return out
+}
+
+// LaunchCounts returns how many times each kernel has been launched.
+func (e *Engine) LaunchCounts() map[string]int {
+	out := map[string]int{}
+	_ = e.th.do(func() error {
+		for k, v := range e.launches {
+			out[k] = v
+		}
+		return nil
+	})
+	return out
 }
 
 // refreshBF16 rounds the master weights into their GEMM copy.

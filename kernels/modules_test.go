@@ -25,8 +25,16 @@ func TestKernelSourcesAreHeaderFree(t *testing.T) {
 			t.Errorf("%s includes a header; kernels must be header-free", n)
 		}
 		body, _ := sources.ReadFile(n)
-		if len(kernelNames(string(body))) == 0 {
+		ks := kernelNames(string(body))
+		if len(ks) == 0 {
 			t.Errorf("%s declares no extern \"C\" __global__ kernel", n)
+		}
+		// The engine looks kernels up by these names: a qualifier between
+		// "void" and the name (__launch_bounds__) would be taken for one.
+		for _, k := range ks {
+			if strings.HasPrefix(k, "__") || strings.ContainsAny(k, "() ") {
+				t.Errorf("%s: kernel name %q is not a plain identifier", n, k)
+			}
 		}
 	}
 }

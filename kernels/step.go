@@ -92,6 +92,10 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 			func() error { return e.rope(a.q[l], N, T, H, pos0, 1) },
 			func() error { return e.rope(a.k[l], N, T, KV, pos0, 1) },
 			func() error {
+				if g == nil && e.flash {
+					return e.launch3("flash_fwd", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
+						a.y[l], a.lse[l], a.q[l], a.k[l], a.v[l], T, H, KV, scale)
+				}
 				if g == nil {
 					return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
 						a.y[l], a.att[l], a.q[l], a.k[l], a.v[l], T, T, H, KV, D, 0, scale)
@@ -139,6 +143,29 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 		return err
 	}
 	return e.gemm(false, true, N, V, d, act(a.lnf), e.w(e.headSpec()), 0, a.logits)
+}
+
+// flashHeadDim is the head dimension flash.cu is built for.
+const flashHeadDim = 64
+
+// flashTiles is the number of 64-row tiles covering T rows.
+func flashTiles(T int) int { return (T + 63) / 64 }
+
+// flashBackward leaves layer l's attention input gradients in a.dq, a.dk
+// and a.dv from a.dy, recomputing the probabilities from the saved
+// log-sum-exp.
+func (e *Engine) flashBackward(l, B, T int, scale float32) error {
+	a, H, KV := e.a, e.cfg.Heads, e.cfg.KVHeads
+	N := B * T
+	if err := e.launch("flash_bwd_dot", blocks(int64(N)*int64(H)*32, 256), 256, a.dvec, a.dy, a.y[l], N, T, H); err != nil {
+		return err
+	}
+	if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
+		a.dq, a.q[l], a.k[l], a.v[l], a.dy, a.lse[l], a.dvec, T, H, KV, scale); err != nil {
+		return err
+	}
+	return e.launch3("flash_bwd_dkv", cuda.Dim3{X: flashTiles(T), Y: KV, Z: B}, cuda.Dim3{X: 128},
+		a.dk, a.dv, a.q[l], a.k[l], a.v[l], a.dy, a.lse[l], a.dvec, T, H, KV, scale)
 }
 
 func threadsFor(d int) int {
@@ -242,10 +269,13 @@ func (e *Engine) backward(b model.Batch) error {
 			func() error { return e.gemm(true, false, d, qd, N, act(a.dresid), act(a.y[l]), 1, G(sO)) },
 			func() error { return e.gemm(false, false, N, qd, d, act(a.dresid), W(sO), 0, a.dy) },
 			func() error {
-				return e.launch3("attn_bwd_q", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
-					a.dq, a.ds, a.dy, a.att[l], a.k[l], a.v[l], T, T, H, KV, D, scale)
-			},
-			func() error {
+				if e.flash {
+					return e.flashBackward(l, B, T, scale)
+				}
+				if err := e.launch3("attn_bwd_q", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
+					a.dq, a.ds, a.dy, a.att[l], a.k[l], a.v[l], T, T, H, KV, D, scale); err != nil {
+					return err
+				}
 				return e.launch3("attn_bwd_kv", cuda.Dim3{X: T, Y: KV, Z: B}, cuda.Dim3{X: min(D, 256)},
 					a.dk, a.dv, a.ds, a.att[l], a.q[l], a.dy, T, T, H, KV, D, scale)
 			},

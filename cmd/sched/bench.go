@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,7 @@ type benchFlags struct {
 	batch, seq, steps, warm  int
 	peakTFLOPs               float64
 	forceSM80                bool
+	profile                  bool
 }
 
 // benchResult is the JSON line `sched bench` prints per run. Its first
@@ -61,6 +63,9 @@ type benchResult struct {
 	MemoryInUseBefore int64    `json:"memory_in_use_before_bytes"`
 	OtherProcesses    []string `json:"other_processes"`
 	Warning           string   `json:"warning,omitempty"`
+	// KernelMSPerStep is device time per kernel name and step (--profile),
+	// measured on separate, serialised steps.
+	KernelMSPerStep map[string]float64 `json:"kernel_ms_per_step,omitempty"`
 }
 
 func init() {
@@ -90,6 +95,7 @@ busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
 	fl.IntVar(&f.warm, "warmup", 8, "untimed steps first (compilation, allocation, clocks)")
 	fl.Float64Var(&f.peakTFLOPs, "peak-tflops", 989, "the device's dense bf16 peak for MFU (H100/H200 SXM: 989)")
 	fl.BoolVar(&f.forceSM80, "force-sm80", false, "build the CUDA kernels for sm_80 (the RTX 3060's path) on a newer GPU")
+	fl.BoolVar(&f.profile, "profile", false, "CUDA engine: after the timed steps, run as many again with each kernel timed by events and print the time per kernel")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -178,6 +184,12 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if own, ok := processMemory(ctx, os.Getpid()); ok {
 		r.ProcessMemory, r.ProcessMemorySource = own, "nvidia-smi"
 	}
+	if ce, ok := eng.(*kernels.Engine); ok && f.profile {
+		if r.KernelMSPerStep, err = profileSteps(ctx, ce, step, f.steps); err != nil {
+			return err
+		}
+		writeProfile(errOut, r.KernelMSPerStep, el*1000/float64(f.steps))
+	}
 	r.OtherProcesses = others
 	r.GPUIdle = len(others) == 0
 	if !r.GPUIdle {
@@ -231,4 +243,44 @@ func smiApps(ctx context.Context) [][2]string {
 		}
 	}
 	return rows
+}
+
+// profileSteps runs steps more steps with every kernel timed and returns
+// the milliseconds per step of each kernel name.
+func profileSteps(ctx context.Context, e *kernels.Engine, step func() (model.StepMetrics, error), steps int) (map[string]float64, error) {
+	if err := e.SetProfiling(true); err != nil {
+		return nil, err
+	}
+	for i := 0; i < steps; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if _, err := step(); err != nil {
+			return nil, err
+		}
+	}
+	t := e.KernelTimes()
+	if err := e.SetProfiling(false); err != nil {
+		return nil, err
+	}
+	for k := range t {
+		t[k] /= float64(steps)
+	}
+	return t, nil
+}
+
+// writeProfile prints the per-kernel table, largest first, beside the
+// unprofiled step time.
+func writeProfile(w io.Writer, ms map[string]float64, stepMS float64) {
+	names := make([]string, 0, len(ms))
+	total := 0.0
+	for k, v := range ms {
+		names = append(names, k)
+		total += v
+	}
+	sort.Slice(names, func(i, j int) bool { return ms[names[i]] > ms[names[j]] })
+	fmt.Fprintf(w, "kernel time per step (serialised): %.2f ms; unprofiled step %.2f ms\n", total, stepMS)
+	for _, k := range names {
+		fmt.Fprintf(w, "  %-24s %9.3f ms %5.1f%%\n", k, ms[k], 100*ms[k]/total)
+	}
 }

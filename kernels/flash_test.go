@@ -1,0 +1,217 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kiln-lm/kiln/kernels/cuda"
+	"github.com/kiln-lm/kiln/model"
+)
+
+// attnConfig is a one-layer model with the attention shape under test; the
+// other sizes only need to be valid.
+func attnConfig(H, KV int) model.Config {
+	return model.Config{VocabSize: 256, Hidden: 64, Layers: 1, Heads: H, KVHeads: KV, HeadDim: 64, Intermediate: 64,
+		MaxPositions: 1024, RopeTheta: 10000, RMSNormEps: 1e-5}
+}
+
+// bf16Values draws n normal values already rounded to bf16, so that both
+// attention paths see identical inputs and differ only in their own
+// arithmetic.
+func bf16Values(r *rand.Rand, n int) []float32 {
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = math.Float32frombits(uint32(model.ToBF16(float32(r.NormFloat64()))) << 16)
+	}
+	return out
+}
+
+// maxRelErr is the largest |got - want| over the largest |want|.
+func maxRelErr(got, want []float32) float64 {
+	var d, m float64
+	for i := range want {
+		d = math.Max(d, math.Abs(float64(got[i]-want[i])))
+		m = math.Max(m, math.Abs(float64(want[i])))
+	}
+	return d / m
+}
+
+// The flash kernels against the straightforward ones (attention.cu, which
+// the fp32 golden checks hold to transformers), forward and backward, at 12
+// query heads over 4 key/value heads, head_dim 64, T a multiple of the
+// 64-row tile and not, native and sm_80 builds. The flash path rounds the
+// probabilities and their gradients to bf16 for the tensor cores (as
+// PyTorch's flash attention does), which errs by about 2^-9 x sqrt(keys)
+// of each output's scale: held to 1e-2 of each tensor's largest value.
+func TestFlashMatchesStraightforward(t *testing.T) {
+	skipWithoutGPU(t)
+	const H, KV, D = 12, 4, 64
+	for _, force := range []string{"0", "1"} {
+		for _, sh := range []struct{ B, T int }{{1, 1024}, {2, 1000}} {
+			t.Run(fmt.Sprintf("sm80=%s/B=%d/T=%d", force, sh.B, sh.T), func(t *testing.T) {
+				t.Setenv("KILN_CUDA_FORCE_SM80", force)
+				e := newEngine(t, attnConfig(H, KV), model.Options{Precision: "bf16", MaxBatch: 1, MaxSeq: 64})
+				B, T := sh.B, sh.T
+				N := B * T
+				r := rand.New(rand.NewPCG(uint64(T), 7))
+				q, k, v, dout := bf16Values(r, N*H*D), bf16Values(r, N*KV*D), bf16Values(r, N*KV*D), bf16Values(r, N*H*D)
+				scale := float32(1 / math.Sqrt(D))
+				type result struct{ out, dq, dk, dv []float32 }
+				run := func(flash bool) result {
+					res := result{make([]float32, N*H*D), make([]float32, N*H*D), make([]float32, N*KV*D), make([]float32, N*KV*D)}
+					var held []cuda.Ptr
+					err := e.th.do(func() error {
+						var err error
+						buf := func(vals []float32, n int) cuda.Ptr {
+							if err != nil {
+								return 0
+							}
+							var p cuda.Ptr
+							if p, err = e.mem.alloc("test", int64(n)*4); err == nil {
+								held = append(held, p)
+								if vals != nil {
+									err = cuda.Upload(e.dv, p, vals)
+								}
+							}
+							return p
+						}
+						dq, dk, dv := buf(nil, N*H*D), buf(nil, N*KV*D), buf(nil, N*KV*D)
+						pq, pk, pv, pd, out := buf(q, len(q)), buf(k, len(k)), buf(v, len(v)), buf(dout, len(dout)), buf(nil, N*H*D)
+						if flash {
+							lse, dvec := buf(nil, B*H*T), buf(nil, B*H*T)
+							if err != nil {
+								return err
+							}
+							tiles := flashTiles(T)
+							if err := e.launch3("flash_fwd", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, out, lse, pq, pk, pv, T, H, KV, scale); err != nil {
+								return err
+							}
+							if err := e.launch("flash_bwd_dot", blocks(int64(N*H*32), 256), 256, dvec, pd, out, N, T, H); err != nil {
+								return err
+							}
+							if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, dq, pq, pk, pv, pd, lse, dvec, T, H, KV, scale); err != nil {
+								return err
+							}
+							if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128}, dk, dv, pq, pk, pv, pd, lse, dvec, T, H, KV, scale); err != nil {
+								return err
+							}
+						} else {
+							att, ds := buf(nil, B*H*T*T), buf(nil, B*H*T*T)
+							if err != nil {
+								return err
+							}
+							if err := e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128}, out, att, pq, pk, pv, T, T, H, KV, D, 0, scale); err != nil {
+								return err
+							}
+							if err := e.launch3("attn_bwd_q", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128}, dq, ds, pd, att, pk, pv, T, T, H, KV, D, scale); err != nil {
+								return err
+							}
+							if err := e.launch3("attn_bwd_kv", cuda.Dim3{X: T, Y: KV, Z: B}, cuda.Dim3{X: D}, dk, dv, ds, att, pq, pd, T, T, H, KV, D, scale); err != nil {
+								return err
+							}
+						}
+						for _, o := range []struct {
+							dst []float32
+							src cuda.Ptr
+						}{{res.out, out}, {res.dq, dq}, {res.dk, dk}, {res.dv, dv}} {
+							if err := cuda.Download(e.dv, o.dst, o.src); err != nil {
+								return err
+							}
+						}
+						for _, p := range held {
+							if err := e.mem.free(p); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return res
+				}
+				want, got := run(false), run(true)
+				counts := e.LaunchCounts()
+				for _, name := range []string{"flash_fwd", "flash_bwd_dot", "flash_bwd_dq", "flash_bwd_dkv", "attn_fwd", "attn_bwd_q", "attn_bwd_kv"} {
+					if counts[name] != 1 {
+						t.Fatalf("kernel %s launched %d times, want once: %v", name, counts[name], counts)
+					}
+				}
+				for _, c := range []struct {
+					name      string
+					got, want []float32
+				}{{"out", got.out, want.out}, {"dq", got.dq, want.dq}, {"dk", got.dk, want.dk}, {"dv", got.dv, want.dv}} {
+					rel := maxRelErr(c.got, c.want)
+					t.Logf("%s (%s): max error %.3g of its largest value", c.name, e.Arch, rel)
+					if !(rel <= 1e-2) {
+						t.Errorf("%s: flash differs from the straightforward kernels by %.3g of its largest value (limit 1e-2)", c.name, rel)
+					}
+				}
+			})
+		}
+	}
+}
+
+// A bf16 training step at head_dim 64 launches the flash kernels and never
+// the straightforward ones (and fp32 the reverse), so the parity checks
+// above and the golden bf16 check exercise the path training takes.
+func TestTrainingStepTakesFlashPath(t *testing.T) {
+	c, p, b := loadGolden(t, goldenDirs[1])
+	if c.HeadDim != flashHeadDim {
+		t.Fatalf("golden %s has head_dim %d, want %d", goldenDirs[1], c.HeadDim, flashHeadDim)
+	}
+	for _, prec := range []string{"bf16", "fp32"} {
+		e := newEngine(t, c, model.Options{Precision: prec, MaxBatch: b.B, MaxSeq: b.T})
+		if err := e.SetParams(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.ForwardBackward(b, 1); err != nil {
+			t.Fatal(err)
+		}
+		n := e.LaunchCounts()
+		flash := n["flash_fwd"] == c.Layers && n["flash_bwd_dq"] == c.Layers && n["flash_bwd_dkv"] == c.Layers
+		naive := n["attn_fwd"] == c.Layers && n["attn_bwd_q"] == c.Layers && n["attn_bwd_kv"] == c.Layers
+		if prec == "bf16" && (!flash || n["attn_fwd"]+n["attn_bwd_q"]+n["attn_bwd_kv"] != 0) {
+			t.Errorf("bf16 step: want the flash kernels once per layer and no straightforward attention, launches %v", n)
+		}
+		if prec == "fp32" && (!naive || n["flash_fwd"]+n["flash_bwd_dq"]+n["flash_bwd_dkv"] != 0) {
+			t.Errorf("fp32 step: want the straightforward attention once per layer and no flash kernels, launches %v", n)
+		}
+	}
+}
+
+// The pilot's shape (small, batch 8 x 1024, bf16) fits a 12 GB card: peak
+// allocated memory after a full step stays under 11 GiB.
+func TestPilotPeakMemory(t *testing.T) {
+	c := model.Presets["small"]
+	e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: 8, MaxSeq: 1024})
+	if err := e.SetParams(model.InitParams(c, 1)); err != nil {
+		t.Fatal(err)
+	}
+	n := 8 * 1024
+	b := model.Batch{B: 8, T: 1024, Inputs: make([]int32, n), Targets: make([]int32, n)}
+	for i := range b.Inputs {
+		b.Inputs[i] = int32((i * 7919) % c.VocabSize)
+		b.Targets[i] = int32((i * 104729) % c.VocabSize)
+	}
+	if err := e.ForwardBackward(b, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Step(model.AdamW{LR: 4e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := e.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak := e.Memory().PeakAllocated
+	t.Logf("small 8x1024 bf16: peak allocated %.2f GiB, loss %.4f", gib(peak), m.Loss)
+	if gib(peak) >= 11 {
+		t.Errorf("peak allocated %.2f GiB, want under 11 GiB", gib(peak))
+	}
+	if math.IsNaN(m.Loss) || m.Loss <= 0 {
+		t.Errorf("loss %v after one step", m.Loss)
+	}
+}

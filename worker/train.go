@@ -56,9 +56,19 @@ type Training struct {
 	Sample func(ctx context.Context, checkpoint string) ([]int32, string, error)
 	// Bench measures one shape for bench:run: the GPU bench routine of
 	// `sched bench`. Without it bench:run is archived as unavailable.
-	Bench func(ctx context.Context, s runs.Shape, engine string) (results.BenchRow, error)
+	Bench func(ctx context.Context, b BenchSpec) (results.BenchRow, error)
 	// Log receives the segment's logs. Default zap.NewNop().
 	Log *zap.Logger
+}
+
+// BenchSpec is one bench:run measurement: a shape on an engine, with the
+// payload's step counts where it gives them.
+type BenchSpec struct {
+	Shape  runs.Shape
+	Engine string
+	// Steps is 0 and Warmup -1 where the payload leaves them to the bench
+	// routine's defaults.
+	Steps, Warmup int
 }
 
 var training atomic.Pointer[Training]
@@ -84,6 +94,16 @@ func benchRun(ctx context.Context, a scheduler.BenchRun) error {
 	t := training.Load()
 	if t == nil || t.Bench == nil {
 		return &UnavailableError{Kind: scheduler.KindBenchRun}
+	}
+	steps, warmup := 0, -1
+	for k, p := range map[string]*int{"steps": &steps, "warmup": &warmup} {
+		if v, ok := a.Params[k]; ok {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || (k == "steps" && n == 0) {
+				return fmt.Errorf("bench:run: %s %q is not a positive number (%w)", k, v, asynq.SkipRetry)
+			}
+			*p = n
+		}
 	}
 	var shapes []runs.Shape
 	switch {
@@ -115,7 +135,7 @@ func benchRun(ctx context.Context, a scheduler.BenchRun) error {
 			return err
 		}
 		rep.Report(ctx, float64(i)/float64(len(shapes)), 0, "", "measuring "+sh.String())
-		row, err := t.Bench(ctx, sh, a.Engine)
+		row, err := t.Bench(ctx, BenchSpec{Shape: sh, Engine: a.Engine, Steps: steps, Warmup: warmup})
 		if err != nil {
 			if ctx.Err() != nil {
 				return err

@@ -178,7 +178,8 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 
 // cpuBench measures a shape with the CPU engine: two timed steps on random
 // ids, the way `sched bench` measures on the GPU.
-func cpuBench(ctx context.Context, s runs.Shape, engine string) (results.BenchRow, error) {
+func cpuBench(ctx context.Context, b BenchSpec) (results.BenchRow, error) {
+	s := b.Shape
 	c, err := s.Config()
 	if err != nil {
 		return results.BenchRow{}, err
@@ -192,16 +193,16 @@ func cpuBench(ctx context.Context, s runs.Shape, engine string) (results.BenchRo
 		return results.BenchRow{}, err
 	}
 	n := s.Batch * s.Seq
-	b := model.Batch{B: s.Batch, T: s.Seq, Inputs: make([]int32, n), Targets: make([]int32, n)}
-	for i := range b.Inputs {
-		b.Inputs[i], b.Targets[i] = int32(i%c.VocabSize), int32((i*7)%c.VocabSize)
+	mb := model.Batch{B: s.Batch, T: s.Seq, Inputs: make([]int32, n), Targets: make([]int32, n)}
+	for i := range mb.Inputs {
+		mb.Inputs[i], mb.Targets[i] = int32(i%c.VocabSize), int32((i*7)%c.VocabSize)
 	}
 	start := time.Now()
 	for i := 0; i < 2; i++ {
 		if err := eng.ZeroGrad(); err != nil {
 			return results.BenchRow{}, err
 		}
-		if err := eng.ForwardBackward(b, 1); err != nil {
+		if err := eng.ForwardBackward(mb, 1); err != nil {
 			return results.BenchRow{}, err
 		}
 		if err := eng.Step(model.AdamW{LR: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}); err != nil {

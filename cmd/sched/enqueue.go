@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -75,6 +76,11 @@ func init() {
 	bench.Flags().StringVar(&br.Engine, "engine", "auto", "engine: cuda, cpu or auto")
 	var isSweep bool
 	bench.Flags().BoolVar(&isSweep, "sweep", false, "the name is a sweep, not a model")
+	var benchBatch, benchSeq, benchSteps, benchWarmup int
+	bench.Flags().IntVar(&benchBatch, "batch", 0, "micro-batch of a model's measurement (0: 32)")
+	bench.Flags().IntVar(&benchSeq, "seq", 0, "sequence length of a model's measurement (0: 1024)")
+	bench.Flags().IntVar(&benchSteps, "steps", 0, "timed steps (0: sched bench's 30)")
+	bench.Flags().IntVar(&benchWarmup, "warmup", -1, "untimed steps first (default: sched bench's 8)")
 	bench.RunE = func(c *cobra.Command, args []string) error {
 		cfg, err := loadConfig(c)
 		if err != nil {
@@ -83,11 +89,16 @@ func init() {
 		if err := checkName("benchmark", args[0]); err != nil {
 			return err
 		}
-		if isSweep {
+		if isSweep || args[0] == "sweep" {
 			br.Sweep = args[0]
 		} else {
 			br.Model = args[0]
 		}
+		params, err := benchParams(isSweep || args[0] == "sweep", benchBatch, benchSeq, benchSteps, benchWarmup)
+		if err != nil {
+			return err
+		}
+		br.Params = params
 		return enqueueOne(c, cfg, br)
 	}
 
@@ -125,4 +136,32 @@ func enqueueOne(c *cobra.Command, cfg scheduler.Config, a scheduler.Args) error 
 	}
 	fmt.Fprintf(c.OutOrStdout(), "queued %s on %s\n", info.ID, info.Queue)
 	return nil
+}
+
+// benchParams maps enqueue bench's shape flags onto bench:run's params,
+// leaving out what was not given so that the worker's defaults apply and
+// the same measurement queued twice is one task.
+func benchParams(sweep bool, batch, seq, steps, warmup int) (map[string]string, error) {
+	if sweep && (batch != 0 || seq != 0) {
+		return nil, badInput("--batch and --seq choose a model's shape; the sweep has its own shapes: drop them or name a model")
+	}
+	p := map[string]string{}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"batch", batch}, {"seq", seq}, {"steps", steps}} {
+		switch {
+		case f.v < 0:
+			return nil, badInput("--%s %d: give a positive number", f.name, f.v)
+		case f.v > 0:
+			p[f.name] = strconv.Itoa(f.v)
+		}
+	}
+	if warmup >= 0 {
+		p["warmup"] = strconv.Itoa(warmup)
+	}
+	if len(p) == 0 {
+		return nil, nil
+	}
+	return p, nil
 }

@@ -7,6 +7,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/worker"
 )
 
@@ -60,6 +62,9 @@ func init() {
 					TokensDir:   filepath.Join(cfg.DataDir, "tokens"),
 					UploadGrace: cfg.ShutdownGrace * 3 / 4,
 					Log:         log,
+					Bench: func(ctx context.Context, b worker.BenchSpec) (results.BenchRow, error) {
+						return benchRow(ctx, b, func(msg string) { log.Info(msg) })
+					},
 				})
 			}
 			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
@@ -71,4 +76,29 @@ func init() {
 	}
 	cmd.Flags().StringVar(&queues, "queues", "ingest=4", "queues and concurrency, e.g. ingest=4,append=1,gpu=1")
 	rootCmd.AddCommand(cmd)
+}
+
+// benchRow measures one bench:run shape with the routine behind `sched
+// bench`, at its step counts unless the payload gave others.
+func benchRow(ctx context.Context, b worker.BenchSpec, logf func(string)) (results.BenchRow, error) {
+	c, err := b.Shape.Config()
+	if err != nil {
+		return results.BenchRow{}, err
+	}
+	o := trainer.BenchOptions{Model: c, Engine: b.Engine, Batch: b.Shape.Batch, Seq: b.Shape.Seq, Steps: 30, Warmup: 8, Log: logf}
+	if o.Engine == "" {
+		o.Engine = "auto"
+	}
+	if b.Steps > 0 {
+		o.Steps = b.Steps
+	}
+	if b.Warmup >= 0 {
+		o.Warmup = b.Warmup
+	}
+	r, err := trainer.Bench(ctx, o)
+	if err != nil {
+		return results.BenchRow{}, err
+	}
+	return results.BenchRow{Model: b.Shape.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: o.Batch, Seq: o.Seq,
+		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, MFU: r.MFU, GPUIdle: r.GPUIdle(), Device: r.Device}, nil
 }

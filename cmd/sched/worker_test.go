@@ -2,43 +2,24 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/worker"
 )
-
-// This build's bench:run handler stands in for the benchmark code of a
-// later issue when that code is absent: it records that it ran (INCR
-// kiln-test:bench:<model>) so the CLI path can be checked end to end.
-func init() {
-	if slices.Contains(worker.Registered(), scheduler.KindBenchRun) {
-		return
-	}
-	worker.Register(func(ctx context.Context, a scheduler.BenchRun) error {
-		worker.Progress(ctx).Report(ctx, 0.5, 10, "runs/s", "measuring "+a.Model)
-		url := os.Getenv("KILN_REDIS_URL")
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			return err
-		}
-		c := redis.NewClient(opt)
-		defer c.Close()
-		return c.Incr(ctx, "kiln-test:bench:"+a.Model).Err()
-	})
-}
 
 // startWorker runs `sched worker` as a child process until the test ends.
 func startWorker(t *testing.T, env []string, args ...string) *exec.Cmd {
@@ -88,13 +69,19 @@ func waitStatus(t *testing.T, env []string, id string, re *regexp.Regexp, within
 	return ""
 }
 
+// TestEnqueueWorkerStatusDuplicate queues a real benchmark, small enough
+// for the CPU engine, through a worker process: it completes, a second
+// enqueue is reported as a duplicate, status and runs show it, and its row
+// was written exactly once.
 func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 	t.Parallel()
 	r := testsvc.StartRedis(t)
-	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json"}
+	data := t.TempDir()
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json", "KILN_DATA_DIR=" + data}
 	startWorker(t, env, "--queues", "gpu=1")
 
-	out, errOut, code := sched(t, env, "enqueue", "bench", "tiny")
+	bench := []string{"enqueue", "bench", "tiny", "--engine", "cpu", "--batch", "1", "--seq", "16", "--steps", "2", "--warmup", "0"}
+	out, errOut, code := sched(t, env, bench...)
 	m := regexp.MustCompile(`queued (bench:run:[0-9a-f]+) on gpu`).FindStringSubmatch(out)
 	if code != 0 || m == nil {
 		t.Fatalf("enqueue: exit %d, %q %q", code, out, errOut)
@@ -102,7 +89,7 @@ func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 	id := m[1]
 	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`\s+completed\s+100\.0%`), time.Minute)
 
-	out, _, code = sched(t, env, "enqueue", "bench", "tiny")
+	out, _, code = sched(t, env, bench...)
 	if code != 0 || !strings.Contains(out, "already queued as "+id+" (completed)") {
 		t.Fatalf("second enqueue: exit %d, %q; want a duplicate report naming %s", code, out, id)
 	}
@@ -114,10 +101,39 @@ func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 	if !strings.Contains(out, id+"  completed") {
 		t.Fatalf("runs does not list %s:\n%s", id, out)
 	}
-	c := redis.NewClient(&redis.Options{Addr: r.Addr})
-	defer c.Close()
-	if n, _ := c.Get(context.Background(), "kiln-test:bench:tiny").Int(); n != 1 {
-		t.Fatalf("the task ran %d times, want once", n)
+	f, err := os.Open(filepath.Join(data, "objects", filepath.FromSlash(worker.BenchKey)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var rows []results.BenchRow
+	dec := json.NewDecoder(f)
+	for dec.More() {
+		var row results.BenchRow
+		if err := dec.Decode(&row); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, row)
+	}
+	if len(rows) != 1 || rows[0].Model != "tiny" || rows[0].Batch != 1 || rows[0].Seq != 16 || rows[0].TokPerSec <= 0 || rows[0].Error != "" {
+		t.Fatalf("bench rows %+v; want one measured row of tiny at 1 x 16 (the task ran once)", rows)
+	}
+}
+
+func TestEnqueueBenchBadInput(t *testing.T) {
+	t.Parallel()
+	env := []string{"KILN_REDIS_URL=redis://127.0.0.1:1/0"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"enqueue", "bench", "sweep", "--batch", "4"}, "the sweep has its own shapes"},
+		{[]string{"enqueue", "bench", "tiny", "--seq", "-3"}, "--seq -3"},
+	} {
+		_, errOut, code := sched(t, env, tc.args...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line containing %q", tc.args, code, errOut, tc.want)
+		}
 	}
 }
 

@@ -9,12 +9,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 func init() {
 	rootCmd.AddCommand(&cobra.Command{
 		Use:   "status [task-id]",
-		Short: "Show queues with their sizes and running tasks with their progress, or one task",
+		Short: "Show queues with their sizes, running tasks with their progress and training runs, or one task",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg, err := loadConfig(c)
@@ -57,6 +58,17 @@ func init() {
 			}
 			if running == 0 {
 				fmt.Fprintln(w, "no running tasks")
+			}
+			rs, err := segment.ReadRunStates(c.Context(), q.Redis())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(w)
+			if len(rs) == 0 {
+				fmt.Fprintln(w, "no training runs (start one with 'sched enqueue train <run>')")
+			}
+			for _, r := range rs {
+				fmt.Fprintln(w, r.String())
 			}
 			return nil
 		},

@@ -16,6 +16,7 @@ import (
 // store's held-out split.
 type Mixture struct {
 	stores  []*tokens.Store
+	names   []string // the entries' store paths, for messages
 	sources []tokens.Source
 	cfg     tokens.Config
 	sampler *tokens.Sampler
@@ -38,6 +39,7 @@ func OpenMixture(entries []MixtureEntry, mc model.Config, seq int, seed uint64) 
 			return nil, err
 		}
 		m.stores = append(m.stores, st)
+		m.names = append(m.names, e.Store)
 		tk := st.Manifest().Tokenizer
 		if tk.VocabSize > mc.VocabSize {
 			m.Close()
@@ -63,6 +65,16 @@ func OpenMixture(entries []MixtureEntry, mc model.Config, seq int, seed uint64) 
 		return nil, err
 	}
 	return m, nil
+}
+
+// Stores returns each store's path and the tokenizer its manifest
+// records, so that a caller can check them against the run's tokenizer.
+func (m *Mixture) Stores() []catalog.Store {
+	out := make([]catalog.Store, len(m.stores))
+	for i, st := range m.stores {
+		out[i] = catalog.Store{Store: m.names[i], Tokenizer: st.Manifest().Tokenizer}
+	}
+	return out
 }
 
 // Next draws b training windows.

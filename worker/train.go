@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -42,6 +44,9 @@ type Training struct {
 	// Dir is the local run root (checkpoints, metrics); TokensDir the root
 	// of the mixture's token stores.
 	Dir, TokensDir string
+	// DataDir is the local data directory, where resolved tokenizers are
+	// kept (<DataDir>/tokenizers). Default: Dir's parent.
+	DataDir string
 	// Owner names this worker in run locks. Default host:pid.
 	Owner string
 	// LockTTL is the run lock's lease: how long a run stays locked after its
@@ -202,10 +207,29 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	tok, err := tokenizerBytes(ctx, t.Objects, run.Tokenizer)
-	if err != nil {
-		log.Warn("checkpoints will carry no tokenizer.json", zap.String("run", a.Run), zap.Error(err))
+	// The payload pins the tokenizer the run was queued with; the runs
+	// entry names it for payloads that do not.
+	name := a.Tokenizer
+	if name == "" {
+		name = run.Tokenizer
 	}
+	if name == "" {
+		return fmt.Errorf("train:segment run %s names no tokenizer: set tokenizer in its runs entry or queue it with KILN_TOKENIZER set (%w)", a.Run, asynq.SkipRetry)
+	}
+	dataDir := t.DataDir
+	if dataDir == "" {
+		dataDir = filepath.Dir(t.Dir)
+	}
+	uses, _, err := catalog.New(t.Objects, dataDir).Resolve(ctx, name)
+	if err != nil {
+		// An unknown or conflicting name does not fix itself by waiting.
+		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: tokenizer %s: %w", a.Run, name, err))
+	}
+	tok, err := os.ReadFile(uses.Path)
+	if err != nil {
+		return fmt.Errorf("train:segment run %s: %w", a.Run, err)
+	}
+	run.Tokenizer = name
 	bench, err := benchRows(ctx, t.Objects)
 	if err != nil {
 		log.Warn("the tok/s gate has no bench figures", zap.Error(err))
@@ -213,7 +237,7 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 	rep := Progress(ctx)
 	out, err := segment.Run(ctx, segment.Params{
 		Run: run, Dir: t.Dir, TokensDir: t.TokensDir, Objects: t.Objects, Redis: t.Redis, Owner: t.Owner,
-		LockTTL: t.LockTTL, UploadGrace: t.UploadGrace, Bench: bench, Tokenizer: tok, OpenData: t.OpenData, Sample: t.Sample, Log: log,
+		LockTTL: t.LockTTL, UploadGrace: t.UploadGrace, Bench: bench, Tokenizer: tok, Uses: &uses, OpenData: t.OpenData, Sample: t.Sample, Log: log,
 		Progress: func(step, total int, m *trainer.Metrics) {
 			if m == nil || total <= 0 {
 				return
@@ -223,13 +247,18 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("train:segment run %s: %w", a.Run, err)
+		err = fmt.Errorf("train:segment run %s: %w", a.Run, err)
+		var mismatch *catalog.MismatchError
+		if errors.As(err, &mismatch) {
+			err = fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
+		}
+		return err
 	}
 	if out.Done {
 		rep.Message(ctx, fmt.Sprintf("run %s done at step %d", a.Run, out.Step))
 		return nil
 	}
-	next := scheduler.TrainSegment{Run: a.Run, Engine: a.Engine, FromStep: int64(out.Step), TotalSteps: int64(out.TotalSteps)}
+	next := scheduler.TrainSegment{Run: a.Run, Tokenizer: name, Engine: a.Engine, FromStep: int64(out.Step), TotalSteps: int64(out.TotalSteps)}
 	if err := t.Enqueue(ctx, next); err != nil {
 		var dup *scheduler.DuplicateError
 		if !errors.As(err, &dup) {
@@ -251,18 +280,4 @@ func benchRows(ctx context.Context, obj store.Store) ([]results.BenchRow, error)
 	}
 	defer r.Close()
 	return results.ReadBench(r)
-}
-
-// tokenizerBytes reads tokenizers/<name>/tokenizer.json, which every
-// checkpoint carries so that transformers can load it as is.
-func tokenizerBytes(ctx context.Context, obj store.Store, name string) ([]byte, error) {
-	if name == "" || obj == nil {
-		return nil, errors.New("the run names no tokenizer")
-	}
-	r, err := obj.Get(ctx, "tokenizers/"+name+"/tokenizer.json")
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	return io.ReadAll(r)
 }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +18,9 @@ import (
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	tokstore "github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -62,6 +66,21 @@ func (d *patternData) Cursor() (json.RawMessage, error) { return json.Marshal(d.
 func (d *patternData) Seek(c json.RawMessage) error     { return json.Unmarshal(c, &d.next) }
 func (d *patternData) Close() error                     { return nil }
 
+// publishTestTokenizer learns a small tokenizer and publishes it, as
+// `sched enqueue tokenizer` does, from a data directory of its own.
+func publishTestTokenizer(t *testing.T, objects store.Store) string {
+	t.Helper()
+	corpus := strings.Repeat("func main() { return x + y } the quick brown fox jumps over the lazy dog\n", 100)
+	b, err := tokenizer.Train(context.Background(), []io.Reader{strings.NewReader(corpus)}, tokenizer.TrainOptions{VocabSize: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := catalog.New(objects, t.TempDir()).Publish(context.Background(), "train-test-bpe", b); err != nil {
+		t.Fatal(err)
+	}
+	return "train-test-bpe"
+}
+
 // A run enqueued once trains as a chain of segments, each queuing the
 // next, until the run is done; checkpoints and results land in the store.
 func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
@@ -70,8 +89,9 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tokName := publishTestTokenizer(t, objects)
 	run := runs.Run{
-		Name: "chain",
+		Name: "chain", Tokenizer: tokName,
 		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: 1e-3, Warmup: 1, TotalSteps: 9,
 			LogEvery: 1, EvalEvery: 3, EvalBatches: 1, CheckpointEvery: 3, Seed: 3, Engine: "cpu", Precision: "fp32",
 			Mixture: []trainer.MixtureEntry{{Store: "pattern", Weight: 1}}},
@@ -132,7 +152,7 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 	}
 	// Three segments ran: from 0, from 3 and from 6.
 	for _, from := range []int64{3, 6} {
-		info, err := e.c.Enqueue(context.Background(), scheduler.TrainSegment{Run: "chain", FromStep: from, TotalSteps: 9})
+		info, err := e.c.Enqueue(context.Background(), scheduler.TrainSegment{Run: "chain", Tokenizer: tokName, FromStep: from, TotalSteps: 9})
 		if err == nil {
 			t.Errorf("segment from step %d was not queued by its predecessor (enqueued anew as %s)", from, info.ID)
 		}
@@ -262,8 +282,9 @@ func TestCancelledSegmentCheckpointsAndStopsTheChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tokName := publishTestTokenizer(t, objects)
 	run := runs.Run{
-		Name: "long-one",
+		Name: "long-one", Tokenizer: tokName,
 		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: 1e-3, Warmup: 1, TotalSteps: 100000,
 			LogEvery: 1, EvalEvery: 50, EvalBatches: 1, CheckpointEvery: 1000, Seed: 3, Engine: "cpu", Precision: "fp32",
 			Mixture: []trainer.MixtureEntry{{Store: "pattern", Weight: 1}}},
@@ -320,7 +341,64 @@ func TestCancelledSegmentCheckpointsAndStopsTheChain(t *testing.T) {
 	// No next segment was queued: the one from the stop step is not a
 	// duplicate.
 	from, _ := strconv.Atoi(stopped)
-	if _, err := e.c.Enqueue(context.Background(), scheduler.TrainSegment{Run: "long-one", FromStep: int64(from), TotalSteps: 100000}); err != nil {
+	if _, err := e.c.Enqueue(context.Background(), scheduler.TrainSegment{Run: "long-one", Tokenizer: tokName, FromStep: int64(from), TotalSteps: 100000}); err != nil {
 		t.Fatalf("a next segment from step %d was already queued: %v", from, err)
+	}
+}
+
+// A segment's tokenizer is resolved by name: a name nothing holds, or
+// token stores made by another tokenizer than the run's, archive the task
+// at once with a message naming them, before any step.
+func TestTrainSegmentRefusesAnotherTokenizer(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokName := publishTestTokenizer(t, objects)
+	tokens := t.TempDir()
+	a, err := tokstore.OpenAppender(context.Background(), filepath.Join(tokens, "other"),
+		tokstore.Tokenizer{Name: "other-bpe", SHA256: strings.Repeat("cd", 32), VocabSize: 300}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uint32, 5000)
+	for i := range ids[:len(ids)-1] {
+		ids[i] = uint32(1 + i%250)
+	}
+	if _, err := a.Append(context.Background(), tokstore.ShardInfo{ID: "s0"}, bytes.NewReader(tokstore.Encode(nil, tokstore.DtypeFor(300), ids))); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	run := runs.Run{
+		Name: "pinned", Tokenizer: tokName,
+		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: 1e-3, Warmup: 1, TotalSteps: 4,
+			LogEvery: 1, CheckpointEvery: 4, Seed: 3, Engine: "cpu", Precision: "fp32",
+			Mixture: []trainer.MixtureEntry{{Store: "other", Weight: 1}}},
+		Retention: runs.Retention{KeepLast: 1},
+	}
+	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Set{"pinned": run}, Dir: t.TempDir(), TokensDir: tokens,
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	id := e.enqueue(scheduler.TrainSegment{Run: "pinned", Tokenizer: "never-published"})
+	ts := e.waitFor(id, 30*time.Second, "archived", state("archived"))
+	if !strings.Contains(ts.LastErr, "never-published") || !strings.Contains(ts.LastErr, tokName) {
+		t.Fatalf("unknown tokenizer archived with %q; want the name and the known ones", ts.LastErr)
+	}
+	id = e.enqueue(scheduler.TrainSegment{Run: "pinned"})
+	ts = e.waitFor(id, time.Minute, "archived", state("archived"))
+	if !strings.Contains(ts.LastErr, "other-bpe") || !strings.Contains(ts.LastErr, tokName) || !strings.Contains(ts.LastErr, "their ids mean different text") {
+		t.Fatalf("store of another tokenizer archived with %q; want both tokenizers named", ts.LastErr)
+	}
+	if st := e.rdb.HGet(context.Background(), segment.StateKey("pinned"), "step").Val(); st != "" && st != "0" {
+		t.Fatalf("the run trained to step %s on a store of another tokenizer", st)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -44,6 +45,10 @@ type Params struct {
 	UploadGrace time.Duration
 	// Tokenizer is tokenizer.json's bytes, copied into every checkpoint.
 	Tokenizer []byte
+	// Uses, when set, is the run's tokenizer: data whose stores were made
+	// by another one is refused (catalog.MismatchError) before a step, as
+	// their ids would mean other text than the checkpoint's tokenizer says.
+	Uses *catalog.Entry
 	// Engine, when set, is used instead of one made from the run's engine.
 	Engine model.Engine
 	// OpenData opens the run's data. Default: trainer.OpenMixture over
@@ -84,6 +89,20 @@ func (p Params) withDefaults() Params {
 	if p.OpenData == nil {
 		p.OpenData = func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error) {
 			return trainer.OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+		}
+	}
+	if p.Uses != nil {
+		open, uses := p.OpenData, *p.Uses
+		p.OpenData = func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error) {
+			d, err := open(rc, mc)
+			if err != nil {
+				return nil, err
+			}
+			if err := checkUses(d, uses); err != nil {
+				d.Close()
+				return nil, err
+			}
+			return d, nil
 		}
 	}
 	return p
@@ -408,4 +427,20 @@ func (p Params) writeState(ctx context.Context, lock *Lock, rc trainer.RunConfig
 	if err := lock.Fenced(ctx, f); err != nil && !errors.Is(err, context.Canceled) {
 		log.Warn("record run state", zap.Error(err))
 	}
+}
+
+// checkUses refuses data over a store made by another tokenizer than
+// uses. Data that is not a mixture of stores (tests, the demo's own) has
+// nothing to check.
+func checkUses(d trainer.Data, uses catalog.Entry) error {
+	m, ok := d.(interface{ Stores() []catalog.Store })
+	if !ok {
+		return nil
+	}
+	for _, s := range m.Stores() {
+		if err := catalog.CheckUses(s, uses); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -10,6 +10,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
 
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 )
 
@@ -91,6 +93,20 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	data, err := trainer.OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
 	if err != nil {
 		return err
+	}
+	if tok != nil {
+		t, err := tokenizer.Parse(tok)
+		if err != nil {
+			data.Close()
+			return badInput("--tokenizer %s: %v", f.tokenizer, err)
+		}
+		uses := catalog.Entry{Name: f.tokenizer, SHA256: t.SHA256(), VocabSize: t.VocabSize()}
+		for _, s := range data.Stores() {
+			if err := catalog.CheckUses(s, uses); err != nil {
+				data.Close()
+				return err
+			}
+		}
 	}
 	out := cmd.OutOrStdout()
 	log := newLogger(cmd.ErrOrStderr())

@@ -3,19 +3,45 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/trainer"
 )
 
+// trainTestTokenizer writes a small learned tokenizer.json and returns
+// its path and SHA-256, the identity a store made by it records.
+func trainTestTokenizer(t *testing.T, text string) (path, sha string) {
+	t.Helper()
+	b, err := tokenizer.Train(context.Background(), []io.Reader{strings.NewReader(strings.Repeat(text, 50))}, tokenizer.TrainOptions{VocabSize: 280})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := tokenizer.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path = filepath.Join(t.TempDir(), "tokenizer.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, tk.SHA256()
+}
+
 func trainTestStore(t *testing.T, vocab, n int) string {
+	return trainTestStoreBy(t, strings.Repeat("cd", 32), vocab, n)
+}
+
+// trainTestStoreBy writes a store of n ids that records tokenizer sha.
+func trainTestStoreBy(t *testing.T, sha string, vocab, n int) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "store")
-	a, err := tokens.OpenAppender(context.Background(), dir, tokens.Tokenizer{Name: "test", SHA256: strings.Repeat("cd", 32), VocabSize: vocab}, nil)
+	a, err := tokens.OpenAppender(context.Background(), dir, tokens.Tokenizer{Name: "test", SHA256: sha, VocabSize: vocab}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,10 +68,9 @@ func runTrainCmd(args ...string) (string, error) {
 }
 
 func TestTrainCommandTrainsAndResumes(t *testing.T) {
-	store := trainTestStore(t, 4096, 50000)
+	tokJSON, sha := trainTestTokenizer(t, "func main() { return x } the quick brown fox\n")
+	store := trainTestStoreBy(t, sha, 4096, 50000)
 	out := filepath.Join(t.TempDir(), "run")
-	tokJSON := filepath.Join(t.TempDir(), "tokenizer.json")
-	os.WriteFile(tokJSON, []byte(`{"model":{"type":"BPE"}}`), 0o644)
 	args := []string{"train", "--model", "tiny", "--tokens", store + "=1", "--engine", "cpu", "--precision", "fp32",
 		"--seq", "32", "--batch", "2", "--steps", "2", "--log-every", "1", "--out", out, "--tokenizer", tokJSON}
 	text, err := runTrainCmd(args...)
@@ -71,6 +96,9 @@ func TestTrainCommandTrainsAndResumes(t *testing.T) {
 
 func TestTrainCommandBadInput(t *testing.T) {
 	store := trainTestStore(t, 4096, 50000)
+	// A tokenizer other than the one the store records: its ids would
+	// mean other text.
+	otherTok, _ := trainTestTokenizer(t, "a completely different corpus of prose and numbers 1 2 3\n")
 	short := trainTestStore(t, 4096, 10)
 	for _, tc := range []struct {
 		args []string
@@ -81,6 +109,7 @@ func TestTrainCommandBadInput(t *testing.T) {
 		{[]string{"train", "--steps", "1", "--tokens", store, "--model", "huge"}, "unknown model"},
 		{[]string{"train", "--steps", "1", "--tokens", short, "--seq", "32"}, short},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--config", "/absent.yaml"}, "/absent.yaml"},
+		{[]string{"train", "--steps", "1", "--tokens", store, "--seq", "32", "--tokenizer", otherTok}, "their ids mean different text"},
 	} {
 		_, err := runTrainCmd(tc.args...)
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), tc.want) {

@@ -28,6 +28,11 @@ type Metrics struct {
 	// EvalLoss is set on steps that ran an evaluation.
 	EvalLoss *float64 `json:"eval_loss,omitempty"`
 	EvalPPL  *float64 `json:"eval_ppl,omitempty"`
+	// PeakMemory is the engine's peak allocation so far, in bytes.
+	PeakMemory int64 `json:"peak_memory_bytes,omitempty"`
+	// Elapsed is the wall time since this process began the run's loop,
+	// in seconds; a resumed segment starts again from 0.
+	Elapsed float64 `json:"elapsed_s,omitempty"`
 }
 
 // WriteJSONL writes m as one line.
@@ -91,9 +96,11 @@ func MFU(tokPerS, flopsPerToken, peak float64) *float64 {
 	return &v
 }
 
-// truncateMetrics keeps the lines of a metrics.jsonl file up to step (all
-// of them when the file is absent, none when step is 0), rewriting the file
-// through a rename so that a crash keeps either version whole.
+// truncateMetrics keeps the lines of a metrics.jsonl file up to and
+// including step, so step 0 keeps the initial evaluation's step-0 line that
+// a segment writes before the first step; a missing file is left missing.
+// The file is rewritten through a rename so that a crash keeps either
+// version whole.
 func truncateMetrics(path string, step int) error {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {

@@ -76,6 +76,16 @@ func TestTruncateMetricsKeepsStepsUpToTheCheckpoint(t *testing.T) {
 	if want := "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2.5}\n"; string(got) != want {
 		t.Errorf("kept %q, want %q", got, want)
 	}
+	// A segment resumed at step 0 keeps the initial evaluation's line.
+	if err := os.WriteFile(path, []byte("{\"step\":0,\"loss\":4}\n{\"step\":1,\"loss\":3}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := truncateMetrics(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "{\"step\":0,\"loss\":4}\n" {
+		t.Errorf("truncated to step 0: kept %q, want the step-0 line", got)
+	}
 	if err := truncateMetrics(filepath.Join(t.TempDir(), "absent.jsonl"), 5); err != nil {
 		t.Errorf("absent file: %v", err)
 	}

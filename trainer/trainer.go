@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/kernels"
 	"github.com/kiln-lm/kiln/model"
 )
 
@@ -129,6 +130,12 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 		defer eng.Close()
 	}
 	l.eng = eng
+	// A CUDA engine knows its device, so MFU needs no configured peak.
+	if l.cfg.PeakFLOPS <= 0 {
+		if ce, ok := eng.(*kernels.Engine); ok {
+			l.cfg.PeakFLOPS = PeakFor(ce.Device().Name, rc.Precision)
+		}
+	}
 	if err := l.start(snap); err != nil {
 		return l.result(), err
 	}
@@ -155,6 +162,7 @@ type loop struct {
 	loss     float64
 	metrics  *os.File
 	markTime time.Time // start of the current logging interval
+	began    time.Time // start of this process's part of the run
 	markTok  int64
 }
 
@@ -184,6 +192,7 @@ func (l *loop) result() Result {
 
 func (l *loop) run(ctx context.Context) (Result, error) {
 	began, first := time.Now(), l.step
+	l.began = began
 	l.markTime, l.markTok = began, l.tokens
 	for l.step < l.rc.TotalSteps {
 		if err := ctx.Err(); err != nil {
@@ -274,7 +283,8 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 	now := time.Now()
 	tps := float64(l.tokens-l.markTok) / now.Sub(l.markTime).Seconds()
 	line := Metrics{Step: l.step, Tokens: l.tokens, Loss: m.Loss, PPL: math.Exp(m.Loss), LR: lr, GradNorm: m.GradNorm,
-		TokPerS: tps, MFU: MFU(tps, FLOPsPerToken(l.mc, l.rc.Seq), l.cfg.PeakFLOPS)}
+		TokPerS: tps, MFU: MFU(tps, FLOPsPerToken(l.mc, l.rc.Seq), l.cfg.PeakFLOPS),
+		PeakMemory: l.eng.Memory().PeakAllocated, Elapsed: now.Sub(l.began).Seconds()}
 	if l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 && l.rc.EvalBatches > 0 {
 		ev, err := l.evaluate(ctx)
 		if err != nil {

@@ -223,6 +223,11 @@ func TestResumeIsBitIdentical(t *testing.T) {
 		if m.Step != i+1 || m.Loss != want[i+1].Loss {
 			t.Errorf("metrics line %d: step %d loss %v, want step %d loss %v", i, m.Step, m.Loss, i+1, want[i+1].Loss)
 		}
+		// Each line carries the engine's peak memory (which the results
+		// reader plots) and the time since the loop began.
+		if m.PeakMemory <= 0 || m.Elapsed <= 0 {
+			t.Errorf("metrics line %d: peak_memory_bytes %d, elapsed_s %v; want both positive", i, m.PeakMemory, m.Elapsed)
+		}
 	}
 }
 

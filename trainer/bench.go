@@ -28,6 +28,9 @@ type BenchOptions struct {
 	// in PeakFLOPS.
 	PeakFLOPS float64
 	ForceSM80 bool
+	// Profile (CUDA engine): after the timed steps, run as many again with
+	// every kernel timed by events, for BenchResult.KernelMSPerStep.
+	Profile bool
 	// Log receives one-line notices (an engine fallback, a busy GPU).
 	Log func(string)
 }
@@ -54,6 +57,8 @@ type BenchResult struct {
 	// taken beside them are not comparable (the seed plan measured a 2.14x
 	// difference from that alone).
 	OtherProcesses []string
+	// KernelMSPerStep is device time per kernel name and step (Profile).
+	KernelMSPerStep map[string]float64
 }
 
 // GPUIdle reports whether no other process was on the GPU.
@@ -149,6 +154,11 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	if own, ok := processMemory(ctx, os.Getpid()); ok {
 		r.ProcessMemory, r.ProcessMemorySource = own, "nvidia-smi"
 	}
+	if ce, ok := eng.(*kernels.Engine); ok && o.Profile {
+		if r.KernelMSPerStep, err = profileSteps(ctx, ce, step, o.Steps); err != nil {
+			return r, err
+		}
+	}
 	if !r.GPUIdle() {
 		logf(fmt.Sprintf("warning: other processes were using the GPU when the run started (%s): figures from a busy GPU are not comparable", strings.Join(others, ", ")))
 	}
@@ -194,4 +204,28 @@ func smiApps(ctx context.Context) [][2]string {
 		}
 	}
 	return rows
+}
+
+// profileSteps runs steps more steps with every kernel timed and returns
+// the milliseconds per step of each kernel name.
+func profileSteps(ctx context.Context, e *kernels.Engine, step func() (model.StepMetrics, error), steps int) (map[string]float64, error) {
+	if err := e.SetProfiling(true); err != nil {
+		return nil, err
+	}
+	for i := 0; i < steps; i++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if _, err := step(); err != nil {
+			return nil, err
+		}
+	}
+	t := e.KernelTimes()
+	if err := e.SetProfiling(false); err != nil {
+		return nil, err
+	}
+	for k := range t {
+		t[k] /= float64(steps)
+	}
+	return t, nil
 }

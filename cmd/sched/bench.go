@@ -1,23 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"os"
-	"os/exec"
 	"sort"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/kiln-lm/kiln/kernels"
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/trainer"
 )
 
 type benchFlags struct {
@@ -117,84 +110,26 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if f.precision != "fp32" && f.precision != "bf16" {
 		return badInput("--precision: unknown precision %q: choose fp32 or bf16", f.precision)
 	}
-	others := gpuProcesses(ctx)
-	eng, err := model.NewEngine(f.engine, c, model.Options{Precision: f.precision, MaxBatch: f.batch, MaxSeq: f.seq, ForceSM80: f.forceSM80,
-		Log: func(s string) { fmt.Fprintln(errOut, s) }})
+	res, err := trainer.Bench(ctx, trainer.BenchOptions{Model: c, Engine: f.engine, Precision: f.precision, Batch: f.batch, Seq: f.seq,
+		Steps: f.steps, Warmup: f.warm, PeakFLOPS: f.peakTFLOPs * 1e12, ForceSM80: f.forceSM80, Profile: f.profile,
+		Log: func(s string) { fmt.Fprintln(errOut, "sched bench:", s) }})
 	if err != nil {
 		return err
 	}
-	defer eng.Close()
 	r := benchResult{Model: f.model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: f.batch, Seq: f.seq,
-		Engine: eng.Name(), Precision: f.precision, Steps: f.steps, ParamsM: float64(c.NumParams()) / 1e6}
-	if ce, ok := eng.(*kernels.Engine); ok {
-		d := ce.Device()
-		r.Device, r.Arch, r.MemoryInUseBefore = d.Name, d.Arch, d.UsedAtStart
+		TokPerSec: res.TokPerSec, PeakMemory: res.PeakAllocated, MFU: res.MFU, GPUIdle: res.GPUIdle(), Device: res.Device,
+		Engine: res.Engine, Precision: res.Precision, Arch: res.Arch, ParamsM: float64(c.NumParams()) / 1e6, Steps: f.steps,
+		Seconds: res.Seconds, PeakGiB: float64(res.PeakAllocated) / (1 << 30), Loss: res.Loss,
+		ProcessMemory: res.ProcessMemory, ProcessMemorySource: res.ProcessMemorySource, MemoryInUseBefore: res.MemoryInUseBefore,
+		OtherProcesses: res.OtherProcesses, KernelMSPerStep: res.KernelMSPerStep}
+	if r.OtherProcesses == nil {
+		r.OtherProcesses = []string{}
 	}
-	if err := eng.SetParams(model.InitParams(c, 1)); err != nil {
-		return err
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	n := f.batch * f.seq
-	b := model.Batch{B: f.batch, T: f.seq, Inputs: make([]int32, n), Targets: make([]int32, n)}
-	for i := range b.Inputs {
-		b.Inputs[i] = int32(rng.IntN(c.VocabSize))
-		b.Targets[i] = int32(rng.IntN(c.VocabSize))
-	}
-	opt := model.AdamW{LR: 4e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}
-	step := func() (model.StepMetrics, error) {
-		if err := eng.ZeroGrad(); err != nil {
-			return model.StepMetrics{}, err
-		}
-		if err := eng.ForwardBackward(b, 1); err != nil {
-			return model.StepMetrics{}, err
-		}
-		if err := eng.Step(opt); err != nil {
-			return model.StepMetrics{}, err
-		}
-		return eng.Metrics()
-	}
-	for i := 0; i < f.warm; i++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if _, err := step(); err != nil {
-			return err
-		}
-	}
-	start := time.Now()
-	var m model.StepMetrics
-	for i := 0; i < f.steps; i++ {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if m, err = step(); err != nil {
-			return err
-		}
-	}
-	el := time.Since(start).Seconds()
-	r.Seconds = el
-	r.Loss = m.Loss
-	r.TokPerSec = float64(n*f.steps) / el
-	flopsPerTok := 6*float64(c.NumParams()) + 12*float64(c.Layers*f.seq*c.Hidden)
-	r.MFU = r.TokPerSec * flopsPerTok / (f.peakTFLOPs * 1e12)
-	ms := eng.Memory()
-	r.PeakMemory = ms.PeakAllocated
-	r.PeakGiB = float64(ms.PeakAllocated) / (1 << 30)
-	r.ProcessMemory, r.ProcessMemorySource = ms.InUse, "engine"
-	if own, ok := processMemory(ctx, os.Getpid()); ok {
-		r.ProcessMemory, r.ProcessMemorySource = own, "nvidia-smi"
-	}
-	if ce, ok := eng.(*kernels.Engine); ok && f.profile {
-		if r.KernelMSPerStep, err = profileSteps(ctx, ce, step, f.steps); err != nil {
-			return err
-		}
-		writeProfile(errOut, r.KernelMSPerStep, el*1000/float64(f.steps))
-	}
-	r.OtherProcesses = others
-	r.GPUIdle = len(others) == 0
 	if !r.GPUIdle {
 		r.Warning = "other processes were using the GPU when the run started: figures from a busy GPU are not comparable"
-		fmt.Fprintln(errOut, "sched bench: warning:", r.Warning, others)
+	}
+	if r.KernelMSPerStep != nil {
+		writeProfile(errOut, r.KernelMSPerStep, r.Seconds*1000/float64(f.steps))
 	}
 	line, err := json.Marshal(r)
 	if err != nil {
@@ -202,71 +137,6 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	}
 	_, err = fmt.Fprintln(out, string(line))
 	return err
-}
-
-// gpuProcesses lists the processes nvidia-smi sees on the GPU as
-// "pid:MiB", other than this one; nil when nvidia-smi is absent.
-func gpuProcesses(ctx context.Context) []string {
-	rows := smiApps(ctx)
-	var out []string
-	for _, r := range rows {
-		if r[0] != strconv.Itoa(os.Getpid()) {
-			out = append(out, r[0]+":"+r[1]+"MiB")
-		}
-	}
-	return out
-}
-
-// processMemory is pid's device memory according to nvidia-smi.
-func processMemory(ctx context.Context, pid int) (int64, bool) {
-	for _, r := range smiApps(ctx) {
-		if r[0] == strconv.Itoa(pid) {
-			mib, err := strconv.ParseInt(r[1], 10, 64)
-			return mib << 20, err == nil
-		}
-	}
-	return 0, false
-}
-
-func smiApps(ctx context.Context) [][2]string {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	b, err := exec.CommandContext(ctx, "nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits").Output()
-	if err != nil {
-		return nil
-	}
-	var rows [][2]string
-	for _, line := range bytes.Split(b, []byte("\n")) {
-		parts := strings.Split(string(line), ",")
-		if len(parts) == 2 {
-			rows = append(rows, [2]string{strings.TrimSpace(parts[0]), strings.TrimSpace(parts[1])})
-		}
-	}
-	return rows
-}
-
-// profileSteps runs steps more steps with every kernel timed and returns
-// the milliseconds per step of each kernel name.
-func profileSteps(ctx context.Context, e *kernels.Engine, step func() (model.StepMetrics, error), steps int) (map[string]float64, error) {
-	if err := e.SetProfiling(true); err != nil {
-		return nil, err
-	}
-	for i := 0; i < steps; i++ {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if _, err := step(); err != nil {
-			return nil, err
-		}
-	}
-	t := e.KernelTimes()
-	if err := e.SetProfiling(false); err != nil {
-		return nil, err
-	}
-	for k := range t {
-		t[k] /= float64(steps)
-	}
-	return t, nil
 }
 
 // writeProfile prints the per-kernel table, largest first, beside the

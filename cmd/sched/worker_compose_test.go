@@ -170,7 +170,7 @@ func TestComposeWorkersRunLocally(t *testing.T) {
 	defer q.Close()
 	ctx := context.Background()
 	var ids []string
-	for _, a := range []scheduler.Args{scheduler.BenchRun{Model: "compose"}, composeProbe{Queue: "append"}} {
+	for _, a := range []scheduler.Args{scheduler.BenchRun{Model: "tiny", Engine: "cpu", Params: map[string]string{"batch": "1", "seq": "16", "steps": "2", "warmup": "0"}}, composeProbe{Queue: "append"}} {
 		info, err := q.Enqueue(ctx, a)
 		if err != nil {
 			t.Fatal(err)

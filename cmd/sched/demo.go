@@ -107,12 +107,12 @@ func init() {
 	var o demoOptions
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Train a tiny model on the Go standard library in one process: ingest, tokenizer, about two minutes of training, results",
+		Short: "Train a small model on the Go standard library in one process: ingest, tokenizer, about two minutes of training, results",
 		Long: `demo runs kiln's whole pipeline on a machine with only Go: an in-process
 Redis-compatible server holds the queue, a local directory is the object
 store, and an in-process worker trains. It ingests the Go standard library
 (the sources under GOROOT), trains a byte-level BPE tokenizer of 4096 ids,
-trains the tiny model for about --duration on the CPU (on the GPU when one
+trains the demo model (model/config.go) for about --duration on the CPU (on the GPU when one
 loads), and prints the results table, the loss plot's path and a generated
 sample. Everything is written under --dir; a second run reuses the
 tokenizer and the token store and trains afresh.`,
@@ -130,7 +130,10 @@ tokenizer and the token store and trains afresh.`,
 			}
 			log := logger(cfg)
 			defer log.Sync()
-			o.Log = log
+			// The demo prints its own progress; the per-file ingest and
+			// per-task worker lines (about two thousand) would bury it.
+			// Warnings and errors still show.
+			o.Log = log.WithOptions(zap.IncreaseLevel(zap.WarnLevel))
 			o.Quiet = !term.IsTerminal(int(os.Stdout.Fd()))
 			res, err := runDemo(c.Context(), c.OutOrStdout(), o)
 			if err != nil {
@@ -210,8 +213,12 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	}
 	fitRun(&run, o.Duration, stepTime, o.MinSteps)
 	res.TotalSteps = run.TotalSteps
-	stage("train: model tiny (%.2fM parameters) on the %s engine, %d steps of %d tokens (about %v at %v a step)",
-		float64(model.Presets["tiny"].NumParams())/1e6, engineName, run.TotalSteps, run.TokensPerStep(),
+	mc, err := run.ModelConfig()
+	if err != nil {
+		return res, err
+	}
+	stage("train: model %s (%.2fM parameters) on the %s engine, %d steps of %d tokens (about %v at %v a step)",
+		run.Model, float64(mc.NumParams())/1e6, engineName, run.TotalSteps, run.TokensPerStep(),
 		(time.Duration(run.TotalSteps) * stepTime).Round(time.Second), stepTime.Round(time.Millisecond))
 
 	// A demo trains afresh each time; only its own run is cleared.
@@ -454,14 +461,19 @@ func calibrate(ctx context.Context, rc trainer.RunConfig) (time.Duration, string
 }
 
 // fitRun sizes the demo run to d at stepTime per step, at least minSteps,
-// with evaluations on about 12 points of the
-// curve (each costs about two thirds of a step), warmup a tenth of the
-// run, and a segment bound of twice d in case the machine slows down.
+// with evaluations on about 10 points of the curve (each costs about one
+// and a third steps), warmup a tenth of the run, and a segment bound of
+// twice d in case the machine slows down. The step count is a multiple of
+// the evaluation interval so that the final evaluation, the one the demo's
+// loss drop is measured at, is of the final weights.
 func fitRun(r *runs.Run, d, stepTime time.Duration, minSteps int) {
 	steps := max(int(d/max(stepTime, time.Millisecond)), minSteps)
+	r.EvalEvery = max(steps/10, 1)
+	// At least ten intervals fit, so rounding down drops at most nine
+	// steps; minSteps rounds up.
+	steps = max(steps/r.EvalEvery, (minSteps+r.EvalEvery-1)/r.EvalEvery) * r.EvalEvery
 	r.TotalSteps, r.TotalTokens = steps, 0
 	r.Warmup = min(r.Warmup, max(steps/10, 1))
-	r.EvalEvery = max(steps/12, 1)
 	r.LogEvery = max(min(r.LogEvery, steps/40), 1)
 	r.CheckpointEvery = max(steps/4, 1)
 	r.Segment.MaxSteps = 0

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 // The demo end to end on a small corpus (300k tokens of the standard
@@ -50,7 +52,7 @@ func TestDemoRunsThePipeline(t *testing.T) {
 			t.Errorf("demo output lacks %q:\n%s", want, printed.String())
 		}
 	}
-	if !strings.Contains(out.String(), "==> train: model tiny") {
+	if !strings.Contains(out.String(), "==> train: model demo") {
 		t.Errorf("progress output:\n%s", out.String())
 	}
 }
@@ -64,5 +66,33 @@ func TestDemoBadInput(t *testing.T) {
 	_, errOut, code = sched(t, nil, "demo", "--duration", "-1m")
 	if code != 2 || !strings.Contains(errOut, "--duration") {
 		t.Fatalf("exit %d, %q", code, errOut)
+	}
+}
+
+func TestFitRunEndsOnAnEvaluation(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		d        time.Duration
+		step     time.Duration
+		minSteps int
+	}{
+		{2 * time.Minute, 300 * time.Millisecond, 40}, // 400 steps
+		{2 * time.Minute, 273 * time.Millisecond, 40}, // 439 steps
+		{2 * time.Minute, 5 * time.Second, 40},        // 24, below minSteps
+		{5 * time.Second, time.Second, 15},
+		{2 * time.Minute, time.Millisecond / 2, 40}, // a fast GPU
+	} {
+		r, err := runs.Presets().Get(demoRun)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fitRun(&r, c.d, c.step, c.minSteps)
+		want := max(int(c.d/max(c.step, time.Millisecond)), c.minSteps)
+		if r.TotalSteps%r.EvalEvery != 0 || r.TotalSteps < c.minSteps || r.TotalSteps > max(want, c.minSteps+r.EvalEvery) || want-r.TotalSteps > 9 {
+			t.Errorf("%v at %v a step: %d steps, evaluation every %d; want a multiple of it within 9 below %d", c.d, c.step, r.TotalSteps, r.EvalEvery, want)
+		}
+		if r.TotalSteps/r.EvalEvery < 10 || r.Warmup > r.TotalSteps/10+1 || r.Segment.MaxDuration != 2*c.d {
+			t.Errorf("%v at %v a step: %+v", c.d, c.step, r.RunConfig)
+		}
 	}
 }

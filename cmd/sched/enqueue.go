@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 func init() {
@@ -63,7 +65,21 @@ func init() {
 		if len(ts.Weights) > 0 && len(ts.Weights) != len(ts.Stores) {
 			return badInput("--weight given %d times but --store %d times: give one weight per store", len(ts.Weights), len(ts.Stores))
 		}
-		ts.Run, ts.Tokenizer = args[0], cfg.Tokenizer
+		set, err := runs.Load(os.Getenv("KILN_RUNS"))
+		if err != nil {
+			return badInput("KILN_RUNS: %v", err)
+		}
+		run, err := set.Get(args[0])
+		if err != nil {
+			return err
+		}
+		// A run names the tokenizer its stores were made with, and that
+		// wins over the configured default; only an explicit --tokenizer
+		// overrides it (and the worker then checks the stores against it).
+		ts.Run, ts.Tokenizer = args[0], ""
+		if c.Flags().Changed("tokenizer") || run.Tokenizer == "" {
+			ts.Tokenizer = cfg.Tokenizer
+		}
 		return enqueueOne(c, cfg, ts)
 	}
 

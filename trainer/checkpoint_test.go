@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,7 +88,8 @@ func TestCheckpointModelFileHeader(t *testing.T) {
 	if len(h) != len(s.Params.Specs())+1 {
 		t.Errorf("%d entries, want %d tensors and the metadata", len(h), len(s.Params.Specs()))
 	}
-	if !strings.Contains(string(h["model.layers.0.self_attn.k_proj.weight"]), `"dtype":"F32","shape":[64,128]`) {
+	c := s.Config
+	if want := fmt.Sprintf(`"dtype":"F32","shape":[%d,%d]`, c.KVHeads*c.HeadDim, c.Hidden); !strings.Contains(string(h["model.layers.0.self_attn.k_proj.weight"]), want) {
 		t.Errorf("k_proj entry: %s", h["model.layers.0.self_attn.k_proj.weight"])
 	}
 	if uint64(len(b)) != 8+n+uint64(4*len(s.Params.Data)) {
@@ -165,7 +167,7 @@ func TestCheckpointOfAnotherShapeIsRefused(t *testing.T) {
 	other.Hidden, other.Heads, other.KVHeads = 256, 4, 4
 	_, err = ReadCheckpoint(dir, &other)
 	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), dir) ||
-		!strings.Contains(err.Error(), "d_model 128") || !strings.Contains(err.Error(), "d_model 256") {
+		!strings.Contains(err.Error(), fmt.Sprintf("d_model %d", s.Config.Hidden)) || !strings.Contains(err.Error(), "d_model 256") {
 		t.Fatalf("want a bad-input error naming the directory and both shapes, got %v", err)
 	}
 }

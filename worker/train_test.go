@@ -115,7 +115,9 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	// A bench figure for the run's shape feeds its tok/s gate.
-	row := `{"model":"tiny","vocab":4096,"d_model":128,"layers":4,"batch":2,"seq":16,"tok_per_sec":1,"gpu_idle":true}` + "\n"
+	tiny := model.Presets["tiny"]
+	row := fmt.Sprintf(`{"model":"tiny","vocab":%d,"d_model":%d,"layers":%d,"batch":2,"seq":16,"tok_per_sec":1,"gpu_idle":true}`+"\n",
+		tiny.VocabSize, tiny.Hidden, tiny.Layers)
 	if err := objects.Put(context.Background(), BenchKey, strings.NewReader(row), int64(len(row))); err != nil {
 		t.Fatal(err)
 	}
@@ -196,41 +198,20 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 	}
 }
 
-// cpuBench measures a shape with the CPU engine: two timed steps on random
-// ids, the way `sched bench` measures on the GPU.
+// cpuBench measures a shape with the CPU engine, two timed steps, through
+// the same trainer.Bench that `sched worker` uses on the GPU.
 func cpuBench(ctx context.Context, b BenchSpec) (results.BenchRow, error) {
 	s := b.Shape
 	c, err := s.Config()
 	if err != nil {
 		return results.BenchRow{}, err
 	}
-	eng, err := model.NewEngine("cpu", c, model.Options{Precision: "fp32", MaxBatch: s.Batch, MaxSeq: s.Seq})
+	r, err := trainer.Bench(ctx, trainer.BenchOptions{Model: c, Engine: "cpu", Precision: "fp32", Batch: s.Batch, Seq: s.Seq, Steps: 2})
 	if err != nil {
 		return results.BenchRow{}, err
 	}
-	defer eng.Close()
-	if err := eng.SetParams(model.InitParams(c, 1)); err != nil {
-		return results.BenchRow{}, err
-	}
-	n := s.Batch * s.Seq
-	mb := model.Batch{B: s.Batch, T: s.Seq, Inputs: make([]int32, n), Targets: make([]int32, n)}
-	for i := range mb.Inputs {
-		mb.Inputs[i], mb.Targets[i] = int32(i%c.VocabSize), int32((i*7)%c.VocabSize)
-	}
-	start := time.Now()
-	for i := 0; i < 2; i++ {
-		if err := eng.ZeroGrad(); err != nil {
-			return results.BenchRow{}, err
-		}
-		if err := eng.ForwardBackward(mb, 1); err != nil {
-			return results.BenchRow{}, err
-		}
-		if err := eng.Step(model.AdamW{LR: 1e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}); err != nil {
-			return results.BenchRow{}, err
-		}
-	}
 	return results.BenchRow{Model: s.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: s.Batch, Seq: s.Seq,
-		TokPerSec: float64(2*n) / time.Since(start).Seconds(), PeakMemory: eng.Memory().PeakAllocated, GPUIdle: true, Device: "cpu"}, nil
+		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, GPUIdle: r.GPUIdle(), Device: "cpu"}, nil
 }
 
 func TestBenchRunAppendsRows(t *testing.T) {

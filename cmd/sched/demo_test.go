@@ -52,7 +52,7 @@ func TestDemoRunsThePipeline(t *testing.T) {
 			t.Errorf("demo output lacks %q:\n%s", want, printed.String())
 		}
 	}
-	if !strings.Contains(out.String(), "==> train: model demo") {
+	if !strings.Contains(out.String(), "==> train: model tiny") {
 		t.Errorf("progress output:\n%s", out.String())
 	}
 }

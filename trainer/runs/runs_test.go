@@ -58,7 +58,7 @@ func TestPresetsMatchTheSeedPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Model != "demo" || d.Segment.MaxDuration != 4*time.Minute || d.Tokenizer == "" {
+	if d.Model != "tiny" || d.Segment.MaxDuration != 4*time.Minute || d.Tokenizer == "" {
 		t.Errorf("demo = %+v", d)
 	}
 }

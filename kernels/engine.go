@@ -39,6 +39,9 @@ type Engine struct {
 	// flash: training attention runs the tiled kernels of flash.cu (bf16,
 	// head_dim 64) instead of keeping the (T, T) probabilities.
 	flash bool
+	// headF32Fwd, headF32Bwd: the LM head's forward or backward GEMMs run
+	// in fp32 although precision is bf16.
+	headF32Fwd, headF32Bwd bool
 	// launches counts kernel launches by name, so tests can tell which
 	// attention path ran.
 	launches map[string]int
@@ -133,6 +136,18 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	// kernels round to bf16 for the tensor cores. KILN_CUDA_ATTENTION=naive
 	// selects it in bf16 too, for comparisons.
 	e.flash = e.bf16 && c.HeadDim == flashHeadDim && os.Getenv("KILN_CUDA_ATTENTION") != "naive"
+	// KILN_CUDA_HEAD=fp32 keeps the LM head's three products in full fp32
+	// in bf16 precision (fp32-forward, fp32-backward: only those), to
+	// measure what rounding the head costs.
+	switch h := os.Getenv("KILN_CUDA_HEAD"); {
+	case !e.bf16:
+	case h == "fp32":
+		e.headF32Fwd, e.headF32Bwd = true, true
+	case h == "fp32-forward":
+		e.headF32Fwd = true
+	case h == "fp32-backward":
+		e.headF32Bwd = true
+	}
 	e.maxB, e.maxT = max(o.MaxBatch, 1), max(o.MaxSeq, 1)
 	if o.MaxBatch <= 0 || o.MaxSeq <= 0 {
 		e.maxB, e.maxT = 1, min(c.MaxPositions, 1024)
@@ -363,6 +378,17 @@ func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cu
 	return e.timed("cublasLt bf16 GEMM", func() error {
 		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.ws, wsBytes, 0)
 	})
+}
+
+// headGemm is gemm for the LM head's forward (backward false) and
+// backward products.
+func (e *Engine) headGemm(backward, ta, tb bool, M, N, K int, A, B operand, beta float32, C cuda.Ptr) error {
+	if (!backward && e.headF32Fwd) || (backward && e.headF32Bwd) {
+		return e.timed("cublasLt fp32 GEMM (LM head)", func() error {
+			return e.lt.Gemm(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.ws, wsBytes, 0)
+		})
+	}
+	return e.gemm(ta, tb, M, N, K, A, B, beta, C)
 }
 
 func (e *Engine) toBF16(dst, src cuda.Ptr, n int64) error {

@@ -137,12 +137,12 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 		if err := e.launch("rmsnorm_fwd", 1, normThreads, a.lnf, a.rstdf, a.resid[L]+last, e.w(e.normSpec()).f32, 1, d, eps); err != nil {
 			return err
 		}
-		return e.gemm(false, true, 1, V, d, act(a.lnf), e.w(e.headSpec()), 0, a.logits)
+		return e.headGemm(false, false, true, 1, V, d, act(a.lnf), e.w(e.headSpec()), 0, a.logits)
 	}
 	if err := e.launch("rmsnorm_fwd", N, normThreads, a.lnf, a.rstdf, a.resid[L], e.w(e.normSpec()).f32, N, d, eps); err != nil {
 		return err
 	}
-	return e.gemm(false, true, N, V, d, act(a.lnf), e.w(e.headSpec()), 0, a.logits)
+	return e.headGemm(false, false, true, N, V, d, act(a.lnf), e.w(e.headSpec()), 0, a.logits)
 }
 
 // flashHeadDim is the head dimension flash.cu is built for.
@@ -237,10 +237,10 @@ func (e *Engine) backward(b model.Batch) error {
 		return e.launch3("rmsnorm_bwd_dw", cuda.Dim3{X: blocks(int64(d), 256), Y: min(N, 256)}, cuda.Dim3{X: 256}, dw, a.dln, x, rstd, N, d)
 	}
 	head := e.headSpec()
-	if err := e.gemm(true, false, V, d, N, act(a.logits), act(a.lnf), 1, e.gw(head)); err != nil {
+	if err := e.headGemm(true, true, false, V, d, N, act(a.logits), act(a.lnf), 1, e.gw(head)); err != nil {
 		return fmt.Errorf("LM head backward: %w", err)
 	}
-	if err := e.gemm(false, false, N, d, V, act(a.logits), e.w(head), 0, a.dln); err != nil {
+	if err := e.headGemm(true, false, false, N, d, V, act(a.logits), e.w(head), 0, a.dln); err != nil {
 		return fmt.Errorf("LM head backward: %w", err)
 	}
 	if err := e.zero(a.dresid, int64(N*d)); err != nil {

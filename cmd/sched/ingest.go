@@ -88,13 +88,13 @@ pipeline runs here: --store is a directory and --tokenizer a tokenizer.json.`,
 				opt.DataDir = filepath.Join(storeDir, "incoming")
 			}
 			if p.Glob == "" {
-				cfg := hub.Environment()
-				cfg.Logger = log
-				if opt.Hub, err = hub.New(cfg); err != nil {
+				cfg, err := loadConfig(c)
+				if err != nil {
 					return err
 				}
-				opt.SWH = ingest.SWHFromEnv()
-				opt.SWH.Logger = log
+				if opt.Hub, opt.SWH, err = openSources(cfg, log); err != nil {
+					return err
+				}
 			}
 			rep, err := ingest.Direct(c.Context(), opt)
 			if err != nil {
@@ -172,6 +172,24 @@ func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) er
 		Seed: pf.seed, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk})
 }
 
+// openSources makes the clients that datasets are read through: the
+// Hugging Face Hub (HF_ENDPOINT; HF_TOKEN or --hf-token) and Software
+// Heritage (KILN_SWH_ENDPOINT, AWS_* credentials when set).
+func openSources(cfg scheduler.Config, log *zap.Logger) (*hub.Client, *ingest.SWH, error) {
+	hc := hub.Environment()
+	if cfg.HFToken != "" {
+		hc.Token = cfg.HFToken
+	}
+	hc.Logger = log
+	h, err := hub.New(hc)
+	if err != nil {
+		return nil, nil, err
+	}
+	swh := ingest.SWHFromEnv()
+	swh.Logger = log
+	return h, swh, nil
+}
+
 // configureIngestWorker gives this process's ingest handlers what they
 // need: the object store, the hub, a queue client, this machine's scratch
 // directory (<data dir>/ingest) and its token stores (<data dir>/tokens).
@@ -181,17 +199,10 @@ func configureIngestWorker(ctx context.Context, cfg scheduler.Config, opt asynq.
 	if err != nil {
 		return nil, err
 	}
-	hc := hub.Environment()
-	if cfg.HFToken != "" {
-		hc.Token = cfg.HFToken
-	}
-	hc.Logger = log
-	h, err := hub.New(hc)
+	h, swh, err := openSources(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	swh := ingest.SWHFromEnv()
-	swh.Logger = log
 	q := scheduler.NewClient(opt)
 	worker.ConfigureIngest(worker.Ingest{
 		Pipeline: ingest.Pipeline{Objects: objects, Hub: h, SWH: swh, DataDir: filepath.Join(cfg.DataDir, "ingest"),

@@ -14,8 +14,6 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
-	"github.com/kiln-lm/kiln/ingest"
-	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/worker"
@@ -137,17 +135,10 @@ func configureTokenizerWorker(ctx context.Context, cfg scheduler.Config, opt asy
 	if err != nil {
 		return nil, err
 	}
-	hc := hub.Environment()
-	if cfg.HFToken != "" {
-		hc.Token = cfg.HFToken
-	}
-	hc.Logger = log
-	h, err := hub.New(hc)
+	h, swh, err := openSources(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	swh := ingest.SWHFromEnv()
-	swh.Logger = log
 	q := scheduler.NewClient(opt)
 	worker.ConfigureTokenizers(worker.Tokenizers{
 		Objects: objects, DataDir: cfg.DataDir, Hub: h, SWH: swh, Log: log,

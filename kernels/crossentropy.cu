@@ -1,13 +1,16 @@
 // LM-head loss: one block per row of logits (N, V). Rows whose target is -1
 // take no loss. With grad set, the row is overwritten by its gradient,
-// (softmax - onehot) * gscale, where gscale = micro-batch scale / counted rows.
+// (softmax - onehot) * gscale, where gscale = micro-batch scale / counted rows;
+// with dlb set the gradient goes to dlb in bf16 instead (the LM head's two
+// backward GEMMs read it as is) and logits is left alone.
 
-extern "C" __global__ void xent_fwd_bwd(float* logits, float* losses, const int* targets, int V, float gscale, int grad) {
+extern "C" __global__ void xent_fwd_bwd(float* logits, bf16* dlb, float* losses, const int* targets, int V, float gscale, int grad) {
     size_t row = (size_t)blockIdx.x * V;
     int t = targets[blockIdx.x];
     if (t < 0) {
         if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
-        if (grad) for (int j = threadIdx.x; j < V; j += blockDim.x) logits[row + j] = 0.0f;
+        if (grad && dlb) for (int j = threadIdx.x; j < V; j += blockDim.x) dlb[row + j] = 0;
+        else if (grad) for (int j = threadIdx.x; j < V; j += blockDim.x) logits[row + j] = 0.0f;
         return;
     }
     float m = -3.0e38f;
@@ -20,7 +23,10 @@ extern "C" __global__ void xent_fwd_bwd(float* logits, float* losses, const int*
     float lt = logits[row + t];
     __syncthreads();
     if (threadIdx.x == 0) losses[blockIdx.x] = lse - lt;
-    if (grad)
+    if (grad && dlb)
+        for (int j = threadIdx.x; j < V; j += blockDim.x)
+            dlb[row + j] = f2bf((expf(logits[row + j] - lse) - (j == t ? 1.0f : 0.0f)) * gscale);
+    else if (grad)
         for (int j = threadIdx.x; j < V; j += blockDim.x)
             logits[row + j] = (expf(logits[row + j] - lse) - (j == t ? 1.0f : 0.0f)) * gscale;
 }

@@ -95,8 +95,22 @@ type acts struct {
 	dk, dv       cuda.Ptr   // (N, KV*D)
 	ds           cuda.Ptr   // (B, H, T, T), without flash attention
 	dh, dg, du   cuda.Ptr   // (N, F)
-	bfA, bfB     cuda.Ptr   // bf16 GEMM operands (bf16 precision)
+	bfA, bfB     cuda.Ptr   // bf16 GEMM operands converted on the way (bf16 precision)
 	bfElems      int64
+
+	// bf16 precision: what feeds GEMMs is written in bf16 by the kernel
+	// that produces it, so that no conversion pass runs inside a step.
+	// ln1, ln2, h, dg and du then have no fp32 buffer at all (0): only
+	// GEMMs read them. y, dq, dk and dv keep fp32 for the attention and
+	// rotary kernels, lnf for the fp32 LM-head diagnostic.
+	ln1b, ln2b []cuda.Ptr // L x (N, d) bf16
+	yb, hb     []cuda.Ptr // L x (N, H*D), L x (N, F) bf16; yb with flash attention only
+	lnfb       cuda.Ptr   // (N, d) bf16
+	dlogitsb   cuda.Ptr   // (N, V) bf16 logit gradient, unless the head's backward runs in fp32
+	dresidb    cuda.Ptr   // (N, d) bf16 copy of dresid after each norm's backward
+	dqb, dkb   cuda.Ptr   // (N, H*D), (N, KV*D) bf16 copies after the inverse rotation
+	dvb        cuda.Ptr   // (N, KV*D) bf16, with flash attention
+	dgb, dub   cuda.Ptr   // (N, F) bf16
 }
 
 // New makes a CUDA engine for c on device 0. When the libraries or a
@@ -273,6 +287,14 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		p, err = e.mem.alloc(what, n*4)
 		return p
 	}
+	bf := func(what string, n int64) cuda.Ptr {
+		if err != nil {
+			return 0
+		}
+		var p cuda.Ptr
+		p, err = e.mem.alloc(what, n*2)
+		return p
+	}
 	layer := func(what string, n int64) []cuda.Ptr {
 		ps := make([]cuda.Ptr, c.Layers)
 		for l := range ps {
@@ -280,9 +302,30 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		}
 		return ps
 	}
+	layerBF := func(what string, n int64) []cuda.Ptr {
+		ps := make([]cuda.Ptr, c.Layers)
+		for l := range ps {
+			ps[l] = bf(what, n)
+		}
+		return ps
+	}
+	// f32Unless allocates an fp32 buffer unless bf16 precision writes that
+	// tensor in bf16 only.
+	f32Unless := func(what string, n int64) cuda.Ptr {
+		if e.bf16 {
+			return 0
+		}
+		return f32(what, n)
+	}
+	layerUnless := func(what string, n int64) []cuda.Ptr {
+		if e.bf16 {
+			return make([]cuda.Ptr, c.Layers)
+		}
+		return layer(what, n)
+	}
 	a.resid = append(layer("activations (residual)", N*d), f32("activations (residual)", N*d))
 	a.mid = layer("activations (residual)", N*d)
-	a.ln1, a.ln2 = layer("activations (norm)", N*d), layer("activations (norm)", N*d)
+	a.ln1, a.ln2 = layerUnless("activations (norm)", N*d), layerUnless("activations (norm)", N*d)
 	a.rstd1, a.rstd2 = layer("activations (norm)", N), layer("activations (norm)", N)
 	a.q, a.y = layer("activations (queries)", N*qd), layer("activations (attention)", N*qd)
 	a.k, a.v = layer("activations (keys)", N*kvd), layer("activations (values)", N*kvd)
@@ -293,7 +336,7 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		a.att = layer("activations (attention probabilities)", attN)
 		a.ds = f32("attention gradient scratch", attN)
 	}
-	a.g, a.u, a.h = layer("activations (MLP)", N*F), layer("activations (MLP)", N*F), layer("activations (MLP)", N*F)
+	a.g, a.u, a.h = layer("activations (MLP)", N*F), layer("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F)
 	a.lnf, a.rstdf = f32("activations (norm)", N*d), f32("activations (norm)", N)
 	a.logits = f32("logits", N*V)
 	a.losses = f32("losses", N)
@@ -301,14 +344,26 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	a.dresid, a.dln = f32("gradient scratch", N*d), f32("gradient scratch", N*d)
 	a.dy, a.dq = f32("gradient scratch", N*qd), f32("gradient scratch", N*qd)
 	a.dk, a.dv = f32("gradient scratch", N*kvd), f32("gradient scratch", N*kvd)
-	a.dh, a.dg, a.du = f32("gradient scratch", N*F), f32("gradient scratch", N*F), f32("gradient scratch", N*F)
+	a.dh, a.dg, a.du = f32("gradient scratch", N*F), f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F)
 	if e.bf16 {
-		a.bfElems = N * max(V, F, qd, d)
-		if a.bfElems < V*d {
-			a.bfElems = V * d
+		a.ln1b, a.ln2b = layerBF("activations (norm, bf16)", N*d), layerBF("activations (norm, bf16)", N*d)
+		a.hb = layerBF("activations (MLP, bf16)", N*F)
+		if e.flash {
+			a.yb = layerBF("activations (attention, bf16)", N*qd)
+			a.dvb = bf("gradient scratch (bf16)", N*kvd)
 		}
-		a.bfA = f32("bf16 GEMM operands", (a.bfElems+1)/2)
-		a.bfB = f32("bf16 GEMM operands", (a.bfElems+1)/2)
+		a.lnfb = bf("activations (norm, bf16)", N*d)
+		if !e.headF32Bwd {
+			a.dlogitsb = bf("logit gradient (bf16)", N*V)
+		}
+		a.dresidb = bf("gradient scratch (bf16)", N*d)
+		a.dqb, a.dkb = bf("gradient scratch (bf16)", N*qd), bf("gradient scratch (bf16)", N*kvd)
+		a.dgb, a.dub = bf("gradient scratch (bf16)", N*F), bf("gradient scratch (bf16)", N*F)
+		// What is still converted on the way: the attention output and dv
+		// without flash attention, and generation's attention output.
+		a.bfElems = N * max(qd, kvd, d)
+		a.bfA = bf("bf16 GEMM operands", a.bfElems)
+		a.bfB = bf("bf16 GEMM operands", a.bfElems)
 	}
 	return a, err
 }
@@ -355,6 +410,9 @@ type operand struct{ f32, bf cuda.Ptr }
 
 func act(p cuda.Ptr) operand { return operand{f32: p} }
 
+// actBF is an activation that its producer also (or only) wrote in bf16.
+func actBF(p, b cuda.Ptr) operand { return operand{f32: p, bf: b} }
+
 // gemm computes C (M x N) = op(A) op(B) + beta C in row-major terms (see
 // cuda.LtHandle.Gemm). In bf16 precision fp32 operands are rounded to bf16
 // first; accumulation is fp32 either way, and fp32 precision never uses TF32.
@@ -363,6 +421,9 @@ func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cu
 		return e.lt.Gemm(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.ws, wsBytes, 0)
 	}
 	pa, pb := A.bf, B.bf
+	if (pa == 0 && A.f32 == 0) || (pb == 0 && B.f32 == 0) {
+		return fmt.Errorf("GEMM %dx%dx%d has an operand with neither an fp32 nor a bf16 buffer", M, N, K)
+	}
 	if pa == 0 {
 		if err := e.toBF16(e.a.bfA, A.f32, int64(M)*int64(K)); err != nil {
 			return err

@@ -108,7 +108,7 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // Grid (tiles, H, B), 128 threads. The last query tiles see the most keys,
 // so they are scheduled first.
-extern "C" __global__ void flash_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
+extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const float* q, const float* k, const float* v,
                                                             int T, int H, int KV, float scale) {
     __shared__ alignas(16) bf16 Qs[FT * LDS];
     __shared__ alignas(16) bf16 Ks[FT * LDS];
@@ -178,6 +178,13 @@ extern "C" __global__ void flash_fwd(float* out, float* lse, const float* q, con
         for (int nb = 0; nb < 8; nb++) {
             orow[nb * 8 + 2 * t] = o[nb][2 * r] * inv;
             orow[nb * 8 + 2 * t + 1] = o[nb][2 * r + 1] * inv;
+        }
+        // The output projection's GEMM reads this bf16 copy; the fp32 one
+        // stays for flash_bwd_dot. The pair sits at an even index: 4-byte aligned.
+        if (outb) {
+            bf16* brow = outb + ((size_t)b * T + qi[r]) * qs + h * HD;
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) *(unsigned*)(brow + nb * 8 + 2 * t) = pack2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
         }
         if (t == 0) lse[((size_t)b * H + h) * T + qi[r]] = m[r] + log2f(sum);
     }
@@ -269,7 +276,7 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const float* q, const float* 
 // output and no atomics are needed. Writes dk and dv. Grid (tiles, KV, B),
 // 128 threads; the first key tiles are seen by the most queries and are
 // scheduled first.
-extern "C" __global__ void flash_bwd_dkv(float* dk, float* dv, const float* q, const float* k, const float* v,
+extern "C" __global__ void flash_bwd_dkv(float* dk, float* dv, bf16* dvb, const float* q, const float* k, const float* v,
                                                                 const float* dout, const float* lse, const float* dvec,
                                                                 int T, int H, int KV, float scale) {
     __shared__ alignas(16) bf16 Qs[FT * LDS];
@@ -337,6 +344,8 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, float* dv, const float* q, c
             dk[at + nb * 8 + 2 * t + 1] = dka[nb][2 * r + 1] * scale;
             dv[at + nb * 8 + 2 * t] = dva[nb][2 * r];
             dv[at + nb * 8 + 2 * t + 1] = dva[nb][2 * r + 1];
+            // dv's bf16 copy feeds the value projection's two GEMMs.
+            if (dvb) *(unsigned*)(dvb + at + nb * 8 + 2 * t) = pack2(dva[nb][2 * r], dva[nb][2 * r + 1]);
         }
     }
 }

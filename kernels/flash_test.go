@@ -58,9 +58,12 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				r := rand.New(rand.NewPCG(uint64(T), 7))
 				q, k, v, dout := bf16Values(r, N*H*D), bf16Values(r, N*KV*D), bf16Values(r, N*KV*D), bf16Values(r, N*H*D)
 				scale := float32(1 / math.Sqrt(D))
-				type result struct{ out, dq, dk, dv []float32 }
+				type result struct {
+					out, dq, dk, dv []float32
+					outb, dvb       []uint16 // flash's bf16 copies of out and dv
+				}
 				run := func(flash bool) result {
-					res := result{make([]float32, N*H*D), make([]float32, N*H*D), make([]float32, N*KV*D), make([]float32, N*KV*D)}
+					res := result{out: make([]float32, N*H*D), dq: make([]float32, N*H*D), dk: make([]float32, N*KV*D), dv: make([]float32, N*KV*D)}
 					var held []cuda.Ptr
 					err := e.th.do(func() error {
 						var err error
@@ -81,11 +84,13 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 						pq, pk, pv, pd, out := buf(q, len(q)), buf(k, len(k)), buf(v, len(v)), buf(dout, len(dout)), buf(nil, N*H*D)
 						if flash {
 							lse, dvec := buf(nil, B*H*T), buf(nil, B*H*T)
+							// bf16 buffers: half as many 4-byte words as values.
+							outb, dvb := buf(nil, N*H*D/2), buf(nil, N*KV*D/2)
 							if err != nil {
 								return err
 							}
 							tiles := flashTiles(T)
-							if err := e.launch3("flash_fwd", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, out, lse, pq, pk, pv, T, H, KV, scale); err != nil {
+							if err := e.launch3("flash_fwd", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, out, outb, lse, pq, pk, pv, T, H, KV, scale); err != nil {
 								return err
 							}
 							if err := e.launch("flash_bwd_dot", blocks(int64(N*H*32), 256), 256, dvec, pd, out, N, T, H); err != nil {
@@ -94,7 +99,14 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 							if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, dq, pq, pk, pv, pd, lse, dvec, T, H, KV, scale); err != nil {
 								return err
 							}
-							if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128}, dk, dv, pq, pk, pv, pd, lse, dvec, T, H, KV, scale); err != nil {
+							if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128}, dk, dv, dvb, pq, pk, pv, pd, lse, dvec, T, H, KV, scale); err != nil {
+								return err
+							}
+							res.outb, res.dvb = make([]uint16, N*H*D), make([]uint16, N*KV*D)
+							if err := cuda.Download(e.dv, res.outb, outb); err != nil {
+								return err
+							}
+							if err := cuda.Download(e.dv, res.dvb, dvb); err != nil {
 								return err
 							}
 						} else {
@@ -133,6 +145,19 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					return res
 				}
 				want, got := run(false), run(true)
+				// The bf16 copies the GEMMs read are the fp32 results rounded
+				// to nearest even, value for value.
+				for _, c := range []struct {
+					name string
+					f32  []float32
+					bf   []uint16
+				}{{"out", got.out, got.outb}, {"dv", got.dv, got.dvb}} {
+					for i, x := range c.f32 {
+						if want := model.ToBF16(x); c.bf[i] != want {
+							t.Fatalf("%s bf16 copy at %d: %#04x, want %#04x (the rounding of %g)", c.name, i, c.bf[i], want, x)
+						}
+					}
+				}
 				counts := e.LaunchCounts()
 				for _, name := range []string{"flash_fwd", "flash_bwd_dot", "flash_bwd_dq", "flash_bwd_dkv", "attn_fwd", "attn_bwd_q", "attn_bwd_kv"} {
 					if counts[name] != 1 {

@@ -2,9 +2,10 @@
 // D values, element i pairs with i + D/2. x is (N = B*T, nh, D) and is
 // rotated in place; cos and sin are (positions, D/2) tables computed on the
 // host the way transformers computes them. dir = -1 applies the inverse
-// rotation, which is the backward pass.
+// rotation, which is the backward pass. xb, when set, gets a bf16 copy of
+// the result: the backward's dq and dk feed two GEMMs each.
 
-extern "C" __global__ void rope(float* x, const float* cosT, const float* sinT, int N, int T, int nh, int D, int pos0, int dir) {
+extern "C" __global__ void rope(float* x, bf16* xb, const float* cosT, const float* sinT, int N, int T, int nh, int D, int pos0, int dir) {
     int half = D / 2;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     size_t total = (size_t)N * nh * half;
@@ -16,6 +17,11 @@ extern "C" __global__ void rope(float* x, const float* cosT, const float* sinT, 
     float c = cosT[(size_t)pos * half + i], s = sinT[(size_t)pos * half + i] * (float)dir;
     float* p = x + rh * D;
     float a = p[i], b = p[i + half];
-    p[i] = a * c - b * s;
-    p[i + half] = b * c + a * s;
+    float ra = a * c - b * s, rb = b * c + a * s;
+    p[i] = ra;
+    p[i + half] = rb;
+    if (xb) {
+        xb[rh * D + i] = f2bf(ra);
+        xb[rh * D + i + half] = f2bf(rb);
+    }
 }

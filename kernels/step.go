@@ -82,19 +82,25 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 	}
 	for l := 0; l < c.Layers; l++ {
 		W := func(k int) operand { return e.w(layerSpec(l, k)) }
+		ln1, ln2, h := actBF(a.ln1[l], at(a.ln1b, l)), actBF(a.ln2[l], at(a.ln2b, l)), actBF(a.h[l], at(a.hb, l))
+		// Generation's attention (attn_fwd) writes no bf16 copy of y.
+		y := act(a.y[l])
+		if g == nil {
+			y = actBF(a.y[l], at(a.yb, l))
+		}
 		steps := []func() error{
 			func() error {
-				return e.launch("rmsnorm_fwd", N, normThreads, a.ln1[l], a.rstd1[l], a.resid[l], W(sLN1).f32, N, d, eps)
+				return e.launch("rmsnorm_fwd", N, normThreads, a.ln1[l], at(a.ln1b, l), a.rstd1[l], a.resid[l], W(sLN1).f32, N, d, eps)
 			},
-			func() error { return e.gemm(false, true, N, qd, d, act(a.ln1[l]), W(sQ), 0, a.q[l]) },
-			func() error { return e.gemm(false, true, N, kvd, d, act(a.ln1[l]), W(sK), 0, a.k[l]) },
-			func() error { return e.gemm(false, true, N, kvd, d, act(a.ln1[l]), W(sV), 0, a.v[l]) },
-			func() error { return e.rope(a.q[l], N, T, H, pos0, 1) },
-			func() error { return e.rope(a.k[l], N, T, KV, pos0, 1) },
+			func() error { return e.gemm(false, true, N, qd, d, ln1, W(sQ), 0, a.q[l]) },
+			func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sK), 0, a.k[l]) },
+			func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sV), 0, a.v[l]) },
+			func() error { return e.rope(a.q[l], 0, N, T, H, pos0, 1) },
+			func() error { return e.rope(a.k[l], 0, N, T, KV, pos0, 1) },
 			func() error {
 				if g == nil && e.flash {
 					return e.launch3("flash_fwd", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
-						a.y[l], a.lse[l], a.q[l], a.k[l], a.v[l], T, H, KV, scale)
+						a.y[l], at(a.yb, l), a.lse[l], a.q[l], a.k[l], a.v[l], T, H, KV, scale)
 				}
 				if g == nil {
 					return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
@@ -111,18 +117,18 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 					a.y[l], g.att, a.q[l], g.k[l], g.v[l], T, g.cap, H, KV, D, pos0, scale)
 			},
 			func() error { return e.dv.Copy(a.mid[l], a.resid[l], int64(N*d)*4) },
-			func() error { return e.gemm(false, true, N, d, qd, act(a.y[l]), W(sO), 1, a.mid[l]) },
+			func() error { return e.gemm(false, true, N, d, qd, y, W(sO), 1, a.mid[l]) },
 			func() error {
-				return e.launch("rmsnorm_fwd", N, normThreads, a.ln2[l], a.rstd2[l], a.mid[l], W(sLN2).f32, N, d, eps)
+				return e.launch("rmsnorm_fwd", N, normThreads, a.ln2[l], at(a.ln2b, l), a.rstd2[l], a.mid[l], W(sLN2).f32, N, d, eps)
 			},
-			func() error { return e.gemm(false, true, N, F, d, act(a.ln2[l]), W(sGate), 0, a.g[l]) },
-			func() error { return e.gemm(false, true, N, F, d, act(a.ln2[l]), W(sUp), 0, a.u[l]) },
+			func() error { return e.gemm(false, true, N, F, d, ln2, W(sGate), 0, a.g[l]) },
+			func() error { return e.gemm(false, true, N, F, d, ln2, W(sUp), 0, a.u[l]) },
 			func() error {
 				n := int64(N) * int64(F)
-				return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], a.g[l], a.u[l], n)
+				return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], at(a.hb, l), a.g[l], a.u[l], n)
 			},
 			func() error { return e.dv.Copy(a.resid[l+1], a.mid[l], int64(N*d)*4) },
-			func() error { return e.gemm(false, true, N, d, F, act(a.h[l]), W(sDown), 1, a.resid[l+1]) },
+			func() error { return e.gemm(false, true, N, d, F, h, W(sDown), 1, a.resid[l+1]) },
 		}
 		for _, s := range steps {
 			if err := s(); err != nil {
@@ -134,15 +140,15 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 	if g != nil {
 		g.pos += N
 		last := cuda.Ptr(int64((N-1)*d) * 4)
-		if err := e.launch("rmsnorm_fwd", 1, normThreads, a.lnf, a.rstdf, a.resid[L]+last, e.w(e.normSpec()).f32, 1, d, eps); err != nil {
+		if err := e.launch("rmsnorm_fwd", 1, normThreads, a.lnf, a.lnfb, a.rstdf, a.resid[L]+last, e.w(e.normSpec()).f32, 1, d, eps); err != nil {
 			return err
 		}
-		return e.headGemm(false, false, true, 1, V, d, act(a.lnf), e.w(e.headSpec()), 0, a.logits)
+		return e.headGemm(false, false, true, 1, V, d, actBF(a.lnf, a.lnfb), e.w(e.headSpec()), 0, a.logits)
 	}
-	if err := e.launch("rmsnorm_fwd", N, normThreads, a.lnf, a.rstdf, a.resid[L], e.w(e.normSpec()).f32, N, d, eps); err != nil {
+	if err := e.launch("rmsnorm_fwd", N, normThreads, a.lnf, a.lnfb, a.rstdf, a.resid[L], e.w(e.normSpec()).f32, N, d, eps); err != nil {
 		return err
 	}
-	return e.headGemm(false, false, true, N, V, d, act(a.lnf), e.w(e.headSpec()), 0, a.logits)
+	return e.headGemm(false, false, true, N, V, d, actBF(a.lnf, a.lnfb), e.w(e.headSpec()), 0, a.logits)
 }
 
 // flashHeadDim is the head dimension flash.cu is built for.
@@ -165,7 +171,7 @@ func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 		return err
 	}
 	return e.launch3("flash_bwd_dkv", cuda.Dim3{X: flashTiles(T), Y: KV, Z: B}, cuda.Dim3{X: 128},
-		a.dk, a.dv, a.q[l], a.k[l], a.v[l], a.dy, a.lse[l], a.dvec, T, H, KV, scale)
+		a.dk, a.dv, a.dvb, a.q[l], a.k[l], a.v[l], a.dy, a.lse[l], a.dvec, T, H, KV, scale)
 }
 
 func threadsFor(d int) int {
@@ -179,9 +185,20 @@ func threadsFor(d int) int {
 	}
 }
 
-func (e *Engine) rope(x cuda.Ptr, N, T, heads, pos0, dir int) error {
+// rope rotates x in place (dir -1: the inverse) and, with xb set, writes a
+// bf16 copy of the result there.
+func (e *Engine) rope(x, xb cuda.Ptr, N, T, heads, pos0, dir int) error {
 	n := int64(N) * int64(heads) * int64(e.cfg.HeadDim/2)
-	return e.launch("rope", blocks(n, 256), 256, x, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, pos0, dir)
+	return e.launch("rope", blocks(n, 256), 256, x, xb, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, pos0, dir)
+}
+
+// at is ps[l], or 0 where the per-layer buffers do not exist (a bf16 copy
+// in fp32 precision, or the attention output's without flash attention).
+func at(ps []cuda.Ptr, l int) cuda.Ptr {
+	if ps == nil {
+		return 0
+	}
+	return ps[l]
 }
 
 // lossRows turns the logits into per-row losses (and, with grad, into their
@@ -197,7 +214,13 @@ func (e *Engine) lossRows(b model.Batch, count int, scale float32, grad bool, ac
 		g = 1
 	}
 	k := scale / float32(count)
-	if err := e.launch("xent_fwd_bwd", N, 256, a.logits, a.losses, a.tgt, e.cfg.VocabSize, k, g); err != nil {
+	// The bf16 logit gradient goes to its own buffer; a loss without a
+	// gradient writes none.
+	dlb := cuda.Ptr(0)
+	if grad {
+		dlb = a.dlogitsb
+	}
+	if err := e.launch("xent_fwd_bwd", N, 256, a.logits, dlb, a.losses, a.tgt, e.cfg.VocabSize, k, g); err != nil {
 		return err
 	}
 	return e.launch("loss_reduce", 1, 1024, acc, a.losses, N, k)
@@ -231,16 +254,22 @@ func (e *Engine) backward(b model.Batch) error {
 	scale := float32(1 / math.Sqrt(float64(D)))
 	normThreads := threadsFor(d)
 	normBack := func(x, w, rstd cuda.Ptr, dw cuda.Ptr) error {
-		if err := e.launch("rmsnorm_bwd_dx", N, normThreads, a.dresid, a.dln, x, w, rstd, N, d); err != nil {
+		if err := e.launch("rmsnorm_bwd_dx", N, normThreads, a.dresid, a.dresidb, a.dln, x, w, rstd, N, d); err != nil {
 			return err
 		}
 		return e.launch3("rmsnorm_bwd_dw", cuda.Dim3{X: blocks(int64(d), 256), Y: min(N, 256)}, cuda.Dim3{X: 256}, dw, a.dln, x, rstd, N, d)
 	}
 	head := e.headSpec()
-	if err := e.headGemm(true, true, false, V, d, N, act(a.logits), act(a.lnf), 1, e.gw(head)); err != nil {
+	// Without a bf16 logit gradient buffer (fp32 precision or an fp32 head
+	// backward) the gradient is in a.logits.
+	dlogits := act(a.logits)
+	if a.dlogitsb != 0 {
+		dlogits = operand{bf: a.dlogitsb}
+	}
+	if err := e.headGemm(true, true, false, V, d, N, dlogits, actBF(a.lnf, a.lnfb), 1, e.gw(head)); err != nil {
 		return fmt.Errorf("LM head backward: %w", err)
 	}
-	if err := e.headGemm(true, false, false, N, d, V, act(a.logits), e.w(head), 0, a.dln); err != nil {
+	if err := e.headGemm(true, false, false, N, d, V, dlogits, e.w(head), 0, a.dln); err != nil {
 		return fmt.Errorf("LM head backward: %w", err)
 	}
 	if err := e.zero(a.dresid, int64(N*d)); err != nil {
@@ -252,22 +281,26 @@ func (e *Engine) backward(b model.Batch) error {
 	for l := L - 1; l >= 0; l-- {
 		W := func(k int) operand { return e.w(layerSpec(l, k)) }
 		G := func(k int) cuda.Ptr { return e.gw(layerSpec(l, k)) }
+		ln1, ln2, h := actBF(a.ln1[l], at(a.ln1b, l)), actBF(a.ln2[l], at(a.ln2b, l)), actBF(a.h[l], at(a.hb, l))
+		y, dresid := actBF(a.y[l], at(a.yb, l)), actBF(a.dresid, a.dresidb)
+		dg, du := actBF(a.dg, a.dgb), actBF(a.du, a.dub)
+		dq, dk, dv := actBF(a.dq, a.dqb), actBF(a.dk, a.dkb), actBF(a.dv, a.dvb)
 		steps := []func() error{
 			// MLP: a.dresid is the gradient of resid[l+1] = mid + h Wdown^T.
-			func() error { return e.gemm(true, false, d, F, N, act(a.dresid), act(a.h[l]), 1, G(sDown)) },
-			func() error { return e.gemm(false, false, N, F, d, act(a.dresid), W(sDown), 0, a.dh) },
+			func() error { return e.gemm(true, false, d, F, N, dresid, h, 1, G(sDown)) },
+			func() error { return e.gemm(false, false, N, F, d, dresid, W(sDown), 0, a.dh) },
 			func() error {
 				n := int64(N) * int64(F)
-				return e.launch("swiglu_bwd", blocks(n, 256), 256, a.dg, a.du, a.dh, a.g[l], a.u[l], n)
+				return e.launch("swiglu_bwd", blocks(n, 256), 256, a.dg, a.du, a.dgb, a.dub, a.dh, a.g[l], a.u[l], n)
 			},
-			func() error { return e.gemm(true, false, F, d, N, act(a.dg), act(a.ln2[l]), 1, G(sGate)) },
-			func() error { return e.gemm(true, false, F, d, N, act(a.du), act(a.ln2[l]), 1, G(sUp)) },
-			func() error { return e.gemm(false, false, N, d, F, act(a.dg), W(sGate), 0, a.dln) },
-			func() error { return e.gemm(false, false, N, d, F, act(a.du), W(sUp), 1, a.dln) },
+			func() error { return e.gemm(true, false, F, d, N, dg, ln2, 1, G(sGate)) },
+			func() error { return e.gemm(true, false, F, d, N, du, ln2, 1, G(sUp)) },
+			func() error { return e.gemm(false, false, N, d, F, dg, W(sGate), 0, a.dln) },
+			func() error { return e.gemm(false, false, N, d, F, du, W(sUp), 1, a.dln) },
 			func() error { return normBack(a.mid[l], W(sLN2).f32, a.rstd2[l], G(sLN2)) },
 			// Attention: a.dresid is now the gradient of mid = resid[l] + y Wo^T.
-			func() error { return e.gemm(true, false, d, qd, N, act(a.dresid), act(a.y[l]), 1, G(sO)) },
-			func() error { return e.gemm(false, false, N, qd, d, act(a.dresid), W(sO), 0, a.dy) },
+			func() error { return e.gemm(true, false, d, qd, N, dresid, y, 1, G(sO)) },
+			func() error { return e.gemm(false, false, N, qd, d, dresid, W(sO), 0, a.dy) },
 			func() error {
 				if e.flash {
 					return e.flashBackward(l, B, T, scale)
@@ -279,14 +312,14 @@ func (e *Engine) backward(b model.Batch) error {
 				return e.launch3("attn_bwd_kv", cuda.Dim3{X: T, Y: KV, Z: B}, cuda.Dim3{X: min(D, 256)},
 					a.dk, a.dv, a.ds, a.att[l], a.q[l], a.dy, T, T, H, KV, D, scale)
 			},
-			func() error { return e.rope(a.dq, N, T, H, 0, -1) },
-			func() error { return e.rope(a.dk, N, T, KV, 0, -1) },
-			func() error { return e.gemm(true, false, qd, d, N, act(a.dq), act(a.ln1[l]), 1, G(sQ)) },
-			func() error { return e.gemm(true, false, kvd, d, N, act(a.dk), act(a.ln1[l]), 1, G(sK)) },
-			func() error { return e.gemm(true, false, kvd, d, N, act(a.dv), act(a.ln1[l]), 1, G(sV)) },
-			func() error { return e.gemm(false, false, N, d, qd, act(a.dq), W(sQ), 0, a.dln) },
-			func() error { return e.gemm(false, false, N, d, kvd, act(a.dk), W(sK), 1, a.dln) },
-			func() error { return e.gemm(false, false, N, d, kvd, act(a.dv), W(sV), 1, a.dln) },
+			func() error { return e.rope(a.dq, a.dqb, N, T, H, 0, -1) },
+			func() error { return e.rope(a.dk, a.dkb, N, T, KV, 0, -1) },
+			func() error { return e.gemm(true, false, qd, d, N, dq, ln1, 1, G(sQ)) },
+			func() error { return e.gemm(true, false, kvd, d, N, dk, ln1, 1, G(sK)) },
+			func() error { return e.gemm(true, false, kvd, d, N, dv, ln1, 1, G(sV)) },
+			func() error { return e.gemm(false, false, N, d, qd, dq, W(sQ), 0, a.dln) },
+			func() error { return e.gemm(false, false, N, d, kvd, dk, W(sK), 1, a.dln) },
+			func() error { return e.gemm(false, false, N, d, kvd, dv, W(sV), 1, a.dln) },
 			func() error { return normBack(a.resid[l], W(sLN1).f32, a.rstd1[l], G(sLN1)) },
 		}
 		for _, s := range steps {

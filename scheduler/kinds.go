@@ -66,7 +66,15 @@ var policies = map[string]Policy{
 	KindIngestAppend: {Queue: QueueAppend, Version: 1, Timeout: time.Hour, MaxRetry: 10, Backoff: 10 * time.Second, MaxBackoff: 10 * time.Minute, Retention: 7 * day},
 	// A training segment runs until its step budget; asynq's default
 	// 30-minute timeout would cut it, so its bound only catches a hung GPU.
-	KindTrainSegment: {Queue: QueueGPU, Version: 1, Timeout: 7 * day, MaxRetry: 3, Backoff: time.Minute, MaxBackoff: 30 * time.Minute, Retention: 30 * day},
+	// Its commonest failure is a lost worker (SIGKILL, OOM kill, power):
+	// asynq hands the task back only once its lease is 30s past expiry,
+	// by which time the dead worker's run lock has lapsed too, so every
+	// further second of delay is an idle GPU: the first retry comes after
+	// seconds. Doubling from there, eight retries span about 20 minutes, so
+	// an object-storage or Redis outage is waited out rather than archived;
+	// with one consumer per GPU queue and a finite MaxRetry a failing
+	// segment cannot turn into a retry storm.
+	KindTrainSegment: {Queue: QueueGPU, Version: 1, Timeout: 7 * day, MaxRetry: 8, Backoff: 5 * time.Second, MaxBackoff: 30 * time.Minute, Retention: 30 * day},
 	KindBenchRun:     {Queue: QueueGPU, Version: 1, Timeout: 12 * time.Hour, MaxRetry: 1, Backoff: time.Minute, MaxBackoff: 10 * time.Minute, Retention: 30 * day},
 	// Sampling reads a dataset slice on CPU.
 	KindTokenizerSample: {Queue: QueueIngest, Version: 1, Timeout: 2 * time.Hour, MaxRetry: 5, Backoff: 30 * time.Second, MaxBackoff: 30 * time.Minute, Retention: 7 * day},

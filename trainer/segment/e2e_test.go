@@ -3,6 +3,7 @@ package segment_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -61,7 +62,10 @@ func e2eWorker() int {
 	log, _ := zap.NewDevelopment()
 	worker.ConfigureTraining(worker.Training{
 		Redis: rdb, Objects: objects, Runs: set, Dir: env("KILN_E2E_DIR"), TokensDir: env("KILN_E2E_TOKENS"),
-		Owner: env("KILN_E2E_NAME"), LockTTL: 2 * time.Second, Log: log,
+		// The run lock keeps its production lease (LockTTL unset): the
+		// killed worker's lock must have lapsed by the time asynq hands
+		// its task to another worker.
+		Owner: env("KILN_E2E_NAME"), Log: log,
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := client.Enqueue(ctx, a); return err },
 	})
 	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: log,
@@ -214,18 +218,24 @@ func newE2E(t *testing.T) *e2e {
 
 // The issue's end-to-end run on a real Redis and versitygw: ingest local
 // files and append them to a token store, train the tiny model on the CPU
-// through the queue with checkpoints in S3, SIGKILL the worker, and a new
-// worker on a fresh disk resumes from the last checkpoint in S3 and
-// finishes with exactly the losses of an uninterrupted run.
+// through the queue with checkpoints in S3, and SIGKILL the worker. Nobody
+// enqueues anything after that: asynq recovers the dead worker's task once
+// its lease has expired, retries it on a new worker with a fresh disk, and
+// the retry resumes from the last complete checkpoint in S3 and finishes
+// with exactly the losses of an uninterrupted run.
 func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("SIGKILL of a child process is exercised on linux")
+	}
+	if testing.Short() {
+		t.Skip("waits out asynq's lease of the killed worker's task (about a minute)")
 	}
 	e := newE2E(t)
 	ctx, objects, client, start, want := e.ctx, e.objects, e.client, e.start, e.want
 	// Worker A trains until two checkpoints are complete in S3, then dies.
 	a := start("gpu-a")
-	if _, err := client.Enqueue(ctx, scheduler.TrainSegment{Run: "e2e"}); err != nil {
+	info, err := client.Enqueue(ctx, scheduler.TrainSegment{Run: "e2e"})
+	if err != nil {
 		t.Fatal(err)
 	}
 	e.waitRemote(t, "e2e", 8)
@@ -242,14 +252,42 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 		t.Fatalf("the run finished before the worker was killed; nothing was tested")
 	}
 
-	// Worker B, on another disk, takes over once A's lock lease runs out.
-	start("gpu-b")
-	if _, err := client.Enqueue(ctx, scheduler.TrainSegment{Run: "e2e", FromStep: int64(last), TotalSteps: 48}); err != nil {
-		t.Fatal(err)
+	// A's task is still active under its lease, and A's run lock is
+	// still held. asynq recovers a task once its lease is 30s past expiry
+	// (its allowance for clock skew), and a worker's recoverer runs when it
+	// starts, so B is started just after that point, read from the lease.
+	exp, err := e.rdb.ZScore(ctx, "asynq:{"+scheduler.QueueGPU+"}:lease", info.ID).Result()
+	if err != nil {
+		t.Fatalf("lease of the killed worker's task %s: %v", info.ID, err)
 	}
+	recoverable := time.Unix(int64(exp), 0).Add(31 * time.Second)
+	lockLeft, err := e.rdb.PTTL(ctx, "kiln:run:e2e:lock").Result()
+	if err != nil || lockLeft <= 0 {
+		t.Fatalf("the killed worker's run lock: ttl %v (%v); want it still held", lockLeft, err)
+	}
+	if lockFree := time.Now().Add(lockLeft); !lockFree.Before(recoverable) {
+		t.Errorf("the dead worker's run lock lapses at %v, after asynq recovers its task at %v: the retry would wait on it",
+			lockFree.Format(time.TimeOnly), recoverable.Format(time.TimeOnly))
+	}
+	time.Sleep(time.Until(recoverable))
+
+	// Worker B, on another disk, recovers and runs the very same task.
+	start("gpu-b")
 	e.waitDone(t, "e2e")
-	if b := e.log("gpu-b"); !strings.Contains(b, "resuming from object storage") {
-		t.Errorf("worker B did not resume from object storage:\n%s", b)
+	ts := e.waitTask(t, info.ID, "completed")
+	if ts.Retried != 1 || ts.Progress.Worker != "gpu-b" {
+		t.Errorf("task %s: retried %d times, last run by %q; want one retry (the lease expiry), run by gpu-b", info.ID, ts.Retried, ts.Progress.Worker)
+	}
+	b := e.log("gpu-b")
+	if line := lineWith(b, "resuming from object storage"); !strings.Contains(line, fmt.Sprintf(`"step": %d}`, last)) {
+		t.Errorf("worker B did not resume from step %d in object storage:\n%s", last, b)
+	}
+	if strings.Contains(b, segment.ErrLocked.Error()) {
+		t.Errorf("worker B found the run still locked by the dead worker:\n%s", b)
+	}
+	// The recovered task is the run's only segment: nothing else was queued.
+	if qs := e.gpuQueue(t); qs.Completed != 1 || qs.Size != 0 || qs.Archived != 0 {
+		t.Errorf("gpu queue: %d completed, %d waiting, %d archived; want the one recovered task completed", qs.Completed, qs.Size, qs.Archived)
 	}
 
 	// Every step's loss equals the uninterrupted run's: those before the
@@ -274,7 +312,31 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 	if err != nil || fmt.Sprint(steps) != "[20 40 44 48]" {
 		t.Errorf("checkpoints in S3 %v (%v), want [20 40 44 48]", steps, err)
 	}
-	t.Logf("worker killed after step %d was in S3; resumed from it", last)
+	t.Logf("worker killed after step %d was in S3; asynq's retry resumed from it", last)
+}
+
+// A lost GPU worker's segment is retried within seconds of asynq
+// recovering it, while repeated failures back off to minutes and stop after
+// MaxRetry: no storm, and an outage of about 20 minutes is waited out.
+func TestTrainSegmentRetryPolicy(t *testing.T) {
+	p, ok := scheduler.PolicyFor(scheduler.KindTrainSegment)
+	if !ok {
+		t.Fatal("train:segment has no policy")
+	}
+	task := asynq.NewTask(scheduler.KindTrainSegment, nil)
+	if d := scheduler.RetryDelay(0, asynq.ErrLeaseExpired, task); d > 10*time.Second {
+		t.Errorf("first retry after a lost worker in %v; want seconds", d)
+	}
+	var total time.Duration
+	for n := 0; n < p.MaxRetry; n++ {
+		total += scheduler.RetryDelay(n, errors.New("object storage unreachable"), task)
+	}
+	if p.MaxRetry > 10 || total < 15*time.Minute {
+		t.Errorf("%d retries span %v; want at most 10 spanning at least 15 minutes", p.MaxRetry, total)
+	}
+	if d := scheduler.RetryDelay(p.MaxRetry-1, errors.New("x"), task); d < 5*time.Minute {
+		t.Errorf("last retry after %v; want backed off to minutes", d)
+	}
 }
 
 // SIGTERM, as `docker compose down` sends, stops the worker at the next
@@ -355,6 +417,48 @@ func (e *e2e) waitRemote(t *testing.T, run string, min int) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// lineWith is the first line of log that contains s, or "".
+func lineWith(log, s string) string {
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, s) {
+			return line
+		}
+	}
+	return ""
+}
+
+// waitTask waits for the task to reach state.
+func (e *e2e) waitTask(t *testing.T, id, state string) scheduler.TaskStatus {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ts, err := e.client.Task(e.ctx, id)
+		if err == nil && ts.State == state {
+			return ts
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %s not %s within a minute: %+v (%v)", id, state, ts, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// gpuQueue is the gpu queue's status.
+func (e *e2e) gpuQueue(t *testing.T) scheduler.QueueStatus {
+	t.Helper()
+	qs, err := e.client.Status(e.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range qs {
+		if q.Name == scheduler.QueueGPU {
+			return q
+		}
+	}
+	t.Fatal("no gpu queue in the status")
+	return scheduler.QueueStatus{}
 }
 
 // waitDone waits for the run's state to say done.

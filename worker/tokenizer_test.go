@@ -2,7 +2,6 @@ package worker
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,6 +27,7 @@ import (
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
 )
 
 type contentRow struct {
@@ -51,47 +51,13 @@ func parquetOf[T any](t *testing.T, rows []T) []byte {
 	return buf.Bytes()
 }
 
-func testdataText(t *testing.T, name string) string {
-	t.Helper()
-	f, err := os.Open(filepath.Join("..", "tokenizer", "testdata", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// chunks cuts text into documents of about n bytes at line ends.
-func chunks(text string, n int) []string {
-	var out []string
-	for len(text) > 0 {
-		cut := min(n, len(text))
-		if i := strings.IndexByte(text[cut:], '\n'); i >= 0 {
-			cut += i + 1
-		} else {
-			cut = len(text)
-		}
-		out = append(out, text[:cut])
-		text = text[cut:]
-	}
-	return out
-}
-
 // mixedHub serves three datasets the way their real counterparts are laid
 // out: code in parquet "content", prose in parquet "text", maths in zstd
 // JSON lines under <config>/train/.
 func mixedHub(t *testing.T) (*hubtest.Hub, map[string]ingest.Preset) {
 	h := hubtest.New()
 	t.Cleanup(h.Close)
-	code := chunks(testdataText(t, "go.txt.gz")+testdataText(t, "python.txt.gz"), 1500)
+	code := tokenizertest.Documents(tokenizertest.Text(t, "go")+tokenizertest.Text(t, "python"), 1500)
 	for f := range 8 {
 		var rows []contentRow
 		for i := f; i < len(code); i += 8 {
@@ -99,7 +65,7 @@ func mixedHub(t *testing.T) (*hubtest.Hub, map[string]ingest.Preset) {
 		}
 		h.Add("bigcode/code", fmt.Sprintf("data/Go/train-%05d.parquet", f), parquetOf(t, rows), true)
 	}
-	prose := chunks(testdataText(t, "english.txt.gz"), 600)
+	prose := tokenizertest.Documents(tokenizertest.Text(t, "english"), 600)
 	for f := range 4 {
 		var rows []textRow
 		for i := f; i < len(prose); i += 4 {
@@ -155,7 +121,7 @@ func TestTokenizerSampledAndTrainedThroughTheQueues(t *testing.T) {
 	ctx := context.Background()
 	dataDir := t.TempDir()
 	cat := catalog.New(objects, dataDir)
-	prevData, err := tokenizer.Train(ctx, []io.Reader{strings.NewReader(testdataText(t, "english.txt.gz"))}, tokenizer.TrainOptions{VocabSize: 1024})
+	prevData, err := tokenizer.Train(ctx, []io.Reader{strings.NewReader(tokenizertest.Text(t, "english"))}, tokenizer.TrainOptions{VocabSize: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/binary"
 	"io"
@@ -12,25 +11,13 @@ import (
 	"testing"
 
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
 )
 
 func goldenTokenizer(t *testing.T, dir string) string {
 	t.Helper()
-	f, err := os.Open("../../tokenizer/testdata/gpt4-style.tokenizer.json.gz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := filepath.Join(dir, "tokenizer.json")
-	if err := os.WriteFile(p, data, 0o644); err != nil {
+	if err := os.WriteFile(p, tokenizertest.Tokenizer(t, "gpt4-style"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p

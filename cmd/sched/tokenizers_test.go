@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
 	"github.com/kiln-lm/kiln/worker"
 )
 
@@ -90,15 +90,15 @@ func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 	env := append(baseEnv(t), "KILN_REDIS_URL="+r.URL(0))
 	data := envValue(env, "KILN_DATA_DIR")
 	corpus := t.TempDir()
-	code := chunkText(gz(t, "go.txt.gz")+gz(t, "python.txt.gz"), 1500)
+	code := tokenizertest.Documents(tokenizertest.Text(t, "go")+tokenizertest.Text(t, "python"), 1500)
 	os.MkdirAll(filepath.Join(corpus, "code"), 0o755)
 	for i, c := range code[:120] {
 		os.WriteFile(filepath.Join(corpus, "code", fmt.Sprintf("%03d.py", i)), []byte(c), 0o644)
 	}
-	prose := gz(t, "english.txt.gz")
+	prose := tokenizertest.Text(t, "english")
 	os.MkdirAll(filepath.Join(corpus, "prose"), 0o755)
 	var pj bytes.Buffer
-	for _, p := range chunkText(prose, 400) {
+	for _, p := range tokenizertest.Documents(prose, 400) {
 		b, _ := json.Marshal(map[string]string{"text": p})
 		pj.Write(append(b, '\n'))
 	}
@@ -188,38 +188,4 @@ func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^mixed\s+1024\s`).MatchString(out) || !regexp.MustCompile(`(?m)^kiln-bpe \(default\)\s+1024\s`).MatchString(out) {
 		t.Fatalf("sched tokenizers:\n%s", out)
 	}
-}
-
-func gz(t *testing.T, name string) string {
-	t.Helper()
-	f, err := os.Open(filepath.Join("..", "..", "tokenizer", "testdata", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// chunkText cuts text into documents of about n bytes at line ends.
-func chunkText(text string, n int) []string {
-	var out []string
-	for len(text) > 0 {
-		cut := min(n, len(text))
-		if i := strings.IndexByte(text[cut:], '\n'); i >= 0 {
-			cut += i + 1
-		} else {
-			cut = len(text)
-		}
-		out = append(out, text[:cut])
-		text = text[cut:]
-	}
-	return out
 }

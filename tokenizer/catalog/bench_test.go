@@ -5,13 +5,14 @@ import (
 	"testing"
 
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
 )
 
 // BenchmarkMeasure is the report's cost per held-out byte with a previous
 // tokenizer to compare (two encodes of every document). Bytes/s is
 // held-out text measured.
 func BenchmarkMeasure(b *testing.B) {
-	code, prose := gunzip(b, "go.txt.gz")+gunzip(b, "python.txt.gz"), gunzip(b, "english.txt.gz")
+	code, prose := tokenizertest.Text(b, "go")+tokenizertest.Text(b, "python"), tokenizertest.Text(b, "english")
 	maths := mathsCorpus(2, 3000)
 	data := train(b, 4096, code, prose, maths)
 	tok, err := tokenizer.Parse(data)

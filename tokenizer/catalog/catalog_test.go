@@ -2,7 +2,6 @@ package catalog
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -17,6 +16,7 @@ import (
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
 	"github.com/kiln-lm/kiln/tokens"
 )
 
@@ -28,24 +28,6 @@ func newS3(t *testing.T) store.Store {
 		t.Fatal(err)
 	}
 	return s
-}
-
-func gunzip(t testing.TB, name string) string {
-	t.Helper()
-	f, err := os.Open(filepath.Join("..", "testdata", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	zr, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // train learns a small vocabulary from texts.
@@ -314,7 +296,7 @@ func docs(text string, size int) []string {
 // maths, while the prose-only one keeps its lead on prose.
 func TestReportOnAMixedCorpus(t *testing.T) {
 	ctx := context.Background()
-	goSrc, pySrc, prose := gunzip(t, "go.txt.gz"), gunzip(t, "python.txt.gz"), gunzip(t, "english.txt.gz")
+	goSrc, pySrc, prose := tokenizertest.Text(t, "go"), tokenizertest.Text(t, "python"), tokenizertest.Text(t, "english")
 	maths := mathsCorpus(1, 2400)
 	code := goSrc + pySrc
 	// The last fifth of each is held out.

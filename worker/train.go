@@ -248,8 +248,13 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 	})
 	if err != nil {
 		err = fmt.Errorf("train:segment run %s: %w", a.Run, err)
+		// A retry trains from the last checkpoint into the same failure: a
+		// diverged run, another tokenizer's stores, or a checkpoint of
+		// another shape need a person, not another attempt.
 		var mismatch *catalog.MismatchError
-		if errors.As(err, &mismatch) {
+		var diverged *trainer.NonFiniteError
+		var bad interface{ BadInput() bool }
+		if errors.As(err, &mismatch) || errors.As(err, &diverged) || (errors.As(err, &bad) && bad.BadInput()) {
 			err = fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
 		}
 		return err

@@ -383,3 +383,41 @@ func TestTrainSegmentRefusesAnotherTokenizer(t *testing.T) {
 		t.Fatalf("the run trained to step %s on a store of another tokenizer", st)
 	}
 }
+
+// A run whose loss diverges is archived at its first failure, naming the
+// step: a retry would train from the same checkpoint into the same NaN.
+func TestTrainSegmentDivergedRunIsArchivedNotRetried(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokName := publishTestTokenizer(t, objects)
+	run := runs.Run{
+		Name: "diverge", Tokenizer: tokName,
+		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: 1e30, Warmup: 1, TotalSteps: 20,
+			LogEvery: 1, EvalEvery: 10, EvalBatches: 1, CheckpointEvery: 2, Seed: 3, Engine: "cpu", Precision: "fp32",
+			Mixture: []trainer.MixtureEntry{{Store: "pattern", Weight: 1}}},
+		Retention: runs.Retention{KeepLast: 1},
+	}
+	ConfigureTraining(Training{
+		Redis: e.rdb, Objects: objects, Runs: runs.Set{"diverge": run}, Dir: t.TempDir(), Owner: "gpu-test",
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
+		Log:      zap.NewNop(),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop(),
+		DelayedTaskCheckInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	id := e.enqueue(scheduler.TrainSegment{Run: "diverge"})
+	st := e.waitFor(id, time.Minute, "archived", state("archived"))
+	if st.Retried != 0 || !strings.Contains(st.LastErr, "training diverged") || !strings.Contains(st.LastErr, "step ") {
+		t.Fatalf("diverged run: retried %d, last error %q; want archived at once with an error naming the step", st.Retried, st.LastErr)
+	}
+}

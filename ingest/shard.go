@@ -1,24 +1,35 @@
 package ingest
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
+	"sync"
+	"unsafe"
 
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 )
 
-// BatchBytes is the text tokenized at once across all cores: large enough
-// to keep every core busy, small enough that a worker's memory stays flat
-// whatever the shard's size (two batches are alive: one read, one encoded).
+// BatchBytes is the text a caller that encodes whole batches (the
+// tokenizer's own benchmark beside WriteShard) hands to EncodeBatch at once.
 const BatchBytes = 8 << 20
+
+// chunkBytes is the text one encoder takes at a time. Chunks are small so
+// that the cores never wait for one another at a batch boundary (a large
+// batch ends with one core finishing its last document while the others
+// idle) and so that the text and tokens in flight stay a few MiB whatever
+// the shard's size; 256 KiB is still dozens of documents, so handing them
+// over costs nothing measurable.
+const chunkBytes = 256 << 10
 
 // ShardStats describes a shard token file.
 type ShardStats struct {
@@ -28,73 +39,168 @@ type ShardStats struct {
 	Skips     Skips
 }
 
+// shardChunk is a run of consecutive documents and, once done is closed,
+// their ids in the store's dtype with EOS after each document.
+type shardChunk struct {
+	docs   []string
+	buf    []byte
+	tokens int64
+	done   chan struct{}
+}
+
 // WriteShard tokenizes every document of src on all cores, with the EOS id
-// after each document, and writes the ids to w as the store's dtype. The
-// next batch is read while the current one is encoded.
+// after each document, and writes the ids to w as the store's dtype.
+//
+// Reading and decoding the source, encoding, and writing with the hash run
+// at once: one goroutine reads chunks of documents, one encoder per core
+// turns each chunk into token bytes, and the caller's goroutine writes the
+// chunks in order and hashes them. No stage waits for another to finish a
+// batch, so parquet decoding, the hash and the writes overlap with
+// tokenization.
 func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.Writer) (ShardStats, error) {
 	eos, ok := tok.EOS()
 	if !ok {
 		return ShardStats{}, errors.New("the tokenizer has no end-of-text token: train or pick one with an EOS special token")
 	}
 	dtype := tokens.DtypeFor(tok.VocabSize())
+	encoders := runtime.GOMAXPROCS(0)
+	// Chunks in flight: enough that every encoder has the next one queued
+	// while the writer catches up, and few enough to bound memory.
+	inFlight := 4 * encoders
 
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	batches := make(chan []string, 1)
+	var wg sync.WaitGroup
+	// work holds at most the chunks in order plus the one the writer is
+	// waiting on, so a send to it never blocks.
+	work := make(chan *shardChunk, inFlight+1)
+	order := make(chan *shardChunk, inFlight)
+	// Written chunks come back here, so their buffers are reused rather
+	// than left to the GC.
+	free := make(chan *shardChunk, inFlight+2)
 	readErr := make(chan error, 1)
+	defer func() {
+		// On any early return the reader stops at its next send, the
+		// encoders skip what is queued, and nothing outlives the call.
+		cancel()
+		for range order {
+		}
+		wg.Wait()
+	}()
+
+	wg.Add(1)
 	go func() {
-		defer close(batches)
-		var batch []string
+		defer wg.Done()
+		defer close(order)
+		defer close(work)
+		newChunk := func() *shardChunk {
+			select {
+			case c := <-free:
+				c.docs, c.buf, c.tokens = c.docs[:0], c.buf[:0], 0
+				c.done = make(chan struct{})
+				return c
+			default:
+				return &shardChunk{done: make(chan struct{})}
+			}
+		}
+		send := func(c *shardChunk) error {
+			// order first: the writer must learn of a chunk no later than
+			// an encoder finishes it, and order's capacity bounds the
+			// chunks alive.
+			select {
+			case order <- c:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			work <- c
+			return nil
+		}
+		c := newChunk()
 		size := 0
 		err := Drain(ctx, src, func(d Document) error {
-			batch = append(batch, d.Text)
-			if size += len(d.Text); size >= BatchBytes {
-				select {
-				case batches <- batch:
-				case <-ctx.Done():
-					return ctx.Err()
+			c.docs = append(c.docs, d.Text)
+			if size += len(d.Text); size >= chunkBytes {
+				if err := send(c); err != nil {
+					return err
 				}
-				batch, size = nil, 0
+				c, size = newChunk(), 0
 			}
 			return nil
 		})
-		if err == nil && len(batch) > 0 {
-			select {
-			case batches <- batch:
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
+		if err == nil && len(c.docs) > 0 {
+			err = send(c)
 		}
 		readErr <- err
 	}()
 
-	h := sha256.New()
-	bw := bufio.NewWriterSize(io.MultiWriter(w, h), 1<<20)
-	var st ShardStats
-	var buf []byte
-	for batch := range batches {
-		for _, ids := range tok.EncodeBatch(batch) {
-			ids = append(ids, eos)
-			buf = tokens.Encode(buf[:0], dtype, ids)
-			if _, err := bw.Write(buf); err != nil {
-				cancel()
-				for range batches {
+	for range encoders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var ids []uint32
+			for c := range work {
+				if ctx.Err() == nil {
+					for _, d := range c.docs {
+						ids = tok.AppendEncoded(ids[:0], unsafe.Slice(unsafe.StringData(d), len(d)))
+						ids = append(ids, eos)
+						c.buf = appendTokens(c.buf, dtype, ids)
+						c.tokens += int64(len(ids))
+					}
 				}
-				return st, fmt.Errorf("writing the shard: %w", err)
+				close(c.done)
 			}
-			st.Tokens += int64(len(ids))
-			st.Documents++
+		}()
+	}
+
+	h := sha256.New()
+	var st ShardStats
+	for c := range order {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return st, ctx.Err()
+		}
+		if ctx.Err() != nil {
+			return st, ctx.Err()
+		}
+		// Chunks are hundreds of KiB: written as they are, with no
+		// buffering copy.
+		if _, err := w.Write(c.buf); err != nil {
+			return st, fmt.Errorf("writing the shard: %w", err)
+		}
+		h.Write(c.buf)
+		st.Tokens += c.tokens
+		st.Documents += int64(len(c.docs))
+		clear(c.docs) // let the text go before the chunk is reused
+		select {
+		case free <- c:
+		default:
 		}
 	}
 	if err := <-readErr; err != nil {
 		return st, err
 	}
-	if err := bw.Flush(); err != nil {
-		return st, fmt.Errorf("writing the shard: %w", err)
-	}
 	st.SHA256 = hex.EncodeToString(h.Sum(nil))
 	st.Skips = src.Skipped()
 	return st, nil
+}
+
+// appendTokens is tokens.Encode with the room made once per document
+// rather than grown per id: it runs on every token of every shard.
+func appendTokens(dst []byte, d tokens.Dtype, ids []uint32) []byte {
+	w := d.Width()
+	n := len(dst)
+	dst = slices.Grow(dst, w*len(ids))[:n+w*len(ids)]
+	out := dst[n:]
+	if d == tokens.Uint16 {
+		for i, id := range ids {
+			binary.LittleEndian.PutUint16(out[2*i:], uint16(id))
+		}
+	} else {
+		for i, id := range ids {
+			binary.LittleEndian.PutUint32(out[4*i:], id)
+		}
+	}
+	return dst
 }
 
 // SafeJoin places a listed repository path under dir, refusing one that

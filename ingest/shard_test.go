@@ -1,0 +1,125 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// sliceSource serves documents from memory, then err (io.EOF when nil).
+type sliceSource struct {
+	docs []string
+	err  error
+	next int
+}
+
+func (s *sliceSource) Next(ctx context.Context) (Document, error) {
+	if s.next == len(s.docs) {
+		if s.err != nil {
+			return Document{}, s.err
+		}
+		return Document{}, io.EOF
+	}
+	s.next++
+	return Document{Text: s.docs[s.next-1]}, nil
+}
+
+func (s *sliceSource) Skipped() Skips { return Skips{} }
+func (s *sliceSource) Close() error   { return nil }
+
+// shardDocs is about 6 MB of documents of varied sizes: many chunks, with
+// their boundaries falling mid-stream.
+func shardDocs() []string {
+	var docs []string
+	for i := range 3000 {
+		docs = append(docs, fmt.Sprintf("doc %d: ", i)+strings.Repeat("func main() { fmt.Println(\"the quick brown fox\") }\n", 1+(i*37)%80))
+	}
+	return docs
+}
+
+func TestWriteShardMatchesSequentialEncoding(t *testing.T) {
+	tok := testTokenizer(t)
+	eos, ok := tok.EOS()
+	if !ok {
+		t.Fatal("the test tokenizer has no EOS")
+	}
+	docs := shardDocs()
+	var want []byte
+	var wantTokens int64
+	for _, d := range docs {
+		ids := append(tok.Encode(d), eos)
+		want = tokens.Encode(want, tokens.DtypeFor(tok.VocabSize()), ids)
+		wantTokens += int64(len(ids))
+	}
+	var got bytes.Buffer
+	st, err := WriteShard(context.Background(), &sliceSource{docs: docs}, tok, &got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Fatalf("shard bytes differ from encoding each document in order: %d bytes, want %d", got.Len(), len(want))
+	}
+	sum := sha256.Sum256(want)
+	if st.SHA256 != hex.EncodeToString(sum[:]) || st.Documents != int64(len(docs)) || st.Tokens != wantTokens {
+		t.Fatalf("stats %+v, want %d documents, %d tokens, sha256 %x", st, len(docs), wantTokens, sum)
+	}
+}
+
+// failingWriter takes n bytes, then fails.
+type failingWriter struct{ n int }
+
+func (w *failingWriter) Write(b []byte) (int, error) {
+	if len(b) > w.n {
+		return 0, errors.New("disk full")
+	}
+	w.n -= len(b)
+	return len(b), nil
+}
+
+func TestWriteShardStopsAtAWriteError(t *testing.T) {
+	_, err := WriteShard(context.Background(), &sliceSource{docs: shardDocs()}, testTokenizer(t), &failingWriter{n: 1 << 20})
+	if err == nil || !strings.Contains(err.Error(), "writing the shard: disk full") {
+		t.Fatalf("err = %v, want the write error", err)
+	}
+}
+
+func TestWriteShardReturnsTheSourceError(t *testing.T) {
+	bad := errors.New("page 7 is corrupt")
+	_, err := WriteShard(context.Background(), &sliceSource{docs: shardDocs(), err: bad}, testTokenizer(t), io.Discard)
+	if !errors.Is(err, bad) {
+		t.Fatalf("err = %v, want %v", err, bad)
+	}
+}
+
+func TestWriteShardCanceled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := WriteShard(ctx, &sliceSource{docs: shardDocs()}, testTokenizer(t), io.Discard)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+}
+
+func TestAppendTokensIsTheStoreEncoding(t *testing.T) {
+	ids := []uint32{0, 1, 255, 256, 65535, 65536, 1 << 20, 1<<32 - 1}
+	for _, d := range []tokens.Dtype{tokens.Uint16, tokens.Uint32} {
+		in := ids
+		if d == tokens.Uint16 {
+			in = ids[:5]
+		}
+		prefix := []byte{9, 9, 9}
+		got := appendTokens(append([]byte(nil), prefix...), d, in)
+		want := tokens.Encode(append([]byte(nil), prefix...), d, in)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("dtype %v: %v, want %v", d, got, want)
+		}
+	}
+}

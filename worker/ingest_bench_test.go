@@ -226,8 +226,9 @@ func mustGlob(b *testing.B, glob string) []string {
 }
 
 // tokenizerAlone times EncodeBatch over the documents of the files, up to
-// limit bytes of text, in the batches WriteShard makes, with the reading
-// outside the clock, and returns MB/s and MB per CPU-second.
+// limit bytes of text, in batches of ingest.BatchBytes (large enough to
+// keep every core busy), with the reading outside the clock, and returns
+// MB/s and MB per CPU-second.
 func tokenizerAlone(b *testing.B, tok *tokenizer.Tokenizer, glob string, limit int64) (float64, float64) {
 	var elapsed, cpu time.Duration
 	var textBytes int64

@@ -23,7 +23,7 @@ type textRow struct {
 	Text string `parquet:"text"`
 }
 
-func testTokenizer(t *testing.T) *tokenizer.Tokenizer {
+func testTokenizer(t testing.TB) *tokenizer.Tokenizer {
 	t.Helper()
 	corpus := strings.Repeat("func main() { fmt.Println(\"hello, world\") }\nthe quick brown fox\n", 200)
 	b, err := tokenizer.Train(context.Background(), []io.Reader{strings.NewReader(corpus)}, tokenizer.TrainOptions{VocabSize: 300})

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -85,9 +86,16 @@ func (w *failingWriter) Write(b []byte) (int, error) {
 }
 
 func TestWriteShardStopsAtAWriteError(t *testing.T) {
-	_, err := WriteShard(context.Background(), &sliceSource{docs: shardDocs()}, testTokenizer(t), &failingWriter{n: 1 << 20})
+	tok := testTokenizer(t)
+	before := runtime.NumGoroutine()
+	_, err := WriteShard(context.Background(), &sliceSource{docs: shardDocs()}, tok, &failingWriter{n: 1 << 20})
 	if err == nil || !strings.Contains(err.Error(), "writing the shard: disk full") {
 		t.Fatalf("err = %v, want the write error", err)
+	}
+	// The reader and encoders are done by the time WriteShard returns: a
+	// failed shard leaves nothing running on the worker.
+	if n := runtime.NumGoroutine(); n > before {
+		t.Fatalf("%d goroutines after the failed shard, %d before", n, before)
 	}
 }
 
@@ -122,4 +130,30 @@ func TestAppendTokensIsTheStoreEncoding(t *testing.T) {
 			t.Fatalf("dtype %v: %v, want %v", d, got, want)
 		}
 	}
+}
+
+// BenchmarkWriteShard is the shard writer alone (no files, no queue) beside
+// the tokenizer's EncodeBatch over the same documents: the gap is what the
+// pipeline adds (ids to bytes, the hash, chunk handoffs).
+func BenchmarkWriteShard(b *testing.B) {
+	tok := testTokenizer(b)
+	docs := shardDocs()
+	var size int64
+	for _, d := range docs {
+		size += int64(len(d))
+	}
+	b.Run("WriteShard", func(b *testing.B) {
+		b.SetBytes(size)
+		for b.Loop() {
+			if _, err := WriteShard(context.Background(), &sliceSource{docs: docs}, tok, io.Discard); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("EncodeBatch", func(b *testing.B) {
+		b.SetBytes(size)
+		for b.Loop() {
+			tok.EncodeBatch(docs)
+		}
+	})
 }

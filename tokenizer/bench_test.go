@@ -11,7 +11,7 @@ import (
 )
 
 // benchText is the text of KILN_TOKENIZER_BENCH_TEXT when set (to compare
-// with ../shared/bench/hf_tokenizers_bench.js on the same file), else the
+// with HF tokenizers' hf_tokenizers_bench.js on the same file), else the
 // golden texts.
 func benchText(b *testing.B) []byte {
 	if p := os.Getenv("KILN_TOKENIZER_BENCH_TEXT"); p != "" {

@@ -210,8 +210,7 @@ func cpuBench(ctx context.Context, b BenchSpec) (results.BenchRow, error) {
 	if err != nil {
 		return results.BenchRow{}, err
 	}
-	return results.BenchRow{Model: s.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: s.Batch, Seq: s.Seq,
-		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, GPUIdle: r.GPUIdle(), Device: "cpu"}, nil
+	return results.Row(s.Model, c, s.Batch, s.Seq, r), nil
 }
 
 func TestBenchRunAppendsRows(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
 )
 
 type benchFlags struct {
@@ -21,21 +22,11 @@ type benchFlags struct {
 	profile                  bool
 }
 
-// benchResult is the JSON line `sched bench` prints per run. Its first
-// fields match trainer/results.BenchRow; tok_s, mfu and peak_gib read like
-// shared/bench/torch_peer.py's line.
+// benchResult is the JSON line `sched bench` prints per run: the bench
+// sweep's row (trainer/results.BenchRow), then what the PyTorch peer's line
+// (torch_peer.py) also reports, and the device's state.
 type benchResult struct {
-	Model      string  `json:"model"`
-	Vocab      int     `json:"vocab"`
-	DModel     int     `json:"d_model"`
-	Layers     int     `json:"layers"`
-	Batch      int     `json:"batch"`
-	Seq        int     `json:"seq"`
-	TokPerSec  float64 `json:"tok_per_sec"`
-	PeakMemory int64   `json:"peak_memory_bytes"`
-	MFU        float64 `json:"mfu"`
-	GPUIdle    bool    `json:"gpu_idle"`
-	Device     string  `json:"device,omitempty"`
+	results.BenchRow
 
 	Engine    string  `json:"engine"`
 	Precision string  `json:"precision"`
@@ -69,7 +60,7 @@ func init() {
 		Long: `bench trains --steps steps of a preset model on random tokens after
 --warmup untimed steps and prints one JSON line: tokens per second, model
 FLOPs utilisation (6N + 12 L T d FLOPs per token over --peak-tflops, as
-shared/bench/torch_peer.py counts them), the peak bytes kiln allocated for
+the PyTorch peer, torch_peer.py, counts them), the peak bytes kiln allocated for
 tensors and workspaces, and the process's device memory. It also lists
 other processes on the GPU and warns when there are any: figures from a
 busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
@@ -116,9 +107,7 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if err != nil {
 		return err
 	}
-	r := benchResult{Model: f.model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: f.batch, Seq: f.seq,
-		TokPerSec: res.TokPerSec, PeakMemory: res.PeakAllocated, MFU: res.MFU, GPUIdle: res.GPUIdle(), Device: res.Device,
-		Engine: res.Engine, Precision: res.Precision, Arch: res.Arch, ParamsM: float64(c.NumParams()) / 1e6, Steps: f.steps,
+	r := benchResult{BenchRow: results.Row(f.model, c, f.batch, f.seq, res), Engine: res.Engine, Precision: res.Precision, Arch: res.Arch, ParamsM: float64(c.NumParams()) / 1e6, Steps: f.steps,
 		Seconds: res.Seconds, PeakGiB: float64(res.PeakAllocated) / (1 << 30), Loss: res.Loss,
 		ProcessMemory: res.ProcessMemory, ProcessMemorySource: res.ProcessMemorySource, MemoryInUseBefore: res.MemoryInUseBefore,
 		OtherProcesses: res.OtherProcesses, KernelMSPerStep: res.KernelMSPerStep}

@@ -43,7 +43,7 @@ its tensor's largest and 2 x lr elsewhere. Each can be overridden by a flag.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.golden, "golden", "", "golden directory (required), laid out like shared/golden/llama/tiny")
+	fl.StringVar(&f.golden, "golden", "", "golden directory (required), laid out like model/testdata/golden/tiny")
 	fl.StringVar(&f.engine, "engine", "cpu", "engine to check: cpu, cuda or auto")
 	fl.StringVar(&f.precision, "precision", "fp32", "precision to run and judge by: fp32 or bf16")
 	fl.BoolVar(&f.forceSM80, "force-sm80", false, "CUDA engine: build and run the sm_80 (compute_80) kernels on a newer GPU")
@@ -61,7 +61,7 @@ its tensor's largest and 2 x lr elsewhere. Each can be overridden by a flag.`,
 // or malformed golden directory is bad input (exit 2).
 func runVerify(ctx context.Context, out, errOut io.Writer, f verifyFlags) error {
 	if f.golden == "" {
-		return badInput("verify needs --golden DIR: a directory such as shared/golden/llama/tiny")
+		return badInput("verify needs --golden DIR: a directory such as model/testdata/golden/tiny")
 	}
 	if st, err := os.Stat(f.golden); err != nil || !st.IsDir() {
 		return badInput("--golden %s is not a directory: pass a golden directory holding config.json, model.safetensors, batch.safetensors, grads.safetensors, after_adamw_step.safetensors and expected.json", f.golden)

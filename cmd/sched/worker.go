@@ -99,6 +99,5 @@ func benchRow(ctx context.Context, b worker.BenchSpec, logf func(string)) (resul
 	if err != nil {
 		return results.BenchRow{}, err
 	}
-	return results.BenchRow{Model: b.Shape.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: o.Batch, Seq: o.Seq,
-		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, MFU: r.MFU, GPUIdle: r.GPUIdle(), Device: r.Device}, nil
+	return results.Row(b.Shape.Model, c, o.Batch, o.Seq, r), nil
 }

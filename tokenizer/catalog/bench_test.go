@@ -22,7 +22,7 @@ func BenchmarkMeasure(b *testing.B) {
 	prevTok, _ := tokenizer.Parse(train(b, 2048, prose))
 	e := entryOf("bench", "", tok)
 	pe := entryOf("prev", "", prevTok)
-	held := []HeldOut{{"code", docs(code, 2000)}, {"prose", docs(prose, 2000)}, {"maths", docs(maths, 2000)}}
+	held := []HeldOut{{"code", tokenizertest.Documents(code, 2000)}, {"prose", tokenizertest.Documents(prose, 2000)}, {"maths", tokenizertest.Documents(maths, 2000)}}
 	b.SetBytes(int64(len(code) + len(prose) + len(maths)))
 	b.ResetTimer()
 	for range b.N {

@@ -275,21 +275,6 @@ func mathsCorpus(seed uint64, n int) string {
 	return b.String()
 }
 
-// docs cuts text into documents of about size bytes at line ends.
-func docs(text string, size int) []string {
-	var out []string
-	for len(text) > 0 {
-		cut := min(size, len(text))
-		if i := strings.IndexByte(text[cut:], '\n'); i >= 0 {
-			cut += i + 1
-		} else {
-			cut = len(text)
-		}
-		out = append(out, text[:cut])
-		text = text[cut:]
-	}
-	return out
-}
 
 // The report on a mixed corpus: a tokenizer trained on code, prose and
 // maths compresses each, and beats one trained on prose alone on code and
@@ -323,7 +308,7 @@ func TestReportOnAMixedCorpus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := []HeldOut{{"code", docs(codeHeld, 2000)}, {"prose", docs(proseHeld, 2000)}, {"maths", docs(mathsHeld, 2000)}}
+	held := []HeldOut{{"code", tokenizertest.Documents(codeHeld, 2000)}, {"prose", tokenizertest.Documents(proseHeld, 2000)}, {"maths", tokenizertest.Documents(mathsHeld, 2000)}}
 	rep, err := Measure(ctx, mixed, mixedTok, &prev, prevTok, held)
 	if err != nil {
 		t.Fatal(err)

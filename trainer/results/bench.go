@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/trainer"
 )
 
 // BenchRow is one shape of the bench sweep as `sched bench` measured it.
@@ -26,6 +29,14 @@ type BenchRow struct {
 	GPUIdle bool   `json:"gpu_idle"`
 	Device  string `json:"device,omitempty"`
 	Error   string `json:"error,omitempty"`
+}
+
+// Row is the table's row for one trainer.Bench measurement of config c at
+// batch x seq; name is the model preset's name, or empty for a shape that
+// is not one.
+func Row(name string, c model.Config, batch, seq int, r trainer.BenchResult) BenchRow {
+	return BenchRow{Model: name, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: batch, Seq: seq,
+		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, MFU: r.MFU, GPUIdle: r.GPUIdle(), Device: r.Device}
 }
 
 // Same reports whether r measured the given shape.

@@ -275,7 +275,6 @@ func mathsCorpus(seed uint64, n int) string {
 	return b.String()
 }
 
-
 // The report on a mixed corpus: a tokenizer trained on code, prose and
 // maths compresses each, and beats one trained on prose alone on code and
 // maths, while the prose-only one keeps its lead on prose.

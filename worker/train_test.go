@@ -104,15 +104,7 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
 		Log:      zap.NewNop(),
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop(),
-		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
 
 	// A bench figure for the run's shape feeds its tok/s gate.
 	tiny := model.Presets["tiny"]
@@ -169,14 +161,7 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 	}
 	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(),
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
-	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
 	id := e.enqueue(scheduler.TrainSegment{Run: "no-such-run"})
 	ts := e.waitFor(id, 30*time.Second, "archived", state("archived"))
 	if !strings.Contains(ts.LastErr, `unknown run "no-such-run"`) || !strings.Contains(ts.LastErr, "pilot") {
@@ -221,14 +206,7 @@ func TestBenchRunAppendsRows(t *testing.T) {
 	}
 	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(), Bench: cpuBench,
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
-	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
 
 	for _, seq := range []string{"16", "32"} {
 		id := e.enqueue(scheduler.BenchRun{Model: "tiny", Engine: "cpu", Params: map[string]string{"batch": "1", "seq": seq}})
@@ -275,14 +253,7 @@ func TestCancelledSegmentCheckpointsAndStopsTheChain(t *testing.T) {
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
 		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
 
 	id := e.enqueue(scheduler.TrainSegment{Run: "long-one"})
 	deadline := time.Now().Add(time.Minute)
@@ -359,14 +330,7 @@ func TestTrainSegmentRefusesAnotherTokenizer(t *testing.T) {
 	}
 	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Set{"pinned": run}, Dir: t.TempDir(), TokensDir: tokens,
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
-	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
 
 	id := e.enqueue(scheduler.TrainSegment{Run: "pinned", Tokenizer: "never-published"})
 	ts := e.waitFor(id, 30*time.Second, "archived", state("archived"))
@@ -405,15 +369,7 @@ func TestTrainSegmentDivergedRunIsArchivedNotRetried(t *testing.T) {
 		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
 		Log:      zap.NewNop(),
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: zap.NewNop(),
-		DelayedTaskCheckInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
 	id := e.enqueue(scheduler.TrainSegment{Run: "diverge"})
 	st := e.waitFor(id, time.Minute, "archived", state("archived"))
 	if st.Retried != 0 || !strings.Contains(st.LastErr, "training diverged") || !strings.Contains(st.LastErr, "step ") {

@@ -120,9 +120,12 @@ func newEnv(t *testing.T) *env {
 }
 
 // startInProcess runs a worker in this process until the test ends.
-func (e *env) startInProcess() {
+func (e *env) startInProcess() { e.serve(map[string]int{scheduler.QueueIngest: 2}) }
+
+// serve runs a worker for queues in this process until the test ends.
+func (e *env) serve(queues map[string]int) {
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueIngest: 2}, Logger: zap.NewNop(),
+	w, err := New(Params{Redis: e.opt, Queues: queues, Logger: zap.NewNop(),
 		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)

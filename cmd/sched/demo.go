@@ -186,7 +186,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 		return res, err
 	}
 
-	stage("ingest: %d files into the token store %s", len(files), demoStore)
+	stage("ingest: up to %.1fM tokens of %d files, in a seeded order, into the token store %s", float64(o.MaxTokens)/1e6, len(files), demoStore)
 	preset, err := ingest.LookupPreset(nil, ingest.LocalPrefix+o.Files)
 	if err != nil {
 		return res, err

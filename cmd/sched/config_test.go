@@ -105,6 +105,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"wrong s3 credentials", []string{good, "KILN_S3_ENDPOINT=" + s3.Endpoint, "KILN_S3_ACCESS_KEY=" + s3.AccessKey, "KILN_S3_SECRET_KEY=wrong"},
 			[]string{"config", "--check"}, "KILN_S3_SECRET_KEY"},
 		{"unknown flag", []string{good}, []string{"status", "--colour"}, "unknown flag: --colour"},
+		{"unknown command", []string{good}, []string{"nope"}, `unknown command "nope" for "sched"`},
+		{"misspelt command", []string{good}, []string{"statu"}, `Did you mean this? status`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

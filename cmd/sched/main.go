@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -45,8 +46,15 @@ func report(err error) int {
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintln(os.Stderr, "sched:", err)
-	if isBadInput(err) {
+	msg := err.Error()
+	if strings.Contains(msg, "\n") {
+		// One line, so that logs and scripts see the whole error; cobra's
+		// "Did you mean" suggestions come on lines of their own.
+		msg = strings.Join(strings.Fields(msg), " ")
+	}
+	fmt.Fprintln(os.Stderr, "sched:", msg)
+	// cobra reports an unknown subcommand as a plain error.
+	if isBadInput(err) || strings.HasPrefix(msg, "unknown command ") {
 		return exitBadInput
 	}
 	return exitFailure

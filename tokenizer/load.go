@@ -90,7 +90,8 @@ func isNull(raw json.RawMessage) bool {
 func Load(path string) (*Tokenizer, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("load tokenizer: %w", err)
+		// A path that does not lead to a readable file is the caller's to fix.
+		return nil, &FormatError{Path: path, Msg: fmt.Sprintf("cannot read the tokenizer: %v; give the path of a tokenizer.json", errors.Unwrap(err))}
 	}
 	t, err := Parse(data)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"path/filepath"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -195,5 +196,14 @@ func TestAddedTokensMatchedBeforePreTokenization(t *testing.T) {
 	s, _ := tk.Decode(tk.Encode("x<|endoftext|>y"))
 	if s != "x<|endoftext|>y" {
 		t.Errorf("decode = %q", s)
+	}
+}
+
+// A tokenizer path that leads nowhere is bad input, named with its path.
+func TestLoadMissingFileIsBadInput(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "none.json"))
+	var b interface{ BadInput() bool }
+	if err == nil || !errors.As(err, &b) || !b.BadInput() || !strings.Contains(err.Error(), "none.json") {
+		t.Fatalf("Load of a missing file: %v; want a bad-input error naming the file", err)
 	}
 }

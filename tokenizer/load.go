@@ -17,7 +17,10 @@ import (
 type FormatError struct {
 	Path string // file, or "" when parsed from bytes
 	Msg  string
+	Err  error // the cause, when there is one (a file that cannot be read)
 }
+
+func (e *FormatError) Unwrap() error { return e.Err }
 
 func (e *FormatError) Error() string {
 	if e.Path == "" {
@@ -91,7 +94,7 @@ func Load(path string) (*Tokenizer, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		// A path that does not lead to a readable file is the caller's to fix.
-		return nil, &FormatError{Path: path, Msg: fmt.Sprintf("cannot read the tokenizer: %v; give the path of a tokenizer.json", errors.Unwrap(err))}
+		return nil, &FormatError{Path: path, Msg: fmt.Sprintf("cannot read the tokenizer: %v; give the path of a tokenizer.json", errors.Unwrap(err)), Err: err}
 	}
 	t, err := Parse(data)
 	if err != nil {

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
 
-	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -16,8 +14,6 @@ import (
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
-	"github.com/kiln-lm/kiln/tokenizer/catalog"
-	"github.com/kiln-lm/kiln/worker"
 )
 
 // planFlags shape an ingest plan; `sched ingest` and `sched enqueue ingest`
@@ -188,29 +184,6 @@ func openSources(cfg scheduler.Config, log *zap.Logger) (*hub.Client, *ingest.SW
 	swh := ingest.SWHFromEnv()
 	swh.Logger = log
 	return h, swh, nil
-}
-
-// configureIngestWorker gives this process's ingest handlers what they
-// need: the object store, the hub, a queue client, this machine's scratch
-// directory (<data dir>/ingest) and its token stores (<data dir>/tokens).
-// The returned function releases the queue client.
-func configureIngestWorker(ctx context.Context, cfg scheduler.Config, opt asynq.RedisConnOpt, log *zap.Logger) (func(), error) {
-	objects, err := openStore(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	h, swh, err := openSources(cfg, log)
-	if err != nil {
-		return nil, err
-	}
-	q := scheduler.NewClient(opt)
-	worker.ConfigureIngest(worker.Ingest{
-		Pipeline: ingest.Pipeline{Objects: objects, Hub: h, SWH: swh, DataDir: filepath.Join(cfg.DataDir, "ingest"),
-			StoresDir: filepath.Join(cfg.DataDir, "tokens"), Logger: log},
-		Tokenizers: catalog.New(objects, cfg.DataDir),
-		Enqueue:    func(ctx context.Context, a scheduler.Args) error { _, err := q.Enqueue(ctx, a); return err },
-	})
-	return func() { q.Close() }, nil
 }
 
 // parseSet reads --set name=a,b flags.

@@ -10,13 +10,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
-	"go.uber.org/zap"
 
-	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
-	"github.com/kiln-lm/kiln/worker"
 )
 
 func init() {
@@ -124,25 +120,4 @@ func printTokenizerReport(ctx context.Context, w io.Writer, cat *catalog.Catalog
 	}
 	_, err = io.WriteString(w, r.Markdown())
 	return err
-}
-
-// configureTokenizerWorker gives this process's tokenizer:sample and
-// tokenizer:train handlers what they need: the object store that carries
-// samples between machines, the data directory, the hub and a queue client.
-// The returned function releases the queue client.
-func configureTokenizerWorker(ctx context.Context, cfg scheduler.Config, opt asynq.RedisConnOpt, log *zap.Logger) (func(), error) {
-	objects, err := openStore(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	h, swh, err := openSources(cfg, log)
-	if err != nil {
-		return nil, err
-	}
-	q := scheduler.NewClient(opt)
-	worker.ConfigureTokenizers(worker.Tokenizers{
-		Objects: objects, DataDir: cfg.DataDir, Hub: h, SWH: swh, Log: log,
-		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := q.Enqueue(ctx, a); return err },
-	})
-	return func() { q.Close() }, nil
 }

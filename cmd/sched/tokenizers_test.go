@@ -139,12 +139,13 @@ func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 
 	cfg := scheduler.Config{RedisURL: r.URL(0), DataDir: data}.WithDefaults()
 	opt, _ := asynq.ParseRedisURI(cfg.RedisURL)
-	release, err := configureTokenizerWorker(ctx, cfg, opt, zap.NewNop())
-	if err != nil {
+	q := scheduler.NewClient(opt)
+	defer q.Close()
+	queues := map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1}
+	if err := configureHandlers(ctx, cfg, queues, q, zap.NewNop()); err != nil {
 		t.Fatal(err)
 	}
-	defer release()
-	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1}, ProgressEvery: time.Millisecond})
+	w, err := worker.New(worker.Params{Redis: opt, Queues: queues, ProgressEvery: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,11 @@ import (
 	"path/filepath"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/worker"
@@ -36,36 +39,8 @@ func init() {
 			defer q.Close()
 			log := logger(cfg)
 			defer log.Sync()
-			// tokenizer:sample runs on the ingest queue and tokenizer:train
-			// on append, so either one needs the tokenizer handlers too.
-			if qs[scheduler.QueueIngest] > 0 || qs[scheduler.QueueAppend] > 0 {
-				release, err := configureIngestWorker(c.Context(), cfg, opt, log)
-				if err != nil {
-					return err
-				}
-				defer release()
-				rt, err := configureTokenizerWorker(c.Context(), cfg, opt, log)
-				if err != nil {
-					return err
-				}
-				defer rt()
-			}
-			if qs[scheduler.QueueGPU] > 0 {
-				objects, err := openStore(c.Context(), cfg)
-				if err != nil {
-					return err
-				}
-				worker.ConfigureTraining(worker.Training{
-					Redis: q.Redis(), Objects: objects,
-					Enqueue:     func(ctx context.Context, a scheduler.Args) error { _, err := q.Enqueue(ctx, a); return err },
-					Dir:         filepath.Join(cfg.DataDir, "runs"),
-					TokensDir:   filepath.Join(cfg.DataDir, "tokens"),
-					UploadGrace: cfg.ShutdownGrace * 3 / 4,
-					Log:         log,
-					Bench: func(ctx context.Context, b worker.BenchSpec) (results.BenchRow, error) {
-						return benchRow(ctx, b, func(msg string) { log.Info(msg) })
-					},
-				})
+			if err := configureHandlers(c.Context(), cfg, qs, q, log); err != nil {
+				return err
 			}
 			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
 			if err != nil {
@@ -100,4 +75,48 @@ func benchRow(ctx context.Context, b worker.BenchSpec, logf func(string)) (resul
 		return results.BenchRow{}, err
 	}
 	return results.Row(b.Shape.Model, c, o.Batch, o.Seq, r), nil
+}
+
+// configureHandlers gives the product handlers of the queues this process
+// serves what they need, opened once: the object store, the dataset
+// sources, and q, the queue client through which a task queues the next.
+func configureHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int, q *scheduler.Client, log *zap.Logger) error {
+	cpu := qs[scheduler.QueueIngest] > 0 || qs[scheduler.QueueAppend] > 0
+	gpu := qs[scheduler.QueueGPU] > 0
+	if !cpu && !gpu {
+		return nil
+	}
+	objects, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	enqueue := func(ctx context.Context, a scheduler.Args) error { _, err := q.Enqueue(ctx, a); return err }
+	// tokenizer:sample runs on the ingest queue and tokenizer:train on
+	// append, so either one needs the tokenizer handlers too.
+	if cpu {
+		h, swh, err := openSources(cfg, log)
+		if err != nil {
+			return err
+		}
+		worker.ConfigureIngest(worker.Ingest{
+			Pipeline: ingest.Pipeline{Objects: objects, Hub: h, SWH: swh, DataDir: filepath.Join(cfg.DataDir, "ingest"),
+				StoresDir: filepath.Join(cfg.DataDir, "tokens"), Logger: log},
+			Tokenizers: catalog.New(objects, cfg.DataDir),
+			Enqueue:    enqueue,
+		})
+		worker.ConfigureTokenizers(worker.Tokenizers{Objects: objects, DataDir: cfg.DataDir, Hub: h, SWH: swh, Log: log, Enqueue: enqueue})
+	}
+	if gpu {
+		worker.ConfigureTraining(worker.Training{
+			Redis: q.Redis(), Objects: objects, Enqueue: enqueue,
+			Dir:         filepath.Join(cfg.DataDir, "runs"),
+			TokensDir:   filepath.Join(cfg.DataDir, "tokens"),
+			UploadGrace: cfg.ShutdownGrace * 3 / 4,
+			Log:         log,
+			Bench: func(ctx context.Context, b worker.BenchSpec) (results.BenchRow, error) {
+				return benchRow(ctx, b, func(msg string) { log.Info(msg) })
+			},
+		})
+	}
+	return nil
 }

@@ -34,18 +34,9 @@ type jsonlReader struct {
 }
 
 func openJSONL(path string, opt OpenOptions) (*jsonlReader, error) {
-	f, err := os.Open(path)
+	f, _, err := openNonEmpty(path, opt.Name)
 	if err != nil {
 		return nil, err
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	if st.Size() == 0 {
-		f.Close()
-		return nil, &SkipError{Reason: SkipEmptyFile, Path: opt.Name, Err: errors.New("the file is empty")}
 	}
 	r := &jsonlReader{f: f, name: opt.Name, cols: opt.Columns}
 	var in io.Reader = f

@@ -39,20 +39,11 @@ type parquetReader struct {
 }
 
 func openParquet(path string, opt OpenOptions) (*parquetReader, error) {
-	f, err := os.Open(path)
+	f, size, err := openNonEmpty(path, opt.Name)
 	if err != nil {
 		return nil, err
 	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	if st.Size() == 0 {
-		f.Close()
-		return nil, &SkipError{Reason: SkipEmptyFile, Path: opt.Name, Err: errors.New("the file is empty")}
-	}
-	pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+	pf, err := parquet.OpenFile(f, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
 	if err != nil {
 		f.Close()
 		return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: fmt.Errorf("not a readable parquet file: %w", err)}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -178,4 +179,23 @@ func Drain(ctx context.Context, src Source, fn func(Document) error) error {
 			return err
 		}
 	}
+}
+
+// openNonEmpty opens a downloaded file for a source; an empty one is
+// skipped and counted, not an error.
+func openNonEmpty(path, name string) (*os.File, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	if st.Size() == 0 {
+		f.Close()
+		return nil, 0, &SkipError{Reason: SkipEmptyFile, Path: name, Err: errors.New("the file is empty")}
+	}
+	return f, st.Size(), nil
 }

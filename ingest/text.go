@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,13 +18,11 @@ type textReader struct {
 }
 
 func openText(path string, opt OpenOptions) (Source, error) {
-	st, err := os.Stat(path)
+	f, _, err := openNonEmpty(path, opt.Name)
 	if err != nil {
 		return nil, err
 	}
-	if st.Size() == 0 {
-		return nil, &SkipError{Reason: SkipEmptyFile, Path: opt.Name, Err: errors.New("the file is empty")}
-	}
+	f.Close()
 	return &textSource{r: &textReader{path: path, name: opt.Name}, skips: Skips{}}, nil
 }
 

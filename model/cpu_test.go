@@ -2,6 +2,7 @@ package model
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -224,15 +225,15 @@ func TestSampling(t *testing.T) {
 	a, _ := e.Generate(prompt, 20, -1, Sampling{Temperature: 1, Seed: 9})
 	b, _ := e.Generate(prompt, 20, -1, Sampling{Temperature: 1, Seed: 9})
 	d, _ := e.Generate(prompt, 20, -1, Sampling{Temperature: 1, Seed: 10})
-	if !equalIDs(a, b) {
+	if !slices.Equal(a, b) {
 		t.Errorf("same seed, different tokens: %v vs %v", a, b)
 	}
-	if equalIDs(a, d) {
+	if slices.Equal(a, d) {
 		t.Errorf("seeds 9 and 10 drew the same 20 tokens %v", a)
 	}
 	greedy, _ := e.Generate(prompt, 20, -1, Sampling{})
 	top1, _ := e.Generate(prompt, 20, -1, Sampling{Temperature: 0.7, TopK: 1, Seed: 3})
-	if !equalIDs(greedy, top1) {
+	if !slices.Equal(greedy, top1) {
 		t.Errorf("top-k 1 %v differs from greedy %v", top1, greedy)
 	}
 	// Top-k keeps draws among the k largest logits.
@@ -245,18 +246,6 @@ func TestSampling(t *testing.T) {
 	if len(seen) != 2 || !seen[1] || !seen[3] {
 		t.Errorf("top-2 drew %v, want only 1 and 3", seen)
 	}
-}
-
-func equalIDs(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestInitParams(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 )
@@ -364,7 +365,7 @@ func ParamsFromFile(path string, f *SafetensorsFile, c Config) (*Params, error) 
 		if t == nil {
 			return nil, &ShapeError{Path: path, Tensor: s.Name, Want: s.Shape}
 		}
-		if !equalShape(t.Shape, s.Shape) {
+		if !slices.Equal(t.Shape, s.Shape) {
 			return nil, &ShapeError{Path: path, Tensor: s.Name, Want: s.Shape, Got: t.Shape}
 		}
 		v, err := t.Float32s()
@@ -378,10 +379,10 @@ func ParamsFromFile(path string, f *SafetensorsFile, c Config) (*Params, error) 
 		if known[t.Name] {
 			continue
 		}
-		if t.Name == "lm_head.weight" && c.TieEmbeddings && equalShape(t.Shape, []int{c.VocabSize, c.Hidden}) {
+		if t.Name == "lm_head.weight" && c.TieEmbeddings && slices.Equal(t.Shape, []int{c.VocabSize, c.Hidden}) {
 			// Some writers store the tied head anyway; it is the same
 			// tensor only if it equals the embeddings.
-			if v, err := t.Float32s(); err == nil && equalValues(v, p.Tensor("model.embed_tokens.weight")) {
+			if v, err := t.Float32s(); err == nil && slices.Equal(v, p.Tensor("model.embed_tokens.weight")) {
 				continue
 			}
 		}
@@ -395,30 +396,6 @@ func ParamsFromFile(path string, f *SafetensorsFile, c Config) (*Params, error) 
 		return nil, &FormatError{Path: path, Msg: fmt.Sprintf("tensors %v are not part of this model config%s; use the config.json saved with the weights", extra, hint)}
 	}
 	return p, nil
-}
-
-func equalValues(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-func equalShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // ParamsFile builds the safetensors file of p in dtype (F32 or BF16) with

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"text/tabwriter"
 )
 
@@ -170,7 +171,7 @@ func loadGolden(dir string) (*golden, error) {
 	}
 	g.batch = Batch{B: B, T: T, Inputs: in, Targets: tg}
 	if lt := bf.Tensor("logits"); lt != nil {
-		if !equalShape(lt.Shape, []int{B, T, g.cfg.VocabSize}) {
+		if !slices.Equal(lt.Shape, []int{B, T, g.cfg.VocabSize}) {
 			return nil, &ShapeError{Path: bPath, Tensor: "logits", Want: []int{B, T, g.cfg.VocabSize}, Got: lt.Shape}
 		}
 		if g.logits, err = lt.Float32s(); err != nil {

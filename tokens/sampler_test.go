@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -104,7 +105,7 @@ func TestSamplerIsDeterministicAndResumesExactly(t *testing.T) {
 	whole := drawN(t, a, 2000)
 
 	b, _ := NewSampler(src, cfg, nil)
-	if got := drawN(t, b, 2000); !equalDraws(got, whole) {
+	if got := drawN(t, b, 2000); !slices.Equal(got, whole) {
 		t.Fatal("two samplers with one seed drew different windows")
 	}
 
@@ -123,26 +124,14 @@ func TestSamplerIsDeterministicAndResumesExactly(t *testing.T) {
 		t.Fatalf("resume: %v", err)
 	}
 	tail := drawN(t, d, 2000-777)
-	if !equalDraws(append(head, tail...), whole) {
+	if !slices.Equal(append(head, tail...), whole) {
 		t.Fatal("a resumed sampler drew different windows from the uninterrupted one")
 	}
 
 	other, _ := NewSampler(src, Config{SeqLen: 15, Seed: 43, HoldOut: 50}, nil)
-	if equalDraws(drawN(t, other, 200), whole[:200]) {
+	if slices.Equal(drawN(t, other, 200), whole[:200]) {
 		t.Fatal("seeds 42 and 43 drew the same windows")
 	}
-}
-
-func equalDraws(a, b []draw) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestSamplerCoversEachEpochWithoutReplacementAndHoldsOut(t *testing.T) {

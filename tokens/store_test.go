@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -69,7 +70,7 @@ func TestWindowsAreDisjointSpansOfSeqLenPlusOne(t *testing.T) {
 	if err := s.Window(2, 3, dst); err != nil {
 		t.Fatal(err)
 	}
-	if want := []int32{9, 10, 11, 12}; !equal(dst, want) {
+	if want := []int32{9, 10, 11, 12}; !slices.Equal(dst, want) {
 		t.Fatalf("window 2 = %v, want %v", dst, want)
 	}
 	if err := s.Window(5, 3, dst); err == nil {
@@ -78,18 +79,6 @@ func TestWindowsAreDisjointSpansOfSeqLenPlusOne(t *testing.T) {
 	if err := s.Window(0, 3, dst[:3]); err == nil {
 		t.Fatal("a buffer of seq_len ids was accepted")
 	}
-}
-
-func equal(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestOpenRejectsCorruptManifest(t *testing.T) {
@@ -208,7 +197,7 @@ func TestStoreKilledDuringCreation(t *testing.T) {
 	s.Close()
 	b := openTestAppender(t, dir, testTok)
 	appendIDs(t, b, "one", []uint32{7, 0})
-	if got := readAll(t, dir); !equal(got, []int32{7, 0}) {
+	if got := readAll(t, dir); !slices.Equal(got, []int32{7, 0}) {
 		t.Fatalf("store holds %v", got)
 	}
 }

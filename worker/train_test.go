@@ -81,6 +81,30 @@ func publishTestTokenizer(t *testing.T, objects store.Store) string {
 	return "train-test-bpe"
 }
 
+// patternRun is a tiny CPU run over patternData: total steps at lr, with
+// evaluations and checkpoints every evalEvery and ckptEvery steps.
+func patternRun(name, tok string, lr float64, total, evalEvery, ckptEvery int) runs.Run {
+	return runs.Run{
+		Name: name, Tokenizer: tok,
+		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: lr, Warmup: 1, TotalSteps: total,
+			LogEvery: 1, EvalEvery: evalEvery, EvalBatches: 1, CheckpointEvery: ckptEvery, Seed: 3, Engine: "cpu", Precision: "fp32",
+			Mixture: []trainer.MixtureEntry{{Store: "pattern", Weight: 1}}},
+		Retention: runs.Retention{KeepLast: 1},
+	}
+}
+
+// trainPattern configures training of run on patternData and starts a
+// worker serving the gpu queue.
+func (e *env) trainPattern(objects store.Store, run runs.Run) {
+	ConfigureTraining(Training{
+		Redis: e.rdb, Objects: objects, Runs: runs.Set{run.Name: run}, Dir: e.t.TempDir(), Owner: "gpu-test",
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
+		Log:      zap.NewNop(),
+	})
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
+}
+
 // A run enqueued once trains as a chain of segments, each queuing the
 // next, until the run is done; checkpoints and results land in the store.
 func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
@@ -90,21 +114,9 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokName := publishTestTokenizer(t, objects)
-	run := runs.Run{
-		Name: "chain", Tokenizer: tokName,
-		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: 1e-3, Warmup: 1, TotalSteps: 9,
-			LogEvery: 1, EvalEvery: 3, EvalBatches: 1, CheckpointEvery: 3, Seed: 3, Engine: "cpu", Precision: "fp32",
-			Mixture: []trainer.MixtureEntry{{Store: "pattern", Weight: 1}}},
-		Segment:   runs.Segment{MaxSteps: 3},
-		Retention: runs.Retention{KeepLast: 1},
-	}
-	ConfigureTraining(Training{
-		Redis: e.rdb, Objects: objects, Runs: runs.Set{"chain": run}, Dir: t.TempDir(), Owner: "gpu-test",
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
-		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
-		Log:      zap.NewNop(),
-	})
-	e.serve(map[string]int{scheduler.QueueGPU: 1})
+	run := patternRun("chain", tokName, 1e-3, 9, 3, 3)
+	run.Segment = runs.Segment{MaxSteps: 3}
+	e.trainPattern(objects, run)
 
 	// A bench figure for the run's shape feeds its tok/s gate.
 	tiny := model.Presets["tiny"]
@@ -241,19 +253,7 @@ func TestCancelledSegmentCheckpointsAndStopsTheChain(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokName := publishTestTokenizer(t, objects)
-	run := runs.Run{
-		Name: "long-one", Tokenizer: tokName,
-		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: 1e-3, Warmup: 1, TotalSteps: 100000,
-			LogEvery: 1, EvalEvery: 50, EvalBatches: 1, CheckpointEvery: 1000, Seed: 3, Engine: "cpu", Precision: "fp32",
-			Mixture: []trainer.MixtureEntry{{Store: "pattern", Weight: 1}}},
-		Retention: runs.Retention{KeepLast: 1},
-	}
-	ConfigureTraining(Training{
-		Redis: e.rdb, Objects: objects, Runs: runs.Set{"long-one": run}, Dir: t.TempDir(),
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
-		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
-	})
-	e.serve(map[string]int{scheduler.QueueGPU: 1})
+	e.trainPattern(objects, patternRun("long-one", tokName, 1e-3, 100000, 50, 1000))
 
 	id := e.enqueue(scheduler.TrainSegment{Run: "long-one"})
 	deadline := time.Now().Add(time.Minute)
@@ -356,20 +356,7 @@ func TestTrainSegmentDivergedRunIsArchivedNotRetried(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokName := publishTestTokenizer(t, objects)
-	run := runs.Run{
-		Name: "diverge", Tokenizer: tokName,
-		RunConfig: trainer.RunConfig{Model: "tiny", Seq: 16, Batch: 2, Accumulate: 1, LR: 1e30, Warmup: 1, TotalSteps: 20,
-			LogEvery: 1, EvalEvery: 10, EvalBatches: 1, CheckpointEvery: 2, Seed: 3, Engine: "cpu", Precision: "fp32",
-			Mixture: []trainer.MixtureEntry{{Store: "pattern", Weight: 1}}},
-		Retention: runs.Retention{KeepLast: 1},
-	}
-	ConfigureTraining(Training{
-		Redis: e.rdb, Objects: objects, Runs: runs.Set{"diverge": run}, Dir: t.TempDir(), Owner: "gpu-test",
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
-		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
-		Log:      zap.NewNop(),
-	})
-	e.serve(map[string]int{scheduler.QueueGPU: 1})
+	e.trainPattern(objects, patternRun("diverge", tokName, 1e30, 20, 10, 2))
 	id := e.enqueue(scheduler.TrainSegment{Run: "diverge"})
 	st := e.waitFor(id, time.Minute, "archived", state("archived"))
 	if st.Retried != 0 || !strings.Contains(st.LastErr, "training diverged") || !strings.Contains(st.LastErr, "step ") {

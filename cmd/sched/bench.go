@@ -59,7 +59,7 @@ func init() {
 		Short: "Measure training throughput (tok/s, MFU, peak memory) as one JSON line",
 		Long: `bench trains --steps steps of a preset model on random tokens after
 --warmup untimed steps and prints one JSON line: tokens per second, model
-FLOPs utilisation (6N + 12 L T d FLOPs per token over --peak-tflops, as
+FLOPs utilisation (6N + 12 L T d FLOPs per token over the device's peak, as
 the PyTorch peer, torch_peer.py, counts them), the peak bytes kiln allocated for
 tensors and workspaces, and the process's device memory. It also lists
 other processes on the GPU and warns when there are any: figures from a
@@ -77,7 +77,7 @@ busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
 	fl.IntVar(&f.seq, "seq", 1024, "tokens per sequence")
 	fl.IntVar(&f.steps, "steps", 30, "timed steps")
 	fl.IntVar(&f.warm, "warmup", 8, "untimed steps first (compilation, allocation, clocks)")
-	fl.Float64Var(&f.peakTFLOPs, "peak-tflops", 989, "the device's dense bf16 peak for MFU (H100/H200 SXM: 989)")
+	fl.Float64Var(&f.peakTFLOPs, "peak-tflops", 0, "the device's dense peak at --precision for MFU; 0 looks the GPU up (H100/H200 SXM bf16: 989, RTX 3060: 25.6)")
 	fl.BoolVar(&f.forceSM80, "force-sm80", false, "build the CUDA kernels for sm_80 (the RTX 3060's path) on a newer GPU")
 	fl.BoolVar(&f.profile, "profile", false, "CUDA engine: after the timed steps, run as many again with each kernel timed by events and print the time per kernel")
 	rootCmd.AddCommand(cmd)
@@ -95,8 +95,8 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		return badInput("--seq must be between 1 and the model's %d positions, got %d", c.MaxPositions, f.seq)
 	case f.steps <= 0 || f.warm < 0:
 		return badInput("--steps must be positive and --warmup not negative (got %d, %d)", f.steps, f.warm)
-	case f.peakTFLOPs <= 0:
-		return badInput("--peak-tflops must be positive, got %g", f.peakTFLOPs)
+	case f.peakTFLOPs < 0:
+		return badInput("--peak-tflops must not be negative, got %g (0 looks the GPU up)", f.peakTFLOPs)
 	}
 	if f.precision != "fp32" && f.precision != "bf16" {
 		return badInput("--precision: unknown precision %q: choose fp32 or bf16", f.precision)

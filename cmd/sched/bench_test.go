@@ -45,7 +45,7 @@ func TestBenchBadInputNamesTheFlag(t *testing.T) {
 		{func(f *benchFlags) { f.seq = 1 << 20 }, "--seq"},
 		{func(f *benchFlags) { f.steps = 0 }, "--steps"},
 		{func(f *benchFlags) { f.precision = "fp8" }, "--precision"},
-		{func(f *benchFlags) { f.peakTFLOPs = 0 }, "--peak-tflops"},
+		{func(f *benchFlags) { f.peakTFLOPs = -1 }, "--peak-tflops"},
 	}
 	for _, c := range cases {
 		f := base

@@ -29,6 +29,20 @@ type Store interface {
 	Delete(ctx context.Context, key string) error
 }
 
+// PutUnsigned is Put for bytes that whoever reads them verifies on its own
+// (a shard token file, whose SHA-256 travels in the task that appends it):
+// a store that signs what it uploads (S3 over plain http) then leaves the
+// body unsigned, which saves a SHA-256 of every byte on both ends. Other
+// stores just Put.
+func PutUnsigned(ctx context.Context, s Store, key string, r io.Reader, size int64) error {
+	if u, ok := s.(interface {
+		PutUnsigned(ctx context.Context, key string, r io.Reader, size int64) error
+	}); ok {
+		return u.PutUnsigned(ctx, key, r, size)
+	}
+	return s.Put(ctx, key, r, size)
+}
+
 // Info describes one object.
 type Info struct {
 	Key      string

@@ -6,7 +6,13 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -209,4 +215,89 @@ func fmtErr(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// PutUnsigned sends every request's body as UNSIGNED-PAYLOAD, where Put
+// signs it, and the object reads back the same; seen through a proxy in
+// front of a real S3 server.
+func TestPutUnsignedLeavesTheBodyUnsigned(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := testsvc.S3(t)
+	target, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string // X-Amz-Content-Sha256 of each object PUT (parts included)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	ps := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut && strings.Contains(strings.Trim(r.URL.Path, "/"), "/") {
+			mu.Lock()
+			seen = append(seen, r.Header.Get("X-Amz-Content-Sha256"))
+			mu.Unlock()
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	defer ps.Close()
+	s, err := NewS3(S3Options{Endpoint: strings.TrimPrefix(ps.URL, "http://"), Bucket: "kiln", AccessKey: srv.AccessKey,
+		SecretKey: srv.SecretKey, PartSize: 5 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, err := NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 11<<20+5)
+	rand.Read(big)
+	for _, c := range []struct {
+		name     string
+		put      func(ctx context.Context, key string, r io.Reader, size int64) error
+		size     int64
+		wantSign string
+	}{
+		{"unsigned, known size", func(ctx context.Context, k string, r io.Reader, n int64) error { return PutUnsigned(ctx, s, k, r, n) }, int64(len(big)), "UNSIGNED-PAYLOAD"},
+		{"unsigned, unknown size", func(ctx context.Context, k string, r io.Reader, n int64) error { return PutUnsigned(ctx, s, k, r, n) }, -1, "UNSIGNED-PAYLOAD"},
+		{"signed", s.Put, -1, "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"},
+		{"local", func(ctx context.Context, k string, r io.Reader, n int64) error {
+			return PutUnsigned(ctx, local, k, r, n)
+		}, -1, ""},
+	} {
+		mu.Lock()
+		seen = nil
+		mu.Unlock()
+		key := "tokens/d/shards/" + strings.ReplaceAll(c.name, " ", "_")
+		if err := c.put(ctx, key, bytes.NewReader(big), c.size); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var st Store = s
+		if c.name == "local" {
+			st = local
+		}
+		rc, err := st.Get(ctx, key)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || !bytes.Equal(got, big) {
+			t.Fatalf("%s: read back %d of %d bytes, equal=%v, %v", c.name, len(got), len(big), bytes.Equal(got, big), err)
+		}
+		mu.Lock()
+		headers := slices.Clone(seen)
+		mu.Unlock()
+		if c.wantSign == "" {
+			continue
+		}
+		if len(headers) < 3 { // 11 MiB in 5 MiB parts
+			t.Fatalf("%s: %d object PUTs seen through the proxy: %q", c.name, len(headers), headers)
+		}
+		for _, h := range headers {
+			if h != c.wantSign {
+				t.Fatalf("%s: PUTs carried X-Amz-Content-Sha256 %q; want %s on every one", c.name, headers, c.wantSign)
+			}
+		}
+	}
 }

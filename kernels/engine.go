@@ -80,8 +80,8 @@ type acts struct {
 	mid          []cuda.Ptr // L x (N, d): after attention
 	ln1, ln2     []cuda.Ptr // L x (N, d)
 	rstd1, rstd2 []cuda.Ptr // L x (N)
-	q, y         []cuda.Ptr // L x (N, H*D): rotated queries, attention output
-	k, v         []cuda.Ptr // L x (N, KV*D): rotated keys, values
+	q, y         []cuda.Ptr // L x (N, H*D): rotated queries, attention output (one buffer for every layer with flash attention)
+	k, v         []cuda.Ptr // L x (N, KV*D): rotated keys, values (likewise)
 	att          []cuda.Ptr // L x (B, H, T, T), without flash attention
 	lse          []cuda.Ptr // L x (B, H, T) base-2 log-sum-exp, with flash attention
 	dvec         cuda.Ptr   // (B, H, T) rowsum(dy * y), with flash attention
@@ -101,7 +101,7 @@ type acts struct {
 	// bf16 precision: what feeds GEMMs is written in bf16 by the kernel
 	// that produces it, so that no conversion pass runs inside a step.
 	// ln1, ln2, h, dg and du then have no fp32 buffer at all (0): only
-	// GEMMs read them. y, dq, dk and dv keep fp32 for the attention and
+	// GEMMs read them (g, u and dh likewise, below). y, dq, dk and dv keep fp32 for the attention and
 	// rotary kernels, lnf for the fp32 LM-head diagnostic.
 	ln1b, ln2b []cuda.Ptr // L x (N, d) bf16
 	yb, hb     []cuda.Ptr // L x (N, H*D), L x (N, F) bf16; yb with flash attention only
@@ -111,6 +111,20 @@ type acts struct {
 	dqb, dkb   cuda.Ptr   // (N, H*D), (N, KV*D) bf16 copies after the inverse rotation
 	dvb        cuda.Ptr   // (N, KV*D) bf16, with flash attention
 	dgb, dub   cuda.Ptr   // (N, F) bf16
+	// The gate and up projections and the MLP's output gradient, written
+	// by their GEMMs in bf16 and read so by the SwiGLU kernels: g, u and dh
+	// then have no fp32 buffer.
+	gb, ub []cuda.Ptr // L x (N, F) bf16
+	dhb    cuda.Ptr   // (N, F) bf16
+
+	// With flash attention its kernels read and keep only bf16: the
+	// rotated queries and keys (rope's bf16 copies), the values (the value
+	// projection's GEMM writes bf16) and the output gradient (likewise). The
+	// fp32 q, k, v and y are then scratch shared by all layers, for the
+	// rotation's input and for generation's straightforward attention.
+	qb     []cuda.Ptr // L x (N, H*D) bf16
+	kb, vb []cuda.Ptr // L x (N, KV*D) bf16
+	dyb    cuda.Ptr   // (N, H*D) bf16
 }
 
 // New makes a CUDA engine for c on device 0. When the libraries or a
@@ -327,16 +341,28 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	a.mid = layer("activations (residual)", N*d)
 	a.ln1, a.ln2 = layerUnless("activations (norm)", N*d), layerUnless("activations (norm)", N*d)
 	a.rstd1, a.rstd2 = layer("activations (norm)", N), layer("activations (norm)", N)
-	a.q, a.y = layer("activations (queries)", N*qd), layer("activations (attention)", N*qd)
-	a.k, a.v = layer("activations (keys)", N*kvd), layer("activations (values)", N*kvd)
 	if e.flash {
+		shared := func(what string, n int64) []cuda.Ptr {
+			ps, p := make([]cuda.Ptr, c.Layers), f32(what, n)
+			for l := range ps {
+				ps[l] = p
+			}
+			return ps
+		}
+		a.q, a.y = shared("attention scratch (queries)", N*qd), shared("attention scratch (output)", N*qd)
+		a.k, a.v = shared("attention scratch (keys)", N*kvd), shared("attention scratch (values)", N*kvd)
+		a.qb = layerBF("activations (queries, bf16)", N*qd)
+		a.kb, a.vb = layerBF("activations (keys, bf16)", N*kvd), layerBF("activations (values, bf16)", N*kvd)
+		a.dyb = bf("gradient scratch (bf16)", N*qd)
 		a.lse = layer("activations (attention log-sum-exp)", int64(B*c.Heads*T))
 		a.dvec = f32("attention gradient scratch", int64(B*c.Heads*T))
 	} else {
+		a.q, a.y = layer("activations (queries)", N*qd), layer("activations (attention)", N*qd)
+		a.k, a.v = layer("activations (keys)", N*kvd), layer("activations (values)", N*kvd)
 		a.att = layer("activations (attention probabilities)", attN)
 		a.ds = f32("attention gradient scratch", attN)
 	}
-	a.g, a.u, a.h = layer("activations (MLP)", N*F), layer("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F)
+	a.g, a.u, a.h = layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F)
 	a.lnf, a.rstdf = f32("activations (norm)", N*d), f32("activations (norm)", N)
 	a.logits = f32("logits", N*V)
 	a.losses = f32("losses", N)
@@ -344,10 +370,12 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	a.dresid, a.dln = f32("gradient scratch", N*d), f32("gradient scratch", N*d)
 	a.dy, a.dq = f32("gradient scratch", N*qd), f32("gradient scratch", N*qd)
 	a.dk, a.dv = f32("gradient scratch", N*kvd), f32("gradient scratch", N*kvd)
-	a.dh, a.dg, a.du = f32("gradient scratch", N*F), f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F)
+	a.dh, a.dg, a.du = f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F)
 	if e.bf16 {
 		a.ln1b, a.ln2b = layerBF("activations (norm, bf16)", N*d), layerBF("activations (norm, bf16)", N*d)
 		a.hb = layerBF("activations (MLP, bf16)", N*F)
+		a.gb, a.ub = layerBF("activations (MLP, bf16)", N*F), layerBF("activations (MLP, bf16)", N*F)
+		a.dhb = bf("gradient scratch (bf16)", N*F)
 		if e.flash {
 			a.yb = layerBF("activations (attention, bf16)", N*qd)
 			a.dvb = bf("gradient scratch (bf16)", N*kvd)
@@ -438,6 +466,17 @@ func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cu
 	}
 	return e.timed("cublasLt bf16 GEMM", func() error {
 		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.ws, wsBytes, 0)
+	})
+}
+
+// gemmBF is gemm writing C in bf16 (beta 0), for a product whose only
+// readers take bf16; both operands must have their bf16 copies.
+func (e *Engine) gemmBF(ta, tb bool, M, N, K int, A, B operand, C cuda.Ptr) error {
+	if !e.bf16 || A.bf == 0 || B.bf == 0 {
+		return fmt.Errorf("GEMM %dx%dx%d to bf16 needs bf16 precision and bf16 operands", M, N, K)
+	}
+	return e.timed("cublasLt bf16 GEMM", func() error {
+		return e.lt.GemmTo(cuda.ComputeF32, cuda.DataBF16, cuda.DataBF16, ta, tb, M, N, K, 1, A.bf, B.bf, 0, C, e.ws, wsBytes, 0)
 	})
 }
 

@@ -9,6 +9,13 @@
 // takes a tile of 64 rows; each warp owns 16 of them. T need not be a
 // multiple of 64: rows past T are loaded as zeros and never stored.
 //
+// Every operand arrives in bf16 and goes to shared memory with cp.async, one
+// tile ahead of the one being multiplied (two buffers per operand), so the
+// copy of the next key tile overlaps the tensor-core work on this one.
+// Fragments come out of shared memory with ldmatrix; the .trans form gives
+// the B fragments of a tile stored [k][n] (V in P V, K in dS K, Q and dout in
+// the key-side products), so no tile is ever stored transposed.
+//
 // mma.sync fragment layout (lane = 4 g + t): A (16 x 16) register i holds
 // row g (+8 for i = 1, 3), columns 2t, 2t+1 (+8 for i = 2, 3); B (16 x 8)
 // register i holds rows 2t, 2t+1 (+8 for i = 1) of column g; C (16 x 8)
@@ -16,16 +23,41 @@
 
 #define FT 64  // rows in a tile, queries or keys
 #define HD 64  // head dimension
-#define LDS 72 // shared row stride in bf16 values: 36 words, so the 8 rows x 4 words of a fragment fall in 32 distinct banks
+#define LDS 72 // shared row stride in bf16 values (144 bytes): the 8 rows of an ldmatrix 8x8 matrix fall in 8 distinct 16-byte bank groups
+#define TILE (FT * LDS)
 
-struct alignas(16) f4 { float x, y, z, w; };
 struct alignas(8) u2 { unsigned x, y; };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 __device__ __forceinline__ unsigned pack2(float lo, float hi) { return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16); }
 
-__device__ __forceinline__ unsigned ld32(const bf16* p) { return *(const unsigned*)p; }
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// cp_async16 copies 16 bytes from global to shared memory, or writes 16
+// zero bytes when bytes is 0 (rows past T).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// cp_wait_prev waits for every committed group but the newest.
+__device__ __forceinline__ void cp_wait_prev() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldm4(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldm4t(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
 
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -33,53 +65,55 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// load_tile rounds rows row0 .. row0+63 of src (row stride in floats) to
-// bf16 into dst as [row][d] and/or dstT as [d][row]; rows at or past T are
-// zeros. Within a warp the 32 threads take 32 consecutive rows, so the
-// transposed stores fall in distinct banks.
-__device__ __forceinline__ void load_tile(bf16* dst, bf16* dstT, const float* src, int stride, int row0, int T) {
+// load_tile starts the copy of rows row0 .. row0+63 of src (row stride in
+// bf16 values) into dst as [row][d]; rows at or past T become zeros. 64 rows
+// of 8 16-byte chunks: four per thread of the block.
+__device__ __forceinline__ void load_tile(bf16* dst, const bf16* src, int stride, int row0, int T) {
 #pragma unroll
-    for (int it = 0; it < FT * HD / 4 / 128; it++) {
+    for (int it = 0; it < FT * HD / 8 / 128; it++) {
         int idx = it * 128 + threadIdx.x;
-        int r = idx & (FT - 1), c = idx >> 6;
-        f4 x = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (row0 + r < T) x = *(const f4*)(src + (size_t)(row0 + r) * stride + c * 4);
-        if (dst) {
-            u2 u;
-            u.x = pack2(x.x, x.y);
-            u.y = pack2(x.z, x.w);
-            *(u2*)(dst + r * LDS + c * 4) = u;
-        }
-        if (dstT) {
-            dstT[(c * 4 + 0) * LDS + r] = f2bf(x.x);
-            dstT[(c * 4 + 1) * LDS + r] = f2bf(x.y);
-            dstT[(c * 4 + 2) * LDS + r] = f2bf(x.z);
-            dstT[(c * 4 + 3) * LDS + r] = f2bf(x.w);
-        }
+        int r = idx >> 3, c = idx & 7, row = row0 + r;
+        int ok = row < T;
+        cp_async16(smem_addr(dst + r * LDS + c * 8), src + (size_t)(ok ? row : 0) * stride + c * 8, ok ? 16 : 0);
     }
 }
 
 // frag_a loads the A fragments of rows r0 .. r0+15 of a [row][k] tile, all
 // four 16-wide chunks of k.
-__device__ __forceinline__ void frag_a(unsigned (*a)[4], const bf16* X, int r0, int g, int t) {
+__device__ __forceinline__ void frag_a(unsigned (*a)[4], const bf16* X, int r0, int lane) {
+    int row = r0 + (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) ldm4(a[kc], smem_addr(X + row * LDS + col + kc * 16));
+}
+
+// mm_nk adds A (16 x 64, as fragments) times B (64 x 64) into acc (16 x 64
+// as eight 16 x 8 blocks), where Y holds B as [n][k] (B's transpose, row
+// major): Q K^T with Y = K, for instance.
+__device__ __forceinline__ void mm_nk(float (*acc)[4], const unsigned (*a)[4], const bf16* Y, int lane) {
+    int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
 #pragma unroll
     for (int kc = 0; kc < 4; kc++) {
-        a[kc][0] = ld32(X + (r0 + g) * LDS + kc * 16 + 2 * t);
-        a[kc][1] = ld32(X + (r0 + g + 8) * LDS + kc * 16 + 2 * t);
-        a[kc][2] = ld32(X + (r0 + g) * LDS + kc * 16 + 8 + 2 * t);
-        a[kc][3] = ld32(X + (r0 + g + 8) * LDS + kc * 16 + 8 + 2 * t);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            unsigned b[4];
+            ldm4(b, smem_addr(Y + (np * 16 + row) * LDS + kc * 16 + col));
+            mma16816(acc[2 * np], a[kc], b[0], b[1]);
+            mma16816(acc[2 * np + 1], a[kc], b[2], b[3]);
+        }
     }
 }
 
-// warp_mm adds A (16 x 64, as fragments) times B (64 x 64) into acc (16 x
-// 64 as eight 16 x 8 blocks), where Y holds B transposed: Y[n][k] = B[k][n].
-__device__ __forceinline__ void warp_mm(float (*acc)[4], const unsigned (*a)[4], const bf16* Y, int g, int t) {
+// mm_kn is mm_nk for Y holding B as [k][n] (row major): P V with Y = V.
+__device__ __forceinline__ void mm_kn(float (*acc)[4], const unsigned (*a)[4], const bf16* Y, int lane) {
+    int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
 #pragma unroll
-    for (int nb = 0; nb < 8; nb++) {
+    for (int kc = 0; kc < 4; kc++) {
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) {
-            const bf16* y = Y + (nb * 8 + g) * LDS + kc * 16 + 2 * t;
-            mma16816(acc[nb], a[kc], ld32(y), ld32(y + 8));
+        for (int np = 0; np < 4; np++) {
+            unsigned b[4];
+            ldm4t(b, smem_addr(Y + (kc * 16 + row) * LDS + np * 16 + col));
+            mma16816(acc[2 * np], a[kc], b[0], b[1]);
+            mma16816(acc[2 * np + 1], a[kc], b[2], b[3]);
         }
     }
 }
@@ -107,32 +141,39 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // Grid (tiles, H, B), 128 threads. The last query tiles see the most keys,
-// so they are scheduled first.
-extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const float* q, const float* k, const float* v,
-                                                            int T, int H, int KV, float scale) {
-    __shared__ alignas(16) bf16 Qs[FT * LDS];
-    __shared__ alignas(16) bf16 Ks[FT * LDS];
-    __shared__ alignas(16) bf16 Vt[HD * LDS];
+// so they are scheduled first. out (fp32) is written only when set; outb
+// gets the bf16 copy the output projection and the backward pass read.
+extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k, const bf16* v,
+                                     int T, int H, int KV, float scale) {
+    __shared__ alignas(16) bf16 Qs[TILE];
+    __shared__ alignas(16) bf16 Ks[2][TILE];
+    __shared__ alignas(16) bf16 Vs[2][TILE];
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
     int qs = H * HD, ks = KV * HD;
-    const float* kb = k + (size_t)b * T * ks + kvh * HD;
-    const float* vb = v + (size_t)b * T * ks + kvh * HD;
-    load_tile(Qs, 0, q + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
-    __syncthreads();
+    const bf16* kb = k + (size_t)b * T * ks + kvh * HD;
+    const bf16* vb = v + (size_t)b * T * ks + kvh * HD;
+    load_tile(Qs, q + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+    load_tile(Ks[0], kb, ks, 0, T);
+    load_tile(Vs[0], vb, ks, 0, T);
+    cp_commit();
     unsigned qa[4][4];
-    frag_a(qa, Qs, r0, g, t);
     float o[8][4] = {};
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
     const float c = scale * 1.4426950408889634f; // softmax in base 2
     int qi[2] = {qt * FT + r0 + g, qt * FT + r0 + g + 8};
     for (int kt = 0; kt <= qt; kt++) {
+        int cur = kt & 1;
+        if (kt < qt) {
+            load_tile(Ks[cur ^ 1], kb, ks, (kt + 1) * FT, T);
+            load_tile(Vs[cur ^ 1], vb, ks, (kt + 1) * FT, T);
+        }
+        cp_commit();
+        cp_wait_prev();
         __syncthreads();
-        load_tile(Ks, 0, kb, ks, kt * FT, T);
-        load_tile(0, Vt, vb, ks, kt * FT, T);
-        __syncthreads();
+        if (kt == 0) frag_a(qa, Qs, r0, lane);
         float s[8][4] = {};
-        warp_mm(s, qa, Ks, g, t);
+        mm_nk(s, qa, Ks[cur], lane);
         float mx[2] = {m[0], m[1]};
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) {
@@ -166,39 +207,41 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const f
         }
         unsigned pa[4][4];
         acc_to_a(pa, s);
-        warp_mm(o, pa, Vt, g, t);
+        mm_kn(o, pa, Vs[cur], lane);
+        // The next iteration's copy overwrites the other buffers, which
+        // every warp must be done reading.
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float sum = quad_sum(l[r]);
         if (qi[r] >= T) continue;
         float inv = 1.0f / sum;
-        float* orow = out + ((size_t)b * T + qi[r]) * qs + h * HD;
+        size_t at = ((size_t)b * T + qi[r]) * qs + h * HD;
+        if (out) {
 #pragma unroll
-        for (int nb = 0; nb < 8; nb++) {
-            orow[nb * 8 + 2 * t] = o[nb][2 * r] * inv;
-            orow[nb * 8 + 2 * t + 1] = o[nb][2 * r + 1] * inv;
+            for (int nb = 0; nb < 8; nb++) {
+                out[at + nb * 8 + 2 * t] = o[nb][2 * r] * inv;
+                out[at + nb * 8 + 2 * t + 1] = o[nb][2 * r + 1] * inv;
+            }
         }
-        // The output projection's GEMM reads this bf16 copy; the fp32 one
-        // stays for flash_bwd_dot. The pair sits at an even index: 4-byte aligned.
-        if (outb) {
-            bf16* brow = outb + ((size_t)b * T + qi[r]) * qs + h * HD;
+        // The pair sits at an even index: 4-byte aligned.
 #pragma unroll
-            for (int nb = 0; nb < 8; nb++) *(unsigned*)(brow + nb * 8 + 2 * t) = pack2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
-        }
+        for (int nb = 0; nb < 8; nb++) *(unsigned*)(outb + at + nb * 8 + 2 * t) = pack2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
         if (t == 0) lse[((size_t)b * H + h) * T + qi[r]] = m[r] + log2f(sum);
     }
 }
 
 // dvec = rowsum(dout * out) per query row and head: the term that the
-// softmax's backward subtracts. One warp per (row, head); N = B * T.
-extern "C" __global__ void flash_bwd_dot(float* dvec, const float* dout, const float* out, int N, int T, int H) {
+// softmax's backward subtracts, from the bf16 copies the other kernels read.
+// One warp per (row, head); N = B * T.
+extern "C" __global__ void flash_bwd_dot(float* dvec, const bf16* dout, const bf16* out, int N, int T, int H) {
     long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (w >= (long long)N * H) return;
-    const float* a = dout + w * HD;
-    const float* o = out + w * HD;
-    float s = warp_sum(a[lane] * o[lane] + a[lane + 32] * o[lane + 32]);
+    unsigned a = ((const unsigned*)(dout + w * HD))[lane];
+    unsigned o = ((const unsigned*)(out + w * HD))[lane];
+    float s = warp_sum(bf2f((bf16)(a & 0xffffu)) * bf2f((bf16)(o & 0xffffu)) + bf2f((bf16)(a >> 16)) * bf2f((bf16)(o >> 16)));
     if (lane == 0) {
         long long row = w / H;
         int h = (int)(w % H), b = (int)(row / T), i = (int)(row % T);
@@ -208,24 +251,28 @@ extern "C" __global__ void flash_bwd_dot(float* dvec, const float* dout, const f
 
 // dq for one query tile and head: recomputes P and dP = dout v^T over the
 // key tiles the queries see, dS = P (dP - dvec), dq = scale dS k. Writes dq.
-// Grid (tiles, H, B), 128 threads.
-extern "C" __global__ void flash_bwd_dq(float* dq, const float* q, const float* k, const float* v, const float* dout,
-                                                               const float* lse, const float* dvec, int T, int H, int KV, float scale) {
-    __shared__ alignas(16) bf16 Ks[FT * LDS];
-    __shared__ alignas(16) bf16 Kt[HD * LDS];
-    __shared__ alignas(16) bf16 Vs[FT * LDS];
+// Grid (tiles, H, B), 128 threads. Four tile buffers: the queries and their
+// output gradients pass through buffers 2 and 3 on their way to registers,
+// then key/value tile j lives in buffers 2 (j & 1), 2 (j & 1) + 1.
+extern "C" __global__ void flash_bwd_dq(float* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                                        const float* lse, const float* dvec, int T, int H, int KV, float scale) {
+    __shared__ alignas(16) bf16 S[4][TILE];
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
     int qs = H * HD, ks = KV * HD;
-    const float* kb = k + (size_t)b * T * ks + kvh * HD;
-    const float* vb = v + (size_t)b * T * ks + kvh * HD;
-    // Ks and Vs first stage the queries and their output gradients.
-    load_tile(Ks, 0, q + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
-    load_tile(Vs, 0, dout + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+    const bf16* kb = k + (size_t)b * T * ks + kvh * HD;
+    const bf16* vb = v + (size_t)b * T * ks + kvh * HD;
+    load_tile(S[2], q + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+    load_tile(S[3], dout + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+    load_tile(S[0], kb, ks, 0, T);
+    load_tile(S[1], vb, ks, 0, T);
+    cp_commit();
+    cp_wait_all();
     __syncthreads();
     unsigned qa[4][4], da[4][4];
-    frag_a(qa, Ks, r0, g, t);
-    frag_a(da, Vs, r0, g, t);
+    frag_a(qa, S[2], r0, lane);
+    frag_a(da, S[3], r0, lane);
+    __syncthreads();
     const float c = scale * 1.4426950408889634f;
     int qi[2] = {qt * FT + r0 + g, qt * FT + r0 + g + 8};
     float lr[2], dr[2];
@@ -238,13 +285,17 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const float* q, const float* 
     }
     float acc[8][4] = {};
     for (int kt = 0; kt <= qt; kt++) {
-        __syncthreads();
-        load_tile(Ks, Kt, kb, ks, kt * FT, T);
-        load_tile(Vs, 0, vb, ks, kt * FT, T);
+        int cur = (kt & 1) * 2, nxt = cur ^ 2;
+        if (kt < qt) {
+            load_tile(S[nxt], kb, ks, (kt + 1) * FT, T);
+            load_tile(S[nxt + 1], vb, ks, (kt + 1) * FT, T);
+        }
+        cp_commit();
+        cp_wait_prev();
         __syncthreads();
         float s[8][4] = {}, dp[8][4] = {};
-        warp_mm(s, qa, Ks, g, t);
-        warp_mm(dp, da, Vs, g, t);
+        mm_nk(s, qa, S[cur], lane);
+        mm_nk(dp, da, S[cur + 1], lane);
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) {
 #pragma unroll
@@ -257,7 +308,8 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const float* q, const float* 
         }
         unsigned sa[4][4];
         acc_to_a(sa, s);
-        warp_mm(acc, sa, Kt, g, t);
+        mm_kn(acc, sa, S[cur], lane);
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -273,66 +325,77 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const float* q, const float* 
 
 // dk and dv for one key tile and key/value head: loops over the query heads
 // of its group and the query tiles that see the keys, so each block owns its
-// output and no atomics are needed. Writes dk and dv. Grid (tiles, KV, B),
-// 128 threads; the first key tiles are seen by the most queries and are
-// scheduled first.
-extern "C" __global__ void flash_bwd_dkv(float* dk, float* dv, bf16* dvb, const float* q, const float* k, const float* v,
-                                                                const float* dout, const float* lse, const float* dvec,
-                                                                int T, int H, int KV, float scale) {
-    __shared__ alignas(16) bf16 Qs[FT * LDS];
-    __shared__ alignas(16) bf16 Qt[HD * LDS];
-    __shared__ alignas(16) bf16 Ds[FT * LDS];
-    __shared__ alignas(16) bf16 Dt[HD * LDS];
-    __shared__ float Ls[FT], Dv[FT];
+// output and no atomics are needed. Writes dk and dv (and dv's bf16 copy,
+// which the value projection's two GEMMs read). Grid (tiles, KV, B), 128
+// threads; the first key tiles are seen by the most queries and are
+// scheduled first. The keys and values pass through buffers 0 and 1 on
+// their way to registers; then (query tile, head) item j has its queries and
+// output gradients in buffers 2 (j & 1), 2 (j & 1) + 1 and its log-sum-exp
+// and dvec in Ls[j & 1], Dv[j & 1].
+extern "C" __global__ void flash_bwd_dkv(float* dk, float* dv, bf16* dvb, const bf16* q, const bf16* k, const bf16* v,
+                                         const bf16* dout, const float* lse, const float* dvec,
+                                         int T, int H, int KV, float scale) {
+    __shared__ alignas(16) bf16 S[4][TILE];
+    __shared__ float Ls[2][FT], Dv[2][FT];
     int kt = blockIdx.x, nt = gridDim.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / KV;
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
     int qs = H * HD, ks = KV * HD;
-    // Qs and Ds first stage this tile's keys and values.
-    load_tile(Qs, 0, k + (size_t)b * T * ks + kvh * HD, ks, kt * FT, T);
-    load_tile(Ds, 0, v + (size_t)b * T * ks + kvh * HD, ks, kt * FT, T);
+    load_tile(S[0], k + (size_t)b * T * ks + kvh * HD, ks, kt * FT, T);
+    load_tile(S[1], v + (size_t)b * T * ks + kvh * HD, ks, kt * FT, T);
+    cp_commit();
+    cp_wait_all();
     __syncthreads();
     unsigned ka[4][4], va[4][4];
-    frag_a(ka, Qs, r0, g, t);
-    frag_a(va, Ds, r0, g, t);
+    frag_a(ka, S[0], r0, lane);
+    frag_a(va, S[1], r0, lane);
+    __syncthreads();
     const float c = scale * 1.4426950408889634f;
     int kj[2] = {kt * FT + r0 + g, kt * FT + r0 + g + 8};
-    float dka[8][4] = {}, dva[8][4] = {};
-    for (int hh = 0; hh < grp; hh++) {
-        int h = kvh * grp + hh;
-        const float* qb = q + (size_t)b * T * qs + h * HD;
-        const float* db = dout + (size_t)b * T * qs + h * HD;
-        for (int qt = kt; qt < nt; qt++) {
-            __syncthreads();
-            load_tile(Qs, Qt, qb, qs, qt * FT, T);
-            load_tile(Ds, Dt, db, qs, qt * FT, T);
-            if (threadIdx.x < FT) {
-                int i = qt * FT + threadIdx.x;
-                size_t at = ((size_t)b * H + h) * T + i;
-                Ls[threadIdx.x] = i < T ? lse[at] : 0.0f;
-                Dv[threadIdx.x] = i < T ? dvec[at] : 0.0f;
-            }
-            __syncthreads();
-            // Transposed products: rows are this warp's keys, columns queries.
-            float st[8][4] = {}, dpt[8][4] = {};
-            warp_mm(st, ka, Qs, g, t);
-            warp_mm(dpt, va, Ds, g, t);
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int ql = nb * 8 + 2 * t + (e & 1), qi = qt * FT + ql;
-                    bool seen = qi < T && qi >= kj[e >> 1];
-                    float p = seen ? exp2f(st[nb][e] * c - Ls[ql]) : 0.0f;
-                    st[nb][e] = p;
-                    dpt[nb][e] = p * (dpt[nb][e] - Dv[ql]);
-                }
-            }
-            unsigned fa[4][4];
-            acc_to_a(fa, st);
-            warp_mm(dva, fa, Dt, g, t);
-            acc_to_a(fa, dpt);
-            warp_mm(dka, fa, Qt, g, t);
+    int per = nt - kt, items = grp * per;
+    // stage starts item j's copies into buffer set j & 1.
+    auto stage = [&](int j) {
+        int h = kvh * grp + j / per, qt = kt + j % per, s = (j & 1) * 2;
+        load_tile(S[s], q + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+        load_tile(S[s + 1], dout + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+        if (threadIdx.x < FT) {
+            int i = qt * FT + threadIdx.x;
+            size_t at = ((size_t)b * H + h) * T + i;
+            Ls[j & 1][threadIdx.x] = i < T ? lse[at] : 0.0f;
+            Dv[j & 1][threadIdx.x] = i < T ? dvec[at] : 0.0f;
         }
+    };
+    stage(0);
+    cp_commit();
+    float dka[8][4] = {}, dva[8][4] = {};
+    for (int j = 0; j < items; j++) {
+        int s = (j & 1) * 2, qt = kt + j % per;
+        if (j + 1 < items) stage(j + 1);
+        cp_commit();
+        cp_wait_prev();
+        __syncthreads();
+        const float* L = Ls[j & 1];
+        const float* D = Dv[j & 1];
+        // Transposed products: rows are this warp's keys, columns queries.
+        float st[8][4] = {}, dpt[8][4] = {};
+        mm_nk(st, ka, S[s], lane);
+        mm_nk(dpt, va, S[s + 1], lane);
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int ql = nb * 8 + 2 * t + (e & 1), qi = qt * FT + ql;
+                bool seen = qi < T && qi >= kj[e >> 1];
+                float p = seen ? exp2f(st[nb][e] * c - L[ql]) : 0.0f;
+                st[nb][e] = p;
+                dpt[nb][e] = p * (dpt[nb][e] - D[ql]);
+            }
+        }
+        unsigned fa[4][4];
+        acc_to_a(fa, st);
+        mm_kn(dva, fa, S[s + 1], lane);
+        acc_to_a(fa, dpt);
+        mm_kn(dka, fa, S[s], lane);
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -344,7 +407,6 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, float* dv, bf16* dvb, const 
             dk[at + nb * 8 + 2 * t + 1] = dka[nb][2 * r + 1] * scale;
             dv[at + nb * 8 + 2 * t] = dva[nb][2 * r];
             dv[at + nb * 8 + 2 * t + 1] = dva[nb][2 * r + 1];
-            // dv's bf16 copy feeds the value projection's two GEMMs.
             if (dvb) *(unsigned*)(dvb + at + nb * 8 + 2 * t) = pack2(dva[nb][2 * r], dva[nb][2 * r + 1]);
         }
     }

@@ -28,6 +28,15 @@ func bf16Values(r *rand.Rand, n int) []float32 {
 	return out
 }
 
+// toBF16Bits rounds each value to bf16, as the device stores it.
+func toBF16Bits(x []float32) []uint16 {
+	out := make([]uint16, len(x))
+	for i, v := range x {
+		out[i] = model.ToBF16(v)
+	}
+	return out
+}
+
 // maxRelErr is the largest |got - want| over the largest |want|.
 func maxRelErr(got, want []float32) float64 {
 	var d, m float64
@@ -86,14 +95,26 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 							lse, dvec := buf(nil, B*H*T), buf(nil, B*H*T)
 							// bf16 buffers: half as many 4-byte words as values.
 							outb, dvb := buf(nil, N*H*D/2), buf(nil, N*KV*D/2)
+							// The flash kernels read bf16; the values are
+							// bf16 already, so these are the same inputs.
+							bq, bk, bv, bd := buf(nil, N*H*D/2), buf(nil, N*KV*D/2), buf(nil, N*KV*D/2), buf(nil, N*H*D/2)
+							for _, u := range []struct {
+								dst  cuda.Ptr
+								vals []float32
+							}{{bq, q}, {bk, k}, {bv, v}, {bd, dout}} {
+								if err == nil {
+									err = cuda.Upload(e.dv, u.dst, toBF16Bits(u.vals))
+								}
+							}
 							if err != nil {
 								return err
 							}
+							pq, pk, pv, pd := bq, bk, bv, bd
 							tiles := flashTiles(T)
 							if err := e.launch3("flash_fwd", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, out, outb, lse, pq, pk, pv, T, H, KV, scale); err != nil {
 								return err
 							}
-							if err := e.launch("flash_bwd_dot", blocks(int64(N*H*32), 256), 256, dvec, pd, out, N, T, H); err != nil {
+							if err := e.launch("flash_bwd_dot", blocks(int64(N*H*32), 256), 256, dvec, pd, outb, N, T, H); err != nil {
 								return err
 							}
 							if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, dq, pq, pk, pv, pd, lse, dvec, T, H, KV, scale); err != nil {

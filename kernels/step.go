@@ -88,19 +88,31 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 		if g == nil {
 			y = actBF(a.y[l], at(a.yb, l))
 		}
+		// Training's flash attention reads bf16 queries, keys and values
+		// only: rope and the value projection write them.
+		flash := g == nil && e.flash
+		qb, kb := cuda.Ptr(0), cuda.Ptr(0)
+		if flash {
+			qb, kb = a.qb[l], a.kb[l]
+		}
 		steps := []func() error{
 			func() error {
 				return e.launch("rmsnorm_fwd", N, normThreads, a.ln1[l], at(a.ln1b, l), a.rstd1[l], a.resid[l], W(sLN1).f32, N, d, eps)
 			},
 			func() error { return e.gemm(false, true, N, qd, d, ln1, W(sQ), 0, a.q[l]) },
 			func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sK), 0, a.k[l]) },
-			func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sV), 0, a.v[l]) },
-			func() error { return e.rope(a.q[l], 0, N, T, H, pos0, 1) },
-			func() error { return e.rope(a.k[l], 0, N, T, KV, pos0, 1) },
 			func() error {
-				if g == nil && e.flash {
+				if flash {
+					return e.gemmBF(false, true, N, kvd, d, ln1, W(sV), a.vb[l])
+				}
+				return e.gemm(false, true, N, kvd, d, ln1, W(sV), 0, a.v[l])
+			},
+			func() error { return e.rope(a.q[l], qb, N, T, H, pos0, 1) },
+			func() error { return e.rope(a.k[l], kb, N, T, KV, pos0, 1) },
+			func() error {
+				if flash {
 					return e.launch3("flash_fwd", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
-						a.y[l], at(a.yb, l), a.lse[l], a.q[l], a.k[l], a.v[l], T, H, KV, scale)
+						cuda.Ptr(0), a.yb[l], a.lse[l], a.qb[l], a.kb[l], a.vb[l], T, H, KV, scale)
 				}
 				if g == nil {
 					return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
@@ -121,10 +133,23 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 			func() error {
 				return e.launch("rmsnorm_fwd", N, normThreads, a.ln2[l], at(a.ln2b, l), a.rstd2[l], a.mid[l], W(sLN2).f32, N, d, eps)
 			},
-			func() error { return e.gemm(false, true, N, F, d, ln2, W(sGate), 0, a.g[l]) },
-			func() error { return e.gemm(false, true, N, F, d, ln2, W(sUp), 0, a.u[l]) },
+			func() error {
+				if e.bf16 {
+					return e.gemmBF(false, true, N, F, d, ln2, W(sGate), a.gb[l])
+				}
+				return e.gemm(false, true, N, F, d, ln2, W(sGate), 0, a.g[l])
+			},
+			func() error {
+				if e.bf16 {
+					return e.gemmBF(false, true, N, F, d, ln2, W(sUp), a.ub[l])
+				}
+				return e.gemm(false, true, N, F, d, ln2, W(sUp), 0, a.u[l])
+			},
 			func() error {
 				n := int64(N) * int64(F)
+				if e.bf16 {
+					return e.launch("swiglu_fwd_bf16", blocks((n+1)/2, 256), 256, a.hb[l], a.gb[l], a.ub[l], n)
+				}
 				return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], at(a.hb, l), a.g[l], a.u[l], n)
 			},
 			func() error { return e.dv.Copy(a.resid[l+1], a.mid[l], int64(N*d)*4) },
@@ -158,20 +183,20 @@ const flashHeadDim = 64
 func flashTiles(T int) int { return (T + 63) / 64 }
 
 // flashBackward leaves layer l's attention input gradients in a.dq, a.dk
-// and a.dv from a.dy, recomputing the probabilities from the saved
+// and a.dv from a.dyb, recomputing the probabilities from the saved
 // log-sum-exp.
 func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	a, H, KV := e.a, e.cfg.Heads, e.cfg.KVHeads
 	N := B * T
-	if err := e.launch("flash_bwd_dot", blocks(int64(N)*int64(H)*32, 256), 256, a.dvec, a.dy, a.y[l], N, T, H); err != nil {
+	if err := e.launch("flash_bwd_dot", blocks(int64(N)*int64(H)*32, 256), 256, a.dvec, a.dyb, a.yb[l], N, T, H); err != nil {
 		return err
 	}
 	if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
-		a.dq, a.q[l], a.k[l], a.v[l], a.dy, a.lse[l], a.dvec, T, H, KV, scale); err != nil {
+		a.dq, a.qb[l], a.kb[l], a.vb[l], a.dyb, a.lse[l], a.dvec, T, H, KV, scale); err != nil {
 		return err
 	}
 	return e.launch3("flash_bwd_dkv", cuda.Dim3{X: flashTiles(T), Y: KV, Z: B}, cuda.Dim3{X: 128},
-		a.dk, a.dv, a.dvb, a.q[l], a.k[l], a.v[l], a.dy, a.lse[l], a.dvec, T, H, KV, scale)
+		a.dk, a.dv, a.dvb, a.qb[l], a.kb[l], a.vb[l], a.dyb, a.lse[l], a.dvec, T, H, KV, scale)
 }
 
 func threadsFor(d int) int {
@@ -288,9 +313,17 @@ func (e *Engine) backward(b model.Batch) error {
 		steps := []func() error{
 			// MLP: a.dresid is the gradient of resid[l+1] = mid + h Wdown^T.
 			func() error { return e.gemm(true, false, d, F, N, dresid, h, 1, G(sDown)) },
-			func() error { return e.gemm(false, false, N, F, d, dresid, W(sDown), 0, a.dh) },
+			func() error {
+				if e.bf16 {
+					return e.gemmBF(false, false, N, F, d, dresid, W(sDown), a.dhb)
+				}
+				return e.gemm(false, false, N, F, d, dresid, W(sDown), 0, a.dh)
+			},
 			func() error {
 				n := int64(N) * int64(F)
+				if e.bf16 {
+					return e.launch("swiglu_bwd_bf16", blocks((n+1)/2, 256), 256, a.dgb, a.dub, a.dhb, a.gb[l], a.ub[l], n)
+				}
 				return e.launch("swiglu_bwd", blocks(n, 256), 256, a.dg, a.du, a.dgb, a.dub, a.dh, a.g[l], a.u[l], n)
 			},
 			func() error { return e.gemm(true, false, F, d, N, dg, ln2, 1, G(sGate)) },
@@ -300,7 +333,12 @@ func (e *Engine) backward(b model.Batch) error {
 			func() error { return normBack(a.mid[l], W(sLN2).f32, a.rstd2[l], G(sLN2)) },
 			// Attention: a.dresid is now the gradient of mid = resid[l] + y Wo^T.
 			func() error { return e.gemm(true, false, d, qd, N, dresid, y, 1, G(sO)) },
-			func() error { return e.gemm(false, false, N, qd, d, dresid, W(sO), 0, a.dy) },
+			func() error {
+				if e.flash {
+					return e.gemmBF(false, false, N, qd, d, dresid, W(sO), a.dyb)
+				}
+				return e.gemm(false, false, N, qd, d, dresid, W(sO), 0, a.dy)
+			},
 			func() error {
 				if e.flash {
 					return e.flashBackward(l, B, T, scale)

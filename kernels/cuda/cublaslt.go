@@ -160,6 +160,13 @@ func opOf(t bool) int32 {
 // ComputeF32 or ComputeF32Pedantic. cuBLASLt is column-major, so it computes
 // C^T = op(B)^T op(A)^T with the operands swapped.
 func (h *LtHandle) Gemm(compute, dtype int32, ta, tb bool, M, N, K int, alpha float32, A, B Ptr, beta float32, C Ptr, ws Ptr, wsSize int64, stream uintptr) error {
+	return h.GemmTo(compute, dtype, DataF32, ta, tb, M, N, K, alpha, A, B, beta, C, ws, wsSize, stream)
+}
+
+// GemmTo is Gemm with C stored as ctype: DataBF16 lets the kernel that
+// consumes C read it in bf16 without a conversion pass (C and D share the
+// type, so beta should then be 0 unless C already holds bf16 values).
+func (h *LtHandle) GemmTo(compute, dtype, ctype int32, ta, tb bool, M, N, K int, alpha float32, A, B Ptr, beta float32, C Ptr, ws Ptr, wsSize int64, stream uintptr) error {
 	d, err := h.desc(compute, tb, ta)
 	if err != nil {
 		return err
@@ -181,7 +188,7 @@ func (h *LtHandle) Gemm(compute, dtype int32, ta, tb bool, M, N, K int, alpha fl
 	if err != nil {
 		return err
 	}
-	lc, err := h.layout(DataF32, N, M, N)
+	lc, err := h.layout(ctype, N, M, N)
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,8 @@ type Pipeline struct {
 	// needs it.
 	Tokenizer func(ctx context.Context, name string) (*tokenizer.Tokenizer, error)
 	// DataDir is this machine's own scratch directory: downloads go to
-	// DataDir/raw and shard files to DataDir/shards, each deleted once used.
+	// DataDir/raw, each deleted once tokenized. Shard tokens go straight to
+	// Objects as they are made.
 	DataDir string
 	// StoresDir holds the token stores, one directory per store; Append
 	// needs it.
@@ -284,13 +285,13 @@ func (j ShardJob) file() hub.File {
 }
 
 // Shard turns one file into a shard token file in object storage: download
-// into this machine's data directory, decode, tokenize on all cores with
-// EOS after each document, delete the download, upload the shard. The
-// returned AppendJob is what the append step needs; a file that cannot be
-// read (corrupt, empty, an unsafe path) becomes an AppendJob that records
-// the skip, not an error, since retrying it would give the same answer.
-// Done is true when the store already holds the file: there is nothing to
-// append.
+// into this machine's data directory, decode, and tokenize on all cores
+// with EOS after each document, the tokens streaming to object storage as
+// they are made; then delete the download. The returned AppendJob is what
+// the append step needs; a file that cannot be read (corrupt, empty, an
+// unsafe path) becomes an AppendJob that records the skip, not an error,
+// since retrying it would give the same answer. Done is true when the store
+// already holds the file: there is nothing to append.
 func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)) (out AppendJob, done bool, err error) {
 	if say == nil {
 		say = func(string) {}
@@ -354,10 +355,9 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		defer os.Remove(dst)
 		local = dst
 	}
-	st, shard, err := p.tokenize(ctx, job, local, tok, say)
-	if shard != "" {
-		defer os.Remove(shard)
-	}
+	key := ShardObject(job.Store, job.ShardID)
+	say("tokenizing " + job.Path)
+	st, err := p.tokenize(ctx, job, local, key, tok)
 	if SkipReason(err) != "" {
 		return skipped(err)
 	}
@@ -370,48 +370,70 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	if st.Documents == 0 {
 		return skipped(&SkipError{Reason: SkipEmptyFile, Path: job.Path, Err: fmt.Errorf("no usable documents (skipped: %s)", st.Skips)})
 	}
-	say(fmt.Sprintf("uploading %d tokens of %s", st.Tokens, job.Path))
-	f, err := os.Open(shard)
-	if err != nil {
-		return out, false, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return out, false, err
-	}
-	key := ShardObject(job.Store, job.ShardID)
-	if err := p.Objects.Put(ctx, key, f, fi.Size()); err != nil {
-		return out, false, fmt.Errorf("uploading the shard of %s: %w", job.Path, err)
-	}
 	out.Object, out.SHA256, out.Documents, out.Tokens, out.Skipped = key, st.SHA256, st.Documents, st.Tokens, st.Skips
 	return out, false, nil
 }
 
-// tokenize writes the shard file of local into the data directory and
-// returns its path (set whenever a file was created, for the caller to
-// remove).
-func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local string, tok *tokenizer.Tokenizer, say func(string)) (ShardStats, string, error) {
+// tokenize streams the shard of local into object storage at key while it
+// is being tokenized, so that the upload overlaps with tokenization and no
+// copy of the tokens waits on this machine's disk. The object exists only
+// if every token was written: an error on either side ends the other (the
+// upload is aborted, never completed), and the caller enqueues no append.
+// The SHA-256 that the append verifies is taken from the same bytes as they
+// are written, so the upload itself need not sign them.
+func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string, tok *tokenizer.Tokenizer) (ShardStats, error) {
 	src, err := Open(ctx, local, OpenOptions{Name: job.Path, Columns: job.Columns, SWH: p.SWH})
 	if err != nil {
-		return ShardStats{}, "", err
+		return ShardStats{}, err
 	}
 	defer src.Close()
-	dir := filepath.Join(p.DataDir, "shards")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return ShardStats{}, "", err
+	up := &upload{ctx: ctx, objects: p.Objects, key: key}
+	st, err := WriteShard(ctx, src, tok, up)
+	if uerr := up.finish(err); err == nil && uerr != nil {
+		err = fmt.Errorf("uploading the shard of %s to %s: %w", job.Path, key, uerr)
 	}
-	f, err := os.CreateTemp(dir, "shard-*.tokens")
-	if err != nil {
-		return ShardStats{}, "", err
+	return st, err
+}
+
+// upload is a writer whose bytes go to one object as they come. The put
+// starts at the first write, so a file with no usable documents leaves no
+// object behind.
+type upload struct {
+	ctx     context.Context
+	objects store.Store
+	key     string
+	pw      *io.PipeWriter
+	done    chan error
+}
+
+func (u *upload) Write(b []byte) (int, error) {
+	if u.pw == nil {
+		pr, pw := io.Pipe()
+		u.pw, u.done = pw, make(chan error, 1)
+		go func() {
+			err := store.PutUnsigned(u.ctx, u.objects, u.key, pr, -1)
+			// A put that gave up must not leave the writer blocked: its
+			// next write returns the put's error, which stops the shard.
+			pr.CloseWithError(err)
+			u.done <- err
+		}()
 	}
-	defer f.Close()
-	say("tokenizing " + job.Path)
-	st, err := WriteShard(ctx, src, tok, f)
-	if err == nil {
-		err = f.Close()
+	return u.pw.Write(b)
+}
+
+// finish ends the upload: completes the object when writeErr is nil, and
+// otherwise makes the put fail so that it aborts. It returns the put's
+// error, after the put has returned.
+func (u *upload) finish(writeErr error) error {
+	if u.pw == nil {
+		return nil
 	}
-	return st, f.Name(), err
+	if writeErr != nil {
+		u.pw.CloseWithError(fmt.Errorf("shard not written whole: %w", writeErr))
+	} else {
+		u.pw.Close()
+	}
+	return <-u.done
 }
 
 // AppendResult is what an append did.

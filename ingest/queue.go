@@ -389,7 +389,8 @@ func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string
 	defer src.Close()
 	up := &upload{ctx: ctx, objects: p.Objects, key: key}
 	st, err := WriteShard(ctx, src, tok, up)
-	if uerr := up.finish(err); err == nil && uerr != nil {
+	// A write that failed because the put did carries the put's own error.
+	if uerr := up.finish(err); uerr != nil && (err == nil || errors.Is(err, uerr)) {
 		err = fmt.Errorf("uploading the shard of %s to %s: %w", job.Path, key, uerr)
 	}
 	return st, err

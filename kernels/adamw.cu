@@ -43,3 +43,40 @@ extern "C" __global__ void adamw(float* p, float* m, float* v, float* g, const f
     float denom = sqrtf(vi) / bc2_sqrt + eps;
     p[i] = pi - step_size * (mi / denom);
 }
+
+// adamw_flat is adamw over the whole flat parameter buffer in one launch:
+// the ranges [nodecay[2k], nodecay[2k+1]) (sorted; the vectors: norms) take
+// no decay, everything else decay. With wbf set it also writes the bf16
+// copy the GEMMs read, so no separate conversion pass follows the step.
+extern "C" __global__ void adamw_flat(float* p, float* m, float* v, float* g, bf16* wbf, const float* norm, long long n,
+                                      const long long* nodecay, int nranges, float b1, float b2, float eps, float decay,
+                                      float clip, float step_size, float bc2_sqrt) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float nrm = norm[0];
+    if (!(fabsf(nrm) <= 3.4e38f)) return; // NaN or Inf: the step is skipped; Metrics reports the norm
+    float dec = decay;
+    for (int k = 0; k < nranges; k++) {
+        if (i < nodecay[2 * k]) break;
+        if (i < nodecay[2 * k + 1]) {
+            dec = 1.0f;
+            break;
+        }
+    }
+    float c = 1.0f;
+    if (clip > 0.0f) c = fminf(1.0f, clip / (nrm + 1e-6f));
+    float gi = g[i];
+    if (c != 1.0f) {
+        gi *= c;
+        g[i] = gi;
+    }
+    float mi = m[i] + (1.0f - b1) * (gi - m[i]);
+    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float pi = p[i] * dec;
+    float denom = sqrtf(vi) / bc2_sqrt + eps;
+    pi = pi - step_size * (mi / denom);
+    p[i] = pi;
+    if (wbf) wbf[i] = f2bf(pi);
+}

@@ -56,8 +56,11 @@ type Engine struct {
 	n         int64   // total parameters
 
 	params, grads, m, v cuda.Ptr // (n) fp32 each
-	wbf                 cuda.Ptr // (n) bf16 copy of params for the GEMMs (bf16 precision)
-	optStep             int
+	// nodecay: the [start, end) element ranges of the flat buffer that AdamW
+	// does not decay (the vectors), as pairs of int64, sorted.
+	nodecay cuda.Ptr
+	wbf     cuda.Ptr // (n) bf16 copy of params for the GEMMs (bf16 precision)
+	optStep int
 
 	maxB, maxT int
 	a          *acts
@@ -232,7 +235,12 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	e.norm = alloc("gradient norm", 4)
 	e.partial = alloc("gradient norm", normBlocks*4)
 	e.ws = alloc("cuBLASLt workspace", wsBytes)
+	nodecay := e.noDecayRanges()
+	e.nodecay = alloc("optimizer table", int64(len(nodecay))*8)
 	if err != nil {
+		return err
+	}
+	if err := cuda.Upload(e.dv, e.nodecay, nodecay); err != nil {
 		return err
 	}
 	e.positions = max(e.cfg.MaxPositions, e.maxT)
@@ -394,6 +402,28 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		a.bfB = bf("bf16 GEMM operands", a.bfElems)
 	}
 	return a, err
+}
+
+// noDecayRanges lists the element ranges of the specs AdamW does not decay
+// (fewer than two dimensions), neighbours merged, as start, end pairs.
+func (e *Engine) noDecayRanges() []int64 {
+	var r []int64
+	for i, s := range e.specs {
+		if len(s.Shape) >= 2 {
+			continue
+		}
+		start, end := e.off[i], e.off[i]+int64(s.Elements())
+		if n := len(r); n > 0 && r[n-1] == start {
+			r[n-1] = end
+			continue
+		}
+		r = append(r, start, end)
+	}
+	if len(r) == 0 {
+		// One empty range keeps the table's allocation non-empty.
+		r = []int64{0, 0}
+	}
+	return r
 }
 
 func (e *Engine) zero(p cuda.Ptr, n int64) error { return e.dv.Memset32(p, 0, n) }

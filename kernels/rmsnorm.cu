@@ -45,3 +45,112 @@ extern "C" __global__ void rmsnorm_bwd_dw(float* dw, const float* dy, const floa
     }
     atomicAdd(&dw[j], acc);
 }
+
+// Warp-per-row forms for d a multiple of 128 up to 1024 (every preset but
+// tiny): a lane keeps its d/32 values of a row in registers, so x and dy
+// are read once and the row's sum is a warp shuffle, not two block-wide
+// barriers over a few values per thread.
+#define RN_MAX 8 // float4s per lane
+
+struct alignas(16) rn4 { float x, y, z, w; };
+
+__device__ __forceinline__ void store_bf4(bf16* p, rn4 v) {
+    unsigned lo = (unsigned)f2bf(v.x) | ((unsigned)f2bf(v.y) << 16), hi = (unsigned)f2bf(v.z) | ((unsigned)f2bf(v.w) << 16);
+    *(uint2*)p = make_uint2(lo, hi);
+}
+
+// Blocks of 256 threads, a row per warp.
+extern "C" __global__ void rmsnorm_fwd_warp(float* out, bf16* outb, float* rstd, const float* x, const float* w, int N, int d, float eps) {
+    int lane = threadIdx.x & 31;
+    long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    int nv = d >> 7;
+    const rn4* xr = (const rn4*)(x + row * d);
+    rn4 v[RN_MAX];
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < RN_MAX; i++) {
+        if (i < nv) {
+            v[i] = xr[i * 32 + lane];
+            ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+        }
+    }
+    ss = warp_sum(ss);
+    float r = 1.0f / sqrtf(ss / (float)d + eps);
+    if (lane == 0 && rstd) rstd[row] = r;
+#pragma unroll
+    for (int i = 0; i < RN_MAX; i++) {
+        if (i < nv) {
+            int c = i * 32 + lane;
+            rn4 wv = ((const rn4*)w)[c];
+            rn4 y = {v[i].x * r * wv.x, v[i].y * r * wv.y, v[i].z * r * wv.z, v[i].w * r * wv.w};
+            if (out) ((rn4*)(out + row * d))[c] = y;
+            if (outb) store_bf4(outb + row * d + c * 4, y);
+        }
+    }
+}
+
+// rmsnorm_bwd_dx and rmsnorm_bwd_dw in one pass: a warp takes rows in turn,
+// adds the row's dx into dx (and its bf16 copy into dxb) and keeps its
+// lanes' share of dw in registers; the block sums its warps' shares in
+// shared memory and adds them to dw with one atomic per column. Blocks of
+// 256 threads; any grid.
+extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dw, const float* dy, const float* x, const float* w,
+                                            const float* rstd, int N, int d) {
+    __shared__ alignas(16) float part[RN_MAX * 128];
+    for (int j = threadIdx.x; j < d; j += blockDim.x) part[j] = 0.0f;
+    __syncthreads();
+    int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nv = d >> 7;
+    rn4 acc[RN_MAX];
+#pragma unroll
+    for (int i = 0; i < RN_MAX; i++) acc[i] = rn4{0.0f, 0.0f, 0.0f, 0.0f};
+    for (long long row = (long long)blockIdx.x * nw + (threadIdx.x >> 5); row < N; row += (long long)gridDim.x * nw) {
+        const rn4* yr = (const rn4*)(dy + row * d);
+        const rn4* xr = (const rn4*)(x + row * d);
+        rn4 gv[RN_MAX], xv[RN_MAX];
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < RN_MAX; i++) {
+            if (i < nv) {
+                int c = i * 32 + lane;
+                gv[i] = yr[c];
+                xv[i] = xr[c];
+                rn4 wv = ((const rn4*)w)[c];
+                dot += gv[i].x * wv.x * xv[i].x + gv[i].y * wv.y * xv[i].y + gv[i].z * wv.z * xv[i].z + gv[i].w * wv.w * xv[i].w;
+            }
+        }
+        dot = warp_sum(dot) / (float)d;
+        float r = rstd[row], r3 = r * r * r;
+#pragma unroll
+        for (int i = 0; i < RN_MAX; i++) {
+            if (i < nv) {
+                int c = i * 32 + lane;
+                rn4 wv = ((const rn4*)w)[c];
+                rn4* dr = (rn4*)(dx + row * d) + c;
+                rn4 o = *dr;
+                o.x += r * gv[i].x * wv.x - r3 * xv[i].x * dot;
+                o.y += r * gv[i].y * wv.y - r3 * xv[i].y * dot;
+                o.z += r * gv[i].z * wv.z - r3 * xv[i].z * dot;
+                o.w += r * gv[i].w * wv.w - r3 * xv[i].w * dot;
+                *dr = o;
+                if (dxb) store_bf4(dxb + row * d + c * 4, o);
+                acc[i].x += gv[i].x * xv[i].x * r;
+                acc[i].y += gv[i].y * xv[i].y * r;
+                acc[i].z += gv[i].z * xv[i].z * r;
+                acc[i].w += gv[i].w * xv[i].w * r;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RN_MAX; i++) {
+        if (i < nv) {
+            int c = (i * 32 + lane) * 4;
+            atomicAdd(&part[c], acc[i].x);
+            atomicAdd(&part[c + 1], acc[i].y);
+            atomicAdd(&part[c + 2], acc[i].z);
+            atomicAdd(&part[c + 3], acc[i].w);
+        }
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < d; j += blockDim.x) atomicAdd(&dw[j], part[j]);
+}

@@ -2,8 +2,10 @@
 // D values, element i pairs with i + D/2. x is (N = B*T, nh, D) and is
 // rotated in place; cos and sin are (positions, D/2) tables computed on the
 // host the way transformers computes them. dir = -1 applies the inverse
-// rotation, which is the backward pass. xb, when set, gets a bf16 copy of
-// the result: the backward's dq and dk feed two GEMMs each.
+// rotation, which is the backward pass. xb, when set, gets the result in
+// bf16 instead, and x is left as it was: the rotated values then have only
+// bf16 readers (flash attention's queries and keys; dq and dk, which feed
+// two GEMMs each), so writing them back in fp32 would be traffic for nothing.
 
 extern "C" __global__ void rope(float* x, bf16* xb, const float* cosT, const float* sinT, int N, int T, int nh, int D, int pos0, int dir) {
     int half = D / 2;
@@ -18,10 +20,11 @@ extern "C" __global__ void rope(float* x, bf16* xb, const float* cosT, const flo
     float* p = x + rh * D;
     float a = p[i], b = p[i + half];
     float ra = a * c - b * s, rb = b * c + a * s;
-    p[i] = ra;
-    p[i + half] = rb;
     if (xb) {
         xb[rh * D + i] = f2bf(ra);
         xb[rh * D + i + half] = f2bf(rb);
+    } else {
+        p[i] = ra;
+        p[i + half] = rb;
     }
 }

@@ -73,9 +73,7 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 	if err := e.launch("embed_fwd", N, 128, a.resid[0], a.ids, e.w(0).f32, N, d); err != nil {
 		return err
 	}
-	eps := float32(c.RMSNormEps)
 	scale := float32(1 / math.Sqrt(float64(D)))
-	normThreads := threadsFor(d)
 	pos0 := 0
 	if g != nil {
 		pos0 = g.pos
@@ -97,7 +95,7 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 		}
 		steps := []func() error{
 			func() error {
-				return e.launch("rmsnorm_fwd", N, normThreads, a.ln1[l], at(a.ln1b, l), a.rstd1[l], a.resid[l], W(sLN1).f32, N, d, eps)
+				return e.rmsnorm(a.ln1[l], at(a.ln1b, l), a.rstd1[l], a.resid[l], W(sLN1).f32, N)
 			},
 			func() error { return e.gemm(false, true, N, qd, d, ln1, W(sQ), 0, a.q[l]) },
 			func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sK), 0, a.k[l]) },
@@ -131,7 +129,7 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 			func() error { return e.dv.Copy(a.mid[l], a.resid[l], int64(N*d)*4) },
 			func() error { return e.gemm(false, true, N, d, qd, y, W(sO), 1, a.mid[l]) },
 			func() error {
-				return e.launch("rmsnorm_fwd", N, normThreads, a.ln2[l], at(a.ln2b, l), a.rstd2[l], a.mid[l], W(sLN2).f32, N, d, eps)
+				return e.rmsnorm(a.ln2[l], at(a.ln2b, l), a.rstd2[l], a.mid[l], W(sLN2).f32, N)
 			},
 			func() error {
 				if e.bf16 {
@@ -165,12 +163,12 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 	if g != nil {
 		g.pos += N
 		last := cuda.Ptr(int64((N-1)*d) * 4)
-		if err := e.launch("rmsnorm_fwd", 1, normThreads, a.lnf, a.lnfb, a.rstdf, a.resid[L]+last, e.w(e.normSpec()).f32, 1, d, eps); err != nil {
+		if err := e.rmsnorm(a.lnf, a.lnfb, a.rstdf, a.resid[L]+last, e.w(e.normSpec()).f32, 1); err != nil {
 			return err
 		}
 		return e.headGemm(false, false, true, 1, V, d, actBF(a.lnf, a.lnfb), e.w(e.headSpec()), 0, a.logits)
 	}
-	if err := e.launch("rmsnorm_fwd", N, normThreads, a.lnf, a.lnfb, a.rstdf, a.resid[L], e.w(e.normSpec()).f32, N, d, eps); err != nil {
+	if err := e.rmsnorm(a.lnf, a.lnfb, a.rstdf, a.resid[L], e.w(e.normSpec()).f32, N); err != nil {
 		return err
 	}
 	return e.headGemm(false, false, true, N, V, d, actBF(a.lnf, a.lnfb), e.w(e.headSpec()), 0, a.logits)
@@ -210,8 +208,21 @@ func threadsFor(d int) int {
 	}
 }
 
-// rope rotates x in place (dir -1: the inverse) and, with xb set, writes a
-// bf16 copy of the result there.
+// warpNorm says whether the model's width takes the warp-per-row RMSNorm
+// kernels (a multiple of 128 up to 1024).
+func (e *Engine) warpNorm() bool { d := e.cfg.Hidden; return d%128 == 0 && d <= 1024 }
+
+// rmsnorm normalises N rows of x into out and/or outb, keeping 1/rms in rstd.
+func (e *Engine) rmsnorm(out, outb, rstd, x, w cuda.Ptr, N int) error {
+	d, eps := e.cfg.Hidden, float32(e.cfg.RMSNormEps)
+	if e.warpNorm() {
+		return e.launch("rmsnorm_fwd_warp", blocks(int64(N), 8), 256, out, outb, rstd, x, w, N, d, eps)
+	}
+	return e.launch("rmsnorm_fwd", N, threadsFor(d), out, outb, rstd, x, w, N, d, eps)
+}
+
+// rope rotates x in place (dir -1: the inverse) or, with xb set, writes the
+// result to xb in bf16 and leaves x alone.
 func (e *Engine) rope(x, xb cuda.Ptr, N, T, heads, pos0, dir int) error {
 	n := int64(N) * int64(heads) * int64(e.cfg.HeadDim/2)
 	return e.launch("rope", blocks(n, 256), 256, x, xb, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, pos0, dir)
@@ -279,6 +290,11 @@ func (e *Engine) backward(b model.Batch) error {
 	scale := float32(1 / math.Sqrt(float64(D)))
 	normThreads := threadsFor(d)
 	normBack := func(x, w, rstd cuda.Ptr, dw cuda.Ptr) error {
+		if e.warpNorm() {
+			// Enough blocks to fill the device; each warp then takes many
+			// rows, and a block adds its dw share with d atomics.
+			return e.launch("rmsnorm_bwd_warp", min(blocks(int64(N), 8), 1024), 256, a.dresid, a.dresidb, dw, a.dln, x, w, rstd, N, d)
+		}
 		if err := e.launch("rmsnorm_bwd_dx", N, normThreads, a.dresid, a.dresidb, a.dln, x, w, rstd, N, d); err != nil {
 			return err
 		}
@@ -384,19 +400,11 @@ func (e *Engine) Step(o model.AdamW) error {
 		stepSize := float32(o.LR / (1 - math.Pow(o.Beta1, t)))
 		bc2Sqrt := float32(math.Sqrt(1 - math.Pow(o.Beta2, t)))
 		decay := float32(1 - o.LR*o.WeightDecay)
-		for i, s := range e.specs {
-			dec := float32(1)
-			if len(s.Shape) >= 2 {
-				dec = decay
-			}
-			n := int64(s.Elements())
-			off := cuda.Ptr(e.off[i] * 4)
-			if err := e.launch("adamw", blocks(n, 256), 256, e.params+off, e.m+off, e.v+off, e.grads+off, e.norm, n,
-				float32(o.Beta1), float32(o.Beta2), float32(o.Eps), dec, float32(o.Clip), stepSize, bc2Sqrt); err != nil {
-				return err
-			}
-		}
-		return e.refreshBF16()
+		// One launch over every parameter, writing the GEMMs' bf16 copy
+		// as it goes (e.wbf is 0 in fp32 precision).
+		nranges := len(e.noDecayRanges()) / 2
+		return e.launch("adamw_flat", blocks(e.n, 256), 256, e.params, e.m, e.v, e.grads, e.wbf, e.norm, e.n, e.nodecay, nranges,
+			float32(o.Beta1), float32(o.Beta2), float32(o.Eps), decay, float32(o.Clip), stepSize, bc2Sqrt)
 	})
 }
 

@@ -161,8 +161,9 @@ func opOf(t bool) int32 {
 // Gemm computes, in row-major terms, C (M x N, fp32) = alpha op(A) op(B) +
 // beta C, where A is stored (M x K) or, with ta, (K x M), and B (K x N) or,
 // with tb, (N x K). A and B share dtype (DataF32 or DataBF16); compute is
-// ComputeF32 or ComputeF32Pedantic, or ComputeF32FastTF32 with DataF32. cuBLASLt is column-major, so it computes
-// C^T = op(B)^T op(A)^T with the operands swapped.
+// ComputeF32 or ComputeF32Pedantic, or ComputeF32FastTF32 with DataF32.
+// cuBLASLt is column-major, so it computes C^T = op(B)^T op(A)^T with the
+// operands swapped.
 func (h *LtHandle) Gemm(compute, dtype int32, ta, tb bool, M, N, K int, alpha float32, A, B Ptr, beta float32, C Ptr, ws Ptr, wsSize int64, stream uintptr) error {
 	return h.GemmTo(compute, dtype, DataF32, ta, tb, M, N, K, alpha, A, B, beta, C, ws, wsSize, stream)
 }

@@ -1,8 +1,10 @@
 package kernels
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
 )
@@ -12,12 +14,20 @@ import (
 // torch.cuda.max_memory_allocated.
 type allocator struct {
 	dv        *cuda.Device
-	live      map[cuda.Ptr]int64
+	live      map[cuda.Ptr]Allocation
 	cur, peak int64
 }
 
+// Allocation is device memory held under one name: one buffer, or (from
+// Engine.Allocations) every buffer of that name.
+type Allocation struct {
+	What  string
+	Bytes int64
+	Count int
+}
+
 func newAllocator(dv *cuda.Device) *allocator {
-	return &allocator{dv: dv, live: map[cuda.Ptr]int64{}}
+	return &allocator{dv: dv, live: map[cuda.Ptr]Allocation{}}
 }
 
 // OOMError says how much was asked, how much was free and what to change.
@@ -52,7 +62,7 @@ func (a *allocator) alloc(what string, n int64) (cuda.Ptr, error) {
 		}
 		return 0, fmt.Errorf("allocate %s (%d bytes): %w", what, n, err)
 	}
-	a.live[p] = n
+	a.live[p] = Allocation{What: what, Bytes: n, Count: 1}
 	a.cur += n
 	if a.cur > a.peak {
 		a.peak = a.cur
@@ -61,13 +71,46 @@ func (a *allocator) alloc(what string, n int64) (cuda.Ptr, error) {
 }
 
 func (a *allocator) free(p cuda.Ptr) error {
-	n, ok := a.live[p]
+	l, ok := a.live[p]
 	if !ok {
 		return nil
 	}
 	delete(a.live, p)
-	a.cur -= n
+	a.cur -= l.Bytes
 	return a.dv.Free(p)
+}
+
+// list returns every live buffer, largest first.
+func (a *allocator) list() []Allocation {
+	out := make([]Allocation, 0, len(a.live))
+	for _, l := range a.live {
+		out = append(out, l)
+	}
+	sortAllocations(out)
+	return out
+}
+
+// byName sums the live buffers by name, largest total first: what a report
+// of the engine's memory shows.
+func (a *allocator) byName() []Allocation {
+	sums := map[string]Allocation{}
+	for _, l := range a.live {
+		s := sums[l.What]
+		s.What, s.Bytes, s.Count = l.What, s.Bytes+l.Bytes, s.Count+1
+		sums[l.What] = s
+	}
+	out := make([]Allocation, 0, len(sums))
+	for _, s := range sums {
+		out = append(out, s)
+	}
+	sortAllocations(out)
+	return out
+}
+
+func sortAllocations(as []Allocation) {
+	slices.SortFunc(as, func(x, y Allocation) int {
+		return cmp.Or(cmp.Compare(y.Bytes, x.Bytes), cmp.Compare(x.What, y.What))
+	})
 }
 
 func (a *allocator) freeAll() error {
@@ -78,4 +121,19 @@ func (a *allocator) freeAll() error {
 		}
 	}
 	return first
+}
+
+// Allocations lists the device memory the engine holds, summed by name,
+// largest first: where Memory's total goes (the LM head's chunk buffers
+// appear as "logits (chunk of C rows)").
+func (e *Engine) Allocations() []Allocation {
+	var out []Allocation
+	if e.th == nil {
+		return out
+	}
+	_ = e.th.do(func() error {
+		out = e.mem.byName()
+		return nil
+	})
+	return out
 }

@@ -39,9 +39,10 @@ type Engine struct {
 	// flash: training attention runs the tiled kernels of flash.cu (bf16,
 	// head_dim 64) instead of keeping the (T, T) probabilities.
 	flash bool
-	// headF32Fwd, headF32Bwd: the LM head's forward or backward GEMMs run
-	// in fp32 although precision is bf16.
-	headF32Fwd, headF32Bwd bool
+	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
+	headMode headMode
+	// headRows: how many rows of logits one chunk of the LM head holds.
+	headRows int
 	// launches counts kernel launches by name, so tests can tell which
 	// attention path ran.
 	launches map[string]int
@@ -90,7 +91,7 @@ type acts struct {
 	dvec         cuda.Ptr   // (B, H, T) rowsum(dy * y), with flash attention
 	g, u, h      []cuda.Ptr // L x (N, F)
 	lnf, rstdf   cuda.Ptr   // (N, d), (N)
-	logits       cuda.Ptr   // (N, V), overwritten by its gradient
+	logits       cuda.Ptr   // (headRows, V): one chunk's logits, overwritten by their gradient unless dlogitsb takes it
 	losses       cuda.Ptr   // (N)
 	ids, tgt     cuda.Ptr   // (N) int32
 	dresid, dln  cuda.Ptr   // (N, d)
@@ -109,7 +110,7 @@ type acts struct {
 	ln1b, ln2b []cuda.Ptr // L x (N, d) bf16
 	yb, hb     []cuda.Ptr // L x (N, H*D), L x (N, F) bf16; yb with flash attention only
 	lnfb       cuda.Ptr   // (N, d) bf16
-	dlogitsb   cuda.Ptr   // (N, V) bf16 logit gradient, unless the head's backward runs in fp32
+	dlogitsb   cuda.Ptr   // (headRows, V) bf16 logit gradient of one chunk, unless the head's backward reads fp32
 	dresidb    cuda.Ptr   // (N, d) bf16 copy of dresid after each norm's backward
 	dqb, dkb   cuda.Ptr   // (N, H*D), (N, KV*D) bf16 copies after the inverse rotation
 	dvb        cuda.Ptr   // (N, KV*D) bf16, with flash attention
@@ -145,6 +146,10 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	if c.HeadDim > 256 {
 		return nil, fmt.Errorf("head_dim %d is above the CUDA engine's limit of 256", c.HeadDim)
 	}
+	hm, err := parseHeadMode(os.Getenv("KILN_CUDA_HEAD"))
+	if err != nil {
+		return nil, err
+	}
 	drv, err := cuda.LoadDriver()
 	if err != nil {
 		return nil, err
@@ -167,17 +172,9 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	// kernels round to bf16 for the tensor cores. KILN_CUDA_ATTENTION=naive
 	// selects it in bf16 too, for comparisons.
 	e.flash = e.bf16 && c.HeadDim == flashHeadDim && os.Getenv("KILN_CUDA_ATTENTION") != "naive"
-	// KILN_CUDA_HEAD=fp32 keeps the LM head's three products in full fp32
-	// in bf16 precision (fp32-forward, fp32-backward: only those), to
-	// measure what rounding the head costs.
-	switch h := os.Getenv("KILN_CUDA_HEAD"); {
-	case !e.bf16:
-	case h == "fp32":
-		e.headF32Fwd, e.headF32Bwd = true, true
-	case h == "fp32-forward":
-		e.headF32Fwd = true
-	case h == "fp32-backward":
-		e.headF32Bwd = true
+	// fp32 precision runs every GEMM in fp32 already.
+	if e.bf16 {
+		e.headMode = hm
 	}
 	e.maxB, e.maxT = max(o.MaxBatch, 1), max(o.MaxSeq, 1)
 	if o.MaxBatch <= 0 || o.MaxSeq <= 0 {
@@ -250,6 +247,9 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	if e.a, err = e.allocActs(e.maxB, e.maxT); err != nil {
 		return err
 	}
+	if err := e.allocHead(headRowsFor(e.maxB*e.maxT, e.cfg.VocabSize)); err != nil {
+		return err
+	}
 	for _, p := range []cuda.Ptr{e.params, e.grads, e.m, e.v, e.lossAcc, e.evalAcc, e.norm} {
 		if err := e.zero(p, 1); err != nil {
 			return err
@@ -297,7 +297,7 @@ func (e *Engine) ropeTables(positions int) error {
 func (e *Engine) allocActs(B, T int) (*acts, error) {
 	c := e.cfg
 	N := int64(B * T)
-	d, qd, kvd, F, V := int64(c.Hidden), int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim), int64(c.Intermediate), int64(c.VocabSize)
+	d, qd, kvd, F := int64(c.Hidden), int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim), int64(c.Intermediate)
 	attN := int64(B*c.Heads) * int64(T) * int64(T)
 	a := &acts{}
 	var err error
@@ -372,7 +372,6 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	}
 	a.g, a.u, a.h = layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F)
 	a.lnf, a.rstdf = f32("activations (norm)", N*d), f32("activations (norm)", N)
-	a.logits = f32("logits", N*V)
 	a.losses = f32("losses", N)
 	a.ids, a.tgt = f32("token ids", N), f32("targets", N)
 	a.dresid, a.dln = f32("gradient scratch", N*d), f32("gradient scratch", N*d)
@@ -389,9 +388,6 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 			a.dvb = bf("gradient scratch (bf16)", N*kvd)
 		}
 		a.lnfb = bf("activations (norm, bf16)", N*d)
-		if !e.headF32Bwd {
-			a.dlogitsb = bf("logit gradient (bf16)", N*V)
-		}
 		a.dresidb = bf("gradient scratch (bf16)", N*d)
 		a.dqb, a.dkb = bf("gradient scratch (bf16)", N*qd), bf("gradient scratch (bf16)", N*kvd)
 		a.dgb, a.dub = bf("gradient scratch (bf16)", N*F), bf("gradient scratch (bf16)", N*F)
@@ -508,17 +504,6 @@ func (e *Engine) gemmBF(ta, tb bool, M, N, K int, A, B operand, C cuda.Ptr) erro
 	return e.timed("cublasLt bf16 GEMM", func() error {
 		return e.lt.GemmTo(cuda.ComputeF32, cuda.DataBF16, cuda.DataBF16, ta, tb, M, N, K, 1, A.bf, B.bf, 0, C, e.ws, wsBytes, 0)
 	})
-}
-
-// headGemm is gemm for the LM head's forward (backward false) and
-// backward products.
-func (e *Engine) headGemm(backward, ta, tb bool, M, N, K int, A, B operand, beta float32, C cuda.Ptr) error {
-	if (!backward && e.headF32Fwd) || (backward && e.headF32Bwd) {
-		return e.timed("cublasLt fp32 GEMM (LM head)", func() error {
-			return e.lt.Gemm(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.ws, wsBytes, 0)
-		})
-	}
-	return e.gemm(ta, tb, M, N, K, A, B, beta, C)
 }
 
 func (e *Engine) toBF16(dst, src cuda.Ptr, n int64) error {

@@ -56,10 +56,11 @@ type genState struct {
 	pos  int // positions filled
 }
 
-// forward runs the model over b (B x T rows) and leaves the logits in
-// e.a.logits and every activation the backward pass needs. With g (B = 1)
-// the rows continue the cached sequence at position g.pos, their keys and
-// values join the cache, and only the last row's logits are computed.
+// forward runs the model over b (B x T rows) up to the final norm, whose
+// output (a.lnf, a.lnfb) lmHead takes chunk by chunk, and leaves every
+// activation the backward pass needs. With g (B = 1) the rows continue the
+// cached sequence at position g.pos, their keys and values join the cache,
+// and only the last row's logits are computed, into e.a.logits.
 func (e *Engine) forward(b model.Batch) error { return e.forwardGen(b, nil) }
 
 func (e *Engine) forwardGen(b model.Batch, g *genState) error {
@@ -168,10 +169,7 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 		}
 		return e.headGemm(false, false, true, 1, V, d, actBF(a.lnf, a.lnfb), e.w(e.headSpec()), 0, a.logits)
 	}
-	if err := e.rmsnorm(a.lnf, a.lnfb, a.rstdf, a.resid[L], e.w(e.normSpec()).f32, N); err != nil {
-		return err
-	}
-	return e.headGemm(false, false, true, N, V, d, actBF(a.lnf, a.lnfb), e.w(e.headSpec()), 0, a.logits)
+	return e.rmsnorm(a.lnf, a.lnfb, a.rstdf, a.resid[L], e.w(e.normSpec()).f32, N)
 }
 
 // flashHeadDim is the head dimension flash.cu is built for.
@@ -237,31 +235,6 @@ func at(ps []cuda.Ptr, l int) cuda.Ptr {
 	return ps[l]
 }
 
-// lossRows turns the logits into per-row losses (and, with grad, into their
-// gradient scaled by scale/count) and adds scale x mean loss to acc.
-func (e *Engine) lossRows(b model.Batch, count int, scale float32, grad bool, acc cuda.Ptr) error {
-	a := e.a
-	N := b.B * b.T
-	if err := cuda.Upload(e.dv, a.tgt, b.Targets); err != nil {
-		return err
-	}
-	g := 0
-	if grad {
-		g = 1
-	}
-	k := scale / float32(count)
-	// The bf16 logit gradient goes to its own buffer; a loss without a
-	// gradient writes none.
-	dlb := cuda.Ptr(0)
-	if grad {
-		dlb = a.dlogitsb
-	}
-	if err := e.launch("xent_fwd_bwd", N, 256, a.logits, dlb, a.losses, a.tgt, e.cfg.VocabSize, k, g); err != nil {
-		return err
-	}
-	return e.launch("loss_reduce", 1, 1024, acc, a.losses, N, k)
-}
-
 // ForwardBackward implements model.Engine.
 func (e *Engine) ForwardBackward(b model.Batch, scale float32) error {
 	count, err := e.checkBatch(b, true)
@@ -272,19 +245,19 @@ func (e *Engine) ForwardBackward(b model.Batch, scale float32) error {
 		if err := e.forward(b); err != nil {
 			return err
 		}
-		if err := e.lossRows(b, count, scale, true, e.lossAcc); err != nil {
+		if err := e.lmHead(b, headTrain, count, scale, e.lossAcc, nil); err != nil {
 			return err
 		}
 		return e.backward(b)
 	})
 }
 
-// backward adds the gradient of the loss whose logit gradient lossRows left
-// in e.a.logits.
+// backward adds the gradient of the loss from the final norm's output
+// gradient, which lmHead left in e.a.dln, down to the embedding.
 func (e *Engine) backward(b model.Batch) error {
 	c, a := e.cfg, e.a
 	B, T, N := b.B, b.T, b.B*b.T
-	d, H, KV, D, F, V := c.Hidden, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, c.VocabSize
+	d, H, KV, D, F := c.Hidden, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate
 	qd, kvd := H*D, KV*D
 	L := c.Layers
 	scale := float32(1 / math.Sqrt(float64(D)))
@@ -299,19 +272,6 @@ func (e *Engine) backward(b model.Batch) error {
 			return err
 		}
 		return e.launch3("rmsnorm_bwd_dw", cuda.Dim3{X: blocks(int64(d), 256), Y: min(N, 256)}, cuda.Dim3{X: 256}, dw, a.dln, x, rstd, N, d)
-	}
-	head := e.headSpec()
-	// Without a bf16 logit gradient buffer (fp32 precision or an fp32 head
-	// backward) the gradient is in a.logits.
-	dlogits := act(a.logits)
-	if a.dlogitsb != 0 {
-		dlogits = operand{bf: a.dlogitsb}
-	}
-	if err := e.headGemm(true, true, false, V, d, N, dlogits, actBF(a.lnf, a.lnfb), 1, e.gw(head)); err != nil {
-		return fmt.Errorf("LM head backward: %w", err)
-	}
-	if err := e.headGemm(true, false, false, N, d, V, dlogits, e.w(head), 0, a.dln); err != nil {
-		return fmt.Errorf("LM head backward: %w", err)
 	}
 	if err := e.zero(a.dresid, int64(N*d)); err != nil {
 		return err
@@ -418,7 +378,7 @@ func (e *Engine) Logits(b model.Batch) ([]float32, error) {
 		if err := e.forward(b); err != nil {
 			return err
 		}
-		return cuda.Download(e.dv, out, e.a.logits)
+		return e.lmHead(b, headLogits, 0, 0, 0, out)
 	})
 	return out, err
 }
@@ -437,7 +397,7 @@ func (e *Engine) EvalLoss(b model.Batch) (float64, error) {
 		if err := e.zero(e.evalAcc, 1); err != nil {
 			return err
 		}
-		if err := e.lossRows(b, count, 1, false, e.evalAcc); err != nil {
+		if err := e.lmHead(b, headLoss, count, 1, e.evalAcc, nil); err != nil {
 			return err
 		}
 		return cuda.Download(e.dv, v, e.evalAcc)

@@ -9,6 +9,10 @@ import (
 const (
 	ComputeF32         = 68 // CUBLAS_COMPUTE_32F
 	ComputeF32Pedantic = 69 // CUBLAS_COMPUTE_32F_PEDANTIC: no reduced-precision shortcuts
+	// ComputeF32FastTF32 is CUBLAS_COMPUTE_32F_FAST_TF32 (cublas_api.h,
+	// cublasComputeType_t): fp32 operands rounded to TF32 (10 mantissa bits)
+	// for the tensor cores, fp32 accumulation and output.
+	ComputeF32FastTF32 = 77
 	DataF32            = 0  // CUDA_R_32F
 	DataBF16           = 14 // CUDA_R_16BF
 
@@ -157,8 +161,9 @@ func opOf(t bool) int32 {
 // Gemm computes, in row-major terms, C (M x N, fp32) = alpha op(A) op(B) +
 // beta C, where A is stored (M x K) or, with ta, (K x M), and B (K x N) or,
 // with tb, (N x K). A and B share dtype (DataF32 or DataBF16); compute is
-// ComputeF32 or ComputeF32Pedantic. cuBLASLt is column-major, so it computes
-// C^T = op(B)^T op(A)^T with the operands swapped.
+// ComputeF32 or ComputeF32Pedantic, or ComputeF32FastTF32 with DataF32.
+// cuBLASLt is column-major, so it computes C^T = op(B)^T op(A)^T with the
+// operands swapped.
 func (h *LtHandle) Gemm(compute, dtype int32, ta, tb bool, M, N, K int, alpha float32, A, B Ptr, beta float32, C Ptr, ws Ptr, wsSize int64, stream uintptr) error {
 	return h.GemmTo(compute, dtype, DataF32, ta, tb, M, N, K, alpha, A, B, beta, C, ws, wsSize, stream)
 }

@@ -1,0 +1,203 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/kiln-lm/kiln/kernels/cuda"
+	"github.com/kiln-lm/kiln/model"
+)
+
+// The LM head and its loss run over chunks of at most headRows rows, so
+// that the (N, V) logits never exist at once: at small's B 32 x T 1024 and
+// V 16384 they took 2 GiB in fp32 and their bf16 gradient 1 GiB more. Per
+// chunk the forward GEMM, the loss kernel and the head's two backward GEMMs
+// run back to back; every row goes through the same kernels as it would in
+// one chunk, so only the order in which the head's weight gradient sums
+// its rows changes (beta 1 across chunks).
+
+// headChunkBytes bounds one chunk's fp32 logits.
+const headChunkBytes = 256 << 20
+
+// headRowsFor is the chunk size for N rows of V logits: as many rows as fit
+// in headChunkBytes, at least 1 and at most N. Above 128 rows it is rounded
+// down to a multiple of 128, so that every chunk starts 256-byte aligned in
+// the fp32 and bf16 row buffers its GEMMs read, whatever the hidden size.
+func headRowsFor(N, V int) int {
+	r := headChunkBytes / (4 * V)
+	if r >= 128 {
+		r &^= 127
+	}
+	return max(1, min(N, r))
+}
+
+// headMode says how the LM head's three GEMMs run in bf16 precision.
+type headMode struct {
+	// f32Fwd, f32Bwd: the forward or backward GEMMs in full fp32, a
+	// diagnostic of what rounding the head costs.
+	f32Fwd, f32Bwd bool
+	// tf32: all three on fp32 operands with TF32 tensor cores. TF32 keeps
+	// 10 mantissa bits to bf16's 7, at a fraction of fp32's cost: the
+	// candidate against the bf16 head's loss bias (docs/benchmarks/cuda.md).
+	tf32 bool
+}
+
+// fp32Grad reports whether the head's backward reads an fp32 logit
+// gradient, which then overwrites the chunk's logits in place; otherwise
+// the loss kernel writes it in bf16 to its own buffer.
+func (m headMode) fp32Grad() bool { return m.f32Bwd || m.tf32 }
+
+// parseHeadMode reads KILN_CUDA_HEAD.
+func parseHeadMode(v string) (headMode, error) {
+	switch v {
+	case "":
+		return headMode{}, nil
+	case "fp32":
+		return headMode{f32Fwd: true, f32Bwd: true}, nil
+	case "fp32-forward":
+		return headMode{f32Fwd: true}, nil
+	case "fp32-backward":
+		return headMode{f32Bwd: true}, nil
+	case "tf32":
+		return headMode{tf32: true}, nil
+	}
+	return headMode{}, &envError{fmt.Sprintf("KILN_CUDA_HEAD=%q is not an LM head precision: set fp32, fp32-forward, fp32-backward or tf32, or unset it for the bf16 head", v)}
+}
+
+// envError is a mistyped environment setting: the user's to fix.
+type envError struct{ msg string }
+
+func (e *envError) Error() string { return e.msg }
+
+// BadInput marks the error as the user's input (exit code 2).
+func (e *envError) BadInput() bool { return true }
+
+// allocHead (re)allocates the head's chunk buffers for chunks of rows rows.
+func (e *Engine) allocHead(rows int) error {
+	if rows < 1 {
+		return fmt.Errorf("LM head chunk of %d rows: need at least 1", rows)
+	}
+	a := e.a
+	for _, p := range []*cuda.Ptr{&a.logits, &a.dlogitsb} {
+		if *p != 0 {
+			if err := e.mem.free(*p); err != nil {
+				return err
+			}
+			*p = 0
+		}
+	}
+	V := int64(e.cfg.VocabSize)
+	var err error
+	if a.logits, err = e.mem.alloc(fmt.Sprintf("logits (chunk of %d rows)", rows), int64(rows)*V*4); err != nil {
+		return err
+	}
+	if e.bf16 && !e.headMode.fp32Grad() {
+		if a.dlogitsb, err = e.mem.alloc(fmt.Sprintf("logit gradient (bf16, chunk of %d rows)", rows), int64(rows)*V*2); err != nil {
+			return err
+		}
+	}
+	e.headRows = rows
+	return nil
+}
+
+// headGemm is gemm for the LM head's forward (backward false) and
+// backward products, in the precision headMode asks for.
+func (e *Engine) headGemm(backward, ta, tb bool, M, N, K int, A, B operand, beta float32, C cuda.Ptr) error {
+	compute, name := int32(0), ""
+	switch {
+	case e.headMode.tf32:
+		compute, name = cuda.ComputeF32FastTF32, "cublasLt tf32 GEMM (LM head)"
+	case !backward && e.headMode.f32Fwd || backward && e.headMode.f32Bwd:
+		compute, name = cuda.ComputeF32, "cublasLt fp32 GEMM (LM head)"
+	default:
+		return e.gemm(ta, tb, M, N, K, A, B, beta, C)
+	}
+	if A.f32 == 0 || B.f32 == 0 {
+		return fmt.Errorf("LM head GEMM %dx%dx%d in fp32 has an operand without an fp32 buffer", M, N, K)
+	}
+	return e.timed(name, func() error {
+		return e.lt.Gemm(compute, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.ws, wsBytes, 0)
+	})
+}
+
+// headPass is what a pass over the LM head computes.
+type headPass int
+
+const (
+	headLogits headPass = iota // the logits, copied to the caller
+	headLoss                   // the loss
+	headTrain                  // the loss and the head's gradients
+)
+
+// rowsAt offsets p, a buffer of rows of width values of size bytes, to row
+// r; a missing buffer (0) stays missing.
+func rowsAt(p cuda.Ptr, r, width, size int) cuda.Ptr {
+	if p == 0 {
+		return 0
+	}
+	return p + cuda.Ptr(int64(r)*int64(width)*int64(size))
+}
+
+// lmHead runs the LM head over the final norm's output (a.lnf, a.lnfb) of
+// b's N rows, chunk by chunk. headLogits copies each chunk's logits into
+// out (N x V). headLoss and headTrain add scale x the mean loss over the
+// count targeted rows to acc; headTrain also adds the head weight's
+// gradient into the gradients and leaves the final norm's output gradient
+// in a.dln, for backward.
+func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, acc cuda.Ptr, out []float32) error {
+	a := e.a
+	N, d, V := b.B*b.T, e.cfg.Hidden, e.cfg.VocabSize
+	head := e.headSpec()
+	W := e.w(head)
+	if pass == headLogits && len(out) != N*V {
+		return fmt.Errorf("logits of %d rows need %d values, the output holds %d", N, N*V, len(out))
+	}
+	k := float32(0)
+	if pass != headLogits {
+		if err := cuda.Upload(e.dv, a.tgt, b.Targets); err != nil {
+			return err
+		}
+		k = scale / float32(count)
+	}
+	grad := 0
+	// Without a bf16 gradient buffer (fp32 precision, or a head backward
+	// on fp32 operands) the gradient overwrites the chunk's logits.
+	dlogits, dlb := act(a.logits), cuda.Ptr(0)
+	if pass == headTrain {
+		grad = 1
+		if a.dlogitsb != 0 {
+			dlogits, dlb = operand{bf: a.dlogitsb}, a.dlogitsb
+		}
+	}
+	for r0 := 0; r0 < N; r0 += e.headRows {
+		rows := min(e.headRows, N-r0)
+		lnf := actBF(rowsAt(a.lnf, r0, d, 4), rowsAt(a.lnfb, r0, d, 2))
+		// logits (rows, V) = lnf (rows, d) W^T, W (V, d).
+		if err := e.headGemm(false, false, true, rows, V, d, lnf, W, 0, a.logits); err != nil {
+			return fmt.Errorf("LM head forward: %w", err)
+		}
+		if pass == headLogits {
+			if err := cuda.Download(e.dv, out[r0*V:(r0+rows)*V], a.logits); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := e.launch("xent_fwd_bwd", rows, 256, a.logits, dlb, rowsAt(a.losses, r0, 1, 4), rowsAt(a.tgt, r0, 1, 4), V, k, grad); err != nil {
+			return err
+		}
+		if pass != headTrain {
+			continue
+		}
+		// dW (V, d) += dlogits^T (V, rows) lnf (rows, d).
+		if err := e.headGemm(true, true, false, V, d, rows, dlogits, lnf, 1, e.gw(head)); err != nil {
+			return fmt.Errorf("LM head backward: %w", err)
+		}
+		// dlnf (rows, d) = dlogits (rows, V) W (V, d), into the chunk's rows.
+		if err := e.headGemm(true, false, false, rows, d, V, dlogits, W, 0, rowsAt(a.dln, r0, d, 4)); err != nil {
+			return fmt.Errorf("LM head backward: %w", err)
+		}
+	}
+	if pass == headLogits {
+		return nil
+	}
+	return e.launch("loss_reduce", 1, 1024, acc, a.losses, N, k)
+}

@@ -13,12 +13,21 @@ extern "C" __global__ void xent_fwd_bwd(float* logits, bf16* dlb, float* losses,
         else if (grad) for (int j = threadIdx.x; j < V; j += blockDim.x) logits[row + j] = 0.0f;
         return;
     }
-    float m = -3.0e38f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, logits[row + j]);
-    m = block_max(m);
-    float s = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(logits[row + j] - m);
-    s = block_sum(s);
+    // One pass for the maximum and the sum (each thread rescales its sum
+    // when its maximum grows), then one for the gradient: the row is read
+    // twice, not three times.
+    float mt = -3.0e38f, st = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float x = logits[row + j];
+        if (x > mt) {
+            st = st * expf(mt - x) + 1.0f;
+            mt = x;
+        } else {
+            st += expf(x - mt);
+        }
+    }
+    float m = block_max(mt);
+    float s = block_sum(st * expf(mt - m));
     float lse = m + logf(s);
     float lt = logits[row + t];
     __syncthreads();

@@ -102,7 +102,24 @@ func curveBatch(ids []int32, s int) model.Batch {
 	return b
 }
 
-func curveLR(s int) float64 { return 1e-3 * math.Min(1, float64(s+1)/20) }
+// curveLR is the trainer's schedule (trainer.LearningRate): 20 warm-up
+// steps to the peak, then a cosine to a tenth of it at step 200. The peak is
+// 1e-3 unless KILN_CURVE_LR sets another; the kept CPU curve in
+// KILN_CURVE_OUT must have been computed with the same peak.
+func curveLR(s int) float64 { return trainer.LearningRate(s, curvePeakLR(), 20, curveSteps, 0.1) }
+
+func curvePeakLR() float64 {
+	if v, err := strconv.ParseFloat(os.Getenv("KILN_CURVE_LR"), 64); err == nil && v > 0 {
+		return v
+	}
+	return 1e-3
+}
+
+// curveHeader heads a kept CPU curve with the schedule it was trained
+// with, so that a curve from another schedule is refused, not compared.
+func curveHeader() string {
+	return fmt.Sprintf("# lr: warmup 20 to %g, cosine to 0.1 x peak at step %d", curvePeakLR(), curveSteps)
+}
 
 func trainCurve(t *testing.T, eng model.Engine, ids []int32) []float64 {
 	if err := eng.SetParams(model.InitParams(curveConfig, 7)); err != nil {
@@ -242,8 +259,12 @@ func cpuCurveCached(t *testing.T, dir, out string) ([]byte, []int32, []float64) 
 	tokPath, curvePath := filepath.Join(out, "tokenizer.json"), filepath.Join(out, "cpu_curve.tsv")
 	if tj, err := os.ReadFile(tokPath); err == nil {
 		if b, err := os.ReadFile(curvePath); err == nil {
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			if lines[0] != curveHeader() {
+				t.Fatalf("%s was computed with %q, not %q: delete it to recompute, or set KILN_CURVE_LR to its peak", curvePath, lines[0], curveHeader())
+			}
 			var curve []float64
-			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n")[1:] {
+			for _, line := range lines[2:] {
 				f := strings.Fields(line)
 				v, err := strconv.ParseFloat(f[1], 64)
 				if err != nil {
@@ -266,7 +287,7 @@ func cpuCurveCached(t *testing.T, dir, out string) ([]byte, []int32, []float64) 
 	defer cpu.Close()
 	curve := trainCurve(t, cpu, ids)
 	var b strings.Builder
-	b.WriteString("step\tcpu_fp32\n")
+	b.WriteString(curveHeader() + "\nstep\tcpu_fp32\n")
 	for s, v := range curve {
 		fmt.Fprintf(&b, "%d\t%.6f\n", s+1, v)
 	}

@@ -112,23 +112,27 @@ type acts struct {
 	lnfb       cuda.Ptr   // (N, d) bf16
 	dlogitsb   cuda.Ptr   // (headRows, V) bf16 logit gradient of one chunk, unless the head's backward reads fp32
 	dresidb    cuda.Ptr   // (N, d) bf16 copy of dresid after each norm's backward
-	dqb, dkb   cuda.Ptr   // (N, H*D), (N, KV*D) bf16 copies after the inverse rotation
-	dvb        cuda.Ptr   // (N, KV*D) bf16, with flash attention
-	dgb, dub   cuda.Ptr   // (N, F) bf16
-	// The gate and up projections and the MLP's output gradient, written
-	// by their GEMMs in bf16 and read so by the SwiGLU kernels: g, u and dh
-	// then have no fp32 buffer.
-	gb, ub []cuda.Ptr // L x (N, F) bf16
-	dhb    cuda.Ptr   // (N, F) bf16
+	dqb, dkb   cuda.Ptr   // (N, H*D), (N, KV*D) bf16 copies after the inverse rotation, without flash attention
+	// The gate and up projections run as one GEMM over their stacked
+	// weights (consecutive in the flat buffer), written in bf16 and read so
+	// by the SwiGLU kernels; their gradient is laid out the same way, so
+	// one GEMM takes both weight gradients and one the input gradient. g, u
+	// and dh then have no fp32 buffer.
+	gub  []cuda.Ptr // L x (N, 2F) bf16: gate | up
+	dgub cuda.Ptr   // (N, 2F) bf16
+	dhb  cuda.Ptr   // (N, F) bf16
 
-	// With flash attention its kernels read and keep only bf16: the
-	// rotated queries and keys (rope's bf16 copies), the values (the value
-	// projection's GEMM writes bf16) and the output gradient (likewise). The
-	// fp32 q, k, v and y are then scratch shared by all layers, for the
-	// rotation's input and for generation's straightforward attention.
-	qb     []cuda.Ptr // L x (N, H*D) bf16
-	kb, vb []cuda.Ptr // L x (N, KV*D) bf16
-	dyb    cuda.Ptr   // (N, H*D) bf16
+	// With flash attention the query, key and value projections run as
+	// one GEMM (their weights are consecutive in the flat buffer) that
+	// writes bf16 rows of H*D + 2 KV*D values; rope rotates the query and
+	// key columns in place and the flash kernels read all three from there.
+	// Their gradients land in one matrix of the same layout, for one
+	// weight-gradient and one input-gradient GEMM. The fp32 q, k, v and y
+	// are then scratch shared by all layers, for generation's
+	// straightforward attention.
+	qkvb  []cuda.Ptr // L x (N, H*D + 2 KV*D) bf16
+	dqkvb cuda.Ptr   // (N, H*D + 2 KV*D) bf16
+	dyb   cuda.Ptr   // (N, H*D) bf16
 }
 
 // New makes a CUDA engine for c on device 0. When the libraries or a
@@ -359,8 +363,8 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		}
 		a.q, a.y = shared("attention scratch (queries)", N*qd), shared("attention scratch (output)", N*qd)
 		a.k, a.v = shared("attention scratch (keys)", N*kvd), shared("attention scratch (values)", N*kvd)
-		a.qb = layerBF("activations (queries, bf16)", N*qd)
-		a.kb, a.vb = layerBF("activations (keys, bf16)", N*kvd), layerBF("activations (values, bf16)", N*kvd)
+		a.qkvb = layerBF("activations (queries, keys, values, bf16)", N*(qd+2*kvd))
+		a.dqkvb = bf("gradient scratch (bf16)", N*(qd+2*kvd))
 		a.dyb = bf("gradient scratch (bf16)", N*qd)
 		a.lse = layer("activations (attention log-sum-exp)", int64(B*c.Heads*T))
 		a.dvec = f32("attention gradient scratch", int64(B*c.Heads*T))
@@ -371,26 +375,34 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		a.ds = f32("attention gradient scratch", attN)
 	}
 	a.g, a.u, a.h = layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F)
-	a.lnf, a.rstdf = f32("activations (norm)", N*d), f32("activations (norm)", N)
+	// The final norm's fp32 output is read only by an LM head that runs on
+	// fp32 operands; the bf16 head reads a.lnfb.
+	if hm := e.headMode; !e.bf16 || hm.f32Fwd || hm.f32Bwd || hm.tf32 {
+		a.lnf = f32("activations (norm)", N*d)
+	}
+	a.rstdf = f32("activations (norm)", N)
 	a.losses = f32("losses", N)
 	a.ids, a.tgt = f32("token ids", N), f32("targets", N)
 	a.dresid, a.dln = f32("gradient scratch", N*d), f32("gradient scratch", N*d)
-	a.dy, a.dq = f32("gradient scratch", N*qd), f32("gradient scratch", N*qd)
-	a.dk, a.dv = f32("gradient scratch", N*kvd), f32("gradient scratch", N*kvd)
+	// Flash attention reads the output gradient in bf16 and writes dv in
+	// bf16 only.
+	if !e.flash {
+		a.dy, a.dv = f32("gradient scratch", N*qd), f32("gradient scratch", N*kvd)
+	}
+	a.dq, a.dk = f32("gradient scratch", N*qd), f32("gradient scratch", N*kvd)
 	a.dh, a.dg, a.du = f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F)
 	if e.bf16 {
 		a.ln1b, a.ln2b = layerBF("activations (norm, bf16)", N*d), layerBF("activations (norm, bf16)", N*d)
 		a.hb = layerBF("activations (MLP, bf16)", N*F)
-		a.gb, a.ub = layerBF("activations (MLP, bf16)", N*F), layerBF("activations (MLP, bf16)", N*F)
-		a.dhb = bf("gradient scratch (bf16)", N*F)
+		a.gub = layerBF("activations (MLP, bf16)", 2*N*F)
+		a.dgub, a.dhb = bf("gradient scratch (bf16)", 2*N*F), bf("gradient scratch (bf16)", N*F)
 		if e.flash {
 			a.yb = layerBF("activations (attention, bf16)", N*qd)
-			a.dvb = bf("gradient scratch (bf16)", N*kvd)
+		} else {
+			a.dqb, a.dkb = bf("gradient scratch (bf16)", N*qd), bf("gradient scratch (bf16)", N*kvd)
 		}
 		a.lnfb = bf("activations (norm, bf16)", N*d)
 		a.dresidb = bf("gradient scratch (bf16)", N*d)
-		a.dqb, a.dkb = bf("gradient scratch (bf16)", N*qd), bf("gradient scratch (bf16)", N*kvd)
-		a.dgb, a.dub = bf("gradient scratch (bf16)", N*F), bf("gradient scratch (bf16)", N*F)
 		// What is still converted on the way: the attention output and dv
 		// without flash attention, and generation's attention output.
 		a.bfElems = N * max(qd, kvd, d)

@@ -5,6 +5,9 @@
 // backward pass recomputes the probabilities tile by tile.
 //   q, out, dout, dq: (B, T, H, 64)       k, v, dk, dv: (B, T, KV, 64)
 //   lse, dvec: (B, H, T), lse in base 2
+// q, k and v are read with row strides ldq and ldkv (in values), so they can
+// be column blocks of one fused projection's output: (B, T, H*64 + 2 KV*64)
+// with ldq = ldkv = that width. Everything else is packed.
 // Query head h reads key/value head h / (H / KV). A block has 4 warps and
 // takes a tile of 64 rows; each warp owns 16 of them. T need not be a
 // multiple of 64: rows past T are loaded as zeros and never stored.
@@ -144,18 +147,18 @@ __device__ __forceinline__ float quad_sum(float v) {
 // so they are scheduled first. out (fp32) is written only when set; outb
 // gets the bf16 copy the output projection and the backward pass read.
 extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                                     int T, int H, int KV, float scale) {
+                                     int T, int H, int KV, float scale, int ldq, int ldkv) {
     __shared__ alignas(16) bf16 Qs[TILE];
     __shared__ alignas(16) bf16 Ks[2][TILE];
     __shared__ alignas(16) bf16 Vs[2][TILE];
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
-    int qs = H * HD, ks = KV * HD;
-    const bf16* kb = k + (size_t)b * T * ks + kvh * HD;
-    const bf16* vb = v + (size_t)b * T * ks + kvh * HD;
-    load_tile(Qs, q + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
-    load_tile(Ks[0], kb, ks, 0, T);
-    load_tile(Vs[0], vb, ks, 0, T);
+    int qs = H * HD;
+    const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
+    const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
+    load_tile(Qs, q + (size_t)b * T * ldq + h * HD, ldq, qt * FT, T);
+    load_tile(Ks[0], kb, ldkv, 0, T);
+    load_tile(Vs[0], vb, ldkv, 0, T);
     cp_commit();
     unsigned qa[4][4];
     float o[8][4] = {};
@@ -165,8 +168,8 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
     for (int kt = 0; kt <= qt; kt++) {
         int cur = kt & 1;
         if (kt < qt) {
-            load_tile(Ks[cur ^ 1], kb, ks, (kt + 1) * FT, T);
-            load_tile(Vs[cur ^ 1], vb, ks, (kt + 1) * FT, T);
+            load_tile(Ks[cur ^ 1], kb, ldkv, (kt + 1) * FT, T);
+            load_tile(Vs[cur ^ 1], vb, ldkv, (kt + 1) * FT, T);
         }
         cp_commit();
         cp_wait_prev();
@@ -255,17 +258,17 @@ extern "C" __global__ void flash_bwd_dot(float* dvec, const bf16* dout, const bf
 // output gradients pass through buffers 2 and 3 on their way to registers,
 // then key/value tile j lives in buffers 2 (j & 1), 2 (j & 1) + 1.
 extern "C" __global__ void flash_bwd_dq(float* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                                        const float* lse, const float* dvec, int T, int H, int KV, float scale) {
+                                        const float* lse, const float* dvec, int T, int H, int KV, float scale, int ldq, int ldkv) {
     __shared__ alignas(16) bf16 S[4][TILE];
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
-    int qs = H * HD, ks = KV * HD;
-    const bf16* kb = k + (size_t)b * T * ks + kvh * HD;
-    const bf16* vb = v + (size_t)b * T * ks + kvh * HD;
-    load_tile(S[2], q + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+    int qs = H * HD;
+    const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
+    const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
+    load_tile(S[2], q + (size_t)b * T * ldq + h * HD, ldq, qt * FT, T);
     load_tile(S[3], dout + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
-    load_tile(S[0], kb, ks, 0, T);
-    load_tile(S[1], vb, ks, 0, T);
+    load_tile(S[0], kb, ldkv, 0, T);
+    load_tile(S[1], vb, ldkv, 0, T);
     cp_commit();
     cp_wait_all();
     __syncthreads();
@@ -287,8 +290,8 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const bf16* q, const bf16* k,
     for (int kt = 0; kt <= qt; kt++) {
         int cur = (kt & 1) * 2, nxt = cur ^ 2;
         if (kt < qt) {
-            load_tile(S[nxt], kb, ks, (kt + 1) * FT, T);
-            load_tile(S[nxt + 1], vb, ks, (kt + 1) * FT, T);
+            load_tile(S[nxt], kb, ldkv, (kt + 1) * FT, T);
+            load_tile(S[nxt + 1], vb, ldkv, (kt + 1) * FT, T);
         }
         cp_commit();
         cp_wait_prev();
@@ -325,8 +328,9 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const bf16* q, const bf16* k,
 
 // dk and dv for one key tile and key/value head: loops over the query heads
 // of its group and the query tiles that see the keys, so each block owns its
-// output and no atomics are needed. Writes dk and dv (and dv's bf16 copy,
-// which the value projection's two GEMMs read). Grid (tiles, KV, B), 128
+// output and no atomics are needed. Writes dk, and dv in fp32 (when dv is
+// set) and/or bf16 (dvb, row stride lddv: the value projection's GEMMs read
+// it, as a column block of the fused projection's gradient). Grid (tiles, KV, B), 128
 // threads; the first key tiles are seen by the most queries and are
 // scheduled first. The keys and values pass through buffers 0 and 1 on
 // their way to registers; then (query tile, head) item j has its queries and
@@ -334,14 +338,14 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const bf16* q, const bf16* k,
 // and dvec in Ls[j & 1], Dv[j & 1].
 extern "C" __global__ void flash_bwd_dkv(float* dk, float* dv, bf16* dvb, const bf16* q, const bf16* k, const bf16* v,
                                          const bf16* dout, const float* lse, const float* dvec,
-                                         int T, int H, int KV, float scale) {
+                                         int T, int H, int KV, float scale, int ldq, int ldkv, int lddv) {
     __shared__ alignas(16) bf16 S[4][TILE];
     __shared__ float Ls[2][FT], Dv[2][FT];
     int kt = blockIdx.x, nt = gridDim.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / KV;
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
     int qs = H * HD, ks = KV * HD;
-    load_tile(S[0], k + (size_t)b * T * ks + kvh * HD, ks, kt * FT, T);
-    load_tile(S[1], v + (size_t)b * T * ks + kvh * HD, ks, kt * FT, T);
+    load_tile(S[0], k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * FT, T);
+    load_tile(S[1], v + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * FT, T);
     cp_commit();
     cp_wait_all();
     __syncthreads();
@@ -355,7 +359,7 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, float* dv, bf16* dvb, const 
     // stage starts item j's copies into buffer set j & 1.
     auto stage = [&](int j) {
         int h = kvh * grp + j / per, qt = kt + j % per, s = (j & 1) * 2;
-        load_tile(S[s], q + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+        load_tile(S[s], q + (size_t)b * T * ldq + h * HD, ldq, qt * FT, T);
         load_tile(S[s + 1], dout + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
         if (threadIdx.x < FT) {
             int i = qt * FT + threadIdx.x;
@@ -401,13 +405,16 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, float* dv, bf16* dvb, const 
     for (int r = 0; r < 2; r++) {
         if (kj[r] >= T) continue;
         size_t at = ((size_t)b * T + kj[r]) * ks + kvh * HD;
+        size_t atb = ((size_t)b * T + kj[r]) * lddv + kvh * HD;
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) {
             dk[at + nb * 8 + 2 * t] = dka[nb][2 * r] * scale;
             dk[at + nb * 8 + 2 * t + 1] = dka[nb][2 * r + 1] * scale;
-            dv[at + nb * 8 + 2 * t] = dva[nb][2 * r];
-            dv[at + nb * 8 + 2 * t + 1] = dva[nb][2 * r + 1];
-            if (dvb) *(unsigned*)(dvb + at + nb * 8 + 2 * t) = pack2(dva[nb][2 * r], dva[nb][2 * r + 1]);
+            if (dv) {
+                dv[at + nb * 8 + 2 * t] = dva[nb][2 * r];
+                dv[at + nb * 8 + 2 * t + 1] = dva[nb][2 * r + 1];
+            }
+            if (dvb) *(unsigned*)(dvb + atb + nb * 8 + 2 * t) = pack2(dva[nb][2 * r], dva[nb][2 * r + 1]);
         }
     }
 }

@@ -93,15 +93,26 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 						pq, pk, pv, pd, out := buf(q, len(q)), buf(k, len(k)), buf(v, len(v)), buf(dout, len(dout)), buf(nil, N*H*D)
 						if flash {
 							lse, dvec := buf(nil, B*H*T), buf(nil, B*H*T)
-							// bf16 buffers: half as many 4-byte words as values.
-							outb, dvb := buf(nil, N*H*D/2), buf(nil, N*KV*D/2)
-							// The flash kernels read bf16; the values are
-							// bf16 already, so these are the same inputs.
-							bq, bk, bv, bd := buf(nil, N*H*D/2), buf(nil, N*KV*D/2), buf(nil, N*KV*D/2), buf(nil, N*H*D/2)
+							// The flash kernels read q, k and v in bf16 as the
+							// engine lays them out, column blocks of one
+							// (N, P) matrix, and write dv's bf16 copy into
+							// the same layout; the values are bf16 already, so
+							// these are the same inputs. bf16 buffers hold
+							// half as many 4-byte words as values.
+							qd, kvd := H*D, KV*D
+							P := qd + 2*kvd
+							packed := make([]float32, N*P)
+							for r := 0; r < N; r++ {
+								copy(packed[r*P:], q[r*qd:(r+1)*qd])
+								copy(packed[r*P+qd:], k[r*kvd:(r+1)*kvd])
+								copy(packed[r*P+qd+kvd:], v[r*kvd:(r+1)*kvd])
+							}
+							qkv, bd := buf(nil, N*P/2), buf(nil, N*qd/2)
+							outb, dqkv := buf(nil, N*qd/2), buf(nil, N*P/2)
 							for _, u := range []struct {
 								dst  cuda.Ptr
 								vals []float32
-							}{{bq, q}, {bk, k}, {bv, v}, {bd, dout}} {
+							}{{qkv, packed}, {bd, dout}} {
 								if err == nil {
 									err = cuda.Upload(e.dv, u.dst, toBF16Bits(u.vals))
 								}
@@ -109,26 +120,31 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 							if err != nil {
 								return err
 							}
-							pq, pk, pv, pd := bq, bk, bv, bd
+							pq, pk, pv, pd := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd), bd
 							tiles := flashTiles(T)
-							if err := e.launch3("flash_fwd", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, out, outb, lse, pq, pk, pv, T, H, KV, scale); err != nil {
+							if err := e.launch3("flash_fwd", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, out, outb, lse, pq, pk, pv, T, H, KV, scale, P, P); err != nil {
 								return err
 							}
 							if err := e.launch("flash_bwd_dot", blocks(int64(N*H*32), 256), 256, dvec, pd, outb, N, T, H); err != nil {
 								return err
 							}
-							if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, dq, pq, pk, pv, pd, lse, dvec, T, H, KV, scale); err != nil {
+							if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, dq, pq, pk, pv, pd, lse, dvec, T, H, KV, scale, P, P); err != nil {
 								return err
 							}
-							if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128}, dk, dv, dvb, pq, pk, pv, pd, lse, dvec, T, H, KV, scale); err != nil {
+							if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128}, dk, dv, bfAt(dqkv, qd+kvd), pq, pk, pv, pd, lse, dvec, T, H, KV, scale, P, P, P); err != nil {
 								return err
 							}
-							res.outb, res.dvb = make([]uint16, N*H*D), make([]uint16, N*KV*D)
+							res.outb = make([]uint16, N*qd)
 							if err := cuda.Download(e.dv, res.outb, outb); err != nil {
 								return err
 							}
-							if err := cuda.Download(e.dv, res.dvb, dvb); err != nil {
+							all := make([]uint16, N*P)
+							if err := cuda.Download(e.dv, all, dqkv); err != nil {
 								return err
+							}
+							res.dvb = make([]uint16, 0, N*kvd)
+							for r := 0; r < N; r++ {
+								res.dvb = append(res.dvb, all[r*P+qd+kvd:(r+1)*P]...)
 							}
 						} else {
 							att, ds := buf(nil, B*H*T*T), buf(nil, B*H*T*T)

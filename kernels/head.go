@@ -16,7 +16,7 @@ import (
 // its rows changes (beta 1 across chunks).
 
 // headChunkBytes bounds one chunk's fp32 logits.
-const headChunkBytes = 256 << 20
+const headChunkBytes = 128 << 20
 
 // headRowsFor is the chunk size for N rows of V logits: as many rows as fit
 // in headChunkBytes, at least 1 and at most N. Above 128 rows it is rounded

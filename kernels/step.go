@@ -87,46 +87,54 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 		if g == nil {
 			y = actBF(a.y[l], at(a.yb, l))
 		}
-		// Training's flash attention reads bf16 queries, keys and values
-		// only: rope and the value projection write them.
+		// Training's flash attention: one projection GEMM writes q, k and
+		// v in bf16, rope rotates q and k there, the flash kernels read them.
 		flash := g == nil && e.flash
-		qb, kb := cuda.Ptr(0), cuda.Ptr(0)
+		P := qd + 2*kvd
+		var attention []func() error
 		if flash {
-			qb, kb = a.qb[l], a.kb[l]
+			qkv := a.qkvb[l]
+			attention = []func() error{
+				// W(sQ)'s buffers run on through the key and value weights.
+				func() error { return e.gemmBF(false, true, N, P, d, ln1, W(sQ), qkv) },
+				func() error { return e.ropeBF16(qkv, N, T, H, P) },
+				func() error { return e.ropeBF16(bfAt(qkv, qd), N, T, KV, P) },
+				func() error {
+					return e.launch3("flash_fwd", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
+						cuda.Ptr(0), a.yb[l], a.lse[l], qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd), T, H, KV, scale, P, P)
+				},
+			}
+		} else {
+			attention = []func() error{
+				func() error { return e.gemm(false, true, N, qd, d, ln1, W(sQ), 0, a.q[l]) },
+				func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sK), 0, a.k[l]) },
+				func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sV), 0, a.v[l]) },
+				func() error { return e.rope(a.q[l], 0, N, T, H, pos0, 1, qd) },
+				func() error { return e.rope(a.k[l], 0, N, T, KV, pos0, 1, kvd) },
+				func() error {
+					if g == nil {
+						return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
+							a.y[l], a.att[l], a.q[l], a.k[l], a.v[l], T, T, H, KV, D, 0, scale)
+					}
+					off := cuda.Ptr(int64(pos0*kvd) * 4)
+					if err := e.dv.Copy(g.k[l]+off, a.k[l], int64(N*kvd)*4); err != nil {
+						return err
+					}
+					if err := e.dv.Copy(g.v[l]+off, a.v[l], int64(N*kvd)*4); err != nil {
+						return err
+					}
+					return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: 1}, cuda.Dim3{X: 128},
+						a.y[l], g.att, a.q[l], g.k[l], g.v[l], T, g.cap, H, KV, D, pos0, scale)
+				},
+			}
 		}
 		steps := []func() error{
 			func() error {
 				return e.rmsnorm(a.ln1[l], at(a.ln1b, l), a.rstd1[l], a.resid[l], W(sLN1).f32, N)
 			},
-			func() error { return e.gemm(false, true, N, qd, d, ln1, W(sQ), 0, a.q[l]) },
-			func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sK), 0, a.k[l]) },
-			func() error {
-				if flash {
-					return e.gemmBF(false, true, N, kvd, d, ln1, W(sV), a.vb[l])
-				}
-				return e.gemm(false, true, N, kvd, d, ln1, W(sV), 0, a.v[l])
-			},
-			func() error { return e.rope(a.q[l], qb, N, T, H, pos0, 1) },
-			func() error { return e.rope(a.k[l], kb, N, T, KV, pos0, 1) },
-			func() error {
-				if flash {
-					return e.launch3("flash_fwd", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
-						cuda.Ptr(0), a.yb[l], a.lse[l], a.qb[l], a.kb[l], a.vb[l], T, H, KV, scale)
-				}
-				if g == nil {
-					return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
-						a.y[l], a.att[l], a.q[l], a.k[l], a.v[l], T, T, H, KV, D, 0, scale)
-				}
-				off := cuda.Ptr(int64(pos0*kvd) * 4)
-				if err := e.dv.Copy(g.k[l]+off, a.k[l], int64(N*kvd)*4); err != nil {
-					return err
-				}
-				if err := e.dv.Copy(g.v[l]+off, a.v[l], int64(N*kvd)*4); err != nil {
-					return err
-				}
-				return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: 1}, cuda.Dim3{X: 128},
-					a.y[l], g.att, a.q[l], g.k[l], g.v[l], T, g.cap, H, KV, D, pos0, scale)
-			},
+		}
+		steps = append(steps, attention...)
+		steps = append(steps,
 			func() error { return e.dv.Copy(a.mid[l], a.resid[l], int64(N*d)*4) },
 			func() error { return e.gemm(false, true, N, d, qd, y, W(sO), 1, a.mid[l]) },
 			func() error {
@@ -134,26 +142,24 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 			},
 			func() error {
 				if e.bf16 {
-					return e.gemmBF(false, true, N, F, d, ln2, W(sGate), a.gb[l])
+					// W(sGate)'s buffers run on through the up projection's.
+					return e.gemmBF(false, true, N, 2*F, d, ln2, W(sGate), a.gub[l])
 				}
-				return e.gemm(false, true, N, F, d, ln2, W(sGate), 0, a.g[l])
-			},
-			func() error {
-				if e.bf16 {
-					return e.gemmBF(false, true, N, F, d, ln2, W(sUp), a.ub[l])
+				if err := e.gemm(false, true, N, F, d, ln2, W(sGate), 0, a.g[l]); err != nil {
+					return err
 				}
 				return e.gemm(false, true, N, F, d, ln2, W(sUp), 0, a.u[l])
 			},
 			func() error {
-				n := int64(N) * int64(F)
 				if e.bf16 {
-					return e.launch("swiglu_fwd_bf16", blocks((n+1)/2, 256), 256, a.hb[l], a.gb[l], a.ub[l], n)
+					return e.launch3("swiglu_fwd_gu", cuda.Dim3{X: N, Y: blocks(int64(F), 512)}, cuda.Dim3{X: 256}, a.hb[l], a.gub[l], F)
 				}
-				return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], at(a.hb, l), a.g[l], a.u[l], n)
+				n := int64(N) * int64(F)
+				return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], cuda.Ptr(0), a.g[l], a.u[l], n)
 			},
 			func() error { return e.dv.Copy(a.resid[l+1], a.mid[l], int64(N*d)*4) },
 			func() error { return e.gemm(false, true, N, d, F, h, W(sDown), 1, a.resid[l+1]) },
-		}
+		)
 		for _, s := range steps {
 			if err := s(); err != nil {
 				return fmt.Errorf("layer %d forward: %w", l, err)
@@ -178,21 +184,25 @@ const flashHeadDim = 64
 // flashTiles is the number of 64-row tiles covering T rows.
 func flashTiles(T int) int { return (T + 63) / 64 }
 
-// flashBackward leaves layer l's attention input gradients in a.dq, a.dk
-// and a.dv from a.dyb, recomputing the probabilities from the saved
-// log-sum-exp.
+// flashBackward leaves layer l's attention input gradients from a.dyb,
+// recomputing the probabilities from the saved log-sum-exp: dq and dk in
+// fp32 (a.dq, a.dk: rope rotates them back into a.dqkvb), dv in bf16
+// straight into its columns of a.dqkvb.
 func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	a, H, KV := e.a, e.cfg.Heads, e.cfg.KVHeads
-	N := B * T
+	N, qd, kvd := B*T, H*flashHeadDim, KV*flashHeadDim
+	P := qd + 2*kvd
+	qkv := a.qkvb[l]
+	q, k, v := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd)
 	if err := e.launch("flash_bwd_dot", blocks(int64(N)*int64(H)*32, 256), 256, a.dvec, a.dyb, a.yb[l], N, T, H); err != nil {
 		return err
 	}
 	if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
-		a.dq, a.qb[l], a.kb[l], a.vb[l], a.dyb, a.lse[l], a.dvec, T, H, KV, scale); err != nil {
+		a.dq, q, k, v, a.dyb, a.lse[l], a.dvec, T, H, KV, scale, P, P); err != nil {
 		return err
 	}
 	return e.launch3("flash_bwd_dkv", cuda.Dim3{X: flashTiles(T), Y: KV, Z: B}, cuda.Dim3{X: 128},
-		a.dk, a.dv, a.dvb, a.qb[l], a.kb[l], a.vb[l], a.dyb, a.lse[l], a.dvec, T, H, KV, scale)
+		a.dk, cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), q, k, v, a.dyb, a.lse[l], a.dvec, T, H, KV, scale, P, P, P)
 }
 
 func threadsFor(d int) int {
@@ -219,12 +229,24 @@ func (e *Engine) rmsnorm(out, outb, rstd, x, w cuda.Ptr, N int) error {
 	return e.launch("rmsnorm_fwd", N, threadsFor(d), out, outb, rstd, x, w, N, d, eps)
 }
 
-// rope rotates x in place (dir -1: the inverse) or, with xb set, writes the
-// result to xb in bf16 and leaves x alone.
-func (e *Engine) rope(x, xb cuda.Ptr, N, T, heads, pos0, dir int) error {
-	n := int64(N) * int64(heads) * int64(e.cfg.HeadDim/2)
-	return e.launch("rope", blocks(n, 256), 256, x, xb, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, pos0, dir)
+// rope rotates x (N rows of heads x HeadDim fp32 values) in place (dir -1:
+// the inverse) or, with xb set, writes the result to xb in bf16, rows ldb
+// values apart, and leaves x alone.
+func (e *Engine) rope(x, xb cuda.Ptr, N, T, heads, pos0, dir, ldb int) error {
+	return e.launch("rope", N, e.ropeThreads(heads), x, xb, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, pos0, dir, ldb)
 }
+
+// ropeBF16 rotates the first heads x HeadDim columns of N bf16 rows, ld
+// values apart, in place (training's forward rotation, at position 0).
+func (e *Engine) ropeBF16(x cuda.Ptr, N, T, heads, ld int) error {
+	return e.launch("rope_bf16", N, e.ropeThreads(heads), x, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, 0, ld)
+}
+
+// ropeThreads is a warp-rounded thread per rotated pair of a row.
+func (e *Engine) ropeThreads(heads int) int { return min(1024, (heads*e.cfg.HeadDim/2+31)/32*32) }
+
+// bfAt is p, a bf16 matrix, offset by cols values: a column block.
+func bfAt(p cuda.Ptr, cols int) cuda.Ptr { return p + cuda.Ptr(2*cols) }
 
 // at is ps[l], or 0 where the per-layer buffers do not exist (a bf16 copy
 // in fp32 precision, or the attention output's without flash attention).
@@ -284,8 +306,40 @@ func (e *Engine) backward(b model.Batch) error {
 		G := func(k int) cuda.Ptr { return e.gw(layerSpec(l, k)) }
 		ln1, ln2, h := actBF(a.ln1[l], at(a.ln1b, l)), actBF(a.ln2[l], at(a.ln2b, l)), actBF(a.h[l], at(a.hb, l))
 		y, dresid := actBF(a.y[l], at(a.yb, l)), actBF(a.dresid, a.dresidb)
-		dg, du := actBF(a.dg, a.dgb), actBF(a.du, a.dub)
-		dq, dk, dv := actBF(a.dq, a.dqb), actBF(a.dk, a.dkb), actBF(a.dv, a.dvb)
+		P := qd + 2*kvd
+		var attention []func() error
+		if e.flash {
+			// q, k and v's gradients in one bf16 matrix, as their weights
+			// and gradients are consecutive in the flat buffers.
+			dqkv := operand{bf: a.dqkvb}
+			attention = []func() error{
+				func() error { return e.flashBackward(l, B, T, scale) },
+				func() error { return e.rope(a.dq, a.dqkvb, N, T, H, 0, -1, P) },
+				func() error { return e.rope(a.dk, bfAt(a.dqkvb, qd), N, T, KV, 0, -1, P) },
+				func() error { return e.gemm(true, false, P, d, N, dqkv, ln1, 1, G(sQ)) },
+				func() error { return e.gemm(false, false, N, d, P, dqkv, W(sQ), 0, a.dln) },
+			}
+		} else {
+			dq, dk, dv := actBF(a.dq, a.dqb), actBF(a.dk, a.dkb), act(a.dv)
+			attention = []func() error{
+				func() error {
+					if err := e.launch3("attn_bwd_q", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
+						a.dq, a.ds, a.dy, a.att[l], a.k[l], a.v[l], T, T, H, KV, D, scale); err != nil {
+						return err
+					}
+					return e.launch3("attn_bwd_kv", cuda.Dim3{X: T, Y: KV, Z: B}, cuda.Dim3{X: min(D, 256)},
+						a.dk, a.dv, a.ds, a.att[l], a.q[l], a.dy, T, T, H, KV, D, scale)
+				},
+				func() error { return e.rope(a.dq, a.dqb, N, T, H, 0, -1, qd) },
+				func() error { return e.rope(a.dk, a.dkb, N, T, KV, 0, -1, kvd) },
+				func() error { return e.gemm(true, false, qd, d, N, dq, ln1, 1, G(sQ)) },
+				func() error { return e.gemm(true, false, kvd, d, N, dk, ln1, 1, G(sK)) },
+				func() error { return e.gemm(true, false, kvd, d, N, dv, ln1, 1, G(sV)) },
+				func() error { return e.gemm(false, false, N, d, qd, dq, W(sQ), 0, a.dln) },
+				func() error { return e.gemm(false, false, N, d, kvd, dk, W(sK), 1, a.dln) },
+				func() error { return e.gemm(false, false, N, d, kvd, dv, W(sV), 1, a.dln) },
+			}
+		}
 		steps := []func() error{
 			// MLP: a.dresid is the gradient of resid[l+1] = mid + h Wdown^T.
 			func() error { return e.gemm(true, false, d, F, N, dresid, h, 1, G(sDown)) },
@@ -296,16 +350,35 @@ func (e *Engine) backward(b model.Batch) error {
 				return e.gemm(false, false, N, F, d, dresid, W(sDown), 0, a.dh)
 			},
 			func() error {
-				n := int64(N) * int64(F)
 				if e.bf16 {
-					return e.launch("swiglu_bwd_bf16", blocks((n+1)/2, 256), 256, a.dgb, a.dub, a.dhb, a.gb[l], a.ub[l], n)
+					return e.launch3("swiglu_bwd_gu", cuda.Dim3{X: N, Y: blocks(int64(F), 512)}, cuda.Dim3{X: 256}, a.dgub, a.dhb, a.gub[l], F)
 				}
-				return e.launch("swiglu_bwd", blocks(n, 256), 256, a.dg, a.du, a.dgb, a.dub, a.dh, a.g[l], a.u[l], n)
+				n := int64(N) * int64(F)
+				return e.launch("swiglu_bwd", blocks(n, 256), 256, a.dg, a.du, cuda.Ptr(0), cuda.Ptr(0), a.dh, a.g[l], a.u[l], n)
 			},
-			func() error { return e.gemm(true, false, F, d, N, dg, ln2, 1, G(sGate)) },
-			func() error { return e.gemm(true, false, F, d, N, du, ln2, 1, G(sUp)) },
-			func() error { return e.gemm(false, false, N, d, F, dg, W(sGate), 0, a.dln) },
-			func() error { return e.gemm(false, false, N, d, F, du, W(sUp), 1, a.dln) },
+			func() error {
+				if e.bf16 {
+					// The gate's and the up projection's gradients, stacked
+					// as their weights are.
+					dgu := operand{bf: a.dgub}
+					if err := e.gemm(true, false, 2*F, d, N, dgu, ln2, 1, G(sGate)); err != nil {
+						return err
+					}
+					return e.gemm(false, false, N, d, 2*F, dgu, W(sGate), 0, a.dln)
+				}
+				dg, du := act(a.dg), act(a.du)
+				for _, g := range []func() error{
+					func() error { return e.gemm(true, false, F, d, N, dg, ln2, 1, G(sGate)) },
+					func() error { return e.gemm(true, false, F, d, N, du, ln2, 1, G(sUp)) },
+					func() error { return e.gemm(false, false, N, d, F, dg, W(sGate), 0, a.dln) },
+					func() error { return e.gemm(false, false, N, d, F, du, W(sUp), 1, a.dln) },
+				} {
+					if err := g(); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
 			func() error { return normBack(a.mid[l], W(sLN2).f32, a.rstd2[l], G(sLN2)) },
 			// Attention: a.dresid is now the gradient of mid = resid[l] + y Wo^T.
 			func() error { return e.gemm(true, false, d, qd, N, dresid, y, 1, G(sO)) },
@@ -315,27 +388,9 @@ func (e *Engine) backward(b model.Batch) error {
 				}
 				return e.gemm(false, false, N, qd, d, dresid, W(sO), 0, a.dy)
 			},
-			func() error {
-				if e.flash {
-					return e.flashBackward(l, B, T, scale)
-				}
-				if err := e.launch3("attn_bwd_q", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
-					a.dq, a.ds, a.dy, a.att[l], a.k[l], a.v[l], T, T, H, KV, D, scale); err != nil {
-					return err
-				}
-				return e.launch3("attn_bwd_kv", cuda.Dim3{X: T, Y: KV, Z: B}, cuda.Dim3{X: min(D, 256)},
-					a.dk, a.dv, a.ds, a.att[l], a.q[l], a.dy, T, T, H, KV, D, scale)
-			},
-			func() error { return e.rope(a.dq, a.dqb, N, T, H, 0, -1) },
-			func() error { return e.rope(a.dk, a.dkb, N, T, KV, 0, -1) },
-			func() error { return e.gemm(true, false, qd, d, N, dq, ln1, 1, G(sQ)) },
-			func() error { return e.gemm(true, false, kvd, d, N, dk, ln1, 1, G(sK)) },
-			func() error { return e.gemm(true, false, kvd, d, N, dv, ln1, 1, G(sV)) },
-			func() error { return e.gemm(false, false, N, d, qd, dq, W(sQ), 0, a.dln) },
-			func() error { return e.gemm(false, false, N, d, kvd, dk, W(sK), 1, a.dln) },
-			func() error { return e.gemm(false, false, N, d, kvd, dv, W(sV), 1, a.dln) },
-			func() error { return normBack(a.resid[l], W(sLN1).f32, a.rstd1[l], G(sLN1)) },
 		}
+		steps = append(steps, attention...)
+		steps = append(steps, func() error { return normBack(a.resid[l], W(sLN1).f32, a.rstd1[l], G(sLN1)) })
 		for _, s := range steps {
 			if err := s(); err != nil {
 				return fmt.Errorf("layer %d backward: %w", l, err)

@@ -23,9 +23,7 @@ extern "C" __global__ void swiglu_bwd(float* dg, float* du, bf16* dgb, bf16* dub
 }
 
 // The bf16 forms read g, u and dh as the GEMMs wrote them, in bf16, as
-// PyTorch's autocast keeps them: half the bytes of the fp32 forms. Each
-// thread takes the pair 2i, 2i+1 (4-byte loads); an odd n leaves one value
-// to the last thread.
+// PyTorch's autocast keeps them: half the bytes of the fp32 forms.
 __device__ __forceinline__ float silu_mul(float x, float y) { return x / (1.0f + expf(-x)) * y; }
 
 __device__ __forceinline__ void swiglu_grad(float dh, float x, float y, float* vg, float* vu) {
@@ -34,30 +32,48 @@ __device__ __forceinline__ void swiglu_grad(float dh, float x, float y, float* v
     *vg = dh * y * s * (1.0f + x * (1.0f - s));
 }
 
-extern "C" __global__ void swiglu_fwd_bf16(bf16* hb, const bf16* g, const bf16* u, long long n) {
-    long long i = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
-    if (i + 1 < n) {
-        unsigned gp = *(const unsigned*)(g + i), up = *(const unsigned*)(u + i);
+// The fused gate-and-up forms: gu is (N, 2F), each row the gate's F values
+// then the up projection's, as one GEMM over the stacked weights writes it;
+// h and dh are (N, F); dgu is laid out as gu, so one GEMM takes both weight
+// gradients and one the input gradient. Grid (N, ceil(F / 512)): a row per
+// blockIdx.x (gridDim.y could not hold 65,536 rows), 256 threads, a pair of
+// columns per thread (4-byte loads when F is even).
+extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int F) {
+    size_t row = blockIdx.x;
+    int j = 2 * (blockIdx.y * blockDim.x + threadIdx.x);
+    const bf16* g = gu + row * 2 * F;
+    const bf16* u = g + F;
+    bf16* h = hb + row * F;
+    if ((F & 1) == 0 && j + 1 < F) {
+        unsigned gp = *(const unsigned*)(g + j), up = *(const unsigned*)(u + j);
         float h0 = silu_mul(bf2f((bf16)(gp & 0xffffu)), bf2f((bf16)(up & 0xffffu)));
         float h1 = silu_mul(bf2f((bf16)(gp >> 16)), bf2f((bf16)(up >> 16)));
-        *(unsigned*)(hb + i) = (unsigned)f2bf(h0) | ((unsigned)f2bf(h1) << 16);
-    } else if (i < n) {
-        hb[i] = f2bf(silu_mul(bf2f(g[i]), bf2f(u[i])));
+        *(unsigned*)(h + j) = (unsigned)f2bf(h0) | ((unsigned)f2bf(h1) << 16);
+        return;
     }
+    for (int c = j; c < j + 2 && c < F; c++) h[c] = f2bf(silu_mul(bf2f(g[c]), bf2f(u[c])));
 }
 
-extern "C" __global__ void swiglu_bwd_bf16(bf16* dgb, bf16* dub, const bf16* dh, const bf16* g, const bf16* u, long long n) {
-    long long i = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
+extern "C" __global__ void swiglu_bwd_gu(bf16* dgu, const bf16* dhb, const bf16* gu, int F) {
+    size_t row = blockIdx.x;
+    int j = 2 * (blockIdx.y * blockDim.x + threadIdx.x);
+    const bf16* g = gu + row * 2 * F;
+    const bf16* u = g + F;
+    const bf16* dh = dhb + row * F;
+    bf16* dg = dgu + row * 2 * F;
+    bf16* du = dg + F;
     float vg0, vu0, vg1, vu1;
-    if (i + 1 < n) {
-        unsigned dp = *(const unsigned*)(dh + i), gp = *(const unsigned*)(g + i), up = *(const unsigned*)(u + i);
+    if ((F & 1) == 0 && j + 1 < F) {
+        unsigned dp = *(const unsigned*)(dh + j), gp = *(const unsigned*)(g + j), up = *(const unsigned*)(u + j);
         swiglu_grad(bf2f((bf16)(dp & 0xffffu)), bf2f((bf16)(gp & 0xffffu)), bf2f((bf16)(up & 0xffffu)), &vg0, &vu0);
         swiglu_grad(bf2f((bf16)(dp >> 16)), bf2f((bf16)(gp >> 16)), bf2f((bf16)(up >> 16)), &vg1, &vu1);
-        *(unsigned*)(dgb + i) = (unsigned)f2bf(vg0) | ((unsigned)f2bf(vg1) << 16);
-        *(unsigned*)(dub + i) = (unsigned)f2bf(vu0) | ((unsigned)f2bf(vu1) << 16);
-    } else if (i < n) {
-        swiglu_grad(bf2f(dh[i]), bf2f(g[i]), bf2f(u[i]), &vg0, &vu0);
-        dgb[i] = f2bf(vg0);
-        dub[i] = f2bf(vu0);
+        *(unsigned*)(dg + j) = (unsigned)f2bf(vg0) | ((unsigned)f2bf(vg1) << 16);
+        *(unsigned*)(du + j) = (unsigned)f2bf(vu0) | ((unsigned)f2bf(vu1) << 16);
+        return;
+    }
+    for (int c = j; c < j + 2 && c < F; c++) {
+        swiglu_grad(bf2f(dh[c]), bf2f(g[c]), bf2f(u[c]), &vg0, &vu0);
+        dg[c] = f2bf(vg0);
+        du[c] = f2bf(vu0);
     }
 }

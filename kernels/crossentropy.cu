@@ -16,14 +16,29 @@ extern "C" __global__ void xent_fwd_bwd(float* logits, bf16* dlb, float* losses,
     // One pass for the maximum and the sum (each thread rescales its sum
     // when its maximum grows), then one for the gradient: the row is read
     // twice, not three times.
+    // With V a multiple of 4 (every preset) a thread reads 16 bytes at a time.
     float mt = -3.0e38f, st = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        float x = logits[row + j];
-        if (x > mt) {
-            st = st * expf(mt - x) + 1.0f;
-            mt = x;
-        } else {
-            st += expf(x - mt);
+    bool vec = (V & 3) == 0;
+    if (vec) {
+        const float4* r4 = (const float4*)(logits + row);
+        for (int j = threadIdx.x; j < V / 4; j += blockDim.x) {
+            float4 x = r4[j];
+            float mx = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
+            if (mx > mt) {
+                st *= expf(mt - mx);
+                mt = mx;
+            }
+            st += expf(x.x - mt) + expf(x.y - mt) + expf(x.z - mt) + expf(x.w - mt);
+        }
+    } else {
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            float x = logits[row + j];
+            if (x > mt) {
+                st = st * expf(mt - x) + 1.0f;
+                mt = x;
+            } else {
+                st += expf(x - mt);
+            }
         }
     }
     float m = block_max(mt);
@@ -32,6 +47,22 @@ extern "C" __global__ void xent_fwd_bwd(float* logits, bf16* dlb, float* losses,
     float lt = logits[row + t];
     __syncthreads();
     if (threadIdx.x == 0) losses[blockIdx.x] = lse - lt;
+    if (vec && grad) {
+        float4* r4 = (float4*)(logits + row);
+        for (int j = threadIdx.x; j < V / 4; j += blockDim.x) {
+            float4 x = r4[j];
+            int c = 4 * j;
+            float g0 = (expf(x.x - lse) - (c == t ? 1.0f : 0.0f)) * gscale;
+            float g1 = (expf(x.y - lse) - (c + 1 == t ? 1.0f : 0.0f)) * gscale;
+            float g2 = (expf(x.z - lse) - (c + 2 == t ? 1.0f : 0.0f)) * gscale;
+            float g3 = (expf(x.w - lse) - (c + 3 == t ? 1.0f : 0.0f)) * gscale;
+            if (dlb)
+                *(uint2*)(dlb + row + c) = make_uint2((unsigned)f2bf(g0) | ((unsigned)f2bf(g1) << 16), (unsigned)f2bf(g2) | ((unsigned)f2bf(g3) << 16));
+            else
+                r4[j] = make_float4(g0, g1, g2, g3);
+        }
+        return;
+    }
     if (grad && dlb)
         for (int j = threadIdx.x; j < V; j += blockDim.x)
             dlb[row + j] = f2bf((expf(logits[row + j] - lse) - (j == t ? 1.0f : 0.0f)) * gscale);

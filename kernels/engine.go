@@ -502,7 +502,7 @@ func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cu
 		}
 		pb = e.a.bfB
 	}
-	return e.timed("cublasLt bf16 GEMM", func() error {
+	return e.timed(e.gemmName("bf16", ta, tb, M, N, K), func() error {
 		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.ws, wsBytes, 0)
 	})
 }
@@ -513,7 +513,7 @@ func (e *Engine) gemmBF(ta, tb bool, M, N, K int, A, B operand, C cuda.Ptr) erro
 	if !e.bf16 || A.bf == 0 || B.bf == 0 {
 		return fmt.Errorf("GEMM %dx%dx%d to bf16 needs bf16 precision and bf16 operands", M, N, K)
 	}
-	return e.timed("cublasLt bf16 GEMM", func() error {
+	return e.timed(e.gemmName("bf16 -> bf16", ta, tb, M, N, K), func() error {
 		return e.lt.GemmTo(cuda.ComputeF32, cuda.DataBF16, cuda.DataBF16, ta, tb, M, N, K, 1, A.bf, B.bf, 0, C, e.ws, wsBytes, 0)
 	})
 }
@@ -541,6 +541,21 @@ func (e *Engine) launch3(name string, grid, block cuda.Dim3, args ...any) error 
 }
 
 // timed runs op, and with profiling on adds its device time to name's.
+// gemmName is a GEMM's line in the profile: by shape, so that the table
+// says which products take the time. ta/tb mark a transposed operand.
+func (e *Engine) gemmName(kind string, ta, tb bool, M, N, K int) string {
+	if !e.profiling {
+		return ""
+	}
+	t := func(b bool) string {
+		if b {
+			return "T"
+		}
+		return "N"
+	}
+	return fmt.Sprintf("GEMM %s %dx%dx%d %s%s", kind, M, N, K, t(ta), t(tb))
+}
+
 func (e *Engine) timed(name string, op func() error) error {
 	if !e.profiling {
 		return op()

@@ -156,11 +156,14 @@ func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, unsig
 	if err := s.ensureBucket(ctx); err != nil {
 		return err
 	}
-	_, err := s.c.PutObject(ctx, s.o.Bucket, key, ctxReader{ctx, r}, size, minio.PutObjectOptions{
-		PartSize:             s.o.PartSize,
-		ContentType:          "application/octet-stream",
-		DisableContentSha256: unsigned,
-	})
+	// A stream of unknown size (a shard while it is tokenized) fills one
+	// part while the previous one uploads, so its writer does not stop for
+	// each part's round trip: two part buffers instead of one.
+	opts := minio.PutObjectOptions{PartSize: s.o.PartSize, ContentType: "application/octet-stream", DisableContentSha256: unsigned}
+	if size < 0 {
+		opts.ConcurrentStreamParts, opts.NumThreads = true, 2
+	}
+	_, err := s.c.PutObject(ctx, s.o.Bucket, key, ctxReader{ctx, r}, size, opts)
 	return s.wrap("put", key, err)
 }
 

@@ -296,6 +296,7 @@ func ingestOnce(b *testing.B, tokJSON []byte, glob string) (float64, float64, in
 		queues = "ingest=2,append=1"
 	}
 	env := []string{"KILN_TEST_INGEST_WORKER=" + queues, "KILN_TEST_QUIET=1", "KILN_TEST_REDIS_URL=" + redis.URL(0),
+		"KILN_TEST_PROGRESS_EVERY=1s", // the worker's default, not the tests' 1 ms
 		"KILN_TEST_STORES=" + filepath.Join(tmp, "stores"), "KILN_TEST_DATA=" + filepath.Join(tmp, "data")}
 	var objects store.Store
 	if os.Getenv("KILN_INGEST_BENCH_OBJECTS") == "local" {

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"syscall"
@@ -87,8 +88,14 @@ func runIngestChild() int {
 		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log},
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
 	})
+	// Tests watch progress as it happens; a benchmark sets the production
+	// throttle instead, so that it measures what a worker does.
+	every := time.Millisecond
+	if v, err := time.ParseDuration(os.Getenv("KILN_TEST_PROGRESS_EVERY")); err == nil {
+		every = v
+	}
 	w, err := New(Params{Redis: opt, Queues: queues, ShutdownGrace: 10 * time.Second,
-		Logger: log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+		Logger: log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: every})
 	if err != nil {
 		return fail(err)
 	}
@@ -102,6 +109,17 @@ func runIngestChild() int {
 			return fail(err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if path := os.Getenv("KILN_TEST_TRACE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return fail(err)
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return fail(err)
+		}
+		defer trace.Stop()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

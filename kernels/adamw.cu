@@ -55,14 +55,16 @@ extern "C" __global__ void adamw_flat(float* p, float* m, float* v, float* g, bf
     if (i >= n) return;
     float nrm = norm[0];
     if (!(fabsf(nrm) <= 3.4e38f)) return; // NaN or Inf: the step is skipped; Metrics reports the norm
+    // The last range starting at or before i, by bisection (33 ranges at
+    // base's 16 layers: a scan cost more than the update).
     float dec = decay;
-    for (int k = 0; k < nranges; k++) {
-        if (i < nodecay[2 * k]) break;
-        if (i < nodecay[2 * k + 1]) {
-            dec = 1.0f;
-            break;
-        }
+    int lo = 0, hi = nranges;
+    while (lo < hi) {
+        int mid = (lo + hi) >> 1;
+        if (nodecay[2 * mid] <= i) lo = mid + 1;
+        else hi = mid;
     }
+    if (lo > 0 && i < nodecay[2 * (lo - 1) + 1]) dec = 1.0f;
     float c = 1.0f;
     if (clip > 0.0f) c = fminf(1.0f, clip / (nrm + 1e-6f));
     float gi = g[i];

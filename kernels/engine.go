@@ -88,7 +88,7 @@ type acts struct {
 	k, v         []cuda.Ptr // L x (N, KV*D): rotated keys, values (likewise)
 	att          []cuda.Ptr // L x (B, H, T, T), without flash attention
 	lse          []cuda.Ptr // L x (B, H, T) base-2 log-sum-exp, with flash attention
-	dvec         cuda.Ptr   // (B, H, T) rowsum(dy * y), with flash attention
+	dvec         cuda.Ptr   // (B, H, T) rowsum(dy * y), with flash attention: flash_bwd_dq writes it for flash_bwd_dkv
 	g, u, h      []cuda.Ptr // L x (N, F)
 	lnf, rstdf   cuda.Ptr   // (N, d), (N)
 	logits       cuda.Ptr   // (headRows, V): one chunk's logits, overwritten by their gradient unless dlogitsb takes it
@@ -486,24 +486,50 @@ func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cu
 	if !e.bf16 {
 		return e.lt.Gemm(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.ws, wsBytes, 0)
 	}
+	pa, pb, err := e.bfOperands(M, N, K, A, B)
+	if err != nil {
+		return err
+	}
+	return e.timed(e.gemmName("bf16", ta, tb, M, N, K), func() error {
+		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.ws, wsBytes, 0)
+	})
+}
+
+// bfOperands returns the bf16 buffers of A (M x K) and B (K x N), converting
+// into scratch an operand whose producer wrote none.
+func (e *Engine) bfOperands(M, N, K int, A, B operand) (cuda.Ptr, cuda.Ptr, error) {
 	pa, pb := A.bf, B.bf
 	if (pa == 0 && A.f32 == 0) || (pb == 0 && B.f32 == 0) {
-		return fmt.Errorf("GEMM %dx%dx%d has an operand with neither an fp32 nor a bf16 buffer", M, N, K)
+		return 0, 0, fmt.Errorf("GEMM %dx%dx%d has an operand with neither an fp32 nor a bf16 buffer", M, N, K)
 	}
 	if pa == 0 {
 		if err := e.toBF16(e.a.bfA, A.f32, int64(M)*int64(K)); err != nil {
-			return err
+			return 0, 0, err
 		}
 		pa = e.a.bfA
 	}
 	if pb == 0 {
 		if err := e.toBF16(e.a.bfB, B.f32, int64(K)*int64(N)); err != nil {
-			return err
+			return 0, 0, err
 		}
 		pb = e.a.bfB
 	}
-	return e.timed(e.gemmName("bf16", ta, tb, M, N, K), func() error {
-		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.ws, wsBytes, 0)
+	return pa, pb, nil
+}
+
+// gemmAdd is D = op(A) op(B) + C in fp32: the output and down projections
+// add into the residual stream this way, reading the stream entering the
+// sublayer and writing the one leaving it, with no copy between.
+func (e *Engine) gemmAdd(ta, tb bool, M, N, K int, A, B operand, C, D cuda.Ptr) error {
+	if !e.bf16 {
+		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, 1, C, D, e.ws, wsBytes, 0)
+	}
+	pa, pb, err := e.bfOperands(M, N, K, A, B)
+	if err != nil {
+		return err
+	}
+	return e.timed(e.gemmName("bf16 + residual", ta, tb, M, N, K), func() error {
+		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, 1, C, D, e.ws, wsBytes, 0)
 	})
 }
 

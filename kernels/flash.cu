@@ -62,6 +62,8 @@ __device__ __forceinline__ void ldm4t(unsigned* r, unsigned addr) {
                  : "r"(addr));
 }
 
+__device__ __forceinline__ unsigned ld32s(const bf16* p) { return *(const unsigned*)p; }
+
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -235,31 +237,17 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
     }
 }
 
-// dvec = rowsum(dout * out) per query row and head: the term that the
-// softmax's backward subtracts, from the bf16 copies the other kernels read.
-// One warp per (row, head); N = B * T.
-extern "C" __global__ void flash_bwd_dot(float* dvec, const bf16* dout, const bf16* out, int N, int T, int H) {
-    long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (w >= (long long)N * H) return;
-    unsigned a = ((const unsigned*)(dout + w * HD))[lane];
-    unsigned o = ((const unsigned*)(out + w * HD))[lane];
-    float s = warp_sum(bf2f((bf16)(a & 0xffffu)) * bf2f((bf16)(o & 0xffffu)) + bf2f((bf16)(a >> 16)) * bf2f((bf16)(o >> 16)));
-    if (lane == 0) {
-        long long row = w / H;
-        int h = (int)(w % H), b = (int)(row / T), i = (int)(row % T);
-        dvec[((size_t)b * H + h) * T + i] = s;
-    }
-}
-
-// dq for one query tile and head: recomputes P and dP = dout v^T over the
-// key tiles the queries see, dS = P (dP - dvec), dq = scale dS k. Writes dq.
-// Grid (tiles, H, B), 128 threads. Four tile buffers: the queries and their
-// output gradients pass through buffers 2 and 3 on their way to registers,
-// then key/value tile j lives in buffers 2 (j & 1), 2 (j & 1) + 1.
-extern "C" __global__ void flash_bwd_dq(float* dq, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
-                                        const float* lse, const float* dvec, int T, int H, int KV, float scale, int ldq, int ldkv) {
-    __shared__ alignas(16) bf16 S[4][TILE];
+// dq for one query tile and head: first dvec = rowsum(dout * out) for its
+// rows (the term the softmax's backward subtracts; written for flash_bwd_dkv,
+// which runs next), then recomputes P and dP = dout v^T over the key tiles
+// the queries see, dS = P (dP - dvec), dq = scale dS k. Writes dq and dvec.
+// Grid (tiles, H, B), 128 threads. Five tile buffers: the queries, their
+// output gradients and outputs pass through buffers 2, 3 and 4 on their way
+// to registers, then key/value tile j lives in buffers 2 (j & 1), 2 (j & 1) + 1.
+extern "C" __global__ void flash_bwd_dq(float* dq, float* dvec, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                                        const bf16* out, const float* lse, int T, int H, int KV, float scale, int ldq, int ldkv) {
+    __shared__ alignas(16) bf16 S[5][TILE];
+    __shared__ float Dr[FT];
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
     int qs = H * HD;
@@ -267,6 +255,7 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const bf16* q, const bf16* k,
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
     load_tile(S[2], q + (size_t)b * T * ldq + h * HD, ldq, qt * FT, T);
     load_tile(S[3], dout + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+    load_tile(S[4], out + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
     load_tile(S[0], kb, ldkv, 0, T);
     load_tile(S[1], vb, ldkv, 0, T);
     cp_commit();
@@ -275,6 +264,23 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const bf16* q, const bf16* k,
     unsigned qa[4][4], da[4][4];
     frag_a(qa, S[2], r0, lane);
     frag_a(da, S[3], r0, lane);
+    {
+        // Two threads a row, 32 columns each, from the bf16 copies the
+        // other products read.
+        int row = threadIdx.x >> 1, c0 = (threadIdx.x & 1) * 32;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int c = 0; c < 32; c += 2) {
+            unsigned a = ld32s(S[3] + row * LDS + c0 + c), o = ld32s(S[4] + row * LDS + c0 + c);
+            acc += bf2f((bf16)(a & 0xffffu)) * bf2f((bf16)(o & 0xffffu)) + bf2f((bf16)(a >> 16)) * bf2f((bf16)(o >> 16));
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if ((threadIdx.x & 1) == 0) {
+            Dr[row] = acc;
+            int i = qt * FT + row;
+            if (i < T) dvec[((size_t)b * H + h) * T + i] = acc;
+        }
+    }
     __syncthreads();
     const float c = scale * 1.4426950408889634f;
     int qi[2] = {qt * FT + r0 + g, qt * FT + r0 + g + 8};
@@ -284,7 +290,7 @@ extern "C" __global__ void flash_bwd_dq(float* dq, const bf16* q, const bf16* k,
         // Rows past T have zero queries and gradients; any finite values do.
         size_t i = ((size_t)b * H + h) * T + qi[r];
         lr[r] = qi[r] < T ? lse[i] : 0.0f;
-        dr[r] = qi[r] < T ? dvec[i] : 0.0f;
+        dr[r] = Dr[r0 + g + 8 * r];
     }
     float acc[8][4] = {};
     for (int kt = 0; kt <= qt; kt++) {

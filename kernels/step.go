@@ -135,8 +135,7 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 		}
 		steps = append(steps, attention...)
 		steps = append(steps,
-			func() error { return e.dv.Copy(a.mid[l], a.resid[l], int64(N*d)*4) },
-			func() error { return e.gemm(false, true, N, d, qd, y, W(sO), 1, a.mid[l]) },
+			func() error { return e.gemmAdd(false, true, N, d, qd, y, W(sO), a.resid[l], a.mid[l]) },
 			func() error {
 				return e.rmsnorm(a.ln2[l], at(a.ln2b, l), a.rstd2[l], a.mid[l], W(sLN2).f32, N)
 			},
@@ -157,8 +156,7 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 				n := int64(N) * int64(F)
 				return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], cuda.Ptr(0), a.g[l], a.u[l], n)
 			},
-			func() error { return e.dv.Copy(a.resid[l+1], a.mid[l], int64(N*d)*4) },
-			func() error { return e.gemm(false, true, N, d, F, h, W(sDown), 1, a.resid[l+1]) },
+			func() error { return e.gemmAdd(false, true, N, d, F, h, W(sDown), a.mid[l], a.resid[l+1]) },
 		)
 		for _, s := range steps {
 			if err := s(); err != nil {
@@ -190,15 +188,12 @@ func flashTiles(T int) int { return (T + 63) / 64 }
 // straight into its columns of a.dqkvb.
 func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	a, H, KV := e.a, e.cfg.Heads, e.cfg.KVHeads
-	N, qd, kvd := B*T, H*flashHeadDim, KV*flashHeadDim
+	qd, kvd := H*flashHeadDim, KV*flashHeadDim
 	P := qd + 2*kvd
 	qkv := a.qkvb[l]
 	q, k, v := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd)
-	if err := e.launch("flash_bwd_dot", blocks(int64(N)*int64(H)*32, 256), 256, a.dvec, a.dyb, a.yb[l], N, T, H); err != nil {
-		return err
-	}
 	if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
-		a.dq, q, k, v, a.dyb, a.lse[l], a.dvec, T, H, KV, scale, P, P); err != nil {
+		a.dq, a.dvec, q, k, v, a.dyb, a.yb[l], a.lse[l], T, H, KV, scale, P, P); err != nil {
 		return err
 	}
 	return e.launch3("flash_bwd_dkv", cuda.Dim3{X: flashTiles(T), Y: KV, Z: B}, cuda.Dim3{X: 128},

@@ -172,6 +172,16 @@ func (h *LtHandle) Gemm(compute, dtype int32, ta, tb bool, M, N, K int, alpha fl
 // consumes C read it in bf16 without a conversion pass (C and D share the
 // type, so beta should then be 0 unless C already holds bf16 values).
 func (h *LtHandle) GemmTo(compute, dtype, ctype int32, ta, tb bool, M, N, K int, alpha float32, A, B Ptr, beta float32, C Ptr, ws Ptr, wsSize int64, stream uintptr) error {
+	return h.matmul(compute, dtype, ctype, ta, tb, M, N, K, alpha, A, B, beta, C, C, ws, wsSize, stream)
+}
+
+// GemmAdd is Gemm writing D = alpha op(A) op(B) + beta C to D rather than
+// over C (fp32, same shape): a residual add without copying C to D first.
+func (h *LtHandle) GemmAdd(compute, dtype int32, ta, tb bool, M, N, K int, alpha float32, A, B Ptr, beta float32, C, D Ptr, ws Ptr, wsSize int64, stream uintptr) error {
+	return h.matmul(compute, dtype, DataF32, ta, tb, M, N, K, alpha, A, B, beta, C, D, ws, wsSize, stream)
+}
+
+func (h *LtHandle) matmul(compute, dtype, ctype int32, ta, tb bool, M, N, K int, alpha float32, A, B Ptr, beta float32, C, D Ptr, ws Ptr, wsSize int64, stream uintptr) error {
 	d, err := h.desc(compute, tb, ta)
 	if err != nil {
 		return err
@@ -199,6 +209,6 @@ func (h *LtHandle) GemmTo(compute, dtype, ctype int32, ta, tb bool, M, N, K int,
 	}
 	al, be := alpha, beta
 	r := h.b.cublasLtMatmul(h.h, d, unsafe.Pointer(&al), uint64(B), la, uint64(A), lb,
-		unsafe.Pointer(&be), uint64(C), lc, uint64(C), lc, 0, uint64(ws), uint64(wsSize), stream)
+		unsafe.Pointer(&be), uint64(C), lc, uint64(D), lc, 0, uint64(ws), uint64(wsSize), stream)
 	return ltCheck("cublasLtMatmul", r)
 }

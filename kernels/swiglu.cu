@@ -1,6 +1,8 @@
-// SwiGLU: h = silu(g) * u, elementwise over (N, F). h, dg and du only feed
-// GEMMs, so each is written in fp32 (h, dg, du) or bf16 (hb, dgb, dub),
-// whichever pointer is set: bf16 precision needs no conversion pass.
+// SwiGLU: h = silu(g) * u, elementwise over (N, F). These first two forms
+// serve fp32 precision (g, u and dh in fp32, separate gate and up GEMMs);
+// bf16 precision runs the fused gate-and-up forms further down. h, dg and du
+// only feed GEMMs, so each is written in fp32 (h, dg, du) or bf16 (hb, dgb,
+// dub), whichever pointer is set.
 
 extern "C" __global__ void swiglu_fwd(float* h, bf16* hb, const float* g, const float* u, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

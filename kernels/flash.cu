@@ -7,7 +7,9 @@
 //   lse, dvec: (B, H, T), lse in base 2
 // q, k and v are read with row strides ldq and ldkv (in values), so they can
 // be column blocks of one fused projection's output: (B, T, H*64 + 2 KV*64)
-// with ldq = ldkv = that width. Everything else is packed.
+// with ldq = ldkv = that width; dv's bf16 copy is written the same way (row
+// stride lddv), into the matching block of the gradient. Everything else is
+// packed.
 // Query head h reads key/value head h / (H / KV). A block has 4 warps and
 // takes a tile of 64 rows; each warp owns 16 of them. T need not be a
 // multiple of 64: rows past T are loaded as zeros and never stored.

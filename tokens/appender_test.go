@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -163,6 +165,41 @@ func TestUint32StoreAboveVocab65536(t *testing.T) {
 	for i := range ids {
 		if got[i] != int32(ids[i]) {
 			t.Fatalf("token %d = %d, want %d", i, got[i], ids[i])
+		}
+	}
+}
+
+// An id outside the vocabulary is found wherever it sits, also past the
+// appender's first read, and the error names its position in the shard; the
+// document count and the final EOS check hold in both widths.
+func TestAppendFindsAnIDPastTheVocabularyAnywhere(t *testing.T) {
+	for _, tok := range []Tokenizer{testTok, {Name: "big", SHA256: "ff", VocabSize: 100000, EOS: 99999}} {
+		dtype := DtypeFor(tok.VocabSize)
+		n := 3*appendChunk/dtype.Width() + 7 // several reads, the last one partial
+		ids := shardIDs(9, n, uint32(tok.VocabSize), uint32(tok.EOS))
+		for _, at := range []int{0, appendChunk/dtype.Width() + 3, n - 2} {
+			a := openTestAppender(t, t.TempDir(), tok)
+			bad := slices.Clone(ids)
+			bad[at] = uint32(tok.VocabSize) + 5
+			_, err := a.Append(context.Background(), ShardInfo{ID: "x"}, bytes.NewReader(Encode(nil, dtype, bad)))
+			want := fmt.Sprintf("token %d of the shard is id %d, outside the vocabulary of %d", at, tok.VocabSize+5, tok.VocabSize)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("%s store, bad id at %d of %d: error %v, want one saying %q", dtype, at, n, err, want)
+			}
+		}
+		a := openTestAppender(t, t.TempDir(), tok)
+		res, err := a.Append(context.Background(), ShardInfo{ID: "ok"}, bytes.NewReader(Encode(nil, dtype, ids)))
+		if err != nil {
+			t.Fatalf("%s store: %v", dtype, err)
+		}
+		var docs int64
+		for _, id := range ids {
+			if id == uint32(tok.EOS) {
+				docs++
+			}
+		}
+		if res.Shard.Documents != docs || res.Shard.Tokens != int64(n) {
+			t.Fatalf("%s store: %d documents, %d tokens; want %d and %d", dtype, res.Shard.Documents, res.Shard.Tokens, docs, n)
 		}
 	}
 }

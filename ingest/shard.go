@@ -191,17 +191,32 @@ func appendTokens(dst []byte, d tokens.Dtype, ids []uint32) []byte {
 	n := len(dst)
 	dst = slices.Grow(dst, w*len(ids))[:n+w*len(ids)]
 	out := dst[n:]
-	if d == tokens.Uint16 {
+	// In place where the machine's byte order is the file's and out is
+	// aligned for the ids (always, in a shard's chunks: they hold whole ids).
+	inPlace := nativeLittle && uintptr(unsafe.Pointer(unsafe.SliceData(out)))%uintptr(w) == 0
+	switch {
+	case d == tokens.Uint16 && inPlace:
+		u := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(out))), len(ids))
+		for i, id := range ids {
+			u[i] = uint16(id)
+		}
+	case d == tokens.Uint16:
 		for i, id := range ids {
 			binary.LittleEndian.PutUint16(out[2*i:], uint16(id))
 		}
-	} else {
+	case inPlace:
+		copy(unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(out))), len(ids)), ids)
+	default:
 		for i, id := range ids {
 			binary.LittleEndian.PutUint32(out[4*i:], id)
 		}
 	}
 	return dst
 }
+
+// nativeLittle is whether this machine stores integers little-endian, as
+// shard files do.
+var nativeLittle = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // SafeJoin places a listed repository path under dir, refusing one that
 // would land outside it ("../../etc/passwd", an absolute path): file names

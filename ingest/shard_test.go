@@ -123,11 +123,14 @@ func TestAppendTokensIsTheStoreEncoding(t *testing.T) {
 		if d == tokens.Uint16 {
 			in = ids[:5]
 		}
-		prefix := []byte{9, 9, 9}
-		got := appendTokens(append([]byte(nil), prefix...), d, in)
-		want := tokens.Encode(append([]byte(nil), prefix...), d, in)
-		if !bytes.Equal(got, want) {
-			t.Fatalf("dtype %v: %v, want %v", d, got, want)
+		// Four bytes before the ids leave them aligned (written in place),
+		// three do not (written byte by byte).
+		for _, prefix := range [][]byte{{9, 9, 9, 9}, {9, 9, 9}} {
+			got := appendTokens(append([]byte(nil), prefix...), d, in)
+			want := tokens.Encode(append([]byte(nil), prefix...), d, in)
+			if !bytes.Equal(got, want) {
+				t.Fatalf("dtype %v after %d bytes: %v, want %v", d, len(prefix), got, want)
+			}
 		}
 	}
 }

@@ -3,14 +3,12 @@ package ingest
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"unsafe"
@@ -142,7 +140,7 @@ func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.
 					for _, d := range c.docs {
 						ids = tok.AppendEncoded(ids[:0], unsafe.Slice(unsafe.StringData(d), len(d)))
 						ids = append(ids, eos)
-						c.buf = appendTokens(c.buf, dtype, ids)
+						c.buf = tokens.Encode(c.buf, dtype, ids)
 						c.tokens += int64(len(ids))
 					}
 				}
@@ -183,40 +181,6 @@ func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.
 	st.Skips = src.Skipped()
 	return st, nil
 }
-
-// appendTokens is tokens.Encode with the room made once per document
-// rather than grown per id: it runs on every token of every shard.
-func appendTokens(dst []byte, d tokens.Dtype, ids []uint32) []byte {
-	w := d.Width()
-	n := len(dst)
-	dst = slices.Grow(dst, w*len(ids))[:n+w*len(ids)]
-	out := dst[n:]
-	// In place where the machine's byte order is the file's and out is
-	// aligned for the ids (always, in a shard's chunks: they hold whole ids).
-	inPlace := nativeLittle && uintptr(unsafe.Pointer(unsafe.SliceData(out)))%uintptr(w) == 0
-	switch {
-	case d == tokens.Uint16 && inPlace:
-		u := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(out))), len(ids))
-		for i, id := range ids {
-			u[i] = uint16(id)
-		}
-	case d == tokens.Uint16:
-		for i, id := range ids {
-			binary.LittleEndian.PutUint16(out[2*i:], uint16(id))
-		}
-	case inPlace:
-		copy(unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(out))), len(ids)), ids)
-	default:
-		for i, id := range ids {
-			binary.LittleEndian.PutUint32(out[4*i:], id)
-		}
-	}
-	return dst
-}
-
-// nativeLittle is whether this machine stores integers little-endian, as
-// shard files do.
-var nativeLittle = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // SafeJoin places a listed repository path under dir, refusing one that
 // would land outside it ("../../etc/passwd", an absolute path): file names

@@ -116,25 +116,6 @@ func TestWriteShardCanceled(t *testing.T) {
 	}
 }
 
-func TestAppendTokensIsTheStoreEncoding(t *testing.T) {
-	ids := []uint32{0, 1, 255, 256, 65535, 65536, 1 << 20, 1<<32 - 1}
-	for _, d := range []tokens.Dtype{tokens.Uint16, tokens.Uint32} {
-		in := ids
-		if d == tokens.Uint16 {
-			in = ids[:5]
-		}
-		// Four bytes before the ids leave them aligned (written in place),
-		// three do not (written byte by byte).
-		for _, prefix := range [][]byte{{9, 9, 9, 9}, {9, 9, 9}} {
-			got := appendTokens(append([]byte(nil), prefix...), d, in)
-			want := tokens.Encode(append([]byte(nil), prefix...), d, in)
-			if !bytes.Equal(got, want) {
-				t.Fatalf("dtype %v after %d bytes: %v, want %v", d, len(prefix), got, want)
-			}
-		}
-	}
-}
-
 // BenchmarkWriteShard is the shard writer alone (no files, no queue) beside
 // the tokenizer's EncodeBatch over the same documents: the gap is what the
 // pipeline adds (ids to bytes, the hash, chunk handoffs).

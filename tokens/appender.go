@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"unsafe"
 
 	"go.uber.org/zap"
@@ -264,7 +265,7 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 }
 
 // nativeLittle is whether this machine stores integers little-endian, as
-// the token files do, so that scanIDs can read ids in place.
+// the token files do, so that ids can be read and written in place.
 var nativeLittle = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // scanIDs reads chunk as little-endian ids of width bytes (2 or 4; a whole
@@ -371,13 +372,31 @@ func (a *Appender) Close() error {
 }
 
 // Encode appends ids to dst as little-endian values of dtype d: the bytes
-// Append expects and tokens.bin holds.
+// Append expects and tokens.bin holds. It runs on every token a shard writer
+// produces, so the room is made once and, where the machine's byte order is
+// the file's and the ids land aligned (always in a buffer of whole ids), they
+// are stored in place rather than one bounds-checked put at a time.
 func Encode(dst []byte, d Dtype, ids []uint32) []byte {
-	for _, id := range ids {
-		if d == Uint16 {
-			dst = binary.LittleEndian.AppendUint16(dst, uint16(id))
-		} else {
-			dst = binary.LittleEndian.AppendUint32(dst, id)
+	w := d.Width()
+	n := len(dst)
+	dst = slices.Grow(dst, w*len(ids))[:n+w*len(ids)]
+	out := dst[n:]
+	inPlace := nativeLittle && uintptr(unsafe.Pointer(unsafe.SliceData(out)))%uintptr(w) == 0
+	switch {
+	case d == Uint16 && inPlace:
+		u := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(out))), len(ids))
+		for i, id := range ids {
+			u[i] = uint16(id)
+		}
+	case d == Uint16:
+		for i, id := range ids {
+			binary.LittleEndian.PutUint16(out[2*i:], uint16(id))
+		}
+	case inPlace:
+		copy(unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(out))), len(ids)), ids)
+	default:
+		for i, id := range ids {
+			binary.LittleEndian.PutUint32(out[4*i:], id)
 		}
 	}
 	return dst

@@ -3,6 +3,7 @@ package tokens
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -200,6 +201,31 @@ func TestAppendFindsAnIDPastTheVocabularyAnywhere(t *testing.T) {
 		}
 		if res.Shard.Documents != docs || res.Shard.Tokens != int64(n) {
 			t.Fatalf("%s store: %d documents, %d tokens; want %d and %d", dtype, res.Shard.Documents, res.Shard.Tokens, docs, n)
+		}
+	}
+}
+
+// Encode writes the file's little-endian bytes whether it stores the ids in
+// place (aligned, after four bytes) or one at a time (after three).
+func TestEncodeIsLittleEndian(t *testing.T) {
+	ids := []uint32{0, 1, 255, 256, 65535, 65536, 1 << 20, 1<<32 - 1}
+	for _, d := range []Dtype{Uint16, Uint32} {
+		in := ids
+		if d == Uint16 {
+			in = ids[:5]
+		}
+		for _, prefix := range [][]byte{{9, 9, 9, 9}, {9, 9, 9}} {
+			want := append([]byte(nil), prefix...)
+			for _, id := range in {
+				if d == Uint16 {
+					want = binary.LittleEndian.AppendUint16(want, uint16(id))
+				} else {
+					want = binary.LittleEndian.AppendUint32(want, id)
+				}
+			}
+			if got := Encode(append([]byte(nil), prefix...), d, in); !bytes.Equal(got, want) {
+				t.Fatalf("dtype %v after %d bytes: %v, want %v", d, len(prefix), got, want)
+			}
 		}
 	}
 }

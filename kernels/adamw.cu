@@ -1,5 +1,5 @@
 // Global gradient norm and AdamW, both on the device so that a step needs no
-// host round trip: adamw reads the norm that sumsq_final left in memory.
+// host round trip: adamw_flat reads the norm that sumsq_final left in memory.
 
 extern "C" __global__ void sumsq_partial(float* partial, const float* g, long long n) {
     float s = 0.0f;
@@ -19,35 +19,12 @@ extern "C" __global__ void sumsq_final(float* norm, const float* partial, int n)
     if (threadIdx.x == 0) norm[0] = sqrtf(s);
 }
 
-// torch.optim.AdamW after clip_grad_norm_: the gradient is scaled by
-// min(1, clip / (norm + 1e-6)); decay (1 - lr*wd, or 1 for vectors) multiplies
-// p first; step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t).
-extern "C" __global__ void adamw(float* p, float* m, float* v, float* g, const float* norm, long long n,
-                                 float b1, float b2, float eps, float decay, float clip, float step_size, float bc2_sqrt) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float nrm = norm[0];
-    if (!(fabsf(nrm) <= 3.4e38f)) return; // NaN or Inf: the step is skipped; Metrics reports the norm
-    float c = 1.0f;
-    if (clip > 0.0f) c = fminf(1.0f, clip / (nrm + 1e-6f));
-    float gi = g[i];
-    if (c != 1.0f) {
-        gi *= c;
-        g[i] = gi; // as the CPU engine does: Grads after Step reads the clipped gradient
-    }
-    float mi = m[i] + (1.0f - b1) * (gi - m[i]);
-    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    float pi = p[i] * decay;
-    float denom = sqrtf(vi) / bc2_sqrt + eps;
-    p[i] = pi - step_size * (mi / denom);
-}
-
-// adamw_flat is adamw over the whole flat parameter buffer in one launch:
-// the ranges [nodecay[2k], nodecay[2k+1]) (sorted; the vectors: norms) take
-// no decay, everything else decay. With wbf set it also writes the bf16
-// copy the GEMMs read, so no separate conversion pass follows the step.
+// torch.optim.AdamW after clip_grad_norm_, over the whole flat parameter
+// buffer in one launch: the gradient is scaled by min(1, clip / (norm +
+// 1e-6)); decay (1 - lr*wd) multiplies p first, except in the element ranges
+// [nodecay[2k], nodecay[2k+1]) (sorted: the vectors, which take none);
+// step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t). With wbf set it
+// also writes the bf16 copy the GEMMs read, so no conversion pass follows.
 extern "C" __global__ void adamw_flat(float* p, float* m, float* v, float* g, bf16* wbf, const float* norm, long long n,
                                       const long long* nodecay, int nranges, float b1, float b2, float eps, float decay,
                                       float clip, float step_size, float bc2_sqrt) {

@@ -249,22 +249,7 @@ func TestPilotPeakMemory(t *testing.T) {
 	if err := e.SetParams(model.InitParams(c, 1)); err != nil {
 		t.Fatal(err)
 	}
-	n := 8 * 1024
-	b := model.Batch{B: 8, T: 1024, Inputs: make([]int32, n), Targets: make([]int32, n)}
-	for i := range b.Inputs {
-		b.Inputs[i] = int32((i * 7919) % c.VocabSize)
-		b.Targets[i] = int32((i * 104729) % c.VocabSize)
-	}
-	if err := e.ForwardBackward(b, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Step(model.AdamW{LR: 4e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}); err != nil {
-		t.Fatal(err)
-	}
-	m, err := e.Metrics()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := stepOnce(t, e, patternBatch(c, 8, 1024))
 	peak := e.Memory().PeakAllocated
 	t.Logf("small 8x1024 bf16: peak allocated %.2f GiB, loss %.4f", gib(peak), m.Loss)
 	if gib(peak) >= 11 {

@@ -388,6 +388,38 @@ func TestTrainingStepsMatchCPU(t *testing.T) {
 	t.Logf("cpu %v\ncuda %v", curves[0], curves[1])
 }
 
+// patternBatch is a B x T batch of ids spread over the vocabulary by two
+// primes: the same every time, with no data to load.
+func patternBatch(c model.Config, B, T int) model.Batch {
+	n := B * T
+	b := model.Batch{B: B, T: T, Inputs: make([]int32, n), Targets: make([]int32, n)}
+	for i := range b.Inputs {
+		b.Inputs[i] = int32((i * 7919) % c.VocabSize)
+		b.Targets[i] = int32((i * 104729) % c.VocabSize)
+	}
+	return b
+}
+
+// benchAdamW is the optimizer of the speed checks, as sched bench sets it.
+var benchAdamW = model.AdamW{LR: 4e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}
+
+// stepOnce runs a forward, backward and optimizer step on b and returns
+// the step's metrics.
+func stepOnce(t testing.TB, e *Engine, b model.Batch) model.StepMetrics {
+	t.Helper()
+	if err := e.ForwardBackward(b, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Step(benchAdamW); err != nil {
+		t.Fatal(err)
+	}
+	m, err := e.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // BenchmarkTrainStep times one training step (forward, backward, AdamW,
 // Metrics) of the small preset in bf16; tok/s is the figure to compare.
 func BenchmarkTrainStep(b *testing.B) {
@@ -402,12 +434,8 @@ func BenchmarkTrainStep(b *testing.B) {
 				b.Fatal(err)
 			}
 			n := sz.B * sz.T
-			batch := model.Batch{B: sz.B, T: sz.T, Inputs: make([]int32, n), Targets: make([]int32, n)}
-			for i := range batch.Inputs {
-				batch.Inputs[i] = int32((i * 7919) % c.VocabSize)
-				batch.Targets[i] = int32((i * 104729) % c.VocabSize)
-			}
-			opt := model.AdamW{LR: 4e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}
+			batch := patternBatch(c, sz.B, sz.T)
+			opt := benchAdamW
 			step := func() {
 				if err := e.ZeroGrad(); err != nil {
 					b.Fatal(err)

@@ -191,11 +191,7 @@ func TestHeadAllocatesNoFullLogits(t *testing.T) {
 	const B, T = 32, 1024
 	N, V := int64(B*T), int64(c.VocabSize)
 	p := model.InitParams(c, 1)
-	batch := model.Batch{B: B, T: T, Inputs: make([]int32, N), Targets: make([]int32, N)}
-	for i := range batch.Inputs {
-		batch.Inputs[i] = int32((i * 7919) % c.VocabSize)
-		batch.Targets[i] = int32((i * 104729) % c.VocabSize)
-	}
+	batch := patternBatch(c, B, T)
 	for _, head := range []string{"", "tf32", "fp32"} {
 		t.Run("head="+head, func(t *testing.T) {
 			t.Setenv("KILN_CUDA_HEAD", head)
@@ -228,16 +224,7 @@ func TestHeadAllocatesNoFullLogits(t *testing.T) {
 			if err := e.SetParams(p); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.ForwardBackward(batch, 1); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.Step(model.AdamW{LR: 4e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}); err != nil {
-				t.Fatal(err)
-			}
-			m, err := e.Metrics()
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := stepOnce(t, e, batch)
 			// Initial logits have a standard deviation near 0.02 x sqrt(512)
 			// = 0.45, which lifts the loss above ln V by about its variance / 2.
 			if lnV := math.Log(float64(V)); !(math.Abs(m.Loss-lnV) < 1) || !(m.GradNorm > 0 && !math.IsInf(m.GradNorm, 0)) {
@@ -333,11 +320,7 @@ func BenchmarkLMHead(b *testing.B) {
 	c := model.Presets["small"]
 	const B, T = 32, 1024
 	N := B * T
-	batch := model.Batch{B: B, T: T, Inputs: make([]int32, N), Targets: make([]int32, N)}
-	for i := range batch.Inputs {
-		batch.Inputs[i] = int32((i * 7919) % c.VocabSize)
-		batch.Targets[i] = int32((i * 104729) % c.VocabSize)
-	}
+	batch := patternBatch(c, B, T)
 	for _, h := range []struct{ name, env string }{{"bf16", ""}, {"tf32", "tf32"}, {"fp32", "fp32"}} {
 		b.Run(h.name, func(b *testing.B) {
 			b.Setenv("KILN_CUDA_HEAD", h.env)

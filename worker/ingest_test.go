@@ -99,27 +99,25 @@ func runIngestChild() int {
 	if err != nil {
 		return fail(err)
 	}
-	if path := os.Getenv("KILN_TEST_CPUPROFILE"); path != "" {
+	// A benchmark can record the worker: a CPU profile, an execution trace.
+	for _, rec := range []struct {
+		env   string
+		start func(io.Writer) error
+		stop  func()
+	}{{"KILN_TEST_CPUPROFILE", pprof.StartCPUProfile, pprof.StopCPUProfile}, {"KILN_TEST_TRACE", trace.Start, trace.Stop}} {
+		path := os.Getenv(rec.env)
+		if path == "" {
+			continue
+		}
 		f, err := os.Create(path)
 		if err != nil {
 			return fail(err)
 		}
 		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
+		if err := rec.start(f); err != nil {
 			return fail(err)
 		}
-		defer pprof.StopCPUProfile()
-	}
-	if path := os.Getenv("KILN_TEST_TRACE"); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			return fail(err)
-		}
-		defer f.Close()
-		if err := trace.Start(f); err != nil {
-			return fail(err)
-		}
-		defer trace.Stop()
+		defer rec.stop()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/kiln-lm/kiln/model"
@@ -22,6 +23,7 @@ func TestBF16StepConvertsNoActivations(t *testing.T) {
 		{"naive attention", "naive", "", 4 * c.Layers},
 		{"fp32 head", "", "fp32", 0},
 		{"fp32 head backward", "", "fp32-backward", 0},
+		{"tf32 head", "", "tf32", 0},
 	} {
 		t.Run(v.name, func(t *testing.T) {
 			t.Setenv("KILN_CUDA_ATTENTION", v.attention)
@@ -45,8 +47,9 @@ func TestBF16StepConvertsNoActivations(t *testing.T) {
 }
 
 // The bf16 variants that route the LM head's gradient or the attention
-// output through other buffers still agree with transformers on the golden
-// model at head_dim 64 (the default bf16 path is TestGoldenBF16's).
+// output through other buffers, or run the head on TF32 tensor cores, still
+// agree with transformers on both golden models (the default bf16 path is
+// TestGoldenBF16's).
 func TestBF16VariantsMatchTransformers(t *testing.T) {
 	skipWithoutGPU(t)
 	for _, v := range []struct{ name, attention, head string }{
@@ -54,13 +57,16 @@ func TestBF16VariantsMatchTransformers(t *testing.T) {
 		{"fp32 head", "", "fp32"},
 		{"fp32 head forward", "", "fp32-forward"},
 		{"fp32 head backward", "", "fp32-backward"},
+		{"tf32 head", "", "tf32"},
 	} {
-		t.Run(v.name, func(t *testing.T) {
-			t.Setenv("KILN_CUDA_ATTENTION", v.attention)
-			t.Setenv("KILN_CUDA_HEAD", v.head)
-			tol := BF16Tolerances
-			verify(t, goldenDirs[1], "bf16", &tol)
-		})
+		for _, dir := range goldenDirs {
+			t.Run(v.name+"/"+filepath.Base(dir), func(t *testing.T) {
+				t.Setenv("KILN_CUDA_ATTENTION", v.attention)
+				t.Setenv("KILN_CUDA_HEAD", v.head)
+				tol := BF16Tolerances
+				verify(t, dir, "bf16", &tol)
+			})
+		}
 	}
 }
 

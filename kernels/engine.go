@@ -389,7 +389,11 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	if !e.flash {
 		a.dy, a.dv = f32("gradient scratch", N*qd), f32("gradient scratch", N*kvd)
 	}
-	a.dq, a.dk = f32("gradient scratch", N*qd), f32("gradient scratch", N*kvd)
+	// Flash attention writes dq and dk in bf16 only, rotated back in its
+	// kernels.
+	if !e.flash {
+		a.dq, a.dk = f32("gradient scratch", N*qd), f32("gradient scratch", N*kvd)
+	}
 	a.dh, a.dg, a.du = f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F)
 	if e.bf16 {
 		a.ln1b, a.ln2b = layerBF("activations (norm, bf16)", N*d), layerBF("activations (norm, bf16)", N*d)

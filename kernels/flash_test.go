@@ -37,6 +37,23 @@ func toBF16Bits(x []float32) []uint16 {
 	return out
 }
 
+// unrotate applies rope's inverse rotation (rotate_half layout) to x, rows
+// of heads x D values at positions row % T, with the (positions, D/2) tables.
+func unrotate(x, cos, sin []float32, T, heads, D int) []float32 {
+	out, half := make([]float32, len(x)), D/2
+	for row := 0; row < len(x)/(heads*D); row++ {
+		p := row % T
+		for h := 0; h < heads; h++ {
+			at := (row*heads + h) * D
+			for i := 0; i < half; i++ {
+				a, b, c, s := x[at+i], x[at+i+half], cos[p*half+i], sin[p*half+i]
+				out[at+i], out[at+i+half] = a*c+b*s, b*c-a*s
+			}
+		}
+	}
+	return out
+}
+
 // maxRelErr is the largest |got - want| over the largest |want|.
 func maxRelErr(got, want []float32) float64 {
 	var d, m float64
@@ -70,6 +87,8 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				type result struct {
 					out, dq, dk, dv []float32
 					outb, dvb       []uint16 // flash's bf16 copies of out and dv
+					dqb, dkb        []uint16 // flash's bf16 dq and dk, rotated back by rope
+					cos, sin        []float32
 				}
 				run := func(flash bool) result {
 					res := result{out: make([]float32, N*H*D), dq: make([]float32, N*H*D), dk: make([]float32, N*KV*D), dv: make([]float32, N*KV*D)}
@@ -125,10 +144,19 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 							if err := e.launch3("flash_fwd", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, out, outb, lse, pq, pk, pv, T, H, KV, scale, P, P); err != nil {
 								return err
 							}
-							if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, dq, dvec, pq, pk, pv, pd, outb, lse, T, H, KV, scale, P, P); err != nil {
+							if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+								dq, dqkv, dvec, pq, pk, pv, pd, outb, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 								return err
 							}
-							if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128}, dk, dv, bfAt(dqkv, qd+kvd), pq, pk, pv, pd, lse, dvec, T, H, KV, scale, P, P, P); err != nil {
+							if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
+								dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), pq, pk, pv, pd, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+								return err
+							}
+							res.cos, res.sin = make([]float32, T*D/2), make([]float32, T*D/2)
+							if err := cuda.Download(e.dv, res.cos, e.cosT); err != nil {
+								return err
+							}
+							if err := cuda.Download(e.dv, res.sin, e.sinT); err != nil {
 								return err
 							}
 							res.outb = make([]uint16, N*qd)
@@ -139,8 +167,9 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 							if err := cuda.Download(e.dv, all, dqkv); err != nil {
 								return err
 							}
-							res.dvb = make([]uint16, 0, N*kvd)
 							for r := 0; r < N; r++ {
+								res.dqb = append(res.dqb, all[r*P:r*P+qd]...)
+								res.dkb = append(res.dkb, all[r*P+qd:r*P+qd+kvd]...)
 								res.dvb = append(res.dvb, all[r*P+qd+kvd:(r+1)*P]...)
 							}
 						} else {
@@ -189,6 +218,30 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					for i, x := range c.f32 {
 						if want := model.ToBF16(x); c.bf[i] != want {
 							t.Fatalf("%s bf16 copy at %d: %#04x, want %#04x (the rounding of %g)", c.name, i, c.bf[i], want, x)
+						}
+					}
+				}
+				// dq and dk leave the kernels in bf16 already rotated back
+				// (rope's inverse at each row's position): the fp32 results
+				// rotated here, to within the bf16 rounding of values the
+				// kernel rotates with its own fused multiply-adds.
+				for _, c := range []struct {
+					name  string
+					f32   []float32
+					bf    []uint16
+					heads int
+				}{{"dq", got.dq, got.dqb, H}, {"dk", got.dk, got.dkb, KV}} {
+					want := unrotate(c.f32, got.cos, got.sin, T, c.heads, D)
+					var big float64
+					for _, w := range want {
+						big = math.Max(big, math.Abs(float64(w)))
+					}
+					for i, w := range want {
+						g := math.Float32frombits(uint32(c.bf[i]) << 16)
+						// 2^-7 of the value (bf16 rounds to 2^-9) and 1e-6
+						// of the largest, for a sum that cancels.
+						if d := math.Abs(float64(g - w)); d > math.Abs(float64(w))/128+big*1e-6 {
+							t.Fatalf("%s bf16 at %d (row %d): %g, want %g, the inverse rotation of the fp32 result", c.name, i, i/(c.heads*D), g, w)
 						}
 					}
 				}

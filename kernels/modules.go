@@ -153,16 +153,24 @@ func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch string) (map[string]*cuda
 	return fns, mods, hits, nil
 }
 
-// kernelNames finds the extern "C" __global__ functions in a source file.
+// kernelNames finds the extern "C" __global__ functions in a source file,
+// with or without a __launch_bounds__(...) before the name.
 func kernelNames(src string) []string {
 	var out []string
-	const marker = `extern "C" __global__ void `
+	const marker, bounds = `extern "C" __global__ void `, "__launch_bounds__("
 	for {
 		i := strings.Index(src, marker)
 		if i < 0 {
 			return out
 		}
-		src = src[i+len(marker):]
+		src = strings.TrimSpace(src[i+len(marker):])
+		if strings.HasPrefix(src, bounds) {
+			j := strings.IndexByte(src, ')')
+			if j < 0 {
+				return out
+			}
+			src = src[j+1:]
+		}
 		j := strings.IndexByte(src, '(')
 		if j < 0 {
 			return out

@@ -40,10 +40,11 @@ func TestKernelSourcesAreHeaderFree(t *testing.T) {
 }
 
 func TestKernelNames(t *testing.T) {
-	src := "extern \"C\" __global__ void a(int x) {}\n// x\nextern \"C\" __global__ void b_c (float* y) {}"
+	src := "extern \"C\" __global__ void a(int x) {}\n// x\nextern \"C\" __global__ void b_c (float* y) {}\n" +
+		"extern \"C\" __global__ void __launch_bounds__(128, 3) d(int n) {}"
 	got := strings.Join(kernelNames(src), ",")
-	if got != "a,b_c" {
-		t.Fatalf("kernelNames = %q, want a,b_c", got)
+	if got != "a,b_c,d" {
+		t.Fatalf("kernelNames = %q, want a,b_c,d", got)
 	}
 }
 

@@ -38,19 +38,25 @@ extern "C" __global__ void rope(float* x, bf16* xb, const float* cosT, const flo
 
 // rope_bf16 rotates bf16 x in place (the forward rotation), rows ld values
 // apart: the queries and keys as column blocks of the fused projection's
-// bf16 output, which flash attention reads.
+// bf16 output, which flash attention reads (the key heads follow the query
+// heads there, so one launch covers both). Each thread takes two
+// neighbouring pairs (i, i + 1 with i + D/2, i + D/2 + 1) through 4-byte
+// loads; D/2 must be even.
 extern "C" __global__ void rope_bf16(bf16* x, const float* cosT, const float* sinT, int N, int T, int nh, int D, int pos0, int ld) {
-    int half = D / 2, row = blockIdx.x;
+    int half = D / 2, quarter = D / 4, row = blockIdx.x;
     int pos = pos0 + row % T;
     const float* ct = cosT + (size_t)pos * half;
     const float* st = sinT + (size_t)pos * half;
-    size_t base = (size_t)row * ld;
-    for (int k = threadIdx.x; k < nh * half; k += blockDim.x) {
-        int h = k / half, i = k - h * half;
-        float c = ct[i], s = st[i];
-        size_t at = base + (size_t)h * D + i;
-        float a = bf2f(x[at]), b = bf2f(x[at + half]);
-        x[at] = f2bf(a * c - b * s);
-        x[at + half] = f2bf(b * c + a * s);
+    bf16* xr = x + (size_t)row * ld;
+    for (int k = threadIdx.x; k < nh * quarter; k += blockDim.x) {
+        int h = k / quarter, i = (k - h * quarter) * 2;
+        unsigned* pa = (unsigned*)(xr + h * D + i);
+        unsigned* pb = (unsigned*)(xr + h * D + i + half);
+        unsigned va = *pa, vb = *pb;
+        float2 c = *(const float2*)(ct + i), s = *(const float2*)(st + i);
+        float a0 = bf2f((bf16)(va & 0xffffu)), a1 = bf2f((bf16)(va >> 16));
+        float b0 = bf2f((bf16)(vb & 0xffffu)), b1 = bf2f((bf16)(vb >> 16));
+        *pa = (unsigned)f2bf(a0 * c.x - b0 * s.x) | ((unsigned)f2bf(a1 * c.y - b1 * s.y) << 16);
+        *pb = (unsigned)f2bf(b0 * c.x + a0 * s.x) | ((unsigned)f2bf(b1 * c.y + a1 * s.y) << 16);
     }
 }

@@ -97,8 +97,7 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 			attention = []func() error{
 				// W(sQ)'s buffers run on through the key and value weights.
 				func() error { return e.gemmBF(false, true, N, P, d, ln1, W(sQ), qkv) },
-				func() error { return e.ropeBF16(qkv, N, T, H, P) },
-				func() error { return e.ropeBF16(bfAt(qkv, qd), N, T, KV, P) },
+				func() error { return e.ropeBF16(qkv, N, T, H+KV, P) },
 				func() error {
 					return e.launch3("flash_fwd", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
 						cuda.Ptr(0), a.yb[l], a.lse[l], qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd), T, H, KV, scale, P, P)
@@ -183,9 +182,9 @@ const flashHeadDim = 64
 func flashTiles(T int) int { return (T + 63) / 64 }
 
 // flashBackward leaves layer l's attention input gradients from a.dyb,
-// recomputing the probabilities from the saved log-sum-exp: dq and dk in
-// fp32 (a.dq, a.dk: rope rotates them back into a.dqkvb), dv in bf16
-// straight into its columns of a.dqkvb.
+// recomputing the probabilities from the saved log-sum-exp, in bf16 in
+// their columns of a.dqkvb: dq and dk rotated back by rope inside the
+// kernels, dv as it is.
 func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	a, H, KV := e.a, e.cfg.Heads, e.cfg.KVHeads
 	qd, kvd := H*flashHeadDim, KV*flashHeadDim
@@ -193,11 +192,12 @@ func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	qkv := a.qkvb[l]
 	q, k, v := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd)
 	if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
-		a.dq, a.dvec, q, k, v, a.dyb, a.yb[l], a.lse[l], T, H, KV, scale, P, P); err != nil {
+		cuda.Ptr(0), a.dqkvb, a.dvec, q, k, v, a.dyb, a.yb[l], a.lse[l], e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 		return err
 	}
 	return e.launch3("flash_bwd_dkv", cuda.Dim3{X: flashTiles(T), Y: KV, Z: B}, cuda.Dim3{X: 128},
-		a.dk, cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), q, k, v, a.dyb, a.lse[l], a.dvec, T, H, KV, scale, P, P, P)
+		cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), q, k, v, a.dyb, a.lse[l], a.dvec, e.cosT, e.sinT,
+		T, H, KV, scale, P, P, P)
 }
 
 func threadsFor(d int) int {
@@ -232,9 +232,10 @@ func (e *Engine) rope(x, xb cuda.Ptr, N, T, heads, pos0, dir, ldb int) error {
 }
 
 // ropeBF16 rotates the first heads x HeadDim columns of N bf16 rows, ld
-// values apart, in place (training's forward rotation, at position 0).
+// values apart, in place (training's forward rotation, at position 0): the
+// query heads and the key heads after them. A thread takes two pairs.
 func (e *Engine) ropeBF16(x cuda.Ptr, N, T, heads, ld int) error {
-	return e.launch("rope_bf16", N, e.ropeThreads(heads), x, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, 0, ld)
+	return e.launch("rope_bf16", N, min(1024, (heads*e.cfg.HeadDim/4+31)/32*32), x, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, 0, ld)
 }
 
 // ropeThreads is a warp-rounded thread per rotated pair of a row.
@@ -309,8 +310,6 @@ func (e *Engine) backward(b model.Batch) error {
 			dqkv := operand{bf: a.dqkvb}
 			attention = []func() error{
 				func() error { return e.flashBackward(l, B, T, scale) },
-				func() error { return e.rope(a.dq, a.dqkvb, N, T, H, 0, -1, P) },
-				func() error { return e.rope(a.dk, bfAt(a.dqkvb, qd), N, T, KV, 0, -1, P) },
 				func() error { return e.gemm(true, false, P, d, N, dqkv, ln1, 1, G(sQ)) },
 				func() error { return e.gemm(false, false, N, d, P, dqkv, W(sQ), 0, a.dln) },
 			}

@@ -18,6 +18,10 @@ func init() {
 // algorithms at the model sizes kiln trains.
 const wsBytes = 32 << 20
 
+// gemmCandidates is how many of cuBLASLt's heuristic algorithms each bf16
+// GEMM shape times before keeping the fastest.
+const gemmCandidates = 8
+
 // Engine is the CUDA implementation of model.Engine. FP32 master weights,
 // gradients and both Adam moments live on the device in one flat buffer
 // each, laid out in model.Params order, so that the norm and AdamW run over
@@ -215,6 +219,31 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	}
 	if e.lt, err = lt.NewHandle(); err != nil {
 		return err
+	}
+	// bf16 GEMMs run the fastest of cuBLASLt's candidates for their shape,
+	// timed at the shape's first call (KILN_CUDA_GEMM_TUNE=off keeps the
+	// library's first choice, for comparisons).
+	if e.bf16 && os.Getenv("KILN_CUDA_GEMM_TUNE") != "off" {
+		start, err := dv.NewEvent()
+		if err != nil {
+			return err
+		}
+		end, err := dv.NewEvent()
+		if err != nil {
+			return err
+		}
+		e.lt.Tune(gemmCandidates, func(run func() error) (float32, error) {
+			if err := start.Record(0); err != nil {
+				return 0, err
+			}
+			if err := run(); err != nil {
+				return 0, err
+			}
+			if err := end.Record(0); err != nil {
+				return 0, err
+			}
+			return start.Elapsed(end)
+		})
 	}
 	alloc := func(what string, n int64) cuda.Ptr {
 		if err != nil {

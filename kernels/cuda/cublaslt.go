@@ -1,6 +1,8 @@
 package cuda
 
 import (
+	"fmt"
+	"math"
 	"sync"
 	"unsafe"
 )
@@ -21,6 +23,8 @@ const (
 
 	descTransA = 3 // CUBLASLT_MATMUL_DESC_TRANSA
 	descTransB = 4 // CUBLASLT_MATMUL_DESC_TRANSB
+
+	prefMaxWorkspace = 1 // CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES (uint64)
 )
 
 // BLASLt is the bound cuBLASLt library.
@@ -36,7 +40,11 @@ type BLASLt struct {
 	cublasLtMatrixLayoutCreate     func(l *uintptr, dtype int32, rows, cols uint64, ld int64) int32
 	cublasLtMatrixLayoutDestroy    func(l uintptr) int32
 	cublasLtMatmul                 func(h, desc uintptr, alpha unsafe.Pointer, a uint64, ad uintptr, b uint64, bd uintptr,
-		beta unsafe.Pointer, c uint64, cd uintptr, d uint64, dd uintptr, algo uintptr, ws uint64, wsSize uint64, stream uintptr) int32
+		beta unsafe.Pointer, c uint64, cd uintptr, d uint64, dd uintptr, algo unsafe.Pointer, ws uint64, wsSize uint64, stream uintptr) int32
+	cublasLtMatmulPreferenceCreate       func(p *uintptr) int32
+	cublasLtMatmulPreferenceDestroy      func(p uintptr) int32
+	cublasLtMatmulPreferenceSetAttribute func(p uintptr, attr int32, buf unsafe.Pointer, size uint64) int32
+	cublasLtMatmulAlgoGetHeuristic       func(h, desc, ad, bd, cd, dd, pref uintptr, requested int32, results unsafe.Pointer, returned *int32) int32
 }
 
 var (
@@ -58,15 +66,19 @@ func loadBLASLt(dirs []string) (*BLASLt, error) {
 	}
 	b := &BLASLt{Path: path}
 	err = bind(lib, path, map[string]any{
-		"cublasLtCreate":                 &b.cublasLtCreate,
-		"cublasLtDestroy":                &b.cublasLtDestroy,
-		"cublasLtGetVersion":             &b.cublasLtGetVersion,
-		"cublasLtMatmulDescCreate":       &b.cublasLtMatmulDescCreate,
-		"cublasLtMatmulDescDestroy":      &b.cublasLtMatmulDescDestroy,
-		"cublasLtMatmulDescSetAttribute": &b.cublasLtMatmulDescSetAttribute,
-		"cublasLtMatrixLayoutCreate":     &b.cublasLtMatrixLayoutCreate,
-		"cublasLtMatrixLayoutDestroy":    &b.cublasLtMatrixLayoutDestroy,
-		"cublasLtMatmul":                 &b.cublasLtMatmul,
+		"cublasLtCreate":                       &b.cublasLtCreate,
+		"cublasLtDestroy":                      &b.cublasLtDestroy,
+		"cublasLtGetVersion":                   &b.cublasLtGetVersion,
+		"cublasLtMatmulDescCreate":             &b.cublasLtMatmulDescCreate,
+		"cublasLtMatmulDescDestroy":            &b.cublasLtMatmulDescDestroy,
+		"cublasLtMatmulDescSetAttribute":       &b.cublasLtMatmulDescSetAttribute,
+		"cublasLtMatrixLayoutCreate":           &b.cublasLtMatrixLayoutCreate,
+		"cublasLtMatrixLayoutDestroy":          &b.cublasLtMatrixLayoutDestroy,
+		"cublasLtMatmul":                       &b.cublasLtMatmul,
+		"cublasLtMatmulPreferenceCreate":       &b.cublasLtMatmulPreferenceCreate,
+		"cublasLtMatmulPreferenceDestroy":      &b.cublasLtMatmulPreferenceDestroy,
+		"cublasLtMatmulPreferenceSetAttribute": &b.cublasLtMatmulPreferenceSetAttribute,
+		"cublasLtMatmulAlgoGetHeuristic":       &b.cublasLtMatmulAlgoGetHeuristic,
 	})
 	return b, err
 }
@@ -81,12 +93,37 @@ func ltCheck(call string, r int32) error {
 // Version is cuBLASLt's version, e.g. 130100.
 func (b *BLASLt) Version() uint64 { return b.cublasLtGetVersion() }
 
-// LtHandle is a cuBLASLt handle with a cache of matmul descriptors.
+// LtHandle is a cuBLASLt handle with a cache of matmul descriptors and,
+// once Tune is called, of the fastest algorithm for each product.
 type LtHandle struct {
 	b     *BLASLt
 	h     uintptr
 	descs map[[3]int32]uintptr
 	lays  map[[4]int64]uintptr
+
+	tuneN  int
+	timer  func(run func() error) (float32, error)
+	algos  map[product]*algo // nil: the library's own first choice
+	timing map[product][]float32
+}
+
+// product is what an algorithm is chosen for: types, transposes and shape.
+type product struct {
+	compute, dtype, ctype int32
+	ta, tb                bool
+	M, N, K               int
+}
+
+// algo is cublasLtMatmulAlgo_t, opaque.
+type algo struct{ data [8]uint64 }
+
+// heuristicResult is cublasLtMatmulHeuristicResult_t.
+type heuristicResult struct {
+	algo      algo
+	wsSize    uint64
+	state     int32
+	waves     float32
+	reserved_ [4]int32
 }
 
 // NewHandle creates a cuBLASLt handle on the current context.
@@ -95,7 +132,8 @@ func (b *BLASLt) NewHandle() (*LtHandle, error) {
 	if err := ltCheck("cublasLtCreate", b.cublasLtCreate(&h)); err != nil {
 		return nil, err
 	}
-	return &LtHandle{b: b, h: h, descs: map[[3]int32]uintptr{}, lays: map[[4]int64]uintptr{}}, nil
+	return &LtHandle{b: b, h: h, descs: map[[3]int32]uintptr{}, lays: map[[4]int64]uintptr{}, algos: map[product]*algo{},
+		timing: map[product][]float32{}}, nil
 }
 
 // Destroy frees the handle and its cached descriptors.
@@ -208,7 +246,114 @@ func (h *LtHandle) matmul(compute, dtype, ctype int32, ta, tb bool, M, N, K int,
 		return err
 	}
 	al, be := alpha, beta
-	r := h.b.cublasLtMatmul(h.h, d, unsafe.Pointer(&al), uint64(B), la, uint64(A), lb,
-		unsafe.Pointer(&be), uint64(C), lc, uint64(D), lc, 0, uint64(ws), uint64(wsSize), stream)
-	return ltCheck("cublasLtMatmul", r)
+	run := func(a *algo) error {
+		var ap unsafe.Pointer
+		if a != nil {
+			ap = unsafe.Pointer(a)
+		}
+		return ltCheck("cublasLtMatmul", h.b.cublasLtMatmul(h.h, d, unsafe.Pointer(&al), uint64(B), la, uint64(A), lb,
+			unsafe.Pointer(&be), uint64(C), lc, uint64(D), lc, ap, uint64(ws), uint64(wsSize), stream))
+	}
+	key := product{compute, dtype, ctype, ta, tb, M, N, K}
+	a, known := h.algos[key]
+	// A product that adds into its own output (beta != 0, D = C) cannot run
+	// more than once, so it is timed only when a call of the same shape
+	// that can comes along; until then it takes the library's choice.
+	if !known && h.tuneN > 0 && (beta == 0 || C != D) {
+		if a, err = h.tune(key, d, la, lb, lc, wsSize, run); err != nil {
+			return err
+		}
+		h.algos[key] = a
+	}
+	return run(a)
+}
+
+// Tune makes each product, at its first call that can be repeated, time up
+// to n of cuBLASLt's heuristic candidates (timer runs what it is given and
+// returns milliseconds) and keep the fastest for every later call. The
+// library's first choice is always among them, so a product never gets a
+// slower algorithm than without tuning, to within the timer's noise.
+// Different algorithms may sum in a different order: results are not
+// bit-identical to an untuned run's.
+func (h *LtHandle) Tune(n int, timer func(run func() error) (float32, error)) {
+	h.tuneN, h.timer = n, timer
+}
+
+// Tuned reports, for each product timed so far, the candidates' times in
+// milliseconds (the library's first choice first) and which one won.
+func (h *LtHandle) Tuned() map[string]TuneResult {
+	out := map[string]TuneResult{}
+	for k, ms := range h.timing {
+		best := 0
+		for i := range ms {
+			if ms[i] < ms[best] {
+				best = i
+			}
+		}
+		out[fmt.Sprintf("%dx%dx%d %s%s dtype %d out %d", k.M, k.N, k.K, opName(k.ta), opName(k.tb), k.dtype, k.ctype)] = TuneResult{MS: ms, Best: best}
+	}
+	return out
+}
+
+// TuneResult is one product's tuning: candidate times and the winner.
+type TuneResult struct {
+	MS   []float32
+	Best int
+}
+
+func opName(t bool) string {
+	if t {
+		return "T"
+	}
+	return "N"
+}
+
+func (h *LtHandle) tune(key product, d, la, lb, lc uintptr, wsSize int64, run func(*algo) error) (*algo, error) {
+	var pref uintptr
+	if err := ltCheck("cublasLtMatmulPreferenceCreate", h.b.cublasLtMatmulPreferenceCreate(&pref)); err != nil {
+		return nil, err
+	}
+	defer h.b.cublasLtMatmulPreferenceDestroy(pref)
+	limit := uint64(wsSize)
+	if err := ltCheck("cublasLtMatmulPreferenceSetAttribute",
+		h.b.cublasLtMatmulPreferenceSetAttribute(pref, prefMaxWorkspace, unsafe.Pointer(&limit), 8)); err != nil {
+		return nil, err
+	}
+	res := make([]heuristicResult, h.tuneN)
+	var got int32
+	if err := ltCheck("cublasLtMatmulAlgoGetHeuristic", h.b.cublasLtMatmulAlgoGetHeuristic(h.h, d, la, lb, lc, lc, pref,
+		int32(len(res)), unsafe.Pointer(&res[0]), &got)); err != nil {
+		return nil, err
+	}
+	var best *algo
+	bestMS := float32(math.Inf(1))
+	var times []float32
+	for i := range res[:got] {
+		if res[i].state != 0 {
+			continue
+		}
+		a := res[i].algo
+		// One untimed run loads the kernel; an algorithm the library
+		// offers but cannot launch here is passed over.
+		if run(&a) != nil {
+			continue
+		}
+		ms, err := h.timer(func() error {
+			for range 3 {
+				if err := run(&a); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		times = append(times, ms)
+		if ms < bestMS {
+			best, bestMS = &a, ms
+		}
+	}
+	h.timing[key] = times
+	return best, nil
 }

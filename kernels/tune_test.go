@@ -1,0 +1,65 @@
+package kernels
+
+import (
+	"math"
+	"testing"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+// A bf16 step whose GEMMs run the algorithms tuning picked gives the
+// gradients of a step on cuBLASLt's first choices (algorithms may sum K in
+// another order, and an intermediate rounded to bf16 may then land on the
+// other side: held to 1e-2 of each gradient's largest value, where a wrong
+// product errs by its whole size), and tuning timed every product that can run twice: every
+// forward and input-gradient GEMM, not the weight gradients that add into
+// their own output.
+func TestTunedGemmsMatchLibraryChoice(t *testing.T) {
+	skipWithoutGPU(t)
+	c := model.Presets["small"]
+	c.Layers = 2
+	const B, T = 4, 512
+	b := patternBatch(c, B, T)
+	p := model.InitParams(c, 3)
+	grads := func(tune string) (*model.Params, *Engine) {
+		t.Setenv("KILN_CUDA_GEMM_TUNE", tune)
+		e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T})
+		if err := e.SetParams(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.ForwardBackward(b, 1); err != nil {
+			t.Fatal(err)
+		}
+		g := model.NewParams(c)
+		if err := e.Grads(g); err != nil {
+			t.Fatal(err)
+		}
+		return g, e
+	}
+	want, plain := grads("off")
+	got, tuned := grads("")
+	if n := len(plain.lt.Tuned()); n != 0 {
+		t.Fatalf("KILN_CUDA_GEMM_TUNE=off timed %d products", n)
+	}
+	products := tuned.lt.Tuned()
+	// Per layer: the q/k/v, output, gate/up and down projections forward
+	// and their input gradients; the head's logits and input gradient.
+	// Shapes repeat across layers.
+	if len(products) < 8 {
+		t.Errorf("tuning timed %d products, want at least 8: %v", len(products), products)
+	}
+	for name, r := range products {
+		if len(r.MS) == 0 {
+			t.Errorf("%s: no candidate ran", name)
+		}
+		t.Logf("%s: %d candidates, first choice %.3f ms, kept #%d %.3f ms", name, len(r.MS), r.MS[0], r.Best, r.MS[r.Best])
+	}
+	for _, s := range c.Specs() {
+		w, g := want.Tensor(s.Name), got.Tensor(s.Name)
+		rel := maxRelErr(g, w)
+		t.Logf("%s: %.3g", s.Name, rel)
+		if !(rel <= 1e-2) || math.IsNaN(rel) {
+			t.Errorf("%s: tuned GEMMs' gradient differs by %.3g of its largest value (limit 1e-2)", s.Name, rel)
+		}
+	}
+}

@@ -4,12 +4,20 @@ typedef unsigned short bf16;
 
 __device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned int)h) << 16); }
 
-// Round to nearest even, NaN kept quiet.
+// f2bf rounds to nearest even in one instruction (sm_80 and later, as every
+// kernel here requires; a NaN becomes the canonical quiet NaN).
 __device__ __forceinline__ bf16 f2bf(float f) {
-    unsigned int u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16)(u >> 16);
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+// f2bf2 rounds two values into one bf16 pair, lo in the low half (the
+// lower address), in one instruction.
+__device__ __forceinline__ unsigned f2bf2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

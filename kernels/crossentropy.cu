@@ -57,7 +57,7 @@ extern "C" __global__ void xent_fwd_bwd(float* logits, bf16* dlb, float* losses,
             float g2 = (expf(x.z - lse) - (c + 2 == t ? 1.0f : 0.0f)) * gscale;
             float g3 = (expf(x.w - lse) - (c + 3 == t ? 1.0f : 0.0f)) * gscale;
             if (dlb)
-                *(uint2*)(dlb + row + c) = make_uint2((unsigned)f2bf(g0) | ((unsigned)f2bf(g1) << 16), (unsigned)f2bf(g2) | ((unsigned)f2bf(g3) << 16));
+                *(uint2*)(dlb + row + c) = make_uint2(f2bf2(g0, g1), f2bf2(g2, g3));
             else
                 r4[j] = make_float4(g0, g1, g2, g3);
         }

@@ -35,7 +35,13 @@ struct alignas(8) u2 { unsigned x, y; };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-__device__ __forceinline__ unsigned pack2(float lo, float hi) { return (unsigned)f2bf(lo) | ((unsigned)f2bf(hi) << 16); }
+// exp2 in one instruction (exp2f adds range handling around it); -inf
+// gives 0, and the probabilities it makes are rounded to bf16 anyway.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     unsigned r;
@@ -136,10 +142,10 @@ template <int KC = 4>
 __device__ __forceinline__ void acc_to_a(unsigned (*a)[4], const float (*s)[4]) {
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) {
-        a[kc][0] = pack2(s[2 * kc][0], s[2 * kc][1]);
-        a[kc][1] = pack2(s[2 * kc][2], s[2 * kc][3]);
-        a[kc][2] = pack2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-        a[kc][3] = pack2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+        a[kc][0] = f2bf2(s[2 * kc][0], s[2 * kc][1]);
+        a[kc][1] = f2bf2(s[2 * kc][2], s[2 * kc][3]);
+        a[kc][2] = f2bf2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+        a[kc][3] = f2bf2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
     }
 }
 
@@ -204,7 +210,7 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = quad_max(mx[r]);
-            alpha[r] = exp2f(m[r] - mx[r]);
+            alpha[r] = ex2(m[r] - mx[r]);
             m[r] = mx[r];
             l[r] *= alpha[r];
         }
@@ -212,7 +218,7 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
         for (int nb = 0; nb < 8; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[nb][e] - m[e >> 1]);
+                float p = ex2(s[nb][e] - m[e >> 1]);
                 s[nb][e] = p;
                 l[e >> 1] += p;
                 o[nb][e] *= alpha[e >> 1];
@@ -240,7 +246,7 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
         }
         // The pair sits at an even index: 4-byte aligned.
 #pragma unroll
-        for (int nb = 0; nb < 8; nb++) *(unsigned*)(outb + at + nb * 8 + 2 * t) = pack2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
+        for (int nb = 0; nb < 8; nb++) *(unsigned*)(outb + at + nb * 8 + 2 * t) = f2bf2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
         if (t == 0) lse[((size_t)b * H + h) * T + qi[r]] = m[r] + log2f(sum);
     }
 }
@@ -266,8 +272,8 @@ __device__ __forceinline__ void store_unrotated(bf16* dst, const float (*acc)[4]
             hi[e] = y * c - x * s;
         }
         // Pairs at even indices: 4-byte aligned.
-        *(unsigned*)(dst + i) = pack2(lo[0], lo[1]);
-        *(unsigned*)(dst + i + HD / 2) = pack2(hi[0], hi[1]);
+        *(unsigned*)(dst + i) = f2bf2(lo[0], lo[1]);
+        *(unsigned*)(dst + i + HD / 2) = f2bf2(hi[0], hi[1]);
     }
 }
 
@@ -354,7 +360,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq(float* dq, bf1
                 for (int e = 0; e < 4; e++) {
                     int r = e >> 1;
                     bool masked = kt == qt && kt * FT + n0 + nb * 8 + 2 * t + (e & 1) > qi[r];
-                    float p = masked ? 0.0f : exp2f(s[nb][e] * c - lr[r]);
+                    float p = masked ? 0.0f : ex2(s[nb][e] * c - lr[r]);
                     s[nb][e] = p * (dp[nb][e] - dr[r]);
                 }
             }
@@ -439,13 +445,16 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, bf16* dkb, float* dv, bf16* 
         float st[8][4] = {}, dpt[8][4] = {};
         mm_nk(st, ka, S[s], lane);
         mm_nk(dpt, va, S[s + 1], lane);
+        // Only the diagonal tile has queries before keys, and only the
+        // last one rows past T.
+        bool edge = qt == kt || (qt + 1) * FT > T;
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int ql = nb * 8 + 2 * t + (e & 1), qi = qt * FT + ql;
-                bool seen = qi < T && qi >= kj[e >> 1];
-                float p = seen ? exp2f(st[nb][e] * c - L[ql]) : 0.0f;
+                bool seen = !edge || (qi < T && qi >= kj[e >> 1]);
+                float p = seen ? ex2(st[nb][e] * c - L[ql]) : 0.0f;
                 st[nb][e] = p;
                 dpt[nb][e] = p * (dpt[nb][e] - D[ql]);
             }
@@ -473,7 +482,7 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, bf16* dkb, float* dv, bf16* 
                 dv[at + nb * 8 + 2 * t] = dva[nb][2 * r];
                 dv[at + nb * 8 + 2 * t + 1] = dva[nb][2 * r + 1];
             }
-            if (dvb) *(unsigned*)(dvb + atb + nb * 8 + 2 * t) = pack2(dva[nb][2 * r], dva[nb][2 * r + 1]);
+            if (dvb) *(unsigned*)(dvb + atb + nb * 8 + 2 * t) = f2bf2(dva[nb][2 * r], dva[nb][2 * r + 1]);
         }
     }
 }

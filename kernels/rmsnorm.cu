@@ -55,7 +55,7 @@ extern "C" __global__ void rmsnorm_bwd_dw(float* dw, const float* dy, const floa
 struct alignas(16) rn4 { float x, y, z, w; };
 
 __device__ __forceinline__ void store_bf4(bf16* p, rn4 v) {
-    unsigned lo = (unsigned)f2bf(v.x) | ((unsigned)f2bf(v.y) << 16), hi = (unsigned)f2bf(v.z) | ((unsigned)f2bf(v.w) << 16);
+    unsigned lo = f2bf2(v.x, v.y), hi = f2bf2(v.z, v.w);
     *(uint2*)p = make_uint2(lo, hi);
 }
 

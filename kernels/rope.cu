@@ -56,7 +56,7 @@ extern "C" __global__ void rope_bf16(bf16* x, const float* cosT, const float* si
         float2 c = *(const float2*)(ct + i), s = *(const float2*)(st + i);
         float a0 = bf2f((bf16)(va & 0xffffu)), a1 = bf2f((bf16)(va >> 16));
         float b0 = bf2f((bf16)(vb & 0xffffu)), b1 = bf2f((bf16)(vb >> 16));
-        *pa = (unsigned)f2bf(a0 * c.x - b0 * s.x) | ((unsigned)f2bf(a1 * c.y - b1 * s.y) << 16);
-        *pb = (unsigned)f2bf(b0 * c.x + a0 * s.x) | ((unsigned)f2bf(b1 * c.y + a1 * s.y) << 16);
+        *pa = f2bf2(a0 * c.x - b0 * s.x, a1 * c.y - b1 * s.y);
+        *pb = f2bf2(b0 * c.x + a0 * s.x, b1 * c.y + a1 * s.y);
     }
 }

@@ -50,7 +50,7 @@ extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int F) {
         unsigned gp = *(const unsigned*)(g + j), up = *(const unsigned*)(u + j);
         float h0 = silu_mul(bf2f((bf16)(gp & 0xffffu)), bf2f((bf16)(up & 0xffffu)));
         float h1 = silu_mul(bf2f((bf16)(gp >> 16)), bf2f((bf16)(up >> 16)));
-        *(unsigned*)(h + j) = (unsigned)f2bf(h0) | ((unsigned)f2bf(h1) << 16);
+        *(unsigned*)(h + j) = f2bf2(h0, h1);
         return;
     }
     for (int c = j; c < j + 2 && c < F; c++) h[c] = f2bf(silu_mul(bf2f(g[c]), bf2f(u[c])));
@@ -69,8 +69,8 @@ extern "C" __global__ void swiglu_bwd_gu(bf16* dgu, const bf16* dhb, const bf16*
         unsigned dp = *(const unsigned*)(dh + j), gp = *(const unsigned*)(g + j), up = *(const unsigned*)(u + j);
         swiglu_grad(bf2f((bf16)(dp & 0xffffu)), bf2f((bf16)(gp & 0xffffu)), bf2f((bf16)(up & 0xffffu)), &vg0, &vu0);
         swiglu_grad(bf2f((bf16)(dp >> 16)), bf2f((bf16)(gp >> 16)), bf2f((bf16)(up >> 16)), &vg1, &vu1);
-        *(unsigned*)(dg + j) = (unsigned)f2bf(vg0) | ((unsigned)f2bf(vg1) << 16);
-        *(unsigned*)(du + j) = (unsigned)f2bf(vu0) | ((unsigned)f2bf(vu1) << 16);
+        *(unsigned*)(dg + j) = f2bf2(vg0, vg1);
+        *(unsigned*)(du + j) = f2bf2(vu0, vu1);
         return;
     }
     for (int c = j; c < j + 2 && c < F; c++) {

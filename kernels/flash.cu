@@ -193,32 +193,39 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
         if (kt == 0) frag_a(qa, Qs, r0, lane);
         float s[8][4] = {};
         mm_nk(s, qa, Ks[cur], lane);
+        // m is the running maximum of the raw scores; the scale goes into
+        // the exponent's multiply-add.
+        if (kt == qt) {
+            // Only the diagonal tile holds keys after a query. Key 0 is in
+            // every row's first tile, so no row's maximum stays -inf.
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (kt * FT + nb * 8 + 2 * t + (e & 1) > qi[e >> 1]) s[nb][e] = neg_inf();
+                }
+            }
+        }
         float mx[2] = {m[0], m[1]};
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = s[nb][e] * c;
-                // Only the diagonal tile holds keys after a query. Key 0 is
-                // in every row's first tile, so no row's maximum stays -inf.
-                if (kt == qt && kt * FT + nb * 8 + 2 * t + (e & 1) > qi[e >> 1]) x = neg_inf();
-                s[nb][e] = x;
-                mx[e >> 1] = fmaxf(mx[e >> 1], x);
-            }
+            for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[nb][e]);
         }
-        float alpha[2];
+        float alpha[2], mc[2];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             mx[r] = quad_max(mx[r]);
-            alpha[r] = ex2(m[r] - mx[r]);
+            alpha[r] = ex2((m[r] - mx[r]) * c);
             m[r] = mx[r];
+            mc[r] = mx[r] * c;
             l[r] *= alpha[r];
         }
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float p = ex2(s[nb][e] - m[e >> 1]);
+                float p = ex2(fmaf(s[nb][e], c, -mc[e >> 1]));
                 s[nb][e] = p;
                 l[e >> 1] += p;
                 o[nb][e] *= alpha[e >> 1];
@@ -247,7 +254,7 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
         // The pair sits at an even index: 4-byte aligned.
 #pragma unroll
         for (int nb = 0; nb < 8; nb++) *(unsigned*)(outb + at + nb * 8 + 2 * t) = f2bf2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
-        if (t == 0) lse[((size_t)b * H + h) * T + qi[r]] = m[r] + log2f(sum);
+        if (t == 0) lse[((size_t)b * H + h) * T + qi[r]] = m[r] * c + log2f(sum);
     }
 }
 

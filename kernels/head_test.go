@@ -13,10 +13,10 @@ import (
 
 func TestHeadRowsFor(t *testing.T) {
 	for _, c := range []struct{ N, V, want int }{
-		{32 * 1024, 16384, 2048}, // small at B 32 x T 1024: 16 chunks of 128 MiB
-		{32 * 1024, 32000, 1024}, // base: 1048 rows fit, rounded down to 128s
+		{32 * 1024, 16384, 4096}, // small at B 32 x T 1024: 8 chunks of 256 MiB
+		{32 * 1024, 32000, 2048}, // base: 2097 rows fit, rounded down to 128s
 		{64, 512, 64},            // the golden models: one chunk
-		{5000, 50000, 640},       // 671 fit
+		{5000, 50000, 1280},      // 1342 fit
 		{100, 50000, 100},        // fewer rows than fit
 		{1, 16384, 1},            // generation
 		{8, 1 << 27, 1},          // not even one row fits: still one
@@ -182,8 +182,8 @@ func TestHeadChunksMatchOneChunk(t *testing.T) {
 }
 
 // At small's training shape (B 32 x T 1024, V 16384) no buffer holds N x V
-// values in any head precision: the logits exist one 2048-row chunk
-// (128 MiB) at a time, and a step on them gives the loss of a fresh model,
+// values in any head precision: the logits exist one 4096-row chunk
+// (256 MiB) at a time, and a step on them gives the loss of a fresh model,
 // about ln V, and a finite gradient.
 func TestHeadAllocatesNoFullLogits(t *testing.T) {
 	skipWithoutGPU(t)
@@ -196,8 +196,8 @@ func TestHeadAllocatesNoFullLogits(t *testing.T) {
 		t.Run("head="+head, func(t *testing.T) {
 			t.Setenv("KILN_CUDA_HEAD", head)
 			e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T})
-			if e.headRows != 2048 {
-				t.Errorf("chunks of %d rows, want 2048 (128 MiB of fp32 logits)", e.headRows)
+			if e.headRows != 4096 {
+				t.Errorf("chunks of %d rows, want 4096 (256 MiB of fp32 logits)", e.headRows)
 			}
 			// A bf16 (N, V) buffer is the smallest a full logit tensor
 			// could take.
@@ -206,9 +206,9 @@ func TestHeadAllocatesNoFullLogits(t *testing.T) {
 					t.Errorf("%s holds %d bytes, as much as %d x %d bf16 logits", a.What, a.Bytes, N, V)
 				}
 			}
-			wantNames := map[string]int64{"logits (chunk of 2048 rows)": 2048 * V * 4}
+			wantNames := map[string]int64{"logits (chunk of 4096 rows)": 4096 * V * 4}
 			if head == "" {
-				wantNames["logit gradient (bf16, chunk of 2048 rows)"] = 2048 * V * 2
+				wantNames["logit gradient (bf16, chunk of 4096 rows)"] = 4096 * V * 2
 			}
 			for _, a := range e.Allocations() {
 				if strings.Contains(a.What, "logit") {

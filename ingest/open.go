@@ -55,6 +55,9 @@ type OpenOptions struct {
 	Name string
 	// SWH fetches blobs when Columns.Blob is set.
 	SWH *SWH
+	// DecodeAhead is the text a parquet file's row-group decoders may hold
+	// ahead of the reader (0: DefaultDecodeAhead()).
+	DecodeAhead int64
 }
 
 // Open returns the documents of the local file at path. A file that cannot
@@ -68,7 +71,14 @@ func Open(ctx context.Context, path string, opt OpenOptions) (Source, error) {
 	var err error
 	switch FormatOf(path) {
 	case FormatParquet:
-		rows, err = openParquet(path, opt)
+		pr, err := openParquet(path, opt)
+		if err != nil {
+			return nil, err
+		}
+		if opt.Columns.Blob == "" {
+			return newRowGroupSource(pr, opt.DecodeAhead), nil
+		}
+		rows = pr
 	case FormatJSONL:
 		rows, err = openJSONL(path, opt)
 	default:

@@ -91,6 +91,15 @@ func columnNames(pf *parquet.File) []string {
 	return names
 }
 
+// cursor is a reader of row group g alone, whose first row is row base of
+// the file, for a decoder of its own: it shares the open file (read at
+// offsets, which is safe from several goroutines) but no page state. The
+// caller closes its pages, not the file.
+func (r *parquetReader) cursor(g int, base int64) *parquetReader {
+	return &parquetReader{f: r.f, pf: r.pf, path: r.path, name: r.name, text: r.text, id: r.id, blob: r.blob, encName: r.encName,
+		rg: g, base: base, vals: make([]parquet.Value, len(r.vals))}
+}
+
 func (r *parquetReader) corrupt(err error) error {
 	return &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: err}
 }

@@ -50,6 +50,9 @@ type Pipeline struct {
 	// StoresDir holds the token stores, one directory per store; Append
 	// needs it.
 	StoresDir string
+	// DecodeAhead is the text a parquet file's decoders may hold ahead of
+	// its tokenization (0: ingest.DefaultDecodeAhead()).
+	DecodeAhead int64
 	// Logger receives the steps' logs (default: none).
 	Logger *zap.Logger
 }
@@ -382,7 +385,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 // The SHA-256 that the append verifies is taken from the same bytes as they
 // are written, so the upload itself need not sign them.
 func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string, tok *tokenizer.Tokenizer) (ShardStats, error) {
-	src, err := Open(ctx, local, OpenOptions{Name: job.Path, Columns: job.Columns, SWH: p.SWH})
+	src, err := Open(ctx, local, OpenOptions{Name: job.Path, Columns: job.Columns, SWH: p.SWH, DecodeAhead: p.DecodeAhead})
 	if err != nil {
 		return ShardStats{}, err
 	}

@@ -63,15 +63,7 @@ func (s *textSource) Next(ctx context.Context) (Document, error) {
 		if err != nil {
 			return Document{}, err
 		}
-		if rec.skip != "" {
-			s.skips.Add(rec.skip, 1)
-			continue
-		}
-		if rec.null {
-			s.skips.Add(SkipEmptyDocument, 1)
-			continue
-		}
-		if reason := checkText(rec.text); reason != "" {
+		if reason := recordSkip(rec); reason != "" {
 			s.skips.Add(reason, 1)
 			continue
 		}

@@ -15,6 +15,7 @@ import (
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -84,9 +85,12 @@ func runIngestChild() int {
 	}
 	c := scheduler.NewClient(opt)
 	defer c.Close()
+	// A benchmark can set how far a parquet file is decoded ahead.
+	ahead, _ := strconv.ParseInt(os.Getenv("KILN_TEST_DECODE_AHEAD"), 10, 64)
 	ConfigureIngest(Ingest{
-		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log},
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
+		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log,
+			DecodeAhead: ahead},
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
 	})
 	// Tests watch progress as it happens; a benchmark sets the production
 	// throttle instead, so that it measures what a worker does.

@@ -99,6 +99,7 @@ type acts struct {
 	losses       cuda.Ptr   // (N)
 	ids, tgt     cuda.Ptr   // (N) int32
 	dresid, dln  cuda.Ptr   // (N, d)
+	dlnb         cuda.Ptr   // (N, d) bf16: the norms' output gradient, where dlnBF
 	dy, dq       cuda.Ptr   // (N, H*D)
 	dk, dv       cuda.Ptr   // (N, KV*D)
 	ds           cuda.Ptr   // (B, H, T, T), without flash attention
@@ -412,7 +413,12 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	a.rstdf = f32("activations (norm)", N)
 	a.losses = f32("losses", N)
 	a.ids, a.tgt = f32("token ids", N), f32("targets", N)
-	a.dresid, a.dln = f32("gradient scratch", N*d), f32("gradient scratch", N*d)
+	a.dresid = f32("gradient scratch", N*d)
+	if e.dlnBF() {
+		a.dlnb = bf("gradient scratch (bf16)", N*d)
+	} else {
+		a.dln = f32("gradient scratch", N*d)
+	}
 	// Flash attention reads the output gradient in bf16 and writes dv in
 	// bf16 only.
 	if !e.flash {
@@ -858,4 +864,24 @@ func checkCapability(name string, major, minor int) error {
 		return &cuda.UnavailableError{Err: fmt.Errorf("GPU %s has compute capability %d.%d; kiln's CUDA engine needs 8.0 or newer: use --engine cpu", name, major, minor)}
 	}
 	return nil
+}
+
+// dlnBF says whether the GEMMs that end at a norm's output (the q/k/v and
+// gate/up input gradients, the LM head's) write that gradient in bf16 for
+// the warp-per-row norm backward, as PyTorch's autocast does: half the
+// bytes written and read again. It needs the fused bf16 paths, whose only
+// GEMM into each norm's gradient overwrites it (the unfused ones add
+// three), and a head whose backward runs in bf16.
+func (e *Engine) dlnBF() bool {
+	return e.flash && e.warpNorm() && !e.headMode.f32Bwd && !e.headMode.tf32
+}
+
+// dlnGemm writes the gradient of a norm's output, rows r0 on, as
+// op(A) (rows x K) times B (K x d): in bf16 where dlnBF, else in fp32.
+func (e *Engine) dlnGemm(r0, rows, K int, A, B operand) error {
+	d := e.cfg.Hidden
+	if e.dlnBF() {
+		return e.gemmBF(false, false, rows, d, K, A, B, rowsAt(e.a.dlnb, r0, d, 2))
+	}
+	return e.gemm(false, false, rows, d, K, A, B, 0, rowsAt(e.a.dln, r0, d, 4))
 }

@@ -123,6 +123,15 @@ func (e *Engine) headGemm(backward, ta, tb bool, M, N, K int, A, B operand, beta
 	})
 }
 
+// headDX writes the final norm's output gradient for rows r0 on: bf16 or
+// fp32 as dlnBF says; an fp32 or TF32 head backward writes fp32.
+func (e *Engine) headDX(r0, rows, V int, dlogits, W operand) error {
+	if e.dlnBF() {
+		return e.dlnGemm(r0, rows, V, dlogits, W)
+	}
+	return e.headGemm(true, false, false, rows, e.cfg.Hidden, V, dlogits, W, 0, rowsAt(e.a.dln, r0, e.cfg.Hidden, 4))
+}
+
 // headPass is what a pass over the LM head computes.
 type headPass int
 
@@ -146,7 +155,7 @@ func rowsAt(p cuda.Ptr, r, width, size int) cuda.Ptr {
 // out (N x V). headLoss and headTrain add scale x the mean loss over the
 // count targeted rows to acc; headTrain also adds the head weight's
 // gradient into the gradients and leaves the final norm's output gradient
-// in a.dln, for backward.
+// in a.dln (a.dlnb where dlnBF), for backward.
 func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, acc cuda.Ptr, out []float32) error {
 	a := e.a
 	N, d, V := b.B*b.T, e.cfg.Hidden, e.cfg.VocabSize
@@ -196,7 +205,7 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, 
 			return fmt.Errorf("LM head backward: %w", err)
 		}
 		// dlnf (rows, d) = dlogits (rows, V) W (V, d), into the chunk's rows.
-		if err := e.headGemm(true, false, false, rows, d, V, dlogits, W, 0, rowsAt(a.dln, r0, d, 4)); err != nil {
+		if err := e.headDX(r0, rows, V, dlogits, W); err != nil {
 			return fmt.Errorf("LM head backward: %w", err)
 		}
 	}

@@ -90,13 +90,22 @@ extern "C" __global__ void rmsnorm_fwd_warp(float* out, bf16* outb, float* rstd,
     }
 }
 
+// load4 reads four consecutive dy values as fp32, from fp32 or bf16.
+__device__ __forceinline__ rn4 load4(const float* p, long long i) { return ((const rn4*)p)[i]; }
+__device__ __forceinline__ rn4 load4(const bf16* p, long long i) {
+    uint2 u = ((const uint2*)p)[i];
+    return rn4{__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u)};
+}
+
 // rmsnorm_bwd_dx and rmsnorm_bwd_dw in one pass: a warp takes rows in turn,
 // adds the row's dx into dx (and its bf16 copy into dxb) and keeps its
 // lanes' share of dw in registers; the block sums its warps' shares in
 // shared memory and adds them to dw with one atomic per column. Blocks of
-// 256 threads; any grid.
-extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dw, const float* dy, const float* x, const float* w,
-                                            const float* rstd, int N, int d) {
+// 256 threads; any grid. DY is float, or bf16 where the GEMM that makes dy
+// writes it in bf16 (rmsnorm_bwd_warp_bf).
+template <typename DY>
+__device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw, const DY* dy, const float* x, const float* w,
+                                                 const float* rstd, int N, int d) {
     __shared__ alignas(16) float part[RN_MAX * 128];
     for (int j = threadIdx.x; j < d; j += blockDim.x) part[j] = 0.0f;
     __syncthreads();
@@ -105,7 +114,6 @@ extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dw, con
 #pragma unroll
     for (int i = 0; i < RN_MAX; i++) acc[i] = rn4{0.0f, 0.0f, 0.0f, 0.0f};
     for (long long row = (long long)blockIdx.x * nw + (threadIdx.x >> 5); row < N; row += (long long)gridDim.x * nw) {
-        const rn4* yr = (const rn4*)(dy + row * d);
         const rn4* xr = (const rn4*)(x + row * d);
         rn4 gv[RN_MAX], xv[RN_MAX];
         float dot = 0.0f;
@@ -113,7 +121,7 @@ extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dw, con
         for (int i = 0; i < RN_MAX; i++) {
             if (i < nv) {
                 int c = i * 32 + lane;
-                gv[i] = yr[c];
+                gv[i] = load4(dy, row * (d >> 2) + c);
                 xv[i] = xr[c];
                 rn4 wv = ((const rn4*)w)[c];
                 dot += gv[i].x * wv.x * xv[i].x + gv[i].y * wv.y * xv[i].y + gv[i].z * wv.z * xv[i].z + gv[i].w * wv.w * xv[i].w;
@@ -153,4 +161,14 @@ extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dw, con
     }
     __syncthreads();
     for (int j = threadIdx.x; j < d; j += blockDim.x) atomicAdd(&dw[j], part[j]);
+}
+
+extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dw, const float* dy, const float* x, const float* w,
+                                            const float* rstd, int N, int d) {
+    rmsnorm_bwd_rows(dx, dxb, dw, dy, x, w, rstd, N, d);
+}
+
+extern "C" __global__ void rmsnorm_bwd_warp_bf(float* dx, bf16* dxb, float* dw, const bf16* dy, const float* x, const float* w,
+                                               const float* rstd, int N, int d) {
+    rmsnorm_bwd_rows(dx, dxb, dw, dy, x, w, rstd, N, d);
 }

@@ -284,6 +284,9 @@ func (e *Engine) backward(b model.Batch) error {
 		if e.warpNorm() {
 			// Enough blocks to fill the device; each warp then takes many
 			// rows, and a block adds its dw share with d atomics.
+			if e.dlnBF() {
+				return e.launch("rmsnorm_bwd_warp_bf", min(blocks(int64(N), 8), 1024), 256, a.dresid, a.dresidb, dw, a.dlnb, x, w, rstd, N, d)
+			}
 			return e.launch("rmsnorm_bwd_warp", min(blocks(int64(N), 8), 1024), 256, a.dresid, a.dresidb, dw, a.dln, x, w, rstd, N, d)
 		}
 		if err := e.launch("rmsnorm_bwd_dx", N, normThreads, a.dresid, a.dresidb, a.dln, x, w, rstd, N, d); err != nil {
@@ -311,7 +314,7 @@ func (e *Engine) backward(b model.Batch) error {
 			attention = []func() error{
 				func() error { return e.flashBackward(l, B, T, scale) },
 				func() error { return e.gemm(true, false, P, d, N, dqkv, ln1, 1, G(sQ)) },
-				func() error { return e.gemm(false, false, N, d, P, dqkv, W(sQ), 0, a.dln) },
+				func() error { return e.dlnGemm(0, N, P, dqkv, W(sQ)) },
 			}
 		} else {
 			dq, dk, dv := actBF(a.dq, a.dqb), actBF(a.dk, a.dkb), act(a.dv)
@@ -358,7 +361,7 @@ func (e *Engine) backward(b model.Batch) error {
 					if err := e.gemm(true, false, 2*F, d, N, dgu, ln2, 1, G(sGate)); err != nil {
 						return err
 					}
-					return e.gemm(false, false, N, d, 2*F, dgu, W(sGate), 0, a.dln)
+					return e.dlnGemm(0, N, 2*F, dgu, W(sGate))
 				}
 				dg, du := act(a.dg), act(a.du)
 				for _, g := range []func() error{

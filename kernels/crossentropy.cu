@@ -2,27 +2,43 @@
 // take no loss. With grad set, the row is overwritten by its gradient,
 // (softmax - onehot) * gscale, where gscale = micro-batch scale / counted rows;
 // with dlb set the gradient goes to dlb in bf16 instead (the LM head's two
-// backward GEMMs read it as is) and logits is left alone.
+// backward GEMMs read it as is) and logits is left alone. With bf set the
+// logits are bf16 (the training head's forward GEMM writes them so, as
+// autocast does): read as such, and their gradient, bf16 too, overwrites
+// them.
 
-extern "C" __global__ void xent_fwd_bwd(float* logits, bf16* dlb, float* losses, const int* targets, int V, float gscale, int grad) {
+__device__ __forceinline__ float4 ld4(const float* p, size_t i) { return ((const float4*)p)[i]; }
+__device__ __forceinline__ float4 ld4(const bf16* p, size_t i) {
+    uint2 u = ((const uint2*)p)[i];
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+__device__ __forceinline__ void st4(float* p, size_t i, float a, float b, float c, float d) { ((float4*)p)[i] = make_float4(a, b, c, d); }
+__device__ __forceinline__ void st4(bf16* p, size_t i, float a, float b, float c, float d) { ((uint2*)p)[i] = make_uint2(f2bf2(a, b), f2bf2(c, d)); }
+__device__ __forceinline__ float ld1(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float ld1(const bf16* p, size_t i) { return bf2f(p[i]); }
+__device__ __forceinline__ void st1(float* p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st1(bf16* p, size_t i, float v) { p[i] = f2bf(v); }
+
+template <typename L>
+__device__ __forceinline__ void xent_row(L* logits, bf16* dlb, float* losses, const int* targets, int V, float gscale, int grad) {
     size_t row = (size_t)blockIdx.x * V;
     int t = targets[blockIdx.x];
     if (t < 0) {
         if (threadIdx.x == 0) losses[blockIdx.x] = 0.0f;
         if (grad && dlb) for (int j = threadIdx.x; j < V; j += blockDim.x) dlb[row + j] = 0;
-        else if (grad) for (int j = threadIdx.x; j < V; j += blockDim.x) logits[row + j] = 0.0f;
+        else if (grad) for (int j = threadIdx.x; j < V; j += blockDim.x) st1(logits, row + j, 0.0f);
         return;
     }
     // One pass for the maximum and the sum (each thread rescales its sum
     // when its maximum grows), then one for the gradient: the row is read
     // twice, not three times.
-    // With V a multiple of 4 (every preset) a thread reads 16 bytes at a time.
+    // With V a multiple of 4 (every preset) a thread reads 4 values at a time.
     float mt = -3.0e38f, st = 0.0f;
     bool vec = (V & 3) == 0;
     if (vec) {
-        const float4* r4 = (const float4*)(logits + row);
         for (int j = threadIdx.x; j < V / 4; j += blockDim.x) {
-            float4 x = r4[j];
+            float4 x = ld4(logits, row / 4 + j);
             float mx = fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w));
             if (mx > mt) {
                 st *= expf(mt - mx);
@@ -32,7 +48,7 @@ extern "C" __global__ void xent_fwd_bwd(float* logits, bf16* dlb, float* losses,
         }
     } else {
         for (int j = threadIdx.x; j < V; j += blockDim.x) {
-            float x = logits[row + j];
+            float x = ld1(logits, row + j);
             if (x > mt) {
                 st = st * expf(mt - x) + 1.0f;
                 mt = x;
@@ -44,31 +60,37 @@ extern "C" __global__ void xent_fwd_bwd(float* logits, bf16* dlb, float* losses,
     float m = block_max(mt);
     float s = block_sum(st * expf(mt - m));
     float lse = m + logf(s);
-    float lt = logits[row + t];
+    float lt = ld1(logits, row + t);
     __syncthreads();
     if (threadIdx.x == 0) losses[blockIdx.x] = lse - lt;
     if (vec && grad) {
-        float4* r4 = (float4*)(logits + row);
         for (int j = threadIdx.x; j < V / 4; j += blockDim.x) {
-            float4 x = r4[j];
+            float4 x = ld4(logits, row / 4 + j);
             int c = 4 * j;
             float g0 = (expf(x.x - lse) - (c == t ? 1.0f : 0.0f)) * gscale;
             float g1 = (expf(x.y - lse) - (c + 1 == t ? 1.0f : 0.0f)) * gscale;
             float g2 = (expf(x.z - lse) - (c + 2 == t ? 1.0f : 0.0f)) * gscale;
             float g3 = (expf(x.w - lse) - (c + 3 == t ? 1.0f : 0.0f)) * gscale;
             if (dlb)
-                *(uint2*)(dlb + row + c) = make_uint2(f2bf2(g0, g1), f2bf2(g2, g3));
+                st4(dlb, row / 4 + j, g0, g1, g2, g3);
             else
-                r4[j] = make_float4(g0, g1, g2, g3);
+                st4(logits, row / 4 + j, g0, g1, g2, g3);
         }
         return;
     }
     if (grad && dlb)
         for (int j = threadIdx.x; j < V; j += blockDim.x)
-            dlb[row + j] = f2bf((expf(logits[row + j] - lse) - (j == t ? 1.0f : 0.0f)) * gscale);
+            dlb[row + j] = f2bf((expf(ld1(logits, row + j) - lse) - (j == t ? 1.0f : 0.0f)) * gscale);
     else if (grad)
         for (int j = threadIdx.x; j < V; j += blockDim.x)
-            logits[row + j] = (expf(logits[row + j] - lse) - (j == t ? 1.0f : 0.0f)) * gscale;
+            st1(logits, row + j, (expf(ld1(logits, row + j) - lse) - (j == t ? 1.0f : 0.0f)) * gscale);
+}
+
+extern "C" __global__ void xent_fwd_bwd(void* logits, bf16* dlb, float* losses, const int* targets, int V, float gscale, int grad, int bf) {
+    if (bf)
+        xent_row((bf16*)logits, dlb, losses, targets, V, gscale, grad);
+    else
+        xent_row((float*)logits, dlb, losses, targets, V, gscale, grad);
 }
 
 // acc[0] += scale * sum(losses): one block, so the sum is deterministic.

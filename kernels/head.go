@@ -94,7 +94,7 @@ func (e *Engine) allocHead(rows int) error {
 	if a.logits, err = e.mem.alloc(fmt.Sprintf("logits (chunk of %d rows)", rows), int64(rows)*V*4); err != nil {
 		return err
 	}
-	if e.bf16 && !e.headMode.fp32Grad() {
+	if e.bf16 && !e.headMode.fp32Grad() && !e.logitsBF() {
 		if a.dlogitsb, err = e.mem.alloc(fmt.Sprintf("logit gradient (bf16, chunk of %d rows)", rows), int64(rows)*V*2); err != nil {
 			return err
 		}
@@ -121,6 +121,15 @@ func (e *Engine) headGemm(backward, ta, tb bool, M, N, K int, A, B operand, beta
 	return e.timed(name, func() error {
 		return e.lt.Gemm(compute, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.ws, wsBytes, 0)
 	})
+}
+
+// logitsBF says whether the training head writes its logits in bf16 (as
+// autocast does) and the loss kernel its gradient over them: the default
+// bf16 head. Half the bytes through the loss kernel and the forward GEMM's
+// output, and no separate gradient buffer.
+func (e *Engine) logitsBF() bool {
+	m := e.headMode
+	return e.bf16 && !m.f32Fwd && !m.f32Bwd && !m.tf32
 }
 
 // headDX writes the final norm's output gradient for rows r0 on: bf16 or
@@ -173,7 +182,13 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, 
 	}
 	grad := 0
 	// Without a bf16 gradient buffer (fp32 precision, or a head backward
-	// on fp32 operands) the gradient overwrites the chunk's logits.
+	// on fp32 operands) the gradient overwrites the chunk's logits. With
+	// bf16 logits it overwrites them too, in bf16; logits handed out
+	// (headLogits: generation, verification) stay fp32.
+	bfLogits, bfFlag := pass != headLogits && e.logitsBF(), 0
+	if bfLogits {
+		bfFlag = 1
+	}
 	dlogits, dlb := act(a.logits), cuda.Ptr(0)
 	if pass == headTrain {
 		grad = 1
@@ -181,11 +196,20 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, 
 			dlogits, dlb = operand{bf: a.dlogitsb}, a.dlogitsb
 		}
 	}
+	if bfLogits {
+		dlogits = operand{bf: a.logits}
+	}
 	for r0 := 0; r0 < N; r0 += e.headRows {
 		rows := min(e.headRows, N-r0)
 		lnf := actBF(rowsAt(a.lnf, r0, d, 4), rowsAt(a.lnfb, r0, d, 2))
 		// logits (rows, V) = lnf (rows, d) W^T, W (V, d).
-		if err := e.headGemm(false, false, true, rows, V, d, lnf, W, 0, a.logits); err != nil {
+		var err error
+		if bfLogits {
+			err = e.gemmBF(false, true, rows, V, d, lnf, W, a.logits)
+		} else {
+			err = e.headGemm(false, false, true, rows, V, d, lnf, W, 0, a.logits)
+		}
+		if err != nil {
 			return fmt.Errorf("LM head forward: %w", err)
 		}
 		if pass == headLogits {
@@ -194,7 +218,7 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, 
 			}
 			continue
 		}
-		if err := e.launch("xent_fwd_bwd", rows, 256, a.logits, dlb, rowsAt(a.losses, r0, 1, 4), rowsAt(a.tgt, r0, 1, 4), V, k, grad); err != nil {
+		if err := e.launch("xent_fwd_bwd", rows, 256, a.logits, dlb, rowsAt(a.losses, r0, 1, 4), rowsAt(a.tgt, r0, 1, 4), V, k, grad, bfFlag); err != nil {
 			return err
 		}
 		if pass != headTrain {

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -8,8 +9,9 @@ import (
 	"github.com/kiln-lm/kiln/model"
 )
 
-// The bf16 kernels' paths for shapes no preset has: an odd SwiGLU width (the
-// fused gate-and-up kernels fall back from 4-byte pairs to single values), a
+// The bf16 kernels' paths for shapes no preset has: SwiGLU widths that are
+// odd (the fused gate-and-up kernels take single values) and even but not a
+// multiple of 4 (4-byte pairs instead of 8-byte quads), a
 // vocabulary that is not a multiple of 4 (the loss kernel's scalar loop), a
 // sequence that is not a multiple of the 64-row flash tile, and ignored
 // targets. On the same weights and batch, the bf16 engine's loss, logits and
@@ -17,7 +19,13 @@ import (
 // engine's, which runs none of these kernels.
 func TestBF16OddShapesMatchFP32(t *testing.T) {
 	skipWithoutGPU(t)
-	c := model.Config{VocabSize: 1021, Hidden: 128, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 64, Intermediate: 177,
+	for _, F := range []int{177, 178} {
+		t.Run(fmt.Sprintf("F=%d", F), func(t *testing.T) { oddShapes(t, F) })
+	}
+}
+
+func oddShapes(t *testing.T, F int) {
+	c := model.Config{VocabSize: 1021, Hidden: 128, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 64, Intermediate: F,
 		MaxPositions: 128, RopeTheta: 10000, RMSNormEps: 1e-5, TieEmbeddings: true, InitializerRange: 0.02}
 	const B, T = 2, 100
 	r := rand.New(rand.NewPCG(5, 9))

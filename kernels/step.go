@@ -150,7 +150,7 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 			},
 			func() error {
 				if e.bf16 {
-					return e.launch3("swiglu_fwd_gu", cuda.Dim3{X: N, Y: blocks(int64(F), 512)}, cuda.Dim3{X: 256}, a.hb[l], a.gub[l], F)
+					return e.launch3("swiglu_fwd_gu", e.swigluGrid(N), cuda.Dim3{X: 256}, a.hb[l], a.gub[l], N, F)
 				}
 				n := int64(N) * int64(F)
 				return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], cuda.Ptr(0), a.g[l], a.u[l], n)
@@ -240,6 +240,17 @@ func (e *Engine) ropeBF16(x cuda.Ptr, N, T, heads, ld int) error {
 
 // ropeThreads is a warp-rounded thread per rotated pair of a row.
 func (e *Engine) ropeThreads(heads int) int { return min(1024, (heads*e.cfg.HeadDim/2+31)/32*32) }
+
+// swigluGrid is the grid of swiglu_fwd_gu and swiglu_bwd_gu over N rows:
+// flat over column quads when the width is a multiple of 4, else a row of
+// pairs per blockIdx.x (256 threads either way).
+func (e *Engine) swigluGrid(N int) cuda.Dim3 {
+	F := e.cfg.Intermediate
+	if F%4 == 0 {
+		return cuda.Dim3{X: blocks(int64(N)*int64(F/4), 256)}
+	}
+	return cuda.Dim3{X: N, Y: blocks(int64(F), 512)}
+}
 
 // bfAt is p, a bf16 matrix, offset by cols values: a column block.
 func bfAt(p cuda.Ptr, cols int) cuda.Ptr { return p + cuda.Ptr(2*cols) }
@@ -348,7 +359,7 @@ func (e *Engine) backward(b model.Batch) error {
 			},
 			func() error {
 				if e.bf16 {
-					return e.launch3("swiglu_bwd_gu", cuda.Dim3{X: N, Y: blocks(int64(F), 512)}, cuda.Dim3{X: 256}, a.dgub, a.dhb, a.gub[l], F)
+					return e.launch3("swiglu_bwd_gu", e.swigluGrid(N), cuda.Dim3{X: 256}, a.dgub, a.dhb, a.gub[l], N, F)
 				}
 				n := int64(N) * int64(F)
 				return e.launch("swiglu_bwd", blocks(n, 256), 256, a.dg, a.du, cuda.Ptr(0), cuda.Ptr(0), a.dh, a.g[l], a.u[l], n)

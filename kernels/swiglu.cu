@@ -37,10 +37,28 @@ __device__ __forceinline__ void swiglu_grad(float dh, float x, float y, float* v
 // The fused gate-and-up forms: gu is (N, 2F), each row the gate's F values
 // then the up projection's, as one GEMM over the stacked weights writes it;
 // h and dh are (N, F); dgu is laid out as gu, so one GEMM takes both weight
-// gradients and one the input gradient. Grid (N, ceil(F / 512)): a row per
-// blockIdx.x (gridDim.y could not hold 65,536 rows), 256 threads, a pair of
+// gradients and one the input gradient. With F a multiple of 4 (every
+// preset) a thread takes 4 columns through 8-byte loads, threads numbered
+// flat over (row, column quad) so that every block is full: grid
+// ceil(N F / 4 / 256), 256 threads. Otherwise grid (N, ceil(F / 512)): a
+// row per blockIdx.x (gridDim.y could not hold 65,536 rows), a pair of
 // columns per thread (4-byte loads when F is even).
-extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int F) {
+__device__ __forceinline__ float lo16(unsigned v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float hi16(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
+
+extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int N, int F) {
+    if ((F & 3) == 0) {
+        int Q = F >> 2;
+        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+        if (i >= (long long)N * Q) return;
+        long long row = i / Q;
+        int j = (int)(i - row * Q) * 4;
+        const bf16* g = gu + row * 2 * F;
+        uint2 gp = *(const uint2*)(g + j), up = *(const uint2*)(g + F + j);
+        *(uint2*)(hb + row * F + j) = make_uint2(f2bf2(silu_mul(lo16(gp.x), lo16(up.x)), silu_mul(hi16(gp.x), hi16(up.x))),
+                                                 f2bf2(silu_mul(lo16(gp.y), lo16(up.y)), silu_mul(hi16(gp.y), hi16(up.y))));
+        return;
+    }
     size_t row = blockIdx.x;
     int j = 2 * (blockIdx.y * blockDim.x + threadIdx.x);
     const bf16* g = gu + row * 2 * F;
@@ -48,15 +66,31 @@ extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int F) {
     bf16* h = hb + row * F;
     if ((F & 1) == 0 && j + 1 < F) {
         unsigned gp = *(const unsigned*)(g + j), up = *(const unsigned*)(u + j);
-        float h0 = silu_mul(bf2f((bf16)(gp & 0xffffu)), bf2f((bf16)(up & 0xffffu)));
-        float h1 = silu_mul(bf2f((bf16)(gp >> 16)), bf2f((bf16)(up >> 16)));
-        *(unsigned*)(h + j) = f2bf2(h0, h1);
+        *(unsigned*)(h + j) = f2bf2(silu_mul(lo16(gp), lo16(up)), silu_mul(hi16(gp), hi16(up)));
         return;
     }
     for (int c = j; c < j + 2 && c < F; c++) h[c] = f2bf(silu_mul(bf2f(g[c]), bf2f(u[c])));
 }
 
-extern "C" __global__ void swiglu_bwd_gu(bf16* dgu, const bf16* dhb, const bf16* gu, int F) {
+extern "C" __global__ void swiglu_bwd_gu(bf16* dgu, const bf16* dhb, const bf16* gu, int N, int F) {
+    float vg[4], vu[4];
+    if ((F & 3) == 0) {
+        int Q = F >> 2;
+        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+        if (i >= (long long)N * Q) return;
+        long long row = i / Q;
+        int j = (int)(i - row * Q) * 4;
+        const bf16* g = gu + row * 2 * F;
+        bf16* dg = dgu + row * 2 * F;
+        uint2 dp = *(const uint2*)(dhb + row * F + j), gp = *(const uint2*)(g + j), up = *(const uint2*)(g + F + j);
+        swiglu_grad(lo16(dp.x), lo16(gp.x), lo16(up.x), &vg[0], &vu[0]);
+        swiglu_grad(hi16(dp.x), hi16(gp.x), hi16(up.x), &vg[1], &vu[1]);
+        swiglu_grad(lo16(dp.y), lo16(gp.y), lo16(up.y), &vg[2], &vu[2]);
+        swiglu_grad(hi16(dp.y), hi16(gp.y), hi16(up.y), &vg[3], &vu[3]);
+        *(uint2*)(dg + j) = make_uint2(f2bf2(vg[0], vg[1]), f2bf2(vg[2], vg[3]));
+        *(uint2*)(dg + F + j) = make_uint2(f2bf2(vu[0], vu[1]), f2bf2(vu[2], vu[3]));
+        return;
+    }
     size_t row = blockIdx.x;
     int j = 2 * (blockIdx.y * blockDim.x + threadIdx.x);
     const bf16* g = gu + row * 2 * F;
@@ -64,18 +98,17 @@ extern "C" __global__ void swiglu_bwd_gu(bf16* dgu, const bf16* dhb, const bf16*
     const bf16* dh = dhb + row * F;
     bf16* dg = dgu + row * 2 * F;
     bf16* du = dg + F;
-    float vg0, vu0, vg1, vu1;
     if ((F & 1) == 0 && j + 1 < F) {
         unsigned dp = *(const unsigned*)(dh + j), gp = *(const unsigned*)(g + j), up = *(const unsigned*)(u + j);
-        swiglu_grad(bf2f((bf16)(dp & 0xffffu)), bf2f((bf16)(gp & 0xffffu)), bf2f((bf16)(up & 0xffffu)), &vg0, &vu0);
-        swiglu_grad(bf2f((bf16)(dp >> 16)), bf2f((bf16)(gp >> 16)), bf2f((bf16)(up >> 16)), &vg1, &vu1);
-        *(unsigned*)(dg + j) = f2bf2(vg0, vg1);
-        *(unsigned*)(du + j) = f2bf2(vu0, vu1);
+        swiglu_grad(lo16(dp), lo16(gp), lo16(up), &vg[0], &vu[0]);
+        swiglu_grad(hi16(dp), hi16(gp), hi16(up), &vg[1], &vu[1]);
+        *(unsigned*)(dg + j) = f2bf2(vg[0], vg[1]);
+        *(unsigned*)(du + j) = f2bf2(vu[0], vu[1]);
         return;
     }
     for (int c = j; c < j + 2 && c < F; c++) {
-        swiglu_grad(bf2f(dh[c]), bf2f(g[c]), bf2f(u[c]), &vg0, &vu0);
-        dg[c] = f2bf(vg0);
-        du[c] = f2bf(vu0);
+        swiglu_grad(bf2f(dh[c]), bf2f(g[c]), bf2f(u[c]), &vg[0], &vu[0]);
+        dg[c] = f2bf(vg[0]);
+        du[c] = f2bf(vu[0]);
     }
 }

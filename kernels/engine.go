@@ -244,6 +244,12 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 				return 0, err
 			}
 			return start.Elapsed(end)
+		}, func(bytes int64) (cuda.Ptr, func(), error) {
+			p, err := e.mem.alloc("GEMM tuning scratch", bytes)
+			if err != nil {
+				return 0, nil, err
+			}
+			return p, func() { e.mem.free(p) }, nil
 		})
 	}
 	alloc := func(what string, n int64) cuda.Ptr {

@@ -1,7 +1,8 @@
 #!/bin/bash
 # One call on the GPU host: the GPU tests (native, then the forced sm_80 build), `sched verify` on both
 # golden models, the 200-step loss curve six times, transformers loading kiln's checkpoint, kiln's
-# benchmarks with the per-kernel profile, the PyTorch peer (eager, then torch.compile), and kiln again.
+# benchmarks with the per-kernel profile, the PyTorch peer (eager, then torch.compile), kiln again, and
+# torch.compile's step by kernel group (torch_profile.py, next to this script).
 # Run from the repository root, with $G a directory holding what was built on the development machine:
 #   CGO_ENABLED=0 go test -c -o $G/kernels.test ./kernels/
 #   CGO_ENABLED=0 go build -o $G/sched ./cmd/sched
@@ -53,4 +54,7 @@ log kiln again
 for r in "small 32" "base 16"; do set -- $r
   timeout 60 sched bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 2>&1 | tail -1 | tee -a $OUT/kiln_after_peer.jsonl
 done
+log torch.compile profile
+PYTHONPATH=$G PYTHONUNBUFFERED=1 timeout 300 python3 $(dirname $0)/torch_profile.py small:32:1024 base:16:1024 2>&1 |
+  grep -v -i warn | tee $OUT/torch_profile.txt
 log end

@@ -101,10 +101,11 @@ type LtHandle struct {
 	descs map[[3]int32]uintptr
 	lays  map[[4]int64]uintptr
 
-	tuneN  int
-	timer  func(run func() error) (float32, error)
-	algos  map[product]*algo // nil: the library's own first choice
-	timing map[product][]float32
+	tuneN   int
+	timer   func(run func() error) (float32, error)
+	scratch func(bytes int64) (Ptr, func(), error)
+	algos   map[product]*algo // nil: the library's own first choice
+	timing  map[product][]float32
 }
 
 // product is what an algorithm is chosen for: types, transposes and shape.
@@ -246,37 +247,52 @@ func (h *LtHandle) matmul(compute, dtype, ctype int32, ta, tb bool, M, N, K int,
 		return err
 	}
 	al, be := alpha, beta
-	run := func(a *algo) error {
+	// run launches the product with algorithm a (nil: the library's
+	// choice), writing D to dst.
+	run := func(a *algo, dst Ptr) error {
 		var ap unsafe.Pointer
 		if a != nil {
 			ap = unsafe.Pointer(a)
 		}
 		return ltCheck("cublasLtMatmul", h.b.cublasLtMatmul(h.h, d, unsafe.Pointer(&al), uint64(B), la, uint64(A), lb,
-			unsafe.Pointer(&be), uint64(C), lc, uint64(D), lc, ap, uint64(ws), uint64(wsSize), stream))
+			unsafe.Pointer(&be), uint64(C), lc, uint64(dst), lc, ap, uint64(ws), uint64(wsSize), stream))
 	}
 	key := product{compute, dtype, ctype, ta, tb, M, N, K}
 	a, known := h.algos[key]
-	// A product that adds into its own output (beta != 0, D = C) cannot run
-	// more than once, so it is timed only when a call of the same shape
-	// that can comes along; until then it takes the library's choice.
-	if !known && h.tuneN > 0 && (beta == 0 || C != D) {
-		if a, err = h.tune(key, d, la, lb, lc, wsSize, run); err != nil {
+	if !known && h.tuneN > 0 {
+		// A product that adds into its own output (beta != 0, D = C)
+		// cannot run twice in place: its candidates write to scratch.
+		dst, release := D, func() {}
+		if beta != 0 && C == D {
+			size := int64(4)
+			if ctype == DataBF16 {
+				size = 2
+			}
+			if dst, release, err = h.scratch(int64(M) * int64(N) * size); err != nil {
+				return err
+			}
+		}
+		a, err = h.tune(key, d, la, lb, lc, wsSize, func(a *algo) error { return run(a, dst) })
+		release()
+		if err != nil {
 			return err
 		}
 		h.algos[key] = a
 	}
-	return run(a)
+	return run(a, D)
 }
 
-// Tune makes each product, at its first call that can be repeated, time up
-// to n of cuBLASLt's heuristic candidates (timer runs what it is given and
-// returns milliseconds) and keep the fastest for every later call. The
-// library's first choice is always among them, so a product never gets a
-// slower algorithm than without tuning, to within the timer's noise.
+// Tune makes each product, at its first call, time up to n of cuBLASLt's
+// heuristic candidates (timer runs what it is given and returns
+// milliseconds) and keep the fastest for every later call. The library's
+// first choice is always among them, so a product never gets a slower
+// algorithm than without tuning, to within the timer's noise. A product
+// that adds into its own output is timed writing to a buffer from scratch
+// (bytes asked; release frees it), so that its output is added to once.
 // Different algorithms may sum in a different order: results are not
 // bit-identical to an untuned run's.
-func (h *LtHandle) Tune(n int, timer func(run func() error) (float32, error)) {
-	h.tuneN, h.timer = n, timer
+func (h *LtHandle) Tune(n int, timer func(run func() error) (float32, error), scratch func(bytes int64) (Ptr, func(), error)) {
+	h.tuneN, h.timer, h.scratch = n, timer, scratch
 }
 
 // Tuned reports, for each product timed so far, the candidates' times in

@@ -53,6 +53,10 @@ type Appender struct {
 // appendChunk is the read size; 1 MiB keeps a write syscall per ~500k ids.
 const appendChunk = 1 << 20
 
+// writebackBytes is how much of a shard is written before its disk
+// writeback is started, ahead of the commit's fsync.
+const writebackBytes = 8 << 20
+
 // OpenAppender locks the store in dir for writing, creating an empty store
 // for tok when dir holds none. An existing store must have been created with
 // the same tokenizer. log may be nil.
@@ -217,7 +221,8 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 	h := sha256.New()
 	var n, docs int64
 	var last uint32
-	have := 0 // bytes in a.buf not yet written: a partial id carried over
+	have := 0         // bytes in a.buf not yet written: a partial id carried over
+	var flushed int64 // ids handed to startWriteback
 	for {
 		if err := ctx.Err(); err != nil {
 			return Shard{}, err
@@ -240,6 +245,10 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 			}
 			n += int64(whole / width)
 			have = copy(a.buf, a.buf[whole:have])
+			if (n-flushed)*int64(width) >= writebackBytes {
+				startWriteback(a.f, (start+flushed)*int64(width), (n-flushed)*int64(width))
+				flushed = n
+			}
 		}
 		if rerr == io.EOF {
 			break

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
@@ -19,8 +20,24 @@ func init() {
 const wsBytes = 32 << 20
 
 // gemmCandidates is how many of cuBLASLt's heuristic algorithms each bf16
-// GEMM shape times before keeping the fastest.
+// GEMM shape times before keeping the fastest, unless KILN_CUDA_GEMM_TUNE
+// says otherwise.
 const gemmCandidates = 8
+
+// parseGemmTune reads KILN_CUDA_GEMM_TUNE: unset for gemmCandidates, "off"
+// for the library's first choice (0), or a number of candidates, 1 to 64.
+func parseGemmTune(v string) (int, error) {
+	switch v {
+	case "":
+		return gemmCandidates, nil
+	case "off":
+		return 0, nil
+	}
+	if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= 64 {
+		return n, nil
+	}
+	return 0, &envError{fmt.Sprintf("KILN_CUDA_GEMM_TUNE=%q is not a GEMM tuning setting: set off, or a number of candidates from 1 to 64, or unset it for %d", v, gemmCandidates)}
+}
 
 // Engine is the CUDA implementation of model.Engine. FP32 master weights,
 // gradients and both Adam moments live on the device in one flat buffer
@@ -45,6 +62,8 @@ type Engine struct {
 	flash bool
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode
+	// gemmTune: candidates each bf16 GEMM shape times (0: none).
+	gemmTune int
 	// headRows: how many rows of logits one chunk of the LM head holds.
 	headRows int
 	// launches counts kernel launches by name, so tests can tell which
@@ -159,6 +178,10 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	tune, err := parseGemmTune(os.Getenv("KILN_CUDA_GEMM_TUNE"))
+	if err != nil {
+		return nil, err
+	}
 	drv, err := cuda.LoadDriver()
 	if err != nil {
 		return nil, err
@@ -184,6 +207,7 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {
 		e.headMode = hm
+		e.gemmTune = tune
 	}
 	e.maxB, e.maxT = max(o.MaxBatch, 1), max(o.MaxSeq, 1)
 	if o.MaxBatch <= 0 || o.MaxSeq <= 0 {
@@ -224,7 +248,7 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	// bf16 GEMMs run the fastest of cuBLASLt's candidates for their shape,
 	// timed at the shape's first call (KILN_CUDA_GEMM_TUNE=off keeps the
 	// library's first choice, for comparisons).
-	if e.bf16 && os.Getenv("KILN_CUDA_GEMM_TUNE") != "off" {
+	if e.bf16 && e.gemmTune > 0 {
 		start, err := dv.NewEvent()
 		if err != nil {
 			return err
@@ -233,7 +257,7 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 		if err != nil {
 			return err
 		}
-		e.lt.Tune(gemmCandidates, func(run func() error) (float32, error) {
+		e.lt.Tune(e.gemmTune, func(run func() error) (float32, error) {
 			if err := start.Record(0); err != nil {
 				return 0, err
 			}

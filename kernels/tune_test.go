@@ -1,7 +1,10 @@
 package kernels
 
 import (
+	"errors"
 	"math"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/kiln-lm/kiln/model"
@@ -61,6 +64,32 @@ func TestTunedGemmsMatchLibraryChoice(t *testing.T) {
 		t.Logf("%s: %.3g", s.Name, rel)
 		if !(rel <= 1e-2) || math.IsNaN(rel) {
 			t.Errorf("%s: tuned GEMMs' gradient differs by %.3g of its largest value (limit 1e-2)", s.Name, rel)
+		}
+	}
+}
+
+func TestParseGemmTune(t *testing.T) {
+	for v, want := range map[string]int{"": gemmCandidates, "off": 0, "1": 1, "32": 32, "64": 64} {
+		if got, err := parseGemmTune(v); err != nil || got != want {
+			t.Errorf("parseGemmTune(%q) = %d, %v; want %d", v, got, err, want)
+		}
+	}
+}
+
+// A mistyped KILN_CUDA_GEMM_TUNE is refused before any device is touched,
+// as bad input, with one line naming the variable and what it takes.
+func TestBadGemmTuneIsBadInput(t *testing.T) {
+	for _, v := range []string{"0", "65", "on", "-3"} {
+		t.Setenv("KILN_CUDA_GEMM_TUNE", v)
+		_, err := New(model.Presets["tiny"], model.Options{Precision: "bf16", MaxBatch: 1, MaxSeq: 16})
+		var bad interface{ BadInput() bool }
+		if !errors.As(err, &bad) || !bad.BadInput() {
+			t.Fatalf("KILN_CUDA_GEMM_TUNE=%s: error %v, want bad input", v, err)
+		}
+		for _, want := range []string{"KILN_CUDA_GEMM_TUNE", strconv.Quote(v), "off", "1 to 64"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("KILN_CUDA_GEMM_TUNE=%s: %q does not say %q", v, err, want)
+			}
 		}
 	}
 }

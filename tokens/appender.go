@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"unsafe"
 
 	"go.uber.org/zap"
@@ -44,7 +45,9 @@ type Appender struct {
 	f     *os.File // tokens.bin
 	m     *Manifest
 	index map[string]int // shard id -> position in m.Shards
-	buf   []byte
+	// bufs are the two read buffers: one is read into while the other's
+	// chunk is hashed.
+	bufs [2][]byte
 	// broken is set when a manifest write failed part way: the state on
 	// disk is then unknown, and only a fresh OpenAppender may continue.
 	broken error
@@ -143,7 +146,7 @@ func openLocked(dir string, tok Tokenizer, log *zap.Logger) (*Appender, error) {
 	for i, s := range m.Shards {
 		index[s.ID] = i
 	}
-	return &Appender{dir: dir, log: log, f: f, m: m, index: index, buf: make([]byte, appendChunk)}, nil
+	return &Appender{dir: dir, log: log, f: f, m: m, index: index, bufs: [2][]byte{make([]byte, appendChunk), make([]byte, appendChunk)}}, nil
 }
 
 // Manifest returns a copy of the committed manifest.
@@ -218,19 +221,38 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 	width := a.m.Dtype.Width()
 	vocab := uint64(a.m.Tokenizer.VocabSize)
 	eos := a.m.Tokenizer.EOS
+	// The SHA-256 runs on a goroutine of its own, a chunk behind the reads,
+	// checks and writes, so that it overlaps with them: it was a quarter of
+	// the append's CPU. It covers every byte written, and the shard is
+	// committed only once it is taken and matches.
 	h := sha256.New()
+	free := make(chan []byte, len(a.bufs))
+	free <- a.bufs[1]
+	toHash := make(chan []byte, 1)
+	hashed := make(chan struct{})
+	go func() {
+		defer close(hashed)
+		for b := range toHash {
+			h.Write(b)
+			free <- b[:cap(b)]
+		}
+	}()
+	stopHash := sync.OnceFunc(func() { close(toHash); <-hashed })
+	defer stopHash()
+
+	buf := a.bufs[0]
 	var n, docs int64
 	var last uint32
-	have := 0         // bytes in a.buf not yet written: a partial id carried over
+	have := 0         // bytes in buf not yet written: a partial id carried over
 	var flushed int64 // ids handed to startWriteback
 	for {
 		if err := ctx.Err(); err != nil {
 			return Shard{}, err
 		}
-		k, rerr := r.Read(a.buf[have:])
+		k, rerr := r.Read(buf[have:])
 		have += k
 		whole := have - have%width
-		chunk := a.buf[:whole]
+		chunk := buf[:whole]
 		if whole > 0 {
 			d, l, bad := scanIDs(chunk, width, vocab, eos)
 			if bad >= 0 {
@@ -239,12 +261,14 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 			}
 			docs += d
 			last = l
-			h.Write(chunk)
 			if _, err := a.f.WriteAt(chunk, (start+n)*int64(width)); err != nil {
 				return Shard{}, fmt.Errorf("token store %s: write shard %q: %w", a.dir, info.ID, err)
 			}
 			n += int64(whole / width)
-			have = copy(a.buf, a.buf[whole:have])
+			toHash <- chunk
+			next := <-free
+			have = copy(next, buf[whole:have])
+			buf = next
 			if (n-flushed)*int64(width) >= writebackBytes {
 				startWriteback(a.f, (start+flushed)*int64(width), (n-flushed)*int64(width))
 				flushed = n
@@ -257,6 +281,7 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 			return Shard{}, fmt.Errorf("token store %s: read shard %q: %w", a.dir, info.ID, rerr)
 		}
 	}
+	stopHash()
 	if have != 0 {
 		return Shard{}, inputErrorf("append shard %q to token store %s: the shard's length is not a whole number of %d-byte %s ids (%d bytes left over): the shard file is truncated or was written for another dtype",
 			info.ID, a.dir, width, a.m.Dtype, have)

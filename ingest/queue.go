@@ -12,11 +12,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/store"
@@ -53,6 +55,15 @@ type Pipeline struct {
 	// DecodeAhead is the text a parquet file's decoders may hold ahead of
 	// its tokenization (0: ingest.DefaultDecodeAhead()).
 	DecodeAhead int64
+	// Tokenizing bounds the shards that read and tokenize at once on this
+	// machine (nil: no bound); a worker sets it to DefaultTokenizing(). A
+	// shard takes its place after the download and gives it back as soon as
+	// its last token is written, before the object's upload completes, so
+	// that a worker serving more shards than this keeps the cores busy
+	// while a shard waits for its upload's tail: with two shards at once
+	// and no bound, each sat 57 ms of its 190 ms in that wait on 16 cores,
+	// together, and a third of the cores idled (docs/benchmarks/ingest.md).
+	Tokenizing *semaphore.Weighted
 	// Logger receives the steps' logs (default: none).
 	Logger *zap.Logger
 }
@@ -377,6 +388,15 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	return out, false, nil
 }
 
+// DefaultTokenizing is how many shards a worker reads and tokenizes at
+// once (Pipeline.Tokenizing): one per 8 cores, at least two. Each shard
+// already encodes on every core, and two kept 15.7 of 16 cores busy while
+// both were tokenizing (an execution trace of the ingest benchmark's
+// worker, docs/benchmarks/ingest.md); a file's parquet reader is one
+// goroutine where the file is one row group, so more cores need more
+// files at once to be fed.
+func DefaultTokenizing() int { return max(2, runtime.GOMAXPROCS(0)/8) }
+
 // tokenize streams the shard of local into object storage at key while it
 // is being tokenized, so that the upload overlaps with tokenization and no
 // copy of the tokens waits on this machine's disk. The object exists only
@@ -384,19 +404,37 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 // upload is aborted, never completed), and the caller enqueues no append.
 // The SHA-256 that the append verifies is taken from the same bytes as they
 // are written, so the upload itself need not sign them.
+//
+// The shard holds a place in p.Tokenizing from opening the file until its
+// last token is written; the wait for the upload's last part and its
+// completion leaves the cores to the next shard.
 func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string, tok *tokenizer.Tokenizer) (ShardStats, error) {
-	src, err := Open(ctx, local, OpenOptions{Name: job.Path, Columns: job.Columns, SWH: p.SWH, DecodeAhead: p.DecodeAhead})
-	if err != nil {
-		return ShardStats{}, err
+	if p.Tokenizing != nil {
+		if err := p.Tokenizing.Acquire(ctx, 1); err != nil {
+			return ShardStats{}, fmt.Errorf("waiting to tokenize %s: %w", job.Path, err)
+		}
 	}
-	defer src.Close()
 	up := &upload{ctx: ctx, objects: p.Objects, key: key}
-	st, err := WriteShard(ctx, src, tok, up)
+	st, err := p.write(ctx, job, local, tok, up)
+	if p.Tokenizing != nil {
+		p.Tokenizing.Release(1)
+	}
 	// A write that failed because the put did carries the put's own error.
 	if uerr := up.finish(err); uerr != nil && (err == nil || errors.Is(err, uerr)) {
 		err = fmt.Errorf("uploading the shard of %s to %s: %w", job.Path, key, uerr)
 	}
 	return st, err
+}
+
+// write tokenizes local into up; the file is closed, and its decoders
+// stopped, when it returns.
+func (p *Pipeline) write(ctx context.Context, job ShardJob, local string, tok *tokenizer.Tokenizer, up *upload) (ShardStats, error) {
+	src, err := Open(ctx, local, OpenOptions{Name: job.Path, Columns: job.Columns, SWH: p.SWH, DecodeAhead: p.DecodeAhead})
+	if err != nil {
+		return ShardStats{}, err
+	}
+	defer src.Close()
+	return WriteShard(ctx, src, tok, up)
 }
 
 // upload is a writer whose bytes go to one object as they come. The put

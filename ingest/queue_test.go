@@ -3,10 +3,16 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"golang.org/x/sync/semaphore"
+
 	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 )
 
@@ -107,5 +113,79 @@ func TestStatusOfAStore(t *testing.T) {
 	}
 	if msg := (Limits{MaxDisk: 21}).reached("s", st); msg != "" {
 		t.Fatalf("below --max-disk: %q", msg)
+	}
+}
+
+// gateWatch is a store that, while it receives a shard, says whether a
+// shard's place in the tokenizing bound was free: after the first byte
+// (it must not be: the shard is still being written) and at the end of
+// the body (it must be: the shard gave its place back before waiting for
+// the upload to complete).
+type gateWatch struct {
+	store.Store
+	gate                   *semaphore.Weighted
+	freeAtFirst, freeAtEnd bool
+}
+
+func (g *gateWatch) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if !strings.HasPrefix(key, ShardPrefix("s")) {
+		return g.Store.Put(ctx, key, r, size)
+	}
+	free := func() bool {
+		if g.gate.TryAcquire(1) {
+			g.gate.Release(1)
+			return true
+		}
+		return false
+	}
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(r, first); err != nil {
+		return err
+	}
+	g.freeAtFirst = free()
+	rest, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	g.freeAtEnd = free()
+	return g.Store.Put(ctx, key, bytes.NewReader(append(first, rest...)), -1)
+}
+
+// A shard holds its place among those tokenizing at once while its tokens
+// are written, and gives it back before it waits for its upload to
+// complete, so that the next shard can use the cores meanwhile.
+func TestShardGivesBackItsTokenizingPlaceBeforeItsUploadCompletes(t *testing.T) {
+	ctx := context.Background()
+	tok := testTokenizer(t)
+	local, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := semaphore.NewWeighted(1)
+	objects := &gateWatch{Store: local, gate: gate}
+	p := &Pipeline{Objects: objects, Tokenizing: gate,
+		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return tok, nil }}
+	var rows []textRow
+	for i := range 2000 {
+		rows = append(rows, textRow{Text: fmt.Sprintf("document %d: the quick brown fox; func main() {}", i)})
+	}
+	path := filepath.Join(t.TempDir(), "a.parquet")
+	writeParquet(t, path, rows, 500)
+	out, done, err := p.Shard(ctx, ShardJob{Path: path, Store: "s", Tokenizer: "t", ShardID: "local:a"}, nil)
+	if err != nil || done || out.Documents != int64(len(rows)) || out.Object == "" {
+		t.Fatalf("Shard = %+v, %v, %v", out, done, err)
+	}
+	if objects.freeAtFirst {
+		t.Error("the shard's place was free while its tokens were still being written")
+	}
+	if !objects.freeAtEnd {
+		t.Error("the shard still held its place when its upload was about to complete")
+	}
+	info, err := local.Stat(ctx, out.Object)
+	if err != nil || info.Size != out.Tokens*2 {
+		t.Fatalf("shard object: %+v, %v; want %d bytes", info, err, out.Tokens*2)
+	}
+	if !gate.TryAcquire(1) {
+		t.Fatal("the shard kept its place after it returned")
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"go.uber.org/zap"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/scheduler"
@@ -36,8 +37,15 @@ type Ingest struct {
 
 var ingestCfg atomic.Pointer[Ingest]
 
-// ConfigureIngest installs c for the ingest handlers of this process.
+// ConfigureIngest installs c for the ingest handlers of this process. A
+// Pipeline.Tokenizing left nil bounds the shards tokenizing at once to
+// ingest.DefaultTokenizing(), whatever the ingest queue's concurrency: the
+// shards beyond it download, or wait for their uploads to complete, while
+// the others use the cores.
 func ConfigureIngest(c Ingest) {
+	if c.Pipeline.Tokenizing == nil {
+		c.Pipeline.Tokenizing = semaphore.NewWeighted(int64(ingest.DefaultTokenizing()))
+	}
 	if c.Tokenizers == nil {
 		c.Tokenizers = catalog.New(c.Pipeline.Objects, c.Pipeline.DataDir)
 	}

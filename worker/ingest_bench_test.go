@@ -142,9 +142,12 @@ func writeBenchFiles(b *testing.B, dir string, total, fileBytes int64) {
 //	KILN_INGEST_BENCH_FILE_BYTES  text per parquet file (default 32 MiB)
 //	KILN_INGEST_BENCH_DIR         keep the generated files here between runs
 //	KILN_INGEST_BENCH_OBJECTS     "local" for the directory object store, else versitygw
-//	KILN_INGEST_BENCH_QUEUES      the worker's queues (default ingest=2,append=1: one
-//	                              file's download, upload or parquet decoding overlaps
-//	                              another's tokenization)
+//	KILN_INGEST_BENCH_QUEUES      the worker's queues (default ingest=4,append=1, as
+//	                              `sched worker`'s ingest=4: the worker tokenizes
+//	                              ingest.DefaultTokenizing() files at once, and the
+//	                              others' uploads complete meanwhile)
+//	KILN_TEST_TOKENIZING          files tokenized at once (default
+//	                              ingest.DefaultTokenizing())
 //	KILN_TEST_DECODE_AHEAD        the text a file's parquet decoders may hold ahead of
 //	                              its tokenization, in bytes (default
 //	                              ingest.DefaultDecodeAhead())
@@ -299,7 +302,7 @@ func ingestOnce(b *testing.B, tokJSON []byte, glob string) (float64, float64, in
 	tmp := b.TempDir()
 	queues := os.Getenv("KILN_INGEST_BENCH_QUEUES")
 	if queues == "" {
-		queues = "ingest=2,append=1"
+		queues = "ingest=4,append=1"
 	}
 	env := []string{"KILN_TEST_INGEST_WORKER=" + queues, "KILN_TEST_QUIET=1", "KILN_TEST_REDIS_URL=" + redis.URL(0),
 		"KILN_TEST_PROGRESS_EVERY=1s", // the worker's default, not the tests' 1 ms

@@ -25,6 +25,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/parquet-go/parquet-go"
 	"go.uber.org/zap"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
@@ -87,9 +88,14 @@ func runIngestChild() int {
 	defer c.Close()
 	// A benchmark can set how far a parquet file is decoded ahead.
 	ahead, _ := strconv.ParseInt(os.Getenv("KILN_TEST_DECODE_AHEAD"), 10, 64)
+	// and how many shards tokenize at once (default ingest.DefaultTokenizing()).
+	var tokenizing *semaphore.Weighted
+	if n, err := strconv.ParseInt(os.Getenv("KILN_TEST_TOKENIZING"), 10, 64); err == nil && n > 0 {
+		tokenizing = semaphore.NewWeighted(n)
+	}
 	ConfigureIngest(Ingest{
 		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log,
-			DecodeAhead: ahead},
+			DecodeAhead: ahead, Tokenizing: tokenizing},
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
 	})
 	// Tests watch progress as it happens; a benchmark sets the production

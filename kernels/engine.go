@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
@@ -23,6 +25,16 @@ const wsBytes = 32 << 20
 // GEMM shape times before keeping the fastest, unless KILN_CUDA_GEMM_TUNE
 // says otherwise.
 const gemmCandidates = 8
+
+// envChoice reads the environment variable name, which must be unset or
+// one of values; anything else is bad input naming the variable and them.
+func envChoice(name string, values ...string) (string, error) {
+	v := os.Getenv(name)
+	if v == "" || slices.Contains(values, v) {
+		return v, nil
+	}
+	return "", &envError{fmt.Sprintf("%s=%q is not a setting it takes: set one of %s, or unset it", name, v, strings.Join(values, ", "))}
+}
 
 // parseGemmTune reads KILN_CUDA_GEMM_TUNE: unset for gemmCandidates, "off"
 // for the library's first choice (0), or a number of candidates, 1 to 64.
@@ -182,6 +194,14 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	attention, err := envChoice("KILN_CUDA_ATTENTION", "flash", "naive")
+	if err != nil {
+		return nil, err
+	}
+	forceSM80, err := envChoice("KILN_CUDA_FORCE_SM80", "0", "1")
+	if err != nil {
+		return nil, err
+	}
 	drv, err := cuda.LoadDriver()
 	if err != nil {
 		return nil, err
@@ -196,14 +216,14 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	}
 	// KILN_CUDA_FORCE_SM80=1 forces the sm_80 build where no flag reaches
 	// the engine (sched verify, tests).
-	if os.Getenv("KILN_CUDA_FORCE_SM80") == "1" {
+	if forceSM80 == "1" {
 		o.ForceSM80 = true
 	}
 	e := &Engine{cfg: c, opt: o, bf16: o.Precision == "bf16", specs: c.Specs(), th: newThread(), launches: map[string]int{}}
 	// fp32 precision keeps the exact straightforward attention: the flash
 	// kernels round to bf16 for the tensor cores. KILN_CUDA_ATTENTION=naive
 	// selects it in bf16 too, for comparisons.
-	e.flash = e.bf16 && c.HeadDim == flashHeadDim && os.Getenv("KILN_CUDA_ATTENTION") != "naive"
+	e.flash = e.bf16 && c.HeadDim == flashHeadDim && attention != "naive"
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {
 		e.headMode = hm

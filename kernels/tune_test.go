@@ -93,3 +93,24 @@ func TestBadGemmTuneIsBadInput(t *testing.T) {
 		}
 	}
 }
+
+// The engine's other settings refuse a value they do not take the same way,
+// before any device is touched, instead of ignoring it.
+func TestBadEngineSettingIsBadInput(t *testing.T) {
+	for _, c := range []struct{ name, value string }{
+		{"KILN_CUDA_ATTENTION", "naïve"}, {"KILN_CUDA_ATTENTION", "off"},
+		{"KILN_CUDA_FORCE_SM80", "yes"}, {"KILN_CUDA_FORCE_SM80", "true"},
+	} {
+		t.Run(c.name+"="+c.value, func(t *testing.T) {
+			t.Setenv(c.name, c.value)
+			_, err := New(model.Presets["tiny"], model.Options{Precision: "bf16", MaxBatch: 1, MaxSeq: 16})
+			var bad interface{ BadInput() bool }
+			if !errors.As(err, &bad) || !bad.BadInput() {
+				t.Fatalf("error %v, want bad input", err)
+			}
+			if msg := err.Error(); !strings.Contains(msg, c.name) || !strings.Contains(msg, strconv.Quote(c.value)) {
+				t.Errorf("%q does not name %s and %q", msg, c.name, c.value)
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"runtime"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sync/semaphore"
 )
@@ -135,6 +136,7 @@ func (s *rowGroupSource) decode(ctx context.Context, dg *decodedGroup) error {
 		return err
 	}
 	seg, size := &docSegment{}, int64(0)
+	var arena []byte
 	send := func() error {
 		n := min(size, s.ahead)
 		if dg.ahead.Err() == nil {
@@ -152,7 +154,7 @@ func (s *rowGroupSource) decode(ctx context.Context, dg *decodedGroup) error {
 			s.budget.Release(seg.credit)
 			return ctx.Err()
 		}
-		seg, size = &docSegment{}, 0
+		seg, size, arena = &docSegment{}, 0, nil
 		return nil
 	}
 	for gr.pos < gr.rows {
@@ -167,7 +169,9 @@ func (s *rowGroupSource) decode(ctx context.Context, dg *decodedGroup) error {
 			seg.skips.Add(reason, 1)
 			continue
 		}
-		seg.docs = append(seg.docs, Document{ID: rec.id, Text: string(rec.text)})
+		var text string
+		text, arena = copyText(arena, rec.text, s.segment-size)
+		seg.docs = append(seg.docs, Document{ID: rec.id, Text: text})
 		if size += int64(len(rec.text)); size >= s.segment {
 			if err := send(); err != nil {
 				return err
@@ -183,6 +187,29 @@ func (s *rowGroupSource) decode(ctx context.Context, dg *decodedGroup) error {
 		return send()
 	}
 	return nil
+}
+
+// copyText copies a document's text out of its page (whose buffer the
+// page's release reuses) into arena, a block of one segment's documents
+// that is only ever appended to, so that the strings made over it never
+// change: one allocation per segment instead of one per document. room is
+// what the segment still takes before it is sent; the document that fills
+// it, and any that does not fit, gets a string of its own, so a block
+// holds one segment's documents and no more. It returns the text and the
+// arena to copy the next one into.
+func copyText(arena, text []byte, room int64) (string, []byte) {
+	if len(text) == 0 {
+		return "", arena
+	}
+	if int64(len(text)) >= room || cap(arena)-len(arena) < len(text) {
+		return string(text), arena
+	}
+	if arena == nil {
+		arena = make([]byte, 0, room)
+	}
+	n := len(arena)
+	arena = append(arena, text...)
+	return unsafe.String(&arena[n], len(text)), arena
 }
 
 func (s *rowGroupSource) Next(ctx context.Context) (Document, error) {

@@ -201,11 +201,14 @@ func copyText(arena, text []byte, room int64) (string, []byte) {
 	if len(text) == 0 {
 		return "", arena
 	}
-	if int64(len(text)) >= room || cap(arena)-len(arena) < len(text) {
+	if int64(len(text)) >= room {
 		return string(text), arena
 	}
 	if arena == nil {
 		arena = make([]byte, 0, room)
+	}
+	if cap(arena)-len(arena) < len(text) {
+		return string(text), arena
 	}
 	n := len(arena)
 	arena = append(arena, text...)

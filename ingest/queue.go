@@ -419,9 +419,15 @@ func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string
 	if p.Tokenizing != nil {
 		p.Tokenizing.Release(1)
 	}
-	// A write that failed because the put did carries the put's own error.
-	if uerr := up.finish(err); uerr != nil && (err == nil || errors.Is(err, uerr)) {
-		err = fmt.Errorf("uploading the shard of %s to %s: %w", job.Path, key, uerr)
+	// A write that failed because the upload did carries the upload's own
+	// error; one that failed for its own reason keeps it, and says so if
+	// the upload could not be dropped either.
+	if uerr := up.finish(err); uerr != nil {
+		if err == nil || errors.Is(err, uerr) {
+			err = fmt.Errorf("uploading the shard of %s to %s: %w", job.Path, key, uerr)
+		} else {
+			err = fmt.Errorf("%w; dropping the unfinished upload of its shard to %s failed too: %v", err, key, uerr)
+		}
 	}
 	return st, err
 }
@@ -437,45 +443,36 @@ func (p *Pipeline) write(ctx context.Context, job ShardJob, local string, tok *t
 	return WriteShard(ctx, src, tok, up)
 }
 
-// upload is a writer whose bytes go to one object as they come. The put
+// upload is a writer whose bytes go to one object as they come, through
+// the store's streaming writer: for S3, part buffers reused across the
+// worker's shards and filled straight from each chunk of tokens. The put
 // starts at the first write, so a file with no usable documents leaves no
 // object behind.
 type upload struct {
 	ctx     context.Context
 	objects store.Store
 	key     string
-	pw      *io.PipeWriter
-	done    chan error
+	w       store.Writer
 }
 
 func (u *upload) Write(b []byte) (int, error) {
-	if u.pw == nil {
-		pr, pw := io.Pipe()
-		u.pw, u.done = pw, make(chan error, 1)
-		go func() {
-			err := store.PutUnsigned(u.ctx, u.objects, u.key, pr, -1)
-			// A put that gave up must not leave the writer blocked: its
-			// next write returns the put's error, which stops the shard.
-			pr.CloseWithError(err)
-			u.done <- err
-		}()
+	if u.w == nil {
+		u.w = store.NewUnsignedWriter(u.ctx, u.objects, u.key)
 	}
-	return u.pw.Write(b)
+	return u.w.Write(b)
 }
 
 // finish ends the upload: completes the object when writeErr is nil, and
-// otherwise makes the put fail so that it aborts. It returns the put's
-// error, after the put has returned.
+// otherwise aborts it. It returns the upload's own error: the one a write
+// returned, if the upload failed first, or the abort's.
 func (u *upload) finish(writeErr error) error {
-	if u.pw == nil {
+	if u.w == nil {
 		return nil
 	}
 	if writeErr != nil {
-		u.pw.CloseWithError(fmt.Errorf("shard not written whole: %w", writeErr))
-	} else {
-		u.pw.Close()
+		return u.w.Abort(writeErr)
 	}
-	return <-u.done
+	return u.w.Close()
 }
 
 // AppendResult is what an append did.

@@ -22,10 +22,14 @@ type S3Options struct {
 	SecretKey string
 	// Secure selects https.
 	Secure bool
-	// PartSize is the multipart part size: a put of unknown size buffers
-	// one part at a time, so this bounds its memory. Default 16 MiB
-	// (S3's minimum is 5 MiB).
+	// PartSize is the multipart part size: a put of unknown size fills one
+	// part while the previous one uploads, so two of these bound its
+	// memory. Default 16 MiB (S3's minimum is 5 MiB).
 	PartSize uint64
+	// IdleParts is how many part buffers the store keeps for the next
+	// puts of unknown size once a put is done with them (default 4: the
+	// two buffers each of two shards tokenizing at once).
+	IdleParts int
 	// MaxRetries bounds minio-go's retries of one request on transient
 	// errors (connection refused, 5xx, throttling), with backoff and jitter.
 	// Only re-readable bodies are retried: whole known-size bodies and
@@ -40,6 +44,7 @@ const DefaultPartSize = 16 << 20
 type S3 struct {
 	o      S3Options
 	c      *minio.Client
+	pool   *partPool // part buffers of puts of unknown size
 	mu     sync.Mutex
 	bucket bool // bucket known to exist
 }
@@ -56,6 +61,9 @@ func NewS3(o S3Options) (*S3, error) {
 	if o.MaxRetries == 0 {
 		o.MaxRetries = 5
 	}
+	if o.IdleParts == 0 {
+		o.IdleParts = 4
+	}
 	c, err := minio.New(o.Endpoint, &minio.Options{
 		Creds:      credentials.NewStaticV4(o.AccessKey, o.SecretKey, ""),
 		Secure:     o.Secure,
@@ -64,7 +72,7 @@ func NewS3(o S3Options) (*S3, error) {
 	if err != nil {
 		return nil, &S3Error{Op: "connect", URL: o.url(""), Err: err, bad: true}
 	}
-	return &S3{o: o, c: c}, nil
+	return &S3{o: o, c: c, pool: &partPool{size: int(o.PartSize), idle: make(chan []byte, o.IdleParts)}}, nil
 }
 
 func (o S3Options) url(key string) string {
@@ -156,15 +164,25 @@ func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, unsig
 	if err := s.ensureBucket(ctx); err != nil {
 		return err
 	}
-	// A stream of unknown size (a shard while it is tokenized) fills one
-	// part while the previous one uploads, so its writer does not stop for
-	// each part's round trip: two part buffers instead of one.
-	opts := minio.PutObjectOptions{PartSize: s.o.PartSize, ContentType: "application/octet-stream", DisableContentSha256: unsigned}
 	if size < 0 {
-		opts.ConcurrentStreamParts, opts.NumThreads = true, 2
+		return s.putStream(ctx, key, r, unsigned)
 	}
+	opts := minio.PutObjectOptions{PartSize: s.o.PartSize, ContentType: "application/octet-stream", DisableContentSha256: unsigned}
 	_, err := s.c.PutObject(ctx, s.o.Bucket, key, ctxReader{ctx, r}, size, opts)
 	return s.wrap("put", key, err)
+}
+
+// putStream puts a reader of unknown size through the store's streaming
+// writer.
+func (s *S3) putStream(ctx context.Context, key string, r io.Reader, unsigned bool) error {
+	w := s.newWriter(ctx, key, unsigned)
+	if _, err := io.Copy(w, ctxReader{ctx, r}); err != nil {
+		if aerr := w.Abort(err); aerr != nil {
+			return aerr
+		}
+		return s.wrap("put", key, err)
+	}
+	return w.Close()
 }
 
 // Get implements Store.

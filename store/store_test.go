@@ -157,9 +157,10 @@ func TestS3UnreachableDuringPut(t *testing.T) {
 	body := make([]byte, 12<<20)
 	rand.Read(body)
 	br := &blockingReader{r: bytes.NewReader(body), n: 7 << 20, reached: make(chan struct{}), release: make(chan struct{})}
+	reached := br.reached // the reader clears it
 	errc := make(chan error, 1)
 	go func() { errc <- s.Put(ctx, "checkpoints/run/step-0000100/model.safetensors", br, -1) }()
-	<-br.reached // one part is uploaded and the second is being read
+	<-reached // one part is uploaded and the second is being read
 	srv.Stop()
 	close(br.release)
 	err := <-errc

@@ -126,13 +126,13 @@ type acts struct {
 	dvec         cuda.Ptr   // (B, H, T) rowsum(dy * y), with flash attention: flash_bwd_dq writes it for flash_bwd_dkv
 	g, u, h      []cuda.Ptr // L x (N, F)
 	lnf, rstdf   cuda.Ptr   // (N, d), (N)
-	logits       cuda.Ptr   // (headRows, V): one chunk's logits, overwritten by their gradient unless dlogitsb takes it
+	logits       cuda.Ptr   // (headRows, V) fp32-sized: one chunk's logits (bf16 in training where logitsBF), overwritten by their gradient unless dlogitsb takes it
 	losses       cuda.Ptr   // (N)
 	ids, tgt     cuda.Ptr   // (N) int32
 	dresid, dln  cuda.Ptr   // (N, d)
 	dlnb         cuda.Ptr   // (N, d) bf16: the norms' output gradient, where dlnBF
-	dy, dq       cuda.Ptr   // (N, H*D)
-	dk, dv       cuda.Ptr   // (N, KV*D)
+	dy, dq       cuda.Ptr   // (N, H*D), without flash attention
+	dk, dv       cuda.Ptr   // (N, KV*D), without flash attention
 	ds           cuda.Ptr   // (B, H, T, T), without flash attention
 	dh, dg, du   cuda.Ptr   // (N, F)
 	bfA, bfB     cuda.Ptr   // bf16 GEMM operands converted on the way (bf16 precision)
@@ -141,12 +141,13 @@ type acts struct {
 	// bf16 precision: what feeds GEMMs is written in bf16 by the kernel
 	// that produces it, so that no conversion pass runs inside a step.
 	// ln1, ln2, h, dg and du then have no fp32 buffer at all (0): only
-	// GEMMs read them (g, u and dh likewise, below). y, dq, dk and dv keep fp32 for the attention and
-	// rotary kernels, lnf for the fp32 LM-head diagnostic.
+	// GEMMs read them (g, u and dh likewise, below). Without flash
+	// attention y, dq, dk and dv keep fp32 for the attention and rotary
+	// kernels; lnf stays for the fp32 LM-head diagnostic.
 	ln1b, ln2b []cuda.Ptr // L x (N, d) bf16
 	yb, hb     []cuda.Ptr // L x (N, H*D), L x (N, F) bf16; yb with flash attention only
 	lnfb       cuda.Ptr   // (N, d) bf16
-	dlogitsb   cuda.Ptr   // (headRows, V) bf16 logit gradient of one chunk, unless the head's backward reads fp32
+	dlogitsb   cuda.Ptr   // (headRows, V) bf16 logit gradient of one chunk, for an fp32 head forward with a bf16 backward (KILN_CUDA_HEAD=fp32-forward)
 	dresidb    cuda.Ptr   // (N, d) bf16 copy of dresid after each norm's backward
 	dqb, dkb   cuda.Ptr   // (N, H*D), (N, KV*D) bf16 copies after the inverse rotation, without flash attention
 	// The gate and up projections run as one GEMM over their stacked

@@ -46,13 +46,22 @@ __device__ __forceinline__ void swiglu_grad(float dh, float x, float y, float* v
 __device__ __forceinline__ float lo16(unsigned v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float hi16(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
 
+// quad_at places this thread's 4 columns, flat over (row, column quad) of
+// N rows of F values: the row and its first column; false past the end.
+__device__ __forceinline__ bool quad_at(int N, int F, long long* row, int* j) {
+    int Q = F >> 2;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)N * Q) return false;
+    *row = i / Q;
+    *j = (int)(i - *row * Q) * 4;
+    return true;
+}
+
 extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int N, int F) {
     if ((F & 3) == 0) {
-        int Q = F >> 2;
-        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-        if (i >= (long long)N * Q) return;
-        long long row = i / Q;
-        int j = (int)(i - row * Q) * 4;
+        long long row;
+        int j;
+        if (!quad_at(N, F, &row, &j)) return;
         const bf16* g = gu + row * 2 * F;
         uint2 gp = *(const uint2*)(g + j), up = *(const uint2*)(g + F + j);
         *(uint2*)(hb + row * F + j) = make_uint2(f2bf2(silu_mul(lo16(gp.x), lo16(up.x)), silu_mul(hi16(gp.x), hi16(up.x))),
@@ -75,11 +84,9 @@ extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int N, int F)
 extern "C" __global__ void swiglu_bwd_gu(bf16* dgu, const bf16* dhb, const bf16* gu, int N, int F) {
     float vg[4], vu[4];
     if ((F & 3) == 0) {
-        int Q = F >> 2;
-        long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-        if (i >= (long long)N * Q) return;
-        long long row = i / Q;
-        int j = (int)(i - row * Q) * 4;
+        long long row;
+        int j;
+        if (!quad_at(N, F, &row, &j)) return;
         const bf16* g = gu + row * 2 * F;
         bf16* dg = dgu + row * 2 * F;
         uint2 dp = *(const uint2*)(dhb + row * F + j), gp = *(const uint2*)(g + j), up = *(const uint2*)(g + F + j);

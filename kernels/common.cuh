@@ -4,6 +4,12 @@ typedef unsigned short bf16;
 
 __device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned int)h) << 16); }
 
+// bf_lo and bf_hi widen the bf16 in the low (lower address) or high half
+// of a pair read as 4 bytes; bf4 widens four read as 8 bytes.
+__device__ __forceinline__ float bf_lo(unsigned v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ float bf_hi(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
+__device__ __forceinline__ float4 bf4(uint2 u) { return make_float4(bf_lo(u.x), bf_hi(u.x), bf_lo(u.y), bf_hi(u.y)); }
+
 // f2bf rounds to nearest even in one instruction (sm_80 and later, as every
 // kernel here requires; a NaN becomes the canonical quiet NaN).
 __device__ __forceinline__ bf16 f2bf(float f) {

@@ -8,11 +8,7 @@
 // them.
 
 __device__ __forceinline__ float4 ld4(const float* p, size_t i) { return ((const float4*)p)[i]; }
-__device__ __forceinline__ float4 ld4(const bf16* p, size_t i) {
-    uint2 u = ((const uint2*)p)[i];
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                       __uint_as_float(u.y & 0xffff0000u));
-}
+__device__ __forceinline__ float4 ld4(const bf16* p, size_t i) { return bf4(((const uint2*)p)[i]); }
 __device__ __forceinline__ void st4(float* p, size_t i, float a, float b, float c, float d) { ((float4*)p)[i] = make_float4(a, b, c, d); }
 __device__ __forceinline__ void st4(bf16* p, size_t i, float a, float b, float c, float d) { ((uint2*)p)[i] = make_uint2(f2bf2(a, b), f2bf2(c, d)); }
 __device__ __forceinline__ float ld1(const float* p, size_t i) { return p[i]; }

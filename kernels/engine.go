@@ -95,6 +95,7 @@ type Engine struct {
 	// nodecay: the [start, end) element ranges of the flat buffer that AdamW
 	// does not decay (the vectors), as pairs of int64, sorted.
 	nodecay cuda.Ptr
+	nranges int
 	wbf     cuda.Ptr // (n) bf16 copy of params for the GEMMs (bf16 precision)
 	optStep int
 
@@ -318,7 +319,7 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	e.partial = alloc("gradient norm", normBlocks*4)
 	e.ws = alloc("cuBLASLt workspace", wsBytes)
 	nodecay := e.noDecayRanges()
-	e.nodecay = alloc("optimizer table", int64(len(nodecay))*8)
+	e.nodecay, e.nranges = alloc("optimizer table", int64(len(nodecay))*8), len(nodecay)/2
 	if err != nil {
 		return err
 	}
@@ -470,14 +471,10 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	} else {
 		a.dln = f32("gradient scratch", N*d)
 	}
-	// Flash attention reads the output gradient in bf16 and writes dv in
-	// bf16 only.
+	// Flash attention reads the output gradient in bf16 and writes dq, dk
+	// (rotated back in its kernels) and dv in bf16 only.
 	if !e.flash {
 		a.dy, a.dv = f32("gradient scratch", N*qd), f32("gradient scratch", N*kvd)
-	}
-	// Flash attention writes dq and dk in bf16 only, rotated back in its
-	// kernels.
-	if !e.flash {
 		a.dq, a.dk = f32("gradient scratch", N*qd), f32("gradient scratch", N*kvd)
 	}
 	a.dh, a.dg, a.du = f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F)
@@ -656,22 +653,16 @@ func (e *Engine) launch3(name string, grid, block cuda.Dim3, args ...any) error 
 	return e.timed(name, func() error { return f.Launch(grid, block, 0, 0, args...) })
 }
 
-// timed runs op, and with profiling on adds its device time to name's.
 // gemmName is a GEMM's line in the profile: by shape, so that the table
 // says which products take the time. ta/tb mark a transposed operand.
 func (e *Engine) gemmName(kind string, ta, tb bool, M, N, K int) string {
 	if !e.profiling {
 		return ""
 	}
-	t := func(b bool) string {
-		if b {
-			return "T"
-		}
-		return "N"
-	}
-	return fmt.Sprintf("GEMM %s %dx%dx%d %s%s", kind, M, N, K, t(ta), t(tb))
+	return fmt.Sprintf("GEMM %s %s", kind, cuda.ProductName(ta, tb, M, N, K))
 }
 
+// timed runs op, and with profiling on adds its device time to name's.
 func (e *Engine) timed(name string, op func() error) error {
 	if !e.profiling {
 		return op()
@@ -924,7 +915,7 @@ func checkCapability(name string, major, minor int) error {
 // GEMM into each norm's gradient overwrites it (the unfused ones add
 // three), and a head whose backward runs in bf16.
 func (e *Engine) dlnBF() bool {
-	return e.flash && e.warpNorm() && !e.headMode.f32Bwd && !e.headMode.tf32
+	return e.flash && e.warpNorm() && !e.headMode.fp32Grad()
 }
 
 // dlnGemm writes the gradient of a norm's output, rows r0 on, as

@@ -323,7 +323,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq(float* dq, bf1
 #pragma unroll 8
         for (int c = 0; c < 32; c += 2) {
             unsigned a = ld32s(S[3] + row * LDS + c0 + c), o = ld32s(S[4] + row * LDS + c0 + c);
-            acc += bf2f((bf16)(a & 0xffffu)) * bf2f((bf16)(o & 0xffffu)) + bf2f((bf16)(a >> 16)) * bf2f((bf16)(o >> 16));
+            acc += bf_lo(a) * bf_lo(o) + bf_hi(a) * bf_hi(o);
         }
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if ((threadIdx.x & 1) == 0) {

@@ -45,9 +45,10 @@ type headMode struct {
 	tf32 bool
 }
 
-// fp32Grad reports whether the head's backward reads an fp32 logit
-// gradient, which then overwrites the chunk's logits in place; otherwise
-// the loss kernel writes it in bf16 to its own buffer.
+// fp32Grad reports whether the head's backward runs on fp32 operands and so
+// reads an fp32 logit gradient, which then overwrites the chunk's fp32
+// logits; otherwise the gradient is bf16 (over the bf16 logits, or in its
+// own buffer behind an fp32 forward).
 func (m headMode) fp32Grad() bool { return m.f32Bwd || m.tf32 }
 
 // parseHeadMode reads KILN_CUDA_HEAD.
@@ -128,17 +129,17 @@ func (e *Engine) headGemm(backward, ta, tb bool, M, N, K int, A, B operand, beta
 // bf16 head. Half the bytes through the loss kernel and the forward GEMM's
 // output, and no separate gradient buffer.
 func (e *Engine) logitsBF() bool {
-	m := e.headMode
-	return e.bf16 && !m.f32Fwd && !m.f32Bwd && !m.tf32
+	return e.bf16 && !e.headMode.f32Fwd && !e.headMode.fp32Grad()
 }
 
-// headDX writes the final norm's output gradient for rows r0 on: bf16 or
-// fp32 as dlnBF says; an fp32 or TF32 head backward writes fp32.
+// headDX writes the final norm's output gradient for rows r0 on: through
+// dlnGemm like the other norms', or in fp32 from an fp32 or TF32 head
+// backward.
 func (e *Engine) headDX(r0, rows, V int, dlogits, W operand) error {
-	if e.dlnBF() {
-		return e.dlnGemm(r0, rows, V, dlogits, W)
+	if e.headMode.fp32Grad() {
+		return e.headGemm(true, false, false, rows, e.cfg.Hidden, V, dlogits, W, 0, rowsAt(e.a.dln, r0, e.cfg.Hidden, 4))
 	}
-	return e.headGemm(true, false, false, rows, e.cfg.Hidden, V, dlogits, W, 0, rowsAt(e.a.dln, r0, e.cfg.Hidden, 4))
+	return e.dlnGemm(r0, rows, V, dlogits, W)
 }
 
 // headPass is what a pass over the LM head computes.

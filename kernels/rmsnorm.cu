@@ -93,8 +93,8 @@ extern "C" __global__ void rmsnorm_fwd_warp(float* out, bf16* outb, float* rstd,
 // load4 reads four consecutive dy values as fp32, from fp32 or bf16.
 __device__ __forceinline__ rn4 load4(const float* p, long long i) { return ((const rn4*)p)[i]; }
 __device__ __forceinline__ rn4 load4(const bf16* p, long long i) {
-    uint2 u = ((const uint2*)p)[i];
-    return rn4{__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u)};
+    float4 f = bf4(((const uint2*)p)[i]);
+    return rn4{f.x, f.y, f.z, f.w};
 }
 
 // rmsnorm_bwd_dx and rmsnorm_bwd_dw in one pass: a warp takes rows in turn,

@@ -9,16 +9,13 @@
 
 // One block per row (blockIdx.x), its threads over the row's nh x D/2
 // pairs: the row's position is computed once, and no thread divides a
-// 64-bit index. x is packed (nh*D values a row); xb's rows are ldb apart, so
-// that the result can land in a column block of a wider matrix (the fused
-// projection's gradient).
-extern "C" __global__ void rope(float* x, bf16* xb, const float* cosT, const float* sinT, int N, int T, int nh, int D, int pos0, int dir,
-                                int ldb) {
+// 64-bit index. x and xb are packed (nh*D values a row).
+extern "C" __global__ void rope(float* x, bf16* xb, const float* cosT, const float* sinT, int N, int T, int nh, int D, int pos0, int dir) {
     int half = D / 2, row = blockIdx.x;
     int pos = pos0 + row % T;
     const float* ct = cosT + (size_t)pos * half;
     const float* st = sinT + (size_t)pos * half;
-    size_t base = (size_t)row * nh * D, baseb = (size_t)row * ldb;
+    size_t base = (size_t)row * nh * D;
     for (int k = threadIdx.x; k < nh * half; k += blockDim.x) {
         int h = k / half, i = k - h * half;
         float c = ct[i], s = st[i] * (float)dir;
@@ -26,9 +23,8 @@ extern "C" __global__ void rope(float* x, bf16* xb, const float* cosT, const flo
         float a = x[at], b = x[at + half];
         float ra = a * c - b * s, rb = b * c + a * s;
         if (xb) {
-            size_t atb = baseb + (size_t)h * D + i;
-            xb[atb] = f2bf(ra);
-            xb[atb + half] = f2bf(rb);
+            xb[at] = f2bf(ra);
+            xb[at + half] = f2bf(rb);
         } else {
             x[at] = ra;
             x[at + half] = rb;
@@ -54,8 +50,8 @@ extern "C" __global__ void rope_bf16(bf16* x, const float* cosT, const float* si
         unsigned* pb = (unsigned*)(xr + h * D + i + half);
         unsigned va = *pa, vb = *pb;
         float2 c = *(const float2*)(ct + i), s = *(const float2*)(st + i);
-        float a0 = bf2f((bf16)(va & 0xffffu)), a1 = bf2f((bf16)(va >> 16));
-        float b0 = bf2f((bf16)(vb & 0xffffu)), b1 = bf2f((bf16)(vb >> 16));
+        float a0 = bf_lo(va), a1 = bf_hi(va);
+        float b0 = bf_lo(vb), b1 = bf_hi(vb);
         *pa = f2bf2(a0 * c.x - b0 * s.x, a1 * c.y - b1 * s.y);
         *pb = f2bf2(b0 * c.x + a0 * s.x, b1 * c.y + a1 * s.y);
     }

@@ -108,8 +108,8 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 				func() error { return e.gemm(false, true, N, qd, d, ln1, W(sQ), 0, a.q[l]) },
 				func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sK), 0, a.k[l]) },
 				func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sV), 0, a.v[l]) },
-				func() error { return e.rope(a.q[l], 0, N, T, H, pos0, 1, qd) },
-				func() error { return e.rope(a.k[l], 0, N, T, KV, pos0, 1, kvd) },
+				func() error { return e.rope(a.q[l], 0, N, T, H, pos0, 1) },
+				func() error { return e.rope(a.k[l], 0, N, T, KV, pos0, 1) },
 				func() error {
 					if g == nil {
 						return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
@@ -225,10 +225,11 @@ func (e *Engine) rmsnorm(out, outb, rstd, x, w cuda.Ptr, N int) error {
 }
 
 // rope rotates x (N rows of heads x HeadDim fp32 values) in place (dir -1:
-// the inverse) or, with xb set, writes the result to xb in bf16, rows ldb
-// values apart, and leaves x alone.
-func (e *Engine) rope(x, xb cuda.Ptr, N, T, heads, pos0, dir, ldb int) error {
-	return e.launch("rope", N, e.ropeThreads(heads), x, xb, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, pos0, dir, ldb)
+// the inverse) or, with xb set, writes the result to xb in bf16 and leaves
+// x alone. A thread per rotated pair of a row, warp-rounded.
+func (e *Engine) rope(x, xb cuda.Ptr, N, T, heads, pos0, dir int) error {
+	threads := min(1024, (heads*e.cfg.HeadDim/2+31)/32*32)
+	return e.launch("rope", N, threads, x, xb, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, pos0, dir)
 }
 
 // ropeBF16 rotates the first heads x HeadDim columns of N bf16 rows, ld
@@ -237,9 +238,6 @@ func (e *Engine) rope(x, xb cuda.Ptr, N, T, heads, pos0, dir, ldb int) error {
 func (e *Engine) ropeBF16(x cuda.Ptr, N, T, heads, ld int) error {
 	return e.launch("rope_bf16", N, min(1024, (heads*e.cfg.HeadDim/4+31)/32*32), x, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, 0, ld)
 }
-
-// ropeThreads is a warp-rounded thread per rotated pair of a row.
-func (e *Engine) ropeThreads(heads int) int { return min(1024, (heads*e.cfg.HeadDim/2+31)/32*32) }
 
 // swigluGrid is the grid of swiglu_fwd_gu and swiglu_bwd_gu over N rows:
 // flat over column quads when the width is a multiple of 4, else a row of
@@ -282,7 +280,8 @@ func (e *Engine) ForwardBackward(b model.Batch, scale float32) error {
 }
 
 // backward adds the gradient of the loss from the final norm's output
-// gradient, which lmHead left in e.a.dln, down to the embedding.
+// gradient, which lmHead left in e.a.dln (e.a.dlnb where dlnBF), down to
+// the embedding.
 func (e *Engine) backward(b model.Batch) error {
 	c, a := e.cfg, e.a
 	B, T, N := b.B, b.T, b.B*b.T
@@ -295,10 +294,11 @@ func (e *Engine) backward(b model.Batch) error {
 		if e.warpNorm() {
 			// Enough blocks to fill the device; each warp then takes many
 			// rows, and a block adds its dw share with d atomics.
+			kernel, dy := "rmsnorm_bwd_warp", a.dln
 			if e.dlnBF() {
-				return e.launch("rmsnorm_bwd_warp_bf", min(blocks(int64(N), 8), 1024), 256, a.dresid, a.dresidb, dw, a.dlnb, x, w, rstd, N, d)
+				kernel, dy = "rmsnorm_bwd_warp_bf", a.dlnb
 			}
-			return e.launch("rmsnorm_bwd_warp", min(blocks(int64(N), 8), 1024), 256, a.dresid, a.dresidb, dw, a.dln, x, w, rstd, N, d)
+			return e.launch(kernel, min(blocks(int64(N), 8), 1024), 256, a.dresid, a.dresidb, dw, dy, x, w, rstd, N, d)
 		}
 		if err := e.launch("rmsnorm_bwd_dx", N, normThreads, a.dresid, a.dresidb, a.dln, x, w, rstd, N, d); err != nil {
 			return err
@@ -338,8 +338,8 @@ func (e *Engine) backward(b model.Batch) error {
 					return e.launch3("attn_bwd_kv", cuda.Dim3{X: T, Y: KV, Z: B}, cuda.Dim3{X: min(D, 256)},
 						a.dk, a.dv, a.ds, a.att[l], a.q[l], a.dy, T, T, H, KV, D, scale)
 				},
-				func() error { return e.rope(a.dq, a.dqb, N, T, H, 0, -1, qd) },
-				func() error { return e.rope(a.dk, a.dkb, N, T, KV, 0, -1, kvd) },
+				func() error { return e.rope(a.dq, a.dqb, N, T, H, 0, -1) },
+				func() error { return e.rope(a.dk, a.dkb, N, T, KV, 0, -1) },
 				func() error { return e.gemm(true, false, qd, d, N, dq, ln1, 1, G(sQ)) },
 				func() error { return e.gemm(true, false, kvd, d, N, dk, ln1, 1, G(sK)) },
 				func() error { return e.gemm(true, false, kvd, d, N, dv, ln1, 1, G(sV)) },
@@ -425,8 +425,7 @@ func (e *Engine) Step(o model.AdamW) error {
 		decay := float32(1 - o.LR*o.WeightDecay)
 		// One launch over every parameter, writing the GEMMs' bf16 copy
 		// as it goes (e.wbf is 0 in fp32 precision).
-		nranges := len(e.noDecayRanges()) / 2
-		return e.launch("adamw_flat", blocks(e.n, 256), 256, e.params, e.m, e.v, e.grads, e.wbf, e.norm, e.n, e.nodecay, nranges,
+		return e.launch("adamw_flat", blocks(e.n, 256), 256, e.params, e.m, e.v, e.grads, e.wbf, e.norm, e.n, e.nodecay, e.nranges,
 			float32(o.Beta1), float32(o.Beta2), float32(o.Eps), decay, float32(o.Clip), stepSize, bc2Sqrt)
 	})
 }

@@ -43,8 +43,6 @@ __device__ __forceinline__ void swiglu_grad(float dh, float x, float y, float* v
 // ceil(N F / 4 / 256), 256 threads. Otherwise grid (N, ceil(F / 512)): a
 // row per blockIdx.x (gridDim.y could not hold 65,536 rows), a pair of
 // columns per thread (4-byte loads when F is even).
-__device__ __forceinline__ float lo16(unsigned v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float hi16(unsigned v) { return __uint_as_float(v & 0xffff0000u); }
 
 // quad_at places this thread's 4 columns, flat over (row, column quad) of
 // N rows of F values: the row and its first column; false past the end.
@@ -64,8 +62,8 @@ extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int N, int F)
         if (!quad_at(N, F, &row, &j)) return;
         const bf16* g = gu + row * 2 * F;
         uint2 gp = *(const uint2*)(g + j), up = *(const uint2*)(g + F + j);
-        *(uint2*)(hb + row * F + j) = make_uint2(f2bf2(silu_mul(lo16(gp.x), lo16(up.x)), silu_mul(hi16(gp.x), hi16(up.x))),
-                                                 f2bf2(silu_mul(lo16(gp.y), lo16(up.y)), silu_mul(hi16(gp.y), hi16(up.y))));
+        *(uint2*)(hb + row * F + j) = make_uint2(f2bf2(silu_mul(bf_lo(gp.x), bf_lo(up.x)), silu_mul(bf_hi(gp.x), bf_hi(up.x))),
+                                                 f2bf2(silu_mul(bf_lo(gp.y), bf_lo(up.y)), silu_mul(bf_hi(gp.y), bf_hi(up.y))));
         return;
     }
     size_t row = blockIdx.x;
@@ -75,7 +73,7 @@ extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int N, int F)
     bf16* h = hb + row * F;
     if ((F & 1) == 0 && j + 1 < F) {
         unsigned gp = *(const unsigned*)(g + j), up = *(const unsigned*)(u + j);
-        *(unsigned*)(h + j) = f2bf2(silu_mul(lo16(gp), lo16(up)), silu_mul(hi16(gp), hi16(up)));
+        *(unsigned*)(h + j) = f2bf2(silu_mul(bf_lo(gp), bf_lo(up)), silu_mul(bf_hi(gp), bf_hi(up)));
         return;
     }
     for (int c = j; c < j + 2 && c < F; c++) h[c] = f2bf(silu_mul(bf2f(g[c]), bf2f(u[c])));
@@ -90,10 +88,10 @@ extern "C" __global__ void swiglu_bwd_gu(bf16* dgu, const bf16* dhb, const bf16*
         const bf16* g = gu + row * 2 * F;
         bf16* dg = dgu + row * 2 * F;
         uint2 dp = *(const uint2*)(dhb + row * F + j), gp = *(const uint2*)(g + j), up = *(const uint2*)(g + F + j);
-        swiglu_grad(lo16(dp.x), lo16(gp.x), lo16(up.x), &vg[0], &vu[0]);
-        swiglu_grad(hi16(dp.x), hi16(gp.x), hi16(up.x), &vg[1], &vu[1]);
-        swiglu_grad(lo16(dp.y), lo16(gp.y), lo16(up.y), &vg[2], &vu[2]);
-        swiglu_grad(hi16(dp.y), hi16(gp.y), hi16(up.y), &vg[3], &vu[3]);
+        swiglu_grad(bf_lo(dp.x), bf_lo(gp.x), bf_lo(up.x), &vg[0], &vu[0]);
+        swiglu_grad(bf_hi(dp.x), bf_hi(gp.x), bf_hi(up.x), &vg[1], &vu[1]);
+        swiglu_grad(bf_lo(dp.y), bf_lo(gp.y), bf_lo(up.y), &vg[2], &vu[2]);
+        swiglu_grad(bf_hi(dp.y), bf_hi(gp.y), bf_hi(up.y), &vg[3], &vu[3]);
         *(uint2*)(dg + j) = make_uint2(f2bf2(vg[0], vg[1]), f2bf2(vg[2], vg[3]));
         *(uint2*)(dg + F + j) = make_uint2(f2bf2(vu[0], vu[1]), f2bf2(vu[2], vu[3]));
         return;
@@ -107,8 +105,8 @@ extern "C" __global__ void swiglu_bwd_gu(bf16* dgu, const bf16* dhb, const bf16*
     bf16* du = dg + F;
     if ((F & 1) == 0 && j + 1 < F) {
         unsigned dp = *(const unsigned*)(dh + j), gp = *(const unsigned*)(g + j), up = *(const unsigned*)(u + j);
-        swiglu_grad(lo16(dp), lo16(gp), lo16(up), &vg[0], &vu[0]);
-        swiglu_grad(hi16(dp), hi16(gp), hi16(up), &vg[1], &vu[1]);
+        swiglu_grad(bf_lo(dp), bf_lo(gp), bf_lo(up), &vg[0], &vu[0]);
+        swiglu_grad(bf_hi(dp), bf_hi(gp), bf_hi(up), &vg[1], &vu[1]);
         *(unsigned*)(dg + j) = f2bf2(vg[0], vg[1]);
         *(unsigned*)(du + j) = f2bf2(vu[0], vu[1]);
         return;

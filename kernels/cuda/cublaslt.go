@@ -306,7 +306,7 @@ func (h *LtHandle) Tuned() map[string]TuneResult {
 				best = i
 			}
 		}
-		out[fmt.Sprintf("%dx%dx%d %s%s dtype %d out %d", k.M, k.N, k.K, opName(k.ta), opName(k.tb), k.dtype, k.ctype)] = TuneResult{MS: ms, Best: best}
+		out[fmt.Sprintf("%s dtype %d out %d", ProductName(k.ta, k.tb, k.M, k.N, k.K), k.dtype, k.ctype)] = TuneResult{MS: ms, Best: best}
 	}
 	return out
 }
@@ -317,11 +317,16 @@ type TuneResult struct {
 	Best int
 }
 
-func opName(t bool) string {
-	if t {
-		return "T"
+// ProductName names a product by its row-major shape M x N x K and which
+// operands are transposed: "32768x1024x512 NT".
+func ProductName(ta, tb bool, M, N, K int) string {
+	t := func(b bool) string {
+		if b {
+			return "T"
+		}
+		return "N"
 	}
-	return "N"
+	return fmt.Sprintf("%dx%dx%d %s%s", M, N, K, t(ta), t(tb))
 }
 
 func (h *LtHandle) tune(key product, d, la, lb, lc uintptr, wsSize int64, run func(*algo) error) (*algo, error) {

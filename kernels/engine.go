@@ -3,7 +3,6 @@ package kernels
 import (
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -349,24 +348,10 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	return nil
 }
 
-// ropeTables uploads cos and sin for positions, in the float32 steps
-// transformers' LlamaRotaryEmbedding takes (as the CPU engine does).
+// ropeTables uploads the cos and sin tables of model.RopeTables, the CPU
+// engine's, for positions.
 func (e *Engine) ropeTables(positions int) error {
-	D := e.cfg.HeadDim
-	half := D / 2
-	inv := make([]float32, half)
-	for i := range inv {
-		exp := float32(2*i) / float32(D)
-		inv[i] = float32(1 / float32(math.Pow(e.cfg.RopeTheta, float64(exp))))
-	}
-	cs, sn := make([]float32, positions*half), make([]float32, positions*half)
-	for p := 0; p < positions; p++ {
-		for i := 0; i < half; i++ {
-			a := float64(inv[i] * float32(p))
-			cs[p*half+i] = float32(math.Cos(a))
-			sn[p*half+i] = float32(math.Sin(a))
-		}
-	}
+	cs, sn := model.RopeTables(e.cfg.HeadDim, e.cfg.RopeTheta, positions)
 	var err error
 	if e.cosT, err = e.mem.alloc("rotary table", int64(len(cs))*4); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
@@ -33,23 +34,6 @@ func toBF16Bits(x []float32) []uint16 {
 	out := make([]uint16, len(x))
 	for i, v := range x {
 		out[i] = model.ToBF16(v)
-	}
-	return out
-}
-
-// unrotate applies rope's inverse rotation (rotate_half layout) to x, rows
-// of heads x D values at positions row % T, with the (positions, D/2) tables.
-func unrotate(x, cos, sin []float32, T, heads, D int) []float32 {
-	out, half := make([]float32, len(x)), D/2
-	for row := 0; row < len(x)/(heads*D); row++ {
-		p := row % T
-		for h := 0; h < heads; h++ {
-			at := (row*heads + h) * D
-			for i := 0; i < half; i++ {
-				a, b, c, s := x[at+i], x[at+i+half], cos[p*half+i], sin[p*half+i]
-				out[at+i], out[at+i+half] = a*c+b*s, b*c-a*s
-			}
-		}
 	}
 	return out
 }
@@ -231,7 +215,12 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					bf    []uint16
 					heads int
 				}{{"dq", got.dq, got.dqb, H}, {"dk", got.dk, got.dkb, KV}} {
-					want := unrotate(c.f32, got.cos, got.sin, T, c.heads, D)
+					want := slices.Clone(c.f32)
+					pos := make([]int, len(want)/(c.heads*D))
+					for r := range pos {
+						pos[r] = r % T
+					}
+					model.RotateHalf(want, got.cos, got.sin, pos, c.heads, D, true)
 					var big float64
 					for _, w := range want {
 						big = math.Max(big, math.Abs(float64(w)))

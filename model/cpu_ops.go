@@ -134,13 +134,31 @@ func (t *ropeTable) ensure(n int) {
 }
 
 // rope rotates each head of width hd in x (rows of heads*hd) by its row's
-// position, in the "rotate_half" layout: the pairs are (i, i+hd/2).
-// inverse applies the transposed rotation, which is the backward pass.
+// position; inverse applies the transposed rotation, which is the backward
+// pass.
 func (t *ropeTable) rope(x []float32, pos []int, heads, hd int, inverse bool) {
+	RotateHalf(x, t.cos, t.sin, pos, heads, hd, inverse)
+}
+
+// RopeTables returns cos and sin of every (position, frequency) pair for
+// positions 0 .. positions-1, (positions, headDim/2) each, computed as
+// transformers' LlamaRotaryEmbedding computes them: what every engine
+// rotates with.
+func RopeTables(headDim int, theta float64, positions int) (cos, sin []float32) {
+	t := newRopeTable(headDim, theta)
+	t.ensure(positions)
+	return t.cos, t.sin
+}
+
+// RotateHalf rotates each head of width hd in x (rows of heads*hd) by its
+// row's position in pos, with RopeTables' cos and sin, in the
+// "rotate_half" layout: the pairs are (i, i+hd/2). inverse applies the
+// transposed rotation, which is the backward pass.
+func RotateHalf(x, cos, sin []float32, pos []int, heads, hd int, inverse bool) {
 	half := hd / 2
 	width := heads * hd
 	for r, p := range pos {
-		c, s := t.cos[p*half:(p+1)*half], t.sin[p*half:(p+1)*half]
+		c, s := cos[p*half:(p+1)*half], sin[p*half:(p+1)*half]
 		row := x[r*width : (r+1)*width]
 		for h := 0; h < heads; h++ {
 			v := row[h*hd : (h+1)*hd]

@@ -13,7 +13,7 @@ import (
 // segmentBytes is the text a row-group decoder hands over at a time: the
 // size of WriteShard's chunks, so a segment's documents usually feed one
 // encoder.
-const segmentBytes = 256 << 10
+const segmentBytes = chunkBytes
 
 // DefaultDecodeAhead is the text that a parquet file's decoders may hold
 // ahead of the row group being read, unless OpenOptions says otherwise:

@@ -17,10 +17,6 @@ import (
 	"github.com/kiln-lm/kiln/tokens"
 )
 
-// BatchBytes is the text a caller that encodes whole batches (the
-// tokenizer's own benchmark beside WriteShard) hands to EncodeBatch at once.
-const BatchBytes = 8 << 20
-
 // chunkBytes is the text one encoder takes at a time. Chunks are small so
 // that the cores never wait for one another at a batch boundary (a large
 // batch ends with one core finishing its last document while the others

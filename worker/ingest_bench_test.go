@@ -231,11 +231,14 @@ func mustGlob(b *testing.B, glob string) []string {
 	return m
 }
 
+// tokenizerBatchBytes is the text tokenizerAlone hands to EncodeBatch at
+// once: large enough to keep every core busy.
+const tokenizerBatchBytes = 8 << 20
+
 // tokenizerAlone times EncodeBatch over the documents of the files, up to
-// limit bytes of text, in batches of ingest.BatchBytes (large enough to
-// keep every core busy), with the reading outside the clock (a file at a
-// time, read whole first), and returns
-// MB/s and MB per CPU-second.
+// limit bytes of text, in batches of tokenizerBatchBytes, with the reading
+// outside the clock (a file at a time, read whole first), and returns MB/s
+// and MB per CPU-second.
 func tokenizerAlone(b *testing.B, tok *tokenizer.Tokenizer, glob string, limit int64) (float64, float64) {
 	var elapsed, cpu time.Duration
 	var textBytes int64
@@ -265,7 +268,7 @@ func tokenizerAlone(b *testing.B, tok *tokenizer.Tokenizer, glob string, limit i
 		}
 		for len(docs) > 0 {
 			n, size := 0, 0
-			for n < len(docs) && size < ingest.BatchBytes {
+			for n < len(docs) && size < tokenizerBatchBytes {
 				size += len(docs[n])
 				n++
 			}

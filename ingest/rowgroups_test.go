@@ -45,9 +45,7 @@ func sequential(t *testing.T, path string, opt OpenOptions) ([]Document, Skips, 
 	}
 	src := &textSource{r: r, skips: Skips{}}
 	defer src.Close()
-	var docs []Document
-	err = Drain(context.Background(), src, func(d Document) error { docs = append(docs, d); return nil })
-	return docs, src.Skipped(), err
+	return drainAll(src)
 }
 
 // decoded reads the file through a rowGroupSource of the given shape.
@@ -61,9 +59,7 @@ func decoded(t *testing.T, path string, opt OpenOptions, decoders int, segment, 
 	src := newRowGroupSource(r, ahead)
 	src.decoders, src.segment, src.ahead = decoders, segment, ahead
 	defer src.Close()
-	var docs []Document
-	err = Drain(context.Background(), src, func(d Document) error { docs = append(docs, d); return nil })
-	return docs, src.Skipped(), err
+	return drainAll(src)
 }
 
 // The decoders hand documents over in the file's order whatever their

@@ -55,8 +55,13 @@ func readAll(t *testing.T, path string, opt OpenOptions) ([]Document, Skips, err
 		return nil, nil, err
 	}
 	defer src.Close()
+	return drainAll(src)
+}
+
+// drainAll reads every document of src and what it skipped.
+func drainAll(src Source) ([]Document, Skips, error) {
 	var docs []Document
-	err = Drain(context.Background(), src, func(d Document) error { docs = append(docs, d); return nil })
+	err := Drain(context.Background(), src, func(d Document) error { docs = append(docs, d); return nil })
 	return docs, src.Skipped(), err
 }
 

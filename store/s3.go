@@ -158,14 +158,14 @@ func (s *S3) PutUnsigned(ctx context.Context, key string, r io.Reader, size int6
 }
 
 func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, unsigned bool) error {
+	if size < 0 {
+		return s.putStream(ctx, key, r, unsigned)
+	}
 	if err := checkKey(key); err != nil {
 		return err
 	}
 	if err := s.ensureBucket(ctx); err != nil {
 		return err
-	}
-	if size < 0 {
-		return s.putStream(ctx, key, r, unsigned)
 	}
 	opts := minio.PutObjectOptions{PartSize: s.o.PartSize, ContentType: "application/octet-stream", DisableContentSha256: unsigned}
 	_, err := s.c.PutObject(ctx, s.o.Bucket, key, ctxReader{ctx, r}, size, opts)
@@ -173,7 +173,7 @@ func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, unsig
 }
 
 // putStream puts a reader of unknown size through the store's streaming
-// writer.
+// writer, which checks the key and the bucket itself.
 func (s *S3) putStream(ctx context.Context, key string, r io.Reader, unsigned bool) error {
 	w := s.newWriter(ctx, key, unsigned)
 	if _, err := io.Copy(w, ctxReader{ctx, r}); err != nil {

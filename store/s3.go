@@ -26,10 +26,6 @@ type S3Options struct {
 	// part while the previous one uploads, so two of these bound its
 	// memory. Default 16 MiB (S3's minimum is 5 MiB).
 	PartSize uint64
-	// IdleParts is how many part buffers the store keeps for the next
-	// puts of unknown size once a put is done with them (default 4: the
-	// two buffers each of two shards tokenizing at once).
-	IdleParts int
 	// MaxRetries bounds minio-go's retries of one request on transient
 	// errors (connection refused, 5xx, throttling), with backoff and jitter.
 	// Only re-readable bodies are retried: whole known-size bodies and
@@ -61,9 +57,6 @@ func NewS3(o S3Options) (*S3, error) {
 	if o.MaxRetries == 0 {
 		o.MaxRetries = 5
 	}
-	if o.IdleParts == 0 {
-		o.IdleParts = 4
-	}
 	c, err := minio.New(o.Endpoint, &minio.Options{
 		Creds:      credentials.NewStaticV4(o.AccessKey, o.SecretKey, ""),
 		Secure:     o.Secure,
@@ -72,7 +65,7 @@ func NewS3(o S3Options) (*S3, error) {
 	if err != nil {
 		return nil, &S3Error{Op: "connect", URL: o.url(""), Err: err, bad: true}
 	}
-	return &S3{o: o, c: c, pool: &partPool{size: int(o.PartSize), idle: make(chan []byte, o.IdleParts)}}, nil
+	return &S3{o: o, c: c, pool: &partPool{size: int(o.PartSize), idle: make(chan []byte, idleParts)}}, nil
 }
 
 func (o S3Options) url(key string) string {

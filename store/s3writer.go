@@ -12,6 +12,11 @@ import (
 	"github.com/minio/minio-go/v7"
 )
 
+// idleParts is how many part buffers an S3 store keeps for its next puts
+// of unknown size once a put is done with them: the two buffers each of
+// two shards tokenizing at once.
+const idleParts = 4
+
 // partPool keeps idle part buffers for the streamed puts of one S3 store,
 // so that a worker's shards reuse them instead of each allocating (and
 // zeroing) two fresh ones: 0.14-0.16 CPU-s per GB of shard tokens on the

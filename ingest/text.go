@@ -13,8 +13,9 @@ const MaxTextFileBytes = 64 << 20
 
 // textReader yields a plain text file as one document.
 type textReader struct {
-	path, name string
-	done       bool
+	f    *os.File
+	name string
+	done bool
 }
 
 func openText(path string, opt OpenOptions) (Source, error) {
@@ -22,8 +23,7 @@ func openText(path string, opt OpenOptions) (Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.Close()
-	return &textSource{r: &textReader{path: path, name: opt.Name}, skips: Skips{}}, nil
+	return &textSource{r: &textReader{f: f, name: opt.Name}, skips: Skips{}}, nil
 }
 
 func (r *textReader) next(ctx context.Context) (record, error) {
@@ -31,12 +31,7 @@ func (r *textReader) next(ctx context.Context) (record, error) {
 		return record{}, io.EOF
 	}
 	r.done = true
-	f, err := os.Open(r.path)
-	if err != nil {
-		return record{}, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxTextFileBytes+1))
+	b, err := io.ReadAll(io.LimitReader(r.f, MaxTextFileBytes+1))
 	if err != nil {
 		return record{}, fmt.Errorf("reading %s: %w", r.name, err)
 	}
@@ -46,4 +41,4 @@ func (r *textReader) next(ctx context.Context) (record, error) {
 	return record{id: r.name, text: b}, nil
 }
 
-func (r *textReader) Close() error { return nil }
+func (r *textReader) Close() error { return r.f.Close() }

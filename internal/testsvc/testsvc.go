@@ -129,6 +129,16 @@ func (p *process) stop(sig syscall.Signal) {
 	p.cmd = nil
 }
 
+// pid is the running process's id, or 0.
+func (p *process) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 func (p *process) logTail() string {
 	b, _ := os.ReadFile(p.logPath)
 	b = bytes.TrimSpace(b)
@@ -264,6 +274,10 @@ func (r *RedisServer) URL(db int) string {
 }
 
 // Stop shuts the server down gracefully (SIGTERM) and waits for it to exit.
+// Pid is the server's process id while it runs, else 0: for measuring its
+// CPU time beside a benchmark's.
+func (r *RedisServer) Pid() int { return r.p.pid() }
+
 func (r *RedisServer) Stop() { r.p.stop(syscall.SIGTERM) }
 
 // Kill stops the server with SIGKILL, as a crash would.
@@ -353,6 +367,9 @@ func S3(t testing.TB) *S3Server {
 func (s *S3Server) URL() string { return "http://" + s.Endpoint }
 
 // Stop shuts the server down gracefully (SIGTERM) and waits for it to exit.
+// Pid is the server's process id while it runs, else 0.
+func (s *S3Server) Pid() int { return s.p.pid() }
+
 func (s *S3Server) Stop() { s.p.stop(syscall.SIGTERM) }
 
 // Kill stops the server with SIGKILL.

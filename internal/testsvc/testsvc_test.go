@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,11 +22,21 @@ func TestRedisSurvivesRestart(t *testing.T) {
 	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
+	pid := r.Pid()
+	if err := syscall.Kill(pid, 0); pid <= 0 || err != nil {
+		t.Fatalf("Pid() = %d (signal 0: %v), want the running server's process", pid, err)
+	}
 	r.Stop()
 	if err := c.Ping(ctx).Err(); err == nil {
 		t.Fatal("PING succeeded against a stopped server")
 	}
+	if r.Pid() != 0 {
+		t.Fatalf("Pid() = %d after Stop, want 0", r.Pid())
+	}
 	r.Start()
+	if r.Pid() <= 0 || r.Pid() == pid {
+		t.Fatalf("Pid() = %d after a restart (was %d), want the new process", r.Pid(), pid)
+	}
 	got, err := c.Get(ctx, "k").Result()
 	if err != nil || got != "v" {
 		t.Fatalf("after restart: Get = %q, %v; want \"v\" (append-only data kept)", got, err)
@@ -70,9 +81,15 @@ func TestS3SurvivesRestart(t *testing.T) {
 	if _, err := c.PutObject(ctx, "bkt", "x/y", bytes.NewReader(body), int64(len(body)), minio.PutObjectOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if s.Pid() <= 0 {
+		t.Fatalf("Pid() = %d while running", s.Pid())
+	}
 	s.Stop()
 	if _, err := c.StatObject(ctx, "bkt", "x/y", minio.StatObjectOptions{}); err == nil {
 		t.Fatal("StatObject succeeded against a stopped server")
+	}
+	if s.Pid() != 0 {
+		t.Fatalf("Pid() = %d after Stop, want 0", s.Pid())
 	}
 	s.Start()
 	o, err := c.GetObject(ctx, "bkt", "x/y", minio.GetObjectOptions{})

@@ -102,27 +102,38 @@ __device__ __forceinline__ rn4 load4(const bf16* p, long long i) {
 // lanes' share of dw in registers; the block sums its warps' shares in
 // shared memory and adds them to dw with one atomic per column. Blocks of
 // 256 threads; any grid. DY is float, or bf16 where the GEMM that makes dy
-// writes it in bf16 (rmsnorm_bwd_warp_bf).
-template <typename DY>
+// writes it in bf16 (rmsnorm_bwd_warp_bf). NV bounds d / 128, the float4s a
+// lane holds of each of x, dy, dx and its dw share: registers grow with it,
+// so the presets' widths get kernels of their own (rmsnorm_bwd_warp_bf4 for
+// d = 512, _bf6 for 768), sized exactly, which can afford to read dx early
+// and still run two blocks an SM.
+template <typename DY, int NV>
 __device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw, const DY* dy, const float* x, const float* w,
                                                  const float* rstd, int N, int d) {
-    __shared__ alignas(16) float part[RN_MAX * 128];
+    __shared__ alignas(16) float part[NV * 128];
     for (int j = threadIdx.x; j < d; j += blockDim.x) part[j] = 0.0f;
     __syncthreads();
     int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nv = d >> 7;
-    rn4 acc[RN_MAX];
+    rn4 acc[NV];
 #pragma unroll
-    for (int i = 0; i < RN_MAX; i++) acc[i] = rn4{0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = 0; i < NV; i++) acc[i] = rn4{0.0f, 0.0f, 0.0f, 0.0f};
     for (long long row = (long long)blockIdx.x * nw + (threadIdx.x >> 5); row < N; row += (long long)gridDim.x * nw) {
         const rn4* xr = (const rn4*)(x + row * d);
-        rn4 gv[RN_MAX], xv[RN_MAX];
+        rn4* dr = (rn4*)(dx + row * d);
+        // Up to 768 columns dx is read with x and dy, before the row's sum,
+        // so that the three loads are in flight at once rather than dx
+        // waiting on the shuffle; wider rows would need more registers than
+        // two blocks an SM allow.
+        constexpr bool early = NV <= 6;
+        rn4 gv[NV], xv[NV], ov[NV];
         float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < RN_MAX; i++) {
+        for (int i = 0; i < NV; i++) {
             if (i < nv) {
                 int c = i * 32 + lane;
                 gv[i] = load4(dy, row * (d >> 2) + c);
                 xv[i] = xr[c];
+                if (early) ov[i] = dr[c];
                 rn4 wv = ((const rn4*)w)[c];
                 dot += gv[i].x * wv.x * xv[i].x + gv[i].y * wv.y * xv[i].y + gv[i].z * wv.z * xv[i].z + gv[i].w * wv.w * xv[i].w;
             }
@@ -130,17 +141,16 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw
         dot = warp_sum(dot) / (float)d;
         float r = rstd[row], r3 = r * r * r;
 #pragma unroll
-        for (int i = 0; i < RN_MAX; i++) {
+        for (int i = 0; i < NV; i++) {
             if (i < nv) {
                 int c = i * 32 + lane;
                 rn4 wv = ((const rn4*)w)[c];
-                rn4* dr = (rn4*)(dx + row * d) + c;
-                rn4 o = *dr;
+                rn4 o = early ? ov[i] : dr[c];
                 o.x += r * gv[i].x * wv.x - r3 * xv[i].x * dot;
                 o.y += r * gv[i].y * wv.y - r3 * xv[i].y * dot;
                 o.z += r * gv[i].z * wv.z - r3 * xv[i].z * dot;
                 o.w += r * gv[i].w * wv.w - r3 * xv[i].w * dot;
-                *dr = o;
+                dr[c] = o;
                 if (dxb) store_bf4(dxb + row * d + c * 4, o);
                 acc[i].x += gv[i].x * xv[i].x * r;
                 acc[i].y += gv[i].y * xv[i].y * r;
@@ -150,7 +160,7 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw
         }
     }
 #pragma unroll
-    for (int i = 0; i < RN_MAX; i++) {
+    for (int i = 0; i < NV; i++) {
         if (i < nv) {
             int c = (i * 32 + lane) * 4;
             atomicAdd(&part[c], acc[i].x);
@@ -165,10 +175,20 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw
 
 extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dw, const float* dy, const float* x, const float* w,
                                             const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows(dx, dxb, dw, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<float, RN_MAX>(dx, dxb, dw, dy, x, w, rstd, N, d);
 }
 
 extern "C" __global__ void rmsnorm_bwd_warp_bf(float* dx, bf16* dxb, float* dw, const bf16* dy, const float* x, const float* w,
                                                const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows(dx, dxb, dw, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<bf16, RN_MAX>(dx, dxb, dw, dy, x, w, rstd, N, d);
+}
+
+extern "C" __global__ void rmsnorm_bwd_warp_bf4(float* dx, bf16* dxb, float* dw, const bf16* dy, const float* x, const float* w,
+                                                const float* rstd, int N, int d) {
+    rmsnorm_bwd_rows<bf16, 4>(dx, dxb, dw, dy, x, w, rstd, N, d);
+}
+
+extern "C" __global__ void rmsnorm_bwd_warp_bf6(float* dx, bf16* dxb, float* dw, const bf16* dy, const float* x, const float* w,
+                                                const float* rstd, int N, int d) {
+    rmsnorm_bwd_rows<bf16, 6>(dx, dxb, dw, dy, x, w, rstd, N, d);
 }

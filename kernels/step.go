@@ -215,6 +215,19 @@ func threadsFor(d int) int {
 // kernels (a multiple of 128 up to 1024).
 func (e *Engine) warpNorm() bool { d := e.cfg.Hidden; return d%128 == 0 && d <= 1024 }
 
+// normBackBF is the warp-per-row RMSNorm backward kernel for output
+// gradients in bf16: the one sized exactly for the model's width where
+// rmsnorm.cu has it (the presets' 512 and 768), else the general one.
+func (e *Engine) normBackBF() string {
+	switch e.cfg.Hidden {
+	case 512:
+		return "rmsnorm_bwd_warp_bf4"
+	case 768:
+		return "rmsnorm_bwd_warp_bf6"
+	}
+	return "rmsnorm_bwd_warp_bf"
+}
+
 // rmsnorm normalises N rows of x into out and/or outb, keeping 1/rms in rstd.
 func (e *Engine) rmsnorm(out, outb, rstd, x, w cuda.Ptr, N int) error {
 	d, eps := e.cfg.Hidden, float32(e.cfg.RMSNormEps)
@@ -296,7 +309,7 @@ func (e *Engine) backward(b model.Batch) error {
 			// rows, and a block adds its dw share with d atomics.
 			kernel, dy := "rmsnorm_bwd_warp", a.dln
 			if e.dlnBF() {
-				kernel, dy = "rmsnorm_bwd_warp_bf", a.dlnb
+				kernel, dy = e.normBackBF(), a.dlnb
 			}
 			return e.launch(kernel, min(blocks(int64(N), 8), 1024), 256, a.dresid, a.dresidb, dw, dy, x, w, rstd, N, d)
 		}

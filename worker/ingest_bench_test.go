@@ -146,6 +146,8 @@ func writeBenchFiles(b *testing.B, dir string, total, fileBytes int64) {
 //	                              `sched worker`'s ingest=4: the worker tokenizes
 //	                              ingest.DefaultTokenizing() files at once, and the
 //	                              others' uploads complete meanwhile)
+//	KILN_TEST_S3_PART_SIZE        the worker's multipart part size in bytes (default
+//	                              store.DefaultPartSize)
 //	KILN_TEST_TOKENIZING          files tokenized at once (default
 //	                              ingest.DefaultTokenizing())
 //	KILN_TEST_DECODE_AHEAD        the text a file's parquet decoders may hold ahead of

@@ -71,8 +71,11 @@ func runIngestChild() int {
 	if dir := os.Getenv("KILN_TEST_OBJECTS_DIR"); dir != "" {
 		st, err = store.NewLocal(dir)
 	} else {
+		// KILN_TEST_S3_PART_SIZE: the benchmark's part size experiments;
+		// unset or unreadable, the store's default.
+		part, _ := strconv.ParseUint(os.Getenv("KILN_TEST_S3_PART_SIZE"), 10, 64)
 		st, err = store.NewS3(store.S3Options{Endpoint: os.Getenv("KILN_TEST_S3_ENDPOINT"), Bucket: "kiln",
-			AccessKey: os.Getenv("KILN_TEST_S3_ACCESS"), SecretKey: os.Getenv("KILN_TEST_S3_SECRET")})
+			AccessKey: os.Getenv("KILN_TEST_S3_ACCESS"), SecretKey: os.Getenv("KILN_TEST_S3_SECRET"), PartSize: part})
 	}
 	if err != nil {
 		return fail(err)

@@ -71,6 +71,9 @@ type Engine struct {
 	// flash: training attention runs the tiled kernels of flash.cu (bf16,
 	// head_dim 64) instead of keeping the (T, T) probabilities.
 	flash bool
+	// flashRows: the query rows a block of the flash forward takes, 64
+	// (flash_fwd) or 128 (flash_fwd128), from KILN_CUDA_FLASH_FWD.
+	flashRows int
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode
 	// gemmTune: candidates each bf16 GEMM shape times (0: none).
@@ -203,6 +206,10 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	flashFwd, err := envChoice("KILN_CUDA_FLASH_FWD", "64", "128")
+	if err != nil {
+		return nil, err
+	}
 	drv, err := cuda.LoadDriver()
 	if err != nil {
 		return nil, err
@@ -225,6 +232,12 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	// kernels round to bf16 for the tensor cores. KILN_CUDA_ATTENTION=naive
 	// selects it in bf16 too, for comparisons.
 	e.flash = e.bf16 && c.HeadDim == flashHeadDim && attention != "naive"
+	// 64 query rows a block until 128 (flash_fwd128) has been timed
+	// against it.
+	e.flashRows = 64
+	if flashFwd == "128" {
+		e.flashRows = 128
+	}
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {
 		e.headMode = hm

@@ -11,8 +11,9 @@
 // written the same way (row strides lddq, lddv), into the matching blocks
 // of the projection's gradient. Everything else is packed.
 // Query head h reads key/value head h / (H / KV). A block has 4 warps and
-// takes a tile of 64 rows; each warp owns 16 of them. T need not be a
-// multiple of 64: rows past T are loaded as zeros and never stored.
+// takes a tile of 64 rows; each warp owns 16 of them (flash_fwd128: 128
+// rows, 32 a warp). T need not be a multiple of 64: rows past T are loaded
+// as zeros and never stored.
 //
 // Every operand arrives in bf16 and goes to shared memory with cp.async, one
 // tile ahead of the one being multiplied (two buffers per operand), so the
@@ -102,8 +103,10 @@ __device__ __forceinline__ void frag_a(unsigned (*a)[4], const bf16* X, int r0, 
 // mm_nk adds A (16 x 64, as fragments) times B (64 x 8 NB) into acc (16 x
 // 8 NB as NB 16 x 8 blocks), where Y holds B as [n][k] (B's transpose, row
 // major) and B's columns start at row n0 of Y: Q K^T with Y = K, for
-// instance.
-template <int NB = 8>
+// instance. With RB > 1, A is RB blocks of 16 rows (block i's fragments
+// from a[4 i], its accumulators from acc[NB i]), and each B fragment read
+// from shared memory feeds all of them.
+template <int NB = 8, int RB = 1>
 __device__ __forceinline__ void mm_nk(float (*acc)[4], const unsigned (*a)[4], const bf16* Y, int lane, int n0 = 0) {
     int row = (lane & 7) + (lane >> 4) * 8, col = ((lane >> 3) & 1) * 8;
 #pragma unroll
@@ -112,15 +115,20 @@ __device__ __forceinline__ void mm_nk(float (*acc)[4], const unsigned (*a)[4], c
         for (int np = 0; np < NB / 2; np++) {
             unsigned b[4];
             ldm4(b, smem_addr(Y + (n0 + np * 16 + row) * LDS + kc * 16 + col));
-            mma16816(acc[2 * np], a[kc], b[0], b[1]);
-            mma16816(acc[2 * np + 1], a[kc], b[2], b[3]);
+#pragma unroll
+            for (int i = 0; i < RB; i++) {
+                mma16816(acc[NB * i + 2 * np], a[4 * i + kc], b[0], b[1]);
+                mma16816(acc[NB * i + 2 * np + 1], a[4 * i + kc], b[2], b[3]);
+            }
         }
     }
 }
 
 // mm_kn adds A (16 x 16 KC) times B (16 KC x 64) into acc (16 x 64), where
-// Y holds B as [k][n] (row major) from row k0: P V with Y = V.
-template <int KC = 4>
+// Y holds B as [k][n] (row major) from row k0: P V with Y = V. With RB >
+// 1, A is RB blocks of 16 rows (block i's fragments from a[KC i], its
+// accumulators from acc[8 i]), as in mm_nk.
+template <int KC = 4, int RB = 1>
 __device__ __forceinline__ void mm_kn(float (*acc)[4], const unsigned (*a)[4], const bf16* Y, int lane, int k0 = 0) {
     int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
 #pragma unroll
@@ -129,8 +137,11 @@ __device__ __forceinline__ void mm_kn(float (*acc)[4], const unsigned (*a)[4], c
         for (int np = 0; np < 4; np++) {
             unsigned b[4];
             ldm4t(b, smem_addr(Y + (k0 + kc * 16 + row) * LDS + np * 16 + col));
-            mma16816(acc[2 * np], a[kc], b[0], b[1]);
-            mma16816(acc[2 * np + 1], a[kc], b[2], b[3]);
+#pragma unroll
+            for (int i = 0; i < RB; i++) {
+                mma16816(acc[8 * i + 2 * np], a[KC * i + kc], b[0], b[1]);
+                mma16816(acc[8 * i + 2 * np + 1], a[KC * i + kc], b[2], b[3]);
+            }
         }
     }
 }
@@ -159,6 +170,103 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// fwd_tile takes one 64-key tile (K and V in shared memory, keys from
+// key0) through the online softmax for R blocks of 16 of a warp's query
+// rows: A fragments qa[4 R] and output accumulators o[8 R]; rows g and
+// g + 8 of block i are row 2 i and 2 i + 1 of the query indices qi, the
+// running maxima m and the running sums l. Bit i of diag marks block i as
+// crossing the diagonal: only there are keys after a query, and masked.
+template <int R>
+__device__ __forceinline__ void fwd_tile(float (*o)[4], float* m, float* l, const unsigned (*qa)[4], const bf16* K, const bf16* V,
+                                         const int* qi, unsigned diag, int key0, float c, int lane) {
+    int t = lane & 3;
+    float s[8 * R][4] = {};
+    mm_nk<8, R>(s, qa, K, lane);
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        // Key 0 is in every row's first tile, so no row's maximum stays
+        // -inf.
+        if (diag >> i & 1) {
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (key0 + nb * 8 + 2 * t + (e & 1) > qi[2 * i + (e >> 1)]) s[8 * i + nb][e] = neg_inf();
+                }
+            }
+        }
+    }
+    // m is the running maximum of the raw scores; the scale goes into the
+    // exponent's multiply-add.
+    float mx[2 * R];
+#pragma unroll
+    for (int r = 0; r < 2 * R; r++) mx[r] = m[r];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) mx[2 * i + (e >> 1)] = fmaxf(mx[2 * i + (e >> 1)], s[8 * i + nb][e]);
+        }
+    }
+    float alpha[2 * R], mc[2 * R];
+#pragma unroll
+    for (int r = 0; r < 2 * R; r++) {
+        mx[r] = quad_max(mx[r]);
+        alpha[r] = ex2((m[r] - mx[r]) * c);
+        m[r] = mx[r];
+        mc[r] = mx[r] * c;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = 2 * i + (e >> 1);
+                float p = ex2(fmaf(s[8 * i + nb][e], c, -mc[r]));
+                s[8 * i + nb][e] = p;
+                l[r] += p;
+                o[8 * i + nb][e] *= alpha[r];
+            }
+        }
+    }
+    // Block i's probabilities become fragments pa[4 i .. 4 i + 3].
+    unsigned pa[4 * R][4];
+    acc_to_a<4 * R>(pa, s);
+    mm_kn<4, R>(o, pa, V, lane);
+}
+
+// fwd_store writes the rows of fwd_tile's R blocks that lie before T: the
+// output normalised by the row's sum, in fp32 to out (when set) and in
+// bf16 to outb, and the base-2 log-sum-exp to lse.
+template <int R>
+__device__ __forceinline__ void fwd_store(float* out, bf16* outb, float* lse, const float (*o)[4], const float* m, const float* l,
+                                          const int* qi, float c, int lane, int b, int h, int T, int H) {
+    int t = lane & 3, qs = H * HD;
+#pragma unroll
+    for (int r = 0; r < 2 * R; r++) {
+        float sum = quad_sum(l[r]);
+        if (qi[r] >= T) continue;
+        const float(*ob)[4] = o + 8 * (r >> 1);
+        int e = 2 * (r & 1);
+        float inv = 1.0f / sum;
+        size_t at = ((size_t)b * T + qi[r]) * qs + h * HD;
+        if (out) {
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) {
+                out[at + nb * 8 + 2 * t] = ob[nb][e] * inv;
+                out[at + nb * 8 + 2 * t + 1] = ob[nb][e + 1] * inv;
+            }
+        }
+        // The pair sits at an even index: 4-byte aligned.
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) *(unsigned*)(outb + at + nb * 8 + 2 * t) = f2bf2(ob[nb][e] * inv, ob[nb][e + 1] * inv);
+        if (t == 0) lse[((size_t)b * H + h) * T + qi[r]] = m[r] * c + log2f(sum);
+    }
+}
+
 // Grid (tiles, H, B), 128 threads. The last query tiles see the most keys,
 // so they are scheduled first. out (fp32) is written only when set; outb
 // gets the bf16 copy the output projection and the backward pass read.
@@ -168,8 +276,7 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
     __shared__ alignas(16) bf16 Ks[2][TILE];
     __shared__ alignas(16) bf16 Vs[2][TILE];
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
-    int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
-    int qs = H * HD;
+    int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
     load_tile(Qs, q + (size_t)b * T * ldq + h * HD, ldq, qt * FT, T);
@@ -191,71 +298,73 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
         cp_wait_prev();
         __syncthreads();
         if (kt == 0) frag_a(qa, Qs, r0, lane);
-        float s[8][4] = {};
-        mm_nk(s, qa, Ks[cur], lane);
-        // m is the running maximum of the raw scores; the scale goes into
-        // the exponent's multiply-add.
-        if (kt == qt) {
-            // Only the diagonal tile holds keys after a query. Key 0 is in
-            // every row's first tile, so no row's maximum stays -inf.
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    if (kt * FT + nb * 8 + 2 * t + (e & 1) > qi[e >> 1]) s[nb][e] = neg_inf();
-                }
-            }
-        }
-        float mx[2] = {m[0], m[1]};
-#pragma unroll
-        for (int nb = 0; nb < 8; nb++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[nb][e]);
-        }
-        float alpha[2], mc[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = quad_max(mx[r]);
-            alpha[r] = ex2((m[r] - mx[r]) * c);
-            m[r] = mx[r];
-            mc[r] = mx[r] * c;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int nb = 0; nb < 8; nb++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = ex2(fmaf(s[nb][e], c, -mc[e >> 1]));
-                s[nb][e] = p;
-                l[e >> 1] += p;
-                o[nb][e] *= alpha[e >> 1];
-            }
-        }
-        unsigned pa[4][4];
-        acc_to_a(pa, s);
-        mm_kn(o, pa, Vs[cur], lane);
+        fwd_tile<1>(o, m, l, qa, Ks[cur], Vs[cur], qi, kt == qt, kt * FT, c, lane);
         // The next iteration's copy overwrites the other buffers, which
         // every warp must be done reading.
         __syncthreads();
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float sum = quad_sum(l[r]);
-        if (qi[r] >= T) continue;
-        float inv = 1.0f / sum;
-        size_t at = ((size_t)b * T + qi[r]) * qs + h * HD;
-        if (out) {
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++) {
-                out[at + nb * 8 + 2 * t] = o[nb][2 * r] * inv;
-                out[at + nb * 8 + 2 * t + 1] = o[nb][2 * r + 1] * inv;
-            }
+    fwd_store<1>(out, outb, lse, o, m, l, qi, c, lane, b, h, T, H);
+}
+
+// flash_fwd with 128 query rows a block: the same arguments, outputs and
+// arithmetic row for row. Grid (ceil(T / 128), H, B), 128 threads, the
+// last query tiles first. Each warp owns two blocks of 16 rows, rows 16 w
+// and 64 + 16 w of the tile (w the warp), so every key and value fragment
+// read from shared memory feeds four tensor-core products instead of two,
+// and each key and value tile is copied from global memory once per 128
+// queries. Rows 64 apart also meet the diagonal alike in every warp: of
+// query tile qt, key tile 2 qt crosses each warp's first block and lies
+// wholly before its second; key tile 2 qt + 1 crosses the second and lies
+// wholly after the first, which skips it.
+// Four tile buffers, 36 KB: key/value tile j lives in buffers 2 (j & 1),
+// 2 (j & 1) + 1, and the 128 queries pass through buffers 2 and 3 (one
+// 128-row array) on their way to registers, before key tile 1 is copied
+// there. A buffer of their own (54 KB) would leave one block to an SM of
+// an RTX 3060 (100 KB) instead of two.
+extern "C" __global__ void __launch_bounds__(128, 2) flash_fwd128(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k,
+                                                                  const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
+    __shared__ alignas(16) bf16 S[4 * TILE];
+    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2;
+    int q0 = qt * 2 * FT, last = 2 * qt + 1;
+    const bf16* qb = q + (size_t)b * T * ldq + h * HD;
+    const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
+    const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
+    load_tile(S + 2 * TILE, qb, ldq, q0, T);
+    load_tile(S + 3 * TILE, qb, ldq, q0 + FT, T);
+    load_tile(S, kb, ldkv, 0, T);
+    load_tile(S + TILE, vb, ldkv, 0, T);
+    cp_commit();
+    cp_wait_all();
+    __syncthreads();
+    unsigned qa[8][4];
+    frag_a(qa, S + 2 * TILE, r0, lane);
+    frag_a(qa + 4, S + 2 * TILE, FT + r0, lane);
+    // Key tile 1 is copied over the queries.
+    __syncthreads();
+    float o[16][4] = {};
+    float m[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()}, l[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float c = scale * 1.4426950408889634f; // softmax in base 2
+    int qi[4] = {q0 + r0 + g, q0 + r0 + g + 8, q0 + FT + r0 + g, q0 + FT + r0 + g + 8};
+    for (int kt = 0; kt <= last; kt++) {
+        const bf16* K = S + (kt & 1) * 2 * TILE;
+        if (kt < last) {
+            bf16* nk = S + ((kt + 1) & 1) * 2 * TILE;
+            load_tile(nk, kb, ldkv, (kt + 1) * FT, T);
+            load_tile(nk + TILE, vb, ldkv, (kt + 1) * FT, T);
         }
-        // The pair sits at an even index: 4-byte aligned.
-#pragma unroll
-        for (int nb = 0; nb < 8; nb++) *(unsigned*)(outb + at + nb * 8 + 2 * t) = f2bf2(o[nb][2 * r] * inv, o[nb][2 * r + 1] * inv);
-        if (t == 0) lse[((size_t)b * H + h) * T + qi[r]] = m[r] * c + log2f(sum);
+        cp_commit();
+        cp_wait_prev();
+        __syncthreads();
+        if (kt < last)
+            fwd_tile<2>(o, m, l, qa, K, K + TILE, qi, kt == last - 1, kt * FT, c, lane);
+        else
+            fwd_tile<1>(o + 8, m + 2, l + 2, qa + 4, K, K + TILE, qi + 2, 1, kt * FT, c, lane);
+        // The next iteration's copy overwrites the other buffers, which
+        // every warp must be done reading.
+        __syncthreads();
     }
+    fwd_store<2>(out, outb, lse, o, m, l, qi, c, lane, b, h, T, H);
 }
 
 // store_unrotated writes row r (0: g, 1: g + 8) of a warp's 16 x 64

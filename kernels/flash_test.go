@@ -55,6 +55,9 @@ func maxRelErr(got, want []float32) float64 {
 // probabilities and their gradients to bf16 for the tensor cores (as
 // PyTorch's flash attention does), which errs by about 2^-9 x sqrt(keys)
 // of each output's scale: held to 1e-2 of each tensor's largest value.
+// The flash path runs twice, with either forward kernel (flash_fwd, and
+// flash_fwd128 with its 128-row tiles) feeding the backward kernels, whose
+// results check the log-sum-exp each forward leaves.
 func TestFlashMatchesStraightforward(t *testing.T) {
 	skipWithoutGPU(t)
 	const H, KV, D = 12, 4, 64
@@ -73,8 +76,12 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					outb, dvb       []uint16 // flash's bf16 copies of out and dv
 					dqb, dkb        []uint16 // flash's bf16 dq and dk, rotated back by rope
 					cos, sin        []float32
+					lse             []float32 // flash's base-2 log-sum-exp
 				}
-				run := func(flash bool) result {
+				// run runs the straightforward kernels (rows 0) or the
+				// flash ones with the forward of that many query rows a
+				// block.
+				run := func(rows int) result {
 					res := result{out: make([]float32, N*H*D), dq: make([]float32, N*H*D), dk: make([]float32, N*KV*D), dv: make([]float32, N*KV*D)}
 					var held []cuda.Ptr
 					err := e.th.do(func() error {
@@ -94,7 +101,7 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 						}
 						dq, dk, dv := buf(nil, N*H*D), buf(nil, N*KV*D), buf(nil, N*KV*D)
 						pq, pk, pv, pd, out := buf(q, len(q)), buf(k, len(k)), buf(v, len(v)), buf(dout, len(dout)), buf(nil, N*H*D)
-						if flash {
+						if rows > 0 {
 							lse, dvec := buf(nil, B*H*T), buf(nil, B*H*T)
 							// The flash kernels read q, k and v in bf16 as the
 							// engine lays them out, column blocks of one
@@ -124,10 +131,11 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 								return err
 							}
 							pq, pk, pv, pd := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd), bd
-							tiles := flashTiles(T)
-							if err := e.launch3("flash_fwd", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128}, out, outb, lse, pq, pk, pv, T, H, KV, scale, P, P); err != nil {
+							e.flashRows = rows
+							if err := e.flashForward(out, outb, lse, pq, pk, pv, B, T, H, KV, scale, P, P); err != nil {
 								return err
 							}
+							tiles := flashTiles(T)
 							if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
 								dq, dqkv, dvec, pq, pk, pv, pd, outb, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 								return err
@@ -145,6 +153,10 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 							}
 							res.outb = make([]uint16, N*qd)
 							if err := cuda.Download(e.dv, res.outb, outb); err != nil {
+								return err
+							}
+							res.lse = make([]float32, B*H*T)
+							if err := cuda.Download(e.dv, res.lse, lse); err != nil {
 								return err
 							}
 							all := make([]uint16, N*P)
@@ -191,63 +203,92 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					}
 					return res
 				}
-				want, got := run(false), run(true)
-				// The bf16 copies the GEMMs read are the fp32 results rounded
-				// to nearest even, value for value.
-				for _, c := range []struct {
-					name string
-					f32  []float32
-					bf   []uint16
-				}{{"out", got.out, got.outb}, {"dv", got.dv, got.dvb}} {
-					for i, x := range c.f32 {
-						if want := model.ToBF16(x); c.bf[i] != want {
-							t.Fatalf("%s bf16 copy at %d: %#04x, want %#04x (the rounding of %g)", c.name, i, c.bf[i], want, x)
+				want := run(0)
+				flash := map[int]result{}
+				for _, rows := range []int{64, 128} {
+					got, fwd := run(rows), fmt.Sprintf("%d-row forward", rows)
+					flash[rows] = got
+					// The bf16 copies the GEMMs read are the fp32 results
+					// rounded to nearest even, value for value.
+					for _, c := range []struct {
+						name string
+						f32  []float32
+						bf   []uint16
+					}{{"out", got.out, got.outb}, {"dv", got.dv, got.dvb}} {
+						for i, x := range c.f32 {
+							if want := model.ToBF16(x); c.bf[i] != want {
+								t.Fatalf("%s, %s bf16 copy at %d: %#04x, want %#04x (the rounding of %g)", fwd, c.name, i, c.bf[i], want, x)
+							}
+						}
+					}
+					// dq and dk leave the kernels in bf16 already rotated
+					// back (rope's inverse at each row's position): the fp32
+					// results rotated here, to within the bf16 rounding of
+					// values the kernel rotates with its own fused
+					// multiply-adds.
+					for _, c := range []struct {
+						name  string
+						f32   []float32
+						bf    []uint16
+						heads int
+					}{{"dq", got.dq, got.dqb, H}, {"dk", got.dk, got.dkb, KV}} {
+						want := slices.Clone(c.f32)
+						pos := make([]int, len(want)/(c.heads*D))
+						for r := range pos {
+							pos[r] = r % T
+						}
+						model.RotateHalf(want, got.cos, got.sin, pos, c.heads, D, true)
+						var big float64
+						for _, w := range want {
+							big = math.Max(big, math.Abs(float64(w)))
+						}
+						for i, w := range want {
+							g := math.Float32frombits(uint32(c.bf[i]) << 16)
+							// 2^-7 of the value (bf16 rounds to 2^-9) and
+							// 1e-6 of the largest, for a sum that cancels.
+							if d := math.Abs(float64(g - w)); d > math.Abs(float64(w))/128+big*1e-6 {
+								t.Fatalf("%s, %s bf16 at %d (row %d): %g, want %g, the inverse rotation of the fp32 result", fwd, c.name, i, i/(c.heads*D), g, w)
+							}
+						}
+					}
+					for _, c := range []struct {
+						name      string
+						got, want []float32
+					}{{"out", got.out, want.out}, {"dq", got.dq, want.dq}, {"dk", got.dk, want.dk}, {"dv", got.dv, want.dv}} {
+						rel := maxRelErr(c.got, c.want)
+						t.Logf("%s, %s (%s): max error %.3g of its largest value", fwd, c.name, e.Arch, rel)
+						if !(rel <= 1e-2) {
+							t.Errorf("%s, %s: flash differs from the straightforward kernels by %.3g of its largest value (limit 1e-2)", fwd, c.name, rel)
 						}
 					}
 				}
-				// dq and dk leave the kernels in bf16 already rotated back
-				// (rope's inverse at each row's position): the fp32 results
-				// rotated here, to within the bf16 rounding of values the
-				// kernel rotates with its own fused multiply-adds.
-				for _, c := range []struct {
-					name  string
-					f32   []float32
-					bf    []uint16
-					heads int
-				}{{"dq", got.dq, got.dqb, H}, {"dk", got.dk, got.dkb, KV}} {
-					want := slices.Clone(c.f32)
-					pos := make([]int, len(want)/(c.heads*D))
-					for r := range pos {
-						pos[r] = r % T
+				// flash_fwd128 does flash_fwd's arithmetic row for row (the
+				// same key tiles in the same order): alike to within the
+				// order the compiler may contract a multiply-add in, far
+				// below what a wrong mask or tile would move.
+				g64, g128 := flash[64], flash[128]
+				var lseDiff float64
+				same := 0
+				for i := range g64.lse {
+					lseDiff = math.Max(lseDiff, math.Abs(float64(g128.lse[i]-g64.lse[i])))
+					if g128.lse[i] == g64.lse[i] {
+						same++
 					}
-					model.RotateHalf(want, got.cos, got.sin, pos, c.heads, D, true)
-					var big float64
-					for _, w := range want {
-						big = math.Max(big, math.Abs(float64(w)))
-					}
-					for i, w := range want {
-						g := math.Float32frombits(uint32(c.bf[i]) << 16)
-						// 2^-7 of the value (bf16 rounds to 2^-9) and 1e-6
-						// of the largest, for a sum that cancels.
-						if d := math.Abs(float64(g - w)); d > math.Abs(float64(w))/128+big*1e-6 {
-							t.Fatalf("%s bf16 at %d (row %d): %g, want %g, the inverse rotation of the fp32 result", c.name, i, i/(c.heads*D), g, w)
-						}
-					}
+				}
+				outDiff := maxRelErr(g128.out, g64.out)
+				t.Logf("128-row forward against 64-row (%s): lse equal at %d of %d rows, %.3g apart at most; out %.3g of its largest value apart",
+					e.Arch, same, len(g64.lse), lseDiff, outDiff)
+				if !(lseDiff <= 1e-4) {
+					t.Errorf("lse: the 128-row forward differs from the 64-row one by up to %.3g (limit 1e-4)", lseDiff)
+				}
+				if !(outDiff <= 1e-5) {
+					t.Errorf("out: the 128-row forward differs from the 64-row one by %.3g of its largest value (limit 1e-5)", outDiff)
 				}
 				counts := e.LaunchCounts()
-				for _, name := range []string{"flash_fwd", "flash_bwd_dq", "flash_bwd_dkv", "attn_fwd", "attn_bwd_q", "attn_bwd_kv"} {
-					if counts[name] != 1 {
-						t.Fatalf("kernel %s launched %d times, want once: %v", name, counts[name], counts)
-					}
-				}
-				for _, c := range []struct {
-					name      string
-					got, want []float32
-				}{{"out", got.out, want.out}, {"dq", got.dq, want.dq}, {"dk", got.dk, want.dk}, {"dv", got.dv, want.dv}} {
-					rel := maxRelErr(c.got, c.want)
-					t.Logf("%s (%s): max error %.3g of its largest value", c.name, e.Arch, rel)
-					if !(rel <= 1e-2) {
-						t.Errorf("%s: flash differs from the straightforward kernels by %.3g of its largest value (limit 1e-2)", c.name, rel)
+				for name, n := range map[string]int{"flash_fwd": 1, "flash_fwd128": 1, "flash_bwd_dq": 2, "flash_bwd_dkv": 2,
+					"attn_fwd": 1, "attn_bwd_q": 1, "attn_bwd_kv": 1} {
+					if counts[name] != n {
+						t.Fatalf("kernel %s launched %d times, want %d: %v", name, counts[name], n, counts)
 					}
 				}
 			})
@@ -257,29 +298,52 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 
 // A bf16 training step at head_dim 64 launches the flash kernels and never
 // the straightforward ones (and fp32 the reverse), so the parity checks
-// above and the golden bf16 check exercise the path training takes.
+// above and the golden bf16 check exercise the path training takes; the
+// forward is flash_fwd unless KILN_CUDA_FLASH_FWD=128 picks flash_fwd128.
 func TestTrainingStepTakesFlashPath(t *testing.T) {
 	c, p, b := loadGolden(t, goldenDirs[1])
 	if c.HeadDim != flashHeadDim {
 		t.Fatalf("golden %s has head_dim %d, want %d", goldenDirs[1], c.HeadDim, flashHeadDim)
 	}
-	for _, prec := range []string{"bf16", "fp32"} {
-		e := newEngine(t, c, model.Options{Precision: prec, MaxBatch: b.B, MaxSeq: b.T})
-		if err := e.SetParams(p); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.ForwardBackward(b, 1); err != nil {
-			t.Fatal(err)
-		}
-		n := e.LaunchCounts()
-		flash := n["flash_fwd"] == c.Layers && n["flash_bwd_dq"] == c.Layers && n["flash_bwd_dkv"] == c.Layers
-		naive := n["attn_fwd"] == c.Layers && n["attn_bwd_q"] == c.Layers && n["attn_bwd_kv"] == c.Layers
-		if prec == "bf16" && (!flash || n["attn_fwd"]+n["attn_bwd_q"]+n["attn_bwd_kv"] != 0) {
-			t.Errorf("bf16 step: want the flash kernels once per layer and no straightforward attention, launches %v", n)
-		}
-		if prec == "fp32" && (!naive || n["flash_fwd"]+n["flash_bwd_dq"]+n["flash_bwd_dkv"] != 0) {
-			t.Errorf("fp32 step: want the straightforward attention once per layer and no flash kernels, launches %v", n)
-		}
+	for _, v := range []struct{ prec, fwd string }{{"bf16", ""}, {"bf16", "64"}, {"bf16", "128"}, {"fp32", ""}, {"fp32", "128"}} {
+		t.Run(v.prec+"/fwd="+v.fwd, func(t *testing.T) {
+			t.Setenv("KILN_CUDA_FLASH_FWD", v.fwd)
+			e := newEngine(t, c, model.Options{Precision: v.prec, MaxBatch: b.B, MaxSeq: b.T})
+			if err := e.SetParams(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.ForwardBackward(b, 1); err != nil {
+				t.Fatal(err)
+			}
+			n := e.LaunchCounts()
+			fwd, other := "flash_fwd", "flash_fwd128"
+			if v.fwd == "128" {
+				fwd, other = other, fwd
+			}
+			flash := n[fwd] == c.Layers && n[other] == 0 && n["flash_bwd_dq"] == c.Layers && n["flash_bwd_dkv"] == c.Layers
+			naive := n["attn_fwd"] == c.Layers && n["attn_bwd_q"] == c.Layers && n["attn_bwd_kv"] == c.Layers
+			if v.prec == "bf16" && (!flash || n["attn_fwd"]+n["attn_bwd_q"]+n["attn_bwd_kv"] != 0) {
+				t.Errorf("bf16 step: want %s and the flash backward once per layer and no other attention, launches %v", fwd, n)
+			}
+			if v.prec == "fp32" && (!naive || n["flash_fwd"]+n["flash_fwd128"]+n["flash_bwd_dq"]+n["flash_bwd_dkv"] != 0) {
+				t.Errorf("fp32 step: want the straightforward attention once per layer and no flash kernels, launches %v", n)
+			}
+		})
+	}
+}
+
+// A bf16 step whose attention forward is flash_fwd128 agrees with
+// transformers on the head_dim 64 golden model as TestGoldenBF16 holds the
+// default path to, with the native build and the sm_80 one.
+func TestGoldenBF16FlashForward128(t *testing.T) {
+	skipWithoutGPU(t)
+	for _, force := range []string{"0", "1"} {
+		t.Run("sm80="+force, func(t *testing.T) {
+			t.Setenv("KILN_CUDA_FORCE_SM80", force)
+			t.Setenv("KILN_CUDA_FLASH_FWD", "128")
+			tol := BF16Tolerances
+			verify(t, goldenDirs[1], "bf16", &tol)
+		})
 	}
 }
 

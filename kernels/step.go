@@ -99,8 +99,7 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 				func() error { return e.gemmBF(false, true, N, P, d, ln1, W(sQ), qkv) },
 				func() error { return e.ropeBF16(qkv, N, T, H+KV, P) },
 				func() error {
-					return e.launch3("flash_fwd", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
-						cuda.Ptr(0), a.yb[l], a.lse[l], qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd), T, H, KV, scale, P, P)
+					return e.flashForward(cuda.Ptr(0), a.yb[l], a.lse[l], qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd), B, T, H, KV, scale, P, P)
 				},
 			}
 		} else {
@@ -180,6 +179,21 @@ const flashHeadDim = 64
 
 // flashTiles is the number of 64-row tiles covering T rows.
 func flashTiles(T int) int { return (T + 63) / 64 }
+
+// flashForward launches the flash attention forward that e.flashRows
+// picks: out (fp32, when set), outb (bf16) and the base-2 log-sum-exp lse
+// of the (B, T, H, 64) queries q against the keys k and values v, read with
+// row strides ldq and ldkv. Both kernels run 128 threads a block, over
+// query tiles of 64 or 128 rows.
+func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int, scale float32, ldq, ldkv int) error {
+	name, tiles := "flash_fwd", flashTiles(T)
+	if e.flashRows == 128 {
+		// Two 64-row tiles a block.
+		name, tiles = "flash_fwd128", (tiles+1)/2
+	}
+	return e.launch3(name, cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+		out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv)
+}
 
 // flashBackward leaves layer l's attention input gradients from a.dyb,
 // recomputing the probabilities from the saved log-sum-exp, in bf16 in

@@ -4,6 +4,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -92,43 +94,60 @@ func benchCorpus(b *testing.B) string {
 // writeBenchFiles writes zstd-compressed parquet files of about fileBytes
 // of text each, total bytes in all, as the hub's datasets ship them: 4 to
 // 12 KB documents cut from the corpus at shifting offsets, so pages do not
-// repeat, in row groups of 4096 rows.
+// repeat, in row groups of 4096 rows. The documents are laid out first;
+// the files are then written on every core.
 func writeBenchFiles(b *testing.B, dir string, total, fileBytes int64) {
 	corpus := benchCorpus(b)
+	var files [][]ingestRow
 	off := 0
-	for n, written := 0, int64(0); written < total; n++ {
-		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("part-%04d.parquet", n)))
-		if err != nil {
-			b.Fatal(err)
-		}
-		w := parquet.NewGenericWriter[ingestRow](f, parquet.Compression(&parquet.Zstd), parquet.MaxRowsPerRowGroup(4096))
+	for written := int64(0); written < total; {
 		var rows []ingestRow
 		for inFile := int64(0); inFile < fileBytes && written < total; {
 			size := 4096 + (off*7919)%8192
 			if off+size > len(corpus) {
 				off = (off + 4099) % 8192
 			}
-			text := corpus[off : off+size]
+			rows = append(rows, ingestRow{corpus[off : off+size]})
 			off += size + 1
-			rows = append(rows, ingestRow{text})
 			inFile += int64(size)
 			written += int64(size)
-			if len(rows) == 1024 {
-				if _, err := w.Write(rows); err != nil {
-					b.Fatal(err)
-				}
-				rows = rows[:0]
-			}
 		}
-		if _, err := w.Write(rows); err != nil {
-			b.Fatal(err)
+		files = append(files, rows)
+	}
+	write := func(path string, rows []ingestRow) error {
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w := parquet.NewGenericWriter[ingestRow](f, parquet.Compression(&parquet.Zstd), parquet.MaxRowsPerRowGroup(4096))
+		for len(rows) > 0 {
+			n := min(len(rows), 1024)
+			if _, err := w.Write(rows[:n]); err != nil {
+				return err
+			}
+			rows = rows[n:]
 		}
 		if err := w.Close(); err != nil {
-			b.Fatal(err)
+			return err
 		}
-		if err := f.Close(); err != nil {
-			b.Fatal(err)
-		}
+		return f.Close()
+	}
+	errs := make([]error, len(files))
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for n, rows := range files {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer wg.Done()
+			errs[n] = write(filepath.Join(dir, fmt.Sprintf("part-%04d.parquet", n)), rows)
+			<-slots
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
 	}
 }
 

@@ -71,8 +71,8 @@ type Engine struct {
 	// flash: training attention runs the tiled kernels of flash.cu (bf16,
 	// head_dim 64) instead of keeping the (T, T) probabilities.
 	flash bool
-	// flashRows: the query rows a block of the flash forward takes, 64
-	// (flash_fwd) or 128 (flash_fwd128), from KILN_CUDA_FLASH_FWD.
+	// flashRows: the query rows a block of the flash forward takes, 128
+	// (flash_fwd128) or 64 (flash_fwd), from KILN_CUDA_FLASH_FWD.
 	flashRows int
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode
@@ -232,11 +232,12 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	// kernels round to bf16 for the tensor cores. KILN_CUDA_ATTENTION=naive
 	// selects it in bf16 too, for comparisons.
 	e.flash = e.bf16 && c.HeadDim == flashHeadDim && attention != "naive"
-	// 64 query rows a block until 128 (flash_fwd128) has been timed
-	// against it.
-	e.flashRows = 64
-	if flashFwd == "128" {
-		e.flashRows = 128
+	// 128 query rows a block (flash_fwd128): the forward 1.74 -> 1.41 ms
+	// a step at small 32 x 1024 on an H200, 1.5-1.9% more tokens a second
+	// (docs/benchmarks/cuda.md); 64 (flash_fwd) stays for comparisons.
+	e.flashRows = 128
+	if flashFwd == "64" {
+		e.flashRows = 64
 	}
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {

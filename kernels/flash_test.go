@@ -299,13 +299,13 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 // A bf16 training step at head_dim 64 launches the flash kernels and never
 // the straightforward ones (and fp32 the reverse), so the parity checks
 // above and the golden bf16 check exercise the path training takes; the
-// forward is flash_fwd unless KILN_CUDA_FLASH_FWD=128 picks flash_fwd128.
+// forward is flash_fwd128 unless KILN_CUDA_FLASH_FWD=64 picks flash_fwd.
 func TestTrainingStepTakesFlashPath(t *testing.T) {
 	c, p, b := loadGolden(t, goldenDirs[1])
 	if c.HeadDim != flashHeadDim {
 		t.Fatalf("golden %s has head_dim %d, want %d", goldenDirs[1], c.HeadDim, flashHeadDim)
 	}
-	for _, v := range []struct{ prec, fwd string }{{"bf16", ""}, {"bf16", "64"}, {"bf16", "128"}, {"fp32", ""}, {"fp32", "128"}} {
+	for _, v := range []struct{ prec, fwd string }{{"bf16", ""}, {"bf16", "64"}, {"bf16", "128"}, {"fp32", ""}, {"fp32", "64"}} {
 		t.Run(v.prec+"/fwd="+v.fwd, func(t *testing.T) {
 			t.Setenv("KILN_CUDA_FLASH_FWD", v.fwd)
 			e := newEngine(t, c, model.Options{Precision: v.prec, MaxBatch: b.B, MaxSeq: b.T})
@@ -316,8 +316,8 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			n := e.LaunchCounts()
-			fwd, other := "flash_fwd", "flash_fwd128"
-			if v.fwd == "128" {
+			fwd, other := "flash_fwd128", "flash_fwd"
+			if v.fwd == "64" {
 				fwd, other = other, fwd
 			}
 			flash := n[fwd] == c.Layers && n[other] == 0 && n["flash_bwd_dq"] == c.Layers && n["flash_bwd_dkv"] == c.Layers
@@ -332,15 +332,16 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 	}
 }
 
-// A bf16 step whose attention forward is flash_fwd128 agrees with
-// transformers on the head_dim 64 golden model as TestGoldenBF16 holds the
-// default path to, with the native build and the sm_80 one.
-func TestGoldenBF16FlashForward128(t *testing.T) {
+// A bf16 step whose attention forward is flash_fwd (KILN_CUDA_FLASH_FWD=64)
+// agrees with transformers on the head_dim 64 golden model as TestGoldenBF16
+// holds the default path (flash_fwd128) to, with the native build and the
+// sm_80 one.
+func TestGoldenBF16FlashForward64(t *testing.T) {
 	skipWithoutGPU(t)
 	for _, force := range []string{"0", "1"} {
 		t.Run("sm80="+force, func(t *testing.T) {
 			t.Setenv("KILN_CUDA_FORCE_SM80", force)
-			t.Setenv("KILN_CUDA_FLASH_FWD", "128")
+			t.Setenv("KILN_CUDA_FLASH_FWD", "64")
 			tol := BF16Tolerances
 			verify(t, goldenDirs[1], "bf16", &tol)
 		})

@@ -180,18 +180,25 @@ const flashHeadDim = 64
 // flashTiles is the number of 64-row tiles covering T rows.
 func flashTiles(T int) int { return (T + 63) / 64 }
 
+// flashForwardKernel names the flash attention forward e.flashRows picks.
+func (e *Engine) flashForwardKernel() string {
+	if e.flashRows == 128 {
+		return "flash_fwd128"
+	}
+	return "flash_fwd"
+}
+
 // flashForward launches the flash attention forward that e.flashRows
 // picks: out (fp32, when set), outb (bf16) and the base-2 log-sum-exp lse
 // of the (B, T, H, 64) queries q against the keys k and values v, read with
 // row strides ldq and ldkv. Both kernels run 128 threads a block, over
 // query tiles of 64 or 128 rows.
 func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int, scale float32, ldq, ldkv int) error {
-	name, tiles := "flash_fwd", flashTiles(T)
+	tiles := flashTiles(T)
 	if e.flashRows == 128 {
-		// Two 64-row tiles a block.
-		name, tiles = "flash_fwd128", (tiles+1)/2
+		tiles = (tiles + 1) / 2 // two 64-row tiles a block
 	}
-	return e.launch3(name, cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+	return e.launch3(e.flashForwardKernel(), cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
 		out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv)
 }
 

@@ -389,12 +389,11 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 }
 
 // DefaultTokenizing is how many shards a worker reads and tokenizes at
-// once (Pipeline.Tokenizing): one per 8 cores, at least two. Each shard
-// already encodes on every core, and two kept 15.7 of 16 cores busy while
-// both were tokenizing (an execution trace of the ingest benchmark's
-// worker, docs/benchmarks/ingest.md); a file's parquet reader is one
-// goroutine where the file is one row group, so more cores need more
-// files at once to be fed.
+// once (Pipeline.Tokenizing): one per 8 cores, at least two. The shards
+// share the process's encoders (one per core), so more shards add readers
+// and decoders, not encoders: a file's parquet reader is one goroutine
+// where the file is one row group, and more cores need more files at once
+// to be fed (docs/benchmarks/ingest.md).
 func DefaultTokenizing() int { return max(2, runtime.GOMAXPROCS(0)/8) }
 
 // tokenize streams the shard of local into object storage at key while it

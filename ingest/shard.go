@@ -40,6 +40,15 @@ type shardChunk struct {
 	buf    []byte
 	tokens int64
 	done   chan struct{}
+	shard  *shardEncoding
+}
+
+// shardEncoding is how one shard's chunks are encoded.
+type shardEncoding struct {
+	ctx   context.Context // once done, the shard's chunks are skipped
+	tok   *tokenizer.Tokenizer
+	eos   uint32
+	dtype tokens.Dtype
 }
 
 // chunks keeps written chunks, their buffers grown, for the next chunk of
@@ -49,48 +58,92 @@ type shardChunk struct {
 // worker's CPU).
 var chunks = sync.Pool{New: func() any { return new(shardChunk) }}
 
-func getChunk() *shardChunk {
+func getChunk(shard *shardEncoding) *shardChunk {
 	c := chunks.Get().(*shardChunk)
-	c.docs, c.buf, c.tokens = c.docs[:0], c.buf[:0], 0
+	c.docs, c.buf, c.tokens, c.shard = c.docs[:0], c.buf[:0], 0, shard
 	c.done = make(chan struct{})
 	return c
 }
 
 func putChunk(c *shardChunk) {
 	clear(c.docs) // let the text go
+	c.shard = nil
 	chunks.Put(c)
+}
+
+// encoders is the process's encoding pool: one goroutine per core, started
+// at the first shard, taking the chunks of every shard being written in the
+// order they come. Shards written at once share the cores rather than each
+// running an encoder per core: a shard between files (opening one, waiting
+// for its first pages) or short of decoded text leaves its cores to the
+// others' chunks instead of to idle encoders of its own.
+var encoders struct {
+	once sync.Once
+	work chan *shardChunk
+}
+
+// encode queues c for the pool; it blocks while the pool's queue is full,
+// and returns ctx's error, with c marked done unencoded, if ctx ends first.
+func encode(ctx context.Context, c *shardChunk) error {
+	encoders.once.Do(func() {
+		n := runtime.GOMAXPROCS(0)
+		encoders.work = make(chan *shardChunk, 4*n)
+		for range n {
+			go encodeChunks(encoders.work)
+		}
+	})
+	select {
+	case encoders.work <- c:
+		return nil
+	case <-ctx.Done():
+		close(c.done)
+		return ctx.Err()
+	}
+}
+
+func encodeChunks(work <-chan *shardChunk) {
+	var ids []uint32
+	for c := range work {
+		sh := c.shard
+		if sh.ctx.Err() == nil {
+			for _, d := range c.docs {
+				ids = sh.tok.AppendEncoded(ids[:0], unsafe.Slice(unsafe.StringData(d), len(d)))
+				ids = append(ids, sh.eos)
+				c.buf = tokens.Encode(c.buf, sh.dtype, ids)
+				c.tokens += int64(len(ids))
+			}
+		}
+		close(c.done)
+	}
 }
 
 // WriteShard tokenizes every document of src on all cores, with the EOS id
 // after each document, and writes the ids to w as the store's dtype.
 //
 // Reading and decoding the source, encoding, and writing with the hash run
-// at once: one goroutine reads chunks of documents, one encoder per core
-// turns each chunk into token bytes, and the caller's goroutine writes the
-// chunks in order and hashes them. No stage waits for another to finish a
-// batch, so parquet decoding, the hash and the writes overlap with
-// tokenization.
+// at once: one goroutine reads chunks of documents, the process's encoders
+// (one per core, shared by the shards written at once) turn each chunk
+// into token bytes, and the caller's goroutine writes the chunks in order
+// and hashes them. No stage waits for another to finish a batch, so parquet
+// decoding, the hash and the writes overlap with tokenization.
 func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.Writer) (ShardStats, error) {
 	eos, ok := tok.EOS()
 	if !ok {
 		return ShardStats{}, errors.New("the tokenizer has no end-of-text token: train or pick one with an EOS special token")
 	}
-	dtype := tokens.DtypeFor(tok.VocabSize())
-	encoders := runtime.GOMAXPROCS(0)
-	// Chunks in flight: enough that every encoder has the next one queued
+	// Chunks in flight: enough that every core has the next one queued
 	// while the writer catches up, and few enough to bound memory.
-	inFlight := 4 * encoders
+	inFlight := 4 * runtime.GOMAXPROCS(0)
 
 	ctx, cancel := context.WithCancel(ctx)
+	shard := &shardEncoding{ctx: ctx, tok: tok, eos: eos, dtype: tokens.DtypeFor(tok.VocabSize())}
 	var wg sync.WaitGroup
-	// work holds at most the chunks in order plus the one the writer is
-	// waiting on, so a send to it never blocks.
-	work := make(chan *shardChunk, inFlight+1)
 	order := make(chan *shardChunk, inFlight)
 	readErr := make(chan error, 1)
 	defer func() {
 		// On any early return the reader stops at its next send, the
-		// encoders skip what is queued, and nothing outlives the call.
+		// encoders skip this shard's queued chunks, and nothing of the
+		// shard outlives the call.
 		cancel()
 		for c := range order {
 			<-c.done
@@ -103,7 +156,6 @@ func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.
 	go func() {
 		defer wg.Done()
 		defer close(order)
-		defer close(work)
 		send := func(c *shardChunk) error {
 			// order first: the writer must learn of a chunk no later than
 			// an encoder finishes it, and order's capacity bounds the
@@ -113,10 +165,9 @@ func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-			work <- c
-			return nil
+			return encode(ctx, c)
 		}
-		c := getChunk()
+		c := getChunk(shard)
 		size := 0
 		err := Drain(ctx, src, func(d Document) error {
 			c.docs = append(c.docs, d.Text)
@@ -124,7 +175,7 @@ func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.
 				if err := send(c); err != nil {
 					return err
 				}
-				c, size = getChunk(), 0
+				c, size = getChunk(shard), 0
 			}
 			return nil
 		})
@@ -133,25 +184,6 @@ func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.
 		}
 		readErr <- err
 	}()
-
-	for range encoders {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var ids []uint32
-			for c := range work {
-				if ctx.Err() == nil {
-					for _, d := range c.docs {
-						ids = tok.AppendEncoded(ids[:0], unsafe.Slice(unsafe.StringData(d), len(d)))
-						ids = append(ids, eos)
-						c.buf = tokens.Encode(c.buf, dtype, ids)
-						c.tokens += int64(len(ids))
-					}
-				}
-				close(c.done)
-			}
-		}()
-	}
 
 	h := sha256.New()
 	var st ShardStats

@@ -10,6 +10,7 @@ import (
 	"io"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kiln-lm/kiln/tokens"
@@ -87,15 +88,72 @@ func (w *failingWriter) Write(b []byte) (int, error) {
 
 func TestWriteShardStopsAtAWriteError(t *testing.T) {
 	tok := testTokenizer(t)
+	// The encoders are the process's, started by its first shard: one is
+	// written first so that they are counted in before.
+	if _, err := WriteShard(context.Background(), &sliceSource{docs: shardDocs()[:10]}, tok, io.Discard); err != nil {
+		t.Fatal(err)
+	}
 	before := runtime.NumGoroutine()
 	_, err := WriteShard(context.Background(), &sliceSource{docs: shardDocs()}, tok, &failingWriter{n: 1 << 20})
 	if err == nil || !strings.Contains(err.Error(), "writing the shard: disk full") {
 		t.Fatalf("err = %v, want the write error", err)
 	}
-	// The reader and encoders are done by the time WriteShard returns: a
-	// failed shard leaves nothing running on the worker.
+	// The reader is done and the encoders idle by the time WriteShard
+	// returns: a failed shard leaves nothing of its own running.
 	if n := runtime.NumGoroutine(); n > before {
 		t.Fatalf("%d goroutines after the failed shard, %d before", n, before)
+	}
+}
+
+// Shards written at once share the process's encoders: each gets exactly
+// its own documents' tokens in order, and one that fails part way (its
+// writer's disk full) neither stops nor mixes into the others.
+func TestShardsWrittenAtOnce(t *testing.T) {
+	tok := testTokenizer(t)
+	eos, _ := tok.EOS()
+	dtype := tokens.DtypeFor(tok.VocabSize())
+	all := shardDocs()
+	const n = 4
+	type result struct {
+		got  bytes.Buffer
+		want []byte
+		err  error
+	}
+	res := make([]*result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		r := &result{}
+		res[i] = r
+		var docs []string
+		for j := i; j < len(all); j += n {
+			docs = append(docs, fmt.Sprintf("shard %d: %s", i, all[j]))
+		}
+		for _, d := range docs {
+			r.want = tokens.Encode(r.want, dtype, append(tok.Encode(d), eos))
+		}
+		var w io.Writer = &r.got
+		if i == 1 {
+			w = &failingWriter{n: 64 << 10}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, r.err = WriteShard(context.Background(), &sliceSource{docs: docs}, tok, w)
+		}()
+	}
+	wg.Wait()
+	for i, r := range res {
+		if i == 1 {
+			if r.err == nil || !strings.Contains(r.err.Error(), "disk full") {
+				t.Errorf("shard 1: err = %v, want its writer's error", r.err)
+			}
+			continue
+		}
+		if r.err != nil {
+			t.Errorf("shard %d: %v", i, r.err)
+		} else if !bytes.Equal(r.got.Bytes(), r.want) {
+			t.Errorf("shard %d: %d bytes differ from encoding its documents in order (%d bytes)", i, r.got.Len(), len(r.want))
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 )
@@ -93,25 +94,44 @@ func BenchmarkPermutation(b *testing.B) {
 // BenchmarkAppend measures the appender on 4M-token shards: id validation,
 // hashing, writing and the fsyncs of a commit.
 func BenchmarkAppend(b *testing.B) {
-	dir := b.TempDir()
-	a, err := OpenAppender(context.Background(), dir, benchTok, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer a.Close()
 	ids := make([]uint32, 4<<20)
 	for j := range ids {
 		ids[j] = uint32(j*31%16383 + 1)
 	}
 	ids[len(ids)-1] = 0
 	data := Encode(nil, Uint16, ids)
-	b.SetBytes(int64(len(data)))
-	n := 0
-	for b.Loop() {
-		if _, err := a.Append(context.Background(), ShardInfo{ID: fmt.Sprint(n)}, bytes.NewReader(data)); err != nil {
-			b.Fatal(err)
-		}
-		n++
+	// "whole": reads as large as asked; "64KiB-reads": at most 64 KiB a
+	// read, as a shard's body from object storage arrives.
+	for _, v := range []struct {
+		name   string
+		reader func() io.Reader
+	}{
+		{"whole", func() io.Reader { return bytes.NewReader(data) }},
+		{"64KiB-reads", func() io.Reader { return &shortReader{r: bytes.NewReader(data), max: 64 << 10} }},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			a, err := OpenAppender(context.Background(), b.TempDir(), benchTok, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer a.Close()
+			b.SetBytes(int64(len(data)))
+			n := 0
+			for b.Loop() {
+				if _, err := a.Append(context.Background(), ShardInfo{ID: fmt.Sprint(n)}, v.reader()); err != nil {
+					b.Fatal(err)
+				}
+				n++
+			}
+			b.ReportMetric(float64(b.N)*float64(len(ids))/b.Elapsed().Seconds(), "tok/s")
+		})
 	}
-	b.ReportMetric(float64(b.N)*float64(len(ids))/b.Elapsed().Seconds(), "tok/s")
 }
+
+// shortReader returns at most max bytes a read.
+type shortReader struct {
+	r   io.Reader
+	max int
+}
+
+func (s *shortReader) Read(p []byte) (int, error) { return s.r.Read(p[:min(len(p), s.max)]) }

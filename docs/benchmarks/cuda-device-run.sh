@@ -19,7 +19,7 @@ log native tests
 grep -E "^(--- |ok|FAIL|PASS|rc=|panic)|max error" $OUT/tests_native.log | tail -60
 grep -q "rc=0" $OUT/tests_native.log || { grep -B5 -A20 FAIL $OUT/tests_native.log | head -60; exit 1; }
 log sm80 tests
-(cd kernels && KILN_CUDA_FORCE_SM80=1 timeout 90 $G/kernels.test -test.v -test.run 'Flash|BF16|Generate|Training|Accumulation|Pilot|Head|TF32' > $OUT/tests_sm80.log 2>&1; echo "rc=$?" >> $OUT/tests_sm80.log)
+(cd kernels && KILN_CUDA_FORCE_SM80=1 timeout 90 $G/kernels.test -test.v -test.run 'Flash|BF16|Generate|Training|Accumulation|Pilot|Head|TF32|Norm' > $OUT/tests_sm80.log 2>&1; echo "rc=$?" >> $OUT/tests_sm80.log)
 grep -E "^(--- |ok|FAIL|PASS|rc=|panic)" $OUT/tests_sm80.log | tail -30
 log verify
 for f in 0 1; do for d in tiny hd64; do

@@ -111,15 +111,6 @@ func encodeChunks(work <-chan *shardChunk) {
 				ids = append(ids, sh.eos)
 				c.buf = tokens.Encode(c.buf, sh.dtype, ids)
 				c.tokens += int64(len(ids))
-				// Encoders never block while chunks are queued, so without
-				// this a goroutine woken by the network or a channel (the
-				// append streaming its shard, a reader, a decoder) waits
-				// for the scheduler's 10 ms preemption to get a core: on 16
-				// busy cores the appends came 90-120 ms apart while the
-				// encoders ran and 30-40 ms apart after, and ended 1.9 s
-				// after the last shard was tokenized (execution trace,
-				// docs/benchmarks/ingest.md). A document is ~0.2 ms of work.
-				runtime.Gosched()
 			}
 		}
 		close(c.done)

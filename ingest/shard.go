@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -82,11 +83,26 @@ var encoders struct {
 	work chan *shardChunk
 }
 
+// DefaultEncoders is the size of the process's encoding pool: one encoder
+// per core. Leaving one core of 16 to the append, readers, uploads and the
+// object store instead measured no faster (docs/benchmarks/ingest.md).
+func DefaultEncoders() int { return runtime.GOMAXPROCS(0) }
+
+// poolSize, when positive, replaces DefaultEncoders (SetEncoders).
+var poolSize atomic.Int64
+
+// SetEncoders sizes the encoding pool, for comparisons of sizes: it must be
+// called before the process writes its first shard, which starts the pool.
+func SetEncoders(n int) { poolSize.Store(int64(n)) }
+
 // encode queues c for the pool; it blocks while the pool's queue is full,
 // and returns ctx's error, with c marked done unencoded, if ctx ends first.
 func encode(ctx context.Context, c *shardChunk) error {
 	encoders.once.Do(func() {
-		n := runtime.GOMAXPROCS(0)
+		n := DefaultEncoders()
+		if k := poolSize.Load(); k > 0 {
+			n = int(k)
+		}
 		encoders.work = make(chan *shardChunk, 4*n)
 		for range n {
 			go encodeChunks(encoders.work)

@@ -167,6 +167,8 @@ func writeBenchFiles(b *testing.B, dir string, total, fileBytes int64) {
 //	                              others' uploads complete meanwhile)
 //	KILN_TEST_S3_PART_SIZE        the worker's multipart part size in bytes (default
 //	                              store.DefaultPartSize)
+//	KILN_TEST_ENCODERS            the worker's encoding pool (default
+//	                              ingest.DefaultEncoders())
 //	KILN_TEST_TOKENIZING          files tokenized at once (default
 //	                              ingest.DefaultTokenizing())
 //	KILN_TEST_DECODE_AHEAD        the text a file's parquet decoders may hold ahead of

@@ -96,6 +96,10 @@ func runIngestChild() int {
 	if n, err := strconv.ParseInt(os.Getenv("KILN_TEST_TOKENIZING"), 10, 64); err == nil && n > 0 {
 		tokenizing = semaphore.NewWeighted(n)
 	}
+	// and the encoding pool's size (default ingest.DefaultEncoders()).
+	if n, err := strconv.Atoi(os.Getenv("KILN_TEST_ENCODERS")); err == nil && n > 0 {
+		ingest.SetEncoders(n)
+	}
 	ConfigureIngest(Ingest{
 		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log,
 			DecodeAhead: ahead, Tokenizing: tokenizing},

@@ -144,7 +144,7 @@ func runIngestChild() int {
 	return 0
 }
 
-// ingestSlowReads is the S3 store with reads paced to 16 KiB per delay, so that
+// ingestSlowReads is the S3 store with reads paced to 64 KiB per delay, so that
 // an append lasts long enough to be killed in the middle. Every byte still
 // comes from the S3 server.
 type ingestSlowReads struct {
@@ -167,7 +167,7 @@ type ingestSlowReader struct {
 
 func (r *ingestSlowReader) Read(b []byte) (int, error) {
 	time.Sleep(r.delay)
-	return r.ReadCloser.Read(b[:min(len(b), 16<<10)])
+	return r.ReadCloser.Read(b[:min(len(b), 64<<10)])
 }
 
 // ingestEnv is a queue on a real Redis, an object store on a real
@@ -555,7 +555,9 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 	}
 	e := newIngestEnv(t)
 	filler := strings.Repeat(" jumps over the lazy dog and prints hello, world", 40)
-	want := e.addGoodFiles("big", 3, 150, filler)
+	// Shards of ~1.6 MB: the appender writes 1 MiB at a time, so each
+	// append has bytes on disk past the committed count for a while.
+	want := e.addGoodFiles("big", 3, 1000, filler)
 	e.configure(t.TempDir(), "") // this process cannot append: it has no stores
 	e.serve(map[string]int{scheduler.QueueIngest: 2})
 	storesDir, appendData := t.TempDir(), t.TempDir()
@@ -586,7 +588,8 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 	first := child("50ms")
 	e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: ingestStore, Tokenizer: ingestTokenizer, Seed: 3})
 
-	// Kill once some shard is committed and another is part-way in.
+	// Kill once some shard is committed and another is part-way in: bytes
+	// of it written past the committed count.
 	insp := asynq.NewInspector(e.opt)
 	defer insp.Close()
 	dir := filepath.Join(storesDir, ingestStore)
@@ -601,12 +604,11 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 		if err != nil || len(m.Shards) == 0 {
 			continue
 		}
-		active, _ := insp.ListActiveTasks(scheduler.QueueAppend)
-		for _, a := range active {
-			ts, err := e.c.Task(context.Background(), a.ID)
-			if err == nil && ts.Progress.Fraction > 0.2 && ts.Progress.Fraction < 0.8 {
-				victim = a.ID
-			}
+		if st, err := os.Stat(filepath.Join(dir, tokens.TokensFile)); err != nil || st.Size() <= m.Tokens*2 {
+			continue
+		}
+		if active, _ := insp.ListActiveTasks(scheduler.QueueAppend); len(active) == 1 {
+			victim = active[0].ID
 		}
 	}
 	if err := first.Process.Kill(); err != nil {

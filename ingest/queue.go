@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -64,6 +65,11 @@ type Pipeline struct {
 	// and no bound, each sat 57 ms of its 190 ms in that wait on 16 cores,
 	// together, and a third of the cores idled (docs/benchmarks/ingest.md).
 	Tokenizing *semaphore.Weighted
+	// Prefetch is the largest shard, in bytes, that an append reads whole
+	// before it takes the store, so that of two appends at once one reads
+	// while the other commits (0: DefaultPrefetch; negative: every shard
+	// streams into the store as it is read).
+	Prefetch int64
 	// Logger receives the steps' logs (default: none).
 	Logger *zap.Logger
 }
@@ -498,7 +504,19 @@ func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done
 	if p.StoresDir == "" {
 		return res, errors.New("this worker has no token store directory configured: it cannot serve the append queue")
 	}
-	app, err := tokens.OpenAppender(ctx, filepath.Join(p.StoresDir, job.Store), job.Tokenizer, p.log())
+	dir := filepath.Join(p.StoresDir, job.Store)
+	// The shard's bytes are read before the store is taken, so that with
+	// two append tasks at once one downloads while the other commits.
+	var pre []byte
+	if job.SkipReason == "" {
+		var err error
+		if pre, err = p.prefetch(ctx, job, progress); err != nil {
+			return res, err
+		}
+	}
+	unlock := lockStoreHere(dir)
+	defer unlock()
+	app, err := tokens.OpenAppender(ctx, dir, job.Tokenizer, p.log())
 	if err != nil {
 		return res, err
 	}
@@ -528,16 +546,16 @@ func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done
 			return res, p.stop(ctx, job, fmt.Sprintf("ingest into token store %s stopped before %s: its %d bytes of tokens would take the store from %d to %d bytes, past --max-disk %d",
 				job.Store, job.Source, job.Tokens*width, m.Tokens*width, (m.Tokens+job.Tokens)*width, job.Limits.MaxDisk))
 		}
-		r, err := p.Objects.Get(ctx, job.Object)
-		if errors.Is(err, store.ErrNotFound) {
-			return res, &MissingShardError{Store: job.Store, ShardID: job.ShardID, Object: job.Object}
+		var r io.Reader = bytes.NewReader(pre)
+		if pre == nil {
+			body, err := p.getShard(ctx, job)
+			if err != nil {
+				return res, err
+			}
+			defer body.Close()
+			r = &countingReader{r: body, total: job.Tokens * width, progress: progress}
 		}
-		if err != nil {
-			return res, fmt.Errorf("reading shard %s: %w", job.Object, err)
-		}
-		cr := &countingReader{r: r, total: job.Tokens * width, progress: progress}
-		ar, err := app.Append(ctx, tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256}, cr)
-		r.Close()
+		ar, err := app.Append(ctx, tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256}, r)
 		if err != nil {
 			return res, err
 		}
@@ -590,6 +608,72 @@ func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens
 		return st, fmt.Errorf("publishing the status of token store %s: %w", storeName, err)
 	}
 	return st, nil
+}
+
+// DefaultPrefetch is Pipeline.Prefetch's default: a larger shard streams
+// from object storage into the store, and two appends at once hold at most
+// twice this in memory.
+const DefaultPrefetch = 64 << 20
+
+// prefetch reads the job's shard whole when it is at most p.Prefetch
+// bytes and the store does not hold it yet, reporting progress; it
+// returns nil, and no error, for a shard to be streamed instead or not
+// read at all. The bytes are checked (ids, EOS, SHA-256) by the append, as
+// streamed ones are.
+func (p *Pipeline) prefetch(ctx context.Context, job AppendJob, progress func(done, total int64)) ([]byte, error) {
+	limit := p.Prefetch
+	if limit == 0 {
+		limit = DefaultPrefetch
+	}
+	size := job.Tokens * int64(tokens.DtypeFor(job.Tokenizer.VocabSize).Width())
+	if size <= 0 || size > limit {
+		return nil, nil
+	}
+	if m, err := tokens.ReadManifest(filepath.Join(p.StoresDir, job.Store)); err == nil &&
+		slices.ContainsFunc(m.Shards, func(s tokens.Shard) bool { return s.ID == job.ShardID }) {
+		return nil, nil // a retry of a committed append: its object may be gone
+	}
+	body, err := p.getShard(ctx, job)
+	var missing *MissingShardError
+	if errors.As(err, &missing) {
+		// Appended and deleted by another worker since the manifest was
+		// read, or lost: the append decides which, holding the store.
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer body.Close()
+	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead)) // room for the read that finds EOF
+	if _, err := buf.ReadFrom(&countingReader{r: body, total: size, progress: progress}); err != nil {
+		return nil, fmt.Errorf("reading shard %s: %w", job.Object, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// getShard opens the job's shard object.
+func (p *Pipeline) getShard(ctx context.Context, job AppendJob) (io.ReadCloser, error) {
+	r, err := p.Objects.Get(ctx, job.Object)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, &MissingShardError{Store: job.Store, ShardID: job.ShardID, Object: job.Object}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading shard %s: %w", job.Object, err)
+	}
+	return r, nil
+}
+
+// storeLocks serialises this process's appends to one store directory:
+// tokens.OpenAppender's file lock refuses a second holder rather than
+// waiting, which is right between processes but would fail the second of
+// two append tasks of one worker.
+var storeLocks sync.Map // store directory -> *sync.Mutex
+
+func lockStoreHere(dir string) (unlock func()) {
+	m, _ := storeLocks.LoadOrStore(dir, new(sync.Mutex))
+	mu := m.(*sync.Mutex)
+	mu.Lock()
+	return mu.Unlock
 }
 
 // countingReader reports how much of a shard has been read.

@@ -161,10 +161,11 @@ func writeBenchFiles(b *testing.B, dir string, total, fileBytes int64) {
 //	KILN_INGEST_BENCH_FILE_BYTES  text per parquet file (default 32 MiB)
 //	KILN_INGEST_BENCH_DIR         keep the generated files here between runs
 //	KILN_INGEST_BENCH_OBJECTS     "local" for the directory object store, else versitygw
-//	KILN_INGEST_BENCH_QUEUES      the worker's queues (default ingest=4,append=1, as
-//	                              `sched worker`'s ingest=4: the worker tokenizes
-//	                              ingest.DefaultTokenizing() files at once, and the
-//	                              others' uploads complete meanwhile)
+//	KILN_INGEST_BENCH_QUEUES      the worker's queues (default ingest=4,append=2, as
+//	                              `sched worker` and compose serve them: the worker
+//	                              tokenizes ingest.DefaultTokenizing() files at once
+//	                              while the others' uploads complete, and one append
+//	                              reads its shard while the other commits)
 //	KILN_TEST_S3_PART_SIZE        the worker's multipart part size in bytes (default
 //	                              store.DefaultPartSize)
 //	KILN_TEST_ENCODERS            the worker's encoding pool (default
@@ -348,7 +349,7 @@ func ingestOnce(b *testing.B, tokJSON []byte, glob string) ingestRun {
 	tmp := b.TempDir()
 	queues := os.Getenv("KILN_INGEST_BENCH_QUEUES")
 	if queues == "" {
-		queues = "ingest=4,append=1"
+		queues = "ingest=4,append=2"
 	}
 	env := []string{"KILN_TEST_INGEST_WORKER=" + queues, "KILN_TEST_QUIET=1", "KILN_TEST_REDIS_URL=" + redis.URL(0),
 		"KILN_TEST_PROGRESS_EVERY=1s", // the worker's default, not the tests' 1 ms

@@ -96,13 +96,15 @@ func runIngestChild() int {
 	if n, err := strconv.ParseInt(os.Getenv("KILN_TEST_TOKENIZING"), 10, 64); err == nil && n > 0 {
 		tokenizing = semaphore.NewWeighted(n)
 	}
+	// and the largest shard an append reads before it takes the store.
+	prefetch, _ := strconv.ParseInt(os.Getenv("KILN_TEST_PREFETCH"), 10, 64)
 	// and the encoding pool's size (default ingest.DefaultEncoders()).
 	if n, err := strconv.Atoi(os.Getenv("KILN_TEST_ENCODERS")); err == nil && n > 0 {
 		ingest.SetEncoders(n)
 	}
 	ConfigureIngest(Ingest{
 		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log,
-			DecodeAhead: ahead, Tokenizing: tokenizing},
+			DecodeAhead: ahead, Tokenizing: tokenizing, Prefetch: prefetch},
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
 	})
 	// Tests watch progress as it happens; a benchmark sets the production
@@ -375,7 +377,9 @@ func TestIngestThroughTheQueue(t *testing.T) {
 	e.hub.BreakOnce, e.hub.RateLimited = true, 2
 	shardData, storesDir := t.TempDir(), t.TempDir()
 	e.configure(shardData, storesDir)
-	e.serve(map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1})
+	// Two appends at once, as a worker serves them: one reads its shard
+	// while the other commits, and every shard still goes in exactly once.
+	e.serve(map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 2})
 
 	plan := scheduler.IngestPlan{Dataset: "corpus", Store: ingestStore, Tokenizer: ingestTokenizer, Seed: 7}
 	id := e.enqueue(plan)
@@ -561,11 +565,12 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 	e.configure(t.TempDir(), "") // this process cannot append: it has no stores
 	e.serve(map[string]int{scheduler.QueueIngest: 2})
 	storesDir, appendData := t.TempDir(), t.TempDir()
-	child := func(delay string) *exec.Cmd {
+	child := func(delay, prefetch string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "KILN_TEST_INGEST_WORKER=append=1", "KILN_TEST_REDIS_URL="+e.url,
 			"KILN_TEST_S3_ENDPOINT="+e.s3.Endpoint, "KILN_TEST_S3_ACCESS="+e.s3.AccessKey, "KILN_TEST_S3_SECRET="+e.s3.SecretKey,
-			"KILN_TEST_STORES="+storesDir, "KILN_TEST_DATA="+appendData, "KILN_TEST_READ_DELAY="+delay)
+			"KILN_TEST_STORES="+storesDir, "KILN_TEST_DATA="+appendData, "KILN_TEST_READ_DELAY="+delay,
+			"KILN_TEST_PREFETCH="+prefetch)
 		logf, err := os.Create(filepath.Join(t.TempDir(), "append-worker.log"))
 		if err != nil {
 			t.Fatal(err)
@@ -585,7 +590,10 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 		})
 		return cmd
 	}
-	first := child("50ms")
+	// The first worker streams every shard into the store, so that the kill
+	// can land with part of one written; the second reads each shard
+	// before it takes the store, as workers do by default.
+	first := child("50ms", "-1")
 	e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: ingestStore, Tokenizer: ingestTokenizer, Seed: 3})
 
 	// Kill once some shard is committed and another is part-way in: bytes
@@ -631,7 +639,7 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 		t.Fatalf("lease of %s: %v", victim, err)
 	}
 	time.Sleep(time.Until(time.Unix(int64(exp), 0).Add(31 * time.Second)))
-	child("0")
+	child("0", "0")
 	e.waitFor(victim, time.Minute, "completed by the second append worker", state("completed"))
 	e.waitDrained(2 * time.Minute)
 

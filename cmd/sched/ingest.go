@@ -53,7 +53,7 @@ local:<glob>.
 
 Without --direct it queues an ingest:plan: ingest workers (sched worker
 --queues ingest=N) tokenize the files into object storage and the append
-worker (--queues append=1) fills <data dir>/tokens/<store>. --store is then
+worker (--queues append=2) fills <data dir>/tokens/<store>. --store is then
 the store's name (default: the dataset's) and --tokenizer the name of a
 published tokenizer (default KILN_TOKENIZER). With --direct the whole
 pipeline runs here: --store is a directory and --tokenizer a tokenizer.json.`,

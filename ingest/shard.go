@@ -77,7 +77,10 @@ func putChunk(c *shardChunk) {
 // order they come. Shards written at once share the cores rather than each
 // running an encoder per core: a shard between files (opening one, waiting
 // for its first pages) or short of decoded text leaves its cores to the
-// others' chunks instead of to idle encoders of its own.
+// others' chunks, and no more encoders than cores compete for them. On 16
+// cores it measured the same as an encoder per core per shard
+// (docs/benchmarks/ingest.md); it keeps the encoders' word caches and
+// buffers from one shard to the next.
 var encoders struct {
 	once sync.Once
 	work chan *shardChunk

@@ -79,8 +79,7 @@ func putChunk(c *shardChunk) {
 // for its first pages) or short of decoded text leaves its cores to the
 // others' chunks, and no more encoders than cores compete for them. On 16
 // cores it measured the same as an encoder per core per shard
-// (docs/benchmarks/ingest.md); it keeps the encoders' word caches and
-// buffers from one shard to the next.
+// (docs/benchmarks/ingest.md).
 var encoders struct {
 	once sync.Once
 	work chan *shardChunk

@@ -3,10 +3,14 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sync/semaphore"
@@ -187,5 +191,80 @@ func TestShardGivesBackItsTokenizingPlaceBeforeItsUploadCompletes(t *testing.T) 
 	}
 	if !gate.TryAcquire(1) {
 		t.Fatal("the shard kept its place after it returned")
+	}
+}
+
+// Appends of one process to one store run at once (a worker serves two):
+// each reads its shard first, then they take turns on the store. Every
+// shard goes in exactly once, a task repeated for the same shard included,
+// and the store's tokens are the shards' own, whole.
+func TestAppendsAtOnceGoInOnce(t *testing.T) {
+	ctx := context.Background()
+	tok := testTokenizer(t)
+	eos, _ := tok.EOS()
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Pipeline{Objects: objects, StoresDir: t.TempDir()}
+	meta := tokens.Tokenizer{Name: "t", SHA256: tok.SHA256(), VocabSize: tok.VocabSize(), EOS: eos}
+	const shards = 8
+	var jobs []AppendJob
+	want := map[string][]byte{}
+	for i := range shards {
+		ids := []uint32{}
+		for j := range 1000 + 100*i {
+			ids = append(ids, uint32(5+(i*31+j)%50))
+		}
+		ids = append(ids, eos)
+		b := tokens.Encode(nil, tokens.Uint16, ids)
+		id := fmt.Sprintf("owner/corpus/data/%d.parquet", i)
+		key := ShardObject("corpus", id)
+		if err := objects.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(b)
+		jobs = append(jobs, AppendJob{Store: "corpus", ShardID: id, Object: key, SHA256: hex.EncodeToString(sum[:]),
+			Documents: 1, Tokens: int64(len(ids)), Tokenizer: meta})
+		want[id] = b
+	}
+	// Shard 3's task twice, as a retried or re-enqueued task can be.
+	jobs = append(jobs, jobs[3])
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, job := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = p.Append(ctx, job, nil)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+	}
+	dir := filepath.Join(p.StoresDir, "corpus")
+	m, err := tokens.ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Shards) != shards {
+		t.Fatalf("%d shards committed, want %d", len(m.Shards), shards)
+	}
+	all, err := os.ReadFile(filepath.Join(dir, tokens.TokensFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range m.Shards {
+		got := all[s.Offset*2 : (s.Offset+s.Tokens)*2]
+		if !bytes.Equal(got, want[s.ID]) {
+			t.Fatalf("shard %s: the store's %d tokens at %d are not the shard's", s.ID, s.Tokens, s.Offset)
+		}
+		delete(want, s.ID)
+	}
+	if len(want) != 0 {
+		t.Fatalf("shards missing from the store: %v", want)
 	}
 }

@@ -505,12 +505,13 @@ func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done
 		return res, errors.New("this worker has no token store directory configured: it cannot serve the append queue")
 	}
 	dir := filepath.Join(p.StoresDir, job.Store)
-	// The shard's bytes are read before the store is taken, so that with
-	// two append tasks at once one downloads while the other commits.
-	var pre []byte
+	// The shard's bytes are read and checked before the store is taken, so
+	// that with two append tasks at once one downloads and checks while the
+	// other writes and commits.
+	var pre *tokens.CheckedShard
 	if job.SkipReason == "" {
 		var err error
-		if pre, err = p.prefetch(ctx, job, progress); err != nil {
+		if pre, err = p.prefetch(ctx, dir, job, progress); err != nil {
 			return res, err
 		}
 	}
@@ -546,16 +547,17 @@ func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done
 			return res, p.stop(ctx, job, fmt.Sprintf("ingest into token store %s stopped before %s: its %d bytes of tokens would take the store from %d to %d bytes, past --max-disk %d",
 				job.Store, job.Source, job.Tokens*width, m.Tokens*width, (m.Tokens+job.Tokens)*width, job.Limits.MaxDisk))
 		}
-		var r io.Reader = bytes.NewReader(pre)
-		if pre == nil {
-			body, err := p.getShard(ctx, job)
-			if err != nil {
+		var ar tokens.AppendResult
+		if pre != nil {
+			ar, err = app.AppendChecked(ctx, pre)
+		} else {
+			var body io.ReadCloser
+			if body, err = p.getShard(ctx, job); err != nil {
 				return res, err
 			}
 			defer body.Close()
-			r = &countingReader{r: body, total: job.Tokens * width, progress: progress}
+			ar, err = app.Append(ctx, job.shardInfo(), &countingReader{r: body, total: job.Tokens * width, progress: progress})
 		}
-		ar, err := app.Append(ctx, tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256}, r)
 		if err != nil {
 			return res, err
 		}
@@ -616,11 +618,11 @@ func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens
 const DefaultPrefetch = 64 << 20
 
 // prefetch reads the job's shard whole when it is at most p.Prefetch
-// bytes and the store does not hold it yet, reporting progress; it
-// returns nil, and no error, for a shard to be streamed instead or not
-// read at all. The bytes are checked (ids, EOS, SHA-256) by the append, as
-// streamed ones are.
-func (p *Pipeline) prefetch(ctx context.Context, job AppendJob, progress func(done, total int64)) ([]byte, error) {
+// bytes and the store in dir does not hold it yet, reporting progress, and
+// makes the append's checks on it (ids, EOS, SHA-256: tokens.CheckShard);
+// it returns nil, and no error, for a shard to be streamed instead or not
+// read at all.
+func (p *Pipeline) prefetch(ctx context.Context, dir string, job AppendJob, progress func(done, total int64)) (*tokens.CheckedShard, error) {
 	limit := p.Prefetch
 	if limit == 0 {
 		limit = DefaultPrefetch
@@ -629,7 +631,7 @@ func (p *Pipeline) prefetch(ctx context.Context, job AppendJob, progress func(do
 	if size <= 0 || size > limit {
 		return nil, nil
 	}
-	if m, err := tokens.ReadManifest(filepath.Join(p.StoresDir, job.Store)); err == nil &&
+	if m, err := tokens.ReadManifest(dir); err == nil &&
 		slices.ContainsFunc(m.Shards, func(s tokens.Shard) bool { return s.ID == job.ShardID }) {
 		return nil, nil // a retry of a committed append: its object may be gone
 	}
@@ -648,7 +650,12 @@ func (p *Pipeline) prefetch(ctx context.Context, job AppendJob, progress func(do
 	if _, err := buf.ReadFrom(&countingReader{r: body, total: size, progress: progress}); err != nil {
 		return nil, fmt.Errorf("reading shard %s: %w", job.Object, err)
 	}
-	return buf.Bytes(), nil
+	return tokens.CheckShard(dir, job.shardInfo(), job.Tokenizer, buf.Bytes())
+}
+
+// shardInfo is what the store records of the job's shard.
+func (job AppendJob) shardInfo() tokens.ShardInfo {
+	return tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256}
 }
 
 // getShard opens the job's shard object.

@@ -169,35 +169,132 @@ func (a *Appender) Manifest() Manifest {
 // rename leaves bytes that no reader looks at and the next append cuts off;
 // a crash after it leaves the shard committed, and a retry is a no-op.
 func (a *Appender) Append(ctx context.Context, info ShardInfo, r io.Reader) (AppendResult, error) {
-	if a.broken != nil {
-		return AppendResult{}, fmt.Errorf("token store %s: an earlier manifest write failed (%v): reopen the store before appending", a.dir, a.broken)
+	if res, done, err := a.begin(ctx, info); done || err != nil {
+		return res, err
 	}
-	if info.ID == "" {
-		return AppendResult{}, inputErrorf("append to token store %s: the shard id is empty: pass the ingest task's shard id", a.dir)
-	}
-	if i, ok := a.index[info.ID]; ok {
-		have := a.m.Shards[i]
-		if info.SHA256 != "" && info.SHA256 != have.SHA256 {
-			return AppendResult{}, inputErrorf("append to token store %s: shard %q was appended with sha256 %s, and this append carries %s: give a changed shard a new id",
-				a.dir, info.ID, have.SHA256, info.SHA256)
-		}
-		a.log.Info("shard already appended", zap.String("store", a.dir), zap.String("shard", info.ID), zap.Int64("tokens", have.Tokens))
-		return AppendResult{Shard: have, Duplicate: true}, nil
-	}
-	if err := ctx.Err(); err != nil {
-		return AppendResult{}, err
-	}
-	width := int64(a.m.Dtype.Width())
 	start := a.m.Tokens
-	if err := a.f.Truncate(start * width); err != nil {
-		return AppendResult{}, fmt.Errorf("token store %s: cut %s back to %d committed tokens: %w", a.dir, TokensFile, start, err)
+	if err := a.cut(start); err != nil {
+		return AppendResult{}, err
 	}
 	sh, err := a.write(ctx, info, r, start)
 	if err != nil {
 		// Tidy only: readers ignore the bytes and the next append cuts them.
-		_ = a.f.Truncate(start * width)
+		_ = a.cut(start)
 		return AppendResult{}, err
 	}
+	return a.commit(sh)
+}
+
+// CheckedShard is a shard's bytes with Append's checks already made (whole
+// ids, all inside the vocabulary, EOS last, the SHA-256 the caller expects),
+// so that AppendChecked holds the store only to write and commit them.
+type CheckedShard struct {
+	info ShardInfo
+	tok  Tokenizer
+	data []byte
+	docs int64
+	sum  string
+}
+
+// CheckShard makes Append's checks on data, a shard for the store in dir
+// (named in messages only) whose tokenizer is tok; the errors are Append's.
+// It holds nothing: the checks of one shard run while another is appended.
+func CheckShard(dir string, info ShardInfo, tok Tokenizer, data []byte) (*CheckedShard, error) {
+	if err := tok.validate(); err != nil {
+		return nil, &InputError{err: fmt.Errorf("check shard %q for token store %s: %w", info.ID, dir, err)}
+	}
+	dtype := DtypeFor(tok.VocabSize)
+	width := dtype.Width()
+	if left := len(data) % width; left != 0 {
+		return nil, errPartialID(dir, info, width, dtype, left)
+	}
+	var docs int64
+	if len(data) > 0 {
+		ids := data
+		if uintptr(unsafe.Pointer(unsafe.SliceData(ids)))%8 != 0 {
+			ids = slices.Clone(ids) // scanIDs reads ids in place, aligned
+		}
+		d, last, bad := scanIDs(ids, width, uint64(tok.VocabSize), tok.EOS)
+		if bad >= 0 {
+			return nil, errBadID(dir, info, tok, int64(bad), idAt(ids, width, bad))
+		}
+		if last != tok.EOS {
+			return nil, errNoEOS(dir, info, last, tok.EOS)
+		}
+		docs = d
+	}
+	sum := sha256.Sum256(data)
+	c := &CheckedShard{info: info, tok: tok, data: data, docs: docs, sum: hex.EncodeToString(sum[:])}
+	if info.SHA256 != "" && info.SHA256 != c.sum {
+		return nil, errHash(dir, info, c.sum)
+	}
+	return c, nil
+}
+
+// AppendChecked is Append of a shard CheckShard has checked, for a store of
+// the same tokenizer: the same exactly-once rule and commit protocol, with
+// only the write, the fsync and the manifest left to do.
+func (a *Appender) AppendChecked(ctx context.Context, c *CheckedShard) (AppendResult, error) {
+	if res, done, err := a.begin(ctx, c.info); done || err != nil {
+		return res, err
+	}
+	if have := a.m.Tokenizer; c.tok.SHA256 != have.SHA256 || c.tok.VocabSize != have.VocabSize || c.tok.EOS != have.EOS {
+		return AppendResult{}, inputErrorf("append shard %q to token store %s: it was checked for tokenizer sha256 %s (vocab %d, eos %d), and the store holds %s's ids (sha256 %s, vocab %d, eos %d): check it for this store",
+			c.info.ID, a.dir, c.tok.SHA256, c.tok.VocabSize, c.tok.EOS, have.Name, have.SHA256, have.VocabSize, have.EOS)
+	}
+	width := int64(a.m.Dtype.Width())
+	start := a.m.Tokens
+	if err := a.cut(start); err != nil {
+		return AppendResult{}, err
+	}
+	// Written a writeback's worth at a time, each piece's disk writeback
+	// started before the next is written, as a streamed shard is.
+	for off := 0; off < len(c.data); off += writebackBytes {
+		piece := c.data[off:min(off+writebackBytes, len(c.data))]
+		at := start*width + int64(off)
+		if _, err := a.f.WriteAt(piece, at); err != nil {
+			_ = a.cut(start)
+			return AppendResult{}, fmt.Errorf("token store %s: write shard %q: %w", a.dir, c.info.ID, err)
+		}
+		startWriteback(a.f, at, int64(len(piece)))
+	}
+	return a.commit(Shard{ID: c.info.ID, Source: c.info.Source, Revision: c.info.Revision, SHA256: c.sum, Documents: c.docs,
+		Tokens: int64(len(c.data)) / width, Offset: start})
+}
+
+// begin refuses an append to a store whose manifest write failed or without
+// a shard id, and answers one whose shard is already in: done, with the
+// first append's record, unless its SHA-256 differs.
+func (a *Appender) begin(ctx context.Context, info ShardInfo) (res AppendResult, done bool, err error) {
+	if a.broken != nil {
+		return res, false, fmt.Errorf("token store %s: an earlier manifest write failed (%v): reopen the store before appending", a.dir, a.broken)
+	}
+	if info.ID == "" {
+		return res, false, inputErrorf("append to token store %s: the shard id is empty: pass the ingest task's shard id", a.dir)
+	}
+	if i, ok := a.index[info.ID]; ok {
+		have := a.m.Shards[i]
+		if info.SHA256 != "" && info.SHA256 != have.SHA256 {
+			return res, false, inputErrorf("append to token store %s: shard %q was appended with sha256 %s, and this append carries %s: give a changed shard a new id",
+				a.dir, info.ID, have.SHA256, info.SHA256)
+		}
+		a.log.Info("shard already appended", zap.String("store", a.dir), zap.String("shard", info.ID), zap.Int64("tokens", have.Tokens))
+		return AppendResult{Shard: have, Duplicate: true}, true, nil
+	}
+	return res, false, ctx.Err()
+}
+
+// cut cuts tokens.bin back to start committed tokens.
+func (a *Appender) cut(start int64) error {
+	if err := a.f.Truncate(start * int64(a.m.Dtype.Width())); err != nil {
+		return fmt.Errorf("token store %s: cut %s back to %d committed tokens: %w", a.dir, TokensFile, start, err)
+	}
+	return nil
+}
+
+// commit makes the shard written past the committed tokens durable, then
+// the manifest that counts it.
+func (a *Appender) commit(sh Shard) (AppendResult, error) {
 	if err := a.f.Sync(); err != nil {
 		return AppendResult{}, fmt.Errorf("token store %s: sync %s: %w", a.dir, TokensFile, err)
 	}
@@ -207,7 +304,7 @@ func (a *Appender) Append(ctx context.Context, info ShardInfo, r io.Reader) (App
 	next.Documents += sh.Documents
 	if err := writeManifest(a.dir, &next); err != nil {
 		a.broken = err
-		return AppendResult{}, fmt.Errorf("token store %s: commit shard %q: %w", a.dir, info.ID, err)
+		return AppendResult{}, fmt.Errorf("token store %s: commit shard %q: %w", a.dir, sh.ID, err)
 	}
 	a.m = &next
 	a.index[sh.ID] = len(next.Shards) - 1
@@ -263,8 +360,7 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 		if whole > 0 {
 			d, l, bad := scanIDs(chunk, width, vocab, eos)
 			if bad >= 0 {
-				return Shard{}, inputErrorf("append shard %q to token store %s: token %d of the shard is id %d, outside the vocabulary of %d: tokenize it with the store's tokenizer (%s)",
-					info.ID, a.dir, n+int64(bad), idAt(chunk, width, bad), vocab, a.m.Tokenizer.Name)
+				return Shard{}, errBadID(a.dir, info, a.m.Tokenizer, n+int64(bad), idAt(chunk, width, bad))
 			}
 			docs += d
 			last = l
@@ -290,19 +386,39 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 	}
 	stopHash()
 	if have != 0 {
-		return Shard{}, inputErrorf("append shard %q to token store %s: the shard's length is not a whole number of %d-byte %s ids (%d bytes left over): the shard file is truncated or was written for another dtype",
-			info.ID, a.dir, width, a.m.Dtype, have)
+		return Shard{}, errPartialID(a.dir, info, width, a.m.Dtype, have)
 	}
 	if n > 0 && last != eos {
-		return Shard{}, inputErrorf("append shard %q to token store %s: the shard ends with id %d, not the EOS id %d: end every document, the last one included, with EOS",
-			info.ID, a.dir, last, eos)
+		return Shard{}, errNoEOS(a.dir, info, last, eos)
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
 	if info.SHA256 != "" && info.SHA256 != sum {
-		return Shard{}, inputErrorf("append shard %q to token store %s: its tokens hash to sha256 %s, not the expected %s: the shard file is damaged; produce it again",
-			info.ID, a.dir, sum, info.SHA256)
+		return Shard{}, errHash(a.dir, info, sum)
 	}
 	return Shard{ID: info.ID, Source: info.Source, Revision: info.Revision, SHA256: sum, Documents: docs, Tokens: n, Offset: start}, nil
+}
+
+// The errors of a shard that fails Append's checks, whether it streams in or
+// was checked beforehand (CheckShard).
+
+func errBadID(dir string, info ShardInfo, tok Tokenizer, at int64, id uint32) error {
+	return inputErrorf("append shard %q to token store %s: token %d of the shard is id %d, outside the vocabulary of %d: tokenize it with the store's tokenizer (%s)",
+		info.ID, dir, at, id, tok.VocabSize, tok.Name)
+}
+
+func errPartialID(dir string, info ShardInfo, width int, dtype Dtype, left int) error {
+	return inputErrorf("append shard %q to token store %s: the shard's length is not a whole number of %d-byte %s ids (%d bytes left over): the shard file is truncated or was written for another dtype",
+		info.ID, dir, width, dtype, left)
+}
+
+func errNoEOS(dir string, info ShardInfo, last, eos uint32) error {
+	return inputErrorf("append shard %q to token store %s: the shard ends with id %d, not the EOS id %d: end every document, the last one included, with EOS",
+		info.ID, dir, last, eos)
+}
+
+func errHash(dir string, info ShardInfo, sum string) error {
+	return inputErrorf("append shard %q to token store %s: its tokens hash to sha256 %s, not the expected %s: the shard file is damaged; produce it again",
+		info.ID, dir, sum, info.SHA256)
 }
 
 // nativeLittle is whether this machine stores integers little-endian, as

@@ -267,6 +267,20 @@ func TestAppendRejectsBadInputAndKeepsTheStore(t *testing.T) {
 		if strings.Contains(err.Error(), "\n") {
 			t.Errorf("%s: error spans lines: %q", c.name, err)
 		}
+		// The same shard checked beforehand fails with the same error,
+		// from CheckShard or from AppendChecked; a changed duplicate fails
+		// its hash first, since CheckShard does not see the store.
+		checked, cerr := CheckShard(dir, c.info, testTok, c.bytes)
+		if cerr == nil {
+			_, cerr = a.AppendChecked(context.Background(), checked)
+		}
+		if c.name == "changed duplicate" {
+			if !errors.As(cerr, &ie) {
+				t.Errorf("%s: checked beforehand: %v, want an InputError", c.name, cerr)
+			}
+		} else if cerr == nil || cerr.Error() != err.Error() {
+			t.Errorf("%s: checked beforehand the error is %v, Append's %v", c.name, cerr, err)
+		}
 	}
 	after, _ := os.ReadFile(filepath.Join(dir, ManifestFile))
 	if !bytes.Equal(before, after) {
@@ -386,5 +400,60 @@ func TestOrphanTokensFileIsNotOverwritten(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, TokensFile)); len(b) != 4 {
 		t.Fatal("the orphan tokens.bin was changed")
+	}
+}
+
+// A shard checked beforehand (CheckShard, AppendChecked) goes into the store
+// exactly as Append puts it: the same records, the same bytes, once; a
+// shard checked for another tokenizer is refused and changes nothing.
+func TestAppendCheckedIsAppend(t *testing.T) {
+	ctx := context.Background()
+	streamed, checkedDir := t.TempDir(), t.TempDir()
+	a, b := openTestAppender(t, streamed, testTok), openTestAppender(t, checkedDir, testTok)
+	for i, n := range []int{1, 700, 5000, 100000} {
+		id := fmt.Sprintf("shard-%d", i)
+		data := Encode(nil, Uint16, shardIDs(uint64(i), n, 1000, 0))
+		info := ShardInfo{ID: id, Source: "src/" + id, Revision: "rev1"}
+		if _, err := a.Append(ctx, info, bytes.NewReader(data)); err != nil {
+			t.Fatal(err)
+		}
+		// Bytes at an odd address, as a slice of a larger buffer can be.
+		odd := append([]byte{0}, data...)[1:]
+		c, err := CheckShard(checkedDir, info, testTok, odd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.AppendChecked(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		again, err := b.AppendChecked(ctx, c)
+		if err != nil || !again.Duplicate {
+			t.Fatalf("a second AppendChecked of %s: %+v, %v; want a duplicate", id, again, err)
+		}
+	}
+	if !slices.Equal(a.Manifest().Shards, b.Manifest().Shards) || a.Manifest().Tokens != b.Manifest().Tokens ||
+		a.Manifest().Documents != b.Manifest().Documents {
+		t.Fatalf("checked beforehand the manifest differs:\n%+v\n%+v", b.Manifest(), a.Manifest())
+	}
+	x, _ := os.ReadFile(filepath.Join(streamed, TokensFile))
+	y, _ := os.ReadFile(filepath.Join(checkedDir, TokensFile))
+	if !bytes.Equal(x, y) {
+		t.Fatal("checked beforehand tokens.bin differs")
+	}
+
+	other := testTok
+	other.Name, other.SHA256 = "other", strings.Repeat("cd", 32)
+	c, err := CheckShard(checkedDir, ShardInfo{ID: "foreign"}, other, Encode(nil, Uint16, []uint32{5, 0}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(filepath.Join(checkedDir, ManifestFile))
+	if _, err := b.AppendChecked(ctx, c); err == nil || !strings.Contains(err.Error(), "check it for this store") {
+		t.Fatalf("a shard checked for another tokenizer: %v", err)
+	}
+	after, _ := os.ReadFile(filepath.Join(checkedDir, ManifestFile))
+	z, _ := os.ReadFile(filepath.Join(checkedDir, TokensFile))
+	if !bytes.Equal(before, after) || !bytes.Equal(y, z) {
+		t.Fatal("a refused AppendChecked changed the store")
 	}
 }

@@ -199,6 +199,7 @@ type CheckedShard struct {
 // CheckShard makes Append's checks on data, a shard for the store in dir
 // (named in messages only) whose tokenizer is tok; the errors are Append's.
 // It holds nothing: the checks of one shard run while another is appended.
+// The result keeps data, which must not change until it is appended.
 func CheckShard(dir string, info ShardInfo, tok Tokenizer, data []byte) (*CheckedShard, error) {
 	if err := tok.validate(); err != nil {
 		return nil, &InputError{err: fmt.Errorf("check shard %q for token store %s: %w", info.ID, dir, err)}

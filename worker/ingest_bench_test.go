@@ -170,6 +170,9 @@ func writeBenchFiles(b *testing.B, dir string, total, fileBytes int64) {
 //	                              store.DefaultPartSize)
 //	KILN_TEST_ENCODERS            the worker's encoding pool (default
 //	                              ingest.DefaultEncoders())
+//	KILN_TEST_PREFETCH            the largest shard an append reads before it takes
+//	                              the store, in bytes (default ingest.DefaultPrefetch;
+//	                              -1: every shard streams)
 //	KILN_TEST_TOKENIZING          files tokenized at once (default
 //	                              ingest.DefaultTokenizing())
 //	KILN_TEST_DECODE_AHEAD        the text a file's parquet decoders may hold ahead of

@@ -83,26 +83,13 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				// block.
 				run := func(rows int) result {
 					res := result{out: make([]float32, N*H*D), dq: make([]float32, N*H*D), dk: make([]float32, N*KV*D), dv: make([]float32, N*KV*D)}
-					var held []cuda.Ptr
 					err := e.th.do(func() error {
-						var err error
-						buf := func(vals []float32, n int) cuda.Ptr {
-							if err != nil {
-								return 0
-							}
-							var p cuda.Ptr
-							if p, err = e.mem.alloc("test", int64(n)*4); err == nil {
-								held = append(held, p)
-								if vals != nil {
-									err = cuda.Upload(e.dv, p, vals)
-								}
-							}
-							return p
-						}
-						dq, dk, dv := buf(nil, N*H*D), buf(nil, N*KV*D), buf(nil, N*KV*D)
-						pq, pk, pv, pd, out := buf(q, len(q)), buf(k, len(k)), buf(v, len(v)), buf(dout, len(dout)), buf(nil, N*H*D)
+						b := &testBuffers{e: e}
+						f32 := func(n int) cuda.Ptr { return b.alloc(int64(n) * 4) }
+						dq, dk, dv := f32(N*H*D), f32(N*KV*D), f32(N*KV*D)
+						pq, pk, pv, pd, out := upload(b, q), upload(b, k), upload(b, v), upload(b, dout), f32(N*H*D)
 						if rows > 0 {
-							lse, dvec := buf(nil, B*H*T), buf(nil, B*H*T)
+							lse, dvec := f32(B*H*T), f32(B*H*T)
 							// The flash kernels read q, k and v in bf16 as the
 							// engine lays them out, column blocks of one
 							// (N, P) matrix, and write dv's bf16 copy into
@@ -117,18 +104,10 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 								copy(packed[r*P+qd:], k[r*kvd:(r+1)*kvd])
 								copy(packed[r*P+qd+kvd:], v[r*kvd:(r+1)*kvd])
 							}
-							qkv, bd := buf(nil, N*P/2), buf(nil, N*qd/2)
-							outb, dqkv := buf(nil, N*qd/2), buf(nil, N*P/2)
-							for _, u := range []struct {
-								dst  cuda.Ptr
-								vals []float32
-							}{{qkv, packed}, {bd, dout}} {
-								if err == nil {
-									err = cuda.Upload(e.dv, u.dst, toBF16Bits(u.vals))
-								}
-							}
-							if err != nil {
-								return err
+							qkv, bd := upload(b, toBF16Bits(packed)), upload(b, toBF16Bits(dout))
+							outb, dqkv := f32(N*qd/2), f32(N*P/2)
+							if b.err != nil {
+								return b.err
 							}
 							pq, pk, pv, pd := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd), bd
 							e.flashRows = rows
@@ -169,9 +148,9 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 								res.dvb = append(res.dvb, all[r*P+qd+kvd:(r+1)*P]...)
 							}
 						} else {
-							att, ds := buf(nil, B*H*T*T), buf(nil, B*H*T*T)
-							if err != nil {
-								return err
+							att, ds := f32(B*H*T*T), f32(B*H*T*T)
+							if b.err != nil {
+								return b.err
 							}
 							if err := e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128}, out, att, pq, pk, pv, T, T, H, KV, D, 0, scale); err != nil {
 								return err
@@ -191,12 +170,7 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 								return err
 							}
 						}
-						for _, p := range held {
-							if err := e.mem.free(p); err != nil {
-								return err
-							}
-						}
-						return nil
+						return b.free()
 					})
 					if err != nil {
 						t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
@@ -18,6 +19,50 @@ import (
 // skip and say why (CI has no GPU, so there they compile and skip).
 
 var goldenDirs = []string{"../model/testdata/golden/tiny", "../model/testdata/golden/hd64"}
+
+// testBuffers holds a test's device buffers, allocated on the engine's
+// thread: the first error sticks (later allocations return 0), and free
+// releases them all.
+type testBuffers struct {
+	e    *Engine
+	held []cuda.Ptr
+	err  error
+}
+
+// alloc returns an uninitialised buffer of n bytes.
+func (b *testBuffers) alloc(n int64) cuda.Ptr {
+	if b.err != nil {
+		return 0
+	}
+	p, err := b.e.mem.alloc("test", n)
+	if err != nil {
+		b.err = err
+		return 0
+	}
+	b.held = append(b.held, p)
+	return p
+}
+
+// free releases every buffer and returns the first error seen.
+func (b *testBuffers) free() error {
+	for _, p := range b.held {
+		if err := b.e.mem.free(p); err != nil && b.err == nil {
+			b.err = err
+		}
+	}
+	b.held = nil
+	return b.err
+}
+
+// upload returns a buffer of b holding vals.
+func upload[T any](b *testBuffers, vals []T) cuda.Ptr {
+	var z T
+	p := b.alloc(int64(len(vals)) * int64(unsafe.Sizeof(z)))
+	if b.err == nil {
+		b.err = cuda.Upload(b.e.dv, p, vals)
+	}
+	return p
+}
 
 func skipWithoutGPU(t testing.TB) {
 	t.Helper()

@@ -45,35 +45,12 @@ func TestNormBackwardWidthKernels(t *testing.T) {
 			}
 			run := func(kernel string) out {
 				o := out{dx: make([]float32, N*d), dw: make([]float32, d), dxb: make([]uint16, N*d)}
-				var held []cuda.Ptr
 				err := e.th.do(func() error {
-					var err error
-					buf := func(bytes int64) cuda.Ptr {
-						var p cuda.Ptr
-						if err == nil {
-							if p, err = e.mem.alloc("test", bytes); err == nil {
-								held = append(held, p)
-							}
-						}
-						return p
-					}
-					pdx, pdxb, pdw, pdy := buf(int64(N*d)*4), buf(int64(N*d)*2), buf(int64(d)*4), buf(int64(N*d)*2)
-					px, pw, pr := buf(int64(N*d)*4), buf(int64(d)*4), buf(int64(N)*4)
-					for _, u := range []struct {
-						p cuda.Ptr
-						v any
-					}{{pdx, dx0}, {pdw, make([]float32, d)}, {pdy, dy}, {px, x}, {pw, w}, {pr, rstd}} {
-						if err == nil {
-							switch v := u.v.(type) {
-							case []float32:
-								err = cuda.Upload(e.dv, u.p, v)
-							case []uint16:
-								err = cuda.Upload(e.dv, u.p, v)
-							}
-						}
-					}
-					if err != nil {
-						return err
+					b := &testBuffers{e: e}
+					pdx, pdxb, pdw, pdy := upload(b, dx0), b.alloc(int64(N*d)*2), upload(b, make([]float32, d)), upload(b, dy)
+					px, pw, pr := upload(b, x), upload(b, w), upload(b, rstd)
+					if b.err != nil {
+						return b.err
 					}
 					if err := e.launch(kernel, min(blocks(int64(N), 8), 1024), 256, pdx, pdxb, pdw, pdy, px, pw, pr, N, d); err != nil {
 						return err
@@ -87,12 +64,7 @@ func TestNormBackwardWidthKernels(t *testing.T) {
 					if err := cuda.Download(e.dv, o.dw, pdw); err != nil {
 						return err
 					}
-					for _, p := range held {
-						if err := e.mem.free(p); err != nil {
-							return err
-						}
-					}
-					return nil
+					return b.free()
 				})
 				if err != nil {
 					t.Fatal(err)

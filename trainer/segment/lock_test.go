@@ -96,13 +96,16 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 func TestLeaseIsRenewedWhileHeld(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRedis(t)
-	l, err := Acquire(ctx, rdb, "demo", "w", 90*time.Millisecond, nil)
+	// A lease long enough that only a stall of two thirds of it (on a
+	// machine busy with every other package's tests) lets it lapse between
+	// renewals; a 90 ms lease once lapsed that way.
+	l, err := Acquire(ctx, rdb, "demo", "w", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Release(ctx)
 	// Several lease lengths later the lock must still be ours.
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(3500 * time.Millisecond)
 	if err := l.Check(ctx); err != nil {
 		t.Fatalf("lock expired although renewed: %v", err)
 	}

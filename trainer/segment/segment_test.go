@@ -202,7 +202,9 @@ func TestDeadWorkersLockIsTakenOverAfterItsLease(t *testing.T) {
 	}
 	dead.stop() // it stops renewing, as a killed process does
 	<-dead.done
-	out, err := Run(ctx, Params{Run: testRun("orphan", 2), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Owner: "gpu-b", LockTTL: 300 * time.Millisecond})
+	// The new holder's own lease is longer than the dead one's, so that it
+	// waits long enough and its renewals survive a busy machine.
+	out, err := Run(ctx, Params{Run: testRun("orphan", 2), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Owner: "gpu-b", LockTTL: time.Second})
 	if err != nil || !out.Done {
 		t.Fatalf("takeover after the lease: %+v %v", out, err)
 	}

@@ -422,69 +422,6 @@ func errHash(dir string, info ShardInfo, sum string) error {
 		info.ID, dir, sum, info.SHA256)
 }
 
-// nativeLittle is whether this machine stores integers little-endian, as
-// the token files do, so that ids can be read and written in place.
-var nativeLittle = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
-
-// scanIDs reads chunk as little-endian ids of width bytes (2 or 4; a whole
-// number of them, from an 8-byte-aligned buffer) and returns how many are
-// eos, the last one, and the index of the first id at or past vocab (-1
-// when there is none). It is the append's per-token pass: reading the ids
-// in place, without decoding each one through a bounds-checked slice, made
-// it several times faster (docs/benchmarks/tokens.md).
-func scanIDs(chunk []byte, width int, vocab uint64, eos uint32) (docs int64, last uint32, bad int) {
-	n := len(chunk) / width
-	var top uint32
-	switch {
-	case nativeLittle && width == 2:
-		ids := unsafe.Slice((*uint16)(unsafe.Pointer(unsafe.SliceData(chunk))), n)
-		e := uint16(eos) // a uint16 store's vocabulary, eos included, fits 16 bits
-		var t uint16
-		for _, id := range ids {
-			t = max(t, id)
-			if id == e {
-				docs++
-			}
-		}
-		top, last = uint32(t), uint32(ids[n-1])
-	case nativeLittle:
-		ids := unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(chunk))), n)
-		for _, id := range ids {
-			top = max(top, id)
-			if id == eos {
-				docs++
-			}
-		}
-		last = ids[n-1]
-	default:
-		for i := range n {
-			id := idAt(chunk, width, i)
-			top = max(top, id)
-			if id == eos {
-				docs++
-			}
-			last = id
-		}
-	}
-	if uint64(top) < vocab {
-		return docs, last, -1
-	}
-	for i := range n {
-		if uint64(idAt(chunk, width, i)) >= vocab {
-			return docs, last, i
-		}
-	}
-	return docs, last, -1
-}
-
-// idAt is the i-th little-endian id of width bytes in chunk.
-func idAt(chunk []byte, width, i int) uint32 {
-	if width == 2 {
-		return uint32(binary.LittleEndian.Uint16(chunk[2*i:]))
-	}
-	return binary.LittleEndian.Uint32(chunk[4*i:])
-}
-
 // Skip records an input that will not be appended, and why, so that ingest
 // can report what it left out. Recording an id twice is a no-op; an id that
 // was appended cannot be skipped. A record with Count set counts documents

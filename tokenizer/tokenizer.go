@@ -13,6 +13,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"runtime"
 	"sync"
@@ -204,7 +205,7 @@ func (t *Tokenizer) getState() *encoderState {
 	case st := <-t.states:
 		return st
 	default:
-		return &encoderState{t: t, cache: make(map[string][]uint32, 1024)}
+		return &encoderState{t: t, short: new(shortWords), cache: make(map[string][]uint32, 1024)}
 	}
 }
 
@@ -219,6 +220,7 @@ func (t *Tokenizer) putState(st *encoderState) {
 // owns one, so the cache needs no lock.
 type encoderState struct {
 	t     *Tokenizer
+	short *shortWords         // words of up to 7 bytes and 2 ids, looked up first; nil: none
 	cache map[string][]uint32 // word bytes -> ids
 	arena []uint32            // backing store for cached ids
 	ends  [][]int             // per stage
@@ -287,7 +289,20 @@ const maxCachedWord = 64
 
 // word appends the ids of one pre-tokenized word.
 func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
+	key, short := shortKey(w)
+	short = short && st.short != nil
+	if short {
+		if e := &st.short[shortSlot(key)]; e.key == key {
+			if e.ids[1] == noID {
+				return append(dst, e.ids[0])
+			}
+			return append(dst, e.ids[0], e.ids[1])
+		}
+	}
 	if ids, ok := st.cache[string(w)]; ok {
+		if short {
+			st.short.put(key, ids)
+		}
 		return append(dst, ids...)
 	}
 	t := st.t
@@ -331,8 +346,58 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 		n := len(st.arena)
 		st.arena = append(st.arena, ids...)
 		st.cache[string(w)] = st.arena[n:len(st.arena):len(st.arena)]
+		if short {
+			st.short.put(key, ids)
+		}
 	}
 	return dst
+}
+
+// shortWords is a direct-mapped table in front of the word cache, for the
+// words that make up most text (" the", "if", "():"): up to 7 bytes, packed
+// with their length into one integer, and up to 2 ids, so that a lookup is
+// a multiply, a load and a compare on a table that stays in the core's own
+// cache, where the map's was a hash of the bytes, a probe and a compare of
+// the bytes (a quarter of ingest's CPU, docs/benchmarks/tokenizer.md). Two
+// words in one slot take turns; a miss falls back to the map.
+type shortWords [1 << shortBits]shortWord
+
+const shortBits = 13 // 8192 slots, 128 KiB
+
+type shortWord struct {
+	key uint64    // 0: empty (no word is empty)
+	ids [2]uint32 // ids[1] is noID for a word of one id
+}
+
+// shortKey packs a word of 1 to 7 bytes and its length into one integer,
+// distinct for distinct words; ok is false for a longer word.
+func shortKey(w []byte) (key uint64, ok bool) {
+	if len(w) == 0 || len(w) > 7 {
+		return 0, false
+	}
+	var b uint64
+	if cap(w) >= 8 {
+		// The word sits inside its document: read the 8 bytes from its
+		// start at once and keep its own.
+		b = binary.LittleEndian.Uint64(w[:8]) & (1<<(8*len(w)) - 1)
+	} else {
+		for i, c := range w {
+			b |= uint64(c) << (8 * i)
+		}
+	}
+	return uint64(len(w))<<56 | b, true
+}
+
+func shortSlot(key uint64) uint64 { return (key * 0x9e3779b97f4a7c15) >> (64 - shortBits) }
+
+// put remembers ids for key if they fit: one or two ids.
+func (t *shortWords) put(key uint64, ids []uint32) {
+	switch len(ids) {
+	case 1:
+		t[shortSlot(key)] = shortWord{key: key, ids: [2]uint32{ids[0], noID}}
+	case 2:
+		t[shortSlot(key)] = shortWord{key: key, ids: [2]uint32{ids[0], ids[1]}}
+	}
 }
 
 // addedSet finds added tokens in text, leftmost first and longest first at

@@ -1,0 +1,69 @@
+package tokenizer
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// Every short word comes out of the short-word table with the ids that the
+// merges give it, whether the table is cold, warm, or holds another word in
+// the same slot: tens of thousands of words for 8192 slots, each encoded
+// by a fresh state (no cache at all) and then twice by one warm state.
+func TestShortWordTableAgreesWithTheMerges(t *testing.T) {
+	alphabet := []byte(" \t\nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789(){}[]<>.,;:=+-*/_'\"!?#@$%^&|~`\\\x00")
+	rng := rand.New(rand.NewPCG(5, 6))
+	var words [][]byte
+	for range 40_000 {
+		w := make([]byte, 1+rng.IntN(7))
+		for i := range w {
+			w[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		if rng.IntN(10) == 0 {
+			w = append(w, "é€"...)[:min(len(w)+3, 7)] // UTF-8 bytes, whole or cut
+		}
+		words = append(words, w)
+	}
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		warm := &encoderState{t: tk, short: new(shortWords), cache: map[string][]uint32{}}
+		fresh := &encoderState{t: tk, cache: map[string][]uint32{}} // no table
+		for round := range 2 {
+			for _, w := range words {
+				clear(fresh.cache)
+				want := fresh.word(nil, slices.Clip(w))
+				// The word at the start of a longer buffer, as inside a
+				// document: its key is read 8 bytes at a time.
+				buf := append(slices.Clone(w), "zzzzzzzz"...)
+				got := warm.word(nil, buf[:len(w)])
+				if !slices.Equal(got, want) {
+					t.Fatalf("%s, round %d, word %q: %v from the warm state, %v from the merges", style, round, w, got, want)
+				}
+			}
+		}
+	}
+}
+
+// A short word's key is its bytes and its length: "a" and "a\x00" differ,
+// and the key read 8 bytes at a time equals the one built byte by byte.
+func TestShortKeys(t *testing.T) {
+	a, _ := shortKey([]byte("a"))
+	a0, _ := shortKey([]byte("a\x00"))
+	if a == a0 {
+		t.Fatal(`"a" and "a\x00" share a key`)
+	}
+	if _, ok := shortKey([]byte("12345678")); ok {
+		t.Fatal("an 8-byte word has a short key")
+	}
+	if _, ok := shortKey(nil); ok {
+		t.Fatal("the empty word has a short key")
+	}
+	for n := 1; n <= 7; n++ {
+		doc := []byte("0123456789abcdef")
+		inDoc, _ := shortKey(doc[:n])
+		alone, _ := shortKey(slices.Clip(slices.Clone(doc[:n])))
+		if inDoc != alone {
+			t.Fatalf("%d bytes: key %x inside a document, %x alone", n, inDoc, alone)
+		}
+	}
+}

@@ -68,6 +68,14 @@ func classAt(b []byte, i int) (class, int) {
 // scanClass returns the end of the run of characters of class cl from i.
 func scanClass(b []byte, i int, cl class) int {
 	for i < len(b) {
+		if c := b[i]; c < utf8.RuneSelf {
+			// ASCII, most of code and of English, without a call.
+			if asciiClass[c] != cl {
+				return i
+			}
+			i++
+			continue
+		}
 		c, w := classAt(b, i)
 		if c != cl {
 			return i

@@ -16,6 +16,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unicode"
@@ -166,13 +167,18 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 			defer wg.Done()
 			st := t.getState()
 			defer t.putState(st)
+			// Each document is encoded into one buffer that grows once,
+			// then copied out at its size: one allocation a document,
+			// not the doublings of a slice grown id by id.
+			var buf []uint32
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= len(docs) {
 					return
 				}
 				s := docs[i]
-				out[i] = st.encode(nil, unsafe.Slice(unsafe.StringData(s), len(s)))
+				buf = st.encode(buf[:0], unsafe.Slice(unsafe.StringData(s), len(s)))
+				out[i] = slices.Clone(buf)
 			}
 		}()
 	}

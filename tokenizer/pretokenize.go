@@ -1,6 +1,8 @@
 package tokenizer
 
 import (
+	"encoding/binary"
+	"math/bits"
 	"unicode"
 	"unicode/utf8"
 )
@@ -68,6 +70,18 @@ func classAt(b []byte, i int) (class, int) {
 // scanClass returns the end of the run of characters of class cl from i.
 func scanClass(b []byte, i int, cl class) int {
 	for i < len(b) {
+		// Eight ASCII bytes at a time while they are all of the class.
+		for i+8 <= len(b) {
+			stop := ^classLanes(binary.LittleEndian.Uint64(b[i:]), cl) & highBits
+			if stop != 0 {
+				i += bits.TrailingZeros64(stop) / 8
+				break
+			}
+			i += 8
+		}
+		if i == len(b) {
+			return i
+		}
 		if c := b[i]; c < utf8.RuneSelf {
 			// ASCII, most of code and of English, without a call.
 			if asciiClass[c] != cl {
@@ -83,6 +97,37 @@ func scanClass(b []byte, i int, cl class) int {
 		i += w
 	}
 	return i
+}
+
+// Byte lanes of a 64-bit word.
+const (
+	lowBits  = 0x0101_0101_0101_0101
+	highBits = 0x8080_8080_8080_8080
+)
+
+// classLanes sets the top bit of each byte of x that is an ASCII character
+// of class cl, eight at once: a byte is in [lo, hi] when, with its top bit
+// cleared, adding 0x80-lo sets the top bit and adding 0x7f-hi does not
+// (neither sum carries out of its byte); bytes from 0x80 up, the start or
+// middle of a longer character, are never in a class here.
+func classLanes(x uint64, cl class) uint64 {
+	ascii := ^x & highBits
+	x7 := x &^ highBits
+	in := func(v uint64, lo, hi byte) uint64 {
+		return (v + (0x80-uint64(lo))*lowBits) &^ (v + (0x7f-uint64(hi))*lowBits)
+	}
+	var m uint64
+	switch cl {
+	case clsLetter:
+		m = in(x7|0x20*lowBits, 'a', 'z') // 'A'-'Z' or 'a'-'z'
+	case clsNumber:
+		m = in(x7, '0', '9')
+	case clsSpace:
+		m = in(x7, '\t', '\r') | in(x7, ' ', ' ')
+	default:
+		m = ^(in(x7|0x20*lowBits, 'a', 'z') | in(x7, '0', '9') | in(x7, '\t', '\r') | in(x7, ' ', ' '))
+	}
+	return m & ascii
 }
 
 // spaceRun ends a whitespace match that starts at i (b[i] is whitespace):

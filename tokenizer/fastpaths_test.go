@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -64,6 +65,58 @@ func TestShortKeys(t *testing.T) {
 		alone, _ := shortKey(slices.Clip(slices.Clone(doc[:n])))
 		if inDoc != alone {
 			t.Fatalf("%d bytes: key %x inside a document, %x alone", n, inDoc, alone)
+		}
+	}
+}
+
+// classLanes marks a byte exactly when the byte table says it is ASCII of
+// that class, for every byte value in every lane, beside any neighbours.
+func TestClassLanesMatchTheByteTable(t *testing.T) {
+	for _, cl := range []class{clsOther, clsLetter, clsNumber, clsSpace} {
+		for v := range 256 {
+			for lane := range 8 {
+				for _, fill := range []byte{0x00, 'a', '0', ' ', 0x7f, 0x80, 0xff} {
+					var w [8]byte
+					for i := range w {
+						w[i] = fill
+					}
+					w[lane] = byte(v)
+					got := classLanes(binary.LittleEndian.Uint64(w[:]), cl)>>(8*lane+7)&1 == 1
+					want := v < 0x80 && asciiClass[v] == cl
+					if got != want {
+						t.Fatalf("class %d, byte %#x in lane %d among %#x: marked %v, want %v", cl, v, lane, fill, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// scanClass ends a run where the one-character-at-a-time scan does, across
+// the 8-byte steps, multi-byte letters and the end of the text.
+func TestScanClassMatchesThePlainScan(t *testing.T) {
+	plain := func(b []byte, i int, cl class) int {
+		for i < len(b) {
+			c, w := classAt(b, i)
+			if c != cl {
+				return i
+			}
+			i += w
+		}
+		return i
+	}
+	pieces := []string{"a", "Z", "é", "ß", "日", "1", "٣", " ", "\t", "\u00a0", "\u2003", "(", ".", "\x80", "\xff", "_"}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for range 20_000 {
+		var b []byte
+		for range 1 + rng.IntN(30) {
+			b = append(b, pieces[rng.IntN(len(pieces))]...)
+		}
+		i := rng.IntN(len(b))
+		for _, cl := range []class{clsOther, clsLetter, clsNumber, clsSpace} {
+			if got, want := scanClass(b, i, cl), plain(b, i, cl); got != want {
+				t.Fatalf("%q from %d, class %d: ends at %d, want %d", b, i, cl, got, want)
+			}
 		}
 	}
 }

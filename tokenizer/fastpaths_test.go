@@ -28,10 +28,13 @@ func TestShortWordTableAgreesWithTheMerges(t *testing.T) {
 	for _, style := range styles {
 		tk := loadStyle(t, style)
 		warm := &encoderState{t: tk, short: new(shortWords), cache: map[string][]uint32{}}
-		fresh := &encoderState{t: tk, cache: map[string][]uint32{}} // no table
+		fresh := &encoderState{t: tk, short: new(shortWords), cache: map[string][]uint32{}}
 		for round := range 2 {
 			for _, w := range words {
+				// Nothing of w cached in fresh: its ids come from the merges.
 				clear(fresh.cache)
+				key, _ := shortKey(w)
+				fresh.short[shortSlot(key)] = shortWord{}
 				want := fresh.word(nil, slices.Clip(w))
 				// The word at the start of a longer buffer, as inside a
 				// document: its key is read 8 bytes at a time.

@@ -226,7 +226,7 @@ func (t *Tokenizer) putState(st *encoderState) {
 // owns one, so the cache needs no lock.
 type encoderState struct {
 	t     *Tokenizer
-	short *shortWords         // words of up to 7 bytes and 2 ids, looked up first; nil: none
+	short *shortWords         // words of up to 7 bytes and 2 ids, looked up first
 	cache map[string][]uint32 // word bytes -> ids
 	arena []uint32            // backing store for cached ids
 	ends  [][]int             // per stage
@@ -296,7 +296,6 @@ const maxCachedWord = 64
 // word appends the ids of one pre-tokenized word.
 func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 	key, short := shortKey(w)
-	short = short && st.short != nil
 	if short {
 		if e := &st.short[shortSlot(key)]; e.key == key {
 			if e.ids[1] == noID {

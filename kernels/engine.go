@@ -269,6 +269,13 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	e.mem = newAllocator(dv)
 	if free, total, err := dv.MemInfo(); err == nil {
 		e.usedAtOpen = int64(total - free)
+		// Sized before the first allocation, so that a run that cannot fit
+		// is refused in one line instead of failing halfway through.
+		plan := model.MemoryPlan{Config: e.cfg, Engine: "cuda", Precision: e.opt.Precision, Batch: e.maxB, Seq: e.maxT,
+			Purpose: e.opt.Purpose, NaiveAttention: !e.flash}
+		if err := model.CheckMemory(plan, int64(free), "GPU 0 ("+dv.Name+")"); err != nil {
+			return err
+		}
 	}
 	if err := checkCapability(dv.Name, dv.Major, dv.Minor); err != nil {
 		return err

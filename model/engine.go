@@ -1,8 +1,10 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -108,6 +110,14 @@ type Options struct {
 	ForceSM80 bool
 	// Log receives one-line notices, such as why "auto" fell back to the CPU.
 	Log func(string)
+	// Purpose is what the engine will run (the zero value: training); with
+	// MaxBatch and MaxSeq it sizes the memory checked before allocating.
+	Purpose Purpose
+}
+
+// Plan is the memory plan of an engine start with these options.
+func (o Options) Plan(engine string, c Config) MemoryPlan {
+	return MemoryPlan{Config: c, Engine: engine, Precision: o.Precision, Batch: o.MaxBatch, Seq: o.MaxSeq, Purpose: o.Purpose}
 }
 
 // Factory makes an engine for c. An error that implements
@@ -140,7 +150,13 @@ func Engines() []string {
 }
 
 // NewEngine makes the named engine: "cpu", "cuda", or "auto" (cuda when it
-// loads, else cpu with a one-line notice through o.Log).
+// loads, else cpu with a one-line notice through o.Log). Every engine start
+// passes here, and none allocates before its memory is sized: the CPU
+// engine's against the host's available memory here, the CUDA engine's
+// against the device's free memory once its context exists (kernels.New).
+// Too much is a *MemoryError, which "auto" does not fall back from: a run
+// that does not fit the GPU is the user's to resize, not the CPU's to crawl
+// through.
 func NewEngine(name string, c Config, o Options) (Engine, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -149,17 +165,33 @@ func NewEngine(name string, c Config, o Options) (Engine, error) {
 		o.Precision = "bf16"
 	}
 	if o.Precision != "fp32" && o.Precision != "bf16" {
-		return nil, fmt.Errorf("unknown precision %q: choose fp32 or bf16", o.Precision)
+		return nil, &EngineError{Msg: fmt.Sprintf("unknown precision %q: choose fp32 or bf16", o.Precision)}
+	}
+	if o.MaxBatch < 0 || o.MaxSeq < 0 {
+		return nil, &EngineError{Msg: fmt.Sprintf("batch %d and seq %d must not be negative", o.MaxBatch, o.MaxSeq)}
+	}
+	if _, err := EstimateMemory(o.Plan("cpu", c)); err != nil {
+		return nil, err
 	}
 	enginesMu.Lock()
 	cuda, cpu := engines["cuda"], engines["cpu"]
 	f, ok := engines[name]
 	enginesMu.Unlock()
+	startCPU := func() (Engine, error) {
+		if err := checkHost(c, o); err != nil {
+			return nil, err
+		}
+		return cpu(c, o)
+	}
 	if name == "auto" {
 		if cuda != nil {
 			e, err := cuda(c, o)
 			if err == nil {
 				return e, nil
+			}
+			var me *MemoryError
+			if errors.As(err, &me) {
+				return nil, err
 			}
 			if o.Log != nil {
 				o.Log("engine auto: using the CPU: " + err.Error())
@@ -170,10 +202,32 @@ func NewEngine(name string, c Config, o Options) (Engine, error) {
 		if cpu == nil {
 			return nil, fmt.Errorf("engine auto: no CPU engine registered")
 		}
-		return cpu(c, o)
+		return startCPU()
 	}
 	if !ok {
-		return nil, fmt.Errorf("unknown engine %q: choose cuda, cpu or auto (registered: %v)", name, Engines())
+		return nil, &EngineError{Msg: fmt.Sprintf("unknown engine %q: choose one of %s", name, strings.Join(append(Engines(), "auto"), ", "))}
+	}
+	if name == "cpu" {
+		return startCPU()
 	}
 	return f(c, o)
 }
+
+// checkHost refuses a CPU engine start that needs more than the host (or
+// its cgroup) has available. Where that cannot be read, nothing is refused.
+func checkHost(c Config, o Options) error {
+	avail, ok := HostAvailable()
+	if !ok {
+		return nil
+	}
+	return CheckMemory(o.Plan("cpu", c), avail, "this host")
+}
+
+// EngineError is an engine choice or setting the caller has to fix: an
+// unknown engine or precision.
+type EngineError struct{ Msg string }
+
+func (e *EngineError) Error() string { return e.Msg }
+
+// BadInput marks the choice as the caller's to change.
+func (e *EngineError) BadInput() bool { return true }

@@ -1,0 +1,223 @@
+package model
+
+import (
+	"errors"
+	"math"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// The CUDA estimate against the peaks `sched bench --engine cuda` reported
+// on an H200 (docs/benchmarks/cuda.md, "Where it stands (2026-11-30,
+// 15:14-15:18 UTC, kernels of commit e292cf4)": bf16, seq 1024, flash
+// attention). The estimate may be 5% below or 10% above: below would let
+// a run start that then fails to allocate, far above would refuse runs
+// that fit.
+func TestCUDAEstimateMatchesMeasuredPeaks(t *testing.T) {
+	for _, m := range []struct {
+		model   string
+		batch   int
+		peakGiB float64
+	}{
+		{"small", 8, 2.14}, {"small", 32, 5.99}, {"small", 64, 11.14}, {"base", 16, 7.93}, {"base", 32, 13.78},
+	} {
+		est, err := EstimateMemory(MemoryPlan{Config: Presets[m.model], Engine: "cuda", Precision: "bf16", Batch: m.batch, Seq: 1024, Purpose: PurposeBench})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ratio := float64(est.Total) / (1 << 30) / m.peakGiB
+		t.Logf("%s %dx1024: estimate %s, measured %.2f GiB (x%.3f)", m.model, m.batch, GiB(est.Total), m.peakGiB, ratio)
+		if ratio < 0.95 || ratio > 1.10 {
+			t.Errorf("%s %dx1024: estimate %s is x%.3f the measured %.2f GiB, want within 0.95-1.10", m.model, m.batch, GiB(est.Total), ratio, m.peakGiB)
+		}
+	}
+}
+
+// The CPU estimate against what the CPU engine really allocates for one
+// training step: the Go heap's cumulative allocation over NewCPUEngine and
+// one ForwardBackward and Step.
+func TestCPUEstimateMatchesAllocation(t *testing.T) {
+	c := Presets["tiny"]
+	for _, shape := range [][2]int{{2, 64}, {4, 128}} {
+		B, T := shape[0], shape[1]
+		b := Batch{B: B, T: T, Inputs: make([]int32, B*T), Targets: make([]int32, B*T)}
+		for i := range b.Inputs {
+			b.Inputs[i], b.Targets[i] = int32(i%c.VocabSize), int32((i+1)%c.VocabSize)
+		}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		e, err := NewCPUEngine(c, Options{Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.ForwardBackward(b, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Step(AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}); err != nil {
+			t.Fatal(err)
+		}
+		runtime.ReadMemStats(&after)
+		runtime.KeepAlive(e)
+		got := float64(after.TotalAlloc - before.TotalAlloc)
+		est, err := EstimateMemory(MemoryPlan{Config: c, Engine: "cpu", Batch: B, Seq: T})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ratio := float64(est.Total) / got
+		t.Logf("tiny %dx%d: estimate %d bytes, allocated %.0f (x%.3f)", B, T, est.Total, got, ratio)
+		if ratio < 0.9 || ratio > 1.1 {
+			t.Errorf("tiny %dx%d: estimate %d bytes is x%.3f of the %.0f the engine allocated, want within 0.9-1.1", B, T, est.Total, ratio, got)
+		}
+	}
+}
+
+// Generation on the CPU: the engine plus the KV cache and the prompt's
+// temporaries.
+func TestCPUGenerateEstimateMatchesAllocation(t *testing.T) {
+	c := Presets["tiny"]
+	prompt := make([]int32, 200)
+	for i := range prompt {
+		prompt[i] = int32(i)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	e, err := NewCPUEngine(c, Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Generate(prompt, 8, -1, Sampling{}); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	got := float64(after.TotalAlloc - before.TotalAlloc)
+	est, err := EstimateMemory(MemoryPlan{Config: c, Engine: "cpu", Batch: 1, Seq: len(prompt) + 8, Purpose: PurposeGenerate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ratio := float64(est.Total) / got
+	t.Logf("tiny generate %d: estimate %d bytes, allocated %.0f (x%.3f)", len(prompt)+8, est.Total, got, ratio)
+	if ratio < 0.9 || ratio > 1.2 {
+		t.Errorf("estimate %d bytes is x%.3f of the %.0f allocated, want within 0.9-1.2", est.Total, ratio, got)
+	}
+}
+
+// An engine start that cannot fit the host is refused in one line naming
+// both sizes and what to change, before the engine allocates anything.
+func TestNewEngineRefusesWhatDoesNotFit(t *testing.T) {
+	avail, ok := HostAvailable()
+	if !ok {
+		t.Skip("this host's available memory cannot be read")
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	e, err := NewEngine("cpu", Presets["tiny"], Options{MaxBatch: 100000000, MaxSeq: 1024})
+	runtime.ReadMemStats(&after)
+	if e != nil {
+		t.Fatal("an engine of batch 1e8 started")
+	}
+	var me *MemoryError
+	if !errors.As(err, &me) || !me.BadInput() {
+		t.Fatalf("got %v, want a *MemoryError", err)
+	}
+	msg := err.Error()
+	for _, want := range []string{"batch 100000000 x seq 1024", "cpu engine", GiB(me.Needed), "this host", "--batch", "--accumulate"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q: %s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("error spans lines: %q", msg)
+	}
+	if me.Needed <= avail/2 || me.Available <= 0 {
+		t.Errorf("needed %d, available %d (host %d)", me.Needed, me.Available, avail)
+	}
+	if d := after.TotalAlloc - before.TotalAlloc; d > 1<<20 {
+		t.Errorf("the refused start allocated %d bytes", d)
+	}
+	// A size that fits starts.
+	e, err = NewEngine("cpu", Presets["tiny"], Options{MaxBatch: 2, MaxSeq: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+}
+
+// Absurd shapes are sized without overflow and without listing tensors.
+func TestEstimateOfAbsurdShapes(t *testing.T) {
+	c := Presets["tiny"]
+	c.Layers = 100000000
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	est, err := EstimateMemory(MemoryPlan{Config: c, Engine: "cuda", Batch: 1 << 40, Seq: 1 << 40})
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if est.Total != math.MaxInt64 {
+		t.Errorf("total %d, want saturated at MaxInt64", est.Total)
+	}
+	if d := after.TotalAlloc - before.TotalAlloc; d > 1<<20 {
+		t.Errorf("sizing allocated %d bytes", d)
+	}
+	if got, want := Presets["base"].ParamCount(), float64(Presets["base"].NumParams()); got != want {
+		t.Errorf("ParamCount %v, NumParams %v", got, want)
+	}
+	c = Presets["small"]
+	c.TieEmbeddings = false
+	if got, want := c.ParamCount(), float64(c.NumParams()); got != want {
+		t.Errorf("untied: ParamCount %v, NumParams %v", got, want)
+	}
+}
+
+// Generation sizes the KV cache; evaluation sizes no gradient scratch.
+func TestEstimateByPurpose(t *testing.T) {
+	c := Presets["small"]
+	size := func(engine string, p Purpose) int64 {
+		t.Helper()
+		est, err := EstimateMemory(MemoryPlan{Config: c, Engine: engine, Batch: 1, Seq: 4096, Purpose: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return est.Total
+	}
+	kv := int64(2*c.Layers*4096*c.KVHeads*c.HeadDim) * 4
+	if g, tr := size("cuda", PurposeGenerate), size("cuda", PurposeTrain); g-tr < kv {
+		t.Errorf("cuda: generate %d is not train %d plus the %d-byte KV cache", g, tr, kv)
+	}
+	if ev, tr := size("cpu", PurposeEval), size("cpu", PurposeTrain); ev >= tr {
+		t.Errorf("cpu: eval %d not below train %d", ev, tr)
+	}
+	if _, err := EstimateMemory(MemoryPlan{Config: c, Engine: "tpu"}); err == nil || !strings.Contains(err.Error(), "choose cuda, cpu or auto") {
+		t.Errorf("engine tpu: %v", err)
+	}
+}
+
+func TestHostAvailable(t *testing.T) {
+	v, ok := meminfoAvailable([]byte("MemTotal:       16384000 kB\nMemFree:         1000 kB\nMemAvailable:    8192000 kB\n"))
+	if !ok || v != 8192000*1024 {
+		t.Errorf("MemAvailable read as %d, %v", v, ok)
+	}
+	if _, ok := meminfoAvailable([]byte("MemTotal: 1 kB\n")); ok {
+		t.Error("a meminfo without MemAvailable read as available")
+	}
+	if runtime.GOOS == "linux" {
+		if avail, ok := HostAvailable(); !ok || avail <= 0 {
+			t.Errorf("HostAvailable on Linux: %d, %v", avail, ok)
+		}
+	}
+}
+
+func TestUnknownEngineIsBadInput(t *testing.T) {
+	_, err := NewEngine("tpu", Presets["tiny"], Options{})
+	var ee *EngineError
+	if !errors.As(err, &ee) || !ee.BadInput() || !strings.Contains(err.Error(), "cpu") || !strings.Contains(err.Error(), "auto") {
+		t.Errorf("engine tpu: %v", err)
+	}
+	_, err = NewEngine("cpu", Presets["tiny"], Options{Precision: "fp8"})
+	if !errors.As(err, &ee) || !strings.Contains(err.Error(), "fp32 or bf16") {
+		t.Errorf("precision fp8: %v", err)
+	}
+}

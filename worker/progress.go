@@ -21,9 +21,20 @@ type Reporter struct {
 	// every is the minimum interval between Redis writes.
 	every time.Duration
 
+	// now is the clock (time.Now when nil).
+	now func() time.Time
+
 	mu   sync.Mutex
 	p    scheduler.Progress
 	last time.Time
+	// base is the first fraction this task reported and when: the ETA is
+	// measured from it, not from the task's start, because a task may
+	// start part way (a training segment resumes a run at its checkpoint)
+	// and may spend its first minutes on setup that says nothing of the
+	// rate of the work.
+	base     float64
+	baseAt   time.Time
+	baseSeen bool
 }
 
 type reporterKey struct{}
@@ -45,13 +56,9 @@ func (r *Reporter) Report(ctx context.Context, fraction, rate float64, unit, msg
 		return
 	}
 	r.mu.Lock()
-	now := time.Now()
+	now := r.clock()
 	r.p.Fraction, r.p.Rate, r.p.Unit, r.p.Message, r.p.Updated = fraction, rate, unit, msg, now
-	r.p.ETA = 0
-	if fraction > 0 && fraction <= 1 {
-		elapsed := now.Sub(r.p.Started)
-		r.p.ETA = time.Duration(float64(elapsed) * (1 - fraction) / fraction).Round(time.Second)
-	}
+	r.p.ETA = r.eta(fraction, now)
 	due := now.Sub(r.last) >= r.every
 	if due {
 		r.last = now
@@ -61,6 +68,31 @@ func (r *Reporter) Report(ctx context.Context, fraction, rate float64, unit, msg
 	if due {
 		r.write(ctx, p)
 	}
+}
+
+// eta is the time the rest of the work takes at the rate measured since
+// the first report: (1-f) / ((f-base)/elapsed). Zero until a second report
+// shows progress.
+func (r *Reporter) eta(f float64, now time.Time) time.Duration {
+	if f < 0 || f > 1 {
+		return 0
+	}
+	if !r.baseSeen {
+		r.base, r.baseAt, r.baseSeen = f, now, true
+		return 0
+	}
+	done, elapsed := f-r.base, now.Sub(r.baseAt)
+	if done <= 0 || elapsed <= 0 {
+		return 0
+	}
+	return time.Duration(float64(elapsed) * (1 - f) / done).Round(time.Second)
+}
+
+func (r *Reporter) clock() time.Time {
+	if r.now != nil {
+		return r.now()
+	}
+	return time.Now()
 }
 
 // Message records a message without changing the fraction.
@@ -77,7 +109,7 @@ func (r *Reporter) finish(state, msg string) {
 		return
 	}
 	r.mu.Lock()
-	r.p.State, r.p.Updated = state, time.Now()
+	r.p.State, r.p.Updated = state, r.clock()
 	if state == "done" {
 		r.p.Fraction, r.p.ETA = 1, 0
 	}

@@ -1,0 +1,58 @@
+package worker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+)
+
+// A task that starts part way (a training segment resumes its run at 50%)
+// gets its ETA from the rate it measures, not from its elapsed time scaled
+// by the run's fraction: 10% in 10s leaves 40% for 40s, whatever the
+// minutes of setup before the first report.
+func TestReporterETAFromMeasuredRate(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testsvc.Redis(t)})
+	defer rdb.Close()
+	ctx := context.Background()
+	start := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	clock := start
+	r := &Reporter{rdb: rdb, log: zap.NewNop(), ttl: time.Hour, now: func() time.Time { return clock },
+		p: scheduler.Progress{TaskID: "t-eta", Kind: scheduler.KindTrainSegment, Fraction: -1, State: "running", Started: start}}
+
+	read := func() scheduler.Progress {
+		t.Helper()
+		p, ok, err := scheduler.ReadProgress(ctx, rdb, "t-eta")
+		if err != nil || !ok {
+			t.Fatalf("progress: ok %v, %v", ok, err)
+		}
+		return p
+	}
+	clock = start.Add(5 * time.Minute) // setup: pulling the checkpoint
+	r.Report(ctx, 0.5, 1000, "tok", "step 500/1000")
+	if p := read(); p.ETA != 0 || p.Fraction != 0.5 {
+		t.Fatalf("after one report: ETA %v fraction %v; want no ETA until a rate is measured", p.ETA, p.Fraction)
+	}
+	clock = clock.Add(10 * time.Second)
+	r.Report(ctx, 0.6, 1000, "tok", "step 600/1000")
+	if p := read(); p.ETA != 40*time.Second || !p.Updated.Equal(clock) {
+		t.Fatalf("ETA %v (updated %v); want 40s: 0.4 left at 0.1 per 10s", p.ETA, p.Updated)
+	}
+	// No progress since the last report: the measured rate falls and the
+	// ETA grows; it never turns negative or stays stale.
+	clock = clock.Add(10 * time.Second)
+	r.Message(ctx, "writing a checkpoint")
+	if p := read(); p.ETA != 80*time.Second || p.Message != "writing a checkpoint" {
+		t.Fatalf("ETA %v message %q; want 80s: 0.4 left at 0.1 per 20s", p.ETA, p.Message)
+	}
+	r.finish("done", "")
+	if p := read(); p.ETA != 0 || p.Fraction != 1 || p.State != "done" {
+		t.Fatalf("finished: %+v", p)
+	}
+}

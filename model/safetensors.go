@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // DType is a safetensors element type.
@@ -123,59 +125,188 @@ func DecodeSafetensors(path string, b []byte) (*SafetensorsFile, error) {
 		return nil, bad("truncated: the header needs %d bytes but only %d follow; the file is incomplete, copy or save it again", n, len(b)-8)
 	}
 	header, data := b[8:8+n], b[8+n:]
+	meta, entries, err := parseHeader(path, header, int64(len(data)))
+	if err != nil {
+		return nil, err
+	}
+	f := &SafetensorsFile{Metadata: meta}
+	for _, e := range entries {
+		f.Tensors = append(f.Tensors, Tensor{Name: e.Name, DType: e.DType, Shape: e.Shape, Data: data[e.start:e.end]})
+	}
+	return f, nil
+}
+
+// TensorInfo is one tensor as a safetensors header describes it.
+type TensorInfo struct {
+	Name  string
+	DType DType
+	Shape []int
+}
+
+type headerTensor struct {
+	TensorInfo
+	start, end int64
+}
+
+// parseHeader reads a safetensors JSON header whose data section holds
+// dataLen bytes, and returns the tensors in data order.
+func parseHeader(path string, header []byte, dataLen int64) (map[string]string, []headerTensor, error) {
+	bad := func(format string, args ...any) error {
+		return &FormatError{Path: path, Msg: fmt.Sprintf(format, args...)}
+	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(header, &raw); err != nil {
-		return nil, bad("header is not valid JSON (%v): this is not a safetensors file", err)
+		return nil, nil, bad("header is not valid JSON (%v): this is not a safetensors file", err)
 	}
-	f := &SafetensorsFile{}
-	var starts []int64
+	var meta map[string]string
+	var out []headerTensor
 	for name, r := range raw {
 		if name == "__metadata__" {
-			if err := json.Unmarshal(r, &f.Metadata); err != nil {
-				return nil, bad("__metadata__ must map strings to strings: %v", err)
+			if err := json.Unmarshal(r, &meta); err != nil {
+				return nil, nil, bad("__metadata__ must map strings to strings: %v", err)
 			}
 			continue
 		}
 		var h headerEntry
 		if err := json.Unmarshal(r, &h); err != nil {
-			return nil, bad("tensor %s: malformed header entry: %v", name, err)
+			return nil, nil, bad("tensor %s: malformed header entry: %v", name, err)
 		}
 		if h.DType.size() == 0 {
-			return nil, bad("tensor %s has dtype %s: kiln reads F32, BF16 and I32; convert the file with safetensors in Python", name, h.DType)
-		}
-		elems := int64(1)
-		for _, d := range h.Shape {
-			if d < 0 {
-				return nil, bad("tensor %s has a negative dimension in shape %v", name, h.Shape)
-			}
-			elems *= int64(d)
+			return nil, nil, bad("tensor %s has dtype %s: kiln reads F32, BF16 and I32; convert the file with safetensors in Python", name, h.DType)
 		}
 		start, end := h.DataOffsets[0], h.DataOffsets[1]
 		if start < 0 || end < start {
-			return nil, bad("tensor %s has invalid data_offsets [%d, %d]", name, start, end)
+			return nil, nil, bad("tensor %s has invalid data_offsets [%d, %d]", name, start, end)
 		}
-		if end > int64(len(data)) {
-			return nil, bad("truncated: tensor %s ends at byte %d of the data but the file holds %d data bytes; the file is incomplete, copy or save it again", name, end, len(data))
+		if end > dataLen {
+			return nil, nil, bad("truncated: tensor %s ends at byte %d of the data but the file holds %d data bytes; the file is incomplete, copy or save it again", name, end, dataLen)
+		}
+		// The element count is bounded by the bytes it must span, so that
+		// an absurd shape is reported instead of overflowing.
+		elems := int64(1)
+		for _, d := range h.Shape {
+			if d < 0 {
+				return nil, nil, bad("tensor %s has a negative dimension in shape %v", name, h.Shape)
+			}
+			if d > 0 && elems > (end-start)/int64(d)+1 {
+				return nil, nil, bad("tensor %s: shape %v of %s does not fit the %d bytes its data_offsets span", name, h.Shape, h.DType, end-start)
+			}
+			elems *= int64(d)
 		}
 		if want := elems * int64(h.DType.size()); end-start != want {
-			return nil, bad("tensor %s: shape %v of %s needs %d bytes but data_offsets span %d", name, h.Shape, h.DType, want, end-start)
+			return nil, nil, bad("tensor %s: shape %v of %s needs %d bytes but data_offsets span %d", name, h.Shape, h.DType, want, end-start)
 		}
-		f.Tensors = append(f.Tensors, Tensor{Name: name, DType: h.DType, Shape: h.Shape, Data: data[start:end]})
-		starts = append(starts, start)
+		out = append(out, headerTensor{TensorInfo{name, h.DType, h.Shape}, start, end})
 	}
 	// Keep data order: the JSON map loses the header's key order, and the
 	// offsets are what the writer followed.
-	idx := make([]int, len(f.Tensors))
-	for i := range idx {
-		idx[i] = i
+	sort.SliceStable(out, func(a, b int) bool { return out[a].start < out[b].start })
+	return meta, out, nil
+}
+
+// ReadSafetensorsHeader reads only the header of a safetensors file: the
+// tensors' names, dtypes and shapes, each checked against the file's size.
+// It reads at most the header's bytes, however large the file.
+func ReadSafetensorsHeader(path string) ([]TensorInfo, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read safetensors header: %w", err)
 	}
-	sort.SliceStable(idx, func(a, b int) bool { return starts[idx[a]] < starts[idx[b]] })
-	ordered := make([]Tensor, len(idx))
-	for i, k := range idx {
-		ordered[i] = f.Tensors[k]
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("read safetensors header: %w", err)
 	}
-	f.Tensors = ordered
-	return f, nil
+	bad := func(format string, args ...any) error {
+		return &FormatError{Path: path, Msg: fmt.Sprintf(format, args...)}
+	}
+	var lenBuf [8]byte
+	if _, err := io.ReadFull(f, lenBuf[:]); err != nil {
+		return nil, bad("truncated: %d bytes, too short for the 8-byte header length; the file is incomplete, copy or save it again", st.Size())
+	}
+	n := binary.LittleEndian.Uint64(lenBuf[:])
+	if n > maxHeader {
+		return nil, bad("header length %d is implausible: this is not a safetensors file", n)
+	}
+	if uint64(st.Size()-8) < n {
+		return nil, bad("truncated: the header needs %d bytes but only %d follow; the file is incomplete, copy or save it again", n, st.Size()-8)
+	}
+	header := make([]byte, n)
+	if _, err := io.ReadFull(f, header); err != nil {
+		return nil, fmt.Errorf("read safetensors header %s: %w", path, err)
+	}
+	_, entries, err := parseHeader(path, header, st.Size()-8-int64(n))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TensorInfo, len(entries))
+	for i, e := range entries {
+		out[i] = e.TensorInfo
+	}
+	return out, nil
+}
+
+// CheckWeights compares config c with the tensors of the safetensors file
+// at path (as its header lists them), before anything is sized from c: the
+// embedding's shape must be (vocab_size, hidden_size) and the file must
+// hold num_hidden_layers layers before the tensors are listed one by one,
+// so that a config.json of 1e8 layers beside tiny weights is refused
+// without being materialised. A tied model may carry an lm_head.weight of
+// the embedding's shape; ParamsFromFile then checks it equals the
+// embeddings.
+func CheckWeights(path string, tensors []TensorInfo, c Config) error {
+	if err := c.Validate(); err != nil {
+		return &FormatError{Path: filepath.Join(filepath.Dir(path), "config.json"), Msg: err.Error()}
+	}
+	byName := make(map[string]TensorInfo, len(tensors))
+	layers := 0
+	for _, t := range tensors {
+		byName[t.Name] = t
+		if rest, ok := strings.CutPrefix(t.Name, "model.layers."); ok {
+			i, _, _ := strings.Cut(rest, ".")
+			if l, err := strconv.Atoi(i); err == nil && l >= 0 && l < len(tensors) {
+				layers = max(layers, l+1)
+			}
+		}
+	}
+	mismatch := func(format string, args ...any) error {
+		return &FormatError{Path: path, Msg: fmt.Sprintf(format, args...) + ": the config.json does not belong to these weights; use the config.json saved with them"}
+	}
+	emb, ok := byName["model.embed_tokens.weight"]
+	switch {
+	case !ok:
+		return &ShapeError{Path: path, Tensor: "model.embed_tokens.weight", Want: []int{c.VocabSize, c.Hidden}}
+	case len(emb.Shape) != 2 || emb.Shape[0] != c.VocabSize || emb.Shape[1] != c.Hidden:
+		return &ShapeError{Path: path, Tensor: "model.embed_tokens.weight", Want: []int{c.VocabSize, c.Hidden}, Got: emb.Shape}
+	case layers != c.Layers:
+		return mismatch("the file holds %d layers but config.json says num_hidden_layers %d", layers, c.Layers)
+	}
+	known := map[string]bool{}
+	for _, s := range c.Specs() {
+		known[s.Name] = true
+		t, ok := byName[s.Name]
+		if !ok {
+			return &ShapeError{Path: path, Tensor: s.Name, Want: s.Shape}
+		}
+		if !slices.Equal(t.Shape, s.Shape) {
+			return &ShapeError{Path: path, Tensor: s.Name, Want: s.Shape, Got: t.Shape}
+		}
+	}
+	var extra []string
+	for _, t := range tensors {
+		if known[t.Name] || t.Name == "lm_head.weight" && c.TieEmbeddings && slices.Equal(t.Shape, []int{c.VocabSize, c.Hidden}) {
+			continue
+		}
+		extra = append(extra, t.Name)
+	}
+	if len(extra) > 0 {
+		hint := ""
+		if len(extra) == 1 && extra[0] == "lm_head.weight" {
+			hint = " (the file has an untied lm_head: set tie_word_embeddings false)"
+		}
+		return &FormatError{Path: path, Msg: fmt.Sprintf("tensors %v are not part of this model config%s; use the config.json saved with the weights", extra, hint)}
+	}
+	return nil
 }
 
 // EncodeSafetensors lays f out as the safetensors library does: tensors
@@ -343,10 +474,19 @@ func (e *ShapeError) Error() string {
 func (e *ShapeError) BadInput() bool { return true }
 
 // LoadParams reads the parameters of c from a safetensors file (F32 or
-// BF16) under their Hugging Face names. A tied model's file carries no
-// lm_head.weight; one that does is accepted only if it equals the
-// embeddings, since otherwise tying would silently drop trained weights.
+// BF16) under their Hugging Face names. The file's header is checked
+// against c before the file is read or anything is sized from c. A tied
+// model's file carries no lm_head.weight; one that does is accepted only if
+// it equals the embeddings, since otherwise tying would silently drop
+// trained weights.
 func LoadParams(path string, c Config) (*Params, error) {
+	h, err := ReadSafetensorsHeader(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckWeights(path, h, c); err != nil {
+		return nil, err
+	}
 	f, err := ReadSafetensors(path)
 	if err != nil {
 		return nil, err
@@ -355,45 +495,30 @@ func LoadParams(path string, c Config) (*Params, error) {
 }
 
 // ParamsFromFile fills parameters of c from a decoded file; path names it
-// in errors.
+// in errors. c is checked against the file's tensors (CheckWeights) before
+// the parameters are allocated.
 func ParamsFromFile(path string, f *SafetensorsFile, c Config) (*Params, error) {
+	infos := make([]TensorInfo, len(f.Tensors))
+	for i, t := range f.Tensors {
+		infos[i] = TensorInfo{t.Name, t.DType, t.Shape}
+	}
+	if err := CheckWeights(path, infos, c); err != nil {
+		return nil, err
+	}
 	p := NewParams(c)
-	known := map[string]bool{}
 	for _, s := range p.Specs() {
-		known[s.Name] = true
-		t := f.Tensor(s.Name)
-		if t == nil {
-			return nil, &ShapeError{Path: path, Tensor: s.Name, Want: s.Shape}
-		}
-		if !slices.Equal(t.Shape, s.Shape) {
-			return nil, &ShapeError{Path: path, Tensor: s.Name, Want: s.Shape, Got: t.Shape}
-		}
-		v, err := t.Float32s()
+		v, err := f.Tensor(s.Name).Float32s()
 		if err != nil {
 			return nil, &FormatError{Path: path, Msg: err.Error() + "; save the weights as float32 or bfloat16"}
 		}
 		copy(p.Tensor(s.Name), v)
 	}
-	var extra []string
-	for _, t := range f.Tensors {
-		if known[t.Name] {
-			continue
+	if t := f.Tensor("lm_head.weight"); t != nil && c.TieEmbeddings {
+		// Some writers store the tied head anyway; it is the same tensor
+		// only if it equals the embeddings.
+		if v, err := t.Float32s(); err != nil || !slices.Equal(v, p.Tensor("model.embed_tokens.weight")) {
+			return nil, &FormatError{Path: path, Msg: "tensors [lm_head.weight] are not part of this model config (the file has an untied lm_head: set tie_word_embeddings false); use the config.json saved with the weights"}
 		}
-		if t.Name == "lm_head.weight" && c.TieEmbeddings && slices.Equal(t.Shape, []int{c.VocabSize, c.Hidden}) {
-			// Some writers store the tied head anyway; it is the same
-			// tensor only if it equals the embeddings.
-			if v, err := t.Float32s(); err == nil && slices.Equal(v, p.Tensor("model.embed_tokens.weight")) {
-				continue
-			}
-		}
-		extra = append(extra, t.Name)
-	}
-	if len(extra) > 0 {
-		hint := ""
-		if len(extra) == 1 && extra[0] == "lm_head.weight" {
-			hint = " (the file has an untied lm_head: set tie_word_embeddings false)"
-		}
-		return nil, &FormatError{Path: path, Msg: fmt.Sprintf("tensors %v are not part of this model config%s; use the config.json saved with the weights", extra, hint)}
 	}
 	return p, nil
 }

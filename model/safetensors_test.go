@@ -3,8 +3,11 @@ package model
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -179,5 +182,71 @@ func TestDecodeRejectsMalformedHeaders(t *testing.T) {
 		} else if !strings.HasPrefix(err.Error(), "x.safetensors: ") {
 			t.Errorf("%s: error %q does not name the file", name, err)
 		}
+	}
+}
+
+// A config.json of 1e8 layers next to tiny weights is refused from the
+// header alone, naming both counts, without sizing anything from it.
+func TestLoadParamsRefusesAConfigTheWeightsDoNotHave(t *testing.T) {
+	dir := filepath.Join("testdata", "golden", "tiny")
+	path := filepath.Join(dir, "model.safetensors")
+	c, err := ReadConfig(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := c
+	huge.Layers = 100000000
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err = LoadParams(path, huge)
+	runtime.ReadMemStats(&after)
+	var fe *FormatError
+	if !errors.As(err, &fe) || !fe.BadInput() {
+		t.Fatalf("got %v, want a FormatError", err)
+	}
+	for _, want := range []string{path, fmt.Sprintf("holds %d layers", c.Layers), "num_hidden_layers 100000000", "config.json saved with"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if d := after.TotalAlloc - before.TotalAlloc; d > 8<<20 {
+		t.Errorf("refusing the config allocated %d bytes", d)
+	}
+	// The same refusal from a decoded file (trainer.ReadCheckpoint's path).
+	f, err := ReadSafetensors(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParamsFromFile(path, f, huge); !errors.As(err, &fe) {
+		t.Errorf("ParamsFromFile: %v, want a FormatError", err)
+	}
+	huge = c
+	huge.VocabSize = 1 << 40
+	if _, err := LoadParams(path, huge); err == nil || !strings.Contains(err.Error(), "model.embed_tokens.weight") {
+		t.Errorf("vocab 2^40: %v", err)
+	}
+}
+
+// The header is read alone: a file whose data is cut short is reported
+// from its header and size, and an intact one lists its tensors.
+func TestReadSafetensorsHeader(t *testing.T) {
+	src := filepath.Join("testdata", "golden", "tiny", "model.safetensors")
+	h, err := ReadSafetensorsHeader(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := ReadSafetensors(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != len(f.Tensors) || h[0].Name != f.Tensors[0].Name || !slices.Equal(h[0].Shape, f.Tensors[0].Shape) {
+		t.Errorf("header lists %d tensors (first %v), the file %d", len(h), h[0], len(f.Tensors))
+	}
+	b, _ := os.ReadFile(src)
+	cut := filepath.Join(t.TempDir(), "cut.safetensors")
+	os.WriteFile(cut, b[:len(b)-4], 0o644)
+	var fe *FormatError
+	if _, err := ReadSafetensorsHeader(cut); !errors.As(err, &fe) || !strings.Contains(err.Error(), "truncated") {
+		t.Errorf("cut file: %v", err)
 	}
 }

@@ -95,7 +95,8 @@ func Plan(ctx context.Context, p Preset, hc *hub.Client, seed uint64) (Planned, 
 	return out, nil
 }
 
-// ShardID is the exactly-once key of a dataset file in a store.
+// ShardID is the exactly-once key of a hub dataset's file in a store; a
+// local file's is its content (LocalShardID).
 func ShardID(p Preset, path string) string {
 	if p.Repo != "" {
 		return p.Repo + "/" + path
@@ -179,10 +180,24 @@ func Direct(ctx context.Context, opt DirectOptions) (Report, error) {
 			return rep, err
 		}
 		id := ShardID(opt.Preset, f.Path)
+		if opt.Preset.Glob != "" {
+			// Hashed just before it is read, so that the id names the
+			// content the store gets.
+			if done[id] {
+				rep.Duplicates++
+				continue
+			}
+			size, sum, err := hashFile(ctx, f.Path)
+			if err != nil {
+				return rep, err
+			}
+			id = LocalShardID(size, sum)
+		}
 		if done[id] {
 			rep.Duplicates++
 			continue
 		}
+		done[id] = true
 		res, err := ingestFile(ctx, opt, app, plan.Revision, f, id)
 		if reason := SkipReason(err); reason != "" {
 			log.Warn("file skipped", zap.String("file", f.Path), zap.String("reason", reason), zap.Error(err))

@@ -154,7 +154,8 @@ func TestDirectIngestFromHub(t *testing.T) {
 func TestDirectStopsAtMaxTokens(t *testing.T) {
 	dir := t.TempDir()
 	for i := range 5 {
-		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d.txt", i)), []byte(strings.Repeat("the quick brown fox ", 50)), 0o644)
+		// Files of one size, each its own content: one shard each.
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d.txt", i)), []byte(strings.Repeat("the quick brown fox ", 50)+strings.Repeat("x", i+1)+strings.Repeat("y", 5-i)), 0o644)
 	}
 	p, err := LookupPreset(nil, "local:"+filepath.Join(dir, "*.txt"))
 	if err != nil {

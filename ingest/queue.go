@@ -70,6 +70,12 @@ type Pipeline struct {
 	// while the other commits (0: DefaultPrefetch; negative: every shard
 	// streams into the store as it is read).
 	Prefetch int64
+	// LocalRoots are the directories whose files this machine's tasks may
+	// read for a local dataset (local:<glob>); a path outside them, once
+	// symbolic links are resolved, ends its task with an OutsideRootsError.
+	// None: the worker reads no local files. A worker sets the data
+	// directory unless KILN_LOCAL_ROOTS says otherwise.
+	LocalRoots []string
 	// Logger receives the steps' logs (default: none).
 	Logger *zap.Logger
 }
@@ -173,6 +179,12 @@ type StoreStatus struct {
 	Updated time.Time `json:"updated"`
 }
 
+// done reports whether id is in the store, appended or skipped whole.
+func (st StoreStatus) done(id string) bool {
+	_, ok := slices.BinarySearch(st.Done, id)
+	return ok
+}
+
 // StatusKey is the object key of a store's status.
 func StatusKey(storeName string) string { return "tokens/" + storeName + "/status.json" }
 
@@ -269,23 +281,42 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 	if msg := job.Limits.reached(job.Store, status); msg != "" {
 		return res, &StopError{msg}
 	}
-	planned, err := Plan(ctx, preset, p.Hub, job.Seed)
+	listed, err := Plan(ctx, preset, p.Hub, job.Seed)
 	if err != nil {
 		return res, err
 	}
-	res.Revision = planned.Revision
-	files := planned.Files
+	if preset.Glob != "" {
+		for _, f := range listed.Files {
+			if err := CheckLocalPath(p.LocalRoots, f.Path); err != nil {
+				return res, err
+			}
+		}
+	}
+	res.Revision = listed.Revision
+	files := listed.Files
 	if job.MaxFiles > 0 && len(files) > job.MaxFiles {
 		files = files[:job.MaxFiles]
 	}
 	res.Files = len(files)
+	if preset.Glob != "" {
+		if err := hashLocal(ctx, files); err != nil {
+			return res, err
+		}
+	}
+	planned := map[string]bool{}
 	for _, f := range files {
-		id := ShardID(preset, f.Path)
-		if _, done := slices.BinarySearch(status.Done, id); done {
+		id := fileShardID(preset, f)
+		if status.done(id) || preset.Glob != "" && status.done(legacyShardID(preset, f.Path)) {
 			res.Done++
 			continue
 		}
-		sj := ShardJob{Dataset: preset.Name, Repo: preset.Repo, Revision: planned.Revision, Path: f.Path, Size: f.Size,
+		if planned[id] {
+			// The same content under a second path: one shard holds it.
+			res.Done++
+			continue
+		}
+		planned[id] = true
+		sj := ShardJob{Dataset: preset.Name, Repo: preset.Repo, Revision: listed.Revision, Path: f.Path, Size: f.Size,
 			GitOID: f.OID, Columns: preset.Columns, Store: job.Store, Tokenizer: job.Tokenizer, ShardID: id, Limits: job.Limits}
 		if f.LFS != nil {
 			sj.Size, sj.SHA256, sj.GitOID = f.LFS.Size, f.LFS.OID, ""
@@ -321,6 +352,11 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	}
 	if job.ShardID == "" {
 		return out, false, &PresetError{fmt.Errorf("shard of %s has no shard id: enqueue it through ingest:plan", job.Path)}
+	}
+	if job.Repo == "" {
+		if err := CheckLocalPath(p.LocalRoots, job.Path); err != nil {
+			return out, false, err
+		}
 	}
 	if p.Tokenizer == nil {
 		return out, false, errors.New("this worker has no tokenizer catalog configured")
@@ -374,6 +410,8 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		// a worker's disk holds one raw file per task at most.
 		defer os.Remove(dst)
 		local = dst
+	} else if err := checkLocalContent(ctx, job); err != nil {
+		return out, false, err
 	}
 	key := ShardObject(job.Store, job.ShardID)
 	say("tokenizing " + job.Path)

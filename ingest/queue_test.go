@@ -175,6 +175,7 @@ func TestShardGivesBackItsTokenizingPlaceBeforeItsUploadCompletes(t *testing.T) 
 	}
 	path := filepath.Join(t.TempDir(), "a.parquet")
 	writeParquet(t, path, rows, 500)
+	p.LocalRoots = []string{filepath.Dir(path)}
 	out, done, err := p.Shard(ctx, ShardJob{Path: path, Store: "s", Tokenizer: "t", ShardID: "local:a"}, nil)
 	if err != nil || done || out.Documents != int64(len(rows)) || out.Object == "" {
 		t.Fatalf("Shard = %+v, %v, %v", out, done, err)

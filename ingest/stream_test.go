@@ -83,7 +83,7 @@ func newStreamEnv(t *testing.T) *streamEnv {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	e.p = &Pipeline{Objects: viaProxy, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"),
+	e.p = &Pipeline{Objects: viaProxy, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"), LocalRoots: []string{dir},
 		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return e.tok, nil }}
 	// Hex text tokenizes to about a token per byte with this small
 	// vocabulary: 3,000 documents of 2 KiB make over 10 MiB of uint16 ids.
@@ -219,7 +219,7 @@ func TestEmptyShardLeavesNoObject(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	e := newStreamEnv(t)
-	path := filepath.Join(t.TempDir(), "bad.parquet")
+	path := filepath.Join(filepath.Dir(e.job.Path), "bad.parquet")
 	writeParquet(t, path, []textRow{{"bad \xff utf8"}, {""}}, 2)
 	job := e.job
 	job.Path, job.ShardID = path, "local:"+path

@@ -279,7 +279,7 @@ func CheckWeights(path string, tensors []TensorInfo, c Config) error {
 	case len(emb.Shape) != 2 || emb.Shape[0] != c.VocabSize || emb.Shape[1] != c.Hidden:
 		return &ShapeError{Path: path, Tensor: "model.embed_tokens.weight", Want: []int{c.VocabSize, c.Hidden}, Got: emb.Shape}
 	case layers != c.Layers:
-		return mismatch("the file holds %d layers but config.json says num_hidden_layers %d", layers, c.Layers)
+		return mismatch("the file holds %d decoder layer(s) but config.json says num_hidden_layers %d", layers, c.Layers)
 	}
 	known := map[string]bool{}
 	for _, s := range c.Specs() {

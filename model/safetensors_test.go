@@ -204,7 +204,7 @@ func TestLoadParamsRefusesAConfigTheWeightsDoNotHave(t *testing.T) {
 	if !errors.As(err, &fe) || !fe.BadInput() {
 		t.Fatalf("got %v, want a FormatError", err)
 	}
-	for _, want := range []string{path, fmt.Sprintf("holds %d layers", c.Layers), "num_hidden_layers 100000000", "config.json saved with"} {
+	for _, want := range []string{path, fmt.Sprintf("holds %d decoder layer(s)", c.Layers), "num_hidden_layers 100000000", "config.json saved with"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}

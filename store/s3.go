@@ -11,6 +11,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/kiln-lm/kiln/internal/redact"
 )
 
 // S3Options configures an S3 store. Zero values take the defaults noted.
@@ -77,7 +79,9 @@ func (o S3Options) url(key string) string {
 	if key != "" {
 		u += "/" + key
 	}
-	return u
+	// An endpoint written with credentials in it (user:pass@host) would
+	// otherwise print them in every error.
+	return redact.URL(u)
 }
 
 // S3Error names the operation, the endpoint and the object.

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/kiln-lm/kiln/internal/redact"
 )
 
 // Config is kiln's resolved configuration, shared by every command and worker.
@@ -35,6 +37,13 @@ type Config struct {
 	// DataDir holds local state: token stores, downloads, the local object
 	// store. KILN_DATA_DIR. Default ./.kiln.
 	DataDir string `yaml:"data_dir"`
+	// LocalRoots are the directories whose files a worker may read for a
+	// local dataset (local:<glob>) named in a task: payloads come from
+	// whoever can write to Redis, so no other local path is read.
+	// KILN_LOCAL_ROOTS, a list like PATH (':'-separated on Unix); YAML
+	// local_roots, a list. Default: DataDir alone. The command line's own
+	// datasets (sched ingest --direct, sched demo) are not confined.
+	LocalRoots []string `yaml:"local_roots"`
 	// HFToken authenticates Hugging Face Hub downloads (gated datasets). HF_TOKEN.
 	HFToken string `yaml:"hf_token"`
 	// Tokenizer is the default tokenizer name (tokenizers/<name>/tokenizer.json
@@ -71,6 +80,9 @@ func (c Config) WithDefaults() Config {
 	if c.DataDir == "" {
 		c.DataDir = DefaultDataDir
 	}
+	if len(c.LocalRoots) == 0 {
+		c.LocalRoots = []string{c.DataDir}
+	}
 	if c.Tokenizer == "" {
 		c.Tokenizer = DefaultTokenizer
 	}
@@ -102,12 +114,21 @@ func (e *ConfigError) BadInput() bool { return true }
 func (c Config) Validate() error {
 	u, err := url.Parse(c.RedisURL)
 	if err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") || u.Host == "" {
-		return &ConfigError{"RedisURL", "KILN_REDIS_URL", fmt.Sprintf("%q is not a redis:// or rediss:// URL with a host, e.g. %s", c.RedisURL, DefaultRedisURL)}
+		// url.Parse's own error quotes the URL whole, password included:
+		// only the masked spelling is shown, and the reason in words.
+		why := "it does not parse"
+		if err == nil {
+			why = "it needs the scheme redis:// or rediss:// and a host"
+		}
+		if err != nil && strings.Contains(err.Error(), "invalid port") {
+			why = "its port is not a number"
+		}
+		return &ConfigError{"RedisURL", "KILN_REDIS_URL", fmt.Sprintf("%q is not a redis:// or rediss:// URL with a host (%s), e.g. %s", redact.URL(c.RedisURL), why, DefaultRedisURL)}
 	}
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		var db int
 		if _, err := fmt.Sscanf(p, "%d", &db); err != nil || db < 0 || fmt.Sprint(db) != p {
-			return &ConfigError{"RedisURL", "KILN_REDIS_URL", fmt.Sprintf("database %q in %q is not a number", p, c.RedisURL)}
+			return &ConfigError{"RedisURL", "KILN_REDIS_URL", fmt.Sprintf("database %q in %q is not a number", p, redact.URL(c.RedisURL))}
 		}
 	}
 	if c.S3Endpoint != "" {
@@ -120,6 +141,11 @@ func (c Config) Validate() error {
 	}
 	if !validBucket(c.S3Bucket) {
 		return &ConfigError{"S3Bucket", "KILN_S3_BUCKET", fmt.Sprintf("%q is not a valid bucket name (3-63 characters: lower-case letters, digits, '-', '.')", c.S3Bucket)}
+	}
+	for _, r := range c.LocalRoots {
+		if strings.TrimSpace(r) == "" {
+			return &ConfigError{"LocalRoots", "KILN_LOCAL_ROOTS", fmt.Sprintf("%q has an empty directory: list directories separated by %q", strings.Join(c.LocalRoots, string(os.PathListSeparator)), os.PathListSeparator)}
+		}
 	}
 	if c.ShutdownGrace < 0 {
 		return &ConfigError{"ShutdownGrace", "KILN_SHUTDOWN_GRACE", fmt.Sprintf("%v is negative", c.ShutdownGrace)}
@@ -151,13 +177,16 @@ func validBucket(b string) bool {
 func (c Config) Masked() Config {
 	c.S3SecretKey = mask(c.S3SecretKey)
 	c.HFToken = mask(c.HFToken)
-	if u, err := url.Parse(c.RedisURL); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			c.RedisURL = u.Redacted()
-		}
-	}
+	c.RedisURL = redact.URL(c.RedisURL)
+	c.S3Endpoint = redact.URL(c.S3Endpoint)
 	return c
+}
+
+// Redact replaces in s every secret of c (the Redis password, however the
+// URL is spelt, the S3 secret key, the hub token): for the text of an error
+// from a library that may quote its input, before it is printed or logged.
+func (c Config) Redact(s string) string {
+	return redact.Secrets(s, append(redact.Password(c.RedisURL), append(redact.Password(c.S3Endpoint), c.S3SecretKey, c.HFToken)...)...)
 }
 
 func mask(s string) string {

@@ -12,22 +12,20 @@ import (
 // Mask replaces a password in printed text.
 const Mask = "xxxxx"
 
-// URL returns s with the password of its userinfo replaced by Mask, and a
-// query dropped when it carries a signature or a token. A string that
-// url.Parse refuses (a port typo: redis://:pw@host:63x9/0) is masked by its
-// spelling: everything between "://" and the last '@' is taken as
-// userinfo, which may hide more than the password but never less.
+// URL returns s with the password of its userinfo replaced by Mask. A
+// string that url.Parse refuses (a port typo: redis://:pw@host:63x9/0) is
+// masked by its spelling: everything between "://" and the last '@' is
+// taken as userinfo, which may hide more than the password but never less.
 func URL(s string) string {
-	if u, err := url.Parse(s); err == nil {
-		if u.User == nil {
-			return s
+	if u, err := url.Parse(s); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), Mask)
+			return u.String()
 		}
-		if _, ok := u.User.Password(); !ok {
-			return s
-		}
-		u.User = url.UserPassword(u.User.Username(), Mask)
-		return u.String()
 	}
+	// Not a URL with a password as url.Parse sees it: a user alone (which
+	// may be a password written without its colon), or a string it reads
+	// as a path (redis//:pw@host), or one it refuses.
 	start := 0
 	if i := strings.Index(s, "://"); i >= 0 {
 		start = i + len("://")

@@ -16,6 +16,8 @@ func TestURLHidesThePasswordOfAnySpelling(t *testing.T) {
 		"redis://s3cret@h:x/0":                  "redis://xxxxx@h:x/0",
 		"http://admin:s3cret@minio:9000/kiln/k": "http://admin:xxxxx@minio:9000/kiln/k",
 		"redis://localhost:6379/0":              "redis://localhost:6379/0",
+		"redis//:s3cret@localhost:6379/0":       "redis//:xxxxx@localhost:6379/0",
+		"redis://user@h:1/0":                    "redis://xxxxx@h:1/0",
 		"localhost:6379":                        "localhost:6379",
 	} {
 		if got := URL(in); got != want {

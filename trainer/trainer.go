@@ -194,45 +194,92 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 	began, first := time.Now(), l.step
 	l.began = began
 	l.markTime, l.markTok = began, l.tokens
+	// A step, once begun, is either finished or abandoned as a whole, and
+	// a checkpoint, once begun, is always finished: a stop never leaves
+	// half of either. Checkpoints, and a step's evaluation, run on work,
+	// which a stop does not cancel; the stop is read from ctx at step
+	// boundaries and, to abandon a step, while its data is read.
+	work := context.WithoutCancel(ctx)
 	for l.step < l.rc.TotalSteps {
-		if err := ctx.Err(); err != nil {
-			l.log.Info("stopping: writing a checkpoint at the step boundary", zap.Int("step", l.step))
-			if ckErr := l.checkpoint(context.WithoutCancel(ctx)); ckErr != nil {
-				return l.result(), errors.Join(err, ckErr)
-			}
-			return l.result(), err
+		if ctx.Err() != nil {
+			return l.stop(ctx)
 		}
 		if (l.cfg.MaxSteps > 0 && l.step-first >= l.cfg.MaxSteps) ||
 			(l.cfg.MaxDuration > 0 && time.Since(began) >= l.cfg.MaxDuration) {
-			err := l.checkpoint(ctx)
+			err := l.checkpoint(work)
 			return l.result(), err
 		}
 		if err := l.trainStep(ctx); err != nil {
+			if errors.Is(err, errAbandoned) {
+				return l.stop(ctx)
+			}
 			return l.result(), err
 		}
 		if l.hooks.Step != nil {
 			l.hooks.Step(l.step, l.rc.TotalSteps)
 		}
 		if l.rc.CheckpointEvery > 0 && l.step%l.rc.CheckpointEvery == 0 {
-			if err := l.checkpoint(ctx); err != nil {
+			if err := l.checkpoint(work); err != nil {
 				return l.result(), err
 			}
 		}
 	}
-	err := l.checkpoint(ctx)
+	err := l.checkpoint(work)
 	return l.result(), err
 }
 
+// stop ends a cancelled run at the last completed step: its checkpoint is
+// written (unless it is already on disk) and ctx's error returned, so that
+// the caller knows the run stopped and resumes exactly there.
+func (l *loop) stop(ctx context.Context) (Result, error) {
+	l.log.Info("stopping: writing a checkpoint at the step boundary", zap.Int("step", l.step))
+	if err := l.checkpoint(context.WithoutCancel(ctx)); err != nil {
+		return l.result(), errors.Join(ctx.Err(), err)
+	}
+	return l.result(), ctx.Err()
+}
+
+// errAbandoned is a step given up part-way because the run was stopped:
+// its micro-batches are undone (the data cursor is back at the step's
+// start; the weights and optimizer state were never touched), so the
+// checkpoint of the step before it is exact.
+var errAbandoned = errors.New("step abandoned")
+
 // accumulate runs the step's micro-batches, each scaled by 1/k so that the
 // accumulated gradient is that of the mean loss over all k x Batch windows.
+// A stop (ctx) before the last micro-batch's data is read abandons the
+// step: the data cursor is returned to the step's start and errAbandoned
+// returned, so the step is trained again, whole, after the resume. A stop
+// after that read lets the step finish: only the compute is left.
 func (l *loop) accumulate(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return errAbandoned
+	}
+	start, err := l.cfg.Data.Cursor()
+	if err != nil {
+		return fmt.Errorf("step %d: data cursor: %w", l.step+1, err)
+	}
+	abandon := func(done int) error {
+		if err := l.cfg.Data.Seek(start); err != nil {
+			return fmt.Errorf("step %d: abandoned by a stop, and its data cursor could not be returned: %w", l.step+1, err)
+		}
+		l.log.Info("stopping: abandoned the step part-way", zap.Int("step", l.step+1),
+			zap.Int("micro_batches_done", done), zap.Int("of", l.rc.Accumulate))
+		return errAbandoned
+	}
 	if err := l.eng.ZeroGrad(); err != nil {
 		return err
 	}
 	k := l.rc.Accumulate
 	for i := 0; i < k; i++ {
+		if ctx.Err() != nil {
+			return abandon(i)
+		}
 		b, err := l.cfg.Data.Next(ctx, l.rc.Batch, l.rc.Seq)
 		if err != nil {
+			if ctx.Err() != nil {
+				return abandon(i)
+			}
 			return fmt.Errorf("step %d: data: %w", l.step+1, err)
 		}
 		if err := checkIDs(b, l.mc.VocabSize); err != nil {
@@ -270,7 +317,8 @@ func (l *loop) trainStep(ctx context.Context) error {
 	l.tokens += int64(l.rc.TokensPerStep())
 	l.loss = m.Loss
 	if l.rc.LogEvery > 0 && l.step%l.rc.LogEvery == 0 || l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 {
-		return l.logStep(ctx, m, lr)
+		// The step is complete: its evaluation and log line are part of it.
+		return l.logStep(context.WithoutCancel(ctx), m, lr)
 	}
 	return nil
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -60,8 +61,18 @@ func e2eWorker() int {
 	rdb := redis.NewClient(&redis.Options{Addr: env("KILN_E2E_REDIS")})
 	defer rdb.Close()
 	log, _ := zap.NewDevelopment()
+	var openData func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error)
+	if step, _ := strconv.Atoi(env("KILN_E2E_HOLD")); step > 0 {
+		openData = func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error) {
+			m, err := trainer.OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+			if err != nil {
+				return nil, err
+			}
+			return &heldData{Mixture: m, at: (step-1)*rc.Accumulate + 1, marker: env("KILN_E2E_DIR") + ".held"}, nil
+		}
+	}
 	worker.ConfigureTraining(worker.Training{
-		Redis: rdb, Objects: objects, Runs: set, Dir: env("KILN_E2E_DIR"), TokensDir: env("KILN_E2E_TOKENS"),
+		Redis: rdb, Objects: objects, Runs: set, Dir: env("KILN_E2E_DIR"), TokensDir: env("KILN_E2E_TOKENS"), OpenData: openData,
 		// The run lock keeps its production lease (LockTTL unset): the
 		// killed worker's lock must have lapsed by the time asynq hands
 		// its task to another worker.
@@ -81,12 +92,34 @@ func e2eWorker() int {
 	return 0
 }
 
+// heldData is the token-store mixture that stops serving at one read, the
+// first micro-batch of a chosen step, until the segment is stopped: the
+// test then knows exactly which steps are complete when its signal lands,
+// however fast or slow the machine. It announces the hold by creating
+// marker, and returns the stop's error as the sampler does.
+type heldData struct {
+	*trainer.Mixture
+	at, reads int
+	marker    string
+}
+
+func (d *heldData) Next(ctx context.Context, b, t int) (model.Batch, error) {
+	if d.reads++; d.reads == d.at {
+		if err := os.WriteFile(d.marker, nil, 0o644); err != nil {
+			return model.Batch{}, err
+		}
+		<-ctx.Done()
+		return model.Batch{}, ctx.Err()
+	}
+	return d.Mixture.Next(ctx, b, t)
+}
+
 const e2eRuns = `
 e2e:
   model: tiny
   seq: 32
   batch: 2
-  accumulate: 1
+  accumulate: 2
   lr: 2.0e-3
   warmup: 4
   total_steps: 48
@@ -112,7 +145,7 @@ type e2e struct {
 	objects store.Store
 	rdb     *redis.Client
 	client  *scheduler.Client
-	start   func(name string) *exec.Cmd
+	start   func(name string, env ...string) *exec.Cmd
 	want    map[int]float64
 	work    string
 }
@@ -188,11 +221,12 @@ func newE2E(t *testing.T) *e2e {
 
 	client := scheduler.NewClient(asynq.RedisClientOpt{Addr: rs.Addr})
 	t.Cleanup(func() { client.Close() })
-	start := func(name string) *exec.Cmd {
+	start := func(name string, env ...string) *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), "KILN_E2E_WORKER=1", "KILN_E2E_NAME="+name, "KILN_E2E_RUNS="+runsFile,
 			"KILN_E2E_REDIS="+rs.Addr, "KILN_E2E_S3="+s3.Endpoint, "KILN_E2E_S3_ACCESS="+s3.AccessKey, "KILN_E2E_S3_SECRET="+s3.SecretKey,
 			"KILN_E2E_DIR="+filepath.Join(work, name), "KILN_E2E_TOKENS="+tokensDir)
+		cmd.Env = append(cmd.Env, env...)
 		logf, err := os.Create(filepath.Join(work, name+".log"))
 		if err != nil {
 			t.Fatal(err)
@@ -232,12 +266,14 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 	}
 	e := newE2E(t)
 	ctx, objects, client, start, want := e.ctx, e.objects, e.client, e.start, e.want
-	// Worker A trains until two checkpoints are complete in S3, then dies.
-	a := start("gpu-a")
+	// Worker A trains 10 steps, holds before step 11, and dies once two
+	// checkpoints (steps 4 and 8) are complete in S3.
+	a := start("gpu-a", "KILN_E2E_HOLD=11")
 	info, err := client.Enqueue(ctx, scheduler.TrainSegment{Run: "e2e"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.waitHeld(t, "gpu-a")
 	e.waitRemote(t, "e2e", 8)
 	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -248,8 +284,8 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	last := steps[len(steps)-1]
-	if last >= 48 {
-		t.Fatalf("the run finished before the worker was killed; nothing was tested")
+	if last != 8 {
+		t.Fatalf("checkpoints in S3 when worker A was killed: %v; want the last at step 8", steps)
 	}
 
 	// A's task is still active under its lease, and A's run lock is
@@ -339,19 +375,22 @@ func TestTrainSegmentRetryPolicy(t *testing.T) {
 	}
 }
 
-// SIGTERM, as `docker compose down` sends, stops the worker at the next
-// step boundary with a checkpoint that is uploaded before it exits; the
-// segment is re-queued and the next worker continues from exactly there.
+// SIGTERM, as `docker compose down` sends, stops the worker at the step
+// boundary with a checkpoint that is uploaded before it exits; the segment
+// is re-queued and the next worker continues from exactly there. The run
+// accumulates two micro-batches a step, and the signal lands while step 7
+// reads its first one: step 7 is abandoned, and the stop checkpoint is
+// step 6's, which no periodic checkpoint (every 4 steps) wrote.
 func TestEndToEndGracefulStopLosesNoStep(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("signals to a child process are exercised on linux")
 	}
 	e := newE2E(t)
-	a := e.start("gpu-a")
+	a := e.start("gpu-a", "KILN_E2E_HOLD=7")
 	if _, err := e.client.Enqueue(e.ctx, scheduler.TrainSegment{Run: "e2e"}); err != nil {
 		t.Fatal(err)
 	}
-	e.waitRemote(t, "e2e", 4)
+	e.waitHeld(t, "gpu-a")
 	if err := a.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -360,20 +399,36 @@ func TestEndToEndGracefulStopLosesNoStep(t *testing.T) {
 	}
 	stopped, _ := strconv.Atoi(e.rdb.HGet(e.ctx, segment.StateKey("e2e"), "step").Val())
 	steps, err := segment.RemoteSteps(e.ctx, e.objects, "e2e")
-	if err != nil || len(steps) == 0 || steps[len(steps)-1] != stopped || stopped >= 48 {
-		t.Fatalf("stopped at step %d; checkpoints in S3 %v (%v): the stop must checkpoint and upload that very step", stopped, steps, err)
+	if err != nil || stopped != 6 || len(steps) == 0 || steps[len(steps)-1] != 6 {
+		t.Fatalf("stopped at step %d; checkpoints in S3 %v (%v): the stop must checkpoint and upload step 6, the last completed step", stopped, steps, err)
 	}
 	// The interrupted segment is queued again, and B (another disk) runs it.
 	e.start("gpu-b")
 	e.waitDone(t, "e2e")
-	if b := e.log("gpu-b"); !strings.Contains(b, fmt.Sprintf(`"step": %d`, stopped)) || !strings.Contains(b, "resuming from object storage") {
-		t.Errorf("worker B did not resume from step %d in object storage:\n%s", stopped, b)
+	if b := lineWith(e.log("gpu-b"), "resuming from object storage"); !strings.Contains(b, `"step": 6}`) {
+		t.Errorf("worker B did not resume from step 6 in object storage:\n%s", e.log("gpu-b"))
 	}
 	_, got := e.losses(t, "e2e")
 	for step := 1; step <= 48; step++ {
 		if got[step] != e.want[step] {
 			t.Errorf("step %d: loss %v, uninterrupted %v", step, got[step], e.want[step])
 		}
+	}
+}
+
+// waitHeld waits for worker name's data to hold (heldData's marker).
+func (e *e2e) waitHeld(t *testing.T, name string) {
+	t.Helper()
+	marker := filepath.Join(e.work, name) + ".held"
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		if _, err := os.Stat(marker); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker %s did not reach its hold within 3 minutes:\n%s", name, e.log(name))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

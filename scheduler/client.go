@@ -90,30 +90,110 @@ func NewTask(a Args) (*asynq.Task, error) {
 	return asynq.NewTask(a.Kind(), payload, opts...), nil
 }
 
-// Enqueue queues a. Enqueuing the same work again returns a *DuplicateError
-// naming the first task.
+// Enqueue queues a, as a worker queues the next piece of a job. The same
+// work pending, scheduled, running, waiting to retry or completed is a
+// *DuplicateError naming that task; the same work archived (it failed for
+// good, or was cancelled) is queued again in its place, so that a job
+// started again after its cause was fixed redoes what failed.
 func (c *Client) Enqueue(ctx context.Context, a Args) (*asynq.TaskInfo, error) {
 	t, err := NewTask(a)
 	if err != nil {
 		return nil, err
 	}
-	return c.enqueue(ctx, t)
+	s, err := c.submit(ctx, t, false)
+	return s.Info, err
 }
 
-func (c *Client) enqueue(ctx context.Context, t *asynq.Task) (*asynq.TaskInfo, error) {
-	info, err := c.c.EnqueueContext(ctx, t)
-	if errors.Is(err, asynq.ErrTaskIDConflict) {
-		id := taskID(t.Type(), t.Payload())
-		d := &DuplicateError{ID: id}
-		if ti, err := c.Find(ctx, id); err == nil {
-			d.State = ti.State.String()
-		}
-		return nil, d
-	}
+// Submitted is what Again did.
+type Submitted struct {
+	// Info is the task now queued.
+	Info *asynq.TaskInfo
+	// Was is the state of the same work before: "" when it was new,
+	// "archived" or "completed" when it was queued again in its place,
+	// "retry" when its waiting retry was started now.
+	Was string
+	// LastErr is the archived task's last error, when Was is "archived".
+	LastErr string
+}
+
+// Again queues a as a person asks for it: like Enqueue, and the same work
+// that completed is queued again too, and the same work waiting out a
+// retry back-off runs now. Only work pending, scheduled or running is a
+// *DuplicateError: what is kept for idempotence never stops a person from
+// redoing work.
+func (c *Client) Again(ctx context.Context, a Args) (Submitted, error) {
+	t, err := NewTask(a)
 	if err != nil {
-		return nil, fmt.Errorf("enqueue %s: %w", t.Type(), err)
+		return Submitted{}, err
 	}
-	return info, nil
+	return c.submit(ctx, t, true)
+}
+
+// Retry runs the task id again, from its stored payload: what `sched
+// retry` does for one task, whatever queued it.
+func (c *Client) Retry(ctx context.Context, id string) (Submitted, error) {
+	ti, err := c.Find(ctx, id)
+	if err != nil {
+		return Submitted{}, err
+	}
+	p, ok := PolicyFor(ti.Type)
+	if !ok {
+		return Submitted{}, &UnknownKindError{Kind: ti.Type}
+	}
+	t := asynq.NewTask(ti.Type, ti.Payload, asynq.Queue(p.Queue), asynq.TaskID(id), asynq.Timeout(p.Timeout),
+		asynq.MaxRetry(p.MaxRetry), asynq.Retention(p.Retention))
+	return c.submit(ctx, t, true)
+}
+
+// submit enqueues t; on an id conflict it replaces the archived task (and,
+// when person is set, the completed one) or starts a waiting retry, and
+// reports any other state as a duplicate. Replacing is delete then
+// enqueue: two callers racing see one win and the other a duplicate.
+func (c *Client) submit(ctx context.Context, t *asynq.Task, person bool) (Submitted, error) {
+	// Every kiln task's id is its content's hash (TaskID).
+	id := taskID(t.Type(), t.Payload())
+	var s Submitted
+	for attempt := 0; ; attempt++ {
+		info, err := c.c.EnqueueContext(ctx, t)
+		if err == nil {
+			s.Info = info
+			return s, nil
+		}
+		if !errors.Is(err, asynq.ErrTaskIDConflict) {
+			return s, fmt.Errorf("enqueue %s: %w", t.Type(), err)
+		}
+		ti, err := c.Find(ctx, id)
+		var nf *NotFoundError
+		switch {
+		case errors.As(err, &nf) && attempt < 3:
+			continue // deleted meanwhile (retention, another replace)
+		case err != nil:
+			return s, &DuplicateError{ID: id}
+		}
+		switch {
+		case ti.State == asynq.TaskStateArchived || (person && ti.State == asynq.TaskStateCompleted):
+			if attempt >= 3 {
+				return s, &DuplicateError{ID: id, State: ti.State.String()}
+			}
+			if err := c.insp.DeleteTask(ti.Queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+				return s, fmt.Errorf("enqueue %s again: remove the %s task %s: %w", t.Type(), ti.State, id, err)
+			}
+			// A cancel mark belongs to the cancelled run of the work, not
+			// to the new one.
+			if err := c.rdb.Del(ctx, cancelKey(id)).Err(); err != nil {
+				return s, fmt.Errorf("enqueue %s again: %w", t.Type(), err)
+			}
+			s.Was, s.LastErr = ti.State.String(), ti.LastErr
+		case person && ti.State == asynq.TaskStateRetry:
+			if err := c.insp.RunTask(ti.Queue, id); err != nil {
+				return s, fmt.Errorf("run %s now: %w", id, err)
+			}
+			s.Info, s.Was, s.LastErr = ti, "retry", ti.LastErr
+			return s, nil
+		default:
+			return s, &DuplicateError{ID: id, State: ti.State.String()}
+		}
+	}
 }
 
 // BatchResult counts the outcome of EnqueueMany.
@@ -293,4 +373,41 @@ func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 		d = p.MaxBackoff
 	}
 	return jitter(d)
+}
+
+// LiveSegment is the task of run's training chain that is pending,
+// scheduled, running or waiting to retry, or nil when the run has none: a
+// run is one chain of segments, so a second first segment queued beside a
+// live one would start a second chain.
+func (c *Client) LiveSegment(ctx context.Context, run string) (*asynq.TaskInfo, error) {
+	known, err := c.knownQueues()
+	if err != nil || !known[QueueGPU] {
+		return nil, err
+	}
+	lists := []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
+		c.insp.ListActiveTasks, c.insp.ListPendingTasks, c.insp.ListRetryTasks, c.insp.ListScheduledTasks,
+	}
+	for _, list := range lists {
+		for page := 1; ; page++ {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			tasks, err := list(QueueGPU, asynq.Page(page), asynq.PageSize(500))
+			if err != nil {
+				return nil, fmt.Errorf("list the gpu queue: %w", err)
+			}
+			for _, ti := range tasks {
+				if ti.Type != KindTrainSegment {
+					continue
+				}
+				if a, err := Decode[TrainSegment](ti.Payload); err == nil && a.Run == run {
+					return ti, nil
+				}
+			}
+			if len(tasks) < 500 {
+				break
+			}
+		}
+	}
+	return nil, nil
 }

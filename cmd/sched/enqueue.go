@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -130,7 +131,9 @@ func checkName(what, name string) error {
 	return nil
 }
 
-// enqueueOne queues a and prints its id; a duplicate is reported, not an error.
+// enqueueOne queues a as a person asks for it (scheduler.Client.Again) and
+// says what happened: queued, queued again in place of a finished or
+// failed task, a waiting retry started now, or already queued (exit 0).
 func enqueueOne(c *cobra.Command, cfg scheduler.Config, a scheduler.Args) error {
 	ctx := c.Context()
 	if ctx == nil {
@@ -141,17 +144,67 @@ func enqueueOne(c *cobra.Command, cfg scheduler.Config, a scheduler.Args) error 
 		return err
 	}
 	defer q.Close()
-	info, err := q.Enqueue(ctx, a)
+	if ts, ok := a.(scheduler.TrainSegment); ok {
+		// A run is one chain of segments: a run already training or queued
+		// is not started a second time.
+		live, err := q.LiveSegment(ctx, ts.Run)
+		if err != nil {
+			return err
+		}
+		if live != nil {
+			fmt.Fprintf(c.OutOrStdout(), "run %s is already %s as %s; nothing queued ('sched status %s' follows it)\n", ts.Run, stateWord(live.State.String()), live.ID, live.ID)
+			return nil
+		}
+	}
+	s, err := q.Again(ctx, a)
+	return printSubmitted(c.OutOrStdout(), a, s, err)
+}
+
+// printSubmitted says what Again did with a; a duplicate is reported, not
+// an error.
+func printSubmitted(w io.Writer, a scheduler.Args, s scheduler.Submitted, err error) error {
 	var dup *scheduler.DuplicateError
 	if errors.As(err, &dup) {
-		fmt.Fprintf(c.OutOrStdout(), "%s: %s\n", a.Kind(), dup.Error())
+		fmt.Fprintf(w, "%s is already %s as %s; nothing queued\n", a.Kind(), stateWord(dup.State), dup.ID)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.OutOrStdout(), "queued %s on %s\n", info.ID, info.Queue)
+	resumes := ""
+	if _, ok := a.(scheduler.TrainSegment); ok {
+		resumes = "; the run resumes from its last checkpoint"
+	}
+	switch s.Was {
+	case "":
+		fmt.Fprintf(w, "queued %s on %s\n", s.Info.ID, s.Info.Queue)
+	case "retry":
+		fmt.Fprintf(w, "%s was waiting to retry after %q; running it now%s\n", s.Info.ID, s.LastErr, resumes)
+	case "archived":
+		why := ""
+		if s.LastErr != "" {
+			why = fmt.Sprintf(" after %q", s.LastErr)
+		}
+		fmt.Fprintf(w, "queued %s on %s again (it had stopped%s)%s\n", s.Info.ID, s.Info.Queue, why, resumes)
+	default:
+		fmt.Fprintf(w, "queued %s on %s again (it had %s)%s\n", s.Info.ID, s.Info.Queue, s.Was, resumes)
+	}
 	return nil
+}
+
+// stateWord is asynq's task state as a person says it.
+func stateWord(state string) string {
+	switch state {
+	case "active":
+		return "running"
+	case "pending", "scheduled":
+		return "queued"
+	case "retry":
+		return "waiting to retry"
+	case "":
+		return "queued"
+	}
+	return state
 }
 
 // benchParams maps enqueue bench's shape flags onto bench:run's params,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -138,15 +137,10 @@ func enqueueTokenizer(c *cobra.Command, cfg scheduler.Config, r tokenizerRequest
 	defer q.Close()
 	out := c.OutOrStdout()
 	for _, t := range tasks {
-		info, err := q.Enqueue(ctx, t)
-		var dup *scheduler.DuplicateError
-		switch {
-		case errors.As(err, &dup):
-			fmt.Fprintf(out, "%s %s: %s\n", t.Kind(), t.Dataset, dup.Error())
-		case err != nil:
+		fmt.Fprintf(out, "%s, %d bytes: ", t.Dataset, t.Bytes)
+		sub, err := q.Again(ctx, t)
+		if err := printSubmitted(out, t, sub, err); err != nil {
 			return err
-		default:
-			fmt.Fprintf(out, "queued %s on %s: %d bytes of %s\n", info.ID, info.Queue, t.Bytes, t.Dataset)
 		}
 	}
 	var ds []string

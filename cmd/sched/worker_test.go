@@ -70,15 +70,16 @@ func waitStatus(t *testing.T, env []string, id string, re *regexp.Regexp, within
 }
 
 // TestEnqueueWorkerStatusDuplicate queues a real benchmark, small enough
-// for the CPU engine, through a worker process: it completes, a second
-// enqueue is reported as a duplicate, status and runs show it, and its row
-// was written exactly once.
+// for the CPU engine: enqueued twice before any worker runs, the second is
+// reported as a duplicate; a worker process completes it and status and
+// runs show it; enqueued once more after it completed, it runs again (a
+// person asking for finished work gets it redone) and its row is written
+// once per run.
 func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 	t.Parallel()
 	r := testsvc.StartRedis(t)
 	data := t.TempDir()
 	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json", "KILN_DATA_DIR=" + data}
-	startWorker(t, env, "--queues", "gpu=1")
 
 	bench := []string{"enqueue", "bench", "tiny", "--engine", "cpu", "--batch", "1", "--seq", "16", "--steps", "2", "--warmup", "0"}
 	out, errOut, code := sched(t, env, bench...)
@@ -87,12 +88,12 @@ func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 		t.Fatalf("enqueue: exit %d, %q %q", code, out, errOut)
 	}
 	id := m[1]
-	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`\s+completed\s+100\.0%`), time.Minute)
-
 	out, _, code = sched(t, env, bench...)
-	if code != 0 || !strings.Contains(out, "already queued as "+id+" (completed)") {
+	if code != 0 || !strings.Contains(out, "bench:run is already queued as "+id+"; nothing queued") {
 		t.Fatalf("second enqueue: exit %d, %q; want a duplicate report naming %s", code, out, id)
 	}
+	startWorker(t, env, "--queues", "gpu=1")
+	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`\s+completed\s+100\.0%`), time.Minute)
 	out, _, _ = sched(t, env, "status")
 	if !regexp.MustCompile(`(?m)^gpu\s+0\s+0\s+0\s+0\s+0\s+1$`).MatchString(out) {
 		t.Fatalf("status does not show the gpu queue with one completed task:\n%s", out)
@@ -101,6 +102,12 @@ func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 	if !strings.Contains(out, id+"  completed") {
 		t.Fatalf("runs does not list %s:\n%s", id, out)
 	}
+
+	out, _, code = sched(t, env, bench...)
+	if code != 0 || !strings.Contains(out, "queued "+id+" on gpu again (it had completed)") {
+		t.Fatalf("enqueue after completion: exit %d, %q; want it queued again", code, out)
+	}
+	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`\s+completed\s+100\.0%`), time.Minute)
 	f, err := os.Open(filepath.Join(data, "objects", filepath.FromSlash(worker.BenchKey)))
 	if err != nil {
 		t.Fatal(err)
@@ -115,8 +122,13 @@ func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 		}
 		rows = append(rows, row)
 	}
-	if len(rows) != 1 || rows[0].Model != "tiny" || rows[0].Batch != 1 || rows[0].Seq != 16 || rows[0].TokPerSec <= 0 || rows[0].Error != "" {
-		t.Fatalf("bench rows %+v; want one measured row of tiny at 1 x 16 (the task ran once)", rows)
+	if len(rows) != 2 {
+		t.Fatalf("bench rows %+v; want two (the task ran twice)", rows)
+	}
+	for _, row := range rows {
+		if row.Model != "tiny" || row.Batch != 1 || row.Seq != 16 || row.TokPerSec <= 0 || row.Error != "" {
+			t.Fatalf("bench row %+v; want a measured row of tiny at 1 x 16", row)
+		}
 	}
 }
 

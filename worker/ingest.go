@@ -14,6 +14,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/tokens"
@@ -71,6 +72,25 @@ func ingestTokenizers(cat *catalog.Catalog) func(context.Context, string) (*toke
 		loaded[name] = t
 		return t, nil
 	}
+}
+
+// AbortStaleUploads drops, at a worker's start, the multipart uploads that
+// a process killed mid-put, or an abort that failed while S3 was down, left
+// under kiln's prefixes: S3 keeps (and bills) their parts until someone
+// aborts them. The bucket is shared with other workers whose uploads are
+// live, so only uploads idle for longer than idle go (a worker passes
+// store.StaleUploadAge). Each is logged, and returned; a failure is logged,
+// not fatal: the next start tries again.
+func AbortStaleUploads(ctx context.Context, objects store.Store, idle time.Duration, log *zap.Logger) []store.Upload {
+	aborted, err := store.AbortStaleUploads(ctx, objects, time.Now().Add(-idle))
+	for _, u := range aborted {
+		log.Info("aborted a stale multipart upload", zap.String("object", u.Key), zap.String("upload", u.ID),
+			zap.Time("last_active", u.LastActive), zap.Int("parts", u.Parts))
+	}
+	if err != nil {
+		log.Warn("stale multipart uploads not aborted; the next start tries again", zap.Error(err))
+	}
+	return aborted
 }
 
 func init() {

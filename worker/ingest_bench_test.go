@@ -356,7 +356,7 @@ func ingestOnce(b *testing.B, tokJSON []byte, glob string) ingestRun {
 	}
 	env := []string{"KILN_TEST_INGEST_WORKER=" + queues, "KILN_TEST_QUIET=1", "KILN_TEST_REDIS_URL=" + redis.URL(0),
 		"KILN_TEST_PROGRESS_EVERY=1s", // the worker's default, not the tests' 1 ms
-		"KILN_TEST_STORES=" + filepath.Join(tmp, "stores"), "KILN_TEST_DATA=" + filepath.Join(tmp, "data")}
+		"KILN_TEST_STORES=" + filepath.Join(tmp, "stores"), "KILN_TEST_DATA=" + filepath.Join(tmp, "data"), "KILN_TEST_LOCAL_ROOTS=" + filepath.Dir(glob)}
 	var objects store.Store
 	objectsPid := 0
 	if os.Getenv("KILN_INGEST_BENCH_OBJECTS") == "local" {

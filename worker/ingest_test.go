@@ -23,8 +23,11 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/klauspost/compress/zstd"
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
 	"github.com/parquet-go/parquet-go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sync/semaphore"
 
 	"github.com/kiln-lm/kiln/ingest"
@@ -104,7 +107,7 @@ func runIngestChild() int {
 	}
 	ConfigureIngest(Ingest{
 		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log,
-			DecodeAhead: ahead, Tokenizing: tokenizing, Prefetch: prefetch},
+			DecodeAhead: ahead, Tokenizing: tokenizing, Prefetch: prefetch, LocalRoots: filepath.SplitList(os.Getenv("KILN_TEST_LOCAL_ROOTS"))},
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
 	})
 	// Tests watch progress as it happens; a benchmark sets the production
@@ -657,5 +660,160 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 	}
 	if left, _ := e.objects.List(context.Background(), ingest.ShardPrefix(ingestStore)); len(left) != 0 {
 		t.Fatalf("shard objects left: %v", left)
+	}
+}
+
+// configureLocal installs the ingest handlers with local roots.
+func (e *ingestEnv) configureLocal(dataDir, storesDir string, roots ...string) {
+	ConfigureIngest(Ingest{
+		Pipeline: ingest.Pipeline{Objects: e.objects, Presets: e.presets, DataDir: dataDir, StoresDir: storesDir, LocalRoots: roots, Logger: zap.NewNop()},
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+	})
+}
+
+// A task written straight into Redis that names a local file outside the
+// worker's roots is archived at once, naming the path and the setting,
+// with nothing read or stored; a plan of a glob outside them too. Inside
+// the roots the same worker ingests.
+func TestIngestRefusesLocalPathsOutsideItsRoots(t *testing.T) {
+	e := newIngestEnv(t)
+	root, storesDir := t.TempDir(), t.TempDir()
+	e.configureLocal(t.TempDir(), storesDir, root)
+	e.serve(map[string]int{scheduler.QueueIngest: 1, scheduler.QueueAppend: 1})
+
+	raw, err := scheduler.Encode(scheduler.IngestShard{Dataset: "local:/etc/*", Path: "/etc/passwd", Store: "leak",
+		Tokenizer: ingestTokenizer, ShardID: "local:/etc/*//etc/passwd"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac := asynq.NewClient(e.opt)
+	defer ac.Close()
+	info, err := ac.Enqueue(asynq.NewTask(scheduler.IngestShard{}.Kind(), raw), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := e.enqueue(scheduler.IngestPlan{Dataset: "local:/etc/pass*", Store: "leak", Tokenizer: ingestTokenizer})
+	for _, id := range []string{info.ID, plan} {
+		ts := e.waitFor(id, time.Minute, "archived", state("archived"))
+		if !strings.Contains(ts.LastErr, "/etc/passwd") || !strings.Contains(ts.LastErr, "KILN_LOCAL_ROOTS") || ts.Retried != 0 {
+			t.Fatalf("task %s: archived after %d retries with %q; want no retry and an error naming /etc/passwd and KILN_LOCAL_ROOTS", id, ts.Retried, ts.LastErr)
+		}
+	}
+	if left, err := e.objects.List(context.Background(), "tokens/leak/"); err != nil || len(left) != 0 {
+		t.Fatalf("objects written for the refused tasks: %v %v", left, err)
+	}
+	if _, err := os.Stat(filepath.Join(storesDir, "leak")); !os.IsNotExist(err) {
+		t.Fatalf("a store was made for the refused tasks: %v", err)
+	}
+
+	os.WriteFile(filepath.Join(root, "a.jsonl"), []byte(`{"text":"inside the root: the quick brown fox"}`+"\n"), 0o644)
+	id := e.enqueue(scheduler.IngestPlan{Dataset: "local:" + filepath.Join(root, "*.jsonl"), Store: "inside", Tokenizer: ingestTokenizer})
+	e.waitFor(id, time.Minute, "completed", state("completed"))
+	e.waitDrained(time.Minute)
+	docs, _ := ingestStoreDocs(t, e.tok, filepath.Join(storesDir, "inside"))
+	if !slices.Equal(docs, []string{"inside the root: the quick brown fox"}) {
+		t.Fatalf("store inside the root holds %q", docs)
+	}
+}
+
+// Through the queue a local file is its content: planned again under other
+// glob spellings it is not queued or appended again, and a file skipped as
+// corrupt is read once its content is fixed.
+func TestIngestLocalFilesByContentThroughTheQueue(t *testing.T) {
+	e := newIngestEnv(t)
+	root, storesDir := t.TempDir(), t.TempDir()
+	e.configureLocal(t.TempDir(), storesDir, root)
+	e.serve(map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1})
+	var want []string
+	for f := range 3 {
+		var b strings.Builder
+		for d := range 4 {
+			s := fmt.Sprintf("file %d doc %d: the quick brown fox", f, d)
+			fmt.Fprintf(&b, `{"text":%q}`+"\n", s)
+			want = append(want, s)
+		}
+		os.WriteFile(filepath.Join(root, fmt.Sprintf("f%d.jsonl", f)), []byte(b.String()), 0o644)
+	}
+	var z bytes.Buffer
+	zw, _ := zstd.NewWriter(&z)
+	var late []string
+	for i := range 300 {
+		s := fmt.Sprintf("late line %d: the quick brown fox", i)
+		fmt.Fprintf(zw, `{"text":%q}`+"\n", s)
+		late = append(late, s)
+	}
+	zw.Close()
+	corrupt := filepath.Join(root, "late.jsonl.zst")
+	os.WriteFile(corrupt, z.Bytes()[:z.Len()/2], 0o644)
+
+	seed := uint64(0)
+	plan := func(glob, wantMsg string) {
+		t.Helper()
+		seed++ // a plan of its own each time, even of the same glob
+		id := e.enqueue(scheduler.IngestPlan{Dataset: "local:" + glob, Store: ingestStore, Tokenizer: ingestTokenizer, Seed: seed})
+		ts := e.waitFor(id, time.Minute, "completed", state("completed"))
+		if !strings.Contains(ts.Progress.Message, wantMsg) {
+			t.Fatalf("plan of %s: %q; want %q", glob, ts.Progress.Message, wantMsg)
+		}
+		e.waitDrained(time.Minute)
+	}
+	plan(filepath.Join(root, "*"), "4 queued, 0 already queued, 0 already in the store")
+	m1, err := tokens.ReadManifest(filepath.Join(storesDir, ingestStore))
+	if err != nil || len(m1.Shards) != 3 || len(m1.Skipped) != 1 {
+		t.Fatalf("first ingest: %+v, %v; want 3 shards and the cut file skipped", m1, err)
+	}
+	plan(root+"/./*.jsonl", "3 files planned into store corpus: 0 queued, 0 already queued, 3 already in the store")
+	plan(root+"//*", "4 files planned into store corpus: 0 queued, 0 already queued, 4 already in the store")
+	if m2, _ := tokens.ReadManifest(filepath.Join(storesDir, ingestStore)); m2.Tokens != m1.Tokens || len(m2.Shards) != 3 {
+		t.Fatalf("another spelling changed the store: %d tokens in %d shards, was %d", m2.Tokens, len(m2.Shards), m1.Tokens)
+	}
+
+	os.WriteFile(corrupt, z.Bytes(), 0o644)
+	plan(filepath.Join(root, "*"), "1 queued, 0 already queued, 3 already in the store")
+	got, m3 := ingestStoreDocs(t, e.tok, filepath.Join(storesDir, ingestStore))
+	want = append(want, late...)
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) || len(m3.Shards) != 4 {
+		t.Fatalf("after the fix the store holds %d documents in %d shards; want each of %d once in 4", len(got), len(m3.Shards), len(want))
+	}
+	for _, q := range []string{scheduler.QueueIngest, scheduler.QueueAppend} {
+		if a := e.archived(q); len(a) != 0 {
+			t.Fatalf("archived %s task: %s", q, a[0].LastErr)
+		}
+	}
+}
+
+// A worker's start aborts the multipart uploads left idle under kiln's
+// prefixes for longer than it is given, logging each, and keeps the others.
+func TestWorkerStartAbortsStaleUploads(t *testing.T) {
+	srv := testsvc.S3(t)
+	s3, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s3.Put(ctx, "results/x", strings.NewReader("x"), 1); err != nil { // makes the bucket
+		t.Fatal(err)
+	}
+	mc, err := minio.New(srv.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(srv.AccessKey, srv.SecretKey, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A process that started an upload and was killed.
+	if _, err := (minio.Core{Client: mc}).NewMultipartUpload(ctx, "kiln", "tokens/code/shards/orphan.tokens", minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Seconds old, it may be another worker's live upload: a start keeps it.
+	if aborted := AbortStaleUploads(ctx, s3, store.StaleUploadAge, zap.NewNop()); len(aborted) != 0 {
+		t.Fatalf("a fresh upload was aborted at start: %+v", aborted)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	aborted := AbortStaleUploads(ctx, s3, 0, zap.New(core))
+	if len(aborted) != 1 || aborted[0].Key != "tokens/code/shards/orphan.tokens" || logs.FilterMessage("aborted a stale multipart upload").Len() != 1 {
+		t.Fatalf("aborted %+v, logs %v; want the orphan, logged", aborted, logs.All())
+	}
+	if ups, err := s3.Uploads(ctx, "tokens/"); err != nil || len(ups) != 0 {
+		t.Fatalf("uploads left: %+v %v", ups, err)
 	}
 }

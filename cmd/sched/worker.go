@@ -9,6 +9,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
@@ -90,6 +91,7 @@ func configureHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]
 	if err != nil {
 		return err
 	}
+	worker.AbortStaleUploads(ctx, objects, store.StaleUploadAge, log)
 	enqueue := func(ctx context.Context, a scheduler.Args) error { _, err := q.Enqueue(ctx, a); return err }
 	// tokenizer:sample runs on the ingest queue and tokenizer:train on
 	// append, so either one needs the tokenizer handlers too.
@@ -100,7 +102,7 @@ func configureHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]
 		}
 		worker.ConfigureIngest(worker.Ingest{
 			Pipeline: ingest.Pipeline{Objects: objects, Hub: h, SWH: swh, DataDir: filepath.Join(cfg.DataDir, "ingest"),
-				StoresDir: filepath.Join(cfg.DataDir, "tokens"), Logger: log},
+				StoresDir: filepath.Join(cfg.DataDir, "tokens"), LocalRoots: cfg.LocalRoots, Logger: log},
 			Tokenizers: catalog.New(objects, cfg.DataDir),
 			Enqueue:    enqueue,
 		})

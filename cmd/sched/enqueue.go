@@ -172,7 +172,7 @@ func printSubmitted(w io.Writer, a scheduler.Args, s scheduler.Submitted, err er
 		return err
 	}
 	resumes := ""
-	if _, ok := a.(scheduler.TrainSegment); ok {
+	if a.Kind() == scheduler.KindTrainSegment {
 		resumes = "; the run resumes from its last checkpoint"
 	}
 	switch s.Was {

@@ -108,6 +108,15 @@ func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 		t.Fatalf("enqueue after completion: exit %d, %q; want it queued again", code, out)
 	}
 	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`\s+completed\s+100\.0%`), time.Minute)
+	// sched retry does the same for one task by its id.
+	out, _, code = sched(t, env, "retry", id)
+	if code != 0 || !strings.Contains(out, "queued "+id+" on gpu again (it had completed)") {
+		t.Fatalf("sched retry %s: exit %d, %q; want it queued again", id, code, out)
+	}
+	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`\s+completed\s+100\.0%`), time.Minute)
+	if _, errOut, code := sched(t, env, "retry", "bench:run:0000"); code != 2 || !strings.Contains(errOut, "not found") {
+		t.Errorf("sched retry of an unknown id: exit %d, %q; want exit 2 saying it is not found", code, errOut)
+	}
 	f, err := os.Open(filepath.Join(data, "objects", filepath.FromSlash(worker.BenchKey)))
 	if err != nil {
 		t.Fatal(err)
@@ -122,8 +131,8 @@ func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 		}
 		rows = append(rows, row)
 	}
-	if len(rows) != 2 {
-		t.Fatalf("bench rows %+v; want two (the task ran twice)", rows)
+	if len(rows) != 3 {
+		t.Fatalf("bench rows %+v; want three (the task ran three times)", rows)
 	}
 	for _, row := range rows {
 		if row.Model != "tiny" || row.Batch != 1 || row.Seq != 16 || row.TokPerSec <= 0 || row.Error != "" {

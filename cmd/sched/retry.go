@@ -1,0 +1,45 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	rootCmd.AddCommand(&cobra.Command{
+		Use:   "retry <task-id>",
+		Short: "Run one task again: a failed, cancelled or finished one, or one waiting out its retry back-off",
+		Long: `Run one task again from its stored payload. A failed or cancelled task
+(archived) and a finished one are queued again under the same id; a task
+waiting out its retry back-off runs now. A training segment resumes from its
+run's last checkpoint. A task still queued or running is left as it is.
+
+To redo a whole job, enqueue it again with the same command instead: that
+also re-queues what failed in it.`,
+		Args: exactArgs(1, "one task id (see 'sched status' or 'sched runs')"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			q, _, err := openQueue(c.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			defer q.Close()
+			s, err := q.Retry(c.Context(), args[0])
+			return printSubmitted(c.OutOrStdout(), taskKind(args[0]), s, err)
+		},
+	})
+}
+
+// taskKind is the kind a task id begins with, as printSubmitted names it.
+type taskKind string
+
+func (k taskKind) Kind() string {
+	for i := len(k) - 1; i >= 0; i-- {
+		if k[i] == ':' {
+			return string(k[:i])
+		}
+	}
+	return string(k)
+}

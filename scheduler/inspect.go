@@ -39,6 +39,17 @@ type TaskStatus struct {
 	// Finished is when a completed task completed or an archived one was
 	// archived (zero otherwise).
 	Finished time.Time
+	// LastFailed is when the task last failed (zero if never).
+	LastFailed time.Time
+	// NextRun is when a waiting task runs next (retry, scheduled).
+	NextRun time.Time
+	// Orphaned is asynq's word for an active task whose lease lapsed.
+	Orphaned bool
+	// Lost is set by Snapshot on an active task whose worker is gone.
+	Lost bool
+	// Cancelled is an archived task stopped by `sched cancel` (its
+	// cancel mark); set by Snapshot, Runs and Task.
+	Cancelled bool
 }
 
 // Status returns every kiln queue with its running tasks' progress. A queue
@@ -92,10 +103,11 @@ func (c *Client) knownQueues() (map[string]bool, error) {
 	return m, nil
 }
 
-func (c *Client) taskStatus(ctx context.Context, ti *asynq.TaskInfo) TaskStatus {
+func newTaskStatus(ti *asynq.TaskInfo) TaskStatus {
 	ts := TaskStatus{
 		ID: ti.ID, Kind: ti.Type, Queue: ti.Queue, State: ti.State.String(),
 		Payload: ti.Payload, LastErr: ti.LastErr, Retried: ti.Retried, MaxRetry: ti.MaxRetry,
+		LastFailed: ti.LastFailedAt, NextRun: ti.NextProcessAt, Orphaned: ti.IsOrphaned,
 	}
 	switch ti.State {
 	case asynq.TaskStateCompleted:
@@ -103,8 +115,16 @@ func (c *Client) taskStatus(ctx context.Context, ti *asynq.TaskInfo) TaskStatus 
 	case asynq.TaskStateArchived:
 		ts.Finished = ti.LastFailedAt
 	}
+	return ts
+}
+
+func (c *Client) taskStatus(ctx context.Context, ti *asynq.TaskInfo) TaskStatus {
+	ts := newTaskStatus(ti)
 	if p, ok, err := ReadProgress(ctx, c.rdb, ti.ID); err == nil && ok {
 		ts.Progress, ts.HasProgress = p, true
+	}
+	if ti.State == asynq.TaskStateArchived {
+		ts.Cancelled = IsCancelled(ctx, c.rdb, ti.ID)
 	}
 	return ts
 }

@@ -17,7 +17,8 @@ type Progress struct {
 	Kind   string `json:"kind"`
 	// Fraction done in [0,1]; negative when unknown.
 	Fraction float64 `json:"fraction"`
-	// Rate is work per second in Unit ("tok/s", "files/s"...).
+	// Rate is work per second; Unit names the work: "tok", "B" (bytes),
+	// "files", "tasks" (a "/s" suffix is accepted and means the same).
 	Rate float64 `json:"rate,omitempty"`
 	Unit string  `json:"unit,omitempty"`
 	// ETA is the estimated time left; zero when unknown.
@@ -59,6 +60,36 @@ func ReadProgress(ctx context.Context, rdb redis.UniversalClient, taskID string)
 		return p, false, fmt.Errorf("progress of %s is corrupt: %w", taskID, err)
 	}
 	return p, true, nil
+}
+
+// ReadProgressMany returns the progress records of ids that have one, in
+// one MGET per thousand ids.
+func ReadProgressMany(ctx context.Context, rdb redis.UniversalClient, ids []string) (map[string]Progress, error) {
+	out := make(map[string]Progress, len(ids))
+	for len(ids) > 0 {
+		n := min(len(ids), 1000)
+		keys := make([]string, n)
+		for i, id := range ids[:n] {
+			keys[i] = progressKey(id)
+		}
+		vals, err := rdb.MGet(ctx, keys...).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read progress: %w", err)
+		}
+		for i, v := range vals {
+			s, ok := v.(string)
+			if !ok {
+				continue
+			}
+			var p Progress
+			// A corrupt record is shown as no progress; the task itself is unaffected.
+			if json.Unmarshal([]byte(s), &p) == nil {
+				out[ids[i]] = p
+			}
+		}
+		ids = ids[n:]
+	}
+	return out, nil
 }
 
 // cancelKey marks a task cancelled by `sched cancel`, so the worker archives

@@ -2,16 +2,29 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 func init() {
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "runs",
-		Short: "List finished tasks (completed, failed or cancelled), newest first",
-		Args:  exactArgs(0, "no arguments"),
+		Short: "Say what happened to each training run and to each task that ended, failed or was interrupted, newest first",
+		Long: `runs lists each training run with what became of it (training, queued,
+interrupted and re-queued, retrying, worker lost, done, cancelled, failed
+with its reason, stopped), then the tasks that ended or were set back,
+newest first: completed, cancelled (archived by 'sched cancel'), failed
+for good (archived, with the reason), failed and waiting to retry, and
+interrupted by a worker's shutdown and re-queued.`,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if limit < 1 {
 				return badInput("--limit %d: give a positive number", limit)
@@ -25,21 +38,85 @@ func init() {
 				return err
 			}
 			defer q.Close()
-			runs, err := q.Runs(c.Context(), limit)
+			snap, err := q.Snapshot(c.Context())
 			if err != nil {
 				return err
 			}
-			w := c.OutOrStdout()
-			if len(runs) == 0 {
-				fmt.Fprintln(w, "no finished tasks")
+			states, err := segment.ReadRunStates(c.Context(), q.Redis())
+			if err != nil {
+				return err
 			}
-			for _, r := range runs {
-				fmt.Fprintf(w, "%s  ", r.Finished.Local().Format("2006-01-02 15:04:05"))
-				printTask(w, r)
-			}
+			printRuns(c.OutOrStdout(), snap, states, limit)
 			return nil
 		},
 	}
-	cmd.Flags().IntVar(&limit, "limit", 50, "show at most this many")
+	cmd.Flags().IntVar(&limit, "limit", 50, "list at most this many tasks")
 	rootCmd.AddCommand(cmd)
+}
+
+func printRuns(w io.Writer, snap *scheduler.Snapshot, states []segment.RunState, limit int) {
+	fmt.Fprintln(w, "RUNS")
+	views := runViews(states, snap)
+	if len(views) == 0 {
+		fmt.Fprintln(w, "no training runs")
+	}
+	for _, v := range views {
+		fmt.Fprintln(w, v.line(snap.At))
+	}
+	fmt.Fprintln(w, "\nTASKS")
+	type event struct {
+		at time.Time
+		t  scheduler.TaskStatus
+	}
+	var evs []event
+	for _, t := range snap.Tasks {
+		switch {
+		case t.State == "completed" || t.State == "archived":
+			evs = append(evs, event{t.Finished, t})
+		case t.State == "retry":
+			evs = append(evs, event{t.LastFailed, t})
+		case (t.State == "pending" || t.State == "scheduled") && t.HasProgress && t.Progress.State == "interrupted":
+			evs = append(evs, event{t.Progress.Updated, t})
+		}
+	}
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at.After(evs[j].at) })
+	if len(evs) > limit {
+		evs = evs[:limit]
+	}
+	if len(evs) == 0 {
+		fmt.Fprintln(w, "no task has ended yet")
+	}
+	for _, e := range evs {
+		fmt.Fprintf(w, "%s  %s\n", e.at.Local().Format("2006-01-02 15:04:05"), outcomeLine(e.t))
+	}
+}
+
+// outcomeLine is a task that ended or was set back: id, asynq's state,
+// what happened in words, what it worked on, and its last message.
+func outcomeLine(t scheduler.TaskStatus) string {
+	parts := []string{t.ID, t.State}
+	switch {
+	case t.State == "completed":
+		parts = append(parts, "done")
+	case t.State == "archived" && t.Cancelled:
+		parts = append(parts, "cancelled by sched cancel; enqueue it again to redo it")
+	case t.State == "archived":
+		attempts := "1 attempt"
+		if t.Retried > 0 {
+			attempts = fmt.Sprintf("%d attempts", t.Retried+1)
+		}
+		parts = append(parts, fmt.Sprintf("failed for good after %s: %s", attempts, scheduler.OneLine(t.LastErr, 200)))
+	case t.State == "retry":
+		parts = append(parts, fmt.Sprintf("failed (attempt %d of %d), retries at %s: %s", t.Retried, t.MaxRetry+1,
+			t.NextRun.Local().Format("15:04:05"), scheduler.OneLine(t.LastErr, 200)))
+	default:
+		parts = append(parts, "interrupted by a worker's shutdown and re-queued (no retry used)")
+	}
+	if s := scheduler.Subject(t.Kind, t.Payload); s != "" {
+		parts = append(parts, s)
+	}
+	if t.HasProgress && t.Progress.Message != "" && t.State == "completed" {
+		parts = append(parts, fmt.Sprintf("%q", t.Progress.Message))
+	}
+	return strings.Join(parts, "  ")
 }

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 	"time"
 
@@ -12,12 +15,35 @@ import (
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
+// failureWindow is how far back `sched status` lists failures.
+const failureWindow = time.Hour
+
 func init() {
-	rootCmd.AddCommand(&cobra.Command{
+	var (
+		watch    bool
+		interval time.Duration
+	)
+	cmd := &cobra.Command{
 		Use:   "status [task-id]",
-		Short: "Show queues with their sizes, running tasks with their progress and training runs, or one task",
-		Args:  cobra.MaximumNArgs(1),
+		Short: "Show queues, workers, running tasks, ingest per dataset, training runs and the last hour's failures, or one task",
+		Long: `status shows the queues' sizes, the worker processes that heartbeat, each
+running task with its progress, rate and ETA, each dataset's ingest (files
+done of total, bytes, rate, ETA), each training run (step, loss, tok/s, ETA
+from the measured rate over the tokens left) and the failures of the last
+hour with their reason. A running task whose worker stopped heartbeating
+reads "worker lost", with no ETA.
+
+With --watch it refreshes every --interval: in place, with a progress bar
+per running task, on a terminal; as plain blocks, one per refresh and no
+escape codes, when its output is a file or a pipe. Ctrl-C ends it.`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
+			if c.Flags().Changed("interval") && !watch {
+				return badInput("--interval %s: it sets the refresh of --watch; add --watch", interval)
+			}
+			if interval < 100*time.Millisecond {
+				return badInput("--interval %s: give 100ms or more (e.g. --interval 2s)", interval)
+			}
 			cfg, err := loadConfig(c)
 			if err != nil {
 				return err
@@ -27,77 +53,301 @@ func init() {
 				return err
 			}
 			defer q.Close()
-			w := c.OutOrStdout()
+			id := ""
 			if len(args) == 1 {
-				ts, err := q.Task(c.Context(), args[0])
-				if err != nil {
-					return err
+				id = args[0]
+			}
+			draw := func(ctx context.Context, w io.Writer, bars bool) error {
+				if id != "" {
+					return renderTask(ctx, w, q, id, bars)
 				}
-				printTask(w, ts)
-				return nil
+				return renderStatus(ctx, w, q, bars)
 			}
-			qs, err := q.Status(c.Context())
-			if err != nil {
-				return err
+			out := c.OutOrStdout()
+			if !watch {
+				return draw(c.Context(), out, false)
 			}
-			fmt.Fprintf(w, "%-8s %6s %8s %7s %6s %9s %9s\n", "QUEUE", "SIZE", "PENDING", "ACTIVE", "RETRY", "ARCHIVED", "COMPLETED")
-			for _, s := range qs {
-				paused := ""
-				if s.Paused {
-					paused = " (paused)"
-				}
-				fmt.Fprintf(w, "%-8s %6d %8d %7d %6d %9d %9d%s\n", s.Name, s.Size, s.Pending, s.Active, s.Retry, s.Archived, s.Completed, paused)
-			}
-			fmt.Fprintln(w)
-			running := 0
-			for _, s := range qs {
-				for _, ts := range s.Running {
-					printTask(w, ts)
-					running++
-				}
-			}
-			if running == 0 {
-				fmt.Fprintln(w, "no running tasks")
-			}
-			rs, err := segment.ReadRunStates(c.Context(), q.Redis())
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(w)
-			if len(rs) == 0 {
-				fmt.Fprintln(w, "no training runs (start one with 'sched enqueue train <run>')")
-			}
-			for _, r := range rs {
-				fmt.Fprintln(w, r.String())
-			}
-			return nil
+			return watchStatus(c.Context(), out, interval, draw)
 		},
-	})
+	}
+	cmd.Flags().BoolVar(&watch, "watch", false, "refresh until interrupted: in place on a terminal, as plain blocks otherwise")
+	cmd.Flags().DurationVar(&interval, "interval", 2*time.Second, "time between refreshes of --watch")
+	rootCmd.AddCommand(cmd)
 }
 
-// printTask writes one line: id, state, and the progress fields known.
-func printTask(w io.Writer, ts scheduler.TaskStatus) {
+// Escape sequences of the in-place redraw: cursor home, erase to the end
+// of the line and of the screen, hide and show the cursor.
+const (
+	escHome       = "\x1b[H"
+	escClearLine  = "\x1b[K"
+	escClearBelow = "\x1b[J"
+	escHideCursor = "\x1b[?25l"
+	escShowCursor = "\x1b[?25h"
+)
+
+// watchStatus draws every interval until ctx ends. On a terminal each frame
+// overwrites the last: home, each line followed by erase-to-end-of-line,
+// then erase below, so a shorter frame leaves nothing behind and nothing
+// flickers. Elsewhere each frame is a plain block under a time line. A
+// failed refresh (Redis restarting) is shown and retried, except the
+// first, which is a configuration mistake and ends the command.
+func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, draw func(context.Context, io.Writer, bool) error) error {
+	// A file, a pipe or a log collector gets plain text.
+	tty := isTerminal(w)
+	if tty {
+		fmt.Fprint(w, escHideCursor+"\x1b[2J")
+		defer fmt.Fprint(w, escShowCursor)
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for frame := 0; ; frame++ {
+		var buf bytes.Buffer
+		fmt.Fprintf(&buf, "kiln status at %s, every %s (ctrl-c to stop)\n\n", time.Now().Format("2006-01-02 15:04:05"), interval)
+		if err := draw(ctx, &buf, true); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if frame == 0 {
+				return err
+			}
+			fmt.Fprintf(&buf, "status not read: %v\n", err)
+		}
+		if tty {
+			var scr strings.Builder
+			scr.WriteString(escHome)
+			for _, line := range strings.SplitAfter(buf.String(), "\n") {
+				if line == "" {
+					continue
+				}
+				scr.WriteString(strings.TrimSuffix(line, "\n") + escClearLine + "\n")
+			}
+			scr.WriteString(escClearBelow)
+			io.WriteString(w, scr.String())
+		} else {
+			if frame > 0 {
+				io.WriteString(w, "\n")
+			}
+			w.Write(buf.Bytes())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// renderTask writes one task's line.
+func renderTask(ctx context.Context, w io.Writer, q *scheduler.Client, id string, bars bool) error {
+	ts, err := q.Task(ctx, id)
+	if err != nil {
+		return err
+	}
+	var runs map[string]segment.RunState
+	if ts.Kind == scheduler.KindTrainSegment {
+		states, err := segment.ReadRunStates(ctx, q.Redis())
+		if err != nil {
+			return err
+		}
+		runs = statesByRun(states)
+	}
+	fmt.Fprintln(w, taskLine(ts, runs, time.Now(), bars))
+	return nil
+}
+
+func statesByRun(states []segment.RunState) map[string]segment.RunState {
+	m := make(map[string]segment.RunState, len(states))
+	for _, s := range states {
+		m[s.Run] = s
+	}
+	return m
+}
+
+// renderStatus writes the whole status: queues, workers, running tasks,
+// ingest per dataset, runs and recent failures.
+func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bool) error {
+	snap, err := q.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	states, err := segment.ReadRunStates(ctx, q.Redis())
+	if err != nil {
+		return err
+	}
+	now := snap.At
+	fmt.Fprintf(w, "%-8s %6s %8s %7s %6s %9s %9s\n", "QUEUE", "SIZE", "PENDING", "ACTIVE", "RETRY", "ARCHIVED", "COMPLETED")
+	for _, s := range snap.Queues {
+		paused := ""
+		if s.Paused {
+			paused = " (paused)"
+		}
+		fmt.Fprintf(w, "%-8s %6d %8d %7d %6d %9d %9d%s\n", s.Name, s.Size, s.Pending, s.Active, s.Retry, s.Archived, s.Completed, paused)
+	}
+
+	fmt.Fprintln(w, "\nWORKERS")
+	if len(snap.Workers) == 0 {
+		fmt.Fprintln(w, "no worker is running (start one with 'sched worker --queues ingest=4,append=1,gpu=1')")
+	}
+	for _, wp := range snap.Workers {
+		var qs []string
+		for q, n := range wp.Queues {
+			qs = append(qs, fmt.Sprintf("%s=%d", q, n))
+		}
+		sort.Strings(qs)
+		fmt.Fprintf(w, "%s  %s  %d running  up %s\n", wp.Name, strings.Join(qs, ","), wp.Active, formatETA(now.Sub(wp.Started)))
+	}
+
+	fmt.Fprintln(w, "\nRUNNING")
+	running := snap.Running()
+	if len(running) == 0 {
+		fmt.Fprintln(w, "no running tasks")
+	}
+	byRun := statesByRun(states)
+	for _, ts := range running {
+		fmt.Fprintln(w, taskLine(ts, byRun, now, bars))
+	}
+
+	if ds := snap.Datasets(); len(ds) > 0 {
+		fmt.Fprintln(w, "\nINGEST")
+		for _, d := range ds {
+			fmt.Fprintln(w, datasetLine(d, snap))
+		}
+	}
+
+	fmt.Fprintln(w, "\nRUNS")
+	views := runViews(states, snap)
+	if len(views) == 0 {
+		fmt.Fprintln(w, "no training runs (start one with 'sched enqueue train <run>')")
+	}
+	for _, v := range views {
+		fmt.Fprintln(w, v.line(now))
+	}
+
+	fails := snap.Failures(now.Add(-failureWindow))
+	fmt.Fprintln(w, "\nFAILURES in the last hour")
+	if len(fails) == 0 {
+		fmt.Fprintln(w, "none")
+	}
+	for _, f := range fails {
+		fmt.Fprintln(w, failureLine(f))
+	}
+	return nil
+}
+
+// taskLine is one task: id, state, then what its progress says. A
+// training segment's ETA is its run's (tokens left over the measured
+// rate); a task whose worker is lost shows that, and no rate or ETA.
+func taskLine(ts scheduler.TaskStatus, runs map[string]segment.RunState, now time.Time, bars bool) string {
 	parts := []string{ts.ID, ts.State}
+	if ts.Lost {
+		parts[1] = "worker lost"
+		if s := scheduler.Subject(ts.Kind, ts.Payload); s != "" {
+			parts = append(parts, s)
+		}
+		if ts.HasProgress && !ts.Progress.Updated.IsZero() {
+			parts = append(parts, "last report "+formatAge(ts.Progress.Updated, now))
+		}
+		parts = append(parts, lostDetail(ts))
+		return strings.Join(parts, "  ")
+	}
 	if ts.HasProgress {
 		p := ts.Progress
+		eta := p.ETA
+		if ts.Kind == scheduler.KindTrainSegment {
+			eta = 0
+			if a, err := scheduler.DecodeTask[scheduler.TrainSegment](ts.Payload); err == nil {
+				if rs, ok := runs[a.Run]; ok && !rs.Done {
+					eta, _ = runETA(rs)
+				}
+			}
+		}
 		if p.Fraction >= 0 {
-			parts = append(parts, fmt.Sprintf("%.1f%%", 100*p.Fraction))
+			pct := fmt.Sprintf("%.1f%%", 100*p.Fraction)
+			if bars && ts.State == "active" {
+				pct = bar(p.Fraction, 24) + " " + pct
+			}
+			parts = append(parts, pct)
 		}
-		if p.Rate > 0 {
-			parts = append(parts, fmt.Sprintf("%.4g %s", p.Rate, p.Unit))
+		if p.Rate > 0 && ts.State == "active" {
+			parts = append(parts, formatRate(p.Rate, p.Unit))
 		}
-		if p.ETA > 0 {
-			parts = append(parts, "ETA "+p.ETA.Round(time.Second).String())
+		if eta > 0 && ts.State == "active" {
+			parts = append(parts, "ETA "+formatETA(eta))
 		}
 		if p.Message != "" {
 			parts = append(parts, fmt.Sprintf("%q", p.Message))
 		}
-		if p.Worker != "" {
+		if p.Worker != "" && ts.State == "active" {
 			parts = append(parts, "on "+p.Worker)
 		}
+	} else if s := scheduler.Subject(ts.Kind, ts.Payload); s != "" {
+		parts = append(parts, s)
 	}
 	if ts.LastErr != "" && ts.State != "completed" {
-		parts = append(parts, "last error: "+ts.LastErr)
+		parts = append(parts, "last error: "+scheduler.OneLine(ts.LastErr, 200))
 	}
-	fmt.Fprintln(w, strings.Join(parts, "  "))
+	return strings.Join(parts, "  ")
+}
+
+// datasetLine is one store's ingest: files done of total, bytes, tokens,
+// rate and ETA, and why it is not moving when it is not.
+func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot) string {
+	name := d.Store
+	if d.Dataset != "" && d.Dataset != d.Store {
+		name += " (" + d.Dataset + ")"
+	}
+	parts := []string{name, fmt.Sprintf("files %d/%d done", d.Done, d.Files)}
+	if d.SizesKnown && d.Bytes > 0 {
+		parts = append(parts, formatBytes(d.DoneBytes)+" of "+formatBytes(d.Bytes))
+	}
+	if d.Tokens > 0 {
+		parts = append(parts, formatCount(d.Tokens, "tok"))
+	}
+	if d.Rate > 0 {
+		if d.SizesKnown {
+			parts = append(parts, formatRate(d.Rate, "B"))
+		} else {
+			parts = append(parts, formatRate(d.Rate, "files"))
+		}
+	}
+	switch {
+	case d.Planning:
+		parts = append(parts, "planning: more files may be queued")
+	case d.Remaining() == 0 && d.Failed == 0:
+		parts = append(parts, "done")
+	case d.ETA > 0:
+		parts = append(parts, "ETA "+formatETA(d.ETA))
+	}
+	var notes []string
+	if d.Running > 0 {
+		notes = append(notes, fmt.Sprintf("%d running", d.Running))
+	}
+	if d.Waiting > 0 {
+		notes = append(notes, fmt.Sprintf("%d waiting", d.Waiting))
+		for _, q := range []string{scheduler.QueueIngest, scheduler.QueueAppend} {
+			if !snap.Serves(q) {
+				notes = append(notes, "no worker serves queue "+q)
+			}
+		}
+	}
+	if d.Failed > 0 {
+		notes = append(notes, fmt.Sprintf("%d failed (see FAILURES and 'sched runs')", d.Failed))
+	}
+	if len(notes) > 0 {
+		parts = append(parts, strings.Join(notes, ", "))
+	}
+	return strings.Join(parts, "  ")
+}
+
+// failureLine is one failure: when, what, and the first line of why.
+func failureLine(t scheduler.TaskStatus) string {
+	what := "failed for good (archived)"
+	if t.State == "retry" {
+		what = fmt.Sprintf("failed, retry %d of %d at %s", t.Retried, t.MaxRetry, t.NextRun.Local().Format("15:04:05"))
+	}
+	subject := scheduler.Subject(t.Kind, t.Payload)
+	if subject == "" {
+		subject = t.Kind
+	}
+	return fmt.Sprintf("%s  %s  %s  %s: %s", t.LastFailed.Local().Format("15:04:05"), t.ID, subject, what, scheduler.OneLine(t.LastErr, 200))
 }

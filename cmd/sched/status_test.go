@@ -1,50 +1,373 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
-// sched status lists each run whose segments recorded progress, one line
-// per run, in the fields a segment writes to the run's state hash.
-func TestStatusShowsRuns(t *testing.T) {
-	t.Parallel()
+// waitOutput runs sched with args until its output matches re; the
+// commands' own work is the event waited on.
+func waitOutput(t *testing.T, env []string, re *regexp.Regexp, within time.Duration, args ...string) string {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var out, errOut string
+	for time.Now().Before(deadline) {
+		out, errOut, _ = sched(t, env, args...)
+		if re.MatchString(out) {
+			return out
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("sched %v never matched %v; last:\n%s%s", args, re, out, errOut)
+	return ""
+}
+
+// lineOf returns the first line of out that starts with prefix.
+func lineOf(out, prefix string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+// trainingSetup is a data directory a `sched worker --queues gpu=1`
+// trains run "eta" from: a tokenizer in its catalog, a token store made
+// by it, and a runs file with the tiny model on the CPU engine.
+func trainingSetup(t *testing.T) (env []string, rdb *redis.Client, q *scheduler.Client) {
+	t.Helper()
 	r := testsvc.StartRedis(t)
-	env := []string{"KILN_REDIS_URL=" + r.URL(0)}
-	out, errOut, code := sched(t, env, "status")
-	if code != 0 || !strings.Contains(out, "no training runs") {
-		t.Fatalf("status without runs: exit %d, %q %q", code, out, errOut)
+	data := t.TempDir()
+	tokPath, sha := trainTestTokenizer(t, "package main\nfunc f() {}\n")
+	b, err := os.ReadFile(tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
+	if err := os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	store := trainTestStoreBy(t, sha, 280, 400_000)
+	// A long run in short segments with rare logs: the run's state hash
+	// changes only every 20 steps, so a status read between two reads of
+	// the hash that agree saw that very state.
+	runsFile := filepath.Join(t.TempDir(), "runs.yaml")
+	yaml := fmt.Sprintf(`eta:
+  model: tiny
+  seq: 32
+  batch: 2
+  accumulate: 1
+  lr: 1.0e-3
+  warmup: 2
+  total_steps: 1000000
+  log_every: 20
+  eval_every: 0
+  eval_batches: 0
+  checkpoint_every: 20
+  seed: 3
+  engine: cpu
+  precision: fp32
+  tokenizer: tk
+  mixture:
+    - {store: %s, weight: 1}
+  segment:
+    max_steps: 60
+  retention:
+    keep_last: 2
+`, store)
+	if err := os.WriteFile(runsFile, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env = []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + data, "KILN_RUNS=" + runsFile, "KILN_LOG_FORMAT=json"}
+	rdb = redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	q = scheduler.NewClient(asynq.RedisClientOpt{Addr: r.Addr})
+	t.Cleanup(func() { q.Close() })
+	return env, rdb, q
+}
+
+// A run trained by a real worker shows in `sched status` as training,
+// with its ETA equal to the tokens left over the rate the segment
+// measured; its running task shows the same ETA and its rate in tok/s.
+// Cancelled, it reads cancelled with no ETA, and `sched runs` says so;
+// queued again it trains again; its worker killed, it reads worker lost,
+// with no ETA. --watch draws progress bars, and into a pipe writes plain
+// blocks without one escape byte.
+func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
+	t.Parallel()
+	env, rdb, q := trainingSetup(t)
+	ctx := context.Background()
+	w := startWorker(t, env, "--queues", "gpu=1")
+	first := scheduler.TrainSegment{Run: "eta", Tokenizer: "tk", Engine: "cpu"}
+	if _, err := q.Enqueue(ctx, first); err != nil {
+		t.Fatal(err)
 	}
 
-	c := redis.NewClient(&redis.Options{Addr: r.Addr})
-	defer c.Close()
-	ctx := context.Background()
-	for run, fields := range map[string][]string{
-		"pilot": {"step", "1200", "total", "5000", "loss", "3.2571", "tok_per_s", "41000", "eta_s", "7260",
-			"checkpoint", "1000", "checkpoint_at", "2026-11-30T10:00:00Z", "worker", "gpu-1:42", "done", "false"},
-		"first": {"step", "300", "total", "300", "loss", "4.5", "tok_per_s", "900", "checkpoint", "300", "done", "true"},
-	} {
-		if err := c.HSet(ctx, segment.StateKey(run), fields).Err(); err != nil {
+	var state map[string]string
+	var line string
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if time.Now().After(deadline) {
+			t.Fatalf("no status of run eta training agreed with its state hash; last run line %q, state %v", line, state)
+		}
+		before, err := rdb.HGetAll(ctx, segment.StateKey("eta")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, errOut, code := sched(t, env, "status")
+		if code != 0 {
+			t.Fatalf("status: exit %d: %s", code, errOut)
+		}
+		after, _ := rdb.HGetAll(ctx, segment.StateKey("eta")).Result()
+		line = lineOf(out, "eta  ")
+		if fmt.Sprint(before) == fmt.Sprint(after) && before["tok_per_s"] != "" && strings.HasPrefix(line, "eta  training  ") {
+			state = before
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	step, _ := strconv.Atoi(state["step"])
+	total, _ := strconv.Atoi(state["total"])
+	rate, _ := strconv.ParseFloat(state["tok_per_s"], 64)
+	// The run file's shape: batch 2 x seq 32 x accumulate 1 tokens a step.
+	left := float64(total-step) * 2 * 32
+	want := "ETA " + formatETA(time.Duration(left/rate*float64(time.Second)))
+	if total != 1_000_000 || rate <= 0 || !strings.Contains(line, want+"  ") {
+		t.Fatalf("run line %q; want %q: (%d - %d) steps x 64 tokens at the measured %.0f tok/s", line, want, total, step, rate)
+	}
+	if !strings.Contains(line, formatRate(rate, "tok")) || !strings.Contains(line, " tok/s") {
+		t.Fatalf("run line %q lacks its rate in tok/s", line)
+	}
+
+	// --watch into a pipe: plain blocks with bars, never an escape byte.
+	watchOut := watchPipe(t, env, 2)
+	if bytes.IndexByte(watchOut, 0x1b) >= 0 {
+		t.Fatalf("status --watch into a pipe wrote an escape byte:\n%q", watchOut)
+	}
+	if !regexp.MustCompile(`(?m)^train:segment:\S+  active  \[#*\.*\] \d+\.\d%  \S+ tok/s  ETA `).Match(watchOut) {
+		t.Fatalf("status --watch shows no progress bar with rate and ETA for the running segment:\n%s", watchOut)
+	}
+	if tmuxPath, err := exec.LookPath("tmux"); err == nil {
+		screen := watchInTmux(t, tmuxPath, env)
+		writeCapture(t, screen)
+	}
+
+	// Cancelled: no ETA, and runs says what happened.
+	running := waitRunningSegment(t, q)
+	out, errOut, code := sched(t, env, "cancel", running)
+	if code != 0 {
+		t.Fatalf("cancel: exit %d: %s %s", code, out, errOut)
+	}
+	out = waitOutput(t, env, regexp.MustCompile(`(?m)^eta  cancelled  `), time.Minute, "status")
+	if l := lineOf(out, "eta  "); strings.Contains(l, "ETA") || strings.Contains(l, "tok/s") {
+		t.Fatalf("a cancelled run shows a live-looking figure: %q", l)
+	}
+	out, _, _ = sched(t, env, "runs")
+	if !strings.Contains(out, running+"  archived  cancelled by sched cancel") || lineOf(out, "eta  cancelled  ") == "" {
+		t.Fatalf("runs does not say run eta and task %s were cancelled:\n%s", running, out)
+	}
+
+	// Queued again from its checkpoint, it trains again; its worker
+	// killed, it reads worker lost, and neither line has an ETA.
+	st, err := segment.ReadRunStates(ctx, rdb)
+	if err != nil || len(st) != 1 {
+		t.Fatalf("run states %v %v", st, err)
+	}
+	again := scheduler.TrainSegment{Run: "eta", Tokenizer: "tk", Engine: "cpu", FromStep: int64(st[0].Checkpoint)}
+	if _, err := q.Enqueue(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, env, regexp.MustCompile(`(?m)^eta  training  .*ETA `), time.Minute, "status")
+	if err := w.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	out = waitOutput(t, env, regexp.MustCompile(`(?m)^eta  worker lost  `), time.Minute, "status")
+	l := lineOf(out, "eta  ")
+	tl := lineOf(out, "train:segment:")
+	if strings.Contains(l, "ETA") || !strings.Contains(tl, "  worker lost  ") || strings.Contains(tl, "ETA") {
+		t.Fatalf("a run whose worker was killed shows a live-looking ETA, or its task is not lost:\n%s\n%s", l, tl)
+	}
+	if !strings.Contains(out, "no worker is running") {
+		t.Fatalf("status lists a worker after the only one was killed:\n%s", out)
+	}
+}
+
+// waitRunningSegment returns the id of the active train:segment task.
+func waitRunningSegment(t *testing.T, q *scheduler.Client) string {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		snap, err := q.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ts := range snap.Running() {
+			if ts.Kind == scheduler.KindTrainSegment {
+				return ts.ID
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("no train:segment task became active")
+	return ""
+}
+
+// watchPipe runs `sched status --watch` with its output in a pipe until it
+// has written n blocks, then interrupts it; it must exit 0.
+func watchPipe(t *testing.T, env []string, n int) []byte {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "status", "--watch", "--interval", "200ms")
+	cmd.Env = append(baseEnv(t), env...)
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	sc := bufio.NewScanner(io.TeeReader(pipe, &out))
+	blocks := 0
+	for blocks < n && sc.Scan() {
+		// A block is complete once its last section has been written.
+		if strings.HasPrefix(sc.Text(), "FAILURES in the last") {
+			blocks++
+		}
+	}
+	// The rest of the last block: up to the blank line before the next.
+	for sc.Scan() && sc.Text() != "" {
+	}
+	cmd.Process.Signal(os.Interrupt)
+	io.Copy(io.Discard, pipe)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("status --watch after ctrl-c: %v; stderr %s", err, errOut.String())
+	}
+	if blocks < n || strings.Count(out.String(), "kiln status at ") < n {
+		t.Fatalf("status --watch wrote %d blocks, want %d:\n%s", blocks, n, out.String())
+	}
+	return out.Bytes()
+}
+
+// watchInTmux runs `sched status --watch` on a tmux pseudo-terminal and
+// returns its screen once it has redrawn in place: a later frame (a new
+// time line) on the screen, and still one frame on it, not two stacked.
+func watchInTmux(t *testing.T, tmux string, env []string) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "tmux.sock")
+	run := func(args ...string) string {
+		c := exec.Command(tmux, append([]string{"-S", sock}, args...)...)
+		b, err := c.CombinedOutput()
+		if err != nil {
+			t.Fatalf("tmux %v: %v: %s", args, err, b)
+		}
+		return string(b)
+	}
+	cmdline := "env -i " + shellQuote(append(baseEnv(t), env...)...) + " " + shellQuote(os.Args[0], "status", "--watch", "--interval", "500ms")
+	run("new-session", "-d", "-x", "200", "-y", "50", "-s", "watch", cmdline+"; sleep 60")
+	t.Cleanup(func() { exec.Command(tmux, "-S", sock, "kill-server").Run() })
+	header := regexp.MustCompile(`kiln status at (\S+ \S+)`)
+	var first, screen string
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		screen = run("capture-pane", "-p", "-t", "watch")
+		m := header.FindAllStringSubmatch(screen, -1)
+		if len(m) > 1 {
+			t.Fatalf("status --watch on a terminal stacked frames instead of redrawing:\n%s", screen)
+		}
+		if len(m) == 1 && strings.Contains(screen, "RUNNING") {
+			if first == "" {
+				first = m[0][1]
+			} else if m[0][1] != first && strings.Contains(screen, " tok/s  ETA ") {
+				return screen
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("status --watch on a terminal never redrew with a running segment; screen:\n%s", screen)
+	return ""
+}
+
+func shellQuote(args ...string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
+}
+
+// writeCapture keeps the captured screen for the documentation when
+// KILN_STATUS_CAPTURE names a file.
+func writeCapture(t *testing.T, screen string) {
+	if p := os.Getenv("KILN_STATUS_CAPTURE"); p != "" {
+		if err := os.WriteFile(p, []byte(screen), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	out, errOut, code = sched(t, env, "status")
-	if code != 0 {
-		t.Fatalf("status: exit %d, %q", code, errOut)
+}
+
+// --interval and bad values of it are refused before anything is read.
+func TestStatusWatchBadInput(t *testing.T) {
+	t.Parallel()
+	env := []string{"KILN_REDIS_URL=redis://127.0.0.1:1/0"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--interval", "1s"}, "--interval 1s: it sets the refresh of --watch"},
+		{[]string{"status", "--watch", "--interval", "1ms"}, "--interval 1ms: give 100ms or more"},
+		{[]string{"status", "--watch", "--interval", "soon"}, `invalid argument "soon"`},
+	} {
+		_, errOut, code := sched(t, env, c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line with %q", c.args, code, errOut, c.want)
+		}
 	}
-	want := []string{
-		"first: step 300/300, loss 4.5000, 900 tok/s, done, last checkpoint step 300",
-		"pilot: step 1200/5000, loss 3.2571, 41000 tok/s, ETA 2h1m0s, last checkpoint step 1000 at 2026-11-30T10:00:00Z (worker gpu-1:42)",
-	}
-	i := strings.Index(out, want[0])
-	j := strings.Index(out, want[1])
-	if i < 0 || j < i {
-		t.Fatalf("status does not list the runs in order, one line each:\n%s", out)
+}
+
+func TestUnits(t *testing.T) {
+	for _, c := range []struct {
+		got, want string
+	}{
+		{formatRate(5805, "tok"), "5.8k tok/s"},
+		{formatRate(1.2e6, "tok"), "1.2M tok/s"},
+		{formatRate(89.1e6, "B"), "89.1 MB/s"},
+		{formatRate(8.913e5, "B/s"), "891 kB/s"},
+		{formatRate(1116, "tasks"), "1.1k tasks/s"},
+		{formatRate(3.4, "files"), "3.4 files/s"},
+		{formatRate(0.25, "files"), "0.25 files/s"},
+		{formatRate(512, "B"), "512 B/s"},
+		{formatRate(999.96e6, "B"), "1.0 GB/s"},
+		{formatBytes(1_500_000_000), "1.5 GB"},
+		{formatETA(42 * time.Second), "42s"},
+		{formatETA(12*time.Minute + 5*time.Second), "12m5s"},
+		{formatETA(3*time.Hour + 33*time.Minute + 20*time.Second), "3h33m"},
+		{formatETA(100 * time.Hour), "4d4h"},
+		{bar(0.5, 10), "[#####.....]"},
+		{bar(1.5, 4), "[####]"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
 	}
 }

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/segment"
+)
+
+// Run states as `sched status` and `sched runs` name them. Only a run
+// that is training has an ETA.
+const (
+	runTraining   = "training"
+	runLost       = "worker lost"
+	runQueued     = "queued"
+	runRequeued   = "interrupted, re-queued"
+	runRetrying   = "retrying"
+	runDone       = "done"
+	runCancelled  = "cancelled"
+	runFailed     = "failed"
+	runStopped    = "stopped"
+	runNotStarted = "not started"
+)
+
+// runView is a training run as the user sees it: its recorded progress
+// (the run's state hash) joined with its newest segment task in the queue,
+// which says whether anything is still working on it.
+type runView struct {
+	segment.RunState
+	HasState bool
+	Status   string
+	// Detail says why: a failure's reason, a lost worker's name.
+	Detail string
+	Task   *scheduler.TaskStatus
+	// ETA is the remaining tokens over the measured rate; set only while
+	// the run is training.
+	ETA time.Duration
+}
+
+// runETA is the time left for s at its measured rate: the tokens of the
+// steps left, (total - step) x tokens per step, over tok/s as last logged.
+// Tokens per step is the run's own count (tokens seen over steps taken),
+// which is batch x seq x accumulate for every kiln run.
+func runETA(s segment.RunState) (time.Duration, bool) {
+	if s.Step <= 0 || s.Tokens <= 0 || s.TokPerS <= 0 || s.Total <= s.Step {
+		return 0, false
+	}
+	left := float64(s.Total-s.Step) * float64(s.Tokens) / float64(s.Step)
+	return time.Duration(left / s.TokPerS * float64(time.Second)), true
+}
+
+// runViews joins every run that has recorded progress or has a segment
+// task in the queues, sorted by name.
+func runViews(states []segment.RunState, snap *scheduler.Snapshot) []runView {
+	tasks := snap.RunTasks()
+	byName := map[string]*runView{}
+	for _, s := range states {
+		byName[s.Run] = &runView{RunState: s, HasState: true}
+	}
+	for name := range tasks {
+		if byName[name] == nil {
+			byName[name] = &runView{RunState: segment.RunState{Run: name, Checkpoint: -1}}
+		}
+	}
+	out := make([]runView, 0, len(byName))
+	for name, v := range byName {
+		if rt, ok := tasks[name]; ok {
+			t := rt.Task
+			v.Task = &t
+		}
+		v.classify()
+		out = append(out, *v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Run < out[j].Run })
+	return out
+}
+
+// classify sets Status, Detail and ETA. The queue's word comes first: a
+// state hash left by a segment says what was done, not whether anything
+// is still doing it.
+func (v *runView) classify() {
+	t := v.Task
+	state := ""
+	if t != nil {
+		state = t.State
+	}
+	switch {
+	case state == "active" && t.Lost:
+		v.Status = runLost
+		v.Detail = lostDetail(*t)
+	case state == "active":
+		v.Status = runTraining
+		if eta, ok := runETA(v.RunState); ok {
+			v.ETA = eta
+		}
+	case (state == "pending" || state == "scheduled") && t.HasProgress && t.Progress.State == "interrupted":
+		v.Status = runRequeued
+		v.Detail = scheduler.OneLine(t.Progress.Message, 120)
+	case state == "pending" || state == "scheduled":
+		v.Status = runQueued
+	case state == "retry":
+		v.Status = runRetrying
+		v.Detail = fmt.Sprintf("attempt %d of %d failed: %s", t.Retried, t.MaxRetry+1, scheduler.OneLine(t.LastErr, 160))
+	case v.Done:
+		v.Status = runDone
+	case state == "archived" && t.Cancelled:
+		v.Status = runCancelled
+		v.Detail = "by sched cancel; 'sched enqueue train " + v.Run + "' resumes it from its last checkpoint"
+	case state == "archived":
+		v.Status = runFailed
+		v.Detail = scheduler.OneLine(t.LastErr, 160)
+	case !v.HasState:
+		v.Status = runNotStarted
+	default:
+		v.Status = runStopped
+		v.Detail = "no segment is queued; 'sched enqueue train " + v.Run + "' resumes it from its last checkpoint"
+	}
+}
+
+// lostDetail names the worker that stopped heartbeating.
+func lostDetail(t scheduler.TaskStatus) string {
+	who := "its worker"
+	if t.HasProgress && t.Progress.Worker != "" {
+		who = "worker " + t.Progress.Worker
+	}
+	return who + " stopped heartbeating; the task runs again once a worker on queue " + t.Queue + " recovers it"
+}
+
+// line is the run's one-line status.
+func (v runView) line(now time.Time) string {
+	parts := []string{v.Run, v.Status}
+	if v.HasState {
+		step := fmt.Sprintf("step %d/%d", v.Step, v.Total)
+		if v.Total > 0 {
+			step += fmt.Sprintf(" (%.1f%%)", 100*float64(v.Step)/float64(v.Total))
+		}
+		parts = append(parts, step)
+		if v.Loss > 0 {
+			parts = append(parts, fmt.Sprintf("loss %.4f", v.Loss))
+		}
+		if v.Status == runTraining && v.TokPerS > 0 {
+			parts = append(parts, formatRate(v.TokPerS, "tok"))
+		}
+		if v.ETA > 0 {
+			parts = append(parts, "ETA "+formatETA(v.ETA))
+		}
+		if v.Checkpoint >= 0 {
+			ck := fmt.Sprintf("last checkpoint step %d", v.Checkpoint)
+			if !v.CheckpointAt.IsZero() {
+				ck += " at " + v.CheckpointAt.Format(time.RFC3339)
+			}
+			parts = append(parts, ck)
+		} else {
+			parts = append(parts, "no checkpoint yet")
+		}
+		if v.Status == runTraining && v.Worker != "" {
+			parts = append(parts, "on "+v.Worker)
+		}
+		if v.Status != runTraining && v.Status != runDone && !v.Updated.IsZero() {
+			parts = append(parts, "last report "+formatAge(v.Updated, now))
+		}
+	}
+	if v.Detail != "" {
+		parts = append(parts, v.Detail)
+	}
+	return strings.Join(parts, "  ")
+}

@@ -1,0 +1,222 @@
+package scheduler
+
+import (
+	"sort"
+	"time"
+)
+
+// DatasetProgress is one token store's ingest as the queues hold it: its
+// files (one ingest:shard task each, then one ingest:append), how many are
+// done, the bytes behind them, and the rate and ETA they imply.
+type DatasetProgress struct {
+	Store   string
+	Dataset string
+	// Planning is set while an ingest:plan of the store waits or runs: more
+	// files may still be queued.
+	Planning bool
+	// Files is every file queued for the store. A file is Done once it is
+	// appended (or found already appended, or recorded as skipped), Failed
+	// once its shard or append task is archived, Running while either task
+	// runs, and Waiting otherwise.
+	Files, Done, Failed, Running, Waiting int
+	// Bytes and DoneBytes are the files' download sizes; SizesKnown is
+	// false when a source did not publish every file's size, and the rate
+	// then counts files.
+	Bytes, DoneBytes, FailedBytes int64
+	SizesKnown                    bool
+	// Tokens is what the done files appended.
+	Tokens int64
+	// Started is when the store's first file task started; Last when its
+	// latest file finished.
+	Started, Last time.Time
+	// Rate is bytes per second (files per second without SizesKnown) from
+	// Started to Last, or to the snapshot while files remain.
+	Rate float64
+	// ETA is the time the remaining files take at Rate; zero when unknown
+	// or when no file is running (no worker, or all waiting to retry).
+	ETA time.Duration
+}
+
+// Remaining is the files neither done nor failed.
+func (d DatasetProgress) Remaining() int { return d.Files - d.Done - d.Failed }
+
+type ingestFile struct {
+	dataset      string
+	size         int64
+	shard, apnd  *TaskStatus
+	tokens       int64
+	startedShard time.Time
+}
+
+// Datasets groups the ingest tasks by token store, sorted by store name.
+func (s *Snapshot) Datasets() []DatasetProgress {
+	type key struct{ store, file string }
+	files := map[key]*ingestFile{}
+	byStore := map[string]*DatasetProgress{}
+	store := func(name string) *DatasetProgress {
+		d := byStore[name]
+		if d == nil {
+			d = &DatasetProgress{Store: name, SizesKnown: true}
+			byStore[name] = d
+		}
+		return d
+	}
+	file := func(k key) *ingestFile {
+		f := files[k]
+		if f == nil {
+			f = &ingestFile{}
+			files[k] = f
+		}
+		return f
+	}
+	for i := range s.Tasks {
+		t := &s.Tasks[i]
+		switch t.Kind {
+		case KindIngestPlan:
+			a, err := DecodeTask[IngestPlan](t.Payload)
+			if err != nil {
+				continue
+			}
+			name := a.Store
+			if name == "" {
+				name = lastElem(a.Dataset)
+			}
+			d := store(name)
+			if d.Dataset == "" {
+				d.Dataset = a.Dataset
+			}
+			if t.State != "completed" && t.State != "archived" {
+				d.Planning = true
+			}
+		case KindIngestShard:
+			a, err := DecodeTask[IngestShard](t.Payload)
+			if err != nil {
+				continue
+			}
+			id := a.ShardID
+			if id == "" {
+				id = a.Path
+			}
+			d := store(a.Store)
+			if d.Dataset == "" {
+				d.Dataset = a.Dataset
+			}
+			f := file(key{a.Store, id})
+			f.dataset, f.size, f.shard = a.Dataset, a.Size, t
+			if t.HasProgress {
+				f.startedShard = t.Progress.Started
+			}
+		case KindIngestAppend:
+			a, err := DecodeTask[IngestAppend](t.Payload)
+			if err != nil {
+				continue
+			}
+			store(a.Store)
+			f := file(key{a.Store, a.ShardID})
+			f.apnd, f.tokens = t, a.Tokens
+		}
+	}
+	for k, f := range files {
+		d := store(k.store)
+		if f.shard == nil {
+			// An append whose shard task retention already dropped: its
+			// file still counts, with an unknown size.
+			d.SizesKnown = false
+		} else if f.size <= 0 {
+			d.SizesKnown = false
+		}
+		d.Files++
+		d.Bytes += f.size
+		if !f.startedShard.IsZero() && (d.Started.IsZero() || f.startedShard.Before(d.Started)) {
+			d.Started = f.startedShard
+		}
+		switch fileState(f) {
+		case "done":
+			d.Done++
+			d.DoneBytes += f.size
+			d.Tokens += f.tokens
+			end := f.finished()
+			if end.After(d.Last) {
+				d.Last = end
+			}
+		case "failed":
+			d.Failed++
+			d.FailedBytes += f.size
+		case "running":
+			d.Running++
+		default:
+			d.Waiting++
+		}
+	}
+	out := make([]DatasetProgress, 0, len(byStore))
+	for _, d := range byStore {
+		d.rate(s.At)
+		out = append(out, *d)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Store < out[j].Store })
+	return out
+}
+
+// fileState is one file's place in the two-task pipeline.
+func fileState(f *ingestFile) string {
+	for _, t := range []*TaskStatus{f.shard, f.apnd} {
+		if t != nil && t.State == "archived" {
+			return "failed"
+		}
+	}
+	for _, t := range []*TaskStatus{f.shard, f.apnd} {
+		if t != nil && t.State == "active" {
+			return "running"
+		}
+	}
+	switch {
+	case f.apnd != nil && f.apnd.State == "completed":
+		return "done"
+	case f.apnd == nil && f.shard != nil && f.shard.State == "completed":
+		// A completed shard queues its append before it completes, so a
+		// completed shard without one found its file already in the store.
+		return "done"
+	}
+	return "waiting"
+}
+
+func (f *ingestFile) finished() time.Time {
+	if f.apnd != nil {
+		return f.apnd.Finished
+	}
+	return f.shard.Finished
+}
+
+// rate sets Rate and ETA: the work done over the time since the first
+// file started, up to the last finish once nothing is left, else up to now.
+func (d *DatasetProgress) rate(now time.Time) {
+	if d.Started.IsZero() || d.Done == 0 {
+		return
+	}
+	end := now
+	if d.Remaining() == 0 {
+		end = d.Last
+	}
+	secs := end.Sub(d.Started).Seconds()
+	if secs <= 0 {
+		return
+	}
+	done, left := float64(d.Done), float64(d.Remaining())
+	if d.SizesKnown {
+		done = float64(d.DoneBytes)
+		left = float64(d.Bytes - d.DoneBytes - d.FailedBytes)
+	}
+	d.Rate = done / secs
+	if d.Running > 0 && d.Rate > 0 && left > 0 {
+		d.ETA = time.Duration(left / d.Rate * float64(time.Second))
+	}
+}
+
+func lastElem(s string) string {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '/' {
+			return s[i+1:]
+		}
+	}
+	return s
+}

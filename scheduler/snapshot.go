@@ -1,0 +1,339 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// Snapshot is every kiln task in the queues, with its last progress, and
+// the worker processes that heartbeat, read in one pass so that the
+// figures `sched status` derives from it (running tasks, datasets,
+// failures, runs) agree with one another.
+type Snapshot struct {
+	// At is when the snapshot was read; ages and rates are measured to it.
+	At     time.Time
+	Queues []QueueStatus
+	// Tasks holds the tasks of every state and queue.
+	Tasks []TaskStatus
+	// Workers are the worker processes whose heartbeat is current.
+	Workers []WorkerProcess
+}
+
+// WorkerProcess is one worker process: asynq runs a server per queue in it
+// (worker.New), all sharing the process's host and pid.
+type WorkerProcess struct {
+	// Name is host:pid, the name the process writes in progress records.
+	Name string
+	// Queues maps each queue the process serves to its concurrency.
+	Queues map[string]int
+	// Active is the number of tasks it is running.
+	Active  int
+	Started time.Time
+}
+
+// snapshotPage is how many tasks one inspector call lists.
+const snapshotPage = 1000
+
+// Snapshot reads every task and live worker. Completed tasks are kept for
+// their kind's retention, so a large ingest lists thousands; they are read
+// in pages, and their progress records with one MGET per page.
+func (c *Client) Snapshot(ctx context.Context) (*Snapshot, error) {
+	s := &Snapshot{At: time.Now()}
+	known, err := c.knownQueues()
+	if err != nil {
+		return nil, err
+	}
+	type lister func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error)
+	for _, q := range Queues {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		qs := QueueStatus{Name: q}
+		if !known[q] {
+			s.Queues = append(s.Queues, qs)
+			continue
+		}
+		info, err := c.insp.GetQueueInfo(q)
+		if err != nil {
+			return nil, fmt.Errorf("status of queue %s: %w", q, err)
+		}
+		qs.Pending, qs.Active, qs.Scheduled = info.Pending, info.Active, info.Scheduled
+		qs.Retry, qs.Archived, qs.Completed, qs.Paused = info.Retry, info.Archived, info.Completed, info.Paused
+		qs.Size = qs.Pending + qs.Active + qs.Scheduled + qs.Retry
+		var infos []*asynq.TaskInfo
+		for _, list := range []lister{c.insp.ListActiveTasks, c.insp.ListPendingTasks, c.insp.ListScheduledTasks,
+			c.insp.ListRetryTasks, c.insp.ListArchivedTasks, c.insp.ListCompletedTasks} {
+			for page := 1; ; page++ {
+				tis, err := list(q, asynq.PageSize(snapshotPage), asynq.Page(page))
+				if err != nil {
+					return nil, fmt.Errorf("tasks of queue %s: %w", q, err)
+				}
+				infos = append(infos, tis...)
+				if len(tis) < snapshotPage {
+					break
+				}
+			}
+		}
+		tasks, err := c.taskStatuses(ctx, infos)
+		if err != nil {
+			return nil, err
+		}
+		for _, ts := range tasks {
+			if ts.State == "active" {
+				qs.Running = append(qs.Running, ts)
+			}
+		}
+		s.Tasks = append(s.Tasks, tasks...)
+		s.Queues = append(s.Queues, qs)
+	}
+	servers, err := c.insp.Servers()
+	if err != nil {
+		return nil, fmt.Errorf("list workers: %w", err)
+	}
+	s.Workers = workerProcesses(servers)
+	s.markLost(servers)
+	for i := range s.Queues {
+		for j := range s.Queues[i].Running {
+			s.Queues[i].Running[j] = s.task(s.Queues[i].Running[j].ID)
+		}
+	}
+	return s, nil
+}
+
+// taskStatuses converts infos, reading their progress records and, for
+// archived tasks, their cancel marks in one round trip each.
+func (c *Client) taskStatuses(ctx context.Context, infos []*asynq.TaskInfo) ([]TaskStatus, error) {
+	ids := make([]string, len(infos))
+	for i, ti := range infos {
+		ids[i] = ti.ID
+	}
+	progress, err := ReadProgressMany(ctx, c.rdb, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TaskStatus, len(infos))
+	var archived []int
+	for i, ti := range infos {
+		out[i] = newTaskStatus(ti)
+		if p, ok := progress[ti.ID]; ok {
+			out[i].Progress, out[i].HasProgress = p, true
+		}
+		if ti.State == asynq.TaskStateArchived {
+			archived = append(archived, i)
+		}
+	}
+	if len(archived) > 0 {
+		pipe := c.rdb.Pipeline()
+		marks := make([]*redis.IntCmd, len(archived))
+		for k, i := range archived {
+			marks[k] = pipe.Exists(ctx, cancelKey(out[i].ID))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, fmt.Errorf("read cancel marks: %w", err)
+		}
+		for k, i := range archived {
+			out[i].Cancelled = marks[k].Val() > 0
+		}
+	}
+	return out, nil
+}
+
+func workerProcesses(servers []*asynq.ServerInfo) []WorkerProcess {
+	byName := map[string]*WorkerProcess{}
+	for _, s := range servers {
+		name := s.Host + ":" + strconv.Itoa(s.PID)
+		wp := byName[name]
+		if wp == nil {
+			wp = &WorkerProcess{Name: name, Queues: map[string]int{}, Started: s.Started}
+			byName[name] = wp
+		}
+		for q := range s.Queues {
+			wp.Queues[q] += s.Concurrency
+		}
+		wp.Active += len(s.ActiveWorkers)
+		if s.Started.Before(wp.Started) {
+			wp.Started = s.Started
+		}
+	}
+	out := make([]WorkerProcess, 0, len(byName))
+	for _, wp := range byName {
+		out = append(out, *wp)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// markLost flags running tasks whose worker is gone. asynq says so itself
+// once the task's lease has lapsed (IsOrphaned, 30s after the last
+// renewal); sooner than that, a task no live server lists as its own,
+// whose progress record names a worker process that no longer heartbeats
+// (asynq drops a server 10s after its last heartbeat), is lost too. A task
+// just taken by a live worker is listed by its server within a heartbeat
+// (5s) and its record names that live process, so it never reads as lost.
+func (s *Snapshot) markLost(servers []*asynq.ServerInfo) {
+	live := map[string]bool{}
+	held := map[string]bool{}
+	for _, sv := range servers {
+		live[sv.Host+":"+strconv.Itoa(sv.PID)] = true
+		for _, w := range sv.ActiveWorkers {
+			held[w.TaskID] = true
+		}
+	}
+	for i := range s.Tasks {
+		t := &s.Tasks[i]
+		if t.State != "active" {
+			continue
+		}
+		t.Lost = t.Orphaned || (!held[t.ID] && t.HasProgress && t.Progress.Worker != "" && !live[t.Progress.Worker])
+	}
+}
+
+func (s *Snapshot) task(id string) TaskStatus {
+	for _, t := range s.Tasks {
+		if t.ID == id {
+			return t
+		}
+	}
+	return TaskStatus{ID: id}
+}
+
+// Running returns the active tasks, lost ones included (their Lost set).
+func (s *Snapshot) Running() []TaskStatus {
+	var out []TaskStatus
+	for _, t := range s.Tasks {
+		if t.State == "active" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// Failures returns the failures since the given time, newest first: tasks
+// archived for good and tasks waiting to retry, each with its last error.
+// A cancelled task is not a failure and is left out.
+func (s *Snapshot) Failures(since time.Time) []TaskStatus {
+	var out []TaskStatus
+	for _, t := range s.Tasks {
+		if (t.State == "archived" || t.State == "retry") && !t.Cancelled && !t.LastFailed.Before(since) && !t.LastFailed.IsZero() {
+			out = append(out, t)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].LastFailed.After(out[j].LastFailed) })
+	return out
+}
+
+// Serves reports whether a live worker process serves queue q.
+func (s *Snapshot) Serves(q string) bool {
+	for _, w := range s.Workers {
+		if w.Queues[q] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// RunTask is the newest train:segment task of a training run.
+type RunTask struct {
+	Task TaskStatus
+	// FromStep is the checkpoint step the segment starts from.
+	FromStep int64
+}
+
+// RunTasks returns, per training run, its newest segment task: the one
+// that starts from the latest step, and among tasks of that step the one
+// still waiting or running over a finished one (an enqueue of a cancelled
+// run queues the same segment again).
+func (s *Snapshot) RunTasks() map[string]RunTask {
+	out := map[string]RunTask{}
+	for _, t := range s.Tasks {
+		if t.Kind != KindTrainSegment {
+			continue
+		}
+		a, err := DecodeTask[TrainSegment](t.Payload)
+		if err != nil {
+			continue
+		}
+		cur, ok := out[a.Run]
+		if !ok || a.FromStep > cur.FromStep || (a.FromStep == cur.FromStep && newer(t, cur.Task)) {
+			out[a.Run] = RunTask{Task: t, FromStep: a.FromStep}
+		}
+	}
+	return out
+}
+
+// newer orders two tasks of the same segment: live before finished, then
+// the later finish.
+func newer(a, b TaskStatus) bool {
+	la, lb := a.State != "completed" && a.State != "archived", b.State != "completed" && b.State != "archived"
+	if la != lb {
+		return la
+	}
+	return a.Finished.After(b.Finished)
+}
+
+// DecodeTask reads a payload of any version-1 envelope into A without the
+// policy check Decode makes: the status commands show tasks a newer or
+// older build queued, and must not fail on them.
+func DecodeTask[A Args](payload []byte) (A, error) {
+	var a A
+	var env envelope
+	if err := json.Unmarshal(payload, &env); err != nil {
+		return a, err
+	}
+	err := json.Unmarshal(env.Args, &a)
+	return a, err
+}
+
+// Subject names what a task works on, for one-line listings: a run, a
+// dataset's file, a store, a tokenizer. Empty when the payload cannot be read.
+func Subject(kind string, payload []byte) string {
+	switch kind {
+	case KindTrainSegment:
+		if a, err := DecodeTask[TrainSegment](payload); err == nil {
+			return fmt.Sprintf("run %s from step %d", a.Run, a.FromStep)
+		}
+	case KindIngestPlan:
+		if a, err := DecodeTask[IngestPlan](payload); err == nil {
+			return "plan " + a.Dataset
+		}
+	case KindIngestShard:
+		if a, err := DecodeTask[IngestShard](payload); err == nil {
+			return a.Dataset + " " + a.Path
+		}
+	case KindIngestAppend:
+		if a, err := DecodeTask[IngestAppend](payload); err == nil {
+			return "append " + a.Source + " to " + a.Store
+		}
+	case KindTokenizerSample:
+		if a, err := DecodeTask[TokenizerSample](payload); err == nil {
+			return "tokenizer " + a.Name + " sample " + a.Dataset
+		}
+	case KindTokenizerTrain:
+		if a, err := DecodeTask[TokenizerTrain](payload); err == nil {
+			return "tokenizer " + a.Name
+		}
+	case KindBenchRun:
+		if a, err := DecodeTask[BenchRun](payload); err == nil {
+			return strings.TrimSpace("bench " + a.Sweep + " " + a.Model)
+		}
+	}
+	return ""
+}
+
+// OneLine is the first line of an error message, cut to n runes, for a
+// listing of one line per failure.
+func OneLine(msg string, n int) string {
+	msg, _, _ = strings.Cut(strings.TrimSpace(msg), "\n")
+	if r := []rune(msg); len(r) > n {
+		msg = string(r[:n-1]) + "…"
+	}
+	return msg
+}

@@ -132,8 +132,11 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.S3Endpoint != "" {
+		if strings.Contains(c.S3Endpoint, "@") {
+			return &ConfigError{"S3Endpoint", "KILN_S3_ENDPOINT", fmt.Sprintf("%q must be host:port: credentials go in KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY", redact.URL(c.S3Endpoint))}
+		}
 		if strings.Contains(c.S3Endpoint, "://") || strings.Contains(c.S3Endpoint, "/") {
-			return &ConfigError{"S3Endpoint", "KILN_S3_ENDPOINT", fmt.Sprintf("%q must be host:port without scheme or path (use KILN_S3_SECURE=true for https)", c.S3Endpoint)}
+			return &ConfigError{"S3Endpoint", "KILN_S3_ENDPOINT", fmt.Sprintf("%q must be host:port without scheme or path (use KILN_S3_SECURE=true for https)", redact.URL(c.S3Endpoint))}
 		}
 		if c.S3AccessKey == "" || c.S3SecretKey == "" {
 			return &ConfigError{"S3AccessKey", "KILN_S3_ACCESS_KEY", "an S3 endpoint is set but its access key or secret key (KILN_S3_SECRET_KEY) is empty"}

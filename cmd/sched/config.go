@@ -23,6 +23,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -73,6 +74,9 @@ var settings = func() []setting {
 				return nil
 			}},
 		mk("data-dir", "KILN_DATA_DIR", "local data directory (default ./.kiln)", func(c *scheduler.Config) *string { return &c.DataDir }),
+		{"local-roots", "KILN_LOCAL_ROOTS", "directories a worker may read local dataset files from, separated as in PATH (default: the data directory)",
+			func(c *scheduler.Config) string { return strings.Join(c.LocalRoots, string(os.PathListSeparator)) },
+			func(c *scheduler.Config, v string) error { c.LocalRoots = filepath.SplitList(v); return nil }},
 		mk("hf-token", "HF_TOKEN", "Hugging Face token for gated datasets (prefer the environment)", func(c *scheduler.Config) *string { return &c.HFToken }),
 		mk("tokenizer", "KILN_TOKENIZER", "default tokenizer name", func(c *scheduler.Config) *string { return &c.Tokenizer }),
 		{"shutdown-grace", "KILN_SHUTDOWN_GRACE", "time in-flight tasks get to stop after SIGTERM (e.g. 30s, 5m)",
@@ -138,8 +142,8 @@ func init() {
 
 // loadConfig resolves the configuration for cmd: defaults, then the config
 // file, then the environment, then flags given on the command line.
-func loadConfig(cmd *cobra.Command) (scheduler.Config, error) {
-	var cfg scheduler.Config
+func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
+	defer func() { err = redactErr(cfg, err) }()
 	path, explicit := flagValue(cmd, "config")
 	if !explicit {
 		if p := os.Getenv("KILN_CONFIG"); p != "" {
@@ -197,14 +201,15 @@ func flagValue(cmd *cobra.Command, name string) (string, bool) {
 func openQueue(ctx context.Context, cfg scheduler.Config) (*scheduler.Client, asynq.RedisConnOpt, error) {
 	opt, err := asynq.ParseRedisURI(cfg.RedisURL)
 	if err != nil {
-		return nil, nil, badInput("KILN_REDIS_URL %s: %v", cfg.Masked().RedisURL, err)
+		// The parser's error quotes the URL, password and all.
+		return nil, nil, badInput("KILN_REDIS_URL %s: %v", cfg.Masked().RedisURL, redactErr(cfg, err))
 	}
 	c := scheduler.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := c.Ping(pctx); err != nil {
 		c.Close()
-		return nil, nil, badInput("cannot reach Redis at %s (KILN_REDIS_URL or --redis-url): %v; check the URL and that Redis is running", cfg.Masked().RedisURL, err)
+		return nil, nil, badInput("cannot reach Redis at %s (KILN_REDIS_URL or --redis-url): %v; check the URL and that Redis is running", cfg.Masked().RedisURL, redactErr(cfg, err))
 	}
 	return c, opt, nil
 }
@@ -217,15 +222,37 @@ func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
 	}
 	s, err := store.NewS3(store.S3Options{Endpoint: cfg.S3Endpoint, Bucket: cfg.S3Bucket, AccessKey: cfg.S3AccessKey, SecretKey: cfg.S3SecretKey, Secure: cfg.S3Secure, MaxRetries: 2})
 	if err != nil {
-		return nil, err
+		return nil, redactErr(cfg, err)
 	}
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if err := s.Check(cctx); err != nil {
-		return nil, err
+		return nil, redactErr(cfg, err)
 	}
 	return s, nil
 }
+
+// redactErr hides cfg's secrets in err's text, keeping what err wraps for
+// errors.As (whether it is bad input, say): errors from libraries may
+// quote the URL or the key they were given.
+func redactErr(cfg scheduler.Config, err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := cfg.Redact(err.Error())
+	if msg == err.Error() {
+		return err
+	}
+	return redactedError{msg: msg, err: err}
+}
+
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e redactedError) Error() string { return e.msg }
+func (e redactedError) Unwrap() error { return e.err }
 
 // logger builds the zap logger: JSON when not on a terminal (containers,
 // CI), a readable console form on one.

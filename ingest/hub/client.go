@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	secret "github.com/kiln-lm/kiln/internal/redact"
 )
 
 // DefaultEndpoint is the Hub's base URL when HF_ENDPOINT is not set.
@@ -87,7 +89,7 @@ func (c Config) withDefaults() Config {
 func (c Config) validate() error {
 	u, err := url.Parse(c.Endpoint)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return &BadInputError{fmt.Errorf("hub endpoint %q (HF_ENDPOINT) is not an http(s) URL: set it to a base URL such as %s", c.Endpoint, DefaultEndpoint)}
+		return &BadInputError{fmt.Errorf("hub endpoint %q (HF_ENDPOINT) is not an http(s) URL: set it to a base URL such as %s", secret.URL(c.Endpoint), DefaultEndpoint)}
 	}
 	return nil
 }
@@ -119,7 +121,8 @@ func (c *Client) Endpoint() string { return c.cfg.Endpoint }
 
 // DatasetPage is the dataset's page on the Hub, where gated terms are accepted.
 func (c *Client) DatasetPage(repo string) string {
-	return c.cfg.Endpoint + "/datasets/" + repo
+	// Shown to people in errors: never with a password from HF_ENDPOINT.
+	return secret.URL(c.cfg.Endpoint + "/datasets/" + repo)
 }
 
 // checkRedirect drops the token on any hop that leaves the Hub's host:port.
@@ -246,11 +249,11 @@ func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
 		return &GatedError{Repo: repo, Page: c.DatasetPage(repo), HasToken: c.cfg.Token != ""}
 	case resp.StatusCode == http.StatusUnauthorized:
 		if c.cfg.Token != "" {
-			return &BadInputError{fmt.Errorf("the hub refused HF_TOKEN for dataset %s (401): check the token at %s/settings/tokens", repo, c.cfg.Endpoint)}
+			return &BadInputError{fmt.Errorf("the hub refused HF_TOKEN for dataset %s (401): check the token at %s/settings/tokens", repo, secret.URL(c.cfg.Endpoint))}
 		}
 		return &BadInputError{fmt.Errorf("dataset %s needs a token (401): set HF_TOKEN, and accept its terms at %s if it is gated", repo, c.DatasetPage(repo))}
 	case code == "RepoNotFound":
-		return &BadInputError{fmt.Errorf("dataset %s was not found on %s: check its name at %s", repo, c.cfg.Endpoint, c.DatasetPage(repo))}
+		return &BadInputError{fmt.Errorf("dataset %s was not found on %s: check its name at %s", repo, secret.URL(c.cfg.Endpoint), c.DatasetPage(repo))}
 	case code == "RevisionNotFound":
 		return &BadInputError{fmt.Errorf("dataset %s has no such revision (%s): check the revision in the preset", repo, redact(rawURL))}
 	case resp.StatusCode == http.StatusNotFound:
@@ -325,12 +328,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// redact drops the query of a URL: signed CDN URLs carry credentials there.
+// redact drops the query of a URL: signed CDN URLs carry credentials there;
 func redact(raw string) string {
 	if i := strings.IndexByte(raw, '?'); i >= 0 {
-		return raw[:i]
+		raw = raw[:i]
 	}
-	return raw
+	// and an endpoint written with a password (HF_ENDPOINT=https://u:p@host).
+	return secret.URL(raw)
 }
 
 // escapePath escapes each segment of a repository path for a URL.

@@ -150,3 +150,57 @@ func TestWorkCanAlwaysBeQueuedAgain(t *testing.T) {
 		t.Error("Retry of an unknown id succeeded")
 	}
 }
+
+// Live work is what will still happen: queued, running, scheduled or
+// waiting to retry, and not what was archived or completed.
+func TestLiveWorkIsFoundByWhatItMakes(t *testing.T) {
+	r := testsvc.StartRedis(t)
+	opt, err := asynq.ParseRedisURI(r.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(opt)
+	defer c.Close()
+	ctx := context.Background()
+	if ti, err := c.LiveTokenizer(ctx, "mix"); err != nil || ti != nil {
+		t.Fatalf("LiveTokenizer on an empty Redis: %+v %v", ti, err)
+	}
+	if n, err := c.LiveIngest(ctx, "code"); err != nil || n != 0 {
+		t.Fatalf("LiveIngest on an empty Redis: %d %v", n, err)
+	}
+	sample, err := c.Enqueue(ctx, TokenizerSample{Name: "mix", Dataset: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := c.Enqueue(ctx, IngestPlan{Dataset: "d", Store: "code"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []Args{IngestShard{Dataset: "d", Path: "a", Store: "code"}, IngestAppend{Store: "code", ShardID: "x"},
+		IngestShard{Dataset: "e", Path: "b", Store: "prose"}, TokenizerTrain{Name: "other"}} {
+		if _, err := c.Enqueue(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ti, err := c.LiveTokenizer(ctx, "mix"); err != nil || ti == nil || ti.ID != sample.ID {
+		t.Errorf("LiveTokenizer(mix) = %+v %v; want the sampling task", ti, err)
+	}
+	if ti, err := c.LiveTokenizer(ctx, "other"); err != nil || ti == nil || ti.Type != KindTokenizerTrain {
+		t.Errorf("LiveTokenizer(other) = %+v %v; want the training task", ti, err)
+	}
+	if n, err := c.LiveIngest(ctx, "code"); err != nil || n != 3 {
+		t.Errorf("LiveIngest(code) = %d %v; want its plan, shard and append", n, err)
+	}
+	if _, err := c.Cancel(ctx, plan.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Cancel(ctx, sample.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.LiveIngest(ctx, "code"); err != nil || n != 2 {
+		t.Errorf("LiveIngest(code) after cancelling the plan = %d %v; want 2", n, err)
+	}
+	if ti, err := c.LiveTokenizer(ctx, "mix"); err != nil || ti != nil {
+		t.Errorf("LiveTokenizer(mix) after its cancel = %+v %v; want none", ti, err)
+	}
+}

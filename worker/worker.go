@@ -184,16 +184,43 @@ type interruptedError struct{ err error }
 func (e *interruptedError) Error() string { return "interrupted by worker shutdown: " + e.err.Error() }
 func (e *interruptedError) Unwrap() error { return e.err }
 
-func isFailure(err error) bool {
-	var ie *interruptedError
-	return !errors.As(err, &ie)
+// WaitError is a handler's answer when its task needs earlier work that is
+// queued or running and not yet done (an ingest whose tokenizer is still
+// being trained, a run whose stores are still being filled): the task is
+// tried again after Every, for as long as it takes, without using up a
+// retry, and `sched status` shows what it waits for.
+type WaitError struct {
+	// For says what the task waits for, e.g. "the ingest of store
+	// fineweb-edu (412 tasks left)".
+	For string
+	// Every is how long until the task looks again. Default 30s.
+	Every time.Duration
 }
 
-// retryDelay re-runs interrupted work at once and backs off otherwise.
+func (e *WaitError) Error() string { return "waiting for " + e.For }
+
+// DefaultWaitEvery is WaitError.Every's default.
+const DefaultWaitEvery = 30 * time.Second
+
+func isFailure(err error) bool {
+	var ie *interruptedError
+	var we *WaitError
+	return !errors.As(err, &ie) && !errors.As(err, &we)
+}
+
+// retryDelay re-runs interrupted work at once, waiting work after its
+// interval, and backs off otherwise.
 func retryDelay(n int, err error, t *asynq.Task) time.Duration {
 	var ie *interruptedError
 	if errors.As(err, &ie) {
 		return 0
+	}
+	var we *WaitError
+	if errors.As(err, &we) {
+		if we.Every <= 0 {
+			return DefaultWaitEvery
+		}
+		return we.Every
 	}
 	return scheduler.RetryDelay(n, err, t)
 }
@@ -238,6 +265,10 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				err = &interruptedError{err}
 				rep.finish("interrupted", err.Error())
 				log.Warn("task interrupted; re-queued", zap.Error(err))
+				return
+			case errors.As(err, new(*WaitError)):
+				rep.finish("waiting", err.Error())
+				log.Info("task waits for earlier work; tried again later", zap.Error(err))
 				return
 			case scheduler.IsCancelled(context.Background(), w.rdb, id):
 				err = fmt.Errorf("cancelled by sched cancel: %w (%w)", err, asynq.SkipRetry)

@@ -1,0 +1,106 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/hibiken/asynq"
+)
+
+// Live work is what is running, queued, scheduled or waiting out a retry:
+// work that will still happen. A step that needs an earlier one (an ingest
+// its tokenizer, a run its stores) asks these, at enqueue to accept it and
+// on the worker to wait for it.
+
+// liveLists are the inspector's lists of live tasks.
+func (c *Client) liveLists() []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error) {
+	return []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
+		c.insp.ListActiveTasks, c.insp.ListPendingTasks, c.insp.ListRetryTasks, c.insp.ListScheduledTasks,
+	}
+}
+
+// live counts queue's live tasks of the given kinds that match accepts, and
+// returns the first (running ones first).
+func (c *Client) live(ctx context.Context, queue string, kinds map[string]bool, match func(*asynq.TaskInfo) bool) (int, *asynq.TaskInfo, error) {
+	known, err := c.knownQueues()
+	if err != nil || !known[queue] {
+		return 0, nil, err
+	}
+	const page = 1000
+	n := 0
+	var first *asynq.TaskInfo
+	for _, list := range c.liveLists() {
+		for p := 1; ; p++ {
+			if err := ctx.Err(); err != nil {
+				return 0, nil, err
+			}
+			tasks, err := list(queue, asynq.Page(p), asynq.PageSize(page))
+			if err != nil {
+				return 0, nil, fmt.Errorf("list the %s queue: %w", queue, err)
+			}
+			for _, ti := range tasks {
+				if kinds[ti.Type] && match(ti) {
+					n++
+					if first == nil {
+						first = ti
+					}
+				}
+			}
+			if len(tasks) < page {
+				break
+			}
+		}
+	}
+	return n, first, nil
+}
+
+// LiveSegment is the task of run's training chain that is live, or nil: a
+// run is one chain of segments, so a second first segment queued beside a
+// live one would start a second chain.
+func (c *Client) LiveSegment(ctx context.Context, run string) (*asynq.TaskInfo, error) {
+	_, ti, err := c.live(ctx, QueueGPU, map[string]bool{KindTrainSegment: true}, func(ti *asynq.TaskInfo) bool {
+		a, err := Decode[TrainSegment](ti.Payload)
+		return err == nil && a.Run == run
+	})
+	return ti, err
+}
+
+// LiveTokenizer is a live task that makes tokenizer name (its sampling or
+// its training), or nil.
+func (c *Client) LiveTokenizer(ctx context.Context, name string) (*asynq.TaskInfo, error) {
+	_, ti, err := c.live(ctx, QueueAppend, map[string]bool{KindTokenizerTrain: true}, func(ti *asynq.TaskInfo) bool {
+		a, err := Decode[TokenizerTrain](ti.Payload)
+		return err == nil && a.Name == name
+	})
+	if ti != nil || err != nil {
+		return ti, err
+	}
+	_, ti, err = c.live(ctx, QueueIngest, map[string]bool{KindTokenizerSample: true}, func(ti *asynq.TaskInfo) bool {
+		a, err := Decode[TokenizerSample](ti.Payload)
+		return err == nil && a.Name == name
+	})
+	return ti, err
+}
+
+// LiveIngest counts the live tasks that fill token store store: its plans,
+// shards and appends.
+func (c *Client) LiveIngest(ctx context.Context, store string) (int, error) {
+	n, _, err := c.live(ctx, QueueIngest, map[string]bool{KindIngestPlan: true, KindIngestShard: true}, func(ti *asynq.TaskInfo) bool {
+		switch ti.Type {
+		case KindIngestPlan:
+			a, err := Decode[IngestPlan](ti.Payload)
+			return err == nil && a.Store == store
+		default:
+			a, err := Decode[IngestShard](ti.Payload)
+			return err == nil && a.Store == store
+		}
+	})
+	if err != nil {
+		return 0, err
+	}
+	m, _, err := c.live(ctx, QueueAppend, map[string]bool{KindIngestAppend: true}, func(ti *asynq.TaskInfo) bool {
+		a, err := Decode[IngestAppend](ti.Payload)
+		return err == nil && a.Store == store
+	})
+	return n + m, err
+}

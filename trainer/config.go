@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -82,8 +83,8 @@ func ParseMixtureEntry(s string) (MixtureEntry, error) {
 	}
 	if ok {
 		v, err := strconv.ParseFloat(w, 64)
-		if err != nil || !(v > 0) {
-			return e, badInput(fmt.Errorf("--tokens %q: the weight after = must be a positive number", s))
+		if err != nil || !(v > 0) || math.IsInf(v, 0) {
+			return e, badInput(fmt.Errorf("--tokens %q: the weight after = must be a finite positive number", s))
 		}
 		e.Weight = v
 	}
@@ -143,6 +144,16 @@ func (c RunConfig) Validate() error {
 	if err != nil {
 		return badInput(fmt.Errorf("model: %w", err))
 	}
+	for _, f := range []struct {
+		key string
+		v   float64
+	}{{"lr", c.LR}, {"floor", c.Floor}, {"clip", c.Clip}, {"weight_decay", c.WeightDecay}, {"beta1", c.Beta1}, {"beta2", c.Beta2}, {"eps", c.Eps}} {
+		// NaN passes every range check below, and an infinite rate or
+		// epsilon would train to NaN a few steps in.
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			return badInput(fmt.Errorf("%s %g: give a finite number", f.key, f.v))
+		}
+	}
 	var msg string
 	switch {
 	case c.Seq < 1 || c.Seq > mc.MaxPositions:
@@ -169,6 +180,8 @@ func (c RunConfig) Validate() error {
 		msg = fmt.Sprintf("eps must be positive, got %g", c.Eps)
 	case c.EvalEvery < 0 || c.CheckpointEvery < 0 || c.LogEvery < 0 || c.EvalBatches < 0:
 		msg = "eval_every, eval_batches, checkpoint_every and log_every must not be negative"
+	case c.Engine != "cpu" && c.Engine != "cuda" && c.Engine != "auto":
+		msg = fmt.Sprintf("engine %q: choose cpu, cuda or auto", c.Engine)
 	case c.Precision != "fp32" && c.Precision != "bf16":
 		msg = fmt.Sprintf("precision %q: choose fp32 or bf16", c.Precision)
 	case len(c.Mixture) == 0:
@@ -178,8 +191,8 @@ func (c RunConfig) Validate() error {
 		return badInput(errors.New(msg))
 	}
 	for i, m := range c.Mixture {
-		if m.Store == "" || !(m.Weight > 0) {
-			return badInput(fmt.Errorf("mixture[%d]: needs a store and a positive weight, got %q weight %g", i, m.Store, m.Weight))
+		if m.Store == "" || !(m.Weight > 0) || math.IsInf(m.Weight, 0) {
+			return badInput(fmt.Errorf("mixture[%d]: needs a store and a finite positive weight, got %q weight %g", i, m.Store, m.Weight))
 		}
 	}
 	return nil
@@ -206,6 +219,16 @@ func LoadRunConfig(path string) (RunConfig, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil {
 		return c, badInput(fmt.Errorf("run config %s: %w (fix the YAML; keys are listed in trainer.RunConfig)", path, err))
+	}
+	// A zero size would read as "absent" and take the default; written
+	// out, it is a mistake to report.
+	var keys map[string]any
+	if err := yaml.Unmarshal(b, &keys); err == nil {
+		for _, k := range []string{"seq", "batch", "accumulate"} {
+			if v, ok := keys[k]; ok && fmt.Sprint(v) == "0" {
+				return c, badInput(fmt.Errorf("run config %s: %s is 0: give at least 1, or leave it out for the default", path, k))
+			}
+		}
 	}
 	return c, nil
 }

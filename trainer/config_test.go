@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,6 +85,15 @@ func TestValidateNamesTheField(t *testing.T) {
 		{func(c *RunConfig) { c.Precision = "fp8" }, "precision"},
 		{func(c *RunConfig) { c.Mixture = nil }, "--tokens"},
 		{func(c *RunConfig) { c.Mixture[0].Weight = -1 }, "mixture[0]"},
+		{func(c *RunConfig) { c.Mixture[0].Weight = math.Inf(1) }, "mixture[0]"},
+		{func(c *RunConfig) { c.LR = math.NaN() }, "lr NaN"},
+		{func(c *RunConfig) { c.LR = math.Inf(1) }, "lr +Inf"},
+		{func(c *RunConfig) { c.Floor = math.NaN() }, "floor NaN"},
+		{func(c *RunConfig) { c.Clip = math.NaN() }, "clip NaN"},
+		{func(c *RunConfig) { c.WeightDecay = math.Inf(1) }, "weight_decay +Inf"},
+		{func(c *RunConfig) { c.Beta2 = math.NaN() }, "beta2 NaN"},
+		{func(c *RunConfig) { c.Eps = math.Inf(1) }, "eps +Inf"},
+		{func(c *RunConfig) { c.Engine = "tpu" }, "engine \"tpu\""},
 	} {
 		c := ok
 		c.Mixture = append([]MixtureEntry(nil), ok.Mixture...)
@@ -111,5 +121,22 @@ func TestParseMixtureEntry(t *testing.T) {
 		if _, err := ParseMixtureEntry(bad); err == nil || !isBadInput(err) {
 			t.Errorf("%q: want a bad-input error, got %v", bad, err)
 		}
+	}
+}
+
+// A size written as 0 in the YAML is refused by key, not taken as absent.
+func TestLoadRunConfigRefusesZeroSizes(t *testing.T) {
+	for _, key := range []string{"seq", "batch", "accumulate"} {
+		path := filepath.Join(t.TempDir(), "run.yaml")
+		os.WriteFile(path, []byte("model: tiny\n"+key+": 0\n"), 0o644)
+		_, err := LoadRunConfig(path)
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), key+" is 0") {
+			t.Errorf("%s: 0: got %v, want a bad-input error naming it", key, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "run.yaml")
+	os.WriteFile(path, []byte("model: tiny\nbatch: 4\n"), 0o644)
+	if c, err := LoadRunConfig(path); err != nil || c.Batch != 4 {
+		t.Errorf("batch 4: %+v, %v", c, err)
 	}
 }

@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -95,8 +98,11 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		return badInput("--seq must be between 1 and the model's %d positions, got %d", c.MaxPositions, f.seq)
 	case f.steps <= 0 || f.warm < 0:
 		return badInput("--steps must be positive and --warmup not negative (got %d, %d)", f.steps, f.warm)
-	case f.peakTFLOPs < 0:
-		return badInput("--peak-tflops must not be negative, got %g (0 looks the GPU up)", f.peakTFLOPs)
+	case f.peakTFLOPs < 0 || math.IsNaN(f.peakTFLOPs) || math.IsInf(f.peakTFLOPs, 0):
+		return badInput("--peak-tflops must be a finite number, not negative, got %g (0 looks the GPU up)", f.peakTFLOPs)
+	}
+	if err := checkEngine(f.engine); err != nil {
+		return err
 	}
 	if f.precision != "fp32" && f.precision != "bf16" {
 		return badInput("--precision: unknown precision %q: choose fp32 or bf16", f.precision)
@@ -142,4 +148,23 @@ func writeProfile(w io.Writer, ms map[string]float64, stepMS float64) {
 	for _, k := range names {
 		fmt.Fprintf(w, "  %-24s %9.3f ms %5.1f%%\n", k, ms[k], 100*ms[k]/total)
 	}
+}
+
+// checkEngine refuses an --engine that is not registered, listing those
+// that are.
+func checkEngine(name string) error {
+	names := append(model.Engines(), "auto")
+	if !slices.Contains(names, name) {
+		return badInput("unknown --engine %q: choose one of %s", name, strings.Join(names, ", "))
+	}
+	return nil
+}
+
+// checkFinite refuses NaN and infinities in a float flag, by name: they
+// pass every comparison a range check makes.
+func checkFinite(flag string, v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return badInput("--%s %g: give a finite number", flag, v)
+	}
+	return nil
 }

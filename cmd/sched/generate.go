@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 
@@ -58,15 +59,13 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 		return badInput("generate needs --prompt TEXT")
 	case f.maxTokens < 0:
 		return badInput("--max-tokens must not be negative, got %d", f.maxTokens)
-	case f.temperature < 0:
-		return badInput("--temperature must not be negative, got %g", f.temperature)
+	case f.temperature < 0 || math.IsNaN(f.temperature) || math.IsInf(f.temperature, 0):
+		return badInput("--temperature must be a finite number, not negative, got %g", f.temperature)
 	case f.topK < 0:
 		return badInput("--top-k must not be negative, got %d", f.topK)
 	}
-	switch f.engine {
-	case "cpu", "cuda", "auto":
-	default:
-		return badInput("unknown --engine %q: choose cpu, cuda or auto", f.engine)
+	if err := checkEngine(f.engine); err != nil {
+		return err
 	}
 	params, err := model.LoadCheckpoint(f.checkpoint)
 	if err != nil {
@@ -91,6 +90,9 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 	if len(ids) == 0 {
 		return badInput("--prompt %q encodes to no tokens", f.prompt)
 	}
+	if len(ids)+f.maxTokens > cfg.MaxPositions {
+		return badInput("--prompt (%d tokens) plus --max-tokens %d exceeds the model's %d positions (max_position_embeddings): lower --max-tokens or shorten the prompt", len(ids), f.maxTokens, cfg.MaxPositions)
+	}
 	prompt := make([]int32, len(ids))
 	for i, id := range ids {
 		prompt[i] = int32(id)
@@ -102,7 +104,7 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 		stop = int32(cfg.EOSTokenID)
 	}
 	eng, err := model.NewEngine(f.engine, cfg, model.Options{Precision: "fp32", MaxBatch: 1, MaxSeq: len(prompt) + f.maxTokens,
-		Log: func(s string) { fmt.Fprintln(errOut, s) }})
+		Purpose: model.PurposeGenerate, Log: func(s string) { fmt.Fprintln(errOut, s) }})
 	if err != nil {
 		return err
 	}

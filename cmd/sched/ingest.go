@@ -76,6 +76,9 @@ pipeline runs here: --store is a directory and --tokenizer a tokenizer.json.`,
 			if err != nil {
 				return badInput("--tokenizer %s: %v", tokPath, err)
 			}
+			if err := requireEOS(tokPath, tok); err != nil {
+				return err
+			}
 			log := newLogger(c.ErrOrStderr())
 			defer log.Sync()
 			opt := ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: strings.TrimSuffix(filepath.Base(tokPath), ".json"),

@@ -194,3 +194,13 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	fmt.Fprintf(errOut, "wrote %s\n", out)
 	return nil
 }
+
+// requireEOS refuses a tokenizer with no end-of-text token for work that
+// separates documents with it (token stores), naming the file and what to
+// add.
+func requireEOS(path string, tk *tokenizer.Tokenizer) error {
+	if _, ok := tk.EOS(); ok {
+		return nil
+	}
+	return badInput("tokenizer %s has no end-of-text token, which separates documents in a token store: add \"<|endoftext|>\" (or </s>) to its added_tokens with \"special\": true, or train one with 'sched tokenizer train --special \"<|endoftext|>\"'", path)
+}

@@ -72,6 +72,9 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 			return err
 		}
 	}
+	if err := checkTrainFlags(cmd, f); err != nil {
+		return err
+	}
 	mergeFlags(cmd, &rc, f)
 	if err := parseTokensFlags(&rc, f.tokens); err != nil {
 		return err
@@ -120,6 +123,33 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 		fmt.Fprintf(out, "step %d, %d tokens; checkpoint %s\n", res.Step, res.Tokens, res.Checkpoint)
 	}
 	return err
+}
+
+// checkTrainFlags refuses, by flag name, sizes given as zero (which the run
+// configuration would read as "absent" and default) and a learning rate
+// that is not a finite positive number.
+func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
+	fl := cmd.Flags()
+	for _, s := range []struct {
+		name string
+		v    int
+	}{{"batch", f.rc.Batch}, {"seq", f.rc.Seq}, {"accumulate", f.rc.Accumulate}} {
+		if fl.Changed(s.name) && s.v < 1 {
+			return badInput("--%s %d: give at least 1, or leave it out for the default", s.name, s.v)
+		}
+	}
+	if fl.Changed("lr") {
+		if err := checkFinite("lr", f.rc.LR); err != nil {
+			return err
+		}
+		if f.rc.LR <= 0 {
+			return badInput("--lr %g: give a positive learning rate", f.rc.LR)
+		}
+	}
+	if fl.Changed("engine") {
+		return checkEngine(f.rc.Engine)
+	}
+	return nil
 }
 
 // mergeFlags copies the flags given on the command line over rc.

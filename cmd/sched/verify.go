@@ -71,21 +71,23 @@ func runVerify(ctx context.Context, out, errOut io.Writer, f verifyFlags) error 
 		return badInput("--precision: %v", err)
 	}
 	for _, o := range []struct {
-		v   float64
-		dst *float64
-	}{{f.lossRel, &tol.LossRel}, {f.logitsRel, &tol.LogitsRel}, {f.gradRel, &tol.GradRel},
-		{f.significant, &tol.Significant}, {f.weightAbs, &tol.WeightAbs}, {f.weightLRs, &tol.WeightLRs}} {
+		flag string
+		v    float64
+		dst  *float64
+	}{{"loss-rtol", f.lossRel, &tol.LossRel}, {"logits-rtol", f.logitsRel, &tol.LogitsRel}, {"grad-rtol", f.gradRel, &tol.GradRel},
+		{"significant", f.significant, &tol.Significant}, {"weight-atol", f.weightAbs, &tol.WeightAbs}, {"weight-lrs", f.weightLRs, &tol.WeightLRs}} {
+		if err := checkFinite(o.flag, o.v); err != nil {
+			return err
+		}
 		if o.v < 0 {
-			return badInput("tolerances must not be negative, got %g", o.v)
+			return badInput("--%s must not be negative, got %g", o.flag, o.v)
 		}
 		if o.v > 0 {
 			*o.dst = o.v
 		}
 	}
-	switch f.engine {
-	case "cpu", "cuda", "auto":
-	default:
-		return badInput("unknown --engine %q: choose cpu, cuda or auto", f.engine)
+	if err := checkEngine(f.engine); err != nil {
+		return err
 	}
 	r, err := model.Verify(ctx, f.golden, model.VerifyOptions{
 		Engine: f.engine, Precision: f.precision, ForceSM80: f.forceSM80, Tol: &tol,

@@ -129,7 +129,18 @@ func benchRun(ctx context.Context, a scheduler.BenchRun) error {
 				*p = n
 			}
 		}
-		if _, err := sh.Config(); err != nil {
+		c, err := sh.Config()
+		if err != nil {
+			return fmt.Errorf("bench:run: %w (%w)", err, asynq.SkipRetry)
+		}
+		// What no card can hold is refused before the engine is asked;
+		// what this device cannot hold, by the engine's own check below.
+		engine := a.Engine
+		if engine == "" {
+			engine = "auto"
+		}
+		plan := model.MemoryPlan{Config: c, Engine: engine, Batch: sh.Batch, Seq: sh.Seq, Purpose: model.PurposeBench}
+		if err := model.CheckMemory(plan, model.LargestGPU, "the largest card kiln supports (an H200, 141 GB)"); err != nil {
 			return fmt.Errorf("bench:run: %w (%w)", err, asynq.SkipRetry)
 		}
 		shapes = []runs.Shape{sh}
@@ -144,6 +155,12 @@ func benchRun(ctx context.Context, a scheduler.BenchRun) error {
 		if err != nil {
 			if ctx.Err() != nil {
 				return err
+			}
+			// One measurement that cannot fit is the payload's mistake;
+			// in a sweep it is a row that says so, beside the others.
+			var me *model.MemoryError
+			if errors.As(err, &me) && len(shapes) == 1 {
+				return fmt.Errorf("bench:run %s: %w (%w)", sh, err, asynq.SkipRetry)
 			}
 			c, _ := sh.Config()
 			row = results.BenchRow{Model: sh.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: sh.Batch, Seq: sh.Seq, Error: err.Error()}

@@ -168,3 +168,29 @@ func checkFinite(flag string, v float64) error {
 	}
 	return nil
 }
+
+// benchFits refuses, at enqueue, a model's bench:run shape that no device
+// kiln supports could hold. The GPU worker's device is unknown here, so the
+// bound is the largest supported card (an H200, 141 GB); the worker checks
+// its own device again before allocating. An unknown model is left to the
+// worker, which archives it naming the models.
+func benchFits(name, engine string, batch, seq int) error {
+	c, err := model.Preset(name)
+	if err != nil {
+		return nil
+	}
+	if err := checkEngine(engine); err != nil {
+		return err
+	}
+	if batch == 0 {
+		batch = 32
+	}
+	if seq == 0 {
+		seq = 1024
+	}
+	if seq > c.MaxPositions {
+		return badInput("--seq %d: model %s takes 1 to %d positions", seq, name, c.MaxPositions)
+	}
+	plan := model.MemoryPlan{Config: c, Engine: engine, Batch: batch, Seq: seq, Purpose: model.PurposeBench}
+	return model.CheckMemory(plan, model.LargestGPU, "the largest card kiln supports (an H200, 141 GB; the worker's device is unknown at enqueue)")
+}

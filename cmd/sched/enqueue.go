@@ -94,8 +94,8 @@ func init() {
 	var isSweep bool
 	bench.Flags().BoolVar(&isSweep, "sweep", false, "the name is a sweep, not a model")
 	var benchBatch, benchSeq, benchSteps, benchWarmup int
-	bench.Flags().IntVar(&benchBatch, "batch", 0, "micro-batch of a model's measurement (0: 32)")
-	bench.Flags().IntVar(&benchSeq, "seq", 0, "sequence length of a model's measurement (0: 1024)")
+	bench.Flags().IntVar(&benchBatch, "batch", 0, "micro-batch of a model's measurement (default 32)")
+	bench.Flags().IntVar(&benchSeq, "seq", 0, "sequence length of a model's measurement (default 1024)")
 	bench.Flags().IntVar(&benchSteps, "steps", 0, "timed steps (0: sched bench's 30)")
 	bench.Flags().IntVar(&benchWarmup, "warmup", -1, "untimed steps first (default: sched bench's 8)")
 	bench.RunE = func(c *cobra.Command, args []string) error {
@@ -111,9 +111,22 @@ func init() {
 		} else {
 			br.Model = args[0]
 		}
+		for _, f := range []struct {
+			name string
+			v    int
+		}{{"batch", benchBatch}, {"seq", benchSeq}, {"steps", benchSteps}} {
+			if c.Flags().Changed(f.name) && f.v == 0 {
+				return badInput("--%s 0: give at least 1, or leave it out for the default", f.name)
+			}
+		}
 		params, err := benchParams(isSweep || args[0] == "sweep", benchBatch, benchSeq, benchSteps, benchWarmup)
 		if err != nil {
 			return err
+		}
+		if br.Model != "" {
+			if err := benchFits(br.Model, br.Engine, benchBatch, benchSeq); err != nil {
+				return err
+			}
 		}
 		br.Params = params
 		return enqueueOne(c, cfg, br)

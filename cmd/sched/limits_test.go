@@ -52,6 +52,11 @@ func TestBadNumbersExitTwoNamingTheFlag(t *testing.T) {
 		{append(golden, "--loss-rtol", "Inf"), []string{"--loss-rtol +Inf", "finite"}},
 		{append(golden, "--grad-rtol", "NaN"), []string{"--grad-rtol NaN"}},
 		{append(golden, "--engine", "tpu"), []string{`"tpu"`}},
+		{[]string{"enqueue", "bench", "tiny", "--batch", "100000000"}, []string{"batch 100000000 x seq 1024", "141 GB", "--batch"}},
+		{[]string{"enqueue", "bench", "tiny", "--batch", "100000000", "--engine", "cpu"}, []string{"cpu engine", "141 GB"}},
+		{[]string{"enqueue", "bench", "tiny", "--batch", "0"}, []string{"--batch 0"}},
+		{[]string{"enqueue", "bench", "tiny", "--seq", "4096"}, []string{"--seq 4096", "1024 positions"}},
+		{[]string{"enqueue", "bench", "tiny", "--engine", "tpu"}, []string{`"tpu"`, "cpu, cuda, auto"}},
 	} {
 		_, errOut, code := sched(t, nil, c.args...)
 		if code != 2 {

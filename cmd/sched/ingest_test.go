@@ -58,7 +58,9 @@ func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
 	os.MkdirAll(src, 0o755)
 	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
 	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"text":"func g() {}"}`+"\n"), 0o644)
-	env := []string{"KILN_REDIS_URL=" + testsvc.StartRedis(t).URL(0), "KILN_DATA_DIR=" + data}
+	// The files are outside the data directory: the worker reads them
+	// only because they are under one of its local roots.
+	env := []string{"KILN_REDIS_URL=" + testsvc.StartRedis(t).URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src}
 	glob := "local:" + filepath.Join(src, "*.jsonl")
 
 	for _, c := range []struct {

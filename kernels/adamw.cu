@@ -25,11 +25,14 @@ extern "C" __global__ void sumsq_final(float* norm, const float* partial, int n)
 // [nodecay[2k], nodecay[2k+1]) (sorted: the vectors, which take none);
 // step_size = lr / (1 - b1^t), bc2_sqrt = sqrt(1 - b2^t). With wbf set it
 // also writes the bf16 copy the GEMMs read, so no conversion pass follows.
+// hp holds b1, b2, eps, decay, clip, step_size, bc2_sqrt in device memory,
+// written before each step, so that a graph replaying this launch reads the
+// step's learning rate and bias corrections.
 extern "C" __global__ void adamw_flat(float* p, float* m, float* v, float* g, bf16* wbf, const float* norm, long long n,
-                                      const long long* nodecay, int nranges, float b1, float b2, float eps, float decay,
-                                      float clip, float step_size, float bc2_sqrt) {
+                                      const long long* nodecay, int nranges, const float* hp) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    float b1 = hp[0], b2 = hp[1], eps = hp[2], decay = hp[3], clip = hp[4], step_size = hp[5], bc2_sqrt = hp[6];
     float nrm = norm[0];
     if (!(fabsf(nrm) <= 3.4e38f)) return; // NaN or Inf: the step is skipped; Metrics reports the norm
     // The last range starting at or before i, by bisection (33 ranges at

@@ -82,17 +82,21 @@ __device__ __forceinline__ void xent_row(L* logits, bf16* dlb, float* losses, co
             st1(logits, row + j, (expf(ld1(logits, row + j) - lse) - (j == t ? 1.0f : 0.0f)) * gscale);
 }
 
-extern "C" __global__ void xent_fwd_bwd(void* logits, bf16* dlb, float* losses, const int* targets, int V, float gscale, int grad, int bf) {
+// gscalep points at the gradient's scale (the caller's scale over the
+// batch's targeted rows): in device memory, so that a graph replaying this
+// launch reads each batch's value.
+extern "C" __global__ void xent_fwd_bwd(void* logits, bf16* dlb, float* losses, const int* targets, int V, const float* gscalep, int grad, int bf) {
+    float gscale = *gscalep;
     if (bf)
         xent_row((bf16*)logits, dlb, losses, targets, V, gscale, grad);
     else
         xent_row((float*)logits, dlb, losses, targets, V, gscale, grad);
 }
 
-// acc[0] += scale * sum(losses): one block, so the sum is deterministic.
-extern "C" __global__ void loss_reduce(float* acc, const float* losses, int N, float scale) {
+// acc[0] += *scale * sum(losses): one block, so the sum is deterministic.
+extern "C" __global__ void loss_reduce(float* acc, const float* losses, int N, const float* scale) {
     float s = 0.0f;
     for (int i = threadIdx.x; i < N; i += blockDim.x) s += losses[i];
     s = block_sum(s);
-    if (threadIdx.x == 0) acc[0] += s * scale;
+    if (threadIdx.x == 0) acc[0] += s * scale[0];
 }

@@ -1,5 +1,14 @@
-// Token embedding: out (N, d) = w[ids] with w (V, d); the backward pass
-// scatters into dw with atomics, since a token may repeat in a batch.
+// Token embedding: out (N, d) = w[ids] with w (V, d). The backward pass adds
+// each row's gradient into its token's row of dw in a fixed order (a token
+// repeats in a batch; atomics would add in whatever order blocks run, and
+// dw would differ from run to run). The host plans it (embedPlan in
+// embedding.go): plan[0] = P items, plan[1] = M long tokens, plan[2] = where
+// the long tokens' entries start; from plan[3] the N positions sorted by
+// (token, position); from plan[3 + N] P items of (start, count, token, slot):
+// count <= 32 sorted positions of one token, added straight into dw when
+// slot < 0 (the token's only item), else summed into row slot of part; at
+// plan[plan[2]] M entries of (token, first slot, slots) that embed_bwd_sum
+// adds up in slot order.
 
 extern "C" __global__ void embed_fwd(float* out, const int* ids, const float* w, int N, int d) {
     int row = blockIdx.x;
@@ -7,8 +16,28 @@ extern "C" __global__ void embed_fwd(float* out, const int* ids, const float* w,
     for (int j = threadIdx.x; j < d; j += blockDim.x) out[dst + j] = w[src + j];
 }
 
-extern "C" __global__ void embed_bwd(float* dw, const int* ids, const float* dout, int N, int d) {
-    int row = blockIdx.x;
-    size_t dst = (size_t)ids[row] * d, src = (size_t)row * d;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) atomicAdd(&dw[dst + j], dout[src + j]);
+// One block an item; blocks past plan[0] return.
+extern "C" __global__ void embed_bwd_items(float* dw, float* part, const int* plan, const float* dout, int N, int d) {
+    if ((int)blockIdx.x >= plan[0]) return;
+    const int* order = plan + 3;
+    const int* it = plan + 3 + N + 4 * blockIdx.x;
+    int start = it[0], count = it[1], token = it[2], slot = it[3];
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int r = 0; r < count; r++) acc += dout[(size_t)order[start + r] * d + j];
+        if (slot < 0) dw[(size_t)token * d + j] += acc;
+        else part[(size_t)slot * d + j] = acc;
+    }
+}
+
+// One block a long token; blocks past plan[1] return.
+extern "C" __global__ void embed_bwd_sum(float* dw, const float* part, const int* plan, int d) {
+    if ((int)blockIdx.x >= plan[1]) return;
+    const int* m = plan + plan[2] + 3 * blockIdx.x;
+    int token = m[0], first = m[1], slots = m[2];
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float acc = 0.0f;
+        for (int k = 0; k < slots; k++) acc += part[(size_t)(first + k) * d + j];
+        dw[(size_t)token * d + j] += acc;
+    }
 }

@@ -111,6 +111,32 @@ type Engine struct {
 	cosT, sinT cuda.Ptr // (positions, D/2)
 	positions  int
 	usedAtOpen int64 // device memory in use once the context existed
+
+	// st is the stream every launch, copy and GEMM of the engine runs on
+	// (sh its handle): a blocking stream, so the synchronous copies on the
+	// legacy stream (Upload, Download) still wait for its work, and the
+	// one a graph can be recorded from.
+	st *cuda.Stream
+	sh uintptr
+	// stage carries the per-step values to the device (graph.go).
+	stage *staging
+	// scal holds the per-step scalars the kernels read (graph.go's scal*).
+	scal cuda.Ptr
+	// graphs: training steps are recorded as CUDA graphs and replayed
+	// (KILN_CUDA_GRAPH, on unless set to off).
+	graphs   bool
+	recorded map[graphKey]*recorded
+	warm     map[graphKey]bool
+	// plan is the embedding backward's plan, made on the host
+	// (embedding.go) in planHost with planCount as scratch; embPart holds
+	// its partial sums and normPart the RMSNorm backwards' per-block dw.
+	plan, embPart, normPart cuda.Ptr
+	planHost, planCount     []int32
+	// GEMMs run on gs with workspace gws: the main stream and e.ws, or
+	// the side stream and its own workspace (overlap.go).
+	gs  uintptr
+	gws cuda.Ptr
+	ov  *overlap
 }
 
 const normBlocks = 1024
@@ -210,6 +236,10 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	graphs, err := parseGraphs(os.Getenv("KILN_CUDA_GRAPH"))
+	if err != nil {
+		return nil, err
+	}
 	drv, err := cuda.LoadDriver()
 	if err != nil {
 		return nil, err
@@ -227,7 +257,8 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	if forceSM80 == "1" {
 		o.ForceSM80 = true
 	}
-	e := &Engine{cfg: c, opt: o, bf16: o.Precision == "bf16", specs: c.Specs(), th: newThread(), launches: map[string]int{}}
+	e := &Engine{cfg: c, opt: o, bf16: o.Precision == "bf16", specs: c.Specs(), th: newThread(), launches: map[string]int{},
+		graphs: graphs, recorded: map[graphKey]*recorded{}, warm: map[graphKey]bool{}}
 	// fp32 precision keeps the exact straightforward attention: the flash
 	// kernels round to bf16 for the tensor cores. KILN_CUDA_ATTENTION=naive
 	// selects it in bf16 too, for comparisons.
@@ -284,6 +315,11 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	if e.fns, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch); err != nil {
 		return err
 	}
+	if e.st, err = dv.NewStream(); err != nil {
+		return err
+	}
+	e.sh = e.st.Handle()
+	e.gs = e.sh
 	if e.lt, err = lt.NewHandle(); err != nil {
 		return err
 	}
@@ -299,14 +335,14 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 		if err != nil {
 			return err
 		}
-		e.lt.Tune(e.gemmTune, func(run func() error) (float32, error) {
-			if err := start.Record(0); err != nil {
+		e.lt.Tune(e.gemmTune, func(stream uintptr, run func() error) (float32, error) {
+			if err := start.Record(stream); err != nil {
 				return 0, err
 			}
 			if err := run(); err != nil {
 				return 0, err
 			}
-			if err := end.Record(0); err != nil {
+			if err := end.Record(stream); err != nil {
 				return 0, err
 			}
 			return start.Elapsed(end)
@@ -338,12 +374,25 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	e.norm = alloc("gradient norm", 4)
 	e.partial = alloc("gradient norm", normBlocks*4)
 	e.ws = alloc("cuBLASLt workspace", wsBytes)
+	e.gws = e.ws
+	e.scal = alloc("step scalars", scalCount*4)
+	maxN := e.maxB * e.maxT
+	e.plan = alloc("embedding gradient plan", int64(embedPlanInts(maxN))*4)
+	e.embPart = alloc("embedding gradient scratch", int64(embedPartRows(maxN))*int64(e.cfg.Hidden)*4)
+	e.normPart = alloc("norm gradient scratch", int64(max(2*dv.SMs, 256))*int64(e.cfg.Hidden)*4)
+	e.planHost, e.planCount = make([]int32, embedPlanInts(maxN)), make([]int32, e.cfg.VocabSize)
 	nodecay := e.noDecayRanges()
 	e.nodecay, e.nranges = alloc("optimizer table", int64(len(nodecay))*8), len(nodecay)/2
 	if err != nil {
 		return err
 	}
 	if err := cuda.Upload(e.dv, e.nodecay, nodecay); err != nil {
+		return err
+	}
+	if e.stage, err = newStaging(dv, max(4*maxN, 4*embedPlanInts(maxN), 4*scalCount)); err != nil {
+		return err
+	}
+	if err := e.newOverlap(); err != nil {
 		return err
 	}
 	e.positions = max(e.cfg.MaxPositions, e.maxT)
@@ -527,7 +576,7 @@ func (e *Engine) noDecayRanges() []int64 {
 	return r
 }
 
-func (e *Engine) zero(p cuda.Ptr, n int64) error { return e.dv.Memset32(p, 0, n) }
+func (e *Engine) zero(p cuda.Ptr, n int64) error { return e.dv.Memset32Async(p, 0, n, e.sh) }
 
 // w returns the fp32 and (in bf16 precision) bf16 address of spec i.
 func (e *Engine) w(i int) operand {
@@ -577,14 +626,14 @@ func actBF(p, b cuda.Ptr) operand { return operand{f32: p, bf: b} }
 // first; accumulation is fp32 either way, and fp32 precision never uses TF32.
 func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cuda.Ptr) error {
 	if !e.bf16 {
-		return e.lt.Gemm(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.ws, wsBytes, 0)
+		return e.lt.Gemm(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.gws, wsBytes, e.gs)
 	}
 	pa, pb, err := e.bfOperands(M, N, K, A, B)
 	if err != nil {
 		return err
 	}
 	return e.timed(e.gemmName("bf16", ta, tb, M, N, K), func() error {
-		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.ws, wsBytes, 0)
+		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.gws, wsBytes, e.gs)
 	})
 }
 
@@ -594,6 +643,9 @@ func (e *Engine) bfOperands(M, N, K int, A, B operand) (cuda.Ptr, cuda.Ptr, erro
 	pa, pb := A.bf, B.bf
 	if (pa == 0 && A.f32 == 0) || (pb == 0 && B.f32 == 0) {
 		return 0, 0, fmt.Errorf("GEMM %dx%dx%d has an operand with neither an fp32 nor a bf16 buffer", M, N, K)
+	}
+	if (pa == 0 || pb == 0) && e.ov != nil && e.ov.now {
+		return 0, 0, fmt.Errorf("GEMM %dx%dx%d on the side stream would convert an operand in the main stream's scratch", M, N, K)
 	}
 	if pa == 0 {
 		if err := e.toBF16(e.a.bfA, A.f32, int64(M)*int64(K)); err != nil {
@@ -615,14 +667,14 @@ func (e *Engine) bfOperands(M, N, K int, A, B operand) (cuda.Ptr, cuda.Ptr, erro
 // sublayer and writing the one leaving it, with no copy between.
 func (e *Engine) gemmAdd(ta, tb bool, M, N, K int, A, B operand, C, D cuda.Ptr) error {
 	if !e.bf16 {
-		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, 1, C, D, e.ws, wsBytes, 0)
+		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, 1, C, D, e.gws, wsBytes, e.gs)
 	}
 	pa, pb, err := e.bfOperands(M, N, K, A, B)
 	if err != nil {
 		return err
 	}
 	return e.timed(e.gemmName("bf16 + residual", ta, tb, M, N, K), func() error {
-		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, 1, C, D, e.ws, wsBytes, 0)
+		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, 1, C, D, e.gws, wsBytes, e.gs)
 	})
 }
 
@@ -633,7 +685,7 @@ func (e *Engine) gemmBF(ta, tb bool, M, N, K int, A, B operand, C cuda.Ptr) erro
 		return fmt.Errorf("GEMM %dx%dx%d to bf16 needs bf16 precision and bf16 operands", M, N, K)
 	}
 	return e.timed(e.gemmName("bf16 -> bf16", ta, tb, M, N, K), func() error {
-		return e.lt.GemmTo(cuda.ComputeF32, cuda.DataBF16, cuda.DataBF16, ta, tb, M, N, K, 1, A.bf, B.bf, 0, C, e.ws, wsBytes, 0)
+		return e.lt.GemmTo(cuda.ComputeF32, cuda.DataBF16, cuda.DataBF16, ta, tb, M, N, K, 1, A.bf, B.bf, 0, C, e.gws, wsBytes, e.gs)
 	})
 }
 
@@ -656,7 +708,7 @@ func (e *Engine) launch3(name string, grid, block cuda.Dim3, args ...any) error 
 		return fmt.Errorf("kernel %s is not loaded", name)
 	}
 	e.launches[name]++
-	return e.timed(name, func() error { return f.Launch(grid, block, 0, 0, args...) })
+	return e.timed(name, func() error { return f.Launch(grid, block, 0, e.sh, args...) })
 }
 
 // gemmName is a GEMM's line in the profile: by shape, so that the table
@@ -673,13 +725,13 @@ func (e *Engine) timed(name string, op func() error) error {
 	if !e.profiling {
 		return op()
 	}
-	if err := e.evA.Record(0); err != nil {
+	if err := e.evA.Record(e.sh); err != nil {
 		return err
 	}
 	if err := op(); err != nil {
 		return err
 	}
-	if err := e.evB.Record(0); err != nil {
+	if err := e.evB.Record(e.sh); err != nil {
 		return err
 	}
 	ms, err := e.evA.Elapsed(e.evB)
@@ -869,6 +921,18 @@ func (e *Engine) Close() error {
 	}
 	err := e.th.do(func() error {
 		var errs []error
+		if e.recorded != nil {
+			errs = append(errs, e.dropGraphs())
+		}
+		if e.stage != nil {
+			errs = append(errs, e.stage.free())
+		}
+		if e.st != nil {
+			errs = append(errs, e.dv.Synchronize(), e.st.Destroy())
+		}
+		if e.ov != nil {
+			errs = append(errs, e.ov.destroy())
+		}
 		if e.mem != nil {
 			errs = append(errs, e.mem.freeAll())
 		}

@@ -63,6 +63,9 @@ func (e *Engine) Generate(prompt []int32, n int, stop int32, s model.Sampling) (
 		logits := make([]float32, V)
 		tokens := prompt
 		for {
+			if err := e.stageIDs(tokens); err != nil {
+				return err
+			}
 			if err := e.forwardGen(model.Batch{B: 1, T: len(tokens), Inputs: tokens}, g); err != nil {
 				return err
 			}

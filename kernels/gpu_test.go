@@ -374,7 +374,8 @@ func TestGenerateMatchesCPU(t *testing.T) {
 	}
 }
 
-// Asking for more device memory than exists names the bytes and what to change.
+// Asking for more device memory than exists is refused before allocating,
+// naming the bytes and what to change.
 func TestOutOfMemoryNamesSizes(t *testing.T) {
 	skipWithoutGPU(t)
 	c := model.Presets["small"]
@@ -382,17 +383,17 @@ func TestOutOfMemoryNamesSizes(t *testing.T) {
 	if err == nil {
 		t.Fatal("an engine for a 4096 x 4096 batch fit on the GPU; the test needs a larger one")
 	}
-	var oom *OOMError
-	if !errors.As(err, &oom) {
-		t.Fatalf("error is not an OOMError: %v", err)
+	var me *model.MemoryError
+	if !errors.As(err, &me) {
+		t.Fatalf("error is not a model.MemoryError: %v", err)
 	}
-	for _, want := range []string{"asked for", "free", "--batch", "--seq"} {
+	for _, want := range []string{"needs", "available", "--batch", "--seq"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %q: %v", want, err)
 		}
 	}
-	if oom.Asked <= oom.Free {
-		t.Errorf("asked %d <= free %d", oom.Asked, oom.Free)
+	if me.Needed <= me.Available {
+		t.Errorf("needed %d <= available %d", me.Needed, me.Available)
 	}
 	var b interface{ BadInput() bool }
 	if !errors.As(err, &b) || !b.BadInput() {

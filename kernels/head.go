@@ -81,6 +81,12 @@ func (e *Engine) allocHead(rows int) error {
 	if rows < 1 {
 		return fmt.Errorf("LM head chunk of %d rows: need at least 1", rows)
 	}
+	// Recorded graphs use the chunk buffers, and chunks of another size
+	// are GEMMs of new shapes, to be tuned outside a recording.
+	if err := e.dropGraphs(); err != nil {
+		return err
+	}
+	clear(e.warm)
 	a := e.a
 	for _, p := range []*cuda.Ptr{&a.logits, &a.dlogitsb} {
 		if *p != 0 {
@@ -120,7 +126,7 @@ func (e *Engine) headGemm(backward, ta, tb bool, M, N, K int, A, B operand, beta
 		return fmt.Errorf("LM head GEMM %dx%dx%d in fp32 has an operand without an fp32 buffer", M, N, K)
 	}
 	return e.timed(name, func() error {
-		return e.lt.Gemm(compute, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.ws, wsBytes, 0)
+		return e.lt.Gemm(compute, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.gws, wsBytes, e.gs)
 	})
 }
 
@@ -160,13 +166,23 @@ func rowsAt(p cuda.Ptr, r, width, size int) cuda.Ptr {
 	return p + cuda.Ptr(int64(r)*int64(width)*int64(size))
 }
 
+// stageTargets puts b's targets in a.tgt and the loss scale, scale over
+// the count targeted rows, in e.scal, for lmHead.
+func (e *Engine) stageTargets(b model.Batch, count int, scale float32) error {
+	if err := stage(e, e.a.tgt, b.Targets); err != nil {
+		return err
+	}
+	return stage(e, e.scal+scalLossScale*4, []float32{scale / float32(count)})
+}
+
 // lmHead runs the LM head over the final norm's output (a.lnf, a.lnfb) of
 // b's N rows, chunk by chunk. headLogits copies each chunk's logits into
-// out (N x V). headLoss and headTrain add scale x the mean loss over the
-// count targeted rows to acc; headTrain also adds the head weight's
-// gradient into the gradients and leaves the final norm's output gradient
-// in a.dln (a.dlnb where dlnBF), for backward.
-func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, acc cuda.Ptr, out []float32) error {
+// out (N x V). headLoss and headTrain add the loss scale times the summed
+// loss to acc, from the targets and scale stageTargets left; headTrain
+// also adds the head weight's gradient into the gradients and leaves the
+// final norm's output gradient in a.dln (a.dlnb where dlnBF), for
+// backward.
+func (e *Engine) lmHead(b model.Batch, pass headPass, acc cuda.Ptr, out []float32) error {
 	a := e.a
 	N, d, V := b.B*b.T, e.cfg.Hidden, e.cfg.VocabSize
 	head := e.headSpec()
@@ -174,13 +190,7 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, 
 	if pass == headLogits && len(out) != N*V {
 		return fmt.Errorf("logits of %d rows need %d values, the output holds %d", N, N*V, len(out))
 	}
-	k := float32(0)
-	if pass != headLogits {
-		if err := cuda.Upload(e.dv, a.tgt, b.Targets); err != nil {
-			return err
-		}
-		k = scale / float32(count)
-	}
+	k := e.scal + scalLossScale*4
 	grad := 0
 	// Without a bf16 gradient buffer (fp32 precision, or a head backward
 	// on fp32 operands) the gradient overwrites the chunk's logits. With
@@ -204,6 +214,9 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, 
 		rows := min(e.headRows, N-r0)
 		lnf := actBF(rowsAt(a.lnf, r0, d, 4), rowsAt(a.lnfb, r0, d, 2))
 		// logits (rows, V) = lnf (rows, d) W^T, W (V, d).
+		if err := e.beforeWrite(readsLogits); err != nil {
+			return err
+		}
 		var err error
 		if bfLogits {
 			err = e.gemmBF(false, true, rows, V, d, lnf, W, a.logits)
@@ -226,7 +239,7 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, count int, scale float32, 
 			continue
 		}
 		// dW (V, d) += dlogits^T (V, rows) lnf (rows, d).
-		if err := e.headGemm(true, true, false, V, d, rows, dlogits, lnf, 1, e.gw(head)); err != nil {
+		if err := e.onSide(readsLogits, func() error { return e.headGemm(true, true, false, V, d, rows, dlogits, lnf, 1, e.gw(head)) }); err != nil {
 			return fmt.Errorf("LM head backward: %w", err)
 		}
 		// dlnf (rows, d) = dlogits (rows, V) W (V, d), into the chunk's rows.

@@ -300,12 +300,18 @@ func BenchmarkLMHead(b *testing.B) {
 				b.Fatal(err)
 			}
 			head := func() error {
-				if err := e.lmHead(batch, headTrain, N, 1, e.lossAcc, nil); err != nil {
+				if err := e.lmHead(batch, headTrain, e.lossAcc, nil); err != nil {
 					return err
 				}
 				return e.dv.Synchronize()
 			}
 			if err := e.th.do(func() error {
+				if err := e.stageIDs(batch.Inputs); err != nil {
+					return err
+				}
+				if err := e.stageTargets(batch, N, 1); err != nil {
+					return err
+				}
 				if err := e.forward(batch); err != nil {
 					return err
 				}

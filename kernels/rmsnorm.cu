@@ -33,9 +33,11 @@ extern "C" __global__ void rmsnorm_bwd_dx(float* dx, bf16* dxb, const float* dy,
     }
 }
 
-// dw[j] += sum over rows of dy * x * r. Rows are split over gridDim.y so
-// that each column gets one atomic per block, not one per row.
-extern "C" __global__ void rmsnorm_bwd_dw(float* dw, const float* dy, const float* x, const float* rstd, int N, int d) {
+// dwp[blockIdx.y][j] = the sum over rows blockIdx.y, + gridDim.y, ... of
+// dy * x * r: each block's share of dw in a row of its own, which
+// rmsnorm_dw_reduce adds up in a fixed order (atomics would add the shares
+// in whatever order the blocks finish, and dw would differ from run to run).
+extern "C" __global__ void rmsnorm_bwd_dw(float* dwp, const float* dy, const float* x, const float* rstd, int N, int d) {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= d) return;
     float acc = 0.0f;
@@ -43,7 +45,28 @@ extern "C" __global__ void rmsnorm_bwd_dw(float* dw, const float* dy, const floa
         size_t i = (size_t)r * d + j;
         acc += dy[i] * x[i] * rstd[r];
     }
-    atomicAdd(&dw[j], acc);
+    dwp[(size_t)blockIdx.y * d + j] = acc;
+}
+
+// dw[j] += the sum of part[g][j] over g < G, in a fixed order: blocks of
+// 1024 threads take 32 columns, each of the 32 warps the rows g = warp,
+// warp + 32, ... in turn, then the first warp adds the 32 sums in warp
+// order.
+extern "C" __global__ void rmsnorm_dw_reduce(float* dw, const float* part, int G, int d) {
+    __shared__ float sh[32][33];
+    int lane = threadIdx.x & 31, s = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
+    float acc = 0.0f;
+    if (c < d) {
+#pragma unroll 4
+        for (int g = s; g < G; g += 32) acc += part[(size_t)g * d + c];
+    }
+    sh[s][lane] = acc;
+    __syncthreads();
+    if (s == 0 && c < d) {
+        float t = sh[0][lane];
+        for (int k = 1; k < 32; k++) t += sh[k][lane];
+        dw[c] += t;
+    }
 }
 
 // Warp-per-row forms for d a multiple of 128 up to 1024 (every preset but
@@ -99,20 +122,19 @@ __device__ __forceinline__ rn4 load4(const bf16* p, long long i) {
 
 // rmsnorm_bwd_dx and rmsnorm_bwd_dw in one pass: a warp takes rows in turn,
 // adds the row's dx into dx (and its bf16 copy into dxb) and keeps its
-// lanes' share of dw in registers; the block sums its warps' shares in
-// shared memory and adds them to dw with one atomic per column. Blocks of
-// 256 threads; any grid. DY is float, or bf16 where the GEMM that makes dy
+// lanes' share of dw in registers; the block sums its warps' shares, in
+// warp order, into its row of dwp (gridDim.x rows of d), which
+// rmsnorm_dw_reduce adds to dw in a fixed order. Blocks of 256 threads
+// (8 warps: the shared rows are sized for that); any grid. DY is float, or bf16 where the GEMM that makes dy
 // writes it in bf16 (rmsnorm_bwd_warp_bf). NV bounds d / 128, the float4s a
 // lane holds of each of x, dy, dx and its dw share: registers grow with it,
 // so the presets' widths get kernels of their own (rmsnorm_bwd_warp_bf4 for
 // d = 512, _bf6 for 768), sized exactly, which can afford to read dx early
 // and still run two blocks an SM.
 template <typename DY, int NV>
-__device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw, const DY* dy, const float* x, const float* w,
+__device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dwp, const DY* dy, const float* x, const float* w,
                                                  const float* rstd, int N, int d) {
-    __shared__ alignas(16) float part[NV * 128];
-    for (int j = threadIdx.x; j < d; j += blockDim.x) part[j] = 0.0f;
-    __syncthreads();
+    __shared__ alignas(16) float part[8 * NV * 128]; // a row of NV * 128 columns per warp
     int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nv = d >> 7;
     rn4 acc[NV];
 #pragma unroll
@@ -159,36 +181,35 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw
             }
         }
     }
+    rn4* mine = (rn4*)(part + (threadIdx.x >> 5) * (NV * 128));
 #pragma unroll
     for (int i = 0; i < NV; i++) {
-        if (i < nv) {
-            int c = (i * 32 + lane) * 4;
-            atomicAdd(&part[c], acc[i].x);
-            atomicAdd(&part[c + 1], acc[i].y);
-            atomicAdd(&part[c + 2], acc[i].z);
-            atomicAdd(&part[c + 3], acc[i].w);
-        }
+        if (i < nv) mine[i * 32 + lane] = acc[i];
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < d; j += blockDim.x) atomicAdd(&dw[j], part[j]);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        float s = part[j];
+        for (int k = 1; k < nw; k++) s += part[k * (NV * 128) + j];
+        dwp[(size_t)blockIdx.x * d + j] = s;
+    }
 }
 
-extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dw, const float* dy, const float* x, const float* w,
+extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dwp, const float* dy, const float* x, const float* w,
                                             const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows<float, RN_MAX>(dx, dxb, dw, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<float, RN_MAX>(dx, dxb, dwp, dy, x, w, rstd, N, d);
 }
 
-extern "C" __global__ void rmsnorm_bwd_warp_bf(float* dx, bf16* dxb, float* dw, const bf16* dy, const float* x, const float* w,
+extern "C" __global__ void rmsnorm_bwd_warp_bf(float* dx, bf16* dxb, float* dwp, const bf16* dy, const float* x, const float* w,
                                                const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows<bf16, RN_MAX>(dx, dxb, dw, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<bf16, RN_MAX>(dx, dxb, dwp, dy, x, w, rstd, N, d);
 }
 
-extern "C" __global__ void rmsnorm_bwd_warp_bf4(float* dx, bf16* dxb, float* dw, const bf16* dy, const float* x, const float* w,
+extern "C" __global__ void rmsnorm_bwd_warp_bf4(float* dx, bf16* dxb, float* dwp, const bf16* dy, const float* x, const float* w,
                                                 const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows<bf16, 4>(dx, dxb, dw, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<bf16, 4>(dx, dxb, dwp, dy, x, w, rstd, N, d);
 }
 
-extern "C" __global__ void rmsnorm_bwd_warp_bf6(float* dx, bf16* dxb, float* dw, const bf16* dy, const float* x, const float* w,
+extern "C" __global__ void rmsnorm_bwd_warp_bf6(float* dx, bf16* dxb, float* dwp, const bf16* dy, const float* x, const float* w,
                                                 const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows<bf16, 6>(dx, dxb, dw, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<bf16, 6>(dx, dxb, dwp, dy, x, w, rstd, N, d);
 }

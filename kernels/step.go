@@ -56,7 +56,8 @@ type genState struct {
 	pos  int // positions filled
 }
 
-// forward runs the model over b (B x T rows) up to the final norm, whose
+// forward runs the model over b (B x T rows, whose ids stageIDs has put in
+// a.ids) up to the final norm, whose
 // output (a.lnf, a.lnfb) lmHead takes chunk by chunk, and leaves every
 // activation the backward pass needs. With g (B = 1) the rows continue the
 // cached sequence at position g.pos, their keys and values join the cache,
@@ -68,9 +69,6 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 	B, T, N := b.B, b.T, b.B*b.T
 	d, H, KV, D, F, V := c.Hidden, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, c.VocabSize
 	qd, kvd := H*D, KV*D
-	if err := cuda.Upload(e.dv, a.ids, b.Inputs); err != nil {
-		return err
-	}
 	if err := e.launch("embed_fwd", N, 128, a.resid[0], a.ids, e.w(0).f32, N, d); err != nil {
 		return err
 	}
@@ -296,21 +294,68 @@ func at(ps []cuda.Ptr, l int) cuda.Ptr {
 	return ps[l]
 }
 
-// ForwardBackward implements model.Engine.
+// stageIDs puts ids in a.ids for forward.
+func (e *Engine) stageIDs(ids []int32) error { return stage(e, e.a.ids, ids) }
+
+// ForwardBackward implements model.Engine: the batch, its loss scale and
+// its embedding gradient's plan go to the device first, then the
+// micro-batch's work runs, recorded as a graph after its first call at
+// this shape (graph.go).
 func (e *Engine) ForwardBackward(b model.Batch, scale float32) error {
 	count, err := e.checkBatch(b, true)
 	if err != nil {
 		return err
 	}
 	return e.th.do(func() error {
-		if err := e.forward(b); err != nil {
+		if err := e.stageIDs(b.Inputs); err != nil {
 			return err
 		}
-		if err := e.lmHead(b, headTrain, count, scale, e.lossAcc, nil); err != nil {
+		if err := e.stageTargets(b, count, scale); err != nil {
 			return err
 		}
-		return e.backward(b)
+		used := embedPlan(b.Inputs, e.planCount, e.planHost)
+		if err := stage(e, e.plan, e.planHost[:used]); err != nil {
+			return err
+		}
+		return e.run(graphKey{b.B, b.T}, func() error {
+			if err := e.forward(b); err != nil {
+				return err
+			}
+			if err := e.lmHead(b, headTrain, e.lossAcc, nil); err != nil {
+				return err
+			}
+			return e.backward(b)
+		})
 	})
+}
+
+// normGrid is the blocks of a warp-per-row RMSNorm backward over N rows:
+// one wave at two blocks an SM, each warp taking rows in turn, and no more
+// blocks than 8-row groups.
+func (e *Engine) normGrid(N int) int { return min(blocks(int64(N), 8), 2*e.dv.SMs) }
+
+// normBackward runs an RMSNorm backward over N rows: dx (and its bf16 copy
+// dxb) gets the input gradient added from dy, the output gradient (bf16
+// for the _bf kernels), and dw the weight's, through each block's share in
+// e.normPart summed in a fixed order. kernel is a warp-per-row kernel, or
+// "" for the block-per-row pair that takes any width (fp32 dy).
+func (e *Engine) normBackward(kernel string, dx, dxb, dw, dy, x, w, rstd cuda.Ptr, N int) error {
+	d := e.cfg.Hidden
+	G := e.normGrid(N)
+	if kernel != "" {
+		if err := e.launch(kernel, G, 256, dx, dxb, e.normPart, dy, x, w, rstd, N, d); err != nil {
+			return err
+		}
+	} else {
+		if err := e.launch("rmsnorm_bwd_dx", N, threadsFor(d), dx, dxb, dy, x, w, rstd, N, d); err != nil {
+			return err
+		}
+		G = min(N, 256)
+		if err := e.launch3("rmsnorm_bwd_dw", cuda.Dim3{X: blocks(int64(d), 256), Y: G}, cuda.Dim3{X: 256}, e.normPart, dy, x, rstd, N, d); err != nil {
+			return err
+		}
+	}
+	return e.launch("rmsnorm_dw_reduce", blocks(int64(d), 32), 1024, dw, e.normPart, G, d)
 }
 
 // backward adds the gradient of the loss from the final norm's output
@@ -323,21 +368,18 @@ func (e *Engine) backward(b model.Batch) error {
 	qd, kvd := H*D, KV*D
 	L := c.Layers
 	scale := float32(1 / math.Sqrt(float64(D)))
-	normThreads := threadsFor(d)
 	normBack := func(x, w, rstd cuda.Ptr, dw cuda.Ptr) error {
+		kernel, dy := "", a.dln
 		if e.warpNorm() {
-			// Enough blocks to fill the device; each warp then takes many
-			// rows, and a block adds its dw share with d atomics.
-			kernel, dy := "rmsnorm_bwd_warp", a.dln
+			kernel = "rmsnorm_bwd_warp"
 			if e.dlnBF() {
 				kernel, dy = e.normBackBF(), a.dlnb
 			}
-			return e.launch(kernel, min(blocks(int64(N), 8), 1024), 256, a.dresid, a.dresidb, dw, dy, x, w, rstd, N, d)
 		}
-		if err := e.launch("rmsnorm_bwd_dx", N, normThreads, a.dresid, a.dresidb, a.dln, x, w, rstd, N, d); err != nil {
+		if err := e.beforeWrite(readsDresid); err != nil {
 			return err
 		}
-		return e.launch3("rmsnorm_bwd_dw", cuda.Dim3{X: blocks(int64(d), 256), Y: min(N, 256)}, cuda.Dim3{X: 256}, dw, a.dln, x, rstd, N, d)
+		return e.normBackward(kernel, a.dresid, a.dresidb, dw, dy, x, w, rstd, N)
 	}
 	if err := e.zero(a.dresid, int64(N*d)); err != nil {
 		return err
@@ -357,8 +399,15 @@ func (e *Engine) backward(b model.Batch) error {
 			// and gradients are consecutive in the flat buffers.
 			dqkv := operand{bf: a.dqkvb}
 			attention = []func() error{
-				func() error { return e.flashBackward(l, B, T, scale) },
-				func() error { return e.gemm(true, false, P, d, N, dqkv, ln1, 1, G(sQ)) },
+				func() error {
+					if err := e.beforeWrite(readsDqkv); err != nil {
+						return err
+					}
+					return e.flashBackward(l, B, T, scale)
+				},
+				func() error {
+					return e.onSide(readsDqkv, func() error { return e.gemm(true, false, P, d, N, dqkv, ln1, 1, G(sQ)) })
+				},
 				func() error { return e.dlnGemm(0, N, P, dqkv, W(sQ)) },
 			}
 		} else {
@@ -384,7 +433,9 @@ func (e *Engine) backward(b model.Batch) error {
 		}
 		steps := []func() error{
 			// MLP: a.dresid is the gradient of resid[l+1] = mid + h Wdown^T.
-			func() error { return e.gemm(true, false, d, F, N, dresid, h, 1, G(sDown)) },
+			func() error {
+				return e.onSide(readsDresid, func() error { return e.gemm(true, false, d, F, N, dresid, h, 1, G(sDown)) })
+			},
 			func() error {
 				if e.bf16 {
 					return e.gemmBF(false, false, N, F, d, dresid, W(sDown), a.dhb)
@@ -393,6 +444,9 @@ func (e *Engine) backward(b model.Batch) error {
 			},
 			func() error {
 				if e.bf16 {
+					if err := e.beforeWrite(readsDgub); err != nil {
+						return err
+					}
 					return e.launch3("swiglu_bwd_gu", e.swigluGrid(N), cuda.Dim3{X: 256}, a.dgub, a.dhb, a.gub[l], N, F)
 				}
 				n := int64(N) * int64(F)
@@ -403,7 +457,7 @@ func (e *Engine) backward(b model.Batch) error {
 					// The gate's and the up projection's gradients, stacked
 					// as their weights are.
 					dgu := operand{bf: a.dgub}
-					if err := e.gemm(true, false, 2*F, d, N, dgu, ln2, 1, G(sGate)); err != nil {
+					if err := e.onSide(readsDgub, func() error { return e.gemm(true, false, 2*F, d, N, dgu, ln2, 1, G(sGate)) }); err != nil {
 						return err
 					}
 					return e.dlnGemm(0, N, 2*F, dgu, W(sGate))
@@ -423,7 +477,9 @@ func (e *Engine) backward(b model.Batch) error {
 			},
 			func() error { return normBack(a.mid[l], W(sLN2).f32, a.rstd2[l], G(sLN2)) },
 			// Attention: a.dresid is now the gradient of mid = resid[l] + y Wo^T.
-			func() error { return e.gemm(true, false, d, qd, N, dresid, y, 1, G(sO)) },
+			func() error {
+				return e.onSide(readsDresid, func() error { return e.gemm(true, false, d, qd, N, dresid, y, 1, G(sO)) })
+			},
 			func() error {
 				if e.flash {
 					return e.gemmBF(false, false, N, qd, d, dresid, W(sO), a.dyb)
@@ -439,28 +495,44 @@ func (e *Engine) backward(b model.Batch) error {
 			}
 		}
 	}
-	return e.launch("embed_bwd", N, 128, e.gw(0), a.ids, a.dresid, N, d)
+	// The tied head's weight gradient (the side stream's) is added to
+	// first, as without the side stream.
+	if err := e.joinSide(); err != nil {
+		return err
+	}
+	// In the order ForwardBackward's plan gives: a block per item, then a
+	// block per token too frequent for one item.
+	if err := e.launch("embed_bwd_items", N, 128, e.gw(0), e.embPart, e.plan, a.dresid, N, d); err != nil {
+		return err
+	}
+	return e.launch("embed_bwd_sum", embedLongMax(N), 128, e.gw(0), e.embPart, e.plan, d)
 }
 
 // Step implements model.Engine: the global norm and AdamW run on the
-// device, and nothing waits for it.
+// device, and nothing waits for it. The step's hyperparameters and bias
+// corrections go to the device first, then its work runs, recorded as a
+// graph after the first call (graph.go).
 func (e *Engine) Step(o model.AdamW) error {
 	return e.th.do(func() error {
-		if err := e.launch("sumsq_partial", normBlocks, 256, e.partial, e.grads, e.n); err != nil {
-			return err
-		}
-		if err := e.launch("sumsq_final", 1, 1024, e.norm, e.partial, normBlocks); err != nil {
-			return err
-		}
 		e.optStep++
 		t := float64(e.optStep)
-		stepSize := float32(o.LR / (1 - math.Pow(o.Beta1, t)))
-		bc2Sqrt := float32(math.Sqrt(1 - math.Pow(o.Beta2, t)))
-		decay := float32(1 - o.LR*o.WeightDecay)
-		// One launch over every parameter, writing the GEMMs' bf16 copy
-		// as it goes (e.wbf is 0 in fp32 precision).
-		return e.launch("adamw_flat", blocks(e.n, 256), 256, e.params, e.m, e.v, e.grads, e.wbf, e.norm, e.n, e.nodecay, e.nranges,
-			float32(o.Beta1), float32(o.Beta2), float32(o.Eps), decay, float32(o.Clip), stepSize, bc2Sqrt)
+		hp := []float32{float32(o.Beta1), float32(o.Beta2), float32(o.Eps), float32(1 - o.LR*o.WeightDecay), float32(o.Clip),
+			float32(o.LR / (1 - math.Pow(o.Beta1, t))), float32(math.Sqrt(1 - math.Pow(o.Beta2, t)))}
+		if err := stage(e, e.scal+scalAdamW*4, hp); err != nil {
+			return err
+		}
+		return e.run(stepGraph, func() error {
+			if err := e.launch("sumsq_partial", normBlocks, 256, e.partial, e.grads, e.n); err != nil {
+				return err
+			}
+			if err := e.launch("sumsq_final", 1, 1024, e.norm, e.partial, normBlocks); err != nil {
+				return err
+			}
+			// One launch over every parameter, writing the GEMMs' bf16
+			// copy as it goes (e.wbf is 0 in fp32 precision).
+			return e.launch("adamw_flat", blocks(e.n, 256), 256, e.params, e.m, e.v, e.grads, e.wbf, e.norm, e.n, e.nodecay, e.nranges,
+				e.scal+scalAdamW*4)
+		})
 	})
 }
 
@@ -471,10 +543,13 @@ func (e *Engine) Logits(b model.Batch) ([]float32, error) {
 	}
 	out := make([]float32, b.B*b.T*e.cfg.VocabSize)
 	err := e.th.do(func() error {
+		if err := e.stageIDs(b.Inputs); err != nil {
+			return err
+		}
 		if err := e.forward(b); err != nil {
 			return err
 		}
-		return e.lmHead(b, headLogits, 0, 0, 0, out)
+		return e.lmHead(b, headLogits, 0, out)
 	})
 	return out, err
 }
@@ -487,13 +562,19 @@ func (e *Engine) EvalLoss(b model.Batch) (float64, error) {
 	}
 	v := make([]float32, 1)
 	err = e.th.do(func() error {
+		if err := e.stageIDs(b.Inputs); err != nil {
+			return err
+		}
+		if err := e.stageTargets(b, count, 1); err != nil {
+			return err
+		}
 		if err := e.forward(b); err != nil {
 			return err
 		}
 		if err := e.zero(e.evalAcc, 1); err != nil {
 			return err
 		}
-		if err := e.lmHead(b, headLoss, count, 1, e.evalAcc, nil); err != nil {
+		if err := e.lmHead(b, headLoss, e.evalAcc, nil); err != nil {
 			return err
 		}
 		return cuda.Download(e.dv, v, e.evalAcc)

@@ -102,10 +102,13 @@ type LtHandle struct {
 	lays  map[[4]int64]uintptr
 
 	tuneN   int
-	timer   func(run func() error) (float32, error)
+	timer   func(stream uintptr, run func() error) (float32, error)
 	scratch func(bytes int64) (Ptr, func(), error)
 	algos   map[product]*algo // nil: the library's own first choice
 	timing  map[product][]float32
+	// frozen refuses to tune: while a stream is captured into a graph, the
+	// candidates' timing would wait on work that is only being recorded.
+	frozen bool
 }
 
 // product is what an algorithm is chosen for: types, transposes and shape.
@@ -259,6 +262,9 @@ func (h *LtHandle) matmul(compute, dtype, ctype int32, ta, tb bool, M, N, K int,
 	}
 	key := product{compute, dtype, ctype, ta, tb, M, N, K}
 	a, known := h.algos[key]
+	if !known && h.tuneN > 0 && h.frozen {
+		return fmt.Errorf("GEMM %s met first while its stream is captured into a graph: it must run once outside the capture, to be tuned", ProductName(ta, tb, M, N, K))
+	}
 	if !known && h.tuneN > 0 {
 		// A product that adds into its own output (beta != 0, D = C)
 		// cannot run twice in place: its candidates write to scratch.
@@ -272,7 +278,7 @@ func (h *LtHandle) matmul(compute, dtype, ctype int32, ta, tb bool, M, N, K int,
 				return err
 			}
 		}
-		a, err = h.tune(key, d, la, lb, lc, wsSize, func(a *algo) error { return run(a, dst) })
+		a, err = h.tune(key, d, la, lb, lc, wsSize, stream, func(a *algo) error { return run(a, dst) })
 		release()
 		if err != nil {
 			return err
@@ -283,17 +289,21 @@ func (h *LtHandle) matmul(compute, dtype, ctype int32, ta, tb bool, M, N, K int,
 }
 
 // Tune makes each product, at its first call, time up to n of cuBLASLt's
-// heuristic candidates (timer runs what it is given and returns
-// milliseconds) and keep the fastest for every later call. The library's
+// heuristic candidates (timer runs what it is given, on the product's
+// stream, and returns milliseconds) and keep the fastest for every later call. The library's
 // first choice is always among them, so a product never gets a slower
 // algorithm than without tuning, to within the timer's noise. A product
 // that adds into its own output is timed writing to a buffer from scratch
 // (bytes asked; release frees it), so that its output is added to once.
 // Different algorithms may sum in a different order: results are not
 // bit-identical to an untuned run's.
-func (h *LtHandle) Tune(n int, timer func(run func() error) (float32, error), scratch func(bytes int64) (Ptr, func(), error)) {
+func (h *LtHandle) Tune(n int, timer func(stream uintptr, run func() error) (float32, error), scratch func(bytes int64) (Ptr, func(), error)) {
 	h.tuneN, h.timer, h.scratch = n, timer, scratch
 }
+
+// Freeze makes a product not tuned yet an error instead of a tuning run,
+// while frozen is set (during a graph capture).
+func (h *LtHandle) Freeze(frozen bool) { h.frozen = frozen }
 
 // Tuned reports, for each product timed so far, the candidates' times in
 // milliseconds (the library's first choice first) and which one won.
@@ -329,7 +339,7 @@ func ProductName(ta, tb bool, M, N, K int) string {
 	return fmt.Sprintf("%dx%dx%d %s%s", M, N, K, t(ta), t(tb))
 }
 
-func (h *LtHandle) tune(key product, d, la, lb, lc uintptr, wsSize int64, run func(*algo) error) (*algo, error) {
+func (h *LtHandle) tune(key product, d, la, lb, lc uintptr, wsSize int64, stream uintptr, run func(*algo) error) (*algo, error) {
 	var pref uintptr
 	if err := ltCheck("cublasLtMatmulPreferenceCreate", h.b.cublasLtMatmulPreferenceCreate(&pref)); err != nil {
 		return nil, err
@@ -359,7 +369,7 @@ func (h *LtHandle) tune(key product, d, la, lb, lc uintptr, wsSize int64, run fu
 		if run(&a) != nil {
 			continue
 		}
-		ms, err := h.timer(func() error {
+		ms, err := h.timer(stream, func() error {
 			for range 3 {
 				if err := run(&a); err != nil {
 					return err

@@ -60,6 +60,10 @@ type Driver struct {
 	cuMemcpyDtoH              func(dst unsafe.Pointer, src uint64, bytes uint64) int32
 	cuMemcpyDtoD              func(dst, src uint64, bytes uint64) int32
 	cuMemsetD32               func(dst uint64, v uint32, n uint64) int32
+	cuMemsetD32Async          func(dst uint64, v uint32, n uint64, stream uintptr) int32
+	cuMemcpyHtoDAsync         func(dst uint64, src unsafe.Pointer, bytes uint64, stream uintptr) int32
+	cuMemAllocHost            func(p *unsafe.Pointer, bytes uint64) int32
+	cuMemFreeHost             func(p unsafe.Pointer) int32
 	cuModuleLoadData          func(m *uintptr, image unsafe.Pointer) int32
 	cuModuleUnload            func(m uintptr) int32
 	cuModuleGetFunction       func(f *uintptr, m uintptr, name *byte) int32
@@ -67,12 +71,21 @@ type Driver struct {
 	cuStreamCreate            func(s *uintptr, flags uint32) int32
 	cuStreamDestroy           func(s uintptr) int32
 	cuStreamSynchronize       func(s uintptr) int32
+	cuStreamWaitEvent         func(s uintptr, e uintptr, flags uint32) int32
 	cuEventCreate             func(e *uintptr, flags uint32) int32
 	cuEventDestroy            func(e uintptr) int32
 	cuEventRecord             func(e uintptr, s uintptr) int32
 	cuEventSynchronize        func(e uintptr) int32
 	cuEventElapsedTime        func(ms *float32, start, end uintptr) int32
 	cuGetErrorName            func(code int32, s **byte) int32
+
+	cuStreamBeginCapture        func(s uintptr, mode int32) int32
+	cuStreamEndCapture          func(s uintptr, g *uintptr) int32
+	cuGraphInstantiateWithFlags func(x *uintptr, g uintptr, flags uint64) int32
+	cuGraphLaunch               func(x uintptr, s uintptr) int32
+	cuGraphExecDestroy          func(x uintptr) int32
+	cuGraphDestroy              func(g uintptr) int32
+	cuGraphGetNodes             func(g uintptr, nodes *uintptr, n *uint64) int32
 }
 
 var (
@@ -112,6 +125,10 @@ func loadDriver(dirs []string) (*Driver, error) {
 		"cuMemcpyDtoH_v2":              &d.cuMemcpyDtoH,
 		"cuMemcpyDtoD_v2":              &d.cuMemcpyDtoD,
 		"cuMemsetD32_v2":               &d.cuMemsetD32,
+		"cuMemsetD32Async":             &d.cuMemsetD32Async,
+		"cuMemcpyHtoDAsync_v2":         &d.cuMemcpyHtoDAsync,
+		"cuMemAllocHost_v2":            &d.cuMemAllocHost,
+		"cuMemFreeHost":                &d.cuMemFreeHost,
 		"cuModuleLoadData":             &d.cuModuleLoadData,
 		"cuModuleUnload":               &d.cuModuleUnload,
 		"cuModuleGetFunction":          &d.cuModuleGetFunction,
@@ -119,12 +136,20 @@ func loadDriver(dirs []string) (*Driver, error) {
 		"cuStreamCreate":               &d.cuStreamCreate,
 		"cuStreamDestroy_v2":           &d.cuStreamDestroy,
 		"cuStreamSynchronize":          &d.cuStreamSynchronize,
+		"cuStreamWaitEvent":            &d.cuStreamWaitEvent,
 		"cuEventCreate":                &d.cuEventCreate,
 		"cuEventDestroy_v2":            &d.cuEventDestroy,
 		"cuEventRecord":                &d.cuEventRecord,
 		"cuEventSynchronize":           &d.cuEventSynchronize,
 		"cuEventElapsedTime_v2":        &d.cuEventElapsedTime,
 		"cuGetErrorName":               &d.cuGetErrorName,
+		"cuStreamBeginCapture_v2":      &d.cuStreamBeginCapture,
+		"cuStreamEndCapture":           &d.cuStreamEndCapture,
+		"cuGraphInstantiateWithFlags":  &d.cuGraphInstantiateWithFlags,
+		"cuGraphLaunch":                &d.cuGraphLaunch,
+		"cuGraphExecDestroy":           &d.cuGraphExecDestroy,
+		"cuGraphDestroy":               &d.cuGraphDestroy,
+		"cuGraphGetNodes":              &d.cuGraphGetNodes,
 	})
 	if err != nil {
 		return nil, err
@@ -320,6 +345,44 @@ func (dv *Device) Memset32(dst Ptr, v uint32, n int64) error {
 	return dv.D.check("cuMemsetD32_v2", dv.D.cuMemsetD32(uint64(dst), v, uint64(n)))
 }
 
+// Memset32Async fills n 32-bit words at dst with v, in stream order.
+func (dv *Device) Memset32Async(dst Ptr, v uint32, n int64, stream uintptr) error {
+	return dv.D.check("cuMemsetD32Async", dv.D.cuMemsetD32Async(uint64(dst), v, uint64(n), stream))
+}
+
+// HostBuffer is page-locked host memory: a copy from it to the device is
+// asynchronous, where one from Go's own (pageable) memory may wait for the
+// device first.
+type HostBuffer struct {
+	dv *Device
+	p  unsafe.Pointer
+	n  int
+}
+
+// AllocHost allocates bytes of page-locked host memory.
+func (dv *Device) AllocHost(bytes int) (*HostBuffer, error) {
+	var p unsafe.Pointer
+	if err := dv.D.check("cuMemAllocHost_v2", dv.D.cuMemAllocHost(&p, uint64(bytes))); err != nil {
+		return nil, err
+	}
+	return &HostBuffer{dv: dv, p: p, n: bytes}, nil
+}
+
+// Bytes is the buffer as a slice; it must not be used after Free.
+func (h *HostBuffer) Bytes() []byte { return unsafe.Slice((*byte)(h.p), h.n) }
+
+// CopyToDevice copies bytes from offset off of the buffer to dst in stream
+// order; the buffer's bytes must stay unchanged until the copy has run.
+func (h *HostBuffer) CopyToDevice(dst Ptr, off, bytes int, stream uintptr) error {
+	if off < 0 || bytes < 0 || off+bytes > h.n {
+		return fmt.Errorf("copy of %d bytes at %d from a %d-byte host buffer", bytes, off, h.n)
+	}
+	return h.dv.D.check("cuMemcpyHtoDAsync_v2", h.dv.D.cuMemcpyHtoDAsync(uint64(dst), unsafe.Add(h.p, off), uint64(bytes), stream))
+}
+
+// Free releases the buffer.
+func (h *HostBuffer) Free() error { return h.dv.D.check("cuMemFreeHost", h.dv.D.cuMemFreeHost(h.p)) }
+
 // Module is a loaded CUBIN or PTX image.
 type Module struct {
 	dv *Device
@@ -418,12 +481,24 @@ type Event struct {
 }
 
 // NewEvent creates an event.
-func (dv *Device) NewEvent() (*Event, error) {
+func (dv *Device) NewEvent() (*Event, error) { return dv.newEvent(0) }
+
+// NewMarker creates an event without timing (CU_EVENT_DISABLE_TIMING), the
+// cheaper kind, for waiting on stream work.
+func (dv *Device) NewMarker() (*Event, error) { return dv.newEvent(2) }
+
+func (dv *Device) newEvent(flags uint32) (*Event, error) {
 	var e uintptr
-	if err := dv.D.check("cuEventCreate", dv.D.cuEventCreate(&e, 0)); err != nil {
+	if err := dv.D.check("cuEventCreate", dv.D.cuEventCreate(&e, flags)); err != nil {
 		return nil, err
 	}
 	return &Event{dv: dv, e: e}, nil
+}
+
+// Synchronize waits until the work before the event's last Record has run
+// (at once for an event never recorded).
+func (e *Event) Synchronize() error {
+	return e.dv.D.check("cuEventSynchronize", e.dv.D.cuEventSynchronize(e.e))
 }
 
 // Record records the event on stream.
@@ -444,8 +519,9 @@ func (e *Event) Elapsed(end *Event) (float32, error) {
 // Destroy frees the event.
 func (e *Event) Destroy() error { return e.dv.D.check("cuEventDestroy_v2", e.dv.D.cuEventDestroy(e.e)) }
 
-// Stream is a CUDA stream; the engine uses the legacy default stream (0)
-// today, and streams let later work overlap copies and kernels.
+// Stream is a CUDA stream. NewStream makes a blocking one: it orders
+// itself with the legacy default stream, so the synchronous copies
+// (Upload, Download) still see every earlier launch on it finished.
 type Stream struct {
 	dv *Device
 	s  uintptr
@@ -468,7 +544,77 @@ func (s *Stream) Synchronize() error {
 	return s.dv.D.check("cuStreamSynchronize", s.dv.D.cuStreamSynchronize(s.s))
 }
 
+// Wait makes the stream's later work wait for the work before ev's last
+// Record, without the host waiting; in a graph capture it joins the two
+// streams' work as dependencies.
+func (s *Stream) Wait(ev *Event) error {
+	return s.dv.D.check("cuStreamWaitEvent", s.dv.D.cuStreamWaitEvent(s.s, ev.e, 0))
+}
+
 // Destroy frees the stream.
 func (s *Stream) Destroy() error {
 	return s.dv.D.check("cuStreamDestroy_v2", s.dv.D.cuStreamDestroy(s.s))
+}
+
+// Capture modes (CUstreamCaptureMode).
+const captureThreadLocal = 1 // CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+
+// BeginCapture starts recording the stream's work into a graph instead of
+// running it, until EndCapture on the same OS thread. Calls on this thread
+// that could synchronise with the captured work (a synchronous copy, a
+// context synchronise) fail meanwhile, and the capture with them.
+func (s *Stream) BeginCapture() error {
+	return s.dv.D.check("cuStreamBeginCapture_v2", s.dv.D.cuStreamBeginCapture(s.s, captureThreadLocal))
+}
+
+// EndCapture ends the capture and returns what it recorded.
+func (s *Stream) EndCapture() (*Graph, error) {
+	var g uintptr
+	if err := s.dv.D.check("cuStreamEndCapture", s.dv.D.cuStreamEndCapture(s.s, &g)); err != nil {
+		return nil, err
+	}
+	return &Graph{dv: s.dv, g: g}, nil
+}
+
+// Graph is a recorded sequence of device work (CUgraph).
+type Graph struct {
+	dv *Device
+	g  uintptr
+}
+
+// Nodes is how many operations the graph holds.
+func (g *Graph) Nodes() (int, error) {
+	var n uint64
+	err := g.dv.D.check("cuGraphGetNodes", g.dv.D.cuGraphGetNodes(g.g, nil, &n))
+	return int(n), err
+}
+
+// Instantiate makes the graph launchable; the result does not depend on g,
+// which may be destroyed after.
+func (g *Graph) Instantiate() (*GraphExec, error) {
+	var x uintptr
+	if err := g.dv.D.check("cuGraphInstantiateWithFlags", g.dv.D.cuGraphInstantiateWithFlags(&x, g.g, 0)); err != nil {
+		return nil, err
+	}
+	return &GraphExec{dv: g.dv, x: x}, nil
+}
+
+// Destroy frees the graph.
+func (g *Graph) Destroy() error { return g.dv.D.check("cuGraphDestroy", g.dv.D.cuGraphDestroy(g.g)) }
+
+// GraphExec is an instantiated graph (CUgraphExec): one launch replays all
+// of its operations with the arguments they were recorded with.
+type GraphExec struct {
+	dv *Device
+	x  uintptr
+}
+
+// Launch replays the graph on stream.
+func (x *GraphExec) Launch(stream uintptr) error {
+	return x.dv.D.check("cuGraphLaunch", x.dv.D.cuGraphLaunch(x.x, stream))
+}
+
+// Destroy frees the executable graph.
+func (x *GraphExec) Destroy() error {
+	return x.dv.D.check("cuGraphExecDestroy", x.dv.D.cuGraphExecDestroy(x.x))
 }

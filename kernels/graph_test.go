@@ -1,0 +1,205 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+func TestParseGraphs(t *testing.T) {
+	for v, want := range map[string]bool{"": true, "on": true, "off": false} {
+		if got, err := parseGraphs(v); err != nil || got != want {
+			t.Errorf("parseGraphs(%q) = %v, %v; want %v", v, got, err, want)
+		}
+	}
+}
+
+// The embedding backward's plan lists every position once, sorted by
+// token and then position, in items of at most embedItemRows positions of
+// one token; a token with more has its items' partial sums in consecutive
+// slots that one long entry names.
+func TestEmbedPlan(t *testing.T) {
+	for _, c := range []struct{ n, vocab int }{{1, 8}, {7, 3}, {1000, 5}, {4096, 4096}, {2048, 40}} {
+		t.Run(fmt.Sprintf("n=%d,V=%d", c.n, c.vocab), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(c.n), uint64(c.vocab)))
+			ids := make([]int32, c.n)
+			for i := range ids {
+				ids[i] = int32(r.IntN(c.vocab))
+			}
+			plan := make([]int32, embedPlanInts(c.n))
+			used := embedPlan(ids, make([]int32, c.vocab), plan)
+			P, M, off := int(plan[0]), int(plan[1]), int(plan[2])
+			if off != 3+c.n+4*P || used != off+3*M {
+				t.Fatalf("header P=%d M=%d offset %d, used %d: not where the items and long tokens end", P, M, off, used)
+			}
+			order := plan[3 : 3+c.n]
+			want := make([]int32, c.n)
+			for i := range want {
+				want[i] = int32(i)
+			}
+			slices.SortStableFunc(want, func(a, b int32) int { return int(ids[a]) - int(ids[b]) })
+			if !slices.Equal(order, want) {
+				t.Fatalf("order %v, want positions sorted by token then position %v", order[:min(20, c.n)], want[:min(20, c.n)])
+			}
+			next, slots := 0, map[int32][]int32{}
+			for k := 0; k < P; k++ {
+				it := plan[3+c.n+4*k : 3+c.n+4*k+4]
+				start, count, tok, slot := int(it[0]), int(it[1]), it[2], it[3]
+				if start != next || count < 1 || count > embedItemRows {
+					t.Fatalf("item %d covers [%d, %d+%d), want it to start at %d with 1 to %d positions", k, start, start, count, next, embedItemRows)
+				}
+				for _, p := range order[start : start+count] {
+					if ids[p] != tok {
+						t.Fatalf("item %d of token %d holds position %d of token %d", k, tok, p, ids[p])
+					}
+				}
+				if slot >= 0 {
+					slots[tok] = append(slots[tok], slot)
+					if slot >= int32(embedPartRows(c.n)) {
+						t.Fatalf("slot %d beyond the %d rows of scratch", slot, embedPartRows(c.n))
+					}
+				}
+				next = start + count
+			}
+			if next != c.n {
+				t.Fatalf("items cover %d of %d positions", next, c.n)
+			}
+			if M != len(slots) || M > embedLongMax(c.n) {
+				t.Fatalf("%d long tokens listed, %d have slots (at most %d)", M, len(slots), embedLongMax(c.n))
+			}
+			for k := 0; k < M; k++ {
+				m := plan[off+3*k : off+3*k+3]
+				s := slots[m[0]]
+				if len(s) < 2 || m[1] != s[0] || int(m[2]) != len(s) || s[len(s)-1] != s[0]+int32(len(s))-1 {
+					t.Fatalf("long token %d: first slot %d of %d, its items' slots %v", m[0], m[1], m[2], s)
+				}
+			}
+		})
+	}
+}
+
+// Training steps replayed from CUDA graphs give the same bits as the same
+// steps launched one kernel at a time: losses, gradient norms, weights and
+// both Adam moments, over steps of two micro-batches each, with a learning
+// rate that changes every step and batches whose tokens repeat past one
+// embedding item. One engine runs both, so that both use the same tuned
+// GEMM algorithms; the kernels sum in fixed orders, so the eager run is
+// itself the same on every run.
+func TestGraphStepsMatchEagerBitForBit(t *testing.T) {
+	skipWithoutGPU(t)
+	for _, c := range []struct {
+		name      string
+		cfg       model.Config
+		precision string
+		B, T      int
+	}{
+		{"small bf16", model.Presets["small"], "bf16", 2, 256},
+		{"hd64 fp32", goldenConfig(t, goldenDirs[1]), "fp32", 2, 64},
+		{"tiny fp32", model.Presets["tiny"], "fp32", 2, 64},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEngine(t, c.cfg, model.Options{Precision: c.precision, MaxBatch: c.B, MaxSeq: c.T})
+			p0 := model.InitParams(c.cfg, 7)
+			r := rand.New(rand.NewPCG(5, 6))
+			const steps, micro = 4, 2
+			var batches []model.Batch
+			for range steps * micro {
+				b := model.Batch{B: c.B, T: c.T, Inputs: make([]int32, c.B*c.T), Targets: make([]int32, c.B*c.T)}
+				for i := range b.Inputs {
+					// 40 tokens: each repeats ~N/40 times, past embedItemRows.
+					b.Inputs[i] = int32(r.IntN(40))
+					b.Targets[i] = int32(r.IntN(c.cfg.VocabSize))
+				}
+				b.Targets[3] = -1
+				batches = append(batches, b)
+			}
+			type result struct {
+				losses, norms []float64
+				params, m, v  []float32
+			}
+			train := func(graphs bool) result {
+				if err := e.th.do(func() error { e.graphs = graphs; return nil }); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.SetParams(p0); err != nil {
+					t.Fatal(err)
+				}
+				n := len(p0.Data)
+				if err := e.SetOptimizerState(&model.OptimizerState{M: make([]float32, n), V: make([]float32, n)}); err != nil {
+					t.Fatal(err)
+				}
+				var res result
+				for s := range steps {
+					if err := e.ZeroGrad(); err != nil {
+						t.Fatal(err)
+					}
+					for k := range micro {
+						if err := e.ForwardBackward(batches[s*micro+k], 1.0/micro); err != nil {
+							t.Fatal(err)
+						}
+					}
+					o := benchAdamW
+					o.LR = 1e-3 * float64(s+1)
+					if err := e.Step(o); err != nil {
+						t.Fatal(err)
+					}
+					m, err := e.Metrics()
+					if err != nil {
+						t.Fatal(err)
+					}
+					res.losses, res.norms = append(res.losses, m.Loss), append(res.norms, m.GradNorm)
+				}
+				p := model.NewParams(c.cfg)
+				if err := e.Params(p); err != nil {
+					t.Fatal(err)
+				}
+				st, err := e.OptimizerState()
+				if err != nil {
+					t.Fatal(err)
+				}
+				res.params, res.m, res.v = p.Data, st.M, st.V
+				return res
+			}
+			eager := train(false)
+			if n := len(e.GraphNodes()); n != 0 {
+				t.Fatalf("graphs off recorded %d graphs", n)
+			}
+			before := e.LaunchCounts()
+			graph := train(true)
+			nodes := e.GraphNodes()
+			if nodes[fmt.Sprintf("%dx%d", c.B, c.T)] == 0 || nodes["step"] == 0 {
+				t.Fatalf("graphs on recorded %v, want the micro-batch's and the step's", nodes)
+			}
+			t.Logf("graph nodes %v; losses %v", nodes, graph.losses)
+			// Replays count their launches: the same work, the same counts.
+			after := e.LaunchCounts()
+			for k, n := range before {
+				if after[k]-n != n {
+					t.Errorf("%s: %d launches with graphs, %d without", k, after[k]-n, n)
+				}
+			}
+			if !slices.Equal(eager.losses, graph.losses) || !slices.Equal(eager.norms, graph.norms) {
+				t.Errorf("losses %v, norms %v eager; %v, %v from graphs", eager.losses, eager.norms, graph.losses, graph.norms)
+			}
+			for _, x := range []struct {
+				name       string
+				want, have []float32
+			}{{"weights", eager.params, graph.params}, {"first moments", eager.m, graph.m}, {"second moments", eager.v, graph.v}} {
+				for i := range x.want {
+					if math.Float32bits(x.want[i]) != math.Float32bits(x.have[i]) {
+						t.Fatalf("%s[%d]: %g eager, %g from graphs", x.name, i, x.want[i], x.have[i])
+					}
+				}
+			}
+		})
+	}
+}
+
+func goldenConfig(t *testing.T, dir string) model.Config {
+	c, _, _ := loadGolden(t, dir)
+	return c
+}

@@ -46,10 +46,13 @@ timeout 60 sched bench --engine cuda --model small --batch 32 --seq 1024 --steps
 timeout 60 sched bench --engine cuda --model base --batch 16 --seq 1024 --steps 30 --profile > $OUT/profile_base16.log 2>&1
 for r in "small 32" "small 64" "base 16" "base 32" "small 8"; do set -- $r
   timeout 60 sched bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 2>&1 | tail -1 | tee -a $OUT/kiln.jsonl
+  KILN_CUDA_GRAPH=off timeout 60 sched bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 2>&1 | tail -1 | tee -a $OUT/kiln_graph_off.jsonl
 done
 log peer
 PYTHONUNBUFFERED=1 timeout 420 python3 $G/torch_peer.py eager compile --plan small:32:1024,small:64:1024,base:16:1024,base:32:1024 2>&1 |
   grep -v Warning | tee $OUT/peer.jsonl
+PYTHONUNBUFFERED=1 timeout 300 python3 $G/torch_peer.py compile reduce-overhead --plan small:8:1024 2>&1 |
+  grep -v Warning | tee -a $OUT/peer.jsonl
 log kiln again
 for r in "small 32" "base 16"; do set -- $r
   timeout 60 sched bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 2>&1 | tail -1 | tee -a $OUT/kiln_after_peer.jsonl

@@ -12,8 +12,9 @@ type DatasetProgress struct {
 	Store   string
 	Dataset string
 	// Planning is set while an ingest:plan of the store waits or runs: more
-	// files may still be queued.
-	Planning bool
+	// files may still be queued. PlanFailed is set when its plan failed for
+	// good (archived, not cancelled).
+	Planning, PlanFailed bool
 	// Files is every file queued for the store. A file is Done once it is
 	// appended (or found already appended, or recorded as skipped), Failed
 	// once its shard or append task is archived, Running while either task
@@ -85,7 +86,10 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			if d.Dataset == "" {
 				d.Dataset = a.Dataset
 			}
-			if t.State != "completed" && t.State != "archived" {
+			switch {
+			case t.State == "archived" && !t.Cancelled:
+				d.PlanFailed = true
+			case t.State != "completed" && t.State != "archived":
 				d.Planning = true
 			}
 		case KindIngestShard:
@@ -180,11 +184,17 @@ func fileState(f *ingestFile) string {
 	return "waiting"
 }
 
+// finished is when the file's last task ended: its progress record's last
+// update, to the nanosecond, where asynq's completion time has whole seconds.
 func (f *ingestFile) finished() time.Time {
-	if f.apnd != nil {
-		return f.apnd.Finished
+	t := f.apnd
+	if t == nil {
+		t = f.shard
 	}
-	return f.shard.Finished
+	if t.HasProgress && !t.Progress.Updated.IsZero() {
+		return t.Progress.Updated
+	}
+	return t.Finished
 }
 
 // rate sets Rate and ETA: the work done over the time since the first

@@ -313,7 +313,9 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot) string {
 	switch {
 	case d.Planning:
 		parts = append(parts, "planning: more files may be queued")
-	case d.Remaining() == 0 && d.Failed == 0:
+	case d.PlanFailed && d.Files == 0:
+		parts = append(parts, "its plan failed (see FAILURES)")
+	case d.Files > 0 && d.Remaining() == 0 && d.Failed == 0:
 		parts = append(parts, "done")
 	case d.ETA > 0:
 		parts = append(parts, "ETA "+formatETA(d.ETA))

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// An ingest through the queue shows per dataset in `sched status`: files
+// done of total, bytes done of total, tokens and rate, why it is stuck
+// when no worker serves the append queue, and a file that fails listed
+// under FAILURES with its reason.
+func TestStatusIngestPerDataset(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "kiln")
+	b, err := os.ReadFile(goldenTokenizerWithEOS(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
+	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	src := filepath.Join(dir, "src")
+	os.MkdirAll(src, 0o755)
+	files := map[string]string{
+		"a.jsonl": `{"text":"package main"}` + "\n" + `{"text":"func f() {}"}` + "\n",
+		"b.jsonl": `{"text":"func g() {}"}` + "\n",
+		// Not gzip: recorded in the store as skipped, which is done.
+		"c.jsonl.gz": "this is not gzip\n",
+	}
+	var done int64 // bytes of the files that end up in the store or recorded as skipped
+	for name, text := range files {
+		done += int64(len(text))
+		if err := os.WriteFile(filepath.Join(src, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A second store whose directory a file blocks: its appends fail.
+	os.MkdirAll(filepath.Join(data, "tokens"), 0o755)
+	if err := os.WriteFile(filepath.Join(data, "tokens", "blocked"), []byte("not a store"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src}
+	out, errOut, code := sched(t, env, "ingest", "local:"+filepath.Join(src, "*"), "--store", "code", "--tokenizer", "tk")
+	if code != 0 {
+		t.Fatalf("ingest: exit %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = sched(t, env, "ingest", "local:"+filepath.Join(src, "b.jsonl"), "--store", "blocked", "--tokenizer", "tk")
+	if code != 0 {
+		t.Fatalf("ingest: exit %d\n%s%s", code, out, errOut)
+	}
+
+	// Only the ingest queue served: the shards are made, their appends wait.
+	startWorker(t, env, "--queues", "ingest=1")
+	stuck := regexp.MustCompile(`(?m)^code \(.*\)  files 0/3 done  .*3 waiting.*no worker serves queue append`)
+	out = waitOutput(t, env, stuck, time.Minute, "status")
+	if l := lineOf(out, "code ("); strings.Contains(l, "ETA") {
+		t.Fatalf("a stuck dataset shows an ETA: %q", l)
+	}
+
+	startWorker(t, env, "--queues", "append=1")
+	failed := regexp.MustCompile(`(?m)^\d\d:\d\d:\d\d  ingest:append:\S+  append \S*b\.jsonl to blocked  failed.*: \S`)
+	waitOutput(t, env, failed, time.Minute, "status")
+	out = waitOutput(t, env, regexp.MustCompile(`(?m)^code \(.*\)  files 3/3 done  `), time.Minute, "status")
+	l := lineOf(out, "code (")
+	m, err := tokens.ReadManifest(filepath.Join(data, "tokens", "code"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{formatBytes(done) + " of ", formatCount(m.Tokens, "tok"), " B/s"} {
+		if !strings.Contains(l, want) {
+			t.Fatalf("dataset line %q lacks %q (store holds %d tokens)", l, want, m.Tokens)
+		}
+	}
+
+	q := scheduler.NewClient(asynq.RedisClientOpt{Addr: r.Addr})
+	defer q.Close()
+	snap, err := q.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := snap.Datasets()
+	if len(ds) != 2 || ds[0].Store != "blocked" || ds[1].Store != "code" {
+		t.Fatalf("datasets %+v; want stores blocked and code", ds)
+	}
+	if b := ds[0]; b.Files != 1 || b.Done != 0 {
+		t.Fatalf("store blocked: %+v; want its one file not done", b)
+	}
+	d := ds[1]
+	if d.Files != 3 || d.Done != 3 || d.Remaining() != 0 || !d.SizesKnown || d.DoneBytes != done || d.Bytes != done ||
+		d.Tokens != m.Tokens || d.Planning || d.Started.IsZero() || d.Last.Before(d.Started.Truncate(time.Second)) {
+		t.Fatalf("dataset %+v; want store code, 3 files done: %d bytes, %d tokens", d, done, m.Tokens)
+	}
+	// The rate of a finished dataset is its bytes over the time from its
+	// first file's start to its last file's end, and it has no ETA.
+	if want := float64(done) / d.Last.Sub(d.Started).Seconds(); d.Rate != want || d.ETA != 0 || !strings.Contains(l, "  done") {
+		t.Fatalf("rate %v ETA %v (line %q); want %v bytes/s, done", d.Rate, d.ETA, l, want)
+	}
+}

@@ -47,7 +47,8 @@ type Config struct {
 	// HFToken authenticates Hugging Face Hub downloads (gated datasets). HF_TOKEN.
 	HFToken string `yaml:"hf_token"`
 	// Tokenizer is the default tokenizer name (tokenizers/<name>/tokenizer.json
-	// in the object store). KILN_TOKENIZER. Default "kiln-bpe".
+	// in the object store). KILN_TOKENIZER. Default "mix-16384", the
+	// tokenizer the pilot and long runs train with.
 	Tokenizer string `yaml:"tokenizer"`
 
 	// ShutdownGrace is how long a worker lets in-flight tasks reach a safe
@@ -64,7 +65,7 @@ const (
 	DefaultRedisURL      = "redis://127.0.0.1:6379/0"
 	DefaultS3Bucket      = "kiln"
 	DefaultDataDir       = ".kiln"
-	DefaultTokenizer     = "kiln-bpe"
+	DefaultTokenizer     = "mix-16384"
 	DefaultShutdownGrace = 30 * time.Second
 	DefaultLogFormat     = "auto"
 )

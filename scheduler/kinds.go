@@ -224,24 +224,21 @@ func (IngestAppend) Kind() string { return KindIngestAppend }
 // TrainSegment trains a run for a bounded number of steps from its latest
 // checkpoint, writes a checkpoint, and enqueues the next segment.
 type TrainSegment struct {
+	// Run names the run: a preset or an entry of the KILN_RUNS file, which
+	// says the model, the data and the schedule. The payload carries no
+	// copy of them, so that the worker reads one definition.
 	Run string `json:"run"`
-	// Preset is the model preset name (model.Config presets).
-	Preset string `json:"preset,omitempty"`
-	// Stores and Weights mix token stores by weight.
-	Stores  []string  `json:"stores,omitempty"`
-	Weights []float64 `json:"weights,omitempty"`
-	// Tokenizer names the tokenizer used by the stores.
+	// Tokenizer, when set, overrides the run's tokenizer (sched enqueue
+	// train --tokenizer); the worker checks the stores against it.
 	Tokenizer string `json:"tokenizer,omitempty"`
-	// Engine is cuda, cpu or auto.
+	// Engine, when set, overrides the run's engine: cuda, cpu or auto.
 	Engine string `json:"engine,omitempty"`
 	// FromStep is the checkpoint step this segment resumes from (0: start);
 	// it makes each segment's task id distinct.
 	FromStep int64 `json:"from_step"`
-	// Steps is this segment's step budget; TotalSteps the run's.
-	Steps      int64 `json:"steps,omitempty"`
+	// TotalSteps is the run's length when the segment was queued, for
+	// `sched status`.
 	TotalSteps int64 `json:"total_steps,omitempty"`
-	// Options carries run settings later issues add, as a flat map.
-	Options map[string]string `json:"options,omitempty"`
 }
 
 func (TrainSegment) Kind() string { return KindTrainSegment }

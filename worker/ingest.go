@@ -34,6 +34,13 @@ type Ingest struct {
 	// Enqueue queues the next steps (required): scheduler.Client.Enqueue.
 	// A *scheduler.DuplicateError means the step is already queued.
 	Enqueue func(ctx context.Context, a scheduler.Args) error
+	// Queue, when set, tells a plan whether its tokenizer is being made:
+	// then the plan waits for it (WaitError) instead of queuing shards
+	// that would fail on an unknown name.
+	Queue Live
+	// WaitEvery is how often a waiting plan looks again. Default
+	// DefaultWaitEvery.
+	WaitEvery time.Duration
 }
 
 var ingestCfg atomic.Pointer[Ingest]
@@ -128,6 +135,17 @@ func ingestPlan(ctx context.Context, a scheduler.IngestPlan) error {
 		return err
 	}
 	rep := Progress(ctx)
+	if a.Tokenizer != "" && c.Queue != nil {
+		ti, err := c.Queue.LiveTokenizer(ctx, a.Tokenizer)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", a.Kind(), a.Dataset, err)
+		}
+		if ti != nil {
+			we := &WaitError{For: fmt.Sprintf("tokenizer %s (%s, %s)", a.Tokenizer, ti.ID, ti.State), Every: c.WaitEvery}
+			rep.Message(ctx, we.Error())
+			return we
+		}
+	}
 	if a.Tokenizer != "" {
 		loaded := make(chan struct{})
 		go func() {

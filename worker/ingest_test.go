@@ -817,3 +817,43 @@ func TestWorkerStartAbortsStaleUploads(t *testing.T) {
 		t.Fatalf("uploads left: %+v %v", ups, err)
 	}
 }
+
+// A plan queued while its tokenizer is still being trained waits for it,
+// using no retry, and plans once the tokenizer is made: `sched enqueue
+// tokenizer` and `sched enqueue ingest` can be typed one after the other.
+func TestIngestPlanWaitsForItsTokenizer(t *testing.T) {
+	e := newIngestEnv(t)
+	e.addGoodFiles("good", 2, 3, "")
+	ConfigureIngest(Ingest{
+		Pipeline: ingest.Pipeline{Objects: e.objects, Hub: e.hc, Presets: e.presets, DataDir: t.TempDir(), StoresDir: t.TempDir(), Logger: zap.NewNop()},
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		Queue:    e.c, WaitEvery: 50 * time.Millisecond,
+	})
+	// The tokenizer's training sits on the append queue, which nobody
+	// serves until the test says it is done.
+	train := e.enqueue(scheduler.TokenizerTrain{Name: "later-bpe", VocabSize: 320})
+	e.serve(map[string]int{scheduler.QueueIngest: 1})
+	plan := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "later", Tokenizer: "later-bpe"})
+	e.waitFor(plan, time.Minute, "waiting for its tokenizer", func(ts scheduler.TaskStatus) bool {
+		return strings.Contains(ts.LastErr, "waiting for tokenizer later-bpe")
+	})
+
+	// The training finishes: the tokenizer is published, its task gone.
+	tj, err := tokenizer.Train(context.Background(), []io.Reader{strings.NewReader(strings.Repeat("the quick brown fox\n", 100))}, tokenizer.TrainOptions{VocabSize: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := catalog.New(e.objects, t.TempDir()).Publish(context.Background(), "later-bpe", tj); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.Cancel(context.Background(), train); err != nil {
+		t.Fatal(err)
+	}
+	ts := e.waitFor(plan, time.Minute, "completed", state("completed"))
+	if ts.Retried != 0 {
+		t.Errorf("the plan used %d retries waiting; want none", ts.Retried)
+	}
+	if n, err := e.c.LiveIngest(context.Background(), "later"); err != nil || n != 2 {
+		t.Errorf("after the plan, %d live tasks fill store later (%v); want its 2 shards", n, err)
+	}
+}

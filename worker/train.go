@@ -37,6 +37,14 @@ type Training struct {
 	Objects store.Store
 	// Enqueue queues the next segment (required): scheduler.Client.Enqueue.
 	Enqueue func(ctx context.Context, a scheduler.Args) error
+	// Queue, when set, tells a segment what earlier work is under way: a
+	// run whose tokenizer is being trained or whose stores are being
+	// ingested waits for them (WaitError) instead of failing or training
+	// on part of its data.
+	Queue Live
+	// WaitEvery is how often a waiting segment looks again. Default
+	// DefaultWaitEvery.
+	WaitEvery time.Duration
 	// Runs resolves a payload's run name. Default: the embedded presets
 	// with the runs file named by KILN_RUNS applied, read per task so that
 	// an edited file takes effect at the next segment.
@@ -57,8 +65,6 @@ type Training struct {
 	UploadGrace time.Duration
 	// OpenData replaces the token-store mixture (tests, the demo).
 	OpenData func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error)
-	// Sample generates a finished run's sample for its generation gate.
-	Sample func(ctx context.Context, checkpoint string) ([]int32, string, error)
 	// Bench measures one shape for bench:run: the GPU bench routine of
 	// `sched bench`. Without it bench:run is archived as unavailable.
 	Bench func(ctx context.Context, b BenchSpec) (results.BenchRow, error)
@@ -237,6 +243,14 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 	if dataDir == "" {
 		dataDir = filepath.Dir(t.Dir)
 	}
+	if err := waitForInputs(ctx, t.Queue, a.Run, name, run.Mixture); err != nil {
+		var we *WaitError
+		if errors.As(err, &we) {
+			we.Every = t.WaitEvery
+			Progress(ctx).Message(ctx, err.Error())
+		}
+		return err
+	}
 	uses, _, err := catalog.New(t.Objects, dataDir).Resolve(ctx, name)
 	if err != nil {
 		// An unknown or conflicting name does not fix itself by waiting.
@@ -254,7 +268,7 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 	rep := Progress(ctx)
 	out, err := segment.Run(ctx, segment.Params{
 		Run: run, Dir: t.Dir, TokensDir: t.TokensDir, Objects: t.Objects, Redis: t.Redis, Owner: t.Owner,
-		LockTTL: t.LockTTL, UploadGrace: t.UploadGrace, Bench: bench, Tokenizer: tok, Uses: &uses, OpenData: t.OpenData, Sample: t.Sample, Log: log,
+		LockTTL: t.LockTTL, UploadGrace: t.UploadGrace, Bench: bench, Tokenizer: tok, Uses: &uses, OpenData: t.OpenData, Log: log,
 		Progress: func(step, total int, m *trainer.Metrics) {
 			if m == nil || total <= 0 {
 				return
@@ -285,6 +299,41 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 		var dup *scheduler.DuplicateError
 		if !errors.As(err, &dup) {
 			return fmt.Errorf("train:segment run %s: queue the segment from step %d: %w", a.Run, out.Step, err)
+		}
+	}
+	return nil
+}
+
+// Live is what a task asks the queue about earlier work under way
+// (scheduler.Client implements it).
+type Live interface {
+	LiveTokenizer(ctx context.Context, name string) (*asynq.TaskInfo, error)
+	LiveIngest(ctx context.Context, store string) (int, error)
+}
+
+// waitForInputs returns a *WaitError while run's tokenizer is being made or
+// one of its stores is being ingested: a run queued right after them (the
+// README's day, typed in one go) starts once they are done, on all of its
+// data.
+func waitForInputs(ctx context.Context, q Live, run, tok string, mixture []trainer.MixtureEntry) error {
+	if q == nil {
+		return nil
+	}
+	if ti, err := q.LiveTokenizer(ctx, tok); err != nil {
+		return fmt.Errorf("train:segment run %s: %w", run, err)
+	} else if ti != nil {
+		return &WaitError{For: fmt.Sprintf("tokenizer %s (%s, %s)", tok, ti.ID, ti.State)}
+	}
+	for _, m := range mixture {
+		if filepath.IsAbs(m.Store) {
+			continue
+		}
+		n, err := q.LiveIngest(ctx, m.Store)
+		if err != nil {
+			return fmt.Errorf("train:segment run %s: %w", run, err)
+		}
+		if n > 0 {
+			return &WaitError{For: fmt.Sprintf("the ingest of token store %s (%d tasks left)", m.Store, n)}
 		}
 	}
 	return nil

@@ -363,3 +363,47 @@ func TestTrainSegmentDivergedRunIsArchivedNotRetried(t *testing.T) {
 		t.Fatalf("diverged run: retried %d, last error %q; want archived at once with an error naming the step", st.Retried, st.LastErr)
 	}
 }
+
+// A segment queued while its tokenizer is being made, or while its store is
+// being ingested, waits for them, without using a retry, and trains once
+// they are done: the README's day can be typed in one go.
+func TestASegmentWaitsForItsTokenizerAndStores(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokName := publishTestTokenizer(t, objects)
+	run := patternRun("waits", tokName, 1e-3, 2, 0, 2)
+	ConfigureTraining(Training{
+		Redis: e.rdb, Objects: objects, Runs: runs.Set{run.Name: run}, Dir: e.t.TempDir(), Owner: "gpu-test",
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
+		Queue:    e.c, WaitEvery: 50 * time.Millisecond, Log: zap.NewNop(),
+	})
+	// Nobody serves the ingest and append queues: the work stays queued
+	// until the test cancels it, as if it finished.
+	sample := e.enqueue(scheduler.TokenizerSample{Name: tokName, Dataset: "d"})
+	shard := e.enqueue(scheduler.IngestShard{Dataset: "d", Path: "a", Store: "pattern", Tokenizer: tokName})
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
+	seg := e.enqueue(scheduler.TrainSegment{Run: "waits"})
+
+	waiting := func(what string) func(scheduler.TaskStatus) bool {
+		return func(ts scheduler.TaskStatus) bool { return strings.Contains(ts.LastErr, "waiting for "+what) }
+	}
+	e.waitFor(seg, time.Minute, "waiting for its tokenizer", waiting("tokenizer "+tokName))
+	if _, err := e.c.Cancel(context.Background(), sample); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(seg, time.Minute, "waiting for its store", waiting("the ingest of token store pattern (1 tasks left)"))
+	if _, err := e.c.Cancel(context.Background(), shard); err != nil {
+		t.Fatal(err)
+	}
+	ts := e.waitFor(seg, time.Minute, "completed", state("completed"))
+	if ts.Retried != 0 {
+		t.Errorf("the segment used %d retries waiting; want none", ts.Retried)
+	}
+	if st := e.rdb.HGet(context.Background(), segment.StateKey("waits"), "done").Val(); st != "true" {
+		t.Errorf("run state done=%q; want the run trained to its end", st)
+	}
+}

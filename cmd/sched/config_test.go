@@ -94,7 +94,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"unknown dataset", []string{good}, []string{"enqueue", "ingest", "the-stack-v3"}, `unknown dataset "the-stack-v3"`},
 		{"local dataset without a store", []string{good}, []string{"enqueue", "ingest", "local:/src/*.go"}, "needs --store NAME"},
 		{"bad token limit", []string{good}, []string{"enqueue", "ingest", "the-stack-v2", "--max-tokens", "lots"}, `--max-tokens "lots"`},
-		{"weights mismatch", []string{good}, []string{"enqueue", "train", "r", "--store", "a", "--weight", "1", "--weight", "2"}, "one weight per store"},
+		{"a run's data is its YAML's", []string{good}, []string{"enqueue", "train", "r", "--store", "a"}, "unknown flag: --store"},
 		{"malformed redis url", nil, []string{"status", "--redis-url", "localhost:6379"}, "KILN_REDIS_URL"},
 		{"unreachable redis", []string{"KILN_REDIS_URL=redis://127.0.0.1:1/0"}, []string{"status"}, "cannot reach Redis at redis://127.0.0.1:1/0"},
 		{"bad queues", []string{good}, []string{"worker", "--queues", "cpu=2"}, `unknown queue "cpu"`},

@@ -287,7 +287,6 @@ func trainThroughQueue(ctx context.Context, out io.Writer, o demoOptions, run ru
 	worker.ConfigureTraining(worker.Training{
 		Redis: rdb, Objects: objects, Runs: set, Dir: runRoot, TokensDir: tokensDir, Owner: "demo",
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := client.Enqueue(ctx, a); return err },
-		Sample:  func(ctx context.Context, dir string) ([]int32, string, error) { return demoSample(dir, tok) },
 		Log:     o.Log,
 	})
 	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: o.Log,
@@ -486,42 +485,6 @@ func fitRun(r *runs.Run, d, stepTime time.Duration, minSteps int) {
 	r.CheckpointEvery = max(steps/4, 1)
 	r.Segment.MaxSteps = 0
 	r.Segment.MaxDuration = 2 * d
-}
-
-// demoSample generates 256 tokens after a Go prompt from the final
-// checkpoint, on the CPU, seeded so the demo prints the same text each time
-// for the same weights.
-func demoSample(dir string, tok *tokenizer.Tokenizer) ([]int32, string, error) {
-	snap, err := trainer.ReadCheckpoint(dir, nil)
-	if err != nil {
-		return nil, "", err
-	}
-	eng, err := model.NewEngine("cpu", snap.Config, model.Options{Precision: "fp32", MaxBatch: 1, MaxSeq: snap.Config.MaxPositions})
-	if err != nil {
-		return nil, "", err
-	}
-	defer eng.Close()
-	if err := eng.SetParams(snap.Params); err != nil {
-		return nil, "", err
-	}
-	const prompt = "package main\n\nimport (\n"
-	var ids []int32
-	for _, id := range tok.Encode(prompt) {
-		ids = append(ids, int32(id))
-	}
-	gen, err := eng.Generate(ids, 256, -1, model.Sampling{Temperature: 0.8, TopK: 40, Seed: 1})
-	if err != nil {
-		return nil, "", err
-	}
-	u := make([]uint32, len(gen))
-	for i, id := range gen {
-		u[i] = uint32(id)
-	}
-	text, err := tok.Decode(u)
-	if err != nil {
-		return gen, "", err
-	}
-	return gen, prompt + text, nil
 }
 
 // sampleFromSummary returns the fenced sample of summary.md.

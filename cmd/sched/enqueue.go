@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 func init() {
@@ -41,47 +39,6 @@ func init() {
 	ingestPlan.register(ingest.Flags())
 	ingest.RunE = func(c *cobra.Command, args []string) error {
 		return enqueueIngest(c, args[0], ingestStore, ingestPlan)
-	}
-
-	train := &cobra.Command{
-		Use:   "train <run>",
-		Short: "Queue the first training segment of a run (train:segment) for the GPU worker",
-		Args:  exactArgs(1, "one run name"),
-	}
-	var ts scheduler.TrainSegment
-	train.Flags().StringVar(&ts.Preset, "preset", "", "model preset")
-	train.Flags().StringSliceVar(&ts.Stores, "store", nil, "token stores to train on (repeatable)")
-	train.Flags().Float64SliceVar(&ts.Weights, "weight", nil, "mixture weights, one per --store")
-	train.Flags().StringVar(&ts.Engine, "engine", "auto", "engine: cuda, cpu or auto")
-	train.Flags().Int64Var(&ts.Steps, "segment-steps", 0, "steps per segment (0: the preset's)")
-	train.Flags().Int64Var(&ts.TotalSteps, "steps", 0, "total steps (0: the preset's)")
-	train.RunE = func(c *cobra.Command, args []string) error {
-		cfg, err := loadConfig(c)
-		if err != nil {
-			return err
-		}
-		if err := checkName("run", args[0]); err != nil {
-			return err
-		}
-		if len(ts.Weights) > 0 && len(ts.Weights) != len(ts.Stores) {
-			return badInput("--weight given %d times but --store %d times: give one weight per store", len(ts.Weights), len(ts.Stores))
-		}
-		set, err := runs.Load(os.Getenv("KILN_RUNS"))
-		if err != nil {
-			return badInput("KILN_RUNS: %v", err)
-		}
-		run, err := set.Get(args[0])
-		if err != nil {
-			return err
-		}
-		// A run names the tokenizer its stores were made with, and that
-		// wins over the configured default; only an explicit --tokenizer
-		// overrides it (and the worker then checks the stores against it).
-		ts.Run, ts.Tokenizer = args[0], ""
-		if c.Flags().Changed("tokenizer") || run.Tokenizer == "" {
-			ts.Tokenizer = cfg.Tokenizer
-		}
-		return enqueueOne(c, cfg, ts)
 	}
 
 	bench := &cobra.Command{
@@ -132,7 +89,7 @@ func init() {
 		return enqueueOne(c, cfg, br)
 	}
 
-	enq.AddCommand(ingest, train, bench, newEnqueueTokenizerCmd())
+	enq.AddCommand(ingest, newEnqueueTrainCmd(), bench, newEnqueueTokenizerCmd())
 	rootCmd.AddCommand(enq)
 }
 

@@ -1,14 +1,22 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
+	"context"
 	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/hibiken/asynq"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/tokenizer"
 )
 
 // queuedSegment enqueues `sched enqueue train <args>` and returns the
@@ -39,21 +47,100 @@ func queuedSegment(t *testing.T, env []string, url string, args ...string) sched
 	return env1.Args
 }
 
-// A run's own tokenizer wins over the configured default, so that
-// `sched enqueue train pilot` trains on the stores its mixture names; an
-// explicit --tokenizer still pins another one.
-func TestEnqueueTrainKeepsTheRunsTokenizer(t *testing.T) {
+// putObject writes an object into the local object store of data.
+func putObject(t *testing.T, data, key string, b []byte) {
+	t.Helper()
+	p := filepath.Join(data, "objects", filepath.FromSlash(key))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantBadInput runs sched and wants exit 2 with one line matching re.
+func wantBadInput(t *testing.T, env []string, re string, args ...string) {
+	t.Helper()
+	out, errOut, code := sched(t, env, args...)
+	if code != exitBadInput || !regexp.MustCompile(re).MatchString(errOut) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Fatalf("sched %v: exit %d, stdout %q, stderr %q; want exit 2 and one line matching %s", args, code, out, errOut, re)
+	}
+}
+
+// The README's order is enforced at enqueue: a run is refused, naming the
+// command to run first, until its tokenizer and stores exist or are being
+// made; then it is queued, with the run's own tokenizer unless
+// --tokenizer pins another, and once. A tokenizer larger than the model's
+// vocabulary, and a store too small to hold out an evaluation window, are
+// refused too; nothing is queued by a refusal.
+func TestEnqueueTrainChecksTheRunFirst(t *testing.T) {
 	t.Parallel()
 	r := testsvc.StartRedis(t)
-	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_TOKENIZER=kiln-bpe"}
-	if a := queuedSegment(t, env, r.URL(0), "pilot"); a.Run != "pilot" || a.Tokenizer != "" {
-		t.Fatalf("enqueue train pilot queued %+v; want run pilot with no tokenizer override (the runs entry names mix-16384)", a)
+	home := t.TempDir()
+	data := filepath.Join(home, "data")
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + data}
+
+	wantBadInput(t, env, `run pilot trains with tokenizer mix-16384, which does not exist yet: make it first with 'sched enqueue tokenizer mix-16384'`,
+		"enqueue", "train", "pilot")
+	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "mix-16384"); code != 0 {
+		t.Fatalf("enqueue tokenizer: exit %d %q %q", code, out, errOut)
 	}
-	if a := queuedSegment(t, env, r.URL(0), "demo", "--tokenizer", "other"); a.Tokenizer != "other" {
-		t.Fatalf("enqueue train demo --tokenizer other queued tokenizer %q; want other", a.Tokenizer)
+	wantBadInput(t, env, `run pilot trains on token store the-stack-v2, which holds no tokens and which no ingest is filling: run 'sched enqueue ingest the-stack-v2' first`,
+		"enqueue", "train", "pilot")
+	wantBadInput(t, env, `run demo trains on token store go-stdlib, .*: run 'sched enqueue ingest <dataset> --store go-stdlib' first`,
+		"enqueue", "train", "demo", "--tokenizer", "mix-16384")
+	for _, ds := range []string{"the-stack-v2", "fineweb-edu", "proof-pile-2"} {
+		if out, errOut, code := sched(t, env, "enqueue", "ingest", ds); code != 0 {
+			t.Fatalf("enqueue ingest %s: exit %d %q %q", ds, code, out, errOut)
+		}
 	}
-	_, errOut, code := sched(t, env, "enqueue", "train", "pilott")
-	if code != exitBadInput || !regexp.MustCompile(`unknown run "pilott": choose one of .*pilot`).MatchString(errOut) {
-		t.Fatalf("enqueue train pilott: exit %d, %q; want exit 2 naming the known runs", code, errOut)
+	if a := queuedSegment(t, env, r.URL(0), "pilot"); a.Run != "pilot" || a.Tokenizer != "" || a.Engine != "" {
+		t.Fatalf("enqueue train pilot queued %+v; want run pilot with the run's own tokenizer and engine", a)
+	}
+	out, _, code := sched(t, env, "enqueue", "train", "pilot")
+	if code != 0 || !strings.Contains(out, "run pilot is already queued as train:segment:") {
+		t.Fatalf("second enqueue train pilot: exit %d, %q; want it reported as already queued", code, out)
+	}
+	wantBadInput(t, env, `unknown run "pilott": choose one of .*pilot`, "enqueue", "train", "pilott")
+	wantBadInput(t, env, `unknown flag: --store`, "enqueue", "train", "pilot", "--store", "x")
+	wantBadInput(t, env, `--engine "tpu": use cuda, cpu or auto`, "enqueue", "train", "pilot", "--engine", "tpu")
+
+	// A tokenizer of 30093 ids for the tiny model's 4096.
+	gz, err := os.ReadFile("../../tokenizer/testdata/gpt2-style.tokenizer.json.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putObject(t, data, "tokenizers/big/tokenizer.json", big)
+	wantBadInput(t, env, `run demo: tokenizer big has 30093 ids but the tiny model's vocab_size is 4096`, "enqueue", "train", "demo", "--tokenizer", "big")
+
+	// A store of 1000 tokens cannot hold out a window of 65.
+	small, err := tokenizer.Train(context.Background(), []io.Reader{strings.NewReader(strings.Repeat("func main() { return nil }\n", 200))},
+		tokenizer.TrainOptions{VocabSize: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	putObject(t, data, "tokenizers/tiny-300/tokenizer.json", small)
+	putObject(t, data, "tokens/few/status.json", []byte(`{"tokens": 1000, "documents": 3, "shards": 1}`))
+	runsFile := filepath.Join(home, "runs.yaml")
+	if err := os.WriteFile(runsFile, []byte("r:\n  from: demo\n  tokenizer: tiny-300\n  mixture: [{store: few, weight: 1}]\nr0:\n  from: r\n  eval_every: 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	renv := append(env, "KILN_RUNS="+runsFile)
+	wantBadInput(t, renv, `run r: token store few holds 1000 tokens, too few to hold out one evaluation window .*set eval_every: 0`, "enqueue", "train", "r")
+	if a := queuedSegment(t, renv, r.URL(0), "r0"); a.Run != "r0" {
+		t.Fatalf("enqueue train r0 queued %+v", a)
+	}
+	putObject(t, data, "tokens/go-stdlib/status.json", []byte(`{"tokens": 100000, "documents": 30, "shards": 3}`))
+	if a := queuedSegment(t, renv, r.URL(0), "demo", "--tokenizer", "tiny-300"); a.Tokenizer != "tiny-300" {
+		t.Fatalf("enqueue train demo --tokenizer tiny-300 queued tokenizer %q; want tiny-300 pinned", a.Tokenizer)
 	}
 }

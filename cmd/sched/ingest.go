@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -14,6 +16,7 @@ import (
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
 )
 
 // planFlags shape an ingest plan; `sched ingest` and `sched enqueue ingest`
@@ -167,8 +170,38 @@ func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) er
 	if err := ingest.CheckStoreName(storeName); err != nil {
 		return err
 	}
+	if err := checkIngestTokenizer(c.Context(), cfg); err != nil {
+		return err
+	}
 	return enqueueOne(c, cfg, scheduler.IngestPlan{Dataset: dataset, Revision: pf.revision, Store: storeName, Tokenizer: cfg.Tokenizer, Vars: vars,
 		Seed: pf.seed, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk})
+}
+
+// checkIngestTokenizer refuses an ingest whose tokenizer neither exists nor
+// is being made (the plan on the worker waits for one being made).
+func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	objects, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	_, _, err = catalog.New(objects, cfg.DataDir).Resolve(ctx, cfg.Tokenizer)
+	var nf *catalog.NotFoundError
+	if !errors.As(err, &nf) {
+		return err
+	}
+	q, _, err := openQueue(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	live, err := q.LiveTokenizer(ctx, cfg.Tokenizer)
+	if err != nil || live != nil {
+		return err
+	}
+	return badInput("the ingest would tokenize with tokenizer %s, which does not exist yet: make it first with 'sched enqueue tokenizer %s', or name an existing one with --tokenizer ('sched tokenizers' lists them)", cfg.Tokenizer, cfg.Tokenizer)
 }
 
 // openSources makes the clients that datasets are read through: the

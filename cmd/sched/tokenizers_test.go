@@ -30,7 +30,7 @@ import (
 // it, flags a store made by a tokenizer it does not know, and prints a
 // tokenizer's report by name.
 func TestTokenizersCommand(t *testing.T) {
-	env := baseEnv(t)
+	env := append(baseEnv(t), "KILN_TOKENIZER=kiln-bpe")
 	data := envValue(env, "KILN_DATA_DIR")
 	ctx := context.Background()
 	objects, err := store.NewLocal(filepath.Join(data, "objects"))
@@ -87,7 +87,7 @@ func TestTokenizersCommand(t *testing.T) {
 func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 	ctx := context.Background()
 	r := testsvc.StartRedis(t)
-	env := append(baseEnv(t), "KILN_REDIS_URL="+r.URL(0))
+	env := append(baseEnv(t), "KILN_REDIS_URL="+r.URL(0), "KILN_TOKENIZER=kiln-bpe")
 	data := envValue(env, "KILN_DATA_DIR")
 	corpus := t.TempDir()
 	code := tokenizertest.Documents(tokenizertest.Text(t, "go")+tokenizertest.Text(t, "python"), 1500)
@@ -115,7 +115,7 @@ func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 	zw.Close()
 	os.WriteFile(filepath.Join(corpus, "maths", "arxiv.jsonl.zst"), mz.Bytes(), 0o644)
 
-	// The configured tokenizer (kiln-bpe by default) knows prose only.
+	// The configured tokenizer (KILN_TOKENIZER, kiln-bpe here) knows prose only.
 	objects, err := store.NewLocal(filepath.Join(data, "objects"))
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +125,7 @@ func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cat.Publish(ctx, scheduler.DefaultTokenizer, prev); err != nil {
+	if _, err := cat.Publish(ctx, "kiln-bpe", prev); err != nil {
 		t.Fatal(err)
 	}
 

@@ -105,12 +105,13 @@ func configureHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]
 				StoresDir: filepath.Join(cfg.DataDir, "tokens"), LocalRoots: cfg.LocalRoots, Logger: log},
 			Tokenizers: catalog.New(objects, cfg.DataDir),
 			Enqueue:    enqueue,
+			Queue:      q,
 		})
 		worker.ConfigureTokenizers(worker.Tokenizers{Objects: objects, DataDir: cfg.DataDir, Hub: h, SWH: swh, Log: log, Enqueue: enqueue})
 	}
 	if gpu {
 		worker.ConfigureTraining(worker.Training{
-			Redis: q.Redis(), Objects: objects, Enqueue: enqueue,
+			Redis: q.Redis(), Objects: objects, Enqueue: enqueue, Queue: q,
 			Dir:         filepath.Join(cfg.DataDir, "runs"),
 			TokensDir:   filepath.Join(cfg.DataDir, "tokens"),
 			UploadGrace: cfg.ShutdownGrace * 3 / 4,

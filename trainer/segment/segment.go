@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
@@ -58,8 +59,9 @@ type Params struct {
 	PeakFLOPS float64
 	// Bench holds `sched bench` rows for the throughput gate.
 	Bench []results.BenchRow
-	// Sample, when set, generates the sane-generation gate's sample from a
-	// finished run's final checkpoint directory.
+	// Sample generates the sane-generation gate's sample from a finished
+	// run's final checkpoint directory. Default: trainer.Sample with
+	// Tokenizer, the run's own tokenizer.
 	Sample func(ctx context.Context, checkpoint string) (ids []int32, text string, err error)
 	// Progress receives every optimizer step, for progress displays.
 	Progress func(step, total int, m *trainer.Metrics)
@@ -85,6 +87,16 @@ func (p Params) withDefaults() Params {
 	}
 	if p.Log == nil {
 		p.Log = zap.NewNop()
+	}
+	if p.Sample == nil && len(p.Tokenizer) > 0 {
+		tj := p.Tokenizer
+		p.Sample = func(_ context.Context, dir string) ([]int32, string, error) {
+			tok, err := tokenizer.Parse(tj)
+			if err != nil {
+				return nil, "", fmt.Errorf("the run's tokenizer: %w", err)
+			}
+			return trainer.Sample(dir, tok)
+		}
 	}
 	if p.OpenData == nil {
 		p.OpenData = func(rc trainer.RunConfig, mc model.Config) (trainer.Data, error) {

@@ -331,8 +331,11 @@ func (c *Client) archiveWhenStopped(ctx context.Context, queue, id string) (stri
 				return "", fmt.Errorf("cancel %s: archive: %w", id, err)
 			}
 			return "cancelled", nil
+		case asynq.TaskStateArchived:
+			// The worker archived it on seeing the cancel mark.
+			return "cancelled", nil
 		default:
-			// Archived by the worker, or finished before the cancel landed.
+			// Finished before the cancel landed.
 			return ti.State.String(), nil
 		}
 		select {

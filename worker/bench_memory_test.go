@@ -23,8 +23,8 @@ func TestBenchRunOfImpossibleSizeIsArchived(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(), Bench: cpuBench,
-		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
+	e.handlers.Training = &Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(), Bench: cpuBench,
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }}
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 
 	id := e.enqueue(scheduler.BenchRun{Model: "tiny", Engine: "cpu", Params: map[string]string{"batch": "100000000", "seq": "1024"}})

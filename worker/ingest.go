@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -20,13 +19,16 @@ import (
 	"github.com/kiln-lm/kiln/tokens"
 )
 
-// Ingest is what the ingest handlers need beyond their payloads. The
-// process that runs an ingest or append worker sets it once with
-// ConfigureIngest before the worker starts.
+// Ingest handles ingest:plan, ingest:shard and ingest:append with the
+// dependencies it holds; give it to New in Params.Handlers.
 type Ingest struct {
-	// Pipeline does the work. Unless its Tokenizer is set, tokenizers come
-	// from Tokenizers, each name loaded once: a published name never
-	// changes meaning.
+	// Pipeline does the work; its Objects is required. Unless its
+	// Tokenizer is set, tokenizers come from Tokenizers, each name loaded
+	// once: a published name never changes meaning. A Tokenizing left nil
+	// bounds the shards tokenizing at once to ingest.DefaultTokenizing(),
+	// whatever the ingest queue's concurrency: the shards beyond it
+	// download, or wait for their uploads to complete, while the others use
+	// the cores.
 	Pipeline ingest.Pipeline
 	// Tokenizers is the tokenizer catalog (default: that of
 	// Pipeline.Objects and Pipeline.DataDir).
@@ -43,24 +45,25 @@ type Ingest struct {
 	WaitEvery time.Duration
 }
 
-var ingestCfg atomic.Pointer[Ingest]
-
-// ConfigureIngest installs c for the ingest handlers of this process. A
-// Pipeline.Tokenizing left nil bounds the shards tokenizing at once to
-// ingest.DefaultTokenizing(), whatever the ingest queue's concurrency: the
-// shards beyond it download, or wait for their uploads to complete, while
-// the others use the cores.
-func ConfigureIngest(c Ingest) {
-	if c.Pipeline.Tokenizing == nil {
-		c.Pipeline.Tokenizing = semaphore.NewWeighted(int64(ingest.DefaultTokenizing()))
+// resolve checks c's dependencies and returns a copy with its defaults.
+func (c *Ingest) resolve() (*Ingest, error) {
+	r := *c
+	switch {
+	case r.Pipeline.Objects == nil:
+		return nil, &requiredError{"Pipeline.Objects", "shards and tokenizers live in the object store"}
+	case r.Enqueue == nil:
+		return nil, &requiredError{"Enqueue", "a plan queues its shards and a shard its append"}
 	}
-	if c.Tokenizers == nil {
-		c.Tokenizers = catalog.New(c.Pipeline.Objects, c.Pipeline.DataDir)
+	if r.Pipeline.Tokenizing == nil {
+		r.Pipeline.Tokenizing = semaphore.NewWeighted(int64(ingest.DefaultTokenizing()))
 	}
-	if c.Pipeline.Tokenizer == nil {
-		c.Pipeline.Tokenizer = ingestTokenizers(c.Tokenizers)
+	if r.Tokenizers == nil {
+		r.Tokenizers = catalog.New(r.Pipeline.Objects, r.Pipeline.DataDir)
 	}
-	ingestCfg.Store(&c)
+	if r.Pipeline.Tokenizer == nil {
+		r.Pipeline.Tokenizer = ingestTokenizers(r.Tokenizers)
+	}
+	return &r, nil
 }
 
 func ingestTokenizers(cat *catalog.Catalog) func(context.Context, string) (*tokenizer.Tokenizer, error) {
@@ -100,20 +103,6 @@ func AbortStaleUploads(ctx context.Context, objects store.Store, idle time.Durat
 	return aborted
 }
 
-func init() {
-	Register(ingestPlan)
-	Register(ingestShard)
-	Register(ingestAppend)
-}
-
-func ingestConfig(kind string) (*Ingest, error) {
-	c := ingestCfg.Load()
-	if c == nil || c.Enqueue == nil || c.Pipeline.Objects == nil {
-		return nil, fmt.Errorf("%s: this worker was started without ingest configured (%w)", kind, asynq.SkipRetry)
-	}
-	return c, nil
-}
-
 // ingestFinal marks errors that a retry cannot fix, so the task is archived with
 // its message instead of retried: a limit reached, bad input (an unknown
 // dataset or tokenizer, a gated dataset, a store made by another
@@ -127,13 +116,9 @@ func ingestFinal(kind string, err error) error {
 	return fmt.Errorf("%s: %w", kind, err)
 }
 
-// ingestPlan lists a dataset and queues one ingest:shard per file the store
+// plan lists a dataset and queues one ingest:shard per file the store
 // lacks, in the plan's seeded order; a file already queued keeps its task.
-func ingestPlan(ctx context.Context, a scheduler.IngestPlan) error {
-	c, err := ingestConfig(a.Kind())
-	if err != nil {
-		return err
-	}
+func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 	rep := Progress(ctx)
 	if a.Tokenizer != "" && c.Queue != nil {
 		ti, err := c.Queue.LiveTokenizer(ctx, a.Tokenizer)
@@ -191,13 +176,9 @@ func preloadTokenizer(ctx context.Context, c *Ingest, name string) {
 	_, _ = c.Pipeline.Tokenizer(ctx, name)
 }
 
-// ingestShard tokenizes one file into a shard object and queues its append
+// shard tokenizes one file into a shard object and queues its append
 // (or the record of its skip).
-func ingestShard(ctx context.Context, a scheduler.IngestShard) error {
-	c, err := ingestConfig(a.Kind())
-	if err != nil {
-		return err
-	}
+func (c *Ingest) shard(ctx context.Context, a scheduler.IngestShard) error {
 	rep := Progress(ctx)
 	job := ingest.ShardJob{Dataset: a.Dataset, Repo: a.Repo, Revision: a.Revision, Path: a.Path, Size: a.Size, SHA256: a.SHA256,
 		GitOID: a.GitOID, Store: a.Store, Tokenizer: a.Tokenizer, ShardID: a.ShardID,
@@ -224,13 +205,9 @@ func ingestShard(ctx context.Context, a scheduler.IngestShard) error {
 	return nil
 }
 
-// ingestAppend appends one shard to its store; the append queue has one
+// append appends one shard to its store; the append queue has one
 // consumer, the machine that holds the stores.
-func ingestAppend(ctx context.Context, a scheduler.IngestAppend) error {
-	c, err := ingestConfig(a.Kind())
-	if err != nil {
-		return err
-	}
+func (c *Ingest) append(ctx context.Context, a scheduler.IngestAppend) error {
 	rep := Progress(ctx)
 	start := time.Now()
 	res, err := c.Pipeline.Append(ctx, ingestAppendJob(a), func(done, total int64) {

@@ -105,18 +105,18 @@ func runIngestChild() int {
 	if n, err := strconv.Atoi(os.Getenv("KILN_TEST_ENCODERS")); err == nil && n > 0 {
 		ingest.SetEncoders(n)
 	}
-	ConfigureIngest(Ingest{
+	ing := &Ingest{
 		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log,
 			DecodeAhead: ahead, Tokenizing: tokenizing, Prefetch: prefetch, LocalRoots: filepath.SplitList(os.Getenv("KILN_TEST_LOCAL_ROOTS"))},
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
-	})
+	}
 	// Tests watch progress as it happens; a benchmark sets the production
 	// throttle instead, so that it measures what a worker does.
 	every := time.Millisecond
 	if v, err := time.ParseDuration(os.Getenv("KILN_TEST_PROGRESS_EVERY")); err == nil {
 		every = v
 	}
-	w, err := New(Params{Redis: opt, Queues: queues, ShutdownGrace: 10 * time.Second,
+	w, err := New(Params{Redis: opt, Queues: queues, ShutdownGrace: 10 * time.Second, Handlers: Handlers{Ingest: ing},
 		Logger: log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: every})
 	if err != nil {
 		return fail(err)
@@ -214,19 +214,19 @@ func newIngestEnv(t *testing.T) *ingestEnv {
 	return e
 }
 
-// configure installs the ingest handlers' configuration for this process:
-// a data directory of its own, and stores (for the append queue) or none.
+// configure sets the ingest handlers of the workers serve starts: a data
+// directory of their own, and stores (for the append queue) or none.
 func (e *ingestEnv) configure(dataDir, storesDir string) {
-	ConfigureIngest(Ingest{
+	e.handlers.Ingest = &Ingest{
 		Pipeline: ingest.Pipeline{Objects: e.objects, Hub: e.hc, Presets: e.presets, DataDir: dataDir, StoresDir: storesDir, Logger: zap.NewNop()},
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
-	})
+	}
 }
 
 // serve runs an in-process worker on queues until the test ends.
 func (e *ingestEnv) serve(queues map[string]int) {
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: queues, Logger: zap.NewNop(), DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+	w, err := New(Params{Redis: e.opt, Queues: queues, Handlers: e.handlers, Logger: zap.NewNop(), DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -663,12 +663,12 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 	}
 }
 
-// configureLocal installs the ingest handlers with local roots.
+// configureLocal sets the ingest handlers with local roots.
 func (e *ingestEnv) configureLocal(dataDir, storesDir string, roots ...string) {
-	ConfigureIngest(Ingest{
+	e.handlers.Ingest = &Ingest{
 		Pipeline: ingest.Pipeline{Objects: e.objects, Presets: e.presets, DataDir: dataDir, StoresDir: storesDir, LocalRoots: roots, Logger: zap.NewNop()},
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
-	})
+	}
 }
 
 // A task written straight into Redis that names a local file outside the
@@ -824,11 +824,11 @@ func TestWorkerStartAbortsStaleUploads(t *testing.T) {
 func TestIngestPlanWaitsForItsTokenizer(t *testing.T) {
 	e := newIngestEnv(t)
 	e.addGoodFiles("good", 2, 3, "")
-	ConfigureIngest(Ingest{
+	e.handlers.Ingest = &Ingest{
 		Pipeline: ingest.Pipeline{Objects: e.objects, Hub: e.hc, Presets: e.presets, DataDir: t.TempDir(), StoresDir: t.TempDir(), Logger: zap.NewNop()},
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
 		Queue:    e.c, WaitEvery: 50 * time.Millisecond,
-	})
+	}
 	// The tokenizer's training sits on the append queue, which nobody
 	// serves until the test says it is done.
 	train := e.enqueue(scheduler.TokenizerTrain{Name: "later-bpe", VocabSize: 320})

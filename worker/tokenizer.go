@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 
 	"github.com/hibiken/asynq"
 	"go.uber.org/zap"
@@ -21,9 +20,8 @@ import (
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
 )
 
-// Tokenizers is what the tokenizer:sample and tokenizer:train handlers need
-// beyond their payloads. The process that runs an ingest or append worker
-// sets it once with ConfigureTokenizers before the worker starts.
+// Tokenizers handles tokenizer:sample and tokenizer:train with the
+// dependencies it holds; give it to New in Params.Handlers.
 type Tokenizers struct {
 	// Objects holds the samples and the tokenizers (required): samples are
 	// drawn on any ingest machine and trained on the append machine.
@@ -38,6 +36,12 @@ type Tokenizers struct {
 	SWH *ingest.SWH
 	// Presets are the datasets known by name. Default ingest.Presets("").
 	Presets map[string]ingest.Preset
+	// LocalRoots are the directories whose files a sample of a local
+	// dataset (local:<glob>) may read, as ingest.Pipeline.LocalRoots: a
+	// payload comes from whoever can write to Redis, so a glob reaching
+	// outside them is refused before anything is read. None: no local
+	// dataset is sampled.
+	LocalRoots []string
 	// Enqueue queues the training once every sample is drawn (required):
 	// scheduler.Client.Enqueue.
 	Enqueue func(ctx context.Context, a scheduler.Args) error
@@ -45,14 +49,38 @@ type Tokenizers struct {
 	Log *zap.Logger
 }
 
-var tokenizers atomic.Pointer[Tokenizers]
-
-// ConfigureTokenizers installs t for the tokenizer handlers of this process.
-func ConfigureTokenizers(t Tokenizers) { tokenizers.Store(&t) }
-
-func init() {
-	Register(tokenizerSample)
-	Register(tokenizerTrain)
+// resolve checks t's dependencies and returns a copy with its defaults.
+func (t *Tokenizers) resolve() (*Tokenizers, error) {
+	r := *t
+	switch {
+	case r.Objects == nil:
+		return nil, &requiredError{"Objects", "samples and tokenizers live in the object store"}
+	case r.DataDir == "":
+		return nil, &requiredError{"DataDir", "downloads are sampled and tokenizers trained there"}
+	case r.Enqueue == nil:
+		return nil, &requiredError{"Enqueue", "the last sample drawn queues the training"}
+	}
+	if r.Log == nil {
+		r.Log = zap.NewNop()
+	}
+	if r.Presets == nil {
+		p, err := ingest.Presets("")
+		if err != nil {
+			return nil, fmt.Errorf("Presets: %w", err)
+		}
+		r.Presets = p
+	}
+	if r.SWH == nil {
+		r.SWH = ingest.SWHFromEnv()
+	}
+	if r.Hub == nil {
+		h, err := hub.New(hub.Environment())
+		if err != nil {
+			return nil, fmt.Errorf("Hub: %w", err)
+		}
+		r.Hub = h
+	}
+	return &r, nil
 }
 
 // permanent marks errors that a retry cannot fix (a bad name, an unknown
@@ -66,21 +94,6 @@ func permanent(kind string, err error) error {
 	return fmt.Errorf("%s: %w", kind, err)
 }
 
-func configuredTokenizers(kind string) (*Tokenizers, error) {
-	t := tokenizers.Load()
-	if t == nil || t.Objects == nil || t.DataDir == "" || t.Enqueue == nil {
-		return nil, fmt.Errorf("%s: this worker was started without tokenizer training configured (object store, data directory, queue) (%w)", kind, asynq.SkipRetry)
-	}
-	return t, nil
-}
-
-func (t *Tokenizers) log() *zap.Logger {
-	if t.Log == nil {
-		return zap.NewNop()
-	}
-	return t.Log
-}
-
 func shares(m []scheduler.TokenizerShare) []sample.Share {
 	out := make([]sample.Share, len(m))
 	for i, s := range m {
@@ -89,18 +102,14 @@ func shares(m []scheduler.TokenizerShare) []sample.Share {
 	return out
 }
 
-// tokenizerSample draws one dataset's part of a tokenizer's sample into
+// sample draws one dataset's part of a tokenizer's sample into
 // object storage; the task that finds every part drawn queues the training.
-func tokenizerSample(ctx context.Context, a scheduler.TokenizerSample) error {
+func (t *Tokenizers) sample(ctx context.Context, a scheduler.TokenizerSample) error {
 	const kind = scheduler.KindTokenizerSample
-	t, err := configuredTokenizers(kind)
-	if err != nil {
-		return err
-	}
 	if err := checkSamplePayload(a); err != nil {
 		return permanent(kind, err)
 	}
-	log := t.log().With(zap.String("tokenizer", a.Name), zap.String("dataset", a.Dataset))
+	log := t.Log.With(zap.String("tokenizer", a.Name), zap.String("dataset", a.Dataset))
 	prefix := sample.Prefix(a.Name, shares(a.Mixture), a.Seed, a.TotalBytes)
 	key := sample.SampleKey(prefix, a.Dataset)
 	if _, err := t.Objects.Stat(ctx, key); err == nil {
@@ -124,26 +133,12 @@ func checkSamplePayload(a scheduler.TokenizerSample) error {
 }
 
 func drawSample(ctx context.Context, t *Tokenizers, a scheduler.TokenizerSample, prefix string, log *zap.Logger) error {
-	presets := t.Presets
-	if presets == nil {
-		var err error
-		if presets, err = ingest.Presets(""); err != nil {
-			return err
-		}
-	}
-	preset, err := ingest.LookupPreset(presets, a.Dataset)
+	preset, err := ingest.LookupPreset(t.Presets, a.Dataset)
 	if err != nil {
 		return err
 	}
-	hc := t.Hub
-	if hc == nil && preset.Repo != "" {
-		if hc, err = hub.New(hub.Environment()); err != nil {
-			return err
-		}
-	}
-	swh := t.SWH
-	if swh == nil {
-		swh = ingest.SWHFromEnv()
+	if err := checkLocalRoots(ctx, t.LocalRoots, preset, a.Seed); err != nil {
+		return err
 	}
 	tmpRoot := filepath.Join(t.DataDir, "tmp")
 	if err := os.MkdirAll(tmpRoot, 0o755); err != nil {
@@ -166,7 +161,7 @@ func drawSample(ctx context.Context, t *Tokenizers, a scheduler.TokenizerSample,
 	defer held.Close()
 	rep := Progress(ctx)
 	rep.Message(ctx, fmt.Sprintf("sampling %d bytes of %s for tokenizer %s", a.Bytes, a.Dataset, a.Name))
-	st, err := sample.Draw(ctx, sample.Options{Preset: preset, Hub: hc, SWH: swh, Bytes: a.Bytes, Seed: a.Seed, TempDir: tmp, Logger: log}, text, held)
+	st, err := sample.Draw(ctx, sample.Options{Preset: preset, Hub: t.Hub, SWH: t.SWH, Bytes: a.Bytes, Seed: a.Seed, TempDir: tmp, Logger: log}, text, held)
 	if err != nil {
 		return err
 	}
@@ -184,6 +179,24 @@ func drawSample(ctx context.Context, t *Tokenizers, a scheduler.TokenizerSample,
 	log.Info("sample drawn", zap.Int64("bytes", st.Bytes), zap.Int64("documents", st.Documents), zap.Int("files", st.Files),
 		zap.Int64("held_out_bytes", st.HeldOutBytes), zap.Bool("short", st.Short), zap.String("revision", st.Revision))
 	rep.Message(ctx, fmt.Sprintf("sampled %d bytes of %s from %d files", st.Bytes, a.Dataset, st.Files))
+	return nil
+}
+
+// checkLocalRoots refuses a local dataset with a file outside roots, before
+// any is read, as an ingest plan does.
+func checkLocalRoots(ctx context.Context, roots []string, preset ingest.Preset, seed uint64) error {
+	if preset.Glob == "" {
+		return nil
+	}
+	listed, err := ingest.Plan(ctx, preset, nil, seed)
+	if err != nil {
+		return err
+	}
+	for _, f := range listed.Files {
+		if err := ingest.CheckLocalPath(roots, f.Path); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -223,21 +236,17 @@ func queueTrainingWhenSampled(ctx context.Context, t *Tokenizers, a scheduler.To
 	return nil
 }
 
-// tokenizerTrain trains on the samples, publishes tokenizers/<name>/
+// train trains on the samples, publishes tokenizers/<name>/
 // tokenizer.json, and writes the report beside it.
-func tokenizerTrain(ctx context.Context, a scheduler.TokenizerTrain) error {
+func (t *Tokenizers) train(ctx context.Context, a scheduler.TokenizerTrain) error {
 	const kind = scheduler.KindTokenizerTrain
-	t, err := configuredTokenizers(kind)
-	if err != nil {
-		return err
-	}
 	if err := catalog.CheckName(a.Name); err != nil {
 		return permanent(kind, err)
 	}
 	if a.Sample == "" || len(a.Mixture) == 0 {
 		return permanent(kind, &scheduler.PayloadError{Kind: kind, Msg: "no sample or mixture: enqueue it with 'sched enqueue tokenizer'"})
 	}
-	log := t.log().With(zap.String("tokenizer", a.Name))
+	log := t.Log.With(zap.String("tokenizer", a.Name))
 	cat := catalog.New(t.Objects, t.DataDir)
 	done, err := alreadyTrained(ctx, cat, a)
 	if err != nil || done {

@@ -128,12 +128,15 @@ func TestTokenizerSampledAndTrainedThroughTheQueues(t *testing.T) {
 	if _, err := cat.Publish(ctx, "kiln-bpe", prevData); err != nil {
 		t.Fatal(err)
 	}
-	ConfigureTokenizers(Tokenizers{
+	tk, err := (&Tokenizers{
 		Objects: objects, DataDir: dataDir, Hub: hc, Presets: presets, Log: zap.NewNop(),
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
-	})
+	}).resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
 	wctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1}, Logger: zap.NewNop(),
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1}, Handlers: Handlers{Tokenizers: tk}, Logger: zap.NewNop(),
 		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +217,7 @@ func TestTokenizerSampledAndTrainedThroughTheQueues(t *testing.T) {
 	if _, err := e.c.Enqueue(ctx, tasks[0]); err == nil {
 		t.Fatal("the same sampling task was queued twice")
 	}
-	if err := tokenizerTrain(ctx, TokenizerTrainTask(tasks[0])); err != nil {
+	if err := tk.train(ctx, TokenizerTrainTask(tasks[0])); err != nil {
 		t.Fatalf("retried training: %v", err)
 	}
 
@@ -251,8 +254,11 @@ func TestTokenizerSampleRefusals(t *testing.T) {
 	h, presets := mixedHub(t)
 	hc, _ := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 1})
 	var queued []scheduler.Args
-	ConfigureTokenizers(Tokenizers{Objects: objects, DataDir: t.TempDir(), Hub: hc, Presets: presets,
-		Enqueue: func(_ context.Context, a scheduler.Args) error { queued = append(queued, a); return nil }})
+	tk, err := (&Tokenizers{Objects: objects, DataDir: t.TempDir(), Hub: hc, Presets: presets,
+		Enqueue: func(_ context.Context, a scheduler.Args) error { queued = append(queued, a); return nil }}).resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
 	mix := []sample.Share{{Dataset: "code", Weight: 1}}
 	ok := TokenizerSampleTasks("tok", mix, 1000, 512, 1, "")[0]
 	for name, c := range map[string]struct {
@@ -266,7 +272,7 @@ func TestTokenizerSampleRefusals(t *testing.T) {
 	} {
 		a := ok
 		c.edit(&a)
-		err := tokenizerSample(context.Background(), a)
+		err := tk.sample(context.Background(), a)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v, want %q", name, err, c.want)
 		}
@@ -277,10 +283,53 @@ func TestTokenizerSampleRefusals(t *testing.T) {
 	if len(queued) != 0 {
 		t.Fatalf("a failed sample queued %v", queued)
 	}
-	if err := tokenizerSample(context.Background(), ok); err != nil {
+	if err := tk.sample(context.Background(), ok); err != nil {
 		t.Fatal(err)
 	}
 	if len(queued) != 1 || queued[0].(scheduler.TokenizerTrain).Sample != TokenizerTrainTask(ok).Sample {
 		t.Fatalf("the only sample drawn did not queue the training: %v", queued)
 	}
+}
+
+// A tokenizer:sample written straight into Redis that names a local glob
+// outside the worker's roots (/etc/*) is archived at once, naming the path
+// and the setting, before anything is read: no download directory is made
+// and no sample stored. Inside the roots the same worker samples.
+func TestTokenizerSampleRefusesLocalFilesOutsideItsRoots(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, dataDir := t.TempDir(), t.TempDir()
+	for i, doc := range tokenizertest.Documents(tokenizertest.Text(t, "go"), 2000)[:4] {
+		if err := os.WriteFile(filepath.Join(root, fmt.Sprintf("%d.txt", i)), []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.handlers.Tokenizers = &Tokenizers{Objects: objects, DataDir: dataDir, LocalRoots: []string{root}, Log: zap.NewNop(),
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }}
+	e.serve(map[string]int{scheduler.QueueIngest: 1})
+
+	raw := asynq.NewClient(e.opt)
+	defer raw.Close()
+	payload := `{"v":1,"args":{"name":"etc-bpe","dataset":"local:/etc/*","bytes":4096,"mixture":[{"dataset":"local:/etc/*","weight":1}],"total_bytes":4096}}`
+	info, err := raw.Enqueue(asynq.NewTask(scheduler.KindTokenizerSample, []byte(payload), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := e.waitFor(info.ID, time.Minute, "archived", state("archived"))
+	if ts.Retried != 0 || !strings.Contains(ts.LastErr, "/etc/") || !strings.Contains(ts.LastErr, "KILN_LOCAL_ROOTS") {
+		t.Errorf("archived after %d retries with %q; want at once, naming the file under /etc and KILN_LOCAL_ROOTS", ts.Retried, ts.LastErr)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "tmp")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused sample made its download directory (%v): it began reading", err)
+	}
+	if objs, err := objects.List(context.Background(), "tokenizers/"); err != nil || len(objs) != 0 {
+		t.Errorf("objects after the refusal: %v (%v); want none", objs, err)
+	}
+
+	id := e.enqueue(scheduler.TokenizerSample{Name: "root-bpe", Dataset: ingest.LocalPrefix + filepath.Join(root, "*.txt"), Bytes: 2048,
+		Mixture: []scheduler.TokenizerShare{{Dataset: ingest.LocalPrefix + filepath.Join(root, "*.txt"), Weight: 1}}, TotalBytes: 2048})
+	e.waitFor(id, time.Minute, "completed", state("completed"))
 }

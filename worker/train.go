@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -27,9 +26,8 @@ import (
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
-// Training is what the train:segment handler needs beyond its payload.
-// The process that runs a GPU worker (`sched worker`, `sched demo`) sets
-// it once with ConfigureTraining before the worker starts.
+// Training handles train:segment, and bench:run when Bench is set, with
+// the dependencies it holds; give it to New in Params.Handlers.
 type Training struct {
 	// Redis holds the runs' locks and state (required).
 	Redis redis.UniversalClient
@@ -49,8 +47,8 @@ type Training struct {
 	// with the runs file named by KILN_RUNS applied, read per task so that
 	// an edited file takes effect at the next segment.
 	Runs runs.Set
-	// Dir is the local run root (checkpoints, metrics); TokensDir the root
-	// of the mixture's token stores.
+	// Dir is the local run root (checkpoints, metrics; required);
+	// TokensDir the root of the mixture's token stores.
 	Dir, TokensDir string
 	// DataDir is the local data directory, where resolved tokenizers are
 	// kept (<DataDir>/tokenizers). Default: Dir's parent.
@@ -82,30 +80,38 @@ type BenchSpec struct {
 	Steps, Warmup int
 }
 
-var training atomic.Pointer[Training]
-
-// ConfigureTraining installs t for the training handlers of this process.
-func ConfigureTraining(t Training) { training.Store(&t) }
-
-func init() {
-	Register(trainSegment)
-	Register(benchRun)
+// resolve checks t's dependencies and returns a copy with its defaults.
+func (t *Training) resolve() (*Training, error) {
+	r := *t
+	switch {
+	case r.Redis == nil:
+		return nil, &requiredError{"Redis", "runs keep their locks and state there"}
+	case r.Objects == nil:
+		return nil, &requiredError{"Objects", "checkpoints and results live in the object store"}
+	case r.Enqueue == nil:
+		return nil, &requiredError{"Enqueue", "a segment queues the next one"}
+	case r.Dir == "":
+		return nil, &requiredError{"Dir", "the local run root holds checkpoints and metrics"}
+	}
+	if r.DataDir == "" {
+		r.DataDir = filepath.Dir(r.Dir)
+	}
+	if r.Log == nil {
+		r.Log = zap.NewNop()
+	}
+	return &r, nil
 }
 
 // BenchKey is where bench:run keeps its rows, one JSON object per line;
 // `sched results bench` prints them as a table.
 const BenchKey = "results/bench/sweep.jsonl"
 
-// benchRun measures the sweep ("sweep", or Sweep set) or one model preset
+// bench measures the sweep ("sweep", or Sweep set) or one model preset
 // and appends a row per shape to results/bench/sweep.jsonl, each as soon as
 // it is measured, so that a sweep cut short keeps what it measured. A shape
 // that fails (out of memory) is recorded with its error and the sweep goes
 // on.
-func benchRun(ctx context.Context, a scheduler.BenchRun) error {
-	t := training.Load()
-	if t == nil || t.Bench == nil {
-		return &UnavailableError{Kind: scheduler.KindBenchRun}
-	}
+func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 	steps, warmup := 0, -1
 	for k, p := range map[string]*int{"steps": &steps, "warmup": &warmup} {
 		if v, ok := a.Params[k]; ok {
@@ -204,14 +210,10 @@ func appendBenchRow(ctx context.Context, obj store.Store, row results.BenchRow) 
 	return nil
 }
 
-// trainSegment trains one segment of a run and, unless the run is done or
+// segment trains one segment of a run and, unless the run is done or
 // the segment was stopped, queues the next one. A run another worker holds
 // is retried later; a run name this build does not know is archived.
-func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
-	t := training.Load()
-	if t == nil {
-		return fmt.Errorf("train:segment: this worker was started without training configured (%w)", asynq.SkipRetry)
-	}
+func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error {
 	set := t.Runs
 	if set == nil {
 		var err error
@@ -227,9 +229,6 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 		run.Engine = a.Engine
 	}
 	log := t.Log
-	if log == nil {
-		log = zap.NewNop()
-	}
 	// The payload pins the tokenizer the run was queued with; the runs
 	// entry names it for payloads that do not.
 	name := a.Tokenizer
@@ -239,10 +238,6 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 	if name == "" {
 		return fmt.Errorf("train:segment run %s names no tokenizer: set tokenizer in its runs entry or queue it with KILN_TOKENIZER set (%w)", a.Run, asynq.SkipRetry)
 	}
-	dataDir := t.DataDir
-	if dataDir == "" {
-		dataDir = filepath.Dir(t.Dir)
-	}
 	if err := waitForInputs(ctx, t.Queue, a.Run, name, run.Mixture); err != nil {
 		var we *WaitError
 		if errors.As(err, &we) {
@@ -251,7 +246,7 @@ func trainSegment(ctx context.Context, a scheduler.TrainSegment) error {
 		}
 		return err
 	}
-	uses, _, err := catalog.New(t.Objects, dataDir).Resolve(ctx, name)
+	uses, _, err := catalog.New(t.Objects, t.DataDir).Resolve(ctx, name)
 	if err != nil {
 		// An unknown or conflicting name does not fix itself by waiting.
 		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: tokenizer %s: %w", a.Run, name, err))

@@ -96,12 +96,12 @@ func patternRun(name, tok string, lr float64, total, evalEvery, ckptEvery int) r
 // trainPattern configures training of run on patternData and starts a
 // worker serving the gpu queue.
 func (e *env) trainPattern(objects store.Store, run runs.Run) {
-	ConfigureTraining(Training{
+	e.handlers.Training = &Training{
 		Redis: e.rdb, Objects: objects, Runs: runs.Set{run.Name: run}, Dir: e.t.TempDir(), Owner: "gpu-test",
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
 		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
 		Log:      zap.NewNop(),
-	})
+	}
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 }
 
@@ -171,8 +171,8 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(),
-		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
+	e.handlers.Training = &Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(),
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }}
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 	id := e.enqueue(scheduler.TrainSegment{Run: "no-such-run"})
 	ts := e.waitFor(id, 30*time.Second, "archived", state("archived"))
@@ -186,8 +186,10 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("KILN_RUNS", bad)
-	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Dir: t.TempDir(),
-		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
+	e = newEnv(t)
+	e.handlers.Training = &Training{Redis: e.rdb, Objects: objects, Dir: t.TempDir(),
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }}
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
 	id = e.enqueue(scheduler.TrainSegment{Run: "pilot"})
 	ts = e.waitFor(id, 30*time.Second, "archived", state("archived"))
 	if !strings.Contains(ts.LastErr, "KILN_RUNS") || !strings.Contains(ts.LastErr, "learning_rate") {
@@ -216,8 +218,8 @@ func TestBenchRunAppendsRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(), Bench: cpuBench,
-		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
+	e.handlers.Training = &Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(), Bench: cpuBench,
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }}
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 
 	for _, seq := range []string{"16", "32"} {
@@ -328,8 +330,8 @@ func TestTrainSegmentRefusesAnotherTokenizer(t *testing.T) {
 			Mixture: []trainer.MixtureEntry{{Store: "other", Weight: 1}}},
 		Retention: runs.Retention{KeepLast: 1},
 	}
-	ConfigureTraining(Training{Redis: e.rdb, Objects: objects, Runs: runs.Set{"pinned": run}, Dir: t.TempDir(), TokensDir: tokens,
-		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }})
+	e.handlers.Training = &Training{Redis: e.rdb, Objects: objects, Runs: runs.Set{"pinned": run}, Dir: t.TempDir(), TokensDir: tokens,
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }}
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 
 	id := e.enqueue(scheduler.TrainSegment{Run: "pinned", Tokenizer: "never-published"})
@@ -375,12 +377,12 @@ func TestASegmentWaitsForItsTokenizerAndStores(t *testing.T) {
 	}
 	tokName := publishTestTokenizer(t, objects)
 	run := patternRun("waits", tokName, 1e-3, 2, 0, 2)
-	ConfigureTraining(Training{
+	e.handlers.Training = &Training{
 		Redis: e.rdb, Objects: objects, Runs: runs.Set{run.Name: run}, Dir: e.t.TempDir(), Owner: "gpu-test",
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
 		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
 		Queue:    e.c, WaitEvery: 50 * time.Millisecond, Log: zap.NewNop(),
-	})
+	}
 	// Nobody serves the ingest and append queues: the work stays queued
 	// until the test cancels it, as if it finished.
 	sample := e.enqueue(scheduler.TokenizerSample{Name: tokName, Dataset: "d"})

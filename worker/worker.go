@@ -25,6 +25,8 @@ import (
 type Params struct {
 	// Redis is the queue's connection (required).
 	Redis asynq.RedisConnOpt
+	// Handlers are the handlers of the kinds this worker serves (required).
+	Handlers Handlers
 	// Queues maps queue name to concurrency, e.g. {"ingest": 4}. Each
 	// queue gets its own asynq server, so a concurrency is a hard bound for
 	// that queue: "gpu": 1 means one training segment at a time whatever
@@ -57,6 +59,7 @@ const DefaultTaskCheckInterval = 100 * time.Millisecond
 // Worker is a set of asynq servers sharing one drain signal.
 type Worker struct {
 	p       Params
+	set     handlerSet
 	rdb     redis.UniversalClient
 	servers []*asynq.Server
 	// drain is cancelled when shutdown begins; it cancels every handler's
@@ -110,6 +113,13 @@ func New(p Params) (*Worker, error) {
 	if len(p.Queues) == 0 {
 		return nil, errors.New("worker: Params.Queues is empty")
 	}
+	set, err := p.Handlers.build()
+	if err != nil {
+		return nil, err
+	}
+	if err := set.checkQueues(p.Queues); err != nil {
+		return nil, err
+	}
 	if p.ShutdownGrace <= 0 {
 		p.ShutdownGrace = scheduler.DefaultShutdownGrace
 	}
@@ -126,7 +136,7 @@ func New(p Params) (*Worker, error) {
 	if p.TaskCheckInterval <= 0 {
 		p.TaskCheckInterval = DefaultTaskCheckInterval
 	}
-	w := &Worker{p: p, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
+	w := &Worker{p: p, set: set, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
 	w.drain, w.cancelDrain = context.WithCancel(context.Background())
 	for q, n := range p.Queues {
 		w.servers = append(w.servers, asynq.NewServer(p.Redis, asynq.Config{
@@ -149,7 +159,7 @@ func New(p Params) (*Worker, error) {
 // that is re-queued by asynq. Shutdown order: stop fetching, cancel
 // handlers, wait, close Redis.
 func (w *Worker) Run(ctx context.Context) error {
-	h := w.middleware(mux{})
+	h := w.middleware(mux{w.set})
 	for i, s := range w.servers {
 		if err := s.Start(h); err != nil {
 			for _, started := range w.servers[:i] {
@@ -158,7 +168,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("start worker: %w", err)
 		}
 	}
-	w.p.Logger.Info("worker started", zap.Any("queues", w.p.Queues), zap.Strings("handlers", Registered()), zap.String("name", w.p.Name))
+	w.p.Logger.Info("worker started", zap.Any("queues", w.p.Queues), zap.Strings("handlers", w.set.kinds()), zap.String("name", w.p.Name))
 	<-ctx.Done()
 	w.p.Logger.Info("worker draining", zap.Duration("grace", w.p.ShutdownGrace))
 	for _, s := range w.servers {

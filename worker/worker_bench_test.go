@@ -18,10 +18,10 @@ type noopArgs struct{ N int }
 
 func (noopArgs) Kind() string { return kindNoop }
 
-func init() {
-	scheduler.Define(kindNoop, testPolicy)
-	Register(func(ctx context.Context, a noopArgs) error { return nil })
-}
+func init() { scheduler.Define(kindNoop, testPolicy) }
+
+// noopHandlers serve noopArgs.
+var noopHandlers = Handlers{Extra: []Handler{HandlerFunc(func(ctx context.Context, a noopArgs) error { return nil })}}
 
 // BenchmarkPerTaskOverhead runs n no-op tasks through kiln's worker (typed
 // decode, middleware, progress writes, logging to a no-op logger) and
@@ -54,7 +54,7 @@ func BenchmarkPerTaskOverhead(b *testing.B) {
 					}
 					go func() { <-ctx.Done(); srv.Shutdown(); close(done) }()
 				default:
-					w, err := New(Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 8}, Logger: zap.NewNop()})
+					w, err := New(Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 8}, Handlers: noopHandlers, Logger: zap.NewNop()})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -94,7 +94,7 @@ func BenchmarkIdlePickup(b *testing.B) {
 			opt, _ := asynq.ParseRedisURI(r.URL(0))
 			c := scheduler.NewClient(opt)
 			defer c.Close()
-			w, err := New(Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 1}, Logger: zap.NewNop(), TaskCheckInterval: tc.every})
+			w, err := New(Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 1}, Handlers: noopHandlers, Logger: zap.NewNop(), TaskCheckInterval: tc.every})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -52,19 +52,24 @@ func init() {
 	scheduler.Define(kindSlow, testPolicy)
 	scheduler.Define(kindPanic, testPolicy)
 	scheduler.Define(kindUnbuilt, testPolicy)
-	Register(func(ctx context.Context, a slowArgs) error {
-		rep := Progress(ctx)
-		for i := 0; i < a.Steps; i++ {
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("stopped at step %d of %d: %w", i, a.Steps, ctx.Err())
-			case <-time.After(time.Duration(a.StepMS) * time.Millisecond):
-			}
-			rep.Report(ctx, float64(i+1)/float64(a.Steps), float64(1000/max(a.StepMS, 1)), "steps/s", fmt.Sprintf("step %d", i+1))
+}
+
+// testHandlers are the handlers of the test kinds (unbuiltArgs has none).
+func testHandlers() []Handler {
+	return []Handler{HandlerFunc(slow), HandlerFunc(func(ctx context.Context, a panicArgs) error { panic("boom") })}
+}
+
+func slow(ctx context.Context, a slowArgs) error {
+	rep := Progress(ctx)
+	for i := 0; i < a.Steps; i++ {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped at step %d of %d: %w", i, a.Steps, ctx.Err())
+		case <-time.After(time.Duration(a.StepMS) * time.Millisecond):
 		}
-		return rep.rdb.Incr(context.Background(), "kiln-test:done:"+a.Name).Err()
-	})
-	Register(func(ctx context.Context, a panicArgs) error { panic("boom") })
+		rep.Report(ctx, float64(i+1)/float64(a.Steps), float64(1000/max(a.StepMS, 1)), "steps/s", fmt.Sprintf("step %d", i+1))
+	}
+	return rep.rdb.Incr(context.Background(), "kiln-test:done:"+a.Name).Err()
 }
 
 // TestMain doubles as a worker process: with KILN_TEST_WORKER_URL set, the
@@ -85,7 +90,8 @@ func runChild(url string) int {
 	}
 	log, _ := zap.NewDevelopment()
 	w, err := New(Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 2}, ShutdownGrace: 10 * time.Second,
-		Logger: log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+		Handlers: Handlers{Extra: testHandlers()},
+		Logger:   log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -100,12 +106,15 @@ func runChild(url string) int {
 }
 
 type env struct {
-	t     *testing.T
-	redis *testsvc.RedisServer
-	url   string
-	opt   asynq.RedisConnOpt
-	c     *scheduler.Client
-	rdb   redis.UniversalClient
+	// handlers are what serve gives its worker: the test kinds', and a
+	// test's own groups.
+	handlers Handlers
+	t        *testing.T
+	redis    *testsvc.RedisServer
+	url      string
+	opt      asynq.RedisConnOpt
+	c        *scheduler.Client
+	rdb      redis.UniversalClient
 }
 
 func newEnv(t *testing.T) *env {
@@ -116,7 +125,7 @@ func newEnv(t *testing.T) *env {
 	}
 	c := scheduler.NewClient(opt)
 	t.Cleanup(func() { c.Close() })
-	return &env{t: t, redis: r, url: r.URL(0), opt: opt, c: c, rdb: c.Redis()}
+	return &env{handlers: Handlers{Extra: testHandlers()}, t: t, redis: r, url: r.URL(0), opt: opt, c: c, rdb: c.Redis()}
 }
 
 // startInProcess runs a worker in this process until the test ends.
@@ -125,7 +134,7 @@ func (e *env) startInProcess() { e.serve(map[string]int{scheduler.QueueIngest: 2
 // serve runs a worker for queues in this process until the test ends.
 func (e *env) serve(queues map[string]int) {
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: queues, Logger: zap.NewNop(),
+	w, err := New(Params{Redis: e.opt, Queues: queues, Handlers: e.handlers, Logger: zap.NewNop(),
 		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
@@ -223,7 +232,7 @@ func TestFinalErrorsAreArchivedWithoutRetry(t *testing.T) {
 		task *asynq.Task
 		want string
 	}{
-		"unbuilt kind":      {mustTask(t, unbuiltArgs{}), "not available in this build"},
+		"unbuilt kind":      {mustTask(t, unbuiltArgs{}), "not available on this worker"},
 		"unknown kind":      {asynq.NewTask("nope:x", []byte("{}"), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), `unknown task kind "nope:x"`},
 		"malformed payload": {asynq.NewTask(kindSlow, []byte("\xff not json"), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), "malformed payload"},
 		"future version":    {asynq.NewTask(kindSlow, []byte(`{"v":7,"args":{}}`), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), "payload version 7"},

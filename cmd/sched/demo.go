@@ -284,12 +284,12 @@ func trainThroughQueue(ctx context.Context, out io.Writer, o demoOptions, run ru
 
 	set := runs.Presets()
 	set[demoRun] = run
-	worker.ConfigureTraining(worker.Training{
+	training := &worker.Training{
 		Redis: rdb, Objects: objects, Runs: set, Dir: runRoot, TokensDir: tokensDir, Owner: "demo",
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := client.Enqueue(ctx, a); return err },
 		Log:     o.Log,
-	})
-	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: o.Log,
+	}
+	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Handlers: worker.Handlers{Training: training}, Logger: o.Log,
 		Name: "demo", ShutdownGrace: 30 * time.Second, DelayedTaskCheckInterval: 500 * time.Millisecond})
 	if err != nil {
 		return 0, err

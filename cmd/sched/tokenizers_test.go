@@ -137,15 +137,17 @@ func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 	}
 	t.Log(out)
 
-	cfg := scheduler.Config{RedisURL: r.URL(0), DataDir: data}.WithDefaults()
+	// The worker may read the corpus, as KILN_LOCAL_ROOTS would let it.
+	cfg := scheduler.Config{RedisURL: r.URL(0), DataDir: data, LocalRoots: []string{corpus}}.WithDefaults()
 	opt, _ := asynq.ParseRedisURI(cfg.RedisURL)
 	q := scheduler.NewClient(opt)
 	defer q.Close()
 	queues := map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1}
-	if err := configureHandlers(ctx, cfg, queues, q, zap.NewNop()); err != nil {
+	hs, err := workerHandlers(ctx, cfg, queues, q, zap.NewNop())
+	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(worker.Params{Redis: opt, Queues: queues, ProgressEvery: time.Millisecond})
+	w, err := worker.New(worker.Params{Redis: opt, Queues: queues, Handlers: hs, ProgressEvery: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

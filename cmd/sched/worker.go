@@ -40,10 +40,11 @@ func init() {
 			defer q.Close()
 			log := logger(cfg)
 			defer log.Sync()
-			if err := configureHandlers(c.Context(), cfg, qs, q, log); err != nil {
+			hs, err := workerHandlers(c.Context(), cfg, qs, q, log)
+			if err != nil {
 				return err
 			}
-			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
+			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, Handlers: hs, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -78,18 +79,19 @@ func benchRow(ctx context.Context, b worker.BenchSpec, logf func(string)) (resul
 	return results.Row(b.Shape.Model, c, o.Batch, o.Seq, r), nil
 }
 
-// configureHandlers gives the product handlers of the queues this process
-// serves what they need, opened once: the object store, the dataset
+// workerHandlers makes the product handlers of the queues this process
+// serves, with what they need opened once: the object store, the dataset
 // sources, and q, the queue client through which a task queues the next.
-func configureHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int, q *scheduler.Client, log *zap.Logger) error {
+func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int, q *scheduler.Client, log *zap.Logger) (worker.Handlers, error) {
+	var hs worker.Handlers
 	cpu := qs[scheduler.QueueIngest] > 0 || qs[scheduler.QueueAppend] > 0
 	gpu := qs[scheduler.QueueGPU] > 0
 	if !cpu && !gpu {
-		return nil
+		return hs, nil
 	}
 	objects, err := openStore(ctx, cfg)
 	if err != nil {
-		return err
+		return hs, err
 	}
 	worker.AbortStaleUploads(ctx, objects, store.StaleUploadAge, log)
 	enqueue := func(ctx context.Context, a scheduler.Args) error { _, err := q.Enqueue(ctx, a); return err }
@@ -98,19 +100,19 @@ func configureHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]
 	if cpu {
 		h, swh, err := openSources(cfg, log)
 		if err != nil {
-			return err
+			return hs, err
 		}
-		worker.ConfigureIngest(worker.Ingest{
+		hs.Ingest = &worker.Ingest{
 			Pipeline: ingest.Pipeline{Objects: objects, Hub: h, SWH: swh, DataDir: filepath.Join(cfg.DataDir, "ingest"),
 				StoresDir: filepath.Join(cfg.DataDir, "tokens"), LocalRoots: cfg.LocalRoots, Logger: log},
 			Tokenizers: catalog.New(objects, cfg.DataDir),
 			Enqueue:    enqueue,
 			Queue:      q,
-		})
-		worker.ConfigureTokenizers(worker.Tokenizers{Objects: objects, DataDir: cfg.DataDir, Hub: h, SWH: swh, Log: log, Enqueue: enqueue})
+		}
+		hs.Tokenizers = &worker.Tokenizers{Objects: objects, DataDir: cfg.DataDir, Hub: h, SWH: swh, LocalRoots: cfg.LocalRoots, Log: log, Enqueue: enqueue}
 	}
 	if gpu {
-		worker.ConfigureTraining(worker.Training{
+		hs.Training = &worker.Training{
 			Redis: q.Redis(), Objects: objects, Enqueue: enqueue, Queue: q,
 			Dir:         filepath.Join(cfg.DataDir, "runs"),
 			TokensDir:   filepath.Join(cfg.DataDir, "tokens"),
@@ -119,7 +121,7 @@ func configureHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]
 			Bench: func(ctx context.Context, b worker.BenchSpec) (results.BenchRow, error) {
 				return benchRow(ctx, b, func(msg string) { log.Info(msg) })
 			},
-		})
+		}
 	}
-	return nil
+	return hs, nil
 }

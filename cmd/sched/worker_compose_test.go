@@ -18,23 +18,7 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/worker"
 )
-
-// Kinds that carry a task through the append queue in the compose test,
-// where no product handler may be relied on.
-const kindComposeProbe = "test:compose-probe"
-
-type composeProbe struct {
-	Queue string `json:"queue"`
-}
-
-func (composeProbe) Kind() string { return kindComposeProbe }
-
-func init() {
-	scheduler.Define(kindComposeProbe, scheduler.Policy{Queue: scheduler.QueueAppend, Version: 1, Timeout: time.Minute, MaxRetry: 1, Backoff: time.Second, MaxBackoff: time.Second, Retention: time.Hour})
-	worker.Register(func(ctx context.Context, p composeProbe) error { return nil })
-}
 
 func loadCompose(t *testing.T) *types.Project {
 	t.Helper()
@@ -170,23 +154,28 @@ func TestComposeWorkersRunLocally(t *testing.T) {
 	defer q.Close()
 	ctx := context.Background()
 	var ids []string
-	for _, a := range []scheduler.Args{scheduler.BenchRun{Model: "tiny", Engine: "cpu", Params: map[string]string{"batch": "1", "seq": "16", "steps": "2", "warmup": "0"}}, composeProbe{Queue: "append"}} {
-		info, err := q.Enqueue(ctx, a)
+	info, err := q.Enqueue(ctx, scheduler.BenchRun{Model: "tiny", Engine: "cpu", Params: map[string]string{"batch": "1", "seq": "16", "steps": "2", "warmup": "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids = append(ids, info.ID)
+	// ingest and append: a kind no build knows proves each queue is served
+	// (its worker archives the task with the clear error), without running
+	// a real ingest.
+	raw := asynq.NewClient(opt)
+	defer raw.Close()
+	var probes []string
+	for _, queue := range []string{scheduler.QueueIngest, scheduler.QueueAppend} {
+		info, err := raw.Enqueue(asynq.NewTask("probe:"+queue, []byte("{}"), asynq.Queue(queue)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, info.ID)
-	}
-	// ingest: an unbuilt-looking product kind proves the ingest worker is
-	// serving (it archives with the clear error), without running real ingest.
-	raw := asynq.NewClient(opt)
-	defer raw.Close()
-	info, err := raw.Enqueue(asynq.NewTask("ingest:none", []byte("{}"), asynq.Queue(scheduler.QueueIngest)))
-	if err != nil {
-		t.Fatal(err)
+		probes = append(probes, info.ID)
 	}
 	for _, id := range ids {
 		waitStatus(t, env, id, regexp.MustCompile(`completed`), time.Minute)
 	}
-	waitStatus(t, env, info.ID, regexp.MustCompile(`archived.*unknown task kind`), time.Minute)
+	for _, id := range probes {
+		waitStatus(t, env, id, regexp.MustCompile(`archived.*unknown task kind`), time.Minute)
+	}
 }

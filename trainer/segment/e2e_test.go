@@ -71,15 +71,15 @@ func e2eWorker() int {
 			return &heldData{Mixture: m, at: (step-1)*rc.Accumulate + 1, marker: env("KILN_E2E_DIR") + ".held"}, nil
 		}
 	}
-	worker.ConfigureTraining(worker.Training{
+	training := &worker.Training{
 		Redis: rdb, Objects: objects, Runs: set, Dir: env("KILN_E2E_DIR"), TokensDir: env("KILN_E2E_TOKENS"), OpenData: openData,
 		// The run lock keeps its production lease (LockTTL unset): the
 		// killed worker's lock must have lapsed by the time asynq hands
 		// its task to another worker.
 		Owner: env("KILN_E2E_NAME"), Log: log,
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := client.Enqueue(ctx, a); return err },
-	})
-	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: log,
+	}
+	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Handlers: worker.Handlers{Training: training}, Logger: log,
 		Name: env("KILN_E2E_NAME"), DelayedTaskCheckInterval: 200 * time.Millisecond})
 	if err != nil {
 		return fail(err)

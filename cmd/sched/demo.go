@@ -322,11 +322,17 @@ func trainThroughQueue(ctx context.Context, out io.Writer, o demoOptions, run ru
 		}
 		st := rdb.HGetAll(ctx, segment.StateKey(demoRun)).Val()
 		step, _ := strconv.Atoi(st["step"])
+		// A step's loss is noisy at the demo's batch; the held-out loss,
+		// measured every eval_every steps, is what shows the model learn.
+		eval := ""
+		if st["eval_loss"] != "" {
+			eval = fmt.Sprintf(", eval loss %s at step %s", st["eval_loss"], st["eval_step"])
+		}
 		if bar != nil {
-			bar.Describe(fmt.Sprintf("training, loss %s", st["loss"]))
+			bar.Describe(fmt.Sprintf("training, loss %s%s", st["loss"], eval))
 			_ = bar.Set(step)
 		} else if time.Since(lastLine) >= 15*time.Second && st["step"] != "" {
-			fmt.Fprintf(out, "    step %s/%d loss %s tok/s %s\n", st["step"], run.TotalSteps, st["loss"], st["tok_per_s"])
+			fmt.Fprintf(out, "    step %s/%d loss %s%s, %s tok/s\n", st["step"], run.TotalSteps, st["loss"], eval, st["tok_per_s"])
 			lastLine = time.Now()
 		}
 		// A segment that hits its time bound queues the next one, so the

@@ -231,7 +231,9 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 				p.Progress(m.Step, rc.TotalSteps, &m)
 			}
 			stateMu.Lock()
-			due := time.Since(lastState) >= time.Second
+			// An evaluation is always recorded: it is what a watcher
+			// reads to see the run learn.
+			due := time.Since(lastState) >= time.Second || m.EvalLoss != nil
 			if due {
 				lastState = time.Now()
 			}
@@ -430,6 +432,10 @@ func (p Params) writeState(ctx context.Context, lock *Lock, rc trainer.RunConfig
 	}
 	if m.Loss != 0 {
 		f["loss"] = strconv.FormatFloat(m.Loss, 'f', 4, 64)
+	}
+	if m.EvalLoss != nil {
+		f["eval_loss"] = strconv.FormatFloat(*m.EvalLoss, 'f', 4, 64)
+		f["eval_step"] = strconv.Itoa(m.Step)
 	}
 	if m.TokPerS > 0 {
 		f["tok_per_s"] = strconv.FormatFloat(m.TokPerS, 'f', 0, 64)

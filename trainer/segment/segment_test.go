@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -160,6 +161,10 @@ func TestSegmentsResumeFromObjectStorageAfterLosingTheDisk(t *testing.T) {
 	// what it learns.
 	if *recs[0].EvalLoss < 4 || *recs[0].EvalLoss < *recs[8].EvalLoss {
 		t.Errorf("initial eval loss %v, final %v", *recs[0].EvalLoss, *recs[8].EvalLoss)
+	}
+	// The state carries the last evaluation, for watchers of the run.
+	if want := strconv.FormatFloat(*recs[8].EvalLoss, 'f', 4, 64); st["eval_loss"] != want || st["eval_step"] != "8" {
+		t.Errorf("run state eval_loss %q at step %q; want %s at step 8", st["eval_loss"], st["eval_step"], want)
 	}
 	for _, name := range []string{results.SummaryFile, results.PlotFile} {
 		r, err := obj.Get(ctx, ResultsPrefix("r")+name)

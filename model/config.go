@@ -4,11 +4,15 @@
 // the CPU reference engine every faster path is checked against.
 package model
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
-// Config is a Llama configuration. Field names follow transformers'
-// LlamaConfig; JSON reading and writing (including rope_parameters and the
-// older rope_theta) lives in configjson.go.
+// Config is a Llama configuration, or a Mixtral one when Experts > 0. Field
+// names follow transformers' LlamaConfig and MixtralConfig; JSON reading and
+// writing (including rope_parameters and the older rope_theta) lives in
+// configjson.go.
 type Config struct {
 	VocabSize        int     // vocab_size
 	Hidden           int     // hidden_size (d_model)
@@ -24,7 +28,18 @@ type Config struct {
 	BOSTokenID       int     // bos_token_id
 	EOSTokenID       int     // eos_token_id
 	InitializerRange float64 // initializer_range (std of the normal init)
+
+	// Mixtral's sparse mixture of experts replaces every layer's SwiGLU when
+	// Experts > 0: a router picks ExpertsPerTok of Experts SwiGLU experts a
+	// token, each Intermediate wide (Mixtral's intermediate_size is the
+	// expert's width). Zero Experts is a dense Llama model.
+	Experts       int     // num_local_experts
+	ExpertsPerTok int     // num_experts_per_tok (top-k)
+	RouterAuxCoef float64 // router_aux_loss_coef; 0 when output_router_logits is off
 }
+
+// MoE reports whether c has a mixture-of-experts feed-forward.
+func (c Config) MoE() bool { return c.Experts > 0 }
 
 // Validate reports the first field that makes c unusable, by its JSON name.
 func (c Config) Validate() error {
@@ -47,6 +62,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("rope_theta must be positive, got %g", c.RopeTheta)
 	case c.RMSNormEps <= 0:
 		return fmt.Errorf("rms_norm_eps must be positive, got %g", c.RMSNormEps)
+	case c.Experts < 0 || c.Experts == 1:
+		return fmt.Errorf("num_local_experts must be 0 (dense) or at least 2, got %d", c.Experts)
+	case c.Experts == 0 && (c.ExpertsPerTok != 0 || c.RouterAuxCoef != 0):
+		return fmt.Errorf("num_experts_per_tok (%d) and router_aux_loss_coef (%g) need num_local_experts", c.ExpertsPerTok, c.RouterAuxCoef)
+	case c.Experts > 0 && (c.ExpertsPerTok < 1 || c.ExpertsPerTok > c.Experts):
+		return fmt.Errorf("num_experts_per_tok must be between 1 and num_local_experts (%d), got %d", c.Experts, c.ExpertsPerTok)
+	case !(c.RouterAuxCoef >= 0) || math.IsInf(c.RouterAuxCoef, 0):
+		return fmt.Errorf("router_aux_loss_coef must be a finite number >= 0, got %g", c.RouterAuxCoef)
 	}
 	return nil
 }

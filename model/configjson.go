@@ -9,7 +9,8 @@ import (
 	"strings"
 )
 
-// configJSON mirrors the fields of transformers' LlamaConfig that kiln reads.
+// configJSON mirrors the fields of transformers' LlamaConfig and
+// MixtralConfig that kiln reads.
 // Pointers tell an absent field from a zero one, so that transformers'
 // defaults can be applied exactly where it applies them.
 type configJSON struct {
@@ -36,6 +37,12 @@ type configJSON struct {
 	PretrainingTP      *int             `json:"pretraining_tp"`
 	AttentionDropout   *float64         `json:"attention_dropout"`
 	QuantizationConfig *json.RawMessage `json:"quantization_config"`
+	NumLocalExperts    *int             `json:"num_local_experts"`
+	NumExpertsPerTok   *int             `json:"num_experts_per_tok"`
+	RouterAuxLossCoef  *float64         `json:"router_aux_loss_coef"`
+	OutputRouterLogits *bool            `json:"output_router_logits"`
+	RouterJitterNoise  *float64         `json:"router_jitter_noise"`
+	SlidingWindow      *int             `json:"sliding_window"`
 }
 
 // ReadConfig reads a transformers config.json.
@@ -51,19 +58,26 @@ func ReadConfig(path string) (Config, error) {
 	return c, nil
 }
 
-// ParseConfig decodes a transformers LlamaConfig. Absent fields take
-// transformers' defaults (head_dim = hidden_size / num_attention_heads,
+// ParseConfig decodes a transformers LlamaConfig or MixtralConfig (by
+// model_type; absent means llama). Absent fields take transformers'
+// defaults (head_dim = hidden_size / num_attention_heads,
 // num_key_value_heads = num_attention_heads, tie_word_embeddings false,
-// rope_theta 10000, rms_norm_eps 1e-6, initializer_range 0.02). Options kiln
-// does not implement (rope scaling, biases, activations other than silu) are
-// rejected by name rather than silently computed differently.
+// rope_theta 10000, rms_norm_eps 1e-6, initializer_range 0.02; for Mixtral
+// its own: 8 key/value heads, rope_theta 1e6, rms_norm_eps 1e-5, 8 experts,
+// top 2, router_aux_loss_coef 0.001, output_router_logits false). The
+// router's coefficient is kept only when output_router_logits is on, since
+// transformers adds the load-balancing loss only then. Options kiln does not
+// implement (rope scaling, biases, activations other than silu, a sliding
+// window, router jitter) are rejected by name rather than silently computed
+// differently.
 func ParseConfig(b []byte) (Config, error) {
 	var j configJSON
 	if err := json.Unmarshal(b, &j); err != nil {
 		return Config{}, fmt.Errorf("config.json is not valid JSON: %w", err)
 	}
-	if j.ModelType != nil && *j.ModelType != "llama" {
-		return Config{}, fmt.Errorf("model_type %q is not supported: kiln implements llama only", *j.ModelType)
+	mixtral := j.ModelType != nil && *j.ModelType == "mixtral"
+	if j.ModelType != nil && *j.ModelType != "llama" && !mixtral {
+		return Config{}, fmt.Errorf("model_type %q is not supported: kiln implements llama and mixtral only", *j.ModelType)
 	}
 	if j.HiddenAct != nil && *j.HiddenAct != "silu" {
 		return Config{}, fmt.Errorf("hidden_act %q is not supported: kiln implements silu (SwiGLU) only", *j.HiddenAct)
@@ -105,6 +119,12 @@ func ParseConfig(b []byte) (Config, error) {
 		BOSTokenID:       1,
 		EOSTokenID:       2,
 		InitializerRange: 0.02,
+	}
+	if mixtral {
+		c.KVHeads, c.RopeTheta, c.RMSNormEps, c.MaxPositions = 8, 1e6, 1e-5, 4096*32
+		if err := parseMoE(&j, &c); err != nil {
+			return Config{}, err
+		}
 	}
 	if j.NumKeyValueHeads != nil {
 		c.KVHeads = *j.NumKeyValueHeads
@@ -157,6 +177,31 @@ func ParseConfig(b []byte) (Config, error) {
 	return c, nil
 }
 
+// parseMoE reads MixtralConfig's expert fields into c.
+func parseMoE(j *configJSON, c *Config) error {
+	c.Experts, c.ExpertsPerTok = 8, 2
+	if j.NumLocalExperts != nil {
+		c.Experts = *j.NumLocalExperts
+	}
+	if j.NumExpertsPerTok != nil {
+		c.ExpertsPerTok = *j.NumExpertsPerTok
+	}
+	coef := 0.001
+	if j.RouterAuxLossCoef != nil {
+		coef = *j.RouterAuxLossCoef
+	}
+	if j.OutputRouterLogits != nil && *j.OutputRouterLogits {
+		c.RouterAuxCoef = coef
+	}
+	if j.RouterJitterNoise != nil && *j.RouterJitterNoise != 0 {
+		return fmt.Errorf("router_jitter_noise %g is not supported: set it to 0.0", *j.RouterJitterNoise)
+	}
+	if j.SlidingWindow != nil {
+		return fmt.Errorf("sliding_window %d is not supported: kiln attends to every earlier position; set it to null", *j.SlidingWindow)
+	}
+	return nil
+}
+
 // parseRopeParameters reads rope_parameters (transformers 5) or the older
 // rope_scaling. Only rope_type "default" is implemented; anything else would
 // change every attention score, so it is refused with the keys named.
@@ -207,11 +252,15 @@ func tokenID(field string, raw json.RawMessage, def int) (int, error) {
 }
 
 // MarshalConfig encodes c as transformers' save_pretrained writes a
-// LlamaConfig: sorted keys, two-space indent. It writes rope_parameters for
-// transformers 5 and the top-level rope_theta that transformers 4 reads.
+// LlamaConfig, or a MixtralConfig when c has experts: sorted keys,
+// two-space indent. It writes rope_parameters for transformers 5 and the
+// top-level rope_theta that transformers 4 reads.
 func MarshalConfig(c Config) ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
+	}
+	if c.MoE() {
+		return encodeConfig(mixtralConfigMap(c))
 	}
 	m := map[string]any{
 		"architectures":           []string{"LlamaForCausalLM"},
@@ -240,6 +289,46 @@ func MarshalConfig(c Config) ([]byte, error) {
 		"use_cache":               true,
 		"vocab_size":              c.VocabSize,
 	}
+	return encodeConfig(m)
+}
+
+// mixtralConfigMap is c as MixtralConfig's save_pretrained writes it. The
+// load-balancing loss is on (output_router_logits) exactly when its
+// coefficient is, so that transformers trains a kiln checkpoint as kiln did.
+func mixtralConfigMap(c Config) map[string]any {
+	return map[string]any{
+		"architectures":           []string{"MixtralForCausalLM"},
+		"attention_dropout":       0.0,
+		"bos_token_id":            c.BOSTokenID,
+		"dtype":                   "float32",
+		"eos_token_id":            c.EOSTokenID,
+		"head_dim":                c.HeadDim,
+		"hidden_act":              "silu",
+		"hidden_size":             c.Hidden,
+		"initializer_range":       c.InitializerRange,
+		"intermediate_size":       c.Intermediate,
+		"max_position_embeddings": c.MaxPositions,
+		"model_type":              "mixtral",
+		"num_attention_heads":     c.Heads,
+		"num_experts_per_tok":     c.ExpertsPerTok,
+		"num_hidden_layers":       c.Layers,
+		"num_key_value_heads":     c.KVHeads,
+		"num_local_experts":       c.Experts,
+		"output_router_logits":    c.RouterAuxCoef > 0,
+		"pad_token_id":            nil,
+		"rms_norm_eps":            c.RMSNormEps,
+		"rope_parameters":         map[string]any{"rope_theta": c.RopeTheta, "rope_type": "default"},
+		"rope_theta":              c.RopeTheta,
+		"router_aux_loss_coef":    c.RouterAuxCoef,
+		"router_jitter_noise":     0.0,
+		"sliding_window":          nil,
+		"tie_word_embeddings":     c.TieEmbeddings,
+		"use_cache":               true,
+		"vocab_size":              c.VocabSize,
+	}
+}
+
+func encodeConfig(m map[string]any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")

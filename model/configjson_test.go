@@ -70,3 +70,72 @@ func TestConfigRejectsWhatIsNotImplemented(t *testing.T) {
 		t.Errorf("missing vocab_size: %v", err)
 	}
 }
+
+// The Mixtral golden's config.json (MixtralConfig as transformers 5.17
+// saves it) reads as a Llama layout with experts; kiln writes it back as a
+// MixtralConfig that reads the same.
+func TestMixtralConfig(t *testing.T) {
+	c, err := ReadConfig(filepath.Join("testdata", "golden", "moe", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{VocabSize: 512, Hidden: 128, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 64, Intermediate: 96,
+		MaxPositions: 256, RopeTheta: 10000, RMSNormEps: 1e-5, TieEmbeddings: false, BOSTokenID: 1, EOSTokenID: 2, InitializerRange: 0.02,
+		Experts: 8, ExpertsPerTok: 2, RouterAuxCoef: 0.02}
+	if c != want {
+		t.Fatalf("got %+v\nwant %+v", c, want)
+	}
+	b, err := MarshalConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{`"MixtralForCausalLM"`, `"model_type": "mixtral"`, `"num_local_experts": 8`, `"num_experts_per_tok": 2`,
+		`"router_aux_loss_coef": 0.02`, `"output_router_logits": true`, `"intermediate_size": 96`} {
+		if !strings.Contains(string(b), key) {
+			t.Errorf("written config lacks %s:\n%s", key, b)
+		}
+	}
+	if got, err := ParseConfig(b); err != nil || got != c {
+		t.Errorf("round trip: %+v, %v; want %+v", got, err, c)
+	}
+	// A dense config says nothing of experts.
+	dense, _ := MarshalConfig(Presets["small"])
+	for _, key := range []string{"experts", "router", "mixtral"} {
+		if strings.Contains(string(dense), key) {
+			t.Errorf("dense config mentions %q:\n%s", key, dense)
+		}
+	}
+	// Without output_router_logits transformers adds no load-balancing
+	// loss, and neither does kiln; MixtralConfig's defaults fill the rest.
+	c, err = ParseConfig([]byte(`{"model_type":"mixtral","vocab_size":100,"hidden_size":64,"num_hidden_layers":1,
+		"num_attention_heads":8,"intermediate_size":32,"router_aux_loss_coef":0.02}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Experts != 8 || c.ExpertsPerTok != 2 || c.RouterAuxCoef != 0 || c.KVHeads != 8 || c.RopeTheta != 1e6 || c.RMSNormEps != 1e-5 {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+func TestMixtralConfigRejects(t *testing.T) {
+	base := `"model_type":"mixtral","vocab_size":100,"hidden_size":64,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":2,"intermediate_size":32`
+	cases := map[string]string{
+		`"num_local_experts":1`:                                 "num_local_experts",
+		`"num_local_experts":4,"num_experts_per_tok":5`:         "num_experts_per_tok",
+		`"num_experts_per_tok":0`:                               "num_experts_per_tok",
+		`"router_aux_loss_coef":-1,"output_router_logits":true`: "router_aux_loss_coef",
+		`"router_jitter_noise":0.1`:                             "router_jitter_noise",
+		`"sliding_window":4096`:                                 "sliding_window",
+	}
+	for extra, want := range cases {
+		_, err := ParseConfig([]byte("{" + base + "," + extra + "}"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want one naming %q", extra, err, want)
+		}
+	}
+	bad := Presets["tiny"]
+	bad.ExpertsPerTok = 2
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "num_local_experts") {
+		t.Errorf("top-k without experts: %v", err)
+	}
+}

@@ -11,9 +11,12 @@ func init() {
 }
 
 // layerView is one decoder layer's tensors inside a flat buffer (parameters
-// or gradients).
+// or gradients): gate, up and down for a dense layer, router and experts
+// for a mixture of experts.
 type layerView struct {
 	inNorm, q, k, v, o, postNorm, gate, up, down []float32
+	router                                       []float32
+	experts                                      []expertView
 }
 
 func viewLayers(p *Params) []layerView {
@@ -23,7 +26,15 @@ func viewLayers(p *Params) []layerView {
 		ls[l] = layerView{
 			inNorm: t("input_layernorm"), q: t("self_attn.q_proj"), k: t("self_attn.k_proj"),
 			v: t("self_attn.v_proj"), o: t("self_attn.o_proj"), postNorm: t("post_attention_layernorm"),
-			gate: t("mlp.gate_proj"), up: t("mlp.up_proj"), down: t("mlp.down_proj"),
+		}
+		if !p.Config.MoE() {
+			ls[l].gate, ls[l].up, ls[l].down = t("mlp.gate_proj"), t("mlp.up_proj"), t("mlp.down_proj")
+			continue
+		}
+		ls[l].router = t("block_sparse_moe.gate")
+		for x := 0; x < p.Config.Experts; x++ {
+			et := func(s string) []float32 { return t(fmt.Sprintf("block_sparse_moe.experts.%d.%s", x, s)) }
+			ls[l].experts = append(ls[l].experts, expertView{w1: et("w1"), w2: et("w2"), w3: et("w3")})
 		}
 	}
 	return ls
@@ -59,6 +70,7 @@ type layerActs struct {
 	r2   []float32 // (N)
 	g, u []float32 // (N, F) gate and up projections
 	h    []float32 // (N, F) silu(g) * u
+	moe  *moeActs  // in place of g, u and h with experts
 }
 
 // acts are one micro-batch's activations.
@@ -70,6 +82,10 @@ type acts struct {
 	xf      []float32 // (N, d) final norm output
 	rf      []float32 // (N)
 	logits  []float32 // (N, V); the backward pass overwrites it with dlogits
+	// With experts: the load-balancing loss and its gradient with respect
+	// to each row's router probabilities, per expert (auxLoss).
+	aux     float64
+	auxGrad []float64
 }
 
 // CPUEngine is the reference engine: plain fp32 on the CPU, every op written
@@ -83,6 +99,7 @@ type CPUEngine struct {
 	pv, gv   modelView
 	opt      OptimizerState
 	loss     float64
+	aux      float64
 	gradNorm float64
 
 	a *acts // reused while the batch shape stays the same
@@ -155,13 +172,13 @@ func (e *CPUEngine) OptimizerState() (*OptimizerState, error) {
 // ZeroGrad clears gradients and the accumulated loss.
 func (e *CPUEngine) ZeroGrad() error {
 	clear(e.g.Data)
-	e.loss = 0
+	e.loss, e.aux = 0, 0
 	return nil
 }
 
 // Metrics returns the loss since ZeroGrad and the last gradient norm.
 func (e *CPUEngine) Metrics() (StepMetrics, error) {
-	return StepMetrics{Loss: e.loss, GradNorm: e.gradNorm}, nil
+	return StepMetrics{Loss: e.loss, AuxLoss: e.aux, GradNorm: e.gradNorm}, nil
 }
 
 // Grads copies the accumulated gradients into g.
@@ -194,6 +211,9 @@ func (a *acts) bytes() int64 {
 	for _, l := range a.layers {
 		n += len(l.x) + len(l.xn1) + len(l.r1) + len(l.q) + len(l.k) + len(l.v) + len(l.p) + len(l.att) +
 			len(l.x2) + len(l.xn2) + len(l.r2) + len(l.g) + len(l.u) + len(l.h)
+		if l.moe != nil {
+			n += l.moe.floats()
+		}
 	}
 	return int64(n) * 4
 }
@@ -239,7 +259,11 @@ func (e *CPUEngine) acts(B, T int) *acts {
 			q: make([]float32, N*qd), k: make([]float32, N*kvd), v: make([]float32, N*kvd),
 			p: make([]float32, B*c.Heads*T*T), att: make([]float32, N*qd),
 			x2: make([]float32, N*d), xn2: make([]float32, N*d), r2: make([]float32, N),
-			g: make([]float32, N*F), u: make([]float32, N*F), h: make([]float32, N*F),
+		}
+		if c.MoE() {
+			a.layers[l].moe = newMoEActs(c, N)
+		} else {
+			a.layers[l].g, a.layers[l].u, a.layers[l].h = make([]float32, N*F), make([]float32, N*F), make([]float32, N*F)
 		}
 	}
 	a.xL, a.xf, a.rf = make([]float32, N*d), make([]float32, N*d), make([]float32, N)
@@ -283,10 +307,14 @@ func (e *CPUEngine) forward(b Batch) *acts {
 			}
 			rmsNorm(la.xn2[lo*d:hi*d], la.r2[lo:hi], la.x2[lo*d:hi*d], w.postNorm, hi-lo, d, c.RMSNormEps)
 		})
-		linear(la.g, la.xn2, w.gate, N, d, F)
-		linear(la.u, la.xn2, w.up, N, d, F)
-		e.rows(N, func(lo, hi int) { swiglu(la.h[lo*F:hi*F], la.g[lo*F:hi*F], la.u[lo*F:hi*F]) })
-		linear(next, la.h, w.down, N, F, d)
+		if c.MoE() {
+			e.moeForward(w, la.xn2, la.moe, next)
+		} else {
+			linear(la.g, la.xn2, w.gate, N, d, F)
+			linear(la.u, la.xn2, w.up, N, d, F)
+			e.rows(N, func(lo, hi int) { swiglu(la.h[lo*F:hi*F], la.g[lo*F:hi*F], la.u[lo*F:hi*F]) })
+			linear(next, la.h, w.down, N, F, d)
+		}
 		e.rows(N, func(lo, hi int) {
 			for i := lo * d; i < hi*d; i++ {
 				next[i] += la.x2[i]
@@ -297,6 +325,9 @@ func (e *CPUEngine) forward(b Batch) *acts {
 		rmsNorm(a.xf[lo*d:hi*d], a.rf[lo:hi], a.xL[lo*d:hi*d], e.pv.norm, hi-lo, d, c.RMSNormEps)
 	})
 	linear(a.logits, a.xf, e.pv.lmHead, N, d, c.VocabSize)
+	if c.MoE() {
+		a.aux, a.auxGrad = auxLoss(c, a.layers, N)
+	}
 	return a
 }
 
@@ -426,7 +457,9 @@ func (e *CPUEngine) lossAndGrad(a *acts, targets []int32, scale float32, grad bo
 	return total / float64(count), count, nil
 }
 
-// ForwardBackward adds scale x the gradient of b's mean loss.
+// ForwardBackward adds scale x the gradient of b's mean loss: the
+// cross-entropy, plus router_aux_loss_coef x the load-balancing loss with
+// experts (as MixtralForCausalLM's loss with output_router_logits).
 func (e *CPUEngine) ForwardBackward(b Batch, scale float32) error {
 	if err := e.checkBatch(b, true); err != nil {
 		return err
@@ -436,13 +469,15 @@ func (e *CPUEngine) ForwardBackward(b Batch, scale float32) error {
 	if err != nil {
 		return err
 	}
-	e.loss += float64(scale) * loss
-	e.backward(a, b)
+	e.loss += float64(scale) * (loss + e.cfg.RouterAuxCoef*a.aux)
+	e.aux += float64(scale) * a.aux
+	e.backward(a, b, scale)
 	return nil
 }
 
-// backward propagates the dlogits left in a.logits into e.g.
-func (e *CPUEngine) backward(a *acts, b Batch) {
+// backward propagates the dlogits left in a.logits, and with experts the
+// load-balancing loss at scale, into e.g.
+func (e *CPUEngine) backward(a *acts, b Batch, scale float32) {
 	c := e.cfg
 	N, d, qd, kvd, F, V := a.N, c.Hidden, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.Intermediate, c.VocabSize
 	dlogits := a.logits
@@ -454,9 +489,18 @@ func (e *CPUEngine) backward(a *acts, b Batch) {
 	// would make the result depend on the thread count, so these stay serial.
 	rmsNormBack(dx, e.gv.norm, dxf, a.xL, e.pv.norm, a.rf, N, d)
 
-	dh := make([]float32, N*F)
-	dg := make([]float32, N*F)
-	du := make([]float32, N*F)
+	var dh, dg, du []float32
+	var ms *moeScratch
+	var auxGrad []float32
+	if c.MoE() {
+		ms = newMoEScratch(c, N)
+		auxGrad = make([]float32, c.Experts)
+		for x, g := range a.auxGrad {
+			auxGrad[x] = float32(float64(scale) * c.RouterAuxCoef * float64(c.Experts) * g)
+		}
+	} else {
+		dh, dg, du = make([]float32, N*F), make([]float32, N*F), make([]float32, N*F)
+	}
 	dxn := make([]float32, N*d)
 	datt := make([]float32, N*qd)
 	dq := make([]float32, N*qd)
@@ -464,16 +508,20 @@ func (e *CPUEngine) backward(a *acts, b Batch) {
 	dv := make([]float32, N*kvd)
 	for l := len(a.layers) - 1; l >= 0; l-- {
 		la, w, gw := &a.layers[l], e.pv.layers[l], e.gv.layers[l]
-		// MLP: next = x2 + down(silu(gate(xn2)) * up(xn2)).
-		linearBackW(gw.down, dx, la.h, N, F, d)
-		linearBackX(dh, dx, w.down, N, F, d, false)
-		e.rows(N, func(lo, hi int) {
-			swigluBack(dg[lo*F:hi*F], du[lo*F:hi*F], dh[lo*F:hi*F], la.g[lo*F:hi*F], la.u[lo*F:hi*F])
-		})
-		linearBackW(gw.gate, dg, la.xn2, N, d, F)
-		linearBackW(gw.up, du, la.xn2, N, d, F)
-		linearBackX(dxn, dg, w.gate, N, d, F, false)
-		linearBackX(dxn, du, w.up, N, d, F, true)
+		if c.MoE() {
+			e.moeBack(w, gw, la.moe, la.xn2, dx, dxn, auxGrad, ms)
+		} else {
+			// MLP: next = x2 + down(silu(gate(xn2)) * up(xn2)).
+			linearBackW(gw.down, dx, la.h, N, F, d)
+			linearBackX(dh, dx, w.down, N, F, d, false)
+			e.rows(N, func(lo, hi int) {
+				swigluBack(dg[lo*F:hi*F], du[lo*F:hi*F], dh[lo*F:hi*F], la.g[lo*F:hi*F], la.u[lo*F:hi*F])
+			})
+			linearBackW(gw.gate, dg, la.xn2, N, d, F)
+			linearBackW(gw.up, du, la.xn2, N, d, F)
+			linearBackX(dxn, dg, w.gate, N, d, F, false)
+			linearBackX(dxn, du, w.up, N, d, F, true)
+		}
 		rmsNormBack(dx, gw.postNorm, dxn, la.x2, w.postNorm, la.r2, N, d)
 		// Attention: x2 = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
 		linearBackW(gw.o, dx, la.att, N, qd, d)
@@ -579,7 +627,9 @@ func (e *CPUEngine) Logits(b Batch) ([]float32, error) {
 	return append([]float32(nil), a.logits...), nil
 }
 
-// EvalLoss returns b's mean loss without touching the gradients.
+// EvalLoss returns b's mean cross-entropy without touching the gradients.
+// The load-balancing loss of a model with experts is left out, so that
+// held-out losses compare across dense and mixture-of-experts models.
 func (e *CPUEngine) EvalLoss(b Batch) (float64, error) {
 	if err := e.checkBatch(b, true); err != nil {
 		return 0, err

@@ -32,6 +32,10 @@ type StepMetrics struct {
 	// scale x (mean loss of the micro-batch): the mean loss of the whole
 	// batch when the trainer passes scale = 1/k for k equal micro-batches.
 	Loss float64
+	// AuxLoss is the same sum of the load-balancing loss alone (before its
+	// coefficient), for a model with experts; Loss includes
+	// router_aux_loss_coef x AuxLoss.
+	AuxLoss float64
 	// GradNorm is the global gradient norm before clipping, of the last Step.
 	GradNorm float64
 }
@@ -85,7 +89,8 @@ type Engine interface {
 
 	// Logits runs the forward pass only and returns (B, T, vocab) logits.
 	Logits(b Batch) ([]float32, error)
-	// EvalLoss returns the mean loss of b without touching gradients.
+	// EvalLoss returns the mean cross-entropy of b without touching
+	// gradients (no load-balancing loss).
 	EvalLoss(b Batch) (float64, error)
 	// Generate extends prompt by up to n tokens with a KV cache, stopping
 	// early after stop when stop >= 0. It returns the new tokens only, the
@@ -95,6 +100,67 @@ type Engine interface {
 
 	Memory() MemoryStats
 	Close() error
+}
+
+// DeviceInfo describes the accelerator an engine runs on, for reports.
+type DeviceInfo struct {
+	Name         string
+	Major, Minor int
+	SMs          int
+	TotalBytes   int64
+	// UsedAtStart is the device memory in use once the engine's context
+	// existed, before its allocations: other processes plus the context.
+	UsedAtStart int64
+	// Arch is what the engine's kernels were built for ("sm_90", or
+	// "compute_80" when the sm_80 path is forced).
+	Arch string
+}
+
+// Device is an engine that runs on an accelerator: the trainer and the
+// bench read its name (for the peak FLOPS of MFU) and memory from it.
+type Device interface {
+	Device() DeviceInfo
+}
+
+// Profiler is an engine that can time each of its kernels. With profiling
+// on, every kernel is waited for, so the figures say where the device time
+// goes, not how fast an unprofiled step runs.
+type Profiler interface {
+	// SetProfiling turns per-kernel timing on or off and clears the totals.
+	SetProfiling(on bool) error
+	// KernelTimes returns the device milliseconds per kernel name since
+	// SetProfiling(true).
+	KernelTimes() map[string]float64
+}
+
+// StateCopier is an engine that copies its training state (the weights and
+// both Adam moments) to host memory without waiting for the device, so
+// that a checkpoint is written while training goes on.
+type StateCopier interface {
+	// CopyState starts copying the state as the work issued so far leaves
+	// it; later steps do not change what is copied. wait blocks until the
+	// copy is complete and returns it. The returned values are the
+	// engine's own host memory: they must not be written, and are valid
+	// until the next CopyState or Close, which the caller must not call
+	// before wait has returned.
+	CopyState() (wait func() (*Params, *OptimizerState, error), err error)
+}
+
+// ParamsOver lays c's parameters over data, which must hold exactly
+// c.NumParams() values: an engine's host copy read as Params without
+// copying it.
+func ParamsOver(c Config, data []float32) (*Params, error) {
+	p := &Params{Config: c, specs: c.Specs(), offset: map[string]int{}}
+	n := 0
+	for _, s := range p.specs {
+		p.offset[s.Name] = n
+		n += s.Elements()
+	}
+	if len(data) != n {
+		return nil, fmt.Errorf("parameters of %d values laid over %d", n, len(data))
+	}
+	p.Data = data
+	return p, nil
 }
 
 // Options select and configure an engine.

@@ -126,7 +126,10 @@ func (e *CPUEngine) decode(cache *kvCache, tokens []int32) []float32 {
 	}
 	xn, r := make([]float32, n*d), make([]float32, n)
 	q, att, o := make([]float32, n*qd), make([]float32, n*qd), make([]float32, n*d)
-	g, u := make([]float32, n*F), make([]float32, n*F)
+	var g, u []float32
+	if !c.MoE() {
+		g, u = make([]float32, n*F), make([]float32, n*F)
+	}
 	for l, w := range e.pv.layers {
 		kc, vc := cache.k[l], cache.v[l]
 		rmsNorm(xn, r, x, w.inNorm, n, d, c.RMSNormEps)
@@ -158,10 +161,14 @@ func (e *CPUEngine) decode(cache *kvCache, tokens []int32) []float32 {
 			x[i] += o[i]
 		}
 		rmsNorm(xn, r, x, w.postNorm, n, d, c.RMSNormEps)
-		linear(g, xn, w.gate, n, d, F)
-		linear(u, xn, w.up, n, d, F)
-		swiglu(g, g, u)
-		linear(o, g, w.down, n, F, d)
+		if c.MoE() {
+			e.moeForward(w, xn, newMoEActs(c, n), o)
+		} else {
+			linear(g, xn, w.gate, n, d, F)
+			linear(u, xn, w.up, n, d, F)
+			swiglu(g, g, u)
+			linear(o, g, w.down, n, F, d)
+		}
 		for i := range x {
 			x[i] += o[i]
 		}

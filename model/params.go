@@ -20,8 +20,10 @@ func (s TensorSpec) Elements() int {
 
 // Specs lists every parameter of c in a fixed order (the order of the flat
 // parameter buffer both engines use): embed_tokens, then per layer
-// input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down,
-// then norm, then lm_head when the embeddings are untied.
+// input_layernorm, q, k, v, o, post_attention_layernorm, gate, up, down
+// (with experts: the router, then each expert's w1, w2, w3 under the names
+// Mixtral's save_pretrained writes), then norm, then lm_head when the
+// embeddings are untied.
 func (c Config) Specs() []TensorSpec {
 	d, q, kv := c.Hidden, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim
 	specs := []TensorSpec{{"model.embed_tokens.weight", []int{c.VocabSize, d}}}
@@ -34,6 +36,20 @@ func (c Config) Specs() []TensorSpec {
 			TensorSpec{p + "self_attn.v_proj.weight", []int{kv, d}},
 			TensorSpec{p + "self_attn.o_proj.weight", []int{d, q}},
 			TensorSpec{p + "post_attention_layernorm.weight", []int{d}},
+		)
+		if c.MoE() {
+			specs = append(specs, TensorSpec{p + "block_sparse_moe.gate.weight", []int{c.Experts, d}})
+			for x := 0; x < c.Experts; x++ {
+				ep := fmt.Sprintf("%sblock_sparse_moe.experts.%d.", p, x)
+				specs = append(specs,
+					TensorSpec{ep + "w1.weight", []int{c.Intermediate, d}},
+					TensorSpec{ep + "w2.weight", []int{d, c.Intermediate}},
+					TensorSpec{ep + "w3.weight", []int{c.Intermediate, d}},
+				)
+			}
+			continue
+		}
+		specs = append(specs,
 			TensorSpec{p + "mlp.gate_proj.weight", []int{c.Intermediate, d}},
 			TensorSpec{p + "mlp.up_proj.weight", []int{c.Intermediate, d}},
 			TensorSpec{p + "mlp.down_proj.weight", []int{d, c.Intermediate}},

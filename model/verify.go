@@ -62,9 +62,12 @@ func TolerancesFor(precision string) (Tolerances, error) {
 
 // Expected is a golden directory's expected.json.
 type Expected struct {
-	Loss     float64 `json:"loss"`
-	GradNorm float64 `json:"grad_norm_before_clip"`
-	Clip     float64 `json:"clip"`
+	Loss float64 `json:"loss"`
+	// AuxLoss is a Mixtral golden's load-balancing loss alone (Loss
+	// includes router_aux_loss_coef x AuxLoss); nil for a dense model.
+	AuxLoss  *float64 `json:"aux_loss"`
+	GradNorm float64  `json:"grad_norm_before_clip"`
+	Clip     float64  `json:"clip"`
 	AdamW    struct {
 		LR          float64 `json:"lr"`
 		Beta1       float64 `json:"beta1"`
@@ -95,10 +98,14 @@ type VerifyReport struct {
 	Loss, WantLoss         float64
 	GradNorm, WantGradNorm float64
 	LogitsErr, LogitsTol   float64
-	// LossOK, GradNormOK and LogitsOK are the whole-model comparisons.
-	LossOK, GradNormOK, LogitsOK bool
-	Tensors                      []TensorCheck
-	Pass                         bool
+	// AuxLoss is the load-balancing loss, checked (at the loss tolerance)
+	// when the golden gives WantAuxLoss.
+	AuxLoss     float64
+	WantAuxLoss *float64
+	// LossOK, GradNormOK, LogitsOK and AuxOK are the whole-model comparisons.
+	LossOK, GradNormOK, LogitsOK, AuxOK bool
+	Tensors                             []TensorCheck
+	Pass                                bool
 }
 
 // VerifyOptions select the engine under test.
@@ -242,7 +249,7 @@ func Verify(ctx context.Context, dir string, o VerifyOptions) (*VerifyReport, er
 	if err != nil {
 		return nil, err
 	}
-	r.Loss, r.GradNorm = m.Loss, m.GradNorm
+	r.Loss, r.GradNorm, r.AuxLoss = m.Loss, m.GradNorm, m.AuxLoss
 	after := NewParams(g.cfg)
 	if err := eng.Params(after); err != nil {
 		return nil, err
@@ -251,7 +258,12 @@ func Verify(ctx context.Context, dir string, o VerifyOptions) (*VerifyReport, er
 	r.LossOK = math.Abs(r.Loss-r.WantLoss) <= tol.LossRel*math.Abs(r.WantLoss)
 	r.GradNormOK = math.Abs(r.GradNorm-r.WantGradNorm) <= tol.GradRel*math.Abs(r.WantGradNorm)
 	r.LogitsOK = r.LogitsErr <= r.LogitsTol
-	r.Pass = r.LossOK && r.GradNormOK && r.LogitsOK
+	r.AuxOK = true
+	if ex.AuxLoss != nil {
+		r.WantAuxLoss = ex.AuxLoss
+		r.AuxOK = math.Abs(r.AuxLoss-*ex.AuxLoss) <= tol.LossRel*math.Abs(*ex.AuxLoss)
+	}
+	r.Pass = r.LossOK && r.GradNormOK && r.LogitsOK && r.AuxOK
 	for _, s := range g.cfg.Specs() {
 		c := checkTensor(s.Name, grads.Tensor(s.Name), g.grads.Tensor(s.Name), after.Tensor(s.Name), g.after.Tensor(s.Name), tol, opt.LR)
 		r.Pass = r.Pass && c.Pass
@@ -308,6 +320,9 @@ func (r *VerifyReport) Write(w io.Writer) error {
 	}
 	fmt.Fprintf(w, "golden %s, engine %s, precision %s\n", r.Dir, r.Engine, r.Precision)
 	fmt.Fprintf(w, "loss       %.9g (want %.9g, rel err %.2e, tol %.0e) %s\n", r.Loss, r.WantLoss, relErr(r.Loss, r.WantLoss), r.Tol.LossRel, status(r.LossOK))
+	if r.WantAuxLoss != nil {
+		fmt.Fprintf(w, "aux loss   %.9g (want %.9g, rel err %.2e, tol %.0e) %s\n", r.AuxLoss, *r.WantAuxLoss, relErr(r.AuxLoss, *r.WantAuxLoss), r.Tol.LossRel, status(r.AuxOK))
+	}
 	fmt.Fprintf(w, "grad norm  %.9g (want %.9g, rel err %.2e, tol %.0e) %s\n", r.GradNorm, r.WantGradNorm, relErr(r.GradNorm, r.WantGradNorm), r.Tol.GradRel, status(r.GradNormOK))
 	fmt.Fprintf(w, "logits     max err %.2e (tol %.2e) %s\n", r.LogitsErr, r.LogitsTol, status(r.LogitsOK))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

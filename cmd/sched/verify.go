@@ -30,6 +30,9 @@ batch.safetensors, grads.safetensors, after_adamw_step.safetensors,
 expected.json, as written by transformers), runs one training step with the
 AdamW settings of expected.json on the chosen engine, and prints the loss,
 the gradient norm and each tensor's largest error against its tolerance.
+A Mixtral golden (model_type mixtral, such as model/testdata/golden/moe)
+runs the mixture-of-experts block, and its load-balancing loss (aux_loss
+in expected.json) is checked at the loss tolerance beside the total loss.
 It exits 1 when anything is beyond tolerance.
 
 Default tolerances: fp32 - loss 1e-5 relative, logits and gradients 1e-4 of

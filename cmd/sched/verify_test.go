@@ -30,12 +30,16 @@ func runModelCLI(t *testing.T, args ...string) (string, string, int) {
 var goldenDir = filepath.Join("..", "..", "model", "testdata", "golden")
 
 func TestVerifyCommandPassesOnGolden(t *testing.T) {
-	for _, name := range []string{"tiny", "hd64"} {
+	for _, name := range []string{"tiny", "hd64", "moe"} {
 		out, errOut, code := runModelCLI(t, "verify", "--golden", filepath.Join(goldenDir, name), "--engine", "cpu", "--precision", "fp32")
 		if code != 0 {
 			t.Fatalf("%s: exit %d\n%s%s", name, code, out, errOut)
 		}
-		for _, want := range []string{"loss ", "grad norm ", "model.embed_tokens.weight", "model.norm.weight", "PASS"} {
+		wants := []string{"loss ", "grad norm ", "model.embed_tokens.weight", "model.norm.weight", "PASS"}
+		if name == "moe" {
+			wants = append(wants, "aux loss ", "model.layers.1.block_sparse_moe.gate.weight", "model.layers.1.block_sparse_moe.experts.7.w2.weight")
+		}
+		for _, want := range wants {
 			if !strings.Contains(out, want) {
 				t.Errorf("%s: output lacks %q:\n%s", name, want, out)
 			}

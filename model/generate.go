@@ -127,7 +127,10 @@ func (e *CPUEngine) decode(cache *kvCache, tokens []int32) []float32 {
 	xn, r := make([]float32, n*d), make([]float32, n)
 	q, att, o := make([]float32, n*qd), make([]float32, n*qd), make([]float32, n*d)
 	var g, u []float32
-	if !c.MoE() {
+	var ma *moeActs
+	if c.MoE() {
+		ma = newMoEActs(c, n)
+	} else {
 		g, u = make([]float32, n*F), make([]float32, n*F)
 	}
 	for l, w := range e.pv.layers {
@@ -162,7 +165,7 @@ func (e *CPUEngine) decode(cache *kvCache, tokens []int32) []float32 {
 		}
 		rmsNorm(xn, r, x, w.postNorm, n, d, c.RMSNormEps)
 		if c.MoE() {
-			e.moeForward(w, xn, newMoEActs(c, n), o)
+			e.moeForward(w, xn, ma, o)
 		} else {
 			linear(g, xn, w.gate, n, d, F)
 			linear(u, xn, w.up, n, d, F)

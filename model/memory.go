@@ -71,6 +71,10 @@ func saturate(b float64) int64 {
 func (c Config) ParamCount() float64 {
 	d, q, kv, f := float64(c.Hidden), float64(c.Heads*c.HeadDim), float64(c.KVHeads*c.HeadDim), float64(c.Intermediate)
 	layer := 2*d + q*d + 2*kv*d + d*q + 3*f*d
+	if c.MoE() {
+		E := float64(c.Experts)
+		layer += (E-1)*3*f*d + E*d // every expert, and the router
+	}
 	n := float64(c.VocabSize)*d + float64(c.Layers)*layer + d
 	if !c.TieEmbeddings {
 		n += float64(c.VocabSize) * d
@@ -169,9 +173,21 @@ func (s *sizer) cpu(p MemoryPlan) {
 	s.add("parameters", 1, P, 4)
 	s.add("gradients", 1, P, 4)
 	s.add("Adam moments", 2, P, 4)
+	// Per row, the feed-forward keeps: dense, gate, up and silu(gate) x up;
+	// with experts (moeActs), the router softmax, the k choices (expert,
+	// weight, row) and per choice its gathered input and output and the
+	// expert's three F-wide activations. Its backward scratch (moeScratch)
+	// is per choice two d-wide and three F-wide rows, plus the router's.
+	ffAct, ffScratch, ffDecode := 3*F, 3*F, 2*F
+	if c.MoE() {
+		E, k := float64(c.Experts), float64(c.ExpertsPerTok)
+		ffAct = E + 3*k + k*(2*d+3*F)
+		ffScratch = k*(2*d+3*F) + E + k
+		ffDecode = ffAct
+	}
 	if p.Purpose == PurposeGenerate {
 		s.add("KV cache", 2*L, T, kvd*4)
-		s.add("prompt activations", 1, T*(3*d+1+2*qd+2*F), 4)
+		s.add("prompt activations", 1, T*(3*d+1+2*qd+ffDecode), 4)
 		s.add("logits", 1, V, 4)
 		s.add("rotary table", 2, T*float64(c.HeadDim/2), 4)
 		return
@@ -179,12 +195,12 @@ func (s *sizer) cpu(p MemoryPlan) {
 	if N == 0 {
 		return
 	}
-	perLayer := N*(4*d+2+2*qd+2*kvd+3*F) + B*H*T*T
+	perLayer := N*(4*d+2+2*qd+2*kvd+ffAct) + B*H*T*T
 	s.add("activations", 1, L*perLayer+N*(2*d+1), 4)
 	s.add("logits", 1, N*V, 4)
 	s.add("rotary table", 2, T*float64(c.HeadDim/2), 4)
 	if p.training() {
-		s.add("backward scratch", 1, N*(3*d+3*F+2*qd+2*kvd)+N*2, 4)
+		s.add("backward scratch", 1, N*(3*d+ffScratch+2*qd+2*kvd)+N*2, 4)
 	}
 }
 

@@ -221,3 +221,67 @@ func TestUnknownEngineIsBadInput(t *testing.T) {
 		t.Errorf("precision fp8: %v", err)
 	}
 }
+
+// With experts the estimate counts every expert's weights and the sparse
+// block's activations, against what the CPU engine allocates for a training
+// step and for generation.
+func TestMoEEstimateMatchesAllocation(t *testing.T) {
+	c := Presets["tiny"]
+	c.Experts, c.ExpertsPerTok, c.Intermediate, c.RouterAuxCoef = 8, 2, 96, 0.02
+	if got, want := c.ParamCount(), float64(c.NumParams()); got != want {
+		t.Fatalf("ParamCount %v, NumParams %v", got, want)
+	}
+	dense := Presets["tiny"]
+	dense.Intermediate = 96
+	if c.ParamCount() <= dense.ParamCount()+7*3*96*64*float64(c.Layers) {
+		t.Errorf("ParamCount %v does not count 8 experts beside the dense %v", c.ParamCount(), dense.ParamCount())
+	}
+	measure := func(f func(e *CPUEngine)) float64 {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		e, err := NewCPUEngine(c, Options{Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(e)
+		runtime.ReadMemStats(&after)
+		runtime.KeepAlive(e)
+		return float64(after.TotalAlloc - before.TotalAlloc)
+	}
+	check := func(what string, p MemoryPlan, got float64, lo, hi float64) {
+		est, err := EstimateMemory(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ratio := float64(est.Total) / got
+		t.Logf("%s: estimate %d bytes, allocated %.0f (x%.3f)", what, est.Total, got, ratio)
+		if ratio < lo || ratio > hi {
+			t.Errorf("%s: estimate %d bytes is x%.3f of the %.0f allocated, want within %g-%g", what, est.Total, ratio, got, lo, hi)
+		}
+	}
+	B, T := 4, 128
+	b := Batch{B: B, T: T, Inputs: make([]int32, B*T), Targets: make([]int32, B*T)}
+	for i := range b.Inputs {
+		b.Inputs[i], b.Targets[i] = int32(i*7%c.VocabSize), int32((i+1)*7%c.VocabSize)
+	}
+	got := measure(func(e *CPUEngine) {
+		if err := e.ForwardBackward(b, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Step(AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	check("train 4x128", MemoryPlan{Config: c, Engine: "cpu", Batch: B, Seq: T}, got, 0.9, 1.1)
+	prompt := make([]int32, 200)
+	for i := range prompt {
+		prompt[i] = int32(i)
+	}
+	got = measure(func(e *CPUEngine) {
+		if _, err := e.Generate(prompt, 8, -1, Sampling{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	check("generate 208", MemoryPlan{Config: c, Engine: "cpu", Batch: 1, Seq: len(prompt) + 8, Purpose: PurposeGenerate}, got, 0.9, 1.2)
+}

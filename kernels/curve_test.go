@@ -167,6 +167,12 @@ func TestLossCurveMatchesCPU(t *testing.T) {
 	}
 	tj, ids, cpuCurve := cpuCurveCached(t, dir, out)
 	o := model.Options{Precision: "bf16", MaxBatch: curveB, MaxSeq: curveT}
+	k, err := kernels.ParseOptions(os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernels.Configure(k)
+	defer kernels.Configure(kernels.Options{})
 	gpu, err := model.NewEngine("cuda", curveConfig, o)
 	var u interface{ Unavailable() bool }
 	if errors.As(err, &u) && u.Unavailable() {

@@ -3,52 +3,19 @@ package kernels
 import (
 	"errors"
 	"fmt"
-	"os"
-	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
 )
-
-func init() {
-	model.Register("cuda", func(c model.Config, o model.Options) (model.Engine, error) { return New(c, o) })
-}
 
 // wsBytes is cuBLASLt's workspace: enough for its split-K and stream-K
 // algorithms at the model sizes kiln trains.
 const wsBytes = 32 << 20
 
 // gemmCandidates is how many of cuBLASLt's heuristic algorithms each bf16
-// GEMM shape times before keeping the fastest, unless KILN_CUDA_GEMM_TUNE
-// says otherwise.
+// GEMM shape times before keeping the fastest, unless Options say
+// otherwise (KILN_CUDA_GEMM_TUNE).
 const gemmCandidates = 8
-
-// envChoice reads the environment variable name, which must be unset or
-// one of values; anything else is bad input naming the variable and them.
-func envChoice(name string, values ...string) (string, error) {
-	v := os.Getenv(name)
-	if v == "" || slices.Contains(values, v) {
-		return v, nil
-	}
-	return "", &envError{fmt.Sprintf("%s=%q is not a setting it takes: set one of %s, or unset it", name, v, strings.Join(values, ", "))}
-}
-
-// parseGemmTune reads KILN_CUDA_GEMM_TUNE: unset for gemmCandidates, "off"
-// for the library's first choice (0), or a number of candidates, 1 to 64.
-func parseGemmTune(v string) (int, error) {
-	switch v {
-	case "":
-		return gemmCandidates, nil
-	case "off":
-		return 0, nil
-	}
-	if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= 64 {
-		return n, nil
-	}
-	return 0, &envError{fmt.Sprintf("KILN_CUDA_GEMM_TUNE=%q is not a GEMM tuning setting: set off, or a number of candidates from 1 to 64, or unset it for %d", v, gemmCandidates)}
-}
 
 // Engine is the CUDA implementation of model.Engine. FP32 master weights,
 // gradients and both Adam moments live on the device in one flat buffer
@@ -57,6 +24,7 @@ func parseGemmTune(v string) (int, error) {
 type Engine struct {
 	cfg  model.Config
 	opt  model.Options
+	kopt Options
 	th   *thread
 	dv   *cuda.Device
 	lt   *cuda.LtHandle
@@ -137,6 +105,8 @@ type Engine struct {
 	gs  uintptr
 	gws cuda.Ptr
 	ov  *overlap
+	// ck is CopyState's host buffer and stream (snapshot.go).
+	ck *stateCopy
 }
 
 const normBlocks = 1024
@@ -201,9 +171,14 @@ type acts struct {
 	dyb   cuda.Ptr   // (N, H*D) bf16
 }
 
-// New makes a CUDA engine for c on device 0. When the libraries or a
-// device are missing the error implements Unavailable() bool.
-func New(c model.Config, o model.Options) (*Engine, error) {
+// New makes a CUDA engine for c on device 0 on the production path (the
+// zero Options). When the libraries or a device are missing the error
+// implements Unavailable() bool.
+func New(c model.Config, o model.Options) (*Engine, error) { return NewWithOptions(c, o, Options{}) }
+
+// NewWithOptions is New with the engine's own settings, as ParseOptions
+// read them.
+func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -215,30 +190,6 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	}
 	if c.HeadDim > 256 {
 		return nil, fmt.Errorf("head_dim %d is above the CUDA engine's limit of 256", c.HeadDim)
-	}
-	hm, err := parseHeadMode(os.Getenv("KILN_CUDA_HEAD"))
-	if err != nil {
-		return nil, err
-	}
-	tune, err := parseGemmTune(os.Getenv("KILN_CUDA_GEMM_TUNE"))
-	if err != nil {
-		return nil, err
-	}
-	attention, err := envChoice("KILN_CUDA_ATTENTION", "flash", "naive")
-	if err != nil {
-		return nil, err
-	}
-	forceSM80, err := envChoice("KILN_CUDA_FORCE_SM80", "0", "1")
-	if err != nil {
-		return nil, err
-	}
-	flashFwd, err := envChoice("KILN_CUDA_FLASH_FWD", "64", "128")
-	if err != nil {
-		return nil, err
-	}
-	graphs, err := parseGraphs(os.Getenv("KILN_CUDA_GRAPH"))
-	if err != nil {
-		return nil, err
 	}
 	drv, err := cuda.LoadDriver()
 	if err != nil {
@@ -254,26 +205,26 @@ func New(c model.Config, o model.Options) (*Engine, error) {
 	}
 	// KILN_CUDA_FORCE_SM80=1 forces the sm_80 build where no flag reaches
 	// the engine (sched verify, tests).
-	if forceSM80 == "1" {
+	if k.forceSM80 {
 		o.ForceSM80 = true
 	}
-	e := &Engine{cfg: c, opt: o, bf16: o.Precision == "bf16", specs: c.Specs(), th: newThread(), launches: map[string]int{},
-		graphs: graphs, recorded: map[graphKey]*recorded{}, warm: map[graphKey]bool{}}
+	e := &Engine{cfg: c, opt: o, kopt: k, bf16: o.Precision == "bf16", specs: c.Specs(), th: newThread(), launches: map[string]int{},
+		graphs: !k.eager, recorded: map[graphKey]*recorded{}, warm: map[graphKey]bool{}}
 	// fp32 precision keeps the exact straightforward attention: the flash
 	// kernels round to bf16 for the tensor cores. KILN_CUDA_ATTENTION=naive
 	// selects it in bf16 too, for comparisons.
-	e.flash = e.bf16 && c.HeadDim == flashHeadDim && attention != "naive"
+	e.flash = e.bf16 && c.HeadDim == flashHeadDim && !k.naive
 	// 128 query rows a block (flash_fwd128): the forward 1.74 -> 1.41 ms
 	// a step at small 32 x 1024 on an H200, 1.5-1.9% more tokens a second
 	// (docs/benchmarks/cuda.md); 64 (flash_fwd) stays for comparisons.
 	e.flashRows = 128
-	if flashFwd == "64" {
+	if k.flash64 {
 		e.flashRows = 64
 	}
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {
-		e.headMode = hm
-		e.gemmTune = tune
+		e.headMode = k.head
+		e.gemmTune = k.candidates()
 	}
 	e.maxB, e.maxT = max(o.MaxBatch, 1), max(o.MaxSeq, 1)
 	if o.MaxBatch <= 0 || o.MaxSeq <= 0 {
@@ -312,7 +263,7 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 		return err
 	}
 	e.Arch = Target(dv.Major, dv.Minor, e.opt.ForceSM80)
-	if e.fns, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch); err != nil {
+	if e.fns, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch, e.kopt.kernelCache); err != nil {
 		return err
 	}
 	if e.st, err = dv.NewStream(); err != nil {
@@ -808,6 +759,9 @@ func (e *Engine) SetParams(p *model.Params) error {
 		return err
 	}
 	return e.th.do(func() error {
+		if err := e.settleStateCopy(); err != nil {
+			return err
+		}
 		if err := cuda.Upload(e.dv, e.params, p.Data); err != nil {
 			return err
 		}
@@ -832,6 +786,9 @@ func (e *Engine) SetOptimizerState(s *model.OptimizerState) error {
 		return fmt.Errorf("optimizer state holds %d and %d values, the model needs %d: it belongs to another configuration", len(s.M), len(s.V), e.n)
 	}
 	return e.th.do(func() error {
+		if err := e.settleStateCopy(); err != nil {
+			return err
+		}
 		e.optStep = s.Step
 		if err := cuda.Upload(e.dv, e.m, s.M); err != nil {
 			return err
@@ -872,11 +829,12 @@ func (e *Engine) Grads(g *model.Params) error {
 }
 
 // Metrics implements model.Engine; it is the one call of a step that waits
-// for the device.
+// for the device: for the main stream (which the side stream joins), not
+// for a checkpoint's state copy (snapshot.go), which runs on beside it.
 func (e *Engine) Metrics() (model.StepMetrics, error) {
 	var m model.StepMetrics
 	err := e.th.do(func() error {
-		if err := e.dv.Synchronize(); err != nil {
+		if err := e.st.Synchronize(); err != nil {
 			return err
 		}
 		v := make([]float32, 1)
@@ -921,6 +879,7 @@ func (e *Engine) Close() error {
 	}
 	err := e.th.do(func() error {
 		var errs []error
+		errs = append(errs, e.freeStateCopy())
 		if e.recorded != nil {
 			errs = append(errs, e.dropGraphs())
 		}
@@ -953,18 +912,9 @@ func (e *Engine) Close() error {
 }
 
 // Device describes the GPU the engine runs on, for reports.
-type Device struct {
-	Name         string
-	Major, Minor int
-	SMs          int
-	TotalBytes   int64
-	// UsedAtStart is the device memory in use once the engine's context
-	// existed, before its allocations: other processes plus the context.
-	UsedAtStart int64
-	Arch        string
-}
+type Device = model.DeviceInfo
 
-// Device reports the engine's GPU.
+// Device reports the engine's GPU (model.Device).
 func (e *Engine) Device() Device {
 	return Device{Name: e.dv.Name, Major: e.dv.Major, Minor: e.dv.Minor, SMs: e.dv.SMs, TotalBytes: int64(e.dv.Total), UsedAtStart: e.usedAtOpen, Arch: e.Arch}
 }

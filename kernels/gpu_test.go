@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -81,10 +82,21 @@ func skipWithoutGPU(t testing.TB) {
 	}
 }
 
+// envOptions is what the command line would read from this test's
+// environment: tests select the engine's variants with t.Setenv.
+func envOptions(t testing.TB) Options {
+	t.Helper()
+	o, err := ParseOptions(os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
 func newEngine(t testing.TB, c model.Config, o model.Options) *Engine {
 	t.Helper()
 	skipWithoutGPU(t)
-	e, err := New(c, o)
+	e, err := NewWithOptions(c, o, envOptions(t))
 	if err != nil {
 		t.Fatalf("new CUDA engine: %v", err)
 	}
@@ -137,13 +149,13 @@ func TestDeviceCompileRunAndCache(t *testing.T) {
 	}
 	defer dv.Close()
 	t.Logf("device %s, compute capability %d.%d, %d SMs; NVRTC %d.%d", dv.Name, dv.Major, dv.Minor, dv.SMs, nv.Major, nv.Minor)
-	t.Setenv("KILN_KERNEL_CACHE", t.TempDir())
+	cache := t.TempDir()
 	for _, arch := range []string{Target(dv.Major, dv.Minor, false), Target(dv.Major, dv.Minor, true)} {
-		img, hit, err := compileCached(nv, CacheDir(), "convert.cu", arch)
+		img, hit, err := compileCached(nv, CacheDir(cache), "convert.cu", arch)
 		if err != nil || hit {
 			t.Fatalf("%s: first compile: hit=%v err=%v", arch, hit, err)
 		}
-		img2, hit, err := compileCached(nv, CacheDir(), "convert.cu", arch)
+		img2, hit, err := compileCached(nv, CacheDir(cache), "convert.cu", arch)
 		if err != nil || !hit || !bytes.Equal(img, img2) {
 			t.Fatalf("%s: second compile: hit=%v err=%v same=%v", arch, hit, err, bytes.Equal(img, img2))
 		}
@@ -223,6 +235,10 @@ func TestDeviceCompileRunAndCache(t *testing.T) {
 
 func verify(t *testing.T, dir, precision string, tol *model.Tolerances) {
 	t.Helper()
+	// model.Verify starts its engine by name, so the environment's
+	// settings reach it the way the command line passes them.
+	Configure(envOptions(t))
+	t.Cleanup(func() { Configure(Options{}) })
 	r, err := model.Verify(context.Background(), dir, model.VerifyOptions{Engine: "cuda", Precision: precision, Tol: tol})
 	if err != nil {
 		t.Fatal(err)

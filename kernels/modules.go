@@ -62,11 +62,12 @@ func Target(major, minor int, forceSM80 bool) string {
 	return fmt.Sprintf("sm_%d%d", major, minor)
 }
 
-// CacheDir is where compiled kernels are kept: $KILN_KERNEL_CACHE, else the
-// user cache directory's kiln/kernels.
-func CacheDir() string {
-	if d := os.Getenv("KILN_KERNEL_CACHE"); d != "" {
-		return d
+// CacheDir is where compiled kernels are kept: dir (KILN_KERNEL_CACHE,
+// read by ParseOptions) when set, else the user cache directory's
+// kiln/kernels.
+func CacheDir(dir string) string {
+	if dir != "" {
+		return dir
 	}
 	d, err := os.UserCacheDir()
 	if err != nil {
@@ -119,12 +120,12 @@ func compileCached(nv *cuda.NVRTC, dir, name, arch string) (img []byte, hit bool
 
 // loadModules compiles (or reads from the cache) and loads every kernel file,
 // and returns the kernels by name.
-func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch string) (map[string]*cuda.Function, []*cuda.Module, int, error) {
+func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch, cacheDir string) (map[string]*cuda.Function, []*cuda.Module, int, error) {
 	names, err := kernelFiles()
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	dir := CacheDir()
+	dir := CacheDir(cacheDir)
 	fns := map[string]*cuda.Function{}
 	var mods []*cuda.Module
 	hits := 0

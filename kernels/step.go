@@ -514,6 +514,11 @@ func (e *Engine) backward(b model.Batch) error {
 // graph after the first call (graph.go).
 func (e *Engine) Step(o model.AdamW) error {
 	return e.th.do(func() error {
+		// The step rewrites the weights and moments a checkpoint may still
+		// be copying out.
+		if err := e.beforeStateWrite(); err != nil {
+			return err
+		}
 		e.optStep++
 		t := float64(e.optStep)
 		hp := []float32{float32(o.Beta1), float32(o.Beta2), float32(o.Eps), float32(1 - o.LR*o.WeightDecay), float32(o.Clip),

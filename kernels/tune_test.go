@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -94,7 +95,7 @@ func TestBadEngineSettingIsBadInput(t *testing.T) {
 	} {
 		t.Run(c.name+"="+c.value, func(t *testing.T) {
 			t.Setenv(c.name, c.value)
-			_, err := New(model.Presets["tiny"], model.Options{Precision: "bf16", MaxBatch: 1, MaxSeq: 16})
+			_, err := ParseOptions(os.Getenv)
 			var bad interface{ BadInput() bool }
 			if !errors.As(err, &bad) || !bad.BadInput() {
 				t.Fatalf("error %v, want bad input", err)

@@ -56,3 +56,18 @@ func TestBenchBadInputNamesTheFlag(t *testing.T) {
 		}
 	}
 }
+
+// A mistyped CUDA engine setting is refused before the command starts
+// anything, on any engine: one line naming the variable, exit status 2.
+func TestBadCUDASettingRefusedBeforeStart(t *testing.T) {
+	t.Parallel()
+	out, errOut, code := sched(t, []string{"KILN_CUDA_GRAPH=eager"},
+		"bench", "--engine", "cpu", "--model", "tiny", "--precision", "fp32", "--batch", "1", "--seq", "16", "--steps", "1")
+	if code != exitBadInput || out != "" || !strings.Contains(errOut, "KILN_CUDA_GRAPH") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2 and one line naming KILN_CUDA_GRAPH", code, out, errOut)
+	}
+	if _, errOut, code := sched(t, []string{"KILN_CUDA_GRAPH=off"},
+		"bench", "--engine", "cpu", "--model", "tiny", "--precision", "fp32", "--batch", "1", "--seq", "16", "--steps", "1", "--warmup", "0"); code != 0 {
+		t.Fatalf("KILN_CUDA_GRAPH=off: exit %d: %s", code, errOut)
+	}
+}

@@ -62,6 +62,7 @@ type Driver struct {
 	cuMemsetD32               func(dst uint64, v uint32, n uint64) int32
 	cuMemsetD32Async          func(dst uint64, v uint32, n uint64, stream uintptr) int32
 	cuMemcpyHtoDAsync         func(dst uint64, src unsafe.Pointer, bytes uint64, stream uintptr) int32
+	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uint64, bytes uint64, stream uintptr) int32
 	cuMemAllocHost            func(p *unsafe.Pointer, bytes uint64) int32
 	cuMemFreeHost             func(p unsafe.Pointer) int32
 	cuModuleLoadData          func(m *uintptr, image unsafe.Pointer) int32
@@ -127,6 +128,7 @@ func loadDriver(dirs []string) (*Driver, error) {
 		"cuMemsetD32_v2":               &d.cuMemsetD32,
 		"cuMemsetD32Async":             &d.cuMemsetD32Async,
 		"cuMemcpyHtoDAsync_v2":         &d.cuMemcpyHtoDAsync,
+		"cuMemcpyDtoHAsync_v2":         &d.cuMemcpyDtoHAsync,
 		"cuMemAllocHost_v2":            &d.cuMemAllocHost,
 		"cuMemFreeHost":                &d.cuMemFreeHost,
 		"cuModuleLoadData":             &d.cuModuleLoadData,
@@ -380,6 +382,15 @@ func (h *HostBuffer) CopyToDevice(dst Ptr, off, bytes int, stream uintptr) error
 	return h.dv.D.check("cuMemcpyHtoDAsync_v2", h.dv.D.cuMemcpyHtoDAsync(uint64(dst), unsafe.Add(h.p, off), uint64(bytes), stream))
 }
 
+// CopyFromDevice copies bytes from src to offset off of the buffer in
+// stream order; the buffer holds them once the stream has run the copy.
+func (h *HostBuffer) CopyFromDevice(off int, src Ptr, bytes int, stream uintptr) error {
+	if off < 0 || bytes < 0 || off+bytes > h.n {
+		return fmt.Errorf("copy of %d bytes at %d into a %d-byte host buffer", bytes, off, h.n)
+	}
+	return h.dv.D.check("cuMemcpyDtoHAsync_v2", h.dv.D.cuMemcpyDtoHAsync(unsafe.Add(h.p, off), uint64(src), uint64(bytes), stream))
+}
+
 // Free releases the buffer.
 func (h *HostBuffer) Free() error { return h.dv.D.check("cuMemFreeHost", h.dv.D.cuMemFreeHost(h.p)) }
 
@@ -531,6 +542,17 @@ type Stream struct {
 func (dv *Device) NewStream() (*Stream, error) {
 	var s uintptr
 	if err := dv.D.check("cuStreamCreate", dv.D.cuStreamCreate(&s, 0)); err != nil {
+		return nil, err
+	}
+	return &Stream{dv: dv, s: s}, nil
+}
+
+// NewStreamNonBlocking creates a stream that does not order itself with
+// the legacy default stream: its work neither waits for the synchronous
+// copies nor makes them wait, for copies that run beside everything else.
+func (dv *Device) NewStreamNonBlocking() (*Stream, error) {
+	var s uintptr
+	if err := dv.D.check("cuStreamCreate", dv.D.cuStreamCreate(&s, 1)); err != nil { // CU_STREAM_NON_BLOCKING
 		return nil, err
 	}
 	return &Stream{dv: dv, s: s}, nil

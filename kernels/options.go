@@ -1,0 +1,131 @@
+package kernels
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+// Options are the CUDA engine's settings beyond model.Options. The zero
+// value is the production path; the other values are variants kept for
+// comparisons and for the RTX 3060's path on a newer GPU. They come from
+// the environment (KILN_CUDA_* and KILN_KERNEL_CACHE), read once by
+// ParseOptions, which the command line calls before it starts anything, so
+// that a mistyped setting is refused at once instead of when an engine is
+// made deep inside a run.
+type Options struct {
+	// head: how the LM head's GEMMs run in bf16 precision (head.go).
+	head headMode
+	// gemmTune: candidates each bf16 GEMM shape times; 0 for
+	// gemmCandidates, -1 for the library's first choice.
+	gemmTune int
+	// naive: the straightforward attention in bf16 too, instead of the
+	// flash kernels.
+	naive bool
+	// flash64: the flash forward with 64 query rows a block (flash_fwd)
+	// instead of 128 (flash_fwd128).
+	flash64 bool
+	// eager: every kernel launched from the host; no CUDA graphs.
+	eager bool
+	// forceSM80: the sm_80 (compute_80) build on a newer GPU.
+	forceSM80 bool
+	// kernelCache: where compiled kernels are kept ("" for CacheDir's
+	// default).
+	kernelCache string
+}
+
+// ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
+// on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
+// KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_GRAPH,
+// KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
+// take is bad input naming the variable and the values it takes.
+func ParseOptions(getenv func(string) string) (Options, error) {
+	var o Options
+	var err error
+	if o.head, err = parseHeadMode(getenv("KILN_CUDA_HEAD")); err != nil {
+		return Options{}, err
+	}
+	tune, err := parseGemmTune(getenv("KILN_CUDA_GEMM_TUNE"))
+	if err != nil {
+		return Options{}, err
+	}
+	switch tune {
+	case gemmCandidates:
+	case 0:
+		o.gemmTune = -1
+	default:
+		o.gemmTune = tune
+	}
+	attention, err := envChoice(getenv, "KILN_CUDA_ATTENTION", "flash", "naive")
+	if err != nil {
+		return Options{}, err
+	}
+	o.naive = attention == "naive"
+	flashFwd, err := envChoice(getenv, "KILN_CUDA_FLASH_FWD", "64", "128")
+	if err != nil {
+		return Options{}, err
+	}
+	o.flash64 = flashFwd == "64"
+	graphs, err := parseGraphs(getenv("KILN_CUDA_GRAPH"))
+	if err != nil {
+		return Options{}, err
+	}
+	o.eager = !graphs
+	force, err := envChoice(getenv, "KILN_CUDA_FORCE_SM80", "0", "1")
+	if err != nil {
+		return Options{}, err
+	}
+	o.forceSM80 = force == "1"
+	o.kernelCache = getenv("KILN_KERNEL_CACHE")
+	return o, nil
+}
+
+// Configure makes the "cuda" engine that model.NewEngine starts (for the
+// trainer, the bench, verify, generation and the worker) use o. The
+// command line calls it once, with what ParseOptions read; without it the
+// engine runs the production path.
+func Configure(o Options) {
+	model.Register("cuda", func(c model.Config, mo model.Options) (model.Engine, error) { return NewWithOptions(c, mo, o) })
+}
+
+func init() { Configure(Options{}) }
+
+// candidates is how many of cuBLASLt's algorithms each bf16 GEMM shape
+// times (0: the library's first choice).
+func (o Options) candidates() int {
+	switch {
+	case o.gemmTune < 0:
+		return 0
+	case o.gemmTune == 0:
+		return gemmCandidates
+	}
+	return o.gemmTune
+}
+
+// envChoice reads the environment variable name, which must be unset or
+// one of values; anything else is bad input naming the variable and them.
+func envChoice(getenv func(string) string, name string, values ...string) (string, error) {
+	v := getenv(name)
+	if v == "" || slices.Contains(values, v) {
+		return v, nil
+	}
+	return "", &envError{fmt.Sprintf("%s=%q is not a setting it takes: set one of %s, or unset it", name, v, strings.Join(values, ", "))}
+}
+
+// parseGemmTune reads KILN_CUDA_GEMM_TUNE: unset for gemmCandidates, "off"
+// for the library's first choice (0), or a number of candidates, 1 to 64.
+func parseGemmTune(v string) (int, error) {
+	switch v {
+	case "":
+		return gemmCandidates, nil
+	case "off":
+		return 0, nil
+	}
+	if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= 64 {
+		return n, nil
+	}
+	return 0, &envError{fmt.Sprintf("KILN_CUDA_GEMM_TUNE=%q is not a GEMM tuning setting: set off, or a number of candidates from 1 to 64, or unset it for %d", v, gemmCandidates)}
+}

@@ -65,6 +65,65 @@ type RunConfig struct {
 
 	// Mixture lists the token stores and their sampling weights.
 	Mixture []MixtureEntry `yaml:"mixture" json:"mixture"`
+
+	// MoE replaces every layer's SwiGLU of the preset with Mixtral's sparse
+	// mixture of experts; absent, the preset's dense model.
+	MoE *MoEConfig `yaml:"moe,omitempty" json:"moe,omitempty"`
+}
+
+// MoEConfig is a run's mixture of experts: Experts SwiGLU experts per
+// layer, each DFF wide, TopK of them a token, and the load-balancing loss
+// at AuxCoef (Mixtral's router_aux_loss_coef; 0 turns it off).
+type MoEConfig struct {
+	Experts int      `yaml:"experts" json:"experts"`
+	TopK    int      `yaml:"top_k" json:"top_k"`
+	DFF     int      `yaml:"d_ff" json:"d_ff"`
+	AuxCoef *float64 `yaml:"aux_coef" json:"aux_coef"`
+}
+
+// DefaultAuxCoef is the load-balancing coefficient when aux_coef is absent.
+const DefaultAuxCoef = 0.02
+
+// ParseMoE reads the command line's experts=N,top_k=K,d_ff=F,aux_coef=C
+// (any subset but experts; the rest take WithDefaults' values).
+func ParseMoE(s string) (*MoEConfig, error) {
+	m := &MoEConfig{}
+	bad := func(format string, args ...any) error {
+		return badInput(fmt.Errorf("--moe %q: "+format+" (give experts=N,top_k=K,d_ff=F,aux_coef=C)", append([]any{s}, args...)...))
+	}
+	seen := map[string]bool{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || v == "" {
+			return nil, bad("%q is not KEY=VALUE", kv)
+		}
+		if seen[k] {
+			return nil, bad("%s is given twice", k)
+		}
+		seen[k] = true
+		var err error
+		switch k {
+		case "experts":
+			m.Experts, err = strconv.Atoi(v)
+		case "top_k":
+			m.TopK, err = strconv.Atoi(v)
+		case "d_ff":
+			m.DFF, err = strconv.Atoi(v)
+		case "aux_coef":
+			var f float64
+			f, err = strconv.ParseFloat(v, 64)
+			m.AuxCoef = &f
+		default:
+			return nil, bad("unknown key %q", k)
+		}
+		if err != nil {
+			return nil, bad("%s=%s is not a number", k, v)
+		}
+	}
+	if !seen["experts"] {
+		return nil, bad("experts is missing")
+	}
+	return m, nil
 }
 
 // MixtureEntry is one token store and its share of the training windows.
@@ -131,6 +190,18 @@ func (c RunConfig) WithDefaults() RunConfig {
 	for i := range c.Mixture {
 		deff(&c.Mixture[i].Weight, 1)
 	}
+	if c.MoE != nil {
+		m := *c.MoE
+		def(&m.TopK, 2)
+		if mc, err := model.Preset(c.Model); err == nil {
+			def(&m.DFF, mc.Intermediate)
+		}
+		if m.AuxCoef == nil {
+			v := DefaultAuxCoef
+			m.AuxCoef = &v
+		}
+		c.MoE = &m
+	}
 	return c
 }
 
@@ -195,14 +266,47 @@ func (c RunConfig) Validate() error {
 			return badInput(fmt.Errorf("mixture[%d]: needs a store and a finite positive weight, got %q weight %g", i, m.Store, m.Weight))
 		}
 	}
+	if m := c.MoE; m != nil {
+		switch {
+		case m.Experts < 2:
+			msg = fmt.Sprintf("moe.experts must be at least 2, got %d", m.Experts)
+		case m.TopK < 1 || m.TopK > m.Experts:
+			msg = fmt.Sprintf("moe.top_k must be between 1 and moe.experts (%d), got %d", m.Experts, m.TopK)
+		case m.DFF < 1:
+			msg = fmt.Sprintf("moe.d_ff must be at least 1, got %d", m.DFF)
+		case m.AuxCoef == nil || !(*m.AuxCoef >= 0) || math.IsInf(*m.AuxCoef, 0):
+			msg = fmt.Sprintf("moe.aux_coef must be a finite number >= 0, got %v", derefOr(m.AuxCoef))
+		}
+		if msg != "" {
+			return badInput(errors.New(msg))
+		}
+	}
 	return nil
 }
 
-// ModelConfig is the Llama configuration of c's preset.
+func derefOr(p *float64) any {
+	if p == nil {
+		return "nothing"
+	}
+	return *p
+}
+
+// ModelConfig is the Llama configuration of c's preset, with Mixtral's
+// experts in place of its SwiGLU when c.MoE is set. It expects
+// c.WithDefaults().
 func (c RunConfig) ModelConfig() (model.Config, error) {
 	mc, err := model.Preset(c.Model)
 	if err != nil {
 		return mc, badInput(fmt.Errorf("model: %w", err))
+	}
+	if m := c.MoE; m != nil {
+		mc.Experts, mc.ExpertsPerTok, mc.Intermediate = m.Experts, m.TopK, m.DFF
+		if m.AuxCoef != nil {
+			mc.RouterAuxCoef = *m.AuxCoef
+		}
+		if err := mc.Validate(); err != nil {
+			return mc, badInput(fmt.Errorf("moe: %w", err))
+		}
 	}
 	return mc, nil
 }

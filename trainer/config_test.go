@@ -1,12 +1,16 @@
 package trainer
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kiln-lm/kiln/model"
 )
 
 func isBadInput(err error) bool {
@@ -138,5 +142,129 @@ func TestLoadRunConfigRefusesZeroSizes(t *testing.T) {
 	os.WriteFile(path, []byte("model: tiny\nbatch: 4\n"), 0o644)
 	if c, err := LoadRunConfig(path); err != nil || c.Batch != 4 {
 		t.Errorf("batch 4: %+v, %v", c, err)
+	}
+}
+
+// A run's moe key turns the preset's SwiGLU into Mixtral's experts, with
+// top_k, d_ff and aux_coef defaulted when absent.
+func TestRunConfigMoE(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run.yaml")
+	yaml := "model: small\ntotal_steps: 10\nmixture: [{store: /data/code}]\nmoe: {experts: 8, top_k: 2, d_ff: 352, aux_coef: 0.02}\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadRunConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	mc, err := c.ModelConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc.Experts != 8 || mc.ExpertsPerTok != 2 || mc.Intermediate != 352 || mc.RouterAuxCoef != 0.02 || mc.Hidden != 512 || mc.Layers != 8 {
+		t.Errorf("model config %+v", mc)
+	}
+	// Defaults: top 2, the preset's width, coefficient 0.02; aux_coef 0
+	// turns the load-balancing loss off.
+	m, err := ParseMoE("experts=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := RunConfig{Model: "tiny", MoE: m}.WithDefaults()
+	if d.MoE.TopK != 2 || d.MoE.DFF != model.Presets["tiny"].Intermediate || *d.MoE.AuxCoef != DefaultAuxCoef {
+		t.Errorf("defaults %+v", *d.MoE)
+	}
+	m, err = ParseMoE("experts=8,top_k=1,d_ff=96,aux_coef=0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d = RunConfig{Model: "tiny", MoE: m}.WithDefaults()
+	if mc, err := d.ModelConfig(); err != nil || mc.RouterAuxCoef != 0 || mc.ExpertsPerTok != 1 || mc.Intermediate != 96 {
+		t.Errorf("aux_coef 0: %+v, %v", mc, err)
+	}
+	// A dense run's stored configuration says nothing of experts.
+	b, _ := json.Marshal(testRun(1).WithDefaults())
+	if strings.Contains(string(b), "moe") {
+		t.Errorf("dense run config mentions moe: %s", b)
+	}
+}
+
+func TestBadMoESettings(t *testing.T) {
+	for flag, want := range map[string]string{
+		"":                     "is not KEY=VALUE",
+		"top_k=2":              "experts is missing",
+		"experts=8,experts=4":  "given twice",
+		"experts=8,top_k=two":  "top_k=two is not a number",
+		"experts=8,capacity=1": `unknown key "capacity"`,
+		"experts=8,aux_coef=":  "is not KEY=VALUE",
+	} {
+		_, err := ParseMoE(flag)
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "--moe") {
+			t.Errorf("--moe %q: %v, want bad input naming %q", flag, err, want)
+		}
+	}
+	nan := math.NaN()
+	neg := -0.5
+	for _, c := range []struct {
+		m    MoEConfig
+		want string
+	}{
+		{MoEConfig{Experts: 1}, "moe.experts must be at least 2"},
+		{MoEConfig{Experts: 4, TopK: 5}, "moe.top_k must be between 1 and moe.experts (4)"},
+		{MoEConfig{Experts: 4, DFF: -3}, "moe.d_ff must be at least 1"},
+		{MoEConfig{Experts: 4, AuxCoef: &nan}, "moe.aux_coef"},
+		{MoEConfig{Experts: 4, AuxCoef: &neg}, "moe.aux_coef"},
+	} {
+		rc := testRun(1)
+		m := c.m
+		rc.MoE = &m
+		err := rc.WithDefaults().Validate()
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%+v: %v, want one line naming %q", c.m, err, c.want)
+		}
+	}
+}
+
+// A small CPU run with experts learns: a sequence whose next token follows
+// from the last is fitted, the loss falling well below its start, and the
+// checkpoint is Mixtral's.
+func TestMoERunLowersTheLoss(t *testing.T) {
+	requireCPU(t)
+	mc := model.Presets["tiny"]
+	d := &sliceData{ids: make([]int32, 20000), eval: make([]int32, 2000)}
+	for i := range d.ids {
+		d.ids[i] = int32(i * 7 % 61)
+	}
+	copy(d.eval, d.ids)
+	rc := testRun(30)
+	rc.LR, rc.Warmup, rc.EvalEvery = 1e-2, 2, 0
+	rc.MoE = &MoEConfig{Experts: 4, TopK: 2, DFF: 48}
+	out := t.TempDir()
+	res, got, err := runCollect(t, context.Background(), Config{Run: rc, Out: out, Data: d}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Done || len(got) != 30 {
+		t.Fatalf("run: %+v, %d lines", res, len(got))
+	}
+	first, last := got[1].Loss, got[30].Loss
+	t.Logf("loss %.3f at step 1, %.3f at step 30", first, last)
+	if !(last < first/2) {
+		t.Errorf("loss %v -> %v over 30 steps: not learning", first, last)
+	}
+	b, err := os.ReadFile(filepath.Join(out, "step-0000030", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := model.ParseConfig(b)
+	if err != nil || c.Experts != 4 || c.ExpertsPerTok != 2 || c.Intermediate != 48 || c.RouterAuxCoef != DefaultAuxCoef || c.Hidden != mc.Hidden {
+		t.Errorf("checkpoint config %+v, %v:\n%s", c, err, b)
+	}
+	if !strings.Contains(string(b), "MixtralForCausalLM") {
+		t.Errorf("checkpoint config is not Mixtral's:\n%s", b)
 	}
 }

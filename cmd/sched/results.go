@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -21,14 +23,18 @@ import (
 const BenchResultsKey = worker.BenchKey
 
 func init() {
-	rootCmd.AddCommand(&cobra.Command{
+	var tbDir string
+	cmd := &cobra.Command{
 		Use:   "results <run|bench>",
 		Short: "Print a run's results (summary, gates, plot location) or the bench sweep table",
 		Long: `results prints what training left in object storage: for a run,
 results/<run>/summary.md (the results table, the pilot's gates with their
 numbers and verdicts, the configuration, a sample) and where loss.svg is;
 for "bench", the sweep table from results/bench/ (tok/s, peak memory, MFU,
-and whether the GPU was idle).`,
+and whether the GPU was idle).
+
+--tensorboard DIR downloads the run's TensorBoard event files (one per
+training segment) into DIR/<run>/, for 'tensorboard --logdir DIR'.`,
 		Args: exactArgs(1, "a run name or bench"),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg, err := loadConfig(c)
@@ -45,9 +51,67 @@ and whether the GPU was idle).`,
 			if args[0] == "bench" {
 				return printBench(c.Context(), c.OutOrStdout(), st)
 			}
+			if tbDir != "" {
+				return downloadEvents(c.Context(), c.OutOrStdout(), st, args[0], tbDir)
+			}
 			return printRunResults(c.Context(), c.OutOrStdout(), cfg, st, args[0])
 		},
-	})
+	}
+	cmd.Flags().StringVar(&tbDir, "tensorboard", "", "download the run's TensorBoard event files into DIR/<run>/")
+	rootCmd.AddCommand(cmd)
+}
+
+// downloadEvents copies results/<run>/tensorboard/ into dir/<run>/.
+func downloadEvents(ctx context.Context, w io.Writer, st store.Store, run, dir string) error {
+	prefix := segment.ResultsPrefix(run) + results.TensorBoardDir + "/"
+	objs, err := st.List(ctx, prefix)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", prefix, err)
+	}
+	if len(objs) == 0 {
+		return badInput("run %q has no TensorBoard event files yet (%s is empty): they appear with the run's first checkpoint; see 'sched status'", run, prefix)
+	}
+	out := filepath.Join(dir, run)
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return badInput("--tensorboard %s: %v", dir, err)
+	}
+	for _, o := range objs {
+		name := strings.TrimPrefix(o.Key, prefix)
+		if name == "" || strings.Contains(name, "/") {
+			continue
+		}
+		if err := getFile(ctx, st, o.Key, filepath.Join(out, name)); err != nil {
+			return err
+		}
+	}
+	_, err = fmt.Fprintf(w, "%d event files of run %s in %s: tensorboard --logdir %s\n", len(objs), run, out, dir)
+	return err
+}
+
+// getFile copies one object to path, whole or not at all.
+func getFile(ctx context.Context, st store.Store, key, path string) error {
+	r, err := st.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("get %s: %w", key, err)
+	}
+	defer r.Close()
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	_, err = io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
 }
 
 func printRunResults(ctx context.Context, w io.Writer, cfg scheduler.Config, st store.Store, run string) error {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -55,6 +56,27 @@ func TestResultsCommand(t *testing.T) {
 	_, errOut, code = sched(t, []string{"KILN_DATA_DIR=" + t.TempDir()}, "results", "bench")
 	if code != 2 || !strings.Contains(errOut, "no bench results yet") {
 		t.Fatalf("missing bench: exit %d, %q", code, errOut)
+	}
+	// --tensorboard copies the run's event files, one per segment.
+	for _, name := range []string{"events.out.tfevents.1.gpu.step0", "events.out.tfevents.2.gpu.step20"} {
+		body := "event file " + name
+		if err := st.Put(ctx, "results/pilot/tensorboard/"+name, strings.NewReader(body), int64(len(body))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tb := filepath.Join(t.TempDir(), "tb")
+	out, errOut, code = sched(t, env, "results", "pilot", "--tensorboard", tb)
+	if code != 0 || !strings.Contains(out, "tensorboard --logdir "+tb) {
+		t.Fatalf("results --tensorboard: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, name := range []string{"events.out.tfevents.1.gpu.step0", "events.out.tfevents.2.gpu.step20"} {
+		if b, err := os.ReadFile(filepath.Join(tb, "pilot", name)); err != nil || string(b) != "event file "+name {
+			t.Errorf("%s: %q %v", name, b, err)
+		}
+	}
+	_, errOut, code = sched(t, env, "results", "long", "--tensorboard", tb)
+	if code != 2 || !strings.Contains(errOut, `run "long" has no TensorBoard event files yet`) {
+		t.Errorf("--tensorboard of a run without results: exit %d, %q", code, errOut)
 	}
 	_, errOut, code = sched(t, env, "results", "a/b")
 	if code != 2 || !strings.Contains(errOut, "no slashes") {

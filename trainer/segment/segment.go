@@ -147,6 +147,9 @@ type Outcome struct {
 	ResumeSource string
 	// Wall is the run's wall-clock so far, over all its segments.
 	Wall time.Duration
+	// Began is when this segment began, after its restore: its event
+	// file's time, and the origin of its metrics' elapsed_s.
+	Began time.Time
 }
 
 // RunDir is the local directory of run under root.
@@ -196,6 +199,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	// Wall-clock adds up over segments; the state hash carries the sum.
 	prevWall, _ := p.Redis.HGet(ctx, StateKey(run), "wall_s").Float64()
 	began := time.Now()
+	out.Began = began
 	wall := func() time.Duration { return time.Duration(prevWall*float64(time.Second)) + time.Since(began) }
 
 	// Losing the lock stops training at once: another worker owns the run.
@@ -216,6 +220,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	}
 
 	up := newUploader(p, lock, dir, rc, log, wall)
+	up.from, up.began = out.ResumedFrom, began
 	go up.loop()
 
 	data, err := p.OpenData(rc, mc)

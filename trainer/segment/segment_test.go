@@ -162,6 +162,17 @@ func TestSegmentsResumeFromObjectStorageAfterLosingTheDisk(t *testing.T) {
 	if *recs[0].EvalLoss < 4 || *recs[0].EvalLoss < *recs[8].EvalLoss {
 		t.Errorf("initial eval loss %v, final %v", *recs[0].EvalLoss, *recs[8].EvalLoss)
 	}
+	// Each segment left its TensorBoard event file beside the results: one
+	// from step 0, one from the step the second resumed from.
+	events, err := obj.List(ctx, ResultsPrefix("r")+results.TensorBoardDir+"/")
+	if err != nil || len(events) != 2 {
+		t.Fatalf("event files in results/r/tensorboard/: %v %v; want one per segment", events, err)
+	}
+	for i, suffix := range []string{".step0", ".step4"} {
+		if !strings.Contains(events[i].Key, "events.out.tfevents.") || !strings.HasSuffix(events[i].Key, suffix) || events[i].Size < 100 {
+			t.Errorf("event file %d: %+v; want a tfevents file ending %s", i, events[i], suffix)
+		}
+	}
 	// The state carries the last evaluation, for watchers of the run.
 	if want := strconv.FormatFloat(*recs[8].EvalLoss, 'f', 4, 64); st["eval_loss"] != want || st["eval_step"] != "8" {
 		t.Errorf("run state eval_loss %q at step %q; want %s at step 8", st["eval_loss"], st["eval_step"], want)

@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +32,10 @@ type uploader struct {
 	rc   trainer.RunConfig
 	log  *zap.Logger
 	wall func() time.Duration
+	// from and began are the segment's first step and start, for its
+	// event file.
+	from  int
+	began time.Time
 
 	jobs   chan upJob
 	ctx    context.Context
@@ -106,7 +111,8 @@ func (u *uploader) upload(j upJob) error {
 		u.log.Info("checkpoints deleted by retention", zap.Ints("steps", deleted))
 	}
 	u.pruneLocal(j.step)
-	if err := u.p.writeResults(u.ctx, u.dir, u.rc, Outcome{Step: j.step, TotalSteps: u.rc.TotalSteps, Wall: u.wall()}, u.log); err != nil {
+	if err := u.p.writeResults(u.ctx, u.dir, u.rc, Outcome{Step: j.step, TotalSteps: u.rc.TotalSteps, Wall: u.wall(),
+		ResumedFrom: u.from, Began: u.began}, u.log); err != nil {
 		u.log.Warn("results", zap.Error(err))
 	}
 	return nil
@@ -271,15 +277,59 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	if err := s.WriteFiles(dir); err != nil {
 		return err
 	}
+	events, err := writeEvents(dir, recs, out)
+	if err != nil {
+		return err
+	}
 	if p.Objects == nil {
 		return nil
 	}
-	for _, name := range []string{results.MetricsFile, results.SummaryFile, results.PlotFile} {
-		if _, err := putFile(ctx, p.Objects, ResultsPrefix(p.Run.Name)+name, filepath.Join(dir, name)); err != nil {
+	for _, name := range []string{results.MetricsFile, results.SummaryFile, results.PlotFile, events} {
+		if name == "" {
+			continue
+		}
+		if _, err := putFile(ctx, p.Objects, ResultsPrefix(p.Run.Name)+name, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
 			return fmt.Errorf("upload results of run %s: %w", p.Run.Name, err)
 		}
 	}
 	return nil
+}
+
+// writeEvents writes this segment's TensorBoard event file, its lines of
+// metrics (the steps after the one it resumed from, a fresh run's step 0
+// evaluation too, up to out.Step: the checkpoint being uploaded, from
+// which a successor resumes if this worker dies), under dir/tensorboard,
+// and returns its path relative to
+// dir with slashes, or "" when the segment logged nothing yet. Each
+// segment has a file of its own, so the steps continue across resumes.
+func writeEvents(dir string, recs []results.Record, out Outcome) (string, error) {
+	var seg []results.Record
+	for _, r := range recs {
+		if r.Step <= out.Step && (r.Step > out.ResumedFrom || (out.ResumedFrom == 0 && r.Step == 0)) {
+			seg = append(seg, r)
+		}
+	}
+	if len(seg) == 0 || out.Began.IsZero() {
+		return "", nil
+	}
+	host, _ := os.Hostname()
+	name := results.TensorBoardDir + "/" + results.EventFileName(out.Began, host, out.ResumedFrom)
+	path := filepath.Join(dir, filepath.FromSlash(name))
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", fmt.Errorf("event file: %w", err)
+	}
+	var buf bytes.Buffer
+	if err := results.WriteEvents(&buf, seg, out.Began); err != nil {
+		return "", err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
+		return "", fmt.Errorf("event file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", fmt.Errorf("event file: %w", err)
+	}
+	return name, nil
 }
 
 // Settings is the configuration table of a run's summary.

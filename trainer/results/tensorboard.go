@@ -1,0 +1,133 @@
+package results
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// TensorBoard reads a run's scalars from event files: TFRecord frames
+// (length, masked CRC-32C of the length, an Event protobuf, its masked
+// CRC-32C), the first Event naming the file version, then one Event per
+// logged step holding a Summary of tagged scalar values. kiln writes one
+// file per training segment, from the segment's lines of metrics.jsonl, so
+// the steps continue across resumes as the metrics do.
+
+// TensorBoardDir is the results subdirectory (and object prefix) that
+// holds a run's event files: `tensorboard --logdir` reads it.
+const TensorBoardDir = "tensorboard"
+
+// The scalars' tags. TensorBoard groups tags by the part before the slash.
+const (
+	TagLoss       = "train/loss"
+	TagLR         = "train/lr"
+	TagGradNorm   = "train/grad_norm"
+	TagEvalLoss   = "eval/loss"
+	TagTokPerSec  = "perf/tok_per_s"
+	TagMFU        = "perf/mfu"
+	TagPeakMemory = "perf/peak_memory_gib"
+)
+
+// EventFileName is the name of a segment's event file: TensorBoard reads
+// files whose name holds "tfevents", in the order of the time in it.
+func EventFileName(began time.Time, host string, firstStep int) string {
+	return fmt.Sprintf("events.out.tfevents.%d.%s.step%d", began.Unix(), host, firstStep)
+}
+
+// WriteEvents writes recs as one event file to w. Each record's wall time
+// is began plus its elapsed_s (a segment's lines count from its start).
+func WriteEvents(w io.Writer, recs []Record, began time.Time) error {
+	base := float64(began.UnixNano()) / 1e9
+	var ev []byte
+	ev = protowire.AppendTag(ev, 1, protowire.Fixed64Type)
+	ev = protowire.AppendFixed64(ev, math.Float64bits(base))
+	ev = protowire.AppendTag(ev, 3, protowire.BytesType)
+	ev = protowire.AppendString(ev, "brain.Event:2")
+	if err := writeRecord(w, ev); err != nil {
+		return err
+	}
+	for _, r := range recs {
+		vals := scalars(r)
+		if len(vals) == 0 {
+			continue
+		}
+		var sum []byte
+		for _, v := range vals {
+			var val []byte
+			val = protowire.AppendTag(val, 1, protowire.BytesType)
+			val = protowire.AppendString(val, v.tag)
+			val = protowire.AppendTag(val, 2, protowire.Fixed32Type)
+			val = protowire.AppendFixed32(val, math.Float32bits(float32(v.value)))
+			sum = protowire.AppendTag(sum, 1, protowire.BytesType)
+			sum = protowire.AppendBytes(sum, val)
+		}
+		ev = ev[:0]
+		ev = protowire.AppendTag(ev, 1, protowire.Fixed64Type)
+		ev = protowire.AppendFixed64(ev, math.Float64bits(base+r.ElapsedS))
+		ev = protowire.AppendTag(ev, 2, protowire.VarintType)
+		ev = protowire.AppendVarint(ev, uint64(r.Step))
+		ev = protowire.AppendTag(ev, 5, protowire.BytesType)
+		ev = protowire.AppendBytes(ev, sum)
+		if err := writeRecord(w, ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type scalar struct {
+	tag   string
+	value float64
+}
+
+// scalars are the values of one metrics line that TensorBoard plots.
+func scalars(r Record) []scalar {
+	var out []scalar
+	if r.Loss != nil {
+		out = append(out, scalar{TagLoss, *r.Loss}, scalar{TagLR, r.LR}, scalar{TagGradNorm, r.GradNorm})
+		if r.TokPerSec > 0 {
+			out = append(out, scalar{TagTokPerSec, r.TokPerSec})
+		}
+		if r.MFU != nil {
+			out = append(out, scalar{TagMFU, *r.MFU})
+		}
+		if r.PeakMemory > 0 {
+			out = append(out, scalar{TagPeakMemory, float64(r.PeakMemory) / (1 << 30)})
+		}
+	}
+	if r.EvalLoss != nil {
+		out = append(out, scalar{TagEvalLoss, *r.EvalLoss})
+	}
+	return out
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// maskedCRC is TFRecord's checksum: CRC-32C rotated and offset, so that a
+// CRC of data holding CRCs does not degenerate.
+func maskedCRC(b []byte) uint32 {
+	c := crc32.Checksum(b, castagnoli)
+	return (c>>15 | c<<17) + 0xa282ead8
+}
+
+func writeRecord(w io.Writer, data []byte) error {
+	var buf bytes.Buffer
+	var hdr [12]byte
+	binary.LittleEndian.PutUint64(hdr[:8], uint64(len(data)))
+	binary.LittleEndian.PutUint32(hdr[8:], maskedCRC(hdr[:8]))
+	buf.Write(hdr[:])
+	buf.Write(data)
+	var foot [4]byte
+	binary.LittleEndian.PutUint32(foot[:], maskedCRC(data))
+	buf.Write(foot[:])
+	if _, err := w.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("write event file: %w", err)
+	}
+	return nil
+}

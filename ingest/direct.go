@@ -5,16 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 )
@@ -112,13 +114,20 @@ type DirectOptions struct {
 	Tokenizer *tokenizer.Tokenizer
 	// TokenizerName is recorded in a new store's manifest.
 	TokenizerName string
-	StoreDir      string // the token store
-	DataDir       string // downloads and shard files, deleted as they are used
-	Seed          uint64
-	MaxFiles      int   // 0: all
-	MaxTokens     int64 // the store stops below this many tokens (0: no limit)
-	MaxDisk       int64 // tokens.bin plus one shard file stay below this (0: no limit)
-	Logger        *zap.Logger
+	// StoreDir is the token store; its last element is the store's name
+	// in the pipeline's steps, so it must be a valid store name.
+	StoreDir string
+	// DataDir holds downloads, each deleted once tokenized, and the shard
+	// token files waiting for their append (a directory store of its own,
+	// removed when Direct returns).
+	DataDir   string
+	Seed      uint64
+	MaxFiles  int   // 0: all
+	MaxTokens int64 // the store stops below this many tokens (0: no limit)
+	MaxDisk   int64 // the store's tokens.bin stays at most this size (0: no limit)
+	// Progress, when set, is told the report so far after each file.
+	Progress func(Report)
+	Logger   *zap.Logger
 }
 
 // Report is what an ingest did.
@@ -127,6 +136,7 @@ type Report struct {
 	Files      int
 	Appended   int
 	Duplicates int
+	Documents  int64 // appended by this run
 	Tokens     int64 // appended by this run
 	// SkippedFiles counts whole files left out, by reason; SkippedRecords
 	// the documents left out of appended files.
@@ -136,96 +146,210 @@ type Report struct {
 	Stopped string
 }
 
-// Direct runs the whole pipeline in one process: plan, then for each file
-// download, tokenize into a shard file, append it exactly once, and delete
-// the raw and shard files. A re-run appends only what is missing.
-func Direct(ctx context.Context, opt DirectOptions) (Report, error) {
+// Direct runs an ingest in this process through the queue's own steps:
+// Pipeline.Plan, then Pipeline.Shard for each planned file (a few files at
+// once, sharing the process's encoders), then Pipeline.Append in the plan's
+// order, so that a seed and a limit give the store the same documents as
+// they would through the queue. Shard files go through a directory store
+// under DataDir. A re-run appends only what is missing; a limit ends the
+// run cleanly with Report.Stopped set.
+func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
+	rep = Report{SkippedFiles: Skips{}, SkippedRecords: Skips{}}
 	log := opt.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
-	rep := Report{SkippedFiles: Skips{}, SkippedRecords: Skips{}}
-	plan, err := Plan(ctx, opt.Preset, opt.Hub, opt.Seed)
+	dir, err := filepath.Abs(opt.StoreDir)
 	if err != nil {
-		return rep, err
+		return rep, fmt.Errorf("ingest: token store %s: %w", opt.StoreDir, err)
 	}
-	rep.Revision = plan.Revision
-	if opt.MaxFiles > 0 && len(plan.Files) > opt.MaxFiles {
-		plan.Files = plan.Files[:opt.MaxFiles]
+	storeName := filepath.Base(dir)
+	if err := CheckStoreName(storeName); err != nil {
+		return rep, &PresetError{fmt.Errorf("token store directory %s: its last element names the store: %w", opt.StoreDir, errors.Unwrap(err))}
 	}
-	rep.Files = len(plan.Files)
+	if _, ok := opt.Tokenizer.EOS(); !ok {
+		return rep, &PresetError{errors.New("the tokenizer has no end-of-text token, which separates documents in a token store")}
+	}
 	if err := os.MkdirAll(opt.DataDir, 0o755); err != nil {
-		return rep, err
+		return rep, fmt.Errorf("ingest: %w", err)
 	}
-	eos, ok := opt.Tokenizer.EOS()
-	if !ok {
-		return rep, errors.New("the tokenizer has no end-of-text token")
+	shards, err := os.MkdirTemp(opt.DataDir, ".shards-*")
+	if err != nil {
+		return rep, fmt.Errorf("ingest: %w", err)
 	}
-	app, err := tokens.OpenAppender(ctx, opt.StoreDir, tokens.Tokenizer{
-		Name: opt.TokenizerName, SHA256: opt.Tokenizer.SHA256(), VocabSize: opt.Tokenizer.VocabSize(), EOS: eos,
-	}, log)
+	defer os.RemoveAll(shards)
+	objects, err := store.NewLocal(shards)
 	if err != nil {
 		return rep, err
 	}
-	defer app.Close()
-	done := map[string]bool{}
-	for _, s := range app.Manifest().Shards {
-		done[s.ID] = true
+	p := &Pipeline{Objects: objects, Hub: opt.Hub, SWH: opt.SWH, Presets: map[string]Preset{opt.Preset.Name: opt.Preset},
+		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return opt.Tokenizer, nil },
+		DataDir:   opt.DataDir, StoresDir: filepath.Dir(dir), Logger: log}
+	if opt.Preset.Glob != "" {
+		p.LocalRoots = []string{globRoot(opt.Preset.Glob)}
 	}
-	for _, s := range app.Manifest().Skipped {
-		done[s.ID] = true
+	// The plan skips what the status lists; here the store itself says
+	// what it holds.
+	if m, err := tokens.ReadManifest(dir); err == nil {
+		if _, err := p.publishStatus(ctx, storeName, *m); err != nil {
+			return rep, err
+		}
 	}
-	for _, f := range plan.Files {
+	closeStores := p.holdStores()
+	defer func() {
+		if cerr := closeStores(); err == nil {
+			err = cerr
+		}
+	}()
+	limits := Limits{MaxTokens: opt.MaxTokens, MaxDisk: opt.MaxDisk}
+	plan, err := p.Plan(ctx, PlanJob{Dataset: opt.Preset.Name, Store: storeName, Tokenizer: opt.TokenizerName, Seed: opt.Seed, MaxFiles: opt.MaxFiles, Limits: limits})
+	var stop *StopError
+	var outside *OutsideRootsError
+	switch {
+	case errors.As(err, &stop):
+		rep.Stopped = stop.Msg
+		return rep, nil
+	case errors.As(err, &outside):
+		return rep, &PresetError{fmt.Errorf("local file %s leads outside %s, the directory its glob names: put the directory it links to in the glob", outside.Path, p.LocalRoots[0])}
+	case err != nil:
+		return rep, err
+	}
+	rep.Revision, rep.Files, rep.Duplicates = plan.Revision, plan.Files, plan.Done
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := shardAll(ctx, p, plan.Shards)
+	defer func() {
+		cancel()
+		results.wait()
+	}()
+	for i := range plan.Shards {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		id := ShardID(opt.Preset, f.Path)
-		if opt.Preset.Glob != "" {
-			// Hashed just before it is read, so that the id names the
-			// content the store gets.
-			if done[id] {
-				rep.Duplicates++
-				continue
-			}
-			size, sum, err := hashFile(ctx, f.Path)
-			if err != nil {
-				return rep, err
-			}
-			id = LocalShardID(size, sum)
+		r, err := results.next(ctx, i)
+		if err == nil {
+			err = r.err
 		}
-		if done[id] {
-			rep.Duplicates++
-			continue
-		}
-		done[id] = true
-		res, err := ingestFile(ctx, opt, app, plan.Revision, f, id)
-		if reason := SkipReason(err); reason != "" {
-			log.Warn("file skipped", zap.String("file", f.Path), zap.String("reason", reason), zap.Error(err))
-			rep.SkippedFiles.Add(reason, 1)
-			if err := app.Skip(ctx, tokens.Skipped{ID: id, Source: f.Path, Revision: plan.Revision, Reason: reason + ": " + err.Error()}); err != nil {
-				return rep, err
-			}
-			continue
-		}
-		var stop *stopError
-		if errors.As(err, &stop) {
-			rep.Stopped = stop.Error()
+		switch {
+		case errors.As(err, &stop):
+			rep.Stopped = stop.Msg
 			return rep, nil
-		}
-		if err != nil {
+		case err != nil:
 			return rep, err
-		}
-		rep.SkippedRecords.Merge(res.skips)
-		if res.duplicate {
+		case r.done:
 			rep.Duplicates++
 			continue
 		}
-		rep.Appended++
-		rep.Tokens += res.tokens
-		log.Info("shard appended", zap.String("file", f.Path), zap.Int64("tokens", res.tokens), zap.Int64("documents", res.documents))
+		res, err := p.Append(ctx, r.job, nil)
+		results.release()
+		switch {
+		case errors.As(err, &stop):
+			rep.Stopped = stop.Msg
+			return rep, nil
+		case err != nil:
+			return rep, fmt.Errorf("appending %s: %w", r.job.Source, err)
+		case res.Skipped:
+			rep.SkippedFiles.Add(r.job.SkipReason, 1)
+		case res.Duplicate:
+			rep.Duplicates++
+		default:
+			rep.Appended++
+			rep.Tokens += res.Tokens
+			rep.Documents += r.job.Documents
+			rep.SkippedRecords.Merge(r.job.Skipped)
+			log.Info("shard appended", zap.String("file", r.job.Source), zap.Int64("tokens", res.Tokens), zap.Int64("documents", r.job.Documents))
+		}
+		if opt.Progress != nil {
+			opt.Progress(rep)
+		}
 	}
 	return rep, nil
 }
+
+// globRoot is the directory of glob above its first pattern character: a
+// direct ingest reads what its own glob names and nothing a link inside
+// it leads to elsewhere.
+func globRoot(glob string) string {
+	if i := strings.IndexAny(glob, `*?[\`); i >= 0 {
+		return filepath.Dir(glob[:i] + "x")
+	}
+	return glob
+}
+
+// sharded is one planned file after Pipeline.Shard.
+type sharded struct {
+	job  AppendJob
+	done bool
+	err  error
+}
+
+// shardRun shards the planned files a few at a time, in the plan's order,
+// holding at most a window of them ahead of the append: a shard file
+// waits on disk for its turn, and a slow append should not let the whole
+// dataset pile up there.
+type shardRun struct {
+	out    []chan sharded
+	window chan struct{}
+	wg     sync.WaitGroup
+}
+
+func shardAll(ctx context.Context, p *Pipeline, jobs []ShardJob) *shardRun {
+	n := DefaultTokenizing()
+	r := &shardRun{out: make([]chan sharded, len(jobs)), window: make(chan struct{}, 2*n)}
+	for i := range r.out {
+		r.out[i] = make(chan sharded, 1)
+	}
+	next := make(chan int)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(next)
+		for i := range jobs {
+			select {
+			case r.window <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			select {
+			case next <- i:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for range n {
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			for i := range next {
+				job, done, err := p.Shard(ctx, jobs[i], nil)
+				r.out[i] <- sharded{job: job, done: done, err: err}
+			}
+		}()
+	}
+	return r
+}
+
+// next waits for the i-th file's shard.
+func (r *shardRun) next(ctx context.Context, i int) (sharded, error) {
+	select {
+	case s := <-r.out[i]:
+		if s.err != nil || s.done {
+			r.release()
+		}
+		return s, nil
+	case <-ctx.Done():
+		return sharded{}, ctx.Err()
+	}
+}
+
+// release frees the window place of a file whose shard is settled.
+func (r *shardRun) release() { <-r.window }
+
+// wait returns once no shard is being written; the caller has cancelled
+// the context or consumed every shard.
+func (r *shardRun) wait() { r.wg.Wait() }
 
 // RecordSkips records in the store the documents left out of the input
 // named by base, one entry per reason with its count, in a stable order.
@@ -238,71 +362,4 @@ func RecordSkips(ctx context.Context, app *tokens.Appender, base tokens.Skipped,
 		}
 	}
 	return nil
-}
-
-// stopError ends an ingest cleanly at a limit.
-type stopError struct{ msg string }
-
-func (e *stopError) Error() string { return e.msg }
-
-type fileResult struct {
-	tokens, documents int64
-	duplicate         bool
-	skips             Skips
-}
-
-func ingestFile(ctx context.Context, opt DirectOptions, app *tokens.Appender, rev string, f hub.File, id string) (fileResult, error) {
-	local := f.Path
-	if opt.Hub != nil {
-		dst, err := SafeJoin(filepath.Join(opt.DataDir, "raw"), f.Path)
-		if err != nil {
-			return fileResult{}, err
-		}
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return fileResult{}, err
-		}
-		if err := opt.Hub.Download(ctx, opt.Preset.Repo, rev, f, dst); err != nil {
-			return fileResult{}, err
-		}
-		defer os.Remove(dst)
-		local = dst
-	}
-	src, err := Open(ctx, local, OpenOptions{Name: f.Path, Columns: opt.Preset.Columns, SWH: opt.SWH})
-	if err != nil {
-		return fileResult{}, err
-	}
-	defer src.Close()
-	shard, err := os.CreateTemp(opt.DataDir, "shard-*.bin")
-	if err != nil {
-		return fileResult{}, err
-	}
-	defer os.Remove(shard.Name())
-	defer shard.Close()
-	st, err := WriteShard(ctx, src, opt.Tokenizer, shard)
-	if err != nil {
-		return fileResult{}, err
-	}
-	if st.Documents == 0 {
-		return fileResult{}, &SkipError{Reason: SkipEmptyFile, Path: f.Path, Err: fmt.Errorf("no usable documents (skipped: %s)", st.Skips)}
-	}
-	m := app.Manifest()
-	if opt.MaxTokens > 0 && m.Tokens+st.Tokens > opt.MaxTokens {
-		return fileResult{}, &stopError{fmt.Sprintf("stopped before %s: the store holds %d tokens and this shard's %d would pass --max-tokens %d", f.Path, m.Tokens, st.Tokens, opt.MaxTokens)}
-	}
-	shardBytes := st.Tokens * int64(m.Dtype.Width())
-	if opt.MaxDisk > 0 && m.Tokens*int64(m.Dtype.Width())+2*shardBytes > opt.MaxDisk {
-		// Twice the shard: the shard file and its copy in tokens.bin coexist.
-		return fileResult{}, &stopError{fmt.Sprintf("stopped before %s: appending its %d bytes would pass --max-disk %d", f.Path, shardBytes, opt.MaxDisk)}
-	}
-	if _, err := shard.Seek(0, io.SeekStart); err != nil {
-		return fileResult{}, err
-	}
-	res, err := app.Append(ctx, tokens.ShardInfo{ID: id, Source: f.Path, Revision: rev, SHA256: st.SHA256}, shard)
-	if err != nil {
-		return fileResult{}, fmt.Errorf("appending %s: %w", f.Path, err)
-	}
-	if err := RecordSkips(ctx, app, tokens.Skipped{ID: id, Source: f.Path, Revision: rev}, st.Skips); err != nil {
-		return fileResult{}, err
-	}
-	return fileResult{tokens: st.Tokens, documents: st.Documents, duplicate: res.Duplicate, skips: st.Skips}, nil
 }

@@ -3,11 +3,13 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -132,14 +134,7 @@ func TestDirectIngestFromHub(t *testing.T) {
 	}
 
 	// Nothing is left in the data directory, and a re-run appends nothing.
-	var left []string
-	filepath.WalkDir(dataDir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			left = append(left, p)
-		}
-		return nil
-	})
-	if len(left) != 0 {
+	if left := filesUnder(t, dataDir); len(left) != 0 {
 		t.Fatalf("files left behind: %v", left)
 	}
 	rep, err = Direct(context.Background(), opt)
@@ -173,12 +168,107 @@ func TestDirectStopsAtMaxTokens(t *testing.T) {
 	if err != nil || rep.Appended != 2 || !strings.Contains(rep.Stopped, "--max-tokens") {
 		t.Fatalf("max tokens: %+v %v", rep, err)
 	}
+	// --max-disk bounds the store's tokens.bin, as through the queue:
+	// two-byte ids, room for two and a half files' tokens.
 	opt.StoreDir, opt.MaxTokens = t.TempDir(), 0
-	opt.MaxDisk = perFile*2*3 - 1 // two-byte ids: one shard, its file and its copy fit; a second does not
+	opt.MaxDisk = perFile*2*2 + perFile
 	rep, err = Direct(context.Background(), opt)
-	if err != nil || rep.Appended != 1 || !strings.Contains(rep.Stopped, "--max-disk") {
+	if err != nil || rep.Appended != 2 || !strings.Contains(rep.Stopped, "--max-disk") {
 		t.Fatalf("max disk: %+v %v", rep, err)
 	}
+	if st, err := os.Stat(filepath.Join(opt.StoreDir, "tokens.bin")); err != nil || st.Size() > opt.MaxDisk {
+		t.Fatalf("tokens.bin: %v, %v; want at most --max-disk %d bytes", st, err, opt.MaxDisk)
+	}
+	// Run again at the same limit, the store is already full: nothing is read.
+	rep, err = Direct(context.Background(), opt)
+	if err != nil || rep.Appended != 0 || !strings.Contains(rep.Stopped, "--max-disk") {
+		t.Fatalf("max disk again: %+v %v", rep, err)
+	}
+}
+
+// Progress is told of each file as it is settled; a cancelled ingest keeps
+// the shards it appended whole, leaves no shard files behind, and a re-run
+// appends the rest.
+func TestDirectProgressCancelAndResume(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 6 {
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d.txt", i)), []byte(fmt.Sprintf("file %d: %s", i, strings.Repeat("the quick brown fox ", 40))), 0o644)
+	}
+	p, err := LookupPreset(nil, "local:"+filepath.Join(dir, "*.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var seen []int
+	dataDir := t.TempDir()
+	opt := DirectOptions{Preset: p, Tokenizer: testTokenizer(t), TokenizerName: "t", StoreDir: t.TempDir(), DataDir: dataDir,
+		Progress: func(r Report) {
+			seen = append(seen, r.Appended)
+			if r.Appended == 2 {
+				cancel()
+			}
+		}}
+	rep, err := Direct(ctx, opt)
+	if !errors.Is(err, context.Canceled) || rep.Appended != 2 || !slices.Equal(seen, []int{1, 2}) {
+		t.Fatalf("cancelled ingest: %+v, %v, progress %v; want context.Canceled after 2 appended, progress 1, 2", rep, err, seen)
+	}
+	m, err := tokens.ReadManifest(opt.StoreDir)
+	if err != nil || len(m.Shards) != 2 || m.Documents != 2 {
+		t.Fatalf("after the cancel the store holds %+v, %v; want 2 whole shards", m, err)
+	}
+	if left := filesUnder(t, dataDir); len(left) != 0 {
+		t.Fatalf("files left behind: %v", left)
+	}
+	opt.Progress = nil
+	rep, err = Direct(context.Background(), opt)
+	if err != nil || rep.Appended != 4 || rep.Duplicates != 2 || rep.Documents != 4 {
+		t.Fatalf("re-run: %+v, %v; want the other 4 appended", rep, err)
+	}
+}
+
+// A direct ingest reads what its glob names: a link that leads out of the
+// glob's directory is refused, naming the file and what to do.
+func TestDirectRefusesALinkOutOfItsGlob(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a.txt"), []byte("the quick brown fox"), 0o644)
+	os.WriteFile(filepath.Join(outside, "secret.txt"), []byte("not for the store"), 0o644)
+	if err := os.Symlink(filepath.Join(outside, "secret.txt"), filepath.Join(dir, "b.txt")); err != nil {
+		t.Skip(err)
+	}
+	p, err := LookupPreset(nil, "local:"+filepath.Join(dir, "*.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	storeDir := t.TempDir()
+	_, err = Direct(context.Background(), DirectOptions{Preset: p, Tokenizer: testTokenizer(t), TokenizerName: "t", StoreDir: storeDir, DataDir: t.TempDir()})
+	var pe *PresetError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "b.txt") || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("got %v; want a bad-input error naming b.txt and %s", err, dir)
+	}
+	if _, err := os.Stat(filepath.Join(storeDir, "tokens.bin")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the refused ingest wrote a store: %v", err)
+	}
+}
+
+func TestGlobRoot(t *testing.T) {
+	for glob, want := range map[string]string{"/a/b/*.go": "/a/b", "/a/b/f*.go": "/a/b", "/a/*/c/*.go": "/a", "*.txt": ".", "d/[ab].txt": "d", "/a/b.txt": "/a/b.txt"} {
+		if got := globRoot(glob); got != want {
+			t.Errorf("globRoot(%q) = %q, want %q", glob, got, want)
+		}
+	}
+}
+
+func filesUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	var left []string
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			left = append(left, p)
+		}
+		return nil
+	})
+	return left
 }
 
 func TestSafeJoin(t *testing.T) {

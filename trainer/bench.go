@@ -7,11 +7,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/kiln-lm/kiln/kernels"
+	"go.uber.org/zap"
+
 	"github.com/kiln-lm/kiln/model"
 )
 
@@ -31,8 +33,30 @@ type BenchOptions struct {
 	// Profile (CUDA engine): after the timed steps, run as many again with
 	// every kernel timed by events, for BenchResult.KernelMSPerStep.
 	Profile bool
+	// CheckpointEvery > 0 writes a checkpoint after every that many timed
+	// steps into a temporary directory under CheckpointDir (the system's
+	// temporary directory when empty), removed at the end, the way a run
+	// writes them: beside the next steps, one write in flight.
+	// CheckpointWait waits for each write before the next step, as
+	// checkpoints were written before they went beside the steps, for
+	// comparison.
+	CheckpointEvery int
+	CheckpointWait  bool
+	CheckpointDir   string
 	// Log receives one-line notices (an engine fallback, a busy GPU).
 	Log func(string)
+}
+
+// CheckpointTiming is what the timed steps took with checkpoints: tokens
+// per second of the steps that began a checkpoint (the step and the
+// checkpoint's start, or its whole write with CheckpointWait), of the
+// steps right after them, and of the others. Seconds includes waiting for
+// the last write to end.
+type CheckpointTiming struct {
+	Checkpoints                                   int
+	CheckpointStepTokPerSec, NextStepTokPerSec    float64
+	OtherStepTokPerSec                            float64
+	SlowestStepSeconds, SlowestCheckpointStepSecs float64
 }
 
 // BenchResult is one measurement.
@@ -59,6 +83,8 @@ type BenchResult struct {
 	OtherProcesses []string
 	// KernelMSPerStep is device time per kernel name and step (Profile).
 	KernelMSPerStep map[string]float64
+	// Checkpoints is set with BenchOptions.CheckpointEvery.
+	Checkpoints *CheckpointTiming
 }
 
 // GPUIdle reports whether no other process was on the GPU.
@@ -78,6 +104,8 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		return BenchResult{}, fmt.Errorf("seq must be between 1 and the model's %d positions, got %d", c.MaxPositions, o.Seq)
 	case o.Steps <= 0 || o.Warmup < 0:
 		return BenchResult{}, fmt.Errorf("steps must be positive and warmup not negative (got %d, %d)", o.Steps, o.Warmup)
+	case o.CheckpointEvery < 0:
+		return BenchResult{}, fmt.Errorf("checkpoint every %d steps: give 0 for none or a positive number", o.CheckpointEvery)
 	}
 	if o.Precision == "" {
 		o.Precision = "bf16"
@@ -93,8 +121,8 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	}
 	defer eng.Close()
 	r := BenchResult{Engine: eng.Name(), Precision: o.Precision, OtherProcesses: others}
-	if ce, ok := eng.(*kernels.Engine); ok {
-		d := ce.Device()
+	if dev, ok := eng.(model.Device); ok {
+		d := dev.Device()
 		r.Device, r.Arch, r.MemoryInUseBefore = d.Name, d.Arch, d.UsedAtStart
 	}
 	if err := eng.SetParams(model.InitParams(c, 1)); err != nil {
@@ -128,15 +156,41 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 			return r, err
 		}
 	}
+	var ck *ckWriter
+	if o.CheckpointEvery > 0 {
+		dir, err := os.MkdirTemp(o.CheckpointDir, "kiln-bench-checkpoints-*")
+		if err != nil {
+			return r, fmt.Errorf("bench checkpoints: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		ck = &ckWriter{eng: eng, mc: c, out: filepath.Join(dir, "run"), log: zap.NewNop()}
+		// Whatever the return, no write may still read the engine's
+		// state copy when the engine is closed.
+		defer ck.wait()
+	}
 	start := time.Now()
 	var m model.StepMetrics
+	secs := make([]float64, o.Steps)
 	for i := 0; i < o.Steps; i++ {
 		if err := ctx.Err(); err != nil {
 			return r, err
 		}
+		t0 := time.Now()
 		if m, err = step(); err != nil {
 			return r, err
 		}
+		if ck != nil && (i+1)%o.CheckpointEvery == 0 {
+			if err := benchCheckpoint(ctx, ck, i+1, o.CheckpointWait); err != nil {
+				return r, err
+			}
+		}
+		secs[i] = time.Since(t0).Seconds()
+	}
+	if ck != nil {
+		if w := ck.wait(); w != nil && w.err != nil {
+			return r, w.err
+		}
+		r.Checkpoints = checkpointTiming(secs, o.CheckpointEvery, n)
 	}
 	r.Seconds = time.Since(start).Seconds()
 	r.Loss = m.Loss
@@ -154,8 +208,8 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	if own, ok := processMemory(ctx, os.Getpid()); ok {
 		r.ProcessMemory, r.ProcessMemorySource = own, "nvidia-smi"
 	}
-	if ce, ok := eng.(*kernels.Engine); ok && o.Profile {
-		if r.KernelMSPerStep, err = profileSteps(ctx, ce, step, o.Steps); err != nil {
+	if pr, ok := eng.(model.Profiler); ok && o.Profile {
+		if r.KernelMSPerStep, err = profileSteps(ctx, pr, step, o.Steps); err != nil {
 			return r, err
 		}
 	}
@@ -208,7 +262,7 @@ func smiApps(ctx context.Context) [][2]string {
 
 // profileSteps runs steps more steps with every kernel timed and returns
 // the milliseconds per step of each kernel name.
-func profileSteps(ctx context.Context, e *kernels.Engine, step func() (model.StepMetrics, error), steps int) (map[string]float64, error) {
+func profileSteps(ctx context.Context, e model.Profiler, step func() (model.StepMetrics, error), steps int) (map[string]float64, error) {
 	if err := e.SetProfiling(true); err != nil {
 		return nil, err
 	}
@@ -228,4 +282,53 @@ func profileSteps(ctx context.Context, e *kernels.Engine, step func() (model.Ste
 		t[k] /= float64(steps)
 	}
 	return t, nil
+}
+
+// benchCheckpoint writes the checkpoint after step as a run does: it waits
+// for the write in flight, then begins this one; with wait it also waits
+// for this one.
+func benchCheckpoint(ctx context.Context, ck *ckWriter, step int, wait bool) error {
+	if w := ck.wait(); w != nil && w.err != nil {
+		return w.err
+	}
+	if err := ck.start(ctx, State{Step: step, Cursor: []byte("null")}); err != nil {
+		return err
+	}
+	if wait {
+		if w := ck.wait(); w != nil && w.err != nil {
+			return w.err
+		}
+	}
+	return nil
+}
+
+// checkpointTiming sums the timed steps' seconds by their place relative
+// to the checkpoints (after every steps).
+func checkpointTiming(secs []float64, every, tokens int) *CheckpointTiming {
+	t := &CheckpointTiming{}
+	var ckS, nextS, otherS float64
+	var nNext, nOther int
+	for i, s := range secs {
+		t.SlowestStepSeconds = max(t.SlowestStepSeconds, s)
+		switch {
+		case (i+1)%every == 0:
+			t.Checkpoints++
+			ckS += s
+			t.SlowestCheckpointStepSecs = max(t.SlowestCheckpointStepSecs, s)
+		case i > 0 && i%every == 0:
+			nNext++
+			nextS += s
+		default:
+			nOther++
+			otherS += s
+		}
+	}
+	rate := func(n int, s float64) float64 {
+		if n == 0 || s <= 0 {
+			return 0
+		}
+		return float64(n*tokens) / s
+	}
+	t.CheckpointStepTokPerSec, t.NextStepTokPerSec, t.OtherStepTokPerSec = rate(t.Checkpoints, ckS), rate(nNext, nextS), rate(nOther, otherS)
+	return t
 }

@@ -11,7 +11,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/kiln-lm/kiln/kernels"
 	"github.com/kiln-lm/kiln/model"
 )
 
@@ -41,6 +40,10 @@ type Config struct {
 	// PeakFLOPS is the device's peak for MFU; 0 leaves MFU out.
 	PeakFLOPS float64
 	Log       *zap.Logger
+
+	// beforeWrite, when set, is called by the checkpoint writer before
+	// each write, off the training loop (tests hold a write there).
+	beforeWrite func(step int)
 }
 
 // Hooks let a caller follow a run. Every hook is optional.
@@ -49,8 +52,11 @@ type Hooks struct {
 	Metrics func(Metrics)
 	// Step is called after every optimizer step, for progress displays.
 	Step func(step, total int)
-	// Checkpoint is called after a checkpoint is written, for uploads; an
-	// error stops the run.
+	// Checkpoint is called after a checkpoint's directory is complete, for
+	// uploads. Checkpoints are written while training goes on, so it is
+	// called from another goroutine than Step and Metrics, one checkpoint
+	// at a time and in step order; an error stops the run at the next
+	// step boundary.
 	Checkpoint func(ctx context.Context, dir string, step int) error
 }
 
@@ -58,7 +64,8 @@ type Hooks struct {
 type Result struct {
 	Step   int
 	Tokens int64
-	// Checkpoint is the last checkpoint written or resumed from.
+	// Checkpoint is the last checkpoint written or resumed from: a
+	// complete directory (Run returns only after its writes have ended).
 	Checkpoint string
 	// Done is true when the run reached its total steps.
 	Done bool
@@ -130,10 +137,12 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 		defer eng.Close()
 	}
 	l.eng = eng
-	// A CUDA engine knows its device, so MFU needs no configured peak.
+	l.ck = &ckWriter{eng: eng, mc: mc, out: cfg.Out, tokenizer: cfg.Tokenizer, log: log, hook: hooks.Checkpoint,
+		beforeWrite: cfg.beforeWrite}
+	// An engine on a device knows it, so MFU needs no configured peak.
 	if l.cfg.PeakFLOPS <= 0 {
-		if ce, ok := eng.(*kernels.Engine); ok {
-			l.cfg.PeakFLOPS = PeakFor(ce.Device().Name, rc.Precision)
+		if d, ok := eng.(model.Device); ok {
+			l.cfg.PeakFLOPS = PeakFor(d.Device().Name, rc.Precision)
 		}
 	}
 	if err := l.start(snap); err != nil {
@@ -143,7 +152,7 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 		return l.result(), err
 	}
 	defer l.metrics.Close()
-	return l.run(ctx)
+	return l.finish(l.run(ctx))
 }
 
 // loop is the state of one Run call.
@@ -154,6 +163,7 @@ type loop struct {
 	hooks Hooks
 	log   *zap.Logger
 	eng   model.Engine
+	ck    *ckWriter
 
 	step     int   // optimizer steps taken
 	tokens   int64 // target tokens trained on
@@ -201,12 +211,18 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 	// boundaries and, to abandon a step, while its data is read.
 	work := context.WithoutCancel(ctx)
 	for l.step < l.rc.TotalSteps {
+		// A checkpoint written beside the steps that failed stops the run
+		// at the next boundary, as it did when written in line.
+		if c := l.ck.failed(); c != nil {
+			l.ended(c)
+			return l.result(), c.err
+		}
 		if ctx.Err() != nil {
 			return l.stop(ctx)
 		}
 		if (l.cfg.MaxSteps > 0 && l.step-first >= l.cfg.MaxSteps) ||
 			(l.cfg.MaxDuration > 0 && time.Since(began) >= l.cfg.MaxDuration) {
-			err := l.checkpoint(work)
+			err := l.checkpointNow(work)
 			return l.result(), err
 		}
 		if err := l.trainStep(ctx); err != nil {
@@ -224,7 +240,20 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 			}
 		}
 	}
-	err := l.checkpoint(work)
+	err := l.checkpointNow(work)
+	return l.result(), err
+}
+
+// finish waits for a checkpoint still being written, so that the Result
+// names a complete directory and the engine's state copy is no longer
+// read when the caller closes the engine.
+func (l *loop) finish(r Result, err error) (Result, error) {
+	if c := l.ck.wait(); c != nil {
+		l.ended(c)
+		if c.err != nil {
+			err = errors.Join(err, c.err)
+		}
+	}
 	return l.result(), err
 }
 
@@ -233,7 +262,7 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 // the caller knows the run stopped and resumes exactly there.
 func (l *loop) stop(ctx context.Context) (Result, error) {
 	l.log.Info("stopping: writing a checkpoint at the step boundary", zap.Int("step", l.step))
-	if err := l.checkpoint(context.WithoutCancel(ctx)); err != nil {
+	if err := l.checkpointNow(context.WithoutCancel(ctx)); err != nil {
 		return l.result(), errors.Join(ctx.Err(), err)
 	}
 	return l.result(), ctx.Err()
@@ -302,7 +331,7 @@ func (l *loop) trainStep(ctx context.Context) error {
 		// An engine may refuse to apply a non-finite gradient; that is a
 		// divergence like a non-finite loss, and is reported as one.
 		if m, merr := l.eng.Metrics(); merr == nil && (!finite(m.Loss) || !finite(m.GradNorm)) {
-			return &NonFiniteError{Step: l.step + 1, Loss: m.Loss, GradNorm: m.GradNorm, LastGood: l.lastCk}
+			return l.diverged(m)
 		}
 		return fmt.Errorf("step %d: %w", l.step+1, err)
 	}
@@ -311,7 +340,7 @@ func (l *loop) trainStep(ctx context.Context) error {
 		return fmt.Errorf("step %d: %w", l.step+1, err)
 	}
 	if !finite(m.Loss) || !finite(m.GradNorm) {
-		return &NonFiniteError{Step: l.step + 1, Loss: m.Loss, GradNorm: m.GradNorm, LastGood: l.lastCk}
+		return l.diverged(m)
 	}
 	l.step++
 	l.tokens += int64(l.rc.TokensPerStep())
@@ -324,6 +353,17 @@ func (l *loop) trainStep(ctx context.Context) error {
 }
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// diverged is the NonFiniteError of the step being trained, naming the
+// last checkpoint once a write in flight has ended.
+func (l *loop) diverged(m model.StepMetrics) error {
+	var werr error
+	if c := l.ck.wait(); c != nil {
+		l.ended(c)
+		werr = c.err
+	}
+	return errors.Join(&NonFiniteError{Step: l.step + 1, Loss: m.Loss, GradNorm: m.GradNorm, LastGood: l.lastCk}, werr)
+}
 
 // logStep writes one metrics line; throughput covers the steps since the
 // previous line, evaluation time excluded.
@@ -371,36 +411,48 @@ func (l *loop) evaluate(ctx context.Context) (float64, error) {
 	return sum / float64(l.rc.EvalBatches), nil
 }
 
-// checkpoint writes the state after l.step, unless it is already on disk.
+// checkpoint begins writing the state after l.step, unless it is already
+// on disk or being written; the write goes on beside the next steps. It
+// first waits for the write in flight, whose error it returns.
 func (l *loop) checkpoint(ctx context.Context) error {
-	if l.ckStep == l.step {
+	if l.ck.inFlight() == l.step {
 		return nil
 	}
-	p := model.NewParams(l.mc)
-	if err := l.eng.Params(p); err != nil {
-		return fmt.Errorf("checkpoint at step %d: %w", l.step, err)
+	if c := l.ck.wait(); c != nil {
+		l.ended(c)
+		if c.err != nil {
+			return c.err
+		}
 	}
-	o, err := l.eng.OptimizerState()
-	if err != nil {
-		return fmt.Errorf("checkpoint at step %d: %w", l.step, err)
+	if l.ckStep == l.step {
+		return nil
 	}
 	cur, err := l.cfg.Data.Cursor()
 	if err != nil {
 		return fmt.Errorf("checkpoint at step %d: data cursor: %w", l.step, err)
 	}
-	dir, err := WriteCheckpoint(ctx, l.cfg.Out, &Snapshot{Config: l.mc, Params: p, Optimizer: o, Tokenizer: l.cfg.Tokenizer,
-		State: State{Step: l.step, Tokens: l.tokens, Cursor: cur, RNG: RNGState{Seed: l.rc.Seed}, Run: l.rc, Loss: l.loss}})
-	if err != nil {
+	return l.ck.start(ctx, State{Step: l.step, Tokens: l.tokens, Cursor: cur, RNG: RNGState{Seed: l.rc.Seed}, Run: l.rc, Loss: l.loss})
+}
+
+// checkpointNow writes the state after l.step and waits until the write
+// (and the hook) have ended: at a stop and at the end of a call.
+func (l *loop) checkpointNow(ctx context.Context) error {
+	if err := l.checkpoint(ctx); err != nil {
 		return err
 	}
-	l.lastCk, l.ckStep = dir, l.step
-	l.log.Info("checkpoint", zap.String("dir", dir), zap.Int("step", l.step))
-	if l.hooks.Checkpoint != nil {
-		if err := l.hooks.Checkpoint(ctx, dir, l.step); err != nil {
-			return fmt.Errorf("checkpoint %s: %w", dir, err)
-		}
+	if c := l.ck.wait(); c != nil {
+		l.ended(c)
+		return c.err
 	}
 	return nil
+}
+
+// ended records a finished write: a complete directory is the last
+// checkpoint even when its hook failed, as it is on disk.
+func (l *loop) ended(c *ckWrite) {
+	if c.dir != "" {
+		l.lastCk, l.ckStep = c.dir, c.step
+	}
 }
 
 // MetricsFile is the run directory's log of steps.

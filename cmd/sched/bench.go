@@ -23,6 +23,8 @@ type benchFlags struct {
 	peakTFLOPs               float64
 	forceSM80                bool
 	profile                  bool
+	checkpointEvery          int
+	checkpointWait           bool
 }
 
 // benchResult is the JSON line `sched bench` prints per run: the bench
@@ -53,6 +55,19 @@ type benchResult struct {
 	// KernelMSPerStep is device time per kernel name and step (--profile),
 	// measured on separate, serialised steps.
 	KernelMSPerStep map[string]float64 `json:"kernel_ms_per_step,omitempty"`
+	// Checkpoints (--checkpoint-every): tokens per second of the steps
+	// that began a checkpoint, of the steps after them, and of the others.
+	Checkpoints *benchCheckpoints `json:"checkpoints,omitempty"`
+}
+
+type benchCheckpoints struct {
+	Every                   int     `json:"every"`
+	Wait                    bool    `json:"wait"`
+	Written                 int     `json:"written"`
+	CheckpointStepTokPerSec float64 `json:"checkpoint_step_tok_per_sec"`
+	NextStepTokPerSec       float64 `json:"next_step_tok_per_sec"`
+	OtherStepTokPerSec      float64 `json:"other_step_tok_per_sec"`
+	SlowestCheckpointStepS  float64 `json:"slowest_checkpoint_step_s"`
 }
 
 func init() {
@@ -82,6 +97,8 @@ busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
 	fl.IntVar(&f.warm, "warmup", 8, "untimed steps first (compilation, allocation, clocks)")
 	fl.Float64Var(&f.peakTFLOPs, "peak-tflops", 0, "the device's dense peak at --precision for MFU; 0 looks the GPU up (H100/H200 SXM bf16: 989, RTX 3060: 25.6)")
 	fl.BoolVar(&f.forceSM80, "force-sm80", false, "build the CUDA kernels for sm_80 (the RTX 3060's path) on a newer GPU")
+	fl.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint after every N timed steps, as a run does (beside the next steps), into a temporary directory removed at the end, and report the tokens per second of the steps around them")
+	fl.BoolVar(&f.checkpointWait, "checkpoint-wait", false, "with --checkpoint-every: wait for each checkpoint's write before the next step, for comparison")
 	fl.BoolVar(&f.profile, "profile", false, "CUDA engine: after the timed steps, run as many again with each kernel timed by events and print the time per kernel")
 	rootCmd.AddCommand(cmd)
 }
@@ -100,6 +117,10 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		return badInput("--steps must be positive and --warmup not negative (got %d, %d)", f.steps, f.warm)
 	case f.peakTFLOPs < 0 || math.IsNaN(f.peakTFLOPs) || math.IsInf(f.peakTFLOPs, 0):
 		return badInput("--peak-tflops must be a finite number, not negative, got %g (0 looks the GPU up)", f.peakTFLOPs)
+	case f.checkpointEvery < 0:
+		return badInput("--checkpoint-every must not be negative, got %d (0 writes none)", f.checkpointEvery)
+	case f.checkpointWait && f.checkpointEvery == 0:
+		return badInput("--checkpoint-wait needs --checkpoint-every N: there is no checkpoint to wait for")
 	}
 	if err := checkEngine(f.engine); err != nil {
 		return err
@@ -109,6 +130,7 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	}
 	res, err := trainer.Bench(ctx, trainer.BenchOptions{Model: c, Engine: f.engine, Precision: f.precision, Batch: f.batch, Seq: f.seq,
 		Steps: f.steps, Warmup: f.warm, PeakFLOPS: f.peakTFLOPs * 1e12, ForceSM80: f.forceSM80, Profile: f.profile,
+		CheckpointEvery: f.checkpointEvery, CheckpointWait: f.checkpointWait,
 		Log: func(s string) { fmt.Fprintln(errOut, "sched bench:", s) }})
 	if err != nil {
 		return err
@@ -117,6 +139,11 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		Seconds: res.Seconds, PeakGiB: float64(res.PeakAllocated) / (1 << 30), Loss: res.Loss,
 		ProcessMemory: res.ProcessMemory, ProcessMemorySource: res.ProcessMemorySource, MemoryInUseBefore: res.MemoryInUseBefore,
 		OtherProcesses: res.OtherProcesses, KernelMSPerStep: res.KernelMSPerStep}
+	if ck := res.Checkpoints; ck != nil {
+		r.Checkpoints = &benchCheckpoints{Every: f.checkpointEvery, Wait: f.checkpointWait, Written: ck.Checkpoints,
+			CheckpointStepTokPerSec: ck.CheckpointStepTokPerSec, NextStepTokPerSec: ck.NextStepTokPerSec,
+			OtherStepTokPerSec: ck.OtherStepTokPerSec, SlowestCheckpointStepS: ck.SlowestCheckpointStepSecs}
+	}
 	if r.OtherProcesses == nil {
 		r.OtherProcesses = []string{}
 	}

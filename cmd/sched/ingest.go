@@ -15,7 +15,6 @@ import (
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
 )
 
@@ -34,95 +33,136 @@ func (p *planFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.revision, "revision", "", "dataset revision: a branch, tag or commit (default: the preset's)")
 	f.StringArrayVar(&p.set, "set", nil, "preset variable, name=a,b (for example language=Python,Go)")
 	f.StringVar(&p.maxTokens, "max-tokens", "", "stop before the store passes this many tokens (25B, 500M)")
-	f.StringVar(&p.maxDisk, "max-disk", "", "stop before the store and its next shard pass this size (50G)")
+	f.StringVar(&p.maxDisk, "max-disk", "", "stop before the store's tokens.bin passes this size (50G)")
 	f.IntVar(&p.maxFiles, "max-files", 0, "read at most this many files of the seeded order (0: all)")
 	f.Uint64Var(&p.seed, "seed", 0, "seed of the file order")
 }
 
 func init() {
 	var (
-		direct            bool
-		storeDir, dataDir string
-		tokPath           string
-		pf                planFlags
+		direct                       bool
+		storeName, storeDir, tokFile string
+		pf                           planFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "ingest <dataset> [--direct --store DIR --tokenizer FILE]",
+		Use:   "ingest <dataset> [--store NAME] [--direct [--store-dir DIR] [--tokenizer-file FILE]]",
 		Short: "Ingest a dataset into a token store: through the queue, or in this process with --direct",
 		Long: `ingest lists the dataset's files in a seeded order, downloads each, tokenizes
 it on all cores and appends it exactly once to a token store; a re-run adds
 only what is missing. <dataset> is a preset (see 'sched datasets') or
-local:<glob>.
+local:<glob>. The store is <data dir>/tokens/<store>, --store naming it
+(default: the dataset's name), and the tokenizer is the one --tokenizer
+names (default KILN_TOKENIZER; 'sched tokenizers' lists them).
 
 Without --direct it queues an ingest:plan: ingest workers (sched worker
 --queues ingest=N) tokenize the files into object storage and the append
-worker (--queues append=2) fills <data dir>/tokens/<store>. --store is then
-the store's name (default: the dataset's) and --tokenizer the name of a
-published tokenizer (default KILN_TOKENIZER). With --direct the whole
-pipeline runs here: --store is a directory and --tokenizer a tokenizer.json.`,
+worker (--queues append=2) fills the store. With --direct the same plan,
+shard and append steps run here, one after another for each file, and two
+more flags apply: --store-dir DIR fills the store in DIR instead, and
+--tokenizer-file FILE tokenizes with a tokenizer.json that need not be
+published. Downloads go to <data dir>/raw.`,
 		Args: exactArgs(1, "one dataset"),
 		RunE: func(c *cobra.Command, args []string) error {
+			if err := checkTokenizerFlag(c); err != nil {
+				return err
+			}
+			if err := checkStoreFlag(storeName); err != nil {
+				return err
+			}
 			if !direct {
-				return enqueueIngest(c, args[0], storeDir, pf)
-			}
-			if storeDir == "" || tokPath == "" {
-				return badInput("sched ingest --direct needs --store DIR and --tokenizer FILE")
-			}
-			p, _, limTokens, limDisk, err := pf.check(args[0])
-			if err != nil {
-				return err
-			}
-			if pf.revision != "" {
-				p.Revision = pf.revision
-			}
-			tok, err := tokenizer.Load(tokPath)
-			if err != nil {
-				return badInput("--tokenizer %s: %v", tokPath, err)
-			}
-			if err := requireEOS(tokPath, tok); err != nil {
-				return err
-			}
-			log := newLogger(c.ErrOrStderr())
-			defer log.Sync()
-			opt := ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: strings.TrimSuffix(filepath.Base(tokPath), ".json"),
-				StoreDir: storeDir, DataDir: dataDir, Seed: pf.seed, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk, Logger: log}
-			if opt.DataDir == "" {
-				opt.DataDir = filepath.Join(storeDir, "incoming")
-			}
-			if p.Glob == "" {
-				cfg, err := loadConfig(c)
-				if err != nil {
-					return err
+				for name, v := range map[string]string{"store-dir": storeDir, "tokenizer-file": tokFile} {
+					if v != "" {
+						return badInput("--%s is for --direct: through the queue the store is <data dir>/tokens/NAME on the append worker (--store NAME) and the tokenizer a published one (--tokenizer NAME; 'sched tokenizers' lists them)", name)
+					}
 				}
-				if opt.Hub, opt.SWH, err = openSources(cfg, log); err != nil {
-					return err
-				}
+				return enqueueIngest(c, args[0], storeName, pf)
 			}
-			rep, err := ingest.Direct(c.Context(), opt)
-			if err != nil {
-				return err
-			}
-			out := c.OutOrStdout()
-			fmt.Fprintf(out, "%s at %s: %d files, %d appended (%d tokens), %d already in the store\n", p.Name, rep.Revision, rep.Files, rep.Appended, rep.Tokens, rep.Duplicates)
-			if len(rep.SkippedFiles) > 0 {
-				fmt.Fprintf(out, "skipped files: %s\n", rep.SkippedFiles)
-			}
-			if len(rep.SkippedRecords) > 0 {
-				fmt.Fprintf(out, "skipped documents: %s\n", rep.SkippedRecords)
-			}
-			if rep.Stopped != "" {
-				fmt.Fprintln(out, rep.Stopped)
-			}
-			return nil
+			return ingestDirect(c, args[0], storeName, storeDir, tokFile, pf)
 		},
 	}
 	f := cmd.Flags()
 	f.BoolVar(&direct, "direct", false, "run the pipeline in this process, without the queue")
-	f.StringVar(&storeDir, "store", "", "token store directory (--direct), or the store's name (queue; default: the dataset's name)")
-	f.StringVar(&dataDir, "data-dir", "", "directory for downloads and shard files (default <store>/incoming)")
-	f.StringVar(&tokPath, "tokenizer", "", "tokenizer.json (--direct), or a published tokenizer's name (queue; default $KILN_TOKENIZER)")
+	f.StringVar(&storeName, "store", "", "token store name: <data dir>/tokens/NAME (default: the dataset's name; required for local:<glob>)")
+	f.StringVar(&storeDir, "store-dir", "", "with --direct: the token store's directory, instead of --store NAME")
+	f.StringVar(&tokFile, "tokenizer-file", "", "with --direct: a tokenizer.json to tokenize with, instead of the tokenizer --tokenizer names")
 	pf.register(f)
 	rootCmd.AddCommand(cmd)
+}
+
+// checkStoreFlag refuses a directory given to --store, which names a store.
+func checkStoreFlag(name string) error {
+	if strings.ContainsAny(name, `/\`) {
+		return badInput("--store %s: --store takes a token store's name; give a directory as --store-dir %s (with --direct)", name, name)
+	}
+	return nil
+}
+
+// ingestDirect runs an ingest in this process (ingest.Direct: the queue's
+// plan, shard and append steps) and prints what it did.
+func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string, pf planFlags) error {
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return err
+	}
+	p, _, limTokens, limDisk, err := pf.check(dataset)
+	if err != nil {
+		return err
+	}
+	if pf.revision != "" {
+		p.Revision = pf.revision
+	}
+	switch {
+	case storeDir != "" && storeName != "":
+		return badInput("give --store NAME (the store <data dir>/tokens/NAME) or --store-dir DIR, not both")
+	case storeDir == "":
+		if storeName == "" {
+			if p.Glob != "" {
+				return badInput("a local dataset needs --store NAME, the token store <data dir>/tokens/NAME to fill (or --store-dir DIR)")
+			}
+			storeName = p.Name
+		}
+		if err := ingest.CheckStoreName(storeName); err != nil {
+			return err
+		}
+		storeDir = filepath.Join(cfg.DataDir, "tokens", storeName)
+	}
+	tok, tokLabel, err := loadTokenizerFor(c, tokFile)
+	if err != nil {
+		return err
+	}
+	tokName := cfg.Tokenizer
+	if tokFile != "" {
+		tokName = strings.TrimSuffix(filepath.Base(tokFile), ".json")
+	}
+	if err := requireEOS(tokLabel, tok); err != nil {
+		return err
+	}
+	log := newLogger(c.ErrOrStderr())
+	defer log.Sync()
+	opt := ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: tokName, StoreDir: storeDir, DataDir: cfg.DataDir,
+		Seed: pf.seed, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk, Logger: log}
+	if p.Glob == "" {
+		if opt.Hub, opt.SWH, err = openSources(cfg, log); err != nil {
+			return err
+		}
+	}
+	rep, err := ingest.Direct(c.Context(), opt)
+	if err != nil {
+		return err
+	}
+	out := c.OutOrStdout()
+	fmt.Fprintf(out, "%s at %s: %d files, %d appended (%d documents, %d tokens), %d already in the store\n",
+		p.Name, rep.Revision, rep.Files, rep.Appended, rep.Documents, rep.Tokens, rep.Duplicates)
+	if len(rep.SkippedFiles) > 0 {
+		fmt.Fprintf(out, "skipped files: %s\n", rep.SkippedFiles)
+	}
+	if len(rep.SkippedRecords) > 0 {
+		fmt.Fprintf(out, "skipped documents: %s\n", rep.SkippedRecords)
+	}
+	if rep.Stopped != "" {
+		fmt.Fprintln(out, rep.Stopped)
+	}
+	return nil
 }
 
 // check resolves the dataset's preset with its variables and parses the

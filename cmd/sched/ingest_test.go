@@ -22,24 +22,66 @@ func TestIngestDirectLocalThenDatasets(t *testing.T) {
 	os.WriteFile(filepath.Join(data, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
 	os.WriteFile(filepath.Join(data, "b.jsonl"), []byte("{\"text\":\"bad \xff\"}\n"), 0o644)
 	stores := filepath.Join(dir, "stores")
-	out, errOut, code := runModelCLI(t, "ingest", "local:"+filepath.Join(data, "*.jsonl"), "--direct",
-		"--store", filepath.Join(stores, "local"), "--tokenizer", tok)
-	if code != 0 || !strings.Contains(out, "2 files, 1 appended") || !strings.Contains(out, "empty-file=1") {
+	out, errOut, code := sched(t, nil, "ingest", "local:"+filepath.Join(data, "*.jsonl"), "--direct",
+		"--store-dir", filepath.Join(stores, "local"), "--tokenizer-file", tok)
+	if code != 0 || !strings.Contains(out, "2 files, 1 appended (2 documents") || !strings.Contains(out, "empty-file=1") {
 		t.Fatalf("ingest: code %d\n%s\n%s", code, out, errOut)
 	}
-	out, errOut, code = runModelCLI(t, "datasets", "--stores", stores)
+	out, errOut, code = sched(t, nil, "datasets", "--stores", stores)
 	if code != 0 || !strings.Contains(out, "the-stack-v2") || !strings.Contains(out, "bigcode/the-stack-v2-dedup") ||
 		!strings.Contains(out, "local") || !strings.Contains(out, "empty-file=1") {
 		t.Fatalf("datasets: code %d\n%s\n%s", code, out, errOut)
 	}
 
-	_, errOut, code = runModelCLI(t, "ingest", "no-such-dataset", "--direct", "--store", dir, "--tokenizer", tok)
-	if code != 2 || !strings.Contains(errOut, `unknown dataset "no-such-dataset"`) {
-		t.Fatalf("unknown dataset: code %d, %s", code, errOut)
+	local := "local:" + filepath.Join(data, "*.jsonl")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"no-such-dataset", "--store-dir", dir, "--tokenizer-file", tok}, `unknown dataset "no-such-dataset"`},
+		{[]string{"fineweb-edu", "--store-dir", dir, "--tokenizer-file", tok, "--max-tokens", "lots"}, "--max-tokens"},
+		// A flag of the whole command line is never a local one's double.
+		{[]string{local, "--store", "s", "--tokenizer", tok}, "--tokenizer-file " + tok},
+		{[]string{local, "--store", filepath.Join(stores, "x"), "--tokenizer-file", tok}, "--store-dir " + filepath.Join(stores, "x")},
+		{[]string{local, "--store", "s", "--store-dir", dir, "--tokenizer-file", tok}, "not both"},
+		{[]string{local, "--store", "s", "--tokenizer", "tk", "--tokenizer-file", tok}, "not both"},
+		{[]string{local, "--store", "s"}, `tokenizer "mix-16384" is not known`},
+		{[]string{local, "--tokenizer-file", tok}, "needs --store NAME"},
+	} {
+		_, errOut, code := sched(t, nil, append([]string{"ingest", "--direct"}, c.args...)...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line with %q", c.args, code, errOut, c.want)
+		}
 	}
-	_, errOut, code = runModelCLI(t, "ingest", "fineweb-edu", "--direct", "--store", dir, "--tokenizer", tok, "--max-tokens", "lots")
-	if code != 2 || !strings.Contains(errOut, "--max-tokens") {
-		t.Fatalf("bad --max-tokens: code %d, %s", code, errOut)
+}
+
+// Without --store-dir a direct ingest fills <data dir>/tokens/<store>, the
+// store the queue fills and train reads, with the tokenizer --tokenizer
+// names; the global --data-dir says where that is.
+func TestIngestDirectIntoTheDataDir(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "kiln")
+	b, _ := os.ReadFile(goldenTokenizerWithEOS(t, dir))
+	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
+	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	src := filepath.Join(dir, "src")
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"text":"func g() {}"}`+"\n"), 0o644)
+	out, errOut, code := sched(t, nil, "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--direct", "--store", "code",
+		"--tokenizer", "tk", "--data-dir", data)
+	if code != 0 || !strings.Contains(out, "2 files, 2 appended (3 documents") {
+		t.Fatalf("ingest: exit %d\n%s%s", code, out, errOut)
+	}
+	m, err := tokens.ReadManifest(filepath.Join(data, "tokens", "code"))
+	if err != nil || m.Documents != 3 || m.Tokenizer.Name != "tk" {
+		t.Fatalf("store: %+v, %v; want 3 documents made by tokenizer tk", m, err)
+	}
+	out, _, code = sched(t, nil, "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--direct", "--store", "code",
+		"--tokenizer", "tk", "--data-dir", data)
+	if code != 0 || !strings.Contains(out, "0 appended") || !strings.Contains(out, "2 already in the store") {
+		t.Fatalf("second ingest: exit %d\n%s", code, out)
 	}
 }
 
@@ -69,7 +111,10 @@ func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
 	}{
 		{[]string{"ingest", glob, "--tokenizer", "tk"}, "needs --store"},
 		{[]string{"ingest", "no-such-dataset", "--store", "s"}, `unknown dataset "no-such-dataset"`},
-		{[]string{"ingest", glob, "--store", "a/b"}, `token store name "a/b"`},
+		{[]string{"ingest", glob, "--store", "a/b"}, "--store-dir a/b"},
+		{[]string{"ingest", glob, "--store", "s", "--tokenizer", "tk", "--store-dir", dir}, "--store-dir is for --direct"},
+		{[]string{"ingest", glob, "--store", "s", "--tokenizer-file", tokFile}, "--tokenizer-file is for --direct"},
+		{[]string{"ingest", glob, "--store", "s", "--tokenizer", tokFile}, "--tokenizer-file " + tokFile},
 		{[]string{"ingest", glob, "--store", "s", "--max-disk", "big"}, "--max-disk"},
 	} {
 		_, errOut, code := sched(t, env, c.args...)

@@ -44,7 +44,7 @@ func TestBadNumbersExitTwoNamingTheFlag(t *testing.T) {
 		{append(train, "--lr", "Inf"), []string{"--lr +Inf", "finite"}},
 		{append(train, "--engine", "tpu"), []string{`"tpu"`, "cpu, cuda, auto"}},
 		{[]string{"train", "--tokens", dir + "=Inf", "--steps", "10"}, []string{"--tokens", "finite positive"}},
-		{[]string{"train", "--config", cfg, "--tokens", dir}, []string{cfg, "batch is 0"}},
+		{[]string{"train", "--run-config", cfg, "--tokens", dir}, []string{cfg, "batch is 0"}},
 		{append(gen, "--temperature", "NaN"), []string{"--temperature", "finite"}},
 		{append(gen, "--temperature", "+Inf"), []string{"--temperature", "finite"}},
 		{append(gen, "--engine", "tpu"), []string{`"tpu"`, "cpu, cuda, auto"}},
@@ -88,7 +88,7 @@ func TestIngestRefusesATokenizerWithoutEOS(t *testing.T) {
 	os.WriteFile(tok, b, 0o644)
 	os.WriteFile(filepath.Join(dir, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"), 0o644)
 	store := filepath.Join(dir, "store")
-	_, errOut, code := sched(t, nil, "ingest", "local:"+filepath.Join(dir, "*.jsonl"), "--direct", "--store", store, "--tokenizer", tok)
+	_, errOut, code := sched(t, nil, "ingest", "local:"+filepath.Join(dir, "*.jsonl"), "--direct", "--store-dir", store, "--tokenizer-file", tok)
 	if code != 2 || !strings.Contains(errOut, tok) || !strings.Contains(errOut, "<|endoftext|>") || !strings.Contains(errOut, "added_tokens") {
 		t.Fatalf("exit %d, want 2 naming %s and what to add: %s", code, tok, errOut)
 	}

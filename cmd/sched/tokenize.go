@@ -8,28 +8,39 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokenizer/catalog"
 )
 
 func init() {
-	var tokPath, in, out, dtype string
+	var tokFile, in, out, dtype string
 	tok := &cobra.Command{
-		Use:   "tokenize --tokenizer FILE --in TEXT --out IDS [--dtype u16|u32]",
+		Use:   "tokenize [--tokenizer NAME | --tokenizer-file FILE] --in TEXT --out IDS [--dtype u16|u32]",
 		Short: "Encode a text file into raw little-endian token ids",
-		Long: `tokenize encodes TEXT with a tokenizer.json and writes the ids as raw
-little-endian u16 or u32 values, for inspection and interchange. u16 is
-refused when the vocabulary has more than 65536 tokens.`,
+		Long: `tokenize encodes TEXT with a tokenizer and writes the ids as raw
+little-endian u16 or u32 values, for inspection and interchange. The
+tokenizer is a tokenizer.json given with --tokenizer-file, or else the
+published one --tokenizer names (default KILN_TOKENIZER; 'sched tokenizers'
+lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
 		Args: exactArgs(0, "no positional arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runTokenize(cmd.Context(), cmd.ErrOrStderr(), tokPath, in, out, dtype)
+			if in == "" || out == "" {
+				return badInput("tokenize needs --in and --out; see 'sched tokenize --help'")
+			}
+			tk, label, err := loadTokenizerFor(cmd, tokFile)
+			if err != nil {
+				return err
+			}
+			return runTokenize(cmd.Context(), cmd.ErrOrStderr(), tk, label, in, out, dtype)
 		},
 	}
-	tok.Flags().StringVar(&tokPath, "tokenizer", "", "tokenizer.json to encode with (required)")
+	tok.Flags().StringVar(&tokFile, "tokenizer-file", "", "tokenizer.json to encode with, instead of the tokenizer --tokenizer names")
 	tok.Flags().StringVar(&in, "in", "", "text file to encode (required)")
 	tok.Flags().StringVar(&out, "out", "", "file to write the ids to (required)")
 	tok.Flags().StringVar(&dtype, "dtype", "u16", "id width: u16 or u32")
@@ -64,10 +75,48 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-func runTokenize(ctx context.Context, errOut io.Writer, tokPath, in, out, dtype string) error {
-	if tokPath == "" || in == "" || out == "" {
-		return badInput("tokenize needs --tokenizer, --in and --out; see 'sched tokenize --help'")
+// checkTokenizerFlag refuses a path given to the global --tokenizer, which
+// names a published tokenizer: a tokenizer.json file goes to
+// --tokenizer-file.
+func checkTokenizerFlag(cmd *cobra.Command) error {
+	v, given := flagValue(cmd, "tokenizer")
+	if given && (strings.ContainsAny(v, `/\`) || strings.HasSuffix(v, ".json")) {
+		return badInput("--tokenizer %s: --tokenizer takes a published tokenizer's name ('sched tokenizers' lists them); give a tokenizer.json file as --tokenizer-file %s", v, v)
 	}
+	return nil
+}
+
+// loadTokenizerFor loads the tokenizer a command is given: the file
+// --tokenizer-file names, or else the published one --tokenizer
+// (KILN_TOKENIZER) names, from the catalog. label names it in messages.
+func loadTokenizerFor(cmd *cobra.Command, file string) (tk *tokenizer.Tokenizer, label string, err error) {
+	if err := checkTokenizerFlag(cmd); err != nil {
+		return nil, "", err
+	}
+	if file != "" {
+		if _, given := flagValue(cmd, "tokenizer"); given {
+			return nil, "", badInput("give --tokenizer NAME (a published tokenizer) or --tokenizer-file FILE, not both")
+		}
+		if tk, err = tokenizer.Load(file); err != nil {
+			return nil, "", badInput("--tokenizer-file %s: %v", file, err)
+		}
+		return tk, file, nil
+	}
+	cfg, err := loadConfig(cmd)
+	if err != nil {
+		return nil, "", err
+	}
+	objects, err := openStore(cmd.Context(), cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, tk, err = catalog.New(objects, cfg.DataDir).Resolve(cmd.Context(), cfg.Tokenizer); err != nil {
+		return nil, "", err
+	}
+	return tk, "tokenizer " + cfg.Tokenizer, nil
+}
+
+func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer, label, in, out, dtype string) error {
 	width := 0
 	switch dtype {
 	case "u16":
@@ -77,12 +126,8 @@ func runTokenize(ctx context.Context, errOut io.Writer, tokPath, in, out, dtype 
 	default:
 		return badInput("--dtype %q is not u16 or u32", dtype)
 	}
-	tk, err := tokenizer.Load(tokPath)
-	if err != nil {
-		return err
-	}
 	if width == 2 && tk.VocabSize() > 1<<16 {
-		return badInput("tokenizer %s has %d tokens, more than the 65536 that --dtype u16 holds; use --dtype u32", tokPath, tk.VocabSize())
+		return badInput("%s has %d tokens, more than the 65536 that --dtype u16 holds; use --dtype u32", label, tk.VocabSize())
 	}
 	src, err := os.Open(in)
 	if err != nil {

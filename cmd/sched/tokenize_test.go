@@ -34,11 +34,21 @@ func TestTokenizeCommandWritesIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := tk.Encode(text)
-	for _, dtype := range []string{"u16", "u32"} {
-		out := filepath.Join(dir, "ids."+dtype)
-		var log bytes.Buffer
-		if err := runTokenize(context.Background(), &log, tokPath, in, out, dtype); err != nil {
-			t.Fatal(err)
+	// The same tokenizer published by name in the data directory's catalog.
+	data := t.TempDir()
+	os.MkdirAll(filepath.Join(data, "tokenizers", "g4"), 0o755)
+	b, _ := os.ReadFile(tokPath)
+	os.WriteFile(filepath.Join(data, "tokenizers", "g4", "tokenizer.json"), b, 0o644)
+	env := []string{"KILN_DATA_DIR=" + data}
+	for _, c := range []struct{ dtype, how string }{{"u16", "--tokenizer-file"}, {"u32", "--tokenizer-file"}, {"u16", "--tokenizer"}} {
+		dtype := c.dtype
+		out := filepath.Join(dir, "ids."+dtype+c.how)
+		arg := tokPath
+		if c.how == "--tokenizer" {
+			arg = "g4"
+		}
+		if _, errOut, code := sched(t, env, "tokenize", c.how, arg, "--in", in, "--out", out, "--dtype", dtype); code != 0 {
+			t.Fatalf("tokenize %s %s: exit %d: %s", c.how, arg, code, errOut)
 		}
 		raw, _ := os.ReadFile(out)
 		var got []uint32
@@ -75,18 +85,23 @@ func TestTokenizeCommandBadInput(t *testing.T) {
 		[]byte(`"added_tokens": [{"id": 70000, "content": "<|endoftext|>", "special": true}]`), 1), 0o644)
 	out := filepath.Join(dir, "out.ids")
 	cases := []struct {
-		tok, in, dtype, want string
+		args []string
+		want string
 	}{
-		{tokPath, in, "u8", `--dtype "u8"`},
-		{tokPath, filepath.Join(dir, "missing.txt"), "u16", "missing.txt"},
-		{broken, in, "u16", "WordPiece"},
-		{big, in, "u16", "70001 tokens, more than the 65536"},
-		{"", in, "u16", "needs --tokenizer"},
+		{[]string{"--tokenizer-file", tokPath, "--in", in, "--dtype", "u8"}, `--dtype "u8"`},
+		{[]string{"--tokenizer-file", tokPath, "--in", filepath.Join(dir, "missing.txt")}, "missing.txt"},
+		{[]string{"--tokenizer-file", broken, "--in", in}, "WordPiece"},
+		{[]string{"--tokenizer-file", big, "--in", in}, "70001 tokens, more than the 65536"},
+		{[]string{"--in", in}, `tokenizer "mix-16384" is not known`},
+		{[]string{"--tokenizer", tokPath, "--in", in}, "--tokenizer-file " + tokPath},
+		{[]string{"--tokenizer", "g4", "--tokenizer-file", tokPath, "--in", in}, "not both"},
+		{[]string{"--tokenizer-file", tokPath}, "needs --in and --out"},
 	}
 	for _, c := range cases {
-		err := runTokenize(context.Background(), io.Discard, c.tok, c.in, out, c.dtype)
-		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("tokenize %v: err = %v, want bad input mentioning %q", c, err, c.want)
+		args := append([]string{"tokenize", "--out", out}, c.args...)
+		_, errOut, code := sched(t, nil, args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line mentioning %q", args, code, errOut, c.want)
 		}
 		if _, err := os.Stat(out); err == nil {
 			t.Fatalf("a failed tokenize left %s behind", out)

@@ -16,12 +16,12 @@ import (
 )
 
 // trainFlags are the command-line overrides of a run configuration; a flag
-// given on the command line wins over the --config file.
+// given on the command line wins over the --run-config file.
 type trainFlags struct {
-	config, out, tokenizer string
-	tokens                 []string
-	resume                 bool
-	rc                     trainer.RunConfig
+	runConfig, out, tokenizerFile string
+	tokens                        []string
+	resume                        bool
+	rc                            trainer.RunConfig
 }
 
 func newTrainCmd() *cobra.Command {
@@ -33,17 +33,19 @@ func newTrainCmd() *cobra.Command {
 weight, logs a line every log_every steps (also to OUT/metrics.jsonl),
 evaluates on the stores' held-out windows, and writes checkpoints that
 transformers loads as is to OUT/step-NNNNNNN. Ctrl-C or SIGTERM writes a
-checkpoint at the next step boundary; --resume continues from the last one.`,
+checkpoint at the next step boundary; --resume continues from the last one.
+The tokenizer copied into each checkpoint is a tokenizer.json given with
+--tokenizer-file, or the published one --tokenizer names.`,
 		Example: `  sched train --model tiny --tokens data/code=0.7 --tokens data/web=0.3 --steps 200 --engine cpu
-  sched train --config run.yaml --out runs/pilot --resume`,
+  sched train --run-config run.yaml --tokenizer mix-16384 --out runs/pilot --resume`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error { return runTrain(cmd, &f) },
 	}
 	fl := c.Flags()
-	fl.StringVar(&f.config, "config", "", "YAML run configuration (keys of trainer.RunConfig)")
+	fl.StringVar(&f.runConfig, "run-config", "", "YAML run configuration (keys of trainer.RunConfig)")
 	fl.StringArrayVar(&f.tokens, "tokens", nil, "token store directory, optionally =WEIGHT (repeat to mix stores)")
 	fl.StringVar(&f.out, "out", "runs/train", "run directory: checkpoints and metrics.jsonl")
-	fl.StringVar(&f.tokenizer, "tokenizer", "", "tokenizer.json the stores were made with, copied into each checkpoint")
+	fl.StringVar(&f.tokenizerFile, "tokenizer-file", "", "tokenizer.json the stores were made with, copied into each checkpoint (or name a published one with --tokenizer)")
 	fl.BoolVar(&f.resume, "resume", false, "continue from the latest checkpoint in --out")
 	fl.StringVar(&f.rc.Model, "model", "", "model size: tiny, small or base (default tiny)")
 	fl.StringVar(&f.rc.Engine, "engine", "", "cpu, cuda or auto (default auto)")
@@ -65,10 +67,13 @@ checkpoint at the next step boundary; --resume continues from the last one.`,
 func init() { rootCmd.AddCommand(newTrainCmd()) }
 
 func runTrain(cmd *cobra.Command, f *trainFlags) error {
+	if err := checkRunConfigFlag(cmd); err != nil {
+		return err
+	}
 	var rc trainer.RunConfig
-	if f.config != "" {
+	if f.runConfig != "" {
 		var err error
-		if rc, err = trainer.LoadRunConfig(f.config); err != nil {
+		if rc, err = trainer.LoadRunConfig(f.runConfig); err != nil {
 			return err
 		}
 	}
@@ -87,11 +92,9 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	if err != nil {
 		return err
 	}
-	var tok []byte
-	if f.tokenizer != "" {
-		if tok, err = os.ReadFile(f.tokenizer); err != nil {
-			return badInput("--tokenizer: %v", err)
-		}
+	tok, tokName, err := trainTokenizer(cmd, f.tokenizerFile)
+	if err != nil {
+		return err
 	}
 	data, err := trainer.OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
 	if err != nil {
@@ -101,9 +104,9 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 		t, err := tokenizer.Parse(tok)
 		if err != nil {
 			data.Close()
-			return badInput("--tokenizer %s: %v", f.tokenizer, err)
+			return badInput("tokenizer %s: %v", tokName, err)
 		}
-		uses := catalog.Entry{Name: f.tokenizer, SHA256: t.SHA256(), VocabSize: t.VocabSize()}
+		uses := catalog.Entry{Name: tokName, SHA256: t.SHA256(), VocabSize: t.VocabSize()}
 		for _, s := range data.Stores() {
 			if err := catalog.CheckUses(s, uses); err != nil {
 				data.Close()
@@ -115,7 +118,7 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	log := newLogger(cmd.ErrOrStderr())
 	defer log.Sync()
 	if tok == nil {
-		log.Warn("no --tokenizer: checkpoints will hold no tokenizer.json")
+		log.Warn("no --tokenizer-file or --tokenizer: checkpoints will hold no tokenizer.json")
 	}
 	res, err := trainer.Run(cmd.Context(), trainer.Config{Run: rc, Out: f.out, Resume: f.resume, Data: data, Tokenizer: tok, Log: log},
 		trainer.Hooks{Metrics: func(m trainer.Metrics) { printMetrics(out, m, rc.TotalSteps) }})
@@ -123,6 +126,58 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 		fmt.Fprintf(out, "step %d, %d tokens; checkpoint %s\n", res.Step, res.Tokens, res.Checkpoint)
 	}
 	return err
+}
+
+// checkRunConfigFlag refuses a run's YAML given to the global --config,
+// which is kiln's own configuration file: it would be read as that (or
+// not at all) and the run would train with the defaults.
+func checkRunConfigFlag(cmd *cobra.Command) error {
+	path, given := flagValue(cmd, "config")
+	if !given {
+		return nil
+	}
+	if _, err := trainer.LoadRunConfig(path); err == nil {
+		return badInput("--config %s: --config is kiln's configuration file; give a run's YAML as --run-config %s", path, path)
+	}
+	return nil
+}
+
+// trainTokenizer is the tokenizer.json copied into checkpoints: the file
+// --tokenizer-file names, or the published tokenizer --tokenizer names
+// when given on the command line, or none; name is the file or the
+// tokenizer's name.
+func trainTokenizer(cmd *cobra.Command, file string) (data []byte, name string, err error) {
+	if err := checkTokenizerFlag(cmd); err != nil {
+		return nil, "", err
+	}
+	name, named := flagValue(cmd, "tokenizer")
+	switch {
+	case file != "" && named:
+		return nil, "", badInput("give --tokenizer NAME (a published tokenizer) or --tokenizer-file FILE, not both")
+	case file != "":
+		if data, err = os.ReadFile(file); err != nil {
+			return nil, "", badInput("--tokenizer-file: %v", err)
+		}
+		return data, file, nil
+	case !named:
+		return nil, "", nil
+	}
+	cfg, err := loadConfig(cmd)
+	if err != nil {
+		return nil, "", err
+	}
+	objects, err := openStore(cmd.Context(), cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	entry, _, err := catalog.New(objects, cfg.DataDir).Resolve(cmd.Context(), name)
+	if err != nil {
+		return nil, "", err
+	}
+	if data, err = os.ReadFile(entry.Path); err != nil {
+		return nil, "", fmt.Errorf("tokenizer %s: %w", name, err)
+	}
+	return data, name, nil
 }
 
 // checkTrainFlags refuses, by flag name, sizes given as zero (which the run

@@ -72,7 +72,7 @@ func TestTrainCommandTrainsAndResumes(t *testing.T) {
 	store := trainTestStoreBy(t, sha, 4096, 50000)
 	out := filepath.Join(t.TempDir(), "run")
 	args := []string{"train", "--model", "tiny", "--tokens", store + "=1", "--engine", "cpu", "--precision", "fp32",
-		"--seq", "32", "--batch", "2", "--steps", "2", "--log-every", "1", "--out", out, "--tokenizer", tokJSON}
+		"--seq", "32", "--batch", "2", "--steps", "2", "--log-every", "1", "--out", out, "--tokenizer-file", tokJSON}
 	text, err := runTrainCmd(args...)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, text)
@@ -108,12 +108,56 @@ func TestTrainCommandBadInput(t *testing.T) {
 		{[]string{"train", "--steps", "1", "--tokens", store + "=x"}, "weight"},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--model", "huge"}, "unknown model"},
 		{[]string{"train", "--steps", "1", "--tokens", short, "--seq", "32"}, short},
-		{[]string{"train", "--steps", "1", "--tokens", store, "--config", "/absent.yaml"}, "/absent.yaml"},
-		{[]string{"train", "--steps", "1", "--tokens", store, "--seq", "32", "--tokenizer", otherTok}, "their ids mean different text"},
+		{[]string{"train", "--steps", "1", "--tokens", store, "--run-config", "/absent.yaml"}, "/absent.yaml"},
+		{[]string{"train", "--steps", "1", "--tokens", store, "--seq", "32", "--tokenizer-file", otherTok}, "their ids mean different text"},
 	} {
 		_, err := runTrainCmd(tc.args...)
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: want a bad-input error containing %q, got %v", tc.args, tc.want, err)
 		}
+	}
+}
+
+// The global --tokenizer names a published tokenizer for train too; a file
+// given to it, or a run's YAML given to the global --config, is refused
+// naming the flag that takes it.
+func TestTrainTokenizerByNameAndMistakenFlags(t *testing.T) {
+	t.Parallel()
+	tokJSON, sha := trainTestTokenizer(t, "func main() { return x } the quick brown fox\n")
+	store := trainTestStoreBy(t, sha, 4096, 50000)
+	data := t.TempDir()
+	b, _ := os.ReadFile(tokJSON)
+	os.MkdirAll(filepath.Join(data, "tokenizers", "fox"), 0o755)
+	os.WriteFile(filepath.Join(data, "tokenizers", "fox", "tokenizer.json"), b, 0o644)
+	env := []string{"KILN_DATA_DIR=" + data}
+	run := filepath.Join(t.TempDir(), "run.yaml")
+	os.WriteFile(run, []byte("model: tiny\nseq: 32\nbatch: 2\ntotal_steps: 1\n"), 0o644)
+	out := filepath.Join(t.TempDir(), "run")
+	args := []string{"train", "--tokens", store, "--engine", "cpu", "--precision", "fp32", "--out", out}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config", run}, "--run-config " + run},
+		{[]string{"--run-config", run, "--tokenizer", tokJSON}, "--tokenizer-file " + tokJSON},
+		{[]string{"--run-config", run, "--tokenizer", "fox", "--tokenizer-file", tokJSON}, "not both"},
+		{[]string{"--run-config", run, "--tokenizer", "wolf"}, `tokenizer "wolf" is not known`},
+	} {
+		_, errOut, code := sched(t, env, append(args, c.args...)...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line with %q", c.args, code, errOut, c.want)
+		}
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Fatalf("a refused train wrote %s", out)
+	}
+	stdout, errOut, code := sched(t, env, append(args, "--run-config", run, "--tokenizer", "fox")...)
+	if code != 0 {
+		t.Fatalf("train --tokenizer fox: exit %d\n%s%s", code, stdout, errOut)
+	}
+	got, err := os.ReadFile(filepath.Join(out, "step-0000001", trainer.TokenizerFile))
+	if err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("the checkpoint's tokenizer.json is not the published fox (%v)", err)
 	}
 }

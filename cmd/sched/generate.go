@@ -9,14 +9,16 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/spf13/cobra"
+
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/tokenizer"
-	"github.com/spf13/cobra"
+	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // generateFlags are the options of 'sched generate'.
 type generateFlags struct {
-	checkpoint, prompt, engine string
+	run, checkpoint, prompt, engine string
 	maxTokens, topK            int
 	temperature                float64
 	seed                       uint64
@@ -25,22 +27,38 @@ type generateFlags struct {
 func init() {
 	var f generateFlags
 	cmd := &cobra.Command{
-		Use:   "generate --checkpoint DIR --prompt TEXT",
+		Use:   "generate (--run NAME | --checkpoint DIR) --prompt TEXT",
 		Short: "Continue a prompt with a trained checkpoint",
-		Long: `generate loads a checkpoint directory (config.json, model.safetensors and
+		Long: `generate loads a checkpoint (config.json, model.safetensors and
 tokenizer.json, as training writes them or transformers saves them), encodes
-the prompt and prints it followed by up to --max-tokens generated tokens,
+the prompt with the checkpoint's own tokenizer and prints it followed by up to --max-tokens generated tokens,
 stopping early at the end-of-text token. --temperature 0 picks the most
 likely token each time; above 0, tokens are drawn from the softmax of the
 logits divided by the temperature, among the --top-k most likely (0 = all),
-from a stream fixed by --seed.`,
+from a stream fixed by --seed.
+
+--run NAME takes the run's latest complete checkpoint in object storage
+(checkpoints/NAME/step-NNNNNNN/ with its completion marker) and copies it to
+<data dir>/checkpoints/NAME/ first; --checkpoint DIR reads a local
+directory.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.run != "" {
+				if f.checkpoint != "" {
+					return badInput("give --run NAME (its latest checkpoint in object storage) or --checkpoint DIR (a local directory), not both")
+				}
+				dir, err := pullLatestCheckpoint(cmd, f.run)
+				if err != nil {
+					return err
+				}
+				f.checkpoint = dir
+			}
 			return runGenerate(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.checkpoint, "checkpoint", "", "checkpoint directory (required)")
+	fl.StringVar(&f.run, "run", "", "a run whose latest complete checkpoint in object storage to generate from")
+	fl.StringVar(&f.checkpoint, "checkpoint", "", "a local checkpoint directory to generate from")
 	fl.StringVar(&f.prompt, "prompt", "", "text to continue (required)")
 	fl.StringVar(&f.engine, "engine", "cpu", "engine: cpu, cuda or auto")
 	fl.IntVar(&f.maxTokens, "max-tokens", 64, "largest number of tokens to generate")
@@ -54,7 +72,7 @@ from a stream fixed by --seed.`,
 func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) error {
 	switch {
 	case f.checkpoint == "":
-		return badInput("generate needs --checkpoint DIR: a directory with config.json, model.safetensors and tokenizer.json")
+		return badInput("generate needs --run NAME (a run's latest checkpoint in object storage) or --checkpoint DIR (a directory with config.json, model.safetensors and tokenizer.json)")
 	case f.prompt == "":
 		return badInput("generate needs --prompt TEXT")
 	case f.maxTokens < 0:
@@ -132,4 +150,38 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 	}
 	_, err = fmt.Fprintln(out, f.prompt+cont)
 	return err
+}
+
+// pullLatestCheckpoint copies run's latest complete checkpoint from object
+// storage to <data dir>/checkpoints/<run>/step-NNNNNNN and returns that
+// directory. A checkpoint whose upload never finished (no completion
+// marker) is passed over.
+func pullLatestCheckpoint(cmd *cobra.Command, run string) (string, error) {
+	if err := checkName("run", run); err != nil {
+		return "", err
+	}
+	cfg, err := loadConfig(cmd)
+	if err != nil {
+		return "", err
+	}
+	ctx := cmd.Context()
+	objects, err := openStore(ctx, cfg)
+	if err != nil {
+		return "", err
+	}
+	steps, err := segment.RemoteSteps(ctx, objects, run)
+	if err != nil {
+		return "", redactErr(cfg, err)
+	}
+	if len(steps) == 0 {
+		return "", badInput("run %s has no complete checkpoint in object storage (%s): train it first ('sched enqueue train %s'; 'sched runs' lists the runs), or give a local checkpoint with --checkpoint DIR",
+			run, segment.CheckpointPrefix(run), run)
+	}
+	step := steps[len(steps)-1]
+	dir, err := segment.Pull(ctx, objects, run, step, filepath.Join(cfg.DataDir, "checkpoints", run))
+	if err != nil {
+		return "", redactErr(cfg, err)
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "run %s: step %d, from %s%s\n", run, step, segment.CheckpointPrefix(run), filepath.Base(dir))
+	return dir, nil
 }

@@ -1,15 +1,21 @@
 package main
 
 import (
+	"bytes"
 	"compress/gzip"
+	"context"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // makeCheckpoint writes a small randomly initialised model with the golden
@@ -136,5 +142,87 @@ func TestGenerateCommandBadCheckpoints(t *testing.T) {
 	}
 	if _, errOut, code := runModelCLI(t, "generate", "--checkpoint", other, "--prompt", "", "--max-tokens", "2", "--temperature", "0", "--top-k", "0", "--engine", "cpu"); code != exitBadInput || !strings.Contains(errOut, "--prompt") {
 		t.Errorf("empty prompt: exit %d %q", code, errOut)
+	}
+}
+
+// --run takes a run's latest complete checkpoint from object storage (a
+// real versitygw), passing over one whose upload has no completion marker,
+// and generates with the checkpoint's own tokenizer exactly what the same
+// checkpoint gives from a local directory.
+func TestGenerateFromARunsLatestCheckpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// A tokenizer of the tiny model's 4096 ids, so that every id the model
+	// can generate decodes.
+	files, _ := filepath.Glob(filepath.Join(runtime.GOROOT(), "src", "strings", "*.go"))
+	var inputs []io.Reader
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inputs = append(inputs, bytes.NewReader(b))
+	}
+	tj, err := tokenizer.Train(ctx, inputs, tokenizer.TrainOptions{VocabSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := tokenizer.Parse(tj)
+	if err != nil || tk.VocabSize() != 4096 {
+		t.Fatalf("test tokenizer: %v, %d ids; want 4096", err, tk.VocabSize())
+	}
+	tokJSON := filepath.Join(t.TempDir(), "tokenizer.json")
+	os.WriteFile(tokJSON, tj, 0o644)
+	tokStore := trainTestStoreBy(t, tk.SHA256(), 4096, 50000)
+	out := filepath.Join(t.TempDir(), "run")
+	if _, errOut, code := sched(t, nil, "train", "--model", "tiny", "--tokens", tokStore, "--engine", "cpu", "--precision", "fp32",
+		"--seq", "32", "--batch", "2", "--steps", "2", "--checkpoint-every", "1", "--out", out, "--tokenizer-file", tokJSON); code != 0 {
+		t.Fatalf("train: exit %d: %s", code, errOut)
+	}
+	s3 := testsvc.S3(t)
+	objects, err := store.NewS3(store.S3Options{Endpoint: s3.Endpoint, Bucket: "kiln", AccessKey: s3.AccessKey, SecretKey: s3.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []string{"step-0000001", "step-0000002"} {
+		if _, err := segment.Push(ctx, objects, nil, "fox", filepath.Join(out, step)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Step 2's upload did not finish: its marker is missing.
+	if err := objects.Delete(ctx, segment.CheckpointPrefix("fox")+"step-0000002/"+segment.MarkerFile); err != nil {
+		t.Fatal(err)
+	}
+	data := t.TempDir()
+	env := []string{"KILN_S3_ENDPOINT=" + s3.Endpoint, "KILN_S3_ACCESS_KEY=" + s3.AccessKey, "KILN_S3_SECRET_KEY=" + s3.SecretKey, "KILN_DATA_DIR=" + data}
+	gen := []string{"generate", "--prompt", "func main", "--max-tokens", "12", "--temperature", "1", "--top-k", "20", "--seed", "3", "--engine", "cpu"}
+
+	got, errOut, code := sched(t, env, append(gen, "--run", "fox")...)
+	if code != 0 || !strings.Contains(errOut, "step 1") {
+		t.Fatalf("generate --run fox: exit %d\n%s%s", code, got, errOut)
+	}
+	want, errOut, code := sched(t, nil, append(gen, "--checkpoint", filepath.Join(out, "step-0000001"))...)
+	if code != 0 {
+		t.Fatalf("generate --checkpoint: exit %d: %s", code, errOut)
+	}
+	if got != want || !strings.HasPrefix(got, "func main") {
+		t.Fatalf("generate --run fox printed %q; the same checkpoint read locally gives %q", got, want)
+	}
+	if _, err := os.Stat(filepath.Join(data, "checkpoints", "fox", "step-0000001", "model.safetensors")); err != nil {
+		t.Fatalf("the checkpoint is not in the data directory: %v", err)
+	}
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--run", "wolf"}, "run wolf has no complete checkpoint in object storage (checkpoints/wolf/): train it first"},
+		{[]string{"--run", "fox", "--checkpoint", out}, "not both"},
+		{[]string{"--run", "a/b"}, `run name "a/b"`},
+	} {
+		_, errOut, code := sched(t, env, append(gen, c.args...)...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line with %q", c.args, code, errOut, c.want)
+		}
 	}
 }

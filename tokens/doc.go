@@ -53,6 +53,16 @@
 //	_, _, err = s.Next(ctx, buf) // inputs buf[:1024], targets buf[1:]
 //	state.Cursor = s.Cursor()    // saved with the checkpoint
 //
+// A run on several devices draws the same stream in rounds: with Ranks
+// devices and micro-batches of n windows, a round is Ranks*n windows and
+// Sampler.NextShare gives rank r windows r*n to r*n+n-1 of it, passing the
+// others over unread. Every rank's sampler ends the round at the cursor one
+// sampler reaches drawing the round with Next, so the checkpoint's cursor
+// is the run's and a run resumes on any number of devices with the same
+// windows in the same order.
+//
+//	share, err := s.NextShare(ctx, buf[:n*(s.SeqLen()+1)], tokens.Share{Rank: r, Ranks: ranks})
+//
 // A store opened once keeps its length for the life of the Store; a run
 // sees tokens appended since it opened its stores after it reopens them
 // (on resume), from the next epoch of that store on.

@@ -200,15 +200,29 @@ func (s *Sampler) Next(ctx context.Context, dst []int32) (store int, window int6
 	if err := ctx.Err(); err != nil {
 		return 0, 0, err
 	}
+	best, window, sc, perm := s.pick()
+	// The cursor moves only once the window is read, so a failed read
+	// (an id past the vocabulary) leaves it where it was.
+	if err := s.sources[best].Store.Window(window, s.cfg.SeqLen, dst); err != nil {
+		return 0, 0, err
+	}
+	s.commit(best, sc, perm)
+	return best, window, nil
+}
+
+// pick chooses the next training window without moving the cursor: the
+// store furthest behind its weight, the window, and that store's cursor
+// and permutation as they stand once the window is taken.
+func (s *Sampler) pick() (best int, window int64, sc StoreCursor, perm permutation) {
 	k := float64(s.cur.Draws + 1)
-	best, bestDeficit := 0, math.Inf(-1)
+	bestDeficit := math.Inf(-1)
 	for i, w := range s.weights {
 		if d := w*k - float64(s.cur.Stores[i].Taken); d > bestDeficit {
 			best, bestDeficit = i, d
 		}
 	}
-	sc := s.cur.Stores[best]
-	perm := s.perms[best]
+	sc = s.cur.Stores[best]
+	perm = s.perms[best]
 	for {
 		if sc.Pos == sc.Windows {
 			sc = StoreCursor{Windows: s.sources[best].Store.Windows(s.cfg.SeqLen), Epoch: sc.Epoch + 1, Taken: sc.Taken}
@@ -217,19 +231,75 @@ func (s *Sampler) Next(ctx context.Context, dst []int32) (store int, window int6
 		window = int64(perm.at(uint64(sc.Pos)))
 		sc.Pos++
 		if !heldOut(uint64(window), s.cfg.HoldOut) {
-			break
+			return best, window, sc, perm
 		}
 	}
-	// The cursor moves only once the window is read, so a failed read
-	// (an id past the vocabulary) leaves it where it was.
-	if err := s.sources[best].Store.Window(window, s.cfg.SeqLen, dst); err != nil {
-		return 0, 0, err
-	}
+}
+
+// commit moves the cursor past the window pick chose.
+func (s *Sampler) commit(best int, sc StoreCursor, perm permutation) {
 	sc.Taken++
 	s.cur.Stores[best] = sc
 	s.perms[best] = perm
 	s.cur.Draws++
-	return best, window, nil
+}
+
+// Share is one device's part of the training stream when a run trains on
+// several: rank Rank of Ranks, 0 <= Rank < Ranks. Share{0, 1} is the whole
+// stream.
+type Share struct{ Rank, Ranks int }
+
+func (sh Share) validate() error {
+	if sh.Ranks < 1 || sh.Rank < 0 || sh.Rank >= sh.Ranks {
+		return fmt.Errorf("token sampler: share %d of %d: the rank must lie in [0, %d) and there must be at least one rank", sh.Rank, sh.Ranks, sh.Ranks)
+	}
+	return nil
+}
+
+// WindowRef names a window: its store's index in the mixture and its
+// index in that store.
+type WindowRef struct {
+	Store  int
+	Window int64
+}
+
+// NextShare draws one round of the stream, sh.Ranks blocks of n windows
+// each (n = len(dst)/(SeqLen+1)), and copies block sh.Rank into dst,
+// returning its windows; the other blocks are passed over without being
+// read. The stream is the one Next draws: rank r's block is windows r*n to
+// r*n+n-1 of the round, so the blocks of the ranks, in rank order, are the
+// round as one sampler drawing Ranks*n windows sees it.
+//
+// Every rank's sampler ends the round at that one sampler's cursor. The
+// cursor is therefore the run's, not a rank's: a run checkpointed on N
+// devices resumes on any other number with the same windows in the same
+// order. A failed read leaves the cursor at the round's start.
+func (s *Sampler) NextShare(ctx context.Context, dst []int32, sh Share) ([]WindowRef, error) {
+	if err := sh.validate(); err != nil {
+		return nil, err
+	}
+	w := s.cfg.SeqLen + 1
+	if len(dst) == 0 || len(dst)%w != 0 {
+		return nil, fmt.Errorf("token sampler: a share's buffer of %d ids is not a whole number of windows of seq_len+1 = %d ids", len(dst), w)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	n := len(dst) / w
+	start, perms := s.Cursor(), append([]permutation(nil), s.perms...)
+	refs := make([]WindowRef, 0, n)
+	for i := 0; i < sh.Ranks*n; i++ {
+		best, window, sc, perm := s.pick()
+		if mine := i - sh.Rank*n; mine >= 0 && mine < n {
+			if err := s.sources[best].Store.Window(window, s.cfg.SeqLen, dst[mine*w:(mine+1)*w]); err != nil {
+				s.cur, s.perms = start, perms
+				return nil, err
+			}
+			refs = append(refs, WindowRef{Store: best, Window: window})
+		}
+		s.commit(best, sc, perm)
+	}
+	return refs, nil
 }
 
 // EvalSet walks a store's held-out windows in index order. Its windows are

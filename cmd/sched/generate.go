@@ -19,9 +19,9 @@ import (
 // generateFlags are the options of 'sched generate'.
 type generateFlags struct {
 	run, checkpoint, prompt, engine string
-	maxTokens, topK            int
-	temperature                float64
-	seed                       uint64
+	maxTokens, topK                 int
+	temperature                     float64
+	seed                            uint64
 }
 
 func init() {

@@ -57,6 +57,9 @@ type CheckpointTiming struct {
 	CheckpointStepTokPerSec, NextStepTokPerSec    float64
 	OtherStepTokPerSec                            float64
 	SlowestStepSeconds, SlowestCheckpointStepSecs float64
+	// CheckpointStepSeconds is each checkpoint step's time, in order: the
+	// first includes making the engine's host buffer for the copies.
+	CheckpointStepSeconds []float64
 }
 
 // BenchResult is one measurement.
@@ -314,6 +317,7 @@ func checkpointTiming(secs []float64, every, tokens int) *CheckpointTiming {
 		case (i+1)%every == 0:
 			t.Checkpoints++
 			ckS += s
+			t.CheckpointStepSeconds = append(t.CheckpointStepSeconds, s)
 			t.SlowestCheckpointStepSecs = max(t.SlowestCheckpointStepSecs, s)
 		case i > 0 && i%every == 0:
 			nNext++

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 
@@ -48,5 +49,31 @@ func TestBenchRefusesBadShapes(t *testing.T) {
 	_, err := Bench(context.Background(), BenchOptions{Model: c, Engine: "cpu", Batch: 1, Seq: c.MaxPositions + 1, Steps: 1})
 	if err == nil || !strings.Contains(err.Error(), "seq must be between 1 and") {
 		t.Fatalf("error %v: want one naming the allowed sequence lengths", err)
+	}
+}
+
+// With a checkpoint every N steps, the bench writes them as a run does and
+// sorts the steps' times by their place around them; what it wrote is
+// removed at the end, waited for or not.
+func TestBenchWritesCheckpoints(t *testing.T) {
+	c := benchConfig()
+	for _, wait := range []bool{false, true} {
+		dir := t.TempDir()
+		r, err := Bench(context.Background(), BenchOptions{Model: c, Engine: "cpu", Batch: 2, Seq: 16, Steps: 7, Warmup: 0,
+			CheckpointEvery: 3, CheckpointWait: wait, CheckpointDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ck := r.Checkpoints
+		if ck == nil || ck.Checkpoints != 2 || len(ck.CheckpointStepSeconds) != 2 || ck.CheckpointStepTokPerSec <= 0 ||
+			ck.NextStepTokPerSec <= 0 || ck.OtherStepTokPerSec <= 0 {
+			t.Fatalf("wait %v: checkpoint timing %+v; want 2 checkpoints (after steps 3 and 6) and a rate for each kind of step", wait, ck)
+		}
+		if left, _ := os.ReadDir(dir); len(left) != 0 {
+			t.Fatalf("wait %v: the bench left %d entries in its checkpoint directory", wait, len(left))
+		}
+	}
+	if _, err := Bench(context.Background(), BenchOptions{Model: c, Engine: "cpu", Batch: 2, Seq: 16, Steps: 1, CheckpointEvery: -1}); err == nil {
+		t.Fatal("a negative checkpoint interval was accepted")
 	}
 }

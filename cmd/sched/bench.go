@@ -61,13 +61,14 @@ type benchResult struct {
 }
 
 type benchCheckpoints struct {
-	Every                   int     `json:"every"`
-	Wait                    bool    `json:"wait"`
-	Written                 int     `json:"written"`
-	CheckpointStepTokPerSec float64 `json:"checkpoint_step_tok_per_sec"`
-	NextStepTokPerSec       float64 `json:"next_step_tok_per_sec"`
-	OtherStepTokPerSec      float64 `json:"other_step_tok_per_sec"`
-	SlowestCheckpointStepS  float64 `json:"slowest_checkpoint_step_s"`
+	Every                   int       `json:"every"`
+	Wait                    bool      `json:"wait"`
+	Written                 int       `json:"written"`
+	CheckpointStepTokPerSec float64   `json:"checkpoint_step_tok_per_sec"`
+	NextStepTokPerSec       float64   `json:"next_step_tok_per_sec"`
+	OtherStepTokPerSec      float64   `json:"other_step_tok_per_sec"`
+	SlowestCheckpointStepS  float64   `json:"slowest_checkpoint_step_s"`
+	CheckpointStepSeconds   []float64 `json:"checkpoint_step_seconds"`
 }
 
 func init() {
@@ -142,7 +143,8 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if ck := res.Checkpoints; ck != nil {
 		r.Checkpoints = &benchCheckpoints{Every: f.checkpointEvery, Wait: f.checkpointWait, Written: ck.Checkpoints,
 			CheckpointStepTokPerSec: ck.CheckpointStepTokPerSec, NextStepTokPerSec: ck.NextStepTokPerSec,
-			OtherStepTokPerSec: ck.OtherStepTokPerSec, SlowestCheckpointStepS: ck.SlowestCheckpointStepSecs}
+			OtherStepTokPerSec: ck.OtherStepTokPerSec, SlowestCheckpointStepS: ck.SlowestCheckpointStepSecs,
+			CheckpointStepSeconds: ck.CheckpointStepSeconds}
 	}
 	if r.OtherProcesses == nil {
 		r.OtherProcesses = []string{}

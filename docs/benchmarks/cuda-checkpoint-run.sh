@@ -5,10 +5,10 @@
 # Run from the repository root, with $G a directory holding what was built on the development machine:
 #   CGO_ENABLED=0 go test -ldflags=-s -c -o $G/kernels.test ./kernels/
 #   CGO_ENABLED=0 go build -ldflags=-s -o $G/sched ./cmd/sched
-#   (the earlier commit's sched, gzipped, as $G/sched.old.gz)
+#   (gzipped, to carry less; the earlier commit's sched as $G/sched.old.gz)
 # Everything is written under $OUT (default /tmp/ck-run).
-G=${G:-$PWD/.carry/g}; OUT=${OUT:-/tmp/ck-run}; mkdir -p $OUT
-gunzip -c $G/sched.old.gz > /tmp/sched.old && chmod +x /tmp/sched.old
+C=${C:-$PWD/.carry/g}; OUT=${OUT:-/tmp/ck-run}; mkdir -p $OUT /tmp/ck-bin; G=/tmp/ck-bin
+for f in sched sched.old kernels.test; do gunzip -c $C/$f.gz > $G/$f && chmod +x $G/$f; done
 S=$SECONDS
 log() { echo "### $(date -u +%H:%M:%S) t=$((SECONDS-S))s $*"; }
 log start; nvidia-smi --query-gpu=name,driver_version,memory.used,utilization.gpu --format=csv,noheader
@@ -28,7 +28,7 @@ for f in 0 1; do for d in tiny hd64; do
   echo "verify bf16 $d sm80=$f rc=$?"; { echo "## bf16 $d sm80=$f"; cat /tmp/v.log; } >> $OUT/verify.log
 done; done
 log bench, before and after
-for i in 1 2 3; do for b in /tmp/sched.old $G/sched; do
+for i in 1 2 3; do for b in $G/sched.old $G/sched; do
   echo "$b $(timeout 60 $b bench --engine cuda --model small --batch 8 --seq 1024 --steps 30 2>&1 | tail -1)" | tee -a $OUT/bench.txt
 done; done
 log checkpoints

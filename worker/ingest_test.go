@@ -51,8 +51,7 @@ const (
 // KILN_TEST_INGEST_WORKER set to queues ("append=1") it serves them with the
 // ingest handlers until SIGTERM, so that a test can SIGKILL a real appender
 // and a benchmark can read a real worker's peak RSS. init runs before
-// TestMain, and after every handler registration of the package's non-test
-// files.
+// TestMain.
 func init() {
 	if os.Getenv("KILN_TEST_INGEST_WORKER") == "" {
 		return

@@ -103,6 +103,36 @@ func (r *Reporter) Message(ctx context.Context, msg string) {
 	r.Report(ctx, f, rate, unit, msg)
 }
 
+// flush writes what was last reported, whatever the throttle.
+func (r *Reporter) flush() {
+	if r.rdb == nil {
+		return
+	}
+	r.mu.Lock()
+	p := r.p
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r.write(ctx, p)
+}
+
+// adopt takes what a task's child process last reported, so that the
+// final state the worker writes keeps its fraction and message.
+func (r *Reporter) adopt(ctx context.Context) {
+	if r.rdb == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	p, ok, err := scheduler.ReadProgress(ctx, r.rdb, r.p.TaskID)
+	if err != nil || !ok {
+		return
+	}
+	r.mu.Lock()
+	r.p.Fraction, r.p.Rate, r.p.Unit, r.p.ETA, r.p.Message, r.p.Updated = p.Fraction, p.Rate, p.Unit, p.ETA, p.Message, p.Updated
+	r.mu.Unlock()
+}
+
 // finish writes the final state unthrottled.
 func (r *Reporter) finish(state, msg string) {
 	if r.rdb == nil {

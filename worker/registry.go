@@ -111,9 +111,6 @@ func (hs Handlers) build() (handlerSet, error) {
 			return nil, err
 		}
 	}
-	if len(s) == 0 {
-		return nil, errors.New("worker: Params.Handlers is empty: give the handlers of the kinds on the worker's queues")
-	}
 	return s, nil
 }
 

@@ -30,7 +30,7 @@ func TestNewRefusesAMissingDependency(t *testing.T) {
 		hs     Handlers
 		want   string
 	}{
-		{"no handlers", map[string]int{scheduler.QueueIngest: 1}, Handlers{}, "Params.Handlers is empty"},
+		{"no handlers", map[string]int{scheduler.QueueIngest: 1}, Handlers{}, "queue ingest is served but no handler"},
 		{"ingest without objects", map[string]int{scheduler.QueueIngest: 1},
 			Handlers{Ingest: &Ingest{Enqueue: enqueue}}, "Handlers.Ingest.Pipeline.Objects is required"},
 		{"ingest without enqueue", map[string]int{scheduler.QueueIngest: 1},

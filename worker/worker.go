@@ -45,6 +45,9 @@ type Params struct {
 	DelayedTaskCheckInterval time.Duration
 	// ProgressEvery throttles progress writes. Default 1s.
 	ProgressEvery time.Duration
+	// Isolate, when set, runs each task of some queues in a child process
+	// of its own (see Isolation); the others run in this process.
+	Isolate *Isolation
 	// TaskCheckInterval is how long an idle server waits before it looks
 	// for new tasks again. asynq's 1s default adds up to a second to every
 	// task that arrives at an idle worker, which is most of a short task's
@@ -60,8 +63,11 @@ const DefaultTaskCheckInterval = 100 * time.Millisecond
 type Worker struct {
 	p       Params
 	set     handlerSet
+	iso     *Isolation
 	rdb     redis.UniversalClient
 	servers []*asynq.Server
+	// queues[i] is the queue servers[i] serves.
+	queues []string
 	// drain is cancelled when shutdown begins; it cancels every handler's
 	// context, so handlers learn of a SIGTERM at once and have the whole
 	// grace period to reach a safe point.
@@ -117,7 +123,20 @@ func New(p Params) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := set.checkQueues(p.Queues); err != nil {
+	var iso *Isolation
+	if p.Isolate != nil {
+		if iso, err = p.Isolate.resolve(); err != nil {
+			return nil, err
+		}
+	}
+	inProcess := map[string]int{}
+	for q, n := range p.Queues {
+		if !iso.isolates(q) {
+			inProcess[q] = n
+		}
+	}
+	// An isolated queue's handlers are its children's.
+	if err := set.checkQueues(inProcess); err != nil {
 		return nil, err
 	}
 	if p.ShutdownGrace <= 0 {
@@ -136,9 +155,10 @@ func New(p Params) (*Worker, error) {
 	if p.TaskCheckInterval <= 0 {
 		p.TaskCheckInterval = DefaultTaskCheckInterval
 	}
-	w := &Worker{p: p, set: set, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
+	w := &Worker{p: p, set: set, iso: iso, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
 	w.drain, w.cancelDrain = context.WithCancel(context.Background())
 	for q, n := range p.Queues {
+		w.queues = append(w.queues, q)
 		w.servers = append(w.servers, asynq.NewServer(p.Redis, asynq.Config{
 			Concurrency:              n,
 			Queues:                   map[string]int{q: 1},
@@ -159,8 +179,11 @@ func New(p Params) (*Worker, error) {
 // that is re-queued by asynq. Shutdown order: stop fetching, cancel
 // handlers, wait, close Redis.
 func (w *Worker) Run(ctx context.Context) error {
-	h := w.middleware(mux{w.set})
 	for i, s := range w.servers {
+		h := w.middleware(mux{w.set})
+		if w.iso.isolates(w.queues[i]) {
+			h = w.middleware(isolated{w})
+		}
 		if err := s.Start(h); err != nil {
 			for _, started := range w.servers[:i] {
 				started.Shutdown()

@@ -79,6 +79,9 @@ func TestMain(m *testing.M) {
 	if url := os.Getenv("KILN_TEST_WORKER_URL"); url != "" {
 		os.Exit(runChild(url))
 	}
+	if url := os.Getenv(taskChildEnv); url != "" {
+		os.Exit(runTaskChild(url))
+	}
 	os.Exit(m.Run())
 }
 

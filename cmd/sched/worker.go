@@ -2,10 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 
+	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
+	"golang.org/x/term"
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/scheduler"
@@ -44,7 +48,19 @@ func init() {
 			if err != nil {
 				return err
 			}
-			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, Handlers: hs, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
+			var iso *worker.Isolation
+			if qs[scheduler.QueueGPU] > 0 {
+				// Training and benchmarks run in a child process each, the
+				// device's context with them, so that a fatal fault of one
+				// (out of memory, a CUDA fault) ends neither this worker nor
+				// the appends it serves.
+				exe, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("sched worker: find this program to run gpu tasks in: %w", err)
+				}
+				iso = &worker.Isolation{Queues: []string{scheduler.QueueGPU}, Command: []string{exe, taskCommand}, Env: configEnv(cfg)}
+			}
+			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, Handlers: hs, Isolate: iso, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -53,6 +69,57 @@ func init() {
 	}
 	cmd.Flags().StringVar(&queues, "queues", "ingest=4", "queues and concurrency, e.g. ingest=4,append=1,gpu=1")
 	rootCmd.AddCommand(cmd)
+	rootCmd.AddCommand(&cobra.Command{
+		Use:    taskCommand,
+		Hidden: true,
+		Short:  "Run one gpu task handed over on standard input by sched worker, which starts this",
+		Args:   exactArgs(0, "no arguments: sched worker starts this command and hands it the task"),
+		RunE: func(c *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			opt, err := asynq.ParseRedisURI(cfg.RedisURL)
+			if err != nil {
+				return badInput("KILN_REDIS_URL %s: %v", cfg.Masked().RedisURL, redactErr(cfg, err))
+			}
+			log := logger(cfg)
+			q := scheduler.NewClient(opt)
+			code := worker.ServeTask(c.Context(), worker.TaskParams{Redis: opt, Logger: log,
+				Open: func(ctx context.Context) (worker.Handlers, error) {
+					objects, err := openStore(ctx, cfg)
+					if err != nil {
+						return worker.Handlers{}, err
+					}
+					return handlersWith(cfg, map[string]int{scheduler.QueueGPU: 1}, q, log, objects)
+				}})
+			q.Close()
+			_ = log.Sync()
+			os.Exit(code)
+			return nil
+		},
+	})
+}
+
+// taskCommand is the hidden command a worker runs each gpu task in.
+const taskCommand = "worker-task"
+
+// configEnv is cfg as the environment of a task's process, so that it
+// resolves the worker's configuration whatever flags or file gave it. The
+// log format is the worker's own resolved one: the child's output is a
+// pipe, which "auto" would read as JSON under a terminal's console.
+func configEnv(cfg scheduler.Config) []string {
+	if cfg.LogFormat == "auto" {
+		cfg.LogFormat = "json"
+		if term.IsTerminal(int(os.Stderr.Fd())) {
+			cfg.LogFormat = "console"
+		}
+	}
+	var env []string
+	for _, s := range settings {
+		env = append(env, s.env+"="+s.get(&cfg))
+	}
+	return env
 }
 
 // benchRow measures one bench:run shape with the routine behind `sched
@@ -94,6 +161,14 @@ func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int
 		return hs, err
 	}
 	worker.AbortStaleUploads(ctx, objects, store.StaleUploadAge, log)
+	return handlersWith(cfg, qs, q, log, objects)
+}
+
+// handlersWith makes the handlers of queues qs on objects.
+func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, log *zap.Logger, objects store.Store) (worker.Handlers, error) {
+	var hs worker.Handlers
+	cpu := qs[scheduler.QueueIngest] > 0 || qs[scheduler.QueueAppend] > 0
+	gpu := qs[scheduler.QueueGPU] > 0
 	enqueue := func(ctx context.Context, a scheduler.Args) error { _, err := q.Enqueue(ctx, a); return err }
 	// tokenizer:sample runs on the ingest queue and tokenizer:train on
 	// append, so either one needs the tokenizer handlers too.

@@ -35,18 +35,43 @@ import (
 )
 
 // TestMain doubles as a GPU worker process: with KILN_E2E_WORKER=1 the test
-// binary serves the gpu queue with the real train:segment handler until
-// it is killed, so the end-to-end test can SIGKILL a real worker.
+// binary serves the gpu queue until it is killed, so the end-to-end test can
+// SIGKILL a real worker; as sched worker does, the worker runs each segment
+// in a child process, this binary again with KILN_E2E_WORKER=task, which
+// runs the real train:segment handler.
 func TestMain(m *testing.M) {
-	if os.Getenv("KILN_E2E_WORKER") == "1" {
+	switch os.Getenv("KILN_E2E_WORKER") {
+	case "1":
 		os.Exit(e2eWorker())
+	case "task":
+		os.Exit(e2eTask())
 	}
 	os.Exit(m.Run())
 }
 
 func e2eWorker() int {
 	env := os.Getenv
-	fail := func(err error) int { fmt.Fprintln(os.Stderr, "e2e worker:", err); return 1 }
+	log, _ := zap.NewDevelopment()
+	w, err := worker.New(worker.Params{Redis: asynq.RedisClientOpt{Addr: env("KILN_E2E_REDIS")}, Queues: map[string]int{scheduler.QueueGPU: 1}, Logger: log,
+		Name: env("KILN_E2E_NAME"), DelayedTaskCheckInterval: 200 * time.Millisecond,
+		Isolate: &worker.Isolation{Queues: []string{scheduler.QueueGPU}, Command: []string{os.Args[0], "-test.run=^$"}, Env: []string{"KILN_E2E_WORKER=task"}}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e worker:", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	if err := w.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e worker:", err)
+		return 1
+	}
+	return 0
+}
+
+// e2eTask runs one segment handed over by e2eWorker.
+func e2eTask() int {
+	env := os.Getenv
+	fail := func(err error) int { fmt.Fprintln(os.Stderr, "e2e task:", err); return 1 }
 	set, err := runs.Load(env("KILN_E2E_RUNS"))
 	if err != nil {
 		return fail(err)
@@ -79,17 +104,9 @@ func e2eWorker() int {
 		Owner: env("KILN_E2E_NAME"), Log: log,
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := client.Enqueue(ctx, a); return err },
 	}
-	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Handlers: worker.Handlers{Training: training}, Logger: log,
-		Name: env("KILN_E2E_NAME"), DelayedTaskCheckInterval: 200 * time.Millisecond})
-	if err != nil {
-		return fail(err)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	if err := w.Run(ctx); err != nil {
-		return fail(err)
-	}
-	return 0
+	return worker.ServeTask(ctx, worker.TaskParams{Redis: opt, Handlers: worker.Handlers{Training: training}, Logger: log})
 }
 
 // heldData is the token-store mixture that stops serving at one read, the

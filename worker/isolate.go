@@ -1,0 +1,447 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/scheduler"
+)
+
+// Isolation runs each task of some queues in a child process of its own,
+// so that a fault no recover can catch (Go's fatal out-of-memory, a CUDA
+// fault, an abort, os.Exit) ends that task's process and not the worker
+// and the tasks beside it. The child reads the task on its standard input,
+// runs its handler (ServeTask), writes progress to Redis itself, and hands
+// its outcome back on file descriptor 3; the worker maps it to the task's
+// error, SkipRetry and waiting included. A stop (shutdown, `sched cancel`,
+// the task's timeout) reaches the child as SIGTERM, and it gets the
+// worker's ShutdownGrace to reach its safe point before it is killed.
+//
+// A child that dies without an outcome crashed. Crashes are counted per
+// task id in Redis, so the count survives a restart of the worker; a task
+// whose process died twice is archived as a poison task. A worker that
+// dies itself loses its children with it (they get SIGKILL on Linux) and
+// its tasks come back through asynq's lease, as they would in process.
+type Isolation struct {
+	// Queues are the queues whose tasks each run in a child (required).
+	Queues []string
+	// Command is the child's program and arguments (required): one that
+	// calls ServeTask with handlers of the queues' kinds, such as the same
+	// binary with a hidden subcommand.
+	Command []string
+	// Env is added to the worker's environment for the child.
+	Env []string
+	// Output receives the child's standard output and error (its logs).
+	// Default os.Stderr.
+	Output io.Writer
+	// CrashTTL is how long a crash is remembered against its task id.
+	// Default DefaultCrashTTL.
+	CrashTTL time.Duration
+}
+
+// DefaultCrashTTL is Isolation.CrashTTL's default: longer than a task's
+// retries take, so that two crashes a day apart still make it poison.
+const DefaultCrashTTL = 7 * 24 * time.Hour
+
+// PoisonCrashes is how many deaths of its process archive a task.
+const PoisonCrashes = 2
+
+func (iso *Isolation) resolve() (*Isolation, error) {
+	r := *iso
+	if len(r.Queues) == 0 {
+		return nil, errors.New("worker: Params.Isolate.Queues is empty: name the queues whose tasks run in a child process")
+	}
+	for _, q := range r.Queues {
+		if !validQueue(q) {
+			return nil, fmt.Errorf("worker: Params.Isolate.Queues: unknown queue %q", q)
+		}
+	}
+	if len(r.Command) == 0 || r.Command[0] == "" {
+		return nil, errors.New("worker: Params.Isolate.Command is required: the program that runs one task (ServeTask)")
+	}
+	if r.Output == nil {
+		r.Output = os.Stderr
+	}
+	if r.CrashTTL <= 0 {
+		r.CrashTTL = DefaultCrashTTL
+	}
+	return &r, nil
+}
+
+func (iso *Isolation) isolates(queue string) bool {
+	if iso == nil {
+		return false
+	}
+	for _, q := range iso.Queues {
+		if q == queue {
+			return true
+		}
+	}
+	return false
+}
+
+// childTask is what a worker hands its child on standard input.
+type childTask struct {
+	ID      string    `json:"id"`
+	Kind    string    `json:"kind"`
+	Payload []byte    `json:"payload"`
+	Retried int       `json:"retried"`
+	Worker  string    `json:"worker"`
+	Started time.Time `json:"started"`
+	// ProgressEvery is the worker's progress throttle.
+	ProgressEvery time.Duration `json:"progress_every"`
+}
+
+// childOutcome is what a child hands back on file descriptor 3: the
+// handler's error, if any, with what the worker must know of it.
+type childOutcome struct {
+	Error     string        `json:"error,omitempty"`
+	SkipRetry bool          `json:"skip_retry,omitempty"`
+	WaitFor   string        `json:"wait_for,omitempty"`
+	WaitEvery time.Duration `json:"wait_every,omitempty"`
+}
+
+// childError is a child's handler error as the worker sees it: its text,
+// and whether it is final.
+type childError struct {
+	msg  string
+	skip bool
+}
+
+func (e *childError) Error() string { return e.msg }
+
+func (e *childError) Is(target error) bool { return e.skip && target == asynq.SkipRetry }
+
+// PoisonError archives a task whose process died PoisonCrashes times.
+type PoisonError struct {
+	// Last says how the process died the last time: its exit status and
+	// the last line it wrote that says why.
+	Last string
+}
+
+func (e *PoisonError) Error() string {
+	return "poison task: the worker died twice running it (last: " + e.Last + ")"
+}
+
+func (e *PoisonError) Unwrap() error { return asynq.SkipRetry }
+
+// CrashError is a task whose process died, not yet as often as makes it
+// poison: it is retried as any failure is.
+type CrashError struct {
+	Last    string
+	Crashes int64
+}
+
+func (e *CrashError) Error() string {
+	return fmt.Sprintf("the task's process died (%s); crash %d of %d before the task is archived as poison", e.Last, e.Crashes, PoisonCrashes)
+}
+
+func crashKey(taskID string) string { return "kiln:crashes:" + taskID }
+
+// isolated is the handler of an isolated queue: each task in a child.
+type isolated struct{ w *Worker }
+
+func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	w, iso := h.w, h.w.iso
+	id, _ := asynq.GetTaskID(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	in, err := json.Marshal(childTask{ID: id, Kind: t.Type(), Payload: t.Payload(), Retried: retried, Worker: w.p.Name,
+		Started: time.Now(), ProgressEvery: w.p.ProgressEvery})
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(iso.Command[0], iso.Command[1:]...)
+	cmd.Env = append(os.Environ(), iso.Env...)
+	cmd.Stdin = bytes.NewReader(in)
+	lines := &lastLines{out: iso.Output}
+	cmd.Stdout, cmd.Stderr = iso.Output, lines
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("start the task's process: %w", err)
+	}
+	defer outR.Close()
+	cmd.ExtraFiles = []*os.File{outW}
+	cmd.SysProcAttr = childAttr()
+
+	// The child is started, and waited for, from one locked OS thread:
+	// on Linux it is killed when the thread that started it ends, which
+	// must then mean the worker's death and nothing sooner.
+	started, exited := make(chan error, 1), make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		exited <- cmd.Wait()
+	}()
+	err = <-started
+	outW.Close()
+	if err != nil {
+		return fmt.Errorf("start the task's process %s: %w", iso.Command[0], err)
+	}
+	outcome := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(outR)
+		outcome <- b
+	}()
+
+	var waitErr error
+	stopped := false
+	select {
+	case waitErr = <-exited:
+	case <-ctx.Done():
+		stopped = true
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		grace := time.NewTimer(w.p.ShutdownGrace)
+		select {
+		case waitErr = <-exited:
+		case <-grace.C:
+			_ = cmd.Process.Kill()
+			waitErr = <-exited
+		}
+		grace.Stop()
+	}
+	b := <-outcome
+	Progress(ctx).adopt(ctx)
+
+	var out childOutcome
+	if len(b) > 0 && json.Unmarshal(b, &out) == nil {
+		switch {
+		case out.Error == "":
+			w.rdb.Del(context.WithoutCancel(ctx), crashKey(id))
+			return nil
+		case out.WaitFor != "":
+			return &WaitError{For: out.WaitFor, Every: out.WaitEvery}
+		default:
+			return &childError{msg: out.Error, skip: out.SkipRetry}
+		}
+	}
+	last := describeExit(waitErr, lines.why())
+	if stopped {
+		// Killed or stopped on the worker's request: not the task's fault.
+		return fmt.Errorf("the task's process was stopped: %s: %w", last, ctx.Err())
+	}
+	return w.countCrash(context.WithoutCancel(ctx), id, last)
+}
+
+// countCrash records that task id's process died, and archives the task
+// once it has died PoisonCrashes times.
+func (w *Worker) countCrash(ctx context.Context, id, last string) error {
+	key := crashKey(id)
+	var n *redis.IntCmd
+	_, err := w.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		n = p.Incr(ctx, key)
+		p.Expire(ctx, key, w.iso.CrashTTL)
+		return nil
+	})
+	if err != nil {
+		// Without the count the task is retried as any failure is, within
+		// its policy's MaxRetry.
+		w.p.Logger.Warn("crash of a task's process not counted", zap.String("task_id", id), zap.Error(err))
+		return &CrashError{Last: last, Crashes: 1}
+	}
+	if n.Val() >= PoisonCrashes {
+		// A re-run of the archived task (sched retry) starts a new count.
+		w.rdb.Del(ctx, key)
+		return &PoisonError{Last: last}
+	}
+	return &CrashError{Last: last, Crashes: n.Val()}
+}
+
+func describeExit(err error, why string) string {
+	s := "exited"
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		s = ee.ProcessState.String()
+	case err != nil:
+		s = err.Error()
+	}
+	if why != "" {
+		s += ": " + why
+	}
+	return s
+}
+
+// headline matches the lines that say why a process died: Go's fatal
+// errors and panics, a signal's report, a CUDA error.
+var headline = regexp.MustCompile(`^(fatal error: |panic: |SIG[A-Z]+: |runtime: |unexpected fault|CUDA|cuda)`)
+
+// lastLines passes a child's output on and remembers, for the crash
+// report, the last line that says why it died, and the last line.
+type lastLines struct {
+	out io.Writer
+
+	mu             sync.Mutex
+	partial        []byte
+	head, lastLine string
+}
+
+func (l *lastLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	l.partial = append(l.partial, p...)
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			break
+		}
+		l.note(string(bytes.TrimSpace(l.partial[:i])))
+		l.partial = l.partial[i+1:]
+	}
+	if len(l.partial) > 4096 {
+		l.note(string(bytes.TrimSpace(l.partial)))
+		l.partial = l.partial[:0]
+	}
+	l.mu.Unlock()
+	return l.out.Write(p)
+}
+
+func (l *lastLines) note(line string) {
+	if line == "" {
+		return
+	}
+	if len(line) > 300 {
+		line = line[:300] + "..."
+	}
+	l.lastLine = line
+	if headline.MatchString(line) {
+		l.head = line
+	}
+}
+
+func (l *lastLines) why() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.partial) > 0 {
+		l.note(string(bytes.TrimSpace(l.partial)))
+		l.partial = nil
+	}
+	if l.head != "" {
+		return l.head
+	}
+	return l.lastLine
+}
+
+// TaskParams configure ServeTask.
+type TaskParams struct {
+	// Redis is the queue's connection (required): progress and the
+	// handlers' own state.
+	Redis asynq.RedisConnOpt
+	// Handlers are those of the isolated queues' kinds; or Open makes
+	// them, when opening their dependencies can fail (an object store that
+	// is down): its error is then the task's, retried as any failure is,
+	// not a crash of the process.
+	Handlers Handlers
+	Open     func(ctx context.Context) (Handlers, error)
+	// Logger receives the task's logs. Default zap.NewNop().
+	Logger *zap.Logger
+	// In carries the task (default os.Stdin); Outcome takes the outcome
+	// (default file descriptor 3, which the worker opens).
+	In      io.Reader
+	Outcome io.Writer
+}
+
+// ServeTask runs, in a child process started by a worker's Isolation, the
+// one task the worker hands it, until its handler returns or ctx ends (the
+// caller cancels ctx on SIGTERM). It returns the process's exit status: 0
+// when the task is done, 1 when it failed, the outcome written either way.
+func ServeTask(ctx context.Context, p TaskParams) int {
+	if p.Logger == nil {
+		p.Logger = zap.NewNop()
+	}
+	if p.In == nil {
+		p.In = os.Stdin
+	}
+	if p.Outcome == nil {
+		f := os.NewFile(3, "outcome")
+		if f == nil {
+			fmt.Fprintln(os.Stderr, "worker task: no outcome pipe on file descriptor 3: this process is started by a worker")
+			return 2
+		}
+		defer f.Close()
+		p.Outcome = f
+	}
+	err := serveTask(ctx, p)
+	out := childOutcome{}
+	if err != nil {
+		out.Error = err.Error()
+		out.SkipRetry = errors.Is(err, asynq.SkipRetry)
+		var we *WaitError
+		if errors.As(err, &we) {
+			out.WaitFor, out.WaitEvery = we.For, we.Every
+		}
+	}
+	b, _ := json.Marshal(out)
+	if _, werr := p.Outcome.Write(b); werr != nil {
+		fmt.Fprintln(os.Stderr, "worker task: outcome not handed back:", werr)
+		return 2
+	}
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+func serveTask(ctx context.Context, p TaskParams) (err error) {
+	var t childTask
+	if err := json.NewDecoder(p.In).Decode(&t); err != nil {
+		return fmt.Errorf("worker task: read the task from the worker: %w", err)
+	}
+	if p.Redis == nil {
+		return errors.New("worker task: TaskParams.Redis is required")
+	}
+	hs := p.Handlers
+	if p.Open != nil {
+		if hs, err = p.Open(ctx); err != nil {
+			return fmt.Errorf("%s: %w", t.Kind, err)
+		}
+	}
+	set, err := hs.build()
+	if err != nil {
+		return err
+	}
+	if len(set) == 0 {
+		return errors.New("worker task: TaskParams.Handlers is empty")
+	}
+	rdb := p.Redis.MakeRedisClient().(redis.UniversalClient)
+	defer rdb.Close()
+	ttl := 7 * 24 * time.Hour
+	if pol, ok := scheduler.PolicyFor(t.Kind); ok {
+		ttl = pol.Retention
+	}
+	log := p.Logger.With(zap.String("task_id", t.ID), zap.String("kind", t.Kind), zap.Int("retried", t.Retried))
+	rep := &Reporter{rdb: rdb, log: log, ttl: ttl, every: t.ProgressEvery,
+		p: scheduler.Progress{TaskID: t.ID, Kind: t.Kind, Fraction: -1, State: "running", Worker: t.Worker, Started: t.Started, Updated: time.Now()}}
+	if prev, ok, err := scheduler.ReadProgress(ctx, rdb, t.ID); err == nil && ok {
+		rep.p.Started = prev.Started
+	}
+	// What the task last reported is written whatever the throttle: the
+	// worker reads it back when the process ends.
+	defer rep.flush()
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("task %s panicked: %v", t.Kind, r)
+			log.Error("task panicked", zap.Any("panic", r), zap.Stack("stack"))
+		}
+	}()
+	ctx = context.WithValue(ctx, reporterKey{}, rep)
+	return mux{set}.ProcessTask(ctx, asynq.NewTask(t.Kind, t.Payload))
+}

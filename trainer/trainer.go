@@ -247,7 +247,7 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 // finish waits for a checkpoint still being written, so that the Result
 // names a complete directory and the engine's state copy is no longer
 // read when the caller closes the engine.
-func (l *loop) finish(r Result, err error) (Result, error) {
+func (l *loop) finish(_ Result, err error) (Result, error) {
 	if c := l.ck.wait(); c != nil {
 		l.ended(c)
 		if c.err != nil {

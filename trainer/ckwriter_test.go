@@ -171,3 +171,31 @@ func TestStopDuringACheckpointWrite(t *testing.T) {
 		t.Fatalf("Result.Checkpoint %s, hook calls %v; want step 3's and 2, 3", res.Checkpoint, held.hookCalls)
 	}
 }
+
+// A failed Checkpoint hook stops the run, as it did when checkpoints were
+// written in line: at a step boundary before the next checkpoint, with the
+// hook's error, and the Result naming the complete directory it was given.
+func TestFailedCheckpointHookStopsTheRun(t *testing.T) {
+	requireCPU(t)
+	vocab := model.Presets["tiny"].VocabSize
+	rc := testRun(8)
+	rc.CheckpointEvery = 2
+	refused := errors.New("upload refused")
+	var calls []int
+	out := t.TempDir()
+	res, err := Run(context.Background(), Config{Run: rc, Out: out, Data: newSliceData(vocab, 20000)}, Hooks{
+		Checkpoint: func(_ context.Context, _ string, step int) error {
+			calls = append(calls, step)
+			return refused
+		},
+	})
+	if !errors.Is(err, refused) || res.Done || res.Step < 2 || res.Step > 4 {
+		t.Fatalf("run: %+v %v; want the hook's error between steps 2 and 4", res, err)
+	}
+	if !reflect.DeepEqual(calls, []int{2}) || res.Checkpoint != filepath.Join(out, StepDir(2)) {
+		t.Fatalf("hook calls %v, Result.Checkpoint %s; want step 2's only", calls, res.Checkpoint)
+	}
+	if _, err := ReadCheckpoint(res.Checkpoint, nil); err != nil {
+		t.Fatal(err)
+	}
+}

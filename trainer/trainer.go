@@ -362,7 +362,11 @@ func (l *loop) diverged(m model.StepMetrics) error {
 		l.ended(c)
 		werr = c.err
 	}
-	return errors.Join(&NonFiniteError{Step: l.step + 1, Loss: m.Loss, GradNorm: m.GradNorm, LastGood: l.lastCk}, werr)
+	nf := &NonFiniteError{Step: l.step + 1, Loss: m.Loss, GradNorm: m.GradNorm, LastGood: l.lastCk}
+	if werr != nil {
+		return errors.Join(nf, werr)
+	}
+	return nf
 }
 
 // logStep writes one metrics line; throughput covers the steps since the

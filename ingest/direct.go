@@ -188,6 +188,12 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	if opt.Preset.Glob != "" {
 		p.LocalRoots = []string{globRoot(opt.Preset.Glob)}
 	}
+	closeStores := p.holdStores()
+	defer func() {
+		if cerr := closeStores(); err == nil {
+			err = cerr
+		}
+	}()
 	// The plan skips what the status lists; here the store itself says
 	// what it holds.
 	if m, err := tokens.ReadManifest(dir); err == nil {
@@ -195,12 +201,6 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 			return rep, err
 		}
 	}
-	closeStores := p.holdStores()
-	defer func() {
-		if cerr := closeStores(); err == nil {
-			err = cerr
-		}
-	}()
 	limits := Limits{MaxTokens: opt.MaxTokens, MaxDisk: opt.MaxDisk}
 	plan, err := p.Plan(ctx, PlanJob{Dataset: opt.Preset.Name, Store: storeName, Tokenizer: opt.TokenizerName, Seed: opt.Seed, MaxFiles: opt.MaxFiles, Limits: limits})
 	var stop *StopError

@@ -87,6 +87,13 @@ type Pipeline struct {
 	// opens and closes its store, so that no worker holds a store's lock
 	// between tasks.
 	held map[string]*tokens.Appender
+	// statuses, while stores are held, are their statuses as this process
+	// last made them: the one process that appends is also the only
+	// reader, and publishing a status of every shard id after each append
+	// (JSON and an fsync of the object) and reading it back before each
+	// shard cost time in the store's size too.
+	statuses   map[string]StoreStatus
+	statusesMu sync.Mutex // shards read statuses while an append sets one
 }
 
 // appender opens the token store in dir for an append; done closes it
@@ -109,6 +116,9 @@ func (p *Pipeline) appender(ctx context.Context, dir string, tok tokens.Tokenize
 // closes them.
 func (p *Pipeline) holdStores() (closeAll func() error) {
 	p.held = map[string]*tokens.Appender{}
+	p.statusesMu.Lock()
+	p.statuses = map[string]StoreStatus{}
+	p.statusesMu.Unlock()
 	return func() error {
 		var errs []error
 		for dir, app := range p.held {
@@ -117,6 +127,9 @@ func (p *Pipeline) holdStores() (closeAll func() error) {
 			}
 		}
 		p.held = nil
+		p.statusesMu.Lock()
+		p.statuses = nil
+		p.statusesMu.Unlock()
 		return errors.Join(errs...)
 	}
 }
@@ -276,6 +289,12 @@ func (p *Pipeline) log() *zap.Logger {
 // never been appended to has the zero status.
 func (p *Pipeline) Status(ctx context.Context, storeName string) (StoreStatus, error) {
 	var st StoreStatus
+	p.statusesMu.Lock()
+	st, held := p.statuses[storeName]
+	p.statusesMu.Unlock()
+	if held {
+		return st, nil
+	}
 	r, err := p.Objects.Get(ctx, StatusKey(storeName))
 	if errors.Is(err, store.ErrNotFound) {
 		return st, nil
@@ -694,6 +713,15 @@ func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens
 	}
 	slices.Sort(st.Done)
 	st.Done = slices.Compact(st.Done)
+	p.statusesMu.Lock()
+	held := p.statuses != nil
+	if held {
+		p.statuses[storeName] = st
+	}
+	p.statusesMu.Unlock()
+	if held {
+		return st, nil
+	}
 	b, err := json.Marshal(st)
 	if err != nil {
 		return st, err

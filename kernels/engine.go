@@ -182,6 +182,9 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	if c.MoE() {
+		return nil, &model.EngineError{Msg: "the CUDA engine has no mixture-of-experts yet: use --engine cpu"}
+	}
 	if o.Precision == "" {
 		o.Precision = "bf16"
 	}

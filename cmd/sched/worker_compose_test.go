@@ -22,19 +22,55 @@ import (
 
 func loadCompose(t *testing.T) *types.Project {
 	t.Helper()
-	path, err := filepath.Abs("../../compose.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := loader.LoadWithContext(context.Background(), types.ConfigDetails{
-		WorkingDir:  filepath.Dir(path),
-		ConfigFiles: []types.ConfigFile{{Filename: path}},
-		Environment: types.Mapping{"REDIS_PASSWORD": "pw-from-env", "KILN_S3_ACCESS_KEY": "ak", "KILN_S3_SECRET_KEY": "sk-from-env"},
-	}, func(o *loader.Options) { o.SetProjectName("kiln", true) })
+	p, err := loadComposeWith(nil)
 	if err != nil {
 		t.Fatalf("compose.yaml: %v", err)
 	}
 	return p
+}
+
+// loadComposeWith loads compose.yaml as docker compose does, with the
+// .env's three required values and extra set.
+func loadComposeWith(extra types.Mapping) (*types.Project, error) {
+	path, err := filepath.Abs("../../compose.yaml")
+	if err != nil {
+		return nil, err
+	}
+	env := types.Mapping{"REDIS_PASSWORD": "pw-from-env", "KILN_S3_ACCESS_KEY": "ak", "KILN_S3_SECRET_KEY": "sk-from-env"}
+	for k, v := range extra {
+		env[k] = v
+	}
+	return loader.LoadWithContext(context.Background(), types.ConfigDetails{
+		WorkingDir:  filepath.Dir(path),
+		ConfigFiles: []types.ConfigFile{{Filename: path}},
+		Environment: env,
+	}, func(o *loader.Options) { o.SetProjectName("kiln", true) })
+}
+
+// The GPU worker reserves the GPUs KILN_GPUS names: a number, or all
+// (compose's -1); a word that is neither is refused when compose loads.
+func TestComposeReservesKILNGPUs(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		gpus string
+		want int64
+	}{{"", 1}, {"2", 2}, {"all", -1}} {
+		extra := types.Mapping{}
+		if c.gpus != "" {
+			extra["KILN_GPUS"] = c.gpus
+		}
+		p, err := loadComposeWith(extra)
+		if err != nil {
+			t.Fatalf("KILN_GPUS=%q: %v", c.gpus, err)
+		}
+		dev := p.Services["worker-gpu"].Deploy.Resources.Reservations.Devices[0]
+		if int64(dev.Count) != c.want {
+			t.Errorf("KILN_GPUS=%q reserves %d GPUs, want %d", c.gpus, dev.Count, c.want)
+		}
+	}
+	if _, err := loadComposeWith(types.Mapping{"KILN_GPUS": "two"}); err == nil {
+		t.Error("KILN_GPUS=two was accepted")
+	}
 }
 
 func TestComposeFile(t *testing.T) {

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -58,6 +59,10 @@ type Config struct {
 	// LogFormat is "json", "console" or "auto" (console on a terminal).
 	// KILN_LOG_FORMAT. Default "auto".
 	LogFormat string `yaml:"log_format"`
+	// MetricsAddr, when set, is where `sched worker` serves Prometheus
+	// metrics (host:port, e.g. ":9400"; port 0 picks a free one).
+	// KILN_METRICS_ADDR. Default empty: off.
+	MetricsAddr string `yaml:"metrics_addr"`
 }
 
 // Defaults for Config fields.
@@ -158,6 +163,11 @@ func (c Config) Validate() error {
 	case "json", "console", "auto":
 	default:
 		return &ConfigError{"LogFormat", "KILN_LOG_FORMAT", fmt.Sprintf("%q is not one of json, console, auto", c.LogFormat)}
+	}
+	if c.MetricsAddr != "" {
+		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil || port == "" {
+			return &ConfigError{"MetricsAddr", "KILN_METRICS_ADDR", fmt.Sprintf("%q is not host:port, e.g. :9400 or 127.0.0.1:9400", c.MetricsAddr)}
+		}
 	}
 	if c.Tokenizer == "" || strings.ContainsAny(c.Tokenizer, "/\\") {
 		return &ConfigError{"Tokenizer", "KILN_TOKENIZER", fmt.Sprintf("%q is not a tokenizer name (no slashes)", c.Tokenizer)}

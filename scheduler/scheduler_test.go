@@ -30,6 +30,7 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 		{func(c *Config) { c.S3Bucket = "Kiln_Bucket" }, "KILN_S3_BUCKET"},
 		{func(c *Config) { c.LogFormat = "xml" }, "KILN_LOG_FORMAT"},
 		{func(c *Config) { c.ShutdownGrace = -time.Second }, "KILN_SHUTDOWN_GRACE"},
+		{func(c *Config) { c.MetricsAddr = "9400" }, "KILN_METRICS_ADDR"},
 	}
 	for _, b := range bad {
 		c := Config{}.WithDefaults()

@@ -90,6 +90,7 @@ var settings = func() []setting {
 				return nil
 			}},
 		mk("log-format", "KILN_LOG_FORMAT", "log format: json, console or auto", func(c *scheduler.Config) *string { return &c.LogFormat }),
+		mk("metrics-addr", "KILN_METRICS_ADDR", "where sched worker serves Prometheus metrics, host:port (e.g. :9400; off when empty)", func(c *scheduler.Config) *string { return &c.MetricsAddr }),
 	}
 }()
 

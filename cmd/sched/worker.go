@@ -64,6 +64,15 @@ func init() {
 			if err != nil {
 				return err
 			}
+			if cfg.MetricsAddr != "" {
+				mctx, stop := context.WithCancel(c.Context())
+				defer stop()
+				addr, err := worker.ServeMetrics(mctx, cfg.MetricsAddr, worker.NewMetrics(q, log))
+				if err != nil {
+					return badInput("KILN_METRICS_ADDR (--metrics-addr) %s: %v", cfg.MetricsAddr, err)
+				}
+				log.Info("metrics endpoint", zap.String("url", "http://"+addr+"/metrics"))
+			}
 			return w.Run(c.Context())
 		},
 	}

@@ -91,6 +91,11 @@ func TestComposeFile(t *testing.T) {
 			t.Errorf("%s publishes %v, want %v", svc, got, want)
 		}
 	}
+	for _, svc := range []string{"worker-ingest", "worker-gpu"} {
+		if a := p.Services[svc].Environment["KILN_METRICS_ADDR"]; a == nil || *a != ":9400" {
+			t.Errorf("%s serves no metrics (KILN_METRICS_ADDR %v, want :9400)", svc, a)
+		}
+	}
 	for _, svc := range []string{"redis", "minio"} {
 		if hc := p.Services[svc].HealthCheck; hc == nil || len(hc.Test) == 0 {
 			t.Errorf("%s has no healthcheck", svc)
@@ -148,6 +153,8 @@ func TestComposeWorkersRunLocally(t *testing.T) {
 		"KILN_S3_ACCESS_KEY": s3.AccessKey,
 		"KILN_S3_SECRET_KEY": s3.SecretKey,
 		"KILN_DATA_DIR":      t.TempDir(),
+		// Both workers run on this host: each takes a free port.
+		"KILN_METRICS_ADDR": "127.0.0.1:0",
 	}
 	var env []string
 	for _, name := range []string{"worker-ingest", "worker-gpu"} {

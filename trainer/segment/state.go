@@ -18,17 +18,21 @@ type RunState struct {
 	Step, Total int
 	Tokens      int64
 	Loss        float64
-	TokPerS     float64
+	// EvalLoss is the last held-out loss (0 none yet).
+	EvalLoss float64
+	TokPerS  float64
 	// ETA is the time left at the last logged throughput (0 unknown).
 	ETA time.Duration
 	// Checkpoint is the step of the newest checkpoint marked complete in
 	// object storage (-1 none yet), written at CheckpointAt.
 	Checkpoint   int
 	CheckpointAt time.Time
-	Worker       string
-	Updated      time.Time
-	Wall         time.Duration
-	Done         bool
+	// UploadSeconds is how long that checkpoint took to upload.
+	UploadSeconds float64
+	Worker        string
+	Updated       time.Time
+	Wall          time.Duration
+	Done          bool
 }
 
 // ReadRunStates returns every run that has recorded progress, by name.
@@ -58,6 +62,8 @@ func parseState(run string, h map[string]string) RunState {
 	s.Tokens, _ = strconv.ParseInt(h["tokens"], 10, 64)
 	s.Loss, _ = strconv.ParseFloat(h["loss"], 64)
 	s.TokPerS, _ = strconv.ParseFloat(h["tok_per_s"], 64)
+	s.EvalLoss, _ = strconv.ParseFloat(h["eval_loss"], 64)
+	s.UploadSeconds, _ = strconv.ParseFloat(h["checkpoint_upload_s"], 64)
 	if v, err := strconv.ParseFloat(h["eta_s"], 64); err == nil {
 		s.ETA = time.Duration(v) * time.Second
 	}

@@ -101,6 +101,7 @@ func (u *uploader) upload(j upJob) error {
 	u.log.Info("checkpoint uploaded", zap.Int("step", j.step), zap.Int64("bytes", bytes), zap.Duration("took", time.Since(start)))
 	if err := u.lock.Fenced(u.ctx, map[string]string{
 		"checkpoint": strconv.Itoa(j.step), "checkpoint_at": time.Now().UTC().Format(time.RFC3339),
+		"checkpoint_upload_s": strconv.FormatFloat(time.Since(start).Seconds(), 'f', 3, 64),
 	}); err != nil {
 		return err
 	}

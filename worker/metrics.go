@@ -1,0 +1,160 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/segment"
+)
+
+// Metrics serves kiln's figures in Prometheus's text format at /metrics:
+// the queues (asynq's task counts by state), every run's progress (step,
+// loss, evaluation loss, tok/s, tokens, last checkpoint and its upload
+// time), and every store's ingest (files by state, bytes, tokens, rate).
+// The figures are read from Redis at each scrape, so every worker serves
+// the same cluster-wide view and a scrape costs what `sched status` does;
+// scrape every 15 s or more.
+type Metrics struct {
+	q   *scheduler.Client
+	log *zap.Logger
+}
+
+// NewMetrics returns the collector reading through q.
+func NewMetrics(q *scheduler.Client, log *zap.Logger) *Metrics {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Metrics{q: q, log: log}
+}
+
+var (
+	descQueueTasks = prometheus.NewDesc("kiln_queue_tasks", "Tasks in a queue, by state.", []string{"queue", "state"}, nil)
+	descWorkers    = prometheus.NewDesc("kiln_workers", "Worker processes whose heartbeat is current.", nil, nil)
+
+	descRunStep       = prometheus.NewDesc("kiln_run_step", "A run's last recorded optimizer step.", []string{"run"}, nil)
+	descRunTotal      = prometheus.NewDesc("kiln_run_total_steps", "A run's length in optimizer steps.", []string{"run"}, nil)
+	descRunTokens     = prometheus.NewDesc("kiln_run_tokens", "Target tokens a run has trained on.", []string{"run"}, nil)
+	descRunLoss       = prometheus.NewDesc("kiln_run_loss", "A run's last logged training loss.", []string{"run"}, nil)
+	descRunEvalLoss   = prometheus.NewDesc("kiln_run_eval_loss", "A run's last held-out loss.", []string{"run"}, nil)
+	descRunTokPerSec  = prometheus.NewDesc("kiln_run_tokens_per_second", "A run's training throughput over its last logged interval.", []string{"run"}, nil)
+	descRunCheckpoint = prometheus.NewDesc("kiln_run_checkpoint_step", "The step of a run's newest checkpoint complete in object storage.", []string{"run"}, nil)
+	descRunUpload     = prometheus.NewDesc("kiln_run_checkpoint_upload_seconds", "How long a run's last checkpoint took to upload.", []string{"run"}, nil)
+	descRunDone       = prometheus.NewDesc("kiln_run_done", "1 once a run reached its end.", []string{"run"}, nil)
+
+	descIngestFiles  = prometheus.NewDesc("kiln_ingest_files", "A store's ingest files, by state (done, failed, running, waiting).", []string{"store", "dataset", "state"}, nil)
+	descIngestBytes  = prometheus.NewDesc("kiln_ingest_bytes", "A store's ingest download bytes, by state (total, done).", []string{"store", "dataset", "state"}, nil)
+	descIngestTokens = prometheus.NewDesc("kiln_ingest_tokens", "Tokens the done files of a store's ingest appended.", []string{"store", "dataset"}, nil)
+	descIngestRate   = prometheus.NewDesc("kiln_ingest_bytes_per_second", "A store's ingest rate over its files so far (bytes, or files where sizes are unknown).", []string{"store", "dataset", "unit"}, nil)
+	descScrapeError  = prometheus.NewDesc("kiln_scrape_error", "1 when this scrape could not read Redis.", nil, nil)
+)
+
+// Describe sends every metric's description.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descQueueTasks, descWorkers, descRunStep, descRunTotal, descRunTokens, descRunLoss,
+		descRunEvalLoss, descRunTokPerSec, descRunCheckpoint, descRunUpload, descRunDone, descIngestFiles, descIngestBytes,
+		descIngestTokens, descIngestRate, descScrapeError} {
+		ch <- d
+	}
+}
+
+// Collect reads the figures from Redis.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	failed := 0.0
+	defer func() { gauge(descScrapeError, failed) }()
+
+	snap, err := m.q.Snapshot(ctx)
+	if err != nil {
+		m.log.Warn("metrics: read the queues", zap.Error(err))
+		failed = 1
+		return
+	}
+	for _, q := range snap.Queues {
+		for state, n := range map[string]int{"pending": q.Pending, "active": q.Active, "scheduled": q.Scheduled,
+			"retry": q.Retry, "archived": q.Archived, "completed": q.Completed} {
+			gauge(descQueueTasks, float64(n), q.Name, state)
+		}
+	}
+	gauge(descWorkers, float64(len(snap.Workers)))
+	for _, d := range snap.Datasets() {
+		for state, n := range map[string]int{"done": d.Done, "failed": d.Failed, "running": d.Running, "waiting": d.Waiting} {
+			gauge(descIngestFiles, float64(n), d.Store, d.Dataset, state)
+		}
+		gauge(descIngestBytes, float64(d.Bytes), d.Store, d.Dataset, "total")
+		gauge(descIngestBytes, float64(d.DoneBytes), d.Store, d.Dataset, "done")
+		gauge(descIngestTokens, float64(d.Tokens), d.Store, d.Dataset)
+		unit := "bytes"
+		if !d.SizesKnown {
+			unit = "files"
+		}
+		gauge(descIngestRate, d.Rate, d.Store, d.Dataset, unit)
+	}
+
+	states, err := segment.ReadRunStates(ctx, m.q.Redis())
+	if err != nil {
+		m.log.Warn("metrics: read the runs", zap.Error(err))
+		failed = 1
+		return
+	}
+	for _, s := range states {
+		gauge(descRunStep, float64(s.Step), s.Run)
+		gauge(descRunTotal, float64(s.Total), s.Run)
+		gauge(descRunTokens, float64(s.Tokens), s.Run)
+		if s.Loss > 0 {
+			gauge(descRunLoss, s.Loss, s.Run)
+		}
+		if s.EvalLoss > 0 {
+			gauge(descRunEvalLoss, s.EvalLoss, s.Run)
+		}
+		gauge(descRunTokPerSec, s.TokPerS, s.Run)
+		gauge(descRunCheckpoint, float64(s.Checkpoint), s.Run)
+		if s.UploadSeconds > 0 {
+			gauge(descRunUpload, s.UploadSeconds, s.Run)
+		}
+		done := 0.0
+		if s.Done {
+			done = 1
+		}
+		gauge(descRunDone, done, s.Run)
+	}
+}
+
+// ServeMetrics listens on addr and serves /metrics (kiln's figures and the
+// process's own, Go's runtime included) until ctx ends. It returns once
+// the listener is open, with its address (addr may name port 0).
+func ServeMetrics(ctx context.Context, addr string, m *Metrics) (string, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("metrics endpoint %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.log.Error("metrics endpoint stopped", zap.Error(err))
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return ln.Addr().String(), nil
+}

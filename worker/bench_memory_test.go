@@ -10,6 +10,7 @@ import (
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
@@ -57,5 +58,33 @@ func TestBenchRunOfImpossibleSizeIsArchived(t *testing.T) {
 	}
 
 	id = e.enqueue(scheduler.BenchRun{Model: "tiny", Engine: "cpu", Params: map[string]string{"batch": "1", "seq": "16"}})
+	e.waitFor(id, time.Minute, "completed", state("completed"))
+}
+
+// A train:segment of a run whose batch no host could hold, put into Redis
+// as `sched enqueue train` would refuse it, is archived with the sizing's
+// one line before any engine allocates, and the worker trains the next
+// run.
+func TestTrainSegmentOfImpossibleSizeIsArchived(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokName := publishTestTokenizer(t, objects)
+	huge := patternRun("huge", tokName, 1e-3, 2, 0, 2)
+	huge.Batch = 100000000
+	fits := patternRun("fits", tokName, 1e-3, 2, 0, 2)
+	e.handlers.Training = &Training{Redis: e.rdb, Objects: objects, Runs: runs.Set{"huge": huge, "fits": fits}, Dir: t.TempDir(),
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil }}
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
+
+	id := e.enqueue(scheduler.TrainSegment{Run: "huge"})
+	ts := e.waitFor(id, time.Minute, "archived", state("archived"))
+	if !strings.Contains(ts.LastErr, "batch 100000000 x seq 16") || !strings.Contains(ts.LastErr, "this host has") || ts.Retried != 0 {
+		t.Errorf("archived after %d retries with %q; want no retry and the sizing's line naming the host's memory", ts.Retried, ts.LastErr)
+	}
+	id = e.enqueue(scheduler.TrainSegment{Run: "fits"})
 	e.waitFor(id, time.Minute, "completed", state("completed"))
 }

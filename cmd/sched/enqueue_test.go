@@ -131,10 +131,11 @@ func TestEnqueueTrainChecksTheRunFirst(t *testing.T) {
 	putObject(t, data, "tokenizers/tiny-300/tokenizer.json", small)
 	putObject(t, data, "tokens/few/status.json", []byte(`{"tokens": 1000, "documents": 3, "shards": 1}`))
 	runsFile := filepath.Join(home, "runs.yaml")
-	if err := os.WriteFile(runsFile, []byte("r:\n  from: demo\n  tokenizer: tiny-300\n  mixture: [{store: few, weight: 1}]\nr0:\n  from: r\n  eval_every: 0\n"), 0o644); err != nil {
+	if err := os.WriteFile(runsFile, []byte("r:\n  from: demo\n  tokenizer: tiny-300\n  mixture: [{store: few, weight: 1}]\nr0:\n  from: r\n  eval_every: 0\nhuge:\n  from: r0\n  batch: 100000000\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	renv := append(env, "KILN_RUNS="+runsFile)
+	wantBadInput(t, renv, `run huge: batch 100000000 x seq 64 .* needs .* but the largest card kiln supports .* has 131.\d\d GiB available`, "enqueue", "train", "huge")
 	wantBadInput(t, renv, `run r: token store few holds 1000 tokens, too few to hold out one evaluation window .*set eval_every: 0`, "enqueue", "train", "r")
 	if a := queuedSegment(t, renv, r.URL(0), "r0"); a.Run != "r0" {
 		t.Fatalf("enqueue train r0 queued %+v", a)

@@ -114,6 +114,16 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	if err != nil {
 		return badInput("run %s: %v", run.Name, err)
 	}
+	// The GPU worker's device is unknown here: refuse what no card kiln
+	// supports could hold (the worker sizes it against its own device).
+	engine := rc.Engine
+	if engine == "auto" {
+		engine = "cuda"
+	}
+	plan := model.MemoryPlan{Config: mc, Engine: engine, Precision: rc.Precision, Batch: rc.Batch, Seq: rc.Seq, Purpose: model.PurposeTrain}
+	if err := model.CheckMemory(plan, model.LargestGPU, "the largest card kiln supports (an H200, 141 GB)"); err != nil {
+		return badInput("run %s: %v (set batch, seq and accumulate in the run)", run.Name, err)
+	}
 	if err := checkRunTokenizer(ctx, tc, run.Name, tok, rc.Model, mc); err != nil {
 		return err
 	}

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"go.uber.org/zap"
 	"golang.org/x/sync/semaphore"
 
@@ -103,18 +102,6 @@ func AbortStaleUploads(ctx context.Context, objects store.Store, idle time.Durat
 	return aborted
 }
 
-// ingestFinal marks errors that a retry cannot fix, so the task is archived with
-// its message instead of retried: a limit reached, bad input (an unknown
-// dataset or tokenizer, a gated dataset, a store made by another
-// tokenizer), or a shard that is gone.
-func ingestFinal(kind string, err error) error {
-	var stop *ingest.StopError
-	var bad interface{ BadInput() bool }
-	if errors.As(err, &stop) || (errors.As(err, &bad) && bad.BadInput()) {
-		return fmt.Errorf("%s: %w (%w)", kind, err, asynq.SkipRetry)
-	}
-	return fmt.Errorf("%s: %w", kind, err)
-}
 
 // plan lists a dataset and queues one ingest:shard per file the store
 // lacks, in the plan's seeded order; a file already queued keeps its task.
@@ -142,7 +129,7 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 	res, err := c.Pipeline.Plan(ctx, ingest.PlanJob{Dataset: a.Dataset, Revision: a.Revision, Vars: a.Vars, Store: a.Store,
 		Tokenizer: a.Tokenizer, Seed: a.Seed, MaxFiles: a.MaxFiles, Limits: ingest.Limits{MaxTokens: a.MaxTokens, MaxDisk: a.MaxDisk}})
 	if err != nil {
-		return ingestFinal(a.Kind(), err)
+		return permanent(a.Kind(), err)
 	}
 	queued, dups := 0, 0
 	start := time.Now()
@@ -186,7 +173,7 @@ func (c *Ingest) shard(ctx context.Context, a scheduler.IngestShard) error {
 		Limits:  ingest.Limits{MaxTokens: a.MaxTokens, MaxDisk: a.MaxDisk}}
 	out, done, err := c.Pipeline.Shard(ctx, job, func(msg string) { rep.Message(ctx, msg) })
 	if err != nil {
-		return ingestFinal(a.Kind(), err)
+		return permanent(a.Kind(), err)
 	}
 	if done {
 		rep.Message(ctx, fmt.Sprintf("%s is already in token store %s", a.Path, a.Store))
@@ -215,7 +202,7 @@ func (c *Ingest) append(ctx context.Context, a scheduler.IngestAppend) error {
 			fmt.Sprintf("appending %s to %s", a.Source, a.Store))
 	})
 	if err != nil {
-		return ingestFinal(a.Kind(), err)
+		return permanent(a.Kind(), err)
 	}
 	log := c.Pipeline.Logger
 	if log == nil {

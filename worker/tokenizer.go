@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/hibiken/asynq"
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/ingest"
@@ -83,16 +82,6 @@ func (t *Tokenizers) resolve() (*Tokenizers, error) {
 	return &r, nil
 }
 
-// permanent marks errors that a retry cannot fix (a bad name, an unknown
-// dataset, a gated one, a refused overwrite) so the task is archived at
-// once with its message instead of failing the same way for hours.
-func permanent(kind string, err error) error {
-	var bi interface{ BadInput() bool }
-	if errors.As(err, &bi) && bi.BadInput() {
-		return fmt.Errorf("%s: %w (%w)", kind, err, asynq.SkipRetry)
-	}
-	return fmt.Errorf("%s: %w", kind, err)
-}
 
 func shares(m []scheduler.TokenizerShare) []sample.Share {
 	out := make([]sample.Share, len(m))

@@ -273,17 +273,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		},
 	})
 	if err != nil {
-		err = fmt.Errorf("train:segment run %s: %w", a.Run, err)
-		// A retry trains from the last checkpoint into the same failure: a
-		// diverged run, another tokenizer's stores, or a checkpoint of
-		// another shape need a person, not another attempt.
-		var mismatch *catalog.MismatchError
-		var diverged *trainer.NonFiniteError
-		var bad interface{ BadInput() bool }
-		if errors.As(err, &mismatch) || errors.As(err, &diverged) || (errors.As(err, &bad) && bad.BadInput()) {
-			err = fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
-		}
-		return err
+		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, err))
 	}
 	if out.Done {
 		rep.Message(ctx, fmt.Sprintf("run %s done at step %d", a.Run, out.Step))

@@ -43,7 +43,8 @@ type Config struct {
 	// whoever can write to Redis, so no other local path is read.
 	// KILN_LOCAL_ROOTS, a list like PATH (':'-separated on Unix); YAML
 	// local_roots, a list. Default: DataDir alone. The command line's own
-	// datasets (sched ingest --direct, sched demo) are not confined.
+	// datasets (sched ingest --direct, sched demo) are confined to their
+	// glob's directory instead.
 	LocalRoots []string `yaml:"local_roots"`
 	// HFToken authenticates Hugging Face Hub downloads (gated datasets). HF_TOKEN.
 	HFToken string `yaml:"hf_token"`

@@ -19,7 +19,7 @@ import (
 )
 
 // RunConfig is what a run trains, on what, and how; it is read from YAML
-// (`sched train --config FILE`) and stored in every checkpoint, so that a
+// (`sched train --run-config FILE`) and stored in every checkpoint, so that a
 // resumed run continues with the same settings. Zero values take the
 // defaults of WithDefaults.
 type RunConfig struct {

@@ -66,24 +66,28 @@ func (c *Client) LiveSegment(ctx context.Context, run string) (*asynq.TaskInfo, 
 }
 
 // LiveTokenizer is a live task that makes tokenizer name (its sampling or
-// its training), or nil.
+// its training), or nil. The stages are read in the pipeline's order,
+// sampling before training: the last sample queues the training before it
+// completes, so work that was live at the first read is found at the
+// second, wherever it has moved in between.
 func (c *Client) LiveTokenizer(ctx context.Context, name string) (*asynq.TaskInfo, error) {
-	_, ti, err := c.live(ctx, QueueAppend, map[string]bool{KindTokenizerTrain: true}, func(ti *asynq.TaskInfo) bool {
-		a, err := Decode[TokenizerTrain](ti.Payload)
+	_, ti, err := c.live(ctx, QueueIngest, map[string]bool{KindTokenizerSample: true}, func(ti *asynq.TaskInfo) bool {
+		a, err := Decode[TokenizerSample](ti.Payload)
 		return err == nil && a.Name == name
 	})
 	if ti != nil || err != nil {
 		return ti, err
 	}
-	_, ti, err = c.live(ctx, QueueIngest, map[string]bool{KindTokenizerSample: true}, func(ti *asynq.TaskInfo) bool {
-		a, err := Decode[TokenizerSample](ti.Payload)
+	_, ti, err = c.live(ctx, QueueAppend, map[string]bool{KindTokenizerTrain: true}, func(ti *asynq.TaskInfo) bool {
+		a, err := Decode[TokenizerTrain](ti.Payload)
 		return err == nil && a.Name == name
 	})
 	return ti, err
 }
 
 // LiveIngest counts the live tasks that fill token store store: its plans,
-// shards and appends.
+// shards and appends, read in the pipeline's order (a task queues the next
+// stage before it completes) so that no live work slips between the reads.
 func (c *Client) LiveIngest(ctx context.Context, store string) (int, error) {
 	n, _, err := c.live(ctx, QueueIngest, map[string]bool{KindIngestPlan: true, KindIngestShard: true}, func(ti *asynq.TaskInfo) bool {
 		switch ti.Type {

@@ -57,8 +57,8 @@ names (default KILN_TOKENIZER; 'sched tokenizers' lists them).
 Without --direct it queues an ingest:plan: ingest workers (sched worker
 --queues ingest=N) tokenize the files into object storage and the append
 worker (--queues append=2) fills the store. With --direct the same plan,
-shard and append steps run here, one after another for each file, and two
-more flags apply: --store-dir DIR fills the store in DIR instead, and
+shard and append steps run here (a few files tokenizing at once, appended
+in the plan's order), and two more flags apply: --store-dir DIR fills the store in DIR instead, and
 --tokenizer-file FILE tokenizes with a tokenizer.json that need not be
 published. Downloads go to <data dir>/raw.`,
 		Args: exactArgs(1, "one dataset"),

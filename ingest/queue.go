@@ -92,8 +92,10 @@ type Pipeline struct {
 	// reader, and publishing a status of every shard id after each append
 	// (JSON and an fsync of the object) and reading it back before each
 	// shard cost time in the store's size too.
-	statuses   map[string]StoreStatus
-	statusesMu sync.Mutex // shards read statuses while an append sets one
+	statuses map[string]StoreStatus
+	// statusesMu is set while stores are held (a Pipeline is otherwise a
+	// value its users copy): shards read statuses while an append sets one.
+	statusesMu *sync.Mutex
 }
 
 // appender opens the token store in dir for an append; done closes it
@@ -116,9 +118,8 @@ func (p *Pipeline) appender(ctx context.Context, dir string, tok tokens.Tokenize
 // closes them.
 func (p *Pipeline) holdStores() (closeAll func() error) {
 	p.held = map[string]*tokens.Appender{}
-	p.statusesMu.Lock()
+	p.statusesMu = new(sync.Mutex)
 	p.statuses = map[string]StoreStatus{}
-	p.statusesMu.Unlock()
 	return func() error {
 		var errs []error
 		for dir, app := range p.held {
@@ -127,9 +128,7 @@ func (p *Pipeline) holdStores() (closeAll func() error) {
 			}
 		}
 		p.held = nil
-		p.statusesMu.Lock()
-		p.statuses = nil
-		p.statusesMu.Unlock()
+		p.statuses, p.statusesMu = nil, nil
 		return errors.Join(errs...)
 	}
 }
@@ -289,11 +288,13 @@ func (p *Pipeline) log() *zap.Logger {
 // never been appended to has the zero status.
 func (p *Pipeline) Status(ctx context.Context, storeName string) (StoreStatus, error) {
 	var st StoreStatus
-	p.statusesMu.Lock()
-	st, held := p.statuses[storeName]
-	p.statusesMu.Unlock()
-	if held {
-		return st, nil
+	if p.statusesMu != nil {
+		p.statusesMu.Lock()
+		st, held := p.statuses[storeName]
+		p.statusesMu.Unlock()
+		if held {
+			return st, nil
+		}
 	}
 	r, err := p.Objects.Get(ctx, StatusKey(storeName))
 	if errors.Is(err, store.ErrNotFound) {
@@ -713,13 +714,10 @@ func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens
 	}
 	slices.Sort(st.Done)
 	st.Done = slices.Compact(st.Done)
-	p.statusesMu.Lock()
-	held := p.statuses != nil
-	if held {
+	if p.statusesMu != nil {
+		p.statusesMu.Lock()
 		p.statuses[storeName] = st
-	}
-	p.statusesMu.Unlock()
-	if held {
+		p.statusesMu.Unlock()
 		return st, nil
 	}
 	b, err := json.Marshal(st)

@@ -102,7 +102,6 @@ func AbortStaleUploads(ctx context.Context, objects store.Store, idle time.Durat
 	return aborted
 }
 
-
 // plan lists a dataset and queues one ingest:shard per file the store
 // lacks, in the plan's seeded order; a file already queued keeps its task.
 func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {

@@ -82,7 +82,6 @@ func (t *Tokenizers) resolve() (*Tokenizers, error) {
 	return &r, nil
 }
 
-
 func shares(m []scheduler.TokenizerShare) []sample.Share {
 	out := make([]sample.Share, len(m))
 	for i, s := range m {

@@ -18,10 +18,11 @@ import (
 // trainFlags are the command-line overrides of a run configuration; a flag
 // given on the command line wins over the --run-config file.
 type trainFlags struct {
-	runConfig, out, tokenizerFile string
-	tokens                        []string
-	resume                        bool
-	rc                            trainer.RunConfig
+	runConfig, out, tokenizerFile, moe string
+	moeCfg                             *trainer.MoEConfig
+	tokens                             []string
+	resume                             bool
+	rc                                 trainer.RunConfig
 }
 
 func newTrainCmd() *cobra.Command {
@@ -47,6 +48,7 @@ The tokenizer copied into each checkpoint is a tokenizer.json given with
 	fl.StringVar(&f.out, "out", "runs/train", "run directory: checkpoints and metrics.jsonl")
 	fl.StringVar(&f.tokenizerFile, "tokenizer-file", "", "tokenizer.json the stores were made with, copied into each checkpoint (or name a published one with --tokenizer)")
 	fl.BoolVar(&f.resume, "resume", false, "continue from the latest checkpoint in --out")
+	fl.StringVar(&f.moe, "moe", "", "Mixtral's mixture of experts in every layer: experts=N[,top_k=K,d_ff=F,aux_coef=C] (CPU engine)")
 	fl.StringVar(&f.rc.Model, "model", "", "model size: tiny, small or base (default tiny)")
 	fl.StringVar(&f.rc.Engine, "engine", "", "cpu, cuda or auto (default auto)")
 	fl.StringVar(&f.rc.Precision, "precision", "", "fp32 or bf16 (default bf16)")
@@ -201,6 +203,13 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 			return badInput("--lr %g: give a positive learning rate", f.rc.LR)
 		}
 	}
+	if fl.Changed("moe") {
+		m, err := trainer.ParseMoE(f.moe)
+		if err != nil {
+			return err
+		}
+		f.moeCfg = m
+	}
 	if fl.Changed("engine") {
 		return checkEngine(f.rc.Engine)
 	}
@@ -229,6 +238,7 @@ func mergeFlags(cmd *cobra.Command, rc *trainer.RunConfig, f *trainFlags) {
 	set("checkpoint-every", func() { rc.CheckpointEvery = f.rc.CheckpointEvery })
 	set("log-every", func() { rc.LogEvery = f.rc.LogEvery })
 	set("seed", func() { rc.Seed = f.rc.Seed })
+	set("moe", func() { rc.MoE = f.moeCfg })
 }
 
 // parseTokensFlags is applied before validation so that a malformed

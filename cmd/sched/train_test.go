@@ -110,6 +110,8 @@ func TestTrainCommandBadInput(t *testing.T) {
 		{[]string{"train", "--steps", "1", "--tokens", short, "--seq", "32"}, short},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--run-config", "/absent.yaml"}, "/absent.yaml"},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--seq", "32", "--tokenizer-file", otherTok}, "their ids mean different text"},
+		{[]string{"train", "--steps", "1", "--tokens", store, "--moe", "experts=1"}, "moe.experts must be at least 2"},
+		{[]string{"train", "--steps", "1", "--tokens", store, "--moe", "experts=4,top_k=5"}, "top_k"},
 	} {
 		_, err := runTrainCmd(tc.args...)
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), tc.want) {
@@ -159,5 +161,27 @@ func TestTrainTokenizerByNameAndMistakenFlags(t *testing.T) {
 	got, err := os.ReadFile(filepath.Join(out, "step-0000001", trainer.TokenizerFile))
 	if err != nil || !bytes.Equal(got, b) {
 		t.Fatalf("the checkpoint's tokenizer.json is not the published fox (%v)", err)
+	}
+}
+
+// --moe trains Mixtral's sparse block on the CPU engine and the checkpoint
+// is a MixtralForCausalLM with every expert's tensors.
+func TestTrainCommandWithExperts(t *testing.T) {
+	tokJSON, sha := trainTestTokenizer(t, "func main() { return x } the quick brown fox\n")
+	store := trainTestStoreBy(t, sha, 4096, 50000)
+	out := filepath.Join(t.TempDir(), "run")
+	text, err := runTrainCmd("train", "--model", "tiny", "--moe", "experts=4,top_k=2,d_ff=64", "--tokens", store+"=1", "--engine", "cpu",
+		"--precision", "fp32", "--seq", "32", "--batch", "2", "--steps", "2", "--log-every", "1", "--out", out, "--tokenizer-file", tokJSON)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	cfg, err := os.ReadFile(filepath.Join(out, "step-0000002", trainer.ConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"MixtralForCausalLM"`, `"num_local_experts": 4`, `"num_experts_per_tok": 2`, `"intermediate_size": 64`} {
+		if !strings.Contains(string(cfg), want) {
+			t.Errorf("config.json lacks %s:\n%s", want, cfg)
+		}
 	}
 }

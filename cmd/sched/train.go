@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -13,6 +15,7 @@ import (
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
 )
 
 // trainFlags are the command-line overrides of a run configuration; a flag
@@ -122,11 +125,40 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	if tok == nil {
 		log.Warn("no --tokenizer-file or --tokenizer: checkpoints will hold no tokenizer.json")
 	}
+	began, from := time.Now(), -1
 	res, err := trainer.Run(cmd.Context(), trainer.Config{Run: rc, Out: f.out, Resume: f.resume, Data: data, Tokenizer: tok, Log: log},
-		trainer.Hooks{Metrics: func(m trainer.Metrics) { printMetrics(out, m, rc.TotalSteps) }})
+		trainer.Hooks{Metrics: func(m trainer.Metrics) {
+			if from < 0 {
+				from = m.Step - 1
+			}
+			printMetrics(out, m, rc.TotalSteps)
+		}})
 	if res.Checkpoint != "" && res.Step > 0 {
 		fmt.Fprintf(out, "step %d, %d tokens; checkpoint %s\n", res.Step, res.Tokens, res.Checkpoint)
 	}
+	if from >= 0 {
+		if eerr := writeRunEvents(f.out, from, res.Step, began); eerr != nil {
+			log.Warn("TensorBoard event file", zap.Error(eerr))
+		} else {
+			fmt.Fprintf(out, "TensorBoard: tensorboard --logdir %s\n", filepath.Join(f.out, results.TensorBoardDir))
+		}
+	}
+	return err
+}
+
+// writeRunEvents writes the TensorBoard event file of this call's steps,
+// from the run directory's metrics.jsonl.
+func writeRunEvents(dir string, from, to int, began time.Time) error {
+	mf, err := os.Open(filepath.Join(dir, trainer.MetricsFile))
+	if err != nil {
+		return err
+	}
+	recs, err := results.ReadMetrics(mf)
+	mf.Close()
+	if err != nil {
+		return err
+	}
+	_, err = results.WriteEventFile(dir, recs, from, to, began)
 	return err
 }
 

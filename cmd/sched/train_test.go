@@ -12,6 +12,7 @@ import (
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
 )
 
 // trainTestTokenizer writes a small learned tokenizer.json and returns
@@ -91,6 +92,11 @@ func TestTrainCommandTrainsAndResumes(t *testing.T) {
 	}
 	if strings.Contains(text, "step 1/3") || !strings.Contains(text, "step 3/3") {
 		t.Errorf("resumed run did not continue at step 3:\n%s", text)
+	}
+	// Each call left a TensorBoard event file of its own steps.
+	events, _ := filepath.Glob(filepath.Join(out, results.TensorBoardDir, "events.out.tfevents.*"))
+	if len(events) != 2 || !strings.HasSuffix(events[0], ".step0") || !strings.HasSuffix(events[1], ".step2") {
+		t.Errorf("event files %v; want one from step 0 and one from the resume", events)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"hash/crc32"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -38,6 +40,41 @@ const (
 // files whose name holds "tfevents", in the order of the time in it.
 func EventFileName(began time.Time, host string, firstStep int) string {
 	return fmt.Sprintf("events.out.tfevents.%d.%s.step%d", began.Unix(), host, firstStep)
+}
+
+// WriteEventFile writes the event file of one stretch of training into
+// dir/tensorboard: the lines of recs after step from (a fresh run's step 0
+// evaluation too) up to step to, which began at began. It returns the
+// file's path relative to dir, with slashes, or "" when the stretch logged
+// nothing. The file is written whole or not at all.
+func WriteEventFile(dir string, recs []Record, from, to int, began time.Time) (string, error) {
+	var seg []Record
+	for _, r := range recs {
+		if r.Step <= to && (r.Step > from || (from == 0 && r.Step == 0)) {
+			seg = append(seg, r)
+		}
+	}
+	if len(seg) == 0 || began.IsZero() {
+		return "", nil
+	}
+	host, _ := os.Hostname()
+	name := TensorBoardDir + "/" + EventFileName(began, host, from)
+	path := filepath.Join(dir, filepath.FromSlash(name))
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", fmt.Errorf("event file: %w", err)
+	}
+	var buf bytes.Buffer
+	if err := WriteEvents(&buf, seg, began); err != nil {
+		return "", err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
+		return "", fmt.Errorf("event file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", fmt.Errorf("event file: %w", err)
+	}
+	return name, nil
 }
 
 // WriteEvents writes recs as one event file to w. Each record's wall time

@@ -1,7 +1,6 @@
 package segment
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -296,41 +295,12 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	return nil
 }
 
-// writeEvents writes this segment's TensorBoard event file, its lines of
-// metrics (the steps after the one it resumed from, a fresh run's step 0
-// evaluation too, up to out.Step: the checkpoint being uploaded, from
-// which a successor resumes if this worker dies), under dir/tensorboard,
-// and returns its path relative to
-// dir with slashes, or "" when the segment logged nothing yet. Each
-// segment has a file of its own, so the steps continue across resumes.
+// writeEvents writes this segment's TensorBoard event file: its lines of
+// metrics up to out.Step (the checkpoint being uploaded, from which a
+// successor resumes if this worker dies). Each segment has a file of its
+// own, so the steps continue across resumes.
 func writeEvents(dir string, recs []results.Record, out Outcome) (string, error) {
-	var seg []results.Record
-	for _, r := range recs {
-		if r.Step <= out.Step && (r.Step > out.ResumedFrom || (out.ResumedFrom == 0 && r.Step == 0)) {
-			seg = append(seg, r)
-		}
-	}
-	if len(seg) == 0 || out.Began.IsZero() {
-		return "", nil
-	}
-	host, _ := os.Hostname()
-	name := results.TensorBoardDir + "/" + results.EventFileName(out.Began, host, out.ResumedFrom)
-	path := filepath.Join(dir, filepath.FromSlash(name))
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return "", fmt.Errorf("event file: %w", err)
-	}
-	var buf bytes.Buffer
-	if err := results.WriteEvents(&buf, seg, out.Began); err != nil {
-		return "", err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
-		return "", fmt.Errorf("event file: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return "", fmt.Errorf("event file: %w", err)
-	}
-	return name, nil
+	return results.WriteEventFile(dir, recs, out.ResumedFrom, out.Step, out.Began)
 }
 
 // Settings is the configuration table of a run's summary.

@@ -25,6 +25,10 @@ type Metrics struct {
 	// MFU is the model FLOP utilisation, absent where the device's peak is
 	// unknown (the CPU).
 	MFU *float64 `json:"mfu,omitempty"`
+	// AuxLoss is a mixture of experts' load-balancing loss (before its
+	// coefficient; Loss includes it times the coefficient); absent for a
+	// dense model.
+	AuxLoss *float64 `json:"aux_loss,omitempty"`
 	// EvalLoss is set on steps that ran an evaluation.
 	EvalLoss *float64 `json:"eval_loss,omitempty"`
 	EvalPPL  *float64 `json:"eval_ppl,omitempty"`

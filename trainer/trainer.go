@@ -377,6 +377,10 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 	line := Metrics{Step: l.step, Tokens: l.tokens, Loss: m.Loss, PPL: math.Exp(m.Loss), LR: lr, GradNorm: m.GradNorm,
 		TokPerS: tps, MFU: MFU(tps, FLOPsPerToken(l.mc, l.rc.Seq), l.cfg.PeakFLOPS),
 		PeakMemory: l.eng.Memory().PeakAllocated, Elapsed: now.Sub(l.began).Seconds()}
+	if l.mc.MoE() {
+		aux := m.AuxLoss
+		line.AuxLoss = &aux
+	}
 	if l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 && l.rc.EvalBatches > 0 {
 		ev, err := l.evaluate(ctx)
 		if err != nil {

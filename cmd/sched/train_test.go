@@ -190,4 +190,12 @@ func TestTrainCommandWithExperts(t *testing.T) {
 			t.Errorf("config.json lacks %s:\n%s", want, cfg)
 		}
 	}
+	// Each logged step carries the router's load-balancing loss.
+	mf, err := os.ReadFile(filepath.Join(out, trainer.MetricsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(mf), `"aux_loss":`); n != 2 {
+		t.Errorf("metrics.jsonl has %d lines with aux_loss, want 2:\n%s", n, mf)
+	}
 }

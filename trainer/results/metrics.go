@@ -17,10 +17,12 @@ import (
 // training line carries Loss, an evaluation line EvalLoss; one line may
 // carry both. Fields the writer does not know stay zero.
 type Record struct {
-	Step      int      `json:"step"`
-	Tokens    int64    `json:"tokens"`
-	Loss      *float64 `json:"loss,omitempty"`
-	EvalLoss  *float64 `json:"eval_loss,omitempty"`
+	Step     int      `json:"step"`
+	Tokens   int64    `json:"tokens"`
+	Loss     *float64 `json:"loss,omitempty"`
+	EvalLoss *float64 `json:"eval_loss,omitempty"`
+	// AuxLoss is a mixture of experts' load-balancing loss.
+	AuxLoss   *float64 `json:"aux_loss,omitempty"`
 	LR        float64  `json:"lr,omitempty"`
 	GradNorm  float64  `json:"grad_norm,omitempty"`
 	TokPerSec float64  `json:"tok_per_s,omitempty"`

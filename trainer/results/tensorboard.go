@@ -31,6 +31,7 @@ const (
 	TagLR         = "train/lr"
 	TagGradNorm   = "train/grad_norm"
 	TagEvalLoss   = "eval/loss"
+	TagAuxLoss    = "train/aux_loss"
 	TagTokPerSec  = "perf/tok_per_s"
 	TagMFU        = "perf/mfu"
 	TagPeakMemory = "perf/peak_memory_gib"
@@ -136,6 +137,9 @@ func scalars(r Record) []scalar {
 		}
 		if r.PeakMemory > 0 {
 			out = append(out, scalar{TagPeakMemory, float64(r.PeakMemory) / (1 << 30)})
+		}
+		if r.AuxLoss != nil {
+			out = append(out, scalar{TagAuxLoss, *r.AuxLoss})
 		}
 	}
 	if r.EvalLoss != nil {

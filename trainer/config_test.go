@@ -251,7 +251,7 @@ func TestMoERunLowersTheLoss(t *testing.T) {
 	if !res.Done || len(got) != 30 {
 		t.Fatalf("run: %+v, %d lines", res, len(got))
 	}
-	first, last := got[1].Loss, got[30].Loss
+	first, last := got[1].LossOr(0), got[30].LossOr(0)
 	t.Logf("loss %.3f at step 1, %.3f at step 30", first, last)
 	if !(last < first/2) {
 		t.Errorf("loss %v -> %v over 30 steps: not learning", first, last)

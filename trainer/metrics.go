@@ -13,30 +13,42 @@ import (
 	"github.com/kiln-lm/kiln/model"
 )
 
-// Metrics is one logged step, written as one JSON line of metrics.jsonl.
+// Metrics is one line of metrics.jsonl: the one type that writes and reads
+// it (results.Record is this type). A training line carries Loss; an
+// evaluation line (a fresh run's step 0) carries EvalLoss alone; a step
+// that evaluated carries both. Absent values are nil or zero and omitted.
 type Metrics struct {
-	Step     int     `json:"step"`
-	Tokens   int64   `json:"tokens"`
-	Loss     float64 `json:"loss"`
-	PPL      float64 `json:"ppl"`
-	LR       float64 `json:"lr"`
-	GradNorm float64 `json:"grad_norm"`
-	TokPerS  float64 `json:"tok_per_s"`
+	Step   int   `json:"step"`
+	Tokens int64 `json:"tokens"`
+	// Loss is the step's training loss (a mixture of experts' includes
+	// its load-balancing term), PPL its exponential.
+	Loss *float64 `json:"loss,omitempty"`
+	PPL  *float64 `json:"ppl,omitempty"`
+	// AuxLoss is a mixture of experts' load-balancing loss (before its
+	// coefficient); absent for a dense model.
+	AuxLoss   *float64 `json:"aux_loss,omitempty"`
+	LR        float64  `json:"lr,omitempty"`
+	GradNorm  float64  `json:"grad_norm,omitempty"`
+	TokPerSec float64  `json:"tok_per_s,omitempty"`
 	// MFU is the model FLOP utilisation, absent where the device's peak is
 	// unknown (the CPU).
 	MFU *float64 `json:"mfu,omitempty"`
-	// AuxLoss is a mixture of experts' load-balancing loss (before its
-	// coefficient; Loss includes it times the coefficient); absent for a
-	// dense model.
-	AuxLoss *float64 `json:"aux_loss,omitempty"`
 	// EvalLoss is set on steps that ran an evaluation.
 	EvalLoss *float64 `json:"eval_loss,omitempty"`
 	EvalPPL  *float64 `json:"eval_ppl,omitempty"`
 	// PeakMemory is the engine's peak allocation so far, in bytes.
 	PeakMemory int64 `json:"peak_memory_bytes,omitempty"`
-	// Elapsed is the wall time since this process began the run's loop,
+	// ElapsedS is the wall time since this process began the run's loop,
 	// in seconds; a resumed segment starts again from 0.
-	Elapsed float64 `json:"elapsed_s,omitempty"`
+	ElapsedS float64 `json:"elapsed_s,omitempty"`
+}
+
+// LossOr is the training loss, or or when the line has none.
+func (m Metrics) LossOr(or float64) float64 {
+	if m.Loss == nil {
+		return or
+	}
+	return *m.Loss
 }
 
 // WriteJSONL writes m as one line.

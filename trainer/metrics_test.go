@@ -43,7 +43,8 @@ func TestMFUUsesTheDevicePeak(t *testing.T) {
 
 func TestMetricsLineIsOneJSONObject(t *testing.T) {
 	var buf bytes.Buffer
-	m := Metrics{Step: 3, Tokens: 300, Loss: 2, PPL: math.Exp(2), LR: 1e-4, GradNorm: 0.5, TokPerS: 1000}
+	loss, ppl := 2.0, math.Exp(2)
+	m := Metrics{Step: 3, Tokens: 300, Loss: &loss, PPL: &ppl, LR: 1e-4, GradNorm: 0.5, TokPerSec: 1000}
 	if err := m.WriteJSONL(&buf); err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +61,15 @@ func TestMetricsLineIsOneJSONObject(t *testing.T) {
 	}
 	if _, ok := got["mfu"]; ok {
 		t.Errorf("mfu present without a peak: %v", got)
+	}
+	// An evaluation-only line (a fresh run's step 0) has no training loss.
+	ev := 8.3
+	buf.Reset()
+	if err := (Metrics{Step: 0, EvalLoss: &ev}).WriteJSONL(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if buf.String() != "{\"step\":0,\"tokens\":0,\"eval_loss\":8.3}\n" {
+		t.Errorf("evaluation line %q", buf.String())
 	}
 }
 

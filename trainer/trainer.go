@@ -374,9 +374,10 @@ func (l *loop) diverged(m model.StepMetrics) error {
 func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) error {
 	now := time.Now()
 	tps := float64(l.tokens-l.markTok) / now.Sub(l.markTime).Seconds()
-	line := Metrics{Step: l.step, Tokens: l.tokens, Loss: m.Loss, PPL: math.Exp(m.Loss), LR: lr, GradNorm: m.GradNorm,
-		TokPerS: tps, MFU: MFU(tps, FLOPsPerToken(l.mc, l.rc.Seq), l.cfg.PeakFLOPS),
-		PeakMemory: l.eng.Memory().PeakAllocated, Elapsed: now.Sub(l.began).Seconds()}
+	loss, ppl := m.Loss, math.Exp(m.Loss)
+	line := Metrics{Step: l.step, Tokens: l.tokens, Loss: &loss, PPL: &ppl, LR: lr, GradNorm: m.GradNorm,
+		TokPerSec: tps, MFU: MFU(tps, FLOPsPerToken(l.mc, l.rc.Seq), l.cfg.PeakFLOPS),
+		PeakMemory: l.eng.Memory().PeakAllocated, ElapsedS: now.Sub(l.began).Seconds()}
 	if l.mc.MoE() {
 		aux := m.AuxLoss
 		line.AuxLoss = &aux

@@ -268,8 +268,8 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 			if m == nil || total <= 0 {
 				return
 			}
-			rep.Report(ctx, float64(step)/float64(total), m.TokPerS, "tok",
-				fmt.Sprintf("run %s step %d/%d loss %.4f", a.Run, step, total, m.Loss))
+			rep.Report(ctx, float64(step)/float64(total), m.TokPerSec, "tok",
+				fmt.Sprintf("run %s step %d/%d loss %.4f", a.Run, step, total, m.LossOr(0)))
 		},
 	})
 	if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -291,7 +292,7 @@ func parseTokensFlags(rc *trainer.RunConfig, flags []string) error {
 }
 
 func printMetrics(w io.Writer, m trainer.Metrics, total int) {
-	line := fmt.Sprintf("step %d/%d  loss %.4f  ppl %.2f  lr %.2e  grad %.3f  %.0f tok/s", m.Step, total, m.Loss, m.PPL, m.LR, m.GradNorm, m.TokPerS)
+	line := fmt.Sprintf("step %d/%d  loss %.4f  ppl %.2f  lr %.2e  grad %.3f  %.0f tok/s", m.Step, total, m.LossOr(0), math.Exp(m.LossOr(0)), m.LR, m.GradNorm, m.TokPerSec)
 	if m.MFU != nil {
 		line += fmt.Sprintf("  mfu %.1f%%", 100**m.MFU)
 	}

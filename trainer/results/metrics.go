@@ -11,29 +11,13 @@ import (
 	"fmt"
 	"io"
 	"sort"
+
+	"github.com/kiln-lm/kiln/trainer"
 )
 
-// Record is one line of metrics.jsonl as trainer.Metrics writes it. A
-// training line carries Loss, an evaluation line EvalLoss; one line may
-// carry both. Fields the writer does not know stay zero.
-type Record struct {
-	Step     int      `json:"step"`
-	Tokens   int64    `json:"tokens"`
-	Loss     *float64 `json:"loss,omitempty"`
-	EvalLoss *float64 `json:"eval_loss,omitempty"`
-	// AuxLoss is a mixture of experts' load-balancing loss.
-	AuxLoss   *float64 `json:"aux_loss,omitempty"`
-	LR        float64  `json:"lr,omitempty"`
-	GradNorm  float64  `json:"grad_norm,omitempty"`
-	TokPerSec float64  `json:"tok_per_s,omitempty"`
-	// MFU is absent where the device's peak is unknown (the CPU).
-	MFU *float64 `json:"mfu,omitempty"`
-	// ElapsedS is the run's wall-clock in seconds when the line was written,
-	// counted across segments.
-	ElapsedS float64 `json:"elapsed_s,omitempty"`
-	// PeakMemory is the engine's peak allocation so far, in bytes.
-	PeakMemory int64 `json:"peak_memory_bytes,omitempty"`
-}
+// Record is one line of metrics.jsonl: trainer.Metrics, the type that
+// writes it.
+type Record = trainer.Metrics
 
 // F returns a pointer to v, for building records.
 func F(v float64) *float64 { return &v }

@@ -230,7 +230,7 @@ func newE2E(t *testing.T) *e2e {
 	if out, err := segment.Run(ctx, segment.Params{Run: ref, Dir: filepath.Join(work, "ref"), TokensDir: tokensDir, Redis: rdb,
 		Progress: func(step, total int, m *trainer.Metrics) {
 			if m != nil {
-				want[m.Step] = m.Loss
+				want[m.Step] = m.LossOr(0)
 			}
 		}}); err != nil || !out.Done {
 		t.Fatalf("reference run: %+v %v", out, err)

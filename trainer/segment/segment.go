@@ -435,16 +435,16 @@ func (p Params) writeState(ctx context.Context, lock *Lock, rc trainer.RunConfig
 	for k, v := range extra {
 		f[k] = v
 	}
-	if m.Loss != 0 {
-		f["loss"] = strconv.FormatFloat(m.Loss, 'f', 4, 64)
+	if m.Loss != nil {
+		f["loss"] = strconv.FormatFloat(*m.Loss, 'f', 4, 64)
 	}
 	if m.EvalLoss != nil {
 		f["eval_loss"] = strconv.FormatFloat(*m.EvalLoss, 'f', 4, 64)
 		f["eval_step"] = strconv.Itoa(m.Step)
 	}
-	if m.TokPerS > 0 {
-		f["tok_per_s"] = strconv.FormatFloat(m.TokPerS, 'f', 0, 64)
-		left := float64(rc.TotalSteps-m.Step) * float64(rc.TokensPerStep()) / m.TokPerS
+	if m.TokPerSec > 0 {
+		f["tok_per_s"] = strconv.FormatFloat(m.TokPerSec, 'f', 0, 64)
+		left := float64(rc.TotalSteps-m.Step) * float64(rc.TokensPerStep()) / m.TokPerSec
 		f["eta_s"] = strconv.FormatFloat(left, 'f', 0, 64)
 	}
 	if err := lock.Fenced(ctx, f); err != nil && !errors.Is(err, context.Canceled) {

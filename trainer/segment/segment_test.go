@@ -90,7 +90,7 @@ func (l *losses) hook(step, total int, m *trainer.Metrics) {
 	if l.m == nil {
 		l.m = map[int]float64{}
 	}
-	l.m[m.Step] = m.Loss
+	l.m[m.Step] = m.LossOr(0)
 }
 
 // A worker that loses its disk costs at most one checkpoint interval: the

@@ -7,8 +7,8 @@ import (
 	"fmt"
 
 	"github.com/kiln-lm/kiln/model"
-	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/tokens"
+	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
 // Mixture is the Data of a run over token stores: training windows from a

@@ -26,8 +26,8 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
-	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/tokens"
+	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
 // benchEnvInt reads a size from the environment, or def.

@@ -15,7 +15,7 @@ import (
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
 // planFlags shape an ingest plan; `sched ingest` and `sched enqueue ingest`

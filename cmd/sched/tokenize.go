@@ -15,7 +15,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kiln-lm/kiln/tokenizer"
-	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
 func init() {

@@ -21,8 +21,8 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
-	"github.com/kiln-lm/kiln/tokenizer/catalog"
 	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
+	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/worker"
 )
 

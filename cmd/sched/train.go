@@ -14,7 +14,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kiln-lm/kiln/tokenizer"
-	"github.com/kiln-lm/kiln/tokenizer/catalog"
+	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 )

@@ -118,7 +118,24 @@ func Train(ctx context.Context, inputs []io.Reader, opts TrainOptions) ([]byte, 
 		return nil, err
 	}
 	opts.Logger.Info("tokenizer train: learned merges", zap.Int("merges", len(merges)), zap.Int("vocab", len(tokens)))
+	if msg := Shortfall(len(tokens), opts.VocabSize, opts.MinFrequency); msg != "" {
+		opts.Logger.Warn("tokenizer train: " + msg)
+	}
 	return writeTokenizerJSON(tokens, merges, opts)
+}
+
+// Shortfall says, when a training yielded fewer ids than asked, why and
+// what to do; "" when it yielded them all. BPE stops when no pair of
+// symbols occurs minFrequency times: the corpus has no more to teach.
+func Shortfall(got, asked int, minFrequency int64) string {
+	if got >= asked {
+		return ""
+	}
+	if minFrequency <= 0 {
+		minFrequency = 2
+	}
+	return fmt.Sprintf("the corpus yields %d ids of the %d asked: no pair of symbols occurs %d times more; train on more text, or ask for %d ids",
+		got, asked, minFrequency, got)
 }
 
 // countWords pre-tokenizes all input on all cores and counts each word.

@@ -280,6 +280,10 @@ func (t *Tokenizers) train(ctx context.Context, a scheduler.TokenizerTrain) erro
 	if err != nil {
 		return fmt.Errorf("%s: report of tokenizer %s: %w", kind, a.Name, err)
 	}
+	if a.VocabSize > entry.VocabSize {
+		report.Asked = a.VocabSize
+		rep.Message(ctx, fmt.Sprintf("tokenizer %s: %s", a.Name, tokenizer.Shortfall(entry.VocabSize, a.VocabSize, 0)))
+	}
 	if err := cat.PutReport(ctx, report); err != nil {
 		return fmt.Errorf("%s: %w", kind, err)
 	}

@@ -237,6 +237,11 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 		return fmt.Errorf("tokenizer train: %w", err)
 	}
 	fmt.Fprintf(errOut, "wrote %s\n", out)
+	if t, err := tokenizer.Parse(data); err == nil {
+		if msg := tokenizer.Shortfall(t.VocabSize(), opts.VocabSize, opts.MinFrequency); msg != "" {
+			fmt.Fprintf(errOut, "warning: %s\n", msg)
+		}
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -123,6 +124,18 @@ func TestTokenizerTrainCommand(t *testing.T) {
 	}
 	if tk.VocabSize() != 300 {
 		t.Errorf("VocabSize = %d, want 300", tk.VocabSize())
+	}
+	// A corpus with fewer merges in it than asked: the ids it yields,
+	// and a warning that says so and what to do.
+	var warn strings.Builder
+	if err := runTokenizerTrain(context.Background(), &warn, []string{in}, out, tokenizer.TrainOptions{VocabSize: 16384}); err != nil {
+		t.Fatal(err)
+	}
+	if tk, err = tokenizer.Load(out); err != nil || tk.VocabSize() >= 16384 {
+		t.Fatalf("VocabSize = %d (%v), want fewer than the 16384 asked", tk.VocabSize(), err)
+	}
+	if want := fmt.Sprintf("warning: the corpus yields %d ids of the 16384 asked", tk.VocabSize()); !strings.Contains(warn.String(), want) || !strings.Contains(warn.String(), "train on more text") {
+		t.Errorf("output %q lacks %q", warn.String(), want)
 	}
 	err = runTokenizerTrain(context.Background(), io.Discard, []string{filepath.Join(dir, "nope.txt")}, out, tokenizer.TrainOptions{})
 	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "nope.txt") {

@@ -392,3 +392,16 @@ func TestUsageNamesStoresAndRuns(t *testing.T) {
 		t.Fatalf("usage %+v", u)
 	}
 }
+
+// A report of a training that yielded fewer ids than asked says so, with
+// what to do; one that yielded them all says nothing of it.
+func TestReportSaysWhenTheCorpusYieldedFewerIDs(t *testing.T) {
+	r := Report{Name: "mix", SHA256: "abc", VocabSize: 5275, Asked: 16384}
+	if md := r.Markdown(); !strings.Contains(md, "fewer ids than asked**: the corpus yields 5275 ids of the 16384 asked") {
+		t.Errorf("report:\n%s", md)
+	}
+	r.Asked = 0
+	if md := r.Markdown(); strings.Contains(md, "fewer ids") {
+		t.Errorf("report of a full vocabulary:\n%s", md)
+	}
+}

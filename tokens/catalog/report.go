@@ -48,9 +48,12 @@ type SourceReport struct {
 
 // Report describes a trained tokenizer.
 type Report struct {
-	Name          string         `json:"name"`
-	SHA256        string         `json:"sha256"`
-	VocabSize     int            `json:"vocab_size"`
+	Name      string `json:"name"`
+	SHA256    string `json:"sha256"`
+	VocabSize int    `json:"vocab_size"`
+	// Asked is the vocabulary the training was asked for, when it yielded
+	// fewer ids (0 otherwise).
+	Asked         int            `json:"asked,omitempty"`
 	SpecialTokens []string       `json:"special_tokens"`
 	Sources       []SourceReport `json:"sources"`
 	// Previous names the tokenizer compared against, if any.
@@ -107,7 +110,11 @@ func ratio(b, t int64) float64 {
 func (r Report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Tokenizer %s\n\n", r.Name)
-	fmt.Fprintf(&b, "- vocabulary: %d ids\n- sha256: %s\n- special tokens: %s\n", r.VocabSize, r.SHA256, strings.Join(quoteAll(r.SpecialTokens), ", "))
+	fmt.Fprintf(&b, "- vocabulary: %d ids\n", r.VocabSize)
+	if msg := tokenizer.Shortfall(r.VocabSize, r.Asked, 0); msg != "" {
+		fmt.Fprintf(&b, "- **fewer ids than asked**: %s\n", msg)
+	}
+	fmt.Fprintf(&b, "- sha256: %s\n- special tokens: %s\n", r.SHA256, strings.Join(quoteAll(r.SpecialTokens), ", "))
 	if r.Previous != nil {
 		fmt.Fprintf(&b, "- previous: %s (%d ids, sha256 %s)\n", r.Previous.Name, r.Previous.VocabSize, r.Previous.SHA256)
 	}

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/hibiken/asynq"
+	asynqmetrics "github.com/hibiken/asynq/x/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
@@ -17,28 +19,30 @@ import (
 )
 
 // Metrics serves kiln's figures in Prometheus's text format at /metrics:
-// the queues (asynq's task counts by state), every run's progress (step,
+// the queues (asynq's own collector, whose asynq_* names asynqmon's
+// metrics view reads), every run's progress (step,
 // loss, evaluation loss, tok/s, tokens, last checkpoint and its upload
 // time), and every store's ingest (files by state, bytes, tokens, rate).
 // The figures are read from Redis at each scrape, so every worker serves
 // the same cluster-wide view and a scrape costs what `sched status` does;
 // scrape every 15 s or more.
 type Metrics struct {
-	q   *scheduler.Client
-	log *zap.Logger
+	q      *scheduler.Client
+	queues prometheus.Collector
+	log    *zap.Logger
 }
 
-// NewMetrics returns the collector reading through q.
-func NewMetrics(q *scheduler.Client, log *zap.Logger) *Metrics {
+// NewMetrics returns the collector reading through q, and asynq's queue
+// collector reading through opt.
+func NewMetrics(q *scheduler.Client, opt asynq.RedisConnOpt, log *zap.Logger) *Metrics {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Metrics{q: q, log: log}
+	return &Metrics{q: q, queues: asynqmetrics.NewQueueMetricsCollector(asynq.NewInspector(opt)), log: log}
 }
 
 var (
-	descQueueTasks = prometheus.NewDesc("kiln_queue_tasks", "Tasks in a queue, by state.", []string{"queue", "state"}, nil)
-	descWorkers    = prometheus.NewDesc("kiln_workers", "Worker processes whose heartbeat is current.", nil, nil)
+	descWorkers = prometheus.NewDesc("kiln_workers", "Worker processes whose heartbeat is current.", nil, nil)
 
 	descRunStep       = prometheus.NewDesc("kiln_run_step", "A run's last recorded optimizer step.", []string{"run"}, nil)
 	descRunTotal      = prometheus.NewDesc("kiln_run_total_steps", "A run's length in optimizer steps.", []string{"run"}, nil)
@@ -59,7 +63,8 @@ var (
 
 // Describe sends every metric's description.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descQueueTasks, descWorkers, descRunStep, descRunTotal, descRunTokens, descRunLoss,
+	m.queues.Describe(ch)
+	for _, d := range []*prometheus.Desc{descWorkers, descRunStep, descRunTotal, descRunTokens, descRunLoss,
 		descRunEvalLoss, descRunTokPerSec, descRunCheckpoint, descRunUpload, descRunDone, descIngestFiles, descIngestBytes,
 		descIngestTokens, descIngestRate, descScrapeError} {
 		ch <- d
@@ -82,12 +87,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		failed = 1
 		return
 	}
-	for _, q := range snap.Queues {
-		for state, n := range map[string]int{"pending": q.Pending, "active": q.Active, "scheduled": q.Scheduled,
-			"retry": q.Retry, "archived": q.Archived, "completed": q.Completed} {
-			gauge(descQueueTasks, float64(n), q.Name, state)
-		}
-	}
+	m.queues.Collect(ch)
 	gauge(descWorkers, float64(len(snap.Workers)))
 	for _, d := range snap.Datasets() {
 		for state, n := range map[string]int{"done": d.Done, "failed": d.Failed, "running": d.Running, "waiting": d.Waiting} {

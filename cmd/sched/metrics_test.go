@@ -128,7 +128,8 @@ func TestWorkerMetricsFollowIngestAndTraining(t *testing.T) {
 		return done > 0 && series(p, "kiln_ingest_files", `store="code"`, `state="waiting"`) == 0 &&
 			series(p, "kiln_ingest_files", `store="code"`, `state="running"`) == 0
 	})
-	if series(page, "kiln_ingest_tokens", `store="code"`) <= 0 || series(page, "kiln_queue_tasks", `queue="append"`, `state="completed"`) <= 0 {
+	if series(page, "kiln_ingest_tokens", `store="code"`) <= 0 || series(page, "asynq_tasks_enqueued_total", `queue="append"`, `state="completed"`) <= 0 ||
+		series(page, "asynq_tasks_processed_total", `queue="append"`) <= 0 {
 		t.Errorf("after the ingest: no tokens or no completed appends:\n%s", page)
 	}
 

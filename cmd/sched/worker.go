@@ -67,7 +67,7 @@ func init() {
 			if cfg.MetricsAddr != "" {
 				mctx, stop := context.WithCancel(c.Context())
 				defer stop()
-				addr, err := worker.ServeMetrics(mctx, cfg.MetricsAddr, worker.NewMetrics(q, log))
+				addr, err := worker.ServeMetrics(mctx, cfg.MetricsAddr, worker.NewMetrics(q, opt, log))
 				if err != nil {
 					return badInput("KILN_METRICS_ADDR (--metrics-addr) %s: %v", cfg.MetricsAddr, err)
 				}

@@ -24,6 +24,18 @@ type Data interface {
 	Close() error
 }
 
+// StoreEval is Data over several stores that can also evaluate each store
+// alone (the token-store mixture does): the trainer then logs each store's
+// held-out loss beside the mixed one, which tells a plateau of one kind of
+// text from the others'.
+type StoreEval interface {
+	// EvalStores names the stores, in order.
+	EvalStores() []string
+	// EvalStore returns held-out batch i of store s; ok is false when the
+	// store holds no held-out window.
+	EvalStore(ctx context.Context, s, i, b, t int) (batch model.Batch, ok bool, err error)
+}
+
 // checkIDs reports the first id of b outside the vocabulary. The stores are
 // checked when opened; this guards the engines (which index embedding rows
 // with these ids) against a store whose manifest lies.

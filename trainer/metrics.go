@@ -36,6 +36,9 @@ type Metrics struct {
 	// EvalLoss is set on steps that ran an evaluation.
 	EvalLoss *float64 `json:"eval_loss,omitempty"`
 	EvalPPL  *float64 `json:"eval_ppl,omitempty"`
+	// EvalLossByStore is each store's own held-out loss, by store name, on
+	// steps that evaluated a run of several stores.
+	EvalLossByStore map[string]float64 `json:"eval_loss_by_store,omitempty"`
 	// PeakMemory is the engine's peak allocation so far, in bytes.
 	PeakMemory int64 `json:"peak_memory_bytes,omitempty"`
 	// ElapsedS is the wall time since this process began the run's loop,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/tokens"
@@ -25,6 +26,17 @@ type Mixture struct {
 	// returns the same windows at every evaluation.
 	evalCache [][]int32
 	evalReal  int // windows in evalCache read from the stores, not repeated
+	// byStore are each store's own held-out windows, for its own loss:
+	// drawn by evaluation sets of their own, so that the mixed cache's
+	// windows stay what they were.
+	byStore []storeEval
+}
+
+// storeEval is one store's held-out windows drawn so far.
+type storeEval struct {
+	set   *tokens.EvalSet
+	cache [][]int32
+	done  bool // the store has no more held-out windows
 }
 
 // OpenMixture opens the stores of entries for windows of seq+1 ids. A store
@@ -144,6 +156,61 @@ func (m *Mixture) Seek(c json.RawMessage) error {
 	}
 	m.sampler = s
 	return nil
+}
+
+// EvalStores names the stores, for their own evaluation losses: each
+// store's directory name, or its path where two names are alike.
+func (m *Mixture) EvalStores() []string {
+	out := make([]string, len(m.names))
+	seen := map[string]int{}
+	for i, n := range m.names {
+		out[i] = filepath.Base(n)
+		seen[out[i]]++
+	}
+	for i, n := range m.names {
+		if seen[out[i]] > 1 {
+			out[i] = n
+		}
+	}
+	return out
+}
+
+// EvalStore returns held-out batch i of store s alone: the same windows at
+// every evaluation, repeated when the store holds fewer than asked. ok is
+// false when the store holds no held-out window.
+func (m *Mixture) EvalStore(ctx context.Context, s, i, b, t int) (model.Batch, bool, error) {
+	if m.byStore == nil {
+		m.byStore = make([]storeEval, len(m.stores))
+	}
+	e := &m.byStore[s]
+	if e.set == nil {
+		set, err := tokens.NewEvalSet(m.stores[s], m.cfg)
+		if err != nil {
+			return model.Batch{}, false, err
+		}
+		e.set = set
+	}
+	need := (i + 1) * b
+	for len(e.cache) < need && !e.done {
+		w := make([]int32, t+1)
+		_, ok, err := e.set.Next(ctx, w)
+		if err != nil {
+			return model.Batch{}, false, err
+		}
+		if !ok {
+			e.done = true
+			break
+		}
+		e.cache = append(e.cache, w)
+	}
+	if len(e.cache) == 0 {
+		return model.Batch{}, false, nil
+	}
+	w := make([]int32, 0, b*(t+1))
+	for k := i * b; k < need; k++ {
+		w = append(w, e.cache[k%len(e.cache)]...)
+	}
+	return windowsToBatch(w, b, t), true, nil
 }
 
 // Close unmaps the stores.

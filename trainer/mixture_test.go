@@ -38,7 +38,8 @@ func makeStore(t *testing.T, vocab, n int, seed uint64) string {
 func TestRunOnTokenStoresResumesExactly(t *testing.T) {
 	requireCPU(t)
 	mc := model.Presets["tiny"]
-	code, web := makeStore(t, mc.VocabSize, 200000, 1), makeStore(t, mc.VocabSize, 100000, 2)
+	// Large enough that each holds out several windows of 33 (1 in 1000).
+	code, web := makeStore(t, mc.VocabSize, 400000, 1), makeStore(t, mc.VocabSize, 300000, 2)
 	rc := testRun(4)
 	rc.Mixture = []MixtureEntry{{Store: code, Weight: 0.7}, {Store: web, Weight: 0.3}}
 	rc.EvalEvery = 2
@@ -90,5 +91,51 @@ func TestOpenMixtureRefusesUnfitStores(t *testing.T) {
 	_, err = OpenMixture([]MixtureEntry{{Store: missing, Weight: 1}}, mc, 32, 1)
 	if err == nil || !strings.Contains(err.Error(), missing) {
 		t.Errorf("absent store: want an error naming %s, got %v", missing, err)
+	}
+}
+
+// onlyData hides a Data's per-store evaluation.
+type onlyData struct{ Data }
+
+// A run of several stores logs each store's own held-out loss beside the
+// mixed one, the same at every evaluation for the same weights, and the
+// per-store evaluation changes neither the training nor the mixed loss.
+func TestEachStoresHeldOutLossIsLogged(t *testing.T) {
+	requireCPU(t)
+	mc := model.Presets["tiny"]
+	// Large enough that each holds out several windows of 33 (1 in 1000).
+	code, web := makeStore(t, mc.VocabSize, 400000, 1), makeStore(t, mc.VocabSize, 300000, 2)
+	rc := testRun(4)
+	rc.EvalEvery, rc.EvalBatches = 2, 2
+	rc.Mixture = []MixtureEntry{{Store: code, Weight: 2}, {Store: web, Weight: 1}}
+	run := func(hide bool) map[int]Metrics {
+		d, err := OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var data Data = d
+		if hide {
+			data = onlyData{d}
+		}
+		_, got, err := runCollect(t, context.Background(), Config{Run: rc, Out: t.TempDir(), Data: data}, Hooks{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	got, plain := run(false), run(true)
+	for _, step := range []int{2, 4} {
+		by := got[step].EvalLossByStore
+		if len(by) != 2 || by[code] <= 0 || by[web] <= 0 || by[code] == by[web] {
+			t.Errorf("step %d: per-store losses %v; want one for each of the two stores", step, by)
+		}
+		if *got[step].EvalLoss != *plain[step].EvalLoss || plain[step].EvalLossByStore != nil {
+			t.Errorf("step %d: mixed eval %v with per-store evaluation, %v without", step, *got[step].EvalLoss, *plain[step].EvalLoss)
+		}
+	}
+	for step := 1; step <= 4; step++ {
+		if got[step].LossOr(-1) != plain[step].LossOr(-1) {
+			t.Errorf("step %d: training loss %v with per-store evaluation, %v without", step, got[step].LossOr(-1), plain[step].LossOr(-1))
+		}
 	}
 }

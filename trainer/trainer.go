@@ -389,6 +389,9 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 		}
 		ppl := math.Exp(ev)
 		line.EvalLoss, line.EvalPPL = &ev, &ppl
+		if line.EvalLossByStore, err = l.evaluateStores(ctx); err != nil {
+			return err
+		}
 	}
 	if err := line.WriteJSONL(l.metrics); err != nil {
 		return fmt.Errorf("write %s: %w", l.metrics.Name(), err)
@@ -398,6 +401,41 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 	}
 	l.markTime, l.markTok = time.Now(), l.tokens
 	return nil
+}
+
+// evaluateStores is each store's mean loss over its first EvalBatches
+// held-out batches, for data of several stores; nil otherwise. A store
+// without a held-out window is left out.
+func (l *loop) evaluateStores(ctx context.Context) (map[string]float64, error) {
+	se, ok := l.cfg.Data.(StoreEval)
+	if !ok || len(se.EvalStores()) < 2 {
+		return nil, nil
+	}
+	out := map[string]float64{}
+	for s, name := range se.EvalStores() {
+		sum, n := 0.0, 0
+		for i := 0; i < l.rc.EvalBatches; i++ {
+			b, ok, err := se.EvalStore(ctx, s, i, l.rc.Batch, l.rc.Seq)
+			if err != nil {
+				return nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
+			}
+			if !ok {
+				break
+			}
+			if err := checkIDs(b, l.mc.VocabSize); err != nil {
+				return nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
+			}
+			loss, err := l.eng.EvalLoss(b)
+			if err != nil {
+				return nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
+			}
+			sum, n = sum+loss, n+1
+		}
+		if n > 0 {
+			out[name] = sum / float64(n)
+		}
+	}
+	return out, nil
 }
 
 // evaluate is the mean loss over the first EvalBatches held-out batches.

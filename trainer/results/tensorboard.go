@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -144,6 +146,9 @@ func scalars(r Record) []scalar {
 	}
 	if r.EvalLoss != nil {
 		out = append(out, scalar{TagEvalLoss, *r.EvalLoss})
+	}
+	for _, store := range slices.Sorted(maps.Keys(r.EvalLossByStore)) {
+		out = append(out, scalar{TagEvalLoss + "/" + store, r.EvalLossByStore[store]})
 	}
 	return out
 }

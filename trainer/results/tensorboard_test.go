@@ -120,7 +120,8 @@ func TestEventFilesHoldEveryScalar(t *testing.T) {
 	recs := []Record{
 		{Step: 0, EvalLoss: F(8.3)},
 		{Step: 1, Tokens: 256, Loss: F(8.1), LR: 1e-4, GradNorm: 2.5, TokPerSec: 1500, ElapsedS: 0.5, PeakMemory: 3 << 30},
-		{Step: 2, Tokens: 512, Loss: F(7.9), LR: 2e-4, GradNorm: 2.25, TokPerSec: 1600, MFU: F(0.31), EvalLoss: F(7.95), ElapsedS: 1.25, AuxLoss: F(2.5)},
+		{Step: 2, Tokens: 512, Loss: F(7.9), LR: 2e-4, GradNorm: 2.25, TokPerSec: 1600, MFU: F(0.31), EvalLoss: F(7.95), ElapsedS: 1.25, AuxLoss: F(2.5),
+			EvalLossByStore: map[string]float64{"code": 7.5, "web": 8.25}},
 	}
 	var buf bytes.Buffer
 	if err := WriteEvents(&buf, recs, began); err != nil {
@@ -133,7 +134,7 @@ func TestEventFilesHoldEveryScalar(t *testing.T) {
 	want := []map[string]float32{
 		{TagEvalLoss: 8.3},
 		{TagLoss: 8.1, TagLR: 1e-4, TagGradNorm: 2.5, TagTokPerSec: 1500, TagPeakMemory: 3},
-		{TagLoss: 7.9, TagLR: 2e-4, TagGradNorm: 2.25, TagTokPerSec: 1600, TagMFU: 0.31, TagEvalLoss: 7.95, TagAuxLoss: 2.5},
+		{TagLoss: 7.9, TagLR: 2e-4, TagGradNorm: 2.25, TagTokPerSec: 1600, TagMFU: 0.31, TagEvalLoss: 7.95, TagAuxLoss: 2.5, "eval/loss/code": 7.5, "eval/loss/web": 8.25},
 	}
 	for i, e := range evs[1:] {
 		if e.step != int64(recs[i].Step) || e.wall != 1796126400+recs[i].ElapsedS {

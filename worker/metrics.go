@@ -58,6 +58,7 @@ var (
 	descIngestBytes  = prometheus.NewDesc("kiln_ingest_bytes", "A store's ingest download bytes, by state (total, done).", []string{"store", "dataset", "state"}, nil)
 	descIngestTokens = prometheus.NewDesc("kiln_ingest_tokens", "Tokens the done files of a store's ingest appended.", []string{"store", "dataset"}, nil)
 	descIngestRate   = prometheus.NewDesc("kiln_ingest_bytes_per_second", "A store's ingest rate over its files so far (bytes, or files where sizes are unknown).", []string{"store", "dataset", "unit"}, nil)
+	descAppendLag    = prometheus.NewDesc("kiln_ingest_append_lag", "Shards of a store tokenized and waiting for, or in, their append.", []string{"store"}, nil)
 	descScrapeError  = prometheus.NewDesc("kiln_scrape_error", "1 when this scrape could not read Redis.", nil, nil)
 )
 
@@ -66,7 +67,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.queues.Describe(ch)
 	for _, d := range []*prometheus.Desc{descWorkers, descRunStep, descRunTotal, descRunTokens, descRunLoss,
 		descRunEvalLoss, descRunTokPerSec, descRunCheckpoint, descRunUpload, descRunDone, descIngestFiles, descIngestBytes,
-		descIngestTokens, descIngestRate, descScrapeError} {
+		descIngestTokens, descIngestRate, descAppendLag, descScrapeError} {
 		ch <- d
 	}
 }
@@ -101,6 +102,27 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 			unit = "files"
 		}
 		gauge(descIngestRate, d.Rate, d.Store, d.Dataset, unit)
+	}
+
+	lag := map[string]int{}
+	for _, t := range snap.Tasks {
+		if t.Kind != scheduler.KindIngestAppend {
+			continue
+		}
+		switch t.State {
+		case "pending", "active", "retry", "scheduled":
+			if a, err := scheduler.Decode[scheduler.IngestAppend](t.Payload); err == nil {
+				lag[a.Store]++
+			}
+		}
+	}
+	for _, d := range snap.Datasets() {
+		if _, ok := lag[d.Store]; !ok {
+			lag[d.Store] = 0
+		}
+	}
+	for store, n := range lag {
+		gauge(descAppendLag, float64(n), store)
 	}
 
 	states, err := segment.ReadRunStates(ctx, m.q.Redis())

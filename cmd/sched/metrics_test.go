@@ -75,7 +75,9 @@ func TestWorkerMetricsFollowIngestAndTraining(t *testing.T) {
 	}
 	putObject(t, data, "tokenizers/code-300/tokenizer.json", tj)
 
-	w := &dayWorker{t: t, env: append(baseEnv(t), env...), args: []string{"--queues", "ingest=1,append=1,gpu=1", "--metrics-addr", "127.0.0.1:0"}}
+	// One worker tokenizes (and serves the metrics); the appends and the
+	// training wait for a second, started once the ingest's lag shows.
+	w := &dayWorker{t: t, env: append(baseEnv(t), env...), args: []string{"--queues", "ingest=1", "--metrics-addr", "127.0.0.1:0"}}
 	w.start()
 	var url string
 	deadline := time.Now().Add(time.Minute)
@@ -123,11 +125,16 @@ func TestWorkerMetricsFollowIngestAndTraining(t *testing.T) {
 	if out, errOut, code := sched(t, env, "enqueue", "ingest", "local:"+filepath.Join(corpus, "*.go"), "--store", "code"); code != 0 {
 		t.Fatalf("enqueue ingest: exit %d %s%s", code, out, errOut)
 	}
+	waitSeries("shards waiting for their append", func(p string) bool { return series(p, "kiln_ingest_append_lag", `store="code"`) > 0 })
+	(&dayWorker{t: t, env: append(baseEnv(t), env...), args: []string{"--queues", "append=1,gpu=1"}}).start()
 	page = waitSeries("the ingest done", func(p string) bool {
 		done := series(p, "kiln_ingest_files", `store="code"`, `state="done"`)
 		return done > 0 && series(p, "kiln_ingest_files", `store="code"`, `state="waiting"`) == 0 &&
 			series(p, "kiln_ingest_files", `store="code"`, `state="running"`) == 0
 	})
+	if series(page, "kiln_ingest_append_lag", `store="code"`) != 0 {
+		t.Errorf("after the ingest: append lag %v, want 0:\n%s", series(page, "kiln_ingest_append_lag", `store="code"`), page)
+	}
 	if series(page, "kiln_ingest_tokens", `store="code"`) <= 0 || series(page, "asynq_tasks_enqueued_total", `queue="append"`, `state="completed"`) <= 0 ||
 		series(page, "asynq_tasks_processed_total", `queue="append"`) <= 0 {
 		t.Errorf("after the ingest: no tokens or no completed appends:\n%s", page)

@@ -259,45 +259,41 @@ func MarshalConfig(c Config) ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	m := sharedConfigMap(c)
 	if c.MoE() {
-		return encodeConfig(mixtralConfigMap(c))
+		for k, v := range map[string]any{
+			"architectures":        []string{"MixtralForCausalLM"},
+			"model_type":           "mixtral",
+			"num_experts_per_tok":  c.ExpertsPerTok,
+			"num_local_experts":    c.Experts,
+			"output_router_logits": c.RouterAuxCoef > 0,
+			"router_aux_loss_coef": c.RouterAuxCoef,
+			"router_jitter_noise":  0.0,
+			"sliding_window":       nil,
+		} {
+			m[k] = v
+		}
+		return encodeConfig(m)
 	}
-	m := map[string]any{
-		"architectures":           []string{"LlamaForCausalLM"},
-		"attention_bias":          false,
-		"attention_dropout":       0.0,
-		"bos_token_id":            c.BOSTokenID,
-		"dtype":                   "float32",
-		"eos_token_id":            c.EOSTokenID,
-		"head_dim":                c.HeadDim,
-		"hidden_act":              "silu",
-		"hidden_size":             c.Hidden,
-		"initializer_range":       c.InitializerRange,
-		"intermediate_size":       c.Intermediate,
-		"max_position_embeddings": c.MaxPositions,
-		"mlp_bias":                false,
-		"model_type":              "llama",
-		"num_attention_heads":     c.Heads,
-		"num_hidden_layers":       c.Layers,
-		"num_key_value_heads":     c.KVHeads,
-		"pad_token_id":            nil,
-		"pretraining_tp":          1,
-		"rms_norm_eps":            c.RMSNormEps,
-		"rope_parameters":         map[string]any{"rope_theta": c.RopeTheta, "rope_type": "default"},
-		"rope_theta":              c.RopeTheta,
-		"tie_word_embeddings":     c.TieEmbeddings,
-		"use_cache":               true,
-		"vocab_size":              c.VocabSize,
+	for k, v := range map[string]any{
+		"architectures":  []string{"LlamaForCausalLM"},
+		"attention_bias": false,
+		"mlp_bias":       false,
+		"model_type":     "llama",
+		"pretraining_tp": 1,
+	} {
+		m[k] = v
 	}
 	return encodeConfig(m)
 }
 
-// mixtralConfigMap is c as MixtralConfig's save_pretrained writes it. The
-// load-balancing loss is on (output_router_logits) exactly when its
-// coefficient is, so that transformers trains a kiln checkpoint as kiln did.
-func mixtralConfigMap(c Config) map[string]any {
+// sharedConfigMap holds the keys LlamaConfig and MixtralConfig write
+// alike. For a model with experts, MixtralConfig's save_pretrained adds
+// the experts' keys, and the load-balancing loss is on
+// (output_router_logits) exactly when its coefficient is, so that
+// transformers trains a kiln checkpoint as kiln did.
+func sharedConfigMap(c Config) map[string]any {
 	return map[string]any{
-		"architectures":           []string{"MixtralForCausalLM"},
 		"attention_dropout":       0.0,
 		"bos_token_id":            c.BOSTokenID,
 		"dtype":                   "float32",
@@ -308,20 +304,13 @@ func mixtralConfigMap(c Config) map[string]any {
 		"initializer_range":       c.InitializerRange,
 		"intermediate_size":       c.Intermediate,
 		"max_position_embeddings": c.MaxPositions,
-		"model_type":              "mixtral",
 		"num_attention_heads":     c.Heads,
-		"num_experts_per_tok":     c.ExpertsPerTok,
 		"num_hidden_layers":       c.Layers,
 		"num_key_value_heads":     c.KVHeads,
-		"num_local_experts":       c.Experts,
-		"output_router_logits":    c.RouterAuxCoef > 0,
 		"pad_token_id":            nil,
 		"rms_norm_eps":            c.RMSNormEps,
 		"rope_parameters":         map[string]any{"rope_theta": c.RopeTheta, "rope_type": "default"},
 		"rope_theta":              c.RopeTheta,
-		"router_aux_loss_coef":    c.RouterAuxCoef,
-		"router_jitter_noise":     0.0,
-		"sliding_window":          nil,
 		"tie_word_embeddings":     c.TieEmbeddings,
 		"use_cache":               true,
 		"vocab_size":              c.VocabSize,

@@ -9,15 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"github.com/parquet-go/parquet-go"
 	"golang.org/x/text/encoding/charmap"
+
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 )
 
 type codeRow struct {
@@ -202,62 +201,12 @@ func TestTextFile(t *testing.T) {
 	}
 }
 
-// fakeSWH serves gzip blobs as the Software Heritage bucket does, answers
-// NoSuchKey in S3's XML for missing ones, and fails each blob once with 503
-// SlowDown when flaky is set.
-type fakeSWH struct {
-	blobs    map[string][]byte
-	flaky    bool
-	mu       sync.Mutex
-	failed   map[string]bool
-	inFlight atomic.Int64
-	peak     atomic.Int64
-	gate     chan struct{}
-	// barrier holds each request until this many are in flight at once (or a
-	// second passes), which proves the client keeps that many outstanding.
-	barrier int64
-}
-
-func (f *fakeSWH) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	n := f.inFlight.Add(1)
-	defer f.inFlight.Add(-1)
-	for p := f.peak.Load(); n > p && !f.peak.CompareAndSwap(p, n); p = f.peak.Load() {
-	}
-	if f.gate != nil {
-		<-f.gate
-	}
-	for deadline := time.Now().Add(time.Second); f.peak.Load() < f.barrier && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
-	id := strings.TrimPrefix(r.URL.Path, "/content/")
-	f.mu.Lock()
-	fail := f.flaky && !f.failed[id]
-	f.failed[id] = true
-	f.mu.Unlock()
-	if fail {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code></Error>`)
-		return
-	}
-	b, ok := f.blobs[id]
-	if !ok {
-		w.Header().Set("Content-Type", "application/xml")
-		w.WriteHeader(http.StatusNotFound)
-		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message><Key>content/%s</Key></Error>`, id)
-		return
-	}
-	var buf bytes.Buffer
-	z := gzip.NewWriter(&buf)
-	z.Write(b)
-	z.Close()
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Write(buf.Bytes())
-}
-
 func blobID(i int) string { return fmt.Sprintf("%040x", i+1) }
 
 func TestSoftwareHeritageBlobs(t *testing.T) {
-	fake := &fakeSWH{blobs: map[string][]byte{}, flaky: true, failed: map[string]bool{}, barrier: 32}
+	fake := hubtest.NewSWH()
+	defer fake.Close()
+	fake.Flaky, fake.Barrier = true, 32
 	var rows []blobRow
 	var want []string
 	for i := range 300 {
@@ -269,26 +218,24 @@ func TestSoftwareHeritageBlobs(t *testing.T) {
 			continue
 		case i%50 == 4:
 			enc = "x-klingon"
-			fake.blobs[id] = []byte(text)
+			fake.Add(id, []byte(text))
 			rows = append(rows, blobRow{BlobID: id, SrcEncoding: enc})
 			continue
 		case i%50 == 5:
 			enc = "ISO-8859-1"
 			text = "caf\u00e9 = 1\n"
 			b, _ := charmap.ISO8859_1.NewEncoder().Bytes([]byte(text))
-			fake.blobs[id] = b
+			fake.Add(id, b)
 		default:
-			fake.blobs[id] = []byte(text)
+			fake.Add(id, []byte(text))
 		}
 		rows = append(rows, blobRow{BlobID: id, SrcEncoding: enc})
 		want = append(want, text)
 	}
-	srv := httptest.NewServer(fake)
-	defer srv.Close()
 	path := filepath.Join(t.TempDir(), "ids.parquet")
 	writeParquet(t, path, rows, 64)
 
-	swh := &SWH{Endpoint: srv.URL + "/", InFlight: 64}
+	swh := &SWH{Endpoint: fake.URL() + "/", InFlight: 64}
 	docs, skips, err := readAll(t, path, OpenOptions{SWH: swh, Columns: Columns{Blob: "blob_id", Encoding: "src_encoding"}})
 	if err != nil {
 		t.Fatal(err)
@@ -304,8 +251,8 @@ func TestSoftwareHeritageBlobs(t *testing.T) {
 	if skips[SkipMissingBlob] != 6 || skips[SkipUnknownEncoding] != 6 {
 		t.Fatalf("skips: %v", skips)
 	}
-	if fake.peak.Load() < 32 {
-		t.Fatalf("at most %d requests were in flight; want many", fake.peak.Load())
+	if fake.Peak() < 32 {
+		t.Fatalf("at most %d requests were in flight; want many", fake.Peak())
 	}
 }
 
@@ -324,10 +271,10 @@ func TestSoftwareHeritageDenied(t *testing.T) {
 }
 
 func TestSoftwareHeritageCloseStopsInFlight(t *testing.T) {
-	fake := &fakeSWH{blobs: map[string][]byte{}, failed: map[string]bool{}, gate: make(chan struct{})}
-	srv := httptest.NewServer(fake)
-	defer srv.Close()
-	defer close(fake.gate)
+	fake := hubtest.NewSWH()
+	defer fake.Close()
+	fake.Gate = make(chan struct{})
+	defer close(fake.Gate)
 	var rows []blobRow
 	for i := range 100 {
 		rows = append(rows, blobRow{BlobID: blobID(i)})
@@ -335,7 +282,7 @@ func TestSoftwareHeritageCloseStopsInFlight(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ids.parquet")
 	writeParquet(t, path, rows, 1000)
 	ctx, cancel := context.WithCancel(context.Background())
-	src, err := Open(ctx, path, OpenOptions{SWH: &SWH{Endpoint: srv.URL, InFlight: 16}, Columns: Columns{Blob: "blob_id"}})
+	src, err := Open(ctx, path, OpenOptions{SWH: &SWH{Endpoint: fake.URL(), InFlight: 16}, Columns: Columns{Blob: "blob_id"}})
 	if err != nil {
 		t.Fatal(err)
 	}

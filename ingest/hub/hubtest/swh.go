@@ -8,21 +8,37 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // SWH is a local Software Heritage content bucket for tests: it serves
 // each blob gzipped at /content/<blob id>, as the public S3 bucket does, and
-// answers S3's NoSuchKey for a blob it does not hold.
+// answers S3's NoSuchKey for a blob it does not hold. Configure it before
+// the first request.
 type SWH struct {
 	Server *httptest.Server
 
-	mu    sync.Mutex
-	blobs map[string][]byte
+	// Flaky answers each blob's first request with 503 SlowDown, as S3
+	// does under load.
+	Flaky bool
+	// Gate, when set, holds every request until it is closed.
+	Gate chan struct{}
+	// Barrier holds each request until this many are in flight at once,
+	// or a second has passed: a test then reads Peak to know that a client
+	// keeps that many requests outstanding.
+	Barrier int64
+
+	mu       sync.Mutex
+	blobs    map[string][]byte
+	failed   map[string]bool
+	inFlight atomic.Int64
+	peak     atomic.Int64
 }
 
 // NewSWH starts a Software Heritage bucket; Close it with Close.
 func NewSWH() *SWH {
-	s := &SWH{blobs: map[string][]byte{}}
+	s := &SWH{blobs: map[string][]byte{}, failed: map[string]bool{}}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	return s
 }
@@ -40,11 +56,31 @@ func (s *SWH) Add(id string, content []byte) {
 	s.blobs[id] = content
 }
 
+// Peak is the most requests that were in flight at once.
+func (s *SWH) Peak() int64 { return s.peak.Load() }
+
 func (s *SWH) serve(w http.ResponseWriter, r *http.Request) {
+	n := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
+	}
+	if s.Gate != nil {
+		<-s.Gate
+	}
+	for deadline := time.Now().Add(time.Second); s.peak.Load() < s.Barrier && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	id := strings.TrimPrefix(r.URL.Path, "/content/")
 	s.mu.Lock()
 	b, ok := s.blobs[id]
+	fail := s.Flaky && !s.failed[id]
+	s.failed[id] = true
 	s.mu.Unlock()
+	if fail {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code></Error>`)
+		return
+	}
 	if !ok {
 		w.Header().Set("Content-Type", "application/xml")
 		w.WriteHeader(http.StatusNotFound)

@@ -73,6 +73,12 @@ type Worker struct {
 	// grace period to reach a safe point.
 	drain       context.Context
 	cancelDrain context.CancelFunc
+	// slots bound each queue's running handlers to its concurrency. asynq
+	// frees a task's place as soon as the task's context is cancelled
+	// (sched cancel), while its handler still writes its stop checkpoint;
+	// without the slot the next gpu task would start beside it, two CUDA
+	// contexts on a card sized for one.
+	slots map[string]chan struct{}
 }
 
 // ParseQueues reads "ingest=4,append=1,gpu=1".
@@ -157,7 +163,9 @@ func New(p Params) (*Worker, error) {
 	}
 	w := &Worker{p: p, set: set, iso: iso, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
 	w.drain, w.cancelDrain = context.WithCancel(context.Background())
+	w.slots = map[string]chan struct{}{}
 	for q, n := range p.Queues {
+		w.slots[q] = make(chan struct{}, n)
 		w.queues = append(w.queues, q)
 		w.servers = append(w.servers, asynq.NewServer(p.Redis, asynq.Config{
 			Concurrency:              n,
@@ -309,6 +317,19 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 			rep.finish("failed", err.Error())
 			log.Error("task failed", zap.Error(err), zap.Duration("took", time.Since(start)))
 		}()
+		if q, ok := asynq.GetQueueName(ctx); ok && w.slots[q] != nil {
+			select {
+			case w.slots[q] <- struct{}{}:
+			default:
+				rep.Message(ctx, "waiting for the "+q+" queue's previous task to finish stopping")
+				select {
+				case w.slots[q] <- struct{}{}:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			defer func() { <-w.slots[q] }()
+		}
 		return next.ProcessTask(ctx, t)
 	})
 }

@@ -286,7 +286,7 @@ func TestCancelOfAnIsolatedSegmentCheckpointsAndArchives(t *testing.T) {
 	id := e.enqueue(scheduler.TrainSegment{Run: "slow"})
 	ctx := context.Background()
 	for {
-		st := e.rdb.HGetAll(ctx, segment.StateKey("slow")).Val()
+		st := e.rdb.HGetAll(ctx, scheduler.RunStateKey("slow")).Val()
 		if n, _ := strconv.Atoi(st["step"]); n >= 3 {
 			break
 		}
@@ -305,7 +305,7 @@ func TestCancelOfAnIsolatedSegmentCheckpointsAndArchives(t *testing.T) {
 	// The child checkpoints after asynq let go of the task: wait for it.
 	var st map[string]string
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if st = e.rdb.HGetAll(ctx, segment.StateKey("slow")).Val(); st["checkpoint"] != "" {
+		if st = e.rdb.HGetAll(ctx, scheduler.RunStateKey("slow")).Val(); st["checkpoint"] != "" {
 			break
 		}
 	}

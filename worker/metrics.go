@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // Metrics serves kiln's figures in Prometheus's text format at /metrics:
@@ -125,7 +124,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		gauge(descAppendLag, float64(n), store)
 	}
 
-	states, err := segment.ReadRunStates(ctx, m.q.Redis())
+	states, err := scheduler.ReadRunStates(ctx, m.q.Redis())
 	if err != nil {
 		m.log.Warn("metrics: read the runs", zap.Error(err))
 		failed = 1

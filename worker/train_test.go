@@ -129,7 +129,7 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 	e.waitFor(first, time.Minute, "completed", state("completed"))
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		st := e.rdb.HGetAll(context.Background(), segment.StateKey("chain")).Val()
+		st := e.rdb.HGetAll(context.Background(), scheduler.RunStateKey("chain")).Val()
 		if st["checkpoint"] == "9" && st["step"] == "9" {
 			break
 		}
@@ -259,7 +259,7 @@ func TestCancelledSegmentCheckpointsAndStopsTheChain(t *testing.T) {
 
 	id := e.enqueue(scheduler.TrainSegment{Run: "long-one"})
 	deadline := time.Now().Add(time.Minute)
-	for e.rdb.HGet(context.Background(), segment.StateKey("long-one"), "step").Val() == "" {
+	for e.rdb.HGet(context.Background(), scheduler.RunStateKey("long-one"), "step").Val() == "" {
 		if time.Now().After(deadline) {
 			t.Fatal("training did not start")
 		}
@@ -280,7 +280,7 @@ func TestCancelledSegmentCheckpointsAndStopsTheChain(t *testing.T) {
 	var steps []int
 	deadline = time.Now().Add(time.Minute)
 	for {
-		st := e.rdb.HGetAll(context.Background(), segment.StateKey("long-one")).Val()
+		st := e.rdb.HGetAll(context.Background(), scheduler.RunStateKey("long-one")).Val()
 		steps, err = segment.RemoteSteps(context.Background(), objects, "long-one")
 		if err == nil && len(steps) == 1 && st["done"] == "false" && fmt.Sprint(steps[0]) == st["step"] {
 			stopped = st["step"]
@@ -344,7 +344,7 @@ func TestTrainSegmentRefusesAnotherTokenizer(t *testing.T) {
 	if !strings.Contains(ts.LastErr, "other-bpe") || !strings.Contains(ts.LastErr, tokName) || !strings.Contains(ts.LastErr, "their ids mean different text") {
 		t.Fatalf("store of another tokenizer archived with %q; want both tokenizers named", ts.LastErr)
 	}
-	if st := e.rdb.HGet(context.Background(), segment.StateKey("pinned"), "step").Val(); st != "" && st != "0" {
+	if st := e.rdb.HGet(context.Background(), scheduler.RunStateKey("pinned"), "step").Val(); st != "" && st != "0" {
 		t.Fatalf("the run trained to step %s on a store of another tokenizer", st)
 	}
 }
@@ -405,7 +405,7 @@ func TestASegmentWaitsForItsTokenizerAndStores(t *testing.T) {
 	if ts.Retried != 0 {
 		t.Errorf("the segment used %d retries waiting; want none", ts.Retried)
 	}
-	if st := e.rdb.HGet(context.Background(), segment.StateKey("waits"), "done").Val(); st != "true" {
+	if st := e.rdb.HGet(context.Background(), scheduler.RunStateKey("waits"), "done").Val(); st != "true" {
 		t.Errorf("run state done=%q; want the run trained to its end", st)
 	}
 }

@@ -250,7 +250,7 @@ func TestTheUsersDayOnACPU(t *testing.T) {
 	t.Cleanup(func() { q.Close() })
 	rdb := q.Redis()
 	ctx := context.Background()
-	state := func() map[string]string { return rdb.HGetAll(ctx, segment.StateKey("pilot-cpu")).Val() }
+	state := func() map[string]string { return rdb.HGetAll(ctx, scheduler.RunStateKey("pilot-cpu")).Val() }
 	step := func() int { n, _ := strconv.Atoi(state()["step"]); return n }
 	remote := func() []int {
 		steps, err := segment.RemoteSteps(ctx, objects, "pilot-cpu")
@@ -372,7 +372,9 @@ func TestTheUsersDayOnACPU(t *testing.T) {
 func interruptions(t *testing.T, q *scheduler.Client, w *dayWorker, run func(...string) string, state func() map[string]string,
 	step func() int, remote func() []int, waitFor func(string, func() bool)) {
 	t.Helper()
-	runLocked := func() bool { return q.Redis().Exists(context.Background(), "kiln:run:pilot-cpu:lock").Val() == 1 }
+	runLocked := func() bool {
+		return q.Redis().Exists(context.Background(), scheduler.RunLockKey("pilot-cpu")).Val() == 1
+	}
 	// The run waits for the tokenizer and the stores, then trains.
 	waitFor("training", func() bool { return step() >= 4 })
 

@@ -320,7 +320,7 @@ func trainThroughQueue(ctx context.Context, out io.Writer, o demoOptions, run ru
 			return 0, fmt.Errorf("demo: the worker stopped: %v", err)
 		case <-tick.C:
 		}
-		st := rdb.HGetAll(ctx, segment.StateKey(demoRun)).Val()
+		st := rdb.HGetAll(ctx, scheduler.RunStateKey(demoRun)).Val()
 		step, _ := strconv.Atoi(st["step"])
 		// A step's loss is noisy at the demo's batch; the held-out loss,
 		// measured every eval_every steps, is what shows the model learn.

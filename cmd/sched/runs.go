@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 func init() {
@@ -42,7 +41,7 @@ interrupted by a worker's shutdown and re-queued.`,
 			if err != nil {
 				return err
 			}
-			states, err := segment.ReadRunStates(c.Context(), q.Redis())
+			states, err := scheduler.ReadRunStates(c.Context(), q.Redis())
 			if err != nil {
 				return err
 			}
@@ -54,7 +53,7 @@ interrupted by a worker's shutdown and re-queued.`,
 	rootCmd.AddCommand(cmd)
 }
 
-func printRuns(w io.Writer, snap *scheduler.Snapshot, states []segment.RunState, limit int) {
+func printRuns(w io.Writer, snap *scheduler.Snapshot, states []scheduler.RunState, limit int) {
 	fmt.Fprintln(w, "RUNS")
 	views := runViews(states, snap)
 	if len(views) == 0 {

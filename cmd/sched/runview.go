@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // Run states as `sched status` and `sched runs` name them. Only a run
@@ -29,7 +28,7 @@ const (
 // (the run's state hash) joined with its newest segment task in the queue,
 // which says whether anything is still working on it.
 type runView struct {
-	segment.RunState
+	scheduler.RunState
 	HasState bool
 	Status   string
 	// Detail says why: a failure's reason, a lost worker's name.
@@ -44,7 +43,7 @@ type runView struct {
 // steps left, (total - step) x tokens per step, over tok/s as last logged.
 // Tokens per step is the run's own count (tokens seen over steps taken),
 // which is batch x seq x accumulate for every kiln run.
-func runETA(s segment.RunState) (time.Duration, bool) {
+func runETA(s scheduler.RunState) (time.Duration, bool) {
 	if s.Step <= 0 || s.Tokens <= 0 || s.TokPerS <= 0 || s.Total <= s.Step {
 		return 0, false
 	}
@@ -54,7 +53,7 @@ func runETA(s segment.RunState) (time.Duration, bool) {
 
 // runViews joins every run that has recorded progress or has a segment
 // task in the queues, sorted by name.
-func runViews(states []segment.RunState, snap *scheduler.Snapshot) []runView {
+func runViews(states []scheduler.RunState, snap *scheduler.Snapshot) []runView {
 	tasks := snap.RunTasks()
 	byName := map[string]*runView{}
 	for _, s := range states {
@@ -62,7 +61,7 @@ func runViews(states []segment.RunState, snap *scheduler.Snapshot) []runView {
 	}
 	for name := range tasks {
 		if byName[name] == nil {
-			byName[name] = &runView{RunState: segment.RunState{Run: name, Checkpoint: -1}}
+			byName[name] = &runView{RunState: scheduler.RunState{Run: name, Checkpoint: -1}}
 		}
 	}
 	out := make([]runView, 0, len(byName))

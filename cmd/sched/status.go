@@ -12,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // failureWindow is how far back `sched status` lists failures.
@@ -143,9 +142,9 @@ func renderTask(ctx context.Context, w io.Writer, q *scheduler.Client, id string
 	if err != nil {
 		return err
 	}
-	var runs map[string]segment.RunState
+	var runs map[string]scheduler.RunState
 	if ts.Kind == scheduler.KindTrainSegment {
-		states, err := segment.ReadRunStates(ctx, q.Redis())
+		states, err := scheduler.ReadRunStates(ctx, q.Redis())
 		if err != nil {
 			return err
 		}
@@ -155,8 +154,8 @@ func renderTask(ctx context.Context, w io.Writer, q *scheduler.Client, id string
 	return nil
 }
 
-func statesByRun(states []segment.RunState) map[string]segment.RunState {
-	m := make(map[string]segment.RunState, len(states))
+func statesByRun(states []scheduler.RunState) map[string]scheduler.RunState {
+	m := make(map[string]scheduler.RunState, len(states))
 	for _, s := range states {
 		m[s.Run] = s
 	}
@@ -170,7 +169,7 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bo
 	if err != nil {
 		return err
 	}
-	states, err := segment.ReadRunStates(ctx, q.Redis())
+	states, err := scheduler.ReadRunStates(ctx, q.Redis())
 	if err != nil {
 		return err
 	}
@@ -237,7 +236,7 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bo
 // taskLine is one task: id, state, then what its progress says. A
 // training segment's ETA is its run's (tokens left over the measured
 // rate); a task whose worker is lost shows that, and no rate or ETA.
-func taskLine(ts scheduler.TaskStatus, runs map[string]segment.RunState, now time.Time, bars bool) string {
+func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now time.Time, bars bool) string {
 	parts := []string{ts.ID, ts.State}
 	if ts.Lost {
 		parts[1] = "worker lost"

@@ -20,7 +20,6 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // waitOutput runs sched with args until its output matches re; the
@@ -129,7 +128,7 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no status of run eta training agreed with its state hash; last run line %q, state %v", line, state)
 		}
-		before, err := rdb.HGetAll(ctx, segment.StateKey("eta")).Result()
+		before, err := rdb.HGetAll(ctx, scheduler.RunStateKey("eta")).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +136,7 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("status: exit %d: %s", code, errOut)
 		}
-		after, _ := rdb.HGetAll(ctx, segment.StateKey("eta")).Result()
+		after, _ := rdb.HGetAll(ctx, scheduler.RunStateKey("eta")).Result()
 		line = lineOf(out, "eta  ")
 		if fmt.Sprint(before) == fmt.Sprint(after) && before["tok_per_s"] != "" && strings.HasPrefix(line, "eta  training  ") {
 			state = before
@@ -188,7 +187,7 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 
 	// Queued again from its checkpoint, it trains again; its worker
 	// killed, it reads worker lost, and neither line has an ETA.
-	st, err := segment.ReadRunStates(ctx, rdb)
+	st, err := scheduler.ReadRunStates(ctx, rdb)
 	if err != nil || len(st) != 1 {
 		t.Fatalf("run states %v %v", st, err)
 	}

@@ -314,7 +314,7 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 		t.Fatalf("lease of the killed worker's task %s: %v", info.ID, err)
 	}
 	recoverable := time.Unix(int64(exp), 0).Add(31 * time.Second)
-	lockLeft, err := e.rdb.PTTL(ctx, "kiln:run:e2e:lock").Result()
+	lockLeft, err := e.rdb.PTTL(ctx, scheduler.RunLockKey("e2e")).Result()
 	if err != nil || lockLeft <= 0 {
 		t.Fatalf("the killed worker's run lock: ttl %v (%v); want it still held", lockLeft, err)
 	}
@@ -335,7 +335,7 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 	if line := lineWith(b, "resuming from object storage"); !strings.Contains(line, fmt.Sprintf(`"step": %d}`, last)) {
 		t.Errorf("worker B did not resume from step %d in object storage:\n%s", last, b)
 	}
-	if strings.Contains(b, segment.ErrLocked.Error()) {
+	if strings.Contains(b, scheduler.ErrRunLocked.Error()) {
 		t.Errorf("worker B found the run still locked by the dead worker:\n%s", b)
 	}
 	// The recovered task is the run's only segment: nothing else was queued.
@@ -414,7 +414,7 @@ func TestEndToEndGracefulStopLosesNoStep(t *testing.T) {
 	if err := a.Wait(); err != nil {
 		t.Fatalf("worker A did not exit cleanly on SIGTERM: %v\n%s", err, e.log("gpu-a"))
 	}
-	stopped, _ := strconv.Atoi(e.rdb.HGet(e.ctx, segment.StateKey("e2e"), "step").Val())
+	stopped, _ := strconv.Atoi(e.rdb.HGet(e.ctx, scheduler.RunStateKey("e2e"), "step").Val())
 	steps, err := segment.RemoteSteps(e.ctx, e.objects, "e2e")
 	if err != nil || stopped != 6 || len(steps) == 0 || steps[len(steps)-1] != 6 {
 		t.Fatalf("stopped at step %d; checkpoints in S3 %v (%v): the stop must checkpoint and upload step 6, the last completed step", stopped, steps, err)
@@ -537,9 +537,9 @@ func (e *e2e) gpuQueue(t *testing.T) scheduler.QueueStatus {
 func (e *e2e) waitDone(t *testing.T, run string) {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
-	for e.rdb.HGet(e.ctx, segment.StateKey(run), "done").Val() != "true" {
+	for e.rdb.HGet(e.ctx, scheduler.RunStateKey(run), "done").Val() != "true" {
 		if time.Now().After(deadline) {
-			t.Fatalf("run not done within 3 minutes; state %v", e.rdb.HGetAll(e.ctx, segment.StateKey(run)).Val())
+			t.Fatalf("run not done within 3 minutes; state %v", e.rdb.HGetAll(e.ctx, scheduler.RunStateKey(run)).Val())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -89,7 +89,7 @@ func parseStepDir(name string) (int, bool) {
 // the completion marker. Files go up in a fixed order with
 // trainer_state.json last, so that even without the marker a reader of the
 // prefix sees the trainer's own completeness rule respected.
-func Push(ctx context.Context, obj Objects, lock *Lock, run, dir string) (Marker, error) {
+func Push(ctx context.Context, obj Objects, lock Lease, run, dir string) (Marker, error) {
 	st, err := trainer.CheckCheckpoint(dir)
 	if err != nil {
 		return Marker{}, fmt.Errorf("push %s: %w", dir, err)

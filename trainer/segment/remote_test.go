@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/trainer"
 )
 
@@ -37,7 +38,7 @@ func TestPushPullRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	obj, _ := newS3(t)
 	rdb := newRedis(t)
-	lock, err := Acquire(ctx, rdb, "r1", "w", time.Second, nil)
+	lock, err := scheduler.AcquireRun(ctx, rdb, "r1", "w", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,21 +106,19 @@ func TestStaleWorkerCannotMarkComplete(t *testing.T) {
 	ctx := context.Background()
 	obj, _ := newS3(t)
 	rdb := newRedis(t)
-	stale, err := Acquire(ctx, rdb, "r", "old", time.Second, nil)
+	stale, err := scheduler.AcquireRun(ctx, rdb, "r", "old", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stale.stop()
-	<-stale.done
-	rdb.Del(ctx, lockKey("r")) // its lease ran out
-	fresh, err := Acquire(ctx, rdb, "r", "new", time.Second, nil)
+	rdb.Del(ctx, scheduler.RunLockKey("r")) // its lease ran out
+	fresh, err := scheduler.AcquireRun(ctx, rdb, "r", "new", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fresh.Release(ctx)
 	_, err = Push(ctx, obj, stale, "r", writeTestCheckpoint(t, t.TempDir(), 500))
-	if !errors.Is(err, ErrLockLost) {
-		t.Fatalf("stale push: want ErrLockLost, got %v", err)
+	if !errors.Is(err, scheduler.ErrRunLockLost) {
+		t.Fatalf("stale push: want scheduler.ErrRunLockLost, got %v", err)
 	}
 	if steps, _ := RemoteSteps(ctx, obj, "r"); len(steps) != 0 {
 		t.Fatalf("a stale worker marked %v complete", steps)

@@ -1,3 +1,7 @@
+// Package segment is the logic of one train:segment task: take the run's
+// lock, resume from the latest complete checkpoint (local, else object
+// storage), train for a bounded time or number of steps, push checkpoints
+// in the background, write results, and say whether a next segment is due.
 package segment
 
 import (
@@ -14,12 +18,29 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
 )
+
+// Lease is the run's lock as the queue keeps it (scheduler.RunLock): a
+// segment writes the run's state and marks checkpoints complete only
+// through it, so that a worker that lost the run cannot overwrite the work
+// of the one that took it over.
+type Lease interface {
+	// Token is the lease's fencing token, recorded in completion markers.
+	Token() int64
+	// Lost is closed when the lease lapses or is taken over.
+	Lost() <-chan struct{}
+	// Fenced sets fields of the run's state while the lease holds.
+	Fenced(ctx context.Context, fields map[string]string) error
+	// Check fails once the lease no longer holds.
+	Check(ctx context.Context) error
+	Release(ctx context.Context) error
+}
 
 // Params configure one segment. Zero values take the defaults noted; the
 // defaults are resolved in withDefaults and nowhere else.
@@ -197,7 +218,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		return out, err
 	}
 	// Wall-clock adds up over segments; the state hash carries the sum.
-	prevWall, _ := p.Redis.HGet(ctx, StateKey(run), "wall_s").Float64()
+	prevWall, _ := p.Redis.HGet(ctx, scheduler.RunStateKey(run), "wall_s").Float64()
 	began := time.Now()
 	out.Began = began
 	wall := func() time.Duration { return time.Duration(prevWall*float64(time.Second)) + time.Since(began) }
@@ -271,7 +292,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	out.Uploaded = up.uploadedStep()
 	select {
 	case <-lock.Lost():
-		return out, fmt.Errorf("%w: run %s: stopped at step %d without marking it complete", ErrLockLost, run, res.Step)
+		return out, fmt.Errorf("%w: run %s: stopped at step %d without marking it complete", scheduler.ErrRunLockLost, run, res.Step)
 	default:
 	}
 	rerr := p.writeResults(context.WithoutCancel(ctx), dir, rc, out, log)
@@ -355,11 +376,11 @@ func (p Params) initialEval(ctx context.Context, dir string, rc trainer.RunConfi
 // worker that died (SIGKILL, power loss) holds the run until its lease runs
 // out, and its replacement should take over then, not after a retry
 // back-off. A run still locked after a whole lease has a live holder.
-func acquireWaiting(ctx context.Context, rdb redis.UniversalClient, run, owner string, ttl time.Duration, log *zap.Logger) (*Lock, error) {
+func acquireWaiting(ctx context.Context, rdb redis.UniversalClient, run, owner string, ttl time.Duration, log *zap.Logger) (Lease, error) {
 	deadline := time.Now().Add(ttl + ttl/10)
 	for {
-		l, err := Acquire(ctx, rdb, run, owner, ttl, log)
-		if !errors.Is(err, ErrLocked) || time.Now().After(deadline) {
+		l, err := scheduler.AcquireRun(ctx, rdb, run, owner, ttl, log)
+		if !errors.Is(err, scheduler.ErrRunLocked) || time.Now().After(deadline) {
 			return l, err
 		}
 		select {
@@ -423,7 +444,7 @@ func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
 }
 
 // writeState records the run's progress in its state hash, fenced.
-func (p Params) writeState(ctx context.Context, lock *Lock, rc trainer.RunConfig, m trainer.Metrics, wall time.Duration, extra map[string]string, log *zap.Logger) {
+func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig, m trainer.Metrics, wall time.Duration, extra map[string]string, log *zap.Logger) {
 	f := map[string]string{
 		"step":    strconv.Itoa(m.Step),
 		"total":   strconv.Itoa(rc.TotalSteps),

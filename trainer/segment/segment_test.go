@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -141,7 +142,7 @@ func TestSegmentsResumeFromObjectStorageAfterLosingTheDisk(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(steps, []int{6, 8}) {
 		t.Fatalf("remote checkpoints %v %v", steps, err)
 	}
-	st := rdb.HGetAll(ctx, StateKey("r")).Val()
+	st := rdb.HGetAll(ctx, scheduler.RunStateKey("r")).Val()
 	if st["checkpoint"] != "8" || st["step"] != "8" || st["total"] != "8" || st["worker"] != "gpu-b" || st["done"] != "true" || st["wall_s"] == "0.0" {
 		t.Errorf("run state %v", st)
 	}
@@ -196,14 +197,14 @@ func TestSegmentsResumeFromObjectStorageAfterLosingTheDisk(t *testing.T) {
 func TestSecondWorkerFindsTheRunLocked(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRedis(t)
-	held, err := Acquire(ctx, rdb, "busy", "gpu-a", time.Second, nil)
+	held, err := scheduler.AcquireRun(ctx, rdb, "busy", "gpu-a", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer held.Release(ctx)
 	_, err = Run(ctx, Params{Run: testRun("busy", 4), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Owner: "gpu-b", LockTTL: 200 * time.Millisecond})
-	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "gpu-a") {
-		t.Fatalf("want ErrLocked naming gpu-a, got %v", err)
+	if !errors.Is(err, scheduler.ErrRunLocked) || !strings.Contains(err.Error(), "gpu-a") {
+		t.Fatalf("want scheduler.ErrRunLocked naming gpu-a, got %v", err)
 	}
 }
 
@@ -212,12 +213,10 @@ func TestSecondWorkerFindsTheRunLocked(t *testing.T) {
 func TestDeadWorkersLockIsTakenOverAfterItsLease(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRedis(t)
-	dead, err := Acquire(ctx, rdb, "orphan", "gpu-a", 300*time.Millisecond, nil)
-	if err != nil {
+	// A killed holder leaves its lock to lapse: the key, never renewed.
+	if err := rdb.Set(ctx, scheduler.RunLockKey("orphan"), "1:gpu-a", 300*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
-	dead.stop() // it stops renewing, as a killed process does
-	<-dead.done
 	// The new holder's own lease is longer than the dead one's, so that it
 	// waits long enough and its renewals survive a busy machine.
 	out, err := Run(ctx, Params{Run: testRun("orphan", 2), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Owner: "gpu-b", LockTTL: time.Second})

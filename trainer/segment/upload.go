@@ -26,7 +26,7 @@ import (
 // trainer, which bounds the local disk a slow store can cost.
 type uploader struct {
 	p    Params
-	lock *Lock
+	lock Lease
 	dir  string
 	rc   trainer.RunConfig
 	log  *zap.Logger
@@ -51,7 +51,7 @@ type upJob struct {
 	step int
 }
 
-func newUploader(p Params, lock *Lock, dir string, rc trainer.RunConfig, log *zap.Logger, wall func() time.Duration) *uploader {
+func newUploader(p Params, lock Lease, dir string, rc trainer.RunConfig, log *zap.Logger, wall func() time.Duration) *uploader {
 	// Uploads outlive the segment's context: a cancelled segment still owes
 	// object storage its last checkpoint, within UploadGrace.
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,4 +1,4 @@
-package segment
+package scheduler
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/kiln-lm/kiln/internal/testsvc"
 )
 
-func newRedis(t *testing.T) *redis.Client {
+func newRunRedis(t *testing.T) *redis.Client {
 	t.Helper()
 	rdb := redis.NewClient(&redis.Options{Addr: testsvc.Redis(t)})
 	t.Cleanup(func() { rdb.Close() })
@@ -21,17 +21,17 @@ func newRedis(t *testing.T) *redis.Client {
 
 func TestLockIsExclusiveAndTokensGrow(t *testing.T) {
 	ctx := context.Background()
-	rdb := newRedis(t)
-	a, err := Acquire(ctx, rdb, "pilot", "gpu-a", time.Second, nil)
+	rdb := newRunRedis(t)
+	a, err := AcquireRun(ctx, rdb, "pilot", "gpu-a", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = Acquire(ctx, rdb, "pilot", "gpu-b", time.Second, nil)
-	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "gpu-a") {
-		t.Fatalf("second worker: want ErrLocked naming gpu-a, got %v", err)
+	_, err = AcquireRun(ctx, rdb, "pilot", "gpu-b", time.Second, nil)
+	if !errors.Is(err, ErrRunLocked) || !strings.Contains(err.Error(), "gpu-a") {
+		t.Fatalf("second worker: want ErrRunLocked naming gpu-a, got %v", err)
 	}
 	// Another run is independent.
-	o, err := Acquire(ctx, rdb, "long", "gpu-b", time.Second, nil)
+	o, err := AcquireRun(ctx, rdb, "long", "gpu-b", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestLockIsExclusiveAndTokensGrow(t *testing.T) {
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b, err := Acquire(ctx, rdb, "pilot", "gpu-b", time.Second, nil)
+	b, err := AcquireRun(ctx, rdb, "pilot", "gpu-b", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,8 +51,8 @@ func TestLockIsExclusiveAndTokensGrow(t *testing.T) {
 
 func TestStaleHolderIsFencedOut(t *testing.T) {
 	ctx := context.Background()
-	rdb := newRedis(t)
-	a, err := Acquire(ctx, rdb, "pilot", "gpu-a", time.Second, nil)
+	rdb := newRunRedis(t)
+	a, err := AcquireRun(ctx, rdb, "pilot", "gpu-a", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,9 +63,9 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 	// key is what expiry does, without waiting for it).
 	a.stop()
 	<-a.done
-	rdb.Del(ctx, lockKey("pilot"))
+	rdb.Del(ctx, RunLockKey("pilot"))
 
-	b, err := Acquire(ctx, rdb, "pilot", "gpu-b", time.Second, nil)
+	b, err := AcquireRun(ctx, rdb, "pilot", "gpu-b", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,15 +75,15 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 	}
 	// gpu-a wakes up and tries to record an older checkpoint.
 	err = a.Fenced(ctx, map[string]string{"checkpoint": "1500"})
-	if !errors.Is(err, ErrLockLost) {
-		t.Fatalf("stale holder: want ErrLockLost, got %v", err)
+	if !errors.Is(err, ErrRunLockLost) {
+		t.Fatalf("stale holder: want ErrRunLockLost, got %v", err)
 	}
 	select {
 	case <-a.Lost():
 	default:
 		t.Fatal("Lost not closed after a refused write")
 	}
-	if got := rdb.HGet(ctx, StateKey("pilot"), "checkpoint").Val(); got != "2000" {
+	if got := rdb.HGet(ctx, RunStateKey("pilot"), "checkpoint").Val(); got != "2000" {
 		t.Fatalf("state checkpoint = %s, want the new holder's 2000", got)
 	}
 	// Releasing the stale lock must not delete the new holder's.
@@ -95,11 +95,11 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 
 func TestLeaseIsRenewedWhileHeld(t *testing.T) {
 	ctx := context.Background()
-	rdb := newRedis(t)
+	rdb := newRunRedis(t)
 	// A lease long enough that only a stall of two thirds of it (on a
 	// machine busy with every other package's tests) lets it lapse between
 	// renewals; a 90 ms lease once lapsed that way.
-	l, err := Acquire(ctx, rdb, "demo", "w", time.Second, nil)
+	l, err := AcquireRun(ctx, rdb, "demo", "w", time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,20 +109,20 @@ func TestLeaseIsRenewedWhileHeld(t *testing.T) {
 	if err := l.Check(ctx); err != nil {
 		t.Fatalf("lock expired although renewed: %v", err)
 	}
-	if _, err := Acquire(ctx, rdb, "demo", "x", time.Second, nil); !errors.Is(err, ErrLocked) {
-		t.Fatalf("want ErrLocked, got %v", err)
+	if _, err := AcquireRun(ctx, rdb, "demo", "x", time.Second, nil); !errors.Is(err, ErrRunLocked) {
+		t.Fatalf("want ErrRunLocked, got %v", err)
 	}
 }
 
 func TestTakeoverIsNoticedByRenewal(t *testing.T) {
 	ctx := context.Background()
-	rdb := newRedis(t)
-	l, err := Acquire(ctx, rdb, "demo", "w", 90*time.Millisecond, nil)
+	rdb := newRunRedis(t)
+	l, err := AcquireRun(ctx, rdb, "demo", "w", 90*time.Millisecond, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Release(ctx)
-	rdb.Set(ctx, lockKey("demo"), "99:intruder", time.Minute)
+	rdb.Set(ctx, RunLockKey("demo"), "99:intruder", time.Minute)
 	select {
 	case <-l.Lost():
 	case <-time.After(5 * time.Second):
@@ -130,7 +130,7 @@ func TestTakeoverIsNoticedByRenewal(t *testing.T) {
 	}
 	// The intruder's lock survives our release.
 	l.Release(ctx)
-	if v := rdb.Get(ctx, lockKey("demo")).Val(); v != "99:intruder" {
+	if v := rdb.Get(ctx, RunLockKey("demo")).Val(); v != "99:intruder" {
 		t.Fatalf("lock value %q after release", v)
 	}
 }

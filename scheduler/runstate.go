@@ -1,4 +1,4 @@
-package segment
+package scheduler
 
 import (
 	"context"
@@ -46,7 +46,7 @@ func ReadRunStates(ctx context.Context, rdb redis.UniversalClient) ([]RunState, 
 		if err != nil {
 			return nil, fmt.Errorf("read state of run %s: %w", run, err)
 		}
-		out = append(out, parseState(run, h))
+		out = append(out, parseRunState(run, h))
 	}
 	if err := iter.Err(); err != nil {
 		return nil, fmt.Errorf("list runs: %w", err)
@@ -55,7 +55,7 @@ func ReadRunStates(ctx context.Context, rdb redis.UniversalClient) ([]RunState, 
 	return out, nil
 }
 
-func parseState(run string, h map[string]string) RunState {
+func parseRunState(run string, h map[string]string) RunState {
 	s := RunState{Run: run, Checkpoint: -1, Worker: h["worker"], Done: h["done"] == "true"}
 	s.Step, _ = strconv.Atoi(h["step"])
 	s.Total, _ = strconv.Atoi(h["total"])

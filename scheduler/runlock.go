@@ -1,8 +1,4 @@
-// Package segment is the logic of one train:segment task: take the run's
-// lock, resume from the latest complete checkpoint (local, else object
-// storage), train for a bounded time or number of steps, push checkpoints
-// in the background, write results, and say whether a next segment is due.
-package segment
+package scheduler
 
 import (
 	"context"
@@ -17,22 +13,22 @@ import (
 	"go.uber.org/zap"
 )
 
-// ErrLocked means another worker holds the run; the task should be retried
+// ErrRunLocked means another worker holds the run; the task should be retried
 // later, not failed.
-var ErrLocked = errors.New("run is locked by another worker")
+var ErrRunLocked = errors.New("run is locked by another worker")
 
-// ErrLockLost means this worker's lock expired or was taken over while it
+// ErrRunLockLost means this worker's lock expired or was taken over while it
 // trained: everything it would write from now on is stale and refused.
-var ErrLockLost = errors.New("run lock lost")
+var ErrRunLockLost = errors.New("run lock lost")
 
-// Lock keeps one run from being trained by two workers at once. Each
+// RunLock keeps one run from being trained by two workers at once. Each
 // acquisition draws a fencing token from a per-run counter that only grows;
 // every write that must not come from a stale holder (a checkpoint's
 // completion, the run's state) is made through Fenced, which Redis refuses
 // unless the caller's token is still the newest. A worker that paused past
 // its lease (a long GC, a frozen VM, a network partition) therefore cannot
 // overwrite the work of the worker that took over.
-type Lock struct {
+type RunLock struct {
 	rdb   redis.UniversalClient
 	run   string
 	value string // "<token>:<owner>", the lock key's value while held
@@ -47,12 +43,15 @@ type Lock struct {
 	done   chan struct{}
 }
 
-func lockKey(run string) string  { return "kiln:run:" + run + ":lock" }
-func fenceKey(run string) string { return "kiln:run:" + run + ":fence" }
+// RunLockKey is the key of run's lock; while held its value names the
+// holder ("<token>:<owner>").
+func RunLockKey(run string) string { return "kiln:run:" + run + ":lock" }
 
-// StateKey is the hash that holds a run's progress for `sched status`:
+func runFenceKey(run string) string { return "kiln:run:" + run + ":fence" }
+
+// RunStateKey is the hash that holds a run's progress for `sched status`:
 // written only through Fenced.
-func StateKey(run string) string { return "kiln:run:" + run + ":state" }
+func RunStateKey(run string) string { return "kiln:run:" + run + ":state" }
 
 var acquireScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
@@ -88,18 +87,18 @@ end
 return 1
 `)
 
-// Acquire takes the run's lock for owner (a worker's name, shown to whoever
+// AcquireRun takes the run's lock for owner (a worker's name, shown to whoever
 // finds the run locked) with a lease of ttl, and keeps renewing it every
-// ttl/3 until Release. ErrLocked, wrapped with the holder's name, means
+// ttl/3 until Release. ErrRunLocked, wrapped with the holder's name, means
 // another worker has it.
-func Acquire(ctx context.Context, rdb redis.UniversalClient, run, owner string, ttl time.Duration, log *zap.Logger) (*Lock, error) {
+func AcquireRun(ctx context.Context, rdb redis.UniversalClient, run, owner string, ttl time.Duration, log *zap.Logger) (*RunLock, error) {
 	if ttl < 30*time.Millisecond {
 		return nil, fmt.Errorf("lock run %s: lease %v is too short to renew", run, ttl)
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	res, err := acquireScript.Run(ctx, rdb, []string{lockKey(run), fenceKey(run)}, owner, ttl.Milliseconds()).Slice()
+	res, err := acquireScript.Run(ctx, rdb, []string{RunLockKey(run), runFenceKey(run)}, owner, ttl.Milliseconds()).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("lock run %s: %w", run, err)
 	}
@@ -107,10 +106,10 @@ func Acquire(ctx context.Context, rdb redis.UniversalClient, run, owner string, 
 	if token == 0 {
 		holder, _ := res[1].(string)
 		_, who, _ := strings.Cut(holder, ":")
-		return nil, fmt.Errorf("%w: run %s is being trained by %s", ErrLocked, run, who)
+		return nil, fmt.Errorf("%w: run %s is being trained by %s", ErrRunLocked, run, who)
 	}
 	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	l := &Lock{
+	l := &RunLock{
 		rdb: rdb, run: run, token: token, ttl: ttl, log: log,
 		value:  strconv.FormatInt(token, 10) + ":" + owner,
 		lostCh: make(chan struct{}), stop: stop, done: make(chan struct{}),
@@ -120,12 +119,12 @@ func Acquire(ctx context.Context, rdb redis.UniversalClient, run, owner string, 
 }
 
 // Token is this holder's fencing token.
-func (l *Lock) Token() int64 { return l.token }
+func (l *RunLock) Token() int64 { return l.token }
 
 // Lost is closed once the lock can no longer be trusted.
-func (l *Lock) Lost() <-chan struct{} { return l.lostCh }
+func (l *RunLock) Lost() <-chan struct{} { return l.lostCh }
 
-func (l *Lock) markLost(why string) {
+func (l *RunLock) markLost(why string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.lost {
@@ -139,7 +138,7 @@ func (l *Lock) markLost(why string) {
 // worker holds the run now; renewals that fail to reach Redis are retried
 // until the lease would have run out, since after that another worker may
 // have taken over.
-func (l *Lock) keepAlive(ctx context.Context) {
+func (l *RunLock) keepAlive(ctx context.Context) {
 	defer close(l.done)
 	every := l.ttl / 3
 	t := time.NewTicker(every)
@@ -152,7 +151,7 @@ func (l *Lock) keepAlive(ctx context.Context) {
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, every)
-		n, err := renewScript.Run(rctx, l.rdb, []string{lockKey(l.run)}, l.value, l.ttl.Milliseconds()).Int64()
+		n, err := renewScript.Run(rctx, l.rdb, []string{RunLockKey(l.run)}, l.value, l.ttl.Milliseconds()).Int64()
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -173,20 +172,20 @@ func (l *Lock) keepAlive(ctx context.Context) {
 }
 
 // Fenced sets fields of the run's state hash only while this holder's token
-// is the newest and its lease still holds; otherwise it returns ErrLockLost
+// is the newest and its lease still holds; otherwise it returns ErrRunLockLost
 // and writes nothing.
-func (l *Lock) Fenced(ctx context.Context, fields map[string]string) error {
+func (l *RunLock) Fenced(ctx context.Context, fields map[string]string) error {
 	args := []any{strconv.FormatInt(l.token, 10), l.value}
 	for k, v := range fields {
 		args = append(args, k, v)
 	}
-	n, err := fencedHSetScript.Run(ctx, l.rdb, []string{lockKey(l.run), fenceKey(l.run), StateKey(l.run)}, args...).Int64()
+	n, err := fencedHSetScript.Run(ctx, l.rdb, []string{RunLockKey(l.run), runFenceKey(l.run), RunStateKey(l.run)}, args...).Int64()
 	if err != nil {
 		return fmt.Errorf("fenced write for run %s: %w", l.run, err)
 	}
 	if n == 0 {
 		l.markLost("a fenced write was refused")
-		return fmt.Errorf("%w: run %s: token %d is no longer the newest", ErrLockLost, l.run, l.token)
+		return fmt.Errorf("%w: run %s: token %d is no longer the newest", ErrRunLockLost, l.run, l.token)
 	}
 	return nil
 }
@@ -194,13 +193,13 @@ func (l *Lock) Fenced(ctx context.Context, fields map[string]string) error {
 // Check is Fenced with nothing to write: it says whether this holder may
 // still write, immediately before a write that Redis cannot guard itself
 // (a checkpoint's completion marker in object storage).
-func (l *Lock) Check(ctx context.Context) error { return l.Fenced(ctx, nil) }
+func (l *RunLock) Check(ctx context.Context) error { return l.Fenced(ctx, nil) }
 
 // Release stops renewing and deletes the lock if it is still this holder's.
-func (l *Lock) Release(ctx context.Context) error {
+func (l *RunLock) Release(ctx context.Context) error {
 	l.stop()
 	<-l.done
-	if _, err := releaseScript.Run(ctx, l.rdb, []string{lockKey(l.run)}, l.value).Result(); err != nil {
+	if _, err := releaseScript.Run(ctx, l.rdb, []string{RunLockKey(l.run)}, l.value).Result(); err != nil {
 		return fmt.Errorf("release lock of run %s: %w", l.run, err)
 	}
 	return nil

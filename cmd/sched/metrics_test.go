@@ -117,9 +117,10 @@ func TestWorkerMetricsFollowIngestAndTraining(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	page := scrape()
-	if series(page, "kiln_workers") < 1 || series(page, "kiln_scrape_error") != 0 || series(page, "go_goroutines") <= 0 {
-		t.Fatalf("first scrape: no live worker, a scrape error, or no runtime metrics:\n%s", page)
+	// The endpoint opens before the worker's first heartbeat lands.
+	page := waitSeries("the worker's heartbeat", func(p string) bool { return series(p, "kiln_workers") >= 1 })
+	if series(page, "kiln_scrape_error") != 0 || series(page, "go_goroutines") <= 0 {
+		t.Fatalf("a scrape error, or no runtime metrics:\n%s", page)
 	}
 
 	if out, errOut, code := sched(t, env, "enqueue", "ingest", "local:"+filepath.Join(corpus, "*.go"), "--store", "code"); code != 0 {

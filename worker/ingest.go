@@ -107,12 +107,12 @@ func AbortStaleUploads(ctx context.Context, objects store.Store, idle time.Durat
 func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 	rep := Progress(ctx)
 	if a.Tokenizer != "" && c.Queue != nil {
-		ti, err := c.Queue.LiveTokenizer(ctx, a.Tokenizer)
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", a.Kind(), a.Dataset, err)
-		}
-		if ti != nil {
-			we := &WaitError{For: fmt.Sprintf("tokenizer %s (%s, %s)", a.Tokenizer, ti.ID, ti.State), Every: c.WaitEvery}
+		if err := waitForTokenizer(ctx, c.Queue, a.Tokenizer); err != nil {
+			var we *WaitError
+			if !errors.As(err, &we) {
+				return fmt.Errorf("%s %s: %w", a.Kind(), a.Dataset, err)
+			}
+			we.Every = c.WaitEvery
 			rep.Message(ctx, we.Error())
 			return we
 		}

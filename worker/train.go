@@ -296,6 +296,16 @@ type Live interface {
 	LiveIngest(ctx context.Context, store string) (int, error)
 }
 
+// waitForTokenizer returns a *WaitError while tokenizer name is being
+// sampled or trained.
+func waitForTokenizer(ctx context.Context, q Live, name string) error {
+	ti, err := q.LiveTokenizer(ctx, name)
+	if err != nil || ti == nil {
+		return err
+	}
+	return &WaitError{For: fmt.Sprintf("tokenizer %s (%s, %s)", name, ti.ID, ti.State)}
+}
+
 // waitForInputs returns a *WaitError while run's tokenizer is being made or
 // one of its stores is being ingested: a run queued right after them (the
 // README's day, typed in one go) starts once they are done, on all of its
@@ -304,10 +314,8 @@ func waitForInputs(ctx context.Context, q Live, run, tok string, mixture []train
 	if q == nil {
 		return nil
 	}
-	if ti, err := q.LiveTokenizer(ctx, tok); err != nil {
+	if err := waitForTokenizer(ctx, q, tok); err != nil {
 		return fmt.Errorf("train:segment run %s: %w", run, err)
-	} else if ti != nil {
-		return &WaitError{For: fmt.Sprintf("tokenizer %s (%s, %s)", tok, ti.ID, ti.State)}
 	}
 	for _, m := range mixture {
 		if filepath.IsAbs(m.Store) {

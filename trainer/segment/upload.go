@@ -277,7 +277,10 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	if err := s.WriteFiles(dir); err != nil {
 		return err
 	}
-	events, err := writeEvents(dir, recs, out)
+	// This segment's TensorBoard file: its lines up to out.Step, the
+	// checkpoint being uploaded, from which a successor resumes if this
+	// worker dies.
+	events, err := results.WriteEventFile(dir, recs, out.ResumedFrom, out.Step, out.Began)
 	if err != nil {
 		return err
 	}
@@ -293,14 +296,6 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 		}
 	}
 	return nil
-}
-
-// writeEvents writes this segment's TensorBoard event file: its lines of
-// metrics up to out.Step (the checkpoint being uploaded, from which a
-// successor resumes if this worker dies). Each segment has a file of its
-// own, so the steps continue across resumes.
-func writeEvents(dir string, recs []results.Record, out Outcome) (string, error) {
-	return results.WriteEventFile(dir, recs, out.ResumedFrom, out.Step, out.Began)
 }
 
 // Settings is the configuration table of a run's summary.

@@ -147,9 +147,10 @@ func (p *Pipeline) manifest(dir string) *tokens.Manifest {
 }
 
 // Limits stop an ingest before its store passes them; zero means none.
+// Every job of an ingest carries its plan's limits.
 type Limits struct {
-	MaxTokens int64 // committed tokens
-	MaxDisk   int64 // bytes of committed tokens (tokens.bin)
+	MaxTokens int64 `json:"max_tokens,omitempty"` // committed tokens
+	MaxDisk   int64 `json:"max_disk,omitempty"`   // bytes of committed tokens (tokens.bin)
 }
 
 // StopError ends a step cleanly at a limit: retrying cannot help until
@@ -169,59 +170,89 @@ func (e *MissingShardError) Error() string {
 
 func (e *MissingShardError) BadInput() bool { return true }
 
-// PlanJob is one ingest:plan.
+// The three jobs of an ingest are also its tasks' payloads: the queue
+// stores them as JSON and a worker hands the decoded value to the Pipeline
+// as it is. A change to their JSON is a new payload version (scheduler's
+// policy for the kind).
+const (
+	KindPlan   = "ingest:plan"
+	KindShard  = "ingest:shard"
+	KindAppend = "ingest:append"
+)
+
+// PlanJob is one ingest:plan: list a dataset's files and queue one ShardJob
+// for each file the store does not hold yet.
 type PlanJob struct {
-	// Dataset is a preset name or local:<glob>.
-	Dataset string
-	// Revision overrides the preset's (a branch, tag or commit).
-	Revision  string
-	Vars      map[string][]string
-	Store     string
-	Tokenizer string
-	Seed      uint64
-	MaxFiles  int // 0: all files
-	Limits    Limits
+	// Dataset is a preset name, a Hugging Face dataset id or local:<glob>.
+	Dataset string `json:"dataset"`
+	// Revision overrides the preset's (a branch, tag or commit); the plan
+	// records the resolved commit in each shard.
+	Revision string `json:"revision,omitempty"`
+	// Vars sets the preset's variables ("language": ["Python", "Go"]).
+	Vars map[string][]string `json:"vars,omitempty"`
+	// Store names the token store to fill (default: Dataset's last element).
+	Store string `json:"store,omitempty"`
+	// Tokenizer names the tokenizer: tokenizers/<Tokenizer>/tokenizer.json.
+	Tokenizer string `json:"tokenizer,omitempty"`
+	// Seed orders the files; the same seed plans the same order.
+	Seed     uint64 `json:"seed,omitempty"`
+	MaxFiles int    `json:"max_files,omitempty"` // 0: all files
+	Limits
 }
 
-// ShardJob is one ingest:shard: one file of a dataset.
+func (PlanJob) Kind() string { return KindPlan }
+
+// ShardJob is one ingest:shard: download one file of a dataset, tokenize it
+// and write a shard token file under tokens/<Store>/shards/.
 type ShardJob struct {
-	Dataset string
+	Dataset string `json:"dataset"`
 	// Repo is the hub dataset; empty for a local file, which Path then
 	// names on the worker's machine.
-	Repo     string
-	Revision string
-	Path     string
+	Repo     string `json:"repo,omitempty"`
+	Revision string `json:"revision,omitempty"`
+	// Path is the file's path inside the dataset repository.
+	Path string `json:"path"`
 	// Size, SHA256 (LFS) and GitOID (small files) verify the download.
-	Size      int64
-	SHA256    string
-	GitOID    string
-	Columns   Columns
-	Store     string
-	Tokenizer string
-	ShardID   string
-	Limits    Limits
+	Size      int64   `json:"size,omitempty"`
+	SHA256    string  `json:"sha256,omitempty"`
+	GitOID    string  `json:"git_oid,omitempty"`
+	Columns   Columns `json:"columns"`
+	Store     string  `json:"store"`
+	Tokenizer string  `json:"tokenizer"`
+	// ShardID is the file's exactly-once key in the store's manifest.
+	ShardID string `json:"shard_id,omitempty"`
+	Limits
 }
 
-// AppendJob is one ingest:append: a shard token file to append, or (with
-// SkipReason set) a file to record as skipped.
+func (ShardJob) Kind() string { return KindShard }
+
+// AppendJob is one ingest:append: a shard token file to append to the
+// store on the append worker's machine, exactly once (the manifest records
+// shard ids), or (with SkipReason set) a file to record as skipped.
 type AppendJob struct {
-	Store   string
-	ShardID string
+	Store string `json:"store"`
+	// ShardID identifies the shard in the manifest (stable across retries).
+	ShardID string `json:"shard_id"`
 	// Object is the shard token file's key; empty for a skipped file.
-	Object    string
-	Dataset   string
-	Source    string
-	Revision  string
-	SHA256    string
-	Documents int64
-	Tokens    int64
-	Tokenizer tokens.Tokenizer
+	Object  string `json:"object,omitempty"`
+	Dataset string `json:"dataset,omitempty"`
+	Source  string `json:"source,omitempty"`
+	// Revision is the dataset commit the shard was read at.
+	Revision  string `json:"revision,omitempty"`
+	SHA256    string `json:"sha256,omitempty"`
+	Documents int64  `json:"documents,omitempty"`
+	Tokens    int64  `json:"tokens,omitempty"`
+	// Tokenizer wrote the shard: a new store records it and an existing one
+	// must match it.
+	Tokenizer tokens.Tokenizer `json:"tokenizer"`
 	// Skipped counts the documents left out of the shard, by reason.
-	Skipped     Skips
-	SkipReason  string
-	SkipMessage string
-	Limits      Limits
+	Skipped     Skips  `json:"skipped,omitempty"`
+	SkipReason  string `json:"skip_reason,omitempty"`
+	SkipMessage string `json:"skip_message,omitempty"`
+	Limits
 }
+
+func (AppendJob) Kind() string { return KindAppend }
 
 // PlanResult is what a plan found; the caller enqueues Shards in order.
 type PlanResult struct {

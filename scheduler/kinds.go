@@ -3,6 +3,8 @@ package scheduler
 import (
 	"sync"
 	"time"
+
+	"github.com/kiln-lm/kiln/ingest"
 )
 
 // Queue names. A worker serves some of them (sched worker --queues).
@@ -23,9 +25,9 @@ var Queues = []string{QueueIngest, QueueAppend, QueueGPU}
 // rename one; add the old string to aliases instead, so queued work is not
 // orphaned.
 const (
-	KindIngestPlan      = "ingest:plan"
-	KindIngestShard     = "ingest:shard"
-	KindIngestAppend    = "ingest:append"
+	KindIngestPlan      = ingest.KindPlan
+	KindIngestShard     = ingest.KindShard
+	KindIngestAppend    = ingest.KindAppend
 	KindTrainSegment    = "train:segment"
 	KindBenchRun        = "bench:run"
 	KindTokenizerSample = "tokenizer:sample"
@@ -59,11 +61,11 @@ const day = 24 * time.Hour
 // policies holds every product kind's policy.
 var policies = map[string]Policy{
 	// Listing a dataset is a few hub requests.
-	KindIngestPlan: {Queue: QueueIngest, Version: 1, Timeout: 30 * time.Minute, MaxRetry: 5, Backoff: 30 * time.Second, MaxBackoff: 30 * time.Minute, Retention: 7 * day},
+	KindIngestPlan: {Queue: QueueIngest, Version: 2, Timeout: 30 * time.Minute, MaxRetry: 5, Backoff: 30 * time.Second, MaxBackoff: 30 * time.Minute, Retention: 7 * day},
 	// A shard is one file: download (hundreds of MB), decode, tokenize.
-	KindIngestShard: {Queue: QueueIngest, Version: 1, Timeout: 2 * time.Hour, MaxRetry: 8, Backoff: 30 * time.Second, MaxBackoff: time.Hour, Retention: 7 * day},
+	KindIngestShard: {Queue: QueueIngest, Version: 2, Timeout: 2 * time.Hour, MaxRetry: 8, Backoff: 30 * time.Second, MaxBackoff: time.Hour, Retention: 7 * day},
 	// An append copies one shard file into the store; exactly-once by manifest.
-	KindIngestAppend: {Queue: QueueAppend, Version: 1, Timeout: time.Hour, MaxRetry: 10, Backoff: 10 * time.Second, MaxBackoff: 10 * time.Minute, Retention: 7 * day},
+	KindIngestAppend: {Queue: QueueAppend, Version: 2, Timeout: time.Hour, MaxRetry: 10, Backoff: 10 * time.Second, MaxBackoff: 10 * time.Minute, Retention: 7 * day},
 	// A training segment runs until its step budget; asynq's default
 	// 30-minute timeout would cut it, so its bound only catches a hung GPU.
 	// Its commonest failure is a lost worker (SIGKILL, OOM kill, power):
@@ -126,100 +128,16 @@ func PolicyFor(kind string) (Policy, bool) {
 
 func policyOf(a Args) (Policy, bool) { return PolicyFor(a.Kind()) }
 
-// IngestPlan lists a dataset's files and enqueues one IngestShard per file.
-type IngestPlan struct {
-	// Dataset is a Hugging Face dataset id ("bigcode/the-stack-v2-dedup"),
-	// a preset name, or a local path.
-	Dataset string `json:"dataset"`
-	// Revision pins the dataset commit; empty means the default branch's head
-	// at planning time (the plan records the resolved commit in each shard).
-	Revision string `json:"revision,omitempty"`
-	// Store names the token store to fill: tokens/<Store>/. Default Dataset's last element.
-	Store string `json:"store,omitempty"`
-	// Tokenizer names the tokenizer: tokenizers/<Tokenizer>/tokenizer.json.
-	Tokenizer string `json:"tokenizer,omitempty"`
-	// MaxFiles bounds the plan (0 = all files).
-	MaxFiles int `json:"max_files,omitempty"`
-	// Vars sets the preset's variables ("language": ["Python", "Go"]).
-	Vars map[string][]string `json:"vars,omitempty"`
-	// Seed orders the files; the same seed plans the same order.
-	Seed uint64 `json:"seed,omitempty"`
-	// MaxTokens and MaxDisk stop the ingest before the store passes this
-	// many tokens or bytes (0: no limit); every shard and append carries them.
-	MaxTokens int64 `json:"max_tokens,omitempty"`
-	MaxDisk   int64 `json:"max_disk,omitempty"`
-}
-
-func (IngestPlan) Kind() string { return KindIngestPlan }
-
-// IngestShard downloads one file, tokenizes it and writes a shard token file
-// to the object store under tokens/<Store>/shards/.
-type IngestShard struct {
-	Dataset  string `json:"dataset"`
-	Revision string `json:"revision,omitempty"`
-	// Path is the file's path inside the dataset repository.
-	Path string `json:"path"`
-	// URL is the file's download URL (hub resolve URL, s3:// or file://).
-	URL string `json:"url,omitempty"`
-	// Size and SHA256 verify the download when the source publishes them.
-	Size   int64  `json:"size,omitempty"`
-	SHA256 string `json:"sha256,omitempty"`
-	// Format is the file's format: parquet, jsonl, jsonl.gz, jsonl.zst, text.
-	Format string `json:"format,omitempty"`
-	// Column is the text column for tabular formats (default "content").
-	Column    string `json:"column,omitempty"`
-	Store     string `json:"store"`
-	Tokenizer string `json:"tokenizer"`
-	// Repo is the hub dataset the file is downloaded from; empty for a
-	// local file, which Path then names on the worker's machine.
-	Repo string `json:"repo,omitempty"`
-	// GitOID verifies a small (non-LFS) download.
-	GitOID string `json:"git_oid,omitempty"`
-	// IDColumn, BlobColumn and EncodingColumn complete Column: a document id,
-	// Software Heritage blob ids, and each blob's encoding.
-	IDColumn       string `json:"id_column,omitempty"`
-	BlobColumn     string `json:"blob_column,omitempty"`
-	EncodingColumn string `json:"encoding_column,omitempty"`
-	// ShardID is the file's exactly-once key in the store's manifest.
-	ShardID   string `json:"shard_id,omitempty"`
-	MaxTokens int64  `json:"max_tokens,omitempty"`
-	MaxDisk   int64  `json:"max_disk,omitempty"`
-}
-
-func (IngestShard) Kind() string { return KindIngestShard }
-
-// IngestAppend appends one shard token file to the token store on the
-// append worker's machine, exactly once (the manifest records shard ids).
-type IngestAppend struct {
-	Store string `json:"store"`
-	// ShardID identifies the shard in the manifest (stable across retries).
-	ShardID string `json:"shard_id"`
-	// Object is the shard token file's key in the object store.
-	Object  string `json:"object"`
-	Source  string `json:"source,omitempty"`
-	SHA256  string `json:"sha256,omitempty"`
-	Docs    int64  `json:"docs,omitempty"`
-	Tokens  int64  `json:"tokens,omitempty"`
-	Dataset string `json:"dataset,omitempty"`
-	// Revision is the dataset commit the shard was read at.
-	Revision string `json:"revision,omitempty"`
-	// The tokenizer that wrote the shard, which a new store records and an
-	// existing one must match.
-	Tokenizer       string `json:"tokenizer,omitempty"`
-	TokenizerSHA256 string `json:"tokenizer_sha256,omitempty"`
-	VocabSize       int    `json:"vocab_size,omitempty"`
-	EOS             uint32 `json:"eos,omitempty"`
-	// Skipped counts the documents left out of the shard, by reason.
-	Skipped map[string]int64 `json:"skipped,omitempty"`
-	// SkipReason, when set, records the whole file as skipped (Object is
-	// then empty): SkipMessage says why.
-	SkipReason  string `json:"skip_reason,omitempty"`
-	SkipMessage string `json:"skip_message,omitempty"`
-	MaxTokens   int64  `json:"max_tokens,omitempty"`
-	MaxDisk     int64  `json:"max_disk,omitempty"`
-}
-
-func (IngestAppend) Kind() string { return KindIngestAppend }
+// The ingest kinds' payloads are the ingest pipeline's own jobs: a worker
+// decodes one and hands it to the pipeline as it is.
+type (
+	// IngestPlan lists a dataset's files and queues one IngestShard a file.
+	IngestPlan = ingest.PlanJob
+	// IngestShard tokenizes one file into a shard token file.
+	IngestShard = ingest.ShardJob
+	// IngestAppend appends one shard to its store, exactly once.
+	IngestAppend = ingest.AppendJob
+)
 
 // TrainSegment trains a run for a bounded number of steps from its latest
 // checkpoint, writes a checkpoint, and enqueues the next segment.

@@ -3,12 +3,16 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/tokens"
 )
 
 func TestConfigDefaultsAndValidate(t *testing.T) {
@@ -56,29 +60,57 @@ func TestConfigMaskedHidesSecrets(t *testing.T) {
 	}
 }
 
+// An ingest task's payload is the pipeline's own job: what the plan queues
+// is, field for field, what the shard worker hands the pipeline.
 func TestPayloadRoundTripAndVersion(t *testing.T) {
-	in := IngestShard{Dataset: "d", Path: "data/a.parquet", Store: "s", Tokenizer: "tk", Size: 10}
-	b, err := Encode(in)
-	if err != nil {
-		t.Fatal(err)
+	lim := ingest.Limits{MaxTokens: 5 << 20, MaxDisk: 1 << 30}
+	for _, in := range []Args{
+		IngestPlan{Dataset: "the-stack-v2", Revision: "main", Vars: map[string][]string{"language": {"Go", "Python"}}, Store: "s",
+			Tokenizer: "tk", Seed: 7, MaxFiles: 3, Limits: lim},
+		IngestShard{Dataset: "d", Repo: "org/d", Revision: "abc", Path: "data/a.parquet", Size: 10, SHA256: "ff", GitOID: "ee",
+			Columns: ingest.Columns{Text: "content", ID: "blob_id", Blob: "blob_id", Encoding: "src_encoding"}, Store: "s",
+			Tokenizer: "tk", ShardID: "d-a", Limits: lim},
+		IngestAppend{Store: "s", ShardID: "d-a", Object: "tokens/s/shards/d-a.bin", Dataset: "d", Source: "org/d/data/a.parquet",
+			Revision: "abc", SHA256: "ff", Documents: 3, Tokens: 99, Tokenizer: tokens.Tokenizer{Name: "tk", SHA256: "aa", VocabSize: 512, EOS: 1},
+			Skipped: ingest.Skips{"binary": 2}, SkipReason: "", Limits: lim},
+	} {
+		b, err := Encode(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out Args
+		switch in.(type) {
+		case IngestPlan:
+			out, err = Decode[IngestPlan](b)
+		case IngestShard:
+			out, err = Decode[IngestShard](b)
+		case IngestAppend:
+			out, err = Decode[IngestAppend](b)
+		}
+		if err != nil || !reflect.DeepEqual(out, in) {
+			t.Fatalf("%s round trip:\n got %+v, %v\nwant %+v", in.Kind(), out, err, in)
+		}
 	}
-	out, err := Decode[IngestShard](b)
-	if err != nil || out.Path != in.Path || out.Size != 10 {
-		t.Fatalf("round trip: %+v, %v", out, err)
-	}
+	p, _ := PolicyFor(KindIngestShard)
+	v := strconv.Itoa(p.Version)
 	for name, raw := range map[string]string{
-		"future version": `{"v":99,"args":{"dataset":"d"}}`,
-		"not json":       "\x00\x01garbage",
-		"no args":        `{"v":1}`,
-		"wrong types":    `{"v":1,"args":{"size":"big"}}`,
+		"future version":   `{"v":99,"args":{"dataset":"d"}}`,
+		"previous version": `{"v":` + strconv.Itoa(p.Version-1) + `,"args":{"dataset":"d","column":"content"}}`,
+		"not json":         "\x00\x01garbage",
+		"no args":          `{"v":` + v + `}`,
+		"wrong types":      `{"v":` + v + `,"args":{"size":"big"}}`,
 	} {
 		_, err := Decode[IngestShard]([]byte(raw))
 		var pe *PayloadError
 		if !errors.As(err, &pe) || !errors.Is(err, asynq.SkipRetry) {
 			t.Errorf("%s: Decode = %v; want a PayloadError that skips retries", name, err)
+			continue
 		}
 		if strings.Contains(err.Error(), "\n") {
 			t.Errorf("%s: error is not one line: %q", name, err)
+		}
+		if strings.HasSuffix(name, "version") && !strings.Contains(err.Error(), "reads version "+v) {
+			t.Errorf("%s: %q does not say which version this build reads", name, err)
 		}
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
-	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
@@ -125,8 +124,7 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 		}()
 		defer func() { <-loaded }()
 	}
-	res, err := c.Pipeline.Plan(ctx, ingest.PlanJob{Dataset: a.Dataset, Revision: a.Revision, Vars: a.Vars, Store: a.Store,
-		Tokenizer: a.Tokenizer, Seed: a.Seed, MaxFiles: a.MaxFiles, Limits: ingest.Limits{MaxTokens: a.MaxTokens, MaxDisk: a.MaxDisk}})
+	res, err := c.Pipeline.Plan(ctx, a)
 	if err != nil {
 		return permanent(a.Kind(), err)
 	}
@@ -134,7 +132,7 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 	start := time.Now()
 	// One at a time, so that the queue holds the files in the plan's order.
 	for i, sj := range res.Shards {
-		err := c.Enqueue(ctx, ingestShardArgs(sj))
+		err := c.Enqueue(ctx, sj)
 		var dup *scheduler.DuplicateError
 		switch {
 		case errors.As(err, &dup):
@@ -166,11 +164,7 @@ func preloadTokenizer(ctx context.Context, c *Ingest, name string) {
 // (or the record of its skip).
 func (c *Ingest) shard(ctx context.Context, a scheduler.IngestShard) error {
 	rep := Progress(ctx)
-	job := ingest.ShardJob{Dataset: a.Dataset, Repo: a.Repo, Revision: a.Revision, Path: a.Path, Size: a.Size, SHA256: a.SHA256,
-		GitOID: a.GitOID, Store: a.Store, Tokenizer: a.Tokenizer, ShardID: a.ShardID,
-		Columns: ingest.Columns{Text: a.Column, ID: a.IDColumn, Blob: a.BlobColumn, Encoding: a.EncodingColumn},
-		Limits:  ingest.Limits{MaxTokens: a.MaxTokens, MaxDisk: a.MaxDisk}}
-	out, done, err := c.Pipeline.Shard(ctx, job, func(msg string) { rep.Message(ctx, msg) })
+	out, done, err := c.Pipeline.Shard(ctx, a, func(msg string) { rep.Message(ctx, msg) })
 	if err != nil {
 		return permanent(a.Kind(), err)
 	}
@@ -178,7 +172,7 @@ func (c *Ingest) shard(ctx context.Context, a scheduler.IngestShard) error {
 		rep.Message(ctx, fmt.Sprintf("%s is already in token store %s", a.Path, a.Store))
 		return nil
 	}
-	err = c.Enqueue(ctx, ingestAppendArgs(out))
+	err = c.Enqueue(ctx, out)
 	var dup *scheduler.DuplicateError
 	if err != nil && !errors.As(err, &dup) {
 		return fmt.Errorf("%s %s: queuing its append: %w", a.Kind(), a.Path, err)
@@ -196,7 +190,7 @@ func (c *Ingest) shard(ctx context.Context, a scheduler.IngestShard) error {
 func (c *Ingest) append(ctx context.Context, a scheduler.IngestAppend) error {
 	rep := Progress(ctx)
 	start := time.Now()
-	res, err := c.Pipeline.Append(ctx, ingestAppendJob(a), func(done, total int64) {
+	res, err := c.Pipeline.Append(ctx, a, func(done, total int64) {
 		rep.Report(ctx, float64(done)/float64(max(total, 1)), float64(done)/max(time.Since(start).Seconds(), 1e-3), "B",
 			fmt.Sprintf("appending %s to %s", a.Source, a.Store))
 	})
@@ -218,26 +212,4 @@ func (c *Ingest) append(ctx context.Context, a scheduler.IngestAppend) error {
 	log.Info("ingest append", zap.String("store", a.Store), zap.String("shard", a.ShardID), zap.Bool("duplicate", res.Duplicate),
 		zap.Bool("skipped", res.Skipped), zap.Int64("tokens", res.Tokens), zap.Int64("committed", res.Status.Tokens))
 	return nil
-}
-
-func ingestShardArgs(j ingest.ShardJob) scheduler.IngestShard {
-	return scheduler.IngestShard{Dataset: j.Dataset, Repo: j.Repo, Revision: j.Revision, Path: j.Path, Size: j.Size, SHA256: j.SHA256,
-		GitOID: j.GitOID, Format: string(ingest.FormatOf(j.Path)), Column: j.Columns.Text, IDColumn: j.Columns.ID,
-		BlobColumn: j.Columns.Blob, EncodingColumn: j.Columns.Encoding, Store: j.Store, Tokenizer: j.Tokenizer,
-		ShardID: j.ShardID, MaxTokens: j.Limits.MaxTokens, MaxDisk: j.Limits.MaxDisk}
-}
-
-func ingestAppendArgs(j ingest.AppendJob) scheduler.IngestAppend {
-	return scheduler.IngestAppend{Store: j.Store, ShardID: j.ShardID, Object: j.Object, Source: j.Source, SHA256: j.SHA256,
-		Docs: j.Documents, Tokens: j.Tokens, Dataset: j.Dataset, Revision: j.Revision, Tokenizer: j.Tokenizer.Name,
-		TokenizerSHA256: j.Tokenizer.SHA256, VocabSize: j.Tokenizer.VocabSize, EOS: j.Tokenizer.EOS, Skipped: j.Skipped,
-		SkipReason: j.SkipReason, SkipMessage: j.SkipMessage, MaxTokens: j.Limits.MaxTokens, MaxDisk: j.Limits.MaxDisk}
-}
-
-func ingestAppendJob(a scheduler.IngestAppend) ingest.AppendJob {
-	return ingest.AppendJob{Store: a.Store, ShardID: a.ShardID, Object: a.Object, Dataset: a.Dataset, Source: a.Source,
-		Revision: a.Revision, SHA256: a.SHA256, Documents: a.Docs, Tokens: a.Tokens,
-		Tokenizer: tokens.Tokenizer{Name: a.Tokenizer, SHA256: a.TokenizerSHA256, VocabSize: a.VocabSize, EOS: a.EOS},
-		Skipped:   a.Skipped, SkipReason: a.SkipReason, SkipMessage: a.SkipMessage,
-		Limits: ingest.Limits{MaxTokens: a.MaxTokens, MaxDisk: a.MaxDisk}}
 }

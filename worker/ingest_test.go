@@ -508,8 +508,8 @@ func TestIngestStopsAtLimits(t *testing.T) {
 		flag string
 		room func(m *tokens.Manifest) bool
 	}{
-		{"tokens", scheduler.IngestPlan{MaxTokens: perFile*2 + perFile/2}, "--max-tokens", func(m *tokens.Manifest) bool { return m.Tokens <= perFile*2+perFile/2 }},
-		{"disk", scheduler.IngestPlan{MaxDisk: perFile*2*3 + 1}, "--max-disk", func(m *tokens.Manifest) bool { return m.Tokens*2 <= perFile*2*3+1 }},
+		{"tokens", scheduler.IngestPlan{Limits: ingest.Limits{MaxTokens: perFile*2 + perFile/2}}, "--max-tokens", func(m *tokens.Manifest) bool { return m.Tokens <= perFile*2+perFile/2 }},
+		{"disk", scheduler.IngestPlan{Limits: ingest.Limits{MaxDisk: perFile*2*3 + 1}}, "--max-disk", func(m *tokens.Manifest) bool { return m.Tokens*2 <= perFile*2*3+1 }},
 	} {
 		p := c.plan
 		p.Dataset, p.Store, p.Tokenizer = "corpus", c.name, ingestTokenizer
@@ -538,7 +538,7 @@ func TestIngestStopsAtLimits(t *testing.T) {
 	}
 
 	// A plan for a store already at its limit enqueues nothing.
-	id = e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, MaxTokens: perFile})
+	id = e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, Limits: ingest.Limits{MaxTokens: perFile}})
 	ts := e.waitFor(id, time.Minute, "archived", state("archived"))
 	if !strings.Contains(ts.LastErr, "--max-tokens is") || strings.Contains(ts.LastErr, "\n") {
 		t.Fatalf("plan at the limit: %q", ts.LastErr)

@@ -214,7 +214,7 @@ func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) er
 		return err
 	}
 	return enqueueOne(c, cfg, scheduler.IngestPlan{Dataset: dataset, Revision: pf.revision, Store: storeName, Tokenizer: cfg.Tokenizer, Vars: vars,
-		Seed: pf.seed, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk})
+		Seed: pf.seed, MaxFiles: pf.maxFiles, Limits: ingest.Limits{MaxTokens: limTokens, MaxDisk: limDisk}})
 }
 
 // checkIngestTokenizer refuses an ingest whose tokenizer neither exists nor

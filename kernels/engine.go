@@ -246,7 +246,7 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 }
 
 func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
-	dv, err := drv.OpenDevice(0)
+	dv, err := drv.OpenDevice(e.kopt.device)
 	if err != nil {
 		return err
 	}

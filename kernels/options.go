@@ -35,6 +35,9 @@ type Options struct {
 	// kernelCache: where compiled kernels are kept ("" for CacheDir's
 	// default).
 	kernelCache string
+	// device: the ordinal of the GPU an engine opens (a Group sets it for
+	// each of its engines; 0 otherwise).
+	device int
 }
 
 // ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
@@ -88,7 +91,12 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 // command line calls it once, with what ParseOptions read; without it the
 // engine runs the production path.
 func Configure(o Options) {
-	model.Register("cuda", func(c model.Config, mo model.Options) (model.Engine, error) { return NewWithOptions(c, mo, o) })
+	model.Register("cuda", func(c model.Config, mo model.Options) (model.Engine, error) {
+		if mo.GPUs != 1 && mo.GPUs != 0 {
+			return NewGroup(c, mo, o)
+		}
+		return NewWithOptions(c, mo, o)
+	})
 }
 
 func init() { Configure(Options{}) }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -174,11 +175,33 @@ type Options struct {
 	Threads int
 	// ForceSM80 makes the CUDA engine build the sm_80 path on a newer GPU.
 	ForceSM80 bool
+	// GPUs is how many GPUs of this host a training engine spreads its
+	// micro-batches over (data parallel): 0 or 1 for one, AllGPUs for every
+	// GPU the process sees. Only the CUDA engine takes more than one.
+	GPUs int
 	// Log receives one-line notices, such as why "auto" fell back to the CPU.
 	Log func(string)
 	// Purpose is what the engine will run (the zero value: training); with
 	// MaxBatch and MaxSeq it sizes the memory checked before allocating.
 	Purpose Purpose
+}
+
+// AllGPUs as Options.GPUs asks for every GPU the process sees.
+const AllGPUs = -1
+
+// GPUsString writes a GPU count as the settings take it: a number or all.
+func GPUsString(n int) string {
+	if n == AllGPUs {
+		return "all"
+	}
+	return strconv.Itoa(n)
+}
+
+// Parallel is an engine that trains on several devices at once: each
+// micro-batch of a step goes to one of them, in turn, so a step's
+// micro-batches must be a multiple of Devices.
+type Parallel interface {
+	Devices() int
 }
 
 // Plan is the memory plan of an engine start with these options.
@@ -236,6 +259,13 @@ func NewEngine(name string, c Config, o Options) (Engine, error) {
 	if o.MaxBatch < 0 || o.MaxSeq < 0 {
 		return nil, &EngineError{Msg: fmt.Sprintf("batch %d and seq %d must not be negative", o.MaxBatch, o.MaxSeq)}
 	}
+	several := o.GPUs != 0 && o.GPUs != 1
+	switch {
+	case o.GPUs < AllGPUs:
+		return nil, &EngineError{Msg: fmt.Sprintf("gpus %d: give a number of GPUs, or all", o.GPUs)}
+	case several && name == "cpu":
+		return nil, &EngineError{Msg: fmt.Sprintf("gpus %s needs the cuda engine, not cpu: set engine cuda (or auto), or gpus 1", GPUsString(o.GPUs))}
+	}
 	if _, err := EstimateMemory(o.Plan("cpu", c)); err != nil {
 		return nil, err
 	}
@@ -252,8 +282,9 @@ func NewEngine(name string, c Config, o Options) (Engine, error) {
 	if name == "auto" {
 		if cuda != nil {
 			e, err := cuda(c, o)
-			if err == nil {
-				return e, nil
+			// Several GPUs asked for are never replaced by one CPU.
+			if err == nil || several {
+				return e, err
 			}
 			var me *MemoryError
 			if errors.As(err, &me) {
@@ -262,6 +293,8 @@ func NewEngine(name string, c Config, o Options) (Engine, error) {
 			if o.Log != nil {
 				o.Log("engine auto: using the CPU: " + err.Error())
 			}
+		} else if several {
+			return nil, &EngineError{Msg: fmt.Sprintf("gpus %s needs the cuda engine, and this build has none", GPUsString(o.GPUs))}
 		} else if o.Log != nil {
 			o.Log("engine auto: using the CPU: this build has no CUDA engine")
 		}

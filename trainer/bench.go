@@ -45,6 +45,9 @@ type BenchOptions struct {
 	CheckpointDir   string
 	// Log receives one-line notices (an engine fallback, a busy GPU).
 	Log func(string)
+	// GPUs > 1 trains data-parallel on that many GPUs (model.AllGPUs for
+	// all): a step is one micro-batch of Batch x Seq on each GPU.
+	GPUs int
 }
 
 // CheckpointTiming is what the timed steps took with checkpoints: tokens
@@ -88,6 +91,8 @@ type BenchResult struct {
 	KernelMSPerStep map[string]float64
 	// Checkpoints is set with BenchOptions.CheckpointEvery.
 	Checkpoints *CheckpointTiming
+	// GPUs is how many GPUs trained; TokPerSec is all of theirs together.
+	GPUs int
 }
 
 // GPUIdle reports whether no other process was on the GPU.
@@ -118,12 +123,16 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		logf = func(string) {}
 	}
 	others := GPUProcesses(ctx)
-	eng, err := model.NewEngine(o.Engine, c, model.Options{Precision: o.Precision, MaxBatch: o.Batch, MaxSeq: o.Seq, ForceSM80: o.ForceSM80, Log: logf})
+	eng, err := model.NewEngine(o.Engine, c, model.Options{Precision: o.Precision, MaxBatch: o.Batch, MaxSeq: o.Seq, ForceSM80: o.ForceSM80,
+		GPUs: o.GPUs, Log: logf})
 	if err != nil {
 		return BenchResult{}, err
 	}
 	defer eng.Close()
-	r := BenchResult{Engine: eng.Name(), Precision: o.Precision, OtherProcesses: others}
+	r := BenchResult{Engine: eng.Name(), Precision: o.Precision, OtherProcesses: others, GPUs: 1}
+	if p, ok := eng.(model.Parallel); ok {
+		r.GPUs = p.Devices()
+	}
 	if dev, ok := eng.(model.Device); ok {
 		d := dev.Device()
 		r.Device, r.Arch, r.MemoryInUseBefore = d.Name, d.Arch, d.UsedAtStart
@@ -143,8 +152,10 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		if err := eng.ZeroGrad(); err != nil {
 			return model.StepMetrics{}, err
 		}
-		if err := eng.ForwardBackward(b, 1); err != nil {
-			return model.StepMetrics{}, err
+		for range r.GPUs {
+			if err := eng.ForwardBackward(b, 1/float32(r.GPUs)); err != nil {
+				return model.StepMetrics{}, err
+			}
 		}
 		if err := eng.Step(opt); err != nil {
 			return model.StepMetrics{}, err
@@ -193,16 +204,16 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		if w := ck.wait(); w != nil && w.err != nil {
 			return r, w.err
 		}
-		r.Checkpoints = checkpointTiming(secs, o.CheckpointEvery, n)
+		r.Checkpoints = checkpointTiming(secs, o.CheckpointEvery, n*r.GPUs)
 	}
 	r.Seconds = time.Since(start).Seconds()
 	r.Loss = m.Loss
-	r.TokPerSec = float64(n*o.Steps) / r.Seconds
+	r.TokPerSec = float64(n*r.GPUs*o.Steps) / r.Seconds
 	peak := o.PeakFLOPS
 	if peak <= 0 {
 		peak = PeakFor(r.Device, o.Precision)
 	}
-	if mfu := MFU(r.TokPerSec, FLOPsPerToken(c, o.Seq), peak); mfu != nil {
+	if mfu := MFU(r.TokPerSec/float64(r.GPUs), FLOPsPerToken(c, o.Seq), peak); mfu != nil {
 		r.MFU = *mfu
 	}
 	ms := eng.Memory()

@@ -69,6 +69,67 @@ type RunConfig struct {
 	// MoE replaces every layer's SwiGLU of the preset with Mixtral's sparse
 	// mixture of experts; absent, the preset's dense model.
 	MoE *MoEConfig `yaml:"moe,omitempty" json:"moe,omitempty"`
+
+	// GPUs is how many GPUs of the host train the run data-parallel (a
+	// number or all); unset, the worker's KILN_GPUS, else one. It is not
+	// part of the run's identity: a run resumes on another number of GPUs
+	// with the same data order.
+	GPUs GPUCount `yaml:"gpus,omitempty" json:"gpus,omitempty"`
+}
+
+// GPUCount is a number of GPUs, or every GPU the process sees
+// (model.AllGPUs), which the settings write as "all". Zero is unset.
+type GPUCount int
+
+// ParseGPUs reads a GPU count as the settings write it: a positive number
+// or all.
+func ParseGPUs(s string) (GPUCount, error) {
+	if strings.TrimSpace(s) == "all" {
+		return GPUCount(model.AllGPUs), nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || n < 1 {
+		return 0, badInput(fmt.Errorf("gpus %q: give a number of GPUs (1 or more), or all", s))
+	}
+	return GPUCount(n), nil
+}
+
+func (g GPUCount) String() string { return model.GPUsString(int(g)) }
+
+// UnmarshalYAML takes a number or all.
+func (g *GPUCount) UnmarshalYAML(n *yaml.Node) error {
+	v, err := ParseGPUs(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*g = v
+	return nil
+}
+
+// MarshalYAML writes all or the number.
+func (g GPUCount) MarshalYAML() (any, error) {
+	if g == GPUCount(model.AllGPUs) {
+		return "all", nil
+	}
+	return int(g), nil
+}
+
+// UnmarshalJSON takes a number or "all".
+func (g *GPUCount) UnmarshalJSON(b []byte) error {
+	v, err := ParseGPUs(strings.Trim(string(b), `"`))
+	if err != nil {
+		return err
+	}
+	*g = v
+	return nil
+}
+
+// MarshalJSON writes "all" or the number.
+func (g GPUCount) MarshalJSON() ([]byte, error) {
+	if g == GPUCount(model.AllGPUs) {
+		return []byte(`"all"`), nil
+	}
+	return []byte(strconv.Itoa(int(g))), nil
 }
 
 // MoEConfig is a run's mixture of experts: Experts SwiGLU experts per
@@ -257,6 +318,10 @@ func (c RunConfig) Validate() error {
 		msg = fmt.Sprintf("precision %q: choose fp32 or bf16", c.Precision)
 	case len(c.Mixture) == 0:
 		msg = "mixture is empty: name at least one token store (--tokens STORE[=WEIGHT])"
+	case c.GPUs < GPUCount(model.AllGPUs):
+		msg = fmt.Sprintf("gpus %d: give a number of GPUs (1 or more), or all", int(c.GPUs))
+	case c.GPUs > 1 && c.Engine == "cpu":
+		msg = fmt.Sprintf("gpus %d needs the cuda engine, not cpu: set engine cuda (or auto), or gpus 1", int(c.GPUs))
 	}
 	if msg != "" {
 		return badInput(errors.New(msg))
@@ -264,6 +329,11 @@ func (c RunConfig) Validate() error {
 	for i, m := range c.Mixture {
 		if m.Store == "" || !(m.Weight > 0) || math.IsInf(m.Weight, 0) {
 			return badInput(fmt.Errorf("mixture[%d]: needs a store and a finite positive weight, got %q weight %g", i, m.Store, m.Weight))
+		}
+	}
+	if c.GPUs > 1 {
+		if _, err := NewGlobalBatch(c.Batch, c.Accumulate, int(c.GPUs)); err != nil {
+			return err
 		}
 	}
 	if m := c.MoE; m != nil {

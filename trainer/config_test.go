@@ -268,3 +268,68 @@ func TestMoERunLowersTheLoss(t *testing.T) {
 		t.Errorf("checkpoint config is not Mixtral's:\n%s", b)
 	}
 }
+
+// gpus takes a number or all in YAML, JSON and on the command line; a run
+// whose step the GPUs cannot share, or several GPUs on the CPU engine, is
+// refused in one line naming what to change.
+func TestGPUsSetting(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		yaml string
+		want GPUCount
+		bad  bool
+	}{
+		{"gpus: 2", 2, false},
+		{"gpus: all", GPUCount(model.AllGPUs), false},
+		{"", 0, false},
+		{"gpus: two", 0, true},
+		{"gpus: 0", 0, true},
+		{"gpus: -3", 0, true},
+	} {
+		path := filepath.Join(dir, "run.yaml")
+		if err := os.WriteFile(path, []byte("model: tiny\naccumulate: 4\n"+c.yaml+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rc, err := LoadRunConfig(path)
+		if c.bad {
+			if !isBadInput(err) || !strings.Contains(err.Error(), "gpus") {
+				t.Errorf("%q: %v; want bad input naming gpus", c.yaml, err)
+			}
+			continue
+		}
+		if err != nil || rc.GPUs != c.want {
+			t.Errorf("%q: gpus %v, %v; want %v", c.yaml, rc.GPUs, err, c.want)
+		}
+		b, err := json.Marshal(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back RunConfig
+		if err := json.Unmarshal(b, &back); err != nil || back.GPUs != rc.GPUs {
+			t.Errorf("%q: JSON %s read back as gpus %v, %v", c.yaml, b, back.GPUs, err)
+		}
+	}
+	base := RunConfig{Model: "tiny", Batch: 2, Accumulate: 6, TotalSteps: 10, Mixture: []MixtureEntry{{Store: "s"}}}
+	for _, c := range []struct {
+		gpus   GPUCount
+		engine string
+		want   string
+	}{
+		{4, "cuda", "accumulate 6 is not a multiple of gpus 4"},
+		{2, "cpu", "needs the cuda engine"},
+	} {
+		rc := base
+		rc.GPUs, rc.Engine = c.gpus, c.engine
+		err := rc.WithDefaults().Validate()
+		if !isBadInput(err) || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("gpus %d engine %s: %v; want one line with %q", c.gpus, c.engine, err, c.want)
+		}
+	}
+	for _, ok := range []GPUCount{0, 1, 2, 3, 6, GPUCount(model.AllGPUs)} {
+		rc := base
+		rc.GPUs, rc.Engine = ok, "cuda"
+		if err := rc.WithDefaults().Validate(); err != nil {
+			t.Errorf("gpus %v with accumulate 6: %v", ok, err)
+		}
+	}
+}

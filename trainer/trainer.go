@@ -130,11 +130,14 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	eng := cfg.Engine
 	if eng == nil {
 		eng, err = model.NewEngine(rc.Engine, mc, model.Options{Precision: rc.Precision, MaxBatch: rc.Batch, MaxSeq: rc.Seq,
-			Log: func(s string) { log.Info(s) }})
+			GPUs: int(rc.GPUs), Log: func(s string) { log.Info(s) }})
 		if err != nil {
 			return Result{}, fmt.Errorf("engine %s: %w", rc.Engine, err)
 		}
 		defer eng.Close()
+	}
+	if err := checkDevices(eng, rc); err != nil {
+		return Result{}, err
 	}
 	l.eng = eng
 	l.ck = &ckWriter{eng: eng, mc: mc, out: cfg.Out, tokenizer: cfg.Tokenizer, log: log, hook: hooks.Checkpoint,
@@ -153,6 +156,17 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	}
 	defer l.metrics.Close()
 	return l.finish(l.run(ctx))
+}
+
+// checkDevices refuses a step that the engine's GPUs cannot share evenly
+// (gpus: all is counted only once the engine has found its GPUs).
+func checkDevices(eng model.Engine, rc RunConfig) error {
+	p, ok := eng.(model.Parallel)
+	if !ok {
+		return nil
+	}
+	_, err := NewGlobalBatch(rc.Batch, rc.Accumulate, p.Devices())
+	return err
 }
 
 // loop is the state of one Run call.

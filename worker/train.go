@@ -68,6 +68,9 @@ type Training struct {
 	Bench func(ctx context.Context, b BenchSpec) (results.BenchRow, error)
 	// Log receives the segment's logs. Default zap.NewNop().
 	Log *zap.Logger
+	// GPUs is how many GPUs a run that names none trains on: the worker's
+	// KILN_GPUS (0: one).
+	GPUs trainer.GPUCount
 }
 
 // BenchSpec is one bench:run measurement: a shape on an engine, with the
@@ -227,6 +230,9 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	}
 	if a.Engine != "" {
 		run.Engine = a.Engine
+	}
+	if run.GPUs == 0 {
+		run.GPUs = t.GPUs
 	}
 	log := t.Log
 	// The payload pins the tokenizer the run was queued with; the runs

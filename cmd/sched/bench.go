@@ -25,6 +25,7 @@ type benchFlags struct {
 	profile                  bool
 	checkpointEvery          int
 	checkpointWait           bool
+	gpus                     string
 }
 
 // benchResult is the JSON line `sched bench` prints per run: the bench
@@ -58,6 +59,13 @@ type benchResult struct {
 	// Checkpoints (--checkpoint-every): tokens per second of the steps
 	// that began a checkpoint, of the steps after them, and of the others.
 	Checkpoints *benchCheckpoints `json:"checkpoints,omitempty"`
+	// GPUs trained together (--gpus); tok_per_s is all of theirs. With
+	// more than one, the same shape was first measured on one GPU in the
+	// same process, and the scaling efficiency is total / (GPUs x one's).
+	GPUs              int     `json:"gpus"`
+	TokPerSecPerGPU   float64 `json:"tok_per_s_per_gpu"`
+	OneGPUTokPerSec   float64 `json:"one_gpu_tok_per_s,omitempty"`
+	ScalingEfficiency float64 `json:"scaling_efficiency,omitempty"`
 }
 
 type benchCheckpoints struct {
@@ -100,6 +108,7 @@ busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
 	fl.BoolVar(&f.forceSM80, "force-sm80", false, "build the CUDA kernels for sm_80 (the RTX 3060's path) on a newer GPU")
 	fl.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint after every N timed steps, as a run does (beside the next steps), into a temporary directory removed at the end, and report the tokens per second of the steps around them")
 	fl.BoolVar(&f.checkpointWait, "checkpoint-wait", false, "with --checkpoint-every: wait for each checkpoint's write before the next step, for comparison")
+	fl.StringVar(&f.gpus, "gpus", "1", "GPUs to train on data-parallel, a number or all; above one, one GPU is measured first for the scaling efficiency")
 	fl.BoolVar(&f.profile, "profile", false, "CUDA engine: after the timed steps, run as many again with each kernel timed by events and print the time per kernel")
 	rootCmd.AddCommand(cmd)
 }
@@ -129,10 +138,29 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if f.precision != "fp32" && f.precision != "bf16" {
 		return badInput("--precision: unknown precision %q: choose fp32 or bf16", f.precision)
 	}
-	res, err := trainer.Bench(ctx, trainer.BenchOptions{Model: c, Engine: f.engine, Precision: f.precision, Batch: f.batch, Seq: f.seq,
+	gpus := trainer.GPUCount(1)
+	if f.gpus != "" {
+		gpus, err = trainer.ParseGPUs(f.gpus)
+	}
+	if err != nil {
+		return badInput("--gpus %q: give a number of GPUs (1 or more), or all", f.gpus)
+	}
+	opts := trainer.BenchOptions{Model: c, Engine: f.engine, Precision: f.precision, Batch: f.batch, Seq: f.seq,
 		Steps: f.steps, Warmup: f.warm, PeakFLOPS: f.peakTFLOPs * 1e12, ForceSM80: f.forceSM80, Profile: f.profile,
-		CheckpointEvery: f.checkpointEvery, CheckpointWait: f.checkpointWait,
-		Log: func(s string) { fmt.Fprintln(errOut, "sched bench:", s) }})
+		CheckpointEvery: f.checkpointEvery, CheckpointWait: f.checkpointWait, GPUs: int(gpus),
+		Log: func(s string) { fmt.Fprintln(errOut, "sched bench:", s) }}
+	var one float64
+	if gpus != 1 {
+		o1 := opts
+		o1.GPUs, o1.Profile, o1.CheckpointEvery, o1.CheckpointWait = 1, false, 0, false
+		r1, err := trainer.Bench(ctx, o1)
+		if err != nil {
+			return fmt.Errorf("one GPU, for the scaling efficiency: %w", err)
+		}
+		one = r1.TokPerSec
+		fmt.Fprintf(errOut, "sched bench: one GPU: %.0f tok/s\n", one)
+	}
+	res, err := trainer.Bench(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -140,6 +168,10 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		Seconds: res.Seconds, PeakGiB: float64(res.PeakAllocated) / (1 << 30), Loss: res.Loss,
 		ProcessMemory: res.ProcessMemory, ProcessMemorySource: res.ProcessMemorySource, MemoryInUseBefore: res.MemoryInUseBefore,
 		OtherProcesses: res.OtherProcesses, KernelMSPerStep: res.KernelMSPerStep}
+	r.GPUs, r.TokPerSecPerGPU = res.GPUs, res.TokPerSec/float64(max(res.GPUs, 1))
+	if one > 0 {
+		r.OneGPUTokPerSec, r.ScalingEfficiency = one, res.TokPerSec/(float64(res.GPUs)*one)
+	}
 	if ck := res.Checkpoints; ck != nil {
 		r.Checkpoints = &benchCheckpoints{Every: f.checkpointEvery, Wait: f.checkpointWait, Written: ck.Checkpoints,
 			CheckpointStepTokPerSec: ck.CheckpointStepTokPerSec, NextStepTokPerSec: ck.NextStepTokPerSec,

@@ -35,7 +35,7 @@ func TestBenchPrintsOneJSONLine(t *testing.T) {
 }
 
 func TestBenchBadInputNamesTheFlag(t *testing.T) {
-	base := benchFlags{engine: "cpu", model: "tiny", precision: "fp32", batch: 1, seq: 16, steps: 1, peakTFLOPs: 989}
+	base := benchFlags{engine: "cpu", model: "tiny", precision: "fp32", batch: 1, seq: 16, steps: 1, peakTFLOPs: 989, gpus: "1"}
 	cases := []struct {
 		edit func(*benchFlags)
 		want string
@@ -46,6 +46,8 @@ func TestBenchBadInputNamesTheFlag(t *testing.T) {
 		{func(f *benchFlags) { f.steps = 0 }, "--steps"},
 		{func(f *benchFlags) { f.precision = "fp8" }, "--precision"},
 		{func(f *benchFlags) { f.peakTFLOPs = -1 }, "--peak-tflops"},
+		{func(f *benchFlags) { f.gpus = "0" }, "--gpus"},
+		{func(f *benchFlags) { f.gpus = "many" }, "--gpus"},
 	}
 	for _, c := range cases {
 		f := base

@@ -22,11 +22,11 @@ import (
 // trainFlags are the command-line overrides of a run configuration; a flag
 // given on the command line wins over the --run-config file.
 type trainFlags struct {
-	runConfig, out, tokenizerFile, moe string
-	moeCfg                             *trainer.MoEConfig
-	tokens                             []string
-	resume                             bool
-	rc                                 trainer.RunConfig
+	runConfig, out, tokenizerFile, moe, gpus string
+	moeCfg                                   *trainer.MoEConfig
+	tokens                                   []string
+	resume                                   bool
+	rc                                       trainer.RunConfig
 }
 
 func newTrainCmd() *cobra.Command {
@@ -67,6 +67,7 @@ The tokenizer copied into each checkpoint is a tokenizer.json given with
 	fl.IntVar(&f.rc.CheckpointEvery, "checkpoint-every", 0, "checkpoint every N steps (0: only at the end)")
 	fl.IntVar(&f.rc.LogEvery, "log-every", 0, "log every N steps (default 10)")
 	fl.Uint64Var(&f.rc.Seed, "seed", 0, "seed of the initial weights and the data order")
+	fl.StringVar(&f.gpus, "gpus", "", "GPUs of this host to train on data-parallel, a number or all (default 1); accumulate must be a multiple")
 	return c
 }
 
@@ -243,6 +244,13 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 		}
 		f.moeCfg = m
 	}
+	if fl.Changed("gpus") {
+		g, err := trainer.ParseGPUs(f.gpus)
+		if err != nil {
+			return err
+		}
+		f.rc.GPUs = g
+	}
 	if fl.Changed("engine") {
 		return checkEngine(f.rc.Engine)
 	}
@@ -272,6 +280,7 @@ func mergeFlags(cmd *cobra.Command, rc *trainer.RunConfig, f *trainFlags) {
 	set("log-every", func() { rc.LogEvery = f.rc.LogEvery })
 	set("seed", func() { rc.Seed = f.rc.Seed })
 	set("moe", func() { rc.MoE = f.moeCfg })
+	set("gpus", func() { rc.GPUs = f.rc.GPUs })
 }
 
 // parseTokensFlags is applied before validation so that a malformed

@@ -196,7 +196,12 @@ func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, 
 		hs.Tokenizers = &worker.Tokenizers{Objects: objects, DataDir: cfg.DataDir, Hub: h, SWH: swh, LocalRoots: cfg.LocalRoots, Log: log, Enqueue: enqueue}
 	}
 	if gpu {
+		gpus, err := workerGPUs(os.Getenv("KILN_GPUS"))
+		if err != nil {
+			return hs, err
+		}
 		hs.Training = &worker.Training{
+			GPUs:  gpus,
 			Redis: q.Redis(), Objects: objects, Enqueue: enqueue, Queue: q,
 			Dir:         filepath.Join(cfg.DataDir, "runs"),
 			TokensDir:   filepath.Join(cfg.DataDir, "tokens"),
@@ -208,4 +213,17 @@ func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, 
 		}
 	}
 	return hs, nil
+}
+
+// workerGPUs reads KILN_GPUS, the GPUs compose reserves for the GPU
+// worker: a run that names no gpus trains on that many. Unset, one.
+func workerGPUs(v string) (trainer.GPUCount, error) {
+	if v == "" {
+		return 0, nil
+	}
+	g, err := trainer.ParseGPUs(v)
+	if err != nil {
+		return 0, badInput("KILN_GPUS %q: give a number of GPUs (1 or more), or all", v)
+	}
+	return g, nil
 }

@@ -17,7 +17,9 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer"
 )
 
 func loadCompose(t *testing.T) *types.Project {
@@ -63,9 +65,18 @@ func TestComposeReservesKILNGPUs(t *testing.T) {
 		if err != nil {
 			t.Fatalf("KILN_GPUS=%q: %v", c.gpus, err)
 		}
-		dev := p.Services["worker-gpu"].Deploy.Resources.Reservations.Devices[0]
+		w := p.Services["worker-gpu"]
+		dev := w.Deploy.Resources.Reservations.Devices[0]
 		if int64(dev.Count) != c.want {
 			t.Errorf("KILN_GPUS=%q reserves %d GPUs, want %d", c.gpus, dev.Count, c.want)
+		}
+		// The worker trains on what it reserves.
+		v := w.Environment["KILN_GPUS"]
+		if v == nil {
+			t.Fatalf("KILN_GPUS=%q: the GPU worker's environment has no KILN_GPUS", c.gpus)
+		}
+		if g, err := workerGPUs(*v); err != nil || model.GPUsString(int(g)) != map[string]string{"": "1"}[c.gpus]+c.gpus {
+			t.Errorf("KILN_GPUS=%q: the GPU worker reads %q (%v)", c.gpus, *v, err)
 		}
 	}
 	if _, err := loadComposeWith(types.Mapping{"KILN_GPUS": "two"}); err == nil {
@@ -220,5 +231,20 @@ func TestComposeWorkersRunLocally(t *testing.T) {
 	}
 	for _, id := range probes {
 		waitStatus(t, env, id, regexp.MustCompile(`archived.*unknown task kind`), time.Minute)
+	}
+}
+
+// The GPU worker reads KILN_GPUS as compose passes it: a run that names no
+// gpus trains on that many; anything else stops the worker in one line.
+func TestWorkerGPUsFromTheEnvironment(t *testing.T) {
+	for v, want := range map[string]trainer.GPUCount{"": 0, "1": 1, "2": 2, "all": trainer.GPUCount(model.AllGPUs)} {
+		if got, err := workerGPUs(v); err != nil || got != want {
+			t.Errorf("KILN_GPUS=%q: %v, %v; want %v", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"two", "0", "-1"} {
+		if _, err := workerGPUs(v); err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "KILN_GPUS") {
+			t.Errorf("KILN_GPUS=%q: %v; want bad input naming KILN_GPUS", v, err)
+		}
 	}
 }

@@ -1,0 +1,309 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/kiln-lm/kiln/kernels/cuda"
+	"github.com/kiln-lm/kiln/model"
+)
+
+// Group trains one model data-parallel on several GPUs of this host
+// (docs/decisions/multi-gpu.md): an Engine per GPU, each on its own locked
+// OS thread, holding the whole model and its optimizer state. A step's
+// micro-batches go to the GPUs in turn (the i-th since ZeroGrad to GPU
+// i mod N), which is the split trainer.GlobalBatch describes: each GPU
+// trains whole micro-batches of the one-GPU run, scaled by 1/accumulate as
+// there. ForwardBackward only queues a micro-batch's work, so the GPUs run
+// theirs side by side while the caller reads the next one. Step sums the
+// gradients and the loss over the GPUs with one in-place NCCL all-reduce
+// each, on every GPU's main stream, before the clipping and AdamW that
+// every GPU then takes alike: NCCL gives every rank the same bytes and the
+// update is deterministic, so the weights stay identical without being
+// sent. Everything that reads the state (parameters, checkpoints,
+// evaluation, generation) reads GPU 0's.
+type Group struct {
+	cfg   model.Config
+	ranks []*Engine
+	nccl  *cuda.NCCL
+	comms []*cuda.Comm
+	// next is how many micro-batches this step has queued.
+	next int
+	// broken is the error that aborted the communicators: the group
+	// cannot train on, and every call returns it.
+	broken error
+}
+
+// NewGroup makes a Group over the first o.GPUs GPUs (every GPU the driver
+// sees for model.AllGPUs), loading NCCL, which keeps NVLink multicast off.
+// One GPU is a Group too (a one-rank communicator), which tests use to
+// hold it to the single Engine.
+func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
+	drv, err := cuda.LoadDriver()
+	if err != nil {
+		return nil, err
+	}
+	seen, err := drv.DeviceCount()
+	if err != nil {
+		return nil, &cuda.UnavailableError{Err: err}
+	}
+	n := o.GPUs
+	switch {
+	case n == model.AllGPUs:
+		n = seen
+	case n < 1:
+		return nil, &model.EngineError{Msg: fmt.Sprintf("gpus %d: give a number of GPUs, or all", n)}
+	case n > seen:
+		return nil, &model.EngineError{Msg: fmt.Sprintf("gpus %d: this process sees %d GPU(s) (CUDA_VISIBLE_DEVICES, KILN_GPUS in compose): ask for at most %d", n, seen, seen)}
+	}
+	if n < 1 {
+		return nil, &cuda.UnavailableError{Err: errors.New("the driver sees no GPU")}
+	}
+	nc, err := cuda.LoadNCCL()
+	if err != nil {
+		return nil, err
+	}
+	g := &Group{cfg: c, nccl: nc}
+	// One at a time: the first compiles the kernels into the on-disk
+	// cache, and the others load them from it.
+	for d := 0; d < n; d++ {
+		kd := k
+		kd.device = d
+		e, err := NewWithOptions(c, o, kd)
+		if err != nil {
+			g.Close()
+			return nil, fmt.Errorf("GPU %d of %d: %w", d, n, err)
+		}
+		g.ranks = append(g.ranks, e)
+	}
+	if err := g.join(); err != nil {
+		g.Close()
+		return nil, err
+	}
+	return g, nil
+}
+
+// join makes the communicator of the group's GPUs in one call, from a
+// thread of its own (NCCL makes each device current on it in turn): a
+// failure returns at once instead of leaving the other ranks waiting for
+// one that will not join, as separate ncclCommInitRank calls would. On
+// several hosts each host's ranks would join with InitRank and an id
+// passed through the run's Redis keys.
+func (g *Group) join() error {
+	devices := make([]int, len(g.ranks))
+	for r := range devices {
+		devices[r] = r
+	}
+	t := newThread()
+	defer t.stop()
+	return t.do(func() error {
+		cs, err := g.nccl.InitAll(devices)
+		g.comms = cs
+		return err
+	})
+}
+
+// each runs f for every rank at once and waits for all. An error on any
+// rank aborts the communicators, so that no rank is left waiting in a
+// collective for one that will not come.
+func (g *Group) each(f func(r int, e *Engine) error) error {
+	if g.broken != nil {
+		return g.broken
+	}
+	errs := make([]error, len(g.ranks))
+	var wg sync.WaitGroup
+	for r, e := range g.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(r, e); err != nil {
+				errs[r] = fmt.Errorf("GPU %d: %w", r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		g.abort(err)
+		return err
+	}
+	return nil
+}
+
+// abort ends every communicator's pending work after a failure on one
+// rank; the group is unusable after it.
+func (g *Group) abort(cause error) {
+	if g.broken != nil {
+		return
+	}
+	g.broken = fmt.Errorf("the GPUs' communicator was aborted after: %w", cause)
+	for r, c := range g.comms {
+		if c == nil {
+			continue
+		}
+		_ = g.ranks[r].th.do(func() error { return c.Abort() })
+		g.comms[r] = nil
+	}
+}
+
+// Devices implements model.Parallel.
+func (g *Group) Devices() int { return len(g.ranks) }
+
+// Name implements model.Engine.
+func (g *Group) Name() string { return "cuda" }
+
+// Config implements model.Engine.
+func (g *Group) Config() model.Config { return g.cfg }
+
+// SetParams implements model.Engine: every GPU gets the same weights.
+func (g *Group) SetParams(p *model.Params) error {
+	return g.each(func(_ int, e *Engine) error { return e.SetParams(p) })
+}
+
+// Params implements model.Engine (GPU 0's, which every GPU holds).
+func (g *Group) Params(p *model.Params) error { return g.ranks[0].Params(p) }
+
+// SetOptimizerState implements model.Engine.
+func (g *Group) SetOptimizerState(s *model.OptimizerState) error {
+	return g.each(func(_ int, e *Engine) error { return e.SetOptimizerState(s) })
+}
+
+// OptimizerState implements model.Engine.
+func (g *Group) OptimizerState() (*model.OptimizerState, error) { return g.ranks[0].OptimizerState() }
+
+// CopyState implements model.StateCopier with GPU 0's state.
+func (g *Group) CopyState() (func() (*model.Params, *model.OptimizerState, error), error) {
+	if g.broken != nil {
+		return nil, g.broken
+	}
+	return g.ranks[0].CopyState()
+}
+
+// ZeroGrad implements model.Engine.
+func (g *Group) ZeroGrad() error {
+	g.next = 0
+	return g.each(func(_ int, e *Engine) error { return e.ZeroGrad() })
+}
+
+// ForwardBackward implements model.Engine: the micro-batch goes to the
+// next GPU in turn. It returns once the work is queued on that GPU.
+func (g *Group) ForwardBackward(b model.Batch, scale float32) error {
+	if g.broken != nil {
+		return g.broken
+	}
+	r := g.next % len(g.ranks)
+	g.next++
+	if err := g.ranks[r].ForwardBackward(b, scale); err != nil {
+		err = fmt.Errorf("GPU %d: %w", r, err)
+		g.abort(err)
+		return err
+	}
+	return nil
+}
+
+// Step implements model.Engine: the all-reduce of the gradients and the
+// loss, then the clipping and AdamW, on every GPU.
+func (g *Group) Step(o model.AdamW) error {
+	if g.next == 0 || g.next%len(g.ranks) != 0 {
+		return &model.EngineError{Msg: fmt.Sprintf("a step of %d micro-batches on %d GPUs: every GPU must train the same number, so accumulate must be a multiple of gpus",
+			g.next, len(g.ranks))}
+	}
+	return g.each(func(r int, e *Engine) error {
+		if err := e.th.do(func() error { return e.reduce(g.comms[r]) }); err != nil {
+			return err
+		}
+		return e.Step(o)
+	})
+}
+
+// reduce sums the gradients and the loss over c's ranks in place, on the
+// main stream, which the backward's side stream has joined: the step's
+// norm and AdamW, queued after it, read the sums.
+func (e *Engine) reduce(c *cuda.Comm) error {
+	if err := c.AllReduceSum(e.grads, e.grads, int(e.n), e.sh); err != nil {
+		return err
+	}
+	return c.AllReduceSum(e.lossAcc, e.lossAcc, 1, e.sh)
+}
+
+// Metrics implements model.Engine: it waits for every GPU, so that an
+// error on any of them surfaces here, and returns GPU 0's figures, which
+// after the all-reduce are the step's.
+func (g *Group) Metrics() (model.StepMetrics, error) {
+	ms := make([]model.StepMetrics, len(g.ranks))
+	err := g.each(func(r int, e *Engine) error {
+		m, err := e.Metrics()
+		ms[r] = m
+		if err == nil && g.comms[r] != nil {
+			err = e.th.do(g.comms[r].AsyncError)
+		}
+		return err
+	})
+	return ms[0], err
+}
+
+// Grads implements model.Engine: the gradients accumulated on every GPU
+// since ZeroGrad, summed in rank order. After Step they are the reduced
+// sum on each GPU; it reads GPU 0's then.
+func (g *Group) Grads(p *model.Params) error {
+	if err := g.ranks[0].Grads(p); err != nil {
+		return err
+	}
+	if g.next == 0 {
+		return nil
+	}
+	part, err := model.ParamsOver(g.cfg, make([]float32, len(p.Data)))
+	if err != nil {
+		return err
+	}
+	for _, e := range g.ranks[1:] {
+		if err := e.Grads(part); err != nil {
+			return err
+		}
+		for i, v := range part.Data {
+			p.Data[i] += v
+		}
+	}
+	return nil
+}
+
+// Logits implements model.Engine on GPU 0.
+func (g *Group) Logits(b model.Batch) ([]float32, error) { return g.ranks[0].Logits(b) }
+
+// EvalLoss implements model.Engine on GPU 0.
+func (g *Group) EvalLoss(b model.Batch) (float64, error) { return g.ranks[0].EvalLoss(b) }
+
+// Generate implements model.Engine on GPU 0.
+func (g *Group) Generate(prompt []int32, n int, stop int32, s model.Sampling) ([]int32, error) {
+	return g.ranks[0].Generate(prompt, n, stop, s)
+}
+
+// Memory implements model.Engine: GPU 0's, which every GPU matches.
+func (g *Group) Memory() model.MemoryStats { return g.ranks[0].Memory() }
+
+// Device implements model.Device: GPU 0's.
+func (g *Group) Device() Device { return g.ranks[0].Device() }
+
+// SetProfiling implements model.Profiler on every GPU.
+func (g *Group) SetProfiling(on bool) error {
+	return g.each(func(_ int, e *Engine) error { return e.SetProfiling(on) })
+}
+
+// KernelTimes implements model.Profiler: GPU 0's, the all-reduce included.
+func (g *Group) KernelTimes() map[string]float64 { return g.ranks[0].KernelTimes() }
+
+// Close implements model.Engine: the communicators, then the engines.
+func (g *Group) Close() error {
+	var errs []error
+	for r, c := range g.comms {
+		if c != nil {
+			errs = append(errs, g.ranks[r].th.do(c.Destroy))
+		}
+	}
+	g.comms = nil
+	for _, e := range g.ranks {
+		errs = append(errs, e.Close())
+	}
+	g.ranks = nil
+	return errors.Join(errs...)
+}

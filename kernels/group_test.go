@@ -1,0 +1,202 @@
+package kernels
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/kernels/cuda"
+	"github.com/kiln-lm/kiln/model"
+)
+
+// newGroup makes a Group of gpus GPUs, skipping where there is no GPU, too
+// few of them, or no NCCL. GEMM algorithms are the library's first choice
+// (not timed), so that two engines of one process run the same ones.
+func newGroup(t *testing.T, c model.Config, o model.Options, gpus int) *Group {
+	t.Helper()
+	skipWithoutGPU(t)
+	if _, err := cuda.LoadNCCL(); err != nil {
+		t.Skipf("no NCCL here, skipping: %v", err)
+	}
+	drv, _ := cuda.LoadDriver()
+	if n, _ := drv.DeviceCount(); n < gpus {
+		t.Skipf("%d GPU(s) here, the test needs %d", n, gpus)
+	}
+	o.GPUs = gpus
+	g, err := NewGroup(c, o, envOptions(t))
+	if err != nil {
+		t.Fatalf("new group of %d GPUs: %v", gpus, err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// groupBatches are steps x micro random micro-batches, a few repeated ids
+// among them (the embedding's accumulation path) and a masked target.
+func groupBatches(c model.Config, steps, micro, B, T int) []model.Batch {
+	r := rand.New(rand.NewPCG(11, 12))
+	var out []model.Batch
+	for range steps * micro {
+		b := model.Batch{B: B, T: T, Inputs: make([]int32, B*T), Targets: make([]int32, B*T)}
+		for i := range b.Inputs {
+			b.Inputs[i] = int32(r.IntN(min(40, c.VocabSize)))
+			b.Targets[i] = int32(r.IntN(c.VocabSize))
+		}
+		b.Targets[3] = -1
+		out = append(out, b)
+	}
+	return out
+}
+
+type trained struct {
+	losses, norms []float64
+	params        []float32
+}
+
+// trainSteps runs the batches micro at a time as optimizer steps, each
+// micro-batch scaled by 1/micro as the trainer does.
+func trainSteps(t *testing.T, e model.Engine, p0 *model.Params, batches []model.Batch, micro int) trained {
+	t.Helper()
+	if err := e.SetParams(p0); err != nil {
+		t.Fatal(err)
+	}
+	var r trained
+	for s := 0; s < len(batches)/micro; s++ {
+		if err := e.ZeroGrad(); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range batches[s*micro : (s+1)*micro] {
+			if err := e.ForwardBackward(b, 1/float32(micro)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := e.Step(benchAdamW); err != nil {
+			t.Fatal(err)
+		}
+		m, err := e.Metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.losses, r.norms = append(r.losses, m.Loss), append(r.norms, m.GradNorm)
+	}
+	p := model.NewParams(e.Config())
+	if err := e.Params(p); err != nil {
+		t.Fatal(err)
+	}
+	r.params = p.Data
+	return r
+}
+
+// A group of one GPU is one engine with a one-rank all-reduce before each
+// step, which returns its input: the same steps bit for bit.
+func TestGroupOfOneGPUTrainsAsOneEngine(t *testing.T) {
+	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
+	for _, c := range []struct {
+		name      string
+		cfg       model.Config
+		precision string
+		B, T      int
+	}{
+		{"small bf16", model.Presets["small"], "bf16", 2, 256},
+		{"hd64 fp32", goldenConfig(t, goldenDirs[1]), "fp32", 2, 64},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := model.Options{Precision: c.precision, MaxBatch: c.B, MaxSeq: c.T}
+			g := newGroup(t, c.cfg, o, 1)
+			e := newEngine(t, c.cfg, o)
+			p0 := model.InitParams(c.cfg, 7)
+			batches := groupBatches(c.cfg, 3, 2, c.B, c.T)
+			want := trainSteps(t, e, p0, batches, 2)
+			got := trainSteps(t, g, p0, batches, 2)
+			for i := range want.losses {
+				if got.losses[i] != want.losses[i] || got.norms[i] != want.norms[i] {
+					t.Errorf("step %d: group loss %.9g norm %.9g, engine %.9g %.9g", i+1, got.losses[i], got.norms[i], want.losses[i], want.norms[i])
+				}
+			}
+			for i := range want.params {
+				if math.Float32bits(got.params[i]) != math.Float32bits(want.params[i]) {
+					t.Fatalf("parameter %d: group %.9g, engine %.9g", i, got.params[i], want.params[i])
+				}
+			}
+		})
+	}
+}
+
+// Two GPUs with one micro-batch each take the step one GPU takes with
+// both: the same losses and weights up to the order of fp32 sums, and the
+// two GPUs' weights identical to each other without ever being sent.
+func TestGroupOfTwoGPUsMatchesOne(t *testing.T) {
+	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
+	c := goldenConfig(t, goldenDirs[1])
+	o := model.Options{Precision: "fp32", MaxBatch: 2, MaxSeq: 64}
+	g := newGroup(t, c, o, 2)
+	e := newEngine(t, c, o)
+	p0 := model.InitParams(c, 7)
+	for _, micro := range []int{2, 4} {
+		batches := groupBatches(c, 4, micro, 2, 64)
+		want := trainSteps(t, e, p0, batches, micro)
+		got := trainSteps(t, g, p0, batches, micro)
+		for i := range want.losses {
+			if d := math.Abs(got.losses[i] - want.losses[i]); d > 1e-6*math.Abs(want.losses[i]) {
+				t.Errorf("accumulate %d, step %d: loss on 2 GPUs %.9g, on 1 %.9g", micro, i+1, got.losses[i], want.losses[i])
+			}
+		}
+		var worst float64
+		for i := range want.params {
+			worst = math.Max(worst, math.Abs(float64(got.params[i]-want.params[i])))
+		}
+		// lr 4e-4 a step: a weight that moved the other way on one side
+		// would be off by ~1e-3.
+		if worst > 1e-5 {
+			t.Errorf("accumulate %d: weights on 2 GPUs differ from 1 GPU's by up to %.3g", micro, worst)
+		}
+		t.Logf("accumulate %d: largest weight difference 2 GPUs vs 1: %.3g", micro, worst)
+		other := model.NewParams(c)
+		if err := g.ranks[1].Params(other); err != nil {
+			t.Fatal(err)
+		}
+		for i := range other.Data {
+			if math.Float32bits(other.Data[i]) != math.Float32bits(got.params[i]) {
+				t.Fatalf("accumulate %d: GPU 1's weight %d is %.9g, GPU 0's %.9g", micro, i, other.Data[i], got.params[i])
+			}
+		}
+	}
+}
+
+// A step whose micro-batches the GPUs cannot share evenly is refused, not
+// trained with one GPU's gradient missing.
+func TestGroupRefusesAnUnevenStep(t *testing.T) {
+	c := goldenConfig(t, goldenDirs[1])
+	g := newGroup(t, c, model.Options{Precision: "fp32", MaxBatch: 2, MaxSeq: 64}, 2)
+	if err := g.SetParams(model.InitParams(c, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.ZeroGrad(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.ForwardBackward(groupBatches(c, 1, 1, 2, 64)[0], 1); err != nil {
+		t.Fatal(err)
+	}
+	err := g.Step(benchAdamW)
+	var ee *model.EngineError
+	if !errors.As(err, &ee) || !strings.Contains(err.Error(), "multiple of gpus") {
+		t.Fatalf("a step of 1 micro-batch on 2 GPUs: %v; want an EngineError naming accumulate and gpus", err)
+	}
+}
+
+// More GPUs than the process sees is refused in one line naming both.
+func TestGroupRefusesMoreGPUsThanSeen(t *testing.T) {
+	skipWithoutGPU(t)
+	if _, err := cuda.LoadNCCL(); err != nil {
+		t.Skipf("no NCCL here, skipping: %v", err)
+	}
+	drv, _ := cuda.LoadDriver()
+	n, _ := drv.DeviceCount()
+	_, err := NewGroup(model.Presets["tiny"], model.Options{Precision: "fp32", MaxBatch: 1, MaxSeq: 16, GPUs: n + 1}, envOptions(t))
+	var ee *model.EngineError
+	if !errors.As(err, &ee) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("gpus %d with %d GPU(s): %v; want a one-line EngineError", n+1, n, err)
+	}
+}

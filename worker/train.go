@@ -81,6 +81,9 @@ type BenchSpec struct {
 	// Steps is 0 and Warmup -1 where the payload leaves them to the bench
 	// routine's defaults.
 	Steps, Warmup int
+	// GPUs is the worker's (KILN_GPUS; 0: one), so that the sweep measures
+	// what its runs train on.
+	GPUs int
 }
 
 // resolve checks t's dependencies and returns a copy with its defaults.
@@ -166,7 +169,7 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 			return err
 		}
 		rep.Report(ctx, float64(i)/float64(len(shapes)), 0, "", "measuring "+sh.String())
-		row, err := t.Bench(ctx, BenchSpec{Shape: sh, Engine: a.Engine, Steps: steps, Warmup: warmup})
+		row, err := t.Bench(ctx, BenchSpec{Shape: sh, Engine: a.Engine, Steps: steps, Warmup: warmup, GPUs: int(t.GPUs)})
 		if err != nil {
 			if ctx.Err() != nil {
 				return err
@@ -178,7 +181,8 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 				return fmt.Errorf("bench:run %s: %w (%w)", sh, err, asynq.SkipRetry)
 			}
 			c, _ := sh.Config()
-			row = results.BenchRow{Model: sh.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: sh.Batch, Seq: sh.Seq, Error: err.Error()}
+			row = results.BenchRow{Model: sh.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: sh.Batch, Seq: sh.Seq,
+				GPUs: max(int(t.GPUs), 1), Error: err.Error()}
 		}
 		if err := appendBenchRow(ctx, t.Objects, row); err != nil {
 			return err

@@ -29,19 +29,27 @@ type BenchRow struct {
 	GPUIdle bool   `json:"gpu_idle"`
 	Device  string `json:"device,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// GPUs is how many GPUs trained together (0 in rows written before
+	// there were several: one); TokPerSec is all of theirs.
+	GPUs int `json:"gpus,omitempty"`
 }
+
+// Devices is the number of GPUs the row measured, one when unrecorded.
+func (r BenchRow) Devices() int { return max(r.GPUs, 1) }
 
 // Row is the table's row for one trainer.Bench measurement of config c at
 // batch x seq; name is the model preset's name, or empty for a shape that
 // is not one.
 func Row(name string, c model.Config, batch, seq int, r trainer.BenchResult) BenchRow {
 	return BenchRow{Model: name, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: batch, Seq: seq,
-		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, MFU: r.MFU, GPUIdle: r.GPUIdle(), Device: r.Device}
+		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, MFU: r.MFU, GPUIdle: r.GPUIdle(), Device: r.Device, GPUs: r.GPUs}
 }
 
-// Same reports whether r measured the given shape.
-func (r BenchRow) Same(vocab, dModel, layers, batch, seq int) bool {
-	return r.Vocab == vocab && r.DModel == dModel && r.Layers == layers && r.Batch == batch && r.Seq == seq
+// Same reports whether r measured the given shape on gpus GPUs (0: any
+// number, for a run on all of a host's GPUs, counted only as it trains).
+func (r BenchRow) Same(vocab, dModel, layers, batch, seq, gpus int) bool {
+	return r.Vocab == vocab && r.DModel == dModel && r.Layers == layers && r.Batch == batch && r.Seq == seq &&
+		(gpus == 0 || r.Devices() == gpus)
 }
 
 // ReadBench reads bench rows stored one JSON object per line
@@ -62,7 +70,7 @@ func ReadBench(r io.Reader) ([]BenchRow, error) {
 		}
 		replaced := false
 		for i := range rows {
-			if rows[i].Same(row.Vocab, row.DModel, row.Layers, row.Batch, row.Seq) {
+			if rows[i].Same(row.Vocab, row.DModel, row.Layers, row.Batch, row.Seq, row.Devices()) {
 				rows[i], replaced = row, true
 			}
 		}
@@ -76,10 +84,11 @@ func ReadBench(r io.Reader) ([]BenchRow, error) {
 	return rows, nil
 }
 
-// FindBench returns the tok/s measured for a shape, or 0.
-func FindBench(rows []BenchRow, vocab, dModel, layers, batch, seq int) float64 {
+// FindBench returns the tok/s measured for a shape on gpus GPUs (0: any),
+// or 0.
+func FindBench(rows []BenchRow, vocab, dModel, layers, batch, seq, gpus int) float64 {
 	for _, r := range rows {
-		if r.Same(vocab, dModel, layers, batch, seq) && r.Error == "" {
+		if r.Same(vocab, dModel, layers, batch, seq, gpus) && r.Error == "" {
 			return r.TokPerSec
 		}
 	}
@@ -109,8 +118,8 @@ func BenchTable(rows []BenchRow) string {
 			idle = "yes"
 		}
 		out = append(out, []string{name, fmt.Sprint(r.Vocab), fmt.Sprint(r.DModel), fmt.Sprint(r.Layers),
-			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), tps, mem, mfu, idle})
+			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.Devices()), tps, mem, mfu, idle})
 	}
-	table(&b, []string{"model", "vocab", "d_model", "layers", "batch", "seq", "tok/s", "peak memory", "MFU", "GPU idle"}, out)
+	table(&b, []string{"model", "vocab", "d_model", "layers", "batch", "seq", "GPUs", "tok/s", "peak memory", "MFU", "GPU idle"}, out)
 	return b.String()
 }

@@ -258,9 +258,13 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	fig := s.Figures()
 	bench := 0.0
 	if mc, err := rc.ModelConfig(); err == nil {
-		bench = results.FindBench(p.Bench, mc.VocabSize, mc.Hidden, mc.Layers, rc.Batch*rc.Accumulate, rc.Seq)
+		gpus := max(int(rc.GPUs), 0) // all: any count
+		if rc.GPUs == 0 {
+			gpus = 1
+		}
+		bench = results.FindBench(p.Bench, mc.VocabSize, mc.Hidden, mc.Layers, rc.Batch*rc.Accumulate, rc.Seq, gpus)
 		if bench == 0 {
-			bench = results.FindBench(p.Bench, mc.VocabSize, mc.Hidden, mc.Layers, rc.Batch, rc.Seq)
+			bench = results.FindBench(p.Bench, mc.VocabSize, mc.Hidden, mc.Layers, rc.Batch, rc.Seq, gpus)
 		}
 	}
 	s.Gates = []results.Gate{results.SmoothGate(recs, rc.Warmup), results.FallingGate(recs)}

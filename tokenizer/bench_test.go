@@ -96,3 +96,30 @@ func BenchmarkTrain(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkEncodeReaderCold is the path of `sched tokenize` without the
+// process: a freshly parsed tokenizer (cold word caches) streams the text
+// through EncodeReader; the parse is counted, as it is in the command.
+func BenchmarkEncodeReaderCold(b *testing.B) {
+	text := benchText(b)
+	for _, style := range styles {
+		raw := readTestdata(b, style+".tokenizer.json")
+		b.Run(style, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				tk, err := Parse(raw)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n := 0
+				err = tk.EncodeReader(context.Background(), bytes.NewReader(text), func(ids []uint32) error {
+					n += len(ids)
+					return nil
+				})
+				if err != nil || n == 0 {
+					b.Fatal(err, n)
+				}
+			}
+		})
+	}
+}

@@ -7,26 +7,39 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 )
 
 // streamChunk is the size at which EncodeReader looks for a cut. 1 MiB per
-// worker keeps memory small and the workers busy.
+// job keeps memory small and the workers busy, and is large enough that
+// handing jobs between goroutines costs nothing measurable.
 var streamChunk = 1 << 20
 
 // cuttable reports whether the text can be cut at safe points and encoded
 // in pieces with the same ids as a whole: not when a pre-tokenizer adds a
-// prefix space (each piece would get one), nor when an added token contains
-// a line break (it could straddle a cut).
+// prefix space (each piece would get one), not when no stage splits (the
+// whole text is one word), not when an added token contains a line break (it
+// could straddle a cut), and not when an added token that strips the space
+// on its left starts with a letter (at the start of a piece it would not
+// reach back over the line break before it).
 func (t *Tokenizer) cuttable() bool {
+	splits := false
 	for _, s := range t.stages {
 		if s.prefixSpace {
 			return false
 		}
+		splits = splits || s.split != nil
+	}
+	if !splits {
+		return false
 	}
 	for _, a := range t.added {
 		if strings.ContainsAny(a.content, "\r\n") {
+			return false
+		}
+		if c := a.content[0] | 0x20; a.lstrip && c >= 'a' && c <= 'z' {
 			return false
 		}
 	}
@@ -56,63 +69,145 @@ func safeCut(b []byte) int {
 	}
 }
 
+// streamJob is one piece of a stream: its text, then its ids. Jobs are
+// recycled, so that a long stream allocates nothing once they have grown.
+type streamJob struct {
+	seq  int
+	text []byte
+	ids  []uint32
+}
+
 // EncodeReader encodes a text stream on all cores with the ids Encode would
 // give for the whole text, calling emit with consecutive runs of ids in
-// order. Memory stays bounded by a few MiB per core unless the text has no
-// safe cut point for long stretches (a huge line).
+// order, from the calling goroutine; ids is valid only until emit returns.
+// Reading, encoding and emitting overlap: one goroutine reads and cuts the
+// text into pieces at safe points, GOMAXPROCS workers encode them, each
+// with its own word cache, and the caller emits them in order. Memory stays
+// bounded by a few MiB per core unless the text has no safe cut point for
+// long stretches (a huge line).
 func (t *Tokenizer) EncodeReader(ctx context.Context, r io.Reader, emit func(ids []uint32) error) error {
 	workers := runtime.GOMAXPROCS(0)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	// free bounds the jobs in flight: two per worker keep each busy while
+	// the reader fills the next and the caller emits the last.
+	nJobs := 2*workers + 1
+	free := make(chan *streamJob, nJobs)
+	for range nJobs {
+		free <- &streamJob{}
+	}
+	todo := make(chan *streamJob, nJobs)
+	done := make(chan *streamJob, nJobs)
+
+	var readErr error
+	go func() {
+		defer close(todo)
+		readErr = t.readJobs(ctx, r, free, todo)
+	}()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := t.getState()
+			defer t.putState(st)
+			for j := range todo {
+				j.ids = st.encode(j.ids[:0], j.text)
+				done <- j
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+
+	// Jobs come back out of order; hold them until their turn.
+	var err error
+	waiting := map[int]*streamJob{}
+	next := 0
+	for j := range done {
+		if err != nil {
+			continue // draining after a failure
+		}
+		waiting[j.seq] = j
+		for {
+			j, ok := waiting[next]
+			if !ok {
+				break
+			}
+			delete(waiting, next)
+			next++
+			if err = emit(j.ids); err != nil {
+				cancel()
+				break
+			}
+			free <- j
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if readErr != nil {
+		return readErr
+	}
+	return ctx.Err()
+}
+
+// readJobs reads r into jobs from free, each cut at a safe point (or the
+// whole text when it cannot be cut), and queues them on todo in order.
+func (t *Tokenizer) readJobs(ctx context.Context, r io.Reader, free <-chan *streamJob, todo chan<- *streamJob) error {
 	cut := t.cuttable()
-	var pending []byte
-	eof := false
-	buf := make([]byte, streamChunk)
-	for !eof {
-		// Gather up to one chunk per worker.
-		var chunks [][]byte
-		need := streamChunk
-		for len(chunks) < workers && !eof {
-			for len(pending) < need && !eof {
-				n, err := r.Read(buf)
-				pending = append(pending, buf[:n]...)
-				if errors.Is(err, io.EOF) {
-					eof = true
-				} else if err != nil {
-					return fmt.Errorf("encode: read: %w", err)
+	var carry []byte // text after the last cut, for the next job
+	for seq := 0; ; seq++ {
+		var j *streamJob
+		select {
+		case j = <-free:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		j.seq = seq
+		j.text = append(j.text[:0], carry...)
+		eof := false
+		for {
+			if cut && len(j.text) >= streamChunk {
+				if p := safeCut(j.text); p > 0 {
+					carry = append(carry[:0], j.text[p:]...)
+					j.text = j.text[:p]
+					break
 				}
+			}
+			// Read into the job's own buffer: no copy between the reader
+			// and the encoder. A text that cannot be cut is read whole.
+			if cap(j.text)-len(j.text) <= streamChunk/4 {
+				j.text = slices.Grow(j.text, streamChunk+1)
+			}
+			n, err := r.Read(j.text[len(j.text):cap(j.text)])
+			j.text = j.text[:len(j.text)+n]
+			if errors.Is(err, io.EOF) {
+				eof = true
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("encode: read: %w", err)
 			}
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			p := -1
-			if cut && !eof {
-				p = safeCut(pending)
-			}
-			if p <= 0 {
-				if !eof {
-					need = len(pending) + streamChunk // no safe cut yet: read more
-					continue
-				}
-				p = len(pending)
-			}
-			chunks = append(chunks, pending[:p:p])
-			pending = append([]byte(nil), pending[p:]...)
-			need = streamChunk
 		}
-		out := make([][]uint32, len(chunks))
-		var wg sync.WaitGroup
-		for i := range chunks {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				out[i] = t.AppendEncoded(nil, chunks[i])
-			}()
+		if eof {
+			carry = carry[:0]
 		}
-		wg.Wait()
-		for _, ids := range out {
-			if err := emit(ids); err != nil {
-				return err
+		if len(j.text) > 0 || seq == 0 {
+			select {
+			case todo <- j:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
+		}
+		if eof {
+			return nil
 		}
 	}
-	return nil
 }

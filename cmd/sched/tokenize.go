@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/schollz/progressbar/v3"
@@ -149,23 +150,12 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	defer os.Remove(dst.Name())
 	w := bufio.NewWriterSize(dst, 1<<20)
 	var n int64
-	buf := make([]byte, 0, 1<<16)
+	var buf []byte
 	err = tk.EncodeReader(ctx, r, func(ids []uint32) error {
 		n += int64(len(ids))
-		for len(ids) > 0 {
-			k := min(len(ids), cap(buf)/width)
-			buf = buf[:0]
-			for _, id := range ids[:k] {
-				if width == 2 {
-					buf = binary.LittleEndian.AppendUint16(buf, uint16(id))
-				} else {
-					buf = binary.LittleEndian.AppendUint32(buf, id)
-				}
-			}
-			if _, err := w.Write(buf); err != nil {
-				return fmt.Errorf("tokenize: write %s: %w", out, err)
-			}
-			ids = ids[k:]
+		buf = appendIDs(buf[:0], ids, width)
+		if _, err := w.Write(buf); err != nil {
+			return fmt.Errorf("tokenize: write %s: %w", out, err)
 		}
 		return nil
 	})
@@ -183,6 +173,25 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	}
 	fmt.Fprintf(errOut, "wrote %d ids (%s) to %s\n", n, dtype, out)
 	return nil
+}
+
+// appendIDs appends ids to dst as little-endian integers of width bytes.
+// EncodeReader hands over a run of ids per megabyte of text, so one buffer
+// the size of a run is reused and written at once.
+func appendIDs(dst []byte, ids []uint32, width int) []byte {
+	n := len(dst)
+	dst = slices.Grow(dst, width*len(ids))[:n+width*len(ids)]
+	out := dst[n:]
+	if width == 2 {
+		for i, id := range ids {
+			binary.LittleEndian.PutUint16(out[2*i:], uint16(id))
+		}
+	} else {
+		for i, id := range ids {
+			binary.LittleEndian.PutUint32(out[4*i:], id)
+		}
+	}
+	return dst
 }
 
 func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, out string, opts tokenizer.TrainOptions) error {

@@ -1,0 +1,114 @@
+package tokenizer
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"testing"
+	"testing/iotest"
+)
+
+// streamIDs encodes text through EncodeReader with pieces of about chunk
+// bytes, read a few bytes at a time.
+func streamIDs(t testing.TB, tk *Tokenizer, text []byte, chunk int) (ids []uint32, calls int) {
+	t.Helper()
+	old := streamChunk
+	streamChunk = chunk
+	defer func() { streamChunk = old }()
+	err := tk.EncodeReader(context.Background(), iotest.HalfReader(bytes.NewReader(text)), func(b []uint32) error {
+		calls++
+		ids = append(ids, b...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids, calls
+}
+
+// randomText mixes what the safe cut looks at (line breaks before letters,
+// after visible characters and after spaces) with everything the
+// pre-tokenizers treat specially: contractions, digits, runs of spaces and
+// line breaks, multi-byte letters and numbers, and invalid UTF-8.
+func randomText(rng *rand.Rand, n int) []byte {
+	parts := []string{"\n", "\n", "\r\n", "\n\n", " ", "  ", "\t", "a", "Zeta", "func", "x", "'s", "'LL", "'re", "'", "7", "123456",
+		"(", ")", "{}", ";", ".", "é", "日本", "٣", "\u00a0", "\u2028", "\xff", "\xc3", "ſ", "\u0301", "<|end|>", "ok\nGo", "}\nfunc"}
+	var b []byte
+	for len(b) < n {
+		b = append(b, parts[rng.IntN(len(parts))]...)
+	}
+	return b
+}
+
+// The ids of a text cut into pieces at safe points and encoded on all
+// cores are the ids of the whole text: on the golden texts (their HF ids),
+// and on random text of every kind the pre-tokenizers distinguish, for both
+// styles, with pieces small enough that every text is cut many times.
+func TestEncodeReaderCutsEqualWholeText(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		for _, name := range texts {
+			text := readTestdata(t, name+".txt")
+			for _, chunk := range []int{64, 1000, 1 << 16} {
+				got, calls := streamIDs(t, tk, text, chunk)
+				if i := firstDiff(got, goldenIDs(t, style, name)); i >= 0 {
+					t.Fatalf("%s/%s, pieces of %d bytes: ids differ from HF's at %d", style, name, chunk, i)
+				}
+				if len(text) > 4*chunk && calls < 3 {
+					t.Errorf("%s/%s: %d pieces of %d bytes for %d bytes: the text was not cut", style, name, calls, chunk, len(text))
+				}
+			}
+		}
+		for trial := range 300 {
+			text := randomText(rng, 1+rng.IntN(4000))
+			want := tk.EncodeBytes(text)
+			got, _ := streamIDs(t, tk, text, 16+rng.IntN(200))
+			if i := firstDiff(got, want); i >= 0 {
+				t.Fatalf("%s, trial %d: ids differ at %d for %q", style, trial, i, text)
+			}
+		}
+	}
+}
+
+func FuzzEncodeReaderCuts(f *testing.F) {
+	f.Add([]byte("a\nb\nc"), uint8(1))
+	f.Add([]byte("x.\nfoo 's\n\nbar\r\nBaz  \nq"), uint8(3))
+	tks := []*Tokenizer{loadStyle(f, "gpt2-style"), loadStyle(f, "gpt4-style")}
+	f.Fuzz(func(t *testing.T, text []byte, chunk uint8) {
+		for _, tk := range tks {
+			got, _ := streamIDs(t, tk, text, 1+int(chunk))
+			if i := firstDiff(got, tk.EncodeBytes(text)); i >= 0 {
+				t.Fatalf("ids differ at %d for %q cut every %d bytes", i, text, 1+int(chunk))
+			}
+		}
+	})
+}
+
+// Tokenizers whose ids a cut could change are encoded whole: one that adds
+// a prefix space, one whose pre-tokenizer does not split (the text is one
+// word), and one with an added token that strips the line break on its
+// left and starts with a letter.
+func TestEncodeReaderDoesNotCutWhereACutChangesIDs(t *testing.T) {
+	noSplit := bytes.Replace(readTestdata(t, "gpt2-style.tokenizer.json"), []byte(`"use_regex": true`), []byte(`"use_regex": false`), 1)
+	prefix := bytes.Replace(readTestdata(t, "gpt2-style.tokenizer.json"), []byte(`"add_prefix_space": false`), []byte(`"add_prefix_space": true`), 1)
+	for name, data := range map[string][]byte{
+		"no split":     noSplit,
+		"prefix space": prefix,
+		"lstrip token": withAdded(t, `[{"id":30093,"content":"Zed","single_word":false,"lstrip":true,"rstrip":false,"normalized":false,"special":true}]`),
+	} {
+		tk, err := Parse(data)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if tk.cuttable() {
+			t.Errorf("%s: cuttable", name)
+		}
+		text := []byte("one.\nZed two;\nZed three\nfour\n")
+		text = bytes.Repeat(text, 20)
+		got, calls := streamIDs(t, tk, text, 32)
+		if i := firstDiff(got, tk.EncodeBytes(text)); i >= 0 || calls != 1 {
+			t.Errorf("%s: %d pieces; ids differ from the whole text's at %d", name, calls, i)
+		}
+	}
+}

@@ -71,6 +71,12 @@ type Engine struct {
 
 	maxB, maxT int
 	a          *acts
+	// moe holds the sparse feed-forward's buffers (moe.go); nil for a
+	// dense model.
+	moe *moeActs
+	// perLayer is the number of specs a layer has: 9 dense, 7 + 3
+	// experts with experts.
+	perLayer   int
 	lossAcc    cuda.Ptr // (1) sum of scale x mean loss since ZeroGrad
 	evalAcc    cuda.Ptr // (1)
 	norm       cuda.Ptr // (1) last Step's gradient norm
@@ -182,8 +188,8 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	if c.MoE() {
-		return nil, &model.EngineError{Msg: "the CUDA engine has no mixture-of-experts yet: use --engine cpu"}
+	if err := checkMoE(c); err != nil {
+		return nil, err
 	}
 	if o.Precision == "" {
 		o.Precision = "bf16"
@@ -232,6 +238,10 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 	e.maxB, e.maxT = max(o.MaxBatch, 1), max(o.MaxSeq, 1)
 	if o.MaxBatch <= 0 || o.MaxSeq <= 0 {
 		e.maxB, e.maxT = 1, min(c.MaxPositions, 1024)
+	}
+	e.perLayer = 9
+	if c.MoE() {
+		e.perLayer = sExperts + 3*c.Experts
 	}
 	for _, s := range e.specs {
 		e.off = append(e.off, e.n)
@@ -356,6 +366,14 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	if e.a, err = e.allocActs(e.maxB, e.maxT); err != nil {
 		return err
 	}
+	if e.cfg.MoE() {
+		if e.moe, err = e.allocMoE(e.maxB * e.maxT); err != nil {
+			return err
+		}
+		if err := e.zero(e.moe.auxAcc, 1); err != nil {
+			return err
+		}
+	}
 	if err := e.allocHead(headRowsFor(e.maxB*e.maxT, e.cfg.VocabSize)); err != nil {
 		return err
 	}
@@ -465,7 +483,14 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		a.att = layer("activations (attention probabilities)", attN)
 		a.ds = f32("attention gradient scratch", attN)
 	}
-	a.g, a.u, a.h = layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F)
+	// With experts the sparse block keeps its own (allocMoE); N x F
+	// buffers of the dense feed-forward would go unused.
+	dense := !c.MoE()
+	if dense {
+		a.g, a.u, a.h = layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F), layerUnless("activations (MLP)", N*F)
+	} else {
+		a.g, a.u, a.h = make([]cuda.Ptr, c.Layers), make([]cuda.Ptr, c.Layers), make([]cuda.Ptr, c.Layers)
+	}
 	// The final norm's fp32 output is read only by an LM head that runs on
 	// fp32 operands; the bf16 head reads a.lnfb.
 	if hm := e.headMode; !e.bf16 || hm.f32Fwd || hm.f32Bwd || hm.tf32 {
@@ -486,12 +511,16 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		a.dy, a.dv = f32("gradient scratch", N*qd), f32("gradient scratch", N*kvd)
 		a.dq, a.dk = f32("gradient scratch", N*qd), f32("gradient scratch", N*kvd)
 	}
-	a.dh, a.dg, a.du = f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F)
+	if dense {
+		a.dh, a.dg, a.du = f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F), f32Unless("gradient scratch", N*F)
+	}
 	if e.bf16 {
 		a.ln1b, a.ln2b = layerBF("activations (norm, bf16)", N*d), layerBF("activations (norm, bf16)", N*d)
-		a.hb = layerBF("activations (MLP, bf16)", N*F)
-		a.gub = layerBF("activations (MLP, bf16)", 2*N*F)
-		a.dgub, a.dhb = bf("gradient scratch (bf16)", 2*N*F), bf("gradient scratch (bf16)", N*F)
+		if dense {
+			a.hb = layerBF("activations (MLP, bf16)", N*F)
+			a.gub = layerBF("activations (MLP, bf16)", 2*N*F)
+			a.dgub, a.dhb = bf("gradient scratch (bf16)", 2*N*F), bf("gradient scratch (bf16)", N*F)
+		}
 		if e.flash {
 			a.yb = layerBF("activations (attention, bf16)", N*qd)
 		} else {
@@ -543,9 +572,9 @@ func (e *Engine) w(i int) operand {
 
 func (e *Engine) gw(i int) cuda.Ptr { return e.grads + cuda.Ptr(e.off[i]*4) }
 
-// Indices into Specs: embed, then 9 per layer, then the final norm and the
-// untied head.
-func layerSpec(l, k int) int { return 1 + 9*l + k }
+// Indices into Specs: embed, then perLayer per layer, then the final norm
+// and the untied head.
+func (e *Engine) layerSpec(l, k int) int { return 1 + e.perLayer*l + k }
 
 const (
 	sLN1 = iota
@@ -559,7 +588,7 @@ const (
 	sDown
 )
 
-func (e *Engine) normSpec() int { return 1 + 9*e.cfg.Layers }
+func (e *Engine) normSpec() int { return 1 + e.perLayer*e.cfg.Layers }
 func (e *Engine) headSpec() int {
 	if e.cfg.TieEmbeddings {
 		return 0
@@ -820,6 +849,11 @@ func (e *Engine) zeroGrad() error {
 	if err := e.zero(e.grads, e.n); err != nil {
 		return err
 	}
+	if e.moe != nil {
+		if err := e.zero(e.moe.auxAcc, 1); err != nil {
+			return err
+		}
+	}
 	return e.zero(e.lossAcc, 1)
 }
 
@@ -849,6 +883,12 @@ func (e *Engine) Metrics() (model.StepMetrics, error) {
 			return err
 		}
 		m.GradNorm = float64(v[0])
+		if e.moe != nil {
+			if err := cuda.Download(e.dv, v, e.moe.auxAcc); err != nil {
+				return err
+			}
+			m.AuxLoss = float64(v[0])
+		}
 		return nil
 	})
 	return m, err

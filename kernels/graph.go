@@ -36,8 +36,9 @@ type recorded struct {
 
 // Scalars in e.scal, fp32.
 const (
-	scalLossScale = 0 // the head's gradient and loss scale: scale / targeted rows
-	scalAdamW     = 4 // 7 values: adamw_flat's hp
+	scalLossScale = 0  // the head's gradient and loss scale: scale / targeted rows
+	scalAdamW     = 4  // 7 values: adamw_flat's hp
+	scalMoEScale  = 11 // the micro-batch's loss scale, for the load-balancing loss (moe_aux)
 	scalCount     = 16
 )
 

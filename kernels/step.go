@@ -67,7 +67,7 @@ func (e *Engine) forward(b model.Batch) error { return e.forwardGen(b, nil) }
 func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 	c, a := e.cfg, e.a
 	B, T, N := b.B, b.T, b.B*b.T
-	d, H, KV, D, F, V := c.Hidden, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, c.VocabSize
+	d, H, KV, D, V := c.Hidden, c.Heads, c.KVHeads, c.HeadDim, c.VocabSize
 	qd, kvd := H*D, KV*D
 	if err := e.launch("embed_fwd", N, 128, a.resid[0], a.ids, e.w(0).f32, N, d); err != nil {
 		return err
@@ -78,8 +78,8 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 		pos0 = g.pos
 	}
 	for l := 0; l < c.Layers; l++ {
-		W := func(k int) operand { return e.w(layerSpec(l, k)) }
-		ln1, ln2, h := actBF(a.ln1[l], at(a.ln1b, l)), actBF(a.ln2[l], at(a.ln2b, l)), actBF(a.h[l], at(a.hb, l))
+		W := func(k int) operand { return e.w(e.layerSpec(l, k)) }
+		ln1 := actBF(a.ln1[l], at(a.ln1b, l))
 		// Generation's attention (attn_fwd) writes no bf16 copy of y.
 		y := act(a.y[l])
 		if g == nil {
@@ -135,25 +135,12 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 			func() error {
 				return e.rmsnorm(a.ln2[l], at(a.ln2b, l), a.rstd2[l], a.mid[l], W(sLN2).f32, N)
 			},
-			func() error {
-				if e.bf16 {
-					// W(sGate)'s buffers run on through the up projection's.
-					return e.gemmBF(false, true, N, 2*F, d, ln2, W(sGate), a.gub[l])
-				}
-				if err := e.gemm(false, true, N, F, d, ln2, W(sGate), 0, a.g[l]); err != nil {
-					return err
-				}
-				return e.gemm(false, true, N, F, d, ln2, W(sUp), 0, a.u[l])
-			},
-			func() error {
-				if e.bf16 {
-					return e.launch3("swiglu_fwd_gu", e.swigluGrid(N), cuda.Dim3{X: 256}, a.hb[l], a.gub[l], N, F)
-				}
-				n := int64(N) * int64(F)
-				return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], cuda.Ptr(0), a.g[l], a.u[l], n)
-			},
-			func() error { return e.gemmAdd(false, true, N, d, F, h, W(sDown), a.mid[l], a.resid[l+1]) },
 		)
+		if c.MoE() {
+			steps = append(steps, func() error { return e.moeForward(l, N) })
+		} else {
+			steps = append(steps, e.denseForward(l, N)...)
+		}
 		for _, s := range steps {
 			if err := s(); err != nil {
 				return fmt.Errorf("layer %d forward: %w", l, err)
@@ -170,6 +157,34 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 		return e.headGemm(false, false, true, 1, V, d, actBF(a.lnf, a.lnfb), e.w(e.headSpec()), 0, a.logits)
 	}
 	return e.rmsnorm(a.lnf, a.lnfb, a.rstdf, a.resid[L], e.w(e.normSpec()).f32, N)
+}
+
+// denseForward is layer l's SwiGLU feed-forward over N rows, from the
+// second norm's output to the residual stream leaving the layer.
+func (e *Engine) denseForward(l, N int) []func() error {
+	a, d, F := e.a, e.cfg.Hidden, e.cfg.Intermediate
+	W := func(k int) operand { return e.w(e.layerSpec(l, k)) }
+	ln2, h := actBF(a.ln2[l], at(a.ln2b, l)), actBF(a.h[l], at(a.hb, l))
+	return []func() error{
+		func() error {
+			if e.bf16 {
+				// W(sGate)'s buffers run on through the up projection's.
+				return e.gemmBF(false, true, N, 2*F, d, ln2, W(sGate), a.gub[l])
+			}
+			if err := e.gemm(false, true, N, F, d, ln2, W(sGate), 0, a.g[l]); err != nil {
+				return err
+			}
+			return e.gemm(false, true, N, F, d, ln2, W(sUp), 0, a.u[l])
+		},
+		func() error {
+			if e.bf16 {
+				return e.launch3("swiglu_fwd_gu", e.swigluGrid(N), cuda.Dim3{X: 256}, a.hb[l], a.gub[l], N, F)
+			}
+			n := int64(N) * int64(F)
+			return e.launch("swiglu_fwd", blocks(n, 256), 256, a.h[l], cuda.Ptr(0), a.g[l], a.u[l], n)
+		},
+		func() error { return e.gemmAdd(false, true, N, d, F, h, W(sDown), a.mid[l], a.resid[l+1]) },
+	}
 }
 
 // flashHeadDim is the head dimension flash.cu is built for.
@@ -317,9 +332,24 @@ func (e *Engine) ForwardBackward(b model.Batch, scale float32) error {
 		if err := stage(e, e.plan, e.planHost[:used]); err != nil {
 			return err
 		}
+		if e.moe != nil {
+			if err := stage(e, e.scal+scalMoEScale*4, []float32{scale}); err != nil {
+				return err
+			}
+		}
 		return e.run(graphKey{b.B, b.T}, func() error {
+			if e.moe != nil {
+				if err := e.moeStart(); err != nil {
+					return err
+				}
+			}
 			if err := e.forward(b); err != nil {
 				return err
+			}
+			if e.moe != nil {
+				if err := e.moeAux(b.B * b.T); err != nil {
+					return err
+				}
 			}
 			if err := e.lmHead(b, headTrain, e.lossAcc, nil); err != nil {
 				return err
@@ -364,7 +394,7 @@ func (e *Engine) normBackward(kernel string, dx, dxb, dw, dy, x, w, rstd cuda.Pt
 func (e *Engine) backward(b model.Batch) error {
 	c, a := e.cfg, e.a
 	B, T, N := b.B, b.T, b.B*b.T
-	d, H, KV, D, F := c.Hidden, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate
+	d, H, KV, D := c.Hidden, c.Heads, c.KVHeads, c.HeadDim
 	qd, kvd := H*D, KV*D
 	L := c.Layers
 	scale := float32(1 / math.Sqrt(float64(D)))
@@ -388,9 +418,9 @@ func (e *Engine) backward(b model.Batch) error {
 		return err
 	}
 	for l := L - 1; l >= 0; l-- {
-		W := func(k int) operand { return e.w(layerSpec(l, k)) }
-		G := func(k int) cuda.Ptr { return e.gw(layerSpec(l, k)) }
-		ln1, ln2, h := actBF(a.ln1[l], at(a.ln1b, l)), actBF(a.ln2[l], at(a.ln2b, l)), actBF(a.h[l], at(a.hb, l))
+		W := func(k int) operand { return e.w(e.layerSpec(l, k)) }
+		G := func(k int) cuda.Ptr { return e.gw(e.layerSpec(l, k)) }
+		ln1 := actBF(a.ln1[l], at(a.ln1b, l))
 		y, dresid := actBF(a.y[l], at(a.yb, l)), actBF(a.dresid, a.dresidb)
 		P := qd + 2*kvd
 		var attention []func() error
@@ -431,50 +461,13 @@ func (e *Engine) backward(b model.Batch) error {
 				func() error { return e.gemm(false, false, N, d, kvd, dv, W(sV), 1, a.dln) },
 			}
 		}
-		steps := []func() error{
-			// MLP: a.dresid is the gradient of resid[l+1] = mid + h Wdown^T.
-			func() error {
-				return e.onSide(readsDresid, func() error { return e.gemm(true, false, d, F, N, dresid, h, 1, G(sDown)) })
-			},
-			func() error {
-				if e.bf16 {
-					return e.gemmBF(false, false, N, F, d, dresid, W(sDown), a.dhb)
-				}
-				return e.gemm(false, false, N, F, d, dresid, W(sDown), 0, a.dh)
-			},
-			func() error {
-				if e.bf16 {
-					if err := e.beforeWrite(readsDgub); err != nil {
-						return err
-					}
-					return e.launch3("swiglu_bwd_gu", e.swigluGrid(N), cuda.Dim3{X: 256}, a.dgub, a.dhb, a.gub[l], N, F)
-				}
-				n := int64(N) * int64(F)
-				return e.launch("swiglu_bwd", blocks(n, 256), 256, a.dg, a.du, cuda.Ptr(0), cuda.Ptr(0), a.dh, a.g[l], a.u[l], n)
-			},
-			func() error {
-				if e.bf16 {
-					// The gate's and the up projection's gradients, stacked
-					// as their weights are.
-					dgu := operand{bf: a.dgub}
-					if err := e.onSide(readsDgub, func() error { return e.gemm(true, false, 2*F, d, N, dgu, ln2, 1, G(sGate)) }); err != nil {
-						return err
-					}
-					return e.dlnGemm(0, N, 2*F, dgu, W(sGate))
-				}
-				dg, du := act(a.dg), act(a.du)
-				for _, g := range []func() error{
-					func() error { return e.gemm(true, false, F, d, N, dg, ln2, 1, G(sGate)) },
-					func() error { return e.gemm(true, false, F, d, N, du, ln2, 1, G(sUp)) },
-					func() error { return e.gemm(false, false, N, d, F, dg, W(sGate), 0, a.dln) },
-					func() error { return e.gemm(false, false, N, d, F, du, W(sUp), 1, a.dln) },
-				} {
-					if err := g(); err != nil {
-						return err
-					}
-				}
-				return nil
-			},
+		var steps []func() error
+		if c.MoE() {
+			steps = append(steps, func() error { return e.moeBackward(l, N) })
+		} else {
+			steps = append(steps, e.denseBackward(l, N)...)
+		}
+		steps = append(steps,
 			func() error { return normBack(a.mid[l], W(sLN2).f32, a.rstd2[l], G(sLN2)) },
 			// Attention: a.dresid is now the gradient of mid = resid[l] + y Wo^T.
 			func() error {
@@ -486,7 +479,7 @@ func (e *Engine) backward(b model.Batch) error {
 				}
 				return e.gemm(false, false, N, qd, d, dresid, W(sO), 0, a.dy)
 			},
-		}
+		)
 		steps = append(steps, attention...)
 		steps = append(steps, func() error { return normBack(a.resid[l], W(sLN1).f32, a.rstd1[l], G(sLN1)) })
 		for _, s := range steps {
@@ -506,6 +499,61 @@ func (e *Engine) backward(b model.Batch) error {
 		return err
 	}
 	return e.launch("embed_bwd_sum", embedLongMax(N), 128, e.gw(0), e.embPart, e.plan, d)
+}
+
+// denseBackward takes the gradient of layer l's output (a.dresid) through
+// its SwiGLU feed-forward: the three weight gradients, and the gradient of
+// its input into a.dln (a.dlnb where dlnBF) for the second norm's backward.
+func (e *Engine) denseBackward(l, N int) []func() error {
+	a, d, F := e.a, e.cfg.Hidden, e.cfg.Intermediate
+	W := func(k int) operand { return e.w(e.layerSpec(l, k)) }
+	G := func(k int) cuda.Ptr { return e.gw(e.layerSpec(l, k)) }
+	ln2, h, dresid := actBF(a.ln2[l], at(a.ln2b, l)), actBF(a.h[l], at(a.hb, l)), actBF(a.dresid, a.dresidb)
+	return []func() error{
+		// MLP: a.dresid is the gradient of resid[l+1] = mid + h Wdown^T.
+		func() error {
+			return e.onSide(readsDresid, func() error { return e.gemm(true, false, d, F, N, dresid, h, 1, G(sDown)) })
+		},
+		func() error {
+			if e.bf16 {
+				return e.gemmBF(false, false, N, F, d, dresid, W(sDown), a.dhb)
+			}
+			return e.gemm(false, false, N, F, d, dresid, W(sDown), 0, a.dh)
+		},
+		func() error {
+			if e.bf16 {
+				if err := e.beforeWrite(readsDgub); err != nil {
+					return err
+				}
+				return e.launch3("swiglu_bwd_gu", e.swigluGrid(N), cuda.Dim3{X: 256}, a.dgub, a.dhb, a.gub[l], N, F)
+			}
+			n := int64(N) * int64(F)
+			return e.launch("swiglu_bwd", blocks(n, 256), 256, a.dg, a.du, cuda.Ptr(0), cuda.Ptr(0), a.dh, a.g[l], a.u[l], n)
+		},
+		func() error {
+			if e.bf16 {
+				// The gate's and the up projection's gradients, stacked
+				// as their weights are.
+				dgu := operand{bf: a.dgub}
+				if err := e.onSide(readsDgub, func() error { return e.gemm(true, false, 2*F, d, N, dgu, ln2, 1, G(sGate)) }); err != nil {
+					return err
+				}
+				return e.dlnGemm(0, N, 2*F, dgu, W(sGate))
+			}
+			dg, du := act(a.dg), act(a.du)
+			for _, g := range []func() error{
+				func() error { return e.gemm(true, false, F, d, N, dg, ln2, 1, G(sGate)) },
+				func() error { return e.gemm(true, false, F, d, N, du, ln2, 1, G(sUp)) },
+				func() error { return e.gemm(false, false, N, d, F, dg, W(sGate), 0, a.dln) },
+				func() error { return e.gemm(false, false, N, d, F, du, W(sUp), 1, a.dln) },
+			} {
+				if err := g(); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
 }
 
 // Step implements model.Engine: the global norm and AdamW run on the

@@ -256,8 +256,11 @@ func (s *sizer) cuda(p MemoryPlan) {
 		s.add(act, L, B*H*T*T, 4) // attention probabilities
 		s.add(scratch, 1, B*H*T*T, 4)
 	}
-	if !bf16 {
+	dense := !c.MoE()
+	if !bf16 && dense {
 		s.add(act, 3*L, N*F, 4)
+	}
+	if !bf16 {
 		s.add(act, 1, N*d, 4) // final norm output for the fp32 head
 	}
 	s.add(act, 1, N, 4)       // final 1/rms
@@ -273,15 +276,17 @@ func (s *sizer) cuda(p MemoryPlan) {
 		s.add(scratch, 2, N*qd, 4)
 		s.add(scratch, 2, N*kvd, 4)
 	}
-	if !bf16 {
+	if !bf16 && dense {
 		s.add(scratch, 3, N*F, 4)
 	}
 	if bf16 {
 		s.add(act, 2*L, N*d, 2) // norms' outputs
-		s.add(act, L, N*F, 2)   // silu(gate) x up
-		s.add(act, L, 2*N*F, 2) // gate | up
-		s.add(scratch, 1, 2*N*F, 2)
-		s.add(scratch, 1, N*F, 2)
+		if dense {
+			s.add(act, L, N*F, 2)   // silu(gate) x up
+			s.add(act, L, 2*N*F, 2) // gate | up
+			s.add(scratch, 1, 2*N*F, 2)
+			s.add(scratch, 1, N*F, 2)
+		}
 		if flash {
 			s.add(act, L, N*qd, 2)
 		} else {
@@ -291,6 +296,9 @@ func (s *sizer) cuda(p MemoryPlan) {
 		s.add(act, 1, N*d, 2)     // final norm output
 		s.add(scratch, 1, N*d, 2) // dresid copy
 		s.add("bf16 GEMM operands", 2, N*math.Max(qd, math.Max(kvd, d)), 2)
+	}
+	if c.MoE() {
+		s.moeCUDA(c, L, N, d, F, bf16)
 	}
 	// The LM head runs in chunks of at most 256 MiB of fp32 logits, rounded
 	// to 128 rows (kernels/head.go headRowsFor).
@@ -311,6 +319,41 @@ func (s *sizer) cuda(p MemoryPlan) {
 		s.add("KV cache", 2*L, T*kvd, 4)
 		s.add("attention probabilities", 1, H*T*T, 4)
 	}
+}
+
+// moeCUDA follows kernels.Engine.allocMoE: per layer the routing (router
+// softmax, the k choices' expert, weight and grouped row, each grouped
+// row's token, the experts' offsets) and the experts' activations over the
+// N k grouped rows (fp32: gate, up, silu(gate) x up and the outputs; bf16:
+// gate | up, silu(gate) x up and the outputs in bf16), then the counting
+// sort's per-block tables, the load-balancing tally and the backward
+// scratch shared by the layers.
+func (s *sizer) moeCUDA(c Config, L, N, d, F float64, bf16 bool) {
+	E, K := float64(c.Experts), float64(c.ExpertsPerTok)
+	NK := N * K
+	routing, act, scratch := "activations (experts' routing)", "activations (experts)", "gradient scratch (experts)"
+	s.add(routing, L, N*E, 4)
+	s.add(routing, 4*L, NK, 4)
+	s.add(routing, L, E+1, 4)
+	s.add(routing, 2, math.Ceil(NK/1024)*E, 4)
+	s.add("load-balancing tally", 3, E, 4)
+	s.add("small buffers", 1, 1, 4)
+	if bf16 {
+		s.add(act, L, NK*2*F, 2)
+		s.add(act, L, NK*F, 2)
+		s.add(act, L, NK*d, 2)
+		s.add(scratch, 1, NK*d, 2)
+		s.add(scratch, 1, NK*F, 2)
+		s.add(scratch, 1, NK*2*F, 2)
+		s.add(scratch, 1, N*E, 2)
+	} else {
+		s.add(act, 3*L, NK*F, 4)
+		s.add(act, L, NK*d, 4)
+		s.add(scratch, 1, NK*d, 4)
+		s.add(scratch, 3, NK*F, 4)
+	}
+	s.add(scratch, 1, NK*d, 4)
+	s.add(scratch, 1, N*E, 4)
 }
 
 // GiB formats bytes as GiB with two decimals.

@@ -26,6 +26,7 @@ type benchFlags struct {
 	checkpointEvery          int
 	checkpointWait           bool
 	gpus                     string
+	moe                      string
 }
 
 // benchResult is the JSON line `sched bench` prints per run: the bench
@@ -38,10 +39,15 @@ type benchResult struct {
 	Precision string  `json:"precision"`
 	Arch      string  `json:"arch,omitempty"`
 	ParamsM   float64 `json:"params_m"`
-	Steps     int     `json:"steps"`
-	Seconds   float64 `json:"seconds"`
-	PeakGiB   float64 `json:"peak_gib"`
-	Loss      float64 `json:"loss"`
+	// ActiveParamsM is what one token's pass uses: with --moe, the
+	// routers and top_k of the experts (trainer.ActiveParams).
+	ActiveParamsM float64 `json:"active_params_m"`
+	// MoE is the --moe setting measured, absent for a dense model.
+	MoE     string  `json:"moe,omitempty"`
+	Steps   int     `json:"steps"`
+	Seconds float64 `json:"seconds"`
+	PeakGiB float64 `json:"peak_gib"`
+	Loss    float64 `json:"loss"`
 	// ProcessMemory is what this process holds on the device (nvidia-smi's
 	// per-process figure when it answers, else the engine's own count).
 	ProcessMemory int64 `json:"process_memory_bytes"`
@@ -109,6 +115,7 @@ busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
 	fl.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint after every N timed steps, as a run does (beside the next steps), into a temporary directory removed at the end, and report the tokens per second of the steps around them")
 	fl.BoolVar(&f.checkpointWait, "checkpoint-wait", false, "with --checkpoint-every: wait for each checkpoint's write before the next step, for comparison")
 	fl.StringVar(&f.gpus, "gpus", "1", "GPUs to train on data-parallel, a number or all; above one, one GPU is measured first for the scaling efficiency")
+	fl.StringVar(&f.moe, "moe", "", "Mixtral's mixture of experts in every layer of the preset: experts=N[,top_k=K,d_ff=F,aux_coef=C], as sched train takes it")
 	fl.BoolVar(&f.profile, "profile", false, "CUDA engine: after the timed steps, run as many again with each kernel timed by events and print the time per kernel")
 	rootCmd.AddCommand(cmd)
 }
@@ -117,6 +124,16 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	c, err := model.Preset(f.model)
 	if err != nil {
 		return badInput("--model: %v", err)
+	}
+	if f.moe != "" {
+		m, err := trainer.ParseMoE(f.moe)
+		if err != nil {
+			return err
+		}
+		rc := trainer.RunConfig{Model: f.model, MoE: m}.WithDefaults()
+		if c, err = rc.ModelConfig(); err != nil {
+			return badInput("--moe %q: %v", f.moe, err)
+		}
 	}
 	switch {
 	case f.batch <= 0:
@@ -164,7 +181,8 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if err != nil {
 		return err
 	}
-	r := benchResult{BenchRow: results.Row(f.model, c, f.batch, f.seq, res), Engine: res.Engine, Precision: res.Precision, Arch: res.Arch, ParamsM: float64(c.NumParams()) / 1e6, Steps: f.steps,
+	r := benchResult{BenchRow: results.Row(f.model, c, f.batch, f.seq, res), Engine: res.Engine, Precision: res.Precision, Arch: res.Arch, ParamsM: float64(c.NumParams()) / 1e6,
+		ActiveParamsM: float64(trainer.ActiveParams(c)) / 1e6, MoE: f.moe, Steps: f.steps,
 		Seconds: res.Seconds, PeakGiB: float64(res.PeakAllocated) / (1 << 30), Loss: res.Loss,
 		ProcessMemory: res.ProcessMemory, ProcessMemorySource: res.ProcessMemorySource, MemoryInUseBefore: res.MemoryInUseBefore,
 		OtherProcesses: res.OtherProcesses, KernelMSPerStep: res.KernelMSPerStep}

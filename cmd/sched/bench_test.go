@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
+
+	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/trainer"
 )
 
 // bench prints one JSON line with the throughput, memory and GPU-sharing
@@ -34,6 +38,34 @@ func TestBenchPrintsOneJSONLine(t *testing.T) {
 	}
 }
 
+// bench --moe measures the preset with Mixtral's block and reports its
+// active parameters: the routers and top_k of the experts a token uses.
+func TestBenchMoEReportsActiveParams(t *testing.T) {
+	var out bytes.Buffer
+	f := benchFlags{engine: "cpu", model: "tiny", precision: "fp32", batch: 1, seq: 16, steps: 1, warm: 0, peakTFLOPs: 989, moe: "experts=4,top_k=2,d_ff=32"}
+	if err := runBench(context.Background(), &out, &bytes.Buffer{}, f); err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		ParamsM       float64 `json:"params_m"`
+		ActiveParamsM float64 `json:"active_params_m"`
+		MoE           string  `json:"moe"`
+		TokPerSec     float64 `json:"tok_per_sec"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out.String())
+	}
+	c := model.Presets["tiny"]
+	c.Experts, c.ExpertsPerTok, c.Intermediate, c.RouterAuxCoef = 4, 2, 32, trainer.DefaultAuxCoef
+	// Two experts of the four a layer, and the whole router.
+	k := c
+	k.Experts = 2
+	active := k.NumParams() + c.Layers*2*c.Hidden
+	if r.MoE != f.moe || r.TokPerSec <= 0 || math.Abs(r.ParamsM-float64(c.NumParams())/1e6) > 1e-9 || math.Abs(r.ActiveParamsM-float64(active)/1e6) > 1e-9 {
+		t.Errorf("got %+v; want params %d, active %d", r, c.NumParams(), active)
+	}
+}
+
 func TestBenchBadInputNamesTheFlag(t *testing.T) {
 	base := benchFlags{engine: "cpu", model: "tiny", precision: "fp32", batch: 1, seq: 16, steps: 1, peakTFLOPs: 989, gpus: "1"}
 	cases := []struct {
@@ -48,6 +80,10 @@ func TestBenchBadInputNamesTheFlag(t *testing.T) {
 		{func(f *benchFlags) { f.peakTFLOPs = -1 }, "--peak-tflops"},
 		{func(f *benchFlags) { f.gpus = "0" }, "--gpus"},
 		{func(f *benchFlags) { f.gpus = "many" }, "--gpus"},
+		{func(f *benchFlags) { f.moe = "experts=1" }, "--moe"},
+		{func(f *benchFlags) { f.moe = "experts=4,top_k=5" }, "--moe"},
+		{func(f *benchFlags) { f.moe = "experts=4,aux_coef=-1" }, "--moe"},
+		{func(f *benchFlags) { f.moe = "top_k=2" }, "--moe"},
 	}
 	for _, c := range cases {
 		f := base

@@ -7,8 +7,10 @@ import "unicode/utf8"
 // bytes map to themselves; the other 68 bytes map to U+0100 and up in order.
 var byteToRune [256]rune
 
-// runeToByte inverts byteToRune; runes outside the alphabet are absent.
-var runeToByte = map[rune]byte{}
+// runeToByte inverts byteToRune: runeToByte[r] is the byte plus one, or 0
+// for a rune outside the alphabet. An array, not a map: a load decodes
+// every character of the vocabulary through it.
+var runeToByte [256 + 68]uint16
 
 func init() {
 	n := rune(0)
@@ -20,7 +22,7 @@ func init() {
 			byteToRune[b] = 256 + n
 			n++
 		}
-		runeToByte[byteToRune[b]] = byte(b)
+		runeToByte[byteToRune[b]] = uint16(b) + 1
 	}
 }
 
@@ -32,11 +34,10 @@ func init() {
 func byteLevelDecode(tok string) (b []byte, ok bool) {
 	out := make([]byte, 0, len(tok))
 	for _, r := range tok {
-		c, found := runeToByte[r]
-		if !found {
+		if r < 0 || int(r) >= len(runeToByte) || runeToByte[r] == 0 {
 			return []byte(tok), false
 		}
-		out = append(out, c)
+		out = append(out, byte(runeToByte[r]-1))
 	}
 	return out, true
 }

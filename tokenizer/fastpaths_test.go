@@ -7,67 +7,64 @@ import (
 	"testing"
 )
 
-// Every short word comes out of the short-word table with the ids that the
-// merges give it, whether the table is cold, warm, or holds another word in
-// the same slot: tens of thousands of words for 8192 slots, each encoded
-// by a fresh state (no cache at all) and then twice by one warm state.
-func TestShortWordTableAgreesWithTheMerges(t *testing.T) {
+// Every word comes out of the word caches with the ids that the merges give
+// it, whether the caches are cold or warm, growing or starting over: tens of
+// thousands of words of 1 to 20 bytes (the packed table up to 15, the map
+// beyond), each encoded from the merges alone and then twice by one warm state,
+// once with the table's limit low enough that it fills and starts over.
+func TestWordCacheAgreesWithTheMerges(t *testing.T) {
 	alphabet := []byte(" \t\nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789(){}[]<>.,;:=+-*/_'\"!?#@$%^&|~`\\\x00")
 	rng := rand.New(rand.NewPCG(5, 6))
 	var words [][]byte
 	for range 40_000 {
-		w := make([]byte, 1+rng.IntN(7))
+		w := make([]byte, 1+rng.IntN(20))
 		for i := range w {
 			w[i] = alphabet[rng.IntN(len(alphabet))]
 		}
 		if rng.IntN(10) == 0 {
-			w = append(w, "é€"...)[:min(len(w)+3, 7)] // UTF-8 bytes, whole or cut
+			w = append(w, "é€"...)[:min(len(w)+3, 20)] // UTF-8 bytes, whole or cut
 		}
 		words = append(words, w)
 	}
-	for _, style := range styles {
-		tk := loadStyle(t, style)
-		warm := &encoderState{t: tk, short: new(shortWords), cache: map[string][]uint32{}}
-		fresh := &encoderState{t: tk, short: new(shortWords), cache: map[string][]uint32{}}
-		for round := range 2 {
-			for _, w := range words {
-				// Nothing of w cached in fresh: its ids come from the merges.
-				clear(fresh.cache)
-				key, _ := shortKey(w)
-				fresh.short[shortSlot(key)] = shortWord{}
-				want := fresh.word(nil, slices.Clip(w))
-				// The word at the start of a longer buffer, as inside a
-				// document: its key is read 8 bytes at a time.
-				buf := append(slices.Clone(w), "zzzzzzzz"...)
-				got := warm.word(nil, buf[:len(w)])
-				if !slices.Equal(got, want) {
-					t.Fatalf("%s, round %d, word %q: %v from the warm state, %v from the merges", style, round, w, got, want)
+	defer func(old int) { wordTableMax = old }(wordTableMax)
+	for _, limit := range []int{wordTableMax, 2 * wordTableMin} {
+		wordTableMax = limit
+		for _, style := range styles {
+			tk := loadStyle(t, style)
+			warm, fresh := newEncoderState(tk), newEncoderState(tk)
+			for round := range 2 {
+				for _, w := range words {
+					want := fresh.merge(nil, w)
+					// The word at the start of a longer buffer, as inside a
+					// document: its key is read 16 bytes at a time.
+					buf := append(slices.Clone(w), "zzzzzzzzzzzzzzzz"...)
+					got := warm.word(nil, buf[:len(w)])
+					if !slices.Equal(got, want) {
+						t.Fatalf("%s, limit %d, round %d, word %q: %v from the warm state, %v from the merges", style, limit, round, w, got, want)
+					}
 				}
 			}
 		}
 	}
 }
 
-// A short word's key is its bytes and its length: "a" and "a\x00" differ,
-// and the key read 8 bytes at a time equals the one built byte by byte.
-func TestShortKeys(t *testing.T) {
-	a, _ := shortKey([]byte("a"))
-	a0, _ := shortKey([]byte("a\x00"))
-	if a == a0 {
+// A packed word is its bytes and its length: "a" and "a\x00" differ, and the
+// key read 16 bytes at a time equals the one built byte by byte.
+func TestPackedWords(t *testing.T) {
+	a0, a1 := packWord([]byte("a"))
+	b0, b1 := packWord([]byte("a\x00"))
+	if a0 == b0 && a1 == b1 {
 		t.Fatal(`"a" and "a\x00" share a key`)
 	}
-	if _, ok := shortKey([]byte("12345678")); ok {
-		t.Fatal("an 8-byte word has a short key")
-	}
-	if _, ok := shortKey(nil); ok {
-		t.Fatal("the empty word has a short key")
-	}
-	for n := 1; n <= 7; n++ {
-		doc := []byte("0123456789abcdef")
-		inDoc, _ := shortKey(doc[:n])
-		alone, _ := shortKey(slices.Clip(slices.Clone(doc[:n])))
-		if inDoc != alone {
-			t.Fatalf("%d bytes: key %x inside a document, %x alone", n, inDoc, alone)
+	for n := 1; n <= maxPacked; n++ {
+		doc := []byte("0123456789abcdefghijklmnop")
+		i0, i1 := packWord(doc[:n])
+		c0, c1 := packWord(slices.Clip(slices.Clone(doc[:n])))
+		if i0 != c0 || i1 != c1 {
+			t.Fatalf("%d bytes: key %x %x inside a document, %x %x alone", n, i0, i1, c0, c1)
+		}
+		if i1 == 0 {
+			t.Fatalf("%d bytes: key %x %x is the empty slot's", n, i0, i1)
 		}
 	}
 }

@@ -36,6 +36,9 @@ func formatErr(format string, args ...any) error {
 	return &FormatError{Msg: fmt.Sprintf(format, args...)}
 }
 
+// fastLoad lets tests compare fastModel with encoding/json alone.
+var fastLoad = true
+
 type fileJSON struct {
 	Version       string          `json:"version"`
 	Truncation    json.RawMessage `json:"truncation"`
@@ -69,6 +72,8 @@ type modelJSON struct {
 	IgnoreMerges            bool              `json:"ignore_merges"`
 	Vocab                   map[string]uint32 `json:"vocab"`
 	Merges                  []json.RawMessage `json:"merges"`
+
+	pairs [][2]string // the merges, when fastModel read them
 }
 
 type componentJSON struct {
@@ -112,8 +117,16 @@ func Load(path string) (*Tokenizer, error) {
 // than approximated.
 func Parse(data []byte) (*Tokenizer, error) {
 	var f fileJSON
-	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, formatErr("not valid tokenizer JSON (%v); pass a tokenizer.json as written by HF tokenizers", err)
+	rest, vocab, pairs, fast := fastModel(data)
+	fast = fast && fastLoad
+	if !fast || json.Unmarshal(rest, &f) != nil {
+		f, fast = fileJSON{}, false
+		if err := json.Unmarshal(data, &f); err != nil {
+			return nil, formatErr("not valid tokenizer JSON (%v); pass a tokenizer.json as written by HF tokenizers", err)
+		}
+	}
+	if fast && f.Model != nil {
+		f.Model.Vocab, f.Model.Merges, f.Model.pairs = vocab, nil, pairs
 	}
 	if !isNull(f.Truncation) {
 		return nil, formatErr("truncation is set; kiln encodes whole documents, so remove it (set it to null)")
@@ -311,13 +324,22 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 	for i := range t.byteID {
 		t.byteID[i] = noID
 	}
-	// Iterate in a fixed order so that duplicate ids resolve the same way on
-	// every load.
+	// Two tokens with one id resolve the same way on every load: in sorted
+	// order, the last wins. Sorting 30,000 keys is a tenth of a load, so it
+	// is done only when some id is shared.
+	ids := make([]bool, maxID+1)
+	shared := false
+	for _, id := range m.Vocab {
+		shared = shared || ids[id]
+		ids[id] = true
+	}
 	keys := make([]string, 0, len(m.Vocab))
 	for k := range m.Vocab {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys)
+	if shared {
+		sort.Strings(keys)
+	}
 	for _, tok := range keys {
 		id := m.Vocab[tok]
 		b, ok := byteLevelDecode(tok)
@@ -337,11 +359,21 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 		}
 		t.unk, t.fuseUnk = id, m.FuseUnk
 	}
-	t.merges = newMergeTable(len(m.Merges))
-	for rank, raw := range m.Merges {
-		a, b, err := parseMerge(raw)
-		if err != nil {
-			return formatErr("model.merges[%d]: %v", rank, err)
+	n := len(m.pairs)
+	if m.pairs == nil {
+		n = len(m.Merges)
+	}
+	t.merges = newMergeTable(n)
+	var ab []byte
+	for rank := range n {
+		var a, b string
+		if m.pairs != nil {
+			a, b = m.pairs[rank][0], m.pairs[rank][1]
+		} else {
+			var err error
+			if a, b, err = parseMerge(m.Merges[rank]); err != nil {
+				return formatErr("model.merges[%d]: %v", rank, err)
+			}
 		}
 		ia, ok := m.Vocab[a]
 		if !ok {
@@ -351,9 +383,10 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 		if !ok {
 			return formatErr("model.merges[%d] names token %q, which is not in the vocabulary", rank, b)
 		}
-		id, ok := m.Vocab[a+b]
+		ab = append(append(ab[:0], a...), b...)
+		id, ok := m.Vocab[string(ab)]
 		if !ok {
-			return formatErr("model.merges[%d] makes %q, which is not in the vocabulary", rank, a+b)
+			return formatErr("model.merges[%d] makes %q, which is not in the vocabulary", rank, ab)
 		}
 		t.merges.put(ia, ib, uint32(rank), id)
 	}

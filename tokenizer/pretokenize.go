@@ -149,16 +149,20 @@ func spaceRun(b []byte, i int) int {
 	return last
 }
 
-// splitter cuts a piece of text into words; it appends each word's end
-// offset to ends and returns it.
-type splitter func(b []byte, ends []int) []int
+// splitter cuts a piece of text into words: from offset i, a word's start,
+// it appends each word's end offset to ends and returns it, stopping at the
+// end of b or once ends holds maxEnds. Matching restarts at each word's
+// end whatever came before, so the caller resumes from the last end; the
+// few hundred offsets stay in the core's cache however long the text.
+type splitter func(b []byte, i int, ends []int) []int
+
+const maxEnds = 256
 
 // splitGPT2 implements
 //
 //	's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-func splitGPT2(b []byte, ends []int) []int {
-	i := 0
-	for i < len(b) {
+func splitGPT2(b []byte, i int, ends []int) []int {
+	for i < len(b) && len(ends) < maxEnds {
 		if b[i] == '\'' {
 			if n := contraction(b[i+1:], false); n > 0 {
 				i += 1 + n
@@ -223,9 +227,8 @@ func contraction(b []byte, fold bool) int {
 //
 // and, with maxDigits 1, Qwen2's variant with \p{N} in place of \p{N}{1,3}.
 func gpt4Splitter(maxDigits int) splitter {
-	return func(b []byte, ends []int) []int {
-		i := 0
-		for i < len(b) {
+	return func(b []byte, i int, ends []int) []int {
+		for i < len(b) && len(ends) < maxEnds {
 			if b[i] == '\'' {
 				if n := contraction(b[i+1:], true); n > 0 {
 					i += 1 + n

@@ -15,6 +15,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"runtime"
 	"slices"
 	"sync"
@@ -211,8 +212,14 @@ func (t *Tokenizer) getState() *encoderState {
 	case st := <-t.states:
 		return st
 	default:
-		return &encoderState{t: t, short: new(shortWords), cache: make(map[string][]uint32, 1024)}
+		return newEncoderState(t)
 	}
+}
+
+func newEncoderState(t *Tokenizer) *encoderState {
+	st := &encoderState{t: t, cache: map[string][]uint32{}}
+	st.words.init(wordTableMin)
+	return st
 }
 
 func (t *Tokenizer) putState(st *encoderState) {
@@ -226,9 +233,9 @@ func (t *Tokenizer) putState(st *encoderState) {
 // owns one, so the cache needs no lock.
 type encoderState struct {
 	t     *Tokenizer
-	short *shortWords         // words of up to 7 bytes and 2 ids, looked up first
-	cache map[string][]uint32 // word bytes -> ids
-	arena []uint32            // backing store for cached ids
+	words wordTable           // words of up to maxPacked bytes -> ids
+	cache map[string][]uint32 // longer words -> ids
+	arena []uint32            // backing store for the ids of longer words
 	ends  [][]int             // per stage
 	syms  []uint32
 }
@@ -274,17 +281,18 @@ func (st *encoderState) pretokenize(dst []uint32, piece []byte, k int) []uint32 
 	for len(st.ends) <= k {
 		st.ends = append(st.ends, nil)
 	}
-	ends := s.split(piece, st.ends[k][:0])
-	st.ends[k] = ends
-	start := 0
 	last := k+1 == len(t.stages)
-	for _, e := range ends {
-		if last {
-			dst = st.word(dst, piece[start:e])
-		} else {
-			dst = st.pretokenize(dst, piece[start:e], k+1)
+	for start := 0; start < len(piece); {
+		ends := s.split(piece, start, st.ends[k][:0])
+		st.ends[k] = ends
+		for _, e := range ends {
+			if last {
+				dst = st.word(dst, piece[start:e])
+			} else {
+				dst = st.pretokenize(dst, piece[start:e], k+1)
+			}
+			start = e
 		}
-		start = e
 	}
 	return dst
 }
@@ -295,52 +303,31 @@ const maxCachedWord = 64
 
 // word appends the ids of one pre-tokenized word.
 func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
-	key, short := shortKey(w)
-	if short {
-		if e := &st.short[shortSlot(key)]; e.key == key {
-			if e.ids[1] == noID {
-				return append(dst, e.ids[0])
+	if len(w) <= maxPacked {
+		k0, k1 := packWord(w)
+		c := &st.words
+		h := c.slot(k0, k1)
+		for ; ; h = (h + 1) & c.mask {
+			e := &c.slots[h]
+			if e.k1 == k1 && e.k0 == k0 {
+				return c.appendIDs(dst, e.v)
 			}
-			return append(dst, e.ids[0], e.ids[1])
+			if e.k1 == 0 {
+				break
+			}
 		}
+		start := len(dst)
+		dst = st.merge(dst, w)
+		c.put(h, k0, k1, dst[start:])
+		return dst
 	}
 	if ids, ok := st.cache[string(w)]; ok {
-		if short {
-			st.short.put(key, ids)
-		}
 		return append(dst, ids...)
 	}
-	t := st.t
 	start := len(dst)
-	if id, ok := t.byBytes[string(w)]; t.ignoreMerges && ok {
-		// With ignore_merges a word that is itself a token is emitted
-		// whole (Llama-3 sets it).
-		dst = append(dst, id)
-	} else {
-		syms := st.syms[:0]
-		for _, c := range w {
-			id := t.byteID[c]
-			if id == noID {
-				// HF drops a character missing from the vocabulary unless
-				// there is an unknown token.
-				if t.unk == noID {
-					continue
-				}
-				if t.fuseUnk && len(syms) > 0 && syms[len(syms)-1] == t.unk {
-					continue
-				}
-				id = t.unk
-			}
-			syms = append(syms, id)
-		}
-		syms = t.merges.merge(syms)
-		dst = append(dst, syms...)
-		if cap(syms) <= 4*longWord {
-			st.syms = syms[:0]
-		}
-	}
+	dst = st.merge(dst, w)
 	if len(w) <= maxCachedWord {
-		if len(st.cache) >= t.maxCache {
+		if len(st.cache) >= st.t.maxCache {
 			clear(st.cache)
 			st.arena = nil
 		}
@@ -351,57 +338,164 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 		n := len(st.arena)
 		st.arena = append(st.arena, ids...)
 		st.cache[string(w)] = st.arena[n:len(st.arena):len(st.arena)]
-		if short {
-			st.short.put(key, ids)
-		}
 	}
 	return dst
 }
 
-// shortWords is a direct-mapped table in front of the word cache, for the
-// words that make up most text (" the", "if", "():"): up to 7 bytes, packed
-// with their length into one integer, and up to 2 ids, so that a lookup is
-// a multiply, a load and a compare on a table that stays in the core's own
-// cache, where the map's was a hash of the bytes, a probe and a compare of
-// the bytes (a quarter of ingest's CPU, docs/benchmarks/tokenizer.md). Two
-// words in one slot take turns; a miss falls back to the map.
-type shortWords [1 << shortBits]shortWord
-
-const shortBits = 13 // 8192 slots, 128 KiB
-
-type shortWord struct {
-	key uint64    // 0: empty (no word is empty)
-	ids [2]uint32 // ids[1] is noID for a word of one id
-}
-
-// shortKey packs a word of 1 to 7 bytes and its length into one integer,
-// distinct for distinct words; ok is false for a longer word.
-func shortKey(w []byte) (key uint64, ok bool) {
-	if len(w) == 0 || len(w) > 7 {
-		return 0, false
-	}
-	var b uint64
-	if cap(w) >= 8 {
-		// The word sits inside its document: read the 8 bytes from its
-		// start at once and keep its own.
-		b = binary.LittleEndian.Uint64(w[:8]) & (1<<(8*len(w)) - 1)
-	} else {
-		for i, c := range w {
-			b |= uint64(c) << (8 * i)
+// merge appends the ids of w from the BPE merges, no cache involved.
+func (st *encoderState) merge(dst []uint32, w []byte) []uint32 {
+	t := st.t
+	if t.ignoreMerges {
+		// With ignore_merges a word that is itself a token is emitted
+		// whole (Llama-3 sets it).
+		if id, ok := t.byBytes[string(w)]; ok {
+			return append(dst, id)
 		}
 	}
-	return uint64(len(w))<<56 | b, true
+	syms := st.syms[:0]
+	for _, c := range w {
+		id := t.byteID[c]
+		if id == noID {
+			// HF drops a character missing from the vocabulary unless
+			// there is an unknown token.
+			if t.unk == noID {
+				continue
+			}
+			if t.fuseUnk && len(syms) > 0 && syms[len(syms)-1] == t.unk {
+				continue
+			}
+			id = t.unk
+		}
+		syms = append(syms, id)
+	}
+	syms = t.merges.merge(syms)
+	dst = append(dst, syms...)
+	if cap(syms) <= 4*longWord {
+		st.syms = syms[:0]
+	}
+	return dst
 }
 
-func shortSlot(key uint64) uint64 { return (key * 0x9e3779b97f4a7c15) >> (64 - shortBits) }
+// wordTable caches the ids of words of up to maxPacked bytes, the words
+// that make up nearly all text (" the", "if", "():", "\n\t\t"): an
+// open-addressing table keyed by the word's bytes packed with its length
+// into two integers, so that a lookup is a multiply, a load and two
+// compares, with the ids of most words in the slot itself. A Go map keyed
+// by the word's string spent a quarter of the encoder's time hashing and
+// comparing bytes (docs/benchmarks/tokenizer.md).
+type wordTable struct {
+	slots []wordSlot
+	mask  uint64
+	shift uint8
+	n     int      // words held
+	ids   []uint32 // ids of words of three ids or more
+}
 
-// put remembers ids for key if they fit: one or two ids.
-func (t *shortWords) put(key uint64, ids []uint32) {
-	switch len(ids) {
-	case 1:
-		t[shortSlot(key)] = shortWord{key: key, ids: [2]uint32{ids[0], noID}}
-	case 2:
-		t[shortSlot(key)] = shortWord{key: key, ids: [2]uint32{ids[0], ids[1]}}
+// maxPacked is the longest word a wordTable holds: 15 bytes, the length in
+// the top byte of k1.
+const maxPacked = 15
+
+type wordSlot struct {
+	k0, k1 uint64 // the word's bytes and length; k1 == 0 marks an empty slot
+	// v is id0 | id1<<32 (id1 noID for a word of one id), or, with the
+	// top bit of its low half set, the offset of the ids in the table's
+	// ids and their count in the high half.
+	v uint64
+}
+
+const (
+	wordTableMin = 1 << 12
+	inArena      = 1 << 31
+)
+
+// wordTableMax bounds a table at 24 MiB per encoder; a full one starts
+// over. A variable for tests.
+var wordTableMax = 1 << 20
+
+// packWord packs a word of 1 to maxPacked bytes and its length into two
+// integers, distinct for distinct words.
+func packWord(w []byte) (k0, k1 uint64) {
+	n := len(w)
+	if cap(w) >= 16 {
+		// The word sits inside its document: read 16 bytes from its
+		// start at once and keep its own.
+		w16 := w[:16]
+		k0 = binary.LittleEndian.Uint64(w16)
+		k1 = binary.LittleEndian.Uint64(w16[8:])
+	} else {
+		var b [16]byte
+		copy(b[:], w)
+		k0 = binary.LittleEndian.Uint64(b[:])
+		k1 = binary.LittleEndian.Uint64(b[8:])
+	}
+	n0 := min(n, 8)
+	k0 &= 1<<(8*n0) - 1
+	k1 &= 1<<(8*(n-n0)) - 1
+	return k0, k1 | uint64(n)<<56
+}
+
+func (c *wordTable) slot(k0, k1 uint64) uint64 {
+	return ((k0*0x9E3779B97F4A7C15 ^ k1) * 0xBF58476D1CE4E5B9) >> c.shift
+}
+
+func (c *wordTable) init(size int) {
+	c.slots = make([]wordSlot, size)
+	c.mask = uint64(size - 1)
+	c.shift = uint8(64 - bits.TrailingZeros(uint(size)))
+	c.n = 0
+	c.ids = c.ids[:0]
+}
+
+func (c *wordTable) appendIDs(dst []uint32, v uint64) []uint32 {
+	lo, hi := uint32(v), uint32(v>>32)
+	switch {
+	case lo&inArena != 0:
+		off := lo &^ inArena
+		return append(dst, c.ids[off:off+hi]...)
+	case hi == noID:
+		return append(dst, lo)
+	}
+	return append(dst, lo, hi)
+}
+
+// put stores ids for the word (k0, k1) in the empty slot h, where its
+// lookup ended.
+func (c *wordTable) put(h, k0, k1 uint64, ids []uint32) {
+	var v uint64
+	switch {
+	case len(ids) == 0:
+		v = inArena // a word of characters the vocabulary lacks
+	case len(ids) == 1:
+		v = uint64(ids[0]) | uint64(noID)<<32
+	case len(ids) == 2:
+		v = uint64(ids[0]) | uint64(ids[1])<<32
+	default:
+		v = uint64(len(c.ids)) | inArena | uint64(len(ids))<<32
+		c.ids = append(c.ids, ids...)
+	}
+	c.slots[h] = wordSlot{k0, k1, v}
+	c.n++
+	if 2*c.n <= len(c.slots) {
+		return
+	}
+	// Half full: double, or start over at the limit.
+	old := c.slots
+	if len(old) >= wordTableMax {
+		c.init(wordTableMin)
+		return
+	}
+	c.slots = make([]wordSlot, 2*len(old))
+	c.mask = uint64(len(c.slots) - 1)
+	c.shift--
+	for _, e := range old {
+		if e.k1 == 0 {
+			continue
+		}
+		h := c.slot(e.k0, e.k1)
+		for c.slots[h].k1 != 0 {
+			h = (h + 1) & c.mask
+		}
+		c.slots[h] = e
 	}
 }
 

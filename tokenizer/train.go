@@ -160,11 +160,12 @@ func countWords(ctx context.Context, inputs []io.Reader, split splitter, special
 			local := map[string]int64{}
 			var ends []int
 			countSeg := func(dst []uint32, seg []byte) []uint32 {
-				ends = split(seg, ends[:0])
-				start := 0
-				for _, e := range ends {
-					local[string(seg[start:e])]++
-					start = e
+				for start := 0; start < len(seg); {
+					ends = split(seg, start, ends[:0])
+					for _, e := range ends {
+						local[string(seg[start:e])]++
+						start = e
+					}
 				}
 				return dst
 			}

@@ -1,0 +1,282 @@
+package tokenizer
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"unicode/utf8"
+)
+
+// The vocabulary and the merges are nearly all of a tokenizer.json (1.7 MB
+// for 30,000 tokens), and encoding/json spent more time on them, value by
+// value through reflection, than `sched tokenize` then spends encoding 5 MB
+// of text. fastModel reads those two values by hand and leaves the rest of
+// the file, a few kilobytes, to encoding/json. It accepts only the plain
+// form HF writes (string keys, integer ids, merges as "a b" or ["a", "b"]);
+// on anything else it reports false and Parse reads the whole file with
+// encoding/json, whose errors name the problem.
+
+// fastModel returns data with the model's vocab and merges replaced by
+// empty ones, and those two values parsed. ok is false when the file is not
+// in the plain form.
+func fastModel(data []byte) (rest []byte, vocab map[string]uint32, merges [][2]string, ok bool) {
+	s := &jsonScan{b: data}
+	var vocabAt, mergesAt [2]int
+	modelSeen := false
+	ok = s.object(func(key string) bool {
+		if !strings.EqualFold(key, "model") {
+			return s.skip()
+		}
+		if key != "model" || modelSeen {
+			return false
+		}
+		modelSeen = true
+		return s.object(func(key string) bool {
+			var at *[2]int
+			switch {
+			case key == "vocab":
+				at = &vocabAt
+			case key == "merges":
+				at = &mergesAt
+			case strings.EqualFold(key, "vocab"), strings.EqualFold(key, "merges"):
+				return false
+			default:
+				return s.skip()
+			}
+			if at[1] != 0 {
+				return false // the key twice
+			}
+			s.space()
+			at[0] = s.i
+			if !s.skip() {
+				return false
+			}
+			at[1] = s.i
+			return true
+		})
+	})
+	s.space()
+	if !ok || s.i != len(data) || vocabAt[1] == 0 || mergesAt[1] == 0 {
+		return nil, nil, nil, false
+	}
+	if vocab, ok = parseVocab(data[vocabAt[0]:vocabAt[1]]); !ok {
+		return nil, nil, nil, false
+	}
+	if merges, ok = parseMerges(data[mergesAt[0]:mergesAt[1]]); !ok {
+		return nil, nil, nil, false
+	}
+	first, second := vocabAt, mergesAt
+	firstVal, secondVal := "{}", "[]"
+	if second[0] < first[0] {
+		first, second = second, first
+		firstVal, secondVal = secondVal, firstVal
+	}
+	rest = make([]byte, 0, len(data)-(first[1]-first[0])-(second[1]-second[0])+4)
+	rest = append(rest, data[:first[0]]...)
+	rest = append(rest, firstVal...)
+	rest = append(rest, data[first[1]:second[0]]...)
+	rest = append(rest, secondVal...)
+	rest = append(rest, data[second[1]:]...)
+	return rest, vocab, merges, true
+}
+
+func parseVocab(b []byte) (map[string]uint32, bool) {
+	s := &jsonScan{b: b}
+	vocab := make(map[string]uint32, bytes.Count(b, []byte(`":`))+1)
+	ok := s.object(func(key string) bool {
+		if _, dup := vocab[key]; dup {
+			return false // encoding/json keeps the last; leave it to it
+		}
+		s.space()
+		id, ok := s.uint31()
+		vocab[key] = id
+		return ok
+	})
+	s.space()
+	return vocab, ok && s.i == len(b)
+}
+
+func parseMerges(b []byte) ([][2]string, bool) {
+	s := &jsonScan{b: b}
+	merges := make([][2]string, 0, bytes.Count(b, []byte{','})/2+1)
+	ok := s.array(func() bool {
+		s.space()
+		if s.i < len(s.b) && s.b[s.i] == '[' {
+			var pair []string
+			ok := s.array(func() bool {
+				s.space()
+				str, ok := s.str()
+				pair = append(pair, str)
+				return ok
+			})
+			if !ok || len(pair) != 2 {
+				return false
+			}
+			merges = append(merges, [2]string{pair[0], pair[1]})
+			return true
+		}
+		str, ok := s.str()
+		if !ok {
+			return false
+		}
+		a, c, found := strings.Cut(str, " ")
+		if !found || a == "" || c == "" || strings.Contains(c, " ") {
+			return false // the slow path names the bad merge
+		}
+		merges = append(merges, [2]string{a, c})
+		return true
+	})
+	s.space()
+	return merges, ok && s.i == len(b)
+}
+
+// jsonScan walks JSON text without building values.
+type jsonScan struct {
+	b []byte
+	i int
+}
+
+func (s *jsonScan) space() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *jsonScan) eat(c byte) bool {
+	s.space()
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+// object reads {"key": value, ...}; member is called after each key's
+// colon and must read the value.
+func (s *jsonScan) object(member func(key string) bool) bool {
+	if !s.eat('{') {
+		return false
+	}
+	if s.eat('}') {
+		return true
+	}
+	for {
+		s.space()
+		key, ok := s.str()
+		if !ok || !s.eat(':') || !member(key) {
+			return false
+		}
+		if s.eat('}') {
+			return true
+		}
+		if !s.eat(',') {
+			return false
+		}
+	}
+}
+
+// array reads [value, ...]; elem must read each value.
+func (s *jsonScan) array(elem func() bool) bool {
+	if !s.eat('[') {
+		return false
+	}
+	if s.eat(']') {
+		return true
+	}
+	for {
+		if !elem() {
+			return false
+		}
+		if s.eat(']') {
+			return true
+		}
+		if !s.eat(',') {
+			return false
+		}
+	}
+}
+
+// str reads a string. One with escapes is decoded by encoding/json; one with
+// a control character or invalid UTF-8 is refused (encoding/json would
+// refuse or replace it).
+func (s *jsonScan) str() (string, bool) {
+	if s.i >= len(s.b) || s.b[s.i] != '"' {
+		return "", false
+	}
+	start := s.i + 1
+	escaped := false
+	for j := start; j < len(s.b); j++ {
+		switch c := s.b[j]; {
+		case c == '"':
+			s.i = j + 1
+			raw := s.b[start:j]
+			if escaped {
+				var out string
+				if json.Unmarshal(s.b[start-1:j+1], &out) != nil {
+					return "", false
+				}
+				return out, true
+			}
+			if !utf8.Valid(raw) {
+				return "", false
+			}
+			return string(raw), true
+		case c == '\\':
+			escaped = true
+			j++
+		case c < 0x20:
+			return "", false
+		}
+	}
+	return "", false
+}
+
+// uint31 reads a non-negative integer below 2^31 written plainly.
+func (s *jsonScan) uint31() (uint32, bool) {
+	start := s.i
+	var n uint64
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		n = 10*n + uint64(s.b[s.i]-'0')
+		if n >= 1<<31 {
+			return 0, false
+		}
+		s.i++
+	}
+	digits := s.i - start
+	if digits == 0 || (digits > 1 && s.b[start] == '0') {
+		return 0, false
+	}
+	return uint32(n), true
+}
+
+// skip reads any one value.
+func (s *jsonScan) skip() bool {
+	s.space()
+	if s.i >= len(s.b) {
+		return false
+	}
+	switch s.b[s.i] {
+	case '{':
+		return s.object(func(string) bool { return s.skip() })
+	case '[':
+		return s.array(s.skip)
+	case '"':
+		_, ok := s.str()
+		return ok
+	}
+	// A number, true, false or null: encoding/json checks it in the rest.
+	start := s.i
+	for s.i < len(s.b) {
+		c := s.b[s.i]
+		if c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\n' || c == '\r' {
+			break
+		}
+		s.i++
+	}
+	return s.i > start
+}

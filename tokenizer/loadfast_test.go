@@ -1,0 +1,103 @@
+package tokenizer
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// parseBoth parses data with fastModel and with encoding/json alone.
+func parseBoth(data []byte) (fast, slow *Tokenizer, fastErr, slowErr error) {
+	fast, fastErr = Parse(data)
+	fastLoad = false
+	defer func() { fastLoad = true }()
+	slow, slowErr = Parse(data)
+	return
+}
+
+// sameTokenizer reports how a and b differ in what a load builds, or "".
+func sameTokenizer(a, b *Tokenizer) string {
+	switch {
+	case !slices.EqualFunc(a.tokens, b.tokens, bytes.Equal):
+		return "token bytes"
+	case !slices.Equal(a.tokenStr, b.tokenStr):
+		return "token strings"
+	case a.byteID != b.byteID:
+		return "byte symbols"
+	case !slices.Equal(a.merges.keys, b.merges.keys) || !slices.Equal(a.merges.vals, b.merges.vals):
+		return "merges"
+	case len(a.vocab) != len(b.vocab) || len(a.byBytes) != len(b.byBytes):
+		return "vocabulary"
+	case a.unk != b.unk || a.ignoreMerges != b.ignoreMerges || len(a.added) != len(b.added):
+		return "model options"
+	}
+	return ""
+}
+
+// The hand-read vocabulary and merges give the tokenizer encoding/json
+// gives, and a file either path refuses the other refuses too: the golden
+// files as they are, and thousands of edits of them that touch what the
+// fast path reads (escapes, numbers, duplicate and differently cased keys,
+// merges as pairs, stray bytes).
+func TestFastLoadAgreesWithEncodingJSON(t *testing.T) {
+	gpt2 := readTestdata(t, "gpt2-style.tokenizer.json")
+	gpt4 := readTestdata(t, "gpt4-style.tokenizer.json")
+	check := func(name string, data []byte) {
+		t.Helper()
+		fast, slow, fastErr, slowErr := parseBoth(data)
+		if (fastErr == nil) != (slowErr == nil) {
+			t.Fatalf("%s: fast path err %v, encoding/json err %v", name, fastErr, slowErr)
+		}
+		if fastErr != nil {
+			if fastErr.Error() != slowErr.Error() {
+				t.Fatalf("%s: fast path says %q, encoding/json %q", name, fastErr, slowErr)
+			}
+			return
+		}
+		if d := sameTokenizer(fast, slow); d != "" {
+			t.Fatalf("%s: the fast path's %s differ", name, d)
+		}
+	}
+	check("gpt2", gpt2)
+	check("gpt4", gpt4)
+	if _, _, _, ok := fastModel(gpt2); !ok {
+		t.Fatal("the fast path refuses the golden gpt2-style file")
+	}
+	// Small vocabularies keep each parse quick.
+	small := []byte(`{"added_tokens": [], "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
+ "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "\u0120": 3, "\"": 4, "a\"": 5, "\u0120a": 6, "\\": 7, "c": 8},
+  "merges": ["a b", ["a", "\""], "\u0120 a"]}}`)
+	check("small", small)
+	edits := []string{"", " ", "\\", "\"", "\\u0041", "\\u00", "1", "-1", "1.5", "1e2", "01", "4294967296", "2147483648", ",", "}", "]", "{", "[",
+		`"vocab": {}, `, `"merges": [], `, `"Vocab": {"a": 0}, `, `"model": {}, `, "\xff", "\x01", "null", "true", `["a", "b"]`, `"a b"`, `"a  b"`, `"ab"`}
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := range 3000 {
+		data := slices.Clone(small)
+		for range 1 + rng.IntN(2) {
+			at := rng.IntN(len(data) + 1)
+			cut := min(len(data), at+rng.IntN(3))
+			data = slices.Concat(data[:at], []byte(edits[rng.IntN(len(edits))]), data[cut:])
+		}
+		check(fmt.Sprintf("edit %d %q", i, data), data)
+	}
+}
+
+func FuzzFastLoad(f *testing.F) {
+	f.Add([]byte(`{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"}}`))
+	f.Add([]byte(`{"model": {"vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]], "type": "BPE"}, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"}, "added_tokens": [{"id": 3, "content": "<s>"}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fast, slow, fastErr, slowErr := parseBoth(data)
+		if (fastErr == nil) != (slowErr == nil) {
+			t.Fatalf("fast path err %v, encoding/json err %v", fastErr, slowErr)
+		}
+		if fastErr == nil {
+			if d := sameTokenizer(fast, slow); d != "" {
+				t.Fatalf("the fast path's %s differ", d)
+			}
+		} else if fastErr.Error() != slowErr.Error() {
+			t.Fatalf("fast path says %q, encoding/json %q", fastErr, slowErr)
+		}
+	})
+}

@@ -74,6 +74,9 @@ type Engine struct {
 	// moe holds the sparse feed-forward's buffers (moe.go); nil for a
 	// dense model.
 	moe *moeActs
+	// moeScalar makes the bf16 expert GEMMs take the straightforward
+	// kernels where the fast ones could run, for comparisons in tests.
+	moeScalar bool
 	// perLayer is the number of specs a layer has: 9 dense, 7 + 3
 	// experts with experts.
 	perLayer   int

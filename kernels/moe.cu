@@ -188,6 +188,27 @@ extern "C" __global__ void moe_aux(float* lossAcc, float* auxAcc, float* auxGrad
 // choices in ascending expert order. y is fp32 or bf16 (yb).
 extern "C" __global__ void moe_combine(float* out, const float* mid, const float* y, const bf16* yb, const int* rowOf, const float* wts,
                                        int N, int d, int K) {
+    if ((d & 3) == 0) {
+        // Four columns a thread (16- and 8-byte loads), the same sums.
+        long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+        if (q >= (long long)N * (d >> 2)) return;
+        long long t = q / (d >> 2);
+        int j = (int)(q - t * (d >> 2)) * 4;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int s = 0; s < K; s++) {
+            size_t r = (size_t)rowOf[t * K + s] * d + j;
+            float w = wts[t * K + s];
+            float4 v = y ? *(const float4*)(y + r) : bf4(*(const uint2*)(yb + r));
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
+        }
+        size_t o = (size_t)t * d + j;
+        float4 m = *(const float4*)(mid + o);
+        *(float4*)(out + o) = make_float4(acc.x + m.x, acc.y + m.y, acc.z + m.z, acc.w + m.w);
+        return;
+    }
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)N * d) return;
     long long t = i / d;
@@ -263,6 +284,34 @@ extern "C" __global__ void moe_combine_bwd(float* dy, bf16* dyb, float* dz, bf16
 // dz Wr (Wr fp32 (E, d)); written to dln (fp32) or dlnb (bf16).
 extern "C" __global__ void moe_dx(float* dln, bf16* dlnb, const float* dxg, const float* dz, const float* wr, const int* rowOf, int N, int d,
                                   int E, int K) {
+    if ((d & 3) == 0) {
+        // Four columns a thread, the same sums.
+        long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+        if (q >= (long long)N * (d >> 2)) return;
+        long long t = q / (d >> 2);
+        int j = (int)(q - t * (d >> 2)) * 4;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int s = 0; s < K; s++) {
+            float4 v = *(const float4*)(dxg + (size_t)rowOf[t * K + s] * d + j);
+            acc.x += v.x;
+            acc.y += v.y;
+            acc.z += v.z;
+            acc.w += v.w;
+        }
+        const float* z = dz + t * E;
+        for (int x = 0; x < E; x++) {
+            float zx = z[x];
+            float4 w = *(const float4*)(wr + (size_t)x * d + j);
+            acc.x += zx * w.x;
+            acc.y += zx * w.y;
+            acc.z += zx * w.z;
+            acc.w += zx * w.w;
+        }
+        size_t o = (size_t)t * d + j;
+        if (dln) *(float4*)(dln + o) = acc;
+        else *(uint2*)(dlnb + o) = make_uint2(f2bf2(acc.x, acc.y), f2bf2(acc.z, acc.w));
+        return;
+    }
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)N * d) return;
     long long t = i / d;
@@ -602,4 +651,243 @@ extern "C" __global__ void __launch_bounds__(128) moe_gemm_dw_bf(float* C, const
                     if (c < Ncols) Cx[(size_t)m * Ncols + c] += acc[i][j][2 * h + q];
                 }
             }
+}
+
+// ---------------------------------------------------------------------
+// The fast bf16 forms, for widths that are multiples of 8 (16-byte rows
+// chunks: every preset): the same tiles and warp layout, but each operand
+// tile comes in 16-byte cp.async copies (rows past the expert's end, or
+// columns past the matrix, zero-filled), one k tile ahead of the one being
+// multiplied (two buffers), and the fragments come out of shared memory
+// with ldmatrix. Tiles keep the operand's own layout: k-contiguous rows as
+// [row][k] (VLD), row-contiguous ones as [k][row] (VLN), read with the
+// .trans form, so nothing is transposed by hand.
+
+#define VLD 40 // [row][k]: 32 k + 8 (80-byte rows: the 8 rows of an ldmatrix fall in distinct 16-byte bank groups)
+#define VLN 72 // [k][row]: 64 + 8 (144-byte rows, likewise)
+
+__device__ __forceinline__ unsigned moe_smem(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void moe_cp16(void* dst, const void* src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(moe_smem(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void moe_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void moe_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void moe_ldm(unsigned* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(moe_smem(p)));
+}
+__device__ __forceinline__ void moe_ldmt(unsigned* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(moe_smem(p)));
+}
+
+// Fragment loads for one 16-wide k step kc of a warp's 32 x 32 block at
+// (wm, wn). A as [m][k] or [k][m] (AK: k-major); B as [n][k] or [k][n].
+template <bool AK>
+__device__ __forceinline__ void frag_a2(unsigned (*a)[4], const bf16* As, int wm, int kc, int lane) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (AK) moe_ldmt(a[i], As + (kc + (lane & 7) + (lane >> 4) * 8) * VLN + wm + 16 * i + ((lane >> 3) & 1) * 8);
+        else moe_ldm(a[i], As + (wm + 16 * i + (lane & 7) + ((lane >> 3) & 1) * 8) * VLD + kc + (lane >> 4) * 8);
+    }
+}
+template <bool BK>
+__device__ __forceinline__ void frag_b4(unsigned (*b)[2], const bf16* Bs, int wn, int kc, int lane) {
+#pragma unroll
+    for (int np = 0; np < 2; np++) {
+        unsigned r[4];
+        if (BK) moe_ldmt(r, Bs + (kc + (lane & 7) + ((lane >> 3) & 1) * 8) * VLN + wn + 16 * np + (lane >> 4) * 8);
+        else moe_ldm(r, Bs + (wn + 16 * np + (lane & 7) + (lane >> 4) * 8) * VLD + kc + ((lane >> 3) & 1) * 8);
+        b[2 * np][0] = r[0];
+        b[2 * np][1] = r[1];
+        b[2 * np + 1][0] = r[2];
+        b[2 * np + 1][1] = r[3];
+    }
+}
+
+template <bool AK, bool BK>
+__device__ __forceinline__ void mma_step(float (*acc)[4][4], const bf16* As, const bf16* Bs, int wm, int wn, int lane) {
+#pragma unroll
+    for (int kc = 0; kc < GBK; kc += 16) {
+        unsigned a[2][4], b[4][2];
+        frag_a2<AK>(a, As, wm, kc, lane);
+        frag_b4<BK>(b, Bs, wn, kc, lane);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+    }
+}
+
+// Shared memory per buffer: the larger of a [64][VLD] and a [32][VLN]
+// tile, in bf16 values.
+#define VTILE (GBM * VLD > GBK * VLN ? GBM * VLD : GBK * VLN)
+
+// rows form; BK: B is (K, Ncols) (read [k][n]), else (Ncols, K).
+template <bool BK>
+__device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, const int* tok, const int* off, int E, int Ncols, int K,
+                            int lda, int ldb, long long strideB, int ldc, float beta) {
+    __shared__ __align__(128) bf16 As[2][GBM * VLD];
+    __shared__ __align__(128) bf16 Bs[2][VTILE];
+    int x, r0, r1;
+    if (!rows_tile(off, E, &x, &r0, &r1)) return;
+    const bf16* Bx = B + (size_t)x * strideB;
+    int n0 = blockIdx.y * GBN, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    // This thread's two A rows (and chunks) and, for the [n][k] form, B rows.
+    const bf16* arow[2];
+    bool aok[2];
+    int ci = (tid & 3) * 8;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = r0 + (tid >> 2) + 32 * h;
+        aok[h] = r < r1;
+        arow[h] = A + (size_t)(aok[h] ? (tok ? tok[r] : r) : 0) * lda;
+    }
+    auto load = [&](int buf, int k0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int i = (tid >> 2) + 32 * h, k = k0 + ci;
+            bool ok = aok[h] && k < K;
+            moe_cp16(&As[buf][i * VLD + ci], ok ? arow[h] + k : A, ok);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (BK) {
+                int idx = tid + 128 * h, kk = idx >> 3, c = (idx & 7) * 8;
+                bool ok = k0 + kk < K && n0 + c < Ncols;
+                moe_cp16(&Bs[buf][kk * VLN + c], ok ? Bx + (size_t)(k0 + kk) * ldb + n0 + c : B, ok);
+            } else {
+                int n = (tid >> 2) + 32 * h, k = k0 + ci;
+                bool ok = n0 + n < Ncols && k < K;
+                moe_cp16(&Bs[buf][n * VLD + ci], ok ? Bx + (size_t)(n0 + n) * ldb + k : B, ok);
+            }
+        }
+    };
+    float acc[2][4][4] = {};
+    int nk = (K + GBK - 1) / GBK;
+    load(0, 0);
+    moe_commit();
+    for (int kt = 0; kt < nk; kt++) {
+        if (kt + 1 < nk) load((kt + 1) & 1, (kt + 1) * GBK);
+        moe_commit();
+        moe_wait1();
+        __syncthreads();
+        mma_step<false, BK>(acc, As[kt & 1], Bs[kt & 1], wm, wn, lane);
+        __syncthreads();
+    }
+    int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int r = r0 + wm + 16 * i + g + 8 * h, c = n0 + wn + 8 * j + 2 * t;
+                if (r >= r1 || c >= Ncols) continue;
+                size_t o = (size_t)r * ldc + c;
+                float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                // c is even and Ncols, ldc multiples of 8: c + 1 is in range.
+                if (C) {
+                    if (beta != 0.0f) {
+                        float2 p = *(float2*)(C + o);
+                        v0 += beta * p.x;
+                        v1 += beta * p.y;
+                    }
+                    *(float2*)(C + o) = make_float2(v0, v1);
+                } else {
+                    *(unsigned*)(Cb + o) = f2bf2(v0, v1);
+                }
+            }
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_gemm_rows_bf_nt(float* C, bf16* Cb, const bf16* A, const bf16* B, const int* tok,
+                                                                       const int* off, int E, int Ncols, int K, int lda, int ldb,
+                                                                       long long strideB, int ldc, float beta) {
+    gemm_rows_v<false>(C, Cb, A, B, tok, off, E, Ncols, K, lda, ldb, strideB, ldc, beta);
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_gemm_rows_bf_nn(float* C, bf16* Cb, const bf16* A, const bf16* B, const int* tok,
+                                                                       const int* off, int E, int Ncols, int K, int lda, int ldb,
+                                                                       long long strideB, int ldc, float beta) {
+    gemm_rows_v<true>(C, Cb, A, B, tok, off, E, Ncols, K, lda, ldb, strideB, ldc, beta);
+}
+
+// dw form: A (rows, M) and B (rows, Ncols) both read [k][row]. With S > 1
+// the expert's rows are split in S parts (blockIdx.z = x S + s), which
+// write their sums to P (S, E, M, Ncols) for moe_dw_reduce to add in a
+// fixed order: more blocks where an expert's rows are many and its weight
+// small, without atomics.
+extern "C" __global__ void __launch_bounds__(128) moe_gemm_dw_bf_v(float* C, float* P, const bf16* A, const bf16* B, const int* tok,
+                                                                    const int* off, int M, int Ncols, int lda, int ldb, long long strideC,
+                                                                    int E, int S) {
+    __shared__ __align__(128) bf16 As[2][GBK * VLN];
+    __shared__ __align__(128) bf16 Bs[2][GBK * VLN];
+    int x = blockIdx.z / S, s = blockIdx.z - x * S, ra = off[x], rb = off[x + 1];
+    if (S == 1 && ra == rb) return;
+    {
+        int len = rb - ra;
+        rb = ra + (int)((long long)len * (s + 1) / S);
+        ra = ra + (int)((long long)len * s / S);
+    }
+    int m0 = blockIdx.y * GBM, n0 = blockIdx.x * GBN, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    auto load = [&](int buf, int k0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int idx = tid + 128 * h, kk = idx >> 3, c = (idx & 7) * 8, r = k0 + kk;
+            bool ok = r < rb && m0 + c < M;
+            moe_cp16(&As[buf][kk * VLN + c], ok ? A + (size_t)r * lda + m0 + c : A, ok);
+            ok = r < rb && n0 + c < Ncols;
+            moe_cp16(&Bs[buf][kk * VLN + c], ok ? B + (size_t)(tok ? tok[r] : r) * ldb + n0 + c : B, ok);
+        }
+    };
+    float acc[2][4][4] = {};
+    int nk = (rb - ra + GBK - 1) / GBK;
+    load(0, ra);
+    moe_commit();
+    for (int kt = 0; kt < nk; kt++) {
+        if (kt + 1 < nk) load((kt + 1) & 1, ra + (kt + 1) * GBK);
+        moe_commit();
+        moe_wait1();
+        __syncthreads();
+        mma_step<true, true>(acc, As[kt & 1], Bs[kt & 1], wm, wn, lane);
+        __syncthreads();
+    }
+    float* Cx = S == 1 ? C + (size_t)x * strideC : P + ((size_t)s * E + x) * M * Ncols;
+    int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int m = m0 + wm + 16 * i + g + 8 * h, c = n0 + wn + 8 * j + 2 * t;
+                if (m >= M || c >= Ncols) continue;
+                float2* p = (float2*)(Cx + (size_t)m * Ncols + c);
+                float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                if (S == 1) {
+                    float2 o = *p;
+                    v.x += o.x;
+                    v.y += o.y;
+                }
+                *p = v;
+            }
+}
+
+// moe_dw_reduce: C_x += the S parts of P, in order, a thread a value
+// (grid over E M Ncols).
+extern "C" __global__ void moe_dw_reduce(float* C, const float* P, int E, int S, long long MN, long long strideC) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)E * MN) return;
+    long long x = i / MN, j = i - x * MN;
+    float v = 0.0f;
+    for (int s = 0; s < S; s++) v += P[(long long)s * E * MN + i];
+    C[x * strideC + j] += v;
 }

@@ -56,6 +56,9 @@ type moeActs struct {
 	dxg    cuda.Ptr // (NK, d) fp32: the grouped rows' input gradient
 	dz     cuda.Ptr // (N, E) fp32: the router logits' gradient
 	dzb    cuda.Ptr // (N, E) bf16 copy (bf16 precision)
+	// dwPart holds the fast weight-gradient kernel's partial sums
+	// (moeMaxSplit, E, d x F) fp32; 0 where the fast kernels do not run.
+	dwPart cuda.Ptr
 }
 
 // checkMoE refuses a mixture the kernels cannot run.
@@ -113,6 +116,9 @@ func (e *Engine) allocMoE(N int) (*moeActs, error) {
 		m.dy, m.dh, m.dg, m.du = one(scratch, NK*d*4), one(scratch, NK*F*4), one(scratch, NK*F*4), one(scratch, NK*F*4)
 	}
 	m.dxg, m.dz = one(scratch, NK*d*4), one(scratch, n*E*4)
+	if e.moeVec() {
+		m.dwPart = one(scratch, moeMaxSplit*E*d*F*4)
+	}
 	return m, err
 }
 
@@ -122,6 +128,33 @@ func (e *Engine) allocMoE(N int) (*moeActs, error) {
 func (e *Engine) expert(l, k int) (w operand, g cuda.Ptr, stride int64) {
 	i := e.layerSpec(l, sExperts+k)
 	return e.w(i), e.gw(i), 3 * int64(e.cfg.Intermediate) * int64(e.cfg.Hidden)
+}
+
+// moeVec says whether the bf16 expert GEMMs take the fast kernels, which
+// copy 16-byte chunks: the model and expert widths must be multiples of 8
+// (every row, column block and weight then starts 16-byte aligned).
+// Against the straightforward bf16 kernels at small 8 x 2 experts, d_ff
+// 352 (docs/benchmarks/cuda.md) they are what makes the block usable.
+func (e *Engine) moeVec() bool {
+	return e.bf16 && e.cfg.Hidden%8 == 0 && e.cfg.Intermediate%8 == 0 && !e.moeScalar
+}
+
+// moeMaxSplit bounds how many parts the fast weight-gradient kernel splits
+// an expert's rows into (the partial sums' scratch is that many gradients
+// of every expert of a layer).
+const moeMaxSplit = 4
+
+// dwSplit is how many parts an expert's rows are split into for a weight
+// gradient of `tiles` output tiles over all experts, NK grouped rows: up
+// to about 8 blocks an SM, never parts of fewer than 256 rows on average
+// (a part's fixed cost), at most moeMaxSplit. It depends on the shape
+// alone, so a recorded step and an eager one split alike.
+func (e *Engine) dwSplit(tiles, NK int) int {
+	if e.moe.dwPart == 0 {
+		return 1
+	}
+	s := (8*e.dv.SMs + tiles - 1) / tiles
+	return max(1, min(s, moeMaxSplit, NK/(e.cfg.Experts*256)))
 }
 
 // gemmRows is the grouped GEMM over the experts' rows (moe.cu, rows form):
@@ -134,6 +167,13 @@ func (e *Engine) gemmRows(l, NK, Ncols, K int, C, Cb cuda.Ptr, A operand, tok cu
 		bt = 1
 	}
 	grid := cuda.Dim3{X: blocks(int64(NK), 64) + e.cfg.Experts, Y: blocks(int64(Ncols), 64)}
+	if e.moeVec() {
+		name := "moe_gemm_rows_bf_nn"
+		if bT {
+			name = "moe_gemm_rows_bf_nt"
+		}
+		return e.launch3(name, grid, cuda.Dim3{X: 128}, C, Cb, A.bf, B.bf, tok, m.off[l], e.cfg.Experts, Ncols, K, lda, ldb, strideB, ldc, beta)
+	}
 	if e.bf16 {
 		return e.launch3("moe_gemm_rows_bf", grid, cuda.Dim3{X: 128}, C, Cb, A.bf, B.bf, tok, m.off[l], e.cfg.Experts, Ncols, K, lda, ldb, strideB, ldc, bt, beta)
 	}
@@ -141,9 +181,23 @@ func (e *Engine) gemmRows(l, NK, Ncols, K int, C, Cb cuda.Ptr, A operand, tok cu
 }
 
 // gemmDW adds each expert's A[rows]^T (M x its rows) times B[rows] (its
-// rows x Ncols) to its weight gradient C + x strideC (moe.cu, dw form).
-func (e *Engine) gemmDW(l, M, Ncols int, C cuda.Ptr, strideC int64, A operand, B operand, tok cuda.Ptr, lda, ldb int) error {
+// rows x Ncols) to its weight gradient C + x strideC (moe.cu, dw form),
+// over NK grouped rows in all.
+func (e *Engine) gemmDW(l, NK, M, Ncols int, C cuda.Ptr, strideC int64, A operand, B operand, tok cuda.Ptr, lda, ldb int) error {
 	grid := cuda.Dim3{X: blocks(int64(Ncols), 64), Y: blocks(int64(M), 64), Z: e.cfg.Experts}
+	if e.moeVec() {
+		E := e.cfg.Experts
+		S := e.dwSplit(grid.X*grid.Y*E, NK)
+		grid.Z = E * S
+		if err := e.launch3("moe_gemm_dw_bf_v", grid, cuda.Dim3{X: 128}, C, e.moe.dwPart, A.bf, B.bf, tok, e.moe.off[l], M, Ncols, lda, ldb, strideC, E, S); err != nil {
+			return err
+		}
+		if S == 1 {
+			return nil
+		}
+		MN := int64(M) * int64(Ncols)
+		return e.launch("moe_dw_reduce", blocks(int64(E)*MN, 256), 256, C, e.moe.dwPart, E, S, MN, strideC)
+	}
 	if e.bf16 {
 		return e.launch3("moe_gemm_dw_bf", grid, cuda.Dim3{X: 128}, C, A.bf, B.bf, tok, e.moe.off[l], M, Ncols, lda, ldb, strideC)
 	}
@@ -201,7 +255,7 @@ func (e *Engine) moeForward(l, N int) error {
 		if err := e.gemmRows(l, NK, d, F, 0, m.y[l], operand{bf: m.hb[l]}, 0, w2, stride, F, F, d, true, 0); err != nil {
 			return err
 		}
-		return e.launch("moe_combine", blocks(int64(N)*int64(d), 256), 256, a.resid[l+1], a.mid[l], cuda.Ptr(0), m.y[l], m.rowOf[l], m.wts[l], N, d, K)
+		return e.launch("moe_combine", e.moeElemBlocks(N), 256, a.resid[l+1], a.mid[l], cuda.Ptr(0), m.y[l], m.rowOf[l], m.wts[l], N, d, K)
 	}
 	if err := e.gemmRows(l, NK, F, d, m.g[l], 0, x, m.tokOf[l], w1, stride, d, d, F, true, 0); err != nil {
 		return err
@@ -216,7 +270,17 @@ func (e *Engine) moeForward(l, N int) error {
 	if err := e.gemmRows(l, NK, d, F, m.y[l], 0, act(m.h[l]), 0, w2, stride, F, F, d, true, 0); err != nil {
 		return err
 	}
-	return e.launch("moe_combine", blocks(int64(N)*int64(d), 256), 256, a.resid[l+1], a.mid[l], m.y[l], cuda.Ptr(0), m.rowOf[l], m.wts[l], N, d, K)
+	return e.launch("moe_combine", e.moeElemBlocks(N), 256, a.resid[l+1], a.mid[l], m.y[l], cuda.Ptr(0), m.rowOf[l], m.wts[l], N, d, K)
+}
+
+// moeElemBlocks is the grid of moe_combine and moe_dx over N rows: a
+// thread a value, or four where the width is a multiple of 4.
+func (e *Engine) moeElemBlocks(N int) int {
+	n := int64(N) * int64(e.cfg.Hidden)
+	if e.cfg.Hidden%4 == 0 {
+		n /= 4
+	}
+	return blocks(n, 256)
 }
 
 // moeAux adds the load-balancing loss of the forward pass just run over N
@@ -253,7 +317,7 @@ func (e *Engine) moeBackward(l, N int) error {
 	if e.bf16 {
 		// dW2 += dy^T h; dh = dy W2; SwiGLU; dW1, dW3 += dg^T x, du^T x;
 		// dxg = dg W1 + du W3.
-		if err := e.gemmDW(l, d, F, g2, stride, dy, operand{bf: m.hb[l]}, 0, d, F); err != nil {
+		if err := e.gemmDW(l, NK, d, F, g2, stride, dy, operand{bf: m.hb[l]}, 0, d, F); err != nil {
 			return err
 		}
 		if err := e.gemmRows(l, NK, F, d, 0, m.dh, dy, 0, w2, stride, d, F, F, false, 0); err != nil {
@@ -263,10 +327,10 @@ func (e *Engine) moeBackward(l, N int) error {
 			return err
 		}
 		dg, du := operand{bf: m.dgub}, operand{bf: bfAt(m.dgub, F)}
-		if err := e.gemmDW(l, F, d, g1, stride, dg, x, m.tokOf[l], 2*F, d); err != nil {
+		if err := e.gemmDW(l, NK, F, d, g1, stride, dg, x, m.tokOf[l], 2*F, d); err != nil {
 			return err
 		}
-		if err := e.gemmDW(l, F, d, g3, stride, du, x, m.tokOf[l], 2*F, d); err != nil {
+		if err := e.gemmDW(l, NK, F, d, g3, stride, du, x, m.tokOf[l], 2*F, d); err != nil {
 			return err
 		}
 		if err := e.gemmRows(l, NK, d, F, m.dxg, 0, dg, 0, w1, stride, 2*F, d, d, false, 0); err != nil {
@@ -276,7 +340,7 @@ func (e *Engine) moeBackward(l, N int) error {
 			return err
 		}
 	} else {
-		if err := e.gemmDW(l, d, F, g2, stride, dy, act(m.h[l]), 0, d, F); err != nil {
+		if err := e.gemmDW(l, NK, d, F, g2, stride, dy, act(m.h[l]), 0, d, F); err != nil {
 			return err
 		}
 		if err := e.gemmRows(l, NK, F, d, m.dh, 0, dy, 0, w2, stride, d, F, F, false, 0); err != nil {
@@ -286,10 +350,10 @@ func (e *Engine) moeBackward(l, N int) error {
 		if err := e.launch("swiglu_bwd", blocks(n, 256), 256, m.dg, m.du, cuda.Ptr(0), cuda.Ptr(0), m.dh, m.g[l], m.u[l], n); err != nil {
 			return err
 		}
-		if err := e.gemmDW(l, F, d, g1, stride, act(m.dg), x, m.tokOf[l], F, d); err != nil {
+		if err := e.gemmDW(l, NK, F, d, g1, stride, act(m.dg), x, m.tokOf[l], F, d); err != nil {
 			return err
 		}
-		if err := e.gemmDW(l, F, d, g3, stride, act(m.du), x, m.tokOf[l], F, d); err != nil {
+		if err := e.gemmDW(l, NK, F, d, g3, stride, act(m.du), x, m.tokOf[l], F, d); err != nil {
 			return err
 		}
 		if err := e.gemmRows(l, NK, d, F, m.dxg, 0, act(m.dg), 0, w1, stride, F, d, d, false, 0); err != nil {
@@ -308,5 +372,5 @@ func (e *Engine) moeBackward(l, N int) error {
 	if e.dlnBF() {
 		dln, dlnb = 0, a.dlnb
 	}
-	return e.launch("moe_dx", blocks(int64(N)*int64(d), 256), 256, dln, dlnb, m.dxg, m.dz, e.w(ri).f32, m.rowOf[l], N, d, E, K)
+	return e.launch("moe_dx", e.moeElemBlocks(N), 256, dln, dlnb, m.dxg, m.dz, e.w(ri).f32, m.rowOf[l], N, d, E, K)
 }

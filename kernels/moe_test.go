@@ -63,16 +63,29 @@ func TestMoEMatchesCPU(t *testing.T) {
 	for _, x := range []struct {
 		name           string
 		experts, topK  int
+		dff            int
+		precision      string
 		B, T           int
 		wantEmptyExpts bool
 	}{
-		{"8x2 over 4 sort blocks", 8, 2, 4, 512, false},
-		{"32x3 with idle experts", 32, 3, 1, 24, true},
+		{"8x2 over 4 sort blocks", 8, 2, 96, "fp32", 4, 512, false},
+		{"32x3 with idle experts", 32, 3, 96, "fp32", 1, 24, true},
+		// Widths past the tiles' edges.
+		{"d_ff 100", 8, 2, 100, "fp32", 1, 100, false},
 	} {
 		t.Run(x.name, func(t *testing.T) {
 			c := moeConfig(t, x.experts, x.topK)
-			o := model.Options{Precision: "fp32", MaxBatch: x.B, MaxSeq: x.T}
+			c.Intermediate = x.dff
+			lossTol, gradTol := 1e-5, 1e-4
+			if x.precision == "bf16" {
+				lossTol, gradTol = BF16Tolerances.LossRel, BF16Tolerances.GradRel
+			}
+			o := model.Options{Precision: x.precision, MaxBatch: x.B, MaxSeq: x.T}
 			e := newEngine(t, c, o)
+			if e.moeVec() != (x.dff%8 == 0 && x.precision == "bf16") {
+				t.Fatalf("fast bf16 expert kernels %v for d_ff %d in %s", e.moeVec(), x.dff, x.precision)
+			}
+			o.Precision = "fp32"
 			cpu, err := model.NewEngine("cpu", c, o)
 			if err != nil {
 				t.Fatal(err)
@@ -101,7 +114,7 @@ func TestMoEMatchesCPU(t *testing.T) {
 				}
 			}
 			t.Logf("cpu %+v\ncuda %+v", ms[0], ms[1])
-			if math.Abs(ms[0].Loss-ms[1].Loss) > 1e-5*ms[0].Loss || math.Abs(ms[0].AuxLoss-ms[1].AuxLoss) > 1e-5*ms[0].AuxLoss {
+			if math.Abs(ms[0].Loss-ms[1].Loss) > lossTol*ms[0].Loss || math.Abs(ms[0].AuxLoss-ms[1].AuxLoss) > lossTol*ms[0].AuxLoss {
 				t.Errorf("loss %.8g aux %.8g on the CPU, %.8g and %.8g on the GPU", ms[0].Loss, ms[0].AuxLoss, ms[1].Loss, ms[1].AuxLoss)
 			}
 			if ms[0].AuxLoss == 0 {
@@ -118,7 +131,7 @@ func TestMoEMatchesCPU(t *testing.T) {
 				if top == 0 {
 					idle++
 				}
-				if diff > 1e-4*top || math.IsNaN(diff) {
+				if diff > gradTol*top || math.IsNaN(diff) {
 					t.Errorf("%s: gradient differs by %.3g, largest %.3g", s.Name, diff, top)
 				}
 			}
@@ -126,6 +139,65 @@ func TestMoEMatchesCPU(t *testing.T) {
 				t.Errorf("no expert went without rows: the case is not covered")
 			}
 		})
+	}
+}
+
+// The fast bf16 expert kernels (16-byte copies, ldmatrix, the weight
+// gradients split over an expert's rows) compute what the straightforward
+// ones do: the same forward bits, so the same routing and loss, and
+// gradients that differ only by the order the split sums take.
+func TestMoEFastKernelsMatchStraightforward(t *testing.T) {
+	skipWithoutGPU(t)
+	c := goldenConfig(t, moeGolden)
+	const B, T = 4, 512
+	e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T})
+	if !e.moeVec() {
+		t.Fatal("the golden's widths do not take the fast kernels")
+	}
+	NK := B * T * c.ExpertsPerTok
+	if s := e.dwSplit(blocks(int64(c.Intermediate), 64)*blocks(int64(c.Hidden), 64)*c.Experts, NK); s < 2 {
+		t.Fatalf("the weight gradients are not split at this shape (%d parts): the case is not covered", s)
+	}
+	p := model.InitParams(c, 9)
+	b := randomBatch(c, B, T, 60, rand.New(rand.NewPCG(3, 4)))
+	var ms [2]model.StepMetrics
+	var grads [2]*model.Params
+	for k, scalar := range []bool{false, true} {
+		if err := e.th.do(func() error { e.graphs, e.moeScalar = false, scalar; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.SetParams(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.ForwardBackward(b, 1); err != nil {
+			t.Fatal(err)
+		}
+		grads[k] = model.NewParams(c)
+		if err := e.Grads(grads[k]); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if ms[k], err = e.Metrics(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	launches := e.LaunchCounts()
+	if launches["moe_gemm_dw_bf_v"] == 0 || launches["moe_dw_reduce"] == 0 || launches["moe_gemm_dw_bf"] == 0 {
+		t.Fatalf("launches %v: both kernel sets should have run", launches)
+	}
+	if ms[0].Loss != ms[1].Loss || ms[0].AuxLoss != ms[1].AuxLoss {
+		t.Errorf("loss %v, aux %v with the fast kernels; %v, %v without", ms[0].Loss, ms[0].AuxLoss, ms[1].Loss, ms[1].AuxLoss)
+	}
+	for _, s := range c.Specs() {
+		fast, slow := grads[0].Tensor(s.Name), grads[1].Tensor(s.Name)
+		var top, diff float64
+		for i := range slow {
+			top = math.Max(top, math.Abs(float64(slow[i])))
+			diff = math.Max(diff, math.Abs(float64(fast[i]-slow[i])))
+		}
+		if diff > 1e-5*top || math.IsNaN(diff) {
+			t.Errorf("%s: gradients differ by %.3g, largest %.3g", s.Name, diff, top)
+		}
 	}
 }
 
@@ -145,7 +217,8 @@ func TestMoEGraphStepsMatchEagerBitForBit(t *testing.T) {
 	}{
 		{"golden fp32", goldenConfig(t, moeGolden), "fp32", 2, 64},
 		{"golden bf16", goldenConfig(t, moeGolden), "bf16", 2, 64},
-		{"small 8x2 bf16", small, "bf16", 4, 256},
+		// 4096 grouped rows: the weight gradients split each expert's rows.
+		{"small 8x2 bf16", small, "bf16", 8, 256},
 	} {
 		t.Run(x.name, func(t *testing.T) {
 			c := x.cfg

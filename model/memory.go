@@ -354,6 +354,9 @@ func (s *sizer) moeCUDA(c Config, L, N, d, F float64, bf16 bool) {
 	}
 	s.add(scratch, 1, NK*d, 4)
 	s.add(scratch, 1, N*E, 4)
+	if bf16 && c.Hidden%8 == 0 && c.Intermediate%8 == 0 {
+		s.add(scratch, 1, 4*E*d*F, 4) // the fast weight-gradient kernel's partial sums (kernels.moeMaxSplit)
+	}
 }
 
 // GiB formats bytes as GiB with two decimals.

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The tokenizer's figures on one machine (the 16-core GPU host): kiln's
+# `sched tokenize` as a whole process and its in-process EncodeBatch, on one
+# core and on all, for the golden gpt2- and gpt4-style vocabularies, beside
+# tiktoken and HF tokenizers (python, when installed) on the same text; then
+# `sched tokenizer train` on 1 GB of mixed code and prose for 16384 ids, with
+# its time and peak memory.
+#
+# Run from the repository root, with .carry/tokenizer/ made beforehand by
+# docs/benchmarks/tokenizer-carry-prep.sh on a machine with Go (the host needs
+# no Go):
+#
+#     bash docs/benchmarks/tokenizer-device-run.sh
+#
+# .carry/tokenizer/ holds (CARRY overrides the folder):
+#   sched.gz, tokenizer.test.gz   CGO_ENABLED=0 builds of the command and of the
+#                                 tokenizer package's benchmarks
+#   tiktoken_peer.py              ../shared/bench/tiktoken_peer.py: tiktoken and HF
+#                                 tokenizers, one thread and all, beside `sched tokenize`
+#   gpt2-style.tokenizer.json, gpt4-style.tokenizer.json
+#   go20.txt.gz                   the first 20 MB of the Go toolchain's own sources
+#   prose.txt.gz                  about 11 MB of English prose
+# The 1 GB training text is made here, not carried: the Go text and the prose
+# repeated in turns, each turn rotated by a different number of lines (a
+# fixed sequence, so every run trains on the same bytes), about 70% code.
+#
+# Everything lands in $OUT/tokenizer.txt: the table first, then the raw
+# figures. Takes about 5 minutes on 16 cores.
+set -uo pipefail
+
+C=${CARRY:-.carry/tokenizer}
+OUT=${OUT:-/tmp/tokenizer-out}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+raw=$OUT/tokenizer-raw.txt
+: > "$raw"
+note() { echo "$@" | tee -a "$raw" >&2; }
+
+cores=$(nproc)
+gzip -dc "$C/sched.gz" > "$W/sched" && chmod +x "$W/sched"
+gzip -dc "$C/tokenizer.test.gz" > "$W/tokenizer.test" && chmod +x "$W/tokenizer.test"
+gzip -dc "$C/go20.txt.gz" > "$W/go20.txt"
+gzip -dc "$C/prose.txt.gz" > "$W/prose.txt"
+# The peer names the vocabulary with --tokenizer, which `sched` keeps for
+# published tokenizers' names; a file goes to --tokenizer-file.
+sed 's/"--tokenizer", tj_path/"--tokenizer-file", tj_path/' "$C/tiktoken_peer.py" > "$W/peer.py"
+
+note "host: $(uname -n), $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%FT%TZ)"
+note "python: $(python3 -c 'import tiktoken, tokenizers; print("tiktoken", getattr(tiktoken, "__version__", "?"), "tokenizers", tokenizers.__version__)' 2>&1 | tail -1)"
+
+# rotate FILE K: FILE's lines from K on, then the lines before K.
+rotate() { tail -n +"$2" "$1"; head -n $(($2 - 1)) "$1"; }
+code_lines=$(wc -l < "$W/go20.txt")
+prose_lines=$(wc -l < "$W/prose.txt")
+{
+	for i in $(seq 0 40); do
+		rotate "$W/go20.txt" $((1 + i * 7919 % code_lines))
+		rotate "$W/prose.txt" $((1 + i * 104729 % prose_lines))
+	done
+} | head -c "${CORPUS_BYTES:-1000000000}" > "$W/corpus1g.txt"
+note "corpus1g.txt: $(stat -c %s "$W/corpus1g.txt") bytes, sha256 $(sha256sum "$W/corpus1g.txt" | cut -c1-16)"
+
+# measure NAME CMD...: wall seconds and peak RSS (KB) of CMD, as one line.
+measure() {
+	local name=$1
+	shift
+	python3 - "$name" "$@" <<'PY' | tee -a "$raw"
+import resource, subprocess, sys, time, json
+name, cmd = sys.argv[1], sys.argv[2:]
+t = time.perf_counter()
+p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+dt = time.perf_counter() - t
+print(json.dumps(dict(measure=name, seconds=round(dt, 3), maxrss_kb=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+                      rc=p.returncode, stderr=p.stderr.decode(errors="replace")[-300:])))
+PY
+}
+
+for s in gpt2 gpt4; do
+	tj=$C/$s-style.tokenizer.json
+	# Peers and kiln's whole process on the 20 MB text.
+	python3 "$W/peer.py" "$W/sched" "$tj" "$W/go20.txt" 2>&1 | tail -1 | sed "s/^/peer $s: /" | tee -a "$raw"
+	# kiln on one large file: 1 GB, one core and all cores, best of two.
+	for run in 1 2; do
+		measure "tokenize1g-1core-$s" taskset -c 0 "$W/sched" tokenize --tokenizer-file "$tj" --in "$W/corpus1g.txt" --out "$W/ids" --dtype u16
+		measure "tokenize1g-all-$s" "$W/sched" tokenize --tokenizer-file "$tj" --in "$W/corpus1g.txt" --out "$W/ids" --dtype u16
+	done
+	rm -f "$W/ids"
+done
+
+# In-process encoding: EncodeBatch on the 20 MB text in documents of about
+# 8 KB, one core and all; and the cold path of `sched tokenize` without the
+# process (a fresh load, EncodeReader).
+(cd tokenizer && KILN_TOKENIZER_BENCH_TEXT="$W/go20.txt" "$W/tokenizer.test" -test.run '^$' \
+	-test.bench 'EncodeBatch|EncodeReaderCold' -test.benchtime 5x -test.cpu "1,$cores" 2>&1) | grep '^Benchmark' | sed 's/^/bench: /' | tee -a "$raw"
+
+# Training: 16384 ids from the 1 GB, all cores.
+measure train1g "$W/sched" tokenizer train --in "$W/corpus1g.txt" --vocab 16384 --out "$W/trained.json"
+note "trained: $(python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["model"]; print(len(m["vocab"]), "ids,", len(m["merges"]), "merges")' "$W/trained.json" 2>&1)"
+
+python3 - "$raw" "$cores" > "$OUT/tokenizer.txt" <<'PY'
+import json, re, sys
+raw, cores = sys.argv[1], sys.argv[2]
+lines = open(raw).read().splitlines()
+peer, meas, bench, size = {}, {}, {}, 1e9
+for l in lines:
+    m = re.match(r"corpus1g.txt: (\d+) bytes", l)
+    if m:
+        size = int(m.group(1))
+    m = re.match(r"peer (\w+): (\{.*\})$", l)
+    if m:
+        peer[m.group(1)] = json.loads(m.group(2)); continue
+    if l.startswith('{"measure"'):
+        d = json.loads(l)
+        if d["rc"] == 0:
+            meas[d["measure"]] = min(meas.get(d["measure"], (1e9, 0)), (d["seconds"], d["maxrss_kb"]))
+        continue
+    m = re.match(r"bench: Benchmark(\w+)/(gpt\d)-style(?:-(\d+))?\s.*\s([\d.]+) MB/s", l)
+    if m:
+        bench[(m.group(1), m.group(2), m.group(3) or "1")] = float(m.group(4))
+f = lambda x: "-" if x is None else f"{x:.1f}"
+print(f"Tokenizer, MB/s of text ({cores} cores). kiln process = `sched tokenize`, whole process, 20 MB of Go;")
+print("tiktoken/HF = tiktoken_peer.py on the same text and vocabulary (64 KiB documents); x = kiln / tiktoken.\n")
+print("| style | cores | kiln process | kiln EncodeBatch | kiln process, 1 GB | tiktoken | HF tokenizers | kiln process / tiktoken | EncodeBatch / tiktoken |")
+print("|---|---|---|---|---|---|---|---|---|")
+for s in ("gpt2", "gpt4"):
+    p = peer.get(s, {}).get("MBps", {})
+    for label, one in (("1", True), (cores, False)):
+        kp = p.get("kiln_1core_process" if one else "kiln_all_process")
+        eb = bench.get(("EncodeBatch", s, "1" if one else cores))
+        g = meas.get(f"tokenize1g-{'1core' if one else 'all'}-{s}")
+        big = size / 1e6 / g[0] if g else None
+        tk = p.get("tiktoken_1thread" if one else "tiktoken_batch_all")
+        hf = p.get("hf_1thread" if one else "hf_batch_all")
+        r1 = kp / tk if kp and tk else None
+        r2 = eb / tk if eb and tk else None
+        print(f"| {s} | {label} | {f(kp)} | {f(eb)} | {f(big)} | {f(tk)} | {f(hf)} | {f(r1)}x | {f(r2)}x |")
+print()
+for s in ("gpt2", "gpt4"):
+    a, b = meas.get(f"tokenize1g-1core-{s}"), meas.get(f"tokenize1g-all-{s}")
+    e1, en = bench.get(("EncodeBatch", s, "1")), bench.get(("EncodeBatch", s, cores))
+    sc = f"{a[0] / b[0]:.1f}x" if a and b else "-"
+    se = f"{en / e1:.1f}x" if e1 and en else "-"
+    d = peer.get(s, {})
+    print(f"{s}: scaling on {cores} cores: sched tokenize on 1 GB {sc}, EncodeBatch {se}; "
+          f"kiln ids equal HF's on the whole text: {d.get('kiln_ids_equal_hf')}; tiktoken docs equal HF: {d.get('tiktoken_docs_equal_hf')}/{d.get('docs')}")
+t = meas.get("train1g")
+print(f"\ntraining: sched tokenizer train, 1 GB mixed, 16384 ids, {cores} cores: "
+      + (f"{t[0]:.1f} s, peak RSS {t[1] / 1024:.0f} MiB" if t else "failed (see raw figures)"))
+print("\nraw figures:\n")
+print("\n".join(lines))
+PY
+cat "$OUT/tokenizer.txt"

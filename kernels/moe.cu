@@ -654,17 +654,25 @@ extern "C" __global__ void __launch_bounds__(128) moe_gemm_dw_bf(float* C, const
 }
 
 // ---------------------------------------------------------------------
-// The fast bf16 forms, for widths that are multiples of 8 (16-byte rows
-// chunks: every preset): the same tiles and warp layout, but each operand
-// tile comes in 16-byte cp.async copies (rows past the expert's end, or
-// columns past the matrix, zero-filled), one k tile ahead of the one being
-// multiplied (two buffers), and the fragments come out of shared memory
+// The fast bf16 forms, for widths that are multiples of 8 (16-byte row
+// chunks: every preset). Output tiles of 128 x 64 (rows x columns of C):
+// 4 warps in 2 x 2, each 64 x 32 as 4 x 4 mma.sync blocks, so each
+// fragment read from shared memory feeds four products. Each operand tile
+// comes in 16-byte cp.async copies (rows past the expert's end, or columns
+// past the matrix, zero-filled), two k tiles ahead of the one being
+// multiplied (three buffers), and the fragments come out of shared memory
 // with ldmatrix. Tiles keep the operand's own layout: k-contiguous rows as
-// [row][k] (VLD), row-contiguous ones as [k][row] (VLN), read with the
-// .trans form, so nothing is transposed by hand.
+// [row][k] (row stride VLD), row-contiguous ones as [k][row] (stride the
+// tile's width + 8), read with the .trans form, so nothing is transposed
+// by hand. Every output sums its k in the same order as the
+// straightforward bf16 kernels (k tiles of 32, two mma steps each).
 
 #define VLD 40 // [row][k]: 32 k + 8 (80-byte rows: the 8 rows of an ldmatrix fall in distinct 16-byte bank groups)
-#define VLN 72 // [k][row]: 64 + 8 (144-byte rows, likewise)
+#define VMI 4  // 16-row mma blocks a warp: warp tiles of 64 rows
+#define VBM (32 * VMI)
+#define VST 3 // pipeline stages
+#define VLA (VBM + 8) // [k][m] A tile of the dw form (272-byte rows, likewise distinct)
+#define VLN (GBN + 8) // [k][n] B tiles (144-byte rows)
 
 __device__ __forceinline__ unsigned moe_smem(const void* p) {
     unsigned r;
@@ -675,7 +683,8 @@ __device__ __forceinline__ void moe_cp16(void* dst, const void* src, bool ok) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(moe_smem(dst)), "l"(src), "r"(ok ? 16 : 0));
 }
 __device__ __forceinline__ void moe_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void moe_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+// moe_wait leaves the newest VST - 1 groups in flight.
+__device__ __forceinline__ void moe_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(VST - 1)); }
 __device__ __forceinline__ void moe_ldm(unsigned* r, const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -687,72 +696,81 @@ __device__ __forceinline__ void moe_ldmt(unsigned* r, const void* p) {
                  : "r"(moe_smem(p)));
 }
 
-// Fragment loads for one 16-wide k step kc of a warp's 32 x 32 block at
-// (wm, wn). A as [m][k] or [k][m] (AK: k-major); B as [n][k] or [k][n].
-template <bool AK>
-__device__ __forceinline__ void frag_a2(unsigned (*a)[4], const bf16* As, int wm, int kc, int lane) {
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (AK) moe_ldmt(a[i], As + (kc + (lane & 7) + (lane >> 4) * 8) * VLN + wm + 16 * i + ((lane >> 3) & 1) * 8);
-        else moe_ldm(a[i], As + (wm + 16 * i + (lane & 7) + ((lane >> 3) & 1) * 8) * VLD + kc + (lane >> 4) * 8);
-    }
-}
-template <bool BK>
-__device__ __forceinline__ void frag_b4(unsigned (*b)[2], const bf16* Bs, int wn, int kc, int lane) {
-#pragma unroll
-    for (int np = 0; np < 2; np++) {
-        unsigned r[4];
-        if (BK) moe_ldmt(r, Bs + (kc + (lane & 7) + ((lane >> 3) & 1) * 8) * VLN + wn + 16 * np + (lane >> 4) * 8);
-        else moe_ldm(r, Bs + (wn + 16 * np + (lane & 7) + (lane >> 4) * 8) * VLD + kc + ((lane >> 3) & 1) * 8);
-        b[2 * np][0] = r[0];
-        b[2 * np][1] = r[1];
-        b[2 * np + 1][0] = r[2];
-        b[2 * np + 1][1] = r[3];
-    }
-}
-
+// mma_step_v multiplies one k tile: for each 16-wide k step, the warp's
+// VMI A fragments (As as [m][k], or [k][m] of row stride VLA when AK) and
+// 4 B fragments (Bs as [n][k], or [k][n] when BK) into its 64 x 32 block
+// at (wm, wn).
 template <bool AK, bool BK>
-__device__ __forceinline__ void mma_step(float (*acc)[4][4], const bf16* As, const bf16* Bs, int wm, int wn, int lane) {
+__device__ __forceinline__ void mma_step_v(float (*acc)[4][4], const bf16* As, const bf16* Bs, int wm, int wn, int lane) {
 #pragma unroll
     for (int kc = 0; kc < GBK; kc += 16) {
-        unsigned a[2][4], b[4][2];
-        frag_a2<AK>(a, As, wm, kc, lane);
-        frag_b4<BK>(b, Bs, wn, kc, lane);
+        unsigned a[VMI][4], b[4][2];
 #pragma unroll
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < VMI; i++) {
+            if (AK) moe_ldmt(a[i], As + (kc + (lane & 7) + (lane >> 4) * 8) * VLA + wm + 16 * i + ((lane >> 3) & 1) * 8);
+            else moe_ldm(a[i], As + (wm + 16 * i + (lane & 7) + ((lane >> 3) & 1) * 8) * VLD + kc + (lane >> 4) * 8);
+        }
+#pragma unroll
+        for (int np = 0; np < 2; np++) {
+            unsigned r[4];
+            if (BK) moe_ldmt(r, Bs + (kc + (lane & 7) + ((lane >> 3) & 1) * 8) * VLN + wn + 16 * np + (lane >> 4) * 8);
+            else moe_ldm(r, Bs + (wn + 16 * np + (lane & 7) + (lane >> 4) * 8) * VLD + kc + ((lane >> 3) & 1) * 8);
+            b[2 * np][0] = r[0];
+            b[2 * np][1] = r[1];
+            b[2 * np + 1][0] = r[2];
+            b[2 * np + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int i = 0; i < VMI; i++)
 #pragma unroll
             for (int j = 0; j < 4; j++) mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
     }
 }
 
-// Shared memory per buffer: the larger of a [64][VLD] and a [32][VLN]
-// tile, in bf16 values.
-#define VTILE (GBM * VLD > GBK * VLN ? GBM * VLD : GBK * VLN)
+// rows_tile_v is rows_tile for VBM-row tiles.
+__device__ __forceinline__ bool rows_tile_v(const int* off, int E, int* x, int* r0, int* r1) {
+    int j = blockIdx.x;
+    for (int e = 0; e < E; e++) {
+        int a = off[e], b = off[e + 1];
+        int tiles = (b - a + VBM - 1) / VBM;
+        if (j < tiles) {
+            *x = e;
+            *r0 = a + j * VBM;
+            *r1 = b;
+            return true;
+        }
+        j -= tiles;
+    }
+    return false;
+}
+
+// B tiles: [64][VLD] or [32][VLN] bf16 values, whichever is larger.
+#define VTILE (GBN * VLD > GBK * VLN ? GBN * VLD : GBK * VLN)
 
 // rows form; BK: B is (K, Ncols) (read [k][n]), else (Ncols, K).
 template <bool BK>
 __device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, const int* tok, const int* off, int E, int Ncols, int K,
                             int lda, int ldb, long long strideB, int ldc, float beta) {
-    __shared__ __align__(128) bf16 As[2][GBM * VLD];
-    __shared__ __align__(128) bf16 Bs[2][VTILE];
+    __shared__ __align__(128) bf16 As[VST][VBM * VLD];
+    __shared__ __align__(128) bf16 Bs[VST][VTILE];
     int x, r0, r1;
-    if (!rows_tile(off, E, &x, &r0, &r1)) return;
+    if (!rows_tile_v(off, E, &x, &r0, &r1)) return;
     const bf16* Bx = B + (size_t)x * strideB;
     int n0 = blockIdx.y * GBN, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
-    // This thread's two A rows (and chunks) and, for the [n][k] form, B rows.
-    const bf16* arow[2];
-    bool aok[2];
+    int wm = (warp >> 1) * (VBM / 2), wn = (warp & 1) * 32;
+    // This thread's A rows (tid / 4 + 32 h) and its 8-value chunk of k.
+    const bf16* arow[VMI];
+    bool aok[VMI];
     int ci = (tid & 3) * 8;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < VMI; h++) {
         int r = r0 + (tid >> 2) + 32 * h;
         aok[h] = r < r1;
         arow[h] = A + (size_t)(aok[h] ? (tok ? tok[r] : r) : 0) * lda;
     }
     auto load = [&](int buf, int k0) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < VMI; h++) {
             int i = (tid >> 2) + 32 * h, k = k0 + ci;
             bool ok = aok[h] && k < K;
             moe_cp16(&As[buf][i * VLD + ci], ok ? arow[h] + k : A, ok);
@@ -770,21 +788,25 @@ __device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, co
             }
         }
     };
-    float acc[2][4][4] = {};
+    float acc[VMI][4][4] = {};
     int nk = (K + GBK - 1) / GBK;
-    load(0, 0);
-    moe_commit();
-    for (int kt = 0; kt < nk; kt++) {
-        if (kt + 1 < nk) load((kt + 1) & 1, (kt + 1) * GBK);
+#pragma unroll
+    for (int st = 0; st < VST - 1; st++) {
+        if (st < nk) load(st, st * GBK);
         moe_commit();
-        moe_wait1();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        int nx = kt + VST - 1;
+        if (nx < nk) load(nx % VST, nx * GBK);
+        moe_commit();
+        moe_wait();
         __syncthreads();
-        mma_step<false, BK>(acc, As[kt & 1], Bs[kt & 1], wm, wn, lane);
+        mma_step_v<false, BK>(acc, As[kt % VST], Bs[kt % VST], wm, wn, lane);
         __syncthreads();
     }
     int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < VMI; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -819,16 +841,16 @@ extern "C" __global__ void __launch_bounds__(128) moe_gemm_rows_bf_nn(float* C, 
     gemm_rows_v<true>(C, Cb, A, B, tok, off, E, Ncols, K, lda, ldb, strideB, ldc, beta);
 }
 
-// dw form: A (rows, M) and B (rows, Ncols) both read [k][row]. With S > 1
-// the expert's rows are split in S parts (blockIdx.z = x S + s), which
-// write their sums to P (S, E, M, Ncols) for moe_dw_reduce to add in a
-// fixed order: more blocks where an expert's rows are many and its weight
-// small, without atomics.
+// dw form: A (rows, M) and B (rows, Ncols) both read [k][row], output
+// tiles of VBM rows of M by 64 columns. With S > 1 the expert's rows are
+// split in S parts (blockIdx.z = x S + s), which write their sums to P
+// (S, E, M, Ncols) for moe_dw_reduce to add in a fixed order: more blocks
+// where an expert's rows are many and its weight small, without atomics.
 extern "C" __global__ void __launch_bounds__(128) moe_gemm_dw_bf_v(float* C, float* P, const bf16* A, const bf16* B, const int* tok,
                                                                     const int* off, int M, int Ncols, int lda, int ldb, long long strideC,
                                                                     int E, int S) {
-    __shared__ __align__(128) bf16 As[2][GBK * VLN];
-    __shared__ __align__(128) bf16 Bs[2][GBK * VLN];
+    __shared__ __align__(128) bf16 As[VST][GBK * VLA];
+    __shared__ __align__(128) bf16 Bs[VST][GBK * VLN];
     int x = blockIdx.z / S, s = blockIdx.z - x * S, ra = off[x], rb = off[x + 1];
     if (S == 1 && ra == rb) return;
     {
@@ -836,34 +858,42 @@ extern "C" __global__ void __launch_bounds__(128) moe_gemm_dw_bf_v(float* C, flo
         rb = ra + (int)((long long)len * (s + 1) / S);
         ra = ra + (int)((long long)len * s / S);
     }
-    int m0 = blockIdx.y * GBM, n0 = blockIdx.x * GBN, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    int m0 = blockIdx.y * VBM, n0 = blockIdx.x * GBN, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int wm = (warp >> 1) * (VBM / 2), wn = (warp & 1) * 32;
     auto load = [&](int buf, int k0) {
+#pragma unroll
+        for (int h = 0; h < VMI; h++) {
+            int idx = tid + 128 * h, kk = idx / (VBM / 8), c = (idx % (VBM / 8)) * 8, r = k0 + kk;
+            bool ok = r < rb && m0 + c < M;
+            moe_cp16(&As[buf][kk * VLA + c], ok ? A + (size_t)r * lda + m0 + c : A, ok);
+        }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int idx = tid + 128 * h, kk = idx >> 3, c = (idx & 7) * 8, r = k0 + kk;
-            bool ok = r < rb && m0 + c < M;
-            moe_cp16(&As[buf][kk * VLN + c], ok ? A + (size_t)r * lda + m0 + c : A, ok);
-            ok = r < rb && n0 + c < Ncols;
+            bool ok = r < rb && n0 + c < Ncols;
             moe_cp16(&Bs[buf][kk * VLN + c], ok ? B + (size_t)(tok ? tok[r] : r) * ldb + n0 + c : B, ok);
         }
     };
-    float acc[2][4][4] = {};
+    float acc[VMI][4][4] = {};
     int nk = (rb - ra + GBK - 1) / GBK;
-    load(0, ra);
-    moe_commit();
-    for (int kt = 0; kt < nk; kt++) {
-        if (kt + 1 < nk) load((kt + 1) & 1, ra + (kt + 1) * GBK);
+#pragma unroll
+    for (int st = 0; st < VST - 1; st++) {
+        if (st < nk) load(st, ra + st * GBK);
         moe_commit();
-        moe_wait1();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        int nx = kt + VST - 1;
+        if (nx < nk) load(nx % VST, ra + nx * GBK);
+        moe_commit();
+        moe_wait();
         __syncthreads();
-        mma_step<true, true>(acc, As[kt & 1], Bs[kt & 1], wm, wn, lane);
+        mma_step_v<true, true>(acc, As[kt % VST], Bs[kt % VST], wm, wn, lane);
         __syncthreads();
     }
     float* Cx = S == 1 ? C + (size_t)x * strideC : P + ((size_t)s * E + x) * M * Ncols;
     int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < VMI; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll

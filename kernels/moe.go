@@ -139,6 +139,9 @@ func (e *Engine) moeVec() bool {
 	return e.bf16 && e.cfg.Hidden%8 == 0 && e.cfg.Intermediate%8 == 0 && !e.moeScalar
 }
 
+// moeVecRows is the fast kernels' output tile height (moe.cu VBM).
+const moeVecRows = 128
+
 // moeMaxSplit bounds how many parts the fast weight-gradient kernel splits
 // an expert's rows into (the partial sums' scratch is that many gradients
 // of every expert of a layer).
@@ -168,6 +171,7 @@ func (e *Engine) gemmRows(l, NK, Ncols, K int, C, Cb cuda.Ptr, A operand, tok cu
 	}
 	grid := cuda.Dim3{X: blocks(int64(NK), 64) + e.cfg.Experts, Y: blocks(int64(Ncols), 64)}
 	if e.moeVec() {
+		grid.X = blocks(int64(NK), moeVecRows) + e.cfg.Experts
 		name := "moe_gemm_rows_bf_nn"
 		if bT {
 			name = "moe_gemm_rows_bf_nt"
@@ -186,6 +190,7 @@ func (e *Engine) gemmRows(l, NK, Ncols, K int, C, Cb cuda.Ptr, A operand, tok cu
 func (e *Engine) gemmDW(l, NK, M, Ncols int, C cuda.Ptr, strideC int64, A operand, B operand, tok cuda.Ptr, lda, ldb int) error {
 	grid := cuda.Dim3{X: blocks(int64(Ncols), 64), Y: blocks(int64(M), 64), Z: e.cfg.Experts}
 	if e.moeVec() {
+		grid.Y = blocks(int64(M), moeVecRows)
 		E := e.cfg.Experts
 		S := e.dwSplit(grid.X*grid.Y*E, NK)
 		grid.Z = E * S

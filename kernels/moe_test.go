@@ -155,7 +155,7 @@ func TestMoEFastKernelsMatchStraightforward(t *testing.T) {
 		t.Fatal("the golden's widths do not take the fast kernels")
 	}
 	NK := B * T * c.ExpertsPerTok
-	if s := e.dwSplit(blocks(int64(c.Intermediate), 64)*blocks(int64(c.Hidden), 64)*c.Experts, NK); s < 2 {
+	if s := e.dwSplit(blocks(int64(c.Intermediate), 64)*blocks(int64(c.Hidden), moeVecRows)*c.Experts, NK); s < 2 {
 		t.Fatalf("the weight gradients are not split at this shape (%d parts): the case is not covered", s)
 	}
 	p := model.InitParams(c, 9)

@@ -144,26 +144,36 @@ func countWords(ctx context.Context, inputs []io.Reader, split splitter, special
 	chunks := make(chan []byte, workers)
 	global := map[string]int64{}
 	var mu sync.Mutex
-	fold := func(local map[string]int64) {
-		mu.Lock()
-		for w, c := range local {
-			global[w] += c
-		}
-		mu.Unlock()
-		clear(local)
-	}
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			local := map[string]int64{}
+			// A word's count lives in a slice the map indexes: looking a
+			// word up by its bytes allocates nothing, where m[string(b)]++
+			// allocated the key's string for every word of the input.
+			local := map[string]int32{}
+			var counts []int64
+			fold := func() {
+				mu.Lock()
+				for w, i := range local {
+					global[w] += counts[i]
+				}
+				mu.Unlock()
+				clear(local)
+				counts = counts[:0]
+			}
 			var ends []int
 			countSeg := func(dst []uint32, seg []byte) []uint32 {
 				for start := 0; start < len(seg); {
 					ends = split(seg, start, ends[:0])
 					for _, e := range ends {
-						local[string(seg[start:e])]++
+						if i, ok := local[string(seg[start:e])]; ok {
+							counts[i]++
+						} else {
+							local[string(seg[start:e])] = int32(len(counts))
+							counts = append(counts, 1)
+						}
 						start = e
 					}
 				}
@@ -172,10 +182,10 @@ func countWords(ctx context.Context, inputs []io.Reader, split splitter, special
 			for c := range chunks {
 				specials.split(c, nil, countSeg)
 				if len(local) > countFlush {
-					fold(local)
+					fold()
 				}
 			}
-			fold(local)
+			fold()
 		}()
 	}
 	var total int64

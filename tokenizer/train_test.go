@@ -3,6 +3,8 @@ package tokenizer
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"errors"
 	"io"
 	"os"
@@ -140,6 +142,25 @@ func TestTrainedTokenizerMatchesHF(t *testing.T) {
 			if d := firstDiff(got, want[i]); d >= 0 {
 				t.Fatalf("%s: input %d (%.30q...): ids differ from HF at %d", pattern, i, s, d)
 			}
+		}
+	}
+}
+
+// The trainer learns exactly what it learned before it counted on all cores
+// with per-worker tables: the same vocabulary, the same merges in the same
+// order, byte for byte the file the earlier trainer wrote (its SHA-256)
+// for the golden texts.
+func TestTrainOutputUnchanged(t *testing.T) {
+	for pattern, want := range map[string]string{
+		"gpt4": "41b04f007c083f87ceaaa68f5456358872ebc8f8a8f33acf1b3408d5df2bbb92",
+		"gpt2": "8228d5a6ed3c2bcac671603a49ef6c18c1f3e69bd8578b40b22a5d14c479ca84",
+	} {
+		data, err := Train(context.Background(), trainInputs(t), TrainOptions{VocabSize: 3000, Pattern: pattern})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprintf("%x", sha256.Sum256(data)); got != want {
+			t.Errorf("%s: trained file's SHA-256 %s, want %s", pattern, got, want)
 		}
 	}
 }

@@ -238,11 +238,22 @@ extern "C" __global__ void moe_combine_bwd(float* dy, bf16* dyb, float* dz, bf16
     for (int s = 0; s < K; s++) {
         size_t r = (size_t)rowOf[(size_t)t * K + s] * d;
         float wt = wts[(size_t)t * K + s], acc = 0.0f;
-        for (int j = lane; j < d; j += 32) {
-            float gv = g[j];
-            acc += gv * (y ? y[r + j] : bf2f(yb[r + j]));
-            if (dy) dy[r + j] = wt * gv;
-            else dyb[r + j] = f2bf(wt * gv);
+        if ((d & 3) == 0) {
+            // Four columns a lane: 16-byte loads of dout, 8-byte of yb.
+            for (int j = 4 * lane; j < d; j += 128) {
+                float4 gv = *(const float4*)(g + j);
+                float4 yv = y ? *(const float4*)(y + r + j) : bf4(*(const uint2*)(yb + r + j));
+                acc += gv.x * yv.x + gv.y * yv.y + gv.z * yv.z + gv.w * yv.w;
+                if (dy) *(float4*)(dy + r + j) = make_float4(wt * gv.x, wt * gv.y, wt * gv.z, wt * gv.w);
+                else *(uint2*)(dyb + r + j) = make_uint2(f2bf2(wt * gv.x, wt * gv.y), f2bf2(wt * gv.z, wt * gv.w));
+            }
+        } else {
+            for (int j = lane; j < d; j += 32) {
+                float gv = g[j];
+                acc += gv * (y ? y[r + j] : bf2f(yb[r + j]));
+                if (dy) dy[r + j] = wt * gv;
+                else dyb[r + j] = f2bf(wt * gv);
+            }
         }
         dws[s] = warp_sum(acc);
     }
@@ -747,10 +758,13 @@ __device__ __forceinline__ bool rows_tile_v(const int* off, int E, int* x, int* 
 // B tiles: [64][VLD] or [32][VLN] bf16 values, whichever is larger.
 #define VTILE (GBN * VLD > GBK * VLN ? GBN * VLD : GBK * VLN)
 
-// rows form; BK: B is (K, Ncols) (read [k][n]), else (Ncols, K).
+// rows form; BK: B is (K, Ncols) (read [k][n]), else (Ncols, K). With BK,
+// B's rows from bsplit on are read bskip rows further on: a product over
+// two weights that lie apart in one buffer, as [dg du] [W1; W3] with W2
+// between them.
 template <bool BK>
 __device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, const int* tok, const int* off, int E, int Ncols, int K,
-                            int lda, int ldb, long long strideB, int ldc, float beta) {
+                            int lda, int ldb, long long strideB, int ldc, float beta, int bsplit, int bskip) {
     __shared__ __align__(128) bf16 As[VST][VBM * VLD];
     __shared__ __align__(128) bf16 Bs[VST][VTILE];
     int x, r0, r1;
@@ -778,9 +792,10 @@ __device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, co
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             if (BK) {
-                int idx = tid + 128 * h, kk = idx >> 3, c = (idx & 7) * 8;
-                bool ok = k0 + kk < K && n0 + c < Ncols;
-                moe_cp16(&Bs[buf][kk * VLN + c], ok ? Bx + (size_t)(k0 + kk) * ldb + n0 + c : B, ok);
+                int idx = tid + 128 * h, kk = idx >> 3, c = (idx & 7) * 8, kr = k0 + kk;
+                bool ok = kr < K && n0 + c < Ncols;
+                kr += kr >= bsplit ? bskip : 0;
+                moe_cp16(&Bs[buf][kk * VLN + c], ok ? Bx + (size_t)kr * ldb + n0 + c : B, ok);
             } else {
                 int n = (tid >> 2) + 32 * h, k = k0 + ci;
                 bool ok = n0 + n < Ncols && k < K;
@@ -831,14 +846,14 @@ __device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, co
 
 extern "C" __global__ void __launch_bounds__(128) moe_gemm_rows_bf_nt(float* C, bf16* Cb, const bf16* A, const bf16* B, const int* tok,
                                                                        const int* off, int E, int Ncols, int K, int lda, int ldb,
-                                                                       long long strideB, int ldc, float beta) {
-    gemm_rows_v<false>(C, Cb, A, B, tok, off, E, Ncols, K, lda, ldb, strideB, ldc, beta);
+                                                                       long long strideB, int ldc, float beta, int bsplit, int bskip) {
+    gemm_rows_v<false>(C, Cb, A, B, tok, off, E, Ncols, K, lda, ldb, strideB, ldc, beta, bsplit, bskip);
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_gemm_rows_bf_nn(float* C, bf16* Cb, const bf16* A, const bf16* B, const int* tok,
                                                                        const int* off, int E, int Ncols, int K, int lda, int ldb,
-                                                                       long long strideB, int ldc, float beta) {
-    gemm_rows_v<true>(C, Cb, A, B, tok, off, E, Ncols, K, lda, ldb, strideB, ldc, beta);
+                                                                       long long strideB, int ldc, float beta, int bsplit, int bskip) {
+    gemm_rows_v<true>(C, Cb, A, B, tok, off, E, Ncols, K, lda, ldb, strideB, ldc, beta, bsplit, bskip);
 }
 
 // dw form: A (rows, M) and B (rows, Ncols) both read [k][row], output

@@ -164,6 +164,15 @@ func (e *Engine) dwSplit(tiles, NK int) int {
 // C (NK x Ncols) = A[rows] (x K) times each expert's B, fp32 C (beta 0 or
 // 1) or bf16 Cb. tok gathers A's rows by token.
 func (e *Engine) gemmRows(l, NK, Ncols, K int, C, Cb cuda.Ptr, A operand, tok cuda.Ptr, B operand, strideB int64, lda, ldb, ldc int, bT bool, beta float32) error {
+	return e.gemmRowsSplit(l, NK, Ncols, K, C, Cb, A, tok, B, strideB, lda, ldb, ldc, bT, beta, K, 0)
+}
+
+// gemmRowsSplit is gemmRows where B's rows from bsplit on are read bskip
+// rows further on (the fast kernels only, with B read as (K, Ncols)).
+func (e *Engine) gemmRowsSplit(l, NK, Ncols, K int, C, Cb cuda.Ptr, A operand, tok cuda.Ptr, B operand, strideB int64, lda, ldb, ldc int, bT bool, beta float32, bsplit, bskip int) error {
+	if bskip != 0 && (bT || !e.moeVec()) {
+		return fmt.Errorf("expert GEMM with B split at row %d: only the fast bf16 kernels read B that way", bsplit)
+	}
 	m := e.moe
 	bt := 0
 	if bT {
@@ -176,7 +185,7 @@ func (e *Engine) gemmRows(l, NK, Ncols, K int, C, Cb cuda.Ptr, A operand, tok cu
 		if bT {
 			name = "moe_gemm_rows_bf_nt"
 		}
-		return e.launch3(name, grid, cuda.Dim3{X: 128}, C, Cb, A.bf, B.bf, tok, m.off[l], e.cfg.Experts, Ncols, K, lda, ldb, strideB, ldc, beta)
+		return e.launch3(name, grid, cuda.Dim3{X: 128}, C, Cb, A.bf, B.bf, tok, m.off[l], e.cfg.Experts, Ncols, K, lda, ldb, strideB, ldc, beta, bsplit, bskip)
 	}
 	if e.bf16 {
 		return e.launch3("moe_gemm_rows_bf", grid, cuda.Dim3{X: 128}, C, Cb, A.bf, B.bf, tok, m.off[l], e.cfg.Experts, Ncols, K, lda, ldb, strideB, ldc, bt, beta)
@@ -338,11 +347,19 @@ func (e *Engine) moeBackward(l, N int) error {
 		if err := e.gemmDW(l, NK, F, d, g3, stride, du, x, m.tokOf[l], 2*F, d); err != nil {
 			return err
 		}
-		if err := e.gemmRows(l, NK, d, F, m.dxg, 0, dg, 0, w1, stride, 2*F, d, d, false, 0); err != nil {
-			return err
-		}
-		if err := e.gemmRows(l, NK, d, F, m.dxg, 0, du, 0, w3, stride, 2*F, d, d, false, 1); err != nil {
-			return err
+		if e.moeVec() {
+			// One product over K = 2F: [dg du] (NK, 2F) times [W1; W3],
+			// W3's rows F on past W2's d x F values (F rows of d).
+			if err := e.gemmRowsSplit(l, NK, d, 2*F, m.dxg, 0, dg, 0, w1, stride, 2*F, d, d, false, 0, F, F); err != nil {
+				return err
+			}
+		} else {
+			if err := e.gemmRows(l, NK, d, F, m.dxg, 0, dg, 0, w1, stride, 2*F, d, d, false, 0); err != nil {
+				return err
+			}
+			if err := e.gemmRows(l, NK, d, F, m.dxg, 0, du, 0, w3, stride, 2*F, d, d, false, 1); err != nil {
+				return err
+			}
 		}
 	} else {
 		if err := e.gemmDW(l, NK, d, F, g2, stride, dy, act(m.h[l]), 0, d, F); err != nil {

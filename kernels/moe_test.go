@@ -143,9 +143,14 @@ func TestMoEMatchesCPU(t *testing.T) {
 }
 
 // The fast bf16 expert kernels (16-byte copies, ldmatrix, the weight
-// gradients split over an expert's rows) compute what the straightforward
-// ones do: the same forward bits, so the same routing and loss, and
-// gradients that differ only by the order the split sums take.
+// gradients split over an expert's rows, the input gradient as one product
+// over both weights) compute what the straightforward ones do: the same
+// forward bits, so the same routing and loss, and gradients that differ
+// only by the order their sums take. That order moves some bf16 roundings
+// of the block's input gradient by a unit, which the layers below carry:
+// on an H200 up to 2.3e-3 of a tensor's largest value (the embedding's),
+// held here to 5e-3, six times inside the bf16 tolerance; a wrong row or
+// weight in a kernel errs by the whole of its term.
 func TestMoEFastKernelsMatchStraightforward(t *testing.T) {
 	skipWithoutGPU(t)
 	c := goldenConfig(t, moeGolden)
@@ -195,7 +200,7 @@ func TestMoEFastKernelsMatchStraightforward(t *testing.T) {
 			top = math.Max(top, math.Abs(float64(slow[i])))
 			diff = math.Max(diff, math.Abs(float64(fast[i]-slow[i])))
 		}
-		if diff > 1e-5*top || math.IsNaN(diff) {
+		if diff > 5e-3*top || math.IsNaN(diff) {
 			t.Errorf("%s: gradients differ by %.3g, largest %.3g", s.Name, diff, top)
 		}
 	}

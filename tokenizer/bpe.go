@@ -5,9 +5,15 @@ package tokenizer
 // the inner loop of every cache miss, and a Go map costs about twice as
 // much there.
 type mergeTable struct {
-	keys []uint64 // (left<<32 | right) + 1; 0 marks an empty slot
-	vals []uint64 // rank<<32 | new id
-	mask uint64
+	slots []mergeSlot
+	mask  uint64
+}
+
+// mergeSlot keeps a pair and its merge side by side: one cache line read
+// per lookup, where separate arrays of keys and values took two.
+type mergeSlot struct {
+	key uint64 // (left<<32 | right) + 1; 0 marks an empty slot
+	val uint64 // rank<<32 | new id
 }
 
 func newMergeTable(n int) *mergeTable {
@@ -15,7 +21,7 @@ func newMergeTable(n int) *mergeTable {
 	for size < 2*n+2 {
 		size <<= 1
 	}
-	return &mergeTable{keys: make([]uint64, size), vals: make([]uint64, size), mask: uint64(size - 1)}
+	return &mergeTable{slots: make([]mergeSlot, size), mask: uint64(size - 1)}
 }
 
 func pairKey(a, b uint32) uint64 { return (uint64(a)<<32 | uint64(b)) + 1 }
@@ -27,10 +33,9 @@ func hashKey(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15) >> 20 }
 func (m *mergeTable) put(a, b, rank, id uint32) {
 	k := pairKey(a, b)
 	for h := hashKey(k) & m.mask; ; h = (h + 1) & m.mask {
-		switch m.keys[h] {
+		switch m.slots[h].key {
 		case 0:
-			m.keys[h] = k
-			m.vals[h] = uint64(rank)<<32 | uint64(id)
+			m.slots[h] = mergeSlot{k, uint64(rank)<<32 | uint64(id)}
 			return
 		case k:
 			return
@@ -42,9 +47,9 @@ func (m *mergeTable) put(a, b, rank, id uint32) {
 func (m *mergeTable) get(a, b uint32) uint64 {
 	k := pairKey(a, b)
 	for h := hashKey(k) & m.mask; ; h = (h + 1) & m.mask {
-		switch m.keys[h] {
+		switch s := &m.slots[h]; s.key {
 		case k:
-			return m.vals[h]
+			return s.val
 		case 0:
 			return noMerge
 		}

@@ -26,7 +26,7 @@ func sameTokenizer(a, b *Tokenizer) string {
 		return "token strings"
 	case a.byteID != b.byteID:
 		return "byte symbols"
-	case !slices.Equal(a.merges.keys, b.merges.keys) || !slices.Equal(a.merges.vals, b.merges.vals):
+	case !slices.Equal(a.merges.slots, b.merges.slots):
 		return "merges"
 	case len(a.vocab) != len(b.vocab) || len(a.byBytes) != len(b.byBytes):
 		return "vocabulary"

@@ -29,7 +29,7 @@ const (
 	clsSpace
 )
 
-var asciiClass [128]class
+var asciiClass [256]class // indexed by any byte: no bounds check; bytes from 0x80 up are never read
 
 func init() {
 	for c := 0; c < 128; c++ {
@@ -47,12 +47,18 @@ func init() {
 }
 
 // classAt returns the class and width of the character starting at b[i].
+// Small enough to be inlined for ASCII, which is nearly all of code; the
+// rest takes a call.
 func classAt(b []byte, i int) (class, int) {
-	c := b[i]
-	if c < utf8.RuneSelf {
+	if c := b[i]; c < utf8.RuneSelf {
 		return asciiClass[c], 1
 	}
-	r, w := utf8.DecodeRune(b[i:])
+	return runeClass(b[i:])
+}
+
+// runeClass is classAt for a character that is not ASCII, at b[0].
+func runeClass(b []byte) (class, int) {
+	r, w := utf8.DecodeRune(b)
 	if r == utf8.RuneError && w <= 1 {
 		return clsOther, 1
 	}
@@ -170,7 +176,10 @@ func splitGPT2(b []byte, i int, ends []int) []int {
 				continue
 			}
 		}
-		c, w := classAt(b, i)
+		c, w := asciiClass[b[i]], 1 // classAt, inlined by hand for ASCII
+		if b[i] >= utf8.RuneSelf {
+			c, w = runeClass(b[i:])
+		}
 		start := i
 		if b[i] == ' ' && i+1 < len(b) {
 			if c2, _ := classAt(b, i+1); c2 != clsSpace {
@@ -236,7 +245,10 @@ func gpt4Splitter(maxDigits int) splitter {
 					continue
 				}
 			}
-			c, w := classAt(b, i)
+			c, w := asciiClass[b[i]], 1 // classAt, inlined by hand for ASCII
+			if b[i] >= utf8.RuneSelf {
+				c, w = runeClass(b[i:])
+			}
 			switch c {
 			case clsLetter:
 				i = scanClass(b, i+w, clsLetter)

@@ -282,6 +282,9 @@ func (st *encoderState) pretokenize(dst []uint32, piece []byte, k int) []uint32 
 		st.ends = append(st.ends, nil)
 	}
 	last := k+1 == len(t.stages)
+	if last {
+		return st.words8(dst, piece, s.split, k)
+	}
 	for start := 0; start < len(piece); {
 		ends := s.split(piece, start, st.ends[k][:0])
 		st.ends[k] = ends
@@ -297,19 +300,69 @@ func (st *encoderState) pretokenize(dst []uint32, piece []byte, k int) []uint32 
 	return dst
 }
 
+// words8 encodes the words split cuts piece into. A word of up to 8 bytes
+// that the hot table holds, most words of any text, is looked up and
+// emitted here without a call; word does the rest.
+func (st *encoderState) words8(dst []uint32, piece []byte, split splitter, k int) []uint32 {
+	hot := st.words.hot
+	for start := 0; start < len(piece); {
+		ends := split(piece, start, st.ends[k][:0])
+		st.ends[k] = ends
+		for _, e := range ends {
+			w := piece[start:e]
+			start = e
+			if n := len(w); n <= 8 && cap(w) >= 8 {
+				// The key word computes: the bytes and, in k1, the length.
+				k0 := binary.LittleEndian.Uint64(w[:8:8]) & (1<<(8*n) - 1)
+				k1 := uint64(n) << 56
+				h := &hot[((k0*0x9E3779B97F4A7C15^k1)*0xBF58476D1CE4E5B9)>>(64-hotBits)]
+				if h.k0 == k0 && h.k1 == k1 {
+					if lo, hi := uint32(h.v), uint32(h.v>>32); lo&inArena == 0 {
+						if hi == noID {
+							dst = append(dst, lo)
+						} else {
+							dst = append(dst, lo, hi)
+						}
+						continue
+					}
+				}
+			}
+			dst = st.word(dst, w)
+		}
+	}
+	return dst
+}
+
 // maxCachedWord bounds the words kept in the cache; longer ones are rare
 // and would make the cache's memory unbounded.
 const maxCachedWord = 64
 
 // word appends the ids of one pre-tokenized word.
 func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
-	if len(w) <= maxPacked {
-		k0, k1 := packWord(w)
+	if n := len(w); n <= maxPacked {
+		// packWord, by hand here: the call cost more than the lookup.
+		var k0, k1 uint64
+		if cap(w) >= 16 {
+			w16 := w[:16:16]
+			k0 = binary.LittleEndian.Uint64(w16)
+			k1 = binary.LittleEndian.Uint64(w16[8:])
+			n0 := min(n, 8)
+			k0 &= 1<<(8*n0) - 1
+			k1 = k1&(1<<(8*(n-n0))-1) | uint64(n)<<56
+		} else {
+			k0, k1 = packWord(w)
+		}
 		c := &st.words
-		h := c.slot(k0, k1)
+		hh := (k0*0x9E3779B97F4A7C15 ^ k1) * 0xBF58476D1CE4E5B9
+		hot := &c.hot[hh>>(64-hotBits)]
+		if hot.k1 == k1 && hot.k0 == k0 {
+			return c.appendIDs(dst, hot.v)
+		}
+		h := hh >> c.shift
 		for ; ; h = (h + 1) & c.mask {
 			e := &c.slots[h]
 			if e.k1 == k1 && e.k0 == k0 {
+				*hot = *e
 				return c.appendIDs(dst, e.v)
 			}
 			if e.k1 == 0 {
@@ -318,7 +371,9 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 		}
 		start := len(dst)
 		dst = st.merge(dst, w)
-		c.put(h, k0, k1, dst[start:])
+		if c.put(h, k0, k1, dst[start:]) {
+			*hot = c.slots[h]
+		}
 		return dst
 	}
 	if ids, ok := st.cache[string(w)]; ok {
@@ -384,6 +439,10 @@ func (st *encoderState) merge(dst []uint32, w []byte) []uint32 {
 // by the word's string spent a quarter of the encoder's time hashing and
 // comparing bytes (docs/benchmarks/tokenizer.md).
 type wordTable struct {
+	// hot is a direct-mapped copy of the words met last, small enough to
+	// stay in the core's own cache: the table itself grows to megabytes,
+	// and its lookups waited on memory more than they computed.
+	hot   *[1 << hotBits]wordSlot
 	slots []wordSlot
 	mask  uint64
 	shift uint8
@@ -406,6 +465,7 @@ type wordSlot struct {
 const (
 	wordTableMin = 1 << 12
 	inArena      = 1 << 31
+	hotBits      = 12 // 4096 slots, 96 KiB
 )
 
 // wordTableMax bounds a table at 24 MiB per encoder; a full one starts
@@ -439,6 +499,11 @@ func (c *wordTable) slot(k0, k1 uint64) uint64 {
 }
 
 func (c *wordTable) init(size int) {
+	if c.hot == nil {
+		c.hot = new([1 << hotBits]wordSlot)
+	} else {
+		clear(c.hot[:]) // its slots may point into ids, reset below
+	}
 	c.slots = make([]wordSlot, size)
 	c.mask = uint64(size - 1)
 	c.shift = uint8(64 - bits.TrailingZeros(uint(size)))
@@ -459,8 +524,9 @@ func (c *wordTable) appendIDs(dst []uint32, v uint64) []uint32 {
 }
 
 // put stores ids for the word (k0, k1) in the empty slot h, where its
-// lookup ended.
-func (c *wordTable) put(h, k0, k1 uint64, ids []uint32) {
+// lookup ended. It reports whether the word is in slot h afterwards (not
+// when the table grew or started over).
+func (c *wordTable) put(h, k0, k1 uint64, ids []uint32) bool {
 	var v uint64
 	switch {
 	case len(ids) == 0:
@@ -476,13 +542,13 @@ func (c *wordTable) put(h, k0, k1 uint64, ids []uint32) {
 	c.slots[h] = wordSlot{k0, k1, v}
 	c.n++
 	if 2*c.n <= len(c.slots) {
-		return
+		return true
 	}
 	// Half full: double, or start over at the limit.
 	old := c.slots
 	if len(old) >= wordTableMax {
 		c.init(wordTableMin)
-		return
+		return false
 	}
 	c.slots = make([]wordSlot, 2*len(old))
 	c.mask = uint64(len(c.slots) - 1)
@@ -497,6 +563,7 @@ func (c *wordTable) put(h, k0, k1 uint64, ids []uint32) {
 		}
 		c.slots[h] = e
 	}
+	return false
 }
 
 // addedSet finds added tokens in text, leftmost first and longest first at

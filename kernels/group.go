@@ -216,12 +216,20 @@ func (g *Group) Step(o model.AdamW) error {
 	})
 }
 
-// reduce sums the gradients and the loss over c's ranks in place, on the
-// main stream, which the backward's side stream has joined: the step's
-// norm and AdamW, queued after it, read the sums.
+// reduce sums the gradients and the loss (and a mixture of experts'
+// load-balancing loss, which Metrics reports beside it) over c's ranks in
+// place, on the main stream, which the backward's side stream has joined:
+// the step's norm and AdamW, queued after it, read the sums. Each
+// micro-batch's load-balancing loss is its own, on one GPU as on several,
+// so the sum is the one-GPU step's.
 func (e *Engine) reduce(c *cuda.Comm) error {
 	if err := c.AllReduceSum(e.grads, e.grads, int(e.n), e.sh); err != nil {
 		return err
+	}
+	if e.moe != nil {
+		if err := c.AllReduceSum(e.moe.auxAcc, e.moe.auxAcc, 1, e.sh); err != nil {
+			return err
+		}
 	}
 	return c.AllReduceSum(e.lossAcc, e.lossAcc, 1, e.sh)
 }

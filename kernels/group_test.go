@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -51,8 +52,8 @@ func groupBatches(c model.Config, steps, micro, B, T int) []model.Batch {
 }
 
 type trained struct {
-	losses, norms []float64
-	params        []float32
+	losses, norms, aux []float64
+	params             []float32
 }
 
 // trainSteps runs the batches micro at a time as optimizer steps, each
@@ -79,7 +80,7 @@ func trainSteps(t *testing.T, e model.Engine, p0 *model.Params, batches []model.
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.losses, r.norms = append(r.losses, m.Loss), append(r.norms, m.GradNorm)
+		r.losses, r.norms, r.aux = append(r.losses, m.Loss), append(r.norms, m.GradNorm), append(r.aux, m.AuxLoss)
 	}
 	p := model.NewParams(e.Config())
 	if err := e.Params(p); err != nil {
@@ -101,6 +102,7 @@ func TestGroupOfOneGPUTrainsAsOneEngine(t *testing.T) {
 	}{
 		{"small bf16", model.Presets["small"], "bf16", 2, 256},
 		{"hd64 fp32", goldenConfig(t, goldenDirs[1]), "fp32", 2, 64},
+		{"moe bf16", goldenConfig(t, moeGolden), "bf16", 2, 64},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := model.Options{Precision: c.precision, MaxBatch: c.B, MaxSeq: c.T}
@@ -111,8 +113,9 @@ func TestGroupOfOneGPUTrainsAsOneEngine(t *testing.T) {
 			want := trainSteps(t, e, p0, batches, 2)
 			got := trainSteps(t, g, p0, batches, 2)
 			for i := range want.losses {
-				if got.losses[i] != want.losses[i] || got.norms[i] != want.norms[i] {
-					t.Errorf("step %d: group loss %.9g norm %.9g, engine %.9g %.9g", i+1, got.losses[i], got.norms[i], want.losses[i], want.norms[i])
+				if got.losses[i] != want.losses[i] || got.norms[i] != want.norms[i] || got.aux[i] != want.aux[i] {
+					t.Errorf("step %d: group loss %.9g norm %.9g aux %.9g, engine %.9g %.9g %.9g", i+1, got.losses[i], got.norms[i], got.aux[i],
+						want.losses[i], want.norms[i], want.aux[i])
 				}
 			}
 			for i := range want.params {
@@ -129,7 +132,12 @@ func TestGroupOfOneGPUTrainsAsOneEngine(t *testing.T) {
 // two GPUs' weights identical to each other without ever being sent.
 func TestGroupOfTwoGPUsMatchesOne(t *testing.T) {
 	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
-	c := goldenConfig(t, goldenDirs[1])
+	for _, dir := range []string{goldenDirs[1], moeGolden} {
+		t.Run(filepath.Base(dir), func(t *testing.T) { twoGPUsMatchOne(t, goldenConfig(t, dir)) })
+	}
+}
+
+func twoGPUsMatchOne(t *testing.T, c model.Config) {
 	o := model.Options{Precision: "fp32", MaxBatch: 2, MaxSeq: 64}
 	g := newGroup(t, c, o, 2)
 	e := newEngine(t, c, o)
@@ -141,6 +149,9 @@ func TestGroupOfTwoGPUsMatchesOne(t *testing.T) {
 		for i := range want.losses {
 			if d := math.Abs(got.losses[i] - want.losses[i]); d > 1e-6*math.Abs(want.losses[i]) {
 				t.Errorf("accumulate %d, step %d: loss on 2 GPUs %.9g, on 1 %.9g", micro, i+1, got.losses[i], want.losses[i])
+			}
+			if d := math.Abs(got.aux[i] - want.aux[i]); d > 1e-6*math.Abs(want.aux[i]) {
+				t.Errorf("accumulate %d, step %d: load-balancing loss on 2 GPUs %.9g, on 1 %.9g", micro, i+1, got.aux[i], want.aux[i])
 			}
 		}
 		var worst float64

@@ -113,6 +113,12 @@ func (t *Tokenizer) EncodeReader(ctx context.Context, r io.Reader, emit func(ids
 			st := t.getState()
 			defer t.putState(st)
 			for j := range todo {
+				// Room for the ids of most text (code and prose average
+				// three to four bytes an id): grown once, not doubled from
+				// nothing through fresh pages.
+				if want := len(j.text)/2 + 64; cap(j.ids) < want {
+					j.ids = make([]uint32, 0, want)
+				}
 				j.ids = st.encode(j.ids[:0], j.text)
 				done <- j
 			}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 
@@ -141,6 +142,11 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 		defer bar.Finish()
 		r = io.TeeReader(src, bar)
 	}
+	// The live heap of this process is the tokenizer (tens of megabytes of
+	// small objects) and a few buffers per core that are reused: the
+	// default GC target collected and rescanned the tokenizer several times
+	// for garbage that is not there.
+	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	// Write beside the destination and rename, so that a failed run never
 	// leaves a truncated id file under the final name.
 	dst, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")

@@ -856,6 +856,9 @@ func (e *Engine) zeroGrad() error {
 		if err := e.zero(e.moe.auxAcc, 1); err != nil {
 			return err
 		}
+		if err := e.zero(e.moe.shareAcc, int64(e.cfg.Experts)); err != nil {
+			return err
+		}
 	}
 	return e.zero(e.lossAcc, 1)
 }
@@ -891,6 +894,15 @@ func (e *Engine) Metrics() (model.StepMetrics, error) {
 				return err
 			}
 			m.AuxLoss = float64(v[0])
+			counts := make([]float32, e.cfg.Experts)
+			if err := cuda.Download(e.dv, counts, e.moe.shareAcc); err != nil {
+				return err
+			}
+			share := make([]float64, len(counts))
+			for i, c := range counts {
+				share[i] = float64(c)
+			}
+			m.ExpertShare = model.Shares(share)
 		}
 		return nil
 	})

@@ -348,7 +348,9 @@ func TestAccumulationEqualsWholeBatch(t *testing.T) {
 
 // Greedy generation on the golden weights gives the CPU engine's tokens.
 func TestGenerateMatchesCPU(t *testing.T) {
-	for _, dir := range goldenDirs {
+	// The mixture of experts' golden too: its KV cache and routing, a
+	// token at a time.
+	for _, dir := range append(goldenDirs[:len(goldenDirs):len(goldenDirs)], moeGolden) {
 		c, p, b := loadGolden(t, dir)
 		const n = 64
 		prompt := b.Inputs[:8]

@@ -230,6 +230,9 @@ func (e *Engine) reduce(c *cuda.Comm) error {
 		if err := c.AllReduceSum(e.moe.auxAcc, e.moe.auxAcc, 1, e.sh); err != nil {
 			return err
 		}
+		if err := c.AllReduceSum(e.moe.shareAcc, e.moe.shareAcc, e.cfg.Experts, e.sh); err != nil {
+			return err
+		}
 	}
 	return c.AllReduceSum(e.lossAcc, e.lossAcc, 1, e.sh)
 }

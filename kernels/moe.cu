@@ -164,7 +164,8 @@ extern "C" __global__ void moe_probsum(float* psumAcc, const float* probs, int N
 // scale aux to auxAcc, and leaves auxGrad_e = scale coef E f_e / rows, the
 // gradient of the scaled term with respect to each row's probability of e
 // (the choices carry none). scale is the micro-batch's, from the device.
-extern "C" __global__ void moe_aux(float* lossAcc, float* auxAcc, float* auxGrad, const int* countAcc, const float* psumAcc,
+// shareAcc_e adds count_e, for the step's per-expert share.
+extern "C" __global__ void moe_aux(float* lossAcc, float* auxAcc, float* shareAcc, float* auxGrad, const int* countAcc, const float* psumAcc,
                                    const float* scale, int E, float rows, float coef) {
     __shared__ double part[MOE_MAXE];
     int x = threadIdx.x;
@@ -173,6 +174,7 @@ extern "C" __global__ void moe_aux(float* lossAcc, float* auxAcc, float* auxGrad
         double f = (double)countAcc[x] / rows;
         part[x] = f * ((double)psumAcc[x] / rows);
         auxGrad[x] = (float)((double)sc * coef * E * f / rows);
+        shareAcc[x] += (float)countAcc[x];
     }
     __syncthreads();
     if (x == 0) {

@@ -46,8 +46,10 @@ type moeActs struct {
 	blockCnt, blockBase cuda.Ptr // (G, E) int32: the counting sort's per-block counts and first rows
 	// The step's load-balancing tally over every layer: counts (int32)
 	// and router probability sums per expert, the aux loss's gradient
-	// per expert, and scale x aux since ZeroGrad (Metrics).
-	countAcc, psumAcc, auxGrad, auxAcc cuda.Ptr
+	// per expert, and scale x aux since ZeroGrad (Metrics); shareAcc
+	// sums countAcc over the micro-batches since ZeroGrad (fp32), for
+	// Metrics' ExpertShare.
+	countAcc, psumAcc, auxGrad, auxAcc, shareAcc cuda.Ptr
 
 	dy     cuda.Ptr // (NK, d) fp32 or bf16: the expert outputs' gradient
 	dh     cuda.Ptr // (NK, F) fp32 or bf16
@@ -106,6 +108,7 @@ func (e *Engine) allocMoE(N int) (*moeActs, error) {
 	G := int64(moeGroups(int(NK)))
 	m.blockCnt, m.blockBase = one(routing, G*E*4), one(routing, G*E*4)
 	m.countAcc, m.psumAcc, m.auxGrad, m.auxAcc = one("load-balancing tally", E*4), one("load-balancing tally", E*4), one("load-balancing tally", E*4), one("loss", 4)
+	m.shareAcc = one("load-balancing tally", E*4)
 	const acts, scratch = "activations (experts)", "gradient scratch (experts)"
 	if e.bf16 {
 		m.gub, m.hb, m.y = layer(acts, NK*2*F*2), layer(acts, NK*F*2), layer(acts, NK*d*2)
@@ -305,7 +308,7 @@ func (e *Engine) moeElemBlocks(N int) int {
 func (e *Engine) moeAux(N int) error {
 	c, m := e.cfg, e.moe
 	rows := float32(c.Layers * N)
-	return e.launch("moe_aux", 1, 64, e.lossAcc, m.auxAcc, m.auxGrad, m.countAcc, m.psumAcc, e.scal+scalMoEScale*4, c.Experts, rows, float32(c.RouterAuxCoef))
+	return e.launch("moe_aux", 1, 64, e.lossAcc, m.auxAcc, m.shareAcc, m.auxGrad, m.countAcc, m.psumAcc, e.scal+scalMoEScale*4, c.Experts, rows, float32(c.RouterAuxCoef))
 }
 
 // moeBackward takes the gradient of layer l's output (a.dresid) through

@@ -120,6 +120,17 @@ func TestMoEMatchesCPU(t *testing.T) {
 			if ms[0].AuxLoss == 0 {
 				t.Fatal("the CPU reference reports no load-balancing loss")
 			}
+			// The routing is the CPU's: each expert's share of the (token,
+			// choice) pairs equal, up to a pair a near tie sends elsewhere.
+			pairs := float64(c.Layers * x.B * x.T * x.topK)
+			if len(ms[0].ExpertShare) != x.experts || len(ms[1].ExpertShare) != x.experts {
+				t.Fatalf("expert shares: %d on the CPU, %d on the GPU; want %d", len(ms[0].ExpertShare), len(ms[1].ExpertShare), x.experts)
+			}
+			for i := range ms[0].ExpertShare {
+				if d := math.Abs(ms[0].ExpertShare[i] - ms[1].ExpertShare[i]); d > 2.5/pairs {
+					t.Errorf("expert %d's share: %.6g on the CPU, %.6g on the GPU", i, ms[0].ExpertShare[i], ms[1].ExpertShare[i])
+				}
+			}
 			idle := 0
 			for _, s := range c.Specs() {
 				want, got := grads[0].Tensor(s.Name), grads[1].Tensor(s.Name)

@@ -86,6 +86,7 @@ type acts struct {
 	// to each row's router probabilities, per expert (auxLoss).
 	aux     float64
 	auxGrad []float64
+	counts  []float64 // (row, choice) pairs per expert, every layer
 }
 
 // CPUEngine is the reference engine: plain fp32 on the CPU, every op written
@@ -100,6 +101,7 @@ type CPUEngine struct {
 	opt      OptimizerState
 	loss     float64
 	aux      float64
+	counts   []float64 // (row, choice) pairs per expert since ZeroGrad
 	gradNorm float64
 
 	a *acts // reused while the batch shape stays the same
@@ -117,7 +119,7 @@ func NewCPUEngine(c Config, o Options) (*CPUEngine, error) {
 	if threads <= 0 {
 		threads = runtime.GOMAXPROCS(0)
 	}
-	e := &CPUEngine{cfg: c, threads: threads, rope: newRopeTable(c.HeadDim, c.RopeTheta)}
+	e := &CPUEngine{cfg: c, threads: threads, rope: newRopeTable(c.HeadDim, c.RopeTheta), counts: make([]float64, c.Experts)}
 	e.p, e.g = NewParams(c), NewParams(c)
 	e.pv, e.gv = viewModel(e.p), viewModel(e.g)
 	n := len(e.p.Data)
@@ -173,12 +175,13 @@ func (e *CPUEngine) OptimizerState() (*OptimizerState, error) {
 func (e *CPUEngine) ZeroGrad() error {
 	clear(e.g.Data)
 	e.loss, e.aux = 0, 0
+	clear(e.counts)
 	return nil
 }
 
 // Metrics returns the loss since ZeroGrad and the last gradient norm.
 func (e *CPUEngine) Metrics() (StepMetrics, error) {
-	return StepMetrics{Loss: e.loss, AuxLoss: e.aux, GradNorm: e.gradNorm}, nil
+	return StepMetrics{Loss: e.loss, AuxLoss: e.aux, GradNorm: e.gradNorm, ExpertShare: Shares(e.counts)}, nil
 }
 
 // Grads copies the accumulated gradients into g.
@@ -326,7 +329,7 @@ func (e *CPUEngine) forward(b Batch) *acts {
 	})
 	linear(a.logits, a.xf, e.pv.lmHead, N, d, c.VocabSize)
 	if c.MoE() {
-		a.aux, a.auxGrad = auxLoss(c, a.layers, N)
+		a.aux, a.auxGrad, a.counts = auxLoss(c, a.layers, N)
 	}
 	return a
 }
@@ -471,6 +474,9 @@ func (e *CPUEngine) ForwardBackward(b Batch, scale float32) error {
 	}
 	e.loss += float64(scale) * (loss + e.cfg.RouterAuxCoef*a.aux)
 	e.aux += float64(scale) * a.aux
+	for x, n := range a.counts {
+		e.counts[x] += n
+	}
 	e.backward(a, b, scale)
 	return nil
 }

@@ -139,8 +139,9 @@ func topK(p []float32, sel []int32, wts []float32) {
 // f_e the share of (row, choice) pairs sent to expert e and P_e the mean
 // router probability of e, aux = E x sum_e f_e x P_e. It returns aux and
 // f_e / (L x N), the gradient of aux / E with respect to each row's
-// probability of e (the choices themselves carry no gradient).
-func auxLoss(c Config, layers []layerActs, n int) (float64, []float64) {
+// probability of e (the choices themselves carry no gradient), and the
+// (row, choice) pairs each expert received.
+func auxLoss(c Config, layers []layerActs, n int) (float64, []float64, []float64) {
 	E := c.Experts
 	rows := float64(len(layers) * n)
 	count, psum := make([]float64, E), make([]float64, E)
@@ -162,7 +163,7 @@ func auxLoss(c Config, layers []layerActs, n int) (float64, []float64) {
 		aux += f * (psum[x] / rows)
 		grad[x] = f / rows
 	}
-	return aux * float64(E), grad
+	return aux * float64(E), grad, count
 }
 
 // moeScratch is the sparse block's backward scratch, shared by the layers.

@@ -207,3 +207,53 @@ func TestMoETrainingLowersTheLoss(t *testing.T) {
 		t.Errorf("aux loss %v after training, want near %v (balanced)", m.AuxLoss, k)
 	}
 }
+
+// Metrics' ExpertShare is each expert's share of the (row, choice) pairs
+// of every layer and micro-batch since ZeroGrad: the counts of the
+// routing, summed over two micro-batches, then cleared by ZeroGrad. A
+// dense model reports none.
+func TestExpertShareCountsTheRouting(t *testing.T) {
+	c := moeTestConfig()
+	e := newTestEngine(t, c, 1, 3)
+	b1, b2 := testBatch(c, 2, 16, 1), testBatch(c, 2, 16, 2)
+	want := make([]float64, c.Experts)
+	for _, b := range []Batch{b1, b2} {
+		for _, la := range e.forward(b).layers {
+			for x := range want {
+				want[x] += float64(la.moe.off[x+1] - la.moe.off[x])
+			}
+		}
+	}
+	pairs := float64(2 * c.Layers * 2 * 16 * c.ExpertsPerTok)
+	if err := e.ZeroGrad(); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []Batch{b1, b2} {
+		if err := e.ForwardBackward(b, 0.5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := e.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.ExpertShare) != c.Experts {
+		t.Fatalf("expert shares %v; want %d", m.ExpertShare, c.Experts)
+	}
+	for x, s := range m.ExpertShare {
+		if s != want[x]/pairs {
+			t.Errorf("expert %d: share %v, want %v of %v pairs", x, s, want[x], pairs)
+		}
+	}
+	if err := e.ZeroGrad(); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := e.Metrics(); m.ExpertShare != nil {
+		t.Errorf("after ZeroGrad: shares %v, want none", m.ExpertShare)
+	}
+	d := newTestEngine(t, testConfig(false), 1, 3)
+	train(t, d, 1)
+	if m, _ := d.Metrics(); m.ExpertShare != nil {
+		t.Errorf("a dense model reports expert shares %v", m.ExpertShare)
+	}
+}

@@ -39,6 +39,27 @@ type StepMetrics struct {
 	AuxLoss float64
 	// GradNorm is the global gradient norm before clipping, of the last Step.
 	GradNorm float64
+	// ExpertShare is, for a model with experts, the share of the (token,
+	// choice) pairs each expert received over every layer and micro-batch
+	// since ZeroGrad (it sums to 1): an expert near 0 is starving.
+	ExpertShare []float64
+}
+
+// Shares normalises per-expert counts into ExpertShare (nil when there
+// are none).
+func Shares(counts []float64) []float64 {
+	var sum float64
+	for _, c := range counts {
+		sum += c
+	}
+	if len(counts) == 0 || sum <= 0 {
+		return nil
+	}
+	out := make([]float64, len(counts))
+	for i, c := range counts {
+		out[i] = c / sum
+	}
+	return out
 }
 
 // OptimizerState is the AdamW state, laid out like Params.Data.

@@ -336,7 +336,7 @@ func (s *sizer) moeCUDA(c Config, L, N, d, F float64, bf16 bool) {
 	s.add(routing, 4*L, NK, 4)
 	s.add(routing, L, E+1, 4)
 	s.add(routing, 2, math.Ceil(NK/1024)*E, 4)
-	s.add("load-balancing tally", 3, E, 4)
+	s.add("load-balancing tally", 4, E, 4)
 	s.add("small buffers", 1, 1, 4)
 	if bf16 {
 		s.add(act, L, NK*2*F, 2)

@@ -253,6 +253,17 @@ func TestMoERunLowersTheLoss(t *testing.T) {
 	}
 	first, last := got[1].LossOr(0), got[30].LossOr(0)
 	t.Logf("loss %.3f at step 1, %.3f at step 30", first, last)
+	// Every line reports the load-balancing loss beside the loss, and each
+	// expert's share of the routing.
+	for step, m := range got {
+		var sum float64
+		for _, s := range m.ExpertShare {
+			sum += s
+		}
+		if m.AuxLoss == nil || len(m.ExpertShare) != 4 || math.Abs(sum-1) > 1e-9 {
+			t.Fatalf("step %d: aux_loss %v, expert_share %v; want both, the shares of 4 experts summing to 1", step, m.AuxLoss, m.ExpertShare)
+		}
+	}
 	if !(last < first/2) {
 		t.Errorf("loss %v -> %v over 30 steps: not learning", first, last)
 	}

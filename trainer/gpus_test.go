@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/kiln-lm/kiln/kernels"
@@ -68,5 +70,96 @@ func TestRunOnEveryGPUResumesOnOne(t *testing.T) {
 			}
 			t.Logf("step %d: one GPU %.9g, %s %.9g", step, w, name, g.LossOr(math.NaN()))
 		}
+	}
+}
+
+// 200 steps of a mixture of experts on the GPU (bf16, the production
+// path): the loss falls, every logged line carries the load-balancing loss
+// and each expert's share of the routing, and no expert starves.
+func TestMoERunOnTheGPU(t *testing.T) {
+	kernels.Configure(kernels.Options{})
+	d := &sliceData{ids: make([]int32, 200000), eval: make([]int32, 4000)}
+	for i := range d.ids {
+		d.ids[i] = int32(i * 7 % 61)
+	}
+	copy(d.eval, d.ids)
+	const total = 200
+	rc := testRun(total)
+	rc.Engine, rc.Precision, rc.Batch, rc.Seq = "cuda", "bf16", 8, 128
+	rc.LR, rc.Warmup, rc.EvalEvery, rc.LogEvery = 3e-3, 20, 0, 10
+	rc.MoE = &MoEConfig{Experts: 4, TopK: 2, DFF: 64}
+	// KILN_MOE_OUT keeps the run (for transformers to read its last
+	// checkpoint against kiln's fp32 logits, left there as
+	// kiln_logits.safetensors: docs/benchmarks/hf_moe_check.py).
+	out := os.Getenv("KILN_MOE_OUT")
+	if out == "" {
+		out = t.TempDir()
+	}
+	res, got, err := runCollect(t, context.Background(), Config{Run: rc, Out: out, Data: d}, Hooks{})
+	var u interface{ Unavailable() bool }
+	if errors.As(err, &u) && u.Unavailable() {
+		t.Skipf("no CUDA GPU here, skipping: %v", err)
+	}
+	if err != nil || !res.Done || len(got) != total/10 {
+		t.Fatalf("run: %+v, %d lines, %v", res, len(got), err)
+	}
+	first, last := got[10].LossOr(0), got[total].LossOr(0)
+	t.Logf("loss %.4f at step 10, %.4f at step %d", first, last, total)
+	if !(last < first/2) {
+		t.Errorf("loss %v -> %v over %d steps: not learning", first, last, total)
+	}
+	for step := 10; step <= total; step += 10 {
+		m := got[step]
+		var sum, least float64 = 0, 1
+		for _, s := range m.ExpertShare {
+			sum += s
+			least = math.Min(least, s)
+		}
+		if m.AuxLoss == nil || len(m.ExpertShare) != 4 || math.Abs(sum-1) > 1e-6 {
+			t.Fatalf("step %d: aux_loss %v, expert_share %v; want both, the shares of 4 experts summing to 1", step, m.AuxLoss, m.ExpertShare)
+		}
+		// A uniform router gives each 1/4; a starving expert gets few.
+		if least < 1.0/16 {
+			t.Errorf("step %d: an expert starves: shares %.3f", step, m.ExpertShare)
+		}
+		if step%50 == 0 {
+			t.Logf("step %d: loss %.4f, aux %.4f, shares %.3f", step, m.LossOr(0), *m.AuxLoss, m.ExpertShare)
+		}
+	}
+	if os.Getenv("KILN_MOE_OUT") != "" {
+		writeFP32Logits(t, res.Checkpoint, out, d.ids[:rc.Seq])
+	}
+}
+
+// writeFP32Logits computes the fp32 logits of checkpoint ck on one
+// sequence on the CUDA engine and writes them, with the ids, to
+// out/kiln_logits.safetensors.
+func writeFP32Logits(t *testing.T, ck, out string, ids []int32) {
+	mc, err := model.ReadConfig(filepath.Join(ck, ConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := ReadCheckpoint(ck, &mc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := model.NewEngine("cuda", mc, model.Options{Precision: "fp32", MaxBatch: 1, MaxSeq: len(ids)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.SetParams(snap.Params); err != nil {
+		t.Fatal(err)
+	}
+	logits, err := e.Logits(model.Batch{B: 1, T: len(ids), Inputs: ids})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &model.SafetensorsFile{Metadata: map[string]string{"format": "pt", "checkpoint": ck}, Tensors: []model.Tensor{
+		model.I32Tensor("input_ids", []int{1, len(ids)}, ids),
+		model.F32Tensor("logits", []int{1, len(ids), mc.VocabSize}, logits),
+	}}
+	if err := model.WriteSafetensors(filepath.Join(out, "kiln_logits.safetensors"), f); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -26,10 +26,14 @@ type Metrics struct {
 	PPL  *float64 `json:"ppl,omitempty"`
 	// AuxLoss is a mixture of experts' load-balancing loss (before its
 	// coefficient); absent for a dense model.
-	AuxLoss   *float64 `json:"aux_loss,omitempty"`
-	LR        float64  `json:"lr,omitempty"`
-	GradNorm  float64  `json:"grad_norm,omitempty"`
-	TokPerSec float64  `json:"tok_per_s,omitempty"`
+	AuxLoss *float64 `json:"aux_loss,omitempty"`
+	// ExpertShare is a mixture of experts' share of the step's (token,
+	// choice) pairs per expert, over every layer (it sums to 1): an expert
+	// near 0 is starving.
+	ExpertShare []float64 `json:"expert_share,omitempty"`
+	LR          float64   `json:"lr,omitempty"`
+	GradNorm    float64   `json:"grad_norm,omitempty"`
+	TokPerSec   float64   `json:"tok_per_s,omitempty"`
 	// MFU is the model FLOP utilisation, absent where the device's peak is
 	// unknown (the CPU).
 	MFU *float64 `json:"mfu,omitempty"`

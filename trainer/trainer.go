@@ -394,7 +394,7 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 		PeakMemory: l.eng.Memory().PeakAllocated, ElapsedS: now.Sub(l.began).Seconds()}
 	if l.mc.MoE() {
 		aux := m.AuxLoss
-		line.AuxLoss = &aux
+		line.AuxLoss, line.ExpertShare = &aux, m.ExpertShare
 	}
 	if l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 && l.rc.EvalBatches > 0 {
 		ev, err := l.evaluate(ctx)

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"math/bits"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"unicode"
@@ -169,9 +168,11 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 			st := t.getState()
 			defer t.putState(st)
 			// Each document is encoded into one buffer that grows once,
-			// then copied out at its size: one allocation a document,
-			// not the doublings of a slice grown id by id.
-			var buf []uint32
+			// then copied out into a block of ids the worker's documents
+			// share: an allocation per megabyte of ids, not per document,
+			// so that the collector, which held back all cores when every
+			// document was an object, has almost nothing to do.
+			var buf, block []uint32
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= len(docs) {
@@ -179,13 +180,24 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 				}
 				s := docs[i]
 				buf = st.encode(buf[:0], unsafe.Slice(unsafe.StringData(s), len(s)))
-				out[i] = slices.Clone(buf)
+				if cap(block)-len(block) < len(buf) {
+					block = make([]uint32, 0, max(batchBlock, len(buf)))
+				}
+				n := len(block)
+				block = append(block, buf...)
+				// Capped at its length: an append to one document
+				// reallocates rather than overwrite the next.
+				out[i] = block[n:len(block):len(block)]
 			}
 		}()
 	}
 	wg.Wait()
 	return out
 }
+
+// batchBlock is the size in ids of the blocks EncodeBatch copies
+// documents' ids into (4 MiB).
+const batchBlock = 1 << 20
 
 // Decode returns the text of ids. Its bytes are exactly those encoded: for
 // valid UTF-8 input that is HF's decode, and for invalid input it is the

@@ -20,7 +20,11 @@ import (
 // empty ones, and those two values parsed. ok is false when the file is not
 // in the plain form.
 func fastModel(data []byte) (rest []byte, vocab map[string]uint32, merges [][2]string, ok bool) {
-	s := &jsonScan{b: data}
+	// One copy of the file as a string: the keys and tokens below are
+	// pieces of it, not an allocation each (90,000 of them for 30,000
+	// tokens).
+	text := string(data)
+	s := &jsonScan{b: data, s: text}
 	var vocabAt, mergesAt [2]int
 	modelSeen := false
 	ok = s.object(func(key string) bool {
@@ -59,10 +63,10 @@ func fastModel(data []byte) (rest []byte, vocab map[string]uint32, merges [][2]s
 	if !ok || s.i != len(data) || vocabAt[1] == 0 || mergesAt[1] == 0 {
 		return nil, nil, nil, false
 	}
-	if vocab, ok = parseVocab(data[vocabAt[0]:vocabAt[1]]); !ok {
+	if vocab, ok = parseVocab(&jsonScan{b: data[:vocabAt[1]], s: text[:vocabAt[1]], i: vocabAt[0]}); !ok {
 		return nil, nil, nil, false
 	}
-	if merges, ok = parseMerges(data[mergesAt[0]:mergesAt[1]]); !ok {
+	if merges, ok = parseMerges(&jsonScan{b: data[:mergesAt[1]], s: text[:mergesAt[1]], i: mergesAt[0]}); !ok {
 		return nil, nil, nil, false
 	}
 	first, second := vocabAt, mergesAt
@@ -80,9 +84,9 @@ func fastModel(data []byte) (rest []byte, vocab map[string]uint32, merges [][2]s
 	return rest, vocab, merges, true
 }
 
-func parseVocab(b []byte) (map[string]uint32, bool) {
-	s := &jsonScan{b: b}
-	vocab := make(map[string]uint32, bytes.Count(b, []byte(`":`))+1)
+// parseVocab reads the object from s.i to the end of s.b.
+func parseVocab(s *jsonScan) (map[string]uint32, bool) {
+	vocab := make(map[string]uint32, bytes.Count(s.b[s.i:], []byte(`":`))+1)
 	ok := s.object(func(key string) bool {
 		if _, dup := vocab[key]; dup {
 			return false // encoding/json keeps the last; leave it to it
@@ -93,12 +97,12 @@ func parseVocab(b []byte) (map[string]uint32, bool) {
 		return ok
 	})
 	s.space()
-	return vocab, ok && s.i == len(b)
+	return vocab, ok && s.i == len(s.b)
 }
 
-func parseMerges(b []byte) ([][2]string, bool) {
-	s := &jsonScan{b: b}
-	merges := make([][2]string, 0, bytes.Count(b, []byte{','})/2+1)
+// parseMerges reads the array from s.i to the end of s.b.
+func parseMerges(s *jsonScan) ([][2]string, bool) {
+	merges := make([][2]string, 0, bytes.Count(s.b[s.i:], []byte{','})/2+1)
 	ok := s.array(func() bool {
 		s.space()
 		if s.i < len(s.b) && s.b[s.i] == '[' {
@@ -127,12 +131,14 @@ func parseMerges(b []byte) ([][2]string, bool) {
 		return true
 	})
 	s.space()
-	return merges, ok && s.i == len(b)
+	return merges, ok && s.i == len(s.b)
 }
 
-// jsonScan walks JSON text without building values.
+// jsonScan walks JSON text without building values. s holds the same
+// bytes as b, or is empty, for strings to be cut from without a copy.
 type jsonScan struct {
 	b []byte
+	s string
 	i int
 }
 
@@ -224,6 +230,9 @@ func (s *jsonScan) str() (string, bool) {
 			}
 			if !utf8.Valid(raw) {
 				return "", false
+			}
+			if len(s.s) == len(s.b) {
+				return s.s[start:j], true
 			}
 			return string(raw), true
 		case c == '\\':

@@ -35,6 +35,12 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
 			if in == "" || out == "" {
 				return badInput("tokenize needs --in and --out; see 'sched tokenize --help'")
 			}
+			// The live heap of this command is the tokenizer (tens of
+			// megabytes of small objects) and a few reused buffers per
+			// core: the default GC target collected and rescanned the
+			// tokenizer several times, while it loaded and after, for
+			// garbage that is not there.
+			defer debug.SetGCPercent(debug.SetGCPercent(400))
 			tk, label, err := loadTokenizerFor(cmd, tokFile)
 			if err != nil {
 				return err
@@ -142,11 +148,6 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 		defer bar.Finish()
 		r = io.TeeReader(src, bar)
 	}
-	// The live heap of this process is the tokenizer (tens of megabytes of
-	// small objects) and a few buffers per core that are reused: the
-	// default GC target collected and rescanned the tokenizer several times
-	// for garbage that is not there.
-	defer debug.SetGCPercent(debug.SetGCPercent(400))
 	// Write beside the destination and rename, so that a failed run never
 	// leaves a truncated id file under the final name.
 	dst, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")

@@ -53,12 +53,12 @@ func classAt(b []byte, i int) (class, int) {
 	if c := b[i]; c < utf8.RuneSelf {
 		return asciiClass[c], 1
 	}
-	return runeClass(b[i:])
+	return runeClass(b, i)
 }
 
-// runeClass is classAt for a character that is not ASCII, at b[0].
-func runeClass(b []byte) (class, int) {
-	r, w := utf8.DecodeRune(b)
+// runeClass is classAt for a character that is not ASCII.
+func runeClass(b []byte, i int) (class, int) {
+	r, w := utf8.DecodeRune(b[i:])
 	if r == utf8.RuneError && w <= 1 {
 		return clsOther, 1
 	}
@@ -96,7 +96,10 @@ func scanClass(b []byte, i int, cl class) int {
 			i++
 			continue
 		}
-		c, w := classAt(b, i)
+		c, w := asciiClass[b[i]], 1 // classAt, inlined by hand for ASCII
+		if b[i] >= utf8.RuneSelf {
+			c, w = runeClass(b, i)
+		}
 		if c != cl {
 			return i
 		}
@@ -142,7 +145,10 @@ func classLanes(x uint64, cl class) uint64 {
 func spaceRun(b []byte, i int) int {
 	j, last := i, i
 	for j < len(b) {
-		c, w := classAt(b, j)
+		c, w := asciiClass[b[j]], 1 // classAt, inlined by hand for ASCII
+		if b[j] >= utf8.RuneSelf {
+			c, w = runeClass(b, j)
+		}
 		if c != clsSpace {
 			break
 		}
@@ -178,7 +184,7 @@ func splitGPT2(b []byte, i int, ends []int) []int {
 		}
 		c, w := asciiClass[b[i]], 1 // classAt, inlined by hand for ASCII
 		if b[i] >= utf8.RuneSelf {
-			c, w = runeClass(b[i:])
+			c, w = runeClass(b, i)
 		}
 		start := i
 		if b[i] == ' ' && i+1 < len(b) {
@@ -247,7 +253,7 @@ func gpt4Splitter(maxDigits int) splitter {
 			}
 			c, w := asciiClass[b[i]], 1 // classAt, inlined by hand for ASCII
 			if b[i] >= utf8.RuneSelf {
-				c, w = runeClass(b[i:])
+				c, w = runeClass(b, i)
 			}
 			switch c {
 			case clsLetter:
@@ -257,7 +263,10 @@ func gpt4Splitter(maxDigits int) splitter {
 			case clsNumber:
 				j := i + w
 				for k := 1; k < maxDigits && j < len(b); k++ {
-					c2, w2 := classAt(b, j)
+					c2, w2 := asciiClass[b[j]], 1 // classAt, inlined by hand for ASCII
+					if b[j] >= utf8.RuneSelf {
+						c2, w2 = runeClass(b, j)
+					}
 					if c2 != clsNumber {
 						break
 					}
@@ -269,8 +278,23 @@ func gpt4Splitter(maxDigits int) splitter {
 			}
 			// [^\r\n\p{L}\p{N}]?\p{L}+ with a one-character prefix.
 			if b[i] != '\r' && b[i] != '\n' && i+w < len(b) {
-				if c2, w2 := classAt(b, i+w); c2 == clsLetter {
+				c2, w2 := asciiClass[b[i+w]], 1 // classAt, inlined by hand for ASCII
+				if b[i+w] >= utf8.RuneSelf {
+					c2, w2 = runeClass(b, i+w)
+				}
+				if c2 == clsLetter {
 					i = scanClass(b, i+w+w2, clsLetter)
+					ends = append(ends, i)
+					continue
+				}
+				// A space, then what is not a letter: c2 is the class of
+				// the character after it, for the punctuation rule below.
+				if b[i] == ' ' && c2 == clsOther {
+					j := scanClass(b, i+1, clsOther)
+					for j < len(b) && (b[j] == '\r' || b[j] == '\n') {
+						j++
+					}
+					i = j
 					ends = append(ends, i)
 					continue
 				}
@@ -295,7 +319,10 @@ func gpt4Splitter(maxDigits int) splitter {
 			// c is whitespace. `\s*[\r\n]+`: the run up to its last line break.
 			j, nl := i, -1
 			for j < len(b) {
-				c2, w2 := classAt(b, j)
+				c2, w2 := asciiClass[b[j]], 1 // classAt, inlined by hand for ASCII
+				if b[j] >= utf8.RuneSelf {
+					c2, w2 = runeClass(b, j)
+				}
 				if c2 != clsSpace {
 					break
 				}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -267,8 +269,8 @@ func MarshalConfig(c Config) ([]byte, error) {
 			"num_experts_per_tok":  c.ExpertsPerTok,
 			"num_local_experts":    c.Experts,
 			"output_router_logits": c.RouterAuxCoef > 0,
-			"router_aux_loss_coef": c.RouterAuxCoef,
-			"router_jitter_noise":  0.0,
+			"router_aux_loss_coef": pyFloat(c.RouterAuxCoef),
+			"router_jitter_noise":  pyFloat(0),
 			"sliding_window":       nil,
 		} {
 			m[k] = v
@@ -294,27 +296,60 @@ func MarshalConfig(c Config) ([]byte, error) {
 // transformers trains a kiln checkpoint as kiln did.
 func sharedConfigMap(c Config) map[string]any {
 	return map[string]any{
-		"attention_dropout":       0.0,
+		"attention_dropout":       pyFloat(0),
 		"bos_token_id":            c.BOSTokenID,
 		"dtype":                   "float32",
 		"eos_token_id":            c.EOSTokenID,
 		"head_dim":                c.HeadDim,
 		"hidden_act":              "silu",
 		"hidden_size":             c.Hidden,
-		"initializer_range":       c.InitializerRange,
+		"initializer_range":       pyFloat(c.InitializerRange),
 		"intermediate_size":       c.Intermediate,
 		"max_position_embeddings": c.MaxPositions,
 		"num_attention_heads":     c.Heads,
 		"num_hidden_layers":       c.Layers,
 		"num_key_value_heads":     c.KVHeads,
 		"pad_token_id":            nil,
-		"rms_norm_eps":            c.RMSNormEps,
-		"rope_parameters":         map[string]any{"rope_theta": c.RopeTheta, "rope_type": "default"},
-		"rope_theta":              c.RopeTheta,
+		"rms_norm_eps":            pyFloat(c.RMSNormEps),
+		"rope_parameters":         map[string]any{"rope_theta": pyFloat(c.RopeTheta), "rope_type": "default"},
+		"rope_theta":              pyFloat(c.RopeTheta),
 		"tie_word_embeddings":     c.TieEmbeddings,
 		"use_cache":               true,
 		"vocab_size":              c.VocabSize,
 	}
+}
+
+// pyFloat is a float field of a transformers config, written as Python's
+// json writes a float: with a decimal point even when integral (0.0,
+// 10000.0). transformers 5 checks a config's fields by type, and refuses a
+// float field written as an integer (router_jitter_noise: 0).
+type pyFloat float64
+
+func (f pyFloat) MarshalJSON() ([]byte, error) {
+	v := float64(f)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil, fmt.Errorf("config value %v is not a JSON number", v)
+	}
+	// Python's repr: the shortest digits, in exponent form below 1e-4 and
+	// from 1e16 (1e-05, 1e+16), else positional with at least one decimal.
+	e := strconv.FormatFloat(v, 'e', -1, 64)
+	mant, exp, _ := strings.Cut(e, "e")
+	x, err := strconv.Atoi(exp)
+	if err != nil {
+		return nil, err
+	}
+	if v != 0 && (x < -4 || x >= 16) {
+		sign := "+"
+		if x < 0 {
+			sign, x = "-", -x
+		}
+		return fmt.Appendf(nil, "%se%s%02d", mant, sign, x), nil
+	}
+	b := strconv.AppendFloat(nil, v, 'f', -1, 64)
+	if !bytes.ContainsRune(b, '.') {
+		b = append(b, ".0"...)
+	}
+	return b, nil
 }
 
 func encodeConfig(m map[string]any) ([]byte, error) {

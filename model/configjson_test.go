@@ -1,6 +1,8 @@
 package model
 
 import (
+	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -98,6 +100,37 @@ func TestMixtralConfig(t *testing.T) {
 	if got, err := ParseConfig(b); err != nil || got != c {
 		t.Errorf("round trip: %+v, %v; want %+v", got, err, c)
 	}
+	// Every value the golden's file holds is written as transformers
+	// writes it, floats with their decimal point: transformers 5 refuses
+	// router_jitter_noise: 0 (an int) in a float field.
+	var golden, ours map[string]json.RawMessage
+	gb, err := os.ReadFile(filepath.Join("testdata", "golden", "moe", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(gb, &golden); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &ours); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range golden {
+		switch k {
+		case "transformers_version", "head_dim": // not written; head_dim is written as the number it defaults to
+			continue
+		case "rope_parameters":
+			var g, o map[string]json.RawMessage
+			json.Unmarshal(v, &g)
+			json.Unmarshal(ours[k], &o)
+			if string(g["rope_theta"]) != string(o["rope_theta"]) {
+				t.Errorf("rope_parameters.rope_theta: written %s, transformers writes %s", o["rope_theta"], g["rope_theta"])
+			}
+			continue
+		}
+		if got := strings.Join(strings.Fields(string(ours[k])), ""); got != strings.Join(strings.Fields(string(v)), "") {
+			t.Errorf("%s: written %s, transformers writes %s", k, ours[k], v)
+		}
+	}
 	// A dense config says nothing of experts.
 	dense, _ := MarshalConfig(Presets["small"])
 	for _, key := range []string{"experts", "router", "mixtral"} {
@@ -137,5 +170,17 @@ func TestMixtralConfigRejects(t *testing.T) {
 	bad.ExpertsPerTok = 2
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "num_local_experts") {
 		t.Errorf("top-k without experts: %v", err)
+	}
+}
+
+// Float fields are written as Python writes them, which transformers'
+// typed configs read back as floats.
+func TestConfigFloatsAsPythonWritesThem(t *testing.T) {
+	for v, want := range map[float64]string{0: "0.0", 1e4: "10000.0", 1e6: "1000000.0", 1e-5: "1e-05", 1e-6: "1e-06",
+		0.02: "0.02", 1e-4: "0.0001", 1e16: "1e+16", 2.5e-7: "2.5e-07", 123.25: "123.25"} {
+		b, err := pyFloat(v).MarshalJSON()
+		if err != nil || string(b) != want {
+			t.Errorf("%v: %s, %v; want %s", v, b, err, want)
+		}
 	}
 }

@@ -295,7 +295,7 @@ func (st *encoderState) pretokenize(dst []uint32, piece []byte, k int) []uint32 
 	}
 	last := k+1 == len(t.stages)
 	if last {
-		return st.words8(dst, piece, s.split, k)
+		return st.splitWords(dst, piece, s.split, k)
 	}
 	for start := 0; start < len(piece); {
 		ends := s.split(piece, start, st.ends[k][:0])
@@ -312,10 +312,10 @@ func (st *encoderState) pretokenize(dst []uint32, piece []byte, k int) []uint32 
 	return dst
 }
 
-// words8 encodes the words split cuts piece into. A word of up to 8 bytes
+// splitWords encodes the words split cuts piece into. A word of up to 15 bytes
 // that the hot table holds, most words of any text, is looked up and
 // emitted here without a call; word does the rest.
-func (st *encoderState) words8(dst []uint32, piece []byte, split splitter, k int) []uint32 {
+func (st *encoderState) splitWords(dst []uint32, piece []byte, split splitter, k int) []uint32 {
 	hot := st.words.hot
 	for start := 0; start < len(piece); {
 		ends := split(piece, start, st.ends[k][:0])
@@ -323,10 +323,14 @@ func (st *encoderState) words8(dst []uint32, piece []byte, split splitter, k int
 		for _, e := range ends {
 			w := piece[start:e]
 			start = e
-			if n := len(w); n <= 8 && cap(w) >= 8 {
-				// The key word computes: the bytes and, in k1, the length.
-				k0 := binary.LittleEndian.Uint64(w[:8:8]) & (1<<(8*n) - 1)
-				k1 := uint64(n) << 56
+			if n := len(w); n <= maxPacked && cap(w) >= 16 {
+				// The key word computes (packWord).
+				w16 := w[:16:16]
+				k0 := binary.LittleEndian.Uint64(w16)
+				k1 := binary.LittleEndian.Uint64(w16[8:])
+				n0 := min(n, 8)
+				k0 &= 1<<(8*n0) - 1
+				k1 = k1&(1<<(8*(n-n0))-1) | uint64(n)<<56
 				h := &hot[((k0*0x9E3779B97F4A7C15^k1)*0xBF58476D1CE4E5B9)>>(64-hotBits)]
 				if h.k0 == k0 && h.k1 == k1 {
 					if lo, hi := uint32(h.v), uint32(h.v>>32); lo&inArena == 0 {

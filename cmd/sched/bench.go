@@ -42,12 +42,10 @@ type benchResult struct {
 	// ActiveParamsM is what one token's pass uses: with --moe, the
 	// routers and top_k of the experts (trainer.ActiveParams).
 	ActiveParamsM float64 `json:"active_params_m"`
-	// MoE is the --moe setting measured, absent for a dense model.
-	MoE     string  `json:"moe,omitempty"`
-	Steps   int     `json:"steps"`
-	Seconds float64 `json:"seconds"`
-	PeakGiB float64 `json:"peak_gib"`
-	Loss    float64 `json:"loss"`
+	Steps         int     `json:"steps"`
+	Seconds       float64 `json:"seconds"`
+	PeakGiB       float64 `json:"peak_gib"`
+	Loss          float64 `json:"loss"`
 	// ProcessMemory is what this process holds on the device (nvidia-smi's
 	// per-process figure when it answers, else the engine's own count).
 	ProcessMemory int64 `json:"process_memory_bytes"`
@@ -182,7 +180,7 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		return err
 	}
 	r := benchResult{BenchRow: results.Row(f.model, c, f.batch, f.seq, res), Engine: res.Engine, Precision: res.Precision, Arch: res.Arch, ParamsM: float64(c.NumParams()) / 1e6,
-		ActiveParamsM: float64(trainer.ActiveParams(c)) / 1e6, MoE: f.moe, Steps: f.steps,
+		ActiveParamsM: float64(trainer.ActiveParams(c)) / 1e6, Steps: f.steps,
 		Seconds: res.Seconds, PeakGiB: float64(res.PeakAllocated) / (1 << 30), Loss: res.Loss,
 		ProcessMemory: res.ProcessMemory, ProcessMemorySource: res.ProcessMemorySource, MemoryInUseBefore: res.MemoryInUseBefore,
 		OtherProcesses: res.OtherProcesses, KernelMSPerStep: res.KernelMSPerStep}

@@ -32,6 +32,19 @@ type BenchRow struct {
 	// GPUs is how many GPUs trained together (0 in rows written before
 	// there were several: one); TokPerSec is all of theirs.
 	GPUs int `json:"gpus,omitempty"`
+	// MoE is a mixture of experts' shape, as MoEShape writes it; empty for
+	// a dense model.
+	MoE string `json:"moe,omitempty"`
+}
+
+// MoEShape names what a model's experts cost in speed: their number,
+// how many a token takes and their width (the load-balancing
+// coefficient costs nothing). Empty for a dense model.
+func MoEShape(c model.Config) string {
+	if !c.MoE() {
+		return ""
+	}
+	return fmt.Sprintf("experts=%d,top_k=%d,d_ff=%d", c.Experts, c.ExpertsPerTok, c.Intermediate)
 }
 
 // Devices is the number of GPUs the row measured, one when unrecorded.
@@ -42,14 +55,22 @@ func (r BenchRow) Devices() int { return max(r.GPUs, 1) }
 // is not one.
 func Row(name string, c model.Config, batch, seq int, r trainer.BenchResult) BenchRow {
 	return BenchRow{Model: name, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: batch, Seq: seq,
-		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, MFU: r.MFU, GPUIdle: r.GPUIdle(), Device: r.Device, GPUs: r.GPUs}
+		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, MFU: r.MFU, GPUIdle: r.GPUIdle(), Device: r.Device, GPUs: r.GPUs,
+		MoE: MoEShape(c)}
 }
 
-// Same reports whether r measured the given shape on gpus GPUs (0: any
+// Same reports whether r measured o's shape: the model (with its
+// experts), the batch and the sequence, on as many GPUs (0 in o: any
 // number, for a run on all of a host's GPUs, counted only as it trains).
-func (r BenchRow) Same(vocab, dModel, layers, batch, seq, gpus int) bool {
-	return r.Vocab == vocab && r.DModel == dModel && r.Layers == layers && r.Batch == batch && r.Seq == seq &&
-		(gpus == 0 || r.Devices() == gpus)
+func (r BenchRow) Same(o BenchRow) bool {
+	return r.Vocab == o.Vocab && r.DModel == o.DModel && r.Layers == o.Layers && r.Batch == o.Batch && r.Seq == o.Seq &&
+		r.MoE == o.MoE && (o.GPUs == 0 || r.Devices() == o.Devices())
+}
+
+// Shape is the row key of model c at batch x seq on gpus GPUs, for Same
+// and FindBench.
+func Shape(c model.Config, batch, seq, gpus int) BenchRow {
+	return BenchRow{Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: batch, Seq: seq, GPUs: gpus, MoE: MoEShape(c)}
 }
 
 // ReadBench reads bench rows stored one JSON object per line
@@ -70,7 +91,9 @@ func ReadBench(r io.Reader) ([]BenchRow, error) {
 		}
 		replaced := false
 		for i := range rows {
-			if rows[i].Same(row.Vocab, row.DModel, row.Layers, row.Batch, row.Seq, row.Devices()) {
+			key := row
+			key.GPUs = row.Devices()
+			if rows[i].Same(key) {
 				rows[i], replaced = row, true
 			}
 		}
@@ -84,11 +107,10 @@ func ReadBench(r io.Reader) ([]BenchRow, error) {
 	return rows, nil
 }
 
-// FindBench returns the tok/s measured for a shape on gpus GPUs (0: any),
-// or 0.
-func FindBench(rows []BenchRow, vocab, dModel, layers, batch, seq, gpus int) float64 {
+// FindBench returns the tok/s measured for shape (a Shape key), or 0.
+func FindBench(rows []BenchRow, shape BenchRow) float64 {
 	for _, r := range rows {
-		if r.Same(vocab, dModel, layers, batch, seq, gpus) && r.Error == "" {
+		if r.Same(shape) && r.Error == "" {
 			return r.TokPerSec
 		}
 	}
@@ -117,9 +139,13 @@ func BenchTable(rows []BenchRow) string {
 		if r.GPUIdle {
 			idle = "yes"
 		}
-		out = append(out, []string{name, fmt.Sprint(r.Vocab), fmt.Sprint(r.DModel), fmt.Sprint(r.Layers),
+		experts := "-"
+		if r.MoE != "" {
+			experts = r.MoE
+		}
+		out = append(out, []string{name, fmt.Sprint(r.Vocab), fmt.Sprint(r.DModel), fmt.Sprint(r.Layers), experts,
 			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.Devices()), tps, mem, mfu, idle})
 	}
-	table(&b, []string{"model", "vocab", "d_model", "layers", "batch", "seq", "GPUs", "tok/s", "peak memory", "MFU", "GPU idle"}, out)
+	table(&b, []string{"model", "vocab", "d_model", "layers", "experts", "batch", "seq", "GPUs", "tok/s", "peak memory", "MFU", "GPU idle"}, out)
 	return b.String()
 }

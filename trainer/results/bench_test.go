@@ -11,6 +11,7 @@ func TestReadBenchReplacesSameShape(t *testing.T) {
 {"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":43704,"peak_memory_bytes":2147483648,"mfu":0.33,"gpu_idle":true}
 {"vocab":16384,"d_model":768,"layers":12,"batch":16,"seq":512,"error":"out of memory"}
 {"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":85000,"gpu_idle":true,"gpus":2}
+{"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":30000,"gpu_idle":true,"moe":"experts=8,top_k=2,d_ff=352"}
 `
 	rows, err := ReadBench(strings.NewReader(in))
 	if err != nil {
@@ -18,23 +19,27 @@ func TestReadBenchReplacesSameShape(t *testing.T) {
 	}
 	// The same shape on two GPUs is a row of its own: a run on two GPUs
 	// is held to it, a run on one to the one-GPU row.
-	if len(rows) != 4 {
-		t.Fatalf("got %d rows, want 4", len(rows))
+	if len(rows) != 5 {
+		t.Fatalf("got %d rows, want 5", len(rows))
 	}
-	if got := FindBench(rows, 16384, 512, 8, 16, 512, 1); got != 43704 {
+	// With experts it is another model: the dense row is not its figure.
+	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1, MoE: "experts=8,top_k=2,d_ff=352"}); got != 30000 {
+		t.Errorf("the shape with experts: %v, want 30000", got)
+	}
+	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1}); got != 43704 {
 		t.Errorf("re-measured shape: %v, want the later 43704", got)
 	}
-	if got := FindBench(rows, 16384, 512, 8, 16, 512, 2); got != 85000 {
+	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 2}); got != 85000 {
 		t.Errorf("the shape on 2 GPUs: %v, want 85000", got)
 	}
-	if got := FindBench(rows, 16384, 512, 8, 16, 512, 4); got != 0 {
+	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 4}); got != 0 {
 		t.Errorf("the shape on 4 GPUs was never measured, got %v", got)
 	}
-	if got := FindBench(rows, 16384, 768, 12, 16, 512, 1); got != 0 {
+	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 768, Layers: 12, Batch: 16, Seq: 512, GPUs: 1}); got != 0 {
 		t.Errorf("failed shape must have no figure, got %v", got)
 	}
 	tab := BenchTable(rows)
-	for _, want := range []string{"| model ", "| GPU idle |", "| GPUs |", "| 2 ", "43704", "8.00 GiB", "35.0%", "| small ", "error: out of memory", "| yes "} {
+	for _, want := range []string{"| model ", "| GPU idle |", "| GPUs |", "| experts ", "experts=8,top_k=2,d_ff=352", "| 2 ", "43704", "8.00 GiB", "35.0%", "| small ", "error: out of memory", "| yes "} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("bench table lacks %q:\n%s", want, tab)
 		}

@@ -7,6 +7,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/trainer"
 )
 
 //go:embed bench.yaml
@@ -22,6 +23,9 @@ type Shape struct {
 	Layers int    `yaml:"layers,omitempty" json:"layers,omitempty"`
 	Batch  int    `yaml:"batch" json:"batch"`
 	Seq    int    `yaml:"seq" json:"seq"`
+	// MoE puts Mixtral's experts in every layer, as `sched train --moe`
+	// takes them (experts=N[,top_k=K,d_ff=F]).
+	MoE string `yaml:"moe,omitempty" json:"moe,omitempty"`
 }
 
 // Sweep returns the bench sweep's shapes in table order.
@@ -38,6 +42,33 @@ func Sweep() []Shape {
 // group of four, SwiGLU width 1408, the seed plan's d_ff) and changes only
 // what the shape names.
 func (s Shape) Config() (model.Config, error) {
+	c, err := s.dense()
+	if err != nil || s.MoE == "" {
+		return c, err
+	}
+	m, err := trainer.ParseMoE(s.MoE)
+	if err != nil {
+		return c, fmt.Errorf("bench shape %s: %w", s, err)
+	}
+	if m.TopK == 0 {
+		m.TopK = 2
+	}
+	if m.DFF == 0 {
+		m.DFF = c.Intermediate
+	}
+	c.Experts, c.ExpertsPerTok, c.Intermediate = m.Experts, m.TopK, m.DFF
+	c.RouterAuxCoef = trainer.DefaultAuxCoef
+	if m.AuxCoef != nil {
+		c.RouterAuxCoef = *m.AuxCoef
+	}
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("bench shape %s: %w", s, err)
+	}
+	return c, nil
+}
+
+// dense is the shape's model without experts.
+func (s Shape) dense() (model.Config, error) {
 	if s.Model != "" {
 		return model.Preset(s.Model)
 	}
@@ -55,8 +86,12 @@ func (s Shape) Config() (model.Config, error) {
 }
 
 func (s Shape) String() string {
-	if s.Model != "" {
-		return fmt.Sprintf("%s %dx%d", s.Model, s.Batch, s.Seq)
+	moe := ""
+	if s.MoE != "" {
+		moe = " moe " + s.MoE
 	}
-	return fmt.Sprintf("v%d d%d L%d %dx%d", s.Vocab, s.DModel, s.Layers, s.Batch, s.Seq)
+	if s.Model != "" {
+		return fmt.Sprintf("%s %dx%d%s", s.Model, s.Batch, s.Seq, moe)
+	}
+	return fmt.Sprintf("v%d d%d L%d %dx%d%s", s.Vocab, s.DModel, s.Layers, s.Batch, s.Seq, moe)
 }

@@ -2,13 +2,15 @@ package runs
 
 import "testing"
 
-func TestSweepIsTheSeedPlansDenseShapes(t *testing.T) {
+func TestSweepIsTheSeedPlansShapes(t *testing.T) {
 	s := Sweep()
-	if len(s) != 8 {
-		t.Fatalf("%d shapes, want 8", len(s))
+	if len(s) != 10 {
+		t.Fatalf("%d shapes, want 10", len(s))
 	}
+	const moe = " moe experts=8,top_k=2,d_ff=352"
 	want := []string{"v16384 d512 L8 16x512", "v16384 d512 L8 32x512", "v16384 d512 L8 16x1024",
-		"v16384 d512 L12 16x512", "v16384 d768 L12 16x512", "small 32x1024", "base 32x1024", "small 8x1024"}
+		"v16384 d512 L12 16x512", "v16384 d768 L12 16x512", "small 32x1024", "base 32x1024", "small 8x1024",
+		"v16384 d512 L8 16x512" + moe, "small 32x1024" + moe}
 	for i, sh := range s {
 		if sh.String() != want[i] {
 			t.Errorf("shape %d = %s, want %s", i, sh, want[i])
@@ -29,5 +31,13 @@ func TestSweepIsTheSeedPlansDenseShapes(t *testing.T) {
 	}
 	if _, err := (Shape{Vocab: 100, DModel: 100, Layers: 2, Batch: 1, Seq: 8}).Config(); err == nil {
 		t.Error("d_model 100 accepted")
+	}
+	// The seed plan's mixture of experts: 8 of 352, top 2, in small's layers.
+	m, err := s[8].Config()
+	if err != nil || m.Experts != 8 || m.ExpertsPerTok != 2 || m.Intermediate != 352 || m.Hidden != 512 || m.Layers != 8 {
+		t.Errorf("%s: %+v, %v", s[8], m, err)
+	}
+	if _, err := (Shape{Model: "small", Batch: 1, Seq: 8, MoE: "experts=1"}).Config(); err == nil {
+		t.Error("a mixture of one expert accepted")
 	}
 }

@@ -262,9 +262,9 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 		if rc.GPUs == 0 {
 			gpus = 1
 		}
-		bench = results.FindBench(p.Bench, mc.VocabSize, mc.Hidden, mc.Layers, rc.Batch*rc.Accumulate, rc.Seq, gpus)
+		bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch*rc.Accumulate, rc.Seq, gpus))
 		if bench == 0 {
-			bench = results.FindBench(p.Bench, mc.VocabSize, mc.Hidden, mc.Layers, rc.Batch, rc.Seq, gpus)
+			bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, gpus))
 		}
 	}
 	s.Gates = []results.Gate{results.SmoothGate(recs, rc.Warmup), results.FallingGate(recs)}

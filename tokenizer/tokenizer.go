@@ -68,6 +68,11 @@ type Tokenizer struct {
 	isSpec   map[uint32]bool
 	states   chan *encoderState
 	maxCache int
+	// lastSplit is the stage whose words go to BPE as they are: the last
+	// that splits, when the stages after it change nothing (GPT-4's Split
+	// is followed by a ByteLevel that does not split), so that its words
+	// skip a call per stage.
+	lastSplit int
 }
 
 func (t *Tokenizer) init() {
@@ -88,6 +93,13 @@ func (t *Tokenizer) init() {
 	t.rawSet, t.normSet = newAddedSet(raw), newAddedSet(normed)
 	t.states = make(chan *encoderState, runtime.GOMAXPROCS(0)*2)
 	t.maxCache = 1 << 17
+	t.lastSplit = len(t.stages) - 1
+	for k := len(t.stages) - 1; k >= 0; k-- {
+		if s := t.stages[k]; s.split != nil || s.prefixSpace {
+			t.lastSplit = k
+			break
+		}
+	}
 }
 
 // SHA256 is the hex SHA-256 of the tokenizer.json bytes, which token stores
@@ -293,7 +305,7 @@ func (st *encoderState) pretokenize(dst []uint32, piece []byte, k int) []uint32 
 	for len(st.ends) <= k {
 		st.ends = append(st.ends, nil)
 	}
-	last := k+1 == len(t.stages)
+	last := k == t.lastSplit
 	if last {
 		return st.splitWords(dst, piece, s.split, k)
 	}

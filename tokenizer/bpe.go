@@ -67,14 +67,21 @@ const longWord = 128
 // leftmost first among equal ranks, as HF's Word::merge_all does, and
 // returns the merged symbols.
 func (m *mergeTable) merge(syms []uint32) []uint32 {
+	var scratch [longWord]uint64
+	return m.mergeWith(syms, &scratch)
+}
+
+// mergeWith is merge with scratch space for the ranks of short words, which
+// an encoder keeps: zeroing a fresh array for every word it merged was a
+// tenth of the merging.
+func (m *mergeTable) mergeWith(syms []uint32, scratch *[longWord]uint64) []uint32 {
 	if len(syms) < 2 {
 		return syms
 	}
 	if len(syms) > longWord {
 		return m.mergeHeap(syms)
 	}
-	var buf [longWord]uint64
-	ranks := buf[:len(syms)-1] // ranks[i]: merge of (syms[i], syms[i+1])
+	ranks := scratch[:len(syms)-1] // ranks[i]: merge of (syms[i], syms[i+1])
 	for i := range ranks {
 		ranks[i] = m.get(syms[i], syms[i+1])
 	}

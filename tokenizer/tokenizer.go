@@ -262,6 +262,7 @@ type encoderState struct {
 	arena []uint32            // backing store for the ids of longer words
 	ends  [][]int             // per stage
 	syms  []uint32
+	ranks [longWord]uint64 // merge's scratch
 }
 
 // encode runs added-token matching, normalization, pre-tokenization and BPE.
@@ -451,7 +452,7 @@ func (st *encoderState) merge(dst []uint32, w []byte) []uint32 {
 		}
 		syms = append(syms, id)
 	}
-	syms = t.merges.merge(syms)
+	syms = t.merges.mergeWith(syms, &st.ranks)
 	dst = append(dst, syms...)
 	if cap(syms) <= 4*longWord {
 		st.syms = syms[:0]

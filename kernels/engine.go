@@ -29,9 +29,12 @@ type Engine struct {
 	dv   *cuda.Device
 	lt   *cuda.LtHandle
 	fns  map[string]*cuda.Function
-	mods []*cuda.Module
-	mem  *allocator
-	Arch string // what NVRTC built: "sm_90", or "compute_80" when forced
+	// kparams: each kernel's parameter kinds, which launch3 checks its
+	// arguments against.
+	kparams map[string][]paramKind
+	mods    []*cuda.Module
+	mem     *allocator
+	Arch    string // what NVRTC built: "sm_90", or "compute_80" when forced
 	// CacheHits is how many kernel files came from the on-disk cache.
 	CacheHits int
 
@@ -279,7 +282,7 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 		return err
 	}
 	e.Arch = Target(dv.Major, dv.Minor, e.opt.ForceSM80)
-	if e.fns, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch, e.kopt.kernelCache); err != nil {
+	if e.fns, e.kparams, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch, e.kopt.kernelCache); err != nil {
 		return err
 	}
 	if e.st, err = dv.NewStream(); err != nil {
@@ -692,6 +695,9 @@ func (e *Engine) launch3(name string, grid, block cuda.Dim3, args ...any) error 
 	f, ok := e.fns[name]
 	if !ok {
 		return fmt.Errorf("kernel %s is not loaded", name)
+	}
+	if err := checkArgs(name, e.kparams[name], args); err != nil {
+		return err
 	}
 	e.launches[name]++
 	return e.timed(name, func() error { return f.Launch(grid, block, 0, e.sh, args...) })

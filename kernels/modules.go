@@ -119,63 +119,164 @@ func compileCached(nv *cuda.NVRTC, dir, name, arch string) (img []byte, hit bool
 }
 
 // loadModules compiles (or reads from the cache) and loads every kernel file,
-// and returns the kernels by name.
-func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch, cacheDir string) (map[string]*cuda.Function, []*cuda.Module, int, error) {
+// and returns the kernels by name with their parameter lists, which every
+// launch is checked against (checkArgs).
+func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch, cacheDir string) (map[string]*cuda.Function, map[string][]paramKind, []*cuda.Module, int, error) {
 	names, err := kernelFiles()
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, 0, err
 	}
 	dir := CacheDir(cacheDir)
-	fns := map[string]*cuda.Function{}
+	fns, params := map[string]*cuda.Function{}, map[string][]paramKind{}
 	var mods []*cuda.Module
 	hits := 0
 	for _, name := range names {
+		src, _ := sources.ReadFile(name)
+		sigs, err := kernelSignatures(string(src))
+		if err != nil {
+			return nil, nil, nil, 0, fmt.Errorf("%s: %w", name, err)
+		}
 		img, hit, err := compileCached(nv, dir, name, arch)
 		if err != nil {
-			return nil, nil, 0, err
+			return nil, nil, nil, 0, err
 		}
 		if hit {
 			hits++
 		}
 		m, err := dv.LoadModule(img)
 		if err != nil {
-			return nil, nil, 0, fmt.Errorf("load %s (%s): %w", name, arch, err)
+			return nil, nil, nil, 0, fmt.Errorf("load %s (%s): %w", name, arch, err)
 		}
 		mods = append(mods, m)
-		src, _ := sources.ReadFile(name)
-		for _, k := range kernelNames(string(src)) {
-			f, err := m.Function(k)
+		for _, k := range sigs {
+			f, err := m.Function(k.name)
 			if err != nil {
-				return nil, nil, 0, err
+				return nil, nil, nil, 0, err
 			}
-			fns[k] = f
+			fns[k.name], params[k.name] = f, k.params
 		}
 	}
-	return fns, mods, hits, nil
+	return fns, params, mods, hits, nil
 }
 
-// kernelNames finds the extern "C" __global__ functions in a source file,
-// with or without a __launch_bounds__(...) before the name.
-func kernelNames(src string) []string {
-	var out []string
+// paramKind is how a kernel parameter is passed: what cuda.Function.Launch
+// writes for each Go type.
+type paramKind int
+
+const (
+	paramPtr paramKind = iota // any pointer: cuda.Ptr
+	paramI32                  // int, unsigned: int, int32, uint32
+	paramI64                  // long long, size_t: int64, uint64
+	paramF32                  // float: float32
+)
+
+func (k paramKind) String() string {
+	return [...]string{"a pointer (cuda.Ptr)", "a 32-bit integer (int, int32, uint32)", "a 64-bit integer (int64, uint64)", "a float (float32)"}[k]
+}
+
+// kindOf is the parameter kind a Go argument is passed as, or false for a
+// type Launch does not take.
+func kindOf(a any) (paramKind, bool) {
+	switch a.(type) {
+	case cuda.Ptr:
+		return paramPtr, true
+	case int, int32, uint32:
+		return paramI32, true
+	case int64, uint64:
+		return paramI64, true
+	case float32:
+		return paramF32, true
+	}
+	return 0, false
+}
+
+// checkArgs refuses a launch whose arguments do not match the kernel's
+// parameters in number and kind: a wrong one is not an error the driver
+// can see, it is a kernel reading garbage.
+func checkArgs(name string, want []paramKind, args []any) error {
+	if len(args) != len(want) {
+		return fmt.Errorf("launch %s: %d arguments for its %d parameters", name, len(args), len(want))
+	}
+	for i, a := range args {
+		k, ok := kindOf(a)
+		if !ok || k != want[i] {
+			return fmt.Errorf("launch %s: argument %d is %T, the kernel takes %s", name, i, a, want[i])
+		}
+	}
+	return nil
+}
+
+// kernelSig is one extern "C" __global__ function: its name and the kinds
+// of its parameters.
+type kernelSig struct {
+	name   string
+	params []paramKind
+}
+
+// kernelSignatures finds the extern "C" __global__ functions in a source
+// file, with or without a __launch_bounds__(...) before the name, and
+// reads their parameter lists; a parameter type it does not know is an
+// error, so that no kernel escapes the launch check.
+func kernelSignatures(src string) ([]kernelSig, error) {
+	var out []kernelSig
 	const marker, bounds = `extern "C" __global__ void `, "__launch_bounds__("
 	for {
 		i := strings.Index(src, marker)
 		if i < 0 {
-			return out
+			return out, nil
 		}
 		src = strings.TrimSpace(src[i+len(marker):])
 		if strings.HasPrefix(src, bounds) {
 			j := strings.IndexByte(src, ')')
 			if j < 0 {
-				return out
+				return out, fmt.Errorf("unterminated __launch_bounds__")
 			}
-			src = src[j+1:]
+			src = strings.TrimSpace(src[j+1:])
 		}
 		j := strings.IndexByte(src, '(')
-		if j < 0 {
-			return out
+		k := strings.IndexByte(src, ')')
+		if j < 0 || k < j {
+			return out, fmt.Errorf("kernel without a parameter list near %.40q", src)
 		}
-		out = append(out, strings.TrimSpace(src[:j]))
+		sig := kernelSig{name: strings.TrimSpace(src[:j])}
+		if list := strings.TrimSpace(src[j+1 : k]); list != "" && list != "void" {
+			for _, p := range strings.Split(list, ",") {
+				kind, err := paramKindOf(p)
+				if err != nil {
+					return out, fmt.Errorf("kernel %s: %w", sig.name, err)
+				}
+				sig.params = append(sig.params, kind)
+			}
+		}
+		out = append(out, sig)
+		src = src[k+1:]
 	}
+}
+
+// paramKindOf reads one C parameter declaration ("const float* __restrict__
+// x", "long long n").
+func paramKindOf(decl string) (paramKind, error) {
+	decl = strings.TrimSpace(decl)
+	if strings.Contains(decl, "*") {
+		return paramPtr, nil
+	}
+	f := strings.Fields(decl)
+	if len(f) < 2 {
+		return 0, fmt.Errorf("parameter %q has no name", decl)
+	}
+	var words []string
+	for _, w := range f[:len(f)-1] {
+		if w != "const" && w != "__restrict__" {
+			words = append(words, w)
+		}
+	}
+	switch strings.Join(words, " ") {
+	case "int", "unsigned", "unsigned int", "int32_t", "uint32_t":
+		return paramI32, nil
+	case "long long", "unsigned long long", "size_t", "int64_t", "uint64_t", "long long int":
+		return paramI64, nil
+	case "float":
+		return paramF32, nil
+	}
+	return 0, fmt.Errorf("parameter %q: a type the launch check does not know", decl)
 }

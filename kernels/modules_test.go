@@ -2,8 +2,18 @@ package kernels
 
 import (
 	"errors"
+	"fmt"
+	"go/ast"
+	"go/importer"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/kiln-lm/kiln/kernels/cuda"
 )
 
 // Every kernel file compiles without CUDA headers (NVRTC 13 ships none) and
@@ -25,13 +35,17 @@ func TestKernelSourcesAreHeaderFree(t *testing.T) {
 			t.Errorf("%s includes a header; kernels must be header-free", n)
 		}
 		body, _ := sources.ReadFile(n)
-		ks := kernelNames(string(body))
-		if len(ks) == 0 {
+		sigs, err := kernelSignatures(string(body))
+		if err != nil {
+			t.Errorf("%s: %v", n, err)
+		}
+		if len(sigs) == 0 {
 			t.Errorf("%s declares no extern \"C\" __global__ kernel", n)
 		}
 		// The engine looks kernels up by these names: a qualifier between
 		// "void" and the name (__launch_bounds__) would be taken for one.
-		for _, k := range ks {
+		for _, sig := range sigs {
+			k := sig.name
 			if strings.HasPrefix(k, "__") || strings.ContainsAny(k, "() ") {
 				t.Errorf("%s: kernel name %q is not a plain identifier", n, k)
 			}
@@ -39,12 +53,49 @@ func TestKernelSourcesAreHeaderFree(t *testing.T) {
 	}
 }
 
-func TestKernelNames(t *testing.T) {
-	src := "extern \"C\" __global__ void a(int x) {}\n// x\nextern \"C\" __global__ void b_c (float* y) {}\n" +
-		"extern \"C\" __global__ void __launch_bounds__(128, 3) d(int n) {}"
-	got := strings.Join(kernelNames(src), ",")
-	if got != "a,b_c,d" {
-		t.Fatalf("kernelNames = %q, want a,b_c,d", got)
+func TestKernelSignatures(t *testing.T) {
+	src := "extern \"C\" __global__ void a(int x) {}\n// x\nextern \"C\" __global__ void b_c (float* y, const bf16* __restrict__ z,\n" +
+		"  long long n, float s) {}\nextern \"C\" __global__ void __launch_bounds__(128, 3) d(unsigned n, size_t m) {}"
+	sigs, err := kernelSignatures(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range sigs {
+		ks := make([]int, len(s.params))
+		for i, k := range s.params {
+			ks[i] = int(k)
+		}
+		got = append(got, fmt.Sprint(s.name, ks))
+	}
+	want := []string{"a[1]", "b_c[0 0 2 3]", "d[1 2]"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("signatures %v, want %v", got, want)
+	}
+	if _, err := kernelSignatures("extern \"C\" __global__ void e(double x) {}"); err == nil || !strings.Contains(err.Error(), "double x") {
+		t.Errorf("a double parameter: %v; want an error naming it", err)
+	}
+}
+
+// A launch's arguments must match the kernel's parameters in number and
+// kind: what Launch would pass for each Go type.
+func TestLaunchArgumentsAreChecked(t *testing.T) {
+	want := []paramKind{paramPtr, paramI32, paramI64, paramF32}
+	if err := checkArgs("k", want, []any{cuda.Ptr(8), 3, int64(4), float32(1)}); err != nil {
+		t.Fatalf("matching arguments refused: %v", err)
+	}
+	for _, c := range []struct {
+		args []any
+		want string
+	}{
+		{[]any{cuda.Ptr(8), 3, int64(4)}, "3 arguments for its 4 parameters"},
+		{[]any{cuda.Ptr(8), 3, 4, float32(1)}, "argument 2 is int, the kernel takes a 64-bit integer"},
+		{[]any{cuda.Ptr(8), 3, int64(4), 1.0}, "argument 3 is float64"},
+		{[]any{int64(8), 3, int64(4), float32(1)}, "argument 0 is int64, the kernel takes a pointer"},
+	} {
+		if err := checkArgs("k", want, c.args); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v; want an error with %q", c.args, err, c.want)
+		}
 	}
 }
 
@@ -96,5 +147,88 @@ func TestCapabilityBelow80IsRefused(t *testing.T) {
 		if err := checkCapability("x", ok[0], ok[1]); err != nil {
 			t.Errorf("capability %d.%d refused: %v", ok[0], ok[1], err)
 		}
+	}
+}
+
+// Every launch in the engine's source names a kernel that exists and
+// passes arguments of the kinds it takes, in number and type: checked
+// here without a GPU, by type-checking the package, for the calls whose
+// kernel is a literal name (launch3 checks every call when it runs).
+func TestLaunchCallsMatchTheKernels(t *testing.T) {
+	sigs := map[string][]paramKind{}
+	files, err := kernelFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range files {
+		body, _ := sources.ReadFile(n)
+		ks, err := kernelSignatures(string(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range ks {
+			sigs[k.name] = k.params
+		}
+	}
+	fset := token.NewFileSet()
+	goFiles, _ := filepath.Glob("*.go")
+	var parsed []*ast.File
+	for _, path := range goFiles {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsed = append(parsed, f)
+	}
+	info := &types.Info{Types: map[ast.Expr]types.TypeAndValue{}}
+	conf := types.Config{Importer: importer.ForCompiler(fset, "source", nil)}
+	if _, err := conf.Check("github.com/kiln-lm/kiln/kernels", fset, parsed, info); err != nil {
+		t.Fatalf("type-checking the engine: %v", err)
+	}
+	kinds := map[string]paramKind{"github.com/kiln-lm/kiln/kernels/cuda.Ptr": paramPtr, "int": paramI32, "int32": paramI32,
+		"uint32": paramI32, "int64": paramI64, "uint64": paramI64, "float32": paramF32}
+	checked := 0
+	for _, f := range parsed {
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || (sel.Sel.Name != "launch" && sel.Sel.Name != "launch3") || len(call.Args) < 3 || call.Ellipsis.IsValid() {
+				return true
+			}
+			lit, ok := call.Args[0].(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			name, _ := strconv.Unquote(lit.Value)
+			at := fset.Position(call.Pos())
+			want, ok := sigs[name]
+			if !ok {
+				t.Errorf("%s: launches %s, which no .cu file declares", at, name)
+				return true
+			}
+			args := call.Args[3:]
+			if len(args) != len(want) {
+				t.Errorf("%s: launches %s with %d arguments; it takes %d", at, name, len(args), len(want))
+				return true
+			}
+			for i, a := range args {
+				tv := info.Types[a]
+				typ := types.Default(tv.Type).String()
+				if k, ok := kinds[typ]; !ok || k != want[i] {
+					t.Errorf("%s: launch %s: argument %d (%s) is %s, the kernel takes %s", at, name, i, types.ExprString(a), typ, want[i])
+				}
+			}
+			checked++
+			return true
+		})
+	}
+	if checked < 40 {
+		t.Fatalf("checked %d launches; the engine has more than 40 (is the walk finding them?)", checked)
 	}
 }

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -75,6 +76,7 @@ type streamJob struct {
 	seq  int
 	text []byte
 	ids  []uint32
+	out  []byte // the ids as bytes, for EncodeReaderTo
 }
 
 // EncodeReader encodes a text stream on all cores with the ids Encode would
@@ -86,6 +88,49 @@ type streamJob struct {
 // bounded by a few MiB per core unless the text has no safe cut point for
 // long stretches (a huge line).
 func (t *Tokenizer) EncodeReader(ctx context.Context, r io.Reader, emit func(ids []uint32) error) error {
+	return t.encodeStream(ctx, r, 0, func(j *streamJob) error { return emit(j.ids) })
+}
+
+// EncodeReaderTo is EncodeReader writing the ids to w as little-endian
+// integers of width bytes (2 or 4; an id that does not fit in 2 bytes keeps
+// its low 16 bits). The workers turn ids into bytes, so that on many cores
+// the one goroutine that writes does nothing else. It returns the number of
+// ids written.
+func (t *Tokenizer) EncodeReaderTo(ctx context.Context, r io.Reader, w io.Writer, width int) (int64, error) {
+	if width != 2 && width != 4 {
+		return 0, fmt.Errorf("encode: id width %d is not 2 or 4", width)
+	}
+	var n int64
+	err := t.encodeStream(ctx, r, width, func(j *streamJob) error {
+		n += int64(len(j.ids))
+		if _, err := w.Write(j.out); err != nil {
+			return fmt.Errorf("encode: write: %w", err)
+		}
+		return nil
+	})
+	return n, err
+}
+
+// appendLE appends ids to dst as little-endian integers of width bytes.
+func appendLE(dst []byte, ids []uint32, width int) []byte {
+	n := len(dst)
+	dst = slices.Grow(dst, width*len(ids))[:n+width*len(ids)]
+	out := dst[n:]
+	if width == 2 {
+		for i, id := range ids {
+			binary.LittleEndian.PutUint16(out[2*i:], uint16(id))
+		}
+	} else {
+		for i, id := range ids {
+			binary.LittleEndian.PutUint32(out[4*i:], id)
+		}
+	}
+	return dst
+}
+
+// encodeStream runs EncodeReader's pipeline; with width set, the workers
+// also write each piece's ids as bytes into its out.
+func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, emit func(j *streamJob) error) error {
 	workers := runtime.GOMAXPROCS(0)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -120,6 +165,9 @@ func (t *Tokenizer) EncodeReader(ctx context.Context, r io.Reader, emit func(ids
 					j.ids = make([]uint32, 0, want)
 				}
 				j.ids = st.encode(j.ids[:0], j.text)
+				if width > 0 {
+					j.out = appendLE(j.out[:0], j.ids, width)
+				}
 				done <- j
 			}
 		}()
@@ -145,7 +193,7 @@ func (t *Tokenizer) EncodeReader(ctx context.Context, r io.Reader, emit func(ids
 			}
 			delete(waiting, next)
 			next++
-			if err = emit(j.ids); err != nil {
+			if err = emit(j); err != nil {
 				cancel()
 				break
 			}

@@ -3,7 +3,11 @@ package tokenizer
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
+	"io"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"testing/iotest"
 )
@@ -110,5 +114,54 @@ func TestEncodeReaderDoesNotCutWhereACutChangesIDs(t *testing.T) {
 		if i := firstDiff(got, tk.EncodeBytes(text)); i >= 0 || calls != 1 {
 			t.Errorf("%s: %d pieces; ids differ from the whole text's at %d", name, calls, i)
 		}
+	}
+}
+
+type failingWriter struct{ after int }
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	if w.after <= 0 {
+		return 0, errors.New("disk full")
+	}
+	w.after--
+	return len(p), nil
+}
+
+// EncodeReaderTo writes what EncodeReader emits, as little-endian
+// integers of either width, and says when it cannot write.
+func TestEncodeReaderToWritesIDs(t *testing.T) {
+	old := streamChunk
+	streamChunk = 1 << 12
+	defer func() { streamChunk = old }()
+	tk := loadStyle(t, "gpt4-style")
+	text := readTestdata(t, "python.txt")
+	want := goldenIDs(t, "gpt4-style", "python")
+	for _, width := range []int{2, 4} {
+		var out bytes.Buffer
+		n, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, width)
+		if err != nil || n != int64(len(want)) {
+			t.Fatalf("width %d: %d ids, %v; want %d", width, n, err, len(want))
+		}
+		if !bytes.Equal(out.Bytes(), appendLE(nil, want, width)) {
+			t.Fatalf("width %d: the bytes are not the golden ids", width)
+		}
+		for i, id := range want[:100] {
+			var got uint32
+			if width == 2 {
+				got = uint32(binary.LittleEndian.Uint16(out.Bytes()[2*i:]))
+			} else {
+				got = binary.LittleEndian.Uint32(out.Bytes()[4*i:])
+			}
+			if got != id {
+				t.Fatalf("width %d: id %d is %d, want %d", width, i, got, id)
+			}
+		}
+	}
+	if _, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), io.Discard, 3); err == nil {
+		t.Error("width 3 accepted")
+	}
+	_, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &failingWriter{after: 2}, 4)
+	if err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Errorf("a failing writer: err = %v", err)
 	}
 }

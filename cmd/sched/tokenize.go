@@ -3,13 +3,11 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"slices"
 	"strings"
 
 	"github.com/schollz/progressbar/v3"
@@ -156,16 +154,10 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	}
 	defer os.Remove(dst.Name())
 	w := bufio.NewWriterSize(dst, 1<<20)
-	var n int64
-	var buf []byte
-	err = tk.EncodeReader(ctx, r, func(ids []uint32) error {
-		n += int64(len(ids))
-		buf = appendIDs(buf[:0], ids, width)
-		if _, err := w.Write(buf); err != nil {
-			return fmt.Errorf("tokenize: write %s: %w", out, err)
-		}
-		return nil
-	})
+	n, err := tk.EncodeReaderTo(ctx, r, w, width)
+	if err != nil {
+		err = fmt.Errorf("tokenize %s -> %s: %w", in, out, err)
+	}
 	if err == nil {
 		err = w.Flush()
 	}
@@ -180,25 +172,6 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	}
 	fmt.Fprintf(errOut, "wrote %d ids (%s) to %s\n", n, dtype, out)
 	return nil
-}
-
-// appendIDs appends ids to dst as little-endian integers of width bytes.
-// EncodeReader hands over a run of ids per megabyte of text, so one buffer
-// the size of a run is reused and written at once.
-func appendIDs(dst []byte, ids []uint32, width int) []byte {
-	n := len(dst)
-	dst = slices.Grow(dst, width*len(ids))[:n+width*len(ids)]
-	out := dst[n:]
-	if width == 2 {
-		for i, id := range ids {
-			binary.LittleEndian.PutUint16(out[2*i:], uint16(id))
-		}
-	} else {
-		for i, id := range ids {
-			binary.LittleEndian.PutUint32(out[4*i:], id)
-		}
-	}
-	return dst
 }
 
 func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, out string, opts tokenizer.TrainOptions) error {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // FormatError says what in a tokenizer.json kiln cannot use. It is the
@@ -117,7 +118,7 @@ func Load(path string) (*Tokenizer, error) {
 // than approximated.
 func Parse(data []byte) (*Tokenizer, error) {
 	var f fileJSON
-	rest, vocab, pairs, fast := fastModel(data)
+	rest, text, vocab, pairs, fast := fastModel(data)
 	fast = fast && fastLoad
 	if !fast || json.Unmarshal(rest, &f) != nil {
 		f, fast = fileJSON{}, false
@@ -141,8 +142,20 @@ func Parse(data []byte) (*Tokenizer, error) {
 		return nil, formatErr("model %q is not supported (kiln supports BPE)", f.Model.Type)
 	}
 	t := &Tokenizer{}
-	sum := sha256.Sum256(data)
-	t.sha256 = hex.EncodeToString(sum[:])
+	if fast {
+		// The digest waits for the first SHA256 call: encoding never
+		// needs it, and hashing 2 MB was a quarter of loading. It hashes
+		// the fast path's own copy of the file, which the caller cannot
+		// change.
+		t.sha256 = sync.OnceValue(func() string {
+			sum := sha256.Sum256([]byte(text))
+			return hex.EncodeToString(sum[:])
+		})
+	} else {
+		sum := sha256.Sum256(data)
+		hexSum := hex.EncodeToString(sum[:])
+		t.sha256 = func() string { return hexSum }
+	}
 	var err error
 	if t.nfc, err = parseNormalizer(f.Normalizer); err != nil {
 		return nil, err

@@ -17,13 +17,14 @@ import (
 // encoding/json, whose errors name the problem.
 
 // fastModel returns data with the model's vocab and merges replaced by
-// empty ones, and those two values parsed. ok is false when the file is not
+// empty ones, those two values parsed, and data as a string, which they
+// are cut from. ok is false when the file is not
 // in the plain form.
-func fastModel(data []byte) (rest []byte, vocab map[string]uint32, merges [][2]string, ok bool) {
+func fastModel(data []byte) (rest []byte, text string, vocab map[string]uint32, merges [][2]string, ok bool) {
 	// One copy of the file as a string: the keys and tokens below are
 	// pieces of it, not an allocation each (90,000 of them for 30,000
 	// tokens).
-	text := string(data)
+	text = string(data)
 	s := &jsonScan{b: data, s: text}
 	var vocabAt, mergesAt [2]int
 	modelSeen := false
@@ -61,13 +62,18 @@ func fastModel(data []byte) (rest []byte, vocab map[string]uint32, merges [][2]s
 	})
 	s.space()
 	if !ok || s.i != len(data) || vocabAt[1] == 0 || mergesAt[1] == 0 {
-		return nil, nil, nil, false
+		return nil, "", nil, nil, false
 	}
-	if vocab, ok = parseVocab(&jsonScan{b: data[:vocabAt[1]], s: text[:vocabAt[1]], i: vocabAt[0]}); !ok {
-		return nil, nil, nil, false
+	// JSON's structure is ASCII, so when the vocabulary and the merges are
+	// valid UTF-8 each string in them is: one check, not one per string.
+	if !utf8.Valid(data[vocabAt[0]:vocabAt[1]]) || !utf8.Valid(data[mergesAt[0]:mergesAt[1]]) {
+		return nil, "", nil, nil, false
 	}
-	if merges, ok = parseMerges(&jsonScan{b: data[:mergesAt[1]], s: text[:mergesAt[1]], i: mergesAt[0]}); !ok {
-		return nil, nil, nil, false
+	if vocab, ok = parseVocab(&jsonScan{b: data[:vocabAt[1]], s: text[:vocabAt[1]], i: vocabAt[0], utf8OK: true}); !ok {
+		return nil, "", nil, nil, false
+	}
+	if merges, ok = parseMerges(&jsonScan{b: data[:mergesAt[1]], s: text[:mergesAt[1]], i: mergesAt[0], utf8OK: true}); !ok {
+		return nil, "", nil, nil, false
 	}
 	first, second := vocabAt, mergesAt
 	firstVal, secondVal := "{}", "[]"
@@ -81,7 +87,7 @@ func fastModel(data []byte) (rest []byte, vocab map[string]uint32, merges [][2]s
 	rest = append(rest, data[first[1]:second[0]]...)
 	rest = append(rest, secondVal...)
 	rest = append(rest, data[second[1]:]...)
-	return rest, vocab, merges, true
+	return rest, text, vocab, merges, true
 }
 
 // parseVocab reads the object from s.i to the end of s.b.
@@ -137,9 +143,10 @@ func parseMerges(s *jsonScan) ([][2]string, bool) {
 // jsonScan walks JSON text without building values. s holds the same
 // bytes as b, or is empty, for strings to be cut from without a copy.
 type jsonScan struct {
-	b []byte
-	s string
-	i int
+	b      []byte
+	s      string
+	i      int
+	utf8OK bool // b is known to be valid UTF-8
 }
 
 func (s *jsonScan) space() {
@@ -228,7 +235,7 @@ func (s *jsonScan) str() (string, bool) {
 				}
 				return out, true
 			}
-			if !utf8.Valid(raw) {
+			if !s.utf8OK && !utf8.Valid(raw) {
 				return "", false
 			}
 			if len(s.s) == len(s.b) {

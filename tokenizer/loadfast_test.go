@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -32,6 +33,8 @@ func sameTokenizer(a, b *Tokenizer) string {
 		return "vocabulary"
 	case a.unk != b.unk || a.ignoreMerges != b.ignoreMerges || len(a.added) != len(b.added):
 		return "model options"
+	case a.SHA256() != b.SHA256():
+		return "SHA-256"
 	}
 	return ""
 }
@@ -62,7 +65,7 @@ func TestFastLoadAgreesWithEncodingJSON(t *testing.T) {
 	}
 	check("gpt2", gpt2)
 	check("gpt4", gpt4)
-	if _, _, _, ok := fastModel(gpt2); !ok {
+	if _, _, _, _, ok := fastModel(gpt2); !ok {
 		t.Fatal("the fast path refuses the golden gpt2-style file")
 	}
 	// Small vocabularies keep each parse quick.
@@ -100,4 +103,19 @@ func FuzzFastLoad(f *testing.F) {
 			t.Fatalf("fast path says %q, encoding/json %q", fastErr, slowErr)
 		}
 	})
+}
+
+// SHA256 is the digest of the bytes parsed, even when it is first asked
+// for after the caller has reused them.
+func TestSHA256OfTheBytesParsed(t *testing.T) {
+	data := slices.Clone(readTestdata(t, "gpt4-style.tokenizer.json"))
+	want := fmt.Sprintf("%x", sha256.Sum256(data))
+	tk, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clear(data)
+	if got := tk.SHA256(); got != want {
+		t.Fatalf("SHA256 = %s, want %s", got, want)
+	}
 }

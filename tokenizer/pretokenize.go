@@ -74,7 +74,16 @@ func runeClass(b []byte, i int) (class, int) {
 }
 
 // scanClass returns the end of the run of characters of class cl from i.
+// Letters and punctuation, the runs of nearly every word, have loops of
+// their own with the lane test written out: the general loop switched on
+// the class for every eight bytes, in a call.
 func scanClass(b []byte, i int, cl class) int {
+	switch cl {
+	case clsLetter:
+		return scanLetters(b, i)
+	case clsOther:
+		return scanOther(b, i)
+	}
 	for i < len(b) {
 		// Eight ASCII bytes at a time while they are all of the class.
 		for i+8 <= len(b) {
@@ -96,11 +105,78 @@ func scanClass(b []byte, i int, cl class) int {
 			i++
 			continue
 		}
-		c, w := asciiClass[b[i]], 1 // classAt, inlined by hand for ASCII
-		if b[i] >= utf8.RuneSelf {
-			c, w = runeClass(b, i)
-		}
+		c, w := runeClass(b, i)
 		if c != cl {
+			return i
+		}
+		i += w
+	}
+	return i
+}
+
+// scanLetters is scanClass for letters.
+func scanLetters(b []byte, i int) int {
+	for i < len(b) {
+		for i+8 <= len(b) {
+			x := binary.LittleEndian.Uint64(b[i:])
+			v := x&^highBits | 0x20*lowBits // 'A'-'Z' folded onto 'a'-'z'
+			letters := (v + (0x80-'a')*lowBits) &^ (v + (0x7f-'z')*lowBits) &^ x
+			if stop := ^letters & highBits; stop != 0 {
+				i += bits.TrailingZeros64(stop) / 8
+				break
+			}
+			i += 8
+		}
+		if i == len(b) {
+			return i
+		}
+		if c := b[i]; c < utf8.RuneSelf {
+			if asciiClass[c] != clsLetter {
+				return i
+			}
+			i++
+			continue
+		}
+		c, w := runeClass(b, i)
+		if c != clsLetter {
+			return i
+		}
+		i += w
+	}
+	return i
+}
+
+// scanOther is scanClass for what is neither letter, number nor space.
+func scanOther(b []byte, i int) int {
+	for i < len(b) {
+		for i+8 <= len(b) {
+			x := binary.LittleEndian.Uint64(b[i:])
+			x7 := x &^ highBits
+			v := x7 | 0x20*lowBits
+			notOther := (v+(0x80-'a')*lowBits)&^(v+(0x7f-'z')*lowBits) |
+				(x7+(0x80-'0')*lowBits)&^(x7+(0x7f-'9')*lowBits) |
+				(x7+(0x80-'\t')*lowBits)&^(x7+(0x7f-'\r')*lowBits) |
+				(x7+(0x80-' ')*lowBits)&^(x7+(0x7f-' ')*lowBits)
+			// A byte from 0x80 up stops the run too: it starts or
+			// continues a longer character, classed below.
+			if stop := (notOther | x) & highBits; stop != 0 {
+				i += bits.TrailingZeros64(stop) / 8
+				break
+			}
+			i += 8
+		}
+		if i == len(b) {
+			return i
+		}
+		if c := b[i]; c < utf8.RuneSelf {
+			if asciiClass[c] != clsOther {
+				return i
+			}
+			i++
+			continue
+		}
+		c, w := runeClass(b, i)
+		if c != clsOther {
 			return i
 		}
 		i += w

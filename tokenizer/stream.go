@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 )
 
 // streamChunk is the size at which EncodeReader looks for a cut. 1 MiB per
@@ -111,15 +112,22 @@ func (t *Tokenizer) EncodeReaderTo(ctx context.Context, r io.Reader, w io.Writer
 	return n, err
 }
 
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
 // appendLE appends ids to dst as little-endian integers of width bytes.
 func appendLE(dst []byte, ids []uint32, width int) []byte {
 	n := len(dst)
 	dst = slices.Grow(dst, width*len(ids))[:n+width*len(ids)]
 	out := dst[n:]
 	if width == 2 {
+		out = out[:2*len(ids)] // one bounds check for the loop
 		for i, id := range ids {
-			binary.LittleEndian.PutUint16(out[2*i:], uint16(id))
+			out[2*i] = byte(id)
+			out[2*i+1] = byte(id >> 8)
 		}
+	} else if littleEndian {
+		// The ids' own bytes are the output: one copy.
+		copy(out, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ids))), 4*len(ids)))
 	} else {
 		for i, id := range ids {
 			binary.LittleEndian.PutUint32(out[4*i:], id)

@@ -47,7 +47,7 @@ type addedToken struct {
 
 // Tokenizer encodes and decodes text. It is safe for concurrent use.
 type Tokenizer struct {
-	sha256       string
+	sha256       func() string
 	nfc          bool
 	stages       []stage
 	ignoreMerges bool
@@ -104,7 +104,7 @@ func (t *Tokenizer) init() {
 
 // SHA256 is the hex SHA-256 of the tokenizer.json bytes, which token stores
 // record to say which tokenizer made them.
-func (t *Tokenizer) SHA256() string { return t.sha256 }
+func (t *Tokenizer) SHA256() string { return t.sha256() }
 
 // VocabSize is one more than the largest id the tokenizer can emit,
 // counting added tokens: the size an embedding table needs.

@@ -1,5 +1,7 @@
 package tokenizer
 
+import "math/bits"
+
 // mergeTable maps a pair of token ids to the merge's rank and the id it
 // produces. It is an open-addressing table: lookups of adjacent pairs are
 // the inner loop of every cache miss, and a Go map costs about twice as
@@ -7,6 +9,7 @@ package tokenizer
 type mergeTable struct {
 	slots []mergeSlot
 	mask  uint64
+	shift uint8 // 64 - log2(len(slots)): a slot is the product's top bits
 }
 
 // mergeSlot keeps a pair and its merge side by side: one cache line read
@@ -21,18 +24,22 @@ func newMergeTable(n int) *mergeTable {
 	for size < 2*n+2 {
 		size <<= 1
 	}
-	return &mergeTable{slots: make([]mergeSlot, size), mask: uint64(size - 1)}
+	return &mergeTable{slots: make([]mergeSlot, size), mask: uint64(size - 1), shift: uint8(64 - bits.TrailingZeros(uint(size)))}
 }
 
 func pairKey(a, b uint32) uint64 { return (uint64(a)<<32 | uint64(b)) + 1 }
 
-func hashKey(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15) >> 20 }
+// hash is the slot of key k: the top bits of its product with an odd
+// constant, which depend on all of k. (Bits 20 and up of the product, as
+// before, depended only on the right id and four bits of the left, so the
+// pairs sharing a right id piled into runs a dozen slots long.)
+func (m *mergeTable) hash(k uint64) uint64 { return (k * 0x9E3779B97F4A7C15) >> m.shift }
 
 // put stores a merge unless the pair already has one: HF keeps the first
 // (lowest-rank) merge of a pair listed twice.
 func (m *mergeTable) put(a, b, rank, id uint32) {
 	k := pairKey(a, b)
-	for h := hashKey(k) & m.mask; ; h = (h + 1) & m.mask {
+	for h := m.hash(k); ; h = (h + 1) & m.mask {
 		switch m.slots[h].key {
 		case 0:
 			m.slots[h] = mergeSlot{k, uint64(rank)<<32 | uint64(id)}
@@ -46,7 +53,7 @@ func (m *mergeTable) put(a, b, rank, id uint32) {
 // get returns rank<<32|id of the merge of (a, b), or noMerge.
 func (m *mergeTable) get(a, b uint32) uint64 {
 	k := pairKey(a, b)
-	for h := hashKey(k) & m.mask; ; h = (h + 1) & m.mask {
+	for h := m.hash(k); ; h = (h + 1) & m.mask {
 		switch s := &m.slots[h]; s.key {
 		case k:
 			return s.val

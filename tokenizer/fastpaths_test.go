@@ -120,3 +120,15 @@ func TestScanClassMatchesThePlainScan(t *testing.T) {
 		}
 	}
 }
+
+func TestByteMask(t *testing.T) {
+	for n := 0; n <= 8; n++ {
+		var want uint64
+		for i := 0; i < n; i++ {
+			want |= 0xff << (8 * i)
+		}
+		if byteMask[n] != want {
+			t.Errorf("byteMask[%d] = %#x, want %#x", n, byteMask[n], want)
+		}
+	}
+}

@@ -342,8 +342,8 @@ func (st *encoderState) splitWords(dst []uint32, piece []byte, split splitter, k
 				k0 := binary.LittleEndian.Uint64(w16)
 				k1 := binary.LittleEndian.Uint64(w16[8:])
 				n0 := min(n, 8)
-				k0 &= 1<<(8*n0) - 1
-				k1 = k1&(1<<(8*(n-n0))-1) | uint64(n)<<56
+				k0 &= byteMask[n0&15]
+				k1 = k1&byteMask[(n-n0)&15] | uint64(n)<<56
 				h := &hot[((k0*0x9E3779B97F4A7C15^k1)*0xBF58476D1CE4E5B9)>>(64-hotBits)]
 				if h.k0 == k0 && h.k1 == k1 {
 					if lo, hi := uint32(h.v), uint32(h.v>>32); lo&inArena == 0 {
@@ -376,8 +376,8 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 			k0 = binary.LittleEndian.Uint64(w16)
 			k1 = binary.LittleEndian.Uint64(w16[8:])
 			n0 := min(n, 8)
-			k0 &= 1<<(8*n0) - 1
-			k1 = k1&(1<<(8*(n-n0))-1) | uint64(n)<<56
+			k0 &= byteMask[n0&15]
+			k1 = k1&byteMask[(n-n0)&15] | uint64(n)<<56
 		} else {
 			k0, k1 = packWord(w)
 		}
@@ -500,6 +500,11 @@ const (
 // wordTableMax bounds a table at 24 MiB per encoder; a full one starts
 // over. A variable for tests.
 var wordTableMax = 1 << 20
+
+// byteMask[n] keeps the low n bytes of a word (n up to 8). A table: a
+// shift by a variable count costs Go several instructions for the case of
+// a count of 64 or more, and the packing is done for every word.
+var byteMask = [16]uint64{0, 0xff, 0xffff, 0xff_ffff, 0xffff_ffff, 0xff_ffff_ffff, 0xffff_ffff_ffff, 0xff_ffff_ffff_ffff, ^uint64(0)}
 
 // packWord packs a word of 1 to maxPacked bytes and its length into two
 // integers, distinct for distinct words.

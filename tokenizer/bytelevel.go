@@ -32,14 +32,19 @@ func init() {
 // characters does not); HF's ByteLevel decoder then emits the token's own
 // UTF-8 bytes, and so does Decode.
 func byteLevelDecode(tok string) (b []byte, ok bool) {
-	out := make([]byte, 0, len(tok))
+	return byteLevelDecodeAppend(make([]byte, 0, len(tok)), tok)
+}
+
+// byteLevelDecodeAppend is byteLevelDecode appending to dst.
+func byteLevelDecodeAppend(dst []byte, tok string) (b []byte, ok bool) {
+	n := len(dst)
 	for _, r := range tok {
 		if r < 0 || int(r) >= len(runeToByte) || runeToByte[r] == 0 {
-			return []byte(tok), false
+			return append(dst[:n], tok...), false
 		}
-		out = append(out, byte(runeToByte[r]-1))
+		dst = append(dst, byte(runeToByte[r]-1))
 	}
-	return out, true
+	return dst, true
 }
 
 // byteLevelEncode writes raw bytes in the byte-level alphabet, as trained

@@ -333,7 +333,9 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 	}
 	t.tokens = make([][]byte, maxID+1)
 	t.tokenStr = make([]string, maxID+1)
-	t.byBytes = make(map[string]uint32, len(m.Vocab))
+	if m.IgnoreMerges {
+		t.byBytes = make(map[string]uint32, len(m.Vocab))
+	}
 	for i := range t.byteID {
 		t.byteID[i] = noID
 	}
@@ -342,26 +344,42 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 	// is done only when some id is shared.
 	ids := make([]bool, maxID+1)
 	shared := false
-	for _, id := range m.Vocab {
+	size := 0
+	for tok, id := range m.Vocab {
 		shared = shared || ids[id]
 		ids[id] = true
+		size += len(tok)
 	}
-	keys := make([]string, 0, len(m.Vocab))
-	for k := range m.Vocab {
-		keys = append(keys, k)
-	}
-	if shared {
-		sort.Strings(keys)
-	}
-	for _, tok := range keys {
-		id := m.Vocab[tok]
-		b, ok := byteLevelDecode(tok)
+	// The tokens' bytes share one allocation (a token's bytes are never
+	// longer than its string).
+	arena := make([]byte, 0, size)
+	add := func(tok string, id uint32) {
+		n := len(arena)
+		var ok bool
+		arena, ok = byteLevelDecodeAppend(arena, tok)
+		b := arena[n:len(arena):len(arena)]
 		t.tokens[id], t.tokenStr[id] = b, tok
 		if ok {
-			t.byBytes[string(b)] = id
+			if t.byBytes != nil {
+				t.byBytes[string(b)] = id
+			}
 			if len(b) == 1 {
 				t.byteID[b[0]] = id
 			}
+		}
+	}
+	if shared {
+		keys := make([]string, 0, len(m.Vocab))
+		for k := range m.Vocab {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, tok := range keys {
+			add(tok, m.Vocab[tok])
+		}
+	} else {
+		for tok, id := range m.Vocab {
+			add(tok, id)
 		}
 	}
 	t.unk = noID

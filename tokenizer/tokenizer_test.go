@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -210,5 +212,54 @@ func TestLoadMissingFileIsBadInput(t *testing.T) {
 	var b interface{ BadInput() bool }
 	if err == nil || !errors.As(err, &b) || !b.BadInput() || !strings.Contains(err.Error(), "none.json") {
 		t.Fatalf("Load of a missing file: %v; want a bad-input error naming the file", err)
+	}
+}
+
+// With ignore_merges a word that is a token comes out as that token, and
+// other words as the merges make them: every token that is one word of the
+// GPT-2 split, and the golden English text, which must still round trip.
+func TestIgnoreMergesEmitsWholeTokens(t *testing.T) {
+	raw := readTestdata(t, "gpt2-style.tokenizer.json")
+	data := bytes.Replace(raw, []byte(`"ignore_merges": false`), []byte(`"ignore_merges": true`), 1)
+	if bytes.Equal(data, raw) {
+		t.Fatal("golden file has no ignore_merges to set")
+	}
+	tk, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for id, b := range tk.tokens {
+		if len(b) == 0 || len(splitGPT2(b, 0, nil)) != 1 {
+			continue
+		}
+		if got := tk.EncodeBytes(b); len(got) != 1 || got[0] != uint32(id) {
+			t.Fatalf("token %d (%q): encoded as %v", id, b, got)
+		}
+		checked++
+	}
+	if checked < 1000 {
+		t.Fatalf("only %d tokens checked", checked)
+	}
+	text := readTestdata(t, "english.txt")
+	if back, _ := tk.Decode(tk.EncodeBytes(text)); back != string(text) {
+		t.Fatal("english.txt does not round trip")
+	}
+	// A word the merges do not make into its token: "b c" ranks first, so
+	// the merges give a, bc; the token abc is emitted whole only when
+	// merges are ignored.
+	small := `{"model": {"type": "BPE", "ignore_merges": %v, "vocab": {"a": 0, "b": 1, "c": 2, "bc": 3, "ab": 4, "abc": 5},
+		"merges": ["b c", "a b"]}, "pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"}}`
+	for _, c := range []struct {
+		ignore bool
+		want   []uint32
+	}{{false, []uint32{0, 3}}, {true, []uint32{5}}} {
+		tk, err := Parse([]byte(fmt.Sprintf(small, c.ignore)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tk.Encode("abc"); !slices.Equal(got, c.want) {
+			t.Errorf("ignore_merges %v: abc -> %v, want %v", c.ignore, got, c.want)
+		}
 	}
 }

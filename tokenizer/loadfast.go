@@ -21,11 +21,16 @@ import (
 // are cut from. ok is false when the file is not
 // in the plain form.
 func fastModel(data []byte) (rest []byte, text string, vocab map[string]uint32, merges [][2]string, ok bool) {
+	// JSON's structure is ASCII, so when the file is valid UTF-8 every
+	// string in it is: one check, not one per string.
+	if !utf8.Valid(data) {
+		return nil, "", nil, nil, false
+	}
 	// One copy of the file as a string: the keys and tokens below are
 	// pieces of it, not an allocation each (90,000 of them for 30,000
 	// tokens).
 	text = string(data)
-	s := &jsonScan{b: data, s: text}
+	s := &jsonScan{b: data, s: text, utf8OK: true}
 	var vocabAt, mergesAt [2]int
 	modelSeen := false
 	ok = s.object(func(key string) bool {
@@ -53,26 +58,18 @@ func fastModel(data []byte) (rest []byte, text string, vocab map[string]uint32, 
 			}
 			s.space()
 			at[0] = s.i
-			if !s.skip() {
-				return false
+			var ok bool
+			if at == &vocabAt {
+				vocab, ok = parseVocab(s)
+			} else {
+				merges, ok = parseMerges(s)
 			}
 			at[1] = s.i
-			return true
+			return ok
 		})
 	})
 	s.space()
 	if !ok || s.i != len(data) || vocabAt[1] == 0 || mergesAt[1] == 0 {
-		return nil, "", nil, nil, false
-	}
-	// JSON's structure is ASCII, so when the vocabulary and the merges are
-	// valid UTF-8 each string in them is: one check, not one per string.
-	if !utf8.Valid(data[vocabAt[0]:vocabAt[1]]) || !utf8.Valid(data[mergesAt[0]:mergesAt[1]]) {
-		return nil, "", nil, nil, false
-	}
-	if vocab, ok = parseVocab(&jsonScan{b: data[:vocabAt[1]], s: text[:vocabAt[1]], i: vocabAt[0], utf8OK: true}); !ok {
-		return nil, "", nil, nil, false
-	}
-	if merges, ok = parseMerges(&jsonScan{b: data[:mergesAt[1]], s: text[:mergesAt[1]], i: mergesAt[0], utf8OK: true}); !ok {
 		return nil, "", nil, nil, false
 	}
 	first, second := vocabAt, mergesAt
@@ -90,7 +87,7 @@ func fastModel(data []byte) (rest []byte, text string, vocab map[string]uint32, 
 	return rest, text, vocab, merges, true
 }
 
-// parseVocab reads the object from s.i to the end of s.b.
+// parseVocab reads the object at s.i.
 func parseVocab(s *jsonScan) (map[string]uint32, bool) {
 	vocab := make(map[string]uint32, bytes.Count(s.b[s.i:], []byte(`":`))+1)
 	ok := s.object(func(key string) bool {
@@ -102,27 +99,30 @@ func parseVocab(s *jsonScan) (map[string]uint32, bool) {
 		vocab[key] = id
 		return ok
 	})
-	s.space()
-	return vocab, ok && s.i == len(s.b)
+	return vocab, ok
 }
 
-// parseMerges reads the array from s.i to the end of s.b.
+// parseMerges reads the array at s.i.
 func parseMerges(s *jsonScan) ([][2]string, bool) {
 	merges := make([][2]string, 0, bytes.Count(s.b[s.i:], []byte{','})/2+1)
 	ok := s.array(func() bool {
 		s.space()
 		if s.i < len(s.b) && s.b[s.i] == '[' {
-			var pair []string
+			var pair [2]string
+			n := 0
 			ok := s.array(func() bool {
 				s.space()
 				str, ok := s.str()
-				pair = append(pair, str)
+				if n < 2 {
+					pair[n] = str
+				}
+				n++
 				return ok
 			})
-			if !ok || len(pair) != 2 {
+			if !ok || n != 2 {
 				return false
 			}
-			merges = append(merges, [2]string{pair[0], pair[1]})
+			merges = append(merges, pair)
 			return true
 		}
 		str, ok := s.str()
@@ -136,8 +136,7 @@ func parseMerges(s *jsonScan) ([][2]string, bool) {
 		merges = append(merges, [2]string{a, c})
 		return true
 	})
-	s.space()
-	return merges, ok && s.i == len(s.b)
+	return merges, ok
 }
 
 // jsonScan walks JSON text without building values. s holds the same

@@ -132,3 +132,28 @@ func TestByteMask(t *testing.T) {
 		}
 	}
 }
+
+// lettersEnd8 ends a run of letters where scanLetters does, or declines.
+func TestLettersEnd8AgreesWithScanLetters(t *testing.T) {
+	pieces := []string{"a", "Z", "q", "é", "日", "—", "\xe1", "1", " ", "\n", "(", "_", "@", "[", "`", "{", "\x80"}
+	rng := rand.New(rand.NewPCG(9, 10))
+	declined := 0
+	for range 50_000 {
+		var b []byte
+		for range 1 + rng.IntN(14) {
+			b = append(b, pieces[rng.IntN(len(pieces))]...)
+		}
+		j := rng.IntN(len(b))
+		e, ok := lettersEnd8(b, j)
+		if !ok {
+			declined++
+			continue
+		}
+		if want := scanLetters(b, j); e != want {
+			t.Fatalf("%q from %d: ends at %d, scanLetters at %d", b, j, e, want)
+		}
+	}
+	if declined == 0 || declined == 50_000 {
+		t.Fatalf("declined %d of 50000", declined)
+	}
+}

@@ -114,6 +114,24 @@ func scanClass(b []byte, i int, cl class) int {
 	return i
 }
 
+// lettersEnd8 is scanLetters' first step, small enough to be inlined:
+// where the first byte from j that is not an ASCII letter is within eight
+// and is ASCII, the end of the run (most words); else ok is false and the
+// run needs scanLetters.
+func lettersEnd8(b []byte, j int) (end int, ok bool) {
+	if j+8 > len(b) {
+		return 0, false
+	}
+	x := binary.LittleEndian.Uint64(b[j:])
+	v := x&^highBits | 0x20*lowBits
+	// A lane stops the run when it is not an ASCII letter: not in 'a'-'z'
+	// folded, or from 0x80 up.
+	stop := (^((v + (0x80-'a')*lowBits) &^ (v + (0x7f-'z')*lowBits)) | x) & highBits
+	// Only an ASCII byte ends the run here (the lowest stopping lane's own
+	// top bit clear); a longer character may be a letter.
+	return j + bits.TrailingZeros64(stop)/8, stop != 0 && stop&-stop&x == 0
+}
+
 // scanLetters is scanClass for letters.
 func scanLetters(b []byte, i int) int {
 	for i < len(b) {
@@ -264,16 +282,27 @@ func splitGPT2(b []byte, i int, ends []int) []int {
 		}
 		start := i
 		if b[i] == ' ' && i+1 < len(b) {
-			if c2, _ := classAt(b, i+1); c2 != clsSpace {
-				c, start = c2, i+1
+			c2 := asciiClass[b[i+1]] // classAt, inlined by hand for ASCII
+			if b[i+1] >= utf8.RuneSelf {
+				c2, _ = runeClass(b, i+1)
+			}
+			if c2 != clsSpace {
+				c, start, w = c2, i+1, 0
 			}
 		}
-		if c == clsSpace {
+		// The run goes on from start+w: after the first character, or
+		// from the character after a leading space.
+		switch c {
+		case clsSpace:
 			i = spaceRun(b, i)
-		} else if start == i {
-			i = scanClass(b, i+w, c)
-		} else {
-			i = scanClass(b, start, c)
+		case clsLetter:
+			if e, ok := lettersEnd8(b, start+w); ok {
+				i = e
+			} else {
+				i = scanLetters(b, start+w)
+			}
+		default:
+			i = scanClass(b, start+w, c)
 		}
 		ends = append(ends, i)
 	}
@@ -333,7 +362,11 @@ func gpt4Splitter(maxDigits int) splitter {
 			}
 			switch c {
 			case clsLetter:
-				i = scanClass(b, i+w, clsLetter)
+				if e, ok := lettersEnd8(b, i+w); ok {
+					i = e
+				} else {
+					i = scanLetters(b, i+w)
+				}
 				ends = append(ends, i)
 				continue
 			case clsNumber:
@@ -359,7 +392,11 @@ func gpt4Splitter(maxDigits int) splitter {
 					c2, w2 = runeClass(b, i+w)
 				}
 				if c2 == clsLetter {
-					i = scanClass(b, i+w+w2, clsLetter)
+					if e, ok := lettersEnd8(b, i+w+w2); ok {
+						i = e
+					} else {
+						i = scanLetters(b, i+w+w2)
+					}
 					ends = append(ends, i)
 					continue
 				}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -145,4 +146,62 @@ func TestTokenizerTrainCommand(t *testing.T) {
 	if err == nil || !isBadInput(err) {
 		t.Errorf("vocab 10: err = %v, want bad input", err)
 	}
+}
+
+// A file and a pipe (which cannot be sized or seeked) give the ids of the
+// whole text, cut into pieces on all cores; the empty file gives none.
+func TestTokenizeFileAndPipeAgree(t *testing.T) {
+	dir := t.TempDir()
+	tokPath := goldenTokenizer(t, dir)
+	tk, err := tokenizer.Load(tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	for i := 0; text.Len() < 3<<20; i++ {
+		fmt.Fprintf(&text, "func f%d(x int) int {\n\treturn x * %d // héllo\n}\nThe %dth line of prose, isn't it?\n", i, i, i)
+	}
+	in := filepath.Join(dir, "in.txt")
+	if err := os.WriteFile(in, []byte(text.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := appendU32(nil, tk.Encode(text.String()))
+	fifo := filepath.Join(dir, "in.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("no named pipes here: %v", err)
+	}
+	go func() {
+		f, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+		if err != nil {
+			return
+		}
+		io.WriteString(f, text.String())
+		f.Close()
+	}()
+	for _, src := range []string{in, fifo} {
+		out := filepath.Join(dir, filepath.Base(src)+".ids")
+		if _, errOut, code := sched(t, nil, "tokenize", "--tokenizer-file", tokPath, "--in", src, "--out", out, "--dtype", "u32"); code != 0 {
+			t.Fatalf("tokenize %s: exit %d: %s", src, code, errOut)
+		}
+		got, _ := os.ReadFile(out)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("tokenize %s: %d bytes of ids, want the whole text's %d", src, len(got), len(want))
+		}
+	}
+	empty := filepath.Join(dir, "empty.txt")
+	os.WriteFile(empty, nil, 0o644)
+	out := filepath.Join(dir, "empty.ids")
+	if _, errOut, code := sched(t, nil, "tokenize", "--tokenizer-file", tokPath, "--in", empty, "--out", out); code != 0 {
+		t.Fatalf("tokenize an empty file: exit %d: %s", code, errOut)
+	}
+	if st, err := os.Stat(out); err != nil || st.Size() != 0 {
+		t.Fatalf("an empty file's ids: %v, %v", st, err)
+	}
+}
+
+func appendU32(dst []byte, ids []uint32) []byte {
+	for _, id := range ids {
+		dst = binary.LittleEndian.AppendUint32(dst, id)
+	}
+	return dst
 }

@@ -66,9 +66,12 @@ func trainingSetup(t *testing.T) (env []string, rdb *redis.Client, q *scheduler.
 		t.Fatal(err)
 	}
 	store := trainTestStoreBy(t, sha, 280, 400_000)
-	// A long run in short segments with rare logs: the run's state hash
+	// A long run in one segment with rare logs: the run's state hash
 	// changes only every 20 steps, so a status read between two reads of
-	// the hash that agree saw that very state.
+	// the hash that agree saw that very state; and the segment runs until
+	// it is cancelled, so the test's cancel always finds it running (a
+	// segment bounded in steps could end, and the next begin, between
+	// finding its id and cancelling it).
 	runsFile := filepath.Join(t.TempDir(), "runs.yaml")
 	yaml := fmt.Sprintf(`eta:
   model: tiny
@@ -88,8 +91,6 @@ func trainingSetup(t *testing.T) (env []string, rdb *redis.Client, q *scheduler.
   tokenizer: tk
   mixture:
     - {store: %s, weight: 1}
-  segment:
-    max_steps: 60
   retention:
     keep_last: 2
 `, store)

@@ -117,52 +117,11 @@ func TestGraphStepsMatchEagerBitForBit(t *testing.T) {
 				b.Targets[3] = -1
 				batches = append(batches, b)
 			}
-			type result struct {
-				losses, norms []float64
-				params, m, v  []float32
-			}
-			train := func(graphs bool) result {
+			train := func(graphs bool) trained {
 				if err := e.th.do(func() error { e.graphs = graphs; return nil }); err != nil {
 					t.Fatal(err)
 				}
-				if err := e.SetParams(p0); err != nil {
-					t.Fatal(err)
-				}
-				n := len(p0.Data)
-				if err := e.SetOptimizerState(&model.OptimizerState{M: make([]float32, n), V: make([]float32, n)}); err != nil {
-					t.Fatal(err)
-				}
-				var res result
-				for s := range steps {
-					if err := e.ZeroGrad(); err != nil {
-						t.Fatal(err)
-					}
-					for k := range micro {
-						if err := e.ForwardBackward(batches[s*micro+k], 1.0/micro); err != nil {
-							t.Fatal(err)
-						}
-					}
-					o := benchAdamW
-					o.LR = 1e-3 * float64(s+1)
-					if err := e.Step(o); err != nil {
-						t.Fatal(err)
-					}
-					m, err := e.Metrics()
-					if err != nil {
-						t.Fatal(err)
-					}
-					res.losses, res.norms = append(res.losses, m.Loss), append(res.norms, m.GradNorm)
-				}
-				p := model.NewParams(c.cfg)
-				if err := e.Params(p); err != nil {
-					t.Fatal(err)
-				}
-				st, err := e.OptimizerState()
-				if err != nil {
-					t.Fatal(err)
-				}
-				res.params, res.m, res.v = p.Data, st.M, st.V
-				return res
+				return trainSteps(t, e, p0, batches, micro)
 			}
 			eager := train(false)
 			if n := len(e.GraphNodes()); n != 0 {
@@ -182,19 +141,7 @@ func TestGraphStepsMatchEagerBitForBit(t *testing.T) {
 					t.Errorf("%s: %d launches with graphs, %d without", k, after[k]-n, n)
 				}
 			}
-			if !slices.Equal(eager.losses, graph.losses) || !slices.Equal(eager.norms, graph.norms) {
-				t.Errorf("losses %v, norms %v eager; %v, %v from graphs", eager.losses, eager.norms, graph.losses, graph.norms)
-			}
-			for _, x := range []struct {
-				name       string
-				want, have []float32
-			}{{"weights", eager.params, graph.params}, {"first moments", eager.m, graph.m}, {"second moments", eager.v, graph.v}} {
-				for i := range x.want {
-					if math.Float32bits(x.want[i]) != math.Float32bits(x.have[i]) {
-						t.Fatalf("%s[%d]: %g eager, %g from graphs", x.name, i, x.want[i], x.have[i])
-					}
-				}
-			}
+			sameBits(t, "eager", "from graphs", eager, graph)
 		})
 	}
 }
@@ -202,4 +149,76 @@ func TestGraphStepsMatchEagerBitForBit(t *testing.T) {
 func goldenConfig(t *testing.T, dir string) model.Config {
 	c, _, _ := loadGolden(t, dir)
 	return c
+}
+
+// trained is what a few optimizer steps leave: each step's figures and the
+// final weights and moments.
+type trained struct {
+	losses, norms, aux []float64
+	params, m, v       []float32
+}
+
+// trainSteps starts e from p0 and zero moments and trains the batches micro
+// at a time as optimizer steps, each micro-batch scaled by 1/micro as the
+// trainer does, with a learning rate that changes every step (so that a
+// replayed step must read the new one).
+func trainSteps(t *testing.T, e model.Engine, p0 *model.Params, batches []model.Batch, micro int) trained {
+	t.Helper()
+	if err := e.SetParams(p0); err != nil {
+		t.Fatal(err)
+	}
+	n := len(p0.Data)
+	if err := e.SetOptimizerState(&model.OptimizerState{M: make([]float32, n), V: make([]float32, n)}); err != nil {
+		t.Fatal(err)
+	}
+	var r trained
+	for s := 0; s < len(batches)/micro; s++ {
+		if err := e.ZeroGrad(); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range batches[s*micro : (s+1)*micro] {
+			if err := e.ForwardBackward(b, 1/float32(micro)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		o := benchAdamW
+		o.LR = 1e-3 * float64(s+1)
+		if err := e.Step(o); err != nil {
+			t.Fatal(err)
+		}
+		m, err := e.Metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.losses, r.norms, r.aux = append(r.losses, m.Loss), append(r.norms, m.GradNorm), append(r.aux, m.AuxLoss)
+	}
+	p := model.NewParams(e.Config())
+	if err := e.Params(p); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.OptimizerState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.params, r.m, r.v = p.Data, st.M, st.V
+	return r
+}
+
+// sameBits fails t unless two trainings agree bit for bit: every step's
+// loss, load-balancing loss and gradient norm, the weights and both moments.
+func sameBits(t *testing.T, wantName, gotName string, want, got trained) {
+	t.Helper()
+	if !slices.Equal(want.losses, got.losses) || !slices.Equal(want.aux, got.aux) || !slices.Equal(want.norms, got.norms) {
+		t.Errorf("losses %v, aux %v, norms %v %s; %v, %v, %v %s", want.losses, want.aux, want.norms, wantName, got.losses, got.aux, got.norms, gotName)
+	}
+	for _, x := range []struct {
+		name       string
+		want, have []float32
+	}{{"weights", want.params, got.params}, {"first moments", want.m, got.m}, {"second moments", want.v, got.v}} {
+		for i := range x.want {
+			if math.Float32bits(x.want[i]) != math.Float32bits(x.have[i]) {
+				t.Fatalf("%s[%d]: %g %s, %g %s", x.name, i, x.want[i], wantName, x.have[i], gotName)
+			}
+		}
+	}
 }

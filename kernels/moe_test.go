@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 
 	"github.com/kiln-lm/kiln/model"
@@ -246,52 +245,11 @@ func TestMoEGraphStepsMatchEagerBitForBit(t *testing.T) {
 			for range steps * micro {
 				batches = append(batches, randomBatch(c, x.B, x.T, 40, r))
 			}
-			type result struct {
-				losses, aux, norms []float64
-				params, m, v       []float32
-			}
-			train := func(graphs bool) result {
+			train := func(graphs bool) trained {
 				if err := e.th.do(func() error { e.graphs = graphs; return nil }); err != nil {
 					t.Fatal(err)
 				}
-				if err := e.SetParams(p0); err != nil {
-					t.Fatal(err)
-				}
-				n := len(p0.Data)
-				if err := e.SetOptimizerState(&model.OptimizerState{M: make([]float32, n), V: make([]float32, n)}); err != nil {
-					t.Fatal(err)
-				}
-				var res result
-				for s := range steps {
-					if err := e.ZeroGrad(); err != nil {
-						t.Fatal(err)
-					}
-					for k := range micro {
-						if err := e.ForwardBackward(batches[s*micro+k], 1.0/micro); err != nil {
-							t.Fatal(err)
-						}
-					}
-					o := benchAdamW
-					o.LR = 1e-3 * float64(s+1)
-					if err := e.Step(o); err != nil {
-						t.Fatal(err)
-					}
-					m, err := e.Metrics()
-					if err != nil {
-						t.Fatal(err)
-					}
-					res.losses, res.aux, res.norms = append(res.losses, m.Loss), append(res.aux, m.AuxLoss), append(res.norms, m.GradNorm)
-				}
-				p := model.NewParams(c)
-				if err := e.Params(p); err != nil {
-					t.Fatal(err)
-				}
-				st, err := e.OptimizerState()
-				if err != nil {
-					t.Fatal(err)
-				}
-				res.params, res.m, res.v = p.Data, st.M, st.V
-				return res
+				return trainSteps(t, e, p0, batches, micro)
 			}
 			eager := train(false)
 			graph := train(true)
@@ -303,19 +261,7 @@ func TestMoEGraphStepsMatchEagerBitForBit(t *testing.T) {
 			if graph.aux[0] <= 0 {
 				t.Errorf("aux loss %v: the load-balancing loss did not run", graph.aux)
 			}
-			if !slices.Equal(eager.losses, graph.losses) || !slices.Equal(eager.aux, graph.aux) || !slices.Equal(eager.norms, graph.norms) {
-				t.Errorf("losses %v, aux %v, norms %v eager; %v, %v, %v from graphs", eager.losses, eager.aux, eager.norms, graph.losses, graph.aux, graph.norms)
-			}
-			for _, y := range []struct {
-				name       string
-				want, have []float32
-			}{{"weights", eager.params, graph.params}, {"first moments", eager.m, graph.m}, {"second moments", eager.v, graph.v}} {
-				for i := range y.want {
-					if math.Float32bits(y.want[i]) != math.Float32bits(y.have[i]) {
-						t.Fatalf("%s[%d]: %g eager, %g from graphs", y.name, i, y.want[i], y.have[i])
-					}
-				}
-			}
+			sameBits(t, "eager", "from graphs", eager, graph)
 		})
 	}
 }

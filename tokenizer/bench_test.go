@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -121,5 +122,72 @@ func BenchmarkEncodeReaderCold(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkTokenizeFile is `sched tokenize` on one file without the
+// process: the file (KILN_TOKENIZER_BENCH_TEXT, else the golden texts)
+// read through EncodeReaderTo as 2-byte ids into io.Discard. cold parses
+// the tokenizer in each iteration, as the command does, so that every
+// worker starts with empty word caches; warm reuses one whose workers'
+// caches an untimed pass over the whole file has filled. Their ratio on
+// many cores is what the workers' separate caches cost. The chunk, jobs
+// and parts variants change the piece size, the pieces in flight per
+// worker and the parts the workers encode a piece in (streamSubPiece), cold.
+func BenchmarkTokenizeFile(b *testing.B) {
+	path := os.Getenv("KILN_TOKENIZER_BENCH_TEXT")
+	if path == "" {
+		path = filepath.Join(b.TempDir(), "text")
+		if err := os.WriteFile(path, benchText(b), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pass := func(b *testing.B, tk *Tokenizer) {
+		f, err := os.Open(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if n, err := tk.EncodeReaderTo(context.Background(), f, io.Discard, 2); err != nil || n == 0 {
+			b.Fatal(err, n)
+		}
+	}
+	for _, style := range styles {
+		raw := readTestdata(b, style+".tokenizer.json")
+		parse := func(b *testing.B) *Tokenizer {
+			tk, err := Parse(raw)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return tk
+		}
+		cold := func(chunk, jobs, sub int) func(b *testing.B) {
+			return func(b *testing.B) {
+				defer func(c, j, s int) { streamChunk, streamJobsPerWorker, streamSubPiece = c, j, s }(streamChunk, streamJobsPerWorker, streamSubPiece)
+				streamChunk, streamJobsPerWorker, streamSubPiece = chunk, jobs, sub
+				b.SetBytes(st.Size())
+				for b.Loop() {
+					pass(b, parse(b))
+				}
+			}
+		}
+		b.Run(style+"/cold", cold(streamChunk, streamJobsPerWorker, streamSubPiece))
+		b.Run(style+"/warm", func(b *testing.B) {
+			tk := parse(b)
+			pass(b, tk)
+			b.SetBytes(st.Size())
+			for b.Loop() {
+				pass(b, tk)
+			}
+		})
+		for _, chunk := range []int{256 << 10, 4 << 20} {
+			b.Run(fmt.Sprintf("%s/chunk%dKiB", style, chunk>>10), cold(chunk, streamJobsPerWorker, streamSubPiece))
+		}
+		b.Run(style+"/jobs4", cold(streamChunk, 4, streamSubPiece))
+		b.Run(style+"/parts64KiB", cold(streamChunk, streamJobsPerWorker, 64<<10))
 	}
 }

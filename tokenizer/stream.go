@@ -19,6 +19,20 @@ import (
 // handing jobs between goroutines costs nothing measurable.
 var streamChunk = 1 << 20
 
+// streamJobsPerWorker is how many pieces EncodeReader keeps in flight per
+// worker, beyond one: two keep each worker busy while the reader fills the
+// next piece and the caller emits the last. A variable for the benchmarks,
+// which compare it on many cores.
+var streamJobsPerWorker = 2
+
+// streamSubPiece, when set, has EncodeReaderTo's workers encode each piece
+// in parts of about this many bytes, cut at safe points, through ids
+// scratch that stays in the core's own cache, instead of holding a whole
+// piece's ids (two bytes of ids a byte of text) between encoding and
+// writing them out: less memory traffic per byte, which counts when every
+// core streams its own. Off (0) by default; the benchmarks compare it.
+var streamSubPiece = 0
+
 // cuttable reports whether the text can be cut at safe points and encoded
 // in pieces with the same ids as a whole: not when a pre-tokenizer adds a
 // prefix space (each piece would get one), not when no stage splits (the
@@ -103,7 +117,7 @@ func (t *Tokenizer) EncodeReaderTo(ctx context.Context, r io.Reader, w io.Writer
 	}
 	var n int64
 	err := t.encodeStream(ctx, r, width, func(j *streamJob) error {
-		n += int64(len(j.ids))
+		n += int64(len(j.out) / width)
 		if _, err := w.Write(j.out); err != nil {
 			return fmt.Errorf("encode: write: %w", err)
 		}
@@ -143,12 +157,15 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	// free bounds the jobs in flight: two per worker keep each busy while
-	// the reader fills the next and the caller emits the last.
-	nJobs := 2*workers + 1
+	// free bounds the jobs in flight (streamJobsPerWorker).
+	nJobs := streamJobsPerWorker*workers + 1
 	free := make(chan *streamJob, nJobs)
 	for range nJobs {
 		free <- &streamJob{}
+	}
+	sub := 0
+	if width > 0 && t.cuttable() {
+		sub = streamSubPiece
 	}
 	todo := make(chan *streamJob, nJobs)
 	done := make(chan *streamJob, nJobs)
@@ -165,7 +182,14 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 			defer wg.Done()
 			st := t.getState()
 			defer t.putState(st)
+			var scratch []uint32
 			for j := range todo {
+				if width > 0 && sub > 0 && len(j.text) > sub {
+					j.ids = j.ids[:0]
+					j.out, scratch = encodeParts(st, j.out[:0], scratch, j.text, sub, width)
+					done <- j
+					continue
+				}
 				// Room for the ids of most text (code and prose average
 				// three to four bytes an id): grown once, not doubled from
 				// nothing through fresh pages.
@@ -215,6 +239,26 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 		return readErr
 	}
 	return ctx.Err()
+}
+
+// encodeParts appends to out the ids of text as integers of width bytes,
+// encoding it in parts of about sub bytes cut at safe points, through
+// scratch, which it returns for reuse. The ids are those of the whole text.
+func encodeParts(st *encoderState, out []byte, scratch []uint32, text []byte, sub, width int) ([]byte, []uint32) {
+	for len(text) > 0 {
+		n := len(text)
+		if n > sub {
+			if p := safeCut(text[:sub]); p > 0 {
+				n = p
+			} else if p := safeCut(text); p > 0 {
+				n = p // no cut in the first sub bytes: the last one
+			}
+		}
+		scratch = st.encode(scratch[:0], text[:n])
+		out = appendLE(out, scratch, width)
+		text = text[n:]
+	}
+	return out, scratch
 }
 
 // readJobs reads r into jobs from free, each cut at a safe point (or the

@@ -146,28 +146,16 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 		defer bar.Finish()
 		r = io.TeeReader(src, bar)
 	}
-	// Write beside the destination and rename, so that a failed run never
-	// leaves a truncated id file under the final name.
-	dst, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")
+	var n int64
+	err = writeOutput(out, func(dst io.Writer) error {
+		w := bufio.NewWriterSize(dst, 1<<20)
+		var err error
+		if n, err = tk.EncodeReaderTo(ctx, r, w, width); err != nil {
+			return fmt.Errorf("tokenize %s -> %s: %w", in, out, err)
+		}
+		return w.Flush()
+	})
 	if err != nil {
-		return fmt.Errorf("tokenize: %w", err)
-	}
-	defer os.Remove(dst.Name())
-	w := bufio.NewWriterSize(dst, 1<<20)
-	n, err := tk.EncodeReaderTo(ctx, r, w, width)
-	if err != nil {
-		err = fmt.Errorf("tokenize %s -> %s: %w", in, out, err)
-	}
-	if err == nil {
-		err = w.Flush()
-	}
-	if cerr := dst.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(dst.Name(), out); err != nil {
 		return fmt.Errorf("tokenize: %w", err)
 	}
 	fmt.Fprintf(errOut, "wrote %d ids (%s) to %s\n", n, dtype, out)
@@ -218,11 +206,7 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	if err != nil {
 		return err
 	}
-	tmp := out + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return fmt.Errorf("tokenizer train: %w", err)
-	}
-	if err := os.Rename(tmp, out); err != nil {
+	if err := writeOutput(out, func(w io.Writer) error { _, err := w.Write(data); return err }); err != nil {
 		return fmt.Errorf("tokenizer train: %w", err)
 	}
 	fmt.Fprintf(errOut, "wrote %s\n", out)
@@ -242,4 +226,39 @@ func requireEOS(path string, tk *tokenizer.Tokenizer) error {
 		return nil
 	}
 	return badInput("tokenizer %s has no end-of-text token, which separates documents in a token store: add \"<|endoftext|>\" (or </s>) to its added_tokens with \"special\": true, or train one with 'sched tokenizer train --special \"<|endoftext|>\"'", path)
+}
+
+// writeOutput has write fill the file out. A regular file (or a new one) is
+// written beside its final name and renamed over it, so that a failed run
+// never leaves a truncated file under that name. Anything else (a device
+// such as /dev/null, a named pipe) is written in place: renaming over it
+// would replace the device with a file.
+func writeOutput(out string, write func(io.Writer) error) error {
+	if st, err := os.Stat(out); err == nil && !st.Mode().IsRegular() {
+		if st.IsDir() {
+			return badInput("--out %s is a directory; name a file", out)
+		}
+		f, err := os.OpenFile(out, os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		if err := write(f); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	dst, err := os.CreateTemp(filepath.Dir(out), filepath.Base(out)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(dst.Name())
+	if err := write(dst); err != nil {
+		dst.Close()
+		return err
+	}
+	if err := dst.Close(); err != nil {
+		return err
+	}
+	return os.Rename(dst.Name(), out)
 }

@@ -205,3 +205,69 @@ func appendU32(dst []byte, ids []uint32) []byte {
 	}
 	return dst
 }
+
+// Ids and a trained tokenizer written to something that is not a regular
+// file (a named pipe here; /dev/null likewise) go into it in place: the
+// path is still that pipe afterwards, not a file renamed over it, and the
+// reader gets every byte. A directory is refused as bad input.
+func TestOutputThatIsNotAFileIsWrittenInPlace(t *testing.T) {
+	dir := t.TempDir()
+	tokPath := goldenTokenizer(t, dir)
+	text := "package main\n\nfunc main() {}\n"
+	in := filepath.Join(dir, "in.txt")
+	if err := os.WriteFile(in, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := tokenizer.Load(tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "out.fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skipf("no named pipes here: %v", err)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want func([]byte) error
+	}{
+		{"tokenize", []string{"tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", fifo, "--dtype", "u32"}, func(b []byte) error {
+			if want := appendU32(nil, tk.Encode(text)); !bytes.Equal(b, want) {
+				return fmt.Errorf("%d bytes of ids, want %d", len(b), len(want))
+			}
+			return nil
+		}},
+		{"tokenizer train", []string{"tokenizer", "train", "--in", in, "--vocab", "300", "--out", fifo}, func(b []byte) error {
+			if _, err := tokenizer.Parse(b); err != nil {
+				return fmt.Errorf("what the pipe got is not a tokenizer: %v", err)
+			}
+			return nil
+		}},
+	} {
+		got := make(chan []byte, 1)
+		go func() {
+			f, err := os.Open(fifo)
+			if err != nil {
+				got <- nil
+				return
+			}
+			b, _ := io.ReadAll(f)
+			f.Close()
+			got <- b
+		}()
+		if _, errOut, code := sched(t, nil, c.args...); code != 0 {
+			t.Fatalf("%s: exit %d: %s", c.name, code, errOut)
+		}
+		// Checked before the reader is waited for: a pipe renamed over has
+		// no writer, and its reader would wait forever.
+		if st, err := os.Lstat(fifo); err != nil || st.Mode()&os.ModeNamedPipe == 0 {
+			t.Fatalf("%s: %s is no longer a named pipe: %v, %v", c.name, fifo, st, err)
+		}
+		if err := c.want(<-got); err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+	if _, errOut, code := sched(t, nil, "tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", dir); code != exitBadInput || !strings.Contains(errOut, dir) {
+		t.Errorf("--out a directory: exit %d, %q; want exit %d naming it", code, errOut, exitBadInput)
+	}
+}

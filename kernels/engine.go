@@ -32,9 +32,12 @@ type Engine struct {
 	// kparams: each kernel's parameter kinds, which launch3 checks its
 	// arguments against.
 	kparams map[string][]paramKind
-	mods    []*cuda.Module
-	mem     *allocator
-	Arch    string // what NVRTC built: "sm_90", or "compute_80" when forced
+	// shared: the dynamic shared memory a kernel launches with, in bytes,
+	// for the kernels that take any (flash_bwd).
+	shared map[string]int
+	mods   []*cuda.Module
+	mem    *allocator
+	Arch   string // what NVRTC built: "sm_90", or "compute_80" when forced
 	// CacheHits is how many kernel files came from the on-disk cache.
 	CacheHits int
 
@@ -45,6 +48,10 @@ type Engine struct {
 	// flashRows: the query rows a block of the flash forward takes, 128
 	// (flash_fwd128) or 64 (flash_fwd), from KILN_CUDA_FLASH_FWD.
 	flashRows int
+	// flashFused: the flash backward as flash_bwd_dvec, flash_bwd and
+	// flash_bwd_dq_final (KILN_CUDA_FLASH_BWD=fused) instead of
+	// flash_bwd_dq then flash_bwd_dkv.
+	flashFused bool
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode
 	// gemmTune: candidates each bf16 GEMM shape times (0: none).
@@ -134,7 +141,8 @@ type acts struct {
 	k, v         []cuda.Ptr // L x (N, KV*D): rotated keys, values (likewise)
 	att          []cuda.Ptr // L x (B, H, T, T), without flash attention
 	lse          []cuda.Ptr // L x (B, H, T) base-2 log-sum-exp, with flash attention
-	dvec         cuda.Ptr   // (B, H, T) rowsum(dy * y), with flash attention: flash_bwd_dq writes it for flash_bwd_dkv
+	dvec         cuda.Ptr   // (B, H, T) rowsum(dy * y), with flash attention: flash_bwd_dvec (or flash_bwd_dq) writes it for the backward
+	dqsem        cuda.Ptr   // (B, H, tiles) int32, with flash attention: flash_bwd's order of the dq sums, zeroed before each launch
 	g, u, h      []cuda.Ptr // L x (N, F)
 	lnf, rstdf   cuda.Ptr   // (N, d), (N)
 	logits       cuda.Ptr   // (headRows, V) fp32-sized: one chunk's logits (bf16 in training where logitsBF), overwritten by their gradient unless dlogitsb takes it
@@ -236,6 +244,7 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 	if k.flash64 {
 		e.flashRows = 64
 	}
+	e.flashFused = k.flashFused
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {
 		e.headMode = k.head
@@ -283,6 +292,9 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	}
 	e.Arch = Target(dv.Major, dv.Minor, e.opt.ForceSM80)
 	if e.fns, e.kparams, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch, e.kopt.kernelCache); err != nil {
+		return err
+	}
+	if err := e.chooseFlashBackward(); err != nil {
 		return err
 	}
 	if e.st, err = dv.NewStream(); err != nil {
@@ -483,6 +495,7 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		a.dyb = bf("gradient scratch (bf16)", N*qd)
 		a.lse = layer("activations (attention log-sum-exp)", int64(B*c.Heads*T))
 		a.dvec = f32("attention gradient scratch", int64(B*c.Heads*T))
+		a.dqsem = f32("attention gradient scratch", int64(B*c.Heads*flashTiles(T)))
 	} else {
 		a.q, a.y = layer("activations (queries)", N*qd), layer("activations (attention)", N*qd)
 		a.k, a.v = layer("activations (keys)", N*kvd), layer("activations (values)", N*kvd)
@@ -700,7 +713,7 @@ func (e *Engine) launch3(name string, grid, block cuda.Dim3, args ...any) error 
 		return err
 	}
 	e.launches[name]++
-	return e.timed(name, func() error { return f.Launch(grid, block, 0, e.sh, args...) })
+	return e.timed(name, func() error { return f.Launch(grid, block, e.shared[name], e.sh, args...) })
 }
 
 // gemmName is a GEMM's line in the profile: by shape, so that the table

@@ -602,3 +602,263 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, bf16* dkb, float* dv, bf16* 
         }
     }
 }
+
+// flash_bwd_dvec writes dvec = rowsum(dout * out) for every query row: the
+// term the softmax's backward subtracts, which flash_bwd reads. dout and
+// out are N H rows of 64 values, one a (token, head), read in order: eight
+// threads a row, 16 bytes each of dout and out. Grid ceil(N H / 16), 128
+// threads.
+extern "C" __global__ void flash_bwd_dvec(float* dvec, const bf16* dout, const bf16* out, int T, int H, int rows) {
+    int row = blockIdx.x * 16 + (threadIdx.x >> 3), c = (threadIdx.x & 7) * 8;
+    float acc = 0.0f;
+    if (row < rows) {
+        size_t at = (size_t)row * HD + c;
+        uint4 x = *(const uint4*)(dout + at), y = *(const uint4*)(out + at);
+        acc = bf_lo(x.x) * bf_lo(y.x) + bf_hi(x.x) * bf_hi(y.x) + bf_lo(x.y) * bf_lo(y.y) + bf_hi(x.y) * bf_hi(y.y) +
+              bf_lo(x.z) * bf_lo(y.z) + bf_hi(x.z) * bf_hi(y.z) + bf_lo(x.w) * bf_lo(y.w) + bf_hi(x.w) * bf_hi(y.w);
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+    if ((threadIdx.x & 7) == 0 && row < rows) {
+        int n = row / H, h = row % H, b = n / T, i = n % T;
+        dvec[((size_t)b * H + h) * T + i] = acc;
+    }
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// red_add2 adds a pair to p[0], p[1] without waiting for the result.
+__device__ __forceinline__ void red_add2(float* p, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
+#endif
+}
+
+// The whole backward in one pass over the (key tile, query tile) pairs:
+// flash_bwd_dkv's dk and dv, and dq's products from the same
+// probabilities, so P and dP are computed once instead of again by a dq
+// kernel. dvec must hold flash_bwd_dvec's rows; flash_bwd_dq_final then
+// turns the sums in dqacc into dq.
+//
+// A query tile's dq sums the products of every key tile up to it, made by
+// as many blocks. They go into dqacc (fp32, (B, H, T, 64)) one after the
+// other in a fixed order, so the result is the same bits on every run:
+// for query tile qt of head h, key tile qt stores its product, then key
+// tiles qt - 1, ..., 0 add theirs, each once the one before it has said
+// (sem[(b H + h) tiles + qt], which must be zero at launch, holds the key
+// tile that added last) that its additions are issued. The additions are
+// fire-and-forget reductions. A block takes its query tiles in ascending
+// order, so the tile it waits for was added by the next key tile's block
+// at least one item earlier: the wait is almost never felt. Blocks are
+// numbered with the key tiles in descending order, so the block waited for
+// always started first (blocks start in the order of their index) and the
+// chain cannot deadlock.
+//
+// The work is pipelined across items so that one barrier a step suffices:
+// step j multiplies item j - 1's dS (kept in shared memory) by the keys and
+// adds it to dqacc, then computes item j's probabilities and its dk and dv
+// products and leaves its dS for step j + 1; item j + 1's tiles are copied
+// meanwhile. The block says its additions of item j - 1 are issued after
+// the next step's barrier.
+//
+// Grid (tiles, KV, B), 128 threads, FLASH_BWD_SMEM bytes of dynamic shared
+// memory: the key tile, kept for dS K, two sets of (queries, output
+// gradients) buffers and two dS buffers (as [key][query], read back by
+// query rows). 64.5 KB: two blocks to an SM need 130 KB of an SM's shared
+// memory (an H100 or A100 has it, an RTX 3060 does not).
+#define FLASH_BWD_SMEM (7 * TILE * 2)
+extern "C" __global__ void __launch_bounds__(128, 2) flash_bwd(float* dk, bf16* dkb, float* dv, bf16* dvb, float* dqacc, int* sem,
+                                                               const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                                                               const float* lse, const float* dvec, const float* cosT, const float* sinT,
+                                                               int T, int H, int KV, float scale, int ldq, int ldkv, int ldd) {
+    extern __shared__ __align__(16) bf16 smem[];
+    __shared__ float Ls[2][FT], Dv[2][FT];
+    bf16* Ks = smem;                 // the key tile
+    bf16* QD = smem + TILE;          // item j's queries at QD + 2 (j & 1) TILE, output gradients one tile on
+    bf16* DS = smem + 5 * TILE;      // item j's dS at DS + (j & 1) TILE
+    int nt = gridDim.x, kt = nt - 1 - blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / KV;
+    int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
+    int qs = H * HD, ks = KV * HD;
+    load_tile(Ks, k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * FT, T);
+    load_tile(QD, v + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * FT, T);
+    cp_commit();
+    cp_wait_all();
+    __syncthreads();
+    unsigned ka[4][4], va[4][4];
+    frag_a(ka, Ks, r0, lane);
+    frag_a(va, QD, r0, lane);
+    __syncthreads();
+    const float c = scale * 1.4426950408889634f;
+    int kj[2] = {kt * FT + r0 + g, kt * FT + r0 + g + 8};
+    int items = grp * (nt - kt);
+    // Item j is query tile kt + j / grp of head kvh grp + j % grp.
+    auto stage = [&](int j) {
+        int h = kvh * grp + j % grp, qt = kt + j / grp;
+        bf16* Q = QD + (j & 1) * 2 * TILE;
+        load_tile(Q, q + (size_t)b * T * ldq + h * HD, ldq, qt * FT, T);
+        load_tile(Q + TILE, dout + (size_t)b * T * qs + h * HD, qs, qt * FT, T);
+        if (threadIdx.x < FT) {
+            int i = qt * FT + threadIdx.x;
+            size_t at = ((size_t)b * H + h) * T + i;
+            Ls[j & 1][threadIdx.x] = i < T ? lse[at] : 0.0f;
+            Dv[j & 1][threadIdx.x] = i < T ? dvec[at] : 0.0f;
+        }
+    };
+    auto semOf = [&](int j) { return sem + ((size_t)b * H + kvh * grp + j % grp) * nt + kt + j / grp; };
+    stage(0);
+    cp_commit();
+    float dka[8][4] = {}, dva[8][4] = {};
+    int* done = nullptr; // an item whose additions are issued, to be said after the next barrier
+    for (int j = 0;; j++) {
+        // Item j's tiles have landed; every warp is done with item j - 1's
+        // tiles (which item j + 1's copies overwrite) and has left item
+        // j - 1's dS, and every thread's additions before this barrier are
+        // issued.
+        cp_wait_all();
+        __syncthreads();
+        if (done && threadIdx.x == 0) st_release(done, kt);
+        done = nullptr;
+        if (j + 1 < items) stage(j + 1);
+        cp_commit();
+        if (j > 0) {
+            // Item j - 1's dq product for rows r0 .. r0 + 15 of its query
+            // tile: dS (queries x keys, read transposed from [key][query])
+            // times the keys.
+            int p = j - 1, h = kvh * grp + p % grp, qt = kt + p / grp;
+            const bf16* Ds = DS + (p & 1) * TILE;
+            float dqa[8][4] = {};
+            int mi = lane >> 3, key = (mi >> 1) * 8 + (lane & 7), qc = r0 + (mi & 1) * 8;
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                unsigned a[1][4];
+                ldm4t(a[0], smem_addr(Ds + (kc * 16 + key) * LDS + qc));
+                mm_kn<1>(dqa, a, Ks, lane, kc * 16);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int qi = qt * FT + r0 + g + 8 * r;
+                if (qi >= T) continue;
+                float* acc = dqacc + (((size_t)b * H + h) * T + qi) * HD + 2 * t;
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++) {
+                    if (kt == qt)
+                        __stcg((float2*)(acc + nb * 8), make_float2(dqa[nb][2 * r], dqa[nb][2 * r + 1]));
+                    else
+                        red_add2(acc + nb * 8, dqa[nb][2 * r], dqa[nb][2 * r + 1]);
+                }
+            }
+            if (kt > 0) done = semOf(p);
+        }
+        if (j == items) break;
+        int qt = kt + j / grp;
+        const bf16* Q = QD + (j & 1) * 2 * TILE;
+        const float* L = Ls[j & 1];
+        const float* D = Dv[j & 1];
+        unsigned fa[4][4];
+        {
+            // Transposed products: rows are this warp's keys, columns
+            // queries.
+            float st[8][4] = {}, dpt[8][4] = {};
+            mm_nk(st, ka, Q, lane);
+            mm_nk(dpt, va, Q + TILE, lane);
+            bool edge = qt == kt || (qt + 1) * FT > T;
+#pragma unroll
+            for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ql = nb * 8 + 2 * t + (e & 1), qi = qt * FT + ql;
+                    bool seen = !edge || (qi < T && qi >= kj[e >> 1]);
+                    float p = seen ? ex2(st[nb][e] * c - L[ql]) : 0.0f;
+                    st[nb][e] = p;
+                    dpt[nb][e] = p * (dpt[nb][e] - D[ql]);
+                }
+            }
+            acc_to_a(fa, st);
+            mm_kn(dva, fa, Q + TILE, lane);
+            acc_to_a(fa, dpt);
+        }
+        mm_kn(dka, fa, Q, lane);
+        // dS^T for the next step, each warp its 16 key rows.
+        bf16* Ds = DS + (j & 1) * TILE;
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            *(unsigned*)(Ds + (r0 + g) * LDS + kc * 16 + 2 * t) = fa[kc][0];
+            *(unsigned*)(Ds + (r0 + g + 8) * LDS + kc * 16 + 2 * t) = fa[kc][1];
+            *(unsigned*)(Ds + (r0 + g) * LDS + kc * 16 + 8 + 2 * t) = fa[kc][2];
+            *(unsigned*)(Ds + (r0 + g + 8) * LDS + kc * 16 + 8 + 2 * t) = fa[kc][3];
+        }
+        // The next key tile's block must have added to item j's sum before
+        // this block adds, in the next step: one thread waits (almost
+        // never), and the barrier there passes the order on.
+        if (kt < qt && threadIdx.x == 0) {
+            const int* sm = semOf(j);
+            while (ld_acquire(sm) != kt + 1) __nanosleep(32);
+        }
+    }
+    __syncthreads();
+    if (done && threadIdx.x == 0) st_release(done, kt);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (kj[r] >= T) continue;
+        size_t at = ((size_t)b * T + kj[r]) * ks + kvh * HD;
+        size_t atb = ((size_t)b * T + kj[r]) * ldd + kvh * HD;
+        if (dkb) store_unrotated(dkb + atb, dka, r, t, scale, cosT, sinT, kj[r]);
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) {
+            if (dk) {
+                dk[at + nb * 8 + 2 * t] = dka[nb][2 * r] * scale;
+                dk[at + nb * 8 + 2 * t + 1] = dka[nb][2 * r + 1] * scale;
+            }
+            if (dv) {
+                dv[at + nb * 8 + 2 * t] = dva[nb][2 * r];
+                dv[at + nb * 8 + 2 * t + 1] = dva[nb][2 * r + 1];
+            }
+            if (dvb) *(unsigned*)(dvb + atb + nb * 8 + 2 * t) = f2bf2(dva[nb][2 * r], dva[nb][2 * r + 1]);
+        }
+    }
+}
+
+// flash_bwd_dq_final turns flash_bwd's sums into dq: times scale, in bf16
+// rotated back by rope into dqb (row stride ldd: the query block of the
+// fused projection's gradient), and in fp32 into dq when set. Sixteen
+// threads a row, each the pairs at columns 2 i and 2 i + 32, which rope's
+// inverse mixes. Grid (ceil(T / 8), H, B), 128 threads.
+extern "C" __global__ void flash_bwd_dq_final(float* dq, bf16* dqb, const float* dqacc, const float* cosT, const float* sinT, int T,
+                                              int H, float scale, int ldd) {
+    int h = blockIdx.y, b = blockIdx.z;
+    int i = blockIdx.x * 8 + (threadIdx.x >> 4), col = (threadIdx.x & 15) * 2;
+    if (i >= T) return;
+    const float* acc = dqacc + (((size_t)b * H + h) * T + i) * HD;
+    float2 x = *(const float2*)(acc + col), y = *(const float2*)(acc + col + HD / 2);
+    float xs[2] = {x.x * scale, x.y * scale}, ys[2] = {y.x * scale, y.y * scale};
+    const float* ct = cosT + (size_t)i * (HD / 2) + col;
+    const float* st = sinT + (size_t)i * (HD / 2) + col;
+    float lo[2], hi[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        lo[e] = xs[e] * ct[e] + ys[e] * st[e];
+        hi[e] = ys[e] * ct[e] - xs[e] * st[e];
+    }
+    bf16* row = dqb + ((size_t)b * T + i) * ldd + h * HD;
+    *(unsigned*)(row + col) = f2bf2(lo[0], lo[1]);
+    *(unsigned*)(row + col + HD / 2) = f2bf2(hi[0], hi[1]);
+    if (dq) {
+        float* r = dq + ((size_t)b * T + i) * (H * HD) + h * HD;
+        r[col] = xs[0];
+        r[col + 1] = xs[1];
+        r[col + HD / 2] = ys[0];
+        r[col + HD / 2 + 1] = ys[1];
+    }
+}

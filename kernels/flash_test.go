@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
@@ -36,6 +37,17 @@ func toBF16Bits(x []float32) []uint16 {
 		out[i] = model.ToBF16(v)
 	}
 	return out
+}
+
+// firstBitDiff is the first index where got and want differ in their bits,
+// or -1.
+func firstBitDiff(got, want []float32) int {
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			return i
+		}
+	}
+	return -1
 }
 
 // maxRelErr is the largest |got - want| over the largest |want|.
@@ -77,11 +89,12 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					dqb, dkb        []uint16 // flash's bf16 dq and dk, rotated back by rope
 					cos, sin        []float32
 					lse             []float32 // flash's base-2 log-sum-exp
+					dvec            []float32 // flash's rowsum(dout * out)
 				}
 				// run runs the straightforward kernels (rows 0) or the
 				// flash ones with the forward of that many query rows a
-				// block.
-				run := func(rows int) result {
+				// block and the backward in two kernels (split) or one.
+				run := func(rows int, split bool) result {
 					res := result{out: make([]float32, N*H*D), dq: make([]float32, N*H*D), dk: make([]float32, N*KV*D), dv: make([]float32, N*KV*D)}
 					err := e.th.do(func() error {
 						b := &testBuffers{e: e}
@@ -115,12 +128,48 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 								return err
 							}
 							tiles := flashTiles(T)
-							if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
-								dq, dqkv, dvec, pq, pk, pv, pd, outb, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
-								return err
+							if split {
+								if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+									dq, dqkv, dvec, pq, pk, pv, pd, outb, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+									return err
+								}
+								if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
+									dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), pq, pk, pv, pd, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+									return err
+								}
+							} else {
+								// The fused backward sums dq in fp32 scratch, in
+								// an order its zeroed semaphores keep.
+								dqacc, sem := f32(N*H*D), f32(B*H*tiles)
+								if b.err != nil {
+									return b.err
+								}
+								// The engine gives flash_bwd its shared memory only
+								// when training takes it.
+								if e.shared["flash_bwd"] == 0 {
+									if err := e.fns["flash_bwd"].AllowSharedMemory(flashBwdShared); err != nil {
+										return err
+									}
+									e.shared = map[string]int{"flash_bwd": flashBwdShared}
+								}
+								if err := e.dv.Memset32(sem, 0, int64(B*H*tiles)); err != nil {
+									return err
+								}
+								if err := e.launch("flash_bwd_dvec", (N*H+15)/16, 128, dvec, pd, outb, T, H, N*H); err != nil {
+									return err
+								}
+								if err := e.launch3("flash_bwd", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
+									dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), dqacc, sem,
+									pq, pk, pv, pd, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+									return err
+								}
+								if err := e.launch3("flash_bwd_dq_final", cuda.Dim3{X: (T + 7) / 8, Y: H, Z: B}, cuda.Dim3{X: 128},
+									dq, dqkv, dqacc, e.cosT, e.sinT, T, H, scale, P); err != nil {
+									return err
+								}
 							}
-							if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
-								dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), pq, pk, pv, pd, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+							res.dvec = make([]float32, B*H*T)
+							if err := cuda.Download(e.dv, res.dvec, dvec); err != nil {
 								return err
 							}
 							res.cos, res.sin = make([]float32, T*D/2), make([]float32, T*D/2)
@@ -177,11 +226,35 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					}
 					return res
 				}
-				want := run(0)
-				flash := map[int]result{}
-				for _, rows := range []int{64, 128} {
-					got, fwd := run(rows), fmt.Sprintf("%d-row forward", rows)
-					flash[rows] = got
+				want := run(0, false)
+				flash := map[string]result{}
+				for _, v := range []struct {
+					rows  int
+					split bool
+				}{{64, true}, {128, true}, {128, false}, {128, false}} {
+					got := run(v.rows, v.split)
+					fwd := fmt.Sprintf("%d-row forward, backward in one kernel", v.rows)
+					if v.split {
+						fwd = fmt.Sprintf("%d-row forward, backward in two kernels", v.rows)
+					}
+					if _, again := flash[fwd]; again {
+						// The fused backward's sums across blocks keep one
+						// order: a second run gives the same bits.
+						first := flash[fwd]
+						for _, c := range []struct {
+							name      string
+							got, want []float32
+						}{{"dq", got.dq, first.dq}, {"dk", got.dk, first.dk}, {"dv", got.dv, first.dv}} {
+							if i := firstBitDiff(c.got, c.want); i >= 0 {
+								t.Fatalf("%s, run again: %s[%d] = %g, first run %g", fwd, c.name, i, c.got[i], c.want[i])
+							}
+						}
+						if !slices.Equal(got.dqb, first.dqb) || !slices.Equal(got.dkb, first.dkb) || !slices.Equal(got.dvb, first.dvb) {
+							t.Fatalf("%s, run again: the bf16 gradients differ from the first run's", fwd)
+						}
+						continue
+					}
+					flash[fwd] = got
 					// The bf16 copies the GEMMs read are the fp32 results
 					// rounded to nearest even, value for value.
 					for _, c := range []struct {
@@ -240,7 +313,22 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				// same key tiles in the same order): alike to within the
 				// order the compiler may contract a multiply-add in, far
 				// below what a wrong mask or tile would move.
-				g64, g128 := flash[64], flash[128]
+				g64, g128 := flash["64-row forward, backward in two kernels"], flash["128-row forward, backward in two kernels"]
+				// The two backward paths do the same products; the fused one
+				// sums dvec's row and dq over key tiles in another order, and
+				// dk and dv over heads and query tiles in another
+				// interleaving: alike far below a wrong tile.
+				fused := flash["128-row forward, backward in one kernel"]
+				for _, c := range []struct {
+					name      string
+					got, want []float32
+				}{{"dvec", fused.dvec, g128.dvec}, {"dq", fused.dq, g128.dq}, {"dk", fused.dk, g128.dk}, {"dv", fused.dv, g128.dv}} {
+					rel := maxRelErr(c.got, c.want)
+					t.Logf("one-kernel backward against two (%s): %s %.3g of its largest value apart", e.Arch, c.name, rel)
+					if !(rel <= 1e-5) {
+						t.Errorf("%s: the one-kernel backward differs from the two-kernel one by %.3g of its largest value (limit 1e-5)", c.name, rel)
+					}
+				}
 				var lseDiff float64
 				same := 0
 				for i := range g64.lse {
@@ -258,9 +346,16 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				if !(outDiff <= 1e-5) {
 					t.Errorf("out: the 128-row forward differs from the 64-row one by %.3g of its largest value (limit 1e-5)", outDiff)
 				}
+				for _, name := range []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final"} {
+					r, err := e.fns[name].Resources()
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Logf("%s (%s): %d registers, %d bytes of shared memory, %d of local memory (spills)", name, e.Arch, r.Registers, r.SharedBytes, r.LocalBytes)
+				}
 				counts := e.LaunchCounts()
-				for name, n := range map[string]int{"flash_fwd": 1, "flash_fwd128": 1, "flash_bwd_dq": 2, "flash_bwd_dkv": 2,
-					"attn_fwd": 1, "attn_bwd_q": 1, "attn_bwd_kv": 1} {
+				for name, n := range map[string]int{"flash_fwd": 1, "flash_fwd128": 3, "flash_bwd_dq": 2, "flash_bwd_dkv": 2,
+					"flash_bwd_dvec": 2, "flash_bwd": 2, "flash_bwd_dq_final": 2, "attn_fwd": 1, "attn_bwd_q": 1, "attn_bwd_kv": 1} {
 					if counts[name] != n {
 						t.Fatalf("kernel %s launched %d times, want %d: %v", name, counts[name], n, counts)
 					}
@@ -270,18 +365,40 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 	}
 }
 
+// flash_bwd launches with the dynamic shared memory flash.cu sizes it for.
+func TestFlashBackwardSharedMemory(t *testing.T) {
+	src, err := sources.ReadFile("flash.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, def := range []string{"#define FT 64 ", "#define LDS 72 ", "#define TILE (FT * LDS)", "#define FLASH_BWD_SMEM (7 * TILE * 2)"} {
+		if !strings.Contains(string(src), def) {
+			t.Errorf("flash.cu has no %q: flashBwdShared (%d bytes) must follow its FLASH_BWD_SMEM", def, flashBwdShared)
+		}
+	}
+	if flashBwdShared != 7*64*72*2 {
+		t.Errorf("flashBwdShared = %d, want seven 64 x 72 bf16 tiles", flashBwdShared)
+	}
+}
+
 // A bf16 training step at head_dim 64 launches the flash kernels and never
 // the straightforward ones (and fp32 the reverse), so the parity checks
 // above and the golden bf16 check exercise the path training takes; the
-// forward is flash_fwd128 unless KILN_CUDA_FLASH_FWD=64 picks flash_fwd.
+// forward is flash_fwd128 unless KILN_CUDA_FLASH_FWD=64 picks flash_fwd,
+// and the backward flash_bwd_dq and flash_bwd_dkv unless
+// KILN_CUDA_FLASH_BWD=fused picks flash_bwd_dvec, flash_bwd and
+// flash_bwd_dq_final.
 func TestTrainingStepTakesFlashPath(t *testing.T) {
 	c, p, b := loadGolden(t, goldenDirs[1])
 	if c.HeadDim != flashHeadDim {
 		t.Fatalf("golden %s has head_dim %d, want %d", goldenDirs[1], c.HeadDim, flashHeadDim)
 	}
-	for _, v := range []struct{ prec, fwd string }{{"bf16", ""}, {"bf16", "64"}, {"bf16", "128"}, {"fp32", ""}, {"fp32", "64"}} {
-		t.Run(v.prec+"/fwd="+v.fwd, func(t *testing.T) {
+	flashKernels := []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final"}
+	for _, v := range []struct{ prec, fwd, bwd string }{{"bf16", "", ""}, {"bf16", "64", ""}, {"bf16", "128", "split"},
+		{"bf16", "", "fused"}, {"fp32", "", ""}, {"fp32", "64", "fused"}} {
+		t.Run(v.prec+"/fwd="+v.fwd+"/bwd="+v.bwd, func(t *testing.T) {
 			t.Setenv("KILN_CUDA_FLASH_FWD", v.fwd)
+			t.Setenv("KILN_CUDA_FLASH_BWD", v.bwd)
 			e := newEngine(t, c, model.Options{Precision: v.prec, MaxBatch: b.B, MaxSeq: b.T})
 			if err := e.SetParams(p); err != nil {
 				t.Fatal(err)
@@ -290,17 +407,35 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 				t.Fatal(err)
 			}
 			n := e.LaunchCounts()
-			fwd, other := "flash_fwd128", "flash_fwd"
+			want := map[string]int{"flash_fwd128": c.Layers, "flash_bwd_dq": c.Layers, "flash_bwd_dkv": c.Layers}
 			if v.fwd == "64" {
-				fwd, other = other, fwd
+				delete(want, "flash_fwd128")
+				want["flash_fwd"] = c.Layers
 			}
-			flash := n[fwd] == c.Layers && n[other] == 0 && n["flash_bwd_dq"] == c.Layers && n["flash_bwd_dkv"] == c.Layers
+			if v.bwd == "fused" {
+				delete(want, "flash_bwd_dq")
+				delete(want, "flash_bwd_dkv")
+				want["flash_bwd_dvec"], want["flash_bwd"], want["flash_bwd_dq_final"] = c.Layers, c.Layers, c.Layers
+			}
 			naive := n["attn_fwd"] == c.Layers && n["attn_bwd_q"] == c.Layers && n["attn_bwd_kv"] == c.Layers
-			if v.prec == "bf16" && (!flash || n["attn_fwd"]+n["attn_bwd_q"]+n["attn_bwd_kv"] != 0) {
-				t.Errorf("bf16 step: want %s and the flash backward once per layer and no other attention, launches %v", fwd, n)
+			if v.prec == "bf16" {
+				for _, k := range flashKernels {
+					if n[k] != want[k] {
+						t.Errorf("bf16 step: %s launched %d times, want %d (launches %v)", k, n[k], want[k], n)
+					}
+				}
+				if n["attn_fwd"]+n["attn_bwd_q"]+n["attn_bwd_kv"] != 0 {
+					t.Errorf("bf16 step: the straightforward attention ran beside the flash kernels: %v", n)
+				}
 			}
-			if v.prec == "fp32" && (!naive || n["flash_fwd"]+n["flash_fwd128"]+n["flash_bwd_dq"]+n["flash_bwd_dkv"] != 0) {
-				t.Errorf("fp32 step: want the straightforward attention once per layer and no flash kernels, launches %v", n)
+			if v.prec == "fp32" {
+				flash := 0
+				for _, k := range flashKernels {
+					flash += n[k]
+				}
+				if !naive || flash != 0 {
+					t.Errorf("fp32 step: want the straightforward attention once per layer and no flash kernels, launches %v", n)
+				}
 			}
 		})
 	}
@@ -338,5 +473,53 @@ func TestPilotPeakMemory(t *testing.T) {
 	}
 	if math.IsNaN(m.Loss) || m.Loss <= 0 {
 		t.Errorf("loss %v after one step", m.Loss)
+	}
+}
+
+// BenchmarkFlashBackward times the flash attention backward of one layer
+// alone at small's shape (B 32 x T 1024, 8 query heads over 4 key/value
+// heads), in two kernels (split) and in one (fused: flash_bwd_dvec,
+// flash_bwd, flash_bwd_dq_final), on the activations of one forward pass.
+func BenchmarkFlashBackward(b *testing.B) {
+	c := model.Presets["small"]
+	const B, T = 32, 1024
+	batch := patternBatch(c, B, T)
+	for _, v := range []string{"split", "fused"} {
+		b.Run(v, func(b *testing.B) {
+			b.Setenv("KILN_CUDA_FLASH_BWD", v)
+			e := newEngine(b, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T})
+			if err := e.SetParams(model.InitParams(c, 1)); err != nil {
+				b.Fatal(err)
+			}
+			scale := float32(1 / math.Sqrt(flashHeadDim))
+			bwd := func() error {
+				if err := e.flashBackward(0, B, T, scale); err != nil {
+					return err
+				}
+				return e.dv.Synchronize()
+			}
+			if err := e.th.do(func() error {
+				if err := e.stageIDs(batch.Inputs); err != nil {
+					return err
+				}
+				if err := e.forward(batch); err != nil {
+					return err
+				}
+				// The attention output stands in for its gradient.
+				if err := e.dv.Copy(e.a.dyb, e.a.yb[0], int64(B*T*c.Heads*flashHeadDim)*2); err != nil {
+					return err
+				}
+				return bwd()
+			}); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := e.th.do(bwd); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/layer")
+		})
 	}
 }

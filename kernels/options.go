@@ -28,6 +28,11 @@ type Options struct {
 	// flash64: the flash forward with 64 query rows a block (flash_fwd)
 	// instead of 128 (flash_fwd128).
 	flash64 bool
+	// flashFused: the flash backward in one pass (flash_bwd, which sums dq
+	// in a fixed order across blocks, between flash_bwd_dvec and
+	// flash_bwd_dq_final) instead of two kernels that each compute the
+	// probabilities (flash_bwd_dq, then flash_bwd_dkv).
+	flashFused bool
 	// eager: every kernel launched from the host; no CUDA graphs.
 	eager bool
 	// forceSM80: the sm_80 (compute_80) build on a newer GPU.
@@ -42,7 +47,7 @@ type Options struct {
 
 // ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
 // on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
-// KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_GRAPH,
+// KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD, KILN_CUDA_GRAPH,
 // KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
 // take is bad input naming the variable and the values it takes.
 func ParseOptions(getenv func(string) string) (Options, error) {
@@ -72,6 +77,11 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 		return Options{}, err
 	}
 	o.flash64 = flashFwd == "64"
+	flashBwd, err := envChoice(getenv, "KILN_CUDA_FLASH_BWD", "split", "fused")
+	if err != nil {
+		return Options{}, err
+	}
+	o.flashFused = flashBwd == "fused"
 	graphs, err := parseGraphs(getenv("KILN_CUDA_GRAPH"))
 	if err != nil {
 		return Options{}, err

@@ -11,13 +11,13 @@ func TestParseOptions(t *testing.T) {
 		t.Fatalf("nothing set: %+v, %v; want the zero Options and %d GEMM candidates", o, err, gemmCandidates)
 	}
 	o, err = ParseOptions(env(map[string]string{"KILN_CUDA_HEAD": "fp32-forward", "KILN_CUDA_GEMM_TUNE": "off",
-		"KILN_CUDA_ATTENTION": "naive", "KILN_CUDA_FLASH_FWD": "64", "KILN_CUDA_GRAPH": "off", "KILN_CUDA_FORCE_SM80": "1",
+		"KILN_CUDA_ATTENTION": "naive", "KILN_CUDA_FLASH_FWD": "64", "KILN_CUDA_FLASH_BWD": "fused", "KILN_CUDA_GRAPH": "off", "KILN_CUDA_FORCE_SM80": "1",
 		"KILN_KERNEL_CACHE": "/cache"}))
-	want := Options{head: headMode{f32Fwd: true}, gemmTune: -1, naive: true, flash64: true, eager: true, forceSM80: true, kernelCache: "/cache"}
+	want := Options{head: headMode{f32Fwd: true}, gemmTune: -1, naive: true, flash64: true, flashFused: true, eager: true, forceSM80: true, kernelCache: "/cache"}
 	if err != nil || o != want || o.candidates() != 0 || CacheDir(o.kernelCache) != "/cache" {
 		t.Fatalf("everything set: %+v, %v; want %+v, no GEMM tuning", o, err, want)
 	}
-	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GEMM_TUNE": "3", "KILN_CUDA_GRAPH": "on", "KILN_CUDA_FLASH_FWD": "128"})); err != nil || o.candidates() != 3 || o.eager || o.flash64 {
-		t.Fatalf("3 candidates, graphs on, 128 rows: %+v, %v", o, err)
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GEMM_TUNE": "3", "KILN_CUDA_GRAPH": "on", "KILN_CUDA_FLASH_FWD": "128", "KILN_CUDA_FLASH_BWD": "split"})); err != nil || o.candidates() != 3 || o.eager || o.flash64 || o.flashFused {
+		t.Fatalf("3 candidates, graphs on, 128 rows, two-kernel backward: %+v, %v", o, err)
 	}
 }

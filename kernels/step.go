@@ -215,23 +215,61 @@ func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int,
 		out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv)
 }
 
+// flashBwdShared is flash.cu's FLASH_BWD_SMEM: flash_bwd's dynamic shared
+// memory, seven 64-row tiles of 72 bf16 values.
+const flashBwdShared = 7 * 64 * 72 * 2
+
+// chooseFlashBackward lets flash_bwd, when it is chosen, use its shared
+// memory: two blocks an SM where the SM has 130 KB (an H100 or A100), one
+// on an RTX 3060.
+func (e *Engine) chooseFlashBackward() error {
+	if !e.flash || !e.flashFused {
+		return nil
+	}
+	if err := e.fns["flash_bwd"].AllowSharedMemory(flashBwdShared); err != nil {
+		return err
+	}
+	e.shared = map[string]int{"flash_bwd": flashBwdShared}
+	return nil
+}
+
 // flashBackward leaves layer l's attention input gradients from a.dyb,
 // recomputing the probabilities from the saved log-sum-exp, in bf16 in
 // their columns of a.dqkvb: dq and dk rotated back by rope inside the
-// kernels, dv as it is.
+// kernels, dv as it is. flash_bwd does it in one pass over the (key tile,
+// query tile) pairs, summing dq's products across its blocks in a.q, the
+// queries' fp32 scratch that training with flash attention leaves unused
+// (only generation's attention writes it), and flash_bwd_dq_final turns
+// the sums into dq.
 func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	a, H, KV := e.a, e.cfg.Heads, e.cfg.KVHeads
 	qd, kvd := H*flashHeadDim, KV*flashHeadDim
 	P := qd + 2*kvd
 	qkv := a.qkvb[l]
 	q, k, v := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd)
-	if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: flashTiles(T), Y: H, Z: B}, cuda.Dim3{X: 128},
-		cuda.Ptr(0), a.dqkvb, a.dvec, q, k, v, a.dyb, a.yb[l], a.lse[l], e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+	tiles := flashTiles(T)
+	if !e.flashFused {
+		if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+			cuda.Ptr(0), a.dqkvb, a.dvec, q, k, v, a.dyb, a.yb[l], a.lse[l], e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+			return err
+		}
+		return e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
+			cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), q, k, v, a.dyb, a.lse[l], a.dvec, e.cosT, e.sinT,
+			T, H, KV, scale, P, P, P)
+	}
+	if err := e.launch("flash_bwd_dvec", (B*T*H+15)/16, 128, a.dvec, a.dyb, a.yb[l], T, H, B*T*H); err != nil {
 		return err
 	}
-	return e.launch3("flash_bwd_dkv", cuda.Dim3{X: flashTiles(T), Y: KV, Z: B}, cuda.Dim3{X: 128},
-		cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), q, k, v, a.dyb, a.lse[l], a.dvec, e.cosT, e.sinT,
-		T, H, KV, scale, P, P, P)
+	if err := e.zero(a.dqsem, int64(B*H*tiles)); err != nil {
+		return err
+	}
+	if err := e.launch3("flash_bwd", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
+		cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), a.q[l], a.dqsem,
+		q, k, v, a.dyb, a.lse[l], a.dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+		return err
+	}
+	return e.launch3("flash_bwd_dq_final", cuda.Dim3{X: (T + 7) / 8, Y: H, Z: B}, cuda.Dim3{X: 128},
+		cuda.Ptr(0), a.dqkvb, a.q[l], e.cosT, e.sinT, T, H, scale, P)
 }
 
 func threadsFor(d int) int {

@@ -250,6 +250,7 @@ func (s *sizer) cuda(p MemoryPlan) {
 		s.add(scratch, 1, N*qd, 2)
 		s.add(act, L, B*H*T, 4) // log-sum-exp
 		s.add(scratch, 1, B*H*T, 4)
+		s.add(scratch, 1, B*H*math.Ceil(T/64), 4) // the order of the dq sums
 	} else {
 		s.add(act, 2*L, N*qd, 4)
 		s.add(act, 2*L, N*kvd, 4)

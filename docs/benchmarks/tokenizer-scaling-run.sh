@@ -34,9 +34,8 @@
 #
 # Everything lands in $OUT/tokenizer-scaling.txt, the summary first; the
 # profiles beside it (read them with `go tool pprof tokenizer.test cpuN.prof`,
-# tokenizer.test from the same carry). Ids go to files, never to /dev/null:
-# `sched tokenize` writes beside --out and renames over it, which would
-# replace /dev/null itself. About 3 minutes on 16 cores.
+# tokenizer.test from the same carry). Ids go to files (in /dev/shm where
+# there is room), as a user's run writes them. About 3 minutes on 16 cores.
 set -uo pipefail
 
 C=${CARRY:-.carry/tokenizer}

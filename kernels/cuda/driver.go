@@ -68,6 +68,8 @@ type Driver struct {
 	cuModuleLoadData          func(m *uintptr, image unsafe.Pointer) int32
 	cuModuleUnload            func(m uintptr) int32
 	cuModuleGetFunction       func(f *uintptr, m uintptr, name *byte) int32
+	cuFuncGetAttribute        func(v *int32, attr int32, f uintptr) int32
+	cuFuncSetAttribute        func(f uintptr, attr int32, v int32) int32
 	cuLaunchKernel            func(f uintptr, gx, gy, gz, bx, by, bz, shmem uint32, stream uintptr, params unsafe.Pointer, extra uintptr) int32
 	cuStreamCreate            func(s *uintptr, flags uint32) int32
 	cuStreamDestroy           func(s uintptr) int32
@@ -134,6 +136,8 @@ func loadDriver(dirs []string) (*Driver, error) {
 		"cuModuleLoadData":             &d.cuModuleLoadData,
 		"cuModuleUnload":               &d.cuModuleUnload,
 		"cuModuleGetFunction":          &d.cuModuleGetFunction,
+		"cuFuncGetAttribute":           &d.cuFuncGetAttribute,
+		"cuFuncSetAttribute":           &d.cuFuncSetAttribute,
 		"cuLaunchKernel":               &d.cuLaunchKernel,
 		"cuStreamCreate":               &d.cuStreamCreate,
 		"cuStreamDestroy_v2":           &d.cuStreamDestroy,
@@ -427,6 +431,33 @@ func (m *Module) Function(name string) (*Function, error) {
 		return nil, err
 	}
 	return &Function{dv: m.dv, f: f, Name: name}, nil
+}
+
+// Resources is what a compiled kernel holds on an SM: registers a thread,
+// static shared memory and local memory (register spills) in bytes.
+type Resources struct{ Registers, SharedBytes, LocalBytes int }
+
+// Resources reads f's compiled resources (cuFuncGetAttribute).
+func (f *Function) Resources() (Resources, error) {
+	var r Resources
+	for _, a := range []struct {
+		attr int32
+		dst  *int
+	}{{4, &r.Registers}, {1, &r.SharedBytes}, {3, &r.LocalBytes}} { // CU_FUNC_ATTRIBUTE_NUM_REGS, SHARED_SIZE_BYTES, LOCAL_SIZE_BYTES
+		var v int32
+		if err := f.dv.D.check("cuFuncGetAttribute("+f.Name+")", f.dv.D.cuFuncGetAttribute(&v, a.attr, f.f)); err != nil {
+			return Resources{}, err
+		}
+		*a.dst = int(v)
+	}
+	return r, nil
+}
+
+// AllowSharedMemory lets f launch with up to bytes of dynamic shared
+// memory (above the 48 KB a kernel gets without asking).
+func (f *Function) AllowSharedMemory(bytes int) error {
+	// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+	return f.dv.D.check("cuFuncSetAttribute("+f.Name+")", f.dv.D.cuFuncSetAttribute(f.f, 8, int32(bytes)))
 }
 
 // Dim3 is a launch grid or block shape.

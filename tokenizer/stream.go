@@ -20,10 +20,13 @@ import (
 var streamChunk = 1 << 20
 
 // streamJobsPerWorker is how many pieces EncodeReader keeps in flight per
-// worker, beyond one: two keep each worker busy while the reader fills the
-// next piece and the caller emits the last. A variable for the benchmarks,
-// which compare it on many cores.
-var streamJobsPerWorker = 2
+// worker, beyond one. Pieces are emitted in order, so one slow piece holds
+// back every finished piece after it; once all are held, the reader stops
+// and the workers wait. Four per worker leave room for a slow piece, at
+// about 3 MB a piece with EncodeReaderTo, whose pieces keep their text and
+// bytes but not their ids (docs/benchmarks/tokenizer.md). A variable for
+// the benchmarks.
+var streamJobsPerWorker = 4
 
 // streamSubPiece, when set, has EncodeReaderTo's workers encode each piece
 // in parts of about this many bytes, cut at safe points, through ids
@@ -193,13 +196,23 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 				// Room for the ids of most text (code and prose average
 				// three to four bytes an id): grown once, not doubled from
 				// nothing through fresh pages.
-				if want := len(j.text)/2 + 64; cap(j.ids) < want {
+				want := len(j.text)/2 + 64
+				if width > 0 {
+					// Written out as bytes: the ids go through this worker's
+					// scratch, and the piece keeps only the bytes.
+					if cap(scratch) < want {
+						scratch = make([]uint32, 0, want)
+					}
+					scratch = st.encode(scratch[:0], j.text)
+					j.ids = j.ids[:0]
+					j.out = appendLE(j.out[:0], scratch, width)
+					done <- j
+					continue
+				}
+				if cap(j.ids) < want {
 					j.ids = make([]uint32, 0, want)
 				}
 				j.ids = st.encode(j.ids[:0], j.text)
-				if width > 0 {
-					j.out = appendLE(j.out[:0], j.ids, width)
-				}
 				done <- j
 			}
 		}()

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -138,6 +139,9 @@ tokenizer and the token store and trains afresh.`,
 			o.Quiet = !term.IsTerminal(int(os.Stdout.Fd()))
 			res, err := runDemo(c.Context(), c.OutOrStdout(), o)
 			if err != nil {
+				if c.Context().Err() != nil && errors.Is(err, context.Canceled) {
+					return demoInterrupted(o.Dir, err)
+				}
 				return err
 			}
 			printDemo(c.OutOrStdout(), res)
@@ -267,6 +271,12 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	return res, nil
 }
 
+// demoInterrupted is the error of a demo stopped by Ctrl-C or SIGTERM: what
+// it was doing, and what is kept for the next run.
+func demoInterrupted(dir string, err error) error {
+	return interruptedError{fmt.Errorf("demo stopped (%w); what it finished is kept in %s (the tokenizer, the files ingested so far), and 'sched demo' again reuses it and trains afresh", err, dir)}
+}
+
 // trainThroughQueue trains the run as a user's GPU worker would: an
 // in-process Redis-compatible server, a worker serving the gpu queue, and
 // one train:segment task queued.
@@ -289,8 +299,12 @@ func trainThroughQueue(ctx context.Context, out io.Writer, o demoOptions, run ru
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := client.Enqueue(ctx, a); return err },
 		Log:     o.Log,
 	}
-	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Handlers: worker.Handlers{Training: training}, Logger: o.Log,
-		Name: "demo", ShutdownGrace: 30 * time.Second, DelayedTaskCheckInterval: 500 * time.Millisecond})
+	// The demo's queue lives and dies with it: the worker's warnings about
+	// its own tasks (an interrupted task re-queued) say nothing a user can
+	// act on, and the demo reports what happened itself.
+	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Handlers: worker.Handlers{Training: training},
+		Logger: o.Log.WithOptions(zap.IncreaseLevel(zap.ErrorLevel)),
+		Name:   "demo", ShutdownGrace: 30 * time.Second, DelayedTaskCheckInterval: 500 * time.Millisecond})
 	if err != nil {
 		return 0, err
 	}
@@ -311,10 +325,11 @@ func trainThroughQueue(ctx context.Context, out io.Writer, o demoOptions, run ru
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	lastLine := time.Now()
+	reached := 0
 	for {
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, fmt.Errorf("training interrupted at step %d of %d: %w", reached, run.TotalSteps, ctx.Err())
 		case err := <-werr:
 			werr <- err
 			return 0, fmt.Errorf("demo: the worker stopped: %v", err)
@@ -322,6 +337,7 @@ func trainThroughQueue(ctx context.Context, out io.Writer, o demoOptions, run ru
 		}
 		st := rdb.HGetAll(ctx, scheduler.RunStateKey(demoRun)).Val()
 		step, _ := strconv.Atoi(st["step"])
+		reached = max(reached, step)
 		// A step's loss is noisy at the demo's batch; the held-out loss,
 		// measured every eval_every steps, is what shows the model learn.
 		eval := ""

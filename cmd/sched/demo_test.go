@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -94,5 +95,58 @@ func TestFitRunEndsOnAnEvaluation(t *testing.T) {
 		if r.TotalSteps/r.EvalEvery < 10 || r.Warmup > r.TotalSteps/10+1 || r.Segment.MaxDuration != 2*c.d {
 			t.Errorf("%v at %v a step: %+v", c.d, c.step, r.RunConfig)
 		}
+	}
+}
+
+// cancelOn is a writer that cancels a context once what is written to it
+// contains mark: an interrupt that arrives at a known stage of the demo.
+type cancelOn struct {
+	mark   string
+	cancel context.CancelFunc
+	buf    bytes.Buffer
+}
+
+func (w *cancelOn) Write(p []byte) (int, error) {
+	w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.mark) {
+		w.cancel()
+	}
+	return len(p), nil
+}
+
+// A demo stopped as its training begins says that it stopped and what it
+// kept, and exits 130 (not a failure's 1); the next demo reuses the
+// tokenizer and the ingested files, appends nothing again, and trains to
+// the end.
+func TestDemoInterruptedKeepsWhatItMade(t *testing.T) {
+	dir := t.TempDir()
+	o := demoOptions{Dir: dir, Files: filepath.Join(runtime.GOROOT(), "src", "*", "*.go"), Duration: 3 * time.Second,
+		Engine: "cpu", TokenizerBytes: 256 << 10, MaxTokens: 300_000, MinSteps: 10, Quiet: true}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := &cancelOn{mark: "==> train:", cancel: cancel}
+	_, err := runDemo(ctx, w, o)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted demo: %v, want it cancelled\n%s", err, w.buf.String())
+	}
+	stopped := demoInterrupted(dir, err)
+	if code := exitCode(stopped); code != exitInterrupted {
+		t.Errorf("exit code %d, want %d", code, exitInterrupted)
+	}
+	for _, want := range []string{"demo stopped", dir, "'sched demo' again"} {
+		if !strings.Contains(stopped.Error(), want) {
+			t.Errorf("%q does not say %q", stopped, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Fatalf("the tokenizer is not kept: %v", err)
+	}
+	var out bytes.Buffer
+	res, err := runDemo(context.Background(), &out, o)
+	if err != nil {
+		t.Fatalf("the demo again: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), " 0 files appended this time") || res.Figures.Steps < res.TotalSteps-5 {
+		t.Fatalf("the demo again appended files or stopped short (%d of %d steps):\n%s", res.Figures.Steps, res.TotalSteps, out.String())
 	}
 }

@@ -22,6 +22,9 @@ const (
 	exitOK       = 0
 	exitFailure  = 1
 	exitBadInput = 2
+	// exitInterrupted is a command stopped by Ctrl-C or SIGTERM that says
+	// what it kept (the shell's 128 + SIGINT).
+	exitInterrupted = 130
 )
 
 var rootCmd = &cobra.Command{
@@ -53,12 +56,29 @@ func report(err error) int {
 		msg = strings.Join(strings.Fields(msg), " ")
 	}
 	fmt.Fprintln(os.Stderr, "sched:", msg)
+	return exitCode(err)
+}
+
+// exitCode maps a command's error to the process's exit code.
+func exitCode(err error) int {
+	switch {
+	case err == nil:
+		return exitOK
 	// cobra reports an unknown subcommand as a plain error.
-	if isBadInput(err) || strings.HasPrefix(msg, "unknown command ") {
+	case isBadInput(err) || strings.HasPrefix(err.Error(), "unknown command "):
 		return exitBadInput
+	case errors.As(err, new(interruptedError)):
+		return exitInterrupted
 	}
 	return exitFailure
 }
+
+// interruptedError marks the error of a command stopped by a signal, whose
+// message says what was kept (exit code 130).
+type interruptedError struct{ err error }
+
+func (e interruptedError) Error() string { return e.err.Error() }
+func (e interruptedError) Unwrap() error { return e.err }
 
 // badInputError marks an error as the caller's to fix (exit code 2).
 type badInputError struct{ err error }

@@ -619,9 +619,9 @@ func (e *Engine) Step(o model.AdamW) error {
 			if err := e.launch("sumsq_final", 1, 1024, e.norm, e.partial, normBlocks); err != nil {
 				return err
 			}
-			// One launch over every parameter, writing the GEMMs' bf16
-			// copy as it goes (e.wbf is 0 in fp32 precision).
-			return e.launch("adamw_flat", blocks(e.n, 256), 256, e.params, e.m, e.v, e.grads, e.wbf, e.norm, e.n, e.nodecay, e.nranges,
+			// One launch over every parameter, four a thread, writing the
+			// GEMMs' bf16 copy as it goes (e.wbf is 0 in fp32 precision).
+			return e.launch("adamw_flat", blocks((e.n+3)/4, 256), 256, e.params, e.m, e.v, e.grads, e.wbf, e.norm, e.n, e.nodecay, e.nranges,
 				e.scal+scalAdamW*4)
 		})
 	})

@@ -501,6 +501,69 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq(float* dq, bf1
     }
 }
 
+// kv_item takes one (query tile, head) item through a key tile's
+// backward: the transposed products S^T = K Q^T and dP^T = V dO^T for this
+// warp's 16 keys (fragments ka, va) against the 64 queries (Q, dO in
+// shared memory, their base-2 log-sum-exp L and dvec D), the probabilities
+// P and dS = P (dP - dvec), then dv += P^T dO and dk += dS^T Q. It leaves
+// dS^T in fa, as A fragments. The whole 64-query tile at once (about 240
+// registers, two blocks to an SM): 32 queries at a time fits three blocks
+// but measured 9% slower.
+__device__ __forceinline__ void kv_item(float (*dka)[4], float (*dva)[4], unsigned (*fa)[4], const unsigned (*ka)[4],
+                                        const unsigned (*va)[4], const bf16* Q, const bf16* dO, const float* L, const float* D,
+                                        int qt, int kt, const int* kj, int T, float c, int lane) {
+    int t = lane & 3;
+    float st[8][4] = {}, dpt[8][4] = {};
+    mm_nk(st, ka, Q, lane);
+    mm_nk(dpt, va, dO, lane);
+    // Only the diagonal tile has queries before keys, and only the last
+    // one rows past T.
+    bool edge = qt == kt || (qt + 1) * FT > T;
+#pragma unroll
+    for (int nb = 0; nb < 8; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int ql = nb * 8 + 2 * t + (e & 1), qi = qt * FT + ql;
+            bool seen = !edge || (qi < T && qi >= kj[e >> 1]);
+            float p = seen ? ex2(st[nb][e] * c - L[ql]) : 0.0f;
+            st[nb][e] = p;
+            dpt[nb][e] = p * (dpt[nb][e] - D[ql]);
+        }
+    }
+    acc_to_a(fa, st);
+    mm_kn(dva, fa, dO, lane);
+    acc_to_a(fa, dpt);
+    mm_kn(dka, fa, Q, lane);
+}
+
+// store_kv_grads writes a key tile's dk (times scale) and dv for the
+// warp's rows kj: in fp32 to dk, dv (packed, (B, T, KV, 64)) when set, and
+// in bf16 to dkb (rotated back by rope) and dvb, row stride ldd.
+__device__ __forceinline__ void store_kv_grads(float* dk, bf16* dkb, float* dv, bf16* dvb, const float (*dka)[4], const float (*dva)[4],
+                                               const int* kj, int b, int kvh, int T, int KV, int ldd, float scale,
+                                               const float* cosT, const float* sinT, int lane) {
+    int t = lane & 3, ks = KV * HD;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (kj[r] >= T) continue;
+        size_t at = ((size_t)b * T + kj[r]) * ks + kvh * HD;
+        size_t atb = ((size_t)b * T + kj[r]) * ldd + kvh * HD;
+        if (dkb) store_unrotated(dkb + atb, dka, r, t, scale, cosT, sinT, kj[r]);
+#pragma unroll
+        for (int nb = 0; nb < 8; nb++) {
+            if (dk) {
+                dk[at + nb * 8 + 2 * t] = dka[nb][2 * r] * scale;
+                dk[at + nb * 8 + 2 * t + 1] = dka[nb][2 * r + 1] * scale;
+            }
+            if (dv) {
+                dv[at + nb * 8 + 2 * t] = dva[nb][2 * r];
+                dv[at + nb * 8 + 2 * t + 1] = dva[nb][2 * r + 1];
+            }
+            if (dvb) *(unsigned*)(dvb + atb + nb * 8 + 2 * t) = f2bf2(dva[nb][2 * r], dva[nb][2 * r + 1]);
+        }
+    }
+}
+
 // dk and dv for one key tile and key/value head: loops over the query heads
 // of its group and the query tiles that see the keys, so each block owns its
 // output and no atomics are needed. Writes dk and dv in fp32 (when dk, dv
@@ -518,8 +581,8 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, bf16* dkb, float* dv, bf16* 
     __shared__ alignas(16) bf16 S[4][TILE];
     __shared__ float Ls[2][FT], Dv[2][FT];
     int kt = blockIdx.x, nt = gridDim.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / KV;
-    int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
-    int qs = H * HD, ks = KV * HD;
+    int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2;
+    int qs = H * HD;
     load_tile(S[0], k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * FT, T);
     load_tile(S[1], v + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * FT, T);
     cp_commit();
@@ -553,54 +616,11 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, bf16* dkb, float* dv, bf16* 
         cp_commit();
         cp_wait_prev();
         __syncthreads();
-        const float* L = Ls[j & 1];
-        const float* D = Dv[j & 1];
-        // Transposed products: rows are this warp's keys, columns queries.
-        // The whole 64-query tile at once (253 registers, two blocks to an
-        // SM): 32 queries at a time fits three blocks but measured 9% slower.
-        float st[8][4] = {}, dpt[8][4] = {};
-        mm_nk(st, ka, S[s], lane);
-        mm_nk(dpt, va, S[s + 1], lane);
-        // Only the diagonal tile has queries before keys, and only the
-        // last one rows past T.
-        bool edge = qt == kt || (qt + 1) * FT > T;
-#pragma unroll
-        for (int nb = 0; nb < 8; nb++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int ql = nb * 8 + 2 * t + (e & 1), qi = qt * FT + ql;
-                bool seen = !edge || (qi < T && qi >= kj[e >> 1]);
-                float p = seen ? ex2(st[nb][e] * c - L[ql]) : 0.0f;
-                st[nb][e] = p;
-                dpt[nb][e] = p * (dpt[nb][e] - D[ql]);
-            }
-        }
         unsigned fa[4][4];
-        acc_to_a(fa, st);
-        mm_kn(dva, fa, S[s + 1], lane);
-        acc_to_a(fa, dpt);
-        mm_kn(dka, fa, S[s], lane);
+        kv_item(dka, dva, fa, ka, va, S[s], S[s + 1], Ls[j & 1], Dv[j & 1], qt, kt, kj, T, c, lane);
         __syncthreads();
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (kj[r] >= T) continue;
-        size_t at = ((size_t)b * T + kj[r]) * ks + kvh * HD;
-        size_t atb = ((size_t)b * T + kj[r]) * lddv + kvh * HD;
-        if (dkb) store_unrotated(dkb + atb, dka, r, t, scale, cosT, sinT, kj[r]);
-#pragma unroll
-        for (int nb = 0; nb < 8; nb++) {
-            if (dk) {
-                dk[at + nb * 8 + 2 * t] = dka[nb][2 * r] * scale;
-                dk[at + nb * 8 + 2 * t + 1] = dka[nb][2 * r + 1] * scale;
-            }
-            if (dv) {
-                dv[at + nb * 8 + 2 * t] = dva[nb][2 * r];
-                dv[at + nb * 8 + 2 * t + 1] = dva[nb][2 * r + 1];
-            }
-            if (dvb) *(unsigned*)(dvb + atb + nb * 8 + 2 * t) = f2bf2(dva[nb][2 * r], dva[nb][2 * r + 1]);
-        }
-    }
+    store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, lddv, scale, cosT, sinT, lane);
 }
 
 // flash_bwd_dvec writes dvec = rowsum(dout * out) for every query row: the
@@ -690,7 +710,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_bwd(float* dk, bf16* 
     bf16* DS = smem + 5 * TILE;      // item j's dS at DS + (j & 1) TILE
     int nt = gridDim.x, kt = nt - 1 - blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / KV;
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
-    int qs = H * HD, ks = KV * HD;
+    int qs = H * HD;
     load_tile(Ks, k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * FT, T);
     load_tile(QD, v + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * FT, T);
     cp_commit();
@@ -764,32 +784,8 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_bwd(float* dk, bf16* 
         if (j == items) break;
         int qt = kt + j / grp;
         const bf16* Q = QD + (j & 1) * 2 * TILE;
-        const float* L = Ls[j & 1];
-        const float* D = Dv[j & 1];
         unsigned fa[4][4];
-        {
-            // Transposed products: rows are this warp's keys, columns
-            // queries.
-            float st[8][4] = {}, dpt[8][4] = {};
-            mm_nk(st, ka, Q, lane);
-            mm_nk(dpt, va, Q + TILE, lane);
-            bool edge = qt == kt || (qt + 1) * FT > T;
-#pragma unroll
-            for (int nb = 0; nb < 8; nb++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int ql = nb * 8 + 2 * t + (e & 1), qi = qt * FT + ql;
-                    bool seen = !edge || (qi < T && qi >= kj[e >> 1]);
-                    float p = seen ? ex2(st[nb][e] * c - L[ql]) : 0.0f;
-                    st[nb][e] = p;
-                    dpt[nb][e] = p * (dpt[nb][e] - D[ql]);
-                }
-            }
-            acc_to_a(fa, st);
-            mm_kn(dva, fa, Q + TILE, lane);
-            acc_to_a(fa, dpt);
-        }
-        mm_kn(dka, fa, Q, lane);
+        kv_item(dka, dva, fa, ka, va, Q, Q + TILE, Ls[j & 1], Dv[j & 1], qt, kt, kj, T, c, lane);
         // dS^T for the next step, each warp its 16 key rows.
         bf16* Ds = DS + (j & 1) * TILE;
 #pragma unroll
@@ -809,25 +805,7 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_bwd(float* dk, bf16* 
     }
     __syncthreads();
     if (done && threadIdx.x == 0) st_release(done, kt);
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (kj[r] >= T) continue;
-        size_t at = ((size_t)b * T + kj[r]) * ks + kvh * HD;
-        size_t atb = ((size_t)b * T + kj[r]) * ldd + kvh * HD;
-        if (dkb) store_unrotated(dkb + atb, dka, r, t, scale, cosT, sinT, kj[r]);
-#pragma unroll
-        for (int nb = 0; nb < 8; nb++) {
-            if (dk) {
-                dk[at + nb * 8 + 2 * t] = dka[nb][2 * r] * scale;
-                dk[at + nb * 8 + 2 * t + 1] = dka[nb][2 * r + 1] * scale;
-            }
-            if (dv) {
-                dv[at + nb * 8 + 2 * t] = dva[nb][2 * r];
-                dv[at + nb * 8 + 2 * t + 1] = dva[nb][2 * r + 1];
-            }
-            if (dvb) *(unsigned*)(dvb + atb + nb * 8 + 2 * t) = f2bf2(dva[nb][2 * r], dva[nb][2 * r + 1]);
-        }
-    }
+    store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, ldd, scale, cosT, sinT, lane);
 }
 
 // flash_bwd_dq_final turns flash_bwd's sums into dq: times scale, in bf16

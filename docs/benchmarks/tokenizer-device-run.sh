@@ -49,16 +49,8 @@ sed 's/"--tokenizer", tj_path/"--tokenizer-file", tj_path/' "$C/tiktoken_peer.py
 note "host: $(uname -n), $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%FT%TZ)"
 note "python: $(python3 -c 'import tiktoken, tokenizers; print("tiktoken", getattr(tiktoken, "__version__", "?"), "tokenizers", tokenizers.__version__)' 2>&1 | tail -1)"
 
-# rotate FILE K: FILE's lines from K on, then the lines before K.
-rotate() { tail -n +"$2" "$1"; head -n $(($2 - 1)) "$1"; }
-code_lines=$(wc -l < "$W/go20.txt")
-prose_lines=$(wc -l < "$W/prose.txt")
-{
-	for i in $(seq 0 40); do
-		rotate "$W/go20.txt" $((1 + i * 7919 % code_lines))
-		rotate "$W/prose.txt" $((1 + i * 104729 % prose_lines))
-	done
-} | head -c "${CORPUS_BYTES:-1000000000}" > "$W/corpus1g.txt"
+. "$(dirname "$0")/tokenizer-corpus.sh"
+mixed_corpus "$W/go20.txt" "$W/prose.txt" "${CORPUS_BYTES:-1000000000}" > "$W/corpus1g.txt"
 note "corpus1g.txt: $(stat -c %s "$W/corpus1g.txt") bytes, sha256 $(sha256sum "$W/corpus1g.txt" | cut -c1-16)"
 
 # measure NAME CMD...: wall seconds and peak RSS (KB) of CMD, as one line.

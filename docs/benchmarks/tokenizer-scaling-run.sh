@@ -100,15 +100,8 @@ ncores=$(tr ',' '\n' <<< "$percore" | wc -l)
 
 # The corpus, as tokenizer-device-run.sh makes it, then in 16 pieces that
 # end at line breaks.
-rotate() { tail -n +"$2" "$1"; head -n $(($2 - 1)) "$1"; }
-code_lines=$(wc -l < "$W/go20.txt")
-prose_lines=$(wc -l < "$W/prose.txt")
-{
-	for i in $(seq 0 40); do
-		rotate "$W/go20.txt" $((1 + i * 7919 % code_lines))
-		rotate "$W/prose.txt" $((1 + i * 104729 % prose_lines))
-	done
-} | head -c "${CORPUS_BYTES:-512000000}" > "$W/corpus.txt"
+. "$(dirname "$0")/tokenizer-corpus.sh"
+mixed_corpus "$W/go20.txt" "$W/prose.txt" "${CORPUS_BYTES:-512000000}" > "$W/corpus.txt"
 (cd "$W" && split -n l/16 -d corpus.txt chunk.)
 head -c 200000000 "$W/corpus.txt" > "$W/corpus200.txt"
 note "corpus.txt: $(stat -c %s "$W/corpus.txt") bytes, sha256 $(sha256sum "$W/corpus.txt" | cut -c1-16); chunks $(stat -c %s "$W"/chunk.* | tr '\n' ' ')"

@@ -72,10 +72,19 @@ func (t *Tokenizer) cuttable() bool {
 // ends a punctuation word), the lookahead `(?!\S)` sees the same thing at
 // the end of a piece as before the letter, and matching restarts at the
 // letter whatever came before.
-func safeCut(b []byte) int {
+func safeCut(b []byte) int { return safeCutAfter(b, 0) }
+
+// safeCutAfter is safeCut for a b whose first from bytes were searched
+// before, when b was that long, and held no cut: only cuts at from or
+// later can be new (a cut at p reads b[p-2 : p+1]), so the search stops
+// there. A long stretch without a cut, read a piece at a time, is then
+// searched once, not once a read (quadratic in the stretch: a file of
+// short numeric lines has a line break every few bytes and no cut).
+func safeCutAfter(b []byte, from int) int {
+	lo := max(from-1, 1)
 	for end := len(b); ; {
 		j := bytes.LastIndexByte(b[:end], '\n')
-		if j < 1 {
+		if j < lo {
 			return -1
 		}
 		if p := j + 1; p < len(b) {
@@ -289,13 +298,15 @@ func (t *Tokenizer) readJobs(ctx context.Context, r io.Reader, free <-chan *stre
 		j.seq = seq
 		j.text = append(j.text[:0], carry...)
 		eof := false
+		searched := 0 // j.text's first bytes, searched for a cut and holding none
 		for {
 			if cut && len(j.text) >= streamChunk {
-				if p := safeCut(j.text); p > 0 {
+				if p := safeCutAfter(j.text, searched); p > 0 {
 					carry = append(carry[:0], j.text[p:]...)
 					j.text = j.text[:p]
 					break
 				}
+				searched = len(j.text)
 			}
 			// Read into the job's own buffer: no copy between the reader
 			// and the encoder. A text that cannot be cut is read whole.

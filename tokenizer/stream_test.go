@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"strings"
@@ -197,5 +198,69 @@ func TestEncodeReaderToWritesIDs(t *testing.T) {
 	_, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &failingWriter{after: 2}, 4)
 	if err == nil || !strings.Contains(err.Error(), "disk full") {
 		t.Errorf("a failing writer: err = %v", err)
+	}
+}
+
+// safeCutAfter(b, from) finds safeCut(b)'s cut whenever b's first from
+// bytes hold none, so that the stream searches each byte once: on random
+// text of line breaks, letters, digits and spaces, every prefix length.
+func TestSafeCutAfterFindsTheLastCut(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	alphabet := []byte("\n\n\nab1 ;")
+	for trial := range 2000 {
+		b := make([]byte, 1+rng.IntN(200))
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		for from := 0; from <= len(b); from++ {
+			if safeCut(b[:from]) > 0 {
+				continue // the precondition: the searched bytes held no cut
+			}
+			if got, want := safeCutAfter(b, from), safeCut(b); got != want {
+				t.Fatalf("trial %d, %q from %d: %d, want %d", trial, b, from, got, want)
+			}
+		}
+	}
+}
+
+// numericLines is text with a line break every few bytes and no cut: no
+// line starts with a letter.
+func numericLines(n int) []byte {
+	var b bytes.Buffer
+	for i := 0; b.Len() < n; i++ {
+		fmt.Fprintf(&b, "%d,%d\n", i, i*7)
+	}
+	return b.Bytes()
+}
+
+// A long stretch without a cut, read a piece at a time, still gives the
+// whole text's ids.
+func TestEncodeReaderUncuttableStretch(t *testing.T) {
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		text := append(numericLines(300_000), "The end of it.\n"...)
+		got, _ := streamIDs(t, tk, text, 1000)
+		if i := firstDiff(got, tk.EncodeBytes(text)); i >= 0 {
+			t.Fatalf("%s: ids differ at %d", style, i)
+		}
+	}
+}
+
+// pipeReader hands out at most 64 KiB a read, as a pipe does.
+type pipeReader struct{ r io.Reader }
+
+func (p pipeReader) Read(b []byte) (int, error) { return p.r.Read(b[:min(len(b), 64<<10)]) }
+
+// BenchmarkEncodeReaderUncuttable streams 16 MB of short numeric lines,
+// which hold no cut, through EncodeReader with its default pieces, read
+// 64 KiB at a time as from a pipe.
+func BenchmarkEncodeReaderUncuttable(b *testing.B) {
+	tk := loadStyle(b, "gpt2-style")
+	text := numericLines(16 << 20)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		if err := tk.EncodeReader(context.Background(), pipeReader{bytes.NewReader(text)}, func([]uint32) error { return nil }); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -131,9 +131,8 @@ func BenchmarkEncodeReaderCold(b *testing.B) {
 // the tokenizer in each iteration, as the command does, so that every
 // worker starts with empty word caches; warm reuses one whose workers'
 // caches an untimed pass over the whole file has filled. Their ratio on
-// many cores is what the workers' separate caches cost. The chunk, jobs
-// and parts variants change the piece size, the pieces in flight per
-// worker and the parts the workers encode a piece in (streamSubPiece), cold.
+// many cores is what the workers' separate caches cost. The chunk variants
+// change the piece size, cold.
 func BenchmarkTokenizeFile(b *testing.B) {
 	path := os.Getenv("KILN_TOKENIZER_BENCH_TEXT")
 	if path == "" {
@@ -165,17 +164,17 @@ func BenchmarkTokenizeFile(b *testing.B) {
 			}
 			return tk
 		}
-		cold := func(chunk, jobs, sub int) func(b *testing.B) {
+		cold := func(chunk int) func(b *testing.B) {
 			return func(b *testing.B) {
-				defer func(c, j, s int) { streamChunk, streamJobsPerWorker, streamSubPiece = c, j, s }(streamChunk, streamJobsPerWorker, streamSubPiece)
-				streamChunk, streamJobsPerWorker, streamSubPiece = chunk, jobs, sub
+				defer func(c int) { streamChunk = c }(streamChunk)
+				streamChunk = chunk
 				b.SetBytes(st.Size())
 				for b.Loop() {
 					pass(b, parse(b))
 				}
 			}
 		}
-		b.Run(style+"/cold", cold(streamChunk, streamJobsPerWorker, streamSubPiece))
+		b.Run(style+"/cold", cold(streamChunk))
 		b.Run(style+"/warm", func(b *testing.B) {
 			tk := parse(b)
 			pass(b, tk)
@@ -185,9 +184,7 @@ func BenchmarkTokenizeFile(b *testing.B) {
 			}
 		})
 		for _, chunk := range []int{256 << 10, 4 << 20} {
-			b.Run(fmt.Sprintf("%s/chunk%dKiB", style, chunk>>10), cold(chunk, streamJobsPerWorker, streamSubPiece))
+			b.Run(fmt.Sprintf("%s/chunk%dKiB", style, chunk>>10), cold(chunk))
 		}
-		b.Run(style+"/jobs4", cold(streamChunk, 4, streamSubPiece))
-		b.Run(style+"/parts64KiB", cold(streamChunk, streamJobsPerWorker, 64<<10))
 	}
 }

@@ -24,17 +24,8 @@ var streamChunk = 1 << 20
 // back every finished piece after it; once all are held, the reader stops
 // and the workers wait. Four per worker leave room for a slow piece, at
 // about 3 MB a piece with EncodeReaderTo, whose pieces keep their text and
-// bytes but not their ids (docs/benchmarks/tokenizer.md). A variable for
-// the benchmarks.
-var streamJobsPerWorker = 4
-
-// streamSubPiece, when set, has EncodeReaderTo's workers encode each piece
-// in parts of about this many bytes, cut at safe points, through ids
-// scratch that stays in the core's own cache, instead of holding a whole
-// piece's ids (two bytes of ids a byte of text) between encoding and
-// writing them out: less memory traffic per byte, which counts when every
-// core streams its own. Off (0) by default; the benchmarks compare it.
-var streamSubPiece = 0
+// bytes but not their ids (docs/benchmarks/tokenizer.md).
+const streamJobsPerWorker = 4
 
 // cuttable reports whether the text can be cut at safe points and encoded
 // in pieces with the same ids as a whole: not when a pre-tokenizer adds a
@@ -175,10 +166,6 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 	for range nJobs {
 		free <- &streamJob{}
 	}
-	sub := 0
-	if width > 0 && t.cuttable() {
-		sub = streamSubPiece
-	}
 	todo := make(chan *streamJob, nJobs)
 	done := make(chan *streamJob, nJobs)
 
@@ -196,12 +183,6 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 			defer t.putState(st)
 			var scratch []uint32
 			for j := range todo {
-				if width > 0 && sub > 0 && len(j.text) > sub {
-					j.ids = j.ids[:0]
-					j.out, scratch = encodeParts(st, j.out[:0], scratch, j.text, sub, width)
-					done <- j
-					continue
-				}
 				// Room for the ids of most text (code and prose average
 				// three to four bytes an id): grown once, not doubled from
 				// nothing through fresh pages.
@@ -261,26 +242,6 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 		return readErr
 	}
 	return ctx.Err()
-}
-
-// encodeParts appends to out the ids of text as integers of width bytes,
-// encoding it in parts of about sub bytes cut at safe points, through
-// scratch, which it returns for reuse. The ids are those of the whole text.
-func encodeParts(st *encoderState, out []byte, scratch []uint32, text []byte, sub, width int) ([]byte, []uint32) {
-	for len(text) > 0 {
-		n := len(text)
-		if n > sub {
-			if p := safeCut(text[:sub]); p > 0 {
-				n = p
-			} else if p := safeCut(text); p > 0 {
-				n = p // no cut in the first sub bytes: the last one
-			}
-		}
-		scratch = st.encode(scratch[:0], text[:n])
-		out = appendLE(out, scratch, width)
-		text = text[n:]
-	}
-	return out, scratch
 }
 
 // readJobs reads r into jobs from free, each cut at a safe point (or the

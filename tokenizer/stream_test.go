@@ -76,24 +76,24 @@ func TestEncodeReaderCutsEqualWholeText(t *testing.T) {
 	}
 }
 
-// EncodeReaderTo's workers, encoding each piece in parts (streamSubPiece),
-// write the ids of the whole text, on random text of every kind, both
-// styles.
-func TestEncodeReaderToPartsEqualWholeText(t *testing.T) {
-	oldChunk, oldSub := streamChunk, streamSubPiece
-	defer func() { streamChunk, streamSubPiece = oldChunk, oldSub }()
+// EncodeReaderTo's workers, encoding each piece through their own scratch,
+// write the ids of the whole text, on random text of every kind cut into
+// many pieces, both styles.
+func TestEncodeReaderToPiecesEqualWholeText(t *testing.T) {
+	oldChunk := streamChunk
+	defer func() { streamChunk = oldChunk }()
 	rng := rand.New(rand.NewPCG(13, 14))
 	for _, style := range styles {
 		tk := loadStyle(t, style)
 		for trial := range 300 {
 			text := randomText(rng, 1+rng.IntN(8000))
-			streamChunk, streamSubPiece = 256+rng.IntN(2000), 16+rng.IntN(200)
+			streamChunk = 16 + rng.IntN(2000)
 			var out bytes.Buffer
 			n, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, 4)
 			want := tk.EncodeBytes(text)
 			if err != nil || n != int64(len(want)) || !bytes.Equal(out.Bytes(), appendLE(nil, want, 4)) {
-				t.Fatalf("%s, trial %d, pieces of %d in parts of %d: %d ids, %v; want %d, the same bytes, for %q",
-					style, trial, streamChunk, streamSubPiece, n, err, len(want), text)
+				t.Fatalf("%s, trial %d, pieces of %d: %d ids, %v; want %d, the same bytes, for %q",
+					style, trial, streamChunk, n, err, len(want), text)
 			}
 		}
 	}
@@ -152,29 +152,24 @@ func (w *failingWriter) Write(p []byte) (int, error) {
 }
 
 // EncodeReaderTo writes what EncodeReader emits, as little-endian
-// integers of either width, and says when it cannot write; its workers'
-// parts of pieces (streamSubPiece) change nothing.
+// integers of either width, and says when it cannot write.
 func TestEncodeReaderToWritesIDs(t *testing.T) {
-	old, oldSub := streamChunk, streamSubPiece
+	old := streamChunk
 	streamChunk = 1 << 12
-	defer func() { streamChunk, streamSubPiece = old, oldSub }()
+	defer func() { streamChunk = old }()
 	tk := loadStyle(t, "gpt4-style")
 	text := readTestdata(t, "python.txt")
 	want := goldenIDs(t, "gpt4-style", "python")
-	for _, sub := range []int{0, 200, 1 << 10} {
-		streamSubPiece = sub
-		for _, width := range []int{2, 4} {
-			var out bytes.Buffer
-			n, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, width)
-			if err != nil || n != int64(len(want)) {
-				t.Fatalf("parts of %d, width %d: %d ids, %v; want %d", sub, width, n, err, len(want))
-			}
-			if !bytes.Equal(out.Bytes(), appendLE(nil, want, width)) {
-				t.Fatalf("parts of %d, width %d: the bytes are not the golden ids", sub, width)
-			}
+	for _, width := range []int{2, 4} {
+		var out bytes.Buffer
+		n, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, width)
+		if err != nil || n != int64(len(want)) {
+			t.Fatalf("width %d: %d ids, %v; want %d", width, n, err, len(want))
+		}
+		if !bytes.Equal(out.Bytes(), appendLE(nil, want, width)) {
+			t.Fatalf("width %d: the bytes are not the golden ids", width)
 		}
 	}
-	streamSubPiece = oldSub
 	for _, width := range []int{2, 4} {
 		var out bytes.Buffer
 		if _, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, width); err != nil {

@@ -306,19 +306,14 @@ func (st *encoderState) pretokenize(dst []uint32, piece []byte, k int) []uint32 
 	for len(st.ends) <= k {
 		st.ends = append(st.ends, nil)
 	}
-	last := k == t.lastSplit
-	if last {
+	if k == t.lastSplit {
 		return st.splitWords(dst, piece, s.split, k)
 	}
 	for start := 0; start < len(piece); {
 		ends := s.split(piece, start, st.ends[k][:0])
 		st.ends[k] = ends
 		for _, e := range ends {
-			if last {
-				dst = st.word(dst, piece[start:e])
-			} else {
-				dst = st.pretokenize(dst, piece[start:e], k+1)
-			}
+			dst = st.pretokenize(dst, piece[start:e], k+1)
 			start = e
 		}
 	}

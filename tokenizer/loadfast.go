@@ -30,7 +30,7 @@ func fastModel(data []byte) (rest []byte, text string, vocab map[string]uint32, 
 	// pieces of it, not an allocation each (90,000 of them for 30,000
 	// tokens).
 	text = string(data)
-	s := &jsonScan{b: data, s: text, utf8OK: true}
+	s := &jsonScan{b: data, s: text}
 	var vocabAt, mergesAt [2]int
 	modelSeen := false
 	ok = s.object(func(key string) bool {
@@ -139,13 +139,12 @@ func parseMerges(s *jsonScan) ([][2]string, bool) {
 	return merges, ok
 }
 
-// jsonScan walks JSON text without building values. s holds the same
-// bytes as b, or is empty, for strings to be cut from without a copy.
+// jsonScan walks JSON text, valid UTF-8, without building values. s holds
+// the same bytes as b, for strings to be cut from without a copy.
 type jsonScan struct {
-	b      []byte
-	s      string
-	i      int
-	utf8OK bool // b is known to be valid UTF-8
+	b []byte
+	s string
+	i int
 }
 
 func (s *jsonScan) space() {
@@ -214,8 +213,7 @@ func (s *jsonScan) array(elem func() bool) bool {
 }
 
 // str reads a string. One with escapes is decoded by encoding/json; one with
-// a control character or invalid UTF-8 is refused (encoding/json would
-// refuse or replace it).
+// a control character is refused (encoding/json would refuse it).
 func (s *jsonScan) str() (string, bool) {
 	if s.i >= len(s.b) || s.b[s.i] != '"' {
 		return "", false
@@ -226,7 +224,6 @@ func (s *jsonScan) str() (string, bool) {
 		switch c := s.b[j]; {
 		case c == '"':
 			s.i = j + 1
-			raw := s.b[start:j]
 			if escaped {
 				var out string
 				if json.Unmarshal(s.b[start-1:j+1], &out) != nil {
@@ -234,13 +231,7 @@ func (s *jsonScan) str() (string, bool) {
 				}
 				return out, true
 			}
-			if !s.utf8OK && !utf8.Valid(raw) {
-				return "", false
-			}
-			if len(s.s) == len(s.b) {
-				return s.s[start:j], true
-			}
-			return string(raw), true
+			return s.s[start:j], true
 		case c == '\\':
 			escaped = true
 			j++

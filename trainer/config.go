@@ -252,18 +252,41 @@ func (c RunConfig) WithDefaults() RunConfig {
 		deff(&c.Mixture[i].Weight, 1)
 	}
 	if c.MoE != nil {
-		m := *c.MoE
-		def(&m.TopK, 2)
+		ff := 0
 		if mc, err := model.Preset(c.Model); err == nil {
-			def(&m.DFF, mc.Intermediate)
+			ff = mc.Intermediate
 		}
-		if m.AuxCoef == nil {
-			v := DefaultAuxCoef
-			m.AuxCoef = &v
-		}
+		m := c.MoE.withDefaults(ff)
 		c.MoE = &m
 	}
 	return c
+}
+
+// withDefaults is m with its absent fields set: top_k 2, d_ff the dense
+// SwiGLU's width ff (left 0 when ff is), aux_coef DefaultAuxCoef.
+func (m MoEConfig) withDefaults(ff int) MoEConfig {
+	if m.TopK == 0 {
+		m.TopK = 2
+	}
+	if m.DFF == 0 {
+		m.DFF = ff
+	}
+	if m.AuxCoef == nil {
+		v := DefaultAuxCoef
+		m.AuxCoef = &v
+	}
+	return m
+}
+
+// Apply puts m's experts in place of c's SwiGLU, its absent fields taking
+// their defaults (d_ff: c's SwiGLU width), and checks the result.
+func (m MoEConfig) Apply(c model.Config) (model.Config, error) {
+	m = m.withDefaults(c.Intermediate)
+	c.Experts, c.ExpertsPerTok, c.Intermediate, c.RouterAuxCoef = m.Experts, m.TopK, m.DFF, *m.AuxCoef
+	if err := c.Validate(); err != nil {
+		return c, badInput(fmt.Errorf("moe: %w", err))
+	}
+	return c, nil
 }
 
 // TokensPerStep is the number of target tokens one optimizer step trains on.
@@ -369,14 +392,8 @@ func (c RunConfig) ModelConfig() (model.Config, error) {
 	if err != nil {
 		return mc, badInput(fmt.Errorf("model: %w", err))
 	}
-	if m := c.MoE; m != nil {
-		mc.Experts, mc.ExpertsPerTok, mc.Intermediate = m.Experts, m.TopK, m.DFF
-		if m.AuxCoef != nil {
-			mc.RouterAuxCoef = *m.AuxCoef
-		}
-		if err := mc.Validate(); err != nil {
-			return mc, badInput(fmt.Errorf("moe: %w", err))
-		}
+	if c.MoE != nil {
+		return c.MoE.Apply(mc)
 	}
 	return mc, nil
 }

@@ -128,8 +128,7 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		if err != nil {
 			return err
 		}
-		rc := trainer.RunConfig{Model: f.model, MoE: m}.WithDefaults()
-		if c, err = rc.ModelConfig(); err != nil {
+		if c, err = m.Apply(c); err != nil {
 			return badInput("--moe %q: %v", f.moe, err)
 		}
 	}

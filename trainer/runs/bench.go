@@ -47,21 +47,10 @@ func (s Shape) Config() (model.Config, error) {
 		return c, err
 	}
 	m, err := trainer.ParseMoE(s.MoE)
+	if err == nil {
+		c, err = m.Apply(c)
+	}
 	if err != nil {
-		return c, fmt.Errorf("bench shape %s: %w", s, err)
-	}
-	if m.TopK == 0 {
-		m.TopK = 2
-	}
-	if m.DFF == 0 {
-		m.DFF = c.Intermediate
-	}
-	c.Experts, c.ExpertsPerTok, c.Intermediate = m.Experts, m.TopK, m.DFF
-	c.RouterAuxCoef = trainer.DefaultAuxCoef
-	if m.AuxCoef != nil {
-		c.RouterAuxCoef = *m.AuxCoef
-	}
-	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("bench shape %s: %w", s, err)
 	}
 	return c, nil

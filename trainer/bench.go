@@ -213,9 +213,7 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	if peak <= 0 {
 		peak = PeakFor(r.Device, o.Precision)
 	}
-	// With experts a token's FLOPs are those of its active parameters.
-	flops := FLOPsPerToken(c, o.Seq) - 6*float64(c.NumParams()-ActiveParams(c))
-	if mfu := MFU(r.TokPerSec/float64(r.GPUs), flops, peak); mfu != nil {
+	if mfu := MFU(r.TokPerSec/float64(r.GPUs), FLOPsPerToken(c, o.Seq), peak); mfu != nil {
 		r.MFU = *mfu
 	}
 	ms := eng.Memory()
@@ -348,15 +346,4 @@ func checkpointTiming(secs []float64, every, tokens int) *CheckpointTiming {
 	}
 	t.CheckpointStepTokPerSec, t.NextStepTokPerSec, t.OtherStepTokPerSec = rate(t.Checkpoints, ckS), rate(nNext, nextS), rate(nOther, otherS)
 	return t
-}
-
-// ActiveParams is the parameters one token's pass uses: with experts,
-// every layer's router and the top_k experts its router picks, not the
-// others (a dense model uses them all).
-func ActiveParams(c model.Config) int {
-	n := c.NumParams()
-	if c.MoE() {
-		n -= c.Layers * (c.Experts - c.ExpertsPerTok) * 3 * c.Intermediate * c.Hidden
-	}
-	return n
 }

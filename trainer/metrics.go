@@ -71,9 +71,21 @@ func (m Metrics) WriteJSONL(w io.Writer) error {
 // FLOPsPerToken is the training cost of one token: 6N for the parameter
 // matmuls (forward and backward) plus 12 L T d for attention scores and
 // values, the PaLM appendix B estimate. N counts the embedding table too
-// because the tied LM head multiplies by it.
+// because the tied LM head multiplies by it, and only the active
+// parameters of a mixture of experts, the ones a token's pass multiplies.
 func FLOPsPerToken(c model.Config, seq int) float64 {
-	return 6*float64(c.NumParams()) + 12*float64(c.Layers)*float64(seq)*float64(c.Hidden)
+	return 6*float64(ActiveParams(c)) + 12*float64(c.Layers)*float64(seq)*float64(c.Hidden)
+}
+
+// ActiveParams is the parameters one token's pass uses: with experts,
+// every layer's router and the top_k experts its router picks, not the
+// others (a dense model uses them all).
+func ActiveParams(c model.Config) int {
+	n := c.NumParams()
+	if c.MoE() {
+		n -= c.Layers * (c.Experts - c.ExpertsPerTok) * 3 * c.Intermediate * c.Hidden
+	}
+	return n
 }
 
 // PeakFLOPS is the dense (no sparsity) peak of known GPUs, in FLOP/s,

@@ -21,6 +21,21 @@ func TestFLOPsPerTokenOfSmall(t *testing.T) {
 	}
 }
 
+// A mixture of experts costs a token only the experts its router picks:
+// the training loop's MFU and the bench's count the same FLOPs.
+func TestFLOPsPerTokenCountsActiveExperts(t *testing.T) {
+	c, _ := model.Preset("small")
+	c.Experts, c.ExpertsPerTok, c.Intermediate = 8, 2, 352
+	// Two experts of eight in each layer, and the whole router.
+	k := c
+	k.Experts = 2
+	active := k.NumParams() + c.Layers*6*c.Hidden
+	attn := 12 * 8 * 1024 * 512.0
+	if got, want := FLOPsPerToken(c, 1024), 6*float64(active)+attn; got != want || got >= 6*float64(c.NumParams())+attn {
+		t.Errorf("FLOPs per token = %g, want %g (%d active of %d parameters)", got, want, active, c.NumParams())
+	}
+}
+
 func TestMFUUsesTheDevicePeak(t *testing.T) {
 	peak := PeakFor("NVIDIA H200", "bf16")
 	if peak != 989e12 {

@@ -331,19 +331,10 @@ func (f pyFloat) MarshalJSON() ([]byte, error) {
 		return nil, fmt.Errorf("config value %v is not a JSON number", v)
 	}
 	// Python's repr: the shortest digits, in exponent form below 1e-4 and
-	// from 1e16 (1e-05, 1e+16), else positional with at least one decimal.
-	e := strconv.FormatFloat(v, 'e', -1, 64)
-	mant, exp, _ := strings.Cut(e, "e")
-	x, err := strconv.Atoi(exp)
-	if err != nil {
-		return nil, err
-	}
-	if v != 0 && (x < -4 || x >= 16) {
-		sign := "+"
-		if x < 0 {
-			sign, x = "-", -x
-		}
-		return fmt.Appendf(nil, "%se%s%02d", mant, sign, x), nil
+	// from 1e16 (1e-05, 1e+16: Go's 'e' form, a signed exponent of at least
+	// two digits), else positional with at least one decimal.
+	if x := math.Abs(v); x != 0 && (x < 1e-4 || x >= 1e16) {
+		return strconv.AppendFloat(nil, v, 'e', -1, 64), nil
 	}
 	b := strconv.AppendFloat(nil, v, 'f', -1, 64)
 	if !bytes.ContainsRune(b, '.') {

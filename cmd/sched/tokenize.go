@@ -230,9 +230,10 @@ func requireEOS(path string, tk *tokenizer.Tokenizer) error {
 
 // writeOutput has write fill the file out. A regular file (or a new one) is
 // written beside its final name and renamed over it, so that a failed run
-// never leaves a truncated file under that name. Anything else (a device
-// such as /dev/null, a named pipe) is written in place: renaming over it
-// would replace the device with a file.
+// never leaves a truncated file under that name; it is readable by all, as
+// os.WriteFile's 0644 would leave it (a temporary file is made 0600).
+// Anything else (a device such as /dev/null, a named pipe) is written in
+// place: renaming over it would replace the device with a file.
 func writeOutput(out string, write func(io.Writer) error) error {
 	if st, err := os.Stat(out); err == nil && !st.Mode().IsRegular() {
 		if st.IsDir() {
@@ -253,6 +254,10 @@ func writeOutput(out string, write func(io.Writer) error) error {
 		return err
 	}
 	defer os.Remove(dst.Name())
+	if err := dst.Chmod(0o644); err != nil {
+		dst.Close()
+		return err
+	}
 	if err := write(dst); err != nil {
 		dst.Close()
 		return err

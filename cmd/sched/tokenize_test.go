@@ -126,6 +126,9 @@ func TestTokenizerTrainCommand(t *testing.T) {
 	if tk.VocabSize() != 300 {
 		t.Errorf("VocabSize = %d, want 300", tk.VocabSize())
 	}
+	if st, err := os.Stat(out); err != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("%s: %v, %v; want it readable by all (0644)", out, st.Mode(), err)
+	}
 	// A corpus with fewer merges in it than asked: the ids it yields,
 	// and a warning that says so and what to do.
 	var warn strings.Builder

@@ -47,13 +47,14 @@ func init() {
 }
 
 // classAt returns the class and width of the character starting at b[i].
-// Small enough to be inlined for ASCII, which is nearly all of code; the
-// rest takes a call.
-func classAt(b []byte, i int) (class, int) {
-	if c := b[i]; c < utf8.RuneSelf {
-		return asciiClass[c], 1
+// Written to be inlined (cost 80, the compiler's budget): ASCII, nearly
+// all of code, takes no call; the rest calls runeClass.
+func classAt(b []byte, i int) (c class, w int) {
+	c, w = asciiClass[b[i]], 1
+	if b[i] >= utf8.RuneSelf {
+		c, w = runeClass(b, i)
 	}
-	return runeClass(b, i)
+	return
 }
 
 // runeClass is classAt for a character that is not ASCII.
@@ -239,10 +240,7 @@ func classLanes(x uint64, cl class) uint64 {
 func spaceRun(b []byte, i int) int {
 	j, last := i, i
 	for j < len(b) {
-		c, w := asciiClass[b[j]], 1 // classAt, inlined by hand for ASCII
-		if b[j] >= utf8.RuneSelf {
-			c, w = runeClass(b, j)
-		}
+		c, w := classAt(b, j)
 		if c != clsSpace {
 			break
 		}
@@ -276,16 +274,10 @@ func splitGPT2(b []byte, i int, ends []int) []int {
 				continue
 			}
 		}
-		c, w := asciiClass[b[i]], 1 // classAt, inlined by hand for ASCII
-		if b[i] >= utf8.RuneSelf {
-			c, w = runeClass(b, i)
-		}
+		c, w := classAt(b, i)
 		start := i
 		if b[i] == ' ' && i+1 < len(b) {
-			c2 := asciiClass[b[i+1]] // classAt, inlined by hand for ASCII
-			if b[i+1] >= utf8.RuneSelf {
-				c2, _ = runeClass(b, i+1)
-			}
+			c2, _ := classAt(b, i+1)
 			if c2 != clsSpace {
 				c, start, w = c2, i+1, 0
 			}
@@ -356,10 +348,7 @@ func gpt4Splitter(maxDigits int) splitter {
 					continue
 				}
 			}
-			c, w := asciiClass[b[i]], 1 // classAt, inlined by hand for ASCII
-			if b[i] >= utf8.RuneSelf {
-				c, w = runeClass(b, i)
-			}
+			c, w := classAt(b, i)
 			switch c {
 			case clsLetter:
 				if e, ok := lettersEnd8(b, i+w); ok {
@@ -372,10 +361,7 @@ func gpt4Splitter(maxDigits int) splitter {
 			case clsNumber:
 				j := i + w
 				for k := 1; k < maxDigits && j < len(b); k++ {
-					c2, w2 := asciiClass[b[j]], 1 // classAt, inlined by hand for ASCII
-					if b[j] >= utf8.RuneSelf {
-						c2, w2 = runeClass(b, j)
-					}
+					c2, w2 := classAt(b, j)
 					if c2 != clsNumber {
 						break
 					}
@@ -387,10 +373,7 @@ func gpt4Splitter(maxDigits int) splitter {
 			}
 			// [^\r\n\p{L}\p{N}]?\p{L}+ with a one-character prefix.
 			if b[i] != '\r' && b[i] != '\n' && i+w < len(b) {
-				c2, w2 := asciiClass[b[i+w]], 1 // classAt, inlined by hand for ASCII
-				if b[i+w] >= utf8.RuneSelf {
-					c2, w2 = runeClass(b, i+w)
-				}
+				c2, w2 := classAt(b, i+w)
 				if c2 == clsLetter {
 					if e, ok := lettersEnd8(b, i+w+w2); ok {
 						i = e
@@ -432,10 +415,7 @@ func gpt4Splitter(maxDigits int) splitter {
 			// c is whitespace. `\s*[\r\n]+`: the run up to its last line break.
 			j, nl := i, -1
 			for j < len(b) {
-				c2, w2 := asciiClass[b[j]], 1 // classAt, inlined by hand for ASCII
-				if b[j] >= utf8.RuneSelf {
-					c2, w2 = runeClass(b, j)
-				}
+				c2, w2 := classAt(b, j)
 				if c2 != clsSpace {
 					break
 				}

@@ -70,6 +70,32 @@ func (a *allocator) alloc(what string, n int64) (cuda.Ptr, error) {
 	return p, nil
 }
 
+// allocSet allocates a set of buffers and keeps the first error, so that a
+// caller allocating many checks once, after the set.
+type allocSet struct {
+	mem *allocator
+	err error
+}
+
+// one allocates bytes for what, or nothing after an earlier failure.
+func (s *allocSet) one(what string, bytes int64) cuda.Ptr {
+	if s.err != nil {
+		return 0
+	}
+	var p cuda.Ptr
+	p, s.err = s.mem.alloc(what, bytes)
+	return p
+}
+
+// layers allocates n buffers of bytes each, one a layer.
+func (s *allocSet) layers(what string, n int, bytes int64) []cuda.Ptr {
+	ps := make([]cuda.Ptr, n)
+	for l := range ps {
+		ps[l] = s.one(what, bytes)
+	}
+	return ps
+}
+
 func (a *allocator) free(p cuda.Ptr) error {
 	l, ok := a.live[p]
 	if !ok {

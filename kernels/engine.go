@@ -336,14 +336,8 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 			return p, func() { e.mem.free(p) }, nil
 		})
 	}
-	alloc := func(what string, n int64) cuda.Ptr {
-		if err != nil {
-			return 0
-		}
-		var p cuda.Ptr
-		p, err = e.mem.alloc(what, n)
-		return p
-	}
+	set := &allocSet{mem: e.mem}
+	alloc := set.one
 	e.params = alloc("parameters", e.n*4)
 	e.grads = alloc("gradients", e.n*4)
 	e.m = alloc("Adam first moments", e.n*4)
@@ -365,8 +359,8 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	e.planHost, e.planCount = make([]int32, embedPlanInts(maxN)), make([]int32, e.cfg.VocabSize)
 	nodecay := e.noDecayRanges()
 	e.nodecay, e.nranges = alloc("optimizer table", int64(len(nodecay))*8), len(nodecay)/2
-	if err != nil {
-		return err
+	if set.err != nil {
+		return set.err
 	}
 	if err := cuda.Upload(e.dv, e.nodecay, nodecay); err != nil {
 		return err
@@ -431,37 +425,11 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 	d, qd, kvd, F := int64(c.Hidden), int64(c.Heads*c.HeadDim), int64(c.KVHeads*c.HeadDim), int64(c.Intermediate)
 	attN := int64(B*c.Heads) * int64(T) * int64(T)
 	a := &acts{}
-	var err error
-	f32 := func(what string, n int64) cuda.Ptr {
-		if err != nil {
-			return 0
-		}
-		var p cuda.Ptr
-		p, err = e.mem.alloc(what, n*4)
-		return p
-	}
-	bf := func(what string, n int64) cuda.Ptr {
-		if err != nil {
-			return 0
-		}
-		var p cuda.Ptr
-		p, err = e.mem.alloc(what, n*2)
-		return p
-	}
-	layer := func(what string, n int64) []cuda.Ptr {
-		ps := make([]cuda.Ptr, c.Layers)
-		for l := range ps {
-			ps[l] = f32(what, n)
-		}
-		return ps
-	}
-	layerBF := func(what string, n int64) []cuda.Ptr {
-		ps := make([]cuda.Ptr, c.Layers)
-		for l := range ps {
-			ps[l] = bf(what, n)
-		}
-		return ps
-	}
+	set := &allocSet{mem: e.mem}
+	f32 := func(what string, n int64) cuda.Ptr { return set.one(what, n*4) }
+	bf := func(what string, n int64) cuda.Ptr { return set.one(what, n*2) }
+	layer := func(what string, n int64) []cuda.Ptr { return set.layers(what, c.Layers, n*4) }
+	layerBF := func(what string, n int64) []cuda.Ptr { return set.layers(what, c.Layers, n*2) }
 	// f32Unless allocates an fp32 buffer unless bf16 precision writes that
 	// tensor in bf16 only.
 	f32Unless := func(what string, n int64) cuda.Ptr {
@@ -553,7 +521,7 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		a.bfA = bf("bf16 GEMM operands", a.bfElems)
 		a.bfB = bf("bf16 GEMM operands", a.bfElems)
 	}
-	return a, err
+	return a, set.err
 }
 
 // noDecayRanges lists the element ranges of the specs AdamW does not decay

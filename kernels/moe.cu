@@ -366,16 +366,16 @@ extern "C" __global__ void moe_dx(float* dln, bf16* dlnb, const float* dxg, cons
 __device__ __forceinline__ float ldv(const float* p, size_t i) { return p[i]; }
 __device__ __forceinline__ float ldv(const bf16* p, size_t i) { return bf2f(p[i]); }
 
-// rows_tile finds the expert and first row of row tile blockIdx.x; false
-// for a spare block.
-__device__ __forceinline__ bool rows_tile(const int* off, int E, int* x, int* r0, int* r1) {
+// rows_tile finds the expert and first row of row tile blockIdx.x, in
+// tiles of tm rows, and the expert's row end; false for a spare block.
+__device__ __forceinline__ bool rows_tile(const int* off, int E, int tm, int* x, int* r0, int* r1) {
     int j = blockIdx.x;
     for (int e = 0; e < E; e++) {
         int a = off[e], b = off[e + 1];
-        int tiles = (b - a + GBM - 1) / GBM;
+        int tiles = (b - a + tm - 1) / tm;
         if (j < tiles) {
             *x = e;
-            *r0 = a + j * GBM;
+            *r0 = a + j * tm;
             *r1 = b;
             return true;
         }
@@ -392,7 +392,7 @@ __device__ void gemm_rows_fma(float* C, bf16* Cb, const T* A, const T* B, const 
     __shared__ float As[GBK][GBM + 4];
     __shared__ float Bs[GBK][GBN + 4];
     int x, r0, r1;
-    if (!rows_tile(off, E, &x, &r0, &r1)) return;
+    if (!rows_tile(off, E, GBM, &x, &r0, &r1)) return;
     const T* Bx = B + (size_t)x * strideB;
     int n0 = blockIdx.y * GBN, tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
     float acc[4][4] = {};
@@ -502,14 +502,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_gemm_dw_f32(float* C, cons
 
 #define GLD (GBK + 8)
 
-__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned lds32(const bf16* p) { return *(const unsigned*)p; }
-
 // mma_tile adds As (64 x 32, [m][k]) times Bs ([n][k]) into this warp's
 // 32 x 32 accumulators.
 __device__ __forceinline__ void mma_tile(float (*acc)[4][4], const bf16 (*As)[GLD], const bf16 (*Bs)[GLD], int wm, int wn, int lane) {
@@ -520,21 +512,21 @@ __device__ __forceinline__ void mma_tile(float (*acc)[4][4], const bf16 (*As)[GL
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             int r = wm + 16 * i + g;
-            a[i][0] = lds32(&As[r][kc + 2 * t]);
-            a[i][1] = lds32(&As[r + 8][kc + 2 * t]);
-            a[i][2] = lds32(&As[r][kc + 8 + 2 * t]);
-            a[i][3] = lds32(&As[r + 8][kc + 8 + 2 * t]);
+            a[i][0] = ld32s(&As[r][kc + 2 * t]);
+            a[i][1] = ld32s(&As[r + 8][kc + 2 * t]);
+            a[i][2] = ld32s(&As[r][kc + 8 + 2 * t]);
+            a[i][3] = ld32s(&As[r + 8][kc + 8 + 2 * t]);
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int n = wn + 8 * j + g;
-            b[j][0] = lds32(&Bs[n][kc + 2 * t]);
-            b[j][1] = lds32(&Bs[n][kc + 8 + 2 * t]);
+            b[j][0] = ld32s(&Bs[n][kc + 2 * t]);
+            b[j][1] = ld32s(&Bs[n][kc + 8 + 2 * t]);
         }
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+            for (int j = 0; j < 4; j++) mma16816(acc[i][j], a[i], b[j][0], b[j][1]);
     }
 }
 
@@ -544,7 +536,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_gemm_rows_bf(float* C, bf1
     __shared__ __align__(16) bf16 As[GBM][GLD];
     __shared__ __align__(16) bf16 Bs[GBN][GLD];
     int x, r0, r1;
-    if (!rows_tile(off, E, &x, &r0, &r1)) return;
+    if (!rows_tile(off, E, GBM, &x, &r0, &r1)) return;
     const bf16* Bx = B + (size_t)x * strideB;
     int n0 = blockIdx.y * GBN, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
@@ -687,27 +679,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_gemm_dw_bf(float* C, const
 #define VLA (VBM + 8) // [k][m] A tile of the dw form (272-byte rows, likewise distinct)
 #define VLN (GBN + 8) // [k][n] B tiles (144-byte rows)
 
-__device__ __forceinline__ unsigned moe_smem(const void* p) {
-    unsigned r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ void moe_cp16(void* dst, const void* src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(moe_smem(dst)), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void moe_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // moe_wait leaves the newest VST - 1 groups in flight.
 __device__ __forceinline__ void moe_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(VST - 1)); }
-__device__ __forceinline__ void moe_ldm(unsigned* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(moe_smem(p)));
-}
-__device__ __forceinline__ void moe_ldmt(unsigned* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(moe_smem(p)));
-}
 
 // mma_step_v multiplies one k tile: for each 16-wide k step, the warp's
 // VMI A fragments (As as [m][k], or [k][m] of row stride VLA when AK) and
@@ -720,14 +693,14 @@ __device__ __forceinline__ void mma_step_v(float (*acc)[4][4], const bf16* As, c
         unsigned a[VMI][4], b[4][2];
 #pragma unroll
         for (int i = 0; i < VMI; i++) {
-            if (AK) moe_ldmt(a[i], As + (kc + (lane & 7) + (lane >> 4) * 8) * VLA + wm + 16 * i + ((lane >> 3) & 1) * 8);
-            else moe_ldm(a[i], As + (wm + 16 * i + (lane & 7) + ((lane >> 3) & 1) * 8) * VLD + kc + (lane >> 4) * 8);
+            if (AK) ldm4t(a[i], smem_addr(As + (kc + (lane & 7) + (lane >> 4) * 8) * VLA + wm + 16 * i + ((lane >> 3) & 1) * 8));
+            else ldm4(a[i], smem_addr(As + (wm + 16 * i + (lane & 7) + ((lane >> 3) & 1) * 8) * VLD + kc + (lane >> 4) * 8));
         }
 #pragma unroll
         for (int np = 0; np < 2; np++) {
             unsigned r[4];
-            if (BK) moe_ldmt(r, Bs + (kc + (lane & 7) + ((lane >> 3) & 1) * 8) * VLN + wn + 16 * np + (lane >> 4) * 8);
-            else moe_ldm(r, Bs + (wn + 16 * np + (lane & 7) + (lane >> 4) * 8) * VLD + kc + ((lane >> 3) & 1) * 8);
+            if (BK) ldm4t(r, smem_addr(Bs + (kc + (lane & 7) + ((lane >> 3) & 1) * 8) * VLN + wn + 16 * np + (lane >> 4) * 8));
+            else ldm4(r, smem_addr(Bs + (wn + 16 * np + (lane & 7) + (lane >> 4) * 8) * VLD + kc + ((lane >> 3) & 1) * 8));
             b[2 * np][0] = r[0];
             b[2 * np][1] = r[1];
             b[2 * np + 1][0] = r[2];
@@ -736,25 +709,8 @@ __device__ __forceinline__ void mma_step_v(float (*acc)[4][4], const bf16* As, c
 #pragma unroll
         for (int i = 0; i < VMI; i++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+            for (int j = 0; j < 4; j++) mma16816(acc[i][j], a[i], b[j][0], b[j][1]);
     }
-}
-
-// rows_tile_v is rows_tile for VBM-row tiles.
-__device__ __forceinline__ bool rows_tile_v(const int* off, int E, int* x, int* r0, int* r1) {
-    int j = blockIdx.x;
-    for (int e = 0; e < E; e++) {
-        int a = off[e], b = off[e + 1];
-        int tiles = (b - a + VBM - 1) / VBM;
-        if (j < tiles) {
-            *x = e;
-            *r0 = a + j * VBM;
-            *r1 = b;
-            return true;
-        }
-        j -= tiles;
-    }
-    return false;
 }
 
 // B tiles: [64][VLD] or [32][VLN] bf16 values, whichever is larger.
@@ -770,7 +726,7 @@ __device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, co
     __shared__ __align__(128) bf16 As[VST][VBM * VLD];
     __shared__ __align__(128) bf16 Bs[VST][VTILE];
     int x, r0, r1;
-    if (!rows_tile_v(off, E, &x, &r0, &r1)) return;
+    if (!rows_tile(off, E, VBM, &x, &r0, &r1)) return;
     const bf16* Bx = B + (size_t)x * strideB;
     int n0 = blockIdx.y * GBN, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = (warp >> 1) * (VBM / 2), wn = (warp & 1) * 32;
@@ -789,7 +745,7 @@ __device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, co
         for (int h = 0; h < VMI; h++) {
             int i = (tid >> 2) + 32 * h, k = k0 + ci;
             bool ok = aok[h] && k < K;
-            moe_cp16(&As[buf][i * VLD + ci], ok ? arow[h] + k : A, ok);
+            cp_async16(smem_addr(&As[buf][i * VLD + ci]), ok ? arow[h] + k : A, ok ? 16 : 0);
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -797,11 +753,11 @@ __device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, co
                 int idx = tid + 128 * h, kk = idx >> 3, c = (idx & 7) * 8, kr = k0 + kk;
                 bool ok = kr < K && n0 + c < Ncols;
                 kr += kr >= bsplit ? bskip : 0;
-                moe_cp16(&Bs[buf][kk * VLN + c], ok ? Bx + (size_t)kr * ldb + n0 + c : B, ok);
+                cp_async16(smem_addr(&Bs[buf][kk * VLN + c]), ok ? Bx + (size_t)kr * ldb + n0 + c : B, ok ? 16 : 0);
             } else {
                 int n = (tid >> 2) + 32 * h, k = k0 + ci;
                 bool ok = n0 + n < Ncols && k < K;
-                moe_cp16(&Bs[buf][n * VLD + ci], ok ? Bx + (size_t)(n0 + n) * ldb + k : B, ok);
+                cp_async16(smem_addr(&Bs[buf][n * VLD + ci]), ok ? Bx + (size_t)(n0 + n) * ldb + k : B, ok ? 16 : 0);
             }
         }
     };
@@ -810,12 +766,12 @@ __device__ void gemm_rows_v(float* C, bf16* Cb, const bf16* A, const bf16* B, co
 #pragma unroll
     for (int st = 0; st < VST - 1; st++) {
         if (st < nk) load(st, st * GBK);
-        moe_commit();
+        cp_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
         int nx = kt + VST - 1;
         if (nx < nk) load(nx % VST, nx * GBK);
-        moe_commit();
+        cp_commit();
         moe_wait();
         __syncthreads();
         mma_step_v<false, BK>(acc, As[kt % VST], Bs[kt % VST], wm, wn, lane);
@@ -882,13 +838,13 @@ extern "C" __global__ void __launch_bounds__(128) moe_gemm_dw_bf_v(float* C, flo
         for (int h = 0; h < VMI; h++) {
             int idx = tid + 128 * h, kk = idx / (VBM / 8), c = (idx % (VBM / 8)) * 8, r = k0 + kk;
             bool ok = r < rb && m0 + c < M;
-            moe_cp16(&As[buf][kk * VLA + c], ok ? A + (size_t)r * lda + m0 + c : A, ok);
+            cp_async16(smem_addr(&As[buf][kk * VLA + c]), ok ? A + (size_t)r * lda + m0 + c : A, ok ? 16 : 0);
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int idx = tid + 128 * h, kk = idx >> 3, c = (idx & 7) * 8, r = k0 + kk;
             bool ok = r < rb && n0 + c < Ncols;
-            moe_cp16(&Bs[buf][kk * VLN + c], ok ? B + (size_t)(tok ? tok[r] : r) * ldb + n0 + c : B, ok);
+            cp_async16(smem_addr(&Bs[buf][kk * VLN + c]), ok ? B + (size_t)(tok ? tok[r] : r) * ldb + n0 + c : B, ok ? 16 : 0);
         }
     };
     float acc[VMI][4][4] = {};
@@ -896,12 +852,12 @@ extern "C" __global__ void __launch_bounds__(128) moe_gemm_dw_bf_v(float* C, flo
 #pragma unroll
     for (int st = 0; st < VST - 1; st++) {
         if (st < nk) load(st, ra + st * GBK);
-        moe_commit();
+        cp_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
         int nx = kt + VST - 1;
         if (nx < nk) load(nx % VST, ra + nx * GBK);
-        moe_commit();
+        cp_commit();
         moe_wait();
         __syncthreads();
         mma_step_v<true, true>(acc, As[kt % VST], Bs[kt % VST], wm, wn, lane);

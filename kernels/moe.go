@@ -85,22 +85,9 @@ func (e *Engine) allocMoE(N int) (*moeActs, error) {
 	n := int64(N)
 	NK, d, F := n*K, int64(c.Hidden), int64(c.Intermediate)
 	m := &moeActs{}
-	var err error
-	one := func(what string, bytes int64) cuda.Ptr {
-		if err != nil {
-			return 0
-		}
-		var p cuda.Ptr
-		p, err = e.mem.alloc(what, bytes)
-		return p
-	}
-	layer := func(what string, bytes int64) []cuda.Ptr {
-		ps := make([]cuda.Ptr, L)
-		for l := range ps {
-			ps[l] = one(what, bytes)
-		}
-		return ps
-	}
+	set := &allocSet{mem: e.mem}
+	one := set.one
+	layer := func(what string, bytes int64) []cuda.Ptr { return set.layers(what, L, bytes) }
 	const routing = "activations (experts' routing)"
 	m.probs = layer(routing, n*E*4)
 	m.sel, m.wts, m.rowOf = layer(routing, NK*4), layer(routing, NK*4), layer(routing, NK*4)
@@ -122,7 +109,7 @@ func (e *Engine) allocMoE(N int) (*moeActs, error) {
 	if e.moeVec() {
 		m.dwPart = one(scratch, moeMaxSplit*E*d*F*4)
 	}
-	return m, err
+	return m, set.err
 }
 
 // expert returns the fp32 and bf16 address of expert 0's weight k (0 w1,

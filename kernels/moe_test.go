@@ -95,22 +95,7 @@ func TestMoEMatchesCPU(t *testing.T) {
 			var ms [2]model.StepMetrics
 			var grads [2]*model.Params
 			for k, eng := range []model.Engine{cpu, e} {
-				if err := eng.SetParams(p); err != nil {
-					t.Fatal(err)
-				}
-				if err := eng.ForwardBackward(b, 0.5); err != nil {
-					t.Fatal(err)
-				}
-				grads[k] = model.NewParams(c)
-				if err := eng.Grads(grads[k]); err != nil {
-					t.Fatal(err)
-				}
-				if err := eng.Step(benchAdamW); err != nil {
-					t.Fatal(err)
-				}
-				if ms[k], err = eng.Metrics(); err != nil {
-					t.Fatal(err)
-				}
+				ms[k], grads[k] = gradStep(t, eng, c, p, b, 0.5, true)
 			}
 			t.Logf("cpu %+v\ncuda %+v", ms[0], ms[1])
 			if math.Abs(ms[0].Loss-ms[1].Loss) > lossTol*ms[0].Loss || math.Abs(ms[0].AuxLoss-ms[1].AuxLoss) > lossTol*ms[0].AuxLoss {
@@ -181,20 +166,7 @@ func TestMoEFastKernelsMatchStraightforward(t *testing.T) {
 		if err := e.th.do(func() error { e.graphs, e.moeScalar = false, scalar; return nil }); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.SetParams(p); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.ForwardBackward(b, 1); err != nil {
-			t.Fatal(err)
-		}
-		grads[k] = model.NewParams(c)
-		if err := e.Grads(grads[k]); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		if ms[k], err = e.Metrics(); err != nil {
-			t.Fatal(err)
-		}
+		ms[k], grads[k] = gradStep(t, e, c, p, b, 1, false)
 	}
 	launches := e.LaunchCounts()
 	if launches["moe_gemm_dw_bf_v"] == 0 || launches["moe_dw_reduce"] == 0 || launches["moe_gemm_dw_bf"] == 0 {
@@ -326,4 +298,31 @@ func TestMoEMemoryPlanMatchesAllocation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gradStep sets p on eng, runs one forward and backward of b with the
+// loss scaled by scale, and returns the step's gradients and its metrics,
+// read after an optimizer step when step is set.
+func gradStep(t *testing.T, eng model.Engine, c model.Config, p *model.Params, b model.Batch, scale float32, step bool) (model.StepMetrics, *model.Params) {
+	t.Helper()
+	if err := eng.SetParams(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.ForwardBackward(b, scale); err != nil {
+		t.Fatal(err)
+	}
+	g := model.NewParams(c)
+	if err := eng.Grads(g); err != nil {
+		t.Fatal(err)
+	}
+	if step {
+		if err := eng.Step(benchAdamW); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := eng.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, g
 }

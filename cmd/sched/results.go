@@ -95,20 +95,7 @@ func getFile(ctx context.Context, st store.Store, key, path string) error {
 		return fmt.Errorf("get %s: %w", key, err)
 	}
 	defer r.Close()
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	_, err = io.Copy(f, r)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if err := writeOutput(path, func(w io.Writer) error { _, err := io.Copy(w, r); return err }); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil

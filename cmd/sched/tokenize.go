@@ -237,7 +237,7 @@ func requireEOS(path string, tk *tokenizer.Tokenizer) error {
 func writeOutput(out string, write func(io.Writer) error) error {
 	if st, err := os.Stat(out); err == nil && !st.Mode().IsRegular() {
 		if st.IsDir() {
-			return badInput("--out %s is a directory; name a file", out)
+			return badInput("%s is a directory; name a file to write", out)
 		}
 		f, err := os.OpenFile(out, os.O_WRONLY, 0)
 		if err != nil {

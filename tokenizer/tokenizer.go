@@ -331,15 +331,9 @@ func (st *encoderState) splitWords(dst []uint32, piece []byte, split splitter, k
 		for _, e := range ends {
 			w := piece[start:e]
 			start = e
-			if n := len(w); n <= maxPacked && cap(w) >= 16 {
-				// The key word computes (packWord).
-				w16 := w[:16:16]
-				k0 := binary.LittleEndian.Uint64(w16)
-				k1 := binary.LittleEndian.Uint64(w16[8:])
-				n0 := min(n, 8)
-				k0 &= byteMask[n0&15]
-				k1 = k1&byteMask[(n-n0)&15] | uint64(n)<<56
-				h := &hot[((k0*0x9E3779B97F4A7C15^k1)*0xBF58476D1CE4E5B9)>>(64-hotBits)]
+			if len(w) <= maxPacked && cap(w) >= 16 {
+				k0, k1 := packInPlace(w)
+				h := &hot[hashWord(k0, k1)>>(64-hotBits)]
 				if h.k0 == k0 && h.k1 == k1 {
 					if lo, hi := uint32(h.v), uint32(h.v>>32); lo&inArena == 0 {
 						if hi == noID {
@@ -363,21 +357,15 @@ const maxCachedWord = 64
 
 // word appends the ids of one pre-tokenized word.
 func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
-	if n := len(w); n <= maxPacked {
-		// packWord, by hand here: the call cost more than the lookup.
+	if len(w) <= maxPacked {
 		var k0, k1 uint64
 		if cap(w) >= 16 {
-			w16 := w[:16:16]
-			k0 = binary.LittleEndian.Uint64(w16)
-			k1 = binary.LittleEndian.Uint64(w16[8:])
-			n0 := min(n, 8)
-			k0 &= byteMask[n0&15]
-			k1 = k1&byteMask[(n-n0)&15] | uint64(n)<<56
+			k0, k1 = packInPlace(w)
 		} else {
 			k0, k1 = packWord(w)
 		}
 		c := &st.words
-		hh := (k0*0x9E3779B97F4A7C15 ^ k1) * 0xBF58476D1CE4E5B9
+		hh := hashWord(k0, k1)
 		hot := &c.hot[hh>>(64-hotBits)]
 		if hot.k1 == k1 && hot.k0 == k0 {
 			return c.appendIDs(dst, hot.v)
@@ -504,27 +492,31 @@ var byteMask = [16]uint64{0, 0xff, 0xffff, 0xff_ffff, 0xffff_ffff, 0xff_ffff_fff
 // packWord packs a word of 1 to maxPacked bytes and its length into two
 // integers, distinct for distinct words.
 func packWord(w []byte) (k0, k1 uint64) {
-	n := len(w)
-	if cap(w) >= 16 {
-		// The word sits inside its document: read 16 bytes from its
-		// start at once and keep its own.
-		w16 := w[:16]
-		k0 = binary.LittleEndian.Uint64(w16)
-		k1 = binary.LittleEndian.Uint64(w16[8:])
-	} else {
+	if cap(w) < 16 {
 		var b [16]byte
 		copy(b[:], w)
-		k0 = binary.LittleEndian.Uint64(b[:])
-		k1 = binary.LittleEndian.Uint64(b[8:])
+		w = b[:len(w)]
 	}
-	n0 := min(n, 8)
-	k0 &= 1<<(8*n0) - 1
-	k1 &= 1<<(8*(n-n0)) - 1
-	return k0, k1 | uint64(n)<<56
+	return packInPlace(w)
 }
 
+// packInPlace is packWord for a word with 16 bytes from its start, as a
+// word inside its document has: it reads them at once and keeps its own.
+// Small enough to be inlined, for the lookups of every word.
+func packInPlace(w []byte) (k0, k1 uint64) {
+	n := len(w)
+	w16 := w[:16:16]
+	k0 = binary.LittleEndian.Uint64(w16)
+	k1 = binary.LittleEndian.Uint64(w16[8:])
+	n0 := min(n, 8)
+	return k0 & byteMask[n0&15], k1&byteMask[(n-n0)&15] | uint64(n)<<56
+}
+
+// hashWord is the word (k0, k1)'s hash; its top bits pick a slot.
+func hashWord(k0, k1 uint64) uint64 { return (k0*0x9E3779B97F4A7C15 ^ k1) * 0xBF58476D1CE4E5B9 }
+
 func (c *wordTable) slot(k0, k1 uint64) uint64 {
-	return ((k0*0x9E3779B97F4A7C15 ^ k1) * 0xBF58476D1CE4E5B9) >> c.shift
+	return hashWord(k0, k1) >> c.shift
 }
 
 func (c *wordTable) init(size int) {

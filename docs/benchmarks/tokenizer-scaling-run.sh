@@ -28,8 +28,8 @@
 #             with P are work that got slower, not waiting)
 #   profiles  BenchmarkTokenizeFile (the command's path in the test binary)
 #             on ~200 MB: cpu1.prof and cpuN.prof (N = MAXN; cpu16.prof on
-#             the 16-core host) in $OUT, then its cold/warm, piece size and
-#             pieces-in-flight variants on one core and on all
+#             the 16-core host) in $OUT, then its cold/warm and piece size
+#             variants on one core and on all
 #   gc        GODEBUG=gctrace=1 collections of the all-core run
 #
 # Everything lands in $OUT/tokenizer-scaling.txt, the summary first; the
@@ -227,9 +227,9 @@ gcb=$(cd tokenizer && GOGC=400 GODEBUG=gctrace=1 KILN_TOKENIZER_BENCH_TEXT="$W/c
 	-test.bench 'TokenizeFile/gpt2-style/cold$' -test.benchtime 3x -test.cpu "$maxn" 2>&1 | grep -c '^gc ')
 note "gctrace: BenchmarkTokenizeFile/gpt2-style/cold, 3 passes, -test.cpu $maxn: $gcb collections"
 note "elapsed $(($(date +%s) - t0)) s"
-note "== variants: cold / warm caches, piece size, pieces in flight per worker, parts of pieces"
-bench -test.bench 'TokenizeFile/gpt2-style/(warm|parts64KiB)$' -test.benchtime 1x -test.cpu 1
-bench -test.bench 'TokenizeFile/gpt2-style/(warm|chunk|jobs|parts)' -test.benchtime 3x -test.cpu "$maxn"
+note "== variants: cold / warm caches, piece size"
+bench -test.bench 'TokenizeFile/gpt2-style/warm$' -test.benchtime 1x -test.cpu 1
+bench -test.bench 'TokenizeFile/gpt2-style/(warm|chunk)' -test.benchtime 3x -test.cpu "$maxn"
 bench -test.bench 'TokenizeFile/gpt4-style/(cold|warm)$' -test.benchtime 3x -test.cpu "$maxn"
 note "elapsed $(($(date +%s) - t0)) s"
 

@@ -33,7 +33,7 @@ type Engine struct {
 	// arguments against.
 	kparams map[string][]paramKind
 	// shared: the dynamic shared memory a kernel launches with, in bytes,
-	// for the kernels that take any (flash_bwd).
+	// for the kernels that take any (chooseFlashKernels).
 	shared map[string]int
 	mods   []*cuda.Module
 	mem    *allocator
@@ -52,6 +52,10 @@ type Engine struct {
 	// flash_bwd_dq_final (KILN_CUDA_FLASH_BWD=fused) instead of
 	// flash_bwd_dq then flash_bwd_dkv.
 	flashFused bool
+	// hopper: the flash kernels of flash_sm90.cu (wgmma) in place of
+	// flash.cu's, on a compute capability 9.0 GPU's native build unless
+	// KILN_CUDA_ATTENTION=flash-sm80 (chooseFlashKernels).
+	hopper bool
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode
 	// gemmTune: candidates each bf16 GEMM shape times (0: none).
@@ -294,7 +298,7 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	if e.fns, e.kparams, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch, e.kopt.kernelCache); err != nil {
 		return err
 	}
-	if err := e.chooseFlashBackward(); err != nil {
+	if err := e.chooseFlashKernels(); err != nil {
 		return err
 	}
 	if e.st, err = dv.NewStream(); err != nil {

@@ -92,16 +92,17 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					dvec            []float32 // flash's rowsum(dout * out)
 				}
 				// run runs the straightforward kernels (rows 0) or the
-				// flash ones with the forward of that many query rows a
-				// block and the backward in two kernels (split) or one.
-				run := func(rows int, split bool) result {
+				// flash ones: Hopper's (flash_sm90.cu), or flash.cu's with
+				// the forward of that many query rows a block and the
+				// backward in two kernels (split) or one.
+				run := func(rows int, split, hopper bool) result {
 					res := result{out: make([]float32, N*H*D), dq: make([]float32, N*H*D), dk: make([]float32, N*KV*D), dv: make([]float32, N*KV*D)}
 					err := e.th.do(func() error {
 						b := &testBuffers{e: e}
 						f32 := func(n int) cuda.Ptr { return b.alloc(int64(n) * 4) }
 						dq, dk, dv := f32(N*H*D), f32(N*KV*D), f32(N*KV*D)
 						pq, pk, pv, pd, out := upload(b, q), upload(b, k), upload(b, v), upload(b, dout), f32(N*H*D)
-						if rows > 0 {
+						if rows > 0 || hopper {
 							lse, dvec := f32(B*H*T), f32(B*H*T)
 							// The flash kernels read q, k and v in bf16 as the
 							// engine lays them out, column blocks of one
@@ -123,12 +124,17 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 								return b.err
 							}
 							pq, pk, pv, pd := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd), bd
-							e.flashRows = rows
+							e.flashRows, e.hopper = rows, hopper
 							if err := e.flashForward(out, outb, lse, pq, pk, pv, B, T, H, KV, scale, P, P); err != nil {
 								return err
 							}
 							tiles := flashTiles(T)
-							if split {
+							if hopper {
+								if err := e.flashBackwardHopper(dq, dqkv, dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), dvec,
+									pq, pk, pv, pd, outb, lse, B, T, H, KV, scale, P); err != nil {
+									return err
+								}
+							} else if split {
 								if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
 									dq, dqkv, dvec, pq, pk, pv, pd, outb, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 									return err
@@ -150,7 +156,7 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 									if err := e.fns["flash_bwd"].AllowSharedMemory(flashBwdShared); err != nil {
 										return err
 									}
-									e.shared = map[string]int{"flash_bwd": flashBwdShared}
+									e.shared["flash_bwd"] = flashBwdShared
 								}
 								if err := e.dv.Memset32(sem, 0, int64(B*H*tiles)); err != nil {
 									return err
@@ -226,20 +232,32 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					}
 					return res
 				}
-				want := run(0, false)
+				want := run(0, false, false)
 				flash := map[string]result{}
-				for _, v := range []struct {
-					rows  int
-					split bool
-				}{{64, true}, {128, true}, {128, false}, {128, false}} {
-					got := run(v.rows, v.split)
+				type variant struct {
+					rows          int
+					split, hopper bool
+				}
+				variants := []variant{{64, true, false}, {128, true, false}, {128, false, false}, {128, false, false}}
+				// The Hopper kernels are built for a compute capability
+				// 9.0 device's native build only.
+				_, hopper := e.fns["flash_fwd_h"]
+				if hopper {
+					variants = append(variants, variant{hopper: true}, variant{hopper: true})
+				}
+				for _, v := range variants {
+					got := run(v.rows, v.split, v.hopper)
 					fwd := fmt.Sprintf("%d-row forward, backward in one kernel", v.rows)
-					if v.split {
+					switch {
+					case v.hopper:
+						fwd = "Hopper kernels"
+					case v.split:
 						fwd = fmt.Sprintf("%d-row forward, backward in two kernels", v.rows)
 					}
 					if _, again := flash[fwd]; again {
 						// The fused backward's sums across blocks keep one
-						// order: a second run gives the same bits.
+						// order, and the Hopper kernels sum in registers
+						// only: a second run gives the same bits.
 						first := flash[fwd]
 						for _, c := range []struct {
 							name      string
@@ -329,6 +347,23 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 						t.Errorf("%s: the one-kernel backward differs from the two-kernel one by %.3g of its largest value (limit 1e-5)", c.name, rel)
 					}
 				}
+				// The Hopper kernels take the same tiles in the same order
+				// with the products on other tensor-core instructions: the
+				// fp32 sums may round apart, and a probability may then
+				// round to another bf16, far below a wrong tile or mask.
+				if hopper {
+					h := flash["Hopper kernels"]
+					for _, c := range []struct {
+						name      string
+						got, want []float32
+					}{{"out", h.out, g128.out}, {"lse", h.lse, g128.lse}, {"dvec", h.dvec, g128.dvec}, {"dq", h.dq, g128.dq}, {"dk", h.dk, g128.dk}, {"dv", h.dv, g128.dv}} {
+						rel := maxRelErr(c.got, c.want)
+						t.Logf("Hopper kernels against flash.cu's (%s): %s %.3g of its largest value apart", e.Arch, c.name, rel)
+						if !(rel <= 2e-3) {
+							t.Errorf("%s: the Hopper kernels differ from flash.cu's by %.3g of its largest value (limit 2e-3)", c.name, rel)
+						}
+					}
+				}
 				var lseDiff float64
 				same := 0
 				for i := range g64.lse {
@@ -346,7 +381,11 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				if !(outDiff <= 1e-5) {
 					t.Errorf("out: the 128-row forward differs from the 64-row one by %.3g of its largest value (limit 1e-5)", outDiff)
 				}
-				for _, name := range []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final"} {
+				names := []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final"}
+				if hopper {
+					names = append(names, "flash_fwd_h", "flash_bwd_dq_h", "flash_bwd_dkv_h")
+				}
+				for _, name := range names {
 					r, err := e.fns[name].Resources()
 					if err != nil {
 						t.Fatal(err)
@@ -354,8 +393,13 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					t.Logf("%s (%s): %d registers, %d bytes of shared memory, %d of local memory (spills)", name, e.Arch, r.Registers, r.SharedBytes, r.LocalBytes)
 				}
 				counts := e.LaunchCounts()
-				for name, n := range map[string]int{"flash_fwd": 1, "flash_fwd128": 3, "flash_bwd_dq": 2, "flash_bwd_dkv": 2,
-					"flash_bwd_dvec": 2, "flash_bwd": 2, "flash_bwd_dq_final": 2, "attn_fwd": 1, "attn_bwd_q": 1, "attn_bwd_kv": 1} {
+				wantCounts := map[string]int{"flash_fwd": 1, "flash_fwd128": 3, "flash_bwd_dq": 2, "flash_bwd_dkv": 2,
+					"flash_bwd_dvec": 2, "flash_bwd": 2, "flash_bwd_dq_final": 2, "attn_fwd": 1, "attn_bwd_q": 1, "attn_bwd_kv": 1}
+				if hopper {
+					wantCounts["flash_fwd_h"], wantCounts["flash_bwd_dq_h"], wantCounts["flash_bwd_dkv_h"] = 2, 2, 2
+					wantCounts["flash_bwd_dvec"] += 2
+				}
+				for name, n := range wantCounts {
 					if counts[name] != n {
 						t.Fatalf("kernel %s launched %d times, want %d: %v", name, counts[name], n, counts)
 					}
@@ -393,10 +437,13 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 	if c.HeadDim != flashHeadDim {
 		t.Fatalf("golden %s has head_dim %d, want %d", goldenDirs[1], c.HeadDim, flashHeadDim)
 	}
-	flashKernels := []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final"}
-	for _, v := range []struct{ prec, fwd, bwd string }{{"bf16", "", ""}, {"bf16", "64", ""}, {"bf16", "128", "split"},
-		{"bf16", "", "fused"}, {"fp32", "", ""}, {"fp32", "64", "fused"}} {
-		t.Run(v.prec+"/fwd="+v.fwd+"/bwd="+v.bwd, func(t *testing.T) {
+	flashKernels := []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final",
+		"flash_fwd_h", "flash_bwd_dq_h", "flash_bwd_dkv_h"}
+	for _, v := range []struct{ prec, attn, fwd, bwd string }{{"bf16", "", "", ""}, {"bf16", "flash-sm80", "", ""},
+		{"bf16", "flash-sm80", "64", ""}, {"bf16", "flash-sm80", "128", "split"}, {"bf16", "flash-sm80", "", "fused"},
+		{"fp32", "", "", ""}, {"fp32", "", "64", "fused"}} {
+		t.Run(v.prec+"/attention="+v.attn+"/fwd="+v.fwd+"/bwd="+v.bwd, func(t *testing.T) {
+			t.Setenv("KILN_CUDA_ATTENTION", v.attn)
 			t.Setenv("KILN_CUDA_FLASH_FWD", v.fwd)
 			t.Setenv("KILN_CUDA_FLASH_BWD", v.bwd)
 			e := newEngine(t, c, model.Options{Precision: v.prec, MaxBatch: b.B, MaxSeq: b.T})
@@ -408,6 +455,11 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 			}
 			n := e.LaunchCounts()
 			want := map[string]int{"flash_fwd128": c.Layers, "flash_bwd_dq": c.Layers, "flash_bwd_dkv": c.Layers}
+			// A compute capability 9.0 device's native build runs the
+			// Hopper kernels unless flash.cu's are asked for.
+			if _, hopper := e.fns["flash_fwd_h"]; hopper && v.attn == "" {
+				want = map[string]int{"flash_fwd_h": c.Layers, "flash_bwd_dvec": c.Layers, "flash_bwd_dq_h": c.Layers, "flash_bwd_dkv_h": c.Layers}
+			}
 			if v.fwd == "64" {
 				delete(want, "flash_fwd128")
 				want["flash_fwd"] = c.Layers
@@ -450,6 +502,7 @@ func TestGoldenBF16FlashForward64(t *testing.T) {
 	for _, force := range []string{"0", "1"} {
 		t.Run("sm80="+force, func(t *testing.T) {
 			t.Setenv("KILN_CUDA_FORCE_SM80", force)
+			t.Setenv("KILN_CUDA_ATTENTION", "flash-sm80")
 			t.Setenv("KILN_CUDA_FLASH_FWD", "64")
 			tol := BF16Tolerances
 			verify(t, goldenDirs[1], "bf16", &tol)
@@ -484,9 +537,16 @@ func BenchmarkFlashBackward(b *testing.B) {
 	c := model.Presets["small"]
 	const B, T = 32, 1024
 	batch := patternBatch(c, B, T)
-	for _, v := range []string{"split", "fused"} {
+	for _, v := range []string{"split", "fused", "hopper"} {
 		b.Run(v, func(b *testing.B) {
-			b.Setenv("KILN_CUDA_FLASH_BWD", v)
+			// flash.cu's two backward paths, or flash_sm90.cu's on a
+			// Hopper GPU (elsewhere the engine runs flash.cu's split one).
+			if v == "hopper" {
+				b.Setenv("KILN_CUDA_ATTENTION", "flash")
+			} else {
+				b.Setenv("KILN_CUDA_ATTENTION", "flash-sm80")
+				b.Setenv("KILN_CUDA_FLASH_BWD", v)
+			}
 			e := newEngine(b, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T})
 			if err := e.SetParams(model.InitParams(c, 1)); err != nil {
 				b.Fatal(err)

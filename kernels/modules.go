@@ -18,8 +18,25 @@ import (
 	"github.com/kiln-lm/kiln/kernels/cuda"
 )
 
-//go:embed *.cu common.cuh
+//go:embed *.cu *.cuh
 var sources embed.FS
+
+// hopperSuffix marks a kernel file written for Hopper alone (wgmma): it is
+// built as sm_90a, and only for a compute capability 9.0 device that runs
+// its native build (Target "sm_90").
+const hopperSuffix = "_sm90.cu"
+
+// fileArch is what NVRTC builds kernel file name as for target arch, or ""
+// when the file is not built for it.
+func fileArch(name, arch string) string {
+	if !strings.HasSuffix(name, hopperSuffix) {
+		return arch
+	}
+	if arch == "sm_90" {
+		return "sm_90a"
+	}
+	return ""
+}
 
 // kernelFiles lists the embedded .cu files in a fixed order.
 func kernelFiles() ([]string, error) {
@@ -37,17 +54,22 @@ func kernelFiles() ([]string, error) {
 	return names, nil
 }
 
-// source returns a kernel file with the common prelude in front.
+// source returns a kernel file with the common prelude in front, and for
+// the flash attention files (flash*.cu) the helpers they share.
 func source(name string) (string, error) {
-	common, err := sources.ReadFile("common.cuh")
-	if err != nil {
-		return "", err
+	preludes := []string{"common.cuh"}
+	if strings.HasPrefix(name, "flash") {
+		preludes = append(preludes, "flash.cuh")
 	}
-	body, err := sources.ReadFile(name)
-	if err != nil {
-		return "", err
+	var b strings.Builder
+	for _, p := range append(preludes, name) {
+		text, err := sources.ReadFile(p)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "#line 1 \"%s\"\n%s\n", p, text)
 	}
-	return string(common) + "\n#line 1 \"" + name + "\"\n" + string(body), nil
+	return b.String(), nil
 }
 
 // Target picks what NVRTC builds for a device of compute capability
@@ -131,6 +153,10 @@ func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch, cacheDir string) (map[st
 	var mods []*cuda.Module
 	hits := 0
 	for _, name := range names {
+		arch := fileArch(name, arch)
+		if arch == "" {
+			continue
+		}
 		src, _ := sources.ReadFile(name)
 		sigs, err := kernelSignatures(string(src))
 		if err != nil {

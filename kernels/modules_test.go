@@ -238,3 +238,21 @@ func TestLaunchCallsMatchTheKernels(t *testing.T) {
 		t.Fatalf("checked %d launches; the engine has more than 40 (is the walk finding them?)", checked)
 	}
 }
+
+// flash_sm90.cu is built as sm_90a for a compute capability 9.0 device's
+// native build and for nothing else: the forced sm_80 build and other
+// devices (an RTX 3060, a Blackwell GPU, which has no wgmma) skip it, and
+// every other file is built for the target as it is.
+func TestHopperFileOnlyForNativeSM90(t *testing.T) {
+	for _, c := range []struct{ name, arch, want string }{
+		{"flash_sm90.cu", "sm_90", "sm_90a"}, {"flash_sm90.cu", "compute_80", ""}, {"flash_sm90.cu", "sm_86", ""},
+		{"flash_sm90.cu", "sm_100", ""}, {"flash.cu", "sm_90", "sm_90"}, {"flash.cu", "compute_80", "compute_80"},
+	} {
+		if got := fileArch(c.name, c.arch); got != c.want {
+			t.Errorf("fileArch(%q, %q) = %q, want %q", c.name, c.arch, got, c.want)
+		}
+	}
+	if got := Target(9, 0, false); fileArch("flash_sm90.cu", got) != "sm_90a" {
+		t.Errorf("an H100/H200's native target %q does not build flash_sm90.cu", got)
+	}
+}

@@ -25,6 +25,9 @@ type Options struct {
 	// naive: the straightforward attention in bf16 too, instead of the
 	// flash kernels.
 	naive bool
+	// flashSM80: flash.cu's kernels on a Hopper GPU too, instead of
+	// flash_sm90.cu's.
+	flashSM80 bool
 	// flash64: the flash forward with 64 query rows a block (flash_fwd)
 	// instead of 128 (flash_fwd128).
 	flash64 bool
@@ -67,11 +70,12 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 	default:
 		o.gemmTune = tune
 	}
-	attention, err := envChoice(getenv, "KILN_CUDA_ATTENTION", "flash", "naive")
+	attention, err := envChoice(getenv, "KILN_CUDA_ATTENTION", "flash", "flash-sm80", "naive")
 	if err != nil {
 		return Options{}, err
 	}
 	o.naive = attention == "naive"
+	o.flashSM80 = attention == "flash-sm80"
 	flashFwd, err := envChoice(getenv, "KILN_CUDA_FLASH_FWD", "64", "128")
 	if err != nil {
 		return Options{}, err

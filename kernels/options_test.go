@@ -1,6 +1,9 @@
 package kernels
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // Each setting lands in the one options value the command line passes on;
 // with nothing set, that value is the production path (the zero Options).
@@ -19,5 +22,12 @@ func TestParseOptions(t *testing.T) {
 	}
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GEMM_TUNE": "3", "KILN_CUDA_GRAPH": "on", "KILN_CUDA_FLASH_FWD": "128", "KILN_CUDA_FLASH_BWD": "split"})); err != nil || o.candidates() != 3 || o.eager || o.flash64 || o.flashFused {
 		t.Fatalf("3 candidates, graphs on, 128 rows, two-kernel backward: %+v, %v", o, err)
+	}
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "flash-sm80"})); err != nil || o != (Options{flashSM80: true}) {
+		t.Fatalf("flash.cu's kernels on Hopper too: %+v, %v", o, err)
+	}
+	if _, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "sm80"})); err == nil ||
+		!strings.Contains(err.Error(), "KILN_CUDA_ATTENTION") || !strings.Contains(err.Error(), "flash-sm80") {
+		t.Fatalf("KILN_CUDA_ATTENTION=sm80: %v; want an error naming the variable and the settings it takes", err)
 	}
 }

@@ -193,25 +193,43 @@ const flashHeadDim = 64
 // flashTiles is the number of 64-row tiles covering T rows.
 func flashTiles(T int) int { return (T + 63) / 64 }
 
-// flashForwardKernel names the flash attention forward e.flashRows picks.
+// The Hopper flash kernels' (flash_sm90.cu) blocks: 128 query or key rows
+// and 256 threads, with dynamic shared memory of FLASH_H_FWD_SMEM,
+// FLASH_H_DQ_SMEM and FLASH_H_DKV_SMEM bytes (swizzled 8 KB tiles, and 1 KB
+// to align them).
+const (
+	hopperRows      = 128
+	hopperThreads   = 256
+	hopperTile      = 64 * 64 * 2
+	hopperFwdShared = 6*hopperTile + 1024
+	hopperBwdShared = 8*hopperTile + 1024
+)
+
+// flashForwardKernel names the flash attention forward the engine runs.
 func (e *Engine) flashForwardKernel() string {
-	if e.flashRows == 128 {
+	switch {
+	case e.hopper:
+		return "flash_fwd_h"
+	case e.flashRows == 128:
 		return "flash_fwd128"
 	}
 	return "flash_fwd"
 }
 
-// flashForward launches the flash attention forward that e.flashRows
-// picks: out (fp32, when set), outb (bf16) and the base-2 log-sum-exp lse
-// of the (B, T, H, 64) queries q against the keys k and values v, read with
-// row strides ldq and ldkv. Both kernels run 128 threads a block, over
-// query tiles of 64 or 128 rows.
+// flashForward launches the flash attention forward the engine runs: out
+// (fp32, when set), outb (bf16) and the base-2 log-sum-exp lse of the (B,
+// T, H, 64) queries q against the keys k and values v, read with row
+// strides ldq and ldkv. flash.cu's kernels run 128 threads a block, over
+// query tiles of 64 or 128 rows; the Hopper one 256 over 128.
 func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int, scale float32, ldq, ldkv int) error {
-	tiles := flashTiles(T)
-	if e.flashRows == 128 {
+	tiles, threads := flashTiles(T), 128
+	switch {
+	case e.hopper:
+		tiles, threads = (T+hopperRows-1)/hopperRows, hopperThreads
+	case e.flashRows == 128:
 		tiles = (tiles + 1) / 2 // two 64-row tiles a block
 	}
-	return e.launch3(e.flashForwardKernel(), cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+	return e.launch3(e.flashForwardKernel(), cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: threads},
 		out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv)
 }
 
@@ -219,17 +237,31 @@ func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int,
 // memory, seven 64-row tiles of 72 bf16 values.
 const flashBwdShared = 7 * 64 * 72 * 2
 
-// chooseFlashBackward lets flash_bwd, when it is chosen, use its shared
-// memory: two blocks an SM where the SM has 130 KB (an H100 or A100), one
-// on an RTX 3060.
-func (e *Engine) chooseFlashBackward() error {
-	if !e.flash || !e.flashFused {
+// chooseFlashKernels picks the flash attention kernels and gives those
+// that take dynamic shared memory theirs. On a Hopper GPU running its
+// native build the kernels of flash_sm90.cu (loaded only there) replace
+// flash.cu's, unless KILN_CUDA_ATTENTION=flash-sm80; flash_bwd, when
+// KILN_CUDA_FLASH_BWD=fused picks it, gets two blocks an SM where the SM
+// has 130 KB (an H100 or A100), one on an RTX 3060.
+func (e *Engine) chooseFlashKernels() error {
+	e.shared = map[string]int{}
+	if !e.flash {
 		return nil
 	}
-	if err := e.fns["flash_bwd"].AllowSharedMemory(flashBwdShared); err != nil {
-		return err
+	_, loaded := e.fns["flash_fwd_h"]
+	e.hopper = loaded && !e.kopt.flashSM80
+	want := map[string]int{}
+	if e.hopper {
+		want = map[string]int{"flash_fwd_h": hopperFwdShared, "flash_bwd_dq_h": hopperBwdShared, "flash_bwd_dkv_h": hopperBwdShared}
+	} else if e.flashFused {
+		want["flash_bwd"] = flashBwdShared
 	}
-	e.shared = map[string]int{"flash_bwd": flashBwdShared}
+	for name, n := range want {
+		if err := e.fns[name].AllowSharedMemory(n); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		e.shared[name] = n
+	}
 	return nil
 }
 
@@ -248,6 +280,10 @@ func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	qkv := a.qkvb[l]
 	q, k, v := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd)
 	tiles := flashTiles(T)
+	if e.hopper {
+		return e.flashBackwardHopper(cuda.Ptr(0), a.dqkvb, cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), a.dvec,
+			q, k, v, a.dyb, a.yb[l], a.lse[l], B, T, H, KV, scale, P)
+	}
 	if !e.flashFused {
 		if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
 			cuda.Ptr(0), a.dqkvb, a.dvec, q, k, v, a.dyb, a.yb[l], a.lse[l], e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
@@ -270,6 +306,24 @@ func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	}
 	return e.launch3("flash_bwd_dq_final", cuda.Dim3{X: (T + 7) / 8, Y: H, Z: B}, cuda.Dim3{X: 128},
 		cuda.Ptr(0), a.dqkvb, a.q[l], e.cosT, e.sinT, T, H, scale, P)
+}
+
+// flashBackwardHopper runs the Hopper backward: flash_bwd_dvec's rows into
+// dvec, then flash_bwd_dq_h and flash_bwd_dkv_h, which write dq, dk and dv
+// in fp32 (where set) and in bf16 (dqb and dkb rotated back by rope, and
+// dvb; row stride P) from the queries, keys and values (row stride P), the
+// output gradient dout and output out (packed bf16) and the forward's lse.
+func (e *Engine) flashBackwardHopper(dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, dout, out, lse cuda.Ptr, B, T, H, KV int, scale float32, P int) error {
+	if err := e.launch("flash_bwd_dvec", (B*T*H+15)/16, 128, dvec, dout, out, T, H, B*T*H); err != nil {
+		return err
+	}
+	blocks := (T + hopperRows - 1) / hopperRows
+	if err := e.launch3("flash_bwd_dq_h", cuda.Dim3{X: blocks, Y: H, Z: B}, cuda.Dim3{X: hopperThreads},
+		dq, dqb, dvec, q, k, v, dout, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+		return err
+	}
+	return e.launch3("flash_bwd_dkv_h", cuda.Dim3{X: blocks, Y: KV, Z: B}, cuda.Dim3{X: hopperThreads},
+		dk, dkb, dv, dvb, q, k, v, dout, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P)
 }
 
 func threadsFor(d int) int {

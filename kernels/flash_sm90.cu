@@ -115,181 +115,260 @@ __device__ __forceinline__ void wg_rs64t(float (*d)[4], const unsigned* a, unsig
 // memory, which is sized 1024 bytes over what the tiles need.
 __device__ __forceinline__ unsigned sw_base(const void* smem) { return (smem_addr(smem) + 1023) & ~1023u; }
 
-// The forward: flash_fwd128's grid, arguments and outputs. Grid (ceil(T /
-// 128), H, B), 256 threads (two warpgroups), FLASH_H_FWD_SMEM bytes of
-// dynamic shared memory: the block's 128 queries (two tiles, warpgroup w's
-// at tile w) and two buffers of a key and a value tile. Warpgroup w takes
-// queries 128 qt + 64 w and up, so key tile 2 qt + w is its diagonal and
-// warpgroup 0 skips the block's last key tile.
-#define FLASH_H_FWD_SMEM (6 * SW_TILE + 1024)
-extern "C" __global__ void __launch_bounds__(256, 2) flash_fwd_h(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k,
+// The forward: flash_fwd's grid, arguments and outputs. Grid (ceil(T /
+// 64), H, B), 128 threads (one warpgroup), FLASH_H_FWD_SMEM bytes of
+// dynamic shared memory: the block's 64 queries and two buffers of a key and
+// a value tile. One warpgroup a block, so that four blocks share an SM and
+// go through their products and their softmax out of step (two warpgroups a
+// block of 128 queries, which share each key tile's copy but meet at every
+// barrier, were 7% slower: docs/benchmarks/cuda.md).
+#define FLASH_H_FWD_SMEM (5 * SW_TILE + 1024)
+extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_h(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k,
                                                                  const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
     extern __shared__ __align__(16) unsigned char smem_h[];
-    unsigned Qs = sw_base(smem_h), KVs = Qs + 2 * SW_TILE; // key tile j at KVs + 2 SW_TILE (j & 1), its values one tile on
+    unsigned Qs = sw_base(smem_h), KVs = Qs + SW_TILE; // key tile j at KVs + 2 SW_TILE (j & 1), its values one tile on
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
-    int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, r0 = ((tid >> 5) & 3) * 16, g = lane >> 2;
-    int nk = (T + 63) / 64, last = min(2 * qt + 1, nk - 1), mine = 2 * qt + wg;
+    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
-    load_sw<128, 256>(Qs, q + (size_t)b * T * ldq + h * HD, ldq, qt * 128, T, tid);
-    load_sw<64, 256>(KVs, kb, ldkv, 0, T, tid);
-    load_sw<64, 256>(KVs + SW_TILE, vb, ldkv, 0, T, tid);
+    load_sw<64, 128>(Qs, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
+    load_sw<64, 128>(KVs, kb, ldkv, 0, T, tid);
+    load_sw<64, 128>(KVs + SW_TILE, vb, ldkv, 0, T, tid);
     cp_commit();
     float o[8][4] = {};
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
     const float c = scale * 1.4426950408889634f; // softmax in base 2
-    int qi[2] = {qt * 128 + wg * 64 + r0 + g, qt * 128 + wg * 64 + r0 + g + 8};
-    const unsigned long long dq = wg_desc(Qs + wg * SW_TILE);
-    for (int kt = 0; kt <= last; kt++) {
+    int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
+    const unsigned long long dq = wg_desc(Qs);
+    for (int kt = 0; kt <= qt; kt++) {
         unsigned K = KVs + (kt & 1) * 2 * SW_TILE;
-        if (kt < last) {
+        if (kt < qt) {
             unsigned nK = KVs + ((kt + 1) & 1) * 2 * SW_TILE;
-            load_sw<64, 256>(nK, kb, ldkv, (kt + 1) * 64, T, tid);
-            load_sw<64, 256>(nK + SW_TILE, vb, ldkv, (kt + 1) * 64, T, tid);
+            load_sw<64, 128>(nK, kb, ldkv, (kt + 1) * 64, T, tid);
+            load_sw<64, 128>(nK + SW_TILE, vb, ldkv, (kt + 1) * 64, T, tid);
         }
         cp_commit();
         cp_wait_prev();
         fence_async_smem();
         __syncthreads();
-        if (kt <= mine) {
-            float s[8][4] = {};
-            const unsigned long long dk = wg_desc(K);
-            wg_fence();
+        float s[8][4] = {};
+        const unsigned long long dk = wg_desc(K);
+        wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wg_ss64(s, dq + 2 * kk, dk + 2 * kk);
-            wg_commit();
-            wg_wait();
-            wg_hold<8>(s);
-            online_softmax<1>(s, o, m, l, qi, kt == mine, kt * 64, c, lane);
-            unsigned pa[4][4];
-            acc_to_a<4>(pa, s);
-            const unsigned long long dvd = wg_desc(K + SW_TILE);
-            wg_fence();
+        for (int kk = 0; kk < 4; kk++) wg_ss64(s, dq + 2 * kk, dk + 2 * kk);
+        wg_commit();
+        wg_wait();
+        wg_hold<8>(s);
+        online_softmax<1>(s, o, m, l, qi, kt == qt, kt * 64, c, lane);
+        unsigned pa[4][4];
+        acc_to_a<4>(pa, s);
+        const unsigned long long dvd = wg_desc(K + SW_TILE);
+        wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++) wg_rs64t(o, pa[kk], dvd + 128 * kk);
-            wg_commit();
-            wg_wait();
-            wg_hold<8>(o);
-        }
-        // The next iteration's copy overwrites the other buffers, which
-        // both warpgroups must be done reading.
+        for (int kk = 0; kk < 4; kk++) wg_rs64t(o, pa[kk], dvd + 128 * kk);
+        wg_commit();
+        wg_wait();
+        wg_hold<8>(o);
+        // The next iteration's copy overwrites the other buffers.
         __syncthreads();
     }
     fwd_store<1>(out, outb, lse, o, m, l, qi, c, lane, b, h, T, H);
 }
 
-// dq: flash_bwd_dq's products and output, with dvec read from
-// flash_bwd_dvec's rows instead of computed here. Grid (ceil(T / 128), H,
-// B), 256 threads, FLASH_H_DQ_SMEM bytes of dynamic shared memory: the
-// block's queries and output gradients (two tiles each) and two buffers of
-// a key and a value tile. Warpgroup w takes queries 128 qt + 64 w and up,
-// 32 keys of a tile at a time.
-#define FLASH_H_DQ_SMEM (8 * SW_TILE + 1024)
-extern "C" __global__ void __launch_bounds__(256, 2) flash_bwd_dq_h(float* dq, bf16* dqb, const float* dvec, const bf16* q, const bf16* k,
-                                                                    const bf16* v, const bf16* dout, const float* lse, const float* cosT,
-                                                                    const float* sinT, int T, int H, int KV, float scale, int ldq, int ldkv,
-                                                                    int lddq) {
+// dq_part takes keys n0 .. n0 + 31 of a key tile (K, and its values V, at
+// shared addresses) through dq's products for the warpgroup's 64 queries
+// (descriptors dqd, ddo): S = Q K^T and dP = dout V^T were issued by
+// dq_issue into s and dp; it waits for them (wg_wait's N: the groups that
+// may stay in flight), forms dS = P (dP - dvec) and issues acc += dS K.
+__device__ __forceinline__ void dq_issue(float (*s)[4], float (*dp)[4], unsigned long long dqd, unsigned long long ddo, unsigned K, int n0) {
+    const unsigned long long dk = wg_desc(K + n0 * 128), dv = wg_desc(K + SW_TILE + n0 * 128);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_ss32(s, dqd + 2 * kk, dk + 2 * kk);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_ss32(dp, ddo + 2 * kk, dv + 2 * kk);
+    wg_commit();
+}
+
+__device__ __forceinline__ void dq_ds(unsigned (*sa)[4], float (*s)[4], float (*dp)[4], bool diag, int key0, const int* qi, const float* lr,
+                                      const float* dr, float c, int t) {
+#pragma unroll
+    for (int nb = 0; nb < 4; nb++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = e >> 1;
+            bool masked = diag && key0 + nb * 8 + 2 * t + (e & 1) > qi[r];
+            float p = masked ? 0.0f : ex2(s[nb][e] * c - lr[r]);
+            s[nb][e] = p * (dp[nb][e] - dr[r]);
+        }
+    }
+    acc_to_a<2>(sa, s);
+}
+
+// dq: flash_bwd_dq's grid, products and outputs, dvec = rowsum(dout *
+// out) included (written for flash_bwd_dkv_h, which runs next). Grid
+// (ceil(T / 64), H, B), 128 threads, FLASH_H_DQ_SMEM bytes of dynamic
+// shared memory: the block's queries and output gradients and two buffers
+// of a key and a value tile; the block's outputs pass through the second
+// buffer's key tile on their way to dvec. A key tile goes in two halves of
+// 32 keys, at 96 registers a thread. (Issuing both halves' products at
+// once, so that one half's dS is formed while the tensor cores work on the
+// other's, measured no faster; nor did it in flash_bwd_dkv_h.)
+#define FLASH_H_DQ_SMEM (6 * SW_TILE + 1024)
+extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq_h(float* dq, bf16* dqb, float* dvec, const bf16* q, const bf16* k,
+                                                                    const bf16* v, const bf16* dout, const bf16* out, const float* lse,
+                                                                    const float* cosT, const float* sinT, int T, int H, int KV, float scale,
+                                                                    int ldq, int ldkv, int lddq) {
     extern __shared__ __align__(16) unsigned char smem_h[];
-    unsigned Qs = sw_base(smem_h), Ds = Qs + 2 * SW_TILE, KVs = Qs + 4 * SW_TILE;
+    __shared__ float Dr[64];
+    unsigned Qs = sw_base(smem_h), Ds = Qs + SW_TILE, KVs = Qs + 2 * SW_TILE;
     int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
-    int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, r0 = ((tid >> 5) & 3) * 16, g = lane >> 2, t = lane & 3;
-    int nk = (T + 63) / 64, last = min(2 * qt + 1, nk - 1), mine = 2 * qt + wg, qs = H * HD;
+    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3, qs = H * HD;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
-    load_sw<128, 256>(Qs, q + (size_t)b * T * ldq + h * HD, ldq, qt * 128, T, tid);
-    load_sw<128, 256>(Ds, dout + (size_t)b * T * qs + h * HD, qs, qt * 128, T, tid);
-    load_sw<64, 256>(KVs, kb, ldkv, 0, T, tid);
-    load_sw<64, 256>(KVs + SW_TILE, vb, ldkv, 0, T, tid);
+    load_sw<64, 128>(Qs, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
+    load_sw<64, 128>(Ds, dout + (size_t)b * T * qs + h * HD, qs, qt * 64, T, tid);
+    load_sw<64, 128>(KVs, kb, ldkv, 0, T, tid);
+    load_sw<64, 128>(KVs + SW_TILE, vb, ldkv, 0, T, tid);
+    load_sw<64, 128>(KVs + 2 * SW_TILE, out + (size_t)b * T * qs + h * HD, qs, qt * 64, T, tid);
     cp_commit();
+    cp_wait_all();
+    __syncthreads();
+    {
+        // Two threads a row, 32 columns each, summed in flash_bwd_dq's
+        // order from the bf16 copies the products read.
+        const unsigned char* sm = smem_h + (Qs - smem_addr(smem_h));
+        int row = tid >> 1, c0 = (tid & 1) * 4;
+        float acc = 0.0f;
+#pragma unroll
+        for (int cc = 0; cc < 4; cc++) {
+            int at = row * 128 + (((c0 + cc) ^ (row & 7)) << 4);
+            uint4 a = *(const uint4*)(sm + SW_TILE + at), o = *(const uint4*)(sm + 4 * SW_TILE + at);
+            acc += bf_lo(a.x) * bf_lo(o.x) + bf_hi(a.x) * bf_hi(o.x);
+            acc += bf_lo(a.y) * bf_lo(o.y) + bf_hi(a.y) * bf_hi(o.y);
+            acc += bf_lo(a.z) * bf_lo(o.z) + bf_hi(a.z) * bf_hi(o.z);
+            acc += bf_lo(a.w) * bf_lo(o.w) + bf_hi(a.w) * bf_hi(o.w);
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if ((tid & 1) == 0) {
+            Dr[row] = acc;
+            int i = qt * 64 + row;
+            if (i < T) dvec[((size_t)b * H + h) * T + i] = acc;
+        }
+    }
+    // The outputs' tile is the next key tile's buffer.
+    __syncthreads();
     const float c = scale * 1.4426950408889634f;
-    int qi[2] = {qt * 128 + wg * 64 + r0 + g, qt * 128 + wg * 64 + r0 + g + 8};
+    int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
     float lr[2], dr[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         // Rows past T have zero queries and gradients; any finite values do.
-        size_t i = ((size_t)b * H + h) * T + qi[r];
-        lr[r] = qi[r] < T ? lse[i] : 0.0f;
-        dr[r] = qi[r] < T ? dvec[i] : 0.0f;
+        lr[r] = qi[r] < T ? lse[((size_t)b * H + h) * T + qi[r]] : 0.0f;
+        dr[r] = Dr[r0 + g + 8 * r];
     }
-    const unsigned long long dqd = wg_desc(Qs + wg * SW_TILE), ddo = wg_desc(Ds + wg * SW_TILE);
+    const unsigned long long dqd = wg_desc(Qs), ddo = wg_desc(Ds);
     float acc[8][4] = {};
-    for (int kt = 0; kt <= last; kt++) {
+    for (int kt = 0; kt <= qt; kt++) {
         unsigned K = KVs + (kt & 1) * 2 * SW_TILE;
-        if (kt < last) {
+        if (kt < qt) {
             unsigned nK = KVs + ((kt + 1) & 1) * 2 * SW_TILE;
-            load_sw<64, 256>(nK, kb, ldkv, (kt + 1) * 64, T, tid);
-            load_sw<64, 256>(nK + SW_TILE, vb, ldkv, (kt + 1) * 64, T, tid);
+            load_sw<64, 128>(nK, kb, ldkv, (kt + 1) * 64, T, tid);
+            load_sw<64, 128>(nK + SW_TILE, vb, ldkv, (kt + 1) * 64, T, tid);
         }
         cp_commit();
         cp_wait_prev();
         fence_async_smem();
         __syncthreads();
-        if (kt <= mine) {
+        const unsigned long long dk = wg_desc(K);
 #pragma unroll 1
-            for (int n0 = 0; n0 < 64; n0 += 32) {
-                float s[4][4] = {}, dp[4][4] = {};
-                const unsigned long long dk = wg_desc(K + n0 * 128), dv = wg_desc(K + SW_TILE + n0 * 128);
-                wg_fence();
+        for (int n0 = 0; n0 < 64; n0 += 32) {
+            float s[4][4] = {}, dp[4][4] = {};
+            wg_fence();
+            dq_issue(s, dp, dqd, ddo, K, n0);
+            wg_wait();
+            wg_hold<4>(s);
+            wg_hold<4>(dp);
+            unsigned sa[2][4];
+            dq_ds(sa, s, dp, kt == qt, kt * 64 + n0, qi, lr, dr, c, t);
+            wg_fence();
 #pragma unroll
-                for (int kk = 0; kk < 4; kk++) wg_ss32(s, dqd + 2 * kk, dk + 2 * kk);
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) wg_ss32(dp, ddo + 2 * kk, dv + 2 * kk);
-                wg_commit();
-                wg_wait();
-                wg_hold<4>(s);
-                wg_hold<4>(dp);
-#pragma unroll
-                for (int nb = 0; nb < 4; nb++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int r = e >> 1;
-                        bool masked = kt == mine && kt * 64 + n0 + nb * 8 + 2 * t + (e & 1) > qi[r];
-                        float p = masked ? 0.0f : ex2(s[nb][e] * c - lr[r]);
-                        s[nb][e] = p * (dp[nb][e] - dr[r]);
-                    }
-                }
-                unsigned sa[2][4];
-                acc_to_a<2>(sa, s);
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < 2; kk++) wg_rs64t(acc, sa[kk], dk + 128 * kk);
-                wg_commit();
-                wg_wait();
-                wg_hold<8>(acc);
-            }
+            for (int kk = 0; kk < 2; kk++) wg_rs64t(acc, sa[kk], dk + 8 * n0 + 128 * kk);
+            wg_commit();
+            wg_wait();
+            wg_hold<8>(acc);
         }
+        // The next iteration's copy overwrites the other buffers.
         __syncthreads();
     }
     store_q_grads(dq, dqb, acc, qi, b, h, T, H, lddq, scale, cosT, sinT, lane);
 }
 
-// dk and dv: flash_bwd_dkv's products and outputs for 128 keys a block.
-// Grid (ceil(T / 128), KV, B), 256 threads, FLASH_H_DKV_SMEM bytes of
-// dynamic shared memory: the block's keys and values (two tiles each) and
-// two buffers of a (query tile, head) item's queries and output gradients.
-// Warpgroup w owns keys 128 kt + 64 w and up, so query tile 2 kt + w is its
-// diagonal and warpgroup 1 skips tile 2 kt. Items run over the group's
-// heads, then the query tiles from 2 kt, as flash_bwd_dkv's do; 32 queries
-// at a time.
-#define FLASH_H_DKV_SMEM (8 * SW_TILE + 1024)
-extern "C" __global__ void __launch_bounds__(256, 2) flash_bwd_dkv_h(float* dk, bf16* dkb, float* dv, bf16* dvb, const bf16* q,
-                                                                     const bf16* k, const bf16* v, const bf16* dout, const float* lse,
-                                                                     const float* dvec, const float* cosT, const float* sinT, int T, int H,
-                                                                     int KV, float scale, int ldq, int ldkv, int lddv) {
-    extern __shared__ __align__(16) unsigned char smem_h[];
-    __shared__ float Ls[2][64], Dv[2][64];
-    unsigned Ks = sw_base(smem_h), Vs = Ks + 2 * SW_TILE, QD = Ks + 4 * SW_TILE; // item j's queries at QD + 2 SW_TILE (j & 1), output gradients one tile on
+// dkv_issue issues S^T = K Q^T and dP^T = V dout^T for queries n0 .. n0 +
+// 31 of an item (Q, and its output gradients one tile on, at shared
+// address Q) against the warpgroup's keys and values (descriptors dkd,
+// dvd), as one group.
+__device__ __forceinline__ void dkv_issue(float (*st)[4], float (*dpt)[4], unsigned long long dkd, unsigned long long dvd, unsigned Q, int n0) {
+    const unsigned long long dq = wg_desc(Q + n0 * 128), ddo = wg_desc(Q + SW_TILE + n0 * 128);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_ss32(st, dkd + 2 * kk, dq + 2 * kk);
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_ss32(dpt, dvd + 2 * kk, ddo + 2 * kk);
+    wg_commit();
+}
+
+// dkv_p forms P^T and dS^T = P^T (dP^T - dvec) for queries n0 .. n0 + 31
+// (their log-sum-exp and dvec in L and D, read in pairs) as A fragments pa
+// and sa, and issues dv += P^T dout and dk += dS^T Q as one group.
+__device__ __forceinline__ void dkv_p(float (*dka)[4], float (*dva)[4], unsigned (*pa)[4], unsigned (*sa)[4], float (*st)[4], float (*dpt)[4],
+                                      unsigned Q, int n0, int qt, bool edge, const int* kj, const float* L, const float* D, int T, float c,
+                                      int t) {
+#pragma unroll
+    for (int nb = 0; nb < 4; nb++) {
+        int ql = n0 + nb * 8 + 2 * t;
+        float2 l2 = *(const float2*)(L + ql), d2 = *(const float2*)(D + ql);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int qi = qt * 64 + ql + (e & 1);
+            bool seen = !edge || (qi < T && qi >= kj[e >> 1]);
+            float p = seen ? ex2(st[nb][e] * c - ((e & 1) ? l2.y : l2.x)) : 0.0f;
+            st[nb][e] = p;
+            dpt[nb][e] = p * (dpt[nb][e] - ((e & 1) ? d2.y : d2.x));
+        }
+    }
+    acc_to_a<2>(pa, st);
+    acc_to_a<2>(sa, dpt);
+    const unsigned long long dq = wg_desc(Q + n0 * 128), ddo = wg_desc(Q + SW_TILE + n0 * 128);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) wg_rs64t(dva, pa[kk], ddo + 128 * kk);
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) wg_rs64t(dka, sa[kk], dq + 128 * kk);
+    wg_commit();
+}
+
+// dk and dv: flash_bwd_dkv's grid, products and outputs. Grid (ceil(T /
+// 64), KV, B), 128 threads, FLASH_H_DKV_SMEM bytes of dynamic shared
+// memory: the block's keys and values and two buffers of a (query tile,
+// head) item's queries and output gradients. Items run over the group's
+// heads, then the query tiles from kt, as flash_bwd_dkv's do; 32 queries at
+// a time.
+#define FLASH_H_DKV_SMEM (6 * SW_TILE + 1024)
+__device__ __forceinline__ void dkv_h(float* dk, bf16* dkb, float* dv, bf16* dvb, const bf16* q, const bf16* k, const bf16* v,
+                                      const bf16* dout, const float* lse, const float* dvec, const float* cosT, const float* sinT, int T,
+                                      int H, int KV, float scale, int ldq, int ldkv, int lddv, unsigned char* smem_h) {
+    __shared__ __align__(8) float Ls[2][64], Dv[2][64];
+    unsigned Ks = sw_base(smem_h), Vs = Ks + SW_TILE, QD = Ks + 2 * SW_TILE; // item j's queries at QD + 2 SW_TILE (j & 1), output gradients one tile on
     int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / KV;
-    int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, r0 = ((tid >> 5) & 3) * 16, g = lane >> 2, t = lane & 3;
-    int nq = (T + 63) / 64, qs = H * HD, per = nq - 2 * kt, items = grp * per, mine = 2 * kt + wg;
-    load_sw<128, 256>(Ks, k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 128, T, tid);
-    load_sw<128, 256>(Vs, v + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 128, T, tid);
+    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
+    int nq = (T + 63) / 64, qs = H * HD, per = nq - kt, items = grp * per;
+    load_sw<64, 128>(Ks, k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 64, T, tid);
+    load_sw<64, 128>(Vs, v + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 64, T, tid);
     // stage starts item j's copies into buffer set j & 1.
     auto stage = [&](int j) {
-        int h = kvh * grp + j / per, qt = 2 * kt + j % per;
+        int h = kvh * grp + j / per, qt = kt + j % per;
         unsigned Q = QD + (j & 1) * 2 * SW_TILE;
-        load_sw<64, 256>(Q, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
-        load_sw<64, 256>(Q + SW_TILE, dout + (size_t)b * T * qs + h * HD, qs, qt * 64, T, tid);
+        load_sw<64, 128>(Q, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
+        load_sw<64, 128>(Q + SW_TILE, dout + (size_t)b * T * qs + h * HD, qs, qt * 64, T, tid);
         if (tid < 64) {
             int i = qt * 64 + tid;
             size_t at = ((size_t)b * H + h) * T + i;
@@ -300,61 +379,44 @@ extern "C" __global__ void __launch_bounds__(256, 2) flash_bwd_dkv_h(float* dk, 
     stage(0);
     cp_commit();
     const float c = scale * 1.4426950408889634f;
-    int kj[2] = {kt * 128 + wg * 64 + r0 + g, kt * 128 + wg * 64 + r0 + g + 8};
-    const unsigned long long dkd = wg_desc(Ks + wg * SW_TILE), dvd = wg_desc(Vs + wg * SW_TILE);
+    int kj[2] = {kt * 64 + r0 + g, kt * 64 + r0 + g + 8};
+    const unsigned long long dkd = wg_desc(Ks), dvd = wg_desc(Vs);
     float dka[8][4] = {}, dva[8][4] = {};
     for (int j = 0; j < items; j++) {
-        int qt = 2 * kt + j % per;
+        int qt = kt + j % per;
         if (j + 1 < items) stage(j + 1);
         cp_commit();
         cp_wait_prev();
         fence_async_smem();
         __syncthreads();
-        if (qt >= mine) {
-            unsigned Q = QD + (j & 1) * 2 * SW_TILE;
-            const float *L = Ls[j & 1], *D = Dv[j & 1];
-            // Only the diagonal tile has queries before keys, and only the
-            // last one rows past T.
-            bool edge = qt == mine || (qt + 1) * 64 > T;
+        unsigned Q = QD + (j & 1) * 2 * SW_TILE;
+        const float *L = Ls[j & 1], *D = Dv[j & 1];
+        // Only the diagonal tile has queries before keys, and only the last
+        // one rows past T.
+        bool edge = qt == kt || (qt + 1) * 64 > T;
 #pragma unroll 1
-            for (int n0 = 0; n0 < 64; n0 += 32) {
-                float st[4][4] = {}, dpt[4][4] = {};
-                const unsigned long long dq = wg_desc(Q + n0 * 128), ddo = wg_desc(Q + SW_TILE + n0 * 128);
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) wg_ss32(st, dkd + 2 * kk, dq + 2 * kk);
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) wg_ss32(dpt, dvd + 2 * kk, ddo + 2 * kk);
-                wg_commit();
-                wg_wait();
-                wg_hold<4>(st);
-                wg_hold<4>(dpt);
-#pragma unroll
-                for (int nb = 0; nb < 4; nb++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int ql = n0 + nb * 8 + 2 * t + (e & 1), qi = qt * 64 + ql;
-                        bool seen = !edge || (qi < T && qi >= kj[e >> 1]);
-                        float p = seen ? ex2(st[nb][e] * c - L[ql]) : 0.0f;
-                        st[nb][e] = p;
-                        dpt[nb][e] = p * (dpt[nb][e] - D[ql]);
-                    }
-                }
-                unsigned pa[2][4], sa[2][4];
-                acc_to_a<2>(pa, st);
-                acc_to_a<2>(sa, dpt);
-                wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < 2; kk++) wg_rs64t(dva, pa[kk], ddo + 128 * kk);
-#pragma unroll
-                for (int kk = 0; kk < 2; kk++) wg_rs64t(dka, sa[kk], dq + 128 * kk);
-                wg_commit();
-                wg_wait();
-                wg_hold<8>(dva);
-                wg_hold<8>(dka);
-            }
+        for (int n0 = 0; n0 < 64; n0 += 32) {
+            float st[4][4] = {}, dpt[4][4] = {};
+            unsigned pa[2][4], sa[2][4];
+            wg_fence();
+            dkv_issue(st, dpt, dkd, dvd, Q, n0);
+            wg_wait();
+            wg_hold<4>(st);
+            wg_hold<4>(dpt);
+            dkv_p(dka, dva, pa, sa, st, dpt, Q, n0, qt, edge, kj, L, D, T, c, t);
+            wg_wait();
+            wg_hold<8>(dva);
+            wg_hold<8>(dka);
         }
         __syncthreads();
     }
     store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, lddv, scale, cosT, sinT, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dkv_h(float* dk, bf16* dkb, float* dv, bf16* dvb, const bf16* q,
+                                                                     const bf16* k, const bf16* v, const bf16* dout, const float* lse,
+                                                                     const float* dvec, const float* cosT, const float* sinT, int T, int H,
+                                                                     int KV, float scale, int ldq, int ldkv, int lddv) {
+    extern __shared__ __align__(16) unsigned char smem_h[];
+    dkv_h(dk, dkb, dv, dvb, q, k, v, dout, lse, dvec, cosT, sinT, T, H, KV, scale, ldq, ldkv, lddv, smem_h);
 }

@@ -397,7 +397,6 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					"flash_bwd_dvec": 2, "flash_bwd": 2, "flash_bwd_dq_final": 2, "attn_fwd": 1, "attn_bwd_q": 1, "attn_bwd_kv": 1}
 				if hopper {
 					wantCounts["flash_fwd_h"], wantCounts["flash_bwd_dq_h"], wantCounts["flash_bwd_dkv_h"] = 2, 2, 2
-					wantCounts["flash_bwd_dvec"] += 2
 				}
 				for name, n := range wantCounts {
 					if counts[name] != n {
@@ -409,7 +408,8 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 	}
 }
 
-// flash_bwd launches with the dynamic shared memory flash.cu sizes it for.
+// flash_bwd, and the Hopper kernels, launch with the dynamic shared memory
+// flash.cu and flash_sm90.cu size them for.
 func TestFlashBackwardSharedMemory(t *testing.T) {
 	src, err := sources.ReadFile("flash.cu")
 	if err != nil {
@@ -422,6 +422,20 @@ func TestFlashBackwardSharedMemory(t *testing.T) {
 	}
 	if flashBwdShared != 7*64*72*2 {
 		t.Errorf("flashBwdShared = %d, want seven 64 x 72 bf16 tiles", flashBwdShared)
+	}
+	// The Hopper kernels' tiles, and their blocks' dynamic shared memory.
+	h, err := sources.ReadFile("flash_sm90.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for def, n := range map[string]int{"#define SW_TILE 8192 ": hopperTile, "#define FLASH_H_FWD_SMEM (5 * SW_TILE + 1024)": hopperFwdShared,
+		"#define FLASH_H_DQ_SMEM (6 * SW_TILE + 1024)": hopperBwdShared, "#define FLASH_H_DKV_SMEM (6 * SW_TILE + 1024)": hopperBwdShared} {
+		if !strings.Contains(string(h), def) {
+			t.Errorf("flash_sm90.cu has no %q: the engine launches with %d bytes", def, n)
+		}
+	}
+	if hopperTile != 8192 || hopperFwdShared != 5*8192+1024 || hopperBwdShared != 6*8192+1024 {
+		t.Errorf("the Hopper kernels' shared memory: tile %d, forward %d, backward %d bytes; want flash_sm90.cu's", hopperTile, hopperFwdShared, hopperBwdShared)
 	}
 }
 
@@ -458,7 +472,7 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 			// A compute capability 9.0 device's native build runs the
 			// Hopper kernels unless flash.cu's are asked for.
 			if _, hopper := e.fns["flash_fwd_h"]; hopper && v.attn == "" {
-				want = map[string]int{"flash_fwd_h": c.Layers, "flash_bwd_dvec": c.Layers, "flash_bwd_dq_h": c.Layers, "flash_bwd_dkv_h": c.Layers}
+				want = map[string]int{"flash_fwd_h": c.Layers, "flash_bwd_dq_h": c.Layers, "flash_bwd_dkv_h": c.Layers}
 			}
 			if v.fwd == "64" {
 				delete(want, "flash_fwd128")

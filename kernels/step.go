@@ -193,16 +193,14 @@ const flashHeadDim = 64
 // flashTiles is the number of 64-row tiles covering T rows.
 func flashTiles(T int) int { return (T + 63) / 64 }
 
-// The Hopper flash kernels' (flash_sm90.cu) blocks: 128 query or key rows
-// and 256 threads, with dynamic shared memory of FLASH_H_FWD_SMEM,
-// FLASH_H_DQ_SMEM and FLASH_H_DKV_SMEM bytes (swizzled 8 KB tiles, and 1 KB
-// to align them).
+// The Hopper flash kernels' (flash_sm90.cu) blocks: 64 query or key rows
+// and 128 threads (one warpgroup), with the dynamic shared memory of
+// FLASH_H_FWD_SMEM and FLASH_H_DQ_SMEM (= FLASH_H_DKV_SMEM): swizzled 8 KB
+// tiles, and 1 KB to align them.
 const (
-	hopperRows      = 128
-	hopperThreads   = 256
 	hopperTile      = 64 * 64 * 2
-	hopperFwdShared = 6*hopperTile + 1024
-	hopperBwdShared = 8*hopperTile + 1024
+	hopperFwdShared = 5*hopperTile + 1024
+	hopperBwdShared = 6*hopperTile + 1024
 )
 
 // flashForwardKernel names the flash attention forward the engine runs.
@@ -219,17 +217,14 @@ func (e *Engine) flashForwardKernel() string {
 // flashForward launches the flash attention forward the engine runs: out
 // (fp32, when set), outb (bf16) and the base-2 log-sum-exp lse of the (B,
 // T, H, 64) queries q against the keys k and values v, read with row
-// strides ldq and ldkv. flash.cu's kernels run 128 threads a block, over
-// query tiles of 64 or 128 rows; the Hopper one 256 over 128.
+// strides ldq and ldkv. Every forward kernel runs 128 threads a block, over
+// query tiles of 64 rows (flash_fwd, flash_fwd_h) or 128 (flash_fwd128).
 func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int, scale float32, ldq, ldkv int) error {
-	tiles, threads := flashTiles(T), 128
-	switch {
-	case e.hopper:
-		tiles, threads = (T+hopperRows-1)/hopperRows, hopperThreads
-	case e.flashRows == 128:
+	tiles := flashTiles(T)
+	if !e.hopper && e.flashRows == 128 {
 		tiles = (tiles + 1) / 2 // two 64-row tiles a block
 	}
-	return e.launch3(e.flashForwardKernel(), cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: threads},
+	return e.launch3(e.flashForwardKernel(), cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
 		out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv)
 }
 
@@ -308,21 +303,18 @@ func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 		cuda.Ptr(0), a.dqkvb, a.q[l], e.cosT, e.sinT, T, H, scale, P)
 }
 
-// flashBackwardHopper runs the Hopper backward: flash_bwd_dvec's rows into
-// dvec, then flash_bwd_dq_h and flash_bwd_dkv_h, which write dq, dk and dv
-// in fp32 (where set) and in bf16 (dqb and dkb rotated back by rope, and
-// dvb; row stride P) from the queries, keys and values (row stride P), the
-// output gradient dout and output out (packed bf16) and the forward's lse.
+// flashBackwardHopper runs the Hopper backward: flash_bwd_dq_h, which
+// writes dq and dvec, then flash_bwd_dkv_h. dq, dk and dv go out in fp32
+// (where set) and in bf16 (dqb and dkb rotated back by rope, and dvb; row
+// stride P), from the queries, keys and values (row stride P), the output
+// gradient dout and output out (packed bf16) and the forward's lse.
 func (e *Engine) flashBackwardHopper(dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, dout, out, lse cuda.Ptr, B, T, H, KV int, scale float32, P int) error {
-	if err := e.launch("flash_bwd_dvec", (B*T*H+15)/16, 128, dvec, dout, out, T, H, B*T*H); err != nil {
+	tiles := flashTiles(T)
+	if err := e.launch3("flash_bwd_dq_h", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+		dq, dqb, dvec, q, k, v, dout, out, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 		return err
 	}
-	blocks := (T + hopperRows - 1) / hopperRows
-	if err := e.launch3("flash_bwd_dq_h", cuda.Dim3{X: blocks, Y: H, Z: B}, cuda.Dim3{X: hopperThreads},
-		dq, dqb, dvec, q, k, v, dout, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
-		return err
-	}
-	return e.launch3("flash_bwd_dkv_h", cuda.Dim3{X: blocks, Y: KV, Z: B}, cuda.Dim3{X: hopperThreads},
+	return e.launch3("flash_bwd_dkv_h", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
 		dk, dkb, dv, dvb, q, k, v, dout, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P)
 }
 

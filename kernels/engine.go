@@ -295,7 +295,9 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 		return err
 	}
 	e.Arch = Target(dv.Major, dv.Minor, e.opt.ForceSM80)
-	if e.fns, e.kparams, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch, e.kopt.kernelCache); err != nil {
+	// The Hopper attention kernels are built only where they may run.
+	hopper := e.flash && !e.kopt.flashSM80
+	if e.fns, e.kparams, e.mods, e.CacheHits, err = loadModules(dv, nv, e.Arch, e.kopt.kernelCache, hopper); err != nil {
 		return err
 	}
 	if err := e.chooseFlashKernels(); err != nil {

@@ -115,6 +115,24 @@ __device__ __forceinline__ void wg_rs64t(float (*d)[4], const unsigned* a, unsig
 // memory, which is sized 1024 bytes over what the tiles need.
 __device__ __forceinline__ unsigned sw_base(const void* smem) { return (smem_addr(smem) + 1023) & ~1023u; }
 
+// kv_step starts the copy of key/value tile kt + 1 (when kt < last) into
+// the other of the two buffers at KVs, waits until tile kt has landed and
+// every thread's copies are visible to wgmma, and returns tile kt's key
+// tile (its values one tile on). The caller's barrier at the end of an
+// iteration keeps the next copy off a tile still being read.
+__device__ __forceinline__ unsigned kv_step(unsigned KVs, int kt, int last, const bf16* kb, const bf16* vb, int ldkv, int T, int tid) {
+    if (kt < last) {
+        unsigned nK = KVs + ((kt + 1) & 1) * 2 * SW_TILE;
+        load_sw<64, 128>(nK, kb, ldkv, (kt + 1) * 64, T, tid);
+        load_sw<64, 128>(nK + SW_TILE, vb, ldkv, (kt + 1) * 64, T, tid);
+    }
+    cp_commit();
+    cp_wait_prev();
+    fence_async_smem();
+    __syncthreads();
+    return KVs + (kt & 1) * 2 * SW_TILE;
+}
+
 // The forward: flash_fwd's grid, arguments and outputs. Grid (ceil(T /
 // 64), H, B), 128 threads (one warpgroup), FLASH_H_FWD_SMEM bytes of
 // dynamic shared memory: the block's 64 queries and two buffers of a key and
@@ -141,16 +159,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_h(float* out, bf1
     int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
     const unsigned long long dq = wg_desc(Qs);
     for (int kt = 0; kt <= qt; kt++) {
-        unsigned K = KVs + (kt & 1) * 2 * SW_TILE;
-        if (kt < qt) {
-            unsigned nK = KVs + ((kt + 1) & 1) * 2 * SW_TILE;
-            load_sw<64, 128>(nK, kb, ldkv, (kt + 1) * 64, T, tid);
-            load_sw<64, 128>(nK + SW_TILE, vb, ldkv, (kt + 1) * 64, T, tid);
-        }
-        cp_commit();
-        cp_wait_prev();
-        fence_async_smem();
-        __syncthreads();
+        unsigned K = kv_step(KVs, kt, qt, kb, vb, ldkv, T, tid);
         float s[8][4] = {};
         const unsigned long long dk = wg_desc(K);
         wg_fence();
@@ -175,20 +184,25 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_h(float* out, bf1
     fwd_store<1>(out, outb, lse, o, m, l, qi, c, lane, b, h, T, H);
 }
 
-// dq_part takes keys n0 .. n0 + 31 of a key tile (K, and its values V, at
-// shared addresses) through dq's products for the warpgroup's 64 queries
-// (descriptors dqd, ddo): S = Q K^T and dP = dout V^T were issued by
-// dq_issue into s and dp; it waits for them (wg_wait's N: the groups that
-// may stay in flight), forms dS = P (dP - dvec) and issues acc += dS K.
-__device__ __forceinline__ void dq_issue(float (*s)[4], float (*dp)[4], unsigned long long dqd, unsigned long long ddo, unsigned K, int n0) {
-    const unsigned long long dk = wg_desc(K + n0 * 128), dv = wg_desc(K + SW_TILE + n0 * 128);
+// pair_issue issues, as one group, the two 64 x 32 products both sides of
+// the backward start from: x = A1 B1^T and y = A2 B2^T, where A1 and A2 are
+// the warpgroup's 64-row tiles (descriptors a1, a2) and B1, B2 rows n0 ..
+// n0 + 31 of the tile at shared address B and of the tile after it. For dq
+// that is S = Q K^T and dP = dout V^T (B the key tile, its values after
+// it); for dk and dv, S^T = K Q^T and dP^T = V dout^T (B the queries, their
+// output gradients after them).
+__device__ __forceinline__ void pair_issue(float (*x)[4], float (*y)[4], unsigned long long a1, unsigned long long a2, unsigned B, int n0) {
+    const unsigned long long b1 = wg_desc(B + n0 * 128), b2 = wg_desc(B + SW_TILE + n0 * 128);
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_ss32(s, dqd + 2 * kk, dk + 2 * kk);
+    for (int kk = 0; kk < 4; kk++) wg_ss32(x, a1 + 2 * kk, b1 + 2 * kk);
 #pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_ss32(dp, ddo + 2 * kk, dv + 2 * kk);
+    for (int kk = 0; kk < 4; kk++) wg_ss32(y, a2 + 2 * kk, b2 + 2 * kk);
     wg_commit();
 }
 
+// dq_ds forms dS = P (dP - dvec) for 32 keys from key0 (S and dP in s and
+// dp; rows' log-sum-exp lr and dvec dr; keys past a query masked on the
+// diagonal tile) as A fragments sa.
 __device__ __forceinline__ void dq_ds(unsigned (*sa)[4], float (*s)[4], float (*dp)[4], bool diag, int key0, const int* qi, const float* lr,
                                       const float* dr, float c, int t) {
 #pragma unroll
@@ -269,22 +283,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq_h(float* dq, b
     const unsigned long long dqd = wg_desc(Qs), ddo = wg_desc(Ds);
     float acc[8][4] = {};
     for (int kt = 0; kt <= qt; kt++) {
-        unsigned K = KVs + (kt & 1) * 2 * SW_TILE;
-        if (kt < qt) {
-            unsigned nK = KVs + ((kt + 1) & 1) * 2 * SW_TILE;
-            load_sw<64, 128>(nK, kb, ldkv, (kt + 1) * 64, T, tid);
-            load_sw<64, 128>(nK + SW_TILE, vb, ldkv, (kt + 1) * 64, T, tid);
-        }
-        cp_commit();
-        cp_wait_prev();
-        fence_async_smem();
-        __syncthreads();
+        unsigned K = kv_step(KVs, kt, qt, kb, vb, ldkv, T, tid);
         const unsigned long long dk = wg_desc(K);
 #pragma unroll 1
         for (int n0 = 0; n0 < 64; n0 += 32) {
             float s[4][4] = {}, dp[4][4] = {};
             wg_fence();
-            dq_issue(s, dp, dqd, ddo, K, n0);
+            pair_issue(s, dp, dqd, ddo, K, n0);
             wg_wait();
             wg_hold<4>(s);
             wg_hold<4>(dp);
@@ -301,19 +306,6 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq_h(float* dq, b
         __syncthreads();
     }
     store_q_grads(dq, dqb, acc, qi, b, h, T, H, lddq, scale, cosT, sinT, lane);
-}
-
-// dkv_issue issues S^T = K Q^T and dP^T = V dout^T for queries n0 .. n0 +
-// 31 of an item (Q, and its output gradients one tile on, at shared
-// address Q) against the warpgroup's keys and values (descriptors dkd,
-// dvd), as one group.
-__device__ __forceinline__ void dkv_issue(float (*st)[4], float (*dpt)[4], unsigned long long dkd, unsigned long long dvd, unsigned Q, int n0) {
-    const unsigned long long dq = wg_desc(Q + n0 * 128), ddo = wg_desc(Q + SW_TILE + n0 * 128);
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_ss32(st, dkd + 2 * kk, dq + 2 * kk);
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) wg_ss32(dpt, dvd + 2 * kk, ddo + 2 * kk);
-    wg_commit();
 }
 
 // dkv_p forms P^T and dS^T = P^T (dP^T - dvec) for queries n0 .. n0 + 31
@@ -353,9 +345,11 @@ __device__ __forceinline__ void dkv_p(float (*dka)[4], float (*dva)[4], unsigned
 // heads, then the query tiles from kt, as flash_bwd_dkv's do; 32 queries at
 // a time.
 #define FLASH_H_DKV_SMEM (6 * SW_TILE + 1024)
-__device__ __forceinline__ void dkv_h(float* dk, bf16* dkb, float* dv, bf16* dvb, const bf16* q, const bf16* k, const bf16* v,
-                                      const bf16* dout, const float* lse, const float* dvec, const float* cosT, const float* sinT, int T,
-                                      int H, int KV, float scale, int ldq, int ldkv, int lddv, unsigned char* smem_h) {
+extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dkv_h(float* dk, bf16* dkb, float* dv, bf16* dvb, const bf16* q,
+                                                                     const bf16* k, const bf16* v, const bf16* dout, const float* lse,
+                                                                     const float* dvec, const float* cosT, const float* sinT, int T, int H,
+                                                                     int KV, float scale, int ldq, int ldkv, int lddv) {
+    extern __shared__ __align__(16) unsigned char smem_h[];
     __shared__ __align__(8) float Ls[2][64], Dv[2][64];
     unsigned Ks = sw_base(smem_h), Vs = Ks + SW_TILE, QD = Ks + 2 * SW_TILE; // item j's queries at QD + 2 SW_TILE (j & 1), output gradients one tile on
     int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / KV;
@@ -399,7 +393,7 @@ __device__ __forceinline__ void dkv_h(float* dk, bf16* dkb, float* dv, bf16* dvb
             float st[4][4] = {}, dpt[4][4] = {};
             unsigned pa[2][4], sa[2][4];
             wg_fence();
-            dkv_issue(st, dpt, dkd, dvd, Q, n0);
+            pair_issue(st, dpt, dkd, dvd, Q, n0);
             wg_wait();
             wg_hold<4>(st);
             wg_hold<4>(dpt);
@@ -411,12 +405,4 @@ __device__ __forceinline__ void dkv_h(float* dk, bf16* dkb, float* dv, bf16* dvb
         __syncthreads();
     }
     store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, lddv, scale, cosT, sinT, lane);
-}
-
-extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dkv_h(float* dk, bf16* dkb, float* dv, bf16* dvb, const bf16* q,
-                                                                     const bf16* k, const bf16* v, const bf16* dout, const float* lse,
-                                                                     const float* dvec, const float* cosT, const float* sinT, int T, int H,
-                                                                     int KV, float scale, int ldq, int ldkv, int lddv) {
-    extern __shared__ __align__(16) unsigned char smem_h[];
-    dkv_h(dk, dkb, dv, dvb, q, k, v, dout, lse, dvec, cosT, sinT, T, H, KV, scale, ldq, ldkv, lddv, smem_h);
 }

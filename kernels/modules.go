@@ -27,16 +27,21 @@ var sources embed.FS
 const hopperSuffix = "_sm90.cu"
 
 // fileArch is what NVRTC builds kernel file name as for target arch, or ""
-// when the file is not built for it.
-func fileArch(name, arch string) string {
+// when the file is not built: a Hopper file only for "sm_90", and only when
+// hopper says the engine may run its kernels.
+func fileArch(name, arch string, hopper bool) string {
 	if !strings.HasSuffix(name, hopperSuffix) {
 		return arch
 	}
-	if arch == "sm_90" {
+	if arch == "sm_90" && hopper {
 		return "sm_90a"
 	}
 	return ""
 }
+
+// hopperAdvice is what a Hopper file that fails to build or load adds to
+// its error: the setting that runs without it.
+const hopperAdvice = "the Hopper attention kernels; KILN_CUDA_ATTENTION=flash-sm80 runs flash.cu's instead"
 
 // kernelFiles lists the embedded .cu files in a fixed order.
 func kernelFiles() ([]string, error) {
@@ -143,7 +148,7 @@ func compileCached(nv *cuda.NVRTC, dir, name, arch string) (img []byte, hit bool
 // loadModules compiles (or reads from the cache) and loads every kernel file,
 // and returns the kernels by name with their parameter lists, which every
 // launch is checked against (checkArgs).
-func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch, cacheDir string) (map[string]*cuda.Function, map[string][]paramKind, []*cuda.Module, int, error) {
+func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch, cacheDir string, hopper bool) (map[string]*cuda.Function, map[string][]paramKind, []*cuda.Module, int, error) {
 	names, err := kernelFiles()
 	if err != nil {
 		return nil, nil, nil, 0, err
@@ -153,9 +158,15 @@ func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch, cacheDir string) (map[st
 	var mods []*cuda.Module
 	hits := 0
 	for _, name := range names {
-		arch := fileArch(name, arch)
+		arch := fileArch(name, arch, hopper)
 		if arch == "" {
 			continue
+		}
+		advise := func(err error) error {
+			if strings.HasSuffix(name, hopperSuffix) {
+				return fmt.Errorf("%w (%s)", err, hopperAdvice)
+			}
+			return err
 		}
 		src, _ := sources.ReadFile(name)
 		sigs, err := kernelSignatures(string(src))
@@ -164,14 +175,14 @@ func loadModules(dv *cuda.Device, nv *cuda.NVRTC, arch, cacheDir string) (map[st
 		}
 		img, hit, err := compileCached(nv, dir, name, arch)
 		if err != nil {
-			return nil, nil, nil, 0, err
+			return nil, nil, nil, 0, advise(err)
 		}
 		if hit {
 			hits++
 		}
 		m, err := dv.LoadModule(img)
 		if err != nil {
-			return nil, nil, nil, 0, fmt.Errorf("load %s (%s): %w", name, arch, err)
+			return nil, nil, nil, 0, advise(fmt.Errorf("load %s (%s): %w", name, arch, err))
 		}
 		mods = append(mods, m)
 		for _, k := range sigs {

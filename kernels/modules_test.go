@@ -241,18 +241,24 @@ func TestLaunchCallsMatchTheKernels(t *testing.T) {
 
 // flash_sm90.cu is built as sm_90a for a compute capability 9.0 device's
 // native build and for nothing else: the forced sm_80 build and other
-// devices (an RTX 3060, a Blackwell GPU, which has no wgmma) skip it, and
-// every other file is built for the target as it is.
+// devices (an RTX 3060, a Blackwell GPU, which has no wgmma) skip it, as
+// does an engine that will not run it (KILN_CUDA_ATTENTION=flash-sm80 or
+// naive, fp32); every other file is built for the target as it is.
 func TestHopperFileOnlyForNativeSM90(t *testing.T) {
-	for _, c := range []struct{ name, arch, want string }{
-		{"flash_sm90.cu", "sm_90", "sm_90a"}, {"flash_sm90.cu", "compute_80", ""}, {"flash_sm90.cu", "sm_86", ""},
-		{"flash_sm90.cu", "sm_100", ""}, {"flash.cu", "sm_90", "sm_90"}, {"flash.cu", "compute_80", "compute_80"},
+	for _, c := range []struct {
+		name, arch string
+		hopper     bool
+		want       string
+	}{
+		{"flash_sm90.cu", "sm_90", true, "sm_90a"}, {"flash_sm90.cu", "sm_90", false, ""}, {"flash_sm90.cu", "compute_80", true, ""},
+		{"flash_sm90.cu", "sm_86", true, ""}, {"flash_sm90.cu", "sm_100", true, ""}, {"flash.cu", "sm_90", true, "sm_90"},
+		{"flash.cu", "sm_90", false, "sm_90"}, {"flash.cu", "compute_80", true, "compute_80"},
 	} {
-		if got := fileArch(c.name, c.arch); got != c.want {
-			t.Errorf("fileArch(%q, %q) = %q, want %q", c.name, c.arch, got, c.want)
+		if got := fileArch(c.name, c.arch, c.hopper); got != c.want {
+			t.Errorf("fileArch(%q, %q, %v) = %q, want %q", c.name, c.arch, c.hopper, got, c.want)
 		}
 	}
-	if got := Target(9, 0, false); fileArch("flash_sm90.cu", got) != "sm_90a" {
+	if got := Target(9, 0, false); fileArch("flash_sm90.cu", got, true) != "sm_90a" {
 		t.Errorf("an H100/H200's native target %q does not build flash_sm90.cu", got)
 	}
 }

@@ -5,7 +5,8 @@ B stored K x N; "NT" is A B^T with B stored N x K; "NN" is A B. Each shape is
 timed bf16 in, bf16 out (what autocast's matmuls write) over 50 calls with
 CUDA events after 10 warm-up calls; the figure printed is ms a step: ms a
 call times the calls a step makes (8 layers, or 8 head chunks at small 32).
-usage: gemm_peer.py [SHAPE ...], SHAPE as M:N:K:TT:calls (default: small 32's)."""
+usage: gemm_peer.py [--blas cublas|cublaslt] [SHAPE ...], SHAPE as M:N:K:TT:calls
+(default: small 32's); --blas picks the library torch's matmul goes through."""
 import sys, json
 import torch
 
@@ -41,8 +42,12 @@ def run(M, N, K, tt, calls=8, reps=50):
 
 if __name__ == "__main__":
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
-    print("torch", torch.__version__, torch.cuda.get_device_name(), flush=True)
+    args = sys.argv[1:]
+    if args[:1] == ["--blas"]:
+        torch.backends.cuda.preferred_blas_library(args[1])
+        args = args[2:]
+    print("torch", torch.__version__, torch.cuda.get_device_name(), "blas", torch.backends.cuda.preferred_blas_library(), flush=True)
     shapes = [(int(s.split(":")[0]), int(s.split(":")[1]), int(s.split(":")[2]), s.split(":")[3], int(s.split(":")[4]))
-              for s in sys.argv[1:]] or [(M, N, K, tt, 8) for M, N, K, tt in SMALL32]
+              for s in args] or [(M, N, K, tt, 8) for M, N, K, tt in SMALL32]
     total = sum(run(M, N, K, tt, calls) for M, N, K, tt, calls in shapes)
     print(json.dumps(dict(total_ms_step=round(total, 3))), flush=True)

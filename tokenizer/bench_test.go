@@ -55,9 +55,11 @@ func BenchmarkEncodeBatch(b *testing.B) {
 			tk := loadStyle(b, style)
 			b.SetBytes(int64(len(text)))
 			b.ResetTimer()
+			cpu := processCPU()
 			for b.Loop() {
 				tk.EncodeBatch(docs)
 			}
+			reportCPUPerGB(b, cpu, int64(len(text)))
 		})
 	}
 }
@@ -107,6 +109,7 @@ func BenchmarkEncodeReaderCold(b *testing.B) {
 		raw := readTestdata(b, style+".tokenizer.json")
 		b.Run(style, func(b *testing.B) {
 			b.SetBytes(int64(len(text)))
+			cpu := processCPU()
 			for b.Loop() {
 				tk, err := Parse(raw)
 				if err != nil {
@@ -121,6 +124,7 @@ func BenchmarkEncodeReaderCold(b *testing.B) {
 					b.Fatal(err, n)
 				}
 			}
+			reportCPUPerGB(b, cpu, int64(len(text)))
 		})
 	}
 }
@@ -169,9 +173,11 @@ func BenchmarkTokenizeFile(b *testing.B) {
 				defer func(c int) { streamChunk = c }(streamChunk)
 				streamChunk = chunk
 				b.SetBytes(st.Size())
+				cpu := processCPU()
 				for b.Loop() {
 					pass(b, parse(b))
 				}
+				reportCPUPerGB(b, cpu, st.Size())
 			}
 		}
 		b.Run(style+"/cold", cold(streamChunk))
@@ -179,9 +185,11 @@ func BenchmarkTokenizeFile(b *testing.B) {
 			tk := parse(b)
 			pass(b, tk)
 			b.SetBytes(st.Size())
+			cpu := processCPU()
 			for b.Loop() {
 				pass(b, tk)
 			}
+			reportCPUPerGB(b, cpu, st.Size())
 		})
 		for _, chunk := range []int{256 << 10, 4 << 20} {
 			b.Run(fmt.Sprintf("%s/chunk%dKiB", style, chunk>>10), cold(chunk))

@@ -68,6 +68,11 @@ type Tokenizer struct {
 	isSpec   map[uint32]bool
 	states   chan *encoderState
 	maxCache int
+	// shared is the word table of the calls that encode on many cores
+	// (EncodeBatch, EncodeReader), made by the first of them and replaced
+	// by a larger one as it fills.
+	shared     atomic.Pointer[sharedWords]
+	sharedOnce sync.Once
 	// lastSplit is the stage whose words go to BPE as they are: the last
 	// that splits, when the stages after it change nothing (GPT-4's Split
 	// is followed by a ByteLevel that does not split), so that its words
@@ -179,6 +184,9 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 			defer wg.Done()
 			st := t.getState()
 			defer t.putState(st)
+			if workers > 1 {
+				st.words.share(t.sharedTable())
+			}
 			// Each document is encoded into one buffer that grows once,
 			// then copied out into a block of ids the worker's documents
 			// share: an allocation per megabyte of ids, not per document,
@@ -205,6 +213,12 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 	}
 	wg.Wait()
 	return out
+}
+
+// sharedTable returns the Tokenizer's shared word table, made on first use.
+func (t *Tokenizer) sharedTable() *sharedWords {
+	t.sharedOnce.Do(func() { t.shared.Store(newSharedWords(sharedWordsMinBits, &t.shared)) })
+	return t.shared.Load()
 }
 
 // batchBlock is the size in ids of the blocks EncodeBatch copies
@@ -370,6 +384,19 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 		if hot.k1 == k1 && hot.k0 == k0 {
 			return c.appendIDs(dst, hot.v)
 		}
+		var sh uint64 // where the shared table's lookup ended
+		if s := c.shared; s != nil {
+			if cur := s.cur.Load(); cur != s {
+				c.share(cur) // it grew
+				s = cur
+			}
+			v, h, ok := s.get(hh, k0, k1)
+			if ok {
+				*hot = wordSlot{k0, k1, v}
+				return c.appendIDs(dst, v)
+			}
+			sh = h
+		}
 		h := hh >> c.shift
 		for ; ; h = (h + 1) & c.mask {
 			e := &c.slots[h]
@@ -383,6 +410,12 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 		}
 		start := len(dst)
 		dst = st.merge(dst, w)
+		if s := c.shared; s != nil {
+			if v, ok := s.put(sh, k0, k1, dst[start:]); ok {
+				*hot = wordSlot{k0, k1, v}
+				return dst
+			}
+		}
 		if c.put(h, k0, k1, dst[start:]) {
 			*hot = c.slots[h]
 		}
@@ -460,6 +493,11 @@ type wordTable struct {
 	shift uint8
 	n     int      // words held
 	ids   []uint32 // ids of words of three ids or more
+	// shared, when set, is looked up after hot and filled before slots,
+	// which then hold only the words that did not fit in it; sharedIDs is
+	// its ids, which a hot slot's v may point into.
+	shared    *sharedWords
+	sharedIDs []uint32
 }
 
 // maxPacked is the longest word a wordTable holds: 15 bytes, the length in
@@ -470,13 +508,15 @@ type wordSlot struct {
 	k0, k1 uint64 // the word's bytes and length; k1 == 0 marks an empty slot
 	// v is id0 | id1<<32 (id1 noID for a word of one id), or, with the
 	// top bit of its low half set, the offset of the ids in the table's
-	// ids and their count in the high half.
+	// ids (the shared table's, with inShared set too) and their count in
+	// the high half.
 	v uint64
 }
 
 const (
 	wordTableMin = 1 << 12
 	inArena      = 1 << 31
+	inShared     = 1 << 30
 	hotBits      = 12 // 4096 slots, 96 KiB
 )
 
@@ -536,7 +576,10 @@ func (c *wordTable) appendIDs(dst []uint32, v uint64) []uint32 {
 	lo, hi := uint32(v), uint32(v>>32)
 	switch {
 	case lo&inArena != 0:
-		off := lo &^ inArena
+		off := lo &^ (inArena | inShared)
+		if lo&inShared != 0 {
+			return append(dst, c.sharedIDs[off:off+hi]...)
+		}
 		return append(dst, c.ids[off:off+hi]...)
 	case hi == noID:
 		return append(dst, lo)

@@ -1,0 +1,169 @@
+package tokenizer
+
+import "sync/atomic"
+
+// A Tokenizer's shared word table starts at 1<<sharedWordsMinBits slots
+// (1.5 MiB, room for the 30,000 distinct words of the 1 MB golden texts)
+// and grows fourfold when half full, up to 1<<sharedWordsMaxBits (24 MiB,
+// 512,000 words; 31 MB of Go and prose has 104,000 distinct words of up
+// to 15 bytes with the GPT-2 pattern, 124,000 with GPT-4's). Starting
+// small keeps a short text from paying for the pages of a large table (a
+// fixed 12 MiB one cost a 1 MB stream a third more CPU time); growing
+// fourfold, not twofold, copies the words fewer times.
+// sharedWordsMaxBits is a variable for tests.
+const sharedWordsMinBits = 16
+
+var sharedWordsMaxBits = 20
+
+// sharedWords is a word table that the workers of one Tokenizer fill and
+// read together, so that a word met by sixteen workers is merged once,
+// not sixteen times, and one table, not sixteen copies of it, competes
+// for the last-level cache. A slot is written once: its k1 is claimed
+// with a compare-and-swap, k0 and v are written, and k1 is then
+// published, so a reader that sees a word's k1 also sees the rest. A
+// word that two workers merge at once may be held twice, with the same
+// ids. When the table is half full, the worker whose insert found it so
+// copies it into one four times the size and publishes that in cur; the
+// others move to it at their next lookup that misses their hot slots, and
+// words inserted in the old table meanwhile are lost (they are merged
+// again). At the largest size, words
+// that do not fit go to each worker's own table.
+type sharedWords struct {
+	slots []sharedSlot
+	mask  uint64
+	shift uint8
+	ids   []uint32 // ids of words of three ids or more; never reallocated
+	cur   *atomic.Pointer[sharedWords]
+	// The counters every insert updates, on a cache line of their own so
+	// that inserts do not evict the fields every lookup reads.
+	_       [64]byte
+	n       atomic.Int64 // slots claimed
+	nids    atomic.Int64 // ids claimed
+	growing atomic.Bool
+}
+
+type sharedSlot struct {
+	k0 uint64
+	k1 atomic.Uint64 // 0: empty; slotBusy: being written
+	v  uint64        // as wordSlot's, with inShared set on offsets
+}
+
+// slotBusy is a k1 no word has: its length byte is above maxPacked.
+const slotBusy = ^uint64(0)
+
+// newSharedWords returns an empty table of 1<<bits slots that replaces
+// itself in cur when it grows.
+func newSharedWords(bits int, cur *atomic.Pointer[sharedWords]) *sharedWords {
+	return &sharedWords{
+		slots: make([]sharedSlot, 1<<bits),
+		mask:  1<<bits - 1,
+		shift: uint8(64 - bits),
+		ids:   make([]uint32, 2<<bits),
+		cur:   cur,
+	}
+}
+
+// get looks up the word (k0, k1) of hash hh. It returns the word's v, or
+// the empty slot where the lookup ended, for put.
+func (s *sharedWords) get(hh, k0, k1 uint64) (v, h uint64, ok bool) {
+	for h = hh >> s.shift; ; h = (h + 1) & s.mask {
+		e := &s.slots[h]
+		k := e.k1.Load()
+		if k == k1 && e.k0 == k0 {
+			return e.v, h, true
+		}
+		if k == 0 {
+			return 0, h, false
+		}
+	}
+}
+
+// put stores ids for the word (k0, k1) in slot h, where its lookup ended,
+// and returns the slot's v. It reports false, storing nothing, when the
+// table is half full or its ids are full (growing it, once), or another
+// worker took the slot.
+func (s *sharedWords) put(h, k0, k1 uint64, ids []uint32) (uint64, bool) {
+	if s.n.Load() >= int64(len(s.slots)/2) {
+		s.grow()
+		return 0, false
+	}
+	var v uint64
+	switch len(ids) {
+	case 0:
+		v = inArena | inShared // a word of characters the vocabulary lacks
+	case 1:
+		v = uint64(ids[0]) | uint64(noID)<<32
+	case 2:
+		v = uint64(ids[0]) | uint64(ids[1])<<32
+	default:
+		end := s.nids.Add(int64(len(ids)))
+		if end > int64(len(s.ids)) {
+			s.grow()
+			return 0, false
+		}
+		off := end - int64(len(ids))
+		copy(s.ids[off:end], ids)
+		v = uint64(off) | inArena | inShared | uint64(len(ids))<<32
+	}
+	e := &s.slots[h]
+	if !e.k1.CompareAndSwap(0, slotBusy) {
+		return 0, false
+	}
+	s.n.Add(1)
+	e.k0, e.v = k0, v
+	e.k1.Store(k1)
+	return v, true
+}
+
+// grow replaces s in cur with a table four times its size, unless s is of the
+// largest size or another worker has replaced it.
+func (s *sharedWords) grow() {
+	if 2*len(s.slots) < 1<<sharedWordsMaxBits && s.growing.CompareAndSwap(false, true) {
+		s.cur.Store(s.grown())
+	}
+}
+
+// grown returns a table four times the size of s holding the words
+// published in s. Other workers may be inserting into s meanwhile: a slot
+// being written is skipped.
+func (s *sharedWords) grown() *sharedWords {
+	g := newSharedWords(64-int(s.shift)+2, s.cur)
+	var n, nids int64
+	for i := range s.slots {
+		e := &s.slots[i]
+		k1 := e.k1.Load()
+		if k1 == 0 || k1 == slotBusy {
+			continue
+		}
+		k0, v := e.k0, e.v
+		if lo, hi := uint32(v), uint32(v>>32); lo&inArena != 0 && hi > 0 {
+			off := lo &^ (inArena | inShared)
+			copy(g.ids[nids:], s.ids[off:off+hi])
+			v = uint64(nids) | inArena | inShared | uint64(hi)<<32
+			nids += int64(hi)
+		}
+		h := hashWord(k0, k1) >> g.shift
+		for g.slots[h].k1.Load() != 0 {
+			h = (h + 1) & g.mask
+		}
+		g.slots[h].k0, g.slots[h].v = k0, v
+		g.slots[h].k1.Store(k1)
+		n++
+	}
+	g.n.Store(n)
+	g.nids.Store(nids)
+	return g
+}
+
+// share makes c read and fill s before its own slots. When s replaced the
+// table c had, c's hot slots are cleared: they may hold offsets into the
+// old table's ids.
+func (c *wordTable) share(s *sharedWords) {
+	if s == c.shared {
+		return
+	}
+	if c.shared != nil {
+		clear(c.hot[:])
+	}
+	c.shared, c.sharedIDs = s, s.ids
+}

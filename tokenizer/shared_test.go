@@ -1,0 +1,119 @@
+package tokenizer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// Workers that share one word table get, for every word, the ids the
+// merges give it on one goroutine with no cache: eight encoders fill and
+// read one table at once, each meeting the same words in its own order and
+// twice, while the table grows under them, and with a largest size small
+// enough that it fills (then the words go to each encoder's own table).
+// Run it with -race too: the table is written by some workers while the
+// others read it or copy it.
+func TestSharedWordTableGivesTheSingleThreadIDs(t *testing.T) {
+	alphabet := []byte(" \t\nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789(){}[]<>.,;:=+-*/_'\"!?#@$%^&|~`\\\x00")
+	rng := rand.New(rand.NewPCG(21, 22))
+	var words [][]byte
+	for range 20_000 {
+		w := make([]byte, 1+rng.IntN(maxPacked))
+		for i := range w {
+			w[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		if rng.IntN(10) == 0 {
+			w = append(w, "é€"...)[:min(len(w)+3, maxPacked)]
+		}
+		words = append(words, w)
+	}
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		single := newEncoderState(tk)
+		want := make([][]uint32, len(words))
+		for i, w := range words {
+			want[i] = single.merge(nil, w)
+		}
+		largest := sharedWordsMaxBits
+		defer func() { sharedWordsMaxBits = largest }()
+		for _, maxBits := range []int{14, largest} {
+			sharedWordsMaxBits = maxBits
+			var cur atomic.Pointer[sharedWords]
+			cur.Store(newSharedWords(12, &cur))
+			var wg sync.WaitGroup
+			errs := make(chan string, 8)
+			for g := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					st := newEncoderState(tk)
+					st.words.share(cur.Load())
+					order := rand.New(rand.NewPCG(uint64(g), 1)).Perm(len(words))
+					for range 2 {
+						for _, i := range order {
+							// Inside a longer buffer, as in a document.
+							buf := append(slices.Clone(words[i]), "zzzzzzzzzzzzzzzz"...)
+							if got := st.word(nil, buf[:len(words[i])]); !slices.Equal(got, want[i]) {
+								errs <- fmt.Sprintf("%s: word %q: %v, want %v", style, words[i], got, want[i])
+								return
+							}
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for e := range errs {
+				t.Errorf("largest table 1<<%d slots: %s", maxBits, e)
+			}
+			// 20,000 words (of 100,000 ids) grow a table of 1<<12 slots
+			// at least twice, or once and fill it.
+			s := cur.Load()
+			if maxBits == largest && len(s.slots) < 1<<16 {
+				t.Errorf("the table holds %d slots after 20,000 words: it did not grow", len(s.slots))
+			}
+			full := s.n.Load() >= int64(len(s.slots)/2) || s.nids.Load() > int64(len(s.ids))
+			if maxBits < largest && (len(s.slots) != 1<<maxBits || !full) {
+				t.Errorf("the largest table holds %d words in %d slots: it never filled, the overflow went untested", s.n.Load(), len(s.slots))
+			}
+		}
+	}
+}
+
+// EncodeBatch on more workers than documents' first words can keep apart
+// gives each document the ids Encode gives it on a fresh tokenizer, whose
+// one encoder never shares a table.
+func TestEncodeBatchWithASharedTableMatchesOneEncoder(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	rng := rand.New(rand.NewPCG(31, 32))
+	var docs []string
+	for _, name := range texts {
+		text := string(readTestdata(t, name+".txt"))
+		for len(text) > 0 {
+			n := min(len(text), 500+rng.IntN(4000))
+			docs = append(docs, text[:n])
+			text = text[n:]
+		}
+	}
+	for i := range 200 {
+		docs = append(docs, string(randomText(rng, 200+i)))
+	}
+	for _, style := range styles {
+		batch, one := loadStyle(t, style), loadStyle(t, style)
+		for round := range 2 {
+			got := batch.EncodeBatch(docs)
+			for i, d := range docs {
+				if j := firstDiff(got[i], one.Encode(d)); j >= 0 {
+					t.Fatalf("%s, round %d, document %d (%q...): ids differ at %d", style, round, i, d[:min(len(d), 40)], j)
+				}
+			}
+		}
+		if s := batch.shared.Load(); s == nil || s.n.Load() == 0 {
+			t.Fatalf("%s: EncodeBatch on 8 workers left the shared table empty", style)
+		}
+	}
+}

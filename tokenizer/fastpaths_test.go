@@ -7,25 +7,31 @@ import (
 	"testing"
 )
 
+// randomWords returns n words of 1 to maxLen bytes of ASCII code and prose
+// characters, one in ten with UTF-8 bytes appended, whole or cut.
+func randomWords(rng *rand.Rand, n, maxLen int) [][]byte {
+	alphabet := []byte(" \t\nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789(){}[]<>.,;:=+-*/_'\"!?#@$%^&|~`\\\x00")
+	words := make([][]byte, 0, n)
+	for range n {
+		w := make([]byte, 1+rng.IntN(maxLen))
+		for i := range w {
+			w[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		if rng.IntN(10) == 0 {
+			w = append(w, "é€"...)[:min(len(w)+3, maxLen)]
+		}
+		words = append(words, w)
+	}
+	return words
+}
+
 // Every word comes out of the word caches with the ids that the merges give
 // it, whether the caches are cold or warm, growing or starting over: tens of
 // thousands of words of 1 to 20 bytes (the packed table up to 15, the map
 // beyond), each encoded from the merges alone and then twice by one warm state,
 // once with the table's limit low enough that it fills and starts over.
 func TestWordCacheAgreesWithTheMerges(t *testing.T) {
-	alphabet := []byte(" \t\nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789(){}[]<>.,;:=+-*/_'\"!?#@$%^&|~`\\\x00")
-	rng := rand.New(rand.NewPCG(5, 6))
-	var words [][]byte
-	for range 40_000 {
-		w := make([]byte, 1+rng.IntN(20))
-		for i := range w {
-			w[i] = alphabet[rng.IntN(len(alphabet))]
-		}
-		if rng.IntN(10) == 0 {
-			w = append(w, "é€"...)[:min(len(w)+3, 20)] // UTF-8 bytes, whole or cut
-		}
-		words = append(words, w)
-	}
+	words := randomWords(rand.New(rand.NewPCG(5, 6)), 40_000, 20)
 	defer func(old int) { wordTableMax = old }(wordTableMax)
 	for _, limit := range []int{wordTableMax, 2 * wordTableMin} {
 		wordTableMax = limit

@@ -18,19 +18,7 @@ import (
 // Run it with -race too: the table is written by some workers while the
 // others read it or copy it.
 func TestSharedWordTableGivesTheSingleThreadIDs(t *testing.T) {
-	alphabet := []byte(" \t\nabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789(){}[]<>.,;:=+-*/_'\"!?#@$%^&|~`\\\x00")
-	rng := rand.New(rand.NewPCG(21, 22))
-	var words [][]byte
-	for range 20_000 {
-		w := make([]byte, 1+rng.IntN(maxPacked))
-		for i := range w {
-			w[i] = alphabet[rng.IntN(len(alphabet))]
-		}
-		if rng.IntN(10) == 0 {
-			w = append(w, "é€"...)[:min(len(w)+3, maxPacked)]
-		}
-		words = append(words, w)
-	}
+	words := randomWords(rand.New(rand.NewPCG(21, 22)), 20_000, maxPacked)
 	for _, style := range styles {
 		tk := loadStyle(t, style)
 		single := newEncoderState(tk)

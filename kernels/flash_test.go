@@ -129,18 +129,9 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 								return err
 							}
 							tiles := flashTiles(T)
-							if hopper {
-								if err := e.flashBackwardHopper(dq, dqkv, dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), dvec,
+							if hopper || split {
+								if err := e.flashBackwardSplit(dq, dqkv, dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), dvec,
 									pq, pk, pv, pd, outb, lse, B, T, H, KV, scale, P); err != nil {
-									return err
-								}
-							} else if split {
-								if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
-									dq, dqkv, dvec, pq, pk, pv, pd, outb, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
-									return err
-								}
-								if err := e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
-									dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), pq, pk, pv, pd, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 									return err
 								}
 							} else {
@@ -436,6 +427,31 @@ func TestFlashBackwardSharedMemory(t *testing.T) {
 	}
 	if hopperTile != 8192 || hopperFwdShared != 5*8192+1024 || hopperBwdShared != 6*8192+1024 {
 		t.Errorf("the Hopper kernels' shared memory: tile %d, forward %d, backward %d bytes; want flash_sm90.cu's", hopperTile, hopperFwdShared, hopperBwdShared)
+	}
+}
+
+// flashBackwardSplit launches flash.cu's two backward kernels or
+// flash_sm90.cu's with one argument list, so each Hopper kernel must take
+// the parameters of the flash.cu kernel it stands in for.
+func TestHopperBackwardTakesFlashCuParameters(t *testing.T) {
+	sigs := map[string][]paramKind{}
+	for _, file := range []string{"flash.cu", "flash_sm90.cu"} {
+		src, err := sources.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks, err := kernelSignatures(string(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range ks {
+			sigs[k.name] = k.params
+		}
+	}
+	for sm80, h := range map[string]string{"flash_bwd_dq": "flash_bwd_dq_h", "flash_bwd_dkv": "flash_bwd_dkv_h", "flash_fwd": "flash_fwd_h"} {
+		if sigs[sm80] == nil || !slices.Equal(sigs[sm80], sigs[h]) {
+			t.Errorf("%s takes %v, %s %v: the engine launches both with one argument list", sm80, sigs[sm80], h, sigs[h])
+		}
 	}
 }
 

@@ -243,8 +243,8 @@ func (e *Engine) chooseFlashKernels() error {
 	if !e.flash {
 		return nil
 	}
-	_, loaded := e.fns["flash_fwd_h"]
-	e.hopper = loaded && !e.kopt.flashSM80
+	// The Hopper file is loaded only where its kernels may run (open).
+	_, e.hopper = e.fns["flash_fwd_h"]
 	want := map[string]int{}
 	if e.hopper {
 		want = map[string]int{"flash_fwd_h": hopperFwdShared, "flash_bwd_dq_h": hopperBwdShared, "flash_bwd_dkv_h": hopperBwdShared}
@@ -275,18 +275,9 @@ func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	qkv := a.qkvb[l]
 	q, k, v := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd)
 	tiles := flashTiles(T)
-	if e.hopper {
-		return e.flashBackwardHopper(cuda.Ptr(0), a.dqkvb, cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), a.dvec,
+	if e.hopper || !e.flashFused {
+		return e.flashBackwardSplit(cuda.Ptr(0), a.dqkvb, cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), a.dvec,
 			q, k, v, a.dyb, a.yb[l], a.lse[l], B, T, H, KV, scale, P)
-	}
-	if !e.flashFused {
-		if err := e.launch3("flash_bwd_dq", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
-			cuda.Ptr(0), a.dqkvb, a.dvec, q, k, v, a.dyb, a.yb[l], a.lse[l], e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
-			return err
-		}
-		return e.launch3("flash_bwd_dkv", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
-			cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), q, k, v, a.dyb, a.lse[l], a.dvec, e.cosT, e.sinT,
-			T, H, KV, scale, P, P, P)
 	}
 	if err := e.launch("flash_bwd_dvec", (B*T*H+15)/16, 128, a.dvec, a.dyb, a.yb[l], T, H, B*T*H); err != nil {
 		return err
@@ -303,18 +294,24 @@ func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 		cuda.Ptr(0), a.dqkvb, a.q[l], e.cosT, e.sinT, T, H, scale, P)
 }
 
-// flashBackwardHopper runs the Hopper backward: flash_bwd_dq_h, which
-// writes dq and dvec, then flash_bwd_dkv_h. dq, dk and dv go out in fp32
-// (where set) and in bf16 (dqb and dkb rotated back by rope, and dvb; row
-// stride P), from the queries, keys and values (row stride P), the output
-// gradient dout and output out (packed bf16) and the forward's lse.
-func (e *Engine) flashBackwardHopper(dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, dout, out, lse cuda.Ptr, B, T, H, KV int, scale float32, P int) error {
+// flashBackwardSplit runs the backward as two kernels that each own their
+// outputs: dq (which writes dvec too), then dk and dv; flash_sm90.cu's on
+// Hopper, flash.cu's elsewhere, with the same parameters. dq, dk and dv go
+// out in fp32 (where set) and in bf16 (dqb and dkb rotated back by rope,
+// and dvb; row stride P), from the queries, keys and values (row stride
+// P), the output gradient dout and output out (packed bf16) and the
+// forward's lse.
+func (e *Engine) flashBackwardSplit(dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, dout, out, lse cuda.Ptr, B, T, H, KV int, scale float32, P int) error {
+	dqKernel, dkvKernel := "flash_bwd_dq", "flash_bwd_dkv"
+	if e.hopper {
+		dqKernel, dkvKernel = "flash_bwd_dq_h", "flash_bwd_dkv_h"
+	}
 	tiles := flashTiles(T)
-	if err := e.launch3("flash_bwd_dq_h", cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+	if err := e.launch3(dqKernel, cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
 		dq, dqb, dvec, q, k, v, dout, out, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 		return err
 	}
-	return e.launch3("flash_bwd_dkv_h", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
+	return e.launch3(dkvKernel, cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
 		dk, dkb, dv, dvb, q, k, v, dout, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P)
 }
 

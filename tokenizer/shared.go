@@ -87,24 +87,17 @@ func (s *sharedWords) put(h, k0, k1 uint64, ids []uint32) (uint64, bool) {
 		s.grow()
 		return 0, false
 	}
-	var v uint64
-	switch len(ids) {
-	case 0:
-		v = inArena | inShared // a word of characters the vocabulary lacks
-	case 1:
-		v = uint64(ids[0]) | uint64(noID)<<32
-	case 2:
-		v = uint64(ids[0]) | uint64(ids[1])<<32
-	default:
+	var off int64
+	if len(ids) > 2 {
 		end := s.nids.Add(int64(len(ids)))
 		if end > int64(len(s.ids)) {
 			s.grow()
 			return 0, false
 		}
-		off := end - int64(len(ids))
+		off = end - int64(len(ids))
 		copy(s.ids[off:end], ids)
-		v = uint64(off) | inArena | inShared | uint64(len(ids))<<32
 	}
+	v := idsValue(ids, uint64(off), inArena|inShared)
 	e := &s.slots[h]
 	if !e.k1.CompareAndSwap(0, slotBusy) {
 		return 0, false

@@ -179,11 +179,8 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st := t.getState()
+			st := t.workerState(workers)
 			defer t.putState(st)
-			if workers > 1 {
-				st.words.share(t.sharedTable())
-			}
 			var scratch []uint32
 			for j := range todo {
 				// Room for the ids of most text (code and prose average

@@ -182,11 +182,8 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st := t.getState()
+			st := t.workerState(workers)
 			defer t.putState(st)
-			if workers > 1 {
-				st.words.share(t.sharedTable())
-			}
 			// Each document is encoded into one buffer that grows once,
 			// then copied out into a block of ids the worker's documents
 			// share: an allocation per megabyte of ids, not per document,
@@ -213,6 +210,16 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 	}
 	wg.Wait()
 	return out
+}
+
+// workerState is getState for one of workers goroutines encoding at
+// once: with more than one, its words go through the shared table.
+func (t *Tokenizer) workerState(workers int) *encoderState {
+	st := t.getState()
+	if workers > 1 {
+		st.words.share(t.sharedTable())
+	}
+	return st
 }
 
 // sharedTable returns the Tokenizer's shared word table, made on first use.
@@ -587,20 +594,27 @@ func (c *wordTable) appendIDs(dst []uint32, v uint64) []uint32 {
 	return append(dst, lo, hi)
 }
 
+// idsValue is a word slot's v for ids: one or two ids packed in it, or,
+// for none or more than two, arena (inArena, with inShared for the shared
+// table's ids) with the ids' count and their offset off in the arena.
+func idsValue(ids []uint32, off, arena uint64) uint64 {
+	switch len(ids) {
+	case 0:
+		return arena // a word of characters the vocabulary lacks
+	case 1:
+		return uint64(ids[0]) | uint64(noID)<<32
+	case 2:
+		return uint64(ids[0]) | uint64(ids[1])<<32
+	}
+	return off | arena | uint64(len(ids))<<32
+}
+
 // put stores ids for the word (k0, k1) in the empty slot h, where its
 // lookup ended. It reports whether the word is in slot h afterwards (not
 // when the table grew or started over).
 func (c *wordTable) put(h, k0, k1 uint64, ids []uint32) bool {
-	var v uint64
-	switch {
-	case len(ids) == 0:
-		v = inArena // a word of characters the vocabulary lacks
-	case len(ids) == 1:
-		v = uint64(ids[0]) | uint64(noID)<<32
-	case len(ids) == 2:
-		v = uint64(ids[0]) | uint64(ids[1])<<32
-	default:
-		v = uint64(len(c.ids)) | inArena | uint64(len(ids))<<32
+	v := idsValue(ids, uint64(len(c.ids)), inArena)
+	if len(ids) > 2 {
 		c.ids = append(c.ids, ids...)
 	}
 	c.slots[h] = wordSlot{k0, k1, v}

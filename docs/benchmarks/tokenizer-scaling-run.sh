@@ -11,7 +11,9 @@
 #     bash docs/benchmarks/tokenizer-scaling-run.sh
 #
 # CARRY (default .carry/tokenizer), OUT (default /tmp/tokenizer-out) and
-# CORPUS_BYTES (default 512000000) override the defaults. The corpus is made
+# CORPUS_BYTES (default 512000000) override the defaults; PARTS (default
+# "ceiling kiln profiles") picks which of the parts below run, so that two
+# builds can be set side by side in one call (PARTS=kiln for the second). The corpus is made
 # as tokenizer-device-run.sh makes its 1 GB: the Go text and the prose in
 # turns, each turn rotated by a different number of lines.
 #
@@ -162,6 +164,9 @@ cpu_at() { local out=() i; for i in "$@"; do out+=("${cpus[$i]}"); done; local I
 
 # The ceiling: independent single-threaded processes, each pinned to one
 # CPU and given its own piece of the corpus.
+has() { case " ${PARTS:-ceiling kiln profiles} " in *" $1 "*) return 0 ;; esac; return 1; }
+
+has ceiling && {
 note "== ceiling: N independent GOMAXPROCS=1 processes, one pinned per CPU, gpt2"
 for rep in 1 2; do
 	for n in 1 2 4 8 16; do
@@ -191,8 +196,10 @@ for rep in 1 2; do
 	fi
 done
 note "elapsed $(($(date +%s) - t0)) s"
+}
 
 # kiln's one process on the whole corpus.
+has kiln && {
 note "== kiln: one sched tokenize on the corpus, GOMAXPROCS=P"
 for rep in 1 2; do
 	batch "kiln-gpt2-1" 1 "$tj2" "${cpus[0]}:$W/corpus.txt"
@@ -212,6 +219,7 @@ note "elapsed $(($(date +%s) - t0)) s"
 gcs=$(GODEBUG=gctrace=1 GOMAXPROCS=$maxn timeout 100 "$W/sched" tokenize --tokenizer-file "$tj2" --in "$W/corpus.txt" --out "$ids/gc.ids" --dtype u16 2>&1 | grep -c '^gc ')
 rm -f "$ids/gc.ids"
 note "gctrace: sched tokenize, gpt2, GOMAXPROCS=$maxn: $gcs collections"
+}
 
 # The command's path in the test binary, profiled on one core and on all,
 # then its variants.
@@ -220,6 +228,7 @@ bench() {
 	(cd tokenizer && GOGC=400 KILN_TOKENIZER_BENCH_TEXT="$W/corpus200.txt" timeout 200 "$W/tokenizer.test" -test.run '^$' "$@" 2>&1) |
 		grep -E '^Benchmark|FAIL|panic' | sed 's/^/bench: /' | tee -a "$raw"
 }
+has profiles && {
 note "== profiles: BenchmarkTokenizeFile/gpt2-style/cold on $(stat -c %s "$W/corpus200.txt") bytes"
 bench -test.bench 'TokenizeFile/gpt2-style/cold$' -test.benchtime 1x -test.cpu 1 -test.cpuprofile "$OUT/cpu1.prof"
 bench -test.bench 'TokenizeFile/gpt2-style/cold$' -test.benchtime 3x -test.cpu "$maxn" -test.cpuprofile "$OUT/cpu$maxn.prof"
@@ -232,6 +241,7 @@ bench -test.bench 'TokenizeFile/gpt2-style/warm$' -test.benchtime 1x -test.cpu 1
 bench -test.bench 'TokenizeFile/gpt2-style/(warm|chunk)' -test.benchtime 3x -test.cpu "$maxn"
 bench -test.bench 'TokenizeFile/gpt4-style/(cold|warm)$' -test.benchtime 3x -test.cpu "$maxn"
 note "elapsed $(($(date +%s) - t0)) s"
+}
 
 python3 - "$raw" "$maxn" > "$OUT/tokenizer-scaling.txt" <<'PY'
 import json, re, sys

@@ -153,9 +153,14 @@ type Limits struct {
 	MaxDisk   int64 `json:"max_disk,omitempty"`   // bytes of committed tokens (tokens.bin)
 }
 
-// StopError ends a step cleanly at a limit: retrying cannot help until
-// the limit is raised, and nothing was appended.
+// StopError ends a step at its ingest's limit (--max-tokens, --max-disk):
+// the planned end of an ingest that sizes its store, not a failure.
+// Nothing was appended; raising the limit and planning again continues
+// with the files not yet in. A worker completes the step's task.
 type StopError struct{ Msg string }
+
+// stopHint ends every StopError's message: what to do for more tokens.
+const stopHint = "; raise the limit and plan again to continue"
 
 func (e *StopError) Error() string { return e.Msg }
 
@@ -384,7 +389,7 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 		return res, err
 	}
 	if msg := job.Limits.reached(job.Store, status); msg != "" {
-		return res, &StopError{msg}
+		return res, &StopError{msg + stopHint}
 	}
 	listed, err := Plan(ctx, preset, p.Hub, job.Seed)
 	if err != nil {
@@ -484,7 +489,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		return out, true, nil
 	}
 	if msg := job.Limits.reached(job.Store, status); msg != "" {
-		return out, false, &StopError{msg + "; " + job.Path + " was not read"}
+		return out, false, &StopError{msg + "; " + job.Path + " was not read" + stopHint}
 	}
 	skipped := func(err error) (AppendJob, bool, error) {
 		out.SkipReason, out.SkipMessage = SkipReason(err), err.Error()
@@ -723,13 +728,14 @@ func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done
 }
 
 // stop deletes a shard that will not be appended (it would only wait in
-// object storage for a limit that is not coming) and returns the StopError.
+// object storage for a limit that is not coming) and returns the StopError,
+// which the caller reports: the worker as its task's outcome, Direct in
+// its Report.
 func (p *Pipeline) stop(ctx context.Context, job AppendJob, msg string) error {
 	if err := p.Objects.Delete(ctx, job.Object); err != nil {
 		p.log().Warn("shard left in object storage", zap.String("object", job.Object), zap.Error(err))
 	}
-	p.log().Info("ingest stopped at a limit", zap.String("store", job.Store), zap.String("message", msg))
-	return &StopError{msg + "; raise the limit and plan again to continue"}
+	return &StopError{msg + stopHint}
 }
 
 func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens.Manifest) (StoreStatus, error) {

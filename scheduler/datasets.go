@@ -3,6 +3,8 @@ package scheduler
 import (
 	"sort"
 	"time"
+
+	"github.com/kiln-lm/kiln/ingest"
 )
 
 // DatasetProgress is one token store's ingest as the queues hold it: its
@@ -17,14 +19,22 @@ type DatasetProgress struct {
 	Planning, PlanFailed bool
 	// Files is every file queued for the store. A file is Done once it is
 	// appended (or found already appended, or recorded as skipped), Failed
-	// once its shard or append task is archived, Running while either task
-	// runs, and Waiting otherwise.
-	Files, Done, Failed, Running, Waiting int
+	// once its shard or append task is archived, Stopped once one of them
+	// completed at the ingest's limit (progress state "stopped": the file
+	// is not in the store, and a larger limit plans it again), Running
+	// while either task runs, and Waiting otherwise. A file queued again
+	// (a larger limit) counts by its newest tasks.
+	Files, Done, Failed, Stopped, Running, Waiting int
 	// Bytes and DoneBytes are the files' download sizes; SizesKnown is
 	// false when a source did not publish every file's size, and the rate
 	// then counts files.
-	Bytes, DoneBytes, FailedBytes int64
-	SizesKnown                    bool
+	Bytes, DoneBytes, FailedBytes, StoppedBytes int64
+	SizesKnown                                  bool
+	// PlanStopped is set when the store's latest plan found the store at
+	// its limit already and queued nothing. StoppedAt is the limits of the
+	// latest task that stopped at them (a plan's or a file's).
+	PlanStopped bool
+	StoppedAt   ingest.Limits
 	// Tokens is what the done files appended.
 	Tokens int64
 	// Started is when the store's first file task started; Last when its
@@ -38,8 +48,8 @@ type DatasetProgress struct {
 	ETA time.Duration
 }
 
-// Remaining is the files neither done nor failed.
-func (d DatasetProgress) Remaining() int { return d.Files - d.Done - d.Failed }
+// Remaining is the files neither done, failed nor stopped.
+func (d DatasetProgress) Remaining() int { return d.Files - d.Done - d.Failed - d.Stopped }
 
 type ingestFile struct {
 	dataset      string
@@ -54,6 +64,13 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 	type key struct{ store, file string }
 	files := map[key]*ingestFile{}
 	byStore := map[string]*DatasetProgress{}
+	lastPlan := map[string]*TaskStatus{}
+	stoppedAt := map[string]*TaskStatus{} // the latest task that stopped at a limit, per store
+	stopped := func(store string, t *TaskStatus) {
+		if isStopped(t) && (stoppedAt[store] == nil || endOf(t).After(endOf(stoppedAt[store]))) {
+			stoppedAt[store] = t
+		}
+	}
 	store := func(name string) *DatasetProgress {
 		d := byStore[name]
 		if d == nil {
@@ -92,6 +109,10 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			case t.State != "completed" && t.State != "archived":
 				d.Planning = true
 			}
+			if p := lastPlan[name]; p == nil || newerTask(t, p) {
+				lastPlan[name] = t
+			}
+			stopped(name, t)
 		case KindIngestShard:
 			a, err := DecodeTask[IngestShard](t.Payload)
 			if err != nil {
@@ -105,8 +126,12 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			if d.Dataset == "" {
 				d.Dataset = a.Dataset
 			}
+			stopped(a.Store, t)
 			f := file(key{a.Store, id})
-			f.dataset, f.size, f.shard = a.Dataset, a.Size, t
+			if f.shard != nil && !newerTask(t, f.shard) {
+				continue
+			}
+			f.dataset, f.size, f.shard, f.startedShard = a.Dataset, a.Size, t, time.Time{}
 			if t.HasProgress {
 				f.startedShard = t.Progress.Started
 			}
@@ -116,8 +141,11 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 				continue
 			}
 			store(a.Store)
+			stopped(a.Store, t)
 			f := file(key{a.Store, a.ShardID})
-			f.apnd, f.tokens = t, a.Tokens
+			if f.apnd == nil || newerTask(t, f.apnd) {
+				f.apnd, f.tokens = t, a.Tokens
+			}
 		}
 	}
 	for k, f := range files {
@@ -146,10 +174,21 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 		case "failed":
 			d.Failed++
 			d.FailedBytes += f.size
+		case "stopped":
+			d.Stopped++
+			d.StoppedBytes += f.size
 		case "running":
 			d.Running++
 		default:
 			d.Waiting++
+		}
+	}
+	for name, p := range lastPlan {
+		byStore[name].PlanStopped = isStopped(p)
+	}
+	for name, t := range stoppedAt {
+		if l, ok := taskLimits(t); ok {
+			byStore[name].StoppedAt = l
 		}
 	}
 	out := make([]DatasetProgress, 0, len(byStore))
@@ -161,8 +200,54 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 	return out
 }
 
+func ended(t *TaskStatus) bool { return t.State == "completed" || t.State == "archived" }
+
+// endOf is when a task last reported, to the nanosecond (asynq's
+// completion time has whole seconds), or when it ended.
+func endOf(t *TaskStatus) time.Time {
+	if t.HasProgress && !t.Progress.Updated.IsZero() {
+		return t.Progress.Updated
+	}
+	return t.Finished
+}
+
+// newerTask orders two tasks of one file, or two plans of one store,
+// queued by two ingests (a larger limit queues its own): live before
+// ended, then the later report.
+func newerTask(a, b *TaskStatus) bool {
+	if ended(a) != ended(b) {
+		return !ended(a)
+	}
+	return endOf(a).After(endOf(b))
+}
+
+// isStopped is a task that completed at its ingest's limit.
+func isStopped(t *TaskStatus) bool {
+	return t.State == "completed" && t.HasProgress && t.Progress.State == "stopped"
+}
+
+// taskLimits are the limits an ingest task carries.
+func taskLimits(t *TaskStatus) (ingest.Limits, bool) {
+	switch t.Kind {
+	case KindIngestPlan:
+		a, err := DecodeTask[IngestPlan](t.Payload)
+		return a.Limits, err == nil
+	case KindIngestShard:
+		a, err := DecodeTask[IngestShard](t.Payload)
+		return a.Limits, err == nil
+	case KindIngestAppend:
+		a, err := DecodeTask[IngestAppend](t.Payload)
+		return a.Limits, err == nil
+	}
+	return ingest.Limits{}, false
+}
+
 // fileState is one file's place in the two-task pipeline.
 func fileState(f *ingestFile) string {
+	if f.shard != nil && f.apnd != nil && !ended(f.shard) && ended(f.apnd) {
+		// Queued again (a larger limit): the append is the earlier ingest's.
+		f = &ingestFile{shard: f.shard}
+	}
 	for _, t := range []*TaskStatus{f.shard, f.apnd} {
 		if t != nil && t.State == "archived" {
 			return "failed"
@@ -171,6 +256,11 @@ func fileState(f *ingestFile) string {
 	for _, t := range []*TaskStatus{f.shard, f.apnd} {
 		if t != nil && t.State == "active" {
 			return "running"
+		}
+	}
+	for _, t := range []*TaskStatus{f.shard, f.apnd} {
+		if t != nil && isStopped(t) {
+			return "stopped"
 		}
 	}
 	switch {
@@ -214,7 +304,7 @@ func (d *DatasetProgress) rate(now time.Time) {
 	done, left := float64(d.Done), float64(d.Remaining())
 	if d.SizesKnown {
 		done = float64(d.DoneBytes)
-		left = float64(d.Bytes - d.DoneBytes - d.FailedBytes)
+		left = float64(d.Bytes - d.DoneBytes - d.FailedBytes - d.StoppedBytes)
 	}
 	d.Rate = done / secs
 	if d.Running > 0 && d.Rate > 0 && left > 0 {

@@ -24,7 +24,9 @@ type Progress struct {
 	// ETA is the estimated time left; zero when unknown.
 	ETA     time.Duration `json:"eta,omitempty"`
 	Message string        `json:"message,omitempty"`
-	// State is "running", "done", "failed" or "interrupted".
+	// State is "running", "done", "failed", "interrupted", "waiting", or
+	// "stopped": an ingest step that completed at its ingest's limit
+	// (--max-tokens, --max-disk), leaving its file out of the store.
 	State   string    `json:"state"`
 	Worker  string    `json:"worker,omitempty"`
 	Started time.Time `json:"started"`

@@ -184,6 +184,8 @@ type ingestEnv struct {
 	hc      *hub.Client
 	tok     *tokenizer.Tokenizer
 	presets map[string]ingest.Preset
+	// logger receives the workers' logs (nil: none).
+	logger *zap.Logger
 }
 
 func newIngestEnv(t *testing.T) *ingestEnv {
@@ -225,7 +227,11 @@ func (e *ingestEnv) configure(dataDir, storesDir string) {
 // serve runs an in-process worker on queues until the test ends.
 func (e *ingestEnv) serve(queues map[string]int) {
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: queues, Handlers: e.handlers, Logger: zap.NewNop(), DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+	log := e.logger
+	if log == nil {
+		log = zap.NewNop()
+	}
+	w, err := New(Params{Redis: e.opt, Queues: queues, Handlers: e.handlers, Logger: log, DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -482,11 +488,14 @@ func TestIngestThroughTheQueue(t *testing.T) {
 }
 
 // --max-tokens and --max-disk stop an ingest through the queue before the
-// store passes them: the appends that would pass are archived with a
-// message, their shards are dropped, and a plan against a full store is
-// archived with the limit named.
+// store passes them, as its planned end: the appends that would pass
+// complete (progress state "stopped") with the limit named, logged at info,
+// their shards are dropped, and a plan against a full store completes the
+// same way; nothing is archived or retried.
 func TestIngestStopsAtLimits(t *testing.T) {
 	e := newIngestEnv(t)
+	core, logs := observer.New(zap.InfoLevel)
+	e.logger = zap.New(core)
 	e.addGoodFiles("good", 6, 4, strings.Repeat(" and more text", 20))
 	storesDir := t.TempDir()
 	e.configure(t.TempDir(), storesDir)
@@ -524,13 +533,37 @@ func TestIngestStopsAtLimits(t *testing.T) {
 			t.Fatalf("%s: the store holds %d tokens in %d shards, past the limit", c.name, m.Tokens, len(m.Shards))
 		}
 		stopped := 0
-		for _, a := range e.archived(scheduler.QueueAppend) {
-			if strings.Contains(a.LastErr, "store "+c.name+" stopped") && strings.Contains(a.LastErr, c.flag) {
+		snap, err := e.c.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ts := range snap.Tasks {
+			a, err := scheduler.DecodeTask[scheduler.IngestAppend](ts.Payload)
+			if ts.Kind != scheduler.KindIngestAppend || err != nil || a.Store != c.name {
+				continue
+			}
+			if ts.State != "completed" || ts.LastErr != "" {
+				t.Fatalf("%s: append %s is %s: %q", c.name, ts.ID, ts.State, ts.LastErr)
+			}
+			if ts.Progress.State == "stopped" {
+				if !strings.Contains(ts.Progress.Message, "store "+c.name+" stopped") || !strings.Contains(ts.Progress.Message, c.flag) {
+					t.Fatalf("%s: stopped append says %q", c.name, ts.Progress.Message)
+				}
 				stopped++
 			}
 		}
 		if stopped == 0 || len(m.Shards)+stopped != 6 {
-			t.Fatalf("%s: %d appended and %d appends archived at the limit; want the 6 files split between them", c.name, len(m.Shards), stopped)
+			t.Fatalf("%s: %d appended and %d appends stopped at the limit; want the 6 files split between them", c.name, len(m.Shards), stopped)
+		}
+		logged := logs.FilterMessage("task done: the ingest reached its limit").FilterFieldKey("reason").All()
+		n := 0
+		for _, l := range logged {
+			if r := l.ContextMap()["reason"].(string); l.Level == zap.InfoLevel && strings.Contains(r, "store "+c.name+" stopped") && strings.Contains(r, c.flag) {
+				n++
+			}
+		}
+		if n != stopped {
+			t.Fatalf("%s: %d stops logged at info, want %d", c.name, n, stopped)
 		}
 		if left, _ := e.objects.List(context.Background(), ingest.ShardPrefix(c.name)); len(left) != 0 {
 			t.Fatalf("%s: shards left in object storage after the stop: %v", c.name, left)
@@ -539,9 +572,15 @@ func TestIngestStopsAtLimits(t *testing.T) {
 
 	// A plan for a store already at its limit enqueues nothing.
 	id = e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, Limits: ingest.Limits{MaxTokens: perFile}})
-	ts := e.waitFor(id, time.Minute, "archived", state("archived"))
-	if !strings.Contains(ts.LastErr, "--max-tokens is") || strings.Contains(ts.LastErr, "\n") {
-		t.Fatalf("plan at the limit: %q", ts.LastErr)
+	ts := e.waitFor(id, time.Minute, "completed", state("completed"))
+	if ts.Progress.State != "stopped" || !strings.Contains(ts.Progress.Message, "--max-tokens is") || ts.LastErr != "" || ts.Retried != 0 {
+		t.Fatalf("plan at the limit: progress %+v, last error %q, retried %d", ts.Progress, ts.LastErr, ts.Retried)
+	}
+	if a := e.archived(scheduler.QueueAppend); len(a) != 0 {
+		t.Fatalf("an append was archived: %s", a[0].LastErr)
+	}
+	if a := e.archived(scheduler.QueueIngest); len(a) != 0 {
+		t.Fatalf("an ingest task was archived: %s", a[0].LastErr)
 	}
 	// A plan naming an unknown dataset is archived with the choices.
 	id = e.enqueue(scheduler.IngestPlan{Dataset: "nope", Store: "x", Tokenizer: ingestTokenizer})

@@ -53,7 +53,7 @@ var (
 	descRunUpload     = prometheus.NewDesc("kiln_run_checkpoint_upload_seconds", "How long a run's last checkpoint took to upload.", []string{"run"}, nil)
 	descRunDone       = prometheus.NewDesc("kiln_run_done", "1 once a run reached its end.", []string{"run"}, nil)
 
-	descIngestFiles  = prometheus.NewDesc("kiln_ingest_files", "A store's ingest files, by state (done, failed, running, waiting).", []string{"store", "dataset", "state"}, nil)
+	descIngestFiles  = prometheus.NewDesc("kiln_ingest_files", "A store's ingest files, by state (done, failed, stopped at the ingest's limit, running, waiting).", []string{"store", "dataset", "state"}, nil)
 	descIngestBytes  = prometheus.NewDesc("kiln_ingest_bytes", "A store's ingest download bytes, by state (total, done).", []string{"store", "dataset", "state"}, nil)
 	descIngestTokens = prometheus.NewDesc("kiln_ingest_tokens", "Tokens the done files of a store's ingest appended.", []string{"store", "dataset"}, nil)
 	descIngestRate   = prometheus.NewDesc("kiln_ingest_bytes_per_second", "A store's ingest rate over its files so far (bytes, or files where sizes are unknown).", []string{"store", "dataset", "unit"}, nil)
@@ -90,7 +90,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.queues.Collect(ch)
 	gauge(descWorkers, float64(len(snap.Workers)))
 	for _, d := range snap.Datasets() {
-		for state, n := range map[string]int{"done": d.Done, "failed": d.Failed, "running": d.Running, "waiting": d.Waiting} {
+		for state, n := range map[string]int{"done": d.Done, "failed": d.Failed, "stopped": d.Stopped, "running": d.Running, "waiting": d.Waiting} {
 			gauge(descIngestFiles, float64(n), d.Store, d.Dataset, state)
 		}
 		gauge(descIngestBytes, float64(d.Bytes), d.Store, d.Dataset, "total")

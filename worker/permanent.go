@@ -23,13 +23,24 @@ func permanent(kind string, err error) error {
 
 // isPermanent is kiln's one classification of errors that need a person, not
 // another attempt: bad input (an unknown name, a gated dataset, a refused
-// overwrite, a size no device holds: any error whose BadInput says so), an
-// ingest limit reached, token stores made by another tokenizer than the
-// run's (catalog.MismatchError is bad input), and a training run that
-// diverged. A retry of any of them meets the same failure.
+// overwrite, a size no device holds: any error whose BadInput says so),
+// token stores made by another tokenizer than the run's
+// (catalog.MismatchError is bad input), and a training run that diverged.
+// A retry of any of them meets the same failure.
 func isPermanent(err error) bool {
 	var bad interface{ BadInput() bool }
-	var stop *ingest.StopError
 	var diverged *trainer.NonFiniteError
-	return errors.As(err, &stop) || errors.As(err, &diverged) || (errors.As(err, &bad) && bad.BadInput())
+	return errors.As(err, &diverged) || (errors.As(err, &bad) && bad.BadInput())
+}
+
+// atLimit says why an ingest step ended at its ingest's --max-tokens or
+// --max-disk, or "": the end the user planned when they sized the store,
+// so its task completes (progress state "stopped") rather than failing,
+// and a retry would only stop again.
+func atLimit(err error) string {
+	var stop *ingest.StopError
+	if errors.As(err, &stop) {
+		return stop.Msg
+	}
+	return ""
 }

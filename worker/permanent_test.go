@@ -22,7 +22,7 @@ func TestPermanentErrorsAreArchivedAtOnce(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{&ingest.StopError{Msg: "store code reached its limit of 300000 tokens"}, true},
+		{&ingest.StopError{Msg: "store code reached its limit of 300000 tokens"}, false},
 		{&trainer.NonFiniteError{Step: 7}, true},
 		{&catalog.MismatchError{}, true},
 		{&catalog.NotFoundError{Name: "mix"}, true},

@@ -268,7 +268,7 @@ func retryDelay(n int, err error, t *asynq.Task) time.Duration {
 
 // middleware wraps every handler: progress reporter in the context, panic
 // recovery, logging with task id and kind, and the mapping of errors after
-// shutdown or `sched cancel`.
+// shutdown or `sched cancel`, and of an ingest's limit to completion.
 func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) (err error) {
 		id, _ := asynq.GetTaskID(ctx)
@@ -301,6 +301,12 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 			case err == nil:
 				rep.finish("done", "")
 				log.Info("task done", zap.Duration("took", time.Since(start)))
+				return
+			case atLimit(err) != "":
+				msg := atLimit(err)
+				err = nil
+				rep.finish("stopped", msg)
+				log.Info("task done: the ingest reached its limit", zap.String("reason", msg), zap.Duration("took", time.Since(start)))
 				return
 			case w.drain.Err() != nil && !errors.Is(err, asynq.SkipRetry):
 				err = &interruptedError{err}

@@ -20,7 +20,8 @@ func init() {
 		Long: `runs lists each training run with what became of it (training, queued,
 interrupted and re-queued, retrying, worker lost, done, cancelled, failed
 with its reason, stopped), then the tasks that ended or were set back,
-newest first: completed, cancelled (archived by 'sched cancel'), failed
+newest first: completed (an ingest step that reached its --max-tokens or
+--max-disk says so), cancelled (archived by 'sched cancel'), failed
 for good (archived, with the reason), failed and waiting to retry, and
 interrupted by a worker's shutdown and re-queued.`,
 		Args: exactArgs(0, "no arguments"),
@@ -95,6 +96,8 @@ func printRuns(w io.Writer, snap *scheduler.Snapshot, states []scheduler.RunStat
 func outcomeLine(t scheduler.TaskStatus) string {
 	parts := []string{t.ID, t.State}
 	switch {
+	case t.State == "completed" && t.HasProgress && t.Progress.State == "stopped":
+		parts = append(parts, "stopped at its ingest's limit, as planned (not a failure)")
 	case t.State == "completed":
 		parts = append(parts, "done")
 	case t.State == "archived" && t.Cancelled:

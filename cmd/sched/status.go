@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/scheduler"
 )
 
@@ -27,7 +29,8 @@ func init() {
 		Short: "Show queues, workers, running tasks, ingest per dataset, training runs and the last hour's failures, or one task",
 		Long: `status shows the queues' sizes, the worker processes that heartbeat, each
 running task with its progress, rate and ETA, each dataset's ingest (files
-done of total, bytes, rate, ETA), each training run (step, loss, tok/s, ETA
+done of total, bytes, rate, ETA, or the --max-tokens or --max-disk it
+stopped at), each training run (step, loss, tok/s, ETA
 from the measured rate over the tokens left) and the failures of the last
 hour with their reason. A running task whose worker stopped heartbeating
 reads "worker lost", with no ETA.
@@ -314,6 +317,9 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot) string {
 		parts = append(parts, "planning: more files may be queued")
 	case d.PlanFailed && d.Files == 0:
 		parts = append(parts, "its plan failed (see FAILURES)")
+	case d.Remaining() == 0 && d.Failed == 0 && (d.Stopped > 0 || d.PlanStopped):
+		// The end the user sized the store for, not a failure.
+		parts = append(parts, "stopped at "+formatLimits(d.StoppedAt))
 	case d.Files > 0 && d.Remaining() == 0 && d.Failed == 0:
 		parts = append(parts, "done")
 	case d.ETA > 0:
@@ -331,6 +337,9 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot) string {
 			}
 		}
 	}
+	if d.Stopped > 0 {
+		notes = append(notes, fmt.Sprintf("%d left out at %s (raise it and enqueue the ingest again for them)", d.Stopped, formatLimits(d.StoppedAt)))
+	}
 	if d.Failed > 0 {
 		notes = append(notes, fmt.Sprintf("%d failed (see FAILURES and 'sched runs')", d.Failed))
 	}
@@ -338,6 +347,39 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot) string {
 		parts = append(parts, strings.Join(notes, ", "))
 	}
 	return strings.Join(parts, "  ")
+}
+
+// formatLimits names an ingest's limits as they are typed: "--max-tokens
+// 300K", "--max-disk 50G".
+func formatLimits(l ingest.Limits) string {
+	var out []string
+	if l.MaxTokens > 0 {
+		out = append(out, "--max-tokens "+formatLimit(l.MaxTokens, []limitUnit{{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "K"}}))
+	}
+	if l.MaxDisk > 0 {
+		out = append(out, "--max-disk "+formatLimit(l.MaxDisk, []limitUnit{{1 << 40, "T"}, {1 << 30, "G"}, {1 << 20, "M"}, {1 << 10, "K"}}))
+	}
+	if len(out) == 0 {
+		return "its limit"
+	}
+	return strings.Join(out, " or ")
+}
+
+type limitUnit struct {
+	size   int64
+	suffix string
+}
+
+// formatLimit writes n in the largest unit that holds it to three
+// decimals exactly, as parseCount and parseBytes read it back: 300000 is
+// "300K", 1500000000 "1.5B"; a number no unit holds is written whole.
+func formatLimit(n int64, units []limitUnit) string {
+	for _, u := range units {
+		if n >= u.size && n%u.size*1000%u.size == 0 {
+			return strconv.FormatFloat(float64(n)/float64(u.size), 'f', -1, 64) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 // failureLine is one failure: when, what, and the first line of why.

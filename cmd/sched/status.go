@@ -225,7 +225,12 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bo
 		fmt.Fprintln(w, v.line(now))
 	}
 
-	fails := snap.Failures(now.Add(-failureWindow))
+	var fails []scheduler.TaskStatus
+	for _, f := range snap.Failures(now.Add(-failureWindow)) {
+		if setBack(f) == "" {
+			fails = append(fails, f)
+		}
+	}
 	fmt.Fprintln(w, "\nFAILURES in the last hour")
 	if len(fails) == 0 {
 		fmt.Fprintln(w, "none")
@@ -285,10 +290,43 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 	} else if s := scheduler.Subject(ts.Kind, ts.Payload); s != "" {
 		parts = append(parts, s)
 	}
-	if ts.LastErr != "" && ts.State != "completed" {
+	if ts.LastErr != "" && failedLast(ts) {
 		parts = append(parts, "last error: "+scheduler.OneLine(ts.LastErr, 200))
 	}
 	return strings.Join(parts, "  ")
+}
+
+// failedLast reports whether a task is where it is because its last
+// attempt failed, so that its last error explains it: waiting to retry,
+// archived, or queued again after a failure. A task that runs now or
+// completed is not; nor is one its worker's shutdown set back or one that
+// waits for earlier work (setBack), whose last "error" said so and whose
+// progress message still does.
+func failedLast(ts scheduler.TaskStatus) bool {
+	switch ts.State {
+	case "archived":
+		return true
+	case "retry":
+		return setBack(ts) == ""
+	case "pending", "scheduled":
+		return ts.Retried > 0 && setBack(ts) == ""
+	}
+	return false
+}
+
+// setBack says why a task waits in the queue although no attempt of it
+// failed, as its worker last reported: "interrupted" (the worker's
+// shutdown stopped it at a safe point; it runs again without using a
+// retry) or "waiting" (for earlier work: a tokenizer, a store's ingest);
+// "" otherwise. asynq keeps both in its retry state, beside failures.
+func setBack(ts scheduler.TaskStatus) string {
+	switch ts.State {
+	case "retry", "pending", "scheduled":
+		if ts.HasProgress && (ts.Progress.State == "interrupted" || ts.Progress.State == "waiting") {
+			return ts.Progress.State
+		}
+	}
+	return ""
 }
 
 // datasetLine is one store's ingest: files done of total, bytes, tokens,

@@ -54,6 +54,15 @@ func lineOf(out, prefix string) string {
 // by it, and a runs file with the tiny model on the CPU engine.
 func trainingSetup(t *testing.T) (env []string, rdb *redis.Client, q *scheduler.Client) {
 	t.Helper()
+	return trainingSetupStore(t, "")
+}
+
+// trainingSetupStore is trainingSetup with the run's store, when name is
+// set, at <data dir>/tokens/<name> and named so in the mixture, as the
+// preset runs name theirs: a segment then waits while the store is being
+// ingested.
+func trainingSetupStore(t *testing.T, name string) (env []string, rdb *redis.Client, q *scheduler.Client) {
+	t.Helper()
 	r := testsvc.StartRedis(t)
 	data := t.TempDir()
 	tokPath, sha := trainTestTokenizer(t, "package main\nfunc f() {}\n")
@@ -66,6 +75,14 @@ func trainingSetup(t *testing.T) (env []string, rdb *redis.Client, q *scheduler.
 		t.Fatal(err)
 	}
 	store := trainTestStoreBy(t, sha, 280, 400_000)
+	if name != "" {
+		dst := filepath.Join(data, "tokens", name)
+		os.MkdirAll(filepath.Dir(dst), 0o755)
+		if err := os.Rename(store, dst); err != nil {
+			t.Fatal(err)
+		}
+		store = name
+	}
 	// A long run in one segment with rare logs: the run's state hash
 	// changes only every 20 steps, so a status read between two reads of
 	// the hash that agree saw that very state; and the segment runs until

@@ -26,6 +26,36 @@ __device__ __forceinline__ unsigned f2bf2(float lo, float hi) {
     return r;
 }
 
+// bf8 widens eight bf16 read as 16 bytes.
+__device__ __forceinline__ void bf8(uint4 u, float* v) {
+    v[0] = bf_lo(u.x), v[1] = bf_hi(u.x), v[2] = bf_lo(u.y), v[3] = bf_hi(u.y);
+    v[4] = bf_lo(u.z), v[5] = bf_hi(u.z), v[6] = bf_lo(u.w), v[7] = bf_hi(u.w);
+}
+
+// f2bf8 rounds eight values into 16 bytes of bf16.
+__device__ __forceinline__ uint4 f2bf8(const float* v) {
+    return make_uint4(f2bf2(v[0], v[1]), f2bf2(v[2], v[3]), f2bf2(v[4], v[5]), f2bf2(v[6], v[7]));
+}
+
+// exp2 in one instruction (exp2f adds range handling around it); -inf
+// gives 0. For values that are rounded to bf16 or summed into a softmax's
+// normaliser: its error (2 ulp) is far below either's.
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 1 / x in one instruction, for the same uses; 1 / inf is 0.
+__device__ __forceinline__ float rcpa(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

@@ -9,14 +9,6 @@
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
-// exp2 in one instruction (exp2f adds range handling around it); -inf
-// gives 0, and the probabilities it makes are rounded to bf16 anyway.
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 // acc_to_a rounds a 16 x 16 KC accumulator to bf16 A fragments: the C
 // layout of two neighbouring 8-column blocks is the A layout of one
 // 16-wide chunk.

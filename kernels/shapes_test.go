@@ -10,22 +10,24 @@ import (
 )
 
 // The bf16 kernels' paths for shapes no preset has: SwiGLU widths that are
-// odd (the fused gate-and-up kernels take single values) and even but not a
-// multiple of 4 (4-byte pairs instead of 8-byte quads), a
-// vocabulary that is not a multiple of 4 (the loss kernel's scalar loop), a
+// odd (the fused gate-and-up kernels take single values), even but not a
+// multiple of 4 (4-byte pairs instead of 16-byte octets) and a multiple of
+// 4 but not of 8 (8-byte quads), a vocabulary that is not a multiple of 4
+// (the loss kernel's scalar loop) and one of 4 but not 8 (its 8-byte
+// loop; the presets' take the 16-byte one), a
 // sequence that is not a multiple of the 64-row flash tile, and ignored
 // targets. On the same weights and batch, the bf16 engine's loss, logits and
 // gradients stay within the bf16 tolerances (BF16Tolerances) of the fp32
 // engine's, which runs none of these kernels.
 func TestBF16OddShapesMatchFP32(t *testing.T) {
 	skipWithoutGPU(t)
-	for _, F := range []int{177, 178} {
-		t.Run(fmt.Sprintf("F=%d", F), func(t *testing.T) { oddShapes(t, F) })
+	for _, s := range []struct{ F, V int }{{177, 1021}, {178, 1021}, {180, 1020}} {
+		t.Run(fmt.Sprintf("F=%d/V=%d", s.F, s.V), func(t *testing.T) { oddShapes(t, s.F, s.V) })
 	}
 }
 
-func oddShapes(t *testing.T, F int) {
-	c := model.Config{VocabSize: 1021, Hidden: 128, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 64, Intermediate: F,
+func oddShapes(t *testing.T, F, V int) {
+	c := model.Config{VocabSize: V, Hidden: 128, Layers: 2, Heads: 2, KVHeads: 1, HeadDim: 64, Intermediate: F,
 		MaxPositions: 128, RopeTheta: 10000, RMSNormEps: 1e-5, TieEmbeddings: true, InitializerRange: 0.02}
 	const B, T = 2, 100
 	r := rand.New(rand.NewPCG(5, 9))

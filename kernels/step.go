@@ -368,10 +368,14 @@ func (e *Engine) ropeBF16(x cuda.Ptr, N, T, heads, ld int) error {
 }
 
 // swigluGrid is the grid of swiglu_fwd_gu and swiglu_bwd_gu over N rows:
-// flat over column quads when the width is a multiple of 4, else a row of
-// pairs per blockIdx.x (256 threads either way).
+// flat over column octets when the width is a multiple of 8 and they fit
+// 31 bits (the kernels' octets), over column quads when it is a multiple
+// of 4, else a row of pairs per blockIdx.x (256 threads each way).
 func (e *Engine) swigluGrid(N int) cuda.Dim3 {
 	F := e.cfg.Intermediate
+	if F%8 == 0 && int64(N)*int64(F/8) < 1<<31 {
+		return cuda.Dim3{X: blocks(int64(N)*int64(F/8), 256)}
+	}
 	if F%4 == 0 {
 		return cuda.Dim3{X: blocks(int64(N)*int64(F/4), 256)}
 	}

@@ -34,11 +34,37 @@ __device__ __forceinline__ void swiglu_grad(float dh, float x, float y, float* v
     *vg = dh * y * s * (1.0f + x * (1.0f - s));
 }
 
+// The same in base-2 exponentials and an approximate reciprocal, one
+// instruction each, for the 16-byte forms below: their results are rounded
+// to bf16, far coarser than either's error. silu(x) is 0 where 2^-x log2(e)
+// overflows (x below about -88), as it should be.
+__device__ __forceinline__ float sigmoid_a(float x) { return rcpa(1.0f + ex2(-x * LOG2E)); }
+
+__device__ __forceinline__ void swiglu_grad_a(float dh, float x, float y, float* vg, float* vu) {
+    float s = sigmoid_a(x);
+    *vu = dh * x * s;
+    *vg = dh * y * s * (1.0f + x * (1.0f - s));
+}
+
+// oct_at places this thread's 8 columns when F is a multiple of 8 and the
+// (row, column octet) pairs fit 31 bits (32-bit division: a 64-bit one
+// costs more than the arithmetic it serves); false past the end.
+__device__ __forceinline__ bool oct_at(int N, int F, int* row, int* j) {
+    unsigned O = (unsigned)F >> 3, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (unsigned)N * O) return false;
+    *row = (int)(i / O);
+    *j = (int)(i - (unsigned)*row * O) * 8;
+    return true;
+}
+
+__device__ __forceinline__ bool octets(int N, int F) { return (F & 7) == 0 && (long long)N * (F >> 3) < (1LL << 31); }
+
 // The fused gate-and-up forms: gu is (N, 2F), each row the gate's F values
 // then the up projection's, as one GEMM over the stacked weights writes it;
 // h and dh are (N, F); dgu is laid out as gu, so one GEMM takes both weight
-// gradients and one the input gradient. With F a multiple of 4 (every
-// preset) a thread takes 4 columns through 8-byte loads, threads numbered
+// gradients and one the input gradient. With F a multiple of 8 (every
+// preset) a thread takes 8 columns through 16-byte loads (oct_at); with F
+// a multiple of 4, 4 columns through 8-byte loads, threads numbered
 // flat over (row, column quad) so that every block is full: grid
 // ceil(N F / 4 / 256), 256 threads. Otherwise grid (N, ceil(F / 512)): a
 // row per blockIdx.x (gridDim.y could not hold 65,536 rows), a pair of
@@ -56,6 +82,18 @@ __device__ __forceinline__ bool quad_at(int N, int F, long long* row, int* j) {
 }
 
 extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int N, int F) {
+    if (octets(N, F)) {
+        int row, j;
+        if (!oct_at(N, F, &row, &j)) return;
+        const bf16* g = gu + (size_t)row * 2 * F;
+        float x[8], y[8];
+        bf8(*(const uint4*)(g + j), x);
+        bf8(*(const uint4*)(g + F + j), y);
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = x[k] * sigmoid_a(x[k]) * y[k];
+        *(uint4*)(hb + (size_t)row * F + j) = f2bf8(x);
+        return;
+    }
     if ((F & 3) == 0) {
         long long row;
         int j;
@@ -80,6 +118,21 @@ extern "C" __global__ void swiglu_fwd_gu(bf16* hb, const bf16* gu, int N, int F)
 }
 
 extern "C" __global__ void swiglu_bwd_gu(bf16* dgu, const bf16* dhb, const bf16* gu, int N, int F) {
+    if (octets(N, F)) {
+        int row, j;
+        if (!oct_at(N, F, &row, &j)) return;
+        const bf16* g = gu + (size_t)row * 2 * F;
+        bf16* dg = dgu + (size_t)row * 2 * F;
+        float d[8], x[8], y[8], wg[8], wu[8];
+        bf8(*(const uint4*)(dhb + (size_t)row * F + j), d);
+        bf8(*(const uint4*)(g + j), x);
+        bf8(*(const uint4*)(g + F + j), y);
+#pragma unroll
+        for (int k = 0; k < 8; k++) swiglu_grad_a(d[k], x[k], y[k], &wg[k], &wu[k]);
+        *(uint4*)(dg + j) = f2bf8(wg);
+        *(uint4*)(dg + F + j) = f2bf8(wu);
+        return;
+    }
     float vg[4], vu[4];
     if ((F & 3) == 0) {
         long long row;

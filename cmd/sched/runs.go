@@ -18,12 +18,14 @@ func init() {
 		Use:   "runs",
 		Short: "Say what happened to each training run and to each task that ended, failed or was interrupted, newest first",
 		Long: `runs lists each training run with what became of it (training, queued,
-interrupted and re-queued, retrying, worker lost, done, cancelled, failed
-with its reason, stopped), then the tasks that ended or were set back,
-newest first: completed (an ingest step that reached its --max-tokens or
---max-disk says so), cancelled (archived by 'sched cancel'), failed
-for good (archived, with the reason), failed and waiting to retry, and
-interrupted by a worker's shutdown and re-queued.`,
+interrupted and re-queued, waiting for its tokenizer or stores, retrying
+after a failed attempt, worker lost, done, cancelled, failed with its
+reason, stopped), then the tasks that ended or were set back, newest
+first: completed (an ingest step that reached its --max-tokens or
+--max-disk says so), cancelled (archived by 'sched cancel'), failed for
+good (archived, with the reason), failed and waiting to retry, waiting
+for earlier work, and interrupted by a worker's shutdown and re-queued.
+A wait or an interruption uses no retry and is no failed attempt.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if limit < 1 {
@@ -75,7 +77,7 @@ func printRuns(w io.Writer, snap *scheduler.Snapshot, states []scheduler.RunStat
 			evs = append(evs, event{t.Finished, t})
 		case t.State == "retry":
 			evs = append(evs, event{t.LastFailed, t})
-		case (t.State == "pending" || t.State == "scheduled") && t.HasProgress && t.Progress.State == "interrupted":
+		case setBack(t) != "":
 			evs = append(evs, event{t.Progress.Updated, t})
 		}
 	}
@@ -108,11 +110,20 @@ func outcomeLine(t scheduler.TaskStatus) string {
 			attempts = fmt.Sprintf("%d attempts", t.Retried+1)
 		}
 		parts = append(parts, fmt.Sprintf("failed for good after %s: %s", attempts, scheduler.OneLine(t.LastErr, 200)))
+	case setBack(t) == "interrupted":
+		parts = append(parts, "interrupted by a worker's shutdown and re-queued (no retry used)")
+	case setBack(t) == "waiting":
+		when := "queued to look again"
+		if t.State == "retry" {
+			when = "looks again at " + t.NextRun.Local().Format("15:04:05")
+		}
+		parts = append(parts, fmt.Sprintf("%s; %s (no retry used)", scheduler.OneLine(t.Progress.Message, 200), when))
+	case t.State == "retry" && t.Retried == 0:
+		// Set back without a failure, its worker's report of why lost.
+		parts = append(parts, "re-queued (no retry used): "+scheduler.OneLine(t.LastErr, 200))
 	case t.State == "retry":
 		parts = append(parts, fmt.Sprintf("failed (attempt %d of %d), retries at %s: %s", t.Retried, t.MaxRetry+1,
 			t.NextRun.Local().Format("15:04:05"), scheduler.OneLine(t.LastErr, 200)))
-	default:
-		parts = append(parts, "interrupted by a worker's shutdown and re-queued (no retry used)")
 	}
 	if s := scheduler.Subject(t.Kind, t.Payload); s != "" {
 		parts = append(parts, s)

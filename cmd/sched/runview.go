@@ -16,6 +16,7 @@ const (
 	runLost       = "worker lost"
 	runQueued     = "queued"
 	runRequeued   = "interrupted, re-queued"
+	runWaiting    = "waiting"
 	runRetrying   = "retrying"
 	runDone       = "done"
 	runCancelled  = "cancelled"
@@ -95,11 +96,20 @@ func (v *runView) classify() {
 		if eta, ok := runETA(v.RunState); ok {
 			v.ETA = eta
 		}
-	case (state == "pending" || state == "scheduled") && t.HasProgress && t.Progress.State == "interrupted":
+	case setBack(*t) == "interrupted":
+		// A graceful stop, not a failed attempt: asynq holds the segment
+		// in its retry state until a worker picks it up, using no retry.
 		v.Status = runRequeued
-		v.Detail = scheduler.OneLine(t.Progress.Message, 120)
+		v.Detail = "stopped by its worker's shutdown at a step boundary; it resumes from its last checkpoint (no retry used)"
+	case setBack(*t) == "waiting":
+		v.Status = runWaiting
+		v.Detail = scheduler.OneLine(t.Progress.Message, 160)
 	case state == "pending" || state == "scheduled":
 		v.Status = runQueued
+	case state == "retry" && t.Retried == 0:
+		// Set back without a failure, its worker's report of why lost.
+		v.Status = runRequeued
+		v.Detail = scheduler.OneLine(t.LastErr, 160)
 	case state == "retry":
 		v.Status = runRetrying
 		v.Detail = fmt.Sprintf("attempt %d of %d failed: %s", t.Retried, t.MaxRetry+1, scheduler.OneLine(t.LastErr, 160))

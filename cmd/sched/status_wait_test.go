@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,6 +47,14 @@ func TestStatusActiveSegmentShowsNoPastWait(t *testing.T) {
 	if out, _, _ := sched(t, env, "status"); !strings.Contains(out, "FAILURES in the last hour\nnone\n") {
 		t.Errorf("status lists a wait among the failures:\n%s", out)
 	}
+	out, _, _ = sched(t, env, "runs")
+	if run := lineOf(out, "eta  "); !strings.HasPrefix(run, "eta  waiting  waiting for the ingest of token store code") || strings.Contains(run, "attempt") {
+		t.Errorf("sched runs shows the waiting run as %q", run)
+	}
+	if task := lineWith(out, "  "+id+"  "); !strings.Contains(task, id+"  retry  waiting for the ingest of token store code") ||
+		!strings.Contains(task, "(no retry used)") || strings.Contains(task, "failed") {
+		t.Errorf("sched runs shows the waiting segment as %q", task)
+	}
 
 	if out, errOut, code := sched(t, env, "cancel", plan); code != 0 {
 		t.Fatalf("cancel %s: exit %d\n%s%s", plan, code, out, errOut)
@@ -58,4 +67,64 @@ func TestStatusActiveSegmentShowsNoPastWait(t *testing.T) {
 	if strings.Contains(line, "last error") || strings.Contains(line, "waiting for") {
 		t.Fatalf("the training segment's line shows its past wait: %q", line)
 	}
+}
+
+// SIGTERM to the worker while a segment trains: the segment checkpoints
+// and is re-queued without using a retry, and `sched runs` says so, not
+// "attempt 0 of N failed"; status lists no failure. A new worker resumes
+// the run, and the segment's line shows no "last error" from the stop.
+func TestRunsSaysAGracefulStopIsNoFailedAttempt(t *testing.T) {
+	t.Parallel()
+	env, _, q := trainingSetup(t)
+	ctx := context.Background()
+	w := startWorker(t, env, "--queues", "gpu=1")
+	info, err := q.Enqueue(ctx, scheduler.TrainSegment{Run: "eta", Tokenizer: "tk", Engine: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := info.ID
+	waitOutput(t, env, regexp.MustCompile(`(?m)^eta  training  step [1-9]`), time.Minute, "status")
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Wait(); err != nil {
+		t.Fatalf("worker on SIGTERM: %v", err)
+	}
+	ts, err := q.Task(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// With no worker left, the segment waits in asynq's retry state
+	// (or pending, had the forwarder moved it before it stopped).
+	if (ts.State != "retry" && ts.State != "pending") || ts.Retried != 0 || !ts.HasProgress || ts.Progress.State != "interrupted" {
+		t.Fatalf("segment after SIGTERM: %s, retried %d, progress %+v", ts.State, ts.Retried, ts.Progress)
+	}
+	out, _, _ := sched(t, env, "runs")
+	run, task := lineOf(out, "eta  "), lineWith(out, "  "+id+"  ")
+	if !strings.HasPrefix(run, "eta  interrupted, re-queued  step ") || !strings.Contains(run, "stopped by its worker's shutdown") ||
+		!strings.Contains(run, "resumes from its last checkpoint") || strings.Contains(run, "attempt") || strings.Contains(run, "failed") {
+		t.Errorf("sched runs shows the stopped run as %q", run)
+	}
+	if !strings.Contains(task, id+"  "+ts.State+"  interrupted by a worker's shutdown and re-queued (no retry used)") || strings.Contains(task, "failed") {
+		t.Errorf("sched runs shows the stopped segment as %q", task)
+	}
+	if out, _, _ := sched(t, env, "status"); !strings.Contains(out, "FAILURES in the last hour\nnone\n") || strings.Contains(lineOf(out, "eta  "), "attempt") {
+		t.Errorf("status after a graceful stop:\n%s", out)
+	}
+
+	startWorker(t, env, "--queues", "gpu=1")
+	line := waitStatus(t, env, id, regexp.MustCompile(`^`+id+`  active  .*"run eta step \d+`), time.Minute)
+	if strings.Contains(line, "last error") || strings.Contains(line, "interrupted") {
+		t.Fatalf("the resumed segment's line shows its stop as an error: %q", line)
+	}
+}
+
+// lineWith returns the first line of out that contains s.
+func lineWith(out, s string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, s) {
+			return l
+		}
+	}
+	return ""
 }

@@ -56,6 +56,8 @@ type Engine struct {
 	// flash.cu's, on a compute capability 9.0 GPU's native build unless
 	// KILN_CUDA_ATTENTION=flash-sm80 (chooseFlashKernels).
 	hopper bool
+	// flashPair: KILN_CUDA_FLASH_PAIR ("", "on" or "off"; flashPairs).
+	flashPair string
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode
 	// gemmTune: candidates each bf16 GEMM shape times (0: none).
@@ -120,9 +122,18 @@ type Engine struct {
 	warm     map[graphKey]bool
 	// plan is the embedding backward's plan, made on the host
 	// (embedding.go) in planHost with planCount as scratch; embPart holds
-	// its partial sums and normPart the RMSNorm backwards' per-block dw.
+	// its partial sums and normPart the RMSNorm backwards' per-block dw,
+	// a region for each norm of a backward (normSlots of them) until
+	// normReduce sums them into the gradients whose addresses normDst
+	// lists (normG shares each), through the device table normTab (which
+	// holds normTable).
 	plan, embPart, normPart cuda.Ptr
-	planHost, planCount     []int32
+	normTab                 cuda.Ptr
+	normSlots, normG        int
+	normDst, normTable      []uint64
+	// capturing is set while a graph is being recorded.
+	capturing           bool
+	planHost, planCount []int32
 	// GEMMs run on gs with workspace gws: the main stream and e.ws, or
 	// the side stream and its own workspace (overlap.go).
 	gs  uintptr
@@ -249,6 +260,7 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 		e.flashRows = 64
 	}
 	e.flashFused = k.flashFused
+	e.flashPair = k.flashPair
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {
 		e.headMode = k.head
@@ -361,7 +373,9 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 	maxN := e.maxB * e.maxT
 	e.plan = alloc("embedding gradient plan", int64(embedPlanInts(maxN))*4)
 	e.embPart = alloc("embedding gradient scratch", int64(embedPartRows(maxN))*int64(e.cfg.Hidden)*4)
-	e.normPart = alloc("norm gradient scratch", int64(max(2*dv.SMs, 256))*int64(e.cfg.Hidden)*4)
+	e.normSlots = 2*e.cfg.Layers + 1
+	e.normPart = alloc("norm gradient scratch", int64(e.normSlots)*e.normStride()*4)
+	e.normTab = alloc("norm gradient table", int64(e.normSlots)*8)
 	e.planHost, e.planCount = make([]int32, embedPlanInts(maxN)), make([]int32, e.cfg.VocabSize)
 	nodecay := e.noDecayRanges()
 	e.nodecay, e.nranges = alloc("optimizer table", int64(len(nodecay))*8), len(nodecay)/2

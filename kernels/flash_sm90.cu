@@ -141,11 +141,10 @@ __device__ __forceinline__ unsigned kv_step(unsigned KVs, int kt, int last, cons
 // block of 128 queries, which share each key tile's copy but meet at every
 // barrier, were 7% slower: docs/benchmarks/cuda.md).
 #define FLASH_H_FWD_SMEM (5 * SW_TILE + 1024)
-extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_h(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k,
-                                                                 const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
-    extern __shared__ __align__(16) unsigned char smem_h[];
+__device__ __forceinline__ void fwd_h_tile(int qt, unsigned char* smem_h, float* out, bf16* outb, float* lse, const bf16* q,
+                                           const bf16* k, const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
     unsigned Qs = sw_base(smem_h), KVs = Qs + SW_TILE; // key tile j at KVs + 2 SW_TILE (j & 1), its values one tile on
-    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
     int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
@@ -182,6 +181,34 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_h(float* out, bf1
         __syncthreads();
     }
     fwd_store<1>(out, outb, lse, o, m, l, qi, c, lane, b, h, T, H);
+}
+
+// A causal tile's work grows with its index, and blocks start in index
+// order. With a grid of ceil(T / 64) blocks along x, block x takes the
+// query tile T / 64 - 1 - x, so the longest start first. With half as
+// many (rounded up), block x takes the pair of tiles T / 64 - 1 - x and x,
+// the same work for every block, so no wave ends on a long tile: most of
+// all at small batches, whose blocks nearly all start at once (flashPairs
+// chooses).
+__device__ __forceinline__ bool tile_pair(int T, int* first, int* second) {
+    int nq = (T + 63) / 64, x = blockIdx.x;
+    *first = nq - 1 - x;
+    *second = (int)gridDim.x < nq && x < nq - 1 - x ? x : -1;
+    return *second >= 0;
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_h(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k,
+                                                                 const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
+    extern __shared__ __align__(16) unsigned char smem_h[];
+    int first, second, n = tile_pair(T, &first, &second) ? 2 : 1;
+    // One copy of the tile's code for both (not unrolled): two inlined
+    // copies may contract their multiply-adds differently, and a tile's
+    // results would then depend on its place in the pair.
+#pragma unroll 1
+    for (int i = 0; i < n; i++) {
+        if (i > 0) __syncthreads();
+        fwd_h_tile(i == 0 ? first : second, smem_h, out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv);
+    }
 }
 
 // pair_issue issues, as one group, the two 64 x 32 products both sides of
@@ -228,14 +255,12 @@ __device__ __forceinline__ void dq_ds(unsigned (*sa)[4], float (*s)[4], float (*
 // once, so that one half's dS is formed while the tensor cores work on the
 // other's, measured no faster; nor did it in flash_bwd_dkv_h.)
 #define FLASH_H_DQ_SMEM (6 * SW_TILE + 1024)
-extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq_h(float* dq, bf16* dqb, float* dvec, const bf16* q, const bf16* k,
-                                                                    const bf16* v, const bf16* dout, const bf16* out, const float* lse,
-                                                                    const float* cosT, const float* sinT, int T, int H, int KV, float scale,
-                                                                    int ldq, int ldkv, int lddq) {
-    extern __shared__ __align__(16) unsigned char smem_h[];
-    __shared__ float Dr[64];
+__device__ __forceinline__ void dq_h_tile(int qt, unsigned char* smem_h, float* Dr, float* dq, bf16* dqb, float* dvec, const bf16* q,
+                                          const bf16* k, const bf16* v, const bf16* dout, const bf16* out, const float* lse,
+                                          const float* cosT, const float* sinT, int T, int H, int KV, float scale, int ldq, int ldkv,
+                                          int lddq) {
     unsigned Qs = sw_base(smem_h), Ds = Qs + SW_TILE, KVs = Qs + 2 * SW_TILE;
-    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
     int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3, qs = H * HD;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
@@ -306,6 +331,22 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq_h(float* dq, b
         __syncthreads();
     }
     store_q_grads(dq, dqb, acc, qi, b, h, T, H, lddq, scale, cosT, sinT, lane);
+}
+
+// The grid as flash_fwd_h's: a tile a block, or a pair (tile_pair).
+extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq_h(float* dq, bf16* dqb, float* dvec, const bf16* q, const bf16* k,
+                                                                    const bf16* v, const bf16* dout, const bf16* out, const float* lse,
+                                                                    const float* cosT, const float* sinT, int T, int H, int KV, float scale,
+                                                                    int ldq, int ldkv, int lddq) {
+    extern __shared__ __align__(16) unsigned char smem_h[];
+    __shared__ float Dr[64];
+    int first, second, n = tile_pair(T, &first, &second) ? 2 : 1;
+#pragma unroll 1
+    for (int i = 0; i < n; i++) {
+        if (i > 0) __syncthreads();
+        dq_h_tile(i == 0 ? first : second, smem_h, Dr, dq, dqb, dvec, q, k, v, dout, out, lse, cosT, sinT, T, H, KV, scale, ldq, ldkv,
+                  lddq);
+    }
 }
 
 // dkv_p forms P^T and dS^T = P^T (dP^T - dvec) for queries n0 .. n0 + 31

@@ -93,7 +93,9 @@ func (e *Engine) record(body func() error) (*recorded, error) {
 		return nil, err
 	}
 	e.lt.Freeze(true)
+	e.capturing = true
 	err := body()
+	e.capturing = false
 	e.lt.Freeze(false)
 	g, endErr := e.st.EndCapture()
 	counts := map[string]int{}

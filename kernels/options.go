@@ -36,6 +36,10 @@ type Options struct {
 	// flash_bwd_dq_final) instead of two kernels that each compute the
 	// probabilities (flash_bwd_dq, then flash_bwd_dkv).
 	flashFused bool
+	// flashPair: "off" runs the Hopper forward and dq a query tile a
+	// block, instead of a pair of tiles, the longest and the shortest left
+	// (flashPairs).
+	flashPair string
 	// eager: every kernel launched from the host; no CUDA graphs.
 	eager bool
 	// forceSM80: the sm_80 (compute_80) build on a newer GPU.
@@ -50,7 +54,8 @@ type Options struct {
 
 // ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
 // on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
-// KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD, KILN_CUDA_GRAPH,
+// KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
+// KILN_CUDA_FLASH_PAIR, KILN_CUDA_GRAPH,
 // KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
 // take is bad input naming the variable and the values it takes.
 func ParseOptions(getenv func(string) string) (Options, error) {
@@ -86,6 +91,9 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 		return Options{}, err
 	}
 	o.flashFused = flashBwd == "fused"
+	if o.flashPair, err = envChoice(getenv, "KILN_CUDA_FLASH_PAIR", "on", "off"); err != nil {
+		return Options{}, err
+	}
 	graphs, err := parseGraphs(getenv("KILN_CUDA_GRAPH"))
 	if err != nil {
 		return Options{}, err

@@ -48,12 +48,16 @@ extern "C" __global__ void rmsnorm_bwd_dw(float* dwp, const float* dy, const flo
     dwp[(size_t)blockIdx.y * d + j] = acc;
 }
 
-// dw[j] += the sum of part[g][j] over g < G, in a fixed order: blocks of
-// 1024 threads take 32 columns, each of the 32 warps the rows g = warp,
-// warp + 32, ... in turn, then the first warp adds the 32 sums in warp
-// order.
-extern "C" __global__ void rmsnorm_dw_reduce(float* dw, const float* part, int G, int d) {
+// dst[k][j] += the sum of part[k][g][j] over g < G, in a fixed order, for
+// the k-th of the backward's norms (blockIdx.y): their shares wait in rows
+// of their own until the backward's end, so that one launch sums them all
+// rather than one small launch after each norm. Blocks of 1024 threads take
+// 32 columns, each of the 32 warps the rows g = warp, warp + 32, ... in
+// turn, then the first warp adds the 32 sums in warp order.
+extern "C" __global__ void rmsnorm_dw_reduce(const unsigned long long* dst, const float* part, int G, int d, long long stride) {
     __shared__ float sh[32][33];
+    float* dw = (float*)dst[blockIdx.y];
+    part += blockIdx.y * stride;
     int lane = threadIdx.x & 31, s = threadIdx.x >> 5, c = blockIdx.x * 32 + lane;
     float acc = 0.0f;
     if (c < d) {

@@ -56,6 +56,9 @@ func TestNormBackwardWidthKernels(t *testing.T) {
 					if err := e.normBackward(kernel, pdx, pdxb, pdw, pdy, px, pw, pr, N); err != nil {
 						return err
 					}
+					if err := e.normReduce(); err != nil {
+						return err
+					}
 					if err := cuda.Download(e.dv, o.dx, pdx); err != nil {
 						return err
 					}

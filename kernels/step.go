@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
@@ -224,8 +225,21 @@ func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int,
 	if !e.hopper && e.flashRows == 128 {
 		tiles = (tiles + 1) / 2 // two 64-row tiles a block
 	}
+	if e.flashPairs(tiles, H, B) {
+		tiles = (tiles + 1) / 2
+	}
 	return e.launch3(e.flashForwardKernel(), cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
 		out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv)
+}
+
+// flashPairs says whether the Hopper forward and dq run a pair of query
+// tiles a block (flash_sm90.cu's tile_pair): every block the same work, so
+// that no long tile sets the time of a wave's tail. Measured on an H200
+// (docs/benchmarks/cuda.md): the pilot's shape, whose blocks fit two
+// waves, gained 3-4%, and small 32 x 1024 0.6-1.3%, so it is the default;
+// KILN_CUDA_FLASH_PAIR=off runs a tile a block.
+func (e *Engine) flashPairs(tiles, H, B int) bool {
+	return e.hopper && tiles >= 2 && e.flashPair != "off"
 }
 
 // flashBwdShared is flash.cu's FLASH_BWD_SMEM: flash_bwd's dynamic shared
@@ -306,8 +320,11 @@ func (e *Engine) flashBackwardSplit(dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, do
 	if e.hopper {
 		dqKernel, dkvKernel = "flash_bwd_dq_h", "flash_bwd_dkv_h"
 	}
-	tiles := flashTiles(T)
-	if err := e.launch3(dqKernel, cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+	tiles, dqTiles := flashTiles(T), flashTiles(T)
+	if e.flashPairs(tiles, H, B) {
+		dqTiles = (tiles + 1) / 2
+	}
+	if err := e.launch3(dqKernel, cuda.Dim3{X: dqTiles, Y: H, Z: B}, cuda.Dim3{X: 128},
 		dq, dqb, dvec, q, k, v, dout, out, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 		return err
 	}
@@ -451,26 +468,58 @@ func (e *Engine) normGrid(N int) int { return min(blocks(int64(N), 8), 2*e.dv.SM
 
 // normBackward runs an RMSNorm backward over N rows: dx (and its bf16 copy
 // dxb) gets the input gradient added from dy, the output gradient (bf16
-// for the _bf kernels), and dw the weight's, through each block's share in
-// e.normPart summed in a fixed order. kernel is a warp-per-row kernel, or
-// "" for the block-per-row pair that takes any width (fp32 dy).
+// for the _bf kernels), and each block's share of dw goes to a row of
+// e.normPart of this norm's own, which normReduce adds to dw in a fixed
+// order. kernel is a warp-per-row kernel, or "" for the block-per-row pair
+// that takes any width (fp32 dy).
 func (e *Engine) normBackward(kernel string, dx, dxb, dw, dy, x, w, rstd cuda.Ptr, N int) error {
 	d := e.cfg.Hidden
-	G := e.normGrid(N)
-	if kernel != "" {
-		if err := e.launch(kernel, G, 256, dx, dxb, e.normPart, dy, x, w, rstd, N, d); err != nil {
-			return err
-		}
-	} else {
-		if err := e.launch("rmsnorm_bwd_dx", N, threadsFor(d), dx, dxb, dy, x, w, rstd, N, d); err != nil {
-			return err
-		}
-		G = min(N, 256)
-		if err := e.launch3("rmsnorm_bwd_dw", cuda.Dim3{X: blocks(int64(d), 256), Y: G}, cuda.Dim3{X: 256}, e.normPart, dy, x, rstd, N, d); err != nil {
-			return err
-		}
+	k := len(e.normDst)
+	if k == e.normSlots {
+		return fmt.Errorf("RMSNorm backward: %d norms' weight gradients are waiting for normReduce, the most there is room for", k)
 	}
-	return e.launch("rmsnorm_dw_reduce", blocks(int64(d), 32), 1024, dw, e.normPart, G, d)
+	G := e.normGrid(N)
+	if kernel == "" {
+		G = min(N, 256)
+	}
+	if len(e.normDst) > 0 && G != e.normG {
+		return fmt.Errorf("RMSNorm backward: %d blocks' shares, where the waiting norms have %d", G, e.normG)
+	}
+	part := e.normPart + cuda.Ptr(int64(k)*e.normStride()*4)
+	e.normDst, e.normG = append(e.normDst, uint64(dw)), G
+	if kernel != "" {
+		return e.launch(kernel, G, 256, dx, dxb, part, dy, x, w, rstd, N, d)
+	}
+	if err := e.launch("rmsnorm_bwd_dx", N, threadsFor(d), dx, dxb, dy, x, w, rstd, N, d); err != nil {
+		return err
+	}
+	return e.launch3("rmsnorm_bwd_dw", cuda.Dim3{X: blocks(int64(d), 256), Y: G}, cuda.Dim3{X: 256}, part, dy, x, rstd, N, d)
+}
+
+// normStride is the floats of e.normPart a norm's shares take.
+func (e *Engine) normStride() int64 { return int64(max(2*e.dv.SMs, 256)) * int64(e.cfg.Hidden) }
+
+// normReduce adds the waiting norms' shares to their weight gradients, in
+// one launch. The gradients' addresses reach it through a table in device
+// memory, written when they change: never inside a graph capture, since a
+// backward's norms and their gradients are the same at every step.
+func (e *Engine) normReduce() error {
+	if len(e.normDst) == 0 {
+		return nil
+	}
+	n := len(e.normDst)
+	if !slices.Equal(e.normDst, e.normTable) {
+		if e.capturing {
+			return fmt.Errorf("RMSNorm backward: the weight gradients' table changed inside a graph capture")
+		}
+		if err := cuda.Upload(e.dv, e.normTab, e.normDst); err != nil {
+			return err
+		}
+		e.normTable = slices.Clone(e.normDst)
+	}
+	e.normDst = e.normDst[:0]
+	return e.launch3("rmsnorm_dw_reduce", cuda.Dim3{X: blocks(int64(e.cfg.Hidden), 32), Y: n}, cuda.Dim3{X: 1024},
+		e.normTab, e.normPart, e.normG, e.cfg.Hidden, e.normStride())
 }
 
 // backward adds the gradient of the loss from the final norm's output
@@ -496,6 +545,7 @@ func (e *Engine) backward(b model.Batch) error {
 		}
 		return e.normBackward(kernel, a.dresid, a.dresidb, dw, dy, x, w, rstd, N)
 	}
+	e.normDst = e.normDst[:0]
 	if err := e.zero(a.dresid, int64(N*d)); err != nil {
 		return err
 	}
@@ -572,6 +622,9 @@ func (e *Engine) backward(b model.Batch) error {
 				return fmt.Errorf("layer %d backward: %w", l, err)
 			}
 		}
+	}
+	if err := e.normReduce(); err != nil {
+		return err
 	}
 	// The tied head's weight gradient (the side stream's) is added to
 	// first, as without the side stream.

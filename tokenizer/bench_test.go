@@ -7,8 +7,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // benchText is the text of KILN_TOKENIZER_BENCH_TEXT when set (to compare
@@ -129,6 +132,79 @@ func BenchmarkEncodeReaderCold(b *testing.B) {
 	}
 }
 
+// streamClock splits passes of EncodeReaderTo into the workers' encoding
+// and the rest, from streamEvent: the share of the workers' time spent
+// encoding, the ramp (from the call until every worker has begun a piece)
+// and the tail (from the first worker finding no piece left until the call
+// returns). On many cores these are what a speed-up short of the core count
+// is made of, beside work that got slower.
+type streamClock struct {
+	mu         sync.Mutex
+	workers    int
+	t0         time.Time
+	began      map[int]time.Time // each worker's piece in hand
+	seen       map[int]bool
+	lastFirst  time.Time // the last worker's first piece
+	firstIdle  time.Time
+	busy       time.Duration
+	wall, ramp time.Duration // over the passes
+	tail       time.Duration
+	encoding   time.Duration
+	passes     int
+	parse      time.Duration
+}
+
+func (c *streamClock) event(w, seq int, done bool) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case seq < 0:
+		if c.firstIdle.IsZero() {
+			c.firstIdle = now
+		}
+	case done:
+		c.busy += now.Sub(c.began[w])
+	default:
+		c.began[w] = now
+		if !c.seen[w] {
+			c.seen[w] = true
+			c.lastFirst = now
+		}
+	}
+}
+
+// pass times one call of encode, with streamEvent set.
+func (c *streamClock) pass(encode func()) {
+	c.mu.Lock()
+	c.workers = runtime.GOMAXPROCS(0)
+	c.t0, c.began, c.seen = time.Now(), map[int]time.Time{}, map[int]bool{}
+	c.lastFirst, c.firstIdle, c.busy = time.Time{}, time.Time{}, 0
+	c.mu.Unlock()
+	streamEvent = c.event
+	encode()
+	streamEvent = nil
+	end := time.Now()
+	c.wall += end.Sub(c.t0)
+	c.ramp += c.lastFirst.Sub(c.t0)
+	c.tail += end.Sub(c.firstIdle)
+	c.encoding += c.busy
+	c.passes++
+}
+
+func (c *streamClock) report(b *testing.B) {
+	if c.passes == 0 {
+		return
+	}
+	n := float64(c.passes)
+	b.ReportMetric(100*c.encoding.Seconds()/(c.wall.Seconds()*float64(c.workers)), "encoding-%")
+	b.ReportMetric(c.ramp.Seconds()*1e3/n, "ramp-ms")
+	b.ReportMetric(c.tail.Seconds()*1e3/n, "tail-ms")
+	if c.parse > 0 {
+		b.ReportMetric(c.parse.Seconds()*1e3/n, "parse-ms")
+	}
+}
+
 // BenchmarkTokenizeFile is `sched tokenize` on one file without the
 // process: the file (KILN_TOKENIZER_BENCH_TEXT, else the golden texts)
 // read through EncodeReaderTo as 2-byte ids into io.Discard. cold parses
@@ -136,7 +212,8 @@ func BenchmarkEncodeReaderCold(b *testing.B) {
 // worker starts with empty word caches; warm reuses one whose workers'
 // caches an untimed pass over the whole file has filled. Their ratio on
 // many cores is what the workers' separate caches cost. The chunk variants
-// change the piece size, cold.
+// change the piece size, cold. Each reports streamClock's split of the
+// time, and cold the parse's time.
 func BenchmarkTokenizeFile(b *testing.B) {
 	path := os.Getenv("KILN_TOKENIZER_BENCH_TEXT")
 	if path == "" {
@@ -149,15 +226,17 @@ func BenchmarkTokenizeFile(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pass := func(b *testing.B, tk *Tokenizer) {
+	pass := func(b *testing.B, tk *Tokenizer, clock *streamClock) {
 		f, err := os.Open(path)
 		if err != nil {
 			b.Fatal(err)
 		}
 		defer f.Close()
-		if n, err := tk.EncodeReaderTo(context.Background(), f, io.Discard, 2); err != nil || n == 0 {
-			b.Fatal(err, n)
-		}
+		clock.pass(func() {
+			if n, err := tk.EncodeReaderTo(context.Background(), f, io.Discard, 2); err != nil || n == 0 {
+				b.Fatal(err, n)
+			}
+		})
 	}
 	for _, style := range styles {
 		raw := readTestdata(b, style+".tokenizer.json")
@@ -173,26 +252,49 @@ func BenchmarkTokenizeFile(b *testing.B) {
 				defer func(c int) { streamChunk = c }(streamChunk)
 				streamChunk = chunk
 				b.SetBytes(st.Size())
+				var clock streamClock
 				cpu := processCPU()
 				for b.Loop() {
-					pass(b, parse(b))
+					t0 := time.Now()
+					tk := parse(b)
+					clock.parse += time.Since(t0)
+					pass(b, tk, &clock)
 				}
 				reportCPUPerGB(b, cpu, st.Size())
+				clock.report(b)
 			}
 		}
 		b.Run(style+"/cold", cold(streamChunk))
 		b.Run(style+"/warm", func(b *testing.B) {
 			tk := parse(b)
-			pass(b, tk)
+			pass(b, tk, &streamClock{})
 			b.SetBytes(st.Size())
+			var clock streamClock
 			cpu := processCPU()
 			for b.Loop() {
-				pass(b, tk)
+				pass(b, tk, &clock)
 			}
 			reportCPUPerGB(b, cpu, st.Size())
+			clock.report(b)
 		})
 		for _, chunk := range []int{256 << 10, 4 << 20} {
 			b.Run(fmt.Sprintf("%s/chunk%dKiB", style, chunk>>10), cold(chunk))
 		}
+	}
+}
+
+// BenchmarkParse is the load of `sched tokenize`, which every process pays
+// before it encodes anything, on one core while the others wait.
+func BenchmarkParse(b *testing.B) {
+	for _, style := range styles {
+		raw := readTestdata(b, style+".tokenizer.json")
+		b.Run(style, func(b *testing.B) {
+			b.SetBytes(int64(len(raw)))
+			for b.Loop() {
+				if _, err := Parse(raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

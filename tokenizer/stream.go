@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -93,6 +94,7 @@ func safeCutAfter(b []byte, from int) int {
 type streamJob struct {
 	seq  int
 	text []byte
+	buf  []byte // what a piece read at its offset was read into; text is part of it
 	ids  []uint32
 	out  []byte // the ids as bytes, for EncodeReaderTo
 }
@@ -100,27 +102,36 @@ type streamJob struct {
 // EncodeReader encodes a text stream on all cores with the ids Encode would
 // give for the whole text, calling emit with consecutive runs of ids in
 // order, from the calling goroutine; ids is valid only until emit returns.
-// Reading, encoding and emitting overlap: one goroutine reads and cuts the
-// text into pieces at safe points, GOMAXPROCS workers encode them, each
-// with its own word cache, and the caller emits them in order. Memory stays
-// bounded by a few MiB per core unless the text has no safe cut point for
-// long stretches (a huge line).
+// The text is cut into pieces at safe points, which GOMAXPROCS workers
+// encode, each with its own word cache (and one shared table of words).
+// A file, or any reader that can also ReadAt and Seek, is read by the
+// workers themselves, each its own piece at its offset, from its current
+// position to its end; it is left at the end of what was read. Any other
+// reader is read and cut by one goroutine. Memory stays bounded by a few
+// MiB per core unless the text has no safe cut point for long stretches (a
+// huge line).
 func (t *Tokenizer) EncodeReader(ctx context.Context, r io.Reader, emit func(ids []uint32) error) error {
-	return t.encodeStream(ctx, r, 0, func(j *streamJob) error { return emit(j.ids) })
+	return t.encodeStream(ctx, r, 0, false, func(j *streamJob) error { return emit(j.ids) })
 }
 
 // EncodeReaderTo is EncodeReader writing the ids to w as little-endian
 // integers of width bytes (2 or 4; an id that does not fit in 2 bytes keeps
-// its low 16 bits). The workers turn ids into bytes, so that on many cores
-// the one goroutine that writes does nothing else. It returns the number of
-// ids written.
+// its low 16 bits). The workers turn ids into bytes and write them: the
+// worker that finishes the piece whose turn it is writes it and the
+// finished pieces after it, so that on many cores no goroutine beyond the
+// workers waits for a core between pieces. w's Write is called in order,
+// never twice at once, from the workers' goroutines. It returns the number
+// of ids written.
 func (t *Tokenizer) EncodeReaderTo(ctx context.Context, r io.Reader, w io.Writer, width int) (int64, error) {
 	if width != 2 && width != 4 {
 		return 0, fmt.Errorf("encode: id width %d is not 2 or 4", width)
 	}
 	var n int64
-	err := t.encodeStream(ctx, r, width, func(j *streamJob) error {
+	err := t.encodeStream(ctx, r, width, true, func(j *streamJob) error {
 		n += int64(len(j.out) / width)
+		if len(j.out) == 0 {
+			return nil
+		}
 		if _, err := w.Write(j.out); err != nil {
 			return fmt.Errorf("encode: write: %w", err)
 		}
@@ -153,12 +164,20 @@ func appendLE(dst []byte, ids []uint32, width int) []byte {
 	return dst
 }
 
+// streamEvent, when set (by the benchmarks), is told when worker w starts
+// (done false) and finishes (done true) encoding piece seq, and when it
+// finds no piece left (seq -1), so that a run's time can be split into
+// encoding and waiting. The workers call it, at once.
+var streamEvent func(worker, seq int, done bool)
+
 // encodeStream runs EncodeReader's pipeline; with width set, the workers
-// also write each piece's ids as bytes into its out.
-func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, emit func(j *streamJob) error) error {
+// also write each piece's ids as bytes into its out. emit gets the pieces
+// in order: from the workers, one at a time, when onWorkers is set, else
+// from the calling goroutine.
+func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, onWorkers bool, emit func(j *streamJob) error) error {
 	workers := runtime.GOMAXPROCS(0)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 
 	// free bounds the jobs in flight (streamJobsPerWorker).
 	nJobs := streamJobsPerWorker*workers + 1
@@ -166,23 +185,70 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 	for range nJobs {
 		free <- &streamJob{}
 	}
-	todo := make(chan *streamJob, nJobs)
-	done := make(chan *streamJob, nJobs)
 
-	var readErr error
-	go func() {
-		defer close(todo)
-		readErr = t.readJobs(ctx, r, free, todo)
-	}()
+	// next gives a worker its next piece, read, or nil when there is none.
+	var next func() (*streamJob, error)
+	var finish func() error // after the workers: where the source stopped
+	if fp, ok := newFilePieces(r, t.cuttable(), workers); ok {
+		next = func() (*streamJob, error) {
+			var j *streamJob
+			select {
+			case j = <-free:
+			case <-ctx.Done():
+				return nil, nil
+			}
+			ok, err := fp.next(j)
+			if !ok || err != nil {
+				free <- j
+				return nil, err
+			}
+			return j, nil
+		}
+		finish = fp.finish
+	} else {
+		todo := make(chan *streamJob, nJobs)
+		var readErr error
+		readDone := make(chan struct{})
+		go func() {
+			defer close(readDone)
+			defer close(todo)
+			readErr = t.readJobs(ctx, r, free, todo)
+		}()
+		next = func() (*streamJob, error) { return <-todo, nil }
+		finish = func() error {
+			<-readDone
+			return readErr
+		}
+	}
+
+	var order inOrder
+	order.waiting = map[int]*streamJob{}
+	done := make(chan *streamJob, nJobs)
 	var wg sync.WaitGroup
-	for range workers {
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			st := t.workerState(workers)
 			defer t.putState(st)
 			var scratch []uint32
-			for j := range todo {
+			for {
+				j, err := next()
+				if err != nil {
+					cancel(err)
+				}
+				if j == nil || ctx.Err() != nil {
+					if j != nil {
+						free <- j
+					}
+					if streamEvent != nil {
+						streamEvent(w, -1, false)
+					}
+					return
+				}
+				if streamEvent != nil {
+					streamEvent(w, j.seq, false)
+				}
 				// Room for the ids of most text (code and prose average
 				// three to four bytes an id): grown once, not doubled from
 				// nothing through fresh pages.
@@ -196,14 +262,20 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 					scratch = st.encode(scratch[:0], j.text)
 					j.ids = j.ids[:0]
 					j.out = appendLE(j.out[:0], scratch, width)
+				} else {
+					if cap(j.ids) < want {
+						j.ids = make([]uint32, 0, want)
+					}
+					j.ids = st.encode(j.ids[:0], j.text)
+				}
+				if streamEvent != nil {
+					streamEvent(w, j.seq, true)
+				}
+				if !onWorkers {
 					done <- j
-					continue
+				} else if err := order.finished(j, emit, free); err != nil {
+					cancel(err)
 				}
-				if cap(j.ids) < want {
-					j.ids = make([]uint32, 0, want)
-				}
-				j.ids = st.encode(j.ids[:0], j.text)
-				done <- j
 			}
 		}()
 	}
@@ -213,35 +285,250 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, em
 	}()
 
 	// Jobs come back out of order; hold them until their turn.
-	var err error
-	waiting := map[int]*streamJob{}
-	next := 0
 	for j := range done {
-		if err != nil {
+		if ctx.Err() != nil {
 			continue // draining after a failure
 		}
-		waiting[j.seq] = j
-		for {
-			j, ok := waiting[next]
-			if !ok {
-				break
-			}
-			delete(waiting, next)
-			next++
-			if err = emit(j); err != nil {
-				cancel()
-				break
-			}
-			free <- j
+		if err := order.finished(j, emit, free); err != nil {
+			cancel(err)
 		}
 	}
-	if err != nil {
+	srcErr := finish()
+	if err := context.Cause(ctx); err != nil {
 		return err
 	}
-	if readErr != nil {
-		return readErr
+	return srcErr
+}
+
+// inOrder hands finished pieces to emit in the order of their seq.
+type inOrder struct {
+	mu       sync.Mutex
+	waiting  map[int]*streamJob
+	next     int
+	emitting bool // one goroutine emits at a time, the others leave their pieces
+	failed   bool
+}
+
+// finished takes the finished job j. If no one is emitting, the caller
+// emits the pieces whose turn has come, j's and those after it, and puts
+// their jobs back on free; it returns emit's first error.
+func (o *inOrder) finished(j *streamJob, emit func(*streamJob) error, free chan<- *streamJob) error {
+	o.mu.Lock()
+	o.waiting[j.seq] = j
+	if o.emitting || o.failed {
+		o.mu.Unlock()
+		return nil
 	}
-	return ctx.Err()
+	o.emitting = true
+	for {
+		j, ok := o.waiting[o.next]
+		if !ok {
+			break
+		}
+		delete(o.waiting, o.next)
+		o.next++
+		o.mu.Unlock()
+		err := emit(j)
+		free <- j // never blocks: free holds every job
+		o.mu.Lock()
+		if err != nil {
+			o.failed = true
+			o.mu.Unlock()
+			return err
+		}
+	}
+	o.emitting = false
+	o.mu.Unlock()
+	return nil
+}
+
+// filePieces cuts a text it can read at any offset (a file) into pieces
+// that the workers read and encode at once, with no goroutine between them
+// and the file. Piece k runs from the first safe cut at or after its
+// nominal start to the first at or after the next piece's, so that a
+// worker finds both ends of its piece from the bytes around them, without
+// the pieces before it; the pieces meet, and together are the text. A
+// piece with no cut between its nominal start and the next one's is
+// empty: the piece before it runs over it.
+type filePieces struct {
+	r       io.ReaderAt
+	seek    io.Seeker
+	base    int64 // where the text starts in r
+	size    int64 // its length when the encoding began
+	cut     bool
+	workers int
+
+	mu    sync.Mutex
+	seq   int
+	start int64 // nominal start of the next piece
+	last  bool  // the piece that reads to the end is given out
+	end   int64 // where the text ended, once the last piece has read it; -1 before
+}
+
+// newFilePieces reads r at offsets when it can: an *os.File of a regular
+// file, or another reader with ReadAt and Seek (bytes.Reader,
+// io.SectionReader). A pipe or a terminal is read as a stream.
+func newFilePieces(r io.Reader, cut bool, workers int) (*filePieces, bool) {
+	ra, ok := r.(io.ReaderAt)
+	seek, ok2 := r.(io.Seeker)
+	if !ok || !ok2 {
+		return nil, false
+	}
+	if f, isFile := r.(*os.File); isFile {
+		if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+			return nil, false
+		}
+	}
+	base, err := seek.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return nil, false
+	}
+	end, err := seek.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, false
+	}
+	// r stays where it was until the text has been read (finish).
+	if _, err := seek.Seek(base, io.SeekStart); err != nil {
+		return nil, false
+	}
+	return &filePieces{r: ra, seek: seek, base: base, size: max(end-base, 0), cut: cut, workers: workers, end: -1}, true
+}
+
+// cutLookahead is how far past a piece's nominal end its first read goes
+// for the cut that ends it: a line break before a letter is rarely
+// further.
+const cutLookahead = 16 << 10
+
+// next reads the next piece into j, or reports false when every piece has
+// been given out.
+func (p *filePieces) next(j *streamJob) (bool, error) {
+	p.mu.Lock()
+	if p.last {
+		p.mu.Unlock()
+		return false, nil
+	}
+	j.seq = p.seq
+	p.seq++
+	s, e := p.start, int64(-1) // e < 0: the last piece, to the end of the text
+	if p.cut {
+		// Pieces of streamChunk bytes, and at the end smaller ones (half
+		// an even share of what is left, down to a sixteenth), so that the
+		// workers run out of work nearly together, not up to a piece apart.
+		n := min(int64(streamChunk), max((p.size-s)/int64(2*p.workers), int64(streamChunk/16), 1))
+		if s+n < p.size {
+			e = s + n
+		}
+	}
+	if e < 0 {
+		p.last = true
+	} else {
+		p.start = e
+	}
+	p.mu.Unlock()
+
+	// From two bytes before s: whether s is a cut depends on them.
+	lo := max(s-2, 0)
+	until := p.size + cutLookahead
+	if e >= 0 {
+		until = e + cutLookahead
+	}
+	buf, eof, err := p.fill(j.buf[:0], lo, until-lo)
+	for e < 0 && !eof && err == nil {
+		// The last piece reads to the end, wherever that is by now.
+		buf, eof, err = p.fill(buf, lo, int64(2*len(buf)+cutLookahead))
+	}
+	if err != nil {
+		j.buf = buf
+		return false, err
+	}
+	if e < 0 {
+		p.mu.Lock()
+		p.end = lo + int64(len(buf))
+		p.mu.Unlock()
+	}
+	from := 0
+	if s > 0 {
+		// The first cut at or after s and before the next piece's start.
+		b := buf
+		if e >= 0 {
+			b = buf[:min(e-lo, int64(len(buf)))]
+		}
+		if from = firstCut(b, int(s-lo)); from < 0 {
+			j.buf, j.text = buf, buf[:0]
+			return true, nil
+		}
+	}
+	to := len(buf)
+	if e >= 0 {
+		// The first cut at or after the next piece's start.
+		for searched := int(e - lo); ; {
+			if c := firstCut(buf, searched); c >= 0 {
+				to = c
+				break
+			}
+			if eof {
+				to = len(buf)
+				break
+			}
+			searched = max(searched, len(buf))
+			if buf, eof, err = p.fill(buf, lo, int64(2*len(buf)+cutLookahead)); err != nil {
+				j.buf = buf
+				return false, err
+			}
+		}
+	}
+	j.buf, j.text = buf, buf[from:to]
+	return true, nil
+}
+
+// fill reads the text from offset lo+len(buf) on until buf holds n bytes
+// or the text ends (eof).
+func (p *filePieces) fill(buf []byte, lo, n int64) (_ []byte, eof bool, _ error) {
+	if int64(len(buf)) >= n {
+		return buf, false, nil
+	}
+	buf = slices.Grow(buf, int(n)-len(buf))
+	k, err := p.r.ReadAt(buf[len(buf):n], p.base+lo+int64(len(buf)))
+	buf = buf[:len(buf)+k]
+	if errors.Is(err, io.EOF) {
+		return buf, true, nil
+	}
+	if err != nil {
+		return buf, false, fmt.Errorf("encode: read: %w", err)
+	}
+	return buf, false, nil
+}
+
+// finish leaves r at the end of the text, as reading it through would.
+func (p *filePieces) finish() error {
+	p.mu.Lock()
+	end := p.end
+	p.mu.Unlock()
+	if end < 0 {
+		return nil // stopped before the end
+	}
+	if _, err := p.seek.Seek(p.base+end, io.SeekStart); err != nil {
+		return fmt.Errorf("encode: seek past the text: %w", err)
+	}
+	return nil
+}
+
+// firstCut returns the first offset p >= from in b at which b can be cut
+// (safeCut's rule: after a single line break that follows a visible ASCII
+// character and precedes an ASCII letter), or -1. A cut at p reads
+// b[p-2 : p+1].
+func firstCut(b []byte, from int) int {
+	for i := max(from-1, 1); i+1 < len(b); i++ {
+		k := bytes.IndexByte(b[i:len(b)-1], '\n')
+		if k < 0 {
+			return -1
+		}
+		i += k
+		if c, prev := b[i+1]|0x20, b[i-1]; c >= 'a' && c <= 'z' && prev > ' ' && prev < 0x7f {
+			return i + 1
+		}
+	}
+	return -1
 }
 
 // readJobs reads r into jobs from free, each cut at a safe point (or the

@@ -8,7 +8,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
 )
@@ -256,6 +260,183 @@ func BenchmarkEncodeReaderUncuttable(b *testing.B) {
 	for b.Loop() {
 		if err := tk.EncodeReader(context.Background(), pipeReader{bytes.NewReader(text)}, func([]uint32) error { return nil }); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// isCut is safeCut's rule at one offset, written out.
+func isCut(b []byte, p int) bool {
+	return p >= 2 && p < len(b) && b[p-1] == '\n' && b[p-2] > ' ' && b[p-2] < 0x7f &&
+		b[p]|0x20 >= 'a' && b[p]|0x20 <= 'z'
+}
+
+// firstCut finds the first offset at or after from where the rule allows a
+// cut: on random text of line breaks, letters, digits and spaces, from
+// every offset.
+func TestFirstCutIsTheFirstSafeCut(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	alphabet := []byte("\n\n\nab1 ;")
+	for trial := range 2000 {
+		b := make([]byte, rng.IntN(200))
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		for from := 0; from <= len(b); from++ {
+			want := -1
+			for p := from; p < len(b); p++ {
+				if isCut(b, p) {
+					want = p
+					break
+				}
+			}
+			if got := firstCut(b, from); got != want {
+				t.Fatalf("trial %d, %q from %d: %d, want %d", trial, b, from, got, want)
+			}
+		}
+	}
+}
+
+// A text read at offsets is cut into pieces that together are the text,
+// each starting at a safe cut (or where the text starts), when the workers
+// read their pieces at once: random texts, pieces of 16 bytes and up,
+// one to sixteen workers, the text starting anywhere in its reader.
+func TestFilePiecesCoverTheTextAtSafeCuts(t *testing.T) {
+	old := streamChunk
+	defer func() { streamChunk = old }()
+	rng := rand.New(rand.NewPCG(7, 8))
+	for trial := range 300 {
+		text := randomText(rng, rng.IntN(6000))
+		if trial%3 == 0 {
+			text = append(numericLines(rng.IntN(3000)), text...)
+		}
+		skip := rng.IntN(50)
+		r := bytes.NewReader(append(bytes.Repeat([]byte{'#'}, skip), text...))
+		if _, err := r.Seek(int64(skip), io.SeekStart); err != nil {
+			t.Fatal(err)
+		}
+		streamChunk = 16 + rng.IntN(500)
+		fp, ok := newFilePieces(r, true, 1+rng.IntN(16))
+		if !ok {
+			t.Fatal("a bytes.Reader is not read at offsets")
+		}
+		var mu sync.Mutex
+		pieces := map[int][]byte{}
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					var j streamJob
+					ok, err := fp.next(&j)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if !ok {
+						return
+					}
+					mu.Lock()
+					pieces[j.seq] = bytes.Clone(j.text)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if err := fp.finish(); err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		nonEmpty := 0
+		for seq := range len(pieces) {
+			p, ok := pieces[seq]
+			if !ok {
+				t.Fatalf("trial %d: piece %d of %d missing", trial, seq, len(pieces))
+			}
+			if len(p) > 0 {
+				if len(got) > 0 && !isCut(text, len(got)) {
+					t.Fatalf("trial %d: piece %d starts at %d, not a safe cut, in %q", trial, seq, len(got), text)
+				}
+				nonEmpty++
+			}
+			got = append(got, p...)
+		}
+		if !bytes.Equal(got, text) {
+			t.Fatalf("trial %d, pieces of %d: the pieces are not the text:\n%q\nwant\n%q", trial, streamChunk, got, text)
+		}
+		if at, _ := r.Seek(0, io.SeekCurrent); at != int64(skip+len(text)) {
+			t.Errorf("trial %d: the reader is left at %d, want the end, %d", trial, at, skip+len(text))
+		}
+		if safeCut(text) > 0 && len(text) > 4*streamChunk && nonEmpty < 2 {
+			t.Errorf("trial %d: %d bytes with a safe cut in one piece of %d", trial, len(text), streamChunk)
+		}
+	}
+}
+
+// A file is read by the workers at offsets, and gives the ids of its whole
+// text from where it was left, through EncodeReader and EncodeReaderTo, on
+// one to eight workers: the golden texts (their HF ids) and random text
+// with stretches that hold no cut.
+func TestEncodeReaderFromAFileMatchesWholeText(t *testing.T) {
+	oldChunk, oldProcs := streamChunk, runtime.GOMAXPROCS(0)
+	defer func() { streamChunk = oldChunk; runtime.GOMAXPROCS(oldProcs) }()
+	rng := rand.New(rand.NewPCG(9, 10))
+	path := filepath.Join(t.TempDir(), "text")
+	check := func(tk *Tokenizer, text []byte, want []uint32, what string) {
+		t.Helper()
+		head := []byte("# not part of it\n")
+		if err := os.WriteFile(path, append(head, text...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		for _, to := range []bool{false, true} {
+			if _, err := f.Seek(int64(len(head)), io.SeekStart); err != nil {
+				t.Fatal(err)
+			}
+			var got []uint32
+			if to {
+				var out bytes.Buffer
+				n, err := tk.EncodeReaderTo(context.Background(), f, &out, 4)
+				if err != nil || n != int64(out.Len()/4) {
+					t.Fatalf("%s: %d ids, %v", what, n, err)
+				}
+				for i := 0; i < out.Len(); i += 4 {
+					got = append(got, binary.LittleEndian.Uint32(out.Bytes()[i:]))
+				}
+			} else if err := tk.EncodeReader(context.Background(), f, func(ids []uint32) error {
+				got = append(got, ids...)
+				return nil
+			}); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			if i := firstDiff(got, want); i >= 0 {
+				t.Fatalf("%s (EncodeReaderTo %v): ids differ at %d of %d", what, to, i, len(want))
+			}
+			if at, _ := f.Seek(0, io.SeekCurrent); at != int64(len(head)+len(text)) {
+				t.Errorf("%s: the file is left at %d, want its end, %d", what, at, len(head)+len(text))
+			}
+		}
+	}
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		for _, procs := range []int{1, 2, 3, 8} {
+			runtime.GOMAXPROCS(procs)
+			for _, name := range texts {
+				streamChunk = 1 << (8 + rng.IntN(8))
+				check(tk, readTestdata(t, name+".txt"), goldenIDs(t, style, name), fmt.Sprintf("%s/%s, %d workers, pieces of %d", style, name, procs, streamChunk))
+			}
+			for trial := range 40 {
+				text := randomText(rng, rng.IntN(5000))
+				if trial%4 == 0 {
+					text = append(append(text, numericLines(2000)...), randomText(rng, 500)...)
+				}
+				streamChunk = 16 + rng.IntN(400)
+				check(tk, text, tk.EncodeBytes(text), fmt.Sprintf("%s, %d workers, trial %d, pieces of %d: %q", style, procs, trial, streamChunk, text))
+			}
 		}
 	}
 }

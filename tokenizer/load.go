@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -331,55 +332,13 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 	if maxID >= 1<<31 {
 		return formatErr("model.vocab has id %d; ids must be below 2^31", maxID)
 	}
-	t.tokens = make([][]byte, maxID+1)
-	t.tokenStr = make([]string, maxID+1)
-	if m.IgnoreMerges {
-		t.byBytes = make(map[string]uint32, len(m.Vocab))
-	}
-	for i := range t.byteID {
-		t.byteID[i] = noID
-	}
-	// Two tokens with one id resolve the same way on every load: in sorted
-	// order, the last wins. Sorting 30,000 keys is a tenth of a load, so it
-	// is done only when some id is shared.
-	ids := make([]bool, maxID+1)
-	shared := false
-	size := 0
-	for tok, id := range m.Vocab {
-		shared = shared || ids[id]
-		ids[id] = true
-		size += len(tok)
-	}
-	// The tokens' bytes share one allocation (a token's bytes are never
-	// longer than its string).
-	arena := make([]byte, 0, size)
-	add := func(tok string, id uint32) {
-		n := len(arena)
-		var ok bool
-		arena, ok = byteLevelDecodeAppend(arena, tok)
-		b := arena[n:len(arena):len(arena)]
-		t.tokens[id], t.tokenStr[id] = b, tok
-		if ok {
-			if t.byBytes != nil {
-				t.byBytes[string(b)] = id
-			}
-			if len(b) == 1 {
-				t.byteID[b[0]] = id
-			}
-		}
-	}
-	if shared {
-		keys := make([]string, 0, len(m.Vocab))
-		for k := range m.Vocab {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, tok := range keys {
-			add(tok, m.Vocab[tok])
-		}
-	} else {
-		for tok, id := range m.Vocab {
-			add(tok, id)
+	t.vocabSize = int(maxID) + 1
+	// The byte symbols: the tokens of one byte, each one character of
+	// the byte-level alphabet.
+	for c := range t.byteID {
+		t.byteID[c] = noID
+		if id, ok := m.Vocab[string(byteToRune[c])]; ok {
+			t.byteID[c] = id
 		}
 	}
 	t.unk = noID
@@ -394,34 +353,123 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 	if m.pairs == nil {
 		n = len(m.Merges)
 	}
-	t.merges = newMergeTable(n)
-	var ab []byte
-	for rank := range n {
-		var a, b string
-		if m.pairs != nil {
-			a, b = m.pairs[rank][0], m.pairs[rank][1]
-		} else {
-			var err error
-			if a, b, err = parseMerge(m.Merges[rank]); err != nil {
-				return formatErr("model.merges[%d]: %v", rank, err)
+	// The merges' tokens are looked up on several cores (a third of a
+	// load on one), into their ids in rank order, then put in the table.
+	type merge struct{ a, b, id uint32 }
+	ids := make([]merge, n)
+	errs := make([]error, (n+mergeBlock-1)/mergeBlock)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for blk := range errs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			var ab []byte
+			for rank := blk * mergeBlock; rank < min(n, (blk+1)*mergeBlock); rank++ {
+				var a, b string
+				if m.pairs != nil {
+					a, b = m.pairs[rank][0], m.pairs[rank][1]
+				} else {
+					var err error
+					if a, b, err = parseMerge(m.Merges[rank]); err != nil {
+						errs[blk] = formatErr("model.merges[%d]: %v", rank, err)
+						return
+					}
+				}
+				ia, ok := m.Vocab[a]
+				if !ok {
+					errs[blk] = formatErr("model.merges[%d] names token %q, which is not in the vocabulary", rank, a)
+					return
+				}
+				ib, ok := m.Vocab[b]
+				if !ok {
+					errs[blk] = formatErr("model.merges[%d] names token %q, which is not in the vocabulary", rank, b)
+					return
+				}
+				ab = append(append(ab[:0], a...), b...)
+				id, ok := m.Vocab[string(ab)]
+				if !ok {
+					errs[blk] = formatErr("model.merges[%d] makes %q, which is not in the vocabulary", rank, ab)
+					return
+				}
+				ids[rank] = merge{ia, ib, id}
+			}
+		}()
+	}
+	if m.IgnoreMerges {
+		// Encoding looks whole words up by their bytes.
+		t.byBytes = make(map[string]uint32, len(m.Vocab))
+		for tok, id := range m.Vocab {
+			if b, ok := byteLevelDecode(tok); ok {
+				t.byBytes[string(b)] = id
 			}
 		}
-		ia, ok := m.Vocab[a]
-		if !ok {
-			return formatErr("model.merges[%d] names token %q, which is not in the vocabulary", rank, a)
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err // the first bad merge's
 		}
-		ib, ok := m.Vocab[b]
-		if !ok {
-			return formatErr("model.merges[%d] names token %q, which is not in the vocabulary", rank, b)
-		}
-		ab = append(append(ab[:0], a...), b...)
-		id, ok := m.Vocab[string(ab)]
-		if !ok {
-			return formatErr("model.merges[%d] makes %q, which is not in the vocabulary", rank, ab)
-		}
-		t.merges.put(ia, ib, uint32(rank), id)
+	}
+	t.merges = newMergeTable(n)
+	for rank, mg := range ids {
+		t.merges.put(mg.a, mg.b, uint32(rank), mg.id)
 	}
 	return nil
+}
+
+// mergeBlock is how many merges one goroutine of a load looks up.
+const mergeBlock = 4096
+
+// decodeTables builds what Decode and Token read, on their first call:
+// encoding never needs them, and decoding every token of the vocabulary
+// was a fifth of a load.
+func (t *Tokenizer) decodeTables() {
+	t.decodeOnce.Do(func() {
+		tokens := make([][]byte, t.vocabSize)
+		tokenStr := make([]string, t.vocabSize)
+		// Two tokens with one id resolve the same way on every load: in
+		// sorted order, the last wins. Sorting 30,000 keys is a tenth of
+		// a load, so it is done only when some id is shared.
+		seen := make([]bool, t.vocabSize)
+		shared := false
+		size := 0
+		for tok, id := range t.vocab {
+			shared = shared || seen[id]
+			seen[id] = true
+			size += len(tok)
+		}
+		// The tokens' bytes share one allocation (a token's bytes are
+		// never longer than its string).
+		arena := make([]byte, 0, size)
+		add := func(tok string, id uint32) {
+			n := len(arena)
+			arena, _ = byteLevelDecodeAppend(arena, tok)
+			tokens[id], tokenStr[id] = arena[n:len(arena):len(arena)], tok
+		}
+		if shared {
+			keys := make([]string, 0, len(t.vocab))
+			for k := range t.vocab {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, tok := range keys {
+				add(tok, t.vocab[tok])
+			}
+		} else {
+			for tok, id := range t.vocab {
+				add(tok, id)
+			}
+		}
+		// HF decodes an added token from its content, through the
+		// ByteLevel decoder like any other token.
+		for _, a := range t.added {
+			b, _ := byteLevelDecode(a.content)
+			tokens[a.id], tokenStr[a.id] = b, a.content
+		}
+		t.tokens, t.tokenStr = tokens, tokenStr
+	})
 }
 
 // parseMerge accepts both spellings HF writes: "a b" and ["a", "b"].
@@ -456,14 +504,7 @@ func (t *Tokenizer) parseAdded(added []addedJSON) error {
 		if id >= 1<<31 {
 			return formatErr("added_tokens[%d] (%q) has id %d; ids must be below 2^31", i, a.Content, id)
 		}
-		for int(id) >= len(t.tokens) {
-			t.tokens = append(t.tokens, nil)
-			t.tokenStr = append(t.tokenStr, "")
-		}
-		// HF decodes an added token from its content, through the
-		// ByteLevel decoder like any other token.
-		b, _ := byteLevelDecode(a.Content)
-		t.tokens[id], t.tokenStr[id] = b, a.Content
+		t.vocabSize = max(t.vocabSize, int(id)+1)
 		t.added = append(t.added, addedToken{
 			id: id, content: a.Content, lstrip: a.LStrip, rstrip: a.RStrip,
 			normalized: a.Normalized, special: a.Special,

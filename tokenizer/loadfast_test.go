@@ -20,7 +20,11 @@ func parseBoth(data []byte) (fast, slow *Tokenizer, fastErr, slowErr error) {
 
 // sameTokenizer reports how a and b differ in what a load builds, or "".
 func sameTokenizer(a, b *Tokenizer) string {
+	a.decodeTables()
+	b.decodeTables()
 	switch {
+	case a.VocabSize() != b.VocabSize():
+		return "vocabulary size"
 	case !slices.EqualFunc(a.tokens, b.tokens, bytes.Equal):
 		return "token bytes"
 	case !slices.Equal(a.tokenStr, b.tokenStr):

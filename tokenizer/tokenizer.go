@@ -54,12 +54,15 @@ type Tokenizer struct {
 	unk          uint32
 	fuseUnk      bool
 
-	vocab    map[string]uint32 // token as written in tokenizer.json -> id
-	byBytes  map[string]uint32 // token's bytes -> id, for ignore_merges
-	tokens   [][]byte          // id -> bytes that Decode emits
-	tokenStr []string          // id -> token as written in tokenizer.json
-	byteID   [256]uint32
-	merges   *mergeTable
+	vocab     map[string]uint32 // token as written in tokenizer.json -> id
+	vocabSize int
+	byBytes   map[string]uint32 // token's bytes -> id, for ignore_merges
+	byteID    [256]uint32
+	merges    *mergeTable
+	// What Decode and Token read, made by decodeTables on first use.
+	decodeOnce sync.Once
+	tokens     [][]byte // id -> bytes that Decode emits
+	tokenStr   []string // id -> token as written in tokenizer.json
 
 	added    []addedToken
 	rawSet   *addedSet // added tokens matched on the text as given
@@ -113,7 +116,7 @@ func (t *Tokenizer) SHA256() string { return t.sha256() }
 
 // VocabSize is one more than the largest id the tokenizer can emit,
 // counting added tokens: the size an embedding table needs.
-func (t *Tokenizer) VocabSize() int { return len(t.tokens) }
+func (t *Tokenizer) VocabSize() int { return t.vocabSize }
 
 // TokenID returns the id of a token as written in tokenizer.json (for
 // example "<|endoftext|>" or "Ġthe").
@@ -130,6 +133,7 @@ func (t *Tokenizer) TokenID(tok string) (uint32, bool) {
 // Token returns the token with the given id as written in tokenizer.json,
 // or "" for an id with no token.
 func (t *Tokenizer) Token(id uint32) string {
+	t.decodeTables()
 	if int(id) >= len(t.tokenStr) {
 		return ""
 	}
@@ -243,6 +247,7 @@ func (t *Tokenizer) Decode(ids []uint32) (string, error) {
 
 // AppendDecoded appends the bytes of ids to dst.
 func (t *Tokenizer) AppendDecoded(dst []byte, ids []uint32) ([]byte, error) {
+	t.decodeTables()
 	for i, id := range ids {
 		if int(id) >= len(t.tokens) || (t.tokens[id] == nil && t.tokenStr[id] == "") {
 			return dst, fmt.Errorf("decode: id %d at position %d is not in the vocabulary of %d tokens", id, i, len(t.tokens))

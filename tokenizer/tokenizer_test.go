@@ -229,6 +229,7 @@ func TestIgnoreMergesEmitsWholeTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	checked := 0
+	tk.decodeTables()
 	for id, b := range tk.tokens {
 		if len(b) == 0 || len(splitGPT2(b, 0, nil)) != 1 {
 			continue

@@ -144,22 +144,47 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	if st, err := src.Stat(); err == nil && isTerminal(errOut) {
 		bar := progressbar.DefaultBytes(st.Size(), "tokenize")
 		defer bar.Finish()
-		r = io.TeeReader(src, bar)
+		if st.Mode().IsRegular() {
+			r = progressFile{src, bar}
+		} else {
+			r = io.TeeReader(src, bar)
+		}
 	}
 	var n int64
 	err = writeOutput(out, func(dst io.Writer) error {
-		w := bufio.NewWriterSize(dst, 1<<20)
+		// Unbuffered: the ids come in pieces of hundreds of kilobytes, which
+		// a buffer would only copy once more.
 		var err error
-		if n, err = tk.EncodeReaderTo(ctx, r, w, width); err != nil {
+		if n, err = tk.EncodeReaderTo(ctx, r, dst, width); err != nil {
 			return fmt.Errorf("tokenize %s -> %s: %w", in, out, err)
 		}
-		return w.Flush()
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("tokenize: %w", err)
 	}
 	fmt.Fprintf(errOut, "wrote %d ids (%s) to %s\n", n, dtype, out)
 	return nil
+}
+
+// progressFile is the --in file counting what is read on the progress bar.
+// It keeps the file's ReadAt and Seek, so that the encoder's workers still
+// read their pieces of it at once, at their offsets.
+type progressFile struct {
+	*os.File
+	bar *progressbar.ProgressBar
+}
+
+func (p progressFile) Read(b []byte) (int, error) {
+	n, err := p.File.Read(b)
+	_ = p.bar.Add(n)
+	return n, err
+}
+
+func (p progressFile) ReadAt(b []byte, off int64) (int, error) {
+	n, err := p.File.ReadAt(b, off)
+	_ = p.bar.Add(n)
+	return n, err
 }
 
 func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, out string, opts tokenizer.TrainOptions) error {

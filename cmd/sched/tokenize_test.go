@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/schollz/progressbar/v3"
+
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
 )
@@ -272,5 +274,44 @@ func TestOutputThatIsNotAFileIsWrittenInPlace(t *testing.T) {
 	}
 	if _, errOut, code := sched(t, nil, "tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", dir); code != exitBadInput || !strings.Contains(errOut, dir) {
 		t.Errorf("--out a directory: exit %d, %q; want exit %d naming it", code, errOut, exitBadInput)
+	}
+}
+
+// The --in file behind the progress bar is still read by the encoder's
+// workers at offsets, and gives the ids of the file itself, while the bar
+// counts every byte of it.
+func TestTokenizeProgressFileReadsAtOffsets(t *testing.T) {
+	dir := t.TempDir()
+	tk, err := tokenizer.Load(goldenTokenizer(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	for i := 0; text.Len() < 3<<20; i++ {
+		fmt.Fprintf(&text, "func f%d(x int) int {\n\treturn x * %d\n}\nThe %dth line, isn't it?\n", i, i, i)
+	}
+	in := filepath.Join(dir, "in.txt")
+	if err := os.WriteFile(in, []byte(text.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var _ interface {
+		io.ReaderAt
+		io.Seeker
+	} = progressFile{}
+	bar := progressbar.NewOptions64(int64(text.Len()), progressbar.OptionSetWriter(io.Discard))
+	var out bytes.Buffer
+	if _, err := tk.EncodeReaderTo(context.Background(), progressFile{f, bar}, &out, 4); err != nil {
+		t.Fatal(err)
+	}
+	if want := appendU32(nil, tk.Encode(text.String())); !bytes.Equal(out.Bytes(), want) {
+		t.Fatalf("%d bytes of ids, want the file's %d", out.Len(), len(want))
+	}
+	if n := bar.State().CurrentBytes; n < float64(text.Len()) {
+		t.Errorf("the bar counted %.0f bytes of %d", n, text.Len())
 	}
 }

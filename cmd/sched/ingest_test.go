@@ -61,10 +61,7 @@ func TestIngestDirectLocalThenDatasets(t *testing.T) {
 func TestIngestDirectIntoTheDataDir(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	data := filepath.Join(dir, "kiln")
-	b, _ := os.ReadFile(goldenTokenizerWithEOS(t, dir))
-	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
-	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	data := dataDirWithTokenizer(t, dir, "tk")
 	src := filepath.Join(dir, "src")
 	os.MkdirAll(src, 0o755)
 	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
@@ -163,6 +160,24 @@ func TestParseCountAndBytes(t *testing.T) {
 	if n, _ := parseBytes("512M"); n != 512<<20 {
 		t.Fatalf("512M = %d", n)
 	}
+}
+
+// dataDirWithTokenizer makes dir/kiln, a data directory that holds
+// goldenTokenizerWithEOS's tokenizer under name, and returns its path.
+func dataDirWithTokenizer(t *testing.T, dir, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(goldenTokenizerWithEOS(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "kiln")
+	if err := os.MkdirAll(filepath.Join(data, "tokenizers", name), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(data, "tokenizers", name, "tokenizer.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 // goldenTokenizerWithEOS trains a small tokenizer (with <|endoftext|>) into dir.

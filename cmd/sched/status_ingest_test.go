@@ -23,13 +23,7 @@ import (
 func TestStatusIngestPerDataset(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	data := filepath.Join(dir, "kiln")
-	b, err := os.ReadFile(goldenTokenizerWithEOS(t, dir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
-	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	data := dataDirWithTokenizer(t, dir, "tk")
 	src := filepath.Join(dir, "src")
 	os.MkdirAll(src, 0o755)
 	files := map[string]string{

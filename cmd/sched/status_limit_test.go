@@ -29,15 +29,7 @@ import (
 func TestIngestStopsAtItsLimitAsPlanned(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	data := filepath.Join(dir, "kiln")
-	b, err := os.ReadFile(goldenTokenizerWithEOS(t, dir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
-	if err := os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	data := dataDirWithTokenizer(t, dir, "tk")
 	// Four files of the same number of tokens: they differ in one digit,
 	// and the tokenizer was trained on text without digits.
 	src := filepath.Join(dir, "src")

@@ -336,16 +336,7 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 			return err
 		}
 		e.lt.Tune(e.gemmTune, func(stream uintptr, run func() error) (float32, error) {
-			if err := start.Record(stream); err != nil {
-				return 0, err
-			}
-			if err := run(); err != nil {
-				return 0, err
-			}
-			if err := end.Record(stream); err != nil {
-				return 0, err
-			}
-			return start.Elapsed(end)
+			return start.Time(end, stream, run)
 		}, func(bytes int64) (cuda.Ptr, func(), error) {
 			p, err := e.mem.alloc("GEMM tuning scratch", bytes)
 			if err != nil {
@@ -714,20 +705,14 @@ func (e *Engine) gemmName(kind string, ta, tb bool, M, N, K int) string {
 }
 
 // timed runs op, and with profiling on adds its device time to name's.
+// Each op is timed alone between two events, which adds the gap between
+// the first event and the op's start to every op: a profile's small
+// kernels read slower than they run in a step (docs/benchmarks/cuda.md).
 func (e *Engine) timed(name string, op func() error) error {
 	if !e.profiling {
 		return op()
 	}
-	if err := e.evA.Record(e.sh); err != nil {
-		return err
-	}
-	if err := op(); err != nil {
-		return err
-	}
-	if err := e.evB.Record(e.sh); err != nil {
-		return err
-	}
-	ms, err := e.evA.Elapsed(e.evB)
+	ms, err := e.evA.Time(e.evB, e.sh, op)
 	e.profMS[name] += float64(ms)
 	return err
 }

@@ -50,18 +50,7 @@ func BenchmarkStepGemms(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	timer := func(stream uintptr, run func() error) (float32, error) {
-		if err := start.Record(stream); err != nil {
-			return 0, err
-		}
-		if err := run(); err != nil {
-			return 0, err
-		}
-		if err := end.Record(stream); err != nil {
-			return 0, err
-		}
-		return start.Elapsed(end)
-	}
+	timer := func(stream uintptr, run func() error) (float32, error) { return start.Time(end, stream, run) }
 	alloc := func(bytes int64) Ptr {
 		p, err := dv.Alloc(bytes)
 		if err != nil {

@@ -558,6 +558,21 @@ func (e *Event) Elapsed(end *Event) (float32, error) {
 	return ms, err
 }
 
+// Time returns the milliseconds the work run sends to stream takes there,
+// between a record of e before it and of end after it.
+func (e *Event) Time(end *Event, stream uintptr, run func() error) (float32, error) {
+	if err := e.Record(stream); err != nil {
+		return 0, err
+	}
+	if err := run(); err != nil {
+		return 0, err
+	}
+	if err := end.Record(stream); err != nil {
+		return 0, err
+	}
+	return e.Elapsed(end)
+}
+
 // Destroy frees the event.
 func (e *Event) Destroy() error { return e.dv.D.check("cuEventDestroy_v2", e.dv.D.cuEventDestroy(e.e)) }
 

@@ -22,7 +22,7 @@ var streamChunk = 1 << 20
 
 // streamJobsPerWorker is how many pieces EncodeReader keeps in flight per
 // worker, beyond one. Pieces are emitted in order, so one slow piece holds
-// back every finished piece after it; once all are held, the reader stops
+// back every finished piece after it; once all are held, no piece is read
 // and the workers wait. Four per worker leave room for a slow piece, at
 // about 3 MB a piece with EncodeReaderTo, whose pieces keep their text and
 // bytes but not their ids (docs/benchmarks/tokenizer.md).
@@ -106,7 +106,8 @@ type streamJob struct {
 // encode, each with its own word cache (and one shared table of words).
 // A file, or any reader that can also ReadAt and Seek, is read by the
 // workers themselves, each its own piece at its offset, from its current
-// position to its end; it is left at the end of what was read. Any other
+// position to its end (it must not change meanwhile, but may grow); it is
+// left at the end of what was read. Any other
 // reader is read and cut by one goroutine. Memory stays bounded by a few
 // MiB per core unless the text has no safe cut point for long stretches (a
 // huge line).

@@ -109,9 +109,19 @@ func FuzzEncodeReaderCuts(f *testing.F) {
 	tks := []*Tokenizer{loadStyle(f, "gpt2-style"), loadStyle(f, "gpt4-style")}
 	f.Fuzz(func(t *testing.T, text []byte, chunk uint8) {
 		for _, tk := range tks {
+			want := tk.EncodeBytes(text)
 			got, _ := streamIDs(t, tk, text, 1+int(chunk))
-			if i := firstDiff(got, tk.EncodeBytes(text)); i >= 0 {
+			if i := firstDiff(got, want); i >= 0 {
 				t.Fatalf("ids differ at %d for %q cut every %d bytes", i, text, 1+int(chunk))
+			}
+			// Read at offsets, as a file is.
+			old := streamChunk
+			streamChunk = 1 + int(chunk)
+			var out bytes.Buffer
+			_, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, 4)
+			streamChunk = old
+			if err != nil || !bytes.Equal(out.Bytes(), appendLE(nil, want, 4)) {
+				t.Fatalf("read at offsets, pieces of %d: %v, or the ids differ, for %q", 1+int(chunk), err, text)
 			}
 		}
 	})

@@ -31,6 +31,18 @@ func fastModel(data []byte) (rest []byte, text string, vocab map[string]uint32, 
 	// tokens).
 	text = string(data)
 	s := &jsonScan{b: data, s: text}
+	// The merges are a third of the scan and can be read beside the
+	// vocabulary: from where their array seems to start, taken only if the
+	// scan in order arrives there.
+	ahead := make(chan mergesAhead, 1)
+	at := mergesArray(data)
+	if at > 0 {
+		go func() {
+			m := &jsonScan{b: data, s: text, i: at}
+			merges, ok := parseMerges(m)
+			ahead <- mergesAhead{merges, ok, m.i}
+		}()
+	}
 	var vocabAt, mergesAt [2]int
 	modelSeen := false
 	ok = s.object(func(key string) bool {
@@ -42,33 +54,41 @@ func fastModel(data []byte) (rest []byte, text string, vocab map[string]uint32, 
 		}
 		modelSeen = true
 		return s.object(func(key string) bool {
-			var at *[2]int
+			var where *[2]int
 			switch {
 			case key == "vocab":
-				at = &vocabAt
+				where = &vocabAt
 			case key == "merges":
-				at = &mergesAt
+				where = &mergesAt
 			case strings.EqualFold(key, "vocab"), strings.EqualFold(key, "merges"):
 				return false
 			default:
 				return s.skip()
 			}
-			if at[1] != 0 {
+			if where[1] != 0 {
 				return false // the key twice
 			}
 			s.space()
-			at[0] = s.i
+			where[0] = s.i
 			var ok bool
-			if at == &vocabAt {
+			switch {
+			case where == &vocabAt:
 				vocab, ok = parseVocab(s)
-			} else {
+			case s.i == at:
+				a := <-ahead
+				at = -1 // taken
+				merges, ok, s.i = a.merges, a.ok, a.end
+			default:
 				merges, ok = parseMerges(s)
 			}
-			at[1] = s.i
+			where[1] = s.i
 			return ok
 		})
 	})
 	s.space()
+	if at > 0 {
+		<-ahead // not taken: wait for it to end, and drop it
+	}
 	if !<-valid || !ok || s.i != len(data) || vocabAt[1] == 0 || mergesAt[1] == 0 {
 		return nil, "", nil, nil, false
 	}
@@ -87,9 +107,41 @@ func fastModel(data []byte) (rest []byte, text string, vocab map[string]uint32, 
 	return rest, text, vocab, merges, true
 }
 
+// mergesAhead is the merges read beside the vocabulary, and where they end.
+type mergesAhead struct {
+	merges [][2]string
+	ok     bool
+	end    int
+}
+
+// mergesArray returns where the array of the key "merges" seems to start
+// in data, or -1: the first `"merges"` followed by a colon and a bracket.
+// Only a key can be followed by a colon, and a string's own quotes are
+// escaped, so it is the model's merges unless another object has a key of
+// that name before them; the scan in order decides.
+func mergesArray(data []byte) int {
+	key := []byte(`"merges"`)
+	for i := 0; ; {
+		k := bytes.Index(data[i:], key)
+		if k < 0 {
+			return -1
+		}
+		s := &jsonScan{b: data, i: i + k + len(key)}
+		if s.eat(':') {
+			s.space()
+			if s.i < len(data) && data[s.i] == '[' {
+				return s.i
+			}
+		}
+		i += k + len(key)
+	}
+}
+
 // parseVocab reads the object at s.i.
 func parseVocab(s *jsonScan) (map[string]uint32, bool) {
-	vocab := make(map[string]uint32, bytes.Count(s.b[s.i:], []byte(`":`))+1)
+	// Sized for every colon after it: the vocabulary's entries and a few
+	// more (counting one byte is far cheaper than counting `":`).
+	vocab := make(map[string]uint32, bytes.Count(s.b[s.i:], []byte{':'})+1)
 	ok := s.object(func(key string) bool {
 		if _, dup := vocab[key]; dup {
 			return false // encoding/json keeps the last; leave it to it

@@ -123,3 +123,32 @@ func TestSHA256OfTheBytesParsed(t *testing.T) {
 		t.Fatalf("SHA256 = %s, want %s", got, want)
 	}
 }
+
+// The merges read beside the vocabulary are the model's: found in the
+// golden file where its merges start, and set aside when the scan in order
+// finds them elsewhere (a token named "merges", a "merges" key in another
+// object before the model) or before the vocabulary.
+func TestFastLoadFindsTheModelsMerges(t *testing.T) {
+	gpt2 := readTestdata(t, "gpt2-style.tokenizer.json")
+	key := []byte(`"merges": [`)
+	if got, want := mergesArray(gpt2), bytes.Index(gpt2, key)+len(key)-1; got != want {
+		t.Fatalf("the golden file's merges found at %d, want %d", got, want)
+	}
+	for name, data := range map[string][]byte{
+		"a token named merges": bytes.Replace(gpt2, []byte(`"vocab": {`), []byte(`"vocab": {"merges": 30093, `), 1),
+		"merges in the decoder": bytes.Replace(gpt2, []byte(`"decoder": {`), []byte(`"decoder": {"merges": [["Ġ", "t"]], `), 1),
+		"merges first": []byte(`{"pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
+ "model": {"type": "BPE", "merges": ["a b", "ab c"], "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4}}}`),
+	} {
+		if _, _, _, _, ok := fastModel(data); !ok {
+			t.Fatalf("%s: the fast path refuses it", name)
+		}
+		fast, slow, fastErr, slowErr := parseBoth(data)
+		if fastErr != nil || slowErr != nil {
+			t.Fatalf("%s: %v, %v", name, fastErr, slowErr)
+		}
+		if d := sameTokenizer(fast, slow); d != "" {
+			t.Fatalf("%s: the fast path's %s differ", name, d)
+		}
+	}
+}

@@ -135,7 +135,7 @@ func TestFastLoadFindsTheModelsMerges(t *testing.T) {
 		t.Fatalf("the golden file's merges found at %d, want %d", got, want)
 	}
 	for name, data := range map[string][]byte{
-		"a token named merges": bytes.Replace(gpt2, []byte(`"vocab": {`), []byte(`"vocab": {"merges": 30093, `), 1),
+		"a token named merges":  bytes.Replace(gpt2, []byte(`"vocab": {`), []byte(`"vocab": {"merges": 30093, `), 1),
 		"merges in the decoder": bytes.Replace(gpt2, []byte(`"decoder": {`), []byte(`"decoder": {"merges": [["Ġ", "t"]], `), 1),
 		"merges first": []byte(`{"pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
  "model": {"type": "BPE", "merges": ["a b", "ab c"], "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4}}}`),

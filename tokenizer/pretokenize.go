@@ -333,78 +333,67 @@ func contraction(b []byte, fold bool) int {
 	return 0
 }
 
-// gpt4Splitter implements the GPT-4 (cl100k) and Llama-3 pattern
+// splitGPT4 implements the GPT-4 (cl100k) and Llama-3 pattern
 //
 //	(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 //
-// and, with maxDigits 1, Qwen2's variant with \p{N} in place of \p{N}{1,3}.
-func gpt4Splitter(maxDigits int) splitter {
-	return func(b []byte, i int, ends []int) []int {
-		for i < len(b) && len(ends) < maxEnds {
-			if b[i] == '\'' {
-				if n := contraction(b[i+1:], true); n > 0 {
-					i += 1 + n
-					ends = append(ends, i)
-					continue
-				}
+// and splitQwen2 Qwen2's variant, with \p{N} in place of \p{N}{1,3}.
+// They are functions, not a closure made for the digit count: Go 1.26
+// compiles such a closure again inside each caller its maker is inlined
+// into, and those copies (the one a load used among them) inlined none of
+// its calls, classAt and lettersEnd8 included: two calls a word.
+func splitGPT4(b []byte, i int, ends []int) []int { return splitGPT4Like(b, i, ends, 3) }
+
+func splitQwen2(b []byte, i int, ends []int) []int { return splitGPT4Like(b, i, ends, 1) }
+
+func splitGPT4Like(b []byte, i int, ends []int, maxDigits int) []int {
+	for i < len(b) && len(ends) < maxEnds {
+		if b[i] == '\'' {
+			if n := contraction(b[i+1:], true); n > 0 {
+				i += 1 + n
+				ends = append(ends, i)
+				continue
 			}
-			c, w := classAt(b, i)
-			switch c {
-			case clsLetter:
-				if e, ok := lettersEnd8(b, i+w); ok {
+		}
+		c, w := classAt(b, i)
+		switch c {
+		case clsLetter:
+			if e, ok := lettersEnd8(b, i+w); ok {
+				i = e
+			} else {
+				i = scanLetters(b, i+w)
+			}
+			ends = append(ends, i)
+			continue
+		case clsNumber:
+			j := i + w
+			for k := 1; k < maxDigits && j < len(b); k++ {
+				c2, w2 := classAt(b, j)
+				if c2 != clsNumber {
+					break
+				}
+				j += w2
+			}
+			i = j
+			ends = append(ends, i)
+			continue
+		}
+		// [^\r\n\p{L}\p{N}]?\p{L}+ with a one-character prefix.
+		if b[i] != '\r' && b[i] != '\n' && i+w < len(b) {
+			c2, w2 := classAt(b, i+w)
+			if c2 == clsLetter {
+				if e, ok := lettersEnd8(b, i+w+w2); ok {
 					i = e
 				} else {
-					i = scanLetters(b, i+w)
+					i = scanLetters(b, i+w+w2)
 				}
 				ends = append(ends, i)
 				continue
-			case clsNumber:
-				j := i + w
-				for k := 1; k < maxDigits && j < len(b); k++ {
-					c2, w2 := classAt(b, j)
-					if c2 != clsNumber {
-						break
-					}
-					j += w2
-				}
-				i = j
-				ends = append(ends, i)
-				continue
 			}
-			// [^\r\n\p{L}\p{N}]?\p{L}+ with a one-character prefix.
-			if b[i] != '\r' && b[i] != '\n' && i+w < len(b) {
-				c2, w2 := classAt(b, i+w)
-				if c2 == clsLetter {
-					if e, ok := lettersEnd8(b, i+w+w2); ok {
-						i = e
-					} else {
-						i = scanLetters(b, i+w+w2)
-					}
-					ends = append(ends, i)
-					continue
-				}
-				// A space, then what is not a letter: c2 is the class of
-				// the character after it, for the punctuation rule below.
-				if b[i] == ' ' && c2 == clsOther {
-					j := scanClass(b, i+1, clsOther)
-					for j < len(b) && (b[j] == '\r' || b[j] == '\n') {
-						j++
-					}
-					i = j
-					ends = append(ends, i)
-					continue
-				}
-			}
-			// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-			j := i
-			cj := c
-			if b[i] == ' ' && i+1 < len(b) {
-				if c2, _ := classAt(b, i+1); c2 == clsOther {
-					j, cj = i+1, clsOther
-				}
-			}
-			if cj == clsOther {
-				j = scanClass(b, j, clsOther)
+			// A space, then what is not a letter: c2 is the class of
+			// the character after it, for the punctuation rule below.
+			if b[i] == ' ' && c2 == clsOther {
+				j := scanClass(b, i+1, clsOther)
 				for j < len(b) && (b[j] == '\r' || b[j] == '\n') {
 					j++
 				}
@@ -412,27 +401,44 @@ func gpt4Splitter(maxDigits int) splitter {
 				ends = append(ends, i)
 				continue
 			}
-			// c is whitespace. `\s*[\r\n]+`: the run up to its last line break.
-			j, nl := i, -1
-			for j < len(b) {
-				c2, w2 := classAt(b, j)
-				if c2 != clsSpace {
-					break
-				}
-				if b[j] == '\r' || b[j] == '\n' {
-					nl = j
-				}
-				j += w2
-			}
-			if nl >= 0 {
-				i = nl + 1
-			} else {
-				i = spaceRun(b, i)
-			}
-			ends = append(ends, i)
 		}
-		return ends
+		// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+		j := i
+		cj := c
+		if b[i] == ' ' && i+1 < len(b) {
+			if c2, _ := classAt(b, i+1); c2 == clsOther {
+				j, cj = i+1, clsOther
+			}
+		}
+		if cj == clsOther {
+			j = scanClass(b, j, clsOther)
+			for j < len(b) && (b[j] == '\r' || b[j] == '\n') {
+				j++
+			}
+			i = j
+			ends = append(ends, i)
+			continue
+		}
+		// c is whitespace. `\s*[\r\n]+`: the run up to its last line break.
+		j, nl := i, -1
+		for j < len(b) {
+			c2, w2 := classAt(b, j)
+			if c2 != clsSpace {
+				break
+			}
+			if b[j] == '\r' || b[j] == '\n' {
+				nl = j
+			}
+			j += w2
+		}
+		if nl >= 0 {
+			i = nl + 1
+		} else {
+			i = spaceRun(b, i)
+		}
+		ends = append(ends, i)
 	}
+	return ends
 }
 
 // Known Split patterns, as HF tokenizer.json files spell them.
@@ -449,9 +455,9 @@ func splitterFor(pattern string) splitter {
 	case patternGPT2:
 		return splitGPT2
 	case patternGPT4:
-		return gpt4Splitter(3)
+		return splitGPT4
 	case patternQwen2:
-		return gpt4Splitter(1)
+		return splitQwen2
 	}
 	return nil
 }

@@ -102,7 +102,7 @@ func Train(ctx context.Context, inputs []io.Reader, opts TrainOptions) ([]byte, 
 	}
 	split := splitGPT2
 	if opts.Pattern == "gpt4" {
-		split = gpt4Splitter(3)
+		split = splitGPT4
 	}
 	var specials []addedToken
 	for i, s := range opts.SpecialTokens {

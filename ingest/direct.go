@@ -197,7 +197,7 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	// The plan skips what the status lists; here the store itself says
 	// what it holds.
 	if m, err := tokens.ReadManifest(dir); err == nil {
-		if _, err := p.publishStatus(ctx, storeName, *m); err != nil {
+		if _, err := p.publishStatus(ctx, storeName, *m, Limits{}, Limits{}); err != nil {
 			return rep, err
 		}
 	}

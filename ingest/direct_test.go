@@ -179,7 +179,8 @@ func TestDirectStopsAtMaxTokens(t *testing.T) {
 	if st, err := os.Stat(filepath.Join(opt.StoreDir, "tokens.bin")); err != nil || st.Size() > opt.MaxDisk {
 		t.Fatalf("tokens.bin: %v, %v; want at most --max-disk %d bytes", st, err, opt.MaxDisk)
 	}
-	// Run again at the same limit, the store is already full: nothing is read.
+	// Run again at the same limit: the first file that does not fit stops
+	// it again, and nothing is appended.
 	rep, err = Direct(context.Background(), opt)
 	if err != nil || rep.Appended != 0 || !strings.Contains(rep.Stopped, "--max-disk") {
 		t.Fatalf("max disk again: %+v %v", rep, err)

@@ -277,7 +277,15 @@ type StoreStatus struct {
 	Bytes  int64 `json:"bytes"`
 	Shards int   `json:"shards"`
 	// Done lists the ids appended or recorded as skipped whole, sorted.
-	Done    []string  `json:"done"`
+	Done []string `json:"done"`
+	// Full holds the limits at which an append refused a shard that would
+	// pass them. The store is then full at them, and at any lower limit:
+	// a shard or plan under such a limit stops before it downloads or
+	// tokenizes a file, which would only be refused at its append too,
+	// rather than reading the rest of the dataset for nothing. An append
+	// under a larger limit, or none, clears it. Zero: not full (a status
+	// from before the field reads so).
+	Full    Limits    `json:"full,omitzero"`
 	Updated time.Time `json:"updated"`
 }
 
@@ -346,15 +354,40 @@ func (p *Pipeline) Status(ctx context.Context, storeName string) (StoreStatus, e
 	return st, nil
 }
 
-// reached says why a store at st has no room left, or "".
+// reached says why a store at st has no room left, or "": it is at the
+// limit, or an append refused a shard at this limit or a larger one.
 func (l Limits) reached(storeName string, st StoreStatus) string {
 	switch {
 	case l.MaxTokens > 0 && st.Tokens >= l.MaxTokens:
 		return fmt.Sprintf("ingest into token store %s stopped: it holds %d tokens, --max-tokens is %d", storeName, st.Tokens, l.MaxTokens)
 	case l.MaxDisk > 0 && st.Bytes >= l.MaxDisk:
 		return fmt.Sprintf("ingest into token store %s stopped: its tokens take %d bytes, --max-disk is %d", storeName, st.Bytes, l.MaxDisk)
+	case l.MaxTokens > 0 && st.Full.MaxTokens >= l.MaxTokens:
+		return fmt.Sprintf("ingest into token store %s stopped: it holds %d tokens and is full at --max-tokens %d (a shard that would pass --max-tokens %d was left out)",
+			storeName, st.Tokens, l.MaxTokens, st.Full.MaxTokens)
+	case l.MaxDisk > 0 && st.Full.MaxDisk >= l.MaxDisk:
+		return fmt.Sprintf("ingest into token store %s stopped: its tokens take %d bytes and it is full at --max-disk %d (a shard that would pass --max-disk %d was left out)",
+			storeName, st.Bytes, l.MaxDisk, st.Full.MaxDisk)
 	}
 	return ""
+}
+
+// fullAfter is what a store's Full becomes after an append under the
+// job's limits (or the refusal of its shard at refused): the largest limit
+// refused so far stays while appends come under it or a lower one (shards
+// tokenized before the refusal that still fit), and goes once an append
+// comes under a larger limit or none (the user raised it).
+func (full Limits) fullAfter(job, refused Limits) Limits {
+	after := func(full, job, refused int64) int64 {
+		switch {
+		case refused > 0:
+			return max(full, refused)
+		case job > 0 && job <= full:
+			return full
+		}
+		return 0
+	}
+	return Limits{MaxTokens: after(full.MaxTokens, job.MaxTokens, refused.MaxTokens), MaxDisk: after(full.MaxDisk, job.MaxDisk, refused.MaxDisk)}
 }
 
 // Plan lists the job's dataset in its seeded order and returns a ShardJob
@@ -520,6 +553,18 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		// a worker's disk holds one raw file per task at most.
 		defer os.Remove(dst)
 		local = dst
+		// An append may have filled the store during the download; the
+		// tokenization would cost more than the download (a file of
+		// Software Heritage ids fetches every blob it names) and its shard
+		// would only be refused.
+		if job.Limits != (Limits{}) {
+			if status, err = p.Status(ctx, job.Store); err != nil {
+				return out, false, err
+			}
+			if msg := job.Limits.reached(job.Store, status); msg != "" {
+				return out, false, &StopError{msg + "; " + job.Path + " was downloaded but not tokenized" + stopHint}
+			}
+		}
 	} else if err := checkLocalContent(ctx, job); err != nil {
 		return out, false, err
 	}
@@ -679,7 +724,7 @@ func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done
 			return res, err
 		}
 		res.Skipped = true
-		res.Status, err = p.publishStatus(ctx, job.Store, app.Manifest())
+		res.Status, err = p.publishStatus(ctx, job.Store, app.Manifest(), job.Limits, Limits{})
 		return res, err
 	}
 
@@ -687,12 +732,19 @@ func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done
 	appended := slices.ContainsFunc(m.Shards, func(s tokens.Shard) bool { return s.ID == job.ShardID })
 	if !appended {
 		width := int64(m.Dtype.Width())
+		var refused Limits
+		if job.Limits.MaxTokens > 0 && m.Tokens+job.Tokens > job.Limits.MaxTokens {
+			refused.MaxTokens = job.Limits.MaxTokens
+		}
+		if job.Limits.MaxDisk > 0 && (m.Tokens+job.Tokens)*width > job.Limits.MaxDisk {
+			refused.MaxDisk = job.Limits.MaxDisk
+		}
 		switch {
-		case job.Limits.MaxTokens > 0 && m.Tokens+job.Tokens > job.Limits.MaxTokens:
-			return res, p.stop(ctx, job, fmt.Sprintf("ingest into token store %s stopped before %s: the store holds %d tokens and this shard's %d would pass --max-tokens %d",
+		case refused.MaxTokens > 0:
+			return res, p.stop(ctx, job, m, refused, fmt.Sprintf("ingest into token store %s stopped before %s: the store holds %d tokens and this shard's %d would pass --max-tokens %d",
 				job.Store, job.Source, m.Tokens, job.Tokens, job.Limits.MaxTokens))
-		case job.Limits.MaxDisk > 0 && (m.Tokens+job.Tokens)*width > job.Limits.MaxDisk:
-			return res, p.stop(ctx, job, fmt.Sprintf("ingest into token store %s stopped before %s: its %d bytes of tokens would take the store from %d to %d bytes, past --max-disk %d",
+		case refused.MaxDisk > 0:
+			return res, p.stop(ctx, job, m, refused, fmt.Sprintf("ingest into token store %s stopped before %s: its %d bytes of tokens would take the store from %d to %d bytes, past --max-disk %d",
 				job.Store, job.Source, job.Tokens*width, m.Tokens*width, (m.Tokens+job.Tokens)*width, job.Limits.MaxDisk))
 		}
 		var ar tokens.AppendResult
@@ -716,7 +768,7 @@ func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done
 	if err := RecordSkips(ctx, app, base, job.Skipped); err != nil {
 		return res, err
 	}
-	if res.Status, err = p.publishStatus(ctx, job.Store, app.Manifest()); err != nil {
+	if res.Status, err = p.publishStatus(ctx, job.Store, app.Manifest(), job.Limits, Limits{}); err != nil {
 		return res, err
 	}
 	// Deleted last: until the status says the shard is in, a lost delete
@@ -727,20 +779,38 @@ func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done
 	return res, nil
 }
 
-// stop deletes a shard that will not be appended (it would only wait in
-// object storage for a limit that is not coming) and returns the StopError,
-// which the caller reports: the worker as its task's outcome, Direct in
-// its Report.
-func (p *Pipeline) stop(ctx context.Context, job AppendJob, msg string) error {
+// stop marks the store of m full at the limits that refused the job's
+// shard, so that the shards and plans under them stop before they read a
+// file, deletes the shard (it would only wait in object storage for a
+// limit that is not coming) and returns the StopError, which the caller
+// reports: the worker as its task's outcome, Direct in its Report. The
+// status is published first: should that fail, the task is retried with
+// its shard still there.
+func (p *Pipeline) stop(ctx context.Context, job AppendJob, m tokens.Manifest, refused Limits, msg string) error {
+	if _, err := p.publishStatus(ctx, job.Store, m, job.Limits, refused); err != nil {
+		return err
+	}
 	if err := p.Objects.Delete(ctx, job.Object); err != nil {
 		p.log().Warn("shard left in object storage", zap.String("object", job.Object), zap.Error(err))
 	}
 	return &StopError{msg + stopHint}
 }
 
-func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens.Manifest) (StoreStatus, error) {
+// publishStatus publishes the status of the store of m after an append
+// under limits, whose shard refused says the limits that refused it
+// (zero: not refused). The caller holds the store, so the Full read from
+// the status before is the latest.
+func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens.Manifest, limits, refused Limits) (StoreStatus, error) {
 	st := StoreStatus{Tokens: m.Tokens, Documents: m.Documents, Bytes: m.Tokens * int64(m.Dtype.Width()), Shards: len(m.Shards),
 		Done: make([]string, 0, len(m.Shards)+len(m.Skipped)), Updated: time.Now().UTC()}
+	// Without limits the marker goes whatever it was: no need to read it.
+	if limits != (Limits{}) {
+		before, err := p.Status(ctx, storeName)
+		if err != nil {
+			return st, err
+		}
+		st.Full = before.Full.fullAfter(limits, refused)
+	}
 	for _, s := range m.Shards {
 		st.Done = append(st.Done, s.ID)
 	}

@@ -104,7 +104,7 @@ func TestStatusOfAStore(t *testing.T) {
 	m := tokens.Manifest{Dtype: tokens.Uint16, Tokens: 10, Documents: 2,
 		Shards:  []tokens.Shard{{ID: "b", Tokens: 4}, {ID: "a", Tokens: 6}},
 		Skipped: []tokens.Skipped{{ID: "c", Reason: "empty-file: x"}, {ID: "a", Reason: "invalid-utf8", Count: 2}}}
-	if _, err := p.publishStatus(ctx, "s", m); err != nil {
+	if _, err := p.publishStatus(ctx, "s", m, Limits{}, Limits{}); err != nil {
 		t.Fatal(err)
 	}
 	st, err = p.Status(ctx, "s")

@@ -149,6 +149,13 @@ func appendLE(dst []byte, ids []uint32, width int) []byte {
 	dst = slices.Grow(dst, width*len(ids))[:n+width*len(ids)]
 	out := dst[n:]
 	if width == 2 {
+		// Four ids an 8-byte store, where a byte store each was 18
+		// instructions an id, a twelfth of encoding.
+		for len(ids) >= 4 && len(out) >= 8 {
+			binary.LittleEndian.PutUint64(out, uint64(uint16(ids[0]))|uint64(uint16(ids[1]))<<16|
+				uint64(uint16(ids[2]))<<32|uint64(uint16(ids[3]))<<48)
+			ids, out = ids[4:], out[8:]
+		}
 		out = out[:2*len(ids)] // one bounds check for the loop
 		for i, id := range ids {
 			out[2*i] = byte(id)

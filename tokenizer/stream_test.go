@@ -450,3 +450,30 @@ func TestEncodeReaderFromAFileMatchesWholeText(t *testing.T) {
 		}
 	}
 }
+
+// appendLE writes every id, of any count and at any offset in dst, as
+// the standard library's conversion does, in both widths; ids of 16 bits
+// or more keep their low 16 bits in width 2.
+func TestAppendLEMatchesTheStandardConversion(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for n := range 40 {
+		ids := make([]uint32, n)
+		for i := range ids {
+			ids[i] = rng.Uint32() >> rng.IntN(32)
+		}
+		for _, width := range []int{2, 4} {
+			prefix := []byte("abc")[:rng.IntN(4)]
+			want := append([]byte(nil), prefix...)
+			for _, id := range ids {
+				if width == 2 {
+					want = binary.LittleEndian.AppendUint16(want, uint16(id))
+				} else {
+					want = binary.LittleEndian.AppendUint32(want, id)
+				}
+			}
+			if got := appendLE(append([]byte(nil), prefix...), ids, width); !bytes.Equal(got, want) {
+				t.Fatalf("%d ids, width %d: %x, want %x", n, width, got, want)
+			}
+		}
+	}
+}

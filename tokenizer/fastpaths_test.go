@@ -163,3 +163,91 @@ func TestLettersEnd8AgreesWithScanLetters(t *testing.T) {
 		t.Fatalf("declined %d of 50000", declined)
 	}
 }
+
+// The GPT-4 and Qwen2 splitters' ASCII path cuts every text where the
+// general scan, one word at a time, does: random mixes of what the
+// pattern tells apart (contractions in either case, runs of digits,
+// spaces and line breaks of every kind, punctuation, multi-byte letters,
+// numbers and spaces, invalid UTF-8), long enough that the 16 bytes the
+// ASCII path reads ahead run out inside them.
+func TestGPT4SplitterMatchesTheGeneralScan(t *testing.T) {
+	general := func(b []byte, maxDigits int) []int {
+		var ends []int
+		for i := 0; i < len(b); {
+			i = gpt4WordEnd(b, i, maxDigits)
+			ends = append(ends, i)
+		}
+		return ends
+	}
+	pieces := []string{
+		"a", "Z", "q", "foo", "Hello", "é", "日本", "ſ", "'", "'s", "'T", "'re", "'VE", "'ll", "'d", "'m", "'x",
+		"1", "22", "333", "4444", "٣", "½", " ", "  ", "\t", "\v", "\f", "\r", "\n", "\r\n", "\n\n\t",
+		"\u00a0", "\u0085", "\u2003", "(", ").", "_", "{", "—", "\x80", "\xff", "\xc5", "\x00", "\x1f", "\x7f",
+		"))))))))", "\n\n\n\n\n\n\n\n", "        ", "\t\t\t\t", "12345678", "abcdefghijklm",
+	}
+	rng := rand.New(rand.NewPCG(11, 12))
+	for range 30_000 {
+		var b []byte
+		for range 1 + rng.IntN(40) {
+			b = append(b, pieces[rng.IntN(len(pieces))]...)
+		}
+		for _, sp := range []struct {
+			split     splitter
+			maxDigits int
+		}{{splitGPT4, 3}, {splitQwen2, 1}} {
+			want := general(b, sp.maxDigits)
+			var got, ends []int
+			for i := 0; i < len(b); {
+				ends = sp.split(b, i, ends[:0])
+				got = append(got, ends...)
+				i = ends[len(ends)-1]
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%q, %d digits: cut at %v, the general scan at %v", b, sp.maxDigits, got, want)
+			}
+		}
+	}
+}
+
+// splitWordsGPT4, the GPT-4 pattern's scan and the hot table's lookup in
+// one loop, gives every text the ids of its words cut by the general
+// scan and encoded one by one, with its table cold and warm: random
+// mixes as above, of many lengths (the last 16 bytes, which it leaves to
+// the general scan, fall anywhere among their words), and the golden
+// texts.
+func TestSplitWordsGPT4MatchesWordByWord(t *testing.T) {
+	tk := loadStyle(t, "gpt4-style")
+	pieces := []string{
+		"a", "Z", "foo", "Hello", "return", "abcdefghijklmnopq", "é", "日本", "ſ", "'", "'s", "'T", "'re", "'VE", "'ll",
+		"'x", "1", "22", "333", "4444", "٣", " ", "  ", "\t", "\r", "\n", "\r\n", "\n\n\t", "\u00a0", "\u2003",
+		"(", ").", "_", "{", "—", "\x80", "\xff", "\x00", ":=", "))))))))", "\n\n\n\n\n\n\n\n", "        ", "12345678",
+	}
+	rng := rand.New(rand.NewPCG(13, 14))
+	var docs [][]byte
+	for range 3_000 {
+		var b []byte
+		for range 1 + rng.IntN(60) {
+			b = append(b, pieces[rng.IntN(len(pieces))]...)
+		}
+		docs = append(docs, b)
+	}
+	for _, name := range texts {
+		docs = append(docs, readTestdata(t, name+".txt"))
+	}
+	for _, digits := range []int{3, 1} {
+		fused, plain := newEncoderState(tk), newEncoderState(tk)
+		for round := range 2 {
+			for _, text := range docs {
+				var want []uint32
+				for i := 0; i < len(text); {
+					e := gpt4WordEnd(text, i, digits)
+					want = plain.word(want, text[i:e])
+					i = e
+				}
+				if got := fused.splitWordsGPT4(nil, text, digits); !slices.Equal(got, want) {
+					t.Fatalf("%d digits, round %d, %q: %v, want %v", digits, round, text, got, want)
+				}
+			}
+		}
+	}
+}

@@ -284,7 +284,7 @@ func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
 			if c.Behavior != "Isolated" || c.Invert {
 				return formatErr("pre_tokenizer Split behavior %q (invert %v) is not supported (kiln supports Isolated, not inverted)", c.Behavior, c.Invert)
 			}
-			t.stages = append(t.stages, stage{split: sp})
+			t.stages = append(t.stages, stage{split: sp, gpt4Digits: gpt4DigitsOf(re)})
 			return nil
 		}
 		return formatErr("pre_tokenizer %q is not supported (kiln supports ByteLevel, Split and Sequence)", c.Type)

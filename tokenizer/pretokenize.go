@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/binary"
 	"math/bits"
+	"slices"
 	"unicode"
 	"unicode/utf8"
 )
@@ -131,6 +132,13 @@ func lettersEnd8(b []byte, j int) (end int, ok bool) {
 	// Only an ASCII byte ends the run here (the lowest stopping lane's own
 	// top bit clear); a longer character may be a letter.
 	return j + bits.TrailingZeros64(stop)/8, stop != 0 && stop&-stop&x == 0
+}
+
+// nonLetterLanes sets the top bit of each byte of x that is not an ASCII
+// letter: not in 'a'-'z' folded, or from 0x80 up.
+func nonLetterLanes(x uint64) uint64 {
+	v := x&^highBits | 0x20*lowBits
+	return (^((v + (0x80-'a')*lowBits) &^ (v + (0x7f-'z')*lowBits)) | x) & highBits
 }
 
 // scanLetters is scanClass for letters.
@@ -347,98 +355,310 @@ func splitGPT4(b []byte, i int, ends []int) []int { return splitGPT4Like(b, i, e
 func splitQwen2(b []byte, i int, ends []int) []int { return splitGPT4Like(b, i, ends, 1) }
 
 func splitGPT4Like(b []byte, i int, ends []int, maxDigits int) []int {
-	for i < len(b) && len(ends) < maxEnds {
-		if b[i] == '\'' {
-			if n := contraction(b[i+1:], true); n > 0 {
-				i += 1 + n
-				ends = append(ends, i)
-				continue
-			}
+	if cap(ends)-len(ends) < maxEnds {
+		ends = slices.Grow(ends, maxEnds)
+	}
+	// Stored by index into a slice whose length the loop tests: no call
+	// to grow it in the loop, whose values then stay in registers.
+	buf, n := ends[:cap(ends)], len(ends)
+	for stop := min(len(buf), len(ends)+maxEnds); i < len(b) && n < stop; n++ {
+		if i+16 <= len(b) {
+			i += gpt4Len(b, i, maxDigits)
+		} else {
+			i = gpt4WordEnd(b, i, maxDigits)
 		}
-		c, w := classAt(b, i)
-		switch c {
-		case clsLetter:
-			if e, ok := lettersEnd8(b, i+w); ok {
-				i = e
-			} else {
-				i = scanLetters(b, i+w)
+		buf[n] = i
+	}
+	return buf[:n]
+}
+
+// gpt4Len returns the length of the GPT-4 pattern's word at i, which has
+// 16 bytes of b from it: the words of ASCII text from those 16 bytes
+// alone, the rest from gpt4OtherEnd or gpt4WordEnd. The two commonest
+// words, a run of letters and one with a one-character prefix (" the",
+// ".x", "(err"), are told by the kinds of the first two bytes and ended
+// by one lane test when their letters end within the 16. splitWordsGPT4
+// has a copy of the letters' branch.
+func gpt4Len(b []byte, i int, digits int) int {
+	w := (*[16]byte)(b[i : i+16])
+	k0, k1 := gpt4Kind[w[0]], gpt4Kind[w[1]]
+	if k0 == kLetter || k1 == kLetter && k0 <= kBlank {
+		x0 := binary.LittleEndian.Uint64(w[:8])
+		// Past byte 0, the first letter or the prefix: byte 1 is
+		// then a letter.
+		if stop := nonLetterLanes(x0) &^ 0xff; stop != 0 {
+			n := bits.TrailingZeros64(stop) / 8
+			if stop&-stop&x0 != 0 { // a longer character: a letter?
+				return scanLetters(b, i+n) - i
 			}
-			ends = append(ends, i)
-			continue
-		case clsNumber:
-			j := i + w
-			for k := 1; k < maxDigits && j < len(b); k++ {
-				c2, w2 := classAt(b, j)
-				if c2 != clsNumber {
-					break
+			return n
+		}
+		x1 := binary.LittleEndian.Uint64(w[8:])
+		if stop := nonLetterLanes(x1); stop != 0 && stop&-stop&x1 == 0 {
+			return 8 + bits.TrailingZeros64(stop)/8
+		}
+		return scanLetters(b, i+8) - i
+	}
+	if n := gpt4ShortLen(w, k0, k1, digits); n > 0 {
+		return n
+	}
+	return gpt4OtherEnd(b, i, k0, k1, digits) - i
+}
+
+// gpt4ShortLen is the length of a word at w[0] that is neither letters
+// nor a prefix and letters, when it is ASCII and ends within w: found
+// there with no call, byte by byte (its runs are short: "()", " {\n",
+// "\n\t\t", "0"); 0 for any other word.
+func gpt4ShortLen(w *[16]byte, k0, k1 uint8, digits int) int {
+	if k1 == kHigh {
+		return 0 // a longer character: a letter after a prefix?
+	}
+	j := 1
+	switch k0 {
+	case kDigit:
+		// \p{N}{1,3}; an ASCII byte that stops the run short ends it,
+		// a longer character may be a number.
+		for ; j < digits && j < 16; j++ {
+			if k := gpt4Kind[w[j]]; k != kDigit {
+				if k == kHigh {
+					return 0
 				}
-				j += w2
-			}
-			i = j
-			ends = append(ends, i)
-			continue
-		}
-		// [^\r\n\p{L}\p{N}]?\p{L}+ with a one-character prefix.
-		if b[i] != '\r' && b[i] != '\n' && i+w < len(b) {
-			c2, w2 := classAt(b, i+w)
-			if c2 == clsLetter {
-				if e, ok := lettersEnd8(b, i+w+w2); ok {
-					i = e
-				} else {
-					i = scanLetters(b, i+w+w2)
-				}
-				ends = append(ends, i)
-				continue
-			}
-			// A space, then what is not a letter: c2 is the class of
-			// the character after it, for the punctuation rule below.
-			if b[i] == ' ' && c2 == clsOther {
-				j := scanClass(b, i+1, clsOther)
-				for j < len(b) && (b[j] == '\r' || b[j] == '\n') {
-					j++
-				}
-				i = j
-				ends = append(ends, i)
-				continue
-			}
-		}
-		// ` ?[^\s\p{L}\p{N}]+[\r\n]*`
-		j := i
-		cj := c
-		if b[i] == ' ' && i+1 < len(b) {
-			if c2, _ := classAt(b, i+1); c2 == clsOther {
-				j, cj = i+1, clsOther
-			}
-		}
-		if cj == clsOther {
-			j = scanClass(b, j, clsOther)
-			for j < len(b) && (b[j] == '\r' || b[j] == '\n') {
-				j++
-			}
-			i = j
-			ends = append(ends, i)
-			continue
-		}
-		// c is whitespace. `\s*[\r\n]+`: the run up to its last line break.
-		j, nl := i, -1
-		for j < len(b) {
-			c2, w2 := classAt(b, j)
-			if c2 != clsSpace {
 				break
 			}
-			if b[j] == '\r' || b[j] == '\n' {
-				nl = j
+		}
+		return j
+	case kQuote:
+		switch w[1] | 0x20 { // case-insensitive
+		case 's', 't', 'm', 'd':
+			return 2
+		case 'r', 'v':
+			if w[2]|0x20 == 'e' {
+				return 3
+			}
+		case 'l':
+			if w[2]|0x20 == 'l' {
+				return 3
+			}
+		}
+		if k1 == kLetter {
+			return 0
+		}
+	case kSpace:
+		if k1 == kOther || k1 == kQuote {
+			j = 2
+		} else {
+			j = 0
+		}
+	case kBlank, kBreak:
+		j = 0
+	case kHigh:
+		return 0
+	}
+	if j > 0 {
+		// ` ?[^\s\p{L}\p{N}]+[\r\n]*` from j.
+		for ; j < 16; j++ {
+			if k := gpt4Kind[w[j]]; k != kOther && k != kQuote {
+				if k == kHigh {
+					return 0
+				}
+				break
+			}
+		}
+		for ; j < 16 && gpt4Kind[w[j]] == kBreak; j++ {
+		}
+		if j == 16 {
+			return 0 // it may go on
+		}
+		return j
+	}
+	// Whitespace: `\s*[\r\n]+|\s+(?!\S)|\s+`.
+	nl := -1
+	for ; j < 16; j++ {
+		k := gpt4Kind[w[j]]
+		if k == kBreak {
+			nl = j
+		} else if k != kSpace && k != kBlank {
+			if k == kHigh {
+				return 0
+			}
+			break
+		}
+	}
+	switch {
+	case j == 16:
+		return 0 // it may go on, or reach the end of the text
+	case nl >= 0:
+		return nl + 1
+	case j == 1:
+		return 1
+	}
+	return j - 1
+}
+
+// Kinds of bytes for the GPT-4 pattern's ASCII path. The kinds that can
+// prefix a run of letters come first.
+const (
+	kOther  = iota // [^\s\p{L}\p{N}] but the apostrophe
+	kSpace         // ' '
+	kBlank         // \t \v \f: whitespace that is not ' ' nor a line break
+	kLetter        // [A-Za-z]
+	kDigit         // [0-9]
+	kBreak         // \r \n
+	kQuote         // ', which may start a contraction
+	kHigh          // 0x80 and up: part of a longer character
+)
+
+var gpt4Kind [256]uint8
+
+func init() {
+	for c := range 256 {
+		var k uint8
+		switch {
+		case c >= utf8.RuneSelf:
+			k = kHigh
+		case c == '\'':
+			k = kQuote
+		case c == '\r', c == '\n':
+			k = kBreak
+		case c == ' ':
+			k = kSpace
+		case asciiClass[c] == clsSpace:
+			k = kBlank
+		case asciiClass[c] == clsLetter:
+			k = kLetter
+		case asciiClass[c] == clsNumber:
+			k = kDigit
+		default:
+			k = kOther
+		}
+		gpt4Kind[c] = k
+	}
+}
+
+// gpt4OtherEnd is splitGPT4Like's ASCII path for the words that are not
+// letters: b[i] and b[i+1], of kinds k0 and k1, are not a letter nor a
+// prefix and a letter, and 16 bytes from i are in b. Where a character
+// that is not ASCII could change the word, gpt4WordEnd decides it.
+func gpt4OtherEnd(b []byte, i int, k0, k1 uint8, maxDigits int) int {
+	if k0 == kHigh || k1 == kHigh {
+		return gpt4WordEnd(b, i, maxDigits)
+	}
+	switch k0 {
+	case kDigit:
+		// \p{N}{1,3}: an ASCII digit that stops the run short leaves
+		// the rest to the general scan, in case it is a number.
+		j := i + 1
+		for ; j-i < maxDigits; j++ {
+			if k := gpt4Kind[b[j]]; k != kDigit {
+				if k == kHigh {
+					return gpt4WordEnd(b, i, maxDigits)
+				}
+				break
+			}
+		}
+		return j
+	case kQuote:
+		if c := contraction(b[i+1:], true); c > 0 {
+			return i + 1 + c
+		}
+		if k1 == kLetter {
+			return scanLetters(b, i+2)
+		}
+		return otherRunEnd(b, i+1)
+	case kOther:
+		return otherRunEnd(b, i+1)
+	case kSpace:
+		if k1 == kOther || k1 == kQuote {
+			return otherRunEnd(b, i+2)
+		}
+	}
+	// Whitespace: `\s*[\r\n]+|\s+(?!\S)|\s+`.
+	j, nl := i, -1
+	for ; j < len(b); j++ {
+		k := gpt4Kind[b[j]]
+		if k == kBreak {
+			nl = j
+		} else if k != kSpace && k != kBlank {
+			if k == kHigh {
+				return gpt4WordEnd(b, i, maxDigits)
+			}
+			break
+		}
+	}
+	switch {
+	case nl >= 0:
+		return nl + 1
+	case j == len(b) || j == i+1:
+		return j
+	}
+	return j - 1
+}
+
+// otherRunEnd ends ` ?[^\s\p{L}\p{N}]+[\r\n]*` whose run of
+// punctuation goes on from j.
+func otherRunEnd(b []byte, j int) int {
+	j = scanOther(b, j)
+	for j < len(b) && (b[j] == '\r' || b[j] == '\n') {
+		j++
+	}
+	return j
+}
+
+// gpt4WordEnd returns the end of the GPT-4 pattern's word that starts at
+// b[i], for any text: the general scan.
+func gpt4WordEnd(b []byte, i int, maxDigits int) int {
+	if b[i] == '\'' {
+		if n := contraction(b[i+1:], true); n > 0 {
+			return i + 1 + n
+		}
+	}
+	c, w := classAt(b, i)
+	switch c {
+	case clsLetter:
+		return scanLetters(b, i+w)
+	case clsNumber:
+		j := i + w
+		for k := 1; k < maxDigits && j < len(b); k++ {
+			c2, w2 := classAt(b, j)
+			if c2 != clsNumber {
+				break
 			}
 			j += w2
 		}
-		if nl >= 0 {
-			i = nl + 1
-		} else {
-			i = spaceRun(b, i)
-		}
-		ends = append(ends, i)
+		return j
 	}
-	return ends
+	// [^\r\n\p{L}\p{N}]?\p{L}+ with a one-character prefix.
+	if b[i] != '\r' && b[i] != '\n' && i+w < len(b) {
+		c2, w2 := classAt(b, i+w)
+		if c2 == clsLetter {
+			return scanLetters(b, i+w+w2)
+		}
+		// A space, then what is not a letter: c2 is the class of
+		// the character after it, for the punctuation rule below.
+		if b[i] == ' ' && c2 == clsOther {
+			return otherRunEnd(b, i+1)
+		}
+	}
+	// ` ?[^\s\p{L}\p{N}]+[\r\n]*` (with the space, above).
+	if c == clsOther {
+		return otherRunEnd(b, i)
+	}
+	// c is whitespace. `\s*[\r\n]+`: the run up to its last line break.
+	j, nl := i, -1
+	for j < len(b) {
+		c2, w2 := classAt(b, j)
+		if c2 != clsSpace {
+			break
+		}
+		if b[j] == '\r' || b[j] == '\n' {
+			nl = j
+		}
+		j += w2
+	}
+	if nl >= 0 {
+		return nl + 1
+	}
+	return spaceRun(b, i)
 }
 
 // Known Split patterns, as HF tokenizer.json files spell them.
@@ -447,6 +667,18 @@ const (
 	patternGPT4  = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 	patternQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 )
+
+// gpt4DigitsOf is the most digits a word has under a GPT-4-like pattern
+// (3 for GPT-4's, 1 for Qwen2's), or 0 for another pattern.
+func gpt4DigitsOf(pattern string) int {
+	switch pattern {
+	case patternGPT4:
+		return 3
+	case patternQwen2:
+		return 1
+	}
+	return 0
+}
 
 // splitterFor returns the scanner for a Split pattern, or nil when the
 // pattern is not one kiln implements.

@@ -488,10 +488,11 @@ func TestIngestThroughTheQueue(t *testing.T) {
 }
 
 // --max-tokens and --max-disk stop an ingest through the queue before the
-// store passes them, as its planned end: the appends that would pass
-// complete (progress state "stopped") with the limit named, logged at info,
-// their shards are dropped, and a plan against a full store completes the
-// same way; nothing is archived or retried.
+// store passes them, as its planned end: the appends that would pass, and
+// the shards that start once one was refused, complete (progress state
+// "stopped") with the limit named, logged at info, the shards are dropped,
+// and a plan against a full store completes the same way; nothing is
+// archived or retried.
 func TestIngestStopsAtLimits(t *testing.T) {
 	e := newIngestEnv(t)
 	core, logs := observer.New(zap.InfoLevel)
@@ -537,23 +538,33 @@ func TestIngestStopsAtLimits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A file stops at its append, or, once an append was refused and
+		// the store is full, at its shard.
 		for _, ts := range snap.Tasks {
-			a, err := scheduler.DecodeTask[scheduler.IngestAppend](ts.Payload)
-			if ts.Kind != scheduler.KindIngestAppend || err != nil || a.Store != c.name {
+			var store string
+			switch ts.Kind {
+			case scheduler.KindIngestAppend:
+				a, _ := scheduler.DecodeTask[scheduler.IngestAppend](ts.Payload)
+				store = a.Store
+			case scheduler.KindIngestShard:
+				a, _ := scheduler.DecodeTask[scheduler.IngestShard](ts.Payload)
+				store = a.Store
+			}
+			if store != c.name {
 				continue
 			}
 			if ts.State != "completed" || ts.LastErr != "" {
-				t.Fatalf("%s: append %s is %s: %q", c.name, ts.ID, ts.State, ts.LastErr)
+				t.Fatalf("%s: %s %s is %s: %q", c.name, ts.Kind, ts.ID, ts.State, ts.LastErr)
 			}
 			if ts.Progress.State == "stopped" {
 				if !strings.Contains(ts.Progress.Message, "store "+c.name+" stopped") || !strings.Contains(ts.Progress.Message, c.flag) {
-					t.Fatalf("%s: stopped append says %q", c.name, ts.Progress.Message)
+					t.Fatalf("%s: stopped %s says %q", c.name, ts.Kind, ts.Progress.Message)
 				}
 				stopped++
 			}
 		}
 		if stopped == 0 || len(m.Shards)+stopped != 6 {
-			t.Fatalf("%s: %d appended and %d appends stopped at the limit; want the 6 files split between them", c.name, len(m.Shards), stopped)
+			t.Fatalf("%s: %d appended and %d files stopped at the limit; want the 6 files split between them", c.name, len(m.Shards), stopped)
 		}
 		logged := logs.FilterMessage("task done: the ingest reached its limit").FilterFieldKey("reason").All()
 		n := 0

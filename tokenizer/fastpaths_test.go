@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
 	"slices"
@@ -31,10 +32,17 @@ func randomWords(rng *rand.Rand, n, maxLen int) [][]byte {
 // beyond), each encoded from the merges alone and then twice by one warm state,
 // once with the table's limit low enough that it fills and starts over.
 func TestWordCacheAgreesWithTheMerges(t *testing.T) {
-	words := randomWords(rand.New(rand.NewPCG(5, 6)), 40_000, 20)
-	defer func(old int) { wordTableMax = old }(wordTableMax)
+	rng := rand.New(rand.NewPCG(5, 6))
+	words := randomWords(rng, 40_000, 20)
+	// Long words, cached up to maxCachedWord bytes: runs of one
+	// character, as a comment's line of dashes, and mixes.
+	for n := 16; n <= maxCachedWord+100; n += 1 + n/8 {
+		words = append(words, bytes.Repeat([]byte{"-= \t\n"[rng.IntN(5)]}, n), randomWords(rng, 1, n)[0])
+	}
+	defer func(old, oldBytes int) { wordTableMax, cacheKeyBytes = old, oldBytes }(wordTableMax, cacheKeyBytes)
 	for _, limit := range []int{wordTableMax, 2 * wordTableMin} {
-		wordTableMax = limit
+		// The low limits fill the tables and the long words' cache.
+		wordTableMax, cacheKeyBytes = limit, limit
 		for _, style := range styles {
 			tk := loadStyle(t, style)
 			warm, fresh := newEncoderState(tk), newEncoderState(tk)

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"math/bits"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"unicode"
@@ -291,9 +290,11 @@ type encoderState struct {
 	words wordTable           // words of up to maxPacked bytes -> ids
 	cache map[string][]uint32 // longer words -> ids
 	arena []uint32            // backing store for the ids of longer words
-	ends  [][]int             // per stage
-	syms  []uint32
-	ranks [longWord]uint64 // merge's scratch
+	// cacheBytes is the bytes of cache's keys.
+	cacheBytes int
+	ends       [][]int // per stage
+	syms       []uint32
+	ranks      [longWord]uint64 // merge's scratch
 }
 
 // encode runs added-token matching, normalization, pre-tokenization and BPE.
@@ -392,6 +393,9 @@ func (st *encoderState) splitWords(dst []uint32, piece []byte, split splitter, k
 // splitWords.
 func (st *encoderState) splitWordsGPT4(dst []uint32, b []byte, digits int) []uint32 {
 	hot := st.words.hot
+	// The ids go into out, dst to its capacity, up to m: one test a word
+	// for room, and no slice to rebuild.
+	out, m := dst[:cap(dst)], len(dst)
 	i := 0
 	for i+16 <= len(b) {
 		// The 16 bytes at i, read once: the splitter's tests and the
@@ -400,49 +404,44 @@ func (st *encoderState) splitWordsGPT4(dst []uint32, b []byte, digits int) []uin
 		x0 := binary.LittleEndian.Uint64(w[:8])
 		x1 := binary.LittleEndian.Uint64(w[8:])
 		// The word's length, as gpt4Len finds it (the tests hold both
-		// to the general scan), the letters' branch written out here.
-		var n int
+		// to the general scan), with no call for the words that end
+		// in the 16 bytes with an ASCII byte; n stays 0 for the others.
+		n := 0
 		if k0, k1 := gpt4Kind[w[0]], gpt4Kind[w[1]]; k0 == kLetter || k1 == kLetter && k0 <= kBlank {
 			// Past byte 0, the first letter or the prefix: byte 1 is
 			// then a letter.
 			if stop := nonLetterLanes(x0) &^ 0xff; stop != 0 {
-				n = bits.TrailingZeros64(stop) / 8
-				if stop&-stop&x0 != 0 { // a longer character: a letter?
-					n = scanLetters(b, i+n) - i
+				if stop&-stop&x0 == 0 {
+					n = bits.TrailingZeros64(stop) / 8
 				}
-			} else if stop = nonLetterLanes(x1); stop != 0 {
+			} else if stop = nonLetterLanes(x1); stop != 0 && stop&-stop&x1 == 0 {
 				n = 8 + bits.TrailingZeros64(stop)/8
-				if stop&-stop&x1 != 0 {
-					n = scanLetters(b, i+n) - i
-				}
-			} else {
-				n = scanLetters(b, i+16) - i
 			}
-		} else if n = gpt4ShortLen(w, k0, k1, digits); n == 0 {
-			n = gpt4OtherEnd(b, i, k0, k1, digits) - i
+		} else {
+			n = gpt4ShortLen(w, k0, k1, digits)
+		}
+		if n == 0 {
+			n = gpt4Len(b, i, digits)
 		}
 		if n <= maxPacked {
 			// The word's key, as packInPlace makes it.
-			m := &packMasks[n&15]
-			k0, k1 := x0&m[0], x1&m[1]|uint64(n)<<56
-			if h := &hot[hashWord(k0, k1)>>(64-hotBits)]; h.k0 == k0 && h.k1 == k1 && uint32(h.v)&inArena == 0 {
-				// One id or two: both stored, the length set by
+			pm := &packMasks[n&15]
+			k0, k1 := x0&pm[0], x1&pm[1]|uint64(n)<<56
+			if h := &hot[hashWord(k0, k1)>>(64-hotBits)]; h.k0 == k0 && h.k1 == k1 && uint32(h.v)&inArena == 0 && m+2 <= len(out) {
+				// One id or two: both stored, the count set by
 				// whether the second is noID (ids are below 1<<31).
 				lo, hi := uint32(h.v), uint32(h.v>>32)
-				l := len(dst)
-				if cap(dst)-l < 2 {
-					dst = slices.Grow(dst, 2)
-				}
-				dst = dst[:l+2]
-				dst[l], dst[l+1] = lo, hi
-				dst = dst[:l+2-int(hi>>31)]
+				out[m], out[m+1] = lo, hi
+				m += 2 - int(hi>>31)
 				i += n
 				continue
 			}
 		}
-		dst = st.word(dst, b[i:i+n])
+		dst = st.word(out[:m], b[i:i+n])
+		out, m = dst[:cap(dst)], len(dst)
 		i += n
 	}
+	dst = out[:m]
 	for i < len(b) {
 		e := gpt4WordEnd(b, i, digits)
 		dst = st.word(dst, b[i:e])
@@ -461,9 +460,15 @@ var packMasks = func() (m [16][2]uint64) {
 	return m
 }()
 
-// maxCachedWord bounds the words kept in the cache; longer ones are rare
-// and would make the cache's memory unbounded.
-const maxCachedWord = 64
+// maxCachedWord bounds the words kept in the cache, and cacheKeyBytes
+// (a variable for tests) their bytes in an encoder's cache, which starts
+// over when they pass it. Words of up to 1 KiB are kept: runs such as a
+// comment's line of 70 dashes recur, and a word of 64 bytes and up, not
+// kept before, was a quarter of the merging on Go sources (a run's merge
+// takes time that grows as its length squared).
+const maxCachedWord = 1 << 10
+
+var cacheKeyBytes = 8 << 20
 
 // word appends the ids of one pre-tokenized word.
 func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
@@ -523,10 +528,11 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 	start := len(dst)
 	dst = st.merge(dst, w)
 	if len(w) <= maxCachedWord {
-		if len(st.cache) >= st.t.maxCache {
+		if len(st.cache) >= st.t.maxCache || st.cacheBytes > cacheKeyBytes {
 			clear(st.cache)
-			st.arena = nil
+			st.arena, st.cacheBytes = nil, 0
 		}
+		st.cacheBytes += len(w)
 		ids := dst[start:]
 		if cap(st.arena)-len(st.arena) < len(ids) {
 			st.arena = make([]uint32, 0, 1<<14)

@@ -427,12 +427,18 @@ func (st *encoderState) splitWordsGPT4(dst []uint32, b []byte, digits int) []uin
 			// The word's key, as packInPlace makes it.
 			pm := &packMasks[n&15]
 			k0, k1 := x0&pm[0], x1&pm[1]|uint64(n)<<56
-			if h := &hot[hashWord(k0, k1)>>(64-hotBits)]; h.k0 == k0 && h.k1 == k1 && uint32(h.v)&inArena == 0 && m+2 <= len(out) {
-				// One id or two: both stored, the count set by
-				// whether the second is noID (ids are below 1<<31).
-				lo, hi := uint32(h.v), uint32(h.v>>32)
-				out[m], out[m+1] = lo, hi
-				m += 2 - int(hi>>31)
+			if h := &hot[hashWord(k0, k1)>>(64-hotBits)]; h.k0 == k0 && h.k1 == k1 {
+				if lo, hi := uint32(h.v), uint32(h.v>>32); lo&inArena == 0 && m+2 <= len(out) {
+					// One id or two: both stored, the count set by
+					// whether the second is noID (ids are below 1<<31).
+					out[m], out[m+1] = lo, hi
+					m += 2 - int(hi>>31)
+				} else {
+					// More ids (a tenth of the words that miss the
+					// hot table's two-id path), from the table's arena.
+					dst = st.words.appendIDs(out[:m], h.v)
+					out, m = dst[:cap(dst)], len(dst)
+				}
 				i += n
 				continue
 			}

@@ -74,47 +74,90 @@ const longWord = 128
 // leftmost first among equal ranks, as HF's Word::merge_all does, and
 // returns the merged symbols.
 func (m *mergeTable) merge(syms []uint32) []uint32 {
-	var scratch [longWord]uint64
+	var scratch mergeScratch
 	return m.mergeWith(syms, &scratch)
 }
 
-// mergeWith is merge with scratch space for the ranks of short words, which
-// an encoder keeps: zeroing a fresh array for every word it merged was a
-// tenth of the merging.
-func (m *mergeTable) mergeWith(syms []uint32, scratch *[longWord]uint64) []uint32 {
-	if len(syms) < 2 {
+// mergeScratch is mergeWith's working space for a word of up to longWord
+// symbols, which an encoder keeps: zeroing a fresh one for every word it
+// merged was a tenth of the merging.
+type mergeScratch struct {
+	// keys[i] is the merge of the pair starting at symbol i as rank<<8 | i,
+	// so that the smallest is the lowest rank, leftmost; noKey when the
+	// pair has no merge or symbol i is merged away; ids[i] its token.
+	keys       [longWord]uint64
+	ids        [longWord]uint32
+	next, prev [longWord]uint8 // the symbols left, in order
+}
+
+// noKey is above every merge's key (a rank has 32 bits), and leaves keys'
+// differences in an int64.
+const noKey = uint64(1) << 62
+
+// minKey is min(a, b) for keys, with no branch.
+func minKey(a, b uint64) uint64 {
+	d := int64(a - b)
+	return b + uint64(d&(d>>63))
+}
+
+// mergeWith is merge with scratch space. The symbols stay where they are,
+// linked in order, and a merge takes the smallest key by a branch-free
+// scan: shifting the symbols and their ranks after each merge (two copies)
+// and finding the lowest rank by comparisons that the branch predictor
+// missed took half as long again.
+func (m *mergeTable) mergeWith(syms []uint32, s *mergeScratch) []uint32 {
+	n := len(syms)
+	if n < 2 {
 		return syms
 	}
-	if len(syms) > longWord {
+	if n > longWord {
 		return m.mergeHeap(syms)
 	}
-	ranks := scratch[:len(syms)-1] // ranks[i]: merge of (syms[i], syms[i+1])
-	for i := range ranks {
-		ranks[i] = m.get(syms[i], syms[i+1])
-	}
-	for len(ranks) > 0 {
-		best, at := noMerge, -1
-		for i, r := range ranks {
-			if r < best {
-				best, at = r, i
-			}
+	keys := s.keys[:n]
+	pair := func(i, j int) {
+		v := m.get(syms[i], syms[j])
+		keys[i], s.ids[i] = v>>32<<8|uint64(i), uint32(v)
+		if v == noMerge {
+			keys[i] = noKey
 		}
-		if at < 0 {
+	}
+	for i := 0; i < n-1; i++ {
+		pair(i, i+1)
+		s.next[i], s.prev[i+1] = uint8(i+1), uint8(i)
+	}
+	keys[n-1], s.next[n-1], s.prev[0] = noKey, uint8(n), 0xff
+	for {
+		// Two chains of minima, side by side, by arithmetic: Go
+		// compiles min and comparisons of these to branches.
+		best, b1 := keys[len(keys)-1], noKey
+		for i := 0; i+2 <= len(keys); i += 2 {
+			best, b1 = minKey(best, keys[i]), minKey(b1, keys[i+1])
+		}
+		best = minKey(best, b1)
+		if best == noKey {
 			break
 		}
-		syms[at] = uint32(best)
-		copy(syms[at+1:], syms[at+2:])
-		syms = syms[:len(syms)-1]
-		copy(ranks[at:], ranks[at+1:])
-		ranks = ranks[:len(ranks)-1]
-		if at > 0 {
-			ranks[at-1] = m.get(syms[at-1], syms[at])
+		i := int(best & 0xff)
+		j := int(s.next[i])
+		syms[i] = s.ids[i]
+		keys[j] = noKey
+		k := int(s.next[j])
+		s.next[i] = uint8(k)
+		if k < n {
+			s.prev[k] = uint8(i)
+			pair(i, k)
+		} else {
+			keys[i] = noKey
 		}
-		if at < len(ranks) {
-			ranks[at] = m.get(syms[at], syms[at+1])
+		if p := int(s.prev[i]); p < n {
+			pair(p, i)
 		}
 	}
-	return syms
+	out := syms[:0]
+	for i := 0; i < n; i = int(s.next[i]) {
+		out = append(out, syms[i])
+	}
+	return out
 }
 
 // mergeHeap is merge for long words: a doubly linked list of symbols and a

@@ -294,7 +294,7 @@ type encoderState struct {
 	cacheBytes int
 	ends       [][]int // per stage
 	syms       []uint32
-	ranks      [longWord]uint64 // merge's scratch
+	scratch    mergeScratch
 }
 
 // encode runs added-token matching, normalization, pre-tokenization and BPE.
@@ -576,7 +576,7 @@ func (st *encoderState) merge(dst []uint32, w []byte) []uint32 {
 		}
 		syms = append(syms, id)
 	}
-	syms = t.merges.mergeWith(syms, &st.ranks)
+	syms = t.merges.mergeWith(syms, &st.scratch)
 	dst = append(dst, syms...)
 	if cap(syms) <= 4*longWord {
 		st.syms = syms[:0]

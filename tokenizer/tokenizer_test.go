@@ -89,24 +89,34 @@ func TestInvalidUTF8RoundTrip(t *testing.T) {
 }
 
 // The heap merge for long words and the scan for short ones must agree
-// exactly; a long word of repeated and random text exercises both.
+// exactly; words of 2 to longWord bytes, of letters, of what code has
+// (runs of one character, spaces, punctuation, digits) and of anything,
+// exercise both, one scratch space serving every word as in an encoder.
 func TestLongWordMergeAgrees(t *testing.T) {
-	tk := loadStyle(t, "gpt2-style")
 	r := rand.New(rand.NewPCG(3, 4))
-	for trial := 0; trial < 50; trial++ {
-		n := 2 + r.IntN(120)
-		w := make([]byte, n)
-		for i := range w {
-			w[i] = "etaoinshrdlu_"[r.IntN(13)]
-		}
-		syms := make([]uint32, n)
-		for i, c := range w {
-			syms[i] = tk.byteID[c]
-		}
-		a := tk.merges.merge(append([]uint32(nil), syms...))
-		b := tk.merges.mergeHeap(append([]uint32(nil), syms...))
-		if firstDiff(a, b) >= 0 {
-			t.Fatalf("word %q: scan %v heap %v", w, a, b)
+	alphabets := []string{"etaoinshrdlu_", "  \t\n-=*/(){}:;.,0123456789xyz", "\x00\x80\xff\xc3\xa9e"}
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		var scratch mergeScratch
+		for trial := 0; trial < 3000; trial++ {
+			n := 2 + r.IntN(longWord-1)
+			alphabet := alphabets[trial%len(alphabets)]
+			w := make([]byte, n)
+			for i := range w {
+				w[i] = alphabet[r.IntN(len(alphabet))]
+				if trial%7 == 0 && i > 0 {
+					w[i] = w[i-1] // runs of one character
+				}
+			}
+			syms := make([]uint32, n)
+			for i, c := range w {
+				syms[i] = tk.byteID[c]
+			}
+			a := tk.merges.mergeWith(append([]uint32(nil), syms...), &scratch)
+			b := tk.merges.mergeHeap(append([]uint32(nil), syms...))
+			if firstDiff(a, b) >= 0 {
+				t.Fatalf("%s, word %q: scan %v heap %v", style, w, a, b)
+			}
 		}
 	}
 }

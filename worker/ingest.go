@@ -180,9 +180,19 @@ func (c *Ingest) shard(ctx context.Context, a scheduler.IngestShard) error {
 	if out.SkipReason != "" {
 		rep.Message(ctx, fmt.Sprintf("%s skipped (%s): %s", a.Path, out.SkipReason, out.SkipMessage))
 	} else {
-		rep.Message(ctx, fmt.Sprintf("%s: %d documents, %d tokens, skipped documents: %s", a.Path, out.Documents, out.Tokens, out.Skipped))
+		rep.Message(ctx, shardDone(a.Path, out))
 	}
 	return nil
+}
+
+// shardDone is a tokenized shard's last progress message: its documents
+// and tokens, and the documents left out by reason when there were any.
+func shardDone(path string, out ingest.AppendJob) string {
+	msg := fmt.Sprintf("%s: %d documents, %d tokens", path, out.Documents, out.Tokens)
+	if len(out.Skipped) > 0 {
+		msg += ", skipped documents: " + out.Skipped.String()
+	}
+	return msg
 }
 
 // append appends one shard to its store; the append queue has one

@@ -908,3 +908,16 @@ func TestIngestPlanWaitsForItsTokenizer(t *testing.T) {
 		t.Errorf("after the plan, %d live tasks fill store later (%v); want its 2 files' tasks", n, err)
 	}
 }
+
+// A shard's last message lists the documents left out only when there were
+// some: a clean file's does not end in an empty list.
+func TestShardDoneMessage(t *testing.T) {
+	clean := shardDone("data/a.parquet", ingest.AppendJob{Documents: 5, Tokens: 105})
+	if clean != "data/a.parquet: 5 documents, 105 tokens" {
+		t.Errorf("clean shard: %q", clean)
+	}
+	some := shardDone("data/b.parquet", ingest.AppendJob{Documents: 5, Tokens: 105, Skipped: ingest.Skips{"invalid-utf8": 1, "empty": 2}})
+	if some != "data/b.parquet: 5 documents, 105 tokens, skipped documents: empty=2, invalid-utf8=1" {
+		t.Errorf("shard with skipped documents: %q", some)
+	}
+}

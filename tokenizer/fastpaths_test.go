@@ -259,3 +259,41 @@ func TestSplitWordsGPT4MatchesWordByWord(t *testing.T) {
 		}
 	}
 }
+
+// The GPT-4 splitter and splitWordsGPT4 cut any bytes where the general
+// scan does, and give its words' ids.
+func FuzzGPT4MatchesTheGeneralScan(f *testing.F) {
+	for _, s := range []string{"", "Hello, world!\n", "\tx := y[12345]\r\n\n  // it's 'ok'", "日本語 ſt\u00a0\u2003 ٣٤ \xff\xc5"} {
+		f.Add([]byte(s))
+	}
+	tk := loadStyle(f, "gpt4-style")
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, digits := range []int{3, 1} {
+			var want, ids []uint32
+			var ends []int
+			st := newEncoderState(tk)
+			for i := 0; i < len(b); {
+				e := gpt4WordEnd(b, i, digits)
+				ends = append(ends, e)
+				ids = st.word(ids, b[i:e])
+				i = e
+			}
+			want = ids
+			var got []int
+			for i := 0; i < len(b); {
+				cut := splitGPT4Like(b, i, nil, digits)
+				got = append(got, cut...)
+				i = cut[len(cut)-1]
+			}
+			if !slices.Equal(got, ends) {
+				t.Fatalf("%q, %d digits: cut at %v, the general scan at %v", b, digits, got, ends)
+			}
+			fused := newEncoderState(tk)
+			for round := range 2 {
+				if got := fused.splitWordsGPT4(nil, b, digits); !slices.Equal(got, want) {
+					t.Fatalf("%q, %d digits, round %d: %v, want %v", b, digits, round, got, want)
+				}
+			}
+		}
+	})
+}

@@ -535,10 +535,11 @@ func init() {
 	}
 }
 
-// gpt4OtherEnd is splitGPT4Like's ASCII path for the words that are not
-// letters: b[i] and b[i+1], of kinds k0 and k1, are not a letter nor a
-// prefix and a letter, and 16 bytes from i are in b. Where a character
-// that is not ASCII could change the word, gpt4WordEnd decides it.
+// gpt4OtherEnd ends, in b, the words that are not letters and that
+// gpt4ShortLen leaves (runs past 16 bytes, a quote before letters): b[i]
+// and b[i+1], of kinds k0 and k1, are not a letter nor a prefix and a
+// letter, and 16 bytes from i are in b. Where a character that is not
+// ASCII could change the word, gpt4WordEnd decides it.
 func gpt4OtherEnd(b []byte, i int, k0, k1 uint8, maxDigits int) int {
 	if k0 == kHigh || k1 == kHigh {
 		return gpt4WordEnd(b, i, maxDigits)

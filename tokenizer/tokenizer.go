@@ -436,8 +436,8 @@ func (st *encoderState) splitWordsGPT4(dst []uint32, b []byte, digits int) []uin
 					out[m], out[m+1] = lo, hi
 					m += 2 - int(hi>>31)
 				} else {
-					// More ids (a tenth of the words that miss the
-					// hot table's two-id path), from the table's arena.
+					// Three ids or more, from the table's arena
+					// (word would hash the word again).
 					dst = st.words.appendIDs(out[:m], h.v)
 					out, m = dst[:cap(dst)], len(dst)
 				}

@@ -123,14 +123,7 @@ func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 	ctx := context.Background()
 	status := ingest.Pipeline{Objects: e.objects}
 
-	id := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, MaxFiles: 1})
-	e.waitFor(id, time.Minute, "completed", state("completed"))
-	e.waitDrained(time.Minute)
-	one, err := tokens.ReadManifest(filepath.Join(storesDir, "one"))
-	if err != nil || len(one.Shards) != 1 {
-		t.Fatalf("one-file store: %v", err)
-	}
-	perFile := one.Tokens
+	perFile := e.fileTokens(storesDir)
 
 	for _, c := range []struct {
 		name, flag, refusal string

@@ -278,6 +278,20 @@ func (e *ingestEnv) addGoodFiles(prefix string, n, docs int, filler string) []st
 	return want
 }
 
+// fileTokens is one file's tokens (the datasets' files have equal counts),
+// measured through the queue on a store of its own, "one", in storesDir.
+func (e *ingestEnv) fileTokens(storesDir string) int64 {
+	e.t.Helper()
+	id := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, MaxFiles: 1})
+	e.waitFor(id, time.Minute, "completed", state("completed"))
+	e.waitDrained(time.Minute)
+	one, err := tokens.ReadManifest(filepath.Join(storesDir, "one"))
+	if err != nil || len(one.Shards) != 1 {
+		e.t.Fatalf("one-file store: %v", err)
+	}
+	return one.Tokens
+}
+
 // addBadFiles adds one file for each way a file is skipped whole.
 func (e *ingestEnv) addBadFiles() {
 	good := ingestParquet(e.t, []string{"x"})
@@ -502,15 +516,7 @@ func TestIngestStopsAtLimits(t *testing.T) {
 	e.configure(t.TempDir(), storesDir)
 	e.serve(map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1})
 
-	// One file's tokens, measured through the queue on a store of its own.
-	id := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, MaxFiles: 1})
-	e.waitFor(id, time.Minute, "completed", state("completed"))
-	e.waitDrained(time.Minute)
-	one, err := tokens.ReadManifest(filepath.Join(storesDir, "one"))
-	if err != nil || len(one.Shards) != 1 {
-		t.Fatalf("one-file store: %v", err)
-	}
-	perFile := one.Tokens
+	perFile := e.fileTokens(storesDir)
 
 	for _, c := range []struct {
 		name string
@@ -582,7 +588,7 @@ func TestIngestStopsAtLimits(t *testing.T) {
 	}
 
 	// A plan for a store already at its limit enqueues nothing.
-	id = e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, Limits: ingest.Limits{MaxTokens: perFile}})
+	id := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "one", Tokenizer: ingestTokenizer, Limits: ingest.Limits{MaxTokens: perFile}})
 	ts := e.waitFor(id, time.Minute, "completed", state("completed"))
 	if ts.Progress.State != "stopped" || !strings.Contains(ts.Progress.Message, "--max-tokens is") || ts.LastErr != "" || ts.Retried != 0 {
 		t.Fatalf("plan at the limit: progress %+v, last error %q, retried %d", ts.Progress, ts.LastErr, ts.Retried)

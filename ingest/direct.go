@@ -136,8 +136,11 @@ type Report struct {
 	Files      int
 	Appended   int
 	Duplicates int
-	Documents  int64 // appended by this run
-	Tokens     int64 // appended by this run
+	// Same counts files with the same content as another file of the
+	// plan: one shard holds it.
+	Same      int
+	Documents int64 // appended by this run
+	Tokens    int64 // appended by this run
 	// SkippedFiles counts whole files left out, by reason; SkippedRecords
 	// the documents left out of appended files.
 	SkippedFiles   Skips
@@ -214,7 +217,7 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	case err != nil:
 		return rep, err
 	}
-	rep.Revision, rep.Files, rep.Duplicates = plan.Revision, plan.Files, plan.Done
+	rep.Revision, rep.Files, rep.Duplicates, rep.Same = plan.Revision, plan.Files, plan.Done, plan.Same
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -264,7 +264,10 @@ type PlanResult struct {
 	Revision string
 	Files    int // files planned (after MaxFiles)
 	Done     int // of those, already appended or skipped in the store
-	Shards   []ShardJob
+	// Same counts the files whose content another file of the plan
+	// already has (a second path to the same bytes): one shard holds it.
+	Same   int
+	Shards []ShardJob
 }
 
 // StoreStatus is the summary of a token store that the append step keeps in
@@ -455,7 +458,7 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 		}
 		if planned[id] {
 			// The same content under a second path: one shard holds it.
-			res.Done++
+			res.Same++
 			continue
 		}
 		planned[id] = true

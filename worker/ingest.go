@@ -145,8 +145,12 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 		rep.Report(ctx, float64(i+1)/float64(len(res.Shards)), float64(i+1)/max(time.Since(start).Seconds(), 1e-3), "tasks",
 			fmt.Sprintf("%s at %s: queued %d of %d files", a.Dataset, res.Revision, i+1, len(res.Shards)))
 	}
-	rep.Message(ctx, fmt.Sprintf("%s at %s: %d files planned into store %s: %d queued, %d already queued, %d already in the store",
-		a.Dataset, res.Revision, res.Files, a.Store, queued, dups, res.Done))
+	msg := fmt.Sprintf("%s at %s: %d files planned into store %s: %d queued, %d already queued, %d already in the store",
+		a.Dataset, res.Revision, res.Files, a.Store, queued, dups, res.Done)
+	if res.Same > 0 {
+		msg += fmt.Sprintf(", %d with the same content as another of its files (one shard holds it)", res.Same)
+	}
+	rep.Message(ctx, msg)
 	return nil
 }
 

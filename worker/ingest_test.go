@@ -832,6 +832,16 @@ func TestIngestLocalFilesByContentThroughTheQueue(t *testing.T) {
 	if !slices.Equal(got, want) || len(m3.Shards) != 4 {
 		t.Fatalf("after the fix the store holds %d documents in %d shards; want each of %d once in 4", len(got), len(m3.Shards), len(want))
 	}
+
+	// Two new files with the same bytes: one shard, and the plan says why
+	// the second is not queued.
+	for _, name := range []string{"d1.jsonl", "d2.jsonl"} {
+		os.WriteFile(filepath.Join(root, name), []byte(`{"text":"the same document twice"}`+"\n"), 0o644)
+	}
+	plan(filepath.Join(root, "*"), "6 files planned into store corpus: 1 queued, 0 already queued, 4 already in the store, 1 with the same content as another of its files")
+	if m4, _ := tokens.ReadManifest(filepath.Join(storesDir, ingestStore)); len(m4.Shards) != 5 {
+		t.Fatalf("two files of the same bytes made %d shards, want 1 (5 in all)", len(m4.Shards)-4)
+	}
 	for _, q := range []string{scheduler.QueueIngest, scheduler.QueueAppend} {
 		if a := e.archived(q); len(a) != 0 {
 			t.Fatalf("archived %s task: %s", q, a[0].LastErr)

@@ -205,7 +205,8 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	if st, err := tokensLen(filepath.Join(tokensDir, demoStore)); err == nil {
 		res.CorpusTokens = st
 	}
-	fmt.Fprintf(out, "    %d files appended this time, %d already there; the store holds %d tokens\n", rep.Appended, rep.Duplicates, res.CorpusTokens)
+	fmt.Fprintf(out, "    %d files appended this time, %d already there%s; the store holds %d tokens\n", rep.Appended, rep.Duplicates,
+		sameContent(rep.Same), res.CorpusTokens)
 
 	run, err := runs.Presets().Get(demoRun)
 	if err != nil {

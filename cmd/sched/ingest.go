@@ -151,8 +151,8 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		return err
 	}
 	out := c.OutOrStdout()
-	fmt.Fprintf(out, "%s at %s: %d files, %d appended (%d documents, %d tokens), %d already in the store\n",
-		p.Name, rep.Revision, rep.Files, rep.Appended, rep.Documents, rep.Tokens, rep.Duplicates)
+	fmt.Fprintf(out, "%s at %s: %d files, %d appended (%d documents, %d tokens), %d already in the store%s\n",
+		p.Name, rep.Revision, rep.Files, rep.Appended, rep.Documents, rep.Tokens, rep.Duplicates, sameContent(rep.Same))
 	if len(rep.SkippedFiles) > 0 {
 		fmt.Fprintf(out, "skipped files: %s\n", rep.SkippedFiles)
 	}
@@ -301,4 +301,13 @@ func parseScaled(s string, units map[byte]float64) (int64, error) {
 		return 0, fmt.Errorf("not a number with an optional unit")
 	}
 	return int64(v * mult), nil
+}
+
+// sameContent is the clause a report adds for the files whose content
+// another file of the dataset already has (one shard holds it), or "".
+func sameContent(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d with the same content as another file", n)
 }

@@ -66,9 +66,13 @@ func TestIngestDirectIntoTheDataDir(t *testing.T) {
 	os.MkdirAll(src, 0o755)
 	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
 	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"text":"func g() {}"}`+"\n"), 0o644)
+	// A second path to a's bytes: one shard holds both, and the report
+	// says so rather than counting it as already in the new store.
+	os.WriteFile(filepath.Join(src, "c.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
 	out, errOut, code := sched(t, nil, "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--direct", "--store", "code",
 		"--tokenizer", "tk", "--data-dir", data)
-	if code != 0 || !strings.Contains(out, "2 files, 2 appended (3 documents") {
+	if code != 0 || !strings.Contains(out, "3 files, 2 appended (3 documents") ||
+		!strings.Contains(out, "0 already in the store, 1 with the same content as another file") {
 		t.Fatalf("ingest: exit %d\n%s%s", code, out, errOut)
 	}
 	m, err := tokens.ReadManifest(filepath.Join(data, "tokens", "code"))
@@ -77,7 +81,7 @@ func TestIngestDirectIntoTheDataDir(t *testing.T) {
 	}
 	out, _, code = sched(t, nil, "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--direct", "--store", "code",
 		"--tokenizer", "tk", "--data-dir", data)
-	if code != 0 || !strings.Contains(out, "0 appended") || !strings.Contains(out, "2 already in the store") {
+	if code != 0 || !strings.Contains(out, "0 appended") || !strings.Contains(out, "3 already in the store\n") {
 		t.Fatalf("second ingest: exit %d\n%s", code, out)
 	}
 }

@@ -297,3 +297,115 @@ func FuzzGPT4MatchesTheGeneralScan(f *testing.F) {
 		}
 	})
 }
+
+// The GPT-2 splitter's ASCII path (gpt2Len) cuts every text where the
+// general scan, one word at a time, does: random mixes of what the
+// pattern tells apart (contractions, which it matches in lower case only,
+// a space before letters, digits or punctuation, runs of spaces of every
+// kind, multi-byte letters, numbers and spaces, invalid UTF-8), long
+// enough that the 16 bytes the ASCII path reads ahead run out inside them.
+func TestGPT2SplitterMatchesTheGeneralScan(t *testing.T) {
+	pieces := []string{
+		"a", "Z", "q", "foo", "Hello", "é", "日本", "ſ", "'", "'s", "'S", "'t", "'re", "'RE", "'ve", "'ll", "'lL", "'d", "'m",
+		"'x", "''", "1", "22", "333", "4444", "٣", "½", " ", "  ", "\t", "\v", "\f", "\r", "\n", "\r\n", "\n\n\t",
+		"\u00a0", "\u0085", "\u2003", "(", ").", "_", "{", "—", "\x80", "\xff", "\xc5", "\x00", "\x1f", "\x7f",
+		"))))))))", "\n\n\n\n\n\n\n\n", "        ", "\t\t\t\t", "12345678", "abcdefghijklm", " x", " 7", " (",
+	}
+	rng := rand.New(rand.NewPCG(15, 16))
+	for range 30_000 {
+		var b []byte
+		for range 1 + rng.IntN(40) {
+			b = append(b, pieces[rng.IntN(len(pieces))]...)
+		}
+		var want []int
+		for i := 0; i < len(b); {
+			i = gpt2WordEnd(b, i)
+			want = append(want, i)
+		}
+		var got, ends []int
+		for i := 0; i < len(b); {
+			ends = splitGPT2(b, i, ends[:0])
+			got = append(got, ends...)
+			i = ends[len(ends)-1]
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%q: cut at %v, the general scan at %v", b, got, want)
+		}
+	}
+}
+
+// splitWordsGPT2, the GPT-2 pattern's scan and the hot table's lookup in
+// one loop, gives every text the ids of its words cut by the general
+// scan and encoded one by one, with its table cold and warm: random
+// mixes as above, of many lengths (the last 16 bytes, which it leaves to
+// the general scan, fall anywhere among their words), and the golden
+// texts.
+func TestSplitWordsGPT2MatchesWordByWord(t *testing.T) {
+	tk := loadStyle(t, "gpt2-style")
+	pieces := []string{
+		"a", "Z", "foo", "Hello", " return", "abcdefghijklmnopq", "é", "日本", "ſ", "'", "'s", "'S", "'re", "'VE", "'ll",
+		"'x", "1", "22", " 333", "4444", "٣", " ", "  ", "\t", "\r", "\n", "\r\n", "\n\n\t", "\u00a0", "\u2003",
+		"(", ").", "_", " {", "—", "\x80", "\xff", "\x00", ":=", "))))))))", "\n\n\n\n\n\n\n\n", "        ", "12345678",
+	}
+	rng := rand.New(rand.NewPCG(17, 18))
+	var docs [][]byte
+	for range 3_000 {
+		var b []byte
+		for range 1 + rng.IntN(60) {
+			b = append(b, pieces[rng.IntN(len(pieces))]...)
+		}
+		docs = append(docs, b)
+	}
+	for _, name := range texts {
+		docs = append(docs, readTestdata(t, name+".txt"))
+	}
+	fused, plain := newEncoderState(tk), newEncoderState(tk)
+	for round := range 2 {
+		for _, text := range docs {
+			var want []uint32
+			for i := 0; i < len(text); {
+				e := gpt2WordEnd(text, i)
+				want = plain.word(want, text[i:e])
+				i = e
+			}
+			if got := fused.splitWordsGPT2(nil, text); !slices.Equal(got, want) {
+				t.Fatalf("round %d, %q: %v, want %v", round, text, got, want)
+			}
+		}
+	}
+}
+
+// The GPT-2 splitter and splitWordsGPT2 cut any bytes where the general
+// scan does, and give its words' ids.
+func FuzzGPT2MatchesTheGeneralScan(f *testing.F) {
+	for _, s := range []string{"", "Hello, world!\n", "\tx := y[12345]\r\n\n  // it's 'ok' 'S", "日本語 ſt\u00a0\u2003 ٣٤ ½ \xff\xc5"} {
+		f.Add([]byte(s))
+	}
+	tk := loadStyle(f, "gpt2-style")
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var want []uint32
+		var ends []int
+		st := newEncoderState(tk)
+		for i := 0; i < len(b); {
+			e := gpt2WordEnd(b, i)
+			ends = append(ends, e)
+			want = st.word(want, b[i:e])
+			i = e
+		}
+		var got []int
+		for i := 0; i < len(b); {
+			cut := splitGPT2(b, i, nil)
+			got = append(got, cut...)
+			i = cut[len(cut)-1]
+		}
+		if !slices.Equal(got, ends) {
+			t.Fatalf("%q: cut at %v, the general scan at %v", b, got, ends)
+		}
+		fused := newEncoderState(tk)
+		for round := range 2 {
+			if got := fused.splitWordsGPT2(nil, b); !slices.Equal(got, want) {
+				t.Fatalf("%q, round %d: %v, want %v", b, round, got, want)
+			}
+		}
+	})
+}

@@ -268,7 +268,7 @@ func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
 		case "ByteLevel":
 			st := stage{prefixSpace: c.AddPrefixSpace, byteLevel: true}
 			if c.UseRegex == nil || *c.UseRegex {
-				st.split = splitGPT2
+				st.split, st.gpt2 = splitGPT2, true
 			}
 			t.stages = append(t.stages, st)
 			return nil
@@ -284,7 +284,7 @@ func (t *Tokenizer) parsePreTokenizer(raw json.RawMessage) error {
 			if c.Behavior != "Isolated" || c.Invert {
 				return formatErr("pre_tokenizer Split behavior %q (invert %v) is not supported (kiln supports Isolated, not inverted)", c.Behavior, c.Invert)
 			}
-			t.stages = append(t.stages, stage{split: sp, gpt4Digits: gpt4DigitsOf(re)})
+			t.stages = append(t.stages, stage{split: sp, gpt4Digits: gpt4DigitsOf(re), gpt2: re == patternGPT2})
 			return nil
 		}
 		return formatErr("pre_tokenizer %q is not supported (kiln supports ByteLevel, Split and Sequence)", c.Type)

@@ -273,40 +273,159 @@ const maxEnds = 256
 // splitGPT2 implements
 //
 //	's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//
+// word by word through gpt2Len, as splitWordsGPT2 does, and through the
+// general scan (gpt2WordEnd) in the last 15 bytes.
 func splitGPT2(b []byte, i int, ends []int) []int {
 	for i < len(b) && len(ends) < maxEnds {
-		if b[i] == '\'' {
-			if n := contraction(b[i+1:], false); n > 0 {
-				i += 1 + n
-				ends = append(ends, i)
-				continue
-			}
-		}
-		c, w := classAt(b, i)
-		start := i
-		if b[i] == ' ' && i+1 < len(b) {
-			c2, _ := classAt(b, i+1)
-			if c2 != clsSpace {
-				c, start, w = c2, i+1, 0
-			}
-		}
-		// The run goes on from start+w: after the first character, or
-		// from the character after a leading space.
-		switch c {
-		case clsSpace:
-			i = spaceRun(b, i)
-		case clsLetter:
-			if e, ok := lettersEnd8(b, start+w); ok {
-				i = e
-			} else {
-				i = scanLetters(b, start+w)
-			}
-		default:
-			i = scanClass(b, start+w, c)
+		if i+16 <= len(b) {
+			i += gpt2Len(b, i)
+		} else {
+			i = gpt2WordEnd(b, i)
 		}
 		ends = append(ends, i)
 	}
 	return ends
+}
+
+// gpt2WordEnd returns the end of the GPT-2 pattern's word that starts at
+// b[i], for any text: the general scan.
+func gpt2WordEnd(b []byte, i int) int {
+	if b[i] == '\'' {
+		if n := contraction(b[i+1:], false); n > 0 {
+			return i + 1 + n
+		}
+	}
+	c, w := classAt(b, i)
+	start := i
+	if b[i] == ' ' && i+1 < len(b) {
+		c2, _ := classAt(b, i+1)
+		if c2 != clsSpace {
+			c, start, w = c2, i+1, 0
+		}
+	}
+	// The run goes on from start+w: after the first character, or
+	// from the character after a leading space.
+	switch c {
+	case clsSpace:
+		return spaceRun(b, i)
+	case clsLetter:
+		if e, ok := lettersEnd8(b, start+w); ok {
+			return e
+		}
+		return scanLetters(b, start+w)
+	}
+	return scanClass(b, start+w, c)
+}
+
+// gpt2Len returns the length of the GPT-2 pattern's word at i, which has
+// 16 bytes of b from it: a run of letters, with or without a space before
+// it, by one lane test when its letters end within the 16; the other
+// words of ASCII text that end within the 16 by gpt2ShortLen; the rest by
+// the general scan. splitWordsGPT2 has a copy of the letters' branch.
+func gpt2Len(b []byte, i int) int {
+	w := (*[16]byte)(b[i : i+16])
+	k0, k1 := gpt4Kind[w[0]], gpt4Kind[w[1]]
+	if k0 == kLetter || k0 == kSpace && k1 == kLetter {
+		x0 := binary.LittleEndian.Uint64(w[:8])
+		// Past byte 0, the first letter or the space: byte 1 is then
+		// a letter.
+		if stop := nonLetterLanes(x0) &^ 0xff; stop != 0 {
+			n := bits.TrailingZeros64(stop) / 8
+			if stop&-stop&x0 != 0 { // a longer character: a letter?
+				return scanLetters(b, i+n) - i
+			}
+			return n
+		}
+		x1 := binary.LittleEndian.Uint64(w[8:])
+		if stop := nonLetterLanes(x1); stop != 0 && stop&-stop&x1 == 0 {
+			return 8 + bits.TrailingZeros64(stop)/8
+		}
+		return scanLetters(b, i+8) - i
+	}
+	if n := gpt2ShortLen(w, k0, k1); n > 0 {
+		return n
+	}
+	return gpt2WordEnd(b, i) - i
+}
+
+// gpt2ShortLen is the length of a GPT-2 word at w[0] that is not a run of
+// letters (with or without a space before it), when it is ASCII and ends
+// within w with an ASCII byte: found there with no call (its runs are
+// short: "()", " {", "\n\t\t", " 0"); 0 for any other word. A byte from
+// 0x80 up that could change the word (a number, a space, punctuation
+// that is not ASCII) leaves it to the general scan.
+func gpt2ShortLen(w *[16]byte, k0, k1 uint8) int {
+	j, digits := 1, false
+	switch k0 {
+	case kQuote:
+		switch w[1] { // case-sensitive, unlike GPT-4's
+		case 's', 't', 'm', 'd':
+			return 2
+		case 'r', 'v':
+			if w[2] == 'e' {
+				return 3
+			}
+		case 'l':
+			if w[2] == 'l' {
+				return 3
+			}
+		}
+	case kOther:
+	case kDigit:
+		digits = true
+	case kSpace:
+		switch k1 {
+		case kDigit:
+			j, digits = 2, true
+		case kOther, kQuote:
+			j = 2
+		case kSpace, kBlank, kBreak:
+			j = 0
+		default: // a longer character, or a letter (not reached)
+			return 0
+		}
+	case kBlank, kBreak:
+		j = 0
+	default: // a longer character, or a letter (not reached)
+		return 0
+	}
+	switch {
+	case digits:
+		// ` ?\p{N}+` from j.
+		for ; j < 16; j++ {
+			if k := gpt4Kind[w[j]]; k != kDigit {
+				if k == kHigh {
+					return 0
+				}
+				return j
+			}
+		}
+		return 0 // it may go on
+	case j > 0:
+		// ` ?[^\s\p{L}\p{N}]+` from j.
+		for ; j < 16; j++ {
+			if k := gpt4Kind[w[j]]; k != kOther && k != kQuote {
+				if k == kHigh {
+					return 0
+				}
+				return j
+			}
+		}
+		return 0
+	}
+	// Whitespace: `\s+(?!\S)|\s+`, w[0] whitespace. Before what is not
+	// whitespace the run gives its last byte back, unless that leaves
+	// nothing.
+	for j = 1; j < 16; j++ {
+		if k := gpt4Kind[w[j]]; k != kSpace && k != kBlank && k != kBreak {
+			if k == kHigh {
+				return 0
+			}
+			return max(j-1, 1)
+		}
+	}
+	return 0 // it may go on, or reach the end of the text
 }
 
 // contraction returns the length of a contraction suffix at the start of b
@@ -495,8 +614,8 @@ func gpt4ShortLen(w *[16]byte, k0, k1 uint8, digits int) int {
 	return j - 1
 }
 
-// Kinds of bytes for the GPT-4 pattern's ASCII path. The kinds that can
-// prefix a run of letters come first.
+// Kinds of bytes for the GPT-4 and GPT-2 patterns' ASCII paths. The kinds
+// that can prefix a run of letters under GPT-4's come first.
 const (
 	kOther  = iota // [^\s\p{L}\p{N}] but the apostrophe
 	kSpace         // ' '

@@ -194,17 +194,21 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 		free <- &streamJob{}
 	}
 
-	// next gives a worker its next piece, read, or nil when there is none.
-	var next func() (*streamJob, error)
+	// next gives a worker its next piece, read, or nil when there is none;
+	// a piece of a file is read into spare, the buffer of the worker's last
+	// piece (nil at first).
+	var next func(spare []byte) (*streamJob, error)
 	var finish func() error // after the workers: where the source stopped
-	if fp, ok := newFilePieces(r, t.cuttable(), workers); ok {
-		next = func() (*streamJob, error) {
+	fp, fromFile := newFilePieces(r, t.cuttable(), workers)
+	if fromFile {
+		next = func(spare []byte) (*streamJob, error) {
 			var j *streamJob
 			select {
 			case j = <-free:
 			case <-ctx.Done():
 				return nil, nil
 			}
+			j.buf = spare
 			ok, err := fp.next(j)
 			if !ok || err != nil {
 				free <- j
@@ -222,7 +226,7 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 			defer close(todo)
 			readErr = t.readJobs(ctx, r, free, todo)
 		}()
-		next = func() (*streamJob, error) { return <-todo, nil }
+		next = func([]byte) (*streamJob, error) { return <-todo, nil }
 		finish = func() error {
 			<-readDone
 			return readErr
@@ -240,8 +244,10 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 			st := t.workerState(workers)
 			defer t.putState(st)
 			var scratch []uint32
+			var spare []byte
 			for {
-				j, err := next()
+				j, err := next(spare)
+				spare = nil
 				if err != nil {
 					cancel(err)
 				}
@@ -264,8 +270,12 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 				if width > 0 {
 					// Written out as bytes: the ids go through this worker's
 					// scratch, and the piece keeps only the bytes.
-					if cap(scratch) < want {
-						scratch = make([]uint32, 0, want)
+					// One scratch a worker: room for an id a byte, so
+					// that no piece grows it (a piece of whitespace-rich
+					// text passed half, and each worker's scratch was
+					// made, then doubled through fresh pages).
+					if cap(scratch) < len(j.text)+64 {
+						scratch = make([]uint32, 0, max(len(j.text), streamChunk+cutLookahead)+64)
 					}
 					scratch = st.encode(scratch[:0], j.text)
 					j.ids = j.ids[:0]
@@ -275,6 +285,14 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 						j.ids = make([]uint32, 0, want)
 					}
 					j.ids = st.encode(j.ids[:0], j.text)
+				}
+				if fromFile {
+					// The text is encoded: its buffer reads this worker's
+					// next piece, so that only the pieces being encoded
+					// hold text, not every piece waiting for its turn
+					// (at 16 workers that was 65 buffers of a megabyte,
+					// 50 of them idle, and their pages faulted in anew).
+					spare, j.buf, j.text = j.buf[:0], nil, nil
 				}
 				if streamEvent != nil {
 					streamEvent(w, j.seq, true)

@@ -1,8 +1,14 @@
 package tokenizer
 
 import (
+	"bytes"
+	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -104,4 +110,94 @@ func TestEncodeBatchWithASharedTableMatchesOneEncoder(t *testing.T) {
 			t.Fatalf("%s: EncodeBatch on 8 workers left the shared table empty", style)
 		}
 	}
+}
+
+// A call that knows its text is large (a stream of a file, EncodeBatch)
+// makes the shared word table at its largest, so that no growth sends words
+// to one worker's own table while the workers are learning the text's
+// words; a small or unknown text starts it small. The ids are those of one
+// encoder either way.
+func TestSharedTableStartsLargeForALargeText(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	large := sharedWordsLargeText
+	defer func() { sharedWordsLargeText = large }()
+	sharedWordsLargeText = 64 << 10
+	text := append(readTestdata(t, "go.txt"), readTestdata(t, "english.txt")...)
+	for len(text) < 3*int(sharedWordsLargeText) {
+		text = append(text, text...)
+	}
+	small := text[:sharedWordsLargeText/4]
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name string
+		text []byte
+		bits int
+		call func(tk *Tokenizer, path string, text []byte) []uint32
+	}{
+		{"a stream of a large file", text, sharedWordsMaxBits, streamFile},
+		{"a stream of a small file", small, sharedWordsMinBits, streamFile},
+		{"a stream of unknown length", text, sharedWordsMinBits, func(tk *Tokenizer, _ string, text []byte) []uint32 {
+			var ids []uint32
+			if err := tk.EncodeReader(context.Background(), struct{ io.Reader }{bytes.NewReader(text)}, func(got []uint32) error {
+				ids = append(ids, got...)
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			return ids
+		}},
+		{"a large batch", text, sharedWordsMaxBits, func(tk *Tokenizer, _ string, text []byte) []uint32 {
+			var ids []uint32
+			for _, d := range tk.EncodeBatch(docs8K(string(text))) {
+				ids = append(ids, d...)
+			}
+			return ids
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(dir, "text.txt")
+			if err := os.WriteFile(path, c.text, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			tk := loadStyle(t, "gpt4-style")
+			got := c.call(tk, path, c.text)
+			s := tk.shared.Load()
+			if s == nil {
+				t.Fatal("no shared word table: the call ran on one worker")
+			}
+			if len(s.slots) != 1<<c.bits {
+				t.Errorf("the shared word table has %d slots, want 1<<%d", len(s.slots), c.bits)
+			}
+			want := loadStyle(t, "gpt4-style").EncodeBytes(c.text)
+			if c.name == "a large batch" {
+				want = nil
+				one := loadStyle(t, "gpt4-style")
+				for _, d := range docs8K(string(c.text)) {
+					want = append(want, one.Encode(d)...)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("%d ids, want %d (one encoder's)", len(got), len(want))
+			}
+		})
+	}
+}
+
+// streamFile encodes the file at path through EncodeReaderTo, as `sched
+// tokenize` does, and returns its ids.
+func streamFile(tk *Tokenizer, path string, _ []byte) []uint32 {
+	f, err := os.Open(path)
+	if err != nil {
+		panic(err)
+	}
+	defer f.Close()
+	var out bytes.Buffer
+	if _, err := tk.EncodeReaderTo(context.Background(), f, &out, 4); err != nil {
+		panic(err)
+	}
+	ids := make([]uint32, out.Len()/4)
+	for i := range ids {
+		ids[i] = binary.LittleEndian.Uint32(out.Bytes()[4*i:])
+	}
+	return ids
 }

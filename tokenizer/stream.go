@@ -200,7 +200,9 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 	var next func(spare []byte) (*streamJob, error)
 	var finish func() error // after the workers: where the source stopped
 	fp, fromFile := newFilePieces(r, t.cuttable(), workers)
+	var textBytes int64 // when known: the shared word table's first size
 	if fromFile {
+		textBytes = fp.size
 		next = func(spare []byte) (*streamJob, error) {
 			var j *streamJob
 			select {
@@ -241,7 +243,7 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st := t.workerState(workers)
+			st := t.workerState(workers, textBytes)
 			defer t.putState(st)
 			var scratch []uint32
 			var spare []byte

@@ -186,6 +186,10 @@ func (t *Tokenizer) AppendEncoded(dst []uint32, b []byte) []uint32 {
 // docs[i].
 func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 	out := make([][]uint32, len(docs))
+	var size int64
+	for _, d := range docs {
+		size += int64(len(d))
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	workers := min(runtime.GOMAXPROCS(0), len(docs))
@@ -193,7 +197,7 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st := t.workerState(workers)
+			st := t.workerState(workers, size)
 			defer t.putState(st)
 			// Each document is encoded into one buffer that grows once,
 			// then copied out into a block of ids the worker's documents
@@ -224,18 +228,27 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 }
 
 // workerState is getState for one of workers goroutines encoding at
-// once: with more than one, its words go through the shared table.
-func (t *Tokenizer) workerState(workers int) *encoderState {
+// once, textBytes of text between them (0 when unknown): with more than
+// one, its words go through the shared table.
+func (t *Tokenizer) workerState(workers int, textBytes int64) *encoderState {
 	st := t.getState()
 	if workers > 1 {
-		st.words.share(t.sharedTable())
+		st.words.share(t.sharedTable(textBytes))
 	}
 	return st
 }
 
-// sharedTable returns the Tokenizer's shared word table, made on first use.
-func (t *Tokenizer) sharedTable() *sharedWords {
-	t.sharedOnce.Do(func() { t.shared.Store(newSharedWords(sharedWordsMinBits, &t.shared)) })
+// sharedTable returns the Tokenizer's shared word table, made on first use:
+// at its largest for a text of sharedWordsLargeText bytes or more, else at
+// its smallest, to grow as it fills.
+func (t *Tokenizer) sharedTable(textBytes int64) *sharedWords {
+	t.sharedOnce.Do(func() {
+		bits := sharedWordsMinBits
+		if textBytes >= sharedWordsLargeText {
+			bits = max(bits, sharedWordsMaxBits)
+		}
+		t.shared.Store(newSharedWords(bits, &t.shared))
+	})
 	return t.shared.Load()
 }
 

@@ -137,7 +137,7 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	}
 	src, err := os.Open(in)
 	if err != nil {
-		return badInput("tokenize: cannot open --in: %v", err)
+		return badInput("tokenize: cannot open --in: %v (name a readable text file)", err)
 	}
 	defer src.Close()
 	var r io.Reader = src
@@ -196,7 +196,7 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	for _, p := range inputs {
 		f, err := os.Open(p)
 		if err != nil {
-			return badInput("tokenizer train: cannot open --in: %v", err)
+			return badInput("tokenizer train: cannot open --in: %v (name readable text files: --in repeated or comma-separated)", err)
 		}
 		defer f.Close()
 		if st, err := f.Stat(); err == nil {

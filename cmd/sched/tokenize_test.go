@@ -93,7 +93,7 @@ func TestTokenizeCommandBadInput(t *testing.T) {
 		want string
 	}{
 		{[]string{"--tokenizer-file", tokPath, "--in", in, "--dtype", "u8"}, `--dtype "u8"`},
-		{[]string{"--tokenizer-file", tokPath, "--in", filepath.Join(dir, "missing.txt")}, "missing.txt"},
+		{[]string{"--tokenizer-file", tokPath, "--in", filepath.Join(dir, "missing.txt")}, "missing.txt: no such file or directory (name a readable text file)"},
 		{[]string{"--tokenizer-file", broken, "--in", in}, "WordPiece"},
 		{[]string{"--tokenizer-file", big, "--in", in}, "70001 tokens, more than the 65536"},
 		{[]string{"--in", in}, `tokenizer "mix-16384" is not known`},
@@ -144,7 +144,7 @@ func TestTokenizerTrainCommand(t *testing.T) {
 		t.Errorf("output %q lacks %q", warn.String(), want)
 	}
 	err = runTokenizerTrain(context.Background(), io.Discard, []string{filepath.Join(dir, "nope.txt")}, out, tokenizer.TrainOptions{})
-	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "nope.txt") {
+	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "nope.txt") || !strings.Contains(err.Error(), "name readable text files") {
 		t.Errorf("missing input: err = %v", err)
 	}
 	err = runTokenizerTrain(context.Background(), io.Discard, []string{in}, out, tokenizer.TrainOptions{VocabSize: 10})

@@ -96,18 +96,32 @@ func TestStaleHolderIsFencedOut(t *testing.T) {
 func TestLeaseIsRenewedWhileHeld(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRunRedis(t)
-	// A lease long enough that only a stall of two thirds of it (on a
-	// machine busy with every other package's tests) lets it lapse between
-	// renewals; a 90 ms lease once lapsed that way.
-	l, err := AcquireRun(ctx, rdb, "demo", "w", time.Second, nil)
+	// The test waits for renewals, seen as the key's remaining time going
+	// up, rather than for a time: a 90 ms and then a 1 s lease, slept past
+	// for a few lengths, once lapsed on a machine busy with every other
+	// package's tests. A 6 s lease renews every 2 s, so only a stall of
+	// 4 s would let it lapse between two renewals.
+	l, err := AcquireRun(ctx, rdb, "demo", "w", 6*time.Second, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Release(ctx)
-	// Several lease lengths later the lock must still be ours.
-	time.Sleep(3500 * time.Millisecond)
+	renewals, last := 0, rdb.PTTL(ctx, RunLockKey("demo")).Val()
+	for deadline := time.Now().Add(time.Minute); renewals < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d renewals of a 6 s lease in a minute", renewals)
+		}
+		left := rdb.PTTL(ctx, RunLockKey("demo")).Val()
+		if left <= 0 {
+			t.Fatalf("the lease's key has no time left (%v): not renewed", left)
+		}
+		if left > last+500*time.Millisecond {
+			renewals++
+		}
+		last = left
+	}
 	if err := l.Check(ctx); err != nil {
-		t.Fatalf("lock expired although renewed: %v", err)
+		t.Fatalf("lock lost although renewed: %v", err)
 	}
 	if _, err := AcquireRun(ctx, rdb, "demo", "x", time.Second, nil); !errors.Is(err, ErrRunLocked) {
 		t.Fatalf("want ErrRunLocked, got %v", err)

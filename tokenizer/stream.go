@@ -24,8 +24,9 @@ var streamChunk = 1 << 20
 // worker, beyond one. Pieces are emitted in order, so one slow piece holds
 // back every finished piece after it; once all are held, no piece is read
 // and the workers wait. Four per worker leave room for a slow piece, at
-// about 3 MB a piece with EncodeReaderTo, whose pieces keep their text and
-// bytes but not their ids (docs/benchmarks/tokenizer.md).
+// about 1 MB a waiting piece with EncodeReaderTo on a file, whose pieces
+// keep only their ids' bytes (their text buffer goes back to the worker,
+// their ids live in the worker's scratch; docs/benchmarks/tokenizer.md).
 const streamJobsPerWorker = 4
 
 // cuttable reports whether the text can be cut at safe points and encoded

@@ -2,9 +2,11 @@ package ingest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -198,12 +200,23 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		}
 	}()
 	// The plan skips what the status lists; here the store itself says
-	// what it holds.
+	// what it holds, and the mark beside it where an append refused a
+	// shard (the queue keeps that in the store's status object).
 	if m, err := tokens.ReadManifest(dir); err == nil {
 		if _, err := p.publishStatus(ctx, storeName, *m, Limits{}, Limits{}); err != nil {
 			return rep, err
 		}
+		p.statusesMu.Lock()
+		st := p.statuses[storeName]
+		st.Full = readFullMark(dir, log)
+		p.statuses[storeName] = st
+		p.statusesMu.Unlock()
 	}
+	defer func() {
+		if werr := p.keepFullMark(ctx, dir, storeName); err == nil {
+			err = werr
+		}
+	}()
 	limits := Limits{MaxTokens: opt.MaxTokens, MaxDisk: opt.MaxDisk}
 	plan, err := p.Plan(ctx, PlanJob{Dataset: opt.Preset.Name, Store: storeName, Tokenizer: opt.TokenizerName, Seed: opt.Seed, MaxFiles: opt.MaxFiles, Limits: limits})
 	var stop *StopError
@@ -268,6 +281,71 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		}
 	}
 	return rep, nil
+}
+
+// fullMarkFile, in a token store's directory, is where a direct ingest
+// keeps its store's StoreStatus.Full between runs: the limits at which an
+// append refused a shard. A run again at such a limit then stops before it
+// reads a file, as the queue's steps do, rather than downloading and
+// tokenizing files that its first append would refuse.
+const fullMarkFile = "ingest-full.json"
+
+// readFullMark returns the limits the mark in the store directory dir
+// holds, or none. A mark that cannot be read is left out with a warning:
+// it only saves work, and the next append that refuses a shard makes it
+// again.
+func readFullMark(dir string, log *zap.Logger) Limits {
+	var full Limits
+	b, err := os.ReadFile(filepath.Join(dir, fullMarkFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return full
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &full)
+	}
+	if err != nil || full.MaxTokens < 0 || full.MaxDisk < 0 {
+		log.Warn("the token store's mark of where it is full is left out; the run finds the limit at its first append instead",
+			zap.String("file", filepath.Join(dir, fullMarkFile)), zap.Error(err))
+		return Limits{}
+	}
+	return full
+}
+
+// keepFullMark writes the Full of the store's status to its mark, or
+// removes the mark when the store is not full (an append came under a
+// larger limit, or none).
+func (p *Pipeline) keepFullMark(ctx context.Context, dir, storeName string) error {
+	st, err := p.Status(ctx, storeName)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil // no store was made
+	}
+	path := filepath.Join(dir, fullMarkFile)
+	if st.Full == (Limits{}) {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("ingest: token store %s: %w", dir, err)
+		}
+		return nil
+	}
+	b, err := json.Marshal(st.Full)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, fullMarkFile+".tmp*")
+	if err != nil {
+		return fmt.Errorf("ingest: token store %s: %w", dir, err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return fmt.Errorf("ingest: token store %s: %w", dir, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("ingest: token store %s: %w", dir, err)
+	}
+	return os.Rename(tmp.Name(), path)
 }
 
 // globRoot is the directory of glob above its first pattern character: a

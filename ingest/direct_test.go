@@ -179,11 +179,36 @@ func TestDirectStopsAtMaxTokens(t *testing.T) {
 	if st, err := os.Stat(filepath.Join(opt.StoreDir, "tokens.bin")); err != nil || st.Size() > opt.MaxDisk {
 		t.Fatalf("tokens.bin: %v, %v; want at most --max-disk %d bytes", st, err, opt.MaxDisk)
 	}
-	// Run again at the same limit: the first file that does not fit stops
-	// it again, and nothing is appended.
+	// The refusal is kept beside the store, so a run again at the same
+	// limit stops before it lists or reads a file, saying the store is
+	// full, and appends nothing.
+	mark := filepath.Join(opt.StoreDir, fullMarkFile)
+	if b, err := os.ReadFile(mark); err != nil || !strings.Contains(string(b), fmt.Sprintf(`"max_disk":%d`, opt.MaxDisk)) {
+		t.Fatalf("the store's full mark: %q, %v; want it full at --max-disk %d", b, err, opt.MaxDisk)
+	}
 	rep, err = Direct(context.Background(), opt)
-	if err != nil || rep.Appended != 0 || !strings.Contains(rep.Stopped, "--max-disk") {
-		t.Fatalf("max disk again: %+v %v", rep, err)
+	if err != nil || rep.Appended != 0 || rep.Files != 0 || !strings.Contains(rep.Stopped, fmt.Sprintf("full at --max-disk %d", opt.MaxDisk)) {
+		t.Fatalf("max disk again: %+v %v; want a stop before any file, naming the store full", rep, err)
+	}
+	// A mark that cannot be read only costs the work it saved: the run
+	// finds the limit at its first append, appends nothing, and marks the
+	// store again.
+	os.WriteFile(mark, []byte("{not json"), 0o644)
+	rep, err = Direct(context.Background(), opt)
+	if err != nil || rep.Appended != 0 || rep.Files != 5 || !strings.Contains(rep.Stopped, "--max-disk") {
+		t.Fatalf("max disk, mark unreadable: %+v %v", rep, err)
+	}
+	if b, err := os.ReadFile(mark); err != nil || !strings.Contains(string(b), fmt.Sprintf(`"max_disk":%d`, opt.MaxDisk)) {
+		t.Fatalf("the store's full mark after an unreadable one: %q, %v", b, err)
+	}
+	// A larger limit appends the rest and the mark goes.
+	opt.MaxDisk = 0
+	rep, err = Direct(context.Background(), opt)
+	if err != nil || rep.Appended != 3 || rep.Stopped != "" {
+		t.Fatalf("no limit after a full store: %+v %v; want the other 3 appended", rep, err)
+	}
+	if _, err := os.Stat(mark); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the full mark after appends with no limit: %v; want it gone", err)
 	}
 }
 

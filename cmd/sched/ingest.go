@@ -151,6 +151,11 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		return err
 	}
 	out := c.OutOrStdout()
+	if rep.Revision == "" && rep.Stopped != "" {
+		// Stopped before the plan listed a file: the store was full.
+		fmt.Fprintln(out, rep.Stopped)
+		return nil
+	}
 	fmt.Fprintf(out, "%s at %s: %d files, %d appended (%d documents, %d tokens), %d already in the store%s\n",
 		p.Name, rep.Revision, rep.Files, rep.Appended, rep.Documents, rep.Tokens, rep.Duplicates, sameContent(rep.Same))
 	if len(rep.SkippedFiles) > 0 {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +84,18 @@ func TestIngestDirectIntoTheDataDir(t *testing.T) {
 		"--tokenizer", "tk", "--data-dir", data)
 	if code != 0 || !strings.Contains(out, "0 appended") || !strings.Contains(out, "3 already in the store\n") {
 		t.Fatalf("second ingest: exit %d\n%s", code, out)
+	}
+	// A limit the store already passes: a stop, not a failure, that says
+	// why in one line, with no files counted; and again at that limit once
+	// an append has refused a file (the store's mark beside it).
+	os.WriteFile(filepath.Join(src, "d.jsonl"), []byte(`{"text":"func h() { return }"}`+"\n"), 0o644)
+	limit := strconv.FormatInt(m.Tokens+1, 10)
+	for _, want := range []string{"stopped before", "is full at --max-tokens " + limit} {
+		out, errOut, code = sched(t, nil, "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--direct", "--store", "code",
+			"--tokenizer", "tk", "--data-dir", data, "--max-tokens", limit)
+		if code != 0 || !strings.Contains(out, want) || (want != "stopped before" && strings.Contains(out, " files, ")) {
+			t.Fatalf("ingest at --max-tokens %s: exit %d, want %q\n%s%s", limit, code, want, out, errOut)
+		}
 	}
 }
 

@@ -205,8 +205,13 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	if st, err := tokensLen(filepath.Join(tokensDir, demoStore)); err == nil {
 		res.CorpusTokens = st
 	}
-	fmt.Fprintf(out, "    %d files appended this time, %d already there%s; the store holds %d tokens\n", rep.Appended, rep.Duplicates,
-		sameContent(rep.Same), res.CorpusTokens)
+	if rep.Revision == "" && rep.Stopped != "" {
+		// A store filled to the limit by an earlier demo: nothing listed.
+		fmt.Fprintf(out, "    0 files appended this time: the store is full at its limit and holds %d tokens\n", res.CorpusTokens)
+	} else {
+		fmt.Fprintf(out, "    %d files appended this time, %d already there%s; the store holds %d tokens\n", rep.Appended, rep.Duplicates,
+			sameContent(rep.Same), res.CorpusTokens)
+	}
 
 	run, err := runs.Presets().Get(demoRun)
 	if err != nil {

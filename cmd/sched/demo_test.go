@@ -146,7 +146,7 @@ func TestDemoInterruptedKeepsWhatItMade(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the demo again: %v\n%s", err, out.String())
 	}
-	if !strings.Contains(out.String(), " 0 files appended this time") || res.Figures.Steps < res.TotalSteps-5 {
+	if !strings.Contains(out.String(), " 0 files appended this time: the store is full at its limit") || res.Figures.Steps < res.TotalSteps-5 {
 		t.Fatalf("the demo again appended files or stopped short (%d of %d steps):\n%s", res.Figures.Steps, res.TotalSteps, out.String())
 	}
 }

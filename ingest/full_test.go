@@ -6,10 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,63 +19,6 @@ import (
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 )
-
-// hubWatch stands in front of a test hub and counts the downloads of each
-// file (its resolve requests); before it forwards a file's first one, it
-// runs what the test set for that file.
-type hubWatch struct {
-	*httptest.Server
-	mu      sync.Mutex
-	resolve map[string]int
-	before  map[string]func()
-}
-
-func newHubWatch(t *testing.T, h *hubtest.Hub) *hubWatch {
-	target, err := url.Parse(h.Server.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	w := &hubWatch{resolve: map[string]int{}, before: map[string]func(){}}
-	w.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if _, rest, ok := strings.Cut(r.URL.Path, "/resolve/"); ok {
-			_, file, _ := strings.Cut(rest, "/") // after the revision
-			w.mu.Lock()
-			w.resolve[file]++
-			run := w.before[file]
-			delete(w.before, file)
-			w.mu.Unlock()
-			if run != nil {
-				run()
-			}
-		}
-		rp.ServeHTTP(rw, r)
-	}))
-	t.Cleanup(w.Close)
-	return w
-}
-
-func (w *hubWatch) downloads(file string) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.resolve[file]
-}
-
-func (w *hubWatch) total() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := 0
-	for _, c := range w.resolve {
-		n += c
-	}
-	return n
-}
-
-func (w *hubWatch) onDownload(file string, run func()) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.before[file] = run
-}
 
 // Once an append refused a shard at --max-tokens, the store is full at
 // that limit: the shards planned under it that have not started stop
@@ -98,7 +37,6 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	}
 	h := hubtest.New()
 	defer h.Close()
-	h.PageSize = 100 // one page: the next page's link would name the hub, not the watch
 	const repo = "owner/corpus"
 	// Seven files of one number of tokens (they differ in one digit) and a
 	// small one.
@@ -113,8 +51,21 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 		h.Add(repo, fmt.Sprintf("data/full-%d.parquet", f), file(f, 9), true)
 	}
 	h.Add(repo, "data/small.parquet", file(7, 2), true)
-	watch := newHubWatch(t, h)
-	hc, err := hub.New(hub.Config{Endpoint: watch.URL})
+	// onDownload[path] runs before the hub answers the file's first
+	// download.
+	var mu sync.Mutex
+	onDownload := map[string]func(){}
+	h.BeforeResolve = func(_ context.Context, _, path string) error {
+		mu.Lock()
+		run := onDownload[path]
+		delete(onDownload, path)
+		mu.Unlock()
+		if run != nil {
+			run()
+		}
+		return nil
+	}
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +144,9 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	appendOK(in[1])
 	// The third full file's append is refused while the fourth downloads.
 	var stopped error
-	watch.onDownload(fullJobs[3].Path, func() { _, stopped = p.Append(ctx, in[2], nil) })
+	mu.Lock()
+	onDownload[fullJobs[3].Path] = func() { _, stopped = p.Append(ctx, in[2], nil) }
+	mu.Unlock()
 	_, _, err = p.Shard(ctx, fullJobs[3], nil)
 	var stop *StopError
 	if !errors.As(stopped, &stop) || !strings.Contains(stop.Msg, fmt.Sprintf("would pass --max-tokens %d", limits.MaxTokens)) {
@@ -203,8 +156,8 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 		t.Fatalf("status after the refusal: full %+v, %d tokens; want full at %+v, %d tokens", st.Full, st.Tokens, limits, 2*perFile)
 	}
 	if !errors.As(err, &stop) || !strings.Contains(stop.Msg, fullJobs[3].Path+" was downloaded but not tokenized") ||
-		!strings.Contains(stop.Msg, fmt.Sprintf("full at --max-tokens %d", limits.MaxTokens)) || watch.downloads(fullJobs[3].Path) != 1 {
-		t.Fatalf("the shard whose download was under way: %v (%d downloads)", err, watch.downloads(fullJobs[3].Path))
+		!strings.Contains(stop.Msg, fmt.Sprintf("full at --max-tokens %d", limits.MaxTokens)) || h.Downloads(0)[fullJobs[3].Path] != 1 {
+		t.Fatalf("the shard whose download was under way: %v (%d downloads)", err, h.Downloads(0)[fullJobs[3].Path])
 	}
 	if _, err := objects.Stat(ctx, ShardObject(name, fullJobs[3].ShardID)); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the shard stopped before tokenizing left an object: %v", err)
@@ -217,8 +170,8 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	// The rest are not downloaded.
 	for _, j := range fullJobs[4:] {
 		_, _, err := p.Shard(ctx, j, nil)
-		if !errors.As(err, &stop) || !strings.Contains(stop.Msg, j.Path+" was not read") || watch.downloads(j.Path) != 0 {
-			t.Fatalf("shard of %s after the store filled: %v (%d downloads)", j.Path, err, watch.downloads(j.Path))
+		if !errors.As(err, &stop) || !strings.Contains(stop.Msg, j.Path+" was not read") || h.Downloads(0)[j.Path] != 0 {
+			t.Fatalf("shard of %s after the store filled: %v (%d downloads)", j.Path, err, h.Downloads(0)[j.Path])
 		}
 	}
 	// Nor does a plan under the limit, or a lower one, list or queue them.
@@ -231,14 +184,14 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	downloads := watch.total()
+	requests := len(h.Requests())
 	for _, l := range []Limits{limits, {MaxTokens: limits.MaxTokens - 1}} {
 		if res, err := plan(l); !errors.As(err, &stop) || len(res.Shards) != 0 || !strings.Contains(stop.Msg, fmt.Sprintf("full at --max-tokens %d", l.MaxTokens)) {
 			t.Fatalf("plan at %+v of a full store: %+v, %v", l, res, err)
 		}
 	}
-	if watch.total() != downloads {
-		t.Fatal("a plan of a full store downloaded a file")
+	if got := h.Downloads(requests); len(got) != 0 {
+		t.Fatalf("a plan of a full store downloaded %v", got)
 	}
 	if m2, err := tokens.ReadManifest(storeDir); err != nil || m2.Tokens != m.Tokens || len(m2.Shards) != len(m.Shards) {
 		t.Fatalf("the store changed while full: %+v, %v", m2, err)

@@ -3,10 +3,7 @@ package worker
 import (
 	"bytes"
 	"context"
-	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,53 +13,9 @@ import (
 	"time"
 
 	"github.com/kiln-lm/kiln/ingest"
-	"github.com/kiln-lm/kiln/ingest/hub"
-	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokens"
 )
-
-// ingestHubWatch stands in front of the test hub and records the files
-// downloaded (their resolve requests) since the last watch; the download
-// of the watch's hold-th file waits until its until says so.
-type ingestHubWatch struct {
-	*httptest.Server
-	t     *testing.T
-	mu    sync.Mutex
-	files map[string]int
-	hold  int
-	until func() bool
-}
-
-func newIngestHubWatch(t *testing.T, h *hubtest.Hub) *ingestHubWatch {
-	target, err := url.Parse(h.Server.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	w := &ingestHubWatch{t: t, files: map[string]int{}}
-	w.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if _, rest, ok := strings.Cut(r.URL.Path, "/resolve/"); ok {
-			_, file, _ := strings.Cut(rest, "/") // after the revision
-			w.mu.Lock()
-			first := w.files[file] == 0
-			w.files[file]++
-			var until func() bool
-			if first && len(w.files) == w.hold {
-				until = w.until
-			}
-			w.mu.Unlock()
-			if until != nil && !waitUntil(r.Context(), until) {
-				w.t.Errorf("the download of %s waited in vain", file)
-				http.Error(rw, "the test's condition never came", http.StatusServiceUnavailable)
-				return
-			}
-		}
-		rp.ServeHTTP(rw, r)
-	}))
-	t.Cleanup(w.Close)
-	return w
-}
 
 // waitUntil polls cond until it holds; false if the request ends or a
 // minute passes first (a test that is broken, not slow).
@@ -79,25 +32,6 @@ func waitUntil(ctx context.Context, cond func() bool) bool {
 	return true
 }
 
-// watch starts a new record; the hold-th file downloaded from now on
-// waits for until (hold 0: none waits).
-func (w *ingestHubWatch) watch(hold int, until func() bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.files, w.hold, w.until = map[string]int{}, hold, until
-}
-
-// downloaded is the files downloaded since the last watch.
-func (w *ingestHubWatch) downloaded() map[string]int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := map[string]int{}
-	for f, n := range w.files {
-		out[f] = n
-	}
-	return out
-}
-
 // Once an append refused a shard at the ingest's --max-tokens or
 // --max-disk, the store is full at that limit: the shards of the dataset
 // that start after the refusal complete as stopped without downloading
@@ -107,11 +41,38 @@ func (w *ingestHubWatch) downloaded() map[string]int {
 // limit appends the files left out after those in, which do not change.
 func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 	e := newIngestEnv(t)
-	e.hub.PageSize = 100 // one page: the next page's link would name the hub, not the watch
-	watch := newIngestHubWatch(t, e.hub)
-	var err error
-	if e.hc, err = hub.New(hub.Config{Endpoint: watch.URL}); err != nil {
-		t.Fatal(err)
+	// watch(hold, until) starts a record of the downloads: the hold-th
+	// file first downloaded from then on waits for until (hold 0: none
+	// waits); downloaded() is the files downloaded since.
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var hold, from int
+	var until func() bool
+	watch := func(h int, u func() bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen, hold, until, from = map[string]bool{}, h, u, len(e.hub.Requests())
+	}
+	downloaded := func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return e.hub.Downloads(from)
+	}
+	e.hub.BeforeResolve = func(ctx context.Context, _, path string) error {
+		mu.Lock()
+		var wait func() bool
+		if !seen[path] {
+			seen[path] = true
+			if len(seen) == hold {
+				wait = until
+			}
+		}
+		mu.Unlock()
+		if wait != nil && !waitUntil(ctx, wait) {
+			t.Errorf("the download of %s waited in vain", path)
+			return errors.New("the test's condition never came")
+		}
+		return nil
 	}
 	const files = 8
 	e.addGoodFiles("good", files, 4, strings.Repeat(" and more text", 20))
@@ -140,7 +101,7 @@ func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 		// append, which the store refuses: should it download its file
 		// before the refusal, the download waits for it. The fifth to
 		// eighth files' shards start after the refusal.
-		watch.watch(4, full)
+		watch(4, full)
 		plan := scheduler.IngestPlan{Dataset: "corpus", Store: c.name, Tokenizer: ingestTokenizer, Limits: c.limits}
 		id := e.enqueue(plan)
 		e.waitFor(id, time.Minute, "completed", state("completed"))
@@ -202,7 +163,7 @@ func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 			t.Fatalf("%s: %d appended, %d refused at their append, %d stopped before tokenizing, %d before reading; want 2, 1, and %d stopped (at most the fourth before tokenizing)",
 				c.name, len(done), len(refused), len(notTokenized), len(notRead), files-3)
 		}
-		got := watch.downloaded()
+		got := downloaded()
 		for _, f := range slices.Concat(done, refused, notTokenized) {
 			if got[f] != 1 {
 				t.Fatalf("%s: %s downloaded %d times, want once", c.name, f, got[f])
@@ -231,7 +192,7 @@ func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 
 		// A plan under the same limit (another seed: another task), or a
 		// lower one, stops at once: nothing is downloaded or appended.
-		watch.watch(0, nil)
+		watch(0, nil)
 		for _, p := range []scheduler.IngestPlan{{Seed: 1, Limits: c.limits}, {Limits: c.lower}} {
 			p.Dataset, p.Store, p.Tokenizer = "corpus", c.name, ingestTokenizer
 			ts := e.waitFor(e.enqueue(p), time.Minute, "completed", state("completed"))
@@ -240,7 +201,7 @@ func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 			}
 		}
 		e.waitDrained(time.Minute)
-		if got := watch.downloaded(); len(got) != 0 {
+		if got := downloaded(); len(got) != 0 {
 			t.Fatalf("%s: a plan of the full store downloaded %v", c.name, got)
 		}
 		if m2, err := tokens.ReadManifest(storeDir); err != nil || m2.Tokens != m.Tokens || len(m2.Shards) != 2 {

@@ -8,6 +8,7 @@ package hubtest
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha1"
 	"crypto/sha256"
 	"encoding/hex"
@@ -43,6 +44,11 @@ type Hub struct {
 	BreakOnce bool
 	// IgnoreRange makes the CDN answer every request with the whole file.
 	IgnoreRange bool
+	// BeforeResolve, when set, runs before the Hub answers a request to
+	// download a file of repo (a resolve), which waits for it; an error
+	// answers the request with 503 and the error's text. A test acts there
+	// at a given download, or holds it until what it tests has happened.
+	BeforeResolve func(ctx context.Context, repo, path string) error
 
 	mu       sync.Mutex
 	files    map[string]map[string][]byte // repo -> path -> content
@@ -99,6 +105,22 @@ func (h *Hub) Requests() []Request {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return append([]Request(nil), h.requests...)
+}
+
+// Downloads counts, by file path, the requests to download a file
+// (resolves) among those seen from the from-th on (len(Requests()) taken
+// earlier: the downloads since then).
+func (h *Hub) Downloads(from int) map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := map[string]int{}
+	for _, r := range h.requests[min(from, len(h.requests)):] {
+		if _, rest, ok := strings.Cut(r.Path, "/resolve/"); ok && r.Host == "hub" {
+			_, path, _ := strings.Cut(rest, "/") // after the revision
+			n[path]++
+		}
+	}
+	return n
 }
 
 func (h *Hub) record(host string, r *http.Request, status int) {
@@ -192,6 +214,12 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 	case api && verb == "tree":
 		return h.tree(w, r, repo, files, path)
 	case !api && verb == "resolve":
+		if h.BeforeResolve != nil {
+			if err := h.BeforeResolve(r.Context(), repo, path); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return http.StatusServiceUnavailable
+			}
+		}
 		content, ok := files[path]
 		if !ok {
 			return notFound(w, "EntryNotFound", "Entry not found")

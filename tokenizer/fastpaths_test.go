@@ -26,6 +26,49 @@ func randomWords(rng *rand.Rand, n, maxLen int) [][]byte {
 	return words
 }
 
+// randomMix joins 1 to most pieces drawn at random.
+func randomMix(rng *rand.Rand, pieces []string, most int) []byte {
+	var b []byte
+	for range 1 + rng.IntN(most) {
+		b = append(b, pieces[rng.IntN(len(pieces))]...)
+	}
+	return b
+}
+
+// scanEnds is where the general scan end (gpt2WordEnd, gpt4WordEnd)
+// ends each word of b.
+func scanEnds(b []byte, end func(b []byte, i int) int) []int {
+	var ends []int
+	for i := 0; i < len(b); {
+		i = end(b, i)
+		ends = append(ends, i)
+	}
+	return ends
+}
+
+// splitterEnds is where split ends each word of b.
+func splitterEnds(b []byte, split splitter) []int {
+	var got, ends []int
+	for i := 0; i < len(b); {
+		ends = split(b, i, ends[:0])
+		got = append(got, ends...)
+		i = ends[len(ends)-1]
+	}
+	return got
+}
+
+// wordByWord is the ids of b's words as the general scan end cuts them,
+// encoded one at a time by st.
+func wordByWord(st *encoderState, b []byte, end func(b []byte, i int) int) []uint32 {
+	var ids []uint32
+	for i := 0; i < len(b); {
+		e := end(b, i)
+		ids = st.word(ids, b[i:e])
+		i = e
+	}
+	return ids
+}
+
 // Every word comes out of the word caches with the ids that the merges give
 // it, whether the caches are cold or warm, growing or starting over: tens of
 // thousands of words of 1 to 20 bytes (the packed table up to 15, the map
@@ -122,10 +165,7 @@ func TestScanClassMatchesThePlainScan(t *testing.T) {
 	pieces := []string{"a", "Z", "é", "ß", "日", "1", "٣", " ", "\t", "\u00a0", "\u2003", "(", ".", "\x80", "\xff", "_"}
 	rng := rand.New(rand.NewPCG(7, 8))
 	for range 20_000 {
-		var b []byte
-		for range 1 + rng.IntN(30) {
-			b = append(b, pieces[rng.IntN(len(pieces))]...)
-		}
+		b := randomMix(rng, pieces, 30)
 		i := rng.IntN(len(b))
 		for _, cl := range []class{clsOther, clsLetter, clsNumber, clsSpace} {
 			if got, want := scanClass(b, i, cl), plain(b, i, cl); got != want {
@@ -153,10 +193,7 @@ func TestLettersEnd8AgreesWithScanLetters(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 10))
 	declined := 0
 	for range 50_000 {
-		var b []byte
-		for range 1 + rng.IntN(14) {
-			b = append(b, pieces[rng.IntN(len(pieces))]...)
-		}
+		b := randomMix(rng, pieces, 14)
 		j := rng.IntN(len(b))
 		e, ok := lettersEnd8(b, j)
 		if !ok {
@@ -179,14 +216,6 @@ func TestLettersEnd8AgreesWithScanLetters(t *testing.T) {
 // numbers and spaces, invalid UTF-8), long enough that the 16 bytes the
 // ASCII path reads ahead run out inside them.
 func TestGPT4SplitterMatchesTheGeneralScan(t *testing.T) {
-	general := func(b []byte, maxDigits int) []int {
-		var ends []int
-		for i := 0; i < len(b); {
-			i = gpt4WordEnd(b, i, maxDigits)
-			ends = append(ends, i)
-		}
-		return ends
-	}
 	pieces := []string{
 		"a", "Z", "q", "foo", "Hello", "é", "日本", "ſ", "'", "'s", "'T", "'re", "'VE", "'ll", "'d", "'m", "'x",
 		"1", "22", "333", "4444", "٣", "½", " ", "  ", "\t", "\v", "\f", "\r", "\n", "\r\n", "\n\n\t",
@@ -195,22 +224,13 @@ func TestGPT4SplitterMatchesTheGeneralScan(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(11, 12))
 	for range 30_000 {
-		var b []byte
-		for range 1 + rng.IntN(40) {
-			b = append(b, pieces[rng.IntN(len(pieces))]...)
-		}
+		b := randomMix(rng, pieces, 40)
 		for _, sp := range []struct {
 			split     splitter
 			maxDigits int
 		}{{splitGPT4, 3}, {splitQwen2, 1}} {
-			want := general(b, sp.maxDigits)
-			var got, ends []int
-			for i := 0; i < len(b); {
-				ends = sp.split(b, i, ends[:0])
-				got = append(got, ends...)
-				i = ends[len(ends)-1]
-			}
-			if !slices.Equal(got, want) {
+			want := scanEnds(b, func(b []byte, i int) int { return gpt4WordEnd(b, i, sp.maxDigits) })
+			if got := splitterEnds(b, sp.split); !slices.Equal(got, want) {
 				t.Fatalf("%q, %d digits: cut at %v, the general scan at %v", b, sp.maxDigits, got, want)
 			}
 		}
@@ -233,11 +253,7 @@ func TestSplitWordsGPT4MatchesWordByWord(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	var docs [][]byte
 	for range 3_000 {
-		var b []byte
-		for range 1 + rng.IntN(60) {
-			b = append(b, pieces[rng.IntN(len(pieces))]...)
-		}
-		docs = append(docs, b)
+		docs = append(docs, randomMix(rng, pieces, 60))
 	}
 	for _, name := range texts {
 		docs = append(docs, readTestdata(t, name+".txt"))
@@ -246,12 +262,7 @@ func TestSplitWordsGPT4MatchesWordByWord(t *testing.T) {
 		fused, plain := newEncoderState(tk), newEncoderState(tk)
 		for round := range 2 {
 			for _, text := range docs {
-				var want []uint32
-				for i := 0; i < len(text); {
-					e := gpt4WordEnd(text, i, digits)
-					want = plain.word(want, text[i:e])
-					i = e
-				}
+				want := wordByWord(plain, text, func(b []byte, i int) int { return gpt4WordEnd(b, i, digits) })
 				if got := fused.splitWordsGPT4(nil, text, digits); !slices.Equal(got, want) {
 					t.Fatalf("%d digits, round %d, %q: %v, want %v", digits, round, text, got, want)
 				}
@@ -269,23 +280,10 @@ func FuzzGPT4MatchesTheGeneralScan(f *testing.F) {
 	tk := loadStyle(f, "gpt4-style")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, digits := range []int{3, 1} {
-			var want, ids []uint32
-			var ends []int
-			st := newEncoderState(tk)
-			for i := 0; i < len(b); {
-				e := gpt4WordEnd(b, i, digits)
-				ends = append(ends, e)
-				ids = st.word(ids, b[i:e])
-				i = e
-			}
-			want = ids
-			var got []int
-			for i := 0; i < len(b); {
-				cut := splitGPT4Like(b, i, nil, digits)
-				got = append(got, cut...)
-				i = cut[len(cut)-1]
-			}
-			if !slices.Equal(got, ends) {
+			end := func(b []byte, i int) int { return gpt4WordEnd(b, i, digits) }
+			split := func(b []byte, i int, ends []int) []int { return splitGPT4Like(b, i, ends, digits) }
+			ends, want := scanEnds(b, end), wordByWord(newEncoderState(tk), b, end)
+			if got := splitterEnds(b, split); !slices.Equal(got, ends) {
 				t.Fatalf("%q, %d digits: cut at %v, the general scan at %v", b, digits, got, ends)
 			}
 			fused := newEncoderState(tk)
@@ -313,22 +311,8 @@ func TestGPT2SplitterMatchesTheGeneralScan(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(15, 16))
 	for range 30_000 {
-		var b []byte
-		for range 1 + rng.IntN(40) {
-			b = append(b, pieces[rng.IntN(len(pieces))]...)
-		}
-		var want []int
-		for i := 0; i < len(b); {
-			i = gpt2WordEnd(b, i)
-			want = append(want, i)
-		}
-		var got, ends []int
-		for i := 0; i < len(b); {
-			ends = splitGPT2(b, i, ends[:0])
-			got = append(got, ends...)
-			i = ends[len(ends)-1]
-		}
-		if !slices.Equal(got, want) {
+		b := randomMix(rng, pieces, 40)
+		if got, want := splitterEnds(b, splitGPT2), scanEnds(b, gpt2WordEnd); !slices.Equal(got, want) {
 			t.Fatalf("%q: cut at %v, the general scan at %v", b, got, want)
 		}
 	}
@@ -350,11 +334,7 @@ func TestSplitWordsGPT2MatchesWordByWord(t *testing.T) {
 	rng := rand.New(rand.NewPCG(17, 18))
 	var docs [][]byte
 	for range 3_000 {
-		var b []byte
-		for range 1 + rng.IntN(60) {
-			b = append(b, pieces[rng.IntN(len(pieces))]...)
-		}
-		docs = append(docs, b)
+		docs = append(docs, randomMix(rng, pieces, 60))
 	}
 	for _, name := range texts {
 		docs = append(docs, readTestdata(t, name+".txt"))
@@ -362,12 +342,7 @@ func TestSplitWordsGPT2MatchesWordByWord(t *testing.T) {
 	fused, plain := newEncoderState(tk), newEncoderState(tk)
 	for round := range 2 {
 		for _, text := range docs {
-			var want []uint32
-			for i := 0; i < len(text); {
-				e := gpt2WordEnd(text, i)
-				want = plain.word(want, text[i:e])
-				i = e
-			}
+			want := wordByWord(plain, text, gpt2WordEnd)
 			if got := fused.splitWordsGPT2(nil, text); !slices.Equal(got, want) {
 				t.Fatalf("round %d, %q: %v, want %v", round, text, got, want)
 			}
@@ -383,22 +358,8 @@ func FuzzGPT2MatchesTheGeneralScan(f *testing.F) {
 	}
 	tk := loadStyle(f, "gpt2-style")
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var want []uint32
-		var ends []int
-		st := newEncoderState(tk)
-		for i := 0; i < len(b); {
-			e := gpt2WordEnd(b, i)
-			ends = append(ends, e)
-			want = st.word(want, b[i:e])
-			i = e
-		}
-		var got []int
-		for i := 0; i < len(b); {
-			cut := splitGPT2(b, i, nil)
-			got = append(got, cut...)
-			i = cut[len(cut)-1]
-		}
-		if !slices.Equal(got, ends) {
+		ends, want := scanEnds(b, gpt2WordEnd), wordByWord(newEncoderState(tk), b, gpt2WordEnd)
+		if got := splitterEnds(b, splitGPT2); !slices.Equal(got, ends) {
 			t.Fatalf("%q: cut at %v, the general scan at %v", b, got, ends)
 		}
 		fused := newEncoderState(tk)

@@ -151,6 +151,10 @@ type Report struct {
 	Stopped string
 }
 
+// StoppedBeforePlan reports whether the run stopped before it listed a
+// file: the store was at its limit, or full at it, from the start.
+func (r Report) StoppedBeforePlan() bool { return r.Stopped != "" && r.Revision == "" }
+
 // Direct runs an ingest in this process through the queue's own steps:
 // Pipeline.Plan, then Pipeline.Shard for each planned file (a few files at
 // once, sharing the process's encoders), then Pipeline.Append in the plan's

@@ -205,8 +205,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	if st, err := tokensLen(filepath.Join(tokensDir, demoStore)); err == nil {
 		res.CorpusTokens = st
 	}
-	if rep.Revision == "" && rep.Stopped != "" {
-		// A store filled to the limit by an earlier demo: nothing listed.
+	if rep.StoppedBeforePlan() {
 		fmt.Fprintf(out, "    0 files appended this time: the store is full at its limit and holds %d tokens\n", res.CorpusTokens)
 	} else {
 		fmt.Fprintf(out, "    %d files appended this time, %d already there%s; the store holds %d tokens\n", rep.Appended, rep.Duplicates,

@@ -151,8 +151,7 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		return err
 	}
 	out := c.OutOrStdout()
-	if rep.Revision == "" && rep.Stopped != "" {
-		// Stopped before the plan listed a file: the store was full.
+	if rep.StoppedBeforePlan() {
 		fmt.Fprintln(out, rep.Stopped)
 		return nil
 	}

@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/kiln-lm/kiln/model"
+	"go.uber.org/zap"
 )
 
 // Checkpoint file names (DESIGN.md, "Formats"). config.json,
@@ -252,48 +253,96 @@ func removeStaleTemps(root string) {
 // ErrNoCheckpoint is returned by LatestCheckpoint when root holds none.
 var ErrNoCheckpoint = errors.New("no checkpoint")
 
+// ErrDamaged marks a checkpoint whose files are missing, cut short, or of
+// another size or hash than trainer_state.json lists. A checkpoint is
+// complete when its directory appears (WriteCheckpoint renames it into
+// place), so one that is not was damaged since: a disk error, a partial
+// copy, a file edited by hand. A resume sets it aside and continues from
+// the one before it.
+var ErrDamaged = errors.New("damaged checkpoint")
+
+type damagedError struct{ err error }
+
+func (e damagedError) Error() string        { return e.err.Error() }
+func (e damagedError) Unwrap() error        { return e.err }
+func (e damagedError) Is(target error) bool { return target == ErrDamaged }
+
+func damaged(format string, a ...any) error { return damagedError{fmt.Errorf(format, a...)} }
+
 // CheckCheckpoint reports why dir is not a complete checkpoint: its
 // trainer_state.json is missing or unreadable, or a file it lists is absent
-// or of another size. It reads no file in full; ReadCheckpoint also checks
-// every hash.
+// or of another size (errors.Is ErrDamaged), or it is of a format this build
+// does not read. It reads no file in full; VerifyCheckpoint and
+// ReadCheckpoint also check every hash.
 func CheckCheckpoint(dir string) (State, error) {
 	var st State
 	b, err := os.ReadFile(filepath.Join(dir, StateFile))
 	if err != nil {
-		return st, fmt.Errorf("checkpoint %s is incomplete (%w): it was not written to the end; use an earlier one", dir, err)
+		return st, damaged("checkpoint %s is incomplete (%w): it was not written to the end; use an earlier one", dir, err)
 	}
 	if err := json.Unmarshal(b, &st); err != nil {
-		return st, fmt.Errorf("checkpoint %s: %s is not valid JSON (%v): use an earlier checkpoint", dir, StateFile, err)
+		return st, damaged("checkpoint %s: %s is not valid JSON (%v): use an earlier checkpoint", dir, StateFile, err)
 	}
 	if st.Format != stateFormat || st.Version != stateVersion {
 		return st, fmt.Errorf("checkpoint %s: %s is format %q version %d; this build reads %q version %d", dir, StateFile, st.Format, st.Version, stateFormat, stateVersion)
 	}
 	for _, name := range []string{ConfigFile, ModelFile, OptimizerFile} {
 		if _, ok := st.Files[name]; !ok {
-			return st, fmt.Errorf("checkpoint %s: %s does not list %s: use an earlier checkpoint", dir, StateFile, name)
+			return st, damaged("checkpoint %s: %s does not list %s: use an earlier checkpoint", dir, StateFile, name)
 		}
 	}
 	for name, sum := range st.Files {
 		fi, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {
-			return st, fmt.Errorf("checkpoint %s is incomplete: %w; use an earlier one", dir, err)
+			return st, damaged("checkpoint %s is incomplete: %w; use an earlier one", dir, err)
 		}
 		if fi.Size() != sum.Size {
-			return st, fmt.Errorf("checkpoint %s: %s is %d bytes, %s says %d (truncated?): use an earlier checkpoint", dir, name, fi.Size(), StateFile, sum.Size)
+			return st, damaged("checkpoint %s: %s is %d bytes, %s says %d (truncated?): use an earlier checkpoint", dir, name, fi.Size(), StateFile, sum.Size)
 		}
 	}
 	return st, nil
 }
 
-// LatestCheckpoint returns the directory of the highest step under root that
-// passes CheckCheckpoint, skipping incomplete ones, or ErrNoCheckpoint.
-func LatestCheckpoint(root string) (string, error) {
+// VerifyCheckpoint is CheckCheckpoint that also reads every file and checks
+// its SHA-256 against trainer_state.json.
+func VerifyCheckpoint(dir string) (State, error) {
+	st, err := CheckCheckpoint(dir)
+	if err != nil {
+		return st, err
+	}
+	for name, sum := range st.Files {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			return st, damaged("checkpoint %s is incomplete: %w; use an earlier one", dir, err)
+		}
+		h := sha256.New()
+		_, err = io.Copy(h, f)
+		f.Close()
+		if err != nil {
+			return st, damaged("checkpoint %s: read %s: %w", dir, name, err)
+		}
+		if err := matchSum(dir, name, h.Sum(nil), sum); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
+}
+
+func matchSum(dir, name string, got []byte, want FileSum) error {
+	if hex.EncodeToString(got) != want.SHA256 {
+		return damaged("checkpoint %s: %s has SHA-256 %x, %s says %s (corrupted): use an earlier checkpoint", dir, name, got, StateFile, want.SHA256)
+	}
+	return nil
+}
+
+// stepDirs lists root's step directories, newest first.
+func stepDirs(root string) ([]string, error) {
 	entries, err := os.ReadDir(root)
 	if errors.Is(err, os.ErrNotExist) {
-		return "", ErrNoCheckpoint
+		return nil, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("find checkpoint: %w", err)
+		return nil, fmt.Errorf("find checkpoint: %w", err)
 	}
 	type cand struct {
 		step int
@@ -312,12 +361,84 @@ func LatestCheckpoint(root string) (string, error) {
 		cands = append(cands, cand{step, filepath.Join(root, e.Name())})
 	}
 	sort.Slice(cands, func(i, j int) bool { return cands[i].step > cands[j].step })
-	for _, c := range cands {
-		if _, err := CheckCheckpoint(c.dir); err == nil {
-			return c.dir, nil
+	dirs := make([]string, len(cands))
+	for i, c := range cands {
+		dirs[i] = c.dir
+	}
+	return dirs, nil
+}
+
+// LatestCheckpoint returns the directory of the highest step under root that
+// passes CheckCheckpoint, skipping incomplete ones, or ErrNoCheckpoint.
+func LatestCheckpoint(root string) (string, error) {
+	dirs, err := stepDirs(root)
+	if err != nil {
+		return "", err
+	}
+	for _, d := range dirs {
+		if _, err := CheckCheckpoint(d); err == nil {
+			return d, nil
 		}
 	}
 	return "", ErrNoCheckpoint
+}
+
+// LatestIntactCheckpoint returns the directory of the highest step under
+// root that passes VerifyCheckpoint, or ErrNoCheckpoint. Each newer one
+// found damaged is set aside (SetAside) with a warning that names it and
+// what is wrong; any other error (a format this build does not read) is
+// returned as is.
+func LatestIntactCheckpoint(root string, log *zap.Logger) (string, error) {
+	return newestUsable(root, log, func(dir string) error {
+		_, err := VerifyCheckpoint(dir)
+		return err
+	})
+}
+
+// newestUsable walks root's step directories newest first and returns the
+// first that use accepts. A directory use finds damaged is set aside and
+// the walk goes on; any other error ends it.
+func newestUsable(root string, log *zap.Logger, use func(dir string) error) (string, error) {
+	dirs, err := stepDirs(root)
+	if err != nil {
+		return "", err
+	}
+	for _, d := range dirs {
+		err := use(d)
+		if err == nil {
+			return d, nil
+		}
+		if !errors.Is(err, ErrDamaged) {
+			return "", err
+		}
+		aside, aerr := SetAside(d)
+		if aerr != nil {
+			return "", fmt.Errorf("%w; setting it aside failed too (%v): move it out of %s by hand", err, aerr, root)
+		}
+		log.Warn("damaged checkpoint set aside; resuming from an earlier one",
+			zap.String("checkpoint", d), zap.String("now", aside), zap.Error(err))
+	}
+	return "", ErrNoCheckpoint
+}
+
+// SetAside renames a damaged checkpoint directory to <dir>.damaged (or
+// <dir>.damaged-N when that exists), where no resume looks for it and its
+// files stay for inspection, and returns the new name.
+func SetAside(dir string) (string, error) {
+	for n := 1; n < 1000; n++ {
+		to := dir + ".damaged"
+		if n > 1 {
+			to += "-" + strconv.Itoa(n)
+		}
+		if _, err := os.Lstat(to); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := os.Rename(dir, to); err != nil {
+			return "", err
+		}
+		return to, syncDir(filepath.Dir(dir))
+	}
+	return "", fmt.Errorf("%s.damaged and .damaged-2 to -999 all exist: remove some", dir)
 }
 
 // ReadCheckpoint loads dir, verifying every file against the hashes in
@@ -332,10 +453,11 @@ func ReadCheckpoint(dir string, want *model.Config) (*Snapshot, error) {
 	for name, sum := range st.Files {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
-			return nil, fmt.Errorf("read checkpoint %s: %w", dir, err)
+			return nil, damaged("read checkpoint %s: %w", dir, err)
 		}
-		if got := sha256.Sum256(b); hex.EncodeToString(got[:]) != sum.SHA256 {
-			return nil, badInput(fmt.Errorf("checkpoint %s: %s has SHA-256 %x, %s says %s (corrupted): use an earlier checkpoint", dir, name, got, StateFile, sum.SHA256))
+		got := sha256.Sum256(b)
+		if err := matchSum(dir, name, got[:], sum); err != nil {
+			return nil, badInput(err)
 		}
 		files[name] = b
 	}

@@ -113,16 +113,16 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	// another shape is refused before a large model is allocated.
 	var snap *Snapshot
 	if cfg.Resume {
-		dir, err := LatestCheckpoint(cfg.Out)
+		dir, err := newestUsable(cfg.Out, log, func(dir string) (err error) {
+			snap, err = ReadCheckpoint(dir, &mc)
+			return err
+		})
 		switch {
 		case errors.Is(err, ErrNoCheckpoint):
 			log.Info("no checkpoint to resume from; starting the run", zap.String("out", cfg.Out))
 		case err != nil:
 			return Result{}, err
 		default:
-			if snap, err = ReadCheckpoint(dir, &mc); err != nil {
-				return Result{}, err
-			}
 			l.lastCk = dir
 		}
 	}

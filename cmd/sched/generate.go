@@ -155,7 +155,8 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 // pullLatestCheckpoint copies run's latest complete checkpoint from object
 // storage to <data dir>/checkpoints/<run>/step-NNNNNNN and returns that
 // directory. A checkpoint whose upload never finished (no completion
-// marker) is passed over.
+// marker) is passed over, and so, with a line on stderr, is one whose files
+// do not match their hashes.
 func pullLatestCheckpoint(cmd *cobra.Command, run string) (string, error) {
 	if err := checkName("run", run); err != nil {
 		return "", err
@@ -169,18 +170,15 @@ func pullLatestCheckpoint(cmd *cobra.Command, run string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	steps, err := segment.RemoteSteps(ctx, objects, run)
+	dir, step, err := segment.PullNewest(ctx, objects, run, -1, filepath.Join(cfg.DataDir, "checkpoints", run), func(step int, err error) {
+		fmt.Fprintf(cmd.ErrOrStderr(), "run %s: step %d in object storage is damaged, passed over: %v\n", run, step, err)
+	})
 	if err != nil {
 		return "", redactErr(cfg, err)
 	}
-	if len(steps) == 0 {
+	if dir == "" {
 		return "", badInput("run %s has no complete checkpoint in object storage (%s): train it first ('sched enqueue train %s'; 'sched runs' lists the runs), or give a local checkpoint with --checkpoint DIR",
 			run, segment.CheckpointPrefix(run), run)
-	}
-	step := steps[len(steps)-1]
-	dir, err := segment.Pull(ctx, objects, run, step, filepath.Join(cfg.DataDir, "checkpoints", run))
-	if err != nil {
-		return "", redactErr(cfg, err)
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "run %s: step %d, from %s%s\n", run, step, segment.CheckpointPrefix(run), filepath.Base(dir))
 	return dir, nil

@@ -15,6 +15,7 @@ import (
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
@@ -210,6 +211,31 @@ func TestGenerateFromARunsLatestCheckpoint(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(data, "checkpoints", "fox", "step-0000001", "model.safetensors")); err != nil {
 		t.Fatalf("the checkpoint is not in the data directory: %v", err)
+	}
+
+	// Step 2 uploaded whole, then damaged in object storage: passed over,
+	// with a line that says so.
+	if _, err := segment.Push(ctx, objects, nil, "fox", filepath.Join(out, "step-0000002")); err != nil {
+		t.Fatal(err)
+	}
+	key := segment.CheckpointPrefix("fox") + "step-0000002/" + trainer.ModelFile
+	r, err := objects.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[500] ^= 0xff
+	if err := objects.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	got, errOut, code = sched(t, env, append(gen, "--run", "fox")...)
+	if code != 0 || got != want || !strings.Contains(errOut, "run fox: step 2 in object storage is damaged, passed over: ") ||
+		!strings.Contains(errOut, "model.safetensors has SHA-256") || !strings.Contains(errOut, "run fox: step 1, from") {
+		t.Fatalf("generate --run fox with step 2 damaged: exit %d, printed %q (want %q)\n%s", code, got, want, errOut)
 	}
 
 	for _, c := range []struct {

@@ -185,9 +185,34 @@ func metricsUpTo(path string, step int) ([]byte, error) {
 	return out, nil
 }
 
+// PullNewest pulls the newest complete checkpoint of run in object storage
+// whose step is above after into root (see Pull), and returns its
+// directory and step, or "" and -1 when object storage holds none above
+// after. One whose files turn out damaged (trainer.ErrDamaged) is left where
+// it is, reported to damaged, and the one before it is tried.
+func PullNewest(ctx context.Context, obj Objects, run string, after int, root string, damaged func(step int, err error)) (string, int, error) {
+	steps, err := RemoteSteps(ctx, obj, run)
+	if err != nil {
+		return "", -1, err
+	}
+	for i := len(steps) - 1; i >= 0 && steps[i] > after; i-- {
+		dir, err := Pull(ctx, obj, run, steps[i], root)
+		if errors.Is(err, trainer.ErrDamaged) {
+			damaged(steps[i], err)
+			continue
+		}
+		if err != nil {
+			return "", -1, err
+		}
+		return dir, steps[i], nil
+	}
+	return "", -1, nil
+}
+
 // Pull downloads the complete checkpoint of step into root/step-NNNNNNN,
 // through a temporary directory renamed into place once every file has the
-// size its marker lists and the trainer's own check passes.
+// size its marker lists and the hash trainer_state.json lists
+// (trainer.VerifyCheckpoint).
 func Pull(ctx context.Context, obj Objects, run string, step int, root string) (string, error) {
 	prefix := checkpointKey(run, step)
 	var m Marker
@@ -214,7 +239,7 @@ func Pull(ctx context.Context, obj Objects, run string, step int, root string) (
 			return "", fmt.Errorf("pull checkpoint step %d of run %s: %s is %d bytes, the marker says %d", step, run, name, got, size)
 		}
 	}
-	if _, err := trainer.CheckCheckpoint(tmp); err != nil {
+	if _, err := trainer.VerifyCheckpoint(tmp); err != nil {
 		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
 	}
 	final := filepath.Join(root, trainer.StepDir(step))

@@ -407,36 +407,31 @@ func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry
 // when dir has none, so that the results keep the whole history.
 func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
 	local := -1
-	if d, err := trainer.LatestCheckpoint(dir); err == nil {
+	if d, err := trainer.LatestIntactCheckpoint(dir, p.Log); err == nil {
 		st, _ := trainer.CheckCheckpoint(d)
 		local = st.Step
 	} else if !errors.Is(err, trainer.ErrNoCheckpoint) {
 		return 0, "", err
 	}
-	remote := -1
 	if p.Objects != nil {
-		steps, err := RemoteSteps(ctx, p.Objects, p.Run.Name)
+		pulled, remote, err := PullNewest(ctx, p.Objects, p.Run.Name, local, dir, func(step int, err error) {
+			p.Log.Warn("damaged checkpoint in object storage passed over; trying the one before",
+				zap.String("run", p.Run.Name), zap.Int("step", step), zap.Error(err))
+		})
 		if err != nil {
 			return 0, "", err
 		}
-		if len(steps) > 0 {
-			remote = steps[len(steps)-1]
+		if remote > local {
+			// The checkpoint carries the run's metrics up to its step: the
+			// history continues from there, whatever this disk held.
+			if err := os.Rename(filepath.Join(pulled, results.MetricsFile), filepath.Join(dir, results.MetricsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return 0, "", fmt.Errorf("restore metrics of run %s: %w", p.Run.Name, err)
+			}
+			p.Log.Info("resuming from object storage", zap.String("run", p.Run.Name), zap.Int("step", remote))
+			return remote, "object storage", nil
 		}
 	}
-	switch {
-	case remote > local:
-		pulled, err := Pull(ctx, p.Objects, p.Run.Name, remote, dir)
-		if err != nil {
-			return 0, "", err
-		}
-		// The checkpoint carries the run's metrics up to its step: the
-		// history continues from there, whatever this disk held.
-		if err := os.Rename(filepath.Join(pulled, results.MetricsFile), filepath.Join(dir, results.MetricsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return 0, "", fmt.Errorf("restore metrics of run %s: %w", p.Run.Name, err)
-		}
-		p.Log.Info("resuming from object storage", zap.String("run", p.Run.Name), zap.Int("step", remote))
-		return remote, "object storage", nil
-	case local >= 0:
+	if local >= 0 {
 		p.Log.Info("resuming from the local checkpoint", zap.String("run", p.Run.Name), zap.Int("step", local))
 		return local, "local", nil
 	}

@@ -1,11 +1,13 @@
 package segment
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -18,6 +20,8 @@ import (
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // streamData is a deterministic token stream with a learnable pattern,
@@ -261,5 +265,110 @@ func TestCancelledSegmentUploadsItsLastCheckpoint(t *testing.T) {
 	}
 	if steps, _ := RemoteSteps(context.Background(), obj, "c"); !reflect.DeepEqual(steps, []int{3}) {
 		t.Fatalf("remote checkpoints %v, want [3]", steps)
+	}
+}
+
+// A damaged checkpoint costs at most the steps since the intact one before
+// it, locally or in object storage: a local one is set aside and the same
+// step pulled from object storage; one damaged in object storage is passed
+// over, with a warning, for the one before. The losses stay the
+// uninterrupted run's.
+func TestDamagedCheckpointsArePassedOver(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+
+	var want losses
+	if out, err := Run(ctx, Params{Run: testRun("ref", 8), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Progress: want.hook}); err != nil || !out.Done {
+		t.Fatalf("reference run: %+v %v", out, err)
+	}
+	run := testRun("d", 8)
+	run.Segment.MaxSteps = 4
+	disk := t.TempDir()
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 4 || out.Uploaded != 4 {
+		t.Fatalf("first segment: %+v %v", out, err)
+	}
+
+	// The local step 4 is damaged; object storage holds it whole.
+	local := filepath.Join(RunDir(disk, "d"), trainer.StepDir(4))
+	flip(t, filepath.Join(local, trainer.ModelFile))
+	run.Segment.MaxSteps = 2
+	var second losses
+	core, logs := observer.New(zap.WarnLevel)
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Progress: second.hook, Owner: "gpu-a", Log: zap.New(core)})
+	if err != nil || out.ResumedFrom != 4 || out.ResumeSource != "object storage" || out.Step != 6 {
+		t.Fatalf("second segment: %+v %v; want it to resume from step 4 pulled from object storage", out, err)
+	}
+	if w := logs.FilterMessageSnippet("damaged checkpoint set aside").All(); len(w) != 1 || w[0].ContextMap()["checkpoint"] != local {
+		t.Errorf("warnings %v; want one naming %s", logs.All(), local)
+	}
+	if _, err := os.Stat(local + ".damaged"); err != nil {
+		t.Errorf("the damaged local checkpoint is not kept aside: %v", err)
+	}
+
+	// Object storage's step 6 is damaged and the disk is lost: the run goes
+	// on from step 4.
+	key := CheckpointPrefix("d") + trainer.StepDir(6) + "/" + trainer.ModelFile
+	spoilObject(t, ctx, obj, key)
+	var third losses
+	core, logs = observer.New(zap.WarnLevel)
+	run.Segment.MaxSteps = 4
+	out, err = Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Progress: third.hook, Owner: "gpu-b", Log: zap.New(core)})
+	if err != nil || out.ResumedFrom != 4 || out.ResumeSource != "object storage" || !out.Done || out.Step != 8 {
+		t.Fatalf("third segment: %+v %v; want it to resume from step 4 and finish", out, err)
+	}
+	if w := logs.FilterMessageSnippet("damaged checkpoint in object storage passed over").All(); len(w) != 1 || w[0].ContextMap()["step"] != int64(6) {
+		t.Errorf("warnings %v; want one naming step 6", logs.All())
+	}
+	for step := 5; step <= 8; step++ {
+		if step <= 6 && second.m[step] != want.m[step] {
+			t.Errorf("second segment, step %d: loss %v, uninterrupted %v", step, second.m[step], want.m[step])
+		}
+		if third.m[step] != want.m[step] {
+			t.Errorf("third segment, step %d: loss %v, uninterrupted %v", step, third.m[step], want.m[step])
+		}
+	}
+	// Step 6 was uploaded again, whole.
+	dir, step, err := PullNewest(ctx, obj, "d", 5, t.TempDir(), func(step int, err error) { t.Errorf("step %d damaged: %v", step, err) })
+	if err != nil || step != 8 || dir == "" {
+		t.Errorf("newest in object storage: step %d %v", step, err)
+	}
+	if _, err := Pull(ctx, obj, "d", 6, t.TempDir()); err != nil {
+		t.Errorf("step 6 uploaded again: %v", err)
+	}
+}
+
+// flip changes two bytes of path in place, keeping its size.
+func flip(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 2)
+	if _, err := f.ReadAt(b, 400); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{^b[0], ^b[1]}, 400); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// spoilObject replaces key with its bytes, two of them flipped.
+func spoilObject(t *testing.T, ctx context.Context, obj Objects, key string) {
+	t.Helper()
+	r, err := obj.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[400], b[401] = ^b[400], ^b[401]
+	if err := obj.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
 	}
 }

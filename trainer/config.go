@@ -5,7 +5,6 @@
 package trainer
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -15,6 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kiln-lm/kiln/internal/yamlstrict"
 	"github.com/kiln-lm/kiln/model"
 )
 
@@ -406,10 +406,8 @@ func LoadRunConfig(path string) (RunConfig, error) {
 	if err != nil {
 		return c, badInput(fmt.Errorf("run config: %w", err))
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
-		return c, badInput(fmt.Errorf("run config %s: %w (fix the YAML; keys are listed in trainer.RunConfig)", path, err))
+	if err := yamlstrict.Unmarshal(b, &c); err != nil {
+		return c, badInput(fmt.Errorf("run config %s: %w", path, err))
 	}
 	// A zero size would read as "absent" and take the default; written
 	// out, it is a mistake to report.

@@ -16,11 +16,9 @@ package main
 // in scheduler.Config.WithDefaults. Every error names the setting to fix.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -34,8 +32,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
-	"gopkg.in/yaml.v3"
 
+	"github.com/kiln-lm/kiln/internal/yamlstrict"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 )
@@ -160,10 +158,8 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 		case err != nil:
 			return cfg, badInput("config file %s: %v", path, err)
 		default:
-			dec := yaml.NewDecoder(bytes.NewReader(b))
-			dec.KnownFields(true)
-			if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-				return cfg, badInput("config file %s: %s (keys are the yaml names of scheduler.Config, e.g. redis_url)", path, strings.ReplaceAll(err.Error(), "\n", "; "))
+			if err := yamlstrict.Unmarshal(b, &cfg); err != nil {
+				return cfg, badInput("config file %s: %s", path, strings.ReplaceAll(err.Error(), "\n", "; "))
 			}
 		}
 	}

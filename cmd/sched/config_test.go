@@ -80,7 +80,9 @@ func TestBadInputExitsTwo(t *testing.T) {
 	good := "KILN_REDIS_URL=redis://" + redis + "/0"
 	dir := t.TempDir()
 	badYAML := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(badYAML, []byte("redis_ur1: x\n"), 0o644)
+	os.WriteFile(badYAML, []byte("# kiln\nredis_ur1: x\n"), 0o644)
+	runYAML := filepath.Join(dir, "run.yaml")
+	os.WriteFile(runYAML, []byte("model: tiny\nchekpoint_every: 5\n"), 0o644)
 	cases := []struct {
 		name string
 		env  []string
@@ -100,7 +102,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"bad queues", []string{good}, []string{"worker", "--queues", "cpu=2"}, `unknown queue "cpu"`},
 		{"unknown task id", []string{good}, []string{"cancel", "nope"}, `task "nope" not found`},
 		{"bad grace", []string{good, "KILN_SHUTDOWN_GRACE=soon"}, []string{"config"}, "KILN_SHUTDOWN_GRACE"},
-		{"bad config key", []string{good}, []string{"config", "--config", badYAML}, "redis_ur1"},
+		{"bad config key", []string{good}, []string{"config", "--config", badYAML}, `config file ` + badYAML + `: line 2: unknown key "redis_ur1" (did you mean redis_url?); the keys here are data_dir, hf_token,`},
+		{"bad run config key", nil, []string{"train", "--run-config", runYAML}, `run config ` + runYAML + `: line 2: unknown key "chekpoint_every" (did you mean checkpoint_every?)`},
 		{"missing config file", []string{good}, []string{"config", "--config", filepath.Join(dir, "none.yaml")}, "none.yaml"},
 		{"wrong s3 credentials", []string{good, "KILN_S3_ENDPOINT=" + s3.Endpoint, "KILN_S3_ACCESS_KEY=" + s3.AccessKey, "KILN_S3_SECRET_KEY=wrong"},
 			[]string{"config", "--check"}, "KILN_S3_SECRET_KEY"},

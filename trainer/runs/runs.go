@@ -4,9 +4,7 @@
 package runs
 
 import (
-	"bytes"
 	_ "embed"
-	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -16,6 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kiln-lm/kiln/internal/yamlstrict"
 	"github.com/kiln-lm/kiln/trainer"
 )
 
@@ -219,7 +218,7 @@ func parse(b []byte, source string, base Set) (Set, error) {
 			r.Description = ""
 		}
 		r = cloneRun(r)
-		if err := decodeStrict(body, &r); err != nil {
+		if err := yamlstrict.Decode(body, &r); err != nil {
 			return nil, inputError{fmt.Errorf("runs file %s: run %s: %w", source, name, err)}
 		}
 		if !exists && r.Model == "" && head.From == "" {
@@ -229,26 +228,6 @@ func parse(b []byte, source string, base Set) (Set, error) {
 		out[name] = r
 	}
 	return out, nil
-}
-
-// decodeStrict decodes a node onto v rejecting unknown keys, which
-// yaml.Node.Decode does not do on its own: a misspelt key must not be
-// silently ignored for a month.
-func decodeStrict(n *yaml.Node, v any) error {
-	b, err := yaml.Marshal(n)
-	if err != nil {
-		return err
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(v); err != nil {
-		var te *yaml.TypeError
-		if errors.As(err, &te) {
-			return fmt.Errorf("%s (the keys are those of trainer.RunConfig plus tokenizer, segment, retention, min_free_disk)", strings.Join(te.Errors, "; "))
-		}
-		return err
-	}
-	return nil
 }
 
 func cloneRun(r Run) Run {

@@ -119,6 +119,12 @@ scratch:
 func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 	for _, c := range []struct{ body, want string }{
 		{"pilot:\n  learning_rate: 1\n", "learning_rate"},
+		// The file's own line, the key, the key meant and the keys a run takes.
+		{"pilot:\n  lr: 1\nmine:\n  from: pilot\n\n  totl_steps: 100\n", `run mine: line 6: unknown key "totl_steps" (did you mean total_steps?); the keys here are accumulate, batch, beta1,`},
+		{"pilot:\n  segment:\n    max_step: 5\n", `run pilot: line 3: unknown key "max_step" (did you mean max_steps?); the keys here are max_duration, max_steps`},
+		{"pilot:\n  mixture:\n    - {store: code, wieght: 1}\n", `run pilot: line 3: unknown key "wieght" (did you mean weight?)`},
+		{"pilot:\n  batch: 2.5\n", `run pilot: line 2: 2.5 is not a whole number`},
+		{"pilot:\n  lr: fast\n", "run pilot: line 2: cannot unmarshal !!str `fast` into a number"},
 		{"x:\n  from: nothing\n", `from "nothing"`},
 		{"x:\n  lr: 1\n", "needs `from: <run>`"},
 		{"- a\n- b\n", "map run names"},

@@ -1,0 +1,214 @@
+// Package yamlstrict decodes YAML onto Go values refusing keys that no
+// field takes: a misspelt setting in a run or config file must be an error
+// that names the file's line, the key and the keys that place takes, not a
+// default silently used for a month.
+package yamlstrict
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Unmarshal decodes the YAML document b onto v (a pointer). An empty
+// document leaves v as it is.
+func Unmarshal(b []byte, v any) error {
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	}
+	return Decode(&doc, v)
+}
+
+// Decode decodes n onto v (a pointer) as yaml.Node.Decode does, after
+// checking every mapping key in n against the yaml names of the fields of
+// v's type, inline structs included. Line numbers are n's, so those of the
+// file n was parsed from.
+func Decode(n *yaml.Node, v any) error {
+	if err := checkKeys(n, reflect.TypeOf(v)); err != nil {
+		return err
+	}
+	if err := n.Decode(v); err != nil {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return errors.New(plainTypes.Replace(strings.Join(te.Errors, "; ")))
+		}
+		return err
+	}
+	return nil
+}
+
+// plainTypes names the Go types of yaml's type errors as a YAML writer
+// knows them.
+var plainTypes = strings.NewReplacer(
+	"into float64", "into a number", "into float32", "into a number",
+	"into int64", "into a whole number", "into int32", "into a whole number",
+	"into uint64", "into a whole number", "into uint32", "into a whole number",
+	"into uint", "into a whole number", "into int", "into a whole number",
+	"into bool", "into true or false",
+	"into time.Duration", "into a duration such as 90m or 2h30m",
+)
+
+var unmarshaler = reflect.TypeFor[yaml.Unmarshaler]()
+
+func checkKeys(n *yaml.Node, t reflect.Type) error {
+	for n.Kind == yaml.DocumentNode || n.Kind == yaml.AliasNode {
+		if n.Kind == yaml.AliasNode {
+			n = n.Alias
+		} else if len(n.Content) > 0 {
+			n = n.Content[0]
+		} else {
+			return nil
+		}
+	}
+	if t == nil {
+		return nil
+	}
+	for t.Kind() == reflect.Pointer {
+		if t.Implements(unmarshaler) {
+			return nil
+		}
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(unmarshaler) {
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		// yaml.v3 would store 2.5 as 2.
+		if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!float" {
+			if f, err := strconv.ParseFloat(n.Value, 64); err == nil && f != math.Trunc(f) {
+				return fmt.Errorf("line %d: %s is not a whole number", n.Line, n.Value)
+			}
+		}
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			return nil
+		}
+		fields := map[string]reflect.Type{}
+		collectFields(t, fields)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.Kind == yaml.ScalarNode && k.Value == "<<" {
+				continue
+			}
+			ft, ok := fields[k.Value]
+			if !ok {
+				return unknownKey(k, fields)
+			}
+			if err := checkKeys(n.Content[i+1], ft); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if n.Kind == yaml.SequenceNode {
+			for _, c := range n.Content {
+				if err := checkKeys(c, t.Elem()); err != nil {
+					return err
+				}
+			}
+		}
+	case reflect.Map:
+		if n.Kind == yaml.MappingNode {
+			for i := 1; i < len(n.Content); i += 2 {
+				if err := checkKeys(n.Content[i], t.Elem()); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// collectFields maps the yaml names of t's exported fields to their types,
+// descending into fields tagged ",inline".
+func collectFields(t reflect.Type, into map[string]reflect.Type) {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := f.Tag.Get("yaml")
+		name, opts, _ := strings.Cut(tag, ",")
+		inline := strings.Contains(","+opts+",", ",inline,")
+		if name == "-" || !f.IsExported() && !inline {
+			continue
+		}
+		if inline {
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				collectFields(ft, into)
+			}
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		into[name] = f.Type
+	}
+}
+
+func unknownKey(k *yaml.Node, fields map[string]reflect.Type) error {
+	names := make([]string, 0, len(fields))
+	for name := range fields {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	hint := ""
+	if near := closest(k.Value, names); near != "" {
+		hint = fmt.Sprintf(" (did you mean %s?)", near)
+	}
+	return fmt.Errorf("line %d: unknown key %q%s; the keys here are %s", k.Line, k.Value, hint, strings.Join(names, ", "))
+}
+
+// closest is the name within two edits of s, or one that s is a prefix
+// of, or "".
+func closest(s string, names []string) string {
+	best, bestD := "", 3
+	for _, name := range names {
+		if d := distance(s, name); d < bestD {
+			best, bestD = name, d
+		}
+	}
+	if best == "" && len(s) >= 3 {
+		for _, name := range names {
+			if strings.HasPrefix(name, s) {
+				return name
+			}
+		}
+	}
+	return best
+}
+
+// distance is the Levenshtein distance of a and b.
+func distance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}

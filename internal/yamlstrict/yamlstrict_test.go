@@ -1,0 +1,129 @@
+package yamlstrict
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+type size int64
+
+func (s *size) UnmarshalYAML(n *yaml.Node) error {
+	v, err := strconv.ParseInt(strings.TrimSuffix(n.Value, "k"), 10, 64)
+	*s = size(v * 1000)
+	return err
+}
+
+type base struct {
+	Model string  `yaml:"model"`
+	LR    float64 `yaml:"lr"`
+	Steps int     `yaml:"total_steps"`
+	Parts []struct {
+		Store  string  `yaml:"store"`
+		Weight float64 `yaml:"weight"`
+	} `yaml:"mixture"`
+}
+
+type config struct {
+	base    `yaml:",inline"`
+	Name    string `yaml:"-"`
+	Segment struct {
+		MaxSteps    int           `yaml:"max_steps"`
+		MaxDuration time.Duration `yaml:"max_duration"`
+	} `yaml:"segment"`
+	Disk   size             `yaml:"min_free_disk"`
+	Extra  *struct{ N int } `yaml:"extra"`
+	Labels map[string]struct {
+		Value string `yaml:"value"`
+	} `yaml:"labels"`
+}
+
+func TestKnownKeysDecode(t *testing.T) {
+	var c config
+	err := Unmarshal([]byte(`model: tiny
+lr: 3.0e-4
+total_steps: 10
+mixture:
+  - store: code
+    weight: 0.7
+segment:
+  max_steps: 5
+  max_duration: 90m
+min_free_disk: 20k
+extra:
+  n: 3
+labels:
+  a:
+    value: x
+`), &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Model != "tiny" || c.LR != 3e-4 || c.Steps != 10 || len(c.Parts) != 1 || c.Parts[0].Weight != 0.7 ||
+		c.Segment.MaxSteps != 5 || c.Segment.MaxDuration != 90*time.Minute || c.Disk != 20000 || c.Extra.N != 3 || c.Labels["a"].Value != "x" {
+		t.Errorf("decoded %+v", c)
+	}
+	if err := Unmarshal(nil, &c); err != nil || c.Model != "tiny" {
+		t.Errorf("an empty document: %v, model %q; want no error and the value kept", err, c.Model)
+	}
+}
+
+// A key no field takes is refused wherever it is, with the file's line, the
+// nearest known key and the keys that place takes.
+func TestUnknownKeysAreNamed(t *testing.T) {
+	for _, c := range []struct {
+		doc, want string
+	}{
+		{"model: tiny\n\ntotl_steps: 10\n", `line 3: unknown key "totl_steps" (did you mean total_steps?); the keys here are extra, labels, lr, min_free_disk, mixture, model, segment, total_steps`},
+		{"segment:\n  max_step: 5\n", `line 2: unknown key "max_step" (did you mean max_steps?); the keys here are max_duration, max_steps`},
+		{"mixture:\n  - store: a\n  - stor: b\n", `line 3: unknown key "stor" (did you mean store?)`},
+		{"labels:\n  a:\n    valeu: x\n", `line 3: unknown key "valeu" (did you mean value?)`},
+		{"extra:\n  m: 1\n", `line 2: unknown key "m" (did you mean n?); the keys here are n`},
+		{"name: x\n", `line 1: unknown key "name"; the keys here are`},
+		{"checkpointing: 5\n", `line 1: unknown key "checkpointing"; the keys here are`},
+		{"mix: 5\n", `line 1: unknown key "mix" (did you mean mixture?)`},
+	} {
+		var v config
+		err := Unmarshal([]byte(c.doc), &v)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v; want %q", c.doc, err, c.want)
+		}
+	}
+}
+
+// A value of the wrong kind is named with its line, in YAML's words.
+func TestTypeErrorsSayWhatTheValueMustBe(t *testing.T) {
+	for doc, want := range map[string]string{
+		"lr: fast\n":                       "line 1: cannot unmarshal !!str `fast` into a number",
+		"model: x\ntotal_steps: 1.5\n":     "line 2: 1.5 is not a whole number",
+		"total_steps: ten\n":               "line 1: cannot unmarshal !!str `ten` into a whole number",
+		"segment:\n  max_duration: soon\n": "line 2: cannot unmarshal !!str `soon` into a duration such as 90m or 2h30m",
+	} {
+		var v config
+		if err := Unmarshal([]byte(doc), &v); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want %q", doc, err, want)
+		}
+	}
+	var v config
+	if err := Unmarshal([]byte("model: [\n"), &v); err == nil || !strings.Contains(err.Error(), "line") {
+		t.Errorf("malformed YAML: %v; want yaml's error with its line", err)
+	}
+}
+
+func TestClosest(t *testing.T) {
+	names := []string{"checkpoint_every", "eval_every", "log_every", "lr", "seq"}
+	for s, want := range map[string]string{"chekpoint_every": "checkpoint_every", "sequence": "", "seqq": "seq", "checkpoint": "checkpoint_every", "zzz": ""} {
+		if got := closest(s, names); got != want {
+			t.Errorf("closest(%q) = %q, want %q", s, got, want)
+		}
+	}
+	for _, c := range []struct{ a, b string }{{"", "abc"}, {"kitten", "sitting"}, {"flaw", "lawn"}} {
+		want := map[string]int{"abc": 3, "sitting": 3, "lawn": 2}[c.b]
+		if got := distance(c.a, c.b); got != want {
+			t.Errorf("distance(%q, %q) = %d, want %d", c.a, c.b, got, want)
+		}
+	}
+}

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"github.com/kiln-lm/kiln/internal/yamlstrict"
 )
 
 //go:embed presets.yaml
@@ -67,7 +67,7 @@ func Presets(overrideFile string) (map[string]Preset, error) {
 
 func parsePresets(b []byte, where string) (map[string]Preset, error) {
 	var m map[string]Preset
-	if err := yaml.Unmarshal(b, &m); err != nil {
+	if err := yamlstrict.Unmarshal(b, &m); err != nil {
 		return nil, &PresetError{fmt.Errorf("%s: not valid preset YAML: %w", where, err)}
 	}
 	for name, p := range m {

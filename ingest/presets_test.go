@@ -57,6 +57,10 @@ func TestPresetOverride(t *testing.T) {
 	if err != nil || ps["fineweb-edu"].Repo != "mirror/fineweb" || ps["the-stack-v2"].Repo == "" {
 		t.Fatalf("%v %+v", err, ps["fineweb-edu"])
 	}
+	os.WriteFile(f, []byte("mine:\n  repo: o/d\n  include: ['*.parquet']\n  columns:\n    txt: content\n"), 0o644)
+	if _, err := Presets(f); err == nil || !strings.Contains(err.Error(), f+`: not valid preset YAML: line 5: unknown key "txt" (did you mean text?); the keys here are blob, encoding, id, text`) {
+		t.Fatalf("misspelt column key: %v", err)
+	}
 	os.WriteFile(f, []byte("bad:\n  repo: nope\n"), 0o644)
 	if _, err := Presets(f); err == nil || !strings.Contains(err.Error(), `preset "bad"`) {
 		t.Fatalf("bad preset: %v", err)

@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -139,6 +141,9 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	if err != nil {
 		return badInput("tokenize: cannot open --in: %v (name a readable text file)", err)
 	}
+	if err := checkOut(out); err != nil {
+		return err
+	}
 	defer src.Close()
 	var r io.Reader = src
 	if st, err := src.Stat(); err == nil && isTerminal(errOut) {
@@ -190,6 +195,11 @@ func (p progressFile) ReadAt(b []byte, off int64) (int, error) {
 func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, out string, opts tokenizer.TrainOptions) error {
 	if len(inputs) == 0 {
 		return badInput("tokenizer train needs --in FILES; see 'sched tokenizer train --help'")
+	}
+	// Before the training, not after it: a mistyped --out must not cost
+	// the minutes the training takes.
+	if err := checkOut(out); err != nil {
+		return err
 	}
 	var readers []io.Reader
 	var total int64
@@ -251,6 +261,40 @@ func requireEOS(path string, tk *tokenizer.Tokenizer) error {
 		return nil
 	}
 	return badInput("tokenizer %s has no end-of-text token, which separates documents in a token store: add \"<|endoftext|>\" (or </s>) to its added_tokens with \"special\": true, or train one with 'sched tokenizer train --special \"<|endoftext|>\"'", path)
+}
+
+// checkOut refuses, as bad input, an --out that cannot be written: a
+// directory, or a file in a directory that does not exist or that this
+// process may not write to.
+func checkOut(out string) error {
+	if st, err := os.Stat(out); err == nil {
+		if st.IsDir() {
+			return badInput("--out %s is a directory; name a file to write", out)
+		}
+		if !st.Mode().IsRegular() {
+			return nil // a device or a pipe, written in place
+		}
+	}
+	dir := filepath.Dir(out)
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return badInput("--out %s: its directory %s does not exist; make it first (mkdir -p %s)", out, dir, dir)
+	case err != nil:
+		return badInput("--out %s: %v", out, err)
+	case !st.IsDir():
+		return badInput("--out %s: %s is not a directory", out, dir)
+	}
+	probe, err := os.CreateTemp(dir, filepath.Base(out)+".tmp*")
+	if err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return badInput("--out %s: cannot write in %s (%v); name a file in a directory you can write to", out, dir, err)
+	}
+	probe.Close()
+	return os.Remove(probe.Name())
 }
 
 // writeOutput has write fill the file out. A regular file (or a new one) is

@@ -111,6 +111,27 @@ func TestTokenizeCommandBadInput(t *testing.T) {
 			t.Fatalf("a failed tokenize left %s behind", out)
 		}
 	}
+
+	// An --out that cannot be written is refused before any work, by both
+	// commands, and names what to do.
+	nowhere := filepath.Join(dir, "no-such-dir", "out")
+	for _, args := range [][]string{
+		{"tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", nowhere},
+		{"tokenizer", "train", "--in", in, "--vocab", "300", "--out", nowhere},
+	} {
+		_, errOut, code := sched(t, nil, args...)
+		want := "--out " + nowhere + ": its directory " + filepath.Dir(nowhere) + " does not exist; make it first (mkdir -p " + filepath.Dir(nowhere) + ")"
+		if code != 2 || !strings.Contains(errOut, want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line %q", args, code, errOut, want)
+		}
+	}
+	file := filepath.Join(in, "out")
+	if _, errOut, code := sched(t, nil, "tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", file); code != 2 || !strings.Contains(errOut, in+" is not a directory") {
+		t.Errorf("--out under a file: exit %d, %q", code, errOut)
+	}
+	if b, err := os.ReadFile(in); err != nil || string(b) != "hi" {
+		t.Errorf("the input changed: %q %v", b, err)
+	}
 }
 
 func TestTokenizerTrainCommand(t *testing.T) {

@@ -100,6 +100,9 @@ func ParseQueues(s string) (map[string]int, error) {
 		if !validQueue(name) {
 			return nil, fmt.Errorf("unknown queue %q (queues: %s)", name, strings.Join(scheduler.Queues, ", "))
 		}
+		if name == scheduler.QueueGPU && c > 1 {
+			return nil, fmt.Errorf("gpu=%d: the gpu queue runs one task at a time, since a training segment or a bench takes all of the worker's GPUs; to train a run on several GPUs set gpus: N in the run, or KILN_GPUS (docs/operations.md, \"Several GPUs\")", c)
+		}
 		out[name] = c
 	}
 	if len(out) == 0 {

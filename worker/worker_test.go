@@ -372,4 +372,9 @@ func TestParseQueues(t *testing.T) {
 			t.Errorf("ParseQueues(%q) succeeded", bad)
 		}
 	}
+	// Two tasks at once on the gpu queue would put two engines on the
+	// same GPUs; several GPUs are the run's setting.
+	if _, err := ParseQueues("ingest=2,gpu=2"); err == nil || !strings.Contains(err.Error(), "gpu=2: the gpu queue runs one task at a time") || !strings.Contains(err.Error(), "gpus: N") {
+		t.Errorf("ParseQueues(gpu=2) = %v; want a refusal that says how to use several GPUs", err)
+	}
 }

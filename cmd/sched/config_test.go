@@ -100,6 +100,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"malformed redis url", nil, []string{"status", "--redis-url", "localhost:6379"}, "KILN_REDIS_URL"},
 		{"unreachable redis", []string{"KILN_REDIS_URL=redis://127.0.0.1:1/0"}, []string{"status"}, "cannot reach Redis at redis://127.0.0.1:1/0"},
 		{"bad queues", []string{good}, []string{"worker", "--queues", "cpu=2"}, `unknown queue "cpu"`},
+		{"two gpu tasks at once", []string{good}, []string{"worker", "--queues", "gpu=2"}, `gpu=2: the gpu queue runs one task at a time`},
 		{"unknown task id", []string{good}, []string{"cancel", "nope"}, `task "nope" not found`},
 		{"bad grace", []string{good, "KILN_SHUTDOWN_GRACE=soon"}, []string{"config"}, "KILN_SHUTDOWN_GRACE"},
 		{"bad config key", []string{good}, []string{"config", "--config", badYAML}, `config file ` + badYAML + `: line 2: unknown key "redis_ur1" (did you mean redis_url?); the keys here are data_dir, hf_token,`},

@@ -109,8 +109,8 @@ type CPUEngine struct {
 
 // NewCPUEngine makes a CPU engine for c with zeroed parameters. o.Threads
 // bounds the engine's own loops (attention, norms, loss, AdamW); the matrix
-// products run on gonum, which sizes its worker pool by GOMAXPROCS. Results
-// are the same bits for every thread count.
+// products run on GOMAXPROCS threads. Results are the same bits for every
+// thread count.
 func NewCPUEngine(c Config, o Options) (*CPUEngine, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -291,9 +291,9 @@ func (e *CPUEngine) forward(b Batch) *acts {
 		e.rows(N, func(lo, hi int) {
 			rmsNorm(la.xn1[lo*d:hi*d], la.r1[lo:hi], la.x[lo*d:hi*d], w.inNorm, hi-lo, d, c.RMSNormEps)
 		})
-		linear(la.q, la.xn1, w.q, N, d, qd)
-		linear(la.k, la.xn1, w.k, N, d, kvd)
-		linear(la.v, la.xn1, w.v, N, d, kvd)
+		linear(e.threads, la.q, la.xn1, w.q, N, d, qd)
+		linear(e.threads, la.k, la.xn1, w.k, N, d, kvd)
+		linear(e.threads, la.v, la.xn1, w.v, N, d, kvd)
 		e.rows(N, func(lo, hi int) {
 			e.rope.rope(la.q[lo*qd:hi*qd], a.pos[lo:hi], c.Heads, c.HeadDim, false)
 			e.rope.rope(la.k[lo*kvd:hi*kvd], a.pos[lo:hi], c.KVHeads, c.HeadDim, false)
@@ -303,7 +303,7 @@ func (e *CPUEngine) forward(b Batch) *acts {
 		if l+1 < len(a.layers) {
 			next = a.layers[l+1].x
 		}
-		linear(la.x2, la.att, w.o, N, qd, d)
+		linear(e.threads, la.x2, la.att, w.o, N, qd, d)
 		e.rows(N, func(lo, hi int) {
 			for i := lo * d; i < hi*d; i++ {
 				la.x2[i] += la.x[i]
@@ -313,10 +313,10 @@ func (e *CPUEngine) forward(b Batch) *acts {
 		if c.MoE() {
 			e.moeForward(w, la.xn2, la.moe, next)
 		} else {
-			linear(la.g, la.xn2, w.gate, N, d, F)
-			linear(la.u, la.xn2, w.up, N, d, F)
+			linear(e.threads, la.g, la.xn2, w.gate, N, d, F)
+			linear(e.threads, la.u, la.xn2, w.up, N, d, F)
 			e.rows(N, func(lo, hi int) { swiglu(la.h[lo*F:hi*F], la.g[lo*F:hi*F], la.u[lo*F:hi*F]) })
-			linear(next, la.h, w.down, N, F, d)
+			linear(e.threads, next, la.h, w.down, N, F, d)
 		}
 		e.rows(N, func(lo, hi int) {
 			for i := lo * d; i < hi*d; i++ {
@@ -327,7 +327,7 @@ func (e *CPUEngine) forward(b Batch) *acts {
 	e.rows(N, func(lo, hi int) {
 		rmsNorm(a.xf[lo*d:hi*d], a.rf[lo:hi], a.xL[lo*d:hi*d], e.pv.norm, hi-lo, d, c.RMSNormEps)
 	})
-	linear(a.logits, a.xf, e.pv.lmHead, N, d, c.VocabSize)
+	linear(e.threads, a.logits, a.xf, e.pv.lmHead, N, d, c.VocabSize)
 	if c.MoE() {
 		a.aux, a.auxGrad, a.counts = auxLoss(c, a.layers, N)
 	}
@@ -438,16 +438,24 @@ func (e *CPUEngine) lossAndGrad(a *acts, targets []int32, scale float32, grad bo
 			for _, v := range z {
 				m = max(m, v)
 			}
+			// One exponential a logit: kept in z when the gradient is
+			// wanted, then scaled to softmax x k.
 			var sum float64
-			for _, v := range z {
-				sum += math.Exp(float64(v - m))
+			zt := z[t]
+			if grad {
+				sum = expSum(z, z, m)
+			} else {
+				for _, v := range z {
+					sum += float64(exp32(v - m))
+				}
 			}
 			lse := float64(m) + math.Log(sum)
-			rowLoss[i] = lse - float64(z[t])
+			rowLoss[i] = lse - float64(zt)
 			if grad {
 				k := scale / float32(count)
+				f := float32(float64(k) / sum)
 				for j, v := range z {
-					z[j] = float32(math.Exp(float64(v)-lse)) * k
+					z[j] = v * f
 				}
 				z[t] -= k
 			}
@@ -487,9 +495,9 @@ func (e *CPUEngine) backward(a *acts, b Batch, scale float32) {
 	c := e.cfg
 	N, d, qd, kvd, F, V := a.N, c.Hidden, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.Intermediate, c.VocabSize
 	dlogits := a.logits
-	linearBackW(e.gv.lmHead, dlogits, a.xf, N, d, V)
+	linearBackW(e.threads, e.gv.lmHead, dlogits, a.xf, N, d, V)
 	dxf := make([]float32, N*d)
-	linearBackX(dxf, dlogits, e.pv.lmHead, N, d, V, false)
+	linearBackX(e.threads, dxf, dlogits, e.pv.lmHead, N, d, V, false)
 	dx := make([]float32, N*d) // gradient of the residual stream
 	// Norm weight gradients are summed over rows; per-range partial sums
 	// would make the result depend on the thread count, so these stay serial.
@@ -518,31 +526,31 @@ func (e *CPUEngine) backward(a *acts, b Batch, scale float32) {
 			e.moeBack(w, gw, la.moe, la.xn2, dx, dxn, auxGrad, ms)
 		} else {
 			// MLP: next = x2 + down(silu(gate(xn2)) * up(xn2)).
-			linearBackW(gw.down, dx, la.h, N, F, d)
-			linearBackX(dh, dx, w.down, N, F, d, false)
+			linearBackW(e.threads, gw.down, dx, la.h, N, F, d)
+			linearBackX(e.threads, dh, dx, w.down, N, F, d, false)
 			e.rows(N, func(lo, hi int) {
 				swigluBack(dg[lo*F:hi*F], du[lo*F:hi*F], dh[lo*F:hi*F], la.g[lo*F:hi*F], la.u[lo*F:hi*F])
 			})
-			linearBackW(gw.gate, dg, la.xn2, N, d, F)
-			linearBackW(gw.up, du, la.xn2, N, d, F)
-			linearBackX(dxn, dg, w.gate, N, d, F, false)
-			linearBackX(dxn, du, w.up, N, d, F, true)
+			linearBackW(e.threads, gw.gate, dg, la.xn2, N, d, F)
+			linearBackW(e.threads, gw.up, du, la.xn2, N, d, F)
+			linearBackX(e.threads, dxn, dg, w.gate, N, d, F, false)
+			linearBackX(e.threads, dxn, du, w.up, N, d, F, true)
 		}
 		rmsNormBack(dx, gw.postNorm, dxn, la.x2, w.postNorm, la.r2, N, d)
 		// Attention: x2 = x + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))).
-		linearBackW(gw.o, dx, la.att, N, qd, d)
-		linearBackX(datt, dx, w.o, N, qd, d, false)
+		linearBackW(e.threads, gw.o, dx, la.att, N, qd, d)
+		linearBackX(e.threads, datt, dx, w.o, N, qd, d, false)
 		e.attentionBack(a, la, datt, dq, dk, dv)
 		e.rows(N, func(lo, hi int) {
 			e.rope.rope(dq[lo*qd:hi*qd], a.pos[lo:hi], c.Heads, c.HeadDim, true)
 			e.rope.rope(dk[lo*kvd:hi*kvd], a.pos[lo:hi], c.KVHeads, c.HeadDim, true)
 		})
-		linearBackW(gw.q, dq, la.xn1, N, d, qd)
-		linearBackW(gw.k, dk, la.xn1, N, d, kvd)
-		linearBackW(gw.v, dv, la.xn1, N, d, kvd)
-		linearBackX(dxn, dq, w.q, N, d, qd, false)
-		linearBackX(dxn, dk, w.k, N, d, kvd, true)
-		linearBackX(dxn, dv, w.v, N, d, kvd, true)
+		linearBackW(e.threads, gw.q, dq, la.xn1, N, d, qd)
+		linearBackW(e.threads, gw.k, dk, la.xn1, N, d, kvd)
+		linearBackW(e.threads, gw.v, dv, la.xn1, N, d, kvd)
+		linearBackX(e.threads, dxn, dq, w.q, N, d, qd, false)
+		linearBackX(e.threads, dxn, dk, w.k, N, d, kvd, true)
+		linearBackX(e.threads, dxn, dv, w.v, N, d, kvd, true)
 		rmsNormBack(dx, gw.inNorm, dxn, la.x, w.inNorm, la.r1, N, d)
 	}
 	// Embedding rows are scattered by token id; a token repeated in the

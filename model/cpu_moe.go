@@ -44,7 +44,7 @@ func (m *moeActs) floats() int {
 func (e *CPUEngine) moeForward(w layerView, xn []float32, m *moeActs, out []float32) {
 	c := e.cfg
 	n, k, d, F, E := m.n, m.k, c.Hidden, c.Intermediate, c.Experts
-	linear(m.probs, xn, w.router, n, d, E)
+	linear(e.threads, m.probs, xn, w.router, n, d, E)
 	e.rows(n, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			p := m.probs[t*E : (t+1)*E]
@@ -80,10 +80,10 @@ func (e *CPUEngine) moeForward(w layerView, xn []float32, m *moeActs, out []floa
 		}
 		nx := b - a
 		xg, g, u, h := m.xg[a*d:b*d], m.g[a*F:b*F], m.u[a*F:b*F], m.h[a*F:b*F]
-		linear(g, xg, ex.w1, nx, d, F)
-		linear(u, xg, ex.w3, nx, d, F)
+		linear(e.threads, g, xg, ex.w1, nx, d, F)
+		linear(e.threads, u, xg, ex.w3, nx, d, F)
 		e.rows(nx, func(lo, hi int) { swiglu(h[lo*F:hi*F], g[lo*F:hi*F], u[lo*F:hi*F]) })
-		linear(m.y[a*d:b*d], h, ex.w2, nx, F, d)
+		linear(e.threads, m.y[a*d:b*d], h, ex.w2, nx, F, d)
 	}
 	e.rows(n, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
@@ -212,17 +212,17 @@ func (e *CPUEngine) moeBack(w, gw layerView, m *moeActs, xn, dout, dxn []float32
 		ex, gx := w.experts[x], gw.experts[x]
 		dy, xg := sc.dy[a*d:b*d], m.xg[a*d:b*d]
 		dh, dg, du := sc.dh[a*F:b*F], sc.dg[a*F:b*F], sc.du[a*F:b*F]
-		linearBackW(gx.w2, dy, m.h[a*F:b*F], nx, F, d)
-		linearBackX(dh, dy, ex.w2, nx, F, d, false)
+		linearBackW(e.threads, gx.w2, dy, m.h[a*F:b*F], nx, F, d)
+		linearBackX(e.threads, dh, dy, ex.w2, nx, F, d, false)
 		g, u := m.g[a*F:b*F], m.u[a*F:b*F]
 		e.rows(nx, func(lo, hi int) {
 			swigluBack(dg[lo*F:hi*F], du[lo*F:hi*F], dh[lo*F:hi*F], g[lo*F:hi*F], u[lo*F:hi*F])
 		})
-		linearBackW(gx.w1, dg, xg, nx, d, F)
-		linearBackW(gx.w3, du, xg, nx, d, F)
+		linearBackW(e.threads, gx.w1, dg, xg, nx, d, F)
+		linearBackW(e.threads, gx.w3, du, xg, nx, d, F)
 		dxg := sc.dxg[a*d : b*d]
-		linearBackX(dxg, dg, ex.w1, nx, d, F, false)
-		linearBackX(dxg, du, ex.w3, nx, d, F, true)
+		linearBackX(e.threads, dxg, dg, ex.w1, nx, d, F, false)
+		linearBackX(e.threads, dxg, du, ex.w3, nx, d, F, true)
 	}
 	e.rows(n, func(lo, hi int) {
 		dp := make([]float32, E)
@@ -259,6 +259,6 @@ func (e *CPUEngine) moeBack(w, gw layerView, m *moeActs, xn, dout, dxn []float32
 			}
 		}
 	})
-	linearBackW(gw.router, sc.dz, xn, n, d, E)
-	linearBackX(dxn, sc.dz, w.router, n, d, E, true)
+	linearBackW(e.threads, gw.router, sc.dz, xn, n, d, E)
+	linearBackX(e.threads, dxn, sc.dz, w.router, n, d, E, true)
 }

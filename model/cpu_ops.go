@@ -4,8 +4,7 @@ import (
 	"math"
 	"sync"
 
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/gonum"
+	"github.com/kiln-lm/kiln/model/gemm"
 )
 
 // The CPU engine's building blocks. Every parallel loop splits its outputs
@@ -13,31 +12,31 @@ import (
 // goroutine, so results do not depend on scheduling: two runs with the same
 // inputs give the same bits (the trainer's exact-resume test relies on it).
 
-// gemm is gonum's pure-Go BLAS. Its Sgemm runs SSE assembly for the inner
-// dot and axpy loops and splits C into 64x64 blocks, each summed along k in
-// order by one goroutine, so it is deterministic. It beat the hand-blocked
-// loops of matmulNT by the margin recorded in docs/benchmarks/model.md.
-var gemm gonum.Implementation
+// The matrix products run on model/gemm with the engine's threads: packed
+// panels and an AVX2/FMA micro-kernel, 5-8x gonum's Sgemm that they
+// replaced (docs/benchmarks/model.md). gemm splits C among its threads and
+// sums each element along k in one order, so the bits do not depend on the
+// thread count either.
 
 // linear computes y(n,out) = x(n,in) @ w(out,in)^T: a forward projection
 // with the weight stored as transformers stores it.
-func linear(y, x, w []float32, n, in, out int) {
-	gemm.Sgemm(blas.NoTrans, blas.Trans, n, out, in, 1, x, in, w, in, 0, y, out)
+func linear(threads int, y, x, w []float32, n, in, out int) {
+	gemm.Sgemm(threads, false, true, n, out, in, x, in, w, in, 0, y, out)
 }
 
 // linearBackX computes dx(n,in) = dy(n,out) @ w(out,in), adding to dx when
 // accumulate is set (several projections read the same input).
-func linearBackX(dx, dy, w []float32, n, in, out int, accumulate bool) {
+func linearBackX(threads int, dx, dy, w []float32, n, in, out int, accumulate bool) {
 	var beta float32
 	if accumulate {
 		beta = 1
 	}
-	gemm.Sgemm(blas.NoTrans, blas.NoTrans, n, in, out, 1, dy, out, w, in, beta, dx, in)
+	gemm.Sgemm(threads, false, false, n, in, out, dy, out, w, in, beta, dx, in)
 }
 
 // linearBackW adds dy(n,out)^T @ x(n,in) to dw(out,in).
-func linearBackW(dw, dy, x []float32, n, in, out int) {
-	gemm.Sgemm(blas.Trans, blas.NoTrans, out, in, n, 1, dy, out, x, in, 1, dw, in)
+func linearBackW(threads int, dw, dy, x []float32, n, in, out int) {
+	gemm.Sgemm(threads, true, false, out, in, n, dy, out, x, in, 1, dw, in)
 }
 
 // parallelFor runs f over [0,n) split into at most threads contiguous
@@ -199,6 +198,41 @@ func axpy(alpha float32, x, y []float32) {
 	}
 }
 
+// exp32 is e^x in float32 to within 2 ulp of the correctly rounded value
+// (TestExp32) for x in [-87, 88], 0 below and +Inf above: Cephes' expf, a
+// degree-6 polynomial on the remainder of x's power of two. math.Exp, in
+// float64, was a third of a training step at the demo's shape, where the
+// loss takes one for each of the vocabulary's logits of every position.
+func exp32(x float32) float32 {
+	const (
+		log2e = 1.44269504088896341
+		c1    = 0.693359375 // ln 2 in two parts, the first exact in float32
+		c2    = -2.12194440e-4
+	)
+	if x < -87.33654 {
+		return 0
+	}
+	if x > 88.72283 {
+		return float32(math.Inf(1))
+	}
+	// n = round(x log2 e), by truncation of a positive number.
+	n := int32(x*log2e+0.5+128) - 128
+	fn := float32(n)
+	r := x - fn*c1 - fn*c2
+	p := float32(1.9875691500e-4)
+	p = p*r + 1.3981999507e-3
+	p = p*r + 8.3334519073e-3
+	p = p*r + 4.1665795894e-2
+	p = p*r + 1.6666665459e-1
+	p = p*r + 5.0000001201e-1
+	p = p*r*r + r + 1
+	// 2^n for n in [-126, 128]; 2^128 is not a float32, so as 2 x 2^127.
+	if n > 127 {
+		return 2 * p * math.Float32frombits(uint32(254)<<23)
+	}
+	return p * math.Float32frombits(uint32(n+127)<<23)
+}
+
 // softmaxRow turns scores into probabilities in place (max-subtracted, the
 // sum taken in float64).
 func softmaxRow(s []float32) {
@@ -206,19 +240,14 @@ func softmaxRow(s []float32) {
 	for _, v := range s {
 		m = max(m, v)
 	}
-	var sum float64
-	for i, v := range s {
-		e := float32(math.Exp(float64(v - m)))
-		s[i] = e
-		sum += float64(e)
-	}
+	sum := expSum(s, s, m)
 	inv := float32(1 / sum)
 	for i := range s {
 		s[i] *= inv
 	}
 }
 
-func sigmoid(x float32) float32 { return float32(1 / (1 + math.Exp(-float64(x)))) }
+func sigmoid(x float32) float32 { return 1 / (1 + exp32(-x)) }
 
 // swiglu computes h = silu(g) * u.
 func swiglu(h, g, u []float32) {
@@ -235,31 +264,4 @@ func swigluBack(dg, du, dh, g, u []float32) {
 		du[i] = dh[i] * silu
 		dg[i] = dh[i] * u[i] * s * (1 + g[i]*(1-s))
 	}
-}
-
-// matmulNT is the hand-written alternative to gemm for y = x @ w^T: rows
-// in parallel, 4 outputs at a time so each x row is read once per 4
-// weight rows. Kept for the benchmark that chose gemm.
-func matmulNT(threads int, y, x, w []float32, n, in, out int) {
-	parallelFor(threads, n, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			xr := x[i*in : (i+1)*in]
-			yr := y[i*out : (i+1)*out]
-			j := 0
-			for ; j+4 <= out; j += 4 {
-				w0, w1, w2, w3 := w[j*in:(j+1)*in], w[(j+1)*in:(j+2)*in], w[(j+2)*in:(j+3)*in], w[(j+3)*in:(j+4)*in]
-				var s0, s1, s2, s3 float32
-				for k, v := range xr {
-					s0 += v * w0[k]
-					s1 += v * w1[k]
-					s2 += v * w2[k]
-					s3 += v * w3[k]
-				}
-				yr[j], yr[j+1], yr[j+2], yr[j+3] = s0, s1, s2, s3
-			}
-			for ; j < out; j++ {
-				yr[j] = dot(xr, w[j*in:(j+1)*in])
-			}
-		}
-	})
 }

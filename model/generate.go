@@ -136,10 +136,10 @@ func (e *CPUEngine) decode(cache *kvCache, tokens []int32) []float32 {
 	for l, w := range e.pv.layers {
 		kc, vc := cache.k[l], cache.v[l]
 		rmsNorm(xn, r, x, w.inNorm, n, d, c.RMSNormEps)
-		linear(q, xn, w.q, n, d, qd)
+		linear(e.threads, q, xn, w.q, n, d, qd)
 		newK, newV := kc[cache.n*kvd:(cache.n+n)*kvd], vc[cache.n*kvd:(cache.n+n)*kvd]
-		linear(newK, xn, w.k, n, d, kvd)
-		linear(newV, xn, w.v, n, d, kvd)
+		linear(e.threads, newK, xn, w.k, n, d, kvd)
+		linear(e.threads, newV, xn, w.v, n, d, kvd)
 		e.rope.rope(q, pos, H, hd, false)
 		e.rope.rope(newK, pos, c.KVHeads, hd, false)
 		parallelFor(e.threads, n*H, func(lo, hi int) {
@@ -159,7 +159,7 @@ func (e *CPUEngine) decode(cache *kvCache, tokens []int32) []float32 {
 				}
 			}
 		})
-		linear(o, att, w.o, n, qd, d)
+		linear(e.threads, o, att, w.o, n, qd, d)
 		for i := range x {
 			x[i] += o[i]
 		}
@@ -167,10 +167,10 @@ func (e *CPUEngine) decode(cache *kvCache, tokens []int32) []float32 {
 		if c.MoE() {
 			e.moeForward(w, xn, ma, o)
 		} else {
-			linear(g, xn, w.gate, n, d, F)
-			linear(u, xn, w.up, n, d, F)
+			linear(e.threads, g, xn, w.gate, n, d, F)
+			linear(e.threads, u, xn, w.up, n, d, F)
 			swiglu(g, g, u)
-			linear(o, g, w.down, n, F, d)
+			linear(e.threads, o, g, w.down, n, F, d)
 		}
 		for i := range x {
 			x[i] += o[i]
@@ -180,6 +180,6 @@ func (e *CPUEngine) decode(cache *kvCache, tokens []int32) []float32 {
 	last := x[(n-1)*d : n*d]
 	rmsNorm(xn[:d], r[:1], last, e.pv.norm, 1, d, c.RMSNormEps)
 	logits := make([]float32, c.VocabSize)
-	linear(logits, xn[:d], e.pv.lmHead, 1, d, c.VocabSize)
+	linear(e.threads, logits, xn[:d], e.pv.lmHead, 1, d, c.VocabSize)
 	return logits
 }

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
+
+	"github.com/kiln-lm/kiln/model/gemm"
 )
 
 // Purpose says what an engine is started for; it decides which buffers the
@@ -173,6 +176,9 @@ func (s *sizer) cpu(p MemoryPlan) {
 	s.add("parameters", 1, P, 4)
 	s.add("gradients", 1, P, 4)
 	s.add("Adam moments", 2, P, 4)
+	// The matrix products' packing buffers, one set a thread (the engine
+	// runs GOMAXPROCS threads unless told fewer).
+	s.add("matrix product scratch", 1, float64(gemm.ScratchBytes(runtime.GOMAXPROCS(0))), 1)
 	// Per row, the feed-forward keeps: dense, gate, up and silu(gate) x up;
 	// with experts (moeActs), the router softmax, the k choices (expert,
 	// weight, row) and per choice its gathered input and output and the

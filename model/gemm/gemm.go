@@ -14,13 +14,14 @@ import (
 )
 
 // Tile and block sizes: a 6x16 tile of C in twelve 8-float registers; a
-// kc x 16 panel of B (16 KiB) in L1; an mc x kc block of A (96 KiB) in L2.
+// kc x 16 panel of B (16 KiB) in L1; an mc x kc block of A (96 KiB) and a
+// kc x nc block of B (512 KiB) in L2 and L3. nc 2048 ran no faster.
 const (
 	mr = 6
 	nr = 16
 	kc = 256
 	mc = 96
-	nc = 2048
+	nc = 512
 )
 
 // Sgemm computes C(m,n) = op(A)(m,k) · op(B)(k,n) + beta·C, row-major, where
@@ -86,18 +87,30 @@ type matrix struct {
 	trans bool
 }
 
+// ScratchBytes is the packing space Sgemm holds for a call on threads
+// threads: one set of buffers a thread, kept for the next call.
+func ScratchBytes(threads int) int64 {
+	return int64(max(threads, 1)) * int64(mr*kc+nc*kc+mr*nr) * 4
+}
+
 type buffers struct {
-	a   [mc * kc]float32
+	a   [mr * kc]float32
 	b   [nc * kc]float32
 	tmp [mr * nr]float32
 }
 
 var pool = sync.Pool{New: func() any { return new(buffers) }}
 
-// serial adds op(A)[i0:i1, :] · op(B)[:, j0:j1] into C[i0:i1, j0:j1].
+// serial adds op(A)[i0:i1, :] · op(B)[:, j0:j1] into C[i0:i1, j0:j1]. B
+// is packed a block at a time; A is read where it is stored, six rows of
+// op(A) at a time, and only a last panel of fewer rows is packed.
 func serial(A, B matrix, c []float32, ldc, i0, i1, j0, j1, k int) {
 	buf := pool.Get().(*buffers)
 	defer pool.Put(buf)
+	rs, ps := A.ld, 1 // element (i, p) of op(A) at i*rs + p*ps
+	if A.trans {
+		rs, ps = 1, A.ld
+	}
 	for jc := j0; jc < j1; jc += nc {
 		ncur := min(nc, j1-jc)
 		for pc := 0; pc < k; pc += kc {
@@ -105,20 +118,26 @@ func serial(A, B matrix, c []float32, ldc, i0, i1, j0, j1, k int) {
 			packB(buf.b[:], B, pc, kcur, jc, ncur)
 			for ic := i0; ic < i1; ic += mc {
 				mcur := min(mc, i1-ic)
-				packA(buf.a[:], A, ic, mcur, pc, kcur)
+				edge := mcur - mcur%mr // the first row of a part panel
+				if edge < mcur {
+					packA(buf.a[:], A, ic+edge, mcur-edge, pc, kcur)
+				}
 				for jr := 0; jr < ncur; jr += nr {
 					bp := buf.b[jr*kcur:]
 					for ir := 0; ir < mcur; ir += mr {
-						ap := buf.a[ir*kcur:]
+						a, ars, aps := A.x[(ic+ir)*rs+pc*ps:], rs, ps
+						if ir >= edge {
+							a, ars, aps = buf.a[:], 1, mr
+						}
 						off := (ic+ir)*ldc + jc + jr
 						if ir+mr <= mcur && jr+nr <= ncur {
-							kernel(kcur, ap, bp, c[off:], ldc)
+							kernel(kcur, a, ars, aps, bp, c[off:], ldc)
 							continue
 						}
 						// An edge tile: into a full one, then the part
 						// that exists.
 						clear(buf.tmp[:])
-						kernel(kcur, ap, bp, buf.tmp[:], nr)
+						kernel(kcur, a, ars, aps, bp, buf.tmp[:], nr)
 						rows, cols := min(mr, mcur-ir), min(nr, ncur-jr)
 						for r := 0; r < rows; r++ {
 							dst := c[off+r*ldc : off+r*ldc+cols]
@@ -139,6 +158,26 @@ func packA(dst []float32, A matrix, i0, m, p0, k int) {
 	for ir := 0; ir < m; ir += mr {
 		panel := dst[ir*k : ir*k+mr*k]
 		rows := min(mr, m-ir)
+		if A.trans {
+			// op(A)'s column p is stored as a row: six values in a row.
+			for p := 0; p < k; p++ {
+				src := A.x[(p0+p)*A.ld+i0+ir:]
+				step := (*[mr]float32)(panel[p*mr : p*mr+mr])
+				if rows == mr {
+					// Six moves: an array copy is a call to memmove.
+					v := (*[mr]float32)(src[:mr])
+					step[0], step[1], step[2], step[3], step[4], step[5] = v[0], v[1], v[2], v[3], v[4], v[5]
+					continue
+				}
+				for r := range step {
+					step[r] = 0
+					if r < rows {
+						step[r] = src[r]
+					}
+				}
+			}
+			continue
+		}
 		for r := 0; r < mr; r++ {
 			if r >= rows {
 				for p := 0; p < k; p++ {
@@ -147,15 +186,9 @@ func packA(dst []float32, A matrix, i0, m, p0, k int) {
 				continue
 			}
 			i := i0 + ir + r
-			if A.trans {
-				for p := 0; p < k; p++ {
-					panel[p*mr+r] = A.x[(p0+p)*A.ld+i]
-				}
-			} else {
-				row := A.x[i*A.ld+p0 : i*A.ld+p0+k]
-				for p, v := range row {
-					panel[p*mr+r] = v
-				}
+			row := A.x[i*A.ld+p0 : i*A.ld+p0+k]
+			for p, v := range row {
+				panel[p*mr+r] = v
 			}
 		}
 	}
@@ -184,21 +217,30 @@ func packB(dst []float32, B matrix, p0, k, j0, n int) {
 		}
 		for p := 0; p < k; p++ {
 			row := B.x[(p0+p)*B.ld+j0+jr:]
-			dst := panel[p*nr : p*nr+nr]
-			copy(dst, row[:cols])
-			clear(dst[cols:])
+			dst := (*[nr]float32)(panel[p*nr : p*nr+nr])
+			if cols == nr {
+				*dst = *(*[nr]float32)(row[:nr])
+				continue
+			}
+			for j := range dst {
+				dst[j] = 0
+				if j < cols {
+					dst[j] = row[j]
+				}
+			}
 		}
 	}
 }
 
 // kernelGo is the micro-kernel in Go: C[0:mr, 0:nr] (row stride ldc) +=
-// the product of an A panel and a B panel of k steps.
-func kernelGo(k int, a, b, c []float32, ldc int) {
+// the product of A's mr rows, element (r, p) at a[r*rs+p*ps], and a B
+// panel of k steps.
+func kernelGo(k int, a []float32, rs, ps int, b, c []float32, ldc int) {
 	var acc [mr][nr]float32
 	for p := 0; p < k; p++ {
 		bp := (*[nr]float32)(b[p*nr : p*nr+nr])
-		ap := (*[mr]float32)(a[p*mr : p*mr+mr])
-		for r, av := range ap {
+		for r := range acc {
+			av := a[r*rs+p*ps]
 			row := &acc[r]
 			for j, bv := range bp {
 				row[j] += av * bv

@@ -1,17 +1,26 @@
 #include "textflag.h"
 
-// func kernelAVX2(k int, a, b, c *float32, ldc int)
+// func kernelAVX2(k int, a *float32, rs, ps int, b, c *float32, ldc int)
 //
-// C[0:6, 0:16] (row stride ldc floats) += A·B over k steps, A packed as k
-// groups of 6 floats, B as k groups of 16. Y0-Y11 hold the tile, two
-// registers a row; Y12-Y13 one step of B; Y14-Y15 a broadcast A value.
-TEXT ·kernelAVX2(SB), NOSPLIT, $0-40
+// C[0:6, 0:16] (row stride ldc floats) += A·B over k steps. Element (r, p)
+// of A is at a + r*rs + p*ps floats: a packed panel (rs 1, ps 6) or rows
+// of the operand as stored, either way round. B is packed as k groups of
+// 16. Y0-Y11 hold the tile, two registers a row; Y12-Y13 one step of B;
+// Y14-Y15 a broadcast A value. SI and R11 point at A's rows 0 and 3 of
+// the step; R9 is rs in bytes.
+TEXT ·kernelAVX2(SB), NOSPLIT, $0-56
 	MOVQ k+0(FP), CX
 	MOVQ a+8(FP), SI
-	MOVQ b+16(FP), DI
-	MOVQ c+24(FP), DX
-	MOVQ ldc+32(FP), R8
+	MOVQ rs+16(FP), R9
+	MOVQ ps+24(FP), R10
+	MOVQ b+32(FP), DI
+	MOVQ c+40(FP), DX
+	MOVQ ldc+48(FP), R8
 	SHLQ $2, R8
+	SHLQ $2, R9
+	SHLQ $2, R10
+	LEAQ (SI)(R9*2), R11
+	ADDQ R9, R11
 
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
@@ -33,24 +42,25 @@ loop:
 	VMOVUPS      (DI), Y12
 	VMOVUPS      32(DI), Y13
 	VBROADCASTSS (SI), Y14
-	VBROADCASTSS 4(SI), Y15
+	VBROADCASTSS (SI)(R9*1), Y15
 	VFMADD231PS  Y12, Y14, Y0
 	VFMADD231PS  Y13, Y14, Y1
 	VFMADD231PS  Y12, Y15, Y2
 	VFMADD231PS  Y13, Y15, Y3
-	VBROADCASTSS 8(SI), Y14
-	VBROADCASTSS 12(SI), Y15
+	VBROADCASTSS (SI)(R9*2), Y14
+	VBROADCASTSS (R11), Y15
 	VFMADD231PS  Y12, Y14, Y4
 	VFMADD231PS  Y13, Y14, Y5
 	VFMADD231PS  Y12, Y15, Y6
 	VFMADD231PS  Y13, Y15, Y7
-	VBROADCASTSS 16(SI), Y14
-	VBROADCASTSS 20(SI), Y15
+	VBROADCASTSS (R11)(R9*1), Y14
+	VBROADCASTSS (R11)(R9*2), Y15
 	VFMADD231PS  Y12, Y14, Y8
 	VFMADD231PS  Y13, Y14, Y9
 	VFMADD231PS  Y12, Y15, Y10
 	VFMADD231PS  Y13, Y15, Y11
-	ADDQ         $24, SI
+	ADDQ         R10, SI
+	ADDQ         R10, R11
 	ADDQ         $64, DI
 	DECQ         CX
 	JNE          loop

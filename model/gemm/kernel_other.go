@@ -4,4 +4,6 @@ package gemm
 
 var hasAVX2 = false
 
-func kernel(k int, a, b, c []float32, ldc int) { kernelGo(k, a, b, c, ldc) }
+func kernel(k int, a []float32, rs, ps int, b, c []float32, ldc int) {
+	kernelGo(k, a, rs, ps, b, c, ldc)
+}

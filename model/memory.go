@@ -207,6 +207,8 @@ func (s *sizer) cpu(p MemoryPlan) {
 	s.add("rotary table", 2, T*float64(c.HeadDim/2), 4)
 	if p.training() {
 		s.add("backward scratch", 1, N*(3*d+ffScratch+2*qd+2*kvd)+N*2, 4)
+		// The attention's score gradients, a T x T matrix a thread.
+		s.add("attention backward scratch", float64(runtime.GOMAXPROCS(0)), T*T, 4)
 	}
 }
 

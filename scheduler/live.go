@@ -12,38 +12,52 @@ import (
 // its tokenizer, a run its stores) asks these, at enqueue to accept it and
 // on the worker to wait for it.
 
-// liveLists are the inspector's lists of live tasks.
-func (c *Client) liveLists() []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error) {
-	return []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
-		c.insp.ListActiveTasks, c.insp.ListPendingTasks, c.insp.ListRetryTasks, c.insp.ListScheduledTasks,
+// liveLists are the inspector's lists of live tasks, in the order live
+// reads them: the way tasks move (a retry or a scheduled task becomes
+// pending when due, a pending one active), then the retries again, for an
+// active task that failed in between: it waits out its back-off (seconds
+// at least, for every kind) in retry, so it cannot be pending again before
+// that last read. A task that moves while the lists are read is found at a
+// later read; one found twice counts once.
+func (c *Client) liveLists() []liveList {
+	return []liveList{
+		{c.insp.ListRetryTasks, false}, {c.insp.ListScheduledTasks, false}, {c.insp.ListPendingTasks, false},
+		{c.insp.ListActiveTasks, true}, {c.insp.ListRetryTasks, false},
 	}
 }
 
+type liveList struct {
+	list   func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error)
+	active bool
+}
+
 // live counts queue's live tasks of the given kinds that match accepts, and
-// returns the first (running ones first).
+// returns one of them, a running one if there is one.
 func (c *Client) live(ctx context.Context, queue string, kinds map[string]bool, match func(*asynq.TaskInfo) bool) (int, *asynq.TaskInfo, error) {
 	known, err := c.knownQueues()
 	if err != nil || !known[queue] {
 		return 0, nil, err
 	}
 	const page = 1000
-	n := 0
+	seen := map[string]bool{}
 	var first *asynq.TaskInfo
-	for _, list := range c.liveLists() {
+	firstActive := false
+	for _, l := range c.liveLists() {
 		for p := 1; ; p++ {
 			if err := ctx.Err(); err != nil {
 				return 0, nil, err
 			}
-			tasks, err := list(queue, asynq.Page(p), asynq.PageSize(page))
+			tasks, err := l.list(queue, asynq.Page(p), asynq.PageSize(page))
 			if err != nil {
 				return 0, nil, fmt.Errorf("list the %s queue: %w", queue, err)
 			}
 			for _, ti := range tasks {
-				if kinds[ti.Type] && match(ti) {
-					n++
-					if first == nil {
-						first = ti
-					}
+				if !kinds[ti.Type] || !match(ti) {
+					continue
+				}
+				seen[ti.ID] = true
+				if first == nil || l.active && !firstActive {
+					first, firstActive = ti, l.active
 				}
 			}
 			if len(tasks) < page {
@@ -51,7 +65,7 @@ func (c *Client) live(ctx context.Context, queue string, kinds map[string]bool, 
 			}
 		}
 	}
-	return n, first, nil
+	return len(seen), first, nil
 }
 
 // LiveSegment is the task of run's training chain that is live, or nil: a

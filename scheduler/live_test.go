@@ -1,0 +1,84 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+)
+
+// While a real worker takes tasks from pending to active, some failing once
+// into retry and back, LiveIngest never misses one that was live the whole
+// time it read the lists, and never counts one twice. Read in another
+// order (active before pending) the count missed a task that started while
+// it read, and a run could have taken a store for full while a shard of it
+// was still to run.
+func TestLiveIngestMissesNoTaskOnTheMove(t *testing.T) {
+	r := testsvc.StartRedis(t)
+	opt, err := asynq.ParseRedisURI(r.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(opt)
+	defer c.Close()
+	ctx := context.Background()
+
+	const total = 150
+	for i := range total {
+		if _, err := c.Enqueue(ctx, IngestShard{Dataset: "d", Path: fmt.Sprintf("data/%03d.parquet", i), Store: "s", Tokenizer: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var done atomic.Int64
+	var mu sync.Mutex
+	failed := map[string]bool{}
+	srv := asynq.NewServer(opt, asynq.Config{Concurrency: 1, Queues: map[string]int{QueueIngest: 1}, LogLevel: asynq.FatalLevel,
+		// A back-off, as every kind has one (seconds at least): a failed
+		// task waits in retry before it is pending again.
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return time.Second },
+		TaskCheckInterval:        time.Millisecond,
+		DelayedTaskCheckInterval: 10 * time.Millisecond})
+	if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		first := !failed[id] && len(failed) < total/3 && id[len(id)-1]%2 == 0
+		if first {
+			failed[id] = true
+		}
+		mu.Unlock()
+		if first {
+			return errors.New("fails once")
+		}
+		done.Add(1)
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+
+	scans := 0
+	for done.Load() < total {
+		n, err := c.LiveIngest(ctx, "s")
+		after := done.Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Every task whose handler had not succeeded when the read ended
+		// was live throughout it.
+		if left := total - after; int64(n) < left {
+			t.Fatalf("scan %d: LiveIngest counted %d, but %d tasks were still to succeed when it returned", scans, n, left)
+		}
+		if n > total {
+			t.Fatalf("scan %d: LiveIngest counted %d of %d tasks", scans, n, total)
+		}
+		scans++
+	}
+	t.Logf("%d scans while %d tasks ran, %d failing once", scans, total, len(failed))
+}

@@ -233,6 +233,25 @@ func exp32(x float32) float32 {
 	return p * math.Float32frombits(uint32(n+127)<<23)
 }
 
+// expSum sets dst[i] = e^(src[i]-m), for src[i] <= m (a max-subtracted
+// softmax), and returns their sum in float64: eight at a time in assembly
+// where the CPU has AVX2, the rest by exp32. dst may be src.
+func expSum(dst, src []float32, m float32) float64 {
+	dst = dst[:len(src)]
+	var sum float64
+	n := 0
+	if hasAVX2 && len(src) >= 8 {
+		n = len(src) &^ 7
+		sum = expSumAVX2(&dst[0], &src[0], n, m)
+	}
+	for i := n; i < len(src); i++ {
+		e := exp32(src[i] - m)
+		dst[i] = e
+		sum += float64(e)
+	}
+	return sum
+}
+
 // softmaxRow turns scores into probabilities in place (max-subtracted, the
 // sum taken in float64).
 func softmaxRow(s []float32) {

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-
-	"github.com/kiln-lm/kiln/internal/testsvc"
 )
 
 // waitState waits for task id to reach state (asynq moves it).
@@ -34,13 +32,7 @@ func waitState(t *testing.T, c *Client, id string, state asynq.TaskState) *asynq
 // pending or running is a duplicate. The cancel mark of a cancelled task
 // does not follow its id into the new run.
 func TestWorkCanAlwaysBeQueuedAgain(t *testing.T) {
-	r := testsvc.StartRedis(t)
-	opt, err := asynq.ParseRedisURI(r.URL(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := NewClient(opt)
-	defer c.Close()
+	c, opt := newTestClient(t)
 	ctx := context.Background()
 
 	// A real asynq server runs the gpu queue; its handler fails for now
@@ -154,13 +146,7 @@ func TestWorkCanAlwaysBeQueuedAgain(t *testing.T) {
 // Live work is what will still happen: queued, running, scheduled or
 // waiting to retry, and not what was archived or completed.
 func TestLiveWorkIsFoundByWhatItMakes(t *testing.T) {
-	r := testsvc.StartRedis(t)
-	opt, err := asynq.ParseRedisURI(r.URL(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := NewClient(opt)
-	defer c.Close()
+	c, _ := newTestClient(t)
 	ctx := context.Background()
 	if ti, err := c.LiveTokenizer(ctx, "mix"); err != nil || ti != nil {
 		t.Fatalf("LiveTokenizer on an empty Redis: %+v %v", ti, err)

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-
-	"github.com/kiln-lm/kiln/internal/testsvc"
 )
 
 // While a real worker takes tasks from pending to active, some failing once
@@ -21,13 +19,7 @@ import (
 // it read, and a run could have taken a store for full while a shard of it
 // was still to run.
 func TestLiveIngestMissesNoTaskOnTheMove(t *testing.T) {
-	r := testsvc.StartRedis(t)
-	opt, err := asynq.ParseRedisURI(r.URL(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := NewClient(opt)
-	defer c.Close()
+	c, opt := newTestClient(t)
 	ctx := context.Background()
 
 	const total = 150

@@ -158,13 +158,7 @@ func TestRetryDelayBacksOffWithinBounds(t *testing.T) {
 }
 
 func TestEnqueueDuplicateAndCancel(t *testing.T) {
-	r := testsvc.StartRedis(t)
-	opt, err := asynq.ParseRedisURI(r.URL(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := NewClient(opt)
-	defer c.Close()
+	c, _ := newTestClient(t)
 	ctx := context.Background()
 	a := IngestShard{Dataset: "d", Path: "p", Store: "s", Tokenizer: "t"}
 	info, err := c.Enqueue(ctx, a)
@@ -197,4 +191,18 @@ func TestEnqueueDuplicateAndCancel(t *testing.T) {
 	if err != nil || len(runs) != 1 || runs[0].ID != info.ID || runs[0].State != "archived" {
 		t.Fatalf("runs: %+v, %v", runs, err)
 	}
+}
+
+// newTestClient is a Client of a fresh real Redis, closed with the test,
+// and that Redis's options for an asynq server or inspector.
+func newTestClient(t *testing.T) (*Client, asynq.RedisConnOpt) {
+	t.Helper()
+	r := testsvc.StartRedis(t)
+	opt, err := asynq.ParseRedisURI(r.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	return c, opt
 }

@@ -368,31 +368,18 @@ func stepDirs(root string) ([]string, error) {
 	return dirs, nil
 }
 
-// LatestCheckpoint returns the directory of the highest step under root that
-// passes CheckCheckpoint, skipping incomplete ones, or ErrNoCheckpoint.
-func LatestCheckpoint(root string) (string, error) {
-	dirs, err := stepDirs(root)
-	if err != nil {
-		return "", err
-	}
-	for _, d := range dirs {
-		if _, err := CheckCheckpoint(d); err == nil {
-			return d, nil
-		}
-	}
-	return "", ErrNoCheckpoint
-}
-
-// LatestIntactCheckpoint returns the directory of the highest step under
-// root that passes VerifyCheckpoint, or ErrNoCheckpoint. Each newer one
-// found damaged is set aside (SetAside) with a warning that names it and
-// what is wrong; any other error (a format this build does not read) is
-// returned as is.
-func LatestIntactCheckpoint(root string, log *zap.Logger) (string, error) {
-	return newestUsable(root, log, func(dir string) error {
-		_, err := VerifyCheckpoint(dir)
+// LatestIntactCheckpoint returns the directory and state of the highest
+// step under root that passes VerifyCheckpoint, or ErrNoCheckpoint. Each
+// newer one found damaged is set aside (SetAside) with a warning that names
+// it and what is wrong; any other error (a format this build does not
+// read) is returned as is.
+func LatestIntactCheckpoint(root string, log *zap.Logger) (string, State, error) {
+	var st State
+	dir, err := newestUsable(root, log, func(dir string) (err error) {
+		st, err = VerifyCheckpoint(dir)
 		return err
 	})
+	return dir, st, err
 }
 
 // newestUsable walks root's step directories newest first and returns the

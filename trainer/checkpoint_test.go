@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/kiln-lm/kiln/model"
+	"go.uber.org/zap"
 )
 
 func testSnapshot(t *testing.T, step int) *Snapshot {
@@ -120,17 +121,17 @@ func TestHalfWrittenCheckpointsAreNotValid(t *testing.T) {
 		if _, err := CheckCheckpoint(dir); err == nil || !strings.Contains(err.Error(), dir) {
 			t.Errorf("%s: CheckCheckpoint = %v, want an error naming %s", name, err, dir)
 		}
-		if latest, err := LatestCheckpoint(root); err != nil || latest != good {
-			t.Errorf("%s: LatestCheckpoint = %s, %v; want the good %s", name, latest, err, good)
-		}
 		if _, err := ReadCheckpoint(dir, nil); err == nil || !isBadInput(err) {
 			t.Errorf("%s: ReadCheckpoint = %v, want a bad-input error", name, err)
+		}
+		if latest, _, err := LatestIntactCheckpoint(root, zap.NewNop()); err != nil || latest != good {
+			t.Errorf("%s: LatestIntactCheckpoint = %s, %v; want the good %s", name, latest, err, good)
 		}
 	}
 	// A temporary directory from a crashed write is ignored, then removed.
 	os.MkdirAll(filepath.Join(root, ".tmp-step-123"), 0o755)
-	if latest, _ := LatestCheckpoint(root); latest != good {
-		t.Errorf("LatestCheckpoint = %s with a stale temp dir, want %s", latest, good)
+	if latest, _, _ := LatestIntactCheckpoint(root, zap.NewNop()); latest != good {
+		t.Errorf("LatestIntactCheckpoint = %s with a stale temp dir, want %s", latest, good)
 	}
 	if _, err := WriteCheckpoint(ctx, root, testSnapshot(t, 30)); err != nil {
 		t.Fatal(err)
@@ -138,8 +139,8 @@ func TestHalfWrittenCheckpointsAreNotValid(t *testing.T) {
 	if stale, _ := filepath.Glob(filepath.Join(root, ".tmp-step-*")); len(stale) != 0 {
 		t.Errorf("stale temp dirs left: %v", stale)
 	}
-	if latest, _ := LatestCheckpoint(root); filepath.Base(latest) != "step-0000030" {
-		t.Errorf("LatestCheckpoint = %s, want step-0000030", latest)
+	if latest, _, _ := LatestIntactCheckpoint(root, zap.NewNop()); filepath.Base(latest) != "step-0000030" {
+		t.Errorf("LatestIntactCheckpoint = %s, want step-0000030", latest)
 	}
 }
 
@@ -173,10 +174,10 @@ func TestCheckpointOfAnotherShapeIsRefused(t *testing.T) {
 }
 
 func TestLatestCheckpointOfEmptyRoot(t *testing.T) {
-	if _, err := LatestCheckpoint(filepath.Join(t.TempDir(), "absent")); !errors.Is(err, ErrNoCheckpoint) {
+	if _, _, err := LatestIntactCheckpoint(filepath.Join(t.TempDir(), "absent"), zap.NewNop()); !errors.Is(err, ErrNoCheckpoint) {
 		t.Errorf("absent root: %v", err)
 	}
-	if _, err := LatestCheckpoint(t.TempDir()); !errors.Is(err, ErrNoCheckpoint) {
+	if _, _, err := LatestIntactCheckpoint(t.TempDir(), zap.NewNop()); !errors.Is(err, ErrNoCheckpoint) {
 		t.Errorf("empty root: %v", err)
 	}
 }

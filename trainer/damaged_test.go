@@ -77,7 +77,7 @@ func TestResumeSetsADamagedCheckpointAside(t *testing.T) {
 				t.Errorf("the damaged checkpoint's files changed when set aside")
 			}
 			// The run wrote step 4 again, whole, and ended at its last step.
-			if latest, err := LatestIntactCheckpoint(out, zap.NewNop()); err != nil || filepath.Base(latest) != StepDir(total) {
+			if latest, _, err := LatestIntactCheckpoint(out, zap.NewNop()); err != nil || filepath.Base(latest) != StepDir(total) {
 				t.Errorf("latest intact checkpoint %s, %v", latest, err)
 			}
 			if _, err := VerifyCheckpoint(newest); err != nil {
@@ -142,8 +142,8 @@ func TestSetAsideKeepsEarlierOnes(t *testing.T) {
 			t.Errorf("%s holds %v, %v; want the %d-th one set aside", suffix, b, err, i+1)
 		}
 	}
-	if _, err := LatestCheckpoint(root); err != ErrNoCheckpoint {
-		t.Errorf("LatestCheckpoint found %v among directories set aside", err)
+	if _, _, err := LatestIntactCheckpoint(root, zap.NewNop()); err != ErrNoCheckpoint {
+		t.Errorf("LatestIntactCheckpoint found %v among directories set aside", err)
 	}
 }
 

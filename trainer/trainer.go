@@ -23,7 +23,8 @@ type Config struct {
 	// Out is the run directory: checkpoints go to Out/step-NNNNNNN and the
 	// logged steps to Out/metrics.jsonl.
 	Out string
-	// Resume continues from LatestCheckpoint(Out) when there is one.
+	// Resume continues from the newest intact checkpoint in Out when there
+	// is one, setting aside newer damaged ones (LatestIntactCheckpoint).
 	Resume bool
 	// Data supplies the windows; Run.Mixture names the stores it reads.
 	// Run closes it.

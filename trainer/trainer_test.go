@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kiln-lm/kiln/model"
+	"go.uber.org/zap"
 )
 
 // sliceData serves windows of a token slice in a fixed scattered order, with
@@ -244,7 +245,7 @@ func TestDivergenceStopsAndKeepsTheLastGoodCheckpoint(t *testing.T) {
 	if !strings.Contains(err.Error(), fmt.Sprintf("step %d:", nf.Step)) || !strings.Contains(err.Error(), nf.LastGood) {
 		t.Errorf("error must name the step and the last good checkpoint: %v", err)
 	}
-	latest, lerr := LatestCheckpoint(out)
+	latest, _, lerr := LatestIntactCheckpoint(out, zap.NewNop())
 	if lerr != nil || latest != nf.LastGood || filepath.Base(latest) != StepDir(nf.Step-1) {
 		t.Fatalf("latest checkpoint %s (%v); error says %s at step %d", latest, lerr, nf.LastGood, nf.Step)
 	}

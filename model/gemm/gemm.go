@@ -120,7 +120,7 @@ func serial(A, B matrix, c []float32, ldc, i0, i1, j0, j1, k int) {
 				mcur := min(mc, i1-ic)
 				edge := mcur - mcur%mr // the first row of a part panel
 				if edge < mcur {
-					packA(buf.a[:], A, ic+edge, mcur-edge, pc, kcur)
+					packA(buf.a[:], A.x[(ic+edge)*rs+pc*ps:], rs, ps, mcur-edge, kcur)
 				}
 				for jr := 0; jr < ncur; jr += nr {
 					bp := buf.b[jr*kcur:]
@@ -152,43 +152,16 @@ func serial(A, B matrix, c []float32, ldc, i0, i1, j0, j1, k int) {
 	}
 }
 
-// packA writes op(A)[i0:i0+m, p0:p0+k] as panels of mr rows, each k steps
-// of mr values, the last panel padded with zeros.
-func packA(dst []float32, A matrix, i0, m, p0, k int) {
-	for ir := 0; ir < m; ir += mr {
-		panel := dst[ir*k : ir*k+mr*k]
-		rows := min(mr, m-ir)
-		if A.trans {
-			// op(A)'s column p is stored as a row: six values in a row.
-			for p := 0; p < k; p++ {
-				src := A.x[(p0+p)*A.ld+i0+ir:]
-				step := (*[mr]float32)(panel[p*mr : p*mr+mr])
-				if rows == mr {
-					// Six moves: an array copy is a call to memmove.
-					v := (*[mr]float32)(src[:mr])
-					step[0], step[1], step[2], step[3], step[4], step[5] = v[0], v[1], v[2], v[3], v[4], v[5]
-					continue
-				}
-				for r := range step {
-					step[r] = 0
-					if r < rows {
-						step[r] = src[r]
-					}
-				}
-			}
-			continue
-		}
-		for r := 0; r < mr; r++ {
-			if r >= rows {
-				for p := 0; p < k; p++ {
-					panel[p*mr+r] = 0
-				}
-				continue
-			}
-			i := i0 + ir + r
-			row := A.x[i*A.ld+p0 : i*A.ld+p0+k]
-			for p, v := range row {
-				panel[p*mr+r] = v
+// packA writes rows (fewer than mr) rows of op(A), element (r, p) at
+// a[r*rs+p*ps], as a panel of k steps of mr values padded with zeros: the
+// last panel of a block, which the kernel cannot read where it is stored.
+func packA(dst, a []float32, rs, ps, rows, k int) {
+	for p := 0; p < k; p++ {
+		step := dst[p*mr : p*mr+mr]
+		for r := range step {
+			step[r] = 0
+			if r < rows {
+				step[r] = a[r*rs+p*ps]
 			}
 		}
 	}

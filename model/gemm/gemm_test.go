@@ -50,6 +50,18 @@ type shape struct {
 	beta           float32
 }
 
+// stored is the stored rows and columns of op(A) and op(B).
+func stored(transA, transB bool, m, n, k int) (rowsA, colsA, rowsB, colsB int) {
+	rowsA, colsA, rowsB, colsB = m, k, k, n
+	if transA {
+		rowsA, colsA = k, m
+	}
+	if transB {
+		rowsB, colsB = n, k
+	}
+	return
+}
+
 func shapes() []shape {
 	var out []shape
 	for _, t := range [][2]bool{{false, false}, {false, true}, {true, false}, {true, true}} {
@@ -76,14 +88,7 @@ func TestSgemmMatchesFloat64(t *testing.T) {
 			setAVX2(asm)
 			r := rand.New(rand.NewPCG(1, 2))
 			for _, s := range shapes() {
-				rowsA, colsA := s.m, s.k
-				if s.transA {
-					rowsA, colsA = s.k, s.m
-				}
-				rowsB, colsB := s.k, s.n
-				if s.transB {
-					rowsB, colsB = s.n, s.k
-				}
+				rowsA, colsA, rowsB, colsB := stored(s.transA, s.transB, s.m, s.n, s.k)
 				lda, ldb, ldc := colsA+3, colsB+1, s.n+5
 				a := randomMatrix(r, max(rowsA*lda, 1))
 				b := randomMatrix(r, max(rowsB*ldb, 1))
@@ -113,14 +118,7 @@ func TestSgemmMatchesFloat64(t *testing.T) {
 func TestSgemmSameBitsOnAnyThreads(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, s := range []shape{{false, true, 256, 1400, 128, 0}, {false, false, 300, 96, 700, 1}, {true, false, 128, 512, 1024, 1}} {
-		rowsA, colsA := s.m, s.k
-		if s.transA {
-			rowsA, colsA = s.k, s.m
-		}
-		rowsB, colsB := s.k, s.n
-		if s.transB {
-			rowsB, colsB = s.n, s.k
-		}
+		rowsA, colsA, rowsB, colsB := stored(s.transA, s.transB, s.m, s.n, s.k)
 		a, b := randomMatrix(r, rowsA*colsA), randomMatrix(r, rowsB*colsB)
 		c0 := randomMatrix(r, s.m*s.n)
 		var first []float32
@@ -157,14 +155,7 @@ func BenchmarkSgemm(b *testing.B) {
 		{"head-1024x4096x128", false, true, 1024, 4096, 128},
 	} {
 		r := rand.New(rand.NewPCG(5, 6))
-		rowsA, colsA := s.m, s.k
-		if s.transA {
-			rowsA, colsA = s.k, s.m
-		}
-		rowsB, colsB := s.k, s.n
-		if s.transB {
-			rowsB, colsB = s.n, s.k
-		}
+		rowsA, colsA, rowsB, colsB := stored(s.transA, s.transB, s.m, s.n, s.k)
 		x, w, y := randomMatrix(r, rowsA*colsA), randomMatrix(r, rowsB*colsB), make([]float32, s.m*s.n)
 		flops := 2 * float64(s.m) * float64(s.n) * float64(s.k)
 		tr := func(t bool) blas.Transpose {

@@ -407,8 +407,7 @@ func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry
 // when dir has none, so that the results keep the whole history.
 func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
 	local := -1
-	if d, err := trainer.LatestIntactCheckpoint(dir, p.Log); err == nil {
-		st, _ := trainer.CheckCheckpoint(d)
+	if _, st, err := trainer.LatestIntactCheckpoint(dir, p.Log); err == nil {
 		local = st.Step
 	} else if !errors.Is(err, trainer.ErrNoCheckpoint) {
 		return 0, "", err

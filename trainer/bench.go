@@ -24,6 +24,11 @@ type BenchOptions struct {
 	Engine     string // cuda, cpu or auto
 	Precision  string // bf16 (default) or fp32
 	Batch, Seq int
+	// Accumulate is how many micro-batches of Batch x Seq a step trains
+	// before the optimizer's, over all GPUs, as a run's accumulate (0: one
+	// a GPU); a multiple of the GPUs. The optimizer's share of a step
+	// shrinks with it.
+	Accumulate int
 	Steps      int
 	Warmup     int
 	// PeakFLOPS overrides the device's peak for MFU; 0 looks the device up
@@ -93,6 +98,8 @@ type BenchResult struct {
 	Checkpoints *CheckpointTiming
 	// GPUs is how many GPUs trained; TokPerSec is all of theirs together.
 	GPUs int
+	// Accumulate is the micro-batches a step trained, over all GPUs.
+	Accumulate int
 }
 
 // GPUIdle reports whether no other process was on the GPU.
@@ -112,6 +119,8 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		return BenchResult{}, fmt.Errorf("seq must be between 1 and the model's %d positions, got %d", c.MaxPositions, o.Seq)
 	case o.Steps <= 0 || o.Warmup < 0:
 		return BenchResult{}, fmt.Errorf("steps must be positive and warmup not negative (got %d, %d)", o.Steps, o.Warmup)
+	case o.Accumulate < 0:
+		return BenchResult{}, fmt.Errorf("accumulate must be positive (or 0 for one micro-batch a step), got %d", o.Accumulate)
 	case o.CheckpointEvery < 0:
 		return BenchResult{}, fmt.Errorf("checkpoint every %d steps: give 0 for none or a positive number", o.CheckpointEvery)
 	}
@@ -133,6 +142,16 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	if p, ok := eng.(model.Parallel); ok {
 		r.GPUs = p.Devices()
 	}
+	// The trainer's step: accumulate micro-batches shared by the GPUs, each
+	// weighted by its share of the step, then one optimizer step.
+	micro := o.Accumulate
+	if micro == 0 {
+		micro = r.GPUs
+	}
+	if _, err := NewGlobalBatch(o.Batch, micro, r.GPUs); err != nil {
+		return r, err
+	}
+	r.Accumulate = micro
 	if dev, ok := eng.(model.Device); ok {
 		d := dev.Device()
 		r.Device, r.Arch, r.MemoryInUseBefore = d.Name, d.Arch, d.UsedAtStart
@@ -152,8 +171,8 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		if err := eng.ZeroGrad(); err != nil {
 			return model.StepMetrics{}, err
 		}
-		for range r.GPUs {
-			if err := eng.ForwardBackward(b, 1/float32(r.GPUs)); err != nil {
+		for range micro {
+			if err := eng.ForwardBackward(b, 1/float32(micro)); err != nil {
 				return model.StepMetrics{}, err
 			}
 		}
@@ -204,11 +223,11 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		if w := ck.wait(); w != nil && w.err != nil {
 			return r, w.err
 		}
-		r.Checkpoints = checkpointTiming(secs, o.CheckpointEvery, n*r.GPUs)
+		r.Checkpoints = checkpointTiming(secs, o.CheckpointEvery, n*micro)
 	}
 	r.Seconds = time.Since(start).Seconds()
 	r.Loss = m.Loss
-	r.TokPerSec = float64(n*r.GPUs*o.Steps) / r.Seconds
+	r.TokPerSec = float64(n*micro*o.Steps) / r.Seconds
 	peak := o.PeakFLOPS
 	if peak <= 0 {
 		peak = PeakFor(r.Device, o.Precision)

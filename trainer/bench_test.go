@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -34,6 +35,29 @@ func TestBenchMeasuresRealSteps(t *testing.T) {
 	}
 }
 
+// With accumulate, a step trains that many micro-batches before the
+// optimizer's, and tok/s counts them all, as the trainer's step does.
+func TestBenchAccumulatesMicroBatches(t *testing.T) {
+	c := benchConfig()
+	r, err := Bench(context.Background(), BenchOptions{Model: c, Engine: "cpu", Batch: 2, Seq: 16, Accumulate: 3, Steps: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Accumulate != 3 {
+		t.Fatalf("accumulate %d, want 3", r.Accumulate)
+	}
+	if tokens := r.TokPerSec * r.Seconds; math.Abs(tokens-2*3*2*16) > 1e-6 {
+		t.Fatalf("tok/s x seconds = %.3f tokens; want 2 steps x 3 micro-batches x 2 x 16 = 192", tokens)
+	}
+	if r.Loss < 4.5 || r.Loss > 6.5 {
+		t.Fatalf("loss %.3f on random targets over 256 ids; want about ln 256 = 5.55", r.Loss)
+	}
+	one, err := Bench(context.Background(), BenchOptions{Model: c, Engine: "cpu", Batch: 2, Seq: 16, Steps: 1})
+	if err != nil || one.Accumulate != 1 {
+		t.Fatalf("no accumulate: %+v, %v; want one micro-batch a step", one, err)
+	}
+}
+
 func TestBenchRefusesBadShapes(t *testing.T) {
 	c := benchConfig()
 	for _, o := range []BenchOptions{
@@ -41,6 +65,7 @@ func TestBenchRefusesBadShapes(t *testing.T) {
 		{Model: c, Engine: "cpu", Batch: 1, Seq: c.MaxPositions + 1, Steps: 1},
 		{Model: c, Engine: "cpu", Batch: 1, Seq: 16, Steps: 0},
 		{Model: c, Engine: "tpu", Batch: 1, Seq: 16, Steps: 1},
+		{Model: c, Engine: "cpu", Batch: 1, Seq: 16, Steps: 1, Accumulate: -1},
 	} {
 		if _, err := Bench(context.Background(), o); err == nil {
 			t.Errorf("Bench(%+v) succeeded; want an error", o)

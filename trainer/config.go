@@ -142,6 +142,25 @@ type MoEConfig struct {
 	AuxCoef *float64 `yaml:"aux_coef" json:"aux_coef"`
 }
 
+// String writes m as ParseMoE reads it, leaving out what is unset; empty
+// for no experts.
+func (m *MoEConfig) String() string {
+	if m == nil {
+		return ""
+	}
+	s := fmt.Sprintf("experts=%d", m.Experts)
+	if m.TopK != 0 {
+		s += fmt.Sprintf(",top_k=%d", m.TopK)
+	}
+	if m.DFF != 0 {
+		s += fmt.Sprintf(",d_ff=%d", m.DFF)
+	}
+	if m.AuxCoef != nil {
+		s += ",aux_coef=" + strconv.FormatFloat(*m.AuxCoef, 'g', -1, 64)
+	}
+	return s
+}
+
 // DefaultAuxCoef is the load-balancing coefficient when aux_coef is absent.
 const DefaultAuxCoef = 0.02
 

@@ -136,9 +136,10 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 		return fmt.Errorf("bench:run: unknown sweep %q: the one sweep is \"sweep\" (%w)", a.Sweep, asynq.SkipRetry)
 	default:
 		// A model alone is measured at the sweep's preset shape, 32 x 1024,
-		// unless the payload's params say otherwise.
+		// one micro-batch a step in bf16, unless the payload's params say
+		// otherwise (`sched enqueue bench RUN` gives a run's step).
 		sh := runs.Shape{Model: a.Model, Batch: 32, Seq: 1024}
-		for k, p := range map[string]*int{"batch": &sh.Batch, "seq": &sh.Seq} {
+		for k, p := range map[string]*int{"batch": &sh.Batch, "seq": &sh.Seq, "accumulate": &sh.Accumulate} {
 			if v, ok := a.Params[k]; ok {
 				n, err := strconv.Atoi(v)
 				if err != nil || n < 1 {
@@ -147,6 +148,13 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 				*p = n
 			}
 		}
+		switch v := a.Params["precision"]; v {
+		case "", "bf16", "fp32":
+			sh.Precision = v
+		default:
+			return fmt.Errorf("bench:run: precision %q: use bf16 or fp32 (%w)", v, asynq.SkipRetry)
+		}
+		sh.MoE = a.Params["moe"]
 		c, err := sh.Config()
 		if err != nil {
 			return fmt.Errorf("bench:run: %w (%w)", err, asynq.SkipRetry)
@@ -182,7 +190,7 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 			}
 			c, _ := sh.Config()
 			row = results.BenchRow{Model: sh.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: sh.Batch, Seq: sh.Seq,
-				GPUs: max(int(t.GPUs), 1), Error: err.Error()}
+				Accumulate: sh.Accumulate, Precision: sh.Precision, MoE: results.MoEShape(c), GPUs: max(int(t.GPUs), 1), Error: err.Error()}
 		}
 		if err := appendBenchRow(ctx, t.Objects, row); err != nil {
 			return err

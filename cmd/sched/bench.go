@@ -20,6 +20,7 @@ import (
 type benchFlags struct {
 	engine, model, precision string
 	batch, seq, steps, warm  int
+	accumulate               int
 	peakTFLOPs               float64
 	forceSM80                bool
 	profile                  bool
@@ -35,10 +36,9 @@ type benchFlags struct {
 type benchResult struct {
 	results.BenchRow
 
-	Engine    string  `json:"engine"`
-	Precision string  `json:"precision"`
-	Arch      string  `json:"arch,omitempty"`
-	ParamsM   float64 `json:"params_m"`
+	Engine  string  `json:"engine"`
+	Arch    string  `json:"arch,omitempty"`
+	ParamsM float64 `json:"params_m"`
 	// ActiveParamsM is what one token's pass uses: with --moe, the
 	// routers and top_k of the experts (trainer.ActiveParams).
 	ActiveParamsM float64 `json:"active_params_m"`
@@ -104,7 +104,8 @@ busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
 	fl.StringVar(&f.engine, "engine", "auto", "engine: cuda, cpu or auto")
 	fl.StringVar(&f.model, "model", "small", "model preset: tiny, small or base")
 	fl.StringVar(&f.precision, "precision", "bf16", "precision: bf16 or fp32")
-	fl.IntVar(&f.batch, "batch", 32, "sequences per step")
+	fl.IntVar(&f.batch, "batch", 32, "sequences per micro-batch")
+	fl.IntVar(&f.accumulate, "accumulate", 0, "micro-batches per optimizer step over all GPUs, as a run's accumulate (default: one a GPU); tok/s counts them all")
 	fl.IntVar(&f.seq, "seq", 1024, "tokens per sequence")
 	fl.IntVar(&f.steps, "steps", 30, "timed steps")
 	fl.IntVar(&f.warm, "warmup", 8, "untimed steps first (compilation, allocation, clocks)")
@@ -137,6 +138,8 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		return badInput("--batch must be positive, got %d", f.batch)
 	case f.seq <= 0 || f.seq > c.MaxPositions:
 		return badInput("--seq must be between 1 and the model's %d positions, got %d", c.MaxPositions, f.seq)
+	case f.accumulate < 0:
+		return badInput("--accumulate must be positive, got %d (leave it out for one micro-batch a GPU)", f.accumulate)
 	case f.steps <= 0 || f.warm < 0:
 		return badInput("--steps must be positive and --warmup not negative (got %d, %d)", f.steps, f.warm)
 	case f.peakTFLOPs < 0 || math.IsNaN(f.peakTFLOPs) || math.IsInf(f.peakTFLOPs, 0):
@@ -159,7 +162,7 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if err != nil {
 		return badInput("--gpus %q: give a number of GPUs (1 or more), or all", f.gpus)
 	}
-	opts := trainer.BenchOptions{Model: c, Engine: f.engine, Precision: f.precision, Batch: f.batch, Seq: f.seq,
+	opts := trainer.BenchOptions{Model: c, Engine: f.engine, Precision: f.precision, Batch: f.batch, Seq: f.seq, Accumulate: f.accumulate,
 		Steps: f.steps, Warmup: f.warm, PeakFLOPS: f.peakTFLOPs * 1e12, ForceSM80: f.forceSM80, Profile: f.profile,
 		CheckpointEvery: f.checkpointEvery, CheckpointWait: f.checkpointWait, GPUs: int(gpus),
 		Log: func(s string) { fmt.Fprintln(errOut, "sched bench:", s) }}
@@ -178,7 +181,7 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if err != nil {
 		return err
 	}
-	r := benchResult{BenchRow: results.Row(f.model, c, f.batch, f.seq, res), Engine: res.Engine, Precision: res.Precision, Arch: res.Arch, ParamsM: float64(c.NumParams()) / 1e6,
+	r := benchResult{BenchRow: results.Row(f.model, c, f.batch, f.seq, res), Engine: res.Engine, Arch: res.Arch, ParamsM: float64(c.NumParams()) / 1e6,
 		ActiveParamsM: float64(trainer.ActiveParams(c)) / 1e6, Steps: f.steps,
 		Seconds: res.Seconds, PeakGiB: float64(res.PeakAllocated) / (1 << 30), Loss: res.Loss,
 		ProcessMemory: res.ProcessMemory, ProcessMemorySource: res.ProcessMemorySource, MemoryInUseBefore: res.MemoryInUseBefore,

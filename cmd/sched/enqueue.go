@@ -5,12 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 func init() {
@@ -42,17 +47,29 @@ func init() {
 	}
 
 	bench := &cobra.Command{
-		Use:   "bench <sweep|model>",
+		Use:   "bench <sweep|model|run>",
 		Short: "Queue a benchmark (bench:run) on the GPU worker",
-		Args:  exactArgs(1, "one sweep or model name"),
+		Long: `Queue a benchmark on the GPU worker; 'sched results bench' prints what it measured.
+
+  sched enqueue bench sweep    the sweep's shapes (the pilot's step among them)
+  sched enqueue bench small    one model preset, at --batch x --seq (32 x 1024)
+  sched enqueue bench pilot    a run's own step: its model, engine, precision,
+                               batch, sequence and accumulate, which its
+                               'tok/s vs bench' gate compares the run with
+
+Flags given override what the model's defaults or the run's settings say.`,
+		Args: exactArgs(1, "one sweep, model or run name"),
 	}
 	var br scheduler.BenchRun
 	bench.Flags().StringVar(&br.Engine, "engine", "auto", "engine: cuda, cpu or auto")
 	var isSweep bool
 	bench.Flags().BoolVar(&isSweep, "sweep", false, "the name is a sweep, not a model")
-	var benchBatch, benchSeq, benchSteps, benchWarmup int
-	bench.Flags().IntVar(&benchBatch, "batch", 0, "micro-batch of a model's measurement (default 32)")
-	bench.Flags().IntVar(&benchSeq, "seq", 0, "sequence length of a model's measurement (default 1024)")
+	var benchBatch, benchSeq, benchSteps, benchWarmup, benchAccumulate int
+	var benchPrecision string
+	bench.Flags().IntVar(&benchBatch, "batch", 0, "micro-batch of a model's measurement (default 32, or the run's)")
+	bench.Flags().IntVar(&benchSeq, "seq", 0, "sequence length of a model's measurement (default 1024, or the run's)")
+	bench.Flags().IntVar(&benchAccumulate, "accumulate", 0, "micro-batches a step over all GPUs, as a run's accumulate (default one a GPU, or the run's)")
+	bench.Flags().StringVar(&benchPrecision, "precision", "", "bf16 or fp32 (default bf16, or the run's)")
 	bench.Flags().IntVar(&benchSteps, "steps", 0, "timed steps (0: sched bench's 30)")
 	bench.Flags().IntVar(&benchWarmup, "warmup", -1, "untimed steps first (default: sched bench's 8)")
 	bench.RunE = func(c *cobra.Command, args []string) error {
@@ -63,22 +80,60 @@ func init() {
 		if err := checkName("benchmark", args[0]); err != nil {
 			return err
 		}
-		if isSweep || args[0] == "sweep" {
-			br.Sweep = args[0]
-		} else {
-			br.Model = args[0]
-		}
+		sweep := isSweep || args[0] == "sweep"
 		for _, f := range []struct {
 			name string
 			v    int
-		}{{"batch", benchBatch}, {"seq", benchSeq}, {"steps", benchSteps}} {
+		}{{"batch", benchBatch}, {"seq", benchSeq}, {"steps", benchSteps}, {"accumulate", benchAccumulate}} {
 			if c.Flags().Changed(f.name) && f.v == 0 {
 				return badInput("--%s 0: give at least 1, or leave it out for the default", f.name)
 			}
 		}
-		params, err := benchParams(isSweep || args[0] == "sweep", benchBatch, benchSeq, benchSteps, benchWarmup)
+		switch benchPrecision {
+		case "", "bf16", "fp32":
+		default:
+			return badInput("--precision %q: use bf16 or fp32", benchPrecision)
+		}
+		var moe string
+		if sweep {
+			br.Sweep = args[0]
+		} else if br.Model = args[0]; !isModel(args[0]) {
+			// A run's name: its own step, with what the flags change.
+			run, err := benchedRun(args[0])
+			if err != nil {
+				return err
+			}
+			rc := run.RunConfig
+			br.Model, moe = rc.Model, rc.MoE.String()
+			if !c.Flags().Changed("engine") && rc.Engine != "" {
+				br.Engine = rc.Engine
+			}
+			for _, f := range []struct {
+				v    *int
+				from int
+			}{{&benchBatch, rc.Batch}, {&benchSeq, rc.Seq}, {&benchAccumulate, rc.Accumulate}} {
+				if *f.v == 0 {
+					*f.v = f.from
+				}
+			}
+			if benchPrecision == "" {
+				benchPrecision = rc.Precision
+			}
+		}
+		params, err := benchParams(sweep, benchBatch, benchSeq, benchSteps, benchWarmup)
 		if err != nil {
 			return err
+		}
+		if sweep && (benchAccumulate != 0 || benchPrecision != "") {
+			return badInput("--accumulate and --precision choose a model's step; the sweep has its own: drop them or name a model or run")
+		}
+		for k, v := range map[string]string{"accumulate": strconv.Itoa(benchAccumulate), "precision": benchPrecision, "moe": moe} {
+			if v != "" && v != "0" {
+				if params == nil {
+					params = map[string]string{}
+				}
+				params[k] = v
+			}
 		}
 		if br.Model != "" {
 			if err := benchFits(br.Model, br.Engine, benchBatch, benchSeq); err != nil {
@@ -91,6 +146,30 @@ func init() {
 
 	enq.AddCommand(ingest, newEnqueueTrainCmd(), bench, newEnqueueTokenizerCmd())
 	rootCmd.AddCommand(enq)
+}
+
+// isModel reports whether name is a model preset.
+func isModel(name string) bool {
+	_, err := model.Preset(name)
+	return err == nil
+}
+
+// benchedRun is the run `sched enqueue bench NAME` measures the step of,
+// or bad input naming the models and runs there are.
+func benchedRun(name string) (runs.Run, error) {
+	set, err := runs.Load(os.Getenv("KILN_RUNS"))
+	if err != nil {
+		return runs.Run{}, badInput("KILN_RUNS: %v", err)
+	}
+	run, err := set.Get(name)
+	if err != nil {
+		if _, ok := set[name]; ok {
+			return runs.Run{}, err
+		}
+		return runs.Run{}, badInput("%q is neither a model (%s) nor a run (%s, or one in a runs file named by KILN_RUNS), nor sweep",
+			name, strings.Join(slices.Sorted(maps.Keys(model.Presets)), ", "), strings.Join(set.Names(), ", "))
+	}
+	return run, nil
 }
 
 // checkName rejects names that cannot be an object-store prefix element.

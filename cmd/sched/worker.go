@@ -138,7 +138,8 @@ func benchRow(ctx context.Context, b worker.BenchSpec, logf func(string)) (resul
 	if err != nil {
 		return results.BenchRow{}, err
 	}
-	o := trainer.BenchOptions{Model: c, Engine: b.Engine, Batch: b.Shape.Batch, Seq: b.Shape.Seq, Steps: 30, Warmup: 8, GPUs: b.GPUs, Log: logf}
+	o := trainer.BenchOptions{Model: c, Engine: b.Engine, Precision: b.Shape.Precision, Batch: b.Shape.Batch, Seq: b.Shape.Seq,
+		Accumulate: b.Shape.Accumulate, Steps: 30, Warmup: 8, GPUs: b.GPUs, Log: logf}
 	if o.Engine == "" {
 		o.Engine = "auto"
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -141,6 +142,39 @@ func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 	}
 }
 
+// `sched enqueue bench RUN` measures the run's own step, which its tok/s
+// gate compares it with: pilot-cpu's model, engine, precision, batch,
+// sequence and accumulate, with what a flag overrides.
+func TestEnqueueBenchOfARunMeasuresItsStep(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	data := t.TempDir()
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json", "KILN_DATA_DIR=" + data}
+	out, errOut, code := sched(t, env, "enqueue", "bench", "pilot-cpu", "--seq", "16", "--steps", "2", "--warmup", "0")
+	m := regexp.MustCompile(`queued (bench:run:[0-9a-f]+) on gpu`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("enqueue: exit %d, %q %q", code, out, errOut)
+	}
+	startWorker(t, env, "--queues", "gpu=1")
+	waitStatus(t, env, m[1], regexp.MustCompile(`^`+m[1]+`\s+completed\s+100\.0%`), time.Minute)
+	b, err := os.ReadFile(filepath.Join(data, "objects", filepath.FromSlash(worker.BenchKey)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := results.ReadBench(bytes.NewReader(b))
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("bench rows %+v, %v; want one", rows, err)
+	}
+	row := rows[0]
+	if row.Model != "tiny" || row.Batch != 2 || row.Seq != 16 || row.Accumulate != 4 || row.Precision != "fp32" || row.TokPerSec <= 0 || row.Error != "" {
+		t.Fatalf("bench row %+v; want pilot-cpu's step (tiny, 2 x 4 micro-batches, fp32) at --seq 16", row)
+	}
+	out, _, _ = sched(t, env, "results", "bench")
+	if !regexp.MustCompile(`\| tiny +\| 4096 +\| 64 +\| 2 +\| - +\| 2 +\| 16 +\| 4 +\| fp32 +\| 1 +\|`).MatchString(out) {
+		t.Errorf("sched results bench does not show the run's step:\n%s", out)
+	}
+}
+
 func TestEnqueueBenchBadInput(t *testing.T) {
 	t.Parallel()
 	env := []string{"KILN_REDIS_URL=redis://127.0.0.1:1/0"}
@@ -150,6 +184,10 @@ func TestEnqueueBenchBadInput(t *testing.T) {
 	}{
 		{[]string{"enqueue", "bench", "sweep", "--batch", "4"}, "the sweep has its own shapes"},
 		{[]string{"enqueue", "bench", "tiny", "--seq", "-3"}, "--seq -3"},
+		{[]string{"enqueue", "bench", "tiny", "--accumulate", "0"}, "--accumulate 0"},
+		{[]string{"enqueue", "bench", "tiny", "--precision", "fp16"}, `--precision "fp16": use bf16 or fp32`},
+		{[]string{"enqueue", "bench", "sweep", "--accumulate", "4"}, "the sweep has its own"},
+		{[]string{"enqueue", "bench", "pilot-gpu"}, `"pilot-gpu" is neither a model (base, small, tiny) nor a run (demo, long, pilot, pilot-cpu`},
 	} {
 		_, errOut, code := sched(t, env, tc.args...)
 		if code != 2 || !strings.Contains(errOut, tc.want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {

@@ -21,6 +21,12 @@ type BenchRow struct {
 	Batch     int     `json:"batch"`
 	Seq       int     `json:"seq"`
 	TokPerSec float64 `json:"tok_per_sec"`
+	// Accumulate is the micro-batches of a step, over all GPUs, as a run's
+	// accumulate (0 in rows written before it was recorded: one a GPU).
+	Accumulate int `json:"accumulate,omitempty"`
+	// Precision is the engine's (bf16 or fp32; empty in rows written
+	// before it was recorded).
+	Precision string `json:"precision,omitempty"`
 	// PeakMemory is the engine's peak allocation in bytes.
 	PeakMemory int64   `json:"peak_memory_bytes"`
 	MFU        float64 `json:"mfu"`
@@ -50,27 +56,41 @@ func MoEShape(c model.Config) string {
 // Devices is the number of GPUs the row measured, one when unrecorded.
 func (r BenchRow) Devices() int { return max(r.GPUs, 1) }
 
+// MicroBatches is the micro-batches of a step over all GPUs, one a GPU
+// when unrecorded.
+func (r BenchRow) MicroBatches() int {
+	if r.Accumulate > 0 {
+		return r.Accumulate
+	}
+	return r.Devices()
+}
+
 // Row is the table's row for one trainer.Bench measurement of config c at
 // batch x seq; name is the model preset's name, or empty for a shape that
 // is not one.
 func Row(name string, c model.Config, batch, seq int, r trainer.BenchResult) BenchRow {
 	return BenchRow{Model: name, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: batch, Seq: seq,
 		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, MFU: r.MFU, GPUIdle: r.GPUIdle(), Device: r.Device, GPUs: r.GPUs,
-		MoE: MoEShape(c)}
+		MoE: MoEShape(c), Accumulate: r.Accumulate, Precision: r.Precision}
 }
 
-// Same reports whether r measured o's shape: the model (with its
-// experts), the batch and the sequence, on as many GPUs (0 in o: any
-// number, for a run on all of a host's GPUs, counted only as it trains).
+// Same reports whether r measured o's step: the model (with its
+// experts), the batch, the sequence and the micro-batches a step, on as
+// many GPUs (0 in o: any number, for a run on all of a host's GPUs,
+// counted only as it trains), in the same precision where both record
+// one.
 func (r BenchRow) Same(o BenchRow) bool {
 	return r.Vocab == o.Vocab && r.DModel == o.DModel && r.Layers == o.Layers && r.Batch == o.Batch && r.Seq == o.Seq &&
-		r.MoE == o.MoE && (o.GPUs == 0 || r.Devices() == o.Devices())
+		r.MoE == o.MoE && (o.GPUs == 0 || r.Devices() == o.Devices()) && r.MicroBatches() == o.MicroBatches() &&
+		(r.Precision == "" || o.Precision == "" || r.Precision == o.Precision)
 }
 
-// Shape is the row key of model c at batch x seq on gpus GPUs, for Same
+// Shape is the row key of model c's step at batch x seq, accumulate
+// micro-batches a step over gpus GPUs, in precision (empty: any), for Same
 // and FindBench.
-func Shape(c model.Config, batch, seq, gpus int) BenchRow {
-	return BenchRow{Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: batch, Seq: seq, GPUs: gpus, MoE: MoEShape(c)}
+func Shape(c model.Config, batch, seq, accumulate, gpus int, precision string) BenchRow {
+	return BenchRow{Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: batch, Seq: seq, Accumulate: accumulate, GPUs: gpus,
+		MoE: MoEShape(c), Precision: precision}
 }
 
 // ReadBench reads bench rows stored one JSON object per line
@@ -143,9 +163,13 @@ func BenchTable(rows []BenchRow) string {
 		if r.MoE != "" {
 			experts = r.MoE
 		}
+		precision := r.Precision
+		if precision == "" {
+			precision = "-"
+		}
 		out = append(out, []string{name, fmt.Sprint(r.Vocab), fmt.Sprint(r.DModel), fmt.Sprint(r.Layers), experts,
-			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.Devices()), tps, mem, mfu, idle})
+			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.MicroBatches()), precision, fmt.Sprint(r.Devices()), tps, mem, mfu, idle})
 	}
-	table(&b, []string{"model", "vocab", "d_model", "layers", "experts", "batch", "seq", "GPUs", "tok/s", "peak memory", "MFU", "GPU idle"}, out)
+	table(&b, []string{"model", "vocab", "d_model", "layers", "experts", "batch", "seq", "accumulate", "precision", "GPUs", "tok/s", "peak memory", "MFU", "GPU idle"}, out)
 	return b.String()
 }

@@ -46,6 +46,59 @@ func TestReadBenchReplacesSameShape(t *testing.T) {
 	}
 }
 
+// A run's gate compares it with the bench of its own step: the same
+// micro-batches a step (the optimizer's share shrinks with them) and the
+// same precision, where the row records one.
+func TestFindBenchMatchesTheRunsStep(t *testing.T) {
+	in := `{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":1400000}
+{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":1500000,"accumulate":16,"precision":"bf16"}
+{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":400000,"accumulate":16,"precision":"fp32"}
+{"model":"tiny","vocab":4096,"d_model":64,"layers":2,"batch":2,"seq":32,"tok_per_sec":6600,"precision":"bf16"}
+{"model":"tiny","vocab":4096,"d_model":64,"layers":2,"batch":8,"seq":32,"tok_per_sec":13000,"precision":"fp32"}
+{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":2900000,"gpus":2,"accumulate":16,"precision":"bf16"}
+`
+	rows, err := ReadBench(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 6 {
+		t.Fatalf("got %d rows, want 6: each differs in its step", len(rows))
+	}
+	small := BenchRow{Vocab: 16384, DModel: 512, Layers: 8}
+	tiny := BenchRow{Vocab: 4096, DModel: 64, Layers: 2}
+	for _, c := range []struct {
+		name                  string
+		c                     BenchRow
+		batch, seq, acc, gpus int
+		precision             string
+		want                  float64
+	}{
+		{"the pilot's step", small, 8, 1024, 16, 1, "bf16", 1500000},
+		{"the pilot's step in fp32", small, 8, 1024, 16, 1, "fp32", 400000},
+		// A row written before precision was recorded stands for either.
+		{"one micro-batch a step", small, 8, 1024, 1, 1, "fp32", 1400000},
+		{"the pilot's step on two GPUs", small, 8, 1024, 16, 2, "bf16", 2900000},
+		{"on all GPUs: any count", small, 8, 1024, 16, 0, "bf16", 1500000},
+		// pilot-cpu's step: batch 2, accumulate 4, fp32. Neither the row of
+		// one micro-batch of 2 nor one micro-batch of 8 (= 2 x 4) is it.
+		{"pilot-cpu's step", tiny, 2, 32, 4, 1, "fp32", 0},
+		{"a bf16 row for an fp32 step", tiny, 2, 32, 1, 1, "fp32", 0},
+		{"the same step in bf16", tiny, 2, 32, 1, 1, "bf16", 6600},
+	} {
+		key := c.c
+		key.Batch, key.Seq, key.Accumulate, key.GPUs, key.Precision = c.batch, c.seq, c.acc, c.gpus, c.precision
+		if got := FindBench(rows, key); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	tab := BenchTable(rows)
+	for _, want := range []string{"| accumulate | precision |", "| 16         | bf16      |", "| 1          | -         |"} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("bench table lacks %q:\n%s", want, tab)
+		}
+	}
+}
+
 func TestReadBenchNamesBadLine(t *testing.T) {
 	if _, err := ReadBench(strings.NewReader("{}\n{oops\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Fatalf("want an error naming line 2, got %v", err)

@@ -2,6 +2,7 @@ package results
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -90,16 +91,21 @@ func TestThroughputGate(t *testing.T) {
 	for _, c := range []struct {
 		measured, bench float64
 		want            Verdict
+		// says is what the detail must tell the user.
+		says string
 	}{
-		{95000, 100000, Pass},
-		{109000, 100000, Pass},
-		{85000, 100000, Fail},
-		{120000, 100000, Fail},
-		{90000, 0, Unknown},
-		{0, 100000, Unknown},
+		{95000, 100000, Pass, "95000 tok/s against 100000 in bench (95%)"},
+		{109000, 100000, Pass, "(109%)"},
+		{85000, 100000, Fail, "(85%): the data loader, or other work on this machine, holds the run back"},
+		// Faster than the bench: the bench figure is what was held back,
+		// and the way out is to measure the run's step again.
+		{120000, 100000, Fail, "(120%): the bench ran slower than the run, likely beside other work; measure again on an idle machine with 'sched enqueue bench pilot-cpu'"},
+		{90000, 0, Unknown, "no bench figure for this run's step: run 'sched enqueue bench pilot-cpu'"},
+		{0, 100000, Unknown, "no tok/s logged yet"},
 	} {
-		if g := ThroughputGate(c.measured, c.bench); g.Verdict != c.want {
-			t.Errorf("%v vs %v: %+v, want %s", c.measured, c.bench, g, c.want)
+		g := ThroughputGate(c.measured, c.bench, "pilot-cpu")
+		if g.Verdict != c.want || !strings.Contains(g.Detail, c.says) {
+			t.Errorf("%v vs %v: %+v, want %s saying %q", c.measured, c.bench, g, c.want, c.says)
 		}
 	}
 }

@@ -23,6 +23,10 @@ type Shape struct {
 	Layers int    `yaml:"layers,omitempty" json:"layers,omitempty"`
 	Batch  int    `yaml:"batch" json:"batch"`
 	Seq    int    `yaml:"seq" json:"seq"`
+	// Accumulate is the micro-batches of a step over all GPUs (0: one a
+	// GPU), as a run's accumulate; Precision the engine's (empty: bf16).
+	Accumulate int    `yaml:"accumulate,omitempty" json:"accumulate,omitempty"`
+	Precision  string `yaml:"precision,omitempty" json:"precision,omitempty"`
 	// MoE puts Mixtral's experts in every layer, as `sched train --moe`
 	// takes them (experts=N[,top_k=K,d_ff=F]).
 	MoE string `yaml:"moe,omitempty" json:"moe,omitempty"`
@@ -75,12 +79,18 @@ func (s Shape) dense() (model.Config, error) {
 }
 
 func (s Shape) String() string {
-	moe := ""
+	more := ""
 	if s.MoE != "" {
-		moe = " moe " + s.MoE
+		more = " moe " + s.MoE
+	}
+	if s.Accumulate > 1 {
+		more += fmt.Sprintf(" accumulate %d", s.Accumulate)
+	}
+	if s.Precision != "" {
+		more += " " + s.Precision
 	}
 	if s.Model != "" {
-		return fmt.Sprintf("%s %dx%d%s", s.Model, s.Batch, s.Seq, moe)
+		return fmt.Sprintf("%s %dx%d%s", s.Model, s.Batch, s.Seq, more)
 	}
-	return fmt.Sprintf("v%d d%d L%d %dx%d%s", s.Vocab, s.DModel, s.Layers, s.Batch, s.Seq, moe)
+	return fmt.Sprintf("v%d d%d L%d %dx%d%s", s.Vocab, s.DModel, s.Layers, s.Batch, s.Seq, more)
 }

@@ -2,6 +2,30 @@ package runs
 
 import "testing"
 
+// The tok/s gates of pilot and long are held to the sweep's row of their
+// own step: the sweep must measure it.
+func TestSweepMeasuresThePresetRunsSteps(t *testing.T) {
+	set, err := Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"pilot", "long"} {
+		run, err := set.Get(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc := run.RunConfig
+		found := false
+		for _, sh := range Sweep() {
+			found = found || sh.Model == rc.Model && sh.Batch == rc.Batch && sh.Seq == rc.Seq && sh.Accumulate == rc.Accumulate &&
+				sh.MoE == "" && (sh.Precision == rc.Precision || sh.Precision == "" && rc.Precision == "bf16")
+		}
+		if !found {
+			t.Errorf("the sweep has no shape for %s's step (%s %dx%d, accumulate %d, %s)", name, rc.Model, rc.Batch, rc.Seq, rc.Accumulate, rc.Precision)
+		}
+	}
+}
+
 func TestSweepIsTheSeedPlansShapes(t *testing.T) {
 	s := Sweep()
 	if len(s) != 10 {
@@ -9,7 +33,7 @@ func TestSweepIsTheSeedPlansShapes(t *testing.T) {
 	}
 	const moe = " moe experts=8,top_k=2,d_ff=352"
 	want := []string{"v16384 d512 L8 16x512", "v16384 d512 L8 32x512", "v16384 d512 L8 16x1024",
-		"v16384 d512 L12 16x512", "v16384 d768 L12 16x512", "small 32x1024", "base 32x1024", "small 8x1024",
+		"v16384 d512 L12 16x512", "v16384 d768 L12 16x512", "small 32x1024", "base 32x1024", "small 8x1024 accumulate 16",
 		"v16384 d512 L8 16x512" + moe, "small 32x1024" + moe}
 	for i, sh := range s {
 		if sh.String() != want[i] {

@@ -262,10 +262,10 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 		if rc.GPUs == 0 {
 			gpus = 1
 		}
-		bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch*rc.Accumulate, rc.Seq, gpus))
-		if bench == 0 {
-			bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, gpus))
-		}
+		// The bench's step must be the run's: the optimizer's share of a
+		// step shrinks with its micro-batches, and one micro-batch of
+		// batch x accumulate is a different step again.
+		bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, rc.Accumulate, gpus, rc.Precision))
 	}
 	s.Gates = []results.Gate{results.SmoothGate(recs, rc.Warmup), results.FallingGate(recs)}
 	gen := results.GenerationGate(nil)
@@ -277,7 +277,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 			gen, s.Sample = results.GenerationGate(ids), text
 		}
 	}
-	s.Gates = append(s.Gates, gen, results.ThroughputGate(fig.TokPerSec, bench))
+	s.Gates = append(s.Gates, gen, results.ThroughputGate(fig.TokPerSec, bench, p.Run.Name))
 	if err := s.WriteFiles(dir); err != nil {
 		return err
 	}

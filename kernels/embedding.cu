@@ -16,18 +16,31 @@ extern "C" __global__ void embed_fwd(float* out, const int* ids, const float* w,
     for (int j = threadIdx.x; j < d; j += blockDim.x) out[dst + j] = w[src + j];
 }
 
-// One block an item; blocks past plan[0] return.
-extern "C" __global__ void embed_bwd_items(float* dw, float* part, const int* plan, const float* dout, int N, int d) {
+__device__ __forceinline__ float embed_val(const float* p, size_t i) { return p[i]; }
+__device__ __forceinline__ float embed_val(const bf16* p, size_t i) { return bf2f(p[i]); }
+
+// One block an item; blocks past plan[0] return. dout is fp32, or bf16
+// where the residual stream's gradient is kept in bf16 (embed_bwd_items_bf).
+template <typename T>
+__device__ __forceinline__ void embed_bwd_items_t(float* dw, float* part, const int* plan, const T* dout, int N, int d) {
     if ((int)blockIdx.x >= plan[0]) return;
     const int* order = plan + 3;
     const int* it = plan + 3 + N + 4 * blockIdx.x;
     int start = it[0], count = it[1], token = it[2], slot = it[3];
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float acc = 0.0f;
-        for (int r = 0; r < count; r++) acc += dout[(size_t)order[start + r] * d + j];
+        for (int r = 0; r < count; r++) acc += embed_val(dout, (size_t)order[start + r] * d + j);
         if (slot < 0) dw[(size_t)token * d + j] += acc;
         else part[(size_t)slot * d + j] = acc;
     }
+}
+
+extern "C" __global__ void embed_bwd_items(float* dw, float* part, const int* plan, const float* dout, int N, int d) {
+    embed_bwd_items_t(dw, part, plan, dout, N, d);
+}
+
+extern "C" __global__ void embed_bwd_items_bf(float* dw, float* part, const int* plan, const bf16* dout, int N, int d) {
+    embed_bwd_items_t(dw, part, plan, dout, N, d);
 }
 
 // One block a long token; blocks past plan[1] return.

@@ -47,22 +47,25 @@ func TestBF16StepConvertsNoActivations(t *testing.T) {
 }
 
 // The bf16 variants that route the LM head's gradient or the attention
-// output through other buffers, or run the head on TF32 tensor cores, still
-// agree with transformers on both golden models (the default bf16 path is
+// output through other buffers, run the head on TF32 tensor cores, or keep
+// the residual stream's gradient in fp32 with a bf16 copy, still agree with
+// transformers on both golden models (the default bf16 path is
 // TestGoldenBF16's).
 func TestBF16VariantsMatchTransformers(t *testing.T) {
 	skipWithoutGPU(t)
-	for _, v := range []struct{ name, attention, head string }{
-		{"naive attention", "naive", ""},
-		{"fp32 head", "", "fp32"},
-		{"fp32 head forward", "", "fp32-forward"},
-		{"fp32 head backward", "", "fp32-backward"},
-		{"tf32 head", "", "tf32"},
+	for _, v := range []struct{ name, attention, head, dresid string }{
+		{"naive attention", "naive", "", ""},
+		{"fp32 head", "", "fp32", ""},
+		{"fp32 head forward", "", "fp32-forward", ""},
+		{"fp32 head backward", "", "fp32-backward", ""},
+		{"tf32 head", "", "tf32", ""},
+		{"fp32 residual gradient", "", "", "fp32"},
 	} {
 		for _, dir := range goldenDirs {
 			t.Run(v.name+"/"+filepath.Base(dir), func(t *testing.T) {
 				t.Setenv("KILN_CUDA_ATTENTION", v.attention)
 				t.Setenv("KILN_CUDA_HEAD", v.head)
+				t.Setenv("KILN_CUDA_DRESID", v.dresid)
 				tol := BF16Tolerances
 				verify(t, dir, "bf16", &tol)
 			})

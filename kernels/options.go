@@ -40,6 +40,9 @@ type Options struct {
 	// block, instead of a pair of tiles, the longest and the shortest left
 	// (flashPairs).
 	flashPair string
+	// dresidFP32: the residual stream's gradient kept in fp32 with a bf16
+	// copy for the GEMMs, instead of in bf16 alone (dresidBF in step.go).
+	dresidFP32 bool
 	// eager: every kernel launched from the host; no CUDA graphs.
 	eager bool
 	// forceSM80: the sm_80 (compute_80) build on a newer GPU.
@@ -55,7 +58,7 @@ type Options struct {
 // ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
 // on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
 // KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
-// KILN_CUDA_FLASH_PAIR, KILN_CUDA_GRAPH,
+// KILN_CUDA_FLASH_PAIR, KILN_CUDA_DRESID, KILN_CUDA_GRAPH,
 // KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
 // take is bad input naming the variable and the values it takes.
 func ParseOptions(getenv func(string) string) (Options, error) {
@@ -94,6 +97,11 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 	if o.flashPair, err = envChoice(getenv, "KILN_CUDA_FLASH_PAIR", "on", "off"); err != nil {
 		return Options{}, err
 	}
+	dresid, err := envChoice(getenv, "KILN_CUDA_DRESID", "bf16", "fp32")
+	if err != nil {
+		return Options{}, err
+	}
+	o.dresidFP32 = dresid == "fp32"
 	graphs, err := parseGraphs(getenv("KILN_CUDA_GRAPH"))
 	if err != nil {
 		return Options{}, err

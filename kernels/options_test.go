@@ -23,6 +23,12 @@ func TestParseOptions(t *testing.T) {
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GEMM_TUNE": "3", "KILN_CUDA_GRAPH": "on", "KILN_CUDA_FLASH_FWD": "128", "KILN_CUDA_FLASH_BWD": "split"})); err != nil || o.candidates() != 3 || o.eager || o.flash64 || o.flashFused {
 		t.Fatalf("3 candidates, graphs on, 128 rows, two-kernel backward: %+v, %v", o, err)
 	}
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_DRESID": "bf16"})); err != nil || o != (Options{}) {
+		t.Fatalf("the residual stream's gradient in bf16: %+v, %v; want the production path", o, err)
+	}
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_DRESID": "fp32"})); err != nil || o != (Options{dresidFP32: true}) {
+		t.Fatalf("the residual stream's gradient in fp32: %+v, %v", o, err)
+	}
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "flash-sm80"})); err != nil || o != (Options{flashSM80: true}) {
 		t.Fatalf("flash.cu's kernels on Hopper too: %+v, %v", o, err)
 	}

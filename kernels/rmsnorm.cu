@@ -117,12 +117,15 @@ extern "C" __global__ void rmsnorm_fwd_warp(float* out, bf16* outb, float* rstd,
     }
 }
 
-// load4 reads four consecutive dy values as fp32, from fp32 or bf16.
+// load4 reads the i-th four consecutive values as fp32, from fp32 or bf16;
+// store4 writes them back in the array's type.
 __device__ __forceinline__ rn4 load4(const float* p, long long i) { return ((const rn4*)p)[i]; }
 __device__ __forceinline__ rn4 load4(const bf16* p, long long i) {
     float4 f = bf4(((const uint2*)p)[i]);
     return rn4{f.x, f.y, f.z, f.w};
 }
+__device__ __forceinline__ void store4(float* p, long long i, rn4 v) { ((rn4*)p)[i] = v; }
+__device__ __forceinline__ void store4(bf16* p, long long i, rn4 v) { store_bf4(p + i * 4, v); }
 
 // rmsnorm_bwd_dx and rmsnorm_bwd_dw in one pass: a warp takes rows in turn,
 // adds the row's dx into dx (and its bf16 copy into dxb) and keeps its
@@ -135,8 +138,12 @@ __device__ __forceinline__ rn4 load4(const bf16* p, long long i) {
 // so the presets' widths get kernels of their own (rmsnorm_bwd_warp_bf4 for
 // d = 512, _bf6 for 768), sized exactly, which can afford to read dx early
 // and still run two blocks an SM.
-template <typename DY, int NV>
-__device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dwp, const DY* dy, const float* x, const float* w,
+//
+// DX is float, or bf16 where the residual stream's gradient is kept in bf16
+// alone (the _b kernels): dx is then read and written in bf16, and dxb is
+// not used.
+template <typename DY, typename DX, int NV>
+__device__ __forceinline__ void rmsnorm_bwd_rows(DX* dx, bf16* dxb, float* dwp, const DY* dy, const float* x, const float* w,
                                                  const float* rstd, int N, int d) {
     __shared__ alignas(16) float part[8 * NV * 128]; // a row of NV * 128 columns per warp
     int lane = threadIdx.x & 31, nw = blockDim.x >> 5, nv = d >> 7;
@@ -145,7 +152,7 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw
     for (int i = 0; i < NV; i++) acc[i] = rn4{0.0f, 0.0f, 0.0f, 0.0f};
     for (long long row = (long long)blockIdx.x * nw + (threadIdx.x >> 5); row < N; row += (long long)gridDim.x * nw) {
         const rn4* xr = (const rn4*)(x + row * d);
-        rn4* dr = (rn4*)(dx + row * d);
+        long long base = row * (d >> 2);
         // Up to 768 columns dx is read with x and dy, before the row's sum,
         // so that the three loads are in flight at once rather than dx
         // waiting on the shuffle; wider rows would need more registers than
@@ -159,7 +166,7 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw
                 int c = i * 32 + lane;
                 gv[i] = load4(dy, row * (d >> 2) + c);
                 xv[i] = xr[c];
-                if (early) ov[i] = dr[c];
+                if (early) ov[i] = load4((const DX*)dx, base + c);
                 rn4 wv = ((const rn4*)w)[c];
                 dot += gv[i].x * wv.x * xv[i].x + gv[i].y * wv.y * xv[i].y + gv[i].z * wv.z * xv[i].z + gv[i].w * wv.w * xv[i].w;
             }
@@ -171,12 +178,12 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw
             if (i < nv) {
                 int c = i * 32 + lane;
                 rn4 wv = ((const rn4*)w)[c];
-                rn4 o = early ? ov[i] : dr[c];
+                rn4 o = early ? ov[i] : load4((const DX*)dx, base + c);
                 o.x += r * gv[i].x * wv.x - r3 * xv[i].x * dot;
                 o.y += r * gv[i].y * wv.y - r3 * xv[i].y * dot;
                 o.z += r * gv[i].z * wv.z - r3 * xv[i].z * dot;
                 o.w += r * gv[i].w * wv.w - r3 * xv[i].w * dot;
-                dr[c] = o;
+                store4(dx, base + c, o);
                 if (dxb) store_bf4(dxb + row * d + c * 4, o);
                 acc[i].x += gv[i].x * xv[i].x * r;
                 acc[i].y += gv[i].y * xv[i].y * r;
@@ -200,20 +207,36 @@ __device__ __forceinline__ void rmsnorm_bwd_rows(float* dx, bf16* dxb, float* dw
 
 extern "C" __global__ void rmsnorm_bwd_warp(float* dx, bf16* dxb, float* dwp, const float* dy, const float* x, const float* w,
                                             const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows<float, RN_MAX>(dx, dxb, dwp, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<float, float, RN_MAX>(dx, dxb, dwp, dy, x, w, rstd, N, d);
 }
 
 extern "C" __global__ void rmsnorm_bwd_warp_bf(float* dx, bf16* dxb, float* dwp, const bf16* dy, const float* x, const float* w,
                                                const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows<bf16, RN_MAX>(dx, dxb, dwp, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<bf16, float, RN_MAX>(dx, dxb, dwp, dy, x, w, rstd, N, d);
 }
 
 extern "C" __global__ void rmsnorm_bwd_warp_bf4(float* dx, bf16* dxb, float* dwp, const bf16* dy, const float* x, const float* w,
                                                 const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows<bf16, 4>(dx, dxb, dwp, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<bf16, float, 4>(dx, dxb, dwp, dy, x, w, rstd, N, d);
 }
 
 extern "C" __global__ void rmsnorm_bwd_warp_bf6(float* dx, bf16* dxb, float* dwp, const bf16* dy, const float* x, const float* w,
                                                 const float* rstd, int N, int d) {
-    rmsnorm_bwd_rows<bf16, 6>(dx, dxb, dwp, dy, x, w, rstd, N, d);
+    rmsnorm_bwd_rows<bf16, float, 6>(dx, dxb, dwp, dy, x, w, rstd, N, d);
+}
+
+// The same with the residual stream's gradient dx in bf16 alone.
+extern "C" __global__ void rmsnorm_bwd_warp_bfb(bf16* dx, bf16* dxb, float* dwp, const bf16* dy, const float* x, const float* w,
+                                                const float* rstd, int N, int d) {
+    rmsnorm_bwd_rows<bf16, bf16, RN_MAX>(dx, nullptr, dwp, dy, x, w, rstd, N, d);
+}
+
+extern "C" __global__ void rmsnorm_bwd_warp_bf4b(bf16* dx, bf16* dxb, float* dwp, const bf16* dy, const float* x, const float* w,
+                                                 const float* rstd, int N, int d) {
+    rmsnorm_bwd_rows<bf16, bf16, 4>(dx, nullptr, dwp, dy, x, w, rstd, N, d);
+}
+
+extern "C" __global__ void rmsnorm_bwd_warp_bf6b(bf16* dx, bf16* dxb, float* dwp, const bf16* dy, const float* x, const float* w,
+                                                 const float* rstd, int N, int d) {
+    rmsnorm_bwd_rows<bf16, bf16, 6>(dx, nullptr, dwp, dy, x, w, rstd, N, d);
 }

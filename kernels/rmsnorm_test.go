@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
@@ -18,6 +19,8 @@ import (
 // comes out the same on every run.
 func TestNormBackwardWidthKernels(t *testing.T) {
 	skipWithoutGPU(t)
+	// The kernels that keep the residual stream's gradient in fp32.
+	t.Setenv("KILN_CUDA_DRESID", "fp32")
 	for _, d := range []int{512, 768} {
 		t.Run(fmt.Sprintf("d=%d", d), func(t *testing.T) {
 			c := model.Config{VocabSize: 256, Hidden: d, Layers: 1, Heads: d / 64, KVHeads: d / 64, HeadDim: 64, Intermediate: 64,
@@ -119,4 +122,109 @@ func TestNormBackwardWidthKernels(t *testing.T) {
 			}
 		})
 	}
+}
+
+// With the residual stream's gradient in bf16 alone (the default; not
+// KILN_CUDA_DRESID=fp32) each norm's backward reads dx in bf16 and writes it
+// back in bf16: from the
+// same bf16 values, its dx is the same bits as the bf16 copy the fp32
+// kernel writes, and its dw the same bits, for the sized widths and the
+// general kernel. A bf16 training step then launches those kernels and the
+// embedding's backward that reads bf16, and nothing of the fp32 path.
+func TestNormBackwardBF16ResidualGradient(t *testing.T) {
+	skipWithoutGPU(t)
+	for _, d := range []int{512, 768, 640} {
+		t.Run(fmt.Sprintf("d=%d", d), func(t *testing.T) {
+			c := model.Config{VocabSize: 256, Hidden: d, Layers: 1, Heads: d / 64, KVHeads: d / 64, HeadDim: 64, Intermediate: 64,
+				MaxPositions: 64, RopeTheta: 10000, RMSNormEps: 1e-5}
+			e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: 1, MaxSeq: 64})
+			if !e.dresidBF() {
+				t.Fatal("the dense bf16 flash path keeps the residual stream's gradient in fp32")
+			}
+			kb := e.normBackBF()
+			k32 := strings.TrimSuffix(kb, "b")
+			if kb == k32 {
+				t.Fatalf("kernel %s is not a bf16-gradient one", kb)
+			}
+			const N = 1000
+			r := rand.New(rand.NewPCG(uint64(d), 5))
+			x, w, rstd := make([]float32, N*d), make([]float32, d), make([]float32, N)
+			for i := range x {
+				x[i] = float32(r.NormFloat64())
+			}
+			for i := range w {
+				w[i] = float32(1 + 0.1*r.NormFloat64())
+			}
+			for i := range rstd {
+				rstd[i] = float32(0.5 + r.Float64())
+			}
+			dx0 := bf16Values(r, N*d) // values a bf16 gradient can hold
+			dy := toBF16Bits(bf16Values(r, N*d))
+			var fp32Copy, bfOut []uint16
+			var dw32, dwBF []float32
+			err := e.th.do(func() error {
+				b := &testBuffers{e: e}
+				pdx, pdxb, pdxOnly := upload(b, dx0), b.alloc(int64(N*d)*2), upload(b, toBF16Bits(dx0))
+				pdw32, pdwBF, pdy := upload(b, make([]float32, d)), upload(b, make([]float32, d)), upload(b, dy)
+				px, pw, pr := upload(b, x), upload(b, w), upload(b, rstd)
+				if b.err != nil {
+					return b.err
+				}
+				if err := e.normBackward(k32, pdx, pdxb, pdw32, pdy, px, pw, pr, N); err != nil {
+					return err
+				}
+				if err := e.normBackward(kb, pdxOnly, 0, pdwBF, pdy, px, pw, pr, N); err != nil {
+					return err
+				}
+				if err := e.normReduce(); err != nil {
+					return err
+				}
+				fp32Copy, bfOut, dw32, dwBF = make([]uint16, N*d), make([]uint16, N*d), make([]float32, d), make([]float32, d)
+				for _, dl := range []struct {
+					dst any
+					src cuda.Ptr
+				}{{fp32Copy, pdxb}, {bfOut, pdxOnly}, {dw32, pdw32}, {dwBF, pdwBF}} {
+					var err error
+					switch v := dl.dst.(type) {
+					case []uint16:
+						err = cuda.Download(e.dv, v, dl.src)
+					case []float32:
+						err = cuda.Download(e.dv, v, dl.src)
+					}
+					if err != nil {
+						return err
+					}
+				}
+				return b.free()
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range bfOut {
+				if bfOut[i] != fp32Copy[i] {
+					t.Fatalf("%s: dx[%d] = %#04x, %s's bf16 copy %#04x", kb, i, bfOut[i], k32, fp32Copy[i])
+				}
+			}
+			for j := range dwBF {
+				if math.Float32bits(dwBF[j]) != math.Float32bits(dw32[j]) {
+					t.Fatalf("%s: dw[%d] = %g, %s's %g", kb, j, dwBF[j], k32, dw32[j])
+				}
+			}
+		})
+	}
+	t.Run("step", func(t *testing.T) {
+		c, p, b := loadGolden(t, goldenDirs[1])
+		e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: b.B, MaxSeq: b.T})
+		if err := e.SetParams(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.ForwardBackward(b, 1); err != nil {
+			t.Fatal(err)
+		}
+		n := e.LaunchCounts()
+		norms := 2*c.Layers + 1
+		if n["rmsnorm_bwd_warp_bfb"] != norms || n["embed_bwd_items_bf"] != 1 || n["rmsnorm_bwd_warp_bf"] != 0 || n["embed_bwd_items"] != 0 {
+			t.Fatalf("launches %v: want rmsnorm_bwd_warp_bfb %d times and embed_bwd_items_bf once, and none of the fp32-gradient kernels", n, norms)
+		}
+	})
 }

@@ -349,15 +349,30 @@ func (e *Engine) warpNorm() bool { d := e.cfg.Hidden; return d%128 == 0 && d <= 
 
 // normBackBF is the warp-per-row RMSNorm backward kernel for output
 // gradients in bf16: the one sized exactly for the model's width where
-// rmsnorm.cu has it (the presets' 512 and 768), else the general one.
+// rmsnorm.cu has it (the presets' 512 and 768), else the general one; with
+// the "b" suffix where the residual stream's gradient is bf16 alone.
 func (e *Engine) normBackBF() string {
+	k := "rmsnorm_bwd_warp_bf"
 	switch e.cfg.Hidden {
 	case 512:
-		return "rmsnorm_bwd_warp_bf4"
+		k += "4"
 	case 768:
-		return "rmsnorm_bwd_warp_bf6"
+		k += "6"
 	}
-	return "rmsnorm_bwd_warp_bf"
+	if e.dresidBF() {
+		k += "b"
+	}
+	return k
+}
+
+// dresidBF says whether the backward keeps the residual stream's gradient
+// in bf16 alone (a.dresidb), as the dense bf16 path with the norms' output
+// gradients in bf16 does unless KILN_CUDA_DRESID=fp32: each norm's
+// backward reads and rewrites it in bf16, 6 bytes an element less than
+// fp32 with a bf16 copy, the GEMMs read it as before and the embedding's
+// backward reads the bf16 (docs/decisions/residual-gradient.md).
+func (e *Engine) dresidBF() bool {
+	return !e.kopt.dresidFP32 && e.dlnBF() && !e.cfg.MoE()
 }
 
 // rmsnorm normalises N rows of x into out and/or outb, keeping 1/rms in rstd.
@@ -543,10 +558,18 @@ func (e *Engine) backward(b model.Batch) error {
 		if err := e.beforeWrite(readsDresid); err != nil {
 			return err
 		}
+		if e.dresidBF() {
+			return e.normBackward(kernel, a.dresidb, 0, dw, dy, x, w, rstd, N)
+		}
 		return e.normBackward(kernel, a.dresid, a.dresidb, dw, dy, x, w, rstd, N)
 	}
 	e.normDst = e.normDst[:0]
-	if err := e.zero(a.dresid, int64(N*d)); err != nil {
+	if e.dresidBF() {
+		// N x d bf16 values are N x d / 2 words (d is even: a warp norm's).
+		if err := e.zero(a.dresidb, int64(N*d/2)); err != nil {
+			return err
+		}
+	} else if err := e.zero(a.dresid, int64(N*d)); err != nil {
 		return err
 	}
 	if err := normBack(a.resid[L], e.w(e.normSpec()).f32, a.rstdf, e.gw(e.normSpec())); err != nil {
@@ -633,7 +656,13 @@ func (e *Engine) backward(b model.Batch) error {
 	}
 	// In the order ForwardBackward's plan gives: a block per item, then a
 	// block per token too frequent for one item.
-	if err := e.launch("embed_bwd_items", N, 128, e.gw(0), e.embPart, e.plan, a.dresid, N, d); err != nil {
+	var err error
+	if e.dresidBF() {
+		err = e.launch("embed_bwd_items_bf", N, 128, e.gw(0), e.embPart, e.plan, a.dresidb, N, d)
+	} else {
+		err = e.launch("embed_bwd_items", N, 128, e.gw(0), e.embPart, e.plan, a.dresid, N, d)
+	}
+	if err != nil {
 		return err
 	}
 	return e.launch("embed_bwd_sum", embedLongMax(N), 128, e.gw(0), e.embPart, e.plan, d)

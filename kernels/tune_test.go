@@ -93,6 +93,7 @@ func TestBadEngineSettingIsBadInput(t *testing.T) {
 		{"KILN_CUDA_FLASH_FWD", "256", []string{"64", "128"}}, {"KILN_CUDA_FLASH_FWD", "flash", []string{"64", "128"}},
 		{"KILN_CUDA_FLASH_BWD", "one", []string{"fused", "split"}}, {"KILN_CUDA_FLASH_BWD", "2", []string{"fused", "split"}},
 		{"KILN_CUDA_FLASH_PAIR", "yes", []string{"on", "off"}},
+		{"KILN_CUDA_DRESID", "fp16", []string{"fp32", "bf16"}},
 		{"KILN_CUDA_GRAPH", "0", []string{"on", "off"}}, {"KILN_CUDA_GRAPH", "eager", []string{"on", "off"}},
 	} {
 		t.Run(c.name+"="+c.value, func(t *testing.T) {

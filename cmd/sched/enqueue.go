@@ -64,14 +64,15 @@ Flags given override what the model's defaults or the run's settings say.`,
 	bench.Flags().StringVar(&br.Engine, "engine", "auto", "engine: cuda, cpu or auto")
 	var isSweep bool
 	bench.Flags().BoolVar(&isSweep, "sweep", false, "the name is a sweep, not a model")
-	var benchBatch, benchSeq, benchSteps, benchWarmup, benchAccumulate int
+	var benchBatch, benchSeq, benchSteps, benchAccumulate int
+	var benchWarmup optionalInt
 	var benchPrecision string
 	bench.Flags().IntVar(&benchBatch, "batch", 0, "micro-batch of a model's measurement (default 32, or the run's)")
 	bench.Flags().IntVar(&benchSeq, "seq", 0, "sequence length of a model's measurement (default 1024, or the run's)")
 	bench.Flags().IntVar(&benchAccumulate, "accumulate", 0, "micro-batches a step over all GPUs, as a run's accumulate (default one a GPU, or the run's)")
 	bench.Flags().StringVar(&benchPrecision, "precision", "", "bf16 or fp32 (default bf16, or the run's)")
 	bench.Flags().IntVar(&benchSteps, "steps", 0, "timed steps (0: sched bench's 30)")
-	bench.Flags().IntVar(&benchWarmup, "warmup", -1, "untimed steps first (default: sched bench's 8)")
+	bench.Flags().Var(&benchWarmup, "warmup", "untimed steps first (default: sched bench's 8)")
 	bench.RunE = func(c *cobra.Command, args []string) error {
 		cfg, err := loadConfig(c)
 		if err != nil {
@@ -120,7 +121,14 @@ Flags given override what the model's defaults or the run's settings say.`,
 				benchPrecision = rc.Precision
 			}
 		}
-		params, err := benchParams(sweep, benchBatch, benchSeq, benchSteps, benchWarmup)
+		warmup := -1
+		if benchWarmup.set {
+			if benchWarmup.v < 0 {
+				return badInput("--warmup %d: give 0 or more untimed steps, or leave it out for the default", benchWarmup.v)
+			}
+			warmup = benchWarmup.v
+		}
+		params, err := benchParams(sweep, benchBatch, benchSeq, benchSteps, warmup)
 		if err != nil {
 			return err
 		}
@@ -147,6 +155,32 @@ Flags given override what the model's defaults or the run's settings say.`,
 	enq.AddCommand(ingest, newEnqueueTrainCmd(), bench, newEnqueueTokenizerCmd())
 	rootCmd.AddCommand(enq)
 }
+
+// optionalInt is an int flag that may be left out, so that the worker's
+// default applies: the help shows no default for it, where a sentinel
+// such as -1 would read as one.
+type optionalInt struct {
+	v   int
+	set bool
+}
+
+func (o *optionalInt) String() string {
+	if !o.set {
+		return ""
+	}
+	return strconv.Itoa(o.v)
+}
+
+func (o *optionalInt) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", s)
+	}
+	o.v, o.set = n, true
+	return nil
+}
+
+func (o *optionalInt) Type() string { return "int" }
 
 // isModel reports whether name is a model preset.
 func isModel(name string) bool {

@@ -35,24 +35,33 @@ extern "C" __global__ void rope(float* x, bf16* xb, const float* cosT, const flo
 // rope_bf16 rotates bf16 x in place (the forward rotation), rows ld values
 // apart: the queries and keys as column blocks of the fused projection's
 // bf16 output, which flash attention reads (the key heads follow the query
-// heads there, so one launch covers both). Each thread takes two
-// neighbouring pairs (i, i + 1 with i + D/2, i + D/2 + 1) through 4-byte
-// loads; D/2 must be even.
+// heads there, so one launch covers both). A thread takes eight
+// neighbouring pairs (i..i+7 with i + D/2..i + D/2 + 7) through 16-byte
+// loads and stores, and the threads of a block run on across rows, so a
+// row of a few hundred bytes does not leave most of a block idle. D/2 and
+// ld must be multiples of 8 (the flash path's D is 64).
 extern "C" __global__ void rope_bf16(bf16* x, const float* cosT, const float* sinT, int N, int T, int nh, int D, int pos0, int ld) {
-    int half = D / 2, quarter = D / 4, row = blockIdx.x;
+    int half = D / 2, eighths = half / 8, per_row = nh * eighths;
+    long long g = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (long long)N * per_row) return;
+    int row = (int)(g / per_row), k = (int)(g - (long long)row * per_row);
+    int h = k / eighths, i = (k - h * eighths) * 8;
     int pos = pos0 + row % T;
-    const float* ct = cosT + (size_t)pos * half;
-    const float* st = sinT + (size_t)pos * half;
-    bf16* xr = x + (size_t)row * ld;
-    for (int k = threadIdx.x; k < nh * quarter; k += blockDim.x) {
-        int h = k / quarter, i = (k - h * quarter) * 2;
-        unsigned* pa = (unsigned*)(xr + h * D + i);
-        unsigned* pb = (unsigned*)(xr + h * D + i + half);
-        unsigned va = *pa, vb = *pb;
-        float2 c = *(const float2*)(ct + i), s = *(const float2*)(st + i);
-        float a0 = bf_lo(va), a1 = bf_hi(va);
-        float b0 = bf_lo(vb), b1 = bf_hi(vb);
-        *pa = f2bf2(a0 * c.x - b0 * s.x, a1 * c.y - b1 * s.y);
-        *pb = f2bf2(b0 * c.x + a0 * s.x, b1 * c.y + a1 * s.y);
+    const float4* ct = (const float4*)(cosT + (size_t)pos * half + i);
+    const float4* st = (const float4*)(sinT + (size_t)pos * half + i);
+    uint4* pa = (uint4*)(x + (size_t)row * ld + h * D + i);
+    uint4* pb = (uint4*)(x + (size_t)row * ld + h * D + i + half);
+    float a[8], b[8], ra[8], rb[8];
+    bf8(*pa, a);
+    bf8(*pb, b);
+    float4 c0 = ct[0], c1 = ct[1], s0 = st[0], s1 = st[1];
+    float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+    float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        ra[j] = a[j] * c[j] - b[j] * s[j];
+        rb[j] = b[j] * c[j] + a[j] * s[j];
     }
+    *pa = f2bf8(ra);
+    *pb = f2bf8(rb);
 }

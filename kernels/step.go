@@ -394,9 +394,13 @@ func (e *Engine) rope(x, xb cuda.Ptr, N, T, heads, pos0, dir int) error {
 
 // ropeBF16 rotates the first heads x HeadDim columns of N bf16 rows, ld
 // values apart, in place (training's forward rotation, at position 0): the
-// query heads and the key heads after them. A thread takes two pairs.
+// query heads and the key heads after them. A thread takes eight pairs.
 func (e *Engine) ropeBF16(x cuda.Ptr, N, T, heads, ld int) error {
-	return e.launch("rope_bf16", N, min(1024, (heads*e.cfg.HeadDim/4+31)/32*32), x, e.cosT, e.sinT, N, T, heads, e.cfg.HeadDim, 0, ld)
+	D := e.cfg.HeadDim
+	if D%16 != 0 || ld%8 != 0 {
+		return fmt.Errorf("rope_bf16: head dimension %d and row length %d must be multiples of 16 and 8", D, ld)
+	}
+	return e.launch("rope_bf16", blocks(int64(N)*int64(heads*D/16), 256), 256, x, e.cosT, e.sinT, N, T, heads, D, 0, ld)
 }
 
 // swigluGrid is the grid of swiglu_fwd_gu and swiglu_bwd_gu over N rows:

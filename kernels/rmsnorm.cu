@@ -86,17 +86,22 @@ __device__ __forceinline__ void store_bf4(bf16* p, rn4 v) {
     *(uint2*)p = make_uint2(lo, hi);
 }
 
-// Blocks of 256 threads, a row per warp.
-extern "C" __global__ void rmsnorm_fwd_warp(float* out, bf16* outb, float* rstd, const float* x, const float* w, int N, int d, float eps) {
+// Blocks of 256 threads, a row per warp. NV bounds d / 128, the float4s a
+// lane holds of a row: the presets' widths get kernels sized exactly
+// (rmsnorm_fwd_warp4 for d = 512, _6 for 768), whose fewer registers let
+// more blocks share an SM; the sums run in the same order, so every width's
+// kernels give the same bits.
+template <int NV>
+__device__ __forceinline__ void rmsnorm_fwd_row(float* out, bf16* outb, float* rstd, const float* x, const float* w, int N, int d, float eps) {
     int lane = threadIdx.x & 31;
     long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
     int nv = d >> 7;
     const rn4* xr = (const rn4*)(x + row * d);
-    rn4 v[RN_MAX];
+    rn4 v[NV];
     float ss = 0.0f;
 #pragma unroll
-    for (int i = 0; i < RN_MAX; i++) {
+    for (int i = 0; i < NV; i++) {
         if (i < nv) {
             v[i] = xr[i * 32 + lane];
             ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
@@ -106,7 +111,7 @@ extern "C" __global__ void rmsnorm_fwd_warp(float* out, bf16* outb, float* rstd,
     float r = 1.0f / sqrtf(ss / (float)d + eps);
     if (lane == 0 && rstd) rstd[row] = r;
 #pragma unroll
-    for (int i = 0; i < RN_MAX; i++) {
+    for (int i = 0; i < NV; i++) {
         if (i < nv) {
             int c = i * 32 + lane;
             rn4 wv = ((const rn4*)w)[c];
@@ -115,6 +120,18 @@ extern "C" __global__ void rmsnorm_fwd_warp(float* out, bf16* outb, float* rstd,
             if (outb) store_bf4(outb + row * d + c * 4, y);
         }
     }
+}
+
+extern "C" __global__ void rmsnorm_fwd_warp(float* out, bf16* outb, float* rstd, const float* x, const float* w, int N, int d, float eps) {
+    rmsnorm_fwd_row<RN_MAX>(out, outb, rstd, x, w, N, d, eps);
+}
+
+extern "C" __global__ void rmsnorm_fwd_warp4(float* out, bf16* outb, float* rstd, const float* x, const float* w, int N, int d, float eps) {
+    rmsnorm_fwd_row<4>(out, outb, rstd, x, w, N, d, eps);
+}
+
+extern "C" __global__ void rmsnorm_fwd_warp6(float* out, bf16* outb, float* rstd, const float* x, const float* w, int N, int d, float eps) {
+    rmsnorm_fwd_row<6>(out, outb, rstd, x, w, N, d, eps);
 }
 
 // load4 reads the i-th four consecutive values as fp32, from fp32 or bf16;

@@ -228,3 +228,75 @@ func TestNormBackwardBF16ResidualGradient(t *testing.T) {
 		}
 	})
 }
+
+// The RMSNorm forward kernels sized for one width (rmsnorm_fwd_warp4 for
+// 512 columns, _6 for 768) give the general kernel's bits: the output, its
+// bf16 copy and 1/rms, over rows that do not fill a block's last warps.
+func TestNormForwardWidthKernels(t *testing.T) {
+	skipWithoutGPU(t)
+	for _, d := range []int{512, 768} {
+		t.Run(fmt.Sprintf("d=%d", d), func(t *testing.T) {
+			c := model.Config{VocabSize: 256, Hidden: d, Layers: 1, Heads: d / 64, KVHeads: d / 64, HeadDim: 64, Intermediate: 64,
+				MaxPositions: 64, RopeTheta: 10000, RMSNormEps: 1e-5}
+			e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: 1, MaxSeq: 64})
+			const N = 1000
+			r := rand.New(rand.NewPCG(uint64(d), 7))
+			x, w := make([]float32, N*d), make([]float32, d)
+			for i := range x {
+				x[i] = float32(3 * r.NormFloat64())
+			}
+			for i := range w {
+				w[i] = float32(1 + 0.1*r.NormFloat64())
+			}
+			type out struct {
+				y, rstd []float32
+				yb      []uint16
+			}
+			run := func(general bool) out {
+				o := out{y: make([]float32, N*d), rstd: make([]float32, N), yb: make([]uint16, N*d)}
+				err := e.th.do(func() error {
+					b := &testBuffers{e: e}
+					px, pw, py, pyb, pr := upload(b, x), upload(b, w), b.alloc(int64(N*d)*4), b.alloc(int64(N*d)*2), b.alloc(int64(N)*4)
+					if b.err != nil {
+						return b.err
+					}
+					var err error
+					if general {
+						err = e.launch("rmsnorm_fwd_warp", blocks(int64(N), 8), 256, py, pyb, pr, px, pw, N, d, float32(c.RMSNormEps))
+					} else {
+						err = e.rmsnorm(py, pyb, pr, px, pw, N)
+					}
+					if err != nil {
+						return err
+					}
+					if err := cuda.Download(e.dv, o.y, py); err != nil {
+						return err
+					}
+					if err := cuda.Download(e.dv, o.yb, pyb); err != nil {
+						return err
+					}
+					if err := cuda.Download(e.dv, o.rstd, pr); err != nil {
+						return err
+					}
+					return b.free()
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o
+			}
+			got, want := run(false), run(true)
+			if i := firstBitDiff(got.rstd, want.rstd); i >= 0 {
+				t.Fatalf("1/rms of row %d: %g, the general kernel's %g", i, got.rstd[i], want.rstd[i])
+			}
+			if i := firstBitDiff(got.y, want.y); i >= 0 {
+				t.Fatalf("y[%d] = %g, the general kernel's %g", i, got.y[i], want.y[i])
+			}
+			for i := range got.yb {
+				if got.yb[i] != want.yb[i] {
+					t.Fatalf("bf16 y[%d] = %#04x, the general kernel's %#04x", i, got.yb[i], want.yb[i])
+				}
+			}
+		})
+	}
+}

@@ -375,10 +375,17 @@ func (e *Engine) dresidBF() bool {
 	return !e.kopt.dresidFP32 && e.dlnBF() && !e.cfg.MoE()
 }
 
-// rmsnorm normalises N rows of x into out and/or outb, keeping 1/rms in rstd.
+// rmsnorm normalises N rows of x into out and/or outb, keeping 1/rms in
+// rstd: for the presets' widths with the kernel sized for them.
 func (e *Engine) rmsnorm(out, outb, rstd, x, w cuda.Ptr, N int) error {
 	d, eps := e.cfg.Hidden, float32(e.cfg.RMSNormEps)
 	if e.warpNorm() {
+		switch d {
+		case 512:
+			return e.launch("rmsnorm_fwd_warp4", blocks(int64(N), 8), 256, out, outb, rstd, x, w, N, d, eps)
+		case 768:
+			return e.launch("rmsnorm_fwd_warp6", blocks(int64(N), 8), 256, out, outb, rstd, x, w, N, d, eps)
+		}
 		return e.launch("rmsnorm_fwd_warp", blocks(int64(N), 8), 256, out, outb, rstd, x, w, N, d, eps)
 	}
 	return e.launch("rmsnorm_fwd", N, threadsFor(d), out, outb, rstd, x, w, N, d, eps)

@@ -100,6 +100,11 @@ type BenchResult struct {
 	GPUs int
 	// Accumulate is the micro-batches a step trained, over all GPUs.
 	Accumulate int
+	// OtherCPU is the share of the machine's CPU time (0 to 1) that other
+	// processes used during the timed steps, from /proc/stat (0 where it
+	// cannot be read): a CPU engine's figure taken beside them measures
+	// them too.
+	OtherCPU float64
 }
 
 // GPUIdle reports whether no other process was on the GPU.
@@ -201,6 +206,7 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		// state copy when the engine is closed.
 		defer ck.wait()
 	}
+	cpu0 := sampleCPU()
 	start := time.Now()
 	var m model.StepMetrics
 	secs := make([]float64, o.Steps)
@@ -226,6 +232,7 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		r.Checkpoints = checkpointTiming(secs, o.CheckpointEvery, n*micro)
 	}
 	r.Seconds = time.Since(start).Seconds()
+	r.OtherCPU, _ = othersShare(cpu0, sampleCPU())
 	r.Loss = m.Loss
 	r.TokPerSec = float64(n*micro*o.Steps) / r.Seconds
 	peak := o.PeakFLOPS

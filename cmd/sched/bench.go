@@ -202,6 +202,10 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if !r.GPUIdle {
 		r.Warning = "other processes were using the GPU when the run started: figures from a busy GPU are not comparable"
 	}
+	if r.CPUBusy() {
+		r.Warning = fmt.Sprintf("other processes used %.0f%% of the CPU while the CPU engine was measured: its figure counts them too; measure again when the machine is idle", r.OtherCPU*100)
+		fmt.Fprintln(errOut, "sched bench: warning:", r.Warning)
+	}
 	if r.KernelMSPerStep != nil {
 		writeProfile(errOut, r.KernelMSPerStep, r.Seconds*1000/float64(f.steps))
 	}

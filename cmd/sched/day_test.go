@@ -319,9 +319,15 @@ func TestTheUsersDayOnACPU(t *testing.T) {
 		case words[1] == "results":
 			waitFor("done", func() bool { return state()["done"] == "true" })
 			out := run(words[1:]...)
-			// Each of the four gates has a verdict from the run's own data.
+			// Each of the four gates has a verdict from the run's own data;
+			// the throughput gate's bench ran beside the ingest on the same
+			// cores, which the gate may say instead.
 			for _, gate := range []string{"smooth", "still falling", "sane generation", "tok/s vs bench"} {
-				if !regexp.MustCompile(`(?m)^\| ` + regexp.QuoteMeta(gate) + ` +\|[^\n]*\| (pass|fail) +\|`).MatchString(out) {
+				verdict := `(pass|fail)`
+				if gate == "tok/s vs bench" {
+					verdict = `(pass|fail|unknown +\| [^|\n]*other processes used [0-9]+% of the CPU while the bench ran[^|\n]*)`
+				}
+				if !regexp.MustCompile(`(?m)^\| ` + regexp.QuoteMeta(gate) + ` +\|[^\n]*\| ` + verdict + ` +\|`).MatchString(out) {
 					t.Errorf("sched results: the %s gate has no verdict:\n%s", gate, out)
 				}
 			}

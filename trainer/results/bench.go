@@ -27,6 +27,10 @@ type BenchRow struct {
 	// Precision is the engine's (bf16 or fp32; empty in rows written
 	// before it was recorded).
 	Precision string `json:"precision,omitempty"`
+	// OtherCPU is the share of the machine's CPU that other processes used
+	// while it was measured (0 to 1): on the CPU engine, a figure they
+	// held back.
+	OtherCPU float64 `json:"other_cpu,omitempty"`
 	// PeakMemory is the engine's peak allocation in bytes.
 	PeakMemory int64   `json:"peak_memory_bytes"`
 	MFU        float64 `json:"mfu"`
@@ -71,7 +75,7 @@ func (r BenchRow) MicroBatches() int {
 func Row(name string, c model.Config, batch, seq int, r trainer.BenchResult) BenchRow {
 	return BenchRow{Model: name, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: batch, Seq: seq,
 		TokPerSec: r.TokPerSec, PeakMemory: r.PeakAllocated, MFU: r.MFU, GPUIdle: r.GPUIdle(), Device: r.Device, GPUs: r.GPUs,
-		MoE: MoEShape(c), Accumulate: r.Accumulate, Precision: r.Precision}
+		MoE: MoEShape(c), Accumulate: r.Accumulate, Precision: r.Precision, OtherCPU: r.OtherCPU}
 }
 
 // Same reports whether r measured o's step: the model (with its
@@ -127,15 +131,20 @@ func ReadBench(r io.Reader) ([]BenchRow, error) {
 	return rows, nil
 }
 
-// FindBench returns the tok/s measured for shape (a Shape key), or 0.
-func FindBench(rows []BenchRow, shape BenchRow) float64 {
+// FindBench returns the row measured for shape (a Shape key), and whether
+// there is one.
+func FindBench(rows []BenchRow, shape BenchRow) (BenchRow, bool) {
 	for _, r := range rows {
 		if r.Same(shape) && r.Error == "" {
-			return r.TokPerSec
+			return r, true
 		}
 	}
-	return 0
+	return BenchRow{}, false
 }
+
+// CPUBusy reports whether r is a CPU engine's figure (no device) taken
+// while other processes used at least BusyCPU of the machine.
+func (r BenchRow) CPUBusy() bool { return r.Device == "" && r.OtherCPU >= BusyCPU }
 
 // BenchTable renders the sweep as a Markdown table.
 func BenchTable(rows []BenchRow) string {
@@ -167,9 +176,13 @@ func BenchTable(rows []BenchRow) string {
 		if precision == "" {
 			precision = "-"
 		}
+		others := "-"
+		if r.OtherCPU > 0 {
+			others = fmt.Sprintf("%.0f%%", r.OtherCPU*100)
+		}
 		out = append(out, []string{name, fmt.Sprint(r.Vocab), fmt.Sprint(r.DModel), fmt.Sprint(r.Layers), experts,
-			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.MicroBatches()), precision, fmt.Sprint(r.Devices()), tps, mem, mfu, idle})
+			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.MicroBatches()), precision, fmt.Sprint(r.Devices()), tps, mem, mfu, idle, others})
 	}
-	table(&b, []string{"model", "vocab", "d_model", "layers", "experts", "batch", "seq", "accumulate", "precision", "GPUs", "tok/s", "peak memory", "MFU", "GPU idle"}, out)
+	table(&b, []string{"model", "vocab", "d_model", "layers", "experts", "batch", "seq", "accumulate", "precision", "GPUs", "tok/s", "peak memory", "MFU", "GPU idle", "others' CPU"}, out)
 	return b.String()
 }

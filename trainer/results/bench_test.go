@@ -23,20 +23,20 @@ func TestReadBenchReplacesSameShape(t *testing.T) {
 		t.Fatalf("got %d rows, want 5", len(rows))
 	}
 	// With experts it is another model: the dense row is not its figure.
-	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1, MoE: "experts=8,top_k=2,d_ff=352"}); got != 30000 {
-		t.Errorf("the shape with experts: %v, want 30000", got)
+	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1, MoE: "experts=8,top_k=2,d_ff=352"}); row.TokPerSec != 30000 {
+		t.Errorf("the shape with experts: %v, want 30000", row.TokPerSec)
 	}
-	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1}); got != 43704 {
-		t.Errorf("re-measured shape: %v, want the later 43704", got)
+	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1}); row.TokPerSec != 43704 {
+		t.Errorf("re-measured shape: %v, want the later 43704", row.TokPerSec)
 	}
-	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 2}); got != 85000 {
-		t.Errorf("the shape on 2 GPUs: %v, want 85000", got)
+	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 2}); row.TokPerSec != 85000 {
+		t.Errorf("the shape on 2 GPUs: %v, want 85000", row.TokPerSec)
 	}
-	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 4}); got != 0 {
-		t.Errorf("the shape on 4 GPUs was never measured, got %v", got)
+	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 4}); row.TokPerSec != 0 {
+		t.Errorf("the shape on 4 GPUs was never measured, got %v", row.TokPerSec)
 	}
-	if got := FindBench(rows, BenchRow{Vocab: 16384, DModel: 768, Layers: 12, Batch: 16, Seq: 512, GPUs: 1}); got != 0 {
-		t.Errorf("failed shape must have no figure, got %v", got)
+	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 768, Layers: 12, Batch: 16, Seq: 512, GPUs: 1}); row.TokPerSec != 0 {
+		t.Errorf("failed shape must have no figure, got %v", row.TokPerSec)
 	}
 	tab := BenchTable(rows)
 	for _, want := range []string{"| model ", "| GPU idle |", "| GPUs |", "| experts ", "experts=8,top_k=2,d_ff=352", "| 2 ", "43704", "8.00 GiB", "35.0%", "| small ", "error: out of memory", "| yes "} {
@@ -53,7 +53,7 @@ func TestFindBenchMatchesTheRunsStep(t *testing.T) {
 	in := `{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":1400000}
 {"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":1500000,"accumulate":16,"precision":"bf16"}
 {"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":400000,"accumulate":16,"precision":"fp32"}
-{"model":"tiny","vocab":4096,"d_model":64,"layers":2,"batch":2,"seq":32,"tok_per_sec":6600,"precision":"bf16"}
+{"model":"tiny","vocab":4096,"d_model":64,"layers":2,"batch":2,"seq":32,"tok_per_sec":6600,"precision":"bf16","other_cpu":0.31}
 {"model":"tiny","vocab":4096,"d_model":64,"layers":2,"batch":8,"seq":32,"tok_per_sec":13000,"precision":"fp32"}
 {"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":2900000,"gpus":2,"accumulate":16,"precision":"bf16"}
 `
@@ -87,12 +87,12 @@ func TestFindBenchMatchesTheRunsStep(t *testing.T) {
 	} {
 		key := c.c
 		key.Batch, key.Seq, key.Accumulate, key.GPUs, key.Precision = c.batch, c.seq, c.acc, c.gpus, c.precision
-		if got := FindBench(rows, key); got != c.want {
-			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		if row, _ := FindBench(rows, key); row.TokPerSec != c.want {
+			t.Errorf("%s: %v, want %v", c.name, row.TokPerSec, c.want)
 		}
 	}
 	tab := BenchTable(rows)
-	for _, want := range []string{"| accumulate | precision |", "| 16         | bf16      |", "| 1          | -         |"} {
+	for _, want := range []string{"| accumulate | precision |", "| 16         | bf16      |", "| 1          | -         |", "| others' CPU |", "| 31%         |"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("bench table lacks %q:\n%s", want, tab)
 		}

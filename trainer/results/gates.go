@@ -37,6 +37,10 @@ const (
 	FallingFraction     = 0.10
 	MinDistinct4Grams   = 0.5
 	ThroughputTolerance = 0.10
+	// BusyCPU is the share of the machine's CPU other processes may use
+	// while a CPU engine's bench is measured before its figure is not
+	// trusted: the engine shares the cores with them.
+	BusyCPU = 0.25
 )
 
 // SmoothGate checks that after warmup no logged training loss exceeds
@@ -146,17 +150,24 @@ func Distinct4Grams(s []int32) float64 {
 }
 
 // ThroughputGate compares the run's tok/s with what `sched bench` measured
-// for the run's step (`sched enqueue bench RUN`); a run well below it is
-// held back by its data loader, not by the engine. The value is
-// measured/bench.
-func ThroughputGate(measured, bench float64, run string) Gate {
+// for the run's step (`sched enqueue bench RUN`; bench is its row, the zero
+// row for none); a run well below it is held back by its data loader, not
+// by the engine. The value is measured/bench.
+func ThroughputGate(measured float64, row BenchRow, run string) Gate {
 	g := Gate{Name: "tok/s vs bench", Limit: fmt.Sprintf("within %.0f%% of bench", ThroughputTolerance*100)}
-	if bench <= 0 || measured <= 0 {
+	bench := row.TokPerSec
+	switch {
+	case measured <= 0:
+		g.Verdict, g.Detail = Unknown, "no tok/s logged yet"
+		return g
+	case bench <= 0:
 		g.Verdict = Unknown
 		g.Detail = fmt.Sprintf("no bench figure for this run's step: run 'sched enqueue bench %s'", run)
-		if measured <= 0 {
-			g.Detail = "no tok/s logged yet"
-		}
+		return g
+	case row.CPUBusy():
+		g.Verdict, g.Value = Unknown, measured/bench
+		g.Detail = fmt.Sprintf("%.0f tok/s against %.0f in bench, but other processes used %.0f%% of the CPU while the bench ran: measure again with 'sched enqueue bench %s' when the machine is idle",
+			measured, bench, row.OtherCPU*100, run)
 		return g
 	}
 	g.Value = measured / bench

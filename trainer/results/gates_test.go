@@ -88,24 +88,33 @@ func TestGenerationGate(t *testing.T) {
 }
 
 func TestThroughputGate(t *testing.T) {
+	gpu := func(tps float64) BenchRow { return BenchRow{TokPerSec: tps, Device: "NVIDIA H200"} }
 	for _, c := range []struct {
-		measured, bench float64
-		want            Verdict
+		measured float64
+		bench    BenchRow
+		want     Verdict
 		// says is what the detail must tell the user.
 		says string
 	}{
-		{95000, 100000, Pass, "95000 tok/s against 100000 in bench (95%)"},
-		{109000, 100000, Pass, "(109%)"},
-		{85000, 100000, Fail, "(85%): the data loader, or other work on this machine, holds the run back"},
+		{95000, gpu(100000), Pass, "95000 tok/s against 100000 in bench (95%)"},
+		{109000, gpu(100000), Pass, "(109%)"},
+		{85000, gpu(100000), Fail, "(85%): the data loader, or other work on this machine, holds the run back"},
 		// Faster than the bench: the bench figure is what was held back,
 		// and the way out is to measure the run's step again.
-		{120000, 100000, Fail, "(120%): the bench ran slower than the run, likely beside other work; measure again on an idle machine with 'sched enqueue bench pilot-cpu'"},
-		{90000, 0, Unknown, "no bench figure for this run's step: run 'sched enqueue bench pilot-cpu'"},
-		{0, 100000, Unknown, "no tok/s logged yet"},
+		{120000, gpu(100000), Fail, "(120%): the bench ran slower than the run, likely beside other work; measure again on an idle machine with 'sched enqueue bench pilot-cpu'"},
+		{90000, BenchRow{}, Unknown, "no bench figure for this run's step: run 'sched enqueue bench pilot-cpu'"},
+		{0, gpu(100000), Unknown, "no tok/s logged yet"},
+		// A CPU engine's bench taken while other processes used a third of
+		// the machine says nothing of the engine alone; a GPU's does, and
+		// a CPU's taken beside a little other work too.
+		{9400, BenchRow{TokPerSec: 4233, OtherCPU: 0.34}, Unknown,
+			"9400 tok/s against 4233 in bench, but other processes used 34% of the CPU while the bench ran: measure again with 'sched enqueue bench pilot-cpu' when the machine is idle"},
+		{9400, BenchRow{TokPerSec: 4233, OtherCPU: 0.34, Device: "NVIDIA H200"}, Fail, "(222%)"},
+		{9400, BenchRow{TokPerSec: 9000, OtherCPU: 0.05}, Pass, "(104%)"},
 	} {
 		g := ThroughputGate(c.measured, c.bench, "pilot-cpu")
 		if g.Verdict != c.want || !strings.Contains(g.Detail, c.says) {
-			t.Errorf("%v vs %v: %+v, want %s saying %q", c.measured, c.bench, g, c.want, c.says)
+			t.Errorf("%v vs %+v: %+v, want %s saying %q", c.measured, c.bench, g, c.want, c.says)
 		}
 	}
 }

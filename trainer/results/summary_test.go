@@ -24,7 +24,7 @@ func TestSummaryMarkdown(t *testing.T) {
 		Settings:   []Setting{{"model", "small"}, {"lr", "0.0004"}},
 		Records:    recs,
 		TotalSteps: 15258,
-		Gates:      []Gate{SmoothGate(recs, 100), FallingGate(recs), GenerationGate([]int32{1, 2, 3, 4, 5}), ThroughputGate(41000, 100000, "pilot")},
+		Gates:      []Gate{SmoothGate(recs, 100), FallingGate(recs), GenerationGate([]int32{1, 2, 3, 4, 5}), ThroughputGate(41000, BenchRow{TokPerSec: 100000, Device: "NVIDIA H200"}, "pilot")},
 		Sample:     "func main() {}",
 	}
 	f := s.Figures()

@@ -256,7 +256,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	}
 	s := results.Summary{Run: p.Run.Name, Settings: Settings(p.Run, rc), Records: recs, TotalSteps: rc.TotalSteps, WallClock: out.Wall}
 	fig := s.Figures()
-	bench := 0.0
+	var bench results.BenchRow
 	if mc, err := rc.ModelConfig(); err == nil {
 		gpus := max(int(rc.GPUs), 0) // all: any count
 		if rc.GPUs == 0 {
@@ -265,7 +265,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 		// The bench's step must be the run's: the optimizer's share of a
 		// step shrinks with its micro-batches, and one micro-batch of
 		// batch x accumulate is a different step again.
-		bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, rc.Accumulate, gpus, rc.Precision))
+		bench, _ = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, rc.Accumulate, gpus, rc.Precision))
 	}
 	s.Gates = []results.Gate{results.SmoothGate(recs, rc.Warmup), results.FallingGate(recs)}
 	gen := results.GenerationGate(nil)

@@ -73,7 +73,7 @@ func TestBenchRecordsOtherProcessesCPU(t *testing.T) {
 			t.Fatalf("spinner: %q, %v", line, err)
 		}
 	}
-	r, err := Bench(ctx, BenchOptions{Model: benchConfig(), Engine: "cpu", Batch: 2, Seq: 16, Steps: 40, Warmup: 1})
+	r, err := Bench(ctx, BenchOptions{Model: benchConfig(), Engine: "cpu", Batch: 2, Seq: 16, Steps: 100, Warmup: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"go/types"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -260,5 +261,39 @@ func TestHopperFileOnlyForNativeSM90(t *testing.T) {
 	}
 	if got := Target(9, 0, false); fileArch("flash_sm90.cu", got, true) != "sm_90a" {
 		t.Errorf("an H100/H200's native target %q does not build flash_sm90.cu", got)
+	}
+}
+
+// The warp-per-row RMSNorm kernels chosen by width (launched by a name the
+// type-checking walk above cannot read) exist, and each takes the general
+// kernel's parameters: the call sites launch them alike.
+func TestWarpNormKernelsMatchTheGeneralOnes(t *testing.T) {
+	sigs := map[string][]paramKind{}
+	files, err := kernelFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range files {
+		body, _ := sources.ReadFile(n)
+		ks, err := kernelSignatures(string(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range ks {
+			sigs[k.name] = k.params
+		}
+	}
+	general := warpNormFor(1024)
+	for _, d := range []int{512, 768, 640} {
+		k := warpNormFor(d)
+		for _, pair := range [][2]string{{k.fwd, general.fwd}, {k.bwd, general.bwd}, {k.bwdB, general.bwdB}, {k.bwdB, general.bwd}} {
+			got, ok := sigs[pair[0]]
+			if !ok {
+				t.Fatalf("width %d: no .cu file declares %s", d, pair[0])
+			}
+			if want := sigs[pair[1]]; !slices.Equal(got, want) {
+				t.Errorf("width %d: %s takes %v, %s %v", d, pair[0], got, pair[1], want)
+			}
+		}
 	}
 }

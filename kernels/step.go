@@ -347,22 +347,31 @@ func threadsFor(d int) int {
 // kernels (a multiple of 128 up to 1024).
 func (e *Engine) warpNorm() bool { d := e.cfg.Hidden; return d%128 == 0 && d <= 1024 }
 
-// normBackBF is the warp-per-row RMSNorm backward kernel for output
-// gradients in bf16: the one sized exactly for the model's width where
-// rmsnorm.cu has it (the presets' 512 and 768), else the general one; with
-// the "b" suffix where the residual stream's gradient is bf16 alone.
-func (e *Engine) normBackBF() string {
-	k := "rmsnorm_bwd_warp_bf"
-	switch e.cfg.Hidden {
+// warpNormKernels are the warp-per-row RMSNorm kernels of one width: fwd,
+// and the backward for bf16 output gradients with the residual stream's
+// gradient in fp32 (bwd) or in bf16 alone (bwdB).
+type warpNormKernels struct{ fwd, bwd, bwdB string }
+
+// warpNormFor is width d's kernels: sized exactly for the presets' 512 and
+// 768 (fewer registers, more blocks an SM), else the general ones.
+func warpNormFor(d int) warpNormKernels {
+	switch d {
 	case 512:
-		k += "4"
+		return warpNormKernels{"rmsnorm_fwd_warp4", "rmsnorm_bwd_warp_bf4", "rmsnorm_bwd_warp_bf4b"}
 	case 768:
-		k += "6"
+		return warpNormKernels{"rmsnorm_fwd_warp6", "rmsnorm_bwd_warp_bf6", "rmsnorm_bwd_warp_bf6b"}
 	}
+	return warpNormKernels{"rmsnorm_fwd_warp", "rmsnorm_bwd_warp_bf", "rmsnorm_bwd_warp_bfb"}
+}
+
+// normBackBF is the warp-per-row RMSNorm backward kernel for output
+// gradients in bf16, for the model's width and where its residual stream's
+// gradient is kept.
+func (e *Engine) normBackBF() string {
 	if e.dresidBF() {
-		k += "b"
+		return warpNormFor(e.cfg.Hidden).bwdB
 	}
-	return k
+	return warpNormFor(e.cfg.Hidden).bwd
 }
 
 // dresidBF says whether the backward keeps the residual stream's gradient
@@ -376,17 +385,11 @@ func (e *Engine) dresidBF() bool {
 }
 
 // rmsnorm normalises N rows of x into out and/or outb, keeping 1/rms in
-// rstd: for the presets' widths with the kernel sized for them.
+// rstd.
 func (e *Engine) rmsnorm(out, outb, rstd, x, w cuda.Ptr, N int) error {
 	d, eps := e.cfg.Hidden, float32(e.cfg.RMSNormEps)
 	if e.warpNorm() {
-		switch d {
-		case 512:
-			return e.launch("rmsnorm_fwd_warp4", blocks(int64(N), 8), 256, out, outb, rstd, x, w, N, d, eps)
-		case 768:
-			return e.launch("rmsnorm_fwd_warp6", blocks(int64(N), 8), 256, out, outb, rstd, x, w, N, d, eps)
-		}
-		return e.launch("rmsnorm_fwd_warp", blocks(int64(N), 8), 256, out, outb, rstd, x, w, N, d, eps)
+		return e.launch(warpNormFor(d).fwd, blocks(int64(N), 8), 256, out, outb, rstd, x, w, N, d, eps)
 	}
 	return e.launch("rmsnorm_fwd", N, threadsFor(d), out, outb, rstd, x, w, N, d, eps)
 }

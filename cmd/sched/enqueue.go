@@ -64,14 +64,13 @@ Flags given override what the model's defaults or the run's settings say.`,
 	bench.Flags().StringVar(&br.Engine, "engine", "auto", "engine: cuda, cpu or auto")
 	var isSweep bool
 	bench.Flags().BoolVar(&isSweep, "sweep", false, "the name is a sweep, not a model")
-	var benchBatch, benchSeq, benchSteps, benchAccumulate int
+	var st benchStep
 	var benchWarmup optionalInt
-	var benchPrecision string
-	bench.Flags().IntVar(&benchBatch, "batch", 0, "micro-batch of a model's measurement (default 32, or the run's)")
-	bench.Flags().IntVar(&benchSeq, "seq", 0, "sequence length of a model's measurement (default 1024, or the run's)")
-	bench.Flags().IntVar(&benchAccumulate, "accumulate", 0, "micro-batches a step over all GPUs, as a run's accumulate (default one a GPU, or the run's)")
-	bench.Flags().StringVar(&benchPrecision, "precision", "", "bf16 or fp32 (default bf16, or the run's)")
-	bench.Flags().IntVar(&benchSteps, "steps", 0, "timed steps (0: sched bench's 30)")
+	bench.Flags().IntVar(&st.batch, "batch", 0, "micro-batch of a model's measurement (default 32, or the run's)")
+	bench.Flags().IntVar(&st.seq, "seq", 0, "sequence length of a model's measurement (default 1024, or the run's)")
+	bench.Flags().IntVar(&st.accumulate, "accumulate", 0, "micro-batches a step over all GPUs, as a run's accumulate (default one a GPU, or the run's)")
+	bench.Flags().StringVar(&st.precision, "precision", "", "bf16 or fp32 (default bf16, or the run's)")
+	bench.Flags().IntVar(&st.steps, "steps", 0, "timed steps (0: sched bench's 30)")
 	bench.Flags().Var(&benchWarmup, "warmup", "untimed steps first (default: sched bench's 8)")
 	bench.RunE = func(c *cobra.Command, args []string) error {
 		cfg, err := loadConfig(c)
@@ -85,17 +84,18 @@ Flags given override what the model's defaults or the run's settings say.`,
 		for _, f := range []struct {
 			name string
 			v    int
-		}{{"batch", benchBatch}, {"seq", benchSeq}, {"steps", benchSteps}, {"accumulate", benchAccumulate}} {
+		}{{"batch", st.batch}, {"seq", st.seq}, {"steps", st.steps}, {"accumulate", st.accumulate}} {
 			if c.Flags().Changed(f.name) && f.v == 0 {
 				return badInput("--%s 0: give at least 1, or leave it out for the default", f.name)
 			}
 		}
-		switch benchPrecision {
-		case "", "bf16", "fp32":
-		default:
-			return badInput("--precision %q: use bf16 or fp32", benchPrecision)
+		st.warmup = -1
+		if benchWarmup.set {
+			if benchWarmup.v < 0 {
+				return badInput("--warmup %d: give 0 or more untimed steps, or leave it out for the default", benchWarmup.v)
+			}
+			st.warmup = benchWarmup.v
 		}
-		var moe string
 		if sweep {
 			br.Sweep = args[0]
 		} else if br.Model = args[0]; !isModel(args[0]) {
@@ -105,46 +105,28 @@ Flags given override what the model's defaults or the run's settings say.`,
 				return err
 			}
 			rc := run.RunConfig
-			br.Model, moe = rc.Model, rc.MoE.String()
+			br.Model, st.moe = rc.Model, rc.MoE.String()
 			if !c.Flags().Changed("engine") && rc.Engine != "" {
 				br.Engine = rc.Engine
 			}
 			for _, f := range []struct {
 				v    *int
 				from int
-			}{{&benchBatch, rc.Batch}, {&benchSeq, rc.Seq}, {&benchAccumulate, rc.Accumulate}} {
+			}{{&st.batch, rc.Batch}, {&st.seq, rc.Seq}, {&st.accumulate, rc.Accumulate}} {
 				if *f.v == 0 {
 					*f.v = f.from
 				}
 			}
-			if benchPrecision == "" {
-				benchPrecision = rc.Precision
+			if st.precision == "" {
+				st.precision = rc.Precision
 			}
 		}
-		warmup := -1
-		if benchWarmup.set {
-			if benchWarmup.v < 0 {
-				return badInput("--warmup %d: give 0 or more untimed steps, or leave it out for the default", benchWarmup.v)
-			}
-			warmup = benchWarmup.v
-		}
-		params, err := benchParams(sweep, benchBatch, benchSeq, benchSteps, warmup)
+		params, err := benchParams(sweep, st)
 		if err != nil {
 			return err
 		}
-		if sweep && (benchAccumulate != 0 || benchPrecision != "") {
-			return badInput("--accumulate and --precision choose a model's step; the sweep has its own: drop them or name a model or run")
-		}
-		for k, v := range map[string]string{"accumulate": strconv.Itoa(benchAccumulate), "precision": benchPrecision, "moe": moe} {
-			if v != "" && v != "0" {
-				if params == nil {
-					params = map[string]string{}
-				}
-				params[k] = v
-			}
-		}
 		if br.Model != "" {
-			if err := benchFits(br.Model, br.Engine, benchBatch, benchSeq); err != nil {
+			if err := benchFits(br.Model, br.Engine, st.batch, st.seq); err != nil {
 				return err
 			}
 		}
@@ -290,18 +272,30 @@ func stateWord(state string) string {
 	return state
 }
 
-// benchParams maps enqueue bench's shape flags onto bench:run's params,
-// leaving out what was not given so that the worker's defaults apply and
-// the same measurement queued twice is one task.
-func benchParams(sweep bool, batch, seq, steps, warmup int) (map[string]string, error) {
-	if sweep && (batch != 0 || seq != 0) {
-		return nil, badInput("--batch and --seq choose a model's shape; the sweep has its own shapes: drop them or name a model")
+// benchStep is what enqueue bench's flags (or a run's settings) say of
+// the step to measure: 0, -1 for warmup and "" leave it to the worker.
+type benchStep struct {
+	batch, seq, accumulate, steps, warmup int
+	precision, moe                        string
+}
+
+// benchParams maps a benchStep onto bench:run's params, leaving out what
+// was not given so that the worker's defaults apply and the same
+// measurement queued twice is one task.
+func benchParams(sweep bool, st benchStep) (map[string]string, error) {
+	if sweep && (st.batch != 0 || st.seq != 0 || st.accumulate != 0 || st.precision != "") {
+		return nil, badInput("--batch, --seq, --accumulate and --precision choose a model's step; the sweep has its own shapes: drop them or name a model or run")
+	}
+	switch st.precision {
+	case "", "bf16", "fp32":
+	default:
+		return nil, badInput("--precision %q: use bf16 or fp32", st.precision)
 	}
 	p := map[string]string{}
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"batch", batch}, {"seq", seq}, {"steps", steps}} {
+	}{{"batch", st.batch}, {"seq", st.seq}, {"accumulate", st.accumulate}, {"steps", st.steps}} {
 		switch {
 		case f.v < 0:
 			return nil, badInput("--%s %d: give a positive number", f.name, f.v)
@@ -309,8 +303,13 @@ func benchParams(sweep bool, batch, seq, steps, warmup int) (map[string]string, 
 			p[f.name] = strconv.Itoa(f.v)
 		}
 	}
-	if warmup >= 0 {
-		p["warmup"] = strconv.Itoa(warmup)
+	if st.warmup >= 0 {
+		p["warmup"] = strconv.Itoa(st.warmup)
+	}
+	for k, v := range map[string]string{"precision": st.precision, "moe": st.moe} {
+		if v != "" {
+			p[k] = v
+		}
 	}
 	if len(p) == 0 {
 		return nil, nil

@@ -186,6 +186,7 @@ func TestEnqueueBenchBadInput(t *testing.T) {
 		{[]string{"enqueue", "bench", "tiny", "--seq", "-3"}, "--seq -3"},
 		{[]string{"enqueue", "bench", "tiny", "--accumulate", "0"}, "--accumulate 0"},
 		{[]string{"enqueue", "bench", "tiny", "--warmup", "-3"}, "--warmup -3: give 0 or more"},
+		{[]string{"enqueue", "bench", "tiny", "--warmup", "-1"}, "--warmup -1: give 0 or more"},
 		{[]string{"enqueue", "bench", "tiny", "--warmup", "some"}, `"some" is not a whole number`},
 		{[]string{"enqueue", "bench", "tiny", "--precision", "fp16"}, `--precision "fp16": use bf16 or fp32`},
 		{[]string{"enqueue", "bench", "sweep", "--accumulate", "4"}, "the sweep has its own"},

@@ -131,15 +131,15 @@ func ReadBench(r io.Reader) ([]BenchRow, error) {
 	return rows, nil
 }
 
-// FindBench returns the row measured for shape (a Shape key), and whether
-// there is one.
-func FindBench(rows []BenchRow, shape BenchRow) (BenchRow, bool) {
+// FindBench returns the row measured for shape (a Shape key), or the zero
+// row.
+func FindBench(rows []BenchRow, shape BenchRow) BenchRow {
 	for _, r := range rows {
 		if r.Same(shape) && r.Error == "" {
-			return r, true
+			return r
 		}
 	}
-	return BenchRow{}, false
+	return BenchRow{}
 }
 
 // CPUBusy reports whether r is a CPU engine's figure (no device) taken

@@ -23,19 +23,19 @@ func TestReadBenchReplacesSameShape(t *testing.T) {
 		t.Fatalf("got %d rows, want 5", len(rows))
 	}
 	// With experts it is another model: the dense row is not its figure.
-	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1, MoE: "experts=8,top_k=2,d_ff=352"}); row.TokPerSec != 30000 {
+	if row := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1, MoE: "experts=8,top_k=2,d_ff=352"}); row.TokPerSec != 30000 {
 		t.Errorf("the shape with experts: %v, want 30000", row.TokPerSec)
 	}
-	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1}); row.TokPerSec != 43704 {
+	if row := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 1}); row.TokPerSec != 43704 {
 		t.Errorf("re-measured shape: %v, want the later 43704", row.TokPerSec)
 	}
-	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 2}); row.TokPerSec != 85000 {
+	if row := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 2}); row.TokPerSec != 85000 {
 		t.Errorf("the shape on 2 GPUs: %v, want 85000", row.TokPerSec)
 	}
-	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 4}); row.TokPerSec != 0 {
+	if row := FindBench(rows, BenchRow{Vocab: 16384, DModel: 512, Layers: 8, Batch: 16, Seq: 512, GPUs: 4}); row.TokPerSec != 0 {
 		t.Errorf("the shape on 4 GPUs was never measured, got %v", row.TokPerSec)
 	}
-	if row, _ := FindBench(rows, BenchRow{Vocab: 16384, DModel: 768, Layers: 12, Batch: 16, Seq: 512, GPUs: 1}); row.TokPerSec != 0 {
+	if row := FindBench(rows, BenchRow{Vocab: 16384, DModel: 768, Layers: 12, Batch: 16, Seq: 512, GPUs: 1}); row.TokPerSec != 0 {
 		t.Errorf("failed shape must have no figure, got %v", row.TokPerSec)
 	}
 	tab := BenchTable(rows)
@@ -87,7 +87,7 @@ func TestFindBenchMatchesTheRunsStep(t *testing.T) {
 	} {
 		key := c.c
 		key.Batch, key.Seq, key.Accumulate, key.GPUs, key.Precision = c.batch, c.seq, c.acc, c.gpus, c.precision
-		if row, _ := FindBench(rows, key); row.TokPerSec != c.want {
+		if row := FindBench(rows, key); row.TokPerSec != c.want {
 			t.Errorf("%s: %v, want %v", c.name, row.TokPerSec, c.want)
 		}
 	}

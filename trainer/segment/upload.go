@@ -265,7 +265,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 		// The bench's step must be the run's: the optimizer's share of a
 		// step shrinks with its micro-batches, and one micro-batch of
 		// batch x accumulate is a different step again.
-		bench, _ = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, rc.Accumulate, gpus, rc.Precision))
+		bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, rc.Accumulate, gpus, rc.Precision))
 	}
 	s.Gates = []results.Gate{results.SmoothGate(recs, rc.Warmup), results.FallingGate(recs)}
 	gen := results.GenerationGate(nil)

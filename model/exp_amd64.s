@@ -1,65 +1,31 @@
 #include "textflag.h"
 
-// Eight copies of each constant, for use as 256-bit memory operands.
-DATA exppoly2<>+0(SB)/4, $0x3c088908
-DATA exppoly2<>+4(SB)/4, $0x3c088908
-DATA exppoly2<>+8(SB)/4, $0x3c088908
-DATA exppoly2<>+12(SB)/4, $0x3c088908
-DATA exppoly2<>+16(SB)/4, $0x3c088908
-DATA exppoly2<>+20(SB)/4, $0x3c088908
-DATA exppoly2<>+24(SB)/4, $0x3c088908
-DATA exppoly2<>+28(SB)/4, $0x3c088908
-GLOBL exppoly2<>(SB), RODATA|NOPTR, $32
+// CONST8 lays down eight copies of a 32-bit constant, for use as a
+// 256-bit memory operand.
+#define CONST8(name, v) \
+	DATA name<>+0(SB)/4, $v \
+	DATA name<>+4(SB)/4, $v \
+	DATA name<>+8(SB)/4, $v \
+	DATA name<>+12(SB)/4, $v \
+	DATA name<>+16(SB)/4, $v \
+	DATA name<>+20(SB)/4, $v \
+	DATA name<>+24(SB)/4, $v \
+	DATA name<>+28(SB)/4, $v \
+	GLOBL name<>(SB), RODATA|NOPTR, $32
 
-DATA exppoly3<>+0(SB)/4, $0x3d2aa9c1
-DATA exppoly3<>+4(SB)/4, $0x3d2aa9c1
-DATA exppoly3<>+8(SB)/4, $0x3d2aa9c1
-DATA exppoly3<>+12(SB)/4, $0x3d2aa9c1
-DATA exppoly3<>+16(SB)/4, $0x3d2aa9c1
-DATA exppoly3<>+20(SB)/4, $0x3d2aa9c1
-DATA exppoly3<>+24(SB)/4, $0x3d2aa9c1
-DATA exppoly3<>+28(SB)/4, $0x3d2aa9c1
-GLOBL exppoly3<>(SB), RODATA|NOPTR, $32
+CONST8(exppoly2, 0x3c088908)
+CONST8(exppoly3, 0x3d2aa9c1)
+CONST8(exppoly4, 0x3e2aaaaa)
+CONST8(exppoly5, 0x3f000000)
+CONST8(expone, 0x3f800000)
+CONST8(expbias, 0x0000007f)
 
-DATA exppoly4<>+0(SB)/4, $0x3e2aaaaa
-DATA exppoly4<>+4(SB)/4, $0x3e2aaaaa
-DATA exppoly4<>+8(SB)/4, $0x3e2aaaaa
-DATA exppoly4<>+12(SB)/4, $0x3e2aaaaa
-DATA exppoly4<>+16(SB)/4, $0x3e2aaaaa
-DATA exppoly4<>+20(SB)/4, $0x3e2aaaaa
-DATA exppoly4<>+24(SB)/4, $0x3e2aaaaa
-DATA exppoly4<>+28(SB)/4, $0x3e2aaaaa
-GLOBL exppoly4<>(SB), RODATA|NOPTR, $32
-
-DATA exppoly5<>+0(SB)/4, $0x3f000000
-DATA exppoly5<>+4(SB)/4, $0x3f000000
-DATA exppoly5<>+8(SB)/4, $0x3f000000
-DATA exppoly5<>+12(SB)/4, $0x3f000000
-DATA exppoly5<>+16(SB)/4, $0x3f000000
-DATA exppoly5<>+20(SB)/4, $0x3f000000
-DATA exppoly5<>+24(SB)/4, $0x3f000000
-DATA exppoly5<>+28(SB)/4, $0x3f000000
-GLOBL exppoly5<>(SB), RODATA|NOPTR, $32
-
-DATA expone<>+0(SB)/4, $0x3f800000
-DATA expone<>+4(SB)/4, $0x3f800000
-DATA expone<>+8(SB)/4, $0x3f800000
-DATA expone<>+12(SB)/4, $0x3f800000
-DATA expone<>+16(SB)/4, $0x3f800000
-DATA expone<>+20(SB)/4, $0x3f800000
-DATA expone<>+24(SB)/4, $0x3f800000
-DATA expone<>+28(SB)/4, $0x3f800000
-GLOBL expone<>(SB), RODATA|NOPTR, $32
-
-DATA expbias<>+0(SB)/4, $0x0000007f
-DATA expbias<>+4(SB)/4, $0x0000007f
-DATA expbias<>+8(SB)/4, $0x0000007f
-DATA expbias<>+12(SB)/4, $0x0000007f
-DATA expbias<>+16(SB)/4, $0x0000007f
-DATA expbias<>+20(SB)/4, $0x0000007f
-DATA expbias<>+24(SB)/4, $0x0000007f
-DATA expbias<>+28(SB)/4, $0x0000007f
-GLOBL expbias<>(SB), RODATA|NOPTR, $32
+// BROADCAST puts a 32-bit constant in every lane of a Y register (x is
+// its X half).
+#define BROADCAST(v, x, y) \
+	MOVL $v, AX \
+	VMOVD AX, x \
+	VPBROADCASTD x, y
 
 // func expSumAVX2(dst, src *float32, n int, m float32) float64
 //
@@ -72,27 +38,13 @@ TEXT ·expSumAVX2(SB), NOSPLIT, $0-40
 	MOVQ src+8(FP), SI
 	MOVQ n+16(FP), CX
 	VBROADCASTSS m+24(FP), Y15
-	MOVL $0x3fb8aa3b, AX
-	VMOVD AX, X14
-	VPBROADCASTD X14, Y14
-	MOVL $0x3f000000, AX
-	VMOVD AX, X13
-	VPBROADCASTD X13, Y13
-	MOVL $0xc2aeac4f, AX
-	VMOVD AX, X12
-	VPBROADCASTD X12, Y12
-	MOVL $0x3f318000, AX
-	VMOVD AX, X11
-	VPBROADCASTD X11, Y11
-	MOVL $0xb95e8083, AX
-	VMOVD AX, X10
-	VPBROADCASTD X10, Y10
-	MOVL $0x39506967, AX
-	VMOVD AX, X9
-	VPBROADCASTD X9, Y9
-	MOVL $0x3ab743ce, AX
-	VMOVD AX, X8
-	VPBROADCASTD X8, Y8
+	BROADCAST(0x3fb8aa3b, X14, Y14) // log2(e)
+	BROADCAST(0x3f000000, X13, Y13) // 0.5
+	BROADCAST(0xc2aeac4f, X12, Y12) // -87.3365, the smallest argument
+	BROADCAST(0x3f318000, X11, Y11) // ln 2, high part
+	BROADCAST(0xb95e8083, X10, Y10) // ln 2, low part
+	BROADCAST(0x39506967, X9, Y9)   // polynomial
+	BROADCAST(0x3ab743ce, X8, Y8)
 	VXORPD Y6, Y6, Y6
 	VXORPD Y7, Y7, Y7
 

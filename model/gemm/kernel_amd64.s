@@ -1,5 +1,12 @@
 #include "textflag.h"
 
+// STOREROW adds a tile row (lo: columns 0-7, hi: 8-15) into C's row at DX.
+#define STOREROW(lo, hi) \
+	VADDPS  (DX), lo, lo \
+	VADDPS  32(DX), hi, hi \
+	VMOVUPS lo, (DX) \
+	VMOVUPS hi, 32(DX)
+
 // func kernelAVX2(k int, a *float32, rs, ps int, b, c *float32, ldc int)
 //
 // C[0:6, 0:16] (row stride ldc floats) += A·B over k steps. Element (r, p)
@@ -66,34 +73,16 @@ loop:
 	JNE          loop
 
 store:
-	VADDPS  (DX), Y0, Y0
-	VADDPS  32(DX), Y1, Y1
-	VMOVUPS Y0, (DX)
-	VMOVUPS Y1, 32(DX)
-	ADDQ    R8, DX
-	VADDPS  (DX), Y2, Y2
-	VADDPS  32(DX), Y3, Y3
-	VMOVUPS Y2, (DX)
-	VMOVUPS Y3, 32(DX)
-	ADDQ    R8, DX
-	VADDPS  (DX), Y4, Y4
-	VADDPS  32(DX), Y5, Y5
-	VMOVUPS Y4, (DX)
-	VMOVUPS Y5, 32(DX)
-	ADDQ    R8, DX
-	VADDPS  (DX), Y6, Y6
-	VADDPS  32(DX), Y7, Y7
-	VMOVUPS Y6, (DX)
-	VMOVUPS Y7, 32(DX)
-	ADDQ    R8, DX
-	VADDPS  (DX), Y8, Y8
-	VADDPS  32(DX), Y9, Y9
-	VMOVUPS Y8, (DX)
-	VMOVUPS Y9, 32(DX)
-	ADDQ    R8, DX
-	VADDPS  (DX), Y10, Y10
-	VADDPS  32(DX), Y11, Y11
-	VMOVUPS Y10, (DX)
-	VMOVUPS Y11, 32(DX)
+	STOREROW(Y0, Y1)
+	ADDQ R8, DX
+	STOREROW(Y2, Y3)
+	ADDQ R8, DX
+	STOREROW(Y4, Y5)
+	ADDQ R8, DX
+	STOREROW(Y6, Y7)
+	ADDQ R8, DX
+	STOREROW(Y8, Y9)
+	ADDQ R8, DX
+	STOREROW(Y10, Y11)
 	VZEROUPPER
 	RET

@@ -17,11 +17,8 @@
 #   CGO_ENABLED=0 go test -c -o $G/kernels.test ./kernels/ && gzip $G/kernels.test
 # Everything is written under $OUT (default /tmp/dresid).
 G=${G:-$PWD/.carry/g}; OUT=${OUT:-/tmp/dresid}; mkdir -p $OUT
-B=$(mktemp -d); export PATH=$B:$PATH
-for f in sched kernels.test; do gzip -dc $G/$f.gz > $B/$f && chmod +x $B/$f; done
-S=$SECONDS
-log() { echo "### $(date -u +%H:%M:%S) t=$((SECONDS-S))s $*"; }
-tok() { python3 -c "import sys,json; l=sys.stdin.read(); d=json.loads(l[l.index('{'):]); print(round(d['tok_per_sec']), round(d['peak_gib'],2))"; }
+. "$(dirname "$0")/cuda-checks.sh"
+unpack sched kernels.test
 bench() { # MODEL BATCH ACCUMULATE SETTING [more flags]
   local m=$1 b=$2 a=$3 v=$4; shift 4
   echo "kiln dresid=$v $m $b x1024 accumulate $a $(KILN_CUDA_DRESID=$v timeout 90 sched bench --engine cuda --model $m --batch $b --seq 1024 --accumulate $a --steps 30 "$@" 2>&1 | tail -1 | tok)"
@@ -30,26 +27,14 @@ log start; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,n
 case "${PART:-check}" in
 check)
   log tests
-  (cd kernels && timeout 180 kernels.test -test.v -test.run 'TestNormBackward|TestBF16Variants|TestTrainingStepTakesFlashPath|TestGoldenBF16|TestGraphSteps|TestBF16StepConverts|TestParseOptions|TestAccumulation' > $OUT/tests_native.log 2>&1; echo "rc=$?" >> $OUT/tests_native.log)
-  grep -E "^(--- FAIL|ok|FAIL|PASS|rc=|panic)|^    .*_test.go" $OUT/tests_native.log | tail -12; echo "passed: $(grep -c -- '--- PASS' $OUT/tests_native.log)"
-  (cd kernels && KILN_CUDA_FORCE_SM80=1 timeout 120 kernels.test -test.v -test.run 'TestNormBackward|TestBF16Variants|TestGoldenBF16' > $OUT/tests_sm80.log 2>&1; echo "rc=$?" >> $OUT/tests_sm80.log)
-  grep -E "^(--- FAIL|ok|FAIL|PASS|rc=|panic)|^    .*_test.go" $OUT/tests_sm80.log | tail -8; echo "passed: $(grep -c -- '--- PASS' $OUT/tests_sm80.log)"
+  gpu_tests native 180 -test.run 'TestNormBackward|TestBF16Variants|TestTrainingStepTakesFlashPath|TestGoldenBF16|TestGraphSteps|TestBF16StepConverts|TestParseOptions|TestAccumulation'
+  KILN_CUDA_FORCE_SM80=1 gpu_tests sm80 120 -test.run 'TestNormBackward|TestBF16Variants|TestGoldenBF16'
   log verify
   for f in 0 1; do for d in tiny hd64 moe; do
-    KILN_CUDA_DRESID=bf16 KILN_CUDA_FORCE_SM80=$f timeout 30 sched verify --engine cuda --precision bf16 --loss-rtol 5e-3 --grad-rtol 3e-2 \
-      --logits-rtol 3e-2 --significant 3e-2 --golden model/testdata/golden/$d > /tmp/v.log 2>&1
-    echo "verify bf16 dresid=bf16 $d sm80=$f rc=$?"; { echo "## bf16 $d sm80=$f"; cat /tmp/v.log; } >> $OUT/verify.log
+    KILN_CUDA_DRESID=bf16 KILN_CUDA_FORCE_SM80=$f verify bf16 $d
   done; done
   log curves
-  for i in 1 2 3 4 5 6; do
-    rm -rf /tmp/cv$i; mkdir -p /tmp/cv$i; cp $G/curve/cpu_curve.tsv $G/curve/tokenizer.json /tmp/cv$i/
-    (cd kernels && KILN_CUDA_DRESID=bf16 KILN_CURVE_TEXTS=$G/curve/texts KILN_CURVE_OUT=/tmp/cv$i timeout 200 kernels.test -test.run LossCurve -test.v > /tmp/cv$i.log 2>&1; echo "rc=$?" >> /tmp/cv$i.log) &
-  done
-  wait
-  for i in 1 2 3 4 5 6; do
-    echo "run $i: $(grep -h 'worst logged' /tmp/cv$i.log | sed 's/.*curve_test.go:[0-9]*: //') $(grep rc= /tmp/cv$i.log)"
-    cp /tmp/cv$i/loss_curve.tsv $OUT/loss_curve_$i.tsv 2>/dev/null
-  done | tee $OUT/curves.txt
+  KILN_CUDA_DRESID=bf16 curves
   ;;
 ab)
   log bench

@@ -17,11 +17,8 @@
 #   CGO_ENABLED=0 go test -c -o $G/kernels.test ./kernels/ && gzip $G/kernels.test
 # Everything is written under $OUT (default /tmp/hopper-attention).
 G=${G:-$PWD/.carry/g}; OUT=${OUT:-/tmp/hopper-attention}; mkdir -p $OUT
-B=$(mktemp -d); export PATH=$B:$PATH
-for f in sched kernels.test; do gzip -dc $G/$f.gz > $B/$f && chmod +x $B/$f; done
-S=$SECONDS
-log() { echo "### $(date -u +%H:%M:%S) t=$((SECONDS-S))s $*"; }
-tok() { python3 -c "import sys,json; l=sys.stdin.read(); d=json.loads(l[l.index('{'):]); print(round(d['tok_per_sec']), round(d['peak_gib'],2))"; }
+. "$(dirname "$0")/cuda-checks.sh"
+unpack sched kernels.test
 kiln_rows() {
   for r in "small 32" "small 64" "base 16" "base 32" "small 8"; do set -- $r
     for a in flash flash-sm80; do
@@ -32,30 +29,17 @@ kiln_rows() {
 log start; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 if [ "${PART:-check}" = check ]; then
   log native suite
-  (cd kernels && timeout 240 kernels.test -test.v -test.skip LossCurve > $OUT/tests_native.log 2>&1; echo "rc=$?" >> $OUT/tests_native.log)
-  grep -E "^(--- FAIL|ok|FAIL|PASS|rc=|panic)" $OUT/tests_native.log | tail -8; echo "passed: $(grep -c -- '^--- PASS' $OUT/tests_native.log)"
+  gpu_tests native 240 -test.skip LossCurve
   grep -E "Hopper kernels against|_h \(sm_90\).*registers" $OUT/tests_native.log | head -9
   log sm80 subset
-  (cd kernels && KILN_CUDA_FORCE_SM80=1 timeout 120 kernels.test -test.v -test.run 'MoE|Flash|Graph|Golden|AdamW|Group|Pilot' > $OUT/tests_sm80.log 2>&1; echo "rc=$?" >> $OUT/tests_sm80.log)
-  grep -E "^(--- FAIL|ok|FAIL|PASS|rc=|panic)" $OUT/tests_sm80.log | tail -5; echo "passed: $(grep -c -- '^--- PASS' $OUT/tests_sm80.log)"
+  KILN_CUDA_FORCE_SM80=1 gpu_tests sm80 120 -test.run 'MoE|Flash|Graph|Golden|AdamW|Group|Pilot'
   log verify
   for f in 0 1; do for d in tiny hd64 moe; do
-    KILN_CUDA_FORCE_SM80=$f timeout 30 sched verify --engine cuda --precision fp32 --golden model/testdata/golden/$d > /tmp/v.log 2>&1
-    echo "verify fp32 $d sm80=$f rc=$?"; { echo "## fp32 $d sm80=$f"; cat /tmp/v.log; } >> $OUT/verify.log
-    KILN_CUDA_FORCE_SM80=$f timeout 30 sched verify --engine cuda --precision bf16 --loss-rtol 5e-3 --grad-rtol 3e-2 \
-      --logits-rtol 3e-2 --significant 3e-2 --golden model/testdata/golden/$d > /tmp/v.log 2>&1
-    echo "verify bf16 $d sm80=$f rc=$?"; { echo "## bf16 $d sm80=$f"; cat /tmp/v.log; } >> $OUT/verify.log
+    KILN_CUDA_FORCE_SM80=$f verify fp32 $d
+    KILN_CUDA_FORCE_SM80=$f verify bf16 $d
   done; done
   log curves
-  for i in 1 2 3 4 5 6; do
-    rm -rf /tmp/cv$i; mkdir -p /tmp/cv$i; cp $G/curve/cpu_curve.tsv $G/curve/tokenizer.json /tmp/cv$i/
-    (cd kernels && KILN_CURVE_TEXTS=$G/curve/texts KILN_CURVE_OUT=/tmp/cv$i timeout 200 kernels.test -test.run LossCurve -test.v > /tmp/cv$i.log 2>&1; echo "rc=$?" >> /tmp/cv$i.log) &
-  done
-  wait
-  for i in 1 2 3 4 5 6; do
-    echo "run $i: $(grep -h 'worst logged' /tmp/cv$i.log | sed 's/.*curve_test.go:[0-9]*: //') $(grep rc= /tmp/cv$i.log)"
-    cp /tmp/cv$i/loss_curve.tsv $OUT/loss_curve_$i.tsv 2>/dev/null
-  done | tee $OUT/curves.txt
+  curves
   log profiles
   for a in flash flash-sm80; do
     KILN_CUDA_ATTENTION=$a timeout 60 sched bench --engine cuda --model small --batch 32 --seq 1024 --steps 30 --profile > $OUT/profile_small32_$a.log 2>&1

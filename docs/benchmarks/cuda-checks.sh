@@ -1,0 +1,52 @@
+# Sourced by the CUDA device scripts (hopper-attention-run.sh,
+# dresid-run.sh, kernel-ab-run.sh) once G and OUT are set: the carried
+# binaries unpacked onto PATH, and the steps they share. The environment a
+# caller sets (KILN_CUDA_*) reaches every command.
+
+# unpack NAME...: $G/NAME.gz into a fresh directory on PATH.
+unpack() {
+  B=$(mktemp -d); export PATH=$B:$PATH
+  for f in "$@"; do gzip -dc $G/$f.gz > $B/$f && chmod +x $B/$f; done
+}
+
+S=$SECONDS
+log() { echo "### $(date -u +%H:%M:%S) t=$((SECONDS-S))s $*"; }
+
+# tok: tok/s and peak GiB of the JSON line `sched bench` ends with.
+tok() { python3 -c "import sys,json; l=sys.stdin.read(); d=json.loads(l[l.index('{'):]); print(round(d['tok_per_sec']), round(d['peak_gib'],2))"; }
+
+# gpu_tests NAME SECONDS ARGS...: kernels.test ARGS in kernels/, its log in
+# $OUT/tests_NAME.log; prints the verdicts, what failed and the count passed.
+gpu_tests() {
+  local name=$1 t=$2; shift 2
+  (cd kernels && timeout $t kernels.test -test.v "$@" > $OUT/tests_$name.log 2>&1; echo "rc=$?" >> $OUT/tests_$name.log)
+  grep -E "^(--- FAIL|ok|FAIL|PASS|rc=|panic)|^    [a-z_0-9]+_test.go:[0-9]+: [^ ]" $OUT/tests_$name.log | tail -12
+  echo "tests passed: $(grep -c -- '^--- PASS' $OUT/tests_$name.log)"
+}
+
+# verify PRECISION GOLDEN: `sched verify` on model/testdata/golden/GOLDEN,
+# at bf16's tolerances in bf16; the output goes to $OUT/verify.log.
+verify() {
+  local tol=()
+  [ "$1" = bf16 ] && tol=(--loss-rtol 5e-3 --grad-rtol 3e-2 --logits-rtol 3e-2 --significant 3e-2)
+  timeout 30 sched verify --engine cuda --precision $1 "${tol[@]}" --golden model/testdata/golden/$2 > /tmp/v.log 2>&1
+  local rc=$?
+  echo "verify $1 $2 sm80=${KILN_CUDA_FORCE_SM80:-0} rc=$rc"
+  { echo "## $1 $2 sm80=${KILN_CUDA_FORCE_SM80:-0}"; cat /tmp/v.log; } >> $OUT/verify.log
+}
+
+# curves: the 200-step loss curve six times at once, from the CPU curve
+# kept in $G/curve (tokenizer.json, cpu_curve.tsv, texts/); each run's
+# worst logged step, and its curve in $OUT/loss_curve_N.tsv.
+curves() {
+  local i
+  for i in 1 2 3 4 5 6; do
+    rm -rf /tmp/cv$i; mkdir -p /tmp/cv$i; cp $G/curve/cpu_curve.tsv $G/curve/tokenizer.json /tmp/cv$i/
+    (cd kernels && KILN_CURVE_TEXTS=$G/curve/texts KILN_CURVE_OUT=/tmp/cv$i timeout 200 kernels.test -test.run LossCurve -test.v > /tmp/cv$i.log 2>&1; echo "rc=$?" >> /tmp/cv$i.log) &
+  done
+  wait
+  for i in 1 2 3 4 5 6; do
+    echo "run $i: $(grep -h 'worst logged' /tmp/cv$i.log | sed 's/.*curve_test.go:[0-9]*: //') $(grep rc= /tmp/cv$i.log)"
+    cp /tmp/cv$i/loss_curve.tsv $OUT/loss_curve_$i.tsv 2>/dev/null
+  done | tee $OUT/curves.txt
+}

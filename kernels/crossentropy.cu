@@ -126,6 +126,66 @@ __device__ __forceinline__ void xent_row_bf8(bf16* logits, bf16* dlb, float* los
     }
 }
 
+// xent_row_bf8r is xent_row_bf8 with the row held in registers: a thread
+// of the block's 256 loads its NR groups of eight at once (NR = 8 holds a
+// row of 16384, 16 one of 32768), so that the row is read from memory once
+// for both passes and all of a thread's loads are in flight together,
+// where the loop of xent_row_bf8 waits on each load and reads the row
+// twice. The groups are taken in xent_row_bf8's order with its
+// arithmetic: the same bits.
+template <int NR>
+__device__ __forceinline__ void xent_row_bf8r(bf16* logits, bf16* dlb, float* losses, const int* targets, int V, float gscale, int grad) {
+    size_t row = (size_t)blockIdx.x * V;
+    int t = targets[blockIdx.x];
+    if (t < 0) {
+        xent_row(logits, dlb, losses, targets, V, gscale, grad);
+        return;
+    }
+    const uint4* src = (const uint4*)(logits + row);
+    int n8 = V >> 3;
+    uint4 u[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        int j = threadIdx.x + i * blockDim.x;
+        u[i] = j < n8 ? src[j] : make_uint4(0, 0, 0, 0);
+    }
+    float mt = -3.0e38f, st = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        if (threadIdx.x + i * blockDim.x < n8) {
+            float x[8];
+            bf8(u[i], x);
+            float mx = fmaxf(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])), fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7]))) * LOG2E;
+            if (mx > mt) {
+                st *= ex2(mt - mx);
+                mt = mx;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) st += ex2(fmaf(x[k], LOG2E, -mt));
+        }
+    }
+    float m = block_max(mt);
+    float s = block_sum(st * ex2(mt - m));
+    float lse2 = m + __log2f(s);
+    float lt = bf2f(logits[row + t]);
+    __syncthreads();
+    if (threadIdx.x == 0) losses[blockIdx.x] = lse2 * LN2 - lt;
+    if (!grad) return;
+    uint4* dst = (uint4*)((dlb ? dlb : logits) + row);
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        int j = threadIdx.x + i * blockDim.x;
+        if (j < n8) {
+            float x[8];
+            bf8(u[i], x);
+#pragma unroll
+            for (int k = 0; k < 8; k++) x[k] = ex2(fmaf(x[k], LOG2E, -lse2)) * gscale;
+            if (j == t >> 3) x[t & 7] -= gscale;
+            dst[j] = f2bf8(x);
+        }
+    }
+}
+
 // gscalep points at the gradient's scale (the caller's scale over the
 // batch's targeted rows): in device memory, so that a graph replaying this
 // launch reads each batch's value.
@@ -137,6 +197,17 @@ extern "C" __global__ void xent_fwd_bwd(void* logits, bf16* dlb, float* losses, 
         xent_row((bf16*)logits, dlb, losses, targets, V, gscale, grad);
     else
         xent_row((float*)logits, dlb, losses, targets, V, gscale, grad);
+}
+
+// xent_fwd_bwd_r8 and _r16 are xent_fwd_bwd for bf16 logits with V a
+// multiple of 8, in blocks of 256 threads, for rows of up to 16384 and
+// 32768 values (xentKernelFor picks them).
+extern "C" __global__ void __launch_bounds__(256) xent_fwd_bwd_r8(void* logits, bf16* dlb, float* losses, const int* targets, int V, const float* gscalep, int grad, int bf) {
+    xent_row_bf8r<8>((bf16*)logits, dlb, losses, targets, V, *gscalep, grad);
+}
+
+extern "C" __global__ void __launch_bounds__(256) xent_fwd_bwd_r16(void* logits, bf16* dlb, float* losses, const int* targets, int V, const float* gscalep, int grad, int bf) {
+    xent_row_bf8r<16>((bf16*)logits, dlb, losses, targets, V, *gscalep, grad);
 }
 
 // acc[0] += *scale * sum(losses): one block, so the sum is deterministic.

@@ -34,6 +34,23 @@ func headRowsFor(N, V int) int {
 	return max(1, min(N, r))
 }
 
+// xentKernelFor names the loss kernel for rows of V logits, bf16 where bf:
+// bf16 rows of a multiple of 8 values that fit in the registers of a block
+// of 256 threads (8 or 16 groups of eight values a thread) are held there
+// and read from memory once (xent_fwd_bwd_r8, _r16); any other row takes
+// xent_fwd_bwd, which reads it twice. The kernels give the same bits.
+func xentKernelFor(V int, bf bool) string {
+	if bf && V%8 == 0 {
+		switch groups := (V/8 + 255) / 256; {
+		case groups <= 8:
+			return "xent_fwd_bwd_r8"
+		case groups <= 16:
+			return "xent_fwd_bwd_r16"
+		}
+	}
+	return "xent_fwd_bwd"
+}
+
 // headMode says how the LM head's three GEMMs run in bf16 precision.
 type headMode struct {
 	// f32Fwd, f32Bwd: the forward or backward GEMMs in full fp32, a
@@ -232,7 +249,7 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, acc cuda.Ptr, out []float3
 			}
 			continue
 		}
-		if err := e.launch("xent_fwd_bwd", rows, 256, a.logits, dlb, rowsAt(a.losses, r0, 1, 4), rowsAt(a.tgt, r0, 1, 4), V, k, grad, bfFlag); err != nil {
+		if err := e.launch(xentKernelFor(V, bfLogits), rows, 256, a.logits, dlb, rowsAt(a.losses, r0, 1, 4), rowsAt(a.tgt, r0, 1, 4), V, k, grad, bfFlag); err != nil {
 			return err
 		}
 		if pass != headTrain {

@@ -29,7 +29,10 @@ func TestNormBackwardWidthKernels(t *testing.T) {
 			if name == "rmsnorm_bwd_warp_bf" {
 				t.Fatalf("width %d takes the general kernel; want one sized for it", d)
 			}
-			const N = 1000 // not a multiple of a block's 8 rows
+			// Not a multiple of a block's 8 rows, and more than a grid of
+			// two blocks an SM takes at once on any GPU up to 312 SMs
+			// (2 x 312 x 8 rows): warps take two or three rows each.
+			const N = 5001
 			r := rand.New(rand.NewPCG(uint64(d), 3))
 			x, dx0, w, rstd := make([]float32, N*d), make([]float32, N*d), make([]float32, d), make([]float32, N)
 			for i := range x {
@@ -144,7 +147,7 @@ func TestNormBackwardBF16ResidualGradient(t *testing.T) {
 			if kb != warpNormFor(d).bwdB {
 				t.Fatalf("kernel %s is not a bf16-gradient one", kb)
 			}
-			const N = 1000
+			const N = 5001 // as in TestNormBackwardWidthKernels
 			r := rand.New(rand.NewPCG(uint64(d), 5))
 			x, w, rstd := make([]float32, N*d), make([]float32, d), make([]float32, N)
 			for i := range x {
@@ -237,7 +240,7 @@ func TestNormForwardWidthKernels(t *testing.T) {
 			c := model.Config{VocabSize: 256, Hidden: d, Layers: 1, Heads: d / 64, KVHeads: d / 64, HeadDim: 64, Intermediate: 64,
 				MaxPositions: 64, RopeTheta: 10000, RMSNormEps: 1e-5}
 			e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: 1, MaxSeq: 64})
-			const N = 1000
+			const N = 1001 // an odd count: a warp of the two-row kernels has one
 			r := rand.New(rand.NewPCG(uint64(d), 7))
 			x, w := make([]float32, N*d), make([]float32, d)
 			for i := range x {

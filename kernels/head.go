@@ -114,8 +114,9 @@ func (e *Engine) allocHead(rows int) error {
 		}
 	}
 	V := int64(e.cfg.VocabSize)
+	out, size := logitRows(rows, e.logitsBF())
 	var err error
-	if a.logits, err = e.mem.alloc(fmt.Sprintf("logits (chunk of %d rows)", rows), int64(rows)*V*4); err != nil {
+	if a.logits, err = e.mem.alloc(fmt.Sprintf("logits (chunk of %d rows)", rows), int64(rows)*V*size); err != nil {
 		return err
 	}
 	if e.bf16 && !e.headMode.fp32Grad() && !e.logitsBF() {
@@ -123,8 +124,23 @@ func (e *Engine) allocHead(rows int) error {
 			return err
 		}
 	}
-	e.headRows = rows
+	e.headRows, e.outRows = rows, out
 	return nil
+}
+
+// logitRows is, for chunks of rows rows, the rows of a chunk of the fp32
+// logits the head hands out (generation, verification) and the bytes a
+// value of the chunk buffer takes. Where the training head writes its
+// logits in bf16 (bf), a buffer of rows bf16 rows holds half as many fp32
+// ones, rounded down to 128 rows for the GEMMs' alignment: at small's 32 x
+// 1024 that is 128 MiB less at the peak, and the pilot's peak falls below
+// torch.compile's (docs/benchmarks/cuda.md). Chunks under 256 rows keep
+// the fp32 size.
+func logitRows(rows int, bf bool) (out int, size int64) {
+	if bf && rows >= 256 {
+		return rows / 2 &^ 127, 2
+	}
+	return rows, 4
 }
 
 // headGemm is gemm for the LM head's forward (backward false) and
@@ -227,8 +243,12 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, acc cuda.Ptr, out []float3
 	if bfLogits {
 		dlogits = operand{bf: a.logits}
 	}
-	for r0 := 0; r0 < N; r0 += e.headRows {
-		rows := min(e.headRows, N-r0)
+	step := e.headRows
+	if pass == headLogits {
+		step = e.outRows
+	}
+	for r0 := 0; r0 < N; r0 += step {
+		rows := min(step, N-r0)
 		lnf := actBF(rowsAt(a.lnf, r0, d, 4), rowsAt(a.lnfb, r0, d, 2))
 		// logits (rows, V) = lnf (rows, d) W^T, W (V, d).
 		if err := e.beforeWrite(readsLogits); err != nil {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -207,10 +208,18 @@ func TestHeadAllocatesNoFullLogits(t *testing.T) {
 					t.Errorf("%s holds %d bytes, as much as %d x %d bf16 logits", a.What, a.Bytes, N, V)
 				}
 			}
-			// The bf16 head writes its training logits in bf16 into the
-			// same buffer (fp32-sized, for the logits it hands out) and
-			// their gradient over them: no gradient buffer of its own.
-			wantNames := map[string]int64{"logits (chunk of 4096 rows)": 4096 * V * 4}
+			// The bf16 head writes its training logits in bf16 and their
+			// gradient over them: no gradient buffer of its own, and a
+			// buffer of 4096 bf16 rows, which hands out fp32 logits 2048
+			// rows at a time. The fp32 and TF32 heads keep fp32 rows.
+			size, out := int64(2), 2048
+			if head != "" {
+				size, out = 4, 4096
+			}
+			if e.outRows != out {
+				t.Errorf("fp32 logits handed out in chunks of %d rows, want %d", e.outRows, out)
+			}
+			wantNames := map[string]int64{"logits (chunk of 4096 rows)": 4096 * V * size}
 			for _, a := range e.Allocations() {
 				if strings.Contains(a.What, "logit") {
 					if want, ok := wantNames[a.What]; !ok || a.Bytes != want || a.Count != 1 {
@@ -328,5 +337,62 @@ func BenchmarkLMHead(b *testing.B) {
 			}
 			b.ReportMetric(float64(N*b.N)/b.Elapsed().Seconds(), "tok/s")
 		})
+	}
+}
+
+func TestLogitRows(t *testing.T) {
+	for _, c := range []struct {
+		rows int
+		bf   bool
+		out  int
+		size int64
+	}{
+		{4096, true, 2048, 2}, {2048, true, 1024, 2}, {384, true, 128, 2}, {256, true, 128, 2},
+		{255, true, 255, 4}, {64, true, 64, 4}, {4096, false, 4096, 4},
+	} {
+		if out, size := logitRows(c.rows, c.bf); out != c.out || size != c.size {
+			t.Errorf("logitRows(%d, %v) = %d rows, %d bytes; want %d, %d", c.rows, c.bf, out, size, c.out, c.size)
+		}
+	}
+}
+
+// The bf16 engine hands out fp32 logits from its buffer of bf16 training
+// rows in chunks of half the rows: every row of them, within the bf16
+// tolerances of the fp32 engine's logits, and its training loss and eval
+// loss those of one chunk of every row (within 1e-4).
+func TestBF16LogitsInHalfChunks(t *testing.T) {
+	skipWithoutGPU(t)
+	c := model.Config{VocabSize: 1024, Hidden: 128, Layers: 1, Heads: 2, KVHeads: 1, HeadDim: 64, Intermediate: 256,
+		MaxPositions: 512, RopeTheta: 10000, RMSNormEps: 1e-5, InitializerRange: 0.02}
+	const B, T = 2, 512
+	b := patternBatch(c, B, T)
+	p := model.InitParams(c, 5)
+	want := runHead(t, newEngine(t, c, model.Options{Precision: "fp32", MaxBatch: B, MaxSeq: T}), p, b)
+	e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T})
+	setHeadRows(t, e, 384) // fp32 logits 128 rows at a time: 8 chunks, 3 training chunks, the last ragged
+	if e.outRows != 128 {
+		t.Fatalf("fp32 logits in chunks of %d rows, want 128", e.outRows)
+	}
+	got := runHead(t, e, p, b)
+	one := runHead(t, newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T}), p, b)
+	tol := BF16Tolerances
+	if d := maxRelDiff(want.logits, got.logits); d > tol.LogitsRel {
+		t.Errorf("logits differ from fp32's by %.2g of their largest magnitude (limit %g)", d, tol.LogitsRel)
+	}
+	for r := 0; r < B*T; r++ {
+		row := got.logits[r*c.VocabSize : (r+1)*c.VocabSize]
+		if slices.Max(row) == 0 && slices.Min(row) == 0 {
+			t.Fatalf("logits of row %d are all 0", r)
+		}
+	}
+	for _, l := range []struct {
+		what      string
+		got, want float64
+	}{{"loss", got.loss, one.loss}, {"eval loss", got.eval, one.eval}} {
+		// The head's GEMMs may take other algorithms at other row counts,
+		// and round a few bf16 logits the other way.
+		if d := math.Abs(l.got-l.want) / math.Abs(l.want); d > 1e-4 {
+			t.Errorf("%s: chunks of 384 rows %.9g, one chunk %.9g", l.what, l.got, l.want)
+		}
 	}
 }

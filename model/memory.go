@@ -272,10 +272,12 @@ func (s *sizer) cuda(p MemoryPlan) {
 	if !bf16 {
 		s.add(act, 1, N*d, 4) // final norm output for the fp32 head
 	}
-	s.add(act, 1, N, 4)       // final 1/rms
-	s.add(act, 3, N, 4)       // losses, ids, targets
-	s.add(scratch, 1, N*d, 4) // dresid
+	s.add(act, 1, N, 4) // final 1/rms
+	s.add(act, 3, N, 4) // losses, ids, targets
 	dlnBF := flash && c.Hidden%128 == 0 && c.Hidden <= 1024
+	if !dlnBF || !dense {
+		s.add(scratch, 1, N*d, 4) // dresid, which the dense bf16 path keeps in bf16 alone
+	}
 	if dlnBF {
 		s.add(scratch, 1, N*d, 2)
 	} else {
@@ -316,7 +318,13 @@ func (s *sizer) cuda(p MemoryPlan) {
 		rows = math.Floor(rows/128) * 128
 	}
 	rows = math.Max(1, math.Min(N, rows))
-	s.add("logits (one chunk)", 1, rows*V, 4)
+	if bf16 && rows >= 256 {
+		// The training head's logits are bf16; the fp32 ones it hands out
+		// come in chunks of half the rows (kernels/head.go logitRows).
+		s.add("logits (one chunk)", 1, rows*V, 2)
+	} else {
+		s.add("logits (one chunk)", 1, rows*V, 4)
+	}
 	if bf16 {
 		// The first step times each bf16 GEMM's candidates; a product that
 		// adds into its output writes them to scratch, the largest being the

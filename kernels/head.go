@@ -132,10 +132,9 @@ func (e *Engine) allocHead(rows int) error {
 // logits the head hands out (generation, verification) and the bytes a
 // value of the chunk buffer takes. Where the training head writes its
 // logits in bf16 (bf), a buffer of rows bf16 rows holds half as many fp32
-// ones, rounded down to 128 rows for the GEMMs' alignment: at small's 32 x
-// 1024 that is 128 MiB less at the peak, and the pilot's peak falls below
-// torch.compile's (docs/benchmarks/cuda.md). Chunks under 256 rows keep
-// the fp32 size.
+// ones, rounded down to 128 rows for the GEMMs' alignment: 128 MiB less at
+// the peak at small's 8 x 1024 and 32 x 1024 (docs/benchmarks/cuda.md).
+// Chunks under 256 rows keep the fp32 size.
 func logitRows(rows int, bf bool) (out int, size int64) {
 	if bf && rows >= 256 {
 		return rows / 2 &^ 127, 2

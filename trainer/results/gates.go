@@ -32,9 +32,14 @@ type Gate struct {
 // least MinDistinct4Grams of a sample's 4-grams are distinct; throughput is
 // within ThroughputTolerance of the bench figure for the same shape.
 const (
-	SpikeRatio          = 1.5
-	SpikeWindow         = 100
-	FallingFraction     = 0.10
+	SpikeRatio      = 1.5
+	SpikeWindow     = 100
+	FallingFraction = 0.10
+	// FallingMin is the fewest eval losses the falling gate fits a line
+	// to: a line through two is the difference of two noisy evaluations,
+	// which a short run (the README's CPU day logs 12) turns into a
+	// verdict on noise.
+	FallingMin          = 3
 	MinDistinct4Grams   = 0.5
 	ThroughputTolerance = 0.10
 	// BusyCPU is the share of the machine's CPU other processes may use
@@ -83,16 +88,16 @@ func SmoothGate(recs []Record, warmupSteps int) Gate {
 }
 
 // FallingGate fits a line to the last FallingFraction of the evaluation
-// losses against tokens and checks that its slope is negative. The value is
-// the slope in loss per billion tokens.
+// losses, at least FallingMin of them, against tokens and checks that its
+// slope is negative. The value is the slope in loss per billion tokens.
 func FallingGate(recs []Record) Gate {
-	g := Gate{Name: "still falling", Limit: "slope < 0 over the last 10% of eval losses"}
+	g := Gate{Name: "still falling", Limit: fmt.Sprintf("slope < 0 over the last 10%% of eval losses (at least %d)", FallingMin)}
 	pts := EvalCurve(recs)
 	n := int(math.Ceil(float64(len(pts)) * FallingFraction))
-	n = max(n, 2)
+	n = max(n, FallingMin)
 	if len(pts) < n {
 		g.Verdict = Unknown
-		g.Detail = fmt.Sprintf("%d eval losses logged; need at least 2", len(pts))
+		g.Detail = fmt.Sprintf("%d eval losses logged; need at least %d", len(pts), FallingMin)
 		return g
 	}
 	tail := pts[len(pts)-n:]

@@ -63,6 +63,17 @@ func TestFallingGate(t *testing.T) {
 	if g := FallingGate(curve(15)); g.Verdict != Unknown {
 		t.Fatalf("one eval loss: %+v", g)
 	}
+	if g := FallingGate(curve(29)); g.Verdict != Unknown || !strings.Contains(g.Detail, "need at least 3") {
+		t.Fatalf("two eval losses: %+v", g)
+	}
+	// A short run's 12 eval losses, falling, the last a little above the
+	// one before it (noise): the line through the last three still falls,
+	// where the one through the last two would rise.
+	recs = curve(120)
+	*recs[119].EvalLoss = *recs[109].EvalLoss + 0.001
+	if g := FallingGate(recs); g.Verdict != Pass || !strings.Contains(g.Detail, "last 3 eval losses") {
+		t.Fatalf("short run, noisy last eval loss: %+v", g)
+	}
 }
 
 func TestGenerationGate(t *testing.T) {

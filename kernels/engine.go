@@ -399,7 +399,11 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 			return err
 		}
 	}
-	if err := e.allocHead(headRowsFor(e.maxB*e.maxT, e.cfg.VocabSize)); err != nil {
+	size := int64(4)
+	if e.logitsBF() {
+		size = 2
+	}
+	if err := e.allocHead(headRowsFor(e.maxB*e.maxT, e.cfg.VocabSize, size)); err != nil {
 		return err
 	}
 	for _, p := range []cuda.Ptr{e.params, e.grads, e.m, e.v, e.lossAcc, e.evalAcc, e.norm} {

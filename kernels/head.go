@@ -15,19 +15,26 @@ import (
 // one chunk, so only the order in which the head's weight gradient sums
 // its rows changes (beta 1 across chunks).
 
-// headChunkBytes bounds one chunk's fp32 logits. At small's 32 x 1024,
-// 256 MiB chunks (4096 rows) against 128 MiB made the head's three GEMMs
-// 3.39 -> 2.78 ms a step and its loss kernel 1.53 -> 1.42 (the weight
-// gradient adds up 8 partial sums instead of 16) for 0.19 GiB more at the
-// peak; 512 MiB gained nothing more.
-const headChunkBytes = 256 << 20
+// headChunkBytes bounds one chunk's logits buffer, and headMaxRows its
+// rows. At small's 32 x 1024, with fp32 logits, 256 MiB chunks (4096 rows)
+// against 128 MiB made the head's three GEMMs 3.39 -> 2.78 ms a step and its
+// loss kernel 1.53 -> 1.42 (the weight gradient adds up 8 partial sums
+// instead of 16) for 0.19 GiB more at the peak; 512 MiB (8192 rows) gained
+// nothing more. With the training logits in bf16 the same bytes hold twice
+// the rows: base's vocabulary of 32000 gets 4096 rows a chunk where fp32
+// allowed 2048, and small stays at 4096 in half the bytes.
+const (
+	headChunkBytes = 256 << 20
+	headMaxRows    = 4096
+)
 
-// headRowsFor is the chunk size for N rows of V logits: as many rows as fit
-// in headChunkBytes, at least 1 and at most N. Above 128 rows it is rounded
-// down to a multiple of 128, so that every chunk starts 256-byte aligned in
-// the fp32 and bf16 row buffers its GEMMs read, whatever the hidden size.
-func headRowsFor(N, V int) int {
-	r := headChunkBytes / (4 * V)
+// headRowsFor is the chunk size for N rows of V logits of size bytes: as
+// many rows as fit in headChunkBytes, at most headMaxRows, at least 1 and
+// at most N. Above 128 rows it is rounded down to a multiple of 128, so that
+// every chunk starts 256-byte aligned in the fp32 and bf16 row buffers its
+// GEMMs read, whatever the hidden size.
+func headRowsFor(N, V int, size int64) int {
+	r := min(int(headChunkBytes/(size*int64(V))), headMaxRows)
 	if r >= 128 {
 		r &^= 127
 	}

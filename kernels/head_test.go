@@ -14,17 +14,23 @@ import (
 )
 
 func TestHeadRowsFor(t *testing.T) {
-	for _, c := range []struct{ N, V, want int }{
-		{32 * 1024, 16384, 4096}, // small at B 32 x T 1024: 8 chunks of 256 MiB
-		{32 * 1024, 32000, 2048}, // base: 2097 rows fit, rounded down to 128s
-		{64, 512, 64},            // the golden models: one chunk
-		{5000, 50000, 1280},      // 1342 fit
-		{100, 50000, 100},        // fewer rows than fit
-		{1, 16384, 1},            // generation
-		{8, 1 << 27, 1},          // not even one row fits: still one
+	for _, c := range []struct {
+		N, V int
+		size int64
+		want int
+	}{
+		{32 * 1024, 16384, 4, 4096}, // small at B 32 x T 1024, fp32: 8 chunks of 256 MiB
+		{32 * 1024, 16384, 2, 4096}, // bf16: 8192 would fit; at most 4096
+		{32 * 1024, 32000, 4, 2048}, // base, fp32: 2097 rows fit, rounded down to 128s
+		{32 * 1024, 32000, 2, 4096}, // bf16: 4194 fit
+		{64, 512, 2, 64},            // the golden models: one chunk
+		{5000, 50000, 4, 1280},      // 1342 fit
+		{100, 50000, 4, 100},        // fewer rows than fit
+		{1, 16384, 2, 1},            // generation
+		{8, 1 << 27, 4, 1},          // not even one row fits: still one
 	} {
-		if got := headRowsFor(c.N, c.V); got != c.want {
-			t.Errorf("headRowsFor(%d, %d) = %d, want %d", c.N, c.V, got, c.want)
+		if got := headRowsFor(c.N, c.V, c.size); got != c.want {
+			t.Errorf("headRowsFor(%d, %d, %d) = %d, want %d", c.N, c.V, c.size, got, c.want)
 		}
 	}
 }

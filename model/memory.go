@@ -311,20 +311,23 @@ func (s *sizer) cuda(p MemoryPlan) {
 	if c.MoE() {
 		s.moeCUDA(c, L, N, d, F, bf16)
 	}
-	// The LM head runs in chunks of at most 256 MiB of fp32 logits, rounded
-	// to 128 rows (kernels/head.go headRowsFor).
-	rows := math.Floor(float64(256<<20) / (4 * V))
+	// The LM head runs in chunks of at most 256 MiB of logits and 4096
+	// rows, rounded to 128 rows (kernels/head.go headRowsFor); bf16 training
+	// logits take 2 bytes, and the fp32 ones handed out come in chunks of
+	// half the rows (logitRows).
+	size := 4.0
+	if bf16 {
+		size = 2
+	}
+	rows := math.Min(math.Floor(float64(256<<20)/(size*V)), 4096)
 	if rows >= 128 {
 		rows = math.Floor(rows/128) * 128
 	}
 	rows = math.Max(1, math.Min(N, rows))
-	if bf16 && rows >= 256 {
-		// The training head's logits are bf16; the fp32 ones it hands out
-		// come in chunks of half the rows (kernels/head.go logitRows).
-		s.add("logits (one chunk)", 1, rows*V, 2)
-	} else {
-		s.add("logits (one chunk)", 1, rows*V, 4)
+	if rows < 256 {
+		size = 4
 	}
+	s.add("logits (one chunk)", 1, rows*V, size)
 	if bf16 {
 		// The first step times each bf16 GEMM's candidates; a product that
 		// adds into its output writes them to scratch, the largest being the

@@ -7,7 +7,8 @@
 # profile lines for the kernels matching KERNELS at small 32 and base 16.
 # $G holds sched.gz (this build), sched-prev.gz (the one before),
 # kernels.test.gz and curve/ (see dresid-run.sh); BUILDS names other
-# builds to compare instead of "sched-prev sched". Output under $OUT.
+# builds to compare instead of "sched-prev sched", SHAPES and
+# PROFILE_SHAPES other rows as MODEL:BATCH words. Output under $OUT.
 G=${G:-$PWD/.carry/g}; OUT=${OUT:-/tmp/kernel-ab}; mkdir -p $OUT
 . "$(dirname "$0")/cuda-checks.sh"
 BUILDS=${BUILDS:-sched-prev sched}
@@ -19,10 +20,10 @@ for f in 0 1; do KILN_CUDA_FORCE_SM80=$f verify bf16 hd64; done
 log curves
 curves
 log bench
-for round in 1 2; do for s in $BUILDS; do for r in "small 32" "small 8" "base 16"; do set -- $r
+for round in 1 2; do for s in $BUILDS; do for r in ${SHAPES:-small:32 small:8 base:16}; do set -- ${r/:/ }
   echo "$s $1 $2 $(timeout 60 $s bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 2>&1 | tail -1 | tok)"
 done; done; done | tee $OUT/ab.txt
-for r in "small 32" "base 16"; do set -- $r; for s in $BUILDS; do
+for r in ${PROFILE_SHAPES:-small:32 base:16}; do set -- ${r/:/ }; for s in $BUILDS; do
   echo "$s $1 $2: $(timeout 60 $s bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 --profile 2>&1 | grep -E "^  ($KERNELS)|^kernel" | tr -s ' ' | tr '\n' ';')"
 done; done | tee $OUT/profiles.txt
 log end

@@ -399,11 +399,7 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 			return err
 		}
 	}
-	size := int64(4)
-	if e.logitsBF() {
-		size = 2
-	}
-	if err := e.allocHead(headRowsFor(e.maxB*e.maxT, e.cfg.VocabSize, size)); err != nil {
+	if err := e.allocHead(headChunkRows(e.maxB*e.maxT, e.cfg.VocabSize, e.logitsBF())); err != nil {
 		return err
 	}
 	for _, p := range []cuda.Ptr{e.params, e.grads, e.m, e.v, e.lossAcc, e.evalAcc, e.norm} {

@@ -41,6 +41,18 @@ func headRowsFor(N, V int, size int64) int {
 	return max(1, min(N, r))
 }
 
+// headChunkRows is the chunk size for N rows of V logits, in bf16 where bf:
+// the rows headChunkBytes holds in bf16, unless so few that logitRows keeps
+// the buffer in fp32 (under 256 rows), which then bounds them in fp32.
+func headChunkRows(N, V int, bf bool) int {
+	if bf {
+		if rows := headRowsFor(N, V, 2); rows >= 256 {
+			return rows
+		}
+	}
+	return headRowsFor(N, V, 4)
+}
+
 // xentKernelFor names the loss kernel for rows of V logits, bf16 where bf:
 // bf16 rows of a multiple of 8 values that fit in the registers of a block
 // of 256 threads (8 or 16 groups of eight values a thread) are held there

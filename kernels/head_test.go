@@ -346,6 +346,27 @@ func BenchmarkLMHead(b *testing.B) {
 	}
 }
 
+func TestHeadChunkRows(t *testing.T) {
+	for _, c := range []struct {
+		N, V int
+		bf   bool
+		want int
+	}{
+		{32 * 1024, 32000, true, 4096},  // base in bf16
+		{32 * 1024, 32000, false, 2048}, // and in fp32
+		{200, 32000, true, 200},         // fewer rows than 256: an fp32 buffer of them
+		{32 * 1024, 600000, true, 111},  // 223 bf16 rows fit, too few: the fp32 bound's 111
+	} {
+		rows := headChunkRows(c.N, c.V, c.bf)
+		if rows != c.want {
+			t.Errorf("headChunkRows(%d, %d, %v) = %d, want %d", c.N, c.V, c.bf, rows, c.want)
+		}
+		if _, size := logitRows(rows, c.bf); int64(rows)*int64(c.V)*size > headChunkBytes {
+			t.Errorf("headChunkRows(%d, %d, %v) = %d: a buffer of %d bytes, over %d", c.N, c.V, c.bf, rows, int64(rows)*int64(c.V)*size, headChunkBytes)
+		}
+	}
+}
+
 func TestLogitRows(t *testing.T) {
 	for _, c := range []struct {
 		rows int

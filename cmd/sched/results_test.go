@@ -19,7 +19,11 @@ func TestResultsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	recs := []results.Record{{Step: 10, Tokens: 5120, Loss: results.F(7.5), EvalLoss: results.F(7.6)}, {Step: 20, Tokens: 10240, Loss: results.F(6.1), EvalLoss: results.F(6.2)}}
+	recs := []results.Record{
+		{Step: 10, Tokens: 5120, Loss: results.F(7.5), EvalLoss: results.F(7.6)},
+		{Step: 20, Tokens: 10240, Loss: results.F(6.8), EvalLoss: results.F(6.9)},
+		{Step: 30, Tokens: 15360, Loss: results.F(6.1), EvalLoss: results.F(6.2)},
+	}
 	var md strings.Builder
 	s := results.Summary{Run: "pilot", Records: recs, Gates: []results.Gate{results.FallingGate(recs)}}
 	if err := s.WriteMarkdown(&md); err != nil {

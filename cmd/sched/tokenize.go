@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
@@ -146,7 +147,12 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	}
 	defer src.Close()
 	var r io.Reader = src
-	if st, err := src.Stat(); err == nil && isTerminal(errOut) {
+	size := int64(-1) // the text's bytes, where --in is a regular file
+	st, err := src.Stat()
+	if err == nil && st.Mode().IsRegular() {
+		size = st.Size()
+	}
+	if err == nil && isTerminal(errOut) {
 		bar := progressbar.DefaultBytes(st.Size(), "tokenize")
 		defer bar.Finish()
 		if st.Mode().IsRegular() {
@@ -156,6 +162,7 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 		}
 	}
 	var n int64
+	start := time.Now()
 	err = writeOutput(out, func(dst io.Writer) error {
 		// Unbuffered: the ids come in pieces of hundreds of kilobytes, which
 		// a buffer would only copy once more.
@@ -168,7 +175,13 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	if err != nil {
 		return fmt.Errorf("tokenize: %w", err)
 	}
-	fmt.Fprintf(errOut, "wrote %d ids (%s) to %s\n", n, dtype, out)
+	took := time.Since(start)
+	if size < 0 {
+		fmt.Fprintf(errOut, "wrote %d ids (%s) to %s in %s\n", n, dtype, out, took.Round(time.Millisecond))
+		return nil
+	}
+	fmt.Fprintf(errOut, "wrote %d ids (%s) to %s: %s of text in %s, %s\n", n, dtype, out,
+		formatBytes(size), took.Round(time.Millisecond), formatRate(float64(size)/max(took.Seconds(), 1e-9), "B"))
 	return nil
 }
 

@@ -51,8 +51,15 @@ func TestTokenizeCommandWritesIDs(t *testing.T) {
 		if c.how == "--tokenizer" {
 			arg = "g4"
 		}
-		if _, errOut, code := sched(t, env, "tokenize", c.how, arg, "--in", in, "--out", out, "--dtype", dtype); code != 0 {
+		_, errOut, code := sched(t, env, "tokenize", c.how, arg, "--in", in, "--out", out, "--dtype", dtype)
+		if code != 0 {
 			t.Fatalf("tokenize %s %s: exit %d: %s", c.how, arg, code, errOut)
+		}
+		// The closing line says what was written, from how much text, at
+		// what rate.
+		st, _ := os.Stat(in)
+		if line := fmt.Sprintf("wrote %d ids (%s) to %s: %s of text in ", len(want), dtype, out, formatBytes(st.Size())); !strings.HasPrefix(errOut, line) || !strings.HasSuffix(errOut, "B/s\n") {
+			t.Errorf("tokenize printed %q, want %q... B/s", errOut, line)
 		}
 		raw, _ := os.ReadFile(out)
 		var got []uint32

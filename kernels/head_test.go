@@ -423,3 +423,35 @@ func TestBF16LogitsInHalfChunks(t *testing.T) {
 		}
 	}
 }
+
+// model.EstimateMemory sizes the head's chunk buffer as allocHead does, for
+// vocabularies from tiny's to past where bf16 chunks fall under 256 rows,
+// batches under and over a chunk, in bf16 and fp32: the estimate that
+// refuses a run before the engine starts cannot drift from the engine.
+func TestEstimateSizesTheHeadsChunk(t *testing.T) {
+	for _, V := range []int{4096, 16384, 32000, 50257, 128256, 600000} {
+		for _, N := range []int{64, 200, 8192, 32768} {
+			for _, precision := range []string{"bf16", "fp32"} {
+				c := model.Presets["small"]
+				c.VocabSize = V
+				est, err := model.EstimateMemory(model.MemoryPlan{Config: c, Engine: "cuda", Precision: precision, Batch: N, Seq: 1, Purpose: model.PurposeTrain})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got int64 = -1
+				for _, it := range est.Items {
+					if it.What == "logits (one chunk)" {
+						got = it.Bytes
+					}
+				}
+				bf := precision == "bf16" // the default head writes bf16 logits (logitsBF)
+				rows := headChunkRows(N, V, bf)
+				_, size := logitRows(rows, bf)
+				want := (int64(rows)*int64(V)*size + 255) &^ 255
+				if got != want {
+					t.Errorf("V %d, N %d, %s: the estimate's chunk is %d bytes, allocHead's %d (%d rows of %d bytes)", V, N, precision, got, want, rows, size)
+				}
+			}
+		}
+	}
+}

@@ -64,7 +64,7 @@ type Engine struct {
 	gemmTune int
 	// headRows: how many rows of logits one chunk of the LM head holds;
 	// outRows: how many of them a chunk of the fp32 logits it hands out
-	// holds (logitRows).
+	// holds (model.HeadLogitRows).
 	headRows, outRows int
 	// launches counts kernel launches by name, so tests can tell which
 	// attention path ran.
@@ -399,7 +399,7 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 			return err
 		}
 	}
-	if err := e.allocHead(headChunkRows(e.maxB*e.maxT, e.cfg.VocabSize, e.logitsBF())); err != nil {
+	if err := e.allocHead(model.HeadChunkRows(e.maxB*e.maxT, e.cfg.VocabSize, e.logitsBF())); err != nil {
 		return err
 	}
 	for _, p := range []cuda.Ptr{e.params, e.grads, e.m, e.v, e.lossAcc, e.evalAcc, e.norm} {

@@ -311,24 +311,11 @@ func (s *sizer) cuda(p MemoryPlan) {
 	if c.MoE() {
 		s.moeCUDA(c, L, N, d, F, bf16)
 	}
-	// The LM head runs in chunks of at most 256 MiB of logits and 4096
-	// rows, rounded to 128 rows; bf16 training logits take 2 bytes, and
-	// the fp32 ones handed out come in chunks of half the rows, unless the
-	// chunk has under 256 rows: then the buffer is fp32, bounded as such
-	// (kernels/head.go headChunkRows, logitRows).
-	chunk := func(size float64) float64 {
-		rows := math.Min(math.Floor(float64(256<<20)/(size*V)), 4096)
-		if rows >= 128 {
-			rows = math.Floor(rows/128) * 128
-		}
-		return math.Max(1, math.Min(N, rows))
-	}
-	size := 4.0
-	rows := chunk(4)
-	if r := chunk(2); bf16 && r >= 256 {
-		rows, size = r, 2
-	}
-	s.add("logits (one chunk)", 1, rows*V, size)
+	// The LM head's chunk, as the engine sizes it (HeadChunkRows); the
+	// default head writes bf16 training logits.
+	rows := HeadChunkRows(int(min(N, 1<<40)), c.VocabSize, bf16)
+	_, size := HeadLogitRows(rows, bf16)
+	s.add("logits (one chunk)", 1, float64(rows)*V, float64(size))
 	if bf16 {
 		// The first step times each bf16 GEMM's candidates; a product that
 		// adds into its output writes them to scratch, the largest being the

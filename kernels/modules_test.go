@@ -152,6 +152,28 @@ func TestCapabilityBelow80IsRefused(t *testing.T) {
 	}
 }
 
+// declaredKernels is every kernel the .cu files declare, by name, with its
+// parameters.
+func declaredKernels(t *testing.T) map[string][]paramKind {
+	t.Helper()
+	sigs := map[string][]paramKind{}
+	files, err := kernelFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range files {
+		body, _ := sources.ReadFile(n)
+		ks, err := kernelSignatures(string(body))
+		if err != nil {
+			t.Fatalf("%s: %v", n, err)
+		}
+		for _, k := range ks {
+			sigs[k.name] = k.params
+		}
+	}
+	return sigs
+}
+
 // Every launch in the engine's source names a kernel that exists and
 // passes arguments of the kinds it takes, in number and type: checked
 // here without a GPU, by type-checking the package, for the calls whose
@@ -162,21 +184,7 @@ func TestLaunchCallsMatchTheKernels(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skipf("no Go toolchain here to type-check the engine's source: %v", err)
 	}
-	sigs := map[string][]paramKind{}
-	files, err := kernelFiles()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range files {
-		body, _ := sources.ReadFile(n)
-		ks, err := kernelSignatures(string(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, k := range ks {
-			sigs[k.name] = k.params
-		}
-	}
+	sigs := declaredKernels(t)
 	fset := token.NewFileSet()
 	goFiles, _ := filepath.Glob("*.go")
 	var parsed []*ast.File
@@ -264,36 +272,28 @@ func TestHopperFileOnlyForNativeSM90(t *testing.T) {
 	}
 }
 
-// The warp-per-row RMSNorm kernels chosen by width (launched by a name the
-// type-checking walk above cannot read) exist, and each takes the general
-// kernel's parameters: the call sites launch them alike.
-func TestWarpNormKernelsMatchTheGeneralOnes(t *testing.T) {
-	sigs := map[string][]paramKind{}
-	files, err := kernelFiles()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range files {
-		body, _ := sources.ReadFile(n)
-		ks, err := kernelSignatures(string(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, k := range ks {
-			sigs[k.name] = k.params
-		}
-	}
+// The kernels chosen by shape, launched by a name the type-checking walk
+// above cannot read: the warp-per-row RMSNorm kernels by width and the loss
+// kernels by vocabulary. Each exists and takes the general kernel's
+// parameters, so the call sites launch them alike.
+func TestChosenKernelsMatchTheGeneralOnes(t *testing.T) {
+	sigs := declaredKernels(t)
+	var pairs [][2]string
 	general := warpNormFor(1024)
 	for _, d := range []int{512, 768, 640} {
 		k := warpNormFor(d)
-		for _, pair := range [][2]string{{k.fwd, general.fwd}, {k.bwd, general.bwd}, {k.bwdB, general.bwdB}, {k.bwdB, general.bwd}} {
-			got, ok := sigs[pair[0]]
-			if !ok {
-				t.Fatalf("width %d: no .cu file declares %s", d, pair[0])
-			}
-			if want := sigs[pair[1]]; !slices.Equal(got, want) {
-				t.Errorf("width %d: %s takes %v, %s %v", d, pair[0], got, pair[1], want)
-			}
+		pairs = append(pairs, [2]string{k.fwd, general.fwd}, [2]string{k.bwd, general.bwd}, [2]string{k.bwdB, general.bwdB}, [2]string{k.bwdB, general.bwd})
+	}
+	for _, V := range []int{4096, 16384, 32000, 32768, 50000, 1020} {
+		pairs = append(pairs, [2]string{xentKernelFor(V, true), "xent_fwd_bwd"})
+	}
+	for _, pair := range pairs {
+		got, ok := sigs[pair[0]]
+		if !ok {
+			t.Fatalf("no .cu file declares %s", pair[0])
+		}
+		if want := sigs[pair[1]]; !slices.Equal(got, want) {
+			t.Errorf("%s takes %v, %s %v", pair[0], got, pair[1], want)
 		}
 	}
 }

@@ -1,5 +1,6 @@
 # Sourced by the CUDA device scripts (hopper-attention-run.sh,
-# dresid-run.sh, kernel-ab-run.sh) once G and OUT are set: the carried
+# dresid-run.sh, kernel-ab-run.sh, peer-run.sh, head-memory-run.sh) once G
+# and OUT are set: the carried
 # binaries unpacked onto PATH, and the steps they share. The environment a
 # caller sets (KILN_CUDA_*) reaches every command.
 
@@ -49,4 +50,11 @@ curves() {
     echo "run $i: $(grep -h 'worst logged' /tmp/cv$i.log | sed 's/.*curve_test.go:[0-9]*: //') $(grep rc= /tmp/cv$i.log)"
     cp /tmp/cv$i/loss_curve.tsv $OUT/loss_curve_$i.tsv 2>/dev/null
   done | tee $OUT/curves.txt
+}
+
+# peer SECONDS PLAN MODE...: the PyTorch peer ($G/torch_peer.py) in each
+# MODE on PLAN (model:batch:seq, comma-separated), its JSON lines on stdout.
+peer() {
+  local t=$1 plan=$2; shift 2
+  PYTHONUNBUFFERED=1 timeout $t python3 $G/torch_peer.py "$@" --plan $plan 2>&1 | grep -v Warning
 }

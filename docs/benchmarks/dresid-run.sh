@@ -53,8 +53,7 @@ peer)
   rows() { for v in ${SETTINGS:-fp32 bf16}; do bench small 32 1 $v; bench small 64 1 $v; bench base 16 1 $v; bench base 32 1 $v; bench small 8 1 $v; done; }
   log kiln; rows | tee $OUT/kiln_before.txt
   log peer
-  PYTHONUNBUFFERED=1 timeout 330 python3 $G/torch_peer.py ${MODES:-compile reduce-overhead} --plan small:32:1024,small:64:1024,base:16:1024,base:32:1024,small:8:1024 2>&1 |
-    grep -v Warning | tee $OUT/peer.jsonl
+  peer 330 small:32:1024,small:64:1024,base:16:1024,base:32:1024,small:8:1024 ${MODES:-compile reduce-overhead} | tee $OUT/peer.jsonl
   log kiln again; rows | tee $OUT/kiln_after.txt
   ;;
 esac

@@ -38,7 +38,7 @@ bench)
     echo "$s small 32: $(timeout 60 $s bench --engine cuda --model small --batch 32 --seq 1024 --steps 30 --profile 2>&1 | grep -E "^  (rmsnorm|xent)|^kernel" | tr -s ' ' | tr '\n' ';')"
   done | tee $OUT/profiles.txt
   log peer
-  PYTHONUNBUFFERED=1 timeout 200 python3 $G/torch_peer.py compile reduce-overhead --plan small:8:1024 2>&1 | grep -v Warning | tee $OUT/peer.jsonl
+  peer 200 small:8:1024 compile reduce-overhead | tee $OUT/peer.jsonl
   ;;
 esac
 log end

@@ -48,8 +48,7 @@ if [ "${PART:-check}" = check ]; then
 else
   log kiln; kiln_rows | tee $OUT/kiln_$MODES.txt
   log peer $MODES
-  PYTHONUNBUFFERED=1 timeout 400 python3 $G/torch_peer.py $MODES --plan small:32:1024,small:64:1024,base:16:1024,base:32:1024,small:8:1024 2>&1 |
-    grep -v Warning | tee $OUT/peer_$MODES.jsonl
+  peer 400 small:32:1024,small:64:1024,base:16:1024,base:32:1024,small:8:1024 $MODES | tee $OUT/peer_$MODES.jsonl
   log kiln again; kiln_rows | tee $OUT/kiln_after_$MODES.txt
 fi
 log end

@@ -20,7 +20,6 @@ plan=$(for r in $ROWS; do printf '%s:1024,' $r; done); plan=${plan%,}
 log start; nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
 log kiln; rows | tee $OUT/kiln_before.txt
 log peer
-PYTHONUNBUFFERED=1 timeout 330 python3 $G/torch_peer.py ${MODES:-compile reduce-overhead} --plan $plan 2>&1 |
-  grep -v Warning | tee $OUT/peer.jsonl
+peer 330 $plan ${MODES:-compile reduce-overhead} | tee $OUT/peer.jsonl
 log kiln again; rows | tee $OUT/kiln_after.txt
 log end

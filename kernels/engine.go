@@ -62,10 +62,8 @@ type Engine struct {
 	headMode headMode
 	// gemmTune: candidates each bf16 GEMM shape times (0: none).
 	gemmTune int
-	// headRows: how many rows of logits one chunk of the LM head holds;
-	// outRows: how many of them a chunk of the fp32 logits it hands out
-	// holds (model.HeadLogitRows).
-	headRows, outRows int
+	// headRows: how many rows of logits one chunk of the LM head holds.
+	headRows int
 	// launches counts kernel launches by name, so tests can tell which
 	// attention path ran.
 	launches map[string]int
@@ -162,7 +160,7 @@ type acts struct {
 	dqsem        cuda.Ptr   // (B, H, tiles) int32, with flash attention: flash_bwd's order of the dq sums, zeroed before each launch
 	g, u, h      []cuda.Ptr // L x (N, F)
 	lnf, rstdf   cuda.Ptr   // (N, d), (N)
-	logits       cuda.Ptr   // one chunk's logits: (headRows, V) in bf16 where logitsBF, overwritten by their gradient, and (outRows, V) in fp32 handed out; (headRows, V) fp32 otherwise, overwritten by their gradient unless dlogitsb takes it
+	logits       cuda.Ptr   // one chunk's logits: (headRows, V) in bf16 where logitsBF, overwritten by their gradient, and (outRows(), V) in fp32 handed out; (headRows, V) fp32 otherwise, overwritten by their gradient unless dlogitsb takes it
 	losses       cuda.Ptr   // (N)
 	ids, tgt     cuda.Ptr   // (N) int32
 	dresid, dln  cuda.Ptr   // (N, d)

@@ -96,7 +96,7 @@ func (e *Engine) allocHead(rows int) error {
 		}
 	}
 	V := int64(e.cfg.VocabSize)
-	out, size := model.HeadLogitRows(rows, e.logitsBF())
+	_, size := model.HeadLogitRows(rows, e.logitsBF())
 	var err error
 	if a.logits, err = e.mem.alloc(fmt.Sprintf("logits (chunk of %d rows)", rows), int64(rows)*V*size); err != nil {
 		return err
@@ -106,8 +106,15 @@ func (e *Engine) allocHead(rows int) error {
 			return err
 		}
 	}
-	e.headRows, e.outRows = rows, out
+	e.headRows = rows
 	return nil
+}
+
+// outRows is how many rows a chunk of the fp32 logits the head hands out
+// holds: all of the chunk's, or half where its buffer holds bf16 rows.
+func (e *Engine) outRows() int {
+	out, _ := model.HeadLogitRows(e.headRows, e.logitsBF())
+	return out
 }
 
 // headGemm is gemm for the LM head's forward (backward false) and
@@ -212,7 +219,7 @@ func (e *Engine) lmHead(b model.Batch, pass headPass, acc cuda.Ptr, out []float3
 	}
 	step := e.headRows
 	if pass == headLogits {
-		step = e.outRows
+		step = e.outRows()
 	}
 	for r0 := 0; r0 < N; r0 += step {
 		rows := min(step, N-r0)

@@ -200,8 +200,8 @@ func TestHeadAllocatesNoFullLogits(t *testing.T) {
 			if head != "" {
 				size, out = 4, 4096
 			}
-			if e.outRows != out {
-				t.Errorf("fp32 logits handed out in chunks of %d rows, want %d", e.outRows, out)
+			if e.outRows() != out {
+				t.Errorf("fp32 logits handed out in chunks of %d rows, want %d", e.outRows(), out)
 			}
 			wantNames := map[string]int64{"logits (chunk of 4096 rows)": 4096 * V * size}
 			for _, a := range e.Allocations() {
@@ -338,8 +338,8 @@ func TestBF16LogitsInHalfChunks(t *testing.T) {
 	want := runHead(t, newEngine(t, c, model.Options{Precision: "fp32", MaxBatch: B, MaxSeq: T}), p, b)
 	e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T})
 	setHeadRows(t, e, 384) // fp32 logits 128 rows at a time: 8 chunks, 3 training chunks, the last ragged
-	if e.outRows != 128 {
-		t.Fatalf("fp32 logits in chunks of %d rows, want 128", e.outRows)
+	if e.outRows() != 128 {
+		t.Fatalf("fp32 logits in chunks of %d rows, want 128", e.outRows())
 	}
 	got := runHead(t, e, p, b)
 	one := runHead(t, newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T}), p, b)

@@ -114,15 +114,15 @@ __device__ __forceinline__ void fwd_tile(float (*o)[4], float* m, float* l, cons
     mm_kn<4, R>(o, pa, V, lane);
 }
 
-// Grid (tiles, H, B), 128 threads. The last query tiles see the most keys,
-// so they are scheduled first. out (fp32) is written only when set; outb
+// Grid (H, B, tiles) (flash.cuh), 128 threads: the last query tiles see
+// the most keys, so they are scheduled first. out (fp32) is written only when set; outb
 // gets the bf16 copy the output projection and the backward pass read.
 extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                      int T, int H, int KV, float scale, int ldq, int ldkv) {
     __shared__ alignas(16) bf16 Qs[TILE];
     __shared__ alignas(16) bf16 Ks[2][TILE];
     __shared__ alignas(16) bf16 Vs[2][TILE];
-    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    int qt = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
@@ -154,7 +154,7 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
 }
 
 // flash_fwd with 128 query rows a block: the same arguments, outputs and
-// arithmetic row for row. Grid (ceil(T / 128), H, B), 128 threads, the
+// arithmetic row for row. Grid (H, B, ceil(T / 128)), 128 threads, the
 // last query tiles first. Each warp owns two blocks of 16 rows, rows 16 w
 // and 64 + 16 w of the tile (w the warp), so every key and value fragment
 // read from shared memory feeds four tensor-core products instead of two,
@@ -171,7 +171,7 @@ extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const b
 extern "C" __global__ void __launch_bounds__(128, 2) flash_fwd128(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k,
                                                                   const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
     __shared__ alignas(16) bf16 S[4 * TILE];
-    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    int qt = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2;
     int q0 = qt * 2 * FT, last = 2 * qt + 1;
     const bf16* qb = q + (size_t)b * T * ldq + h * HD;
@@ -221,15 +221,16 @@ extern "C" __global__ void __launch_bounds__(128, 2) flash_fwd128(float* out, bf
 // in fp32 (when dq is set) and/or, rotated back by rope, in bf16 (dqb, row
 // stride lddq: the query block of the fused projection's gradient, which
 // the projection's GEMMs read; rope's inverse then needs no pass of its own).
-// Grid (tiles, H, B), 128 threads. Five tile buffers: the queries, their
-// output gradients and outputs pass through buffers 2, 3 and 4 on their way
-// to registers, then key/value tile j lives in buffers 2 (j & 1), 2 (j & 1) + 1.
+// Grid (H, B, tiles), the last query tiles first; 128 threads. Five tile
+// buffers: the queries, their output gradients and outputs pass through
+// buffers 2, 3 and 4 on their way to registers, then key/value tile j lives
+// in buffers 2 (j & 1), 2 (j & 1) + 1.
 extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq(float* dq, bf16* dqb, float* dvec, const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                         const bf16* out, const float* lse, const float* cosT, const float* sinT, int T, int H, int KV,
                                         float scale, int ldq, int ldkv, int lddq) {
     __shared__ alignas(16) bf16 S[5][TILE];
     __shared__ float Dr[FT];
-    int qt = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    int qt = gridDim.z - 1 - blockIdx.z, h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2, t = lane & 3;
     int qs = H * HD;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
@@ -350,7 +351,7 @@ __device__ __forceinline__ void kv_item(float (*dka)[4], float (*dva)[4], unsign
 // output and no atomics are needed. Writes dk and dv in fp32 (when dk, dv
 // are set) and/or bf16 (dkb rotated back by rope, and dvb; row stride
 // lddv: the fused projection's gradient, whose GEMMs read them as column
-// blocks). Grid (tiles, KV, B), 128
+// blocks). Grid (KV, B, tiles), 128
 // threads; the first key tiles are seen by the most queries and are
 // scheduled first. The keys and values pass through buffers 0 and 1 on
 // their way to registers; then (query tile, head) item j has its queries and
@@ -361,7 +362,7 @@ extern "C" __global__ void flash_bwd_dkv(float* dk, bf16* dkb, float* dv, bf16* 
                                          int T, int H, int KV, float scale, int ldq, int ldkv, int lddv) {
     __shared__ alignas(16) bf16 S[4][TILE];
     __shared__ float Ls[2][FT], Dv[2][FT];
-    int kt = blockIdx.x, nt = gridDim.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / KV;
+    int kt = blockIdx.z, nt = gridDim.z, kvh = blockIdx.x, b = blockIdx.y, grp = H / KV;
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2;
     int qs = H * HD;
     load_tile(S[0], k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * FT, T);

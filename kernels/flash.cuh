@@ -4,6 +4,15 @@
 // 4 g + t: row g in elements 0, 1 and row g + 8 in 2, 3, columns 2t, 2t+1
 // of each 16 x 8 block), which is also the layout of a wgmma accumulator's
 // warp quarter, so the softmax and the stores below serve both.
+//
+// Their grids are (heads, batch, tiles): the query heads (the key/value
+// heads for dk and dv) along x, the sequences along y, and the 64- or
+// 128-row tiles along z. A causal tile's work depends on its index, and
+// blocks start roughly in the order of their linear index, x fastest; with
+// the tiles slowest, every head's longest tiles start before any shorter
+// one and the grid ends on its shortest. With the tiles along x, every
+// (head, sequence) row began with its longest tile, so the grid's last
+// rows started long tiles when the other blocks were finishing.
 
 #define HD 64 // head dimension
 

@@ -133,8 +133,8 @@ __device__ __forceinline__ unsigned kv_step(unsigned KVs, int kt, int last, cons
     return KVs + (kt & 1) * 2 * SW_TILE;
 }
 
-// The forward: flash_fwd's grid, arguments and outputs. Grid (ceil(T /
-// 64), H, B), 128 threads (one warpgroup), FLASH_H_FWD_SMEM bytes of
+// The forward: flash_fwd's grid, arguments and outputs. Grid (H, B,
+// ceil(T / 64)), 128 threads (one warpgroup), FLASH_H_FWD_SMEM bytes of
 // dynamic shared memory: the block's 64 queries and two buffers of a key and
 // a value tile. One warpgroup a block, so that four blocks share an SM and
 // go through their products and their softmax out of step (two warpgroups a
@@ -144,7 +144,7 @@ __device__ __forceinline__ unsigned kv_step(unsigned KVs, int kt, int last, cons
 __device__ __forceinline__ void fwd_h_tile(int qt, unsigned char* smem_h, float* out, bf16* outb, float* lse, const bf16* q,
                                            const bf16* k, const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
     unsigned Qs = sw_base(smem_h), KVs = Qs + SW_TILE; // key tile j at KVs + 2 SW_TILE (j & 1), its values one tile on
-    int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
     int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
@@ -184,16 +184,16 @@ __device__ __forceinline__ void fwd_h_tile(int qt, unsigned char* smem_h, float*
 }
 
 // A causal tile's work grows with its index, and blocks start in index
-// order. With a grid of ceil(T / 64) blocks along x, block x takes the
-// query tile T / 64 - 1 - x, so the longest start first. With half as
-// many (rounded up), block x takes the pair of tiles T / 64 - 1 - x and x,
+// order. With a grid of ceil(T / 64) blocks along z (flash.cuh), block z
+// takes the query tile T / 64 - 1 - z, so the longest start first. With
+// half as many (rounded up), block z takes the pair of tiles T / 64 - 1 - x and x,
 // the same work for every block, so no wave ends on a long tile: most of
 // all at small batches, whose blocks nearly all start at once (flashPairs
 // chooses).
 __device__ __forceinline__ bool tile_pair(int T, int* first, int* second) {
-    int nq = (T + 63) / 64, x = blockIdx.x;
+    int nq = (T + 63) / 64, x = blockIdx.z;
     *first = nq - 1 - x;
-    *second = (int)gridDim.x < nq && x < nq - 1 - x ? x : -1;
+    *second = (int)gridDim.z < nq && x < nq - 1 - x ? x : -1;
     return *second >= 0;
 }
 
@@ -247,7 +247,7 @@ __device__ __forceinline__ void dq_ds(unsigned (*sa)[4], float (*s)[4], float (*
 
 // dq: flash_bwd_dq's grid, products and outputs, dvec = rowsum(dout *
 // out) included (written for flash_bwd_dkv_h, which runs next). Grid
-// (ceil(T / 64), H, B), 128 threads, FLASH_H_DQ_SMEM bytes of dynamic
+// (H, B, ceil(T / 64)), 128 threads, FLASH_H_DQ_SMEM bytes of dynamic
 // shared memory: the block's queries and output gradients and two buffers
 // of a key and a value tile; the block's outputs pass through the second
 // buffer's key tile on their way to dvec. A key tile goes in two halves of
@@ -260,7 +260,7 @@ __device__ __forceinline__ void dq_h_tile(int qt, unsigned char* smem_h, float* 
                                           const float* cosT, const float* sinT, int T, int H, int KV, float scale, int ldq, int ldkv,
                                           int lddq) {
     unsigned Qs = sw_base(smem_h), Ds = Qs + SW_TILE, KVs = Qs + 2 * SW_TILE;
-    int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KV);
+    int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
     int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3, qs = H * HD;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
@@ -379,8 +379,8 @@ __device__ __forceinline__ void dkv_p(float (*dka)[4], float (*dva)[4], unsigned
     wg_commit();
 }
 
-// dk and dv: flash_bwd_dkv's grid, products and outputs. Grid (ceil(T /
-// 64), KV, B), 128 threads, FLASH_H_DKV_SMEM bytes of dynamic shared
+// dk and dv: flash_bwd_dkv's grid, products and outputs. Grid (KV, B,
+// ceil(T / 64)), 128 threads, FLASH_H_DKV_SMEM bytes of dynamic shared
 // memory: the block's keys and values and two buffers of a (query tile,
 // head) item's queries and output gradients. Items run over the group's
 // heads, then the query tiles from kt, as flash_bwd_dkv's do; 32 queries at
@@ -393,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dkv_h(float* dk, 
     extern __shared__ __align__(16) unsigned char smem_h[];
     __shared__ __align__(8) float Ls[2][64], Dv[2][64];
     unsigned Ks = sw_base(smem_h), Vs = Ks + SW_TILE, QD = Ks + 2 * SW_TILE; // item j's queries at QD + 2 SW_TILE (j & 1), output gradients one tile on
-    int kt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, grp = H / KV;
+    int kt = blockIdx.z, kvh = blockIdx.x, b = blockIdx.y, grp = H / KV;
     int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
     int nq = (T + 63) / 64, qs = H * HD, per = nq - kt, items = grp * per;
     load_sw<64, 128>(Ks, k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 64, T, tid);

@@ -228,9 +228,17 @@ func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int,
 	if e.flashPairs(tiles, H, B) {
 		tiles = (tiles + 1) / 2
 	}
-	return e.launch3(e.flashForwardKernel(), cuda.Dim3{X: tiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+	return e.launch3(e.flashForwardKernel(), flashGrid(H, B, tiles), cuda.Dim3{X: 128},
 		out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv)
 }
+
+// flashGrid is the grid of flash.cu's and flash_sm90.cu's forward, dq and
+// dk/dv kernels: heads along x, sequences along y, tiles along z, so that
+// the blocks of every head's longest tiles start first and the grid ends on
+// its shortest (flash.cuh). With the tiles along x, dk/dv's blocks of the
+// first key tiles, which see every query, started throughout the grid, the
+// last of them when the rest were done (docs/benchmarks/cuda.md).
+func flashGrid(heads, B, tiles int) cuda.Dim3 { return cuda.Dim3{X: heads, Y: B, Z: tiles} }
 
 // flashPairs says whether the Hopper forward and dq run a pair of query
 // tiles a block (flash_sm90.cu's tile_pair): every block the same work, so
@@ -324,11 +332,11 @@ func (e *Engine) flashBackwardSplit(dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, do
 	if e.flashPairs(tiles, H, B) {
 		dqTiles = (tiles + 1) / 2
 	}
-	if err := e.launch3(dqKernel, cuda.Dim3{X: dqTiles, Y: H, Z: B}, cuda.Dim3{X: 128},
+	if err := e.launch3(dqKernel, flashGrid(H, B, dqTiles), cuda.Dim3{X: 128},
 		dq, dqb, dvec, q, k, v, dout, out, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 		return err
 	}
-	return e.launch3(dkvKernel, cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
+	return e.launch3(dkvKernel, flashGrid(KV, B, tiles), cuda.Dim3{X: 128},
 		dk, dkb, dv, dvb, q, k, v, dout, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P)
 }
 

@@ -199,8 +199,7 @@ type acts struct {
 	// key columns in place and the flash kernels read all three from there.
 	// Their gradients land in one matrix of the same layout, for one
 	// weight-gradient and one input-gradient GEMM. The fp32 q, k, v and y
-	// are then scratch shared by all layers, for generation's
-	// straightforward attention.
+	// are then not allocated (generation brings its own: genState).
 	qkvb  []cuda.Ptr // L x (N, H*D + 2 KV*D) bf16
 	dqkvb cuda.Ptr   // (N, H*D + 2 KV*D) bf16
 	dyb   cuda.Ptr   // (N, H*D) bf16
@@ -467,8 +466,15 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 			}
 			return ps
 		}
-		a.q, a.y = shared("attention scratch (queries)", N*qd), shared("attention scratch (output)", N*qd)
-		a.k, a.v = shared("attention scratch (keys)", N*kvd), shared("attention scratch (values)", N*kvd)
+		// Training's flash attention reads and writes bf16 alone (qkvb,
+		// yb). The fp32 queries, keys, values and output are generation's
+		// straightforward attention's, which allocates them for its own
+		// rows (Generate); only flash.cu's one-pass backward
+		// (KILN_CUDA_FLASH_BWD=fused) sums dq in the queries' buffer.
+		a.q, a.y, a.k, a.v = make([]cuda.Ptr, c.Layers), make([]cuda.Ptr, c.Layers), make([]cuda.Ptr, c.Layers), make([]cuda.Ptr, c.Layers)
+		if e.flashFused {
+			a.q = shared("attention gradient scratch (dq sums)", N*qd)
+		}
 		a.qkvb = layerBF("activations (queries, keys, values, bf16)", N*(qd+2*kvd))
 		a.dqkvb = bf("gradient scratch (bf16)", N*(qd+2*kvd))
 		a.dyb = bf("gradient scratch (bf16)", N*qd)

@@ -59,6 +59,18 @@ func (e *Engine) Generate(prompt []int32, n int, stop int32, s model.Sampling) (
 		if g.att, err = alloc("attention probabilities", int64(c.Heads)*int64(len(prompt))*int64(total)*4); err != nil {
 			return err
 		}
+		if e.flash {
+			// The prompt's rows are the most one forward takes.
+			qd, rows := int64(c.Heads*c.HeadDim), int64(len(prompt))
+			for _, b := range []struct {
+				p *cuda.Ptr
+				n int64
+			}{{&g.q, qd}, {&g.y, qd}, {&g.kr, kvd}, {&g.vr, kvd}} {
+				if *b.p, err = alloc("attention scratch", rows*b.n*4); err != nil {
+					return err
+				}
+			}
+		}
 		sm := model.NewSampler(s)
 		logits := make([]float32, V)
 		tokens := prompt

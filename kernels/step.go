@@ -55,6 +55,10 @@ type genState struct {
 	att  cuda.Ptr // (H, Tq, capacity) probabilities of the current rows
 	cap  int
 	pos  int // positions filled
+	// The current rows' fp32 queries, keys, values and attention output,
+	// on an engine with flash attention, whose training buffers are bf16
+	// (elsewhere the engine's own a.q, a.k, a.v and a.y serve).
+	q, kr, vr, y cuda.Ptr
 }
 
 // forward runs the model over b (B x T rows, whose ids stageIDs has put in
@@ -81,10 +85,14 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 	for l := 0; l < c.Layers; l++ {
 		W := func(k int) operand { return e.w(e.layerSpec(l, k)) }
 		ln1 := actBF(a.ln1[l], at(a.ln1b, l))
+		q, k, v, yf := a.q[l], a.k[l], a.v[l], a.y[l]
+		if g != nil && g.q != 0 {
+			q, k, v, yf = g.q, g.kr, g.vr, g.y
+		}
 		// Generation's attention (attn_fwd) writes no bf16 copy of y.
-		y := act(a.y[l])
+		y := act(yf)
 		if g == nil {
-			y = actBF(a.y[l], at(a.yb, l))
+			y = actBF(yf, at(a.yb, l))
 		}
 		// Training's flash attention: one projection GEMM writes q, k and
 		// v in bf16, rope rotates q and k there, the flash kernels read them.
@@ -103,25 +111,25 @@ func (e *Engine) forwardGen(b model.Batch, g *genState) error {
 			}
 		} else {
 			attention = []func() error{
-				func() error { return e.gemm(false, true, N, qd, d, ln1, W(sQ), 0, a.q[l]) },
-				func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sK), 0, a.k[l]) },
-				func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sV), 0, a.v[l]) },
-				func() error { return e.rope(a.q[l], 0, N, T, H, pos0, 1) },
-				func() error { return e.rope(a.k[l], 0, N, T, KV, pos0, 1) },
+				func() error { return e.gemm(false, true, N, qd, d, ln1, W(sQ), 0, q) },
+				func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sK), 0, k) },
+				func() error { return e.gemm(false, true, N, kvd, d, ln1, W(sV), 0, v) },
+				func() error { return e.rope(q, 0, N, T, H, pos0, 1) },
+				func() error { return e.rope(k, 0, N, T, KV, pos0, 1) },
 				func() error {
 					if g == nil {
 						return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: B}, cuda.Dim3{X: 128},
-							a.y[l], a.att[l], a.q[l], a.k[l], a.v[l], T, T, H, KV, D, 0, scale)
+							yf, a.att[l], q, k, v, T, T, H, KV, D, 0, scale)
 					}
 					off := cuda.Ptr(int64(pos0*kvd) * 4)
-					if err := e.dv.Copy(g.k[l]+off, a.k[l], int64(N*kvd)*4); err != nil {
+					if err := e.dv.Copy(g.k[l]+off, k, int64(N*kvd)*4); err != nil {
 						return err
 					}
-					if err := e.dv.Copy(g.v[l]+off, a.v[l], int64(N*kvd)*4); err != nil {
+					if err := e.dv.Copy(g.v[l]+off, v, int64(N*kvd)*4); err != nil {
 						return err
 					}
 					return e.launch3("attn_fwd", cuda.Dim3{X: T, Y: H, Z: 1}, cuda.Dim3{X: 128},
-						a.y[l], g.att, a.q[l], g.k[l], g.v[l], T, g.cap, H, KV, D, pos0, scale)
+						yf, g.att, q, g.k[l], g.v[l], T, g.cap, H, KV, D, pos0, scale)
 				},
 			}
 		}

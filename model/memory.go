@@ -251,8 +251,6 @@ func (s *sizer) cuda(p MemoryPlan) {
 	}
 	s.add(act, 2*L, N, 4) // their 1/rms
 	if flash {
-		s.add(act, 2, N*qd, 4) // queries and output, shared by the layers
-		s.add(act, 2, N*kvd, 4)
 		s.add(act, L, N*(qd+2*kvd), 2)
 		s.add(scratch, 1, N*(qd+2*kvd), 2)
 		s.add(scratch, 1, N*qd, 2)
@@ -326,6 +324,12 @@ func (s *sizer) cuda(p MemoryPlan) {
 	if p.Purpose == PurposeGenerate {
 		s.add("KV cache", 2*L, T*kvd, 4)
 		s.add("attention probabilities", 1, H*T*T, 4)
+		if flash {
+			// The prompt's fp32 queries, output, keys and values, which
+			// the flash path's training buffers do not hold.
+			s.add("attention scratch", 2, T*qd, 4)
+			s.add("attention scratch", 2, T*kvd, 4)
+		}
 	}
 }
 

@@ -14,18 +14,30 @@ package model
 // nothing more. With the training logits in bf16 the same bytes hold twice
 // the rows: base's vocabulary of 32000 gets 4096 rows a chunk where fp32
 // allowed 2048, and small stays at 4096 in half the bytes.
+//
+// At small micro-batches the chunk is a large share of the peak, so it
+// holds at most a quarter of the rows, down to headQuarterFloor rows: at
+// the pilot's 8 x 1024 (small) 2048 rows, 64 MiB instead of 128, the peak
+// 1.99 -> 1.93 GiB, under torch.compile's 1.95, for one more pair of
+// partial sums of the head's weight gradient (tok/s at one micro-batch a
+// step level, 1,484,558 / 1,512,651 against 1,496,912 / 1,498,670; at the
+// pilot's 16, 1,583,067 / 1,607,293 against 1,610,488 / 1,610,853, about
+// 1% less: docs/benchmarks/cuda.md). From 16384 rows up the quarter is
+// over headMaxRows and changes nothing.
 const (
-	headChunkBytes = 256 << 20
-	headMaxRows    = 4096
+	headChunkBytes   = 256 << 20
+	headMaxRows      = 4096
+	headQuarterFloor = 2048
 )
 
 // headRowsFor is the chunk size for N rows of V logits of size bytes: as
-// many rows as fit in headChunkBytes, at most headMaxRows, at least 1 and
-// at most N. Above 128 rows it is rounded down to a multiple of 128, so that
+// many rows as fit in headChunkBytes, at most headMaxRows and at most a
+// quarter of N unless that is under headQuarterFloor, at least 1 and at
+// most N. Above 128 rows it is rounded down to a multiple of 128, so that
 // every chunk starts 256-byte aligned in the fp32 and bf16 row buffers its
 // GEMMs read, whatever the hidden size.
 func headRowsFor(N, V int, size int64) int {
-	r := min(int(headChunkBytes/(size*int64(V))), headMaxRows)
+	r := min(int(headChunkBytes/(size*int64(V))), headMaxRows, max(N/4, headQuarterFloor))
 	if r >= 128 {
 		r &^= 127
 	}

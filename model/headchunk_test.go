@@ -12,6 +12,9 @@ func TestHeadRowsFor(t *testing.T) {
 		{32 * 1024, 16384, 2, 4096}, // bf16: 8192 would fit; at most 4096
 		{32 * 1024, 32000, 4, 2048}, // base, fp32: 2097 rows fit, rounded down to 128s
 		{32 * 1024, 32000, 2, 4096}, // bf16: 4194 fit
+		{8 * 1024, 16384, 2, 2048},  // the pilot's 8 x 1024: a quarter of its rows
+		{4 * 1024, 16384, 2, 2048},  // not under headQuarterFloor
+		{2 * 1024, 16384, 2, 2048},  // one chunk
 		{64, 512, 2, 64},            // the golden models: one chunk
 		{5000, 50000, 4, 1280},      // 1342 fit
 		{100, 50000, 4, 100},        // fewer rows than fit

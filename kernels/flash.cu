@@ -115,8 +115,9 @@ __device__ __forceinline__ void fwd_tile(float (*o)[4], float* m, float* l, cons
 }
 
 // Grid (H, B, tiles) (flash.cuh), 128 threads: the last query tiles see
-// the most keys, so they are scheduled first. out (fp32) is written only when set; outb
-// gets the bf16 copy the output projection and the backward pass read.
+// the most keys, so they are scheduled first. out (fp32) is written only
+// when set; outb gets the bf16 copy the output projection and the backward
+// pass read.
 extern "C" __global__ void flash_fwd(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k, const bf16* v,
                                      int T, int H, int KV, float scale, int ldq, int ldkv) {
     __shared__ alignas(16) bf16 Qs[TILE];
@@ -351,9 +352,8 @@ __device__ __forceinline__ void kv_item(float (*dka)[4], float (*dva)[4], unsign
 // output and no atomics are needed. Writes dk and dv in fp32 (when dk, dv
 // are set) and/or bf16 (dkb rotated back by rope, and dvb; row stride
 // lddv: the fused projection's gradient, whose GEMMs read them as column
-// blocks). Grid (KV, B, tiles), 128
-// threads; the first key tiles are seen by the most queries and are
-// scheduled first. The keys and values pass through buffers 0 and 1 on
+// blocks). Grid (KV, B, tiles), 128 threads; the first key tiles are seen
+// by the most queries and are scheduled first. The keys and values pass through buffers 0 and 1 on
 // their way to registers; then (query tile, head) item j has its queries and
 // output gradients in buffers 2 (j & 1), 2 (j & 1) + 1 and its log-sum-exp
 // and dvec in Ls[j & 1], Dv[j & 1].

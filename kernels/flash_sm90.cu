@@ -186,10 +186,10 @@ __device__ __forceinline__ void fwd_h_tile(int qt, unsigned char* smem_h, float*
 // A causal tile's work grows with its index, and blocks start in index
 // order. With a grid of ceil(T / 64) blocks along z (flash.cuh), block z
 // takes the query tile T / 64 - 1 - z, so the longest start first. With
-// half as many (rounded up), block z takes the pair of tiles T / 64 - 1 - x and x,
-// the same work for every block, so no wave ends on a long tile: most of
-// all at small batches, whose blocks nearly all start at once (flashPairs
-// chooses).
+// half as many (rounded up), block z takes the pair of tiles T / 64 - 1 - z
+// and z, the same work for every block, so no wave ends on a long tile:
+// most of all at small batches, whose blocks nearly all start at once
+// (flashPairs chooses).
 __device__ __forceinline__ bool tile_pair(int T, int* first, int* second) {
     int nq = (T + 63) / 64, x = blockIdx.z;
     *first = nq - 1 - x;

@@ -12,7 +12,9 @@
 // the tiles slowest, every head's longest tiles start before any shorter
 // one and the grid ends on its shortest. With the tiles along x, every
 // (head, sequence) row began with its longest tile, so the grid's last
-// rows started long tiles when the other blocks were finishing.
+// rows started long tiles when the other blocks were finishing. flash_bwd,
+// the one-pass backward whose blocks wait on each other's dq sums, keeps
+// the (tiles, KV, B) grid its order of waiting was written and measured for.
 
 #define HD 64 // head dimension
 

@@ -238,12 +238,13 @@ func (s *sizer) cuda(p MemoryPlan) {
 	}
 	s.add("small buffers", 3, 1, 4)
 	s.add("small buffers", 1, 1024, 4)
-	s.add("cuBLASLt workspace", 1, 32<<20, 1)
+	// One for the main stream; with flash attention the weight-gradient
+	// GEMMs' second stream has its own (kernels/overlap.go).
+	workspaces := 1.0
 	if flash {
-		// The weight-gradient GEMMs' second stream has a workspace of its
-		// own (kernels/overlap.go).
-		s.add("cuBLASLt workspace", 1, 32<<20, 1)
+		workspaces = 2
 	}
+	s.add("cuBLASLt workspace", workspaces, 32<<20, 1)
 	s.add("small buffers", 1, 2*(2*L+1), 8)
 	positions := math.Max(float64(c.MaxPositions), T)
 	s.add("rotary table", 2, positions*float64(c.HeadDim/2), 4)

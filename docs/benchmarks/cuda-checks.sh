@@ -1,6 +1,6 @@
 # Sourced by the CUDA device scripts (hopper-attention-run.sh,
-# dresid-run.sh, kernel-ab-run.sh, peer-run.sh, head-memory-run.sh) once G
-# and OUT are set: the carried
+# dresid-run.sh, kernel-ab-run.sh, peer-run.sh, head-memory-run.sh,
+# flash-grid-run.sh, head-quarter-run.sh) once G and OUT are set: the carried
 # binaries unpacked onto PATH, and the steps they share. The environment a
 # caller sets (KILN_CUDA_*) reaches every command.
 
@@ -15,6 +15,20 @@ log() { echo "### $(date -u +%H:%M:%S) t=$((SECONDS-S))s $*"; }
 
 # tok: tok/s and peak GiB of the JSON line `sched bench` ends with.
 tok() { python3 -c "import sys,json; l=sys.stdin.read(); d=json.loads(l[l.index('{'):]); print(round(d['tok_per_sec']), round(d['peak_gib'],2))"; }
+
+# kbench BUILD MODEL BATCH [ARGS...]: tok/s and peak GiB of BUILD's `bench`
+# at MODEL BATCH x 1024, 30 steps, ARGS added (--accumulate N, ...).
+kbench() {
+  local s=$1 m=$2 b=$3; shift 3
+  timeout 90 $s bench --engine cuda --model $m --batch $b --seq 1024 --steps 30 "$@" 2>&1 | tail -1 | tok
+}
+
+# kprofile BUILD MODEL BATCH PATTERN: BUILD's `bench --profile` at MODEL
+# BATCH x 1024, its step line and the kernels matching PATTERN on one line.
+kprofile() {
+  timeout 60 $1 bench --engine cuda --model $2 --batch $3 --seq 1024 --steps 30 --profile 2>&1 |
+    grep -E "^  ($4)|^kernel" | tr -s ' ' | tr '\n' ';'
+}
 
 # gpu_tests NAME SECONDS ARGS...: kernels.test ARGS in kernels/, its log in
 # $OUT/tests_NAME.log; prints the verdicts, what failed and the count passed.

@@ -14,6 +14,6 @@ SHAPES=${SHAPES:-small:32 small:8 base:16 base:32} PROFILE_SHAPES=${PROFILE_SHAP
 unpack ${BUILDS:-sched-prev sched}
 log sm80 bench
 for round in 1 2; do for s in ${BUILDS:-sched-prev sched}; do for r in small:8 small:32; do set -- ${r/:/ }
-  echo "$s sm80 $1 $2 $(KILN_CUDA_FORCE_SM80=1 timeout 90 $s bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 2>&1 | tail -1 | tok)"
+  echo "$s sm80 $1 $2 $(KILN_CUDA_FORCE_SM80=1 kbench $s $1 $2)"
 done; done; done | tee $OUT/sm80.txt
 log end

@@ -30,12 +30,12 @@ bench)
   log bench
   for round in 1 2; do for s in $BUILDS; do
     for r in "small 32 1" "small 64 1" "base 16 1" "base 32 1" "small 8 1" "small 8 16"; do set -- $r
-      echo "$s $1 $2 accumulate $3 $(timeout 90 $s bench --engine cuda --model $1 --batch $2 --seq 1024 --accumulate $3 --steps 30 2>&1 | tail -1 | tok)"
+      echo "$s $1 $2 accumulate $3 $(kbench $s $1 $2 --accumulate $3)"
     done
-    echo "$s sm80 small 8 $(KILN_CUDA_FORCE_SM80=1 timeout 90 $s bench --engine cuda --model small --batch 8 --seq 1024 --steps 30 2>&1 | tail -1 | tok)"
+    echo "$s sm80 small 8 $(KILN_CUDA_FORCE_SM80=1 kbench $s small 8)"
   done; done | tee $OUT/bench.txt
   for s in $BUILDS; do
-    echo "$s small 32: $(timeout 60 $s bench --engine cuda --model small --batch 32 --seq 1024 --steps 30 --profile 2>&1 | grep -E "^  (rmsnorm|xent)|^kernel" | tr -s ' ' | tr '\n' ';')"
+    echo "$s small 32: $(kprofile $s small 32 'rmsnorm|xent')"
   done | tee $OUT/profiles.txt
   log peer
   peer 200 small:8:1024 compile reduce-overhead | tee $OUT/peer.jsonl

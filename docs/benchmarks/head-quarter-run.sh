@@ -9,6 +9,6 @@ G=${G:-$PWD/.carry/g}; OUT=${OUT:-/tmp/head-quarter}; mkdir -p $OUT
 . "$(dirname "$0")/cuda-checks.sh"
 unpack sched sched-h2048
 for round in 1 2; do for s in sched sched-h2048; do for a in 1 16; do
-  echo "$s small 8 accumulate $a $(timeout 40 $s bench --engine cuda --model small --batch 8 --seq 1024 --accumulate $a --steps 30 2>&1 | tail -1 | tok)"
+  echo "$s small 8 accumulate $a $(kbench $s small 8 --accumulate $a)"
 done; done; done | tee $OUT/h2048.txt
 log end

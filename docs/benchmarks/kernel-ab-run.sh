@@ -21,9 +21,9 @@ log curves
 curves
 log bench
 for round in 1 2; do for s in $BUILDS; do for r in ${SHAPES:-small:32 small:8 base:16}; do set -- ${r/:/ }
-  echo "$s $1 $2 $(timeout 60 $s bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 2>&1 | tail -1 | tok)"
+  echo "$s $1 $2 $(kbench $s $1 $2)"
 done; done; done | tee $OUT/ab.txt
 for r in ${PROFILE_SHAPES:-small:32 base:16}; do set -- ${r/:/ }; for s in $BUILDS; do
-  echo "$s $1 $2: $(timeout 60 $s bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 --profile 2>&1 | grep -E "^  ($KERNELS)|^kernel" | tr -s ' ' | tr '\n' ';')"
+  echo "$s $1 $2: $(kprofile $s $1 $2 "$KERNELS")"
 done; done | tee $OUT/profiles.txt
 log end

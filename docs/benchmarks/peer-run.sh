@@ -13,7 +13,7 @@ unpack $BUILDS
 rows() {
   local s r
   for s in $BUILDS; do for r in $ROWS; do set -- ${r/:/ }
-    echo "$s $1 $2 $(timeout 90 $s bench --engine cuda --model $1 --batch $2 --seq 1024 --steps 30 2>&1 | tail -1 | tok)"
+    echo "$s $1 $2 $(kbench $s $1 $2)"
   done; done
 }
 plan=$(for r in $ROWS; do printf '%s:1024,' $r; done); plan=${plan%,}

@@ -141,6 +141,8 @@ type Engine struct {
 	ov  *overlap
 	// ck is CopyState's host buffer and stream (snapshot.go).
 	ck *stateCopy
+	// ahead is MetricsLater's host slots (ahead.go).
+	ahead *metricsCopy
 }
 
 const normBlocks = 1024
@@ -939,7 +941,7 @@ func (e *Engine) Close() error {
 	}
 	err := e.th.do(func() error {
 		var errs []error
-		errs = append(errs, e.freeStateCopy())
+		errs = append(errs, e.freeStateCopy(), e.freeMetricsCopy())
 		if e.recorded != nil {
 			errs = append(errs, e.dropGraphs())
 		}

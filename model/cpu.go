@@ -186,6 +186,13 @@ func (e *CPUEngine) Metrics() (StepMetrics, error) {
 	return StepMetrics{Loss: e.loss, AuxLoss: e.aux, GradNorm: e.gradNorm, ExpertShare: Shares(e.counts)}, nil
 }
 
+// MetricsLater implements MetricsAhead: the CPU engine's step is complete
+// when Step returns, so its metrics are taken at once.
+func (e *CPUEngine) MetricsLater() (func() (StepMetrics, error), error) {
+	m, err := e.Metrics()
+	return func() (StepMetrics, error) { return m, err }, nil
+}
+
 // Grads copies the accumulated gradients into g.
 func (e *CPUEngine) Grads(g *Params) error {
 	if err := e.checkParams(g); err != nil {

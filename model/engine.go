@@ -155,6 +155,20 @@ type Profiler interface {
 	KernelTimes() map[string]float64
 }
 
+// MetricsAhead is an engine whose step's metrics can be read after the
+// next step has been queued: the trainer queues step n + 1 before it waits
+// for step n's loss, so the host's work between two steps (reading the
+// metrics, drawing and staging the next batch, launching its work)
+// overlaps the device's instead of leaving it idle
+// (docs/decisions/step-ahead.md).
+type MetricsAhead interface {
+	// MetricsLater starts copying the metrics of the step queued last (by
+	// the last Step) and returns at once; wait blocks until they are
+	// copied and returns them. wait must be called before the second
+	// MetricsLater after this one, which reuses its place.
+	MetricsLater() (wait func() (StepMetrics, error), err error)
+}
+
 // StateCopier is an engine that copies its training state (the weights and
 // both Adam moments) to host memory without waiting for the device, so
 // that a checkpoint is written while training goes on.

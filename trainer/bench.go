@@ -172,7 +172,21 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		b.Targets[i] = int32(rng.IntN(c.VocabSize))
 	}
 	opt := model.AdamW{LR: 4e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}
-	step := func() (model.StepMetrics, error) {
+	// The trainer's steps, a step ahead where the engine can be
+	// (model.MetricsAhead): a step's metrics are read once the next one is
+	// queued, and the steps the trainer completes at once (a checkpoint's,
+	// the last) are completed at once here too.
+	ahead, _ := eng.(model.MetricsAhead)
+	var pending func() (model.StepMetrics, error)
+	settle := func() (model.StepMetrics, error) {
+		if pending == nil {
+			return model.StepMetrics{}, nil
+		}
+		wait := pending
+		pending = nil
+		return wait()
+	}
+	run := func(complete bool) (model.StepMetrics, error) {
 		if err := eng.ZeroGrad(); err != nil {
 			return model.StepMetrics{}, err
 		}
@@ -184,13 +198,22 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		if err := eng.Step(opt); err != nil {
 			return model.StepMetrics{}, err
 		}
+		if _, err := settle(); err != nil {
+			return model.StepMetrics{}, err
+		}
+		if ahead != nil && !complete {
+			var err error
+			pending, err = ahead.MetricsLater()
+			return model.StepMetrics{}, err
+		}
 		return eng.Metrics()
 	}
+	step := func() (model.StepMetrics, error) { return run(true) }
 	for i := 0; i < o.Warmup; i++ {
 		if err := ctx.Err(); err != nil {
 			return r, err
 		}
-		if _, err := step(); err != nil {
+		if _, err := run(i == o.Warmup-1); err != nil {
 			return r, err
 		}
 	}
@@ -215,10 +238,11 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 			return r, err
 		}
 		t0 := time.Now()
-		if m, err = step(); err != nil {
+		ckStep := ck != nil && (i+1)%o.CheckpointEvery == 0
+		if m, err = run(ckStep || i == o.Steps-1); err != nil {
 			return r, err
 		}
-		if ck != nil && (i+1)%o.CheckpointEvery == 0 {
+		if ckStep {
 			if err := benchCheckpoint(ctx, ck, i+1, o.CheckpointWait); err != nil {
 				return r, err
 			}

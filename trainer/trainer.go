@@ -189,6 +189,25 @@ type loop struct {
 	markTime time.Time // start of the current logging interval
 	began    time.Time // start of this process's part of the run
 	markTok  int64
+	// pend is the step queued on the engine whose metrics are read once
+	// the next step is queued (step-ahead; nil when none).
+	pend *pendingStep
+}
+
+// pendingStep is a queued step whose metrics are still on their way: the
+// learning rate it was given, and the engine's wait for its metrics.
+type pendingStep struct {
+	lr   float64
+	wait func() (model.StepMetrics, error)
+}
+
+// queued is the number of optimizer steps queued on the engine: those
+// taken and the one whose metrics are pending.
+func (l *loop) queued() int {
+	if l.pend != nil {
+		return l.step + 1
+	}
+	return l.step
 }
 
 // start puts the resumed snapshot, or freshly initialised weights, on the
@@ -230,26 +249,25 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 		// at the next boundary, as it did when written in line.
 		if c := l.ck.failed(); c != nil {
 			l.ended(c)
-			return l.result(), c.err
+			return l.result(), l.fail(work, c.err)
 		}
 		if ctx.Err() != nil {
 			return l.stop(ctx)
 		}
-		if (l.cfg.MaxSteps > 0 && l.step-first >= l.cfg.MaxSteps) ||
+		if (l.cfg.MaxSteps > 0 && l.queued()-first >= l.cfg.MaxSteps) ||
 			(l.cfg.MaxDuration > 0 && time.Since(began) >= l.cfg.MaxDuration) {
 			err := l.checkpointNow(work)
 			return l.result(), err
 		}
-		if err := l.trainStep(ctx); err != nil {
+		if err := l.trainStep(ctx, first); err != nil {
 			if errors.Is(err, errAbandoned) {
 				return l.stop(ctx)
 			}
-			return l.result(), err
+			return l.result(), l.fail(work, err)
 		}
-		if l.hooks.Step != nil {
-			l.hooks.Step(l.step, l.rc.TotalSteps)
-		}
-		if l.rc.CheckpointEvery > 0 && l.step%l.rc.CheckpointEvery == 0 {
+		// A checkpoint's step is never left pending (ahead), so with none
+		// pending l.step is the step just trained.
+		if l.pend == nil && l.rc.CheckpointEvery > 0 && l.step%l.rc.CheckpointEvery == 0 {
 			if err := l.checkpoint(work); err != nil {
 				return l.result(), err
 			}
@@ -276,6 +294,9 @@ func (l *loop) finish(_ Result, err error) (Result, error) {
 // written (unless it is already on disk) and ctx's error returned, so that
 // the caller knows the run stopped and resumes exactly there.
 func (l *loop) stop(ctx context.Context) (Result, error) {
+	if err := l.settle(context.WithoutCancel(ctx)); err != nil {
+		return l.result(), errors.Join(ctx.Err(), err)
+	}
 	l.log.Info("stopping: writing a checkpoint at the step boundary", zap.Int("step", l.step))
 	if err := l.checkpointNow(context.WithoutCancel(ctx)); err != nil {
 		return l.result(), errors.Join(ctx.Err(), err)
@@ -301,13 +322,13 @@ func (l *loop) accumulate(ctx context.Context) error {
 	}
 	start, err := l.cfg.Data.Cursor()
 	if err != nil {
-		return fmt.Errorf("step %d: data cursor: %w", l.step+1, err)
+		return fmt.Errorf("step %d: data cursor: %w", l.queued()+1, err)
 	}
 	abandon := func(done int) error {
 		if err := l.cfg.Data.Seek(start); err != nil {
-			return fmt.Errorf("step %d: abandoned by a stop, and its data cursor could not be returned: %w", l.step+1, err)
+			return fmt.Errorf("step %d: abandoned by a stop, and its data cursor could not be returned: %w", l.queued()+1, err)
 		}
-		l.log.Info("stopping: abandoned the step part-way", zap.Int("step", l.step+1),
+		l.log.Info("stopping: abandoned the step part-way", zap.Int("step", l.queued()+1),
 			zap.Int("micro_batches_done", done), zap.Int("of", l.rc.Accumulate))
 		return errAbandoned
 	}
@@ -324,36 +345,99 @@ func (l *loop) accumulate(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return abandon(i)
 			}
-			return fmt.Errorf("step %d: data: %w", l.step+1, err)
+			return fmt.Errorf("step %d: data: %w", l.queued()+1, err)
 		}
 		if err := checkIDs(b, l.mc.VocabSize); err != nil {
-			return fmt.Errorf("step %d: %w", l.step+1, err)
+			return fmt.Errorf("step %d: %w", l.queued()+1, err)
 		}
 		if err := l.eng.ForwardBackward(b, 1/float32(k)); err != nil {
-			return fmt.Errorf("step %d: %w", l.step+1, err)
+			return fmt.Errorf("step %d: %w", l.queued()+1, err)
 		}
 	}
 	return nil
 }
 
-func (l *loop) trainStep(ctx context.Context) error {
+func (l *loop) trainStep(ctx context.Context, first int) error {
 	if err := l.accumulate(ctx); err != nil {
 		return err
 	}
-	lr := LearningRate(l.step, l.rc.LR, l.rc.Warmup, l.rc.TotalSteps, l.rc.Floor)
+	n := l.queued() + 1
+	lr := LearningRate(n-1, l.rc.LR, l.rc.Warmup, l.rc.TotalSteps, l.rc.Floor)
 	if err := l.eng.Step(model.AdamW{LR: lr, Beta1: l.rc.Beta1, Beta2: l.rc.Beta2, Eps: l.rc.Eps,
 		WeightDecay: l.rc.WeightDecay, Clip: l.rc.Clip}); err != nil {
+		// A pending step that diverged is the error to report.
+		if serr := l.settle(context.WithoutCancel(ctx)); serr != nil {
+			return serr
+		}
 		// An engine may refuse to apply a non-finite gradient; that is a
 		// divergence like a non-finite loss, and is reported as one.
 		if m, merr := l.eng.Metrics(); merr == nil && (!finite(m.Loss) || !finite(m.GradNorm)) {
 			return l.diverged(m)
 		}
-		return fmt.Errorf("step %d: %w", l.step+1, err)
+		return fmt.Errorf("step %d: %w", n, err)
+	}
+	// The step before this one, whose metrics have arrived while this one
+	// was being queued; the device is busy with this one meanwhile.
+	if err := l.settle(context.WithoutCancel(ctx)); err != nil {
+		return err
+	}
+	if l.ahead(ctx, n, first) {
+		wait, err := l.eng.(model.MetricsAhead).MetricsLater()
+		if err != nil {
+			return fmt.Errorf("step %d: %w", n, err)
+		}
+		l.pend = &pendingStep{lr: lr, wait: wait}
+		return nil
 	}
 	m, err := l.eng.Metrics()
 	if err != nil {
+		return fmt.Errorf("step %d: %w", n, err)
+	}
+	return l.finishStep(ctx, m, lr)
+}
+
+// ahead says whether step n, just queued, may be left pending while the
+// next is queued: on an engine that can (model.MetricsAhead), for a step
+// after which nothing reads the engine's state or ends the call. A
+// checkpoint's step, an evaluation's, the last step, the last of this
+// call (MaxSteps) and a step during a stop are completed at once.
+func (l *loop) ahead(ctx context.Context, n, first int) bool {
+	if _, ok := l.eng.(model.MetricsAhead); !ok || ctx.Err() != nil {
+		return false
+	}
+	every := func(k int) bool { return k > 0 && n%k == 0 }
+	return n < l.rc.TotalSteps && !every(l.rc.CheckpointEvery) && !every(l.rc.EvalEvery) &&
+		(l.cfg.MaxSteps <= 0 || n-first < l.cfg.MaxSteps)
+}
+
+// settle completes the pending step, if any: it waits for its metrics and
+// counts it, as finishStep does for a step completed at once.
+func (l *loop) settle(ctx context.Context) error {
+	p := l.pend
+	if p == nil {
+		return nil
+	}
+	l.pend = nil
+	m, err := p.wait()
+	if err != nil {
 		return fmt.Errorf("step %d: %w", l.step+1, err)
 	}
+	return l.finishStep(ctx, m, p.lr)
+}
+
+// fail is err, the end of the call, once the pending step is settled (and
+// its own error, should it have one, joined to err).
+func (l *loop) fail(ctx context.Context, err error) error {
+	if serr := l.settle(ctx); serr != nil {
+		return errors.Join(err, serr)
+	}
+	return err
+}
+
+// finishStep counts step l.step + 1, whose metrics are m: a non-finite
+// loss or gradient norm ends the run; a logged step writes its line (and
+// runs its evaluation).
+func (l *loop) finishStep(ctx context.Context, m model.StepMetrics, lr float64) error {
 	if !finite(m.Loss) || !finite(m.GradNorm) {
 		return l.diverged(m)
 	}
@@ -362,7 +446,12 @@ func (l *loop) trainStep(ctx context.Context) error {
 	l.loss = m.Loss
 	if l.rc.LogEvery > 0 && l.step%l.rc.LogEvery == 0 || l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 {
 		// The step is complete: its evaluation and log line are part of it.
-		return l.logStep(context.WithoutCancel(ctx), m, lr)
+		if err := l.logStep(context.WithoutCancel(ctx), m, lr); err != nil {
+			return err
+		}
+	}
+	if l.hooks.Step != nil {
+		l.hooks.Step(l.step, l.rc.TotalSteps)
 	}
 	return nil
 }
@@ -499,6 +588,9 @@ func (l *loop) checkpoint(ctx context.Context) error {
 // checkpointNow writes the state after l.step and waits until the write
 // (and the hook) have ended: at a stop and at the end of a call.
 func (l *loop) checkpointNow(ctx context.Context) error {
+	if err := l.settle(ctx); err != nil {
+		return err
+	}
 	if err := l.checkpoint(ctx); err != nil {
 		return err
 	}

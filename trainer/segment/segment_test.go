@@ -246,7 +246,9 @@ func TestDiskGuardStopsTheSegment(t *testing.T) {
 }
 
 // Cancellation (SIGTERM, `sched cancel`) checkpoints at the next step and
-// uploads it before returning.
+// uploads it before returning. Step 3 is counted (its progress reported)
+// once step 4 is queued behind it (the engine runs a step ahead; step 4,
+// an evaluation's, is completed at once), so the stop comes at step 4.
 func TestCancelledSegmentUploadsItsLastCheckpoint(t *testing.T) {
 	rdb := newRedis(t)
 	obj, _ := newS3(t)
@@ -260,11 +262,11 @@ func TestCancelledSegmentUploadsItsLastCheckpoint(t *testing.T) {
 				cancel()
 			}
 		}})
-	if !errors.Is(err, context.Canceled) || out.Step != 3 || out.Uploaded != 3 {
+	if !errors.Is(err, context.Canceled) || out.Step != 4 || out.Uploaded != 4 {
 		t.Fatalf("cancelled segment: %+v %v", out, err)
 	}
-	if steps, _ := RemoteSteps(context.Background(), obj, "c"); !reflect.DeepEqual(steps, []int{3}) {
-		t.Fatalf("remote checkpoints %v, want [3]", steps)
+	if steps, _ := RemoteSteps(context.Background(), obj, "c"); !reflect.DeepEqual(steps, []int{4}) {
+		t.Fatalf("remote checkpoints %v, want [4]", steps)
 	}
 }
 

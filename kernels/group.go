@@ -253,6 +253,33 @@ func (g *Group) Metrics() (model.StepMetrics, error) {
 	return ms[0], err
 }
 
+// MetricsLater implements model.MetricsAhead: each GPU copies its metrics
+// behind its own step; the wait waits for every GPU's copy, asks each
+// communicator for an error of its own, and returns GPU 0's metrics, as
+// Metrics does.
+func (g *Group) MetricsLater() (func() (model.StepMetrics, error), error) {
+	waits := make([]func() (model.StepMetrics, error), len(g.ranks))
+	if err := g.each(func(r int, e *Engine) error {
+		var err error
+		waits[r], err = e.MetricsLater()
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	return func() (model.StepMetrics, error) {
+		ms := make([]model.StepMetrics, len(g.ranks))
+		err := g.each(func(r int, e *Engine) error {
+			m, err := waits[r]()
+			ms[r] = m
+			if err == nil && g.comms[r] != nil {
+				err = e.th.do(g.comms[r].AsyncError)
+			}
+			return err
+		})
+		return ms[0], err
+	}, nil
+}
+
 // Grads implements model.Engine: the gradients accumulated on every GPU
 // since ZeroGrad, summed in rank order. After Step they are the reduced
 // sum on each GPU; it reads GPU 0's then.

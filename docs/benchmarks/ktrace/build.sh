@@ -7,6 +7,19 @@ lib=$(find /usr/local/cuda/ /usr/local/lib/python3*/ /usr/lib/python3*/ -name 'l
 echo "cupti.h in $inc; lib $lib"
 rec=$(grep -ho 'CUpti_ActivityKernel[0-9]*;' $inc/cupti_activity.h 2>/dev/null | tr -d ';' | sort -V | tail -1)
 echo "kernel record: $rec"
+ms=$(grep -ho 'CUpti_ActivityMemset[0-9]*;' $inc/cupti_activity.h 2>/dev/null | tr -d ';' | sort -V | tail -1)
+mc=$(grep -ho 'CUpti_ActivityMemcpy[0-9]*;' $inc/cupti_activity.h 2>/dev/null | tr -d ';' | sort -V | tail -1)
+echo "memset record: $ms, memcpy record: $mc"
 cc=$(command -v gcc || command -v cc || command -v clang)
 echo "compiler: $cc"
-$cc -O2 -shared -fPIC -DKREC=$rec -I$inc -I/usr/local/cuda/include -I/usr/local/cuda/targets/x86_64-linux/include $D/ktrace.c -o /tmp/ktrace.so $lib -Wl,-rpath,$(dirname $lib) -lpthread && echo built /tmp/ktrace.so
+build() {
+	$cc -O2 -shared -fPIC -DKREC=$rec "$@" -I$inc -I/usr/local/cuda/include -I/usr/local/cuda/targets/x86_64-linux/include $D/ktrace.c \
+		-o /tmp/ktrace.so $lib -Wl,-rpath,$(dirname $lib) -lpthread
+}
+# With memsets and copies where the header's records allow; kernels alone
+# otherwise.
+if [ -n "$ms" ] && [ -n "$mc" ] && build -DMSREC=$ms -DMCREC=$mc; then
+	echo "built /tmp/ktrace.so (kernels, memsets, copies)"
+elif build; then
+	echo "built /tmp/ktrace.so (kernels only)"
+fi

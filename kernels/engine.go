@@ -62,6 +62,9 @@ type Engine struct {
 	headMode headMode
 	// gemmTune: candidates each bf16 GEMM shape times (0: none).
 	gemmTune int
+	// wsLimit: the bytes of the cuBLASLt workspace (wsBytes allocated) a
+	// GEMM may use.
+	wsLimit int64
 	// headRows: how many rows of logits one chunk of the LM head holds.
 	headRows int
 	// launches counts kernel launches by name, so tests can tell which
@@ -262,6 +265,7 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 	}
 	e.flashFused = k.flashFused
 	e.flashPair = k.flashPair
+	e.wsLimit = k.workspace()
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {
 		e.headMode = k.head
@@ -619,14 +623,14 @@ func actBF(p, b cuda.Ptr) operand { return operand{f32: p, bf: b} }
 // first; accumulation is fp32 either way, and fp32 precision never uses TF32.
 func (e *Engine) gemm(ta, tb bool, M, N, K int, A, B operand, beta float32, C cuda.Ptr) error {
 	if !e.bf16 {
-		return e.lt.Gemm(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.gws, wsBytes, e.gs)
+		return e.lt.Gemm(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.gws, e.wsLimit, e.gs)
 	}
 	pa, pb, err := e.bfOperands(M, N, K, A, B)
 	if err != nil {
 		return err
 	}
 	return e.timed(e.gemmName("bf16", ta, tb, M, N, K), func() error {
-		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.gws, wsBytes, e.gs)
+		return e.lt.Gemm(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, beta, C, e.gws, e.wsLimit, e.gs)
 	})
 }
 
@@ -660,14 +664,14 @@ func (e *Engine) bfOperands(M, N, K int, A, B operand) (cuda.Ptr, cuda.Ptr, erro
 // sublayer and writing the one leaving it, with no copy between.
 func (e *Engine) gemmAdd(ta, tb bool, M, N, K int, A, B operand, C, D cuda.Ptr) error {
 	if !e.bf16 {
-		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, 1, C, D, e.gws, wsBytes, e.gs)
+		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, 1, C, D, e.gws, e.wsLimit, e.gs)
 	}
 	pa, pb, err := e.bfOperands(M, N, K, A, B)
 	if err != nil {
 		return err
 	}
 	return e.timed(e.gemmName("bf16 + residual", ta, tb, M, N, K), func() error {
-		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, 1, C, D, e.gws, wsBytes, e.gs)
+		return e.lt.GemmAdd(cuda.ComputeF32, cuda.DataBF16, ta, tb, M, N, K, 1, pa, pb, 1, C, D, e.gws, e.wsLimit, e.gs)
 	})
 }
 
@@ -678,7 +682,7 @@ func (e *Engine) gemmBF(ta, tb bool, M, N, K int, A, B operand, C cuda.Ptr) erro
 		return fmt.Errorf("GEMM %dx%dx%d to bf16 needs bf16 precision and bf16 operands", M, N, K)
 	}
 	return e.timed(e.gemmName("bf16 -> bf16", ta, tb, M, N, K), func() error {
-		return e.lt.GemmTo(cuda.ComputeF32, cuda.DataBF16, cuda.DataBF16, ta, tb, M, N, K, 1, A.bf, B.bf, 0, C, e.gws, wsBytes, e.gs)
+		return e.lt.GemmTo(cuda.ComputeF32, cuda.DataBF16, cuda.DataBF16, ta, tb, M, N, K, 1, A.bf, B.bf, 0, C, e.gws, e.wsLimit, e.gs)
 	})
 }
 

@@ -133,7 +133,7 @@ func (e *Engine) headGemm(backward, ta, tb bool, M, N, K int, A, B operand, beta
 		return fmt.Errorf("LM head GEMM %dx%dx%d in fp32 has an operand without an fp32 buffer", M, N, K)
 	}
 	return e.timed(name, func() error {
-		return e.lt.Gemm(compute, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.gws, wsBytes, e.gs)
+		return e.lt.Gemm(compute, cuda.DataF32, ta, tb, M, N, K, 1, A.f32, B.f32, beta, C, e.gws, e.wsLimit, e.gs)
 	})
 }
 

@@ -22,6 +22,9 @@ type Options struct {
 	// gemmTune: candidates each bf16 GEMM shape times; 0 for
 	// gemmCandidates, -1 for the library's first choice.
 	gemmTune int
+	// gemmWorkspace: the cuBLASLt workspace a GEMM may use, in MiB: 0 for
+	// all of wsBytes (the production path), -1 for none.
+	gemmWorkspace int
 	// naive: the straightforward attention in bf16 too, instead of the
 	// flash kernels.
 	naive bool
@@ -57,7 +60,7 @@ type Options struct {
 
 // ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
 // on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
-// KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
+// KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
 // KILN_CUDA_FLASH_PAIR, KILN_CUDA_DRESID, KILN_CUDA_GRAPH,
 // KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
 // take is bad input naming the variable and the values it takes.
@@ -77,6 +80,9 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 		o.gemmTune = -1
 	default:
 		o.gemmTune = tune
+	}
+	if o.gemmWorkspace, err = parseGemmWorkspace(getenv("KILN_CUDA_GEMM_WORKSPACE")); err != nil {
+		return Options{}, err
 	}
 	attention, err := envChoice(getenv, "KILN_CUDA_ATTENTION", "flash", "flash-sm80", "naive")
 	if err != nil {
@@ -151,6 +157,33 @@ func envChoice(getenv func(string) string, name string, values ...string) (strin
 		return v, nil
 	}
 	return "", &envError{fmt.Sprintf("%s=%q is not a setting it takes: set one of %s, or unset it", name, v, strings.Join(values, ", "))}
+}
+
+// parseGemmWorkspace reads KILN_CUDA_GEMM_WORKSPACE: unset for all of
+// wsBytes (0), a number of MiB up to it, or 0 MiB for none (-1).
+func parseGemmWorkspace(v string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	switch {
+	case err != nil || n < 0 || n > wsBytes>>20:
+		return 0, &envError{fmt.Sprintf("KILN_CUDA_GEMM_WORKSPACE=%q is not a workspace size: set a number of MiB from 0 (none) to %d, or unset it for %d", v, wsBytes>>20, wsBytes>>20)}
+	case n == 0:
+		return -1, nil
+	}
+	return n, nil
+}
+
+// workspace is the bytes of cuBLASLt workspace a GEMM may use.
+func (o Options) workspace() int64 {
+	switch {
+	case o.gemmWorkspace < 0:
+		return 0
+	case o.gemmWorkspace == 0:
+		return wsBytes
+	}
+	return int64(o.gemmWorkspace) << 20
 }
 
 // parseGemmTune reads KILN_CUDA_GEMM_TUNE: unset for gemmCandidates, "off"

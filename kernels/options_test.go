@@ -32,6 +32,20 @@ func TestParseOptions(t *testing.T) {
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "flash-sm80"})); err != nil || o != (Options{flashSM80: true}) {
 		t.Fatalf("flash.cu's kernels on Hopper too: %+v, %v", o, err)
 	}
+	for v, want := range map[string]int64{"": wsBytes, "0": 0, "4": 4 << 20, "32": 32 << 20} {
+		if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GEMM_WORKSPACE": v})); err != nil || o.workspace() != want {
+			t.Errorf("KILN_CUDA_GEMM_WORKSPACE=%q: %d bytes, %v; want %d", v, o.workspace(), err, want)
+		}
+	}
+	if o, _ = ParseOptions(env(nil)); o.workspace() != wsBytes {
+		t.Errorf("the production path's workspace %d bytes, want %d", o.workspace(), wsBytes)
+	}
+	for _, v := range []string{"33", "-1", "x", "8MiB"} {
+		if _, err = ParseOptions(env(map[string]string{"KILN_CUDA_GEMM_WORKSPACE": v})); err == nil ||
+			!strings.Contains(err.Error(), "KILN_CUDA_GEMM_WORKSPACE") || !strings.Contains(err.Error(), "from 0 (none) to 32") {
+			t.Errorf("KILN_CUDA_GEMM_WORKSPACE=%q: %v; want an error naming the variable and the sizes it takes", v, err)
+		}
+	}
 	if _, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "sm80"})); err == nil ||
 		!strings.Contains(err.Error(), "KILN_CUDA_ATTENTION") || !strings.Contains(err.Error(), "flash-sm80") {
 		t.Fatalf("KILN_CUDA_ATTENTION=sm80: %v; want an error naming the variable and the settings it takes", err)

@@ -28,18 +28,7 @@ func TestTunedGemmsMatchLibraryChoice(t *testing.T) {
 	p := model.InitParams(c, 3)
 	grads := func(tune string) (*model.Params, *Engine) {
 		t.Setenv("KILN_CUDA_GEMM_TUNE", tune)
-		e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: B, MaxSeq: T})
-		if err := e.SetParams(p); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.ForwardBackward(b, 1); err != nil {
-			t.Fatal(err)
-		}
-		g := model.NewParams(c)
-		if err := e.Grads(g); err != nil {
-			t.Fatal(err)
-		}
-		return g, e
+		return microBatchGrads(t, c, p, b)
 	}
 	want, plain := grads("off")
 	got, tuned := grads("")
@@ -59,12 +48,59 @@ func TestTunedGemmsMatchLibraryChoice(t *testing.T) {
 		}
 		t.Logf("%s: %d candidates, first choice %.3f ms, kept #%d %.3f ms", name, len(r.MS), r.MS[0], r.Best, r.MS[r.Best])
 	}
+	closeGrads(t, c, "tuned GEMMs'", want, got)
+}
+
+// GEMMs that may use no workspace (KILN_CUDA_GEMM_WORKSPACE=0, which
+// leaves out the algorithms that split K through it) give a bf16 step's
+// gradients as those that may use all of it do, to the tolerance of
+// TestTunedGemmsMatchLibraryChoice.
+func TestGemmsWithoutWorkspaceMatch(t *testing.T) {
+	skipWithoutGPU(t)
+	c := model.Presets["small"]
+	c.Layers = 2
+	b := patternBatch(c, 4, 512)
+	p := model.InitParams(c, 3)
+	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
+	want, e := microBatchGrads(t, c, p, b)
+	if e.wsLimit != wsBytes {
+		t.Fatalf("workspace limit %d bytes by default, want %d", e.wsLimit, wsBytes)
+	}
+	t.Setenv("KILN_CUDA_GEMM_WORKSPACE", "0")
+	got, e := microBatchGrads(t, c, p, b)
+	if e.wsLimit != 0 {
+		t.Fatalf("KILN_CUDA_GEMM_WORKSPACE=0: workspace limit %d bytes, want 0", e.wsLimit)
+	}
+	closeGrads(t, c, "GEMMs without a workspace:", want, got)
+}
+
+// microBatchGrads is the gradient of one bf16 micro-batch b from p, on an
+// engine made with the environment's options, and the engine.
+func microBatchGrads(t *testing.T, c model.Config, p *model.Params, b model.Batch) (*model.Params, *Engine) {
+	t.Helper()
+	e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: b.B, MaxSeq: b.T})
+	if err := e.SetParams(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ForwardBackward(b, 1); err != nil {
+		t.Fatal(err)
+	}
+	g := model.NewParams(c)
+	if err := e.Grads(g); err != nil {
+		t.Fatal(err)
+	}
+	return g, e
+}
+
+// closeGrads holds every gradient of got to 1e-2 of want's largest value.
+func closeGrads(t *testing.T, c model.Config, what string, want, got *model.Params) {
+	t.Helper()
 	for _, s := range c.Specs() {
 		w, g := want.Tensor(s.Name), got.Tensor(s.Name)
 		rel := maxRelErr(g, w)
 		t.Logf("%s: %.3g", s.Name, rel)
 		if !(rel <= 1e-2) || math.IsNaN(rel) {
-			t.Errorf("%s: tuned GEMMs' gradient differs by %.3g of its largest value (limit 1e-2)", s.Name, rel)
+			t.Errorf("%s: %s gradient differs by %.3g of its largest value (limit 1e-2)", s.Name, what, rel)
 		}
 	}
 }

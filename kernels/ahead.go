@@ -77,16 +77,22 @@ func (e *Engine) MetricsLater() (func() (model.StepMetrics, error), error) {
 			m.Loss, m.GradNorm = float64(v[0]), float64(v[1])
 			if e.moe != nil {
 				m.AuxLoss = float64(v[2])
-				share := make([]float64, e.cfg.Experts)
-				for i := range share {
-					share[i] = float64(v[3+i])
-				}
-				m.ExpertShare = model.Shares(share)
+				m.ExpertShare = expertShares(v[3 : 3+e.cfg.Experts])
 			}
 			return nil
 		})
 		return m, err
 	}, nil
+}
+
+// expertShares is each expert's share of the routing from the rows it
+// was given (moe.shareAcc).
+func expertShares(counts []float32) []float64 {
+	share := make([]float64, len(counts))
+	for i, c := range counts {
+		share[i] = float64(c)
+	}
+	return model.Shares(share)
 }
 
 func (e *Engine) newMetricsCopy() error {

@@ -44,21 +44,17 @@ func metricsLater(t *testing.T, e aheadEngine, c model.Config, B, T int) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	opt := model.AdamW{LR: 1e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, Clip: 1}
 	var waits []func() (model.StepMetrics, error)
 	var want []model.StepMetrics
 	for range 3 {
-		b := model.Batch{B: B, T: T, Inputs: make([]int32, B*T), Targets: make([]int32, B*T)}
-		for i := range b.Inputs {
-			b.Inputs[i], b.Targets[i] = int32(r.IntN(c.VocabSize)), int32(r.IntN(c.VocabSize))
-		}
+		b := randomBatch(c, B, T, c.VocabSize, r)
 		if err := e.ZeroGrad(); err != nil {
 			t.Fatal(err)
 		}
 		if err := e.ForwardBackward(b, 1); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.Step(opt); err != nil {
+		if err := e.Step(benchAdamW); err != nil {
 			t.Fatal(err)
 		}
 		w, err := e.MetricsLater()

@@ -906,11 +906,7 @@ func (e *Engine) Metrics() (model.StepMetrics, error) {
 			if err := cuda.Download(e.dv, counts, e.moe.shareAcc); err != nil {
 				return err
 			}
-			share := make([]float64, len(counts))
-			for i, c := range counts {
-				share[i] = float64(c)
-			}
-			m.ExpertShare = model.Shares(share)
+			m.ExpertShare = expertShares(counts)
 		}
 		return nil
 	})

@@ -241,9 +241,15 @@ func (e *Engine) reduce(c *cuda.Comm) error {
 // error on any of them surfaces here, and returns GPU 0's figures, which
 // after the all-reduce are the step's.
 func (g *Group) Metrics() (model.StepMetrics, error) {
+	return g.metrics(func(_ int, e *Engine) (model.StepMetrics, error) { return e.Metrics() })
+}
+
+// metrics reads every GPU's metrics with get, asks each communicator for
+// an error of its own, and returns GPU 0's.
+func (g *Group) metrics(get func(r int, e *Engine) (model.StepMetrics, error)) (model.StepMetrics, error) {
 	ms := make([]model.StepMetrics, len(g.ranks))
 	err := g.each(func(r int, e *Engine) error {
-		m, err := e.Metrics()
+		m, err := get(r, e)
 		ms[r] = m
 		if err == nil && g.comms[r] != nil {
 			err = e.th.do(g.comms[r].AsyncError)
@@ -267,16 +273,7 @@ func (g *Group) MetricsLater() (func() (model.StepMetrics, error), error) {
 		return nil, err
 	}
 	return func() (model.StepMetrics, error) {
-		ms := make([]model.StepMetrics, len(g.ranks))
-		err := g.each(func(r int, e *Engine) error {
-			m, err := waits[r]()
-			ms[r] = m
-			if err == nil && g.comms[r] != nil {
-				err = e.th.do(g.comms[r].AsyncError)
-			}
-			return err
-		})
-		return ms[0], err
+		return g.metrics(func(r int, _ *Engine) (model.StepMetrics, error) { return waits[r]() })
 	}, nil
 }
 

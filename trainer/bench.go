@@ -178,14 +178,6 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	// the last) are completed at once here too.
 	ahead, _ := eng.(model.MetricsAhead)
 	var pending func() (model.StepMetrics, error)
-	settle := func() (model.StepMetrics, error) {
-		if pending == nil {
-			return model.StepMetrics{}, nil
-		}
-		wait := pending
-		pending = nil
-		return wait()
-	}
 	run := func(complete bool) (model.StepMetrics, error) {
 		if err := eng.ZeroGrad(); err != nil {
 			return model.StepMetrics{}, err
@@ -198,8 +190,11 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		if err := eng.Step(opt); err != nil {
 			return model.StepMetrics{}, err
 		}
-		if _, err := settle(); err != nil {
-			return model.StepMetrics{}, err
+		if wait := pending; wait != nil {
+			pending = nil
+			if _, err := wait(); err != nil {
+				return model.StepMetrics{}, err
+			}
 		}
 		if ahead != nil && !complete {
 			var err error

@@ -320,15 +320,16 @@ func (l *loop) accumulate(ctx context.Context) error {
 	if ctx.Err() != nil {
 		return errAbandoned
 	}
+	n := l.queued() + 1
 	start, err := l.cfg.Data.Cursor()
 	if err != nil {
-		return fmt.Errorf("step %d: data cursor: %w", l.queued()+1, err)
+		return fmt.Errorf("step %d: data cursor: %w", n, err)
 	}
 	abandon := func(done int) error {
 		if err := l.cfg.Data.Seek(start); err != nil {
-			return fmt.Errorf("step %d: abandoned by a stop, and its data cursor could not be returned: %w", l.queued()+1, err)
+			return fmt.Errorf("step %d: abandoned by a stop, and its data cursor could not be returned: %w", n, err)
 		}
-		l.log.Info("stopping: abandoned the step part-way", zap.Int("step", l.queued()+1),
+		l.log.Info("stopping: abandoned the step part-way", zap.Int("step", n),
 			zap.Int("micro_batches_done", done), zap.Int("of", l.rc.Accumulate))
 		return errAbandoned
 	}
@@ -345,13 +346,13 @@ func (l *loop) accumulate(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return abandon(i)
 			}
-			return fmt.Errorf("step %d: data: %w", l.queued()+1, err)
+			return fmt.Errorf("step %d: data: %w", n, err)
 		}
 		if err := checkIDs(b, l.mc.VocabSize); err != nil {
-			return fmt.Errorf("step %d: %w", l.queued()+1, err)
+			return fmt.Errorf("step %d: %w", n, err)
 		}
 		if err := l.eng.ForwardBackward(b, 1/float32(k)); err != nil {
-			return fmt.Errorf("step %d: %w", l.queued()+1, err)
+			return fmt.Errorf("step %d: %w", n, err)
 		}
 	}
 	return nil

@@ -10,3 +10,11 @@ extern "C" __global__ void bf16_round(float* x, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = bf2f(f2bf(x[i]));
 }
+
+// Fills n 32-bit words at p with v: stands in a recorded graph for a
+// library's small memset (cuda.Graph.MemsetsToKernels), which as a graph
+// node holds the kernel after it back by several microseconds.
+extern "C" __global__ void fill_u32(unsigned* p, unsigned v, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = v;
+}

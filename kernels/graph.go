@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"unsafe"
@@ -19,6 +20,12 @@ import (
 // directly, which tunes its GEMMs and loads their kernels; the second
 // records the graph and launches it. Nothing inside the recorded work
 // waits for the host or allocates.
+
+// graphFillBytes bounds the memsets a recorded graph runs as fill_u32
+// kernels instead (cuda.Graph.MemsetsToKernels): cuBLASLt's 4-byte
+// counters; larger fills (the gradients' zeroing) stay memsets, which the
+// copy engines run at the memory's rate.
+const graphFillBytes = 64 << 10
 
 // graphKey names a recorded graph: a forward-backward's batch shape, or
 // stepGraph for the optimizer step.
@@ -115,6 +122,11 @@ func (e *Engine) record(body func() error) (*recorded, error) {
 		return nil, fmt.Errorf("recording a CUDA graph (KILN_CUDA_GRAPH=off runs without): %w", err)
 	}
 	defer g.Destroy()
+	if !e.kopt.keepMemsets {
+		if _, err := g.MemsetsToKernels(e.fns["fill_u32"], graphFillBytes); err != nil && !errors.Is(err, cuda.ErrNoGraphEdit) {
+			return nil, fmt.Errorf("replacing a recorded graph's memsets with kernels (KILN_CUDA_GRAPH_MEMSETS=keep leaves them): %w", err)
+		}
+	}
 	nodes, err := g.Nodes()
 	if err != nil {
 		return nil, err

@@ -1,12 +1,14 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
 
+	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
 )
 
@@ -143,6 +145,80 @@ func TestGraphStepsMatchEagerBitForBit(t *testing.T) {
 			}
 			sameBits(t, "eager", "from graphs", eager, graph)
 		})
+	}
+}
+
+// A recorded graph's small memsets run as fill_u32 kernels in their place:
+// each writes what the memset wrote, after the work recorded before it and
+// before the work recorded after it, and a fill larger than the bound stays
+// a memset. Three fills in a row on one stream show the order: a large one
+// of 1s, then 7s over its first words, then a 9 after those.
+func TestGraphMemsetsRunAsKernels(t *testing.T) {
+	e := newEngine(t, model.Presets["tiny"], model.Options{Precision: "fp32", MaxBatch: 1, MaxSeq: 8})
+	const small, large = 16, graphFillBytes/4 + 1 // words: 64 bytes, and just over the bound
+	got := make([]uint32, small+large)
+	var replaced, nodes int
+	// Runs on the engine's thread: failures come back as errors, for this
+	// goroutine to report.
+	err := e.th.do(func() error {
+		buf, err := e.dv.Alloc(4 * (small + large))
+		if err != nil {
+			return err
+		}
+		defer e.dv.Free(buf)
+		if err := e.dv.Memset32(buf, 0, small+large); err != nil {
+			return err
+		}
+		if err := e.st.BeginCapture(); err != nil {
+			return err
+		}
+		err1 := e.dv.Memset32Async(buf, 1, small+large, e.sh)
+		err2 := e.dv.Memset32Async(buf, 7, small, e.sh)
+		err3 := e.dv.Memset32Async(buf+4*small, 9, 1, e.sh)
+		g, err := e.st.EndCapture()
+		if err := errors.Join(err1, err2, err3, err); err != nil {
+			return err
+		}
+		defer g.Destroy()
+		if replaced, err = g.MemsetsToKernels(e.fns["fill_u32"], graphFillBytes); err != nil {
+			return err
+		}
+		if nodes, err = g.Nodes(); err != nil {
+			return err
+		}
+		x, err := g.Instantiate()
+		if err != nil {
+			return err
+		}
+		defer x.Destroy()
+		if err := x.Launch(e.sh); err != nil {
+			return err
+		}
+		if err := e.st.Synchronize(); err != nil {
+			return err
+		}
+		return cuda.Download(e.dv, got, buf)
+	})
+	if errors.Is(err, cuda.ErrNoGraphEdit) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if replaced != 2 || nodes != 3 {
+		t.Errorf("%d memsets replaced, %d nodes after: want the two small ones, and 3 nodes", replaced, nodes)
+	}
+	for i, v := range got {
+		want := uint32(1)
+		switch {
+		case i < small:
+			want = 7
+		case i == small:
+			want = 9
+		}
+		if v != want {
+			t.Fatalf("word %d is %d after the graph ran, want %d", i, v, want)
+		}
 	}
 }
 

@@ -48,6 +48,9 @@ type Options struct {
 	dresidFP32 bool
 	// eager: every kernel launched from the host; no CUDA graphs.
 	eager bool
+	// keepMemsets: recorded graphs keep the library's small memsets as
+	// memset nodes instead of fill_u32 kernel nodes (graph.go).
+	keepMemsets bool
 	// forceSM80: the sm_80 (compute_80) build on a newer GPU.
 	forceSM80 bool
 	// kernelCache: where compiled kernels are kept ("" for CacheDir's
@@ -62,7 +65,7 @@ type Options struct {
 // on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
 // KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
 // KILN_CUDA_FLASH_PAIR, KILN_CUDA_DRESID, KILN_CUDA_GRAPH,
-// KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
+// KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
 // take is bad input naming the variable and the values it takes.
 func ParseOptions(getenv func(string) string) (Options, error) {
 	var o Options
@@ -113,6 +116,11 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 		return Options{}, err
 	}
 	o.eager = !graphs
+	memsets, err := envChoice(getenv, "KILN_CUDA_GRAPH_MEMSETS", "kernel", "keep")
+	if err != nil {
+		return Options{}, err
+	}
+	o.keepMemsets = memsets == "keep"
 	force, err := envChoice(getenv, "KILN_CUDA_FORCE_SM80", "0", "1")
 	if err != nil {
 		return Options{}, err

@@ -29,6 +29,16 @@ func TestParseOptions(t *testing.T) {
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_DRESID": "fp32"})); err != nil || o != (Options{dresidFP32: true}) {
 		t.Fatalf("the residual stream's gradient in fp32: %+v, %v", o, err)
 	}
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GRAPH_MEMSETS": "kernel"})); err != nil || o != (Options{}) {
+		t.Fatalf("memsets as kernels in recorded graphs: %+v, %v; want the production path", o, err)
+	}
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GRAPH_MEMSETS": "keep"})); err != nil || o != (Options{keepMemsets: true}) {
+		t.Fatalf("memsets kept in recorded graphs: %+v, %v", o, err)
+	}
+	if _, err = ParseOptions(env(map[string]string{"KILN_CUDA_GRAPH_MEMSETS": "off"})); err == nil ||
+		!strings.Contains(err.Error(), "KILN_CUDA_GRAPH_MEMSETS") || !strings.Contains(err.Error(), "kernel, keep") {
+		t.Fatalf("KILN_CUDA_GRAPH_MEMSETS=off: %v; want an error naming the variable and the settings it takes", err)
+	}
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "flash-sm80"})); err != nil || o != (Options{flashSM80: true}) {
 		t.Fatalf("flash.cu's kernels on Hopper too: %+v, %v", o, err)
 	}

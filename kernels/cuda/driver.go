@@ -89,6 +89,9 @@ type Driver struct {
 	cuGraphExecDestroy          func(x uintptr) int32
 	cuGraphDestroy              func(g uintptr) int32
 	cuGraphGetNodes             func(g uintptr, nodes *uintptr, n *uint64) int32
+
+	// graphEdit: nil where the driver cannot edit a recorded graph.
+	graphEdit *graphEdit
 }
 
 var (
@@ -160,6 +163,7 @@ func loadDriver(dirs []string) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
+	d.graphEdit = loadGraphEdit(lib)
 	if err := d.check("cuInit", d.cuInit(0)); err != nil {
 		return nil, &UnavailableError{Err: err}
 	}

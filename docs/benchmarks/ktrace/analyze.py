@@ -7,6 +7,7 @@ import sys, re, collections, argparse
 ap = argparse.ArgumentParser()
 ap.add_argument("csv"); ap.add_argument("--first", default="^embed_fwd$"); ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--top", type=int, default=40); ap.add_argument("--gaps", type=int, default=15)
+ap.add_argument("--groups", action="store_true", help="also sum the kernels by kind (attention, GEMMs, ...), kiln's names and torch's")
 a = ap.parse_args()
 ks = []
 for line in open(a.csv):
@@ -61,3 +62,25 @@ for name, v in sorted(byname.items(), key=lambda kv: -kv[1][0])[:a.top]:
     tot += v[0]
     print(f"  {v[0]/n/1e6:7.3f} {v[1]/n:6.1f} {sorted(v[2])} g{ex[3]} b{ex[4]} r{ex[5]} {name[:110]}")
 print(f"  sum of all kernels {sum(v[0] for v in byname.values())/n/1e6:.3f} ms")
+# Kinds of kernel, first match wins: kiln's names and torch.compile's
+# (cuDNN's attention, cuBLAS's nvjet GEMMs, Triton's fused kernels).
+GROUPS = [
+    ("attention", r"flash|sdpa|fmha|attn"),
+    ("GEMMs", r"nvjet|gemm|cutlass|xmma|splitKreduce|cublas"),
+    ("loss", r"xent|log_softmax|cross_entropy|nll"),
+    ("norms", r"rmsnorm|rms_norm|rsqrt"),
+    ("optimizer", r"adamw|adam|multi_tensor|foreach|sumsq|amp_"),
+    ("memsets, copies", r"^\[mem"),
+]
+if a.groups:
+    tot = collections.Counter()
+    other = collections.Counter()
+    for name, v in byname.items():
+        g = next((g for g, rx in GROUPS if re.search(rx, name, re.I)), "other")
+        tot[g] += v[0]
+        if g == "other":
+            other[name] += v[0]
+    print("by kind (kernels' own time, ms a step; streams that overlap count in full):")
+    for g, _ in GROUPS + [("other", "")]:
+        print(f"  {g:16s} {tot[g]/n/1e6:7.3f}")
+    print("  largest of other: " + "; ".join(f"{k[:50]} {v/n/1e6:.3f}" for k, v in other.most_common(8)))

@@ -98,3 +98,20 @@ func TestErrorNamesTheCall(t *testing.T) {
 		t.Errorf("Error() = %q", got)
 	}
 }
+
+// A driver without the graph editing calls (older than CUDA 12.3) leaves
+// graph editing unbound, and a recorded graph's memsets stay as they are,
+// with ErrNoGraphEdit saying so, instead of the driver failing to load.
+func TestGraphEditNeedsEveryCall(t *testing.T) {
+	lib, _, err := openLibrary("libc", []string{"libc.so.6"}, nil)
+	if err != nil {
+		t.Skipf("no libc.so.6 to test with: %v", err)
+	}
+	if ge := loadGraphEdit(lib); ge != nil {
+		t.Fatal("graph editing bound from a library without the driver's calls")
+	}
+	g := &Graph{dv: &Device{D: &Driver{}}}
+	if n, err := g.MemsetsToKernels(nil, 64<<10); n != 0 || !errors.Is(err, ErrNoGraphEdit) {
+		t.Fatalf("MemsetsToKernels without graph editing: %d, %v; want 0 and ErrNoGraphEdit", n, err)
+	}
+}

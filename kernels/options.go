@@ -147,14 +147,18 @@ func init() { Configure(Options{}) }
 
 // candidates is how many of cuBLASLt's algorithms each bf16 GEMM shape
 // times (0: the library's first choice).
-func (o Options) candidates() int {
+func (o Options) candidates() int { return sized(o.gemmTune, gemmCandidates) }
+
+// sized reads a setting kept as 0 for its default def, -1 for none (0)
+// and any other value as itself.
+func sized(v, def int) int {
 	switch {
-	case o.gemmTune < 0:
+	case v < 0:
 		return 0
-	case o.gemmTune == 0:
-		return gemmCandidates
+	case v == 0:
+		return def
 	}
-	return o.gemmTune
+	return v
 }
 
 // envChoice reads the environment variable name, which must be unset or
@@ -184,15 +188,7 @@ func parseGemmWorkspace(v string) (int, error) {
 }
 
 // workspace is the bytes of cuBLASLt workspace a GEMM may use.
-func (o Options) workspace() int64 {
-	switch {
-	case o.gemmWorkspace < 0:
-		return 0
-	case o.gemmWorkspace == 0:
-		return wsBytes
-	}
-	return int64(o.gemmWorkspace) << 20
-}
+func (o Options) workspace() int64 { return int64(sized(o.gemmWorkspace, wsBytes>>20)) << 20 }
 
 // parseGemmTune reads KILN_CUDA_GEMM_TUNE: unset for gemmCandidates, "off"
 // for the library's first choice (0), or a number of candidates, 1 to 64.

@@ -467,15 +467,14 @@ func (f *Function) AllowSharedMemory(bytes int) error {
 // Dim3 is a launch grid or block shape.
 type Dim3 struct{ X, Y, Z int }
 
-// Launch runs f on stream with args passed by value: Ptr, int64 and uint64
-// as 8 bytes; int (narrowed), int32, uint32 and float32 as 4, matching the
-// kernels' pointer, long long, int, unsigned and float parameters.
-func (f *Function) Launch(grid, block Dim3, shmem int, stream uintptr, args ...any) error {
-	// Each argument lives in its own 8-byte slot of one Go allocation that
-	// stays reachable until the launch returns; the driver copies the values
-	// during cuLaunchKernel.
-	vals := make([]uint64, len(args))
-	ptrs := make([]unsafe.Pointer, len(args)+1)
+// kernelArgs lays out a kernel's arguments as the driver takes them (a
+// launch's or a graph kernel node's): each in its own 8-byte slot of one Go
+// allocation, and the table of their addresses, whose address pp is nil
+// when there are none. The caller keeps vals and ptrs reachable until the
+// driver has copied them.
+func kernelArgs(name string, args []any) (pp unsafe.Pointer, vals []uint64, ptrs []unsafe.Pointer, err error) {
+	vals = make([]uint64, len(args))
+	ptrs = make([]unsafe.Pointer, len(args)+1)
 	for i, a := range args {
 		switch v := a.(type) {
 		case Ptr:
@@ -493,13 +492,23 @@ func (f *Function) Launch(grid, block Dim3, shmem int, stream uintptr, args ...a
 		case uint64:
 			vals[i] = v
 		default:
-			return fmt.Errorf("launch %s: argument %d has unsupported type %T", f.Name, i, a)
+			return nil, nil, nil, fmt.Errorf("launch %s: argument %d has unsupported type %T", name, i, a)
 		}
 		ptrs[i] = unsafe.Pointer(&vals[i])
 	}
-	var pp unsafe.Pointer
 	if len(args) > 0 {
 		pp = unsafe.Pointer(&ptrs[0])
+	}
+	return pp, vals, ptrs, nil
+}
+
+// Launch runs f on stream with args passed by value: Ptr, int64 and uint64
+// as 8 bytes; int (narrowed), int32, uint32 and float32 as 4, matching the
+// kernels' pointer, long long, int, unsigned and float parameters.
+func (f *Function) Launch(grid, block Dim3, shmem int, stream uintptr, args ...any) error {
+	pp, vals, ptrs, err := kernelArgs(f.Name, args)
+	if err != nil {
+		return err
 	}
 	if grid.Y == 0 {
 		grid.Y = 1
@@ -515,7 +524,7 @@ func (f *Function) Launch(grid, block Dim3, shmem int, stream uintptr, args ...a
 	}
 	r := f.dv.D.cuLaunchKernel(f.f, uint32(grid.X), uint32(grid.Y), uint32(grid.Z),
 		uint32(block.X), uint32(block.Y), uint32(block.Z), uint32(shmem), stream, pp, 0)
-	err := f.dv.D.check("cuLaunchKernel("+f.Name+")", r)
+	err = f.dv.D.check("cuLaunchKernel("+f.Name+")", r)
 	runtimeKeepAlive(vals, ptrs)
 	return err
 }

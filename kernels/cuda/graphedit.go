@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"errors"
-	"fmt"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -83,29 +82,26 @@ var ErrNoGraphEdit = errors.New("the CUDA driver cannot edit graphs (CUDA 12.3 o
 // its hand-overs put about 10 us between the kernel before it and the
 // product, a fill kernel node about 2 (docs/benchmarks/cuda.md).
 func (g *Graph) MemsetsToKernels(fill *Function, maxBytes int64) (int, error) {
-	ge := g.dv.D.graphEdit
+	d := g.dv.D
+	ge := d.graphEdit
 	if ge == nil {
 		return 0, ErrNoGraphEdit
 	}
-	var n uint64
-	if err := g.dv.D.check("cuGraphGetNodes", g.dv.D.cuGraphGetNodes(g.g, nil, &n)); err != nil || n == 0 {
-		return 0, err
-	}
-	nodes := make([]uintptr, n)
-	if err := g.dv.D.check("cuGraphGetNodes", g.dv.D.cuGraphGetNodes(g.g, &nodes[0], &n)); err != nil {
+	nodes, err := d.handles("cuGraphGetNodes", func(out *uintptr, n *uint64) int32 { return d.cuGraphGetNodes(g.g, out, n) })
+	if err != nil {
 		return 0, err
 	}
 	replaced := 0
-	for _, node := range nodes[:n] {
+	for _, node := range nodes {
 		var t int32
-		if err := g.dv.D.check("cuGraphNodeGetType", ge.nodeGetType(node, &t)); err != nil {
+		if err := d.check("cuGraphNodeGetType", ge.nodeGetType(node, &t)); err != nil {
 			return replaced, err
 		}
 		if t != graphNodeMemset {
 			continue
 		}
 		var p memsetParams
-		if err := g.dv.D.check("cuGraphMemsetNodeGetParams", ge.memsetNodeGetParams(node, &p)); err != nil {
+		if err := d.check("cuGraphMemsetNodeGetParams", ge.memsetNodeGetParams(node, &p)); err != nil {
 			return replaced, err
 		}
 		bytes := uint64(p.elementSize) * p.width
@@ -124,21 +120,23 @@ func (g *Graph) MemsetsToKernels(fill *Function, maxBytes int64) (int, error) {
 		default:
 			continue
 		}
-		deps, err := ge.edges(g.dv.D, "cuGraphNodeGetDependencies_v2", ge.nodeGetDependencies, node)
+		// A recorded graph's edges are the default kind: listed without
+		// their data (the driver refuses the query if one is not).
+		deps, err := d.handles("cuGraphNodeGetDependencies_v2", func(out *uintptr, n *uint64) int32 { return ge.nodeGetDependencies(node, out, nil, n) })
 		if err != nil {
 			return replaced, err
 		}
-		outs, err := ge.edges(g.dv.D, "cuGraphNodeGetDependentNodes_v2", ge.nodeGetDependents, node)
+		outs, err := d.handles("cuGraphNodeGetDependentNodes_v2", func(out *uintptr, n *uint64) int32 { return ge.nodeGetDependents(node, out, nil, n) })
 		if err != nil {
 			return replaced, err
 		}
-		// The values and the table of their addresses on the heap, as
-		// Function.Launch keeps them: the driver copies them during the call.
 		words := int64(bytes / 4)
-		vals := []uint64{p.dst, uint64(word), uint64(words)}
-		ptrs := []unsafe.Pointer{unsafe.Pointer(&vals[0]), unsafe.Pointer(&vals[1]), unsafe.Pointer(&vals[2])}
+		pp, vals, ptrs, err := kernelArgs(fill.Name, []any{Ptr(p.dst), word, words})
+		if err != nil {
+			return replaced, err
+		}
 		kp := &kernelNodeParams{fn: fill.f, gridX: uint32((words + 255) / 256), gridY: 1, gridZ: 1,
-			blockX: 256, blockY: 1, blockZ: 1, params: unsafe.Pointer(&ptrs[0])}
+			blockX: 256, blockY: 1, blockZ: 1, params: pp}
 		var k uintptr
 		var dp *uintptr
 		if len(deps) > 0 {
@@ -146,7 +144,7 @@ func (g *Graph) MemsetsToKernels(fill *Function, maxBytes int64) (int, error) {
 		}
 		r := ge.addKernelNode(&k, g.g, dp, uint64(len(deps)), kp)
 		runtimeKeepAlive(vals, ptrs, kp)
-		if err := g.dv.D.check("cuGraphAddKernelNode_v2", r); err != nil {
+		if err := d.check("cuGraphAddKernelNode_v2", r); err != nil {
 			return replaced, err
 		}
 		if len(outs) > 0 {
@@ -154,11 +152,11 @@ func (g *Graph) MemsetsToKernels(fill *Function, maxBytes int64) (int, error) {
 			for i := range from {
 				from[i] = k
 			}
-			if err := g.dv.D.check("cuGraphAddDependencies_v2", ge.addDependencies(g.g, &from[0], &outs[0], nil, uint64(len(outs)))); err != nil {
+			if err := d.check("cuGraphAddDependencies_v2", ge.addDependencies(g.g, &from[0], &outs[0], nil, uint64(len(outs)))); err != nil {
 				return replaced, err
 			}
 		}
-		if err := g.dv.D.check("cuGraphDestroyNode", ge.destroyNode(node)); err != nil {
+		if err := d.check("cuGraphDestroyNode", ge.destroyNode(node)); err != nil {
 			return replaced, err
 		}
 		replaced++
@@ -166,20 +164,16 @@ func (g *Graph) MemsetsToKernels(fill *Function, maxBytes int64) (int, error) {
 	return replaced, nil
 }
 
-// edges lists the nodes before (or after) node through get, without edge
-// data: a recorded graph's edges are the default kind, and the driver
-// refuses the query if one is not.
-func (ge *graphEdit) edges(d *Driver, call string, get func(uintptr, *uintptr, unsafe.Pointer, *uint64) int32, node uintptr) ([]uintptr, error) {
+// handles lists what get returns (graph nodes), asking first how many
+// there are.
+func (d *Driver) handles(call string, get func(out *uintptr, n *uint64) int32) ([]uintptr, error) {
 	var n uint64
-	if err := d.check(call, get(node, nil, nil, &n)); err != nil {
+	if err := d.check(call, get(nil, &n)); err != nil || n == 0 {
 		return nil, err
 	}
-	if n == 0 {
-		return nil, nil
-	}
 	out := make([]uintptr, n)
-	if err := d.check(call, get(node, &out[0], nil, &n)); err != nil {
-		return nil, fmt.Errorf("%w (listing %d edges)", err, len(out))
+	if err := d.check(call, get(&out[0], &n)); err != nil {
+		return nil, err
 	}
 	return out[:n], nil
 }

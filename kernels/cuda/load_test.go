@@ -2,9 +2,12 @@ package cuda
 
 import (
 	"errors"
+	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // A library that is nowhere must fail with an error that lists every place
@@ -113,5 +116,34 @@ func TestGraphEditNeedsEveryCall(t *testing.T) {
 	g := &Graph{dv: &Device{D: &Driver{}}}
 	if n, err := g.MemsetsToKernels(nil, 64<<10); n != 0 || !errors.Is(err, ErrNoGraphEdit) {
 		t.Fatalf("MemsetsToKernels without graph editing: %d, %v; want 0 and ErrNoGraphEdit", n, err)
+	}
+}
+
+// A kernel's arguments reach the driver each in its own 8-byte slot, 4-byte
+// kinds in the slot's low bytes (the kernels' int, unsigned and float),
+// with a table of the slots' addresses; a type no kernel takes is refused
+// by name.
+func TestKernelArgsLayout(t *testing.T) {
+	pp, vals, ptrs, err := kernelArgs("k", []any{Ptr(0x1000), 7, int32(-2), uint32(0xfffffffe), float32(1.5), int64(-3), uint64(1 << 40)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []uint64{0x1000, 7, 0xfffffffe, 0xfffffffe, uint64(math.Float32bits(1.5)), ^uint64(2), 1 << 40}
+	if !slices.Equal(vals, want) {
+		t.Errorf("slots %#x, want %#x", vals, want)
+	}
+	if pp != unsafe.Pointer(&ptrs[0]) {
+		t.Error("the table's address is not its first entry's")
+	}
+	for i := range vals {
+		if ptrs[i] != unsafe.Pointer(&vals[i]) {
+			t.Errorf("table entry %d does not point at slot %d", i, i)
+		}
+	}
+	if pp, _, _, err := kernelArgs("k", nil); err != nil || pp != nil {
+		t.Errorf("no arguments: table %v, %v; want nil", pp, err)
+	}
+	if _, _, _, err := kernelArgs("scale", []any{1.5}); err == nil || !strings.Contains(err.Error(), "scale") || !strings.Contains(err.Error(), "float64") {
+		t.Errorf("a float64 argument: %v; want an error naming the kernel and the type", err)
 	}
 }

@@ -447,3 +447,172 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dkv_h(float* dk, 
     }
     store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, lddv, scale, cosT, sinT, lane);
 }
+
+// wg_ss64tt adds A (64 x 16) times B (16 x 64) into d, both read MN-major
+// from swizzled tiles: A's tile holds its columns as rows (a row of the
+// tile is a k of A), B's its rows (a row of the tile is a k of B).
+__device__ __forceinline__ void wg_ss64tt(float (*d)[4], unsigned long long a, unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 1, 1;\n}\n"
+                 : WG_D32(d)
+                 : "l"(a), "l"(b));
+}
+
+// store_ds writes a warp's dS^T A fragments sa (its 16 key rows from row,
+// queries n0 .. n0 + 31) into the swizzled tile at ds, as [key][query]:
+// the next step reads the tile MN-major as dS, the A of dS K.
+__device__ __forceinline__ void store_ds(unsigned char* ds, const unsigned (*sa)[4], int row, int n0, int t) {
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = row + (e & 1) * 8, col = n0 + kk * 16 + (e >> 1) * 8 + 2 * t;
+            *(unsigned*)(ds + r * 128 + (((col >> 3) ^ (r & 7)) << 4) + (col & 7) * 2) = sa[kk][e];
+        }
+    }
+}
+
+// flash_bwd_h is flash_bwd on Hopper: the whole backward in one pass over
+// the (key tile, query tile) pairs, flash_bwd_dkv_h's dk and dv and, from
+// the same dS, dq's products, summed across blocks in a fixed order into
+// dqacc (fp32, (B, H, T, 64)) for flash_bwd_dq_final. It does five products
+// a pair where flash_bwd_dq_h and flash_bwd_dkv_h do seven. dvec must hold
+// flash_bwd_dvec's rows.
+//
+// The order of a query tile's dq sum: key tile 0 stores its product, then
+// key tiles 1, 2, ..., qt add theirs, each once the one before it has said
+// so (sem[(b H + h) tiles + qt], zero at launch, holds how many key tiles
+// have added). A block takes its query tiles in descending order (each
+// tile's heads together), so key tile kt's block reaches a (head, query
+// tile) item at the same position as key tile kt - 1's, and waits for it
+// about a step: block kt ends about kt steps after it would alone, and
+// the shorter blocks (larger kt) have that to spare. The grid is (KV, B,
+// tiles), key tiles slowest, so every sequence's longest blocks (kt = 0)
+// start first and the block waited for always started before the one
+// that waits: the chain cannot deadlock.
+//
+// Pipelined as flash_bwd is, so that one barrier a step suffices: step j
+// multiplies item j - 1's dS (kept in shared memory) by the keys and adds
+// it to dqacc, then computes item j's probabilities and its dk and dv
+// products and leaves its dS for step j + 1; item j + 1's tiles are copied
+// meanwhile. The block says its additions of item j - 1 are issued after
+// the next step's barrier.
+//
+// 128 threads, FLASH_H_BWD_SMEM bytes of dynamic shared memory: the key
+// and value tiles, two sets of (queries, output gradients) and two dS
+// tiles; three blocks an SM.
+#define FLASH_H_BWD_SMEM (8 * SW_TILE + 1024)
+extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16* dkb, float* dv, bf16* dvb, float* dqacc, int* sem,
+                                                                 const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
+                                                                 const float* lse, const float* dvec, const float* cosT,
+                                                                 const float* sinT, int T, int H, int KV, float scale, int ldq, int ldkv,
+                                                                 int ldd) {
+    extern __shared__ __align__(16) unsigned char smem_h[];
+    __shared__ __align__(8) float Ls[2][64], Dv[2][64];
+    unsigned Ks = sw_base(smem_h), Vs = Ks + SW_TILE, QD = Ks + 2 * SW_TILE, DS = Ks + 6 * SW_TILE;
+    unsigned char* dsg = smem_h + (DS - smem_addr(smem_h)); // the dS tiles, for the generic stores
+    int kt = blockIdx.z, kvh = blockIdx.x, b = blockIdx.y, grp = H / KV;
+    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
+    int nq = (T + 63) / 64, qs = H * HD, items = grp * (nq - kt);
+    load_sw<64, 128>(Ks, k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 64, T, tid);
+    load_sw<64, 128>(Vs, v + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 64, T, tid);
+    // Item j is query tile nq - 1 - j / grp of head kvh grp + j % grp.
+    auto headOf = [&](int j) { return kvh * grp + j % grp; };
+    auto tileOf = [&](int j) { return nq - 1 - j / grp; };
+    auto stage = [&](int j) {
+        int h = headOf(j), qt = tileOf(j);
+        unsigned Q = QD + (j & 1) * 2 * SW_TILE;
+        load_sw<64, 128>(Q, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
+        load_sw<64, 128>(Q + SW_TILE, dout + (size_t)b * T * qs + h * HD, qs, qt * 64, T, tid);
+        if (tid < 64) {
+            int i = qt * 64 + tid;
+            size_t at = ((size_t)b * H + h) * T + i;
+            Ls[j & 1][tid] = i < T ? lse[at] : 0.0f;
+            Dv[j & 1][tid] = i < T ? dvec[at] : 0.0f;
+        }
+    };
+    auto semOf = [&](int j) { return sem + ((size_t)b * H + headOf(j)) * nq + tileOf(j); };
+    stage(0);
+    cp_commit();
+    const float c = scale * 1.4426950408889634f;
+    int kj[2] = {kt * 64 + r0 + g, kt * 64 + r0 + g + 8};
+    const unsigned long long dkd = wg_desc(Ks), dvd = wg_desc(Vs);
+    float dka[8][4] = {}, dva[8][4] = {};
+    int* done = nullptr; // an item whose additions are issued, to be said after the next barrier
+    for (int j = 0;; j++) {
+        // Item j's tiles have landed and item j - 1's dS is written, both
+        // visible to wgmma; every warp is done with item j - 1's tiles
+        // (which item j + 1's copies overwrite); every thread's additions
+        // before this barrier are issued.
+        cp_wait_all();
+        fence_async_smem();
+        __syncthreads();
+        if (done && tid == 0) st_release(done, kt + 1);
+        done = nullptr;
+        if (j + 1 < items) stage(j + 1);
+        cp_commit();
+        if (j > 0) {
+            // Item j - 1's dq product: dS (its queries by the block's keys)
+            // times the keys.
+            int p = j - 1, h = headOf(p), qt = tileOf(p);
+            float dqa[8][4] = {};
+            const unsigned long long dsd = wg_desc(DS + (p & 1) * SW_TILE);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wg_ss64tt(dqa, dsd + 128 * kk, dkd + 128 * kk);
+            wg_commit();
+            wg_wait();
+            wg_hold<8>(dqa);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int qi = qt * 64 + r0 + g + 8 * r;
+                if (qi >= T) continue;
+                float* acc = dqacc + (((size_t)b * H + h) * T + qi) * HD + 2 * t;
+#pragma unroll
+                for (int nb = 0; nb < 8; nb++) {
+                    if (kt == 0)
+                        __stcg((float2*)(acc + nb * 8), make_float2(dqa[nb][2 * r], dqa[nb][2 * r + 1]));
+                    else
+                        red_add2(acc + nb * 8, dqa[nb][2 * r], dqa[nb][2 * r + 1]);
+                }
+            }
+            if (kt < qt) done = semOf(p);
+        }
+        if (j == items) break;
+        int qt = tileOf(j);
+        unsigned Q = QD + (j & 1) * 2 * SW_TILE;
+        const float *L = Ls[j & 1], *D = Dv[j & 1];
+        unsigned char* ds = dsg + (j & 1) * SW_TILE;
+        // Only the diagonal tile has queries before keys, and only the last
+        // one rows past T.
+        bool edge = qt == kt || (qt + 1) * 64 > T;
+#pragma unroll 1
+        for (int n0 = 0; n0 < 64; n0 += 32) {
+            float st[4][4] = {}, dpt[4][4] = {};
+            unsigned pa[2][4], sa[2][4];
+            wg_fence();
+            pair_issue(st, dpt, dkd, dvd, Q, n0);
+            wg_wait();
+            wg_hold<4>(st);
+            wg_hold<4>(dpt);
+            dkv_p(dka, dva, pa, sa, st, dpt, Q, n0, qt, edge, kj, L, D, T, c, t);
+            store_ds(ds, sa, r0 + g, n0, t);
+            wg_wait();
+            wg_hold<8>(dva);
+            wg_hold<8>(dka);
+        }
+        // The key tile before this one must have added to item j's sum
+        // before this block adds, in the next step: one thread waits, and
+        // the barrier there passes the order on.
+        if (kt > 0 && tid == 0) {
+            const int* sm = semOf(j);
+            while (ld_acquire(sm) != kt) __nanosleep(32);
+        }
+    }
+    __syncthreads();
+    if (done && tid == 0) st_release(done, kt + 1);
+    store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, ldd, scale, cosT, sinT, lane);
+}

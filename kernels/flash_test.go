@@ -129,7 +129,7 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 								return err
 							}
 							tiles := flashTiles(T)
-							if hopper || split {
+							if split {
 								if err := e.flashBackwardSplit(dq, dqkv, dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), dvec,
 									pq, pk, pv, pd, outb, lse, B, T, H, KV, scale, P); err != nil {
 									return err
@@ -141,27 +141,20 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 								if b.err != nil {
 									return b.err
 								}
-								// The engine gives flash_bwd its shared memory only
-								// when training takes it.
-								if e.shared["flash_bwd"] == 0 {
-									if err := e.fns["flash_bwd"].AllowSharedMemory(flashBwdShared); err != nil {
+								// The engine gives the one-pass kernel its shared
+								// memory only when training takes it.
+								one, size := "flash_bwd", flashBwdShared
+								if hopper {
+									one, size = "flash_bwd_h", hopperFusedShared
+								}
+								if e.shared[one] == 0 {
+									if err := e.fns[one].AllowSharedMemory(size); err != nil {
 										return err
 									}
-									e.shared["flash_bwd"] = flashBwdShared
+									e.shared[one] = size
 								}
-								if err := e.dv.Memset32(sem, 0, int64(B*H*tiles)); err != nil {
-									return err
-								}
-								if err := e.launch("flash_bwd_dvec", (N*H+15)/16, 128, dvec, pd, outb, T, H, N*H); err != nil {
-									return err
-								}
-								if err := e.launch3("flash_bwd", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
-									dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), dqacc, sem,
-									pq, pk, pv, pd, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
-									return err
-								}
-								if err := e.launch3("flash_bwd_dq_final", cuda.Dim3{X: (T + 7) / 8, Y: H, Z: B}, cuda.Dim3{X: 128},
-									dq, dqkv, dqacc, e.cosT, e.sinT, T, H, scale, P); err != nil {
+								if err := e.flashBackwardFused(dq, dqkv, dk, bfAt(dqkv, qd), dv, bfAt(dqkv, qd+kvd), dqacc, sem, dvec,
+									pq, pk, pv, pd, outb, lse, B, T, H, KV, scale, P); err != nil {
 									return err
 								}
 							}
@@ -237,15 +230,18 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				if hopper {
 					// Once with a pair of query tiles a block, once with
 					// one: each tile's arithmetic is the same either way.
-					variants = append(variants, variant{hopper: true, pair: "on"}, variant{hopper: true, pair: "off"})
+					variants = append(variants, variant{hopper: true, split: true, pair: "on"}, variant{hopper: true, split: true, pair: "off"},
+						variant{hopper: true}, variant{hopper: true})
 				}
 				for _, v := range variants {
 					e.flashPair = v.pair
 					got := run(v.rows, v.split, v.hopper)
 					fwd := fmt.Sprintf("%d-row forward, backward in one kernel", v.rows)
 					switch {
-					case v.hopper:
+					case v.hopper && v.split:
 						fwd = "Hopper kernels"
+					case v.hopper:
+						fwd = "Hopper kernels, backward in one kernel"
 					case v.split:
 						fwd = fmt.Sprintf("%d-row forward, backward in two kernels", v.rows)
 					}
@@ -360,6 +356,22 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 						}
 					}
 				}
+				// The Hopper backward in one pass against its two kernels: the
+				// same products, dq summed over key tiles across blocks and dk
+				// and dv over the items in another order.
+				if hopper {
+					h, one := flash["Hopper kernels"], flash["Hopper kernels, backward in one kernel"]
+					for _, c := range []struct {
+						name      string
+						got, want []float32
+					}{{"dvec", one.dvec, h.dvec}, {"dq", one.dq, h.dq}, {"dk", one.dk, h.dk}, {"dv", one.dv, h.dv}} {
+						rel := maxRelErr(c.got, c.want)
+						t.Logf("Hopper one-kernel backward against two (%s): %s %.3g of its largest value apart", e.Arch, c.name, rel)
+						if !(rel <= 1e-5) {
+							t.Errorf("%s: the Hopper one-kernel backward differs from its two-kernel one by %.3g of its largest value (limit 1e-5)", c.name, rel)
+						}
+					}
+				}
 				var lseDiff float64
 				same := 0
 				for i := range g64.lse {
@@ -379,7 +391,7 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				}
 				names := []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final"}
 				if hopper {
-					names = append(names, "flash_fwd_h", "flash_bwd_dq_h", "flash_bwd_dkv_h")
+					names = append(names, "flash_fwd_h", "flash_bwd_dq_h", "flash_bwd_dkv_h", "flash_bwd_h")
 				}
 				for _, name := range names {
 					r, err := e.fns[name].Resources()
@@ -392,7 +404,11 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				wantCounts := map[string]int{"flash_fwd": 1, "flash_fwd128": 3, "flash_bwd_dq": 2, "flash_bwd_dkv": 2,
 					"flash_bwd_dvec": 2, "flash_bwd": 2, "flash_bwd_dq_final": 2, "attn_fwd": 1, "attn_bwd_q": 1, "attn_bwd_kv": 1}
 				if hopper {
-					wantCounts["flash_fwd_h"], wantCounts["flash_bwd_dq_h"], wantCounts["flash_bwd_dkv_h"] = 2, 2, 2
+					// Two runs each of the two-kernel and the one-pass backward.
+					wantCounts["flash_fwd_h"], wantCounts["flash_bwd_dq_h"], wantCounts["flash_bwd_dkv_h"] = 4, 2, 2
+					wantCounts["flash_bwd_h"] = 2
+					wantCounts["flash_bwd_dvec"] += 2
+					wantCounts["flash_bwd_dq_final"] += 2
 				}
 				for name, n := range wantCounts {
 					if counts[name] != n {
@@ -425,13 +441,15 @@ func TestFlashBackwardSharedMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	for def, n := range map[string]int{"#define SW_TILE 8192 ": hopperTile, "#define FLASH_H_FWD_SMEM (5 * SW_TILE + 1024)": hopperFwdShared,
-		"#define FLASH_H_DQ_SMEM (6 * SW_TILE + 1024)": hopperBwdShared, "#define FLASH_H_DKV_SMEM (6 * SW_TILE + 1024)": hopperBwdShared} {
+		"#define FLASH_H_DQ_SMEM (6 * SW_TILE + 1024)": hopperBwdShared, "#define FLASH_H_DKV_SMEM (6 * SW_TILE + 1024)": hopperBwdShared,
+		"#define FLASH_H_BWD_SMEM (8 * SW_TILE + 1024)": hopperFusedShared} {
 		if !strings.Contains(string(h), def) {
 			t.Errorf("flash_sm90.cu has no %q: the engine launches with %d bytes", def, n)
 		}
 	}
-	if hopperTile != 8192 || hopperFwdShared != 5*8192+1024 || hopperBwdShared != 6*8192+1024 {
-		t.Errorf("the Hopper kernels' shared memory: tile %d, forward %d, backward %d bytes; want flash_sm90.cu's", hopperTile, hopperFwdShared, hopperBwdShared)
+	if hopperTile != 8192 || hopperFwdShared != 5*8192+1024 || hopperBwdShared != 6*8192+1024 || hopperFusedShared != 8*8192+1024 {
+		t.Errorf("the Hopper kernels' shared memory: tile %d, forward %d, backward %d, one-pass backward %d bytes; want flash_sm90.cu's",
+			hopperTile, hopperFwdShared, hopperBwdShared, hopperFusedShared)
 	}
 }
 
@@ -453,7 +471,8 @@ func TestHopperBackwardTakesFlashCuParameters(t *testing.T) {
 			sigs[k.name] = k.params
 		}
 	}
-	for sm80, h := range map[string]string{"flash_bwd_dq": "flash_bwd_dq_h", "flash_bwd_dkv": "flash_bwd_dkv_h", "flash_fwd": "flash_fwd_h"} {
+	for sm80, h := range map[string]string{"flash_bwd_dq": "flash_bwd_dq_h", "flash_bwd_dkv": "flash_bwd_dkv_h", "flash_fwd": "flash_fwd_h",
+		"flash_bwd": "flash_bwd_h"} {
 		if sigs[sm80] == nil || !slices.Equal(sigs[sm80], sigs[h]) {
 			t.Errorf("%s takes %v, %s %v: the engine launches both with one argument list", sm80, sigs[sm80], h, sigs[h])
 		}
@@ -473,8 +492,8 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 		t.Fatalf("golden %s has head_dim %d, want %d", goldenDirs[1], c.HeadDim, flashHeadDim)
 	}
 	flashKernels := []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final",
-		"flash_fwd_h", "flash_bwd_dq_h", "flash_bwd_dkv_h"}
-	for _, v := range []struct{ prec, attn, fwd, bwd string }{{"bf16", "", "", ""}, {"bf16", "flash-sm80", "", ""},
+		"flash_fwd_h", "flash_bwd_dq_h", "flash_bwd_dkv_h", "flash_bwd_h"}
+	for _, v := range []struct{ prec, attn, fwd, bwd string }{{"bf16", "", "", ""}, {"bf16", "", "", "fused"}, {"bf16", "flash-sm80", "", ""},
 		{"bf16", "flash-sm80", "64", ""}, {"bf16", "flash-sm80", "128", "split"}, {"bf16", "flash-sm80", "", "fused"},
 		{"fp32", "", "", ""}, {"fp32", "", "64", "fused"}} {
 		t.Run(v.prec+"/attention="+v.attn+"/fwd="+v.fwd+"/bwd="+v.bwd, func(t *testing.T) {
@@ -492,7 +511,9 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 			want := map[string]int{"flash_fwd128": c.Layers, "flash_bwd_dq": c.Layers, "flash_bwd_dkv": c.Layers}
 			// A compute capability 9.0 device's native build runs the
 			// Hopper kernels unless flash.cu's are asked for.
-			if _, hopper := e.fns["flash_fwd_h"]; hopper && v.attn == "" {
+			_, hopper := e.fns["flash_fwd_h"]
+			hopper = hopper && v.attn == ""
+			if hopper {
 				want = map[string]int{"flash_fwd_h": c.Layers, "flash_bwd_dq_h": c.Layers, "flash_bwd_dkv_h": c.Layers}
 			}
 			if v.fwd == "64" {
@@ -502,7 +523,13 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 			if v.bwd == "fused" {
 				delete(want, "flash_bwd_dq")
 				delete(want, "flash_bwd_dkv")
-				want["flash_bwd_dvec"], want["flash_bwd"], want["flash_bwd_dq_final"] = c.Layers, c.Layers, c.Layers
+				delete(want, "flash_bwd_dq_h")
+				delete(want, "flash_bwd_dkv_h")
+				one := "flash_bwd"
+				if hopper {
+					one = "flash_bwd_h"
+				}
+				want["flash_bwd_dvec"], want[one], want["flash_bwd_dq_final"] = c.Layers, c.Layers, c.Layers
 			}
 			naive := n["attn_fwd"] == c.Layers && n["attn_bwd_q"] == c.Layers && n["attn_bwd_kv"] == c.Layers
 			if v.prec == "bf16" {
@@ -572,13 +599,17 @@ func BenchmarkFlashBackward(b *testing.B) {
 	c := model.Presets["small"]
 	const B, T = 32, 1024
 	batch := patternBatch(c, B, T)
-	for _, v := range []string{"split", "fused", "hopper"} {
+	for _, v := range []string{"split", "fused", "hopper", "hopper-fused"} {
 		b.Run(v, func(b *testing.B) {
 			// flash.cu's two backward paths, or flash_sm90.cu's on a
-			// Hopper GPU (elsewhere the engine runs flash.cu's split one).
-			if v == "hopper" {
+			// Hopper GPU (elsewhere the engine runs flash.cu's).
+			switch v {
+			case "hopper":
 				b.Setenv("KILN_CUDA_ATTENTION", "flash")
-			} else {
+			case "hopper-fused":
+				b.Setenv("KILN_CUDA_ATTENTION", "flash")
+				b.Setenv("KILN_CUDA_FLASH_BWD", "fused")
+			default:
 				b.Setenv("KILN_CUDA_ATTENTION", "flash-sm80")
 				b.Setenv("KILN_CUDA_FLASH_BWD", v)
 			}

@@ -210,6 +210,9 @@ const (
 	hopperTile      = 64 * 64 * 2
 	hopperFwdShared = 5*hopperTile + 1024
 	hopperBwdShared = 6*hopperTile + 1024
+	// flash_bwd_h's: key and value tiles, two sets of queries and output
+	// gradients, two dS tiles.
+	hopperFusedShared = 8*hopperTile + 1024
 )
 
 // flashForwardKernel names the flash attention forward the engine runs.
@@ -278,6 +281,9 @@ func (e *Engine) chooseFlashKernels() error {
 	want := map[string]int{}
 	if e.hopper {
 		want = map[string]int{"flash_fwd_h": hopperFwdShared, "flash_bwd_dq_h": hopperBwdShared, "flash_bwd_dkv_h": hopperBwdShared}
+		if e.flashFused {
+			want["flash_bwd_h"] = hopperFusedShared
+		}
 	} else if e.flashFused {
 		want["flash_bwd"] = flashBwdShared
 	}
@@ -304,24 +310,40 @@ func (e *Engine) flashBackward(l, B, T int, scale float32) error {
 	P := qd + 2*kvd
 	qkv := a.qkvb[l]
 	q, k, v := qkv, bfAt(qkv, qd), bfAt(qkv, qd+kvd)
-	tiles := flashTiles(T)
-	if e.hopper || !e.flashFused {
+	if !e.flashFused {
 		return e.flashBackwardSplit(cuda.Ptr(0), a.dqkvb, cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), a.dvec,
 			q, k, v, a.dyb, a.yb[l], a.lse[l], B, T, H, KV, scale, P)
 	}
-	if err := e.launch("flash_bwd_dvec", (B*T*H+15)/16, 128, a.dvec, a.dyb, a.yb[l], T, H, B*T*H); err != nil {
+	return e.flashBackwardFused(cuda.Ptr(0), a.dqkvb, cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), a.q[l], a.dqsem,
+		a.dvec, q, k, v, a.dyb, a.yb[l], a.lse[l], B, T, H, KV, scale, P)
+}
+
+// flashBackwardFused runs the backward in one pass over the (key tile,
+// query tile) pairs: flash_bwd_dvec, then flash_bwd (flash.cu) or
+// flash_bwd_h (Hopper), which sum dq's products in dqacc (fp32, (B, H, T,
+// 64)) in the order the semaphores sem (B H tiles int32, zeroed here) keep,
+// then flash_bwd_dq_final, which turns the sums into dq: in bf16 into dqb,
+// rotated back by rope, and in fp32 into dq where set. flash_bwd's grid
+// has the key tiles fastest, flash_bwd_h's slowest: each the order its
+// blocks wait in (flash.cu, flash_sm90.cu).
+func (e *Engine) flashBackwardFused(dq, dqb, dk, dkb, dv, dvb, dqacc, sem, dvec, q, k, v, dy, y, lse cuda.Ptr, B, T, H, KV int, scale float32, P int) error {
+	tiles := flashTiles(T)
+	if err := e.launch("flash_bwd_dvec", (B*T*H+15)/16, 128, dvec, dy, y, T, H, B*T*H); err != nil {
 		return err
 	}
-	if err := e.zero(a.dqsem, int64(B*H*tiles)); err != nil {
+	if err := e.zero(sem, int64(B*H*tiles)); err != nil {
 		return err
 	}
-	if err := e.launch3("flash_bwd", cuda.Dim3{X: tiles, Y: KV, Z: B}, cuda.Dim3{X: 128},
-		cuda.Ptr(0), bfAt(a.dqkvb, qd), cuda.Ptr(0), bfAt(a.dqkvb, qd+kvd), a.q[l], a.dqsem,
-		q, k, v, a.dyb, a.lse[l], a.dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
+	name, grid := "flash_bwd", cuda.Dim3{X: tiles, Y: KV, Z: B}
+	if e.hopper {
+		name, grid = "flash_bwd_h", cuda.Dim3{X: KV, Y: B, Z: tiles}
+	}
+	if err := e.launch3(name, grid, cuda.Dim3{X: 128}, dk, dkb, dv, dvb, dqacc, sem,
+		q, k, v, dy, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 		return err
 	}
 	return e.launch3("flash_bwd_dq_final", cuda.Dim3{X: (T + 7) / 8, Y: H, Z: B}, cuda.Dim3{X: 128},
-		cuda.Ptr(0), a.dqkvb, a.q[l], e.cosT, e.sinT, T, H, scale, P)
+		dq, dqb, dqacc, e.cosT, e.sinT, T, H, scale, P)
 }
 
 // flashBackwardSplit runs the backward as two kernels that each own their

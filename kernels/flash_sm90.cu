@@ -475,6 +475,25 @@ __device__ __forceinline__ void store_ds(unsigned char* ds, const unsigned (*sa)
     }
 }
 
+// bulk_store and bulk_add copy, or add (fp32), bytes from shared address
+// src to global dst as one asynchronous bulk operation of this thread's
+// group; bulk_commit closes the group; bulk_wait waits until this thread's
+// bulk operations are complete (their sources read, their writes done).
+__device__ __forceinline__ void bulk_store(float* dst, unsigned src, int bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_add(float* dst, unsigned src, int bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// fence_async_global orders this thread's global accesses through the
+// generic proxy (the semaphores) with those through the async proxy (the
+// bulk operations), both ways.
+__device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 // flash_bwd_h is flash_bwd on Hopper: the whole backward in one pass over
 // the (key tile, query tile) pairs, flash_bwd_dkv_h's dk and dv and, from
 // the same dS, dq's products, summed across blocks in a fixed order into
@@ -485,26 +504,27 @@ __device__ __forceinline__ void store_ds(unsigned char* ds, const unsigned (*sa)
 // The order of a query tile's dq sum: key tile 0 stores its product, then
 // key tiles 1, 2, ..., qt add theirs, each once the one before it has said
 // so (sem[(b H + h) tiles + qt], zero at launch, holds how many key tiles
-// have added). A block takes its query tiles in descending order (each
-// tile's heads together), so key tile kt's block reaches a (head, query
-// tile) item at the same position as key tile kt - 1's, and waits for it
-// about a step: block kt ends about kt steps after it would alone, and
-// the shorter blocks (larger kt) have that to spare. The grid is (KV, B,
-// tiles), key tiles slowest, so every sequence's longest blocks (kt = 0)
-// start first and the block waited for always started before the one
-// that waits: the chain cannot deadlock.
+// have added). A product goes to dqacc whole, as one bulk copy or bulk
+// addition of its 64 rows (contiguous there) from shared memory, issued by
+// one thread, which also says when it is complete. A block takes its query
+// tiles in descending order (each tile's heads together), so key tile kt's
+// block reaches a (head, query tile) item at the same position as key tile
+// kt - 1's, and waits for it about a step: block kt ends about kt steps
+// after it would alone, and the shorter blocks (larger kt) have that to
+// spare. The grid is (KV, B, tiles), key tiles slowest, so every
+// sequence's longest blocks (kt = 0) start first and the block waited for
+// always started before the one that waits: the chain cannot deadlock.
 //
-// Pipelined as flash_bwd is, so that one barrier a step suffices: step j
-// multiplies item j - 1's dS (kept in shared memory) by the keys and adds
-// it to dqacc, then computes item j's probabilities and its dk and dv
-// products and leaves its dS for step j + 1; item j + 1's tiles are copied
-// meanwhile. The block says its additions of item j - 1 are issued after
-// the next step's barrier.
+// Step j multiplies item j - 1's dS (kept in shared memory) by the keys
+// and sends the product to dqacc, then computes item j's probabilities and
+// its dk and dv products and leaves its dS for step j + 1; item j + 1's
+// tiles are copied meanwhile. The block says item j - 1's product is in
+// dqacc at the start of step j + 1.
 //
 // 128 threads, FLASH_H_BWD_SMEM bytes of dynamic shared memory: the key
-// and value tiles, two sets of (queries, output gradients) and two dS
-// tiles; three blocks an SM.
-#define FLASH_H_BWD_SMEM (8 * SW_TILE + 1024)
+// and value tiles, two sets of (queries, output gradients), the dS tile
+// and the fp32 dq product; three blocks an SM.
+#define FLASH_H_BWD_SMEM (9 * SW_TILE + 1024)
 extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16* dkb, float* dv, bf16* dvb, float* dqacc, int* sem,
                                                                  const bf16* q, const bf16* k, const bf16* v, const bf16* dout,
                                                                  const float* lse, const float* dvec, const float* cosT,
@@ -512,8 +532,9 @@ extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16
                                                                  int ldd) {
     extern __shared__ __align__(16) unsigned char smem_h[];
     __shared__ __align__(8) float Ls[2][64], Dv[2][64];
-    unsigned Ks = sw_base(smem_h), Vs = Ks + SW_TILE, QD = Ks + 2 * SW_TILE, DS = Ks + 6 * SW_TILE;
-    unsigned char* dsg = smem_h + (DS - smem_addr(smem_h)); // the dS tiles, for the generic stores
+    unsigned Ks = sw_base(smem_h), Vs = Ks + SW_TILE, QD = Ks + 2 * SW_TILE, DS = Ks + 6 * SW_TILE, DQ = Ks + 7 * SW_TILE;
+    unsigned char* dsg = smem_h + (DS - smem_addr(smem_h)); // the dS tile, for the generic stores
+    float* dqs = (float*)(smem_h + (DQ - smem_addr(smem_h))); // the dq product, 64 rows of 64
     int kt = blockIdx.z, kvh = blockIdx.x, b = blockIdx.y, grp = H / KV;
     int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
     int nq = (T + 63) / 64, qs = H * HD, items = grp * (nq - kt);
@@ -539,27 +560,30 @@ extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16
     cp_commit();
     const float c = scale * 1.4426950408889634f;
     int kj[2] = {kt * 64 + r0 + g, kt * 64 + r0 + g + 8};
-    const unsigned long long dkd = wg_desc(Ks), dvd = wg_desc(Vs);
+    const unsigned long long dkd = wg_desc(Ks), dvd = wg_desc(Vs), dsd = wg_desc(DS);
     float dka[8][4] = {}, dva[8][4] = {};
-    int* done = nullptr; // an item whose additions are issued, to be said after the next barrier
+    int* done = nullptr; // an item whose product thread 0 sent, to be said once complete
     for (int j = 0;; j++) {
         // Item j's tiles have landed and item j - 1's dS is written, both
         // visible to wgmma; every warp is done with item j - 1's tiles
-        // (which item j + 1's copies overwrite); every thread's additions
-        // before this barrier are issued.
+        // (which item j + 1's copies overwrite); the product sent last
+        // step has left the shared memory (and is in dqacc: said here).
         cp_wait_all();
         fence_async_smem();
-        __syncthreads();
-        if (done && tid == 0) st_release(done, kt + 1);
+        if (tid == 0) {
+            bulk_wait();
+            fence_async_global();
+            if (done) st_release(done, kt + 1);
+        }
         done = nullptr;
+        __syncthreads();
         if (j + 1 < items) stage(j + 1);
         cp_commit();
         if (j > 0) {
             // Item j - 1's dq product: dS (its queries by the block's keys)
-            // times the keys.
+            // times the keys, through shared memory to dqacc.
             int p = j - 1, h = headOf(p), qt = tileOf(p);
             float dqa[8][4] = {};
-            const unsigned long long dsd = wg_desc(DS + (p & 1) * SW_TILE);
             wg_fence();
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) wg_ss64tt(dqa, dsd + 128 * kk, dkd + 128 * kk);
@@ -568,16 +592,21 @@ extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16
             wg_hold<8>(dqa);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                int qi = qt * 64 + r0 + g + 8 * r;
-                if (qi >= T) continue;
-                float* acc = dqacc + (((size_t)b * H + h) * T + qi) * HD + 2 * t;
+                float* row = dqs + (r0 + g + 8 * r) * HD + 2 * t;
 #pragma unroll
-                for (int nb = 0; nb < 8; nb++) {
-                    if (kt == 0)
-                        __stcg((float2*)(acc + nb * 8), make_float2(dqa[nb][2 * r], dqa[nb][2 * r + 1]));
-                    else
-                        red_add2(acc + nb * 8, dqa[nb][2 * r], dqa[nb][2 * r + 1]);
-                }
+                for (int nb = 0; nb < 8; nb++) *(float2*)(row + nb * 8) = make_float2(dqa[nb][2 * r], dqa[nb][2 * r + 1]);
+            }
+            fence_async_smem();
+            __syncthreads();
+            if (tid == 0) {
+                float* dst = dqacc + (((size_t)b * H + h) * T + qt * 64) * HD;
+                int bytes = min(64, T - qt * 64) * HD * 4;
+                fence_async_global();
+                if (kt == 0)
+                    bulk_store(dst, DQ, bytes);
+                else
+                    bulk_add(dst, DQ, bytes);
+                bulk_commit();
             }
             if (kt < qt) done = semOf(p);
         }
@@ -585,7 +614,6 @@ extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16
         int qt = tileOf(j);
         unsigned Q = QD + (j & 1) * 2 * SW_TILE;
         const float *L = Ls[j & 1], *D = Dv[j & 1];
-        unsigned char* ds = dsg + (j & 1) * SW_TILE;
         // Only the diagonal tile has queries before keys, and only the last
         // one rows past T.
         bool edge = qt == kt || (qt + 1) * 64 > T;
@@ -599,7 +627,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16
             wg_hold<4>(st);
             wg_hold<4>(dpt);
             dkv_p(dka, dva, pa, sa, st, dpt, Q, n0, qt, edge, kj, L, D, T, c, t);
-            store_ds(ds, sa, r0 + g, n0, t);
+            store_ds(dsg, sa, r0 + g, n0, t);
             wg_wait();
             wg_hold<8>(dva);
             wg_hold<8>(dka);
@@ -612,7 +640,10 @@ extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16
             while (ld_acquire(sm) != kt) __nanosleep(32);
         }
     }
-    __syncthreads();
-    if (done && tid == 0) st_release(done, kt + 1);
+    if (tid == 0) {
+        bulk_wait();
+        fence_async_global();
+        if (done) st_release(done, kt + 1);
+    }
     store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, ldd, scale, cosT, sinT, lane);
 }

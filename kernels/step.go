@@ -211,8 +211,8 @@ const (
 	hopperFwdShared = 5*hopperTile + 1024
 	hopperBwdShared = 6*hopperTile + 1024
 	// flash_bwd_h's: key and value tiles, two sets of queries and output
-	// gradients, two dS tiles.
-	hopperFusedShared = 8*hopperTile + 1024
+	// gradients, the dS tile and the fp32 dq product (two tiles' bytes).
+	hopperFusedShared = 9*hopperTile + 1024
 )
 
 // flashForwardKernel names the flash attention forward the engine runs.

@@ -48,9 +48,9 @@ type Engine struct {
 	// flashRows: the query rows a block of the flash forward takes, 128
 	// (flash_fwd128) or 64 (flash_fwd), from KILN_CUDA_FLASH_FWD.
 	flashRows int
-	// flashFused: the flash backward as flash_bwd_dvec, flash_bwd and
-	// flash_bwd_dq_final (KILN_CUDA_FLASH_BWD=fused) instead of
-	// flash_bwd_dq then flash_bwd_dkv.
+	// flashFused: the flash backward as flash_bwd_dvec, flash_bwd (or on
+	// Hopper flash_bwd_h) and flash_bwd_dq_final (KILN_CUDA_FLASH_BWD=fused)
+	// instead of the dq then the dk/dv kernel.
 	flashFused bool
 	// hopper: the flash kernels of flash_sm90.cu (wgmma) in place of
 	// flash.cu's, on a compute capability 9.0 GPU's native build unless
@@ -475,7 +475,7 @@ func (e *Engine) allocActs(B, T int) (*acts, error) {
 		// Training's flash attention reads and writes bf16 alone (qkvb,
 		// yb). The fp32 queries, keys, values and output are generation's
 		// straightforward attention's, which allocates them for its own
-		// rows (Generate); only flash.cu's one-pass backward
+		// rows (Generate); only the one-pass backward
 		// (KILN_CUDA_FLASH_BWD=fused) sums dq in the queries' buffer.
 		a.q, a.y, a.k, a.v = make([]cuda.Ptr, c.Layers), make([]cuda.Ptr, c.Layers), make([]cuda.Ptr, c.Layers), make([]cuda.Ptr, c.Layers)
 		if e.flashFused {

@@ -34,10 +34,10 @@ type Options struct {
 	// flash64: the flash forward with 64 query rows a block (flash_fwd)
 	// instead of 128 (flash_fwd128).
 	flash64 bool
-	// flashFused: the flash backward in one pass (flash_bwd, which sums dq
-	// in a fixed order across blocks, between flash_bwd_dvec and
-	// flash_bwd_dq_final) instead of two kernels that each compute the
-	// probabilities (flash_bwd_dq, then flash_bwd_dkv).
+	// flashFused: the flash backward in one pass (flash_bwd, or
+	// flash_bwd_h on Hopper, which sum dq in a fixed order across blocks,
+	// between flash_bwd_dvec and flash_bwd_dq_final) instead of two
+	// kernels that each compute the probabilities (dq, then dk and dv).
 	flashFused bool
 	// flashPair: "off" runs the Hopper forward and dq a query tile a
 	// block, instead of a pair of tiles, the longest and the shortest left

@@ -329,48 +329,32 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				// dk and dv over heads and query tiles in another
 				// interleaving: alike far below a wrong tile.
 				fused := flash["128-row forward, backward in one kernel"]
-				for _, c := range []struct {
-					name      string
-					got, want []float32
-				}{{"dvec", fused.dvec, g128.dvec}, {"dq", fused.dq, g128.dq}, {"dk", fused.dk, g128.dk}, {"dv", fused.dv, g128.dv}} {
-					rel := maxRelErr(c.got, c.want)
-					t.Logf("one-kernel backward against two (%s): %s %.3g of its largest value apart", e.Arch, c.name, rel)
-					if !(rel <= 1e-5) {
-						t.Errorf("%s: the one-kernel backward differs from the two-kernel one by %.3g of its largest value (limit 1e-5)", c.name, rel)
+				field := func(r result, name string) []float32 {
+					return map[string][]float32{"out": r.out, "lse": r.lse, "dvec": r.dvec, "dq": r.dq, "dk": r.dk, "dv": r.dv}[name]
+				}
+				// alike holds the named results of got to want's, each within
+				// limit of its largest value.
+				alike := func(what string, limit float64, got, want result, names ...string) {
+					for _, name := range names {
+						rel := maxRelErr(field(got, name), field(want, name))
+						t.Logf("%s (%s): %s %.3g of its largest value apart", what, e.Arch, name, rel)
+						if !(rel <= limit) {
+							t.Errorf("%s: %s %.3g of its largest value apart (limit %.0e)", what, name, rel, limit)
+						}
 					}
 				}
+				alike("one-kernel backward against two", 1e-5, fused, g128, "dvec", "dq", "dk", "dv")
 				// The Hopper kernels take the same tiles in the same order
 				// with the products on other tensor-core instructions: the
 				// fp32 sums may round apart, and a probability may then
 				// round to another bf16, far below a wrong tile or mask.
-				if hopper {
-					h := flash["Hopper kernels"]
-					for _, c := range []struct {
-						name      string
-						got, want []float32
-					}{{"out", h.out, g128.out}, {"lse", h.lse, g128.lse}, {"dvec", h.dvec, g128.dvec}, {"dq", h.dq, g128.dq}, {"dk", h.dk, g128.dk}, {"dv", h.dv, g128.dv}} {
-						rel := maxRelErr(c.got, c.want)
-						t.Logf("Hopper kernels against flash.cu's (%s): %s %.3g of its largest value apart", e.Arch, c.name, rel)
-						if !(rel <= 2e-3) {
-							t.Errorf("%s: the Hopper kernels differ from flash.cu's by %.3g of its largest value (limit 2e-3)", c.name, rel)
-						}
-					}
-				}
-				// The Hopper backward in one pass against its two kernels: the
+				// Their backward in one pass against their two kernels: the
 				// same products, dq summed over key tiles across blocks and dk
 				// and dv over the items in another order.
 				if hopper {
-					h, one := flash["Hopper kernels"], flash["Hopper kernels, backward in one kernel"]
-					for _, c := range []struct {
-						name      string
-						got, want []float32
-					}{{"dvec", one.dvec, h.dvec}, {"dq", one.dq, h.dq}, {"dk", one.dk, h.dk}, {"dv", one.dv, h.dv}} {
-						rel := maxRelErr(c.got, c.want)
-						t.Logf("Hopper one-kernel backward against two (%s): %s %.3g of its largest value apart", e.Arch, c.name, rel)
-						if !(rel <= 1e-5) {
-							t.Errorf("%s: the Hopper one-kernel backward differs from its two-kernel one by %.3g of its largest value (limit 1e-5)", c.name, rel)
-						}
-					}
+					h := flash["Hopper kernels"]
+					alike("Hopper kernels against flash.cu's", 2e-3, h, g128, "out", "lse", "dvec", "dq", "dk", "dv")
+					alike("Hopper one-kernel backward against two", 1e-5, flash["Hopper kernels, backward in one kernel"], h, "dvec", "dq", "dk", "dv")
 				}
 				var lseDiff float64
 				same := 0

@@ -63,9 +63,10 @@ for name, v in sorted(byname.items(), key=lambda kv: -kv[1][0])[:a.top]:
     print(f"  {v[0]/n/1e6:7.3f} {v[1]/n:6.1f} {sorted(v[2])} g{ex[3]} b{ex[4]} r{ex[5]} {name[:110]}")
 print(f"  sum of all kernels {sum(v[0] for v in byname.values())/n/1e6:.3f} ms")
 # Kinds of kernel, first match wins: kiln's names and torch.compile's
-# (cuDNN's attention, cuBLAS's nvjet GEMMs, Triton's fused kernels).
+# (cuDNN's attention with its dO.O and dq-to-bf16 helpers, cuBLAS's nvjet
+# GEMMs, Triton's fused kernels).
 GROUPS = [
-    ("attention", r"flash|sdpa|fmha|attn"),
+    ("attention", r"flash|sdpa|fmha|attn|dot_do_o|convert_dq"),
     ("GEMMs", r"nvjet|gemm|cutlass|xmma|splitKreduce|cublas"),
     ("loss", r"xent|log_softmax|cross_entropy|nll"),
     ("norms", r"rmsnorm|rms_norm|rsqrt"),

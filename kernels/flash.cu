@@ -428,6 +428,16 @@ extern "C" __global__ void flash_bwd_dvec(float* dvec, const bf16* dout, const b
     }
 }
 
+// red_add2 adds a pair to p[0], p[1] without waiting for the result.
+__device__ __forceinline__ void red_add2(float* p, float x, float y) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(p, x);
+    atomicAdd(p + 1, y);
+#endif
+}
+
 // The whole backward in one pass over the (key tile, query tile) pairs:
 // flash_bwd_dkv's dk and dv, and dq's products from the same
 // probabilities, so P and dP are computed once instead of again by a dq

@@ -214,7 +214,7 @@ __device__ __forceinline__ void store_kv_grads(float* dk, bf16* dkb, float* dv, 
 
 // The one-pass backwards' order of the dq sums across blocks (flash_bwd,
 // flash_bwd_h): a semaphore read with acquire and written with release
-// at the GPU's scope, and a pair added without waiting for the result.
+// at the GPU's scope.
 __device__ __forceinline__ int ld_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -223,14 +223,4 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
 
 __device__ __forceinline__ void st_release(int* p, int v) {
     asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// red_add2 adds a pair to p[0], p[1] without waiting for the result.
-__device__ __forceinline__ void red_add2(float* p, float x, float y) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p), "f"(x), "f"(y) : "memory");
-#else
-    atomicAdd(p, x);
-    atomicAdd(p + 1, y);
-#endif
 }

@@ -336,7 +336,7 @@ func (e *Engine) flashBackwardFused(dq, dqb, dk, dkb, dv, dvb, dqacc, sem, dvec,
 	}
 	name, grid := "flash_bwd", cuda.Dim3{X: tiles, Y: KV, Z: B}
 	if e.hopper {
-		name, grid = "flash_bwd_h", cuda.Dim3{X: KV, Y: B, Z: tiles}
+		name, grid = "flash_bwd_h", flashGrid(KV, B, tiles)
 	}
 	if err := e.launch3(name, grid, cuda.Dim3{X: 128}, dk, dkb, dv, dvb, dqacc, sem,
 		q, k, v, dy, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {

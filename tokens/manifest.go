@@ -167,7 +167,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, inputErrorf("token store %s has no %s: ingest into it first (sched enqueue ingest): %w", dir, ManifestFile, err)
+			return nil, inputErrorf("token store %s has no %s: ingest into it first (sched enqueue ingest), or, on a worker that took over a run, copy the store's folder from the machine that ingested it: %w", dir, ManifestFile, err)
 		}
 		return nil, fmt.Errorf("token store %s: read manifest: %w", dir, err)
 	}

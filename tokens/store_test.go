@@ -103,7 +103,7 @@ func TestOpenRejectsCorruptManifest(t *testing.T) {
 
 	os.Remove(path)
 	_, err = Open(dir)
-	wantInputError(t, err, "has no manifest.json")
+	wantInputError(t, err, "has no manifest.json", "sched enqueue ingest", "copy the store's folder from the machine that ingested it")
 }
 
 func TestOpenRejectsShortTokensFile(t *testing.T) {

@@ -58,6 +58,8 @@ type Engine struct {
 	hopper bool
 	// flashPair: KILN_CUDA_FLASH_PAIR ("", "on" or "off"; flashPairs).
 	flashPair string
+	// flashTMA: the Hopper forward is flash_fwd_ht (tensor copies).
+	flashTMA bool
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode
 	// gemmTune: candidates each bf16 GEMM shape times (0: none).
@@ -265,6 +267,7 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 	}
 	e.flashFused = k.flashFused
 	e.flashPair = k.flashPair
+	e.flashTMA = k.flashTMA
 	e.wsLimit = k.workspace()
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {

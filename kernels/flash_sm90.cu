@@ -183,6 +183,107 @@ __device__ __forceinline__ void fwd_h_tile(int qt, unsigned char* smem_h, float*
     fwd_store<1>(out, outb, lse, o, m, l, qi, c, lane, b, h, T, H);
 }
 
+// TmaMap is a CUtensorMap, made on the host (cuda.TensorMap) and passed by
+// value as a `const __grid_constant__ TmaMap` parameter, whose address the
+// tensor copies take.
+struct __align__(64) TmaMap {
+    unsigned long long v[16];
+};
+
+// mbar_init readies the mbarrier at shared address bar for count arrivals;
+// mbar_expect arrives on it and adds bytes to the transaction count that
+// must land before its phase completes; mbar_try says whether the phase of
+// the given parity has completed.
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try(unsigned bar, unsigned parity) {
+    unsigned ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+
+// tma_load3 copies the box at coordinates (c0, c1, c2) of the map's tensor
+// (innermost first) into shared memory at dst, in the map's swizzle,
+// counting its bytes on the mbarrier bar; elements outside the tensor
+// arrive as zeros.
+__device__ __forceinline__ void tma_load3(unsigned dst, const TmaMap* map, int c0, int c1, int c2, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 :
+                 : "r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+
+// The forward with its tiles copied by the tensor memory accelerator
+// (flash_fwd_ht): flash_fwd_h's grid, tiles, arithmetic and outputs, the
+// same bits, but each tile is one copy one thread issues, described by
+// qkv (the fused projection as a (B, T, P) bf16 tensor, boxes of 64
+// columns by 64 rows in the 128-byte swizzle) instead of 32 cp.async a
+// thread and their addresses; the block waits on an mbarrier a buffer.
+// qcol, kcol and vcol are the first columns of the queries, keys and
+// values in qkv. FLASH_H_FWD_SMEM bytes of dynamic shared memory.
+__device__ __forceinline__ void fwd_ht_tile(int qt, unsigned char* smem_h, unsigned bars, unsigned* uses, float* out, bf16* outb,
+                                            float* lse, const TmaMap* qkv, int qcol, int kcol, int vcol, int T, int H, int KV,
+                                            float scale) {
+    unsigned Qs = sw_base(smem_h), KVs = Qs + SW_TILE; // key tile j at KVs + 2 SW_TILE (j & 1), its values one tile on
+    int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
+    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2;
+    int kc = kcol + kvh * HD, vc = vcol + kvh * HD;
+    if (tid == 0) {
+        mbar_expect(bars, 3 * SW_TILE);
+        tma_load3(Qs, qkv, qcol + h * HD, qt * 64, b, bars);
+        tma_load3(KVs, qkv, kc, 0, b, bars);
+        tma_load3(KVs + SW_TILE, qkv, vc, 0, b, bars);
+    }
+    float o[8][4] = {};
+    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
+    const float c = scale * 1.4426950408889634f; // softmax in base 2
+    int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
+    const unsigned long long dq = wg_desc(Qs);
+    for (int kt = 0; kt <= qt; kt++) {
+        int s = kt & 1;
+        // The other buffer was last read before the barrier that ended
+        // the step before.
+        if (kt < qt && tid == 0) {
+            unsigned nb = bars + 8 * (s ^ 1), nK = KVs + (s ^ 1) * 2 * SW_TILE;
+            mbar_expect(nb, 2 * SW_TILE);
+            tma_load3(nK, qkv, kc, (kt + 1) * 64, b, nb);
+            tma_load3(nK + SW_TILE, qkv, vc, (kt + 1) * 64, b, nb);
+        }
+        while (!mbar_try(bars + 8 * s, uses[s] & 1)) {
+        }
+        uses[s]++;
+        unsigned K = KVs + s * 2 * SW_TILE;
+        float sc[8][4] = {};
+        const unsigned long long dk = wg_desc(K);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk);
+        wg_commit();
+        wg_wait();
+        wg_hold<8>(sc);
+        online_softmax<1>(sc, o, m, l, qi, kt == qt, kt * 64, c, lane);
+        unsigned pa[4][4];
+        acc_to_a<4>(pa, sc);
+        const unsigned long long dvd = wg_desc(K + SW_TILE);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) wg_rs64t(o, pa[kk], dvd + 128 * kk);
+        wg_commit();
+        wg_wait();
+        wg_hold<8>(o);
+        // The next step's copy overwrites the other buffers.
+        __syncthreads();
+    }
+    fwd_store<1>(out, outb, lse, o, m, l, qi, c, lane, b, h, T, H);
+}
+
 // A causal tile's work grows with its index, and blocks start in index
 // order. With a grid of ceil(T / 64) blocks along z (flash.cuh), block z
 // takes the query tile T / 64 - 1 - z, so the longest start first. With
@@ -208,6 +309,25 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_h(float* out, bf1
     for (int i = 0; i < n; i++) {
         if (i > 0) __syncthreads();
         fwd_h_tile(i == 0 ? first : second, smem_h, out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_ht(float* out, bf16* outb, float* lse, const __grid_constant__ TmaMap qkv,
+                                                                  int qcol, int kcol, int vcol, int T, int H, int KV, float scale) {
+    extern __shared__ __align__(16) unsigned char smem_h[];
+    __shared__ __align__(8) unsigned long long bar[2];
+    unsigned bars = smem_addr(bar), uses[2] = {0, 0};
+    if (threadIdx.x == 0) {
+        mbar_init(bars, 1);
+        mbar_init(bars + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    int first, second, n = tile_pair(T, &first, &second) ? 2 : 1;
+#pragma unroll 1
+    for (int i = 0; i < n; i++) {
+        if (i > 0) __syncthreads();
+        fwd_ht_tile(i == 0 ? first : second, smem_h, bars, uses, out, outb, lse, &qkv, qcol, kcol, vcol, T, H, KV, scale);
     }
 }
 

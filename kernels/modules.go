@@ -205,10 +205,12 @@ const (
 	paramI32                  // int, unsigned: int, int32, uint32
 	paramI64                  // long long, size_t: int64, uint64
 	paramF32                  // float: float32
+	paramTMA                  // const __grid_constant__ TmaMap: *cuda.TensorMap
 )
 
 func (k paramKind) String() string {
-	return [...]string{"a pointer (cuda.Ptr)", "a 32-bit integer (int, int32, uint32)", "a 64-bit integer (int64, uint64)", "a float (float32)"}[k]
+	return [...]string{"a pointer (cuda.Ptr)", "a 32-bit integer (int, int32, uint32)", "a 64-bit integer (int64, uint64)", "a float (float32)",
+		"a tensor map (*cuda.TensorMap)"}[k]
 }
 
 // kindOf is the parameter kind a Go argument is passed as, or false for a
@@ -223,6 +225,8 @@ func kindOf(a any) (paramKind, bool) {
 		return paramI64, true
 	case float32:
 		return paramF32, true
+	case *cuda.TensorMap:
+		return paramTMA, true
 	}
 	return 0, false
 }
@@ -303,7 +307,7 @@ func paramKindOf(decl string) (paramKind, error) {
 	}
 	var words []string
 	for _, w := range f[:len(f)-1] {
-		if w != "const" && w != "__restrict__" {
+		if w != "const" && w != "__restrict__" && w != "__grid_constant__" {
 			words = append(words, w)
 		}
 	}
@@ -314,6 +318,8 @@ func paramKindOf(decl string) (paramKind, error) {
 		return paramI64, nil
 	case "float":
 		return paramF32, nil
+	case "TmaMap":
+		return paramTMA, nil
 	}
 	return 0, fmt.Errorf("parameter %q: a type the launch check does not know", decl)
 }

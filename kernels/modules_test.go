@@ -57,7 +57,8 @@ func TestKernelSourcesAreHeaderFree(t *testing.T) {
 
 func TestKernelSignatures(t *testing.T) {
 	src := "extern \"C\" __global__ void a(int x) {}\n// x\nextern \"C\" __global__ void b_c (float* y, const bf16* __restrict__ z,\n" +
-		"  long long n, float s) {}\nextern \"C\" __global__ void __launch_bounds__(128, 3) d(unsigned n, size_t m) {}"
+		"  long long n, float s) {}\nextern \"C\" __global__ void __launch_bounds__(128, 3) d(unsigned n, size_t m) {}\n" +
+		"extern \"C\" __global__ void t(const __grid_constant__ TmaMap m, int c) {}"
 	sigs, err := kernelSignatures(src)
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +71,7 @@ func TestKernelSignatures(t *testing.T) {
 		}
 		got = append(got, fmt.Sprint(s.name, ks))
 	}
-	want := []string{"a[1]", "b_c[0 0 2 3]", "d[1 2]"}
+	want := []string{"a[1]", "b_c[0 0 2 3]", "d[1 2]", "t[4 1]"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("signatures %v, want %v", got, want)
 	}
@@ -204,7 +205,7 @@ func TestLaunchCallsMatchTheKernels(t *testing.T) {
 		t.Fatalf("type-checking the engine: %v", err)
 	}
 	kinds := map[string]paramKind{"github.com/kiln-lm/kiln/kernels/cuda.Ptr": paramPtr, "int": paramI32, "int32": paramI32,
-		"uint32": paramI32, "int64": paramI64, "uint64": paramI64, "float32": paramF32}
+		"uint32": paramI32, "int64": paramI64, "uint64": paramI64, "float32": paramF32, "*github.com/kiln-lm/kiln/kernels/cuda.TensorMap": paramTMA}
 	checked := 0
 	for _, f := range parsed {
 		ast.Inspect(f, func(n ast.Node) bool {

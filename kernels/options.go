@@ -34,6 +34,9 @@ type Options struct {
 	// flash64: the flash forward with 64 query rows a block (flash_fwd)
 	// instead of 128 (flash_fwd128).
 	flash64 bool
+	// flashTMA: the Hopper forward with its tiles copied by the tensor
+	// memory accelerator (flash_fwd_ht) instead of cp.async (flash_fwd_h).
+	flashTMA bool
 	// flashFused: the flash backward in one pass (flash_bwd, or
 	// flash_bwd_h on Hopper, which sum dq in a fixed order across blocks,
 	// between flash_bwd_dvec and flash_bwd_dq_final) instead of two
@@ -93,11 +96,12 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 	}
 	o.naive = attention == "naive"
 	o.flashSM80 = attention == "flash-sm80"
-	flashFwd, err := envChoice(getenv, "KILN_CUDA_FLASH_FWD", "64", "128")
+	flashFwd, err := envChoice(getenv, "KILN_CUDA_FLASH_FWD", "64", "128", "tma")
 	if err != nil {
 		return Options{}, err
 	}
 	o.flash64 = flashFwd == "64"
+	o.flashTMA = flashFwd == "tma"
 	flashBwd, err := envChoice(getenv, "KILN_CUDA_FLASH_BWD", "split", "fused")
 	if err != nil {
 		return Options{}, err

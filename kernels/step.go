@@ -239,8 +239,30 @@ func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int,
 	if e.flashPairs(tiles, H, B) {
 		tiles = (tiles + 1) / 2
 	}
+	if e.hopper && e.flashTMA {
+		return e.flashForwardTMA(tiles, out, outb, lse, q, k, v, B, T, H, KV, scale, ldq, ldkv)
+	}
 	return e.launch3(e.flashForwardKernel(), flashGrid(H, B, tiles), cuda.Dim3{X: 128},
 		out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv)
+}
+
+// flashForwardTMA launches flash_fwd_ht, whose tiles the tensor memory
+// accelerator copies: q, k and v must be column blocks of one (B, T, ldq)
+// bf16 matrix from q on (the fused projection's output), which one tensor
+// map describes, made here (a few microseconds of the host's; a recorded
+// graph keeps the map it was launched with).
+func (e *Engine) flashForwardTMA(tiles int, out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int, scale float32, ldq, ldkv int) error {
+	if ldq != ldkv || k < q || v < q {
+		return fmt.Errorf("flash_fwd_ht reads q, k and v as columns of one matrix: row strides %d and %d, q at %#x, k %#x, v %#x", ldq, ldkv, q, k, v)
+	}
+	m := &cuda.TensorMap{}
+	P := uint64(ldq)
+	if err := e.dv.D.EncodeTiled(m, cuda.TensorBF16, q, []uint64{P, uint64(T), uint64(B)}, []uint64{2 * P, 2 * P * uint64(T)},
+		[]uint32{flashHeadDim, 64, 1}, cuda.Swizzle128B); err != nil {
+		return err
+	}
+	return e.launch3("flash_fwd_ht", flashGrid(H, B, tiles), cuda.Dim3{X: 128},
+		out, outb, lse, m, 0, int(k-q)/2, int(v-q)/2, T, H, KV, scale)
 }
 
 // flashGrid is the grid of flash.cu's and flash_sm90.cu's forward, dq and
@@ -283,6 +305,9 @@ func (e *Engine) chooseFlashKernels() error {
 		want = map[string]int{"flash_fwd_h": hopperFwdShared, "flash_bwd_dq_h": hopperBwdShared, "flash_bwd_dkv_h": hopperBwdShared}
 		if e.flashFused {
 			want["flash_bwd_h"] = hopperFusedShared
+		}
+		if e.flashTMA {
+			want["flash_fwd_ht"] = hopperFwdShared
 		}
 	} else if e.flashFused {
 		want["flash_bwd"] = flashBwdShared

@@ -92,6 +92,8 @@ type Driver struct {
 
 	// graphEdit: nil where the driver cannot edit a recorded graph.
 	graphEdit *graphEdit
+	// tensorMapEncode: nil where the driver cannot make tensor maps.
+	tensorMapEncode tensorMapEncodeTiled
 }
 
 var (
@@ -164,6 +166,7 @@ func loadDriver(dirs []string) (*Driver, error) {
 		return nil, err
 	}
 	d.graphEdit = loadGraphEdit(lib)
+	d.tensorMapEncode = loadTensorMaps(lib)
 	if err := d.check("cuInit", d.cuInit(0)); err != nil {
 		return nil, &UnavailableError{Err: err}
 	}
@@ -491,6 +494,11 @@ func kernelArgs(name string, args []any) (pp unsafe.Pointer, vals []uint64, ptrs
 			*(*int64)(unsafe.Pointer(&vals[i])) = v
 		case uint64:
 			vals[i] = v
+		case *TensorMap:
+			// Passed by value: the driver copies its 128 bytes from
+			// the map itself.
+			ptrs[i] = v.bytes()
+			continue
 		default:
 			return nil, nil, nil, fmt.Errorf("launch %s: argument %d has unsupported type %T", name, i, a)
 		}
@@ -504,7 +512,8 @@ func kernelArgs(name string, args []any) (pp unsafe.Pointer, vals []uint64, ptrs
 
 // Launch runs f on stream with args passed by value: Ptr, int64 and uint64
 // as 8 bytes; int (narrowed), int32, uint32 and float32 as 4, matching the
-// kernels' pointer, long long, int, unsigned and float parameters.
+// kernels' pointer, long long, int, unsigned and float parameters; a
+// *TensorMap as its 128 bytes, for a `const __grid_constant__ TmaMap`.
 func (f *Function) Launch(grid, block Dim3, shmem int, stream uintptr, args ...any) error {
 	pp, vals, ptrs, err := kernelArgs(f.Name, args)
 	if err != nil {

@@ -140,10 +140,50 @@ func TestKernelArgsLayout(t *testing.T) {
 			t.Errorf("table entry %d does not point at slot %d", i, i)
 		}
 	}
+	// A tensor map goes as its 128 bytes: the table points at the map
+	// itself, on a 64-byte boundary, and its slot stays unused.
+	m := &TensorMap{}
+	for i := range m.buf {
+		m.buf[i] = uint64(i)
+	}
+	_, _, ptrs, err = kernelArgs("tma", []any{Ptr(8), m, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ptrs[1] != m.bytes() || uintptr(ptrs[1])%64 != 0 {
+		t.Errorf("the tensor map's entry %p, want its 64-byte aligned bytes %p", ptrs[1], m.bytes())
+	}
+	first := *(*uint64)(ptrs[1])
+	if off := int(first); &m.buf[off] != (*uint64)(ptrs[1]) || off > 7 {
+		t.Errorf("the map starts at word %d of its buffer, want one of the first eight", off)
+	}
 	if pp, _, _, err := kernelArgs("k", nil); err != nil || pp != nil {
 		t.Errorf("no arguments: table %v, %v; want nil", pp, err)
 	}
 	if _, _, _, err := kernelArgs("scale", []any{1.5}); err == nil || !strings.Contains(err.Error(), "scale") || !strings.Contains(err.Error(), "float64") {
 		t.Errorf("a float64 argument: %v; want an error naming the kernel and the type", err)
+	}
+}
+
+// A tensor map's shape is checked before the driver is asked, and a driver
+// without cuTensorMapEncodeTiled says so.
+func TestEncodeTiledChecksItsShape(t *testing.T) {
+	d := &Driver{}
+	m := &TensorMap{}
+	for _, c := range []struct {
+		dims, strides []uint64
+		box           []uint32
+	}{
+		{nil, nil, nil},
+		{[]uint64{64, 10}, nil, []uint32{64, 8}},
+		{[]uint64{64, 10}, []uint64{128}, []uint32{64}},
+		{[]uint64{1, 1, 1, 1, 1, 1}, []uint64{16, 16, 16, 16, 16}, []uint32{1, 1, 1, 1, 1, 1}},
+	} {
+		if err := d.EncodeTiled(m, TensorBF16, Ptr(0x1000), c.dims, c.strides, c.box, Swizzle128B); err == nil || errors.Is(err, ErrNoTensorMaps) {
+			t.Errorf("dims %v, strides %v, box %v: %v; want the shape refused", c.dims, c.strides, c.box, err)
+		}
+	}
+	if err := d.EncodeTiled(m, TensorBF16, Ptr(0x1000), []uint64{64, 10}, []uint64{128}, []uint32{64, 8}, Swizzle128B); !errors.Is(err, ErrNoTensorMaps) {
+		t.Errorf("a driver without tensor maps: %v; want ErrNoTensorMaps", err)
 	}
 }

@@ -133,6 +133,32 @@ __device__ __forceinline__ unsigned kv_step(unsigned KVs, int kt, int last, cons
     return KVs + (kt & 1) * 2 * SW_TILE;
 }
 
+// fwd_step is one key tile of the forward: the scores of the warpgroup's
+// 64 queries (descriptor dq) against the key tile at shared address K,
+// the online softmax (the keys after a query masked where diag is set),
+// and P V (the values one tile after the keys) added into o.
+__device__ __forceinline__ void fwd_step(float (*o)[4], float* m, float* l, unsigned long long dq, unsigned K, const int* qi, bool diag,
+                                         int key0, float c, int lane) {
+    float s[8][4] = {};
+    const unsigned long long dk = wg_desc(K);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_ss64(s, dq + 2 * kk, dk + 2 * kk);
+    wg_commit();
+    wg_wait();
+    wg_hold<8>(s);
+    online_softmax<1>(s, o, m, l, qi, diag, key0, c, lane);
+    unsigned pa[4][4];
+    acc_to_a<4>(pa, s);
+    const unsigned long long dvd = wg_desc(K + SW_TILE);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) wg_rs64t(o, pa[kk], dvd + 128 * kk);
+    wg_commit();
+    wg_wait();
+    wg_hold<8>(o);
+}
+
 // The forward: flash_fwd's grid, arguments and outputs. Grid (H, B,
 // ceil(T / 64)), 128 threads (one warpgroup), FLASH_H_FWD_SMEM bytes of
 // dynamic shared memory: the block's 64 queries and two buffers of a key and
@@ -159,24 +185,7 @@ __device__ __forceinline__ void fwd_h_tile(int qt, unsigned char* smem_h, float*
     const unsigned long long dq = wg_desc(Qs);
     for (int kt = 0; kt <= qt; kt++) {
         unsigned K = kv_step(KVs, kt, qt, kb, vb, ldkv, T, tid);
-        float s[8][4] = {};
-        const unsigned long long dk = wg_desc(K);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wg_ss64(s, dq + 2 * kk, dk + 2 * kk);
-        wg_commit();
-        wg_wait();
-        wg_hold<8>(s);
-        online_softmax<1>(s, o, m, l, qi, kt == qt, kt * 64, c, lane);
-        unsigned pa[4][4];
-        acc_to_a<4>(pa, s);
-        const unsigned long long dvd = wg_desc(K + SW_TILE);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wg_rs64t(o, pa[kk], dvd + 128 * kk);
-        wg_commit();
-        wg_wait();
-        wg_hold<8>(o);
+        fwd_step(o, m, l, dq, K, qi, kt == qt, kt * 64, c, lane);
         // The next iteration's copy overwrites the other buffers.
         __syncthreads();
     }
@@ -260,24 +269,7 @@ __device__ __forceinline__ void fwd_ht_tile(int qt, unsigned char* smem_h, unsig
         }
         uses[s]++;
         unsigned K = KVs + s * 2 * SW_TILE;
-        float sc[8][4] = {};
-        const unsigned long long dk = wg_desc(K);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wg_ss64(sc, dq + 2 * kk, dk + 2 * kk);
-        wg_commit();
-        wg_wait();
-        wg_hold<8>(sc);
-        online_softmax<1>(sc, o, m, l, qi, kt == qt, kt * 64, c, lane);
-        unsigned pa[4][4];
-        acc_to_a<4>(pa, sc);
-        const unsigned long long dvd = wg_desc(K + SW_TILE);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) wg_rs64t(o, pa[kk], dvd + 128 * kk);
-        wg_commit();
-        wg_wait();
-        wg_hold<8>(o);
+        fwd_step(o, m, l, dq, K, qi, kt == qt, kt * 64, c, lane);
         // The next step's copy overwrites the other buffers.
         __syncthreads();
     }
@@ -499,6 +491,31 @@ __device__ __forceinline__ void dkv_p(float (*dka)[4], float (*dva)[4], unsigned
     wg_commit();
 }
 
+// stage_item starts the copies of one (head h, query tile qt) item of the
+// dk/dv loop into Q (its queries, their output gradients a tile on) and
+// reads its rows' log-sum-exp and dvec into L and D (zeros past T).
+__device__ __forceinline__ void stage_item(unsigned Q, float* L, float* D, int h, int qt, int b, const bf16* q, const bf16* dout,
+                                           const float* lse, const float* dvec, int T, int H, int ldq, int tid) {
+    load_sw<64, 128>(Q, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
+    load_sw<64, 128>(Q + SW_TILE, dout + (size_t)b * T * (H * HD) + h * HD, H * HD, qt * 64, T, tid);
+    if (tid < 64) {
+        int i = qt * 64 + tid;
+        size_t at = ((size_t)b * H + h) * T + i;
+        L[tid] = i < T ? lse[at] : 0.0f;
+        D[tid] = i < T ? dvec[at] : 0.0f;
+    }
+}
+
+// dkv_item adds one (head, query tile qt) item's products into dk and dv
+// (dka, dva) for the block's key tile kt: for each half of the item's 64
+// queries (at Q, their output gradients a tile on; log-sum-exp and dvec in
+// L and D), S^T and dP^T (pair_issue), then P^T, dS^T and the two products
+// (dkv_p). With ds set it also leaves dS^T there, as [key][query], for the
+// one-pass backward's dq (store_ds).
+__device__ __forceinline__ void dkv_item(float (*dka)[4], float (*dva)[4], unsigned long long dkd, unsigned long long dvd, unsigned Q,
+                                         int qt, int kt, const int* kj, const float* L, const float* D, int T, float c, int row, int t,
+                                         unsigned char* ds);
+
 // dk and dv: flash_bwd_dkv's grid, products and outputs. Grid (KV, B,
 // ceil(T / 64)), 128 threads, FLASH_H_DKV_SMEM bytes of dynamic shared
 // memory: the block's keys and values and two buffers of a (query tile,
@@ -515,21 +532,13 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dkv_h(float* dk, 
     unsigned Ks = sw_base(smem_h), Vs = Ks + SW_TILE, QD = Ks + 2 * SW_TILE; // item j's queries at QD + 2 SW_TILE (j & 1), output gradients one tile on
     int kt = blockIdx.z, kvh = blockIdx.x, b = blockIdx.y, grp = H / KV;
     int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
-    int nq = (T + 63) / 64, qs = H * HD, per = nq - kt, items = grp * per;
+    int nq = (T + 63) / 64, per = nq - kt, items = grp * per;
     load_sw<64, 128>(Ks, k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 64, T, tid);
     load_sw<64, 128>(Vs, v + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 64, T, tid);
     // stage starts item j's copies into buffer set j & 1.
     auto stage = [&](int j) {
-        int h = kvh * grp + j / per, qt = kt + j % per;
-        unsigned Q = QD + (j & 1) * 2 * SW_TILE;
-        load_sw<64, 128>(Q, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
-        load_sw<64, 128>(Q + SW_TILE, dout + (size_t)b * T * qs + h * HD, qs, qt * 64, T, tid);
-        if (tid < 64) {
-            int i = qt * 64 + tid;
-            size_t at = ((size_t)b * H + h) * T + i;
-            Ls[j & 1][tid] = i < T ? lse[at] : 0.0f;
-            Dv[j & 1][tid] = i < T ? dvec[at] : 0.0f;
-        }
+        stage_item(QD + (j & 1) * 2 * SW_TILE, Ls[j & 1], Dv[j & 1], kvh * grp + j / per, kt + j % per, b, q, dout, lse, dvec, T, H, ldq,
+                   tid);
     };
     stage(0);
     cp_commit();
@@ -544,25 +553,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dkv_h(float* dk, 
         cp_wait_prev();
         fence_async_smem();
         __syncthreads();
-        unsigned Q = QD + (j & 1) * 2 * SW_TILE;
-        const float *L = Ls[j & 1], *D = Dv[j & 1];
-        // Only the diagonal tile has queries before keys, and only the last
-        // one rows past T.
-        bool edge = qt == kt || (qt + 1) * 64 > T;
-#pragma unroll 1
-        for (int n0 = 0; n0 < 64; n0 += 32) {
-            float st[4][4] = {}, dpt[4][4] = {};
-            unsigned pa[2][4], sa[2][4];
-            wg_fence();
-            pair_issue(st, dpt, dkd, dvd, Q, n0);
-            wg_wait();
-            wg_hold<4>(st);
-            wg_hold<4>(dpt);
-            dkv_p(dka, dva, pa, sa, st, dpt, Q, n0, qt, edge, kj, L, D, T, c, t);
-            wg_wait();
-            wg_hold<8>(dva);
-            wg_hold<8>(dka);
-        }
+        dkv_item(dka, dva, dkd, dvd, QD + (j & 1) * 2 * SW_TILE, qt, kt, kj, Ls[j & 1], Dv[j & 1], T, c, r0 + g, t, nullptr);
         __syncthreads();
     }
     store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, lddv, scale, cosT, sinT, lane);
@@ -614,6 +605,29 @@ __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_g
 // bulk operations), both ways.
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
+__device__ __forceinline__ void dkv_item(float (*dka)[4], float (*dva)[4], unsigned long long dkd, unsigned long long dvd, unsigned Q,
+                                         int qt, int kt, const int* kj, const float* L, const float* D, int T, float c, int row, int t,
+                                         unsigned char* ds) {
+    // Only the diagonal tile has queries before keys, and only the last
+    // one rows past T.
+    bool edge = qt == kt || (qt + 1) * 64 > T;
+#pragma unroll 1
+    for (int n0 = 0; n0 < 64; n0 += 32) {
+        float st[4][4] = {}, dpt[4][4] = {};
+        unsigned pa[2][4], sa[2][4];
+        wg_fence();
+        pair_issue(st, dpt, dkd, dvd, Q, n0);
+        wg_wait();
+        wg_hold<4>(st);
+        wg_hold<4>(dpt);
+        dkv_p(dka, dva, pa, sa, st, dpt, Q, n0, qt, edge, kj, L, D, T, c, t);
+        if (ds) store_ds(ds, sa, row, n0, t);
+        wg_wait();
+        wg_hold<8>(dva);
+        wg_hold<8>(dka);
+    }
+}
+
 // flash_bwd_h is flash_bwd on Hopper: the whole backward in one pass over
 // the (key tile, query tile) pairs, flash_bwd_dkv_h's dk and dv and, from
 // the same dS, dq's products, summed across blocks in a fixed order into
@@ -657,23 +671,14 @@ extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16
     float* dqs = (float*)(smem_h + (DQ - smem_addr(smem_h))); // the dq product, 64 rows of 64
     int kt = blockIdx.z, kvh = blockIdx.x, b = blockIdx.y, grp = H / KV;
     int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
-    int nq = (T + 63) / 64, qs = H * HD, items = grp * (nq - kt);
+    int nq = (T + 63) / 64, items = grp * (nq - kt);
     load_sw<64, 128>(Ks, k + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 64, T, tid);
     load_sw<64, 128>(Vs, v + (size_t)b * T * ldkv + kvh * HD, ldkv, kt * 64, T, tid);
     // Item j is query tile nq - 1 - j / grp of head kvh grp + j % grp.
     auto headOf = [&](int j) { return kvh * grp + j % grp; };
     auto tileOf = [&](int j) { return nq - 1 - j / grp; };
     auto stage = [&](int j) {
-        int h = headOf(j), qt = tileOf(j);
-        unsigned Q = QD + (j & 1) * 2 * SW_TILE;
-        load_sw<64, 128>(Q, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
-        load_sw<64, 128>(Q + SW_TILE, dout + (size_t)b * T * qs + h * HD, qs, qt * 64, T, tid);
-        if (tid < 64) {
-            int i = qt * 64 + tid;
-            size_t at = ((size_t)b * H + h) * T + i;
-            Ls[j & 1][tid] = i < T ? lse[at] : 0.0f;
-            Dv[j & 1][tid] = i < T ? dvec[at] : 0.0f;
-        }
+        stage_item(QD + (j & 1) * 2 * SW_TILE, Ls[j & 1], Dv[j & 1], headOf(j), tileOf(j), b, q, dout, lse, dvec, T, H, ldq, tid);
     };
     auto semOf = [&](int j) { return sem + ((size_t)b * H + headOf(j)) * nq + tileOf(j); };
     stage(0);
@@ -731,27 +736,7 @@ extern "C" __global__ void __launch_bounds__(128, 3) flash_bwd_h(float* dk, bf16
             if (kt < qt) done = semOf(p);
         }
         if (j == items) break;
-        int qt = tileOf(j);
-        unsigned Q = QD + (j & 1) * 2 * SW_TILE;
-        const float *L = Ls[j & 1], *D = Dv[j & 1];
-        // Only the diagonal tile has queries before keys, and only the last
-        // one rows past T.
-        bool edge = qt == kt || (qt + 1) * 64 > T;
-#pragma unroll 1
-        for (int n0 = 0; n0 < 64; n0 += 32) {
-            float st[4][4] = {}, dpt[4][4] = {};
-            unsigned pa[2][4], sa[2][4];
-            wg_fence();
-            pair_issue(st, dpt, dkd, dvd, Q, n0);
-            wg_wait();
-            wg_hold<4>(st);
-            wg_hold<4>(dpt);
-            dkv_p(dka, dva, pa, sa, st, dpt, Q, n0, qt, edge, kj, L, D, T, c, t);
-            store_ds(dsg, sa, r0 + g, n0, t);
-            wg_wait();
-            wg_hold<8>(dva);
-            wg_hold<8>(dka);
-        }
+        dkv_item(dka, dva, dkd, dvd, QD + (j & 1) * 2 * SW_TILE, tileOf(j), kt, kj, Ls[j & 1], Dv[j & 1], T, c, r0 + g, t, dsg);
         // The key tile before this one must have added to item j's sum
         // before this block adds, in the next step: one thread waits, and
         // the barrier there passes the order on.

@@ -2,7 +2,8 @@
 # The Hopper forward with its tiles copied by the tensor memory accelerator
 # (flash_fwd_ht, KILN_CUDA_FLASH_FWD=tma) against flash_fwd_h, in one call on
 # the GPU host: the flash tests (the TMA forward must give flash_fwd_h's
-# bits), `sched bench` with each alternated twice at base 32, small 64,
+# bits; the Hopper kernels' shared steps, fwd_step, stage_item and
+# dkv_item, are new in this build too, so every Hopper variant runs), `sched bench` with each alternated twice at base 32, small 64,
 # small 32 and the pilot's 8 x 1024, `--profile` lines of the forwards, and
 # Nsight Compute's instruction counts of both kernels at base 32. $G holds
 # sched.gz and kernels.test.gz of this build; output under $OUT.
@@ -11,7 +12,7 @@ G=${G:-$PWD/.carry/g}; OUT=${OUT:-/tmp/flash-tma}; mkdir -p $OUT
 unpack sched kernels.test
 B=$(mktemp -d); printf '#!/bin/sh\nKILN_CUDA_FLASH_FWD=tma exec sched "$@"\n' > $B/sched-tma; chmod +x $B/sched-tma; export PATH=$B:$PATH
 log tests
-gpu_tests tma 200 -test.run 'FlashMatches|TrainingStepTakesFlash|FlashBackwardShared|HopperBackwardTakes|KernelSignatures'
+gpu_tests tma 200 -test.run 'FlashMatches|TrainingStepTakesFlash|FlashBackwardShared|HopperBackwardTakes|KernelSignatures|GraphStepsMatch'
 grep -E "tensor copies|flash_fwd_ht" $OUT/tests_tma.log | head -10
 grep -q "^PASS" $OUT/tests_tma.log || { log "tests failed"; exit 1; }
 log bench

@@ -58,7 +58,7 @@ type Engine struct {
 	hopper bool
 	// flashPair: KILN_CUDA_FLASH_PAIR ("", "on" or "off"; flashPairs).
 	flashPair string
-	// flashTMA: the Hopper forward is flash_fwd_ht (tensor copies).
+	// flashTMA: the Hopper flash kernels are the _ht ones (tensor copies).
 	flashTMA bool
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode

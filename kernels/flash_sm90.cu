@@ -229,6 +229,41 @@ __device__ __forceinline__ void tma_load3(unsigned dst, const TmaMap* map, int c
                  : "memory");
 }
 
+// tma_bars readies a block's two mbarriers (one arrival each: the thread
+// that starts the copies) and makes them visible before any copy.
+__device__ __forceinline__ void tma_bars(unsigned bars) {
+    if (threadIdx.x == 0) {
+        mbar_init(bars, 1);
+        mbar_init(bars + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
+// kv_step_tma is kv_step with the tensor memory accelerator's copies: it
+// starts the copy of key/value tile kt + 1 (when kt < last) into the other
+// of the two buffers at KVs, counted on that buffer's mbarrier (bars + 8
+// its index), waits for tile kt's unless have (the caller waited for it),
+// and returns tile kt's key tile. uses counts each mbarrier's completed
+// phases. The other buffer was last read before the barrier that ended the
+// caller's step before.
+__device__ __forceinline__ unsigned kv_step_tma(unsigned KVs, unsigned bars, unsigned* uses, int kt, int last, bool have,
+                                                const TmaMap* qkv, int kc, int vc, int b, int tid) {
+    int s = kt & 1;
+    if (kt < last && tid == 0) {
+        unsigned nb = bars + 8 * (s ^ 1), nK = KVs + (s ^ 1) * 2 * SW_TILE;
+        mbar_expect(nb, 2 * SW_TILE);
+        tma_load3(nK, qkv, kc, (kt + 1) * 64, b, nb);
+        tma_load3(nK + SW_TILE, qkv, vc, (kt + 1) * 64, b, nb);
+    }
+    if (!have) {
+        while (!mbar_try(bars + 8 * s, uses[s] & 1)) {
+        }
+        uses[s]++;
+    }
+    return KVs + s * 2 * SW_TILE;
+}
+
 // The forward with its tiles copied by the tensor memory accelerator
 // (flash_fwd_ht): flash_fwd_h's grid, tiles, arithmetic and outputs, the
 // same bits, but each tile is one copy one thread issues, described by
@@ -256,19 +291,7 @@ __device__ __forceinline__ void fwd_ht_tile(int qt, unsigned char* smem_h, unsig
     int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
     const unsigned long long dq = wg_desc(Qs);
     for (int kt = 0; kt <= qt; kt++) {
-        int s = kt & 1;
-        // The other buffer was last read before the barrier that ended
-        // the step before.
-        if (kt < qt && tid == 0) {
-            unsigned nb = bars + 8 * (s ^ 1), nK = KVs + (s ^ 1) * 2 * SW_TILE;
-            mbar_expect(nb, 2 * SW_TILE);
-            tma_load3(nK, qkv, kc, (kt + 1) * 64, b, nb);
-            tma_load3(nK + SW_TILE, qkv, vc, (kt + 1) * 64, b, nb);
-        }
-        while (!mbar_try(bars + 8 * s, uses[s] & 1)) {
-        }
-        uses[s]++;
-        unsigned K = KVs + s * 2 * SW_TILE;
+        unsigned K = kv_step_tma(KVs, bars, uses, kt, qt, false, qkv, kc, vc, b, tid);
         fwd_step(o, m, l, dq, K, qi, kt == qt, kt * 64, c, lane);
         // The next step's copy overwrites the other buffers.
         __syncthreads();
@@ -290,18 +313,25 @@ __device__ __forceinline__ bool tile_pair(int T, int* first, int* second) {
     return *second >= 0;
 }
 
-extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_h(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k,
-                                                                 const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
-    extern __shared__ __align__(16) unsigned char smem_h[];
+// each_tile runs tile on the block's query tile, or on its pair (tile_pair)
+// one after the other with a barrier between. One copy of the tile's code
+// for both (not unrolled): two inlined copies may contract their
+// multiply-adds differently, and a tile's results would then depend on its
+// place in the pair.
+template <class F>
+__device__ __forceinline__ void each_tile(int T, F tile) {
     int first, second, n = tile_pair(T, &first, &second) ? 2 : 1;
-    // One copy of the tile's code for both (not unrolled): two inlined
-    // copies may contract their multiply-adds differently, and a tile's
-    // results would then depend on its place in the pair.
 #pragma unroll 1
     for (int i = 0; i < n; i++) {
         if (i > 0) __syncthreads();
-        fwd_h_tile(i == 0 ? first : second, smem_h, out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv);
+        tile(i == 0 ? first : second);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_h(float* out, bf16* outb, float* lse, const bf16* q, const bf16* k,
+                                                                 const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
+    extern __shared__ __align__(16) unsigned char smem_h[];
+    each_tile(T, [&](int qt) { fwd_h_tile(qt, smem_h, out, outb, lse, q, k, v, T, H, KV, scale, ldq, ldkv); });
 }
 
 extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_ht(float* out, bf16* outb, float* lse, const __grid_constant__ TmaMap qkv,
@@ -309,18 +339,8 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_ht(float* out, bf
     extern __shared__ __align__(16) unsigned char smem_h[];
     __shared__ __align__(8) unsigned long long bar[2];
     unsigned bars = smem_addr(bar), uses[2] = {0, 0};
-    if (threadIdx.x == 0) {
-        mbar_init(bars, 1);
-        mbar_init(bars + 8, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    int first, second, n = tile_pair(T, &first, &second) ? 2 : 1;
-#pragma unroll 1
-    for (int i = 0; i < n; i++) {
-        if (i > 0) __syncthreads();
-        fwd_ht_tile(i == 0 ? first : second, smem_h, bars, uses, out, outb, lse, &qkv, qcol, kcol, vcol, T, H, KV, scale);
-    }
+    tma_bars(bars);
+    each_tile(T, [&](int qt) { fwd_ht_tile(qt, smem_h, bars, uses, out, outb, lse, &qkv, qcol, kcol, vcol, T, H, KV, scale); });
 }
 
 // pair_issue issues, as one group, the two 64 x 32 products both sides of
@@ -367,6 +387,75 @@ __device__ __forceinline__ void dq_ds(unsigned (*sa)[4], float (*s)[4], float (*
 // once, so that one half's dS is formed while the tensor cores work on the
 // other's, measured no faster; nor did it in flash_bwd_dkv_h.)
 #define FLASH_H_DQ_SMEM (6 * SW_TILE + 1024)
+// dq_dvec writes dvec = rowsum(dout * out) for the query tile qt, from the
+// swizzled tiles of dout at D and of the outputs at Y (generic pointers),
+// into Dr (the block's 64 rows) and dvec: two threads a row, 32 columns
+// each, summed in flash_bwd_dq's order from the bf16 copies the products
+// read.
+__device__ __forceinline__ void dq_dvec(const unsigned char* D, const unsigned char* Y, float* Dr, float* dvec, int qt, int b, int h, int T,
+                                        int H, int tid) {
+    int row = tid >> 1, c0 = (tid & 1) * 4;
+    float acc = 0.0f;
+#pragma unroll
+    for (int cc = 0; cc < 4; cc++) {
+        int at = row * 128 + (((c0 + cc) ^ (row & 7)) << 4);
+        uint4 a = *(const uint4*)(D + at), o = *(const uint4*)(Y + at);
+        acc += bf_lo(a.x) * bf_lo(o.x) + bf_hi(a.x) * bf_hi(o.x);
+        acc += bf_lo(a.y) * bf_lo(o.y) + bf_hi(a.y) * bf_hi(o.y);
+        acc += bf_lo(a.z) * bf_lo(o.z) + bf_hi(a.z) * bf_hi(o.z);
+        acc += bf_lo(a.w) * bf_lo(o.w) + bf_hi(a.w) * bf_hi(o.w);
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if ((tid & 1) == 0) {
+        Dr[row] = acc;
+        int i = qt * 64 + row;
+        if (i < T) dvec[((size_t)b * H + h) * T + i] = acc;
+    }
+}
+
+// dq_step adds key tile kt's products to the query tile's dq (acc): for
+// each half of the tile's 64 keys (at shared address K, its values a tile
+// on), S and dP (pair_issue), dS (dq_ds), then dS K.
+__device__ __forceinline__ void dq_step(float (*acc)[4], unsigned long long dqd, unsigned long long ddo, unsigned K, int kt, int qt,
+                                        const int* qi, const float* lr, const float* dr, float c, int t) {
+    const unsigned long long dk = wg_desc(K);
+#pragma unroll 1
+    for (int n0 = 0; n0 < 64; n0 += 32) {
+        float s[4][4] = {}, dp[4][4] = {};
+        wg_fence();
+        pair_issue(s, dp, dqd, ddo, K, n0);
+        wg_wait();
+        wg_hold<4>(s);
+        wg_hold<4>(dp);
+        unsigned sa[2][4];
+        dq_ds(sa, s, dp, kt == qt, kt * 64 + n0, qi, lr, dr, c, t);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) wg_rs64t(acc, sa[kk], dk + 8 * n0 + 128 * kk);
+        wg_commit();
+        wg_wait();
+        wg_hold<8>(acc);
+    }
+}
+
+// dq_prepare computes the query tile's dvec (dq_dvec) from its output
+// gradients and outputs, which the block copied into the tiles after its
+// queries (Qs) and at the second key buffer, then reads the log-sum-exp lr
+// and dvec dr of a warp's two rows qi (from row rr of Dr; rows past T have
+// zero queries and gradients, so any finite values do). Its barrier frees
+// the outputs' tile for the next key tile.
+__device__ __forceinline__ void dq_prepare(float* lr, float* dr, const unsigned char* smem_h, unsigned Qs, float* Dr, float* dvec,
+                                           const float* lse, const int* qi, int qt, int b, int h, int T, int H, int tid, int rr) {
+    const unsigned char* sm = smem_h + (Qs - smem_addr(smem_h));
+    dq_dvec(sm + SW_TILE, sm + 4 * SW_TILE, Dr, dvec, qt, b, h, T, H, tid);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        lr[r] = qi[r] < T ? lse[((size_t)b * H + h) * T + qi[r]] : 0.0f;
+        dr[r] = Dr[rr + 8 * r];
+    }
+}
+
 __device__ __forceinline__ void dq_h_tile(int qt, unsigned char* smem_h, float* Dr, float* dq, bf16* dqb, float* dvec, const bf16* q,
                                           const bf16* k, const bf16* v, const bf16* dout, const bf16* out, const float* lse,
                                           const float* cosT, const float* sinT, int T, int H, int KV, float scale, int ldq, int ldkv,
@@ -384,61 +473,14 @@ __device__ __forceinline__ void dq_h_tile(int qt, unsigned char* smem_h, float* 
     cp_commit();
     cp_wait_all();
     __syncthreads();
-    {
-        // Two threads a row, 32 columns each, summed in flash_bwd_dq's
-        // order from the bf16 copies the products read.
-        const unsigned char* sm = smem_h + (Qs - smem_addr(smem_h));
-        int row = tid >> 1, c0 = (tid & 1) * 4;
-        float acc = 0.0f;
-#pragma unroll
-        for (int cc = 0; cc < 4; cc++) {
-            int at = row * 128 + (((c0 + cc) ^ (row & 7)) << 4);
-            uint4 a = *(const uint4*)(sm + SW_TILE + at), o = *(const uint4*)(sm + 4 * SW_TILE + at);
-            acc += bf_lo(a.x) * bf_lo(o.x) + bf_hi(a.x) * bf_hi(o.x);
-            acc += bf_lo(a.y) * bf_lo(o.y) + bf_hi(a.y) * bf_hi(o.y);
-            acc += bf_lo(a.z) * bf_lo(o.z) + bf_hi(a.z) * bf_hi(o.z);
-            acc += bf_lo(a.w) * bf_lo(o.w) + bf_hi(a.w) * bf_hi(o.w);
-        }
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-        if ((tid & 1) == 0) {
-            Dr[row] = acc;
-            int i = qt * 64 + row;
-            if (i < T) dvec[((size_t)b * H + h) * T + i] = acc;
-        }
-    }
-    // The outputs' tile is the next key tile's buffer.
-    __syncthreads();
     const float c = scale * 1.4426950408889634f;
     int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
     float lr[2], dr[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        // Rows past T have zero queries and gradients; any finite values do.
-        lr[r] = qi[r] < T ? lse[((size_t)b * H + h) * T + qi[r]] : 0.0f;
-        dr[r] = Dr[r0 + g + 8 * r];
-    }
+    dq_prepare(lr, dr, smem_h, Qs, Dr, dvec, lse, qi, qt, b, h, T, H, tid, r0 + g);
     const unsigned long long dqd = wg_desc(Qs), ddo = wg_desc(Ds);
     float acc[8][4] = {};
     for (int kt = 0; kt <= qt; kt++) {
-        unsigned K = kv_step(KVs, kt, qt, kb, vb, ldkv, T, tid);
-        const unsigned long long dk = wg_desc(K);
-#pragma unroll 1
-        for (int n0 = 0; n0 < 64; n0 += 32) {
-            float s[4][4] = {}, dp[4][4] = {};
-            wg_fence();
-            pair_issue(s, dp, dqd, ddo, K, n0);
-            wg_wait();
-            wg_hold<4>(s);
-            wg_hold<4>(dp);
-            unsigned sa[2][4];
-            dq_ds(sa, s, dp, kt == qt, kt * 64 + n0, qi, lr, dr, c, t);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 2; kk++) wg_rs64t(acc, sa[kk], dk + 8 * n0 + 128 * kk);
-            wg_commit();
-            wg_wait();
-            wg_hold<8>(acc);
-        }
+        dq_step(acc, dqd, ddo, kv_step(KVs, kt, qt, kb, vb, ldkv, T, tid), kt, qt, qi, lr, dr, c, t);
         // The next iteration's copy overwrites the other buffers.
         __syncthreads();
     }
@@ -452,13 +494,60 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq_h(float* dq, b
                                                                     int ldq, int ldkv, int lddq) {
     extern __shared__ __align__(16) unsigned char smem_h[];
     __shared__ float Dr[64];
-    int first, second, n = tile_pair(T, &first, &second) ? 2 : 1;
-#pragma unroll 1
-    for (int i = 0; i < n; i++) {
-        if (i > 0) __syncthreads();
-        dq_h_tile(i == 0 ? first : second, smem_h, Dr, dq, dqb, dvec, q, k, v, dout, out, lse, cosT, sinT, T, H, KV, scale, ldq, ldkv,
-                  lddq);
+    each_tile(T, [&](int qt) { dq_h_tile(qt, smem_h, Dr, dq, dqb, dvec, q, k, v, dout, out, lse, cosT, sinT, T, H, KV, scale, ldq, ldkv,
+                  lddq); });
+}
+
+// flash_bwd_dq_ht is flash_bwd_dq_h with its tiles copied by the tensor
+// memory accelerator: the queries and keys/values from qkv (the fused
+// projection, (B, T, P), kcol and vcol the first columns of the keys and
+// values), the output gradients from dy and the outputs from y (both (B, T,
+// H 64)); the same arithmetic and bits. One mbarrier a buffer.
+__device__ __forceinline__ void dq_ht_tile(int qt, unsigned char* smem_h, float* Dr, unsigned bars, unsigned* uses, float* dq, bf16* dqb,
+                                           float* dvec, const TmaMap* qkv, const TmaMap* dy, const TmaMap* y, int kcol, int vcol,
+                                           const float* lse, const float* cosT, const float* sinT, int T, int H, int KV, float scale,
+                                           int lddq) {
+    unsigned Qs = sw_base(smem_h), Ds = Qs + SW_TILE, KVs = Qs + 2 * SW_TILE;
+    int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
+    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
+    int kc = kcol + kvh * HD, vc = vcol + kvh * HD;
+    if (tid == 0) {
+        mbar_expect(bars, 5 * SW_TILE);
+        tma_load3(Qs, qkv, h * HD, qt * 64, b, bars);
+        tma_load3(Ds, dy, h * HD, qt * 64, b, bars);
+        tma_load3(KVs, qkv, kc, 0, b, bars);
+        tma_load3(KVs + SW_TILE, qkv, vc, 0, b, bars);
+        tma_load3(KVs + 2 * SW_TILE, y, h * HD, qt * 64, b, bars);
     }
+    while (!mbar_try(bars, uses[0] & 1)) {
+    }
+    uses[0]++;
+    const float c = scale * 1.4426950408889634f;
+    int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
+    float lr[2], dr[2];
+    dq_prepare(lr, dr, smem_h, Qs, Dr, dvec, lse, qi, qt, b, h, T, H, tid, r0 + g);
+    const unsigned long long dqd = wg_desc(Qs), ddo = wg_desc(Ds);
+    float acc[8][4] = {};
+    for (int kt = 0; kt <= qt; kt++) {
+        // Key tile 0 came with the queries, waited for before dvec.
+        dq_step(acc, dqd, ddo, kv_step_tma(KVs, bars, uses, kt, qt, kt == 0, qkv, kc, vc, b, tid), kt, qt, qi, lr, dr, c, t);
+        // The next step's copy overwrites the other buffers.
+        __syncthreads();
+    }
+    store_q_grads(dq, dqb, acc, qi, b, h, T, H, lddq, scale, cosT, sinT, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4)
+    flash_bwd_dq_ht(float* dq, bf16* dqb, float* dvec, const __grid_constant__ TmaMap qkv, const __grid_constant__ TmaMap dy,
+                    const __grid_constant__ TmaMap y, int kcol, int vcol, const float* lse, const float* cosT, const float* sinT, int T, int H,
+                    int KV, float scale, int lddq) {
+    extern __shared__ __align__(16) unsigned char smem_h[];
+    __shared__ float Dr[64];
+    __shared__ __align__(8) unsigned long long bar[2];
+    unsigned bars = smem_addr(bar), uses[2] = {0, 0};
+    tma_bars(bars);
+    each_tile(T, [&](int qt) { dq_ht_tile(qt, smem_h, Dr, bars, uses, dq, dqb, dvec, &qkv, &dy, &y, kcol, vcol, lse, cosT, sinT, T, H, KV,
+                   scale, lddq); });
 }
 
 // dkv_p forms P^T and dS^T = P^T (dP^T - dvec) for queries n0 .. n0 + 31
@@ -554,6 +643,63 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dkv_h(float* dk, 
         fence_async_smem();
         __syncthreads();
         dkv_item(dka, dva, dkd, dvd, QD + (j & 1) * 2 * SW_TILE, qt, kt, kj, Ls[j & 1], Dv[j & 1], T, c, r0 + g, t, nullptr);
+        __syncthreads();
+    }
+    store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, lddv, scale, cosT, sinT, lane);
+}
+
+// flash_bwd_dkv_ht is flash_bwd_dkv_h with its tiles copied by the tensor
+// memory accelerator (the maps as flash_bwd_dq_ht's): the same items in
+// the same order, the same bits. An item's copies are counted on the
+// mbarrier of its buffer set; its log-sum-exp and dvec are read by the
+// threads, seen by all after the barrier that ends the step before.
+extern "C" __global__ void __launch_bounds__(128, 4)
+    flash_bwd_dkv_ht(float* dk, bf16* dkb, float* dv, bf16* dvb, const __grid_constant__ TmaMap qkv, const __grid_constant__ TmaMap dy,
+                     int kcol, int vcol, const float* lse, const float* dvec, const float* cosT, const float* sinT, int T, int H, int KV,
+                     float scale, int lddv) {
+    extern __shared__ __align__(16) unsigned char smem_h[];
+    __shared__ __align__(8) float Ls[2][64], Dv[2][64];
+    __shared__ __align__(8) unsigned long long bar[2];
+    unsigned bars = smem_addr(bar), uses[2] = {0, 0};
+    tma_bars(bars);
+    unsigned Ks = sw_base(smem_h), Vs = Ks + SW_TILE, QD = Ks + 2 * SW_TILE; // item j's queries at QD + 2 SW_TILE (j & 1), output gradients one tile on
+    int kt = blockIdx.z, kvh = blockIdx.x, b = blockIdx.y, grp = H / KV;
+    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
+    int nq = (T + 63) / 64, per = nq - kt, items = grp * per;
+    // stage starts item j's copies into buffer set j & 1 (with the keys and
+    // values for item 0) and reads its rows' log-sum-exp and dvec.
+    auto stage = [&](int j) {
+        int h = kvh * grp + j / per, qt = kt + j % per;
+        unsigned Q = QD + (j & 1) * 2 * SW_TILE, bar = bars + 8 * (j & 1);
+        if (tid == 0) {
+            mbar_expect(bar, (j == 0 ? 4 : 2) * SW_TILE);
+            if (j == 0) {
+                tma_load3(Ks, &qkv, kcol + kvh * HD, kt * 64, b, bar);
+                tma_load3(Vs, &qkv, vcol + kvh * HD, kt * 64, b, bar);
+            }
+            tma_load3(Q, &qkv, h * HD, qt * 64, b, bar);
+            tma_load3(Q + SW_TILE, &dy, h * HD, qt * 64, b, bar);
+        }
+        if (tid < 64) {
+            int i = qt * 64 + tid;
+            size_t at = ((size_t)b * H + h) * T + i;
+            Ls[j & 1][tid] = i < T ? lse[at] : 0.0f;
+            Dv[j & 1][tid] = i < T ? dvec[at] : 0.0f;
+        }
+    };
+    stage(0);
+    __syncthreads();
+    const float c = scale * 1.4426950408889634f;
+    int kj[2] = {kt * 64 + r0 + g, kt * 64 + r0 + g + 8};
+    const unsigned long long dkd = wg_desc(Ks), dvd = wg_desc(Vs);
+    float dka[8][4] = {}, dva[8][4] = {};
+    for (int j = 0; j < items; j++) {
+        if (j + 1 < items) stage(j + 1);
+        while (!mbar_try(bars + 8 * (j & 1), uses[j & 1] & 1)) {
+        }
+        uses[j & 1]++;
+        dkv_item(dka, dva, dkd, dvd, QD + (j & 1) * 2 * SW_TILE, kt + j % per, kt, kj, Ls[j & 1], Dv[j & 1], T, c, r0 + g, t, nullptr);
+        // The next step's copies overwrite this item's buffers.
         __syncthreads();
     }
     store_kv_grads(dk, dkb, dv, dvb, dka, dva, kj, b, kvh, T, KV, lddv, scale, cosT, sinT, lane);

@@ -222,7 +222,7 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					rows          int
 					split, hopper bool
 					pair          string // KILN_CUDA_FLASH_PAIR for the Hopper kernels
-					tma           bool   // the Hopper forward's tiles copied by the TMA
+					tma           bool   // the Hopper kernels' tiles copied by the TMA
 				}
 				variants := []variant{{rows: 64, split: true}, {rows: 128, split: true}, {rows: 128}, {rows: 128}}
 				// The Hopper kernels are built for a compute capability
@@ -237,19 +237,21 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				for _, v := range variants {
 					e.flashPair, e.flashTMA = v.pair, v.tma
 					if v.tma && e.shared["flash_fwd_ht"] == 0 {
-						// The engine gives it its shared memory only when
-						// training takes it.
-						if err := e.th.do(func() error { return e.fns["flash_fwd_ht"].AllowSharedMemory(hopperFwdShared) }); err != nil {
-							t.Fatal(err)
+						// The engine gives them their shared memory only when
+						// training takes them.
+						for name, n := range map[string]int{"flash_fwd_ht": hopperFwdShared, "flash_bwd_dq_ht": hopperBwdShared, "flash_bwd_dkv_ht": hopperBwdShared} {
+							if err := e.th.do(func() error { return e.fns[name].AllowSharedMemory(n) }); err != nil {
+								t.Fatal(err)
+							}
+							e.shared[name] = n
 						}
-						e.shared["flash_fwd_ht"] = hopperFwdShared
 					}
 					got := run(v.rows, v.split, v.hopper)
 					e.flashTMA = false
 					fwd := fmt.Sprintf("%d-row forward, backward in one kernel", v.rows)
 					switch {
 					case v.tma:
-						fwd = "Hopper kernels, forward by tensor copies"
+						fwd = "Hopper kernels by tensor copies"
 					case v.hopper && v.split:
 						fwd = "Hopper kernels"
 					case v.hopper:
@@ -367,7 +369,7 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					h := flash["Hopper kernels"]
 					// The same tiles in the same shared memory, whoever copied
 					// them: the same bits.
-					alike("Hopper forward by tensor copies against cp.async", 0, flash["Hopper kernels, forward by tensor copies"], h,
+					alike("Hopper kernels by tensor copies against cp.async", 0, flash["Hopper kernels by tensor copies"], h,
 						"out", "lse", "dvec", "dq", "dk", "dv")
 					alike("Hopper kernels against flash.cu's", 2e-3, h, g128, "out", "lse", "dvec", "dq", "dk", "dv")
 					alike("Hopper one-kernel backward against two", 1e-5, flash["Hopper kernels, backward in one kernel"], h, "dvec", "dq", "dk", "dv")
@@ -391,7 +393,7 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 				}
 				names := []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final"}
 				if hopper {
-					names = append(names, "flash_fwd_h", "flash_fwd_ht", "flash_bwd_dq_h", "flash_bwd_dkv_h", "flash_bwd_h")
+					names = append(names, "flash_fwd_h", "flash_fwd_ht", "flash_bwd_dq_h", "flash_bwd_dq_ht", "flash_bwd_dkv_h", "flash_bwd_dkv_ht", "flash_bwd_h")
 				}
 				for _, name := range names {
 					r, err := e.fns[name].Resources()
@@ -405,8 +407,8 @@ func TestFlashMatchesStraightforward(t *testing.T) {
 					"flash_bwd_dvec": 2, "flash_bwd": 2, "flash_bwd_dq_final": 2, "attn_fwd": 1, "attn_bwd_q": 1, "attn_bwd_kv": 1}
 				if hopper {
 					// Two runs each of the two-kernel and the one-pass backward.
-					wantCounts["flash_fwd_h"], wantCounts["flash_bwd_dq_h"], wantCounts["flash_bwd_dkv_h"] = 4, 3, 3
-					wantCounts["flash_bwd_h"], wantCounts["flash_fwd_ht"] = 2, 1
+					wantCounts["flash_fwd_h"], wantCounts["flash_bwd_dq_h"], wantCounts["flash_bwd_dkv_h"] = 4, 2, 2
+					wantCounts["flash_bwd_h"], wantCounts["flash_fwd_ht"], wantCounts["flash_bwd_dq_ht"], wantCounts["flash_bwd_dkv_ht"] = 2, 1, 1, 1
 					wantCounts["flash_bwd_dvec"] += 2
 					wantCounts["flash_bwd_dq_final"] += 2
 				}
@@ -492,14 +494,16 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 		t.Fatalf("golden %s has head_dim %d, want %d", goldenDirs[1], c.HeadDim, flashHeadDim)
 	}
 	flashKernels := []string{"flash_fwd", "flash_fwd128", "flash_bwd_dq", "flash_bwd_dkv", "flash_bwd_dvec", "flash_bwd", "flash_bwd_dq_final",
-		"flash_fwd_h", "flash_fwd_ht", "flash_bwd_dq_h", "flash_bwd_dkv_h", "flash_bwd_h"}
-	for _, v := range []struct{ prec, attn, fwd, bwd string }{{"bf16", "", "", ""}, {"bf16", "", "", "fused"}, {"bf16", "", "tma", ""}, {"bf16", "flash-sm80", "", ""},
-		{"bf16", "flash-sm80", "64", ""}, {"bf16", "flash-sm80", "128", "split"}, {"bf16", "flash-sm80", "", "fused"},
-		{"fp32", "", "", ""}, {"fp32", "", "64", "fused"}} {
-		t.Run(v.prec+"/attention="+v.attn+"/fwd="+v.fwd+"/bwd="+v.bwd, func(t *testing.T) {
+		"flash_fwd_h", "flash_fwd_ht", "flash_bwd_dq_h", "flash_bwd_dq_ht", "flash_bwd_dkv_h", "flash_bwd_dkv_ht", "flash_bwd_h"}
+	for _, v := range []struct{ prec, attn, fwd, bwd, tma string }{{"bf16", "", "", "", ""}, {"bf16", "", "", "fused", ""},
+		{"bf16", "", "", "", "on"}, {"bf16", "flash-sm80", "", "", ""}, {"bf16", "flash-sm80", "64", "", ""},
+		{"bf16", "flash-sm80", "128", "split", ""}, {"bf16", "flash-sm80", "", "fused", ""}, {"fp32", "", "", "", ""},
+		{"fp32", "", "64", "fused", ""}} {
+		t.Run(v.prec+"/attention="+v.attn+"/fwd="+v.fwd+"/bwd="+v.bwd+"/tma="+v.tma, func(t *testing.T) {
 			t.Setenv("KILN_CUDA_ATTENTION", v.attn)
 			t.Setenv("KILN_CUDA_FLASH_FWD", v.fwd)
 			t.Setenv("KILN_CUDA_FLASH_BWD", v.bwd)
+			t.Setenv("KILN_CUDA_FLASH_TMA", v.tma)
 			e := newEngine(t, c, model.Options{Precision: v.prec, MaxBatch: b.B, MaxSeq: b.T})
 			if err := e.SetParams(p); err != nil {
 				t.Fatal(err)
@@ -520,9 +524,8 @@ func TestTrainingStepTakesFlashPath(t *testing.T) {
 				delete(want, "flash_fwd128")
 				want["flash_fwd"] = c.Layers
 			}
-			if v.fwd == "tma" && hopper {
-				delete(want, "flash_fwd_h")
-				want["flash_fwd_ht"] = c.Layers
+			if v.tma == "on" && hopper {
+				want = map[string]int{"flash_fwd_ht": c.Layers, "flash_bwd_dq_ht": c.Layers, "flash_bwd_dkv_ht": c.Layers}
 			}
 			if v.bwd == "fused" {
 				delete(want, "flash_bwd_dq")

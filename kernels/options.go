@@ -34,8 +34,9 @@ type Options struct {
 	// flash64: the flash forward with 64 query rows a block (flash_fwd)
 	// instead of 128 (flash_fwd128).
 	flash64 bool
-	// flashTMA: the Hopper forward with its tiles copied by the tensor
-	// memory accelerator (flash_fwd_ht) instead of cp.async (flash_fwd_h).
+	// flashTMA: the Hopper flash kernels with their tiles copied by the
+	// tensor memory accelerator (flash_fwd_ht, flash_bwd_dq_ht,
+	// flash_bwd_dkv_ht) instead of cp.async.
 	flashTMA bool
 	// flashFused: the flash backward in one pass (flash_bwd, or
 	// flash_bwd_h on Hopper, which sum dq in a fixed order across blocks,
@@ -67,7 +68,7 @@ type Options struct {
 // ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
 // on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
 // KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
-// KILN_CUDA_FLASH_PAIR, KILN_CUDA_DRESID, KILN_CUDA_GRAPH,
+// KILN_CUDA_FLASH_PAIR, KILN_CUDA_FLASH_TMA, KILN_CUDA_DRESID, KILN_CUDA_GRAPH,
 // KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
 // take is bad input naming the variable and the values it takes.
 func ParseOptions(getenv func(string) string) (Options, error) {
@@ -96,12 +97,16 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 	}
 	o.naive = attention == "naive"
 	o.flashSM80 = attention == "flash-sm80"
-	flashFwd, err := envChoice(getenv, "KILN_CUDA_FLASH_FWD", "64", "128", "tma")
+	flashFwd, err := envChoice(getenv, "KILN_CUDA_FLASH_FWD", "64", "128")
 	if err != nil {
 		return Options{}, err
 	}
 	o.flash64 = flashFwd == "64"
-	o.flashTMA = flashFwd == "tma"
+	tma, err := envChoice(getenv, "KILN_CUDA_FLASH_TMA", "off", "on")
+	if err != nil {
+		return Options{}, err
+	}
+	o.flashTMA = tma == "on"
 	flashBwd, err := envChoice(getenv, "KILN_CUDA_FLASH_BWD", "split", "fused")
 	if err != nil {
 		return Options{}, err

@@ -249,20 +249,38 @@ func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int,
 // flashForwardTMA launches flash_fwd_ht, whose tiles the tensor memory
 // accelerator copies: q, k and v must be column blocks of one (B, T, ldq)
 // bf16 matrix from q on (the fused projection's output), which one tensor
-// map describes, made here (a few microseconds of the host's; a recorded
-// graph keeps the map it was launched with).
+// map describes (flashMaps).
 func (e *Engine) flashForwardTMA(tiles int, out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int, scale float32, ldq, ldkv int) error {
-	if ldq != ldkv || k < q || v < q {
-		return fmt.Errorf("flash_fwd_ht reads q, k and v as columns of one matrix: row strides %d and %d, q at %#x, k %#x, v %#x", ldq, ldkv, q, k, v)
-	}
-	m := &cuda.TensorMap{}
-	P := uint64(ldq)
-	if err := e.dv.D.EncodeTiled(m, cuda.TensorBF16, q, []uint64{P, uint64(T), uint64(B)}, []uint64{2 * P, 2 * P * uint64(T)},
-		[]uint32{flashHeadDim, 64, 1}, cuda.Swizzle128B); err != nil {
+	qkv, kcol, vcol, err := e.flashQKVMap(q, k, v, B, T, ldq, ldkv)
+	if err != nil {
 		return err
 	}
 	return e.launch3("flash_fwd_ht", flashGrid(H, B, tiles), cuda.Dim3{X: 128},
-		out, outb, lse, m, 0, int(k-q)/2, int(v-q)/2, T, H, KV, scale)
+		out, outb, lse, qkv, 0, kcol, vcol, T, H, KV, scale)
+}
+
+// flashQKVMap makes the tensor map of the fused projection q, k and v are
+// column blocks of, and says where k's and v's columns start. A map is
+// made on the host in a few microseconds, so each launch makes its own; a
+// recorded graph keeps the maps it was launched with.
+func (e *Engine) flashQKVMap(q, k, v cuda.Ptr, B, T, ldq, ldkv int) (*cuda.TensorMap, int, int, error) {
+	if ldq != ldkv || k < q || v < q {
+		return nil, 0, 0, fmt.Errorf("the TMA flash kernels read q, k and v as columns of one matrix: row strides %d and %d, q at %#x, k %#x, v %#x",
+			ldq, ldkv, q, k, v)
+	}
+	m, err := e.flashMap(q, ldq, B, T)
+	return m, int(k-q) / 2, int(v-q) / 2, err
+}
+
+// flashMap is the tensor map of a (B, T, cols) bf16 matrix at base, read in
+// boxes of 64 columns by 64 rows in the 128-byte swizzle the flash tiles
+// use; rows past T read as zeros.
+func (e *Engine) flashMap(base cuda.Ptr, cols, B, T int) (*cuda.TensorMap, error) {
+	m := &cuda.TensorMap{}
+	c := uint64(cols)
+	err := e.dv.D.EncodeTiled(m, cuda.TensorBF16, base, []uint64{c, uint64(T), uint64(B)}, []uint64{2 * c, 2 * c * uint64(T)},
+		[]uint32{flashHeadDim, 64, 1}, cuda.Swizzle128B)
+	return m, err
 }
 
 // flashGrid is the grid of flash.cu's and flash_sm90.cu's forward, dq and
@@ -307,7 +325,7 @@ func (e *Engine) chooseFlashKernels() error {
 			want["flash_bwd_h"] = hopperFusedShared
 		}
 		if e.flashTMA {
-			want["flash_fwd_ht"] = hopperFwdShared
+			want["flash_fwd_ht"], want["flash_bwd_dq_ht"], want["flash_bwd_dkv_ht"] = hopperFwdShared, hopperBwdShared, hopperBwdShared
 		}
 	} else if e.flashFused {
 		want["flash_bwd"] = flashBwdShared
@@ -387,12 +405,41 @@ func (e *Engine) flashBackwardSplit(dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, do
 	if e.flashPairs(tiles, H, B) {
 		dqTiles = (tiles + 1) / 2
 	}
+	if e.hopper && e.flashTMA {
+		return e.flashBackwardTMA(tiles, dqTiles, dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, dout, out, lse, B, T, H, KV, scale, P)
+	}
 	if err := e.launch3(dqKernel, flashGrid(H, B, dqTiles), cuda.Dim3{X: 128},
 		dq, dqb, dvec, q, k, v, dout, out, lse, e.cosT, e.sinT, T, H, KV, scale, P, P, P); err != nil {
 		return err
 	}
 	return e.launch3(dkvKernel, flashGrid(KV, B, tiles), cuda.Dim3{X: 128},
 		dk, dkb, dv, dvb, q, k, v, dout, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P, P, P)
+}
+
+// flashBackwardTMA is flashBackwardSplit with the Hopper kernels whose
+// tiles the tensor memory accelerator copies (flash_bwd_dq_ht,
+// flash_bwd_dkv_ht): q, k and v through one map of their fused
+// projection, dout and out (B, T, H 64) through one map each.
+func (e *Engine) flashBackwardTMA(tiles, dqTiles int, dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, dout, out, lse cuda.Ptr, B, T, H, KV int,
+	scale float32, P int) error {
+	qkv, kcol, vcol, err := e.flashQKVMap(q, k, v, B, T, P, P)
+	if err != nil {
+		return err
+	}
+	dy, err := e.flashMap(dout, H*flashHeadDim, B, T)
+	if err != nil {
+		return err
+	}
+	y, err := e.flashMap(out, H*flashHeadDim, B, T)
+	if err != nil {
+		return err
+	}
+	if err := e.launch3("flash_bwd_dq_ht", flashGrid(H, B, dqTiles), cuda.Dim3{X: 128},
+		dq, dqb, dvec, qkv, dy, y, kcol, vcol, lse, e.cosT, e.sinT, T, H, KV, scale, P); err != nil {
+		return err
+	}
+	return e.launch3("flash_bwd_dkv_ht", flashGrid(KV, B, tiles), cuda.Dim3{X: 128},
+		dk, dkb, dv, dvb, qkv, dy, kcol, vcol, lse, dvec, e.cosT, e.sinT, T, H, KV, scale, P)
 }
 
 func threadsFor(d int) int {

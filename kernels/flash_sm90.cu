@@ -244,10 +244,10 @@ __device__ __forceinline__ void tma_bars(unsigned bars) {
 // starts the copy of key/value tile kt + 1 (when kt < last) into the other
 // of the two buffers at KVs, counted on that buffer's mbarrier (bars + 8
 // its index), waits for tile kt's unless have (the caller waited for it),
-// and returns tile kt's key tile. uses counts each mbarrier's completed
-// phases. The other buffer was last read before the barrier that ended the
-// caller's step before.
-__device__ __forceinline__ unsigned kv_step_tma(unsigned KVs, unsigned bars, unsigned* uses, int kt, int last, bool have,
+// and returns tile kt's key tile. Bit i of phase is the parity of mbarrier
+// i's next phase. The other buffer was last read before the barrier that
+// ended the caller's step before.
+__device__ __forceinline__ unsigned kv_step_tma(unsigned KVs, unsigned bars, unsigned& phase, int kt, int last, bool have,
                                                 const TmaMap* qkv, int kc, int vc, int b, int tid) {
     int s = kt & 1;
     if (kt < last && tid == 0) {
@@ -257,9 +257,9 @@ __device__ __forceinline__ unsigned kv_step_tma(unsigned KVs, unsigned bars, uns
         tma_load3(nK + SW_TILE, qkv, vc, (kt + 1) * 64, b, nb);
     }
     if (!have) {
-        while (!mbar_try(bars + 8 * s, uses[s] & 1)) {
+        while (!mbar_try(bars + 8 * s, phase >> s & 1)) {
         }
-        uses[s]++;
+        phase ^= 1u << s;
     }
     return KVs + s * 2 * SW_TILE;
 }
@@ -272,7 +272,7 @@ __device__ __forceinline__ unsigned kv_step_tma(unsigned KVs, unsigned bars, uns
 // thread and their addresses; the block waits on an mbarrier a buffer.
 // qcol, kcol and vcol are the first columns of the queries, keys and
 // values in qkv. FLASH_H_FWD_SMEM bytes of dynamic shared memory.
-__device__ __forceinline__ void fwd_ht_tile(int qt, unsigned char* smem_h, unsigned bars, unsigned* uses, float* out, bf16* outb,
+__device__ __forceinline__ void fwd_ht_tile(int qt, unsigned char* smem_h, unsigned bars, unsigned& phase, float* out, bf16* outb,
                                             float* lse, const TmaMap* qkv, int qcol, int kcol, int vcol, int T, int H, int KV,
                                             float scale) {
     unsigned Qs = sw_base(smem_h), KVs = Qs + SW_TILE; // key tile j at KVs + 2 SW_TILE (j & 1), its values one tile on
@@ -291,7 +291,7 @@ __device__ __forceinline__ void fwd_ht_tile(int qt, unsigned char* smem_h, unsig
     int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
     const unsigned long long dq = wg_desc(Qs);
     for (int kt = 0; kt <= qt; kt++) {
-        unsigned K = kv_step_tma(KVs, bars, uses, kt, qt, false, qkv, kc, vc, b, tid);
+        unsigned K = kv_step_tma(KVs, bars, phase, kt, qt, false, qkv, kc, vc, b, tid);
         fwd_step(o, m, l, dq, K, qi, kt == qt, kt * 64, c, lane);
         // The next step's copy overwrites the other buffers.
         __syncthreads();
@@ -338,9 +338,9 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_fwd_ht(float* out, bf
                                                                   int qcol, int kcol, int vcol, int T, int H, int KV, float scale) {
     extern __shared__ __align__(16) unsigned char smem_h[];
     __shared__ __align__(8) unsigned long long bar[2];
-    unsigned bars = smem_addr(bar), uses[2] = {0, 0};
+    unsigned bars = smem_addr(bar), phase = 0;
     tma_bars(bars);
-    each_tile(T, [&](int qt) { fwd_ht_tile(qt, smem_h, bars, uses, out, outb, lse, &qkv, qcol, kcol, vcol, T, H, KV, scale); });
+    each_tile(T, [&](int qt) { fwd_ht_tile(qt, smem_h, bars, phase, out, outb, lse, &qkv, qcol, kcol, vcol, T, H, KV, scale); });
 }
 
 // pair_issue issues, as one group, the two 64 x 32 products both sides of
@@ -503,7 +503,7 @@ extern "C" __global__ void __launch_bounds__(128, 4) flash_bwd_dq_h(float* dq, b
 // projection, (B, T, P), kcol and vcol the first columns of the keys and
 // values), the output gradients from dy and the outputs from y (both (B, T,
 // H 64)); the same arithmetic and bits. One mbarrier a buffer.
-__device__ __forceinline__ void dq_ht_tile(int qt, unsigned char* smem_h, float* Dr, unsigned bars, unsigned* uses, float* dq, bf16* dqb,
+__device__ __forceinline__ void dq_ht_tile(int qt, unsigned char* smem_h, float* Dr, unsigned bars, unsigned& phase, float* dq, bf16* dqb,
                                            float* dvec, const TmaMap* qkv, const TmaMap* dy, const TmaMap* y, int kcol, int vcol,
                                            const float* lse, const float* cosT, const float* sinT, int T, int H, int KV, float scale,
                                            int lddq) {
@@ -519,9 +519,9 @@ __device__ __forceinline__ void dq_ht_tile(int qt, unsigned char* smem_h, float*
         tma_load3(KVs + SW_TILE, qkv, vc, 0, b, bars);
         tma_load3(KVs + 2 * SW_TILE, y, h * HD, qt * 64, b, bars);
     }
-    while (!mbar_try(bars, uses[0] & 1)) {
+    while (!mbar_try(bars, phase & 1)) {
     }
-    uses[0]++;
+    phase ^= 1u;
     const float c = scale * 1.4426950408889634f;
     int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
     float lr[2], dr[2];
@@ -530,7 +530,7 @@ __device__ __forceinline__ void dq_ht_tile(int qt, unsigned char* smem_h, float*
     float acc[8][4] = {};
     for (int kt = 0; kt <= qt; kt++) {
         // Key tile 0 came with the queries, waited for before dvec.
-        dq_step(acc, dqd, ddo, kv_step_tma(KVs, bars, uses, kt, qt, kt == 0, qkv, kc, vc, b, tid), kt, qt, qi, lr, dr, c, t);
+        dq_step(acc, dqd, ddo, kv_step_tma(KVs, bars, phase, kt, qt, kt == 0, qkv, kc, vc, b, tid), kt, qt, qi, lr, dr, c, t);
         // The next step's copy overwrites the other buffers.
         __syncthreads();
     }
@@ -544,9 +544,9 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     extern __shared__ __align__(16) unsigned char smem_h[];
     __shared__ float Dr[64];
     __shared__ __align__(8) unsigned long long bar[2];
-    unsigned bars = smem_addr(bar), uses[2] = {0, 0};
+    unsigned bars = smem_addr(bar), phase = 0;
     tma_bars(bars);
-    each_tile(T, [&](int qt) { dq_ht_tile(qt, smem_h, Dr, bars, uses, dq, dqb, dvec, &qkv, &dy, &y, kcol, vcol, lse, cosT, sinT, T, H, KV,
+    each_tile(T, [&](int qt) { dq_ht_tile(qt, smem_h, Dr, bars, phase, dq, dqb, dvec, &qkv, &dy, &y, kcol, vcol, lse, cosT, sinT, T, H, KV,
                    scale, lddq); });
 }
 
@@ -660,7 +660,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     extern __shared__ __align__(16) unsigned char smem_h[];
     __shared__ __align__(8) float Ls[2][64], Dv[2][64];
     __shared__ __align__(8) unsigned long long bar[2];
-    unsigned bars = smem_addr(bar), uses[2] = {0, 0};
+    unsigned bars = smem_addr(bar), phase = 0;
     tma_bars(bars);
     unsigned Ks = sw_base(smem_h), Vs = Ks + SW_TILE, QD = Ks + 2 * SW_TILE; // item j's queries at QD + 2 SW_TILE (j & 1), output gradients one tile on
     int kt = blockIdx.z, kvh = blockIdx.x, b = blockIdx.y, grp = H / KV;
@@ -670,15 +670,15 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     // values for item 0) and reads its rows' log-sum-exp and dvec.
     auto stage = [&](int j) {
         int h = kvh * grp + j / per, qt = kt + j % per;
-        unsigned Q = QD + (j & 1) * 2 * SW_TILE, bar = bars + 8 * (j & 1);
+        unsigned Q = QD + (j & 1) * 2 * SW_TILE, mb = bars + 8 * (j & 1);
         if (tid == 0) {
-            mbar_expect(bar, (j == 0 ? 4 : 2) * SW_TILE);
+            mbar_expect(mb, (j == 0 ? 4 : 2) * SW_TILE);
             if (j == 0) {
-                tma_load3(Ks, &qkv, kcol + kvh * HD, kt * 64, b, bar);
-                tma_load3(Vs, &qkv, vcol + kvh * HD, kt * 64, b, bar);
+                tma_load3(Ks, &qkv, kcol + kvh * HD, kt * 64, b, mb);
+                tma_load3(Vs, &qkv, vcol + kvh * HD, kt * 64, b, mb);
             }
-            tma_load3(Q, &qkv, h * HD, qt * 64, b, bar);
-            tma_load3(Q + SW_TILE, &dy, h * HD, qt * 64, b, bar);
+            tma_load3(Q, &qkv, h * HD, qt * 64, b, mb);
+            tma_load3(Q + SW_TILE, &dy, h * HD, qt * 64, b, mb);
         }
         if (tid < 64) {
             int i = qt * 64 + tid;
@@ -695,9 +695,9 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     float dka[8][4] = {}, dva[8][4] = {};
     for (int j = 0; j < items; j++) {
         if (j + 1 < items) stage(j + 1);
-        while (!mbar_try(bars + 8 * (j & 1), uses[j & 1] & 1)) {
+        while (!mbar_try(bars + 8 * (j & 1), phase >> (j & 1) & 1)) {
         }
-        uses[j & 1]++;
+        phase ^= 1u << (j & 1);
         dkv_item(dka, dva, dkd, dvd, QD + (j & 1) * 2 * SW_TILE, kt + j % per, kt, kj, Ls[j & 1], Dv[j & 1], T, c, r0 + g, t, nullptr);
         // The next step's copies overwrite this item's buffers.
         __syncthreads();

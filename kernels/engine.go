@@ -58,7 +58,10 @@ type Engine struct {
 	hopper bool
 	// flashPair: KILN_CUDA_FLASH_PAIR ("", "on" or "off"; flashPairs).
 	flashPair string
-	// flashTMA: the Hopper flash kernels are the _ht ones (tensor copies).
+	// flashTMA: the Hopper flash kernels are the _ht ones, whose tiles the
+	// tensor memory accelerator copies: the default where the driver makes
+	// tensor maps (chooseFlashKernels), KILN_CUDA_FLASH_TMA=off for the _h
+	// ones (cp.async).
 	flashTMA bool
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode
@@ -267,7 +270,7 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 	}
 	e.flashFused = k.flashFused
 	e.flashPair = k.flashPair
-	e.flashTMA = k.flashTMA
+	e.flashTMA = !k.flashCopyAsync
 	e.wsLimit = k.workspace()
 	// fp32 precision runs every GEMM in fp32 already.
 	if e.bf16 {

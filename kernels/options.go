@@ -34,10 +34,10 @@ type Options struct {
 	// flash64: the flash forward with 64 query rows a block (flash_fwd)
 	// instead of 128 (flash_fwd128).
 	flash64 bool
-	// flashTMA: the Hopper flash kernels with their tiles copied by the
-	// tensor memory accelerator (flash_fwd_ht, flash_bwd_dq_ht,
-	// flash_bwd_dkv_ht) instead of cp.async.
-	flashTMA bool
+	// flashCopyAsync: the Hopper flash kernels that copy their tiles with
+	// every thread's cp.async (flash_fwd_h, flash_bwd_dq_h, flash_bwd_dkv_h)
+	// instead of the tensor memory accelerator's (the _ht kernels).
+	flashCopyAsync bool
 	// flashFused: the flash backward in one pass (flash_bwd, or
 	// flash_bwd_h on Hopper, which sum dq in a fixed order across blocks,
 	// between flash_bwd_dvec and flash_bwd_dq_final) instead of two
@@ -102,11 +102,11 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 		return Options{}, err
 	}
 	o.flash64 = flashFwd == "64"
-	tma, err := envChoice(getenv, "KILN_CUDA_FLASH_TMA", "off", "on")
+	tma, err := envChoice(getenv, "KILN_CUDA_FLASH_TMA", "on", "off")
 	if err != nil {
 		return Options{}, err
 	}
-	o.flashTMA = tma == "on"
+	o.flashCopyAsync = tma == "off"
 	flashBwd, err := envChoice(getenv, "KILN_CUDA_FLASH_BWD", "split", "fused")
 	if err != nil {
 		return Options{}, err

@@ -29,8 +29,11 @@ func TestParseOptions(t *testing.T) {
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_DRESID": "fp32"})); err != nil || o != (Options{dresidFP32: true}) {
 		t.Fatalf("the residual stream's gradient in fp32: %+v, %v", o, err)
 	}
-	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_FLASH_TMA": "on"})); err != nil || o != (Options{flashTMA: true}) {
-		t.Fatalf("the Hopper flash kernels with tensor copies: %+v, %v", o, err)
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_FLASH_TMA": "on"})); err != nil || o != (Options{}) {
+		t.Fatalf("the Hopper flash kernels with tensor copies: %+v, %v; want the production path", o, err)
+	}
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_FLASH_TMA": "off"})); err != nil || o != (Options{flashCopyAsync: true}) {
+		t.Fatalf("the Hopper flash kernels with cp.async: %+v, %v", o, err)
 	}
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GRAPH_MEMSETS": "kernel"})); err != nil || o != (Options{}) {
 		t.Fatalf("memsets as kernels in recorded graphs: %+v, %v; want the production path", o, err)

@@ -318,6 +318,9 @@ func (e *Engine) chooseFlashKernels() error {
 	}
 	// The Hopper file is loaded only where its kernels may run (open).
 	_, e.hopper = e.fns["flash_fwd_h"]
+	// A driver older than CUDA 12 makes no tensor maps; the cp.async
+	// kernels give the same bits (TestFlashMatchesStraightforward).
+	e.flashTMA = e.flashTMA && e.hopper && e.dv.D.TensorMaps()
 	want := map[string]int{}
 	if e.hopper {
 		want = map[string]int{"flash_fwd_h": hopperFwdShared, "flash_bwd_dq_h": hopperBwdShared, "flash_bwd_dkv_h": hopperBwdShared}

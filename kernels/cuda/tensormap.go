@@ -58,6 +58,9 @@ func loadTensorMaps(lib uintptr) tensorMapEncodeTiled {
 	return f
 }
 
+// TensorMaps says whether the driver makes tensor maps (EncodeTiled).
+func (d *Driver) TensorMaps() bool { return d.tensorMapEncode != nil }
+
 // EncodeTiled makes m describe a tensor of bf16 or other elements at addr
 // with dims elements along each dimension (innermost first), each outer
 // dimension strides[i] bytes apart (multiples of 16), read box elements at

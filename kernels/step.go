@@ -218,6 +218,8 @@ const (
 // flashForwardKernel names the flash attention forward the engine runs.
 func (e *Engine) flashForwardKernel() string {
 	switch {
+	case e.hopper && e.flashTMA:
+		return "flash_fwd_ht"
 	case e.hopper:
 		return "flash_fwd_h"
 	case e.flashRows == 128:

@@ -60,8 +60,8 @@ type Engine struct {
 	flashPair string
 	// flashTMA: the Hopper flash kernels are the _ht ones, whose tiles the
 	// tensor memory accelerator copies: the default where the driver makes
-	// tensor maps (chooseFlashKernels), KILN_CUDA_FLASH_TMA=off for the _h
-	// ones (cp.async).
+	// tensor maps, KILN_CUDA_FLASH_TMA=off for the _h ones (cp.async). Set
+	// only with hopper (chooseFlashKernels).
 	flashTMA bool
 	// headMode: how the LM head's GEMMs run in bf16 precision (head.go).
 	headMode headMode

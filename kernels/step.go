@@ -218,7 +218,7 @@ const (
 // flashForwardKernel names the flash attention forward the engine runs.
 func (e *Engine) flashForwardKernel() string {
 	switch {
-	case e.hopper && e.flashTMA:
+	case e.flashTMA:
 		return "flash_fwd_ht"
 	case e.hopper:
 		return "flash_fwd_h"
@@ -241,7 +241,7 @@ func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int,
 	if e.flashPairs(tiles, H, B) {
 		tiles = (tiles + 1) / 2
 	}
-	if e.hopper && e.flashTMA {
+	if e.flashTMA {
 		return e.flashForwardTMA(tiles, out, outb, lse, q, k, v, B, T, H, KV, scale, ldq, ldkv)
 	}
 	return e.launch3(e.flashForwardKernel(), flashGrid(H, B, tiles), cuda.Dim3{X: 128},
@@ -251,13 +251,13 @@ func (e *Engine) flashForward(out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int,
 // flashForwardTMA launches flash_fwd_ht, whose tiles the tensor memory
 // accelerator copies: q, k and v must be column blocks of one (B, T, ldq)
 // bf16 matrix from q on (the fused projection's output), which one tensor
-// map describes (flashMaps).
+// map describes (flashQKVMap).
 func (e *Engine) flashForwardTMA(tiles int, out, outb, lse, q, k, v cuda.Ptr, B, T, H, KV int, scale float32, ldq, ldkv int) error {
 	qkv, kcol, vcol, err := e.flashQKVMap(q, k, v, B, T, ldq, ldkv)
 	if err != nil {
 		return err
 	}
-	return e.launch3("flash_fwd_ht", flashGrid(H, B, tiles), cuda.Dim3{X: 128},
+	return e.launch3(e.flashForwardKernel(), flashGrid(H, B, tiles), cuda.Dim3{X: 128},
 		out, outb, lse, qkv, 0, kcol, vcol, T, H, KV, scale)
 }
 
@@ -410,7 +410,7 @@ func (e *Engine) flashBackwardSplit(dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, do
 	if e.flashPairs(tiles, H, B) {
 		dqTiles = (tiles + 1) / 2
 	}
-	if e.hopper && e.flashTMA {
+	if e.flashTMA {
 		return e.flashBackwardTMA(tiles, dqTiles, dq, dqb, dk, dkb, dv, dvb, dvec, q, k, v, dout, out, lse, B, T, H, KV, scale, P)
 	}
 	if err := e.launch3(dqKernel, flashGrid(H, B, dqTiles), cuda.Dim3{X: 128},

@@ -167,29 +167,37 @@ __device__ __forceinline__ void fwd_step(float (*o)[4], float* m, float* l, unsi
 // block of 128 queries, which share each key tile's copy but meet at every
 // barrier, were 7% slower: docs/benchmarks/cuda.md).
 #define FLASH_H_FWD_SMEM (5 * SW_TILE + 1024)
-__device__ __forceinline__ void fwd_h_tile(int qt, unsigned char* smem_h, float* out, bf16* outb, float* lse, const bf16* q,
-                                           const bf16* k, const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
-    unsigned Qs = sw_base(smem_h), KVs = Qs + SW_TILE; // key tile j at KVs + 2 SW_TILE (j & 1), its values one tile on
-    int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
-    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2;
-    const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
-    const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
-    load_sw<64, 128>(Qs, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
-    load_sw<64, 128>(KVs, kb, ldkv, 0, T, tid);
-    load_sw<64, 128>(KVs + SW_TILE, vb, ldkv, 0, T, tid);
-    cp_commit();
+// fwd_tile_loop runs query tile qt's forward over key tiles 0 .. qt, once
+// its queries are at Qs (copied or on their way: kv, given kt, returns key
+// tile kt's shared address once it has landed, and starts the next copy),
+// and writes out, outb and lse. A barrier ends each step: the next step's
+// copy overwrites the other buffers.
+template <class KV>
+__device__ __forceinline__ void fwd_tile_loop(int qt, unsigned Qs, float* out, bf16* outb, float* lse, int T, int H, float scale, KV kv) {
+    int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) * 16, g = lane >> 2;
     float o[8][4] = {};
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
     const float c = scale * 1.4426950408889634f; // softmax in base 2
     int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
     const unsigned long long dq = wg_desc(Qs);
     for (int kt = 0; kt <= qt; kt++) {
-        unsigned K = kv_step(KVs, kt, qt, kb, vb, ldkv, T, tid);
-        fwd_step(o, m, l, dq, K, qi, kt == qt, kt * 64, c, lane);
-        // The next iteration's copy overwrites the other buffers.
+        fwd_step(o, m, l, dq, kv(kt), qi, kt == qt, kt * 64, c, lane);
         __syncthreads();
     }
     fwd_store<1>(out, outb, lse, o, m, l, qi, c, lane, b, h, T, H);
+}
+__device__ __forceinline__ void fwd_h_tile(int qt, unsigned char* smem_h, float* out, bf16* outb, float* lse, const bf16* q,
+                                           const bf16* k, const bf16* v, int T, int H, int KV, float scale, int ldq, int ldkv) {
+    unsigned Qs = sw_base(smem_h), KVs = Qs + SW_TILE; // key tile j at KVs + 2 SW_TILE (j & 1), its values one tile on
+    int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
+    int tid = threadIdx.x;
+    const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
+    const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
+    load_sw<64, 128>(Qs, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
+    load_sw<64, 128>(KVs, kb, ldkv, 0, T, tid);
+    load_sw<64, 128>(KVs + SW_TILE, vb, ldkv, 0, T, tid);
+    cp_commit();
+    fwd_tile_loop(qt, Qs, out, outb, lse, T, H, scale, [&](int kt) { return kv_step(KVs, kt, qt, kb, vb, ldkv, T, tid); });
 }
 
 // TmaMap is a CUtensorMap, made on the host (cuda.TensorMap) and passed by
@@ -277,7 +285,7 @@ __device__ __forceinline__ void fwd_ht_tile(int qt, unsigned char* smem_h, unsig
                                             float scale) {
     unsigned Qs = sw_base(smem_h), KVs = Qs + SW_TILE; // key tile j at KVs + 2 SW_TILE (j & 1), its values one tile on
     int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
-    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2;
+    int tid = threadIdx.x;
     int kc = kcol + kvh * HD, vc = vcol + kvh * HD;
     if (tid == 0) {
         mbar_expect(bars, 3 * SW_TILE);
@@ -285,18 +293,8 @@ __device__ __forceinline__ void fwd_ht_tile(int qt, unsigned char* smem_h, unsig
         tma_load3(KVs, qkv, kc, 0, b, bars);
         tma_load3(KVs + SW_TILE, qkv, vc, 0, b, bars);
     }
-    float o[8][4] = {};
-    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.0f, 0.0f};
-    const float c = scale * 1.4426950408889634f; // softmax in base 2
-    int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
-    const unsigned long long dq = wg_desc(Qs);
-    for (int kt = 0; kt <= qt; kt++) {
-        unsigned K = kv_step_tma(KVs, bars, phase, kt, qt, false, qkv, kc, vc, b, tid);
-        fwd_step(o, m, l, dq, K, qi, kt == qt, kt * 64, c, lane);
-        // The next step's copy overwrites the other buffers.
-        __syncthreads();
-    }
-    fwd_store<1>(out, outb, lse, o, m, l, qi, c, lane, b, h, T, H);
+    fwd_tile_loop(qt, Qs, out, outb, lse, T, H, scale,
+                  [&](int kt) { return kv_step_tma(KVs, bars, phase, kt, qt, false, qkv, kc, vc, b, tid); });
 }
 
 // A causal tile's work grows with its index, and blocks start in index
@@ -456,13 +454,38 @@ __device__ __forceinline__ void dq_prepare(float* lr, float* dr, const unsigned 
     }
 }
 
+// dq_tile_loop runs query tile qt's dq once its queries, output gradients
+// and outputs are in shared memory (dq_prepare says where) and key tile 0
+// is copied or on its way: dvec, then the products over key tiles 0 .. qt
+// (kv, given kt, returns key tile kt's shared address once it has landed,
+// and starts the next copy), a barrier ending each step (the next step's
+// copy overwrites the other buffers), then dq.
+template <class KV>
+__device__ __forceinline__ void dq_tile_loop(int qt, unsigned char* smem_h, float* Dr, float* dq, bf16* dqb, float* dvec, const float* lse,
+                                             const float* cosT, const float* sinT, int T, int H, float scale, int lddq, KV kv) {
+    unsigned Qs = sw_base(smem_h), Ds = Qs + SW_TILE;
+    int h = blockIdx.x, b = blockIdx.y;
+    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
+    const float c = scale * 1.4426950408889634f;
+    int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
+    float lr[2], dr[2];
+    dq_prepare(lr, dr, smem_h, Qs, Dr, dvec, lse, qi, qt, b, h, T, H, tid, r0 + g);
+    const unsigned long long dqd = wg_desc(Qs), ddo = wg_desc(Ds);
+    float acc[8][4] = {};
+    for (int kt = 0; kt <= qt; kt++) {
+        dq_step(acc, dqd, ddo, kv(kt), kt, qt, qi, lr, dr, c, t);
+        __syncthreads();
+    }
+    store_q_grads(dq, dqb, acc, qi, b, h, T, H, lddq, scale, cosT, sinT, lane);
+}
+
 __device__ __forceinline__ void dq_h_tile(int qt, unsigned char* smem_h, float* Dr, float* dq, bf16* dqb, float* dvec, const bf16* q,
                                           const bf16* k, const bf16* v, const bf16* dout, const bf16* out, const float* lse,
                                           const float* cosT, const float* sinT, int T, int H, int KV, float scale, int ldq, int ldkv,
                                           int lddq) {
     unsigned Qs = sw_base(smem_h), Ds = Qs + SW_TILE, KVs = Qs + 2 * SW_TILE;
     int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
-    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3, qs = H * HD;
+    int tid = threadIdx.x, qs = H * HD;
     const bf16* kb = k + (size_t)b * T * ldkv + kvh * HD;
     const bf16* vb = v + (size_t)b * T * ldkv + kvh * HD;
     load_sw<64, 128>(Qs, q + (size_t)b * T * ldq + h * HD, ldq, qt * 64, T, tid);
@@ -473,18 +496,8 @@ __device__ __forceinline__ void dq_h_tile(int qt, unsigned char* smem_h, float* 
     cp_commit();
     cp_wait_all();
     __syncthreads();
-    const float c = scale * 1.4426950408889634f;
-    int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
-    float lr[2], dr[2];
-    dq_prepare(lr, dr, smem_h, Qs, Dr, dvec, lse, qi, qt, b, h, T, H, tid, r0 + g);
-    const unsigned long long dqd = wg_desc(Qs), ddo = wg_desc(Ds);
-    float acc[8][4] = {};
-    for (int kt = 0; kt <= qt; kt++) {
-        dq_step(acc, dqd, ddo, kv_step(KVs, kt, qt, kb, vb, ldkv, T, tid), kt, qt, qi, lr, dr, c, t);
-        // The next iteration's copy overwrites the other buffers.
-        __syncthreads();
-    }
-    store_q_grads(dq, dqb, acc, qi, b, h, T, H, lddq, scale, cosT, sinT, lane);
+    dq_tile_loop(qt, smem_h, Dr, dq, dqb, dvec, lse, cosT, sinT, T, H, scale, lddq,
+                 [&](int kt) { return kv_step(KVs, kt, qt, kb, vb, ldkv, T, tid); });
 }
 
 // The grid as flash_fwd_h's: a tile a block, or a pair (tile_pair).
@@ -509,7 +522,7 @@ __device__ __forceinline__ void dq_ht_tile(int qt, unsigned char* smem_h, float*
                                            int lddq) {
     unsigned Qs = sw_base(smem_h), Ds = Qs + SW_TILE, KVs = Qs + 2 * SW_TILE;
     int h = blockIdx.x, b = blockIdx.y, kvh = h / (H / KV);
-    int tid = threadIdx.x, lane = tid & 31, r0 = (tid >> 5) * 16, g = lane >> 2, t = lane & 3;
+    int tid = threadIdx.x;
     int kc = kcol + kvh * HD, vc = vcol + kvh * HD;
     if (tid == 0) {
         mbar_expect(bars, 5 * SW_TILE);
@@ -522,19 +535,9 @@ __device__ __forceinline__ void dq_ht_tile(int qt, unsigned char* smem_h, float*
     while (!mbar_try(bars, phase & 1)) {
     }
     phase ^= 1u;
-    const float c = scale * 1.4426950408889634f;
-    int qi[2] = {qt * 64 + r0 + g, qt * 64 + r0 + g + 8};
-    float lr[2], dr[2];
-    dq_prepare(lr, dr, smem_h, Qs, Dr, dvec, lse, qi, qt, b, h, T, H, tid, r0 + g);
-    const unsigned long long dqd = wg_desc(Qs), ddo = wg_desc(Ds);
-    float acc[8][4] = {};
-    for (int kt = 0; kt <= qt; kt++) {
-        // Key tile 0 came with the queries, waited for before dvec.
-        dq_step(acc, dqd, ddo, kv_step_tma(KVs, bars, phase, kt, qt, kt == 0, qkv, kc, vc, b, tid), kt, qt, qi, lr, dr, c, t);
-        // The next step's copy overwrites the other buffers.
-        __syncthreads();
-    }
-    store_q_grads(dq, dqb, acc, qi, b, h, T, H, lddq, scale, cosT, sinT, lane);
+    // Key tile 0 came with the queries, waited for before dvec.
+    dq_tile_loop(qt, smem_h, Dr, dq, dqb, dvec, lse, cosT, sinT, T, H, scale, lddq,
+                 [&](int kt) { return kv_step_tma(KVs, bars, phase, kt, qt, kt == 0, qkv, kc, vc, b, tid); });
 }
 
 extern "C" __global__ void __launch_bounds__(128, 4)

@@ -50,6 +50,9 @@ type Options struct {
 	// dresidFP32: the residual stream's gradient kept in fp32 with a bf16
 	// copy for the GEMMs, instead of in bf16 alone (dresidBF in step.go).
 	dresidFP32 bool
+	// serialGrads: the weight-gradient GEMMs on the main stream instead of
+	// a side stream beside it (overlap.go).
+	serialGrads bool
 	// eager: every kernel launched from the host; no CUDA graphs.
 	eager bool
 	// keepMemsets: recorded graphs keep the library's small memsets as
@@ -68,7 +71,7 @@ type Options struct {
 // ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
 // on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
 // KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
-// KILN_CUDA_FLASH_PAIR, KILN_CUDA_FLASH_TMA, KILN_CUDA_DRESID, KILN_CUDA_GRAPH,
+// KILN_CUDA_FLASH_PAIR, KILN_CUDA_FLASH_TMA, KILN_CUDA_DRESID, KILN_CUDA_OVERLAP, KILN_CUDA_GRAPH,
 // KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
 // take is bad input naming the variable and the values it takes.
 func ParseOptions(getenv func(string) string) (Options, error) {
@@ -120,6 +123,11 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 		return Options{}, err
 	}
 	o.dresidFP32 = dresid == "fp32"
+	overlapGrads, err := envChoice(getenv, "KILN_CUDA_OVERLAP", "on", "off")
+	if err != nil {
+		return Options{}, err
+	}
+	o.serialGrads = overlapGrads == "off"
 	graphs, err := parseGraphs(getenv("KILN_CUDA_GRAPH"))
 	if err != nil {
 		return Options{}, err

@@ -35,6 +35,12 @@ func TestParseOptions(t *testing.T) {
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_FLASH_TMA": "off"})); err != nil || o != (Options{flashCopyAsync: true}) {
 		t.Fatalf("the Hopper flash kernels with cp.async: %+v, %v", o, err)
 	}
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_OVERLAP": "on"})); err != nil || o != (Options{}) {
+		t.Fatalf("weight gradients on the side stream: %+v, %v; want the production path", o, err)
+	}
+	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_OVERLAP": "off"})); err != nil || o != (Options{serialGrads: true}) {
+		t.Fatalf("weight gradients on the main stream: %+v, %v", o, err)
+	}
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GRAPH_MEMSETS": "kernel"})); err != nil || o != (Options{}) {
 		t.Fatalf("memsets as kernels in recorded graphs: %+v, %v; want the production path", o, err)
 	}

@@ -1,6 +1,7 @@
-# Sourced by the CUDA device scripts (hopper-attention-run.sh,
-# dresid-run.sh, kernel-ab-run.sh, peer-run.sh, head-memory-run.sh,
-# flash-grid-run.sh, head-quarter-run.sh) once G and OUT are set: the carried
+# Sourced by the CUDA device scripts (peer-run.sh, gpu-checks-run.sh,
+# step-variants-run.sh, hopper-attention-run.sh, dresid-run.sh,
+# kernel-ab-run.sh, head-memory-run.sh, flash-grid-run.sh,
+# head-quarter-run.sh, ...) once G and OUT are set: the carried
 # binaries unpacked onto PATH, and the steps they share. The environment a
 # caller sets (KILN_CUDA_*) reaches every command.
 
@@ -71,4 +72,45 @@ curves() {
 peer() {
   local t=$1 plan=$2; shift 2
   PYTHONUNBUFFERED=1 timeout $t python3 $G/torch_peer.py "$@" --plan $plan 2>&1 | grep -v Warning
+}
+
+# variant NAME BUILD ENV...: NAME on PATH runs BUILD with ENV set
+# (KILN_CUDA_OVERLAP=off ...), so that kbench and the row loops take it as
+# a build of its own.
+variant() {
+  local name=$1 build=$2; shift 2
+  printf '#!/bin/sh\nexec env %s %s "$@"\n' "$*" "$build" > $B/$name && chmod +x $B/$name
+}
+
+# clocks_start: the GPU's SM clock and power every 100 ms into
+# $OUT/clocks.csv until clocks_summary; clocks_phase NAME marks where a
+# phase of the call starts.
+clocks_start() {
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw --format=csv,noheader -lms 100 > $OUT/clocks.csv &
+  CLOCKS_PID=$!
+  : > $OUT/phases.txt
+}
+clocks_phase() { echo "$(date -u +%H:%M:%S.%N | cut -c1-12) $1" >> $OUT/phases.txt; }
+
+# clocks_summary: for each phase, the median SM clock and power of the
+# samples that drew more than 550 W (the GPU under load, not between runs).
+clocks_summary() {
+  kill $CLOCKS_PID 2>/dev/null
+  python3 - $OUT/clocks.csv $OUT/phases.txt <<'PY' | tee $OUT/clocks.txt
+import csv, statistics, sys
+phases = [l.split(None, 1) for l in open(sys.argv[2]) if l.strip()]
+load = {}
+for r in csv.reader(open(sys.argv[1])):
+    try:
+        t, mhz, watts = r[0].split()[1][:12], int(r[1].split()[0]), float(r[2].split()[0])
+    except (IndexError, ValueError):
+        continue
+    name = [p for s, p in phases if s <= t]
+    if name and watts > 550:
+        load.setdefault(name[-1].strip(), []).append((mhz, watts))
+for s, p in phases:
+    v = load.get(p.strip(), [])
+    if v:
+        print(f"{p.strip()}: {len(v)} samples above 550 W, SM clock median {statistics.median(m for m, _ in v):.0f} MHz, power median {statistics.median(w for _, w in v):.0f} W")
+PY
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"time"
 
 	"github.com/kiln-lm/kiln/model/gemm"
 )
@@ -187,9 +188,11 @@ func (e *CPUEngine) Metrics() (StepMetrics, error) {
 }
 
 // MetricsLater implements MetricsAhead: the CPU engine's step is complete
-// when Step returns, so its metrics are taken at once.
+// when Step returns, so its metrics are taken at once, with the time: the
+// caller waits for them only after it has computed the next step.
 func (e *CPUEngine) MetricsLater() (func() (StepMetrics, error), error) {
 	m, err := e.Metrics()
+	m.At = time.Now()
 	return func() (StepMetrics, error) { return m, err }, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Batch is one micro-batch: B sequences of T positions. Targets[i] is the
@@ -43,6 +44,12 @@ type StepMetrics struct {
 	// choice) pairs each expert received over every layer and micro-batch
 	// since ZeroGrad (it sums to 1): an expert near 0 is starving.
 	ExpertShare []float64
+	// At is when the step was complete, where the engine knows it better
+	// than the caller's clock when the metrics reach it: the CPU engine's
+	// MetricsLater, whose step was complete when Step returned, sets it.
+	// The zero value: when the metrics were read (Metrics, or
+	// MetricsLater's wait, blocks until the step is complete).
+	At time.Time
 }
 
 // Shares normalises per-expert counts into ExpertShare (nil when there

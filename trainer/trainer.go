@@ -186,9 +186,12 @@ type loop struct {
 	ckStep   int // step of lastCk, -1 when none
 	loss     float64
 	metrics  *os.File
-	markTime time.Time // start of the current logging interval
+	markTime time.Time // start of the current logging interval: when its first step began
 	began    time.Time // start of this process's part of the run
 	markTok  int64
+	// paused is the time inside the current logging interval that was
+	// not training: the evaluation at the step that opened it.
+	paused time.Duration
 	// pend is the step queued on the engine whose metrics are read once
 	// the next step is queued (step-ahead; nil when none).
 	pend *pendingStep
@@ -447,6 +450,9 @@ func (l *loop) finishStep(ctx context.Context, m model.StepMetrics, lr float64) 
 	l.loss = m.Loss
 	if l.rc.LogEvery > 0 && l.step%l.rc.LogEvery == 0 || l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 {
 		// The step is complete: its evaluation and log line are part of it.
+		if m.At.IsZero() {
+			m.At = time.Now()
+		}
 		if err := l.logStep(context.WithoutCancel(ctx), m, lr); err != nil {
 			return err
 		}
@@ -474,11 +480,18 @@ func (l *loop) diverged(m model.StepMetrics) error {
 	return nf
 }
 
-// logStep writes one metrics line; throughput covers the steps since the
-// previous line, evaluation time excluded.
+// logStep writes one metrics line for the step complete at m.At;
+// throughput covers the steps since the previous line's, from when that
+// one was complete to when this one was, evaluation time excluded. A step
+// read a step late (a step ahead, on an engine whose Step computes it, the
+// metrics wait until the next step is computed) counts from its own end,
+// not from when it was read, so that each interval holds its own steps.
 func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) error {
 	now := time.Now()
-	tps := float64(l.tokens-l.markTok) / now.Sub(l.markTime).Seconds()
+	var tps float64
+	if d := m.At.Sub(l.markTime) - l.paused; d > 0 {
+		tps = float64(l.tokens-l.markTok) / d.Seconds()
+	}
 	loss, ppl := m.Loss, math.Exp(m.Loss)
 	line := Metrics{Step: l.step, Tokens: l.tokens, Loss: &loss, PPL: &ppl, LR: lr, GradNorm: m.GradNorm,
 		TokPerSec: tps, MFU: MFU(tps, FLOPsPerToken(l.mc, l.rc.Seq), l.cfg.PeakFLOPS),
@@ -487,7 +500,9 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 		aux := m.AuxLoss
 		line.AuxLoss, line.ExpertShare = &aux, m.ExpertShare
 	}
+	var evaluating time.Duration
 	if l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 && l.rc.EvalBatches > 0 {
+		start := time.Now()
 		ev, err := l.evaluate(ctx)
 		if err != nil {
 			return err
@@ -497,6 +512,7 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 		if line.EvalLossByStore, err = l.evaluateStores(ctx); err != nil {
 			return err
 		}
+		evaluating = time.Since(start)
 	}
 	if err := line.WriteJSONL(l.metrics); err != nil {
 		return fmt.Errorf("write %s: %w", l.metrics.Name(), err)
@@ -504,7 +520,7 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 	if l.hooks.Metrics != nil {
 		l.hooks.Metrics(line)
 	}
-	l.markTime, l.markTok = time.Now(), l.tokens
+	l.markTime, l.markTok, l.paused = m.At, l.tokens, evaluating
 	return nil
 }
 

@@ -125,7 +125,7 @@ func (m *Mixture) Eval(ctx context.Context, i, b, t int) (model.Batch, error) {
 		}
 		if !got {
 			if len(m.evalCache) == 0 {
-				return model.Batch{}, badInput(errors.New("the token stores hold no held-out window (1 window in 1000 is held out): ingest more data, or set eval_every 0"))
+				return model.Batch{}, badInput(errors.New("the token stores hold no held-out window (1 window in 1000 is held out): ingest more data, or set eval_every 0 (sched train: --eval-every 0)"))
 			}
 			// Small stores: score the held-out windows again rather than
 			// fewer of them, so that every evaluation has the same size.

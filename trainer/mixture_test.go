@@ -3,6 +3,7 @@ package trainer
 import (
 	"bytes"
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -137,5 +138,44 @@ func TestEachStoresHeldOutLossIsLogged(t *testing.T) {
 		if got[step].LossOr(-1) != plain[step].LossOr(-1) {
 			t.Errorf("step %d: training loss %v with per-store evaluation, %v without", step, got[step].LossOr(-1), plain[step].LossOr(-1))
 		}
+	}
+}
+
+// A run that evaluates on stores too small to hold out a window is refused
+// before its first step, naming what to do, and leaves nothing behind:
+// before, it trained eval_every steps and failed at the evaluation with no
+// checkpoint written.
+func TestRunRefusesEvaluationWithoutHeldOutWindowsAtOnce(t *testing.T) {
+	requireCPU(t)
+	mc := model.Presets["tiny"]
+	// 5,000 ids are 151 windows of 33: none of them held out (1 in 1000).
+	rc := testRun(6)
+	rc.Mixture = []MixtureEntry{{Store: makeStore(t, mc.VocabSize, 5000, 3), Weight: 1}}
+	rc.EvalEvery, rc.CheckpointEvery = 3, 3
+	m, err := OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	steps := 0
+	res, _, err := runCollect(t, context.Background(), Config{Run: rc, Out: out, Data: m}, Hooks{Step: func(int, int) { steps++ }})
+	var bad interface{ BadInput() bool }
+	if err == nil || !errors.As(err, &bad) || !strings.Contains(err.Error(), "held-out") || !strings.Contains(err.Error(), "eval-every 0") {
+		t.Fatalf("evaluation without held-out windows: %+v, %v; want bad input naming the held-out windows and --eval-every 0", res, err)
+	}
+	if steps != 0 || res.Step != 0 {
+		t.Errorf("%d steps trained (result %+v) before the refusal; want none", steps, res)
+	}
+	if left, _ := filepath.Glob(filepath.Join(out, "*")); len(left) != 0 {
+		t.Errorf("the refused run left %v in its directory", left)
+	}
+	// Without evaluations the same stores train.
+	rc.EvalEvery = 0
+	m, err = OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err = runCollect(t, context.Background(), Config{Run: rc, Out: out, Data: m}, Hooks{}); err != nil || !res.Done {
+		t.Fatalf("the same stores with eval_every 0: %+v, %v", res, err)
 	}
 }

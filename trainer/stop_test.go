@@ -75,7 +75,9 @@ func TestAStopAnywhereLosesNoCompletedStep(t *testing.T) {
 	// Accumulate is 2: step s reads training batches 2s-1 and 2s. Each
 	// step reads the cursor once as it begins, and a checkpoint (every 3
 	// steps) once more: steps 1-3 read it 3 times, the checkpoint of step 3
-	// is the 4th. Evaluation runs at steps 3 and 6, two batches each.
+	// is the 4th. Evaluation runs at steps 3 and 6, two batches each, after
+	// the one read that checks, before the first step, that the data holds
+	// held-out windows.
 	cases := []struct {
 		name                             string
 		onNext, afterNext, onEval, onCur int
@@ -85,7 +87,7 @@ func TestAStopAnywhereLosesNoCompletedStep(t *testing.T) {
 		{name: "during the first micro-batch of step 5", afterNext: 9, stoppedAt: 4},
 		{name: "during the last read of step 5", onNext: 10, stoppedAt: 4},
 		{name: "during the last micro-batch of step 5", afterNext: 10, stoppedAt: 5},
-		{name: "during the evaluation at step 3", onEval: 1, stoppedAt: 3},
+		{name: "during the evaluation at step 3", onEval: 2, stoppedAt: 3},
 		{name: "during the checkpoint write of step 3", onCur: 4, stoppedAt: 3},
 		{name: "as step 2 begins", onCur: 2, stoppedAt: 1},
 	}

@@ -105,6 +105,14 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	// An evaluation the data cannot feed is refused now, not at the first
+	// evaluation step, after eval_every steps of training that no
+	// checkpoint would keep.
+	if rc.EvalEvery > 0 && rc.EvalBatches > 0 {
+		if _, err := cfg.Data.Eval(ctx, 0, rc.Batch, rc.Seq); err != nil {
+			return Result{}, fmt.Errorf("evaluation every %d steps: %w", rc.EvalEvery, err)
+		}
+	}
 	log := cfg.Log
 	if log == nil {
 		log = zap.NewNop()

@@ -355,6 +355,14 @@ func (e *Engine) open(drv *cuda.Driver, nv *cuda.NVRTC, lt *cuda.BLASLt) error {
 			}
 			return p, func() { e.mem.free(p) }, nil
 		})
+		if dir := e.kopt.choicesDir(); dir != "" {
+			// The choices of earlier engines on this machine, so that a
+			// run resumed in a new process sums as before (and skips the
+			// timing); a file that is not this machine's is written anew.
+			if err := e.lt.Remember(cuda.ChoicesPath(dir, dv.Name, lt.Version()), dv.Name); err != nil && e.opt.Log != nil {
+				e.opt.Log(err.Error())
+			}
+		}
 	}
 	set := &allocSet{mem: e.mem}
 	alloc := set.one

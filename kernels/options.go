@@ -22,6 +22,10 @@ type Options struct {
 	// gemmTune: candidates each bf16 GEMM shape times; 0 for
 	// gemmCandidates, -1 for the library's first choice.
 	gemmTune int
+	// gemmChoices: where the tuned GEMMs' algorithms are remembered: ""
+	// for the kernel cache's directory, "off" for nowhere (each engine
+	// times its own), or a directory.
+	gemmChoices string
 	// gemmWorkspace: the cuBLASLt workspace a GEMM may use, in MiB: 0 for
 	// all of wsBytes (the production path), -1 for none.
 	gemmWorkspace int
@@ -70,7 +74,7 @@ type Options struct {
 
 // ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
 // on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
-// KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
+// KILN_CUDA_GEMM_CHOICES, KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
 // KILN_CUDA_FLASH_PAIR, KILN_CUDA_FLASH_TMA, KILN_CUDA_DRESID, KILN_CUDA_OVERLAP, KILN_CUDA_GRAPH,
 // KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
 // take is bad input naming the variable and the values it takes.
@@ -91,6 +95,7 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 	default:
 		o.gemmTune = tune
 	}
+	o.gemmChoices = getenv("KILN_CUDA_GEMM_CHOICES")
 	if o.gemmWorkspace, err = parseGemmWorkspace(getenv("KILN_CUDA_GEMM_WORKSPACE")); err != nil {
 		return Options{}, err
 	}
@@ -202,6 +207,17 @@ func parseGemmWorkspace(v string) (int, error) {
 		return -1, nil
 	}
 	return n, nil
+}
+
+// choicesDir is where tuned GEMM choices are remembered ("" for nowhere).
+func (o Options) choicesDir() string {
+	switch o.gemmChoices {
+	case "off":
+		return ""
+	case "":
+		return CacheDir(o.kernelCache)
+	}
+	return o.gemmChoices
 }
 
 // workspace is the bytes of cuBLASLt workspace a GEMM may use.

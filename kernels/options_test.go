@@ -54,6 +54,14 @@ func TestParseOptions(t *testing.T) {
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "flash-sm80"})); err != nil || o != (Options{flashSM80: true}) {
 		t.Fatalf("flash.cu's kernels on Hopper too: %+v, %v", o, err)
 	}
+	for v, want := range map[string]string{"": CacheDir(""), "off": "", "/var/kiln/gemm": "/var/kiln/gemm"} {
+		if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GEMM_CHOICES": v})); err != nil || o.choicesDir() != want {
+			t.Errorf("KILN_CUDA_GEMM_CHOICES=%q: choices in %q, %v; want %q", v, o.choicesDir(), err, want)
+		}
+	}
+	if o, _ = ParseOptions(env(map[string]string{"KILN_KERNEL_CACHE": "/cache/k"})); o.choicesDir() != "/cache/k" {
+		t.Errorf("with KILN_KERNEL_CACHE=/cache/k the GEMM choices go to %q, want the kernel cache", o.choicesDir())
+	}
 	for v, want := range map[string]int64{"": wsBytes, "0": 0, "4": 4 << 20, "32": 32 << 20} {
 		if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_GEMM_WORKSPACE": v})); err != nil || o.workspace() != want {
 			t.Errorf("KILN_CUDA_GEMM_WORKSPACE=%q: %d bytes, %v; want %d", v, o.workspace(), err, want)

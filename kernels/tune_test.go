@@ -1,9 +1,12 @@
 package kernels
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,6 +29,8 @@ func TestTunedGemmsMatchLibraryChoice(t *testing.T) {
 	const B, T = 4, 512
 	b := patternBatch(c, B, T)
 	p := model.InitParams(c, 3)
+	// Each engine times its own: none remembered from an earlier one.
+	t.Setenv("KILN_CUDA_GEMM_CHOICES", "off")
 	grads := func(tune string) (*model.Params, *Engine) {
 		t.Setenv("KILN_CUDA_GEMM_TUNE", tune)
 		return microBatchGrads(t, c, p, b)
@@ -49,6 +54,61 @@ func TestTunedGemmsMatchLibraryChoice(t *testing.T) {
 		t.Logf("%s: %d candidates, first choice %.3f ms, kept #%d %.3f ms", name, len(r.MS), r.MS[0], r.Best, r.MS[r.Best])
 	}
 	closeGrads(t, c, "tuned GEMMs'", want, got)
+}
+
+// A tuned engine's GEMM choices are remembered (KILN_CUDA_GEMM_CHOICES, by
+// default the kernel cache) and the next engine takes them instead of
+// timing its own: it times nothing and computes the first one's bits,
+// which a run resumed in a new process needs to continue the same sums. A
+// file that is not a choices file is timed over and replaced.
+func TestRememberedGemmChoicesGiveTheSameBits(t *testing.T) {
+	skipWithoutGPU(t)
+	c := model.Presets["small"]
+	c.Layers = 2
+	b := patternBatch(c, 4, 512)
+	p := model.InitParams(c, 3)
+	dir := t.TempDir()
+	t.Setenv("KILN_CUDA_GEMM_CHOICES", dir)
+	first, e1 := microBatchGrads(t, c, p, b)
+	if n := len(e1.lt.Tuned()); n < 15 {
+		t.Fatalf("the first engine timed %d products, want 15", n)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "gemm-*.json"))
+	if len(files) != 1 {
+		t.Fatalf("choices files %v, want one", files)
+	}
+	var kept struct {
+		Algorithms map[string][8]uint64 `json:"algorithms"`
+	}
+	if raw, err := os.ReadFile(files[0]); err != nil || json.Unmarshal(raw, &kept) != nil || len(kept.Algorithms) < 15 {
+		t.Fatalf("%s holds %d choices (%v), want 15", files[0], len(kept.Algorithms), err)
+	}
+	second, e2 := microBatchGrads(t, c, p, b)
+	if n := len(e2.lt.Tuned()); n != 0 {
+		t.Errorf("the second engine timed %d products, want none: it takes the first one's", n)
+	}
+	for _, s := range c.Specs() {
+		if w, g := first.Tensor(s.Name), second.Tensor(s.Name); !slices.Equal(w, g) {
+			t.Errorf("%s: the second engine's gradient is not the first one's bits (%.3g apart)", s.Name, maxRelErr(g, w))
+		}
+	}
+	if err := os.WriteFile(files[0], []byte("not a choices file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var logged []string
+	e3 := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: b.B, MaxSeq: b.T, Log: func(s string) { logged = append(logged, s) }})
+	if err := e3.SetParams(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := e3.ForwardBackward(b, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e3.lt.Tuned()); n < 15 || len(logged) == 0 || !strings.Contains(strings.Join(logged, "\n"), files[0]) {
+		t.Errorf("over a broken choices file: %d products timed, logged %q; want 15 timed and a line naming the file", n, logged)
+	}
+	if raw, err := os.ReadFile(files[0]); err != nil || json.Unmarshal(raw, &kept) != nil || len(kept.Algorithms) < 15 {
+		t.Errorf("the broken file was not replaced by the choices: %q", raw)
+	}
 }
 
 // GEMMs that may use no workspace (KILN_CUDA_GEMM_WORKSPACE=0, which

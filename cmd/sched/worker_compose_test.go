@@ -126,6 +126,11 @@ func TestComposeFile(t *testing.T) {
 	if dev.Driver != "nvidia" || dev.Count != 1 || !strings.Contains(strings.Join(dev.Capabilities, ","), "gpu") {
 		t.Errorf("worker-gpu device reservation %+v, want one nvidia gpu", dev)
 	}
+	// The kernel cache (compiled kernels, the timed GEMMs' choices) in the
+	// data volume: a restarted container resumes a run with the same sums.
+	if c := gpu.Environment["KILN_KERNEL_CACHE"]; c == nil || len(gpu.Volumes) == 0 || !strings.HasPrefix(*c, gpu.Volumes[0].Target+"/") {
+		t.Errorf("worker-gpu keeps its kernel cache at %v, not in its data volume (%v)", c, gpu.Volumes)
+	}
 	if gpu.StopGracePeriod == nil || time.Duration(*gpu.StopGracePeriod) < 5*time.Minute {
 		t.Errorf("worker-gpu stop_grace_period %v: too short to checkpoint", gpu.StopGracePeriod)
 	}

@@ -45,6 +45,7 @@ type BLASLt struct {
 	cublasLtMatmulPreferenceDestroy      func(p uintptr) int32
 	cublasLtMatmulPreferenceSetAttribute func(p uintptr, attr int32, buf unsafe.Pointer, size uint64) int32
 	cublasLtMatmulAlgoGetHeuristic       func(h, desc, ad, bd, cd, dd, pref uintptr, requested int32, results unsafe.Pointer, returned *int32) int32
+	cublasLtMatmulAlgoCheck              func(h, desc, ad, bd, cd, dd uintptr, algo unsafe.Pointer, result unsafe.Pointer) int32
 }
 
 var (
@@ -79,6 +80,7 @@ func loadBLASLt(dirs []string) (*BLASLt, error) {
 		"cublasLtMatmulPreferenceDestroy":      &b.cublasLtMatmulPreferenceDestroy,
 		"cublasLtMatmulPreferenceSetAttribute": &b.cublasLtMatmulPreferenceSetAttribute,
 		"cublasLtMatmulAlgoGetHeuristic":       &b.cublasLtMatmulAlgoGetHeuristic,
+		"cublasLtMatmulAlgoCheck":              &b.cublasLtMatmulAlgoCheck,
 	})
 	return b, err
 }
@@ -109,6 +111,8 @@ type LtHandle struct {
 	// frozen refuses to tune: while a stream is captured into a graph, the
 	// candidates' timing would wait on work that is only being recorded.
 	frozen bool
+	// choices keeps the tuned algorithms in a file (Remember; nil: none).
+	choices *choiceFile
 }
 
 // product is what an algorithm is chosen for: types, transposes and shape.
@@ -262,6 +266,13 @@ func (h *LtHandle) matmul(compute, dtype, ctype int32, ta, tb bool, M, N, K int,
 	}
 	key := product{compute, dtype, ctype, ta, tb, M, N, K}
 	a, known := h.algos[key]
+	if !known && h.tuneN > 0 && h.choices != nil {
+		// Another process, or an earlier one, may have timed it.
+		if r, ok := h.choices.recall(key, wsSize, h.tuneN); ok && h.usable(d, la, lb, lc, r, wsSize) {
+			a, known = r, true
+			h.algos[key] = a
+		}
+	}
 	if !known && h.tuneN > 0 && h.frozen {
 		return fmt.Errorf("GEMM %s met first while its stream is captured into a graph: it must run once outside the capture, to be tuned", ProductName(ta, tb, M, N, K))
 	}
@@ -284,6 +295,9 @@ func (h *LtHandle) matmul(compute, dtype, ctype int32, ta, tb bool, M, N, K int,
 			return err
 		}
 		h.algos[key] = a
+		if h.choices != nil && a != nil {
+			h.choices.keep(key, wsSize, h.tuneN, a)
+		}
 	}
 	return run(a, D)
 }

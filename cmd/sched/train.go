@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -145,7 +147,19 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 			fmt.Fprintf(out, "TensorBoard: tensorboard --logdir %s\n", filepath.Join(f.out, results.TensorBoardDir))
 		}
 	}
+	if err != nil && errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
+		return trainStopped(err, res, rc.TotalSteps)
+	}
 	return err
+}
+
+// trainStopped is the error of a run stopped by Ctrl-C or SIGTERM (exit
+// code 130): where it stopped and how to go on.
+func trainStopped(err error, res trainer.Result, total int) error {
+	if res.Checkpoint == "" {
+		return interruptedError{fmt.Errorf("training stopped (%w) before its first step ended: nothing was kept", err)}
+	}
+	return interruptedError{fmt.Errorf("training stopped (%w) at step %d of %d, checkpoint %s: the same command with --resume continues from it", err, res.Step, total, res.Checkpoint)}
 }
 
 // writeRunEvents writes the TensorBoard event file of this call's steps,

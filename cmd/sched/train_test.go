@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -200,5 +202,48 @@ func TestTrainCommandWithExperts(t *testing.T) {
 	}
 	if n := strings.Count(string(mf), `"aux_loss":`); n != 2 {
 		t.Errorf("metrics.jsonl has %d lines with aux_loss, want 2:\n%s", n, mf)
+	}
+}
+
+// A run stopped by Ctrl-C or SIGTERM says where it stopped, which
+// checkpoint it wrote and how to go on, and exits 130 (not a failure's 1);
+// the same command with --resume continues from there to the end.
+func TestTrainCommandStoppedSaysWhereAndHowToGoOn(t *testing.T) {
+	tokJSON, sha := trainTestTokenizer(t, "func main() { return x } the quick brown fox\n")
+	store := trainTestStoreBy(t, sha, 4096, 50000)
+	out := filepath.Join(t.TempDir(), "run")
+	args := []string{"--model", "tiny", "--tokens", store + "=1", "--engine", "cpu", "--precision", "fp32",
+		"--seq", "32", "--batch", "2", "--steps", "40", "--log-every", "1", "--out", out, "--tokenizer-file", tokJSON}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := &cancelOn{mark: "step 3/40", cancel: cancel}
+	c := newTrainCmd()
+	c.SetOut(w)
+	c.SetErr(io.Discard)
+	c.SetArgs(args)
+	err := c.ExecuteContext(ctx)
+	if code := exitCode(err); code != exitInterrupted {
+		t.Fatalf("stopped run: exit code %d (%v), want %d\n%s", code, err, exitInterrupted, w.buf.String())
+	}
+	var ie interruptedError
+	if !errors.As(err, &ie) {
+		t.Fatalf("stopped run: %v", err)
+	}
+	msg := err.Error()
+	ck := ""
+	for _, s := range []int{3, 4} {
+		if strings.Contains(msg, fmt.Sprintf("at step %d of 40, checkpoint %s", s, filepath.Join(out, trainer.StepDir(s)))) {
+			ck = filepath.Join(out, trainer.StepDir(s))
+		}
+	}
+	if ck == "" || !strings.Contains(msg, "--resume") {
+		t.Fatalf("%q does not name the step, its checkpoint and --resume", msg)
+	}
+	if _, err := trainer.CheckCheckpoint(ck); err != nil {
+		t.Fatalf("the checkpoint the message names: %v", err)
+	}
+	text, err := runTrainCmd(append([]string{"train"}, append(args, "--resume")...)...)
+	if err != nil || !strings.Contains(text, "step 40/40") || strings.Contains(text, "step 1/40") {
+		t.Fatalf("resumed: %v\n%s", err, text)
 	}
 }

@@ -28,10 +28,13 @@ type choiceFile struct {
 	Algos   map[string][8]uint64 `json:"algorithms"`
 }
 
+// notInName is what a GPU's name may not keep in a file name.
+var notInName = regexp.MustCompile(`[^A-Za-z0-9.]+`)
+
 // ChoicesPath is where the choices for a GPU model and a cuBLASLt version
 // are kept in dir: gemm-<device>-<version>.json.
 func ChoicesPath(dir, device string, version uint64) string {
-	name := regexp.MustCompile(`[^A-Za-z0-9.]+`).ReplaceAllString(device, "-")
+	name := notInName.ReplaceAllString(device, "-")
 	return filepath.Join(dir, fmt.Sprintf("gemm-%s-%d.json", name, version))
 }
 

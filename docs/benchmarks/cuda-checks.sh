@@ -71,7 +71,7 @@ curves() {
 # MODE on PLAN (model:batch:seq, comma-separated), its JSON lines on stdout.
 peer() {
   local t=$1 plan=$2; shift 2
-  PYTHONUNBUFFERED=1 timeout $t python3 $G/torch_peer.py "$@" --plan $plan 2>&1 | grep -v Warning
+  PYTHONUNBUFFERED=1 timeout $t python3 $G/torch_peer.py "$@" --plan $plan 2>&1 | grep --line-buffered -v Warning
 }
 
 # variant NAME BUILD ENV...: NAME on PATH runs BUILD with ENV set

@@ -74,10 +74,12 @@ type Options struct {
 
 // ParseOptions reads the CUDA engine's settings through getenv (os.Getenv
 // on the command line): KILN_CUDA_HEAD, KILN_CUDA_GEMM_TUNE,
-// KILN_CUDA_GEMM_CHOICES, KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION, KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD,
-// KILN_CUDA_FLASH_PAIR, KILN_CUDA_FLASH_TMA, KILN_CUDA_DRESID, KILN_CUDA_OVERLAP, KILN_CUDA_GRAPH,
-// KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A value a setting does not
-// take is bad input naming the variable and the values it takes.
+// KILN_CUDA_GEMM_CHOICES, KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION,
+// KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD, KILN_CUDA_FLASH_PAIR,
+// KILN_CUDA_FLASH_TMA, KILN_CUDA_DRESID, KILN_CUDA_OVERLAP, KILN_CUDA_GRAPH,
+// KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A
+// value a setting does not take is bad input naming the variable and the
+// values it takes.
 func ParseOptions(getenv func(string) string) (Options, error) {
 	var o Options
 	var err error

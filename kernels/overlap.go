@@ -34,8 +34,9 @@ type overlap struct {
 }
 
 // newOverlap makes the side stream; only the bf16 flash path with the
-// bf16 head uses it (and not with KILN_CUDA_OVERLAP=off), where every operand of a weight-gradient GEMM already
-// has its bf16 copy (no conversion into the main stream's scratch).
+// bf16 head uses it, where every operand of a weight-gradient GEMM already
+// has its bf16 copy (no conversion into the main stream's scratch), and
+// not with KILN_CUDA_OVERLAP=off.
 func (e *Engine) newOverlap() error {
 	if !e.flash || e.headMode != (headMode{}) || e.kopt.serialGrads {
 		return nil

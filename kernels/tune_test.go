@@ -24,16 +24,12 @@ import (
 // whole size).
 func TestTunedGemmsMatchLibraryChoice(t *testing.T) {
 	skipWithoutGPU(t)
-	c := model.Presets["small"]
-	c.Layers = 2
-	const B, T = 4, 512
-	b := patternBatch(c, B, T)
-	p := model.InitParams(c, 3)
+	c, p, b := tuneCase()
 	// Each engine times its own: none remembered from an earlier one.
 	t.Setenv("KILN_CUDA_GEMM_CHOICES", "off")
 	grads := func(tune string) (*model.Params, *Engine) {
 		t.Setenv("KILN_CUDA_GEMM_TUNE", tune)
-		return microBatchGrads(t, c, p, b)
+		return microBatchGrads(t, c, p, b, nil)
 	}
 	want, plain := grads("off")
 	got, tuned := grads("")
@@ -63,13 +59,10 @@ func TestTunedGemmsMatchLibraryChoice(t *testing.T) {
 // file that is not a choices file is timed over and replaced.
 func TestRememberedGemmChoicesGiveTheSameBits(t *testing.T) {
 	skipWithoutGPU(t)
-	c := model.Presets["small"]
-	c.Layers = 2
-	b := patternBatch(c, 4, 512)
-	p := model.InitParams(c, 3)
+	c, p, b := tuneCase()
 	dir := t.TempDir()
 	t.Setenv("KILN_CUDA_GEMM_CHOICES", dir)
-	first, e1 := microBatchGrads(t, c, p, b)
+	first, e1 := microBatchGrads(t, c, p, b, nil)
 	if n := len(e1.lt.Tuned()); n < 15 {
 		t.Fatalf("the first engine timed %d products, want 15", n)
 	}
@@ -83,7 +76,7 @@ func TestRememberedGemmChoicesGiveTheSameBits(t *testing.T) {
 	if raw, err := os.ReadFile(files[0]); err != nil || json.Unmarshal(raw, &kept) != nil || len(kept.Algorithms) < 15 {
 		t.Fatalf("%s holds %d choices (%v), want 15", files[0], len(kept.Algorithms), err)
 	}
-	second, e2 := microBatchGrads(t, c, p, b)
+	second, e2 := microBatchGrads(t, c, p, b, nil)
 	if n := len(e2.lt.Tuned()); n != 0 {
 		t.Errorf("the second engine timed %d products, want none: it takes the first one's", n)
 	}
@@ -96,13 +89,7 @@ func TestRememberedGemmChoicesGiveTheSameBits(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logged []string
-	e3 := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: b.B, MaxSeq: b.T, Log: func(s string) { logged = append(logged, s) }})
-	if err := e3.SetParams(p); err != nil {
-		t.Fatal(err)
-	}
-	if err := e3.ForwardBackward(b, 1); err != nil {
-		t.Fatal(err)
-	}
+	_, e3 := microBatchGrads(t, c, p, b, func(s string) { logged = append(logged, s) })
 	if n := len(e3.lt.Tuned()); n < 15 || len(logged) == 0 || !strings.Contains(strings.Join(logged, "\n"), files[0]) {
 		t.Errorf("over a broken choices file: %d products timed, logged %q; want 15 timed and a line naming the file", n, logged)
 	}
@@ -117,28 +104,34 @@ func TestRememberedGemmChoicesGiveTheSameBits(t *testing.T) {
 // TestTunedGemmsMatchLibraryChoice.
 func TestGemmsWithoutWorkspaceMatch(t *testing.T) {
 	skipWithoutGPU(t)
-	c := model.Presets["small"]
-	c.Layers = 2
-	b := patternBatch(c, 4, 512)
-	p := model.InitParams(c, 3)
+	c, p, b := tuneCase()
 	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
-	want, e := microBatchGrads(t, c, p, b)
+	want, e := microBatchGrads(t, c, p, b, nil)
 	if e.wsLimit != wsBytes {
 		t.Fatalf("workspace limit %d bytes by default, want %d", e.wsLimit, wsBytes)
 	}
 	t.Setenv("KILN_CUDA_GEMM_WORKSPACE", "0")
-	got, e := microBatchGrads(t, c, p, b)
+	got, e := microBatchGrads(t, c, p, b, nil)
 	if e.wsLimit != 0 {
 		t.Fatalf("KILN_CUDA_GEMM_WORKSPACE=0: workspace limit %d bytes, want 0", e.wsLimit)
 	}
 	closeGrads(t, c, "GEMMs without a workspace:", want, got)
 }
 
+// tuneCase is the GEMM tests' model (small, two layers), weights and
+// micro-batch (4 x 512).
+func tuneCase() (model.Config, *model.Params, model.Batch) {
+	c := model.Presets["small"]
+	c.Layers = 2
+	return c, model.InitParams(c, 3), patternBatch(c, 4, 512)
+}
+
 // microBatchGrads is the gradient of one bf16 micro-batch b from p, on an
-// engine made with the environment's options, and the engine.
-func microBatchGrads(t *testing.T, c model.Config, p *model.Params, b model.Batch) (*model.Params, *Engine) {
+// engine made with the environment's options (and log, if not nil, for
+// what it reports), and the engine.
+func microBatchGrads(t *testing.T, c model.Config, p *model.Params, b model.Batch, log func(string)) (*model.Params, *Engine) {
 	t.Helper()
-	e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: b.B, MaxSeq: b.T})
+	e := newEngine(t, c, model.Options{Precision: "bf16", MaxBatch: b.B, MaxSeq: b.T, Log: log})
 	if err := e.SetParams(p); err != nil {
 		t.Fatal(err)
 	}

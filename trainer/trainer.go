@@ -194,7 +194,7 @@ type loop struct {
 	ckStep   int // step of lastCk, -1 when none
 	loss     float64
 	metrics  *os.File
-	markTime time.Time // start of the current logging interval: when its first step began
+	markTime time.Time // start of the current logging interval: when the last logged step ended
 	began    time.Time // start of this process's part of the run
 	markTok  int64
 	// paused is the time inside the current logging interval that was

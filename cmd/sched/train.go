@@ -147,7 +147,7 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 			fmt.Fprintf(out, "TensorBoard: tensorboard --logdir %s\n", filepath.Join(f.out, results.TensorBoardDir))
 		}
 	}
-	if err != nil && errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
+	if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
 		return trainStopped(err, res, rc.TotalSteps)
 	}
 	return err

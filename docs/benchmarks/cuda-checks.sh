@@ -82,6 +82,13 @@ variant() {
   printf '#!/bin/sh\nexec env %s %s "$@"\n' "$*" "$build" > $B/$name && chmod +x $B/$name
 }
 
+# variants NAME:BUILD:ENV...: each word made a variant (above); prints the
+# names.
+variants() {
+  local v name build env
+  for v in "$@"; do IFS=: read -r name build env <<< "$v"; variant $name $build $env; echo $name; done
+}
+
 # clocks_start: the GPU's SM clock and power every 100 ms into
 # $OUT/clocks.csv until clocks_summary; clocks_phase NAME marks where a
 # phase of the call starts.

@@ -14,7 +14,7 @@ G=${G:-$PWD/.carry/g}; OUT=${OUT:-/tmp/peer}; mkdir -p $OUT
 BUILDS=${BUILDS:-sched}
 ROWS=${ROWS:-small:32 small:64 base:16 base:32 small:8}
 unpack $BUILDS
-for v in $VARIANTS; do IFS=: read -r name build env <<< "$v"; variant $name $build $env; BUILDS="$BUILDS $name"; done
+BUILDS="$BUILDS $(variants $VARIANTS)"
 rows() {
   local s r
   for s in $BUILDS; do for r in $ROWS; do set -- ${r/:/ }

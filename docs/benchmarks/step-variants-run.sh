@@ -17,8 +17,7 @@ BUILDS=${BUILDS:-sched}
 ROWS=${ROWS:-base:32 small:64}
 VARIANTS=${VARIANTS:-serial:sched:KILN_CUDA_OVERLAP=off tune16:sched:KILN_CUDA_GEMM_TUNE=16 tuneoff:sched:KILN_CUDA_GEMM_TUNE=off unpaired:sched:KILN_CUDA_FLASH_PAIR=off}
 unpack $BUILDS
-names=sched
-for v in $VARIANTS; do IFS=: read -r name build env <<< "$v"; variant $name $build $env; names="$names $name"; done
+names="sched $(variants $VARIANTS)"
 log start; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
 log variants
 for i in 1 2; do for r in $ROWS; do set -- ${r/:/ }; for s in $names; do

@@ -43,14 +43,13 @@ func ChoicesPath(dir, device string, version uint64) string {
 // product's descriptors first), and write each one it times there (see
 // Tune). device names the GPU model the file is for. A file that cannot be
 // read as this machine's is reported in the error, and tuning goes on and
-// replaces it with one that is. Choices are written after the file is read again, and
-// a choice already in it is kept: two processes tuning the same product at
-// once keep the first one written.
+// replaces it with one that is. Choices are written after the file is read
+// again, and a choice already in it is kept: two processes tuning the same
+// product at once keep the first one written.
 func (h *LtHandle) Remember(path, device string) error {
 	c := &choiceFile{path: path, Library: h.b.Version(), Device: device}
 	h.choices = c
-	_, err := c.load()
-	return err
+	return c.load()
 }
 
 func choiceKey(k product, ws int64, n int) string {
@@ -58,15 +57,16 @@ func choiceKey(k product, ws int64, n int) string {
 		ProductName(k.ta, k.tb, k.M, k.N, k.K), k.compute, k.dtype, k.ctype, ws, n)
 }
 
-// load reads the file into c.Algos; a missing file is an empty one.
-func (c *choiceFile) load() (map[string][8]uint64, error) {
+// load reads the file into c.Algos; a missing file is an empty one, and
+// so is one that is not this machine's (the error says so).
+func (c *choiceFile) load() error {
 	c.Algos = map[string][8]uint64{}
 	b, err := os.ReadFile(c.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return c.Algos, nil
+		return nil
 	}
 	if err != nil {
-		return c.Algos, fmt.Errorf("GEMM choices %s: %w", c.path, err)
+		return fmt.Errorf("GEMM choices %s: %w", c.path, err)
 	}
 	var f choiceFile
 	if err := json.Unmarshal(b, &f); err != nil || f.Library != c.Library || f.Device != c.Device {
@@ -74,18 +74,18 @@ func (c *choiceFile) load() (map[string][8]uint64, error) {
 		if err != nil {
 			why = err.Error()
 		}
-		return c.Algos, fmt.Errorf("GEMM choices %s are not this machine's (%s): timing the GEMMs again and writing them anew", c.path, why)
+		return fmt.Errorf("GEMM choices %s are not this machine's (%s): timing the GEMMs again and writing them anew", c.path, why)
 	}
 	if f.Algos != nil {
 		c.Algos = f.Algos
 	}
-	return c.Algos, nil
+	return nil
 }
 
 // recall is the file's algorithm for the product, read afresh.
 func (c *choiceFile) recall(k product, ws int64, n int) (*algo, bool) {
-	algos, _ := c.load()
-	v, ok := algos[choiceKey(k, ws, n)]
+	c.load()
+	v, ok := c.Algos[choiceKey(k, ws, n)]
 	if !ok {
 		return nil, false
 	}
@@ -95,12 +95,12 @@ func (c *choiceFile) recall(k product, ws int64, n int) (*algo, bool) {
 // keep adds the product's algorithm to the file, unless it holds one
 // already; the file is replaced whole (written beside it, then renamed).
 func (c *choiceFile) keep(k product, ws int64, n int, a *algo) {
-	algos, _ := c.load()
+	c.load()
 	key := choiceKey(k, ws, n)
-	if _, ok := algos[key]; ok {
+	if _, ok := c.Algos[key]; ok {
 		return
 	}
-	algos[key] = a.data
+	c.Algos[key] = a.data
 	b, err := json.MarshalIndent(c, "", " ")
 	if err != nil {
 		return

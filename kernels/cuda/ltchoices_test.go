@@ -21,7 +21,7 @@ func TestGemmChoicesAreRecalledByTheNextHandle(t *testing.T) {
 	}
 	open := func() *choiceFile {
 		c := &choiceFile{path: path, Library: 130100, Device: "NVIDIA H200"}
-		if _, err := c.load(); err != nil {
+		if err := c.load(); err != nil {
 			t.Fatalf("load %s: %v", path, err)
 		}
 		return c
@@ -54,7 +54,7 @@ func TestGemmChoicesAreRecalledByTheNextHandle(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := &choiceFile{path: path, Library: 130100, Device: "NVIDIA H200"}
-		if _, err := c.load(); err == nil || !strings.Contains(err.Error(), "not this machine's") || !strings.Contains(err.Error(), path) {
+		if err := c.load(); err == nil || !strings.Contains(err.Error(), "not this machine's") || !strings.Contains(err.Error(), path) {
 			t.Errorf("%s file: %v; want an error naming it and saying it is not this machine's", name, err)
 		}
 		if _, ok := c.recall(p, 32<<20, 8); ok {

@@ -149,6 +149,9 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	var r io.Reader = src
 	size := int64(-1) // the text's bytes, where --in is a regular file
 	st, err := src.Stat()
+	if err == nil && st.IsDir() {
+		return badInput("tokenize: --in %s is a directory; name one text file (join several with cat first)", in)
+	}
 	if err == nil && st.Mode().IsRegular() {
 		size = st.Size()
 	}

@@ -107,6 +107,7 @@ func TestTokenizeCommandBadInput(t *testing.T) {
 		{[]string{"--tokenizer", tokPath, "--in", in}, "--tokenizer-file " + tokPath},
 		{[]string{"--tokenizer", "g4", "--tokenizer-file", tokPath, "--in", in}, "not both"},
 		{[]string{"--tokenizer-file", tokPath}, "needs --in and --out"},
+		{[]string{"--tokenizer-file", tokPath, "--in", dir}, "--in " + dir + " is a directory; name one text file"},
 	}
 	for _, c := range cases {
 		args := append([]string{"tokenize", "--out", out}, c.args...)

@@ -93,6 +93,11 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	if err := parseTokensFlags(&rc, f.tokens); err != nil {
 		return err
 	}
+	if rc.TotalSteps <= 0 && rc.TotalTokens <= 0 {
+		// Validate would name the run file's keys, and there may be no
+		// run file: say which flags give the length.
+		return badInput("train needs the run's length: give --steps N or --total-tokens N (total_steps or total_tokens in a --run-config file); the learning rate's cosine decay ends there")
+	}
 	rc = rc.WithDefaults()
 	if err := rc.Validate(); err != nil {
 		return err
@@ -242,6 +247,12 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 		if fl.Changed(s.name) && s.v < 1 {
 			return badInput("--%s %d: give at least 1, or leave it out for the default", s.name, s.v)
 		}
+	}
+	if fl.Changed("steps") && f.rc.TotalSteps < 1 {
+		return badInput("--steps %d: give the run's optimizer steps, at least 1", f.rc.TotalSteps)
+	}
+	if fl.Changed("total-tokens") && f.rc.TotalTokens < 1 {
+		return badInput("--total-tokens %d: give the run's tokens, at least one step's", f.rc.TotalTokens)
 	}
 	if fl.Changed("lr") {
 		if err := checkFinite("lr", f.rc.LR); err != nil {

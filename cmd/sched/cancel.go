@@ -12,11 +12,7 @@ func init() {
 		Short: "Cancel a queued or running task (it is archived, not retried)",
 		Args:  exactArgs(1, "one task id (see 'sched status')"),
 		RunE: func(c *cobra.Command, args []string) error {
-			cfg, err := loadConfig(c)
-			if err != nil {
-				return err
-			}
-			q, _, err := openQueue(c.Context(), cfg)
+			q, err := commandQueue(c)
 			if err != nil {
 				return err
 			}

@@ -193,6 +193,17 @@ func flagValue(cmd *cobra.Command, name string) (string, bool) {
 	return f.Value.String(), true
 }
 
+// commandQueue is openQueue for a command that needs only the queue: the
+// configuration its flags and environment give, and the client.
+func commandQueue(cmd *cobra.Command) (*scheduler.Client, error) {
+	cfg, err := loadConfig(cmd)
+	if err != nil {
+		return nil, err
+	}
+	q, _, err := openQueue(cmd.Context(), cfg)
+	return q, err
+}
+
 // openQueue connects to Redis and checks that it answers, so that a wrong
 // URL fails here with one clear line instead of in a retry loop.
 func openQueue(ctx context.Context, cfg scheduler.Config) (*scheduler.Client, asynq.RedisConnOpt, error) {

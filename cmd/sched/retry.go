@@ -17,11 +17,7 @@ To redo a whole job, enqueue it again with the same command instead: that
 also re-queues what failed in it.`,
 		Args: exactArgs(1, "one task id (see 'sched status' or 'sched runs')"),
 		RunE: func(c *cobra.Command, args []string) error {
-			cfg, err := loadConfig(c)
-			if err != nil {
-				return err
-			}
-			q, _, err := openQueue(c.Context(), cfg)
+			q, err := commandQueue(c)
 			if err != nil {
 				return err
 			}

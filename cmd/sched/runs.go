@@ -31,11 +31,7 @@ A wait or an interruption uses no retry and is no failed attempt.`,
 			if limit < 1 {
 				return badInput("--limit %d: give a positive number", limit)
 			}
-			cfg, err := loadConfig(c)
-			if err != nil {
-				return err
-			}
-			q, _, err := openQueue(c.Context(), cfg)
+			q, err := commandQueue(c)
 			if err != nil {
 				return err
 			}

@@ -46,11 +46,7 @@ escape codes, when its output is a file or a pipe. Ctrl-C ends it.`,
 			if interval < 100*time.Millisecond {
 				return badInput("--interval %s: give 100ms or more (e.g. --interval 2s)", interval)
 			}
-			cfg, err := loadConfig(c)
-			if err != nil {
-				return err
-			}
-			q, _, err := openQueue(c.Context(), cfg)
+			q, err := commandQueue(c)
 			if err != nil {
 				return err
 			}

@@ -30,11 +30,16 @@ type Summary struct {
 
 // Figures are the headline numbers derived from the records.
 type Figures struct {
-	Steps          int
-	TokensSeen     int64
+	Steps      int
+	TokensSeen int64
+	// FinalLoss and BestLoss are means of LossWindow logged training
+	// losses: the last ones, and the lowest such run of them (BestLossStep
+	// its last step). One step's loss is one micro-batch's, and a batch of
+	// repetitive text can read far below the model's level.
 	FinalLoss      float64
 	BestLoss       float64
 	BestLossStep   int
+	LossWindow     int
 	FirstEvalLoss  float64
 	FinalEvalLoss  float64
 	BestEvalLoss   float64
@@ -48,12 +53,17 @@ type Figures struct {
 	HaveThroughput bool
 }
 
+// LossWindow is how many logged training losses the headline train-loss
+// figures average.
+const LossWindow = 10
+
 // Figures computes the headline numbers. Throughput is the median of the
 // logged tok/s, so that the first steps (compilation, cold caches) and a
 // checkpoint upload do not move it.
 func (s Summary) Figures() Figures {
 	var f Figures
-	var rates, mfus []float64
+	var rates, mfus, losses []float64
+	var steps []int
 	for _, r := range s.Records {
 		f.Steps = max(f.Steps, r.Step)
 		f.TokensSeen = max(f.TokensSeen, r.Tokens)
@@ -66,10 +76,7 @@ func (s Summary) Figures() Figures {
 			mfus = append(mfus, *r.MFU)
 		}
 		if r.Loss != nil {
-			if !f.HaveTrain || *r.Loss < f.BestLoss {
-				f.BestLoss, f.BestLossStep = *r.Loss, r.Step
-			}
-			f.FinalLoss, f.HaveTrain = *r.Loss, true
+			losses, steps = append(losses, *r.Loss), append(steps, r.Step)
 		}
 		if r.EvalLoss != nil {
 			if !f.HaveEval {
@@ -79,6 +86,25 @@ func (s Summary) Figures() Figures {
 				f.BestEvalLoss, f.BestEvalStep = *r.EvalLoss, r.Step
 			}
 			f.FinalEvalLoss, f.HaveEval = *r.EvalLoss, true
+		}
+	}
+	if len(losses) > 0 {
+		f.HaveTrain = true
+		f.LossWindow = min(LossWindow, len(losses))
+		sum := 0.0
+		for i, l := range losses {
+			sum += l
+			if i >= f.LossWindow {
+				sum -= losses[i-f.LossWindow]
+			}
+			if i+1 < f.LossWindow {
+				continue
+			}
+			m := sum / float64(f.LossWindow)
+			if i+1 == f.LossWindow || m < f.BestLoss {
+				f.BestLoss, f.BestLossStep = m, steps[i]
+			}
+			f.FinalLoss = m
 		}
 	}
 	if len(rates) > 0 {
@@ -148,8 +174,8 @@ func (s Summary) resultRows(f Figures) [][]string {
 	rows := [][]string{{"step", step}, {"tokens seen", humanCount(float64(f.TokensSeen))}}
 	final, best := na, na
 	if f.HaveTrain {
-		final = fmt.Sprintf("%.4f", f.FinalLoss)
-		best = fmt.Sprintf("%.4f (step %d)", f.BestLoss, f.BestLossStep)
+		final = fmt.Sprintf("%.4f (mean of the last %d logged)", f.FinalLoss, f.LossWindow)
+		best = fmt.Sprintf("%.4f (%d logged, to step %d)", f.BestLoss, f.LossWindow, f.BestLossStep)
 	}
 	rows = append(rows, []string{"final train loss", final}, []string{"best train loss", best})
 	firstE, finalE, bestE := na, na, na

@@ -4,6 +4,7 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,5 +108,40 @@ func TestWriteFilesProducesSummaryAndPlot(t *testing.T) {
 func TestPlotWithoutLossesIsAnError(t *testing.T) {
 	if _, err := LossPlotSVG("empty", []Record{{Step: 1}}); err == nil || !strings.Contains(err.Error(), "no loss") {
 		t.Fatalf("want a clear error, got %v", err)
+	}
+}
+
+// One micro-batch of repetitive text can log a loss far below the model's
+// level. The headline train-loss figures average LossWindow logged losses,
+// so that such a step moves them by a tenth of its dip, and the table says
+// what they are.
+func TestTrainLossFiguresAverageLoggedLosses(t *testing.T) {
+	var recs []Record
+	for i := 1; i <= 30; i++ {
+		l := 5 - 0.01*float64(i)
+		if i == 12 {
+			l = 1 // the dip
+		}
+		recs = append(recs, Record{Step: 10 * i, Loss: F(l)})
+	}
+	s := Summary{Run: "dip", Records: recs}
+	f := s.Figures()
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	// The last ten: 5 - 0.01 * (21 ... 30). The lowest ten: the dip and
+	// the nine after it, 5 - 0.01 * (13 ... 21), ending at step 210.
+	if f.LossWindow != 10 || !near(f.FinalLoss, 4.745) || !near(f.BestLoss, 4.447) || f.BestLossStep != 210 {
+		t.Fatalf("train-loss figures %+v: want final 4.745, best 4.447 to step 210 over 10", f)
+	}
+	table := s.Table()
+	for _, want := range []string{"4.7450 (mean of the last 10 logged)", "4.4470 (10 logged, to step 210)"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("the table lacks %q:\n%s", want, table)
+		}
+	}
+
+	// Fewer logged losses than the window: all of them, said so.
+	f = Summary{Records: recs[:3]}.Figures()
+	if f.LossWindow != 3 || !near(f.FinalLoss, 4.98) || !near(f.BestLoss, 4.98) || f.BestLossStep != 30 {
+		t.Fatalf("three logged losses: %+v", f)
 	}
 }

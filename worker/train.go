@@ -71,6 +71,31 @@ type Training struct {
 	// GPUs is how many GPUs a run that names none trains on: the worker's
 	// KILN_GPUS (0: one).
 	GPUs trainer.GPUCount
+	// RequireGPU makes engine auto mean cuda on this worker (compose's GPU
+	// worker sets KILN_REQUIRE_GPU): a run or a bench that names no other
+	// engine fails at once, archived with the reason the CUDA engine cannot
+	// start, instead of training on the CPU at a fraction of the speed.
+	RequireGPU bool
+}
+
+// gpuEngine is the engine a task of this worker runs for the one it names
+// ("" or "auto": the default), and whether RequireGPU made it cuda.
+func (t *Training) gpuEngine(named string) (string, bool) {
+	if t.RequireGPU && (named == "" || named == "auto") {
+		return "cuda", true
+	}
+	return named, false
+}
+
+// requireGPUError says why a task of a worker that requires a GPU could not
+// start one, and what to look at; other errors pass as they are.
+func requireGPUError(err error) error {
+	var un interface{ Unavailable() bool }
+	if errors.As(err, &un) && un.Unavailable() {
+		return fmt.Errorf("this worker requires a GPU (KILN_REQUIRE_GPU) and engine auto does not fall back to the CPU here: %w "+
+			"(docs/operations.md, \"The GPU worker's host\")", err)
+	}
+	return err
 }
 
 // BenchSpec is one bench:run measurement: a shape on an engine, with the
@@ -177,10 +202,15 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 			return err
 		}
 		rep.Report(ctx, float64(i)/float64(len(shapes)), 0, "", "measuring "+sh.String())
-		row, err := t.Bench(ctx, BenchSpec{Shape: sh, Engine: a.Engine, Steps: steps, Warmup: warmup, GPUs: int(t.GPUs)})
+		engine, gpuOnly := t.gpuEngine(a.Engine)
+		row, err := t.Bench(ctx, BenchSpec{Shape: sh, Engine: engine, Steps: steps, Warmup: warmup, GPUs: int(t.GPUs)})
 		if err != nil {
 			if ctx.Err() != nil {
 				return err
+			}
+			// Without its GPU every row would fail the same way.
+			if gerr := requireGPUError(err); gpuOnly && gerr != err {
+				return fmt.Errorf("bench:run %s: %w (%w)", sh, gerr, asynq.SkipRetry)
 			}
 			// One measurement that cannot fit is the payload's mistake;
 			// in a sweep it is a row that says so, beside the others.
@@ -243,6 +273,8 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	if a.Engine != "" {
 		run.Engine = a.Engine
 	}
+	var gpuOnly bool
+	run.Engine, gpuOnly = t.gpuEngine(run.Engine)
 	if run.GPUs == 0 {
 		run.GPUs = t.GPUs
 	}
@@ -291,6 +323,9 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		},
 	})
 	if err != nil {
+		if gpuOnly {
+			err = requireGPUError(err)
+		}
 		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, err))
 	}
 	if out.Done {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
@@ -201,8 +202,12 @@ func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, 
 		if err != nil {
 			return hs, err
 		}
+		requireGPU, err := envBool("KILN_REQUIRE_GPU")
+		if err != nil {
+			return hs, err
+		}
 		hs.Training = &worker.Training{
-			GPUs:  gpus,
+			GPUs: gpus, RequireGPU: requireGPU,
 			Redis: q.Redis(), Objects: objects, Enqueue: enqueue, Queue: q,
 			Dir:         filepath.Join(cfg.DataDir, "runs"),
 			TokensDir:   filepath.Join(cfg.DataDir, "tokens"),
@@ -214,6 +219,20 @@ func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, 
 		}
 	}
 	return hs, nil
+}
+
+// envBool reads a yes-or-no setting of the environment: unset or empty is
+// no.
+func envBool(name string) (bool, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badInput("%s %q: give 1 or 0 (true or false), or leave it unset", name, v)
+	}
+	return b, nil
 }
 
 // workerGPUs reads KILN_GPUS, the GPUs compose reserves for the GPU

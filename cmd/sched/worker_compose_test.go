@@ -131,6 +131,11 @@ func TestComposeFile(t *testing.T) {
 	if c := gpu.Environment["KILN_KERNEL_CACHE"]; c == nil || len(gpu.Volumes) == 0 || !strings.HasPrefix(*c, gpu.Volumes[0].Target+"/") {
 		t.Errorf("worker-gpu keeps its kernel cache at %v, not in its data volume (%v)", c, gpu.Volumes)
 	}
+	// Without its GPU the worker archives runs of engine auto instead of
+	// training them on the CPU.
+	if r := gpu.Environment["KILN_REQUIRE_GPU"]; r == nil || *r != "1" {
+		t.Errorf("worker-gpu KILN_REQUIRE_GPU %v, want 1", r)
+	}
 	if gpu.StopGracePeriod == nil || time.Duration(*gpu.StopGracePeriod) < 5*time.Minute {
 		t.Errorf("worker-gpu stop_grace_period %v: too short to checkpoint", gpu.StopGracePeriod)
 	}
@@ -251,5 +256,21 @@ func TestWorkerGPUsFromTheEnvironment(t *testing.T) {
 		if _, err := workerGPUs(v); err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "KILN_GPUS") {
 			t.Errorf("KILN_GPUS=%q: %v; want bad input naming KILN_GPUS", v, err)
 		}
+	}
+}
+
+// KILN_REQUIRE_GPU is yes or no; a worker given anything else stops at
+// start in one line that names the setting, before it takes a task.
+func TestWorkerRequireGPUFromTheEnvironment(t *testing.T) {
+	for v, want := range map[string]bool{"": false, "0": false, "false": false, "1": true, "true": true} {
+		t.Setenv("KILN_REQUIRE_GPU", v)
+		if got, err := envBool("KILN_REQUIRE_GPU"); err != nil || got != want {
+			t.Errorf("KILN_REQUIRE_GPU=%q: %v, %v; want %v", v, got, err, want)
+		}
+	}
+	redis := testsvc.Redis(t)
+	_, errOut, code := sched(t, []string{"KILN_REQUIRE_GPU=maybe", "KILN_REDIS_URL=redis://" + redis + "/0"}, "worker", "--queues", "gpu=1")
+	if code != 2 || !strings.Contains(errOut, `KILN_REQUIRE_GPU "maybe"`) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+		t.Errorf("KILN_REQUIRE_GPU=maybe: exit %d, %q; want exit 2 and one line naming it", code, errOut)
 	}
 }

@@ -21,8 +21,7 @@ func newGroup(t *testing.T, c model.Config, o model.Options, gpus int) *Group {
 	if _, err := cuda.LoadNCCL(); err != nil {
 		t.Skipf("no NCCL here, skipping: %v", err)
 	}
-	drv, _ := cuda.LoadDriver()
-	if n, _ := drv.DeviceCount(); n < gpus {
+	if n := cuda.Devices(); n < gpus {
 		t.Skipf("%d GPU(s) here, the test needs %d", n, gpus)
 	}
 	o.GPUs = gpus
@@ -154,8 +153,7 @@ func TestGroupRefusesMoreGPUsThanSeen(t *testing.T) {
 	if _, err := cuda.LoadNCCL(); err != nil {
 		t.Skipf("no NCCL here, skipping: %v", err)
 	}
-	drv, _ := cuda.LoadDriver()
-	n, _ := drv.DeviceCount()
+	n := cuda.Devices()
 	_, err := NewGroup(model.Presets["tiny"], model.Options{Precision: "fp32", MaxBatch: 1, MaxSeq: 16, GPUs: n + 1}, envOptions(t))
 	var ee *model.EngineError
 	if !errors.As(err, &ee) || strings.Contains(err.Error(), "\n") {

@@ -48,10 +48,7 @@ func TestRunOnEveryGPUResumesOnOne(t *testing.T) {
 		t.Fatalf("resumed on one GPU: %+v", res)
 	}
 	// The GPUs a group of all of them holds here.
-	gpus := 0
-	if drv, err := cuda.LoadDriver(); err == nil {
-		gpus, _ = drv.DeviceCount()
-	}
+	gpus := cuda.Devices()
 	for step := 1; step <= total; step++ {
 		w := one[step].LossOr(math.NaN())
 		if gpus == 1 && every[step].LossOr(math.NaN()) != w {

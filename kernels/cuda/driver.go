@@ -222,6 +222,20 @@ func (d *Driver) Version() (int, error) {
 	return int(v), err
 }
 
+// Devices is how many GPUs this process can use: 0 where the driver does
+// not load or sees none.
+func Devices() int {
+	d, err := LoadDriver()
+	if err != nil {
+		return 0
+	}
+	n, err := d.DeviceCount()
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
 // DeviceCount is the number of CUDA devices visible.
 func (d *Driver) DeviceCount() (int, error) {
 	var n int32

@@ -24,10 +24,13 @@ func checkVersions(driver, nvMajor, nvMinor int, nvPath string, lt int, ltPath s
 	default:
 		return nil
 	}
+	alt := ""
+	if have >= 12 { // the oldest CUDA whose libraries kiln loads
+		alt = fmt.Sprintf(", or give kiln CUDA %d libraries (CUDA_HOME or LD_LIBRARY_PATH, with no CUDA %d libraries on the loader's path)", have, need)
+	}
 	return &UnavailableError{Err: fmt.Errorf("the NVIDIA driver runs CUDA up to %d.%d, older than the CUDA %d libraries found, %s: "+
-		"install a driver for CUDA %d (%s; nvidia-smi's header shows the CUDA version a driver runs), or give kiln CUDA %d libraries "+
-		"(CUDA_HOME or LD_LIBRARY_PATH, with no CUDA %d libraries on the loader's path)",
-		have, driver%1000/10, need, what, need, driverFor(need), have, need)}
+		"install a driver for CUDA %d (%s; nvidia-smi's header shows the CUDA version a driver runs)%s",
+		have, driver%1000/10, need, what, need, driverFor(need), alt)}
 }
 
 // driverFor names the oldest Linux driver branch of a CUDA major version.

@@ -27,6 +27,11 @@ func TestCheckVersionsRefusesLibrariesNewerThanTheDriver(t *testing.T) {
 	if !errors.As(err, &un) || !strings.Contains(err.Error(), "cuBLASLt 13.1 ("+lt+")") || !strings.Contains(err.Error(), "CUDA up to 12.8") {
 		t.Errorf("cuBLASLt 13 under a CUDA 12.8 driver: %v", err)
 	}
+	// A driver older than any CUDA kiln loads: only the driver to install.
+	err = checkVersions(11080, 13, 0, nv, 130100, lt)
+	if err == nil || !strings.Contains(err.Error(), "CUDA up to 11.8") || strings.Contains(err.Error(), "CUDA 11 libraries") {
+		t.Errorf("NVRTC 13 under a CUDA 11.8 driver: %v; want the driver named and no CUDA 11 libraries offered", err)
+	}
 	for _, c := range []struct {
 		driver, nv, lt int
 	}{{13000, 13, 130000}, {13010, 13, 130100}, {13000, 12, 120805}, {12080, 12, 120805}, {12040, 12, 120900}} {

@@ -17,6 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/worker"
@@ -258,5 +259,40 @@ func BenchmarkEnqueueIngestShards(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n)/1000, "µs/task")
 		})
+	}
+}
+
+// `sched worker` with KILN_REQUIRE_GPU=1, as compose runs its GPU worker,
+// on a machine where the CUDA engine cannot start: a bench of the default
+// engine is archived at once in the worker's task process, naming the
+// setting, the reason and the docs; one that names the CPU engine still
+// runs there.
+func TestWorkerThatRequiresAGPUSaysWhyItArchivesAutoWork(t *testing.T) {
+	t.Parallel()
+	if cuda.Devices() > 0 {
+		t.Skip("a GPU is present; this test covers machines without one")
+	}
+	r := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json", "KILN_DATA_DIR=" + t.TempDir(), "KILN_REQUIRE_GPU=1"}
+	enqueue := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := sched(t, env, append([]string{"enqueue", "bench", "tiny", "--batch", "1", "--seq", "16", "--steps", "2", "--warmup", "0"}, args...)...)
+		m := regexp.MustCompile(`queued (bench:run:[0-9a-f]+) on gpu`).FindStringSubmatch(out)
+		if code != 0 || m == nil {
+			t.Fatalf("enqueue: exit %d, %q %q", code, out, errOut)
+		}
+		return m[1]
+	}
+	auto, cpu := enqueue(), enqueue("--engine", "cpu")
+	startWorker(t, env, "--queues", "gpu=1")
+	out := waitStatus(t, env, auto, regexp.MustCompile(`archived`), time.Minute)
+	waitStatus(t, env, cpu, regexp.MustCompile(`completed\s+100\.0%`), time.Minute)
+	for _, want := range []string{"KILN_REQUIRE_GPU", "does not fall back to the CPU", "The GPU worker's host"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("sched status %s lacks %q:\n%s", auto, want, out)
+		}
+	}
+	if out, _, _ := sched(t, env, "runs"); !regexp.MustCompile(auto + `\s+archived\s+failed for good after 1 attempt`).MatchString(out) {
+		t.Errorf("sched runs does not say %s failed at once:\n%s", auto, out)
 	}
 }

@@ -250,9 +250,7 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 	if err != nil {
 		return nil, err
 	}
-	if v, err := drv.Version(); err != nil {
-		return nil, err
-	} else if err := cuda.CheckVersions(v, nv, lt); err != nil {
+	if err := cuda.CheckVersions(drv, nv, lt); err != nil {
 		return nil, err
 	}
 	// KILN_CUDA_FORCE_SM80=1 forces the sm_80 build where no flag reaches

@@ -14,7 +14,6 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
-	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
@@ -39,19 +38,9 @@ func TestWorkerThatRequiresAGPUArchivesAutoRunsWithoutOne(t *testing.T) {
 	dir := t.TempDir()
 	e.handlers.Training = &Training{
 		Redis: e.rdb, Objects: objects, Runs: runs.Set{auto.Name: auto, cpu.Name: cpu}, Dir: dir, Owner: "gpu-test",
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
-		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
-		Bench: func(ctx context.Context, b BenchSpec) (results.BenchRow, error) {
-			c, err := b.Shape.Config()
-			if err != nil {
-				return results.BenchRow{}, err
-			}
-			r, err := trainer.Bench(ctx, trainer.BenchOptions{Model: c, Engine: b.Engine, Precision: "fp32", Batch: b.Shape.Batch, Seq: b.Shape.Seq, Steps: 2})
-			if err != nil {
-				return results.BenchRow{}, err
-			}
-			return results.Row(b.Shape.Model, c, b.Shape.Batch, b.Shape.Seq, r), nil
-		},
+		Enqueue:    func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData:   func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
+		Bench:      cpuBench,
 		Log:        zap.NewNop(),
 		RequireGPU: true,
 	}

@@ -200,15 +200,20 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 	}
 }
 
-// cpuBench measures a shape with the CPU engine, two timed steps, through
-// the same trainer.Bench that `sched worker` uses on the GPU.
+// cpuBench measures a shape with the engine the spec names, the CPU
+// engine where it names none or auto, two timed steps, through the same
+// trainer.Bench that `sched worker` uses on the GPU.
 func cpuBench(ctx context.Context, b BenchSpec) (results.BenchRow, error) {
 	s := b.Shape
 	c, err := s.Config()
 	if err != nil {
 		return results.BenchRow{}, err
 	}
-	r, err := trainer.Bench(ctx, trainer.BenchOptions{Model: c, Engine: "cpu", Precision: "fp32", Batch: s.Batch, Seq: s.Seq, Steps: 2})
+	engine := b.Engine
+	if engine == "" || engine == "auto" {
+		engine = "cpu"
+	}
+	r, err := trainer.Bench(ctx, trainer.BenchOptions{Model: c, Engine: engine, Precision: "fp32", Batch: s.Batch, Seq: s.Seq, Steps: 2})
 	if err != nil {
 		return results.BenchRow{}, err
 	}

@@ -5,12 +5,15 @@ import "fmt"
 // CheckVersions refuses CUDA libraries of a newer major version than the
 // driver runs: a driver for CUDA 12 cannot load the modules NVRTC 13 makes
 // nor run cuBLASLt 13, and without this check the failure would come later,
-// from a module load or a first GEMM, in the driver's own words. driver is
-// cuDriverGetVersion's value (12040 for 12.4), lt cublasLtGetVersion's
-// (130100 for 13.1.0). The error is an UnavailableError: "auto" falls back
+// from a module load or a first GEMM, in the driver's own words. The
+// driver's version reads 12040 for 12.4, cuBLASLt's 130100 for 13.1.0. The error is an UnavailableError: "auto" falls back
 // to the CPU, and an explicit cuda engine exits 2 with what to do.
-func CheckVersions(driver int, nv *NVRTC, lt *BLASLt) error {
-	return checkVersions(driver, nv.Major, nv.Minor, nv.Path, int(lt.Version()), lt.Path)
+func CheckVersions(d *Driver, nv *NVRTC, lt *BLASLt) error {
+	v, err := d.Version()
+	if err != nil {
+		return err
+	}
+	return checkVersions(v, nv.Major, nv.Minor, nv.Path, int(lt.Version()), lt.Path)
 }
 
 func checkVersions(driver, nvMajor, nvMinor int, nvPath string, lt int, ltPath string) error {

@@ -238,19 +238,8 @@ func NewWithOptions(c model.Config, o model.Options, k Options) (*Engine, error)
 	if c.HeadDim > 256 {
 		return nil, fmt.Errorf("head_dim %d is above the CUDA engine's limit of 256", c.HeadDim)
 	}
-	drv, err := cuda.LoadDriver()
+	drv, nv, lt, err := loadLibraries()
 	if err != nil {
-		return nil, err
-	}
-	nv, err := cuda.LoadNVRTC()
-	if err != nil {
-		return nil, err
-	}
-	lt, err := cuda.LoadBLASLt()
-	if err != nil {
-		return nil, err
-	}
-	if err := cuda.CheckVersions(drv, nv, lt); err != nil {
 		return nil, err
 	}
 	// KILN_CUDA_FORCE_SM80=1 forces the sm_80 build where no flag reaches

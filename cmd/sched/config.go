@@ -108,7 +108,7 @@ func init() {
 	var check bool
 	cfgCmd := &cobra.Command{
 		Use:   "config",
-		Short: "Print the resolved configuration, secrets masked (--check: also reach Redis and the object store)",
+		Short: "Print the resolved configuration, secrets masked (--check: also the GPU, Redis and the object store)",
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := loadConfig(cmd)
@@ -123,19 +123,22 @@ func init() {
 			if !check {
 				return nil
 			}
+			// The machine's own part first: it needs no server, and a
+			// GPU that does not start does not keep the servers unchecked.
+			gpuErr := checkGPU(w)
 			q, _, err := openQueue(cmd.Context(), cfg)
 			if err != nil {
-				return err
+				return errors.Join(gpuErr, err)
 			}
 			q.Close()
 			if _, err := openStore(cmd.Context(), cfg); err != nil {
-				return err
+				return errors.Join(gpuErr, err)
 			}
 			fmt.Fprintln(w, "redis and object store reachable")
-			return nil
+			return gpuErr
 		},
 	}
-	cfgCmd.Flags().BoolVar(&check, "check", false, "also connect to Redis and the object store")
+	cfgCmd.Flags().BoolVar(&check, "check", false, "also say what engine auto trains on here (the GPUs, the CUDA driver and libraries) and connect to Redis and the object store")
 	rootCmd.AddCommand(cfgCmd)
 }
 

@@ -50,6 +50,9 @@ func init() {
 				return err
 			}
 			var iso *worker.Isolation
+			if hs.Training != nil {
+				logGPU(log, hs.Training.RequireGPU)
+			}
 			if qs[scheduler.QueueGPU] > 0 {
 				// Training and benchmarks run in a child process each, the
 				// device's context with them, so that a fatal fault of one

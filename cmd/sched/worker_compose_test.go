@@ -17,6 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/trainer"
@@ -209,9 +210,14 @@ func TestComposeWorkersRunLocally(t *testing.T) {
 		})
 	}
 	// The environment of a compose worker also works for the CLI: S3 reachable
-	// with the local credentials, Redis reachable.
-	if out, errOut, code := sched(t, env, "config", "--check"); code != 0 {
+	// with the local credentials, Redis reachable. It is the GPU worker's,
+	// which requires a GPU: without one the check says so and fails.
+	out, errOut, code := sched(t, env, "config", "--check")
+	if !strings.Contains(out, "redis and object store reachable") {
 		t.Fatalf("config --check with the worker environment: %d %s %s", code, out, errOut)
+	}
+	if gpu := cuda.Devices() > 0; gpu != (code == 0) || !gpu && !strings.Contains(errOut, "KILN_REQUIRE_GPU") {
+		t.Fatalf("config --check with the GPU worker's environment, GPU here %v: exit %d %s", gpu, code, errOut)
 	}
 	opt, _ := asynq.ParseRedisURI(r.URL(0))
 	q := scheduler.NewClient(opt)

@@ -24,6 +24,16 @@ import (
 )
 
 // startWorker runs `sched worker` as a child process until the test ends.
+// workerLog is what the worker startWorker started has logged so far.
+func workerLog(t *testing.T, w *exec.Cmd) string {
+	t.Helper()
+	b, err := os.ReadFile(w.Stdout.(*os.File).Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 func startWorker(t *testing.T, env []string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"worker"}, args...)...)
@@ -284,7 +294,7 @@ func TestWorkerThatRequiresAGPUSaysWhyItArchivesAutoWork(t *testing.T) {
 		return m[1]
 	}
 	auto, cpu := enqueue(), enqueue("--engine", "cpu")
-	startWorker(t, env, "--queues", "gpu=1")
+	w := startWorker(t, env, "--queues", "gpu=1")
 	out := waitStatus(t, env, auto, regexp.MustCompile(`archived`), time.Minute)
 	waitStatus(t, env, cpu, regexp.MustCompile(`completed\s+100\.0%`), time.Minute)
 	for _, want := range []string{"KILN_REQUIRE_GPU", "does not fall back to the CPU", "The GPU worker's host"} {
@@ -294,5 +304,9 @@ func TestWorkerThatRequiresAGPUSaysWhyItArchivesAutoWork(t *testing.T) {
 	}
 	if out, _, _ := sched(t, env, "runs"); !regexp.MustCompile(auto + `\s+archived\s+failed for good after 1 attempt`).MatchString(out) {
 		t.Errorf("sched runs does not say %s failed at once:\n%s", auto, out)
+	}
+	// The worker said so at its start, before any task.
+	if log := workerLog(t, w); !regexp.MustCompile(`"level":"warn".*this worker requires a GPU \(KILN_REQUIRE_GPU\) and none starts here`).MatchString(log) {
+		t.Errorf("the worker's log does not say at its start that no GPU starts:\n%s", log)
 	}
 }

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"sync"
@@ -243,13 +244,10 @@ func (d *Driver) DeviceCount() (int, error) {
 	return int(n), err
 }
 
-// Device is one GPU and its primary context. Its methods must run on the
-// OS thread that called MakeCurrent (see the kernels package's thread).
-type Device struct {
-	D       *Driver
+// GPU is one device as the driver describes it, read without a context
+// (no device memory is taken).
+type GPU struct {
 	Ordinal int
-	dev     int32
-	ctx     uintptr
 	Name    string
 	Major   int
 	Minor   int
@@ -257,43 +255,67 @@ type Device struct {
 	Total   uint64
 }
 
+// Device is one GPU and its primary context. Its methods must run on the
+// OS thread that called MakeCurrent (see the kernels package's thread).
+type Device struct {
+	GPU
+	D   *Driver
+	dev int32
+	ctx uintptr
+}
+
+// Describe reads device ordinal's name, compute capability, SM count and
+// memory, without creating a context.
+func (d *Driver) Describe(ordinal int) (GPU, error) {
+	g, _, err := d.describe(ordinal)
+	return g, err
+}
+
+func (d *Driver) describe(ordinal int) (GPU, int32, error) {
+	g := GPU{Ordinal: ordinal}
+	n, err := d.DeviceCount()
+	if err != nil {
+		return g, 0, &UnavailableError{Err: err}
+	}
+	if n <= ordinal {
+		return g, 0, &UnavailableError{Err: fmt.Errorf("no CUDA device %d (the driver sees %d)", ordinal, n)}
+	}
+	var dev int32
+	if err := d.check("cuDeviceGet", d.cuDeviceGet(&dev, int32(ordinal))); err != nil {
+		return g, 0, err
+	}
+	name := make([]byte, 256)
+	if err := d.check("cuDeviceGetName", d.cuDeviceGetName(&name[0], int32(len(name)), dev)); err != nil {
+		return g, 0, err
+	}
+	if i := bytes.IndexByte(name, 0); i >= 0 {
+		name = name[:i]
+	}
+	g.Name = string(name)
+	for _, a := range []struct {
+		attr int
+		v    *int
+	}{{AttrComputeCapabilityMajor, &g.Major}, {AttrComputeCapabilityMinor, &g.Minor}, {AttrMultiprocessorCount, &g.SMs}} {
+		var v int32
+		if err := d.check("cuDeviceGetAttribute", d.cuDeviceGetAttribute(&v, int32(a.attr), dev)); err != nil {
+			return g, 0, err
+		}
+		*a.v = int(v)
+	}
+	if err := d.check("cuDeviceTotalMem_v2", d.cuDeviceTotalMem(&g.Total, dev)); err != nil {
+		return g, 0, err
+	}
+	return g, dev, nil
+}
+
 // OpenDevice retains the primary context of device ordinal and makes it
 // current on the calling thread.
 func (d *Driver) OpenDevice(ordinal int) (*Device, error) {
-	n, err := d.DeviceCount()
+	g, dev, err := d.describe(ordinal)
 	if err != nil {
-		return nil, &UnavailableError{Err: err}
-	}
-	if n <= ordinal {
-		return nil, &UnavailableError{Err: fmt.Errorf("no CUDA device %d (the driver sees %d)", ordinal, n)}
-	}
-	dv := &Device{D: d, Ordinal: ordinal}
-	if err := d.check("cuDeviceGet", d.cuDeviceGet(&dv.dev, int32(ordinal))); err != nil {
 		return nil, err
 	}
-	name := make([]byte, 256)
-	if err := d.check("cuDeviceGetName", d.cuDeviceGetName(&name[0], int32(len(name)), dv.dev)); err != nil {
-		return nil, err
-	}
-	for i, c := range name {
-		if c == 0 {
-			name = name[:i]
-			break
-		}
-	}
-	dv.Name = string(name)
-	if dv.Major, err = dv.Attribute(AttrComputeCapabilityMajor); err != nil {
-		return nil, err
-	}
-	if dv.Minor, err = dv.Attribute(AttrComputeCapabilityMinor); err != nil {
-		return nil, err
-	}
-	if dv.SMs, err = dv.Attribute(AttrMultiprocessorCount); err != nil {
-		return nil, err
-	}
-	if err := d.check("cuDeviceTotalMem_v2", d.cuDeviceTotalMem(&dv.Total, dv.dev)); err != nil {
-		return nil, err
-	}
+	dv := &Device{GPU: g, D: d, dev: dev}
 	if err := d.check("cuDevicePrimaryCtxRetain", d.cuDevicePrimaryCtxRetain(&dv.ctx, dv.dev)); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/kernels"
+	"github.com/kiln-lm/kiln/kernels/cuda"
+	"github.com/kiln-lm/kiln/model"
+)
+
+// checkGPU prints what engine auto trains on in this process's place: the
+// GPUs, the CUDA driver and libraries, or why none starts. It fails where a
+// worker here could not do what its settings ask: KILN_REQUIRE_GPU with no
+// GPU that starts, or KILN_GPUS naming more GPUs than the driver sees.
+func checkGPU(w io.Writer) error {
+	require, err := envBool("KILN_REQUIRE_GPU")
+	if err != nil {
+		return err
+	}
+	gpus, err := workerGPUs(os.Getenv("KILN_GPUS"))
+	if err != nil {
+		return err
+	}
+	h, perr := kernels.ProbeHost()
+	for _, g := range h.GPUs {
+		fmt.Fprintf(w, "%-37s %s\n", fmt.Sprintf("gpu %d", g.Ordinal), kernels.DescribeGPU(g))
+	}
+	if h.BLASLt != 0 {
+		fmt.Fprintf(w, "%-37s %s\n", "cuda", h.Libraries())
+	}
+	switch {
+	case perr != nil && require:
+		fmt.Fprintf(w, "%-37s %s\n", "engine auto", "no GPU (KILN_REQUIRE_GPU: runs of engine auto are archived)")
+		return fmt.Errorf("KILN_REQUIRE_GPU is set and no GPU starts here: %w (docs/operations.md, \"The GPU worker's host\")", perr)
+	case perr != nil:
+		why := perr.Error()
+		if le := (*cuda.LoadError)(nil); errors.As(perr, &le) && h.DriverPath == "" {
+			// A machine without a GPU: the paths tried say nothing more.
+			why = "no NVIDIA driver here (libcuda.so.1 not found)"
+		}
+		fmt.Fprintf(w, "%-37s %s\n", "engine auto", "the CPU: "+why)
+		return nil
+	}
+	fmt.Fprintf(w, "%-37s %s\n", "engine auto", "the GPU")
+	if n := int(gpus); n != model.AllGPUs && n > len(h.GPUs) {
+		return badInput("KILN_GPUS %d names more GPUs than the driver sees here (%d): reserve them for the container, or lower KILN_GPUS", n, len(h.GPUs))
+	}
+	return nil
+}
+
+// logGPU says at a GPU worker's start what its gpu tasks will train on, so
+// that a host whose GPU does not start shows in the worker's log before a
+// run is archived or trained on the CPU for it. The worker's own process
+// only reads the devices: its tasks open them, each in a process of its
+// own.
+func logGPU(log *zap.Logger, require bool) {
+	h, err := kernels.ProbeHost()
+	switch {
+	case err == nil:
+		for _, g := range h.GPUs {
+			log.Info("gpu", zap.Int("ordinal", g.Ordinal), zap.String("device", kernels.DescribeGPU(g)))
+		}
+		log.Info("cuda", zap.String("libraries", h.Libraries()))
+	case require:
+		log.Warn("this worker requires a GPU (KILN_REQUIRE_GPU) and none starts here: its gpu tasks of engine auto will be archived; "+
+			"mend the host (docs/operations.md, \"The GPU worker's host\"), restart the worker, then sched retry them", zap.Error(err))
+	default:
+		log.Info("no GPU starts here: gpu tasks of engine auto train on the CPU", zap.Error(err))
+	}
+}

@@ -83,9 +83,11 @@ func runViews(states []scheduler.RunState, snap *scheduler.Snapshot) []runView {
 // is still doing it.
 func (v *runView) classify() {
 	t := v.Task
-	state := ""
+	state, back := "", ""
 	if t != nil {
-		state = t.State
+		// A run's progress outlives its tasks (asynq deletes finished ones
+		// after their retention): there may be none.
+		state, back = t.State, setBack(*t)
 	}
 	switch {
 	case state == "active" && t.Lost:
@@ -96,12 +98,12 @@ func (v *runView) classify() {
 		if eta, ok := runETA(v.RunState); ok {
 			v.ETA = eta
 		}
-	case setBack(*t) == "interrupted":
+	case back == "interrupted":
 		// A graceful stop, not a failed attempt: asynq holds the segment
 		// in its retry state until a worker picks it up, using no retry.
 		v.Status = runRequeued
 		v.Detail = "stopped by its worker's shutdown at a step boundary; it resumes from its last checkpoint (no retry used)"
-	case setBack(*t) == "waiting":
+	case back == "waiting":
 		v.Status = runWaiting
 		v.Detail = scheduler.OneLine(t.Progress.Message, 160)
 	case state == "pending" || state == "scheduled":

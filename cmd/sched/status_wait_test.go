@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/kiln-lm/kiln/scheduler"
 )
 
@@ -127,4 +129,37 @@ func lineWith(out, s string) string {
 		}
 	}
 	return ""
+}
+
+// A run's progress outlives its segment tasks, which asynq deletes once
+// their retention has passed (a finished segment after 30 days): status
+// and runs still show the run, as stopped, with how to resume it.
+func TestRunsOutliveTheirTasks(t *testing.T) {
+	t.Parallel()
+	env, rdb, q := trainingSetup(t)
+	ctx := context.Background()
+	w := startWorker(t, env, "--queues", "gpu=1")
+	info, err := q.Enqueue(ctx, scheduler.TrainSegment{Run: "eta", Tokenizer: "tk", Engine: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitOutput(t, env, regexp.MustCompile(`(?m)^eta  training  step [1-9]`), time.Minute, "status")
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Wait(); err != nil {
+		t.Fatalf("worker on SIGTERM: %v", err)
+	}
+	// What retention does to the segment, whatever state it was left in.
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	if err := insp.DeleteTask(info.Queue, info.ID); err != nil {
+		t.Fatalf("delete the segment task: %v", err)
+	}
+	for _, args := range [][]string{{"status"}, {"runs"}} {
+		out, errOut, code := sched(t, env, args...)
+		run := lineOf(out, "eta  ")
+		if code != 0 || !strings.HasPrefix(run, "eta  stopped") || !strings.Contains(run, "sched enqueue train eta") {
+			t.Errorf("sched %s with the run's task gone: exit %d, run line %q\n%s%s", args[0], code, run, out, errOut)
+		}
+	}
 }

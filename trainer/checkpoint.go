@@ -269,6 +269,11 @@ func (e damagedError) Is(target error) bool { return target == ErrDamaged }
 
 func damaged(format string, a ...any) error { return damagedError{fmt.Errorf(format, a...)} }
 
+// Damaged marks err as saying a checkpoint is damaged (errors.Is
+// ErrDamaged), for the checks made outside this package: a copy in object
+// storage with a file missing or of another size than its marker lists.
+func Damaged(err error) error { return damagedError{err} }
+
 // CheckCheckpoint reports why dir is not a complete checkpoint: its
 // trainer_state.json is missing or unreadable, or a file it lists is absent
 // or of another size (errors.Is ErrDamaged), or it is of a format this build

@@ -217,7 +217,7 @@ func Pull(ctx context.Context, obj Objects, run string, step int, root string) (
 	prefix := checkpointKey(run, step)
 	var m Marker
 	if err := getJSON(ctx, obj, prefix+MarkerFile, &m); err != nil {
-		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
+		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, damagedIfMissing(err))
 	}
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", fmt.Errorf("pull checkpoint: %w", err)
@@ -233,10 +233,12 @@ func Pull(ctx context.Context, obj Objects, run string, step int, root string) (
 		}
 		got, err := getFile(ctx, obj, prefix+name, filepath.Join(tmp, name))
 		if err != nil {
-			return "", fmt.Errorf("pull checkpoint step %d of run %s: %s: %w", step, run, name, err)
+			return "", fmt.Errorf("pull checkpoint step %d of run %s: %s: %w", step, run, name, damagedIfMissing(err))
 		}
 		if got != size {
-			return "", fmt.Errorf("pull checkpoint step %d of run %s: %s is %d bytes, the marker says %d", step, run, name, got, size)
+			// Read whole (no error) and still short or long: the object is
+			// a partial copy, not a transfer cut off.
+			return "", trainer.Damaged(fmt.Errorf("pull checkpoint step %d of run %s: %s is %d bytes, the marker says %d", step, run, name, got, size))
 		}
 	}
 	if _, err := trainer.VerifyCheckpoint(tmp); err != nil {
@@ -259,9 +261,28 @@ func getJSON(ctx context.Context, obj Objects, key string, v any) error {
 	}
 	defer r.Close()
 	if err := json.NewDecoder(r).Decode(v); err != nil {
+		var syntax *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &syntax) || errors.As(err, &typ) || errors.Is(err, io.EOF) {
+			// Read, and empty or not JSON of its kind: written wrong, not
+			// fetched wrong (a transfer cut off ends unexpectedly instead).
+			err = trainer.Damaged(err)
+		}
 		return fmt.Errorf("%s: %w", key, err)
 	}
 	return nil
+}
+
+// damagedIfMissing marks an object that object storage does not hold as a
+// damaged checkpoint (a file of it deleted, or the checkpoint removed by
+// retention since it was listed): the one before it is taken. Other errors
+// (the store unreachable, a transfer cut off) stay what they are, so that
+// the segment fails and is retried rather than go back a checkpoint.
+func damagedIfMissing(err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return trainer.Damaged(err)
+	}
+	return err
 }
 
 func getFile(ctx context.Context, obj Objects, key, path string) (int64, error) {

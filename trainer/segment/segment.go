@@ -214,7 +214,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if out.ResumedFrom, out.ResumeSource, err = p.restore(ctx, dir); err != nil {
 		return out, err
 	}
-	if err := p.guardDisk(dir, -1); err != nil {
+	if err := p.guardDisk(dir, p.remoteNewest(ctx, log)); err != nil {
 		return out, err
 	}
 	// Wall-clock adds up over segments; the state hash carries the sum.
@@ -435,6 +435,25 @@ func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
 		return local, "local", nil
 	}
 	return 0, "", nil
+}
+
+// remoteNewest is the newest step of the run that object storage holds
+// complete, or -1 (none, no object storage, or its listing failed): the
+// local checkpoints up to it are safe there, which the disk guard may
+// remove at the segment's start.
+func (p Params) remoteNewest(ctx context.Context, log *zap.Logger) int {
+	if p.Objects == nil || p.Run.MinFreeDisk <= 0 {
+		return -1
+	}
+	steps, err := RemoteSteps(ctx, p.Objects, p.Run.Name)
+	if err != nil {
+		log.Warn("disk guard: cannot list the checkpoints in object storage; no local one counts as uploaded", zap.Error(err))
+		return -1
+	}
+	if len(steps) == 0 {
+		return -1
+	}
+	return steps[len(steps)-1]
 }
 
 // writeState records the run's progress in its state hash, fenced.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -360,17 +361,125 @@ func flip(t *testing.T, path string) {
 // spoilObject replaces key with its bytes, two of them flipped.
 func spoilObject(t *testing.T, ctx context.Context, obj Objects, key string) {
 	t.Helper()
+	b := readObject(t, ctx, obj, key)
+	b[400], b[401] = ^b[400], ^b[401]
+	putObject(t, ctx, obj, key, b)
+}
+
+// A checkpoint in object storage that is a partial copy (a file cut short,
+// a file missing, an empty marker) is passed over for the one before, as a
+// damaged one is; the segment that resumes takes the one before and trains
+// on with the uninterrupted run's losses.
+func TestPartialCheckpointInObjectStorageIsPassedOver(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+	var want losses
+	if out, err := Run(ctx, Params{Run: testRun("ref", 8), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Progress: want.hook}); err != nil || !out.Done {
+		t.Fatalf("reference run: %+v %v", out, err)
+	}
+	run := testRun("p", 8)
+	run.Segment.MaxSteps = 6
+	if out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 6 || out.Uploaded != 6 {
+		t.Fatalf("first segment: %+v %v", out, err)
+	}
+	prefix := CheckpointPrefix("p") + trainer.StepDir(6) + "/"
+	whole := readObject(t, ctx, obj, prefix+trainer.ModelFile)
+	for _, c := range []struct {
+		name  string
+		spoil func()
+		want  string
+	}{
+		{"a file cut short", func() { putObject(t, ctx, obj, prefix+trainer.ModelFile, whole[:len(whole)/2]) }, "the marker says"},
+		{"a file missing", func() {
+			if err := obj.Delete(ctx, prefix+trainer.ModelFile); err != nil {
+				t.Fatal(err)
+			}
+		}, "not found"},
+		{"an empty marker", func() {
+			putObject(t, ctx, obj, prefix+trainer.ModelFile, whole)
+			putObject(t, ctx, obj, prefix+MarkerFile, nil)
+		}, "EOF"},
+	} {
+		c.spoil()
+		var passed []string
+		dir, step, err := PullNewest(ctx, obj, "p", -1, t.TempDir(), func(step int, err error) {
+			passed = append(passed, fmt.Sprintf("%d: %v", step, err))
+		})
+		if err != nil || step != 4 || dir == "" {
+			t.Errorf("%s: PullNewest gave step %d, %v; want step 4", c.name, step, err)
+		}
+		if len(passed) != 1 || !strings.HasPrefix(passed[0], "6: ") || !strings.Contains(passed[0], c.want) {
+			t.Errorf("%s: passed over %q, want step 6 with %q", c.name, passed, c.want)
+		}
+	}
+	// The segment that resumes on a new disk: from step 4, the same losses.
+	var resumed losses
+	run.Segment.MaxSteps = 0
+	out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Progress: resumed.hook, Owner: "gpu-b"})
+	if err != nil || out.ResumedFrom != 4 || !out.Done {
+		t.Fatalf("resumed segment: %+v %v; want it to resume from step 4 and finish", out, err)
+	}
+	for step := 5; step <= 8; step++ {
+		if resumed.m[step] != want.m[step] {
+			t.Errorf("step %d: loss %v, uninterrupted %v", step, resumed.m[step], want.m[step])
+		}
+	}
+}
+
+func readObject(t *testing.T, ctx context.Context, obj Objects, key string) []byte {
+	t.Helper()
 	r, err := obj.Get(ctx, key)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer r.Close()
 	b, err := io.ReadAll(r)
-	r.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	b[400], b[401] = ^b[400], ^b[401]
+	return b
+}
+
+func putObject(t *testing.T, ctx context.Context, obj Objects, key string, b []byte) {
+	t.Helper()
 	if err := obj.Put(ctx, key, bytes.NewReader(b), int64(len(b))); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Below min_free_disk when a segment starts, the guard first removes the
+// local checkpoints that object storage already holds (never the newest),
+// and the segment trains on if that was enough.
+func TestDiskGuardFreesUploadedCheckpointsAtTheStart(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+	run := testRun("g", 8)
+	run.Segment.MaxSteps = 6
+	disk := t.TempDir()
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Uploaded != 6 {
+		t.Fatalf("first segment: %+v %v", out, err)
+	}
+	older := filepath.Join(RunDir(disk, "g"), trainer.StepDir(4))
+	if _, err := os.Stat(older); err != nil {
+		t.Fatalf("the first segment left no local step 4: %v", err)
+	}
+	// The disk is short of space while the older checkpoint is there.
+	run.MinFreeDisk = 10 << 30
+	free := func(string) (int64, error) {
+		if _, err := os.Stat(older); err == nil {
+			return 1 << 30, nil
+		}
+		return 20 << 30, nil
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	run.Segment.MaxSteps = 0
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", FreeSpace: free, Log: zap.New(core)})
+	if err != nil || out.ResumedFrom != 6 || !out.Done {
+		t.Fatalf("second segment: %+v %v; want the guard to free step 4 and the run to finish", out, err)
+	}
+	if w := logs.FilterMessageSnippet("disk guard removed an uploaded local checkpoint").All(); len(w) != 1 || w[0].ContextMap()["step"] != int64(4) {
+		t.Errorf("warnings %v; want one naming step 4", logs.All())
 	}
 }

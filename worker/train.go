@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -320,6 +321,14 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 			}
 			rep.Report(ctx, float64(step)/float64(total), m.TokPerSec, "tok",
 				fmt.Sprintf("run %s step %d/%d loss %.4f", a.Run, step, total, m.LossOr(0)))
+			// Every logged step in the worker's log too, for a user who
+			// follows it (docker compose logs -f worker-gpu).
+			fields := []zap.Field{zap.String("run", a.Run), zap.Int("step", step), zap.Int("total", total),
+				zap.Float64("loss", m.LossOr(0)), zap.Float64("tok_per_s", math.Round(m.TokPerSec))}
+			if m.EvalLoss != nil {
+				fields = append(fields, zap.Float64("eval_loss", *m.EvalLoss))
+			}
+			log.Info("step", fields...)
 		},
 	})
 	if err != nil {

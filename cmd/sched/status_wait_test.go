@@ -150,6 +150,10 @@ func TestRunsOutliveTheirTasks(t *testing.T) {
 	if err := w.Wait(); err != nil {
 		t.Fatalf("worker on SIGTERM: %v", err)
 	}
+	// The worker's log has each logged step (operations.md's "Logs").
+	if log := workerLog(t, w); !regexp.MustCompile(`"msg":"step","run":"eta","step":20,"total":1000000,"loss":[0-9.]+,"tok_per_s":[1-9]`).MatchString(log) {
+		t.Errorf("the worker's log has no line for step 20 with its loss and tok/s:\n%s", log)
+	}
 	// What retention does to the segment, whatever state it was left in.
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	if err := insp.DeleteTask(info.Queue, info.ID); err != nil {

@@ -9,8 +9,28 @@ import (
 	"strings"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/kiln-lm/kiln/internal/redact"
 )
+
+// PathList is a list of directories. In YAML it is a list, or one string
+// of directories separated as in PATH, as KILN_LOCAL_ROOTS writes it.
+type PathList []string
+
+// UnmarshalYAML takes a sequence of strings or one PATH-like string.
+func (p *PathList) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*p = filepath.SplitList(n.Value)
+		return nil
+	}
+	var l []string
+	if n.Kind != yaml.SequenceNode || n.Decode(&l) != nil {
+		return fmt.Errorf("line %d: give a list of directories, or one string of them separated by %q", n.Line, os.PathListSeparator)
+	}
+	*p = l
+	return nil
+}
 
 // Config is kiln's resolved configuration, shared by every command and worker.
 // Zero values mean "use the default"; WithDefaults resolves them in one place,
@@ -42,10 +62,10 @@ type Config struct {
 	// local dataset (local:<glob>) named in a task: payloads come from
 	// whoever can write to Redis, so no other local path is read.
 	// KILN_LOCAL_ROOTS, a list like PATH (':'-separated on Unix); YAML
-	// local_roots, a list. Default: DataDir alone. The command line's own
-	// datasets (sched ingest --direct, sched demo) are confined to their
-	// glob's directory instead.
-	LocalRoots []string `yaml:"local_roots"`
+	// local_roots, a list or such a string. Default: DataDir alone. The
+	// command line's own datasets (sched ingest --direct, sched demo) are
+	// confined to their glob's directory instead.
+	LocalRoots PathList `yaml:"local_roots"`
 	// HFToken authenticates Hugging Face Hub downloads (gated datasets). HF_TOKEN.
 	HFToken string `yaml:"hf_token"`
 	// Tokenizer is the default tokenizer name (tokenizers/<name>/tokenizer.json

@@ -126,3 +126,28 @@ func TestBadInputExitsTwo(t *testing.T) {
 		})
 	}
 }
+
+// local_roots in a config file takes a YAML list or one string of
+// directories separated as in PATH, as KILN_LOCAL_ROOTS does; anything else
+// is refused naming the file.
+func TestConfigFileLocalRoots(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, c := range []struct{ yaml, want string }{
+		{"local_roots: /corpus:/more\n", "/corpus:/more"},
+		{"local_roots: [/corpus, /more]\n", "/corpus:/more"},
+		{"local_roots:\n  - /corpus\n", "/corpus"},
+	} {
+		file := filepath.Join(dir, "kiln.yaml")
+		os.WriteFile(file, []byte(c.yaml), 0o644)
+		out, errOut, code := sched(t, nil, "config", "--config", file)
+		if got := lineOf(out, "KILN_LOCAL_ROOTS"); code != 0 || !strings.HasSuffix(got, " "+c.want) {
+			t.Errorf("%q: exit %d, line %q, want %s\n%s", c.yaml, code, got, c.want, errOut)
+		}
+	}
+	file := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(file, []byte("local_roots: {a: b}\n"), 0o644)
+	if _, errOut, code := sched(t, nil, "config", "--config", file); code != 2 || !strings.Contains(errOut, file) || !strings.Contains(errOut, "list of directories") {
+		t.Errorf("a mapping for local_roots: exit %d, %q", code, errOut)
+	}
+}

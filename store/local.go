@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // Local stores objects as files under a directory. Put writes a temporary
@@ -17,6 +18,9 @@ import (
 // object and a crash leaves only a temporary file, which List ignores.
 type Local struct {
 	dir string
+	// dirs orders this process's puts making a directory and its deletes
+	// removing one that became empty (see createTemp).
+	dirs sync.Mutex
 }
 
 // tmpSuffix marks in-progress puts; List and Get never return them.
@@ -46,10 +50,7 @@ func (l *Local) Put(ctx context.Context, key string, r io.Reader, size int64) er
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		return fmt.Errorf("put %s: %w", key, err)
-	}
-	f, err := os.CreateTemp(filepath.Dir(p), filepath.Base(p)+".*"+tmpSuffix)
+	f, err := l.createTemp(p)
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
@@ -79,6 +80,26 @@ func (l *Local) Put(ctx context.Context, key string, r io.Reader, size int64) er
 	}
 	ok = true
 	return nil
+}
+
+// createTemp makes p's directory and the temporary file of a put to p in
+// it; once the file is there, no Delete removes the directory. A Delete
+// that empties a directory removes it, so the two are ordered in this
+// process, and tried again where another process sharing the store
+// removed a directory in between.
+func (l *Local) createTemp(p string) (*os.File, error) {
+	l.dirs.Lock()
+	defer l.dirs.Unlock()
+	for try := 0; ; try++ {
+		err := os.MkdirAll(filepath.Dir(p), 0o755)
+		var f *os.File
+		if err == nil {
+			f, err = os.CreateTemp(filepath.Dir(p), filepath.Base(p)+".*"+tmpSuffix)
+		}
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || try == 100 {
+			return f, err
+		}
+	}
 }
 
 // Get implements Store.
@@ -156,6 +177,16 @@ func (l *Local) Delete(ctx context.Context, key string) error {
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	// Directories exist only through their objects, as in S3: those the
+	// deletion left empty go too (os.Remove refuses a directory that is
+	// not), so that a checkpoint pruned leaves no empty step directory.
+	l.dirs.Lock()
+	defer l.dirs.Unlock()
+	for d := filepath.Dir(p); d != l.dir && strings.HasPrefix(d, l.dir+string(filepath.Separator)); d = filepath.Dir(d) {
+		if os.Remove(d) != nil {
+			break
+		}
 	}
 	return nil
 }

@@ -5,11 +5,15 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -301,4 +305,61 @@ func TestPutUnsignedLeavesTheBodyUnsigned(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The local store keeps no directory that only deleted objects made, as S3
+// keeps none: a pruned checkpoint leaves no empty step directory behind.
+// A put into a directory that a delete empties at the same moment still
+// lands.
+func TestLocalDeleteLeavesNoEmptyDirectories(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	root := t.TempDir()
+	l, err := NewLocal(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string) {
+		t.Helper()
+		if err := l.Put(ctx, key, strings.NewReader("x"), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("checkpoints/r/step-1/a")
+	put("checkpoints/r/step-2/b")
+	if err := l.Delete(ctx, "checkpoints/r/step-1/a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "checkpoints", "r", "step-1")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("step-1's directory after its last object went: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "checkpoints", "r", "step-2", "b")); err != nil {
+		t.Errorf("step-2's object: %v", err)
+	}
+	if err := l.Delete(ctx, "checkpoints/r/step-2/b"); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := os.ReadDir(root); err != nil || len(entries) != 0 {
+		t.Errorf("the store's root after every object went: %v %v", entries, err)
+	}
+	// Puts and deletes in one directory at once: every put lands.
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				key := fmt.Sprintf("d/e/k%d-%d", w, i)
+				if err := l.Put(ctx, key, strings.NewReader("x"), 1); err != nil {
+					t.Errorf("put %s: %v", key, err)
+					return
+				}
+				if err := l.Delete(ctx, key); err != nil {
+					t.Errorf("delete %s: %v", key, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }

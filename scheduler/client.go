@@ -290,16 +290,27 @@ func (c *Client) Cancel(ctx context.Context, id string) (state string, err error
 	if err != nil {
 		return "", err
 	}
+	mark := func() error {
+		// The mark tells the worker to archive, not retry, and status and
+		// runs to say cancelled, not failed.
+		if err := c.rdb.Set(ctx, cancelKey(id), time.Now().Unix(), 8*day).Err(); err != nil {
+			return fmt.Errorf("cancel %s: %w", id, err)
+		}
+		return nil
+	}
 	switch ti.State {
 	case asynq.TaskStateActive:
-		if err := c.rdb.Set(ctx, cancelKey(id), time.Now().Unix(), 8*day).Err(); err != nil {
-			return "", fmt.Errorf("cancel %s: %w", id, err)
+		if err := mark(); err != nil {
+			return "", err
 		}
 		if err := c.insp.CancelProcessing(id); err != nil {
 			return "", fmt.Errorf("cancel %s: %w", id, err)
 		}
 		return c.archiveWhenStopped(ctx, ti.Queue, id)
 	case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry, asynq.TaskStateAggregating:
+		if err := mark(); err != nil {
+			return "", err
+		}
 		if err := c.insp.ArchiveTask(ti.Queue, id); err != nil {
 			return "", fmt.Errorf("cancel %s: %w", id, err)
 		}

@@ -124,7 +124,8 @@ func (c *Client) taskStatus(ctx context.Context, ti *asynq.TaskInfo) TaskStatus 
 		ts.Progress, ts.HasProgress = p, true
 	}
 	if ti.State == asynq.TaskStateArchived {
-		ts.Cancelled = IsCancelled(ctx, c.rdb, ti.ID)
+		mark, _ := c.rdb.Get(ctx, cancelKey(ti.ID)).Result()
+		markCancelled(&ts, mark)
 	}
 	return ts
 }

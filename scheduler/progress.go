@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -102,4 +103,17 @@ func cancelKey(taskID string) string { return "kiln:cancel:" + taskID }
 func IsCancelled(ctx context.Context, rdb redis.UniversalClient, taskID string) bool {
 	n, err := rdb.Exists(ctx, cancelKey(taskID)).Result()
 	return err == nil && n > 0
+}
+
+// markCancelled applies the value of a task's cancel mark (the Unix time
+// of `sched cancel`, "" where none) to ts: Cancelled, and Finished where
+// asynq has no time for it (a task archived before it ever ran).
+func markCancelled(ts *TaskStatus, mark string) {
+	if mark == "" {
+		return
+	}
+	ts.Cancelled = true
+	if at, err := strconv.ParseInt(mark, 10, 64); err == nil && ts.Finished.IsZero() {
+		ts.Finished = time.Unix(at, 0)
+	}
 }

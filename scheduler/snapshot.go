@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -132,15 +133,15 @@ func (c *Client) taskStatuses(ctx context.Context, infos []*asynq.TaskInfo) ([]T
 	}
 	if len(archived) > 0 {
 		pipe := c.rdb.Pipeline()
-		marks := make([]*redis.IntCmd, len(archived))
+		marks := make([]*redis.StringCmd, len(archived))
 		for k, i := range archived {
-			marks[k] = pipe.Exists(ctx, cancelKey(out[i].ID))
+			marks[k] = pipe.Get(ctx, cancelKey(out[i].ID))
 		}
-		if _, err := pipe.Exec(ctx); err != nil {
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("read cancel marks: %w", err)
 		}
 		for k, i := range archived {
-			out[i].Cancelled = marks[k].Val() > 0
+			markCancelled(&out[i], marks[k].Val())
 		}
 	}
 	return out, nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
 )
 
@@ -165,5 +166,32 @@ func TestRunsOutliveTheirTasks(t *testing.T) {
 		if code != 0 || !strings.HasPrefix(run, "eta  stopped") || !strings.Contains(run, "sched enqueue train eta") {
 			t.Errorf("sched %s with the run's task gone: exit %d, run line %q\n%s%s", args[0], code, run, out, errOut)
 		}
+	}
+}
+
+// A task cancelled before any worker took it reads cancelled, with the
+// time of the cancel, in sched runs, and is no failure in sched status.
+func TestCancelledQueuedTaskReadsCancelled(t *testing.T) {
+	t.Parallel()
+	env := []string{"KILN_REDIS_URL=redis://" + testsvc.Redis(t) + "/0", "KILN_DATA_DIR=" + t.TempDir()}
+	out, errOut, code := sched(t, env, "enqueue", "bench", "tiny", "--engine", "cpu")
+	m := regexp.MustCompile(`queued (bench:run:[0-9a-f]+) on gpu`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("enqueue: exit %d, %q %q", code, out, errOut)
+	}
+	before := time.Now().Add(-time.Second)
+	if out, errOut, code := sched(t, env, "cancel", m[1]); code != 0 {
+		t.Fatalf("cancel: exit %d, %q %q", code, out, errOut)
+	}
+	out, _, _ = sched(t, env, "runs")
+	line := lineWith(out, "  "+m[1]+"  ")
+	if !strings.Contains(line, m[1]+"  archived  cancelled by sched cancel") || strings.Contains(line, "failed") {
+		t.Errorf("sched runs shows the cancelled task as %q", line)
+	}
+	if at, err := time.ParseInLocation("2006-01-02 15:04:05", line[:min(len(line), 19)], time.Local); err != nil || at.Before(before) {
+		t.Errorf("sched runs dates the cancel %q (%v), want the time of the cancel", line, err)
+	}
+	if out, _, _ := sched(t, env, "status"); !strings.Contains(out, "FAILURES in the last hour\nnone\n") {
+		t.Errorf("status lists the cancelled task among failures:\n%s", out)
 	}
 }

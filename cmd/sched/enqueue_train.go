@@ -26,8 +26,8 @@ func newEnqueueTrainCmd() *cobra.Command {
 		Use:   "train <run>",
 		Short: "Queue a run's training (train:segment) for the GPU worker, or resume a stopped one",
 		Long: `Queues the first training segment of a run; each segment queues the next until the
-run is done. A run is a name in the run presets (pilot, long, demo: 'sched runs
---presets' lists them) or in your own YAML file named by KILN_RUNS, on this machine
+run is done. A run is a name in the run presets ('sched runs --presets' lists them:
+pilot, pilot-cpu, long, demo) or in your own YAML file named by KILN_RUNS, on this machine
 and on the GPU worker; the run says the model, the data mixture, the tokenizer and
 the schedule.
 

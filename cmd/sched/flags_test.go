@@ -1,6 +1,9 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
@@ -34,5 +37,29 @@ func TestNoFlagShadowsAGlobalFlag(t *testing.T) {
 	walk(rootCmd)
 	if commands < 20 {
 		t.Fatalf("walked %d commands; the tree has more", commands)
+	}
+}
+
+// sched runs --presets lists the runs sched enqueue train takes, those of
+// KILN_RUNS's file among them, without Redis; a runs file that does not
+// read is refused naming it.
+func TestRunsPresetsListsTheRuns(t *testing.T) {
+	t.Parallel()
+	noRedis := "KILN_REDIS_URL=redis://127.0.0.1:1/0"
+	out, errOut, code := sched(t, []string{noRedis}, "runs", "--presets")
+	for _, want := range []string{"pilot      small  2.0G tok (15259 steps)    8x1024x16  mix-16384  auto", "long ", "demo ", "pilot-cpu "} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("runs --presets: exit %d, no %q in\n%s%s", code, want, out, errOut)
+		}
+	}
+	file := filepath.Join(t.TempDir(), "runs.yaml")
+	os.WriteFile(file, []byte("mine:\n  from: pilot\n  description: my own\n  total_tokens: 1000000000\n"), 0o644)
+	out, errOut, code = sched(t, []string{noRedis, "KILN_RUNS=" + file}, "runs", "--presets")
+	if line := lineOf(out, "mine "); code != 0 || !strings.Contains(line, "small  1.0G tok (7630 steps)") || !strings.HasSuffix(line, "my own") {
+		t.Errorf("runs --presets with KILN_RUNS: exit %d, line %q\n%s%s", code, line, out, errOut)
+	}
+	os.WriteFile(file, []byte("mine: [\n"), 0o644)
+	if _, errOut, code := sched(t, []string{noRedis, "KILN_RUNS=" + file}, "runs", "--presets"); code != 2 || !strings.Contains(errOut, file) {
+		t.Errorf("a runs file that does not read: exit %d, %q", code, errOut)
 	}
 }

@@ -3,17 +3,21 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 func init() {
 	var limit int
+	var presets bool
 	cmd := &cobra.Command{
 		Use:   "runs",
 		Short: "Say what happened to each training run and to each task that ended, failed or was interrupted, newest first",
@@ -25,9 +29,16 @@ first: completed (an ingest step that reached its --max-tokens or
 --max-disk says so), cancelled (archived by 'sched cancel'), failed for
 good (archived, with the reason), failed and waiting to retry, waiting
 for earlier work, and interrupted by a worker's shutdown and re-queued.
-A wait or an interruption uses no retry and is no failed attempt.`,
+A wait or an interruption uses no retry and is no failed attempt.
+
+--presets lists the runs 'sched enqueue train' takes instead: the presets
+and those of the file KILN_RUNS names, with their model, length, batch,
+tokenizer and engine. It needs no Redis.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(c *cobra.Command, args []string) error {
+			if presets {
+				return printRunPresets(c.OutOrStdout(), os.Getenv("KILN_RUNS"))
+			}
 			if limit < 1 {
 				return badInput("--limit %d: give a positive number", limit)
 			}
@@ -49,6 +60,7 @@ A wait or an interruption uses no retry and is no failed attempt.`,
 		},
 	}
 	cmd.Flags().IntVar(&limit, "limit", 50, "list at most this many tasks")
+	cmd.Flags().BoolVar(&presets, "presets", false, "list the runs that can be enqueued (the presets and KILN_RUNS's file) instead")
 	rootCmd.AddCommand(cmd)
 }
 
@@ -128,4 +140,34 @@ func outcomeLine(t scheduler.TaskStatus) string {
 		parts = append(parts, fmt.Sprintf("%q", t.Progress.Message))
 	}
 	return strings.Join(parts, "  ")
+}
+
+// printRunPresets lists the runs file (the embedded presets with the file
+// at path applied, "" for none): each run's model, length in tokens and
+// steps, tokens a step (micro-batch x sequence x accumulation), tokenizer,
+// engine and description.
+func printRunPresets(w io.Writer, path string) error {
+	set, err := runs.Load(path)
+	if err != nil {
+		return badInput("KILN_RUNS: %v", err)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tMODEL\tLENGTH\tSTEP\tTOKENIZER\tENGINE\tDESCRIPTION")
+	for _, name := range set.Names() {
+		r, err := set.Get(name)
+		if err != nil {
+			fmt.Fprintf(tw, "%s\t\t\t\t\t\tinvalid: %s\n", name, scheduler.OneLine(err.Error(), 160))
+			continue
+		}
+		per := int64(r.Batch) * int64(r.Seq) * int64(max(r.Accumulate, 1))
+		length := fmt.Sprintf("%s (%d steps)", formatCount(int64(r.TotalSteps)*per, "tok"), r.TotalSteps)
+		step := fmt.Sprintf("%dx%dx%d", r.Batch, r.Seq, max(r.Accumulate, 1))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, r.Model, length, step, r.Tokenizer, r.Engine,
+			scheduler.OneLine(r.Description, 100))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nstart one with 'sched enqueue train <run>'; add or change runs in a YAML file named by KILN_RUNS")
+	return nil
 }

@@ -121,6 +121,16 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	// The checkpoint is read before the engine is made, so that one of
 	// another shape is refused before a large model is allocated.
 	var snap *Snapshot
+	if !cfg.Resume {
+		// A fresh run into a directory that holds another's checkpoints
+		// would overwrite them step by step and cut its metrics: refused.
+		if dirs, err := stepDirs(cfg.Out); err != nil {
+			return Result{}, err
+		} else if len(dirs) > 0 {
+			return Result{}, badInput(fmt.Errorf("%s already holds a run's checkpoints (the newest %s): continue it with --resume, or train into another --out directory (or delete it first)",
+				cfg.Out, filepath.Base(dirs[0])))
+		}
+	}
 	if cfg.Resume {
 		dir, err := newestUsable(cfg.Out, log, func(dir string) (err error) {
 			snap, err = ReadCheckpoint(dir, &mc)

@@ -41,7 +41,8 @@ weight, logs a line every log_every steps (also to OUT/metrics.jsonl),
 evaluates on the stores' held-out windows, and writes checkpoints that
 transformers loads as is to OUT/step-NNNNNNN. Ctrl-C or SIGTERM writes a
 checkpoint at the next step boundary; --resume continues from the last one.
-The tokenizer copied into each checkpoint is a tokenizer.json given with
+Without --resume, an OUT that already holds checkpoints is refused rather
+than overwritten. The tokenizer copied into each checkpoint is a tokenizer.json given with
 --tokenizer-file, or the published one --tokenizer names.`,
 		Example: `  sched train --model tiny --tokens data/code=0.7 --tokens data/web=0.3 --steps 200 --engine cpu
   sched train --run-config run.yaml --tokenizer mix-16384 --out runs/pilot --resume`,

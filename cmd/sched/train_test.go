@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,6 +102,38 @@ func TestTrainCommandTrainsAndResumes(t *testing.T) {
 	if len(events) != 2 || !strings.HasSuffix(events[0], ".step0") || !strings.HasSuffix(events[1], ".step2") {
 		t.Errorf("event files %v; want one from step 0 and one from the resume", events)
 	}
+	// The same command without --resume (another seed here) would start
+	// afresh over the run's checkpoints: refused, nothing touched.
+	before := dirDigest(t, out)
+	text, err = runTrainCmd(append(args, "--seed", "9")...)
+	if code := exitCode(err); code != exitBadInput || !strings.Contains(err.Error(), out+" already holds a run's checkpoints (the newest step-0000003)") ||
+		!strings.Contains(err.Error(), "--resume") {
+		t.Errorf("a fresh run into %s: exit %d, %v\n%s", out, code, err, text)
+	}
+	if after := dirDigest(t, out); after != before {
+		t.Errorf("the refused run changed %s:\n%s\nbecame\n%s", out, before, after)
+	}
+}
+
+// dirDigest is every file under dir with its size and SHA-256, one a line.
+func dirDigest(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "%s %d %x\n", p, len(data), sha256.Sum256(data))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
 
 func TestTrainCommandBadInput(t *testing.T) {

@@ -854,8 +854,12 @@ func newAddedSet(tokens []addedToken) *addedSet {
 	return s
 }
 
-// find returns the leftmost-longest match in b at or after from.
+// find returns the leftmost-longest match in b at or after from. A nil set
+// (no added tokens) matches nothing.
 func (s *addedSet) find(b []byte, from int) (start, end int, tok *addedToken) {
+	if s == nil {
+		return -1, -1, nil
+	}
 	for i := from; i < len(b); i++ {
 		if len(s.first) == 1 {
 			j := bytes.IndexByte(b[i:], s.first[0])

@@ -107,6 +107,26 @@ func TestTrainRejectsBadOptions(t *testing.T) {
 	}
 }
 
+// A vocabulary with no special tokens trains and encodes: the added-token
+// split finds nothing to split on.
+func TestTrainWithoutSpecialTokens(t *testing.T) {
+	data, err := Train(context.Background(), trainInputs(t), TrainOptions{VocabSize: 400, SpecialTokens: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := tk.EOS(); ok || tk.VocabSize() != 400 {
+		t.Errorf("vocabulary of %d with an EOS %v; want 400 and none", tk.VocabSize(), ok)
+	}
+	ids := tk.Encode("func main() {}")
+	if text, err := tk.Decode(ids); len(ids) == 0 || err != nil || text != "func main() {}" {
+		t.Errorf("encode and decode: %v -> %q, %v", ids, text, err)
+	}
+}
+
 func TestTrainHonoursContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

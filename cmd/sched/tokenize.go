@@ -64,6 +64,9 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
 		Short: "Train a byte-level BPE vocabulary on text files",
 		Args:  exactArgs(0, "no positional arguments (pass files with --in)"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(special) == 0 {
+				return badInput("--special names no token: give at least the end-of-text token (such as <|endoftext|>), which ends each document in a token store")
+			}
 			opts.SpecialTokens = special
 			return runTokenizerTrain(cmd.Context(), cmd.ErrOrStderr(), inputs, trainOut, opts)
 		},

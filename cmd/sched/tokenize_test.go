@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -342,5 +344,21 @@ func TestTokenizeProgressFileReadsAtOffsets(t *testing.T) {
 	}
 	if n := bar.State().CurrentBytes; n < float64(text.Len()) {
 		t.Errorf("the bar counted %.0f bytes of %d", n, text.Len())
+	}
+}
+
+// sched tokenizer train --special "" (no special token) is refused naming
+// the flag, and writes nothing.
+func TestTokenizerTrainNeedsAnEndOfTextToken(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "corpus.txt"), filepath.Join(dir, "tokenizer.json")
+	os.WriteFile(in, []byte(strings.Repeat("the quick brown fox\n", 100)), 0o644)
+	_, errOut, code := sched(t, nil, "tokenizer", "train", "--in", in, "--vocab", "300", "--out", out, "--special", "")
+	if code != 2 || !strings.Contains(errOut, "--special") || !strings.Contains(errOut, "end-of-text") {
+		t.Errorf("--special \"\": exit %d, %q", code, errOut)
+	}
+	if _, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused training wrote %s: %v", out, err)
 	}
 }

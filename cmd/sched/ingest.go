@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -301,8 +302,12 @@ func parseScaled(s string, units map[byte]float64) (int64, error) {
 		mult, s = m, s[:len(s)-1]
 	}
 	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v < 0 {
+	if err != nil || math.IsNaN(v) || v < 0 {
 		return 0, fmt.Errorf("not a number with an optional unit")
+	}
+	// 2^63 and above (infinity among them) would wrap negative: no limit.
+	if x := v * mult; x >= math.MaxInt64 {
+		return 0, fmt.Errorf("too large: at most 9.2E18")
 	}
 	return int64(v * mult), nil
 }

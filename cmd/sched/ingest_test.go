@@ -177,6 +177,16 @@ func TestParseCountAndBytes(t *testing.T) {
 	if n, _ := parseBytes("512M"); n != 512<<20 {
 		t.Fatalf("512M = %d", n)
 	}
+	// None of these may read as a size, least of all as 0 or a negative
+	// number, which mean no limit.
+	for _, bad := range []string{"NaN", "nan", "Inf", "-Inf", "1e30T", "9.3e18", "-1"} {
+		if n, err := parseCount(bad); err == nil {
+			t.Errorf("parseCount(%q) = %d", bad, n)
+		}
+		if n, err := parseBytes(bad); err == nil {
+			t.Errorf("parseBytes(%q) = %d", bad, n)
+		}
+	}
 }
 
 // dataDirWithTokenizer makes dir/kiln, a data directory that holds

@@ -6,6 +6,7 @@ package runs
 import (
 	_ "embed"
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strconv"
@@ -97,8 +98,8 @@ func ParseByteSize(s string) (ByteSize, error) {
 		}
 	}
 	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("size %q: write a number with an optional unit, such as 20GiB or 512MiB", s)
+	if err != nil || math.IsNaN(v) || v < 0 || v*mult >= math.MaxInt64 {
+		return 0, fmt.Errorf("size %q: write a number with an optional unit, such as 20GiB or 512MiB (at most 8 EiB)", s)
 	}
 	return ByteSize(v * mult), nil
 }

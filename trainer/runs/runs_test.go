@@ -161,7 +161,7 @@ func TestParseByteSize(t *testing.T) {
 			t.Errorf("%q: %v %v, want %v", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "x", "-1GiB", "GiB"} {
+	for _, bad := range []string{"", "x", "-1GiB", "GiB", "NaN", "NaNGiB", "Inf", "1e30TiB", "8EiB9"} {
 		if _, err := ParseByteSize(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

@@ -321,6 +321,9 @@ func CheckStoreName(name string) error {
 	if name == "" || strings.HasPrefix(name, ".") || unsafeKeyChars.MatchString(name) {
 		return &PresetError{fmt.Errorf("token store name %q: use letters, digits, '-', '_' or '.' (no slashes, spaces, or a leading dot)", name)}
 	}
+	if err := store.NameTooLong("token store", name); err != nil {
+		return &PresetError{err}
+	}
 	return nil
 }
 

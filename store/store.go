@@ -54,6 +54,20 @@ type Info struct {
 var ErrNotFound = errors.New("object not found")
 
 // checkKey rejects keys that would escape a prefix or a directory.
+// MaxNameBytes bounds the names kiln makes one element of an object key and
+// of a local path (tokenizers, token stores, runs): with the suffixes kiln
+// adds to them, a longer one could pass a filesystem's 255-byte limit.
+const MaxNameBytes = 100
+
+// NameTooLong says that name, of kind what ("run", "token store"), is
+// longer than MaxNameBytes, and is nil otherwise.
+func NameTooLong(what, name string) error {
+	if len(name) <= MaxNameBytes {
+		return nil
+	}
+	return fmt.Errorf("%s name %.24q... is %d bytes long: use at most %d", what, name, len(name), MaxNameBytes)
+}
+
 func checkKey(key string) error {
 	if key == "" || strings.HasPrefix(key, "/") || strings.HasSuffix(key, "/") {
 		return fmt.Errorf("object key %q: must be a non-empty relative path not ending in /", key)

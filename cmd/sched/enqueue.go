@@ -15,6 +15,7 @@ import (
 
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
@@ -192,6 +193,9 @@ func benchedRun(name string) (runs.Run, error) {
 func checkName(what, name string) error {
 	if name == "" || strings.ContainsAny(name, "/\\ \t\n") || name == "." || name == ".." {
 		return badInput("%s name %q: use letters, digits, '-', '_' or '.' (no slashes or spaces)", what, name)
+	}
+	if err := store.NameTooLong(what, name); err != nil {
+		return badInput("%v", err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 )
 
@@ -143,5 +145,29 @@ func TestEnqueueTrainChecksTheRunFirst(t *testing.T) {
 	putObject(t, data, "tokens/go-stdlib/status.json", []byte(`{"tokens": 100000, "documents": 30, "shards": 3}`))
 	if a := queuedSegment(t, renv, r.URL(0), "demo", "--tokenizer", "tiny-300"); a.Tokenizer != "tiny-300" {
 		t.Fatalf("enqueue train demo --tokenizer tiny-300 queued tokenizer %q; want tiny-300 pinned", a.Tokenizer)
+	}
+}
+
+// A name longer than store.MaxNameBytes (a tokenizer's, a token store's, a
+// run's) is refused at the command, naming the limit, where it was queued
+// and failed on the worker's filesystem.
+func TestOverLongNamesAreRefused(t *testing.T) {
+	t.Parallel()
+	env := []string{"KILN_REDIS_URL=redis://" + testsvc.Redis(t) + "/0", "KILN_DATA_DIR=" + t.TempDir()}
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "a.txt"), []byte("package main\n"), 0o644)
+	long := strings.Repeat("z", store.MaxNameBytes+1)
+	for _, args := range [][]string{
+		{"enqueue", "tokenizer", long, "--from", "local:" + src + "/*.txt=1", "--vocab", "1024"},
+		{"enqueue", "train", long},
+		{"ingest", "local:" + src + "/*.txt", "--direct", "--store", long},
+	} {
+		out, errOut, code := sched(t, env, args...)
+		if code != 2 || !strings.Contains(errOut, fmt.Sprintf("is %d bytes long: use at most %d", len(long), store.MaxNameBytes)) {
+			t.Errorf("sched %s %s: exit %d, %q %q", args[0], args[1], code, out, errOut)
+		}
+	}
+	if out, _, _ := sched(t, env, "runs"); strings.Contains(out, "zzzz") {
+		t.Errorf("something was queued:\n%s", out)
 	}
 }

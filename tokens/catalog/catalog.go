@@ -83,13 +83,16 @@ func SpecialTokens(t *tokenizer.Tokenizer) []string {
 type NameError struct{ Name string }
 
 func (e *NameError) Error() string {
+	if err := store.NameTooLong("tokenizer", e.Name); err != nil {
+		return err.Error()
+	}
 	return fmt.Sprintf("tokenizer name %q: use letters, digits, '-', '_' or '.' (no slashes, spaces, or a leading dot)", e.Name)
 }
 func (e *NameError) BadInput() bool { return true }
 
 // CheckName refuses a name that would not stay one path element.
 func CheckName(name string) error {
-	if name == "" || strings.HasPrefix(name, ".") {
+	if name == "" || strings.HasPrefix(name, ".") || store.NameTooLong("tokenizer", name) != nil {
 		return &NameError{name}
 	}
 	for _, r := range name {

@@ -514,14 +514,22 @@ func readOptimizer(path string, f *model.SafetensorsFile, p *model.Params) (*mod
 // sameShape compares the fields that fix the parameter layout.
 func sameShape(got, want model.Config) error {
 	type shape struct {
-		vocab, hidden, layers, heads, kv, headDim, ff int
-		tied                                          bool
+		vocab, hidden, layers, heads, kv, headDim, ff, experts, topK int
+		tied                                                         bool
 	}
-	g := shape{got.VocabSize, got.Hidden, got.Layers, got.Heads, got.KVHeads, got.HeadDim, got.Intermediate, got.TieEmbeddings}
-	w := shape{want.VocabSize, want.Hidden, want.Layers, want.Heads, want.KVHeads, want.HeadDim, want.Intermediate, want.TieEmbeddings}
-	if g != w {
-		return fmt.Errorf("it holds a model of vocab %d, d_model %d, %d layers, %d heads, %d KV heads, head_dim %d, d_ff %d, tied %v; this run's model has vocab %d, d_model %d, %d layers, %d heads, %d KV heads, head_dim %d, d_ff %d, tied %v",
-			g.vocab, g.hidden, g.layers, g.heads, g.kv, g.headDim, g.ff, g.tied, w.vocab, w.hidden, w.layers, w.heads, w.kv, w.headDim, w.ff, w.tied)
+	of := func(c model.Config) shape {
+		return shape{c.VocabSize, c.Hidden, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, c.Experts, c.ExpertsPerTok, c.TieEmbeddings}
+	}
+	say := func(s shape) string {
+		ff := "dense"
+		if s.experts > 0 {
+			ff = fmt.Sprintf("%d experts, top %d", s.experts, s.topK)
+		}
+		return fmt.Sprintf("vocab %d, d_model %d, %d layers, %d heads, %d KV heads, head_dim %d, d_ff %d (%s), tied %v",
+			s.vocab, s.hidden, s.layers, s.heads, s.kv, s.headDim, s.ff, ff, s.tied)
+	}
+	if g, w := of(got), of(want); g != w {
+		return fmt.Errorf("it holds a model of %s; this run's model has %s", say(g), say(w))
 	}
 	return nil
 }

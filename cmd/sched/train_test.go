@@ -237,6 +237,17 @@ func TestTrainCommandWithExperts(t *testing.T) {
 	if n := strings.Count(string(mf), `"aux_loss":`); n != 2 {
 		t.Errorf("metrics.jsonl has %d lines with aux_loss, want 2:\n%s", n, mf)
 	}
+	// Resumed without --moe, or with other experts: refused, naming both
+	// feed-forwards, before any step.
+	for _, moe := range [][]string{nil, {"--moe", "experts=8,top_k=2,d_ff=64"}} {
+		args := append([]string{"train", "--model", "tiny", "--tokens", store + "=1", "--engine", "cpu", "--precision", "fp32", "--seq", "32",
+			"--batch", "2", "--steps", "4", "--log-every", "1", "--out", out, "--tokenizer-file", tokJSON, "--resume"}, moe...)
+		text, err := runTrainCmd(args...)
+		if code := exitCode(err); code != exitBadInput || !strings.Contains(err.Error(), "d_ff 64 (4 experts, top 2)") ||
+			!strings.Contains(err.Error(), "resume with the model it was trained with") {
+			t.Errorf("resume with %v: exit %d, %v\n%s", moe, code, err, text)
+		}
+	}
 }
 
 // A run stopped by Ctrl-C or SIGTERM says where it stopped, which

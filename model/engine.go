@@ -80,6 +80,10 @@ type Sampling struct {
 	Temperature float64 // 0 = greedy
 	TopK        int     // 0 = whole vocabulary
 	Seed        uint64
+	// Vocab, when above 0, is how many ids may be picked (the first): a
+	// tokenizer smaller than the model's vocab_size (padded, as many
+	// checkpoints are) has no text for the ids past its own.
+	Vocab int
 }
 
 // MemoryStats is what an engine reports of its memory use, in bytes.

@@ -23,8 +23,12 @@ func NewSampler(s Sampling) *Sampler {
 
 // Next returns the next token: the arg-max when Temperature is 0 (the lowest
 // id on a tie), else a draw from softmax(logits / Temperature) restricted to
-// the TopK largest logits when TopK > 0.
+// the TopK largest logits when TopK > 0; ids at or past Vocab (when set)
+// are never picked.
 func (sm *Sampler) Next(logits []float32) int32 {
+	if v := sm.s.Vocab; v > 0 && v < len(logits) {
+		logits = logits[:v]
+	}
 	if sm.s.Temperature <= 0 {
 		best := 0
 		for i, v := range logits {

@@ -252,3 +252,29 @@ func TestGenerateFromARunsLatestCheckpoint(t *testing.T) {
 		}
 	}
 }
+
+// A model whose vocab_size is padded past its tokenizer's ids (as many
+// checkpoints are) generates only ids the tokenizer has, greedy or
+// sampled, even where the padded rows' logits are the largest.
+func TestGenerateSamplesOnlyTheTokenizersIds(t *testing.T) {
+	dir, c := makeCheckpoint(t)
+	c.VocabSize = 40000 // the tokenizer has 30093
+	p := model.InitParams(c, 5)
+	emb := p.Tensor("model.embed_tokens.weight")
+	for i := 30093 * c.Hidden; i < len(emb); i++ {
+		emb[i] *= 100 // tied: the padded ids' logits dwarf the others
+	}
+	if err := model.WriteConfig(filepath.Join(dir, "config.json"), c); err != nil {
+		t.Fatal(err)
+	}
+	if err := model.SaveParams(filepath.Join(dir, "model.safetensors"), p, model.F32); err != nil {
+		t.Fatal(err)
+	}
+	for _, temp := range []string{"0", "1"} {
+		out, errOut, code := runModelCLI(t, "generate", "--checkpoint", dir, "--prompt", "func main() {", "--max-tokens", "8",
+			"--temperature", temp, "--top-k", "0", "--seed", "3", "--engine", "cpu")
+		if code != 0 || !strings.HasPrefix(out, "func main() {") || len(out) <= len("func main() {\n") {
+			t.Errorf("temperature %s: exit %d, %q %s", temp, code, out, errOut)
+		}
+	}
+}

@@ -145,6 +145,24 @@ func loadGolden(dir string) (*golden, error) {
 	if err := json.Unmarshal(b, &g.expected); err != nil {
 		return nil, &FormatError{Path: exPath, Msg: "not valid JSON: " + err.Error()}
 	}
+	// A value left out would be compared as 0 (or train with lr 0): each
+	// must be there.
+	var keys struct {
+		Top   map[string]json.RawMessage
+		AdamW map[string]json.RawMessage `json:"adamw"`
+	}
+	_ = json.Unmarshal(b, &keys.Top)
+	_ = json.Unmarshal(keys.Top["adamw"], &keys.AdamW)
+	for _, k := range []string{"loss", "grad_norm_before_clip", "clip", "adamw"} {
+		if _, ok := keys.Top[k]; !ok {
+			return nil, &FormatError{Path: exPath, Msg: fmt.Sprintf("has no %q: it needs loss, grad_norm_before_clip, clip and adamw (lr, beta1, beta2, eps, weight_decay)", k)}
+		}
+	}
+	for _, k := range []string{"lr", "beta1", "beta2", "eps", "weight_decay"} {
+		if _, ok := keys.AdamW[k]; !ok {
+			return nil, &FormatError{Path: exPath, Msg: fmt.Sprintf("has no adamw.%s: adamw needs lr, beta1, beta2, eps and weight_decay", k)}
+		}
+	}
 	if g.params, err = LoadParams(filepath.Join(dir, "model.safetensors"), g.cfg); err != nil {
 		return nil, err
 	}
@@ -177,13 +195,15 @@ func loadGolden(dir string) (*golden, error) {
 		}
 	}
 	g.batch = Batch{B: B, T: T, Inputs: in, Targets: tg}
-	if lt := bf.Tensor("logits"); lt != nil {
-		if !slices.Equal(lt.Shape, []int{B, T, g.cfg.VocabSize}) {
-			return nil, &ShapeError{Path: bPath, Tensor: "logits", Want: []int{B, T, g.cfg.VocabSize}, Got: lt.Shape}
-		}
-		if g.logits, err = lt.Float32s(); err != nil {
-			return nil, &FormatError{Path: bPath, Msg: err.Error()}
-		}
+	lt := bf.Tensor("logits")
+	if lt == nil {
+		return nil, &FormatError{Path: bPath, Msg: fmt.Sprintf("needs logits, F32 of shape [%d, %d, %d], the reference's output for input_ids", B, T, g.cfg.VocabSize)}
+	}
+	if !slices.Equal(lt.Shape, []int{B, T, g.cfg.VocabSize}) {
+		return nil, &ShapeError{Path: bPath, Tensor: "logits", Want: []int{B, T, g.cfg.VocabSize}, Got: lt.Shape}
+	}
+	if g.logits, err = lt.Float32s(); err != nil {
+		return nil, &FormatError{Path: bPath, Msg: err.Error()}
 	}
 	return g, nil
 }
@@ -219,14 +239,12 @@ func Verify(ctx context.Context, dir string, o VerifyOptions) (*VerifyReport, er
 	if err := eng.SetParams(g.params); err != nil {
 		return nil, err
 	}
-	if g.logits != nil {
-		logits, err := eng.Logits(g.batch)
-		if err != nil {
-			return nil, err
-		}
-		r.LogitsErr = maxAbsDiff(logits, g.logits)
-		r.LogitsTol = tol.LogitsRel * maxAbs(g.logits)
+	logits, err := eng.Logits(g.batch)
+	if err != nil {
+		return nil, err
 	}
+	r.LogitsErr = maxAbsDiff(logits, g.logits)
+	r.LogitsTol = tol.LogitsRel * maxAbs(g.logits)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -68,3 +68,62 @@ func TestVerifyChecksAuxLoss(t *testing.T) {
 		t.Errorf("pass %v, aux ok %v, loss ok %v: want only the aux loss to fail", r.Pass, r.AuxOK, r.LossOK)
 	}
 }
+
+// A golden directory missing a value to compare against (the logits, the
+// loss, an AdamW setting) is refused naming the file and what it needs,
+// where the value was taken as 0 or left unchecked.
+func TestVerifyRefusesAnIncompleteGolden(t *testing.T) {
+	src := filepath.Join("testdata", "golden", "tiny")
+	copyGolden := func(t *testing.T) string {
+		dir := t.TempDir()
+		entries, err := os.ReadDir(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range entries {
+			b, err := os.ReadFile(filepath.Join(src, e.Name()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	for _, c := range []struct {
+		name  string
+		spoil func(t *testing.T, dir string)
+		want  string
+	}{
+		{"no logits", func(t *testing.T, dir string) {
+			path := filepath.Join(dir, "batch.safetensors")
+			bf, err := ReadSafetensors(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := bf.Tensor("input_ids")
+			in, _ := ids.Int32s()
+			if err := WriteSafetensors(path, &SafetensorsFile{Tensors: []Tensor{I32Tensor("input_ids", ids.Shape, in)}}); err != nil {
+				t.Fatal(err)
+			}
+		}, "batch.safetensors: needs logits"},
+		{"empty expected.json", func(t *testing.T, dir string) {
+			os.WriteFile(filepath.Join(dir, "expected.json"), []byte("{}"), 0o644)
+		}, `expected.json: has no "loss"`},
+		{"no adamw.lr", func(t *testing.T, dir string) {
+			path := filepath.Join(dir, "expected.json")
+			b, _ := os.ReadFile(path)
+			os.WriteFile(path, bytes.Replace(b, []byte(`"lr"`), []byte(`"learning_rate"`), 1), 0o644)
+		}, "has no adamw.lr"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := copyGolden(t)
+			c.spoil(t, dir)
+			_, err := Verify(context.Background(), dir, VerifyOptions{Engine: "cpu", Precision: "fp32"})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("Verify = %v, want an error with %q", err, c.want)
+			}
+		})
+	}
+}

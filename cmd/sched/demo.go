@@ -114,9 +114,9 @@ func init() {
 Redis-compatible server holds the queue, a local directory is the object
 store, and an in-process worker trains. It ingests the Go standard library
 (the sources under GOROOT), trains a byte-level BPE tokenizer of 4096 ids,
-trains the demo model (model/config.go) for about --duration on the CPU (on the GPU when one
-loads), and prints the results table, the loss plot's path and a generated
-sample. Everything is written under --dir; a second run reuses the
+trains the tiny model (the demo run of 'sched runs --presets') for about
+--duration on the CPU (on the GPU when one loads), and prints the results
+table, the loss plot's path and a generated sample. Everything is written under --dir; a second run reuses the
 tokenizer and the token store and trains afresh.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(c *cobra.Command, _ []string) error {

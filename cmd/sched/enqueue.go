@@ -37,7 +37,7 @@ func init() {
 	ingest := &cobra.Command{
 		Use:   "ingest <dataset>",
 		Short: "Plan the ingest of a dataset (ingest:plan); CPU workers then fetch and tokenize its files",
-		Args:  exactArgs(1, "one dataset (a Hugging Face id like bigcode/the-stack-v2-dedup, or a path)"),
+		Args:  exactArgs(1, "one dataset: a preset ('sched datasets' lists them) or local:<glob>"),
 	}
 	var ingestStore string
 	var ingestPlan planFlags
@@ -64,7 +64,7 @@ Flags given override what the model's defaults or the run's settings say.`,
 	var br scheduler.BenchRun
 	bench.Flags().StringVar(&br.Engine, "engine", "auto", "engine: cuda, cpu or auto")
 	var isSweep bool
-	bench.Flags().BoolVar(&isSweep, "sweep", false, "the name is a sweep, not a model")
+	bench.Flags().BoolVar(&isSweep, "sweep", false, "the name is the sweep (\"sweep\", the one there is), not a model or a run")
 	var st benchStep
 	var benchWarmup optionalInt
 	bench.Flags().IntVar(&st.batch, "batch", 0, "micro-batch of a model's measurement (default 32, or the run's)")
@@ -82,6 +82,9 @@ Flags given override what the model's defaults or the run's settings say.`,
 			return err
 		}
 		sweep := isSweep || args[0] == "sweep"
+		if isSweep && args[0] != "sweep" {
+			return badInput("--sweep %q: the one sweep is \"sweep\": 'sched enqueue bench sweep'", args[0])
+		}
 		for _, f := range []struct {
 			name string
 			v    int

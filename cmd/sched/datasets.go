@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokens"
 )
 
@@ -27,6 +30,13 @@ func init() {
 			if err != nil {
 				return err
 			}
+			if storesDir == "" {
+				cfg, err := loadConfig(c)
+				if err != nil {
+					return err
+				}
+				storesDir = filepath.Join(cfg.DataDir, "tokens")
+			}
 			w := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "PRESET\tREPOSITORY\tREVISION\tFILES")
 			for _, name := range slices.Sorted(maps.Keys(presets)) {
@@ -35,21 +45,30 @@ func init() {
 			}
 			fmt.Fprintln(w, "local:<glob>\t(local files)\t-\tparquet, jsonl[.gz|.zst], text")
 			w.Flush()
-			if storesDir == "" {
+			fmt.Fprintln(c.OutOrStdout())
+			entries, err := os.ReadDir(storesDir)
+			if errors.Is(err, fs.ErrNotExist) && !c.Flags().Changed("stores") {
+				fmt.Fprintf(c.OutOrStdout(), "no token stores in %s yet ('sched enqueue ingest <dataset>' fills one)\n", storesDir)
 				return nil
 			}
-			entries, err := os.ReadDir(storesDir)
 			if err != nil {
 				return badInput("--stores %s: %v", storesDir, err)
 			}
-			fmt.Fprintln(c.OutOrStdout())
 			w = tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "STORE\tTOKENS\tSHARDS\tSIZE\tCOMMIT\tSKIPPED")
 			for _, e := range entries {
 				dir := filepath.Join(storesDir, e.Name())
+				if !e.IsDir() {
+					continue
+				}
 				m, err := tokens.ReadManifest(dir)
-				if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
 					continue // not a store
+				}
+				if err != nil {
+					why := strings.TrimPrefix(err.Error(), "token store "+dir+": ")
+					fmt.Fprintf(w, "%s\tunreadable store: %s\n", e.Name(), scheduler.OneLine(why, 300))
+					continue
 				}
 				var size int64
 				if st, err := os.Stat(filepath.Join(dir, "tokens.bin")); err == nil {
@@ -70,8 +89,8 @@ func init() {
 			return w.Flush()
 		},
 	}
-	cmd.Flags().StringVar(&presetsFile, "presets", "", "YAML file of dataset presets (default $KILN_DATASETS)")
-	cmd.Flags().StringVar(&storesDir, "stores", "", "directory whose subdirectories are token stores")
+	cmd.PersistentFlags().StringVar(&presetsFile, "presets", "", "YAML file of dataset presets (default $KILN_DATASETS)")
+	cmd.Flags().StringVar(&storesDir, "stores", "", "directory whose subdirectories are token stores (default <data dir>/tokens)")
 
 	check := &cobra.Command{
 		Use:   "check <name>",
@@ -88,7 +107,11 @@ func init() {
 			}
 			var hc *hub.Client
 			if p.Glob == "" {
-				if hc, err = hub.New(hub.Environment()); err != nil {
+				cfg, err := loadConfig(c)
+				if err != nil {
+					return err
+				}
+				if hc, err = hub.New(hubConfig(cfg)); err != nil {
 					return err
 				}
 			}

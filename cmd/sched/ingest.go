@@ -249,14 +249,22 @@ func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config) error {
 	return badInput("the ingest would tokenize with tokenizer %s, which does not exist yet: make it first with 'sched enqueue tokenizer %s', or name an existing one with --tokenizer ('sched tokenizers' lists them)", cfg.Tokenizer, cfg.Tokenizer)
 }
 
-// openSources makes the clients that datasets are read through: the
-// Hugging Face Hub (HF_ENDPOINT; HF_TOKEN or --hf-token) and Software
-// Heritage (KILN_SWH_ENDPOINT, AWS_* credentials when set).
-func openSources(cfg scheduler.Config, log *zap.Logger) (*hub.Client, *ingest.SWH, error) {
+// hubConfig is the Hugging Face Hub client's settings: the environment's
+// (HF_ENDPOINT, HF_TOKEN), the configuration's token (--hf-token, YAML
+// hf_token) over it.
+func hubConfig(cfg scheduler.Config) hub.Config {
 	hc := hub.Environment()
 	if cfg.HFToken != "" {
 		hc.Token = cfg.HFToken
 	}
+	return hc
+}
+
+// openSources makes the clients that datasets are read through: the
+// Hugging Face Hub (HF_ENDPOINT; HF_TOKEN or --hf-token) and Software
+// Heritage (KILN_SWH_ENDPOINT, AWS_* credentials when set).
+func openSources(cfg scheduler.Config, log *zap.Logger) (*hub.Client, *ingest.SWH, error) {
+	hc := hubConfig(cfg)
 	hc.Logger = log
 	h, err := hub.New(hc)
 	if err != nil {

@@ -5,11 +5,14 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
@@ -32,6 +35,20 @@ func TestIngestDirectLocalThenDatasets(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "the-stack-v2") || !strings.Contains(out, "bigcode/the-stack-v2-dedup") ||
 		!strings.Contains(out, "local") || !strings.Contains(out, "empty-file=1") {
 		t.Fatalf("datasets: code %d\n%s\n%s", code, out, errOut)
+	}
+	// Without --stores: the data directory's stores, a damaged one named
+	// as such; a data directory with none says so.
+	os.MkdirAll(filepath.Join(stores, "broken"), 0o755)
+	os.WriteFile(filepath.Join(stores, "broken", tokens.ManifestFile), []byte("{"), 0o644)
+	os.Rename(stores, filepath.Join(dir, "tokens"))
+	out, errOut, code = sched(t, []string{"KILN_DATA_DIR=" + dir}, "datasets")
+	if code != 0 || !regexp.MustCompile(`(?m)^local +[1-9]`).MatchString(out) || !regexp.MustCompile(`(?m)^broken +unreadable store: .*corrupt`).MatchString(out) {
+		t.Errorf("datasets in the data directory: code %d\n%s\n%s", code, out, errOut)
+	}
+	empty := t.TempDir()
+	out, errOut, code = sched(t, []string{"KILN_DATA_DIR=" + empty}, "datasets")
+	if code != 0 || !strings.Contains(out, "no token stores in "+filepath.Join(empty, "tokens")+" yet") {
+		t.Errorf("datasets with no stores: code %d\n%s\n%s", code, out, errOut)
 	}
 
 	local := "local:" + filepath.Join(data, "*.jsonl")
@@ -219,4 +236,33 @@ func goldenTokenizerWithEOS(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// sched datasets check takes --presets (KILN_DATASETS's flag) and the
+// Hugging Face token of --hf-token (or the config file's) over HF_TOKEN's,
+// as an ingest does: a gated preset of the project's hub server checks with
+// the flag's token and is refused with the environment's.
+func TestDatasetsCheckTakesPresetsAndTheConfiguredToken(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	hub.Gated, hub.Authorized = true, "hf_flag"
+	hub.Add("org/gated", "data/a.jsonl", []byte(`{"text":"package main"}`+"\n"), false)
+	presets := filepath.Join(t.TempDir(), "presets.yaml")
+	os.WriteFile(presets, []byte("mine:\n  repo: org/gated\n  revision: main\n  include: [\"data/*.jsonl\"]\n"), 0o644)
+	env := []string{"HF_ENDPOINT=" + hub.Server.URL, "HF_TOKEN=hf_env"}
+	out, errOut, code := sched(t, env, "datasets", "check", "mine", "--presets", presets, "--hf-token", "hf_flag")
+	if code != 0 || !strings.HasPrefix(out, "mine: org/gated at commit ") {
+		t.Errorf("check with --hf-token: code %d\n%s\n%s", code, out, errOut)
+	}
+	if _, errOut, code := sched(t, env, "datasets", "check", "mine", "--presets", presets); code == 0 || !strings.Contains(errOut, "org/gated") {
+		t.Errorf("check with HF_TOKEN's token, which the hub refuses: code %d, %q", code, errOut)
+	}
+	var seen []string
+	for _, r := range hub.Requests() {
+		seen = append(seen, r.Authorization)
+	}
+	if !slices.Contains(seen, "Bearer hf_flag") || !slices.Contains(seen, "Bearer hf_env") {
+		t.Errorf("the hub saw the tokens %q; want the flag's, then the environment's", seen)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -173,6 +174,13 @@ func (r Run) Validate() error {
 		msg = "checkpoint_every must be at least 1: a run on the queue resumes from checkpoints"
 	case r.MinFreeDisk < 0:
 		msg = "min_free_disk must not be negative"
+	}
+	for i, m := range r.Mixture {
+		// The worker reads tokens/<name> of its data directory, or an
+		// absolute path: a relative path would lead out of that directory.
+		if msg == "" && !filepath.IsAbs(m.Store) && (strings.ContainsAny(m.Store, `/\`) || strings.HasPrefix(m.Store, ".")) {
+			msg = fmt.Sprintf("mixture[%d] store %q: name a token store of the worker's data directory (tokens/<name>; 'sched datasets' lists them) or give an absolute path", i, m.Store)
+		}
 	}
 	if msg != "" {
 		return inputError{fmt.Errorf("run %s: %s", r.Name, msg)}

@@ -142,11 +142,17 @@ func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 }
 
 func TestGetValidates(t *testing.T) {
-	s, err := Load(writeFile(t, "pilot:\n  retention: {keep_last: 0}\nlong:\n  seq: 99999\n"))
+	s, err := Load(writeFile(t, "pilot:\n  retention: {keep_last: 0}\nlong:\n  seq: 99999\n"+
+		"up:\n  from: pilot\n  retention: {keep_last: 2}\n  mixture:\n    - {store: ../../etc, weight: 1}\n"+
+		"abs:\n  from: pilot\n  retention: {keep_last: 2}\n  mixture:\n    - {store: /srv/tokens/code, weight: 1}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string]string{"pilot": "retention.keep_last", "long": "seq 99999", "nope": "unknown run"} {
+	if _, err := s.Get("abs"); err != nil {
+		t.Errorf("a store named by its absolute path: %v", err)
+	}
+	for name, want := range map[string]string{"pilot": "retention.keep_last", "long": "seq 99999", "nope": "unknown run",
+		"up": `mixture[0] store "../../etc": name a token store of the worker's data directory`} {
 		_, err := s.Get(name)
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: want %q, got %v", name, want, err)

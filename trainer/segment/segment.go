@@ -214,7 +214,8 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if out.ResumedFrom, out.ResumeSource, err = p.restore(ctx, dir); err != nil {
 		return out, err
 	}
-	if err := p.guardDisk(dir, p.remoteNewest(ctx, log)); err != nil {
+	remote := p.remoteNewest(ctx, log)
+	if err := p.guardDisk(dir, remote); err != nil {
 		return out, err
 	}
 	// Wall-clock adds up over segments; the state hash carries the sum.
@@ -243,6 +244,14 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	up := newUploader(p, lock, dir, rc, log, wall)
 	up.from, up.began = out.ResumedFrom, began
 	go up.loop()
+	if p.Objects != nil && out.ResumeSource == "local" && out.ResumedFrom > remote {
+		// The checkpoint resumed from never reached object storage (its
+		// upload failed, or the worker stopped first): it goes now, as a
+		// new one would. A finished run trains no step and writes none, so
+		// its last checkpoint goes up only here.
+		log.Info("uploading the local checkpoint object storage lacks", zap.Int("step", out.ResumedFrom))
+		up.push(filepath.Join(dir, trainer.StepDir(out.ResumedFrom)), out.ResumedFrom)
+	}
 
 	data, err := p.OpenData(rc, mc)
 	if err != nil {
@@ -440,14 +449,14 @@ func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
 // remoteNewest is the newest step of the run that object storage holds
 // complete, or -1 (none, no object storage, or its listing failed): the
 // local checkpoints up to it are safe there, which the disk guard may
-// remove at the segment's start.
+// remove at the segment's start, and a newer one resumed from is uploaded.
 func (p Params) remoteNewest(ctx context.Context, log *zap.Logger) int {
-	if p.Objects == nil || p.Run.MinFreeDisk <= 0 {
+	if p.Objects == nil {
 		return -1
 	}
 	steps, err := RemoteSteps(ctx, p.Objects, p.Run.Name)
 	if err != nil {
-		log.Warn("disk guard: cannot list the checkpoints in object storage; no local one counts as uploaded", zap.Error(err))
+		log.Warn("cannot list the checkpoints in object storage; no local one counts as uploaded", zap.Error(err))
 		return -1
 	}
 	if len(steps) == 0 {

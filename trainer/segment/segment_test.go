@@ -483,3 +483,38 @@ func TestDiskGuardFreesUploadedCheckpointsAtTheStart(t *testing.T) {
 		t.Errorf("warnings %v; want one naming step 4", logs.All())
 	}
 }
+
+// A run whose last checkpoint could not be uploaded (object storage down at
+// the end) is not done until it is: the segment fails, and the next one,
+// which resumes from that local checkpoint and has no step left to train,
+// uploads it.
+func TestLastCheckpointIsUploadedByTheNextSegment(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, srv := newS3(t)
+	run := testRun("last", 8)
+	disk := t.TempDir()
+	stopped := false
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a",
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if m != nil && step == 7 && !stopped {
+				stopped = true
+				srv.Stop() // before step 8's checkpoint
+			}
+		}})
+	if err == nil || out.Uploaded == 8 {
+		t.Fatalf("first segment with object storage down at the end: %+v %v; want its last upload to fail", out, err)
+	}
+	srv.Start()
+	out, err = Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"})
+	if err != nil || !out.Done || out.ResumedFrom != 8 || out.Uploaded != 8 {
+		t.Fatalf("second segment: %+v %v; want it to resume from the local step 8 and upload it", out, err)
+	}
+	steps, err := RemoteSteps(ctx, obj, "last")
+	if err != nil || len(steps) == 0 || steps[len(steps)-1] != 8 {
+		t.Fatalf("object storage holds steps %v (%v), want 8 the newest", steps, err)
+	}
+	if _, err := Pull(ctx, obj, "last", 8, t.TempDir()); err != nil {
+		t.Errorf("step 8 in object storage: %v", err)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
@@ -111,9 +112,29 @@ func Push(ctx context.Context, obj Objects, lock Lease, run, dir string) (Marker
 	sort.Strings(names)
 	names = append(names, trainer.StateFile)
 	prefix := checkpointKey(run, st.Step)
+	if lock != nil {
+		// A holder of the run that lost its lease (it froze past it) must
+		// not write into a checkpoint the newer holder marked complete.
+		var done Marker
+		err := getJSON(ctx, obj, prefix+MarkerFile, &done)
+		switch {
+		case err == nil && done.Token > m.Token:
+			return m, fmt.Errorf("push checkpoint step %d of run %s: %w: the holder of fencing token %d marked it complete, this one holds %d",
+				st.Step, run, scheduler.ErrRunLockLost, done.Token, m.Token)
+		case err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, trainer.ErrDamaged):
+			return m, fmt.Errorf("push checkpoint step %d of run %s: read its marker: %w", st.Step, run, err)
+		}
+	}
 	for _, name := range names {
 		if err := ctx.Err(); err != nil {
 			return m, err
+		}
+		if lock != nil {
+			// The lease checked before every file, not only before the
+			// marker: a holder fenced out stops writing at once.
+			if err := lock.Check(ctx); err != nil {
+				return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run, err)
+			}
 		}
 		n, err := putFile(ctx, obj, prefix+name, filepath.Join(dir, name))
 		if err != nil {

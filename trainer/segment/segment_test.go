@@ -518,3 +518,49 @@ func TestLastCheckpointIsUploadedByTheNextSegment(t *testing.T) {
 		t.Errorf("step 8 in object storage: %v", err)
 	}
 }
+
+// A holder whose lease lapsed (a worker that froze past it) writes nothing
+// into a checkpoint the newer holder marked complete: its push is refused
+// before its first file, and the newer holder's checkpoint pulls whole.
+func TestFencedOutHolderLeavesACompleteCheckpointAlone(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+	// Two different step-2 checkpoints: the stale holder's and the new one's.
+	dirs := map[string]string{}
+	for owner, seed := range map[string]uint64{"a": 5, "b": 6} {
+		run := testRun("f-"+owner, 2)
+		run.Seed = seed
+		disk := t.TempDir()
+		if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, OpenData: openStream}); err != nil || !out.Done {
+			t.Fatalf("checkpoint %s: %+v %v", owner, out, err)
+		}
+		dirs[owner] = filepath.Join(RunDir(disk, "f-"+owner), trainer.StepDir(2))
+	}
+	stale, err := scheduler.AcquireRun(ctx, rdb, "f", "gpu-a", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its lease is gone (released here; lapsed in life) while it holds on.
+	if err := stale.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := scheduler.AcquireRun(ctx, rdb, "f", "gpu-b", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release(ctx)
+	if _, err := Push(ctx, obj, holder, "f", dirs["b"]); err != nil {
+		t.Fatalf("the holder's push: %v", err)
+	}
+	want := readObject(t, ctx, obj, CheckpointPrefix("f")+trainer.StepDir(2)+"/"+trainer.ModelFile)
+	if _, err := Push(ctx, obj, stale, "f", dirs["a"]); !errors.Is(err, scheduler.ErrRunLockLost) {
+		t.Fatalf("the stale holder's push: %v, want ErrRunLockLost", err)
+	}
+	if got := readObject(t, ctx, obj, CheckpointPrefix("f")+trainer.StepDir(2)+"/"+trainer.ModelFile); !bytes.Equal(got, want) {
+		t.Error("the stale holder overwrote the complete checkpoint's weights")
+	}
+	if _, err := Pull(ctx, obj, "f", 2, t.TempDir()); err != nil {
+		t.Errorf("the complete checkpoint after the stale push: %v", err)
+	}
+}

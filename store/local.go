@@ -137,7 +137,18 @@ func (l *Local) Stat(ctx context.Context, key string) (Info, error) {
 // List implements Store.
 func (l *Local) List(ctx context.Context, prefix string) ([]Info, error) {
 	var out []Info
-	err := filepath.WalkDir(l.dir, func(p string, d fs.DirEntry, err error) error {
+	// Only the prefix's directory is walked, not the whole store; and an
+	// object or a directory deleted while the walk passes (a delete
+	// elsewhere, an emptied directory removed) is no longer there to list,
+	// not an error.
+	root := l.dir
+	if i := strings.LastIndexByte(prefix, '/'); i > 0 {
+		root = filepath.Join(l.dir, filepath.FromSlash(prefix[:i]))
+	}
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -156,6 +167,9 @@ func (l *Local) List(ctx context.Context, prefix string) ([]Info, error) {
 			return nil
 		}
 		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}

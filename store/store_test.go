@@ -342,6 +342,43 @@ func TestLocalDeleteLeavesNoEmptyDirectories(t *testing.T) {
 	if entries, err := os.ReadDir(root); err != nil || len(entries) != 0 {
 		t.Errorf("the store's root after every object went: %v %v", entries, err)
 	}
+	// Lists of one prefix while objects come and go under another (their
+	// directories made and removed): no list fails, none misses the
+	// prefix's objects.
+	put("checkpoints/r/step-3/a")
+	stop := make(chan struct{})
+	var churn sync.WaitGroup
+	churn.Add(1)
+	go func() {
+		defer churn.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			key := fmt.Sprintf("tokens/s/%d/shard", i%7)
+			if err := l.Put(ctx, key, strings.NewReader("x"), 1); err != nil {
+				t.Errorf("put %s: %v", key, err)
+				return
+			}
+			if err := l.Delete(ctx, key); err != nil {
+				t.Errorf("delete %s: %v", key, err)
+				return
+			}
+		}
+	}()
+	for range 300 {
+		for _, prefix := range []string{"checkpoints/r/", ""} {
+			got, err := l.List(ctx, prefix)
+			if err != nil || !slices.ContainsFunc(got, func(i Info) bool { return i.Key == "checkpoints/r/step-3/a" }) {
+				t.Errorf("list %q while objects come and go elsewhere: %v, %v", prefix, got, err)
+				break
+			}
+		}
+	}
+	close(stop)
+	churn.Wait()
 	// Puts and deletes in one directory at once: every put lands.
 	var wg sync.WaitGroup
 	for w := range 4 {

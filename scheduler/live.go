@@ -122,3 +122,20 @@ func (c *Client) LiveIngest(ctx context.Context, store string) (int, error) {
 	})
 	return n + m, err
 }
+
+// FailedIngest counts the files of token store store whose ingest failed
+// for good or was cancelled (their newest shard or append task archived)
+// and says whether its newest plan did: what the store lacks that no task
+// will add unless it is retried.
+func (c *Client) FailedIngest(ctx context.Context, store string) (files int, plan bool, err error) {
+	snap, err := c.Snapshot(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	for _, d := range snap.Datasets() {
+		if d.Store == store {
+			return d.Failed, d.PlanFailed, nil
+		}
+	}
+	return 0, false, nil
+}

@@ -297,6 +297,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		}
 		return err
 	}
+	warnPartialStores(ctx, t.Queue, a.Run, run.Mixture, log)
 	uses, _, err := catalog.New(t.Objects, t.DataDir).Resolve(ctx, name)
 	if err != nil {
 		// An unknown or conflicting name does not fix itself by waiting.
@@ -356,6 +357,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 type Live interface {
 	LiveTokenizer(ctx context.Context, name string) (*asynq.TaskInfo, error)
 	LiveIngest(ctx context.Context, store string) (int, error)
+	FailedIngest(ctx context.Context, store string) (files int, plan bool, err error)
 }
 
 // waitForTokenizer returns a *WaitError while tokenizer name is being
@@ -392,6 +394,32 @@ func waitForInputs(ctx context.Context, q Live, run, tok string, mixture []train
 		}
 	}
 	return nil
+}
+
+// warnPartialStores says, in the worker's log, when a store of the run's
+// mixture lacks files whose ingest failed for good or was cancelled: the
+// run trains on what the store holds, and the warning names what to retry
+// for the rest.
+func warnPartialStores(ctx context.Context, q Live, run string, mixture []trainer.MixtureEntry, log *zap.Logger) {
+	if q == nil {
+		return
+	}
+	for _, m := range mixture {
+		if filepath.IsAbs(m.Store) {
+			continue
+		}
+		files, plan, err := q.FailedIngest(ctx, m.Store)
+		if err != nil || (files == 0 && !plan) {
+			continue
+		}
+		what := fmt.Sprintf("%d files", files)
+		if plan {
+			what = "its plan (and so its unplanned files)"
+		}
+		log.Warn(fmt.Sprintf("run %s trains on part of token store %s: the ingest of %s failed for good or was cancelled; "+
+			"'sched runs' lists those tasks, 'sched retry <task-id>' adds them to the store", run, m.Store, what),
+			zap.String("run", run), zap.String("store", m.Store), zap.Int("failed_files", files), zap.Bool("plan_failed", plan))
+	}
 }
 
 // benchRows reads the bench sweep's rows, for the run's tok/s gate; none

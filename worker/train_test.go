@@ -13,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
@@ -415,5 +418,32 @@ func TestASegmentWaitsForItsTokenizerAndStores(t *testing.T) {
 	}
 	if st := e.rdb.HGet(context.Background(), scheduler.RunStateKey("waits"), "done").Val(); st != "true" {
 		t.Errorf("run state done=%q; want the run trained to its end", st)
+	}
+}
+
+// A run whose store lacks files whose ingest failed for good (an append
+// archived) trains on what the store holds, and the worker's log says so,
+// naming the store and what to retry; a store with nothing failed gets no
+// warning.
+func TestRunOnAPartlyIngestedStoreIsWarned(t *testing.T) {
+	ctx := context.Background()
+	addr := testsvc.Redis(t)
+	q := scheduler.NewClient(asynq.RedisClientOpt{Addr: addr})
+	defer q.Close()
+	info, err := q.Enqueue(ctx, scheduler.IngestAppend{Store: "code", ShardID: "f1", Dataset: "local:/src/*", Source: "/src/a.jsonl"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: addr})
+	defer insp.Close()
+	if err := insp.ArchiveTask(info.Queue, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	warnPartialStores(ctx, q, "pilot", []trainer.MixtureEntry{{Store: "code", Weight: 1}, {Store: "web", Weight: 1}}, zap.New(core))
+	w := logs.All()
+	if len(w) != 1 || !strings.Contains(w[0].Message, "run pilot trains on part of token store code: the ingest of 1 files failed for good") ||
+		!strings.Contains(w[0].Message, "sched retry") {
+		t.Fatalf("warnings %v; want one naming store code, its failed file and sched retry", w)
 	}
 }

@@ -91,6 +91,14 @@ func TestStatusIngestPerDataset(t *testing.T) {
 	if b := ds[0]; b.Files != 1 || b.Done != 0 {
 		t.Fatalf("store blocked: %+v; want its one file not done", b)
 	}
+	// A run of store code lacks nothing; one of blocked waits (its append
+	// retries: nothing failed for good yet).
+	if files, plan, err := q.FailedIngest(context.Background(), "code"); err != nil || files != 0 || plan {
+		t.Errorf("FailedIngest(code) = %d, %v, %v; want none", files, plan, err)
+	}
+	if n, err := q.LiveIngest(context.Background(), "blocked"); err != nil || n != 1 {
+		t.Errorf("LiveIngest(blocked) = %d, %v; want its one append", n, err)
+	}
 	d := ds[1]
 	if d.Files != 3 || d.Done != 3 || d.Remaining() != 0 || !d.SizesKnown || d.DoneBytes != done || d.Bytes != done ||
 		d.Tokens != m.Tokens || d.Planning || d.Started.IsZero() || d.Last.Before(d.Started.Truncate(time.Second)) {

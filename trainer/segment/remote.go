@@ -230,6 +230,10 @@ func PullNewest(ctx context.Context, obj Objects, run string, after int, root st
 	return "", -1, nil
 }
 
+// pullTempPattern names the directory a pull downloads into before it is
+// renamed into place.
+const pullTempPattern = ".pull-step-*"
+
 // Pull downloads the complete checkpoint of step into root/step-NNNNNNN,
 // through a temporary directory renamed into place once every file has the
 // size its marker lists and the hash trainer_state.json lists
@@ -243,7 +247,7 @@ func Pull(ctx context.Context, obj Objects, run string, step int, root string) (
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", fmt.Errorf("pull checkpoint: %w", err)
 	}
-	tmp, err := os.MkdirTemp(root, ".pull-step-*")
+	tmp, err := os.MkdirTemp(root, pullTempPattern)
 	if err != nil {
 		return "", fmt.Errorf("pull checkpoint: %w", err)
 	}

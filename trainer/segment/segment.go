@@ -219,7 +219,12 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		return out, err
 	}
 	// Wall-clock adds up over segments; the state hash carries the sum.
-	prevWall, _ := p.Redis.HGet(ctx, scheduler.RunStateKey(run), "wall_s").Float64()
+	prevWall, err := p.Redis.HGet(ctx, scheduler.RunStateKey(run), "wall_s").Float64()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		// Read as 0, the run's summed wall-clock would restart from this
+		// segment and be written back so.
+		return out, fmt.Errorf("run %s: read its wall-clock so far: %w", run, err)
+	}
 	began := time.Now()
 	out.Began = began
 	wall := func() time.Duration { return time.Duration(prevWall*float64(time.Second)) + time.Since(began) }
@@ -415,6 +420,16 @@ func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry
 // or the run moved here), it is pulled. The run's metrics.jsonl comes along
 // when dir has none, so that the results keep the whole history.
 func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
+	// A pull a kill cut off left its temporary directory: up to a whole
+	// checkpoint that nothing else removes.
+	if stale, _ := filepath.Glob(filepath.Join(dir, pullTempPattern)); len(stale) > 0 {
+		for _, d := range stale {
+			if err := os.RemoveAll(d); err != nil {
+				return 0, "", fmt.Errorf("run %s: remove an interrupted pull: %w", p.Run.Name, err)
+			}
+		}
+		p.Log.Info("removed interrupted checkpoint pulls", zap.String("run", p.Run.Name), zap.Strings("dirs", stale))
+	}
 	local := -1
 	if _, st, err := trainer.LatestIntactCheckpoint(dir, p.Log); err == nil {
 		local = st.Step

@@ -564,3 +564,22 @@ func TestFencedOutHolderLeavesACompleteCheckpointAlone(t *testing.T) {
 		t.Errorf("the complete checkpoint after the stale push: %v", err)
 	}
 }
+
+// What a pull cut off by a kill left (its temporary directory, up to a
+// whole checkpoint) is removed when the run's next segment starts.
+func TestInterruptedPullIsRemoved(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	disk := t.TempDir()
+	stale := filepath.Join(RunDir(disk, "p"), ".pull-step-123")
+	if err := os.MkdirAll(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(stale, trainer.ModelFile), make([]byte, 1000), 0o644)
+	if out, err := Run(ctx, Params{Run: testRun("p", 2), Dir: disk, Redis: rdb, OpenData: openStream}); err != nil || !out.Done {
+		t.Fatalf("segment: %+v %v", out, err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the interrupted pull's directory is still there: %v", err)
+	}
+}

@@ -42,24 +42,10 @@ func TestVerifyGolden(t *testing.T) {
 // The load-balancing loss is checked on its own: a golden whose aux_loss
 // is off by 1% fails even though the total loss is untouched.
 func TestVerifyChecksAuxLoss(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join("testdata", "golden", "moe")
-	entries, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e.Name() == "expected.json" {
-			b = bytes.Replace(b, []byte(`"aux_loss": 2.18`), []byte(`"aux_loss": 2.20`), 1)
-		}
-		if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := copyGolden(t, "moe")
+	path := filepath.Join(dir, "expected.json")
+	b, _ := os.ReadFile(path)
+	os.WriteFile(path, bytes.Replace(b, []byte(`"aux_loss": 2.18`), []byte(`"aux_loss": 2.20`), 1), 0o644)
 	r, err := Verify(context.Background(), dir, VerifyOptions{Engine: "cpu", Precision: "fp32"})
 	if err != nil {
 		t.Fatal(err)
@@ -73,24 +59,6 @@ func TestVerifyChecksAuxLoss(t *testing.T) {
 // loss, an AdamW setting) is refused naming the file and what it needs,
 // where the value was taken as 0 or left unchecked.
 func TestVerifyRefusesAnIncompleteGolden(t *testing.T) {
-	src := filepath.Join("testdata", "golden", "tiny")
-	copyGolden := func(t *testing.T) string {
-		dir := t.TempDir()
-		entries, err := os.ReadDir(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range entries {
-			b, err := os.ReadFile(filepath.Join(src, e.Name()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return dir
-	}
 	for _, c := range []struct {
 		name  string
 		spoil func(t *testing.T, dir string)
@@ -118,7 +86,7 @@ func TestVerifyRefusesAnIncompleteGolden(t *testing.T) {
 		}, "has no adamw.lr"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dir := copyGolden(t)
+			dir := copyGolden(t, "tiny")
 			c.spoil(t, dir)
 			_, err := Verify(context.Background(), dir, VerifyOptions{Engine: "cpu", Precision: "fp32"})
 			if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -126,4 +94,25 @@ func TestVerifyRefusesAnIncompleteGolden(t *testing.T) {
 			}
 		})
 	}
+}
+
+// copyGolden copies the golden directory name into a temporary one, for a
+// test to change.
+func copyGolden(t *testing.T, name string) string {
+	t.Helper()
+	src, dir := filepath.Join("testdata", "golden", name), t.TempDir()
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

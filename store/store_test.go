@@ -342,6 +342,18 @@ func TestLocalDeleteLeavesNoEmptyDirectories(t *testing.T) {
 	if entries, err := os.ReadDir(root); err != nil || len(entries) != 0 {
 		t.Errorf("the store's root after every object went: %v %v", entries, err)
 	}
+	// putDelete puts an object and deletes it, from any goroutine.
+	putDelete := func(key string) bool {
+		if err := l.Put(ctx, key, strings.NewReader("x"), 1); err != nil {
+			t.Errorf("put %s: %v", key, err)
+			return false
+		}
+		if err := l.Delete(ctx, key); err != nil {
+			t.Errorf("delete %s: %v", key, err)
+			return false
+		}
+		return true
+	}
 	// Lists of one prefix while objects come and go under another (their
 	// directories made and removed): no list fails, none misses the
 	// prefix's objects.
@@ -357,13 +369,7 @@ func TestLocalDeleteLeavesNoEmptyDirectories(t *testing.T) {
 				return
 			default:
 			}
-			key := fmt.Sprintf("tokens/s/%d/shard", i%7)
-			if err := l.Put(ctx, key, strings.NewReader("x"), 1); err != nil {
-				t.Errorf("put %s: %v", key, err)
-				return
-			}
-			if err := l.Delete(ctx, key); err != nil {
-				t.Errorf("delete %s: %v", key, err)
+			if !putDelete(fmt.Sprintf("tokens/s/%d/shard", i%7)) {
 				return
 			}
 		}
@@ -386,13 +392,7 @@ func TestLocalDeleteLeavesNoEmptyDirectories(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 200 {
-				key := fmt.Sprintf("d/e/k%d-%d", w, i)
-				if err := l.Put(ctx, key, strings.NewReader("x"), 1); err != nil {
-					t.Errorf("put %s: %v", key, err)
-					return
-				}
-				if err := l.Delete(ctx, key); err != nil {
-					t.Errorf("delete %s: %v", key, err)
+				if !putDelete(fmt.Sprintf("d/e/k%d-%d", w, i)) {
 					return
 				}
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 )
@@ -281,10 +282,7 @@ func TestDamagedCheckpointsArePassedOver(t *testing.T) {
 	rdb := newRedis(t)
 	obj, _ := newS3(t)
 
-	var want losses
-	if out, err := Run(ctx, Params{Run: testRun("ref", 8), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Progress: want.hook}); err != nil || !out.Done {
-		t.Fatalf("reference run: %+v %v", out, err)
-	}
+	want := referenceLosses(t, ctx, rdb, 8)
 	run := testRun("d", 8)
 	run.Segment.MaxSteps = 4
 	disk := t.TempDir()
@@ -374,10 +372,7 @@ func TestPartialCheckpointInObjectStorageIsPassedOver(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRedis(t)
 	obj, _ := newS3(t)
-	var want losses
-	if out, err := Run(ctx, Params{Run: testRun("ref", 8), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Progress: want.hook}); err != nil || !out.Done {
-		t.Fatalf("reference run: %+v %v", out, err)
-	}
+	want := referenceLosses(t, ctx, rdb, 8)
 	run := testRun("p", 8)
 	run.Segment.MaxSteps = 6
 	if out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 6 || out.Uploaded != 6 {
@@ -582,4 +577,15 @@ func TestInterruptedPullIsRemoved(t *testing.T) {
 	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the interrupted pull's directory is still there: %v", err)
 	}
+}
+
+// referenceLosses are the logged losses of testRun's run of steps steps,
+// uninterrupted, in one segment.
+func referenceLosses(t *testing.T, ctx context.Context, rdb *redis.Client, steps int) *losses {
+	t.Helper()
+	var want losses
+	if out, err := Run(ctx, Params{Run: testRun("ref", steps), Dir: t.TempDir(), Redis: rdb, OpenData: openStream, Progress: want.hook}); err != nil || !out.Done {
+		t.Fatalf("reference run: %+v %v", out, err)
+	}
+	return &want
 }

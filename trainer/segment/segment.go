@@ -265,12 +265,16 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	}
 	var stateMu sync.Mutex
 	lastState := time.Time{}
+	var lastLoss *float64 // the last logged loss, for the segment's last word
 	hooks := trainer.Hooks{
 		Metrics: func(m trainer.Metrics) {
 			if p.Progress != nil {
 				p.Progress(m.Step, rc.TotalSteps, &m)
 			}
 			stateMu.Lock()
+			if m.Loss != nil {
+				lastLoss = m.Loss
+			}
 			// An evaluation is always recorded: it is what a watcher
 			// reads to see the run learn.
 			due := time.Since(lastState) >= time.Second || m.EvalLoss != nil
@@ -314,7 +318,12 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	// stopped, and "done" to tell a waiting `sched demo` (and `sched
 	// status`) that the results are final.
 	done := out.Done && terr == nil && uerr == nil && rerr == nil
-	p.writeState(context.WithoutCancel(ctx), lock, rc, trainer.Metrics{Step: res.Step, Tokens: res.Tokens}, out.Wall,
+	// With the last logged loss: the state's own was written up to a second
+	// before (writes are spaced), so it may be steps older.
+	stateMu.Lock()
+	final := trainer.Metrics{Step: res.Step, Tokens: res.Tokens, Loss: lastLoss}
+	stateMu.Unlock()
+	p.writeState(context.WithoutCancel(ctx), lock, rc, final, out.Wall,
 		map[string]string{"done": strconv.FormatBool(done)}, log)
 	if terr != nil {
 		return out, terr

@@ -2,6 +2,7 @@ package segment
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 
@@ -14,7 +15,9 @@ func TestReadRunStatesAfterASegment(t *testing.T) {
 	obj, _ := newS3(t)
 	run := testRun("st", 6)
 	run.Segment.MaxSteps = 4
-	if _, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil {
+	run.EvalEvery, run.EvalBatches = 0, 0 // no evaluation writes the state at step 4
+	var seen losses
+	if _, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Progress: seen.hook}); err != nil {
 		t.Fatal(err)
 	}
 	states, err := scheduler.ReadRunStates(ctx, rdb)
@@ -24,6 +27,11 @@ func TestReadRunStatesAfterASegment(t *testing.T) {
 	s := states[0]
 	if s.Run != "st" || s.Step != 4 || s.Total != 6 || s.Checkpoint != 4 || s.Done || s.Worker != "gpu-a" || s.CheckpointAt.IsZero() || s.Wall <= 0 {
 		t.Fatalf("state %+v", s)
+	}
+	// The loss beside the last step is that step's, though the state's
+	// writes are spaced a second apart and the segment took less.
+	if want := math.Round(seen.m[4]*1e4) / 1e4; s.Loss != want {
+		t.Errorf("state's loss %v at step 4, the step's logged loss %v", s.Loss, want)
 	}
 	line := s.String()
 	for _, want := range []string{"st: step 4/6", "last checkpoint step 4", "(worker gpu-a)"} {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -14,6 +15,7 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer/results"
+	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/trainer/segment"
 	"github.com/kiln-lm/kiln/worker"
 )
@@ -49,6 +51,9 @@ training segment) into DIR/<run>/, for 'tensorboard --logdir DIR'.`,
 				return err
 			}
 			if args[0] == "bench" {
+				if tbDir != "" {
+					return badInput("--tensorboard %s: the bench sweep has no TensorBoard files; give a run's name ('sched results <run> --tensorboard %s')", tbDir, tbDir)
+				}
 				return printBench(c.Context(), c.OutOrStdout(), st)
 			}
 			if tbDir != "" {
@@ -105,6 +110,9 @@ func printRunResults(ctx context.Context, w io.Writer, cfg scheduler.Config, st 
 	key := segment.ResultsPrefix(run) + results.SummaryFile
 	r, err := st.Get(ctx, key)
 	if errors.Is(err, store.ErrNotFound) {
+		if set, lerr := runs.Load(os.Getenv("KILN_RUNS")); lerr == nil && !slices.Contains(set.Names(), run) {
+			return badInput("no results for run %q: no run of that name is known here (%s, or one in a runs file named by KILN_RUNS, as the GPU worker's)", run, strings.Join(set.Names(), ", "))
+		}
 		return badInput("no results for run %q yet (%s is absent): results appear with the run's first checkpoint; see 'sched status'", run, key)
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,6 +61,19 @@ func TestResultsCommand(t *testing.T) {
 	_, errOut, code = sched(t, []string{"KILN_DATA_DIR=" + t.TempDir()}, "results", "bench")
 	if code != 2 || !strings.Contains(errOut, "no bench results yet") {
 		t.Fatalf("missing bench: exit %d, %q", code, errOut)
+	}
+	// A name no run has is said to be one, not a run without results yet;
+	// the bench sweep has no TensorBoard files to copy.
+	_, errOut, code = sched(t, env, "results", "nosuch")
+	if code != 2 || !strings.Contains(errOut, `no results for run "nosuch": no run of that name is known here (demo, long, pilot, pilot-cpu`) {
+		t.Errorf("unknown run: exit %d, %q", code, errOut)
+	}
+	tbBench := filepath.Join(t.TempDir(), "tb")
+	if _, errOut, code := sched(t, env, "results", "bench", "--tensorboard", tbBench); code != 2 || !strings.Contains(errOut, "the bench sweep has no TensorBoard files") {
+		t.Errorf("results bench --tensorboard: exit %d, %q", code, errOut)
+	}
+	if _, err := os.Stat(tbBench); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("results bench --tensorboard made %s: %v", tbBench, err)
 	}
 	// --tensorboard copies the run's event files, one per segment.
 	for _, name := range []string{"events.out.tfevents.1.gpu.step0", "events.out.tfevents.2.gpu.step20"} {

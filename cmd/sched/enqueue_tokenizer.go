@@ -135,6 +135,24 @@ func enqueueTokenizer(c *cobra.Command, cfg scheduler.Config, r tokenizerRequest
 		return err
 	}
 	defer q.Close()
+	// A tokenizer of this name being made by another request (other
+	// datasets, size, seed or vocabulary) would be published first, and
+	// this one's work thrown away: refused. The same request again is
+	// "already queued".
+	if live, err := q.LiveTokenizer(ctx, r.name); err != nil {
+		return err
+	} else if live != nil {
+		ours := false
+		for _, t := range tasks {
+			if id, err := scheduler.TaskID(t); err == nil && id == live.ID {
+				ours = true
+			}
+		}
+		if !ours {
+			return badInput("tokenizer %q is being made by another request (%s, %s): wait for it ('sched status'), or cancel it ('sched cancel %s') first, or choose another name",
+				r.name, live.ID, live.State, live.ID)
+		}
+	}
 	out := c.OutOrStdout()
 	for _, t := range tasks {
 		fmt.Fprintf(out, "%s, %d bytes: ", t.Dataset, t.Bytes)

@@ -79,6 +79,17 @@ func TestEnqueueTokenizerQueuesOneSampleTaskPerDataset(t *testing.T) {
 	if code != 0 || strings.Count(out, "already queued as tokenizer:sample:") != 3 || strings.Contains(out, "queued tokenizer:sample") {
 		t.Fatalf("re-enqueue: exit %d\n%s", code, out)
 	}
+	// Another request for the name being made (another vocabulary, size or
+	// seed) is refused, naming the work under way; nothing more is queued.
+	for _, args := range [][]string{{"--vocab", "8192"}, {"--sample", "1GB"}, {"--seed", "2"}} {
+		out, errOut, code := sched(t, env, append([]string{"enqueue", "tokenizer", "code-16k"}, args...)...)
+		if code != 2 || !strings.Contains(errOut, `tokenizer "code-16k" is being made by another request (tokenizer:sample:`) {
+			t.Errorf("%v while code-16k is being made: exit %d, %q %q", args, code, out, errOut)
+		}
+	}
+	if pending, _ := insp.ListPendingTasks(scheduler.QueueIngest); len(pending) != 3 {
+		t.Errorf("%d sample tasks queued, want the first request's 3", len(pending))
+	}
 }
 
 // Each bad request exits 2 with one line naming what to fix, and queues

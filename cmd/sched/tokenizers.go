@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
@@ -68,6 +69,10 @@ func listTokenizers(ctx context.Context, w io.Writer, cat *catalog.Catalog, toke
 	fmt.Fprintln(tw, "NAME\tVOCAB\tSHA256\tSTORES\tRUNS")
 	known := map[string]bool{}
 	for _, e := range entries {
+		if e.Unreadable != "" {
+			fmt.Fprintf(tw, "%s\tunreadable: %s\t\t\t\n", e.Name, scheduler.OneLine(e.Unreadable, 300))
+			continue
+		}
 		known[e.SHA256] = true
 		name := e.Name
 		if name == configured {

@@ -77,6 +77,15 @@ func TestTokenizersCommand(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, `tokenizer "missing" is not known (known: kiln-bpe, other)`) {
 		t.Fatalf("unknown name: exit %d, %q", code, errOut)
 	}
+	// A damaged tokenizer.json in object storage is listed as such, with
+	// where it is, and hides none of the others.
+	broken := []byte(`{"model": `)
+	objects.Put(ctx, catalog.Key("broken"), bytes.NewReader(broken), int64(len(broken)))
+	out, errOut, code = sched(t, env, "tokenizers")
+	if code != 0 || !regexp.MustCompile(`(?m)^broken\s+unreadable: `+regexp.QuoteMeta(catalog.Key("broken"))+` in object storage: .*JSON`).MatchString(out) ||
+		!regexp.MustCompile(`other\s+\d+\s+`+eb.SHA256[:12]).MatchString(out) {
+		t.Errorf("tokenizers with a damaged one: exit %d\n%s%s", code, out, errOut)
+	}
 }
 
 // The CLI path on a mixed local corpus (code files, prose in JSON lines,

@@ -59,6 +59,9 @@ type Entry struct {
 	HasEOS bool
 	// Special lists the special tokens in id order.
 	Special []string
+	// Unreadable, set by List, says why the tokenizer.json of this name
+	// does not load (the other fields are then empty).
+	Unreadable string
 }
 
 func entryOf(name, local string, t *tokenizer.Tokenizer) Entry {
@@ -291,7 +294,14 @@ func (c *Catalog) List(ctx context.Context) ([]Entry, error) {
 		}
 		t, err := tokenizer.Parse(data)
 		if err != nil {
-			return nil, fmt.Errorf("tokenizer %s: %w", name, err)
+			// One damaged file does not hide the others: it is listed as
+			// such, naming where it is.
+			at := where
+			if at == "" {
+				at = Key(name) + " in object storage"
+			}
+			out = append(out, Entry{Name: name, Path: where, Unreadable: fmt.Sprintf("%s: %v", at, err)})
+			continue
 		}
 		out = append(out, entryOf(name, where, t))
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -130,11 +131,24 @@ func enqueueTokenizer(c *cobra.Command, cfg scheduler.Config, r tokenizerRequest
 			return badInput("tokenizer %q already exists (%d ids, sha256 %s): a published tokenizer is never replaced, because the stores and checkpoints made with it would change meaning; choose another name", n, e.VocabSize, e.SHA256)
 		}
 	}
+
 	q, _, err := openQueue(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer q.Close()
+	// A comparison asked for by name needs that tokenizer, made or being
+	// made (the configured default may not exist yet: then the report has
+	// none).
+	if c.Flags().Changed("previous") && r.previous != "" && r.previous != r.name && !slices.Contains(names, r.previous) {
+		live, err := q.LiveTokenizer(ctx, r.previous)
+		if err != nil {
+			return err
+		}
+		if live == nil {
+			return badInput("--previous %q: no tokenizer of that name to compare with (known: %s); name one 'sched tokenizers' lists, or leave --previous empty", r.previous, joinOrDash(names))
+		}
+	}
 	// A tokenizer of this name being made by another request (other
 	// datasets, size, seed or vocabulary) would be published first, and
 	// this one's work thrown away: refused. The same request again is

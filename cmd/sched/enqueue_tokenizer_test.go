@@ -90,6 +90,10 @@ func TestEnqueueTokenizerQueuesOneSampleTaskPerDataset(t *testing.T) {
 	if pending, _ := insp.ListPendingTasks(scheduler.QueueIngest); len(pending) != 3 {
 		t.Errorf("%d sample tasks queued, want the first request's 3", len(pending))
 	}
+	// A tokenizer being made can be the one another is compared with.
+	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "code-8k", "--vocab", "8192", "--previous", "code-16k"); code != 0 {
+		t.Errorf("--previous naming a tokenizer being made: exit %d, %q %q", code, out, errOut)
+	}
 }
 
 // Each bad request exits 2 with one line naming what to fix, and queues
@@ -112,6 +116,7 @@ func TestEnqueueTokenizerRefusals(t *testing.T) {
 		{[]string{"t", "--from", "the-stack-v2=0.5,nope=0.5"}, `--from: unknown dataset "nope"`},
 		{[]string{"t", "--from", "fineweb-edu=1,proof-pile-2=1e-12", "--sample", "1MB"}, "proof-pile-2's weight 1e-12 of --sample 1MB is no bytes at all"},
 		{[]string{"taken"}, `tokenizer "taken" already exists (`},
+		{[]string{"t", "--previous", "nosuch"}, `--previous "nosuch": no tokenizer of that name to compare with (known: taken)`},
 		{[]string{"t", "u"}, "one tokenizer name"},
 	} {
 		_, errOut, code := sched(t, env, append([]string{"enqueue", "tokenizer"}, c.args...)...)

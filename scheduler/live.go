@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/hibiken/asynq"
 )
@@ -31,6 +32,13 @@ type liveList struct {
 	active bool
 }
 
+// liveScanLimit bounds how long one reading of the lists may take: under
+// the shortest back-off a failed task waits in retry (5 s less its jitter,
+// the training segment's), so that a task that failed after the active
+// list was read is still in retry at the last read. A slower reading (a
+// machine or a Redis very busy) is made again.
+const liveScanLimit = 2 * time.Second
+
 // live counts queue's live tasks of the given kinds that match accepts, and
 // returns one of them, a running one if there is one.
 func (c *Client) live(ctx context.Context, queue string, kinds map[string]bool, match func(*asynq.TaskInfo) bool) (int, *asynq.TaskInfo, error) {
@@ -38,6 +46,17 @@ func (c *Client) live(ctx context.Context, queue string, kinds map[string]bool, 
 	if err != nil || !known[queue] {
 		return 0, nil, err
 	}
+	for try := 1; ; try++ {
+		start := time.Now()
+		n, first, err := c.scanLive(ctx, queue, kinds, match)
+		if err != nil || time.Since(start) < liveScanLimit || try == 5 {
+			return n, first, err
+		}
+	}
+}
+
+// scanLive reads the live lists once, in liveLists' order.
+func (c *Client) scanLive(ctx context.Context, queue string, kinds map[string]bool, match func(*asynq.TaskInfo) bool) (int, *asynq.TaskInfo, error) {
 	const page = 1000
 	seen := map[string]bool{}
 	var first *asynq.TaskInfo

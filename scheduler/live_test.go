@@ -32,9 +32,9 @@ func TestLiveIngestMissesNoTaskOnTheMove(t *testing.T) {
 	var mu sync.Mutex
 	failed := map[string]bool{}
 	srv := asynq.NewServer(opt, asynq.Config{Concurrency: 1, Queues: map[string]int{QueueIngest: 1}, LogLevel: asynq.FatalLevel,
-		// A back-off, as every kind has one (seconds at least): a failed
+		// The shortest back-off any kind has (5 s less its jitter): a failed
 		// task waits in retry before it is pending again.
-		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return time.Second },
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 4 * time.Second },
 		TaskCheckInterval:        time.Millisecond,
 		DelayedTaskCheckInterval: 10 * time.Millisecond})
 	if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {

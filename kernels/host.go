@@ -12,9 +12,7 @@ type Host struct {
 	Driver                 int // the CUDA version the driver runs: 13000 for 13.0
 	DriverPath             string
 	NVRTCMajor, NVRTCMinor int
-	NVRTCPath              string
 	BLASLt                 uint64 // 130100 for 13.1.0
-	BLASLtPath             string
 	GPUs                   []cuda.GPU
 }
 
@@ -33,10 +31,10 @@ func ProbeHost() (Host, error) {
 		h.Driver, _ = drv.Version()
 	}
 	if nv != nil {
-		h.NVRTCMajor, h.NVRTCMinor, h.NVRTCPath = nv.Major, nv.Minor, nv.Path
+		h.NVRTCMajor, h.NVRTCMinor = nv.Major, nv.Minor
 	}
 	if lt != nil {
-		h.BLASLt, h.BLASLtPath = lt.Version(), lt.Path
+		h.BLASLt = lt.Version()
 	}
 	if err != nil {
 		return h, err

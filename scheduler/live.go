@@ -142,19 +142,26 @@ func (c *Client) LiveIngest(ctx context.Context, store string) (int, error) {
 	return n + m, err
 }
 
-// FailedIngest counts the files of token store store whose ingest failed
-// for good or was cancelled (their newest shard or append task archived)
-// and says whether its newest plan did: what the store lacks that no task
-// will add unless it is retried.
-func (c *Client) FailedIngest(ctx context.Context, store string) (files int, plan bool, err error) {
+// IngestFailure is what a token store lacks that no task will add unless
+// it is retried: Files whose ingest failed for good or was cancelled (their
+// newest shard or append task archived), and whether its newest Plan did.
+type IngestFailure struct {
+	Files int
+	Plan  bool
+}
+
+// FailedIngests reads, from one snapshot, the failures of every store that
+// has any.
+func (c *Client) FailedIngests(ctx context.Context) (map[string]IngestFailure, error) {
 	snap, err := c.Snapshot(ctx)
 	if err != nil {
-		return 0, false, err
+		return nil, err
 	}
+	out := map[string]IngestFailure{}
 	for _, d := range snap.Datasets() {
-		if d.Store == store {
-			return d.Failed, d.PlanFailed, nil
+		if d.Failed > 0 || d.PlanFailed {
+			out[d.Store] = IngestFailure{Files: d.Failed, Plan: d.PlanFailed}
 		}
 	}
-	return 0, false, nil
+	return out, nil
 }

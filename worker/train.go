@@ -357,7 +357,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 type Live interface {
 	LiveTokenizer(ctx context.Context, name string) (*asynq.TaskInfo, error)
 	LiveIngest(ctx context.Context, store string) (int, error)
-	FailedIngest(ctx context.Context, store string) (files int, plan bool, err error)
+	FailedIngests(ctx context.Context) (map[string]scheduler.IngestFailure, error)
 }
 
 // waitForTokenizer returns a *WaitError while tokenizer name is being
@@ -404,21 +404,22 @@ func warnPartialStores(ctx context.Context, q Live, run string, mixture []traine
 	if q == nil {
 		return
 	}
+	failed, err := q.FailedIngests(ctx)
+	if err != nil {
+		return
+	}
 	for _, m := range mixture {
-		if filepath.IsAbs(m.Store) {
+		f, ok := failed[m.Store]
+		if filepath.IsAbs(m.Store) || !ok {
 			continue
 		}
-		files, plan, err := q.FailedIngest(ctx, m.Store)
-		if err != nil || (files == 0 && !plan) {
-			continue
-		}
-		what := fmt.Sprintf("%d files", files)
-		if plan {
+		what := fmt.Sprintf("%d files", f.Files)
+		if f.Plan {
 			what = "its plan (and so its unplanned files)"
 		}
 		log.Warn(fmt.Sprintf("run %s trains on part of token store %s: the ingest of %s failed for good or was cancelled; "+
 			"'sched runs' lists those tasks, 'sched retry <task-id>' adds them to the store", run, m.Store, what),
-			zap.String("run", run), zap.String("store", m.Store), zap.Int("failed_files", files), zap.Bool("plan_failed", plan))
+			zap.String("run", run), zap.String("store", m.Store), zap.Int("failed_files", f.Files), zap.Bool("plan_failed", f.Plan))
 	}
 }
 

@@ -93,8 +93,8 @@ func TestStatusIngestPerDataset(t *testing.T) {
 	}
 	// A run of store code lacks nothing; one of blocked waits (its append
 	// retries: nothing failed for good yet).
-	if files, plan, err := q.FailedIngest(context.Background(), "code"); err != nil || files != 0 || plan {
-		t.Errorf("FailedIngest(code) = %d, %v, %v; want none", files, plan, err)
+	if failed, err := q.FailedIngests(context.Background()); err != nil || failed["code"].Files != 0 || failed["code"].Plan {
+		t.Errorf("FailedIngests: code %+v, %v; want none", failed["code"], err)
 	}
 	if n, err := q.LiveIngest(context.Background(), "blocked"); err != nil || n != 1 {
 		t.Errorf("LiveIngest(blocked) = %d, %v; want its one append", n, err)

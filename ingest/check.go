@@ -2,7 +2,11 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"strings"
 
 	"github.com/parquet-go/parquet-go"
 
@@ -15,7 +19,34 @@ type CheckResult struct {
 	Files    int
 	Bytes    int64
 	Sample   string   // the file whose columns were read
+	Format   Format   // the sample's format
 	Columns  []string // its columns, when it is parquet
+	// FirstDocument is the length in bytes of the sample's first document,
+	// read through ingest's own reader: set for local files, which Check
+	// reads whole where needed (a hub file's footer alone is read).
+	FirstDocument int
+}
+
+// Describe says in a few words how ingest reads the sample.
+func (r CheckResult) Describe(c Columns) string {
+	c = c.withDefaults()
+	var s string
+	switch r.Format {
+	case FormatParquet:
+		s = fmt.Sprintf("%s has columns %v", r.Sample, r.Columns)
+	case FormatJSONL:
+		field := c.Text
+		if c.Blob != "" {
+			field = c.Blob
+		}
+		s = fmt.Sprintf("%s is JSON lines, each line's field %q read", r.Sample, field)
+	default:
+		s = fmt.Sprintf("%s is plain text, each file one document", r.Sample)
+	}
+	if r.FirstDocument > 0 {
+		s += fmt.Sprintf("; its first document reads %d bytes", r.FirstDocument)
+	}
+	return s
 }
 
 // Check resolves the preset's revision, lists its files and, for parquet,
@@ -32,7 +63,11 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 	}
 	f := plan.Files[0]
 	res.Sample = f.Path
-	if FormatOf(f.Path) != FormatParquet || hc == nil {
+	res.Format = FormatOf(f.Path)
+	if p.Glob != "" {
+		return res, checkLocal(ctx, p, plan.Files, &res)
+	}
+	if res.Format != FormatParquet || hc == nil {
 		return res, nil
 	}
 	size := f.Size
@@ -59,6 +94,72 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// checkLocal reads the local dataset's first document with ingest's own
+// reader, so that a wrong column or field, a file that is not what its name
+// says, or files of nothing but skipped records are named before any
+// ingest. Empty files are passed over, up to localCheckFiles of them.
+func checkLocal(ctx context.Context, p Preset, files []hub.File, res *CheckResult) error {
+	var empty []string
+	for _, f := range files[:min(len(files), localCheckFiles)] {
+		res.Sample, res.Format = f.Path, FormatOf(f.Path)
+		n, err := firstDocument(ctx, p, res)
+		if err != nil || n > 0 || p.Columns.Blob != "" {
+			res.FirstDocument = n
+			return err
+		}
+		empty = append(empty, f.Path)
+	}
+	return &PresetError{fmt.Errorf("dataset %s: the first %d files hold no document (%s): give a glob that matches files with text",
+		p.Name, len(empty), strings.Join(empty, ", "))}
+}
+
+// localCheckFiles bounds the empty files a local check passes over.
+const localCheckFiles = 8
+
+// firstDocument reads res.Sample's columns (parquet) and the length of its
+// first document: 0 when the file holds none and skipped nothing.
+func firstDocument(ctx context.Context, p Preset, res *CheckResult) (int, error) {
+	if res.Format == FormatParquet {
+		f, err := os.Open(res.Sample)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil {
+			return 0, err
+		}
+		pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+		if err != nil {
+			return 0, &PresetError{fmt.Errorf("dataset %s: %s is not readable parquet: %w", p.Name, res.Sample, err)}
+		}
+		res.Columns = columnNames(pf)
+	}
+	if p.Columns.Blob != "" {
+		return 0, nil // the document would be fetched from Software Heritage
+	}
+	src, err := Open(ctx, res.Sample, OpenOptions{Columns: p.Columns})
+	if SkipReason(err) == SkipEmptyFile {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, &PresetError{fmt.Errorf("dataset %s: %w", p.Name, err)}
+	}
+	defer src.Close()
+	doc, err := src.Next(ctx)
+	if errors.Is(err, io.EOF) {
+		if skipped := src.Skipped(); len(skipped) > 0 {
+			return 0, &PresetError{fmt.Errorf("dataset %s: %s gave no document, every record skipped (%v): check the field or column the text is in (%q)",
+				p.Name, res.Sample, skipped, p.Columns.withDefaults().Text)}
+		}
+		return 0, nil
+	}
+	if err != nil {
+		return 0, &PresetError{fmt.Errorf("dataset %s: %s: %w", p.Name, res.Sample, err)}
+	}
+	return len(doc.Text), nil
 }
 
 // rangeReader reads a hub file through Range requests.

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,4 +88,74 @@ func TestCheckReadsColumnsWithoutDownloading(t *testing.T) {
 	if _, err := Check(context.Background(), p, hc); err == nil || !strings.Contains(err.Error(), `no column "content"`) {
 		t.Fatalf("missing column: %v", err)
 	}
+}
+
+// A local dataset's check reads the first file's first document through
+// ingest's own reader: a JSON lines file whose lines lack the text field,
+// or a parquet file without the column, is refused by name before any
+// ingest, and a good one says how it is read.
+func TestCheckReadsALocalFilesFirstDocument(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	check := func(glob string, cols Columns) (CheckResult, error) {
+		p, err := LookupPreset(nil, LocalPrefix+glob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Columns = cols
+		return Check(context.Background(), p, nil)
+	}
+
+	write("a.jsonl", `{"text":"package main"}`+"\n"+`{"text":"x"}`+"\n")
+	res, err := check(filepath.Join(dir, "a.jsonl"), Columns{})
+	if err != nil || res.Format != FormatJSONL || res.FirstDocument != len("package main") ||
+		!strings.Contains(res.Describe(Columns{}), `JSON lines, each line's field "text" read; its first document reads 12 bytes`) {
+		t.Fatalf("good JSON lines: %+v %v (%s)", res, err, res.Describe(Columns{}))
+	}
+	if _, err := check(filepath.Join(dir, "a.jsonl"), Columns{Text: "content"}); !isPresetError(err) ||
+		!strings.Contains(err.Error(), "a.jsonl gave no document, every record skipped") || !strings.Contains(err.Error(), `("content")`) {
+		t.Fatalf("JSON lines without the field: %v; want the file and the field named", err)
+	}
+
+	pq := filepath.Join(dir, "b.parquet")
+	os.WriteFile(pq, parquetBytes(t, []textRow{{Text: "first"}, {Text: "second"}}), 0o644)
+	res, err = check(pq, Columns{})
+	if err != nil || strings.Join(res.Columns, ",") != "text" || res.FirstDocument != len("first") ||
+		!strings.Contains(res.Describe(Columns{}), "b.parquet has columns [text]") {
+		t.Fatalf("good parquet: %+v %v", res, err)
+	}
+	if _, err := check(pq, Columns{Text: "content"}); !isPresetError(err) || !strings.Contains(err.Error(), "b.parquet") {
+		t.Fatalf("parquet without the column: %v; want the file named", err)
+	}
+	write("c.parquet", "not parquet at all")
+	if _, err := check(filepath.Join(dir, "c.parquet"), Columns{}); !isPresetError(err) || !strings.Contains(err.Error(), "c.parquet is not readable parquet") {
+		t.Fatalf("a text file named .parquet: %v", err)
+	}
+
+	write("d.txt", "plain words")
+	res, err = check(filepath.Join(dir, "d.txt"), Columns{})
+	if err != nil || !strings.Contains(res.Describe(Columns{}), "d.txt is plain text, each file one document; its first document reads 11 bytes") {
+		t.Fatalf("plain text: %+v %v", res, err)
+	}
+	write("e.txt", "")
+	if _, err := check(filepath.Join(dir, "e.txt"), Columns{}); !isPresetError(err) || !strings.Contains(err.Error(), "hold no document (") ||
+		!strings.Contains(err.Error(), "e.txt") {
+		t.Fatalf("an empty file: %v; want it named", err)
+	}
+	// An empty file first in the plan's order is passed over for the next.
+	res, err = check(filepath.Join(dir, "[de].txt"), Columns{})
+	if err != nil || res.FirstDocument != 11 || !strings.HasSuffix(res.Sample, "d.txt") {
+		t.Fatalf("an empty and a good file: %+v %v", res, err)
+	}
+}
+
+func isPresetError(err error) bool {
+	var pe *PresetError
+	return errors.As(err, &pe)
 }

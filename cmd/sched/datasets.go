@@ -119,8 +119,16 @@ func init() {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(c.OutOrStdout(), "%s: %s at commit %s: %d files, %s; %s has columns %v\n",
-				p.Name, p.Repo, res.Revision, res.Files, humanBytes(res.Bytes), res.Sample, res.Columns)
+			where := p.Repo + " at commit " + res.Revision
+			if p.Glob != "" {
+				where = "local files"
+			}
+			files := "files"
+			if res.Files == 1 {
+				files = "file"
+			}
+			fmt.Fprintf(c.OutOrStdout(), "%s: %s: %d %s, %s; %s\n",
+				p.Name, where, res.Files, files, humanBytes(res.Bytes), res.Describe(p.Columns))
 			return nil
 		},
 	}

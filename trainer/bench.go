@@ -57,12 +57,25 @@ type BenchOptions struct {
 
 // CheckpointTiming is what the timed steps took with checkpoints: tokens
 // per second of the steps that began a checkpoint (the step and the
-// checkpoint's start, or its whole write with CheckpointWait), of the
-// steps right after them, and of the others. Seconds includes waiting for
-// the last write to end.
+// checkpoint's start, or its whole write with CheckpointWait), of the steps
+// around them, and of the others. Seconds includes waiting for the last
+// write to end.
+//
+// A step's time is measured on the host, which on a GPU runs a step ahead
+// of the device: a checkpoint's step waits for the device to finish the
+// steps queued before it, and the step after it returns as soon as it is
+// queued. Neither alone is the device's time, so the steps around a
+// checkpoint are counted together: its step and the aroundCheckpoint - 1
+// after it, which hold the wait and the refill both. The first checkpoint
+// also makes the engine's host buffer for the copies (a fraction of a
+// second, once a run), so with more than one the steps around it are
+// counted with the others' and the rest are the figure: AroundTokPerSec,
+// and AroundExtraSeconds, what each of them took beyond as many of the
+// other steps.
 type CheckpointTiming struct {
 	Checkpoints                                   int
-	CheckpointStepTokPerSec, NextStepTokPerSec    float64
+	CheckpointStepTokPerSec, AroundTokPerSec      float64
+	AroundExtraSeconds                            float64
 	OtherStepTokPerSec                            float64
 	SlowestStepSeconds, SlowestCheckpointStepSecs float64
 	// CheckpointStepSeconds is each checkpoint step's time, in order: the
@@ -361,26 +374,36 @@ func benchCheckpoint(ctx context.Context, ck *ckWriter, step int, wait bool) err
 	return nil
 }
 
+// aroundCheckpoint is the steps counted as a checkpoint's: its own and the
+// two after it (CheckpointTiming says why).
+const aroundCheckpoint = 3
+
 // checkpointTiming sums the timed steps' seconds by their place relative
 // to the checkpoints (after every steps).
 func checkpointTiming(secs []float64, every, tokens int) *CheckpointTiming {
 	t := &CheckpointTiming{}
-	var ckS, nextS, otherS float64
-	var nNext, nOther int
+	var ckS, aroundS, otherS float64
+	var nAround, nOther int
+	skipFirst := len(secs) >= 2*every
 	for i, s := range secs {
 		t.SlowestStepSeconds = max(t.SlowestStepSeconds, s)
-		switch {
-		case (i+1)%every == 0:
+		if (i+1)%every == 0 {
 			t.Checkpoints++
 			ckS += s
 			t.CheckpointStepSeconds = append(t.CheckpointStepSeconds, s)
 			t.SlowestCheckpointStepSecs = max(t.SlowestCheckpointStepSecs, s)
-		case i > 0 && i%every == 0:
-			nNext++
-			nextS += s
-		default:
+		}
+		// Steps since the last checkpoint's step, counting it as 0.
+		since, nth := (i+1)%every, (i+1)/every
+		switch {
+		case nth == 0 || since >= aroundCheckpoint:
 			nOther++
 			otherS += s
+		case nth == 1 && skipFirst:
+			// The first checkpoint's steps: counted with neither.
+		default:
+			nAround++
+			aroundS += s
 		}
 	}
 	rate := func(n int, s float64) float64 {
@@ -389,6 +412,10 @@ func checkpointTiming(secs []float64, every, tokens int) *CheckpointTiming {
 		}
 		return float64(n*tokens) / s
 	}
-	t.CheckpointStepTokPerSec, t.NextStepTokPerSec, t.OtherStepTokPerSec = rate(t.Checkpoints, ckS), rate(nNext, nextS), rate(nOther, otherS)
+	t.CheckpointStepTokPerSec, t.AroundTokPerSec, t.OtherStepTokPerSec = rate(t.Checkpoints, ckS), rate(nAround, aroundS), rate(nOther, otherS)
+	if nAround > 0 && nOther > 0 {
+		windows := float64(nAround) / aroundCheckpoint
+		t.AroundExtraSeconds = (aroundS - float64(nAround)*otherS/float64(nOther)) / windows
+	}
 	return t
 }

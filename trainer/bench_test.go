@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -91,7 +92,7 @@ func TestBenchWritesCheckpoints(t *testing.T) {
 		}
 		ck := r.Checkpoints
 		if ck == nil || ck.Checkpoints != 2 || len(ck.CheckpointStepSeconds) != 2 || ck.CheckpointStepTokPerSec <= 0 ||
-			ck.NextStepTokPerSec <= 0 || ck.OtherStepTokPerSec <= 0 {
+			ck.AroundTokPerSec <= 0 || ck.OtherStepTokPerSec <= 0 {
 			t.Fatalf("wait %v: checkpoint timing %+v; want 2 checkpoints (after steps 3 and 6) and a rate for each kind of step", wait, ck)
 		}
 		if left, _ := os.ReadDir(dir); len(left) != 0 {
@@ -100,5 +101,31 @@ func TestBenchWritesCheckpoints(t *testing.T) {
 	}
 	if _, err := Bench(context.Background(), BenchOptions{Model: c, Engine: "cpu", Batch: 2, Seq: 16, Steps: 1, CheckpointEvery: -1}); err == nil {
 		t.Fatal("a negative checkpoint interval was accepted")
+	}
+}
+
+// A checkpoint's steps are its own and the two after it, whose times on a
+// GPU hold the wait for the device and the refill after it; the first
+// checkpoint's (which makes the copies' buffer) are left out when there
+// are more; the rest are the others, and the rates are tokens over their
+// seconds.
+func TestCheckpointTimingCountsTheStepsAroundACheckpoint(t *testing.T) {
+	// Steps 1-14 with a checkpoint after every 4: checkpoints at steps 4,
+	// 8 and 12; around them steps 4-6 (left out), 8-10 and 12-14.
+	secs := []float64{1, 1, 1, 9, 0.5, 0.5, 1, 3, 0.5, 0.5, 1, 3, 1, 1}
+	ck := checkpointTiming(secs, 4, 100)
+	if ck.Checkpoints != 3 || !slices.Equal(ck.CheckpointStepSeconds, []float64{9, 3, 3}) || ck.SlowestCheckpointStepSecs != 9 || ck.SlowestStepSeconds != 9 {
+		t.Fatalf("%+v", ck)
+	}
+	// Around: 3 + 0.5 + 0.5 + 3 + 1 + 1 = 9 s for 6 steps; others: steps
+	// 1-3, 7 and 11, 5 s for 5 steps, so each window took 4.5 - 3 s extra.
+	if ck.CheckpointStepTokPerSec != 300.0/15 || ck.AroundTokPerSec != 600.0/9 || ck.OtherStepTokPerSec != 500.0/5 || ck.AroundExtraSeconds != 1.5 {
+		t.Fatalf("checkpoint %g, around %g, other %g tok/s, extra %g s; want 20, 66.7, 100 and 1.5",
+			ck.CheckpointStepTokPerSec, ck.AroundTokPerSec, ck.OtherStepTokPerSec, ck.AroundExtraSeconds)
+	}
+	// One checkpoint: its steps are the figure, the buffer's making and all.
+	one := checkpointTiming(secs[:7], 4, 100)
+	if one.Checkpoints != 1 || one.AroundTokPerSec != 300.0/10 || one.AroundExtraSeconds != 7 {
+		t.Fatalf("one checkpoint: %+v", one)
 	}
 }

@@ -73,14 +73,18 @@ type benchResult struct {
 }
 
 type benchCheckpoints struct {
-	Every                   int       `json:"every"`
-	Wait                    bool      `json:"wait"`
-	Written                 int       `json:"written"`
-	CheckpointStepTokPerSec float64   `json:"checkpoint_step_tok_per_sec"`
-	NextStepTokPerSec       float64   `json:"next_step_tok_per_sec"`
-	OtherStepTokPerSec      float64   `json:"other_step_tok_per_sec"`
-	SlowestCheckpointStepS  float64   `json:"slowest_checkpoint_step_s"`
-	CheckpointStepSeconds   []float64 `json:"checkpoint_step_seconds"`
+	Every                   int     `json:"every"`
+	Wait                    bool    `json:"wait"`
+	Written                 int     `json:"written"`
+	CheckpointStepTokPerSec float64 `json:"checkpoint_step_tok_per_sec"`
+	// A checkpoint's step and the two after it (the first checkpoint's
+	// left out when there are more: it makes the copies' buffer), and what
+	// they took beyond as many other steps, a checkpoint.
+	AroundTokPerSec        float64   `json:"around_checkpoint_tok_per_sec"`
+	AroundExtraSeconds     float64   `json:"around_checkpoint_extra_s"`
+	OtherStepTokPerSec     float64   `json:"other_step_tok_per_sec"`
+	SlowestCheckpointStepS float64   `json:"slowest_checkpoint_step_s"`
+	CheckpointStepSeconds  []float64 `json:"checkpoint_step_seconds"`
 }
 
 func init() {
@@ -192,7 +196,7 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	}
 	if ck := res.Checkpoints; ck != nil {
 		r.Checkpoints = &benchCheckpoints{Every: f.checkpointEvery, Wait: f.checkpointWait, Written: ck.Checkpoints,
-			CheckpointStepTokPerSec: ck.CheckpointStepTokPerSec, NextStepTokPerSec: ck.NextStepTokPerSec,
+			CheckpointStepTokPerSec: ck.CheckpointStepTokPerSec, AroundTokPerSec: ck.AroundTokPerSec, AroundExtraSeconds: ck.AroundExtraSeconds,
 			OtherStepTokPerSec: ck.OtherStepTokPerSec, SlowestCheckpointStepS: ck.SlowestCheckpointStepSecs,
 			CheckpointStepSeconds: ck.CheckpointStepSeconds}
 	}

@@ -318,10 +318,7 @@ func ShardObject(storeName, shardID string) string {
 // CheckStoreName refuses a store name that would not stay one directory
 // and one object-store path element.
 func CheckStoreName(name string) error {
-	if name == "" || strings.HasPrefix(name, ".") || unsafeKeyChars.MatchString(name) {
-		return &PresetError{fmt.Errorf("token store name %q: use letters, digits, '-', '_' or '.' (no slashes, spaces, or a leading dot)", name)}
-	}
-	if err := store.NameTooLong("token store", name); err != nil {
+	if err := store.CheckName("token store", name); err != nil {
 		return &PresetError{err}
 	}
 	return nil

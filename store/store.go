@@ -68,6 +68,24 @@ func NameTooLong(what, name string) error {
 	return fmt.Errorf("%s name %.24q... is %d bytes long: use at most %d", what, name, len(name), MaxNameBytes)
 }
 
+// CheckName refuses a name, of kind what ("run", "tokenizer", "token
+// store"), that would not stay one directory and one object-store path
+// element, the same rule for every name a person gives kiln: letters,
+// digits, '-', '_' and '.', not starting with a dot, at most MaxNameBytes.
+func CheckName(what, name string) error {
+	if err := NameTooLong(what, name); err != nil {
+		return err
+	}
+	ok := name != "" && name[0] != '.'
+	for _, r := range name {
+		ok = ok && (r == '-' || r == '_' || r == '.' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z'))
+	}
+	if !ok {
+		return fmt.Errorf("%s name %q: use letters, digits, '-', '_' or '.' (no slashes, spaces, or a leading dot)", what, name)
+	}
+	return nil
+}
+
 func checkKey(key string) error {
 	if key == "" || strings.HasPrefix(key, "/") || strings.HasSuffix(key, "/") {
 		return fmt.Errorf("object key %q: must be a non-empty relative path not ending in /", key)

@@ -400,3 +400,22 @@ func TestLocalDeleteLeavesNoEmptyDirectories(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// One rule for every name a person gives kiln (runs, tokenizers, token
+// stores): a single directory and object-key element of plain characters.
+func TestCheckNameIsOneRuleForEveryName(t *testing.T) {
+	for _, ok := range []string{"pilot", "mix-16384", "code_v2.1", "A", strings.Repeat("a", MaxNameBytes)} {
+		if err := CheckName("run", ok); err != nil {
+			t.Errorf("%q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", ".", "..", ".hidden", "a/b", `a\b`, "my run", "tab\t", "new\nline", "run:1", "caf\u00e9", "a*b", "\x1b[31m"} {
+		err := CheckName("tokenizer", bad)
+		if err == nil || !strings.Contains(err.Error(), "tokenizer name") || !strings.Contains(err.Error(), "use letters, digits") {
+			t.Errorf("%q: %v; want it refused with the rule", bad, err)
+		}
+	}
+	if err := CheckName("token store", strings.Repeat("a", MaxNameBytes+1)); err == nil || !strings.Contains(err.Error(), "at most 100") {
+		t.Errorf("a long name: %v", err)
+	}
+}

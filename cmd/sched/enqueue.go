@@ -192,12 +192,10 @@ func benchedRun(name string) (runs.Run, error) {
 	return run, nil
 }
 
-// checkName rejects names that cannot be an object-store prefix element.
+// checkName rejects names that cannot be an object-store prefix element
+// (store.CheckName's rule, the same for every kind of name).
 func checkName(what, name string) error {
-	if name == "" || strings.ContainsAny(name, "/\\ \t\n") || name == "." || name == ".." {
-		return badInput("%s name %q: use letters, digits, '-', '_' or '.' (no slashes or spaces)", what, name)
-	}
-	if err := store.NameTooLong(what, name); err != nil {
+	if err := store.CheckName(what, name); err != nil {
 		return badInput("%v", err)
 	}
 	return nil

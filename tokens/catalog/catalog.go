@@ -86,23 +86,17 @@ func SpecialTokens(t *tokenizer.Tokenizer) []string {
 type NameError struct{ Name string }
 
 func (e *NameError) Error() string {
-	if err := store.NameTooLong("tokenizer", e.Name); err != nil {
+	if err := store.CheckName("tokenizer", e.Name); err != nil {
 		return err.Error()
 	}
-	return fmt.Sprintf("tokenizer name %q: use letters, digits, '-', '_' or '.' (no slashes, spaces, or a leading dot)", e.Name)
+	return fmt.Sprintf("tokenizer name %q", e.Name)
 }
 func (e *NameError) BadInput() bool { return true }
 
 // CheckName refuses a name that would not stay one path element.
 func CheckName(name string) error {
-	if name == "" || strings.HasPrefix(name, ".") || store.NameTooLong("tokenizer", name) != nil {
+	if store.CheckName("tokenizer", name) != nil {
 		return &NameError{name}
-	}
-	for _, r := range name {
-		ok := r == '-' || r == '_' || r == '.' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
-		if !ok {
-			return &NameError{name}
-		}
 	}
 	return nil
 }

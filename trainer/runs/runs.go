@@ -17,6 +17,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
 )
 
@@ -209,6 +210,9 @@ func parse(b []byte, source string, base Set) (Set, error) {
 	}
 	for i := 0; i+1 < len(top.Content); i += 2 {
 		name, body := top.Content[i].Value, top.Content[i+1]
+		if err := store.CheckName("run", name); err != nil {
+			return nil, inputError{fmt.Errorf("runs file %s: line %d: %w", source, top.Content[i].Line, err)}
+		}
 		// A from: key must be read before the body so that the body
 		// applies on top of the run it names.
 		var head struct {

@@ -130,6 +130,10 @@ func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 		{"- a\n- b\n", "map run names"},
 		{"pilot:\n  min_free_disk: lots\n", "20GiB"},
 		{"pilot: [\n", "runs file"},
+		// A run's name becomes a directory and an object key: the rule
+		// every name kiln is given follows.
+		{"pilot:\n  lr: 1\nmy run:\n  from: pilot\n", `line 3: run name "my run": use letters, digits, '-', '_' or '.'`},
+		{".hidden:\n  from: pilot\n", `run name ".hidden"`},
 	} {
 		_, err := Load(writeFile(t, c.body))
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), c.want) {

@@ -7,6 +7,7 @@
 # of it on 256 MB ($OUT/trace.out: `go tool trace -pprof=sched`). Carry
 # .carry/tokenizer (docs/benchmarks/tokenizer-carry-prep.sh); run from the
 # repository root.
+OUT=${OUT:-/tmp/tokenizer-probe}; mkdir -p $OUT
 source docs/benchmarks/tokenizer-corpus.sh; C=.carry/tokenizer; w=/dev/shm/tok; mkdir -p $w
 gzip -dc $C/go20.txt.gz > $w/go20.txt; gzip -dc $C/prose.txt.gz > $w/prose.txt
 mixed_corpus $w/go20.txt $w/prose.txt 1000000000 > $w/corpus.txt; head -c 256000000 $w/corpus.txt > $w/c256.txt

@@ -80,6 +80,12 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 		return res, fmt.Errorf("dataset %s: %s is not readable parquet: %w", p.Name, f.Path, err)
 	}
 	res.Columns = columnNames(pf)
+	return res, requireColumns(p, f.Path, pf)
+}
+
+// requireColumns says which column the preset reads that the parquet file
+// at path lacks, if any.
+func requireColumns(p Preset, path string, pf *parquet.File) error {
 	c := p.Columns.withDefaults()
 	want := []string{c.Text}
 	if c.Blob != "" {
@@ -90,10 +96,10 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 	}
 	for _, col := range want {
 		if _, ok := pf.Schema().Lookup(col); !ok {
-			return res, &PresetError{fmt.Errorf("dataset %s: %s has no column %q (columns: %v): fix the preset's columns", p.Name, f.Path, col, res.Columns)}
+			return &PresetError{fmt.Errorf("dataset %s: %s has no column %q (columns: %v): fix the preset's columns", p.Name, path, col, columnNames(pf))}
 		}
 	}
-	return res, nil
+	return nil
 }
 
 // checkLocal reads the local dataset's first document with ingest's own
@@ -136,6 +142,9 @@ func firstDocument(ctx context.Context, p Preset, res *CheckResult) (int, error)
 			return 0, &PresetError{fmt.Errorf("dataset %s: %s is not readable parquet: %w", p.Name, res.Sample, err)}
 		}
 		res.Columns = columnNames(pf)
+		if err := requireColumns(p, res.Sample, pf); err != nil {
+			return 0, err
+		}
 	}
 	if p.Columns.Blob != "" {
 		return 0, nil // the document would be fetched from Software Heritage

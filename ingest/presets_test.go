@@ -130,8 +130,11 @@ func TestCheckReadsALocalFilesFirstDocument(t *testing.T) {
 		!strings.Contains(res.Describe(Columns{}), "b.parquet has columns [text]") {
 		t.Fatalf("good parquet: %+v %v", res, err)
 	}
-	if _, err := check(pq, Columns{Text: "content"}); !isPresetError(err) || !strings.Contains(err.Error(), "b.parquet") {
+	if _, err := check(pq, Columns{Text: "content"}); !isPresetError(err) || !strings.Contains(err.Error(), `b.parquet has no column "content" (columns: [text])`) {
 		t.Fatalf("parquet without the column: %v; want the file named", err)
+	}
+	if _, err := check(pq, Columns{Blob: "blob_id"}); !isPresetError(err) || !strings.Contains(err.Error(), `no column "blob_id"`) {
+		t.Fatalf("parquet without the blob column: %v", err)
 	}
 	write("c.parquet", "not parquet at all")
 	if _, err := check(filepath.Join(dir, "c.parquet"), Columns{}); !isPresetError(err) || !strings.Contains(err.Error(), "c.parquet is not readable parquet") {

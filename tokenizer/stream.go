@@ -58,36 +58,118 @@ func (t *Tokenizer) cuttable() bool {
 	return true
 }
 
-// safeCut returns the last offset p in b at which encoding b[:p] and b[p:]
-// separately gives the ids of b, or -1. It cuts after a single "\n" that
-// follows a visible ASCII character and precedes an ASCII letter: in both
-// the GPT-2 and GPT-4 patterns that line break is a word of its own (or
-// ends a punctuation word), the lookahead `(?!\S)` sees the same thing at
-// the end of a piece as before the letter, and matching restarts at the
-// letter whatever came before.
-func safeCut(b []byte) int { return safeCutAfter(b, 0) }
+// cutRule says where a text can be cut into pieces that encode separately
+// to the ids of the whole: after a single "\n" that follows a visible
+// ASCII character and precedes an ASCII letter. In both the GPT-2 and GPT-4
+// patterns that line break is a word of its own (or ends a punctuation
+// word), the lookahead `(?!\S)` sees the same thing at the end of a piece as
+// before the letter, and matching restarts at the letter whatever came
+// before. A "\r\n" in that place is split differently by the two patterns,
+// so where it can be cut depends on which one the tokenizer uses (crlf).
+type cutRule struct {
+	ok   bool // the text can be cut at all (Tokenizer.cuttable)
+	crlf crlfCut
+}
 
-// safeCutAfter is safeCut for a b whose first from bytes were searched
-// before, when b was that long, and held no cut: only cuts at from or
-// later can be new (a cut at p reads b[p-2 : p+1]), so the search stops
-// there. A long stretch without a cut, read a piece at a time, is then
-// searched once, not once a read (quadratic in the stretch: a file of
-// short numeric lines has a line break every few bytes and no cut).
-func safeCutAfter(b []byte, from int) int {
+// crlfCut is where a "\r\n" between a visible ASCII character and an ASCII
+// letter can be cut.
+type crlfCut uint8
+
+const (
+	// crlfNone: not at all (a pattern other than the two below).
+	crlfNone crlfCut = iota
+	// crlfBetween: between "\r" and "\n", for the GPT-2 pattern, where
+	// `\s+(?!\S)` takes "\r" alone before "\n" and a letter (the whole
+	// "\r\n" only at the end of a text, which is why not after it).
+	crlfBetween
+	// crlfAfter: after "\n", for the GPT-4 pattern, where `\s*[\r\n]+`
+	// takes "\r\n" as one word wherever it is.
+	crlfAfter
+)
+
+// cutRule is the tokenizer's rule for cutting a text.
+func (t *Tokenizer) cutRule() cutRule {
+	r := cutRule{ok: t.cuttable()}
+	gpt2, gpt4 := true, true
+	for _, s := range t.stages {
+		if s.split != nil {
+			gpt2 = gpt2 && s.gpt2
+			gpt4 = gpt4 && s.gpt4Digits > 0
+		}
+	}
+	switch {
+	case gpt2:
+		r.crlf = crlfBetween
+	case gpt4:
+		r.crlf = crlfAfter
+	}
+	return r
+}
+
+func visibleASCII(c byte) bool { return c > ' ' && c < 0x7f }
+func asciiLetter(c byte) bool  { c |= 0x20; return c >= 'a' && c <= 'z' }
+
+// at says whether b can be cut at p (between b[p-1] and b[p]). It reads
+// b[p-3 : p+2] at most.
+func (r cutRule) at(b []byte, p int) bool {
+	if p < 2 || p >= len(b) {
+		return false
+	}
+	switch {
+	case b[p-1] == '\n':
+		if !asciiLetter(b[p]) {
+			return false
+		}
+		return visibleASCII(b[p-2]) || r.crlf == crlfAfter && b[p-2] == '\r' && p >= 3 && visibleASCII(b[p-3])
+	case r.crlf == crlfBetween && b[p-1] == '\r' && b[p] == '\n':
+		return p+1 < len(b) && asciiLetter(b[p+1]) && visibleASCII(b[p-2])
+	}
+	return false
+}
+
+// last returns the last offset p in b at which b can be cut, or -1, for a b
+// whose first from bytes were searched before, when b was that long, and
+// held no cut: only cuts at from - 1 or later can be new (a cut at p reads
+// up to b[p+1]), so the search stops there. A long stretch without a cut,
+// read a piece at a time, is then searched once, not once a read
+// (quadratic in the stretch: a file of short numeric lines has a line
+// break every few bytes and no cut).
+func (r cutRule) last(b []byte, from int) int {
 	lo := max(from-1, 1)
 	for end := len(b); ; {
 		j := bytes.LastIndexByte(b[:end], '\n')
 		if j < lo {
 			return -1
 		}
-		if p := j + 1; p < len(b) {
-			c, prev := b[p]|0x20, b[j-1]
-			if c >= 'a' && c <= 'z' && prev > ' ' && prev < 0x7f {
-				return p
-			}
+		if r.at(b, j+1) {
+			return j + 1
+		}
+		if r.crlf == crlfBetween && r.at(b, j) {
+			return j
 		}
 		end = j
 	}
+}
+
+// first returns the first offset p, from <= p < to, at which b can be cut,
+// or -1; b may run past to, for the bytes a cut before to reads.
+func (r cutRule) first(b []byte, from, to int) int {
+	for i := max(from-1, 1); i < len(b) && i < to; i++ {
+		k := bytes.IndexByte(b[i:], '\n')
+		if k < 0 {
+			return -1
+		}
+		if i += k; i >= to {
+			return -1
+		}
+		if r.crlf == crlfBetween && i >= from && r.at(b, i) {
+			return i
+		}
+		if i+1 >= from && i+1 < to && r.at(b, i+1) {
+			return i + 1
+		}
+	}
+	return -1
 }
 
 // streamJob is one piece of a stream: its text, then its ids. Jobs are
@@ -200,7 +282,7 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 	// piece (nil at first).
 	var next func(spare []byte) (*streamJob, error)
 	var finish func() error // after the workers: where the source stopped
-	fp, fromFile := newFilePieces(r, t.cuttable(), workers)
+	fp, fromFile := newFilePieces(r, t.cutRule(), workers)
 	var textBytes int64 // when known: the shared word table's first size
 	if fromFile {
 		textBytes = fp.size
@@ -384,7 +466,7 @@ type filePieces struct {
 	seek    io.Seeker
 	base    int64 // where the text starts in r
 	size    int64 // its length when the encoding began
-	cut     bool
+	cut     cutRule
 	workers int
 
 	mu    sync.Mutex
@@ -397,7 +479,7 @@ type filePieces struct {
 // newFilePieces reads r at offsets when it can: an *os.File of a regular
 // file, or another reader with ReadAt and Seek (bytes.Reader,
 // io.SectionReader). A pipe or a terminal is read as a stream.
-func newFilePieces(r io.Reader, cut bool, workers int) (*filePieces, bool) {
+func newFilePieces(r io.Reader, cut cutRule, workers int) (*filePieces, bool) {
 	ra, ok := r.(io.ReaderAt)
 	seek, ok2 := r.(io.Seeker)
 	if !ok || !ok2 {
@@ -439,7 +521,7 @@ func (p *filePieces) next(j *streamJob) (bool, error) {
 	j.seq = p.seq
 	p.seq++
 	s, e := p.start, int64(-1) // e < 0: the last piece, to the end of the text
-	if p.cut {
+	if p.cut.ok {
 		// Pieces of streamChunk bytes, and at the end smaller ones (half
 		// an even share of what is left, down to a sixteenth), so that the
 		// workers run out of work nearly together, not up to a piece apart.
@@ -455,8 +537,8 @@ func (p *filePieces) next(j *streamJob) (bool, error) {
 	}
 	p.mu.Unlock()
 
-	// From two bytes before s: whether s is a cut depends on them.
-	lo := max(s-2, 0)
+	// From three bytes before s: whether s is a cut depends on them.
+	lo := max(s-3, 0)
 	until := p.size + cutLookahead
 	if e >= 0 {
 		until = e + cutLookahead
@@ -478,11 +560,11 @@ func (p *filePieces) next(j *streamJob) (bool, error) {
 	from := 0
 	if s > 0 {
 		// The first cut at or after s and before the next piece's start.
-		b := buf
+		to := len(buf)
 		if e >= 0 {
-			b = buf[:min(e-lo, int64(len(buf)))]
+			to = int(min(e-lo, int64(len(buf))))
 		}
-		if from = firstCut(b, int(s-lo)); from < 0 {
+		if from = p.cut.first(buf, int(s-lo), to); from < 0 {
 			j.buf, j.text = buf, buf[:0]
 			return true, nil
 		}
@@ -491,7 +573,7 @@ func (p *filePieces) next(j *streamJob) (bool, error) {
 	if e >= 0 {
 		// The first cut at or after the next piece's start.
 		for searched := int(e - lo); ; {
-			if c := firstCut(buf, searched); c >= 0 {
+			if c := p.cut.first(buf, searched, len(buf)); c >= 0 {
 				to = c
 				break
 			}
@@ -499,7 +581,8 @@ func (p *filePieces) next(j *streamJob) (bool, error) {
 				to = len(buf)
 				break
 			}
-			searched = max(searched, len(buf))
+			// A cut at the last byte may need the byte after it.
+			searched = max(searched, len(buf)-1)
 			if buf, eof, err = p.fill(buf, lo, int64(2*len(buf)+cutLookahead)); err != nil {
 				j.buf = buf
 				return false, err
@@ -542,28 +625,10 @@ func (p *filePieces) finish() error {
 	return nil
 }
 
-// firstCut returns the first offset p >= from in b at which b can be cut
-// (safeCut's rule: after a single line break that follows a visible ASCII
-// character and precedes an ASCII letter), or -1. A cut at p reads
-// b[p-2 : p+1].
-func firstCut(b []byte, from int) int {
-	for i := max(from-1, 1); i+1 < len(b); i++ {
-		k := bytes.IndexByte(b[i:len(b)-1], '\n')
-		if k < 0 {
-			return -1
-		}
-		i += k
-		if c, prev := b[i+1]|0x20, b[i-1]; c >= 'a' && c <= 'z' && prev > ' ' && prev < 0x7f {
-			return i + 1
-		}
-	}
-	return -1
-}
-
 // readJobs reads r into jobs from free, each cut at a safe point (or the
 // whole text when it cannot be cut), and queues them on todo in order.
 func (t *Tokenizer) readJobs(ctx context.Context, r io.Reader, free <-chan *streamJob, todo chan<- *streamJob) error {
-	cut := t.cuttable()
+	cut := t.cutRule()
 	var carry []byte // text after the last cut, for the next job
 	for seq := 0; ; seq++ {
 		var j *streamJob
@@ -577,8 +642,8 @@ func (t *Tokenizer) readJobs(ctx context.Context, r io.Reader, free <-chan *stre
 		eof := false
 		searched := 0 // j.text's first bytes, searched for a cut and holding none
 		for {
-			if cut && len(j.text) >= streamChunk {
-				if p := safeCutAfter(j.text, searched); p > 0 {
+			if cut.ok && len(j.text) >= streamChunk {
+				if p := cut.last(j.text, searched); p > 0 {
 					carry = append(carry[:0], j.text[p:]...)
 					j.text = j.text[:p]
 					break

@@ -41,7 +41,8 @@ func streamIDs(t testing.TB, tk *Tokenizer, text []byte, chunk int) (ids []uint3
 // line breaks, multi-byte letters and numbers, and invalid UTF-8.
 func randomText(rng *rand.Rand, n int) []byte {
 	parts := []string{"\n", "\n", "\r\n", "\n\n", " ", "  ", "\t", "a", "Zeta", "func", "x", "'s", "'LL", "'re", "'", "7", "123456",
-		"(", ")", "{}", ";", ".", "é", "日本", "٣", "\u00a0", "\u2028", "\xff", "\xc3", "ſ", "\u0301", "<|end|>", "ok\nGo", "}\nfunc"}
+		"(", ")", "{}", ";", ".", "é", "日本", "٣", "\u00a0", "\u2028", "\xff", "\xc3", "ſ", "\u0301", "<|end|>", "ok\nGo", "}\nfunc",
+		"ok\r\nGo", "}\r\nfunc", "\r", "\r\n\r\n"}
 	var b []byte
 	for len(b) < n {
 		b = append(b, parts[rng.IntN(len(parts))]...)
@@ -106,7 +107,10 @@ func TestEncodeReaderToPiecesEqualWholeText(t *testing.T) {
 func FuzzEncodeReaderCuts(f *testing.F) {
 	f.Add([]byte("a\nb\nc"), uint8(1))
 	f.Add([]byte("x.\nfoo 's\n\nbar\r\nBaz  \nq"), uint8(3))
-	tks := []*Tokenizer{loadStyle(f, "gpt2-style"), loadStyle(f, "gpt4-style")}
+	f.Add([]byte("x.\r\nfoo\r\n\r\nbar}\r\nBaz \r\nq"), uint8(2))
+	// The golden vocabularies, and two that make "\r\n" one id, so that a
+	// cut parting it changes the ids.
+	tks := []*Tokenizer{loadStyle(f, "gpt2-style"), loadStyle(f, "gpt4-style"), crlfTokenizer(f, "gpt2"), crlfTokenizer(f, "gpt4")}
 	f.Fuzz(func(t *testing.T, text []byte, chunk uint8) {
 		for _, tk := range tks {
 			want := tk.EncodeBytes(text)
@@ -210,23 +214,41 @@ func TestEncodeReaderToWritesIDs(t *testing.T) {
 	}
 }
 
-// safeCutAfter(b, from) finds safeCut(b)'s cut whenever b's first from
-// bytes hold none, so that the stream searches each byte once: on random
-// text of line breaks, letters, digits and spaces, every prefix length.
-func TestSafeCutAfterFindsTheLastCut(t *testing.T) {
+// cutRules are the three rules a tokenizer may cut by: line breaks alone,
+// and "\r\n" cut as the GPT-2 and the GPT-4 patterns allow.
+var cutRules = []cutRule{{ok: true}, {ok: true, crlf: crlfBetween}, {ok: true, crlf: crlfAfter}}
+
+// cutAlphabet is what the cut rules look at, and what they pass over.
+var cutAlphabet = []byte("\n\n\n\r\r\nab1 ;")
+
+// last(b, from) finds last(b, 0)'s cut whenever b's first from bytes hold
+// none, so that the stream searches each byte once: on random text of line
+// breaks, letters, digits and spaces, every prefix length, every rule.
+func TestCutRuleLastFindsTheLastCut(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	alphabet := []byte("\n\n\nab1 ;")
-	for trial := range 2000 {
-		b := make([]byte, 1+rng.IntN(200))
-		for i := range b {
-			b[i] = alphabet[rng.IntN(len(alphabet))]
-		}
-		for from := 0; from <= len(b); from++ {
-			if safeCut(b[:from]) > 0 {
-				continue // the precondition: the searched bytes held no cut
+	for _, r := range cutRules {
+		for trial := range 2000 {
+			b := make([]byte, 1+rng.IntN(200))
+			for i := range b {
+				b[i] = cutAlphabet[rng.IntN(len(cutAlphabet))]
 			}
-			if got, want := safeCutAfter(b, from), safeCut(b); got != want {
-				t.Fatalf("trial %d, %q from %d: %d, want %d", trial, b, from, got, want)
+			for from := 0; from <= len(b); from++ {
+				if r.last(b[:from], 0) > 0 {
+					continue // the precondition: the searched bytes held no cut
+				}
+				if got, want := r.last(b, from), r.last(b, 0); got != want {
+					t.Fatalf("%+v, trial %d, %q from %d: %d, want %d", r, trial, b, from, got, want)
+				}
+			}
+			want := -1
+			for p := len(b) - 1; p >= 0; p-- {
+				if isCut(r, b, p) {
+					want = p
+					break
+				}
+			}
+			if got := r.last(b, 0); got != want {
+				t.Fatalf("%+v, trial %d, %q: last %d, want %d", r, trial, b, got, want)
 			}
 		}
 	}
@@ -274,33 +296,48 @@ func BenchmarkEncodeReaderUncuttable(b *testing.B) {
 	}
 }
 
-// isCut is safeCut's rule at one offset, written out.
-func isCut(b []byte, p int) bool {
-	return p >= 2 && p < len(b) && b[p-1] == '\n' && b[p-2] > ' ' && b[p-2] < 0x7f &&
-		b[p]|0x20 >= 'a' && b[p]|0x20 <= 'z'
+// isCut is a cut rule at one offset, written out.
+func isCut(r cutRule, b []byte, p int) bool {
+	visible := func(i int) bool { return i >= 0 && b[i] > ' ' && b[i] < 0x7f }
+	letter := func(i int) bool { return i < len(b) && b[i]|0x20 >= 'a' && b[i]|0x20 <= 'z' }
+	if p < 2 || p >= len(b) {
+		return false
+	}
+	lf := b[p-1] == '\n' && visible(p-2) && letter(p)
+	after := r.crlf == crlfAfter && b[p-1] == '\n' && b[p-2] == '\r' && visible(p-3) && letter(p)
+	between := r.crlf == crlfBetween && b[p-1] == '\r' && b[p] == '\n' && visible(p-2) && letter(p+1)
+	return lf || after || between
 }
 
-// firstCut finds the first offset at or after from where the rule allows a
-// cut: on random text of line breaks, letters, digits and spaces, from
-// every offset.
-func TestFirstCutIsTheFirstSafeCut(t *testing.T) {
+// first(b, from, to) finds the first offset in [from, to) where the rule
+// allows a cut, reading past to where the rule needs to: on random text of
+// line breaks, letters, digits and spaces, from every offset, every rule.
+func TestCutRuleFirstIsTheFirstSafeCut(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
-	alphabet := []byte("\n\n\nab1 ;")
-	for trial := range 2000 {
-		b := make([]byte, rng.IntN(200))
-		for i := range b {
-			b[i] = alphabet[rng.IntN(len(alphabet))]
-		}
-		for from := 0; from <= len(b); from++ {
-			want := -1
-			for p := from; p < len(b); p++ {
-				if isCut(b, p) {
-					want = p
-					break
-				}
+	for _, r := range cutRules {
+		for trial := range 2000 {
+			b := make([]byte, rng.IntN(200))
+			for i := range b {
+				b[i] = cutAlphabet[rng.IntN(len(cutAlphabet))]
 			}
-			if got := firstCut(b, from); got != want {
-				t.Fatalf("trial %d, %q from %d: %d, want %d", trial, b, from, got, want)
+			for from := 0; from <= len(b); from++ {
+				to := from + rng.IntN(len(b)-from+1)
+				want, wantTo := -1, -1
+				for p := from; p < len(b); p++ {
+					if isCut(r, b, p) {
+						want = p
+						break
+					}
+				}
+				if want >= 0 && want < to {
+					wantTo = want
+				}
+				if got := r.first(b, from, len(b)); got != want {
+					t.Fatalf("%+v, trial %d, %q from %d: %d, want %d", r, trial, b, from, got, want)
+				}
+				if got := r.first(b, from, to); got != wantTo {
+					t.Fatalf("%+v, trial %d, %q from %d to %d: %d, want %d", r, trial, b, from, to, got, wantTo)
+				}
 			}
 		}
 	}
@@ -325,7 +362,8 @@ func TestFilePiecesCoverTheTextAtSafeCuts(t *testing.T) {
 			t.Fatal(err)
 		}
 		streamChunk = 16 + rng.IntN(500)
-		fp, ok := newFilePieces(r, true, 1+rng.IntN(16))
+		rule := cutRules[trial%len(cutRules)]
+		fp, ok := newFilePieces(r, rule, 1+rng.IntN(16))
 		if !ok {
 			t.Fatal("a bytes.Reader is not read at offsets")
 		}
@@ -364,7 +402,7 @@ func TestFilePiecesCoverTheTextAtSafeCuts(t *testing.T) {
 				t.Fatalf("trial %d: piece %d of %d missing", trial, seq, len(pieces))
 			}
 			if len(p) > 0 {
-				if len(got) > 0 && !isCut(text, len(got)) {
+				if len(got) > 0 && !isCut(rule, text, len(got)) {
 					t.Fatalf("trial %d: piece %d starts at %d, not a safe cut, in %q", trial, seq, len(got), text)
 				}
 				nonEmpty++
@@ -377,7 +415,7 @@ func TestFilePiecesCoverTheTextAtSafeCuts(t *testing.T) {
 		if at, _ := r.Seek(0, io.SeekCurrent); at != int64(skip+len(text)) {
 			t.Errorf("trial %d: the reader is left at %d, want the end, %d", trial, at, skip+len(text))
 		}
-		if safeCut(text) > 0 && len(text) > 4*streamChunk && nonEmpty < 2 {
+		if rule.last(text, 0) > 0 && len(text) > 4*streamChunk && nonEmpty < 2 {
 			t.Errorf("trial %d: %d bytes with a safe cut in one piece of %d", trial, len(text), streamChunk)
 		}
 	}
@@ -474,6 +512,92 @@ func TestAppendLEMatchesTheStandardConversion(t *testing.T) {
 			if got := appendLE(append([]byte(nil), prefix...), ids, width); !bytes.Equal(got, want) {
 				t.Fatalf("%d ids, width %d: %x, want %x", n, width, got, want)
 			}
+		}
+	}
+}
+
+// crlfText is random text full of "\r\n" line breaks, after visible
+// characters, spaces and other breaks, and before letters and not.
+func crlfText(rng *rand.Rand, n int) []byte {
+	parts := []string{"\r\n", "\r\n", "x\r\n", ".\r\n", "}\r\n", "\r\n\r\n", " \r\n", "\r", "\n", "func", "a", "Go", " ", "  ",
+		"'s", "1", "23", ";", "(", "é", "\t"}
+	var b []byte
+	for len(b) < n {
+		b = append(b, parts[rng.IntN(len(parts))]...)
+	}
+	return b
+}
+
+// crlfTokenizer is a tokenizer of the pattern trained on text full of
+// "\r\n", so that "\r\n" is one id: the golden vocabularies hold no such
+// merge, and would give the same ids whether a cut parts the pair or not.
+func crlfTokenizer(t testing.TB, pattern string) *Tokenizer {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(21, 22))
+	corpus := crlfText(rng, 200_000)
+	raw, err := Train(context.Background(), []io.Reader{bytes.NewReader(corpus)}, TrainOptions{VocabSize: 600, Pattern: pattern})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := tk.Encode("\r\n"); len(ids) != 1 {
+		t.Fatalf("%s: \"\\r\\n\" encodes as %v, not one id", pattern, ids)
+	}
+	return tk
+}
+
+// Text of "\r\n" line breaks is cut where the tokenizer's pattern allows,
+// between "\r" and "\n" for GPT-2's and after them for GPT-4's, and keeps
+// the ids of the whole text, read from a stream and from a file, with
+// tokenizers that make "\r\n" one id; a file of such lines alone is cut
+// into many pieces (it was one). Each cut in the other pattern's place
+// would change the ids, so the rule cannot be the same for both.
+func TestCRLFCutsKeepTheIDs(t *testing.T) {
+	old := streamChunk
+	defer func() { streamChunk = old }()
+	rng := rand.New(rand.NewPCG(23, 24))
+	for _, c := range []struct {
+		pattern     string
+		crlf        crlfCut
+		wrong       [2]string // a cut in the other pattern's place
+		right       [2]string
+		description string
+	}{
+		{"gpt2", crlfBetween, [2]string{"x\r\n", "abc"}, [2]string{"x\r", "\nabc"}, "between"},
+		{"gpt4", crlfAfter, [2]string{"x\r", "\nabc"}, [2]string{"x\r\n", "abc"}, "after"},
+	} {
+		tk := crlfTokenizer(t, c.pattern)
+		if r := tk.cutRule(); !r.ok || r.crlf != c.crlf {
+			t.Fatalf("%s: cut rule %+v, want \"\\r\\n\" cut %s", c.pattern, r, c.description)
+		}
+		whole := tk.Encode(c.right[0] + c.right[1])
+		if got := append(tk.Encode(c.wrong[0]), tk.Encode(c.wrong[1])...); firstDiff(got, whole) < 0 {
+			t.Fatalf("%s: %q cut as %q gives the same ids; the test would not see a wrong cut", c.pattern, c.right[0]+c.right[1], c.wrong)
+		}
+		if got := append(tk.Encode(c.right[0]), tk.Encode(c.right[1])...); firstDiff(got, whole) >= 0 {
+			t.Fatalf("%s: %q cut as %q: %v, want %v", c.pattern, c.right[0]+c.right[1], c.right, got, whole)
+		}
+		for trial := range 300 {
+			text := crlfText(rng, 1+rng.IntN(4000))
+			want := tk.EncodeBytes(text)
+			got, _ := streamIDs(t, tk, text, 16+rng.IntN(200))
+			if i := firstDiff(got, want); i >= 0 {
+				t.Fatalf("%s, trial %d, from a stream: ids differ at %d for %.300q", c.pattern, trial, i, text)
+			}
+			streamChunk = 16 + rng.IntN(500)
+			var out bytes.Buffer
+			n, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, 4)
+			streamChunk = old
+			if err != nil || n != int64(len(want)) || !bytes.Equal(out.Bytes(), appendLE(nil, want, 4)) {
+				t.Fatalf("%s, trial %d, from a file: %d ids, %v; want %d, the same bytes, for %.300q", c.pattern, trial, n, err, len(want), text)
+			}
+		}
+		lines := bytes.Repeat([]byte("x = 1;\r\nfunc f() {}\r\n"), 5000)
+		if _, calls := streamIDs(t, tk, lines, 1000); calls < 10 {
+			t.Errorf("%s: %d bytes of \"\\r\\n\" lines in %d pieces of 1000 bytes: not cut", c.pattern, len(lines), calls)
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/parquet-go/parquet-go"
@@ -128,16 +127,15 @@ const localCheckFiles = 8
 // first document: 0 when the file holds none and skipped nothing.
 func firstDocument(ctx context.Context, p Preset, res *CheckResult) (int, error) {
 	if res.Format == FormatParquet {
-		f, err := os.Open(res.Sample)
+		f, size, err := openNonEmpty(res.Sample, res.Sample)
+		if SkipReason(err) == SkipEmptyFile {
+			return 0, nil
+		}
 		if err != nil {
 			return 0, err
 		}
 		defer f.Close()
-		st, err := f.Stat()
-		if err != nil {
-			return 0, err
-		}
-		pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+		pf, err := parquet.OpenFile(f, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
 		if err != nil {
 			return 0, &PresetError{fmt.Errorf("dataset %s: %s is not readable parquet: %w", p.Name, res.Sample, err)}
 		}

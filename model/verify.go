@@ -147,19 +147,16 @@ func loadGolden(dir string) (*golden, error) {
 	}
 	// A value left out would be compared as 0 (or train with lr 0): each
 	// must be there.
-	var keys struct {
-		Top   map[string]json.RawMessage
-		AdamW map[string]json.RawMessage `json:"adamw"`
-	}
-	_ = json.Unmarshal(b, &keys.Top)
-	_ = json.Unmarshal(keys.Top["adamw"], &keys.AdamW)
+	var top, adamw map[string]json.RawMessage
+	_ = json.Unmarshal(b, &top)
+	_ = json.Unmarshal(top["adamw"], &adamw)
 	for _, k := range []string{"loss", "grad_norm_before_clip", "clip", "adamw"} {
-		if _, ok := keys.Top[k]; !ok {
+		if _, ok := top[k]; !ok {
 			return nil, &FormatError{Path: exPath, Msg: fmt.Sprintf("has no %q: it needs loss, grad_norm_before_clip, clip and adamw (lr, beta1, beta2, eps, weight_decay)", k)}
 		}
 	}
 	for _, k := range []string{"lr", "beta1", "beta2", "eps", "weight_decay"} {
-		if _, ok := keys.AdamW[k]; !ok {
+		if _, ok := adamw[k]; !ok {
 			return nil, &FormatError{Path: exPath, Msg: fmt.Sprintf("has no adamw.%s: adamw needs lr, beta1, beta2, eps and weight_decay", k)}
 		}
 	}

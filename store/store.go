@@ -53,7 +53,6 @@ type Info struct {
 // ErrNotFound is returned (wrapped) by Get and Stat for a missing key.
 var ErrNotFound = errors.New("object not found")
 
-// checkKey rejects keys that would escape a prefix or a directory.
 // MaxNameBytes bounds the names kiln makes one element of an object key and
 // of a local path (tokenizers, token stores, runs): with the suffixes kiln
 // adds to them, a longer one could pass a filesystem's 255-byte limit.
@@ -86,6 +85,7 @@ func CheckName(what, name string) error {
 	return nil
 }
 
+// checkKey rejects keys that would escape a prefix or a directory.
 func checkKey(key string) error {
 	if key == "" || strings.HasPrefix(key, "/") || strings.HasSuffix(key, "/") {
 		return fmt.Errorf("object key %q: must be a non-empty relative path not ending in /", key)

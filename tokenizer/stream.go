@@ -90,6 +90,9 @@ const (
 // cutRule is the tokenizer's rule for cutting a text.
 func (t *Tokenizer) cutRule() cutRule {
 	r := cutRule{ok: t.cuttable()}
+	if !r.ok {
+		return r
+	}
 	gpt2, gpt4 := true, true
 	for _, s := range t.stages {
 		if s.split != nil {

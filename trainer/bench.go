@@ -68,10 +68,10 @@ type BenchOptions struct {
 // checkpoint are counted together: its step and the aroundCheckpoint - 1
 // after it, which hold the wait and the refill both. The first checkpoint
 // also makes the engine's host buffer for the copies (a fraction of a
-// second, once a run), so with more than one the steps around it are
-// counted with the others' and the rest are the figure: AroundTokPerSec,
-// and AroundExtraSeconds, what each of them took beyond as many of the
-// other steps.
+// second, once a run), so with more than one its steps are left out of
+// both kinds and the later checkpoints' are the figure: AroundTokPerSec,
+// and AroundExtraSeconds, what each checkpoint's steps took beyond as many
+// of the other steps.
 type CheckpointTiming struct {
 	Checkpoints                                   int
 	CheckpointStepTokPerSec, AroundTokPerSec      float64
@@ -383,7 +383,7 @@ const aroundCheckpoint = 3
 func checkpointTiming(secs []float64, every, tokens int) *CheckpointTiming {
 	t := &CheckpointTiming{}
 	var ckS, aroundS, otherS float64
-	var nAround, nOther int
+	var nAround, nOther, windows int
 	skipFirst := len(secs) >= 2*every
 	for i, s := range secs {
 		t.SlowestStepSeconds = max(t.SlowestStepSeconds, s)
@@ -404,6 +404,9 @@ func checkpointTiming(secs []float64, every, tokens int) *CheckpointTiming {
 		default:
 			nAround++
 			aroundS += s
+			if since == 0 {
+				windows++
+			}
 		}
 	}
 	rate := func(n int, s float64) float64 {
@@ -413,9 +416,8 @@ func checkpointTiming(secs []float64, every, tokens int) *CheckpointTiming {
 		return float64(n*tokens) / s
 	}
 	t.CheckpointStepTokPerSec, t.AroundTokPerSec, t.OtherStepTokPerSec = rate(t.Checkpoints, ckS), rate(nAround, aroundS), rate(nOther, otherS)
-	if nAround > 0 && nOther > 0 {
-		windows := float64(nAround) / aroundCheckpoint
-		t.AroundExtraSeconds = (aroundS - float64(nAround)*otherS/float64(nOther)) / windows
+	if windows > 0 && nOther > 0 {
+		t.AroundExtraSeconds = (aroundS - float64(nAround)*otherS/float64(nOther)) / float64(windows)
 	}
 	return t
 }

@@ -179,7 +179,7 @@ func (r Run) Validate() error {
 	for i, m := range r.Mixture {
 		// The worker reads tokens/<name> of its data directory, or an
 		// absolute path: a relative path would lead out of that directory.
-		if msg == "" && !filepath.IsAbs(m.Store) && (strings.ContainsAny(m.Store, `/\`) || strings.HasPrefix(m.Store, ".")) {
+		if msg == "" && !filepath.IsAbs(m.Store) && store.CheckName("token store", m.Store) != nil {
 			msg = fmt.Sprintf("mixture[%d] store %q: name a token store of the worker's data directory (tokens/<name>; 'sched datasets' lists them) or give an absolute path", i, m.Store)
 		}
 	}

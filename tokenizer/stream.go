@@ -59,39 +59,61 @@ func (t *Tokenizer) cuttable() bool {
 }
 
 // cutRule says where a text can be cut into pieces that encode separately
-// to the ids of the whole: after a single "\n" that follows a visible
-// ASCII character and precedes an ASCII letter. In both the GPT-2 and GPT-4
-// patterns that line break is a word of its own (or ends a punctuation
-// word), the lookahead `(?!\S)` sees the same thing at the end of a piece as
-// before the letter, and matching restarts at the letter whatever came
-// before. A "\r\n" in that place is split differently by the two patterns,
-// so where it can be cut depends on which one the tokenizer uses (crlf).
+// to the ids of the whole: at a word boundary of the pre-tokenizer that
+// holds whatever comes before and after the piece it ends or starts, found
+// from a few bytes around it. Where depends on the pattern (kind); every
+// place is next to a line break, so that the cuts are found by looking for
+// line breaks alone.
 type cutRule struct {
 	ok   bool // the text can be cut at all (Tokenizer.cuttable)
-	crlf crlfCut
+	kind cutKind
 }
 
-// crlfCut is where a "\r\n" between a visible ASCII character and an ASCII
-// letter can be cut.
-type crlfCut uint8
+// cutKind is where a cuttable text may be cut.
+type cutKind uint8
 
 const (
-	// crlfNone: not at all (a pattern other than the two below).
-	crlfNone crlfCut = iota
-	// crlfBetween: between "\r" and "\n", for the GPT-2 pattern, where
-	// `\s+(?!\S)` takes "\r" alone before "\n" and a letter (the whole
-	// "\r\n" only at the end of a text, which is why not after it).
-	crlfBetween
-	// crlfAfter: after "\n", for the GPT-4 pattern, where `\s*[\r\n]+`
-	// takes "\r\n" as one word wherever it is.
-	crlfAfter
+	// cutLF: after a "\n" that follows a visible ASCII character and
+	// precedes an ASCII letter, for any splitting pattern and added tokens
+	// that strip whitespace. In the GPT-2 and GPT-4 patterns that line
+	// break is a word of its own (or ends a punctuation word), `(?!\S)`
+	// sees the same at the end of a piece as before the letter, and matching
+	// restarts at the letter whatever came before; an added token that
+	// strips the line break on its right takes it in either piece. Code
+	// whose lines start with indentation has no such cut for megabytes.
+	cutLF cutKind = iota
+	// cutBefore: before a line break ("\n" or "\r\n") that follows a visible
+	// ASCII character, for the GPT-2 pattern. No word of that pattern ends
+	// in whitespace unless it is all whitespace, so a word ends at the
+	// visible character; the words of the whitespace run depend only on
+	// the run and the character after it, which are in the same piece.
+	cutBefore
+	// cutAfter: after a "\n" followed by at most cutReach-1 spaces or tabs
+	// and a visible ASCII character, for the GPT-4 and Qwen2 patterns.
+	// Every word that holds a "\n" there ends with the run of line breaks
+	// it is in (`\s*[\r\n]+`, or a punctuation word's `[\r\n]*`), and no
+	// line break follows before the visible character; matching restarts
+	// after it with nothing behind it to look at.
+	cutAfter
 )
 
-// cutRule is the tokenizer's rule for cutting a text.
+// cutReach is how many bytes at and after a cut's offset the rules read
+// (cutAfter's spaces or tabs, and the visible character after them).
+const cutReach = 16
+
+// cutRule is the tokenizer's rule for cutting a text. cutBefore and
+// cutAfter hold only where no added token strips whitespace: one that
+// strips on its left (right) takes the whitespace run after (before) a
+// cutAfter (cutBefore) cut in the whole text and only its part in a piece.
 func (t *Tokenizer) cutRule() cutRule {
 	r := cutRule{ok: t.cuttable()}
 	if !r.ok {
 		return r
+	}
+	for _, a := range t.added {
+		if a.lstrip || a.rstrip {
+			return r
+		}
 	}
 	gpt2, gpt4 := true, true
 	for _, s := range t.stages {
@@ -102,9 +124,9 @@ func (t *Tokenizer) cutRule() cutRule {
 	}
 	switch {
 	case gpt2:
-		r.crlf = crlfBetween
+		r.kind = cutBefore
 	case gpt4:
-		r.crlf = crlfAfter
+		r.kind = cutAfter
 	}
 	return r
 }
@@ -113,42 +135,53 @@ func visibleASCII(c byte) bool { return c > ' ' && c < 0x7f }
 func asciiLetter(c byte) bool  { c |= 0x20; return c >= 'a' && c <= 'z' }
 
 // at says whether b can be cut at p (between b[p-1] and b[p]). It reads
-// b[p-3 : p+2] at most.
+// b[p-2 : p+cutReach] at most, and says false where the bytes it needs run
+// past the end of b.
 func (r cutRule) at(b []byte, p int) bool {
-	if p < 2 || p >= len(b) {
+	if p < 1 || p >= len(b) {
 		return false
 	}
-	switch {
-	case b[p-1] == '\n':
-		if !asciiLetter(b[p]) {
+	switch r.kind {
+	case cutBefore:
+		lf := b[p] == '\n' || b[p] == '\r' && p+1 < len(b) && b[p+1] == '\n'
+		return lf && visibleASCII(b[p-1])
+	case cutAfter:
+		if b[p-1] != '\n' {
 			return false
 		}
-		return visibleASCII(b[p-2]) || r.crlf == crlfAfter && b[p-2] == '\r' && p >= 3 && visibleASCII(b[p-3])
-	case r.crlf == crlfBetween && b[p-1] == '\r' && b[p] == '\n':
-		return p+1 < len(b) && asciiLetter(b[p+1]) && visibleASCII(b[p-2])
+		for _, c := range b[p:min(p+cutReach, len(b))] {
+			if c != ' ' && c != '\t' {
+				return visibleASCII(c)
+			}
+		}
+		return false
 	}
-	return false
+	return p >= 2 && b[p-1] == '\n' && asciiLetter(b[p]) && visibleASCII(b[p-2])
 }
+
+// candidates are the offsets next to a line break at j where a rule may
+// cut: before a "\r" before it, before it, and after it.
+func candidates(j int) [3]int { return [3]int{j - 1, j, j + 1} }
 
 // last returns the last offset p in b at which b can be cut, or -1, for a b
 // whose first from bytes were searched before, when b was that long, and
-// held no cut: only cuts at from - 1 or later can be new (a cut at p reads
-// up to b[p+1]), so the search stops there. A long stretch without a cut,
-// read a piece at a time, is then searched once, not once a read
-// (quadratic in the stretch: a file of short numeric lines has a line
-// break every few bytes and no cut).
+// held no cut: only cuts within cutReach-1 bytes of from or later can be
+// new (a cut at p reads up to b[p+cutReach-1]), so the search stops there.
+// A long stretch without a cut, read a piece at a time, is then searched
+// once, not once a read (quadratic in the stretch: a file of short
+// numeric lines has a line break every few bytes and no cut by cutLF).
 func (r cutRule) last(b []byte, from int) int {
-	lo := max(from-1, 1)
+	lo := max(from-cutReach+1, 1)
 	for end := len(b); ; {
 		j := bytes.LastIndexByte(b[:end], '\n')
-		if j < lo {
+		if j+1 < lo {
 			return -1
 		}
-		if r.at(b, j+1) {
-			return j + 1
-		}
-		if r.crlf == crlfBetween && r.at(b, j) {
-			return j
+		c := candidates(j)
+		for k := len(c) - 1; k >= 0; k-- {
+			if c[k] >= lo && r.at(b, c[k]) {
+				return c[k]
+			}
 		}
 		end = j
 	}
@@ -157,20 +190,21 @@ func (r cutRule) last(b []byte, from int) int {
 // first returns the first offset p, from <= p < to, at which b can be cut,
 // or -1; b may run past to, for the bytes a cut before to reads.
 func (r cutRule) first(b []byte, from, to int) int {
-	for i := max(from-1, 1); i < len(b) && i < to; i++ {
+	for i := max(from-1, 0); i < len(b) && i <= to; {
 		k := bytes.IndexByte(b[i:], '\n')
 		if k < 0 {
 			return -1
 		}
-		if i += k; i >= to {
-			return -1
+		j := i + k
+		for _, p := range candidates(j) {
+			if p >= to {
+				return -1
+			}
+			if p >= from && r.at(b, p) {
+				return p
+			}
 		}
-		if r.crlf == crlfBetween && i >= from && r.at(b, i) {
-			return i
-		}
-		if i+1 >= from && i+1 < to && r.at(b, i+1) {
-			return i + 1
-		}
+		i = j + 1
 	}
 	return -1
 }
@@ -367,6 +401,14 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 					}
 					scratch = st.encode(scratch[:0], j.text)
 					j.ids = j.ids[:0]
+					if n := width * len(scratch); cap(j.out) < n {
+						// Made once at the size the pieces need, with an
+						// eighth to spare: grown by append's steps, the
+						// pieces in flight left 1.5x their bytes behind as
+						// garbage, and the heap, then the resident set,
+						// grew with it.
+						j.out = make([]byte, 0, n+n/8)
+					}
 					j.out = appendLE(j.out[:0], scratch, width)
 				} else {
 					if cap(j.ids) < want {
@@ -540,8 +582,8 @@ func (p *filePieces) next(j *streamJob) (bool, error) {
 	}
 	p.mu.Unlock()
 
-	// From three bytes before s: whether s is a cut depends on them.
-	lo := max(s-3, 0)
+	// From two bytes before s: whether s is a cut depends on them.
+	lo := max(s-2, 0)
 	until := p.size + cutLookahead
 	if e >= 0 {
 		until = e + cutLookahead
@@ -584,8 +626,8 @@ func (p *filePieces) next(j *streamJob) (bool, error) {
 				to = len(buf)
 				break
 			}
-			// A cut at the last byte may need the byte after it.
-			searched = max(searched, len(buf)-1)
+			// A cut near the end may need the bytes after it.
+			searched = max(searched, len(buf)-cutReach+1)
 			if buf, eof, err = p.fill(buf, lo, int64(2*len(buf)+cutLookahead)); err != nil {
 				j.buf = buf
 				return false, err

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -108,9 +109,11 @@ func FuzzEncodeReaderCuts(f *testing.F) {
 	f.Add([]byte("a\nb\nc"), uint8(1))
 	f.Add([]byte("x.\nfoo 's\n\nbar\r\nBaz  \nq"), uint8(3))
 	f.Add([]byte("x.\r\nfoo\r\n\r\nbar}\r\nBaz \r\nq"), uint8(2))
-	// The golden vocabularies, and two that make "\r\n" one id, so that a
-	// cut parting it changes the ids.
-	tks := []*Tokenizer{loadStyle(f, "gpt2-style"), loadStyle(f, "gpt4-style"), crlfTokenizer(f, "gpt2"), crlfTokenizer(f, "gpt4")}
+	// The golden vocabularies, and trained ones that merge "\r\n",
+	// indentation and blank lines, so that a cut parting them changes the
+	// ids, with an added token that strips whitespace and without.
+	tks := []*Tokenizer{loadStyle(f, "gpt2-style"), loadStyle(f, "gpt4-style"), cutTokenizer(f, "gpt2", ""), cutTokenizer(f, "gpt4", ""),
+		cutTokenizer(f, "gpt2", "rstrip"), cutTokenizer(f, "gpt4", "lstrip")}
 	f.Fuzz(func(t *testing.T, text []byte, chunk uint8) {
 		for _, tk := range tks {
 			want := tk.EncodeBytes(text)
@@ -214,12 +217,11 @@ func TestEncodeReaderToWritesIDs(t *testing.T) {
 	}
 }
 
-// cutRules are the three rules a tokenizer may cut by: line breaks alone,
-// and "\r\n" cut as the GPT-2 and the GPT-4 patterns allow.
-var cutRules = []cutRule{{ok: true}, {ok: true, crlf: crlfBetween}, {ok: true, crlf: crlfAfter}}
+// cutRules are the three rules a tokenizer may cut by.
+var cutRules = []cutRule{{ok: true, kind: cutLF}, {ok: true, kind: cutBefore}, {ok: true, kind: cutAfter}}
 
 // cutAlphabet is what the cut rules look at, and what they pass over.
-var cutAlphabet = []byte("\n\n\n\r\r\nab1 ;")
+var cutAlphabet = []byte("\n\n\n\r\r\nab1 ;\t\t  ")
 
 // last(b, from) finds last(b, 0)'s cut whenever b's first from bytes hold
 // none, so that the stream searches each byte once: on random text of line
@@ -298,16 +300,21 @@ func BenchmarkEncodeReaderUncuttable(b *testing.B) {
 
 // isCut is a cut rule at one offset, written out.
 func isCut(r cutRule, b []byte, p int) bool {
-	visible := func(i int) bool { return i >= 0 && b[i] > ' ' && b[i] < 0x7f }
-	letter := func(i int) bool { return i < len(b) && b[i]|0x20 >= 'a' && b[i]|0x20 <= 'z' }
-	if p < 2 || p >= len(b) {
+	if p < 1 || p >= len(b) {
 		return false
 	}
-	lf := b[p-1] == '\n' && visible(p-2) && letter(p)
-	after := r.crlf == crlfAfter && b[p-1] == '\n' && b[p-2] == '\r' && visible(p-3) && letter(p)
-	between := r.crlf == crlfBetween && b[p-1] == '\r' && b[p] == '\n' && visible(p-2) && letter(p+1)
-	return lf || after || between
+	visible := func(i int) bool { return i >= 0 && b[i] > ' ' && b[i] < 0x7f }
+	switch r.kind {
+	case cutBefore:
+		return (bytes.HasPrefix(b[p:], []byte("\n")) || bytes.HasPrefix(b[p:], []byte("\r\n"))) && visible(p-1)
+	case cutAfter:
+		return b[p-1] == '\n' && indentThenVisible.Match(b[p:min(len(b), p+cutReach)])
+	}
+	return b[p-1] == '\n' && visible(p-2) && b[p]|0x20 >= 'a' && b[p]|0x20 <= 'z'
 }
+
+// indentThenVisible is what follows a cutAfter cut.
+var indentThenVisible = regexp.MustCompile(`^[ \t]*[!-~]`)
 
 // first(b, from, to) finds the first offset in [from, to) where the rule
 // allows a cut, reading past to where the rule needs to: on random text of
@@ -516,11 +523,13 @@ func TestAppendLEMatchesTheStandardConversion(t *testing.T) {
 	}
 }
 
-// crlfText is random text full of "\r\n" line breaks, after visible
-// characters, spaces and other breaks, and before letters and not.
-func crlfText(rng *rand.Rand, n int) []byte {
-	parts := []string{"\r\n", "\r\n", "x\r\n", ".\r\n", "}\r\n", "\r\n\r\n", " \r\n", "\r", "\n", "func", "a", "Go", " ", "  ",
-		"'s", "1", "23", ";", "(", "é", "\t"}
+// cutText is random text of what decides where a cut may go: line ends in
+// visible characters, spaces and line breaks ("\n" and "\r\n"), lines
+// indented by tabs and spaces, lines of whitespace alone, letters, digits,
+// punctuation, non-ASCII, and the added token "<t>".
+func cutText(rng *rand.Rand, n int) []byte {
+	parts := []string{"\r\n", "\n", "\n", "\n\t", "\n\t\t", "\n\t\t\t", "\n    ", "\n        ", "\r\n\t", "\n\t\n", "\n \n",
+		"\t", " ", "  ", "x", ".", "}", "{", "func", "a", "Go", "'s", "1", "23", ";", "(", "é", "\u00a0", "<t>"}
 	var b []byte
 	for len(b) < n {
 		b = append(b, parts[rng.IntN(len(parts))]...)
@@ -528,76 +537,114 @@ func crlfText(rng *rand.Rand, n int) []byte {
 	return b
 }
 
-// crlfTokenizer is a tokenizer of the pattern trained on text full of
-// "\r\n", so that "\r\n" is one id: the golden vocabularies hold no such
-// merge, and would give the same ids whether a cut parts the pair or not.
-func crlfTokenizer(t testing.TB, pattern string) *Tokenizer {
+// cutTokenizer is a tokenizer of the pattern trained on cutText, with the
+// added token "<t>" stripping whitespace as strip says ("", "lstrip" or
+// "rstrip"): its vocabulary merges "\r\n", indentation and blank lines
+// ("\n\t", "\n\t\n"), where the golden ones hold no such merges and would
+// give the same ids whether a cut parts them or not.
+func cutTokenizer(t testing.TB, pattern, strip string) *Tokenizer {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(21, 22))
-	corpus := crlfText(rng, 200_000)
-	raw, err := Train(context.Background(), []io.Reader{bytes.NewReader(corpus)}, TrainOptions{VocabSize: 600, Pattern: pattern})
+	corpus := cutText(rng, 200_000)
+	raw, err := Train(context.Background(), []io.Reader{bytes.NewReader(corpus)}, TrainOptions{VocabSize: 600, Pattern: pattern, SpecialTokens: []string{"<t>"}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if strip != "" {
+		raw = bytes.Replace(raw, []byte(`"`+strip+`":false`), []byte(`"`+strip+`":true`), 1)
 	}
 	tk, err := Parse(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ids := tk.Encode("\r\n"); len(ids) != 1 {
-		t.Fatalf("%s: \"\\r\\n\" encodes as %v, not one id", pattern, ids)
-	}
 	return tk
 }
 
-// Text of "\r\n" line breaks is cut where the tokenizer's pattern allows,
-// between "\r" and "\n" for GPT-2's and after them for GPT-4's, and keeps
-// the ids of the whole text, read from a stream and from a file, with
-// tokenizers that make "\r\n" one id; a file of such lines alone is cut
-// into many pieces (it was one). Each cut in the other pattern's place
-// would change the ids, so the rule cannot be the same for both.
-func TestCRLFCutsKeepTheIDs(t *testing.T) {
+// Each tokenizer cuts where its pattern allows (cutBefore for GPT-2's,
+// cutAfter for GPT-4's, cutLF where an added token strips whitespace),
+// and keeps the ids of the whole text, read from a stream and from a file,
+// with vocabularies that merge what a cut elsewhere would part: each case
+// below is a cut in a wrong place that changes the ids, beside the rule's
+// own cut, which does not. Code indented by tabs and "\r\n" lines are cut
+// into many pieces (a generated function of megabytes was one).
+func TestCutsKeepTheIDs(t *testing.T) {
 	old := streamChunk
 	defer func() { streamChunk = old }()
 	rng := rand.New(rand.NewPCG(23, 24))
+	type cut struct {
+		text         string
+		wrong, right int // offsets: a cut that changes the ids, and the rule's
+	}
 	for _, c := range []struct {
-		pattern     string
-		crlf        crlfCut
-		wrong       [2]string // a cut in the other pattern's place
-		right       [2]string
-		description string
+		pattern, strip string
+		kind           cutKind
+		cuts           []cut
 	}{
-		{"gpt2", crlfBetween, [2]string{"x\r\n", "abc"}, [2]string{"x\r", "\nabc"}, "between"},
-		{"gpt4", crlfAfter, [2]string{"x\r", "\nabc"}, [2]string{"x\r\n", "abc"}, "after"},
+		{"gpt2", "", cutBefore, []cut{
+			{"x\n\t\tfoo", 2, 1},   // after "\n": "\n\t" is the whole text's word
+			{"x\r\nabc", 3, 1},     // after "\r\n": the whole text has "\r", "\n"
+			{"x.\n\n\tabc", 3, 2}}, // between line breaks
+		},
+		{"gpt4", "", cutAfter, []cut{
+			{"x\n\t\n\tfoo", 2, 4}, // after a "\n" that a blank line's run takes on
+			{"x\r\nabc", 2, 3}},    // between "\r" and "\n"
+		},
+		{"gpt2", "rstrip", cutLF, []cut{
+			{"x<t>\n\nabc.\nabc", 4, 11}}, // before "\n": "<t>" takes the run after it
+		},
+		{"gpt4", "lstrip", cutLF, []cut{
+			{"x.\n\t<t>yabc", 3, -1}}, // after "\n": "<t>" takes the run before it
+		},
 	} {
-		tk := crlfTokenizer(t, c.pattern)
-		if r := tk.cutRule(); !r.ok || r.crlf != c.crlf {
-			t.Fatalf("%s: cut rule %+v, want \"\\r\\n\" cut %s", c.pattern, r, c.description)
+		name := c.pattern + " " + c.strip
+		tk := cutTokenizer(t, c.pattern, c.strip)
+		r := tk.cutRule()
+		if !r.ok || r.kind != c.kind {
+			t.Fatalf("%s: cut rule %+v, want kind %d", name, r, c.kind)
 		}
-		whole := tk.Encode(c.right[0] + c.right[1])
-		if got := append(tk.Encode(c.wrong[0]), tk.Encode(c.wrong[1])...); firstDiff(got, whole) < 0 {
-			t.Fatalf("%s: %q cut as %q gives the same ids; the test would not see a wrong cut", c.pattern, c.right[0]+c.right[1], c.wrong)
-		}
-		if got := append(tk.Encode(c.right[0]), tk.Encode(c.right[1])...); firstDiff(got, whole) >= 0 {
-			t.Fatalf("%s: %q cut as %q: %v, want %v", c.pattern, c.right[0]+c.right[1], c.right, got, whole)
+		for _, k := range c.cuts {
+			whole := tk.Encode(k.text)
+			if isCut(r, []byte(k.text), k.wrong) {
+				t.Errorf("%s: %q may be cut at %d", name, k.text, k.wrong)
+			}
+			if got := append(tk.Encode(k.text[:k.wrong]), tk.Encode(k.text[k.wrong:])...); firstDiff(got, whole) < 0 {
+				t.Errorf("%s: %q cut at %d gives the same ids; the test would not see a wrong cut", name, k.text, k.wrong)
+			}
+			if k.right < 0 {
+				continue
+			}
+			if !isCut(r, []byte(k.text), k.right) {
+				t.Errorf("%s: %q may not be cut at %d", name, k.text, k.right)
+			}
+			if got := append(tk.Encode(k.text[:k.right]), tk.Encode(k.text[k.right:])...); firstDiff(got, whole) >= 0 {
+				t.Errorf("%s: %q cut at %d: %v, want %v", name, k.text, k.right, got, whole)
+			}
 		}
 		for trial := range 300 {
-			text := crlfText(rng, 1+rng.IntN(4000))
+			text := cutText(rng, 1+rng.IntN(4000))
 			want := tk.EncodeBytes(text)
 			got, _ := streamIDs(t, tk, text, 16+rng.IntN(200))
 			if i := firstDiff(got, want); i >= 0 {
-				t.Fatalf("%s, trial %d, from a stream: ids differ at %d for %.300q", c.pattern, trial, i, text)
+				t.Fatalf("%s, trial %d, from a stream: ids differ at %d for %.300q", name, trial, i, text)
 			}
 			streamChunk = 16 + rng.IntN(500)
 			var out bytes.Buffer
 			n, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, 4)
 			streamChunk = old
 			if err != nil || n != int64(len(want)) || !bytes.Equal(out.Bytes(), appendLE(nil, want, 4)) {
-				t.Fatalf("%s, trial %d, from a file: %d ids, %v; want %d, the same bytes, for %.300q", c.pattern, trial, n, err, len(want), text)
+				t.Fatalf("%s, trial %d, from a file: %d ids, %v; want %d, the same bytes, for %.300q", name, trial, n, err, len(want), text)
 			}
 		}
-		lines := bytes.Repeat([]byte("x = 1;\r\nfunc f() {}\r\n"), 5000)
-		if _, calls := streamIDs(t, tk, lines, 1000); calls < 10 {
-			t.Errorf("%s: %d bytes of \"\\r\\n\" lines in %d pieces of 1000 bytes: not cut", c.pattern, len(lines), calls)
+		if c.kind == cutLF {
+			continue
+		}
+		for _, lines := range [][]byte{
+			append([]byte("func f(k int) string {\n\tswitch k {\n"), bytes.Repeat([]byte("\tcase 1:\n\t\treturn \"one\"\n"), 2000)...),
+			bytes.Repeat([]byte("x = 1;\r\nfunc f() {}\r\n"), 2000),
+		} {
+			if got, calls := streamIDs(t, tk, lines, 1000); calls < 10 || firstDiff(got, tk.EncodeBytes(lines)) >= 0 {
+				t.Errorf("%s: %d bytes of %.20q... in %d pieces of 1000 bytes (not cut), or the ids differ", name, len(lines), lines, calls)
+			}
 		}
 	}
 }

@@ -111,7 +111,7 @@ func TestEnqueueTokenizerRefusals(t *testing.T) {
 	}{
 		{[]string{"a/b"}, `tokenizer name "a/b"`},
 		{[]string{"t", "--vocab", "100"}, "--vocab 100: give a vocabulary of 258"},
-		{[]string{"t", "--sample", "lots"}, `--sample: size "lots" is not a positive byte count`},
+		{[]string{"t", "--sample", "lots"}, `--sample: size "lots" is not a number of bytes`},
 		{[]string{"t", "--from", "the-stack-v2"}, `--from: mixture "the-stack-v2": "the-stack-v2" is not dataset=weight`},
 		{[]string{"t", "--from", "the-stack-v2=0.5,nope=0.5"}, `--from: unknown dataset "nope"`},
 		{[]string{"t", "--from", "fineweb-edu=1,proof-pile-2=1e-12", "--sample", "1MB"}, "proof-pile-2's weight 1e-12 of --sample 1MB is no bytes at all"},

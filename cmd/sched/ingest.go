@@ -15,6 +15,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 )
@@ -34,7 +35,7 @@ func (p *planFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.revision, "revision", "", "dataset revision: a branch, tag or commit (default: the preset's)")
 	f.StringArrayVar(&p.set, "set", nil, "preset variable, name=a,b (for example language=Python,Go)")
 	f.StringVar(&p.maxTokens, "max-tokens", "", "stop before the store passes this many tokens (25B, 500M)")
-	f.StringVar(&p.maxDisk, "max-disk", "", "stop before the store's tokens.bin passes this size (50G)")
+	f.StringVar(&p.maxDisk, "max-disk", "", "stop before the store's tokens.bin passes this size (50G = 50 x 2^30 bytes, 50GB = 50 x 10^9)")
 	f.IntVar(&p.maxFiles, "max-files", 0, "read at most this many files of the seeded order (0: all)")
 	f.Uint64Var(&p.seed, "seed", 0, "seed of the file order")
 }
@@ -177,7 +178,7 @@ func (pf planFlags) check(dataset string) (p ingest.Preset, vars map[string][]st
 		return p, nil, 0, 0, badInput("--max-tokens %q: %v (for example 25B)", pf.maxTokens, err)
 	}
 	if maxDisk, err = parseBytes(pf.maxDisk); err != nil {
-		return p, nil, 0, 0, badInput("--max-disk %q: %v (for example 50G)", pf.maxDisk, err)
+		return p, nil, 0, 0, badInput("--max-disk: %v", err)
 	}
 	presets, err := ingest.Presets(pf.presetsFile)
 	if err != nil {
@@ -294,11 +295,14 @@ func parseCount(s string) (int64, error) {
 	return parseScaled(strings.ToUpper(strings.TrimSpace(s)), map[byte]float64{'K': 1e3, 'M': 1e6, 'B': 1e9, 'G': 1e9, 'T': 1e12})
 }
 
-// parseBytes reads a size: "50G", "50GB", "50GiB" (all powers of 1024),
-// "512M", or a plain number of bytes. "" is 0 (no limit).
+// parseBytes reads a size as every size kiln reads (internal/bytesize):
+// "50G" or "50GiB" (50 x 2^30), "50GB" (50 x 10^9), "512M", or a plain
+// number of bytes. "" is 0 (no limit).
 func parseBytes(s string) (int64, error) {
-	s = strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
-	return parseScaled(s, map[byte]float64{'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30, 'T': 1 << 40})
+	if strings.TrimSpace(s) == "" {
+		return 0, nil
+	}
+	return bytesize.Parse(s)
 }
 
 func parseScaled(s string, units map[byte]float64) (int64, error) {

@@ -8,6 +8,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/kiln-lm/kiln/internal/bytesize"
 )
 
 // Share is one dataset's part of a mixture.
@@ -78,30 +80,19 @@ func Budgets(shares []Share, total int64) []int64 {
 	return out
 }
 
-var units = []struct {
-	suffix string
-	n      int64
-}{
-	{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"TIB", 1 << 40},
-	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-	{"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"B", 1},
-}
-
-// ParseSize reads a byte count: "2GB" (10^9), "512MiB" (2^20), "1.5G", "1000".
+// ParseSize reads the byte count to sample, as every size kiln reads
+// (internal/bytesize): "2GB" (2 x 10^9), "512MiB" or "512M" (2^20 each).
+// It must be more than none, and below 4 EiB, so that a share of it stays
+// an int64.
 func ParseSize(s string) (int64, error) {
-	t := strings.ToUpper(strings.TrimSpace(s))
-	mult := int64(1)
-	for _, u := range units {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.n
-			break
-		}
+	n, err := bytesize.Parse(s)
+	if err != nil {
+		return 0, inputErrorf("%v", err)
 	}
-	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v <= 0 || math.IsInf(v, 0) || math.IsNaN(v) || v*float64(mult) >= 1<<62 {
-		return 0, inputErrorf("size %q is not a positive byte count like 2GB, 500MB or 1GiB", s)
+	if n <= 0 || n >= 1<<62 {
+		return 0, inputErrorf("size %q: sample more than 0 bytes and less than 4 EiB, such as 2GB or 500MB", s)
 	}
-	return int64(v * float64(mult)), nil
+	return n, nil
 }
 
 // Label turns a dataset name into an object-key element: "local:data/*.txt"

@@ -72,12 +72,12 @@ func TestParseMix(t *testing.T) {
 }
 
 func TestParseSizeAndBudgets(t *testing.T) {
-	for in, want := range map[string]int64{"2GB": 2e9, "512MiB": 512 << 20, "1.5g": 1.5e9, "1000": 1000, "64 KB": 64000, "3b": 3} {
+	for in, want := range map[string]int64{"2GB": 2e9, "512MiB": 512 << 20, "1.5g": 3 << 29, "1.5gb": 1.5e9, "1000": 1000, "64 KB": 64000, "3b": 3} {
 		if got, err := ParseSize(in); err != nil || got != want {
 			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "GB", "-1GB", "0", "two", "1e30TB"} {
+	for _, in := range []string{"", "GB", "-1GB", "0", "two", "1e30TB", "4EiB", "5e18"} {
 		if _, err := ParseSize(in); !isBadInput(err) || !strings.Contains(err.Error(), fmt.Sprintf("%q", in)) {
 			t.Errorf("ParseSize(%q): %v, want bad input naming it", in, err)
 		}

@@ -6,7 +6,6 @@ package runs
 import (
 	_ "embed"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,6 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
@@ -58,16 +58,16 @@ type Retention struct {
 }
 
 // ByteSize is a size in bytes written with an optional unit: 512MiB, 20GiB,
-// 1.5GB or a plain number.
+// 20G (the same), 1.5GB or a plain number (internal/bytesize).
 type ByteSize int64
 
 // UnmarshalYAML reads a ByteSize from "20GiB" or a number.
 func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
-	v, err := ParseByteSize(n.Value)
+	v, err := bytesize.Parse(n.Value)
 	if err != nil {
 		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
-	*b = v
+	*b = ByteSize(v)
 	return nil
 }
 
@@ -82,28 +82,6 @@ func (b ByteSize) String() string {
 		return fmt.Sprintf("%dMiB", b>>20)
 	}
 	return strconv.FormatInt(int64(b), 10)
-}
-
-// ParseByteSize reads "20GiB", "512MiB", "1.5GB", "4096" and the like.
-func ParseByteSize(s string) (ByteSize, error) {
-	t := strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mult   float64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
-		{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
-	mult := 1.0
-	for _, u := range units {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || math.IsNaN(v) || v < 0 || v*mult >= math.MaxInt64 {
-		return 0, fmt.Errorf("size %q: write a number with an optional unit, such as 20GiB or 512MiB (at most 8 EiB)", s)
-	}
-	return ByteSize(v * mult), nil
 }
 
 // Set is the runs known by name.

@@ -128,7 +128,7 @@ func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 		{"x:\n  from: nothing\n", `from "nothing"`},
 		{"x:\n  lr: 1\n", "needs `from: <run>`"},
 		{"- a\n- b\n", "map run names"},
-		{"pilot:\n  min_free_disk: lots\n", "20GiB"},
+		{"pilot:\n  min_free_disk: lots\n", `run pilot: line 2: size "lots" is not a number of bytes with an optional unit, such as 50G or 512MiB`},
 		{"pilot: [\n", "runs file"},
 		// A run's name becomes a directory and an object key: the rule
 		// every name kiln is given follows.
@@ -164,16 +164,21 @@ func TestGetValidates(t *testing.T) {
 	}
 }
 
-func TestParseByteSize(t *testing.T) {
-	for in, want := range map[string]ByteSize{"20GiB": 20 << 30, "512MiB": 512 << 20, "1.5GB": 1.5e9, "4096": 4096, " 2 TiB ": 2 << 40} {
-		got, err := ParseByteSize(in)
-		if err != nil || got != want {
-			t.Errorf("%q: %v %v, want %v", in, got, err, want)
+// A runs file's sizes read as the command line's do: 20G and 20GiB are
+// 20 x 2^30 bytes, 20GB 20 x 10^9, and a size writes back as it reads.
+func TestRunsFileSizesReadAsEverySize(t *testing.T) {
+	s, err := Load(writeFile(t, "a:\n  from: pilot\n  min_free_disk: 20G\nb:\n  from: pilot\n  min_free_disk: 20gib\n"+
+		"c:\n  from: pilot\n  min_free_disk: 20 GB\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]ByteSize{"a": 20 << 30, "b": 20 << 30, "c": 20e9} {
+		r, err := s.Get(name)
+		if err != nil || r.MinFreeDisk != want {
+			t.Errorf("%s: min_free_disk %d, %v; want %d", name, r.MinFreeDisk, err, want)
 		}
 	}
-	for _, bad := range []string{"", "x", "-1GiB", "GiB", "NaN", "NaNGiB", "Inf", "1e30TiB", "8EiB9"} {
-		if _, err := ParseByteSize(bad); err == nil {
-			t.Errorf("%q accepted", bad)
-		}
+	if got := ByteSize(20 << 30).String(); got != "20GiB" {
+		t.Errorf("20 x 2^30 bytes written as %q", got)
 	}
 }

@@ -316,6 +316,28 @@ func isCut(r cutRule, b []byte, p int) bool {
 // indentThenVisible is what follows a cutAfter cut.
 var indentThenVisible = regexp.MustCompile(`^[ \t]*[!-~]`)
 
+// cutAfter reads at most cutReach bytes from the cut: up to 15 spaces or
+// tabs and the visible character after them; a deeper indentation is not
+// cut, at the end of a buffer nothing is cut that needs bytes past it, and
+// the stream still gives the whole text's ids.
+func TestCutAfterReachesFifteenBlanks(t *testing.T) {
+	r := cutRule{ok: true, kind: cutAfter}
+	for n, want := range map[int]int{0: 2, 1: 2, 15: 2, 16: -1, 40: -1} {
+		b := []byte("x\n" + strings.Repeat("\t ", n)[:n] + "y")
+		if got := r.first(b, 0, len(b)); got != want {
+			t.Errorf("%d blanks: first cut %d, want %d", n, got, want)
+		}
+		if got := r.first(b[:len(b)-1], 0, len(b)); got != -1 {
+			t.Errorf("%d blanks, the visible character cut off: cut at %d", n, got)
+		}
+	}
+	tk := loadStyle(t, "gpt4-style")
+	text := []byte(strings.Repeat("f(x)\n"+strings.Repeat(" ", 20)+"return y\n\tz\n", 300))
+	if got, calls := streamIDs(t, tk, text, 64); calls < 10 || firstDiff(got, tk.EncodeBytes(text)) >= 0 {
+		t.Errorf("deep indentation: %d pieces, or the ids differ", calls)
+	}
+}
+
 // first(b, from, to) finds the first offset in [from, to) where the rule
 // allows a cut, reading past to where the rule needs to: on random text of
 // line breaks, letters, digits and spaces, from every offset, every rule.

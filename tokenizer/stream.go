@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unicode"
+	"unicode/utf8"
 	"unsafe"
 )
 
@@ -85,24 +87,34 @@ const (
 	// strips the line break on its right takes it in either piece. Code
 	// whose lines start with indentation has no such cut for megabytes.
 	cutLF cutKind = iota
-	// cutBefore: before a line break ("\n" or "\r\n") that follows a visible
-	// ASCII character, for the GPT-2 pattern. No word of that pattern ends
-	// in whitespace unless it is all whitespace, so a word ends at the
-	// visible character; the words of the whitespace run depend only on
-	// the run and the character after it, which are in the same piece.
+	// cutBefore: before a line break ("\n" or "\r\n") that follows a
+	// character other than whitespace, for the GPT-2 pattern. No word of
+	// that pattern ends in whitespace unless it is all whitespace, so a word
+	// ends at that character; the words of the whitespace run depend only
+	// on the run and the character after it, which are in the same piece.
 	cutBefore
-	// cutAfter: after a "\n" followed by at most cutReach-1 spaces or tabs
-	// and a visible ASCII character, for the GPT-4 and Qwen2 patterns.
+	// cutAfter: after a "\n" followed by at most 15 spaces or tabs and a
+	// character other than whitespace, for the GPT-4 and Qwen2 patterns.
 	// Every word that holds a "\n" there ends with the run of line breaks
 	// it is in (`\s*[\r\n]+`, or a punctuation word's `[\r\n]*`), and no
-	// line break follows before the visible character; matching restarts
-	// after it with nothing behind it to look at.
+	// line break follows before that character; matching restarts after it
+	// with nothing behind it to look at.
 	cutAfter
 )
 
+// The characters around a cut are ASCII for cutLF; for the other rules any
+// character but whitespace (unicode.IsSpace, the patterns' \s), so that
+// text whose lines end or start in other scripts is cut too. A byte that
+// is not valid UTF-8 is a character of its own and not whitespace, as the
+// pre-tokenizers class it.
+
 // cutReach is how many bytes at and after a cut's offset the rules read
-// (cutAfter's spaces or tabs, and the visible character after them).
-const cutReach = 16
+// (cutAfter's spaces or tabs, and the character after them); cutBehind how
+// many before it (the character before a cutBefore cut).
+const (
+	cutReach  = 15 + utf8.UTFMax
+	cutBehind = utf8.UTFMax
+)
 
 // cutRule is the tokenizer's rule for cutting a text. cutBefore and
 // cutAfter hold only where no added token strips whitespace: one that
@@ -138,8 +150,8 @@ func visibleASCII(c byte) bool { return c > ' ' && c < 0x7f }
 func asciiLetter(c byte) bool  { c |= 0x20; return c >= 'a' && c <= 'z' }
 
 // at says whether b can be cut at p (between b[p-1] and b[p]). It reads
-// b[p-2 : p+cutReach] at most, and says false where the bytes it needs run
-// past the end of b.
+// b[p-cutBehind : p+cutReach] at most, and says false where the bytes it
+// needs run past the end of b.
 func (r cutRule) at(b []byte, p int) bool {
 	if p < 1 || p >= len(b) {
 		return false
@@ -147,19 +159,43 @@ func (r cutRule) at(b []byte, p int) bool {
 	switch r.kind {
 	case cutBefore:
 		lf := b[p] == '\n' || b[p] == '\r' && p+1 < len(b) && b[p+1] == '\n'
-		return lf && visibleASCII(b[p-1])
+		return lf && notSpaceBefore(b, p)
 	case cutAfter:
 		if b[p-1] != '\n' {
 			return false
 		}
-		for _, c := range b[p:min(p+cutReach, len(b))] {
-			if c != ' ' && c != '\t' {
-				return visibleASCII(c)
+		for q := p; q < min(p+16, len(b)); q++ {
+			if c := b[q]; c != ' ' && c != '\t' {
+				return notSpaceAt(b, q)
 			}
 		}
 		return false
 	}
 	return p >= 2 && b[p-1] == '\n' && asciiLetter(b[p]) && visibleASCII(b[p-2])
+}
+
+// notSpaceBefore says whether the character that ends at b[p-1] is not
+// whitespace. A character of several bytes ends within the UTFMax bytes
+// before p, which is all it reads.
+func notSpaceBefore(b []byte, p int) bool {
+	if c := b[p-1]; c < utf8.RuneSelf {
+		return visibleASCII(c)
+	}
+	r, w := utf8.DecodeLastRune(b[max(p-cutBehind, 0):p])
+	return w == 1 || !unicode.IsSpace(r)
+}
+
+// notSpaceAt says whether the character that starts at b[q] is not
+// whitespace, or false where it may run past the end of b.
+func notSpaceAt(b []byte, q int) bool {
+	if c := b[q]; c < utf8.RuneSelf {
+		return visibleASCII(c)
+	}
+	if !utf8.FullRune(b[q:]) {
+		return false
+	}
+	r, w := utf8.DecodeRune(b[q:])
+	return w == 1 || !unicode.IsSpace(r)
 }
 
 // candidates are the offsets next to a line break at j where a rule may
@@ -585,8 +621,8 @@ func (p *filePieces) next(j *streamJob) (bool, error) {
 	}
 	p.mu.Unlock()
 
-	// From two bytes before s: whether s is a cut depends on them.
-	lo := max(s-2, 0)
+	// From cutBehind bytes before s: whether s is a cut depends on them.
+	lo := max(s-cutBehind, 0)
 	until := p.size + cutLookahead
 	if e >= 0 {
 		until = e + cutLookahead

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"testing/iotest"
+	"unicode"
+	"unicode/utf8"
 )
 
 // streamIDs encodes text through EncodeReader with pieces of about chunk
@@ -109,6 +111,7 @@ func FuzzEncodeReaderCuts(f *testing.F) {
 	f.Add([]byte("a\nb\nc"), uint8(1))
 	f.Add([]byte("x.\nfoo 's\n\nbar\r\nBaz  \nq"), uint8(3))
 	f.Add([]byte("x.\r\nfoo\r\n\r\nbar}\r\nBaz \r\nq"), uint8(2))
+	f.Add([]byte("日本。\n\u3000x\n  Привет\n\u00a0\n\t\xe3\x80\n\xff\nq"), uint8(2))
 	// The golden vocabularies, and trained ones that merge "\r\n",
 	// indentation and blank lines, so that a cut parting them changes the
 	// ids, with an added token that strips whitespace and without.
@@ -220,8 +223,21 @@ func TestEncodeReaderToWritesIDs(t *testing.T) {
 // cutRules are the three rules a tokenizer may cut by.
 var cutRules = []cutRule{{ok: true, kind: cutLF}, {ok: true, kind: cutBefore}, {ok: true, kind: cutAfter}}
 
-// cutAlphabet is what the cut rules look at, and what they pass over.
-var cutAlphabet = []byte("\n\n\n\r\r\nab1 ;\t\t  ")
+// cutParts is what the cut rules look at, and what they pass over:
+// line breaks, letters, digits, spaces and tabs, other scripts' letters and
+// punctuation, whitespace of several bytes, and bytes that are not UTF-8
+// (a character's first bytes alone among them).
+var cutParts = []string{"\n", "\n", "\n", "\r", "\r", "\n", "a", "b", "1", " ", ";", "\t", "\t", "  ",
+	"é", "日", "。", "\u3000", "\u00a0", "\u2028", "\xe3\x80", "\xff", "\xc3"}
+
+// cutPartsText is n of cutParts at random.
+func cutPartsText(rng *rand.Rand, n int) []byte {
+	var b []byte
+	for range n {
+		b = append(b, cutParts[rng.IntN(len(cutParts))]...)
+	}
+	return b
+}
 
 // last(b, from) finds last(b, 0)'s cut whenever b's first from bytes hold
 // none, so that the stream searches each byte once: on random text of line
@@ -230,10 +246,7 @@ func TestCutRuleLastFindsTheLastCut(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, r := range cutRules {
 		for trial := range 2000 {
-			b := make([]byte, 1+rng.IntN(200))
-			for i := range b {
-				b[i] = cutAlphabet[rng.IntN(len(cutAlphabet))]
-			}
+			b := cutPartsText(rng, 1+rng.IntN(150))
 			for from := 0; from <= len(b); from++ {
 				if r.last(b[:from], 0) > 0 {
 					continue // the precondition: the searched bytes held no cut
@@ -304,17 +317,28 @@ func isCut(r cutRule, b []byte, p int) bool {
 		return false
 	}
 	visible := func(i int) bool { return i >= 0 && b[i] > ' ' && b[i] < 0x7f }
+	// notSpace: the character decoded from c, of w bytes, is not
+	// whitespace; an ASCII one must be visible.
+	notSpace := func(c rune, w int) bool {
+		if c < utf8.RuneSelf {
+			return c > ' ' && c < 0x7f
+		}
+		return w == 1 || !unicode.IsSpace(c)
+	}
 	switch r.kind {
 	case cutBefore:
-		return (bytes.HasPrefix(b[p:], []byte("\n")) || bytes.HasPrefix(b[p:], []byte("\r\n"))) && visible(p-1)
+		lf := bytes.HasPrefix(b[p:], []byte("\n")) || bytes.HasPrefix(b[p:], []byte("\r\n"))
+		return lf && notSpace(utf8.DecodeLastRune(b[:p]))
 	case cutAfter:
-		return b[p-1] == '\n' && indentThenVisible.Match(b[p:min(len(b), p+cutReach)])
+		blanks := len(indentThenAny.Find(b[p:]))
+		q := p + blanks
+		return b[p-1] == '\n' && q < len(b) && blanks <= 15 && (b[q] < utf8.RuneSelf || utf8.FullRune(b[q:])) && notSpace(utf8.DecodeRune(b[q:]))
 	}
 	return b[p-1] == '\n' && visible(p-2) && b[p]|0x20 >= 'a' && b[p]|0x20 <= 'z'
 }
 
-// indentThenVisible is what follows a cutAfter cut.
-var indentThenVisible = regexp.MustCompile(`^[ \t]*[!-~]`)
+// indentThenAny is the spaces and tabs after a cutAfter cut.
+var indentThenAny = regexp.MustCompile(`^[ \t]*`)
 
 // cutAfter reads at most cutReach bytes from the cut: up to 15 spaces or
 // tabs and the visible character after them; a deeper indentation is not
@@ -345,10 +369,7 @@ func TestCutRuleFirstIsTheFirstSafeCut(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	for _, r := range cutRules {
 		for trial := range 2000 {
-			b := make([]byte, rng.IntN(200))
-			for i := range b {
-				b[i] = cutAlphabet[rng.IntN(len(cutAlphabet))]
-			}
+			b := cutPartsText(rng, rng.IntN(150))
 			for from := 0; from <= len(b); from++ {
 				to := from + rng.IntN(len(b)-from+1)
 				want, wantTo := -1, -1
@@ -551,7 +572,8 @@ func TestAppendLEMatchesTheStandardConversion(t *testing.T) {
 // punctuation, non-ASCII, and the added token "<t>".
 func cutText(rng *rand.Rand, n int) []byte {
 	parts := []string{"\r\n", "\n", "\n", "\n\t", "\n\t\t", "\n\t\t\t", "\n    ", "\n        ", "\r\n\t", "\n\t\n", "\n \n",
-		"\t", " ", "  ", "x", ".", "}", "{", "func", "a", "Go", "'s", "1", "23", ";", "(", "é", "\u00a0", "<t>"}
+		"\t", " ", "  ", "x", ".", "}", "{", "func", "a", "Go", "'s", "1", "23", ";", "(", "é", "\u00a0", "<t>",
+		"日本", "。", "Привет", "\u3000", "\u2028", "\n\u3000", "\u00a0\n", "\xe3\x80", "\xff"}
 	var b []byte
 	for len(b) < n {
 		b = append(b, parts[rng.IntN(len(parts))]...)
@@ -663,6 +685,8 @@ func TestCutsKeepTheIDs(t *testing.T) {
 		for _, lines := range [][]byte{
 			append([]byte("func f(k int) string {\n\tswitch k {\n"), bytes.Repeat([]byte("\tcase 1:\n\t\treturn \"one\"\n"), 2000)...),
 			bytes.Repeat([]byte("x = 1;\r\nfunc f() {}\r\n"), 2000),
+			// Lines that end and start in other scripts.
+			bytes.Repeat([]byte("日本語の文章です。\n  Привет, мир\n"), 2000),
 		} {
 			if got, calls := streamIDs(t, tk, lines, 1000); calls < 10 || firstDiff(got, tk.EncodeBytes(lines)) >= 0 {
 				t.Errorf("%s: %d bytes of %.20q... in %d pieces of 1000 bytes (not cut), or the ids differ", name, len(lines), lines, calls)

@@ -269,12 +269,13 @@ func TestCutRuleLastFindsTheLastCut(t *testing.T) {
 	}
 }
 
-// numericLines is text with a line break every few bytes and no cut: no
-// line starts with a letter.
+// numericLines is text with a line break every few bytes and no cut by
+// any rule: no line starts with a letter or within 15 blanks of a
+// character, and none ends in one.
 func numericLines(n int) []byte {
 	var b bytes.Buffer
 	for i := 0; b.Len() < n; i++ {
-		fmt.Fprintf(&b, "%d,%d\n", i, i*7)
+		fmt.Fprintf(&b, "%16s%d,%d \n", "", i, i*7)
 	}
 	return b.Bytes()
 }
@@ -284,7 +285,11 @@ func numericLines(n int) []byte {
 func TestEncodeReaderUncuttableStretch(t *testing.T) {
 	for _, style := range styles {
 		tk := loadStyle(t, style)
-		text := append(numericLines(300_000), "The end of it.\n"...)
+		stretch := numericLines(300_000)
+		if r := tk.cutRule(); r.last(stretch, 0) >= 0 {
+			t.Fatalf("%s: the stretch has a cut by %+v", style, r)
+		}
+		text := append(stretch, "The end of it.\n"...)
 		got, _ := streamIDs(t, tk, text, 1000)
 		if i := firstDiff(got, tk.EncodeBytes(text)); i >= 0 {
 			t.Fatalf("%s: ids differ at %d", style, i)

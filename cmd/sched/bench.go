@@ -166,6 +166,11 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if err != nil {
 		return badInput("--gpus %q: give a number of GPUs (1 or more), or all", f.gpus)
 	}
+	if gpus != 1 && f.engine == "cpu" {
+		// Refused here, not after the one-GPU measurement below has run
+		// a whole bench on the CPU.
+		return badInput("--gpus %s needs the cuda engine, not cpu: give --engine cuda (or auto), or --gpus 1", f.gpus)
+	}
 	opts := trainer.BenchOptions{Model: c, Engine: f.engine, Precision: f.precision, Batch: f.batch, Seq: f.seq, Accumulate: f.accumulate,
 		Steps: f.steps, Warmup: f.warm, PeakFLOPS: f.peakTFLOPs * 1e12, ForceSM80: f.forceSM80, Profile: f.profile,
 		CheckpointEvery: f.checkpointEvery, CheckpointWait: f.checkpointWait, GPUs: int(gpus),
@@ -174,6 +179,11 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if gpus != 1 {
 		o1 := opts
 		o1.GPUs, o1.Profile, o1.CheckpointEvery, o1.CheckpointWait = 1, false, 0, false
+		if o1.Engine == "auto" {
+			// The measure is one GPU: where none starts, auto would
+			// bench the CPU before the GPUs asked for fail to start.
+			o1.Engine = "cuda"
+		}
 		r1, err := trainer.Bench(ctx, o1)
 		if err != nil {
 			return fmt.Errorf("one GPU, for the scaling efficiency: %w", err)

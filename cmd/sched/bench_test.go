@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/trainer"
 )
@@ -107,5 +108,28 @@ func TestBadCUDASettingRefusedBeforeStart(t *testing.T) {
 	if _, errOut, code := sched(t, []string{"KILN_CUDA_GRAPH=off"},
 		"bench", "--engine", "cpu", "--model", "tiny", "--precision", "fp32", "--batch", "1", "--seq", "16", "--steps", "1", "--warmup", "0"); code != 0 {
 		t.Fatalf("KILN_CUDA_GRAPH=off: exit %d: %s", code, errOut)
+	}
+}
+
+// Several GPUs on the CPU engine are refused before anything runs; with
+// engine auto on a host without a GPU, the one-GPU measure the scaling is
+// reckoned from is not taken on the CPU first: the error comes before any
+// bench.
+func TestBenchSeveralGPUsRefusedBeforeAnyBench(t *testing.T) {
+	f := benchFlags{engine: "cpu", model: "tiny", precision: "fp32", batch: 1, seq: 16, steps: 1, peakTFLOPs: 989, gpus: "2"}
+	var out, errOut bytes.Buffer
+	err := runBench(context.Background(), &out, &errOut, f)
+	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "--gpus 2 needs the cuda engine") || errOut.Len() != 0 || out.Len() != 0 {
+		t.Fatalf("engine cpu, gpus 2: %v, stderr %q, stdout %q; want bad input before any bench", err, errOut.String(), out.String())
+	}
+	if cuda.Devices() > 0 {
+		t.Skip("a GPU is visible: engine auto starts it")
+	}
+	f.engine = "auto"
+	out.Reset()
+	errOut.Reset()
+	err = runBench(context.Background(), &out, &errOut, f)
+	if err == nil || !strings.Contains(err.Error(), "one GPU") || strings.Contains(errOut.String(), "tok/s") || out.Len() != 0 {
+		t.Fatalf("engine auto, gpus 2, no GPU: %v, stderr %q, stdout %q; want the one GPU's failure before any bench", err, errOut.String(), out.String())
 	}
 }

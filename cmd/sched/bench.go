@@ -171,6 +171,12 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		// a whole bench on the CPU.
 		return badInput("--gpus %s needs the cuda engine, not cpu: give --engine cuda (or auto), or --gpus 1", f.gpus)
 	}
+	if gpus > 1 && f.accumulate > 0 {
+		// Known before any GPU starts where the count is a number.
+		if _, err := trainer.NewGlobalBatch(f.batch, f.accumulate, int(gpus)); err != nil {
+			return err
+		}
+	}
 	opts := trainer.BenchOptions{Model: c, Engine: f.engine, Precision: f.precision, Batch: f.batch, Seq: f.seq, Accumulate: f.accumulate,
 		Steps: f.steps, Warmup: f.warm, PeakFLOPS: f.peakTFLOPs * 1e12, ForceSM80: f.forceSM80, Profile: f.profile,
 		CheckpointEvery: f.checkpointEvery, CheckpointWait: f.checkpointWait, GPUs: int(gpus),

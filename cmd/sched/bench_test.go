@@ -111,10 +111,10 @@ func TestBadCUDASettingRefusedBeforeStart(t *testing.T) {
 	}
 }
 
-// Several GPUs on the CPU engine are refused before anything runs; with
-// engine auto on a host without a GPU, the one-GPU measure the scaling is
-// reckoned from is not taken on the CPU first: the error comes before any
-// bench.
+// Several GPUs on the CPU engine, or an accumulate they do not divide, are
+// refused before anything runs; with engine auto on a host without a GPU,
+// the one-GPU measure the scaling is reckoned from is not taken on the CPU
+// first: the error comes before any bench.
 func TestBenchSeveralGPUsRefusedBeforeAnyBench(t *testing.T) {
 	f := benchFlags{engine: "cpu", model: "tiny", precision: "fp32", batch: 1, seq: 16, steps: 1, peakTFLOPs: 989, gpus: "2"}
 	var out, errOut bytes.Buffer
@@ -122,6 +122,12 @@ func TestBenchSeveralGPUsRefusedBeforeAnyBench(t *testing.T) {
 	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "--gpus 2 needs the cuda engine") || errOut.Len() != 0 || out.Len() != 0 {
 		t.Fatalf("engine cpu, gpus 2: %v, stderr %q, stdout %q; want bad input before any bench", err, errOut.String(), out.String())
 	}
+	f.engine, f.accumulate = "cuda", 3
+	err = runBench(context.Background(), &out, &errOut, f)
+	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "accumulate 3 is not a multiple of gpus 2") || errOut.Len() != 0 {
+		t.Fatalf("accumulate 3 on gpus 2: %v, stderr %q; want bad input before any bench", err, errOut.String())
+	}
+	f.accumulate = 0
 	if cuda.Devices() > 0 {
 		t.Skip("a GPU is visible: engine auto starts it")
 	}

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"unicode"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -103,16 +102,16 @@ const (
 )
 
 // The characters around a cut are ASCII for cutLF; for the other rules any
-// character but whitespace (unicode.IsSpace, the patterns' \s), so that
-// text whose lines end or start in other scripts is cut too. A byte that
-// is not valid UTF-8 is a character of its own and not whitespace, as the
-// pre-tokenizers class it.
+// character the pre-tokenizers do not class as whitespace (classAt), so
+// that text whose lines end or start in other scripts is cut too.
 
-// cutReach is how many bytes at and after a cut's offset the rules read
-// (cutAfter's spaces or tabs, and the character after them); cutBehind how
-// many before it (the character before a cutBefore cut).
+// cutBlanks is the most spaces or tabs a cutAfter cut looks past; cutReach
+// is how many bytes at and after a cut's offset the rules read (the blanks
+// and the character after them), cutBehind how many before it (the
+// character before a cutBefore cut).
 const (
-	cutReach  = 15 + utf8.UTFMax
+	cutBlanks = 15
+	cutReach  = cutBlanks + utf8.UTFMax
 	cutBehind = utf8.UTFMax
 )
 
@@ -164,9 +163,11 @@ func (r cutRule) at(b []byte, p int) bool {
 		if b[p-1] != '\n' {
 			return false
 		}
-		for q := p; q < min(p+16, len(b)); q++ {
+		for q := p; q < min(p+cutBlanks+1, len(b)); q++ {
 			if c := b[q]; c != ' ' && c != '\t' {
-				return notSpaceAt(b, q)
+				// A character of several bytes is read whole, or not at
+				// all: at the end of a buffer it may yet be whitespace.
+				return (c < utf8.RuneSelf || utf8.FullRune(b[q:])) && notSpace(b, q)
 			}
 		}
 		return false
@@ -178,24 +179,15 @@ func (r cutRule) at(b []byte, p int) bool {
 // whitespace. A character of several bytes ends within the UTFMax bytes
 // before p, which is all it reads.
 func notSpaceBefore(b []byte, p int) bool {
-	if c := b[p-1]; c < utf8.RuneSelf {
-		return visibleASCII(c)
-	}
-	r, w := utf8.DecodeLastRune(b[max(p-cutBehind, 0):p])
-	return w == 1 || !unicode.IsSpace(r)
+	_, w := utf8.DecodeLastRune(b[max(p-cutBehind, 0):p])
+	return notSpace(b, p-w)
 }
 
-// notSpaceAt says whether the character that starts at b[q] is not
-// whitespace, or false where it may run past the end of b.
-func notSpaceAt(b []byte, q int) bool {
-	if c := b[q]; c < utf8.RuneSelf {
-		return visibleASCII(c)
-	}
-	if !utf8.FullRune(b[q:]) {
-		return false
-	}
-	r, w := utf8.DecodeRune(b[q:])
-	return w == 1 || !unicode.IsSpace(r)
+// notSpace says whether the pre-tokenizers class the character at b[i] as
+// anything but whitespace.
+func notSpace(b []byte, i int) bool {
+	c, _ := classAt(b, i)
+	return c != clsSpace
 }
 
 // candidates are the offsets next to a line break at j where a rule may

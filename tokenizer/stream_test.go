@@ -38,6 +38,26 @@ func streamIDs(t testing.TB, tk *Tokenizer, text []byte, chunk int) (ids []uint3
 	return ids, calls
 }
 
+// piecesMatchWhole encodes text in pieces of about streamBytes read as a
+// stream, then of about fileBytes read at offsets as a file is, and says
+// how either differs from the ids of the whole text, or "".
+func piecesMatchWhole(t testing.TB, tk *Tokenizer, text []byte, streamBytes, fileBytes int) string {
+	t.Helper()
+	want := tk.EncodeBytes(text)
+	if got, _ := streamIDs(t, tk, text, streamBytes); firstDiff(got, want) >= 0 {
+		return fmt.Sprintf("from a stream in pieces of %d: ids differ at %d", streamBytes, firstDiff(got, want))
+	}
+	old := streamChunk
+	streamChunk = fileBytes
+	defer func() { streamChunk = old }()
+	var out bytes.Buffer
+	n, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, 4)
+	if err != nil || n != int64(len(want)) || !bytes.Equal(out.Bytes(), appendLE(nil, want, 4)) {
+		return fmt.Sprintf("from a file in pieces of %d: %d ids, %v; want %d, the same bytes", fileBytes, n, err, len(want))
+	}
+	return ""
+}
+
 // randomText mixes what the safe cut looks at (line breaks before letters,
 // after visible characters and after spaces) with everything the
 // pre-tokenizers treat specially: contractions, digits, runs of spaces and
@@ -75,10 +95,9 @@ func TestEncodeReaderCutsEqualWholeText(t *testing.T) {
 		}
 		for trial := range 300 {
 			text := randomText(rng, 1+rng.IntN(4000))
-			want := tk.EncodeBytes(text)
-			got, _ := streamIDs(t, tk, text, 16+rng.IntN(200))
-			if i := firstDiff(got, want); i >= 0 {
-				t.Fatalf("%s, trial %d: ids differ at %d for %q", style, trial, i, text)
+			n := 16 + rng.IntN(200)
+			if d := piecesMatchWhole(t, tk, text, n, n); d != "" {
+				t.Fatalf("%s, trial %d, %s, for %q", style, trial, d, text)
 			}
 		}
 	}
@@ -119,19 +138,8 @@ func FuzzEncodeReaderCuts(f *testing.F) {
 		cutTokenizer(f, "gpt2", "rstrip"), cutTokenizer(f, "gpt4", "lstrip")}
 	f.Fuzz(func(t *testing.T, text []byte, chunk uint8) {
 		for _, tk := range tks {
-			want := tk.EncodeBytes(text)
-			got, _ := streamIDs(t, tk, text, 1+int(chunk))
-			if i := firstDiff(got, want); i >= 0 {
-				t.Fatalf("ids differ at %d for %q cut every %d bytes", i, text, 1+int(chunk))
-			}
-			// Read at offsets, as a file is.
-			old := streamChunk
-			streamChunk = 1 + int(chunk)
-			var out bytes.Buffer
-			_, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, 4)
-			streamChunk = old
-			if err != nil || !bytes.Equal(out.Bytes(), appendLE(nil, want, 4)) {
-				t.Fatalf("read at offsets, pieces of %d: %v, or the ids differ, for %q", 1+int(chunk), err, text)
+			if d := piecesMatchWhole(t, tk, text, 1+int(chunk), 1+int(chunk)); d != "" {
+				t.Fatalf("%s, for %q", d, text)
 			}
 		}
 	})
@@ -225,10 +233,11 @@ var cutRules = []cutRule{{ok: true, kind: cutLF}, {ok: true, kind: cutBefore}, {
 
 // cutParts is what the cut rules look at, and what they pass over:
 // line breaks, letters, digits, spaces and tabs, other scripts' letters and
-// punctuation, whitespace of several bytes, and bytes that are not UTF-8
-// (a character's first bytes alone among them).
+// punctuation, whitespace of several bytes, bytes that are not UTF-8 (a
+// character's first bytes alone among them), and ASCII control characters,
+// whitespace and not.
 var cutParts = []string{"\n", "\n", "\n", "\r", "\r", "\n", "a", "b", "1", " ", ";", "\t", "\t", "  ",
-	"é", "日", "。", "\u3000", "\u00a0", "\u2028", "\xe3\x80", "\xff", "\xc3"}
+	"é", "日", "。", "\u3000", "\u00a0", "\u2028", "\xe3\x80", "\xff", "\xc3", "\x01", "\x7f", "\v"}
 
 // cutPartsText is n of cutParts at random.
 func cutPartsText(rng *rand.Rand, n int) []byte {
@@ -322,13 +331,10 @@ func isCut(r cutRule, b []byte, p int) bool {
 		return false
 	}
 	visible := func(i int) bool { return i >= 0 && b[i] > ' ' && b[i] < 0x7f }
-	// notSpace: the character decoded from c, of w bytes, is not
-	// whitespace; an ASCII one must be visible.
+	// notSpace: the character decoded as c, of w bytes, is not
+	// whitespace (a byte that is not UTF-8 never is).
 	notSpace := func(c rune, w int) bool {
-		if c < utf8.RuneSelf {
-			return c > ' ' && c < 0x7f
-		}
-		return w == 1 || !unicode.IsSpace(c)
+		return c == utf8.RuneError && w == 1 || !unicode.IsSpace(c)
 	}
 	switch r.kind {
 	case cutBefore:
@@ -617,8 +623,6 @@ func cutTokenizer(t testing.TB, pattern, strip string) *Tokenizer {
 // own cut, which does not. Code indented by tabs and "\r\n" lines are cut
 // into many pieces (a generated function of megabytes was one).
 func TestCutsKeepTheIDs(t *testing.T) {
-	old := streamChunk
-	defer func() { streamChunk = old }()
 	rng := rand.New(rand.NewPCG(23, 24))
 	type cut struct {
 		text         string
@@ -671,17 +675,8 @@ func TestCutsKeepTheIDs(t *testing.T) {
 		}
 		for trial := range 300 {
 			text := cutText(rng, 1+rng.IntN(4000))
-			want := tk.EncodeBytes(text)
-			got, _ := streamIDs(t, tk, text, 16+rng.IntN(200))
-			if i := firstDiff(got, want); i >= 0 {
-				t.Fatalf("%s, trial %d, from a stream: ids differ at %d for %.300q", name, trial, i, text)
-			}
-			streamChunk = 16 + rng.IntN(500)
-			var out bytes.Buffer
-			n, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &out, 4)
-			streamChunk = old
-			if err != nil || n != int64(len(want)) || !bytes.Equal(out.Bytes(), appendLE(nil, want, 4)) {
-				t.Fatalf("%s, trial %d, from a file: %d ids, %v; want %d, the same bytes, for %.300q", name, trial, n, err, len(want), text)
+			if d := piecesMatchWhole(t, tk, text, 16+rng.IntN(200), 16+rng.IntN(500)); d != "" {
+				t.Fatalf("%s, trial %d, %s, for %.300q", name, trial, d, text)
 			}
 		}
 		if c.kind == cutLF {

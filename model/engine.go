@@ -243,6 +243,16 @@ func GPUsString(n int) string {
 	return strconv.Itoa(n)
 }
 
+// CheckGPUs refuses several GPUs (gpus other than 0 or 1, AllGPUs among
+// them) on the CPU engine: the one rule NewEngine, a run's settings and
+// the bench check before anything starts.
+func CheckGPUs(engine string, gpus int) error {
+	if gpus != 0 && gpus != 1 && engine == "cpu" {
+		return fmt.Errorf("gpus %s needs the cuda engine, not cpu: set engine cuda (or auto), or gpus 1", GPUsString(gpus))
+	}
+	return nil
+}
+
 // Parallel is an engine that trains on several devices at once: each
 // micro-batch of a step goes to one of them, in turn, so a step's
 // micro-batches must be a multiple of Devices.
@@ -306,11 +316,11 @@ func NewEngine(name string, c Config, o Options) (Engine, error) {
 		return nil, &EngineError{Msg: fmt.Sprintf("batch %d and seq %d must not be negative", o.MaxBatch, o.MaxSeq)}
 	}
 	several := o.GPUs != 0 && o.GPUs != 1
-	switch {
-	case o.GPUs < AllGPUs:
+	if o.GPUs < AllGPUs {
 		return nil, &EngineError{Msg: fmt.Sprintf("gpus %d: give a number of GPUs, or all", o.GPUs)}
-	case several && name == "cpu":
-		return nil, &EngineError{Msg: fmt.Sprintf("gpus %s needs the cuda engine, not cpu: set engine cuda (or auto), or gpus 1", GPUsString(o.GPUs))}
+	}
+	if err := CheckGPUs(name, o.GPUs); err != nil {
+		return nil, &EngineError{Msg: err.Error()}
 	}
 	if _, err := EstimateMemory(o.Plan("cpu", c)); err != nil {
 		return nil, err

@@ -362,8 +362,9 @@ func (c RunConfig) Validate() error {
 		msg = "mixture is empty: name at least one token store (--tokens STORE[=WEIGHT])"
 	case c.GPUs < GPUCount(model.AllGPUs):
 		msg = fmt.Sprintf("gpus %d: give a number of GPUs (1 or more), or all", int(c.GPUs))
-	case c.GPUs > 1 && c.Engine == "cpu":
-		msg = fmt.Sprintf("gpus %d needs the cuda engine, not cpu: set engine cuda (or auto), or gpus 1", int(c.GPUs))
+	}
+	if err := model.CheckGPUs(c.Engine, int(c.GPUs)); msg == "" && err != nil {
+		msg = err.Error()
 	}
 	if msg != "" {
 		return badInput(errors.New(msg))

@@ -166,10 +166,10 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	if err != nil {
 		return badInput("--gpus %q: give a number of GPUs (1 or more), or all", f.gpus)
 	}
-	if gpus != 1 && f.engine == "cpu" {
-		// Refused here, not after the one-GPU measurement below has run
-		// a whole bench on the CPU.
-		return badInput("--gpus %s needs the cuda engine, not cpu: give --engine cuda (or auto), or --gpus 1", f.gpus)
+	// Refused here, not after the one-GPU measurement below has run a
+	// whole bench on the CPU; the rule's words name the flags.
+	if err := model.CheckGPUs(f.engine, int(gpus)); err != nil {
+		return badInput("--%v", err)
 	}
 	if gpus > 1 && f.accumulate > 0 {
 		// Known before any GPU starts where the count is a number.

@@ -82,21 +82,21 @@ func SpecialTokens(t *tokenizer.Tokenizer) []string {
 	return out
 }
 
-// NameError is a tokenizer name that cannot be a path element.
-type NameError struct{ Name string }
-
-func (e *NameError) Error() string {
-	if err := store.CheckName("tokenizer", e.Name); err != nil {
-		return err.Error()
-	}
-	return fmt.Sprintf("tokenizer name %q", e.Name)
+// NameError is a tokenizer name that cannot be a path element: store.CheckName's
+// refusal, marked as bad input.
+type NameError struct {
+	Name string
+	err  error
 }
+
+func (e *NameError) Error() string  { return e.err.Error() }
+func (e *NameError) Unwrap() error  { return e.err }
 func (e *NameError) BadInput() bool { return true }
 
 // CheckName refuses a name that would not stay one path element.
 func CheckName(name string) error {
-	if store.CheckName("tokenizer", name) != nil {
-		return &NameError{name}
+	if err := store.CheckName("tokenizer", name); err != nil {
+		return &NameError{Name: name, err: err}
 	}
 	return nil
 }

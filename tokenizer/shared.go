@@ -1,6 +1,9 @@
 package tokenizer
 
-import "sync/atomic"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // A Tokenizer's shared word table starts at 1<<sharedWordsMinBits slots
 // (1.5 MiB, room for the 30,000 distinct words of the 1 MB golden texts)
@@ -67,14 +70,29 @@ const slotBusy = ^uint64(0)
 // newSharedWords returns an empty table of 1<<bits slots that replaces
 // itself in cur when it grows.
 func newSharedWords(bits int, cur *atomic.Pointer[sharedWords]) *sharedWords {
-	return &sharedWords{
-		slots: make([]sharedSlot, 1<<bits),
+	s := &sharedWords{
 		mask:  1<<bits - 1,
 		shift: uint8(64 - bits),
 		ids:   make([]uint32, 2<<bits),
 		cur:   cur,
 	}
+	s.slots = sharedSlots(s, 1<<bits)
+	return s
 }
+
+// hugeTableMin is the size in bytes from which a shared table's slots are
+// mapped on huge pages where the system has them (sharedSlots): the
+// largest table (24 MiB) and the one below it (6 MiB), not the smallest
+// (1.5 MiB, less than a huge page).
+const hugeTableMin = 4 << 20
+
+// hugePage is the size of a transparent huge page on the machines kiln
+// runs on (x86-64 and arm64 with 4 KiB base pages).
+const hugePage = 2 << 20
+
+// mappedTables holds, for the tests, the address of each table mapped
+// outside the Go heap (sharedSlots) until it is unmapped.
+var mappedTables sync.Map
 
 // get looks up the word (k0, k1) of hash hh. It returns the word's v, or
 // the empty slot where the lookup ended, for put.

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 )
 
 // Workers that share one word table get, for every word, the ids the
@@ -200,4 +201,58 @@ func streamFile(tk *Tokenizer, path string, _ []byte) []uint32 {
 		ids[i] = binary.LittleEndian.Uint32(out.Bytes()[4*i:])
 	}
 	return ids
+}
+
+// A shared table of hugeTableMin bytes or more lives outside the Go heap
+// on Linux (on huge pages where the system gives them): it holds words as
+// one on the heap does, and its memory is unmapped once no worker holds
+// the table, so that a long-lived process tokenizing many large files does
+// not keep every table it ever made.
+func TestLargeSharedTableIsUnmappedWhenDropped(t *testing.T) {
+	if !mapsTables {
+		t.Skip("tables are mapped outside the heap on Linux only, and not under the race detector")
+	}
+	tk := loadStyle(t, "gpt2-style")
+	words := randomWords(rand.New(rand.NewPCG(5, 6)), 5_000, maxPacked)
+	const bits = 18 // 6 MiB of slots
+	if 24<<bits < hugeTableMin {
+		t.Fatalf("a table of 1<<%d slots is below hugeTableMin; the test needs a larger one", bits)
+	}
+	base := func() uintptr {
+		var cur atomic.Pointer[sharedWords]
+		s := newSharedWords(bits, &cur)
+		cur.Store(s)
+		addr := uintptr(unsafe.Pointer(unsafe.SliceData(s.slots)))
+		if _, ok := mappedTables.Load(addr); !ok {
+			t.Fatalf("a table of %d bytes is on the Go heap", 24<<bits)
+		}
+		if addr%hugePage != 0 {
+			t.Fatalf("the table at %#x is not aligned to a huge page", addr)
+		}
+		st, one := newEncoderState(tk), newEncoderState(tk)
+		st.words.share(s)
+		for range 2 {
+			for _, w := range words {
+				buf := append(slices.Clone(w), "zzzzzzzzzzzzzzzz"...)
+				if got, want := st.word(nil, buf[:len(w)]), one.merge(nil, w); !slices.Equal(got, want) {
+					t.Fatalf("word %q: %v, want %v", w, got, want)
+				}
+			}
+		}
+		if s.n.Load() == 0 {
+			t.Fatal("no word went to the mapped table")
+		}
+		return addr
+	}()
+	// The cleanup runs after a collection finds the table unreachable.
+	for i := 0; ; i++ {
+		if _, ok := mappedTables.Load(base); !ok {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("the table is still mapped after 1000 collections")
+		}
+		runtime.GC()
+		runtime.Gosched()
+	}
 }

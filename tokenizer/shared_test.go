@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -254,5 +256,47 @@ func TestLargeSharedTableIsUnmappedWhenDropped(t *testing.T) {
 		}
 		runtime.GC()
 		runtime.Gosched()
+	}
+}
+
+// EncodeBatch encodes each document straight into a block with room for an
+// id a byte. NFC can lengthen a text (U+0958, three bytes, becomes
+// U+0915 U+093C, six), and a vocabulary without merges for it then gives
+// more ids than the document has bytes: the block moves, and every
+// document, those before the move included, keeps the ids Encode gives.
+func TestEncodeBatchKeepsTheIDsWhenNFCLengthensADocument(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	var cfg map[string]any
+	if err := json.Unmarshal(readTestdata(t, "gpt2-style.tokenizer.json"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["normalizer"] = map[string]any{"type": "NFC"}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("\u0958", 1000)
+	if n := len(tk.Encode(long)); n <= len(long) {
+		t.Fatalf("%d ids for %d bytes: the test needs a document with more ids than bytes", n, len(long))
+	}
+	text := string(readTestdata(t, "go.txt"))
+	var docs []string
+	for i := 0; len(text) > 0; i++ {
+		n := min(len(text), 3000)
+		docs = append(docs, text[:n])
+		text = text[n:]
+		if i%7 == 3 {
+			docs = append(docs, long, "x"+long)
+		}
+	}
+	got := tk.EncodeBatch(docs)
+	for i, d := range docs {
+		if j := firstDiff(got[i], tk.Encode(d)); j >= 0 {
+			t.Fatalf("document %d (%q...): ids differ at %d", i, d[:min(len(d), 20)], j)
+		}
 	}
 }

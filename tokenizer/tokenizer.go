@@ -199,24 +199,26 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 			defer wg.Done()
 			st := t.workerState(workers, size)
 			defer t.putState(st)
-			// Each document is encoded into one buffer that grows once,
-			// then copied out into a block of ids the worker's documents
-			// share: an allocation per megabyte of ids, not per document,
-			// so that the collector, which held back all cores when every
-			// document was an object, has almost nothing to do.
-			var buf, block []uint32
+			// Each document is encoded straight into a block of ids the
+			// worker's documents share: an allocation per megabyte of ids,
+			// not per document, so that the collector, which held back all
+			// cores when every document was an object, has almost nothing
+			// to do. A block with room for an id a byte of the document
+			// takes its ids without growing, unless a normalizer lengthened
+			// the text; then append moves the block, and the documents
+			// before keep their ids where they were.
+			var block []uint32
 			for {
 				i := int(next.Add(1) - 1)
 				if i >= len(docs) {
 					return
 				}
 				s := docs[i]
-				buf = st.encode(buf[:0], unsafe.Slice(unsafe.StringData(s), len(s)))
-				if cap(block)-len(block) < len(buf) {
-					block = make([]uint32, 0, max(batchBlock, len(buf)))
+				if cap(block)-len(block) < len(s) {
+					block = make([]uint32, 0, max(batchBlock, len(s)))
 				}
 				n := len(block)
-				block = append(block, buf...)
+				block = st.encode(block, unsafe.Slice(unsafe.StringData(s), len(s)))
 				// Capped at its length: an append to one document
 				// reallocates rather than overwrite the next.
 				out[i] = block[n:len(block):len(block)]

@@ -135,6 +135,45 @@ func TestTokenizeCommandBadInput(t *testing.T) {
 			t.Errorf("%v: exit %d, %q; want exit 2 and one line %q", args, code, errOut, want)
 		}
 	}
+	// An --out that is a file the command reads (by its own path, or a
+	// link to it) is refused before any work, and the file is left as it
+	// was: the output would be renamed over it.
+	link := filepath.Join(dir, "link.txt")
+	if err := os.Symlink(in, link); err != nil {
+		t.Fatal(err)
+	}
+	tokCopy := filepath.Join(dir, "tok-copy.json")
+	tokData, err := os.ReadFile(tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokCopy, tokData, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	text, err := os.ReadFile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tokenize", "--tokenizer-file", tokCopy, "--in", in, "--out", in}, "--out " + in + " is the file --in " + in + " names: the ids would replace it"},
+		{[]string{"tokenize", "--tokenizer-file", tokCopy, "--in", in, "--out", link}, "--out " + link + " is the file --in " + in + " names"},
+		{[]string{"tokenize", "--tokenizer-file", tokCopy, "--in", in, "--out", tokCopy}, "--out " + tokCopy + " is the file --tokenizer-file " + tokCopy + " names"},
+		{[]string{"tokenizer", "train", "--in", out, "--in", in, "--vocab", "300", "--out", link}, "--out " + link + " is the file --in " + in + " names: the tokenizer would replace it"},
+	} {
+		_, errOut, code := sched(t, nil, c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line %q", c.args, code, errOut, c.want)
+		}
+	}
+	if got, err := os.ReadFile(in); err != nil || !bytes.Equal(got, text) {
+		t.Errorf("the text --in names changed under a refused --out (%v)", err)
+	}
+	if got, err := os.ReadFile(tokCopy); err != nil || !bytes.Equal(got, tokData) {
+		t.Errorf("the tokenizer --tokenizer-file names changed under a refused --out (%v)", err)
+	}
 	file := filepath.Join(in, "out")
 	if _, errOut, code := sched(t, nil, "tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", file); code != 2 || !strings.Contains(errOut, in+" is not a directory") {
 		t.Errorf("--out under a file: exit %d, %q", code, errOut)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -116,6 +117,10 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 	switch {
 	case storeDir != "" && storeName != "":
 		return badInput("give --store NAME (the store <data dir>/tokens/NAME) or --store-dir DIR, not both")
+	case storeDir != "":
+		if st, err := os.Stat(storeDir); err == nil && !st.IsDir() {
+			return badInput("--store-dir %s is a file, not a directory; name the token store's directory (made when missing)", storeDir)
+		}
 	case storeDir == "":
 		if storeName == "" {
 			if p.Glob != "" {

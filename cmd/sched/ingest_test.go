@@ -65,6 +65,7 @@ func TestIngestDirectLocalThenDatasets(t *testing.T) {
 		{[]string{local, "--store", "s", "--tokenizer", "tk", "--tokenizer-file", tok}, "not both"},
 		{[]string{local, "--store", "s"}, `tokenizer "mix-16384" is not known`},
 		{[]string{local, "--tokenizer-file", tok}, "needs --store NAME"},
+		{[]string{local, "--store-dir", tok, "--tokenizer-file", tok}, "--store-dir " + tok + " is a file, not a directory"},
 	} {
 		_, errOut, code := sched(t, nil, append([]string{"ingest", "--direct"}, c.args...)...)
 		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {

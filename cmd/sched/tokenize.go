@@ -71,6 +71,14 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
 				return badInput("--special names no token: give at least the end-of-text token (such as <|endoftext|>), which ends each document in a token store")
 			}
 			opts.SpecialTokens = special
+			// Zero is the library's "default", which a size typed on the
+			// command line never means.
+			if opts.VocabSize <= 0 {
+				return badInput("--vocab %d: give the vocabulary's size, at least 257 (256 byte symbols and the end-of-text token; default 16384)", opts.VocabSize)
+			}
+			if opts.MinFrequency < 1 {
+				return badInput("--min-frequency %d: give how many times a pair must occur to be merged, at least 1 (default 2)", opts.MinFrequency)
+			}
 			return runTokenizerTrain(cmd.Context(), cmd.ErrOrStderr(), inputs, trainOut, opts)
 		},
 	}
@@ -237,6 +245,9 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 		}
 		defer f.Close()
 		if st, err := f.Stat(); err == nil {
+			if st.IsDir() {
+				return badInput("tokenizer train: --in %s is a directory; name its text files (--in repeated or comma-separated)", p)
+			}
 			total += st.Size()
 		}
 		readers = append(readers, bufio.NewReaderSize(f, 1<<20))

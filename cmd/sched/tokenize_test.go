@@ -221,6 +221,30 @@ func TestTokenizerTrainCommand(t *testing.T) {
 	if err == nil || !isBadInput(err) {
 		t.Errorf("vocab 10: err = %v, want bad input", err)
 	}
+	// Sizes the library reads as "default" and a directory are refused
+	// at the command line, before any training, and the tokenizer already
+	// at --out is left as it was.
+	before, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--in", in, "--vocab", "0"}, "--vocab 0: give the vocabulary's size, at least 257"},
+		{[]string{"--in", in, "--min-frequency", "0"}, "--min-frequency 0: give how many times"},
+		{[]string{"--in", in + "," + dir}, "--in " + dir + " is a directory; name its text files"},
+	} {
+		args := append([]string{"tokenizer", "train", "--out", out}, c.args...)
+		_, errOut, code := sched(t, nil, args...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line with %q", args, code, errOut, c.want)
+		}
+	}
+	if after, err := os.ReadFile(out); err != nil || !bytes.Equal(after, before) {
+		t.Errorf("a refused train changed %s (%v)", out, err)
+	}
 }
 
 // A file and a pipe (which cannot be sized or seeked) give the ids of the

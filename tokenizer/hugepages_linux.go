@@ -19,9 +19,10 @@ const mapsTables = true
 // table: on 4 KiB pages every lookup that missed a worker's hot slots also
 // missed the TLB (6,144 pages), and a virtual machine walks two page tables
 // for it; on 2 MiB pages the table is 12 of them. On the 16-vCPU host,
-// 1 GB on 16 cores ran 4-5% faster on the mean of four alternations, with a
-// third less system time (docs/benchmarks/tokenizer.md). Where the mapping is refused the table
-// is an ordinary slice. Not under the race detector: it does not see
+// 1 GB on 16 cores ran 4-5% faster on the mean of four alternations, with
+// a third less system time (docs/benchmarks/tokenizer.md). Where the
+// mapping is refused the table is an ordinary slice. Not under the race
+// detector: it does not see
 // atomics on memory outside the heap, so it would miss the order that the
 // slots' k1 publish and report the ids behind them as racing.
 func sharedSlots(s *sharedWords, n int) []sharedSlot {
@@ -39,7 +40,7 @@ func sharedSlots(s *sharedWords, n int) []sharedSlot {
 	// still works, on small pages.
 	_ = syscall.Madvise(table, syscall.MADV_HUGEPAGE)
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(table)))
-	mappedTables.Store(base, len(m))
+	mappedTables.Store(base, true)
 	// The workers' word tables that read s hold it, so it outlives
 	// every lookup in it.
 	runtime.AddCleanup(s, func(m []byte) {

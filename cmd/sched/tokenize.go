@@ -36,7 +36,10 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
 			if in == "" || out == "" {
 				return badInput("tokenize needs --in and --out; see 'sched tokenize --help'")
 			}
-			if err := checkNotAnInput(out, "ids", "--in", in, "--tokenizer-file", tokFile); err != nil {
+			if err := checkNotAnInput(out, "ids", "--in", in); err != nil {
+				return err
+			}
+			if err := checkNotAnInput(out, "ids", "--tokenizer-file", tokFile); err != nil {
 				return err
 			}
 			// The live heap of this command is the tokenizer (tens of
@@ -228,10 +231,8 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	}
 	// Before the training, not after it: a mistyped --out must not cost
 	// the minutes the training takes.
-	for _, in := range inputs {
-		if err := checkNotAnInput(out, "tokenizer", "--in", in); err != nil {
-			return err
-		}
+	if err := checkNotAnInput(out, "tokenizer", "--in", inputs...); err != nil {
+		return err
 	}
 	if err := checkOut(out); err != nil {
 		return err
@@ -335,23 +336,18 @@ func checkOut(out string) error {
 	return os.Remove(probe.Name())
 }
 
-// checkNotAnInput refuses an --out that is one of the files the command
-// reads, by any path to it (a symbolic or a hard link included), given as
-// flag name and path pairs (an empty path is skipped): the output is
-// renamed over its name, and the text or tokenizer there would be gone.
-// what names the output in the message.
-func checkNotAnInput(out, what string, inputs ...string) error {
+// checkNotAnInput refuses an --out that is one of the files flag names
+// (paths; an empty one is skipped), by any path to it, a symbolic or a hard
+// link included: the output is renamed over its name, and the text or
+// tokenizer there would be gone. what names the output in the message.
+func checkNotAnInput(out, what, flag string, paths ...string) error {
 	ost, err := os.Stat(out)
 	if err != nil {
 		return nil // not there yet: nothing to lose (checkOut judges the rest)
 	}
-	for i := 0; i+1 < len(inputs); i += 2 {
-		flag, path := inputs[i], inputs[i+1]
-		if path == "" {
-			continue
-		}
-		if ist, err := os.Stat(path); err == nil && os.SameFile(ost, ist) {
-			return badInput("--out %s is the file %s %s names: the %s would replace it; name another file for --out", out, flag, path, what)
+	for _, p := range paths {
+		if ist, err := os.Stat(p); p != "" && err == nil && os.SameFile(ost, ist) {
+			return badInput("--out %s is the file %s %s names: the %s would replace it; name another file for --out", out, flag, p, what)
 		}
 	}
 	return nil

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -26,9 +27,10 @@ var sharedWordsMaxBits = 20
 // and prose with 16 workers, starting at 1<<16 slots merged 293,720
 // GPT-4-style words (125,171 of them kept by one worker only) against
 // 131,159 on one worker; starting at the largest, 168,723 (12); GPT-2
-// style 195,158 (54,356) against 109,472, and 138,247 (17). The rest are
-// words longer than a table's, which each worker caches on its own, and
-// words two workers met at once. A variable for tests.
+// style 195,158 (54,356) against 109,472, and 138,247 (17). The rest were
+// words longer than a table's, which each worker then merged on its own
+// (sharedLong now holds them for all), and words two workers met at once.
+// A variable for tests.
 var sharedWordsLargeText int64 = 64 << 20
 
 // sharedWords is a word table that the workers of one Tokenizer fill and
@@ -190,4 +192,45 @@ func (c *wordTable) share(s *sharedWords) {
 		clear(c.hot[:])
 	}
 	c.shared, c.sharedIDs = s, s.ids
+}
+
+// sharedLong caches the ids of the words too long for a slot (up to
+// maxCachedWord bytes) for the workers of one Tokenizer, behind each
+// worker's own cache: a long word, a Go identifier path or a run of
+// dashes, is merged once, not once by every worker that meets it. With
+// its own cache only, each of 16 workers merged the long words again in
+// every call of EncodeBatch on the same 20 MB of Go (2,600-5,000 a call
+// after seven calls, none on one worker after the first), and a long
+// word's merge costs microseconds. Its ids, stored once, are never
+// written again; it keeps the first sharedLongMax words and then only
+// answers.
+type sharedLong struct {
+	m sync.Map // string -> []uint32
+	n atomic.Int64
+}
+
+// sharedLongMax bounds the words a sharedLong keeps: about 20 MB for
+// words of 16-32 bytes. A variable for tests.
+var sharedLongMax int64 = 1 << 17
+
+func (l *sharedLong) get(w string) ([]uint32, bool) {
+	v, ok := l.m.Load(w)
+	if !ok {
+		return nil, false
+	}
+	return v.([]uint32), true
+}
+
+// put keeps a copy of ids as the ids of w, unless full, and returns the ids
+// kept for w (those of another worker that stored w first) or the copy.
+func (l *sharedLong) put(w string, ids []uint32) []uint32 {
+	own := slices.Clip(slices.Clone(ids))
+	if l.n.Load() >= sharedLongMax {
+		return own
+	}
+	v, loaded := l.m.LoadOrStore(w, own)
+	if !loaded {
+		l.n.Add(1)
+	}
+	return v.([]uint32)
 }

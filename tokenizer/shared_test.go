@@ -293,10 +293,122 @@ func TestEncodeBatchKeepsTheIDsWhenNFCLengthensADocument(t *testing.T) {
 			docs = append(docs, long, "x"+long)
 		}
 	}
-	got := tk.EncodeBatch(docs)
-	for i, d := range docs {
-		if j := firstDiff(got[i], tk.Encode(d)); j >= 0 {
-			t.Fatalf("document %d (%q...): ids differ at %d", i, d[:min(len(d), 20)], j)
+	// The second call sizes its blocks at the first's ids a byte.
+	for round := range 2 {
+		got := tk.EncodeBatch(docs)
+		for i, d := range docs {
+			if j := firstDiff(got[i], tk.Encode(d)); j >= 0 {
+				t.Fatalf("round %d, document %d (%q...): ids differ at %d", round, i, d[:min(len(d), 20)], j)
+			}
+		}
+	}
+}
+
+// Workers of one Tokenizer share the ids of words too long for a slot:
+// eight encoders meet the same long words, each in its own order and
+// twice, and get for every word the ids the merges give on one goroutine;
+// with the shared cache's bound low, the words beyond it are merged by each
+// encoder on its own. A worker takes a long word's ids from the shared
+// cache rather than merging it again: ids planted there come back.
+func TestSharedLongWordsGiveTheSingleThreadIDs(t *testing.T) {
+	var words [][]byte
+	for _, w := range randomWords(rand.New(rand.NewPCG(41, 42)), 6_000, 300) {
+		if len(w) > maxPacked {
+			words = append(words, w)
+		}
+	}
+	distinct := map[string]bool{}
+	for _, w := range words {
+		distinct[string(w)] = true
+	}
+	bound := sharedLongMax
+	defer func() { sharedLongMax = bound }()
+	for _, style := range styles {
+		single := newEncoderState(loadStyle(t, style))
+		want := make([][]uint32, len(words))
+		for i, w := range words {
+			want[i] = single.merge(nil, w)
+		}
+		for _, limit := range []int64{500, bound} {
+			sharedLongMax = limit
+			tk := loadStyle(t, style)
+			var wg sync.WaitGroup
+			errs := make(chan string, 8)
+			for g := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					st := tk.workerState(8, 0)
+					order := rand.New(rand.NewPCG(uint64(g), 2)).Perm(len(words))
+					for range 2 {
+						for _, i := range order {
+							if got := st.word(nil, words[i]); !slices.Equal(got, want[i]) {
+								errs <- fmt.Sprintf("%s: word %q: %v, want %v", style, words[i], got, want[i])
+								return
+							}
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for e := range errs {
+				t.Errorf("bound %d: %s", limit, e)
+			}
+			// Workers that pass the bound's check together may each
+			// store one word more.
+			n, keep := tk.long.n.Load(), min(limit, int64(len(distinct)))
+			if n < keep || n >= keep+8 {
+				t.Errorf("%s, bound %d: the shared cache holds %d words of %d distinct, want %d", style, limit, n, len(distinct), keep)
+			}
+		}
+
+		tk := loadStyle(t, style)
+		w := []byte("a_word_longer_than_a_slot_holds")
+		tk.long.put(string(w), []uint32{7, 7, 7})
+		if got := tk.workerState(2, 0).word(nil, w); !slices.Equal(got, []uint32{7, 7, 7}) {
+			t.Errorf("%s: a worker gave %v for a word whose ids the shared cache holds as [7 7 7]: it merged the word again", style, got)
+		}
+		if got, want := newEncoderState(tk).word(nil, w), single.merge(nil, w); !slices.Equal(got, want) {
+			t.Errorf("%s: an encoder of its own gave %v, want the merges' %v", style, got, want)
+		}
+	}
+}
+
+// EncodeBatch sizes a worker's blocks of ids for its share of the text at
+// the ids a byte of the call before: on eight workers the second call over
+// 1 MB allocates little more than its ids, not a block of batchBlock ids
+// for each worker (32 MiB). The ids are Encode's.
+func TestEncodeBatchBlocksFitTheShare(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
+	var docs []string
+	for _, name := range texts {
+		text := string(readTestdata(t, name+".txt"))
+		for len(text) > 0 {
+			n := min(len(text), 3000)
+			docs = append(docs, text[:n])
+			text = text[n:]
+		}
+	}
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		tk.EncodeBatch(docs)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		got := tk.EncodeBatch(docs)
+		runtime.ReadMemStats(&after)
+		var ids int
+		for i, d := range docs {
+			if j := firstDiff(got[i], tk.Encode(d)); j >= 0 {
+				t.Fatalf("%s: document %d: ids differ at %d", style, i, j)
+			}
+			ids += len(got[i])
+		}
+		// A worker's first block has an eighth more than its share, a
+		// second a quarter of that: at most 1.41 times the ids' bytes.
+		alloc, most := after.TotalAlloc-before.TotalAlloc, uint64(2*4*ids+24*len(docs)+1<<20)
+		if alloc > most {
+			t.Errorf("%s: the second EncodeBatch of %d ids allocated %d bytes, want at most %d", style, ids, alloc, most)
 		}
 	}
 }

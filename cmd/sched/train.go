@@ -35,15 +35,16 @@ func newTrainCmd() *cobra.Command {
 	var f trainFlags
 	c := &cobra.Command{
 		Use:   "train",
-		Short: "train a model on token stores, here and now (without the queue)",
+		Short: "Train a model on token stores, here and now (without the queue)",
 		Long: `train runs the training loop in this process: it mixes the token stores by
 weight, logs a line every log_every steps (also to OUT/metrics.jsonl),
 evaluates on the stores' held-out windows, and writes checkpoints that
 transformers loads as is to OUT/step-NNNNNNN. Ctrl-C or SIGTERM writes a
 checkpoint at the next step boundary; --resume continues from the last one.
 Without --resume, an OUT that already holds checkpoints is refused rather
-than overwritten. The tokenizer copied into each checkpoint is a tokenizer.json given with
---tokenizer-file, or the published one --tokenizer names.`,
+than overwritten. The tokenizer copied into each checkpoint is a
+tokenizer.json given with --tokenizer-file, or the published one
+--tokenizer names.`,
 		Example: `  sched train --model tiny --tokens data/code=0.7 --tokens data/web=0.3 --steps 200 --engine cpu
   sched train --run-config run.yaml --tokenizer mix-16384 --out runs/pilot --resume`,
 		Args: exactArgs(0, "no arguments"),

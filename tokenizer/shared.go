@@ -196,14 +196,14 @@ func (c *wordTable) share(s *sharedWords) {
 
 // sharedLong caches the ids of the words too long for a slot (up to
 // maxCachedWord bytes) for the workers of one Tokenizer, behind each
-// worker's own cache: a long word, a Go identifier path or a run of
-// dashes, is merged once, not once by every worker that meets it. With
-// its own cache only, each of 16 workers merged the long words again in
-// every call of EncodeBatch on the same 20 MB of Go (2,600-5,000 a call
-// after seven calls, none on one worker after the first), and a long
-// word's merge costs microseconds. Its ids, stored once, are never
-// written again; it keeps the first sharedLongMax words and then only
-// answers.
+// worker's own cache: a long word, a Go import path or a run of dashes, is
+// merged once, not once by every worker that meets it, and a long word's
+// merge is the dearest. A stream of 200 MB of Go and prose on 16 workers
+// merged 140,739 GPT-2-style words, 36,873 of them long, where one worker
+// merges 109,472 (5,625 long); with this cache 109,480 (5,625). GPT-4
+// style: 164,646 (40,607) against 131,159 (7,124); with it 131,168. Its
+// ids, stored once, are never written again; it keeps the first
+// sharedLongMax words and then only answers.
 type sharedLong struct {
 	m sync.Map // string -> []uint32
 	n atomic.Int64

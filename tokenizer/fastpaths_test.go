@@ -71,8 +71,8 @@ func wordByWord(st *encoderState, b []byte, end func(b []byte, i int) int) []uin
 
 // Every word comes out of the word caches with the ids that the merges give
 // it, whether the caches are cold or warm, growing or starting over: tens of
-// thousands of words of 1 to 20 bytes (the packed table up to 15, the map
-// beyond), each encoded from the merges alone and then twice by one warm state,
+// thousands of words of 1 to 20 bytes (the packed table up to 15, the long
+// words' table beyond), each encoded from the merges alone and then twice by one warm state,
 // once with the table's limit low enough that it fills and starts over.
 func TestWordCacheAgreesWithTheMerges(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -82,10 +82,10 @@ func TestWordCacheAgreesWithTheMerges(t *testing.T) {
 	for n := 16; n <= maxCachedWord+100; n += 1 + n/8 {
 		words = append(words, bytes.Repeat([]byte{"-= \t\n"[rng.IntN(5)]}, n), randomWords(rng, 1, n)[0])
 	}
-	defer func(old, oldBytes int) { wordTableMax, cacheKeyBytes = old, oldBytes }(wordTableMax, cacheKeyBytes)
+	defer func(old, oldBits int) { wordTableMax, longWordsMaxBits = old, oldBits }(wordTableMax, longWordsMaxBits)
 	for _, limit := range []int{wordTableMax, 2 * wordTableMin} {
-		// The low limits fill the tables and the long words' cache.
-		wordTableMax, cacheKeyBytes = limit, limit
+		// The low limits fill the tables and the long words' table.
+		wordTableMax, longWordsMaxBits = limit, min(longWordsMaxBits, limit)
 		for _, style := range styles {
 			tk := loadStyle(t, style)
 			warm, fresh := newEncoderState(tk), newEncoderState(tk)

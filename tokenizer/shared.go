@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -29,7 +28,7 @@ var sharedWordsMaxBits = 20
 // 131,159 on one worker; starting at the largest, 168,723 (12); GPT-2
 // style 195,158 (54,356) against 109,472, and 138,247 (17). The rest were
 // words longer than a table's, which each worker then merged on its own
-// (sharedLong now holds them for all), and words two workers met at once.
+// (longWords now holds them for all), and words two workers met at once.
 // A variable for tests.
 var sharedWordsLargeText int64 = 64 << 20
 
@@ -192,45 +191,4 @@ func (c *wordTable) share(s *sharedWords) {
 		clear(c.hot[:])
 	}
 	c.shared, c.sharedIDs = s, s.ids
-}
-
-// sharedLong caches the ids of the words too long for a slot (up to
-// maxCachedWord bytes) for the workers of one Tokenizer, behind each
-// worker's own cache: a long word, a Go import path or a run of dashes, is
-// merged once, not once by every worker that meets it, and a long word's
-// merge is the dearest. A stream of 200 MB of Go and prose on 16 workers
-// merged 140,739 GPT-2-style words, 36,873 of them long, where one worker
-// merges 109,472 (5,625 long); with this cache 109,480 (5,625). GPT-4
-// style: 164,646 (40,607) against 131,159 (7,124); with it 131,168. Its
-// ids, stored once, are never written again; it keeps the first
-// sharedLongMax words and then only answers.
-type sharedLong struct {
-	m sync.Map // string -> []uint32
-	n atomic.Int64
-}
-
-// sharedLongMax bounds the words a sharedLong keeps: about 20 MB for
-// words of 16-32 bytes. A variable for tests.
-var sharedLongMax int64 = 1 << 17
-
-func (l *sharedLong) get(w string) ([]uint32, bool) {
-	v, ok := l.m.Load(w)
-	if !ok {
-		return nil, false
-	}
-	return v.([]uint32), true
-}
-
-// put keeps a copy of ids as the ids of w, unless full, and returns the ids
-// kept for w (those of another worker that stored w first) or the copy.
-func (l *sharedLong) put(w string, ids []uint32) []uint32 {
-	own := slices.Clip(slices.Clone(ids))
-	if l.n.Load() >= sharedLongMax {
-		return own
-	}
-	v, loaded := l.m.LoadOrStore(w, own)
-	if !loaded {
-		l.n.Add(1)
-	}
-	return v.([]uint32)
 }

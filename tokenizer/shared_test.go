@@ -306,10 +306,11 @@ func TestEncodeBatchKeepsTheIDsWhenNFCLengthensADocument(t *testing.T) {
 
 // Workers of one Tokenizer share the ids of words too long for a slot:
 // eight encoders meet the same long words, each in its own order and
-// twice, and get for every word the ids the merges give on one goroutine;
-// with the shared cache's bound low, the words beyond it are merged by each
-// encoder on its own. A worker takes a long word's ids from the shared
-// cache rather than merging it again: ids planted there come back.
+// twice, and get for every word the ids the merges give on one goroutine,
+// with the table at its largest (then it holds every word) and with a
+// largest size small enough that it fills and starts over many times. A
+// worker takes a long word's ids from the shared table rather than merging
+// it again: ids planted there come back.
 func TestSharedLongWordsGiveTheSingleThreadIDs(t *testing.T) {
 	var words [][]byte
 	for _, w := range randomWords(rand.New(rand.NewPCG(41, 42)), 6_000, 300) {
@@ -317,20 +318,16 @@ func TestSharedLongWordsGiveTheSingleThreadIDs(t *testing.T) {
 			words = append(words, w)
 		}
 	}
-	distinct := map[string]bool{}
-	for _, w := range words {
-		distinct[string(w)] = true
-	}
-	bound := sharedLongMax
-	defer func() { sharedLongMax = bound }()
+	largest := longWordsMaxBits
+	defer func() { longWordsMaxBits = largest }()
 	for _, style := range styles {
 		single := newEncoderState(loadStyle(t, style))
 		want := make([][]uint32, len(words))
 		for i, w := range words {
 			want[i] = single.merge(nil, w)
 		}
-		for _, limit := range []int64{500, bound} {
-			sharedLongMax = limit
+		for _, maxBits := range []int{longWordsMinBits, largest} {
+			longWordsMaxBits = maxBits
 			tk := loadStyle(t, style)
 			var wg sync.WaitGroup
 			errs := make(chan string, 8)
@@ -342,7 +339,9 @@ func TestSharedLongWordsGiveTheSingleThreadIDs(t *testing.T) {
 					order := rand.New(rand.NewPCG(uint64(g), 2)).Perm(len(words))
 					for range 2 {
 						for _, i := range order {
-							if got := st.word(nil, words[i]); !slices.Equal(got, want[i]) {
+							// Inside a longer buffer, as in a document.
+							buf := append(slices.Clone(words[i]), "zzzzzzzzzzzzzzzz"...)
+							if got := st.word(nil, buf[:len(words[i])]); !slices.Equal(got, want[i]) {
 								errs <- fmt.Sprintf("%s: word %q: %v, want %v", style, words[i], got, want[i])
 								return
 							}
@@ -353,21 +352,33 @@ func TestSharedLongWordsGiveTheSingleThreadIDs(t *testing.T) {
 			wg.Wait()
 			close(errs)
 			for e := range errs {
-				t.Errorf("bound %d: %s", limit, e)
+				t.Errorf("largest table 1<<%d slots: %s", maxBits, e)
 			}
-			// Workers that pass the bound's check together may each
-			// store one word more.
-			n, keep := tk.long.n.Load(), min(limit, int64(len(distinct)))
-			if n < keep || n >= keep+8 {
-				t.Errorf("%s, bound %d: the shared cache holds %d words of %d distinct, want %d", style, limit, n, len(distinct), keep)
+			l := tk.long.Load()
+			held := 0
+			for i, w := range words {
+				if ids, ok := l.get(w); ok {
+					held++
+					if !slices.Equal(ids, want[i]) {
+						t.Errorf("%s: the shared table holds %v for %q, want %v", style, ids, w, want[i])
+					}
+				}
+			}
+			switch {
+			case maxBits == largest && held != len(words):
+				t.Errorf("%s: the shared table holds %d of the %d words eight workers met twice", style, held, len(words))
+			case maxBits < largest && (l.bits != maxBits || held == len(words)):
+				t.Errorf("%s: a table of at most 1<<%d slots is of 1<<%d and holds %d words of %d: it never filled, starting over went untested", style, maxBits, l.bits, held, len(words))
 			}
 		}
 
 		tk := loadStyle(t, style)
 		w := []byte("a_word_longer_than_a_slot_holds")
-		tk.long.put(string(w), []uint32{7, 7, 7})
+		if !tk.sharedLongWords().put(w, []uint32{7, 7, 7}) {
+			t.Fatal("an empty table refused a word")
+		}
 		if got := tk.workerState(2, 0).word(nil, w); !slices.Equal(got, []uint32{7, 7, 7}) {
-			t.Errorf("%s: a worker gave %v for a word whose ids the shared cache holds as [7 7 7]: it merged the word again", style, got)
+			t.Errorf("%s: a worker gave %v for a word whose ids the shared table holds as [7 7 7]: it merged the word again", style, got)
 		}
 		if got, want := newEncoderState(tk).word(nil, w), single.merge(nil, w); !slices.Equal(got, want) {
 			t.Errorf("%s: an encoder of its own gave %v, want the merges' %v", style, got, want)

@@ -71,20 +71,19 @@ type Tokenizer struct {
 	tokens     [][]byte // id -> bytes that Decode emits
 	tokenStr   []string // id -> token as written in tokenizer.json
 
-	added    []addedToken
-	rawSet   *addedSet // added tokens matched on the text as given
-	normSet  *addedSet // added tokens matched after normalization
-	isAdded  map[uint32]bool
-	isSpec   map[uint32]bool
-	states   chan *encoderState
-	maxCache int
+	added   []addedToken
+	rawSet  *addedSet // added tokens matched on the text as given
+	normSet *addedSet // added tokens matched after normalization
+	isAdded map[uint32]bool
+	isSpec  map[uint32]bool
+	states  chan *encoderState
 	// shared is the word table of the calls that encode on many cores
 	// (EncodeBatch, EncodeReader), made by the first of them and replaced
 	// by a larger one as it fills.
 	shared     atomic.Pointer[sharedWords]
 	sharedOnce sync.Once
-	// long is the cache of longer words for the same calls.
-	long sharedLong
+	// long is the table of longer words for the same calls.
+	long atomic.Pointer[longWords]
 	// batchIDsPerKiB is the ids per 1024 bytes of text of the last
 	// EncodeBatch, which sizes the next one's blocks (0 before the first).
 	batchIDsPerKiB atomic.Int64
@@ -112,7 +111,6 @@ func (t *Tokenizer) init() {
 	}
 	t.rawSet, t.normSet = newAddedSet(raw), newAddedSet(normed)
 	t.states = make(chan *encoderState, runtime.GOMAXPROCS(0)*2)
-	t.maxCache = 1 << 17
 	t.lastSplit = len(t.stages) - 1
 	for k := len(t.stages) - 1; k >= 0; k-- {
 		if s := t.stages[k]; s.split != nil || s.prefixSpace {
@@ -323,7 +321,7 @@ func (t *Tokenizer) getState() *encoderState {
 }
 
 func newEncoderState(t *Tokenizer) *encoderState {
-	st := &encoderState{t: t, cache: map[string][]uint32{}}
+	st := &encoderState{t: t}
 	st.words.init(wordTableMin)
 	return st
 }
@@ -338,15 +336,12 @@ func (t *Tokenizer) putState(st *encoderState) {
 // encoderState is one goroutine's scratch space and word cache. Each worker
 // owns one, so the cache needs no lock.
 type encoderState struct {
-	t     *Tokenizer
-	words wordTable           // words of up to maxPacked bytes -> ids
-	cache map[string][]uint32 // longer words -> ids
-	arena []uint32            // backing store for the ids of longer words
-	// cacheBytes is the bytes of cache's keys.
-	cacheBytes int
-	ends       [][]int // per stage
-	syms       []uint32
-	scratch    mergeScratch
+	t       *Tokenizer
+	words   wordTable  // words of up to maxPacked bytes -> ids
+	long    *longWords // longer words -> ids, when not shared; made on first use
+	ends    [][]int    // per stage
+	syms    []uint32
+	scratch mergeScratch
 }
 
 // encode runs added-token matching, normalization, pre-tokenization and BPE.
@@ -582,15 +577,12 @@ var packMasks = func() (m [16][2]uint64) {
 	return m
 }()
 
-// maxCachedWord bounds the words kept in the cache, and cacheKeyBytes
-// (a variable for tests) their bytes in an encoder's cache, which starts
-// over when they pass it. Words of up to 1 KiB are kept: runs such as a
-// comment's line of 70 dashes recur, and a word of 64 bytes and up, not
-// kept before, was a quarter of the merging on Go sources (a run's merge
-// takes time that grows as its length squared).
+// maxCachedWord bounds the words kept in the long words' table. Words of
+// up to 1 KiB are kept: runs such as a comment's line of 70 dashes recur,
+// and a word of 64 bytes and up, not kept before, was a quarter of the
+// merging on Go sources (a run's merge takes time that grows as its length
+// squared).
 const maxCachedWord = 1 << 10
-
-var cacheKeyBytes = 8 << 20
 
 // word appends the ids of one pre-tokenized word.
 func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
@@ -644,41 +636,34 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 		}
 		return dst
 	}
-	if ids, ok := st.cache[string(w)]; ok {
-		return append(dst, ids...)
-	}
 	if len(w) > maxCachedWord {
 		return st.merge(dst, w)
 	}
-	if len(st.cache) >= st.t.maxCache || st.cacheBytes > cacheKeyBytes {
-		clear(st.cache)
-		st.arena, st.cacheBytes = nil, 0
+	// One of many workers reads and fills the table they share.
+	shared := st.words.shared != nil
+	l := st.long
+	if shared {
+		l = st.t.sharedLongWords()
+	} else if l == nil {
+		l = newLongWords(longWordsMinBits)
+		st.long = l
 	}
-	st.cacheBytes += len(w)
-	key := string(w)
-	if st.words.shared != nil {
-		// One of many workers: the long words any of them merged
-		// are in the Tokenizer's cache.
-		ids, ok := st.t.long.get(key)
-		if ok {
-			dst = append(dst, ids...)
-		} else {
-			start := len(dst)
-			dst = st.merge(dst, w)
-			ids = st.t.long.put(key, dst[start:])
-		}
-		st.cache[key] = ids
-		return dst
+	if ids, ok := l.get(w); ok {
+		return append(dst, ids...)
 	}
 	start := len(dst)
 	dst = st.merge(dst, w)
-	ids := dst[start:]
-	if cap(st.arena)-len(st.arena) < len(ids) {
-		st.arena = make([]uint32, 0, 1<<14)
+	if !l.put(w, dst[start:]) {
+		// Full: a larger table, or a new one of the largest size, takes
+		// its place; the first of the workers that find it full makes it.
+		if shared {
+			st.t.long.CompareAndSwap(l, l.next())
+			st.t.long.Load().put(w, dst[start:])
+		} else {
+			st.long = l.next()
+			st.long.put(w, dst[start:])
+		}
 	}
-	n := len(st.arena)
-	st.arena = append(st.arena, ids...)
-	st.cache[key] = st.arena[n:len(st.arena):len(st.arena)]
 	return dst
 }
 

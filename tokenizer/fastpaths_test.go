@@ -83,9 +83,13 @@ func TestWordCacheAgreesWithTheMerges(t *testing.T) {
 		words = append(words, bytes.Repeat([]byte{"-= \t\n"[rng.IntN(5)]}, n), randomWords(rng, 1, n)[0])
 	}
 	defer func(old, oldBits int) { wordTableMax, longWordsMaxBits = old, oldBits }(wordTableMax, longWordsMaxBits)
-	for _, limit := range []int{wordTableMax, 2 * wordTableMin} {
+	largest, largestBits := wordTableMax, longWordsMaxBits
+	for _, limit := range []int{largest, 2 * wordTableMin} {
 		// The low limits fill the tables and the long words' table.
-		wordTableMax, longWordsMaxBits = limit, min(longWordsMaxBits, limit)
+		wordTableMax, longWordsMaxBits = limit, largestBits
+		if limit < largest {
+			longWordsMaxBits = longWordsMinBits
+		}
 		for _, style := range styles {
 			tk := loadStyle(t, style)
 			warm, fresh := newEncoderState(tk), newEncoderState(tk)

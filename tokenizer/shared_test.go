@@ -423,3 +423,54 @@ func TestEncodeBatchBlocksFitTheShare(t *testing.T) {
 		}
 	}
 }
+
+// Eight goroutines that take documents from a queue and encode each with
+// AppendEncodedAmong get Encode's ids from a fresh tokenizer, and their
+// words go into the table they share.
+func TestAppendEncodedAmongMatchesOneEncoder(t *testing.T) {
+	var docs []string
+	for _, name := range texts {
+		text := string(readTestdata(t, name+".txt"))
+		for len(text) > 0 {
+			n := min(len(text), 2000)
+			docs = append(docs, text[:n])
+			text = text[n:]
+		}
+	}
+	for _, style := range styles {
+		pool, one := loadStyle(t, style), loadStyle(t, style)
+		got := make([][]uint32, len(docs))
+		work := make(chan int)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range work {
+					got[i] = pool.AppendEncodedAmong(8, []uint32{1 << 30}, []byte(docs[i]))
+				}
+			}()
+		}
+		for round := range 2 {
+			for i := range docs {
+				work <- i
+			}
+			if round == 0 {
+				continue
+			}
+			close(work)
+			wg.Wait()
+		}
+		for i, d := range docs {
+			if got[i][0] != 1<<30 {
+				t.Fatalf("%s: document %d: the ids were not appended to dst", style, i)
+			}
+			if j := firstDiff(got[i][1:], one.Encode(d)); j >= 0 {
+				t.Fatalf("%s: document %d (%q...): ids differ at %d", style, i, d[:min(len(d), 30)], j)
+			}
+		}
+		if s := pool.shared.Load(); s == nil || s.n.Load() == 0 {
+			t.Fatalf("%s: eight encoders left the shared table empty", style)
+		}
+	}
+}

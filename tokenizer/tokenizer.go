@@ -185,6 +185,18 @@ func (t *Tokenizer) AppendEncoded(dst []uint32, b []byte) []uint32 {
 	return dst
 }
 
+// AppendEncodedAmong is AppendEncoded for one of workers goroutines that
+// encode with t at once, such as a pool that takes documents from a queue:
+// with more than one, its words go through the tables t's workers share, as
+// EncodeBatch's do, so that a word is merged once for all of them and one
+// table, not one a goroutine, holds the words.
+func (t *Tokenizer) AppendEncodedAmong(workers int, dst []uint32, b []byte) []uint32 {
+	st := t.workerState(workers, 0)
+	dst = st.encode(dst, b)
+	t.putState(st)
+	return dst
+}
+
 // EncodeBatch encodes documents on all cores; out[i] holds the ids of
 // docs[i].
 func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {

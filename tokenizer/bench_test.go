@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // benchText is the text of KILN_TOKENIZER_BENCH_TEXT when set (to compare
@@ -103,6 +104,66 @@ func BenchmarkTrain(b *testing.B) {
 	for b.Loop() {
 		if _, err := Train(context.Background(), []io.Reader{bytes.NewReader(text)}, TrainOptions{VocabSize: vocab}); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkEncodePool is the pattern of ingest's encoder pool:
+// GOMAXPROCS goroutines take documents of about 8 KB from a channel and
+// encode each, with word tables of their own (own: AppendEncoded) or the
+// ones a Tokenizer's workers share (among: AppendEncodedAmong). Each pass
+// is on a freshly parsed tokenizer, as ingest meets text it has not seen;
+// the parse is outside the clock.
+func BenchmarkEncodePool(b *testing.B) {
+	text := benchText(b)
+	docs := docs8K(string(text))
+	for _, style := range styles {
+		raw := readTestdata(b, style+".tokenizer.json")
+		for _, among := range []bool{false, true} {
+			name := style + "/own"
+			if among {
+				name = style + "/among"
+			}
+			b.Run(name, func(b *testing.B) {
+				b.SetBytes(int64(len(text)))
+				n := runtime.GOMAXPROCS(0)
+				var cpu time.Duration
+				for b.Loop() {
+					b.StopTimer()
+					tk, err := Parse(raw)
+					if err != nil {
+						b.Fatal(err)
+					}
+					work := make(chan string, 4*n)
+					var wg sync.WaitGroup
+					c0 := processCPU()
+					b.StartTimer()
+					for range n {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							var ids []uint32
+							for d := range work {
+								p := unsafe.Slice(unsafe.StringData(d), len(d))
+								if among {
+									ids = tk.AppendEncodedAmong(n, ids[:0], p)
+								} else {
+									ids = tk.AppendEncoded(ids[:0], p)
+								}
+							}
+						}()
+					}
+					for _, d := range docs {
+						work <- d
+					}
+					close(work)
+					wg.Wait()
+					cpu += processCPU() - c0
+				}
+				if cpu > 0 { // processCPU reads the process's CPU time on Linux only
+					b.ReportMetric(cpu.Seconds()/(float64(b.N)*float64(len(text))/1e9), "cpu-s/GB")
+				}
+			})
 		}
 	}
 }

@@ -669,7 +669,9 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 		// Full: a larger table, or a new one of the largest size, takes
 		// its place; the first of the workers that find it full makes it.
 		if shared {
-			st.t.long.CompareAndSwap(l, l.next())
+			if st.t.long.Load() == l {
+				st.t.long.CompareAndSwap(l, l.next())
+			}
 			st.t.long.Load().put(w, dst[start:])
 		} else {
 			st.long = l.next()

@@ -72,8 +72,9 @@ func wordByWord(st *encoderState, b []byte, end func(b []byte, i int) int) []uin
 // Every word comes out of the word caches with the ids that the merges give
 // it, whether the caches are cold or warm, growing or starting over: tens of
 // thousands of words of 1 to 20 bytes (the packed table up to 15, the long
-// words' table beyond), each encoded from the merges alone and then twice by one warm state,
-// once with the table's limit low enough that it fills and starts over.
+// words' table beyond), each encoded from the merges alone and then twice by
+// one warm state, once with the tables' limits low enough that they fill and
+// start over.
 func TestWordCacheAgreesWithTheMerges(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	words := randomWords(rng, 40_000, 20)

@@ -22,9 +22,9 @@ const mapsTables = true
 // 1 GB on 16 cores ran 4-5% faster on the mean of four alternations, with
 // a third less system time (docs/benchmarks/tokenizer.md). Where the
 // mapping is refused the table is an ordinary slice. Not under the race
-// detector: it does not see
-// atomics on memory outside the heap, so it would miss the order that the
-// slots' k1 publish and report the ids behind them as racing.
+// detector: it does not see atomics on memory outside the heap, so it
+// would miss the order that the slots' k1 publish and report the ids
+// behind them as racing.
 func sharedSlots(s *sharedWords, n int) []sharedSlot {
 	size := n * int(unsafe.Sizeof(sharedSlot{}))
 	if size < hugeTableMin {

@@ -19,7 +19,7 @@ import (
 // Go: a cycle a call, a tenth of the CPU time the call took.
 //
 // One table serves an encoder on its own, or all the workers of one
-// Tokenizer at once (sharedLongWords), so that a word that sixteen workers
+// Tokenizer at once (longTable), so that a word that sixteen workers
 // meet is merged once: on 200 MB of Go and prose, 16 workers each with its
 // own merged 140,739 GPT-2-style words, 36,873 of them long, against one
 // worker's 109,472 (5,625 long). A slot is written once, in the order of
@@ -28,9 +28,9 @@ import (
 // and the hash is then published, so a reader that sees a word's hash sees
 // the rest. A word two workers merge at once may be held twice, with the
 // same ids. A table takes words until half its slots or either arena is
-// claimed; its owner then replaces it with an empty one four times the
-// size, or of the same size at longWordsMaxBits, and the words are merged
-// again as they come.
+// claimed; its longTable then replaces it with an empty one four times
+// the size, or of the same size at longWordsMaxBits, and the words are
+// merged again as they come.
 type longWords struct {
 	seed  maphash.Seed
 	slots []longSlot
@@ -145,12 +145,32 @@ func (l *longWords) next() *longWords {
 	return newLongWords(min(l.bits+2, max(longWordsMaxBits, longWordsMinBits)))
 }
 
-// sharedLongWords returns the long-word table the Tokenizer's workers
-// share, made on first use.
-func (t *Tokenizer) sharedLongWords() *longWords {
-	if l := t.long.Load(); l != nil {
-		return l
+// longTable is the long words' table in use, made at the first word put
+// and replaced when full: an encoder's own, or the one a Tokenizer's
+// workers share.
+type longTable struct{ cur atomic.Pointer[longWords] }
+
+func (t *longTable) get(w []byte) ([]uint32, bool) {
+	if l := t.cur.Load(); l != nil {
+		return l.get(w)
 	}
-	t.long.CompareAndSwap(nil, newLongWords(longWordsMinBits))
-	return t.long.Load()
+	return nil, false
+}
+
+// put keeps ids as the ids of w. A full table is replaced (next) by the
+// first of the workers that finds it so, and w goes into its successor,
+// which, empty, takes any word of up to maxCachedWord bytes.
+func (t *longTable) put(w []byte, ids []uint32) {
+	l := t.cur.Load()
+	if l == nil {
+		t.cur.CompareAndSwap(nil, newLongWords(longWordsMinBits))
+		l = t.cur.Load()
+	}
+	if l.put(w, ids) {
+		return
+	}
+	if t.cur.Load() == l {
+		t.cur.CompareAndSwap(l, l.next())
+	}
+	t.cur.Load().put(w, ids)
 }

@@ -19,6 +19,40 @@ import (
 	"unsafe"
 )
 
+// wordsOnEightWorkers has eight encoders, each made by worker, encode
+// every word twice, each encoder in its own order, and returns a line for
+// each encoder's first word whose ids are not want's. A word lies at the
+// start of a longer buffer, as inside a document: its key is read 16 bytes
+// at a time.
+func wordsOnEightWorkers(worker func() *encoderState, words [][]byte, want [][]uint32) []string {
+	var wg sync.WaitGroup
+	errs := make(chan string, 8)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := worker()
+			order := rand.New(rand.NewPCG(uint64(g), 1)).Perm(len(words))
+			for range 2 {
+				for _, i := range order {
+					buf := append(slices.Clone(words[i]), "zzzzzzzzzzzzzzzz"...)
+					if got := st.word(nil, buf[:len(words[i])]); !slices.Equal(got, want[i]) {
+						errs <- fmt.Sprintf("word %q: %v, want %v", words[i], got, want[i])
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var lines []string
+	for e := range errs {
+		lines = append(lines, e)
+	}
+	return lines
+}
+
 // Workers that share one word table get, for every word, the ids the
 // merges give it on one goroutine with no cache: eight encoders fill and
 // read one table at once, each meeting the same words in its own order and
@@ -41,31 +75,13 @@ func TestSharedWordTableGivesTheSingleThreadIDs(t *testing.T) {
 			sharedWordsMaxBits = maxBits
 			var cur atomic.Pointer[sharedWords]
 			cur.Store(newSharedWords(12, &cur))
-			var wg sync.WaitGroup
-			errs := make(chan string, 8)
-			for g := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					st := newEncoderState(tk)
-					st.words.share(cur.Load())
-					order := rand.New(rand.NewPCG(uint64(g), 1)).Perm(len(words))
-					for range 2 {
-						for _, i := range order {
-							// Inside a longer buffer, as in a document.
-							buf := append(slices.Clone(words[i]), "zzzzzzzzzzzzzzzz"...)
-							if got := st.word(nil, buf[:len(words[i])]); !slices.Equal(got, want[i]) {
-								errs <- fmt.Sprintf("%s: word %q: %v, want %v", style, words[i], got, want[i])
-								return
-							}
-						}
-					}
-				}()
+			worker := func() *encoderState {
+				st := newEncoderState(tk)
+				st.words.share(cur.Load())
+				return st
 			}
-			wg.Wait()
-			close(errs)
-			for e := range errs {
-				t.Errorf("largest table 1<<%d slots: %s", maxBits, e)
+			for _, e := range wordsOnEightWorkers(worker, words, want) {
+				t.Errorf("%s, largest table 1<<%d slots: %s", style, maxBits, e)
 			}
 			// 20,000 words (of 100,000 ids) grow a table of 1<<12 slots
 			// at least twice, or once and fill it.
@@ -329,32 +345,14 @@ func TestSharedLongWordsGiveTheSingleThreadIDs(t *testing.T) {
 		for _, maxBits := range []int{longWordsMinBits, largest} {
 			longWordsMaxBits = maxBits
 			tk := loadStyle(t, style)
-			var wg sync.WaitGroup
-			errs := make(chan string, 8)
-			for g := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					st := tk.workerState(8, 0)
-					order := rand.New(rand.NewPCG(uint64(g), 2)).Perm(len(words))
-					for range 2 {
-						for _, i := range order {
-							// Inside a longer buffer, as in a document.
-							buf := append(slices.Clone(words[i]), "zzzzzzzzzzzzzzzz"...)
-							if got := st.word(nil, buf[:len(words[i])]); !slices.Equal(got, want[i]) {
-								errs <- fmt.Sprintf("%s: word %q: %v, want %v", style, words[i], got, want[i])
-								return
-							}
-						}
-					}
-				}()
+			worker := func() *encoderState { return tk.workerState(8, 0) }
+			for _, e := range wordsOnEightWorkers(worker, words, want) {
+				t.Errorf("%s, largest table 1<<%d slots: %s", style, maxBits, e)
 			}
-			wg.Wait()
-			close(errs)
-			for e := range errs {
-				t.Errorf("largest table 1<<%d slots: %s", maxBits, e)
+			l := tk.long.cur.Load()
+			if l == nil {
+				t.Fatalf("%s: eight workers left no shared table of long words", style)
 			}
-			l := tk.long.Load()
 			held := 0
 			for i, w := range words {
 				if ids, ok := l.get(w); ok {
@@ -374,8 +372,9 @@ func TestSharedLongWordsGiveTheSingleThreadIDs(t *testing.T) {
 
 		tk := loadStyle(t, style)
 		w := []byte("a_word_longer_than_a_slot_holds")
-		if !tk.sharedLongWords().put(w, []uint32{7, 7, 7}) {
-			t.Fatal("an empty table refused a word")
+		tk.long.put(w, []uint32{7, 7, 7})
+		if ids, ok := tk.long.get(w); !ok || !slices.Equal(ids, []uint32{7, 7, 7}) {
+			t.Fatalf("%s: an empty table refused a word (%v, %v)", style, ids, ok)
 		}
 		if got := tk.workerState(2, 0).word(nil, w); !slices.Equal(got, []uint32{7, 7, 7}) {
 			t.Errorf("%s: a worker gave %v for a word whose ids the shared table holds as [7 7 7]: it merged the word again", style, got)

@@ -83,7 +83,7 @@ type Tokenizer struct {
 	shared     atomic.Pointer[sharedWords]
 	sharedOnce sync.Once
 	// long is the table of longer words for the same calls.
-	long atomic.Pointer[longWords]
+	long longTable
 	// batchIDsPerKiB is the ids per 1024 bytes of text of the last
 	// EncodeBatch, which sizes the next one's blocks (0 before the first).
 	batchIDsPerKiB atomic.Int64
@@ -205,7 +205,7 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 	for _, d := range docs {
 		size += int64(len(d))
 	}
-	var next, ids atomic.Int64
+	var next atomic.Int64
 	var wg sync.WaitGroup
 	workers := min(runtime.GOMAXPROCS(0), len(docs))
 	room := t.batchRoom(size, workers)
@@ -224,8 +224,6 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 			// the text; then append moves the block, and the documents
 			// before keep their ids where they were.
 			var block []uint32
-			var mine int
-			defer func() { ids.Add(int64(mine)) }()
 			blockRoom := room
 			for {
 				i := int(next.Add(1) - 1)
@@ -243,7 +241,6 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 				}
 				n := len(block)
 				block = st.encode(block, unsafe.Slice(unsafe.StringData(s), len(s)))
-				mine += len(block) - n
 				// Capped at its length: an append to one document
 				// reallocates rather than overwrite the next.
 				out[i] = block[n:len(block):len(block)]
@@ -252,7 +249,11 @@ func (t *Tokenizer) EncodeBatch(docs []string) [][]uint32 {
 	}
 	wg.Wait()
 	if size > 0 {
-		t.batchIDsPerKiB.Store(max(1, ids.Load()<<10/size))
+		var ids int64
+		for _, o := range out {
+			ids += int64(len(o))
+		}
+		t.batchIDsPerKiB.Store(max(1, ids<<10/size))
 	}
 	return out
 }
@@ -349,9 +350,9 @@ func (t *Tokenizer) putState(st *encoderState) {
 // owns one, so the cache needs no lock.
 type encoderState struct {
 	t       *Tokenizer
-	words   wordTable  // words of up to maxPacked bytes -> ids
-	long    *longWords // longer words -> ids, when not shared; made on first use
-	ends    [][]int    // per stage
+	words   wordTable // words of up to maxPacked bytes -> ids
+	long    longTable // longer words -> ids, when not shared
+	ends    [][]int   // per stage
 	syms    []uint32
 	scratch mergeScratch
 }
@@ -651,33 +652,17 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 	if len(w) > maxCachedWord {
 		return st.merge(dst, w)
 	}
-	// One of many workers reads and fills the table they share.
-	shared := st.words.shared != nil
-	l := st.long
-	if shared {
-		l = st.t.sharedLongWords()
-	} else if l == nil {
-		l = newLongWords(longWordsMinBits)
-		st.long = l
+	lt := &st.long
+	if st.words.shared != nil {
+		// One of many workers: the table they share.
+		lt = &st.t.long
 	}
-	if ids, ok := l.get(w); ok {
+	if ids, ok := lt.get(w); ok {
 		return append(dst, ids...)
 	}
 	start := len(dst)
 	dst = st.merge(dst, w)
-	if !l.put(w, dst[start:]) {
-		// Full: a larger table, or a new one of the largest size, takes
-		// its place; the first of the workers that find it full makes it.
-		if shared {
-			if st.t.long.Load() == l {
-				st.t.long.CompareAndSwap(l, l.next())
-			}
-			st.t.long.Load().put(w, dst[start:])
-		} else {
-			st.long = l.next()
-			st.long.put(w, dst[start:])
-		}
-	}
+	lt.put(w, dst[start:])
 	return dst
 }
 

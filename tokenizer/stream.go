@@ -323,6 +323,34 @@ func appendLE(dst []byte, ids []uint32, width int) []byte {
 	return dst
 }
 
+// leInPlace turns ids into little-endian integers of width bytes in their
+// own memory and returns those bytes; ids is overwritten. Id i's bytes go
+// to 2i (or 4i), where ids before i were, so no id is overwritten before
+// it is read.
+func leInPlace(ids []uint32, width int) []byte {
+	b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(ids))), 4*len(ids))
+	if width == 4 {
+		if !littleEndian {
+			for i, id := range ids {
+				binary.LittleEndian.PutUint32(b[4*i:], id)
+			}
+		}
+		return b
+	}
+	i := 0
+	for ; i+4 <= len(ids); i += 4 {
+		// Four ids read, then one 8-byte store at 2i, below id i+4 at 4i+16.
+		v := uint64(uint16(ids[i])) | uint64(uint16(ids[i+1]))<<16 |
+			uint64(uint16(ids[i+2]))<<32 | uint64(uint16(ids[i+3]))<<48
+		binary.LittleEndian.PutUint64(b[2*i:], v)
+	}
+	for ; i < len(ids); i++ {
+		id := ids[i]
+		b[2*i], b[2*i+1] = byte(id), byte(id>>8)
+	}
+	return b[:2*len(ids)]
+}
+
 // streamEvent, when set (by the benchmarks), is told when worker w starts
 // (done false) and finishes (done true) encoding piece seq, and when it
 // finds no piece left (seq -1), so that a run's time can be split into
@@ -340,10 +368,7 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 
 	// free bounds the jobs in flight (streamJobsPerWorker).
 	nJobs := streamJobsPerWorker*workers + 1
-	free := make(chan *streamJob, nJobs)
-	for range nJobs {
-		free <- &streamJob{}
-	}
+	free := newJobPool(nJobs)
 
 	// next gives a worker its next piece, read, or nil when there is none;
 	// a piece of a file is read into spare, the buffer of the worker's last
@@ -355,16 +380,14 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 	if fromFile {
 		textBytes = fp.size
 		next = func(spare []byte) (*streamJob, error) {
-			var j *streamJob
-			select {
-			case j = <-free:
-			case <-ctx.Done():
+			j := free.get(ctx)
+			if j == nil {
 				return nil, nil
 			}
 			j.buf = spare
 			ok, err := fp.next(j)
 			if !ok || err != nil {
-				free <- j
+				free.put(j)
 				return nil, err
 			}
 			return j, nil
@@ -406,7 +429,7 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 				}
 				if j == nil || ctx.Err() != nil {
 					if j != nil {
-						free <- j
+						free.put(j)
 					}
 					if streamEvent != nil {
 						streamEvent(w, -1, false)
@@ -432,15 +455,6 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 					}
 					scratch = st.encode(scratch[:0], j.text)
 					j.ids = j.ids[:0]
-					if n := width * len(scratch); cap(j.out) < n {
-						// Made once at the size the pieces need, with an
-						// eighth to spare: grown by append's steps, the
-						// pieces in flight left 1.5x their bytes behind as
-						// garbage, and the heap, then the resident set,
-						// grew with it.
-						j.out = make([]byte, 0, n+n/8)
-					}
-					j.out = appendLE(j.out[:0], scratch, width)
 				} else {
 					if cap(j.ids) < want {
 						j.ids = make([]uint32, 0, want)
@@ -458,10 +472,36 @@ func (t *Tokenizer) encodeStream(ctx context.Context, r io.Reader, width int, on
 				if streamEvent != nil {
 					streamEvent(w, j.seq, true)
 				}
-				if !onWorkers {
+				switch {
+				case !onWorkers:
 					done <- j
-				} else if err := order.finished(j, emit, free); err != nil {
-					cancel(err)
+				case order.claim(j.seq):
+					// Its turn, and no one is writing: the ids go out
+					// from this worker's scratch, as bytes in place,
+					// not copied into the piece (on one core that copy
+					// and the fresh pages it filled were a tenth of
+					// `sched tokenize`).
+					own := j.out
+					j.out = leInPlace(scratch, width)
+					err := emit(j)
+					j.out = own[:0]
+					free.put(j)
+					if err := order.claimed(err, emit, free); err != nil {
+						cancel(err)
+					}
+				default:
+					if n := width * len(scratch); cap(j.out) < n {
+						// Made once at the size the pieces need, with an
+						// eighth to spare: grown by append's steps, the
+						// pieces in flight left 1.5x their bytes behind as
+						// garbage, and the heap, then the resident set,
+						// grew with it.
+						j.out = make([]byte, 0, n+n/8)
+					}
+					j.out = appendLE(j.out[:0], scratch, width)
+					if err := order.finished(j, emit, free); err != nil {
+						cancel(err)
+					}
 				}
 			}
 		}()
@@ -499,7 +539,7 @@ type inOrder struct {
 // finished takes the finished job j. If no one is emitting, the caller
 // emits the pieces whose turn has come, j's and those after it, and puts
 // their jobs back on free; it returns emit's first error.
-func (o *inOrder) finished(j *streamJob, emit func(*streamJob) error, free chan<- *streamJob) error {
+func (o *inOrder) finished(j *streamJob, emit func(*streamJob) error, free *jobPool) error {
 	o.mu.Lock()
 	o.waiting[j.seq] = j
 	if o.emitting || o.failed {
@@ -507,6 +547,38 @@ func (o *inOrder) finished(j *streamJob, emit func(*streamJob) error, free chan<
 		return nil
 	}
 	o.emitting = true
+	return o.drain(emit, free)
+}
+
+// claim reports whether piece seq's turn has come and no one is emitting;
+// if so, the caller emits that piece itself, from wherever its ids are,
+// then calls claimed.
+func (o *inOrder) claim(seq int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.emitting || o.failed || seq != o.next {
+		return false
+	}
+	o.emitting = true
+	return true
+}
+
+// claimed ends a claim whose piece emit took with error err: the caller
+// then emits the pieces after it whose turn has come, as finished does.
+func (o *inOrder) claimed(err error, emit func(*streamJob) error, free *jobPool) error {
+	o.mu.Lock()
+	o.next++
+	if err != nil {
+		o.failed = true
+		o.mu.Unlock()
+		return err
+	}
+	return o.drain(emit, free)
+}
+
+// drain emits the waiting pieces whose turn has come, with o.mu held and
+// emitting claimed; it gives both up.
+func (o *inOrder) drain(emit func(*streamJob) error, free *jobPool) error {
 	for {
 		j, ok := o.waiting[o.next]
 		if !ok {
@@ -516,7 +588,7 @@ func (o *inOrder) finished(j *streamJob, emit func(*streamJob) error, free chan<
 		o.next++
 		o.mu.Unlock()
 		err := emit(j)
-		free <- j // never blocks: free holds every job
+		free.put(j)
 		o.mu.Lock()
 		if err != nil {
 			o.failed = true
@@ -527,6 +599,46 @@ func (o *inOrder) finished(j *streamJob, emit func(*streamJob) error, free chan<
 	o.emitting = false
 	o.mu.Unlock()
 	return nil
+}
+
+// jobPool holds the jobs not in flight and hands out the one put back
+// last: its buffers are the ones most likely still in cache, and the jobs
+// beyond those the workers keep busy are never taken, so their buffers
+// are never made (handed out in turn, every job grew its own).
+type jobPool struct {
+	mu    sync.Mutex
+	jobs  []*streamJob
+	ready chan struct{} // a token for each job in jobs
+}
+
+func newJobPool(n int) *jobPool {
+	p := &jobPool{jobs: make([]*streamJob, 0, n), ready: make(chan struct{}, n)}
+	for range n {
+		p.put(&streamJob{})
+	}
+	return p
+}
+
+// get takes a job, waiting for one; nil once ctx is done.
+func (p *jobPool) get(ctx context.Context) *streamJob {
+	select {
+	case <-p.ready:
+	case <-ctx.Done():
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	j := p.jobs[len(p.jobs)-1]
+	p.jobs = p.jobs[:len(p.jobs)-1]
+	return j
+}
+
+// put gives j back. It never blocks: the pool has room for every job.
+func (p *jobPool) put(j *streamJob) {
+	p.mu.Lock()
+	p.jobs = append(p.jobs, j)
+	p.mu.Unlock()
+	p.ready <- struct{}{}
 }
 
 // filePieces cuts a text it can read at any offset (a file) into pieces
@@ -703,14 +815,12 @@ func (p *filePieces) finish() error {
 
 // readJobs reads r into jobs from free, each cut at a safe point (or the
 // whole text when it cannot be cut), and queues them on todo in order.
-func (t *Tokenizer) readJobs(ctx context.Context, r io.Reader, free <-chan *streamJob, todo chan<- *streamJob) error {
+func (t *Tokenizer) readJobs(ctx context.Context, r io.Reader, free *jobPool, todo chan<- *streamJob) error {
 	cut := t.cutRule()
 	var carry []byte // text after the last cut, for the next job
 	for seq := 0; ; seq++ {
-		var j *streamJob
-		select {
-		case j = <-free:
-		case <-ctx.Done():
+		j := free.get(ctx)
+		if j == nil {
 			return ctx.Err()
 		}
 		j.seq = seq

@@ -12,12 +12,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"testing/iotest"
 	"unicode"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // streamIDs encodes text through EncodeReader with pieces of about chunk
@@ -222,9 +224,56 @@ func TestEncodeReaderToWritesIDs(t *testing.T) {
 	if _, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), io.Discard, 3); err == nil {
 		t.Error("width 3 accepted")
 	}
-	_, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &failingWriter{after: 2}, 4)
-	if err == nil || !strings.Contains(err.Error(), "disk full") {
-		t.Errorf("a failing writer: err = %v", err)
+	// A write that fails, the first or a later one, from a worker whose
+	// piece's turn had come or one that found it waiting, ends the stream
+	// with its error.
+	for _, procs := range []int{1, 4} {
+		old := runtime.GOMAXPROCS(procs)
+		for after := range 4 {
+			_, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), &failingWriter{after: after}, 2)
+			if err == nil || !strings.Contains(err.Error(), "disk full") {
+				t.Errorf("%d workers, a writer failing after %d writes: err = %v", procs, after, err)
+			}
+		}
+		runtime.GOMAXPROCS(old)
+	}
+}
+
+// bufferWriter records which buffers the bytes it is given live in.
+type bufferWriter struct {
+	bytes.Buffer
+	buffers map[*byte]bool
+}
+
+func (w *bufferWriter) Write(p []byte) (int, error) {
+	w.buffers[unsafe.SliceData(p)] = true
+	return w.Buffer.Write(p)
+}
+
+// A piece whose turn has come when it is encoded is written from the
+// worker's own scratch, not copied into a buffer of the piece: on one
+// worker every piece is, so the writes of a text of many pieces all come
+// from one buffer. On several workers the ids are the same.
+func TestEncodeReaderToWritesAPieceInTurnFromTheScratch(t *testing.T) {
+	oldChunk := streamChunk
+	streamChunk = 1 << 12
+	defer func() { streamChunk = oldChunk }()
+	tk := loadStyle(t, "gpt4-style")
+	text := readTestdata(t, "python.txt")
+	want := goldenIDs(t, "gpt4-style", "python")
+	for _, procs := range []int{1, 4} {
+		old := runtime.GOMAXPROCS(procs)
+		for _, width := range []int{2, 4} {
+			w := &bufferWriter{buffers: map[*byte]bool{}}
+			n, err := tk.EncodeReaderTo(context.Background(), bytes.NewReader(text), w, width)
+			if err != nil || n != int64(len(want)) || !bytes.Equal(w.Bytes(), appendLE(nil, want, width)) {
+				t.Fatalf("%d workers, width %d: %d ids, %v; want the %d golden ids", procs, width, n, err, len(want))
+			}
+			if pieces := len(text) / streamChunk; procs == 1 && (pieces < 8 || len(w.buffers) != 1) {
+				t.Errorf("one worker, width %d: %d pieces written from %d buffers; want one buffer", width, pieces, len(w.buffers))
+			}
+		}
+		runtime.GOMAXPROCS(old)
 	}
 }
 
@@ -572,6 +621,9 @@ func TestAppendLEMatchesTheStandardConversion(t *testing.T) {
 			}
 			if got := appendLE(append([]byte(nil), prefix...), ids, width); !bytes.Equal(got, want) {
 				t.Fatalf("%d ids, width %d: %x, want %x", n, width, got, want)
+			}
+			if got := leInPlace(slices.Clone(ids), width); !bytes.Equal(got, want[len(prefix):]) {
+				t.Fatalf("%d ids, width %d, in place: %x, want %x", n, width, got, want[len(prefix):])
 			}
 		}
 	}

@@ -48,7 +48,14 @@ gzip -dc "$C/go20.txt.gz" > "$W/go20.txt"
 gzip -dc "$C/prose.txt.gz" > "$W/prose.txt"
 # The peer names the vocabulary with --tokenizer, which `sched` keeps for
 # published tokenizers' names; a file goes to --tokenizer-file.
-sed 's/"--tokenizer", tj_path/"--tokenizer-file", tj_path/' "$C/tiktoken_peer.py" > "$W/peer.py"
+# One core is one thread that the kernel places, as the peers' one thread
+# is (GOMAXPROCS=1, the setting EncodeBatch's one-core figure runs at), not
+# kiln pinned to CPU 0 while tiktoken and HF run where the kernel puts them:
+# on the 16-vCPU host CPU 0 took 0.14-0.21 s for `sched tokenize` of 20 MB
+# at 05:21 UTC and 0.33-0.36 s at 05:34 (2026-12-04), the same build.
+sed -e 's/"--tokenizer", tj_path/"--tokenizer-file", tj_path/' \
+	-e 's/\["taskset", "-c", "0"\]/["env", "GOMAXPROCS=1"]/' "$C/tiktoken_peer.py" > "$W/peer.py"
+grep -q '"GOMAXPROCS=1"' "$W/peer.py" || echo "the peer's one-core run is not GOMAXPROCS=1: its kiln command changed" >&2
 
 note "host: $(uname -n), $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%FT%TZ)"
 note "python: $(python3 -c 'import tiktoken, tokenizers; print("tiktoken", getattr(tiktoken, "__version__", "?"), "tokenizers", tokenizers.__version__)' 2>&1 | tail -1)"
@@ -85,7 +92,7 @@ for s in gpt2 gpt4; do
 	# one of each: the host's single core moved by up to 45% between
 	# consecutive runs (2026-12-03), so the scaling is given per round too.
 	for run in $(seq "${ROUNDS:-3}"); do
-		measure "tokenize1g-1core-$s" taskset -c 0 "$W/sched" tokenize --tokenizer-file "$tj" --in "$W/corpus1g.txt" --out "$W/ids" --dtype u16
+		measure "tokenize1g-1core-$s" env GOMAXPROCS=1 "$W/sched" tokenize --tokenizer-file "$tj" --in "$W/corpus1g.txt" --out "$W/ids" --dtype u16
 		measure "tokenize1g-all-$s" "$W/sched" tokenize --tokenizer-file "$tj" --in "$W/corpus1g.txt" --out "$W/ids" --dtype u16
 	done
 	rm -f "$W/ids"

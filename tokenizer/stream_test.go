@@ -457,6 +457,45 @@ func TestCutRuleFirstIsTheFirstSafeCut(t *testing.T) {
 // each starting at a safe cut (or where the text starts), when the workers
 // read their pieces at once: random texts, pieces of 16 bytes and up,
 // one to sixteen workers, the text starting anywhere in its reader.
+// A worker reads each piece into its last piece's buffer: the buffer made
+// for the first piece holds every later one, which starts a few bytes
+// before its nominal start, where a cut's rule looks (it grew again for the
+// second piece, a quarter more, on every worker).
+func TestFilePiecesReuseTheFirstPiecesBuffer(t *testing.T) {
+	old := streamChunk
+	streamChunk = 1 << 12
+	defer func() { streamChunk = old }()
+	text := bytes.Repeat([]byte("x := f(y)\n"), 10*streamChunk/10)
+	for _, rule := range cutRules {
+		fp, ok := newFilePieces(bytes.NewReader(text), rule, 1)
+		if !ok {
+			t.Fatal("a bytes.Reader is not read at offsets")
+		}
+		var j streamJob
+		var first *byte
+		var got []byte
+		for n := 0; ; n++ {
+			ok, err := fp.next(&j)
+			if err != nil || !ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+			got = append(got, j.text...)
+			if n == 0 {
+				first = unsafe.SliceData(j.buf)
+			} else if unsafe.SliceData(j.buf) != first {
+				t.Fatalf("rule %v: piece %d (%d bytes) read into a new buffer of %d bytes", rule, n, len(j.text), cap(j.buf))
+			}
+			j.buf, j.text = j.buf[:0], nil
+		}
+		if !bytes.Equal(got, text) {
+			t.Fatalf("rule %v: the pieces are not the text", rule)
+		}
+	}
+}
+
 func TestFilePiecesCoverTheTextAtSafeCuts(t *testing.T) {
 	old := streamChunk
 	defer func() { streamChunk = old }()

@@ -103,7 +103,9 @@ func Load(path string) (*Tokenizer, error) {
 		// A path that does not lead to a readable file is the caller's to fix.
 		return nil, &FormatError{Path: path, Msg: fmt.Sprintf("cannot read the tokenizer: %v; give the path of a tokenizer.json", errors.Unwrap(err)), Err: err}
 	}
-	t, err := Parse(data)
+	// data is this call's own: the parsed tokenizer's strings can be
+	// pieces of it, not of a copy.
+	t, err := parse(data, true)
 	if err != nil {
 		var fe *FormatError
 		if errors.As(err, &fe) {
@@ -117,9 +119,12 @@ func Load(path string) (*Tokenizer, error) {
 // Parse builds a Tokenizer from the contents of a tokenizer.json. Components
 // kiln does not implement are refused with an error that names them, rather
 // than approximated.
-func Parse(data []byte) (*Tokenizer, error) {
+func Parse(data []byte) (*Tokenizer, error) { return parse(data, false) }
+
+// parse is Parse; owned says that nothing else holds or changes data.
+func parse(data []byte, owned bool) (*Tokenizer, error) {
 	var f fileJSON
-	rest, text, vocab, pairs, fast := fastModel(data)
+	rest, text, vocab, pairs, fast := fastModel(data, owned)
 	fast = fast && fastLoad
 	if !fast || json.Unmarshal(rest, &f) != nil {
 		f, fast = fileJSON{}, false

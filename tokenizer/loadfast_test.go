@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 )
@@ -69,7 +71,7 @@ func TestFastLoadAgreesWithEncodingJSON(t *testing.T) {
 	}
 	check("gpt2", gpt2)
 	check("gpt4", gpt4)
-	if _, _, _, _, ok := fastModel(gpt2); !ok {
+	if _, _, _, _, ok := fastModel(gpt2, false); !ok {
 		t.Fatal("the fast path refuses the golden gpt2-style file")
 	}
 	// Small vocabularies keep each parse quick.
@@ -122,6 +124,37 @@ func TestSHA256OfTheBytesParsed(t *testing.T) {
 	if got := tk.SHA256(); got != want {
 		t.Fatalf("SHA256 = %s, want %s", got, want)
 	}
+	// Nor do the tokens change: Parse keeps a copy of what it is given.
+	if d := sameTokenizer(tk, loadStyle(t, "gpt4-style")); d != "" {
+		t.Fatalf("the caller's bytes cleared after Parse: the tokenizer's %s changed", d)
+	}
+}
+
+// Load parses the file's bytes in place, not a copy of them, and builds the
+// tokenizer Parse builds from the same bytes, both styles.
+func TestLoadBuildsWhatParseBuilds(t *testing.T) {
+	for _, style := range styles {
+		data := readTestdata(t, style+".tokenizer.json")
+		path := filepath.Join(t.TempDir(), "tokenizer.json")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		loaded, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parsed, err := Parse(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := sameTokenizer(loaded, parsed); d != "" {
+			t.Fatalf("%s: Load's %s differ from Parse's", style, d)
+		}
+		text := []byte("func main() {\n\tfmt.Println(\"héllo, wörld\")\n}\n")
+		if got, want := loaded.EncodeBytes(text), parsed.EncodeBytes(text); !slices.Equal(got, want) {
+			t.Fatalf("%s: Load encodes %v, Parse %v", style, got, want)
+		}
+	}
 }
 
 // The merges read beside the vocabulary are the model's: found in the
@@ -140,7 +173,7 @@ func TestFastLoadFindsTheModelsMerges(t *testing.T) {
 		"merges first": []byte(`{"pre_tokenizer": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
  "model": {"type": "BPE", "merges": ["a b", "ab c"], "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "abc": 4}}}`),
 	} {
-		if _, _, _, _, ok := fastModel(data); !ok {
+		if _, _, _, _, ok := fastModel(data, false); !ok {
 			t.Fatalf("%s: the fast path refuses it", name)
 		}
 		fast, slow, fastErr, slowErr := parseBoth(data)

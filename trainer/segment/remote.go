@@ -216,6 +216,12 @@ func PullNewest(ctx context.Context, obj Objects, run string, after int, root st
 	if err != nil {
 		return "", -1, err
 	}
+	return pullNewestOf(ctx, obj, run, steps, after, root, damaged)
+}
+
+// pullNewestOf is PullNewest among steps, the run's complete checkpoints
+// in object storage as RemoteSteps lists them.
+func pullNewestOf(ctx context.Context, obj Objects, run string, steps []int, after int, root string, damaged func(step int, err error)) (string, int, error) {
 	for i := len(steps) - 1; i >= 0 && steps[i] > after; i-- {
 		dir, err := Pull(ctx, obj, run, steps[i], root)
 		if errors.Is(err, trainer.ErrDamaged) {

@@ -211,10 +211,10 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return out, fmt.Errorf("run %s: %w", run, err)
 	}
-	if out.ResumedFrom, out.ResumeSource, err = p.restore(ctx, dir); err != nil {
+	var remote int // the newest complete checkpoint in object storage, or -1
+	if out.ResumedFrom, out.ResumeSource, remote, err = p.restore(ctx, dir); err != nil {
 		return out, err
 	}
-	remote := p.remoteNewest(ctx, log)
 	if err := p.guardDisk(dir, remote); err != nil {
 		return out, err
 	}
@@ -427,14 +427,19 @@ func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry
 // restore makes dir's newest checkpoint the run's newest anywhere: when
 // object storage holds a newer complete one (this worker's disk was lost,
 // or the run moved here), it is pulled. The run's metrics.jsonl comes along
-// when dir has none, so that the results keep the whole history.
-func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
+// when dir has none, so that the results keep the whole history. It
+// returns the step resumed from and where it was found (as Outcome has
+// them), and remote, the newest step object storage holds complete (-1 for
+// none or no object storage): the local checkpoints up to it are safe
+// there, which the disk guard may remove at the segment's start, and a
+// newer one resumed from is uploaded.
+func (p Params) restore(ctx context.Context, dir string) (step int, source string, remote int, err error) {
 	// A pull a kill cut off left its temporary directory: up to a whole
 	// checkpoint that nothing else removes.
 	if stale, _ := filepath.Glob(filepath.Join(dir, pullTempPattern)); len(stale) > 0 {
 		for _, d := range stale {
 			if err := os.RemoveAll(d); err != nil {
-				return 0, "", fmt.Errorf("run %s: remove an interrupted pull: %w", p.Run.Name, err)
+				return 0, "", -1, fmt.Errorf("run %s: remove an interrupted pull: %w", p.Run.Name, err)
 			}
 		}
 		p.Log.Info("removed interrupted checkpoint pulls", zap.String("run", p.Run.Name), zap.Strings("dirs", stale))
@@ -443,50 +448,41 @@ func (p Params) restore(ctx context.Context, dir string) (int, string, error) {
 	if _, st, err := trainer.LatestIntactCheckpoint(dir, p.Log); err == nil {
 		local = st.Step
 	} else if !errors.Is(err, trainer.ErrNoCheckpoint) {
-		return 0, "", err
+		return 0, "", -1, err
 	}
+	remote = -1
 	if p.Objects != nil {
-		pulled, remote, err := PullNewest(ctx, p.Objects, p.Run.Name, local, dir, func(step int, err error) {
+		// One listing serves the pull and the segment: the run's lock keeps
+		// any other worker from adding to it meanwhile.
+		steps, err := RemoteSteps(ctx, p.Objects, p.Run.Name)
+		if err != nil {
+			return 0, "", -1, err
+		}
+		if len(steps) > 0 {
+			remote = steps[len(steps)-1]
+		}
+		pulled, pulledStep, err := pullNewestOf(ctx, p.Objects, p.Run.Name, steps, local, dir, func(step int, err error) {
 			p.Log.Warn("damaged checkpoint in object storage passed over; trying the one before",
 				zap.String("run", p.Run.Name), zap.Int("step", step), zap.Error(err))
 		})
 		if err != nil {
-			return 0, "", err
+			return 0, "", -1, err
 		}
-		if remote > local {
+		if pulledStep > local {
 			// The checkpoint carries the run's metrics up to its step: the
 			// history continues from there, whatever this disk held.
 			if err := os.Rename(filepath.Join(pulled, results.MetricsFile), filepath.Join(dir, results.MetricsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return 0, "", fmt.Errorf("restore metrics of run %s: %w", p.Run.Name, err)
+				return 0, "", -1, fmt.Errorf("restore metrics of run %s: %w", p.Run.Name, err)
 			}
-			p.Log.Info("resuming from object storage", zap.String("run", p.Run.Name), zap.Int("step", remote))
-			return remote, "object storage", nil
+			p.Log.Info("resuming from object storage", zap.String("run", p.Run.Name), zap.Int("step", pulledStep))
+			return pulledStep, "object storage", remote, nil
 		}
 	}
 	if local >= 0 {
 		p.Log.Info("resuming from the local checkpoint", zap.String("run", p.Run.Name), zap.Int("step", local))
-		return local, "local", nil
+		return local, "local", remote, nil
 	}
-	return 0, "", nil
-}
-
-// remoteNewest is the newest step of the run that object storage holds
-// complete, or -1 (none, no object storage, or its listing failed): the
-// local checkpoints up to it are safe there, which the disk guard may
-// remove at the segment's start, and a newer one resumed from is uploaded.
-func (p Params) remoteNewest(ctx context.Context, log *zap.Logger) int {
-	if p.Objects == nil {
-		return -1
-	}
-	steps, err := RemoteSteps(ctx, p.Objects, p.Run.Name)
-	if err != nil {
-		log.Warn("cannot list the checkpoints in object storage; no local one counts as uploaded", zap.Error(err))
-		return -1
-	}
-	if len(steps) == 0 {
-		return -1
-	}
-	return steps[len(steps)-1]
+	return 0, "", remote, nil
 }
 
 // writeState records the run's progress in its state hash, fenced.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -269,6 +270,63 @@ func TestCancelledSegmentUploadsItsLastCheckpoint(t *testing.T) {
 	}
 	if steps, _ := RemoteSteps(context.Background(), obj, "c"); !reflect.DeepEqual(steps, []int{4}) {
 		t.Fatalf("remote checkpoints %v, want [4]", steps)
+	}
+}
+
+// checkpointLists is the run's object store, counting the listings of its
+// checkpoints; everything else goes straight to the store.
+type checkpointLists struct {
+	Objects
+	run string
+	mu  sync.Mutex
+	n   int
+}
+
+func (c *checkpointLists) List(ctx context.Context, prefix string) ([]store.Info, error) {
+	if strings.HasPrefix(prefix, CheckpointPrefix(c.run)) {
+		c.mu.Lock()
+		c.n++
+		c.mu.Unlock()
+	}
+	return c.Objects.List(ctx, prefix)
+}
+
+func (c *checkpointLists) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// A segment lists the run's checkpoints in object storage once before its
+// first step, whether it resumes from its own disk or pulls from object
+// storage, and the listing still guides both: the pull, and the disk
+// guard's and the upload's idea of what object storage holds.
+func TestSegmentListsTheRunsCheckpointsOnceAtItsStart(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+	run := testRun("l", 12)
+	run.Segment.MaxSteps = 4
+	disk := t.TempDir()
+	for i, c := range []struct {
+		dir    string
+		source string
+		from   int
+	}{{disk, "", 0}, {disk, "local", 4}, {t.TempDir(), "object storage", 8}} {
+		lists := &checkpointLists{Objects: obj, run: "l"}
+		atFirstStep := -1
+		out, err := Run(ctx, Params{Run: run, Dir: c.dir, Redis: rdb, Objects: lists, OpenData: openStream,
+			Progress: func(step, total int, m *trainer.Metrics) {
+				if atFirstStep < 0 && m == nil {
+					atFirstStep = lists.count()
+				}
+			}})
+		if err != nil || out.ResumeSource != c.source || out.ResumedFrom != c.from || out.Step != c.from+4 || out.Uploaded != c.from+4 {
+			t.Fatalf("segment %d: %+v %v; want resumed from step %d (%q), 4 steps trained and uploaded", i+1, out, err, c.from, c.source)
+		}
+		if atFirstStep != 1 {
+			t.Errorf("segment %d (resumed from %q): %d listings of the checkpoints before its first step; want 1", i+1, c.source, atFirstStep)
+		}
 	}
 }
 

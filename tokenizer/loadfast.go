@@ -30,7 +30,8 @@ func fastModel(data []byte, owned bool) (rest []byte, text string, vocab map[str
 	// The file as one string: the keys and tokens below are pieces of it,
 	// not an allocation each (90,000 of them for 30,000 tokens). A copy
 	// unless data is the caller's to give (Load's own read): 1.7 MB
-	// copied into fresh pages was a twentieth of loading.
+	// copied into fresh pages took 4-5 ms of the 54 that `sched tokenize`
+	// of a few bytes took on a 2-vCPU VM.
 	if owned && len(data) > 0 {
 		text = unsafe.String(unsafe.SliceData(data), len(data))
 	} else {

@@ -188,7 +188,7 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 		// a buffer would only copy once more.
 		var err error
 		if n, err = tk.EncodeReaderTo(ctx, r, dst, width); err != nil {
-			return fmt.Errorf("tokenize %s -> %s: %w", in, out, err)
+			return fmt.Errorf("%s -> %s: %w", in, out, err)
 		}
 		return nil
 	})

@@ -86,6 +86,28 @@ func TestTokenizeCommandWritesIDs(t *testing.T) {
 	}
 }
 
+// A write that fails part-way (a full disk) ends the command with one
+// line that names the text, the output and the system's reason, on one
+// core (each piece written from its worker's scratch) and on several.
+func TestTokenizeCommandWriteFailure(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full here")
+	}
+	dir := t.TempDir()
+	tokPath := goldenTokenizer(t, dir)
+	in := filepath.Join(dir, "in.txt")
+	if err := os.WriteFile(in, bytes.Repeat([]byte("func main() {\n\tprintln(1)\n}\n"), 1<<16), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, procs := range []string{"1", "4"} {
+		_, errOut, code := sched(t, []string{"GOMAXPROCS=" + procs}, "tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", "/dev/full")
+		want := "tokenize: " + in + " -> /dev/full: encode: write: write /dev/full: no space left on device"
+		if code != 1 || !strings.Contains(errOut, want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+			t.Errorf("GOMAXPROCS %s: exit %d, %q; want exit 1 and one line %q", procs, code, errOut, want)
+		}
+	}
+}
+
 func TestTokenizeCommandBadInput(t *testing.T) {
 	dir := t.TempDir()
 	tokPath := goldenTokenizer(t, dir)

@@ -710,7 +710,10 @@ func (st *encoderState) merge(dst []uint32, w []byte) []uint32 {
 type wordTable struct {
 	// hot is a direct-mapped copy of the words met last, small enough to
 	// stay in the core's own cache: the table itself grows to megabytes,
-	// and its lookups waited on memory more than they computed.
+	// and its lookups waited on memory more than they computed. 384 KiB
+	// fits the second-level cache of current x86 cores (512 KiB to 2 MiB);
+	// at 96 KiB, code and prose mixed evicted words their text met again
+	// soon (docs/benchmarks/tokenizer.md, "The hot table four times larger").
 	hot   *[1 << hotBits]wordSlot
 	slots []wordSlot
 	mask  uint64
@@ -741,7 +744,7 @@ const (
 	wordTableMin = 1 << 12
 	inArena      = 1 << 31
 	inShared     = 1 << 30
-	hotBits      = 12 // 4096 slots, 96 KiB
+	hotBits      = 14 // 16,384 slots, 384 KiB
 )
 
 // wordTableMax bounds a table at 24 MiB per encoder; a full one starts

@@ -36,7 +36,7 @@ mkdir -p "$OUT"
 # 0.74-0.97 (2026-12-02), and a disk's write-back of the ids is no part of
 # the tokenizer's speed.
 W=$(mktemp -d -p /dev/shm)
-trap 'rm -rf "$W"' EXIT
+trap 'rm -rf "$W" /dev/shm/kiln_ids.u32' EXIT
 raw=$OUT/tokenizer-raw.txt
 : > "$raw"
 note() { echo "$@" | tee -a "$raw" >&2; }
@@ -53,9 +53,14 @@ gzip -dc "$C/prose.txt.gz" > "$W/prose.txt"
 # kiln pinned to CPU 0 while tiktoken and HF run where the kernel puts them:
 # on the 16-vCPU host CPU 0 took 0.14-0.21 s for `sched tokenize` of 20 MB
 # at 05:21 UTC and 0.33-0.36 s at 05:34 (2026-12-04), the same build.
+# kiln's ids go to /dev/shm, where its text is, not to /tmp on the host's
+# disk: the peers write nothing, and a disk's write-back is no part of the
+# tokenizer's speed (/tmp cost 8-45 ms of a 150-350 ms run, 2026-12-04).
 sed -e 's/"--tokenizer", tj_path/"--tokenizer-file", tj_path/' \
-	-e 's/\["taskset", "-c", "0"\]/["env", "GOMAXPROCS=1"]/' "$C/tiktoken_peer.py" > "$W/peer.py"
+	-e 's/\["taskset", "-c", "0"\]/["env", "GOMAXPROCS=1"]/' \
+	-e 's#"/tmp/kiln_ids.u32"#"/dev/shm/kiln_ids.u32"#g' "$C/tiktoken_peer.py" > "$W/peer.py"
 grep -q '"GOMAXPROCS=1"' "$W/peer.py" || echo "the peer's one-core run is not GOMAXPROCS=1: its kiln command changed" >&2
+grep -q '/tmp/kiln_ids' "$W/peer.py" && echo "the peer still writes kiln's ids to /tmp: its kiln command changed" >&2
 
 note "host: $(uname -n), $cores cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(date -u +%FT%TZ)"
 note "python: $(python3 -c 'import tiktoken, tokenizers; print("tiktoken", getattr(tiktoken, "__version__", "?"), "tokenizers", tokenizers.__version__)' 2>&1 | tail -1)"
@@ -91,8 +96,13 @@ for s in gpt2 gpt4; do
 	# kiln on one large file: 1 GB, one core and all cores, ROUNDS rounds of
 	# one of each: the host's single core moved by up to 45% between
 	# consecutive runs (2026-12-03), so the scaling is given per round too.
+	# Each run writes a new file: replacing the previous run's 844 MB of
+	# ids frees its pages at the rename, in the process, one thread, and
+	# made 16 cores' 0.62 s 0.73-0.76 (tokenizer-write-probe.sh, 2026-12-04).
 	for run in $(seq "${ROUNDS:-3}"); do
+		rm -f "$W/ids"
 		measure "tokenize1g-1core-$s" env GOMAXPROCS=1 "$W/sched" tokenize --tokenizer-file "$tj" --in "$W/corpus1g.txt" --out "$W/ids" --dtype u16
+		rm -f "$W/ids"
 		measure "tokenize1g-all-$s" "$W/sched" tokenize --tokenizer-file "$tj" --in "$W/corpus1g.txt" --out "$W/ids" --dtype u16
 	done
 	rm -f "$W/ids"
@@ -167,11 +177,23 @@ print()
 for s in ("gpt2", "gpt4"):
     a, b = meas.get(f"tokenize1g-1core-{s}"), meas.get(f"tokenize1g-all-{s}")
     e1, en = bench.get(("EncodeBatch", s, "1")), bench.get(("EncodeBatch", s, cores))
-    sc = f"{a[0] / b[0]:.1f}x" if a and b else "-"
-    se = f"{en / e1:.1f}x" if e1 and en else "-"
-    per = lambda one, all_, inv: ", ".join(f"{(x / y if inv else y / x):.1f}x" for x, y in zip(one, all_))
-    sc += f" best of each (rounds: {per(rounds.get(f'tokenize1g-1core-{s}', []), rounds.get(f'tokenize1g-all-{s}', []), True)})"
-    se += f" best of each (rounds: {per(brounds.get(('EncodeBatch', s, '1'), []), brounds.get(('EncodeBatch', s, cores), []), False)})"
+    # Each round's one core against the same round's 16 cores, run next to
+    # it: on the host one lone core's speed moves by up to 2x between
+    # minutes while 16 cores' stays (docs/benchmarks/tokenizer.md), so
+    # best against best pairs a fast minute's one core with another
+    # minute's 16. The median of the rounds' pairs is the figure; best of
+    # each is printed beside it.
+    def pairs(one, all_, inv):
+        return [x / y if inv else y / x for x, y in zip(one, all_)]
+    def scaling(ps, best):
+        if not ps:
+            return "-"
+        m = sorted(ps)[len(ps) // 2] if len(ps) % 2 else sum(sorted(ps)[len(ps) // 2 - 1:len(ps) // 2 + 1]) / 2
+        return f"{m:.1f}x median of the rounds (rounds: {', '.join(f'{x:.1f}x' for x in ps)}; best of each {best})"
+    sc = scaling(pairs(rounds.get(f'tokenize1g-1core-{s}', []), rounds.get(f'tokenize1g-all-{s}', []), True),
+                 f"{a[0] / b[0]:.1f}x" if a and b else "-")
+    se = scaling(pairs(brounds.get(('EncodeBatch', s, '1'), []), brounds.get(('EncodeBatch', s, cores), []), False),
+                 f"{en / e1:.1f}x" if e1 and en else "-")
     d = peer.get(s, {})
     print(f"{s}: scaling on {cores} cores: sched tokenize on 1 GB {sc}, EncodeBatch {se}; "
           f"kiln ids equal HF's on the whole text: {d.get('kiln_ids_equal_hf')}; tiktoken docs equal HF: {d.get('tiktoken_docs_equal_hf')}/{d.get('docs')}")

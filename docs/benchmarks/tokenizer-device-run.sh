@@ -131,6 +131,7 @@ raw, cores = sys.argv[1], sys.argv[2]
 lines = open(raw).read().splitlines()
 peer, meas, bench, size = {}, {}, {}, 1e9
 rounds, brounds = {}, {}  # every round's figure, in order
+busy, bbusy = {}, {}  # every round's CPU seconds over wall seconds: the cores kept busy
 for l in lines:
     m = re.match(r"corpus1g.txt: (\d+) bytes", l)
     if m:
@@ -150,12 +151,16 @@ for l in lines:
         if d["rc"] == 0:
             meas[d["measure"]] = min(meas.get(d["measure"], (1e9, 0)), (d["seconds"], d["maxrss_kb"]))
             rounds.setdefault(d["measure"], []).append(d["seconds"])
+            busy.setdefault(d["measure"], []).append((d["user_s"] + d["sys_s"]) / d["seconds"])
         continue
     m = re.match(r"bench (\d+): Benchmark(\w+)/(gpt\d)-style(?:-(\d+))?\s.*\s([\d.]+) MB/s", l)
     if m:
         key = (m.group(2), m.group(3), m.group(4) or "1")
         bench[key] = max(bench.get(key, 0), float(m.group(5)))
         brounds.setdefault(key, []).append(float(m.group(5)))
+        c = re.search(r"([\d.]+) cpu-s/GB", l)
+        if c:
+            bbusy.setdefault(key, []).append(float(c.group(1)) * float(m.group(5)) / 1000)
 f = lambda x: "-" if x is None else f"{x:.1f}"
 print(f"Tokenizer, MB/s of text ({cores} cores). kiln process = `sched tokenize`, whole process, 20 MB of Go;")
 print("tiktoken/HF = tiktoken_peer.py on the same text and vocabulary (64 KiB documents); x = kiln / tiktoken.\n")
@@ -198,6 +203,13 @@ for s in ("gpt2", "gpt4"):
     print(f"{s}: scaling on {cores} cores: sched tokenize on 1 GB {sc}, EncodeBatch {se}; "
           f"kiln ids equal HF's on the whole text: {d.get('kiln_ids_equal_hf')}; tiktoken docs equal HF: {d.get('tiktoken_docs_equal_hf')}/{d.get('docs')}")
 t = meas.get("train1g")
+# What the process kept busy on all cores: near the core count, the
+# ratio to one core is the host's speed of a lone core against all of its
+# cores busy, not work left on one.
+fmt = lambda xs: ", ".join(f"{x:.1f}" for x in xs) or "-"
+for s in ("gpt2", "gpt4"):
+    print(f"{s}: cores busy on {cores}: sched tokenize {fmt(busy.get(f'tokenize1g-all-{s}', []))}; "
+          f"EncodeBatch {fmt(bbusy.get(('EncodeBatch', s, cores), []))}")
 print(f"\ntraining: sched tokenizer train, 1 GB mixed, 16384 ids, {cores} cores: "
       + (f"{t[0]:.1f} s, peak RSS {t[1] / 1024:.0f} MiB" if t else "failed (see raw figures)"))
 print("\nraw figures:\n")

@@ -105,7 +105,6 @@ for s in gpt2 gpt4; do
 		rm -f "$W/ids"
 		measure "tokenize1g-all-$s" "$W/sched" tokenize --tokenizer-file "$tj" --in "$W/corpus1g.txt" --out "$W/ids" --dtype u16
 	done
-	rm -f "$W/ids"
 done
 
 # In-process encoding: EncodeBatch on the 20 MB text in documents of about
@@ -126,7 +125,7 @@ measure train1g "$W/sched" tokenizer train --in "$W/corpus1g.txt" --vocab 16384 
 note "trained: $(python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["model"]; print(len(m["vocab"]), "ids,", len(m["merges"]), "merges")' "$W/trained.json" 2>&1)"
 
 python3 - "$raw" "$cores" > "$OUT/tokenizer.txt" <<'PY'
-import json, re, sys
+import json, re, statistics, sys
 raw, cores = sys.argv[1], sys.argv[2]
 lines = open(raw).read().splitlines()
 peer, meas, bench, size = {}, {}, {}, 1e9
@@ -179,26 +178,23 @@ for s in ("gpt2", "gpt4"):
         r2 = eb / tk if eb and tk else None
         print(f"| {s} | {label} | {f(kp)} | {f(eb)} | {f(big)} | {f(tk)} | {f(hf)} | {f(r1)}x | {f(r2)}x |")
 print()
+# Each round's one core against the same round's 16 cores, run next to it:
+# on the host one lone core's speed moves by up to 2x between minutes while
+# 16 cores' stays (docs/benchmarks/tokenizer.md), so best against best
+# pairs a fast minute's one core with another minute's 16. The median of
+# the rounds' pairs is the figure; best of each is printed beside it.
+def scaling(one, all_):
+    ps = [x / y for x, y in zip(one, all_)]
+    if not ps:
+        return "-"
+    best = min(one) / min(all_)
+    return (f"{statistics.median(ps):.1f}x median of the rounds (rounds: {', '.join(f'{x:.1f}x' for x in ps)}; "
+            f"best of each {best:.1f}x)")
 for s in ("gpt2", "gpt4"):
-    a, b = meas.get(f"tokenize1g-1core-{s}"), meas.get(f"tokenize1g-all-{s}")
-    e1, en = bench.get(("EncodeBatch", s, "1")), bench.get(("EncodeBatch", s, cores))
-    # Each round's one core against the same round's 16 cores, run next to
-    # it: on the host one lone core's speed moves by up to 2x between
-    # minutes while 16 cores' stays (docs/benchmarks/tokenizer.md), so
-    # best against best pairs a fast minute's one core with another
-    # minute's 16. The median of the rounds' pairs is the figure; best of
-    # each is printed beside it.
-    def pairs(one, all_, inv):
-        return [x / y if inv else y / x for x, y in zip(one, all_)]
-    def scaling(ps, best):
-        if not ps:
-            return "-"
-        m = sorted(ps)[len(ps) // 2] if len(ps) % 2 else sum(sorted(ps)[len(ps) // 2 - 1:len(ps) // 2 + 1]) / 2
-        return f"{m:.1f}x median of the rounds (rounds: {', '.join(f'{x:.1f}x' for x in ps)}; best of each {best})"
-    sc = scaling(pairs(rounds.get(f'tokenize1g-1core-{s}', []), rounds.get(f'tokenize1g-all-{s}', []), True),
-                 f"{a[0] / b[0]:.1f}x" if a and b else "-")
-    se = scaling(pairs(brounds.get(('EncodeBatch', s, '1'), []), brounds.get(('EncodeBatch', s, cores), []), False),
-                 f"{en / e1:.1f}x" if e1 and en else "-")
+    # Seconds for the process, MB/s for EncodeBatch: both as time over time.
+    sc = scaling(rounds.get(f"tokenize1g-1core-{s}", []), rounds.get(f"tokenize1g-all-{s}", []))
+    se = scaling([1 / x for x in brounds.get(("EncodeBatch", s, "1"), [])],
+                 [1 / x for x in brounds.get(("EncodeBatch", s, cores), [])])
     d = peer.get(s, {})
     print(f"{s}: scaling on {cores} cores: sched tokenize on 1 GB {sc}, EncodeBatch {se}; "
           f"kiln ids equal HF's on the whole text: {d.get('kiln_ids_equal_hf')}; tiktoken docs equal HF: {d.get('tiktoken_docs_equal_hf')}/{d.get('docs')}")

@@ -24,12 +24,12 @@ echo "host: $(nproc) cores, $(date -u +%FT%TZ)"
 for i in $(seq ${ROUNDS:-3}); do
 	rm -f $w/ids
 	run one-core $w/ids u16 GOMAXPROCS=1
-	run all-devnull /dev/null u16 X=1
-	run all-over-previous $w/ids u16 X=1
-	rm -f $w/ids; run all-new-file $w/ids u16 X=1
-	rm -f $w/ids; run all-new-file-u32 $w/ids u32 X=1
+	run all-devnull /dev/null u16
+	run all-over-previous $w/ids u16
+	rm -f $w/ids; run all-new-file $w/ids u16
+	rm -f $w/ids; run all-new-file-u32 $w/ids u32
 done
 rm -f $w/ids
-echo "collections at 16 cores: $(GODEBUG=gctrace=1 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids 2>&1 | grep -c '^gc ')"
+echo "collections on $(nproc) cores: $(GODEBUG=gctrace=1 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids 2>&1 | grep -c '^gc ')"
 GODEBUG=gctrace=1 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids 2>&1 | grep '^gc ' | tail -4
 } 2>&1 | tee $OUT/write-probe.txt

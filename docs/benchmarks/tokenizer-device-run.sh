@@ -25,7 +25,10 @@
 # fixed sequence, so every run trains on the same bytes), about 70% code.
 #
 # Everything lands in $OUT/tokenizer.txt: the table first, then the raw
-# figures. Takes about 6 minutes on 16 cores.
+# figures. Takes about 8 minutes on 16 cores. ROUNDS (default 5) sets the
+# rounds of one core beside all cores; BENCHTIME (default 1s) how long each
+# EncodeBatch figure runs: 10 calls on 16 cores were 0.1-0.2 s, short
+# enough for one busy moment of the host's to move a round by a fifth.
 set -uo pipefail
 
 C=${CARRY:-.carry/tokenizer}
@@ -99,7 +102,7 @@ for s in gpt2 gpt4; do
 	# Each run writes a new file: replacing the previous run's 844 MB of
 	# ids frees its pages at the rename, in the process, one thread, and
 	# made 16 cores' 0.62 s 0.73-0.76 (tokenizer-write-probe.sh, 2026-12-04).
-	for run in $(seq "${ROUNDS:-3}"); do
+	for run in $(seq "${ROUNDS:-5}"); do
 		rm -f "$W/ids"
 		measure "tokenize1g-1core-$s" env GOMAXPROCS=1 "$W/sched" tokenize --tokenizer-file "$tj" --in "$W/corpus1g.txt" --out "$W/ids" --dtype u16
 		rm -f "$W/ids"
@@ -113,10 +116,10 @@ done
 # Each core count in its own process: with -test.cpu "1,N" in one process the
 # one-core runs used more than one core (their CPU seconds said so, and they
 # read 1,029 MB/s against 152 alone).
-for run in $(seq "${ROUNDS:-3}"); do
+for run in $(seq "${ROUNDS:-5}"); do
 	for p in 1 "$cores"; do
 		(cd tokenizer && KILN_TOKENIZER_BENCH_TEXT="$W/go20.txt" "$W/tokenizer.test" -test.run '^$' \
-			-test.bench 'EncodeBatch|EncodeReaderCold' -test.benchtime 10x -test.cpu "$p" 2>&1) | grep '^Benchmark' | sed "s/^/bench $run: /" | tee -a "$raw"
+			-test.bench 'EncodeBatch|EncodeReaderCold' -test.benchtime "${BENCHTIME:-1s}" -test.cpu "$p" 2>&1) | grep '^Benchmark' | sed "s/^/bench $run: /" | tee -a "$raw"
 	done
 done
 

@@ -11,6 +11,9 @@
 #   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/kernels.test ./kernels/
 #   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/trainer.test ./trainer/
 #   gzip .carry/g/*
+# and, for the SIGTERM runs, .carry/g/store.tgz: `sched demo`'s token store and tokenizer, tarred from its
+# directory (`go run ./cmd/sched demo --duration 1s --dir /tmp/d && tar czf .carry/g/store.tgz -C /tmp/d
+# tokens/go-stdlib tokenizer.json`).
 # Output goes to $OUT (default /tmp/multi-gpu-run).
 C=${C:-$PWD/.carry/g}; OUT=${OUT:-/tmp/multi-gpu-run}; mkdir -p $OUT /tmp/mg-bin; G=/tmp/mg-bin
 for f in sched kernels.test trainer.test; do gunzip -c $C/$f.gz > $G/$f && chmod +x $G/$f; done
@@ -31,6 +34,41 @@ grep -E "^(--- |ok|FAIL|PASS|rc=|panic)|step 6|curves at most" $OUT/trainer.log 
 log trainer on every GPU, sm80
 (cd trainer && KILN_CUDA_FORCE_SM80=1 timeout 200 $G/trainer.test -test.v -test.run 'RunOnEveryGPU|EveryGPUFollows' > $OUT/trainer_sm80.log 2>&1; echo "rc=$?" >> $OUT/trainer_sm80.log)
 grep -E "^(--- |ok|FAIL|PASS|rc=|panic)|curves at most" $OUT/trainer_sm80.log | tail -20
+if [ -f $C/store.tgz ]; then
+  # The user's path: `sched train` processes stopped with SIGTERM once step 60 is logged and resumed
+  # with --resume on the other number of GPUs (every GPU -> one, one -> every GPU), each logged loss
+  # against the same run uninterrupted on one GPU. Global batch 16 x 1024 either way: one GPU takes
+  # two micro-batches of 8, two GPUs one each.
+  log "sched train stopped with SIGTERM and resumed on the other number of GPUs"
+  L=/tmp/mg-live; rm -rf $L; mkdir -p $L; (cd $L && tar xzf $C/store.tgz)
+  T="$G/sched train --engine cuda --model small --batch 8 --accumulate 2 --seq 1024 --steps 160 --checkpoint-every 50 --log-every 10 --tokens tokens/go-stdlib --tokenizer-file tokenizer.json --seed 7"
+  stopped() { # OUT_DIR GPUS: run, SIGTERM once step 60 is logged
+    (cd $L && exec $T --gpus $2 --out $1 > $OUT/$1-1.log 2>&1) & local pid=$!
+    until grep -q '"step":60,' $L/$1/metrics.jsonl 2>/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.02; done
+    kill -TERM $pid; wait $pid; echo "$1 on gpus=$2 stopped: rc=$? $(tail -1 $OUT/$1-1.log)"
+  }
+  (cd $L && $T --gpus 1 --out A > $OUT/A.log 2>&1); echo "A on one GPU, uninterrupted: rc=$?"
+  stopped B all; (cd $L && $T --gpus 1 --out B --resume > $OUT/B-2.log 2>&1); echo "B resumed on one GPU: rc=$? $(head -c 300 $OUT/B-2.log | grep -m1 -i resum)"
+  stopped C 1; (cd $L && $T --gpus all --out C --resume > $OUT/C-2.log 2>&1); echo "C resumed on every GPU: rc=$? $(head -c 300 $OUT/C-2.log | grep -m1 -i resum)"
+  python3 - $L <<'PY' | tee $OUT/sigterm.txt
+import json, sys
+def losses(run):
+    d = {}
+    for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl"):
+        r = json.loads(l)
+        if "loss" in r:
+            d[r["step"]] = r["loss"]  # a step logged twice (before the stop and after the resume): the last
+    return d
+a = losses("A")
+for run, how in (("B", "every GPU, stopped, resumed on one"), ("C", "one GPU, stopped, resumed on every GPU")):
+    b = losses(run)
+    missing = sorted(set(a) - set(b))
+    rel = max(abs(b[s] - a[s]) / abs(a[s]) for s in a if s in b)
+    print(f"{run} ({how}): {len(b)} steps logged, last {max(b)}, missing {missing or 'none'}; "
+          f"largest difference from one GPU uninterrupted {100 * rel:.3f}% (loss {a[min(a)]:.4f} -> {a[max(a)]:.4f}): "
+          + ("within 1%" if rel <= 0.01 and not missing else "NOT within 1%"))
+PY
+fi
 log bench
 for shape in ${SHAPES:-small:32 base:16}; do
   for i in $(seq ${ROUNDS:-2}); do for g in 1 all; do

@@ -3,8 +3,10 @@
 # --queues gpu=1,append=2` as compose runs it (KILN_REQUIRE_GPU=1), a run of
 # engine auto enqueued, the worker stopped with SIGTERM mid-run and started
 # again, the run to its end; then status, runs and the worker's log lines.
-# MODEL/BATCH/STEPS/EVERY/STOPAT and REQUIRE set the shape (defaults: the
-# GPU's). $G holds sched.gz and demo.tgz (a `sched demo` directory's
+# MODEL/BATCH/ACCUMULATE/STEPS/EVERY/STOPAT and REQUIRE set the shape
+# (defaults: the GPU's). KILN_GPUS in the environment reaches the worker as
+# compose's does: `KILN_GPUS=all ACCUMULATE=2` trains the run on every GPU
+# of the host (accumulate a multiple of the GPUs). $G holds sched.gz and demo.tgz (a `sched demo` directory's
 # tokens/, tokenizers/ and objects/tokenizers/: `sched demo --duration 5s
 # --dir D`, then `tar czf demo.tgz -C D tokens tokenizers
 # objects/tokenizers`); redis-server on PATH (carried with its libraries
@@ -15,14 +17,14 @@ OUT=${OUT:-/tmp/gw}; mkdir -p $OUT
 G=${G:-$PWD/.carry/g}
 if [ -f $G/sched.gz ]; then B=$(mktemp -d); gzip -dc $G/sched.gz > $B/sched; chmod +x $B/sched; export PATH=$B:$PATH; fi
 S=$SECONDS; log() { echo "### $(date -u +%H:%M:%S) t=$((SECONDS-S))s $*"; }
-MODEL=${MODEL:-small}; BATCH=${BATCH:-8}; SEQ=${SEQ:-1024}; STEPS=${STEPS:-4000}; EVERY=${EVERY:-500}; STOPAT=${STOPAT:-1500}; REQUIRE=${REQUIRE:-1}
+MODEL=${MODEL:-small}; BATCH=${BATCH:-8}; ACCUMULATE=${ACCUMULATE:-1}; SEQ=${SEQ:-1024}; STEPS=${STEPS:-4000}; EVERY=${EVERY:-500}; STOPAT=${STOPAT:-1500}; REQUIRE=${REQUIRE:-1}
 D=$(mktemp -d); tar xzf $G/demo.tgz -C $D
 cat > $D/runs.yaml <<Y
 live:
   model: $MODEL
   seq: $SEQ
   batch: $BATCH
-  accumulate: 1
+  accumulate: $ACCUMULATE
   lr: 6.0e-4
   warmup: 50
   total_steps: $STEPS

@@ -22,4 +22,4 @@ COPY --from=build /out/sched /usr/local/bin/sched
 VOLUME /data
 ENV KILN_DATA_DIR=/data
 ENTRYPOINT ["/usr/local/bin/sched"]
-CMD ["worker", "--queues", "gpu=1,append=1"]
+CMD ["worker", "--queues", "gpu=1,append=2"]

@@ -21,17 +21,18 @@ const LocalPrefix = "local:"
 
 // Preset describes a dataset kiln knows how to ingest.
 type Preset struct {
-	Name     string `yaml:"-"`
-	Repo     string `yaml:"repo"`
-	Revision string `yaml:"revision"`
+	Name     string `yaml:"-" json:"name"`
+	Repo     string `yaml:"repo" json:"repo"`
+	Revision string `yaml:"revision" json:"revision"`
 	// Include are path.Match patterns of the files to read; {var} is
 	// replaced by each value of Vars[var].
-	Include     []string            `yaml:"include"`
-	Vars        map[string][]string `yaml:"vars,omitempty"`
-	Columns     Columns             `yaml:"columns"`
-	Description string              `yaml:"description,omitempty"`
-	// Glob is set for local datasets instead of Repo.
-	Glob string `yaml:"-"`
+	Include     []string            `yaml:"include" json:"include"`
+	Vars        map[string][]string `yaml:"vars,omitempty" json:"vars,omitempty"`
+	Columns     Columns             `yaml:"columns" json:"columns"`
+	Description string              `yaml:"description,omitempty" json:"description,omitempty"`
+	// Glob is set for local datasets instead of Repo. A task never carries
+	// it: local:<glob> names its preset whole.
+	Glob string `yaml:"-" json:"-"`
 }
 
 // PresetError is an unknown or malformed preset: the user's to fix.
@@ -113,6 +114,35 @@ func LookupPreset(presets map[string]Preset, name string) (Preset, error) {
 	p, ok := presets[name]
 	if !ok {
 		return Preset{}, &PresetError{fmt.Errorf("unknown dataset %q: use one of %s, or local:<glob> (see 'sched datasets')", name, strings.Join(slices.Sorted(maps.Keys(presets)), ", "))}
+	}
+	return p, nil
+}
+
+// Carried is p as a queued task carries it (PlanJob.Preset), so that the
+// worker reads the dataset as the command that queued it resolved it, its
+// presets file (--presets, KILN_DATASETS) included: nil for a local
+// dataset, which its name describes.
+func Carried(p Preset) *Preset {
+	if p.Glob != "" {
+		return nil
+	}
+	return &p
+}
+
+// ResolvePreset is the preset of a queued task that names dataset name: the
+// one it carries, checked as a presets file's entry is, or else name looked
+// up in presets (the worker's own; tasks queued before tasks carried their
+// preset).
+func ResolvePreset(presets map[string]Preset, name string, carried *Preset) (Preset, error) {
+	if carried == nil {
+		return LookupPreset(presets, name)
+	}
+	p := *carried
+	if p.Name != name {
+		return Preset{}, &PresetError{fmt.Errorf("the task names dataset %q but carries the preset of %q: queue it again with 'sched enqueue'", name, p.Name)}
+	}
+	if err := p.validate(); err != nil {
+		return Preset{}, &PresetError{fmt.Errorf("the task's preset of %q: %w: queue it again with 'sched enqueue'", name, err)}
 	}
 	return p, nil
 }

@@ -2,9 +2,11 @@ package ingest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -161,4 +163,46 @@ func TestCheckReadsALocalFilesFirstDocument(t *testing.T) {
 func isPresetError(err error) bool {
 	var pe *PresetError
 	return errors.As(err, &pe)
+}
+
+// A task's carried preset is used as it is when it is the dataset's and
+// reads as a presets file's entry would; otherwise the task is refused
+// (bad input, naming the dataset), and a task that carries none is looked
+// up in the worker's presets.
+func TestResolvePresetTakesTheCarriedPreset(t *testing.T) {
+	mine := Preset{Name: "mine", Repo: "org/mine", Revision: "main", Include: []string{"data/*.jsonl"}, Columns: Columns{Text: "body"}}
+	b, err := json.Marshal(PlanJob{Dataset: "mine", Preset: Carried(mine)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var job PlanJob
+	if err := json.Unmarshal(b, &job); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ResolvePreset(nil, "mine", job.Preset)
+	if err != nil || !reflect.DeepEqual(got, mine) {
+		t.Fatalf("carried through JSON: %+v, %v; want %+v", got, err, mine)
+	}
+	if Carried(Preset{Name: "local:/x/*.go", Glob: "/x/*.go"}) != nil {
+		t.Fatal("a local dataset's preset is carried; its name describes it")
+	}
+	worker := map[string]Preset{"mine": {Name: "mine", Repo: "org/workers", Include: []string{"*"}}}
+	if got, err := ResolvePreset(worker, "mine", nil); err != nil || got.Repo != "org/workers" {
+		t.Fatalf("no carried preset: %+v, %v; want the worker's", got, err)
+	}
+	bad := mine
+	bad.Repo = "not-a-repo"
+	for _, c := range []struct {
+		carried *Preset
+		want    string
+	}{
+		{&Preset{Name: "other", Repo: "org/other", Include: []string{"*"}}, `names dataset "mine" but carries the preset of "other"`},
+		{&bad, `the task's preset of "mine": repo "not-a-repo"`},
+	} {
+		_, err := ResolvePreset(worker, "mine", c.carried)
+		var pe *PresetError
+		if !errors.As(err, &pe) || !pe.BadInput() || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("carried %+v: %v; want a PresetError with %q", c.carried, err, c.want)
+		}
+	}
 }

@@ -202,6 +202,12 @@ type PlanJob struct {
 	// Seed orders the files; the same seed plans the same order.
 	Seed     uint64 `json:"seed,omitempty"`
 	MaxFiles int    `json:"max_files,omitempty"` // 0: all files
+	// Preset is Dataset's preset as the command that queued the plan
+	// resolved it (Carried), so that a dataset of the user's presets file
+	// needs no copy of that file on the workers; nil for local:<glob>, and
+	// in plans queued before plans carried it, whose Dataset the worker
+	// looks up in its own presets.
+	Preset *Preset `json:"preset,omitempty"`
 	Limits
 }
 
@@ -404,13 +410,13 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 		return res, &PresetError{fmt.Errorf("ingest of %s names no tokenizer: set KILN_TOKENIZER or --tokenizer", job.Dataset)}
 	}
 	presets := p.Presets
-	if presets == nil {
+	if presets == nil && job.Preset == nil {
 		var err error
 		if presets, err = Presets(""); err != nil {
 			return res, err
 		}
 	}
-	preset, err := LookupPreset(presets, job.Dataset)
+	preset, err := ResolvePreset(presets, job.Dataset, job.Preset)
 	if err != nil {
 		return res, err
 	}

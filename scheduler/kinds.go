@@ -182,6 +182,10 @@ type TokenizerSample struct {
 	// Dataset is the one dataset this task samples (a preset name or
 	// local:<glob>); Bytes is its share of the mixture's sample.
 	Dataset string `json:"dataset,omitempty"`
+	// Preset is Dataset's preset as the command that queued the task
+	// resolved it (ingest.Carried); nil for local:<glob> and in tasks
+	// queued before tasks carried it.
+	Preset *ingest.Preset `json:"preset,omitempty"`
 	// Mixture is every dataset of the tokenizer's sample with its weight:
 	// the sampling task that finds all of them drawn queues the training.
 	Mixture []TokenizerShare `json:"mixture,omitempty"`

@@ -121,7 +121,7 @@ func checkSamplePayload(a scheduler.TokenizerSample) error {
 }
 
 func drawSample(ctx context.Context, t *Tokenizers, a scheduler.TokenizerSample, prefix string, log *zap.Logger) error {
-	preset, err := ingest.LookupPreset(t.Presets, a.Dataset)
+	preset, err := ingest.ResolvePreset(t.Presets, a.Dataset, a.Preset)
 	if err != nil {
 		return err
 	}

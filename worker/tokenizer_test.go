@@ -333,3 +333,42 @@ func TestTokenizerSampleRefusesLocalFilesOutsideItsRoots(t *testing.T) {
 		Mixture: []scheduler.TokenizerShare{{Dataset: ingest.LocalPrefix + filepath.Join(root, "*.txt"), Weight: 1}}, TotalBytes: 2048})
 	e.waitFor(id, time.Minute, "completed", state("completed"))
 }
+
+// A sampling task carries its dataset's preset as 'sched enqueue tokenizer'
+// resolved it (a presets file's entry, say): a worker whose own presets do
+// not name the dataset samples it all the same, and one carrying another
+// dataset's preset is refused for good, nothing drawn.
+func TestTokenizerSampleTakesTheCarriedPreset(t *testing.T) {
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, presets := mixedHub(t)
+	hc, _ := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 1})
+	var queued []scheduler.Args
+	// The worker knows only the prose.
+	tk, err := (&Tokenizers{Objects: objects, DataDir: t.TempDir(), Hub: hc, Presets: map[string]ingest.Preset{"prose": presets["prose"]},
+		Enqueue: func(_ context.Context, a scheduler.Args) error { queued = append(queued, a); return nil }}).resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := TokenizerSampleTasks("tok", []sample.Share{{Dataset: "code", Weight: 1}}, 1000, 512, 1, "")[0]
+	if err := tk.sample(context.Background(), a); err == nil || !strings.Contains(err.Error(), `unknown dataset "code"`) {
+		t.Fatalf("no preset carried: %v; want the worker's unknown dataset", err)
+	}
+	wrong := a
+	wrong.Preset = ingest.Carried(presets["prose"])
+	if err := tk.sample(context.Background(), wrong); err == nil || !errors.Is(err, asynq.SkipRetry) || !strings.Contains(err.Error(), `carries the preset of "prose"`) {
+		t.Fatalf("another dataset's preset carried: %v; want a refusal for good", err)
+	}
+	if len(queued) != 0 {
+		t.Fatalf("a refused sample queued %v", queued)
+	}
+	a.Preset = ingest.Carried(presets["code"])
+	if err := tk.sample(context.Background(), a); err != nil {
+		t.Fatalf("the code's preset carried: %v", err)
+	}
+	if len(queued) != 1 {
+		t.Fatalf("the only sample drawn did not queue the training: %v", queued)
+	}
+}

@@ -61,7 +61,7 @@ var settings = func() []setting {
 		mk("s3-bucket", "KILN_S3_BUCKET", "S3 bucket (default kiln)", func(c *scheduler.Config) *string { return &c.S3Bucket }),
 		mk("s3-access-key", "KILN_S3_ACCESS_KEY", "S3 access key", func(c *scheduler.Config) *string { return &c.S3AccessKey }),
 		mk("s3-secret-key", "KILN_S3_SECRET_KEY", "S3 secret key (prefer the environment)", func(c *scheduler.Config) *string { return &c.S3SecretKey }),
-		{"s3-secure", "KILN_S3_SECURE", "use https for S3",
+		{"s3-secure", "KILN_S3_SECURE", "use https for S3 (--s3-secure=false: http)",
 			func(c *scheduler.Config) string { return strconv.FormatBool(c.S3Secure) },
 			func(c *scheduler.Config, v string) error {
 				b, err := strconv.ParseBool(v)
@@ -105,6 +105,9 @@ func init() {
 	for _, s := range settings {
 		pf.String(s.flag, "", s.help+" ["+s.env+"]")
 	}
+	// An on/off setting is a switch on the command line, as a bool flag is:
+	// --s3-secure alone means true (--s3-secure=false turns it off).
+	pf.Lookup("s3-secure").NoOptDefVal = "true"
 	var check bool
 	cfgCmd := &cobra.Command{
 		Use:   "config",

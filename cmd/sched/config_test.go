@@ -152,3 +152,27 @@ func TestConfigFileLocalRoots(t *testing.T) {
 		t.Errorf("a mapping for local_roots: exit %d, %q", code, errOut)
 	}
 }
+
+// --s3-secure is a switch: alone it means true, =false turns off what the
+// environment turned on, and a value it cannot read is refused naming it.
+func TestS3SecureIsASwitch(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, nil, "false"},
+		{nil, []string{"--s3-secure"}, "true"},
+		{[]string{"KILN_S3_SECURE=true"}, nil, "true"},
+		{[]string{"KILN_S3_SECURE=true"}, []string{"--s3-secure=false"}, "false"},
+	} {
+		out, errOut, code := sched(t, c.env, append([]string{"config"}, c.args...)...)
+		if got := lineOf(out, "KILN_S3_SECURE"); code != 0 || !strings.HasSuffix(got, " "+c.want) {
+			t.Errorf("env %v, flags %v: exit %d, line %q, want %s\n%s", c.env, c.args, code, got, c.want, errOut)
+		}
+	}
+	if _, errOut, code := sched(t, nil, "config", "--s3-secure=yes please"); code != 2 || !strings.Contains(errOut, "s3-secure") {
+		t.Errorf("--s3-secure='yes please': exit %d, %q", code, errOut)
+	}
+}

@@ -25,6 +25,7 @@ const minVocab = 258
 // tokenizerRequest is what `sched enqueue tokenizer` was asked for.
 type tokenizerRequest struct {
 	name, sample, from, previous string
+	presetsFile                  string
 	vocab                        int
 	seed                         uint64
 }
@@ -65,6 +66,7 @@ sha256, so a new vocabulary needs a new name.`,
 	f.StringVar(&r.from, "from", defaultMixture, "datasets and weights: preset=weight,... or local:<glob>=weight")
 	f.Uint64Var(&r.seed, "seed", 1, "chooses the files sampled and the held-out documents")
 	f.StringVar(&r.previous, "previous", "", "tokenizer to compare with in the report (default: the configured tokenizer; empty for none)")
+	f.StringVar(&r.presetsFile, "presets", "", "YAML file of dataset presets that add to or replace the built-in ones (default $KILN_DATASETS)")
 	return cmd
 }
 
@@ -85,12 +87,13 @@ func sampleTasks(r tokenizerRequest) ([]scheduler.TokenizerSample, error) {
 	if err != nil {
 		return nil, badInput("--from: %v", err)
 	}
-	presets, err := ingest.Presets("")
+	presets, err := ingest.Presets(r.presetsFile)
 	if err != nil {
 		return nil, err
 	}
+	resolved := make([]ingest.Preset, len(mix))
 	for i, s := range mix {
-		if _, err := ingest.LookupPreset(presets, s.Dataset); err != nil {
+		if resolved[i], err = ingest.LookupPreset(presets, s.Dataset); err != nil {
 			return nil, badInput("--from: %v", err)
 		}
 		if b := sample.Budgets(mix, total)[i]; b <= 0 {
@@ -100,7 +103,13 @@ func sampleTasks(r tokenizerRequest) ([]scheduler.TokenizerSample, error) {
 	if r.previous == r.name {
 		r.previous = ""
 	}
-	return worker.TokenizerSampleTasks(r.name, mix, total, r.vocab, r.seed, r.previous), nil
+	tasks := worker.TokenizerSampleTasks(r.name, mix, total, r.vocab, r.seed, r.previous)
+	for i := range tasks {
+		// As resolved here, KILN_DATASETS included: the workers need no
+		// copy of the file.
+		tasks[i].Preset = ingest.Carried(resolved[i])
+	}
+	return tasks, nil
 }
 
 func enqueueTokenizer(c *cobra.Command, cfg scheduler.Config, r tokenizerRequest) error {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -68,6 +69,10 @@ func TestEnqueueTokenizerQueuesOneSampleTaskPerDataset(t *testing.T) {
 		}
 		if a.VocabSize != 16384 || a.TotalBytes != 2e9 || len(a.Mixture) != 3 || a.Previous != scheduler.DefaultTokenizer || a.Seed != 1 {
 			t.Fatalf("payload %+v", a)
+		}
+		// Each carries its dataset's preset, as resolved here.
+		if a.Preset == nil || a.Preset.Name != a.Dataset || a.Preset.Repo == "" || len(a.Preset.Include) == 0 {
+			t.Fatalf("the task of %s carries the preset %+v", a.Dataset, a.Preset)
 		}
 		got[a.Dataset] = a.Bytes
 	}
@@ -151,5 +156,35 @@ func writeStore(t *testing.T, dir string, tj []byte) {
 	}
 	if _, err := app.Append(context.Background(), tokens.ShardInfo{ID: "s"}, &buf); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A dataset of --presets' file is queued with its preset, which the worker
+// then reads without a copy of the file; one the file does not name is
+// refused before anything is queued.
+func TestEnqueueTokenizerCarriesThePresetsFile(t *testing.T) {
+	r := testsvc.StartRedis(t)
+	env := append(baseEnv(t), "KILN_REDIS_URL="+r.URL(0))
+	presets := filepath.Join(t.TempDir(), "presets.yaml")
+	os.WriteFile(presets, []byte("mine:\n  repo: org/mine\n  revision: v2\n  include: [\"data/*.jsonl\"]\n  columns: {text: body}\n"), 0o644)
+	if _, errOut, code := sched(t, env, "enqueue", "tokenizer", "mine-1k", "--from", "mine=1", "--vocab", "1024"); code != 2 || !strings.Contains(errOut, `unknown dataset "mine"`) {
+		t.Fatalf("without --presets: exit %d, %q", code, errOut)
+	}
+	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "mine-1k", "--from", "mine=1", "--vocab", "1024", "--presets", presets); code != 0 {
+		t.Fatalf("with --presets: exit %d\n%s%s", code, out, errOut)
+	}
+	opt, _ := asynq.ParseRedisURI(r.URL(0))
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	pending, err := insp.ListPendingTasks(scheduler.QueueIngest)
+	if err != nil || len(pending) != 1 {
+		t.Fatalf("%d tasks pending (%v), want 1", len(pending), err)
+	}
+	a, err := scheduler.Decode[scheduler.TokenizerSample](pending[0].Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := a.Preset; p == nil || p.Name != "mine" || p.Repo != "org/mine" || p.Revision != "v2" || p.Columns.Text != "body" || !slices.Equal(p.Include, []string{"data/*.jsonl"}) {
+		t.Fatalf("the task carries %+v", a.Preset)
 	}
 }

@@ -63,3 +63,50 @@ func TestRunsPresetsListsTheRuns(t *testing.T) {
 		t.Errorf("a runs file that does not read: exit %d, %q", code, errOut)
 	}
 }
+
+// Wrong arguments are bad input on every command: one line that names the
+// command, exit 2. cobra's own checks returned plain errors (exit 1), and a
+// command that only groups others printed its help and exited 0 for a name
+// it does not know.
+func TestWrongArgumentsExitTwoOnEveryCommand(t *testing.T) {
+	t.Parallel()
+	noRedis := "KILN_REDIS_URL=redis://127.0.0.1:1/0"
+	var leaves []*cobra.Command
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		// cobra's own help and completion, added to the tree when it
+		// first runs, are cobra's to answer.
+		if c.HasParent() && !c.HasSubCommands() && c.Name() != "help" && c.Name() != "completion" {
+			leaves = append(leaves, c)
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(rootCmd)
+	if len(leaves) < 20 {
+		t.Fatalf("walked %d commands; the tree has more", len(leaves))
+	}
+	for _, c := range leaves {
+		path := strings.Fields(c.CommandPath())[1:]
+		args := append(path, "a1", "a2", "a3", "a4", "a5")
+		out, errOut, code := sched(t, []string{noRedis}, args...)
+		lines := strings.Split(strings.TrimSpace(errOut), "\n")
+		if code != 2 || len(lines) != 1 || !strings.Contains(errOut, c.CommandPath()) && !strings.Contains(errOut, c.Name()) || out != "" {
+			t.Errorf("sched %s: exit %d, stdout %q, stderr %q; want exit 2 and one line naming the command", strings.Join(args, " "), code, out, errOut)
+		}
+	}
+	for _, tc := range []struct{ args, want string }{
+		{"tokenizer trian", `unknown command "trian" for 'sched tokenizer': did you mean train?`},
+		{"tokenizer bogus", `unknown command "bogus" for 'sched tokenizer': use train`},
+	} {
+		out, errOut, code := sched(t, []string{noRedis}, strings.Fields(tc.args)...)
+		if code != 2 || !strings.Contains(errOut, tc.want) || out != "" {
+			t.Errorf("sched %s: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, code, out, errOut, tc.want)
+		}
+	}
+	// With no name, a group prints its help.
+	if out, errOut, code := sched(t, []string{noRedis}, "tokenizer"); code != 0 || !strings.Contains(out, "sched tokenizer [command]") {
+		t.Errorf("sched tokenizer: exit %d, stdout %q, stderr %q; want its help", code, out, errOut)
+	}
+}

@@ -224,8 +224,10 @@ func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) er
 	if err := checkIngestTokenizer(c.Context(), cfg); err != nil {
 		return err
 	}
+	// The plan carries the preset as resolved here, --presets and
+	// KILN_DATASETS included: the workers need no copy of the file.
 	return enqueueOne(c, cfg, scheduler.IngestPlan{Dataset: dataset, Revision: pf.revision, Store: storeName, Tokenizer: cfg.Tokenizer, Vars: vars,
-		Seed: pf.seed, MaxFiles: pf.maxFiles, Limits: ingest.Limits{MaxTokens: limTokens, MaxDisk: limDisk}})
+		Seed: pf.seed, MaxFiles: pf.maxFiles, Limits: ingest.Limits{MaxTokens: limTokens, MaxDisk: limDisk}, Preset: ingest.Carried(p)})
 }
 
 // checkIngestTokenizer refuses an ingest whose tokenizer neither exists nor

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -265,5 +267,50 @@ func TestDatasetsCheckTakesPresetsAndTheConfiguredToken(t *testing.T) {
 	}
 	if !slices.Contains(seen, "Bearer hf_flag") || !slices.Contains(seen, "Bearer hf_env") {
 		t.Errorf("the hub saw the tokens %q; want the flag's, then the environment's", seen)
+	}
+}
+
+// A dataset of the user's presets file (--presets here, KILN_DATASETS
+// alike) is ingested by a worker that has no copy of the file: the plan
+// carries the preset as the command resolved it. Before, the worker looked
+// the name up in its own presets and archived the plan as an unknown
+// dataset.
+func TestQueuedIngestCarriesThePresetOfThePresetsFile(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "kiln")
+	b, _ := os.ReadFile(goldenTokenizerWithEOS(t, dir))
+	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
+	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	hub.Add("org/mine", "data/a.jsonl", []byte(`{"body":"package main"}`+"\n"+`{"body":"func f() {}"}`+"\n"), false)
+	hub.Add("org/mine", "data/b.jsonl", []byte(`{"body":"func g() {}"}`+"\n"), false)
+	hub.Add("org/mine", "other/c.jsonl", []byte(`{"body":"not this one"}`+"\n"), false)
+	presets := filepath.Join(dir, "presets.yaml")
+	os.WriteFile(presets, []byte("mine:\n  repo: org/mine\n  revision: main\n  include: [\"data/*.jsonl\"]\n  columns: {text: body}\n"), 0o644)
+	redis := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + redis.URL(0), "KILN_DATA_DIR=" + data, "HF_ENDPOINT=" + hub.Server.URL}
+
+	if out, errOut, code := sched(t, env, "enqueue", "ingest", "mine", "--presets", presets, "--tokenizer", "tk"); code != 0 || !strings.Contains(out, "queued ingest:plan:") {
+		t.Fatalf("enqueue ingest mine --presets: exit %d\n%s%s", code, out, errOut)
+	}
+	// The worker's environment names no presets file.
+	startWorker(t, env, "--queues", "ingest=1,append=1")
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redis.Addr})
+	defer inspector.Close()
+	storeDir := filepath.Join(data, "tokens", "mine")
+	for {
+		m, err := tokens.ReadManifest(storeDir)
+		if err == nil && len(m.Shards) == 2 {
+			if m.Documents != 3 {
+				t.Fatalf("the store holds %d documents, want the 3 of data/*.jsonl", m.Documents)
+			}
+			break
+		}
+		// A plan the worker cannot read fails for good: stop at once.
+		if archived, _ := inspector.ListArchivedTasks("ingest"); len(archived) > 0 {
+			t.Fatalf("the worker archived %s: %s", archived[0].ID, archived[0].LastErr)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

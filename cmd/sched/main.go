@@ -38,6 +38,7 @@ variables, then an optional config file (see 'sched config').`,
 }
 
 func main() {
+	strictArgs(rootCmd)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := rootCmd.ExecuteContext(ctx)
 	stop()
@@ -104,6 +105,57 @@ func init() {
 	rootCmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return badInputError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
+}
+
+// strictArgs makes wrong arguments bad input (exit 2, one line) on every
+// command under c: cobra's own checks (cobra.NoArgs, MaximumNArgs) return
+// plain errors, which exited 1, and a command that only groups others
+// (sched tokenizer) printed its help and exited 0 for a name it does not
+// know. Such a command now refuses the name, with cobra's suggestions, and
+// prints its help when given none.
+func strictArgs(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		strictArgs(sub)
+	}
+	if !c.HasParent() {
+		return // the root: cobra reports an unknown command itself
+	}
+	if c.HasSubCommands() && !c.Runnable() {
+		c.Args = func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			var names []string
+			for _, sub := range c.Commands() {
+				if sub.IsAvailableCommand() {
+					names = append(names, sub.Name())
+				}
+			}
+			hint := "use " + strings.Join(names, ", ")
+			if c.SuggestionsMinimumDistance <= 0 {
+				c.SuggestionsMinimumDistance = 2 // cobra's default, set only where it suggests itself
+			}
+			if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+				hint = "did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return argsError{fmt.Errorf("unknown command %q for '%s': %s (see '%s --help')",
+				args[0], c.CommandPath(), hint, c.CommandPath())}
+		}
+		c.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
+		return
+	}
+	if check := c.Args; check != nil {
+		c.Args = func(c *cobra.Command, args []string) error {
+			err := check(c, args)
+			if err == nil || isBadInput(err) {
+				return err
+			}
+			if !strings.Contains(err.Error(), c.CommandPath()) {
+				err = fmt.Errorf("%s: %w", c.CommandPath(), err)
+			}
+			return argsError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
+		}
+	}
 }
 
 // argsError is returned by exactArgs and friends.

@@ -23,7 +23,7 @@ func init() {
 		Short: "List the tokenizers known, their vocabulary, and the token stores and runs that use each; with a name, print its report",
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) > 1 {
-				return badInput("give at most one tokenizer name (got %d arguments)", len(args))
+				return badInput("sched tokenizers takes at most one tokenizer name (got %d arguments); see 'sched tokenizers --help'", len(args))
 			}
 			return nil
 		},

@@ -280,3 +280,23 @@ func TestWorkerRequireGPUFromTheEnvironment(t *testing.T) {
 		t.Errorf("KILN_REQUIRE_GPU=maybe: exit %d, %q; want exit 2 and one line naming it", code, errOut)
 	}
 }
+
+// The GPU worker's runs file is KILN_WORKER_RUNS of .env, passed on as its
+// KILN_RUNS (a path in its data volume, not the host's KILN_RUNS); unset,
+// the worker has the presets only.
+func TestComposePassesTheWorkersRunsFile(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ set, want string }{{"", ""}, {"/data/runs.yaml", "/data/runs.yaml"}} {
+		extra := types.Mapping{"KILN_RUNS": "/home/me/runs.yaml"}
+		if c.set != "" {
+			extra["KILN_WORKER_RUNS"] = c.set
+		}
+		p, err := loadComposeWith(extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := p.Services["worker-gpu"].Environment["KILN_RUNS"]; v == nil || *v != c.want {
+			t.Errorf("KILN_WORKER_RUNS=%q: the GPU worker's KILN_RUNS is %v, want %q", c.set, v, c.want)
+		}
+	}
+}

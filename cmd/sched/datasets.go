@@ -94,7 +94,7 @@ func init() {
 
 	check := &cobra.Command{
 		Use:   "check <name>",
-		Short: "Resolve a preset's commit and check its files and columns on the hub",
+		Short: "Check a dataset before ingesting it: a preset's commit, files and columns on the hub, or a local:<glob>'s files and columns here",
 		Args:  exactArgs(1, "one dataset"),
 		RunE: func(c *cobra.Command, args []string) error {
 			presets, err := ingest.Presets(presetsFile)

@@ -34,13 +34,20 @@ import (
 // block under "### The same day on a CPU".
 func readmeDay(t *testing.T) []string {
 	t.Helper()
+	return readmeBlock(t, "### The same day on a CPU")
+}
+
+// readmeBlock returns the lines of the first indented block under the
+// README's heading.
+func readmeBlock(t *testing.T, heading string) []string {
+	t.Helper()
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(b), "### The same day on a CPU")
+	_, rest, ok := strings.Cut(string(b), heading)
 	if !ok {
-		t.Fatal("README.md has no section \"The same day on a CPU\"")
+		t.Fatalf("README.md has no section %q", heading)
 	}
 	var lines []string
 	inBlock := false
@@ -487,4 +494,50 @@ func liveSegment(t *testing.T, q *scheduler.Client) string {
 func resumedFrom(log string, step int) bool {
 	re := regexp.MustCompile(fmt.Sprintf(`resuming from (object storage|the local checkpoint).*"step":\s*%d\b`, step))
 	return re.MatchString(log)
+}
+
+// The Docker day's shell lines give the CLI on the host what compose gives
+// the workers: typed in bash beside a .env made from .env.example, they
+// leave `sched config` with .env's Redis password in the URL and its S3
+// keys. Without them the URL's password was empty (the shell had no
+// REDIS_PASSWORD) and Redis refused it.
+func TestTheDockerDaysShellLinesReachTheStack(t *testing.T) {
+	t.Parallel()
+	var shell []string
+	for _, l := range readmeBlock(t, "## The user's day (with Docker)") {
+		if cmd, _, _ := strings.Cut(l, "#"); strings.HasPrefix(cmd, "set -a") || strings.HasPrefix(cmd, "export KILN_") {
+			shell = append(shell, strings.TrimSpace(cmd))
+		}
+	}
+	if len(shell) != 2 {
+		t.Fatalf("the Docker day's shell lines are %q; want the .env line and the export", shell)
+	}
+	example, err := os.ReadFile("../../.env.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := strings.NewReplacer("REDIS_PASSWORD=change-me-redis", "REDIS_PASSWORD=pw-of-env",
+		"KILN_S3_ACCESS_KEY=kiln", "KILN_S3_ACCESS_KEY=ak-of-env").Replace(string(example))
+	if !strings.Contains(env, "pw-of-env") || !strings.Contains(env, "ak-of-env") {
+		t.Fatalf(".env.example no longer sets REDIS_PASSWORD=change-me-redis and KILN_S3_ACCESS_KEY=kiln:\n%s", example)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, ".env"), []byte(env), 0o600)
+	cmd := exec.Command("bash", "-c", strings.Join(shell, "\n")+"\n\"$SCHED\" config\n")
+	cmd.Dir = dir
+	cmd.Env = append(baseEnv(t), "SCHED="+os.Args[0])
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for key, want := range map[string]string{
+		"KILN_REDIS_URL":     "redis://:xxxxx@localhost:6379/0",
+		"KILN_S3_ENDPOINT":   "localhost:9000",
+		"KILN_S3_ACCESS_KEY": "ak-of-env",
+		"KILN_S3_SECRET_KEY": "****",
+	} {
+		if got := lineOf(string(out), key); !strings.HasSuffix(got, " "+want) {
+			t.Errorf("%s: %q, want it to end in %q\n%s", key, got, want, out)
+		}
+	}
 }

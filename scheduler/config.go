@@ -130,8 +130,11 @@ type ConfigError struct {
 	Msg   string
 }
 
+// Error names the setting as a user sets it: its environment variable and
+// its flag (KILN_REDIS_URL, --redis-url), not the Go field.
 func (e *ConfigError) Error() string {
-	return fmt.Sprintf("config %s (%s): %s", e.Field, e.Env, e.Msg)
+	flag := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(e.Env, "KILN_")), "_", "-")
+	return fmt.Sprintf("%s (--%s): %s", e.Env, flag, e.Msg)
 }
 
 // BadInput marks configuration errors as the user's to fix.

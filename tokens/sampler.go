@@ -49,6 +49,22 @@ func heldOut(w uint64, holdOut int) bool {
 	return mix64(w^evalSalt)%uint64(holdOut) == 0
 }
 
+// FirstHeldOut is the index of the first window held out for evaluation
+// when one window in holdOut is (DefaultHoldOut when 0): a store has a
+// held-out window once it holds more windows than that. Which windows are
+// held out depends on their index alone, so a store's count of tokens
+// says whether it has one.
+func FirstHeldOut(holdOut int) int64 {
+	if holdOut <= 0 {
+		holdOut = DefaultHoldOut
+	}
+	for w := uint64(0); ; w++ {
+		if heldOut(w, holdOut) {
+			return int64(w)
+		}
+	}
+}
+
 // Source is one store in a mixture and its share of the windows.
 type Source struct {
 	Store  *Store

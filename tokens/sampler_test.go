@@ -306,3 +306,22 @@ func TestSamplerHonoursCancellation(t *testing.T) {
 		t.Fatalf("Next with a cancelled context = %v", err)
 	}
 }
+
+// FirstHeldOut is where a store's held-out windows begin: a store of that
+// many windows has none to evaluate on, one more window has one.
+func TestFirstHeldOutIsWhereEvaluationBegins(t *testing.T) {
+	for _, holdOut := range []int{0, 10, 1000} {
+		first := FirstHeldOut(holdOut)
+		for _, n := range []int64{first, first + 1} {
+			st := rampStore(t, int(n)*5)
+			ev, err := NewEvalSet(st, Config{SeqLen: 4, HoldOut: holdOut})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, ok, err := ev.Next(context.Background(), make([]int32, 5))
+			if err != nil || ok != (n > first) || ok && w != first {
+				t.Errorf("hold_out %d, %d windows: first held-out window %d, %v, %v; want one (window %d) only past %d windows", holdOut, n, w, ok, err, first, first)
+			}
+		}
+	}
+}

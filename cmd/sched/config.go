@@ -241,7 +241,15 @@ func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if err := s.Check(cctx); err != nil {
-		return nil, redactErr(cfg, err)
+		if isBadInput(err) || ctx.Err() != nil {
+			return nil, redactErr(cfg, err)
+		}
+		scheme := "http"
+		if cfg.S3Secure {
+			scheme = "https"
+		}
+		return nil, badInput("cannot reach the object store at %s://%s (KILN_S3_ENDPOINT or --s3-endpoint, https with KILN_S3_SECURE): %v; check the endpoint, http or https, and that it is running",
+			scheme, cfg.Masked().S3Endpoint, redactErr(cfg, err))
 	}
 	return s, nil
 }

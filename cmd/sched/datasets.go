@@ -37,6 +37,12 @@ func init() {
 				}
 				storesDir = filepath.Join(cfg.DataDir, "tokens")
 			}
+			// Read before anything is printed: a --stores that does not
+			// read is an error, with no half of the listing before it.
+			entries, err := os.ReadDir(storesDir)
+			if err != nil && !(errors.Is(err, fs.ErrNotExist) && !c.Flags().Changed("stores")) {
+				return badInput("--stores %s: %v", storesDir, err)
+			}
 			w := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "PRESET\tREPOSITORY\tREVISION\tFILES")
 			for _, name := range slices.Sorted(maps.Keys(presets)) {
@@ -46,13 +52,9 @@ func init() {
 			fmt.Fprintln(w, "local:<glob>\t(local files)\t-\tparquet, jsonl[.gz|.zst], text")
 			w.Flush()
 			fmt.Fprintln(c.OutOrStdout())
-			entries, err := os.ReadDir(storesDir)
-			if errors.Is(err, fs.ErrNotExist) && !c.Flags().Changed("stores") {
+			if err != nil {
 				fmt.Fprintf(c.OutOrStdout(), "no token stores in %s yet ('sched enqueue ingest <dataset>' fills one)\n", storesDir)
 				return nil
-			}
-			if err != nil {
-				return badInput("--stores %s: %v", storesDir, err)
 			}
 			w = tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "STORE\tTOKENS\tSHARDS\tSIZE\tCOMMIT\tSKIPPED")

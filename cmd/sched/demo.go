@@ -127,8 +127,13 @@ tokenizer and the token store and trains afresh.`,
 			if o.Dir == "" {
 				o.Dir = filepath.Join(cfg.DataDir, "demo")
 			}
-			if o.Duration < 0 {
-				return badInput("--duration %v is negative: give a training time such as 2m", o.Duration)
+			if o.Duration < 0 || o.Duration == 0 && c.Flags().Changed("duration") {
+				return badInput("--duration %v: give a training time such as 2m", o.Duration)
+			}
+			switch o.Engine {
+			case "auto", "cpu", "cuda":
+			default:
+				return badInput("--engine %q: give cuda, cpu or auto", o.Engine)
 			}
 			log := logger(cfg)
 			defer log.Sync()

@@ -64,9 +64,20 @@ func TestDemoBadInput(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "matches no files") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
 		t.Fatalf("exit %d, %q", code, errOut)
 	}
-	_, errOut, code = sched(t, nil, "demo", "--duration", "-1m")
-	if code != 2 || !strings.Contains(errOut, "--duration") {
-		t.Fatalf("exit %d, %q", code, errOut)
+	// Refused before anything is made: --dir stays empty.
+	dir := t.TempDir()
+	for _, c := range []struct{ args, want string }{
+		{"--duration -1m", "--duration"},
+		{"--duration 0", "--duration 0s: give a training time"},
+		{"--engine gpu", `--engine "gpu": give cuda, cpu or auto`},
+	} {
+		_, errOut, code := sched(t, nil, append([]string{"demo", "--dir", dir}, strings.Fields(c.args)...)...)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("demo %s: exit %d, %q; want exit 2 and %q", c.args, code, errOut, c.want)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("refused demos wrote %d entries into --dir", len(entries))
 	}
 }
 

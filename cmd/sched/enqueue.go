@@ -71,7 +71,7 @@ Flags given override what the model's defaults or the run's settings say.`,
 	bench.Flags().IntVar(&st.seq, "seq", 0, "sequence length of a model's measurement (default 1024, or the run's)")
 	bench.Flags().IntVar(&st.accumulate, "accumulate", 0, "micro-batches a step over all GPUs, as a run's accumulate (default one a GPU, or the run's)")
 	bench.Flags().StringVar(&st.precision, "precision", "", "bf16 or fp32 (default bf16, or the run's)")
-	bench.Flags().IntVar(&st.steps, "steps", 0, "timed steps (0: sched bench's 30)")
+	bench.Flags().IntVar(&st.steps, "steps", 0, "timed steps (default: sched bench's 30)")
 	bench.Flags().Var(&benchWarmup, "warmup", "untimed steps first (default: sched bench's 8)")
 	bench.RunE = func(c *cobra.Command, args []string) error {
 		cfg, err := loadConfig(c)

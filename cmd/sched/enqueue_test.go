@@ -138,11 +138,17 @@ func TestEnqueueTrainChecksTheRunFirst(t *testing.T) {
 	}
 	renv := append(env, "KILN_RUNS="+runsFile)
 	wantBadInput(t, renv, `run huge: batch 100000000 x seq 64 .* needs .* but the largest card kiln supports .* has 131.\d\d GiB available`, "enqueue", "train", "huge")
-	wantBadInput(t, renv, `run r: token store few holds 1000 tokens, too few to hold out one evaluation window .*set eval_every: 0`, "enqueue", "train", "r")
+	wantBadInput(t, renv, `run r: its token stores hold at most 1000 tokens, too few for one evaluation window .*set eval_every: 0`, "enqueue", "train", "r")
 	if a := queuedSegment(t, renv, r.URL(0), "r0"); a.Run != "r0" {
 		t.Fatalf("enqueue train r0 queued %+v", a)
 	}
-	putObject(t, data, "tokens/go-stdlib/status.json", []byte(`{"tokens": 100000, "documents": 30, "shards": 3}`))
+	// demo's 64-token windows: the first held out is window 3615 (a hash
+	// of the index picks 1 in 1000), so 100,000 tokens (1,538 windows) had
+	// passed a check of 1,000 windows and failed at the worker's first
+	// evaluation; 3,616 windows are 235,040 tokens.
+	putObject(t, data, "tokens/go-stdlib/status.json", []byte(`{"tokens": 235039, "documents": 30, "shards": 3}`))
+	wantBadInput(t, renv, `run demo: its token stores hold at most 235039 tokens, too few for one evaluation window .*the first of them at window 3615, so a store needs 235040 tokens`, "enqueue", "train", "demo", "--tokenizer", "tiny-300")
+	putObject(t, data, "tokens/go-stdlib/status.json", []byte(`{"tokens": 235040, "documents": 30, "shards": 3}`))
 	if a := queuedSegment(t, renv, r.URL(0), "demo", "--tokenizer", "tiny-300"); a.Tokenizer != "tiny-300" {
 		t.Fatalf("enqueue train demo --tokenizer tiny-300 queued tokenizer %q; want tiny-300 pinned", a.Tokenizer)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
-	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
@@ -127,10 +126,22 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	if err := checkRunTokenizer(ctx, tc, run.Name, tok, rc.Model, mc); err != nil {
 		return err
 	}
+	// Evaluation needs one held-out window in any of the stores. Which
+	// windows are held out depends on their index alone: a store has one
+	// once it holds the first of them.
+	need := (tokens.FirstHeldOut(0) + 1) * int64(rc.Seq+1)
+	var most int64
+	filling := false
 	for _, m := range rc.Mixture {
-		if err := checkRunStore(ctx, tc, run.Name, m.Store, rc); err != nil {
+		held, live, err := checkRunStore(ctx, tc, run.Name, m.Store)
+		if err != nil {
 			return err
 		}
+		most, filling = max(most, held), filling || live
+	}
+	if rc.EvalEvery > 0 && rc.EvalBatches > 0 && !filling && most < need {
+		return badInput("run %s: its token stores hold at most %d tokens, too few for one evaluation window (about 1 window of %d tokens in %d is held out, the first of them at window %d, so a store needs %d tokens): ingest more, or set eval_every: 0 in the run",
+			run.Name, most, rc.Seq+1, tokens.DefaultHoldOut, tokens.FirstHeldOut(0), need)
 	}
 	return nil
 }
@@ -161,18 +172,20 @@ func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName 
 	return nil
 }
 
-func checkRunStore(ctx context.Context, tc trainCheck, run, name string, rcfg trainer.RunConfig) error {
-	var held int64
+// checkRunStore refuses a store of the run that holds nothing and that no
+// ingest is filling; it returns the tokens the store holds, and whether an
+// ingest is filling it.
+func checkRunStore(ctx context.Context, tc trainCheck, run, name string) (held int64, filling bool, err error) {
 	if filepath.IsAbs(name) {
 		m, err := tokens.ReadManifest(name)
 		if err != nil {
-			return badInput("run %s trains on the token store at %s: %v", run, name, err)
+			return 0, false, badInput("run %s trains on the token store at %s: %v", run, name, err)
 		}
 		held = m.Tokens
 	} else {
 		st, err := (&ingest.Pipeline{Objects: tc.objects}).Status(ctx, name)
 		if err != nil {
-			return err
+			return 0, false, err
 		}
 		held = st.Tokens
 		// A store filled in this process's data directory without the
@@ -182,10 +195,10 @@ func checkRunStore(ctx context.Context, tc trainCheck, run, name string, rcfg tr
 		}
 		live, err := tc.q.LiveIngest(ctx, name)
 		if err != nil {
-			return err
+			return 0, false, err
 		}
 		if live > 0 {
-			return nil // the worker waits for the ingest
+			return held, true, nil // the worker waits for the ingest
 		}
 	}
 	if held == 0 {
@@ -193,13 +206,7 @@ func checkRunStore(ctx context.Context, tc trainCheck, run, name string, rcfg tr
 		if presets, err := ingest.Presets(""); err != nil || presets[name].Name == "" {
 			first = "sched enqueue ingest <dataset> --store " + name
 		}
-		return badInput("run %s trains on token store %s, which holds no tokens and which no ingest is filling: run '%s' first ('sched status' shows an ingest that failed)", run, name, first)
+		return 0, false, badInput("run %s trains on token store %s, which holds no tokens and which no ingest is filling: run '%s' first ('sched status' shows an ingest that failed)", run, name, first)
 	}
-	// One window in HoldOut is held out for evaluation.
-	need := int64(tokens.DefaultHoldOut) * int64(rcfg.Seq+1)
-	if rcfg.EvalEvery > 0 && rcfg.EvalBatches > 0 && held < need {
-		return badInput("run %s: token store %s holds %d tokens, too few to hold out one evaluation window (1 window of %d tokens in %d is held out, so a store needs %d): ingest more into it, or set eval_every: 0 in the run",
-			run, name, held, rcfg.Seq+1, tokens.DefaultHoldOut, need)
-	}
-	return nil
+	return held, false, nil
 }

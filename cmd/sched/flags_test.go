@@ -76,7 +76,7 @@ func TestWrongArgumentsExitTwoOnEveryCommand(t *testing.T) {
 	walk = func(c *cobra.Command) {
 		// cobra's own help and completion, added to the tree when it
 		// first runs, are cobra's to answer.
-		if c.HasParent() && !c.HasSubCommands() && c.Name() != "help" && c.Name() != "completion" {
+		if c.HasParent() && !c.HasSubCommands() && c.Name() != "help" && !strings.Contains(c.CommandPath(), " completion") {
 			leaves = append(leaves, c)
 		}
 		for _, sub := range c.Commands() {
@@ -99,6 +99,10 @@ func TestWrongArgumentsExitTwoOnEveryCommand(t *testing.T) {
 	for _, tc := range []struct{ args, want string }{
 		{"tokenizer trian", `unknown command "trian" for 'sched tokenizer': did you mean train?`},
 		{"tokenizer bogus", `unknown command "bogus" for 'sched tokenizer': use train`},
+		{"datasets chek", `unknown command "chek" for 'sched datasets': did you mean check?`},
+		{"enqueue ingets x", `unknown command "ingets" for 'sched enqueue': did you mean ingest?`},
+		{"completion foo", `unknown command "foo" for 'sched completion': use bash`},
+		{"bogus", `unknown command "bogus" for "sched" (see 'sched --help')`},
 	} {
 		out, errOut, code := sched(t, []string{noRedis}, strings.Fields(tc.args)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) || out != "" {

@@ -144,7 +144,7 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 	if err := requireEOS(tokLabel, tok); err != nil {
 		return err
 	}
-	log := newLogger(c.ErrOrStderr())
+	log := newLogger(c.ErrOrStderr(), cfg.LogFormat)
 	defer log.Sync()
 	opt := ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: tokName, StoreDir: storeDir, DataDir: cfg.DataDir,
 		Seed: pf.seed, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk, Logger: log}
@@ -184,6 +184,9 @@ func (pf planFlags) check(dataset string) (p ingest.Preset, vars map[string][]st
 	}
 	if maxDisk, err = parseBytes(pf.maxDisk); err != nil {
 		return p, nil, 0, 0, badInput("--max-disk: %v", err)
+	}
+	if pf.maxFiles < 0 {
+		return p, nil, 0, 0, badInput("--max-files %d: give how many files of the seeded order to read, or 0 for all", pf.maxFiles)
 	}
 	presets, err := ingest.Presets(pf.presetsFile)
 	if err != nil {

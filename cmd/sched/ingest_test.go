@@ -150,6 +150,7 @@ func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
 		{[]string{"ingest", glob, "--store", "s", "--tokenizer-file", tokFile}, "--tokenizer-file is for --direct"},
 		{[]string{"ingest", glob, "--store", "s", "--tokenizer", tokFile}, "--tokenizer-file " + tokFile},
 		{[]string{"ingest", glob, "--store", "s", "--max-disk", "big"}, "--max-disk"},
+		{[]string{"ingest", glob, "--store", "s", "--max-files", "-1"}, "--max-files -1: give how many files"},
 	} {
 		_, errOut, code := sched(t, env, c.args...)
 		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
@@ -312,5 +313,16 @@ func TestQueuedIngestCarriesThePresetOfThePresetsFile(t *testing.T) {
 			t.Fatalf("the worker archived %s: %s", archived[0].ID, archived[0].LastErr)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A --stores that does not read is refused before anything is printed: a
+// script gets the error, not half a listing.
+func TestDatasetsRefusesAStoresDirThatDoesNotRead(t *testing.T) {
+	t.Parallel()
+	missing := filepath.Join(t.TempDir(), "none")
+	out, errOut, code := sched(t, nil, "datasets", "--stores", missing)
+	if code != 2 || out != "" || !strings.Contains(errOut, "--stores "+missing) {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2, nothing printed, and the error naming --stores", code, out, errOut)
 	}
 }

@@ -38,6 +38,9 @@ variables, then an optional config file (see 'sched config').`,
 }
 
 func main() {
+	// cobra adds these two when it runs; added now, they are checked too.
+	rootCmd.InitDefaultHelpCmd()
+	rootCmd.InitDefaultCompletionCmd()
 	strictArgs(rootCmd)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := rootCmd.ExecuteContext(ctx)
@@ -55,6 +58,9 @@ func report(err error) int {
 		// One line, so that logs and scripts see the whole error; cobra's
 		// "Did you mean" suggestions come on lines of their own.
 		msg = strings.Join(strings.Fields(msg), " ")
+	}
+	if strings.HasPrefix(msg, "unknown command ") && !strings.Contains(msg, "--help") {
+		msg += " (see 'sched --help')"
 	}
 	fmt.Fprintln(os.Stderr, "sched:", msg)
 	return exitCode(err)
@@ -131,15 +137,11 @@ func strictArgs(c *cobra.Command) {
 					names = append(names, sub.Name())
 				}
 			}
-			hint := "use " + strings.Join(names, ", ")
-			if c.SuggestionsMinimumDistance <= 0 {
-				c.SuggestionsMinimumDistance = 2 // cobra's default, set only where it suggests itself
+			if err := didYouMean(c, args[0]); err != nil {
+				return err
 			}
-			if s := c.SuggestionsFor(args[0]); len(s) > 0 {
-				hint = "did you mean " + strings.Join(s, " or ") + "?"
-			}
-			return argsError{fmt.Errorf("unknown command %q for '%s': %s (see '%s --help')",
-				args[0], c.CommandPath(), hint, c.CommandPath())}
+			return argsError{fmt.Errorf("unknown command %q for '%s': use %s (see '%s --help')",
+				args[0], c.CommandPath(), strings.Join(names, ", "), c.CommandPath())}
 		}
 		c.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
 		return
@@ -147,7 +149,17 @@ func strictArgs(c *cobra.Command) {
 	if check := c.Args; check != nil {
 		c.Args = func(c *cobra.Command, args []string) error {
 			err := check(c, args)
-			if err == nil || isBadInput(err) {
+			if err == nil {
+				return nil
+			}
+			// A command that also runs on its own (sched datasets) read a
+			// mistyped subcommand as an argument.
+			if c.HasSubCommands() && len(args) > 0 {
+				if e := didYouMean(c, args[0]); e != nil {
+					return e
+				}
+			}
+			if isBadInput(err) {
 				return err
 			}
 			if !strings.Contains(err.Error(), c.CommandPath()) {
@@ -156,6 +168,20 @@ func strictArgs(c *cobra.Command) {
 			return argsError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 		}
 	}
+}
+
+// didYouMean is the error for name under c when it is close to one of c's
+// subcommands' names (cobra's suggestions), else nil.
+func didYouMean(c *cobra.Command, name string) error {
+	if c.SuggestionsMinimumDistance <= 0 {
+		c.SuggestionsMinimumDistance = 2 // cobra's default, set only where it suggests itself
+	}
+	s := c.SuggestionsFor(name)
+	if len(s) == 0 {
+		return nil
+	}
+	return argsError{fmt.Errorf("unknown command %q for '%s': did you mean %s? (see '%s --help')",
+		name, c.CommandPath(), strings.Join(s, " or "), c.CommandPath())}
 }
 
 // argsError is returned by exactArgs and friends.

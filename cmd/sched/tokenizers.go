@@ -81,7 +81,8 @@ func listTokenizers(ctx context.Context, w io.Writer, cat *catalog.Catalog, toke
 		fmt.Fprintf(tw, "%s\t%d\t%.12s\t%s\t%s\n", name, e.VocabSize, e.SHA256, joinOrDash(u.Stores[e.SHA256]), joinOrDash(u.Runs[e.SHA256]))
 	}
 	if len(entries) == 0 {
-		fmt.Fprintln(tw, "(none: train one with 'sched enqueue tokenizer <name>' or 'sched tokenizer train')\t\t\t\t")
+		fmt.Fprintf(tw, "(none: train one with 'sched enqueue tokenizer NAME', or here with 'mkdir -p %s && sched tokenizer train --in TEXT --out %s')\n",
+			filepath.Join(cat.Dir, "NAME"), filepath.Join(cat.Dir, "NAME", catalog.FileName))
 	}
 	for _, sha := range slices.Sorted(maps.Keys(u.Stores)) {
 		if !known[sha] {

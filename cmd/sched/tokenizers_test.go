@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -199,5 +200,34 @@ func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 	out, _, _ = sched(t, env, "tokenizers")
 	if !regexp.MustCompile(`(?m)^mixed\s+1024\s`).MatchString(out) || !regexp.MustCompile(`(?m)^kiln-bpe \(default\)\s+1024\s`).MatchString(out) {
 		t.Fatalf("sched tokenizers:\n%s", out)
+	}
+}
+
+// The hint of an unknown tokenizer works as written: 'sched tokenizer train'
+// into the path it names makes the name known to this machine.
+func TestUnknownTokenizersHintMakesItKnown(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "kiln")
+	env := []string{"KILN_DATA_DIR=" + data, "KILN_REDIS_URL=redis://127.0.0.1:1/0"}
+	text := filepath.Join(dir, "text.txt")
+	os.WriteFile(text, []byte(strings.Repeat(tokenizertest.Text(t, "go"), 2)), 0o644)
+	_, errOut, code := sched(t, env, "tokenize", "--tokenizer", "mine", "--in", text, "--out", filepath.Join(dir, "ids"))
+	m := regexp.MustCompile(`on this machine, '(mkdir -p \S+ && sched tokenizer train --in TEXT --out \S+)'`).FindStringSubmatch(errOut)
+	if code != 2 || m == nil {
+		t.Fatalf("an unknown tokenizer: exit %d, %q; want exit 2 and the command that makes it", code, errOut)
+	}
+	// Typed as the hint writes it, with a text and a small vocabulary.
+	line := strings.Replace(strings.Replace(m[1], "sched ", `"$SCHED" `, 1), "TEXT", text, 1) + " --vocab 300"
+	cmd := exec.Command("bash", "-c", line)
+	cmd.Env = append(baseEnv(t), append(env, "SCHED="+os.Args[0])...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the hint's command %q: %v\n%s", line, err, out)
+	}
+	if out, errOut, code := sched(t, env, "tokenize", "--tokenizer", "mine", "--in", text, "--out", filepath.Join(dir, "ids")); code != 0 {
+		t.Fatalf("tokenize with the tokenizer the hint made: exit %d\n%s%s", code, out, errOut)
+	}
+	if out, _, code := sched(t, env, "tokenizers"); code != 0 || lineOf(out, "mine") == "" {
+		t.Fatalf("sched tokenizers after the hint: exit %d\n%s", code, out)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
 
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
@@ -44,7 +45,9 @@ checkpoint at the next step boundary; --resume continues from the last one.
 Without --resume, an OUT that already holds checkpoints is refused rather
 than overwritten. The tokenizer copied into each checkpoint is a
 tokenizer.json given with --tokenizer-file, or the published one
---tokenizer names.`,
+--tokenizer names, or else the one the token stores were made by, found
+under the name their manifests record ('sched tokenizers' lists those this
+machine has).`,
 		Example: `  sched train --model tiny --tokens data/code=0.7 --tokens data/web=0.3 --steps 200 --engine cpu
   sched train --run-config run.yaml --tokenizer mix-16384 --out runs/pilot --resume`,
 		Args: exactArgs(0, "no arguments"),
@@ -131,10 +134,20 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 		}
 	}
 	out := cmd.OutOrStdout()
-	log := newLogger(cmd.ErrOrStderr())
+	cfg, err := loadConfig(cmd)
+	if err != nil {
+		data.Close()
+		return err
+	}
+	log := newLogger(cmd.ErrOrStderr(), cfg.LogFormat)
 	defer log.Sync()
 	if tok == nil {
-		log.Warn("no --tokenizer-file or --tokenizer: checkpoints will hold no tokenizer.json")
+		var why string
+		if tok, tokName, why = storesTokenizer(cmd.Context(), cfg, data.Stores()); tok != nil {
+			log.Info("checkpoints carry the tokenizer the token stores were made by", zap.String("tokenizer", tokName))
+		} else {
+			log.Warn("no --tokenizer-file or --tokenizer, and " + why + ": checkpoints will hold no tokenizer.json; name it with --tokenizer NAME or --tokenizer-file FILE")
+		}
 	}
 	began, from := time.Now(), -1
 	res, err := trainer.Run(cmd.Context(), trainer.Config{Run: rc, Out: f.out, Resume: f.resume, Data: data, Tokenizer: tok, Log: log},
@@ -235,6 +248,44 @@ func trainTokenizer(cmd *cobra.Command, file string) (data []byte, name string, 
 		return nil, "", fmt.Errorf("tokenizer %s: %w", name, err)
 	}
 	return data, name, nil
+}
+
+// storesTokenizer is the tokenizer.json of the tokenizer the stores were
+// made by, found by the name their manifests record in this machine's
+// catalog (the data directory, then object storage) and only when its
+// SHA-256 is theirs: checkpoints then carry it with no flag given. Else
+// nil, and why not.
+func storesTokenizer(ctx context.Context, cfg scheduler.Config, stores []catalog.Store) (data []byte, name, why string) {
+	if len(stores) == 0 {
+		return nil, "", "no token store"
+	}
+	want := stores[0].Tokenizer
+	for _, s := range stores[1:] {
+		if s.Tokenizer.SHA256 != want.SHA256 {
+			return nil, "", "the token stores were made by different tokenizers"
+		}
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	objects, err := openStore(ctx, cfg)
+	if err != nil {
+		return nil, "", "the object store does not open (" + err.Error() + ")"
+	}
+	entry, _, err := catalog.New(objects, cfg.DataDir).Resolve(ctx, want.Name)
+	var nf *catalog.NotFoundError
+	switch {
+	case errors.As(err, &nf):
+		return nil, "", fmt.Sprintf("the stores' tokenizer %s is in neither %s nor object storage", want.Name, nf.Local)
+	case err != nil:
+		return nil, "", fmt.Sprintf("the stores' tokenizer %s is not found here (%v)", want.Name, err)
+	case entry.SHA256 != want.SHA256:
+		return nil, "", fmt.Sprintf("the tokenizer named %s here is not the one the stores were made by (sha256 %.12s, theirs %.12s)", want.Name, entry.SHA256, want.SHA256)
+	}
+	if data, err = os.ReadFile(entry.Path); err != nil {
+		return nil, "", fmt.Sprintf("the stores' tokenizer %s does not read (%v)", want.Name, err)
+	}
+	return data, want.Name, ""
 }
 
 // checkTrainFlags refuses, by flag name, sizes given as zero (which the run
@@ -338,14 +389,15 @@ func printMetrics(w io.Writer, m trainer.Metrics, total int) {
 	fmt.Fprintln(w, line)
 }
 
-// newLogger writes readable lines on a terminal and JSON otherwise.
-func newLogger(w io.Writer) *zap.Logger {
+// newLogger writes to w in format (KILN_LOG_FORMAT's json or console):
+// with auto, readable lines on a terminal and JSON otherwise.
+func newLogger(w io.Writer, format string) *zap.Logger {
 	enc := zap.NewProductionEncoderConfig()
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	var e zapcore.Encoder = zapcore.NewJSONEncoder(enc)
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	f, isFile := w.(*os.File)
+	if format == "console" || format != "json" && isFile && term.IsTerminal(int(f.Fd())) {
 		enc.EncodeLevel = zapcore.CapitalColorLevelEncoder
-		e = zapcore.NewConsoleEncoder(enc)
+		return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w), zap.InfoLevel))
 	}
-	return zap.New(zapcore.NewCore(e, zapcore.AddSync(w), zap.InfoLevel))
+	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), zap.InfoLevel))
 }

@@ -45,8 +45,15 @@ func trainTestStore(t *testing.T, vocab, n int) string {
 // trainTestStoreBy writes a store of n ids that records tokenizer sha.
 func trainTestStoreBy(t *testing.T, sha string, vocab, n int) string {
 	t.Helper()
+	return trainTestStoreNamed(t, "test", sha, vocab, n)
+}
+
+// trainTestStoreNamed writes a store of n ids that records tokenizer name
+// and sha.
+func trainTestStoreNamed(t *testing.T, name, sha string, vocab, n int) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "store")
-	a, err := tokens.OpenAppender(context.Background(), dir, tokens.Tokenizer{Name: "test", SHA256: sha, VocabSize: vocab}, nil)
+	a, err := tokens.OpenAppender(context.Background(), dir, tokens.Tokenizer{Name: name, SHA256: sha, VocabSize: vocab}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,5 +297,75 @@ func TestTrainCommandStoppedSaysWhereAndHowToGoOn(t *testing.T) {
 	text, err := runTrainCmd(append([]string{"train"}, append(args, "--resume")...)...)
 	if err != nil || !strings.Contains(text, "step 40/40") || strings.Contains(text, "step 1/40") {
 		t.Fatalf("resumed: %v\n%s", err, text)
+	}
+}
+
+// With no tokenizer named, a checkpoint carries the one the token stores
+// were made by when this machine's catalog holds it under the name their
+// manifests record, with their SHA-256: before, it held none (KILN_TOKENIZER
+// was not read either) and 'sched generate' could not use it. A catalog
+// tokenizer of that name but other contents is not taken.
+func TestTrainCarriesTheStoresTokenizer(t *testing.T) {
+	t.Parallel()
+	tokJSON, sha := trainTestTokenizer(t, "func main() { return x } the quick brown fox\n")
+	b, _ := os.ReadFile(tokJSON)
+	other, _ := trainTestTokenizer(t, "lorem ipsum dolor sit amet, consectetur adipiscing elit\n")
+	ob, _ := os.ReadFile(other)
+	run := filepath.Join(t.TempDir(), "run.yaml")
+	os.WriteFile(run, []byte("model: tiny\nseq: 32\nbatch: 2\ntotal_steps: 1\n"), 0o644)
+	for _, c := range []struct {
+		catalog []byte
+		want    []byte
+		warn    string
+	}{
+		{b, b, ""},
+		{ob, nil, "is not the one the stores were made by"},
+		{nil, nil, "is in neither"},
+	} {
+		data := t.TempDir()
+		if c.catalog != nil {
+			os.MkdirAll(filepath.Join(data, "tokenizers", "fox"), 0o755)
+			os.WriteFile(filepath.Join(data, "tokenizers", "fox", "tokenizer.json"), c.catalog, 0o644)
+		}
+		store := trainTestStoreNamed(t, "fox", sha, 4096, 50000)
+		out := filepath.Join(t.TempDir(), "run")
+		stdout, errOut, code := sched(t, []string{"KILN_DATA_DIR=" + data, "KILN_REDIS_URL=redis://127.0.0.1:1/0"},
+			"train", "--tokens", store, "--engine", "cpu", "--precision", "fp32", "--out", out, "--run-config", run)
+		if code != 0 {
+			t.Fatalf("train: exit %d\n%s%s", code, stdout, errOut)
+		}
+		got, err := os.ReadFile(filepath.Join(out, "step-0000001", trainer.TokenizerFile))
+		switch {
+		case c.want != nil && (err != nil || !bytes.Equal(got, c.want)):
+			t.Errorf("the checkpoint does not carry the stores' tokenizer (%v)\n%s", err, errOut)
+		case c.want == nil && err == nil:
+			t.Errorf("warn %q: the checkpoint carries a tokenizer.json", c.warn)
+		case c.want == nil && !strings.Contains(errOut, c.warn):
+			t.Errorf("no warning with %q:\n%s", c.warn, errOut)
+		}
+	}
+}
+
+// sched train logs in KILN_LOG_FORMAT's format (--log-format), as the
+// worker does; it wrote JSON to any pipe whatever was asked.
+func TestTrainLogsInTheConfiguredFormat(t *testing.T) {
+	t.Parallel()
+	store := trainTestStore(t, 4096, 50000)
+	run := filepath.Join(t.TempDir(), "run.yaml")
+	os.WriteFile(run, []byte("model: tiny\nseq: 32\nbatch: 2\ntotal_steps: 1\n"), 0o644)
+	for _, format := range []string{"console", "json"} {
+		out := filepath.Join(t.TempDir(), "run")
+		stdout, errOut, code := sched(t, []string{"KILN_LOG_FORMAT=" + format},
+			"train", "--tokens", store, "--engine", "cpu", "--precision", "fp32", "--out", out, "--run-config", run)
+		if code != 0 {
+			t.Fatalf("%s: exit %d\n%s%s", format, code, stdout, errOut)
+		}
+		line := strings.SplitN(strings.TrimSpace(errOut), "\n", 2)[0]
+		if json := strings.HasPrefix(line, "{"); json != (format == "json") || line == "" {
+			t.Errorf("KILN_LOG_FORMAT=%s: the log's first line is %q", format, line)
+		}
+	}
+	if _, errOut, code := sched(t, nil, "train", "--tokens", store, "--engine", "cpu", "--run-config", run, "--out", t.TempDir()+"/x", "--log-format", "xml"); code != 2 || !strings.Contains(errOut, "xml") {
+		t.Errorf("--log-format xml: exit %d, %q", code, errOut)
 	}
 }

@@ -105,6 +105,9 @@ func CheckName(name string) error {
 type NotFoundError struct {
 	Name  string
 	Known []string
+	// Local is where this machine would find it: a tokenizer.json that
+	// 'sched tokenizer train' writes there is known by the name.
+	Local string
 }
 
 func (e *NotFoundError) Error() string {
@@ -112,8 +115,12 @@ func (e *NotFoundError) Error() string {
 	if len(e.Known) > 0 {
 		known = strings.Join(e.Known, ", ")
 	}
-	return fmt.Sprintf("tokenizer %q is not known (known: %s): train it with 'sched enqueue tokenizer %s' or 'sched tokenizer train', or name another with --tokenizer",
-		e.Name, known, e.Name)
+	here := "'sched tokenizer train'"
+	if e.Local != "" {
+		here = fmt.Sprintf("'mkdir -p %s && sched tokenizer train --in TEXT --out %s'", filepath.Dir(e.Local), e.Local)
+	}
+	return fmt.Sprintf("tokenizer %q is not known (known: %s): train it with 'sched enqueue tokenizer %s' or, on this machine, %s, or name another with --tokenizer",
+		e.Name, known, e.Name, here)
 }
 func (e *NotFoundError) BadInput() bool { return true }
 
@@ -181,7 +188,7 @@ func (c *Catalog) Resolve(ctx context.Context, name string) (Entry, *tokenizer.T
 		if lerr != nil {
 			return Entry{}, nil, lerr
 		}
-		return Entry{}, nil, &NotFoundError{Name: name, Known: known}
+		return Entry{}, nil, &NotFoundError{Name: name, Known: known, Local: c.localPath(name)}
 	case remote != nil && local != nil && !bytes.Equal(remote, local):
 		return Entry{}, nil, &ConflictError{Name: name, Have: c.localPath(name), HaveSHA: sha(local), Other: "object storage " + Key(name), OtherSHA: sha(remote)}
 	case local == nil:

@@ -122,12 +122,11 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// ConfigError is a configuration mistake; it names the field and its
-// environment variable, and counts as bad input at the CLI.
+// ConfigError is a configuration mistake; it names the setting's
+// environment variable (and so its flag), and counts as bad input at the CLI.
 type ConfigError struct {
-	Field string // Go field name, e.g. "RedisURL"
-	Env   string // e.g. "KILN_REDIS_URL"
-	Msg   string
+	Env string // e.g. "KILN_REDIS_URL"
+	Msg string
 }
 
 // Error names the setting as a user sets it: its environment variable and
@@ -153,48 +152,48 @@ func (c Config) Validate() error {
 		if err != nil && strings.Contains(err.Error(), "invalid port") {
 			why = "its port is not a number"
 		}
-		return &ConfigError{"RedisURL", "KILN_REDIS_URL", fmt.Sprintf("%q is not a redis:// or rediss:// URL with a host (%s), e.g. %s", redact.URL(c.RedisURL), why, DefaultRedisURL)}
+		return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("%q is not a redis:// or rediss:// URL with a host (%s), e.g. %s", redact.URL(c.RedisURL), why, DefaultRedisURL)}
 	}
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		var db int
 		if _, err := fmt.Sscanf(p, "%d", &db); err != nil || db < 0 || fmt.Sprint(db) != p {
-			return &ConfigError{"RedisURL", "KILN_REDIS_URL", fmt.Sprintf("database %q in %q is not a number", p, redact.URL(c.RedisURL))}
+			return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("database %q in %q is not a number", p, redact.URL(c.RedisURL))}
 		}
 	}
 	if c.S3Endpoint != "" {
 		if strings.Contains(c.S3Endpoint, "@") {
-			return &ConfigError{"S3Endpoint", "KILN_S3_ENDPOINT", fmt.Sprintf("%q must be host:port: credentials go in KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY", redact.URL(c.S3Endpoint))}
+			return &ConfigError{"KILN_S3_ENDPOINT", fmt.Sprintf("%q must be host:port: credentials go in KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY", redact.URL(c.S3Endpoint))}
 		}
 		if strings.Contains(c.S3Endpoint, "://") || strings.Contains(c.S3Endpoint, "/") {
-			return &ConfigError{"S3Endpoint", "KILN_S3_ENDPOINT", fmt.Sprintf("%q must be host:port without scheme or path (use KILN_S3_SECURE=true for https)", redact.URL(c.S3Endpoint))}
+			return &ConfigError{"KILN_S3_ENDPOINT", fmt.Sprintf("%q must be host:port without scheme or path (use KILN_S3_SECURE=true for https)", redact.URL(c.S3Endpoint))}
 		}
 		if c.S3AccessKey == "" || c.S3SecretKey == "" {
-			return &ConfigError{"S3AccessKey", "KILN_S3_ACCESS_KEY", "an S3 endpoint is set but its access key or secret key (KILN_S3_SECRET_KEY) is empty"}
+			return &ConfigError{"KILN_S3_ACCESS_KEY", "an S3 endpoint is set but its access key or secret key (KILN_S3_SECRET_KEY) is empty"}
 		}
 	}
 	if !validBucket(c.S3Bucket) {
-		return &ConfigError{"S3Bucket", "KILN_S3_BUCKET", fmt.Sprintf("%q is not a valid bucket name (3-63 characters: lower-case letters, digits, '-', '.')", c.S3Bucket)}
+		return &ConfigError{"KILN_S3_BUCKET", fmt.Sprintf("%q is not a valid bucket name (3-63 characters: lower-case letters, digits, '-', '.')", c.S3Bucket)}
 	}
 	for _, r := range c.LocalRoots {
 		if strings.TrimSpace(r) == "" {
-			return &ConfigError{"LocalRoots", "KILN_LOCAL_ROOTS", fmt.Sprintf("%q has an empty directory: list directories separated by %q", strings.Join(c.LocalRoots, string(os.PathListSeparator)), os.PathListSeparator)}
+			return &ConfigError{"KILN_LOCAL_ROOTS", fmt.Sprintf("%q has an empty directory: list directories separated by %q", strings.Join(c.LocalRoots, string(os.PathListSeparator)), os.PathListSeparator)}
 		}
 	}
 	if c.ShutdownGrace < 0 {
-		return &ConfigError{"ShutdownGrace", "KILN_SHUTDOWN_GRACE", fmt.Sprintf("%v is negative", c.ShutdownGrace)}
+		return &ConfigError{"KILN_SHUTDOWN_GRACE", fmt.Sprintf("%v is negative", c.ShutdownGrace)}
 	}
 	switch c.LogFormat {
 	case "json", "console", "auto":
 	default:
-		return &ConfigError{"LogFormat", "KILN_LOG_FORMAT", fmt.Sprintf("%q is not one of json, console, auto", c.LogFormat)}
+		return &ConfigError{"KILN_LOG_FORMAT", fmt.Sprintf("%q is not one of json, console, auto", c.LogFormat)}
 	}
 	if c.MetricsAddr != "" {
 		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil || port == "" {
-			return &ConfigError{"MetricsAddr", "KILN_METRICS_ADDR", fmt.Sprintf("%q is not host:port, e.g. :9400 or 127.0.0.1:9400", c.MetricsAddr)}
+			return &ConfigError{"KILN_METRICS_ADDR", fmt.Sprintf("%q is not host:port, e.g. :9400 or 127.0.0.1:9400", c.MetricsAddr)}
 		}
 	}
 	if c.Tokenizer == "" || strings.ContainsAny(c.Tokenizer, "/\\") {
-		return &ConfigError{"Tokenizer", "KILN_TOKENIZER", fmt.Sprintf("%q is not a tokenizer name (no slashes)", c.Tokenizer)}
+		return &ConfigError{"KILN_TOKENIZER", fmt.Sprintf("%q is not a tokenizer name (no slashes)", c.Tokenizer)}
 	}
 	return nil
 }

@@ -95,6 +95,32 @@ func mixedHub(t *testing.T) (*hubtest.Hub, map[string]ingest.Preset) {
 	return h, presets
 }
 
+// hubSampler is a sampling handler against mixedHub that knows the hub's
+// presets named in only (all of them when none), and the tasks it queues.
+func hubSampler(t *testing.T, only ...string) (tk *Tokenizers, presets map[string]ingest.Preset, queued *[]scheduler.Args) {
+	t.Helper()
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, presets := mixedHub(t)
+	known := presets
+	if len(only) > 0 {
+		known = map[string]ingest.Preset{}
+		for _, name := range only {
+			known[name] = presets[name]
+		}
+	}
+	hc, _ := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 1})
+	queued = new([]scheduler.Args)
+	tk, err = (&Tokenizers{Objects: objects, DataDir: t.TempDir(), Hub: hc, Presets: known,
+		Enqueue: func(_ context.Context, a scheduler.Args) error { *queued = append(*queued, a); return nil }}).resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk, presets, queued
+}
+
 func newTestS3(t *testing.T) store.Store {
 	t.Helper()
 	srv := testsvc.S3(t)
@@ -247,18 +273,7 @@ func tokenizerSHA(t *testing.T, b []byte) string {
 // A sampling task that cannot succeed (an unknown dataset, a bad name, a
 // dataset missing from the hub) is archived with its reason, not retried.
 func TestTokenizerSampleRefusals(t *testing.T) {
-	objects, err := store.NewLocal(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, presets := mixedHub(t)
-	hc, _ := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 1})
-	var queued []scheduler.Args
-	tk, err := (&Tokenizers{Objects: objects, DataDir: t.TempDir(), Hub: hc, Presets: presets,
-		Enqueue: func(_ context.Context, a scheduler.Args) error { queued = append(queued, a); return nil }}).resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk, _, queued := hubSampler(t)
 	mix := []sample.Share{{Dataset: "code", Weight: 1}}
 	ok := TokenizerSampleTasks("tok", mix, 1000, 512, 1, "")[0]
 	for name, c := range map[string]struct {
@@ -280,14 +295,14 @@ func TestTokenizerSampleRefusals(t *testing.T) {
 			t.Errorf("%s: %v is retried", name, err)
 		}
 	}
-	if len(queued) != 0 {
-		t.Fatalf("a failed sample queued %v", queued)
+	if len(*queued) != 0 {
+		t.Fatalf("a failed sample queued %v", *queued)
 	}
 	if err := tk.sample(context.Background(), ok); err != nil {
 		t.Fatal(err)
 	}
-	if len(queued) != 1 || queued[0].(scheduler.TokenizerTrain).Sample != TokenizerTrainTask(ok).Sample {
-		t.Fatalf("the only sample drawn did not queue the training: %v", queued)
+	if len(*queued) != 1 || (*queued)[0].(scheduler.TokenizerTrain).Sample != TokenizerTrainTask(ok).Sample {
+		t.Fatalf("the only sample drawn did not queue the training: %v", *queued)
 	}
 }
 
@@ -339,19 +354,8 @@ func TestTokenizerSampleRefusesLocalFilesOutsideItsRoots(t *testing.T) {
 // not name the dataset samples it all the same, and one carrying another
 // dataset's preset is refused for good, nothing drawn.
 func TestTokenizerSampleTakesTheCarriedPreset(t *testing.T) {
-	objects, err := store.NewLocal(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, presets := mixedHub(t)
-	hc, _ := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 1})
-	var queued []scheduler.Args
 	// The worker knows only the prose.
-	tk, err := (&Tokenizers{Objects: objects, DataDir: t.TempDir(), Hub: hc, Presets: map[string]ingest.Preset{"prose": presets["prose"]},
-		Enqueue: func(_ context.Context, a scheduler.Args) error { queued = append(queued, a); return nil }}).resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk, presets, queued := hubSampler(t, "prose")
 	a := TokenizerSampleTasks("tok", []sample.Share{{Dataset: "code", Weight: 1}}, 1000, 512, 1, "")[0]
 	if err := tk.sample(context.Background(), a); err == nil || !strings.Contains(err.Error(), `unknown dataset "code"`) {
 		t.Fatalf("no preset carried: %v; want the worker's unknown dataset", err)
@@ -361,14 +365,14 @@ func TestTokenizerSampleTakesTheCarriedPreset(t *testing.T) {
 	if err := tk.sample(context.Background(), wrong); err == nil || !errors.Is(err, asynq.SkipRetry) || !strings.Contains(err.Error(), `carries the preset of "prose"`) {
 		t.Fatalf("another dataset's preset carried: %v; want a refusal for good", err)
 	}
-	if len(queued) != 0 {
-		t.Fatalf("a refused sample queued %v", queued)
+	if len(*queued) != 0 {
+		t.Fatalf("a refused sample queued %v", *queued)
 	}
 	a.Preset = ingest.Carried(presets["code"])
 	if err := tk.sample(context.Background(), a); err != nil {
 		t.Fatalf("the code's preset carried: %v", err)
 	}
-	if len(queued) != 1 {
-		t.Fatalf("the only sample drawn did not queue the training: %v", queued)
+	if len(*queued) != 1 {
+		t.Fatalf("the only sample drawn did not queue the training: %v", *queued)
 	}
 }

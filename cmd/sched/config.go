@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -276,18 +277,21 @@ type redactedError struct {
 func (e redactedError) Error() string { return e.msg }
 func (e redactedError) Unwrap() error { return e.err }
 
-// logger builds the zap logger: JSON when not on a terminal (containers,
-// CI), a readable console form on one.
-func logger(cfg scheduler.Config) *zap.Logger {
-	format := cfg.LogFormat
-	if format == "auto" {
-		format = "json"
-		if term.IsTerminal(int(os.Stderr.Fd())) {
-			format = "console"
-		}
+// consoleLog says whether a log in format (KILN_LOG_FORMAT) written to w
+// is readable lines, not JSON: console, or auto (or unset) on a terminal,
+// while containers and CI get JSON.
+func consoleLog(format string, w io.Writer) bool {
+	if format != "auto" && format != "" {
+		return format == "console"
 	}
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// logger builds the zap logger, on stderr, in KILN_LOG_FORMAT's form.
+func logger(cfg scheduler.Config) *zap.Logger {
 	var zc zap.Config
-	if format == "console" {
+	if consoleLog(cfg.LogFormat, os.Stderr) {
 		zc = zap.NewDevelopmentConfig()
 		zc.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
 		zc.Development = false

@@ -40,7 +40,8 @@ func init() {
 			// Read before anything is printed: a --stores that does not
 			// read is an error, with no half of the listing before it.
 			entries, err := os.ReadDir(storesDir)
-			if err != nil && !(errors.Is(err, fs.ErrNotExist) && !c.Flags().Changed("stores")) {
+			none := errors.Is(err, fs.ErrNotExist) && !c.Flags().Changed("stores") // the default place, not made yet
+			if err != nil && !none {
 				return badInput("--stores %s: %v", storesDir, err)
 			}
 			w := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
@@ -52,7 +53,7 @@ func init() {
 			fmt.Fprintln(w, "local:<glob>\t(local files)\t-\tparquet, jsonl[.gz|.zst], text")
 			w.Flush()
 			fmt.Fprintln(c.OutOrStdout())
-			if err != nil {
+			if none {
 				fmt.Fprintf(c.OutOrStdout(), "no token stores in %s yet ('sched enqueue ingest <dataset>' fills one)\n", storesDir)
 				return nil
 			}

@@ -129,7 +129,8 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	// Evaluation needs one held-out window in any of the stores. Which
 	// windows are held out depends on their index alone: a store has one
 	// once it holds the first of them.
-	need := (tokens.FirstHeldOut(0) + 1) * int64(rc.Seq+1)
+	first := tokens.FirstHeldOut(0)
+	need := (first + 1) * int64(rc.Seq+1)
 	var most int64
 	filling := false
 	for _, m := range rc.Mixture {
@@ -141,7 +142,7 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	}
 	if rc.EvalEvery > 0 && rc.EvalBatches > 0 && !filling && most < need {
 		return badInput("run %s: its token stores hold at most %d tokens, too few for one evaluation window (about 1 window of %d tokens in %d is held out, the first of them at window %d, so a store needs %d tokens): ingest more, or set eval_every: 0 in the run",
-			run.Name, most, rc.Seq+1, tokens.DefaultHoldOut, tokens.FirstHeldOut(0), need)
+			run.Name, most, rc.Seq+1, tokens.DefaultHoldOut, first, need)
 	}
 	return nil
 }

@@ -136,7 +136,8 @@ func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
 	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"text":"func g() {}"}`+"\n"), 0o644)
 	// The files are outside the data directory: the worker reads them
 	// only because they are under one of its local roots.
-	env := []string{"KILN_REDIS_URL=" + testsvc.StartRedis(t).URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src}
+	redis := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + redis.URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src}
 	glob := "local:" + filepath.Join(src, "*.jsonl")
 
 	for _, c := range []struct {
@@ -167,20 +168,8 @@ func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
 		t.Fatalf("second ingest: code %d\n%s", code, out)
 	}
 	startWorker(t, env, "--queues", "ingest=1,append=1")
-	storeDir := filepath.Join(data, "tokens", "code")
-	deadline := time.Now().Add(time.Minute)
-	for {
-		m, err := tokens.ReadManifest(storeDir)
-		if err == nil && len(m.Shards) == 2 {
-			if m.Documents != 3 {
-				t.Fatalf("the store holds %d documents, want 3", m.Documents)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the worker did not fill %s: %v", storeDir, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if m := waitForStore(t, redis.Addr, filepath.Join(data, "tokens", "code"), 2); m.Documents != 3 {
+		t.Fatalf("the store holds %d documents, want 3", m.Documents)
 	}
 	out, _, code = sched(t, env, "datasets", "--stores", filepath.Join(data, "tokens"))
 	if code != 0 || !strings.Contains(out, "code") {
@@ -297,20 +286,26 @@ func TestQueuedIngestCarriesThePresetOfThePresetsFile(t *testing.T) {
 	}
 	// The worker's environment names no presets file.
 	startWorker(t, env, "--queues", "ingest=1,append=1")
-	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redis.Addr})
+	if m := waitForStore(t, redis.Addr, filepath.Join(data, "tokens", "mine"), 2); m.Documents != 3 {
+		t.Fatalf("the store holds %d documents, want the 3 of data/*.jsonl", m.Documents)
+	}
+}
+
+// waitForStore waits until the store at dir holds shards shards and returns
+// its manifest; an ingest or append task the worker archives (one that
+// failed for good) ends the wait at once, with its error.
+func waitForStore(t *testing.T, redisAddr, dir string, shards int) *tokens.Manifest {
+	t.Helper()
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: redisAddr})
 	defer inspector.Close()
-	storeDir := filepath.Join(data, "tokens", "mine")
 	for {
-		m, err := tokens.ReadManifest(storeDir)
-		if err == nil && len(m.Shards) == 2 {
-			if m.Documents != 3 {
-				t.Fatalf("the store holds %d documents, want the 3 of data/*.jsonl", m.Documents)
-			}
-			break
+		if m, err := tokens.ReadManifest(dir); err == nil && len(m.Shards) == shards {
+			return m
 		}
-		// A plan the worker cannot read fails for good: stop at once.
-		if archived, _ := inspector.ListArchivedTasks("ingest"); len(archived) > 0 {
-			t.Fatalf("the worker archived %s: %s", archived[0].ID, archived[0].LastErr)
+		for _, q := range []string{"ingest", "append"} {
+			if archived, _ := inspector.ListArchivedTasks(q); len(archived) > 0 {
+				t.Fatalf("the worker archived %s: %s", archived[0].ID, archived[0].LastErr)
+			}
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -59,7 +59,8 @@ func report(err error) int {
 		// "Did you mean" suggestions come on lines of their own.
 		msg = strings.Join(strings.Fields(msg), " ")
 	}
-	if strings.HasPrefix(msg, "unknown command ") && !strings.Contains(msg, "--help") {
+	// cobra's own, at the root; strictArgs's already name a command's help.
+	if !isBadInput(err) && strings.HasPrefix(msg, "unknown command ") {
 		msg += " (see 'sched --help')"
 	}
 	fmt.Fprintln(os.Stderr, "sched:", msg)

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"golang.org/x/term"
 
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -111,7 +110,16 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	if err != nil {
 		return err
 	}
-	tok, tokName, err := trainTokenizer(cmd, f.tokenizerFile)
+	// A path given to --tokenizer is refused naming --tokenizer-file, before
+	// the configuration reads it as a tokenizer's name.
+	if err := checkTokenizerFlag(cmd); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(cmd)
+	if err != nil {
+		return err
+	}
+	tok, tokName, err := trainTokenizer(cmd, cfg, f.tokenizerFile)
 	if err != nil {
 		return err
 	}
@@ -134,11 +142,6 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 		}
 	}
 	out := cmd.OutOrStdout()
-	cfg, err := loadConfig(cmd)
-	if err != nil {
-		data.Close()
-		return err
-	}
 	log := newLogger(cmd.ErrOrStderr(), cfg.LogFormat)
 	defer log.Sync()
 	if tok == nil {
@@ -216,10 +219,7 @@ func checkRunConfigFlag(cmd *cobra.Command) error {
 // --tokenizer-file names, or the published tokenizer --tokenizer names
 // when given on the command line, or none; name is the file or the
 // tokenizer's name.
-func trainTokenizer(cmd *cobra.Command, file string) (data []byte, name string, err error) {
-	if err := checkTokenizerFlag(cmd); err != nil {
-		return nil, "", err
-	}
+func trainTokenizer(cmd *cobra.Command, cfg scheduler.Config, file string) (data []byte, name string, err error) {
 	name, named := flagValue(cmd, "tokenizer")
 	switch {
 	case file != "" && named:
@@ -232,22 +232,29 @@ func trainTokenizer(cmd *cobra.Command, file string) (data []byte, name string, 
 	case !named:
 		return nil, "", nil
 	}
-	cfg, err := loadConfig(cmd)
+	_, data, err = catalogTokenizer(cmd.Context(), cfg, name)
+	return data, name, err
+}
+
+// catalogTokenizer is tokenizer name of this machine's catalog (the data
+// directory, then object storage) and its tokenizer.json.
+func catalogTokenizer(ctx context.Context, cfg scheduler.Config, name string) (catalog.Entry, []byte, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	objects, err := openStore(ctx, cfg)
 	if err != nil {
-		return nil, "", err
+		return catalog.Entry{}, nil, err
 	}
-	objects, err := openStore(cmd.Context(), cfg)
+	entry, _, err := catalog.New(objects, cfg.DataDir).Resolve(ctx, name)
 	if err != nil {
-		return nil, "", err
+		return catalog.Entry{}, nil, err
 	}
-	entry, _, err := catalog.New(objects, cfg.DataDir).Resolve(cmd.Context(), name)
+	data, err := os.ReadFile(entry.Path)
 	if err != nil {
-		return nil, "", err
+		return catalog.Entry{}, nil, fmt.Errorf("tokenizer %s: %w", name, err)
 	}
-	if data, err = os.ReadFile(entry.Path); err != nil {
-		return nil, "", fmt.Errorf("tokenizer %s: %w", name, err)
-	}
-	return data, name, nil
+	return entry, data, nil
 }
 
 // storesTokenizer is the tokenizer.json of the tokenizer the stores were
@@ -265,14 +272,7 @@ func storesTokenizer(ctx context.Context, cfg scheduler.Config, stores []catalog
 			return nil, "", "the token stores were made by different tokenizers"
 		}
 	}
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	objects, err := openStore(ctx, cfg)
-	if err != nil {
-		return nil, "", "the object store does not open (" + err.Error() + ")"
-	}
-	entry, _, err := catalog.New(objects, cfg.DataDir).Resolve(ctx, want.Name)
+	entry, data, err := catalogTokenizer(ctx, cfg, want.Name)
 	var nf *catalog.NotFoundError
 	switch {
 	case errors.As(err, &nf):
@@ -281,9 +281,6 @@ func storesTokenizer(ctx context.Context, cfg scheduler.Config, stores []catalog
 		return nil, "", fmt.Sprintf("the stores' tokenizer %s is not found here (%v)", want.Name, err)
 	case entry.SHA256 != want.SHA256:
 		return nil, "", fmt.Sprintf("the tokenizer named %s here is not the one the stores were made by (sha256 %.12s, theirs %.12s)", want.Name, entry.SHA256, want.SHA256)
-	}
-	if data, err = os.ReadFile(entry.Path); err != nil {
-		return nil, "", fmt.Sprintf("the stores' tokenizer %s does not read (%v)", want.Name, err)
 	}
 	return data, want.Name, ""
 }
@@ -389,15 +386,15 @@ func printMetrics(w io.Writer, m trainer.Metrics, total int) {
 	fmt.Fprintln(w, line)
 }
 
-// newLogger writes to w in format (KILN_LOG_FORMAT's json or console):
-// with auto, readable lines on a terminal and JSON otherwise.
+// newLogger writes to w in format (KILN_LOG_FORMAT): readable lines or
+// JSON, as consoleLog says.
 func newLogger(w io.Writer, format string) *zap.Logger {
 	enc := zap.NewProductionEncoderConfig()
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	f, isFile := w.(*os.File)
-	if format == "console" || format != "json" && isFile && term.IsTerminal(int(f.Fd())) {
+	if consoleLog(format, w) {
 		enc.EncodeLevel = zapcore.CapitalColorLevelEncoder
 		return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w), zap.InfoLevel))
 	}
+	enc.TimeKey = "time" // as the worker's
 	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), zap.InfoLevel))
 }

@@ -103,10 +103,18 @@ func TestWrongArgumentsExitTwoOnEveryCommand(t *testing.T) {
 		{"enqueue ingets x", `unknown command "ingets" for 'sched enqueue': did you mean ingest?`},
 		{"completion foo", `unknown command "foo" for 'sched completion': use bash`},
 		{"bogus", `unknown command "bogus" for "sched" (see 'sched --help')`},
+		{"help a b", `no help topic "a b": 'sched help' takes a command's name`},
+		{"help tokenizer trian", `unknown command "trian" for 'sched tokenizer': did you mean train?`},
+		{"help status now", `no help topic "now" under 'sched status'`},
 	} {
 		out, errOut, code := sched(t, []string{noRedis}, strings.Fields(tc.args)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) || out != "" {
 			t.Errorf("sched %s: exit %d, stdout %q, stderr %q; want exit 2 and %q", tc.args, code, out, errOut, tc.want)
+		}
+	}
+	for _, args := range []string{"help", "help tokenizer train", "help status"} {
+		if out, errOut, code := sched(t, []string{noRedis}, strings.Fields(args)...); code != 0 || !strings.Contains(out, "Usage:") {
+			t.Errorf("sched %s: exit %d, stdout %q, stderr %q; want the help", args, code, out, errOut)
 		}
 	}
 	// With no name, a group prints its help.

@@ -127,6 +127,27 @@ func strictArgs(c *cobra.Command) {
 	if !c.HasParent() {
 		return // the root: cobra reports an unknown command itself
 	}
+	if c.Name() == "help" && c.Parent() == c.Root() {
+		// cobra's help prints "Unknown help topic" and the usage, and
+		// exits 0, for a topic it does not know.
+		c.Args = func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			topic, rest, err := c.Root().Find(args)
+			if err == nil && len(rest) == 0 {
+				return nil
+			}
+			if topic != nil && topic != c.Root() && len(rest) > 0 {
+				if e := didYouMean(topic, rest[0]); e != nil {
+					return e
+				}
+				return argsError{fmt.Errorf("no help topic %q under '%s' (see '%s --help')", rest[0], topic.CommandPath(), topic.CommandPath())}
+			}
+			return argsError{fmt.Errorf("no help topic %q: 'sched help' takes a command's name (see 'sched --help')", strings.Join(args, " "))}
+		}
+		return
+	}
 	if c.HasSubCommands() && !c.Runnable() {
 		c.Args = func(c *cobra.Command, args []string) error {
 			if len(args) == 0 {

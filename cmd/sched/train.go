@@ -286,7 +286,8 @@ func storesTokenizer(ctx context.Context, cfg scheduler.Config, stores []catalog
 }
 
 // checkTrainFlags refuses, by flag name, sizes given as zero (which the run
-// configuration would read as "absent" and default) and a learning rate
+// configuration would read as "absent" and default), negative step counts
+// (which Validate would name by their run file's keys) and a learning rate
 // that is not a finite positive number.
 func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 	fl := cmd.Flags()
@@ -296,6 +297,14 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 	}{{"batch", f.rc.Batch}, {"seq", f.rc.Seq}, {"accumulate", f.rc.Accumulate}} {
 		if fl.Changed(s.name) && s.v < 1 {
 			return badInput("--%s %d: give at least 1, or leave it out for the default", s.name, s.v)
+		}
+	}
+	for _, s := range []struct {
+		name string
+		v    int
+	}{{"warmup", f.rc.Warmup}, {"eval-every", f.rc.EvalEvery}, {"checkpoint-every", f.rc.CheckpointEvery}, {"log-every", f.rc.LogEvery}} {
+		if fl.Changed(s.name) && s.v < 0 {
+			return badInput("--%s %d: give 0 or more steps", s.name, s.v)
 		}
 	}
 	if fl.Changed("steps") && f.rc.TotalSteps < 1 {

@@ -75,7 +75,7 @@ func ReadConfig(path string) (Config, error) {
 func ParseConfig(b []byte) (Config, error) {
 	var j configJSON
 	if err := json.Unmarshal(b, &j); err != nil {
-		return Config{}, fmt.Errorf("config.json is not valid JSON: %w", err)
+		return Config{}, fmt.Errorf("config.json is not valid JSON (%w): it is damaged or not a model's config; copy the one saved with the weights", err)
 	}
 	mixtral := j.ModelType != nil && *j.ModelType == "mixtral"
 	if j.ModelType != nil && *j.ModelType != "llama" && !mixtral {

@@ -400,6 +400,15 @@ func (e *MemoryError) Error() string {
 		fix = "lower --max-tokens or shorten the prompt"
 	case PurposeEval:
 		fix = "use a smaller batch or sequence"
+	default:
+		// Weights, gradients and AdamW's two moments in fp32: no batch
+		// makes a model fit whose state alone does not.
+		if state := 16 * p.Config.ParamCount(); state >= float64(e.Available) {
+			fix = fmt.Sprintf("its weights, gradients and optimizer state alone need %s at any batch: choose a smaller model", GiB(saturate(state)))
+			if p.Config.MoE() {
+				fix += " or fewer experts (--moe experts=N)"
+			}
+		}
 	}
 	return fmt.Sprintf("%s of a %.1fM-parameter model on the %s engine (%s) needs %s but %s has %s available: %s",
 		what, p.Config.ParamCount()/1e6, p.Engine, p.Precision, GiB(e.Needed), e.Where, GiB(e.Available), fix)

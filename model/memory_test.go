@@ -138,6 +138,13 @@ func TestNewEngineRefusesWhatDoesNotFit(t *testing.T) {
 	if d := after.TotalAlloc - before.TotalAlloc; d > 1<<20 {
 		t.Errorf("the refused start allocated %d bytes", d)
 	}
+	// A model whose state alone does not fit is not a batch to lower.
+	huge := Presets["tiny"]
+	huge.Experts, huge.ExpertsPerTok, huge.RouterAuxCoef = 99999999, 2, 0.001
+	if _, err := NewEngine("cpu", huge, Options{MaxBatch: 2, MaxSeq: 16}); err == nil ||
+		!strings.Contains(err.Error(), "optimizer state alone need") || !strings.Contains(err.Error(), "fewer experts") || strings.Contains(err.Error(), "lower --batch") {
+		t.Errorf("99999999 experts: %v; want the model named as what does not fit", err)
+	}
 	// A size that fits starts.
 	e, err = NewEngine("cpu", Presets["tiny"], Options{MaxBatch: 2, MaxSeq: 16})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"text/tabwriter"
 )
 
@@ -131,8 +132,16 @@ type golden struct {
 	expected Expected
 }
 
+// goldenFiles are the files a golden directory holds.
+var goldenFiles = []string{"config.json", "model.safetensors", "batch.safetensors", "grads.safetensors", "after_adamw_step.safetensors", "expected.json"}
+
 func loadGolden(dir string) (*golden, error) {
 	g := &golden{}
+	for _, name := range goldenFiles {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return nil, &FormatError{Path: dir, Msg: fmt.Sprintf("golden directory has no %s (%v): it needs %s, as the reference's script writes them", name, errors.Unwrap(err), strings.Join(goldenFiles, ", "))}
+		}
+	}
 	var err error
 	if g.cfg, err = ReadConfig(filepath.Join(dir, "config.json")); err != nil {
 		return nil, err
@@ -140,7 +149,7 @@ func loadGolden(dir string) (*golden, error) {
 	exPath := filepath.Join(dir, "expected.json")
 	b, err := os.ReadFile(exPath)
 	if err != nil {
-		return nil, fmt.Errorf("golden directory %s: %w (it needs config.json, model.safetensors, batch.safetensors, grads.safetensors, after_adamw_step.safetensors, expected.json)", dir, err)
+		return nil, fmt.Errorf("golden directory %s: %w (it needs %s)", dir, err, strings.Join(goldenFiles, ", "))
 	}
 	if err := json.Unmarshal(b, &g.expected); err != nil {
 		return nil, &FormatError{Path: exPath, Msg: "not valid JSON: " + err.Error()}
@@ -180,6 +189,11 @@ func loadGolden(dir string) (*golden, error) {
 	}
 	B, T := ids.Shape[0], ids.Shape[1]
 	in, _ := ids.Int32s()
+	for i, id := range in {
+		if id < 0 || int(id) >= g.cfg.VocabSize {
+			return nil, &FormatError{Path: bPath, Msg: fmt.Sprintf("input_ids holds %d at position %d, outside config.json's vocab_size %d: the batch is not this model's", id, i, g.cfg.VocabSize)}
+		}
+	}
 	// The loss is taken on logits[:, :-1] against input_ids[:, 1:].
 	tg := make([]int32, len(in))
 	for bi := 0; bi < B; bi++ {

@@ -3,6 +3,7 @@ package model
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,6 +77,26 @@ func TestVerifyRefusesAnIncompleteGolden(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "batch.safetensors: needs logits"},
+		{"an id past the vocabulary", func(t *testing.T, dir string) {
+			path := filepath.Join(dir, "batch.safetensors")
+			bf, err := ReadSafetensors(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, tn := range bf.Tensors {
+				if tn.Name == "input_ids" {
+					in, _ := tn.Int32s()
+					in[3] = 99999
+					bf.Tensors[i] = I32Tensor("input_ids", tn.Shape, in)
+				}
+			}
+			if err := WriteSafetensors(path, bf); err != nil {
+				t.Fatal(err)
+			}
+		}, "input_ids holds 99999 at position 3, outside config.json's vocab_size"},
+		{"no grads", func(t *testing.T, dir string) {
+			os.Remove(filepath.Join(dir, "grads.safetensors"))
+		}, "golden directory has no grads.safetensors"},
 		{"empty expected.json", func(t *testing.T, dir string) {
 			os.WriteFile(filepath.Join(dir, "expected.json"), []byte("{}"), 0o644)
 		}, `expected.json: has no "loss"`},
@@ -89,8 +110,9 @@ func TestVerifyRefusesAnIncompleteGolden(t *testing.T) {
 			dir := copyGolden(t, "tiny")
 			c.spoil(t, dir)
 			_, err := Verify(context.Background(), dir, VerifyOptions{Engine: "cpu", Precision: "fp32"})
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Errorf("Verify = %v, want an error with %q", err, c.want)
+			var bad interface{ BadInput() bool }
+			if err == nil || !strings.Contains(err.Error(), c.want) || !errors.As(err, &bad) {
+				t.Errorf("Verify = %v, want bad input with %q", err, c.want)
 			}
 		})
 	}

@@ -288,8 +288,21 @@ func CheckCheckpoint(dir string) (State, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return st, damaged("checkpoint %s: %s is not valid JSON (%v): use an earlier checkpoint", dir, StateFile, err)
 	}
-	if st.Format != stateFormat || st.Version != stateVersion {
-		return st, fmt.Errorf("checkpoint %s: %s is format %q version %d; this build reads %q version %d", dir, StateFile, st.Format, st.Version, stateFormat, stateVersion)
+	switch {
+	case st.Format != stateFormat:
+		return st, fmt.Errorf("checkpoint %s: %s is format %q, not a kiln checkpoint's %q: point at a directory kiln wrote", dir, StateFile, st.Format, stateFormat)
+	case st.Version > stateVersion:
+		return st, fmt.Errorf("checkpoint %s: %s is version %d, written by a newer kiln than this one (it reads version %d): resume with that kiln or a newer one", dir, StateFile, st.Version, stateVersion)
+	case st.Version != stateVersion:
+		return st, fmt.Errorf("checkpoint %s: %s is version %d, which this kiln does not read (it reads version %d): resume with the kiln that wrote it", dir, StateFile, st.Version, stateVersion)
+	}
+	// trainer_state.json lists the other files' hashes but has none of its
+	// own: values no run writes mean it was damaged or edited.
+	if st.Step < 0 || st.Tokens < 0 {
+		return st, damaged("checkpoint %s: %s says step %d, %d tokens seen, which no run writes (damaged or edited): use an earlier checkpoint", dir, StateFile, st.Step, st.Tokens)
+	}
+	if step, ok := DirStep(filepath.Base(dir)); ok && step != st.Step {
+		return st, damaged("checkpoint %s: %s says step %d, its directory's name step %d (damaged, edited, or renamed by hand): use an earlier checkpoint", dir, StateFile, st.Step, step)
 	}
 	for _, name := range []string{ConfigFile, ModelFile, OptimizerFile} {
 		if _, ok := st.Files[name]; !ok {
@@ -340,6 +353,17 @@ func matchSum(dir, name string, got []byte, want FileSum) error {
 	return nil
 }
 
+// DirStep is the step a checkpoint directory's name says (step-NNNNNNN),
+// on disk or in object storage.
+func DirStep(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, stepDirPrefix)
+	if !ok {
+		return 0, false
+	}
+	step, err := strconv.Atoi(rest)
+	return step, err == nil && step >= 0
+}
+
 // stepDirs lists root's step directories, newest first.
 func stepDirs(root string) ([]string, error) {
 	entries, err := os.ReadDir(root)
@@ -355,12 +379,8 @@ func stepDirs(root string) ([]string, error) {
 	}
 	var cands []cand
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), stepDirPrefix)
+		step, ok := DirStep(e.Name())
 		if !e.IsDir() || !ok {
-			continue
-		}
-		step, err := strconv.Atoi(rest)
-		if err != nil {
 			continue
 		}
 		cands = append(cands, cand{step, filepath.Join(root, e.Name())})
@@ -395,6 +415,7 @@ func newestUsable(root string, log *zap.Logger, use func(dir string) error) (str
 	if err != nil {
 		return "", err
 	}
+	var setAside []string
 	for _, d := range dirs {
 		err := use(d)
 		if err == nil {
@@ -407,11 +428,32 @@ func newestUsable(root string, log *zap.Logger, use func(dir string) error) (str
 		if aerr != nil {
 			return "", fmt.Errorf("%w; setting it aside failed too (%v): move it out of %s by hand", err, aerr, root)
 		}
+		setAside = append(setAside, aside)
 		log.Warn("damaged checkpoint set aside; resuming from an earlier one",
 			zap.String("checkpoint", d), zap.String("now", aside), zap.Error(err))
 	}
+	if len(setAside) > 0 {
+		return "", AllDamagedError{Root: root, SetAside: setAside}
+	}
 	return "", ErrNoCheckpoint
 }
+
+// AllDamagedError says that root held checkpoints and every one was found
+// damaged and set aside: there is nothing to resume from, which is not
+// the same as a run that has not started (errors.Is ErrNoCheckpoint holds
+// for both). A resume that silently started over would train the steps
+// again and overwrite the run's metrics.
+type AllDamagedError struct {
+	Root     string
+	SetAside []string // the damaged directories' new names, newest first
+}
+
+func (e AllDamagedError) Error() string {
+	return fmt.Sprintf("every checkpoint in %s is damaged (%d set aside, the newest now %s): nothing to resume from",
+		e.Root, len(e.SetAside), filepath.Base(e.SetAside[0]))
+}
+
+func (e AllDamagedError) Is(target error) bool { return target == ErrNoCheckpoint }
 
 // SetAside renames a damaged checkpoint directory to <dir>.damaged (or
 // <dir>.damaged-N when that exists), where no resume looks for it and its

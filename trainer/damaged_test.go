@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,11 @@ func TestResumeSetsADamagedCheckpointAside(t *testing.T) {
 		},
 		"a truncated file": func(dir string) { os.Truncate(filepath.Join(dir, OptimizerFile), 1000) },
 		"no state file":    func(dir string) { os.Remove(filepath.Join(dir, StateFile)) },
+		// trainer_state.json has no hash of its own; values no run writes
+		// give it away.
+		"a negative step":            func(dir string) { editState(t, dir, "step", -3) },
+		"a step not its directory's": func(dir string) { editState(t, dir, "step", 99999999) },
+		"negative tokens seen":       func(dir string) { editState(t, dir, "tokens_seen", -1) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			out := t.TempDir()
@@ -87,6 +93,66 @@ func TestResumeSetsADamagedCheckpointAside(t *testing.T) {
 	}
 }
 
+// A resume that finds every checkpoint damaged stops, naming the run
+// directory and how to start over, rather than training from step 0 and
+// overwriting the run's metrics: the checkpoints stay set aside.
+func TestResumeWithEveryCheckpointDamagedStops(t *testing.T) {
+	requireCPU(t)
+	ctx := context.Background()
+	vocab := model.Presets["tiny"].VocabSize
+	rc := testRun(4)
+	rc.CheckpointEvery = 2
+	out := t.TempDir()
+	if res, err := Run(ctx, Config{Run: rc, Out: out, Data: newSliceData(vocab, 20000)}, Hooks{}); err != nil || res.Step != 4 {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+	for _, step := range []int{2, 4} {
+		os.Truncate(filepath.Join(out, StepDir(step), ModelFile), 100)
+	}
+	metrics, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(ctx, Config{Run: rc, Out: out, Resume: true, Data: newSliceData(vocab, 20000)}, Hooks{})
+	var bad interface{ BadInput() bool }
+	if err == nil || !errors.As(err, &bad) || !strings.Contains(err.Error(), "every checkpoint in "+out+" is damaged") ||
+		!strings.Contains(err.Error(), "without --resume") {
+		t.Fatalf("resume: %v; want bad input naming %s and how to start over", err, out)
+	}
+	for _, step := range []int{2, 4} {
+		if _, err := os.Stat(filepath.Join(out, StepDir(step)+".damaged")); err != nil {
+			t.Errorf("step %d not set aside: %v", step, err)
+		}
+	}
+	if after, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl")); !bytes.Equal(after, metrics) {
+		t.Errorf("metrics.jsonl changed by the refused resume")
+	}
+	// The run starts over when asked to.
+	if res, err := Run(ctx, Config{Run: rc, Out: out, Data: newSliceData(vocab, 20000)}, Hooks{}); err != nil || res.Step != 4 {
+		t.Fatalf("run again without resume: %+v, %v", res, err)
+	}
+}
+
+// editState sets key in dir's trainer_state.json to v, leaving the other
+// files and their hashes as they are.
+func editState(t *testing.T, dir, key string, v any) {
+	t.Helper()
+	path := filepath.Join(dir, StateFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	st[key] = v
+	b, _ = json.Marshal(st)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A checkpoint of a format this build does not read is not damaged: the
 // resume stops with the reason, and moves nothing.
 func TestResumeLeavesACheckpointOfAnotherFormatInPlace(t *testing.T) {
@@ -98,22 +164,9 @@ func TestResumeLeavesACheckpointOfAnotherFormatInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(out, StepDir(1))
-	path := filepath.Join(dir, StateFile)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st map[string]any
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatal(err)
-	}
-	st["version"] = stateVersion + 1
-	b, _ = json.Marshal(st)
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	_, err = Run(ctx, Config{Run: testRun(2), Out: out, Resume: true, Data: newSliceData(vocab, 20000)}, Hooks{})
-	if err == nil || !strings.Contains(err.Error(), "this build reads") || !strings.Contains(err.Error(), dir) {
+	editState(t, dir, "version", stateVersion+1)
+	_, err := Run(ctx, Config{Run: testRun(2), Out: out, Resume: true, Data: newSliceData(vocab, 20000)}, Hooks{})
+	if err == nil || !strings.Contains(err.Error(), "written by a newer kiln") || !strings.Contains(err.Error(), dir) {
 		t.Fatalf("want an error naming %s and the versions, got %v", dir, err)
 	}
 	if _, err := os.Stat(dir); err != nil {
@@ -182,4 +235,27 @@ func keys(m map[int]Metrics) []int {
 		ks = append(ks, k)
 	}
 	return ks
+}
+
+// A run directory that is a file, or cannot be made, is the caller's to
+// fix: refused before the engine is made, naming it; the file is left as
+// it was.
+func TestRunDirectoryThatCannotBeMadeIsBadInput(t *testing.T) {
+	requireCPU(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "afile")
+	if err := os.WriteFile(file, []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	vocab := model.Presets["tiny"].VocabSize
+	for _, out := range []string{file, filepath.Join(file, "run")} {
+		_, err := Run(context.Background(), Config{Run: testRun(1), Out: out, Data: newSliceData(vocab, 20000)}, Hooks{})
+		var bad interface{ BadInput() bool }
+		if err == nil || !errors.As(err, &bad) || !strings.Contains(err.Error(), "run directory "+out) {
+			t.Errorf("out %s: %v; want bad input naming it", out, err)
+		}
+	}
+	if b, _ := os.ReadFile(file); string(b) != "mine" {
+		t.Errorf("the file became %q", b)
+	}
 }

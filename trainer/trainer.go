@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -120,6 +122,9 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	l := &loop{cfg: cfg, rc: rc, mc: mc, hooks: hooks, log: log, ckStep: -1}
 	// The checkpoint is read before the engine is made, so that one of
 	// another shape is refused before a large model is allocated.
+	if err := makeRunDir(cfg.Out); err != nil {
+		return Result{}, err
+	}
 	var snap *Snapshot
 	if !cfg.Resume {
 		// A fresh run into a directory that holds another's checkpoints
@@ -136,7 +141,10 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 			snap, err = ReadCheckpoint(dir, &mc)
 			return err
 		})
+		var lost AllDamagedError
 		switch {
+		case errors.As(err, &lost):
+			return Result{}, badInput(fmt.Errorf("%w: to train the run again from step 0, run without --resume (the damaged ones stay beside it as *.damaged)", err))
 		case errors.Is(err, ErrNoCheckpoint):
 			log.Info("no checkpoint to resume from; starting the run", zap.String("out", cfg.Out))
 		case err != nil:
@@ -642,6 +650,21 @@ func (l *loop) ended(c *ckWrite) {
 	if c.dir != "" {
 		l.lastCk, l.ckStep = c.dir, c.step
 	}
+}
+
+// makeRunDir makes the run directory, before the engine takes its memory:
+// a path that is a file, or that this user may not write, is refused as
+// the caller's to fix, naming it. Other failures (a full disk) are not.
+func makeRunDir(out string) error {
+	err := os.MkdirAll(out, 0o755)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) ||
+		errors.Is(err, fs.ErrExist) || errors.Is(err, fs.ErrNotExist) {
+		return badInput(fmt.Errorf("run directory %s: %v: choose a directory this user can create and write (--out)", out, errors.Unwrap(err)))
+	}
+	return fmt.Errorf("run directory %s: %w", out, err)
 }
 
 // MetricsFile is the run directory's log of steps.

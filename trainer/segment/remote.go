@@ -11,7 +11,6 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -67,21 +66,12 @@ func RemoteSteps(ctx context.Context, obj Objects, run string) ([]int, error) {
 		if !ok || file != MarkerFile {
 			continue
 		}
-		if s, ok := parseStepDir(dir); ok {
+		if s, ok := trainer.DirStep(dir); ok {
 			steps = append(steps, s)
 		}
 	}
 	sort.Ints(steps)
 	return steps, nil
-}
-
-func parseStepDir(name string) (int, bool) {
-	rest, ok := strings.CutPrefix(name, "step-")
-	if !ok {
-		return 0, false
-	}
-	s, err := strconv.Atoi(rest)
-	return s, err == nil && s >= 0
 }
 
 // Push uploads the local checkpoint dir (a complete one: trainer writes
@@ -365,7 +355,7 @@ func Prune(ctx context.Context, obj Objects, run string, every, keepLast, keepEv
 	for _, o := range objs {
 		k := o.Key
 		dir, file, ok := strings.Cut(strings.TrimPrefix(k, CheckpointPrefix(run)), "/")
-		s, sok := parseStepDir(dir)
+		s, sok := trainer.DirStep(dir)
 		if !ok || !sok {
 			continue
 		}

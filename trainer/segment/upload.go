@@ -170,7 +170,7 @@ func localSteps(dir string) []int {
 	entries, _ := os.ReadDir(dir)
 	var steps []int
 	for _, e := range entries {
-		if s, ok := parseStepDir(e.Name()); ok && e.IsDir() {
+		if s, ok := trainer.DirStep(e.Name()); ok && e.IsDir() {
 			steps = append(steps, s)
 		}
 	}

@@ -182,7 +182,13 @@ func (s *Sampler) checkCursor(cur *Cursor) error {
 	}
 	for i, sc := range cur.Stores {
 		have := s.sources[i].Store.Windows(s.cfg.SeqLen)
-		if sc.Windows < 1 || sc.Windows > have || sc.Pos < 0 || sc.Pos > sc.Windows || sc.Epoch < 0 || sc.Taken < 0 {
+		switch {
+		case sc.Windows < 1 || sc.Pos < 0 || sc.Pos > sc.Windows || sc.Epoch < 0 || sc.Taken < 0:
+			// No sampler writes these: the checkpoint's state was damaged
+			// or edited.
+			return inputErrorf("token sampler: the run's cursor for store %s is not one a run writes (position %d of %d windows, epoch %d, %d taken): resume from an earlier checkpoint",
+				s.sources[i].Store.Dir(), sc.Pos, sc.Windows, sc.Epoch, sc.Taken)
+		case sc.Windows > have:
 			return inputErrorf("token sampler: store %s holds %d windows, but the run's cursor records %d (epoch %d, position %d): it is not the store the run trained on; pass that store",
 				s.sources[i].Store.Dir(), have, sc.Windows, sc.Epoch, sc.Pos)
 		}

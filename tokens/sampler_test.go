@@ -260,9 +260,16 @@ func TestSamplerBadInput(t *testing.T) {
 	wantInputError(t, err, "seq_len 15", "resume with the run's own settings")
 	_, err = NewSampler([]Source{{Store: st, Weight: 1}, {Store: st, Weight: 1}}, cfg, &cur)
 	wantInputError(t, err, "covers 1 stores, but 2")
+	good := cur.Stores[0]
 	cur.Stores[0].Windows = 1000
 	_, err = NewSampler([]Source{{Store: st, Weight: 1}}, cfg, &cur)
 	wantInputError(t, err, st.Dir(), "holds 62 windows", "records 1000")
+	// A position past the store's windows is no run's: a damaged state,
+	// not another store.
+	cur.Stores[0] = good
+	cur.Stores[0].Pos = 1 << 50
+	_, err = NewSampler([]Source{{Store: st, Weight: 1}}, cfg, &cur)
+	wantInputError(t, err, st.Dir(), "not one a run writes", "earlier checkpoint")
 }
 
 func TestSamplerStopsAtABadID(t *testing.T) {

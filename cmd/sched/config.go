@@ -33,6 +33,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
+	"gopkg.in/yaml.v3"
 
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
 	"github.com/kiln-lm/kiln/scheduler"
@@ -158,6 +159,7 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 			path = scheduler.DefaultConfigPath()
 		}
 	}
+	var fromFile fileKeys
 	if path != "" {
 		b, err := os.ReadFile(path)
 		switch {
@@ -168,6 +170,8 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 			if err := yamlstrict.Unmarshal(b, &cfg); err != nil {
 				return cfg, badInput("config file %s: %s", path, strings.ReplaceAll(err.Error(), "\n", "; "))
 			}
+			fromFile.path = path
+			_ = yaml.Unmarshal(b, &fromFile.keys)
 		}
 	}
 	for _, s := range settings {
@@ -184,9 +188,42 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return cfg, err
+		return cfg, settingError(cmd, err, fromFile)
 	}
 	return cfg, nil
+}
+
+// fileKeys is the config file read and the keys it sets.
+type fileKeys struct {
+	path string
+	keys map[string]any
+}
+
+// settingError names a setting Validate refused as the user gave it: by
+// its flag, its environment variable, or its key in the config file,
+// whichever set the value (ConfigError names the variable and the flag,
+// which is what it says when none did).
+func settingError(cmd *cobra.Command, err error, file fileKeys) error {
+	var ce *scheduler.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	for _, s := range settings {
+		if s.env != ce.Env {
+			continue
+		}
+		if _, ok := flagValue(cmd, s.flag); ok {
+			return badInput("--%s: %s", s.flag, ce.Msg)
+		}
+		if v, ok := os.LookupEnv(s.env); ok && v != "" {
+			return badInput("%s: %s", s.env, ce.Msg)
+		}
+		key := strings.ReplaceAll(s.flag, "-", "_")
+		if _, ok := file.keys[key]; ok {
+			return badInput("config file %s: %s: %s", file.path, key, ce.Msg)
+		}
+	}
+	return err
 }
 
 func flagValue(cmd *cobra.Command, name string) (string, bool) {
@@ -288,21 +325,21 @@ func consoleLog(format string, w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// logger builds the zap logger, on stderr, in KILN_LOG_FORMAT's form.
-func logger(cfg scheduler.Config) *zap.Logger {
-	var zc zap.Config
-	if consoleLog(cfg.LogFormat, os.Stderr) {
-		zc = zap.NewDevelopmentConfig()
-		zc.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
-		zc.Development = false
-	} else {
-		zc = zap.NewProductionConfig()
-		zc.EncoderConfig.TimeKey = "time"
-		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+// logger builds the zap logger, on stderr, in KILN_LOG_FORMAT's form. An
+// error is one line in either form: no stack trace, which zap's presets add
+// to every error (and the development preset to every warning), though a
+// failed task is an event of the queue, not a fault of the code.
+func logger(cfg scheduler.Config) *zap.Logger { return newLogger(os.Stderr, cfg.LogFormat) }
+
+// newLogger writes to w in format (KILN_LOG_FORMAT): readable lines or
+// JSON, as consoleLog says.
+func newLogger(w io.Writer, format string) *zap.Logger {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	if consoleLog(format, w) {
+		enc.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w), zap.InfoLevel))
 	}
-	log, err := zc.Build()
-	if err != nil {
-		return zap.NewNop()
-	}
-	return log
+	enc.TimeKey = "time" // as the worker's
+	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), zap.InfoLevel))
 }

@@ -23,7 +23,7 @@ func TestSecretsAppearInNoOutput(t *testing.T) {
 		{"port typo, config", []string{"KILN_REDIS_URL=redis://:" + secret + "@localhost:63x9/0"}, []string{"config"}, "KILN_REDIS_URL"},
 		{"port typo, status", []string{"KILN_REDIS_URL=redis://:" + secret + "@localhost:63x9/0"}, []string{"status"}, "port"},
 		{"port typo, worker", []string{"KILN_REDIS_URL=redis://:" + secret + "@localhost:63x9/0"}, []string{"worker", "--queues", "ingest=1"}, "KILN_REDIS_URL"},
-		{"port typo, flag", nil, []string{"enqueue", "ingest", "the-stack-v2", "--redis-url", "redis://user:" + secret + "@localhost:6379x/0"}, "KILN_REDIS_URL"},
+		{"port typo, flag", nil, []string{"enqueue", "ingest", "the-stack-v2", "--redis-url", "redis://user:" + secret + "@localhost:6379x/0"}, "--redis-url"},
 		{"no scheme", []string{"KILN_REDIS_URL=redis//:" + secret + "@localhost:6379/0"}, []string{"status"}, "KILN_REDIS_URL"},
 		{"bad database", []string{"KILN_REDIS_URL=redis://:" + secret + "@localhost:6379/zero"}, []string{"status"}, "database"},
 		{"unreachable", []string{"KILN_REDIS_URL=redis://:" + secret + "@127.0.0.1:1/0"}, []string{"status"}, "cannot reach Redis"},

@@ -71,6 +71,33 @@ func TestConfigPrecedenceAndMasking(t *testing.T) {
 	}
 }
 
+// A setting the configuration refuses is named where the user gave it: the
+// config file's key, the environment variable, or the flag, whichever won;
+// a value nobody gave is named by its variable and flag.
+func TestConfigErrorsNameWhereTheValueCameFrom(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := filepath.Join(dir, "kiln.yaml")
+	os.WriteFile(file, []byte("log_format: xml\n"), 0o644)
+	s3 := filepath.Join(dir, "s3.yaml")
+	os.WriteFile(s3, []byte("s3_endpoint: minio:9000\n"), 0o644)
+	for _, c := range []struct {
+		env  []string
+		args string
+		want string
+	}{
+		{nil, "--config " + file, "config file " + file + `: log_format: "xml" is not one of json, console, auto`},
+		{[]string{"KILN_LOG_FORMAT=yaml"}, "--config " + file, `KILN_LOG_FORMAT: "yaml" is not one of`},
+		{[]string{"KILN_LOG_FORMAT=yaml"}, "--config " + file + " --log-format toml", `--log-format: "toml" is not one of`},
+		{nil, "--config " + s3, "KILN_S3_ACCESS_KEY (--s3-access-key): an S3 endpoint is set but its access key"},
+	} {
+		_, errOut, code := sched(t, c.env, append([]string{"config"}, strings.Fields(c.args)...)...)
+		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("%v sched config %s: exit %d, %q; want exit 2 and %q", c.env, c.args, code, errOut, c.want)
+		}
+	}
+}
+
 // TestBadInputExitsTwo checks that each usage mistake is one line on stderr
 // that names the input, with exit code 2.
 func TestBadInputExitsTwo(t *testing.T) {
@@ -98,7 +125,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"local dataset without a store", []string{good}, []string{"enqueue", "ingest", "local:/src/*.go"}, "needs --store NAME"},
 		{"bad token limit", []string{good}, []string{"enqueue", "ingest", "the-stack-v2", "--max-tokens", "lots"}, `--max-tokens "lots"`},
 		{"a run's data is its YAML's", []string{good}, []string{"enqueue", "train", "r", "--store", "a"}, "unknown flag: --store"},
-		{"malformed redis url", nil, []string{"status", "--redis-url", "localhost:6379"}, "KILN_REDIS_URL"},
+		{"malformed redis url", nil, []string{"status", "--redis-url", "localhost:6379"}, `--redis-url: "localhost:6379" is not a redis://`},
+		{"malformed redis url in the environment", []string{"KILN_REDIS_URL=localhost:6379"}, []string{"status"}, `KILN_REDIS_URL: "localhost:6379" is not a redis://`},
 		{"unreachable redis", []string{"KILN_REDIS_URL=redis://127.0.0.1:1/0"}, []string{"status"}, "cannot reach Redis at redis://127.0.0.1:1/0"},
 		{"bad queues", []string{good}, []string{"worker", "--queues", "cpu=2"}, `unknown queue "cpu"`},
 		{"two gpu tasks at once", []string{good}, []string{"worker", "--queues", "gpu=2"}, `gpu=2: the gpu queue runs one task at a time`},

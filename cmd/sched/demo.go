@@ -170,7 +170,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 		o.Dir = abs
 	}
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
-		return res, fmt.Errorf("demo directory: %w", err)
+		return res, badInput("--dir %s: %v: give a directory this user can create and write", o.Dir, errors.Unwrap(err))
 	}
 	objects, err := store.NewLocal(filepath.Join(o.Dir, "objects"))
 	if err != nil {
@@ -184,7 +184,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 
 	stage := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
 
-	stage("tokenizer: byte-level BPE, 4096 ids, learned from %s of %s", humanSize(o.TokenizerBytes), o.Files)
+	stage("tokenizer: byte-level BPE, 4096 ids, learned from up to %s of %s", humanSize(o.TokenizerBytes), o.Files)
 	tokPath := filepath.Join(o.Dir, "tokenizer.json")
 	tok, tokJSON, err := loadDemoTokenizer(ctx, tokPath, files, o.TokenizerBytes)
 	if err != nil {
@@ -424,6 +424,9 @@ func loadDemoTokenizer(ctx context.Context, path string, files []string, budget 
 		}
 		inputs = append(inputs, bytes.NewReader(b))
 		used += int64(len(b))
+	}
+	if used == 0 {
+		return nil, nil, badInput("the %d file(s) the corpus glob matches hold no text (or cannot be read): give --files a glob of text files, such as '$GOROOT/src/*/*.go'", len(files))
 	}
 	b, err := tokenizer.Train(ctx, inputs, tokenizer.TrainOptions{VocabSize: 4096})
 	if err != nil {

@@ -79,6 +79,18 @@ func TestDemoBadInput(t *testing.T) {
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("refused demos wrote %d entries into --dir", len(entries))
 	}
+	// A corpus of empty files, and a --dir that is a file.
+	empty := filepath.Join(t.TempDir(), "empty.txt")
+	os.WriteFile(empty, nil, 0o644)
+	if _, errOut, code := sched(t, nil, "demo", "--dir", t.TempDir(), "--files", empty); code != 2 || !strings.Contains(errOut, "hold no text") || strings.Contains(errOut, "\n\t") {
+		t.Errorf("demo of an empty file: exit %d, %q; want exit 2 saying it holds no text", code, errOut)
+	}
+	if _, errOut, code := sched(t, nil, "demo", "--dir", empty); code != 2 || !strings.Contains(errOut, "--dir "+empty) {
+		t.Errorf("demo --dir FILE: exit %d, %q; want exit 2 naming it", code, errOut)
+	}
+	if b, err := os.ReadFile(empty); err != nil || len(b) != 0 {
+		t.Errorf("the file given as --dir changed: %q, %v", b, err)
+	}
 }
 
 func TestFitRunEndsOnAnEvaluation(t *testing.T) {

@@ -85,6 +85,9 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 	if err := checkEngine(f.engine); err != nil {
 		return err
 	}
+	if fi, err := os.Stat(f.checkpoint); err == nil && !fi.IsDir() {
+		return badInput("--checkpoint %s is a file: give the checkpoint's directory (it holds config.json, model.safetensors and tokenizer.json)", f.checkpoint)
+	}
 	params, err := model.LoadCheckpoint(f.checkpoint)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {

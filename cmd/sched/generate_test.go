@@ -118,6 +118,10 @@ func TestGenerateCommandBadCheckpoints(t *testing.T) {
 	}
 	notok, _ := makeCheckpoint(t)
 	os.Remove(filepath.Join(notok, "tokenizer.json"))
+	garbled, _ := makeCheckpoint(t)
+	if err := os.WriteFile(filepath.Join(garbled, "config.json"), []byte("{bad"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		dir  string
 		want []string
@@ -126,6 +130,8 @@ func TestGenerateCommandBadCheckpoints(t *testing.T) {
 		{trunc, []string{"model.safetensors", "truncated", "save it again"}},
 		{notok, []string{"no tokenizer.json"}},
 		{filepath.Join(other, "missing"), []string{"config.json"}},
+		{garbled, []string{"config.json is not valid JSON", "copy the one saved with the weights"}},
+		{filepath.Join(other, "config.json"), []string{"is a file", "the checkpoint's directory"}},
 	}
 	for _, tc := range cases {
 		_, errOut, code := runModelCLI(t, append([]string{"generate", "--checkpoint", tc.dir}, base()...)...)

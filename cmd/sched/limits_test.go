@@ -24,6 +24,8 @@ func TestBadNumbersExitTwoNamingTheFlag(t *testing.T) {
 	ckpt, _ := makeCheckpoint(t)
 	cfg := filepath.Join(dir, "run.yaml")
 	os.WriteFile(cfg, []byte("model: tiny\nbatch: 0\ntotal_steps: 10\n"), 0o644)
+	tpu := filepath.Join(dir, "tpu.yaml")
+	os.WriteFile(tpu, []byte("model: tiny\nengine: tpu\ntotal_steps: 10\n"), 0o644)
 	train := []string{"train", "--tokens", dir, "--steps", "10", "--out", filepath.Join(dir, "out")}
 	gen := []string{"generate", "--checkpoint", ckpt, "--prompt", "func main() {"}
 	golden := []string{"verify", "--golden", filepath.Join(goldenDir, "tiny")}
@@ -52,6 +54,7 @@ func TestBadNumbersExitTwoNamingTheFlag(t *testing.T) {
 		{[]string{"train", "--tokens", dir, "--out", filepath.Join(dir, "out")}, []string{"--steps N", "--total-tokens N"}},
 		{[]string{"train", "--tokens", dir + "=Inf", "--steps", "10"}, []string{"--tokens", "finite positive"}},
 		{[]string{"train", "--run-config", cfg, "--tokens", dir}, []string{cfg, "batch is 0"}},
+		{[]string{"train", "--run-config", tpu, "--tokens", dir}, []string{"run config " + tpu, `engine "tpu"`}},
 		{append(gen, "--temperature", "NaN"), []string{"--temperature", "finite"}},
 		{append(gen, "--temperature", "+Inf"), []string{"--temperature", "finite"}},
 		{append(gen, "--engine", "tpu"), []string{`"tpu"`, "cpu, cuda, auto"}},

@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -104,6 +103,11 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	}
 	rc = rc.WithDefaults()
 	if err := rc.Validate(); err != nil {
+		if f.runConfig != "" {
+			// The flags are checked by name above: what is left came from
+			// the file (or the defaults, which are valid).
+			return badInputError{fmt.Errorf("run config %s: %w", f.runConfig, err)}
+		}
 		return err
 	}
 	mc, err := rc.ModelConfig()
@@ -393,17 +397,4 @@ func printMetrics(w io.Writer, m trainer.Metrics, total int) {
 		line += fmt.Sprintf("  eval %.4f (ppl %.2f)", *m.EvalLoss, *m.EvalPPL)
 	}
 	fmt.Fprintln(w, line)
-}
-
-// newLogger writes to w in format (KILN_LOG_FORMAT): readable lines or
-// JSON, as consoleLog says.
-func newLogger(w io.Writer, format string) *zap.Logger {
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	if consoleLog(format, w) {
-		enc.EncodeLevel = zapcore.CapitalColorLevelEncoder
-		return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w), zap.InfoLevel))
-	}
-	enc.TimeKey = "time" // as the worker's
-	return zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), zap.InfoLevel))
 }

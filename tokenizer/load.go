@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"runtime"
 	"sort"
@@ -96,12 +98,20 @@ func isNull(raw json.RawMessage) bool {
 	return len(t) == 0 || string(t) == "null"
 }
 
+// maxFileSize is the largest tokenizer.json Load reads (a variable only so
+// that tests can reach it cheaply). The largest published ones
+// (vocabularies of 262,144 tokens with their merges) are tens of
+// megabytes, so a file past 256 MiB is not a tokenizer.json but a wrong
+// path: a device such as /dev/zero, or a pipe that never ends, which would
+// otherwise be read until memory runs out. Parsing holds several times the
+// file, so the cap also bounds what a load can cost.
+var maxFileSize int64 = 256 << 20
+
 // Load reads and parses a tokenizer.json file.
 func Load(path string) (*Tokenizer, error) {
-	data, err := os.ReadFile(path)
+	data, err := readFile(path)
 	if err != nil {
-		// A path that does not lead to a readable file is the caller's to fix.
-		return nil, &FormatError{Path: path, Msg: fmt.Sprintf("cannot read the tokenizer: %v; give the path of a tokenizer.json", errors.Unwrap(err)), Err: err}
+		return nil, err
 	}
 	// data is this call's own: the parsed tokenizer's strings can be
 	// pieces of it, not of a copy.
@@ -114,6 +124,46 @@ func Load(path string) (*Tokenizer, error) {
 		return nil, err
 	}
 	return t, nil
+}
+
+// readFile reads path whole, refusing one larger than maxFileSize. The
+// read stops one byte past the cap, whatever the file is, so that a device
+// or a pipe that never ends is refused, not read forever.
+func readFile(path string) ([]byte, error) {
+	tooLarge := &FormatError{Path: path, Msg: fmt.Sprintf("is larger than %d MiB, the most a tokenizer.json may be (real ones are tens of megabytes); give the path of a tokenizer.json", maxFileSize>>20)}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, cannotRead(path, err)
+	}
+	defer f.Close()
+	size := int64(0) // what to make room for: a regular file's size
+	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+		if st.Size() > maxFileSize {
+			return nil, tooLarge // refused without reading it
+		}
+		size = st.Size()
+	}
+	// Room for the whole file and bytes.MinRead more, so that a file of
+	// the size Stat gave is read into one allocation, as os.ReadFile would.
+	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
+	if _, err := buf.ReadFrom(io.LimitReader(f, maxFileSize+1)); err != nil {
+		return nil, cannotRead(path, err)
+	}
+	if int64(buf.Len()) > maxFileSize {
+		return nil, tooLarge
+	}
+	return buf.Bytes(), nil
+}
+
+// cannotRead is the error of a path that does not lead to a readable file,
+// which is the caller's to fix.
+func cannotRead(path string, err error) error {
+	why := err
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		why = pe.Err // the path is named once, first
+	}
+	return &FormatError{Path: path, Msg: fmt.Sprintf("cannot read the tokenizer: %v; give the path of a tokenizer.json", why), Err: err}
 }
 
 // Parse builds a Tokenizer from the contents of a tokenizer.json. Components
@@ -331,11 +381,29 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 	t.ignoreMerges = m.IgnoreMerges
 	t.vocab = m.Vocab
 	maxID := uint32(0)
+	// One bit an id, set by the token that has it: two tokens with one id
+	// would make that id decode to either, and the ids encoded with the
+	// other token would not round trip. The set starts at the size of a
+	// dense vocabulary (ids 0 to len-1, as every real one is).
+	taken := make([]uint64, (len(m.Vocab)+63)/64)
+	shared := false
 	for _, id := range m.Vocab {
 		maxID = max(maxID, id)
+		if id >= 1<<31 {
+			continue // refused below
+		}
+		w, bit := int(id/64), uint64(1)<<(id%64)
+		if w >= len(taken) {
+			taken = append(taken, make([]uint64, w+1-len(taken))...)
+		}
+		shared = shared || taken[w]&bit != 0
+		taken[w] |= bit
 	}
 	if maxID >= 1<<31 {
 		return formatErr("model.vocab has id %d; ids must be below 2^31", maxID)
+	}
+	if shared {
+		return sharedIDError(m.Vocab)
 	}
 	t.vocabSize = int(maxID) + 1
 	// The byte symbols: the tokens of one byte, each one character of
@@ -424,6 +492,24 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 	return nil
 }
 
+// sharedIDError names the smallest id of vocab that two tokens share, and
+// the first two of its tokens in sorted order, so that the same file gives
+// the same message on every load.
+func sharedIDError(vocab map[string]uint32) error {
+	byID := make(map[uint32][]string, len(vocab))
+	for tok, id := range vocab {
+		byID[id] = append(byID[id], tok)
+	}
+	id, toks := uint32(0), []string(nil)
+	for i, ts := range byID {
+		if len(ts) > 1 && (toks == nil || i < id) {
+			id, toks = i, ts
+		}
+	}
+	sort.Strings(toks)
+	return formatErr("model.vocab gives id %d to two tokens, %q and %q: each id must name one token, or decoding it is ambiguous; give one of them another id (or remove it)", id, toks[0], toks[1])
+}
+
 // mergeBlock is how many merges one goroutine of a load looks up.
 const mergeBlock = 4096
 
@@ -434,38 +520,19 @@ func (t *Tokenizer) decodeTables() {
 	t.decodeOnce.Do(func() {
 		tokens := make([][]byte, t.vocabSize)
 		tokenStr := make([]string, t.vocabSize)
-		// Two tokens with one id resolve the same way on every load: in
-		// sorted order, the last wins. Sorting 30,000 keys is a tenth of
-		// a load, so it is done only when some id is shared.
-		seen := make([]bool, t.vocabSize)
-		shared := false
 		size := 0
-		for tok, id := range t.vocab {
-			shared = shared || seen[id]
-			seen[id] = true
+		for tok := range t.vocab {
 			size += len(tok)
 		}
 		// The tokens' bytes share one allocation (a token's bytes are
-		// never longer than its string).
+		// never longer than its string). Each id has one token
+		// (parseModel refuses a shared one), so the map's order does
+		// not matter.
 		arena := make([]byte, 0, size)
-		add := func(tok string, id uint32) {
+		for tok, id := range t.vocab {
 			n := len(arena)
 			arena, _ = byteLevelDecodeAppend(arena, tok)
 			tokens[id], tokenStr[id] = arena[n:len(arena):len(arena)], tok
-		}
-		if shared {
-			keys := make([]string, 0, len(t.vocab))
-			for k := range t.vocab {
-				keys = append(keys, k)
-			}
-			sort.Strings(keys)
-			for _, tok := range keys {
-				add(tok, t.vocab[tok])
-			}
-		} else {
-			for tok, id := range t.vocab {
-				add(tok, id)
-			}
 		}
 		// HF decodes an added token from its content, through the
 		// ByteLevel decoder like any other token.

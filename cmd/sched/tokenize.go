@@ -3,6 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,20 +21,35 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
+// outHelp is what both commands' help says of --out.
+const outHelp = `The output is written beside --out and renamed over it, so that a
+failed run never leaves a part-written file there. A file already at
+--out is replaced only with --force, and never one that kiln manages,
+--force or not: a file of a token store (a directory holding its
+manifest.json) or a tokenizer.json the data directory's catalog publishes
+('sched tokenizers' lists them). A device or a pipe (/dev/null) is written
+in place.`
+
 func init() {
 	var tokFile, in, out, dtype string
+	var force bool
 	tok := &cobra.Command{
-		Use:   "tokenize [--tokenizer NAME | --tokenizer-file FILE] --in TEXT --out IDS [--dtype u16|u32]",
+		Use:   "tokenize [--tokenizer NAME | --tokenizer-file FILE] --in TEXT --out IDS [--dtype u16|u32] [--force]",
 		Short: "Encode a text file into raw little-endian token ids",
 		Long: `tokenize encodes TEXT with a tokenizer and writes the ids as raw
 little-endian u16 or u32 values, for inspection and interchange. The
 tokenizer is a tokenizer.json given with --tokenizer-file, or else the
 published one --tokenizer names (default KILN_TOKENIZER; 'sched tokenizers'
-lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
+lists them). u16 is refused when the vocabulary has more than 65536 tokens.
+
+` + outHelp,
 		Args: exactArgs(0, "no positional arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if in == "" || out == "" {
@@ -40,6 +59,19 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
 				return err
 			}
 			if err := checkNotAnInput(out, "ids", "--tokenizer-file", tokFile); err != nil {
+				return err
+			}
+			// Before the configuration, which would refuse a path given
+			// to --tokenizer less helpfully.
+			if err := checkTokenizerFlag(cmd); err != nil {
+				return err
+			}
+			policy, err := outPolicyFor(cmd, force)
+			if err != nil {
+				return err
+			}
+			// Before the tokenizer loads: a refused --out costs nothing.
+			if err := policy.check(commandContext(cmd), out); err != nil {
 				return err
 			}
 			// The live heap of this command is the tokenizer (tens of
@@ -59,16 +91,24 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
 	tok.Flags().StringVar(&in, "in", "", "text file to encode (required)")
 	tok.Flags().StringVar(&out, "out", "", "file to write the ids to (required)")
 	tok.Flags().StringVar(&dtype, "dtype", "u16", "id width: u16 or u32")
+	tok.Flags().BoolVar(&force, "force", false, "replace a file already at --out (never a token store's file or a published tokenizer)")
 	rootCmd.AddCommand(tok)
 
 	var inputs []string
 	var opts tokenizer.TrainOptions
 	var special []string
 	var trainOut string
+	var trainForce bool
 	train := &cobra.Command{
-		Use:   "train --in FILES... --vocab 16384 --out tokenizer.json",
+		Use:   "train --in FILES... --vocab 16384 --out tokenizer.json [--force]",
 		Short: "Train a byte-level BPE vocabulary on text files",
-		Args:  exactArgs(0, "no positional arguments (pass files with --in)"),
+		Long: `train learns a byte-level BPE vocabulary from the text files --in names
+and writes it as a tokenizer.json. Written to
+<data dir>/tokenizers/NAME/tokenizer.json, a new NAME becomes known to this
+machine as a published tokenizer.
+
+` + outHelp,
+		Args: exactArgs(0, "no positional arguments (pass files with --in)"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(special) == 0 {
 				return badInput("--special names no token: give at least the end-of-text token (such as <|endoftext|>), which ends each document in a token store")
@@ -82,7 +122,11 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
 			if opts.MinFrequency < 1 {
 				return badInput("--min-frequency %d: give how many times a pair must occur to be merged, at least 1 (default 2)", opts.MinFrequency)
 			}
-			return runTokenizerTrain(cmd.Context(), cmd.ErrOrStderr(), inputs, trainOut, opts)
+			policy, err := outPolicyFor(cmd, trainForce)
+			if err != nil {
+				return err
+			}
+			return runTokenizerTrain(commandContext(cmd), cmd.ErrOrStderr(), inputs, trainOut, policy, opts)
 		},
 	}
 	train.Flags().StringSliceVar(&inputs, "in", nil, "text files to learn from (repeat or comma-separate; required)")
@@ -91,6 +135,7 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.`,
 	train.Flags().StringSliceVar(&special, "special", []string{"<|endoftext|>"}, "special tokens, first ids in order (the first end-of-text name is the EOS)")
 	train.Flags().StringVar(&opts.Pattern, "pattern", "gpt4", "pre-tokenizer: gpt4 (GPT-4/Llama-3 split) or gpt2")
 	train.Flags().StringVar(&trainOut, "out", "tokenizer.json", "file to write")
+	train.Flags().BoolVar(&trainForce, "force", false, "replace a file already at --out (never a token store's file or a published tokenizer)")
 	group := &cobra.Command{Use: "tokenizer", Short: "Tokenizer vocabularies: train"}
 	group.AddCommand(train)
 	rootCmd.AddCommand(group)
@@ -225,7 +270,7 @@ func (p progressFile) ReadAt(b []byte, off int64) (int, error) {
 	return n, err
 }
 
-func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, out string, opts tokenizer.TrainOptions) error {
+func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, out string, policy outPolicy, opts tokenizer.TrainOptions) error {
 	if len(inputs) == 0 {
 		return badInput("tokenizer train needs --in FILES; see 'sched tokenizer train --help'")
 	}
@@ -253,6 +298,9 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 		}
 		readers = append(readers, bufio.NewReaderSize(f, 1<<20))
 	}
+	if err := policy.check(ctx, out); err != nil {
+		return err
+	}
 	if isTerminal(errOut) {
 		var bar *progressbar.ProgressBar
 		stageNow := ""
@@ -278,6 +326,11 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	}
 	data, err := tokenizer.Train(ctx, readers, opts)
 	if err != nil {
+		return err
+	}
+	// Again: in the minutes the training took, a file may have come to
+	// --out (a tokenizer published by that name, say).
+	if err := policy.check(ctx, out); err != nil {
 		return err
 	}
 	if err := writeOutput(out, func(w io.Writer) error { _, err := w.Write(data); return err }); err != nil {
@@ -387,8 +440,258 @@ func writeOutput(out string, write func(io.Writer) error) error {
 		dst.Close()
 		return err
 	}
+	// On disk before the rename: a crash just after it must leave the
+	// whole new file under the name, not an empty one where the old was.
+	if err := dst.Sync(); err != nil {
+		dst.Close()
+		return err
+	}
 	if err := dst.Close(); err != nil {
 		return err
 	}
 	return os.Rename(dst.Name(), out)
+}
+
+// commandContext is cmd's context, or the background where cobra was run
+// without one.
+func commandContext(cmd *cobra.Command) context.Context {
+	if ctx := cmd.Context(); ctx != nil {
+		return ctx
+	}
+	return context.Background()
+}
+
+// outPolicy says which existing file an --out may replace: one kiln
+// manages never, any other regular file only with force.
+type outPolicy struct {
+	force bool
+	// cfg locates the files kiln manages: the token stores under
+	// <data dir>/tokens and the catalog's tokenizers. With no data
+	// directory only the --out's own directory is looked at.
+	cfg scheduler.Config
+}
+
+// outPolicyFor is the policy of a command's --force and configuration.
+func outPolicyFor(cmd *cobra.Command, force bool) (outPolicy, error) {
+	cfg, err := loadConfig(cmd)
+	if err != nil {
+		return outPolicy{}, err
+	}
+	return outPolicy{force: force, cfg: cfg}, nil
+}
+
+// check refuses, as bad input, an --out that would replace a file kiln
+// manages (a token store's, or a published tokenizer: stores and runs
+// name it by its sha256, and would lose it or change meaning), and any
+// other existing regular file unless --force was given. A device or a pipe
+// is written in place, so nothing is replaced; a directory is checkOut's
+// to refuse.
+func (p outPolicy) check(ctx context.Context, out string) error {
+	st, err := os.Stat(out)
+	if err == nil && !st.Mode().IsRegular() {
+		return nil
+	}
+	if err != nil {
+		st = nil // a new file (or one checkOut refuses)
+	}
+	// The store as the path names it, else where its links lead.
+	real := resolvePath(out)
+	dir, ok := tokenStoreHolding(filepath.Clean(out))
+	if !ok {
+		dir, ok = tokenStoreHolding(real)
+	}
+	if ok {
+		if st == nil {
+			return badInput("--out %s is inside token store %s, whose files only ingest writes; write to another path (--force does not change this)", out, dir)
+		}
+		return badInput("--out %s is token store %s's file: replacing it would break the store, so it is refused even with --force; write to another path", out, dir)
+	}
+	if p.cfg.DataDir != "" {
+		if st != nil {
+			if dir, ok := p.storeFileLinkedAs(st); ok {
+				return badInput("--out %s is token store %s's file (a link to it): replacing it would break the store, so it is refused even with --force; write to another path", out, dir)
+			}
+		}
+		if err := p.checkNotPublished(ctx, out, real, st); err != nil {
+			return err
+		}
+	}
+	if st != nil && !p.force {
+		return badInput("--out %s already exists: pass --force to replace it, or choose another path", out)
+	}
+	return nil
+}
+
+// resolvePath is out made absolute with its symbolic links followed (those
+// of its directory, when out does not exist yet), so that a path through a
+// link is judged by where it leads.
+func resolvePath(out string) string {
+	abs, err := filepath.Abs(out)
+	if err != nil {
+		return filepath.Clean(out)
+	}
+	if r, err := filepath.EvalSymlinks(abs); err == nil {
+		return r
+	}
+	if d, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+		return filepath.Join(d, filepath.Base(abs))
+	}
+	return abs
+}
+
+// tokenStoreHolding returns the token store that path is in, if any.
+func tokenStoreHolding(path string) (string, bool) {
+	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
+		if isTokenStore(dir) {
+			return dir, true
+		}
+		if filepath.Dir(dir) == dir {
+			return "", false
+		}
+	}
+}
+
+// isTokenStore reports whether dir is a token store: a directory holding
+// a manifest.json, as the catalog's store scan finds them, whose format is
+// kiln's (tokens.ReadManifest's first check). A manifest.json beside a
+// tokens.bin is a store too: one whose manifest is damaged is still
+// someone's data.
+func isTokenStore(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, tokens.ManifestFile))
+	if err != nil {
+		return false
+	}
+	var m struct {
+		Format string `json:"format"`
+	}
+	if json.Unmarshal(b, &m) == nil && m.Format == tokens.Format {
+		return true
+	}
+	_, err = os.Stat(filepath.Join(dir, tokens.TokensFile))
+	return err == nil
+}
+
+// storeFileLinkedAs finds the store under <data dir>/tokens that holds the
+// file st is, by another name (a hard link).
+func (p outPolicy) storeFileLinkedAs(st fs.FileInfo) (string, bool) {
+	root := filepath.Join(p.cfg.DataDir, "tokens")
+	dirs, _ := os.ReadDir(root) // no stores yet: nothing to find
+	for _, d := range dirs {
+		dir := filepath.Join(root, d.Name())
+		if !d.IsDir() || !isTokenStore(dir) {
+			continue
+		}
+		files, _ := os.ReadDir(dir)
+		for _, f := range files {
+			if fst, err := os.Stat(filepath.Join(dir, f.Name())); err == nil && os.SameFile(st, fst) {
+				return dir, true
+			}
+		}
+	}
+	return "", false
+}
+
+// catalogRoots are the directories whose NAME/tokenizer.json the catalog
+// reads: the data directory's copies, and the local object store's, which
+// is the published one where there is no S3.
+func (p outPolicy) catalogRoots() []string {
+	roots := []string{catalog.New(nil, p.cfg.DataDir).Dir}
+	if p.cfg.S3Endpoint == "" {
+		roots = append(roots, filepath.Join(p.cfg.LocalStoreDir(), filepath.FromSlash(strings.TrimSuffix(catalog.Prefix, "/"))))
+	}
+	return roots
+}
+
+// checkNotPublished refuses an --out that is the tokenizer.json of a
+// published tokenizer (st is the existing file, nil for a new one at
+// real): by its path in the catalog, or by a link to it. A new file where
+// the catalog already knows the name (from object storage) is refused as
+// well: the local copy would differ from the published one.
+func (p outPolicy) checkNotPublished(ctx context.Context, out, real string, st fs.FileInfo) error {
+	name := ""
+roots:
+	for _, root := range p.catalogRoots() {
+		if filepath.Base(real) == catalog.FileName && filepath.Dir(filepath.Dir(real)) == resolvePath(root) {
+			name = filepath.Base(filepath.Dir(real))
+			break
+		}
+		if st == nil {
+			continue
+		}
+		dirs, _ := os.ReadDir(root) // no catalog yet: nothing published here
+		for _, d := range dirs {
+			if fst, err := os.Stat(filepath.Join(root, d.Name(), catalog.FileName)); err == nil && os.SameFile(st, fst) {
+				name = d.Name()
+				break roots
+			}
+		}
+	}
+	if name == "" {
+		return nil
+	}
+	// The object store only now, for a path that is the catalog's: every
+	// other --out is judged without it.
+	objects, err := openStore(ctx, p.cfg)
+	if err != nil {
+		return err
+	}
+	cat := catalog.New(objects, p.cfg.DataDir)
+	if st == nil {
+		names, err := cat.Names(ctx)
+		if err != nil {
+			return err
+		}
+		if !slices.Contains(names, name) {
+			return nil // a new name: writing it here is how one is made
+		}
+	}
+	users, err := tokenizerUsers(ctx, cat, objects, filepath.Join(p.cfg.DataDir, "tokens"), name)
+	if err != nil {
+		return err
+	}
+	return badInput("--out %s is the published tokenizer %s%s: a published name always means the same bytes, so it is refused even with --force; write to another path (and publish a new tokenizer under a new name)", out, name, users)
+}
+
+// tokenizerUsers says which token stores and runs use the published
+// tokenizer name, as "that token store S and run R use", or
+// " (no token store or run uses it yet)".
+func tokenizerUsers(ctx context.Context, cat *catalog.Catalog, objects store.Store, tokensDir, name string) (string, error) {
+	// The object store's copy is the published one; the local copy, where
+	// it has none.
+	var r io.ReadCloser
+	r, err := objects.Get(ctx, catalog.Key(name))
+	if errors.Is(err, store.ErrNotFound) {
+		r, err = os.Open(filepath.Join(cat.Dir, name, catalog.FileName))
+	}
+	if err != nil {
+		return "", fmt.Errorf("read tokenizer %s: %w", name, err)
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, r)
+	r.Close()
+	if err != nil {
+		return "", fmt.Errorf("read tokenizer %s: %w", name, err)
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	u, err := cat.Usage(ctx, tokensDir)
+	if err != nil {
+		return "", err
+	}
+	var parts []string
+	for _, g := range []struct {
+		one   string
+		names []string
+	}{{"token store", u.Stores[sum]}, {"run", u.Runs[sum]}} {
+		switch len(g.names) {
+		case 0:
+		case 1:
+			parts = append(parts, g.one+" "+g.names[0])
+		default:
+			parts = append(parts, g.one+"s "+strings.Join(g.names, ", "))
+		}
+	}
+	if len(parts) == 0 {
+		return " (no token store or run uses it yet)", nil
+	}
+	return " that " + strings.Join(parts, " and ") + " use", nil
 }

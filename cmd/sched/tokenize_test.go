@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,8 +19,11 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
+	"github.com/kiln-lm/kiln/tokens"
+	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
 func goldenTokenizer(t *testing.T, dir string) string {
@@ -208,7 +213,7 @@ func TestTokenizerTrainCommand(t *testing.T) {
 	in := filepath.Join(dir, "corpus.txt")
 	os.WriteFile(in, []byte(strings.Repeat("the quick brown fox jumps over the lazy dog\nfunc main() {}\n", 200)), 0o644)
 	out := filepath.Join(dir, "tokenizer.json")
-	if err := runTokenizerTrain(context.Background(), io.Discard, []string{in}, out, tokenizer.TrainOptions{VocabSize: 300}); err != nil {
+	if err := runTokenizerTrain(context.Background(), io.Discard, []string{in}, out, outPolicy{}, tokenizer.TrainOptions{VocabSize: 300}); err != nil {
 		t.Fatal(err)
 	}
 	tk, err := tokenizer.Load(out)
@@ -224,7 +229,7 @@ func TestTokenizerTrainCommand(t *testing.T) {
 	// A corpus with fewer merges in it than asked: the ids it yields,
 	// and a warning that says so and what to do.
 	var warn strings.Builder
-	if err := runTokenizerTrain(context.Background(), &warn, []string{in}, out, tokenizer.TrainOptions{VocabSize: 16384}); err != nil {
+	if err := runTokenizerTrain(context.Background(), &warn, []string{in}, out, outPolicy{force: true}, tokenizer.TrainOptions{VocabSize: 16384}); err != nil {
 		t.Fatal(err)
 	}
 	if tk, err = tokenizer.Load(out); err != nil || tk.VocabSize() >= 16384 {
@@ -233,11 +238,11 @@ func TestTokenizerTrainCommand(t *testing.T) {
 	if want := fmt.Sprintf("warning: the corpus yields %d ids of the 16384 asked", tk.VocabSize()); !strings.Contains(warn.String(), want) || !strings.Contains(warn.String(), "train on more text") {
 		t.Errorf("output %q lacks %q", warn.String(), want)
 	}
-	err = runTokenizerTrain(context.Background(), io.Discard, []string{filepath.Join(dir, "nope.txt")}, out, tokenizer.TrainOptions{})
+	err = runTokenizerTrain(context.Background(), io.Discard, []string{filepath.Join(dir, "nope.txt")}, out, outPolicy{force: true}, tokenizer.TrainOptions{})
 	if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "nope.txt") || !strings.Contains(err.Error(), "name readable text files") {
 		t.Errorf("missing input: err = %v", err)
 	}
-	err = runTokenizerTrain(context.Background(), io.Discard, []string{in}, out, tokenizer.TrainOptions{VocabSize: 10})
+	err = runTokenizerTrain(context.Background(), io.Discard, []string{in}, out, outPolicy{force: true}, tokenizer.TrainOptions{VocabSize: 10})
 	if err == nil || !isBadInput(err) {
 		t.Errorf("vocab 10: err = %v, want bad input", err)
 	}
@@ -439,5 +444,191 @@ func TestTokenizerTrainNeedsAnEndOfTextToken(t *testing.T) {
 	}
 	if _, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a refused training wrote %s: %v", out, err)
+	}
+}
+
+// A file already at --out is replaced only with --force, by both commands:
+// refused, it is left as it was; forced, it holds the new output, readable
+// by all.
+func TestOutputIsReplacedOnlyWithForce(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tokPath := goldenTokenizer(t, dir)
+	text := "package main\n\nfunc main() {}\n"
+	in := filepath.Join(dir, "in.txt")
+	if err := os.WriteFile(in, []byte(strings.Repeat(text, 50)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old := []byte("an older file, someone's\n")
+	for _, c := range []struct {
+		name string
+		args []string
+		want func([]byte) error
+	}{
+		{"tokenize", []string{"tokenize", "--tokenizer-file", tokPath, "--in", in, "--dtype", "u32"}, func(b []byte) error {
+			if len(b) == 0 || len(b)%4 != 0 {
+				return fmt.Errorf("%d bytes, not u32 ids", len(b))
+			}
+			return nil
+		}},
+		{"tokenizer train", []string{"tokenizer", "train", "--in", in, "--vocab", "300"}, func(b []byte) error {
+			_, err := tokenizer.Parse(b)
+			return err
+		}},
+	} {
+		out := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".out")
+		if err := os.WriteFile(out, old, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args := append(c.args, "--out", out)
+		wantBadInput(t, nil, regexp.QuoteMeta("--out "+out+" already exists: pass --force to replace it, or choose another path"), args...)
+		if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, old) {
+			t.Fatalf("%s: a refused --out changed: %q, %v", c.name, b, err)
+		}
+		if _, errOut, code := sched(t, nil, append(args, "--force")...); code != 0 {
+			t.Fatalf("%s --force: exit %d: %s", c.name, code, errOut)
+		}
+		b, err := os.ReadFile(out)
+		if err == nil {
+			err = c.want(b)
+		}
+		if err != nil {
+			t.Errorf("%s --force: %s holds no new output: %v", c.name, out, err)
+		}
+		if st, err := os.Stat(out); err != nil || st.Mode().Perm() != 0o644 {
+			t.Errorf("%s --force: %s is %v (%v); want it readable by all", c.name, out, st.Mode(), err)
+		}
+		if left, _ := filepath.Glob(out + ".tmp*"); len(left) > 0 {
+			t.Errorf("%s --force left %v behind", c.name, left)
+		}
+	}
+}
+
+// The files kiln manages are never an --out, --force or not, by their path
+// or a link to them: a token store's files (and a new file in its
+// directory), and a published tokenizer's, local copy or the local object
+// store's, or a new local copy of one object storage holds. Each refusal
+// names what the file is and who uses it; everything is left as it was and
+// the catalog still lists the tokenizer.
+func TestOutputNeverReplacesAFileKilnManages(t *testing.T) {
+	t.Parallel()
+	home := t.TempDir()
+	data := filepath.Join(home, "data")
+	env := []string{"KILN_DATA_DIR=" + data}
+	ctx := context.Background()
+	objects, err := store.NewLocal(filepath.Join(data, "objects"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tj := trainSmall(t, "func main() { println(1) }\npackage main\n")
+	if _, err := catalog.New(objects, data).Publish(ctx, "go-4096", tj); err != nil {
+		t.Fatal(err)
+	}
+	other := trainSmall(t, "alpha beta gamma delta")
+	objects.Put(ctx, catalog.Key("remote-only"), bytes.NewReader(other), int64(len(other)))
+	objects.Put(ctx, "checkpoints/pilot/step-0000100/tokenizer.json", bytes.NewReader(tj), int64(len(tj)))
+	storeDir := filepath.Join(data, "tokens", "code")
+	writeStore(t, storeDir, tj)
+
+	in := filepath.Join(home, "in.txt")
+	os.WriteFile(in, []byte(strings.Repeat("func main() {}\n", 100)), 0o644)
+	tokPath := filepath.Join(home, "tokenizer.json")
+	os.WriteFile(tokPath, tj, 0o644)
+	linkDir := filepath.Join(home, "store-link")
+	if err := os.Symlink(storeDir, linkDir); err != nil {
+		t.Fatal(err)
+	}
+	hard := filepath.Join(home, "ids.bin")
+	if err := os.Link(filepath.Join(storeDir, tokens.TokensFile), hard); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(data, "tokenizers", "remote-only"), 0o755)
+	published := filepath.Join(data, "tokenizers", "go-4096", "tokenizer.json")
+	storeFile := "--out %s is token store " + storeDir + "'s file"
+	users := "that token store code and run pilot use: a published name always means the same bytes, so it is refused even with --force; write to another path"
+	before := snapshot(t, data)
+	for _, c := range []struct{ out, want string }{
+		{published, "--out " + published + " is the published tokenizer go-4096 " + users},
+		{filepath.Join(data, "objects", "tokenizers", "go-4096", "tokenizer.json"), "is the published tokenizer go-4096 " + users},
+		{filepath.Join(data, "tokenizers", "remote-only", "tokenizer.json"), "is the published tokenizer remote-only (no token store or run uses it yet)"},
+		{filepath.Join(storeDir, tokens.TokensFile), fmt.Sprintf(storeFile, filepath.Join(storeDir, tokens.TokensFile)) + ": replacing it would break the store, so it is refused even with --force; write to another path"},
+		{filepath.Join(storeDir, tokens.ManifestFile), fmt.Sprintf(storeFile, filepath.Join(storeDir, tokens.ManifestFile))},
+		{filepath.Join(linkDir, tokens.ManifestFile), "is token store " + linkDir + "'s file"},
+		{hard, fmt.Sprintf(storeFile, hard) + " (a link to it)"},
+		{filepath.Join(storeDir, "new.ids"), "--out " + filepath.Join(storeDir, "new.ids") + " is inside token store " + storeDir},
+	} {
+		for _, args := range [][]string{
+			{"tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", c.out, "--force"},
+			{"tokenizer", "train", "--in", in, "--vocab", "300", "--out", c.out, "--force"},
+		} {
+			wantBadInput(t, env, regexp.QuoteMeta(c.want), args...)
+		}
+	}
+	if after := snapshot(t, data); !maps.Equal(after, before) {
+		t.Errorf("refused outputs changed the data directory:\nbefore %v\nafter  %v", before, after)
+	}
+	if out, errOut, code := sched(t, env, "tokenizers", "go-4096"); code != 0 || !strings.Contains(out, "# Tokenizer go-4096") {
+		t.Errorf("sched tokenizers go-4096 after the refusals: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// snapshot is every file under dir with its contents.
+func snapshot(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		files[p] = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// A tokenizer file that is not one is refused in one line naming it: a
+// device read only to the cap (it used to run out of memory), and a
+// vocabulary that gives one id to two tokens.
+func TestTokenizeRefusesABadTokenizerFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.txt")
+	os.WriteFile(in, []byte("hi"), 0o644)
+	shared := filepath.Join(dir, "shared.json")
+	data := tokenizertest.Tokenizer(t, "gpt4-style")
+	var f map[string]any
+	if err := json.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	vocab := f["model"].(map[string]any)["vocab"].(map[string]any)
+	tok5 := ""
+	for k, v := range vocab {
+		if v.(float64) == 5 {
+			tok5 = k
+		}
+	}
+	vocab["zzzz-extra"] = 5
+	first, second := tok5, "zzzz-extra" // named in sorted order
+	if second < first {
+		first, second = second, first
+	}
+	b, _ := json.Marshal(f)
+	os.WriteFile(shared, b, 0o644)
+	out := filepath.Join(dir, "out.ids")
+	for _, c := range []struct{ file, want string }{
+		{"/dev/zero", "--tokenizer-file /dev/zero: /dev/zero: is larger than 256 MiB, the most a tokenizer.json may be"},
+		{shared, fmt.Sprintf("--tokenizer-file %s: %s: model.vocab gives id 5 to two tokens, %q and %q", shared, shared, first, second)},
+	} {
+		if _, err := os.Stat(c.file); err != nil {
+			continue
+		}
+		wantBadInput(t, nil, regexp.QuoteMeta(c.want), "tokenize", "--tokenizer-file", c.file, "--in", in, "--out", out)
+		if _, err := os.Stat(out); err == nil {
+			t.Fatalf("a refused tokenizer left %s behind", out)
+		}
 	}
 }

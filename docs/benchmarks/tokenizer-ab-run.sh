@@ -25,6 +25,7 @@ echo "host $(uname -n), $(nproc) cores, corpus $(stat -c %s "$W/corpus.txt") byt
 run() { # BUILD STYLE CORES
 	local pin=() out="$W/ids-$1-$2-$3"
 	[ "$3" = 1 ] && pin=(taskset -c 0)
+	rm -f "$out" # sched tokenize replaces no file without --force, which older builds lack
 	GOMAXPROCS=$3 python3 - "${pin[@]}" "$W/$1" tokenize --tokenizer-file "$C/$2-style.tokenizer.json" --in "$W/corpus.txt" --out "$out" --dtype u16 <<'PY'
 import resource, subprocess, sys, time
 t = time.time()

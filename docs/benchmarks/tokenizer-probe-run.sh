@@ -14,10 +14,10 @@ mixed_corpus $w/go20.txt $w/prose.txt 1000000000 > $w/corpus.txt; head -c 256000
 gzip -dc $C/sched.gz > $w/sched; gzip -dc $C/tokenizer.test.gz > $w/tokenizer.test; chmod +x $w/sched $w/tokenizer.test
 tj=$C/gpt2-style.tokenizer.json
 for i in 1 2; do for p in 16 1; do pin=; [ $p = 1 ] && pin="taskset -c 0"
-  /usr/bin/time -f "P=$p %e s wall %U user %S sys %M KB" env GOMAXPROCS=$p $pin $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids --dtype u16 2>&1 | tail -1
+  rm -f $w/ids; /usr/bin/time -f "P=$p %e s wall %U user %S sys %M KB" env GOMAXPROCS=$p $pin $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids --dtype u16 2>&1 | tail -1
 done; done
-GODEBUG=gctrace=1 GOMAXPROCS=16 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids --dtype u16 2>&1 | grep -c '^gc '
-GODEBUG=gctrace=1 GOMAXPROCS=16 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids --dtype u16 2>&1 | grep '^gc ' | tail -5
+rm -f $w/ids; GODEBUG=gctrace=1 GOMAXPROCS=16 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids --dtype u16 2>&1 | grep -c '^gc '
+rm -f $w/ids; GODEBUG=gctrace=1 GOMAXPROCS=16 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids --dtype u16 2>&1 | grep '^gc ' | tail -5
 (cd tokenizer && KILN_TOKENIZER_BENCH_TEXT=$w/corpus.txt $w/tokenizer.test -test.run '^$' -test.bench 'TokenizeFile/gpt2-style/cold$' -test.benchtime 3x -test.cpu 16)
 (cd tokenizer && KILN_TOKENIZER_BENCH_TEXT=$w/c256.txt $w/tokenizer.test -test.run '^$' -test.bench 'TokenizeFile/gpt2-style/cold$' -test.benchtime 1x -test.cpu 16 -test.trace $OUT/trace.out) | tail -3
 ls -la $OUT

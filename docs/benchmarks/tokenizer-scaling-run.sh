@@ -127,6 +127,9 @@ label, procs, tj, sched, ids = sys.argv[1:6]
 jobs = [a.split(":", 1) for a in sys.argv[6:]]
 env = dict(os.environ, GOMAXPROCS=procs)
 size = sum(os.path.getsize(f) for _, f in jobs)
+for i in range(len(jobs)):  # sched tokenize replaces no file without --force
+    if os.path.exists(f"{ids}/ids.{i}"):
+        os.remove(f"{ids}/ids.{i}")
 start, run = time.perf_counter(), {}
 for i, (cpu, f) in enumerate(jobs):
     cmd = [sched, "tokenize", "--tokenizer-file", tj, "--in", f, "--out", f"{ids}/ids.{i}", "--dtype", "u16"]

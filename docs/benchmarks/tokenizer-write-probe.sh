@@ -14,10 +14,10 @@ gzip -dc $C/go20.txt.gz > $w/go20.txt; gzip -dc $C/prose.txt.gz > $w/prose.txt
 mixed_corpus $w/go20.txt $w/prose.txt 1000000000 > $w/corpus.txt
 gzip -dc $C/sched.gz > $w/sched; chmod +x $w/sched
 tj=$C/gpt2-style.tokenizer.json
-run() { # NAME OUTFILE DTYPE ENV...
+run() { # NAME OUTFILE DTYPE ENV... (force=--force to replace OUTFILE)
 	local name=$1 out=$2 dtype=$3; shift 3
 	/usr/bin/time -f "$name %e s wall %U user %S sys %M KB" env "$@" $w/sched tokenize --tokenizer-file $tj \
-		--in $w/corpus.txt --out $out --dtype $dtype 2>&1 | tail -2 | tr '\n' ' '; echo
+		--in $w/corpus.txt --out $out --dtype $dtype ${force:-} 2>&1 | tail -2 | tr '\n' ' '; echo
 }
 {
 echo "host: $(nproc) cores, $(date -u +%FT%TZ)"
@@ -25,11 +25,11 @@ for i in $(seq ${ROUNDS:-3}); do
 	rm -f $w/ids
 	run one-core $w/ids u16 GOMAXPROCS=1
 	run all-devnull /dev/null u16
-	run all-over-previous $w/ids u16
+	force=--force run all-over-previous $w/ids u16
 	rm -f $w/ids; run all-new-file $w/ids u16
 	rm -f $w/ids; run all-new-file-u32 $w/ids u32
 done
 rm -f $w/ids
 echo "collections on $(nproc) cores: $(GODEBUG=gctrace=1 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids 2>&1 | grep -c '^gc ')"
-GODEBUG=gctrace=1 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids 2>&1 | grep '^gc ' | tail -4
+rm -f $w/ids; GODEBUG=gctrace=1 $w/sched tokenize --tokenizer-file $tj --in $w/corpus.txt --out $w/ids 2>&1 | grep '^gc ' | tail -4
 } 2>&1 | tee $OUT/write-probe.txt

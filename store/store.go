@@ -70,19 +70,26 @@ func NameTooLong(what, name string) error {
 // CheckName refuses a name, of kind what ("run", "tokenizer", "token
 // store"), that would not stay one directory and one object-store path
 // element, the same rule for every name a person gives kiln: letters,
-// digits, '-', '_' and '.', not starting with a dot, at most MaxNameBytes.
+// digits, '-', '_' and '.', starting with a letter or digit, at most
+// MaxNameBytes. A leading dot would hide the directory (or be . or ..), and
+// a leading '-' would make kiln's own hints (mkdir -p .../-x) read as an
+// option.
 func CheckName(what, name string) error {
 	if err := NameTooLong(what, name); err != nil {
 		return err
 	}
-	ok := name != "" && name[0] != '.'
+	ok := name != "" && isAlnum(rune(name[0]))
 	for _, r := range name {
-		ok = ok && (r == '-' || r == '_' || r == '.' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z'))
+		ok = ok && (r == '-' || r == '_' || r == '.' || isAlnum(r))
 	}
 	if !ok {
-		return fmt.Errorf("%s name %q: use letters, digits, '-', '_' or '.' (no slashes, spaces, or a leading dot)", what, name)
+		return fmt.Errorf("%s name %q: use letters, digits, '-', '_' or '.', starting with a letter or digit (no slashes or spaces)", what, name)
 	}
 	return nil
+}
+
+func isAlnum(r rune) bool {
+	return (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
 }
 
 // checkKey rejects keys that would escape a prefix or a directory.

@@ -404,14 +404,18 @@ func TestLocalDeleteLeavesNoEmptyDirectories(t *testing.T) {
 // One rule for every name a person gives kiln (runs, tokenizers, token
 // stores): a single directory and object-key element of plain characters.
 func TestCheckNameIsOneRuleForEveryName(t *testing.T) {
-	for _, ok := range []string{"pilot", "mix-16384", "code_v2.1", "A", strings.Repeat("a", MaxNameBytes)} {
+	for _, ok := range []string{"pilot", "mix-16384", "code_v2.1", "A", "7b-run", "x-", strings.Repeat("a", MaxNameBytes)} {
 		if err := CheckName("run", ok); err != nil {
 			t.Errorf("%q: %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"", ".", "..", ".hidden", "a/b", `a\b`, "my run", "tab\t", "new\nline", "run:1", "caf\u00e9", "a*b", "\x1b[31m"} {
+	for _, bad := range []string{"", ".", "..", ".hidden", "a/b", `a\b`, "my run", "tab\t", "new\nline", "run:1", "caf\u00e9", "a*b", "\x1b[31m",
+		// A leading '-' reads as an option in the commands kiln's hints print
+		// (mkdir -p .../tokenizers/-x); names start with a letter or digit.
+		"-x", "--store", "-", "_x"} {
 		err := CheckName("tokenizer", bad)
-		if err == nil || !strings.Contains(err.Error(), "tokenizer name") || !strings.Contains(err.Error(), "use letters, digits") {
+		if err == nil || !strings.Contains(err.Error(), "tokenizer name") || !strings.Contains(err.Error(), "use letters, digits") ||
+			!strings.Contains(err.Error(), "starting with a letter or digit") {
 			t.Errorf("%q: %v; want it refused with the rule", bad, err)
 		}
 	}

@@ -173,10 +173,14 @@ func ReadManifest(dir string) (*Manifest, error) {
 	}
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, inputErrorf("token store %s: %s is corrupt (%v): it is only ever replaced by rename, so it was damaged outside kiln; restore it from a backup or re-ingest the store", dir, path, err)
+		return nil, damagedf(ManifestFile+" does not parse", "token store %s: %s is corrupt (%v): it is only ever replaced by rename, so it was damaged outside kiln; restore it from a backup or re-ingest the store", dir, path, err)
 	}
 	if err := m.validate(); err != nil {
-		return nil, inputErrorf("token store %s: %s is inconsistent: %v; restore it from a backup or re-ingest the store", dir, path, err)
+		damage := ManifestFile + " is inconsistent"
+		if m.Format != Format || m.Version != Version {
+			damage = "" // another release's manifest, not a damaged one: that release reads it
+		}
+		return nil, damagedf(damage, "token store %s: %s is inconsistent: %v; restore it from a backup or re-ingest the store", dir, path, err)
 	}
 	return &m, nil
 }
@@ -226,7 +230,13 @@ func syncDir(dir string) error {
 // InputError marks an error caused by the caller's input or data (a
 // corrupt manifest, a foreign tokenizer, an id past the vocabulary), as
 // opposed to a failure of the machine. The CLI exits 2 on it.
-type InputError struct{ err error }
+type InputError struct {
+	err error
+	// Damage is set when the store's own files are damaged: a short phrase
+	// ("tokens.bin is truncated") for a listing that shows each store on
+	// one line, where Error is the whole story.
+	Damage string
+}
 
 func (e *InputError) Error() string  { return e.err.Error() }
 func (e *InputError) Unwrap() error  { return e.err }
@@ -234,4 +244,10 @@ func (e *InputError) BadInput() bool { return true }
 
 func inputErrorf(format string, args ...any) error {
 	return &InputError{err: fmt.Errorf(format, args...)}
+}
+
+// damagedf is inputErrorf for a store whose files are damaged, damage
+// saying how in a few words ("" for an input error that is no damage).
+func damagedf(damage, format string, args ...any) error {
+	return &InputError{err: fmt.Errorf(format, args...), Damage: damage}
 }

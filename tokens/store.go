@@ -54,7 +54,11 @@ func Open(dir string) (*Store, error) {
 		return &Store{dir: dir, m: m, vocab: uint32(m.Tokenizer.VocabSize)}, nil
 	}
 	if err != nil {
-		return nil, inputErrorf("token store %s: open %s: %v: the manifest commits %d tokens, so the file must exist; restore it or re-ingest the store", dir, path, err, m.Tokens)
+		damage := "" // a file that will not open (permissions) is not damaged
+		if errors.Is(err, fs.ErrNotExist) {
+			damage = TokensFile + " is missing"
+		}
+		return nil, damagedf(damage, "token store %s: open %s: %v: the manifest commits %d tokens, so the file must exist; restore it or re-ingest the store", dir, path, err, m.Tokens)
 	}
 	defer f.Close()
 	st, err := f.Stat()
@@ -62,7 +66,8 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("token store %s: stat %s: %w", dir, path, err)
 	}
 	if st.Size() < want {
-		return nil, inputErrorf("token store %s: %s holds %d bytes, but the manifest commits %d tokens (%d bytes): the file was truncated outside kiln; restore it or re-ingest the store",
+		return nil, damagedf(fmt.Sprintf("%s is truncated (%d of %d bytes)", TokensFile, st.Size(), want),
+			"token store %s: %s holds %d bytes, but the manifest commits %d tokens (%d bytes): the file was truncated outside kiln; restore it or re-ingest the store",
 			dir, path, st.Size(), m.Tokens, want)
 	}
 	s := &Store{dir: dir, m: m, vocab: uint32(m.Tokenizer.VocabSize)}
@@ -178,7 +183,8 @@ func (s *Store) read(off int64, dst []int32) error {
 func (s *Store) badID(off int64, n int) error {
 	for p := off; p < off+int64(n); p++ {
 		if id := s.at(p); id >= s.vocab {
-			return inputErrorf("token store %s: token %d is id %d, outside the vocabulary of %d of tokenizer %s: the store holds ids of another tokenizer or is damaged; re-ingest it with the model's tokenizer",
+			return damagedf(fmt.Sprintf("token %d is outside the vocabulary", p),
+				"token store %s: token %d is id %d, outside the vocabulary of %d of tokenizer %s: the store holds ids of another tokenizer or is damaged; re-ingest it with the model's tokenizer",
 				s.dir, p, id, s.vocab, s.m.Tokenizer.Name)
 		}
 	}

@@ -28,6 +28,18 @@ func newStore(t *testing.T, tok Tokenizer, shards ...[]uint32) string {
 	return dir
 }
 
+// wantDamage checks the short phrase a listing shows for err's store, ""
+// for a store that is not damaged.
+func wantDamage(t *testing.T, err error, damage string) {
+	t.Helper()
+	var ie *InputError
+	if !errors.As(err, &ie) {
+		t.Errorf("%v is not an InputError", err)
+	} else if ie.Damage != damage {
+		t.Errorf("%v: damage %q, want %q", err, ie.Damage, damage)
+	}
+}
+
 func wantInputError(t *testing.T, err error, mentions ...string) {
 	t.Helper()
 	if err == nil {
@@ -89,6 +101,7 @@ func TestOpenRejectsCorruptManifest(t *testing.T) {
 	os.WriteFile(path, good[:len(good)/2], 0o644)
 	_, err := Open(dir)
 	wantInputError(t, err, dir, "manifest.json is corrupt", "restore")
+	wantDamage(t, err, "manifest.json does not parse")
 	// The appender refuses too, rather than start a fresh store over it.
 	_, err = OpenAppender(context.Background(), dir, testTok, nil)
 	wantInputError(t, err, "corrupt")
@@ -96,10 +109,12 @@ func TestOpenRejectsCorruptManifest(t *testing.T) {
 	os.WriteFile(path, []byte(strings.Replace(string(good), `"tokens": 100`, `"tokens": 101`, 1)), 0o644)
 	_, err = Open(dir)
 	wantInputError(t, err, "inconsistent", "shards hold 100 tokens but 101 are committed")
+	wantDamage(t, err, "manifest.json is inconsistent")
 
 	os.WriteFile(path, []byte(strings.Replace(string(good), `"version": 1`, `"version": 9`, 1)), 0o644)
 	_, err = Open(dir)
 	wantInputError(t, err, "version 9 is not supported")
+	wantDamage(t, err, "") // another release's store, not a damaged one
 
 	os.Remove(path)
 	_, err = Open(dir)
@@ -111,6 +126,7 @@ func TestOpenRejectsShortTokensFile(t *testing.T) {
 	os.Truncate(filepath.Join(dir, TokensFile), 150)
 	_, err := Open(dir)
 	wantInputError(t, err, dir, "holds 150 bytes", "commits 100 tokens (200 bytes)")
+	wantDamage(t, err, "tokens.bin is truncated (150 of 200 bytes)")
 	_, err = OpenAppender(context.Background(), dir, testTok, nil)
 	wantInputError(t, err, "holds 150 bytes")
 }

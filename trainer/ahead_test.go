@@ -105,7 +105,7 @@ func TestStepAheadTrainsAsStepByStep(t *testing.T) {
 func TestStepAheadReportsTheDivergedStep(t *testing.T) {
 	requireCPU(t)
 	rc := testRun(20)
-	rc.LR, rc.Warmup, rc.Clip, rc.CheckpointEvery, rc.EvalEvery = 1e30, 0, 0, 5, 0
+	rc.LR, rc.Warmup, rc.Clip, rc.CheckpointEvery, rc.EvalEvery = 1e30, 0, Float(0), 5, 0
 	_, logs, errs, dirs := aheadRuns(t, rc)
 	var nf [2]*NonFiniteError
 	for i := range 2 {

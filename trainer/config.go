@@ -33,21 +33,24 @@ type RunConfig struct {
 	Accumulate int `yaml:"accumulate" json:"accumulate"`
 
 	// LR is the peak learning rate; Warmup the number of warmup steps;
-	// Floor the end of the cosine decay as a fraction of LR.
-	LR     float64 `yaml:"lr" json:"lr"`
-	Warmup int     `yaml:"warmup" json:"warmup"`
-	Floor  float64 `yaml:"floor" json:"floor"`
+	// Floor the end of the cosine decay as a fraction of LR (0: decay to
+	// zero). Floor and Clip are pointers because their 0 means something:
+	// nil is "not given", which WithDefaults fills.
+	LR     float64  `yaml:"lr" json:"lr"`
+	Warmup int      `yaml:"warmup" json:"warmup"`
+	Floor  *float64 `yaml:"floor" json:"floor"`
 
 	// TotalSteps is the length of the run in optimizer steps; when zero it
 	// is derived from TotalTokens. The cosine decays over the whole run.
 	TotalSteps  int   `yaml:"total_steps" json:"total_steps"`
 	TotalTokens int64 `yaml:"total_tokens" json:"total_tokens"`
 
-	Clip        float64 `yaml:"clip" json:"clip"`
-	WeightDecay float64 `yaml:"weight_decay" json:"weight_decay"`
-	Beta1       float64 `yaml:"beta1" json:"beta1"`
-	Beta2       float64 `yaml:"beta2" json:"beta2"`
-	Eps         float64 `yaml:"eps" json:"eps"`
+	// Clip is the global gradient norm's bound; 0 disables clipping.
+	Clip        *float64 `yaml:"clip" json:"clip"`
+	WeightDecay float64  `yaml:"weight_decay" json:"weight_decay"`
+	Beta1       float64  `yaml:"beta1" json:"beta1"`
+	Beta2       float64  `yaml:"beta2" json:"beta2"`
+	Eps         float64  `yaml:"eps" json:"eps"`
 
 	// EvalEvery, CheckpointEvery and LogEvery count optimizer steps; zero
 	// disables evaluation or periodic checkpoints. EvalBatches is the
@@ -250,8 +253,12 @@ func (c RunConfig) WithDefaults() RunConfig {
 	def(&c.Batch, 8)
 	def(&c.Accumulate, 1)
 	deff(&c.LR, 3e-4)
-	deff(&c.Floor, 0.1)
-	deff(&c.Clip, 1.0)
+	if c.Floor == nil {
+		c.Floor = Float(0.1)
+	}
+	if c.Clip == nil {
+		c.Clip = Float(1.0)
+	}
 	deff(&c.Beta1, 0.9)
 	deff(&c.Beta2, 0.95)
 	deff(&c.Eps, 1e-8)
@@ -308,6 +315,22 @@ func (m MoEConfig) Apply(c model.Config) (model.Config, error) {
 	return c, nil
 }
 
+// Float is a pointer to v, for the settings whose 0 is a value.
+func Float(v float64) *float64 { return &v }
+
+// FloorOr is Floor, 0 when not given (WithDefaults gives it).
+func (c RunConfig) FloorOr() float64 { return orZero(c.Floor) }
+
+// ClipOr is Clip, 0 (no clipping) when not given (WithDefaults gives it).
+func (c RunConfig) ClipOr() float64 { return orZero(c.Clip) }
+
+func orZero(p *float64) float64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
 // TokensPerStep is the number of target tokens one optimizer step trains on.
 func (c RunConfig) TokensPerStep() int { return c.Batch * c.Accumulate * c.Seq }
 
@@ -321,7 +344,7 @@ func (c RunConfig) Validate() error {
 	for _, f := range []struct {
 		key string
 		v   float64
-	}{{"lr", c.LR}, {"floor", c.Floor}, {"clip", c.Clip}, {"weight_decay", c.WeightDecay}, {"beta1", c.Beta1}, {"beta2", c.Beta2}, {"eps", c.Eps}} {
+	}{{"lr", c.LR}, {"floor", c.FloorOr()}, {"clip", c.ClipOr()}, {"weight_decay", c.WeightDecay}, {"beta1", c.Beta1}, {"beta2", c.Beta2}, {"eps", c.Eps}} {
 		// NaN passes every range check below, and an infinite rate or
 		// epsilon would train to NaN a few steps in.
 		if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
@@ -340,12 +363,12 @@ func (c RunConfig) Validate() error {
 		msg = fmt.Sprintf("lr must be positive, got %g", c.LR)
 	case c.Warmup < 0:
 		msg = fmt.Sprintf("warmup must not be negative, got %d", c.Warmup)
-	case c.Floor < 0 || c.Floor > 1:
-		msg = fmt.Sprintf("floor is a fraction of lr between 0 and 1, got %g", c.Floor)
+	case c.FloorOr() < 0 || c.FloorOr() > 1:
+		msg = fmt.Sprintf("floor is a fraction of lr between 0 and 1, got %g", c.FloorOr())
 	case c.TotalSteps <= 0:
 		msg = "set total_steps or total_tokens: the run needs a length for its cosine decay"
-	case c.Clip < 0:
-		msg = fmt.Sprintf("clip must not be negative (0 disables clipping), got %g", c.Clip)
+	case c.ClipOr() < 0:
+		msg = fmt.Sprintf("clip must not be negative (0 disables clipping), got %g", c.ClipOr())
 	case c.WeightDecay < 0:
 		msg = fmt.Sprintf("weight_decay must not be negative, got %g", c.WeightDecay)
 	case c.Beta1 < 0 || c.Beta1 >= 1 || c.Beta2 < 0 || c.Beta2 >= 1:
@@ -429,13 +452,18 @@ func LoadRunConfig(path string) (RunConfig, error) {
 	if err := yamlstrict.Unmarshal(b, &c); err != nil {
 		return c, badInput(fmt.Errorf("run config %s: %w", path, err))
 	}
-	// A zero size would read as "absent" and take the default; written
-	// out, it is a mistake to report.
+	// A zero size or rate would read as "absent" and take the default;
+	// written out, it is a mistake to report.
 	var keys map[string]any
 	if err := yaml.Unmarshal(b, &keys); err == nil {
 		for _, k := range []string{"seq", "batch", "accumulate"} {
 			if v, ok := keys[k]; ok && fmt.Sprint(v) == "0" {
 				return c, badInput(fmt.Errorf("run config %s: %s is 0: give at least 1, or leave it out for the default", path, k))
+			}
+		}
+		for _, k := range []string{"lr", "eps"} {
+			if v, ok := keys[k]; ok && fmt.Sprint(v) == "0" {
+				return c, badInput(fmt.Errorf("run config %s: %s is 0: give a positive number, or leave it out for the default", path, k))
 			}
 		}
 	}

@@ -56,7 +56,7 @@ mixture:
 	if c.TotalSteps != 62 {
 		t.Errorf("total_steps derived from total_tokens = %d, want 62", c.TotalSteps)
 	}
-	if c.Floor != 0.1 || c.Clip != 1 || c.Beta2 != 0.95 || c.LogEvery != 10 {
+	if c.FloorOr() != 0.1 || c.ClipOr() != 1 || c.Beta2 != 0.95 || c.LogEvery != 10 {
 		t.Errorf("defaults not applied: %+v", c)
 	}
 	if len(c.Mixture) != 2 || c.Mixture[0].Weight != 0.7 || c.Mixture[1].Weight != 1 {
@@ -84,7 +84,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{func(c *RunConfig) { c.Model = "huge" }, "unknown model"},
 		{func(c *RunConfig) { c.Seq = 5000 }, "seq 5000"},
 		{func(c *RunConfig) { c.TotalSteps = 0 }, "total_steps or total_tokens"},
-		{func(c *RunConfig) { c.Floor = 2 }, "floor"},
+		{func(c *RunConfig) { c.Floor = Float(2) }, "floor"},
 		{func(c *RunConfig) { c.Beta1 = 1 }, "beta1"},
 		{func(c *RunConfig) { c.Precision = "fp8" }, "precision"},
 		{func(c *RunConfig) { c.Mixture = nil }, "--tokens"},
@@ -92,8 +92,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{func(c *RunConfig) { c.Mixture[0].Weight = math.Inf(1) }, "mixture[0]"},
 		{func(c *RunConfig) { c.LR = math.NaN() }, "lr NaN"},
 		{func(c *RunConfig) { c.LR = math.Inf(1) }, "lr +Inf"},
-		{func(c *RunConfig) { c.Floor = math.NaN() }, "floor NaN"},
-		{func(c *RunConfig) { c.Clip = math.NaN() }, "clip NaN"},
+		{func(c *RunConfig) { c.Floor = Float(math.NaN()) }, "floor NaN"},
+		{func(c *RunConfig) { c.Clip = Float(math.NaN()) }, "clip NaN"},
 		{func(c *RunConfig) { c.WeightDecay = math.Inf(1) }, "weight_decay +Inf"},
 		{func(c *RunConfig) { c.Beta2 = math.NaN() }, "beta2 NaN"},
 		{func(c *RunConfig) { c.Eps = math.Inf(1) }, "eps +Inf"},
@@ -130,7 +130,7 @@ func TestParseMixtureEntry(t *testing.T) {
 
 // A size written as 0 in the YAML is refused by key, not taken as absent.
 func TestLoadRunConfigRefusesZeroSizes(t *testing.T) {
-	for _, key := range []string{"seq", "batch", "accumulate"} {
+	for _, key := range []string{"seq", "batch", "accumulate", "lr", "eps"} {
 		path := filepath.Join(t.TempDir(), "run.yaml")
 		os.WriteFile(path, []byte("model: tiny\n"+key+": 0\n"), 0o644)
 		_, err := LoadRunConfig(path)
@@ -142,6 +142,42 @@ func TestLoadRunConfigRefusesZeroSizes(t *testing.T) {
 	os.WriteFile(path, []byte("model: tiny\nbatch: 4\n"), 0o644)
 	if c, err := LoadRunConfig(path); err != nil || c.Batch != 4 {
 		t.Errorf("batch 4: %+v, %v", c, err)
+	}
+}
+
+// floor: 0 (a cosine to zero) and clip: 0 (no clipping) are values, not
+// "absent": they survive the defaults, a checkpoint's JSON and a queue's
+// payload, where a plain float's 0 became 0.1 and 1.0.
+func TestZeroFloorAndClipAreKept(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run.yaml")
+	os.WriteFile(path, []byte("model: tiny\nfloor: 0\nclip: 0\ntotal_steps: 10\n"), 0o644)
+	c, err := LoadRunConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(c.WithDefaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back RunConfig
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	back = back.WithDefaults()
+	if back.FloorOr() != 0 || back.ClipOr() != 0 {
+		t.Errorf("floor %g, clip %g after the defaults and a JSON round trip; want 0 and 0 (%s)", back.FloorOr(), back.ClipOr(), b)
+	}
+	if lr := LearningRate(10, 1e-3, 0, 10, back.FloorOr()); lr != 0 {
+		t.Errorf("the rate at the run's end with floor 0 is %g; want 0", lr)
+	}
+	// Left out, they take the defaults; a checkpoint written before they
+	// were pointers reads as it did.
+	var old RunConfig
+	if err := json.Unmarshal([]byte(`{"model":"tiny","floor":0.1,"clip":1}`), &old); err != nil || old.FloorOr() != 0.1 || old.ClipOr() != 1 {
+		t.Errorf("an older state's floor and clip: %v, %v, %v", old.Floor, old.Clip, err)
+	}
+	if d := (RunConfig{}).WithDefaults(); d.FloorOr() != 0.1 || d.ClipOr() != 1 {
+		t.Errorf("defaults: floor %g, clip %g", d.FloorOr(), d.ClipOr())
 	}
 }
 

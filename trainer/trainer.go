@@ -392,9 +392,9 @@ func (l *loop) trainStep(ctx context.Context, first int) error {
 		return err
 	}
 	n := l.queued() + 1
-	lr := LearningRate(n-1, l.rc.LR, l.rc.Warmup, l.rc.TotalSteps, l.rc.Floor)
+	lr := LearningRate(n-1, l.rc.LR, l.rc.Warmup, l.rc.TotalSteps, l.rc.FloorOr())
 	if err := l.eng.Step(model.AdamW{LR: lr, Beta1: l.rc.Beta1, Beta2: l.rc.Beta2, Eps: l.rc.Eps,
-		WeightDecay: l.rc.WeightDecay, Clip: l.rc.Clip}); err != nil {
+		WeightDecay: l.rc.WeightDecay, Clip: l.rc.ClipOr()}); err != nil {
 		// A pending step that diverged is the error to report.
 		if serr := l.settle(context.WithoutCancel(ctx)); serr != nil {
 			return serr

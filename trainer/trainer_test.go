@@ -237,7 +237,7 @@ func TestResumeIsBitIdentical(t *testing.T) {
 func TestDivergenceStopsAndKeepsTheLastGoodCheckpoint(t *testing.T) {
 	requireCPU(t)
 	rc := testRun(20)
-	rc.LR, rc.Warmup, rc.Clip, rc.CheckpointEvery = 1e30, 0, 0, 1
+	rc.LR, rc.Warmup, rc.Clip, rc.CheckpointEvery = 1e30, 0, Float(0), 1
 	out := t.TempDir()
 	_, err := Run(context.Background(), Config{Run: rc, Out: out, Data: newSliceData(model.Presets["tiny"].VocabSize, 20000)}, Hooks{})
 	var nf *NonFiniteError

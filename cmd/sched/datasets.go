@@ -64,19 +64,26 @@ func init() {
 				if !e.IsDir() {
 					continue
 				}
-				m, err := tokens.ReadManifest(dir)
+				var size int64
+				if fi, err := os.Stat(filepath.Join(dir, tokens.TokensFile)); err == nil {
+					size = fi.Size()
+				}
+				// Open checks what sched train checks before it trains (the
+				// manifest, tokens.bin's size against it, 64 spans of ids, not
+				// every id), so a store listed with its tokens is one a run
+				// can open.
+				st, err := tokens.Open(dir)
 				if errors.Is(err, fs.ErrNotExist) {
-					continue // not a store
+					continue // no manifest: not a store
 				}
 				if err != nil {
-					why := strings.TrimPrefix(err.Error(), "token store "+dir+": ")
-					fmt.Fprintf(w, "%s\tunreadable store: %s\n", e.Name(), scheduler.OneLine(why, 300))
+					// Every column filled keeps the table aligned; the
+					// problem takes the last one, free text as SKIPPED is.
+					fmt.Fprintf(w, "%s\t-\t-\t%s\t-\t%s\n", e.Name(), humanBytes(size), storeProblem(dir, err))
 					continue
 				}
-				var size int64
-				if st, err := os.Stat(filepath.Join(dir, "tokens.bin")); err == nil {
-					size = st.Size()
-				}
+				m := st.Manifest()
+				st.Close()
 				commits := map[string]bool{}
 				for _, s := range m.Shards {
 					commits[s.Revision] = true
@@ -137,6 +144,20 @@ func init() {
 	}
 	cmd.AddCommand(check)
 	rootCmd.AddCommand(cmd)
+}
+
+// storeProblem says in one line why the store in dir did not open: how it is
+// damaged and what to do, or the error of a store that is not damaged but
+// does not read here (another release's manifest, permissions).
+func storeProblem(dir string, err error) string {
+	var ie *tokens.InputError
+	if errors.As(err, &ie) && ie.Damage != "" {
+		// An append refuses a damaged store too: it has to go before the
+		// store can be ingested again.
+		return fmt.Sprintf("damaged: %s; delete %s, then re-ingest it if you still need it", ie.Damage, dir)
+	}
+	why := strings.TrimPrefix(err.Error(), "token store "+dir+": ")
+	return "unreadable store: " + scheduler.OneLine(why, 300)
 }
 
 func humanBytes(n int64) string {

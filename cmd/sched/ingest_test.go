@@ -44,7 +44,7 @@ func TestIngestDirectLocalThenDatasets(t *testing.T) {
 	os.WriteFile(filepath.Join(stores, "broken", tokens.ManifestFile), []byte("{"), 0o644)
 	os.Rename(stores, filepath.Join(dir, "tokens"))
 	out, errOut, code = sched(t, []string{"KILN_DATA_DIR=" + dir}, "datasets")
-	if code != 0 || !regexp.MustCompile(`(?m)^local +[1-9]`).MatchString(out) || !regexp.MustCompile(`(?m)^broken +unreadable store: .*corrupt`).MatchString(out) {
+	if code != 0 || !regexp.MustCompile(`(?m)^local +[1-9]`).MatchString(out) || !regexp.MustCompile(`(?m)^broken +- +- +0 B +- +damaged: manifest.json does not parse; delete `).MatchString(out) {
 		t.Errorf("datasets in the data directory: code %d\n%s\n%s", code, out, errOut)
 	}
 	empty := t.TempDir()

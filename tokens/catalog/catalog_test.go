@@ -49,6 +49,21 @@ func isBadInput(err error) bool {
 	return errors.As(err, &b) && b.BadInput()
 }
 
+// A tokenizer's name follows the rule of every name (store.CheckName): a
+// catalog of its own would drift from it. A leading '-' is refused, since
+// the hints print the name in a command (mkdir -p .../tokenizers/-x).
+func TestCheckNameIsTheStoreRule(t *testing.T) {
+	for _, name := range []string{"mix-16384", "7b", "-x", "--vocab", ".x", "_x", "a/b", ""} {
+		err, want := CheckName(name), store.CheckName("tokenizer", name)
+		if (err == nil) != (want == nil) || (err != nil && (err.Error() != want.Error() || !isBadInput(err))) {
+			t.Errorf("%q: %v; want %v as bad input", name, err, want)
+		}
+	}
+	if err := CheckName("-x"); err == nil || !strings.Contains(err.Error(), "starting with a letter or digit") {
+		t.Errorf("-x: %v; want the rule that names start with a letter or digit", err)
+	}
+}
+
 // A tokenizer published on one machine is found by name on another through
 // object storage, copied to that machine's data directory, and identical.
 func TestPublishOnOneMachineResolveOnAnother(t *testing.T) {

@@ -23,7 +23,7 @@ func TestPresetsMatchTheSeedPlan(t *testing.T) {
 	// Task 8 step 4: seq 1024, batch 8, accumulate 16, lr 4e-4, warmup 2000,
 	// checkpoint every 1000, 2B tokens, cosine to 0.1, 70/20/10 mixture.
 	if p.Model != "small" || p.Seq != 1024 || p.Batch != 8 || p.Accumulate != 16 || p.LR != 4e-4 ||
-		p.Warmup != 2000 || p.CheckpointEvery != 1000 || p.TotalTokens != 2e9 || p.Floor != 0.1 {
+		p.Warmup != 2000 || p.CheckpointEvery != 1000 || p.TotalTokens != 2e9 || p.FloorOr() != 0.1 {
 		t.Errorf("pilot = %+v", p.RunConfig)
 	}
 	if p.TotalSteps != 15259 { // ceil(2e9 / (8*16*1024))
@@ -180,5 +180,52 @@ func TestRunsFileSizesReadAsEverySize(t *testing.T) {
 	}
 	if got := ByteSize(20 << 30).String(); got != "20GiB" {
 		t.Errorf("20 x 2^30 bytes written as %q", got)
+	}
+}
+
+// A size written as 0 would read as absent and train with the default, so
+// `sched runs --presets` would list the run as valid with a size nobody
+// wrote: it is refused where the file says it, as LoadRunConfig does.
+func TestRunsFileRefusesZeroSizes(t *testing.T) {
+	for _, c := range []struct{ body, want string }{
+		{"pilot: {seq: 0}\n", "line 1: seq is 0"},
+		{"pilot:\n  batch: 0\n", "line 2: batch is 0"},
+		{"pilot:\n  accumulate: 00\n", "line 2: accumulate is 0"},
+		{"mine:\n  from: pilot\n  seq: 0\n", "run mine: line 3: seq is 0"},
+		{"pilot:\n  moe: {experts: 8, top_k: 0}\n", "moe.top_k is 0"},
+		{"pilot:\n  moe: {experts: 8, d_ff: 0}\n", "moe.d_ff is 0"},
+		{"pilot:\n  lr: 0\n", "line 2: lr is 0"},
+		{"pilot:\n  eps: 0.0\n", "line 2: eps is 0"},
+	} {
+		path := writeFile(t, c.body)
+		_, err := Load(path)
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "runs file "+path+": run ") ||
+			!strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "give a positive value, or leave it out") {
+			t.Errorf("%q: want a bad-input error naming the file, the run and %q, got %v", c.body, c.want, err)
+		}
+	}
+	// A 0 that means something is still taken: no bound on a segment, no
+	// extra checkpoints kept, no evaluation, a cosine to zero, no clipping.
+	s, err := Load(writeFile(t, "pilot:\n  segment: {max_steps: 0}\n  retention: {keep_every: 0}\n  eval_every: 0\n  eval_batches: 0\n  batch: 4\n  floor: 0\n  clip: 0\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.Get("pilot"); err != nil || p.Batch != 4 || p.Retention.KeepEvery != 0 {
+		t.Errorf("pilot: %+v, %v", p.RunConfig, err)
+	} else if rc := p.RunConfig.WithDefaults(); rc.FloorOr() != 0 || rc.ClipOr() != 0 {
+		t.Errorf("pilot's floor: 0 and clip: 0 became %g and %g", rc.FloorOr(), rc.ClipOr())
+	}
+}
+
+// A tokenizer name that cannot be one is refused naming the file, the run
+// and the line, not only the name.
+func TestRunsFileRefusesABadTokenizerName(t *testing.T) {
+	for _, bad := range []string{"a/b", "-x", "../up"} {
+		path := writeFile(t, "pilot:\n  lr: 1.0e-4\nmine:\n  from: pilot\n  tokenizer: "+bad+"\n")
+		_, err := Load(path)
+		want := "runs file " + path + ": run mine: line 5: tokenizer name \"" + bad + "\""
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: want a bad-input error containing %q, got %v", bad, want, err)
+		}
 	}
 }

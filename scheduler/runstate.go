@@ -55,6 +55,16 @@ func ReadRunStates(ctx context.Context, rdb redis.UniversalClient) ([]RunState, 
 	return out, nil
 }
 
+// ReadRunState returns run's recorded progress; ok is false when the run
+// has recorded none.
+func ReadRunState(ctx context.Context, rdb redis.UniversalClient, run string) (s RunState, ok bool, err error) {
+	h, err := rdb.HGetAll(ctx, RunStateKey(run)).Result()
+	if err != nil {
+		return RunState{}, false, fmt.Errorf("read state of run %s: %w", run, err)
+	}
+	return parseRunState(run, h), len(h) > 0, nil
+}
+
 func parseRunState(run string, h map[string]string) RunState {
 	s := RunState{Run: run, Checkpoint: -1, Worker: h["worker"], Done: h["done"] == "true"}
 	s.Step, _ = strconv.Atoi(h["step"])

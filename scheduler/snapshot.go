@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -248,10 +249,11 @@ type RunTask struct {
 	FromStep int64
 }
 
-// RunTasks returns, per training run, its newest segment task: the one
-// that starts from the latest step, and among tasks of that step the one
-// still waiting or running over a finished one (an enqueue of a cancelled
-// run queues the same segment again).
+// RunTasks returns, per training run, its newest segment task: one still
+// waiting or running over any finished one (a run is one chain, so there
+// is at most one; a run enqueued again after a stop may start from an
+// earlier step than a finished segment records), else the one that starts
+// from the latest step, and among those the later finish.
 func (s *Snapshot) RunTasks() map[string]RunTask {
 	out := map[string]RunTask{}
 	for _, t := range s.Tasks {
@@ -263,19 +265,22 @@ func (s *Snapshot) RunTasks() map[string]RunTask {
 			continue
 		}
 		cur, ok := out[a.Run]
-		if !ok || a.FromStep > cur.FromStep || (a.FromStep == cur.FromStep && newer(t, cur.Task)) {
+		if !ok || newerSegment(t, a.FromStep, cur.Task, cur.FromStep) {
 			out[a.Run] = RunTask{Task: t, FromStep: a.FromStep}
 		}
 	}
 	return out
 }
 
-// newer orders two tasks of the same segment: live before finished, then
-// the later finish.
-func newer(a, b TaskStatus) bool {
+// newerSegment orders two segment tasks of one run: live before finished,
+// then the later starting step, then the later finish.
+func newerSegment(a TaskStatus, aFrom int64, b TaskStatus, bFrom int64) bool {
 	la, lb := a.State != "completed" && a.State != "archived", b.State != "completed" && b.State != "archived"
-	if la != lb {
+	switch {
+	case la != lb:
 		return la
+	case aFrom != bFrom:
+		return aFrom > bFrom
 	}
 	return a.Finished.After(b.Finished)
 }
@@ -329,9 +334,17 @@ func Subject(kind string, payload []byte) string {
 	return ""
 }
 
+// ansiEscape matches a terminal's colour and cursor sequences, which a
+// child's console log line carries into a recorded reason.
+var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
+
 // OneLine is the first line of an error message, cut to n runes, for a
-// listing of one line per failure.
+// listing of one line per failure: without terminal escapes, and without
+// the "(skip retry for the task)" that marks an error final for asynq, which
+// says nothing to a person (the listing says archived).
 func OneLine(msg string, n int) string {
+	msg = ansiEscape.ReplaceAllString(msg, "")
+	msg = strings.ReplaceAll(msg, " ("+asynq.SkipRetry.Error()+")", "")
 	msg, _, _ = strings.Cut(strings.TrimSpace(msg), "\n")
 	if r := []rune(msg); len(r) > n {
 		msg = string(r[:n-1]) + "…"

@@ -419,7 +419,7 @@ func interruptions(t *testing.T, q *scheduler.Client, w *dayWorker, run func(...
 	}
 	// Enqueue the run again: it resumes from the stop checkpoint.
 	out := run("enqueue", "train", "pilot-cpu")
-	if !strings.Contains(out, "again") || !strings.Contains(out, "resumes from its last checkpoint") {
+	if !strings.Contains(out, "resumes from its last checkpoint") || !strings.Contains(out, fmt.Sprintf("(step %d)", stopped)) {
 		t.Errorf("enqueue train after a cancel: %q; want it queued again to resume", out)
 	}
 	waitFor("resumed past the cancel", func() bool { return step() > stopped })

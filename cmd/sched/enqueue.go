@@ -215,19 +215,28 @@ func enqueueOne(c *cobra.Command, cfg scheduler.Config, a scheduler.Args) error 
 	}
 	defer q.Close()
 	if ts, ok := a.(scheduler.TrainSegment); ok {
-		// A run is one chain of segments: a run already training or queued
-		// is not started a second time.
-		live, err := q.LiveSegment(ctx, ts.Run)
-		if err != nil {
+		if live, err := runIsLive(c, q, ts.Run, ""); live || err != nil {
 			return err
-		}
-		if live != nil {
-			fmt.Fprintf(c.OutOrStdout(), "run %s is already %s as %s; nothing queued ('sched status %s' follows it)\n", ts.Run, stateWord(live.State.String()), live.ID, live.ID)
-			return nil
 		}
 	}
 	s, err := q.Again(ctx, a)
 	return printSubmitted(c.OutOrStdout(), a, s, err)
+}
+
+// runIsLive says (and prints) whether run has a segment queued or training
+// other than the task except: a run is one chain of segments, and is not
+// started a second time, by an enqueue or by a retry of an old segment.
+func runIsLive(c *cobra.Command, q *scheduler.Client, run, except string) (bool, error) {
+	ctx := c.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	live, err := q.LiveSegment(ctx, run)
+	if err != nil || live == nil || live.ID == except {
+		return false, err
+	}
+	fmt.Fprintf(c.OutOrStdout(), "run %s is already %s as %s; nothing queued ('sched status %s' follows it)\n", run, stateWord(live.State.String()), live.ID, live.ID)
+	return true, nil
 }
 
 // printSubmitted says what Again did with a; a duplicate is reported, not
@@ -245,15 +254,17 @@ func printSubmitted(w io.Writer, a scheduler.Args, s scheduler.Submitted, err er
 	if a.Kind() == scheduler.KindTrainSegment {
 		resumes = "; the run resumes from its last checkpoint"
 	}
-	switch s.Was {
-	case "":
+	switch ts, _ := a.(scheduler.TrainSegment); {
+	case s.Was == "" && ts.FromStep > 0:
+		fmt.Fprintf(w, "queued %s on %s%s (step %d)\n", s.Info.ID, s.Info.Queue, resumes, ts.FromStep)
+	case s.Was == "":
 		fmt.Fprintf(w, "queued %s on %s\n", s.Info.ID, s.Info.Queue)
-	case "retry":
-		fmt.Fprintf(w, "%s was waiting to retry after %q; running it now%s\n", s.Info.ID, s.LastErr, resumes)
-	case "archived":
+	case s.Was == "retry":
+		fmt.Fprintf(w, "%s was waiting to retry after %q; running it now%s\n", s.Info.ID, scheduler.OneLine(s.LastErr, 200), resumes)
+	case s.Was == "archived":
 		why := ""
 		if s.LastErr != "" {
-			why = fmt.Sprintf(" after %q", s.LastErr)
+			why = fmt.Sprintf(" after %q", scheduler.OneLine(s.LastErr, 200))
 		}
 		fmt.Fprintf(w, "queued %s on %s again (it had stopped%s)%s\n", s.Info.ID, s.Info.Queue, why, resumes)
 	default:

@@ -86,6 +86,16 @@ checkpoint; a run already queued or training is left alone.`,
 		if err := checkRun(ctx, trainCheck{cfg: cfg, q: q, objects: objects}, run, tok); err != nil {
 			return err
 		}
+		// A run that has checkpointed resumes from its newest checkpoint
+		// (the worker finds it); the segment says so, which also gives it
+		// its own task id rather than the first segment's, long finished.
+		st, ok, err := scheduler.ReadRunState(ctx, q.Redis(), ts.Run)
+		if err != nil {
+			return err
+		}
+		if ok && st.Checkpoint > 0 {
+			ts.FromStep = int64(st.Checkpoint)
+		}
 		return enqueueOne(c, cfg, ts)
 	}
 	return cmd

@@ -2,6 +2,8 @@ package main
 
 import (
 	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/scheduler"
 )
 
 func init() {
@@ -11,7 +13,9 @@ func init() {
 		Long: `Run one task again from its stored payload. A failed or cancelled task
 (archived) and a finished one are queued again under the same id; a task
 waiting out its retry back-off runs now. A training segment resumes from its
-run's last checkpoint. A task still queued or running is left as it is.
+run's last checkpoint; one of a run that is queued or training already is
+left alone (a run is one chain of segments). A task still queued or running
+is left as it is.
 
 To redo a whole job, enqueue it again with the same command instead: that
 also re-queues what failed in it.`,
@@ -22,6 +26,17 @@ also re-queues what failed in it.`,
 				return err
 			}
 			defer q.Close()
+			if taskKind(args[0]).Kind() == scheduler.KindTrainSegment {
+				ti, err := q.Find(c.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				if a, err := scheduler.DecodeTask[scheduler.TrainSegment](ti.Payload); err == nil {
+					if live, err := runIsLive(c, q, a.Run, ti.ID); live || err != nil {
+						return err
+					}
+				}
+			}
 			s, err := q.Retry(c.Context(), args[0])
 			return printSubmitted(c.OutOrStdout(), taskKind(args[0]), s, err)
 		},

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/kiln-lm/kiln/scheduler"
 )
@@ -34,9 +36,14 @@ import (
 //
 // A child that dies without an outcome crashed. Crashes are counted per
 // task id in Redis, so the count survives a restart of the worker; a task
-// whose process died twice is archived as a poison task. A worker that
-// dies itself loses its children with it (they get SIGKILL on Linux) and
-// its tasks come back through asynq's lease, as they would in process.
+// whose process died twice in one queued life is archived as a poison
+// task. A queued life runs from the task's enqueue (Enqueue, Again, sched
+// retry: a task id queued anew, its retry count at 0) until it completes
+// or is archived (failed for good, poison, cancelled): a task cancelled
+// after a crash and enqueued again starts with no crash against it, while
+// a retry, whichever worker runs it, keeps its count. A worker that dies
+// itself loses its children with it (they get SIGKILL on Linux) and its
+// tasks come back through asynq's lease, as they would in process.
 type Isolation struct {
 	// Queues are the queues whose tasks each run in a child (required).
 	Queues []string
@@ -58,7 +65,8 @@ type Isolation struct {
 // retries take, so that two crashes a day apart still make it poison.
 const DefaultCrashTTL = 7 * 24 * time.Hour
 
-// PoisonCrashes is how many deaths of its process archive a task.
+// PoisonCrashes is how many deaths of its process in one queued life
+// archive a task.
 const PoisonCrashes = 2
 
 func (iso *Isolation) resolve() (*Isolation, error) {
@@ -130,7 +138,7 @@ func (e *childError) Is(target error) bool { return e.skip && target == asynq.Sk
 // PoisonError archives a task whose process died PoisonCrashes times.
 type PoisonError struct {
 	// Last says how the process died the last time: its exit status and
-	// the last line it wrote that says why.
+	// its last words (lastLines.why).
 	Last string
 }
 
@@ -160,6 +168,15 @@ func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	w, iso := h.w, h.w.iso
 	id, _ := asynq.GetTaskID(ctx)
 	retried, _ := asynq.GetRetryCount(ctx)
+	if retried == 0 {
+		// The task's first attempt since it was queued anew: crashes
+		// counted against its id belong to an earlier life (one cancelled
+		// or archived by a client, which the worker does not see). A
+		// counted crash uses a retry, so none of this life is lost here
+		// (but one that coincides with the worker's shutdown, re-queued as
+		// interrupted without using a retry).
+		w.forgetCrashes(ctx, id)
+	}
 	in, err := json.Marshal(childTask{ID: id, Kind: t.Type(), Payload: t.Payload(), Retried: retried, Worker: w.p.Name,
 		Started: time.Now(), ProgressEvery: w.p.ProgressEvery})
 	if err != nil {
@@ -226,7 +243,7 @@ func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if len(b) > 0 && json.Unmarshal(b, &out) == nil {
 		switch {
 		case out.Error == "":
-			w.rdb.Del(context.WithoutCancel(ctx), crashKey(id))
+			w.forgetCrashes(ctx, id)
 			return nil
 		case out.WaitFor != "":
 			return &WaitError{For: out.WaitFor, Every: out.WaitEvery}
@@ -259,11 +276,29 @@ func (w *Worker) countCrash(ctx context.Context, id, last string) error {
 		return &CrashError{Last: last, Crashes: 1}
 	}
 	if n.Val() >= PoisonCrashes {
-		// A re-run of the archived task (sched retry) starts a new count.
-		w.rdb.Del(ctx, key)
+		// Archived: the middleware forgets the count (taskArchived).
 		return &PoisonError{Last: last}
 	}
 	return &CrashError{Last: last, Crashes: n.Val()}
+}
+
+// forgetCrashes deletes the crash count of task id: its queued life began
+// or ended.
+func (w *Worker) forgetCrashes(ctx context.Context, id string) {
+	if err := w.rdb.Del(context.WithoutCancel(ctx), crashKey(id)).Err(); err != nil {
+		// The count goes at its CrashTTL, or at the task's next first
+		// attempt: until then a crash of a new life may count one too many.
+		w.p.Logger.Warn("crash count of a task not reset", zap.String("task_id", id), zap.Error(err))
+	}
+}
+
+// taskArchived is called by the middleware when an attempt's error
+// archives its task (final, poison, cancelled, or its retries used up):
+// its queued life ended, and with it the crash count of an isolated task.
+func (w *Worker) taskArchived(ctx context.Context, queue, id string) {
+	if w.iso.isolates(queue) {
+		w.forgetCrashes(ctx, id)
+	}
 }
 
 func describeExit(err error, why string) string {
@@ -285,14 +320,21 @@ func describeExit(err error, why string) string {
 // errors and panics, a signal's report, a CUDA error.
 var headline = regexp.MustCompile(`^(fatal error: |panic: |SIG[A-Z]+: |runtime: |unexpected fault|CUDA|cuda)`)
 
-// lastLines passes a child's output on and remembers, for the crash
-// report, the last line that says why it died, and the last line.
+// escapes matches a terminal's escape sequences (a console log's colours).
+var escapes = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]`)
+
+// lastLines passes a child's output on and keeps, for the crash report,
+// the child's last words: the last line of Go's report of a fatal error,
+// panic or signal; else the last log line at error level or above; else
+// the last line that its logger did not write (a library's own report).
+// A log line below error level (the last step's progress) never says why
+// a process died, and is not kept.
 type lastLines struct {
 	out io.Writer
 
-	mu             sync.Mutex
-	partial        []byte
-	head, lastLine string
+	mu                   sync.Mutex
+	partial              []byte
+	head, errLine, plain string
 }
 
 func (l *lastLines) Write(p []byte) (int, error) {
@@ -303,11 +345,11 @@ func (l *lastLines) Write(p []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		l.note(string(bytes.TrimSpace(l.partial[:i])))
+		l.note(string(l.partial[:i]))
 		l.partial = l.partial[i+1:]
 	}
 	if len(l.partial) > 4096 {
-		l.note(string(bytes.TrimSpace(l.partial)))
+		l.note(string(l.partial))
 		l.partial = l.partial[:0]
 	}
 	l.mu.Unlock()
@@ -315,29 +357,70 @@ func (l *lastLines) Write(p []byte) (int, error) {
 }
 
 func (l *lastLines) note(line string) {
+	line = strings.TrimSpace(escapes.ReplaceAllString(line, ""))
 	if line == "" {
 		return
 	}
-	if len(line) > 300 {
-		line = line[:300] + "..."
-	}
-	l.lastLine = line
-	if headline.MatchString(line) {
+	level, text, isLog := logLevel(line)
+	switch {
+	case headline.MatchString(line):
 		l.head = line
+	case !isLog:
+		l.plain = line
+	case level >= zapcore.ErrorLevel:
+		l.errLine = text
 	}
+}
+
+// logLevel reads line as one of zap's, JSON or console: its level and
+// the text to keep of it, and whether it is a log line at all.
+func logLevel(line string) (zapcore.Level, string, bool) {
+	if strings.HasPrefix(line, "{") {
+		var e struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+			Error string `json:"error"`
+		}
+		var lvl zapcore.Level
+		if json.Unmarshal([]byte(line), &e) != nil || e.Level == "" || lvl.UnmarshalText([]byte(e.Level)) != nil {
+			return 0, "", false
+		}
+		text := strings.ToUpper(e.Level) + " " + e.Msg
+		if e.Error != "" {
+			text += ": " + e.Error
+		}
+		return lvl, text, true
+	}
+	// Console: "<time>\tLEVEL\t[caller\t]msg\t{fields}"; the time may be
+	// left out.
+	f := strings.SplitN(line, "\t", 3)
+	for i := 0; i < 2 && i < len(f)-1; i++ {
+		var lvl zapcore.Level
+		if f[i] != "" && lvl.UnmarshalText([]byte(f[i])) == nil {
+			return lvl, strings.Join(f[i:], "\t"), true
+		}
+	}
+	return 0, "", false
 }
 
 func (l *lastLines) why() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.partial) > 0 {
-		l.note(string(bytes.TrimSpace(l.partial)))
+		l.note(string(l.partial))
 		l.partial = nil
 	}
-	if l.head != "" {
-		return l.head
+	s := l.plain
+	switch {
+	case l.head != "":
+		s = l.head
+	case l.errLine != "":
+		s = l.errLine
 	}
-	return l.lastLine
+	if len(s) > 300 {
+		s = s[:300] + "..."
+	}
+	return s
 }
 
 // TaskParams configure ServeTask.

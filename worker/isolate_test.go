@@ -1,7 +1,9 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +18,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/model"
@@ -36,8 +39,9 @@ const (
 	kindCrashLate = "test:crash-late"
 )
 
-// crashArgs ends its process: How is "abort" (a real SIGABRT) or "exit"
-// (os.Exit(2)).
+// crashArgs ends its process: How is "abort" (a real SIGABRT), "exit"
+// (os.Exit(2)) or "killed" (SIGKILL, after an error and then progress in
+// sched's console log form, colours included).
 type crashArgs struct {
 	How string `json:"how"`
 }
@@ -82,6 +86,17 @@ func crash(how string) error {
 		select {}
 	case "exit":
 		os.Exit(2)
+	case "killed":
+		enc := zap.NewProductionEncoderConfig()
+		enc.EncodeTime = zapcore.ISO8601TimeEncoder
+		enc.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		log := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(os.Stderr), zap.InfoLevel))
+		log.Error("shard upload failed", zap.Error(errors.New(killedWhy)))
+		log.Info("step 40", zap.Float64("loss", 3.2))
+		if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
+			return err
+		}
+		select {}
 	}
 	return fmt.Errorf("crash: unknown way %q", how)
 }
@@ -185,6 +200,8 @@ func (e *env) serveIsolated(queues map[string]int, childEnv ...string) (stop fun
 
 const poison = "poison task: the worker died twice running it"
 
+const killedWhy = "s3: connection reset"
+
 // A task whose process really aborts (SIGABRT) or exits is archived as a
 // poison task after its second crash, with how it died, while a task in
 // another child of the same worker, which it outlives, and one in the
@@ -241,6 +258,95 @@ func TestCrashesAreCountedAcrossWorkers(t *testing.T) {
 	ts = e.waitFor(id, time.Minute, "archived", state("archived"))
 	if !strings.HasPrefix(ts.LastErr, poison) {
 		t.Errorf("archived with %q; want %q", ts.LastErr, poison)
+	}
+}
+
+// Twice means twice in one queued life: a task that crashed once, was
+// cancelled and was enqueued again crashes once more and is retried, not
+// archived as poison; its second crash in that life makes it poison. A
+// crash's last words are the child's error line, without its colours, not
+// the progress it logged after it.
+func TestACrashBeforeACancelDoesNotCountAfterTheEnqueueAgain(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.serveIsolated(map[string]int{scheduler.QueueGPU: 1})
+	// crash-late waits an hour to retry: each crash leaves it waiting.
+	a := crashLateArgs{How: "killed"}
+	crashedOnce := func(what string) {
+		t.Helper()
+		id := e.enqueue(a)
+		ts := e.waitFor(id, time.Minute, what, func(ts scheduler.TaskStatus) bool { return ts.State == "retry" || ts.State == "archived" })
+		if ts.State != "retry" || !strings.Contains(ts.LastErr, "crash 1 of 2") {
+			t.Fatalf("%s: %s with %q; want it waiting to retry after its first crash of 2", what, ts.State, ts.LastErr)
+		}
+		if !strings.Contains(ts.LastErr, "signal: killed: ERROR\tshard upload failed\t{\"error\": \""+killedWhy+"\"}") ||
+			strings.Contains(ts.LastErr, "\x1b") || strings.Contains(ts.LastErr, "step 40") {
+			t.Errorf("%s: recorded as %q; want the exit and the error line, no colours, not the progress after it", what, ts.LastErr)
+		}
+		if n := e.rdb.Get(ctx, crashKey(id)).Val(); n != "1" {
+			t.Errorf("%s: crash count %q; want 1", what, n)
+		}
+	}
+	crashedOnce("crashed once")
+	id, err := scheduler.TaskID(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.c.Cancel(ctx, id); err != nil || st != "cancelled" {
+		t.Fatalf("cancel: %s, %v", st, err)
+	}
+	crashedOnce("crashed once after it was enqueued again")
+
+	// A retry is the same life: its crash is the second.
+	insp := asynq.NewInspector(e.opt)
+	defer insp.Close()
+	if err := insp.RunTask(scheduler.QueueGPU, id); err != nil {
+		t.Fatal(err)
+	}
+	ts := e.waitFor(id, time.Minute, "archived", state("archived"))
+	if !strings.HasPrefix(ts.LastErr, poison) || !strings.Contains(ts.LastErr, killedWhy) {
+		t.Errorf("archived with %q; want %q and the error line", ts.LastErr, poison)
+	}
+	if e.rdb.Exists(ctx, crashKey(id)).Val() != 0 {
+		t.Error("the crash count outlives the archived task")
+	}
+}
+
+// The last words kept of a child's output are Go's report of its death,
+// else its last error log line (JSON or console, colours stripped), else
+// its last line that is no log line; never a log line below error level.
+func TestLastWordsAreTheChildsReasonNotItsLastLogLine(t *testing.T) {
+	for _, tc := range []struct {
+		name, out, want string
+	}{
+		{"progress only", "2026-12-01T10:00:00.000Z\t\x1b[34mINFO\x1b[0m\tstep 40\t{\"loss\": 3.2}\n", ""},
+		{"console error", "2026-12-01T10:00:00.000Z\t\x1b[31mERROR\x1b[0m\tupload failed\t{\"error\": \"reset\"}\n" +
+			"2026-12-01T10:00:01.000Z\t\x1b[34mINFO\x1b[0m\tstep 40\n", "ERROR\tupload failed\t{\"error\": \"reset\"}"},
+		{"json error", `{"level":"error","ts":"2026-12-01T10:00:00Z","msg":"upload failed","error":"reset"}` + "\n" +
+			`{"level":"info","ts":"2026-12-01T10:00:01Z","msg":"step 40"}` + "\n", "ERROR upload failed: reset"},
+		{"warning", `{"level":"warn","msg":"slow step"}` + "\n", ""},
+		{"go's report", "2026-12-01T10:00:00.000Z\tERROR\tupload failed\nfatal error: out of memory\n\ngoroutine 1 [running]:\nmain.main()\n",
+			"fatal error: out of memory"},
+		{"a library's line", "2026-12-01T10:00:00.000Z\tERROR\tupload failed\nNCCL error: unhandled system error\n" +
+			"2026-12-01T10:00:01.000Z\tINFO\tstep 40\n", "ERROR\tupload failed"},
+		{"a library's line alone", "NCCL error: unhandled system error\n2026-12-01T10:00:01.000Z\tINFO\tstep 40", "NCCL error: unhandled system error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var passed bytes.Buffer
+			l := &lastLines{out: &passed}
+			for _, b := range []byte(tc.out) {
+				// Byte by byte: a line arrives in pieces.
+				if _, err := l.Write([]byte{b}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := l.why(); got != tc.want {
+				t.Errorf("last words %q; want %q", got, tc.want)
+			}
+			if passed.String() != tc.out {
+				t.Error("the output was not passed on as written")
+			}
+		})
 	}
 }
 

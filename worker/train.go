@@ -264,12 +264,20 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	if set == nil {
 		var err error
 		if set, err = runs.Load(os.Getenv("KILN_RUNS")); err != nil {
-			return fmt.Errorf("train:segment: KILN_RUNS: %w (%w)", err, asynq.SkipRetry)
+			return fmt.Errorf("train:segment: this worker's KILN_RUNS: %w; mend it on the worker, then 'sched enqueue train %s' (%w)", err, a.Run, asynq.SkipRetry)
 		}
 	}
 	run, err := set.Get(a.Run)
 	if err != nil {
-		return fmt.Errorf("train:segment: %w (%w)", err, asynq.SkipRetry)
+		// The enqueuing machine knew the run: the worker reads its own
+		// runs file, which may differ.
+		where := "this worker has no KILN_RUNS"
+		if f := os.Getenv("KILN_RUNS"); f != "" {
+			where = "this worker's KILN_RUNS is " + f
+		} else if t.Runs != nil {
+			where = "this worker's runs"
+		}
+		return fmt.Errorf("train:segment: %w; %s: define the run there, then 'sched enqueue train %s' (%w)", err, where, a.Run, asynq.SkipRetry)
 	}
 	if a.Engine != "" {
 		run.Engine = a.Engine

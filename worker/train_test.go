@@ -182,8 +182,9 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 	id := e.enqueue(scheduler.TrainSegment{Run: "no-such-run"})
 	ts := e.waitFor(id, 30*time.Second, "archived", state("archived"))
-	if !strings.Contains(ts.LastErr, `unknown run "no-such-run"`) || !strings.Contains(ts.LastErr, "pilot") {
-		t.Fatalf("archived with %q; want the unknown run named and the choices listed", ts.LastErr)
+	if !strings.Contains(ts.LastErr, `unknown run "no-such-run"`) || !strings.Contains(ts.LastErr, "pilot") ||
+		!strings.Contains(ts.LastErr, "then 'sched enqueue train no-such-run'") {
+		t.Fatalf("archived with %q; want the unknown run named, the choices listed and how to go on", ts.LastErr)
 	}
 	// Without Runs, the runs file named by KILN_RUNS is read per task; a
 	// broken one archives the task with the file's error.
@@ -198,8 +199,9 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 	id = e.enqueue(scheduler.TrainSegment{Run: "pilot"})
 	ts = e.waitFor(id, 30*time.Second, "archived", state("archived"))
-	if !strings.Contains(ts.LastErr, "KILN_RUNS") || !strings.Contains(ts.LastErr, "learning_rate") {
-		t.Fatalf("archived with %q; want the runs file's error", ts.LastErr)
+	if !strings.Contains(ts.LastErr, "this worker's KILN_RUNS") || !strings.Contains(ts.LastErr, "learning_rate") ||
+		!strings.Contains(ts.LastErr, "mend it on the worker, then 'sched enqueue train pilot'") {
+		t.Fatalf("archived with %q; want the runs file's error and how to go on", ts.LastErr)
 	}
 }
 

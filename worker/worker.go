@@ -325,6 +325,11 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 			}
 			rep.finish("failed", err.Error())
 			log.Error("task failed", zap.Error(err), zap.Duration("took", time.Since(start)))
+			// What asynq archives (handleFailedMessage).
+			if maxRetry, ok := asynq.GetMaxRetry(ctx); errors.Is(err, asynq.SkipRetry) || ok && retried >= maxRetry {
+				q, _ := asynq.GetQueueName(ctx)
+				w.taskArchived(ctx, q, id)
+			}
 		}()
 		if q, ok := asynq.GetQueueName(ctx); ok && w.slots[q] != nil {
 			select {

@@ -1,8 +1,11 @@
 package scheduler
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/hibiken/asynq"
 )
 
 func TestRunStateLine(t *testing.T) {
@@ -47,5 +50,8 @@ func TestOneLineIsPlainText(t *testing.T) {
 	got := OneLine("\x1b[31mERROR\x1b[0m cancelled by sched cancel: context canceled (skip retry for the task)\nsecond line", 200)
 	if want := "ERROR cancelled by sched cancel: context canceled"; got != want {
 		t.Errorf("OneLine = %q, want %q", got, want)
+	}
+	if got := OneLine(asynq.ErrLeaseExpired.Error(), 200); !strings.Contains(got, "worker stopped answering") {
+		t.Errorf("asynq's lease expiry reads %q", got)
 	}
 }

@@ -341,9 +341,14 @@ var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
 // OneLine is the first line of an error message, cut to n runes, for a
 // listing of one line per failure: without terminal escapes, and without
 // the "(skip retry for the task)" that marks an error final for asynq, which
-// says nothing to a person (the listing says archived).
+// says nothing to a person (the listing says archived); asynq's lease
+// expiry said in words.
 func OneLine(msg string, n int) string {
 	msg = ansiEscape.ReplaceAllString(msg, "")
+	if msg == asynq.ErrLeaseExpired.Error() {
+		// asynq's own reason for a task it took back from a worker.
+		msg = "its worker stopped answering (killed, or cut off from Redis) until the task's lease expired; asynq queued it again"
+	}
 	msg = strings.ReplaceAll(msg, " ("+asynq.SkipRetry.Error()+")", "")
 	msg, _, _ = strings.Cut(strings.TrimSpace(msg), "\n")
 	if r := []rune(msg); len(r) > n {

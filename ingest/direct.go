@@ -48,6 +48,9 @@ func Plan(ctx context.Context, p Preset, hc *hub.Client, seed uint64) (Planned, 
 			out.Files = append(out.Files, hub.File{Path: m, Type: "file", Size: st.Size()})
 		}
 		if len(out.Files) == 0 {
+			if st, err := os.Stat(p.Glob); err == nil && st.IsDir() {
+				return out, &PresetError{fmt.Errorf("dataset %s: %s is a directory: name its files with a glob, such as %s%s", p.Name, p.Glob, LocalPrefix, filepath.Join(p.Glob, "*"))}
+			}
 			return out, &PresetError{fmt.Errorf("dataset %s: no files match %q", p.Name, p.Glob)}
 		}
 		out.Revision = "local"

@@ -107,7 +107,7 @@ func LookupPreset(presets map[string]Preset, name string) (Preset, error) {
 			return Preset{}, &PresetError{fmt.Errorf("dataset %q names no files: use local:<glob>, for example local:'data/*.jsonl.zst'", name)}
 		}
 		if _, err := path.Match(glob, ""); err != nil {
-			return Preset{}, &PresetError{fmt.Errorf("dataset %q: bad glob: %w", name, err)}
+			return Preset{}, &PresetError{fmt.Errorf("dataset %q: bad glob (%w): a glob takes *, ? and [...] ranges; write a literal [ as \\[", name, err)}
 		}
 		return Preset{Name: name, Glob: glob, Revision: "local"}, nil
 	}

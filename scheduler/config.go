@@ -12,6 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kiln-lm/kiln/internal/redact"
+	"github.com/kiln-lm/kiln/store"
 )
 
 // PathList is a list of directories. In YAML it is a list, or one string
@@ -192,8 +193,10 @@ func (c Config) Validate() error {
 			return &ConfigError{"KILN_METRICS_ADDR", fmt.Sprintf("%q is not host:port, e.g. :9400 or 127.0.0.1:9400", c.MetricsAddr)}
 		}
 	}
-	if c.Tokenizer == "" || strings.ContainsAny(c.Tokenizer, "/\\") {
-		return &ConfigError{"KILN_TOKENIZER", fmt.Sprintf("%q is not a tokenizer name (no slashes)", c.Tokenizer)}
+	if err := store.CheckName("tokenizer", c.Tokenizer); err != nil {
+		// The rule every name kiln is given keeps (a path is the usual
+		// mistake: that is --tokenizer-file).
+		return &ConfigError{"KILN_TOKENIZER", err.Error() + "; a file is --tokenizer-file"}
 	}
 	return nil
 }

@@ -68,7 +68,7 @@ func (o TrainOptions) validate() error {
 		return trainError{fmt.Sprintf("train: vocabulary size %d is below %d (256 byte symbols + %d special tokens); pass a larger size", o.VocabSize, min, len(o.SpecialTokens))}
 	}
 	if o.VocabSize > 1<<31 {
-		return trainError{fmt.Sprintf("train: vocabulary size %d is too large", o.VocabSize)}
+		return trainError{fmt.Sprintf("train: vocabulary size %d is too large: give at most %d (code models use 16384 to 131072)", o.VocabSize, 1<<31)}
 	}
 	if o.MinFrequency < 1 {
 		return trainError{fmt.Sprintf("train: minimum frequency %d must be at least 1", o.MinFrequency)}

@@ -89,6 +89,7 @@ func TestConfigErrorsNameWhereTheValueCameFrom(t *testing.T) {
 		{nil, "--config " + file, "config file " + file + `: log_format: "xml" is not one of json, console, auto`},
 		{[]string{"KILN_LOG_FORMAT=yaml"}, "--config " + file, `KILN_LOG_FORMAT: "yaml" is not one of`},
 		{[]string{"KILN_LOG_FORMAT=yaml"}, "--config " + file + " --log-format toml", `--log-format: "toml" is not one of`},
+		{[]string{"KILN_TOKENIZER=-x"}, "", `KILN_TOKENIZER: tokenizer name "-x": use letters, digits`},
 		{nil, "--config " + s3, "KILN_S3_ACCESS_KEY (--s3-access-key): an S3 endpoint is set but its access key"},
 	} {
 		_, errOut, code := sched(t, c.env, append([]string{"config"}, strings.Fields(c.args)...)...)

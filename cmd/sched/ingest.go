@@ -173,6 +173,9 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 	if rep.Stopped != "" {
 		fmt.Fprintln(out, rep.Stopped)
 	}
+	if rep.Files > 0 && rep.Appended == 0 && rep.Duplicates == 0 && rep.Same == 0 && rep.Stopped == "" && len(rep.SkippedFiles) > 0 {
+		return badInput("%s: none of its %d files holds text to ingest (skipped: %s): give files of UTF-8 text, JSON lines or Parquet", p.Name, rep.Files, rep.SkippedFiles)
+	}
 	return nil
 }
 

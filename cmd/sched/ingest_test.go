@@ -79,6 +79,32 @@ func TestIngestDirectLocalThenDatasets(t *testing.T) {
 // Without --store-dir a direct ingest fills <data dir>/tokens/<store>, the
 // store the queue fills and train reads, with the tokenizer --tokenizer
 // names; the global --data-dir says where that is.
+// An ingest whose files hold no text at all is an error of its input
+// (exit 2, after the summary), not an empty store reported as done; a
+// directory and a bad glob say how to name files.
+func TestIngestDirectOfNoTextIsBadInput(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := dataDirWithTokenizer(t, dir, "tk")
+	src := filepath.Join(dir, "src")
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "empty.txt"), nil, 0o644)
+	os.WriteFile(filepath.Join(src, "bin.txt"), []byte{0xff, 0xfe, 0x00, 0x81, 0xc3, 0x28}, 0o644)
+	for _, c := range []struct {
+		dataset string
+		want    string
+	}{
+		{"local:" + filepath.Join(src, "*"), "none of its 2 files holds text to ingest"},
+		{"local:" + src, "is a directory: name its files with a glob, such as local:" + filepath.Join(src, "*")},
+		{"local:" + filepath.Join(src, "["), `write a literal [ as \[`},
+	} {
+		_, errOut, code := sched(t, nil, "ingest", c.dataset, "--direct", "--store", "code", "--tokenizer", "tk", "--data-dir", data)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("ingest %s: exit %d, %q; want exit 2 and %q", c.dataset, code, errOut, c.want)
+		}
+	}
+}
+
 func TestIngestDirectIntoTheDataDir(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
@@ -33,7 +35,20 @@ type S3Options struct {
 	// Only re-readable bodies are retried: whole known-size bodies and
 	// buffered parts. Default 5.
 	MaxRetries int
+	// StallTimeout bounds how long a request may go without progress: no
+	// byte sent or received, the wait for the server's answer after the
+	// body included. A server that hangs (a stopped process, a network
+	// path that drops packets without a reset) would otherwise hold the
+	// request, and the caller, forever; after it the request fails and is
+	// retried as above. A slow transfer that keeps moving is never cut,
+	// however long it takes in all, so it is no bound on a whole request.
+	// Default 2 minutes, above minio-go's own wait for an answer (1 minute)
+	// as servers may take a while to assemble a large multipart object.
+	StallTimeout time.Duration
 }
+
+// DefaultStallTimeout is S3Options.StallTimeout's default.
+const DefaultStallTimeout = 2 * time.Minute
 
 // DefaultPartSize is the multipart part size of S3 puts.
 const DefaultPartSize = 16 << 20
@@ -59,16 +74,89 @@ func NewS3(o S3Options) (*S3, error) {
 	if o.MaxRetries == 0 {
 		o.MaxRetries = 5
 	}
+	if o.StallTimeout == 0 {
+		o.StallTimeout = DefaultStallTimeout
+	}
+	tr, err := o.transport()
+	if err != nil {
+		return nil, &S3Error{Op: "connect", URL: o.url(""), Err: err, bad: true}
+	}
 	c, err := minio.New(o.Endpoint, &minio.Options{
 		Creds:      credentials.NewStaticV4(o.AccessKey, o.SecretKey, ""),
 		Secure:     o.Secure,
 		MaxRetries: o.MaxRetries,
+		Transport:  tr,
 	})
 	if err != nil {
 		return nil, &S3Error{Op: "connect", URL: o.url(""), Err: err, bad: true}
 	}
 	return &S3{o: o, c: c, pool: &partPool{size: int(o.PartSize), idle: make(chan []byte, idleParts)}}, nil
 }
+
+// transport is minio-go's default transport (its dial, TLS handshake and
+// answer timeouts, proxy from the environment) whose connections fail
+// after StallTimeout without progress. minio-go's timeouts alone leave a
+// body's transfer unbounded: a write to a server that stopped reading
+// blocks once the socket buffers are full, and a read of a body the server
+// stopped sending blocks for good.
+func (o S3Options) transport() (*http.Transport, error) {
+	tr, err := minio.DefaultTransport(o.Secure)
+	if err != nil {
+		return nil, err
+	}
+	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	stall := o.StallTimeout
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &stallConn{Conn: c, stall: stall}, nil
+	}
+	tr.ResponseHeaderTimeout = max(tr.ResponseHeaderTimeout, stall)
+	return tr, nil
+}
+
+// stallChunk is the most a stallConn writes under one deadline: a body
+// handed over whole (minio-go's part buffers, 16 MiB) is written in pieces
+// so that each piece, not the whole, must move within the stall timeout.
+const stallChunk = 256 << 10
+
+// stallConn is a connection whose every read and write must make progress
+// within stall: each one moves the deadline of both (a deadline applies to
+// reads already waiting too, so the transport's read of the answer, posted
+// while the body is still going out, keeps being moved while it does).
+type stallConn struct {
+	net.Conn
+	stall time.Duration
+}
+
+func (c *stallConn) Read(b []byte) (int, error) {
+	if err := c.Conn.SetDeadline(time.Now().Add(c.stall)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *stallConn) Write(b []byte) (int, error) {
+	n := 0
+	for len(b) > 0 {
+		if err := c.Conn.SetDeadline(time.Now().Add(c.stall)); err != nil {
+			return n, err
+		}
+		m, err := c.Conn.Write(b[:min(len(b), stallChunk)])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		b = b[m:]
+	}
+	return n, nil
+}
+
+// String is the store's URL, scheme://endpoint/bucket, for messages that
+// name where objects go.
+func (s *S3) String() string { return s.o.url("") }
 
 func (o S3Options) url(key string) string {
 	scheme := "http"

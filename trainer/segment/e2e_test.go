@@ -355,15 +355,17 @@ func TestEndToEndSurvivesAKilledWorker(t *testing.T) {
 		t.Errorf("no step-0 evaluation: %+v", recs[0])
 	}
 	// Results and plot are present; retention kept the last two checkpoints
-	// and every fifth (step 20 and 40).
+	// uploaded and every fifth (step 20 and 40). Step 44 is one of them
+	// unless step 48 took its place in the upload queue (training never
+	// waits for uploads), and then 40 is the one before 48.
 	for _, name := range []string{results.SummaryFile, results.PlotFile} {
 		if _, err := objects.Stat(ctx, segment.ResultsPrefix("e2e")+name); err != nil {
 			t.Errorf("results/e2e/%s: %v", name, err)
 		}
 	}
 	steps, err = segment.RemoteSteps(ctx, objects, "e2e")
-	if err != nil || fmt.Sprint(steps) != "[20 40 44 48]" {
-		t.Errorf("checkpoints in S3 %v (%v), want [20 40 44 48]", steps, err)
+	if got := fmt.Sprint(steps); err != nil || got != "[20 40 44 48]" && got != "[20 40 48]" {
+		t.Errorf("checkpoints in S3 %v (%v), want [20 40 44 48] or [20 40 48]", steps, err)
 	}
 	t.Logf("worker killed after step %d was in S3; asynq's retry resumed from it", last)
 }

@@ -62,9 +62,16 @@ type Params struct {
 	// LockTTL is the lock's lease. Default 30s: a worker that dies holds
 	// the run for at most this long.
 	LockTTL time.Duration
-	// UploadGrace bounds the wait for uploads once the segment is
-	// cancelled; keep it below the worker's shutdown grace. Default 60s.
+	// UploadGrace bounds the work a segment owes object storage once its
+	// context ends (SIGTERM, `sched cancel`): the last checkpoint's upload
+	// and the results. What is not uploaded by then stays on this disk for
+	// the next segment here. Keep it below the worker's shutdown grace.
+	// Default 60s.
 	UploadGrace time.Duration
+	// SlowUpload is how long a checkpoint's upload may take before a
+	// warning names its step, the time so far and the endpoint; the
+	// warning comes again each time that time doubles. Default 1 minute.
+	SlowUpload time.Duration
 	// Tokenizer is tokenizer.json's bytes, copied into every checkpoint.
 	Tokenizer []byte
 	// Uses, when set, is the run's tokenizer: data whose stores were made
@@ -102,6 +109,9 @@ func (p Params) withDefaults() Params {
 	}
 	if p.UploadGrace == 0 {
 		p.UploadGrace = 60 * time.Second
+	}
+	if p.SlowUpload == 0 {
+		p.SlowUpload = time.Minute
 	}
 	if p.FreeSpace == nil {
 		p.FreeSpace = freeSpace
@@ -178,7 +188,9 @@ func RunDir(root, run string) string { return filepath.Join(root, run) }
 
 // Run trains one segment of p.Run. It returns the Outcome and, when the
 // segment was cancelled (SIGTERM, `sched cancel`), ctx's error after its
-// last checkpoint is written and, within UploadGrace, uploaded.
+// last checkpoint is written and uploaded, or, when UploadGrace from the
+// cancellation is not enough (object storage slow or hung), left on this
+// disk for the next segment here to upload.
 func Run(ctx context.Context, p Params) (Outcome, error) {
 	p = p.withDefaults()
 	out := Outcome{Uploaded: -1}
@@ -211,12 +223,13 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return out, fmt.Errorf("run %s: %w", run, err)
 	}
-	var remote int // the newest complete checkpoint in object storage, or -1
-	if out.ResumedFrom, out.ResumeSource, remote, err = p.restore(ctx, dir); err != nil {
+	var remoteSteps []int // the complete checkpoints in object storage
+	if out.ResumedFrom, out.ResumeSource, remoteSteps, err = p.restore(ctx, dir); err != nil {
 		return out, err
 	}
-	if err := p.guardDisk(dir, remote); err != nil {
-		return out, err
+	remote := -1
+	if len(remoteSteps) > 0 {
+		remote = remoteSteps[len(remoteSteps)-1]
 	}
 	// Wall-clock adds up over segments; the state hash carries the sum.
 	prevWall, err := p.Redis.HGet(ctx, scheduler.RunStateKey(run), "wall_s").Float64()
@@ -228,6 +241,34 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	began := time.Now()
 	out.Began = began
 	wall := func() time.Duration { return time.Duration(prevWall*float64(time.Second)) + time.Since(began) }
+
+	// What the segment owes object storage after training (the last
+	// uploads, the results) gets UploadGrace once ctx ends, and no more.
+	gctx, cancelGrace := graceContext(ctx, p.UploadGrace)
+	defer cancelGrace()
+	up := newUploader(gctx, p, lock, dir, rc, remote, log, wall)
+	up.from, up.began = out.ResumedFrom, began
+	go up.loop()
+	if p.Objects != nil && out.ResumeSource == "local" && out.ResumedFrom > remote {
+		// The checkpoint resumed from never reached object storage (its
+		// upload failed, or the worker stopped first): it goes now, as a
+		// new one would. A finished run trains no step and writes none, so
+		// its last checkpoint goes up only here.
+		log.Info("uploading the local checkpoint object storage lacks", zap.Int("step", out.ResumedFrom))
+		up.push(filepath.Join(dir, trainer.StepDir(out.ResumedFrom)), out.ResumedFrom)
+	}
+	if p.Objects != nil {
+		for _, s := range p.owedSteps(dir, rc, remoteSteps) {
+			if s != out.ResumedFrom {
+				log.Info("uploading a local checkpoint retention keeps that object storage lacks", zap.Int("step", s))
+				up.owe(filepath.Join(dir, trainer.StepDir(s)), s)
+			}
+		}
+	}
+	if err := p.guardStart(ctx, dir, up, log); err != nil {
+		up.finish()
+		return out, err
+	}
 
 	// Losing the lock stops training at once: another worker owns the run.
 	tctx, cancelTrain := context.WithCancel(ctx)
@@ -242,25 +283,14 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 
 	if out.ResumeSource == "" {
 		if err := p.initialEval(ctx, dir, rc, mc); err != nil {
+			up.finish()
 			return out, err
 		}
 	}
 
-	up := newUploader(p, lock, dir, rc, log, wall)
-	up.from, up.began = out.ResumedFrom, began
-	go up.loop()
-	if p.Objects != nil && out.ResumeSource == "local" && out.ResumedFrom > remote {
-		// The checkpoint resumed from never reached object storage (its
-		// upload failed, or the worker stopped first): it goes now, as a
-		// new one would. A finished run trains no step and writes none, so
-		// its last checkpoint goes up only here.
-		log.Info("uploading the local checkpoint object storage lacks", zap.Int("step", out.ResumedFrom))
-		up.push(filepath.Join(dir, trainer.StepDir(out.ResumedFrom)), out.ResumedFrom)
-	}
-
 	data, err := p.OpenData(rc, mc)
 	if err != nil {
-		up.finish(ctx, p.UploadGrace)
+		up.finish()
 		return out, err
 	}
 	var stateMu sync.Mutex
@@ -292,9 +322,11 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 			}
 		},
 		Checkpoint: func(_ context.Context, cdir string, step int) error {
-			if err := p.guardDisk(dir, up.uploadedStep()); err != nil {
+			if err := p.guardDisk(dir, up.disk()); err != nil {
 				return err
 			}
+			// Never waits: training goes on while object storage is
+			// slow or hung.
 			up.push(cdir, step)
 			return nil
 		},
@@ -306,14 +338,14 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	out.Step, out.Done, out.Checkpoint = res.Step, res.Done, res.Checkpoint
 	out.Wall = wall()
 
-	uerr := up.finish(ctx, p.UploadGrace)
+	uerr := up.finish()
 	out.Uploaded = up.uploadedStep()
 	select {
 	case <-lock.Lost():
 		return out, fmt.Errorf("%w: run %s: stopped at step %d without marking it complete", scheduler.ErrRunLockLost, run, res.Step)
 	default:
 	}
-	rerr := p.writeResults(context.WithoutCancel(ctx), dir, rc, out, log)
+	rerr := p.writeResults(gctx, dir, rc, out, log)
 	// The segment's last word on the run, however it ended: where it
 	// stopped, and "done" to tell a waiting `sched demo` (and `sched
 	// status`) that the results are final.
@@ -429,17 +461,17 @@ func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry
 // or the run moved here), it is pulled. The run's metrics.jsonl comes along
 // when dir has none, so that the results keep the whole history. It
 // returns the step resumed from and where it was found (as Outcome has
-// them), and remote, the newest step object storage holds complete (-1 for
-// none or no object storage): the local checkpoints up to it are safe
-// there, which the disk guard may remove at the segment's start, and a
-// newer one resumed from is uploaded.
-func (p Params) restore(ctx context.Context, dir string) (step int, source string, remote int, err error) {
+// them), and remote, the steps object storage holds complete (none without
+// object storage): the local checkpoints up to its newest are safe there,
+// which the disk guard may remove, and a newer one resumed from is
+// uploaded, as are retained ones it lacks.
+func (p Params) restore(ctx context.Context, dir string) (step int, source string, remote []int, err error) {
 	// A pull a kill cut off left its temporary directory: up to a whole
 	// checkpoint that nothing else removes.
 	if stale, _ := filepath.Glob(filepath.Join(dir, pullTempPattern)); len(stale) > 0 {
 		for _, d := range stale {
 			if err := os.RemoveAll(d); err != nil {
-				return 0, "", -1, fmt.Errorf("run %s: remove an interrupted pull: %w", p.Run.Name, err)
+				return 0, "", nil, fmt.Errorf("run %s: remove an interrupted pull: %w", p.Run.Name, err)
 			}
 		}
 		p.Log.Info("removed interrupted checkpoint pulls", zap.String("run", p.Run.Name), zap.Strings("dirs", stale))
@@ -448,31 +480,28 @@ func (p Params) restore(ctx context.Context, dir string) (step int, source strin
 	if _, st, err := trainer.LatestIntactCheckpoint(dir, p.Log); err == nil {
 		local = st.Step
 	} else if !errors.Is(err, trainer.ErrNoCheckpoint) {
-		return 0, "", -1, err
+		return 0, "", nil, err
 	}
-	remote = -1
 	if p.Objects != nil {
 		// One listing serves the pull and the segment: the run's lock keeps
 		// any other worker from adding to it meanwhile.
 		steps, err := RemoteSteps(ctx, p.Objects, p.Run.Name)
 		if err != nil {
-			return 0, "", -1, err
+			return 0, "", nil, err
 		}
-		if len(steps) > 0 {
-			remote = steps[len(steps)-1]
-		}
+		remote = steps
 		pulled, pulledStep, err := pullNewestOf(ctx, p.Objects, p.Run.Name, steps, local, dir, func(step int, err error) {
 			p.Log.Warn("damaged checkpoint in object storage passed over; trying the one before",
 				zap.String("run", p.Run.Name), zap.Int("step", step), zap.Error(err))
 		})
 		if err != nil {
-			return 0, "", -1, err
+			return 0, "", nil, err
 		}
 		if pulledStep > local {
 			// The checkpoint carries the run's metrics up to its step: the
 			// history continues from there, whatever this disk held.
 			if err := os.Rename(filepath.Join(pulled, results.MetricsFile), filepath.Join(dir, results.MetricsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return 0, "", -1, fmt.Errorf("restore metrics of run %s: %w", p.Run.Name, err)
+				return 0, "", nil, fmt.Errorf("restore metrics of run %s: %w", p.Run.Name, err)
 			}
 			p.Log.Info("resuming from object storage", zap.String("run", p.Run.Name), zap.Int("step", pulledStep))
 			return pulledStep, "object storage", remote, nil
@@ -483,6 +512,39 @@ func (p Params) restore(ctx context.Context, dir string) (step int, source strin
 		return local, "local", remote, nil
 	}
 	return 0, "", remote, nil
+}
+
+// guardStart is the disk guard at a segment's start, once the uploads of
+// what object storage lacks are queued. When the disk is short and those
+// checkpoints are what holds it (object storage was down when they were
+// written), it waits for their uploads before it decides: then the older
+// ones are removable, and a run stopped by the guard during an outage
+// resumes once object storage is back instead of failing on every retry.
+func (p Params) guardStart(ctx context.Context, dir string, up *uploader, log *zap.Logger) error {
+	err := p.guardDisk(dir, up.disk())
+	if !errors.Is(err, ErrDiskFull) || !up.busy() {
+		return err
+	}
+	log.Info("local disk below min_free_disk: uploading the local checkpoints object storage lacks before the disk guard decides", zap.Error(err))
+	if err := up.idle(ctx); err != nil {
+		return err
+	}
+	return p.guardDisk(dir, up.disk())
+}
+
+// graceContext is a context that ends grace after ctx does (or at the
+// returned cancel), for the work a segment still owes once it is told to
+// stop.
+func graceContext(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	g, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(grace, cancel)
+		context.AfterFunc(g, func() { t.Stop() })
+	})
+	return g, func() {
+		stop()
+		cancel()
+	}
 }
 
 // writeState records the run's progress in its state hash, fenced.

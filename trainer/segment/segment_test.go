@@ -436,6 +436,14 @@ func TestPartialCheckpointInObjectStorageIsPassedOver(t *testing.T) {
 	if out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 6 || out.Uploaded != 6 {
 		t.Fatalf("first segment: %+v %v", out, err)
 	}
+	// The one before step 6 in object storage: step 4, unless step 6 took
+	// its place while step 2 still uploaded (training never waits for
+	// uploads); retention keeps the last two.
+	steps, err := RemoteSteps(ctx, obj, "p")
+	if err != nil || len(steps) != 2 || steps[1] != 6 {
+		t.Fatalf("object storage holds steps %v (%v); want two, the newest 6", steps, err)
+	}
+	prev := steps[0]
 	prefix := CheckpointPrefix("p") + trainer.StepDir(6) + "/"
 	whole := readObject(t, ctx, obj, prefix+trainer.ModelFile)
 	for _, c := range []struct {
@@ -459,21 +467,22 @@ func TestPartialCheckpointInObjectStorageIsPassedOver(t *testing.T) {
 		dir, step, err := PullNewest(ctx, obj, "p", -1, t.TempDir(), func(step int, err error) {
 			passed = append(passed, fmt.Sprintf("%d: %v", step, err))
 		})
-		if err != nil || step != 4 || dir == "" {
-			t.Errorf("%s: PullNewest gave step %d, %v; want step 4", c.name, step, err)
+		if err != nil || step != prev || dir == "" {
+			t.Errorf("%s: PullNewest gave step %d, %v; want step %d", c.name, step, err, prev)
 		}
 		if len(passed) != 1 || !strings.HasPrefix(passed[0], "6: ") || !strings.Contains(passed[0], c.want) {
 			t.Errorf("%s: passed over %q, want step 6 with %q", c.name, passed, c.want)
 		}
 	}
-	// The segment that resumes on a new disk: from step 4, the same losses.
+	// The segment that resumes on a new disk: from the one before, the
+	// same losses.
 	var resumed losses
 	run.Segment.MaxSteps = 0
 	out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Progress: resumed.hook, Owner: "gpu-b"})
-	if err != nil || out.ResumedFrom != 4 || !out.Done {
-		t.Fatalf("resumed segment: %+v %v; want it to resume from step 4 and finish", out, err)
+	if err != nil || out.ResumedFrom != prev || !out.Done {
+		t.Fatalf("resumed segment: %+v %v; want it to resume from step %d and finish", out, err, prev)
 	}
-	for step := 5; step <= 8; step++ {
+	for step := prev + 1; step <= 8; step++ {
 		if resumed.m[step] != want.m[step] {
 			t.Errorf("step %d: loss %v, uninterrupted %v", step, resumed.m[step], want.m[step])
 		}

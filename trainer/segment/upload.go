@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,73 +25,196 @@ import (
 
 // uploader pushes checkpoints to object storage on its own goroutine, so
 // that training continues while a checkpoint of hundreds of megabytes goes
-// up. One checkpoint may wait while another uploads; a third blocks the
-// trainer, which bounds the local disk a slow store can cost.
+// up. Training never waits for it: one checkpoint uploads while the newest
+// one after it waits, and a newer one still takes the waiting one's place,
+// as only the newest matters for a resume. A slow or hung store thus costs
+// the steps since the last upload if the worker dies, never training time.
+//
+// What is replaced stays on this disk until the local retention below
+// removes it (pruneLocal), with one exception: a checkpoint retention keeps
+// in object storage for good (keep_every) is owed to it. Owed checkpoints
+// go up, oldest first, once the uploader has caught up with the newest and
+// its last upload succeeded; until then they stay on this disk, protected
+// from pruneLocal and from the disk guard. One the segment ends without
+// uploading is still on this disk when the next segment here starts, and
+// that one uploads what object storage lacks (owedSteps).
 type uploader struct {
-	p    Params
-	lock Lease
-	dir  string
-	rc   trainer.RunConfig
-	log  *zap.Logger
-	wall func() time.Duration
+	p        Params
+	lock     Lease
+	dir      string
+	rc       trainer.RunConfig
+	log      *zap.Logger
+	wall     func() time.Duration
+	endpoint string // object storage, for messages
 	// from and began are the segment's first step and start, for its
 	// event file.
 	from  int
 	began time.Time
 
-	jobs   chan upJob
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	// ctx ends UploadGrace after the segment's context does (graceContext):
+	// the upload in flight is then abandoned, its marker never written.
+	ctx  context.Context
+	wake chan struct{} // a job was queued or the queue closed
+	done chan struct{} // loop has returned
 
 	mu       sync.Mutex
-	uploaded int
+	waiting  *upJob
+	owed     []upJob // by step
+	inFlight *upJob
+	closed   bool
+	healthy  bool // the last upload succeeded: owed ones may go
+	pushed   int  // the newest step pushed, -1 none
+	remote   int  // the newest step object storage held at the start, -1 none
+	uploaded int  // the newest step this segment uploaded, -1 none
 	lastErr  error
+	changed  chan struct{} // closed and replaced when an upload ends
 }
 
 type upJob struct {
 	dir  string
 	step int
+	keep bool // retention keeps it in object storage for good
 }
 
-func newUploader(p Params, lock Lease, dir string, rc trainer.RunConfig, log *zap.Logger, wall func() time.Duration) *uploader {
-	// Uploads outlive the segment's context: a cancelled segment still owes
-	// object storage its last checkpoint, within UploadGrace.
-	ctx, cancel := context.WithCancel(context.Background())
-	return &uploader{p: p, lock: lock, dir: dir, rc: rc, log: log, wall: wall, jobs: make(chan upJob, 1),
-		ctx: ctx, cancel: cancel, done: make(chan struct{}), uploaded: -1}
+func newUploader(ctx context.Context, p Params, lock Lease, dir string, rc trainer.RunConfig, remote int, log *zap.Logger, wall func() time.Duration) *uploader {
+	return &uploader{p: p, lock: lock, dir: dir, rc: rc, log: log, wall: wall, endpoint: describe(p.Objects),
+		ctx: ctx, wake: make(chan struct{}, 1), done: make(chan struct{}),
+		healthy: true, pushed: -1, remote: remote, uploaded: -1, changed: make(chan struct{})}
 }
 
-func (u *uploader) push(dir string, step int) { u.jobs <- upJob{dir, step} }
+// describe names an object store in messages: S3 by its URL.
+func describe(obj Objects) string {
+	if s, ok := obj.(fmt.Stringer); ok {
+		return s.String()
+	}
+	return fmt.Sprintf("%T", obj)
+}
 
+// retained is true for a step retention keeps in object storage for good.
+func (u *uploader) retained(step int) bool {
+	return Keep([]int{step}, u.rc.CheckpointEvery, 0, u.p.Run.Retention.KeepEvery)[step]
+}
+
+// push queues the checkpoint dir of step, the newest, for upload, in the
+// place of any that waits; it never blocks.
+func (u *uploader) push(dir string, step int) {
+	u.mu.Lock()
+	j := upJob{dir: dir, step: step, keep: u.retained(step)}
+	replaced := u.waiting
+	if replaced != nil && replaced.keep {
+		u.oweLocked(*replaced)
+	}
+	u.waiting, u.pushed = &j, max(u.pushed, step)
+	inFlight := -1
+	if u.inFlight != nil {
+		inFlight = u.inFlight.step
+	}
+	u.mu.Unlock()
+	u.signal()
+	if replaced != nil {
+		u.log.Info("checkpoint upload still in flight: the newer checkpoint waits in place of the one that waited",
+			zap.Int("step", step), zap.Int("replaced", replaced.step), zap.Bool("replaced_owed", replaced.keep),
+			zap.Int("uploading", inFlight), zap.String("endpoint", u.endpoint))
+		u.pruneLocal()
+	}
+}
+
+// owe queues a retained checkpoint object storage lacks, to go up once the
+// uploader has caught up.
+func (u *uploader) owe(dir string, step int) {
+	u.mu.Lock()
+	u.oweLocked(upJob{dir: dir, step: step, keep: true})
+	u.mu.Unlock()
+	u.signal()
+}
+
+func (u *uploader) oweLocked(j upJob) {
+	i, found := slices.BinarySearchFunc(u.owed, j.step, func(o upJob, s int) int { return o.step - s })
+	if !found {
+		u.owed = slices.Insert(u.owed, i, j)
+	}
+}
+
+func (u *uploader) signal() {
+	select {
+	case u.wake <- struct{}{}:
+	default:
+	}
+}
+
+// uploadedStep is the newest step this segment uploaded, -1 none.
 func (u *uploader) uploadedStep() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.uploaded
 }
 
+// next takes the next job: the newest waiting, else the oldest owed while
+// uploads succeed. It returns false once the queue is closed and has
+// nothing more to send, or the grace is over.
+func (u *uploader) next() (upJob, bool) {
+	for {
+		u.mu.Lock()
+		var j *upJob
+		switch {
+		case u.waiting != nil:
+			j, u.waiting = u.waiting, nil
+		case len(u.owed) > 0 && u.healthy:
+			first := u.owed[0]
+			j, u.owed = &first, u.owed[1:]
+		}
+		u.inFlight = j
+		closed := u.closed
+		u.mu.Unlock()
+		if j != nil {
+			return *j, true
+		}
+		if closed || u.ctx.Err() != nil {
+			return upJob{}, false
+		}
+		select {
+		case <-u.wake:
+		case <-u.ctx.Done():
+		}
+	}
+}
+
 func (u *uploader) loop() {
 	defer close(u.done)
-	for j := range u.jobs {
+	for {
+		j, ok := u.next()
+		if !ok {
+			return
+		}
 		err := u.upload(j)
 		u.mu.Lock()
-		u.lastErr = err
+		u.inFlight = nil
+		u.healthy = err == nil
 		if err == nil {
-			u.uploaded = j.step
+			u.uploaded = max(u.uploaded, j.step)
+		} else if j.keep {
+			u.oweLocked(j)
 		}
+		u.lastErr = err
+		close(u.changed)
+		u.changed = make(chan struct{})
 		u.mu.Unlock()
-		if err != nil {
-			u.log.Error("checkpoint upload failed; the next checkpoint retries", zap.Int("step", j.step), zap.Error(err))
+		if err != nil && u.ctx.Err() == nil {
+			u.log.Error("checkpoint upload failed; the next checkpoint's upload tries again, and this one stays on this disk until it is superseded",
+				zap.Int("step", j.step), zap.String("endpoint", u.endpoint), zap.Error(err))
 		}
+		u.pruneLocal()
 	}
 }
 
 func (u *uploader) upload(j upJob) error {
 	if u.p.Objects == nil {
-		u.pruneLocal(j.step)
 		return nil
 	}
 	start := time.Now()
+	// The retention and results after the push count too: a store that
+	// hangs there holds the uploader as well.
+	defer u.warnSlow(j.step, start)()
 	m, err := Push(u.ctx, u.p.Objects, u.lock, u.p.Run.Name, j.dir)
 	if err != nil {
 		return err
@@ -98,11 +224,16 @@ func (u *uploader) upload(j upJob) error {
 		bytes += n
 	}
 	u.log.Info("checkpoint uploaded", zap.Int("step", j.step), zap.Int64("bytes", bytes), zap.Duration("took", time.Since(start)))
-	if err := u.lock.Fenced(u.ctx, map[string]string{
-		"checkpoint": strconv.Itoa(j.step), "checkpoint_at": time.Now().UTC().Format(time.RFC3339),
-		"checkpoint_upload_s": strconv.FormatFloat(time.Since(start).Seconds(), 'f', 3, 64),
-	}); err != nil {
-		return err
+	// An owed checkpoint is older than one already uploaded: the run's
+	// state and results stay the newer one's.
+	newest := j.step > u.uploadedStep()
+	if newest {
+		if err := u.lock.Fenced(u.ctx, map[string]string{
+			"checkpoint": strconv.Itoa(j.step), "checkpoint_at": time.Now().UTC().Format(time.RFC3339),
+			"checkpoint_upload_s": strconv.FormatFloat(time.Since(start).Seconds(), 'f', 3, 64),
+		}); err != nil {
+			return err
+		}
 	}
 	ret := u.p.Run.Retention
 	if deleted, err := Prune(u.ctx, u.p.Objects, u.p.Run.Name, u.rc.CheckpointEvery, ret.KeepLast, ret.KeepEvery); err != nil {
@@ -110,26 +241,116 @@ func (u *uploader) upload(j upJob) error {
 	} else if len(deleted) > 0 {
 		u.log.Info("checkpoints deleted by retention", zap.Ints("steps", deleted))
 	}
-	u.pruneLocal(j.step)
-	if err := u.p.writeResults(u.ctx, u.dir, u.rc, Outcome{Step: j.step, TotalSteps: u.rc.TotalSteps, Wall: u.wall(),
-		ResumedFrom: u.from, Began: u.began}, u.log); err != nil {
-		u.log.Warn("results", zap.Error(err))
+	if newest {
+		if err := u.p.writeResults(u.ctx, u.dir, u.rc, Outcome{Step: j.step, TotalSteps: u.rc.TotalSteps, Wall: u.wall(),
+			ResumedFrom: u.from, Began: u.began}, u.log); err != nil {
+			u.log.Warn("results", zap.Error(err))
+		}
 	}
 	return nil
 }
 
-// pruneLocal keeps the newest two local checkpoints: the one just written
-// and the one before it, which a resume falls back to if the newest turns
-// out unreadable. Older ones are already in object storage. Without object
-// storage, the local disk is the only copy, and retention applies to it.
-func (u *uploader) pruneLocal(newest int) {
+// warnSlow warns while the upload of step, begun at start, goes on past
+// SlowUpload, and again each time its time doubles: the one sign an
+// operator gets of a hung or crawling store, as training goes on. The
+// returned func ends the warnings.
+func (u *uploader) warnSlow(step int, start time.Time) (stop func()) {
+	end := make(chan struct{})
+	go func() {
+		after := u.p.SlowUpload
+		t := time.NewTimer(after)
+		defer t.Stop()
+		for {
+			select {
+			case <-end:
+				return
+			case <-t.C:
+			}
+			u.mu.Lock()
+			waiting := -1
+			if u.waiting != nil {
+				waiting = u.waiting.step
+			}
+			u.mu.Unlock()
+			u.log.Warn("checkpoint upload is slow; training goes on, and the newest checkpoint waits to go next",
+				zap.Int("step", step), zap.Duration("elapsed", time.Since(start)), zap.String("endpoint", u.endpoint),
+				zap.Int("waiting", waiting))
+			after *= 2
+			t.Reset(time.Until(start.Add(after)))
+		}
+	}()
+	return func() { close(end) }
+}
+
+// pending is the set of local checkpoints that must stay: queued, in
+// flight or owed to object storage.
+func (u *uploader) pending() map[int]bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	p := map[int]bool{}
+	for _, j := range u.owed {
+		p[j.step] = true
+	}
+	if u.waiting != nil {
+		p[u.waiting.step] = true
+	}
+	if u.inFlight != nil {
+		p[u.inFlight.step] = true
+	}
+	return p
+}
+
+// disk is what the disk guard needs to know of the uploads.
+func (u *uploader) disk() diskState {
+	pending := u.pending()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return diskState{safe: max(u.remote, u.uploaded), pending: pending, lastErr: u.lastErr, endpoint: u.endpoint, objects: u.p.Objects != nil}
+}
+
+// busy is true while an upload is queued or in flight, or owed ones can go.
+func (u *uploader) busy() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.busyLocked()
+}
+
+func (u *uploader) busyLocked() bool {
+	return u.waiting != nil || u.inFlight != nil || (len(u.owed) > 0 && u.healthy)
+}
+
+// idle waits until the uploader has nothing left it can send now.
+func (u *uploader) idle(ctx context.Context) error {
+	for {
+		u.mu.Lock()
+		busy, changed := u.busyLocked(), u.changed
+		u.mu.Unlock()
+		if !busy {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-u.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// pruneLocal keeps the newest two local checkpoints (the newest and the
+// one before it, which a resume falls back to if the newest turns out
+// unreadable) and those queued, in flight or owed. Any other is in object
+// storage or superseded by a newer one there or on its way. Without object
+// storage the local disk is the only copy, and retention applies to it.
+func (u *uploader) pruneLocal() {
+	keep := u.pending()
 	steps := localSteps(u.dir)
-	keep := map[int]bool{}
 	if u.p.Objects == nil {
-		keep = Keep(steps, u.rc.CheckpointEvery, u.p.Run.Retention.KeepLast, u.p.Run.Retention.KeepEvery)
+		maps.Copy(keep, Keep(steps, u.rc.CheckpointEvery, u.p.Run.Retention.KeepLast, u.p.Run.Retention.KeepEvery))
 	}
 	for i, s := range steps {
-		if s > newest || i >= len(steps)-2 || keep[s] {
+		if i >= len(steps)-2 || keep[s] {
 			continue
 		}
 		if err := os.RemoveAll(filepath.Join(u.dir, trainer.StepDir(s))); err != nil {
@@ -138,32 +359,60 @@ func (u *uploader) pruneLocal(newest int) {
 	}
 }
 
-// finish waits for the queued uploads. After a cancellation it waits at
-// most grace, then abandons the upload in flight (its marker is never
-// written, so object storage stays consistent). It returns the error of the
-// last checkpoint's upload, if that one failed.
-func (u *uploader) finish(ctx context.Context, grace time.Duration) error {
-	close(u.jobs)
-	if ctx.Err() == nil {
-		<-u.done
-	} else {
-		t := time.NewTimer(grace)
-		select {
-		case <-u.done:
-			t.Stop()
-		case <-t.C:
-			u.log.Warn("upload grace over; the run resumes from the last uploaded checkpoint", zap.Duration("grace", grace))
-			u.cancel()
-			<-u.done
-		}
-	}
-	u.cancel()
+// finish closes the queue and waits for what it holds, or until the grace
+// is over (u.ctx ends UploadGrace after the segment's context): the upload
+// in flight is then abandoned (its marker is never written, so object
+// storage stays consistent), and what was not uploaded stays on this disk
+// for the next segment, which uploads what object storage lacks. It returns
+// an error when the newest checkpoint pushed, or one owed, is not in object
+// storage.
+func (u *uploader) finish() error {
+	u.mu.Lock()
+	u.closed = true
+	u.mu.Unlock()
+	u.signal()
+	<-u.done
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.lastErr != nil {
-		return fmt.Errorf("upload of the last checkpoint: %w", u.lastErr)
+	var owed []int
+	for _, j := range u.owed {
+		owed = append(owed, j.step)
+	}
+	missing := u.pushed > max(u.uploaded, u.remote)
+	if u.ctx.Err() != nil && (missing || len(owed) > 0) {
+		u.log.Warn("upload grace over: the checkpoints not uploaded stay on this disk, and the next segment here uploads them; one on another worker resumes from the newest in object storage",
+			zap.Duration("grace", u.p.UploadGrace), zap.Int("newest", u.pushed), zap.Int("uploaded", max(u.uploaded, u.remote)),
+			zap.Ints("owed", owed), zap.String("endpoint", u.endpoint))
+	}
+	cause := u.lastErr
+	if cause == nil && u.ctx.Err() != nil {
+		cause = fmt.Errorf("upload grace of %v over", u.p.UploadGrace)
+	}
+	switch {
+	case missing:
+		return fmt.Errorf("upload of the last checkpoint, step %d, to %s: %w", u.pushed, u.endpoint, cause)
+	case len(owed) > 0:
+		return fmt.Errorf("upload of checkpoints retention keeps (steps %v) to %s: %w", owed, u.endpoint, cause)
 	}
 	return nil
+}
+
+// owedSteps are the local checkpoints that retention keeps in object
+// storage for good and that it lacks (remote lists what it holds): the
+// earlier segment here ended before it uploaded them.
+func (p Params) owedSteps(dir string, rc trainer.RunConfig, remote []int) []int {
+	have := map[int]bool{}
+	for _, s := range remote {
+		have[s] = true
+	}
+	var owed []int
+	for s := range Keep(localSteps(dir), rc.CheckpointEvery, 0, p.Run.Retention.KeepEvery) {
+		if !have[s] {
+			owed = append(owed, s)
+		}
+	}
+	sort.Ints(owed)
+	return owed
 }
 
 func localSteps(dir string) []int {
@@ -183,11 +432,23 @@ func localSteps(dir string) []int {
 // already holds.
 var ErrDiskFull = errors.New("local disk below min_free_disk")
 
+// diskState is what the disk guard knows of object storage: the newest
+// step it holds complete (safe), the local checkpoints still to go up
+// (pending), and why the last upload failed.
+type diskState struct {
+	safe     int
+	pending  map[int]bool
+	lastErr  error
+	endpoint string
+	objects  bool
+}
+
 // guardDisk keeps dir's filesystem above the run's min_free_disk: below it,
-// local checkpoints already uploaded (up to step uploaded) go first, never
-// the newest; if that is not enough the segment stops with ErrDiskFull
-// rather than fill the disk the token stores live on.
-func (p Params) guardDisk(dir string, uploaded int) error {
+// local checkpoints object storage makes redundant (up to its newest step,
+// never one still to go up, never the newest) go first; if that is not
+// enough the segment stops with ErrDiskFull rather than fill the disk the
+// token stores live on.
+func (p Params) guardDisk(dir string, st diskState) error {
 	min := int64(p.Run.MinFreeDisk)
 	if min <= 0 {
 		return nil
@@ -201,8 +462,11 @@ func (p Params) guardDisk(dir string, uploaded int) error {
 	}
 	steps := localSteps(dir)
 	for i, s := range steps {
-		if i == len(steps)-1 || s > uploaded {
+		if i == len(steps)-1 || s > st.safe {
 			break
+		}
+		if st.pending[s] {
+			continue
 		}
 		if err := os.RemoveAll(filepath.Join(dir, trainer.StepDir(s))); err != nil {
 			return fmt.Errorf("disk guard: %w", err)
@@ -215,7 +479,47 @@ func (p Params) guardDisk(dir string, uploaded int) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: run %s: %s has %s free, below min_free_disk %s: free space on that disk, or lower min_free_disk in a runs file", ErrDiskFull, p.Run.Name, dir, humanBytes(free), humanBytes(min))
+	msg := fmt.Sprintf("run %s: %s has %s free, below min_free_disk %s", p.Run.Name, dir, humanBytes(free), humanBytes(min))
+	if lacking := lackingSteps(localSteps(dir), st); st.objects && len(lacking) > 0 {
+		// What holds the space is the run's own checkpoints, kept until
+		// object storage has them: the fix is there, not on this disk.
+		var size int64
+		for _, s := range lacking {
+			size += dirSize(filepath.Join(dir, trainer.StepDir(s)))
+		}
+		why := ""
+		if st.lastErr != nil {
+			why = fmt.Sprintf(" (last upload: %v)", st.lastErr)
+		}
+		return fmt.Errorf("%w: %s; %d local checkpoints (steps %d to %d, %s) are not in object storage yet and stay until they are: %s is unreachable or behind%s: bring it back, free space on that disk, or lower min_free_disk in a runs file",
+			ErrDiskFull, msg, len(lacking), lacking[0], lacking[len(lacking)-1], humanBytes(size), st.endpoint, why)
+	}
+	return fmt.Errorf("%w: %s: free space on that disk, or lower min_free_disk in a runs file", ErrDiskFull, msg)
+}
+
+// lackingSteps are the steps among local that object storage lacks: newer
+// than its newest, or still to go up.
+func lackingSteps(local []int, st diskState) []int {
+	var out []int
+	for _, s := range local {
+		if s > st.safe || st.pending[s] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func dirSize(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
 }
 
 func humanBytes(n int64) string {

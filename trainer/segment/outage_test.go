@@ -1,0 +1,310 @@
+package segment
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/runs"
+)
+
+// waitFor polls cond until it holds. Its bound, minutes, is for a
+// condition that would never hold: what these tests wait for takes
+// seconds on a loaded 2-vCPU machine.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 3 minutes", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stoppableS3 is kiln's S3 store on a real versitygw that hang stops
+// (SIGSTOP: connections are accepted and never answered) and resume
+// continues. The store would wait an hour for the stopped server: nothing
+// relies on its timeouts.
+func stoppableS3(t *testing.T) (obj store.Store, srv *testsvc.S3Server, hang, resume func()) {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("SIGSTOP of the S3 server is exercised on linux")
+	}
+	srv = testsvc.S3(t)
+	obj, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+		StallTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := srv.Pid()
+	var hung atomic.Bool
+	hang = func() {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		hung.Store(true)
+	}
+	resume = func() {
+		if hung.CompareAndSwap(true, false) {
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Errorf("resume versitygw: %v", err)
+			}
+		}
+	}
+	t.Cleanup(resume) // before testsvc stops it, which a stopped process would ignore
+	return obj, srv, hang, resume
+}
+
+// An object store that hangs mid-run (its process stopped: connections
+// are accepted and never answered) neither stalls training nor costs a
+// step at a stop. Training goes on, a newer checkpoint taking the place of
+// the one waiting to upload, and a warning names the hung upload's step,
+// its time so far and the endpoint, again as that time grows. A stop
+// (ctx cancelled, as SIGTERM does) returns once the upload grace is over,
+// while the store still hangs, with the last step's checkpoint on this
+// disk; the next segment, once the store answers, resumes from it and
+// uploads it.
+func TestHungObjectStoreNeitherStallsTrainingNorLosesSteps(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, srv, hang, resume := stoppableS3(t)
+	run := testRun("hung", 1_000_000)
+	disk := t.TempDir()
+	core, logs := observer.New(zap.InfoLevel)
+	var logged atomic.Int64 // the last step whose metrics were logged
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		out Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := Run(runCtx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a",
+			Log: zap.New(core), SlowUpload: 20 * time.Millisecond, UploadGrace: 200 * time.Millisecond,
+			Progress: func(step, total int, m *trainer.Metrics) {
+				if m != nil {
+					logged.Store(int64(step))
+				}
+			}})
+		done <- result{out, err}
+	}()
+	waitFor(t, "a checkpoint uploaded while the store answers", func() bool {
+		return len(logs.FilterMessage("checkpoint uploaded").All()) > 0
+	})
+	hang()
+
+	// The upload in flight hangs (its push, or the retention or results
+	// after it): it is warned of again and again, the elapsed time growing,
+	// naming the step and the endpoint.
+	slow := func() []observer.LoggedEntry { return logs.FilterMessageSnippet("checkpoint upload is slow").All() }
+	before := len(slow())
+	endpoint := "http://" + srv.Endpoint + "/kiln"
+	stuck := -1
+	waitFor(t, "repeated warnings of a hung upload", func() bool {
+		seen := map[int64][]time.Duration{}
+		for _, e := range slow()[before:] {
+			f := e.ContextMap()
+			if f["endpoint"] != endpoint {
+				t.Fatalf("slow-upload warning names endpoint %v, want %s", f["endpoint"], endpoint)
+			}
+			step := f["step"].(int64)
+			seen[step] = append(seen[step], f["elapsed"].(time.Duration))
+			if d := seen[step]; len(d) >= 2 && d[len(d)-1] > d[0] {
+				stuck = int(step)
+				return true
+			}
+		}
+		return false
+	})
+	// Training goes on past it: with five checkpoints written since, no
+	// upload queue could have held them all.
+	waitFor(t, "training past the hung upload", func() bool { return logged.Load() >= int64(stuck+10) })
+	if len(logs.FilterMessageSnippet("the newer checkpoint waits in place of the one that waited").All()) == 0 {
+		t.Error("no checkpoint took the place of the one waiting to upload")
+	}
+	last := int(logged.Load())
+
+	// The stop, the store still hung.
+	cancel()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the stopped segment did not return within 3 minutes while object storage hangs (its grace is 200 ms)")
+	}
+	out := r.out
+	if !errors.Is(r.err, context.Canceled) || out.Step < last || out.Uploaded >= out.Step {
+		t.Fatalf("stopped segment: %+v %v; want it cancelled at step %d or after, its checkpoint not uploaded", out, r.err, last)
+	}
+	if want := filepath.Join(RunDir(disk, "hung"), trainer.StepDir(out.Step)); out.Checkpoint != want {
+		t.Fatalf("stopped segment's checkpoint %q, want %q", out.Checkpoint, want)
+	}
+	if st, err := trainer.CheckCheckpoint(out.Checkpoint); err != nil || st.Step != out.Step {
+		t.Fatalf("the stop's local checkpoint: step %d, %v; want step %d complete", st.Step, err, out.Step)
+	}
+	if w := logs.FilterMessageSnippet("upload grace over").All(); len(w) != 1 || w[0].ContextMap()["newest"] != int64(out.Step) {
+		t.Errorf("grace warnings %v; want one naming step %d", w, out.Step)
+	}
+	// The hung store left no pile of checkpoints: the newest two.
+	if local := localSteps(RunDir(disk, "hung")); len(local) > 2 || local[len(local)-1] != out.Step {
+		t.Errorf("local checkpoints %v after the stop; want at most two, the newest %d", local, out.Step)
+	}
+
+	// The store answers again; the next segment uploads the stop's
+	// checkpoint and goes on from it.
+	resume()
+	run.Segment.MaxSteps = 1
+	core, logs = observer.New(zap.InfoLevel)
+	next, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core)})
+	if err != nil || next.ResumeSource != "local" || next.ResumedFrom != out.Step || next.Step != out.Step+1 || next.Uploaded != out.Step+1 {
+		t.Fatalf("next segment: %+v %v; want it to resume from the local step %d and upload step %d", next, err, out.Step, out.Step+1)
+	}
+	if w := logs.FilterMessage("uploading the local checkpoint object storage lacks").All(); len(w) != 1 || w[0].ContextMap()["step"] != int64(out.Step) {
+		t.Errorf("logs %v; want the upload of step %d announced", w, out.Step)
+	}
+	if _, err := Pull(ctx, obj, "hung", out.Step, t.TempDir()); err != nil {
+		t.Errorf("the stop's checkpoint, step %d, in object storage: %v", out.Step, err)
+	}
+}
+
+// A checkpoint retention keeps for good (keep_every; here every one) is
+// never dropped from the upload queue: replaced there by a newer one while
+// the store hangs, it stays on this disk, and the next segment uploads it
+// with the newest. Then only the newest two stay local.
+func TestRetainedCheckpointsReachObjectStorageAfterAHang(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _, hang, resume := stoppableS3(t)
+	run := testRun("kept", 1_000_000)
+	run.Retention = runs.Retention{KeepLast: 2, KeepEvery: 1}
+	disk := t.TempDir()
+	core, logs := observer.New(zap.InfoLevel)
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(runCtx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a",
+			Log: zap.New(core), UploadGrace: 200 * time.Millisecond})
+		done <- err
+	}()
+	waitFor(t, "a checkpoint uploaded while the store answers", func() bool {
+		return len(logs.FilterMessage("checkpoint uploaded").All()) > 0
+	})
+	hang()
+	var replaced []int
+	waitFor(t, "three retained checkpoints replaced in the upload queue", func() bool {
+		replaced = nil
+		for _, e := range logs.FilterMessageSnippet("the newer checkpoint waits in place of the one that waited").All() {
+			if f := e.ContextMap(); f["replaced_owed"] == true {
+				replaced = append(replaced, int(f["replaced"].(int64)))
+			}
+		}
+		return len(replaced) >= 3
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("stopped segment: %v", err)
+	}
+	local := localSteps(RunDir(disk, "kept"))
+	for _, s := range replaced {
+		if !slices.Contains(local, s) {
+			t.Fatalf("retained step %d, replaced in the upload queue, is not on this disk: %v", s, local)
+		}
+	}
+
+	resume()
+	run.Segment.MaxSteps = 1
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"})
+	if err != nil || out.Uploaded != out.Step {
+		t.Fatalf("next segment: %+v %v", out, err)
+	}
+	remote, err := RemoteSteps(ctx, obj, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range replaced {
+		if !slices.Contains(remote, s) {
+			t.Errorf("retained step %d is not in object storage after the next segment: %v", s, remote)
+		}
+	}
+	if local := localSteps(RunDir(disk, "kept")); len(local) != 2 {
+		t.Errorf("local checkpoints %v once object storage has them; want the newest two", local)
+	}
+}
+
+// After an outage of object storage filled the disk with checkpoints it
+// lacks, the disk guard stops the segment saying so; once the store is
+// back, the next segment uploads the newest before the guard decides, the
+// guard frees the older one, and the run goes on (it used to fail on every
+// retry). The disk here has room for one of the run's checkpoints above
+// min_free_disk.
+func TestDiskGuardWaitsForUploadsAfterAnOutage(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	srv := testsvc.S3(t)
+	// One retry, so that failed uploads fail fast while the store is down.
+	obj, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, MaxRetries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := testRun("outage", 40)
+	run.MinFreeDisk = 10 << 30
+	disk := t.TempDir()
+	rd := RunDir(disk, "outage")
+	free := func(string) (int64, error) { return 15<<30 - int64(len(localSteps(rd)))*(3<<30), nil }
+
+	var once sync.Once
+	_, err = Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", FreeSpace: free,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if m != nil && step == 3 {
+				once.Do(srv.Stop) // before step 4's checkpoint
+			}
+		}})
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	for _, want := range []string{"local checkpoints (steps", "are not in object storage yet", "http://" + srv.Endpoint + "/kiln is unreachable or behind"} {
+		if !errors.Is(err, ErrDiskFull) || !strings.Contains(msg, want) || strings.Contains(msg, "\n") {
+			t.Fatalf("segment during the outage: %v; want ErrDiskFull on one line saying %q", err, want)
+		}
+	}
+	local := localSteps(rd)
+	if len(local) != 2 {
+		t.Fatalf("local checkpoints after the outage %v; want the newest two", local)
+	}
+	newest := local[1]
+
+	srv.Start()
+	core, logs := observer.New(zap.InfoLevel)
+	run.Segment.MaxSteps = 2 // one more checkpoint, which the guard lets through once the newest is uploaded
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", FreeSpace: free, Log: zap.New(core)})
+	if err != nil || out.ResumeSource != "local" || out.ResumedFrom != newest || out.Step != newest+2 || out.Uploaded != newest+2 {
+		t.Fatalf("segment after the outage: %+v %v; want it to resume from the local step %d and train on", out, err, newest)
+	}
+	if len(logs.FilterMessageSnippet("before the disk guard decides").All()) != 1 {
+		t.Errorf("logs %v; want the guard to wait for the upload once", logs.All())
+	}
+	if w := logs.FilterMessage("disk guard removed an uploaded local checkpoint").All(); len(w) == 0 || w[0].ContextMap()["step"] != int64(local[0]) {
+		t.Errorf("guard warnings %v; want the first to name step %d", w, local[0])
+	}
+	if steps, err := RemoteSteps(ctx, obj, "outage"); err != nil || !slices.Contains(steps, newest) || !slices.Contains(steps, newest+2) {
+		t.Errorf("object storage holds steps %v (%v); want %d and %d", steps, err, newest, newest+2)
+	}
+}

@@ -477,9 +477,10 @@ func (p Params) restore(ctx context.Context, dir string) (step int, source strin
 		p.Log.Info("removed interrupted checkpoint pulls", zap.String("run", p.Run.Name), zap.Strings("dirs", stale))
 	}
 	local := -1
+	var lost trainer.AllDamagedError
 	if _, st, err := trainer.LatestIntactCheckpoint(dir, p.Log); err == nil {
 		local = st.Step
-	} else if !errors.Is(err, trainer.ErrNoCheckpoint) {
+	} else if !errors.As(err, &lost) && !errors.Is(err, trainer.ErrNoCheckpoint) {
 		return 0, "", nil, err
 	}
 	if p.Objects != nil {
@@ -511,8 +512,21 @@ func (p Params) restore(ctx context.Context, dir string) (step int, source strin
 		p.Log.Info("resuming from the local checkpoint", zap.String("run", p.Run.Name), zap.Int("step", local))
 		return local, "local", remote, nil
 	}
+	if len(lost.SetAside) > 0 {
+		// Training from step 0 would overwrite the run's history with a
+		// new one: said once, for good. The damaged checkpoints stay set
+		// aside, so the next enqueue does start the run over.
+		return 0, "", nil, notResumable{fmt.Errorf("run %s: %w, and object storage holds no complete one: to train the run from step 0, enqueue it again ('sched enqueue train %s'; the damaged ones stay beside it as *.damaged)", p.Run.Name, lost, p.Run.Name)}
+	}
 	return 0, "", remote, nil
 }
+
+// notResumable is a run that has trained but has no checkpoint left to
+// resume from: no retry can change that (bad input: archived at once).
+type notResumable struct{ error }
+
+func (e notResumable) Unwrap() error  { return e.error }
+func (e notResumable) BadInput() bool { return true }
 
 // guardStart is the disk guard at a segment's start, once the uploads of
 // what object storage lacks are queued. When the disk is short and those

@@ -656,3 +656,40 @@ func referenceLosses(t *testing.T, ctx context.Context, rdb *redis.Client, steps
 	}
 	return &want
 }
+
+// A run whose checkpoints on this machine are all damaged, with none
+// whole in object storage (here: none there at all), is not trained from
+// step 0 over its history: the segment stops for good saying so, the
+// damaged ones set aside, and the next enqueue starts the run over.
+func TestEveryCheckpointDamagedAndNoneRemoteStopsTheSegment(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	run := testRun("gone", 8)
+	run.Segment.MaxSteps = 4
+	disk := t.TempDir()
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 4 {
+		t.Fatalf("first segment: %+v %v", out, err)
+	}
+	steps, _ := filepath.Glob(filepath.Join(RunDir(disk, "gone"), "step-*"))
+	if len(steps) == 0 {
+		t.Fatal("the first segment left no checkpoint")
+	}
+	for _, d := range steps {
+		flip(t, filepath.Join(d, trainer.ModelFile))
+	}
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, OpenData: openStream, Owner: "gpu-a"})
+	var bad interface{ BadInput() bool }
+	if err == nil || !errors.As(err, &bad) || !bad.BadInput() || !strings.Contains(err.Error(), "every checkpoint in") ||
+		!strings.Contains(err.Error(), "sched enqueue train gone") {
+		t.Fatalf("second segment: %+v, %v; want it stopped for good, naming how to start over", out, err)
+	}
+	for _, d := range steps {
+		if _, err := os.Stat(d + ".damaged"); err != nil {
+			t.Errorf("%s not set aside: %v", d, err)
+		}
+	}
+	// Enqueued again, the run starts over.
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.ResumedFrom != 0 || out.Step != 4 {
+		t.Fatalf("third segment: %+v %v; want the run started over", out, err)
+	}
+}

@@ -57,6 +57,10 @@ type Retention struct {
 	KeepEvery int `yaml:"keep_every"`
 }
 
+// DefaultKeepLast is retention.keep_last of a new run that does not say:
+// the newest checkpoints kept in object storage.
+const DefaultKeepLast = 3
+
 // ByteSize is a size in bytes written with an optional unit: 512MiB, 20GiB,
 // 20G (the same), 1.5GB or a plain number (internal/bytesize).
 type ByteSize int64
@@ -209,6 +213,11 @@ func parse(b []byte, source string, base Set) (Set, error) {
 			r.Description = ""
 		}
 		r = cloneRun(r)
+		if !exists {
+			// A new run's body applies on top of the defaults a run needs
+			// on the queue and a person would not think to write.
+			r.Retention.KeepLast = DefaultKeepLast
+		}
 		if err := yamlstrict.Decode(body, &r); err != nil {
 			return nil, inputError{fmt.Errorf("runs file %s: run %s: %w", source, name, err)}
 		}

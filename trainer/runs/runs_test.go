@@ -88,6 +88,11 @@ scratch:
   checkpoint_every: 5
   retention: {keep_last: 1}
   mixture: [{store: /data/x}]
+minimal:
+  model: tiny
+  total_steps: 10
+  checkpoint_every: 5
+  mixture: [{store: /data/x}]
 `)
 	s, err := Load(path)
 	if err != nil {
@@ -109,6 +114,10 @@ scratch:
 	}
 	if _, err := s.Get("scratch"); err != nil {
 		t.Errorf("scratch: %v", err)
+	}
+	// A new run that says nothing of retention keeps the default number.
+	if m, err := s.Get("minimal"); err != nil || m.Retention.KeepLast != DefaultKeepLast {
+		t.Errorf("minimal: %+v, %v; want retention.keep_last %d", m.Retention, err, DefaultKeepLast)
 	}
 	// The embedded presets are untouched by a user file.
 	if Presets()["pilot"].LR != 4e-4 || len(Presets()["pilot"].Mixture) != 3 {

@@ -308,3 +308,45 @@ func TestDiskGuardWaitsForUploadsAfterAnOutage(t *testing.T) {
 		t.Errorf("object storage holds steps %v (%v); want %d and %d", steps, err, newest, newest+2)
 	}
 }
+
+// A segment that trains its steps while object storage hangs ends within
+// its upload grace, as a success: the run's chain goes on from the
+// checkpoint on this disk, rather than the segment waiting on the hung
+// store and spending a retry. The next segment here resumes from that
+// checkpoint and goes on uploading once the store answers.
+func TestASegmentEndingDuringAHangLeavesItsCheckpointForTheNext(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _, hang, resume := stoppableS3(t)
+	run := testRun("ends", 40)
+	run.Segment.MaxSteps = 8
+	disk := t.TempDir()
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 8 {
+		t.Fatalf("first segment: %+v %v", out, err)
+	}
+	// The store hangs once the second segment trains (its start lists
+	// object storage, which a hung store would hold).
+	var once sync.Once
+	core, logs := observer.New(zap.WarnLevel)
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a",
+		Log: zap.New(core), UploadGrace: 200 * time.Millisecond,
+		Progress: func(step, total int, m *trainer.Metrics) { once.Do(hang) }})
+	if err != nil || out.Step != 16 || out.Done {
+		t.Fatalf("segment during the hang: %+v, %v; want it to end at step 16 without an error", out, err)
+	}
+	if w := logs.FilterMessageSnippet("the run goes on from the checkpoint on this disk").All(); len(w) != 1 {
+		t.Errorf("warnings %v; want one saying the run goes on from the local checkpoint", logs.All())
+	}
+	if _, err := trainer.VerifyCheckpoint(filepath.Join(RunDir(disk, "ends"), trainer.StepDir(16))); err != nil {
+		t.Fatalf("step 16 on this disk: %v", err)
+	}
+	resume()
+	out, err = Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"})
+	if err != nil || out.ResumedFrom != 16 || out.ResumeSource != "local" || out.Step != 24 {
+		t.Fatalf("next segment: %+v, %v; want it to resume from step 16 here", out, err)
+	}
+	steps, err := RemoteSteps(ctx, obj, "ends")
+	if err != nil || len(steps) == 0 || steps[len(steps)-1] != 24 {
+		t.Errorf("object storage holds steps %v, %v; want the newest, 24", steps, err)
+	}
+}

@@ -63,10 +63,10 @@ type Params struct {
 	// the run for at most this long.
 	LockTTL time.Duration
 	// UploadGrace bounds the work a segment owes object storage once its
-	// context ends (SIGTERM, `sched cancel`): the last checkpoint's upload
-	// and the results. What is not uploaded by then stays on this disk for
-	// the next segment here. Keep it below the worker's shutdown grace.
-	// Default 60s.
+	// context ends (SIGTERM, `sched cancel`) or its training ends: the last
+	// checkpoint's upload and the results. What is not uploaded by then
+	// stays on this disk for the next segment here. Keep it below the
+	// worker's shutdown grace. Default 60s.
 	UploadGrace time.Duration
 	// SlowUpload is how long a checkpoint's upload may take before a
 	// warning names its step, the time so far and the endpoint; the
@@ -244,7 +244,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 
 	// What the segment owes object storage after training (the last
 	// uploads, the results) gets UploadGrace once ctx ends, and no more.
-	gctx, cancelGrace := graceContext(ctx, p.UploadGrace)
+	gctx, startGrace, cancelGrace := graceContext(ctx, p.UploadGrace)
 	defer cancelGrace()
 	up := newUploader(gctx, p, lock, dir, rc, remote, log, wall)
 	up.from, up.began = out.ResumedFrom, began
@@ -338,6 +338,13 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	out.Step, out.Done, out.Checkpoint = res.Step, res.Done, res.Checkpoint
 	out.Wall = wall()
 
+	// Training is over and the run goes on: what is owed object storage
+	// gets the grace now, not as long as a hung store would hold it. The
+	// run's last segment waits for its uploads (a slow store's too): they
+	// are the run's result.
+	if !res.Done {
+		startGrace()
+	}
 	uerr := up.finish()
 	out.Uploaded = up.uploadedStep()
 	select {
@@ -359,6 +366,17 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		map[string]string{"done": strconv.FormatBool(done)}, log)
 	if terr != nil {
 		return out, terr
+	}
+	if (uerr != nil || rerr != nil) && !out.Done && ctx.Err() == nil {
+		// The run goes on while object storage is down: the checkpoint is
+		// whole on this disk, the next segment here resumes from it and
+		// uploads it (one on another worker resumes from the newest in
+		// object storage), and the disk guard bounds what waits. A failed
+		// segment would spend a retry on each outage and stop the run once
+		// they ran out.
+		log.Warn("object storage did not take this segment's last uploads; the run goes on from the checkpoint on this disk",
+			zap.String("run", run), zap.Int("step", res.Step), zap.NamedError("upload", uerr), zap.NamedError("results", rerr))
+		return out, nil
 	}
 	if uerr != nil {
 		return out, uerr
@@ -546,16 +564,21 @@ func (p Params) guardStart(ctx context.Context, dir string, up *uploader, log *z
 	return p.guardDisk(dir, up.disk())
 }
 
-// graceContext is a context that ends grace after ctx does (or at the
-// returned cancel), for the work a segment still owes once it is told to
-// stop.
-func graceContext(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+// graceContext is a context that ends grace after ctx does, or after
+// start is called (the segment's training ended), whichever is first, or
+// at the returned cancel: for the work a segment still owes once it is
+// told to stop or has trained its steps.
+func graceContext(ctx context.Context, grace time.Duration) (g context.Context, start func(), cancelAll context.CancelFunc) {
 	g, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() {
-		t := time.AfterFunc(grace, cancel)
-		context.AfterFunc(g, func() { t.Stop() })
-	})
-	return g, func() {
+	var once sync.Once
+	start = func() {
+		once.Do(func() {
+			t := time.AfterFunc(grace, cancel)
+			context.AfterFunc(g, func() { t.Stop() })
+		})
+	}
+	stop := context.AfterFunc(ctx, start)
+	return g, start, func() {
 		stop()
 		cancel()
 	}

@@ -466,6 +466,12 @@ func LoadRunConfig(path string) (RunConfig, error) {
 				return c, badInput(fmt.Errorf("run config %s: %s is 0: give a positive number, or leave it out for the default", path, k))
 			}
 		}
+		mix, _ := keys["mixture"].([]any)
+		for i, e := range mix {
+			if m, ok := e.(map[string]any); ok && m["weight"] != nil && fmt.Sprint(m["weight"]) == "0" {
+				return c, badInput(fmt.Errorf("run config %s: mixture[%d] weight is 0, which would read as 1: leave the store out of the mixture instead, or give it a positive weight", path, i))
+			}
+		}
 	}
 	return c, nil
 }

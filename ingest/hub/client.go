@@ -201,7 +201,9 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 			return nil, err
 		}
 		if attempt >= c.cfg.MaxRetries {
-			return nil, fmt.Errorf("GET %s: giving up after %d attempts: %w", redact(rawURL), attempt+1, lastErr)
+			// The cause first: a listing cuts a reason to one short line,
+			// and a file's URL is long.
+			return nil, fmt.Errorf("%w (given up after %d attempts at GET %s)", lastErr, attempt+1, redact(rawURL))
 		}
 		wait = min(wait, c.cfg.MaxWait)
 		c.cfg.Logger.Info("hub request will be retried", zap.String("url", redact(rawURL)),

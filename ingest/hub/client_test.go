@@ -285,6 +285,26 @@ func TestRateLimitIsWaitedOut(t *testing.T) {
 	}
 }
 
+// A Hub that keeps failing is given up on with the cause first, so that a
+// listing that cuts the reason to one line keeps it; the URL follows.
+func TestServerErrorsAreGivenUpOnCauseFirst(t *testing.T) {
+	h := newHub(t)
+	h.Add(repo, "data/a.txt", []byte("some text"), false)
+	h.BeforeResolve = func(context.Context, string, string) error { return errors.New("down for maintenance") }
+	c, err := hub.New(hub.Config{Endpoint: h.Server.URL + "/", MaxRetries: 2, MaxWait: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := c.List(context.Background(), repo, "main", "data")
+	if err != nil || len(files) != 1 {
+		t.Fatalf("list: %v, %v", files, err)
+	}
+	err = c.Download(context.Background(), repo, "main", files[0], filepath.Join(t.TempDir(), "a.txt"))
+	if err == nil || !strings.Contains(err.Error(), "503 Service Unavailable (given up after 3 attempts at GET ") {
+		t.Fatalf("download from a failing Hub: %v; want the 503 before the URL", err)
+	}
+}
+
 func TestContextCancelsRateLimitWait(t *testing.T) {
 	h := newHub(t)
 	h.RateLimited = 1000

@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,7 +20,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
@@ -645,7 +642,7 @@ roots:
 			return nil // a new name: writing it here is how one is made
 		}
 	}
-	users, err := tokenizerUsers(ctx, cat, objects, filepath.Join(p.cfg.DataDir, "tokens"), name)
+	users, err := tokenizerUsers(ctx, cat, filepath.Join(p.cfg.DataDir, "tokens"), name)
 	if err != nil {
 		return err
 	}
@@ -655,24 +652,19 @@ roots:
 // tokenizerUsers says which token stores and runs use the published
 // tokenizer name, as "that token store S and run R use", or
 // " (no token store or run uses it yet)".
-func tokenizerUsers(ctx context.Context, cat *catalog.Catalog, objects store.Store, tokensDir, name string) (string, error) {
-	// The object store's copy is the published one; the local copy, where
-	// it has none.
-	var r io.ReadCloser
-	r, err := objects.Get(ctx, catalog.Key(name))
-	if errors.Is(err, store.ErrNotFound) {
-		r, err = os.Open(filepath.Join(cat.Dir, name, catalog.FileName))
-	}
+func tokenizerUsers(ctx context.Context, cat *catalog.Catalog, tokensDir, name string) (string, error) {
+	// The catalog's description, which copies nothing to this machine:
+	// the published bytes' hash is the one stores and runs record.
+	entries, err := cat.List(ctx)
 	if err != nil {
-		return "", fmt.Errorf("read tokenizer %s: %w", name, err)
+		return "", err
 	}
-	h := sha256.New()
-	_, err = io.Copy(h, r)
-	r.Close()
-	if err != nil {
-		return "", fmt.Errorf("read tokenizer %s: %w", name, err)
+	sum := ""
+	for _, e := range entries {
+		if e.Name == name {
+			sum = e.SHA256
+		}
 	}
-	sum := hex.EncodeToString(h.Sum(nil))
 	u, err := cat.Usage(ctx, tokensDir)
 	if err != nil {
 		return "", err

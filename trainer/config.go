@@ -452,28 +452,77 @@ func LoadRunConfig(path string) (RunConfig, error) {
 	if err := yamlstrict.Unmarshal(b, &c); err != nil {
 		return c, badInput(fmt.Errorf("run config %s: %w", path, err))
 	}
-	// A zero size or rate would read as "absent" and take the default;
-	// written out, it is a mistake to report.
-	var keys map[string]any
-	if err := yaml.Unmarshal(b, &keys); err == nil {
-		for _, k := range []string{"seq", "batch", "accumulate"} {
-			if v, ok := keys[k]; ok && fmt.Sprint(v) == "0" {
-				return c, badInput(fmt.Errorf("run config %s: %s is 0: give at least 1, or leave it out for the default", path, k))
-			}
-		}
-		for _, k := range []string{"lr", "eps"} {
-			if v, ok := keys[k]; ok && fmt.Sprint(v) == "0" {
-				return c, badInput(fmt.Errorf("run config %s: %s is 0: give a positive number, or leave it out for the default", path, k))
-			}
-		}
-		mix, _ := keys["mixture"].([]any)
-		for i, e := range mix {
-			if m, ok := e.(map[string]any); ok && m["weight"] != nil && fmt.Sprint(m["weight"]) == "0" {
-				return c, badInput(fmt.Errorf("run config %s: mixture[%d] weight is 0, which would read as 1: leave the store out of the mixture instead, or give it a positive weight", path, i))
-			}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err == nil && len(doc.Content) > 0 {
+		if err := CheckZerosWritten(doc.Content[0], c); err != nil {
+			return c, badInput(fmt.Errorf("run config %s: %w", path, err))
 		}
 	}
 	return c, nil
+}
+
+// zeroValues are the values of a run that WithDefaults reads as absent
+// when 0, and whose 0 cannot mean anything: written out, a 0 would silently
+// become the default, and the run would train with a value nobody wrote.
+// Not here: counts whose 0 means something (eval_every: no evaluation),
+// and floor and clip, whose 0 is kept.
+var zeroValues = []struct {
+	key string
+	get func(RunConfig) float64
+}{
+	{"seq", func(c RunConfig) float64 { return float64(c.Seq) }},
+	{"batch", func(c RunConfig) float64 { return float64(c.Batch) }},
+	{"accumulate", func(c RunConfig) float64 { return float64(c.Accumulate) }},
+	{"moe.top_k", func(c RunConfig) float64 { return float64(c.moeOr().TopK) }},
+	{"moe.d_ff", func(c RunConfig) float64 { return float64(c.moeOr().DFF) }},
+	{"lr", func(c RunConfig) float64 { return c.LR }},
+	{"eps", func(c RunConfig) float64 { return c.Eps }},
+}
+
+// CheckZerosWritten refuses, naming its line, a value that body (a run's
+// YAML, decoded into c) writes as 0 where 0 reads as absent: no later check
+// can tell it from a value left out. A store's weight of 0 would weigh 1.
+func CheckZerosWritten(body *yaml.Node, c RunConfig) error {
+	for _, z := range zeroValues {
+		// Present in the file and 0 once decoded, so that 00 or 0.0 is 0 too.
+		if n := LookupYAML(body, strings.Split(z.key, ".")...); n != nil && z.get(c) == 0 {
+			return fmt.Errorf("line %d: %s is 0: give a positive value, or leave it out", n.Line, z.key)
+		}
+	}
+	if n := LookupYAML(body, "mixture"); n != nil && n.Kind == yaml.SequenceNode {
+		for i, e := range n.Content {
+			if w := LookupYAML(e, "weight"); w != nil && i < len(c.Mixture) && c.Mixture[i].Weight == 0 {
+				return fmt.Errorf("line %d: mixture[%d] weight is 0: leave the store out of the mixture instead, or give it a positive weight", w.Line, i)
+			}
+		}
+	}
+	return nil
+}
+
+// moeOr is c's experts, or sizes other than 0 where the run has none.
+func (c RunConfig) moeOr() MoEConfig {
+	if c.MoE == nil {
+		return MoEConfig{TopK: -1, DFF: -1}
+	}
+	return *c.MoE
+}
+
+// LookupYAML is the value node at path through body's mappings, or nil.
+func LookupYAML(body *yaml.Node, path ...string) *yaml.Node {
+	n := body
+	for _, key := range path {
+		if n == nil || n.Kind != yaml.MappingNode {
+			return nil
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == key {
+				next = n.Content[i+1]
+			}
+		}
+		n = next
+	}
+	return n
 }
 
 // inputError marks an error as the caller's to fix; cmd/sched maps it to

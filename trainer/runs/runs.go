@@ -233,76 +233,20 @@ func parse(b []byte, source string, base Set) (Set, error) {
 	return out, nil
 }
 
-// zeroSizes are the sizes of a run that RunConfig.WithDefaults reads as
-// absent when 0, and whose 0 cannot mean anything: written out, a 0 would
-// silently become the default, and the run would train with a size nobody
-// wrote. Not here: counts whose 0 means something (segment.max_steps: no
-// bound; eval_batches beside eval_every 0: no evaluation) and those
-// Validate already refuses at 0 (checkpoint_every, retention.keep_last).
-var zeroSizes = []struct {
-	key string
-	get func(Run) float64
-}{
-	{"seq", func(r Run) float64 { return float64(r.Seq) }},
-	{"batch", func(r Run) float64 { return float64(r.Batch) }},
-	{"accumulate", func(r Run) float64 { return float64(r.Accumulate) }},
-	{"moe.top_k", func(r Run) float64 { return float64(moe(r).TopK) }},
-	{"moe.d_ff", func(r Run) float64 { return float64(moe(r).DFF) }},
-	{"lr", func(r Run) float64 { return r.LR }},
-	{"eps", func(r Run) float64 { return r.Eps }},
-}
-
 // checkWritten refuses what body, one run of the file decoded into r, gets
-// wrong where the file and the line are still known: a size of 0, which no
-// later check can tell from a size left out, and a tokenizer name that
-// cannot be one (refused later, it named neither the file nor the run).
+// wrong where the file and the line are still known: a value written as 0
+// where 0 reads as absent (trainer.CheckZerosWritten), and a tokenizer name
+// that cannot be one (refused later, it named neither the file nor the run).
 func checkWritten(body *yaml.Node, r Run) error {
-	for _, z := range zeroSizes {
-		// Present in the file and 0 once decoded, so that 00 or 0.0 is 0 too.
-		if n := lookup(body, strings.Split(z.key, ".")...); n != nil && z.get(r) == 0 {
-			return fmt.Errorf("line %d: %s is 0: give a positive value, or leave it out", n.Line, z.key)
-		}
+	if err := trainer.CheckZerosWritten(body, r.RunConfig); err != nil {
+		return err
 	}
-	if n := lookup(body, "tokenizer"); n != nil {
+	if n := trainer.LookupYAML(body, "tokenizer"); n != nil {
 		if err := store.CheckName("tokenizer", r.Tokenizer); err != nil {
 			return fmt.Errorf("line %d: %w", n.Line, err)
 		}
 	}
-	// A store's weight of 0 would read as absent and weigh 1.
-	if n := lookup(body, "mixture"); n != nil && n.Kind == yaml.SequenceNode {
-		for i, e := range n.Content {
-			if w := lookup(e, "weight"); w != nil && i < len(r.Mixture) && r.Mixture[i].Weight == 0 {
-				return fmt.Errorf("line %d: mixture[%d] weight is 0: leave the store out of the mixture instead, or give it a positive weight", w.Line, i)
-			}
-		}
-	}
 	return nil
-}
-
-// moe is r's experts, or sizes other than 0 where the run has none.
-func moe(r Run) trainer.MoEConfig {
-	if r.MoE == nil {
-		return trainer.MoEConfig{TopK: -1, DFF: -1}
-	}
-	return *r.MoE
-}
-
-// lookup is the value node at path through body's mappings, or nil.
-func lookup(body *yaml.Node, path ...string) *yaml.Node {
-	n := body
-	for _, key := range path {
-		if n == nil || n.Kind != yaml.MappingNode {
-			return nil
-		}
-		var next *yaml.Node
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == key {
-				next = n.Content[i+1]
-			}
-		}
-		n = next
-	}
-	return n
 }
 
 func cloneRun(r Run) Run {

@@ -178,6 +178,9 @@ type S3Error struct {
 	URL string // scheme://endpoint/bucket/key
 	Err error
 	bad bool
+	// status is the server's HTTP status, 0 when none came back (the
+	// connection failed or stalled).
+	status int
 }
 
 func (e *S3Error) Error() string { return fmt.Sprintf("s3 %s %s: %v", e.Op, e.URL, e.Err) }
@@ -202,7 +205,19 @@ func (s *S3) wrap(op, key string, err error) error {
 	if resp.StatusCode == http.StatusNotFound && !errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
-	return &S3Error{Op: op, URL: s.o.url(key), Err: err}
+	return &S3Error{Op: op, URL: s.o.url(key), Err: err, status: resp.StatusCode}
+}
+
+// Unreachable reports whether err is an object store that did not answer
+// (refused or dropped connections, a request that stalled) or answered
+// that it is failing (a 5xx status): an outage, which ends when the server
+// is back, unlike wrong credentials, a missing object or a cancelled call.
+func Unreachable(err error) bool {
+	var se *S3Error
+	if !errors.As(err, &se) || se.bad || errors.Is(err, ErrNotFound) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	return se.status == 0 || se.status >= 500
 }
 
 // ensureBucket creates the bucket on first use.

@@ -179,9 +179,20 @@ func TestS3UnreachableDuringPut(t *testing.T) {
 	if !errors.As(err, &se) || se.BadInput() {
 		t.Fatalf("an unreachable server is not bad input: %#v", err)
 	}
+	if !Unreachable(err) {
+		t.Errorf("Unreachable(%v) is false for a server that is down", err)
+	}
+	if _, err := s.List(ctx, "checkpoints/"); !Unreachable(fmt.Errorf("list: %w", err)) {
+		t.Errorf("Unreachable of a listing while the server is down (%v) is false", err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	stop()
+	if _, err := s.List(cctx, "checkpoints/"); err == nil || Unreachable(err) {
+		t.Errorf("a cancelled listing's error %v reads as the server unreachable", err)
+	}
 	srv.Start()
-	if _, err := s.Stat(ctx, "checkpoints/run/step-0000100/model.safetensors"); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("interrupted put left a visible object: %v", err)
+	if _, err := s.Stat(ctx, "checkpoints/run/step-0000100/model.safetensors"); !errors.Is(err, ErrNotFound) || Unreachable(err) {
+		t.Fatalf("interrupted put left a visible object, or a missing one reads as the server unreachable: %v", err)
 	}
 	if err := s.Put(ctx, "checkpoints/run/step-0000100/model.safetensors", bytes.NewReader(body), -1); err != nil {
 		t.Fatalf("put after the server came back: %v", err)
@@ -208,6 +219,9 @@ func TestS3WrongCredentialsIsBadInput(t *testing.T) {
 		var se *S3Error
 		if !errors.As(err, &se) || !se.BadInput() || !strings.Contains(err.Error(), "KILN_S3_SECRET_KEY") || !strings.Contains(err.Error(), srv.Endpoint) {
 			t.Errorf("%s with a wrong secret: %v; want bad input naming the endpoint and KILN_S3_SECRET_KEY", name, err)
+		}
+		if Unreachable(err) {
+			t.Errorf("%s with a wrong secret: %v reads as the server unreachable", name, err)
 		}
 	}
 	if strings.Contains(fmtErr(s.Check(ctx)), "wrong-secret") {

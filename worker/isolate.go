@@ -462,7 +462,7 @@ func ServeTask(ctx context.Context, p TaskParams) int {
 		defer f.Close()
 		p.Outcome = f
 	}
-	err := serveTask(ctx, p)
+	err := outageWait(serveTask(ctx, p))
 	out := childOutcome{}
 	if err != nil {
 		out.Error = err.Error()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -447,5 +448,69 @@ func TestRunOnAPartlyIngestedStoreIsWarned(t *testing.T) {
 	if len(w) != 1 || !strings.Contains(w[0].Message, "run pilot trains on part of token store code: the ingest of 1 files failed for good") ||
 		!strings.Contains(w[0].Message, "sched retry") {
 		t.Fatalf("warnings %v; want one naming store code, its failed file and sched retry", w)
+	}
+}
+
+// stopAtData is patternData that calls stop once, when the batch of
+// example at is asked for.
+type stopAtData struct {
+	patternData
+	at   int
+	stop func()
+}
+
+func (d *stopAtData) Next(ctx context.Context, b, t int) (model.Batch, error) {
+	if d.next >= d.at && d.stop != nil {
+		d.stop()
+		d.stop = nil
+	}
+	return d.patternData.Next(ctx, b, t)
+}
+
+// The run's last segment, whose final checkpoint object storage cannot
+// take because it went down during the last step, waits for the store,
+// using up none of its retries; once the store is back the checkpoint
+// from this disk goes up and the run is done.
+func TestTheLastSegmentWaitsForTheObjectStoreToTakeItsCheckpoint(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	srv := testsvc.S3(t)
+	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, MaxRetries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokName := publishTestTokenizer(t, objects)
+	const total = 6
+	run := patternRun("last", tokName, 1e-3, total, 0, 3)
+	// The last step's batch (batch 2: examples 2*(total-1) on) stops the
+	// store before that step's checkpoint is written.
+	var first sync.Once
+	e.handlers.Training = &Training{
+		Redis: e.rdb, Objects: objects, Runs: runs.Set{run.Name: run}, Dir: t.TempDir(), Owner: "gpu-test",
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) {
+			d := &stopAtData{at: 2 * (total - 1)}
+			first.Do(func() { d.stop = srv.Stop })
+			return d, nil
+		},
+		Log: zap.NewNop(),
+	}
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
+	id := e.enqueue(scheduler.TrainSegment{Run: "last"})
+	ts := e.waitFor(id, 2*time.Minute, "waiting", func(ts scheduler.TaskStatus) bool { return ts.Progress.State == "waiting" })
+	if ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "waiting for the object store to answer") || !strings.Contains(ts.Progress.Message, srv.Endpoint) {
+		t.Errorf("last segment after its upload failed: retried %d, progress %q; want no retry used and a wait naming %s", ts.Retried, ts.Progress.Message, srv.Endpoint)
+	}
+	srv.Start()
+	ts = e.waitFor(id, 2*time.Minute, "completed", state("completed"))
+	if ts.Retried != 0 {
+		t.Errorf("the last segment used up %d retries waiting for the object store", ts.Retried)
+	}
+	steps, err := segment.RemoteSteps(context.Background(), objects, "last")
+	if err != nil || len(steps) == 0 || steps[len(steps)-1] != total {
+		t.Errorf("run last's checkpoints in object storage: %v, %v; want step %d", steps, err, total)
+	}
+	if st := e.rdb.HGetAll(context.Background(), scheduler.RunStateKey("last")).Val(); st["done"] != "true" || st["checkpoint"] != strconv.Itoa(total) {
+		t.Errorf("run state %v; want done at checkpoint %d", st, total)
 	}
 }

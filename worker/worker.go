@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 )
 
 // Params configures a Worker. Zero values take the defaults noted.
@@ -246,6 +247,20 @@ func (e *WaitError) Error() string { return "waiting for " + e.For }
 // DefaultWaitEvery is WaitError.Every's default.
 const DefaultWaitEvery = 30 * time.Second
 
+// outageWait makes a task's error that is the object store out of service
+// (store.Unreachable) a *WaitError: an outage is no fault of the task, and
+// a month-long run whose segment starts while the store is down for an
+// hour would otherwise use up its retries and be archived. The task is
+// tried again every DefaultWaitEvery until the store answers, and `sched
+// status` shows it waiting for it. Other errors are returned as they are.
+func outageWait(err error) error {
+	var se *store.S3Error
+	if !store.Unreachable(err) || !errors.As(err, &se) || errors.As(err, new(*WaitError)) {
+		return err
+	}
+	return &WaitError{For: fmt.Sprintf("the object store to answer (%v)", se)}
+}
+
 func isFailure(err error) bool {
 	var ie *interruptedError
 	var we *WaitError
@@ -300,6 +315,7 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				err = fmt.Errorf("task %s panicked: %v", t.Type(), r)
 				log.Error("task panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			}
+			err = outageWait(err)
 			switch {
 			case err == nil:
 				rep.finish("done", "")
@@ -318,7 +334,7 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				return
 			case errors.As(err, new(*WaitError)):
 				rep.finish("waiting", err.Error())
-				log.Info("task waits for earlier work; tried again later", zap.Error(err))
+				log.Info("task waits; tried again later", zap.Error(err))
 				return
 			case scheduler.IsCancelled(context.Background(), w.rdb, id):
 				err = fmt.Errorf("cancelled by sched cancel: %w (%w)", err, asynq.SkipRetry)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 )
 
 // Test kinds: their handlers exercise the machinery, not product code.
@@ -376,5 +377,46 @@ func TestParseQueues(t *testing.T) {
 	// same GPUs; several GPUs are the run's setting.
 	if _, err := ParseQueues("ingest=2,gpu=2"); err == nil || !strings.Contains(err.Error(), "gpu=2: the gpu queue runs one task at a time") || !strings.Contains(err.Error(), "gpus: N") {
 		t.Errorf("ParseQueues(gpu=2) = %v; want a refusal that says how to use several GPUs", err)
+	}
+}
+
+const kindObjects = "test:objects"
+
+// objectsArgs puts one object into a real S3 server.
+type objectsArgs struct {
+	Endpoint  string `json:"endpoint"`
+	AccessKey string `json:"access_key"`
+	SecretKey string `json:"secret_key"`
+}
+
+func (objectsArgs) Kind() string { return kindObjects }
+
+func init() { scheduler.Define(kindObjects, testPolicy) }
+
+// A task that fails because the object store is down waits for it instead
+// of using up its retries (three here, a second apart at most), shown as
+// waiting for the object store; once the store is back the task is done.
+func TestATaskWaitsOutAnObjectStoreOutage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	srv := testsvc.S3(t)
+	e.handlers.Extra = append(e.handlers.Extra, HandlerFunc(func(ctx context.Context, a objectsArgs) error {
+		s, err := store.NewS3(store.S3Options{Endpoint: a.Endpoint, Bucket: "kiln", AccessKey: a.AccessKey, SecretKey: a.SecretKey, MaxRetries: 1})
+		if err != nil {
+			return err
+		}
+		return s.Put(ctx, "results/outage", strings.NewReader("x"), 1)
+	}))
+	e.startInProcess()
+	srv.Stop()
+	id := e.enqueue(objectsArgs{Endpoint: srv.Endpoint, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	ts := e.waitFor(id, time.Minute, "waiting", func(ts scheduler.TaskStatus) bool { return ts.Progress.State == "waiting" })
+	if ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "waiting for the object store to answer") || !strings.Contains(ts.Progress.Message, srv.Endpoint) {
+		t.Errorf("task while the store is down: retried %d, progress %q; want no retry used and a wait naming %s", ts.Retried, ts.Progress.Message, srv.Endpoint)
+	}
+	srv.Start()
+	ts = e.waitFor(id, 2*time.Minute, "completed", state("completed"))
+	if ts.Retried != 0 {
+		t.Errorf("the task used up %d retries waiting for the object store", ts.Retried)
 	}
 }

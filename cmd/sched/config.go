@@ -286,7 +286,7 @@ func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
 		if cfg.S3Secure {
 			scheme = "https"
 		}
-		return nil, badInput("cannot reach the object store at %s://%s (KILN_S3_ENDPOINT or --s3-endpoint, https with KILN_S3_SECURE): %v; check the endpoint, http or https, and that it is running",
+		return nil, badInput("cannot reach the object store at %s://%s (KILN_S3_ENDPOINT or --s3-endpoint, https with KILN_S3_SECURE): %w; check the endpoint, http or https, and that it is running",
 			scheme, cfg.Masked().S3Endpoint, redactErr(cfg, err))
 	}
 	return s, nil

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer/segment"
+)
+
+// A segment that starts while the object store is down waits for it, for
+// as long as it takes, and uses up none of its retries: a month-long run
+// whose store is out for an hour must not be archived. `sched status` says
+// what the segment waits for, and once the store answers the run trains to
+// its end and its checkpoints reach object storage.
+func TestASegmentWaitsOutAnObjectStoreOutage(t *testing.T) {
+	t.Parallel()
+	env, rdb, q := trainingSetup(t)
+	s3 := testsvc.S3(t)
+	env = append(env, "KILN_S3_ENDPOINT="+s3.Endpoint, "KILN_S3_ACCESS_KEY="+s3.AccessKey, "KILN_S3_SECRET_KEY="+s3.SecretKey,
+		"KILN_SHUTDOWN_GRACE=4s")
+	var runsFile string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "KILN_RUNS="); ok {
+			runsFile = v
+		}
+	}
+	f, err := os.OpenFile(runsFile, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("outage:\n  from: eta\n  total_steps: 40\n  segment: {max_steps: 20}\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	startWorker(t, env, "--queues", "gpu=1")
+	ctx := context.Background()
+
+	out, errOut, code := sched(t, env, "enqueue", "train", "outage")
+	if code != 0 {
+		t.Fatalf("enqueue train outage: exit %d: %s%s", code, out, errOut)
+	}
+	// The store goes down while the first segment trains: that segment
+	// ends on its local checkpoint, and the next one starts without it.
+	waitUntil(t, "run outage training", func() bool {
+		st, ok, err := scheduler.ReadRunState(ctx, rdb, "outage")
+		return err == nil && ok && st.Step > 0
+	})
+	s3.Stop()
+
+	waiting := func() (scheduler.TaskStatus, bool) {
+		snap, err := q.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ts := range snap.Tasks {
+			a, err := scheduler.DecodeTask[scheduler.TrainSegment](ts.Payload)
+			if ts.Kind == scheduler.KindTrainSegment && err == nil && a.FromStep > 0 && ts.HasProgress && ts.Progress.State == "waiting" {
+				return ts, true
+			}
+		}
+		return scheduler.TaskStatus{}, false
+	}
+	var ts scheduler.TaskStatus
+	waitUntil(t, "a later segment waiting for the object store", func() bool {
+		var ok bool
+		ts, ok = waiting()
+		return ok
+	})
+	if !strings.Contains(ts.Progress.Message, "waiting for the object store to answer") || !strings.Contains(ts.Progress.Message, s3.Endpoint) {
+		t.Errorf("the waiting segment's message %q does not say it waits for the object store at %s", ts.Progress.Message, s3.Endpoint)
+	}
+	if ts.Retried != 0 {
+		t.Errorf("segment %s used up %d retries waiting for the object store", ts.ID, ts.Retried)
+	}
+	waitOutput(t, env, regexp.MustCompile(`waiting for the object store to answer`), time.Minute, "status", ts.ID)
+
+	s3.Start()
+	waitOutput(t, env, regexp.MustCompile(`(?m)^outage  done  `), 3*time.Minute, "status")
+	snap, err := q.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ts := range snap.Tasks {
+		if ts.Kind == scheduler.KindTrainSegment && ts.Retried != 0 {
+			t.Errorf("segment %s (%s) was retried %d times", ts.ID, ts.State, ts.Retried)
+		}
+	}
+	obj, err := store.NewS3(store.S3Options{Endpoint: s3.Endpoint, Bucket: "kiln", AccessKey: s3.AccessKey, SecretKey: s3.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, err := segment.RemoteSteps(ctx, obj, "outage")
+	if err != nil || len(steps) == 0 || steps[len(steps)-1] != 40 {
+		t.Errorf("run outage's checkpoints in object storage: %v, %v; want the last, step 40", steps, err)
+	}
+}
+
+// waitUntil polls cond until it holds; its bound is for a condition that
+// would never hold, not for one that is slow.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Minute); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 3 minutes", what)
+		}
+	}
+}

@@ -294,8 +294,12 @@ type StoreStatus struct {
 	// rather than reading the rest of the dataset for nothing. An append
 	// under a larger limit, or none, clears it. Zero: not full (a status
 	// from before the field reads so).
-	Full    Limits    `json:"full,omitzero"`
-	Updated time.Time `json:"updated"`
+	Full Limits `json:"full,omitzero"`
+	// Tokenizer wrote the store's ids: work with another one is refused
+	// before it downloads or tokenizes a file. Zero in a status from
+	// before the field, and for a store never appended to.
+	Tokenizer tokens.Tokenizer `json:"tokenizer,omitzero"`
+	Updated   time.Time        `json:"updated"`
 }
 
 // done reports whether id is in the store, appended or skipped whole.
@@ -430,6 +434,15 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 	if err != nil {
 		return res, err
 	}
+	if status.Tokenizer.SHA256 != "" && p.Tokenizer != nil {
+		tok, err := p.Tokenizer(ctx, job.Tokenizer)
+		if err != nil {
+			return res, err
+		}
+		if err := tokens.CheckWrittenWith(job.Store, status.Tokenizer, tokens.Tokenizer{Name: job.Tokenizer, SHA256: tok.SHA256()}); err != nil {
+			return res, err
+		}
+	}
 	if msg := job.Limits.reached(job.Store, status); msg != "" {
 		return res, &StopError{msg + stopHint}
 	}
@@ -525,6 +538,9 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		Tokenizer: tokens.Tokenizer{Name: job.Tokenizer, SHA256: tok.SHA256(), VocabSize: tok.VocabSize(), EOS: eos}, Limits: job.Limits}
 	status, err := p.Status(ctx, job.Store)
 	if err != nil {
+		return out, false, err
+	}
+	if err := tokens.CheckWrittenWith(job.Store, status.Tokenizer, out.Tokenizer); err != nil {
 		return out, false, err
 	}
 	if _, ok := slices.BinarySearch(status.Done, job.ShardID); ok {
@@ -811,7 +827,7 @@ func (p *Pipeline) stop(ctx context.Context, job AppendJob, m tokens.Manifest, r
 // the status before is the latest.
 func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens.Manifest, limits, refused Limits) (StoreStatus, error) {
 	st := StoreStatus{Tokens: m.Tokens, Documents: m.Documents, Bytes: m.Tokens * int64(m.Dtype.Width()), Shards: len(m.Shards),
-		Done: make([]string, 0, len(m.Shards)+len(m.Skipped)), Updated: time.Now().UTC()}
+		Done: make([]string, 0, len(m.Shards)+len(m.Skipped)), Tokenizer: m.Tokenizer, Updated: time.Now().UTC()}
 	// Without limits the marker goes whatever it was: no need to read it.
 	if limits != (Limits{}) {
 		before, err := p.Status(ctx, storeName)

@@ -118,9 +118,8 @@ func openLocked(dir string, tok Tokenizer, log *zap.Logger) (*Appender, error) {
 		return nil, err
 	default:
 		have := m.Tokenizer
-		if have.SHA256 != tok.SHA256 {
-			return nil, inputErrorf("token store %s was written with tokenizer %s (sha256 %s), not %s (sha256 %s): its ids would mean different text; append to a new store",
-				dir, have.Name, have.SHA256, tok.Name, tok.SHA256)
+		if err := CheckWrittenWith(dir, have, tok); err != nil {
+			return nil, err
 		}
 		if have.VocabSize != tok.VocabSize || have.EOS != tok.EOS {
 			return nil, inputErrorf("token store %s records vocab_size %d and eos_id %d for tokenizer sha256 %s, but the caller says %d and %d: fix the tokenizer metadata",

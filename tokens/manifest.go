@@ -62,6 +62,17 @@ type Tokenizer struct {
 	EOS       uint32 `json:"eos_id"`
 }
 
+// CheckWrittenWith refuses to add tok's ids to store, whose ids were
+// written with tokenizer have: the same id would mean different text in
+// one store. A zero have (a store not yet written) takes any tokenizer.
+func CheckWrittenWith(store string, have, tok Tokenizer) error {
+	if have.SHA256 == "" || have.SHA256 == tok.SHA256 {
+		return nil
+	}
+	return inputErrorf("token store %s was written with tokenizer %s (sha256 %s), not %s (sha256 %s): its ids would mean different text; ingest into a new store, or with tokenizer %s",
+		store, have.Name, have.SHA256, tok.Name, tok.SHA256, have.Name)
+}
+
 func (t Tokenizer) validate() error {
 	switch {
 	case t.SHA256 == "":

@@ -18,6 +18,7 @@ import (
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
@@ -237,7 +238,7 @@ func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) er
 	if err := ingest.CheckStoreName(storeName); err != nil {
 		return err
 	}
-	if err := checkIngestTokenizer(c.Context(), cfg); err != nil {
+	if err := checkIngestTokenizer(c.Context(), cfg, storeName); err != nil {
 		return err
 	}
 	// The plan carries the preset as resolved here, --presets and
@@ -247,8 +248,9 @@ func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) er
 }
 
 // checkIngestTokenizer refuses an ingest whose tokenizer neither exists nor
-// is being made (the plan on the worker waits for one being made).
-func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config) error {
+// is being made (the plan on the worker waits for one being made), and one
+// into a store that another tokenizer wrote.
+func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config, storeName string) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -256,7 +258,14 @@ func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config) error {
 	if err != nil {
 		return err
 	}
-	_, _, err = catalog.New(objects, cfg.DataDir).Resolve(ctx, cfg.Tokenizer)
+	entry, _, err := catalog.New(objects, cfg.DataDir).Resolve(ctx, cfg.Tokenizer)
+	if err == nil {
+		status, err := (&ingest.Pipeline{Objects: objects}).Status(ctx, storeName)
+		if err != nil {
+			return err
+		}
+		return tokens.CheckWrittenWith(storeName, status.Tokenizer, tokens.Tokenizer{Name: entry.Name, SHA256: entry.SHA256})
+	}
 	var nf *catalog.NotFoundError
 	if !errors.As(err, &nf) {
 		return err

@@ -201,6 +201,15 @@ func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "code") {
 		t.Fatalf("datasets: code %d\n%s", code, out)
 	}
+	// Another tokenizer's ingest into the store is refused at once.
+	other, _ := trainTestTokenizer(t, "SELECT name FROM users WHERE id = 1;\n")
+	b, _ = os.ReadFile(other)
+	os.MkdirAll(filepath.Join(data, "tokenizers", "tk2"), 0o755)
+	os.WriteFile(filepath.Join(data, "tokenizers", "tk2", "tokenizer.json"), b, 0o644)
+	out, errOut, code = sched(t, env, "ingest", glob, "--store", "code", "--tokenizer", "tk2")
+	if code != 2 || !strings.Contains(errOut, "token store code was written with tokenizer tk ") || !strings.Contains(errOut, "not tk2") {
+		t.Fatalf("ingest into store code of tokenizer tk with tokenizer tk2: exit %d\n%s%s; want exit 2 naming both", code, out, errOut)
+	}
 }
 
 func TestParseCountAndBytes(t *testing.T) {

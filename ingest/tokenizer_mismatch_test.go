@@ -1,0 +1,112 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// An ingest into a store that another tokenizer wrote is refused, as bad
+// input naming the store and both tokenizers, before it lists the dataset
+// (the plan) or downloads a file (a shard already queued): it would only
+// be refused at its append, after the download and the tokenizing. The
+// store is left as it was.
+func TestAnotherTokenizersIngestStopsBeforeReadingAFile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	srv := testsvc.S3(t)
+	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hubtest.New()
+	defer h.Close()
+	const repo = "owner/corpus"
+	for f := range 2 {
+		h.Add(repo, fmt.Sprintf("data/part-%d.parquet", f), parquetBytes(t, []textRow{{Text: fmt.Sprintf("file %d: func main() {}", f)}}), true)
+	}
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := map[string]*tokenizer.Tokenizer{"first": testTokenizer(t)}
+	other, err := tokenizer.Train(ctx, []io.Reader{strings.NewReader(strings.Repeat("SELECT name FROM users WHERE id = 1;\n", 200))}, tokenizer.TrainOptions{VocabSize: 280})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if toks["second"], err = tokenizer.Parse(other); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	p := &Pipeline{Objects: objects, Hub: hc, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"),
+		Presets: map[string]Preset{"corpus": {Name: "corpus", Repo: repo, Revision: "main", Include: []string{"data/*"}, Columns: Columns{Text: "text"}}},
+		Tokenizer: func(_ context.Context, name string) (*tokenizer.Tokenizer, error) {
+			if tok := toks[name]; tok != nil {
+				return tok, nil
+			}
+			return nil, fmt.Errorf("no tokenizer %s", name)
+		}}
+	const name = "code"
+	res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: name, Tokenizer: "first", Seed: 3})
+	if err != nil || len(res.Shards) != 2 {
+		t.Fatalf("plan: %+v, %v", res, err)
+	}
+	in, done, err := p.Shard(ctx, res.Shards[0], nil)
+	if err != nil || done {
+		t.Fatalf("shard: %+v, %v, %v", in, done, err)
+	}
+	if _, err := p.Append(ctx, in, nil); err != nil {
+		t.Fatal(err)
+	}
+	storeDir := filepath.Join(p.StoresDir, name)
+	before, err := os.ReadFile(filepath.Join(storeDir, tokens.TokensFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	refused := func(what string, err error) {
+		t.Helper()
+		var bad interface{ BadInput() bool }
+		if err == nil || !errors.As(err, &bad) || !bad.BadInput() || !strings.Contains(err.Error(), "token store "+name) ||
+			!strings.Contains(err.Error(), "tokenizer first") || !strings.Contains(err.Error(), "not second") {
+			t.Errorf("%s with tokenizer second into store %s of tokenizer first: %v; want bad input naming the store and both", what, name, err)
+		}
+	}
+	requests := len(h.Requests())
+	res2, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: name, Tokenizer: "second", Seed: 3})
+	refused("plan", err)
+	if len(res2.Shards) != 0 {
+		t.Errorf("the refused plan queued %d shards", len(res2.Shards))
+	}
+	queued := res.Shards[1]
+	queued.Tokenizer = "second"
+	_, _, err = p.Shard(ctx, queued, nil)
+	refused("shard", err)
+	if got := h.Requests()[requests:]; len(got) != 0 {
+		t.Errorf("the refused ingest asked the hub %d times: %+v", len(got), got)
+	}
+	if _, err := objects.Stat(ctx, ShardObject(name, queued.ShardID)); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the refused shard left an object: %v", err)
+	}
+	after, err := os.ReadFile(filepath.Join(storeDir, tokens.TokensFile))
+	if err != nil || !bytes.Equal(before, after) {
+		t.Errorf("the store's tokens changed (%v)", err)
+	}
+	// The same store's own tokenizer goes on.
+	if _, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: name, Tokenizer: "first", Seed: 3}); err != nil {
+		t.Errorf("plan with the store's own tokenizer: %v", err)
+	}
+}

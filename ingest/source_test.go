@@ -270,6 +270,22 @@ func TestSoftwareHeritageDenied(t *testing.T) {
 	}
 }
 
+// A bucket that keeps failing is given up on with its answer first, so
+// that a one-line listing of the failure keeps it.
+func TestSoftwareHeritageDownIsGivenUpOnWithItsAnswerFirst(t *testing.T) {
+	fake := hubtest.NewSWH()
+	defer fake.Close()
+	fake.Down = true
+	fake.Add(blobID(1), []byte("print(1)\n"))
+	path := filepath.Join(t.TempDir(), "ids.jsonl")
+	os.WriteFile(path, []byte(`{"blob_id":"`+blobID(1)+`"}`+"\n"), 0o644)
+	_, _, err := readAll(t, path, OpenOptions{SWH: &SWH{Endpoint: fake.URL(), MaxRetries: 1}, Columns: Columns{Blob: "blob_id"}})
+	want := "Software Heritage (" + fake.URL() + "): 503 SlowDown (given up after 2 attempts at blob " + blobID(1) + ")"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("a bucket that answers 503: %v; want %q", err, want)
+	}
+}
+
 func TestSoftwareHeritageCloseStopsInFlight(t *testing.T) {
 	fake := hubtest.NewSWH()
 	defer fake.Close()

@@ -214,13 +214,14 @@ func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
 		case status == http.StatusForbidden:
 			return blobResult{err: fmt.Errorf("Software Heritage (%s) refused blob %s (403 %s): its bulk-download terms are the user's to accept; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for an account that may read it, or KILN_SWH_ENDPOINT for a mirror", s.Endpoint, rec.blob, s3Code(body))}
 		case status == http.StatusTooManyRequests || status >= 500:
-			last = fmt.Errorf("blob %s: %d %s", rec.blob, status, s3Code(body))
+			last = fmt.Errorf("%d %s", status, s3Code(body))
 			continue
 		default:
 			return blobResult{err: fmt.Errorf("Software Heritage blob %s: unexpected answer %d %s", rec.blob, status, s3Code(body))}
 		}
 	}
-	return blobResult{err: fmt.Errorf("Software Heritage blob %s: giving up after %d attempts: %w", rec.blob, s.MaxRetries+1, last)}
+	// The cause first: a listing cuts a reason to one short line.
+	return blobResult{err: fmt.Errorf("Software Heritage (%s): %w (given up after %d attempts at blob %s)", s.Endpoint, last, s.MaxRetries+1, rec.blob)}
 }
 
 func (s *SWH) get(ctx context.Context, blob string) ([]byte, int, error) {

@@ -391,7 +391,8 @@ func formatLimits(l ingest.Limits) string {
 		out = append(out, "--max-tokens "+formatLimit(l.MaxTokens, []limitUnit{{1e12, "T"}, {1e9, "B"}, {1e6, "M"}, {1e3, "K"}}))
 	}
 	if l.MaxDisk > 0 {
-		out = append(out, "--max-disk "+formatLimit(l.MaxDisk, []limitUnit{{1 << 40, "T"}, {1 << 30, "G"}, {1 << 20, "M"}, {1 << 10, "K"}}))
+		out = append(out, "--max-disk "+formatLimit(l.MaxDisk, []limitUnit{{1 << 40, "T"}, {1 << 30, "G"}, {1 << 20, "M"}, {1 << 10, "K"},
+			{1e12, "TB"}, {1e9, "GB"}, {1e6, "MB"}, {1e3, "KB"}}))
 	}
 	if len(out) == 0 {
 		return "its limit"
@@ -404,16 +405,20 @@ type limitUnit struct {
 	suffix string
 }
 
-// formatLimit writes n in the largest unit that holds it to three
-// decimals exactly, as parseCount and parseBytes read it back: 300000 is
-// "300K", 1500000000 "1.5B"; a number no unit holds is written whole.
+// formatLimit writes n as parseCount and parseBytes read it back, in the
+// shortest of its forms: whole, or in a unit that holds it to three
+// decimals exactly (the first of units on a tie). 300000 tokens are
+// "300K", 1500000000 "1.5B"; 150000 bytes "150KB", 50 x 2^30 "50G".
 func formatLimit(n int64, units []limitUnit) string {
+	best := strconv.FormatInt(n, 10)
 	for _, u := range units {
 		if n >= u.size && n%u.size*1000%u.size == 0 {
-			return strconv.FormatFloat(float64(n)/float64(u.size), 'f', -1, 64) + u.suffix
+			if f := strconv.FormatFloat(float64(n)/float64(u.size), 'f', -1, 64) + u.suffix; len(f) < len(best) {
+				best = f
+			}
 		}
 	}
-	return strconv.FormatInt(n, 10)
+	return best
 }
 
 // failureLine is one failure: when, what, and the first line of why.

@@ -167,6 +167,9 @@ func TestFormatLimits(t *testing.T) {
 		{ingest.Limits{MaxTokens: 999}, "--max-tokens 999"},
 		{ingest.Limits{MaxDisk: 50 << 30}, "--max-disk 50G"},
 		{ingest.Limits{MaxDisk: 12289}, "--max-disk 12289"},
+		{ingest.Limits{MaxDisk: 150_000}, "--max-disk 150KB"},
+		{ingest.Limits{MaxDisk: 2_000_000_000}, "--max-disk 2GB"},
+		{ingest.Limits{MaxDisk: 1536 << 20}, "--max-disk 1.5G"},
 		{ingest.Limits{MaxTokens: 2_500_000, MaxDisk: 512 << 20}, "--max-tokens 2.5M or --max-disk 512M"},
 	} {
 		got := formatLimits(c.l)

@@ -22,6 +22,8 @@ type SWH struct {
 	// Flaky answers each blob's first request with 503 SlowDown, as S3
 	// does under load.
 	Flaky bool
+	// Down answers every request with 503 SlowDown.
+	Down bool
 	// Gate, when set, holds every request until it is closed.
 	Gate chan struct{}
 	// Barrier holds each request until this many are in flight at once,
@@ -73,7 +75,7 @@ func (s *SWH) serve(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, "/content/")
 	s.mu.Lock()
 	b, ok := s.blobs[id]
-	fail := s.Flaky && !s.failed[id]
+	fail := s.Down || s.Flaky && !s.failed[id]
 	s.failed[id] = true
 	s.mu.Unlock()
 	if fail {

@@ -571,7 +571,8 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 			return out, false, err
 		}
 		say("downloading " + job.Path)
-		if err := p.Hub.Download(ctx, job.Repo, job.Revision, job.file(), dst); err != nil {
+		notify := hub.WithRetryNotice(ctx, func(msg string) { say("downloading " + job.Path + ": " + msg) })
+		if err := p.Hub.Download(notify, job.Repo, job.Revision, job.file(), dst); err != nil {
 			return out, false, err
 		}
 		// The download goes as soon as it is tokenized (and on any error):

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +16,8 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
@@ -267,5 +270,61 @@ func TestAppendsAtOnceGoInOnce(t *testing.T) {
 	}
 	if len(want) != 0 {
 		t.Fatalf("shards missing from the store: %v", want)
+	}
+}
+
+// While the Hub keeps a download waiting (it answers 503 and the client
+// waits to try again), the shard says so in its progress, with the
+// answer and the attempt, not "downloading" as if the file were coming.
+func TestAShardSaysWhyItsDownloadWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hubtest.New()
+	defer h.Close()
+	const repo = "owner/corpus"
+	h.Add(repo, "data/a.parquet", parquetBytes(t, []textRow{{Text: "func main() {}"}}), true)
+	var mu sync.Mutex
+	refusals := 2
+	h.BeforeResolve = func(context.Context, string, string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if refusals > 0 {
+			refusals--
+			return errors.New("busy")
+		}
+		return nil
+	}
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := testTokenizer(t)
+	dir := t.TempDir()
+	p := &Pipeline{Objects: objects, Hub: hc, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"),
+		Presets:   map[string]Preset{"corpus": {Name: "corpus", Repo: repo, Revision: "main", Include: []string{"data/*"}, Columns: Columns{Text: "text"}}},
+		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return tok, nil }}
+	res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: "code", Tokenizer: "t", Seed: 3})
+	if err != nil || len(res.Shards) != 1 {
+		t.Fatalf("plan: %+v, %v", res, err)
+	}
+	var said []string
+	if _, _, err := p.Shard(ctx, res.Shards[0], func(msg string) { said = append(said, msg) }); err != nil {
+		t.Fatal(err)
+	}
+	waits := 0
+	for _, m := range said {
+		if strings.HasPrefix(m, "downloading data/a.parquet: ") && strings.Contains(m, "503 Service Unavailable; trying again in ") {
+			waits++
+			if want := fmt.Sprintf("(attempt %d of 9)", waits+1); !strings.HasSuffix(m, want) {
+				t.Errorf("progress %q does not end %q", m, want)
+			}
+		}
+	}
+	if waits != 2 || said[len(said)-1] != "tokenizing data/a.parquet" {
+		t.Errorf("progress %q; want two waits for the Hub, then the tokenizing", said)
 	}
 }

@@ -208,6 +208,7 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 		wait = min(wait, c.cfg.MaxWait)
 		c.cfg.Logger.Info("hub request will be retried", zap.String("url", redact(rawURL)),
 			zap.Int("attempt", attempt+1), zap.Duration("wait", wait), zap.Error(lastErr))
+		notice(ctx, fmt.Sprintf("%v; trying again in %v (attempt %d of %d)", lastErr, wait.Round(time.Second/10), attempt+2, c.cfg.MaxRetries+1))
 		if err := sleep(ctx, wait); err != nil {
 			return nil, err
 		}
@@ -310,6 +311,22 @@ func IsGated(err error) bool {
 func drain(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
+}
+
+type noticeKey struct{}
+
+// WithRetryNotice returns ctx under which the client tells say why a
+// request waits to be tried again (a 503, a rate limit, a broken
+// connection) as it starts to wait: a task shows that, not a download
+// that seems to hang.
+func WithRetryNotice(ctx context.Context, say func(msg string)) context.Context {
+	return context.WithValue(ctx, noticeKey{}, say)
+}
+
+func notice(ctx context.Context, msg string) {
+	if say, ok := ctx.Value(noticeKey{}).(func(string)); ok && say != nil {
+		say(msg)
+	}
 }
 
 // backoff is exponential with full jitter, from 250ms, capped at 30s.

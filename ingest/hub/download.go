@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ResolveURL is the download URL of path at rev in dataset repo.
@@ -69,7 +70,9 @@ func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst str
 			return fmt.Errorf("downloading %s of dataset %s: connection broke %d times in a row at byte %d: %w", f.Path, repo, broken, off, err)
 		}
 		c.cfg.Logger.Sugar().Infow("download interrupted, resuming", "path", f.Path, "offset", off, "error", err)
-		if err := sleep(ctx, backoff(broken)); err != nil {
+		wait := backoff(broken)
+		notice(ctx, fmt.Sprintf("the connection broke at byte %d (%v); resuming in %v (attempt %d of %d)", off, err, wait.Round(time.Second/10), broken+1, c.cfg.MaxRetries+1))
+		if err := sleep(ctx, wait); err != nil {
 			return err
 		}
 	}

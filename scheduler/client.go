@@ -72,7 +72,7 @@ func Options(a Args) ([]asynq.Option, error) {
 		asynq.Queue(p.Queue),
 		asynq.TaskID(id),
 		asynq.Timeout(p.Timeout),
-		asynq.MaxRetry(p.MaxRetry),
+		asynq.MaxRetry(p.queueRetries()),
 		asynq.Retention(p.Retention),
 	}, nil
 }
@@ -141,7 +141,7 @@ func (c *Client) Retry(ctx context.Context, id string) (Submitted, error) {
 		return Submitted{}, &UnknownKindError{Kind: ti.Type}
 	}
 	t := asynq.NewTask(ti.Type, ti.Payload, asynq.Queue(p.Queue), asynq.TaskID(id), asynq.Timeout(p.Timeout),
-		asynq.MaxRetry(p.MaxRetry), asynq.Retention(p.Retention))
+		asynq.MaxRetry(p.queueRetries()), asynq.Retention(p.Retention))
 	return c.submit(ctx, t, true)
 }
 

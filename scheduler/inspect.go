@@ -35,7 +35,9 @@ type TaskStatus struct {
 	HasProgress bool
 	LastErr     string
 	Retried     int
-	MaxRetry    int
+	// MaxRetry is the retries the task's kind allows after its first
+	// attempt.
+	MaxRetry int
 	// Finished is when a completed task completed or an archived one was
 	// archived (zero otherwise).
 	Finished time.Time
@@ -108,6 +110,11 @@ func newTaskStatus(ti *asynq.TaskInfo) TaskStatus {
 		ID: ti.ID, Kind: ti.Type, Queue: ti.Queue, State: ti.State.String(),
 		Payload: ti.Payload, LastErr: ti.LastErr, Retried: ti.Retried, MaxRetry: ti.MaxRetry,
 		LastFailed: ti.LastFailedAt, NextRun: ti.NextProcessAt, Orphaned: ti.IsOrphaned,
+	}
+	if p, ok := PolicyFor(ti.Type); ok && p.MaxRetry < ts.MaxRetry {
+		// The worker archives a failure at the policy's MaxRetry; the
+		// queue holds one more (queueRetries).
+		ts.MaxRetry = p.MaxRetry
 	}
 	switch ti.State {
 	case asynq.TaskStateCompleted:

@@ -56,6 +56,13 @@ type Policy struct {
 	Retention time.Duration
 }
 
+// queueRetries is the MaxRetry a task is queued with: one more than the
+// policy's. asynq archives a task at its MaxRetry whatever the error, so
+// a task that used its retries and was then interrupted by a shutdown, or
+// waits for earlier work, would be archived though it did not fail; the
+// worker archives a failure at the policy's MaxRetry itself.
+func (p Policy) queueRetries() int { return p.MaxRetry + 1 }
+
 const day = 24 * time.Hour
 
 // policies holds every product kind's policy.

@@ -341,8 +341,17 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 			}
 			rep.finish("failed", err.Error())
 			log.Error("task failed", zap.Error(err), zap.Duration("took", time.Since(start)))
-			// What asynq archives (handleFailedMessage).
-			if maxRetry, ok := asynq.GetMaxRetry(ctx); errors.Is(err, asynq.SkipRetry) || ok && retried >= maxRetry {
+			// A failure at the kind's MaxRetry is archived here: asynq,
+			// which would archive any error at its own, interrupted and
+			// waiting ones too, holds one more (scheduler.Options).
+			maxRetry, ok := asynq.GetMaxRetry(ctx)
+			if p, known := scheduler.PolicyFor(t.Type()); known && (!ok || p.MaxRetry < maxRetry) {
+				maxRetry, ok = p.MaxRetry, true
+			}
+			if !errors.Is(err, asynq.SkipRetry) && ok && retried >= maxRetry {
+				err = fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
+			}
+			if errors.Is(err, asynq.SkipRetry) {
 				q, _ := asynq.GetQueueName(ctx)
 				w.taskArchived(ctx, q, id)
 			}

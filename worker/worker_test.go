@@ -420,3 +420,49 @@ func TestATaskWaitsOutAnObjectStoreOutage(t *testing.T) {
 		t.Errorf("the task used up %d retries waiting for the object store", ts.Retried)
 	}
 }
+
+const kindLate = "test:late"
+
+// lateArgs fails its first Fail attempts, then waits for earlier work
+// once, then is done.
+type lateArgs struct {
+	Name string `json:"name"`
+	Fail int    `json:"fail"`
+}
+
+func (lateArgs) Kind() string { return kindLate }
+
+func init() { scheduler.Define(kindLate, testPolicy) }
+
+// A task that used all its retries and then waits for earlier work (or is
+// interrupted by a shutdown: asynq treats both alike) is tried again, not
+// archived: only a failure uses a retry, and the kind's MaxRetry counts
+// failures. A failure past it is archived.
+func TestATaskThatUsedItsRetriesStillWaits(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.handlers.Extra = append(e.handlers.Extra, HandlerFunc(func(ctx context.Context, a lateArgs) error {
+		n, err := e.rdb.Incr(ctx, "kiln-test:attempts:"+a.Name).Result()
+		switch {
+		case err != nil:
+			return err
+		case n <= int64(a.Fail):
+			return fmt.Errorf("failure %d", n)
+		case n == int64(a.Fail)+1 && a.Fail <= testPolicy.MaxRetry:
+			return &WaitError{For: "earlier work", Every: 10 * time.Millisecond}
+		}
+		return nil
+	}))
+	e.startInProcess()
+	id := e.enqueue(lateArgs{Name: "late", Fail: testPolicy.MaxRetry})
+	ts := e.waitFor(id, time.Minute, "completed", func(ts scheduler.TaskStatus) bool { return ts.State == "completed" || ts.State == "archived" })
+	if ts.State != "completed" || ts.Retried != testPolicy.MaxRetry || ts.MaxRetry != testPolicy.MaxRetry {
+		t.Errorf("a task that waited after %d failures: %s, retried %d of %d (%q); want completed after %d retries of %d",
+			testPolicy.MaxRetry, ts.State, ts.Retried, ts.MaxRetry, ts.LastErr, testPolicy.MaxRetry, testPolicy.MaxRetry)
+	}
+	id = e.enqueue(lateArgs{Name: "failing", Fail: testPolicy.MaxRetry + 1})
+	ts = e.waitFor(id, time.Minute, "archived", func(ts scheduler.TaskStatus) bool { return ts.State == "completed" || ts.State == "archived" })
+	if ts.State != "archived" || ts.Retried != testPolicy.MaxRetry || !strings.HasPrefix(ts.LastErr, fmt.Sprintf("failure %d", testPolicy.MaxRetry+1)) {
+		t.Errorf("a task failing %d times: %s, retried %d (%q); want archived at its %dth failure", testPolicy.MaxRetry+1, ts.State, ts.Retried, ts.LastErr, testPolicy.MaxRetry+1)
+	}
+}

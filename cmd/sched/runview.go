@@ -144,12 +144,18 @@ func lostDetail(t scheduler.TaskStatus) string {
 func (v runView) line(now time.Time) string {
 	parts := []string{v.Run, v.Status}
 	if v.HasState {
-		step := fmt.Sprintf("step %d/%d", v.Step, v.Total)
+		// The step and its loss are written at most once a second, a
+		// checkpoint as soon as it is uploaded: the run has trained at
+		// least to its checkpoint, and the loss names its own step then.
+		at := max(v.Step, v.Checkpoint)
+		step := fmt.Sprintf("step %d/%d", at, v.Total)
 		if v.Total > 0 {
-			step += fmt.Sprintf(" (%.1f%%)", 100*float64(v.Step)/float64(v.Total))
+			step += fmt.Sprintf(" (%.1f%%)", 100*float64(at)/float64(v.Total))
 		}
 		parts = append(parts, step)
-		if v.Loss > 0 {
+		if v.Loss > 0 && at > v.Step {
+			parts = append(parts, fmt.Sprintf("loss %.4f at step %d", v.Loss, v.Step))
+		} else if v.Loss > 0 {
 			parts = append(parts, fmt.Sprintf("loss %.4f", v.Loss))
 		}
 		if v.Status == runTraining && v.TokPerS > 0 {

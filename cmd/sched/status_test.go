@@ -388,3 +388,21 @@ func TestUnits(t *testing.T) {
 		}
 	}
 }
+
+// A run's line never shows its checkpoint ahead of its step: the step
+// and loss are written at most once a second and a checkpoint when it is
+// uploaded, so the state can hold a checkpoint newer than its step. The
+// line then shows the checkpoint's step, and the loss with its own.
+func TestARunsLineShowsNoCheckpointAheadOfItsStep(t *testing.T) {
+	now := time.Date(2026, 12, 1, 11, 19, 0, 0, time.UTC)
+	v := runView{RunState: scheduler.RunState{Run: "eta", Step: 20, Total: 1000, Loss: 7.6059, Checkpoint: 40}, HasState: true, Status: runTraining}
+	line := v.line(now)
+	if !strings.Contains(line, "step 40/1000 (4.0%)") || !strings.Contains(line, "loss 7.6059 at step 20") || !strings.Contains(line, "last checkpoint step 40") {
+		t.Errorf("line %q; want step 40, the loss at step 20, checkpoint 40", line)
+	}
+	v.Step = 60
+	line = v.line(now)
+	if !strings.Contains(line, "step 60/1000 (6.0%)  loss 7.6059  ") {
+		t.Errorf("line %q; want step 60 with its loss", line)
+	}
+}

@@ -109,7 +109,7 @@ var maxFileSize int64 = 256 << 20
 
 // Load reads and parses a tokenizer.json file.
 func Load(path string) (*Tokenizer, error) {
-	data, err := readFile(path)
+	data, err := ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -126,11 +126,11 @@ func Load(path string) (*Tokenizer, error) {
 	return t, nil
 }
 
-// readFile reads path whole, refusing one larger than maxFileSize. The
-// read stops one byte past the cap, whatever the file is, so that a device
-// or a pipe that never ends is refused, not read forever.
-func readFile(path string) ([]byte, error) {
-	tooLarge := &FormatError{Path: path, Msg: fmt.Sprintf("is larger than %d MiB, the most a tokenizer.json may be (real ones are tens of megabytes); give the path of a tokenizer.json", maxFileSize>>20)}
+// ReadFile reads the tokenizer.json at path whole, refusing one larger
+// than the most a tokenizer.json may be. The read stops one byte past the
+// cap, whatever the file is, so that a device or a pipe that never ends is
+// refused, not read forever.
+func ReadFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, cannotRead(path, err)
@@ -139,20 +139,32 @@ func readFile(path string) ([]byte, error) {
 	size := int64(0) // what to make room for: a regular file's size
 	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
 		if st.Size() > maxFileSize {
-			return nil, tooLarge // refused without reading it
+			return nil, tooLarge(path) // refused without reading it
 		}
 		size = st.Size()
 	}
+	return readCapped(f, path, size)
+}
+
+// ReadAll reads a tokenizer.json from r, named name in errors (an object's
+// key), with ReadFile's cap.
+func ReadAll(r io.Reader, name string) ([]byte, error) { return readCapped(r, name, 0) }
+
+func readCapped(r io.Reader, name string, size int64) ([]byte, error) {
 	// Room for the whole file and bytes.MinRead more, so that a file of
 	// the size Stat gave is read into one allocation, as os.ReadFile would.
 	buf := bytes.NewBuffer(make([]byte, 0, size+bytes.MinRead))
-	if _, err := buf.ReadFrom(io.LimitReader(f, maxFileSize+1)); err != nil {
-		return nil, cannotRead(path, err)
+	if _, err := buf.ReadFrom(io.LimitReader(r, maxFileSize+1)); err != nil {
+		return nil, cannotRead(name, err)
 	}
 	if int64(buf.Len()) > maxFileSize {
-		return nil, tooLarge
+		return nil, tooLarge(name)
 	}
 	return buf.Bytes(), nil
+}
+
+func tooLarge(name string) error {
+	return &FormatError{Path: name, Msg: fmt.Sprintf("is larger than %d MiB, the most a tokenizer.json may be (real ones are tens of megabytes); give the path of a tokenizer.json", maxFileSize>>20)}
 }
 
 // cannotRead is the error of a path that does not lead to a readable file,

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -89,6 +90,26 @@ func TestLoadRefusesAFileLargerThanTheCap(t *testing.T) {
 	if err := <-wrote; !errors.Is(err, syscall.EPIPE) {
 		t.Errorf("the writer of the pipe ended with %v; want EPIPE, the reader having stopped", err)
 	}
+
+	// A reader (an object's body) has the same cap, read to one byte past.
+	endless := &countingZeros{}
+	_, err = ReadAll(endless, "object storage tokenizers/x/tokenizer.json")
+	wantBadInput(t, "an endless object", err, "object storage tokenizers/x/tokenizer.json: is larger than 1 MiB")
+	if endless.n != maxFileSize+1 {
+		t.Errorf("read %d bytes of an endless object; want the cap and one more, %d", endless.n, maxFileSize+1)
+	}
+	if b, err := ReadAll(bytes.NewReader(data[:100]), "small"); err != nil || !bytes.Equal(b, data[:100]) {
+		t.Errorf("ReadAll of 100 bytes: %d bytes, %v", len(b), err)
+	}
+}
+
+// countingZeros is an endless reader of zeros that counts what was read.
+type countingZeros struct{ n int64 }
+
+func (z *countingZeros) Read(p []byte) (int, error) {
+	clear(p)
+	z.n += int64(len(p))
+	return len(p), nil
 }
 
 // A vocabulary that gives one id to two tokens is refused at load, naming

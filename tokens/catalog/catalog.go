@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -148,9 +147,11 @@ func (c *Catalog) localPath(name string) string { return filepath.Join(c.Dir, na
 // fetch returns the bytes of name from object storage (nil, nil when absent)
 // and from the local directory (nil, nil when absent).
 func (c *Catalog) fetch(ctx context.Context, name string) (remote, local []byte, err error) {
-	local, err = os.ReadFile(c.localPath(name))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, fmt.Errorf("read tokenizer %s: %w", c.localPath(name), err)
+	local, err = tokenizer.ReadFile(c.localPath(name))
+	if errors.Is(err, fs.ErrNotExist) {
+		local = nil
+	} else if err != nil {
+		return nil, nil, fmt.Errorf("tokenizer %s: %w", name, err)
 	}
 	if c.Objects == nil {
 		return nil, local, nil
@@ -163,9 +164,9 @@ func (c *Catalog) fetch(ctx context.Context, name string) (remote, local []byte,
 		return nil, nil, fmt.Errorf("get tokenizer %s: %w", Key(name), err)
 	}
 	defer r.Close()
-	remote, err = io.ReadAll(r)
+	remote, err = tokenizer.ReadAll(r, "object storage "+Key(name))
 	if err != nil {
-		return nil, nil, fmt.Errorf("get tokenizer %s: %w", Key(name), err)
+		return nil, nil, fmt.Errorf("tokenizer %s: %w", name, err)
 	}
 	return remote, local, nil
 }

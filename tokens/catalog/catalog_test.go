@@ -148,6 +148,35 @@ func TestResolveRefusesALocalCopyThatDiffers(t *testing.T) {
 	}
 }
 
+// A local tokenizer.json past the most one may be (a wrong file put in
+// its place) is refused naming it, unread, as a file given by path is.
+func TestResolveRefusesAnOversizedLocalCopy(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	objects, err := store.NewLocal(filepath.Join(dir, "objects"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(objects, dir)
+	path := filepath.Join(dir, "tokenizers", "big", FileName)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(256<<20 + 1); err != nil { // sparse: no disk taken
+		t.Fatal(err)
+	}
+	f.Close()
+	_, _, err = c.Resolve(ctx, "big")
+	var bad interface{ BadInput() bool }
+	if !errors.As(err, &bad) || !bad.BadInput() || !strings.Contains(err.Error(), path+": is larger than 256 MiB") {
+		t.Fatalf("resolve of an oversized local copy: %v; want bad input naming %s", err, path)
+	}
+}
+
 func TestResolveUnknownNameListsTheKnownOnes(t *testing.T) {
 	ctx := context.Background()
 	c := New(nil, t.TempDir())

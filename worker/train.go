@@ -307,6 +307,14 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	}
 	warnPartialStores(ctx, t.Queue, a.Run, run.Mixture, log)
 	uses, _, err := catalog.New(t.Objects, t.DataDir).Resolve(ctx, name)
+	if store.Unreachable(err) {
+		// Object storage is down: this machine's copy, checked against it
+		// when it was fetched, serves (a machine without one waits).
+		if local, _, lerr := catalog.New(nil, t.DataDir).Resolve(ctx, name); lerr == nil {
+			log.Warn("object storage does not answer: the run's tokenizer is this machine's copy", zap.String("tokenizer", name), zap.String("path", local.Path), zap.Error(err))
+			uses, err = local, nil
+		}
+	}
 	if err != nil {
 		// An unknown or conflicting name does not fix itself by waiting.
 		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: tokenizer %s: %w", a.Run, name, err))

@@ -269,6 +269,18 @@ func openQueue(ctx context.Context, cfg scheduler.Config) (*scheduler.Client, as
 // openStore returns the object store the configuration names. For S3 it
 // checks the server and the credentials.
 func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
+	s, err := openStoreUnchecked(cfg)
+	if err != nil || cfg.S3Endpoint == "" {
+		return s, err
+	}
+	if err := checkStore(ctx, cfg, s.(*store.S3)); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// openStoreUnchecked is openStore without the check of the server.
+func openStoreUnchecked(cfg scheduler.Config) (store.Store, error) {
 	if cfg.S3Endpoint == "" {
 		return store.NewLocal(cfg.LocalStoreDir())
 	}
@@ -276,20 +288,26 @@ func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
 	if err != nil {
 		return nil, redactErr(cfg, err)
 	}
+	return s, nil
+}
+
+// checkStore checks that the S3 server s answers and takes the
+// credentials.
+func checkStore(ctx context.Context, cfg scheduler.Config, s *store.S3) error {
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	if err := s.Check(cctx); err != nil {
 		if isBadInput(err) || ctx.Err() != nil {
-			return nil, redactErr(cfg, err)
+			return redactErr(cfg, err)
 		}
 		scheme := "http"
 		if cfg.S3Secure {
 			scheme = "https"
 		}
-		return nil, badInput("cannot reach the object store at %s://%s (KILN_S3_ENDPOINT or --s3-endpoint, https with KILN_S3_SECURE): %w; check the endpoint, http or https, and that it is running",
+		return badInput("cannot reach the object store at %s://%s (KILN_S3_ENDPOINT or --s3-endpoint, https with KILN_S3_SECURE): %w; check the endpoint, http or https, and that it is running",
 			scheme, cfg.Masked().S3Endpoint, redactErr(cfg, err))
 	}
-	return s, nil
+	return nil
 }
 
 // redactErr hides cfg's secrets in err's text, keeping what err wraps for

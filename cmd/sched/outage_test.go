@@ -14,12 +14,14 @@ import (
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
-// A segment that starts while the object store is down waits for it, for
-// as long as it takes, and uses up none of its retries: a month-long run
-// whose store is out for an hour must not be archived. `sched status` says
-// what the segment waits for, and once the store answers the run trains to
-// its end and its checkpoints reach object storage.
-func TestASegmentWaitsOutAnObjectStoreOutage(t *testing.T) {
+// A run trains on through an outage of its object store, from one
+// segment to the next: a segment that starts while the store is down
+// resumes from the checkpoint on its disk, which is as new as any the
+// store holds. The last segment, whose final checkpoint is the run's
+// result, waits for the store, using up none of its retries; `sched
+// status` says what it waits for. Once the store answers, the run is done
+// and its checkpoints are there.
+func TestARunTrainsThroughAnObjectStoreOutage(t *testing.T) {
 	t.Parallel()
 	env, rdb, q := trainingSetup(t)
 	s3 := testsvc.S3(t)
@@ -53,6 +55,11 @@ func TestASegmentWaitsOutAnObjectStoreOutage(t *testing.T) {
 		return err == nil && ok && st.Step > 0
 	})
 	s3.Stop()
+	// The next segment starts without the store and trains to the end.
+	waitUntil(t, "run outage trained to step 40 while the store is down", func() bool {
+		st, ok, err := scheduler.ReadRunState(ctx, rdb, "outage")
+		return err == nil && ok && st.Step == 40
+	})
 
 	waiting := func() (scheduler.TaskStatus, bool) {
 		snap, err := q.Snapshot(ctx)
@@ -68,7 +75,7 @@ func TestASegmentWaitsOutAnObjectStoreOutage(t *testing.T) {
 		return scheduler.TaskStatus{}, false
 	}
 	var ts scheduler.TaskStatus
-	waitUntil(t, "a later segment waiting for the object store", func() bool {
+	waitUntil(t, "the last segment waiting for the object store", func() bool {
 		var ok bool
 		ts, ok = waiting()
 		return ok

@@ -3,6 +3,7 @@ package segment
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -348,5 +350,85 @@ func TestASegmentEndingDuringAHangLeavesItsCheckpointForTheNext(t *testing.T) {
 	steps, err := RemoteSteps(ctx, obj, "ends")
 	if err != nil || len(steps) == 0 || steps[len(steps)-1] != 24 {
 		t.Errorf("object storage holds steps %v, %v; want the newest, 24", steps, err)
+	}
+}
+
+// A segment that starts while object storage is down (connections
+// refused) trains on from the checkpoint on this disk, which is as new as
+// any the store holds: the run's state records which it holds. The
+// checkpoints retention keeps for good that the store may lack stay on
+// this disk meanwhile, and go up once it answers. A disk without the
+// run's newest checkpoint does not train: its segment returns the outage,
+// which the task waits out.
+func TestASegmentStartingDuringAnOutageTrainsOnFromItsDisk(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	srv := testsvc.S3(t)
+	obj, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, MaxRetries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := testRun("down", 1_000_000)
+	run.Retention = runs.Retention{KeepLast: 2, KeepEvery: 2} // every second checkpoint (of every 2 steps): 4, 8, 12 kept for good
+	run.Segment.MaxSteps = 6
+	disk := t.TempDir()
+	core, logs := observer.New(zap.InfoLevel)
+	var once sync.Once
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
+		UploadGrace: 200 * time.Millisecond,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if m != nil && step == 5 {
+				once.Do(func() {
+					waitFor(t, "a checkpoint uploaded", func() bool { return len(logs.FilterMessage("checkpoint uploaded").All()) > 0 })
+					srv.Stop()
+				})
+			}
+		}})
+	if err != nil || out.Step != 6 {
+		t.Fatalf("first segment: %+v, %v", out, err)
+	}
+
+	// The store is down as the next segment starts.
+	core, logs = observer.New(zap.InfoLevel)
+	out, err = Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
+		UploadGrace: 200 * time.Millisecond})
+	if err != nil || out.ResumeSource != "local" || out.ResumedFrom != 6 || out.Step != 12 {
+		t.Fatalf("segment started during the outage: %+v, %v; want it to resume from the local step 6 and train to 12", out, err)
+	}
+	if w := logs.FilterMessageSnippet("object storage does not answer: resuming from the local checkpoint").All(); len(w) != 1 || w[0].ContextMap()["step"] != int64(6) {
+		t.Errorf("warnings %v; want one naming the local step 6", w)
+	}
+	local := localSteps(RunDir(disk, "down"))
+	for _, s := range []int{4, 8, 12} {
+		if !slices.Contains(local, s) {
+			t.Errorf("retained step %d, which object storage lacks, is not on this disk: %v", s, local)
+		}
+	}
+
+	// Another disk, without the run's newest checkpoint, does not train.
+	st, _, err := scheduler.ReadRunState(ctx, rdb, "down")
+	if err != nil || st.Checkpoint < 2 {
+		t.Fatalf("run state %+v, %v; want a checkpoint recorded uploaded", st, err)
+	}
+	_, err = Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-b"})
+	if !store.Unreachable(err) || !strings.Contains(err.Error(), fmt.Sprintf("its newest checkpoint, step %d, is in object storage, and this disk holds no checkpoint", st.Checkpoint)) {
+		t.Fatalf("segment on an empty disk during the outage: %v; want the outage, naming step %d", err, st.Checkpoint)
+	}
+
+	// Once the store answers, every retained checkpoint goes up.
+	srv.Start()
+	run.Segment.MaxSteps = 2
+	out, err = Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"})
+	if err != nil || out.ResumedFrom != 12 || out.Step != 14 || out.Uploaded != 14 {
+		t.Fatalf("segment after the outage: %+v, %v", out, err)
+	}
+	remote, err := RemoteSteps(ctx, obj, "down")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []int{4, 8, 12, 14} {
+		if !slices.Contains(remote, s) {
+			t.Errorf("step %d is not in object storage after the outage: %v", s, remote)
+		}
 	}
 }

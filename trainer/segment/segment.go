@@ -19,6 +19,7 @@ import (
 
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
@@ -224,12 +225,17 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		return out, fmt.Errorf("run %s: %w", run, err)
 	}
 	var remoteSteps []int // the complete checkpoints in object storage
-	if out.ResumedFrom, out.ResumeSource, remoteSteps, err = p.restore(ctx, dir); err != nil {
+	var unknown bool      // object storage did not answer: remoteSteps is not known
+	var recorded int      // then, the newest checkpoint the run's state records uploaded
+	if out.ResumedFrom, out.ResumeSource, remoteSteps, unknown, recorded, err = p.restore(ctx, dir); err != nil {
 		return out, err
 	}
 	remote := -1
 	if len(remoteSteps) > 0 {
 		remote = remoteSteps[len(remoteSteps)-1]
+	}
+	if unknown {
+		remote = recorded
 	}
 	// Wall-clock adds up over segments; the state hash carries the sum.
 	prevWall, err := p.Redis.HGet(ctx, scheduler.RunStateKey(run), "wall_s").Float64()
@@ -248,6 +254,16 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	defer cancelGrace()
 	up := newUploader(gctx, p, lock, dir, rc, remote, log, wall)
 	up.from, up.began = out.ResumedFrom, began
+	if unknown {
+		// Which retained checkpoints object storage lacks is learnt once
+		// it answers; until then they all stay on this disk.
+		up.unsure = map[int]bool{}
+		for s := range Keep(localSteps(dir), rc.CheckpointEvery, 0, p.Run.Retention.KeepEvery) {
+			if s != out.ResumedFrom {
+				up.unsure[s] = true
+			}
+		}
+	}
 	go up.loop()
 	if p.Objects != nil && out.ResumeSource == "local" && out.ResumedFrom > remote {
 		// The checkpoint resumed from never reached object storage (its
@@ -257,7 +273,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		log.Info("uploading the local checkpoint object storage lacks", zap.Int("step", out.ResumedFrom))
 		up.push(filepath.Join(dir, trainer.StepDir(out.ResumedFrom)), out.ResumedFrom)
 	}
-	if p.Objects != nil {
+	if p.Objects != nil && !unknown {
 		for _, s := range p.owedSteps(dir, rc, remoteSteps) {
 			if s != out.ResumedFrom {
 				log.Info("uploading a local checkpoint retention keeps that object storage lacks", zap.Int("step", s))
@@ -483,7 +499,49 @@ func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry
 // object storage): the local checkpoints up to its newest are safe there,
 // which the disk guard may remove, and a newer one resumed from is
 // uploaded, as are retained ones it lacks.
-func (p Params) restore(ctx context.Context, dir string) (step int, source string, remote []int, err error) {
+//
+// When object storage does not answer (store.Unreachable), the run still
+// resumes from dir's newest checkpoint if that is at least the newest the
+// run's state records uploaded, recorded: object storage then holds none
+// newer, and training goes on through the outage. unknown says so, and
+// remote is then not known. Otherwise (the run's newest checkpoint is
+// there and not here) the error is returned, and the task waits for the
+// store.
+func (p Params) restore(ctx context.Context, dir string) (step int, source string, remote []int, unknown bool, recorded int, err error) {
+	step, source, remote, err = p.restoreFrom(ctx, dir)
+	if err == nil || !store.Unreachable(err) {
+		return step, source, remote, false, -1, err
+	}
+	st, _, serr := scheduler.ReadRunState(ctx, p.Redis, p.Run.Name)
+	if serr != nil {
+		return 0, "", nil, false, -1, err
+	}
+	local := -1
+	_, lst, lerr := trainer.LatestIntactCheckpoint(dir, p.Log)
+	var lost trainer.AllDamagedError
+	switch {
+	case lerr == nil:
+		local = lst.Step
+	case errors.As(lerr, &lost) || !errors.Is(lerr, trainer.ErrNoCheckpoint):
+		return 0, "", nil, false, -1, err
+	}
+	if local < st.Checkpoint {
+		where := "no checkpoint"
+		if local >= 0 {
+			where = fmt.Sprintf("step %d", local)
+		}
+		return 0, "", nil, false, -1, fmt.Errorf("run %s: its newest checkpoint, step %d, is in object storage, and this disk holds %s: %w", p.Run.Name, st.Checkpoint, where, err)
+	}
+	p.Log.Warn("object storage does not answer: resuming from the local checkpoint, as new as any it holds; the uploads catch up once it answers",
+		zap.String("run", p.Run.Name), zap.Int("step", local), zap.Int("recorded_uploaded", st.Checkpoint), zap.String("endpoint", describe(p.Objects)), zap.Error(err))
+	if local < 0 {
+		return 0, "", nil, true, st.Checkpoint, nil
+	}
+	return local, "local", nil, true, st.Checkpoint, nil
+}
+
+// restoreFrom is restore while object storage answers.
+func (p Params) restoreFrom(ctx context.Context, dir string) (step int, source string, remote []int, err error) {
 	// A pull a kill cut off left its temporary directory: up to a whole
 	// checkpoint that nothing else removes.
 	if stale, _ := filepath.Glob(filepath.Join(dir, pullTempPattern)); len(stale) > 0 {

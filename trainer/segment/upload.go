@@ -65,7 +65,11 @@ type uploader struct {
 	healthy  bool // the last upload succeeded: owed ones may go
 	pushed   int  // the newest step pushed, -1 none
 	remote   int  // the newest step object storage held at the start, -1 none
-	uploaded int  // the newest step this segment uploaded, -1 none
+	// unsure holds the retained local checkpoints not yet checked against
+	// object storage, which did not answer at the segment's start (nil
+	// when it did): they stay on this disk until settle lists it.
+	unsure   map[int]bool
+	uploaded int // the newest step this segment uploaded, -1 none
 	lastErr  error
 	changed  chan struct{} // closed and replaced when an upload ends
 }
@@ -181,6 +185,9 @@ func (u *uploader) next() (upJob, bool) {
 
 func (u *uploader) loop() {
 	defer close(u.done)
+	if !u.settle() {
+		return
+	}
 	for {
 		j, ok := u.next()
 		if !ok {
@@ -205,6 +212,58 @@ func (u *uploader) loop() {
 		}
 		u.pruneLocal()
 	}
+}
+
+// settle lists object storage once it answers, when it did not at the
+// segment's start: the retained local checkpoints it lacks are then owed
+// to it, and the others may go. Uploads wait until then (they would fail
+// as the listing does). It returns false when the grace ended first, or
+// training did and the store still does not answer.
+func (u *uploader) settle() bool {
+	u.mu.Lock()
+	unsure := u.unsure != nil
+	u.mu.Unlock()
+	for wait := time.Second; unsure; wait = min(2*wait, 30*time.Second) {
+		steps, err := RemoteSteps(u.ctx, u.p.Objects, u.p.Run.Name)
+		if err == nil {
+			have := map[int]bool{}
+			for _, s := range steps {
+				have[s] = true
+			}
+			var owed []int
+			u.mu.Lock()
+			for s := range u.unsure {
+				if !have[s] {
+					u.oweLocked(upJob{dir: filepath.Join(u.dir, trainer.StepDir(s)), step: s, keep: true})
+					owed = append(owed, s)
+				}
+			}
+			u.unsure, u.healthy, u.lastErr = nil, true, nil
+			if len(steps) > 0 {
+				u.remote = max(u.remote, steps[len(steps)-1])
+			}
+			u.mu.Unlock()
+			sort.Ints(owed)
+			u.log.Info("object storage answers: the retained local checkpoints it lacks are uploaded after the newest", zap.Ints("owed", owed), zap.String("endpoint", u.endpoint))
+			return true
+		}
+		u.mu.Lock()
+		u.healthy, u.lastErr = false, err
+		closed := u.closed
+		u.mu.Unlock()
+		if closed {
+			// Training is over: the segment ends saying what object
+			// storage still lacks, and the next one tries again.
+			return false
+		}
+		select {
+		case <-u.ctx.Done():
+			return false
+		case <-u.wake:
+		case <-time.After(wait):
+		}
+	}
+	return true
 }
 
 func (u *uploader) upload(j upJob) error {
@@ -290,6 +349,9 @@ func (u *uploader) pending() map[int]bool {
 	p := map[int]bool{}
 	for _, j := range u.owed {
 		p[j.step] = true
+	}
+	for s := range u.unsure {
+		p[s] = true
 	}
 	if u.waiting != nil {
 		p[u.waiting.step] = true
@@ -378,6 +440,10 @@ func (u *uploader) finish() error {
 	for _, j := range u.owed {
 		owed = append(owed, j.step)
 	}
+	for s := range u.unsure {
+		owed = append(owed, s)
+	}
+	sort.Ints(owed)
 	missing := u.pushed > max(u.uploaded, u.remote)
 	if u.ctx.Err() != nil && (missing || len(owed) > 0) {
 		u.log.Warn("upload grace over: the checkpoints not uploaded stay on this disk, and the next segment here uploads them; one on another worker resumes from the newest in object storage",

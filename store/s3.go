@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"sort"
 	"sync"
 	"time"
@@ -176,8 +177,10 @@ func (o S3Options) url(key string) string {
 type S3Error struct {
 	Op  string
 	URL string // scheme://endpoint/bucket/key
-	Err error
-	bad bool
+	// Store is the bucket's URL, scheme://endpoint/bucket.
+	Store string
+	Err   error
+	bad   bool
 	// status is the server's HTTP status, 0 when none came back (the
 	// connection failed or stalled).
 	status int
@@ -205,7 +208,27 @@ func (s *S3) wrap(op, key string, err error) error {
 	if resp.StatusCode == http.StatusNotFound && !errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
-	return &S3Error{Op: op, URL: s.o.url(key), Err: err, status: resp.StatusCode}
+	return &S3Error{Op: op, URL: s.o.url(key), Store: s.o.url(""), Err: err, status: resp.StatusCode}
+}
+
+// Outage says in a few words what an Unreachable err is: the operation
+// and its innermost cause ("list: connect: connection refused", "get: 503
+// Service Unavailable"), where the whole error repeats the request's URL.
+func Outage(err error) string {
+	var se *S3Error
+	if !errors.As(err, &se) {
+		return err.Error()
+	}
+	cause := se.Err
+	var op *net.OpError
+	var ue *url.Error
+	switch {
+	case errors.As(cause, &op):
+		cause = op.Err
+	case errors.As(cause, &ue):
+		cause = ue.Err
+	}
+	return se.Op + ": " + cause.Error()
 }
 
 // Unreachable reports whether err is an object store that did not answer

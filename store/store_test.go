@@ -184,6 +184,8 @@ func TestS3UnreachableDuringPut(t *testing.T) {
 	}
 	if _, err := s.List(ctx, "checkpoints/"); !Unreachable(fmt.Errorf("list: %w", err)) {
 		t.Errorf("Unreachable of a listing while the server is down (%v) is false", err)
+	} else if got := Outage(err); got != "list: connect: connection refused" {
+		t.Errorf("Outage of a listing while the server is down: %q; want the operation and the refusal", got)
 	}
 	cctx, stop := context.WithCancel(ctx)
 	stop()

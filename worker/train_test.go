@@ -498,7 +498,7 @@ func TestTheLastSegmentWaitsForTheObjectStoreToTakeItsCheckpoint(t *testing.T) {
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 	id := e.enqueue(scheduler.TrainSegment{Run: "last"})
 	ts := e.waitFor(id, 2*time.Minute, "waiting", func(ts scheduler.TaskStatus) bool { return ts.Progress.State == "waiting" })
-	if ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "waiting for the object store to answer") || !strings.Contains(ts.Progress.Message, srv.Endpoint) {
+	if ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "waiting for the object store at http://"+srv.Endpoint+"/kiln to answer (") || !strings.Contains(ts.Progress.Message, "connect: connection refused)") {
 		t.Errorf("last segment after its upload failed: retried %d, progress %q; want no retry used and a wait naming %s", ts.Retried, ts.Progress.Message, srv.Endpoint)
 	}
 	srv.Start()

@@ -258,7 +258,7 @@ func outageWait(err error) error {
 	if !store.Unreachable(err) || !errors.As(err, &se) || errors.As(err, new(*WaitError)) {
 		return err
 	}
-	return &WaitError{For: fmt.Sprintf("the object store to answer (%v)", se)}
+	return &WaitError{For: fmt.Sprintf("the object store at %s to answer (%s)", se.Store, store.Outage(err))}
 }
 
 func isFailure(err error) bool {

@@ -411,7 +411,7 @@ func TestATaskWaitsOutAnObjectStoreOutage(t *testing.T) {
 	srv.Stop()
 	id := e.enqueue(objectsArgs{Endpoint: srv.Endpoint, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
 	ts := e.waitFor(id, time.Minute, "waiting", func(ts scheduler.TaskStatus) bool { return ts.Progress.State == "waiting" })
-	if ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "waiting for the object store to answer") || !strings.Contains(ts.Progress.Message, srv.Endpoint) {
+	if ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "waiting for the object store at http://"+srv.Endpoint+"/kiln to answer (") || !strings.Contains(ts.Progress.Message, "connect: connection refused)") {
 		t.Errorf("task while the store is down: retried %d, progress %q; want no retry used and a wait naming %s", ts.Retried, ts.Progress.Message, srv.Endpoint)
 	}
 	srv.Start()

@@ -80,13 +80,13 @@ func TestARunTrainsThroughAnObjectStoreOutage(t *testing.T) {
 		ts, ok = waiting()
 		return ok
 	})
-	if !strings.Contains(ts.Progress.Message, "waiting for the object store to answer") || !strings.Contains(ts.Progress.Message, s3.Endpoint) {
+	if !strings.Contains(ts.Progress.Message, "waiting for the object store at http://"+s3.Endpoint+"/kiln to answer (") || !strings.Contains(ts.Progress.Message, "connect: connection refused)") {
 		t.Errorf("the waiting segment's message %q does not say it waits for the object store at %s", ts.Progress.Message, s3.Endpoint)
 	}
 	if ts.Retried != 0 {
 		t.Errorf("segment %s used up %d retries waiting for the object store", ts.ID, ts.Retried)
 	}
-	waitOutput(t, env, regexp.MustCompile(`waiting for the object store to answer`), time.Minute, "status", ts.ID)
+	waitOutput(t, env, regexp.MustCompile(`waiting for the object store at http://\S+ to answer \(`), time.Minute, "status", ts.ID)
 
 	s3.Start()
 	waitOutput(t, env, regexp.MustCompile(`(?m)^outage  done  `), 3*time.Minute, "status")

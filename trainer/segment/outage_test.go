@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -430,5 +431,43 @@ func TestASegmentStartingDuringAnOutageTrainsOnFromItsDisk(t *testing.T) {
 		if !slices.Contains(remote, s) {
 			t.Errorf("step %d is not in object storage after the outage: %v", s, remote)
 		}
+	}
+}
+
+// Redis down for longer than the run lock's lease ends the segment (once
+// Redis is back, another worker may take the run): training stops at a
+// step boundary with that step's checkpoint on this disk, and the next
+// segment here resumes from it, so no step is lost.
+func TestARedisOutageLongerThanTheLeaseLosesNoStep(t *testing.T) {
+	ctx := context.Background()
+	rs := testsvc.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	obj, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := testRun("redis-down", 1_000_000)
+	run.CheckpointEvery = 1_000 // the stop writes the only checkpoint
+	disk := t.TempDir()
+	var once sync.Once
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", LockTTL: time.Second,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if m != nil && step == 3 {
+				once.Do(rs.Stop)
+			}
+		}})
+	if !errors.Is(err, scheduler.ErrRunLockLost) || out.Step <= 3 {
+		t.Fatalf("segment through a Redis outage: %+v, %v; want it stopped past step 3 with the lock lost", out, err)
+	}
+	if local := localSteps(RunDir(disk, "redis-down")); !slices.Contains(local, out.Step) {
+		t.Fatalf("local checkpoints %v; want the stopped step %d", local, out.Step)
+	}
+
+	rs.Start()
+	run.Segment.MaxSteps = 2
+	next, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", LockTTL: time.Second})
+	if err != nil || next.ResumeSource != "local" || next.ResumedFrom != out.Step || next.Step != out.Step+2 {
+		t.Fatalf("segment after Redis is back: %+v, %v; want it to resume from step %d", next, err, out.Step)
 	}
 }

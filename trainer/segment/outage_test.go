@@ -416,6 +416,11 @@ func TestASegmentStartingDuringAnOutageTrainsOnFromItsDisk(t *testing.T) {
 		t.Fatalf("segment on an empty disk during the outage: %v; want the outage, naming step %d", err, st.Checkpoint)
 	}
 
+	// Nor does a run not begun: nothing says what object storage holds.
+	if _, err := Run(ctx, Params{Run: testRun("fresh", 10), Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-b"}); !store.Unreachable(err) {
+		t.Fatalf("a run not begun, during the outage: %v; want the outage", err)
+	}
+
 	// Once the store answers, every retained checkpoint goes up.
 	srv.Start()
 	run.Segment.MaxSteps = 2

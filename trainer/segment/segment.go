@@ -505,15 +505,17 @@ func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry
 // run's state records uploaded, recorded: object storage then holds none
 // newer, and training goes on through the outage. unknown says so, and
 // remote is then not known. Otherwise (the run's newest checkpoint is
-// there and not here) the error is returned, and the task waits for the
-// store.
+// there and not here, or this disk holds none, or the run has no state to
+// say) the error is returned, and the task waits for the store.
 func (p Params) restore(ctx context.Context, dir string) (step int, source string, remote []int, unknown bool, recorded int, err error) {
 	step, source, remote, err = p.restoreFrom(ctx, dir)
 	if err == nil || !store.Unreachable(err) {
 		return step, source, remote, false, -1, err
 	}
-	st, _, serr := scheduler.ReadRunState(ctx, p.Redis, p.Run.Name)
-	if serr != nil {
+	st, known, serr := scheduler.ReadRunState(ctx, p.Redis, p.Run.Name)
+	if serr != nil || !known {
+		// Without the run's state (a run not begun, or Redis lost it)
+		// nothing says what object storage holds.
 		return 0, "", nil, false, -1, err
 	}
 	local := -1
@@ -525,7 +527,7 @@ func (p Params) restore(ctx context.Context, dir string) (step int, source strin
 	case errors.As(lerr, &lost) || !errors.Is(lerr, trainer.ErrNoCheckpoint):
 		return 0, "", nil, false, -1, err
 	}
-	if local < st.Checkpoint {
+	if local < 0 || local < st.Checkpoint {
 		where := "no checkpoint"
 		if local >= 0 {
 			where = fmt.Sprintf("step %d", local)
@@ -534,9 +536,6 @@ func (p Params) restore(ctx context.Context, dir string) (step int, source strin
 	}
 	p.Log.Warn("object storage does not answer: resuming from the local checkpoint, as new as any it holds; the uploads catch up once it answers",
 		zap.String("run", p.Run.Name), zap.Int("step", local), zap.Int("recorded_uploaded", st.Checkpoint), zap.String("endpoint", describe(p.Objects)), zap.Error(err))
-	if local < 0 {
-		return 0, "", nil, true, st.Checkpoint, nil
-	}
 	return local, "local", nil, true, st.Checkpoint, nil
 }
 

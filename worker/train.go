@@ -59,6 +59,12 @@ type Training struct {
 	// LockTTL is the run lock's lease: how long a run stays locked after its
 	// worker dies. Default 30s.
 	LockTTL time.Duration
+	// ObjectsDown is why object storage did not answer when this task's
+	// process opened it, nil when it did: a segment then starts from what
+	// this machine holds (its copy of the tokenizer, its checkpoint)
+	// without asking the store first, so that a hung one does not hold the
+	// start for a stall timeout per request.
+	ObjectsDown error
 	// UploadGrace bounds the checkpoint upload after SIGTERM; keep it below
 	// the worker's shutdown grace. Default 60s.
 	UploadGrace time.Duration
@@ -306,7 +312,16 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		return err
 	}
 	warnPartialStores(ctx, t.Queue, a.Run, run.Mixture, log)
-	uses, _, err := catalog.New(t.Objects, t.DataDir).Resolve(ctx, name)
+	objects := t.Objects
+	if t.ObjectsDown != nil {
+		if _, _, err := catalog.New(nil, t.DataDir).Resolve(ctx, name); err == nil {
+			objects = nil // this machine's copy, as below
+		}
+	}
+	uses, _, err := catalog.New(objects, t.DataDir).Resolve(ctx, name)
+	if objects == nil && err == nil {
+		log.Warn("object storage does not answer: the run's tokenizer is this machine's copy", zap.String("tokenizer", name), zap.String("path", uses.Path), zap.Error(t.ObjectsDown))
+	}
 	if store.Unreachable(err) {
 		// Object storage is down: this machine's copy, checked against it
 		// when it was fetched, serves (a machine without one waits).
@@ -324,14 +339,17 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		return fmt.Errorf("train:segment run %s: %w", a.Run, err)
 	}
 	run.Tokenizer = name
-	bench, err := benchRows(ctx, t.Objects)
-	if err != nil {
-		log.Warn("the tok/s gate has no bench figures", zap.Error(err))
+	var bench []results.BenchRow
+	if t.ObjectsDown == nil {
+		if bench, err = benchRows(ctx, t.Objects); err != nil {
+			log.Warn("the tok/s gate has no bench figures", zap.Error(err))
+		}
 	}
 	rep := Progress(ctx)
 	out, err := segment.Run(ctx, segment.Params{
 		Run: run, Dir: t.Dir, TokensDir: t.TokensDir, Objects: t.Objects, Redis: t.Redis, Owner: t.Owner,
 		LockTTL: t.LockTTL, UploadGrace: t.UploadGrace, Bench: bench, Tokenizer: tok, Uses: &uses, OpenData: t.OpenData, Log: log,
+		ObjectsDown: t.ObjectsDown,
 		Progress: func(step, total int, m *trainer.Metrics) {
 			if m == nil || total <= 0 {
 				return

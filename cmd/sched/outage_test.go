@@ -4,9 +4,13 @@ import (
 	"context"
 	"os"
 	"regexp"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
@@ -23,25 +27,7 @@ import (
 // and its checkpoints are there.
 func TestARunTrainsThroughAnObjectStoreOutage(t *testing.T) {
 	t.Parallel()
-	env, rdb, q := trainingSetup(t)
-	s3 := testsvc.S3(t)
-	env = append(env, "KILN_S3_ENDPOINT="+s3.Endpoint, "KILN_S3_ACCESS_KEY="+s3.AccessKey, "KILN_S3_SECRET_KEY="+s3.SecretKey,
-		"KILN_SHUTDOWN_GRACE=4s")
-	var runsFile string
-	for _, e := range env {
-		if v, ok := strings.CutPrefix(e, "KILN_RUNS="); ok {
-			runsFile = v
-		}
-	}
-	f, err := os.OpenFile(runsFile, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteString("outage:\n  from: eta\n  total_steps: 40\n  segment: {max_steps: 20}\n"); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	startWorker(t, env, "--queues", "gpu=1")
+	env, rdb, q, s3 := outageSetup(t)
 	ctx := context.Background()
 
 	out, errOut, code := sched(t, env, "enqueue", "train", "outage")
@@ -117,5 +103,80 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within 3 minutes", what)
 		}
+	}
+}
+
+// outageSetup is trainingSetup with a real S3 server and the run outage,
+// 40 steps in segments of 20, served by a `sched worker` of the gpu queue.
+func outageSetup(t *testing.T) (env []string, rdb *redis.Client, q *scheduler.Client, s3 *testsvc.S3Server) {
+	t.Helper()
+	env, rdb, q = trainingSetup(t)
+	s3 = testsvc.S3(t)
+	env = append(env, "KILN_S3_ENDPOINT="+s3.Endpoint, "KILN_S3_ACCESS_KEY="+s3.AccessKey, "KILN_S3_SECRET_KEY="+s3.SecretKey,
+		"KILN_SHUTDOWN_GRACE=4s")
+	var runsFile string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "KILN_RUNS="); ok {
+			runsFile = v
+		}
+	}
+	f, err := os.OpenFile(runsFile, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("outage:\n  from: eta\n  total_steps: 40\n  segment: {max_steps: 20}\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	startWorker(t, env, "--queues", "gpu=1")
+	return env, rdb, q, s3
+}
+
+// A store that hangs (its process stopped: connections accepted, never
+// answered) does not hold a segment's start either: the segment's process
+// finds the store silent within its check, and the segment starts from
+// this machine's tokenizer and checkpoint without asking it, rather than
+// waiting out a stall timeout per request. Once the store answers again,
+// the run is done and its last checkpoint is there.
+func TestASegmentStartsFromItsDiskWhileTheStoreHangs(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("SIGSTOP of the S3 server is exercised on linux")
+	}
+	t.Parallel()
+	env, rdb, _, s3 := outageSetup(t)
+	ctx := context.Background()
+	out, errOut, code := sched(t, env, "enqueue", "train", "outage")
+	if code != 0 {
+		t.Fatalf("enqueue train outage: exit %d: %s%s", code, out, errOut)
+	}
+	waitUntil(t, "run outage training", func() bool {
+		st, ok, err := scheduler.ReadRunState(ctx, rdb, "outage")
+		return err == nil && ok && st.Step > 0
+	})
+	if err := syscall.Kill(s3.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := syscall.Kill(s3.Pid(), syscall.SIGCONT); err != nil {
+				t.Errorf("resume versitygw: %v", err)
+			}
+		}
+	}
+	t.Cleanup(resume) // before the server is stopped, which a stopped process would ignore
+	waitUntil(t, "run outage trained to step 40 while the store hangs", func() bool {
+		st, ok, err := scheduler.ReadRunState(ctx, rdb, "outage")
+		return err == nil && ok && st.Step == 40
+	})
+	resume()
+	waitOutput(t, env, regexp.MustCompile(`(?m)^outage  done  `), 5*time.Minute, "status")
+	obj, err := store.NewS3(store.S3Options{Endpoint: s3.Endpoint, Bucket: "kiln", AccessKey: s3.AccessKey, SecretKey: s3.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steps, err := segment.RemoteSteps(ctx, obj, "outage"); err != nil || len(steps) == 0 || steps[len(steps)-1] != 40 {
+		t.Errorf("run outage's checkpoints in object storage: %v, %v; want the last, step 40", steps, err)
 	}
 }

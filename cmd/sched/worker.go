@@ -101,6 +101,7 @@ func init() {
 			code := worker.ServeTask(c.Context(), worker.TaskParams{Redis: opt, Logger: log,
 				Open: func(ctx context.Context) (worker.Handlers, error) {
 					objects, err := openStore(ctx, cfg)
+					down := err
 					if store.Unreachable(err) {
 						// A segment trains on through an outage of object
 						// storage from the checkpoint on this disk, where
@@ -111,7 +112,11 @@ func init() {
 					if err != nil {
 						return worker.Handlers{}, err
 					}
-					return handlersWith(cfg, map[string]int{scheduler.QueueGPU: 1}, q, log, objects)
+					hs, err := handlersWith(cfg, map[string]int{scheduler.QueueGPU: 1}, q, log, objects)
+					if err == nil && down != nil && hs.Training != nil {
+						hs.Training.ObjectsDown = down
+					}
+					return hs, err
 				}})
 			q.Close()
 			_ = log.Sync()

@@ -63,6 +63,10 @@ type Params struct {
 	// LockTTL is the lock's lease. Default 30s: a worker that dies holds
 	// the run for at most this long.
 	LockTTL time.Duration
+	// ObjectsDown, when set, is why object storage did not answer just
+	// before the segment: it resumes from this disk without listing the
+	// store first, where the run's state allows (see restore).
+	ObjectsDown error
 	// UploadGrace bounds the work a segment owes object storage once its
 	// context ends (SIGTERM, `sched cancel`) or its training ends: the last
 	// checkpoint's upload and the results. What is not uploaded by then
@@ -508,9 +512,11 @@ func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry
 // there and not here, or this disk holds none, or the run has no state to
 // say) the error is returned, and the task waits for the store.
 func (p Params) restore(ctx context.Context, dir string) (step int, source string, remote []int, unknown bool, recorded int, err error) {
-	step, source, remote, err = p.restoreFrom(ctx, dir)
-	if err == nil || !store.Unreachable(err) {
-		return step, source, remote, false, -1, err
+	if err = p.ObjectsDown; err == nil {
+		step, source, remote, err = p.restoreFrom(ctx, dir)
+		if err == nil || !store.Unreachable(err) {
+			return step, source, remote, false, -1, err
+		}
 	}
 	st, known, serr := scheduler.ReadRunState(ctx, p.Redis, p.Run.Name)
 	if serr != nil || !known {

@@ -65,15 +65,7 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 		}
 		return nil
 	}
-	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok := testTokenizer(t)
-	dir := t.TempDir()
-	p := &Pipeline{Objects: objects, Hub: hc, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"),
-		Presets:   map[string]Preset{"corpus": {Name: "corpus", Repo: repo, Revision: "main", Include: []string{"data/*"}, Columns: Columns{Text: "text"}}},
-		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return tok, nil }}
+	p := corpusPipeline(t, objects, h, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
 	const name = "code"
 	plan := func(l Limits) (PlanResult, error) {
 		return p.Plan(ctx, PlanJob{Dataset: "corpus", Store: name, Tokenizer: "t", Seed: 3, Limits: l})
@@ -309,4 +301,24 @@ func TestFullStoreMark(t *testing.T) {
 			t.Errorf("%+v on a store full at %+v: %q, want %q", c.l, full.Full, got, c.want)
 		}
 	}
+}
+
+// corpusPipeline is a Pipeline over objects and a data directory of its
+// own, whose preset corpus is the Hub test server h's dataset owner/corpus
+// (its data/*, column text), and whose tokenizers are toks, by name.
+func corpusPipeline(t *testing.T, objects store.Store, h *hubtest.Hub, toks map[string]*tokenizer.Tokenizer) *Pipeline {
+	t.Helper()
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	return &Pipeline{Objects: objects, Hub: hc, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"),
+		Presets: map[string]Preset{"corpus": {Name: "corpus", Repo: "owner/corpus", Revision: "main", Include: []string{"data/*"}, Columns: Columns{Text: "text"}}},
+		Tokenizer: func(_ context.Context, name string) (*tokenizer.Tokenizer, error) {
+			if tok := toks[name]; tok != nil {
+				return tok, nil
+			}
+			return nil, fmt.Errorf("no tokenizer %s", name)
+		}}
 }

@@ -16,7 +16,6 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -298,15 +297,7 @@ func TestAShardSaysWhyItsDownloadWaits(t *testing.T) {
 		}
 		return nil
 	}
-	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok := testTokenizer(t)
-	dir := t.TempDir()
-	p := &Pipeline{Objects: objects, Hub: hc, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"),
-		Presets:   map[string]Preset{"corpus": {Name: "corpus", Repo: repo, Revision: "main", Include: []string{"data/*"}, Columns: Columns{Text: "text"}}},
-		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return tok, nil }}
+	p := corpusPipeline(t, objects, h, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
 	res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: "code", Tokenizer: "t", Seed: 3})
 	if err != nil || len(res.Shards) != 1 {
 		t.Fatalf("plan: %+v, %v", res, err)

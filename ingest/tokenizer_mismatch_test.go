@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/store"
@@ -38,10 +37,6 @@ func TestAnotherTokenizersIngestStopsBeforeReadingAFile(t *testing.T) {
 	for f := range 2 {
 		h.Add(repo, fmt.Sprintf("data/part-%d.parquet", f), parquetBytes(t, []textRow{{Text: fmt.Sprintf("file %d: func main() {}", f)}}), true)
 	}
-	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
-	if err != nil {
-		t.Fatal(err)
-	}
 	toks := map[string]*tokenizer.Tokenizer{"first": testTokenizer(t)}
 	other, err := tokenizer.Train(ctx, []io.Reader{strings.NewReader(strings.Repeat("SELECT name FROM users WHERE id = 1;\n", 200))}, tokenizer.TrainOptions{VocabSize: 280})
 	if err != nil {
@@ -50,15 +45,7 @@ func TestAnotherTokenizersIngestStopsBeforeReadingAFile(t *testing.T) {
 	if toks["second"], err = tokenizer.Parse(other); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	p := &Pipeline{Objects: objects, Hub: hc, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"),
-		Presets: map[string]Preset{"corpus": {Name: "corpus", Repo: repo, Revision: "main", Include: []string{"data/*"}, Columns: Columns{Text: "text"}}},
-		Tokenizer: func(_ context.Context, name string) (*tokenizer.Tokenizer, error) {
-			if tok := toks[name]; tok != nil {
-				return tok, nil
-			}
-			return nil, fmt.Errorf("no tokenizer %s", name)
-		}}
+	p := corpusPipeline(t, objects, h, toks)
 	const name = "code"
 	res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: name, Tokenizer: "first", Seed: 3})
 	if err != nil || len(res.Shards) != 2 {

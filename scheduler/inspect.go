@@ -111,10 +111,10 @@ func newTaskStatus(ti *asynq.TaskInfo) TaskStatus {
 		Payload: ti.Payload, LastErr: ti.LastErr, Retried: ti.Retried, MaxRetry: ti.MaxRetry,
 		LastFailed: ti.LastFailedAt, NextRun: ti.NextProcessAt, Orphaned: ti.IsOrphaned,
 	}
-	if p, ok := PolicyFor(ti.Type); ok && p.MaxRetry < ts.MaxRetry {
+	if p, ok := PolicyFor(ti.Type); ok {
 		// The worker archives a failure at the policy's MaxRetry; the
 		// queue holds one more (queueRetries).
-		ts.MaxRetry = p.MaxRetry
+		ts.MaxRetry = min(ts.MaxRetry, p.MaxRetry)
 	}
 	switch ti.State {
 	case asynq.TaskStateCompleted:

@@ -80,7 +80,7 @@ func NewS3(o S3Options) (*S3, error) {
 	}
 	tr, err := o.transport()
 	if err != nil {
-		return nil, &S3Error{Op: "connect", URL: o.url(""), Err: err, bad: true}
+		return nil, &S3Error{Op: "connect", Store: o.url(""), Err: err, bad: true}
 	}
 	c, err := minio.New(o.Endpoint, &minio.Options{
 		Creds:      credentials.NewStaticV4(o.AccessKey, o.SecretKey, ""),
@@ -89,7 +89,7 @@ func NewS3(o S3Options) (*S3, error) {
 		Transport:  tr,
 	})
 	if err != nil {
-		return nil, &S3Error{Op: "connect", URL: o.url(""), Err: err, bad: true}
+		return nil, &S3Error{Op: "connect", Store: o.url(""), Err: err, bad: true}
 	}
 	return &S3{o: o, c: c, pool: &partPool{size: int(o.PartSize), idle: make(chan []byte, idleParts)}}, nil
 }
@@ -175,18 +175,24 @@ func (o S3Options) url(key string) string {
 
 // S3Error names the operation, the endpoint and the object.
 type S3Error struct {
-	Op  string
-	URL string // scheme://endpoint/bucket/key
-	// Store is the bucket's URL, scheme://endpoint/bucket.
-	Store string
-	Err   error
-	bad   bool
+	Op string
+	// Store is the bucket's URL, scheme://endpoint/bucket, and Key the
+	// object ("" for the bucket).
+	Store, Key string
+	Err        error
+	bad        bool
 	// status is the server's HTTP status, 0 when none came back (the
 	// connection failed or stalled).
 	status int
 }
 
-func (e *S3Error) Error() string { return fmt.Sprintf("s3 %s %s: %v", e.Op, e.URL, e.Err) }
+func (e *S3Error) Error() string {
+	u := e.Store
+	if e.Key != "" {
+		u += "/" + e.Key
+	}
+	return fmt.Sprintf("s3 %s %s: %v", e.Op, u, e.Err)
+}
 func (e *S3Error) Unwrap() error { return e.Err }
 
 // BadInput is true for errors only the user can fix: wrong credentials or
@@ -202,13 +208,13 @@ func (s *S3) wrap(op, key string, err error) error {
 	case "NoSuchKey", "NoSuchBucket":
 		err = fmt.Errorf("%w (%s)", ErrNotFound, resp.Code)
 	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidSecretKey":
-		return &S3Error{Op: op, URL: s.o.url(key), bad: true,
+		return &S3Error{Op: op, Store: s.o.url(""), Key: key, bad: true,
 			Err: fmt.Errorf("%s: check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY", resp.Code)}
 	}
 	if resp.StatusCode == http.StatusNotFound && !errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
-	return &S3Error{Op: op, URL: s.o.url(key), Store: s.o.url(""), Err: err, status: resp.StatusCode}
+	return &S3Error{Op: op, Store: s.o.url(""), Key: key, Err: err, status: resp.StatusCode}
 }
 
 // Outage says in a few words what an Unreachable err is: the operation

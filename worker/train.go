@@ -312,19 +312,15 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		return err
 	}
 	warnPartialStores(ctx, t.Queue, a.Run, run.Mixture, log)
-	objects := t.Objects
-	if t.ObjectsDown != nil {
-		if _, _, err := catalog.New(nil, t.DataDir).Resolve(ctx, name); err == nil {
-			objects = nil // this machine's copy, as below
-		}
-	}
-	uses, _, err := catalog.New(objects, t.DataDir).Resolve(ctx, name)
-	if objects == nil && err == nil {
-		log.Warn("object storage does not answer: the run's tokenizer is this machine's copy", zap.String("tokenizer", name), zap.String("path", uses.Path), zap.Error(t.ObjectsDown))
+	// Object storage known silent is not asked (it may hang).
+	var uses catalog.Entry
+	err = t.ObjectsDown
+	if err == nil {
+		uses, _, err = catalog.New(t.Objects, t.DataDir).Resolve(ctx, name)
 	}
 	if store.Unreachable(err) {
-		// Object storage is down: this machine's copy, checked against it
-		// when it was fetched, serves (a machine without one waits).
+		// This machine's copy, checked against object storage when it was
+		// fetched, serves (a machine without one waits).
 		if local, _, lerr := catalog.New(nil, t.DataDir).Resolve(ctx, name); lerr == nil {
 			log.Warn("object storage does not answer: the run's tokenizer is this machine's copy", zap.String("tokenizer", name), zap.String("path", local.Path), zap.Error(err))
 			uses, err = local, nil

@@ -497,15 +497,7 @@ func TestTheLastSegmentWaitsForTheObjectStoreToTakeItsCheckpoint(t *testing.T) {
 	}
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 	id := e.enqueue(scheduler.TrainSegment{Run: "last"})
-	ts := e.waitFor(id, 2*time.Minute, "waiting", func(ts scheduler.TaskStatus) bool { return ts.Progress.State == "waiting" })
-	if ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "waiting for the object store at http://"+srv.Endpoint+"/kiln to answer (") || !strings.Contains(ts.Progress.Message, "connect: connection refused)") {
-		t.Errorf("last segment after its upload failed: retried %d, progress %q; want no retry used and a wait naming %s", ts.Retried, ts.Progress.Message, srv.Endpoint)
-	}
-	srv.Start()
-	ts = e.waitFor(id, 2*time.Minute, "completed", state("completed"))
-	if ts.Retried != 0 {
-		t.Errorf("the last segment used up %d retries waiting for the object store", ts.Retried)
-	}
+	e.waitsOutTheOutage(id, srv)
 	steps, err := segment.RemoteSteps(context.Background(), objects, "last")
 	if err != nil || len(steps) == 0 || steps[len(steps)-1] != total {
 		t.Errorf("run last's checkpoints in object storage: %v, %v; want step %d", steps, err, total)

@@ -255,7 +255,7 @@ const DefaultWaitEvery = 30 * time.Second
 // status` shows it waiting for it. Other errors are returned as they are.
 func outageWait(err error) error {
 	var se *store.S3Error
-	if !store.Unreachable(err) || !errors.As(err, &se) || errors.As(err, new(*WaitError)) {
+	if !store.Unreachable(err) || !errors.As(err, &se) {
 		return err
 	}
 	return &WaitError{For: fmt.Sprintf("the object store at %s to answer (%s)", se.Store, store.Outage(err))}
@@ -344,12 +344,13 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 			// A failure at the kind's MaxRetry is archived here: asynq,
 			// which would archive any error at its own, interrupted and
 			// waiting ones too, holds one more (scheduler.Options).
-			maxRetry, ok := asynq.GetMaxRetry(ctx)
-			if p, known := scheduler.PolicyFor(t.Type()); known && (!ok || p.MaxRetry < maxRetry) {
-				maxRetry, ok = p.MaxRetry, true
-			}
-			if !errors.Is(err, asynq.SkipRetry) && ok && retried >= maxRetry {
-				err = fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
+			if maxRetry, ok := asynq.GetMaxRetry(ctx); ok && !errors.Is(err, asynq.SkipRetry) {
+				if p, known := scheduler.PolicyFor(t.Type()); known {
+					maxRetry = min(maxRetry, p.MaxRetry)
+				}
+				if retried >= maxRetry {
+					err = fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
+				}
 			}
 			if errors.Is(err, asynq.SkipRetry) {
 				q, _ := asynq.GetQueueName(ctx)

@@ -410,14 +410,22 @@ func TestATaskWaitsOutAnObjectStoreOutage(t *testing.T) {
 	e.startInProcess()
 	srv.Stop()
 	id := e.enqueue(objectsArgs{Endpoint: srv.Endpoint, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
-	ts := e.waitFor(id, time.Minute, "waiting", func(ts scheduler.TaskStatus) bool { return ts.Progress.State == "waiting" })
+	e.waitsOutTheOutage(id, srv)
+}
+
+// waitsOutTheOutage wants task id, which met srv stopped, to wait for it
+// naming it and the refusal, without using a retry, and, once srv is
+// started again, to complete still without one.
+func (e *env) waitsOutTheOutage(id string, srv *testsvc.S3Server) {
+	e.t.Helper()
+	ts := e.waitFor(id, 2*time.Minute, "waiting", func(ts scheduler.TaskStatus) bool { return ts.Progress.State == "waiting" })
 	if ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "waiting for the object store at http://"+srv.Endpoint+"/kiln to answer (") || !strings.Contains(ts.Progress.Message, "connect: connection refused)") {
-		t.Errorf("task while the store is down: retried %d, progress %q; want no retry used and a wait naming %s", ts.Retried, ts.Progress.Message, srv.Endpoint)
+		e.t.Errorf("task %s while the store is down: retried %d, progress %q; want no retry used and a wait naming %s", id, ts.Retried, ts.Progress.Message, srv.Endpoint)
 	}
 	srv.Start()
 	ts = e.waitFor(id, 2*time.Minute, "completed", state("completed"))
 	if ts.Retried != 0 {
-		t.Errorf("the task used up %d retries waiting for the object store", ts.Retried)
+		e.t.Errorf("task %s used up %d retries waiting for the object store", id, ts.Retried)
 	}
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -21,20 +20,7 @@ func TestARunEnqueuedAgainIsOneChainShownAsTraining(t *testing.T) {
 	env, rdb, q := trainingSetup(t)
 	ctx := context.Background()
 	// A run of short segments, so that the chain moves past its first.
-	var runsFile string
-	for _, e := range env {
-		if v, ok := strings.CutPrefix(e, "KILN_RUNS="); ok {
-			runsFile = v
-		}
-	}
-	f, err := os.OpenFile(runsFile, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteString("chain:\n  from: eta\n  segment: {max_steps: 20}\n"); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	appendRuns(t, env, "chain:\n  from: eta\n  segment: {max_steps: 20}\n")
 	startWorker(t, env, "--queues", "gpu=1")
 
 	out, errOut, code := sched(t, env, "enqueue", "train", "chain")

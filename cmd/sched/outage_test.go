@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"os"
 	"regexp"
 	"runtime"
 	"strings"
@@ -27,28 +26,16 @@ import (
 // and its checkpoints are there.
 func TestARunTrainsThroughAnObjectStoreOutage(t *testing.T) {
 	t.Parallel()
-	env, rdb, q, s3 := outageSetup(t)
+	o := startOutageRun(t)
 	ctx := context.Background()
-
-	out, errOut, code := sched(t, env, "enqueue", "train", "outage")
-	if code != 0 {
-		t.Fatalf("enqueue train outage: exit %d: %s%s", code, out, errOut)
-	}
 	// The store goes down while the first segment trains: that segment
 	// ends on its local checkpoint, and the next one starts without it.
-	waitUntil(t, "run outage training", func() bool {
-		st, ok, err := scheduler.ReadRunState(ctx, rdb, "outage")
-		return err == nil && ok && st.Step > 0
-	})
-	s3.Stop()
+	o.s3.Stop()
 	// The next segment starts without the store and trains to the end.
-	waitUntil(t, "run outage trained to step 40 while the store is down", func() bool {
-		st, ok, err := scheduler.ReadRunState(ctx, rdb, "outage")
-		return err == nil && ok && st.Step == 40
-	})
+	o.waitStep(t, "run outage trained to step 40 while the store is down", 40)
 
 	waiting := func() (scheduler.TaskStatus, bool) {
-		snap, err := q.Snapshot(ctx)
+		snap, err := o.q.Snapshot(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,17 +53,17 @@ func TestARunTrainsThroughAnObjectStoreOutage(t *testing.T) {
 		ts, ok = waiting()
 		return ok
 	})
-	if !strings.Contains(ts.Progress.Message, "waiting for the object store at http://"+s3.Endpoint+"/kiln to answer (") || !strings.Contains(ts.Progress.Message, "connect: connection refused)") {
-		t.Errorf("the waiting segment's message %q does not say it waits for the object store at %s", ts.Progress.Message, s3.Endpoint)
+	if !strings.Contains(ts.Progress.Message, "waiting for the object store at http://"+o.s3.Endpoint+"/kiln to answer (") || !strings.Contains(ts.Progress.Message, "connect: connection refused)") {
+		t.Errorf("the waiting segment's message %q does not say it waits for the object store at %s", ts.Progress.Message, o.s3.Endpoint)
 	}
 	if ts.Retried != 0 {
 		t.Errorf("segment %s used up %d retries waiting for the object store", ts.ID, ts.Retried)
 	}
-	waitOutput(t, env, regexp.MustCompile(`waiting for the object store at http://\S+ to answer \(`), time.Minute, "status", ts.ID)
+	waitOutput(t, o.env, regexp.MustCompile(`waiting for the object store at http://\S+ to answer \(`), time.Minute, "status", ts.ID)
 
-	s3.Start()
-	waitOutput(t, env, regexp.MustCompile(`(?m)^outage  done  `), 3*time.Minute, "status")
-	snap, err := q.Snapshot(ctx)
+	o.s3.Start()
+	o.wantDone(t, 3*time.Minute)
+	snap, err := o.q.Snapshot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,51 +72,6 @@ func TestARunTrainsThroughAnObjectStoreOutage(t *testing.T) {
 			t.Errorf("segment %s (%s) was retried %d times", ts.ID, ts.State, ts.Retried)
 		}
 	}
-	obj, err := store.NewS3(store.S3Options{Endpoint: s3.Endpoint, Bucket: "kiln", AccessKey: s3.AccessKey, SecretKey: s3.SecretKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	steps, err := segment.RemoteSteps(ctx, obj, "outage")
-	if err != nil || len(steps) == 0 || steps[len(steps)-1] != 40 {
-		t.Errorf("run outage's checkpoints in object storage: %v, %v; want the last, step 40", steps, err)
-	}
-}
-
-// waitUntil polls cond until it holds; its bound is for a condition that
-// would never hold, not for one that is slow.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(3 * time.Minute); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 3 minutes", what)
-		}
-	}
-}
-
-// outageSetup is trainingSetup with a real S3 server and the run outage,
-// 40 steps in segments of 20, served by a `sched worker` of the gpu queue.
-func outageSetup(t *testing.T) (env []string, rdb *redis.Client, q *scheduler.Client, s3 *testsvc.S3Server) {
-	t.Helper()
-	env, rdb, q = trainingSetup(t)
-	s3 = testsvc.S3(t)
-	env = append(env, "KILN_S3_ENDPOINT="+s3.Endpoint, "KILN_S3_ACCESS_KEY="+s3.AccessKey, "KILN_S3_SECRET_KEY="+s3.SecretKey,
-		"KILN_SHUTDOWN_GRACE=4s")
-	var runsFile string
-	for _, e := range env {
-		if v, ok := strings.CutPrefix(e, "KILN_RUNS="); ok {
-			runsFile = v
-		}
-	}
-	f, err := os.OpenFile(runsFile, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteString("outage:\n  from: eta\n  total_steps: 40\n  segment: {max_steps: 20}\n"); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	startWorker(t, env, "--queues", "gpu=1")
-	return env, rdb, q, s3
 }
 
 // A store that hangs (its process stopped: connections accepted, never
@@ -143,40 +85,83 @@ func TestASegmentStartsFromItsDiskWhileTheStoreHangs(t *testing.T) {
 		t.Skip("SIGSTOP of the S3 server is exercised on linux")
 	}
 	t.Parallel()
-	env, rdb, _, s3 := outageSetup(t)
-	ctx := context.Background()
-	out, errOut, code := sched(t, env, "enqueue", "train", "outage")
-	if code != 0 {
-		t.Fatalf("enqueue train outage: exit %d: %s%s", code, out, errOut)
-	}
-	waitUntil(t, "run outage training", func() bool {
-		st, ok, err := scheduler.ReadRunState(ctx, rdb, "outage")
-		return err == nil && ok && st.Step > 0
-	})
-	if err := syscall.Kill(s3.Pid(), syscall.SIGSTOP); err != nil {
+	o := startOutageRun(t)
+	if err := syscall.Kill(o.s3.Pid(), syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	resumed := false
 	resume := func() {
 		if !resumed {
 			resumed = true
-			if err := syscall.Kill(s3.Pid(), syscall.SIGCONT); err != nil {
+			if err := syscall.Kill(o.s3.Pid(), syscall.SIGCONT); err != nil {
 				t.Errorf("resume versitygw: %v", err)
 			}
 		}
 	}
 	t.Cleanup(resume) // before the server is stopped, which a stopped process would ignore
-	waitUntil(t, "run outage trained to step 40 while the store hangs", func() bool {
-		st, ok, err := scheduler.ReadRunState(ctx, rdb, "outage")
-		return err == nil && ok && st.Step == 40
-	})
+	o.waitStep(t, "run outage trained to step 40 while the store hangs", 40)
 	resume()
-	waitOutput(t, env, regexp.MustCompile(`(?m)^outage  done  `), 5*time.Minute, "status")
-	obj, err := store.NewS3(store.S3Options{Endpoint: s3.Endpoint, Bucket: "kiln", AccessKey: s3.AccessKey, SecretKey: s3.SecretKey})
+	o.wantDone(t, 5*time.Minute)
+}
+
+// outageRun is the run outage, 40 steps in segments of 20, over a real S3
+// server, served by a `sched worker` of the gpu queue.
+type outageRun struct {
+	env []string
+	rdb *redis.Client
+	q   *scheduler.Client
+	s3  *testsvc.S3Server
+}
+
+// startOutageRun is trainingSetup with a real S3 server and the run
+// outage, enqueued and training.
+func startOutageRun(t *testing.T) *outageRun {
+	t.Helper()
+	o := &outageRun{}
+	o.env, o.rdb, o.q = trainingSetup(t)
+	o.s3 = testsvc.S3(t)
+	o.env = append(o.env, "KILN_S3_ENDPOINT="+o.s3.Endpoint, "KILN_S3_ACCESS_KEY="+o.s3.AccessKey, "KILN_S3_SECRET_KEY="+o.s3.SecretKey,
+		"KILN_SHUTDOWN_GRACE=4s")
+	appendRuns(t, o.env, "outage:\n  from: eta\n  total_steps: 40\n  segment: {max_steps: 20}\n")
+	startWorker(t, o.env, "--queues", "gpu=1")
+	out, errOut, code := sched(t, o.env, "enqueue", "train", "outage")
+	if code != 0 {
+		t.Fatalf("enqueue train outage: exit %d: %s%s", code, out, errOut)
+	}
+	o.waitStep(t, "run outage training", 1)
+	return o
+}
+
+// waitStep waits until run outage's state records step or a later one.
+func (o *outageRun) waitStep(t *testing.T, what string, step int) {
+	t.Helper()
+	waitUntil(t, what, func() bool {
+		st, ok, err := scheduler.ReadRunState(context.Background(), o.rdb, "outage")
+		return err == nil && ok && st.Step >= step
+	})
+}
+
+// wantDone waits for `sched status` to show run outage done, and wants
+// its last checkpoint, step 40, in object storage.
+func (o *outageRun) wantDone(t *testing.T, within time.Duration) {
+	t.Helper()
+	waitOutput(t, o.env, regexp.MustCompile(`(?m)^outage  done  `), within, "status")
+	obj, err := store.NewS3(store.S3Options{Endpoint: o.s3.Endpoint, Bucket: "kiln", AccessKey: o.s3.AccessKey, SecretKey: o.s3.SecretKey})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if steps, err := segment.RemoteSteps(ctx, obj, "outage"); err != nil || len(steps) == 0 || steps[len(steps)-1] != 40 {
+	if steps, err := segment.RemoteSteps(context.Background(), obj, "outage"); err != nil || len(steps) == 0 || steps[len(steps)-1] != 40 {
 		t.Errorf("run outage's checkpoints in object storage: %v, %v; want the last, step 40", steps, err)
+	}
+}
+
+// waitUntil polls cond until it holds; its bound is for a condition that
+// would never hold, not for one that is slow.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Minute); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 3 minutes", what)
+		}
 	}
 }

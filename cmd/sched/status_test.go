@@ -57,6 +57,26 @@ func trainingSetup(t *testing.T) (env []string, rdb *redis.Client, q *scheduler.
 	return trainingSetupStore(t, "")
 }
 
+// appendRuns adds entries, YAML, to the runs file that env's KILN_RUNS
+// names.
+func appendRuns(t *testing.T, env []string, entries string) {
+	t.Helper()
+	var runsFile string
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "KILN_RUNS="); ok {
+			runsFile = v
+		}
+	}
+	f, err := os.OpenFile(runsFile, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(entries); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // trainingSetupStore is trainingSetup with the run's store, when name is
 // set, at <data dir>/tokens/<name> and named so in the mixture, as the
 // preset runs name theirs: a segment then waits while the store is being

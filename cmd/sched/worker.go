@@ -101,12 +101,13 @@ func init() {
 			code := worker.ServeTask(c.Context(), worker.TaskParams{Redis: opt, Logger: log,
 				Open: func(ctx context.Context) (worker.Handlers, error) {
 					objects, err := openStore(ctx, cfg)
-					down := err
+					var down error
 					if store.Unreachable(err) {
 						// A segment trains on through an outage of object
 						// storage from the checkpoint on this disk, where
 						// it can; it finds out which it can.
 						log.Warn("object storage does not answer; the task goes on without it where it can", zap.Error(err))
+						down = err
 						objects, err = openStoreUnchecked(cfg)
 					}
 					if err != nil {

@@ -73,6 +73,19 @@ func stoppableS3(t *testing.T) (obj store.Store, srv *testsvc.S3Server, hang, re
 	return obj, srv, hang, resume
 }
 
+// downableS3 is kiln's S3 store on a real versitygw that the test stops
+// and starts (srv.Stop, srv.Start: connections refused meanwhile), with one
+// retry, so that requests fail fast while it is down.
+func downableS3(t *testing.T) (store.Store, *testsvc.S3Server) {
+	t.Helper()
+	srv := testsvc.S3(t)
+	obj, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, MaxRetries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return obj, srv
+}
+
 // An object store that hangs mid-run (its process stopped: connections
 // are accepted and never answered) neither stalls training nor costs a
 // step at a stop. Training goes on, a newer checkpoint taking the place of
@@ -260,12 +273,7 @@ func TestRetainedCheckpointsReachObjectStorageAfterAHang(t *testing.T) {
 func TestDiskGuardWaitsForUploadsAfterAnOutage(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRedis(t)
-	srv := testsvc.S3(t)
-	// One retry, so that failed uploads fail fast while the store is down.
-	obj, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, MaxRetries: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	obj, srv := downableS3(t)
 	run := testRun("outage", 40)
 	run.MinFreeDisk = 10 << 30
 	disk := t.TempDir()
@@ -273,7 +281,7 @@ func TestDiskGuardWaitsForUploadsAfterAnOutage(t *testing.T) {
 	free := func(string) (int64, error) { return 15<<30 - int64(len(localSteps(rd)))*(3<<30), nil }
 
 	var once sync.Once
-	_, err = Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", FreeSpace: free,
+	_, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", FreeSpace: free,
 		Progress: func(step, total int, m *trainer.Metrics) {
 			if m != nil && step == 3 {
 				once.Do(srv.Stop) // before step 4's checkpoint
@@ -364,11 +372,7 @@ func TestASegmentEndingDuringAHangLeavesItsCheckpointForTheNext(t *testing.T) {
 func TestASegmentStartingDuringAnOutageTrainsOnFromItsDisk(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRedis(t)
-	srv := testsvc.S3(t)
-	obj, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, MaxRetries: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	obj, srv := downableS3(t)
 	run := testRun("down", 1_000_000)
 	run.Retention = runs.Retention{KeepLast: 2, KeepEvery: 2} // every second checkpoint (of every 2 steps): 4, 8, 12 kept for good
 	run.Segment.MaxSteps = 6

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -228,19 +229,11 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return out, fmt.Errorf("run %s: %w", run, err)
 	}
-	var remoteSteps []int // the complete checkpoints in object storage
-	var unknown bool      // object storage did not answer: remoteSteps is not known
-	var recorded int      // then, the newest checkpoint the run's state records uploaded
-	if out.ResumedFrom, out.ResumeSource, remoteSteps, unknown, recorded, err = p.restore(ctx, dir); err != nil {
+	r, err := p.restore(ctx, dir)
+	if err != nil {
 		return out, err
 	}
-	remote := -1
-	if len(remoteSteps) > 0 {
-		remote = remoteSteps[len(remoteSteps)-1]
-	}
-	if unknown {
-		remote = recorded
-	}
+	out.ResumedFrom, out.ResumeSource = r.step, r.source
 	// Wall-clock adds up over segments; the state hash carries the sum.
 	prevWall, err := p.Redis.HGet(ctx, scheduler.RunStateKey(run), "wall_s").Float64()
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -256,20 +249,23 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	// uploads, the results) gets UploadGrace once ctx ends, and no more.
 	gctx, startGrace, cancelGrace := graceContext(ctx, p.UploadGrace)
 	defer cancelGrace()
-	up := newUploader(gctx, p, lock, dir, rc, remote, log, wall)
+	up := newUploader(gctx, p, lock, dir, rc, r.newest, log, wall)
 	up.from, up.began = out.ResumedFrom, began
-	if unknown {
-		// Which retained checkpoints object storage lacks is learnt once
-		// it answers; until then they all stay on this disk.
+	var owed []int // retained local checkpoints object storage lacks
+	if p.Objects != nil {
+		owed = slices.DeleteFunc(p.owedSteps(dir, rc, r.remote), func(s int) bool { return s == out.ResumedFrom })
+	}
+	if r.unknown {
+		// Which of them object storage lacks is learnt once it answers;
+		// until then they all stay on this disk.
 		up.unsure = map[int]bool{}
-		for s := range Keep(localSteps(dir), rc.CheckpointEvery, 0, p.Run.Retention.KeepEvery) {
-			if s != out.ResumedFrom {
-				up.unsure[s] = true
-			}
+		for _, s := range owed {
+			up.unsure[s] = true
 		}
+		owed = nil
 	}
 	go up.loop()
-	if p.Objects != nil && out.ResumeSource == "local" && out.ResumedFrom > remote {
+	if p.Objects != nil && out.ResumeSource == "local" && out.ResumedFrom > r.newest {
 		// The checkpoint resumed from never reached object storage (its
 		// upload failed, or the worker stopped first): it goes now, as a
 		// new one would. A finished run trains no step and writes none, so
@@ -277,13 +273,9 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		log.Info("uploading the local checkpoint object storage lacks", zap.Int("step", out.ResumedFrom))
 		up.push(filepath.Join(dir, trainer.StepDir(out.ResumedFrom)), out.ResumedFrom)
 	}
-	if p.Objects != nil && !unknown {
-		for _, s := range p.owedSteps(dir, rc, remoteSteps) {
-			if s != out.ResumedFrom {
-				log.Info("uploading a local checkpoint retention keeps that object storage lacks", zap.Int("step", s))
-				up.owe(filepath.Join(dir, trainer.StepDir(s)), s)
-			}
-		}
+	for _, s := range owed {
+		log.Info("uploading a local checkpoint retention keeps that object storage lacks", zap.Int("step", s))
+		up.owe(filepath.Join(dir, trainer.StepDir(s)), s)
 	}
 	if err := p.guardStart(ctx, dir, up, log); err != nil {
 		up.finish()
@@ -494,65 +486,42 @@ func resolveStores(m []trainer.MixtureEntry, root string) []trainer.MixtureEntry
 	return out
 }
 
+// restored is where a segment resumes (restore).
+type restored struct {
+	step   int    // the step resumed from
+	source string // where it was found, as Outcome.ResumeSource; "" for a run that begins
+	// remote lists the complete checkpoints in object storage (none
+	// without object storage), unless unknown: object storage did not
+	// answer.
+	remote  []int
+	unknown bool
+	// newest is the newest step object storage holds complete: remote's
+	// last, or, unknown, the newest the run's state records uploaded; -1
+	// none. The local checkpoints up to it are safe there, which the disk
+	// guard may remove.
+	newest int
+}
+
 // restore makes dir's newest checkpoint the run's newest anywhere: when
 // object storage holds a newer complete one (this worker's disk was lost,
 // or the run moved here), it is pulled. The run's metrics.jsonl comes along
-// when dir has none, so that the results keep the whole history. It
-// returns the step resumed from and where it was found (as Outcome has
-// them), and remote, the steps object storage holds complete (none without
-// object storage): the local checkpoints up to its newest are safe there,
-// which the disk guard may remove, and a newer one resumed from is
-// uploaded, as are retained ones it lacks.
+// when dir has none, so that the results keep the whole history.
 //
-// When object storage does not answer (store.Unreachable), the run still
-// resumes from dir's newest checkpoint if that is at least the newest the
-// run's state records uploaded, recorded: object storage then holds none
-// newer, and training goes on through the outage. unknown says so, and
-// remote is then not known. Otherwise (the run's newest checkpoint is
-// there and not here, or this disk holds none, or the run has no state to
-// say) the error is returned, and the task waits for the store.
-func (p Params) restore(ctx context.Context, dir string) (step int, source string, remote []int, unknown bool, recorded int, err error) {
-	if err = p.ObjectsDown; err == nil {
-		step, source, remote, err = p.restoreFrom(ctx, dir)
-		if err == nil || !store.Unreachable(err) {
-			return step, source, remote, false, -1, err
-		}
-	}
-	st, known, serr := scheduler.ReadRunState(ctx, p.Redis, p.Run.Name)
-	if serr != nil || !known {
-		// Without the run's state (a run not begun, or Redis lost it)
-		// nothing says what object storage holds.
-		return 0, "", nil, false, -1, err
-	}
-	local := -1
-	_, lst, lerr := trainer.LatestIntactCheckpoint(dir, p.Log)
-	var lost trainer.AllDamagedError
-	switch {
-	case lerr == nil:
-		local = lst.Step
-	case errors.As(lerr, &lost) || !errors.Is(lerr, trainer.ErrNoCheckpoint):
-		return 0, "", nil, false, -1, err
-	}
-	if local < 0 || local < st.Checkpoint {
-		where := "no checkpoint"
-		if local >= 0 {
-			where = fmt.Sprintf("step %d", local)
-		}
-		return 0, "", nil, false, -1, fmt.Errorf("run %s: its newest checkpoint, step %d, is in object storage, and this disk holds %s: %w", p.Run.Name, st.Checkpoint, where, err)
-	}
-	p.Log.Warn("object storage does not answer: resuming from the local checkpoint, as new as any it holds; the uploads catch up once it answers",
-		zap.String("run", p.Run.Name), zap.Int("step", local), zap.Int("recorded_uploaded", st.Checkpoint), zap.String("endpoint", describe(p.Objects)), zap.Error(err))
-	return local, "local", nil, true, st.Checkpoint, nil
-}
-
-// restoreFrom is restore while object storage answers.
-func (p Params) restoreFrom(ctx context.Context, dir string) (step int, source string, remote []int, err error) {
+// When object storage does not answer (store.Unreachable, or p.ObjectsDown
+// without asking it), the run still resumes from dir's newest checkpoint if
+// that is at least the newest the run's state records uploaded: object
+// storage then holds none newer, and training goes on through the outage.
+// Otherwise (the run's newest checkpoint is there and not here, or this
+// disk holds none, or the run has no state to say) the outage is returned,
+// and the task waits for the store.
+func (p Params) restore(ctx context.Context, dir string) (restored, error) {
+	r := restored{newest: -1}
 	// A pull a kill cut off left its temporary directory: up to a whole
 	// checkpoint that nothing else removes.
 	if stale, _ := filepath.Glob(filepath.Join(dir, pullTempPattern)); len(stale) > 0 {
 		for _, d := range stale {
 			if err := os.RemoveAll(d); err != nil {
-				return 0, "", nil, fmt.Errorf("run %s: remove an interrupted pull: %w", p.Run.Name, err)
+				return r, fmt.Errorf("run %s: remove an interrupted pull: %w", p.Run.Name, err)
 			}
 		}
 		p.Log.Info("removed interrupted checkpoint pulls", zap.String("run", p.Run.Name), zap.Strings("dirs", stale))
@@ -562,44 +531,76 @@ func (p Params) restoreFrom(ctx context.Context, dir string) (step int, source s
 	if _, st, err := trainer.LatestIntactCheckpoint(dir, p.Log); err == nil {
 		local = st.Step
 	} else if !errors.As(err, &lost) && !errors.Is(err, trainer.ErrNoCheckpoint) {
-		return 0, "", nil, err
+		return r, err
 	}
 	if p.Objects != nil {
 		// One listing serves the pull and the segment: the run's lock keeps
 		// any other worker from adding to it meanwhile.
-		steps, err := RemoteSteps(ctx, p.Objects, p.Run.Name)
-		if err != nil {
-			return 0, "", nil, err
+		err := p.ObjectsDown
+		var pulled string
+		pulledStep := -1
+		if err == nil {
+			if r.remote, err = RemoteSteps(ctx, p.Objects, p.Run.Name); err == nil {
+				pulled, pulledStep, err = pullNewestOf(ctx, p.Objects, p.Run.Name, r.remote, local, dir, func(step int, err error) {
+					p.Log.Warn("damaged checkpoint in object storage passed over; trying the one before",
+						zap.String("run", p.Run.Name), zap.Int("step", step), zap.Error(err))
+				})
+			}
 		}
-		remote = steps
-		pulled, pulledStep, err := pullNewestOf(ctx, p.Objects, p.Run.Name, steps, local, dir, func(step int, err error) {
-			p.Log.Warn("damaged checkpoint in object storage passed over; trying the one before",
-				zap.String("run", p.Run.Name), zap.Int("step", step), zap.Error(err))
-		})
+		if store.Unreachable(err) {
+			return p.restoreOffline(ctx, local, err)
+		}
 		if err != nil {
-			return 0, "", nil, err
+			return r, err
+		}
+		if len(r.remote) > 0 {
+			r.newest = r.remote[len(r.remote)-1]
 		}
 		if pulledStep > local {
 			// The checkpoint carries the run's metrics up to its step: the
 			// history continues from there, whatever this disk held.
 			if err := os.Rename(filepath.Join(pulled, results.MetricsFile), filepath.Join(dir, results.MetricsFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return 0, "", nil, fmt.Errorf("restore metrics of run %s: %w", p.Run.Name, err)
+				return r, fmt.Errorf("restore metrics of run %s: %w", p.Run.Name, err)
 			}
 			p.Log.Info("resuming from object storage", zap.String("run", p.Run.Name), zap.Int("step", pulledStep))
-			return pulledStep, "object storage", remote, nil
+			r.step, r.source = pulledStep, "object storage"
+			return r, nil
 		}
 	}
 	if local >= 0 {
 		p.Log.Info("resuming from the local checkpoint", zap.String("run", p.Run.Name), zap.Int("step", local))
-		return local, "local", remote, nil
+		r.step, r.source = local, "local"
+		return r, nil
 	}
 	if len(lost.SetAside) > 0 {
 		// Training from step 0 would overwrite the run's history with a
 		// new one: said once, for good. The damaged checkpoints stay set
 		// aside, so the next enqueue does start the run over.
-		return 0, "", nil, notResumable{fmt.Errorf("run %s: %w, and object storage holds no complete one: to train the run from step 0, enqueue it again ('sched enqueue train %s'; the damaged ones stay beside it as *.damaged)", p.Run.Name, lost, p.Run.Name)}
+		return r, notResumable{fmt.Errorf("run %s: %w, and object storage holds no complete one: to train the run from step 0, enqueue it again ('sched enqueue train %s'; the damaged ones stay beside it as *.damaged)", p.Run.Name, lost, p.Run.Name)}
 	}
-	return 0, "", remote, nil
+	return r, nil
+}
+
+// restoreOffline is restore while object storage does not answer (outage
+// says how): from local, the step of dir's newest intact checkpoint (-1
+// none), when the run's state says object storage holds none newer.
+func (p Params) restoreOffline(ctx context.Context, local int, outage error) (restored, error) {
+	st, known, err := scheduler.ReadRunState(ctx, p.Redis, p.Run.Name)
+	if err != nil || !known {
+		// Without the run's state (a run not begun, or Redis lost it)
+		// nothing says what object storage holds.
+		return restored{}, outage
+	}
+	if local < 0 || local < st.Checkpoint {
+		where := "no checkpoint"
+		if local >= 0 {
+			where = fmt.Sprintf("step %d", local)
+		}
+		return restored{}, fmt.Errorf("run %s: its newest checkpoint, step %d, is in object storage, and this disk holds %s: %w", p.Run.Name, st.Checkpoint, where, outage)
+	}
+	p.Log.Warn("object storage does not answer: resuming from the local checkpoint, as new as any it holds; the uploads catch up once it answers",
+		zap.String("run", p.Run.Name), zap.Int("step", local), zap.Int("recorded_uploaded", st.Checkpoint), zap.String("endpoint", describe(p.Objects)), zap.Error(outage))
+	return restored{step: local, source: "local", unknown: true, newest: st.Checkpoint}, nil
 }
 
 // notResumable is a run that has trained but has no checkpoint left to

@@ -226,14 +226,11 @@ func (u *uploader) settle() bool {
 	for wait := time.Second; unsure; wait = min(2*wait, 30*time.Second) {
 		steps, err := RemoteSteps(u.ctx, u.p.Objects, u.p.Run.Name)
 		if err == nil {
-			have := map[int]bool{}
-			for _, s := range steps {
-				have[s] = true
-			}
+			lacking := u.p.owedSteps(u.dir, u.rc, steps)
 			var owed []int
 			u.mu.Lock()
-			for s := range u.unsure {
-				if !have[s] {
+			for _, s := range lacking {
+				if u.unsure[s] {
 					u.oweLocked(upJob{dir: filepath.Join(u.dir, trainer.StepDir(s)), step: s, keep: true})
 					owed = append(owed, s)
 				}
@@ -243,7 +240,6 @@ func (u *uploader) settle() bool {
 				u.remote = max(u.remote, steps[len(steps)-1])
 			}
 			u.mu.Unlock()
-			sort.Ints(owed)
 			u.log.Info("object storage answers: the retained local checkpoints it lacks are uploaded after the newest", zap.Ints("owed", owed), zap.String("endpoint", u.endpoint))
 			return true
 		}

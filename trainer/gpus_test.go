@@ -37,18 +37,21 @@ func TestRunOnEveryGPUResumesOnOne(t *testing.T) {
 		}
 		return res, got
 	}
+	// The GPUs a group of all of them holds here.
+	gpus := cuda.Devices()
 	_, one := run(1, t.TempDir(), 0, false)
-	_, every := run(GPUCount(model.AllGPUs), t.TempDir(), 0, false)
+	res, every := run(GPUCount(model.AllGPUs), t.TempDir(), 0, false)
+	if res.Devices != gpus {
+		t.Errorf("a run on every GPU says it trained on %d, want the %d here", res.Devices, gpus)
+	}
 	out := t.TempDir()
 	if res, _ := run(GPUCount(model.AllGPUs), out, 3, false); res.Step != 3 {
 		t.Fatalf("bounded run on every GPU stopped at step %d, want 3", res.Step)
 	}
 	res, resumed := run(1, out, 0, true)
-	if !res.Done {
+	if !res.Done || res.Devices != 1 {
 		t.Fatalf("resumed on one GPU: %+v", res)
 	}
-	// The GPUs a group of all of them holds here.
-	gpus := cuda.Devices()
 	for step := 1; step <= total; step++ {
 		w := one[step].LossOr(math.NaN())
 		if gpus == 1 && every[step].LossOr(math.NaN()) != w {

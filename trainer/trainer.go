@@ -72,6 +72,10 @@ type Result struct {
 	Checkpoint string
 	// Done is true when the run reached its total steps.
 	Done bool
+	// Devices is how many GPUs trained (gpus: all is counted only when
+	// the engine starts); 1 for an engine of one device, 0 when no engine
+	// started.
+	Devices int
 }
 
 // NonFiniteError is a loss or gradient norm that is NaN or infinite: the
@@ -260,7 +264,14 @@ func (l *loop) start(s *Snapshot) error {
 }
 
 func (l *loop) result() Result {
-	return Result{Step: l.step, Tokens: l.tokens, Checkpoint: l.lastCk, Done: l.step >= l.rc.TotalSteps}
+	r := Result{Step: l.step, Tokens: l.tokens, Checkpoint: l.lastCk, Done: l.step >= l.rc.TotalSteps}
+	if l.eng != nil {
+		r.Devices = 1
+		if p, ok := l.eng.(model.Parallel); ok {
+			r.Devices = p.Devices()
+		}
+	}
+	return r
 }
 
 func (l *loop) run(ctx context.Context) (Result, error) {

@@ -171,7 +171,7 @@ func TestResumeIsBitIdentical(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !res.Done || res.Step != total || len(want) != total {
+	if !res.Done || res.Step != total || len(want) != total || res.Devices != 1 {
 		t.Fatalf("uninterrupted run: %+v, %d lines", res, len(want))
 	}
 	if want[3].EvalLoss == nil || want[6].EvalLoss == nil || want[2].EvalLoss != nil {

@@ -225,15 +225,37 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 			if errors.As(err, &me) && len(shapes) == 1 {
 				return fmt.Errorf("bench:run %s: %w (%w)", sh, err, asynq.SkipRetry)
 			}
-			c, _ := sh.Config()
-			row = results.BenchRow{Model: sh.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: sh.Batch, Seq: sh.Seq,
-				Accumulate: sh.Accumulate, Precision: sh.Precision, MoE: results.MoEShape(c), GPUs: max(int(t.GPUs), 1), Error: err.Error()}
+			row = failedRow(sh, max(int(t.GPUs), 1), err)
 		}
 		if err := appendBenchRow(ctx, t.Objects, row); err != nil {
 			return err
 		}
+		if row.Error != "" || row.Devices() < 2 {
+			continue
+		}
+		// The same shape on one GPU: the table's scaling efficiency, and
+		// the row a run of one GPU on this host is held to.
+		rep.Report(ctx, (float64(i)+0.5)/float64(len(shapes)), 0, "", "measuring "+sh.String()+" on one GPU, for the scaling")
+		one, err := t.Bench(ctx, BenchSpec{Shape: sh, Engine: engine, Steps: steps, Warmup: warmup, GPUs: 1})
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			one = failedRow(sh, 1, err)
+		}
+		if err := appendBenchRow(ctx, t.Objects, one); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// failedRow is the sweep's row of a shape that could not be measured on
+// gpus GPUs: its shape and why.
+func failedRow(sh runs.Shape, gpus int, err error) results.BenchRow {
+	c, _ := sh.Config()
+	return results.BenchRow{Model: sh.Model, Vocab: c.VocabSize, DModel: c.Hidden, Layers: c.Layers, Batch: sh.Batch, Seq: sh.Seq,
+		Accumulate: sh.Accumulate, Precision: sh.Precision, MoE: results.MoEShape(c), GPUs: gpus, Error: err.Error()}
 }
 
 // appendBenchRow adds one row to BenchKey. Only the GPU worker writes it

@@ -232,7 +232,10 @@ func TestBenchRunAppendsRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A worker of every GPU whose measurement found one measures each
+	// shape once: a second, one-GPU row is for the scaling of several.
 	e.handlers.Training = &Training{Redis: e.rdb, Objects: objects, Runs: runs.Presets(), Dir: t.TempDir(), Bench: cpuBench,
+		GPUs:    trainer.GPUCount(model.AllGPUs),
 		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err }}
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 

@@ -6,7 +6,8 @@
 # MODEL/BATCH/ACCUMULATE/STEPS/EVERY/STOPAT and REQUIRE set the shape
 # (defaults: the GPU's). KILN_GPUS in the environment reaches the worker as
 # compose's does: `KILN_GPUS=all ACCUMULATE=2` trains the run on every GPU
-# of the host (accumulate a multiple of the GPUs). $G holds sched.gz and demo.tgz (a `sched demo` directory's
+# of the host (accumulate a multiple of the GPUs). BENCH=0 leaves out the
+# run's step measured by the worker at the end. $G holds sched.gz and demo.tgz (a `sched demo` directory's
 # tokens/, tokenizers/ and objects/tokenizers/: `sched demo --duration 5s
 # --dir D`, then `tar czf demo.tgz -C D tokens tokenizers
 # objects/tokenizers`); redis-server on PATH (carried with its libraries
@@ -54,6 +55,14 @@ log restart; worker
 for i in $(seq 1 600); do sched status 2>/dev/null | grep -q '^live  done' && break; sleep 0.5; done
 log done; sched status 2>&1 | sed -n '/^RUNS/,/^FAILURES/p'
 sched runs 2>&1 | head -8
+# The run's own step measured by the worker, as `sched enqueue bench RUN`
+# queues it: on several GPUs, a row for all of them and one for one GPU,
+# with the scaling between them.
+if [ "${BENCH:-1}" = 1 ]; then
+  log bench; sched enqueue bench live 2>&1 | tail -2
+  for i in $(seq 1 1200); do sched runs 2>/dev/null | grep -q 'bench:run.*completed' && break; sleep 0.5; done
+  sched runs 2>&1 | grep 'bench:run'; sched results bench 2>&1
+fi
 kill -TERM $WPID; wait $WPID
 log worker-log; grep -E '"msg":"(gpu|cuda|step|worker started|resuming[^"]*|checkpoint[^"]*|this worker[^"]*)"' $OUT/worker.log | cut -c1-260 | awk 'NR<=6 || /resum|stop|gpu|cuda/ || NR%20==0' | head -60
 python3 - $D/runs/live/metrics.jsonl <<'PY'

@@ -146,7 +146,32 @@ func FindBench(rows []BenchRow, shape BenchRow) BenchRow {
 // while other processes used at least BusyCPU of the machine.
 func (r BenchRow) CPUBusy() bool { return r.Device == "" && r.OtherCPU >= BusyCPU }
 
-// BenchTable renders the sweep as a Markdown table.
+// OneGPU returns the row of r's shape measured on one GPU of the same
+// kind, with the same micro-batches a step (so the same global batch), or
+// the zero row: the figure r's scaling is counted against.
+func OneGPU(rows []BenchRow, r BenchRow) BenchRow {
+	for _, o := range rows {
+		if o.Devices() == 1 && o.Error == "" && o.Device == r.Device && o.Vocab == r.Vocab && o.DModel == r.DModel && o.Layers == r.Layers &&
+			o.Batch == r.Batch && o.Seq == r.Seq && o.MoE == r.MoE && o.Accumulate == r.Accumulate && o.Precision == r.Precision {
+			return o
+		}
+	}
+	return BenchRow{}
+}
+
+// Scaling is r's tokens per second over what its GPUs would train at one
+// GPU's rate (one's): 1 is linear. 0 where either is unknown.
+func (r BenchRow) Scaling(one BenchRow) float64 {
+	if r.Error != "" || r.TokPerSec <= 0 || one.TokPerSec <= 0 {
+		return 0
+	}
+	return r.TokPerSec / (float64(r.Devices()) * one.TokPerSec)
+}
+
+// BenchTable renders the sweep as a Markdown table. A row of several GPUs
+// shows its rate per GPU and its scaling against the row of one GPU of the
+// same shape, where the sweep measured one (it does on a worker of several
+// GPUs).
 func BenchTable(rows []BenchRow) string {
 	var b strings.Builder
 	var out [][]string
@@ -155,11 +180,18 @@ func BenchTable(rows []BenchRow) string {
 		if name == "" {
 			name = "-"
 		}
-		tps, mem, mfu, idle := "-", "-", "-", "no"
+		tps, perGPU, scaling, mem, mfu, idle := "-", "-", "-", "-", "-", "no"
 		if r.Error != "" {
 			tps = "error: " + r.Error
 		} else {
 			tps = fmt.Sprintf("%.0f", r.TokPerSec)
+			perGPU = fmt.Sprintf("%.0f", r.TokPerSec/float64(r.Devices()))
+			if r.Devices() > 1 {
+				if one := OneGPU(rows, r); one.TokPerSec > 0 {
+					sc := r.Scaling(one)
+					scaling = fmt.Sprintf("%.1f%% (%.2fx one GPU)", sc*100, sc*float64(r.Devices()))
+				}
+			}
 			mem = fmt.Sprintf("%.2f GiB", float64(r.PeakMemory)/(1<<30))
 			if r.MFU > 0 {
 				mfu = fmt.Sprintf("%.1f%%", r.MFU*100)
@@ -181,8 +213,8 @@ func BenchTable(rows []BenchRow) string {
 			others = fmt.Sprintf("%.0f%%", r.OtherCPU*100)
 		}
 		out = append(out, []string{name, fmt.Sprint(r.Vocab), fmt.Sprint(r.DModel), fmt.Sprint(r.Layers), experts,
-			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.MicroBatches()), precision, fmt.Sprint(r.Devices()), tps, mem, mfu, idle, others})
+			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.MicroBatches()), precision, fmt.Sprint(r.Devices()), tps, perGPU, scaling, mem, mfu, idle, others})
 	}
-	table(&b, []string{"model", "vocab", "d_model", "layers", "experts", "batch", "seq", "accumulate", "precision", "GPUs", "tok/s", "peak memory", "MFU", "GPU idle", "others' CPU"}, out)
+	table(&b, []string{"model", "vocab", "d_model", "layers", "experts", "batch", "seq", "accumulate", "precision", "GPUs", "tok/s", "tok/s per GPU", "scaling", "peak memory", "MFU", "GPU idle", "others' CPU"}, out)
 	return b.String()
 }

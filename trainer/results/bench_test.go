@@ -1,6 +1,7 @@
 package results
 
 import (
+	"math"
 	"strings"
 	"testing"
 )
@@ -102,5 +103,76 @@ func TestFindBenchMatchesTheRunsStep(t *testing.T) {
 func TestReadBenchNamesBadLine(t *testing.T) {
 	if _, err := ReadBench(strings.NewReader("{}\n{oops\n")); err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Fatalf("want an error naming line 2, got %v", err)
+	}
+}
+
+// A sweep on a worker of several GPUs measures each shape on all of them
+// and on one: the table gives the rate per GPU and the scaling against
+// the one-GPU row of the same shape and kind of GPU, at the same global
+// batch.
+func TestBenchTableShowsTheScalingOfSeveralGPUs(t *testing.T) {
+	in := `{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":32,"seq":1024,"tok_per_sec":3420000,"precision":"bf16","gpus":2,"device":"NVIDIA H200","gpu_idle":true}
+{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":32,"seq":1024,"tok_per_sec":1800000,"precision":"bf16","gpus":1,"device":"NVIDIA H200","gpu_idle":true}
+{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":3100000,"accumulate":16,"precision":"bf16","gpus":2,"device":"NVIDIA H200","gpu_idle":true}
+{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":1600000,"precision":"bf16","gpus":1,"device":"NVIDIA H200","gpu_idle":true}
+{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":8,"seq":1024,"tok_per_sec":1550000,"accumulate":16,"precision":"bf16","gpus":1,"device":"NVIDIA RTX 3060","gpu_idle":true}
+{"model":"base","vocab":16384,"d_model":768,"layers":12,"batch":16,"seq":1024,"tok_per_sec":1000000,"precision":"bf16","gpus":2,"device":"NVIDIA H200","gpu_idle":true}
+{"model":"base","vocab":16384,"d_model":768,"layers":12,"batch":16,"seq":1024,"precision":"bf16","gpus":1,"device":"NVIDIA H200","error":"out of memory"}
+`
+	rows, err := ReadBench(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 7 {
+		t.Fatalf("got %d rows, want 7", len(rows))
+	}
+	one := OneGPU(rows, rows[0])
+	if one.TokPerSec != 1800000 {
+		t.Fatalf("small 32 on 2 GPUs is counted against %v, want the one-GPU row's 1800000", one.TokPerSec)
+	}
+	if sc := rows[0].Scaling(one); math.Abs(sc-0.95) > 1e-12 {
+		t.Errorf("scaling %v, want 3420000 / (2 x 1800000) = 0.95", sc)
+	}
+	// The pilot's step on 2 GPUs: no row of one H200 at 16 micro-batches
+	// (one of another step, one of another GPU), and base's one-GPU row
+	// failed. Neither has a scaling.
+	for _, r := range []BenchRow{rows[2], rows[5]} {
+		if o := OneGPU(rows, r); o.TokPerSec != 0 {
+			t.Errorf("%s %dx%d on 2 GPUs counted against %+v", r.Model, r.Batch, r.Seq, o)
+		}
+	}
+	tab := BenchTable(rows)
+	lines := strings.Split(strings.TrimSpace(tab), "\n")
+	cells := func(line string) []string {
+		cs := strings.Split(strings.Trim(line, "|"), "|")
+		for i := range cs {
+			cs[i] = strings.TrimSpace(cs[i])
+		}
+		return cs
+	}
+	head := cells(lines[0])
+	col := func(name string) int {
+		for i, h := range head {
+			if h == name {
+				return i
+			}
+		}
+		t.Fatalf("the table has no column %q: %v", name, head)
+		return -1
+	}
+	total, perGPU, scaling := col("tok/s"), col("tok/s per GPU"), col("scaling")
+	for i, want := range [][3]string{
+		{"3420000", "1710000", "95.0% (1.90x one GPU)"},
+		{"1800000", "1800000", "-"},
+		{"3100000", "1550000", "-"},
+		{"1600000", "1600000", "-"},
+		{"1550000", "1550000", "-"},
+		{"1000000", "500000", "-"},
+		{"error: out of memory", "-", "-"},
+	} {
+		row := cells(lines[2+i])
+		if got := [3]string{row[total], row[perGPU], row[scaling]}; got != want {
+			t.Errorf("row %d: tok/s, per GPU, scaling %q, want %q", i+1, got, want)
+		}
 	}
 }

@@ -187,6 +187,8 @@ type Outcome struct {
 	// Began is when this segment began, after its restore: its event
 	// file's time, and the origin of its metrics' elapsed_s.
 	Began time.Time
+	// Devices is how many GPUs this segment trained on (trainer.Result's).
+	Devices int
 }
 
 // RunDir is the local directory of run under root.
@@ -347,7 +349,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		Run: rc, Out: dir, Resume: true, Data: data, Engine: p.Engine, Tokenizer: p.Tokenizer,
 		MaxSteps: p.Run.Segment.MaxSteps, MaxDuration: p.Run.Segment.MaxDuration, PeakFLOPS: p.PeakFLOPS, Log: log,
 	}, hooks)
-	out.Step, out.Done, out.Checkpoint = res.Step, res.Done, res.Checkpoint
+	out.Step, out.Done, out.Checkpoint, out.Devices = res.Step, res.Done, res.Checkpoint, res.Devices
 	out.Wall = wall()
 
 	// Training is over and the run goes on: what is owed object storage

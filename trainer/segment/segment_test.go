@@ -693,3 +693,26 @@ func TestEveryCheckpointDamagedAndNoneRemoteStopsTheSegment(t *testing.T) {
 		t.Fatalf("third segment: %+v %v; want the run started over", out, err)
 	}
 }
+
+// A run is held to the bench row of as many GPUs as it trains on: for
+// gpus: all, the GPUs its segment found, since a sweep on a host of
+// several holds a row for one GPU beside theirs.
+func TestTheThroughputGateReadsTheRowOfTheRunsGPUs(t *testing.T) {
+	for _, c := range []struct {
+		configured trainer.GPUCount
+		devices    int
+		want       int
+	}{
+		{0, 1, 1},
+		{0, 0, 1},
+		{2, 2, 2},
+		{trainer.GPUCount(model.AllGPUs), 2, 2},
+		{trainer.GPUCount(model.AllGPUs), 1, 1},
+		// No engine started: any row of the shape.
+		{trainer.GPUCount(model.AllGPUs), 0, 0},
+	} {
+		if got := benchGPUs(c.configured, c.devices); got != c.want {
+			t.Errorf("gpus %v on %d device(s): the row of %d GPU(s), want %d", c.configured, c.devices, got, c.want)
+		}
+	}
+}

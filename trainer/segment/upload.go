@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -604,6 +605,20 @@ func freeSpace(dir string) (int64, error) {
 
 // writeResults writes summary.md and loss.svg beside metrics.jsonl and
 // uploads the three to results/<run>/.
+// benchGPUs is the GPU count of the bench row a run is held to: the
+// run's, one where it sets none, and for gpus: all the GPUs its segment
+// found (a sweep on several GPUs holds a row for one beside theirs), or
+// any count (0) where the segment started none.
+func benchGPUs(configured trainer.GPUCount, devices int) int {
+	switch {
+	case configured == 0:
+		return 1
+	case int(configured) == model.AllGPUs:
+		return devices
+	}
+	return int(configured)
+}
+
 func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConfig, out Outcome, log *zap.Logger) error {
 	f, err := os.Open(filepath.Join(dir, results.MetricsFile))
 	if errors.Is(err, os.ErrNotExist) {
@@ -624,14 +639,10 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	fig := s.Figures()
 	var bench results.BenchRow
 	if mc, err := rc.ModelConfig(); err == nil {
-		gpus := max(int(rc.GPUs), 0) // all: any count
-		if rc.GPUs == 0 {
-			gpus = 1
-		}
 		// The bench's step must be the run's: the optimizer's share of a
 		// step shrinks with its micro-batches, and one micro-batch of
 		// batch x accumulate is a different step again.
-		bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, rc.Accumulate, gpus, rc.Precision))
+		bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, rc.Accumulate, benchGPUs(rc.GPUs, out.Devices), rc.Precision))
 	}
 	s.Gates = []results.Gate{results.SmoothGate(recs, rc.Warmup), results.FallingGate(recs)}
 	gen := results.GenerationGate(nil)

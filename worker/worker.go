@@ -80,6 +80,8 @@ type Worker struct {
 	// without the slot the next gpu task would start beside it, two CUDA
 	// contexts on a card sized for one.
 	slots map[string]chan struct{}
+	// down folds the task queue's errors while Redis does not answer.
+	down *redisDown
 }
 
 // ParseQueues reads "ingest=4,append=1,gpu=1".
@@ -168,6 +170,7 @@ func New(p Params) (*Worker, error) {
 	w := &Worker{p: p, set: set, iso: iso, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
 	w.drain, w.cancelDrain = context.WithCancel(context.Background())
 	w.slots = map[string]chan struct{}{}
+	w.down = newRedisDown(p.Logger, redisAddr(p.Redis), func(ctx context.Context) error { return w.rdb.Ping(ctx).Err() })
 	for q, n := range p.Queues {
 		w.slots[q] = make(chan struct{}, n)
 		w.queues = append(w.queues, q)
@@ -179,7 +182,7 @@ func New(p Params) (*Worker, error) {
 			IsFailure:                isFailure,
 			DelayedTaskCheckInterval: p.DelayedTaskCheckInterval,
 			TaskCheckInterval:        p.TaskCheckInterval,
-			Logger:                   asynqLogger{p.Logger.Sugar().With("queue", q)},
+			Logger:                   asynqLogger{p.Logger.Sugar().With("queue", q), w.down},
 			LogLevel:                 asynq.WarnLevel,
 		}))
 	}
@@ -217,6 +220,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	for range w.servers {
 		<-done
 	}
+	w.down.close()
 	w.p.Logger.Info("worker stopped")
 	return w.rdb.Close()
 }
@@ -374,11 +378,39 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 	})
 }
 
-// asynqLogger routes asynq's own logs into zap.
-type asynqLogger struct{ s *zap.SugaredLogger }
+// asynqLogger routes asynq's own logs into zap, leaving out its warnings
+// and errors that only repeat that Redis does not answer (redisDown says
+// that).
+type asynqLogger struct {
+	s    *zap.SugaredLogger
+	down *redisDown
+}
 
 func (l asynqLogger) Debug(args ...any) { l.s.Debug(args...) }
 func (l asynqLogger) Info(args ...any)  { l.s.Info(args...) }
-func (l asynqLogger) Warn(args ...any)  { l.s.Warn(args...) }
-func (l asynqLogger) Error(args ...any) { l.s.Error(args...) }
+func (l asynqLogger) Warn(args ...any) {
+	if !l.down.hide(fmt.Sprint(args...)) {
+		l.s.Warn(args...)
+	}
+}
+func (l asynqLogger) Error(args ...any) {
+	if !l.down.hide(fmt.Sprint(args...)) {
+		l.s.Error(args...)
+	}
+}
 func (l asynqLogger) Fatal(args ...any) { l.s.Fatal(args...) }
+
+// redisAddr names the Redis that opt reaches, for the log (no password).
+func redisAddr(opt asynq.RedisConnOpt) string {
+	switch o := opt.(type) {
+	case asynq.RedisClientOpt:
+		return o.Addr
+	case *asynq.RedisClientOpt:
+		return o.Addr
+	case asynq.RedisFailoverClientOpt:
+		return "sentinel master " + o.MasterName
+	case asynq.RedisClusterClientOpt:
+		return strings.Join(o.Addrs, ",")
+	}
+	return fmt.Sprintf("%T", opt)
+}

@@ -21,14 +21,45 @@ import (
 // Unmarshal decodes the YAML document b onto v (a pointer). An empty
 // document leaves v as it is.
 func Unmarshal(b []byte, v any) error {
-	var doc yaml.Node
-	if err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
+	doc, err := Parse(b)
+	if err != nil || len(doc.Content) == 0 {
 		return err
 	}
-	return Decode(&doc, v)
+	return Decode(doc, v)
+}
+
+// Parse reads the YAML document b into its node (of no content when b
+// holds none). A tab in the indentation, which YAML forbids and an editor
+// can put there unseen, is named on its own line: yaml names the line
+// before it, or no tab at all.
+func Parse(b []byte) (*yaml.Node, error) {
+	var doc yaml.Node
+	err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc)
+	switch {
+	case errors.Is(err, io.EOF):
+		return &yaml.Node{Kind: yaml.DocumentNode}, nil
+	case err != nil:
+		return nil, tabbed(b, err)
+	}
+	return &doc, nil
+}
+
+// tabbed returns yaml's syntax error err as a tab in the indentation of
+// the line it is on, where yaml's line (or the next) begins with one.
+func tabbed(b []byte, err error) error {
+	var at int
+	if _, scanErr := fmt.Sscanf(err.Error(), "yaml: line %d:", &at); scanErr != nil {
+		return err
+	}
+	lines := bytes.Split(b, []byte("\n"))
+	for n := at; n <= at+1 && n <= len(lines); n++ {
+		line := lines[n-1]
+		indent := line[:len(line)-len(bytes.TrimLeft(line, " \t"))]
+		if bytes.IndexByte(indent, '\t') >= 0 && len(indent) < len(line) {
+			return fmt.Errorf("yaml: line %d: a tab in the indentation: YAML indents with spaces only, so replace it with spaces", n)
+		}
+	}
+	return err
 }
 
 // Decode decodes n onto v (a pointer) as yaml.Node.Decode does, after

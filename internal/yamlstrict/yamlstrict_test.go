@@ -127,3 +127,29 @@ func TestClosest(t *testing.T) {
 		}
 	}
 }
+
+// yaml names the line before a tab in the indentation, or says nothing of
+// a tab; the error names the tab's own line.
+func TestATabInTheIndentationIsNamedOnItsLine(t *testing.T) {
+	for _, c := range []struct{ doc, want string }{
+		{"model: tiny\nsegment:\n  max_steps: 5\n\tmax_duration: 90m\n", "yaml: line 4: a tab in the indentation: YAML indents with spaces only, so replace it with spaces"},
+		{"model: tiny\n\tlr: 1\n", "yaml: line 2: a tab in the indentation"},
+		{"mixture:\n\t- store: code\n", "yaml: line 2: a tab in the indentation"},
+		{"model: tiny\nsegment:\n    \t max_steps: 5\n", "yaml: line 3: a tab in the indentation"},
+		// Other syntax errors are yaml's; a tab elsewhere is no cause.
+		{"model: [tiny\nlr:\t1\n", "did not find expected ',' or ']'"},
+	} {
+		var cf config
+		err := Unmarshal([]byte(c.doc), &cf)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: got %v, want an error containing %q", c.doc, err, c.want)
+		}
+	}
+	// Tabs inside a value are the value's.
+	var v struct {
+		Text string `yaml:"text"`
+	}
+	if err := Unmarshal([]byte("text: |\n  a\tb\n"), &v); err != nil || v.Text != "a\tb\n" {
+		t.Errorf("a tab inside a block scalar: %q, %v", v.Text, err)
+	}
+}

@@ -179,8 +179,8 @@ func parse(b []byte, source string, base Set) (Set, error) {
 	for n, r := range base {
 		out[n] = r
 	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil {
+	doc, err := yamlstrict.Parse(b)
+	if err != nil {
 		return nil, inputError{fmt.Errorf("runs file %s: %w", source, err)}
 	}
 	if len(doc.Content) == 0 {

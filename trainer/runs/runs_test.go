@@ -139,6 +139,8 @@ func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 		{"- a\n- b\n", "map run names"},
 		{"pilot:\n  min_free_disk: lots\n", `run pilot: line 2: size "lots" is not a number of bytes with an optional unit, such as 50G or 512MiB`},
 		{"pilot: [\n", "runs file"},
+		// A tab an editor put in the indentation is named on its own line.
+		{"mine:\n  from: pilot\n\ttotal_steps: 10\n", "line 3: a tab in the indentation: YAML indents with spaces only"},
 		// A run's name becomes a directory and an object key: the rule
 		// every name kiln is given follows.
 		{"pilot:\n  lr: 1\nmy run:\n  from: pilot\n", `line 3: run name "my run": use letters, digits, '-', '_' or '.'`},

@@ -21,6 +21,8 @@ type RunState struct {
 	// EvalLoss is the last held-out loss (0 none yet).
 	EvalLoss float64
 	TokPerS  float64
+	// GPUs is how many GPUs trained at TokPerS (0 unrecorded: one).
+	GPUs int
 	// ETA is the time left at the last logged throughput (0 unknown).
 	ETA time.Duration
 	// Checkpoint is the step of the newest checkpoint marked complete in
@@ -72,6 +74,7 @@ func parseRunState(run string, h map[string]string) RunState {
 	s.Tokens, _ = strconv.ParseInt(h["tokens"], 10, 64)
 	s.Loss, _ = strconv.ParseFloat(h["loss"], 64)
 	s.TokPerS, _ = strconv.ParseFloat(h["tok_per_s"], 64)
+	s.GPUs, _ = strconv.Atoi(h["gpus"])
 	s.EvalLoss, _ = strconv.ParseFloat(h["eval_loss"], 64)
 	s.UploadSeconds, _ = strconv.ParseFloat(h["checkpoint_upload_s"], 64)
 	if v, err := strconv.ParseFloat(h["eta_s"], 64); err == nil {
@@ -88,6 +91,14 @@ func parseRunState(run string, h map[string]string) RunState {
 	return s
 }
 
+// OnGPUs is " on N GPUs" where the run's rate is that of several, or "".
+func (s RunState) OnGPUs() string {
+	if s.GPUs > 1 {
+		return fmt.Sprintf(" on %d GPUs", s.GPUs)
+	}
+	return ""
+}
+
 // String is the run's one-line status: step/total, loss, tok/s, ETA and
 // last checkpoint.
 func (s RunState) String() string {
@@ -97,7 +108,7 @@ func (s RunState) String() string {
 		fmt.Fprintf(&b, ", loss %.4f", s.Loss)
 	}
 	if s.TokPerS > 0 {
-		fmt.Fprintf(&b, ", %.0f tok/s", s.TokPerS)
+		fmt.Fprintf(&b, ", %.0f tok/s%s", s.TokPerS, s.OnGPUs())
 	}
 	switch {
 	case s.Done:

@@ -12,6 +12,12 @@ func TestRunStateLine(t *testing.T) {
 	if got := parseRunState("x", map[string]string{"step": "10", "total": "100", "loss": "3.5", "tok_per_s": "1000", "eta_s": "7200"}).String(); got != "x: step 10/100, loss 3.5000, 1000 tok/s, ETA 2h0m0s, no checkpoint yet" {
 		t.Errorf("status line %q", got)
 	}
+	// The rate of several GPUs says how many; that of one says nothing.
+	for gpus, want := range map[string]string{"2": "x: step 10/100, 2000 tok/s on 2 GPUs, ETA", "1": "x: step 10/100, 2000 tok/s, ETA"} {
+		if got := parseRunState("x", map[string]string{"step": "10", "total": "100", "tok_per_s": "2000", "gpus": gpus, "eta_s": "60"}).String(); !strings.HasPrefix(got, want) {
+			t.Errorf("gpus %s: status line %q, want it to begin %q", gpus, got, want)
+		}
+	}
 }
 
 // A run's newest segment is the live one, whatever step a finished one

@@ -68,6 +68,10 @@ func TestRunOnEveryGPUResumesOnOne(t *testing.T) {
 			if d := math.Abs(g.LossOr(math.NaN()) - w); !(d <= 0.01*math.Abs(w)) {
 				t.Errorf("step %d: %s loss %.6g, one GPU %.6g", step, name, g.LossOr(math.NaN()), w)
 			}
+			// A line says how many GPUs its rate is of, where several.
+			if want := map[bool]int{true: gpus, false: 0}[name == "every GPU" && gpus > 1]; g.GPUs != want || one[step].GPUs != 0 {
+				t.Errorf("step %d: %s's line says gpus %d (one GPU's %d), want %d", step, name, g.GPUs, one[step].GPUs, want)
+			}
 			t.Logf("step %d: one GPU %.9g, %s %.9g", step, w, name, g.LossOr(math.NaN()))
 		}
 	}

@@ -33,9 +33,12 @@ type Metrics struct {
 	ExpertShare []float64 `json:"expert_share,omitempty"`
 	LR          float64   `json:"lr,omitempty"`
 	GradNorm    float64   `json:"grad_norm,omitempty"`
-	TokPerSec   float64   `json:"tok_per_s,omitempty"`
-	// MFU is the model FLOP utilisation, absent where the device's peak is
-	// unknown (the CPU).
+	// TokPerSec is every GPU's together; GPUs says how many trained, where
+	// more than one.
+	TokPerSec float64 `json:"tok_per_s,omitempty"`
+	GPUs      int     `json:"gpus,omitempty"`
+	// MFU is the model FLOP utilisation of each device, absent where the
+	// device's peak is unknown (the CPU).
 	MFU *float64 `json:"mfu,omitempty"`
 	// EvalLoss is set on steps that ran an evaluation.
 	EvalLoss *float64 `json:"eval_loss,omitempty"`

@@ -266,12 +266,17 @@ func (l *loop) start(s *Snapshot) error {
 func (l *loop) result() Result {
 	r := Result{Step: l.step, Tokens: l.tokens, Checkpoint: l.lastCk, Done: l.step >= l.rc.TotalSteps}
 	if l.eng != nil {
-		r.Devices = 1
-		if p, ok := l.eng.(model.Parallel); ok {
-			r.Devices = p.Devices()
-		}
+		r.Devices = l.devices()
 	}
 	return r
+}
+
+// devices is how many devices the engine trains on: its GPUs, or 1.
+func (l *loop) devices() int {
+	if p, ok := l.eng.(model.Parallel); ok {
+		return p.Devices()
+	}
+	return 1
 }
 
 func (l *loop) run(ctx context.Context) (Result, error) {
@@ -530,9 +535,14 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 		tps = float64(l.tokens-l.markTok) / d.Seconds()
 	}
 	loss, ppl := m.Loss, math.Exp(m.Loss)
+	// The peak is one device's: on several, each trains its share.
+	gpus := l.devices()
 	line := Metrics{Step: l.step, Tokens: l.tokens, Loss: &loss, PPL: &ppl, LR: lr, GradNorm: m.GradNorm,
-		TokPerSec: tps, MFU: MFU(tps, FLOPsPerToken(l.mc, l.rc.Seq), l.cfg.PeakFLOPS),
+		TokPerSec: tps, MFU: MFU(tps/float64(gpus), FLOPsPerToken(l.mc, l.rc.Seq), l.cfg.PeakFLOPS),
 		PeakMemory: l.eng.Memory().PeakAllocated, ElapsedS: now.Sub(l.began).Seconds()}
+	if gpus > 1 {
+		line.GPUs = gpus
+	}
 	if l.mc.MoE() {
 		aux := m.AuxLoss
 		line.AuxLoss, line.ExpertShare = &aux, m.ExpertShare

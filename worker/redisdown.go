@@ -25,9 +25,14 @@ type redisDown struct {
 	// the log says it still is.
 	every, remind time.Duration
 
-	mu     sync.Mutex
-	since  time.Time // when it stopped answering; zero while it answers
-	hidden int       // the queue's errors left out since then
+	mu sync.Mutex
+	// since is when the queue's first error of a possible outage came
+	// (zero while Redis answers); first is that error, and said whether
+	// a ping has confirmed the outage and the log said so.
+	since  time.Time
+	first  string
+	said   bool
+	hidden int // the queue's errors left out since then
 	closed bool
 	stop   chan struct{}
 	done   chan struct{} // closed when the watch that runs while down ends
@@ -57,8 +62,8 @@ func unreachable(msg string) bool {
 	return false
 }
 
-// hide reports whether the queue's error msg is one of an outage, already
-// said or said now: the first starts the watch for Redis's return.
+// hide reports whether the queue's error msg is one of an outage, which
+// the watch it starts (or that runs) says instead.
 func (d *redisDown) hide(msg string) bool {
 	if !unreachable(msg) {
 		return false
@@ -72,47 +77,57 @@ func (d *redisDown) hide(msg string) bool {
 	if d.closed {
 		return false
 	}
-	d.since, d.hidden = time.Now(), 0
+	d.since, d.first, d.said, d.hidden = time.Now(), msg, false, 0
 	d.done = make(chan struct{})
-	d.log.Warn("Redis does not answer: the worker waits for it and takes no new task; tasks in progress go on "+
-		"(a training segment stops at a step boundary if Redis stays down past its run's lock lease). "+
-		"The task queue's errors about it are left out until Redis answers",
-		zap.String("redis", d.addr), zap.String("error", msg))
 	go d.watch(d.done)
 	return true
 }
 
-// watch asks Redis every d.every until it answers, reminding the log
-// every d.remind, and then says how long it was down.
+// watch asks Redis at once and then every d.every until it answers. An
+// outage it confirms is said once, reminded every d.remind, and its end
+// said with how long it lasted. An error of the queue that Redis
+// answering at once belies (a command that failed just before Redis came
+// back, logged after) is no outage, and is only logged at debug level.
 func (d *redisDown) watch(done chan struct{}) {
 	defer close(done)
 	t := time.NewTicker(d.every)
 	defer t.Stop()
-	last := time.Now()
+	var last time.Time
 	for {
-		select {
-		case <-d.stop:
-			return
-		case <-t.C:
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), d.every)
 		err := d.ping(ctx)
 		cancel()
 		d.mu.Lock()
 		down := time.Since(d.since).Round(time.Second)
-		if err == nil {
+		switch {
+		case err == nil && d.said:
 			d.log.Info("Redis answers again", zap.String("redis", d.addr), zap.Duration("down", down),
 				zap.Int("errors_left_out", d.hidden))
-			d.since = time.Time{}
-			d.mu.Unlock()
-			return
-		}
-		if time.Since(last) >= d.remind {
+		case err == nil:
+			d.log.Debug("the task queue's error, with Redis answering", zap.String("redis", d.addr), zap.String("error", d.first),
+				zap.Int("errors_left_out", d.hidden))
+		case !d.said:
+			d.said, last = true, time.Now()
+			d.log.Warn("Redis does not answer: the worker waits for it and takes no new task; tasks in progress go on "+
+				"(a training segment stops at a step boundary if Redis stays down past its run's lock lease). "+
+				"The task queue's errors about it are left out until Redis answers",
+				zap.String("redis", d.addr), zap.String("error", d.first), zap.NamedError("ping", err))
+		case time.Since(last) >= d.remind:
 			last = time.Now()
 			d.log.Warn(fmt.Sprintf("Redis still does not answer after %s: the worker waits for it", down),
 				zap.String("redis", d.addr), zap.Error(err), zap.Int("errors_left_out", d.hidden))
 		}
+		if err == nil {
+			d.since = time.Time{}
+			d.mu.Unlock()
+			return
+		}
 		d.mu.Unlock()
+		select {
+		case <-d.stop:
+			return
+		case <-t.C:
+		}
 	}
 }
 

@@ -101,3 +101,31 @@ func TestUnreachableKnowsRedisNotAnswering(t *testing.T) {
 		}
 	}
 }
+
+// A connection error of the task queue logged while Redis answers (a
+// command that failed just before Redis came back, logged after) is no
+// outage: the log says nothing of one, and keeps the error at debug level.
+func TestAnErrorWhileRedisAnswersIsNoOutage(t *testing.T) {
+	e := newEnv(t)
+	core, logs := observer.New(zapcore.DebugLevel)
+	d := newRedisDown(zap.New(core), e.redis.Addr, func(ctx context.Context) error { return e.rdb.Ping(ctx).Err() })
+	t.Cleanup(d.close)
+	stale := "Dequeue error: UNKNOWN: redis eval error: dial tcp " + e.redis.Addr + ": connect: connection refused"
+	if !d.hide(stale) {
+		t.Fatal("a connection error of the queue was logged as it came")
+	}
+	d.mu.Lock()
+	done := d.done
+	d.mu.Unlock()
+	<-done
+	if n := logs.FilterLevelExact(zapcore.WarnLevel).Len() + logs.FilterLevelExact(zapcore.InfoLevel).Len(); n != 0 {
+		t.Errorf("%d lines at info or above for an error with Redis answering: %v", n, logs.All())
+	}
+	if dbg := logs.FilterMessageSnippet("with Redis answering").All(); len(dbg) != 1 || dbg[0].ContextMap()["error"] != stale {
+		t.Errorf("debug lines %v, want the error once", dbg)
+	}
+	// The watch ended: a later error starts one again.
+	if !d.hide("Failed to write server state data: UNKNOWN: redis command error: SADD failed: " + stale) {
+		t.Error("the next connection error was logged as it came")
+	}
+}

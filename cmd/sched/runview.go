@@ -159,7 +159,7 @@ func (v runView) line(now time.Time) string {
 			parts = append(parts, fmt.Sprintf("loss %.4f", v.Loss))
 		}
 		if v.Status == runTraining && v.TokPerS > 0 {
-			parts = append(parts, formatRate(v.TokPerS, "tok"))
+			parts = append(parts, formatRate(v.TokPerS, "tok")+v.OnGPUs())
 		}
 		if v.ETA > 0 {
 			parts = append(parts, "ETA "+formatETA(v.ETA))

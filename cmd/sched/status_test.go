@@ -425,4 +425,9 @@ func TestARunsLineShowsNoCheckpointAheadOfItsStep(t *testing.T) {
 	if !strings.Contains(line, "step 60/1000 (6.0%)  loss 7.6059  ") {
 		t.Errorf("line %q; want step 60 with its loss", line)
 	}
+	// A run on several GPUs says how many beside its rate.
+	v.TokPerS, v.GPUs = 3.3e6, 2
+	if line = v.line(now); !strings.Contains(line, "  3.3M tok/s on 2 GPUs  ") {
+		t.Errorf("line %q; want its rate on 2 GPUs", line)
+	}
 }

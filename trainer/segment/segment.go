@@ -672,6 +672,8 @@ func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig
 	}
 	if m.TokPerSec > 0 {
 		f["tok_per_s"] = strconv.FormatFloat(m.TokPerSec, 'f', 0, 64)
+		// Beside the rate, always: a run resumed on fewer GPUs says so.
+		f["gpus"] = strconv.Itoa(max(m.GPUs, 1))
 		left := float64(rc.TotalSteps-m.Step) * float64(rc.TokensPerStep()) / m.TokPerSec
 		f["eta_s"] = strconv.FormatFloat(left, 'f', 0, 64)
 	}

@@ -27,12 +27,17 @@ type Group struct {
 	cfg   model.Config
 	ranks []*Engine
 	nccl  *cuda.NCCL
-	comms []*cuda.Comm
 	// next is how many micro-batches this step has queued.
 	next int
+	// mu guards comms and broken, which a failing rank or the hang watch
+	// changes while the other ranks run.
+	mu    sync.Mutex
+	comms []*cuda.Comm
 	// broken is the error that aborted the communicators: the group
 	// cannot train on, and every call returns it.
 	broken error
+	// unhang unregisters the group's abort from the hang watch.
+	unhang func()
 }
 
 // NewGroup makes a Group over the first o.GPUs GPUs (every GPU the driver
@@ -81,6 +86,11 @@ func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
 		g.Close()
 		return nil, err
 	}
+	// A wait for a collective that a hung or lost GPU will never join
+	// ends when the hang watch aborts the communicators.
+	g.unhang = cuda.OnHang(func() {
+		g.abort(fmt.Errorf("a wait for the GPUs lasted KILN_CUDA_HANG_TIMEOUT (%s)", cuda.HangTimeout()))
+	})
 	return g, nil
 }
 
@@ -105,11 +115,14 @@ func (g *Group) join() error {
 }
 
 // each runs f for every rank at once and waits for all. An error on any
-// rank aborts the communicators, so that no rank is left waiting in a
-// collective for one that will not come.
+// rank aborts the communicators at once, so that no rank is left waiting
+// in a collective for one that will not come. A call during which the
+// communicators were aborted fails even where every rank returned: an
+// aborted collective ends without an error, its sums part made, so what
+// the ranks read or did after it must not count.
 func (g *Group) each(f func(r int, e *Engine) error) error {
-	if g.broken != nil {
-		return g.broken
+	if err := g.brokenErr(); err != nil {
+		return err
 	}
 	errs := make([]error, len(g.ranks))
 	var wg sync.WaitGroup
@@ -119,30 +132,52 @@ func (g *Group) each(f func(r int, e *Engine) error) error {
 			defer wg.Done()
 			if err := f(r, e); err != nil {
 				errs[r] = fmt.Errorf("GPU %d: %w", r, err)
+				g.abort(errs[r])
 			}
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		g.abort(err)
 		return err
 	}
-	return nil
+	return g.brokenErr()
+}
+
+// brokenErr is the error that aborted the group, or nil.
+func (g *Group) brokenErr() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.broken
+}
+
+// comm is rank r's communicator, nil once aborted or closed.
+func (g *Group) comm(r int) *cuda.Comm {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if r >= len(g.comms) {
+		return nil
+	}
+	return g.comms[r]
 }
 
 // abort ends every communicator's pending work after a failure on one
-// rank; the group is unusable after it.
+// rank, or a hang; the group is unusable after it. It is called from any
+// goroutine while the ranks' threads may wait in a collective, which
+// ncclCommAbort ends: it is not run on them.
 func (g *Group) abort(cause error) {
+	g.mu.Lock()
 	if g.broken != nil {
+		g.mu.Unlock()
 		return
 	}
 	g.broken = fmt.Errorf("the GPUs' communicator was aborted after: %w", cause)
-	for r, c := range g.comms {
-		if c == nil {
-			continue
+	comms := g.comms
+	g.comms = make([]*cuda.Comm, len(comms))
+	g.mu.Unlock()
+	for _, c := range comms {
+		if c != nil {
+			_ = c.Abort()
 		}
-		_ = g.ranks[r].th.do(func() error { return c.Abort() })
-		g.comms[r] = nil
 	}
 }
 
@@ -173,8 +208,8 @@ func (g *Group) OptimizerState() (*model.OptimizerState, error) { return g.ranks
 
 // CopyState implements model.StateCopier with GPU 0's state.
 func (g *Group) CopyState() (func() (*model.Params, *model.OptimizerState, error), error) {
-	if g.broken != nil {
-		return nil, g.broken
+	if err := g.brokenErr(); err != nil {
+		return nil, err
 	}
 	return g.ranks[0].CopyState()
 }
@@ -188,8 +223,8 @@ func (g *Group) ZeroGrad() error {
 // ForwardBackward implements model.Engine: the micro-batch goes to the
 // next GPU in turn. It returns once the work is queued on that GPU.
 func (g *Group) ForwardBackward(b model.Batch, scale float32) error {
-	if g.broken != nil {
-		return g.broken
+	if err := g.brokenErr(); err != nil {
+		return err
 	}
 	r := g.next % len(g.ranks)
 	g.next++
@@ -209,7 +244,11 @@ func (g *Group) Step(o model.AdamW) error {
 			g.next, len(g.ranks))}
 	}
 	return g.each(func(r int, e *Engine) error {
-		if err := e.th.do(func() error { return e.reduce(g.comms[r]) }); err != nil {
+		c := g.comm(r)
+		if c == nil {
+			return g.brokenErr()
+		}
+		if err := e.th.do(func() error { return e.reduce(c) }); err != nil {
 			return err
 		}
 		return e.Step(o)
@@ -251,8 +290,8 @@ func (g *Group) metrics(get func(r int, e *Engine) (model.StepMetrics, error)) (
 	err := g.each(func(r int, e *Engine) error {
 		m, err := get(r, e)
 		ms[r] = m
-		if err == nil && g.comms[r] != nil {
-			err = e.th.do(g.comms[r].AsyncError)
+		if c := g.comm(r); err == nil && c != nil {
+			err = e.th.do(c.AsyncError)
 		}
 		return err
 	})
@@ -329,13 +368,19 @@ func (g *Group) KernelTimes() map[string]float64 { return g.ranks[0].KernelTimes
 
 // Close implements model.Engine: the communicators, then the engines.
 func (g *Group) Close() error {
+	if g.unhang != nil {
+		g.unhang()
+	}
 	var errs []error
-	for r, c := range g.comms {
+	g.mu.Lock()
+	comms := g.comms
+	g.comms = nil
+	g.mu.Unlock()
+	for r, c := range comms {
 		if c != nil {
 			errs = append(errs, g.ranks[r].th.do(c.Destroy))
 		}
 	}
-	g.comms = nil
 	for _, e := range g.ranks {
 		errs = append(errs, e.Close())
 	}

@@ -6,7 +6,10 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
@@ -158,5 +161,65 @@ func TestGroupRefusesMoreGPUsThanSeen(t *testing.T) {
 	var ee *model.EngineError
 	if !errors.As(err, &ee) || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("gpus %d with %d GPU(s): %v; want a one-line EngineError", n+1, n, err)
+	}
+}
+
+// A wait for the group's GPUs that lasts the hang timeout aborts its
+// communicators (here a one-rank group whose GPU a waiting kernel holds):
+// the group is broken, says why, and trains no more.
+func TestAGroupAbortsItsCommunicatorWhenAWaitHangs(t *testing.T) {
+	c := model.Presets["tiny"]
+	g := newGroup(t, c, model.Options{Precision: "fp32", MaxBatch: 2, MaxSeq: 16}, 1)
+	e := g.ranks[0]
+	nv, err := cuda.LoadNVRTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptx, err := nv.Compile("spin.cu", `extern "C" __global__ void spin(volatile unsigned int* flag) {
+	while (*flag == 0) { __nanosleep(1000); }
+}`, "compute_80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var flag *cuda.HostBuffer
+	if err := e.th.do(func() error {
+		m, err := e.dv.LoadModule(ptx)
+		if err != nil {
+			return err
+		}
+		f, err := m.Function("spin")
+		if err != nil {
+			return err
+		}
+		if flag, err = e.dv.AllocHost(4); err != nil {
+			return err
+		}
+		clear(flag.Bytes())
+		return f.Launch(cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, e.sh, cuda.Ptr(uintptr(unsafe.Pointer(&flag.Bytes()[0]))))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	release := func() { atomic.StoreUint32((*uint32)(unsafe.Pointer(&flag.Bytes()[0])), 1) }
+	defer release()
+	hung := make(chan cuda.Hang, 4)
+	defer cuda.SetHangTimeout(cuda.HangTimeout())
+	cuda.SetHangTimeout(400 * time.Millisecond)
+	defer cuda.SetHangHandler(func(h cuda.Hang) { hung <- h })()
+	waited := make(chan error, 1)
+	go func() {
+		waited <- g.each(func(_ int, e *Engine) error { return e.th.do(e.st.Synchronize) })
+	}()
+	h := <-hung
+	if err := g.brokenErr(); err == nil || !strings.Contains(err.Error(), "KILN_CUDA_HANG_TIMEOUT (400ms)") {
+		t.Errorf("after a hang of %s in %s the group is broken by %v; want the hang timeout named", h.Waited, h.Call, err)
+	}
+	release()
+	// The wait ended, but the communicator was aborted meanwhile: what
+	// the ranks did cannot count.
+	if err := <-waited; err == nil || !strings.Contains(err.Error(), "KILN_CUDA_HANG_TIMEOUT") {
+		t.Fatalf("the wait, released after the abort: %v; want the hang's error", err)
+	}
+	if err := g.ForwardBackward(groupBatches(c, 1, 1, 2, 16)[0], 1); err == nil || !strings.Contains(err.Error(), "aborted") {
+		t.Errorf("a broken group trained on: %v", err)
 	}
 }

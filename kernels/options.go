@@ -5,7 +5,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
 )
 
@@ -67,6 +69,10 @@ type Options struct {
 	// kernelCache: where compiled kernels are kept ("" for CacheDir's
 	// default).
 	kernelCache string
+	// hangTimeout: how long a wait for the device may last before it
+	// counts as a hang (cuda.SetHangTimeout): 0 for
+	// cuda.DefaultHangTimeout, -1 for never.
+	hangTimeout time.Duration
 	// device: the ordinal of the GPU an engine opens (a Group sets it for
 	// each of its engines; 0 otherwise).
 	device int
@@ -77,7 +83,8 @@ type Options struct {
 // KILN_CUDA_GEMM_CHOICES, KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION,
 // KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD, KILN_CUDA_FLASH_PAIR,
 // KILN_CUDA_FLASH_TMA, KILN_CUDA_DRESID, KILN_CUDA_OVERLAP, KILN_CUDA_GRAPH,
-// KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80 and KILN_KERNEL_CACHE. A
+// KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80, KILN_CUDA_HANG_TIMEOUT and
+// KILN_KERNEL_CACHE. A
 // value a setting does not take is bad input naming the variable and the
 // values it takes.
 func ParseOptions(getenv func(string) string) (Options, error) {
@@ -150,8 +157,27 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 		return Options{}, err
 	}
 	o.forceSM80 = force == "1"
+	if o.hangTimeout, err = parseHangTimeout(getenv("KILN_CUDA_HANG_TIMEOUT")); err != nil {
+		return Options{}, err
+	}
 	o.kernelCache = getenv("KILN_KERNEL_CACHE")
 	return o, nil
+}
+
+// parseHangTimeout reads KILN_CUDA_HANG_TIMEOUT: unset for the default
+// (0), a duration, or off (-1).
+func parseHangTimeout(v string) (time.Duration, error) {
+	switch v {
+	case "":
+		return 0, nil
+	case "off":
+		return -1, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, &envError{fmt.Sprintf("KILN_CUDA_HANG_TIMEOUT=%q is not a setting it takes: set a duration such as 10m (how long a wait for the GPU may last before the process stops as hung; default %s), or off", v, cuda.DefaultHangTimeout)}
+	}
+	return d, nil
 }
 
 // Configure makes the "cuda" engine that model.NewEngine starts (for the
@@ -159,6 +185,11 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 // command line calls it once, with what ParseOptions read; without it the
 // engine runs the production path.
 func Configure(o Options) {
+	hang := o.hangTimeout
+	if hang == 0 {
+		hang = cuda.DefaultHangTimeout
+	}
+	cuda.SetHangTimeout(hang)
 	model.Register("cuda", func(c model.Config, mo model.Options) (model.Engine, error) {
 		if mo.GPUs != 1 && mo.GPUs != 0 {
 			return NewGroup(c, mo, o)

@@ -3,6 +3,7 @@ package kernels
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 // Each setting lands in the one options value the command line passes on;
@@ -50,6 +51,17 @@ func TestParseOptions(t *testing.T) {
 	if _, err = ParseOptions(env(map[string]string{"KILN_CUDA_GRAPH_MEMSETS": "off"})); err == nil ||
 		!strings.Contains(err.Error(), "KILN_CUDA_GRAPH_MEMSETS") || !strings.Contains(err.Error(), "kernel, keep") {
 		t.Fatalf("KILN_CUDA_GRAPH_MEMSETS=off: %v; want an error naming the variable and the settings it takes", err)
+	}
+	for v, want := range map[string]time.Duration{"10m": 10 * time.Minute, "90s": 90 * time.Second, "off": -1} {
+		if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_HANG_TIMEOUT": v})); err != nil || o != (Options{hangTimeout: want}) {
+			t.Errorf("KILN_CUDA_HANG_TIMEOUT=%s: %+v, %v; want the hang timeout %v", v, o, err, want)
+		}
+	}
+	for _, v := range []string{"0", "-5m", "10", "soon"} {
+		if _, err = ParseOptions(env(map[string]string{"KILN_CUDA_HANG_TIMEOUT": v})); err == nil ||
+			!strings.Contains(err.Error(), "KILN_CUDA_HANG_TIMEOUT=") || !strings.Contains(err.Error(), "such as 10m") {
+			t.Errorf("KILN_CUDA_HANG_TIMEOUT=%s: %v; want an error naming the variable and the settings it takes", v, err)
+		}
 	}
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "flash-sm80"})); err != nil || o != (Options{flashSM80: true}) {
 		t.Fatalf("flash.cu's kernels on Hopper too: %+v, %v", o, err)

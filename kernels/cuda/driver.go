@@ -343,7 +343,9 @@ func (dv *Device) Close() error {
 }
 
 // Synchronize waits for all work on the device.
-func (dv *Device) Synchronize() error { return dv.D.check("cuCtxSynchronize", dv.D.cuCtxSynchronize()) }
+func (dv *Device) Synchronize() error {
+	return dv.D.check("cuCtxSynchronize", watched("cuCtxSynchronize", dv.D.cuCtxSynchronize))
+}
 
 // MemInfo returns free and total device memory in bytes.
 func (dv *Device) MemInfo() (free, total uint64, err error) {
@@ -372,7 +374,7 @@ func Upload[T any](dv *Device, dst Ptr, src []T) error {
 		return nil
 	}
 	n := uint64(len(src)) * uint64(unsafe.Sizeof(src[0]))
-	return dv.D.check("cuMemcpyHtoD_v2", dv.D.cuMemcpyHtoD(uint64(dst), unsafe.Pointer(&src[0]), n))
+	return dv.D.check("cuMemcpyHtoD_v2", watched("cuMemcpyHtoD_v2", func() int32 { return dv.D.cuMemcpyHtoD(uint64(dst), unsafe.Pointer(&src[0]), n) }))
 }
 
 // Download copies len(dst) values from src.
@@ -381,7 +383,7 @@ func Download[T any](dv *Device, dst []T, src Ptr) error {
 		return nil
 	}
 	n := uint64(len(dst)) * uint64(unsafe.Sizeof(dst[0]))
-	return dv.D.check("cuMemcpyDtoH_v2", dv.D.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), uint64(src), n))
+	return dv.D.check("cuMemcpyDtoH_v2", watched("cuMemcpyDtoH_v2", func() int32 { return dv.D.cuMemcpyDtoH(unsafe.Pointer(&dst[0]), uint64(src), n) }))
 }
 
 // Copy copies bytes between device buffers.
@@ -598,7 +600,7 @@ func (dv *Device) newEvent(flags uint32) (*Event, error) {
 // Synchronize waits until the work before the event's last Record has run
 // (at once for an event never recorded).
 func (e *Event) Synchronize() error {
-	return e.dv.D.check("cuEventSynchronize", e.dv.D.cuEventSynchronize(e.e))
+	return e.dv.D.check("cuEventSynchronize", watched("cuEventSynchronize", func() int32 { return e.dv.D.cuEventSynchronize(e.e) }))
 }
 
 // Record records the event on stream.
@@ -608,7 +610,7 @@ func (e *Event) Record(stream uintptr) error {
 
 // Elapsed waits for end and returns the milliseconds from e to end.
 func (e *Event) Elapsed(end *Event) (float32, error) {
-	if err := e.dv.D.check("cuEventSynchronize", e.dv.D.cuEventSynchronize(end.e)); err != nil {
+	if err := e.dv.D.check("cuEventSynchronize", watched("cuEventSynchronize", func() int32 { return e.dv.D.cuEventSynchronize(end.e) })); err != nil {
 		return 0, err
 	}
 	var ms float32
@@ -667,7 +669,7 @@ func (s *Stream) Handle() uintptr { return s.s }
 
 // Synchronize waits for the stream's work.
 func (s *Stream) Synchronize() error {
-	return s.dv.D.check("cuStreamSynchronize", s.dv.D.cuStreamSynchronize(s.s))
+	return s.dv.D.check("cuStreamSynchronize", watched("cuStreamSynchronize", func() int32 { return s.dv.D.cuStreamSynchronize(s.s) }))
 }
 
 // Wait makes the stream's later work wait for the work before ev's last

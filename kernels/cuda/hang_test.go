@@ -1,0 +1,149 @@
+package cuda
+
+import (
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// spinSource is a kernel that waits until the host sets *flag: a hang
+// for as long as the test wants.
+const spinSource = `extern "C" __global__ void spin(volatile unsigned int* flag) {
+	while (*flag == 0) { __nanosleep(1000); }
+}`
+
+// Spin is a GPU stream held by a kernel that waits for Release.
+type Spin struct {
+	Stream *Stream
+	flag   *HostBuffer
+}
+
+// startSpin launches the waiting kernel on a new stream of device 0,
+// skipping where there is no GPU or no NVRTC.
+func startSpin(t *testing.T) *Spin {
+	t.Helper()
+	d, err := LoadDriver()
+	if err != nil {
+		t.Skipf("no CUDA driver: %v", err)
+	}
+	nv, err := LoadNVRTC()
+	if err != nil {
+		t.Skipf("no NVRTC: %v", err)
+	}
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
+	dv, err := d.OpenDevice(0)
+	if err != nil {
+		t.Skipf("no CUDA device: %v", err)
+	}
+	t.Cleanup(func() { dv.Close() })
+	ptx, err := nv.Compile("spin.cu", spinSource, "compute_80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := dv.LoadModule(ptx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := m.Function("spin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flag, err := dv.AllocHost(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := dv.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Spin{Stream: st, flag: flag}
+	// Page-locked host memory is the device's to read at the same address.
+	if err := f.Launch(Dim3{1, 1, 1}, Dim3{1, 1, 1}, 0, st.Handle(), Ptr(uintptr(flag.p))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Release()
+		st.Synchronize()
+		st.Destroy()
+		flag.Free()
+		m.Unload()
+	})
+	return s
+}
+
+// Release lets the kernel end.
+func (s *Spin) Release() { atomic.StoreUint32((*uint32)(s.flag.p), 1) }
+
+// A wait for the GPU that lasts the hang timeout aborts the registered
+// communicators; one that still lasts half as long again is a hang, said
+// once, with the call that waits.
+func TestAHungWaitAbortsTheCommunicatorsAndIsSaid(t *testing.T) {
+	spin := startSpin(t)
+	hung := make(chan Hang, 4)
+	defer SetHangTimeout(HangTimeout())
+	SetHangTimeout(400 * time.Millisecond)
+	defer SetHangHandler(func(h Hang) { hung <- h })()
+	aborted := make(chan struct{})
+	var once atomic.Bool
+	defer OnHang(func() {
+		if once.CompareAndSwap(false, true) {
+			close(aborted)
+		}
+	})()
+	returned := make(chan error, 1)
+	began := time.Now()
+	go func() {
+		runtime.LockOSThread()
+		returned <- spin.Stream.Synchronize()
+	}()
+	<-aborted
+	h := <-hung
+	select {
+	case err := <-returned:
+		t.Fatalf("the wait returned (%v) before it was said to hang", err)
+	default:
+	}
+	if h.Call != "cuStreamSynchronize" || h.Waited < 600*time.Millisecond || time.Since(began) < h.Waited {
+		t.Errorf("hang %+v after %s; want cuStreamSynchronize after at least 600ms", h, time.Since(began))
+	}
+	if s := h.String(); !strings.HasPrefix(s, "CUDA: cuStreamSynchronize has waited") || !strings.Contains(s, "KILN_CUDA_HANG_TIMEOUT") {
+		t.Errorf("the hang says %q", s)
+	}
+	spin.Release()
+	if err := <-returned; err != nil {
+		t.Fatalf("the wait, released: %v", err)
+	}
+	if len(hung) != 0 {
+		t.Errorf("the hang was said %d more times", len(hung))
+	}
+}
+
+// By default a hang ends the process with status 3, its reason on
+// standard error where the worker reads a dead task's last words.
+func TestAHangEndsTheProcess(t *testing.T) {
+	if os.Getenv("KILN_TEST_HANG_CHILD") == "1" {
+		SetHangTimeout(500 * time.Millisecond)
+		spin := startSpin(t)
+		spin.Stream.Synchronize()
+		t.Fatal("the hung wait returned")
+	}
+	if _, err := LoadDriver(); err != nil {
+		t.Skipf("no CUDA driver: %v", err)
+	}
+	if Devices() == 0 {
+		t.Skip("no CUDA device")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestAHangEndsTheProcess$")
+	cmd.Env = append(os.Environ(), "KILN_TEST_HANG_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 3 || !strings.Contains(string(out), "CUDA: cuStreamSynchronize has waited") ||
+		!strings.Contains(string(out), "KILN_CUDA_HANG_TIMEOUT 500ms") {
+		t.Fatalf("the process: %v\n%s\nwant exit status 3 and the hang said", err, out)
+	}
+}

@@ -142,19 +142,21 @@ func (h *hangWatch) watch() {
 			h.mu.Unlock()
 			return
 		}
-		tick := min(max(limit/20, 10*time.Millisecond), 5*time.Second)
+		tick := min(max(limit/20, 10*time.Millisecond), time.Second)
 		var abort []func()
 		var hung *Hang
 		for _, w := range h.waits {
 			waited := time.Since(w.began)
 			switch {
-			case waited >= limit+min(limit/2, time.Minute):
-				hung = &Hang{Call: w.call, Waited: waited}
 			case waited >= limit && !w.aborted:
+				// The aborts get a tick to end the wait before it is a
+				// hang, however late the watch looked.
 				w.aborted = true
 				for _, a := range h.aborts {
 					abort = append(abort, a)
 				}
+			case w.aborted && waited >= limit+min(limit/2, time.Minute):
+				hung = &Hang{Call: w.call, Waited: waited}
 			}
 		}
 		handler := h.handler

@@ -82,7 +82,7 @@ func (s *Spin) Release() { atomic.StoreUint32((*uint32)(s.flag.p), 1) }
 // A wait for the GPU that lasts the hang timeout aborts the registered
 // communicators; one that still lasts half as long again is a hang, said
 // once, with the call that waits.
-func TestAHungWaitAbortsTheCommunicatorsAndIsSaid(t *testing.T) {
+func TestAHangingWaitAbortsTheCommunicatorsAndIsSaid(t *testing.T) {
 	spin := startSpin(t)
 	hung := make(chan Hang, 4)
 	defer SetHangTimeout(HangTimeout())
@@ -145,5 +145,51 @@ func TestAHangEndsTheProcess(t *testing.T) {
 	if !ok || ee.ExitCode() != 3 || !strings.Contains(string(out), "CUDA: cuStreamSynchronize has waited") ||
 		!strings.Contains(string(out), "KILN_CUDA_HANG_TIMEOUT 500ms") {
 		t.Fatalf("the process: %v\n%s\nwant exit status 3 and the hang said", err, out)
+	}
+}
+
+// The watch times any wait, whatever it waits for: here one for a
+// channel. The aborts run first, once, and the hang is said only after
+// they had their chance; a wait that ends in time is no hang. On any
+// machine.
+func TestTheHangWatchAbortsThenSaysTheHang(t *testing.T) {
+	defer SetHangTimeout(HangTimeout())
+	SetHangTimeout(200 * time.Millisecond)
+	hung := make(chan Hang, 4)
+	defer SetHangHandler(func(h Hang) { hung <- h })()
+	var aborts atomic.Int32
+	abortedAt := make(chan time.Time, 4)
+	defer OnHang(func() { aborts.Add(1); abortedAt <- time.Now() })()
+
+	if r := watched("quick", func() int32 { return 7 }); r != 7 {
+		t.Fatalf("a watched call returned %d, want its 7", r)
+	}
+	release := make(chan struct{})
+	done := make(chan int32, 1)
+	began := time.Now()
+	go func() { done <- watched("cuTestWait", func() int32 { <-release; return 0 }) }()
+	at := <-abortedAt
+	h := <-hung
+	said := time.Now()
+	close(release)
+	if r := <-done; r != 0 {
+		t.Fatalf("the released wait returned %d", r)
+	}
+	if h.Call != "cuTestWait" || h.Waited < 300*time.Millisecond || at.Sub(began) < 200*time.Millisecond || !said.After(at) {
+		t.Errorf("hang %+v said %s after the start, aborted %s after it; want the abort after 200ms and the hang after 300ms, in that order",
+			h, said.Sub(began), at.Sub(began))
+	}
+	if n := aborts.Load(); n != 1 || len(hung) != 0 {
+		t.Errorf("%d aborts and %d more hangs for one wait, want 1 and 0", n, len(hung))
+	}
+	// A wait the abort ends is no hang.
+	release = make(chan struct{})
+	stop := OnHang(func() { close(release) })
+	defer stop()
+	if r := watched("cuTestCollective", func() int32 { <-release; return 0 }); r != 0 {
+		t.Fatalf("the aborted wait returned %d", r)
+	}
+	if len(hung) != 0 {
+		t.Errorf("a wait that the abort ended was said to hang: %+v", <-hung)
 	}
 }

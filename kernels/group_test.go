@@ -210,6 +210,10 @@ func TestAGroupAbortsItsCommunicatorWhenAWaitHangs(t *testing.T) {
 		waited <- g.each(func(_ int, e *Engine) error { return e.th.do(e.st.Synchronize) })
 	}()
 	h := <-hung
+	// The abort runs in a goroutine of its own (it may wait for the GPU).
+	for deadline := time.Now().Add(time.Minute); g.brokenErr() == nil && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	if err := g.brokenErr(); err == nil || !strings.Contains(err.Error(), "KILN_CUDA_HANG_TIMEOUT (400ms)") {
 		t.Errorf("after a hang of %s in %s the group is broken by %v; want the hang timeout named", h.Waited, h.Call, err)
 	}

@@ -12,12 +12,13 @@ import (
 // training task for as long as its timeout, days, with no error anywhere.
 // Every blocking wait for the device (the synchronizations and the
 // synchronous copies) is watched: when one has lasted HangTimeout, the
-// communicators registered with OnHang are aborted, which ends the waits
-// for a collective with an error; a wait that still has not ended
-// HangTimeout/2 later (at most a minute) is a GPU that will not come back
-// in this process, and the hang handler runs: by default it says so on
-// standard error and exits the process with status 3, so that the task
-// runs again, in a new process, from its last checkpoint.
+// communicators registered with OnHang are aborted (each in a goroutine of
+// its own, since an abort may wait for the hung GPU too), which ends the
+// waits for a collective; a wait that still has not ended HangTimeout/2
+// later (at most a minute) is a GPU that will not come back in this
+// process, and the hang handler runs: by default it says so on standard
+// error and exits the process with status 3, so that the task runs again,
+// in a new process, from its last checkpoint.
 
 // DefaultHangTimeout is HangTimeout's default: far above any wait of a
 // training step, a checkpoint's copy or an evaluation.
@@ -161,8 +162,11 @@ func (h *hangWatch) watch() {
 		}
 		handler := h.handler
 		h.mu.Unlock()
+		// Not waited for: an abort may itself wait for the hung GPU (NCCL
+		// frees device memory), and the watch must go on to end the
+		// process then.
 		for _, a := range abort {
-			a()
+			go a()
 		}
 		if hung != nil {
 			if handler == nil {

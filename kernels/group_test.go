@@ -227,3 +227,40 @@ func TestAGroupAbortsItsCommunicatorWhenAWaitHangs(t *testing.T) {
 		t.Errorf("a broken group trained on: %v", err)
 	}
 }
+
+// One GPU failing while another waits in the all-reduce ends the call for
+// both: the failing rank aborts the communicators at once, which ends the
+// other's wait for a peer that will not join. Without it the waiting rank
+// would wait until the hang watch stopped the process.
+func TestAGPUFailingEndsTheStepForAll(t *testing.T) {
+	c := goldenConfig(t, goldenDirs[1])
+	g := newGroup(t, c, model.Options{Precision: "fp32", MaxBatch: 2, MaxSeq: 64}, 2)
+	hung := make(chan cuda.Hang, 1)
+	defer cuda.SetHangTimeout(cuda.HangTimeout())
+	cuda.SetHangTimeout(2 * time.Minute)
+	defer cuda.SetHangHandler(func(h cuda.Hang) { hung <- h })()
+	failed := errors.New("a fault on this GPU")
+	err := g.each(func(r int, e *Engine) error {
+		if r == 1 {
+			return failed
+		}
+		c := g.comm(r)
+		return e.th.do(func() error {
+			if err := e.reduce(c); err != nil {
+				return err
+			}
+			return e.st.Synchronize()
+		})
+	})
+	if !errors.Is(err, failed) || !strings.Contains(err.Error(), "GPU 1") {
+		t.Fatalf("the step ended with %v; want GPU 1's fault", err)
+	}
+	select {
+	case h := <-hung:
+		t.Fatalf("GPU 0 waited for the all-reduce until the hang watch (%s in %s)", h.Waited, h.Call)
+	default:
+	}
+	if err := g.ForwardBackward(groupBatches(c, 1, 1, 2, 64)[0], 1); err == nil || !strings.Contains(err.Error(), "a fault on this GPU") {
+		t.Errorf("after the fault the group trained on: %v", err)
+	}
+}

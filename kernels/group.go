@@ -33,6 +33,10 @@ type Group struct {
 	// changes while the other ranks run.
 	mu    sync.Mutex
 	comms []*cuda.Comm
+	// calls is held for reading by each call into NCCL with a
+	// communicator, and for writing by abort and Close, so that no
+	// communicator is freed under a call that uses it.
+	calls sync.RWMutex
 	// broken is the error that aborted the communicators: the group
 	// cannot train on, and every call returns it.
 	broken error
@@ -150,14 +154,26 @@ func (g *Group) brokenErr() error {
 	return g.broken
 }
 
-// comm is rank r's communicator, nil once aborted or closed.
-func (g *Group) comm(r int) *cuda.Comm {
+// withComm runs f with rank r's communicator, which stays whole until f
+// returns; it returns the group's error once the communicators are
+// aborted or closed.
+func (g *Group) withComm(r int, f func(c *cuda.Comm) error) error {
+	g.calls.RLock()
+	defer g.calls.RUnlock()
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if r >= len(g.comms) {
-		return nil
+	var c *cuda.Comm
+	if r < len(g.comms) {
+		c = g.comms[r]
 	}
-	return g.comms[r]
+	broken := g.broken
+	g.mu.Unlock()
+	switch {
+	case broken != nil:
+		return broken
+	case c == nil:
+		return errors.New("the GPUs' communicator is closed")
+	}
+	return f(c)
 }
 
 // abort ends every communicator's pending work after a failure on one
@@ -174,6 +190,9 @@ func (g *Group) abort(cause error) {
 	comms := g.comms
 	g.comms = make([]*cuda.Comm, len(comms))
 	g.mu.Unlock()
+	// After the calls under way: ncclCommAbort frees the communicator.
+	g.calls.Lock()
+	defer g.calls.Unlock()
 	for _, c := range comms {
 		if c != nil {
 			_ = c.Abort()
@@ -244,11 +263,7 @@ func (g *Group) Step(o model.AdamW) error {
 			g.next, len(g.ranks))}
 	}
 	return g.each(func(r int, e *Engine) error {
-		c := g.comm(r)
-		if c == nil {
-			return g.brokenErr()
-		}
-		if err := e.th.do(func() error { return e.reduce(c) }); err != nil {
+		if err := g.withComm(r, func(c *cuda.Comm) error { return e.th.do(func() error { return e.reduce(c) }) }); err != nil {
 			return err
 		}
 		return e.Step(o)
@@ -290,8 +305,8 @@ func (g *Group) metrics(get func(r int, e *Engine) (model.StepMetrics, error)) (
 	err := g.each(func(r int, e *Engine) error {
 		m, err := get(r, e)
 		ms[r] = m
-		if c := g.comm(r); err == nil && c != nil {
-			err = e.th.do(c.AsyncError)
+		if err == nil {
+			err = g.withComm(r, func(c *cuda.Comm) error { return e.th.do(c.AsyncError) })
 		}
 		return err
 	})
@@ -376,6 +391,8 @@ func (g *Group) Close() error {
 	comms := g.comms
 	g.comms = nil
 	g.mu.Unlock()
+	g.calls.Lock()
+	defer g.calls.Unlock()
 	for r, c := range comms {
 		if c != nil {
 			errs = append(errs, g.ranks[r].th.do(c.Destroy))

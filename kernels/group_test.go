@@ -244,13 +244,10 @@ func TestAGPUFailingEndsTheStepForAll(t *testing.T) {
 		if r == 1 {
 			return failed
 		}
-		c := g.comm(r)
-		return e.th.do(func() error {
-			if err := e.reduce(c); err != nil {
-				return err
-			}
-			return e.st.Synchronize()
-		})
+		if err := g.withComm(r, func(c *cuda.Comm) error { return e.th.do(func() error { return e.reduce(c) }) }); err != nil {
+			return err
+		}
+		return e.th.do(e.st.Synchronize)
 	})
 	if !errors.Is(err, failed) || !strings.Contains(err.Error(), "GPU 1") {
 		t.Fatalf("the step ended with %v; want GPU 1's fault", err)

@@ -280,7 +280,11 @@ func (c *Comm) AllReduceSum(send, recv Ptr, count int, stream uintptr) error {
 	if count < 0 {
 		return fmt.Errorf("%s: count %d", c.call("ncclAllReduce"), count)
 	}
-	return c.n.check(c.call("ncclAllReduce"), c.n.ncclAllReduce(uint64(send), uint64(recv), uint64(count), ncclFloat32, ncclSum, c.c, stream))
+	// Queued, not waited for; but the first calls connect the ranks and
+	// may wait for the peers, so it is watched as a wait.
+	return c.n.check(c.call("ncclAllReduce"), watched("ncclAllReduce", func() int32 {
+		return c.n.ncclAllReduce(uint64(send), uint64(recv), uint64(count), ncclFloat32, ncclSum, c.c, stream)
+	}))
 }
 
 // AsyncError reports an error NCCL met in work already issued (a peer

@@ -26,21 +26,11 @@ type Spin struct {
 // skipping where there is no GPU or no NVRTC.
 func startSpin(t *testing.T) *Spin {
 	t.Helper()
-	d, err := LoadDriver()
-	if err != nil {
-		t.Skipf("no CUDA driver: %v", err)
-	}
+	dv := device0(t)
 	nv, err := LoadNVRTC()
 	if err != nil {
 		t.Skipf("no NVRTC: %v", err)
 	}
-	runtime.LockOSThread()
-	t.Cleanup(runtime.UnlockOSThread)
-	dv, err := d.OpenDevice(0)
-	if err != nil {
-		t.Skipf("no CUDA device: %v", err)
-	}
-	t.Cleanup(func() { dv.Close() })
 	ptx, err := nv.Compile("spin.cu", spinSource, "compute_80")
 	if err != nil {
 		t.Fatal(err)

@@ -136,13 +136,28 @@ func TestNoMulticastObjects(t *testing.T) {
 // NCCL.
 func ncclDevice(t *testing.T) (*NCCL, *Device) {
 	t.Helper()
-	d, err := LoadDriver()
-	if err != nil {
+	if _, err := LoadDriver(); err != nil {
 		t.Skipf("no CUDA driver: %v", err)
 	}
 	n, err := LoadNCCL()
 	if err != nil {
 		t.Skipf("no NCCL: %v", err)
+	}
+	dv := device0(t)
+	if v := os.Getenv(ncclNVLSEnv); v != "0" {
+		t.Fatalf("NCCL was loaded with %s=%q", ncclNVLSEnv, v)
+	}
+	t.Logf("NCCL %s from %s on %s", n.Version, n.Path, dv.Name)
+	return n, dv
+}
+
+// device0 opens device 0 on this test's goroutine, locked to its thread,
+// skipping where there is no driver or no device.
+func device0(t *testing.T) *Device {
+	t.Helper()
+	d, err := LoadDriver()
+	if err != nil {
+		t.Skipf("no CUDA driver: %v", err)
 	}
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
@@ -151,11 +166,7 @@ func ncclDevice(t *testing.T) (*NCCL, *Device) {
 		t.Skipf("no CUDA device: %v", err)
 	}
 	t.Cleanup(func() { dv.Close() })
-	if v := os.Getenv(ncclNVLSEnv); v != "0" {
-		t.Fatalf("NCCL was loaded with %s=%q", ncclNVLSEnv, v)
-	}
-	t.Logf("NCCL %s from %s on %s", n.Version, n.Path, dv.Name)
-	return n, dv
+	return dv
 }
 
 // allReduceOne sums a buffer over a one-rank communicator, out of place

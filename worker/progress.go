@@ -35,6 +35,9 @@ type Reporter struct {
 	base     float64
 	baseAt   time.Time
 	baseSeen bool
+	// unwritten counts the writes that failed since the last that did
+	// not: only the first of them is logged.
+	unwritten int
 }
 
 type reporterKey struct{}
@@ -155,9 +158,22 @@ func (r *Reporter) finish(state, msg string) {
 	r.write(ctx, p)
 }
 
+// write publishes p. Progress is advisory: a lost update does not fail
+// the task. While Redis does not answer every write fails (one a second);
+// the log says so once, and once more when a write succeeds again.
 func (r *Reporter) write(ctx context.Context, p scheduler.Progress) {
-	if err := scheduler.WriteProgress(ctx, r.rdb, p, r.ttl); err != nil {
-		// Progress is advisory: a lost update must not fail the task.
-		r.log.Warn("progress not written", zap.Error(err))
+	err := scheduler.WriteProgress(ctx, r.rdb, p, r.ttl)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case err != nil && r.unwritten == 0:
+		r.log.Warn("progress not written; the task goes on, and further failures are not logged until a write succeeds",
+			zap.String("task_id", p.TaskID), zap.Error(err))
+		r.unwritten++
+	case err != nil:
+		r.unwritten++
+	case r.unwritten > 0:
+		r.log.Info("progress written again", zap.String("task_id", p.TaskID), zap.Int("writes_lost", r.unwritten))
+		r.unwritten = 0
 	}
 }

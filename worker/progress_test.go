@@ -7,6 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
@@ -54,5 +56,35 @@ func TestReporterETAFromMeasuredRate(t *testing.T) {
 	r.finish("done", "")
 	if p := read(); p.ETA != 0 || p.Fraction != 1 || p.State != "done" {
 		t.Fatalf("finished: %+v", p)
+	}
+}
+
+// While Redis is down each throttled write of a task's progress fails;
+// the log says so once, and once that a write succeeded again, with how
+// many were lost. A real redis-server, stopped and started.
+func TestLostProgressIsLoggedOnce(t *testing.T) {
+	rs := testsvc.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr, MaxRetries: -1})
+	defer rdb.Close()
+	core, logs := observer.New(zapcore.InfoLevel)
+	ctx := context.Background()
+	r := &Reporter{rdb: rdb, log: zap.New(core), ttl: time.Hour,
+		p: scheduler.Progress{TaskID: "t-lost", Kind: scheduler.KindIngestShard, Fraction: -1, State: "running", Started: time.Now()}}
+	r.Report(ctx, 0.1, 0, "", "downloading")
+	rs.Stop()
+	for i := 2; i <= 6; i++ {
+		r.Report(ctx, float64(i)/10, 0, "", "downloading")
+	}
+	rs.Start()
+	r.Report(ctx, 0.7, 0, "", "downloading")
+	if n := logs.FilterMessageSnippet("progress not written").Len(); n != 1 {
+		t.Errorf("%d lines that progress was not written over five lost writes, want 1: %v", n, logs.All())
+	}
+	again := logs.FilterMessageSnippet("progress written again").All()
+	if len(again) != 1 || again[0].ContextMap()["writes_lost"] != int64(5) {
+		t.Errorf("lines that progress is written again: %v; want one, with 5 writes lost", again)
+	}
+	if p, ok, err := scheduler.ReadProgress(ctx, rdb, "t-lost"); err != nil || !ok || p.Fraction != 0.7 {
+		t.Errorf("progress after Redis came back: %+v, %v, %v; want 0.7", p, ok, err)
 	}
 }

@@ -237,6 +237,10 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bo
 	return nil
 }
 
+// quietTask is how long a running task may go without a report before
+// its line says when it last reported.
+const quietTask = 5 * time.Minute
+
 // taskLine is one task: id, state, then what its progress says. A
 // training segment's ETA is its run's (tokens left over the measured
 // rate); a task whose worker is lost shows that, and no rate or ETA.
@@ -282,6 +286,12 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		}
 		if p.Worker != "" && ts.State == "active" {
 			parts = append(parts, "on "+p.Worker)
+		}
+		// A task reports as it goes (a segment every step): one silent
+		// for minutes is in a long quiet phase, or stuck (a GPU that
+		// hangs ends its process after KILN_CUDA_HANG_TIMEOUT).
+		if ts.State == "active" && !p.Updated.IsZero() && now.Sub(p.Updated) >= quietTask {
+			parts = append(parts, "last report "+formatAge(p.Updated, now))
 		}
 	} else if s := scheduler.Subject(ts.Kind, ts.Payload); s != "" {
 		parts = append(parts, s)

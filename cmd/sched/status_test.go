@@ -431,3 +431,18 @@ func TestARunsLineShowsNoCheckpointAheadOfItsStep(t *testing.T) {
 		t.Errorf("line %q; want its rate on 2 GPUs", line)
 	}
 }
+
+// A running task that has not reported for minutes says when it last did;
+// one that reports as it goes does not.
+func TestAQuietTaskSaysWhenItLastReported(t *testing.T) {
+	now := time.Date(2026, 12, 4, 21, 0, 0, 0, time.UTC)
+	ts := scheduler.TaskStatus{ID: "train:segment:x", Kind: scheduler.KindTrainSegment, State: "active", HasProgress: true,
+		Progress: scheduler.Progress{Fraction: 0.5, Message: "step 500/1000", Worker: "gpu-a", Updated: now.Add(-time.Second)}}
+	if line := taskLine(ts, nil, now, false); strings.Contains(line, "last report") {
+		t.Errorf("a task that reported a second ago: %q", line)
+	}
+	ts.Progress.Updated = now.Add(-7 * time.Minute)
+	if line := taskLine(ts, nil, now, false); !strings.HasSuffix(line, "on gpu-a  last report 7m0s ago") {
+		t.Errorf("a task silent for 7 minutes: %q; want it to end with when it last reported", line)
+	}
+}

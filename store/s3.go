@@ -80,7 +80,7 @@ func NewS3(o S3Options) (*S3, error) {
 	}
 	tr, err := o.transport()
 	if err != nil {
-		return nil, &S3Error{Op: "connect", Store: o.url(""), Err: err, bad: true}
+		return nil, &S3Error{Op: "connect", Store: o.url(), Err: err, bad: true}
 	}
 	c, err := minio.New(o.Endpoint, &minio.Options{
 		Creds:      credentials.NewStaticV4(o.AccessKey, o.SecretKey, ""),
@@ -89,7 +89,7 @@ func NewS3(o S3Options) (*S3, error) {
 		Transport:  tr,
 	})
 	if err != nil {
-		return nil, &S3Error{Op: "connect", Store: o.url(""), Err: err, bad: true}
+		return nil, &S3Error{Op: "connect", Store: o.url(), Err: err, bad: true}
 	}
 	return &S3{o: o, c: c, pool: &partPool{size: int(o.PartSize), idle: make(chan []byte, idleParts)}}, nil
 }
@@ -157,17 +157,14 @@ func (c *stallConn) Write(b []byte) (int, error) {
 
 // String is the store's URL, scheme://endpoint/bucket, for messages that
 // name where objects go.
-func (s *S3) String() string { return s.o.url("") }
+func (s *S3) String() string { return s.o.url() }
 
-func (o S3Options) url(key string) string {
+func (o S3Options) url() string {
 	scheme := "http"
 	if o.Secure {
 		scheme = "https"
 	}
 	u := scheme + "://" + o.Endpoint + "/" + o.Bucket
-	if key != "" {
-		u += "/" + key
-	}
 	// An endpoint written with credentials in it (user:pass@host) would
 	// otherwise print them in every error.
 	return redact.URL(u)
@@ -208,13 +205,13 @@ func (s *S3) wrap(op, key string, err error) error {
 	case "NoSuchKey", "NoSuchBucket":
 		err = fmt.Errorf("%w (%s)", ErrNotFound, resp.Code)
 	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidSecretKey":
-		return &S3Error{Op: op, Store: s.o.url(""), Key: key, bad: true,
+		return &S3Error{Op: op, Store: s.o.url(), Key: key, bad: true,
 			Err: fmt.Errorf("%s: check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY", resp.Code)}
 	}
 	if resp.StatusCode == http.StatusNotFound && !errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
-	return &S3Error{Op: op, Store: s.o.url(""), Key: key, Err: err, status: resp.StatusCode}
+	return &S3Error{Op: op, Store: s.o.url(), Key: key, Err: err, status: resp.StatusCode}
 }
 
 // Outage says in a few words what an Unreachable err is: the operation

@@ -30,14 +30,8 @@ import (
 func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testsvc.S3(t)
-	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := hubtest.New()
-	defer h.Close()
-	const repo = "owner/corpus"
+	p, h := newCorpus(t, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
+	objects := p.Objects
 	// Seven files of one number of tokens (they differ in one digit) and a
 	// small one.
 	file := func(f, docs int) []byte {
@@ -48,9 +42,9 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 		return parquetBytes(t, rows)
 	}
 	for f := range 7 {
-		h.Add(repo, fmt.Sprintf("data/full-%d.parquet", f), file(f, 9), true)
+		h.Add(corpusRepo, fmt.Sprintf("data/full-%d.parquet", f), file(f, 9), true)
 	}
-	h.Add(repo, "data/small.parquet", file(7, 2), true)
+	h.Add(corpusRepo, "data/small.parquet", file(7, 2), true)
 	// onDownload[path] runs before the hub answers the file's first
 	// download.
 	var mu sync.Mutex
@@ -65,7 +59,6 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 		}
 		return nil
 	}
-	p := corpusPipeline(t, objects, h, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
 	const name = "code"
 	plan := func(l Limits) (PlanResult, error) {
 		return p.Plan(ctx, PlanJob{Dataset: "corpus", Store: name, Tokenizer: "t", Seed: 3, Limits: l})
@@ -303,22 +296,33 @@ func TestFullStoreMark(t *testing.T) {
 	}
 }
 
-// corpusPipeline is a Pipeline over objects and a data directory of its
-// own, whose preset corpus is the Hub test server h's dataset owner/corpus
-// (its data/*, column text), and whose tokenizers are toks, by name.
-func corpusPipeline(t *testing.T, objects store.Store, h *hubtest.Hub, toks map[string]*tokenizer.Tokenizer) *Pipeline {
+// corpusRepo is newCorpus's dataset on its Hub test server.
+const corpusRepo = "owner/corpus"
+
+// newCorpus is a Pipeline over a real S3 server and a data directory of
+// its own, whose preset corpus is the dataset corpusRepo (its data/*,
+// column text) of the Hub test server it returns, and whose tokenizers
+// are toks, by name.
+func newCorpus(t *testing.T, toks map[string]*tokenizer.Tokenizer) (*Pipeline, *hubtest.Hub) {
 	t.Helper()
+	srv := testsvc.S3(t)
+	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hubtest.New()
+	t.Cleanup(h.Close)
 	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	return &Pipeline{Objects: objects, Hub: hc, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"),
-		Presets: map[string]Preset{"corpus": {Name: "corpus", Repo: "owner/corpus", Revision: "main", Include: []string{"data/*"}, Columns: Columns{Text: "text"}}},
+		Presets: map[string]Preset{"corpus": {Name: "corpus", Repo: corpusRepo, Revision: "main", Include: []string{"data/*"}, Columns: Columns{Text: "text"}}},
 		Tokenizer: func(_ context.Context, name string) (*tokenizer.Tokenizer, error) {
 			if tok := toks[name]; tok != nil {
 				return tok, nil
 			}
 			return nil, fmt.Errorf("no tokenizer %s", name)
-		}}
+		}}, h
 }

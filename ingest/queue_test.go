@@ -16,7 +16,6 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
@@ -278,14 +277,8 @@ func TestAppendsAtOnceGoInOnce(t *testing.T) {
 func TestAShardSaysWhyItsDownloadWaits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	objects, err := store.NewLocal(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := hubtest.New()
-	defer h.Close()
-	const repo = "owner/corpus"
-	h.Add(repo, "data/a.parquet", parquetBytes(t, []textRow{{Text: "func main() {}"}}), true)
+	p, h := newCorpus(t, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
+	h.Add(corpusRepo, "data/a.parquet", parquetBytes(t, []textRow{{Text: "func main() {}"}}), true)
 	var mu sync.Mutex
 	refusals := 2
 	h.BeforeResolve = func(context.Context, string, string) error {
@@ -297,7 +290,6 @@ func TestAShardSaysWhyItsDownloadWaits(t *testing.T) {
 		}
 		return nil
 	}
-	p := corpusPipeline(t, objects, h, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
 	res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: "code", Tokenizer: "t", Seed: 3})
 	if err != nil || len(res.Shards) != 1 {
 		t.Fatalf("plan: %+v, %v", res, err)

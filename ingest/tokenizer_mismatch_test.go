@@ -11,8 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
-	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
@@ -26,18 +24,12 @@ import (
 func TestAnotherTokenizersIngestStopsBeforeReadingAFile(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testsvc.S3(t)
-	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := hubtest.New()
-	defer h.Close()
-	const repo = "owner/corpus"
-	for f := range 2 {
-		h.Add(repo, fmt.Sprintf("data/part-%d.parquet", f), parquetBytes(t, []textRow{{Text: fmt.Sprintf("file %d: func main() {}", f)}}), true)
-	}
 	toks := map[string]*tokenizer.Tokenizer{"first": testTokenizer(t)}
+	p, h := newCorpus(t, toks)
+	objects := p.Objects
+	for f := range 2 {
+		h.Add(corpusRepo, fmt.Sprintf("data/part-%d.parquet", f), parquetBytes(t, []textRow{{Text: fmt.Sprintf("file %d: func main() {}", f)}}), true)
+	}
 	other, err := tokenizer.Train(ctx, []io.Reader{strings.NewReader(strings.Repeat("SELECT name FROM users WHERE id = 1;\n", 200))}, tokenizer.TrainOptions{VocabSize: 280})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +37,6 @@ func TestAnotherTokenizersIngestStopsBeforeReadingAFile(t *testing.T) {
 	if toks["second"], err = tokenizer.Parse(other); err != nil {
 		t.Fatal(err)
 	}
-	p := corpusPipeline(t, objects, h, toks)
 	const name = "code"
 	res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: name, Tokenizer: "first", Seed: 3})
 	if err != nil || len(res.Shards) != 2 {

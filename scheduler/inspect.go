@@ -108,13 +108,8 @@ func (c *Client) knownQueues() (map[string]bool, error) {
 func newTaskStatus(ti *asynq.TaskInfo) TaskStatus {
 	ts := TaskStatus{
 		ID: ti.ID, Kind: ti.Type, Queue: ti.Queue, State: ti.State.String(),
-		Payload: ti.Payload, LastErr: ti.LastErr, Retried: ti.Retried, MaxRetry: ti.MaxRetry,
+		Payload: ti.Payload, LastErr: ti.LastErr, Retried: ti.Retried, MaxRetry: Retries(ti.Type, ti.MaxRetry),
 		LastFailed: ti.LastFailedAt, NextRun: ti.NextProcessAt, Orphaned: ti.IsOrphaned,
-	}
-	if p, ok := PolicyFor(ti.Type); ok {
-		// The worker archives a failure at the policy's MaxRetry; the
-		// queue holds one more (queueRetries).
-		ts.MaxRetry = min(ts.MaxRetry, p.MaxRetry)
 	}
 	switch ti.State {
 	case asynq.TaskStateCompleted:

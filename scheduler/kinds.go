@@ -63,6 +63,17 @@ type Policy struct {
 // worker archives a failure at the policy's MaxRetry itself.
 func (p Policy) queueRetries() int { return p.MaxRetry + 1 }
 
+// Retries is how many retries a task of kind gets after failures, queued
+// with queued (asynq's MaxRetry): its policy's MaxRetry, which is one
+// less than a task is queued with (queueRetries), or queued for a kind
+// without a policy.
+func Retries(kind string, queued int) int {
+	if p, ok := PolicyFor(kind); ok {
+		return min(queued, p.MaxRetry)
+	}
+	return queued
+}
+
 const day = 24 * time.Hour
 
 // policies holds every product kind's policy.

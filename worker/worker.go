@@ -348,13 +348,8 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 			// A failure at the kind's MaxRetry is archived here: asynq,
 			// which would archive any error at its own, interrupted and
 			// waiting ones too, holds one more (scheduler.Options).
-			if maxRetry, ok := asynq.GetMaxRetry(ctx); ok && !errors.Is(err, asynq.SkipRetry) {
-				if p, known := scheduler.PolicyFor(t.Type()); known {
-					maxRetry = min(maxRetry, p.MaxRetry)
-				}
-				if retried >= maxRetry {
-					err = fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
-				}
+			if maxRetry, ok := asynq.GetMaxRetry(ctx); ok && !errors.Is(err, asynq.SkipRetry) && retried >= scheduler.Retries(t.Type(), maxRetry) {
+				err = fmt.Errorf("%w (%w)", err, asynq.SkipRetry)
 			}
 			if errors.Is(err, asynq.SkipRetry) {
 				q, _ := asynq.GetQueueName(ctx)
@@ -404,8 +399,6 @@ func (l asynqLogger) Fatal(args ...any) { l.s.Fatal(args...) }
 func redisAddr(opt asynq.RedisConnOpt) string {
 	switch o := opt.(type) {
 	case asynq.RedisClientOpt:
-		return o.Addr
-	case *asynq.RedisClientOpt:
 		return o.Addr
 	case asynq.RedisFailoverClientOpt:
 		return "sentinel master " + o.MasterName

@@ -48,9 +48,9 @@ type hangWatch struct {
 }
 
 type wait struct {
-	call    string
-	began   time.Time
-	aborted bool
+	call          string
+	began         time.Time
+	aborted, hung bool
 }
 
 var hangs = &hangWatch{limit: DefaultHangTimeout, waits: map[uint64]*wait{}, aborts: map[uint64]func(){}}
@@ -156,7 +156,9 @@ func (h *hangWatch) watch() {
 				for _, a := range h.aborts {
 					abort = append(abort, a)
 				}
-			case w.aborted && waited >= limit+min(limit/2, time.Minute):
+			case w.aborted && !w.hung && waited >= limit+min(limit/2, time.Minute):
+				// Said once.
+				w.hung = true
 				hung = &Hang{Call: w.call, Waited: waited}
 			}
 		}
@@ -174,14 +176,6 @@ func (h *hangWatch) watch() {
 				os.Exit(3)
 			}
 			handler(*hung)
-			// Said once: the wait is no longer watched.
-			h.mu.Lock()
-			for id, w := range h.waits {
-				if w.call == hung.Call && time.Since(w.began) >= hung.Waited {
-					delete(h.waits, id)
-				}
-			}
-			h.mu.Unlock()
 		}
 		time.Sleep(tick)
 	}

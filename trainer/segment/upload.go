@@ -18,7 +18,6 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -603,22 +602,23 @@ func freeSpace(dir string) (int64, error) {
 	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
-// writeResults writes summary.md and loss.svg beside metrics.jsonl and
-// uploads the three to results/<run>/.
-// benchGPUs is the GPU count of the bench row a run is held to: the
-// run's, one where it sets none, and for gpus: all the GPUs its segment
-// found (a sweep on several GPUs holds a row for one beside theirs), or
-// any count (0) where the segment started none.
+// benchGPUs is the GPU count of the bench row a run is held to: the GPUs
+// its segment trained on (for gpus: all, those it found: a sweep on
+// several GPUs holds a row for one beside theirs). Where it started no
+// engine, the run's setting: one where it sets none, any count (0) for
+// all.
 func benchGPUs(configured trainer.GPUCount, devices int) int {
 	switch {
+	case devices > 0:
+		return devices
 	case configured == 0:
 		return 1
-	case int(configured) == model.AllGPUs:
-		return devices
 	}
-	return int(configured)
+	return max(int(configured), 0)
 }
 
+// writeResults writes summary.md and loss.svg beside metrics.jsonl and
+// uploads the three to results/<run>/.
 func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConfig, out Outcome, log *zap.Logger) error {
 	f, err := os.Open(filepath.Join(dir, results.MetricsFile))
 	if errors.Is(err, os.ErrNotExist) {

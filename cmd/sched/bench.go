@@ -117,7 +117,7 @@ busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
 	fl.BoolVar(&f.forceSM80, "force-sm80", false, "build the CUDA kernels for sm_80 (the RTX 3060's path) on a newer GPU")
 	fl.IntVar(&f.checkpointEvery, "checkpoint-every", 0, "write a checkpoint after every N timed steps, as a run does (beside the next steps), into a temporary directory removed at the end, and report the tokens per second of the steps around them")
 	fl.BoolVar(&f.checkpointWait, "checkpoint-wait", false, "with --checkpoint-every: wait for each checkpoint's write before the next step, for comparison")
-	fl.StringVar(&f.gpus, "gpus", "1", "GPUs to train on data-parallel, a number or all; above one, one GPU is measured first for the scaling efficiency")
+	fl.StringVar(&f.gpus, "gpus", "1", "GPUs to train on data-parallel, a number or all; where that is several, one GPU is measured after them for the scaling efficiency")
 	fl.StringVar(&f.moe, "moe", "", "Mixtral's mixture of experts in every layer of the preset: experts=N[,top_k=K,d_ff=F,aux_coef=C], as sched train takes it")
 	fl.BoolVar(&f.profile, "profile", false, "CUDA engine: after the timed steps, run as many again with each kernel timed by events and print the time per kernel")
 	rootCmd.AddCommand(cmd)
@@ -181,25 +181,24 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		Steps: f.steps, Warmup: f.warm, PeakFLOPS: f.peakTFLOPs * 1e12, ForceSM80: f.forceSM80, Profile: f.profile,
 		CheckpointEvery: f.checkpointEvery, CheckpointWait: f.checkpointWait, GPUs: int(gpus),
 		Log: func(s string) { fmt.Fprintln(errOut, "sched bench:", s) }}
+	res, err := trainer.Bench(ctx, opts)
+	if err != nil {
+		return err
+	}
 	var one float64
-	if gpus != 1 {
+	if res.GPUs > 1 {
+		// Measured after the GPUs asked for, so that "all" on a host of
+		// one GPU (or on the CPU) measures once, and several GPUs that
+		// fail to start fail before any bench.
 		o1 := opts
 		o1.GPUs, o1.Profile, o1.CheckpointEvery, o1.CheckpointWait = 1, false, 0, false
-		if o1.Engine == "auto" {
-			// The measure is one GPU: where none starts, auto would
-			// bench the CPU before the GPUs asked for fail to start.
-			o1.Engine = "cuda"
-		}
+		o1.Engine = res.Engine
 		r1, err := trainer.Bench(ctx, o1)
 		if err != nil {
 			return fmt.Errorf("one GPU, for the scaling efficiency: %w", err)
 		}
 		one = r1.TokPerSec
 		fmt.Fprintf(errOut, "sched bench: one GPU: %.0f tok/s\n", one)
-	}
-	res, err := trainer.Bench(ctx, opts)
-	if err != nil {
-		return err
 	}
 	r := benchResult{BenchRow: results.Row(f.model, c, f.batch, f.seq, res), Engine: res.Engine, Arch: res.Arch, ParamsM: float64(c.NumParams()) / 1e6,
 		ActiveParamsM: float64(trainer.ActiveParams(c)) / 1e6, Steps: f.steps,

@@ -113,8 +113,8 @@ func TestBadCUDASettingRefusedBeforeStart(t *testing.T) {
 
 // Several GPUs on the CPU engine, or an accumulate they do not divide, are
 // refused before anything runs; with engine auto on a host without a GPU,
-// the one-GPU measure the scaling is reckoned from is not taken on the CPU
-// first: the error comes before any bench.
+// several GPUs fail to start before any bench (auto never trains them on
+// the CPU), and "all" is the one device found, measured once.
 func TestBenchSeveralGPUsRefusedBeforeAnyBench(t *testing.T) {
 	f := benchFlags{engine: "cpu", model: "tiny", precision: "fp32", batch: 1, seq: 16, steps: 1, peakTFLOPs: 989, gpus: "2"}
 	var out, errOut bytes.Buffer
@@ -135,7 +135,35 @@ func TestBenchSeveralGPUsRefusedBeforeAnyBench(t *testing.T) {
 	out.Reset()
 	errOut.Reset()
 	err = runBench(context.Background(), &out, &errOut, f)
-	if err == nil || !strings.Contains(err.Error(), "one GPU") || strings.Contains(errOut.String(), "tok/s") || out.Len() != 0 {
-		t.Fatalf("engine auto, gpus 2, no GPU: %v, stderr %q, stdout %q; want the one GPU's failure before any bench", err, errOut.String(), out.String())
+	if err == nil || strings.Contains(errOut.String(), "tok/s") || out.Len() != 0 {
+		t.Fatalf("engine auto, gpus 2, no GPU: %v, stderr %q, stdout %q; want the GPUs' failure before any bench", err, errOut.String(), out.String())
+	}
+	f.gpus = "all"
+	out.Reset()
+	errOut.Reset()
+	err = runBench(context.Background(), &out, &errOut, f)
+	if err == nil || strings.Contains(errOut.String(), "tok/s") || out.Len() != 0 {
+		t.Fatalf("engine auto, gpus all, no GPU: %v, stderr %q, stdout %q; want the GPUs' failure before any bench", err, errOut.String(), out.String())
+	}
+}
+
+// "All" GPUs on a host of one is one measure, with no scaling: the one-GPU
+// measure is taken only after several GPUs have been.
+func TestBenchAllGPUsOnAHostOfOneMeasuresOnce(t *testing.T) {
+	if cuda.Devices() != 1 {
+		t.Skip("needs a host of exactly one GPU")
+	}
+	f := benchFlags{engine: "cuda", model: "tiny", precision: "fp32", batch: 2, seq: 64, steps: 2, peakTFLOPs: 989, gpus: "all"}
+	var out, errOut bytes.Buffer
+	if err := runBench(context.Background(), &out, &errOut, f); err != nil {
+		t.Fatalf("gpus all: %v, stderr %q", err, errOut.String())
+	}
+	var r benchResult
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("stdout %q: %v", out.String(), err)
+	}
+	if r.GPUs != 1 || r.OneGPUTokPerSec != 0 || r.ScalingEfficiency != 0 || strings.Contains(errOut.String(), "one GPU") {
+		t.Fatalf("gpus all on one GPU: gpus %d, one GPU %v, scaling %v, stderr %q; want one measure, no scaling",
+			r.GPUs, r.OneGPUTokPerSec, r.ScalingEfficiency, errOut.String())
 	}
 }

@@ -4,19 +4,21 @@
 # GPU against one at the same global batch (fp32 and bf16, loss within 1% at every logged step), native
 # and forced sm_80; and `sched bench` on one GPU against `--gpus all` at the issue's two shapes, small
 # 32 x 1024 and base 16 x 1024 a GPU, alternated (with two GPUs `sched bench` prints the scaling
-# efficiency). ROUNDS (default 2) sets the bench's alternations; SHAPES (default "small:32 base:16")
-# its shapes.
+# efficiency); and NCCL's all-reduce bus bandwidth for 1 to 512 MiB over every GPU (kernels/cuda's
+# BenchmarkAllReduce: the figure that decides buckets overlapped with the backward). ROUNDS (default 2)
+# sets the bench's alternations; SHAPES (default "small:32 base:16") its shapes.
 # Run from the repository root with .carry/g holding what was built on the development machine:
 #   CGO_ENABLED=0 go build -ldflags="-s -w" -o .carry/g/sched ./cmd/sched
 #   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/kernels.test ./kernels/
 #   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/trainer.test ./trainer/
+#   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/cuda.test ./kernels/cuda/
 #   gzip .carry/g/*
 # and, for the SIGTERM runs, .carry/g/store.tgz: `sched demo`'s token store and tokenizer, tarred from its
 # directory (`go run ./cmd/sched demo --duration 1s --dir /tmp/d && tar czf .carry/g/store.tgz -C /tmp/d
 # tokens/go-stdlib tokenizer.json`).
 # Output goes to $OUT (default /tmp/multi-gpu-run).
 C=${C:-$PWD/.carry/g}; OUT=${OUT:-/tmp/multi-gpu-run}; mkdir -p $OUT /tmp/mg-bin; G=/tmp/mg-bin
-for f in sched kernels.test trainer.test; do gunzip -c $C/$f.gz > $G/$f && chmod +x $G/$f; done
+for f in sched kernels.test trainer.test cuda.test; do [ -f $C/$f.gz ] && gunzip -c $C/$f.gz > $G/$f && chmod +x $G/$f; done
 export NCCL_NVLS_ENABLE=0
 S=$SECONDS
 log() { echo "### $(date -u +%H:%M:%S) t=$((SECONDS-S))s $*"; }
@@ -68,6 +70,11 @@ for run, how in (("B", "every GPU, stopped, resumed on one"), ("C", "one GPU, st
           f"largest difference from one GPU uninterrupted {100 * rel:.3f}% (loss {a[min(a)]:.4f} -> {a[max(a)]:.4f}): "
           + ("within 1%" if rel <= 0.01 and not missing else "NOT within 1%"))
 PY
+fi
+if [ -x $G/cuda.test ]; then
+  log "all-reduce bus bandwidth over every GPU"
+  (cd kernels/cuda && timeout 150 $G/cuda.test -test.v -test.run '^$' -test.bench AllReduce -test.benchtime 20x > $OUT/allreduce.log 2>&1; echo "rc=$?" >> $OUT/allreduce.log)
+  grep -E "^(Benchmark|FAIL|PASS|rc=|panic)|NCCL " $OUT/allreduce.log | tail -12
 fi
 log bench
 for shape in ${SHAPES:-small:32 base:16}; do

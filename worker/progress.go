@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/internal/lapse"
 	"github.com/kiln-lm/kiln/scheduler"
 )
 
@@ -35,9 +36,9 @@ type Reporter struct {
 	base     float64
 	baseAt   time.Time
 	baseSeen bool
-	// unwritten counts the writes that failed since the last that did
-	// not: only the first of them is logged.
-	unwritten int
+	// unwritten folds the writes that fail while Redis is down: only the
+	// first of them is logged, and the first to succeed after them.
+	unwritten lapse.Lapse
 }
 
 type reporterKey struct{}
@@ -163,17 +164,12 @@ func (r *Reporter) finish(state, msg string) {
 // the log says so once, and once more when a write succeeds again.
 func (r *Reporter) write(ctx context.Context, p scheduler.Progress) {
 	err := scheduler.WriteProgress(ctx, r.rdb, p, r.ttl)
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	first, lost := r.unwritten.Note(err)
 	switch {
-	case err != nil && r.unwritten == 0:
+	case first:
 		r.log.Warn("progress not written; the task goes on, and further failures are not logged until a write succeeds",
 			zap.String("task_id", p.TaskID), zap.Error(err))
-		r.unwritten++
-	case err != nil:
-		r.unwritten++
-	case r.unwritten > 0:
-		r.log.Info("progress written again", zap.String("task_id", p.TaskID), zap.Int("writes_lost", r.unwritten))
-		r.unwritten = 0
+	case lost > 0:
+		r.log.Info("progress written again", zap.String("task_id", p.TaskID), zap.Int("writes_lost", lost))
 	}
 }

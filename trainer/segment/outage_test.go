@@ -480,3 +480,59 @@ func TestARedisOutageLongerThanTheLeaseLosesNoStep(t *testing.T) {
 		t.Fatalf("segment after Redis is back: %+v, %v; want it to resume from step %d", next, err, out.Step)
 	}
 }
+
+// Redis down for less than the lease: training goes on, and the state
+// writes that fail meanwhile (one a second) make two lines in the log,
+// one when the first fails and one when a write succeeds again.
+func TestARedisOutageWithinTheLeaseIsLoggedTwice(t *testing.T) {
+	rs := testsvc.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	obj, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := testRun("redis-blip", 1_000_000)
+	run.CheckpointEvery = 1_000_000
+	core, logs := observer.New(zap.InfoLevel)
+	said := func(msg string) []observer.LoggedEntry { return logs.FilterMessage(msg).AllUntimed() }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var once sync.Once
+	var steps atomic.Int64
+	ended := make(chan error, 1)
+	go func() {
+		// The lease outlasts any outage this test makes.
+		_, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a",
+			LockTTL: time.Hour, Log: zap.New(core),
+			Progress: func(step, total int, m *trainer.Metrics) {
+				steps.Store(int64(step))
+				if m != nil && step == 3 {
+					once.Do(rs.Stop)
+				}
+			}})
+		ended <- err
+	}()
+	waitFor(t, "the first failed state write logged", func() bool {
+		return len(said("run state not recorded; training goes on, and further failures are not logged until a write succeeds")) > 0
+	})
+	// Training goes on while Redis is down.
+	during := steps.Load()
+	waitFor(t, "steps trained while Redis is down", func() bool { return steps.Load() >= during+5 })
+	rs.Start()
+	waitFor(t, "a state write after the outage logged", func() bool { return len(said("run state recorded again")) > 0 })
+	cancel()
+	if err := <-ended; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("segment: %v", err)
+	}
+	down, back := said("run state not recorded; training goes on, and further failures are not logged until a write succeeds"), said("run state recorded again")
+	if len(down) != 1 || len(back) != 1 {
+		t.Fatalf("the outage was logged as %d failure line(s) and %d recovery line(s); want one of each", len(down), len(back))
+	}
+	if lost := back[0].ContextMap()["writes_lost"]; lost == nil || lost.(int64) < 1 {
+		t.Fatalf("recovery line: writes_lost %v; want the failed writes counted", lost)
+	}
+	if n := len(said("record run state")); n != 0 {
+		t.Fatalf("%d lines per failed write", n)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/internal/lapse"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
@@ -308,6 +309,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		return out, err
 	}
 	var stateMu sync.Mutex
+	var unrecorded lapse.Lapse
 	lastState := time.Time{}
 	var lastLoss *float64 // the last logged loss, for the segment's last word
 	hooks := trainer.Hooks{
@@ -327,7 +329,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 			}
 			stateMu.Unlock()
 			if due {
-				p.writeState(tctx, lock, rc, m, wall(), nil, log)
+				p.writeState(tctx, lock, rc, m, wall(), nil, &unrecorded, log)
 			}
 		},
 		Step: func(step, total int) {
@@ -377,7 +379,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	final := trainer.Metrics{Step: res.Step, Tokens: res.Tokens, Loss: lastLoss}
 	stateMu.Unlock()
 	p.writeState(context.WithoutCancel(ctx), lock, rc, final, out.Wall,
-		map[string]string{"done": strconv.FormatBool(done)}, log)
+		map[string]string{"done": strconv.FormatBool(done)}, &unrecorded, log)
 	if terr != nil {
 		return out, terr
 	}
@@ -650,8 +652,12 @@ func graceContext(ctx context.Context, grace time.Duration) (g context.Context, 
 	}
 }
 
-// writeState records the run's progress in its state hash, fenced.
-func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig, m trainer.Metrics, wall time.Duration, extra map[string]string, log *zap.Logger) {
+// writeState records the run's progress in its state hash, fenced. While
+// Redis does not answer every write fails (one a second at most):
+// unrecorded folds them into a line when the first fails and one when a
+// write succeeds again.
+func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig, m trainer.Metrics, wall time.Duration, extra map[string]string,
+	unrecorded *lapse.Lapse, log *zap.Logger) {
 	f := map[string]string{
 		"step":    strconv.Itoa(m.Step),
 		"total":   strconv.Itoa(rc.TotalSteps),
@@ -677,8 +683,15 @@ func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig
 		left := float64(rc.TotalSteps-m.Step) * float64(rc.TokensPerStep()) / m.TokPerSec
 		f["eta_s"] = strconv.FormatFloat(left, 'f', 0, 64)
 	}
-	if err := lock.Fenced(ctx, f); err != nil && !errors.Is(err, context.Canceled) {
-		log.Warn("record run state", zap.Error(err))
+	err := lock.Fenced(ctx, f)
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	switch first, lost := unrecorded.Note(err); {
+	case first:
+		log.Warn("run state not recorded; training goes on, and further failures are not logged until a write succeeds", zap.Error(err))
+	case lost > 0:
+		log.Info("run state recorded again", zap.Int("writes_lost", lost))
 	}
 }
 

@@ -29,10 +29,11 @@ const (
 	PurposeGenerate Purpose = "generate"
 )
 
-// LargestGPU is the device memory of the largest card kiln supports, an
-// H200 (141 GB). Where the device that will run a task is unknown (at
-// enqueue), a plan that needs more than this cannot run anywhere.
-const LargestGPU = 141e9
+// LargestGPU is the device memory free on the largest card kiln
+// supports, an H200 (sold as 141 GB: 139.8 GiB in all, about 139 GiB free
+// once a context exists). Where the device that will run a task is unknown
+// (at enqueue), a plan that needs more than this cannot run anywhere.
+const LargestGPU = 139 << 30
 
 // MemoryPlan is one engine start to size.
 type MemoryPlan struct {

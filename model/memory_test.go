@@ -293,3 +293,26 @@ func TestMoEEstimateMatchesAllocation(t *testing.T) {
 	})
 	check("generate 208", MemoryPlan{Config: c, Engine: "cpu", Batch: 1, Seq: len(prompt) + 8, Purpose: PurposeGenerate}, got, 0.9, 1.2)
 }
+
+// The largest batches of 1024 positions that enqueue lets through for an
+// H200 are those docs/operations.md's memory table gives: about 900 for
+// small and 385 for base (bf16, CUDA engine, training).
+func TestLargestCardHoldsTheBatchesTheDocsSay(t *testing.T) {
+	largest := func(preset string) int {
+		b := 1
+		for ; ; b++ {
+			plan := MemoryPlan{Config: Presets[preset], Engine: "cuda", Precision: "bf16", Batch: b + 1, Seq: 1024, Purpose: PurposeBench}
+			if err := CheckMemory(plan, LargestGPU, "an H200"); err != nil {
+				return b
+			}
+		}
+	}
+	for _, c := range []struct {
+		preset string
+		about  int
+	}{{"small", 900}, {"base", 385}} {
+		if b := largest(c.preset); b < c.about*98/100 || b > c.about*102/100 {
+			t.Errorf("%s: batch %d x 1024 is the largest an H200 holds by the estimate; docs/operations.md says about %d", c.preset, b, c.about)
+		}
+	}
+}

@@ -21,13 +21,16 @@ type benchFlags struct {
 	engine, model, precision string
 	batch, seq, steps, warm  int
 	accumulate               int
-	peakTFLOPs               float64
-	forceSM80                bool
-	profile                  bool
-	checkpointEvery          int
-	checkpointWait           bool
-	gpus                     string
-	moe                      string
+	// accumulateSet: --accumulate was given, so that 0 is refused as
+	// every zero size is, not read as the default.
+	accumulateSet   bool
+	peakTFLOPs      float64
+	forceSM80       bool
+	profile         bool
+	checkpointEvery int
+	checkpointWait  bool
+	gpus            string
+	moe             string
 }
 
 // benchResult is the JSON line `sched bench` prints per run: the bench
@@ -101,6 +104,7 @@ other processes on the GPU and warns when there are any: figures from a
 busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.accumulateSet = cmd.Flags().Changed("accumulate")
 			return runBench(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
 		},
 	}
@@ -142,7 +146,7 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		return badInput("--batch must be positive, got %d", f.batch)
 	case f.seq <= 0 || f.seq > c.MaxPositions:
 		return badInput("--seq must be between 1 and the model's %d positions, got %d", c.MaxPositions, f.seq)
-	case f.accumulate < 0:
+	case f.accumulate < 0 || f.accumulateSet && f.accumulate == 0:
 		return badInput("--accumulate must be positive, got %d (leave it out for one micro-batch a GPU)", f.accumulate)
 	case f.steps <= 0 || f.warm < 0:
 		return badInput("--steps must be positive and --warmup not negative (got %d, %d)", f.steps, f.warm)

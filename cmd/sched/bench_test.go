@@ -75,6 +75,8 @@ func TestBenchBadInputNamesTheFlag(t *testing.T) {
 	}{
 		{func(f *benchFlags) { f.model = "huge" }, "--model"},
 		{func(f *benchFlags) { f.batch = 0 }, "--batch"},
+		{func(f *benchFlags) { f.accumulate, f.accumulateSet = 0, true }, "--accumulate"},
+		{func(f *benchFlags) { f.accumulate = -2 }, "--accumulate"},
 		{func(f *benchFlags) { f.seq = 1 << 20 }, "--seq"},
 		{func(f *benchFlags) { f.steps = 0 }, "--steps"},
 		{func(f *benchFlags) { f.precision = "fp8" }, "--precision"},
@@ -93,6 +95,14 @@ func TestBenchBadInputNamesTheFlag(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || !isBadInput(err) {
 			t.Errorf("%s: error = %v, want bad input naming %s", c.want, err, c.want)
 		}
+	}
+}
+
+// A zero size typed on the command line is refused, not read as the
+// default: leave a flag out for that.
+func TestBenchZeroSizesAreRefused(t *testing.T) {
+	for _, flag := range []string{"--batch", "--seq", "--steps", "--accumulate"} {
+		wantBadInput(t, nil, "^sched: "+flag+" must be (positive|between 1)", "bench", "--engine", "cpu", "--model", "tiny", flag, "0")
 	}
 }
 

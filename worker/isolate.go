@@ -497,6 +497,14 @@ func serveTask(ctx context.Context, p TaskParams) (err error) {
 			return fmt.Errorf("%s: %w", t.Kind, err)
 		}
 	}
+	if hs.Training != nil && hs.Training.Owner == "" {
+		// The run's lock and state name the worker, as its task's
+		// progress does, not this process, which `sched status` never
+		// lists.
+		tr := *hs.Training
+		tr.Owner = t.Worker
+		hs.Training = &tr
+	}
 	set, err := hs.build()
 	if err != nil {
 		return err

@@ -194,6 +194,14 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 	if !strings.Contains(line, formatRate(rate, "tok")) || !strings.Contains(line, " tok/s") {
 		t.Fatalf("run line %q lacks its rate in tok/s", line)
 	}
+	// The run and its task are on the worker that WORKERS lists, not on
+	// the process the worker runs the task in.
+	on := regexp.MustCompile(`  on (\S+)$`)
+	out, _, _ := sched(t, env, "status")
+	runOn, taskOn := on.FindStringSubmatch(lineOf(out, "eta  ")), on.FindStringSubmatch(lineOf(out, "train:segment:"))
+	if runOn == nil || taskOn == nil || runOn[1] != taskOn[1] || !strings.Contains(out, "\nWORKERS\n"+runOn[1]+"  ") {
+		t.Fatalf("the run and its task are not on the one listed worker:\n%s", out)
+	}
 
 	// --watch into a pipe: plain blocks with bars, never an escape byte.
 	watchOut := watchPipe(t, env, 2)

@@ -36,7 +36,7 @@ type WorkerProcess struct {
 	Name string
 	// Queues maps each queue the process serves to its concurrency.
 	Queues map[string]int
-	// Active is the number of tasks it is running.
+	// Active is the number of this snapshot's running tasks that are its.
 	Active  int
 	Started time.Time
 }
@@ -102,6 +102,7 @@ func (c *Client) Snapshot(ctx context.Context) (*Snapshot, error) {
 	}
 	s.Workers = workerProcesses(servers)
 	s.markLost(servers)
+	s.countActive(servers)
 	for i := range s.Queues {
 		for j := range s.Queues[i].Running {
 			s.Queues[i].Running[j] = s.task(s.Queues[i].Running[j].ID)
@@ -160,7 +161,6 @@ func workerProcesses(servers []*asynq.ServerInfo) []WorkerProcess {
 		for q := range s.Queues {
 			wp.Queues[q] += s.Concurrency
 		}
-		wp.Active += len(s.ActiveWorkers)
 		if s.Started.Before(wp.Started) {
 			wp.Started = s.Started
 		}
@@ -195,6 +195,33 @@ func (s *Snapshot) markLost(servers []*asynq.ServerInfo) {
 			continue
 		}
 		t.Lost = t.Orphaned || (!held[t.ID] && t.HasProgress && t.Progress.Worker != "" && !live[t.Progress.Worker])
+	}
+}
+
+// countActive sets each worker's Active to the tasks of this snapshot's
+// RUNNING that are its: those whose progress names it, and those its
+// heartbeat lists that have no progress yet. The heartbeat alone, written
+// every 5s, would count a task just started as not yet running and one
+// just finished as running still.
+func (s *Snapshot) countActive(servers []*asynq.ServerInfo) {
+	heldBy := map[string]string{}
+	for _, sv := range servers {
+		for _, w := range sv.ActiveWorkers {
+			heldBy[w.TaskID] = sv.Host + ":" + strconv.Itoa(sv.PID)
+		}
+	}
+	n := map[string]int{}
+	for _, t := range s.Tasks {
+		switch {
+		case t.State != "active":
+		case t.HasProgress && t.Progress.Worker != "":
+			n[t.Progress.Worker]++
+		case heldBy[t.ID] != "":
+			n[heldBy[t.ID]]++
+		}
+	}
+	for i := range s.Workers {
+		s.Workers[i].Active = n[s.Workers[i].Name]
 	}
 }
 

@@ -195,11 +195,11 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 		t.Fatalf("run line %q lacks its rate in tok/s", line)
 	}
 	// The run and its task are on the worker that WORKERS lists, not on
-	// the process the worker runs the task in.
+	// the process the worker runs the task in, and the worker counts it.
 	on := regexp.MustCompile(`  on (\S+)$`)
 	out, _, _ := sched(t, env, "status")
 	runOn, taskOn := on.FindStringSubmatch(lineOf(out, "eta  ")), on.FindStringSubmatch(lineOf(out, "train:segment:"))
-	if runOn == nil || taskOn == nil || runOn[1] != taskOn[1] || !strings.Contains(out, "\nWORKERS\n"+runOn[1]+"  ") {
+	if runOn == nil || taskOn == nil || runOn[1] != taskOn[1] || !strings.Contains(out, "\nWORKERS\n"+runOn[1]+"  gpu=1  1 running  ") {
 		t.Fatalf("the run and its task are not on the one listed worker:\n%s", out)
 	}
 

@@ -392,10 +392,15 @@ func (c RunConfig) Validate() error {
 	if msg != "" {
 		return badInput(errors.New(msg))
 	}
+	named := map[string]bool{}
 	for i, m := range c.Mixture {
 		if m.Store == "" || !(m.Weight > 0) || math.IsInf(m.Weight, 0) {
 			return badInput(fmt.Errorf("mixture[%d]: needs a store and a finite positive weight, got %q weight %g", i, m.Store, m.Weight))
 		}
+		if named[m.Store] {
+			return badInput(fmt.Errorf("mixture[%d]: store %q is named twice: name it once, with the sum of its weights", i, m.Store))
+		}
+		named[m.Store] = true
 	}
 	if c.GPUs > 1 {
 		if _, err := NewGlobalBatch(c.Batch, c.Accumulate, int(c.GPUs)); err != nil {

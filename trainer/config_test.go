@@ -90,6 +90,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{func(c *RunConfig) { c.Mixture = nil }, "--tokens"},
 		{func(c *RunConfig) { c.Mixture[0].Weight = -1 }, "mixture[0]"},
 		{func(c *RunConfig) { c.Mixture[0].Weight = math.Inf(1) }, "mixture[0]"},
+		{func(c *RunConfig) { c.Mixture = []MixtureEntry{{Store: "s", Weight: 1}, {Store: "s", Weight: 2}} }, `mixture[1]: store "s" is named twice`},
 		{func(c *RunConfig) { c.LR = math.NaN() }, "lr NaN"},
 		{func(c *RunConfig) { c.LR = math.Inf(1) }, "lr +Inf"},
 		{func(c *RunConfig) { c.Floor = Float(math.NaN()) }, "floor NaN"},

@@ -84,6 +84,9 @@ type Worker struct {
 	down *redisDown
 }
 
+// MaxConcurrency bounds the tasks a worker runs at once from one queue.
+const MaxConcurrency = 256
+
 // ParseQueues reads "ingest=4,append=1,gpu=1".
 func ParseQueues(s string) (map[string]int, error) {
 	out := map[string]int{}
@@ -102,6 +105,12 @@ func ParseQueues(s string) (map[string]int, error) {
 		}
 		if !validQueue(name) {
 			return nil, fmt.Errorf("unknown queue %q (queues: %s)", name, strings.Join(scheduler.Queues, ", "))
+		}
+		if _, twice := out[name]; twice {
+			return nil, fmt.Errorf("queue %q is given twice: give each queue once, e.g. ingest=4,append=1,gpu=1", name)
+		}
+		if c > MaxConcurrency {
+			return nil, fmt.Errorf("%s=%d: at most %d tasks of a queue at once (an ingest task keeps a CPU core busy: about one a core is the most that pays)", name, c, MaxConcurrency)
 		}
 		if name == scheduler.QueueGPU && c > 1 {
 			return nil, fmt.Errorf("gpu=%d: the gpu queue runs one task at a time, since a training segment or a bench takes all of the worker's GPUs; to train a run on several GPUs set gpus: N in the run, or KILN_GPUS (docs/operations.md, \"Several GPUs\")", c)

@@ -368,10 +368,22 @@ func TestParseQueues(t *testing.T) {
 	if err != nil || q["ingest"] != 4 || q["append"] != 1 || q["gpu"] != 1 {
 		t.Fatalf("ParseQueues = %v, %v", q, err)
 	}
-	for _, bad := range []string{"", "cpu=2", "ingest=0", "ingest=x"} {
-		if _, err := ParseQueues(bad); err == nil {
-			t.Errorf("ParseQueues(%q) succeeded", bad)
+	for _, bad := range []struct{ queues, says string }{
+		{"", "no queues given"},
+		{"cpu=2", `unknown queue "cpu"`},
+		{"ingest=0", "not a positive number"},
+		{"ingest=x", "not a positive number"},
+		{"ingest=4,ingest=2", `queue "ingest" is given twice`},
+		// A worker of that many slots did not stop on SIGTERM.
+		{"ingest=99999999999", "ingest=99999999999: at most 256"},
+		{"append=257", "append=257: at most 256"},
+	} {
+		if _, err := ParseQueues(bad.queues); err == nil || !strings.Contains(err.Error(), bad.says) {
+			t.Errorf("ParseQueues(%q) = %v; want an error saying %q", bad.queues, err, bad.says)
 		}
+	}
+	if q, err := ParseQueues("ingest=256"); err != nil || q["ingest"] != 256 {
+		t.Errorf("ParseQueues(ingest=256) = %v, %v", q, err)
 	}
 	// Two tasks at once on the gpu queue would put two engines on the
 	// same GPUs; several GPUs are the run's setting.

@@ -154,6 +154,10 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		return badInput("--peak-tflops must be a finite number, not negative, got %g (0 looks the GPU up)", f.peakTFLOPs)
 	case f.checkpointEvery < 0:
 		return badInput("--checkpoint-every must not be negative, got %d (0 writes none)", f.checkpointEvery)
+	case f.engine == "cpu" && f.profile:
+		return badInput("--profile times the CUDA engine's kernels: drop it, or bench --engine cuda")
+	case f.engine == "cpu" && f.forceSM80:
+		return badInput("--force-sm80 builds the CUDA engine's kernels: drop it, or bench --engine cuda")
 	case f.checkpointWait && f.checkpointEvery == 0:
 		return badInput("--checkpoint-wait needs --checkpoint-every N: there is no checkpoint to wait for")
 	}

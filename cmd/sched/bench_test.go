@@ -83,6 +83,8 @@ func TestBenchBadInputNamesTheFlag(t *testing.T) {
 		{func(f *benchFlags) { f.peakTFLOPs = -1 }, "--peak-tflops"},
 		{func(f *benchFlags) { f.gpus = "0" }, "--gpus"},
 		{func(f *benchFlags) { f.gpus = "many" }, "--gpus"},
+		{func(f *benchFlags) { f.profile = true }, "--profile"},
+		{func(f *benchFlags) { f.forceSM80 = true }, "--force-sm80"},
 		{func(f *benchFlags) { f.moe = "experts=1" }, "--moe"},
 		{func(f *benchFlags) { f.moe = "experts=4,top_k=5" }, "--moe"},
 		{func(f *benchFlags) { f.moe = "experts=4,aux_coef=-1" }, "--moe"},

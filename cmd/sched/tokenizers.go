@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -46,6 +47,10 @@ func init() {
 			}
 			if tokensDir == "" {
 				tokensDir = filepath.Join(cfg.DataDir, "tokens")
+			} else if st, err := os.Stat(tokensDir); err != nil || !st.IsDir() {
+				// The default may not exist yet (no store made); a
+				// directory named by hand that is not there is a typo.
+				return badInput("--tokens-dir %s: not a directory: give the directory that holds the token stores (default <data dir>/tokens)", tokensDir)
 			}
 			return listTokenizers(ctx, c.OutOrStdout(), cat, tokensDir, cfg.Tokenizer)
 		},

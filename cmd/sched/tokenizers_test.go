@@ -231,3 +231,16 @@ func TestUnknownTokenizersHintMakesItKnown(t *testing.T) {
 		t.Fatalf("sched tokenizers after the hint: exit %d\n%s", code, out)
 	}
 }
+
+// A --tokens-dir named by hand that is not a directory is a typo, not a
+// host without stores.
+func TestTokenizersRefusesATokensDirThatIsNotADirectory(t *testing.T) {
+	env := baseEnv(t)
+	file := filepath.Join(t.TempDir(), "corpus.txt")
+	if err := os.WriteFile(file, []byte("text"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{file, filepath.Join(t.TempDir(), "nosuch")} {
+		wantBadInput(t, env, `^sched: --tokens-dir .*: not a directory: give the directory that holds the token stores`, "tokenizers", "--tokens-dir", dir)
+	}
+}

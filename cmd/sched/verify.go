@@ -92,6 +92,9 @@ func runVerify(ctx context.Context, out, errOut io.Writer, f verifyFlags) error 
 	if err := checkEngine(f.engine); err != nil {
 		return err
 	}
+	if f.engine == "cpu" && f.forceSM80 {
+		return badInput("--force-sm80 builds the CUDA engine's kernels: drop it, or verify --engine cuda")
+	}
 	r, err := model.Verify(ctx, f.golden, model.VerifyOptions{
 		Engine: f.engine, Precision: f.precision, ForceSM80: f.forceSM80, Tol: &tol,
 		Log: func(s string) { fmt.Fprintln(errOut, s) },

@@ -102,6 +102,7 @@ func TestVerifyCommandBadInput(t *testing.T) {
 		{[]string{"verify", "--golden", filepath.Join(goldenDir, "tiny"), "--engine", "tpu", "--precision", "fp32"}, `unknown --engine "tpu"`},
 		{[]string{"verify", "--golden", filepath.Join(goldenDir, "tiny"), "--engine", "cpu", "--precision", "fp8"}, "fp8"},
 		{[]string{"verify", "--golden", trunc, "--engine", "cpu", "--precision", "fp32"}, "grads.safetensors: truncated"},
+		{[]string{"verify", "--golden", filepath.Join(goldenDir, "tiny"), "--engine", "cpu", "--precision", "fp32", "--force-sm80"}, "--force-sm80 builds the CUDA engine's kernels"},
 	}
 	for _, c := range cases {
 		_, errOut, code := runModelCLI(t, c.args...)

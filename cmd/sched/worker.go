@@ -18,6 +18,7 @@ import (
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
+	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/worker"
 )
 
@@ -35,6 +36,13 @@ func init() {
 			qs, err := worker.ParseQueues(queues)
 			if err != nil {
 				return badInput("--queues %q: %v", queues, err)
+			}
+			if qs[scheduler.QueueGPU] > 0 {
+				// Each segment reads the runs file; one it cannot read
+				// would archive them all, so it is refused where it is set.
+				if _, err := runs.Load(os.Getenv("KILN_RUNS")); err != nil {
+					return badInput("KILN_RUNS: %v; mend it, then start the worker again", err)
+				}
 			}
 			// The client stays open while the worker runs: a training
 			// segment queues the next one through it.

@@ -310,3 +310,21 @@ func TestWorkerThatRequiresAGPUSaysWhyItArchivesAutoWork(t *testing.T) {
 		t.Errorf("the worker's log does not say at its start that no GPU starts:\n%s", log)
 	}
 }
+
+// A GPU worker whose runs file cannot be read is refused at its start,
+// naming KILN_RUNS, instead of archiving every segment it takes.
+func TestAGPUWorkerRefusesAnUnreadableRunsFile(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "runs.yaml")
+	if err := os.WriteFile(bad, []byte("mine:\n  model: small\n  steps: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range []string{bad, dir, filepath.Join(dir, "nosuch.yaml")} {
+		wantBadInput(t, append(baseEnv(t), "KILN_RUNS="+file), `^sched: KILN_RUNS: .*; mend it, then start the worker again`, "worker", "--queues", "gpu=1")
+	}
+	// A worker of the CPU queues reads no runs file.
+	env := append(baseEnv(t), "KILN_RUNS="+bad, "KILN_REDIS_URL=redis://127.0.0.1:1/0")
+	if _, errOut, code := sched(t, env, "worker", "--queues", "ingest=1"); code != exitBadInput || strings.Contains(errOut, "KILN_RUNS") {
+		t.Fatalf("ingest worker with a bad runs file: exit %d, %s; want Redis's refusal, not the runs file's", code, errOut)
+	}
+}

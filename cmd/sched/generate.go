@@ -13,6 +13,7 @@ import (
 
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
@@ -22,6 +23,9 @@ type generateFlags struct {
 	maxTokens, topK                 int
 	temperature                     float64
 	seed                            uint64
+	// pulled says the checkpoint is --run's, whose files the pull
+	// already checked against their hashes.
+	pulled bool
 }
 
 func init() {
@@ -51,7 +55,7 @@ directory.`,
 				if err != nil {
 					return err
 				}
-				f.checkpoint = dir
+				f.checkpoint, f.pulled = dir, true
 			}
 			return runGenerate(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
 		},
@@ -87,6 +91,11 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 	}
 	if fi, err := os.Stat(f.checkpoint); err == nil && !fi.IsDir() {
 		return badInput("--checkpoint %s is a file: give the checkpoint's directory (it holds config.json, model.safetensors and tokenizer.json)", f.checkpoint)
+	}
+	if !f.pulled {
+		if err := verifyCheckpoint(f.checkpoint); err != nil {
+			return err
+		}
 	}
 	params, err := model.LoadCheckpoint(f.checkpoint)
 	if err != nil {
@@ -153,6 +162,23 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 	}
 	_, err = fmt.Fprintln(out, f.prompt+cont)
 	return err
+}
+
+// verifyCheckpoint refuses, as bad input, a checkpoint training wrote
+// whose files no longer match the sizes and SHA-256 hashes its
+// trainer_state.json lists (trainer.VerifyCheckpoint, as a resume checks
+// them): the weights or the tokenizer were altered or cut short since, and
+// what they generate would not be the run's. A directory without a
+// trainer_state.json (as transformers saves one), or with one of another
+// format than kiln's, has no hashes to check.
+func verifyCheckpoint(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, trainer.StateFile)); err != nil {
+		return nil
+	}
+	if _, err := trainer.VerifyCheckpoint(dir); errors.Is(err, trainer.ErrDamaged) {
+		return badInput("%w", err)
+	}
+	return nil
 }
 
 // pullLatestCheckpoint copies run's latest complete checkpoint from object

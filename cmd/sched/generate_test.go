@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -282,5 +284,66 @@ func TestGenerateSamplesOnlyTheTokenizersIds(t *testing.T) {
 		if code != 0 || !strings.HasPrefix(out, "func main() {") || len(out) <= len("func main() {\n") {
 			t.Errorf("temperature %s: exit %d, %q %s", temp, code, out, errOut)
 		}
+	}
+}
+
+// trainedRun trains the tiny model for two steps with 'sched train', a
+// checkpoint after each, and returns the run's directory and the command's
+// arguments (less --steps), to which a resume adds its own.
+func trainedRun(t *testing.T) (string, []string) {
+	t.Helper()
+	tokJSON, sha := trainTestTokenizer(t, "func main() { return x } the quick brown fox\n")
+	store := trainTestStoreBy(t, sha, 4096, 50000)
+	out := filepath.Join(t.TempDir(), "run")
+	args := []string{"train", "--model", "tiny", "--tokens", store, "--engine", "cpu", "--precision", "fp32",
+		"--seq", "32", "--batch", "2", "--checkpoint-every", "1", "--out", out, "--tokenizer-file", tokJSON}
+	if _, errOut, code := sched(t, nil, append(args, "--steps", "2")...); code != 0 {
+		t.Fatalf("train: exit %d: %s", code, errOut)
+	}
+	return out, args
+}
+
+// A checkpoint training wrote is checked against the sizes and hashes its
+// trainer_state.json lists before it generates, as a resume checks it: one
+// whose tokenizer.json or model.safetensors was altered since is refused
+// in one line that names the file and what is wrong, where before it
+// generated with the altered files.
+func TestGenerateRefusesAnAlteredCheckpoint(t *testing.T) {
+	t.Parallel()
+	out, _ := trainedRun(t)
+	gen := []string{"generate", "--prompt", "func main", "--max-tokens", "4", "--temperature", "0", "--engine", "cpu", "--checkpoint"}
+	step1, step2 := filepath.Join(out, "step-0000001"), filepath.Join(out, "step-0000002")
+	for _, dir := range []string{step1, step2} {
+		if got, errOut, code := sched(t, nil, append(gen, dir)...); code != 0 || !strings.HasPrefix(got, "func main") {
+			t.Fatalf("generate --checkpoint %s, intact: exit %d\n%s%s", dir, code, got, errOut)
+		}
+	}
+
+	// tokenizer.json with a line added: valid still, and a byte longer.
+	tokPath := filepath.Join(step1, trainer.TokenizerFile)
+	tj, err := os.ReadFile(tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokPath, append(tj, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// model.safetensors with one weight's lowest bit flipped: the same
+	// size, and loads as well as before.
+	modelPath := filepath.Join(step2, trainer.ModelFile)
+	b, err := os.ReadFile(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-4] ^= 1
+	if err := os.WriteFile(modelPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, c := range []struct{ dir, want string }{
+		{step1, fmt.Sprintf("checkpoint %s: tokenizer.json is %d bytes, trainer_state.json says %d (truncated?): use an earlier checkpoint", step1, len(tj)+1, len(tj))},
+		{step2, "checkpoint " + step2 + ": model.safetensors has SHA-256 "},
+	} {
+		wantBadInput(t, nil, regexp.QuoteMeta(c.want), append(gen, c.dir)...)
 	}
 }

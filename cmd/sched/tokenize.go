@@ -23,6 +23,7 @@ import (
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
+	"github.com/kiln-lm/kiln/trainer"
 )
 
 // outHelp is what both commands' help says of --out.
@@ -30,9 +31,10 @@ const outHelp = `The output is written beside --out and renamed over it, so that
 failed run never leaves a part-written file there. A file already at
 --out is replaced only with --force, and never one that kiln manages,
 --force or not: a file of a token store (a directory holding its
-manifest.json) or a tokenizer.json the data directory's catalog publishes
-('sched tokenizers' lists them). A device or a pipe (/dev/null) is written
-in place.`
+manifest.json) or of a training checkpoint (a directory holding its
+trainer_state.json), or a tokenizer.json the data directory's catalog
+publishes ('sched tokenizers' lists them). A device or a pipe (/dev/null)
+is written in place.`
 
 func init() {
 	var tokFile, in, out, dtype string
@@ -352,10 +354,13 @@ func requireEOS(path string, tk *tokenizer.Tokenizer) error {
 	return badInput("tokenizer %s has no end-of-text token, which separates documents in a token store: add \"<|endoftext|>\" (or </s>) to its added_tokens with \"special\": true, or train one with 'sched tokenizer train --special \"<|endoftext|>\"'", path)
 }
 
-// checkOut refuses, as bad input, an --out that cannot be written: a
-// directory, or a file in a directory that does not exist or that this
-// process may not write to.
+// checkOut refuses, as bad input, an --out that cannot be written: none
+// at all (""), a directory, or a file in a directory that does not exist or
+// that this process may not write to.
 func checkOut(out string) error {
+	if out == "" {
+		return errNoOut
+	}
 	if st, err := os.Stat(out); err == nil {
 		if st.IsDir() {
 			return badInput("--out %s is a directory; name a file to write", out)
@@ -449,6 +454,11 @@ func writeOutput(out string, write func(io.Writer) error) error {
 	return os.Rename(dst.Name(), out)
 }
 
+// errNoOut refuses an empty --out, which names no file: the output would
+// be written in the working directory and its rename onto "" fail, after
+// all the work.
+var errNoOut = badInput(`--out "" names no file; give the file to write`)
+
 // commandContext is cmd's context, or the background where cobra was run
 // without one.
 func commandContext(cmd *cobra.Command) context.Context {
@@ -477,13 +487,17 @@ func outPolicyFor(cmd *cobra.Command, force bool) (outPolicy, error) {
 	return outPolicy{force: force, cfg: cfg}, nil
 }
 
-// check refuses, as bad input, an --out that would replace a file kiln
-// manages (a token store's, or a published tokenizer: stores and runs
+// check refuses, as bad input, an empty --out, an --out that would replace
+// a file kiln manages (a token store's; a training checkpoint's, which a
+// resume would find damaged; or a published tokenizer: stores and runs
 // name it by its sha256, and would lose it or change meaning), and any
 // other existing regular file unless --force was given. A device or a pipe
 // is written in place, so nothing is replaced; a directory is checkOut's
 // to refuse.
 func (p outPolicy) check(ctx context.Context, out string) error {
+	if out == "" {
+		return errNoOut
+	}
 	st, err := os.Stat(out)
 	if err == nil && !st.Mode().IsRegular() {
 		return nil
@@ -502,6 +516,16 @@ func (p outPolicy) check(ctx context.Context, out string) error {
 			return badInput("--out %s is inside token store %s, whose files only ingest writes; write to another path (--force does not change this)", out, dir)
 		}
 		return badInput("--out %s is token store %s's file: replacing it would break the store, so it is refused even with --force; write to another path", out, dir)
+	}
+	dir, ok = checkpointHolding(filepath.Clean(out))
+	if !ok {
+		dir, ok = checkpointHolding(real)
+	}
+	if ok {
+		if st == nil {
+			return badInput("--out %s is inside checkpoint %s, whose files only training writes; write to another path (--force does not change this)", out, dir)
+		}
+		return badInput("--out %s is checkpoint %s's file: replacing it would damage the checkpoint, so it is refused even with --force; write to another path", out, dir)
 	}
 	if p.cfg.DataDir != "" {
 		if st != nil {
@@ -540,6 +564,20 @@ func resolvePath(out string) string {
 func tokenStoreHolding(path string) (string, bool) {
 	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
 		if isTokenStore(dir) {
+			return dir, true
+		}
+		if filepath.Dir(dir) == dir {
+			return "", false
+		}
+	}
+}
+
+// checkpointHolding returns the training checkpoint that path is in, if
+// any: the nearest directory above it that holds a trainer_state.json, as
+// every checkpoint training writes does (a damaged one included).
+func checkpointHolding(path string) (string, bool) {
+	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
+		if _, err := os.Lstat(filepath.Join(dir, trainer.StateFile)); err == nil {
 			return dir, true
 		}
 		if filepath.Dir(dir) == dir {

@@ -24,6 +24,7 @@ import (
 	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
+	"github.com/kiln-lm/kiln/trainer"
 )
 
 func goldenTokenizer(t *testing.T, dir string) string {
@@ -630,5 +631,66 @@ func TestTokenizeRefusesABadTokenizerFile(t *testing.T) {
 		if _, err := os.Stat(out); err == nil {
 			t.Fatalf("a refused tokenizer left %s behind", out)
 		}
+	}
+}
+
+// A training checkpoint's files are never an --out, --force or not, by
+// their path or a path through a link to the checkpoint: replaced (or one
+// added), the checkpoint no longer matches its trainer_state.json and a
+// resume sets it aside. Each refusal names the checkpoint; the run is left
+// as it was and resumes from its newest checkpoint.
+func TestOutputNeverWritesIntoACheckpoint(t *testing.T) {
+	t.Parallel()
+	run, args := trainedRun(t)
+	home := t.TempDir()
+	in := filepath.Join(home, "in.txt")
+	os.WriteFile(in, []byte(strings.Repeat("func main() {}\n", 100)), 0o644)
+	tokPath := goldenTokenizer(t, home)
+	step := filepath.Join(run, "step-0000002")
+	link := filepath.Join(home, "latest")
+	if err := os.Symlink(step, link); err != nil {
+		t.Fatal(err)
+	}
+	file := "is checkpoint %s's file: replacing it would damage the checkpoint, so it is refused even with --force; write to another path"
+	before := dirDigest(t, run)
+	for _, c := range []struct{ out, want string }{
+		{filepath.Join(step, trainer.ModelFile), "--out " + filepath.Join(step, trainer.ModelFile) + " " + fmt.Sprintf(file, step)},
+		{filepath.Join(step, trainer.TokenizerFile), "--out " + filepath.Join(step, trainer.TokenizerFile) + " " + fmt.Sprintf(file, step)},
+		{filepath.Join(step, trainer.StateFile), fmt.Sprintf(file, step)},
+		{filepath.Join(link, trainer.ConfigFile), "--out " + filepath.Join(link, trainer.ConfigFile) + " " + fmt.Sprintf(file, link)},
+		{filepath.Join(step, "ids.bin"), "--out " + filepath.Join(step, "ids.bin") + " is inside checkpoint " + step + ", whose files only training writes; write to another path (--force does not change this)"},
+	} {
+		for _, args := range [][]string{
+			{"tokenize", "--tokenizer-file", tokPath, "--in", in, "--dtype", "u32", "--out", c.out, "--force"},
+			{"tokenizer", "train", "--in", in, "--vocab", "300", "--out", c.out, "--force"},
+		} {
+			wantBadInput(t, nil, regexp.QuoteMeta(c.want), args...)
+		}
+	}
+	if after := dirDigest(t, run); after != before {
+		t.Errorf("refused outputs changed the run:\nbefore %s\nafter  %s", before, after)
+	}
+	_, errOut, code := sched(t, nil, append(args, "--steps", "3", "--resume")...)
+	if set, _ := filepath.Glob(filepath.Join(run, "*.damaged*")); code != 0 || len(set) > 0 || strings.Contains(errOut, "damaged") {
+		t.Errorf("resume after the refusals: exit %d, set aside %v\n%s", code, set, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(run, "step-0000003", trainer.StateFile)); err != nil {
+		t.Errorf("the resumed run wrote no step 3: %v", err)
+	}
+}
+
+// An empty --out names no file: refused by both commands before any work,
+// where tokenizer train used to learn the whole vocabulary and then fail
+// to rename its output onto "".
+func TestOutputMustNameAFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tokPath := goldenTokenizer(t, dir)
+	in := filepath.Join(dir, "in.txt")
+	os.WriteFile(in, []byte(strings.Repeat("the quick brown fox\n", 100)), 0o644)
+	wantBadInput(t, nil, "--out", "tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", "")
+	wantBadInput(t, nil, regexp.QuoteMeta(`--out "" names no file; give the file to write`), "tokenizer", "train", "--in", in, "--vocab", "300", "--out", "", "--force")
+	if left, _ := filepath.Glob(".tmp*"); len(left) > 0 {
+		t.Errorf("a refused --out left %v behind", left)
 	}
 }

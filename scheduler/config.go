@@ -1,13 +1,17 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
+	"unicode"
 
 	"gopkg.in/yaml.v3"
 
@@ -168,12 +172,23 @@ func (c Config) Validate() error {
 		if strings.Contains(c.S3Endpoint, "://") || strings.Contains(c.S3Endpoint, "/") {
 			return &ConfigError{"KILN_S3_ENDPOINT", fmt.Sprintf("%q must be host:port without scheme or path (use KILN_S3_SECURE=true for https)", redact.URL(c.S3Endpoint))}
 		}
+		if why := endpointProblem(c.S3Endpoint); why != "" {
+			return &ConfigError{"KILN_S3_ENDPOINT", fmt.Sprintf("%q is not host:port (%s), e.g. minio:9000 or 127.0.0.1:9000", redact.URL(c.S3Endpoint), why)}
+		}
 		if c.S3AccessKey == "" || c.S3SecretKey == "" {
 			return &ConfigError{"KILN_S3_ACCESS_KEY", "an S3 endpoint is set but its access key or secret key (KILN_S3_SECRET_KEY) is empty"}
 		}
 	}
 	if !validBucket(c.S3Bucket) {
 		return &ConfigError{"KILN_S3_BUCKET", fmt.Sprintf("%q is not a valid bucket name (3-63 characters: lower-case letters, digits, '-', '.')", c.S3Bucket)}
+	}
+	// The data directory is created when it does not exist; a file in its
+	// place (or in the place of a directory above it) would fail only at
+	// the first mkdir, naming a path and not the setting.
+	if fi, err := os.Stat(c.DataDir); err == nil && !fi.IsDir() {
+		return &ConfigError{"KILN_DATA_DIR", fmt.Sprintf("%q is a file, not a directory: point it at a directory (kiln creates one that does not exist)", c.DataDir)}
+	} else if errors.Is(err, syscall.ENOTDIR) {
+		return &ConfigError{"KILN_DATA_DIR", fmt.Sprintf("%q is under a file, not a directory: point it at a directory (kiln creates one that does not exist)", c.DataDir)}
 	}
 	for _, r := range c.LocalRoots {
 		if strings.TrimSpace(r) == "" {
@@ -199,6 +214,44 @@ func (c Config) Validate() error {
 		return &ConfigError{"KILN_TOKENIZER", err.Error() + "; a file is --tokenizer-file"}
 	}
 	return nil
+}
+
+// endpointProblem says what is wrong with an S3 endpoint, host or
+// host:port, or "" when nothing is: the host a name or an IP address
+// (an IPv6 address in brackets), the port a number from 1 to 65535.
+func endpointProblem(e string) string {
+	if strings.ContainsFunc(e, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return "it has a space in it"
+	}
+	host := e
+	if h, port, err := net.SplitHostPort(e); err == nil {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != port {
+			return fmt.Sprintf("port %q is not a number from 1 to 65535", port)
+		}
+		host = h
+	} else if strings.HasPrefix(e, "[") && strings.HasSuffix(e, "]") {
+		host = e[1 : len(e)-1]
+	} else if strings.Contains(e, ":") {
+		return "it does not split into host and port; an IPv6 address goes in brackets, as in [::1]:9000"
+	}
+	if net.ParseIP(host) != nil {
+		return ""
+	}
+	if host == "" {
+		return "it has no host"
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(host, "."), ".") {
+		ok := label != "" && label[0] != '-' && label[len(label)-1] != '-'
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+				ok = false
+			}
+		}
+		if !ok {
+			return fmt.Sprintf("host %q is not a host name or an IP address", host)
+		}
+	}
+	return ""
 }
 
 func validBucket(b string) bool {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -48,5 +50,63 @@ func TestConfigNeverShowsTheRedisPassword(t *testing.T) {
 	}
 	if err := (Config{RedisURL: "redis://:pw@localhost:63x9/0"}.WithDefaults()).Validate(); err == nil || !strings.Contains(err.Error(), "port") {
 		t.Errorf("a port typo: %v; want the reason named", err)
+	}
+}
+
+// A malformed S3 endpoint is refused naming KILN_S3_ENDPOINT and giving a
+// valid value, before minio-go's parser quotes it as a URL.
+func TestConfigRefusesAMalformedS3Endpoint(t *testing.T) {
+	base := Config{S3AccessKey: "ak", S3SecretKey: "sk"}
+	for _, e := range []string{"minio:9000", "127.0.0.1:9000", "s3.example.com", "s3.example.com.", "kiln_minio_1:9000", "[::1]:9000", "[::1]"} {
+		c := base
+		c.S3Endpoint = e
+		if err := c.WithDefaults().Validate(); err != nil {
+			t.Errorf("%q: %v; want it taken", e, err)
+		}
+	}
+	for e, why := range map[string]string{
+		"garbage host:xx": "it has a space in it",
+		"minio:xx":        `port "xx" is not a number from 1 to 65535`,
+		"minio:":          `port "" is not a number`,
+		"minio:99999":     `port "99999" is not a number`,
+		"::1:9000":        "an IPv6 address goes in brackets",
+		":9000":           "it has no host",
+		"-minio:9000":     `host "-minio" is not a host name`,
+		"min!o:9000":      `host "min!o" is not a host name`,
+		"minio..lan:9000": `host "minio..lan" is not a host name`,
+		"minio:9000\t":    "it has a space in it",
+	} {
+		c := base
+		c.S3Endpoint = e
+		err := c.WithDefaults().Validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Env != "KILN_S3_ENDPOINT" || !strings.Contains(err.Error(), "KILN_S3_ENDPOINT (--s3-endpoint): ") ||
+			!strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), "e.g. minio:9000") {
+			t.Errorf("%q: %v; want a ConfigError naming KILN_S3_ENDPOINT, saying %q and giving an example", e, err, why)
+		}
+	}
+}
+
+// A data directory that is a file, or under one, is refused naming
+// KILN_DATA_DIR, not at the first mkdir; one that does not exist is taken
+// (kiln creates it).
+func TestConfigRefusesADataDirThatIsAFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "corpus.txt")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "new", "data")} {
+		if err := (Config{DataDir: d}.WithDefaults()).Validate(); err != nil {
+			t.Errorf("%s: %v; want it taken", d, err)
+		}
+	}
+	for d, why := range map[string]string{file: "is a file, not a directory", filepath.Join(file, "data"): "is under a file, not a directory"} {
+		err := Config{DataDir: d}.WithDefaults().Validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Env != "KILN_DATA_DIR" || !strings.Contains(err.Error(), "KILN_DATA_DIR (--data-dir): ") ||
+			!strings.Contains(err.Error(), why) || !strings.Contains(err.Error(), "point it at a directory") {
+			t.Errorf("%s: %v; want a ConfigError naming KILN_DATA_DIR and saying it %s", d, err, why)
+		}
 	}
 }

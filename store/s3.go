@@ -371,8 +371,20 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 	return s.wrap("delete", key, err)
 }
 
-// Check verifies that the server answers and accepts the credentials.
-func (s *S3) Check(ctx context.Context) error {
-	_, err := s.c.BucketExists(ctx, s.o.Bucket)
-	return s.wrap("check", "", err)
+// Check verifies that the server answers and accepts the credentials, and
+// says whether the bucket exists. A missing bucket is no error: the first
+// put creates it, as a fresh setup needs. But a mistyped bucket name is
+// created the same way, so a caller that checks the configuration should
+// say that it is missing.
+func (s *S3) Check(ctx context.Context) (bucket bool, err error) {
+	ok, err := s.c.BucketExists(ctx, s.o.Bucket)
+	if err != nil {
+		return false, s.wrap("check", "", err)
+	}
+	if ok {
+		s.mu.Lock()
+		s.bucket = true
+		s.mu.Unlock()
+	}
+	return ok, nil
 }

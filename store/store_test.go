@@ -215,7 +215,7 @@ func TestS3WrongCredentialsIsBadInput(t *testing.T) {
 	ctx := context.Background()
 	for name, op := range map[string]func() error{
 		"put":   func() error { return s.Put(ctx, "results/x", strings.NewReader("x"), 1) },
-		"check": func() error { return s.Check(ctx) },
+		"check": func() error { _, err := s.Check(ctx); return err },
 	} {
 		err := op()
 		var se *S3Error
@@ -226,8 +226,33 @@ func TestS3WrongCredentialsIsBadInput(t *testing.T) {
 			t.Errorf("%s with a wrong secret: %v reads as the server unreachable", name, err)
 		}
 	}
-	if strings.Contains(fmtErr(s.Check(ctx)), "wrong-secret") {
+	if _, err := s.Check(ctx); strings.Contains(fmtErr(err), "wrong-secret") {
 		t.Error("error shows the secret")
+	}
+}
+
+// Check says whether the bucket exists, without creating it: a missing
+// bucket is no error (the first put creates it), but the caller learns of
+// it, as a mistyped KILN_S3_BUCKET is created the same way.
+func TestS3CheckSaysWhetherTheBucketExists(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	s, err := NewS3(S3Options{Endpoint: srv.Endpoint, Bucket: "kiln-typo", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if ok, err := s.Check(ctx); ok || err != nil {
+		t.Fatalf("Check before the first put: %v, %v; want false and no error", ok, err)
+	}
+	if _, err := os.Stat(filepath.Join(srv.Dir, "kiln-typo")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Check created the bucket: %v", err)
+	}
+	if err := s.Put(ctx, "results/x", strings.NewReader("x"), 1); err != nil {
+		t.Fatalf("the first put, which creates the bucket: %v", err)
+	}
+	if ok, err := s.Check(ctx); !ok || err != nil {
+		t.Fatalf("Check after the first put: %v, %v; want true", ok, err)
 	}
 }
 

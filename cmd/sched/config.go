@@ -136,8 +136,23 @@ func init() {
 				return errors.Join(gpuErr, err)
 			}
 			q.Close()
-			if _, err := openStore(cmd.Context(), cfg); err != nil {
+			st, err := openStoreUnchecked(cfg)
+			if err != nil {
 				return errors.Join(gpuErr, err)
+			}
+			bucket := true
+			if s3, ok := st.(*store.S3); ok {
+				if bucket, err = checkStore(cmd.Context(), cfg, s3); err != nil {
+					return errors.Join(gpuErr, err)
+				}
+			}
+			if !bucket {
+				// No error: the first write creates the bucket, which a
+				// fresh setup relies on. But a mistyped name would be
+				// created the same way, unnoticed, so it is said here.
+				fmt.Fprintf(w, "redis and object store reachable, but bucket %s does not exist at %s: check KILN_S3_BUCKET (--s3-bucket); kiln creates it at the first write\n",
+					cfg.S3Bucket, s3Address(cfg))
+				return gpuErr
 			}
 			fmt.Fprintln(w, "redis and object store reachable")
 			return gpuErr
@@ -273,7 +288,7 @@ func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
 	if err != nil || cfg.S3Endpoint == "" {
 		return s, err
 	}
-	if err := checkStore(ctx, cfg, s.(*store.S3)); err != nil {
+	if _, err := checkStore(ctx, cfg, s.(*store.S3)); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -292,22 +307,30 @@ func openStoreUnchecked(cfg scheduler.Config) (store.Store, error) {
 }
 
 // checkStore checks that the S3 server s answers and takes the
-// credentials.
-func checkStore(ctx context.Context, cfg scheduler.Config, s *store.S3) error {
+// credentials, and says whether the bucket exists (the first write creates
+// it when it does not).
+func checkStore(ctx context.Context, cfg scheduler.Config, s *store.S3) (bucket bool, err error) {
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if err := s.Check(cctx); err != nil {
+	bucket, err = s.Check(cctx)
+	if err != nil {
 		if isBadInput(err) || ctx.Err() != nil {
-			return redactErr(cfg, err)
+			return false, redactErr(cfg, err)
 		}
-		scheme := "http"
-		if cfg.S3Secure {
-			scheme = "https"
-		}
-		return badInput("cannot reach the object store at %s://%s (KILN_S3_ENDPOINT or --s3-endpoint, https with KILN_S3_SECURE): %w; check the endpoint, http or https, and that it is running",
-			scheme, cfg.Masked().S3Endpoint, redactErr(cfg, err))
+		return false, badInput("cannot reach the object store at %s (KILN_S3_ENDPOINT or --s3-endpoint, https with KILN_S3_SECURE): %w; check the endpoint, http or https, and that it is running",
+			s3Address(cfg), redactErr(cfg, err))
 	}
-	return nil
+	return bucket, nil
+}
+
+// s3Address is the S3 server's address for messages, scheme://endpoint,
+// credentials masked.
+func s3Address(cfg scheduler.Config) string {
+	scheme := "http"
+	if cfg.S3Secure {
+		scheme = "https"
+	}
+	return scheme + "://" + cfg.Masked().S3Endpoint
 }
 
 // redactErr hides cfg's secrets in err's text, keeping what err wraps for

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -350,10 +351,20 @@ func parseScaled(s string, units map[byte]float64) (int64, error) {
 		return 0, fmt.Errorf("not a number with an optional unit")
 	}
 	// 2^63 and above (infinity among them) would wrap negative: no limit.
-	if x := v * mult; x >= math.MaxInt64 {
+	x := v * mult
+	if x >= math.MaxInt64 {
 		return 0, fmt.Errorf("too large: at most 9.2E18")
 	}
-	return int64(v * mult), nil
+	// In decimal, exactly: 1.1K is 1100 whatever 1.1 x 1000 rounds to in
+	// binary. The range check above keeps the exponent small.
+	r, ok := new(big.Rat).SetString(s)
+	if !ok {
+		return 0, fmt.Errorf("not a number with an optional unit")
+	}
+	if r.Mul(r, new(big.Rat).SetFloat64(mult)); !r.IsInt() {
+		return 0, fmt.Errorf("not a whole number (%s)", r.FloatString(4))
+	}
+	return r.Num().Int64(), nil
 }
 
 // sameContent is the clause a report adds for the files whose content

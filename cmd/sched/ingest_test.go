@@ -216,6 +216,17 @@ func TestParseCountAndBytes(t *testing.T) {
 	if n, _ := parseCount("25B"); n != 25_000_000_000 {
 		t.Fatalf("25B = %d", n)
 	}
+	for s, want := range map[string]int64{"1.5K": 1500, "1.1K": 1100, "0.29K": 290, "2.3M": 2_300_000, "1e3": 1000, "7": 7} {
+		if n, err := parseCount(s); n != want || err != nil {
+			t.Errorf("parseCount(%q) = %d, %v; want %d", s, n, err, want)
+		}
+	}
+	// A fraction of a token is a mistake, not a count to round.
+	for _, bad := range []string{"1.5", "0.0005K", "1.0000000001M"} {
+		if n, err := parseCount(bad); err == nil || !strings.Contains(err.Error(), "not a whole number") {
+			t.Errorf("parseCount(%q) = %d, %v; want a refusal", bad, n, err)
+		}
+	}
 	if n, _ := parseBytes("50GiB"); n != 50<<30 {
 		t.Fatalf("50GiB = %d", n)
 	}

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"math/bits"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unicode"
@@ -155,6 +156,10 @@ func (t *Tokenizer) IsSpecial(id uint32) bool { return t.isSpec[id] }
 
 // eosNames are end-of-text tokens of common tokenizers, most specific first.
 var eosNames = []string{"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|im_end|>", "<|eot_id|>"}
+
+// IsEOSName reports whether name is one of the end-of-text tokens EOS
+// looks for.
+func IsEOSName(name string) bool { return slices.Contains(eosNames, name) }
 
 // EOS returns the end-of-text token that separates documents in a token
 // store: the first of the usual names (<|endoftext|>, <|end_of_text|>, </s>,

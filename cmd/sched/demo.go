@@ -177,7 +177,10 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 		return res, err
 	}
 	files, err := filepath.Glob(o.Files)
-	if err != nil || len(files) == 0 {
+	if err != nil {
+		return res, badInput("--files %q is not a glob (%v): give a glob of text files, such as '$GOROOT/src/*/*.go'", o.Files, err)
+	}
+	if len(files) == 0 {
 		return res, badInput("--files %q matches no files: give a glob of text files, such as '$GOROOT/src/*/*.go'", o.Files)
 	}
 	sort.Strings(files)

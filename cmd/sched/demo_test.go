@@ -64,6 +64,10 @@ func TestDemoBadInput(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "matches no files") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
 		t.Fatalf("exit %d, %q", code, errOut)
 	}
+	_, errOut, code = sched(t, nil, "demo", "--dir", t.TempDir(), "--files", "[")
+	if code != 2 || !strings.Contains(errOut, `--files "[" is not a glob`) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Fatalf("--files [: exit %d, %q", code, errOut)
+	}
 	// Refused before anything is made: --dir stays empty.
 	dir := t.TempDir()
 	for _, c := range []struct{ args, want string }{

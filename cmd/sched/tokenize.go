@@ -112,6 +112,9 @@ machine as a published tokenizer.
 			if len(special) == 0 {
 				return badInput("--special names no token: give at least the end-of-text token (such as <|endoftext|>), which ends each document in a token store")
 			}
+			if !slices.ContainsFunc(special, tokenizer.IsEOSName) {
+				return badInput("--special %s: none is an end-of-text token (<|endoftext|>, </s>, <eos>, ...), which ends each document in a token store, so no ingest could use the tokenizer: add <|endoftext|>", strings.Join(special, ","))
+			}
 			opts.SpecialTokens = special
 			// Zero is the library's "default", which a size typed on the
 			// command line never means.

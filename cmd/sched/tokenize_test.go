@@ -432,19 +432,25 @@ func TestTokenizeProgressFileReadsAtOffsets(t *testing.T) {
 	}
 }
 
-// sched tokenizer train --special "" (no special token) is refused naming
-// the flag, and writes nothing.
+// sched tokenizer train with no end-of-text token among --special is
+// refused naming the flag, and writes nothing.
 func TestTokenizerTrainNeedsAnEndOfTextToken(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	in, out := filepath.Join(dir, "corpus.txt"), filepath.Join(dir, "tokenizer.json")
 	os.WriteFile(in, []byte(strings.Repeat("the quick brown fox\n", 100)), 0o644)
-	_, errOut, code := sched(t, nil, "tokenizer", "train", "--in", in, "--vocab", "300", "--out", out, "--special", "")
-	if code != 2 || !strings.Contains(errOut, "--special") || !strings.Contains(errOut, "end-of-text") {
-		t.Errorf("--special \"\": exit %d, %q", code, errOut)
+	// None at all, or none that ends a document: no ingest could use it.
+	for _, special := range []string{"", "<pad>,<unk>"} {
+		_, errOut, code := sched(t, nil, "tokenizer", "train", "--in", in, "--vocab", "300", "--out", out, "--special", special)
+		if code != 2 || !strings.Contains(errOut, "--special") || !strings.Contains(errOut, "end-of-text") || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("--special %q: exit %d, %q", special, code, errOut)
+		}
+		if _, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("a refused training wrote %s: %v", out, err)
+		}
 	}
-	if _, err := os.Stat(out); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("a refused training wrote %s: %v", out, err)
+	if _, errOut, code := sched(t, nil, "tokenizer", "train", "--in", in, "--vocab", "300", "--out", out, "--special", "<pad>,</s>"); code != 0 {
+		t.Errorf("--special <pad>,</s>: exit %d, %s", code, errOut)
 	}
 }
 

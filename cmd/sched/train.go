@@ -164,6 +164,9 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 			}
 			printMetrics(out, m, rc.TotalSteps)
 		}})
+	if err == nil && from < 0 && res.Step >= rc.TotalSteps {
+		fmt.Fprintf(out, "the run is at step %d of its %d already: nothing to train (a longer run needs --steps or --total-tokens raised)\n", res.Step, rc.TotalSteps)
+	}
 	if res.Checkpoint != "" && res.Step > 0 {
 		fmt.Fprintf(out, "step %d, %d tokens; checkpoint %s\n", res.Step, res.Tokens, res.Checkpoint)
 	}
@@ -316,6 +319,9 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 	}
 	if fl.Changed("total-tokens") && f.rc.TotalTokens < 1 {
 		return badInput("--total-tokens %d: give the run's tokens, at least one step's", f.rc.TotalTokens)
+	}
+	if fl.Changed("steps") && fl.Changed("total-tokens") {
+		return badInput("--steps %d and --total-tokens %d both give the run's length: give one of them", f.rc.TotalSteps, f.rc.TotalTokens)
 	}
 	if fl.Changed("lr") {
 		if err := checkFinite("lr", f.rc.LR); err != nil {

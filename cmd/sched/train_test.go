@@ -164,11 +164,23 @@ func TestTrainCommandBadInput(t *testing.T) {
 		{[]string{"train", "--steps", "1", "--tokens", store, "--gpus", "two"}, `gpus "two"`},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--gpus", "2", "--accumulate", "3", "--engine", "cuda"}, "accumulate 3 is not a multiple of gpus 2"},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--gpus", "2", "--accumulate", "2", "--engine", "cpu"}, "needs the cuda engine"},
+		{[]string{"train", "--steps", "2", "--total-tokens", "100", "--tokens", store}, "--steps 2 and --total-tokens 100 both give the run's length"},
+		{[]string{"train", "--steps", "1", "--tokens", store, "--tokens", store}, "named twice"},
 	} {
 		_, err := runTrainCmd(tc.args...)
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: want a bad-input error containing %q, got %v", tc.args, tc.want, err)
 		}
+	}
+}
+
+// A run resumed at or past its length trains nothing, and says so.
+func TestTrainResumedPastItsLengthSaysSo(t *testing.T) {
+	t.Parallel()
+	_, args := trainedRun(t)
+	out, errOut, code := sched(t, nil, append(args, "--steps", "1", "--resume")...)
+	if code != 0 || !strings.Contains(out, "the run is at step 2 of its 1 already: nothing to train") {
+		t.Fatalf("resumed at step 2 of 1: exit %d\n%s%s", code, out, errOut)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -73,23 +74,46 @@ func Decode(n *yaml.Node, v any) error {
 	if err := n.Decode(v); err != nil {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
-			return errors.New(plainTypes.Replace(strings.Join(te.Errors, "; ")))
+			return errors.New(plainTypes(strings.Join(te.Errors, "; ")))
 		}
 		return err
 	}
 	return nil
 }
 
+// goType is a Go type that yaml's type errors name, after "into ".
+var goType = regexp.MustCompile(`into (struct \{[^{}]*\}|\*?(?:\[\]|map\[[\w.]+\])*[\w.]+)`)
+
 // plainTypes names the Go types of yaml's type errors as a YAML writer
-// knows them.
-var plainTypes = strings.NewReplacer(
-	"into float64", "into a number", "into float32", "into a number",
-	"into int64", "into a whole number", "into int32", "into a whole number",
-	"into uint64", "into a whole number", "into uint32", "into a whole number",
-	"into uint", "into a whole number", "into int", "into a whole number",
-	"into bool", "into true or false",
-	"into time.Duration", "into a duration such as 90m or 2h30m",
-)
+// knows them: a number, a list, a mapping of settings.
+func plainTypes(msg string) string {
+	return goType.ReplaceAllStringFunc(msg, func(m string) string {
+		t := strings.TrimPrefix(strings.TrimPrefix(m, "into "), "*")
+		var plain string
+		switch {
+		case strings.HasPrefix(t, "[]"):
+			plain = "a list"
+		case strings.HasPrefix(t, "map["):
+			plain = "a mapping"
+		case t == "float64" || t == "float32":
+			plain = "a number"
+		case strings.HasPrefix(t, "int") || strings.HasPrefix(t, "uint"):
+			plain = "a whole number"
+		case t == "bool":
+			plain = "true or false"
+		case t == "string":
+			plain = "a string"
+		case t == "time.Duration":
+			plain = "a duration such as 90m or 2h30m"
+		case strings.Contains(t, ".") || strings.HasPrefix(t, "struct {"):
+			// A struct of the program's: its settings, as a mapping.
+			plain = "a mapping of settings"
+		default:
+			return m
+		}
+		return "into " + plain
+	})
+}
 
 var unmarshaler = reflect.TypeFor[yaml.Unmarshaler]()
 

@@ -101,6 +101,11 @@ func TestTypeErrorsSayWhatTheValueMustBe(t *testing.T) {
 		"model: x\ntotal_steps: 1.5\n":     "line 2: 1.5 is not a whole number",
 		"total_steps: ten\n":               "line 1: cannot unmarshal !!str `ten` into a whole number",
 		"segment:\n  max_duration: soon\n": "line 2: cannot unmarshal !!str `soon` into a duration such as 90m or 2h30m",
+		// No Go type names: a struct is a mapping of settings, a slice a
+		// list, a map a mapping.
+		"segment: soon\n":        "line 1: cannot unmarshal !!str `soon` into a mapping of settings",
+		"mixture: store\n":       "line 1: cannot unmarshal !!str `store` into a list",
+		"mixture:\n  - [a, b]\n": "line 2: cannot unmarshal !!seq into a mapping of settings",
 	} {
 		var v config
 		if err := Unmarshal([]byte(doc), &v); err == nil || !strings.Contains(err.Error(), want) {

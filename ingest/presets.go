@@ -6,10 +6,12 @@ import (
 	"maps"
 	"os"
 	"path"
+	"regexp"
 	"slices"
 	"strings"
 
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
+	"github.com/kiln-lm/kiln/store"
 )
 
 //go:embed presets.yaml
@@ -85,11 +87,31 @@ func parsePresets(b []byte, where string) (map[string]Preset, error) {
 }
 
 func (p Preset) validate() error {
+	// The name is the dataset's on the command line and its store's by
+	// default.
+	if strings.HasPrefix(p.Name, LocalPrefix) {
+		return fmt.Errorf("a name beginning %q names a local glob, which a preset cannot be: name it otherwise", LocalPrefix)
+	}
+	if err := store.CheckName("dataset", p.Name); err != nil {
+		return err
+	}
 	if p.Repo == "" || strings.Count(p.Repo, "/") != 1 {
 		return fmt.Errorf("repo %q is not an owner/name dataset id", p.Repo)
 	}
 	if len(p.Include) == 0 {
 		return fmt.Errorf("include lists no file patterns")
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.Vars)) {
+		if len(p.Vars[k]) == 0 {
+			return fmt.Errorf("vars.%s lists no values, so the patterns that use {%s} match nothing: list its values, or drop it and its {%s}", k, k, k)
+		}
+	}
+	for _, pat := range p.Include {
+		for _, m := range varRef.FindAllStringSubmatch(pat, -1) {
+			if _, ok := p.Vars[m[1]]; !ok {
+				return fmt.Errorf("include pattern %q uses {%s}, which vars does not define: add vars.%s with its values", pat, m[1], m[1])
+			}
+		}
 	}
 	for _, pat := range p.Patterns() {
 		if _, err := path.Match(pat, ""); err != nil {
@@ -98,6 +120,9 @@ func (p Preset) validate() error {
 	}
 	return nil
 }
+
+// varRef is a {name} in an include pattern, which vars fills in.
+var varRef = regexp.MustCompile(`\{(\w+)\}`)
 
 // LookupPreset finds name among presets, or builds a local preset from
 // "local:<glob>". An unknown name lists the known ones.

@@ -68,6 +68,24 @@ func TestPresetOverride(t *testing.T) {
 	if _, err := Presets(f); err == nil || !strings.Contains(err.Error(), `preset "bad"`) {
 		t.Fatalf("bad preset: %v", err)
 	}
+	// Entries no ingest could use are refused with the file, not queued
+	// to fail on a worker.
+	for yaml, want := range map[string]string{
+		"'../up':\n  repo: o/d\n  include: ['*.parquet']\n":                         `preset "../up": `,
+		"'a b':\n  repo: o/d\n  include: ['*.parquet']\n":                           `preset "a b": `,
+		"'local:x':\n  repo: o/d\n  include: ['*.parquet']\n":                       `a name beginning "local:" names a local glob`,
+		"mine:\n  repo: o/d\n  include: ['{lang}/*.parquet']\n":                     `include pattern "{lang}/*.parquet" uses {lang}, which vars does not define`,
+		"mine:\n  repo: o/d\n  include: ['{lang}/*.parquet']\n  vars: {lang: []}\n": `vars.lang lists no values`,
+	} {
+		os.WriteFile(f, []byte(yaml), 0o644)
+		if _, err := Presets(f); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want an error saying %q", yaml, err, want)
+		}
+	}
+	os.WriteFile(f, []byte("mine:\n  repo: o/d\n  include: ['{lang}/*.parquet']\n  vars: {lang: [Go, C]}\n"), 0o644)
+	if ps, err := Presets(f); err != nil || len(ps["mine"].Patterns()) != 2 {
+		t.Fatalf("a preset with its vars: %v, %v", err, ps["mine"].Patterns())
+	}
 }
 
 func TestCheckReadsColumnsWithoutDownloading(t *testing.T) {

@@ -510,25 +510,18 @@ func (p outPolicy) check(ctx context.Context, out string) error {
 	}
 	// The store as the path names it, else where its links lead.
 	real := resolvePath(out)
-	dir, ok := tokenStoreHolding(filepath.Clean(out))
-	if !ok {
-		dir, ok = tokenStoreHolding(real)
-	}
-	if ok {
-		if st == nil {
-			return badInput("--out %s is inside token store %s, whose files only ingest writes; write to another path (--force does not change this)", out, dir)
+	for _, m := range managedDirs {
+		dir, ok := holding(filepath.Clean(out), m.is)
+		if !ok {
+			dir, ok = holding(real, m.is)
 		}
-		return badInput("--out %s is token store %s's file: replacing it would break the store, so it is refused even with --force; write to another path", out, dir)
-	}
-	dir, ok = checkpointHolding(filepath.Clean(out))
-	if !ok {
-		dir, ok = checkpointHolding(real)
-	}
-	if ok {
-		if st == nil {
-			return badInput("--out %s is inside checkpoint %s, whose files only training writes; write to another path (--force does not change this)", out, dir)
+		if !ok {
+			continue
 		}
-		return badInput("--out %s is checkpoint %s's file: replacing it would damage the checkpoint, so it is refused even with --force; write to another path", out, dir)
+		if st == nil {
+			return badInput("--out %s is inside %s %s, whose files only %s writes; write to another path (--force does not change this)", out, m.what, dir, m.writer)
+		}
+		return badInput("--out %s is %s %s's file: replacing it would %s, so it is refused even with --force; write to another path", out, m.what, dir, m.harm)
 	}
 	if p.cfg.DataDir != "" {
 		if st != nil {
@@ -563,24 +556,24 @@ func resolvePath(out string) string {
 	return abs
 }
 
-// tokenStoreHolding returns the token store that path is in, if any.
-func tokenStoreHolding(path string) (string, bool) {
-	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
-		if isTokenStore(dir) {
-			return dir, true
-		}
-		if filepath.Dir(dir) == dir {
-			return "", false
-		}
-	}
+// managedDirs are the directories whose files only kiln writes: a token
+// store (a directory holding its manifest.json) and a training checkpoint
+// (one holding its trainer_state.json, a damaged one included).
+var managedDirs = []struct {
+	what, writer, harm string
+	is                 func(dir string) bool
+}{
+	{"token store", "ingest", "break the store", isTokenStore},
+	{"checkpoint", "training", "damage the checkpoint", func(dir string) bool {
+		_, err := os.Lstat(filepath.Join(dir, trainer.StateFile))
+		return err == nil
+	}},
 }
 
-// checkpointHolding returns the training checkpoint that path is in, if
-// any: the nearest directory above it that holds a trainer_state.json, as
-// every checkpoint training writes does (a damaged one included).
-func checkpointHolding(path string) (string, bool) {
+// holding returns the nearest directory above path that is one, if any.
+func holding(path string, is func(dir string) bool) (string, bool) {
 	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
-		if _, err := os.Lstat(filepath.Join(dir, trainer.StateFile)); err == nil {
+		if is(dir) {
 			return dir, true
 		}
 		if filepath.Dir(dir) == dir {

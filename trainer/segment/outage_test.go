@@ -443,12 +443,10 @@ func TestASegmentStartingDuringAnOutageTrainsOnFromItsDisk(t *testing.T) {
 	}
 }
 
-// Redis down for longer than the run lock's lease ends the segment (once
-// Redis is back, another worker may take the run): training stops at a
-// step boundary with that step's checkpoint on this disk, and the next
-// segment here resumes from it, so no step is lost.
-func TestARedisOutageLongerThanTheLeaseLosesNoStep(t *testing.T) {
-	ctx := context.Background()
+// stoppableRedis is a real redis-server the test stops and starts, a
+// client of it, and a local object store.
+func stoppableRedis(t *testing.T) (*testsvc.RedisServer, *redis.Client, store.Store) {
+	t.Helper()
 	rs := testsvc.StartRedis(t)
 	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
 	t.Cleanup(func() { rdb.Close() })
@@ -456,6 +454,16 @@ func TestARedisOutageLongerThanTheLeaseLosesNoStep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rs, rdb, obj
+}
+
+// Redis down for longer than the run lock's lease ends the segment (once
+// Redis is back, another worker may take the run): training stops at a
+// step boundary with that step's checkpoint on this disk, and the next
+// segment here resumes from it, so no step is lost.
+func TestARedisOutageLongerThanTheLeaseLosesNoStep(t *testing.T) {
+	ctx := context.Background()
+	rs, rdb, obj := stoppableRedis(t)
 	run := testRun("redis-down", 1_000_000)
 	run.CheckpointEvery = 1_000 // the stop writes the only checkpoint
 	disk := t.TempDir()
@@ -485,13 +493,7 @@ func TestARedisOutageLongerThanTheLeaseLosesNoStep(t *testing.T) {
 // writes that fail meanwhile (one a second) make two lines in the log,
 // one when the first fails and one when a write succeeds again.
 func TestARedisOutageWithinTheLeaseIsLoggedTwice(t *testing.T) {
-	rs := testsvc.StartRedis(t)
-	rdb := redis.NewClient(&redis.Options{Addr: rs.Addr})
-	t.Cleanup(func() { rdb.Close() })
-	obj, err := store.NewLocal(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs, rdb, obj := stoppableRedis(t)
 	run := testRun("redis-blip", 1_000_000)
 	run.CheckpointEvery = 1_000_000
 	core, logs := observer.New(zap.InfoLevel)

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/kiln-lm/kiln/internal/shell"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
@@ -376,7 +377,7 @@ func checkOut(out string) error {
 	st, err := os.Stat(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return badInput("--out %s: its directory %s does not exist; make it first (mkdir -p %s)", out, dir, dir)
+		return badInput("--out %s: its directory %s does not exist; make it first (mkdir -p %s)", out, dir, shell.Quote(dir))
 	case err != nil:
 		return badInput("--out %s: %v", out, err)
 	case !st.IsDir():

@@ -19,6 +19,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/kiln-lm/kiln/internal/shell"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokenizer/tokenizertest"
@@ -153,15 +154,17 @@ func TestTokenizeCommandBadInput(t *testing.T) {
 
 	// An --out that cannot be written is refused before any work, by both
 	// commands, and names what to do.
-	nowhere := filepath.Join(dir, "no-such-dir", "out")
-	for _, args := range [][]string{
-		{"tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", nowhere},
-		{"tokenizer", "train", "--in", in, "--vocab", "300", "--out", nowhere},
-	} {
-		_, errOut, code := sched(t, nil, args...)
-		want := "--out " + nowhere + ": its directory " + filepath.Dir(nowhere) + " does not exist; make it first (mkdir -p " + filepath.Dir(nowhere) + ")"
-		if code != 2 || !strings.Contains(errOut, want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
-			t.Errorf("%v: exit %d, %q; want exit 2 and one line %q", args, code, errOut, want)
+	// The command it suggests pastes into a shell, spaces and all.
+	for _, nowhere := range []string{filepath.Join(dir, "no-such-dir", "out"), filepath.Join(dir, "no such dir", "out")} {
+		for _, args := range [][]string{
+			{"tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", nowhere},
+			{"tokenizer", "train", "--in", in, "--vocab", "300", "--out", nowhere},
+		} {
+			_, errOut, code := sched(t, nil, args...)
+			want := "--out " + nowhere + ": its directory " + filepath.Dir(nowhere) + " does not exist; make it first (mkdir -p " + shell.Quote(filepath.Dir(nowhere)) + ")"
+			if code != 2 || !strings.Contains(errOut, want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {
+				t.Errorf("%v: exit %d, %q; want exit 2 and one line %q", args, code, errOut, want)
+			}
 		}
 	}
 	// An --out that is a file the command reads (by its own path, or a

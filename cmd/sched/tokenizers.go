@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/internal/shell"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 )
@@ -87,7 +88,7 @@ func listTokenizers(ctx context.Context, w io.Writer, cat *catalog.Catalog, toke
 	}
 	if len(entries) == 0 {
 		fmt.Fprintf(tw, "(none: train one with 'sched enqueue tokenizer NAME', or here with 'mkdir -p %s && sched tokenizer train --in TEXT --out %s')\n",
-			filepath.Join(cat.Dir, "NAME"), filepath.Join(cat.Dir, "NAME", catalog.FileName))
+			shell.Quote(filepath.Join(cat.Dir, "NAME")), shell.Quote(filepath.Join(cat.Dir, "NAME", catalog.FileName)))
 	}
 	for _, sha := range slices.Sorted(maps.Keys(u.Stores)) {
 		if !known[sha] {

@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kiln-lm/kiln/internal/shell"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 )
@@ -116,7 +117,7 @@ func (e *NotFoundError) Error() string {
 	}
 	here := "'sched tokenizer train'"
 	if e.Local != "" {
-		here = fmt.Sprintf("'mkdir -p %s && sched tokenizer train --in TEXT --out %s'", filepath.Dir(e.Local), e.Local)
+		here = fmt.Sprintf("'mkdir -p %s && sched tokenizer train --in TEXT --out %s'", shell.Quote(filepath.Dir(e.Local)), shell.Quote(e.Local))
 	}
 	return fmt.Sprintf("tokenizer %q is not known (known: %s): train it with 'sched enqueue tokenizer %s' or, on this machine, %s, or name another with --tokenizer",
 		e.Name, known, e.Name, here)

@@ -159,10 +159,15 @@ func (c Config) Validate() error {
 		}
 		return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("%q is not a redis:// or rediss:// URL with a host (%s), e.g. %s", redact.URL(c.RedisURL), why, DefaultRedisURL)}
 	}
+	if port := u.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("port %s in %q is not a number from 1 to 65535, e.g. %s", port, redact.URL(c.RedisURL), DefaultRedisURL)}
+		}
+	}
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		var db int
 		if _, err := fmt.Sscanf(p, "%d", &db); err != nil || db < 0 || fmt.Sprint(db) != p {
-			return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("database %q in %q is not a number", p, redact.URL(c.RedisURL))}
+			return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("database %q in %q is not a number: end the URL with a database number such as /0, e.g. %s", p, redact.URL(c.RedisURL), DefaultRedisURL)}
 		}
 	}
 	if c.S3Endpoint != "" {

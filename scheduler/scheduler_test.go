@@ -29,6 +29,8 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 	}{
 		{func(c *Config) { c.RedisURL = "localhost:6379" }, "KILN_REDIS_URL"},
 		{func(c *Config) { c.RedisURL = "redis://h:1/x" }, "KILN_REDIS_URL"},
+		{func(c *Config) { c.RedisURL = "redis://h:99999/0" }, "port 99999 in"},
+		{func(c *Config) { c.RedisURL = "redis://h:0/0" }, "port 0 in"},
 		{func(c *Config) { c.S3Endpoint = "http://minio:9000"; c.S3AccessKey, c.S3SecretKey = "a", "b" }, "KILN_S3_ENDPOINT"},
 		{func(c *Config) { c.S3Endpoint = "minio:9000" }, "KILN_S3_ACCESS_KEY"},
 		{func(c *Config) { c.S3Bucket = "Kiln_Bucket" }, "KILN_S3_BUCKET"},

@@ -290,12 +290,12 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	return rep, nil
 }
 
-// fullMarkFile, in a token store's directory, is where a direct ingest
+// FullMarkFile, in a token store's directory, is where a direct ingest
 // keeps its store's StoreStatus.Full between runs: the limits at which an
 // append refused a shard. A run again at such a limit then stops before it
 // reads a file, as the queue's steps do, rather than downloading and
 // tokenizing files that its first append would refuse.
-const fullMarkFile = "ingest-full.json"
+const FullMarkFile = "ingest-full.json"
 
 // readFullMark returns the limits the mark in the store directory dir
 // holds, or none. A mark that cannot be read is left out with a warning:
@@ -303,7 +303,7 @@ const fullMarkFile = "ingest-full.json"
 // again.
 func readFullMark(dir string, log *zap.Logger) Limits {
 	var full Limits
-	b, err := os.ReadFile(filepath.Join(dir, fullMarkFile))
+	b, err := os.ReadFile(filepath.Join(dir, FullMarkFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return full
 	}
@@ -312,7 +312,7 @@ func readFullMark(dir string, log *zap.Logger) Limits {
 	}
 	if err != nil || full.MaxTokens < 0 || full.MaxDisk < 0 {
 		log.Warn("the token store's mark of where it is full is left out; the run finds the limit at its first append instead",
-			zap.String("file", filepath.Join(dir, fullMarkFile)), zap.Error(err))
+			zap.String("file", filepath.Join(dir, FullMarkFile)), zap.Error(err))
 		return Limits{}
 	}
 	return full
@@ -329,7 +329,7 @@ func (p *Pipeline) keepFullMark(ctx context.Context, dir, storeName string) erro
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil // no store was made
 	}
-	path := filepath.Join(dir, fullMarkFile)
+	path := filepath.Join(dir, FullMarkFile)
 	if st.Full == (Limits{}) {
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("ingest: token store %s: %w", dir, err)
@@ -340,7 +340,7 @@ func (p *Pipeline) keepFullMark(ctx context.Context, dir, storeName string) erro
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, fullMarkFile+".tmp*")
+	tmp, err := os.CreateTemp(dir, FullMarkFile+".tmp*")
 	if err != nil {
 		return fmt.Errorf("ingest: token store %s: %w", dir, err)
 	}

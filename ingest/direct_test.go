@@ -182,7 +182,7 @@ func TestDirectStopsAtMaxTokens(t *testing.T) {
 	// The refusal is kept beside the store, so a run again at the same
 	// limit stops before it lists or reads a file, saying the store is
 	// full, and appends nothing.
-	mark := filepath.Join(opt.StoreDir, fullMarkFile)
+	mark := filepath.Join(opt.StoreDir, FullMarkFile)
 	if b, err := os.ReadFile(mark); err != nil || !strings.Contains(string(b), fmt.Sprintf(`"max_disk":%d`, opt.MaxDisk)) {
 		t.Fatalf("the store's full mark: %q, %v; want it full at --max-disk %d", b, err, opt.MaxDisk)
 	}

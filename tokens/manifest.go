@@ -13,7 +13,7 @@ import (
 const (
 	ManifestFile = "manifest.json"
 	TokensFile   = "tokens.bin"
-	lockFile     = "lock"
+	LockFile     = "lock"
 	manifestTemp = "manifest.json.tmp"
 )
 

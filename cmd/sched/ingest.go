@@ -123,6 +123,9 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		if st, err := os.Stat(storeDir); err == nil && !st.IsDir() {
 			return badInput("--store-dir %s is a file, not a directory; name the token store's directory (made when missing)", storeDir)
 		}
+		if other := notOfAStore(storeDir); other != "" {
+			return badInput("--store-dir %s holds %s and no token store (%s): a store is made in a new or empty directory, so give one", storeDir, other, tokens.ManifestFile)
+		}
 	case storeDir == "":
 		if storeName == "" {
 			if p.Glob != "" {
@@ -320,6 +323,30 @@ func parseSet(set []string) (map[string][]string, error) {
 		out[k] = strings.Split(v, ",")
 	}
 	return out, nil
+}
+
+// notOfAStore names a file in dir that no token store holds, where dir
+// holds no store yet (no manifest.json), or returns "": a directory of
+// other files (a published tokenizer's, a checkpoint) is no place to make
+// one.
+func notOfAStore(dir string) string {
+	if _, err := os.Stat(filepath.Join(dir, tokens.ManifestFile)); err == nil {
+		return ""
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return ""
+	}
+	for _, e := range entries {
+		// What a store's first append leaves before its manifest, and the
+		// mark a direct ingest keeps beside it.
+		n := e.Name()
+		if n == tokens.LockFile || n == tokens.TokensFile || strings.HasPrefix(n, tokens.ManifestFile+".tmp") || strings.HasPrefix(n, ingest.FullMarkFile) {
+			continue
+		}
+		return n
+	}
+	return ""
 }
 
 // parseCount reads a token count: "25B" (billions), "500M", "1.5K", or a

@@ -68,6 +68,8 @@ func TestIngestDirectLocalThenDatasets(t *testing.T) {
 		{[]string{local, "--store", "s"}, `tokenizer "mix-16384" is not known`},
 		{[]string{local, "--tokenizer-file", tok}, "needs --store NAME"},
 		{[]string{local, "--store-dir", tok, "--tokenizer-file", tok}, "--store-dir " + tok + " is a file, not a directory"},
+		// A directory of other files is no place to make a store in.
+		{[]string{local, "--store-dir", filepath.Dir(tok), "--tokenizer-file", tok}, "--store-dir " + filepath.Dir(tok) + " holds src and no token store (manifest.json)"},
 	} {
 		_, errOut, code := sched(t, nil, append([]string{"ingest", "--direct"}, c.args...)...)
 		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {

@@ -13,7 +13,8 @@
 #   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/trainer.test ./trainer/
 #   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/cuda.test ./kernels/cuda/
 #   gzip .carry/g/*
-# and, for the SIGTERM runs, .carry/g/store.tgz: `sched demo`'s token store and tokenizer, tarred from its
+# and, for the PyTorch DDP peer (docs/benchmarks/ddp_peer.py; PEER=0 skips it), .carry/g/torch_peer.py
+# (../shared/bench/torch_peer.py); and, for the SIGTERM runs, .carry/g/store.tgz: `sched demo`'s token store and tokenizer, tarred from its
 # directory (`go run ./cmd/sched demo --duration 1s --dir /tmp/d && tar czf .carry/g/store.tgz -C /tmp/d
 # tokens/go-stdlib tokenizer.json`).
 # Output goes to $OUT (default /tmp/multi-gpu-run).
@@ -75,6 +76,16 @@ if [ -x $G/cuda.test ]; then
   log "all-reduce bus bandwidth over every GPU"
   (cd kernels/cuda && timeout 150 $G/cuda.test -test.v -test.run '^$' -test.bench AllReduce -test.benchtime 20x > $OUT/allreduce.log 2>&1; echo "rc=$?" >> $OUT/allreduce.log)
   grep -E "^(Benchmark|FAIL|PASS|rc=|panic)|NCCL " $OUT/allreduce.log | tail -12
+fi
+if [ -f $C/torch_peer.py ] && [ "${PEER:-1}" != 0 ]; then
+  # The peer: PyTorch DDP (torch.compile, buckets overlapped with the backward) at the same per-GPU
+  # shapes, on one GPU and on every GPU; .carry/g/torch_peer.py is ../shared/bench/torch_peer.py.
+  log "PyTorch DDP peer on one GPU and on every GPU"
+  cp $C/torch_peer.py docs/benchmarks/ddp_peer.py $G/
+  for n in $(printf '1\n%s\n' "$(nvidia-smi -L | wc -l)" | sort -un); do
+    (cd $G && timeout 400 python3 -m torch.distributed.run --standalone --nproc_per_node=$n ddp_peer.py compile --plan ${PEER_PLAN:-small:32:1024,base:16:1024} 2>&1) \
+      | grep -E '^(\{|FAILED|torch )' | tee -a $OUT/ddp_peer.txt
+  done
 fi
 log bench
 for shape in ${SHAPES:-small:32 base:16}; do

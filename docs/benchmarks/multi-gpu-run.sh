@@ -7,16 +7,10 @@
 # efficiency); and NCCL's all-reduce bus bandwidth for 1 to 512 MiB over every GPU (kernels/cuda's
 # BenchmarkAllReduce: the figure that decides buckets overlapped with the backward). ROUNDS (default 2)
 # sets the bench's alternations; SHAPES (default "small:32 base:16") its shapes.
-# Run from the repository root with .carry/g holding what was built on the development machine:
-#   CGO_ENABLED=0 go build -ldflags="-s -w" -o .carry/g/sched ./cmd/sched
-#   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/kernels.test ./kernels/
-#   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/trainer.test ./trainer/
-#   CGO_ENABLED=0 go test -ldflags="-s -w" -c -o .carry/g/cuda.test ./kernels/cuda/
-#   gzip .carry/g/*
-# and, for the PyTorch DDP peer (docs/benchmarks/ddp_peer.py; PEER=0 skips it), .carry/g/torch_peer.py
-# (../shared/bench/torch_peer.py); and, for the SIGTERM runs, .carry/g/store.tgz: `sched demo`'s token store and tokenizer, tarred from its
-# directory (`go run ./cmd/sched demo --duration 1s --dir /tmp/d && tar czf .carry/g/store.tgz -C /tmp/d
-# tokens/go-stdlib tokenizer.json`).
+# Run from the repository root with .carry/g holding what was built on the development machine
+# (`bash docs/benchmarks/gpu-carry-prep.sh` builds it): sched.gz, kernels.test.gz, trainer.test.gz and
+# cuda.test.gz; torch_peer.py for the PyTorch DDP peer (docs/benchmarks/ddp_peer.py; PEER=0 skips it);
+# store.tgz, `sched demo`'s token store and tokenizer, for the SIGTERM runs.
 # Output goes to $OUT (default /tmp/multi-gpu-run).
 C=${C:-$PWD/.carry/g}; OUT=${OUT:-/tmp/multi-gpu-run}; mkdir -p $OUT /tmp/mg-bin; G=/tmp/mg-bin
 for f in sched kernels.test trainer.test cuda.test; do [ -f $C/$f.gz ] && gunzip -c $C/$f.gz > $G/$f && chmod +x $G/$f; done

@@ -689,7 +689,7 @@ func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig
 	}
 	switch first, lost := unrecorded.Note(err); {
 	case first:
-		log.Warn("run state not recorded; training goes on, and further failures are not logged until a write succeeds", zap.Error(err))
+		log.Warn("run state not recorded; further failures are not logged until a write succeeds", zap.Error(err))
 	case lost > 0:
 		log.Info("run state recorded again", zap.Int("writes_lost", lost))
 	}

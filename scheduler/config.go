@@ -159,10 +159,8 @@ func (c Config) Validate() error {
 		}
 		return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("%q is not a redis:// or rediss:// URL with a host (%s), e.g. %s", redact.URL(c.RedisURL), why, DefaultRedisURL)}
 	}
-	if port := u.Port(); port != "" {
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("port %s in %q is not a number from 1 to 65535, e.g. %s", port, redact.URL(c.RedisURL), DefaultRedisURL)}
-		}
+	if port := u.Port(); port != "" && !validPort(port) {
+		return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("port %s in %q is not a number from 1 to 65535, e.g. %s", port, redact.URL(c.RedisURL), DefaultRedisURL)}
 	}
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		var db int
@@ -230,7 +228,7 @@ func endpointProblem(e string) string {
 	}
 	host := e
 	if h, port, err := net.SplitHostPort(e); err == nil {
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != port {
+		if !validPort(port) {
 			return fmt.Sprintf("port %q is not a number from 1 to 65535", port)
 		}
 		host = h
@@ -257,6 +255,12 @@ func endpointProblem(e string) string {
 		}
 	}
 	return ""
+}
+
+// validPort reports whether port is a TCP port, 1 to 65535, written plainly.
+func validPort(port string) bool {
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535 && strconv.Itoa(n) == port
 }
 
 func validBucket(b string) bool {

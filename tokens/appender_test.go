@@ -457,3 +457,28 @@ func TestAppendCheckedIsAppend(t *testing.T) {
 		t.Fatal("a refused AppendChecked changed the store")
 	}
 }
+
+// Every file a store's directory holds after appends is one IsStoreFile
+// names, and a file of another's is not.
+func TestIsStoreFileNamesWhatAStoreHolds(t *testing.T) {
+	dir := t.TempDir()
+	a := openTestAppender(t, dir, testTok)
+	appendIDs(t, a, "s1", shardIDs(1, 100, uint32(testTok.VocabSize), testTok.EOS))
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !IsStoreFile(e.Name()) {
+			t.Errorf("a store holds %s, which IsStoreFile does not name", e.Name())
+		}
+	}
+	for _, other := range []string{"tokenizer.json", "trainer_state.json", "src"} {
+		if IsStoreFile(other) {
+			t.Errorf("IsStoreFile(%q) is true", other)
+		}
+	}
+}

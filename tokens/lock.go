@@ -18,7 +18,7 @@ import (
 type storeLock struct{ f *os.File }
 
 func lockStore(dir string) (*storeLock, error) {
-	path := filepath.Join(dir, LockFile)
+	path := filepath.Join(dir, lockFile)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lock token store %s: %w", dir, err)

@@ -13,9 +13,19 @@ import (
 const (
 	ManifestFile = "manifest.json"
 	TokensFile   = "tokens.bin"
-	LockFile     = "lock"
+	lockFile     = "lock"
 	manifestTemp = "manifest.json.tmp"
 )
+
+// IsStoreFile reports whether name is one of the files a store directory
+// holds, its manifest's temporary copy and lock included.
+func IsStoreFile(name string) bool {
+	switch name {
+	case ManifestFile, TokensFile, lockFile, manifestTemp:
+		return true
+	}
+	return false
+}
 
 // Format identifies a manifest; Version is bumped on any change a reader of
 // the previous version would misread.

@@ -274,6 +274,13 @@ func damaged(format string, a ...any) error { return damagedError{fmt.Errorf(for
 // storage with a file missing or of another size than its marker lists.
 func Damaged(err error) error { return damagedError{err} }
 
+// HoldsCheckpoint reports whether dir is a checkpoint training wrote,
+// whole or damaged: it holds a trainer_state.json.
+func HoldsCheckpoint(dir string) bool {
+	_, err := os.Lstat(filepath.Join(dir, StateFile))
+	return err == nil
+}
+
 // CheckCheckpoint reports why dir is not a complete checkpoint: its
 // trainer_state.json is missing or unreadable, or a file it lists is absent
 // or of another size (errors.Is ErrDamaged), or it is of a format this build

@@ -172,7 +172,7 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 // trainer_state.json (as transformers saves one), or with one of another
 // format than kiln's, has no hashes to check.
 func verifyCheckpoint(dir string) error {
-	if _, err := os.Stat(filepath.Join(dir, trainer.StateFile)); err != nil {
+	if !trainer.HoldsCheckpoint(dir) {
 		return nil
 	}
 	if _, err := trainer.VerifyCheckpoint(dir); errors.Is(err, trainer.ErrDamaged) {

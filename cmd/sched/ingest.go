@@ -341,7 +341,7 @@ func notOfAStore(dir string) string {
 		// What a store's first append leaves before its manifest, and the
 		// mark a direct ingest keeps beside it.
 		n := e.Name()
-		if n == tokens.LockFile || n == tokens.TokensFile || strings.HasPrefix(n, tokens.ManifestFile+".tmp") || strings.HasPrefix(n, ingest.FullMarkFile) {
+		if tokens.IsStoreFile(n) || strings.HasPrefix(n, ingest.FullMarkFile) {
 			continue
 		}
 		return n

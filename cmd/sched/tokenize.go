@@ -358,13 +358,11 @@ func requireEOS(path string, tk *tokenizer.Tokenizer) error {
 	return badInput("tokenizer %s has no end-of-text token, which separates documents in a token store: add \"<|endoftext|>\" (or </s>) to its added_tokens with \"special\": true, or train one with 'sched tokenizer train --special \"<|endoftext|>\"'", path)
 }
 
-// checkOut refuses, as bad input, an --out that cannot be written: none
-// at all (""), a directory, or a file in a directory that does not exist or
-// that this process may not write to.
+// checkOut refuses, as bad input, an --out that cannot be written: a
+// directory, or a file in a directory that does not exist or that this
+// process may not write to. An empty one is outPolicy.check's to refuse,
+// which both commands run before any work.
 func checkOut(out string) error {
-	if out == "" {
-		return errNoOut
-	}
 	if st, err := os.Stat(out); err == nil {
 		if st.IsDir() {
 			return badInput("--out %s is a directory; name a file to write", out)
@@ -458,11 +456,6 @@ func writeOutput(out string, write func(io.Writer) error) error {
 	return os.Rename(dst.Name(), out)
 }
 
-// errNoOut refuses an empty --out, which names no file: the output would
-// be written in the working directory and its rename onto "" fail, after
-// all the work.
-var errNoOut = badInput(`--out "" names no file; give the file to write`)
-
 // commandContext is cmd's context, or the background where cobra was run
 // without one.
 func commandContext(cmd *cobra.Command) context.Context {
@@ -500,7 +493,9 @@ func outPolicyFor(cmd *cobra.Command, force bool) (outPolicy, error) {
 // to refuse.
 func (p outPolicy) check(ctx context.Context, out string) error {
 	if out == "" {
-		return errNoOut
+		// The output would be written in the working directory and its
+		// rename onto "" fail, after all the work.
+		return badInput(`--out "" names no file; give the file to write`)
 	}
 	st, err := os.Stat(out)
 	if err == nil && !st.Mode().IsRegular() {
@@ -565,10 +560,7 @@ var managedDirs = []struct {
 	is                 func(dir string) bool
 }{
 	{"token store", "ingest", "break the store", isTokenStore},
-	{"checkpoint", "training", "damage the checkpoint", func(dir string) bool {
-		_, err := os.Lstat(filepath.Join(dir, trainer.StateFile))
-		return err == nil
-	}},
+	{"checkpoint", "training", "damage the checkpoint", trainer.HoldsCheckpoint},
 }
 
 // holding returns the nearest directory above path that is one, if any.

@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -45,23 +47,53 @@ func EventFileName(began time.Time, host string, firstStep int) string {
 	return fmt.Sprintf("events.out.tfevents.%d.%s.step%d", began.Unix(), host, firstStep)
 }
 
+// ParseEventFileName reads what EventFileName put into name: the
+// segment's start (to the second), its host and its first step. ok is
+// false for any other name (a file being written, ending ".tmp").
+func ParseEventFileName(name string) (began time.Time, host string, firstStep int, ok bool) {
+	rest, found := strings.CutPrefix(name, "events.out.tfevents.")
+	if !found {
+		return time.Time{}, "", 0, false
+	}
+	secs, rest, found := strings.Cut(rest, ".")
+	i := strings.LastIndex(rest, ".step")
+	if !found || i < 0 {
+		return time.Time{}, "", 0, false
+	}
+	sec, err1 := strconv.ParseInt(secs, 10, 64)
+	step, err2 := strconv.Atoi(rest[i+len(".step"):])
+	if err1 != nil || err2 != nil || step < 0 || i == 0 {
+		return time.Time{}, "", 0, false
+	}
+	return time.Unix(sec, 0), rest[:i], step, true
+}
+
 // WriteEventFile writes the event file of one stretch of training into
 // dir/tensorboard: the lines of recs after step from (a fresh run's step 0
 // evaluation too) up to step to, which began at began. It returns the
 // file's path relative to dir, with slashes, or "" when the stretch logged
 // nothing. The file is written whole or not at all.
 func WriteEventFile(dir string, recs []Record, from, to int, began time.Time) (string, error) {
+	if began.IsZero() {
+		return "", nil
+	}
+	host, _ := os.Hostname()
+	return WriteEventFileAs(dir, EventFileName(began, host, from), recs, from, to, began)
+}
+
+// WriteEventFileAs is WriteEventFile into the file of the given base name
+// (EventFileName's), as when an earlier segment's file is written again.
+func WriteEventFileAs(dir, base string, recs []Record, from, to int, began time.Time) (string, error) {
 	var seg []Record
 	for _, r := range recs {
 		if r.Step <= to && (r.Step > from || (from == 0 && r.Step == 0)) {
 			seg = append(seg, r)
 		}
 	}
-	if len(seg) == 0 || began.IsZero() {
+	if len(seg) == 0 {
 		return "", nil
 	}
-	host, _ := os.Hostname()
-	name := TensorBoardDir + "/" + EventFileName(began, host, from)
+	name := TensorBoardDir + "/" + base
 	path := filepath.Join(dir, filepath.FromSlash(name))
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "", fmt.Errorf("event file: %w", err)

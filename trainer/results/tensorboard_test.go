@@ -2,114 +2,21 @@ package results
 
 import (
 	"bytes"
-	"encoding/binary"
-	"hash/crc32"
-	"math"
 	"testing"
 	"time"
+
+	"github.com/kiln-lm/kiln/trainer/results/tfevents"
 )
 
-// event is what a reader of TensorBoard's format finds in one record.
-type event struct {
-	wall    float64
-	step    int64
-	version string
-	values  map[string]float32
-}
-
-// readEvents decodes an event file the way TensorBoard's reader does,
-// written here from the format's definition (TFRecord framing, the Event
-// and Summary protobuf messages) and sharing no code with the writer.
-func readEvents(t *testing.T, b []byte) []event {
+// readEvents decodes an event file with tfevents, a reader that shares no
+// code with the writer.
+func readEvents(t *testing.T, b []byte) []tfevents.Event {
 	t.Helper()
-	table := crc32.MakeTable(crc32.Castagnoli)
-	unmask := func(m uint32) uint32 {
-		c := m - 0xa282ead8
-		return c<<15 | c>>17
+	evs, err := tfevents.Read(b)
+	if err != nil {
+		t.Fatal(err)
 	}
-	var out []event
-	for len(b) > 0 {
-		if len(b) < 12 {
-			t.Fatalf("truncated record header: %d bytes left", len(b))
-		}
-		n := binary.LittleEndian.Uint64(b[:8])
-		if got := crc32.Checksum(b[:8], table); unmask(binary.LittleEndian.Uint32(b[8:12])) != got {
-			t.Fatal("length CRC mismatch")
-		}
-		data := b[12 : 12+n]
-		if got := crc32.Checksum(data, table); unmask(binary.LittleEndian.Uint32(b[12+n:16+n])) != got {
-			t.Fatal("data CRC mismatch")
-		}
-		b = b[16+n:]
-		out = append(out, parseEvent(t, data))
-	}
-	return out
-}
-
-// field walks one protobuf message: each call returns the next field's
-// number, wire type, varint value or raw bytes.
-func fields(t *testing.T, b []byte, fn func(num int, typ int, v uint64, raw []byte)) {
-	t.Helper()
-	uvarint := func() uint64 {
-		x, n := binary.Uvarint(b)
-		if n <= 0 {
-			t.Fatal("bad varint")
-		}
-		b = b[n:]
-		return x
-	}
-	for len(b) > 0 {
-		key := uvarint()
-		num, typ := int(key>>3), int(key&7)
-		switch typ {
-		case 0:
-			fn(num, typ, uvarint(), nil)
-		case 1:
-			fn(num, typ, binary.LittleEndian.Uint64(b[:8]), b[:8])
-			b = b[8:]
-		case 2:
-			l := uvarint()
-			fn(num, typ, 0, b[:l])
-			b = b[l:]
-		case 5:
-			fn(num, typ, uint64(binary.LittleEndian.Uint32(b[:4])), b[:4])
-			b = b[4:]
-		default:
-			t.Fatalf("unexpected wire type %d", typ)
-		}
-	}
-}
-
-func parseEvent(t *testing.T, data []byte) event {
-	e := event{values: map[string]float32{}}
-	fields(t, data, func(num, typ int, v uint64, raw []byte) {
-		switch num {
-		case 1:
-			e.wall = math.Float64frombits(v)
-		case 2:
-			e.step = int64(v)
-		case 3:
-			e.version = string(raw)
-		case 5: // Summary
-			fields(t, raw, func(num, typ int, v uint64, raw []byte) {
-				if num != 1 {
-					return
-				}
-				var tag string
-				var val float32
-				fields(t, raw, func(num, typ int, v uint64, raw []byte) {
-					switch num {
-					case 1:
-						tag = string(raw)
-					case 2:
-						val = math.Float32frombits(uint32(v))
-					}
-				})
-				e.values[tag] = val
-			})
-		}
-	})
-	return e
+	return evs
 }
 
 // Every scalar of every logged line comes back from the event file, at
@@ -128,7 +35,7 @@ func TestEventFilesHoldEveryScalar(t *testing.T) {
 		t.Fatal(err)
 	}
 	evs := readEvents(t, buf.Bytes())
-	if len(evs) != 4 || evs[0].version != "brain.Event:2" || evs[0].wall != 1796126400 {
+	if len(evs) != 4 || evs[0].Version != "brain.Event:2" || evs[0].Wall != 1796126400 {
 		t.Fatalf("events %+v; want the version event and three steps", evs)
 	}
 	want := []map[string]float32{
@@ -137,19 +44,32 @@ func TestEventFilesHoldEveryScalar(t *testing.T) {
 		{TagLoss: 7.9, TagLR: 2e-4, TagGradNorm: 2.25, TagTokPerSec: 1600, TagMFU: 0.31, TagEvalLoss: 7.95, TagAuxLoss: 2.5, "eval/loss/code": 7.5, "eval/loss/web": 8.25},
 	}
 	for i, e := range evs[1:] {
-		if e.step != int64(recs[i].Step) || e.wall != 1796126400+recs[i].ElapsedS {
-			t.Errorf("event %d: step %d wall %v; want step %d wall %v", i, e.step, e.wall, recs[i].Step, 1796126400+recs[i].ElapsedS)
+		if e.Step != int64(recs[i].Step) || e.Wall != 1796126400+recs[i].ElapsedS {
+			t.Errorf("event %d: step %d wall %v; want step %d wall %v", i, e.Step, e.Wall, recs[i].Step, 1796126400+recs[i].ElapsedS)
 		}
-		if len(e.values) != len(want[i]) {
-			t.Errorf("event %d: %d values %v; want %v", i, len(e.values), e.values, want[i])
+		if len(e.Values) != len(want[i]) {
+			t.Errorf("event %d: %d values %v; want %v", i, len(e.Values), e.Values, want[i])
 		}
 		for tag, v := range want[i] {
-			if e.values[tag] != v {
-				t.Errorf("event %d: %s = %v; want %v", i, tag, e.values[tag], v)
+			if e.Values[tag] != v {
+				t.Errorf("event %d: %s = %v; want %v", i, tag, e.Values[tag], v)
 			}
 		}
 	}
 	if n := EventFileName(began, "gpu-1", 5); n != "events.out.tfevents.1796126400.gpu-1.step5" {
 		t.Errorf("file name %q", n)
+	}
+	// The name reads back, a host with dots in it too; other names do not.
+	for _, host := range []string{"gpu-1", "gpu.example.com", "h.step3"} {
+		b, h, step, ok := ParseEventFileName(EventFileName(began, host, 5))
+		if !ok || !b.Equal(began) || h != host || step != 5 {
+			t.Errorf("ParseEventFileName of host %q: %v %q %d %v", host, b, h, step, ok)
+		}
+	}
+	for _, name := range []string{"events.out.tfevents.1796126400.gpu-1.step5.tmp", "events.out.tfevents.1796126400.step5",
+		"events.out.tfevents.x.gpu-1.step5", "events.out.tfevents.1796126400.gpu-1.step-5", "metrics.jsonl"} {
+		if _, _, _, ok := ParseEventFileName(name); ok {
+			t.Errorf("ParseEventFileName(%q) took it for an event file", name)
+		}
 	}
 }

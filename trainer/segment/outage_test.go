@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -22,6 +23,8 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/results"
+	"github.com/kiln-lm/kiln/trainer/results/tfevents"
 	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
@@ -439,6 +442,109 @@ func TestASegmentStartingDuringAnOutageTrainsOnFromItsDisk(t *testing.T) {
 	for _, s := range []int{4, 8, 12, 14} {
 		if !slices.Contains(remote, s) {
 			t.Errorf("step %d is not in object storage after the outage: %v", s, remote)
+		}
+	}
+	// And TensorBoard's files hold every step once: the first segment's,
+	// whose last upload failed, and the second's, which never uploaded
+	// one, went up with the third's.
+	holdsEveryStepOnce(t, obj, "down", 14)
+}
+
+// A segment's event file that object storage never got goes up with a
+// later segment's results, but only over the steps that are still the
+// run's: here another worker resumed from an older checkpoint meanwhile
+// and trained the first segment's last steps again, so TensorBoard shows
+// each step once, as metrics.jsonl has it.
+func TestEventFilesCaughtUpNeverHoldAStepTwice(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, srv := downableS3(t)
+	run := testRun("twice", 1_000_000)
+	run.Segment.MaxSteps = 6
+	diskA, diskB := t.TempDir(), t.TempDir()
+	core, logs := observer.New(zap.InfoLevel)
+	var once sync.Once
+	out, err := Run(ctx, Params{Run: run, Dir: diskA, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
+		UploadGrace: 200 * time.Millisecond,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if m != nil && step == 5 {
+				once.Do(func() {
+					waitFor(t, "a checkpoint uploaded", func() bool { return len(logs.FilterMessage("checkpoint uploaded").All()) > 0 })
+					srv.Stop()
+				})
+			}
+		}})
+	if err != nil || out.Step != 6 {
+		t.Fatalf("first segment: %+v, %v", out, err)
+	}
+	srv.Start()
+	steps, err := RemoteSteps(ctx, obj, "twice")
+	if err != nil || len(steps) == 0 || steps[len(steps)-1] >= 6 {
+		t.Fatalf("object storage holds steps %v, %v; want some older than 6", steps, err)
+	}
+	older := steps[len(steps)-1]
+
+	// Another worker, without the first's disk, resumes from the older
+	// checkpoint in object storage and trains its steps after it again.
+	out, err = Run(ctx, Params{Run: run, Dir: diskB, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-b"})
+	if err != nil || out.ResumedFrom != older || out.Step != older+6 {
+		t.Fatalf("segment of the other worker: %+v, %v; want it to resume from step %d", out, err, older)
+	}
+	// The first worker again: it resumes from the newer checkpoint in
+	// object storage, and its results catch up its first file.
+	run.Segment.MaxSteps = 2
+	out, err = Run(ctx, Params{Run: run, Dir: diskA, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"})
+	if err != nil || out.ResumedFrom != older+6 || out.Step != older+8 {
+		t.Fatalf("first worker's next segment: %+v, %v; want it to resume from step %d", out, err, older+6)
+	}
+	holdsEveryStepOnce(t, obj, "twice", older+8)
+}
+
+// holdsEveryStepOnce checks that the event files of run in object storage
+// hold each step of its metrics.jsonl there, 0 to last, exactly once and
+// with its loss.
+func holdsEveryStepOnce(t *testing.T, obj store.Store, run string, last int) {
+	t.Helper()
+	ctx := context.Background()
+	rc, err := obj.Get(ctx, ResultsPrefix(run)+results.MetricsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := results.ReadMetrics(rc)
+	rc.Close()
+	if err != nil || len(recs) != last+1 {
+		t.Fatalf("metrics.jsonl in object storage: %d lines, %v; want steps 0 to %d", len(recs), err, last)
+	}
+	prefix := ResultsPrefix(run) + results.TensorBoardDir + "/"
+	files, err := obj.List(ctx, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int64][]string{}
+	for _, f := range files {
+		r, err := obj.Get(ctx, f.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(r)
+		r.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := tfevents.Read(b)
+		if err != nil {
+			t.Fatalf("%s: %v", f.Key, err)
+		}
+		for _, e := range evs[1:] {
+			seen[e.Step] = append(seen[e.Step], strings.TrimPrefix(f.Key, prefix))
+			if rec := recs[e.Step]; rec.Loss != nil && e.Values[results.TagLoss] != float32(*rec.Loss) {
+				t.Errorf("%s: step %d loss %v; metrics.jsonl says %v", f.Key, e.Step, e.Values[results.TagLoss], *rec.Loss)
+			}
+		}
+	}
+	for step := int64(0); step <= int64(last); step++ {
+		if len(seen[step]) != 1 {
+			t.Errorf("step %d is in %d event files %v; want one (files %v)", step, len(seen[step]), seen[step], files)
 		}
 	}
 }

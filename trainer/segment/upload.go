@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -674,6 +675,85 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 		}
 		if _, err := putFile(ctx, p.Objects, ResultsPrefix(p.Run.Name)+name, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
 			return fmt.Errorf("upload results of run %s: %w", p.Run.Name, err)
+		}
+	}
+	if err := p.catchUpEvents(ctx, dir, recs, out.Step, path.Base(events)); err != nil {
+		return fmt.Errorf("upload results of run %s: %w", p.Run.Name, err)
+	}
+	return nil
+}
+
+// catchUpEvents uploads the event files of the run's earlier segments on
+// this disk that object storage lacks or holds short of this disk's copy:
+// a segment that ended while the store was down or hung wrote its file
+// here only, and no later segment writes it again. Each is written anew
+// from the run's metrics over its own stretch, from its first step to the
+// next segment's (of any worker's file, here or in the store), so that
+// steps trained again after a resume from an older checkpoint are never
+// in two files. current is this segment's file, just uploaded.
+func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Record, upTo int, current string) error {
+	entries, err := os.ReadDir(filepath.Join(dir, results.TensorBoardDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	type file struct {
+		name  string
+		began time.Time
+		from  int
+		size  int64 // here; -1 for a file of the store alone
+	}
+	var files []file
+	local := map[string]bool{}
+	for _, e := range entries {
+		began, _, from, ok := results.ParseEventFileName(e.Name())
+		info, err := e.Info()
+		if !ok || err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		files = append(files, file{e.Name(), began, from, info.Size()})
+		local[e.Name()] = true
+	}
+	prefix := ResultsPrefix(p.Run.Name) + results.TensorBoardDir + "/"
+	objs, err := p.Objects.List(ctx, prefix)
+	if err != nil {
+		return err
+	}
+	stored := map[string]int64{}
+	for _, o := range objs {
+		name := strings.TrimPrefix(o.Key, prefix)
+		stored[name] = o.Size
+		if began, _, from, ok := results.ParseEventFileName(name); ok && !local[name] {
+			files = append(files, file{name, began, from, -1})
+		}
+	}
+	for _, f := range files {
+		if f.size < 0 || f.name == current {
+			continue
+		}
+		if n, ok := stored[f.name]; ok && n == f.size {
+			continue
+		}
+		// Its stretch ends where the next one begins: a later first step,
+		// or the same first step begun later (a resume from the same
+		// checkpoint trained those steps again).
+		end := upTo
+		for _, g := range files {
+			if g.from > f.from || (g.from == f.from && g.began.After(f.began)) {
+				end = min(end, g.from)
+			}
+		}
+		name, err := results.WriteEventFileAs(dir, f.name, recs, f.from, end, f.began)
+		if err != nil {
+			return err
+		}
+		if name == "" {
+			continue // nothing of it is the run's any more
+		}
+		if _, err := putFile(ctx, p.Objects, prefix+f.name, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
+			return err
 		}
 	}
 	return nil

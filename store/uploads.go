@@ -13,12 +13,13 @@ var Prefixes = []string{"tokens/", "tokenizers/", "checkpoints/", "results/"}
 
 // StaleUploadAge is how long an unfinished multipart upload must have been
 // idle (no part written since it started or since its last part) before a
-// worker's start-up takes it for an orphan, left by a killed process or by
-// an abort that failed during an S3 outage. Other workers share the bucket
-// and their uploads are live: a writer sends a part each time it fills one
-// (16 MiB), which for a shard takes seconds of tokenizing and for a
-// checkpoint a file read, so a live upload is never idle for an hour, while
-// an orphan still holds its parts' bytes only that long after a restart.
+// worker, at its start and every StaleUploadAge after, takes it for an
+// orphan, left by a killed process or by an abort that failed during an S3
+// outage. Other workers share the bucket and their uploads are live: a
+// writer sends a part each time it fills one (16 MiB), which for a shard
+// takes seconds of tokenizing and for a checkpoint a file read, so a live
+// upload is never idle for an hour, while an orphan holds its parts' bytes
+// for two hours at most while a worker runs.
 const StaleUploadAge = time.Hour
 
 // Upload is an unfinished multipart upload.

@@ -82,23 +82,40 @@ func ingestTokenizers(cat *catalog.Catalog) func(context.Context, string) (*toke
 	}
 }
 
-// AbortStaleUploads drops, at a worker's start, the multipart uploads that
-// a process killed mid-put, or an abort that failed while S3 was down, left
-// under kiln's prefixes: S3 keeps (and bills) their parts until someone
-// aborts them. The bucket is shared with other workers whose uploads are
-// live, so only uploads idle for longer than idle go (a worker passes
+// AbortStaleUploads drops the multipart uploads that a process killed
+// mid-put, or an abort that failed while S3 was down, left under kiln's
+// prefixes: S3 keeps (and bills) their parts until someone aborts them. The
+// bucket is shared with other workers whose uploads are live, so only
+// uploads idle for longer than idle go (a worker passes
 // store.StaleUploadAge). Each is logged, and returned; a failure is logged,
-// not fatal: the next start tries again.
+// not fatal: the next sweep tries again.
 func AbortStaleUploads(ctx context.Context, objects store.Store, idle time.Duration, log *zap.Logger) []store.Upload {
 	aborted, err := store.AbortStaleUploads(ctx, objects, time.Now().Add(-idle))
 	for _, u := range aborted {
 		log.Info("aborted a stale multipart upload", zap.String("object", u.Key), zap.String("upload", u.ID),
 			zap.Time("last_active", u.LastActive), zap.Int("parts", u.Parts))
 	}
-	if err != nil {
-		log.Warn("stale multipart uploads not aborted; the next start tries again", zap.Error(err))
+	if err != nil && ctx.Err() == nil {
+		log.Warn("stale multipart uploads not aborted; the next sweep tries again", zap.Error(err))
 	}
 	return aborted
+}
+
+// SweepStaleUploads runs AbortStaleUploads every interval until ctx ends: a
+// worker runs for weeks, and the orphans of an outage it lived through
+// would otherwise hold their bytes until its next start. The worker's
+// start runs the first sweep itself.
+func SweepStaleUploads(ctx context.Context, objects store.Store, idle, interval time.Duration, log *zap.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			AbortStaleUploads(ctx, objects, idle, log)
+		}
+	}
 }
 
 // plan lists a dataset and queues one ingest:shard per file the store

@@ -883,6 +883,46 @@ func TestWorkerStartAbortsStaleUploads(t *testing.T) {
 	}
 }
 
+// A running worker keeps sweeping: an upload orphaned after its start
+// (an abort that failed during an outage) goes at a later sweep, not at
+// the worker's next start, weeks later.
+func TestWorkerSweepsStaleUploadsWhileItRuns(t *testing.T) {
+	srv := testsvc.S3(t)
+	s3, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s3.Put(ctx, "results/x", strings.NewReader("x"), 1); err != nil { // makes the bucket
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		SweepStaleUploads(ctx, s3, 0, 10*time.Millisecond, zap.New(core))
+	}()
+	mc, err := minio.New(srv.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(srv.AccessKey, srv.SecretKey, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (minio.Core{Client: mc}).NewMultipartUpload(ctx, "kiln", "checkpoints/r/step-0000010/model.safetensors", minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute) // for a sweep that never comes
+	for logs.FilterMessage("aborted a stale multipart upload").Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the orphan was not aborted by a sweep; logs %v", logs.All())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if ups, err := s3.Uploads(ctx, "checkpoints/"); err != nil || len(ups) != 0 {
+		t.Fatalf("uploads left: %+v %v", ups, err)
+	}
+	cancel()
+	<-done // and the sweeps end with the worker
+}
+
 // A plan queued while its tokenizer is still being trained waits for it,
 // using no retry, and plans once the tokenizer is made: `sched enqueue
 // tokenizer` and `sched enqueue ingest` can be typed one after the other.

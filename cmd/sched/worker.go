@@ -196,6 +196,7 @@ func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int
 		return hs, err
 	}
 	worker.AbortStaleUploads(ctx, objects, store.StaleUploadAge, log)
+	go worker.SweepStaleUploads(ctx, objects, store.StaleUploadAge, store.StaleUploadAge, log)
 	return handlersWith(cfg, qs, q, log, objects)
 }
 

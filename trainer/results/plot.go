@@ -29,6 +29,7 @@ func LossPlotSVG(run string, recs []Record) ([]byte, error) {
 		if len(pts) == 0 {
 			return nil
 		}
+		pts = thin(pts, plotBuckets)
 		xys := make(plotter.XYs, len(pts))
 		for i, q := range pts {
 			xys[i].X, xys[i].Y = float64(q.Tokens)/1e6, q.Loss
@@ -70,4 +71,37 @@ func LossPlotSVG(run string, recs []Record) ([]byte, error) {
 		return nil, fmt.Errorf("plot run %s: %w", run, err)
 	}
 	return buf.Bytes(), nil
+}
+
+// plotBuckets is how many stretches of the x axis a long curve is thinned
+// to: about two a point of the plot's width, more than a screen shows.
+const plotBuckets = 1200
+
+// thin keeps, of a curve of more than two points a bucket, the lowest and
+// the highest point of each of buckets equal runs of points, in their
+// order: the line drawn is the same to the eye, every spike included, and
+// a month's curve of 190,000 logged steps is a plot of kilobytes, not
+// megabytes.
+func thin(pts []Point, buckets int) []Point {
+	if len(pts) <= 2*buckets {
+		return pts
+	}
+	out := make([]Point, 0, 2*buckets)
+	for b := range buckets {
+		run := pts[b*len(pts)/buckets : (b+1)*len(pts)/buckets]
+		lo, hi := 0, 0
+		for i, q := range run {
+			if q.Loss < run[lo].Loss {
+				lo = i
+			}
+			if q.Loss > run[hi].Loss {
+				hi = i
+			}
+		}
+		out = append(out, run[min(lo, hi)])
+		if lo != hi {
+			out = append(out, run[max(lo, hi)])
+		}
+	}
+	return out
 }

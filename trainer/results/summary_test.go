@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,6 +109,55 @@ func TestWriteFilesProducesSummaryAndPlot(t *testing.T) {
 func TestPlotWithoutLossesIsAnError(t *testing.T) {
 	if _, err := LossPlotSVG("empty", []Record{{Step: 1}}); err == nil || !strings.Contains(err.Error(), "no loss") {
 		t.Fatalf("want a clear error, got %v", err)
+	}
+}
+
+// A month's curve (190,000 logged steps) is drawn from two points a
+// stretch of the axis, the lowest and the highest: its spikes and its
+// lowest loss stay in the plot, first and last too, and the file is a
+// plot's size, not the curve's.
+func TestALongCurveIsThinnedToWhatThePlotShows(t *testing.T) {
+	const n = 190_000
+	recs := make([]Record, n)
+	for i := range recs {
+		l := 8 - 5*float64(i)/n + 0.05*math.Sin(float64(i))
+		switch i {
+		case 123_457:
+			l = 11 // a spike the smooth gate would see
+		case 150_001:
+			l = 0.5 // a dip
+		}
+		recs[i] = Record{Step: i + 1, Tokens: int64(i+1) * 8192, Loss: F(l)}
+	}
+	pts := TrainCurve(recs)
+	kept := thin(pts, plotBuckets)
+	if len(kept) > 2*plotBuckets || len(kept) < plotBuckets {
+		t.Fatalf("thinned to %d points; want %d to %d", len(kept), plotBuckets, 2*plotBuckets)
+	}
+	has := func(step int) bool {
+		return slices.ContainsFunc(kept, func(p Point) bool { return p.Step == step })
+	}
+	for _, step := range []int{123_458, 150_002} {
+		if !has(step) {
+			t.Errorf("step %d (a spike or a dip) is not in the thinned curve", step)
+		}
+	}
+	if kept[0].Loss > pts[0].Loss+0.1 || kept[len(kept)-1].Loss < pts[n-1].Loss-0.1 {
+		t.Errorf("thinned curve runs from %v to %v; the curve from %v to %v", kept[0], kept[len(kept)-1], pts[0], pts[n-1])
+	}
+	if !slices.IsSortedFunc(kept, func(a, b Point) int { return a.Step - b.Step }) {
+		t.Error("thinned points are out of step order")
+	}
+	svg, err := LossPlotSVG("month", recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(svg) > 200_000 {
+		t.Errorf("loss.svg of %d steps is %d bytes; want a plot's size", n, len(svg))
+	}
+	// A short curve is drawn whole.
+	if short := pts[:2*plotBuckets]; len(thin(short, plotBuckets)) != len(short) {
+		t.Error("a curve of two points a bucket was thinned")
 	}
 }
 

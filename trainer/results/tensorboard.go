@@ -77,30 +77,15 @@ func WriteEventFile(dir string, recs []Record, from, to int, began time.Time) (s
 	if began.IsZero() {
 		return "", nil
 	}
+	var buf bytes.Buffer
+	if n, err := WriteEventStretch(&buf, recs, from, to, began); err != nil || n == 0 {
+		return "", err
+	}
 	host, _ := os.Hostname()
-	return WriteEventFileAs(dir, EventFileName(began, host, from), recs, from, to, began)
-}
-
-// WriteEventFileAs is WriteEventFile into the file of the given base name
-// (EventFileName's), as when an earlier segment's file is written again.
-func WriteEventFileAs(dir, base string, recs []Record, from, to int, began time.Time) (string, error) {
-	var seg []Record
-	for _, r := range recs {
-		if r.Step <= to && (r.Step > from || (from == 0 && r.Step == 0)) {
-			seg = append(seg, r)
-		}
-	}
-	if len(seg) == 0 {
-		return "", nil
-	}
-	name := TensorBoardDir + "/" + base
+	name := TensorBoardDir + "/" + EventFileName(began, host, from)
 	path := filepath.Join(dir, filepath.FromSlash(name))
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return "", fmt.Errorf("event file: %w", err)
-	}
-	var buf bytes.Buffer
-	if err := WriteEvents(&buf, seg, began); err != nil {
-		return "", err
 	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, buf.Bytes(), 0o644); err != nil {
@@ -110,6 +95,23 @@ func WriteEventFileAs(dir, base string, recs []Record, from, to int, began time.
 		return "", fmt.Errorf("event file: %w", err)
 	}
 	return name, nil
+}
+
+// WriteEventStretch writes to w the event file of the lines of recs after
+// step from (a fresh run's step 0 evaluation too) up to step to, which
+// began at began, and returns how many lines it holds; with none it
+// writes nothing.
+func WriteEventStretch(w io.Writer, recs []Record, from, to int, began time.Time) (int, error) {
+	var seg []Record
+	for _, r := range recs {
+		if r.Step <= to && (r.Step > from || (from == 0 && r.Step == 0)) {
+			seg = append(seg, r)
+		}
+	}
+	if len(seg) == 0 {
+		return 0, nil
+	}
+	return len(seg), WriteEvents(w, seg, began)
 }
 
 // WriteEvents writes recs as one event file to w. Each record's wall time

@@ -1,10 +1,12 @@
 package segment
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -500,6 +502,55 @@ func TestEventFilesCaughtUpNeverHoldAStepTwice(t *testing.T) {
 		t.Fatalf("first worker's next segment: %+v, %v; want it to resume from step %d", out, err, older+6)
 	}
 	holdsEveryStepOnce(t, obj, "twice", older+8)
+}
+
+// A segment killed after a checkpoint and before its results caught up
+// leaves its event file short of the step the next segment resumes from,
+// on this disk and in the store alike (here: written at step 4, killed
+// after the checkpoint of step 8). The next segment's results fill it in.
+func TestAKilledSegmentsShortEventFileIsFilledIn(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := downableS3(t)
+	run := testRun("killed", 1_000_000)
+	run.Segment.MaxSteps = 8
+	disk := t.TempDir()
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 8 {
+		t.Fatalf("first segment: %+v, %v", out, err)
+	}
+	// What the kill left: the file as the results after step 4 wrote it.
+	prefix := ResultsPrefix("killed") + results.TensorBoardDir + "/"
+	files, err := obj.List(ctx, prefix)
+	if err != nil || len(files) != 1 {
+		t.Fatalf("event files %v, %v; want the first segment's", files, err)
+	}
+	name := strings.TrimPrefix(files[0].Key, prefix)
+	began, _, from, ok := results.ParseEventFileName(name)
+	f, err := os.Open(filepath.Join(RunDir(disk, "killed"), results.MetricsFile))
+	if err != nil || !ok || from != 0 {
+		t.Fatalf("%s: %v", name, err)
+	}
+	recs, err := results.ReadMetrics(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var short bytes.Buffer
+	if _, err := results.WriteEventStretch(&short, recs, 0, 4, began); err != nil {
+		t.Fatal(err)
+	}
+	if err := obj.Put(ctx, files[0].Key, bytes.NewReader(short.Bytes()), int64(short.Len())); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(RunDir(disk, "killed"), results.TensorBoardDir, name), short.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	run.Segment.MaxSteps = 2
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.ResumedFrom != 8 || out.Step != 10 {
+		t.Fatalf("next segment: %+v, %v", out, err)
+	}
+	holdsEveryStepOnce(t, obj, "killed", 10)
 }
 
 // holdsEveryStepOnce checks that the event files of run in object storage

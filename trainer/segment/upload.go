@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -683,38 +684,39 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	return nil
 }
 
-// catchUpEvents uploads the event files of the run's earlier segments on
-// this disk that object storage lacks or holds short of this disk's copy:
-// a segment that ended while the store was down or hung wrote its file
-// here only, and no later segment writes it again. Each is written anew
-// from the run's metrics over its own stretch, from its first step to the
-// next segment's (of any worker's file, here or in the store), so that
-// steps trained again after a resume from an older checkpoint are never
-// in two files. current is this segment's file, just uploaded.
+// catchUpEvents brings the event files of the run's earlier segments in
+// object storage up to the run's metrics. A segment's file is written
+// when its checkpoints upload and when it ends, so a segment killed, or
+// ending while the store was down or hung, leaves its file short of the
+// step the next segment resumed from, or only on this disk. Each earlier
+// file (of this disk or of the store; current, this segment's, was just
+// uploaded) is written anew from the run's metrics over its own stretch,
+// from its first step to the next segment's, and uploaded where the store
+// holds it otherwise: a stretch ends where the next begins, so that steps
+// trained again after a resume from an older checkpoint are never in two
+// files.
 func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Record, upTo int, current string) error {
-	entries, err := os.ReadDir(filepath.Join(dir, results.TensorBoardDir))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
 	type file struct {
 		name  string
 		began time.Time
 		from  int
-		size  int64 // here; -1 for a file of the store alone
 	}
 	var files []file
-	local := map[string]bool{}
-	for _, e := range entries {
-		began, _, from, ok := results.ParseEventFileName(e.Name())
-		info, err := e.Info()
-		if !ok || err != nil || !info.Mode().IsRegular() {
-			continue
+	seen := map[string]bool{}
+	add := func(name string) {
+		if began, _, from, ok := results.ParseEventFileName(name); ok && !seen[name] {
+			files = append(files, file{name, began, from})
+			seen[name] = true
 		}
-		files = append(files, file{e.Name(), began, from, info.Size()})
-		local[e.Name()] = true
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, results.TensorBoardDir))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			add(e.Name())
+		}
 	}
 	prefix := ResultsPrefix(p.Run.Name) + results.TensorBoardDir + "/"
 	objs, err := p.Objects.List(ctx, prefix)
@@ -725,15 +727,10 @@ func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Re
 	for _, o := range objs {
 		name := strings.TrimPrefix(o.Key, prefix)
 		stored[name] = o.Size
-		if began, _, from, ok := results.ParseEventFileName(name); ok && !local[name] {
-			files = append(files, file{name, began, from, -1})
-		}
+		add(name)
 	}
 	for _, f := range files {
-		if f.size < 0 || f.name == current {
-			continue
-		}
-		if n, ok := stored[f.name]; ok && n == f.size {
+		if f.name == current {
 			continue
 		}
 		// Its stretch ends where the next one begins: a later first step,
@@ -745,14 +742,15 @@ func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Re
 				end = min(end, g.from)
 			}
 		}
-		name, err := results.WriteEventFileAs(dir, f.name, recs, f.from, end, f.began)
+		var buf bytes.Buffer
+		n, err := results.WriteEventStretch(&buf, recs, f.from, end, f.began)
 		if err != nil {
 			return err
 		}
-		if name == "" {
-			continue // nothing of it is the run's any more
+		if size, ok := stored[f.name]; n == 0 || (ok && size == int64(buf.Len())) {
+			continue // nothing of it is the run's any more, or the store has it
 		}
-		if _, err := putFile(ctx, p.Objects, prefix+f.name, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
+		if err := p.Objects.Put(ctx, prefix+f.name, bytes.NewReader(buf.Bytes()), int64(buf.Len())); err != nil {
 			return err
 		}
 	}

@@ -2,12 +2,17 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // A run whose later segment was cancelled and that is enqueued again is
@@ -91,5 +96,47 @@ func TestARunEnqueuedAgainIsOneChainShownAsTraining(t *testing.T) {
 	}
 	if live != 1 {
 		t.Errorf("%d live segments of run chain after the retry; a run is one chain", live)
+	}
+}
+
+// After Redis lost its data (the run's state with it), enqueuing the run
+// again names the newest checkpoint in object storage as its starting
+// step, as operations.md says, not step 0 and the first segment's id.
+func TestARunEnqueuedAfterRedisLostItsDataStartsFromObjectStorage(t *testing.T) {
+	t.Parallel()
+	env, rdb, _ := trainingSetup(t)
+	ctx := context.Background()
+	appendRuns(t, env, "lost:\n  from: eta\n  segment: {max_steps: 20}\n")
+	w := startWorker(t, env, "--queues", "gpu=1")
+	if out, errOut, code := sched(t, env, "enqueue", "train", "lost"); code != 0 {
+		t.Fatalf("enqueue train lost: exit %d: %s%s", code, out, errOut)
+	}
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if st, ok, err := scheduler.ReadRunState(ctx, rdb, "lost"); err == nil && ok && st.Checkpoint >= 40 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("run lost did not upload a checkpoint of step 40 or later")
+		}
+	}
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Wait()
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	objects, err := store.NewLocal(filepath.Join(envValue(env, "KILN_DATA_DIR"), "objects"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, err := segment.RemoteSteps(ctx, objects, "lost")
+	if err != nil || len(steps) == 0 {
+		t.Fatalf("checkpoints of run lost in object storage: %v, %v", steps, err)
+	}
+	newest := steps[len(steps)-1]
+	out, errOut, code := sched(t, env, "enqueue", "train", "lost")
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("the run resumes from its last checkpoint (step %d)", newest)) {
+		t.Fatalf("enqueue train lost after Redis lost its data: exit %d: %s%s; want it queued from step %d", code, out, errOut, newest)
 	}
 }

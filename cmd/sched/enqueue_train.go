@@ -15,6 +15,7 @@ import (
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // newEnqueueTrainCmd is `sched enqueue train`, added to the enqueue
@@ -95,6 +96,16 @@ checkpoint; a run already queued or training is left alone.`,
 		}
 		if ok && st.Checkpoint > 0 {
 			ts.FromStep = int64(st.Checkpoint)
+		} else {
+			// Redis lost the run's state (its data lost, or another
+			// Redis): object storage still says where the run is.
+			steps, err := segment.RemoteSteps(ctx, objects, ts.Run)
+			if err != nil {
+				return err
+			}
+			if len(steps) > 0 {
+				ts.FromStep = int64(steps[len(steps)-1])
+			}
 		}
 		return enqueueOne(c, cfg, ts)
 	}

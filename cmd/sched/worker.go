@@ -192,10 +192,19 @@ func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int
 		return hs, nil
 	}
 	objects, err := openStore(ctx, cfg)
+	if store.Unreachable(err) {
+		// A worker restarted during an outage of object storage serves
+		// anyway: a segment trains on from the checkpoint on this disk,
+		// and any task that needs the store waits for it (sched status
+		// says so). Wrong credentials or a bad endpoint still stop it.
+		log.Warn("object storage does not answer; the worker starts, and its tasks wait for the store where they need it", zap.Error(err))
+		objects, err = openStoreUnchecked(cfg)
+	} else if err == nil {
+		worker.AbortStaleUploads(ctx, objects, store.StaleUploadAge, log)
+	}
 	if err != nil {
 		return hs, err
 	}
-	worker.AbortStaleUploads(ctx, objects, store.StaleUploadAge, log)
 	go worker.SweepStaleUploads(ctx, objects, store.StaleUploadAge, store.StaleUploadAge, log)
 	return handlersWith(cfg, qs, q, log, objects)
 }

@@ -186,6 +186,38 @@ func TestEnqueueBenchOfARunMeasuresItsStep(t *testing.T) {
 	}
 }
 
+// A worker (re)started while object storage is down starts anyway, saying
+// so, rather than exiting: under compose or systemd it would crash-loop
+// until the store came back, and its running segment could not train on
+// from its disk as operations.md says. Once the store answers, its tasks
+// use it.
+func TestAWorkerStartsWhileObjectStorageIsDown(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	srv := testsvc.S3(t)
+	srv.Stop()
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json", "KILN_DATA_DIR=" + t.TempDir(),
+		"KILN_S3_ENDPOINT=" + srv.Endpoint, "KILN_S3_ACCESS_KEY=" + srv.AccessKey, "KILN_S3_SECRET_KEY=" + srv.SecretKey}
+	w := startWorker(t, env, "--queues", "gpu=1,append=1")
+	deadline := time.Now().Add(3 * time.Minute) // for a line that never comes
+	for log := workerLog(t, w); !strings.Contains(log, "object storage does not answer; the worker starts"); log = workerLog(t, w) {
+		if strings.Contains(log, "cannot reach the object store") || time.Now().After(deadline) {
+			t.Fatalf("the worker did not start without object storage:\n%s", log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	srv.Start()
+	out, errOut, code := sched(t, env, "enqueue", "bench", "tiny", "--engine", "cpu", "--batch", "1", "--seq", "16", "--steps", "2", "--warmup", "0")
+	m := regexp.MustCompile(`queued (bench:run:[0-9a-f]+) on gpu`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("enqueue: exit %d, %q %q", code, out, errOut)
+	}
+	waitStatus(t, env, m[1], regexp.MustCompile(`^`+m[1]+`\s+completed\s+100\.0%`), 3*time.Minute)
+	if out, _, _ = sched(t, env, "results", "bench"); !regexp.MustCompile(`\| tiny +\|`).MatchString(out) {
+		t.Errorf("sched results bench has no row from the worker's store:\n%s", out)
+	}
+}
+
 func TestEnqueueBenchBadInput(t *testing.T) {
 	t.Parallel()
 	env := []string{"KILN_REDIS_URL=redis://127.0.0.1:1/0"}

@@ -99,7 +99,10 @@ var policies = map[string]Policy{
 	// Sampling reads a dataset slice on CPU.
 	KindTokenizerSample: {Queue: QueueIngest, Version: 1, Timeout: 2 * time.Hour, MaxRetry: 5, Backoff: 30 * time.Second, MaxBackoff: 30 * time.Minute, Retention: 7 * day},
 	// Training a tokenizer needs the one sample, so it runs where appends do.
-	KindTokenizerTrain: {Queue: QueueAppend, Version: 1, Timeout: 12 * time.Hour, MaxRetry: 2, Backoff: time.Minute, MaxBackoff: 30 * time.Minute, Retention: 30 * day},
+	// It runs in the worker's process, whose death (a kill, a restart
+	// during the hours it may take) uses a retry as a failure does: four
+	// leave room for a few and still end one that kills its worker.
+	KindTokenizerTrain: {Queue: QueueAppend, Version: 1, Timeout: 12 * time.Hour, MaxRetry: 4, Backoff: time.Minute, MaxBackoff: 30 * time.Minute, Retention: 30 * day},
 }
 
 // aliases maps retired kind strings to current ones.

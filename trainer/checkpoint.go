@@ -148,7 +148,7 @@ func WriteCheckpoint(ctx context.Context, root string, s *Snapshot) (string, err
 	if _, err := writeSynced(filepath.Join(tmp, StateFile), func(w io.Writer) error { _, err := w.Write(state); return err }); err != nil {
 		return "", fmt.Errorf("write checkpoint %s: %s: %w", final, StateFile, err)
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := SyncDir(tmp); err != nil {
 		return "", fmt.Errorf("write checkpoint %s: %w", final, err)
 	}
 	// A checkpoint of this step may exist from a run that stopped after
@@ -160,7 +160,7 @@ func WriteCheckpoint(ctx context.Context, root string, s *Snapshot) (string, err
 		return "", fmt.Errorf("write checkpoint %s: %w", final, err)
 	}
 	done = true
-	if err := syncDir(root); err != nil {
+	if err := SyncDir(root); err != nil {
 		return "", fmt.Errorf("write checkpoint %s: %w", final, err)
 	}
 	return final, nil
@@ -234,7 +234,9 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func syncDir(dir string) error {
+// SyncDir syncs a directory, so that the names made or renamed in it
+// outlive a power cut.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
@@ -477,7 +479,7 @@ func SetAside(dir string) (string, error) {
 		if err := os.Rename(dir, to); err != nil {
 			return "", err
 		}
-		return to, syncDir(filepath.Dir(dir))
+		return to, SyncDir(filepath.Dir(dir))
 	}
 	return "", fmt.Errorf("%s.damaged and .damaged-2 to -999 all exist: remove some", dir)
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/kiln-lm/kiln/model"
@@ -137,8 +138,9 @@ func MFU(tokPerS, flopsPerToken, peak float64) *float64 {
 // truncateMetrics keeps the lines of a metrics.jsonl file up to and
 // including step, so step 0 keeps the initial evaluation's step-0 line that
 // a segment writes before the first step; a missing file is left missing.
-// The file is rewritten through a rename so that a crash keeps either
-// version whole.
+// The file is rewritten through a rename, the new version synced before it
+// and the directory after (as WriteCheckpoint does), so that a crash or a
+// power cut keeps either version whole, never an empty or partial one.
 func truncateMetrics(path string, step int) error {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -163,10 +165,13 @@ func truncateMetrics(path string, step int) error {
 		return nil
 	}
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, kept, 0o644); err != nil {
+	if _, err := writeSynced(tmp, func(w io.Writer) error { _, err := w.Write(kept); return err }); err != nil {
 		return fmt.Errorf("rewrite %s: %w", path, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("rewrite %s: %w", path, err)
+	}
+	if err := SyncDir(filepath.Dir(path)); err != nil {
 		return fmt.Errorf("rewrite %s: %w", path, err)
 	}
 	return nil

@@ -47,6 +47,10 @@ type Config struct {
 	// beforeWrite, when set, is called by the checkpoint writer before
 	// each write, off the training loop (tests hold a write there).
 	beforeWrite func(step int)
+	// metricsSynced, when set, is called on the training loop once
+	// metrics.jsonl is synced ahead of the checkpoint of step, before its
+	// write begins (tests check that order against beforeWrite).
+	metricsSynced func(step int)
 }
 
 // Hooks let a caller follow a run. Every hook is optional.
@@ -646,7 +650,27 @@ func (l *loop) checkpoint(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("checkpoint at step %d: data cursor: %w", l.step, err)
 	}
+	if err := l.syncMetrics(); err != nil {
+		return fmt.Errorf("checkpoint at step %d: %w", l.step, err)
+	}
 	return l.ck.start(ctx, State{Step: l.step, Tokens: l.tokens, Cursor: cur, RNG: RNGState{Seed: l.rc.Seed}, Run: l.rc, Loss: l.loss})
+}
+
+// syncMetrics makes metrics.jsonl's lines durable before the checkpoint
+// of l.step is begun: every line up to l.step is written by then, and a
+// resume from the checkpoint keeps the file only up to its step, so a
+// checkpoint that outlived a power cut beside lines that did not would
+// leave a gap in the run's history for good. Once per checkpoint, on a
+// file appended a line at a time, it costs little, and no write of ours
+// is in flight meanwhile (the previous one was waited for).
+func (l *loop) syncMetrics() error {
+	if err := l.metrics.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", l.metrics.Name(), err)
+	}
+	if l.cfg.metricsSynced != nil {
+		l.cfg.metricsSynced(l.step)
+	}
+	return nil
 }
 
 // checkpointNow writes the state after l.step and waits until the write
@@ -693,7 +717,10 @@ const MetricsFile = "metrics.jsonl"
 
 // openMetrics opens Out/metrics.jsonl for appending. A resumed run first
 // drops the lines past its checkpoint: those steps are trained again and
-// logged anew, so each step appears once.
+// logged anew, so each step appears once. The directory is synced once
+// the file is there, so that a file just made (or moved in from a pulled
+// checkpoint) stays in it after a power cut: its lines are synced before
+// each checkpoint (syncMetrics), its name only here.
 func (l *loop) openMetrics() error {
 	if err := os.MkdirAll(l.cfg.Out, 0o755); err != nil {
 		return fmt.Errorf("run directory: %w", err)
@@ -705,6 +732,10 @@ func (l *loop) openMetrics() error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", path, err)
+	}
+	if err := SyncDir(l.cfg.Out); err != nil {
+		f.Close()
+		return fmt.Errorf("open %s: sync its directory: %w", path, err)
 	}
 	l.metrics = f
 	return nil

@@ -233,7 +233,10 @@ const pullTempPattern = ".pull-step-*"
 // Pull downloads the complete checkpoint of step into root/step-NNNNNNN,
 // through a temporary directory renamed into place once every file has the
 // size its marker lists and the hash trainer_state.json lists
-// (trainer.VerifyCheckpoint).
+// (trainer.VerifyCheckpoint). As trainer.WriteCheckpoint does, every file
+// and the directory are synced before the rename and root after it, so
+// that a power cut leaves either no step directory or a whole one, not
+// one of torn files that the resume sets aside and downloads again.
 func Pull(ctx context.Context, obj Objects, run string, step int, root string) (string, error) {
 	prefix := checkpointKey(run, step)
 	var m Marker
@@ -265,12 +268,18 @@ func Pull(ctx context.Context, obj Objects, run string, step int, root string) (
 	if _, err := trainer.VerifyCheckpoint(tmp); err != nil {
 		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
 	}
+	if err := trainer.SyncDir(tmp); err != nil {
+		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
+	}
 	final := filepath.Join(root, trainer.StepDir(step))
 	if err := os.RemoveAll(final); err != nil {
 		return "", fmt.Errorf("pull checkpoint: %w", err)
 	}
 	if err := os.Rename(tmp, final); err != nil {
 		return "", fmt.Errorf("pull checkpoint: %w", err)
+	}
+	if err := trainer.SyncDir(root); err != nil {
+		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
 	}
 	return final, nil
 }
@@ -317,6 +326,9 @@ func getFile(ctx context.Context, obj Objects, key, path string) (int64, error) 
 		return 0, err
 	}
 	n, err := io.Copy(f, r)
+	if err == nil {
+		err = f.Sync()
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

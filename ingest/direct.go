@@ -122,9 +122,10 @@ type DirectOptions struct {
 	// StoreDir is the token store; its last element is the store's name
 	// in the pipeline's steps, so it must be a valid store name.
 	StoreDir string
-	// DataDir holds downloads, each deleted once tokenized, and the shard
-	// token files waiting for their append (a directory store of its own,
-	// removed when Direct returns).
+	// DataDir holds, in a directory of the run's own (.shards-*, removed
+	// when Direct returns), the downloads, each deleted once tokenized, and
+	// the shard token files waiting for their append. A run removes the
+	// directories that killed runs left, never one a live run holds.
 	DataDir   string
 	Seed      uint64
 	MaxFiles  int   // 0: all
@@ -185,18 +186,35 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	if err := os.MkdirAll(opt.DataDir, 0o755); err != nil {
 		return rep, fmt.Errorf("ingest: %w", err)
 	}
-	shards, err := os.MkdirTemp(opt.DataDir, ".shards-*")
+	// A killed run (SIGKILL, the OOM killer) leaves its directory behind:
+	// this run removes those no live run holds.
+	stale, err := RemoveStaleTemp(opt.DataDir, shardsPattern)
+	for _, s := range stale {
+		log.Info("removed the temporary directory of a killed ingest", zap.String("dir", s))
+	}
 	if err != nil {
 		return rep, fmt.Errorf("ingest: %w", err)
 	}
-	defer os.RemoveAll(shards)
-	objects, err := store.NewLocal(shards)
+	tmp, err := MkdirTemp(opt.DataDir, shardsPattern)
+	if err != nil {
+		return rep, fmt.Errorf("ingest: %w", err)
+	}
+	defer func() {
+		// Left unheld, the directory is the next run's to remove, which
+		// fails with the error: this run's outcome stands.
+		if err := tmp.Remove(); err != nil {
+			log.Warn("temporary directory not removed; the next direct ingest removes it", zap.String("dir", tmp.Path), zap.Error(err))
+		}
+	}()
+	objects, err := store.NewLocal(filepath.Join(tmp.Path, "objects"))
 	if err != nil {
 		return rep, err
 	}
+	// Downloads go in the held directory too (DataDir/raw under it), so a
+	// killed run's are removed with its shards.
 	p := &Pipeline{Objects: objects, Hub: opt.Hub, SWH: opt.SWH, Presets: map[string]Preset{opt.Preset.Name: opt.Preset},
 		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return opt.Tokenizer, nil },
-		DataDir:   opt.DataDir, StoresDir: filepath.Dir(dir), Logger: log}
+		DataDir:   tmp.Path, StoresDir: filepath.Dir(dir), Logger: log}
 	if opt.Preset.Glob != "" {
 		p.LocalRoots = []string{globRoot(opt.Preset.Glob)}
 	}
@@ -289,6 +307,9 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	}
 	return rep, nil
 }
+
+// shardsPattern names a direct ingest's directory under DataDir.
+const shardsPattern = ".shards-*"
 
 // FullMarkFile, in a token store's directory, is where a direct ingest
 // keeps its store's StoreStatus.Full between runs: the limits at which an

@@ -333,3 +333,93 @@ func decodeStore(t *testing.T, tok *tokenizer.Tokenizer, dir string, m *tokens.M
 	}
 	return out.String()
 }
+
+// directIngestEnv makes TestHelperDirectIngest run a direct ingest: the
+// variable holds the glob, the store directory and the data directory,
+// one a line.
+const directIngestEnv = "KILN_TEST_DIRECT_INGEST"
+
+// TestHelperDirectIngest is a direct ingest of
+// TestDirectRemovesWhatAKilledRunLeft: after its first append it prints
+// "appended" and waits for its stdin to close, then ingests the rest.
+func TestHelperDirectIngest(t *testing.T) {
+	args := strings.Split(os.Getenv(directIngestEnv), "\n")
+	if len(args) != 3 {
+		t.Skip("a helper process of TestDirectRemovesWhatAKilledRunLeft")
+	}
+	p, err := LookupPreset(nil, LocalPrefix+args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := true
+	_, err = Direct(context.Background(), DirectOptions{Preset: p, Tokenizer: testTokenizer(t), TokenizerName: "t", StoreDir: args[1], DataDir: args[2],
+		Progress: func(Report) {
+			if first {
+				first = false
+				os.Stdout.WriteString("appended\n")
+				io.Copy(io.Discard, os.Stdin)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A direct ingest killed by SIGKILL leaves its .shards-* directory, and
+// the next run on the data directory removes it; a run alive beside it
+// keeps its own, finishes into its store, and then removes it.
+func TestDirectRemovesWhatAKilledRunLeft(t *testing.T) {
+	src, dataDir := t.TempDir(), t.TempDir()
+	for i := range 4 {
+		os.WriteFile(filepath.Join(src, fmt.Sprintf("f%d.txt", i)), []byte(fmt.Sprintf("file %d: %s", i, strings.Repeat("the quick brown fox ", 40))), 0o644)
+	}
+	glob := filepath.Join(src, "*.txt")
+	shardDirs := func() []string {
+		t.Helper()
+		m, err := filepath.Glob(filepath.Join(dataDir, shardsPattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	run := func(store string) string { return directIngestEnv + "=" + glob + "\n" + store + "\n" + dataDir }
+
+	killed := startHelper(t, "TestHelperDirectIngest", run(filepath.Join(t.TempDir(), "killed")))
+	killed.kill(t)
+	left := shardDirs()
+	if len(left) != 1 {
+		t.Fatalf("after the kill: %v; want the killed run's directory", left)
+	}
+	liveStore := filepath.Join(t.TempDir(), "live")
+	live := startHelper(t, "TestHelperDirectIngest", run(liveStore))
+	var liveDir []string
+	for _, d := range shardDirs() {
+		if d != left[0] {
+			liveDir = append(liveDir, d)
+		}
+	}
+	if len(liveDir) != 1 {
+		t.Fatalf("beside the killed run's %s: %v; want the live run's directory", left[0], shardDirs())
+	}
+
+	p, err := LookupPreset(nil, LocalPrefix+glob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Direct(context.Background(), DirectOptions{Preset: p, Tokenizer: testTokenizer(t), TokenizerName: "t",
+		StoreDir: filepath.Join(t.TempDir(), "next"), DataDir: dataDir})
+	if err != nil || rep.Appended != 4 {
+		t.Fatalf("the next run: %+v, %v", rep, err)
+	}
+	if got := shardDirs(); !slices.Equal(got, liveDir) {
+		t.Fatalf("after the next run: %v; want only the live run's %v", got, liveDir)
+	}
+
+	live.release(t)
+	if got := shardDirs(); len(got) != 0 {
+		t.Fatalf("after the live run ended: %v; want none", got)
+	}
+	if m, err := tokens.ReadManifest(liveStore); err != nil || len(m.Shards) != 4 {
+		t.Fatalf("the live run's store: %+v, %v; want its 4 files", m, err)
+	}
+}

@@ -79,7 +79,62 @@ func (t *Tokenizers) resolve() (*Tokenizers, error) {
 		}
 		r.Hub = h
 	}
+	// A worker started after a kill removes what killed tasks left, even
+	// if no tokenizer task comes again.
+	if err := r.removeStaleTemp(sampleTemp, trainTemp); err != nil {
+		return nil, fmt.Errorf("DataDir: %w", err)
+	}
 	return &r, nil
+}
+
+// tempDir is a kind of temporary directory that a tokenizer task makes
+// under DataDir, held by its process (ingest.TempDir) so that the
+// directories of killed tasks are told from those of live ones, which
+// other workers sharing the data directory may be running.
+type tempDir struct{ dir, pattern string }
+
+var (
+	// sampleTemp holds a sample's downloads and its text while it is
+	// drawn: up to the sample's size (--sample).
+	sampleTemp = tempDir{"tmp", "sample-*"}
+	// trainTemp holds the samples a training reads: the whole sample.
+	trainTemp = tempDir{".", "tokenizer-train-*"}
+)
+
+// mkdirTemp makes a temporary directory of kind k held by this process,
+// once it has removed those of k that killed tasks left.
+func (t *Tokenizers) mkdirTemp(k tempDir) (*ingest.TempDir, error) {
+	if err := t.removeStaleTemp(k); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(t.DataDir, k.dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return ingest.MkdirTemp(dir, k.pattern)
+}
+
+// removeTemp removes a task's temporary directory. One that cannot be
+// removed is left unheld, so the next task or worker start tries again
+// and fails with the error: the task's own outcome stands.
+func (t *Tokenizers) removeTemp(d *ingest.TempDir) {
+	if err := d.Remove(); err != nil {
+		t.Log.Warn("temporary directory not removed; the next tokenizer task or worker start removes it", zap.String("dir", d.Path), zap.Error(err))
+	}
+}
+
+// removeStaleTemp removes the temporary directories of kinds ks that no
+// live process holds.
+func (t *Tokenizers) removeStaleTemp(ks ...tempDir) error {
+	var errs []error
+	for _, k := range ks {
+		removed, err := ingest.RemoveStaleTemp(filepath.Join(t.DataDir, k.dir), k.pattern)
+		for _, d := range removed {
+			t.Log.Info("removed the temporary directory of a killed tokenizer task", zap.String("dir", d))
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 func shares(m []scheduler.TokenizerShare) []sample.Share {
@@ -128,28 +183,24 @@ func drawSample(ctx context.Context, t *Tokenizers, a scheduler.TokenizerSample,
 	if err := checkLocalRoots(ctx, t.LocalRoots, preset, a.Seed); err != nil {
 		return err
 	}
-	tmpRoot := filepath.Join(t.DataDir, "tmp")
-	if err := os.MkdirAll(tmpRoot, 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.MkdirTemp(tmpRoot, "sample-*")
+	tmp, err := t.mkdirTemp(sampleTemp)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
-	text, err := os.Create(filepath.Join(tmp, "sample.txt"))
+	defer t.removeTemp(tmp)
+	text, err := os.Create(filepath.Join(tmp.Path, "sample.txt"))
 	if err != nil {
 		return err
 	}
 	defer text.Close()
-	held, err := os.Create(filepath.Join(tmp, "heldout.jsonl"))
+	held, err := os.Create(filepath.Join(tmp.Path, "heldout.jsonl"))
 	if err != nil {
 		return err
 	}
 	defer held.Close()
 	rep := Progress(ctx)
 	rep.Message(ctx, fmt.Sprintf("sampling %d bytes of %s for tokenizer %s", a.Bytes, a.Dataset, a.Name))
-	st, err := sample.Draw(ctx, sample.Options{Preset: preset, Hub: t.Hub, SWH: t.SWH, Bytes: a.Bytes, Seed: a.Seed, TempDir: tmp, Logger: log}, text, held)
+	st, err := sample.Draw(ctx, sample.Options{Preset: preset, Hub: t.Hub, SWH: t.SWH, Bytes: a.Bytes, Seed: a.Seed, TempDir: tmp.Path, Logger: log}, text, held)
 	if err != nil {
 		return err
 	}
@@ -240,14 +291,14 @@ func (t *Tokenizers) train(ctx context.Context, a scheduler.TokenizerTrain) erro
 	if err != nil || done {
 		return err
 	}
-	tmp, err := os.MkdirTemp(filepath.Join(t.DataDir), "tokenizer-train-*")
+	tmp, err := t.mkdirTemp(trainTemp)
 	if err != nil {
 		return fmt.Errorf("%s: %w", kind, err)
 	}
-	defer os.RemoveAll(tmp)
+	defer t.removeTemp(tmp)
 	var inputs []io.Reader
 	for i, s := range a.Mixture {
-		f, err := fetchFile(ctx, t.Objects, sample.SampleKey(a.Sample, s.Dataset), filepath.Join(tmp, fmt.Sprintf("sample-%d.txt", i)))
+		f, err := fetchFile(ctx, t.Objects, sample.SampleKey(a.Sample, s.Dataset), filepath.Join(tmp.Path, fmt.Sprintf("sample-%d.txt", i)))
 		if err != nil {
 			return fmt.Errorf("%s: %w", kind, err)
 		}

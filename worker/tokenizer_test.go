@@ -1,15 +1,21 @@
 package worker
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -374,5 +380,187 @@ func TestTokenizerSampleTakesTheCarriedPreset(t *testing.T) {
 	}
 	if len(*queued) != 1 {
 		t.Fatalf("the only sample drawn did not queue the training: %v", *queued)
+	}
+}
+
+// tokenizerTaskEnv makes TestHelperTokenizerTask run a tokenizer task: the
+// variable holds the kind (train or sample), the data directory and the
+// object directory, one a line.
+const tokenizerTaskEnv = "KILN_TEST_TOKENIZER_TASK"
+
+// waitingGets is a store whose Get waits with wait, then fails.
+type waitingGets struct {
+	store.Store
+	wait func()
+}
+
+func (s waitingGets) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	s.wait()
+	return nil, fmt.Errorf("get %s: the test released the task", key)
+}
+
+// TestHelperTokenizerTask is a tokenizer task of
+// TestTokenizerTempDirsOfKilledTasksAreRemoved, made by a worker started
+// on the data directory: once it holds its temporary directory, where a
+// training fetches its sample or a sampling asks the hub for its files, it
+// prints "waiting" and waits for its stdin to close, then fails.
+func TestHelperTokenizerTask(t *testing.T) {
+	args := strings.Split(os.Getenv(tokenizerTaskEnv), "\n")
+	if len(args) != 3 {
+		t.Skip("a helper process of TestTokenizerTempDirsOfKilledTasksAreRemoved")
+	}
+	released := make(chan struct{})
+	go func() {
+		io.Copy(io.Discard, os.Stdin)
+		close(released)
+	}()
+	var once sync.Once
+	wait := func() {
+		once.Do(func() { os.Stdout.WriteString("waiting\n") })
+		<-released
+	}
+	hubSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		wait()
+		http.Error(w, "the test released the task", http.StatusNotFound)
+	}))
+	defer hubSrv.Close()
+	hc, err := hub.New(hub.Config{Endpoint: hubSrv.URL, MaxRetries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objects, err := store.NewLocal(args[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	prose := ingest.Preset{Name: "prose", Repo: "web/prose", Revision: "main", Include: []string{"*.parquet"}, Columns: ingest.Columns{Text: "text"}}
+	tk, err := (&Tokenizers{Objects: waitingGets{objects, wait}, DataDir: args[1], Hub: hc, Presets: map[string]ingest.Preset{"prose": prose},
+		Enqueue: func(context.Context, scheduler.Args) error { return nil }}).resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mix := []scheduler.TokenizerShare{{Dataset: "prose", Weight: 1}}
+	switch args[0] {
+	case "train":
+		err = tk.train(context.Background(), scheduler.TokenizerTrain{Name: "tok", VocabSize: 300, Sample: "samples/tok", Mixture: mix})
+	case "sample":
+		err = tk.sample(context.Background(), scheduler.TokenizerSample{Name: "tok", Dataset: "prose", Bytes: 1000, Mixture: mix, TotalBytes: 1000})
+	default:
+		t.Fatalf("task kind %q", args[0])
+	}
+	t.Logf("released: %v", err)
+}
+
+// helperProc is the test binary run again for one helper test, which
+// prints one line on stdout once it holds what the test wants held, then
+// waits for its stdin to close (as it does when the test dies).
+type helperProc struct {
+	cmd *exec.Cmd
+	// stdin is never written or closed: the helper waits until it is
+	// killed, or this process ends.
+	stdin  io.WriteCloser
+	stderr bytes.Buffer
+}
+
+// startHelper runs the helper test named helper with env added, and
+// returns once it says it is ready.
+func startHelper(t *testing.T, helper string, env ...string) *helperProc {
+	t.Helper()
+	h := &helperProc{cmd: exec.Command(os.Args[0], "-test.run=^"+helper+"$")}
+	h.cmd.Env = append(os.Environ(), env...)
+	h.cmd.Stderr = &h.stderr
+	var err error
+	if h.stdin, err = h.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := h.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if h.cmd.ProcessState == nil {
+			h.kill(t)
+		}
+	})
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		h.kill(t)
+		t.Fatalf("%s did not say it was ready: %q, %v; stderr:\n%s", helper, line, err, h.stderr.String())
+	}
+	return h
+}
+
+// kill ends the helper with SIGKILL, as the OOM killer would, and returns
+// once it is reaped: the kernel has dropped its flocks by then.
+func (h *helperProc) kill(t *testing.T) {
+	t.Helper()
+	if err := h.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	h.cmd.Wait()
+}
+
+// Tokenizer tasks killed by SIGKILL leave their temporary directories (a
+// training's holds its whole sample); a worker started on the data
+// directory removes them, and so does the next task of their kind, while
+// the directories of tasks still running beside them, in other workers
+// sharing the directory, are kept.
+func TestTokenizerTempDirsOfKilledTasksAreRemoved(t *testing.T) {
+	dataDir, objDir := t.TempDir(), t.TempDir()
+	task := func(kind string) string { return tokenizerTaskEnv + "=" + kind + "\n" + dataDir + "\n" + objDir }
+	dirs := func(pattern string) []string {
+		t.Helper()
+		m, err := filepath.Glob(filepath.Join(dataDir, pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	const train, samples = "tokenizer-train-*", "tmp/sample-*"
+
+	startHelper(t, "TestHelperTokenizerTask", task("train"))
+	liveSample := startHelper(t, "TestHelperTokenizerTask", task("sample"))
+	liveTrain, liveSamples := dirs(train), dirs(samples)
+	if len(liveTrain) != 1 || len(liveSamples) != 1 {
+		t.Fatalf("running tasks hold %v and %v; want a training's directory and a sampling's", liveTrain, liveSamples)
+	}
+	// Both are running before either is killed: a worker's start would
+	// remove the other's directory once it was killed.
+	killedTrain := startHelper(t, "TestHelperTokenizerTask", task("train"))
+	killedSample := startHelper(t, "TestHelperTokenizerTask", task("sample"))
+	killedTrain.kill(t)
+	killedSample.kill(t)
+	if len(dirs(train)) != 2 || len(dirs(samples)) != 2 {
+		t.Fatalf("after the kills: %v and %v; want the killed tasks' directories beside the live ones'", dirs(train), dirs(samples))
+	}
+
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	for i, doc := range tokenizertest.Documents(tokenizertest.Text(t, "go"), 2000)[:4] {
+		if err := os.WriteFile(filepath.Join(root, fmt.Sprintf("%d.txt", i)), []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tk, err := (&Tokenizers{Objects: objects, DataDir: dataDir, LocalRoots: []string{root}, Presets: map[string]ingest.Preset{},
+		Enqueue: func(context.Context, scheduler.Args) error { return nil }}).resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, got2 := dirs(train), dirs(samples); !slices.Equal(got, liveTrain) || !slices.Equal(got2, liveSamples) {
+		t.Fatalf("after a worker start: %v and %v; want only the live tasks' %v and %v", got, got2, liveTrain, liveSamples)
+	}
+
+	liveSample.kill(t)
+	local := ingest.LocalPrefix + filepath.Join(root, "*.txt")
+	if err := tk.sample(context.Background(), scheduler.TokenizerSample{Name: "root-bpe", Dataset: local, Bytes: 2048,
+		Mixture: []scheduler.TokenizerShare{{Dataset: local, Weight: 1}}, TotalBytes: 2048}); err != nil {
+		t.Fatal(err)
+	}
+	if got, got2 := dirs(train), dirs(samples); !slices.Equal(got, liveTrain) || len(got2) != 0 {
+		t.Fatalf("after the next sampling: %v and %v; want only the live training's %v", got, got2, liveTrain)
 	}
 }

@@ -828,7 +828,7 @@ func (p *Pipeline) stop(ctx context.Context, job AppendJob, m tokens.Manifest, r
 // the status before is the latest.
 func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens.Manifest, limits, refused Limits) (StoreStatus, error) {
 	st := StoreStatus{Tokens: m.Tokens, Documents: m.Documents, Bytes: m.Tokens * int64(m.Dtype.Width()), Shards: len(m.Shards),
-		Done: make([]string, 0, len(m.Shards)+len(m.Skipped)), Tokenizer: m.Tokenizer, Updated: time.Now().UTC()}
+		Done: doneFiles(m), Tokenizer: m.Tokenizer, Updated: time.Now().UTC()}
 	// Without limits the marker goes whatever it was: no need to read it.
 	if limits != (Limits{}) {
 		before, err := p.Status(ctx, storeName)
@@ -837,16 +837,6 @@ func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens
 		}
 		st.Full = before.Full.fullAfter(limits, refused)
 	}
-	for _, s := range m.Shards {
-		st.Done = append(st.Done, s.ID)
-	}
-	for _, s := range m.Skipped {
-		if s.Count == 0 {
-			st.Done = append(st.Done, s.ID)
-		}
-	}
-	slices.Sort(st.Done)
-	st.Done = slices.Compact(st.Done)
 	if p.statusesMu != nil {
 		p.statusesMu.Lock()
 		p.statuses[storeName] = st

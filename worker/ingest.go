@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -31,8 +32,12 @@ type Ingest struct {
 	// Tokenizers is the tokenizer catalog (default: that of
 	// Pipeline.Objects and Pipeline.DataDir).
 	Tokenizers *catalog.Catalog
-	// Enqueue queues the next steps (required): scheduler.Client.Enqueue.
-	// A *scheduler.DuplicateError means the step is already queued.
+	// Enqueue queues the next steps (required): scheduler.Client.Again,
+	// which runs a completed task of the same id again. A plan queues only
+	// the files its store lacks, and a shard the append of one: a completed
+	// task of the same id made what the store no longer holds (its disk
+	// lost, a backup of fewer files put back). A *scheduler.DuplicateError
+	// means the step is queued or running.
 	Enqueue func(ctx context.Context, a scheduler.Args) error
 	// Queue, when set, tells a plan whether its tokenizer is being made:
 	// then the plan waits for it (WaitError) instead of queuing shards
@@ -116,6 +121,24 @@ func SweepStaleUploads(ctx context.Context, objects store.Store, idle, interval 
 			AbortStaleUploads(ctx, objects, idle, log)
 		}
 	}
+}
+
+// ReconcileStores makes the statuses in object storage of the token
+// stores say what this worker's store directory holds, where they say
+// otherwise (ingest.Pipeline.ReconcileStatuses): a worker that appends
+// runs it at its start, so that after its disk was lost, or a backup of
+// fewer files was put back, `sched enqueue ingest` plans the missing files
+// again instead of taking them for stored. Each store so mended is logged.
+func (c *Ingest) ReconcileStores(ctx context.Context, log *zap.Logger) []ingest.Reconciled {
+	rs, err := c.Pipeline.ReconcileStatuses(ctx)
+	for _, r := range rs {
+		log.Warn("token store's status in object storage did not say what this disk's store holds: it does now, and an ingest plans the files the store lacks again",
+			zap.String("store", r.Store), zap.Int("files_listed", r.Listed), zap.Int("files_held", r.Holds), zap.String("dir", filepath.Join(c.Pipeline.StoresDir, r.Store)))
+	}
+	if err != nil && ctx.Err() == nil {
+		log.Warn("token stores' statuses not checked against this disk; the next start tries again", zap.Error(err))
+	}
+	return rs
 }
 
 // plan lists a dataset and queues one ingest:shard per file the store

@@ -107,7 +107,7 @@ func runIngestChild() int {
 	ing := &Ingest{
 		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log,
 			DecodeAhead: ahead, Tokenizing: tokenizing, Prefetch: prefetch, LocalRoots: filepath.SplitList(os.Getenv("KILN_TEST_LOCAL_ROOTS"))},
-		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := c.Enqueue(ctx, a); return err },
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := c.Again(ctx, a); return err },
 	}
 	// Tests watch progress as it happens; a benchmark sets the production
 	// throttle instead, so that it measures what a worker does.
@@ -220,7 +220,7 @@ func newIngestEnv(t *testing.T) *ingestEnv {
 func (e *ingestEnv) configure(dataDir, storesDir string) {
 	e.handlers.Ingest = &Ingest{
 		Pipeline: ingest.Pipeline{Objects: e.objects, Hub: e.hc, Presets: e.presets, DataDir: dataDir, StoresDir: storesDir, Logger: zap.NewNop()},
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Again(ctx, a); return err },
 	}
 }
 
@@ -722,7 +722,7 @@ func TestAppendWorkerKilledMidAppend(t *testing.T) {
 func (e *ingestEnv) configureLocal(dataDir, storesDir string, roots ...string) {
 	e.handlers.Ingest = &Ingest{
 		Pipeline: ingest.Pipeline{Objects: e.objects, Presets: e.presets, DataDir: dataDir, StoresDir: storesDir, LocalRoots: roots, Logger: zap.NewNop()},
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Again(ctx, a); return err },
 	}
 }
 
@@ -768,6 +768,93 @@ func TestIngestRefusesLocalPathsOutsideItsRoots(t *testing.T) {
 	docs, _ := ingestStoreDocs(t, e.tok, filepath.Join(storesDir, "inside"))
 	if !slices.Equal(docs, []string{"inside the root: the quick brown fox"}) {
 		t.Fatalf("store inside the root holds %q", docs)
+	}
+}
+
+// The stores live on the appending worker's disk, their statuses in
+// object storage: a store restored from a backup of fewer files, or lost
+// with its disk, is planned again in full once that worker has started
+// (ReconcileStores, which its start runs), as operations.md tells the
+// user: the same `sched enqueue ingest` fills it again, no file twice.
+func TestAStoreRestoredOrLostIsIngestedAgain(t *testing.T) {
+	e := newIngestEnv(t)
+	root, storesDir := t.TempDir(), t.TempDir()
+	e.configureLocal(t.TempDir(), storesDir, root)
+	e.serve(map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1})
+	var want []string
+	write := func(f int) {
+		var b strings.Builder
+		for d := range 3 {
+			s := fmt.Sprintf("file %d doc %d: the quick brown fox", f, d)
+			fmt.Fprintf(&b, `{"text":%q}`+"\n", s)
+			want = append(want, s)
+		}
+		os.WriteFile(filepath.Join(root, fmt.Sprintf("f%d.jsonl", f)), []byte(b.String()), 0o644)
+	}
+	dir := filepath.Join(storesDir, "kept")
+	ingestAll := func() {
+		t.Helper()
+		// As `sched enqueue ingest` does: a completed plan runs again.
+		sub, err := e.c.Again(context.Background(), scheduler.IngestPlan{Dataset: "local:" + filepath.Join(root, "*.jsonl"), Store: "kept", Tokenizer: ingestTokenizer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.waitFor(sub.Info.ID, time.Minute, "completed", state("completed"))
+		e.waitDrained(time.Minute)
+	}
+	holds := func(when string) {
+		t.Helper()
+		docs, _ := ingestStoreDocs(t, e.tok, dir)
+		slices.Sort(docs)
+		w := slices.Sorted(slices.Values(want))
+		if !slices.Equal(docs, w) {
+			t.Fatalf("%s: the store holds %d documents %q; want the %d of every file once", when, len(docs), docs, len(w))
+		}
+	}
+	write(0)
+	write(1)
+	ingestAll()
+	backup := t.TempDir()
+	if err := os.CopyFS(backup, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	write(2)
+	ingestAll()
+	holds("three files ingested")
+
+	// A backup of two files put back.
+	restore := func() {
+		t.Helper()
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.CopyFS(dir, os.DirFS(backup)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restore()
+	core, logs := observer.New(zap.WarnLevel)
+	if rs := e.handlers.Ingest.ReconcileStores(context.Background(), zap.New(core)); len(rs) != 1 || rs[0] != (ingest.Reconciled{Store: "kept", Listed: 3, Holds: 2}) {
+		t.Fatalf("reconciled %+v (logs %v); want store kept, its status listing 3 files and the store holding 2", rs, logs.All())
+	}
+	if logs.FilterField(zap.String("store", "kept")).Len() != 1 {
+		t.Errorf("logs %v; want one warning naming store kept", logs.All())
+	}
+	ingestAll()
+	holds("after the backup was put back and the files planned again")
+
+	// The store lost with its disk.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if rs := e.handlers.Ingest.ReconcileStores(context.Background(), zap.NewNop()); len(rs) != 1 || rs[0] != (ingest.Reconciled{Store: "kept", Listed: 3}) {
+		t.Fatalf("reconciled %+v; want store kept, its status listing 3 files and no store here", rs)
+	}
+	ingestAll()
+	holds("after the store was lost and the files planned again")
+	// A status that says what the store holds is left alone.
+	if rs := e.handlers.Ingest.ReconcileStores(context.Background(), zap.NewNop()); len(rs) != 0 {
+		t.Fatalf("reconciled %+v of a store whose status is right", rs)
 	}
 }
 
@@ -931,7 +1018,7 @@ func TestIngestPlanWaitsForItsTokenizer(t *testing.T) {
 	e.addGoodFiles("good", 2, 3, "")
 	e.handlers.Ingest = &Ingest{
 		Pipeline: ingest.Pipeline{Objects: e.objects, Hub: e.hc, Presets: e.presets, DataDir: t.TempDir(), StoresDir: t.TempDir(), Logger: zap.NewNop()},
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Again(ctx, a); return err },
 		Queue:    e.c, WaitEvery: 50 * time.Millisecond,
 	}
 	// The tokenizer's training sits on the append queue, which nobody

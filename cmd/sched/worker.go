@@ -192,6 +192,7 @@ func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int
 		return hs, nil
 	}
 	objects, err := openStore(ctx, cfg)
+	reachable := err == nil
 	if store.Unreachable(err) {
 		// A worker restarted during an outage of object storage serves
 		// anyway: a segment trains on from the checkpoint on this disk,
@@ -206,7 +207,13 @@ func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int
 		return hs, err
 	}
 	go worker.SweepStaleUploads(ctx, objects, store.StaleUploadAge, store.StaleUploadAge, log)
-	return handlersWith(cfg, qs, q, log, objects)
+	hs, err = handlersWith(cfg, qs, q, log, objects)
+	if err == nil && reachable && qs[scheduler.QueueAppend] > 0 {
+		// The stores live on this worker's disk: their statuses must say
+		// what it holds (a lost disk, a backup put back).
+		hs.Ingest.ReconcileStores(ctx, log)
+	}
+	return hs, err
 }
 
 // handlersWith makes the handlers of queues qs on objects.
@@ -226,7 +233,7 @@ func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, 
 			Pipeline: ingest.Pipeline{Objects: objects, Hub: h, SWH: swh, DataDir: filepath.Join(cfg.DataDir, "ingest"),
 				StoresDir: filepath.Join(cfg.DataDir, "tokens"), LocalRoots: cfg.LocalRoots, Logger: log},
 			Tokenizers: catalog.New(objects, cfg.DataDir),
-			Enqueue:    enqueue,
+			Enqueue:    func(ctx context.Context, a scheduler.Args) error { _, err := q.Again(ctx, a); return err },
 			Queue:      q,
 		}
 		hs.Tokenizers = &worker.Tokenizers{Objects: objects, DataDir: cfg.DataDir, Hub: h, SWH: swh, LocalRoots: cfg.LocalRoots, Log: log, Enqueue: enqueue}

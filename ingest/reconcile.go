@@ -1,0 +1,103 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// Reconciled is a store whose status in object storage said other than
+// its directory here: Listed files the status had, Holds files the store
+// holds (0: no store here).
+type Reconciled struct {
+	Store         string
+	Listed, Holds int
+}
+
+// ReconcileStatuses makes the status in object storage of every token
+// store say what the store in p.StoresDir holds, where it says otherwise,
+// and returns those stores. Plans and shards skip the files a status
+// lists, so a status that outlived its store (the disk lost, or a backup
+// of fewer files put back) would keep those files out of the store for
+// good; the appending worker, which holds the stores, runs this at its
+// start. A store not here at all loses its status, as one never ingested;
+// one here gets its manifest's. A store whose manifest cannot be read is
+// left alone and named in the error.
+func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) {
+	if p.StoresDir == "" {
+		return nil, nil
+	}
+	objs, err := p.Objects.List(ctx, "tokens/")
+	if err != nil {
+		return nil, fmt.Errorf("listing the token stores' statuses: %w", err)
+	}
+	var out []Reconciled
+	var errs []error
+	for _, o := range objs {
+		name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, "tokens/"), "/status.json")
+		if !ok || strings.Contains(name, "/") || CheckStoreName(name) != nil {
+			continue
+		}
+		r, changed, err := p.reconcile(ctx, name)
+		if err != nil {
+			errs = append(errs, err)
+		} else if changed {
+			out = append(out, r)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool, error) {
+	r := Reconciled{Store: name}
+	st, err := p.Status(ctx, name)
+	if err != nil {
+		return r, false, err
+	}
+	r.Listed = len(st.Done)
+	dir := filepath.Join(p.StoresDir, name)
+	unlock := lockStoreHere(dir)
+	defer unlock()
+	m, err := tokens.ReadManifest(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if len(st.Done) == 0 {
+			return r, false, nil
+		}
+		if err := p.Objects.Delete(ctx, StatusKey(name)); err != nil {
+			return r, false, fmt.Errorf("clearing the status of token store %s, which is not in %s: %w", name, p.StoresDir, err)
+		}
+		return r, true, nil
+	case err != nil:
+		return r, false, err
+	}
+	done := doneFiles(*m)
+	r.Holds = len(done)
+	if slices.Equal(done, st.Done) && st.Tokens == m.Tokens {
+		return r, false, nil
+	}
+	_, err = p.publishStatus(ctx, name, *m, Limits{}, Limits{})
+	return r, err == nil, err
+}
+
+// doneFiles are the ids of the files a store holds, appended or skipped
+// whole, sorted.
+func doneFiles(m tokens.Manifest) []string {
+	done := make([]string, 0, len(m.Shards)+len(m.Skipped))
+	for _, s := range m.Shards {
+		done = append(done, s.ID)
+	}
+	for _, s := range m.Skipped {
+		if s.Count == 0 {
+			done = append(done, s.ID)
+		}
+	}
+	slices.Sort(done)
+	return slices.Compact(done)
+}

@@ -40,7 +40,7 @@ type RunState struct {
 // ReadRunStates returns every run that has recorded progress, by name.
 func ReadRunStates(ctx context.Context, rdb redis.UniversalClient) ([]RunState, error) {
 	var out []RunState
-	iter := rdb.Scan(ctx, 0, "kiln:run:*:state", 100).Iterator()
+	iter := rdb.Scan(ctx, 0, "kiln:run:*:state", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
 		run := strings.TrimSuffix(strings.TrimPrefix(key, "kiln:run:"), ":state")

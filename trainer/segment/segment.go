@@ -104,6 +104,10 @@ type Params struct {
 	// Default: statfs.
 	FreeSpace func(dir string) (int64, error)
 	Log       *zap.Logger
+
+	// caughtUp holds the earlier segments' event files this segment has
+	// found or made whole in object storage (catchUpEvents); Run sets it.
+	caughtUp *caughtUp
 }
 
 func (p Params) withDefaults() Params {
@@ -202,6 +206,7 @@ func RunDir(root, run string) string { return filepath.Join(root, run) }
 // disk for the next segment here to upload.
 func Run(ctx context.Context, p Params) (Outcome, error) {
 	p = p.withDefaults()
+	p.caughtUp = &caughtUp{names: map[string]bool{}}
 	out := Outcome{Uploaded: -1}
 	if err := p.validate(); err != nil {
 		return out, err

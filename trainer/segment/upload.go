@@ -678,7 +678,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 			return fmt.Errorf("upload results of run %s: %w", p.Run.Name, err)
 		}
 	}
-	if err := p.catchUpEvents(ctx, dir, recs, out.Step, path.Base(events)); err != nil {
+	if err := p.catchUpEvents(ctx, dir, recs, out, path.Base(events)); err != nil {
 		return fmt.Errorf("upload results of run %s: %w", p.Run.Name, err)
 	}
 	return nil
@@ -695,7 +695,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 // holds it otherwise: a stretch ends where the next begins, so that steps
 // trained again after a resume from an older checkpoint are never in two
 // files.
-func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Record, upTo int, current string) error {
+func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Record, out Outcome, current string) error {
 	type file struct {
 		name  string
 		began time.Time
@@ -729,14 +729,19 @@ func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Re
 		stored[name] = o.Size
 		add(name)
 	}
+	if !seen[current] {
+		// This segment's stretch begins where it resumed, logged lines or
+		// not: the earlier files end there.
+		files = append(files, file{current, out.Began, out.ResumedFrom})
+	}
 	for _, f := range files {
-		if f.name == current {
+		if f.name == current || p.caughtUp.has(f.name) {
 			continue
 		}
 		// Its stretch ends where the next one begins: a later first step,
 		// or the same first step begun later (a resume from the same
 		// checkpoint trained those steps again).
-		end := upTo
+		end := out.Step
 		for _, g := range files {
 			if g.from > f.from || (g.from == f.from && g.began.After(f.began)) {
 				end = min(end, g.from)
@@ -747,14 +752,42 @@ func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Re
 		if err != nil {
 			return err
 		}
-		if size, ok := stored[f.name]; n == 0 || (ok && size == int64(buf.Len())) {
-			continue // nothing of it is the run's any more, or the store has it
+		if size, ok := stored[f.name]; n > 0 && (!ok || size != int64(buf.Len())) {
+			if err := p.Objects.Put(ctx, prefix+f.name, bytes.NewReader(buf.Bytes()), int64(buf.Len())); err != nil {
+				return err
+			}
 		}
-		if err := p.Objects.Put(ctx, prefix+f.name, bytes.NewReader(buf.Bytes()), int64(buf.Len())); err != nil {
-			return err
-		}
+		// Its stretch ends at a later file's first step, which does not
+		// change while this segment trains: it stays whole.
+		p.caughtUp.add(f.name)
 	}
 	return nil
+}
+
+// caughtUp is the set of event files a segment has made whole in object
+// storage. Each is written anew from every line of its stretch, a month's
+// run's lines in all, so once is enough.
+type caughtUp struct {
+	mu    sync.Mutex
+	names map[string]bool
+}
+
+func (c *caughtUp) has(name string) bool {
+	if c == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.names[name]
+}
+
+func (c *caughtUp) add(name string) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.names[name] = true
 }
 
 // Settings is the configuration table of a run's summary.

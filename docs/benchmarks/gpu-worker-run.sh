@@ -7,7 +7,8 @@
 # (defaults: the GPU's). KILN_GPUS in the environment reaches the worker as
 # compose's does: `KILN_GPUS=all ACCUMULATE=2` trains the run on every GPU
 # of the host (accumulate a multiple of the GPUs). BENCH=0 leaves out the
-# run's step measured by the worker at the end. $G holds sched.gz and demo.tgz (a `sched demo` directory's
+# run's step measured by the worker at the end. $G (`FOR=worker bash docs/benchmarks/gpu-carry-prep.sh`)
+# holds sched.gz and demo.tgz (a `sched demo` directory's
 # tokens/, tokenizers/ and objects/tokenizers/: `sched demo --duration 5s
 # --dir D`, then `tar czf demo.tgz -C D tokens tokenizers
 # objects/tokenizers`); redis-server on PATH (carried with its libraries

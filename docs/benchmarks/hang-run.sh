@@ -8,7 +8,8 @@
 # bench --gpus all` on a host of one GPU (measured once). $G (default
 # .carry/g) holds sched.gz, kernels.test.gz, trainer.test.gz, cuda.test.gz
 # and sched.test.gz (`CGO_ENABLED=0 go test -c` of ./kernels/cuda/,
-# ./kernels/, ./trainer/ and ./cmd/sched/, gzipped); output under $OUT.
+# ./kernels/, ./trainer/ and ./cmd/sched/, gzipped: `FOR=hang bash
+# docs/benchmarks/gpu-carry-prep.sh`); output under $OUT.
 G=${G:-$PWD/.carry/g}; OUT=${OUT:-/tmp/hang}; mkdir -p $OUT
 . docs/benchmarks/cuda-checks.sh
 unpack sched kernels.test trainer.test cuda.test sched.test

@@ -8,7 +8,7 @@
 # BenchmarkAllReduce: the figure that decides buckets overlapped with the backward). ROUNDS (default 2)
 # sets the bench's alternations; SHAPES (default "small:32 base:16") its shapes.
 # Run from the repository root with .carry/g holding what was built on the development machine
-# (`bash docs/benchmarks/gpu-carry-prep.sh` builds it): sched.gz, kernels.test.gz, trainer.test.gz and
+# (`FOR=multi bash docs/benchmarks/gpu-carry-prep.sh` builds it): sched.gz, kernels.test.gz, trainer.test.gz and
 # cuda.test.gz; torch_peer.py for the PyTorch DDP peer (docs/benchmarks/ddp_peer.py; PEER=0 skips it);
 # store.tgz, `sched demo`'s token store and tokenizer, for the SIGTERM runs.
 # Output goes to $OUT (default /tmp/multi-gpu-run).

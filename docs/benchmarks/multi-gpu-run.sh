@@ -4,7 +4,7 @@
 # GPU against one at the same global batch (fp32 and bf16, loss within 1% at every logged step), native
 # and forced sm_80; and `sched bench` on one GPU against `--gpus all` at the issue's two shapes, small
 # 32 x 1024 and base 16 x 1024 a GPU, alternated (with two GPUs `sched bench` prints the scaling
-# efficiency); and NCCL's all-reduce bus bandwidth for 1 to 512 MiB over every GPU (kernels/cuda's
+# efficiency); and NCCL's all-reduce bus bandwidth for 1 to 256 MiB over every GPU (kernels/cuda's
 # BenchmarkAllReduce: the figure that decides buckets overlapped with the backward). ROUNDS (default 2)
 # sets the bench's alternations; SHAPES (default "small:32 base:16") its shapes.
 # Run from the repository root with .carry/g holding what was built on the development machine

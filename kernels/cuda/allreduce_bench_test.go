@@ -41,7 +41,7 @@ type allReduceRank struct {
 
 // BenchmarkAllReduce measures NCCL's in-place fp32 sum over every GPU the
 // driver sees, one thread and stream a GPU as kernels.Group drives them,
-// for buffers of 1 MiB to 512 MiB: the bus bandwidth (2 (N - 1) / N x
+// for buffers of 1 MiB to 256 MiB by x4: the bus bandwidth (2 (N - 1) / N x
 // bytes / time, as nccl-tests reckon it) that small buckets reach decides
 // the bucket size of a reduction overlapped with the backward, and the
 // large ones' decides whether one pays at all (docs/decisions/multi-gpu.md).
@@ -62,7 +62,7 @@ func BenchmarkAllReduce(b *testing.B) {
 	if err != nil || gpus == 0 {
 		b.Skipf("no GPU: %v", err)
 	}
-	const most = 512 << 20
+	const most = 256 << 20
 	ranks := make([]*allReduceRank, gpus)
 	devices := make([]int, gpus)
 	for r := range ranks {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-lm/kiln/internal/testsvc"
+
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/kiln-lm/kiln/ingest/hub"
@@ -384,14 +386,14 @@ func TestDirectRemovesWhatAKilledRunLeft(t *testing.T) {
 	}
 	run := func(store string) string { return directIngestEnv + "=" + glob + "\n" + store + "\n" + dataDir }
 
-	killed := startHelper(t, "TestHelperDirectIngest", run(filepath.Join(t.TempDir(), "killed")))
-	killed.kill(t)
+	killed := testsvc.StartChild(t, "TestHelperDirectIngest", run(filepath.Join(t.TempDir(), "killed")))
+	killed.Kill(t)
 	left := shardDirs()
 	if len(left) != 1 {
 		t.Fatalf("after the kill: %v; want the killed run's directory", left)
 	}
 	liveStore := filepath.Join(t.TempDir(), "live")
-	live := startHelper(t, "TestHelperDirectIngest", run(liveStore))
+	live := testsvc.StartChild(t, "TestHelperDirectIngest", run(liveStore))
 	var liveDir []string
 	for _, d := range shardDirs() {
 		if d != left[0] {
@@ -415,7 +417,7 @@ func TestDirectRemovesWhatAKilledRunLeft(t *testing.T) {
 		t.Fatalf("after the next run: %v; want only the live run's %v", got, liveDir)
 	}
 
-	live.release(t)
+	live.Release(t)
 	if got := shardDirs(); len(got) != 0 {
 		t.Fatalf("after the live run ended: %v; want none", got)
 	}

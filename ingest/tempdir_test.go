@@ -1,80 +1,15 @@
 package ingest
 
 import (
-	"bufio"
-	"bytes"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
 )
-
-// helperProc is the test binary run again for one helper test, which
-// prints one line on stdout once it holds what the test wants held, then
-// waits for its stdin to close (as it does when the test dies).
-type helperProc struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stderr bytes.Buffer
-	// line is the helper's ready line, without its newline.
-	line string
-}
-
-// startHelper runs the helper test named helper with env added, and
-// returns once it says it is ready.
-func startHelper(t *testing.T, helper string, env ...string) *helperProc {
-	t.Helper()
-	h := &helperProc{cmd: exec.Command(os.Args[0], "-test.run=^"+helper+"$")}
-	h.cmd.Env = append(os.Environ(), env...)
-	h.cmd.Stderr = &h.stderr
-	var err error
-	if h.stdin, err = h.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	out, err := h.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if h.cmd.ProcessState == nil {
-			h.cmd.Process.Kill()
-			h.cmd.Wait()
-		}
-	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		h.cmd.Process.Kill()
-		h.cmd.Wait()
-		t.Fatalf("%s did not say it was ready: %q, %v; stderr:\n%s", helper, line, err, h.stderr.String())
-	}
-	h.line = strings.TrimSuffix(line, "\n")
-	return h
-}
-
-// kill ends the helper with SIGKILL, as the OOM killer would, and returns
-// once it is reaped: the kernel has dropped its flocks by then.
-func (h *helperProc) kill(t *testing.T) {
-	t.Helper()
-	if err := h.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	h.cmd.Wait()
-}
-
-// release closes the helper's stdin and waits for it to exit.
-func (h *helperProc) release(t *testing.T) {
-	t.Helper()
-	h.stdin.Close()
-	if err := h.cmd.Wait(); err != nil {
-		t.Fatalf("helper: %v; stderr:\n%s", err, h.stderr.String())
-	}
-}
 
 // holdTempEnv makes TestHelperHoldTempDir hold a temporary directory in the
 // directory it names.
@@ -107,9 +42,9 @@ func TestHelperHoldTempDir(t *testing.T) {
 // with what they hold, as is anything not named from the pattern.
 func TestRemoveStaleTemp(t *testing.T) {
 	dir := t.TempDir()
-	killed := startHelper(t, "TestHelperHoldTempDir", holdTempEnv+"="+dir)
-	killed.kill(t)
-	live := startHelper(t, "TestHelperHoldTempDir", holdTempEnv+"="+dir)
+	killed := testsvc.StartChild(t, "TestHelperHoldTempDir", holdTempEnv+"="+dir)
+	killed.Kill(t)
+	live := testsvc.StartChild(t, "TestHelperHoldTempDir", holdTempEnv+"="+dir)
 	own, err := MkdirTemp(dir, shardsPattern)
 	if err != nil {
 		t.Fatal(err)
@@ -124,29 +59,29 @@ func TestRemoveStaleTemp(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(killed.line, "shard.tokens")); err != nil {
+	if _, err := os.Stat(filepath.Join(killed.Line, "shard.tokens")); err != nil {
 		t.Fatalf("the killed process's directory before the cleaner: %v", err)
 	}
 
 	removed, err := RemoveStaleTemp(dir, shardsPattern)
-	if err != nil || !slices.Equal(removed, []string{killed.line}) {
-		t.Fatalf("removed %v, %v; want only the killed process's %s", removed, err, killed.line)
+	if err != nil || !slices.Equal(removed, []string{killed.Line}) {
+		t.Fatalf("removed %v, %v; want only the killed process's %s", removed, err, killed.Line)
 	}
-	if _, err := os.Stat(killed.line); !os.IsNotExist(err) {
+	if _, err := os.Stat(killed.Line); !os.IsNotExist(err) {
 		t.Fatalf("the killed process's directory after the cleaner: %v", err)
 	}
-	for _, p := range []string{filepath.Join(live.line, "shard.tokens"), own.Path, filepath.Join(dir, "other-1"), filepath.Join(dir, ".shards-file")} {
+	for _, p := range []string{filepath.Join(live.Line, "shard.tokens"), own.Path, filepath.Join(dir, "other-1"), filepath.Join(dir, ".shards-file")} {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("the cleaner removed %s: %v", p, err)
 		}
 	}
 
 	// Their owners remove them; a cleaner finding nothing stale is quiet.
-	live.release(t)
+	live.Release(t)
 	if err := own.Remove(); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{live.line, own.Path} {
+	for _, p := range []string{live.Line, own.Path} {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Fatalf("%s after its owner removed it: %v", p, err)
 		}

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -450,57 +448,6 @@ func TestHelperTokenizerTask(t *testing.T) {
 	t.Logf("released: %v", err)
 }
 
-// helperProc is the test binary run again for one helper test, which
-// prints one line on stdout once it holds what the test wants held, then
-// waits for its stdin to close (as it does when the test dies).
-type helperProc struct {
-	cmd *exec.Cmd
-	// stdin is never written or closed: the helper waits until it is
-	// killed, or this process ends.
-	stdin  io.WriteCloser
-	stderr bytes.Buffer
-}
-
-// startHelper runs the helper test named helper with env added, and
-// returns once it says it is ready.
-func startHelper(t *testing.T, helper string, env ...string) *helperProc {
-	t.Helper()
-	h := &helperProc{cmd: exec.Command(os.Args[0], "-test.run=^"+helper+"$")}
-	h.cmd.Env = append(os.Environ(), env...)
-	h.cmd.Stderr = &h.stderr
-	var err error
-	if h.stdin, err = h.cmd.StdinPipe(); err != nil {
-		t.Fatal(err)
-	}
-	out, err := h.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if h.cmd.ProcessState == nil {
-			h.kill(t)
-		}
-	})
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-		h.kill(t)
-		t.Fatalf("%s did not say it was ready: %q, %v; stderr:\n%s", helper, line, err, h.stderr.String())
-	}
-	return h
-}
-
-// kill ends the helper with SIGKILL, as the OOM killer would, and returns
-// once it is reaped: the kernel has dropped its flocks by then.
-func (h *helperProc) kill(t *testing.T) {
-	t.Helper()
-	if err := h.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	h.cmd.Wait()
-}
-
 // Tokenizer tasks killed by SIGKILL leave their temporary directories (a
 // training's holds its whole sample); a worker started on the data
 // directory removes them, and so does the next task of their kind, while
@@ -519,18 +466,18 @@ func TestTokenizerTempDirsOfKilledTasksAreRemoved(t *testing.T) {
 	}
 	const train, samples = "tokenizer-train-*", "tmp/sample-*"
 
-	startHelper(t, "TestHelperTokenizerTask", task("train"))
-	liveSample := startHelper(t, "TestHelperTokenizerTask", task("sample"))
+	testsvc.StartChild(t, "TestHelperTokenizerTask", task("train"))
+	liveSample := testsvc.StartChild(t, "TestHelperTokenizerTask", task("sample"))
 	liveTrain, liveSamples := dirs(train), dirs(samples)
 	if len(liveTrain) != 1 || len(liveSamples) != 1 {
 		t.Fatalf("running tasks hold %v and %v; want a training's directory and a sampling's", liveTrain, liveSamples)
 	}
 	// Both are running before either is killed: a worker's start would
 	// remove the other's directory once it was killed.
-	killedTrain := startHelper(t, "TestHelperTokenizerTask", task("train"))
-	killedSample := startHelper(t, "TestHelperTokenizerTask", task("sample"))
-	killedTrain.kill(t)
-	killedSample.kill(t)
+	killedTrain := testsvc.StartChild(t, "TestHelperTokenizerTask", task("train"))
+	killedSample := testsvc.StartChild(t, "TestHelperTokenizerTask", task("sample"))
+	killedTrain.Kill(t)
+	killedSample.Kill(t)
 	if len(dirs(train)) != 2 || len(dirs(samples)) != 2 {
 		t.Fatalf("after the kills: %v and %v; want the killed tasks' directories beside the live ones'", dirs(train), dirs(samples))
 	}
@@ -554,7 +501,7 @@ func TestTokenizerTempDirsOfKilledTasksAreRemoved(t *testing.T) {
 		t.Fatalf("after a worker start: %v and %v; want only the live tasks' %v and %v", got, got2, liveTrain, liveSamples)
 	}
 
-	liveSample.kill(t)
+	liveSample.Kill(t)
 	local := ingest.LocalPrefix + filepath.Join(root, "*.txt")
 	if err := tk.sample(context.Background(), scheduler.TokenizerSample{Name: "root-bpe", Dataset: local, Bytes: 2048,
 		Mixture: []scheduler.TokenizerShare{{Dataset: local, Weight: 1}}, TotalBytes: 2048}); err != nil {

@@ -367,6 +367,31 @@ func TestASegmentEndingDuringAHangLeavesItsCheckpointForTheNext(t *testing.T) {
 	}
 }
 
+// firstSegmentStopsTheStore trains run's first segment, of six steps, on
+// disk, and stops the object store at step 5 once a checkpoint is
+// uploaded: the segment's last uploads and results fail.
+func firstSegmentStopsTheStore(t *testing.T, rdb *redis.Client, obj store.Store, srv *testsvc.S3Server, run runs.Run, disk string) {
+	t.Helper()
+	if run.Segment.MaxSteps != 6 {
+		t.Fatalf("segment of %d steps; the store stops at step 5 of 6", run.Segment.MaxSteps)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	var once sync.Once
+	out, err := Run(context.Background(), Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
+		UploadGrace: 200 * time.Millisecond,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if m != nil && step == 5 {
+				once.Do(func() {
+					waitFor(t, "a checkpoint uploaded", func() bool { return len(logs.FilterMessage("checkpoint uploaded").All()) > 0 })
+					srv.Stop()
+				})
+			}
+		}})
+	if err != nil || out.Step != 6 {
+		t.Fatalf("first segment: %+v, %v", out, err)
+	}
+}
+
 // A segment that starts while object storage is down (connections
 // refused) trains on from the checkpoint on this disk, which is as new as
 // any the store holds: the run's state records which it holds. The
@@ -382,27 +407,13 @@ func TestASegmentStartingDuringAnOutageTrainsOnFromItsDisk(t *testing.T) {
 	run.Retention = runs.Retention{KeepLast: 2, KeepEvery: 2} // every second checkpoint (of every 2 steps): 4, 8, 12 kept for good
 	run.Segment.MaxSteps = 6
 	disk := t.TempDir()
-	core, logs := observer.New(zap.InfoLevel)
-	var once sync.Once
-	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
-		UploadGrace: 200 * time.Millisecond,
-		Progress: func(step, total int, m *trainer.Metrics) {
-			if m != nil && step == 5 {
-				once.Do(func() {
-					waitFor(t, "a checkpoint uploaded", func() bool { return len(logs.FilterMessage("checkpoint uploaded").All()) > 0 })
-					srv.Stop()
-				})
-			}
-		}})
-	if err != nil || out.Step != 6 {
-		t.Fatalf("first segment: %+v, %v", out, err)
-	}
+	firstSegmentStopsTheStore(t, rdb, obj, srv, run, disk)
 
 	// The store is down as the next segment starts. Still down at its end,
 	// it is not waited for: the segment's checkpoints are on this disk for
 	// the next (an hour's grace would hold the test for the hour).
-	core, logs = observer.New(zap.InfoLevel)
-	out, err = Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
+	core, logs := observer.New(zap.InfoLevel)
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
 		UploadGrace: time.Hour})
 	if err != nil || out.ResumeSource != "local" || out.ResumedFrom != 6 || out.Step != 12 {
 		t.Fatalf("segment started during the outage: %+v, %v; want it to resume from the local step 6 and train to 12", out, err)
@@ -466,21 +477,7 @@ func TestEventFilesCaughtUpNeverHoldAStepTwice(t *testing.T) {
 	run := testRun("twice", 1_000_000)
 	run.Segment.MaxSteps = 6
 	diskA, diskB := t.TempDir(), t.TempDir()
-	core, logs := observer.New(zap.InfoLevel)
-	var once sync.Once
-	out, err := Run(ctx, Params{Run: run, Dir: diskA, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
-		UploadGrace: 200 * time.Millisecond,
-		Progress: func(step, total int, m *trainer.Metrics) {
-			if m != nil && step == 5 {
-				once.Do(func() {
-					waitFor(t, "a checkpoint uploaded", func() bool { return len(logs.FilterMessage("checkpoint uploaded").All()) > 0 })
-					srv.Stop()
-				})
-			}
-		}})
-	if err != nil || out.Step != 6 {
-		t.Fatalf("first segment: %+v, %v", out, err)
-	}
+	firstSegmentStopsTheStore(t, rdb, obj, srv, run, diskA)
 	srv.Start()
 	steps, err := RemoteSteps(ctx, obj, "twice")
 	if err != nil || len(steps) == 0 || steps[len(steps)-1] >= 6 {
@@ -490,7 +487,7 @@ func TestEventFilesCaughtUpNeverHoldAStepTwice(t *testing.T) {
 
 	// Another worker, without the first's disk, resumes from the older
 	// checkpoint in object storage and trains its steps after it again.
-	out, err = Run(ctx, Params{Run: run, Dir: diskB, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-b"})
+	out, err := Run(ctx, Params{Run: run, Dir: diskB, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-b"})
 	if err != nil || out.ResumedFrom != older || out.Step != older+6 {
 		t.Fatalf("segment of the other worker: %+v, %v; want it to resume from step %d", out, err, older)
 	}

@@ -365,6 +365,9 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				w.taskArchived(ctx, q, id)
 			}
 		}()
+		if err := diedInLastRetry(ctx, t.Type(), id, retried); err != nil {
+			return err
+		}
 		if q, ok := asynq.GetQueueName(ctx); ok && w.slots[q] != nil {
 			select {
 			case w.slots[q] <- struct{}{}:
@@ -380,6 +383,26 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		}
 		return next.ProcessTask(ctx, t)
 	})
+}
+
+// diedInLastRetry archives a task whose worker stopped answering (a kill,
+// an OOM kill, a power loss) during the retry that was its kind's last.
+// Only asynq's recoverer brings a task back with more retries used than
+// its kind has: a failure at the last is archived by the middleware, and a
+// stop or a wait uses none. asynq holds one retry more than the kind
+// (scheduler.Options), so that a stop after the last failure re-queues;
+// without this a death would use that one too, and a stop after it would
+// archive the task.
+func diedInLastRetry(ctx context.Context, kind, id string, retried int) error {
+	queued, ok := asynq.GetMaxRetry(ctx)
+	if !ok {
+		return nil
+	}
+	if max := scheduler.Retries(kind, queued); retried > max {
+		return fmt.Errorf("its worker stopped answering (killed, or cut off from Redis) while it ran with no retry left (its kind has %d), so it is archived, not run again; `sched retry %s` runs it again (%w)",
+			max, id, asynq.SkipRetry)
+	}
+	return nil
 }
 
 // asynqLogger routes asynq's own logs into zap, leaving out its warnings

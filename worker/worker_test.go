@@ -49,7 +49,17 @@ func (unbuiltArgs) Kind() string { return kindUnbuilt }
 
 var testPolicy = scheduler.Policy{Queue: scheduler.QueueIngest, Version: 1, Timeout: time.Minute, MaxRetry: 3, Backoff: 100 * time.Millisecond, MaxBackoff: time.Second, Retention: time.Hour}
 
+// lastChanceArgs is slowArgs of a kind that has no retry.
+type lastChanceArgs struct{ slowArgs }
+
+func (lastChanceArgs) Kind() string { return kindLastChance }
+
+const kindLastChance = "test:last-chance"
+
 func init() {
+	noRetry := testPolicy
+	noRetry.MaxRetry = 0
+	scheduler.Define(kindLastChance, noRetry)
 	scheduler.Define(kindSlow, testPolicy)
 	scheduler.Define(kindPanic, testPolicy)
 	scheduler.Define(kindUnbuilt, testPolicy)
@@ -57,7 +67,8 @@ func init() {
 
 // testHandlers are the handlers of the test kinds (unbuiltArgs has none).
 func testHandlers() []Handler {
-	return []Handler{HandlerFunc(slow), HandlerFunc(func(ctx context.Context, a panicArgs) error { panic("boom") })}
+	return []Handler{HandlerFunc(slow), HandlerFunc(func(ctx context.Context, a panicArgs) error { panic("boom") }),
+		HandlerFunc(func(ctx context.Context, a lastChanceArgs) error { return slow(ctx, a.slowArgs) })}
 }
 
 func slow(ctx context.Context, a slowArgs) error {
@@ -360,6 +371,41 @@ func TestSIGKILLRecoveredByAnotherWorker(t *testing.T) {
 	}
 	if ts.Retried != 1 {
 		t.Logf("retried=%d", ts.Retried)
+	}
+}
+
+// A task whose worker is killed while it runs with no retry left is
+// archived when another worker recovers it, saying why, as a failure then
+// would be: asynq, which holds one retry more than the kind so that a stop
+// after the last failure re-queues, would run it again, and a stop in that
+// extra attempt would archive it.
+func TestAWorkersDeathInTheLastRetryArchivesTheTask(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for asynq's lease expiry (about a minute)")
+	}
+	t.Parallel()
+	e := newEnv(t)
+	a := e.startChild()
+	id := e.enqueue(lastChanceArgs{slowArgs{Name: "last", Steps: 40, StepMS: 50}})
+	e.waitFor(id, 30*time.Second, "running", func(ts scheduler.TaskStatus) bool {
+		return ts.State == "active" && ts.Progress.Fraction > 0
+	})
+	if err := a.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Wait()
+	exp, err := e.rdb.ZScore(context.Background(), "asynq:{"+scheduler.QueueIngest+"}:lease", id).Result()
+	if err != nil {
+		t.Fatalf("lease of %s: %v", id, err)
+	}
+	time.Sleep(time.Until(time.Unix(int64(exp), 0).Add(31 * time.Second)))
+	e.startChild()
+	ts := e.waitFor(id, time.Minute, "ended", func(ts scheduler.TaskStatus) bool { return ts.State == "archived" || ts.State == "completed" })
+	if ts.State != "archived" || !strings.Contains(ts.LastErr, "stopped answering") || !strings.Contains(ts.LastErr, "sched retry "+id) {
+		t.Fatalf("after its worker died with no retry left: %s (%q); want archived, saying why and how to run it again", ts.State, ts.LastErr)
+	}
+	if n := e.sideEffects("last"); n != 0 {
+		t.Fatalf("the task ran to its end %d times after its worker died with no retry left", n)
 	}
 }
 

@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +18,7 @@ import (
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/kernels/cuda"
@@ -114,7 +118,7 @@ func TestComposeFile(t *testing.T) {
 		}
 	}
 	redisCmd := strings.Join(p.Services["redis"].Command, " ")
-	for _, want := range []string{"--requirepass pw-from-env", "--appendonly yes", "--maxmemory-policy noeviction"} {
+	for _, want := range []string{"--appendonly yes", "--maxmemory-policy noeviction"} {
 		if !strings.Contains(redisCmd, want) {
 			t.Errorf("redis command %q lacks %q", redisCmd, want)
 		}
@@ -159,6 +163,157 @@ func TestComposeFile(t *testing.T) {
 	if _, ok := p.Volumes["kiln-data"]; !ok {
 		t.Error("no named volume kiln-data")
 	}
+}
+
+// The Redis password is on no command line of the stack, where every user
+// of the host reads it with ps: compose's redis command, run here as the
+// container runs it, takes a password of any characters from its
+// environment and becomes redis-server itself (the first process, which
+// docker stop's SIGTERM reaches); its healthcheck authenticates from the
+// environment too, and asynqmon reads the password from its own.
+func TestComposeKeepsTheRedisPasswordOffCommandLines(t *testing.T) {
+	t.Parallel()
+	const pw = `p w'"\ $HOME ü`
+	p, err := loadComposeWith(types.Mapping{"REDIS_PASSWORD": pw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range p.Services {
+		var hc []string
+		if s.HealthCheck != nil {
+			hc = s.HealthCheck.Test
+		}
+		for _, line := range [][]string{s.Command, s.Entrypoint, hc} {
+			if strings.Contains(strings.Join(line, " "), "p w") {
+				t.Errorf("%s has the Redis password on a command line: %q", name, line)
+			}
+		}
+	}
+	if v := p.Services["asynqmon"].Environment["REDIS_PASSWORD"]; v == nil || *v != pw {
+		t.Errorf("asynqmon's environment has REDIS_PASSWORD %v, want the .env's", v)
+	}
+
+	redis := p.Services["redis"]
+	if v := redis.Environment["REDIS_PASSWORD"]; v == nil || *v != pw {
+		t.Fatalf("redis's environment has REDIS_PASSWORD %v, want the .env's", v)
+	}
+	port := freeLoopbackPort(t)
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("no redis-server on PATH (make test installs it)")
+	}
+	cmd := exec.Command(redis.Command[0], append(redis.Command[1:], "--port", port, "--bind", "127.0.0.1", "--dir", t.TempDir(), "--save", "")...)
+	cmd.Env = append(os.Environ(), "REDIS_PASSWORD="+pw, "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	ctx := context.Background()
+	authed := redisClient(t, (&url.URL{Scheme: "redis", User: url.UserPassword("", pw), Host: "127.0.0.1:" + port, Path: "/0"}).String())
+	for {
+		err := authed.Ping(ctx).Err()
+		if err == nil {
+			break
+		}
+		if strings.Contains(err.Error(), "WRONGPASS") || strings.Contains(err.Error(), "NOAUTH") {
+			t.Fatalf("the server started by compose's redis command refuses the .env's password: %v\n%s", err, out.String())
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("compose's redis command exited (%v) before it answered:\n%s", err, out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := redisClient(t, "redis://127.0.0.1:"+port+"/0").Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
+		t.Errorf("a client without the password: %v, want NOAUTH", err)
+	}
+	if err := redisClient(t, "redis://:wrong@127.0.0.1:"+port+"/0").Ping(ctx).Err(); err == nil {
+		t.Error("a client with a wrong password was let in")
+	}
+	// redis-server rewrites its command line to its title, so the
+	// process's name is read as well.
+	argv, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name := strings.TrimSpace(string(comm)); name != "redis-server" || strings.Contains(string(argv), "p w") {
+		t.Errorf("the command's process is %q running %q: want redis-server itself, without the password", name, strings.TrimRight(string(argv), "\x00"))
+	}
+
+	// The healthcheck, pointed at this server's port.
+	hc := redis.HealthCheck.Test
+	if len(hc) != 2 || hc[0] != "CMD-SHELL" {
+		t.Fatalf("redis healthcheck %q: want one CMD-SHELL line", hc)
+	}
+	check := func(password string) error {
+		c := exec.Command("sh", "-c", strings.Replace(hc[1], "redis-cli", "redis-cli -p "+port, 1))
+		c.Env = append(os.Environ(), "REDIS_PASSWORD="+password, "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
+		return c.Run()
+	}
+	if err := check(pw); err != nil {
+		t.Errorf("the healthcheck fails against the running server: %v", err)
+	}
+	if err := check("wrong"); err == nil {
+		t.Error("the healthcheck passes with a wrong password")
+	}
+}
+
+// The stack's ports are published on 127.0.0.1 unless KILN_BIND names
+// another address: asynqmon asks for no login, and Redis and MinIO only
+// for their passwords.
+func TestComposePublishesOnLoopbackByDefault(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ bind, want string }{{"", "127.0.0.1"}, {"0.0.0.0", "0.0.0.0"}, {"10.1.2.3", "10.1.2.3"}} {
+		extra := types.Mapping{}
+		if c.bind != "" {
+			extra["KILN_BIND"] = c.bind
+		}
+		p, err := loadComposeWith(extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, s := range p.Services {
+			for _, pc := range s.Ports {
+				if pc.HostIP != c.want {
+					t.Errorf("KILN_BIND=%q: %s publishes port %d on %q, want %q", c.bind, name, pc.Target, pc.HostIP, c.want)
+				}
+			}
+		}
+	}
+}
+
+// freeLoopbackPort is a loopback port nothing listens on.
+func freeLoopbackPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// redisClient is a go-redis client of url, closed when the test ends.
+func redisClient(t *testing.T, u string) *redis.Client {
+	t.Helper()
+	o, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(o)
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // TestComposeWorkersRunLocally starts each worker service's command with

@@ -20,6 +20,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
@@ -266,6 +267,42 @@ func TestComposeKeepsTheRedisPasswordOffCommandLines(t *testing.T) {
 	}
 	if err := check("wrong"); err == nil {
 		t.Error("the healthcheck passes with a wrong password")
+	}
+}
+
+// The workers get the .env's Software Heritage settings, which the ingest
+// of the-stack-v2 and python-edu reads from their environment; without
+// them in .env the workers ask the bucket anonymously.
+func TestComposePassesTheSoftwareHeritageSettings(t *testing.T) {
+	want := types.Mapping{"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "swh-secret", "AWS_SESSION_TOKEN": "swh-session",
+		"KILN_SWH_ENDPOINT": "http://swh-mirror.example"}
+	p, err := loadComposeWith(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"worker-ingest", "worker-gpu"} {
+		for k, v := range p.Services[name].Environment {
+			if _, ok := want[k]; ok && v != nil {
+				t.Setenv(k, *v)
+			}
+		}
+		swh := ingest.SWHFromEnv()
+		if got := (types.Mapping{"AWS_ACCESS_KEY_ID": swh.AccessKey, "AWS_SECRET_ACCESS_KEY": swh.SecretKey, "AWS_SESSION_TOKEN": swh.SessionToken,
+			"KILN_SWH_ENDPOINT": swh.Endpoint}); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s's ingest reads %v from its compose environment, want %v", name, got, want)
+		}
+		for k := range want {
+			t.Setenv(k, "")
+		}
+	}
+	p, err = loadComposeWith(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range want {
+		if v := p.Services["worker-ingest"].Environment[k]; v == nil || *v != "" {
+			t.Errorf("without it in .env, worker-ingest's %s is %v, want empty (anonymous, the default bucket)", k, v)
+		}
 	}
 }
 

@@ -57,6 +57,11 @@ type State struct {
 	RNG  RNGState  `json:"rng"`
 	Run  RunConfig `json:"run_config"`
 	Loss float64   `json:"loss"`
+	// TokenizerName is what the run called its tokenizer.json (a published
+	// tokenizer's name, or the file it was read from), so that a resume
+	// refused for another tokenizer can say which one to give; empty when
+	// the checkpoint has no tokenizer.json or the run gave no name.
+	TokenizerName string `json:"tokenizer_name,omitempty"`
 	// Files maps each other file of the checkpoint to its size and hash.
 	Files map[string]FileSum `json:"files"`
 }
@@ -531,6 +536,40 @@ func ReadCheckpoint(dir string, want *model.Config) (*Snapshot, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// checkTokenizer refuses to go on from s, the checkpoint read from dir,
+// with tok, a tokenizer.json other than the one s was trained with. An id
+// means the text its tokenizer gives it: under another tokenizer of the
+// same vocabulary size every shape still matches, the run would train on
+// teaching the weights other meanings for their ids, and its next
+// checkpoint would carry the other tokenizer.json, hiding the change.
+// Nothing is compared when s holds no tokenizer.json or the run gives
+// none: there is no second tokenizer to compare with.
+func checkTokenizer(dir string, s *Snapshot, tok []byte, name string) error {
+	if len(s.Tokenizer) == 0 || len(tok) == 0 {
+		return nil
+	}
+	had, has := sha256.Sum256(s.Tokenizer), sha256.Sum256(tok)
+	if had == has {
+		return nil
+	}
+	return badInput(fmt.Errorf("checkpoint %s (step %d) was trained with tokenizer %s, but this run gives tokenizer %s: "+
+		"their ids mean different text, which the model's shape does not show; "+
+		"resume with the tokenizer the run was trained with (the checkpoint's %s is a copy of it), "+
+		"or train with the new one as a new run, under another run name or --out directory",
+		dir, s.State.Step, tokenizerLabel(s.State.TokenizerName, had), tokenizerLabel(name, has), TokenizerFile))
+}
+
+// tokenizerLabel names a tokenizer in a message by its name, where known,
+// and the first 12 hex digits of its tokenizer.json's SHA-256, the prefix
+// that tells two tokenizers of one name apart.
+func tokenizerLabel(name string, sum [sha256.Size]byte) string {
+	short := hex.EncodeToString(sum[:6])
+	if name == "" {
+		return "(unnamed, sha256 " + short + ")"
+	}
+	return name + " (sha256 " + short + ")"
 }
 
 // readOptimizer is the inverse of optimizerFile.

@@ -35,7 +35,13 @@ type Config struct {
 	// caller keeps ownership). Its Config must be the run's model.
 	Engine model.Engine
 	// Tokenizer is the bytes of tokenizer.json, copied into every checkpoint.
+	// A resume refuses a checkpoint that holds another one.
 	Tokenizer []byte
+	// TokenizerName is what the user calls Tokenizer (a published
+	// tokenizer's name, or the file it was read from), recorded in every
+	// checkpoint's trainer_state.json and named in messages; it may be
+	// empty.
+	TokenizerName string
 	// MaxSteps and MaxDuration end this call early (0 = no bound), with a
 	// checkpoint, so that the next call resumes from it.
 	MaxSteps    int
@@ -158,7 +164,20 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 		case err != nil:
 			return Result{}, err
 		default:
+			// Refused before anything is written: the run's checkpoints
+			// and metrics.jsonl stay as the first tokenizer left them.
+			if err := checkTokenizer(dir, snap, cfg.Tokenizer, cfg.TokenizerName); err != nil {
+				return Result{}, err
+			}
 			l.lastCk = dir
+		}
+	}
+	if len(cfg.Tokenizer) > 0 {
+		l.tokName = cfg.TokenizerName
+		// The tokenizer is the checkpoint's (checked above): a resume
+		// that does not name it keeps the name the checkpoint recorded.
+		if l.tokName == "" && snap != nil && len(snap.Tokenizer) > 0 {
+			l.tokName = snap.State.TokenizerName
 		}
 	}
 
@@ -217,7 +236,8 @@ type loop struct {
 	step     int   // optimizer steps taken
 	tokens   int64 // target tokens trained on
 	lastCk   string
-	ckStep   int // step of lastCk, -1 when none
+	ckStep   int    // step of lastCk, -1 when none
+	tokName  string // trainer_state.json's tokenizer_name; empty without a tokenizer
 	loss     float64
 	metrics  *os.File
 	markTime time.Time // start of the current logging interval: when the last logged step ended
@@ -653,7 +673,7 @@ func (l *loop) checkpoint(ctx context.Context) error {
 	if err := l.syncMetrics(); err != nil {
 		return fmt.Errorf("checkpoint at step %d: %w", l.step, err)
 	}
-	return l.ck.start(ctx, State{Step: l.step, Tokens: l.tokens, Cursor: cur, RNG: RNGState{Seed: l.rc.Seed}, Run: l.rc, Loss: l.loss})
+	return l.ck.start(ctx, State{Step: l.step, Tokens: l.tokens, Cursor: cur, RNG: RNGState{Seed: l.rc.Seed}, Run: l.rc, Loss: l.loss, TokenizerName: l.tokName})
 }
 
 // syncMetrics makes metrics.jsonl's lines durable before the checkpoint

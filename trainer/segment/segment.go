@@ -353,7 +353,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		},
 	}
 	res, terr := trainer.Run(tctx, trainer.Config{
-		Run: rc, Out: dir, Resume: true, Data: data, Engine: p.Engine, Tokenizer: p.Tokenizer,
+		Run: rc, Out: dir, Resume: true, Data: data, Engine: p.Engine, Tokenizer: p.Tokenizer, TokenizerName: p.usesName(),
 		MaxSteps: p.Run.Segment.MaxSteps, MaxDuration: p.Run.Segment.MaxDuration, PeakFLOPS: p.PeakFLOPS, Log: log,
 	}, hooks)
 	out.Step, out.Done, out.Checkpoint, out.Devices = res.Step, res.Done, res.Checkpoint, res.Devices
@@ -655,6 +655,15 @@ func graceContext(ctx context.Context, grace time.Duration) (g context.Context, 
 		stop()
 		cancel()
 	}
+}
+
+// usesName is the run's tokenizer's name, which its checkpoints record
+// beside its tokenizer.json; empty when the segment was given none.
+func (p Params) usesName() string {
+	if p.Uses == nil {
+		return ""
+	}
+	return p.Uses.Name
 }
 
 // writeState records the run's progress in its state hash, fenced. While

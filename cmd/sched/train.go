@@ -30,8 +30,11 @@ type trainFlags struct {
 	rc                                       trainer.RunConfig
 }
 
-func newTrainCmd() *cobra.Command {
-	var f trainFlags
+func newTrainCmd() *cobra.Command { return newTrainCmdFor(&trainFlags{}) }
+
+// newTrainCmdFor is newTrainCmd with its flags read into f, where a test
+// can see them.
+func newTrainCmdFor(f *trainFlags) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "train",
 		Short: "Train a model on token stores, here and now (without the queue)",
@@ -49,7 +52,7 @@ machine has).`,
 		Example: `  sched train --model tiny --tokens data/code=0.7 --tokens data/web=0.3 --steps 200 --engine cpu
   sched train --run-config run.yaml --tokenizer mix-16384 --out runs/pilot --resume`,
 		Args: exactArgs(0, "no arguments"),
-		RunE: func(cmd *cobra.Command, _ []string) error { return runTrain(cmd, &f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runTrain(cmd, f) },
 	}
 	fl := c.Flags()
 	fl.StringVar(&f.runConfig, "run-config", "", "YAML run configuration (keys of trainer.RunConfig)")
@@ -79,21 +82,8 @@ machine has).`,
 func init() { rootCmd.AddCommand(newTrainCmd()) }
 
 func runTrain(cmd *cobra.Command, f *trainFlags) error {
-	if err := checkRunConfigFlag(cmd); err != nil {
-		return err
-	}
-	var rc trainer.RunConfig
-	if f.runConfig != "" {
-		var err error
-		if rc, err = trainer.LoadRunConfig(f.runConfig); err != nil {
-			return err
-		}
-	}
-	if err := checkTrainFlags(cmd, f); err != nil {
-		return err
-	}
-	mergeFlags(cmd, &rc, f)
-	if err := parseTokensFlags(&rc, f.tokens); err != nil {
+	rc, err := trainRunConfig(cmd, f)
+	if err != nil {
 		return err
 	}
 	if rc.TotalSteps <= 0 && rc.TotalTokens <= 0 {
@@ -157,7 +147,7 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 		}
 	}
 	began, from := time.Now(), -1
-	res, err := trainer.Run(cmd.Context(), trainer.Config{Run: rc, Out: f.out, Resume: f.resume, Data: data, Tokenizer: tok, Log: log},
+	res, err := trainer.Run(cmd.Context(), trainer.Config{Run: rc, Out: f.out, Resume: f.resume, Data: data, Tokenizer: tok, TokenizerName: tokName, Log: log},
 		trainer.Hooks{Metrics: func(m trainer.Metrics) {
 			if from < 0 {
 				from = m.Step - 1
@@ -351,6 +341,30 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 	return nil
 }
 
+// trainRunConfig is the run configuration train trains, before defaults:
+// the --run-config file's, with the flags given on the command line over
+// it.
+func trainRunConfig(cmd *cobra.Command, f *trainFlags) (trainer.RunConfig, error) {
+	var rc trainer.RunConfig
+	if err := checkRunConfigFlag(cmd); err != nil {
+		return rc, err
+	}
+	if f.runConfig != "" {
+		var err error
+		if rc, err = trainer.LoadRunConfig(f.runConfig); err != nil {
+			return rc, err
+		}
+	}
+	if err := checkTrainFlags(cmd, f); err != nil {
+		return rc, err
+	}
+	mergeFlags(cmd, &rc, f)
+	if err := parseTokensFlags(&rc, f.tokens); err != nil {
+		return rc, err
+	}
+	return rc, nil
+}
+
 // mergeFlags copies the flags given on the command line over rc.
 func mergeFlags(cmd *cobra.Command, rc *trainer.RunConfig, f *trainFlags) {
 	fl := cmd.Flags()
@@ -367,8 +381,11 @@ func mergeFlags(cmd *cobra.Command, rc *trainer.RunConfig, f *trainFlags) {
 	set("accumulate", func() { rc.Accumulate = f.rc.Accumulate })
 	set("lr", func() { rc.LR = f.rc.LR })
 	set("warmup", func() { rc.Warmup = f.rc.Warmup })
-	set("steps", func() { rc.TotalSteps = f.rc.TotalSteps })
-	set("total-tokens", func() { rc.TotalTokens = f.rc.TotalTokens })
+	// --steps and --total-tokens give the run's length two ways: either
+	// replaces the file's length however the file wrote it, or the file's
+	// total_steps would win over --total-tokens (RunConfig.WithDefaults).
+	set("steps", func() { rc.TotalSteps, rc.TotalTokens = f.rc.TotalSteps, 0 })
+	set("total-tokens", func() { rc.TotalSteps, rc.TotalTokens = 0, f.rc.TotalTokens })
 	set("eval-every", func() { rc.EvalEvery = f.rc.EvalEvery })
 	set("checkpoint-every", func() { rc.CheckpointEvery = f.rc.CheckpointEvery })
 	set("log-every", func() { rc.LogEvery = f.rc.LogEvery })

@@ -218,6 +218,7 @@ func parse(b []byte, source string, base Set) (Set, error) {
 			// on the queue and a person would not think to write.
 			r.Retention.KeepLast = DefaultKeepLast
 		}
+		dropInheritedLength(body, &r)
 		if err := yamlstrict.Decode(body, &r); err != nil {
 			return nil, inputError{fmt.Errorf("runs file %s: run %s: %w", source, name, err)}
 		}
@@ -231,6 +232,23 @@ func parse(b []byte, source string, base Set) (Set, error) {
 		out[name] = r
 	}
 	return out, nil
+}
+
+// dropInheritedLength drops the run length r inherits (from its `from:`
+// run, or the preset of its name) when body writes the length the other
+// way: total_steps and total_tokens are one setting written two ways, so
+// the one body writes replaces both, or an inherited total_steps would win
+// over the total_tokens written here (trainer.RunConfig.WithDefaults). A
+// body that writes both keeps both, and total_steps wins, as in any run
+// configuration.
+func dropInheritedLength(body *yaml.Node, r *Run) {
+	steps, tokens := trainer.LookupYAML(body, "total_steps") != nil, trainer.LookupYAML(body, "total_tokens") != nil
+	switch {
+	case steps && !tokens:
+		r.TotalTokens = 0
+	case tokens && !steps:
+		r.TotalSteps = 0
+	}
 }
 
 // checkWritten refuses what body, one run of the file decoded into r, gets

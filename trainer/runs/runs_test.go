@@ -125,6 +125,48 @@ minimal:
 	}
 }
 
+// A run's length is one setting written two ways: the way an entry writes
+// it replaces the other way its parent wrote it, so that a total_steps
+// inherited from `from:` (or from the preset of the entry's name) does not
+// silently win over the total_tokens written here, nor the other way round.
+func TestRunLengthWrittenReplacesTheInheritedOne(t *testing.T) {
+	s, err := Load(writeFile(t, `
+r3: {from: pilot-cpu, total_tokens: 1000000}
+r4: {from: pilot, total_steps: 50}
+r5: {from: r3}
+both: {from: pilot-cpu, total_steps: 7, total_tokens: 1000000}
+pilot-cpu: {total_tokens: 25600}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		run    string
+		steps  int
+		tokens int64
+	}{
+		// pilot-cpu trains 2 x 4 x 32 = 256 tokens a step.
+		{"r3", 3907, 1000000}, // ceil(1e6 / 256), not pilot-cpu's 120 steps
+		{"r4", 50, 0},         // not pilot's 2e9 tokens
+		{"r5", 3907, 1000000}, // r3's length, inherited whole
+		{"both", 7, 1000000},  // one entry that writes both: total_steps wins, as in any run configuration
+		{"pilot-cpu", 100, 25600},
+	} {
+		r, err := s.Get(c.run)
+		if err != nil {
+			t.Errorf("%s: %v", c.run, err)
+			continue
+		}
+		if r.TotalSteps != c.steps || r.TotalTokens != c.tokens {
+			t.Errorf("%s: total_steps %d, total_tokens %d; want %d, %d", c.run, r.TotalSteps, r.TotalTokens, c.steps, c.tokens)
+		}
+	}
+	// The embedded pilot-cpu writes total_steps over pilot's total_tokens.
+	if p := Presets()["pilot-cpu"]; p.TotalSteps != 120 || p.TotalTokens != 0 {
+		t.Errorf("preset pilot-cpu: total_steps %d, total_tokens %d; want 120, 0", p.TotalSteps, p.TotalTokens)
+	}
+}
+
 func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 	for _, c := range []struct{ body, want string }{
 		{"pilot:\n  learning_rate: 1\n", "learning_rate"},

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -30,6 +32,7 @@ import (
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
+	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -103,6 +106,10 @@ const (
 	demoRun       = "demo"
 	demoTokenizer = "go-4096"
 	demoStore     = "go-stdlib"
+	demoVocab     = 4096
+	// Files in --dir: the tokenizer, and the corpus it was learned from.
+	demoTokenizerFile = "tokenizer.json"
+	demoCorpusFile    = "corpus.json"
 )
 
 func init() {
@@ -117,7 +124,9 @@ store, and an in-process worker trains. It ingests the Go standard library
 trains the tiny model (the demo run of 'sched runs --presets') for about
 --duration on the CPU (on the GPU when one loads), and prints the results
 table, the loss plot's path and a generated sample. Everything is written under --dir; a second run reuses the
-tokenizer and the token store and trains afresh.`,
+tokenizer and the token store and trains afresh. A run with other --files
+learns its own tokenizer and replaces the store and the run made with the
+earlier one.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(c)
@@ -172,10 +181,6 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return res, badInput("--dir %s: %v: give a directory this user can create and write", o.Dir, errors.Unwrap(err))
 	}
-	objects, err := store.NewLocal(filepath.Join(o.Dir, "objects"))
-	if err != nil {
-		return res, err
-	}
 	files, err := filepath.Glob(o.Files)
 	if err != nil {
 		return res, badInput("--files %q is not a glob (%v): give a glob of text files, such as '$GOROOT/src/*/*.go'", o.Files, err)
@@ -187,14 +192,25 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 
 	stage := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
 
-	stage("tokenizer: byte-level BPE, 4096 ids, learned from up to %s of %s", humanSize(o.TokenizerBytes), o.Files)
-	tokPath := filepath.Join(o.Dir, "tokenizer.json")
-	tok, tokJSON, err := loadDemoTokenizer(ctx, tokPath, files, o.TokenizerBytes)
+	stage("tokenizer: byte-level BPE, %d ids, learned from up to %s of %s", demoVocab, humanSize(o.TokenizerBytes), o.Files)
+	tok, err := loadDemoTokenizer(ctx, out, o.Dir, o.Files, files, o.TokenizerBytes)
 	if err != nil {
 		return res, err
 	}
-	res.TokenizerPath = tokPath
-	if err := objects.Put(ctx, "tokenizers/"+demoTokenizer+"/tokenizer.json", bytes.NewReader(tokJSON), int64(len(tokJSON))); err != nil {
+	res.TokenizerPath = filepath.Join(o.Dir, demoTokenizerFile)
+	switch {
+	case tok.recorded:
+		fmt.Fprintf(out, "    reusing %s, learned from these files by an earlier demo\n", res.TokenizerPath)
+	case tok.reused:
+		fmt.Fprintf(out, "    reusing %s, learned by an earlier demo\n", res.TokenizerPath)
+	}
+	// Created only now, so that a corpus refused above leaves nothing in
+	// --dir but the directory itself.
+	objects, err := store.NewLocal(filepath.Join(o.Dir, "objects"))
+	if err != nil {
+		return res, err
+	}
+	if err := keepDemoDir(ctx, out, o.Dir, objects, tok); err != nil {
 		return res, err
 	}
 
@@ -204,14 +220,14 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 		return res, err
 	}
 	tokensDir := filepath.Join(o.Dir, "tokens")
-	rep, err := ingest.Direct(ctx, ingest.DirectOptions{Preset: preset, Tokenizer: tok, TokenizerName: demoTokenizer,
+	rep, err := ingest.Direct(ctx, ingest.DirectOptions{Preset: preset, Tokenizer: tok.Tokenizer, TokenizerName: demoTokenizer,
 		StoreDir: filepath.Join(tokensDir, demoStore), DataDir: filepath.Join(o.Dir, "ingest"), Seed: 1,
 		MaxTokens: o.MaxTokens, Logger: o.Log})
 	if err != nil {
 		return res, fmt.Errorf("demo ingest: %w", err)
 	}
-	if st, err := tokensLen(filepath.Join(tokensDir, demoStore)); err == nil {
-		res.CorpusTokens = st
+	if res.CorpusTokens, err = tokensLen(filepath.Join(tokensDir, demoStore)); err != nil {
+		return res, fmt.Errorf("demo ingest: %w", err)
 	}
 	if rep.StoppedBeforePlan() {
 		fmt.Fprintf(out, "    0 files appended this time: the store is full at its limit and holds %d tokens\n", res.CorpusTokens)
@@ -225,6 +241,9 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 		return res, err
 	}
 	run.Engine = o.Engine
+	if err := checkEvalWindows(o.Files, len(files), res.CorpusTokens, run.RunConfig.WithDefaults().Seq); err != nil {
+		return res, err
+	}
 	stepTime, engineName, err := calibrate(ctx, run.RunConfig)
 	if err != nil {
 		return res, err
@@ -241,22 +260,11 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 
 	// A demo trains afresh each time; only its own run is cleared.
 	runRoot := filepath.Join(o.Dir, "runs")
-	if err := os.RemoveAll(segment.RunDir(runRoot, demoRun)); err != nil {
+	if err := clearDemoRun(ctx, o.Dir, objects); err != nil {
 		return res, err
 	}
-	for _, prefix := range []string{segment.CheckpointPrefix(demoRun), segment.ResultsPrefix(demoRun)} {
-		objs, err := objects.List(ctx, prefix)
-		if err != nil {
-			return res, err
-		}
-		for _, ob := range objs {
-			if err := objects.Delete(ctx, ob.Key); err != nil {
-				return res, err
-			}
-		}
-	}
 
-	wallClock, err := trainThroughQueue(ctx, out, o, run, objects, runRoot, tokensDir, tok)
+	wallClock, err := trainThroughQueue(ctx, out, o, run, objects, runRoot, tokensDir, tok.Tokenizer)
 	if err != nil {
 		return res, err
 	}
@@ -383,7 +391,7 @@ func trainThroughQueue(ctx context.Context, out io.Writer, o demoOptions, run ru
 // worker would wait out a back-off) or archived.
 func segmentFailure(ctx context.Context, client *scheduler.Client, first string) error {
 	if ts, err := client.Task(ctx, first); err == nil && (ts.State == "archived" || ts.State == "retry") {
-		return fmt.Errorf("demo: training failed: %s", ts.LastErr)
+		return fmt.Errorf("demo: training failed: %s", taskReason(ts.LastErr))
 	}
 	qs, err := client.Status(ctx)
 	if err != nil {
@@ -395,7 +403,7 @@ func segmentFailure(ctx context.Context, client *scheduler.Client, first string)
 			if rs, err := client.Runs(ctx, 10); err == nil {
 				for _, r := range rs {
 					if r.State == "archived" && r.LastErr != "" {
-						msg = r.LastErr
+						msg = taskReason(r.LastErr)
 						break
 					}
 				}
@@ -406,12 +414,72 @@ func segmentFailure(ctx context.Context, client *scheduler.Client, first string)
 	return nil
 }
 
-// loadDemoTokenizer loads the demo's tokenizer, training it first when absent.
-func loadDemoTokenizer(ctx context.Context, path string, files []string, budget int64) (*tokenizer.Tokenizer, []byte, error) {
+// taskReason is a failed task's error without the "(skip retry for the
+// task)" that tells asynq not to retry it: the demo's user never sees the
+// queue, only that the training failed and why.
+func taskReason(lastErr string) string {
+	return strings.ReplaceAll(lastErr, " ("+asynq.SkipRetry.Error()+")", "")
+}
+
+// demoTok is the tokenizer a demo trains with, and how it came to be.
+type demoTok struct {
+	*tokenizer.Tokenizer
+	JSON []byte
+	// reused is true for the tokenizer an earlier demo in --dir learned
+	// from the same --files; false for one learned by this demo, which
+	// replaces what --dir holds.
+	reused bool
+	// recorded is true when corpus.json names corpus.
+	recorded bool
+	// corpus is the absolute --files glob it was learned from.
+	corpus string
+}
+
+// demoCorpus is what corpus.json records beside the demo's tokenizer: the
+// glob it was learned from, so that a demo over other files learns its own
+// instead of tokenizing them with, and adding them to a store of, another
+// corpus's.
+type demoCorpus struct {
+	Files string `json:"files"`
+}
+
+// loadDemoTokenizer returns the tokenizer of --dir when an earlier demo
+// learned it from the same --files, and otherwise learns one, saying why
+// on out. A learned tokenizer is refused unless it has all demoVocab ids,
+// before anything is written: a smaller one is what a too small corpus
+// gives, and the demo's model and messages are of demoVocab ids.
+func loadDemoTokenizer(ctx context.Context, out io.Writer, dir, glob string, files []string, budget int64) (demoTok, error) {
+	corpus, err := filepath.Abs(glob)
+	if err != nil {
+		corpus = glob
+	}
+	tok := demoTok{corpus: corpus}
+	path := filepath.Join(dir, demoTokenizerFile)
 	if b, err := os.ReadFile(path); err == nil {
-		if t, err := tokenizer.Parse(b); err == nil && t.VocabSize() == 4096 {
-			return t, b, nil
+		t, err := tokenizer.Parse(b)
+		have, cerr := readDemoCorpus(dir)
+		why := ""
+		switch {
+		case err != nil:
+			why = fmt.Sprintf("%s does not load (%v)", path, err)
+		case t.VocabSize() != demoVocab:
+			why = fmt.Sprintf("%s has %d ids, not %d", path, t.VocabSize(), demoVocab)
+		case errors.Is(cerr, fs.ErrNotExist):
+			// A demo of an earlier release wrote no corpus.json: its
+			// tokenizer is reused, as it was then, and recorded as
+			// learned from these files.
+		case cerr != nil:
+			why = fmt.Sprintf("what it was learned from is unknown (%v)", cerr)
+		case have.Files != corpus:
+			why = fmt.Sprintf("%s was learned from %s, not %s", path, have.Files, corpus)
+		default:
+			tok.recorded = true
 		}
+		if why == "" {
+			tok.Tokenizer, tok.JSON, tok.reused = t, b, true
+			return tok, nil
+		}
+		fmt.Fprintf(out, "    learning a new tokenizer: %s\n", why)
 	}
 	// Files spread over the whole corpus, not its first directories.
 	order := rand.New(rand.NewPCG(1, 1)).Perm(len(files))
@@ -429,20 +497,128 @@ func loadDemoTokenizer(ctx context.Context, path string, files []string, budget 
 		used += int64(len(b))
 	}
 	if used == 0 {
-		return nil, nil, badInput("the %d file(s) the corpus glob matches hold no text (or cannot be read): give --files a glob of text files, such as '$GOROOT/src/*/*.go'", len(files))
+		return tok, badInput("the %d file(s) the corpus glob matches hold no text (or cannot be read): give --files a glob of text files, such as '$GOROOT/src/*/*.go'", len(files))
 	}
-	b, err := tokenizer.Train(ctx, inputs, tokenizer.TrainOptions{VocabSize: 4096})
+	b, err := tokenizer.Train(ctx, inputs, tokenizer.TrainOptions{VocabSize: demoVocab})
 	if err != nil {
-		return nil, nil, fmt.Errorf("demo tokenizer: %w", err)
+		return tok, fmt.Errorf("demo tokenizer: %w", err)
 	}
 	t, err := tokenizer.Parse(b)
 	if err != nil {
-		return nil, nil, fmt.Errorf("demo tokenizer: %w", err)
+		return tok, fmt.Errorf("demo tokenizer: %w", err)
 	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		return nil, nil, err
+	if t.VocabSize() < demoVocab {
+		return tok, badInput("--files %q: its %d file(s), %s of text, are too little to learn a tokenizer of %d ids from (they gave %d): give --files a glob of more or larger text files, or leave it out to use the Go standard library",
+			glob, len(inputs), humanSize(used), demoVocab, t.VocabSize())
 	}
-	return t, b, nil
+	tok.Tokenizer, tok.JSON = t, b
+	return tok, nil
+}
+
+func readDemoCorpus(dir string) (demoCorpus, error) {
+	var c demoCorpus
+	b, err := os.ReadFile(filepath.Join(dir, demoCorpusFile))
+	if err != nil {
+		return c, err
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("%s: %w", filepath.Join(dir, demoCorpusFile), err)
+	}
+	return c, nil
+}
+
+// keepDemoDir makes what --dir holds agree with tok before the demo adds
+// to it. The demo owns its --dir, and everything in it derives from its
+// tokenizer: the token store records the tokenizer's SHA-256 and refuses
+// ids of another, the published tokenizers/go-4096 and its local copy must
+// be the same bytes, and the demo run's checkpoints hold the tokenizer. So
+// a new tokenizer replaces all of them, and a reused one replaces any that
+// another tokenizer made (a directory left so by an earlier release). The
+// stale parts go first and the new tokenizer after them, and every part is
+// checked against the tokenizer.json, so that a demo stopped in between
+// leaves a directory the next one still puts right.
+func keepDemoDir(ctx context.Context, out io.Writer, dir string, objects store.Store, tok demoTok) error {
+	storeDir := filepath.Join(dir, "tokens", demoStore)
+	why := ""
+	if !tok.reused {
+		if _, err := os.Stat(storeDir); err == nil {
+			why = "they were made with the earlier tokenizer"
+		}
+	} else {
+		switch m, err := tokens.ReadManifest(storeDir); {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			why = fmt.Sprintf("the store does not open (%v)", err)
+		case m.Tokenizer.SHA256 != tok.SHA256():
+			why = fmt.Sprintf("they were made with another tokenizer than %s", filepath.Join(dir, demoTokenizerFile))
+		}
+	}
+	if why != "" {
+		fmt.Fprintf(out, "    replacing the token store %s and the earlier demo's run: %s\n", demoStore, why)
+		if err := os.RemoveAll(storeDir); err != nil {
+			return fmt.Errorf("demo: remove the token store of the earlier tokenizer: %w", err)
+		}
+		if err := clearDemoRun(ctx, dir, objects); err != nil {
+			return err
+		}
+	}
+	// The local copy that a worker's tokenizer catalog made of the
+	// published tokenizer: a copy that differs from it is refused.
+	local := filepath.Join(dir, "tokenizers", demoTokenizer, catalog.FileName)
+	if b, err := os.ReadFile(local); err == nil && !bytes.Equal(b, tok.JSON) {
+		if err := os.Remove(local); err != nil {
+			return fmt.Errorf("demo: remove the copy of the earlier tokenizer: %w", err)
+		}
+	}
+	if !tok.reused {
+		if err := os.WriteFile(filepath.Join(dir, demoTokenizerFile), tok.JSON, 0o644); err != nil {
+			return fmt.Errorf("demo tokenizer: %w", err)
+		}
+	}
+	if !tok.recorded {
+		b, err := json.Marshal(demoCorpus{Files: tok.corpus})
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, demoCorpusFile), append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("demo tokenizer: %w", err)
+		}
+	}
+	return objects.Put(ctx, catalog.Key(demoTokenizer), bytes.NewReader(tok.JSON), int64(len(tok.JSON)))
+}
+
+// clearDemoRun removes the demo run's local directory, checkpoints and
+// results.
+func clearDemoRun(ctx context.Context, dir string, objects store.Store) error {
+	if err := os.RemoveAll(segment.RunDir(filepath.Join(dir, "runs"), demoRun)); err != nil {
+		return err
+	}
+	for _, prefix := range []string{segment.CheckpointPrefix(demoRun), segment.ResultsPrefix(demoRun)} {
+		objs, err := objects.List(ctx, prefix)
+		if err != nil {
+			return err
+		}
+		for _, ob := range objs {
+			if err := objects.Delete(ctx, ob.Key); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// checkEvalWindows refuses a token store too short for the demo's loss to
+// be measured on: the held-out windows begin at a fixed window index (the
+// 3616th, of seq+1 tokens), and a store without one fails the training at
+// its first evaluation with advice for 'sched train' that the demo cannot
+// take.
+func checkEvalWindows(glob string, files int, have int64, seq int) error {
+	need := (tokens.FirstHeldOut(0) + 1) * int64(seq+1)
+	if have >= need {
+		return nil
+	}
+	return badInput("--files %q: its %d file(s) gave the token store %d tokens, too few to measure the model's loss on (1 window of %d tokens in %d is held out for that, the first of them ending at token %d): give --files a glob of more or larger text files, or leave it out to use the Go standard library",
+		glob, files, have, seq+1, tokens.DefaultHoldOut, need)
 }
 
 // calibrate times optimizer steps of the run's shape, so that the demo
@@ -559,8 +735,11 @@ func tokensLen(dir string) (int64, error) {
 }
 
 func humanSize(n int64) string {
-	if n >= 1<<20 {
+	switch {
+	case n >= 1<<20:
 		return fmt.Sprintf("%.0f MB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%d KB", n>>10)
 	}
-	return fmt.Sprintf("%d KB", n>>10)
+	return fmt.Sprintf("%d bytes", n)
 }

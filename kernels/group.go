@@ -44,10 +44,13 @@ type Group struct {
 	unhang func()
 }
 
-// NewGroup makes a Group over the first o.GPUs GPUs (every GPU the driver
-// sees for model.AllGPUs), loading NCCL, which keeps NVLink multicast off.
-// One GPU is a Group too (a one-rank communicator), which tests use to
-// hold it to the single Engine.
+// NewGroup makes a Group over the first o.GPUs GPUs, loading NCCL, which
+// keeps NVLink multicast off. For model.AllGPUs it takes the most GPUs the
+// driver sees that divide o.Accumulate (every GPU it sees where o gives no
+// accumulate), saying through o.Log when that leaves some out: gpus all
+// asks for what the host has, and a host of 3 GPUs trains a step of 16
+// micro-batches on 2 rather than not at all. One GPU is a Group too (a
+// one-rank communicator), which tests use to hold it to the single Engine.
 func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
 	drv, err := cuda.LoadDriver()
 	if err != nil {
@@ -57,17 +60,12 @@ func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
 	if err != nil {
 		return nil, &cuda.UnavailableError{Err: err}
 	}
-	n := o.GPUs
-	switch {
-	case n == model.AllGPUs:
-		n = seen
-	case n < 1:
-		return nil, &model.EngineError{Msg: fmt.Sprintf("gpus %d: give a number of GPUs, or all", n)}
-	case n > seen:
-		return nil, &model.EngineError{Msg: fmt.Sprintf("gpus %d: this process sees %d GPU(s) (CUDA_VISIBLE_DEVICES, KILN_GPUS in compose): ask for at most %d", n, seen, seen)}
+	n, notice, err := groupSize(o.GPUs, seen, o.Accumulate)
+	if err != nil {
+		return nil, err
 	}
-	if n < 1 {
-		return nil, &cuda.UnavailableError{Err: errors.New("the driver sees no GPU")}
+	if notice != "" && o.Log != nil {
+		o.Log(notice)
 	}
 	nc, err := cuda.LoadNCCL()
 	if err != nil {
@@ -96,6 +94,30 @@ func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
 		g.abort(fmt.Errorf("a wait for the GPUs lasted KILN_CUDA_HANG_TIMEOUT (%s)", cuda.HangTimeout()))
 	})
 	return g, nil
+}
+
+// groupSize is how many GPUs a group of gpus (a number, or model.AllGPUs)
+// trains on where the driver sees seen, for steps of accumulate
+// micro-batches (0: not known), and the notice to log when gpus all leaves
+// some of them out. A number is taken as asked, and a step it cannot
+// share is refused at the step, as the run's settings refuse it.
+func groupSize(gpus, seen, accumulate int) (int, string, error) {
+	n := gpus
+	switch {
+	case n == model.AllGPUs:
+		n = model.DividingGPUs(seen, accumulate)
+	case n < 1:
+		return 0, "", &model.EngineError{Msg: fmt.Sprintf("gpus %d: give a number of GPUs, or all", n)}
+	case n > seen:
+		return 0, "", &model.EngineError{Msg: fmt.Sprintf("gpus %d: this process sees %d GPU(s) (CUDA_VISIBLE_DEVICES, KILN_GPUS in compose): ask for at most %d", n, seen, seen)}
+	}
+	if n < 1 {
+		return 0, "", &cuda.UnavailableError{Err: errors.New("the driver sees no GPU")}
+	}
+	if n < seen && gpus == model.AllGPUs {
+		return n, model.FewerGPUsNotice(fmt.Sprintf("gpus all: this process sees %d GPUs", seen), seen, n, accumulate), nil
+	}
+	return n, "", nil
 }
 
 // join makes the communicator of the group's GPUs in one call, from a

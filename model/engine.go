@@ -225,6 +225,10 @@ type Options struct {
 	// micro-batches over (data parallel): 0 or 1 for one, AllGPUs for every
 	// GPU the process sees. Only the CUDA engine takes more than one.
 	GPUs int
+	// Accumulate is the micro-batches of a training step (0: not known).
+	// With AllGPUs the engine takes the most GPUs it sees that divide it
+	// (DividingGPUs), so that every GPU trains as many of them.
+	Accumulate int
 	// Log receives one-line notices, such as why "auto" fell back to the CPU.
 	Log func(string)
 	// Purpose is what the engine will run (the zero value: training); with
@@ -251,6 +255,38 @@ func CheckGPUs(engine string, gpus int) error {
 		return fmt.Errorf("gpus %s needs the cuda engine, not cpu: set engine cuda (or auto), or gpus 1", GPUsString(gpus))
 	}
 	return nil
+}
+
+// DividingGPUs is how many of n GPUs a run trains on when it names no
+// number itself (the worker's KILN_GPUS, or gpus all): the largest count
+// not above n that divides accumulate, since each GPU trains
+// accumulate/gpus micro-batches of every step. Such a run asked for what
+// the host has, so it trains on fewer GPUs rather than not at all; a run
+// that names a number is refused instead (trainer.NewGlobalBatch).
+// accumulate below 1 (not known) or n below 1 (no GPU) leaves n.
+func DividingGPUs(n, accumulate int) int {
+	if accumulate < 1 || n < 1 {
+		return n
+	}
+	d := n
+	for accumulate%d != 0 {
+		d--
+	}
+	return d
+}
+
+// FewerGPUsNotice is the line that says a run trains on use of the n GPUs
+// it was given, and by what (from: "gpus all: this process sees 3 GPUs"),
+// because accumulate does not split evenly over more, and what to set to
+// train on all n.
+func FewerGPUsNotice(from string, n, use, accumulate int) string {
+	lo := accumulate / n * n
+	multiples := strconv.Itoa(lo + n)
+	if lo > 0 {
+		multiples = fmt.Sprintf("%d or %d", lo, lo+n)
+	}
+	return fmt.Sprintf("%s, and accumulate %d does not split evenly over %d (each GPU trains accumulate/gpus micro-batches of every step): training on %d GPU(s); to train on all %d, set accumulate to a multiple of %d, such as %s (or set gpus %d to keep to %d without this notice)",
+		from, accumulate, n, use, n, n, multiples, use, use)
 }
 
 // Parallel is an engine that trains on several devices at once: each

@@ -29,7 +29,9 @@ type GlobalBatch struct {
 
 // NewGlobalBatch checks that accumulate micro-batches of batch windows
 // split evenly over devices, and refuses a combination that does not in
-// one line naming the settings and what to change.
+// one line naming the settings and what to change. Only a number of GPUs
+// the run names can be refused: one given by the worker's KILN_GPUS or by
+// gpus all is cut to model.DividingGPUs of them before it gets here.
 func NewGlobalBatch(batch, accumulate, devices int) (GlobalBatch, error) {
 	g := GlobalBatch{Batch: batch, Accumulate: accumulate, Devices: devices}
 	var msg string

@@ -184,7 +184,7 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	eng := cfg.Engine
 	if eng == nil {
 		eng, err = model.NewEngine(rc.Engine, mc, model.Options{Precision: rc.Precision, MaxBatch: rc.Batch, MaxSeq: rc.Seq,
-			GPUs: int(rc.GPUs), Log: func(s string) { log.Info(s) }})
+			GPUs: int(rc.GPUs), Accumulate: rc.Accumulate, Log: func(s string) { log.Info(s) }})
 		if err != nil {
 			return Result{}, fmt.Errorf("engine %s: %w", rc.Engine, err)
 		}

@@ -284,6 +284,28 @@ func appendBenchRow(ctx context.Context, obj store.Store, row results.BenchRow) 
 	return nil
 }
 
+// runGPUs is the GPUs a run trains on: those it names, else the worker's
+// (KILN_GPUS). A run that names none asked for what the worker has, so of
+// the worker's number it takes the most that share its accumulate
+// micro-batches evenly, with the notice to log when that leaves some out;
+// a number the run names is kept, and refused when the segment starts if
+// its steps do not split over it, as 'sched enqueue train' refuses it.
+// The worker's all is resolved by the engine (kernels.NewGroup).
+func runGPUs(named, worker trainer.GPUCount, accumulate int) (trainer.GPUCount, string) {
+	if named != 0 {
+		return named, ""
+	}
+	if worker < 2 {
+		return worker, ""
+	}
+	n := model.DividingGPUs(int(worker), accumulate)
+	if n == int(worker) {
+		return worker, ""
+	}
+	from := fmt.Sprintf("the run names no gpus and this worker's KILN_GPUS is %d", worker)
+	return trainer.GPUCount(n), model.FewerGPUsNotice(from, int(worker), n, accumulate)
+}
+
 // segment trains one segment of a run and, unless the run is done or
 // the segment was stopped, queues the next one. A run another worker holds
 // is retried later; a run name this build does not know is archived.
@@ -312,10 +334,11 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	}
 	var gpuOnly bool
 	run.Engine, gpuOnly = t.gpuEngine(run.Engine)
-	if run.GPUs == 0 {
-		run.GPUs = t.GPUs
-	}
 	log := t.Log
+	var notice string
+	if run.GPUs, notice = runGPUs(run.GPUs, t.GPUs, run.RunConfig.WithDefaults().Accumulate); notice != "" {
+		log.Warn(notice, zap.String("run", a.Run))
+	}
 	// The payload pins the tokenizer the run was queued with; the runs
 	// entry names it for payloads that do not.
 	name := a.Tokenizer

@@ -244,7 +244,9 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	if err := checkEvalWindows(o.Files, len(files), res.CorpusTokens, run.RunConfig.WithDefaults().Seq); err != nil {
 		return res, err
 	}
-	stepTime, engineName, err := calibrate(ctx, run.RunConfig)
+	// Why engine auto chose the CPU, where it did, in the demo's words.
+	say := func(line string) { fmt.Fprintf(out, "    %s\n", line) }
+	stepTime, engineName, err := calibrate(ctx, run.RunConfig, say)
 	if err != nil {
 		return res, err
 	}
@@ -623,14 +625,14 @@ func checkEvalWindows(glob string, files int, have int64, seq int) error {
 
 // calibrate times optimizer steps of the run's shape, so that the demo
 // can choose a step count that ends near its duration and the cosine
-// schedule runs to its floor.
-func calibrate(ctx context.Context, rc trainer.RunConfig) (time.Duration, string, error) {
+// schedule runs to its floor. say gets the engine's notices (why auto chose the CPU).
+func calibrate(ctx context.Context, rc trainer.RunConfig, say func(string)) (time.Duration, string, error) {
 	rc = rc.WithDefaults()
 	mc, err := rc.ModelConfig()
 	if err != nil {
 		return 0, "", err
 	}
-	eng, err := model.NewEngine(rc.Engine, mc, model.Options{Precision: rc.Precision, MaxBatch: rc.Batch, MaxSeq: rc.Seq})
+	eng, err := model.NewEngine(rc.Engine, mc, model.Options{Precision: rc.Precision, MaxBatch: rc.Batch, MaxSeq: rc.Seq, Log: say})
 	if err != nil {
 		return 0, "", err
 	}

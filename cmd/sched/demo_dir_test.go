@@ -17,6 +17,7 @@ import (
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 // demoDirOptions are the short runs of the other demo tests, on files.
@@ -174,5 +175,24 @@ func TestDemoCorpusMessages(t *testing.T) {
 	}
 	if got := taskReason("train:segment: run demo: bad (skip retry for the task)"); got != "train:segment: run demo: bad" {
 		t.Errorf("taskReason: %q", got)
+	}
+}
+
+// The demo's engine auto says why it trains on the CPU where no GPU
+// starts, as every other command of the engine does (on a GPU host it
+// names the cuda engine instead).
+func TestDemoSaysWhyAutoChoseTheCPU(t *testing.T) {
+	r, err := runs.Presets().Get(demoRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Engine = "auto"
+	var said []string
+	_, engine, err := calibrate(context.Background(), r.RunConfig, func(s string) { said = append(said, s) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if engine == "cpu" && (len(said) == 0 || !strings.HasPrefix(said[0], "engine auto: using the CPU: ")) {
+		t.Errorf("engine auto trained on the CPU and said %q; want why", said)
 	}
 }

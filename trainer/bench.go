@@ -85,8 +85,11 @@ type CheckpointTiming struct {
 
 // BenchResult is one measurement.
 type BenchResult struct {
-	Engine, Precision, Device, Arch string
-	TokPerSec                       float64
+	Engine, Device, Arch string
+	// Precision is the one the engine computed in: fp32 on the CPU engine
+	// whatever BenchOptions asked (ComputedPrecision).
+	Precision string
+	TokPerSec float64
 	// MFU is 0 when the device's peak is unknown (the CPU).
 	MFU     float64
 	Seconds float64
@@ -118,6 +121,17 @@ type BenchResult struct {
 	// cannot be read): a CPU engine's figure taken beside them measures
 	// them too.
 	OtherCPU float64
+}
+
+// ComputedPrecision is the precision an engine named engine (its Name)
+// computes in when asked for asked: the CPU engine computes in fp32 only
+// (model.Options.Precision), whatever was asked; others compute in the
+// precision asked.
+func ComputedPrecision(engine, asked string) string {
+	if engine == "cpu" {
+		return "fp32"
+	}
+	return asked
 }
 
 // GPUIdle reports whether no other process was on the GPU.
@@ -156,7 +170,12 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		return BenchResult{}, err
 	}
 	defer eng.Close()
-	r := BenchResult{Engine: eng.Name(), Precision: o.Precision, OtherProcesses: others, GPUs: 1}
+	// The row records what was measured: a CPU engine asked for bf16
+	// trains in fp32, and a row saying bf16 would pass for a bf16 figure.
+	r := BenchResult{Engine: eng.Name(), Precision: ComputedPrecision(eng.Name(), o.Precision), OtherProcesses: others, GPUs: 1}
+	if r.Precision != o.Precision {
+		logf(fmt.Sprintf("the %s engine computes in %s only: measured in %s, not %s", r.Engine, r.Precision, r.Precision, o.Precision))
+	}
 	if p, ok := eng.(model.Parallel); ok {
 		r.GPUs = p.Devices()
 	}
@@ -269,7 +288,7 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	r.TokPerSec = float64(n*micro*o.Steps) / r.Seconds
 	peak := o.PeakFLOPS
 	if peak <= 0 {
-		peak = PeakFor(r.Device, o.Precision)
+		peak = PeakFor(r.Device, r.Precision)
 	}
 	if mfu := MFU(r.TokPerSec/float64(r.GPUs), FLOPsPerToken(c, o.Seq), peak); mfu != nil {
 		r.MFU = *mfu

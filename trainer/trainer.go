@@ -86,6 +86,11 @@ type Result struct {
 	// the engine starts); 1 for an engine of one device, 0 when no engine
 	// started.
 	Devices int
+	// Precision is the one the engine computed in: the run's, except on
+	// the CPU engine, which computes in fp32 whatever was asked (an engine
+	// auto without a GPU, for one); empty when no engine started. A run's
+	// throughput is held to the bench row of this precision.
+	Precision string
 }
 
 // NonFiniteError is a loss or gradient norm that is NaN or infinite: the
@@ -291,6 +296,7 @@ func (l *loop) result() Result {
 	r := Result{Step: l.step, Tokens: l.tokens, Checkpoint: l.lastCk, Done: l.step >= l.rc.TotalSteps}
 	if l.eng != nil {
 		r.Devices = l.devices()
+		r.Precision = ComputedPrecision(l.eng.Name(), l.rc.Precision)
 	}
 	return r
 }

@@ -48,7 +48,7 @@ its tensor's largest and 2 x lr elsewhere. Each can be overridden by a flag.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.golden, "golden", "", "golden directory (required), laid out like model/testdata/golden/tiny")
 	fl.StringVar(&f.engine, "engine", "cpu", "engine to check: cpu, cuda or auto")
-	fl.StringVar(&f.precision, "precision", "fp32", "precision to run and judge by: fp32 or bf16")
+	fl.StringVar(&f.precision, "precision", "fp32", "precision to run and judge by: fp32 or bf16 (bf16 needs the cuda engine: the CPU engine computes in fp32 only)")
 	fl.BoolVar(&f.forceSM80, "force-sm80", false, "CUDA engine: build and run the sm_80 (compute_80) kernels on a newer GPU")
 	fl.Float64Var(&f.lossRel, "loss-rtol", 0, "loss tolerance, relative (0 = the precision's default)")
 	fl.Float64Var(&f.logitsRel, "logits-rtol", 0, "logits tolerance, relative to the largest logit (0 = default)")
@@ -95,6 +95,11 @@ func runVerify(ctx context.Context, out, errOut io.Writer, f verifyFlags) error 
 	if f.engine == "cpu" && f.forceSM80 {
 		return badInput("--force-sm80 builds the CUDA engine's kernels: drop it, or verify --engine cuda")
 	}
+	// The CPU engine computes in fp32 only: its step judged by bf16's
+	// looser tolerances would pass as a bf16 check that never happened.
+	if f.engine == "cpu" && f.precision == "bf16" {
+		return badInput("--precision bf16 on the cpu engine: the CPU engine computes in fp32 only, so a bf16 check needs --engine cuda (or verify --precision fp32 on the CPU)")
+	}
 	r, err := model.Verify(ctx, f.golden, model.VerifyOptions{
 		Engine: f.engine, Precision: f.precision, ForceSM80: f.forceSM80, Tol: &tol,
 		Log: func(s string) { fmt.Fprintln(errOut, s) },
@@ -104,6 +109,11 @@ func runVerify(ctx context.Context, out, errOut io.Writer, f verifyFlags) error 
 			return badInput("verify %s: %v", f.golden, err)
 		}
 		return fmt.Errorf("verify %s: %w", f.golden, err)
+	}
+	// Engine auto finds out only as it starts that it has no GPU; the
+	// CPU's fp32 step is then no bf16 check, whatever it scored.
+	if r.Engine == "cpu" && r.Precision == "bf16" {
+		return badInput("--precision bf16 with --engine auto: no CUDA engine started, and the CPU engine computes in fp32 only, so no bf16 check was made: verify --engine cuda on a machine with a GPU (or --precision fp32 on the CPU)")
 	}
 	if err := r.Write(out); err != nil {
 		return err

@@ -194,6 +194,9 @@ type Outcome struct {
 	Began time.Time
 	// Devices is how many GPUs this segment trained on (trainer.Result's).
 	Devices int
+	// Precision is the one this segment's engine computed in
+	// (trainer.Result's): fp32 on the CPU, whatever the run asked.
+	Precision string
 }
 
 // RunDir is the local directory of run under root.
@@ -356,7 +359,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		Run: rc, Out: dir, Resume: true, Data: data, Engine: p.Engine, Tokenizer: p.Tokenizer, TokenizerName: p.usesName(),
 		MaxSteps: p.Run.Segment.MaxSteps, MaxDuration: p.Run.Segment.MaxDuration, PeakFLOPS: p.PeakFLOPS, Log: log,
 	}, hooks)
-	out.Step, out.Done, out.Checkpoint, out.Devices = res.Step, res.Done, res.Checkpoint, res.Devices
+	out.Step, out.Done, out.Checkpoint, out.Devices, out.Precision = res.Step, res.Done, res.Checkpoint, res.Devices, res.Precision
 	out.Wall = wall()
 
 	// Training is over and the run goes on: what is owed object storage

@@ -619,6 +619,30 @@ func benchGPUs(configured trainer.GPUCount, devices int) int {
 	return max(int(configured), 0)
 }
 
+// benchPrecision is the precision of the bench row a run is held to: the
+// one its segment's engine computed in (fp32 on the CPU engine, whatever
+// the run asked), else, where it started no engine, the run's.
+func benchPrecision(configured, computed string) string {
+	if computed != "" {
+		return computed
+	}
+	return configured
+}
+
+// runBench is the bench row of the step that rc's segment out trained, or
+// the zero row where rows hold none.
+func runBench(rows []results.BenchRow, rc trainer.RunConfig, out Outcome) results.BenchRow {
+	mc, err := rc.ModelConfig()
+	if err != nil {
+		return results.BenchRow{}
+	}
+	// The bench's step must be the run's: the optimizer's share of a step
+	// shrinks with its micro-batches, and one micro-batch of batch x
+	// accumulate is a different step again.
+	return results.FindBench(rows, results.Shape(mc, rc.Batch, rc.Seq, rc.Accumulate, benchGPUs(rc.GPUs, out.Devices),
+		benchPrecision(rc.Precision, out.Precision)))
+}
+
 // writeResults writes summary.md and loss.svg beside metrics.jsonl and
 // uploads the three to results/<run>/.
 func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConfig, out Outcome, log *zap.Logger) error {
@@ -639,13 +663,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	}
 	s := results.Summary{Run: p.Run.Name, Settings: Settings(p.Run, rc), Records: recs, TotalSteps: rc.TotalSteps, WallClock: out.Wall}
 	fig := s.Figures()
-	var bench results.BenchRow
-	if mc, err := rc.ModelConfig(); err == nil {
-		// The bench's step must be the run's: the optimizer's share of a
-		// step shrinks with its micro-batches, and one micro-batch of
-		// batch x accumulate is a different step again.
-		bench = results.FindBench(p.Bench, results.Shape(mc, rc.Batch, rc.Seq, rc.Accumulate, benchGPUs(rc.GPUs, out.Devices), rc.Precision))
-	}
+	bench := runBench(p.Bench, rc, out)
 	s.Gates = []results.Gate{results.SmoothGate(recs, rc.Warmup), results.FallingGate(recs)}
 	gen := results.GenerationGate(nil)
 	if out.Done && p.Sample != nil && out.Checkpoint != "" {

@@ -81,6 +81,8 @@ type Config struct {
 	// ShutdownGrace is how long a worker lets in-flight tasks reach a safe
 	// point after SIGTERM before it re-queues them. KILN_SHUTDOWN_GRACE.
 	// Default 30s; the GPU worker's compose service sets more, to checkpoint.
+	// Zero here means unset, so sched refuses a grace given as zero (or
+	// less) where it reads it, as ShutdownGraceHint says.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 	// LogFormat is "json", "console" or "auto" (console on a terminal).
 	// KILN_LOG_FORMAT. Default "auto".
@@ -100,6 +102,11 @@ const (
 	DefaultShutdownGrace = 30 * time.Second
 	DefaultLogFormat     = "auto"
 )
+
+// ShutdownGraceHint says what a shutdown grace may be, for the errors that
+// refuse one of zero or less. Zero is how a Config says "not set", so a
+// zero that was given would otherwise become the default unnoticed.
+var ShutdownGraceHint = "give a duration such as 30s, or leave it unset for the default " + DefaultShutdownGrace.String()
 
 // WithDefaults returns c with every unset field resolved to its default.
 func (c Config) WithDefaults() Config {
@@ -199,7 +206,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.ShutdownGrace < 0 {
-		return &ConfigError{"KILN_SHUTDOWN_GRACE", fmt.Sprintf("%v is negative", c.ShutdownGrace)}
+		return &ConfigError{"KILN_SHUTDOWN_GRACE", fmt.Sprintf("%v is negative: %s", c.ShutdownGrace, ShutdownGraceHint)}
 	}
 	switch c.LogFormat {
 	case "json", "console", "auto":

@@ -12,8 +12,9 @@ package main
 //
 // Precedence: a flag given on the command line wins over the environment
 // variable, which wins over the config file (--config, KILN_CONFIG, or
-// ~/.config/kiln/config.yaml when it exists), which wins over the defaults
-// in scheduler.Config.WithDefaults. Every error names the setting to fix.
+// $XDG_CONFIG_HOME/kiln/config.yaml, ~/.config/kiln/config.yaml without
+// XDG_CONFIG_HOME, when it exists), which wins over the defaults in
+// scheduler.Config.WithDefaults. Every error names the setting to fix.
 
 import (
 	"context"
@@ -79,12 +80,17 @@ var settings = func() []setting {
 			func(c *scheduler.Config, v string) error { c.LocalRoots = filepath.SplitList(v); return nil }},
 		mk("hf-token", "HF_TOKEN", "Hugging Face token for gated datasets (prefer the environment)", func(c *scheduler.Config) *string { return &c.HFToken }),
 		mk("tokenizer", "KILN_TOKENIZER", "default tokenizer name", func(c *scheduler.Config) *string { return &c.Tokenizer }),
-		{"shutdown-grace", "KILN_SHUTDOWN_GRACE", "time in-flight tasks get to stop after SIGTERM (e.g. 30s, 5m)",
+		{"shutdown-grace", "KILN_SHUTDOWN_GRACE", "time in-flight tasks get to stop after SIGTERM: a positive duration such as 30s or 5m (default 30s)",
 			func(c *scheduler.Config) string { return c.ShutdownGrace.String() },
 			func(c *scheduler.Config, v string) error {
 				d, err := time.ParseDuration(v)
 				if err != nil {
 					return fmt.Errorf("%q is not a duration like 30s or 5m", v)
+				}
+				// Given, so never "unset": a zero stored here would become
+				// the default unnoticed.
+				if d <= 0 {
+					return fmt.Errorf("%q is not positive: %s", v, scheduler.ShutdownGraceHint)
 				}
 				c.ShutdownGrace = d
 				return nil
@@ -93,6 +99,31 @@ var settings = func() []setting {
 		mk("metrics-addr", "KILN_METRICS_ADDR", "where sched worker serves Prometheus metrics, host:port (e.g. :9400; off when empty)", func(c *scheduler.Config) *string { return &c.MetricsAddr }),
 	}
 }()
+
+// checkSwitchWords refuses a word that reads as true or false given after
+// --s3-secure as an argument of its own. The flag alone means true, so
+// the parser leaves such a word to the command: "--s3-secure false" meant
+// https, and a task or run named "false". It reads the arguments as typed,
+// before the command parses them, since a command that takes no arguments
+// would otherwise refuse the word without saying how to give the value.
+func checkSwitchWords(args []string) error {
+	for i, a := range args {
+		if a == "--" {
+			return nil // what follows is the command's arguments, as given
+		}
+		if a != "--s3-secure" || i+1 == len(args) {
+			continue
+		}
+		w := args[i+1]
+		switch strings.ToLower(w) {
+		case "false", "no", "0", "off":
+			return badInput("--s3-secure %s: the flag's value follows '=', so %q here is read as an argument of the command; write --s3-secure=false", w, w)
+		case "true", "yes", "1", "on":
+			return badInput("--s3-secure %s: the flag's value follows '=', so %q here is read as an argument of the command; write --s3-secure=true (or --s3-secure alone)", w, w)
+		}
+	}
+	return nil
+}
 
 // quietRedis drops go-redis's own log lines: its failures reach us as
 // errors, which sched reports once, on one line.
@@ -103,12 +134,14 @@ func (quietRedis) Printf(context.Context, string, ...any) {}
 func init() {
 	redis.SetLogger(quietRedis{})
 	pf := rootCmd.PersistentFlags()
-	pf.String("config", "", "config file (YAML; default $KILN_CONFIG or ~/.config/kiln/config.yaml if present)")
+	pf.String("config", "", "config file (YAML; default $KILN_CONFIG, else $XDG_CONFIG_HOME/kiln/config.yaml if present; XDG_CONFIG_HOME defaults to ~/.config)")
 	for _, s := range settings {
 		pf.String(s.flag, "", s.help+" ["+s.env+"]")
 	}
 	// An on/off setting is a switch on the command line, as a bool flag is:
-	// --s3-secure alone means true (--s3-secure=false turns it off).
+	// --s3-secure alone means true (--s3-secure=false turns it off; main
+	// refuses "--s3-secure false", whose false the parser leaves to the
+	// command).
 	pf.Lookup("s3-secure").NoOptDefVal = "true"
 	var check bool
 	cfgCmd := &cobra.Command{
@@ -200,6 +233,12 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 				return cfg, badInput("flag --%s: %v", s.flag, err)
 			}
 		}
+	}
+	// The file's zero grace, where nothing above it set one: WithDefaults
+	// would read it as unset (the flag and the variable refuse their own).
+	// A key left empty is unset, as an empty variable is.
+	if v, given := fromFile.keys["shutdown_grace"]; given && v != nil && cfg.ShutdownGrace == 0 {
+		return cfg, badInput("config file %s: shutdown_grace: 0s is not positive: %s", fromFile.path, scheduler.ShutdownGraceHint)
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {

@@ -42,6 +42,9 @@ func main() {
 	rootCmd.InitDefaultHelpCmd()
 	rootCmd.InitDefaultCompletionCmd()
 	strictArgs(rootCmd)
+	if err := checkSwitchWords(os.Args[1:]); err != nil {
+		os.Exit(report(err))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := rootCmd.ExecuteContext(ctx)
 	stop()

@@ -35,7 +35,8 @@ failed run never leaves a part-written file there. A file already at
 manifest.json) or of a training checkpoint (a directory holding its
 trainer_state.json), or a tokenizer.json the data directory's catalog
 publishes ('sched tokenizers' lists them). A device or a pipe (/dev/null)
-is written in place.`
+is written in place. '-' is refused: read standard input with
+--in /dev/stdin, and pipe the output on with --out /dev/stdout.`
 
 func init() {
 	var tokFile, in, out, dtype string
@@ -54,6 +55,9 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if in == "" || out == "" {
 				return badInput("tokenize needs --in and --out; see 'sched tokenize --help'")
+			}
+			if err := checkNoDash("tokenize", out, in); err != nil {
+				return err
 			}
 			if err := checkNotAnInput(out, "ids", "--in", in); err != nil {
 				return err
@@ -88,8 +92,8 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.
 		},
 	}
 	tok.Flags().StringVar(&tokFile, "tokenizer-file", "", "tokenizer.json to encode with, instead of the tokenizer --tokenizer names")
-	tok.Flags().StringVar(&in, "in", "", "text file to encode (required)")
-	tok.Flags().StringVar(&out, "out", "", "file to write the ids to (required)")
+	tok.Flags().StringVar(&in, "in", "", "text file to encode (required; /dev/stdin reads standard input)")
+	tok.Flags().StringVar(&out, "out", "", "file to write the ids to (required; /dev/stdout to pipe them on)")
 	tok.Flags().StringVar(&dtype, "dtype", "u16", "id width: u16 or u32")
 	tok.Flags().BoolVar(&force, "force", false, "replace a file already at --out (never a token store's file or a published tokenizer)")
 	rootCmd.AddCommand(tok)
@@ -124,6 +128,9 @@ machine as a published tokenizer.
 			}
 			if opts.MinFrequency < 1 {
 				return badInput("--min-frequency %d: give how many times a pair must occur to be merged, at least 1 (default 2)", opts.MinFrequency)
+			}
+			if err := checkNoDash("tokenizer train", trainOut, inputs...); err != nil {
+				return err
 			}
 			policy, err := outPolicyFor(cmd, trainForce)
 			if err != nil {
@@ -391,6 +398,20 @@ func checkOut(out string) error {
 	}
 	probe.Close()
 	return os.Remove(probe.Name())
+}
+
+// checkNoDash refuses '-' as --out or as one of the --in files: these
+// commands name files only, so '-' was a file of that name in the working
+// directory, written or read where standard output or input was meant.
+// The devices /dev/stdout and /dev/stdin are files that do what '-' would.
+func checkNoDash(command, out string, in ...string) error {
+	if out == "-" {
+		return badInput("--out -: %s writes files, and '-' would be a file named '-' here; to write to standard output, through a pipe, give --out /dev/stdout", command)
+	}
+	if slices.Contains(in, "-") {
+		return badInput("--in -: %s reads files, and '-' would be a file named '-' here; to read standard input, give --in /dev/stdin", command)
+	}
+	return nil
 }
 
 // checkNotAnInput refuses an --out that is one of the files flag names

@@ -146,24 +146,33 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 			log.Warn("no --tokenizer-file or --tokenizer, and " + why + ": checkpoints will hold no tokenizer.json; name it with --tokenizer NAME or --tokenizer-file FILE")
 		}
 	}
+	// from is the step this call began at, known once it trains one: the
+	// Step hook reports every step, where Metrics reports only the logged
+	// ones (a run shorter than log_every logs none).
 	began, from := time.Now(), -1
 	res, err := trainer.Run(cmd.Context(), trainer.Config{Run: rc, Out: f.out, Resume: f.resume, Data: data, Tokenizer: tok, TokenizerName: tokName, Log: log},
-		trainer.Hooks{Metrics: func(m trainer.Metrics) {
-			if from < 0 {
-				from = m.Step - 1
-			}
-			printMetrics(out, m, rc.TotalSteps)
-		}})
-	if err == nil && from < 0 && res.Step >= rc.TotalSteps {
+		trainer.Hooks{
+			Step: func(step, _ int) {
+				if from < 0 {
+					from = step - 1
+				}
+			},
+			Metrics: func(m trainer.Metrics) { printMetrics(out, m, rc.TotalSteps) },
+		})
+	trained := from >= 0
+	if err == nil && !trained && res.Step >= rc.TotalSteps {
 		fmt.Fprintf(out, "the run is at step %d of its %d already: nothing to train (a longer run needs --steps or --total-tokens raised)\n", res.Step, rc.TotalSteps)
 	}
 	if res.Checkpoint != "" && res.Step > 0 {
 		fmt.Fprintf(out, "step %d, %d tokens; checkpoint %s\n", res.Step, res.Tokens, res.Checkpoint)
 	}
-	if from >= 0 {
-		if eerr := writeRunEvents(f.out, from, res.Step, began); eerr != nil {
+	if trained {
+		switch name, eerr := writeRunEvents(f.out, from, res.Step, began); {
+		case eerr != nil:
 			log.Warn("TensorBoard event file", zap.Error(eerr))
-		} else {
+		case name == "":
+			fmt.Fprintf(out, "no TensorBoard event file: none of steps %d to %d was logged (log_every %d; --log-every sets it)\n", from+1, res.Step, rc.LogEvery)
+		default:
 			fmt.Fprintf(out, "TensorBoard: tensorboard --logdir %s\n", filepath.Join(f.out, results.TensorBoardDir))
 		}
 	}
@@ -183,19 +192,19 @@ func trainStopped(err error, res trainer.Result, total int) error {
 }
 
 // writeRunEvents writes the TensorBoard event file of this call's steps,
-// from the run directory's metrics.jsonl.
-func writeRunEvents(dir string, from, to int, began time.Time) error {
+// from the run directory's metrics.jsonl, and returns its name under dir;
+// "" when none of the steps was logged, and so no file written.
+func writeRunEvents(dir string, from, to int, began time.Time) (string, error) {
 	mf, err := os.Open(filepath.Join(dir, trainer.MetricsFile))
 	if err != nil {
-		return err
+		return "", err
 	}
 	recs, err := results.ReadMetrics(mf)
 	mf.Close()
 	if err != nil {
-		return err
+		return "", err
 	}
-	_, err = results.WriteEventFile(dir, recs, from, to, began)
-	return err
+	return results.WriteEventFile(dir, recs, from, to, began)
 }
 
 // checkRunConfigFlag refuses a run's YAML given to the global --config,

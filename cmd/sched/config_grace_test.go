@@ -1,0 +1,63 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A shutdown grace given as zero or less, by flag, variable or config
+// file, is refused naming where it was given: zero is how the
+// configuration says "not set", so it became the 30s default unnoticed.
+// Not given at all (an empty variable or key too), the default stands.
+func TestShutdownGraceGivenAsZeroIsRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	zeroFile := file("zero.yaml", "shutdown_grace: 0s\n")
+	negFile := file("negative.yaml", "shutdown_grace: -5s\n")
+	emptyFile := file("empty.yaml", "shutdown_grace:\n")
+	noRedis := "KILN_REDIS_URL=redis://127.0.0.1:1/0"
+	const hint = "is not positive: give a duration such as 30s, or leave it unset for the default 30s"
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{[]string{noRedis}, []string{"worker", "--shutdown-grace", "0"}, `flag --shutdown-grace: "0" ` + hint},
+		{nil, []string{"config", "--shutdown-grace=0s"}, `flag --shutdown-grace: "0s" ` + hint},
+		{nil, []string{"config", "--shutdown-grace", "-1s"}, `flag --shutdown-grace: "-1s" ` + hint},
+		{[]string{"KILN_SHUTDOWN_GRACE=0"}, []string{"config"}, `environment KILN_SHUTDOWN_GRACE: "0" ` + hint},
+		{[]string{"KILN_SHUTDOWN_GRACE=0", noRedis}, []string{"worker"}, `environment KILN_SHUTDOWN_GRACE: "0" ` + hint},
+		{nil, []string{"config", "--config", zeroFile}, "config file " + zeroFile + ": shutdown_grace: 0s " + hint},
+		{nil, []string{"config", "--config", negFile}, "config file " + negFile + ": shutdown_grace: -5s is negative: give a duration such as 30s, or leave it unset for the default 30s"},
+	} {
+		out, errOut, code := sched(t, c.env, c.args...)
+		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v sched %v: exit %d\n%s%s\nwant exit 2 and one line containing %q", c.env, c.args, code, out, errOut, c.want)
+		}
+	}
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"config"}, "30s"},
+		{[]string{"KILN_SHUTDOWN_GRACE="}, []string{"config"}, "30s"},
+		{nil, []string{"config", "--config", emptyFile}, "30s"},
+		{[]string{"KILN_SHUTDOWN_GRACE=2m"}, []string{"config", "--config", zeroFile}, "2m0s"},
+		{nil, []string{"config", "--config", zeroFile, "--shutdown-grace", "45s"}, "45s"},
+	} {
+		out, errOut, code := sched(t, c.env, c.args...)
+		if code != 0 || !strings.Contains(out, "KILN_SHUTDOWN_GRACE  shutdown-grace   "+c.want+"\n") {
+			t.Errorf("%v sched %v: exit %d, want grace %s\n%s%s", c.env, c.args, code, c.want, out, errOut)
+		}
+	}
+}

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/trainer/results"
+)
+
+// A fresh run shorter than log_every logs no step, yet trains: it reports
+// the steps and the checkpoint it made, not that there was nothing to
+// train, and says why it wrote no TensorBoard event file.
+func TestTrainShorterThanLogEveryReportsItsSteps(t *testing.T) {
+	t.Parallel()
+	tokJSON, sha := trainTestTokenizer(t, "func main() { return x } the quick brown fox\n")
+	store := trainTestStoreBy(t, sha, 4096, 50000)
+	out := filepath.Join(t.TempDir(), "run")
+	got, errOut, code := sched(t, nil, "train", "--model", "tiny", "--tokens", store, "--engine", "cpu", "--precision", "fp32",
+		"--seq", "32", "--batch", "2", "--steps", "2", "--out", out, "--tokenizer-file", tokJSON)
+	if code != 0 {
+		t.Fatalf("train --steps 2: exit %d\n%s%s", code, got, errOut)
+	}
+	if strings.Contains(got, "nothing to train") {
+		t.Errorf("a fresh run of 2 steps says it had nothing to train:\n%s", got)
+	}
+	if !strings.Contains(got, "step 2, ") || !strings.Contains(got, "checkpoint "+filepath.Join(out, "step-0000002")) {
+		t.Errorf("a fresh run of 2 steps does not report its step and checkpoint:\n%s", got)
+	}
+	if !strings.Contains(got, "no TensorBoard event file: none of steps 1 to 2 was logged (log_every 10") ||
+		strings.Contains(got, "TensorBoard: tensorboard") {
+		t.Errorf("want the missing TensorBoard file explained, and no command to view it:\n%s", got)
+	}
+	if events, _ := filepath.Glob(filepath.Join(out, results.TensorBoardDir, "*")); len(events) != 0 {
+		t.Errorf("event files %v of a run that logged nothing", events)
+	}
+}

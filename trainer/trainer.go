@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/tokens"
 )
 
 // Config is one call of Run: a run configuration and where and how far to
@@ -102,11 +103,10 @@ type NonFiniteError struct {
 }
 
 func (e *NonFiniteError) Error() string {
-	last := "no checkpoint was written yet"
-	if e.LastGood != "" {
-		last = "the last good checkpoint is " + e.LastGood
+	if e.LastGood == "" {
+		return fmt.Sprintf("step %d: loss %g, gradient norm %g: training diverged before its first checkpoint; train it again from step 0 with a lower lr or a longer warmup", e.Step, e.Loss, e.GradNorm)
 	}
-	return fmt.Sprintf("step %d: loss %g, gradient norm %g: training diverged; %s: resume from it with a lower lr or a longer warmup", e.Step, e.Loss, e.GradNorm, last)
+	return fmt.Sprintf("step %d: loss %g, gradient norm %g: training diverged; the last good checkpoint is %s: resume from it with a lower lr or a longer warmup", e.Step, e.Loss, e.GradNorm, e.LastGood)
 }
 
 // Run trains cfg.Run from its start or its last checkpoint, until the
@@ -727,6 +727,19 @@ func (l *loop) ended(c *ckWrite) {
 // a path that is a file, or that this user may not write, is refused as
 // the caller's to fix, naming it. Other failures (a full disk) are not.
 func makeRunDir(out string) error {
+	// A token store's or a published tokenizer's directory is not a
+	// run's: the run's checkpoints and metrics would be written among the
+	// files that ingest, `sched datasets` and `sched tokenizers` read and
+	// own. (A tokenizer.json lying in any other directory is the user's.)
+	abs, _ := filepath.Abs(out)
+	for _, f := range []struct {
+		name, what string
+		here       bool
+	}{{tokens.ManifestFile, "a token store", true}, {TokenizerFile, "a tokenizer", filepath.Base(filepath.Dir(abs)) == "tokenizers"}} {
+		if _, err := os.Stat(filepath.Join(out, f.name)); err == nil && f.here {
+			return badInput(fmt.Errorf("run directory %s holds %s (its %s): give the run a directory of its own (--out)", out, f.what, f.name))
+		}
+	}
 	err := os.MkdirAll(out, 0o755)
 	if err == nil {
 		return nil

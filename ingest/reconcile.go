@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,8 +29,10 @@ type Reconciled struct {
 // of fewer files put back) would keep those files out of the store for
 // good; the appending worker, which holds the stores, runs this at its
 // start. A store not here at all loses its status, as one never ingested;
-// one here gets its manifest's. A store whose manifest cannot be read is
-// left alone and named in the error.
+// one here gets its manifest's, also one that has no status (its files
+// copied here after its status was cleared, or for another object store),
+// which the statuses alone would not name. A store whose manifest cannot
+// be read is left alone and named in the error.
 func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) {
 	if p.StoresDir == "" {
 		return nil, nil
@@ -37,13 +41,25 @@ func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) 
 	if err != nil {
 		return nil, fmt.Errorf("listing the token stores' statuses: %w", err)
 	}
-	var out []Reconciled
-	var errs []error
+	names := map[string]bool{}
 	for _, o := range objs {
 		name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, "tokens/"), "/status.json")
-		if !ok || strings.Contains(name, "/") || CheckStoreName(name) != nil {
-			continue
+		if ok && !strings.Contains(name, "/") && CheckStoreName(name) == nil {
+			names[name] = true
 		}
+	}
+	var errs []error
+	dirs, err := os.ReadDir(p.StoresDir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("listing the token stores in %s: %w", p.StoresDir, err))
+	}
+	for _, d := range dirs {
+		if d.IsDir() && CheckStoreName(d.Name()) == nil {
+			names[d.Name()] = true
+		}
+	}
+	var out []Reconciled
+	for _, name := range slices.Sorted(maps.Keys(names)) {
 		r, changed, err := p.reconcile(ctx, name)
 		if err != nil {
 			errs = append(errs, err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -34,11 +35,14 @@ the schedule.
 Before anything is queued the run is checked: its settings, its tokenizer (made, or
 being made by 'sched enqueue tokenizer'), the tokenizer's vocabulary against the
 model's, and each token store of its mixture (filled, or being filled by 'sched
-enqueue ingest', with at least one held-out window for evaluation). A run whose
-tokenizer or stores are still being made waits for them on the worker.
+enqueue ingest', by the run's tokenizer, with at least one held-out window for
+evaluation). A run whose tokenizer or stores are still being made waits for them
+on the worker.
 
 Enqueuing a run that was cancelled, stopped or failed resumes it from its last
-checkpoint; a run already queued or training is left alone.`,
+checkpoint; a run already queued or training is left alone, and so is a run done
+at its total steps (give it a longer total_steps or total_tokens in a runs file
+to train it further).`,
 		Args: exactArgs(1, "one run name"),
 	}
 	cmd.Flags().StringVar(&engine, "engine", "", "engine: cuda, cpu or auto (default: the run's)")
@@ -107,9 +111,28 @@ checkpoint; a run already queued or training is left alone.`,
 				ts.FromStep = int64(steps[len(steps)-1])
 			}
 		}
+		// A run at its total steps would queue a segment that ends at
+		// once. The total is the runs entry's as read here, so that a run
+		// given a longer one resumes.
+		if at, total := trainedTo(st, ok, ts.FromStep), run.RunConfig.WithDefaults().TotalSteps; at >= total {
+			fmt.Fprintf(c.OutOrStdout(), "run %s is done at step %d of %d; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and enqueue it again; or train a run of another name)\n",
+				ts.Run, at, total)
+			return nil
+		}
 		return enqueueOne(c, cfg, ts)
 	}
 	return cmd
+}
+
+// trainedTo is the step a run has surely trained to: the checkpoint its
+// next segment resumes from, or the step of a run whose state says it is
+// done (a segment records that only once its last checkpoint is in object
+// storage, which the state's checkpoint may not say yet).
+func trainedTo(st scheduler.RunState, ok bool, from int64) int {
+	if ok && st.Done {
+		return max(int(from), st.Step)
+	}
+	return int(from)
 }
 
 // trainCheck is what checkRun reads: the queue (work under way), the
@@ -123,8 +146,8 @@ type trainCheck struct {
 // checkRun refuses, as bad input naming the command to run first, a run
 // that could never train: invalid settings, a tokenizer that neither
 // exists nor is being made, a vocabulary larger than the model's, a store
-// that is neither filled nor being filled, or one too small to hold out an
-// evaluation window.
+// that is neither filled nor being filled, one made by another tokenizer
+// than the run's, or one too small to hold out an evaluation window.
 func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) error {
 	rc := run.RunConfig.WithDefaults()
 	if err := rc.Validate(); err != nil {
@@ -144,7 +167,8 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	if err := model.CheckMemory(plan, model.LargestGPU, "the largest card kiln supports (an H200, 141 GB)"); err != nil {
 		return badInput("run %s: %v (set batch, seq and accumulate in the run)", run.Name, err)
 	}
-	if err := checkRunTokenizer(ctx, tc, run.Name, tok, rc.Model, mc); err != nil {
+	uses, err := checkRunTokenizer(ctx, tc, run.Name, tok, rc.Model, mc)
+	if err != nil {
 		return err
 	}
 	// Evaluation needs one held-out window in any of the stores. Which
@@ -155,7 +179,7 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	var most int64
 	filling := false
 	for _, m := range rc.Mixture {
-		held, live, err := checkRunStore(ctx, tc, run.Name, m.Store)
+		held, live, err := checkRunStore(ctx, tc, run.Name, m.Store, uses)
 		if err != nil {
 			return err
 		}
@@ -168,9 +192,12 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	return nil
 }
 
-func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName string, mc model.Config) error {
+// checkRunTokenizer refuses a run's tokenizer that neither exists nor is
+// being made, or that has more ids than the model; it returns the
+// tokenizer, or nil while it is being made.
+func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName string, mc model.Config) (*catalog.Entry, error) {
 	if name == "" {
-		return badInput("run %s names no tokenizer: set tokenizer: in its runs entry, or pass --tokenizer NAME", run)
+		return nil, badInput("run %s names no tokenizer: set tokenizer: in its runs entry, or pass --tokenizer NAME", run)
 	}
 	entry, _, err := catalog.New(tc.objects, tc.cfg.DataDir).Resolve(ctx, name)
 	var nf *catalog.NotFoundError
@@ -178,42 +205,57 @@ func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName 
 	case errors.As(err, &nf):
 		live, lerr := tc.q.LiveTokenizer(ctx, name)
 		if lerr != nil {
-			return lerr
+			return nil, lerr
 		}
 		if live == nil {
-			return badInput("run %s trains with tokenizer %s, which does not exist yet: make it first with 'sched enqueue tokenizer %s' ('sched tokenizers' lists the existing ones)", run, name, name)
+			return nil, badInput("run %s trains with tokenizer %s, which does not exist yet: make it first with 'sched enqueue tokenizer %s' ('sched tokenizers' lists the existing ones)", run, name, name)
 		}
-		return nil // the worker waits for it
+		return nil, nil // the worker waits for it
 	case err != nil:
-		return err
+		return nil, err
 	}
 	if entry.VocabSize > mc.VocabSize {
-		return badInput("run %s: tokenizer %s has %d ids but the %s model's vocab_size is %d: use a tokenizer of at most %d ids, or a model with a larger vocab_size",
+		return nil, badInput("run %s: tokenizer %s has %d ids but the %s model's vocab_size is %d: use a tokenizer of at most %d ids, or a model with a larger vocab_size",
 			run, name, entry.VocabSize, modelName, mc.VocabSize, mc.VocabSize)
 	}
-	return nil
+	return &entry, nil
 }
 
-// checkRunStore refuses a store of the run that holds nothing and that no
+// checkRunStore refuses a store of the run that another tokenizer than
+// uses (nil: one being made) made, and one that holds nothing and that no
 // ingest is filling; it returns the tokens the store holds, and whether an
 // ingest is filling it.
-func checkRunStore(ctx context.Context, tc trainCheck, run, name string) (held int64, filling bool, err error) {
+func checkRunStore(ctx context.Context, tc trainCheck, run, name string, uses *catalog.Entry) (held int64, filling bool, err error) {
 	if filepath.IsAbs(name) {
 		m, err := tokens.ReadManifest(name)
 		if err != nil {
 			return 0, false, badInput("run %s trains on the token store at %s: %v", run, name, err)
 		}
 		held = m.Tokens
+		if err := checkStoreTokenizer(run, name, m.Tokenizer, uses); err != nil {
+			return 0, false, err
+		}
 	} else {
 		st, err := (&ingest.Pipeline{Objects: tc.objects}).Status(ctx, name)
 		if err != nil {
 			return 0, false, err
 		}
 		held = st.Tokens
+		made := st.Tokenizer
 		// A store filled in this process's data directory without the
 		// queue (sched ingest --direct) publishes no status.
-		if m, err := tokens.ReadManifest(filepath.Join(tc.cfg.DataDir, "tokens", name)); err == nil && m.Tokens > held {
-			held = m.Tokens
+		if m, err := tokens.ReadManifest(filepath.Join(tc.cfg.DataDir, "tokens", name)); err == nil {
+			if m.Tokens > held {
+				held = m.Tokens
+			}
+			if made.SHA256 == "" {
+				made = m.Tokenizer
+			}
+		}
+		// Also while an ingest fills the store: an append with another
+		// tokenizer than the one that wrote it is refused, so it keeps it.
+		if err := checkStoreTokenizer(run, name, made, uses); err != nil {
+			return 0, false, err
 		}
 		live, err := tc.q.LiveIngest(ctx, name)
 		if err != nil {
@@ -228,7 +270,55 @@ func checkRunStore(ctx context.Context, tc trainCheck, run, name string) (held i
 		if presets, err := ingest.Presets(""); err != nil || presets[name].Name == "" {
 			first = "sched enqueue ingest <dataset> --store " + name
 		}
-		return 0, false, badInput("run %s trains on token store %s, which holds no tokens and which no ingest is filling: run '%s' first ('sched status' shows an ingest that failed)", run, name, first)
+		// A named store is known here by its status, which the appending
+		// worker writes, also at its start for each store on its disk
+		// (ingest.Pipeline.ReconcileStatuses): a store copied there, a
+		// backup put back, has none until that worker starts again.
+		copied := ""
+		if !filepath.IsAbs(name) {
+			copied = "; if its files were copied onto the worker's disk, restarting the worker that serves the append queue records them"
+		}
+		return 0, false, badInput("run %s trains on token store %s, which holds no tokens and which no ingest is filling: run '%s' first ('sched status' shows an ingest that failed)%s", run, name, first, copied)
 	}
 	return held, false, nil
+}
+
+// checkStoreTokenizer refuses store name, whose ids tokenizer made wrote,
+// to a run that trains with uses: the ids would mean other text than the
+// run's checkpoints say, and the worker would refuse the segment. The
+// comparison is the worker's (catalog.CheckUses). A store that records no
+// tokenizer (a status from before the field, or no ids yet) and a run
+// tokenizer still being made (uses nil) are left to the worker.
+func checkStoreTokenizer(run, name string, made tokens.Tokenizer, uses *catalog.Entry) error {
+	if uses == nil || made.SHA256 == "" {
+		return nil
+	}
+	var me *catalog.MismatchError
+	if err := catalog.CheckUses(catalog.Store{Store: name, Tokenizer: made}, *uses); !errors.As(err, &me) {
+		return err
+	}
+	dataset, other := "<dataset>", "<another store>"
+	if !filepath.IsAbs(name) {
+		if presets, err := ingest.Presets(""); err == nil && presets[name].Name != "" {
+			dataset = name
+		}
+		if n := name + "-" + uses.Name; ingest.CheckStoreName(n) == nil {
+			other = n
+		}
+	}
+	theirs := "the tokenizer that made the store ('sched tokenizers' lists each with its sha256)"
+	if me.TokA.Name != "" {
+		theirs = fmt.Sprintf("tokenizer %s (tokenizer: %s in its runs entry, or --tokenizer %s)", me.TokA.Name, me.TokA.Name, me.TokA.Name)
+	}
+	return badInput("run %s trains with %s but its token store %s was made by %s: their ids mean different text; ingest the store's data with %s into another store ('sched enqueue ingest %s --store %s --tokenizer %s', then name that store in the run's mixture), or give the run %s",
+		run, tokenizerLabel(me.TokB), name, tokenizerLabel(me.TokA), uses.Name, dataset, other, uses.Name, theirs)
+}
+
+// tokenizerLabel names t with the first 12 digits of its SHA-256, as
+// 'sched tokenizers' lists it.
+func tokenizerLabel(t tokens.Tokenizer) string {
+	if t.Name == "" {
+		return fmt.Sprintf("an unnamed tokenizer (sha256 %.12s)", t.SHA256)
+	}
+	return fmt.Sprintf("tokenizer %s (sha256 %.12s)", t.Name, t.SHA256)
 }

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
+	"github.com/kiln-lm/kiln/tokens/catalog"
+)
+
+// s3TrainingSetup is trainingSetupStore over a real S3 server: env names
+// it, and objects writes to it as the workers do.
+func s3TrainingSetup(t *testing.T, storeName string) (env []string, rdb *redis.Client, q *scheduler.Client, objects store.Store) {
+	t.Helper()
+	env, rdb, q = trainingSetupStore(t, storeName)
+	s3 := testsvc.S3(t)
+	env = append(env, "KILN_S3_ENDPOINT="+s3.Endpoint, "KILN_S3_ACCESS_KEY="+s3.AccessKey, "KILN_S3_SECRET_KEY="+s3.SecretKey)
+	objects, err := store.NewS3(store.S3Options{Endpoint: s3.Endpoint, Bucket: "kiln", AccessKey: s3.AccessKey, SecretKey: s3.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, rdb, q, objects
+}
+
+// putStatus writes token store name's status into object storage, as the
+// worker that appends it does.
+func putStatus(t *testing.T, objects store.Store, name string, st ingest.StoreStatus) {
+	t.Helper()
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := objects.Put(context.Background(), ingest.StatusKey(name), bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// setupTokenizer is trainingSetup's tokenizer tk, as a store made by it
+// records it.
+func setupTokenizer(t *testing.T, env []string) tokens.Tokenizer {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(envValue(env, "KILN_DATA_DIR"), "tokenizers", "tk", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := tokenizer.Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tokens.Tokenizer{Name: "tk", SHA256: tk.SHA256(), VocabSize: tk.VocabSize()}
+}
+
+// A run whose tokenizer is not the one that made a store of its mixture
+// (as the store's status records it) is refused at enqueue, naming the
+// run, the store, both tokenizers and what to do, where it was queued and
+// failed on the worker; pinned to the store's tokenizer it is queued. A
+// store being filled by an ingest of the run's tokenizer is accepted as
+// before, and one being filled by another's is refused.
+func TestEnqueueTrainRefusesAStoreOfAnotherTokenizer(t *testing.T) {
+	t.Parallel()
+	env, _, q, objects := s3TrainingSetup(t, "")
+	ctx := context.Background()
+	tk := setupTokenizer(t, env)
+	other, otherSHA := trainTestTokenizer(t, "the quick brown fox jumps over the lazy dog\n")
+	b, err := os.ReadFile(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := objects.Put(ctx, catalog.Key("t512b"), bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	t512b := tokens.Tokenizer{Name: "t512b", SHA256: otherSHA, VocabSize: 280}
+	putStatus(t, objects, "code", ingest.StoreStatus{Tokens: 400_000, Documents: 10, Shards: 1, Done: []string{"s0"}, Tokenizer: tk})
+	putStatus(t, objects, "filling", ingest.StoreStatus{Tokenizer: t512b})
+	appendRuns(t, env, "mis:\n  from: eta\n  tokenizer: t512b\n  mixture: [{store: code, weight: 1}]\n"+
+		"fill:\n  from: eta\n  tokenizer: t512b\n  mixture: [{store: filling, weight: 1}]\n"+
+		"fill-tk:\n  from: eta\n  mixture: [{store: filling, weight: 1}]\n")
+
+	wantBadInput(t, env, fmt.Sprintf(`^sched: run mis trains with tokenizer t512b \(sha256 %.12s\) but its token store code was made by tokenizer tk \(sha256 %.12s\): `+
+		`their ids mean different text; ingest the store's data with t512b into another store \('sched enqueue ingest <dataset> --store code-t512b --tokenizer t512b', then name that store in the run's mixture\), `+
+		`or give the run tokenizer tk \(tokenizer: tk in its runs entry, or --tokenizer tk\)`, otherSHA, tk.SHA256),
+		"enqueue", "train", "mis")
+	if live, err := q.LiveSegment(ctx, "mis"); err != nil || live != nil {
+		t.Fatalf("run mis refused, yet its segment %v is queued (%v)", live, err)
+	}
+	if a := queuedSegment(t, env, envValue(env, "KILN_REDIS_URL"), "mis", "--tokenizer", "tk"); a.Tokenizer != "tk" {
+		t.Fatalf("enqueue train mis --tokenizer tk queued tokenizer %q; want tk pinned", a.Tokenizer)
+	}
+
+	if out, errOut, code := sched(t, env, "enqueue", "ingest", "fineweb-edu", "--store", "filling", "--tokenizer", "t512b"); code != 0 {
+		t.Fatalf("enqueue ingest into store filling: exit %d %q %q", code, out, errOut)
+	}
+	if a := queuedSegment(t, env, envValue(env, "KILN_REDIS_URL"), "fill"); a.Run != "fill" {
+		t.Fatalf("enqueue train fill queued %+v", a)
+	}
+	wantBadInput(t, env, `^sched: run fill-tk trains with tokenizer tk \(sha256 [0-9a-f]{12}\) but its token store filling was made by tokenizer t512b \(sha256 [0-9a-f]{12}\): .*or give the run tokenizer t512b`,
+		"enqueue", "train", "fill-tk")
+}
+
+// Enqueuing a run done at its total steps queues nothing and says so,
+// whether Redis or only object storage says where the run is; given a
+// longer total_steps in the runs file, the same run resumes from its last
+// checkpoint, from either.
+func TestEnqueueTrainSaysADoneRunIsDone(t *testing.T) {
+	t.Parallel()
+	env, rdb, q, _ := s3TrainingSetup(t, "")
+	ctx := context.Background()
+	short, long := "fin:\n  from: eta\n  total_steps: 40\n", "fin:\n  from: eta\n  total_steps: 60\n"
+	appendRuns(t, env, short)
+	w := startWorker(t, env, "--queues", "gpu=1")
+	if out, errOut, code := sched(t, env, "enqueue", "train", "fin"); code != 0 {
+		t.Fatalf("enqueue train fin: exit %d: %s%s", code, out, errOut)
+	}
+	waitUntil(t, "run fin done, its last segment completed", func() bool {
+		st, ok, err := scheduler.ReadRunState(ctx, rdb, "fin")
+		live, lerr := q.LiveSegment(ctx, "fin")
+		return err == nil && ok && st.Done && lerr == nil && live == nil
+	})
+	// Nothing trains what is queued from here on.
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Wait()
+
+	runsFile := envValue(env, "KILN_RUNS")
+	length := func(from, to string) {
+		t.Helper()
+		b, err := os.ReadFile(runsFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(runsFile, []byte(strings.Replace(string(b), from, to, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := "run fin is done at step 40 of 40; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and enqueue it again; or train a run of another name)\n"
+	resumed := regexp.MustCompile(`^queued train:segment:\S+ on gpu; the run resumes from its last checkpoint \(step 40\)\n$`)
+	for _, when := range []string{"with its state in Redis", "after Redis lost its data"} {
+		out, errOut, code := sched(t, env, "enqueue", "train", "fin")
+		if code != 0 || out != done {
+			t.Fatalf("enqueue train fin %s: exit %d, %q %q; want %q", when, code, out, errOut, done)
+		}
+		if live, err := q.LiveSegment(ctx, "fin"); err != nil || live != nil {
+			t.Fatalf("enqueue train fin %s queued %v (%v); want nothing queued", when, live, err)
+		}
+		length(short, long)
+		out, errOut, code = sched(t, env, "enqueue", "train", "fin")
+		if code != 0 || !resumed.MatchString(out) {
+			t.Fatalf("enqueue train fin %s, with total_steps 60: exit %d, %q %q; want it queued from step 40", when, code, out, errOut)
+		}
+		// The segment queued, and the run's state, go with Redis's data.
+		length(long, short)
+		if err := rdb.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A store whose files were copied onto the appending worker's disk (a
+// backup put back) has no status in object storage until that worker
+// starts: enqueue says, after the ingest to run, that restarting that
+// worker records the store, and once it has, the run is queued.
+func TestEnqueueTrainSaysACopiedStoreIsRecordedByARestart(t *testing.T) {
+	t.Parallel()
+	env, _, _, objects := s3TrainingSetup(t, "copied")
+	ctx := context.Background()
+	// The operator's machine: another data directory, the tokenizer in
+	// object storage.
+	b, err := os.ReadFile(filepath.Join(envValue(env, "KILN_DATA_DIR"), "tokenizers", "tk", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := objects.Put(ctx, catalog.Key("tk"), bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	op := append(append([]string{}, env...), "KILN_DATA_DIR="+t.TempDir())
+
+	wantBadInput(t, op, `^sched: run eta trains on token store copied, which holds no tokens and which no ingest is filling: run 'sched enqueue ingest <dataset> --store copied' first \('sched status' shows an ingest that failed\); `+
+		`if its files were copied onto the worker's disk, restarting the worker that serves the append queue records them\n$`,
+		"enqueue", "train", "eta")
+
+	startWorker(t, env, "--queues", "append=1")
+	waitUntil(t, "the appending worker's start recording store copied in object storage", func() bool {
+		st, err := (&ingest.Pipeline{Objects: objects}).Status(ctx, "copied")
+		return err == nil && st.Tokens > 0
+	})
+	if a := queuedSegment(t, op, envValue(env, "KILN_REDIS_URL"), "eta"); a.Run != "eta" {
+		t.Fatalf("enqueue train eta queued %+v", a)
+	}
+}

@@ -2,9 +2,12 @@ package scheduler
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 
@@ -38,9 +41,33 @@ func (c *Client) Close() error {
 // Redis returns the client's Redis connection (for progress and cancel marks).
 func (c *Client) Redis() redis.UniversalClient { return c.rdb }
 
-// Ping checks that Redis answers.
+// Ping checks that Redis answers. Over TLS (a rediss:// URL) to a server
+// without it, the handshake ends in a timeout or in a reply that is no TLS
+// record, whose error alone ("context deadline exceeded") does not say
+// why: the error then adds what rediss:// means.
 func (c *Client) Ping(ctx context.Context) error {
-	return c.rdb.Ping(ctx).Err()
+	err := c.rdb.Ping(ctx).Err()
+	if err != nil && c.overTLS() && mayNotSpeakTLS(err) {
+		return fmt.Errorf("%w (rediss:// means TLS, which this server may not speak: use redis:// for a Redis without TLS)", err)
+	}
+	return err
+}
+
+// overTLS says whether the client speaks TLS to Redis: a rediss:// URL.
+func (c *Client) overTLS() bool {
+	rc, ok := c.rdb.(*redis.Client)
+	return ok && rc.Options().TLSConfig != nil
+}
+
+// mayNotSpeakTLS says whether err is how a TLS handshake with a server
+// that does not speak TLS ends: a timeout, a reply that is not a TLS
+// record, or the connection closed on what the server took for a bad
+// command. A TLS alert or a certificate error is the server speaking TLS.
+func mayNotSpeakTLS(err error) bool {
+	var rh tls.RecordHeaderError
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) ||
+		errors.As(err, &rh) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // DuplicateError says the same work is already queued (or was done within

@@ -96,6 +96,9 @@ func sampleTasks(r tokenizerRequest) ([]scheduler.TokenizerSample, error) {
 		if resolved[i], err = ingest.LookupPreset(presets, s.Dataset); err != nil {
 			return nil, badInput("--from: %v", err)
 		}
+		if err := checkQueuedGlob(resolved[i]); err != nil {
+			return nil, badInput("--from: %v", err)
+		}
 		if b := sample.Budgets(mix, total)[i]; b <= 0 {
 			return nil, badInput("--from: %s's weight %.4g of --sample %s is no bytes at all: raise --sample or the weight", s.Dataset, s.Weight, r.sample)
 		}

@@ -47,10 +47,12 @@ from a stream fixed by --seed.
 directory.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Before --run's checkpoint is pulled: a mistake in a flag
+			// should not wait for a download to be told.
+			if err := f.check(); err != nil {
+				return err
+			}
 			if f.run != "" {
-				if f.checkpoint != "" {
-					return badInput("give --run NAME (its latest checkpoint in object storage) or --checkpoint DIR (a local directory), not both")
-				}
 				dir, err := pullLatestCheckpoint(cmd, f.run)
 				if err != nil {
 					return err
@@ -67,15 +69,18 @@ directory.`,
 	fl.StringVar(&f.engine, "engine", "cpu", "engine: cpu, cuda or auto")
 	fl.IntVar(&f.maxTokens, "max-tokens", 64, "largest number of tokens to generate")
 	fl.Float64Var(&f.temperature, "temperature", 0, "sampling temperature; 0 = greedy")
-	fl.IntVar(&f.topK, "top-k", 0, "sample among the k most likely tokens; 0 = all")
+	fl.IntVar(&f.topK, "top-k", 0, "with --temperature above 0, sample among the k most likely tokens; 0 = all")
 	fl.Uint64Var(&f.seed, "seed", 0, "random seed for sampling")
 	rootCmd.AddCommand(cmd)
 }
 
-// runGenerate writes the prompt and its continuation to out.
-func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) error {
+// check refuses flags that no checkpoint could make right, before one is
+// read or pulled.
+func (f generateFlags) check() error {
 	switch {
-	case f.checkpoint == "":
+	case f.run != "" && f.checkpoint != "":
+		return badInput("give --run NAME (its latest checkpoint in object storage) or --checkpoint DIR (a local directory), not both")
+	case f.run == "" && f.checkpoint == "":
 		return badInput("generate needs --run NAME (a run's latest checkpoint in object storage) or --checkpoint DIR (a directory with config.json, model.safetensors and tokenizer.json)")
 	case f.prompt == "":
 		return badInput("generate needs --prompt TEXT")
@@ -85,10 +90,17 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 		return badInput("--temperature must be a finite number, not negative, got %g", f.temperature)
 	case f.topK < 0:
 		return badInput("--top-k must not be negative, got %d", f.topK)
+	case f.topK > 0 && f.temperature == 0:
+		// Greedy decoding takes the most likely token whatever k is: the
+		// k would be dropped without a word.
+		return badInput("--top-k %d has no effect with --temperature 0, which picks the most likely token each time: set --temperature above 0 (1 samples from the model's own distribution) to sample among the top %d, or leave --top-k out", f.topK, f.topK)
 	}
-	if err := checkEngine(f.engine); err != nil {
-		return err
-	}
+	return checkEngine(f.engine)
+}
+
+// runGenerate writes the prompt and its continuation to out; f has passed
+// check, and f.checkpoint names a directory (--run's, once pulled).
+func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) error {
 	if fi, err := os.Stat(f.checkpoint); err == nil && !fi.IsDir() {
 		return badInput("--checkpoint %s is a file: give the checkpoint's directory (it holds config.json, model.safetensors and tokenizer.json)", f.checkpoint)
 	}

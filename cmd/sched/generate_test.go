@@ -347,3 +347,39 @@ func TestGenerateRefusesAnAlteredCheckpoint(t *testing.T) {
 		wantBadInput(t, nil, regexp.QuoteMeta(c.want), append(gen, c.dir)...)
 	}
 }
+
+// generate checks its flags before it reads a checkpoint or pulls --run's
+// from object storage (here an endpoint that refuses every connection, so
+// that reaching for it would be the error): a missing --prompt is told at
+// once. --top-k with the default --temperature 0, which is greedy and
+// would drop k without a word, is refused naming both flags.
+func TestGenerateChecksItsFlagsFirst(t *testing.T) {
+	t.Parallel()
+	ckpt, _ := makeCheckpoint(t)
+	data := t.TempDir()
+	env := []string{"KILN_S3_ENDPOINT=127.0.0.1:1", "KILN_S3_ACCESS_KEY=ak", "KILN_S3_SECRET_KEY=sk", "KILN_DATA_DIR=" + data}
+	topK := []string{"--top-k 5", "--temperature 0", "set --temperature above 0", "leave --top-k out"}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--run", "r1"}, []string{"generate needs --prompt TEXT"}},
+		{[]string{"--run", "r1", "--prompt", "x", "--top-k", "5"}, topK},
+		{[]string{"--checkpoint", ckpt, "--prompt", "func main() {", "--top-k", "5", "--engine", "cpu"}, topK},
+		{[]string{"--checkpoint", ckpt, "--prompt", "func main() {", "--top-k", "5", "--temperature", "0", "--engine", "cpu"}, topK},
+	} {
+		out, errOut, code := sched(t, env, append([]string{"generate"}, c.args...)...)
+		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("generate %v: exit %d\n%s%s; want exit 2 and one line", c.args, code, out, errOut)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("generate %v: %q lacks %q", c.args, errOut, w)
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(data, "checkpoints")); !os.IsNotExist(err) {
+		t.Errorf("a refused generate --run made %s: %v", filepath.Join(data, "checkpoints"), err)
+	}
+}

@@ -35,7 +35,7 @@ type planFlags struct {
 
 func (p *planFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.presetsFile, "presets", "", "YAML file of dataset presets that add to or replace the built-in ones (default $KILN_DATASETS)")
-	f.StringVar(&p.revision, "revision", "", "dataset revision: a branch, tag or commit (default: the preset's)")
+	f.StringVar(&p.revision, "revision", "", "a preset's dataset revision: a branch, tag or commit (default: the preset's; a local dataset has none)")
 	f.StringArrayVar(&p.set, "set", nil, "preset variable, name=a,b (for example language=Python,Go)")
 	f.StringVar(&p.maxTokens, "max-tokens", "", "stop before the store passes this many tokens (25B, 500M)")
 	f.StringVar(&p.maxDisk, "max-disk", "", "stop before the store's tokens.bin passes this size (50G = 50 x 2^30 bytes, 50GB = 50 x 10^9)")
@@ -213,6 +213,11 @@ func (pf planFlags) check(dataset string) (p ingest.Preset, vars map[string][]st
 	if p, err = ingest.LookupPreset(presets, dataset); err != nil {
 		return p, nil, 0, 0, err
 	}
+	// Its files are read as they are now, whatever --revision says: given,
+	// it would be dropped without a word.
+	if p.Glob != "" && pf.revision != "" {
+		return p, nil, 0, 0, badInput("--revision %s: a local dataset (%s) has no revision, its files are read as they are: leave --revision out", pf.revision, dataset)
+	}
 	if vars, err = parseSet(pf.set); err != nil {
 		return p, nil, 0, 0, err
 	}
@@ -233,6 +238,9 @@ func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) er
 	if err != nil {
 		return err
 	}
+	if err := checkQueuedGlob(p); err != nil {
+		return badInput("%v", err)
+	}
 	if storeName == "" {
 		if p.Glob != "" {
 			return badInput("a local dataset needs --store NAME, the token store to fill")
@@ -249,6 +257,22 @@ func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) er
 	// KILN_DATASETS included: the workers need no copy of the file.
 	return enqueueOne(c, cfg, scheduler.IngestPlan{Dataset: dataset, Revision: pf.revision, Store: storeName, Tokenizer: cfg.Tokenizer, Vars: vars,
 		Seed: pf.seed, MaxFiles: pf.maxFiles, Limits: ingest.Limits{MaxTokens: limTokens, MaxDisk: limDisk}, Preset: ingest.Carried(p)})
+}
+
+// checkQueuedGlob refuses a local dataset of a queued task whose glob is
+// relative: the worker resolves it in its own working directory, which is
+// not this command's and may be on another machine. An absolute glob is
+// left to the worker, which alone sees its files.
+func checkQueuedGlob(p ingest.Preset) error {
+	if p.Glob == "" || filepath.IsAbs(p.Glob) {
+		return nil
+	}
+	example := p.Glob
+	if abs, err := filepath.Abs(p.Glob); err == nil {
+		example = abs
+	}
+	return fmt.Errorf("dataset %s: a worker resolves a relative glob in its own working directory, not in this one: give the absolute path as the worker sees it, such as %s%s where it shares this machine's files",
+		p.Name, ingest.LocalPrefix, example)
 }
 
 // checkIngestTokenizer refuses an ingest whose tokenizer neither exists nor

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 )
@@ -367,5 +368,51 @@ func TestDatasetsRefusesAStoresDirThatDoesNotRead(t *testing.T) {
 	out, errOut, code := sched(t, nil, "datasets", "--stores", missing)
 	if code != 2 || out != "" || !strings.Contains(errOut, "--stores "+missing) {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 2, nothing printed, and the error naming --stores", code, out, errOut)
+	}
+}
+
+// A queued ingest's local glob is resolved by the worker, in its own
+// working directory: a relative one is refused at enqueue (for a
+// tokenizer's --from as for an ingest), saying to give the absolute path
+// as the worker sees it, and nothing is queued. An absolute glob, which
+// only the worker can check, is queued. --revision with a local dataset,
+// which has none, is refused queued and direct alike.
+func TestIngestRefusesARelativeQueuedGlobAndALocalRevision(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := dataDirWithTokenizer(t, dir, "tk")
+	redis := testsvc.Redis(t)
+	env := []string{"KILN_REDIS_URL=redis://" + redis + "/0", "KILN_DATA_DIR=" + data, "KILN_TOKENIZER=tk"}
+	abs := "local:" + filepath.Join(dir, "on-the-worker", "*.go")
+	noRevision := []string{"--revision v1", "a local dataset (" + abs + ") has no revision", "leave --revision out"}
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"enqueue", "ingest", "local:.kiln/src/*.go", "--store", "code"}, []string{"dataset local:.kiln/src/*.go", "working directory", "give the absolute path as the worker sees it"}},
+		{[]string{"ingest", "local:src/*.go", "--store", "code"}, []string{"dataset local:src/*.go", "give the absolute path as the worker sees it"}},
+		{[]string{"enqueue", "tokenizer", "t", "--from", "local:src/*.go=1"}, []string{"--from: dataset local:src/*.go", "give the absolute path as the worker sees it"}},
+		{[]string{"enqueue", "ingest", abs, "--store", "code", "--revision", "v1"}, noRevision},
+		{[]string{"ingest", abs, "--direct", "--store", "code", "--revision", "v1"}, noRevision},
+	} {
+		_, errOut, code := sched(t, env, c.args...)
+		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line", c.args, code, errOut)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("%v: %q lacks %q", c.args, errOut, w)
+			}
+		}
+	}
+	opt, _ := asynq.ParseRedisURI("redis://" + redis + "/0")
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	if ts, _ := insp.ListPendingTasks(scheduler.QueueIngest); len(ts) != 0 {
+		t.Fatalf("refused requests queued %d tasks", len(ts))
+	}
+	if out, errOut, code := sched(t, env, "enqueue", "ingest", abs, "--store", "code"); code != 0 || !strings.Contains(out, "queued ingest:plan:") {
+		t.Fatalf("enqueue ingest %s: exit %d\n%s%s; want it queued for the worker to read", abs, code, out, errOut)
 	}
 }

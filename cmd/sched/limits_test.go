@@ -165,3 +165,40 @@ func TestOversizedConfigExitsTwoWithinOneGiB(t *testing.T) {
 		}
 	}
 }
+
+// A size flag given a bare number with a fraction is refused naming the
+// flag and how to write the size, rather than read as whole bytes:
+// --max-disk 1.5 was 1 byte and 0.5 was refused as "not positive". The
+// flags are checked before Redis or the object store is reached, so none
+// is started here; a size with a unit still passes the check.
+func TestSizeFlagsRefuseAFractionOfAByte(t *testing.T) {
+	t.Parallel()
+	glob := "local:" + filepath.Join(t.TempDir(), "*.jsonl")
+	env := []string{"KILN_REDIS_URL=redis://127.0.0.1:1/0"}
+	for _, c := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"ingest", glob, "--direct", "--store", "s", "--max-disk", "1.5"}, "--max-disk"},
+		{[]string{"ingest", glob, "--direct", "--store", "s", "--max-disk", "0.5"}, "--max-disk"},
+		{[]string{"enqueue", "ingest", glob, "--store", "s", "--max-disk", "1.5"}, "--max-disk"},
+		{[]string{"enqueue", "tokenizer", "t", "--sample", "1.5"}, "--sample"},
+	} {
+		_, errOut, code := sched(t, env, c.args...)
+		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("%v: exit %d, %q; want exit 2 and one line", c.args, code, errOut)
+			continue
+		}
+		for _, want := range []string{c.flag, `"` + c.args[len(c.args)-1] + `"`, "1.5GB", "1.5GiB", "1500000000"} {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("%v: %q lacks %q", c.args, errOut, want)
+			}
+		}
+	}
+	for _, size := range []string{"1.5GB", "1.5GiB", "1500000000"} {
+		_, errOut, _ := sched(t, env, "ingest", glob, "--direct", "--store", "s", "--max-disk", size, "--tokenizer", "none")
+		if strings.Contains(errOut, "--max-disk") {
+			t.Errorf("--max-disk %s: refused: %q", size, errOut)
+		}
+	}
+}

@@ -46,7 +46,11 @@ escape codes, when its output is a file or a pipe. Ctrl-C ends it.`,
 			if interval < 100*time.Millisecond {
 				return badInput("--interval %s: give 100ms or more (e.g. --interval 2s)", interval)
 			}
-			q, err := commandQueue(c)
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			q, _, err := openQueue(c.Context(), cfg)
 			if err != nil {
 				return err
 			}
@@ -57,15 +61,18 @@ escape codes, when its output is a file or a pipe. Ctrl-C ends it.`,
 			}
 			draw := func(ctx context.Context, w io.Writer, bars bool) error {
 				if id != "" {
-					return renderTask(ctx, w, q, id, bars)
+					return redactErr(cfg, renderTask(ctx, w, q, id, bars))
 				}
-				return renderStatus(ctx, w, q, bars)
+				return redactErr(cfg, renderStatus(ctx, w, q, bars))
 			}
 			out := c.OutOrStdout()
 			if !watch {
 				return draw(c.Context(), out, false)
 			}
-			return watchStatus(c.Context(), out, interval, draw)
+			// A refresh that fails while Redis is away says which Redis,
+			// and where it is set, rather than only a dial error.
+			from := fmt.Sprintf("Redis at %s (KILN_REDIS_URL or --redis-url)", cfg.Masked().RedisURL)
+			return watchStatus(c.Context(), out, interval, from, draw)
 		},
 	}
 	cmd.Flags().BoolVar(&watch, "watch", false, "refresh until interrupted: in place on a terminal, as plain blocks otherwise")
@@ -87,9 +94,10 @@ const (
 // overwrites the last: home, each line followed by erase-to-end-of-line,
 // then erase below, so a shorter frame leaves nothing behind and nothing
 // flickers. Elsewhere each frame is a plain block under a time line. A
-// failed refresh (Redis restarting) is shown and retried, except the
-// first, which is a configuration mistake and ends the command.
-func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, draw func(context.Context, io.Writer, bool) error) error {
+// failed refresh (Redis restarting) is shown, naming from (where the
+// status is read), and retried, except the first, which is a
+// configuration mistake and ends the command.
+func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, from string, draw func(context.Context, io.Writer, bool) error) error {
 	// A file, a pipe or a log collector gets plain text.
 	tty := isTerminal(w)
 	if tty {
@@ -108,7 +116,7 @@ func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, draw 
 			if frame == 0 {
 				return err
 			}
-			fmt.Fprintf(&buf, "status not read: %v\n", err)
+			fmt.Fprintf(&buf, "status not read from %s: %v; trying again every %s\n", from, err, interval)
 		}
 		if tty {
 			var scr strings.Builder

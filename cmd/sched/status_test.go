@@ -454,3 +454,70 @@ func TestAQuietTaskSaysWhenItLastReported(t *testing.T) {
 		t.Errorf("a task silent for 7 minutes: %q; want it to end with when it last reported", line)
 	}
 }
+
+// `status --watch` goes on through a Redis outage: a refresh that fails
+// names the Redis (its address, masked as everywhere) and the setting that
+// points at it, and the next refresh once Redis is back draws the status
+// again. The refreshes written to the pipe are the events waited on.
+func TestStatusWatchNamesRedisThroughAnOutage(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	cmd := exec.Command(os.Args[0], "status", "--watch", "--interval", "200ms")
+	// A password the server does not ask for, so that its masking shows.
+	cmd.Env = append(baseEnv(t), "KILN_REDIS_URL=redis://:sekret@"+r.Addr+"/0")
+	pipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Only if a line never comes: the pipe then ends and the test fails.
+	stop := time.AfterFunc(2*time.Minute, func() { cmd.Process.Kill() })
+	defer stop.Stop()
+	var out bytes.Buffer
+	sc := bufio.NewScanner(io.TeeReader(pipe, &out))
+	next := func(prefix string) string {
+		t.Helper()
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), prefix) {
+				return sc.Text()
+			}
+		}
+		t.Fatalf("status --watch never wrote a line starting %q:\n%s\nstderr: %s", prefix, out.String(), errOut.String())
+		return ""
+	}
+	next("FAILURES in the last")
+	r.Stop()
+	line := next("status not read")
+	want := "status not read from Redis at redis://:xxxxx@" + r.Addr + "/0 (KILN_REDIS_URL or --redis-url): "
+	if !strings.HasPrefix(line, want) || !strings.HasSuffix(line, "; trying again every 200ms") || strings.Contains(line, "sekret") {
+		t.Errorf("refresh with Redis down: %q, want %q..., trying again", line, want)
+	}
+	r.Start()
+	next("FAILURES in the last")
+	cmd.Process.Signal(os.Interrupt)
+	io.Copy(io.Discard, pipe)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("status --watch after ctrl-c: %v; stderr %s", err, errOut.String())
+	}
+}
+
+// The first connection to a plain Redis through a rediss:// URL fails
+// with a timeout only; the line that says Redis cannot be reached adds
+// that rediss:// means TLS, which the server may not speak.
+func TestRedissToAPlainRedisSaysWhatRedissMeans(t *testing.T) {
+	t.Parallel()
+	url := "rediss://" + testsvc.Redis(t) + "/0"
+	_, errOut, code := sched(t, []string{"KILN_REDIS_URL=" + url}, "status")
+	if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Fatalf("status over %s: exit %d, %q; want exit 2 and one line", url, code, errOut)
+	}
+	for _, want := range []string{"cannot reach Redis at " + url + " (KILN_REDIS_URL or --redis-url)", "rediss:// means TLS, which this server may not speak: use redis:// for a Redis without TLS"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("status over %s: %q lacks %q", url, errOut, want)
+		}
+	}
+}

@@ -22,8 +22,9 @@ var units = []struct {
 }
 
 // Parse reads a size in bytes: "50G", "512MiB", "2GB", "1.5 T", "4096".
-// A negative size, NaN, or one of 2^63 bytes or more (which would wrap
-// negative) is an error that quotes s and shows how to write one.
+// A negative size, NaN, one of 2^63 bytes or more (which would wrap
+// negative), or a fraction without a unit larger than a byte ("1.5",
+// "0.5B") is an error that quotes s and shows how to write one.
 func Parse(s string) (int64, error) {
 	t := strings.ToUpper(strings.TrimSpace(s))
 	mult := 1.0
@@ -37,6 +38,11 @@ func Parse(s string) (int64, error) {
 	if err != nil || math.IsNaN(v) || v < 0 || v*mult >= math.MaxInt64 {
 		return 0, fmt.Errorf("size %q is not a number of bytes with an optional unit, such as 50G or 512MiB "+
 			"(K, M, G, T and KiB, MiB, GiB, TiB are powers of 1024; KB, MB, GB, TB of 1000; at most 8 EiB)", s)
+	}
+	// A fraction of a byte has no meaning, and truncating it read "1.5"
+	// as 1 byte and "0.5" as none: whoever wrote it meant a unit.
+	if mult == 1 && v != math.Trunc(v) {
+		return 0, fmt.Errorf("size %q is a fraction of a byte: give a unit, such as 1.5GB or 1.5GiB, or a whole number of bytes, such as 1500000000", s)
 	}
 	return int64(v * mult), nil
 }

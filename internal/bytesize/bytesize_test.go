@@ -30,3 +30,27 @@ func TestParseReadsEveryUnitOneWay(t *testing.T) {
 		}
 	}
 }
+
+// A bare number with a fraction, or one in bytes ("B"), is refused rather
+// than truncated: "1.5" read as 1 byte and "0.5" as none. The message says
+// how to write what was meant, and every other form reads as before.
+func TestParseRefusesAFractionOfAByte(t *testing.T) {
+	for _, bad := range []string{"1.5", "0.5", " 2.25 ", "1.5B", "0.5 b", "1e-3"} {
+		n, err := Parse(bad)
+		if err == nil {
+			t.Errorf("Parse(%q) = %d, want an error", bad, n)
+			continue
+		}
+		msg := err.Error()
+		for _, want := range []string{`"` + bad + `"`, "fraction of a byte", "1.5GB", "1.5GiB", "1500000000"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("Parse(%q): %q lacks %q", bad, msg, want)
+			}
+		}
+	}
+	for in, want := range map[string]int64{"1.0": 1, "1e3": 1000, "2.0B": 2, "0.5K": 512, "1.1K": 1126, "0.5GB": 5e8, "1.5 T": 3 << 39} {
+		if got, err := Parse(in); err != nil || got != want {
+			t.Errorf("Parse(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+}

@@ -51,7 +51,9 @@ type BenchOptions struct {
 	// Log receives one-line notices (an engine fallback, a busy GPU).
 	Log func(string)
 	// GPUs > 1 trains data-parallel on that many GPUs (model.AllGPUs for
-	// all): a step is one micro-batch of Batch x Seq on each GPU.
+	// all): a step is one micro-batch of Batch x Seq on each GPU, or
+	// Accumulate micro-batches shared by them, when given; all then takes
+	// the most GPUs that divide Accumulate, as a training run does.
 	GPUs int
 }
 
@@ -165,7 +167,7 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	}
 	others := GPUProcesses(ctx)
 	eng, err := model.NewEngine(o.Engine, c, model.Options{Precision: o.Precision, MaxBatch: o.Batch, MaxSeq: o.Seq, ForceSM80: o.ForceSM80,
-		GPUs: o.GPUs, Log: logf})
+		GPUs: o.GPUs, Accumulate: o.Accumulate, Log: logf})
 	if err != nil {
 		return BenchResult{}, err
 	}

@@ -331,15 +331,21 @@ func (t *Tokenizers) train(ctx context.Context, a scheduler.TokenizerTrain) erro
 	if err != nil {
 		return fmt.Errorf("%s: report of tokenizer %s: %w", kind, a.Name, err)
 	}
+	// The task's last message is what `sched runs` keeps of it: a
+	// tokenizer of fewer ids than asked says so there, not only in its
+	// report.
+	last := fmt.Sprintf("tokenizer %s: %d ids, sha256 %.12s", a.Name, entry.VocabSize, entry.SHA256)
 	if a.VocabSize > entry.VocabSize {
 		report.Asked = a.VocabSize
-		rep.Message(ctx, fmt.Sprintf("tokenizer %s: %s", a.Name, tokenizer.Shortfall(entry.VocabSize, a.VocabSize, 0)))
+		short := tokenizer.Shortfall(entry.VocabSize, a.VocabSize, 0)
+		last += "; " + short
+		log.Warn("tokenizer trained with fewer ids than asked", zap.String("why", short))
 	}
 	if err := cat.PutReport(ctx, report); err != nil {
 		return fmt.Errorf("%s: %w", kind, err)
 	}
 	log.Info("tokenizer trained", zap.Int("vocab", entry.VocabSize), zap.String("sha256", entry.SHA256))
-	rep.Message(ctx, fmt.Sprintf("tokenizer %s: %d ids, sha256 %.12s", a.Name, entry.VocabSize, entry.SHA256))
+	rep.Message(ctx, last)
 	return nil
 }
 

@@ -264,6 +264,16 @@ func TestTokenizerSampledAndTrainedThroughTheQueues(t *testing.T) {
 	if again, _, _ := cat.Resolve(ctx, "mixed"); again.SHA256 != entry.SHA256 {
 		t.Fatal("the published tokenizer changed")
 	}
+
+	// A sample too small for the ids asked gives a tokenizer of fewer: the
+	// task's last message, which `sched runs` shows, says so.
+	short := TokenizerSampleTasks("short", mix[:1], 3_000, 4096, 42, "")
+	e.waitFor(e.enqueue(short[0]), time.Minute, "completed", state("completed"))
+	shortTrain, _ := scheduler.TaskID(TokenizerTrainTask(short[0]))
+	ts = e.waitFor(shortTrain, 2*time.Minute, "completed", state("completed"))
+	if !ts.HasProgress || !strings.Contains(ts.Progress.Message, "ids of the 4096 asked") {
+		t.Errorf("a tokenizer of fewer ids than asked ended saying %q", ts.Progress.Message)
+	}
 }
 
 func tokenizerSHA(t *testing.T, b []byte) string {

@@ -162,7 +162,8 @@ func (c *Catalog) fetch(ctx context.Context, name string) (remote, local []byte,
 		return nil, local, nil
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("get tokenizer %s: %w", Key(name), err)
+		// local stays: Resolve uses it while object storage is down.
+		return nil, local, fmt.Errorf("get tokenizer %s: %w", Key(name), err)
 	}
 	defer r.Close()
 	remote, err = tokenizer.ReadAll(r, "object storage "+Key(name))
@@ -174,13 +175,17 @@ func (c *Catalog) fetch(ctx context.Context, name string) (remote, local []byte,
 
 // Resolve finds tokenizer name, copies it from object storage to the local
 // directory when this machine lacks it, and loads it. A local copy that
-// differs from object storage's is refused rather than used.
+// differs from object storage's is refused rather than used; while object
+// storage does not answer, the local copy is used as it is.
 func (c *Catalog) Resolve(ctx context.Context, name string) (Entry, *tokenizer.Tokenizer, error) {
 	if err := CheckName(name); err != nil {
 		return Entry{}, nil, err
 	}
 	remote, local, err := c.fetch(ctx, name)
-	if err != nil {
+	// While object storage is out of service this machine's copy serves:
+	// it came from there or was published from here, and a published
+	// tokenizer's bytes never change (Publish refuses other bytes).
+	if err != nil && !(store.Unreachable(err) && local != nil) {
 		return Entry{}, nil, err
 	}
 	data := local

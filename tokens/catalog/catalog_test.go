@@ -449,3 +449,28 @@ func TestReportSaysWhenTheCorpusYieldedFewerIDs(t *testing.T) {
 		t.Errorf("report of a full vocabulary:\n%s", md)
 	}
 }
+
+// While object storage does not answer, a tokenizer this machine holds is
+// resolved from its copy, and one it lacks fails naming the outage.
+func TestResolveUsesTheLocalCopyWhileObjectStorageIsDown(t *testing.T) {
+	srv := testsvc.S3(t)
+	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	data := train(t, 300, tokenizertest.Text(t, "go"))
+	here := New(objects, t.TempDir())
+	if _, err := here.Publish(ctx, "code", data); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	e, tok, err := here.Resolve(ctx, "code")
+	if err != nil || tok == nil || e.SHA256 != sha(data) {
+		t.Fatalf("resolved during the outage: %+v, %v; want the local copy", e, err)
+	}
+	_, _, err = New(objects, t.TempDir()).Resolve(ctx, "code")
+	if err == nil || !store.Unreachable(err) {
+		t.Fatalf("a machine without a copy resolved during the outage: %v", err)
+	}
+}

@@ -48,3 +48,28 @@ func TestTheThroughputGateOfABF16RunOnTheCPUReadsTheFP32Row(t *testing.T) {
 		t.Errorf("a bf16 run that started no engine read the row %+v; want the bf16 one", got)
 	}
 }
+
+// The summary's settings say what the run asked and, where its engine
+// computed in another precision, that one too.
+func TestTheSummarySaysThePrecisionComputedIn(t *testing.T) {
+	r := testRun("summary-precision", 1)
+	rc := r.RunConfig.WithDefaults()
+	rc.Engine, rc.Precision = "auto", "bf16"
+	value := func(computed string) string {
+		for _, s := range Settings(r, rc, computed) {
+			if s.Key == "engine, precision" {
+				return s.Value
+			}
+		}
+		t.Fatal("no engine, precision setting")
+		return ""
+	}
+	if got := value("fp32"); got != "auto, bf16, computed in fp32" {
+		t.Errorf("a bf16 run that trained on the CPU: %q", got)
+	}
+	for _, computed := range []string{"bf16", ""} {
+		if got := value(computed); got != "auto, bf16" {
+			t.Errorf("computed %q: %q, want auto, bf16", computed, got)
+		}
+	}
+}

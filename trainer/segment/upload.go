@@ -661,7 +661,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	if len(results.TrainCurve(recs)) == 0 {
 		return nil
 	}
-	s := results.Summary{Run: p.Run.Name, Settings: Settings(p.Run, rc), Records: recs, TotalSteps: rc.TotalSteps, WallClock: out.Wall}
+	s := results.Summary{Run: p.Run.Name, Settings: Settings(p.Run, rc, out.Precision), Records: recs, TotalSteps: rc.TotalSteps, WallClock: out.Wall}
 	fig := s.Figures()
 	bench := runBench(p.Bench, rc, out)
 	s.Gates = []results.Gate{results.SmoothGate(recs, rc.Warmup), results.FallingGate(recs)}
@@ -808,8 +808,15 @@ func (c *caughtUp) add(name string) {
 	c.names[name] = true
 }
 
-// Settings is the configuration table of a run's summary.
-func Settings(r runs.Run, rc trainer.RunConfig) []results.Setting {
+// Settings is the configuration table of a run's summary; computed is the
+// precision its engine computed in, where known.
+func Settings(r runs.Run, rc trainer.RunConfig, computed string) []results.Setting {
+	precision := rc.Precision
+	if computed != "" && computed != rc.Precision {
+		// A bf16 run that fell back to the CPU trained in fp32: the
+		// summary says what the figures beside it were measured in.
+		precision += ", computed in " + computed
+	}
 	var mix []string
 	for _, m := range r.RunConfig.Mixture {
 		mix = append(mix, fmt.Sprintf("%s %.0f%%", m.Store, 100*m.Weight/totalWeight(r.RunConfig.Mixture)))
@@ -822,7 +829,7 @@ func Settings(r runs.Run, rc trainer.RunConfig) []results.Setting {
 		{Key: "weight decay, clip", Value: fmt.Sprintf("%g, %g", rc.WeightDecay, rc.ClipOr())},
 		{Key: "mixture", Value: strings.Join(mix, ", ")},
 		{Key: "tokenizer", Value: r.Tokenizer},
-		{Key: "engine, precision", Value: rc.Engine + ", " + rc.Precision},
+		{Key: "engine, precision", Value: rc.Engine + ", " + precision},
 		{Key: "checkpoint every", Value: fmt.Sprintf("%d steps (keep last %d, every %d)", rc.CheckpointEvery, r.Retention.KeepLast, r.Retention.KeepEvery)},
 		{Key: "segment", Value: fmt.Sprintf("max %d steps, max %v", r.Segment.MaxSteps, r.Segment.MaxDuration)},
 	}

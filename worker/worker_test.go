@@ -338,6 +338,31 @@ func TestSIGTERMRequeuesAndAnotherWorkerCompletes(t *testing.T) {
 	}
 }
 
+// killItsWorkerAndRecover runs a on a worker process, kills that worker
+// with SIGKILL once a reports progress, and starts a second worker once
+// asynq will hand it the task: 30s past the dead worker's lease (asynq's
+// allowance for clock skew), read from the lease itself; a worker's
+// recoverer runs when it starts. It returns a's task id.
+func (e *env) killItsWorkerAndRecover(a scheduler.Args) string {
+	e.t.Helper()
+	w := e.startChild()
+	id := e.enqueue(a)
+	e.waitFor(id, 30*time.Second, "running", func(ts scheduler.TaskStatus) bool {
+		return ts.State == "active" && ts.Progress.Fraction > 0
+	})
+	if err := w.Process.Kill(); err != nil {
+		e.t.Fatal(err)
+	}
+	_ = w.Wait()
+	exp, err := e.rdb.ZScore(context.Background(), "asynq:{"+scheduler.QueueIngest+"}:lease", id).Result()
+	if err != nil {
+		e.t.Fatalf("lease of %s: %v", id, err)
+	}
+	time.Sleep(time.Until(time.Unix(int64(exp), 0).Add(31 * time.Second)))
+	e.startChild()
+	return id
+}
+
 // TestSIGKILLRecoveredByAnotherWorker waits out asynq's lease: a killed
 // worker stops extending it, and a task is recovered once its lease is 30s
 // past expiry (asynq's allowance for clock skew). A worker's recoverer
@@ -349,22 +374,7 @@ func TestSIGKILLRecoveredByAnotherWorker(t *testing.T) {
 	}
 	t.Parallel()
 	e := newEnv(t)
-	a := e.startChild()
-	id := e.enqueue(slowArgs{Name: "kill", Steps: 40, StepMS: 50})
-	e.waitFor(id, 30*time.Second, "running", func(ts scheduler.TaskStatus) bool {
-		return ts.State == "active" && ts.Progress.Fraction > 0
-	})
-	if err := a.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = a.Wait()
-	exp, err := e.rdb.ZScore(context.Background(), "asynq:{"+scheduler.QueueIngest+"}:lease", id).Result()
-	if err != nil {
-		t.Fatalf("lease of %s: %v", id, err)
-	}
-	recoverable := time.Unix(int64(exp), 0).Add(31 * time.Second)
-	time.Sleep(time.Until(recoverable))
-	e.startChild()
+	id := e.killItsWorkerAndRecover(slowArgs{Name: "kill", Steps: 40, StepMS: 50})
 	ts := e.waitFor(id, 60*time.Second, "completed by the second worker", state("completed"))
 	if n := e.sideEffects("kill"); n != 1 {
 		t.Fatalf("side effect ran %d times, want once", n)
@@ -385,21 +395,7 @@ func TestAWorkersDeathInTheLastRetryArchivesTheTask(t *testing.T) {
 	}
 	t.Parallel()
 	e := newEnv(t)
-	a := e.startChild()
-	id := e.enqueue(lastChanceArgs{slowArgs{Name: "last", Steps: 40, StepMS: 50}})
-	e.waitFor(id, 30*time.Second, "running", func(ts scheduler.TaskStatus) bool {
-		return ts.State == "active" && ts.Progress.Fraction > 0
-	})
-	if err := a.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = a.Wait()
-	exp, err := e.rdb.ZScore(context.Background(), "asynq:{"+scheduler.QueueIngest+"}:lease", id).Result()
-	if err != nil {
-		t.Fatalf("lease of %s: %v", id, err)
-	}
-	time.Sleep(time.Until(time.Unix(int64(exp), 0).Add(31 * time.Second)))
-	e.startChild()
+	id := e.killItsWorkerAndRecover(lastChanceArgs{slowArgs{Name: "last", Steps: 40, StepMS: 50}})
 	ts := e.waitFor(id, time.Minute, "ended", func(ts scheduler.TaskStatus) bool { return ts.State == "archived" || ts.State == "completed" })
 	if ts.State != "archived" || !strings.Contains(ts.LastErr, "stopped answering") || !strings.Contains(ts.LastErr, "sched retry "+id) {
 		t.Fatalf("after its worker died with no retry left: %s (%q); want archived, saying why and how to run it again", ts.State, ts.LastErr)

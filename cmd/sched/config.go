@@ -101,25 +101,37 @@ var settings = func() []setting {
 }()
 
 // checkSwitchWords refuses a word that reads as true or false given after
-// --s3-secure as an argument of its own. The flag alone means true, so
-// the parser leaves such a word to the command: "--s3-secure false" meant
-// https, and a task or run named "false". It reads the arguments as typed,
+// a switch (a flag that alone means true: every bool flag, and
+// --s3-secure) as an argument of its own. The parser leaves such a word to
+// the command: "--s3-secure false" meant https and a task or run named
+// "false", "--resume false" a resume. It reads the arguments as typed,
 // before the command parses them, since a command that takes no arguments
 // would otherwise refuse the word without saying how to give the value.
 func checkSwitchWords(args []string) error {
+	cmd, _, err := rootCmd.Find(args)
+	if err != nil {
+		// A word before the command ("--s3-secure off results") reads as
+		// an unknown command: the root's switches are every command's.
+		cmd = rootCmd
+	}
 	for i, a := range args {
 		if a == "--" {
 			return nil // what follows is the command's arguments, as given
 		}
-		if a != "--s3-secure" || i+1 == len(args) {
+		name, ok := strings.CutPrefix(a, "--")
+		if !ok || i+1 == len(args) {
+			continue
+		}
+		f := cmd.Flag(name)
+		if f == nil || f.NoOptDefVal == "" {
 			continue
 		}
 		w := args[i+1]
 		switch strings.ToLower(w) {
 		case "false", "no", "0", "off":
-			return badInput("--s3-secure %s: the flag's value follows '=', so %q here is read as an argument of the command; write --s3-secure=false", w, w)
+			return badInput("%s %s: the flag's value follows '=', so %q here is read as an argument of the command; write %s=false", a, w, w, a)
 		case "true", "yes", "1", "on":
-			return badInput("--s3-secure %s: the flag's value follows '=', so %q here is read as an argument of the command; write --s3-secure=true (or --s3-secure alone)", w, w)
+			return badInput("%s %s: the flag's value follows '=', so %q here is read as an argument of the command; write %s=true (or %s alone)", a, w, w, a, a)
 		}
 	}
 	return nil
@@ -140,8 +152,7 @@ func init() {
 	}
 	// An on/off setting is a switch on the command line, as a bool flag is:
 	// --s3-secure alone means true (--s3-secure=false turns it off; main
-	// refuses "--s3-secure false", whose false the parser leaves to the
-	// command).
+	// refuses "--s3-secure false", as it does for every switch).
 	pf.Lookup("s3-secure").NoOptDefVal = "true"
 	var check bool
 	cfgCmd := &cobra.Command{

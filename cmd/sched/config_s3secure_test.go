@@ -25,6 +25,8 @@ func TestS3SecureWithASeparateBooleanWordIsRefused(t *testing.T) {
 		{[]string{"config", "--s3-secure", "yes"}, "write --s3-secure=true (or --s3-secure alone)"},
 		{[]string{"config", "--s3-secure", "On"}, "write --s3-secure=true"},
 		{[]string{"config", "--s3-secure", "1"}, "write --s3-secure=true"},
+		// Every switch is read so: a bool flag of a command too.
+		{[]string{"train", "--resume", "false", "--steps", "1"}, "write --resume=false"},
 	} {
 		out, errOut, code := sched(t, noRedis, c.args...)
 		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, c.want) {

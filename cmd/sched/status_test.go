@@ -280,19 +280,8 @@ func waitRunningSegment(t *testing.T, q *scheduler.Client) string {
 // has written n blocks, then interrupts it; it must exit 0.
 func watchPipe(t *testing.T, env []string, n int) []byte {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "status", "--watch", "--interval", "200ms")
-	cmd.Env = append(baseEnv(t), env...)
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	sc := bufio.NewScanner(io.TeeReader(pipe, &out))
+	w := startWatch(t, env)
+	sc, out := w.sc, &w.out
 	blocks := 0
 	for blocks < n && sc.Scan() {
 		// A block is complete once its last section has been written.
@@ -303,15 +292,49 @@ func watchPipe(t *testing.T, env []string, n int) []byte {
 	// The rest of the last block: up to the blank line before the next.
 	for sc.Scan() && sc.Text() != "" {
 	}
-	cmd.Process.Signal(os.Interrupt)
-	io.Copy(io.Discard, pipe)
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("status --watch after ctrl-c: %v; stderr %s", err, errOut.String())
-	}
+	w.interrupt()
 	if blocks < n || strings.Count(out.String(), "kiln status at ") < n {
 		t.Fatalf("status --watch wrote %d blocks, want %d:\n%s", blocks, n, out.String())
 	}
 	return out.Bytes()
+}
+
+// watch is a `sched status --watch` process writing into a pipe, read
+// line by line by sc and kept whole in out.
+type watch struct {
+	t           *testing.T
+	cmd         *exec.Cmd
+	pipe        io.Reader
+	sc          *bufio.Scanner
+	out, errOut bytes.Buffer
+}
+
+// startWatch starts `sched status --watch --interval 200ms` with env.
+func startWatch(t *testing.T, env []string) *watch {
+	t.Helper()
+	w := &watch{t: t, cmd: exec.Command(os.Args[0], "status", "--watch", "--interval", "200ms")}
+	w.cmd.Env = append(baseEnv(t), env...)
+	pipe, err := w.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.pipe = pipe
+	w.cmd.Stderr = &w.errOut
+	if err := w.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.sc = bufio.NewScanner(io.TeeReader(pipe, &w.out))
+	return w
+}
+
+// interrupt ends the watch as ctrl-c does; it must exit 0.
+func (w *watch) interrupt() {
+	w.t.Helper()
+	w.cmd.Process.Signal(os.Interrupt)
+	io.Copy(io.Discard, w.pipe)
+	if err := w.cmd.Wait(); err != nil {
+		w.t.Fatalf("status --watch after ctrl-c: %v; stderr %s", err, w.errOut.String())
+	}
 }
 
 // watchInTmux runs `sched status --watch` on a tmux pseudo-terminal and
@@ -462,23 +485,12 @@ func TestAQuietTaskSaysWhenItLastReported(t *testing.T) {
 func TestStatusWatchNamesRedisThroughAnOutage(t *testing.T) {
 	t.Parallel()
 	r := testsvc.StartRedis(t)
-	cmd := exec.Command(os.Args[0], "status", "--watch", "--interval", "200ms")
 	// A password the server does not ask for, so that its masking shows.
-	cmd.Env = append(baseEnv(t), "KILN_REDIS_URL=redis://:sekret@"+r.Addr+"/0")
-	pipe, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var errOut bytes.Buffer
-	cmd.Stderr = &errOut
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	w := startWatch(t, []string{"KILN_REDIS_URL=redis://:sekret@" + r.Addr + "/0"})
 	// Only if a line never comes: the pipe then ends and the test fails.
-	stop := time.AfterFunc(2*time.Minute, func() { cmd.Process.Kill() })
+	stop := time.AfterFunc(2*time.Minute, func() { w.cmd.Process.Kill() })
 	defer stop.Stop()
-	var out bytes.Buffer
-	sc := bufio.NewScanner(io.TeeReader(pipe, &out))
+	sc, out, errOut := w.sc, &w.out, &w.errOut
 	next := func(prefix string) string {
 		t.Helper()
 		for sc.Scan() {
@@ -498,11 +510,7 @@ func TestStatusWatchNamesRedisThroughAnOutage(t *testing.T) {
 	}
 	r.Start()
 	next("FAILURES in the last")
-	cmd.Process.Signal(os.Interrupt)
-	io.Copy(io.Discard, pipe)
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("status --watch after ctrl-c: %v; stderr %s", err, errOut.String())
-	}
+	w.interrupt()
 }
 
 // The first connection to a plain Redis through a rediss:// URL fails

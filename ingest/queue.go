@@ -560,13 +560,37 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		if p.Hub == nil {
 			return out, false, fmt.Errorf("%s is in hub dataset %s, and this worker has no hub client", job.Path, job.Repo)
 		}
-		dst, err := SafeJoin(filepath.Join(p.DataDir, "raw", job.Store), job.Path)
+		dl := downloadDir(p.DataDir, job.Store, job.ShardID)
+		dst, err := SafeJoin(dl, job.Path)
 		if SkipReason(err) != "" {
 			return skipped(err)
 		}
 		if err != nil {
 			return out, false, err
 		}
+		// What tasks that ended for good left goes first; a failed
+		// attempt's partial download stays for its retry to resume.
+		stale, err := RemoveStaleDownloads(p.DataDir, time.Now())
+		for _, s := range stale {
+			p.log().Info("removed a download that no shard task is left to finish", zap.String("path", s))
+		}
+		if err != nil {
+			p.log().Warn("stale downloads not removed; the next shard tries again", zap.Error(err))
+		}
+		held, err := holdDownload(dl)
+		if err != nil {
+			return out, false, err
+		}
+		downloaded := false
+		defer func() {
+			// The download goes as soon as it is tokenized (and on any
+			// error): a worker's disk holds one raw file per task at most.
+			if !downloaded {
+				held.Release()
+			} else if err := held.Remove(); err != nil {
+				p.log().Warn("download not removed; a later shard removes it", zap.String("dir", dl), zap.Error(err))
+			}
+		}()
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return out, false, err
 		}
@@ -575,9 +599,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		if err := p.Hub.Download(notify, job.Repo, job.Revision, job.file(), dst); err != nil {
 			return out, false, err
 		}
-		// The download goes as soon as it is tokenized (and on any error):
-		// a worker's disk holds one raw file per task at most.
-		defer os.Remove(dst)
+		downloaded = true
 		local = dst
 		// An append may have filled the store during the download; the
 		// tokenization would cost more than the download (a file of

@@ -68,6 +68,10 @@ func (d *TempDir) Remove() error {
 	return err
 }
 
+// Release lets the directory go and leaves it in place, for a later
+// process to take up or a cleaner to remove.
+func (d *TempDir) Release() error { return d.f.Close() }
+
 // RemoveStaleTemp removes the directories in dir named from pattern (as
 // MkdirTemp names them) that no live process holds: those a killed process
 // left. It returns the ones it removed; a missing dir holds none.

@@ -1,0 +1,128 @@
+package ingest
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// StaleDownloadAge is how long a shard's download may lie in a worker's
+// raw/ directory untouched and held by no process before a shard task on
+// a worker of the same data directory removes it. A download stays after
+// a failed attempt so that the task's retry resumes it; one whose task
+// ended for good (archived, cancelled, its worker killed in its last
+// retry) has no retry coming, and over a month-long ingest such files
+// would fill the disk.
+const StaleDownloadAge = 24 * time.Hour
+
+// downloadDir is the directory, under the data directory's raw/, of the
+// download of a store's shard: one per shard id, the same at each attempt
+// of its task, so that a retry resumes the file a failed attempt left.
+func downloadDir(dataDir, storeName, shardID string) string {
+	h := sha256.Sum256([]byte(shardID))
+	return filepath.Join(dataDir, "raw", storeName, hex.EncodeToString(h[:8]))
+}
+
+// holdDownload makes the download directory dir when missing and holds it
+// as MkdirTemp holds its directories, so that no cleaner removes it while
+// the shard downloads and tokenizes. A directory another live process
+// holds is refused: its shard is being read there.
+func holdDownload(dir string) (*TempDir, error) {
+	for range mkdirTempTries {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("download directory %s: %w", dir, err)
+		}
+		f, held, err := hold(dir)
+		if err != nil {
+			return nil, fmt.Errorf("hold download directory %s: %w", dir, err)
+		}
+		if held {
+			return &TempDir{Path: dir, f: f}, nil
+		}
+		if _, err := os.Lstat(dir); err == nil {
+			return nil, fmt.Errorf("download directory %s is held by another process: the same file is being read there by another run of its task; this one is tried again later", dir)
+		}
+		// A cleaner removed a stale directory of this shard: make it again.
+	}
+	return nil, fmt.Errorf("download directory %s: removed by a cleaner %d times running; is another process removing %s?", dir, mkdirTempTries, filepath.Dir(dir))
+}
+
+// RemoveStaleDownloads removes from dataDir/raw the shard downloads that
+// no process holds and that nothing has written for StaleDownloadAge
+// before now: what a shard task left that ended for good. It returns the
+// paths it removed; a data directory without raw/ holds none.
+func RemoveStaleDownloads(dataDir string, now time.Time) ([]string, error) {
+	raw := filepath.Join(dataDir, "raw")
+	stores, err := os.ReadDir(raw)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("remove stale downloads in %s: %w", raw, err)
+	}
+	before := now.Add(-StaleDownloadAge)
+	var removed []string
+	var errs []error
+	for _, s := range stores {
+		if !s.IsDir() {
+			continue
+		}
+		dir := filepath.Join(raw, s.Name())
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove stale downloads in %s: %w", dir, err))
+			continue
+		}
+		for _, e := range entries {
+			path := filepath.Join(dir, e.Name())
+			if !e.IsDir() {
+				// A download of a build that held no directory.
+				if info, err := e.Info(); err == nil && info.ModTime().Before(before) {
+					if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+						errs = append(errs, fmt.Errorf("stale download %s: %w", path, err))
+						continue
+					}
+					removed = append(removed, path)
+				}
+				continue
+			}
+			f, held, err := hold(path)
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("stale download %s: %w", path, err))
+				continue
+			case !held:
+				continue // a live shard's, or gone already
+			}
+			if newest(path).Before(before) {
+				if err := os.RemoveAll(path); err != nil {
+					errs = append(errs, fmt.Errorf("stale download %s: %w; remove it by hand", path, err))
+				} else {
+					removed = append(removed, path)
+				}
+			}
+			f.Close()
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// newest is the latest modification time of dir and everything in it.
+func newest(dir string) time.Time {
+	var t time.Time
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if info, err := d.Info(); err == nil && info.ModTime().After(t) {
+			t = info.ModTime()
+		}
+		return nil
+	})
+	return t
+}

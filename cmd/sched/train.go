@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -158,20 +159,36 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 				}
 			},
 			Metrics: func(m trainer.Metrics) { printMetrics(out, m, rc.TotalSteps) },
+			// Each checkpoint brings the event files up to its step, so that
+			// a process killed later leaves its steps up to there in them.
+			// The first step's hook set from before any checkpoint began.
+			Checkpoint: func(_ context.Context, _ string, step int) error {
+				if _, err := writeRunEvents(f.out, from, step, began); err != nil {
+					log.Warn("TensorBoard event file", zap.Error(err))
+				}
+				return nil
+			},
 		})
 	trained := from >= 0
 	if err == nil && !trained && res.Step >= rc.TotalSteps {
 		fmt.Fprintf(out, "the run is at step %d of its %d already: nothing to train (a longer run needs --steps or --total-tokens raised)\n", res.Step, rc.TotalSteps)
 	}
-	if res.Checkpoint != "" && res.Step > 0 {
+	// The steps after the last checkpoint (a checkpoint that failed to
+	// write) are trained again by a resume: they are not the run's.
+	kept, _ := trainer.DirStep(filepath.Base(res.Checkpoint))
+	switch {
+	case res.Checkpoint == "" || res.Step == 0:
+	case kept < res.Step:
+		fmt.Fprintf(out, "step %d reached, but the last checkpoint is %s (step %d): --resume continues from it, training the steps after it again\n", res.Step, res.Checkpoint, kept)
+	default:
 		fmt.Fprintf(out, "step %d, %d tokens; checkpoint %s\n", res.Step, res.Tokens, res.Checkpoint)
 	}
-	if trained {
-		switch name, eerr := writeRunEvents(f.out, from, res.Step, began); {
+	if trained && res.Checkpoint != "" && kept > from {
+		switch name, eerr := writeRunEvents(f.out, from, kept, began); {
 		case eerr != nil:
 			log.Warn("TensorBoard event file", zap.Error(eerr))
 		case name == "":
-			fmt.Fprintf(out, "no TensorBoard event file: none of steps %d to %d was logged (log_every %d; --log-every sets it)\n", from+1, res.Step, rc.LogEvery)
+			fmt.Fprintf(out, "no TensorBoard event file: none of steps %d to %d was logged (log_every %d; --log-every sets it)\n", from+1, kept, rc.LogEvery)
 		default:
 			fmt.Fprintf(out, "TensorBoard: tensorboard --logdir %s\n", filepath.Join(f.out, results.TensorBoardDir))
 		}
@@ -191,9 +208,16 @@ func trainStopped(err error, res trainer.Result, total int) error {
 	return interruptedError{fmt.Errorf("training stopped (%w) at step %d of %d, checkpoint %s: the same command with --resume continues from it", err, res.Step, total, res.Checkpoint)}
 }
 
-// writeRunEvents writes the TensorBoard event file of this call's steps,
-// from the run directory's metrics.jsonl, and returns its name under dir;
-// "" when none of the steps was logged, and so no file written.
+// writeRunEvents brings the TensorBoard event files of run directory dir
+// up to its metrics.jsonl at step to, the checkpoint this call, begun at
+// began after step from, has reached: this call's file holds its lines up
+// to there, and each earlier file its lines up to where the next file
+// begins (steps trained again after a resume from an older checkpoint are
+// in the later file alone; a call killed after a checkpoint and before its
+// file was written has its steps in the file before it). A file that
+// begins at or after from holds only steps this call trained again: it is
+// removed. It returns this call's file's name under dir, "" when none of
+// its steps was logged.
 func writeRunEvents(dir string, from, to int, began time.Time) (string, error) {
 	mf, err := os.Open(filepath.Join(dir, trainer.MetricsFile))
 	if err != nil {
@@ -204,7 +228,51 @@ func writeRunEvents(dir string, from, to int, began time.Time) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return results.WriteEventFile(dir, recs, from, to, began)
+	name, err := results.WriteEventFile(dir, recs, from, to, began)
+	if err != nil {
+		return "", err
+	}
+	tb := filepath.Join(dir, results.TensorBoardDir)
+	entries, err := os.ReadDir(tb)
+	if errors.Is(err, os.ErrNotExist) {
+		return name, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("event files: %w", err)
+	}
+	host, _ := os.Hostname()
+	files := []results.EventFile{{Name: results.EventFileName(began, host, from), Began: began, From: from}}
+	for _, e := range entries {
+		if b, _, first, ok := results.ParseEventFileName(e.Name()); ok && e.Type().IsRegular() && e.Name() != files[0].Name {
+			files = append(files, results.EventFile{Name: e.Name(), Began: b, From: first})
+		}
+	}
+	for _, f := range files[1:] {
+		path := filepath.Join(tb, f.Name)
+		var buf bytes.Buffer
+		n := 0
+		if f.From < from {
+			if n, err = results.WriteEventStretch(&buf, recs, f.From, results.StretchEnd(files, f, to), f.Began); err != nil {
+				return "", err
+			}
+		}
+		if n == 0 {
+			if err := os.Remove(path); err != nil {
+				return "", fmt.Errorf("event files: %w", err)
+			}
+			continue
+		}
+		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, buf.Bytes()) {
+			continue
+		}
+		if err := os.WriteFile(path+".tmp", buf.Bytes(), 0o644); err != nil {
+			return "", fmt.Errorf("event files: %w", err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			return "", fmt.Errorf("event files: %w", err)
+		}
+	}
+	return name, nil
 }
 
 // checkRunConfigFlag refuses a run's YAML given to the global --config,

@@ -68,6 +68,29 @@ func ParseEventFileName(name string) (began time.Time, host string, firstStep in
 	return time.Unix(sec, 0), rest[:i], step, true
 }
 
+// EventFile is an event file as its name says: the stretch of training
+// that began at Began, after step From.
+type EventFile struct {
+	Name  string
+	Began time.Time
+	From  int
+}
+
+// StretchEnd is the last step of f's stretch, one of files, when the run
+// is at step: where the next stretch begins (a later first step, or the
+// same first step begun later: a resume from the same checkpoint trained
+// those steps again), so that no step is in two files; step when none
+// begins after it.
+func StretchEnd(files []EventFile, f EventFile, step int) int {
+	end := step
+	for _, g := range files {
+		if g.From > f.From || (g.From == f.From && g.Began.After(f.Began)) {
+			end = min(end, g.From)
+		}
+	}
+	return end
+}
+
 // WriteEventFile writes the event file of one stretch of training into
 // dir/tensorboard: the lines of recs after step from (a fresh run's step 0
 // evaluation too) up to step to, which began at began. It returns the

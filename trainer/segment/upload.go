@@ -714,16 +714,11 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 // trained again after a resume from an older checkpoint are never in two
 // files.
 func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Record, out Outcome, current string) error {
-	type file struct {
-		name  string
-		began time.Time
-		from  int
-	}
-	var files []file
+	var files []results.EventFile
 	seen := map[string]bool{}
 	add := func(name string) {
 		if began, _, from, ok := results.ParseEventFileName(name); ok && !seen[name] {
-			files = append(files, file{name, began, from})
+			files = append(files, results.EventFile{Name: name, Began: began, From: from})
 			seen[name] = true
 		}
 	}
@@ -750,34 +745,25 @@ func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Re
 	if !seen[current] {
 		// This segment's stretch begins where it resumed, logged lines or
 		// not: the earlier files end there.
-		files = append(files, file{current, out.Began, out.ResumedFrom})
+		files = append(files, results.EventFile{Name: current, Began: out.Began, From: out.ResumedFrom})
 	}
 	for _, f := range files {
-		if f.name == current || p.caughtUp.has(f.name) {
+		if f.Name == current || p.caughtUp.has(f.Name) {
 			continue
 		}
-		// Its stretch ends where the next one begins: a later first step,
-		// or the same first step begun later (a resume from the same
-		// checkpoint trained those steps again).
-		end := out.Step
-		for _, g := range files {
-			if g.from > f.from || (g.from == f.from && g.began.After(f.began)) {
-				end = min(end, g.from)
-			}
-		}
 		var buf bytes.Buffer
-		n, err := results.WriteEventStretch(&buf, recs, f.from, end, f.began)
+		n, err := results.WriteEventStretch(&buf, recs, f.From, results.StretchEnd(files, f, out.Step), f.Began)
 		if err != nil {
 			return err
 		}
-		if size, ok := stored[f.name]; n > 0 && (!ok || size != int64(buf.Len())) {
-			if err := p.Objects.Put(ctx, prefix+f.name, bytes.NewReader(buf.Bytes()), int64(buf.Len())); err != nil {
+		if size, ok := stored[f.Name]; n > 0 && (!ok || size != int64(buf.Len())) {
+			if err := p.Objects.Put(ctx, prefix+f.Name, bytes.NewReader(buf.Bytes()), int64(buf.Len())); err != nil {
 				return err
 			}
 		}
 		// Its stretch ends at a later file's first step, which does not
 		// change while this segment trains: it stays whole.
-		p.caughtUp.add(f.name)
+		p.caughtUp.add(f.Name)
 	}
 	return nil
 }

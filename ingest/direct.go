@@ -462,13 +462,28 @@ func (r *shardRun) wait() { r.wg.Wait() }
 
 // RecordSkips records in the store the documents left out of the input
 // named by base, one entry per reason with its count, in a stable order.
+// An append commits them with its shard (tokens.ShardInfo's Skipped); this
+// records those of a shard a store holds without them.
 func RecordSkips(ctx context.Context, app *tokens.Appender, base tokens.Skipped, skips Skips) error {
-	for _, reason := range slices.Sorted(maps.Keys(skips)) {
-		s := base
-		s.Reason, s.Count = reason, skips[reason]
+	for _, s := range skipRecords(base, skips) {
 		if err := app.Skip(ctx, s); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// skipRecords are the store's records of the documents left out of the
+// input named by base: one per reason with its count, in a stable order.
+func skipRecords(base tokens.Skipped, skips Skips) []tokens.Skipped {
+	var out []tokens.Skipped
+	for _, reason := range slices.Sorted(maps.Keys(skips)) {
+		if skips[reason] == 0 {
+			continue
+		}
+		s := base
+		s.Reason, s.Count = reason, skips[reason]
+		out = append(out, s)
+	}
+	return out
 }

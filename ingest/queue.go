@@ -916,9 +916,11 @@ func (p *Pipeline) prefetch(ctx context.Context, dir string, job AppendJob, prog
 	return tokens.CheckShard(dir, job.shardInfo(), job.Tokenizer, buf.Bytes())
 }
 
-// shardInfo is what the store records of the job's shard.
+// shardInfo is what the store records of the job's shard, the documents
+// it left out with it.
 func (job AppendJob) shardInfo() tokens.ShardInfo {
-	return tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256}
+	return tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256,
+		Skipped: skipRecords(tokens.Skipped{ID: job.ShardID, Source: job.Source, Revision: job.Revision}, job.Skipped)}
 }
 
 // getShard opens the job's shard object.

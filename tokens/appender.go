@@ -26,6 +26,11 @@ type ShardInfo struct {
 	Source   string
 	Revision string
 	SHA256   string
+	// Skipped counts the documents left out of the input, one record per
+	// reason (Count set; ID, Source and Revision are the shard's). They
+	// are committed by the manifest that commits the shard, so that no
+	// crash leaves the shard in and its count of what it left out lost.
+	Skipped []Skipped
 }
 
 // AppendResult reports what Append did. Duplicate is true when the shard
@@ -181,7 +186,7 @@ func (a *Appender) Append(ctx context.Context, info ShardInfo, r io.Reader) (App
 		_ = a.cut(start)
 		return AppendResult{}, err
 	}
-	return a.commit(sh)
+	return a.commit(sh, info.Skipped)
 }
 
 // CheckedShard is a shard's bytes with Append's checks already made (whole
@@ -259,7 +264,7 @@ func (a *Appender) AppendChecked(ctx context.Context, c *CheckedShard) (AppendRe
 		startWriteback(a.f, at, int64(len(piece)))
 	}
 	return a.commit(Shard{ID: c.info.ID, Source: c.info.Source, Revision: c.info.Revision, SHA256: c.sum, Documents: c.docs,
-		Tokens: int64(len(c.data)) / width, Offset: start})
+		Tokens: int64(len(c.data)) / width, Offset: start}, c.info.Skipped)
 }
 
 // begin refuses an append to a store whose manifest write failed or without
@@ -271,6 +276,15 @@ func (a *Appender) begin(ctx context.Context, info ShardInfo) (res AppendResult,
 	}
 	if info.ID == "" {
 		return res, false, inputErrorf("append to token store %s: the shard id is empty: pass the ingest task's shard id", a.dir)
+	}
+	for _, s := range info.Skipped {
+		if s.ID != info.ID || s.Count <= 0 {
+			return res, false, inputErrorf("append shard %q to token store %s: its record of documents left out (id %q, reason %q, count %d) must name the shard and count at least one document",
+				info.ID, a.dir, s.ID, s.Reason, s.Count)
+		}
+		if err := checkSkip(a.dir, s); err != nil {
+			return res, false, err
+		}
 	}
 	if i, ok := a.index[info.ID]; ok {
 		have := a.m.Shards[i]
@@ -293,8 +307,8 @@ func (a *Appender) cut(start int64) error {
 }
 
 // commit makes the shard written past the committed tokens durable, then
-// the manifest that counts it.
-func (a *Appender) commit(sh Shard) (AppendResult, error) {
+// the manifest that counts it and the documents it left out (skips).
+func (a *Appender) commit(sh Shard, skips []Skipped) (AppendResult, error) {
 	if err := a.f.Sync(); err != nil {
 		return AppendResult{}, fmt.Errorf("token store %s: sync %s: %w", a.dir, TokensFile, err)
 	}
@@ -302,6 +316,11 @@ func (a *Appender) commit(sh Shard) (AppendResult, error) {
 	next.Shards = append(next.Shards, sh)
 	next.Tokens += sh.Tokens
 	next.Documents += sh.Documents
+	for _, s := range skips {
+		if !next.hasSkip(s) {
+			next.Skipped = append(next.Skipped, s)
+		}
+	}
 	if err := writeManifest(a.dir, &next); err != nil {
 		a.broken = err
 		return AppendResult{}, fmt.Errorf("token store %s: commit shard %q: %w", a.dir, sh.ID, err)
@@ -431,16 +450,14 @@ func (a *Appender) Skip(ctx context.Context, s Skipped) error {
 	if a.broken != nil {
 		return fmt.Errorf("token store %s: an earlier manifest write failed (%v): reopen the store", a.dir, a.broken)
 	}
-	if s.ID == "" || s.Reason == "" || s.Count < 0 {
-		return inputErrorf("token store %s: a skipped input needs an id, a reason and a count that is not negative (got id %q, reason %q, count %d)", a.dir, s.ID, s.Reason, s.Count)
+	if err := checkSkip(a.dir, s); err != nil {
+		return err
 	}
 	if _, ok := a.index[s.ID]; ok && s.Count == 0 {
 		return inputErrorf("token store %s: shard %q is already appended and cannot be recorded as skipped", a.dir, s.ID)
 	}
-	for _, have := range a.m.Skipped {
-		if have.ID == s.ID && (have.Count == 0) == (s.Count == 0) && (s.Count == 0 || have.Reason == s.Reason) {
-			return nil
-		}
+	if a.m.hasSkip(s) {
+		return nil
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -454,6 +471,26 @@ func (a *Appender) Skip(ctx context.Context, s Skipped) error {
 	a.m = &next
 	a.log.Info("skipped input", zap.String("store", a.dir), zap.String("id", s.ID), zap.String("reason", s.Reason))
 	return nil
+}
+
+// checkSkip refuses a record of a skipped input without an id or a
+// reason, or with a negative count.
+func checkSkip(dir string, s Skipped) error {
+	if s.ID == "" || s.Reason == "" || s.Count < 0 {
+		return inputErrorf("token store %s: a skipped input needs an id, a reason and a count that is not negative (got id %q, reason %q, count %d)", dir, s.ID, s.Reason, s.Count)
+	}
+	return nil
+}
+
+// hasSkip reports whether m records s already: the whole input's skip
+// (Count zero) once per id, a count of documents once per id and reason.
+func (m *Manifest) hasSkip(s Skipped) bool {
+	for _, have := range m.Skipped {
+		if have.ID == s.ID && (have.Count == 0) == (s.Count == 0) && (s.Count == 0 || have.Reason == s.Reason) {
+			return true
+		}
+	}
+	return false
 }
 
 // Close releases the store's lock.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/shell"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
@@ -39,6 +41,14 @@ func init() {
 				ctx = context.Background()
 			}
 			objects, err := openStore(ctx, cfg)
+			if store.Unreachable(err) {
+				// This machine's copies of the tokenizers serve while
+				// object storage is out of service, as catalog.Resolve's
+				// do: a published tokenizer's bytes never change.
+				fmt.Fprintf(c.ErrOrStderr(), "object storage at %s does not answer (%s): listed from this machine's copies in %s only; the runs that use each, and tokenizers only object storage holds, show once it answers\n",
+					s3Address(cfg), redactErr(cfg, errors.New(store.Outage(err))), filepath.Join(cfg.DataDir, "tokenizers"))
+				objects, err = nil, nil
+			}
 			if err != nil {
 				return err
 			}
@@ -84,7 +94,11 @@ func listTokenizers(ctx context.Context, w io.Writer, cat *catalog.Catalog, toke
 		if name == configured {
 			name += " (default)"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.12s\t%s\t%s\n", name, e.VocabSize, e.SHA256, joinOrDash(u.Stores[e.SHA256]), joinOrDash(u.Runs[e.SHA256]))
+		runs := joinOrDash(u.Runs[e.SHA256])
+		if cat.Objects == nil {
+			runs = "?" // the runs' checkpoints are in object storage, which does not answer
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.12s\t%s\t%s\n", name, e.VocabSize, e.SHA256, joinOrDash(u.Stores[e.SHA256]), runs)
 	}
 	if len(entries) == 0 {
 		fmt.Fprintf(tw, "(none: train one with 'sched enqueue tokenizer NAME', or here with 'mkdir -p %s && sched tokenizer train --in TEXT --out %s')\n",

@@ -8,7 +8,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // StaleDownloadAge is how long a shard's download may lie in a worker's
@@ -125,4 +128,21 @@ func newest(dir string) time.Time {
 		return nil
 	})
 	return t
+}
+
+// noRoom says, of an error that is a full disk (ENOSPC), which directory
+// has no room for what, and how much room it has; other errors are
+// returned as they are. Nothing a store committed is lost to a full disk:
+// an append that fails leaves it as it was.
+func noRoom(err error, dir, what string) error {
+	if !errors.Is(err, syscall.ENOSPC) {
+		return err
+	}
+	free := "unknown"
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) == nil {
+		free = fmt.Sprintf("%d bytes", int64(st.Bavail)*st.Bsize)
+	}
+	return fmt.Errorf("no space left on the disk of %s for %s (free there: %s): free space on it and run the ingest again, which adds only what the store lacks: %w",
+		dir, what, free, err)
 }

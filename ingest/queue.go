@@ -597,7 +597,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		say("downloading " + job.Path)
 		notify := hub.WithRetryNotice(ctx, func(msg string) { say("downloading " + job.Path + ": " + msg) })
 		if err := p.Hub.Download(notify, job.Repo, job.Revision, job.file(), dst); err != nil {
-			return out, false, err
+			return out, false, noRoom(err, filepath.Dir(dst), fmt.Sprintf("the %d bytes of %s", job.Size, job.Path))
 		}
 		downloaded = true
 		local = dst
@@ -738,6 +738,18 @@ type AppendResult struct {
 // retry after a crash) only finishes what the first attempt did not.
 // progress, when set, is told how many of the shard's bytes are in.
 func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done, total int64)) (AppendResult, error) {
+	res, err := p.append(ctx, job, progress)
+	if err != nil && p.StoresDir != "" {
+		what := "the record of " + job.Source + " as skipped"
+		if job.SkipReason == "" {
+			what = fmt.Sprintf("the %d bytes of tokens of %s", job.Tokens*int64(tokens.DtypeFor(job.Tokenizer.VocabSize).Width()), job.Source)
+		}
+		err = noRoom(err, filepath.Join(p.StoresDir, job.Store), what)
+	}
+	return res, err
+}
+
+func (p *Pipeline) append(ctx context.Context, job AppendJob, progress func(done, total int64)) (AppendResult, error) {
 	var res AppendResult
 	if err := CheckStoreName(job.Store); err != nil {
 		return res, err

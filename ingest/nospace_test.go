@@ -1,0 +1,106 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kiln-lm/kiln/tokens"
+)
+
+// smallDisk mounts a tmpfs of size bytes on a new directory, for a full
+// disk; the test is skipped where this process may not mount one.
+func smallDisk(t *testing.T, size int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
+		t.Skipf("a full disk needs a tmpfs of its own, and mounting one failed: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// A direct ingest into a store on a disk that fills up, as it writes a
+// shard's tokens or the manifest that commits them, stops naming the
+// store's directory, the bytes the shard needed and those free; the store
+// stays whole (its manifest matches its tokens, and it reads), and once
+// there is room the same ingest adds the files left out, each once.
+func TestADirectIngestOnAFullDiskSaysWhatItNeeds(t *testing.T) {
+	t.Parallel()
+	// A shard is 123 KiB of tokens: the second one's fills 192 KiB, and
+	// 256 KiB leave it room but not its manifest.
+	for _, size := range []int64{192 << 10, 256 << 10} {
+		t.Run(fmt.Sprintf("%dKiB", size>>10), func(t *testing.T) { testFullDisk(t, size) })
+	}
+}
+
+func testFullDisk(t *testing.T, size int64) {
+	disk := smallDisk(t, size)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "src"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const files = 8
+	for f := range files {
+		var b strings.Builder
+		for d := range 2000 {
+			fmt.Fprintf(&b, `{"text":"file %d doc %d: func main() { fmt.Println(\"hello, world\") }"}`+"\n", f, d)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "src", fmt.Sprintf("f%d.jsonl", f)), []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opt := skipsDirect(t, dir, nil)
+	opt.StoreDir = filepath.Join(disk, "store")
+
+	_, err := Direct(context.Background(), opt)
+	if err == nil {
+		t.Fatalf("the ingest filled a %d KiB disk without an error", size>>10)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "no space left on the disk of "+opt.StoreDir+" for the ") ||
+		!strings.Contains(msg, " bytes of tokens of ") || !strings.Contains(msg, "(free there: ") || !strings.Contains(msg, "run the ingest again") {
+		t.Fatalf("the error does not name the store's directory, the room the shard needs and the room there is: %v", err)
+	}
+	m, err := tokens.ReadManifest(opt.StoreDir)
+	if err != nil || len(m.Shards) != 1 {
+		t.Fatalf("the store on the full disk: %+v, %v", m, err)
+	}
+	st, err := tokens.Open(opt.StoreDir)
+	if err != nil {
+		t.Fatalf("the store on the full disk does not open: %v", err)
+	}
+	if err := st.Verify(context.Background()); err != nil || st.Len() != m.Tokens {
+		t.Fatalf("the store on the full disk reads %d tokens, its manifest commits %d: %v", st.Len(), m.Tokens, err)
+	}
+	st.Close()
+
+	if err := unix.Mount("tmpfs", disk, "tmpfs", unix.MS_REMOUNT, fmt.Sprintf("size=%d", 8<<20)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Direct(context.Background(), opt)
+	if err != nil || rep.Duplicates != len(m.Shards) || rep.Appended != files-len(m.Shards) {
+		t.Fatalf("the ingest again with room: %+v, %v", rep, err)
+	}
+	m2, err := tokens.ReadManifest(opt.StoreDir)
+	if err != nil || len(m2.Shards) != files || m2.Documents != files*2000 {
+		t.Fatalf("the store after the ingest again: %+v, %v", m2, err)
+	}
+	for i, s := range m.Shards {
+		if m2.Shards[i] != s {
+			t.Fatalf("shard %d changed: %+v, was %+v", i, m2.Shards[i], s)
+		}
+	}
+	st, err = tokens.Open(opt.StoreDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Verify(context.Background()); err != nil {
+		t.Fatalf("the store after the ingest again: %v", err)
+	}
+}

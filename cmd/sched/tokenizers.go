@@ -45,7 +45,7 @@ func init() {
 				// This machine's copies of the tokenizers serve while
 				// object storage is out of service, as catalog.Resolve's
 				// do: a published tokenizer's bytes never change.
-				fmt.Fprintf(c.ErrOrStderr(), "object storage at %s does not answer (%s): listed from this machine's copies in %s only; the runs that use each, and tokenizers only object storage holds, show once it answers\n",
+				fmt.Fprintf(c.ErrOrStderr(), "object storage at %s does not answer (%s; check KILN_S3_ENDPOINT, http or https with KILN_S3_SECURE, and that it is running): listed from this machine's copies in %s only; the runs that use each, and tokenizers only object storage holds, show once it answers\n",
 					s3Address(cfg), redactErr(cfg, errors.New(store.Outage(err))), filepath.Join(cfg.DataDir, "tokenizers"))
 				objects, err = nil, nil
 			}

@@ -772,6 +772,7 @@ func (p *Pipeline) append(ctx context.Context, job AppendJob, progress func(done
 	defer unlock()
 	app, done, err := p.appender(ctx, dir, job.Tokenizer)
 	if err != nil {
+		p.publishTokenizer(ctx, dir, job)
 		return res, err
 	}
 	defer done()
@@ -837,6 +838,32 @@ func (p *Pipeline) append(ctx context.Context, job AppendJob, progress func(done
 		return res, fmt.Errorf("deleting the appended shard %s: %w", job.Object, err)
 	}
 	return res, nil
+}
+
+// publishTokenizer publishes, where an append was refused because another
+// tokenizer wrote the store in dir, the store's status with that tokenizer
+// if the status named none or another (a store a direct ingest made here,
+// or one copied here, before the worker's start recorded it): the shards
+// queued behind the refused one then stop before they download their
+// file, as they do for a store whose status names its tokenizer, instead
+// of each being downloaded and tokenized for an append that refuses it.
+// The caller holds the store; a failure is logged, the refusal stands.
+func (p *Pipeline) publishTokenizer(ctx context.Context, dir string, job AppendJob) {
+	m, err := tokens.ReadManifest(dir)
+	if err != nil || tokens.CheckWrittenWith(job.Store, m.Tokenizer, job.Tokenizer) == nil {
+		return
+	}
+	st, err := p.Status(ctx, job.Store)
+	if err == nil && st.Tokenizer.SHA256 == m.Tokenizer.SHA256 {
+		return
+	}
+	if err == nil {
+		_, err = p.publishStatus(ctx, job.Store, *m, Limits{}, Limits{})
+	}
+	if err != nil {
+		p.log().Warn("the status of a token store another tokenizer wrote does not say so; the shards queued for it download their files before their appends are refused",
+			zap.String("store", job.Store), zap.Error(err))
+	}
 }
 
 // stop marks the store of m full at the limits that refused the job's

@@ -14,9 +14,11 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/kiln-lm/kiln/model"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 )
 
 // Checkpoint file names (DESIGN.md, "Formats"). config.json,
@@ -93,7 +95,46 @@ type Snapshot struct {
 // place and the parent synced. A crash at any point leaves either no
 // step directory or a complete one; a stale temporary directory is never
 // read, and is removed by the next write.
+//
+// A disk that fills up meanwhile is named in the error with what it has
+// free and what the checkpoint needs: the earlier checkpoints stay whole.
 func WriteCheckpoint(ctx context.Context, root string, s *Snapshot) (string, error) {
+	dir, err := writeCheckpoint(ctx, root, s)
+	if errors.Is(err, syscall.ENOSPC) {
+		// The temporary directory is removed by now: what is free is
+		// what the disk had for this checkpoint.
+		need := 12*int64(len(s.Params.Data)) + int64(len(s.Tokenizer))
+		free := "too little"
+		if n, ferr := FreeSpace(root); ferr == nil {
+			free = HumanBytes(n)
+		}
+		err = fmt.Errorf("%w: the disk of %s has %s free and a checkpoint of this model takes about %s (weights and Adam moments): "+
+			"free space on it, or write the run to another disk; the checkpoints before this one are whole", err, root, free, HumanBytes(need))
+	}
+	return dir, err
+}
+
+// FreeSpace is what the filesystem of dir has free for this user.
+func FreeSpace(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("free space of %s: %w", dir, err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
+}
+
+// HumanBytes is n in GiB or MiB, to a tenth, or in bytes below a MiB.
+func HumanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+func writeCheckpoint(ctx context.Context, root string, s *Snapshot) (string, error) {
 	final := filepath.Join(root, StepDir(s.State.Step))
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", fmt.Errorf("write checkpoint: %w", err)

@@ -125,7 +125,7 @@ func (p Params) withDefaults() Params {
 		p.SlowUpload = time.Minute
 	}
 	if p.FreeSpace == nil {
-		p.FreeSpace = freeSpace
+		p.FreeSpace = trainer.FreeSpace
 	}
 	if p.Log == nil {
 		p.Log = zap.NewNop()

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
@@ -543,7 +542,7 @@ func (p Params) guardDisk(dir string, st diskState) error {
 			return nil
 		}
 	}
-	msg := fmt.Sprintf("run %s: %s has %s free, below min_free_disk %s", p.Run.Name, dir, humanBytes(free), humanBytes(min))
+	msg := fmt.Sprintf("run %s: %s has %s free, below min_free_disk %s", p.Run.Name, dir, trainer.HumanBytes(free), trainer.HumanBytes(min))
 	if lacking := lackingSteps(localSteps(dir), st); st.objects && len(lacking) > 0 {
 		// What holds the space is the run's own checkpoints, kept until
 		// object storage has them: the fix is there, not on this disk.
@@ -556,7 +555,7 @@ func (p Params) guardDisk(dir string, st diskState) error {
 			why = fmt.Sprintf(" (last upload: %v)", st.lastErr)
 		}
 		return fmt.Errorf("%w: %s; %d local checkpoints (steps %d to %d, %s) are not in object storage yet and stay until they are: %s is unreachable or behind%s: bring it back, free space on that disk, or lower min_free_disk in a runs file",
-			ErrDiskFull, msg, len(lacking), lacking[0], lacking[len(lacking)-1], humanBytes(size), st.endpoint, why)
+			ErrDiskFull, msg, len(lacking), lacking[0], lacking[len(lacking)-1], trainer.HumanBytes(size), st.endpoint, why)
 	}
 	return fmt.Errorf("%w: %s: free space on that disk, or lower min_free_disk in a runs file", ErrDiskFull, msg)
 }
@@ -584,24 +583,6 @@ func dirSize(dir string) int64 {
 		return nil
 	})
 	return n
-}
-
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	}
-	return fmt.Sprintf("%d bytes", n)
-}
-
-func freeSpace(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("free space of %s: %w", dir, err)
-	}
-	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
 // benchGPUs is the GPU count of the bench row a run is held to: the GPUs

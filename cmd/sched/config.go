@@ -100,6 +100,13 @@ var settings = func() []setting {
 	}
 }()
 
+// emptyFlagMeans names the flags whose empty value is a setting of its
+// own: the local directory store, no key or token, metrics off. Any other
+// flag given empty is refused: it would be the default unnoticed, over
+// the environment's value too (an unset shell variable in --data-dir
+// "$DIR" would write to ./.kiln, --tokenizer "$TOK" ingest with mix-16384).
+var emptyFlagMeans = map[string]bool{"s3-endpoint": true, "s3-access-key": true, "s3-secret-key": true, "hf-token": true, "metrics-addr": true}
+
 // checkSwitchWords refuses a word that reads as true or false given after
 // a switch (a flag that alone means true: every bool flag, and
 // --s3-secure) as an argument of its own. The parser leaves such a word to
@@ -240,6 +247,9 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 			}
 		}
 		if v, ok := flagValue(cmd, s.flag); ok {
+			if v == "" && !emptyFlagMeans[s.flag] {
+				return cfg, badInput("flag --%s is given empty: give it a value, or leave it out to use %s, the config file or the default", s.flag, s.env)
+			}
 			if err := s.set(&cfg, v); err != nil {
 				return cfg, badInput("flag --%s: %v", s.flag, err)
 			}

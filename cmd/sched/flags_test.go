@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -120,5 +121,26 @@ func TestWrongArgumentsExitTwoOnEveryCommand(t *testing.T) {
 	// With no name, a group prints its help.
 	if out, errOut, code := sched(t, []string{noRedis}, "tokenizer"); code != 0 || !strings.Contains(out, "sched tokenizer [command]") {
 		t.Errorf("sched tokenizer: exit %d, stdout %q, stderr %q; want its help", code, out, errOut)
+	}
+}
+
+// A flag given empty, where empty is no setting of its own, is refused
+// naming the flag, instead of meaning the default over the environment's
+// value; the flags whose empty value means something still take it.
+func TestAFlagGivenEmptyIsRefused(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(t.TempDir(), "mine")
+	env := []string{"KILN_DATA_DIR=" + data, "KILN_TOKENIZER=mix-4096", "KILN_METRICS_ADDR=:9400"}
+	for _, args := range [][]string{{"--redis-url", ""}, {"--data-dir", ""}, {"--tokenizer", ""}, {"--s3-bucket", ""}, {"--local-roots", ""},
+		{"--log-format", ""}, {"--shutdown-grace", ""}, {"--s3-secure="}, {"--data-dir="}} {
+		flag, _, _ := strings.Cut(args[0], "=")
+		out, errOut, code := sched(t, env, append([]string{"config"}, args...)...)
+		if code != 2 || !strings.Contains(errOut, "flag "+flag+" is given empty") {
+			t.Errorf("config %q: exit %d\n%s%s", args, code, out, errOut)
+		}
+	}
+	out, errOut, code := sched(t, env, "config", "--metrics-addr", "", "--s3-endpoint", "", "--hf-token", "")
+	if code != 0 || !regexp.MustCompile(`(?m)^KILN_METRICS_ADDR\s+metrics-addr\s*$`).MatchString(out) || !strings.Contains(out, data) {
+		t.Errorf("config with the flags whose empty value means something: exit %d\n%s%s", code, out, errOut)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Local stores objects as files under a directory. Put writes a temporary
@@ -192,9 +193,15 @@ func (l *Local) Delete(ctx context.Context, key string) error {
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete %s: %w", key, err)
 	}
-	// Directories exist only through their objects, as in S3: those the
-	// deletion left empty go too (os.Remove refuses a directory that is
-	// not), so that a checkpoint pruned leaves no empty step directory.
+	l.removeEmptyDirs(p)
+	return nil
+}
+
+// removeEmptyDirs removes the directories above p that its removal left
+// empty: directories exist only through their objects, as in S3 (os.Remove
+// refuses a directory that is not empty), so that a checkpoint pruned
+// leaves no empty step directory.
+func (l *Local) removeEmptyDirs(p string) {
 	l.dirs.Lock()
 	defer l.dirs.Unlock()
 	for d := filepath.Dir(p); d != l.dir && strings.HasPrefix(d, l.dir+string(filepath.Separator)); d = filepath.Dir(d) {
@@ -202,7 +209,58 @@ func (l *Local) Delete(ctx context.Context, key string) error {
 			break
 		}
 	}
-	return nil
+}
+
+// removeStalePuts removes the temporary files of puts under kiln's
+// prefixes that nothing has written since before cutoff: those a process
+// killed mid-put left (a put that fails removes its own), which no List or
+// Get shows and nothing else would ever remove. It returns them as
+// uploads: the object's key, the file's name as the id.
+func (l *Local) removeStalePuts(ctx context.Context, cutoff time.Time) ([]Upload, error) {
+	var out []Upload
+	for _, prefix := range Prefixes {
+		root := filepath.Join(l.dir, filepath.FromSlash(strings.TrimSuffix(prefix, "/")))
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if d.IsDir() || !strings.HasSuffix(p, tmpSuffix) {
+				return nil
+			}
+			fi, err := d.Info()
+			if errors.Is(err, fs.ErrNotExist) || err == nil && !fi.ModTime().Before(cutoff) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if err := os.Remove(p); err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return err
+			}
+			l.removeEmptyDirs(p)
+			// createTemp names it <object>.<random><tmpSuffix>.
+			name := strings.TrimSuffix(p, tmpSuffix)
+			if i := strings.LastIndexByte(name, '.'); i > len(filepath.Dir(p)) {
+				name = name[:i]
+			}
+			key, _ := filepath.Rel(l.dir, name)
+			out = append(out, Upload{Key: filepath.ToSlash(key), ID: filepath.Base(p), LastActive: fi.ModTime()})
+			return nil
+		})
+		if err != nil {
+			return out, fmt.Errorf("remove the unfinished puts under %s in %s: %w", prefix, l.dir, err)
+		}
+	}
+	return out, nil
 }
 
 // ctxReader stops a copy when its context ends.

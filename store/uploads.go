@@ -32,9 +32,14 @@ type Upload struct {
 }
 
 // AbortStaleUploads aborts the unfinished multipart uploads under kiln's
-// prefixes that have been idle since before cutoff, and returns them. A
-// store without multipart uploads (the local directory) has none.
+// prefixes that have been idle since before cutoff, and returns them. In
+// the local directory store, an unfinished put is the temporary file a
+// process killed mid-put left beside its object; those idle since before
+// cutoff are removed.
 func AbortStaleUploads(ctx context.Context, s Store, cutoff time.Time) ([]Upload, error) {
+	if l, ok := s.(*Local); ok {
+		return l.removeStalePuts(ctx, cutoff)
+	}
 	s3, ok := s.(*S3)
 	if !ok {
 		return nil, nil

@@ -5,6 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -120,5 +123,90 @@ func TestS3ErrorsHideEndpointCredentials(t *testing.T) {
 	s.o.Endpoint = "admin:s3cret@localhost:1"
 	if u := s.String(); strings.Contains(u, "s3cret") || !strings.HasSuffix(u, "localhost:1/kiln") {
 		t.Fatalf("url %q", u)
+	}
+}
+
+// localPutEnv makes TestHelperLocalPut put an object into the local store
+// in the directory it names, and hang once its first bytes are written.
+const localPutEnv = "KILN_TEST_LOCAL_PUT"
+
+const killedPutKey = "checkpoints/run/step-0000100/model.safetensors"
+
+// TestHelperLocalPut is the process of TestAbortStaleUploadsRemovesAKilledLocalPut
+// killed mid-put: it says "put" once a chunk is in the object's temporary
+// file, and waits to be killed.
+func TestHelperLocalPut(t *testing.T) {
+	dir := os.Getenv(localPutEnv)
+	if dir == "" {
+		t.Skip("a helper process of TestAbortStaleUploadsRemovesAKilledLocalPut")
+	}
+	l, err := NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Fatal(l.Put(context.Background(), killedPutKey, &hangingReader{}, -1))
+}
+
+// hangingReader gives a chunk of bytes, and at the next read (the chunk
+// is written) says so on stdout and never returns.
+type hangingReader struct{ given bool }
+
+func (r *hangingReader) Read(p []byte) (int, error) {
+	if !r.given {
+		r.given = true
+		return copy(p, bytes.Repeat([]byte("w"), len(p))), nil
+	}
+	os.Stdout.WriteString("put\n")
+	select {}
+}
+
+// A process killed mid-put into the local directory store leaves the
+// object's temporary file, which no List shows: the sweep every worker
+// runs removes it once idle since before the cutoff, with the directory
+// it was alone in, and leaves a live put's, which then completes.
+func TestAbortStaleUploadsRemovesAKilledLocalPut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	testsvc.StartChild(t, "TestHelperLocalPut", localPutEnv+"="+dir).Kill(t)
+	orphans, err := filepath.Glob(filepath.Join(dir, filepath.FromSlash(killedPutKey)+".*"))
+	if err != nil || len(orphans) != 1 {
+		t.Fatalf("the killed put left %q (%v); want its temporary file", orphans, err)
+	}
+	l, err := NewLocal(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const liveKey = "tokens/code/shards/live.tokens"
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- l.Put(ctx, liveKey, pr, -1) }()
+	if _, err := pw.Write([]byte("live ")); err != nil { // read by the put: its file exists
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * StaleUploadAge)
+	if err := os.Chtimes(orphans[0], old, old); err != nil {
+		t.Fatal(err)
+	}
+
+	removed, err := AbortStaleUploads(ctx, l, time.Now().Add(-StaleUploadAge))
+	if err != nil || len(removed) != 1 || removed[0].Key != killedPutKey || removed[0].ID != filepath.Base(orphans[0]) {
+		t.Fatalf("removed %+v, %v; want the killed put of %s alone", removed, err, killedPutKey)
+	}
+	if _, err := os.Stat(filepath.Dir(orphans[0])); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the killed put's directory is still there: %v", err)
+	}
+	if _, err := pw.Write([]byte("tail")); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("the live put broke: %v", err)
+	}
+	if got := readAll(t, l, liveKey); string(got) != "live tail" {
+		t.Fatalf("the live object holds %q", got)
+	}
+	if removed, err := AbortStaleUploads(ctx, l, time.Now().Add(time.Hour)); err != nil || len(removed) != 0 {
+		t.Fatalf("second sweep: %+v, %v; want nothing left", removed, err)
 	}
 }

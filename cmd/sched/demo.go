@@ -189,6 +189,17 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 		return res, badInput("--files %q matches no files: give a glob of text files, such as '$GOROOT/src/*/*.go'", o.Files)
 	}
 	sort.Strings(files)
+	run, err := runs.Presets().Get(demoRun)
+	if err != nil {
+		return res, err
+	}
+	// The training keeps the run's min_free_disk free on --dir's disk and
+	// fails without it: said here, before the tokenizer and the ingest
+	// take their minute, and with what the demo lets one change.
+	if free, err := trainer.FreeSpace(o.Dir); err == nil && free < int64(run.MinFreeDisk) {
+		return res, badInput("--dir %s: its disk has %s free, below the %s the demo's training keeps free (min_free_disk of the demo run): free space there, or give --dir a directory on a disk with more room",
+			o.Dir, trainer.HumanBytes(free), trainer.HumanBytes(int64(run.MinFreeDisk)))
+	}
 
 	stage := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
 
@@ -236,10 +247,6 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 			sameContent(rep.Same), res.CorpusTokens)
 	}
 
-	run, err := runs.Presets().Get(demoRun)
-	if err != nil {
-		return res, err
-	}
 	run.Engine = o.Engine
 	if err := checkEvalWindows(o.Files, len(files), res.CorpusTokens, run.RunConfig.WithDefaults().Seq); err != nil {
 		return res, err

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,8 +36,9 @@ failed run never leaves a part-written file there. A file already at
 manifest.json) or of a training checkpoint (a directory holding its
 trainer_state.json), or a tokenizer.json the data directory's catalog
 publishes ('sched tokenizers' lists them). A device or a pipe (/dev/null)
-is written in place. '-' is refused: read standard input with
---in /dev/stdin, and pipe the output on with --out /dev/stdout.`
+is written in place, as is /dev/stdout whatever it leads to (a file the
+shell redirected it to included). '-' is refused: read standard input with
+--in /dev/stdin, and pipe or redirect the output with --out /dev/stdout.`
 
 func init() {
 	var tokFile, in, out, dtype string
@@ -370,6 +372,9 @@ func requireEOS(path string, tk *tokenizer.Tokenizer) error {
 // process may not write to. An empty one is outPolicy.check's to refuse,
 // which both commands run before any work.
 func checkOut(out string) error {
+	if _, ok := descriptorOf(out); ok {
+		return nil // this process's own descriptor, written in place
+	}
 	if st, err := os.Stat(out); err == nil {
 		if st.IsDir() {
 			return badInput("--out %s is a directory; name a file to write", out)
@@ -438,6 +443,13 @@ func checkNotAnInput(out, what, flag string, paths ...string) error {
 // Anything else (a device such as /dev/null, a named pipe) is written in
 // place: renaming over it would replace the device with a file.
 func writeOutput(out string, write func(io.Writer) error) error {
+	if fd, ok := descriptorOf(out); ok {
+		// Standard output redirected to a file is a regular file too:
+		// renamed over, /dev/stdout itself would be replaced (as root)
+		// and the file left empty. Written through the descriptor, it
+		// gets the bytes where the shell put it (appended after >>).
+		return write(os.NewFile(fd, out))
+	}
 	if st, err := os.Stat(out); err == nil && !st.Mode().IsRegular() {
 		if st.IsDir() {
 			return badInput("%s is a directory; name a file to write", out)
@@ -550,10 +562,37 @@ func (p outPolicy) check(ctx context.Context, out string) error {
 			return err
 		}
 	}
-	if st != nil && !p.force {
+	if _, own := descriptorOf(out); st != nil && !p.force && !own {
 		return badInput("--out %s already exists: pass --force to replace it, or choose another path", out)
 	}
 	return nil
+}
+
+// descriptorOf returns the descriptor of this process that out names
+// through /proc/self/fd or /dev/fd, its symbolic links followed:
+// /dev/stdout (1), /dev/stderr, /dev/fd/3. What is behind it, a file the
+// shell opened included, is written in place: nothing is renamed over.
+func descriptorOf(out string) (uintptr, bool) {
+	p := out
+	for range 16 {
+		clean := filepath.Clean(p)
+		for _, dir := range []string{"/proc/self/fd/", "/dev/fd/", "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/"} {
+			if rest, ok := strings.CutPrefix(clean, dir); ok {
+				if n, err := strconv.ParseUint(rest, 10, 31); err == nil {
+					return uintptr(n), true
+				}
+			}
+		}
+		link, err := os.Readlink(clean)
+		if err != nil {
+			return 0, false
+		}
+		if !filepath.IsAbs(link) {
+			link = filepath.Join(filepath.Dir(clean), link)
+		}
+		p = link
+	}
+	return 0, false
 }
 
 // resolvePath is out made absolute with its symbolic links followed (those

@@ -34,7 +34,8 @@ func downloadDir(dataDir, storeName, shardID string) string {
 // holdDownload makes the download directory dir when missing and holds it
 // as MkdirTemp holds its directories, so that no cleaner removes it while
 // the shard downloads and tokenizes. A directory another live process
-// holds is refused: its shard is being read there.
+// holds for longer than a cleaner looks at one is refused: its shard is
+// being read there.
 func holdDownload(dir string) (*TempDir, error) {
 	for range mkdirTempTries {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -47,13 +48,18 @@ func holdDownload(dir string) (*TempDir, error) {
 		if held {
 			return &TempDir{Path: dir, f: f}, nil
 		}
-		if _, err := os.Lstat(dir); err == nil {
-			return nil, fmt.Errorf("download directory %s is held by another process: the same file is being read there by another run of its task; this one is tried again later", dir)
-		}
-		// A cleaner removed a stale directory of this shard: make it again.
+		// A cleaner removed a stale directory of this shard (it is made
+		// again), or holds it while it looks at its age, or another run
+		// of this shard's task reads it.
+		time.Sleep(holdDownloadWait)
 	}
-	return nil, fmt.Errorf("download directory %s: removed by a cleaner %d times running; is another process removing %s?", dir, mkdirTempTries, filepath.Dir(dir))
+	return nil, fmt.Errorf("download directory %s is held by another process: the same file is being read there by another run of its task; this one is tried again later", dir)
 }
+
+// holdDownloadWait is how long holdDownload waits for a directory held by
+// another process before it looks again: a cleaner holds one for as long
+// as it takes to read its times.
+const holdDownloadWait = 20 * time.Millisecond
 
 // RemoveStaleDownloads removes from dataDir/raw the shard downloads that
 // no process holds and that nothing has written for StaleDownloadAge

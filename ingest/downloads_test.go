@@ -128,4 +128,15 @@ func TestADownloadNoTaskFinishesIsRemoved(t *testing.T) {
 	if left := filesOf("h"); len(left) != 1 {
 		t.Fatalf("a download a live process holds was removed: %q", left)
 	}
+
+	// A second run of a shard's task while the first reads its file waits
+	// for it a moment, then fails to be tried again, leaving it alone.
+	first, err := holdDownload(downloadDir(p.DataDir, "code", jobs["b"].ShardID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Remove()
+	if _, _, err := p.Shard(context.Background(), jobs["b"], nil); err == nil || !strings.Contains(err.Error(), "is held by another process") {
+		t.Fatalf("a second shard of b while the first holds its download: %v", err)
+	}
 }

@@ -334,6 +334,15 @@ func orZero(p *float64) float64 {
 // TokensPerStep is the number of target tokens one optimizer step trains on.
 func (c RunConfig) TokensPerStep() int { return c.Batch * c.Accumulate * c.Seq }
 
+// LengthInTokens reports whether c's length is its total_tokens: its
+// total_steps is not given, or is the one WithDefaults derives from
+// total_tokens at c's tokens a step, which a change of seq, batch or
+// accumulate changes with them.
+func (c RunConfig) LengthInTokens() bool {
+	per := int64(c.TokensPerStep())
+	return c.TotalTokens > 0 && (c.TotalSteps == 0 || per > 0 && int64(c.TotalSteps) == (c.TotalTokens+per-1)/per)
+}
+
 // Validate reports the first field that makes c unusable, by its YAML name.
 // It expects c.WithDefaults().
 func (c RunConfig) Validate() error {

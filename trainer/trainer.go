@@ -174,6 +174,13 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 			if err := checkTokenizer(dir, snap, cfg.Tokenizer, cfg.TokenizerName); err != nil {
 				return Result{}, err
 			}
+			if err := checkRunLength(dir, snap.State, rc); err != nil {
+				return Result{}, err
+			}
+			if changed := settingsChanged(snap.State.Run, rc); len(changed) > 0 {
+				log.Info("the run's settings differ from its checkpoint's: the new ones apply from its step on",
+					zap.String("checkpoint", dir), zap.Int("step", snap.State.Step), zap.Strings("changed", changed))
+			}
 			l.lastCk = dir
 		}
 	}
@@ -215,6 +222,56 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	}
 	defer l.metrics.Close()
 	return l.finish(l.run(ctx))
+}
+
+// checkRunLength refuses to resume a run whose length is total_tokens
+// (RunConfig.LengthInTokens) with another number of tokens a step than
+// the checkpoint st, read from dir, trained with. total_steps is derived from
+// the new size alone, as if every step had been of it: a larger batch
+// would end the run early, or at once as done, a smaller one train past
+// its tokens, and the cosine would jump to another point of its decay.
+func checkRunLength(dir string, st State, rc RunConfig) error {
+	was, now := st.Run.TokensPerStep(), rc.TokensPerStep()
+	if !rc.LengthInTokens() || was <= 0 || was == now {
+		return nil
+	}
+	end := st.Tokens + int64(max(rc.TotalSteps-st.Step, 0))*int64(now)
+	return badInput(fmt.Errorf("checkpoint %s (step %d, %d tokens) trained %d tokens a step (seq %d x batch %d x accumulate %d); "+
+		"this run gives %d (%d x %d x %d), and its length is total_tokens %d, which in steps of the new size ends at step %d after %d tokens: "+
+		"keep seq x batch x accumulate at %d (a smaller batch with accumulate raised as much), or give the run's length as total_steps",
+		dir, st.Step, st.Tokens, was, st.Run.Seq, st.Run.Batch, st.Run.Accumulate,
+		now, rc.Seq, rc.Batch, rc.Accumulate, rc.TotalTokens, rc.TotalSteps, end, was))
+}
+
+// settingsChanged lists the settings of rc that differ from was, the
+// checkpoint's, as "lr 0.0003 -> 0.0001": a resume trains on with rc's
+// (the model's shape, the seed, the mixture and the tokenizer are checked
+// before, and refused when changed).
+func settingsChanged(was, rc RunConfig) []string {
+	var out []string
+	add := func(name string, a, b any) {
+		if as, bs := fmt.Sprint(a), fmt.Sprint(b); as != bs {
+			out = append(out, name+" "+as+" -> "+bs)
+		}
+	}
+	add("lr", was.LR, rc.LR)
+	add("warmup", was.Warmup, rc.Warmup)
+	add("floor", was.FloorOr(), rc.FloorOr())
+	add("total_steps", was.TotalSteps, rc.TotalSteps)
+	add("batch", was.Batch, rc.Batch)
+	add("accumulate", was.Accumulate, rc.Accumulate)
+	add("clip", was.ClipOr(), rc.ClipOr())
+	add("weight_decay", was.WeightDecay, rc.WeightDecay)
+	add("beta1", was.Beta1, rc.Beta1)
+	add("beta2", was.Beta2, rc.Beta2)
+	add("eps", was.Eps, rc.Eps)
+	add("eval_every", was.EvalEvery, rc.EvalEvery)
+	add("eval_batches", was.EvalBatches, rc.EvalBatches)
+	add("checkpoint_every", was.CheckpointEvery, rc.CheckpointEvery)
+	add("log_every", was.LogEvery, rc.LogEvery)
+	add("engine", was.Engine, rc.Engine)
+	add("precision", was.Precision, rc.Precision)
+	return out
 }
 
 // checkDevices refuses a step that the engine's GPUs cannot share evenly

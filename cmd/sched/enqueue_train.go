@@ -111,6 +111,9 @@ to train it further).`,
 				ts.FromStep = int64(steps[len(steps)-1])
 			}
 		}
+		if err := checkStepSize(run, st, ok); err != nil {
+			return err
+		}
 		// A run at its total steps would queue a segment that ends at
 		// once. The total is the runs entry's as read here, so that a run
 		// given a longer one resumes.
@@ -122,6 +125,28 @@ to train it further).`,
 		return enqueueOne(c, cfg, ts)
 	}
 	return cmd
+}
+
+// checkStepSize refuses a run whose length is total_tokens and whose
+// runs entry now gives another number of tokens a step (seq x batch x
+// accumulate) than it trained with so far, as its state says: its
+// total_steps counts the whole run in steps of the new size, so a larger
+// step would read as done here (and end the run early), a smaller one
+// train past its tokens. The worker refuses such a segment too.
+func checkStepSize(run runs.Run, st scheduler.RunState, ok bool) error {
+	rc := run.RunConfig.WithDefaults()
+	if !ok || st.Step <= 0 || st.Tokens <= 0 || !rc.LengthInTokens() ||
+		st.Tokens%int64(st.Step) != 0 {
+		return nil
+	}
+	was, now := st.Tokens/int64(st.Step), int64(rc.TokensPerStep())
+	if was == now {
+		return nil
+	}
+	return badInput("run %s trained %d tokens a step (%d tokens by step %d), and its runs entry now gives %d (seq %d x batch %d x accumulate %d); "+
+		"its length is total_tokens %d, which in steps of the new size ends at step %d: keep seq x batch x accumulate at %d "+
+		"(a smaller batch with accumulate raised as much), or give the run's length as total_steps",
+		run.Name, was, st.Tokens, st.Step, now, rc.Seq, rc.Batch, rc.Accumulate, rc.TotalTokens, rc.TotalSteps, was)
 }
 
 // trainedTo is the step a run has surely trained to: the checkpoint its

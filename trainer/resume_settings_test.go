@@ -1,0 +1,73 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+// A run's settings edited between segments: those a resume may change
+// train on from the checkpoint's step with a log line that names each
+// change; a run whose length is total_tokens given another number of
+// tokens a step is refused, naming what to keep, where it would have
+// counted its length in steps of the new size (a larger batch ends such a
+// run early, or at once as done, a smaller one trains past its tokens).
+func TestResumeWithEditedSettings(t *testing.T) {
+	requireCPU(t)
+	out := t.TempDir()
+	vocab := model.Presets["tiny"].VocabSize
+	byTokens := func() RunConfig {
+		rc := testRun(0)
+		rc.TotalTokens = 6 * int64(rc.TokensPerStep()) // 6 steps of 32 x 2 x 2
+		return rc
+	}
+	if res, err := Run(context.Background(), Config{Run: byTokens(), Out: out, Data: newSliceData(vocab, 20000), MaxSteps: 3}, Hooks{}); err != nil || res.Step != 3 {
+		t.Fatalf("first segment: step %d, %v", res.Step, err)
+	}
+	before := treeDigest(t, out)
+
+	larger := byTokens()
+	larger.Batch = 4
+	_, err := Run(context.Background(), Config{Run: larger, Out: out, Resume: true, Data: newSliceData(vocab, 20000)}, Hooks{})
+	if err == nil || !isBadInput(err) {
+		t.Fatalf("resume of a total_tokens run with batch 4 for 2: want a bad-input error, got %v", err)
+	}
+	for _, want := range []string{StepDir(3), "trained 128 tokens a step (seq 32 x batch 2 x accumulate 2)", "this run gives 256",
+		"total_tokens 768", "ends at step 3", "keep seq x batch x accumulate at 128", "total_steps"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
+	}
+	if after := treeDigest(t, out); after != before {
+		t.Errorf("the refused resume changed %s:\n%s\nbecame\n%s", out, before, after)
+	}
+
+	// The same tokens a step, in smaller micro-batches, at another lr.
+	edited := byTokens()
+	edited.Batch, edited.Accumulate, edited.LR = 1, 4, 5e-4
+	core, logs := observer.New(zap.InfoLevel)
+	res, err := Run(context.Background(), Config{Run: edited, Out: out, Resume: true, Data: newSliceData(vocab, 20000), Log: zap.New(core)}, Hooks{})
+	if err != nil || res.Step != 6 || !res.Done {
+		t.Fatalf("resume with batch 1 x accumulate 4 and lr 5e-4: %+v, %v", res, err)
+	}
+	said := logs.FilterMessageSnippet("settings differ from its checkpoint's").All()
+	if len(said) != 1 {
+		t.Fatalf("log %v; want one line naming the changed settings", logs.All())
+	}
+	changed := fmt.Sprint(said[0].ContextMap()["changed"])
+	for _, want := range []string{"lr 0.001 -> 0.0005", "batch 2 -> 1", "accumulate 2 -> 4"} {
+		if !strings.Contains(changed, want) {
+			t.Errorf("the log line's changes %s lack %q", changed, want)
+		}
+	}
+	if slices.ContainsFunc(strings.Fields(changed), func(f string) bool { return strings.HasPrefix(f, "total_steps") }) {
+		t.Errorf("the log line names total_steps, which did not change: %s", changed)
+	}
+}

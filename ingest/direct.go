@@ -151,6 +151,8 @@ type Report struct {
 	// the documents left out of appended files.
 	SkippedFiles   Skips
 	SkippedRecords Skips
+	// FirstSkipped says why the first file this run skipped was left out.
+	FirstSkipped string
 	// Stopped says why the run ended before the last file, if it did.
 	Stopped string
 }
@@ -292,6 +294,9 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 			return rep, fmt.Errorf("appending %s: %w", r.job.Source, err)
 		case res.Skipped:
 			rep.SkippedFiles.Add(r.job.SkipReason, 1)
+			if rep.FirstSkipped == "" {
+				rep.FirstSkipped = r.job.SkipMessage
+			}
 		case res.Duplicate:
 			rep.Duplicates++
 		default:

@@ -179,9 +179,40 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		fmt.Fprintln(out, rep.Stopped)
 	}
 	if rep.Files > 0 && rep.Appended == 0 && rep.Duplicates == 0 && rep.Same == 0 && rep.Stopped == "" && len(rep.SkippedFiles) > 0 {
-		return badInput("%s: none of its %d files holds text to ingest (skipped: %s): give files of UTF-8 text, JSON lines or Parquet", p.Name, rep.Files, rep.SkippedFiles)
+		return badInput("%s: none of its %d files holds text to ingest (skipped: %s; the first: %s): give files of UTF-8 text, JSON lines or Parquet", p.Name, rep.Files, rep.SkippedFiles, rep.FirstSkipped)
+	}
+	if rep.Files > 0 && rep.Appended == 0 && rep.Stopped == "" {
+		return skippedBefore(p.Name, rep.Files, storeDir)
 	}
 	return nil
+}
+
+// skippedBefore refuses, as an ingest of no text, a run that appended none
+// of the dataset's files to a store that holds no tokens at all: every
+// file is recorded there as skipped, by an earlier run, which the plan
+// counts as done. Such a run again would otherwise report its files as
+// already in the store and succeed with the store still empty.
+func skippedBefore(dataset string, files int, storeDir string) error {
+	m, err := tokens.ReadManifest(storeDir)
+	if err != nil || m.Tokens > 0 {
+		return nil
+	}
+	skips := ingest.Skips{}
+	first := ""
+	for _, s := range m.Skipped {
+		if s.Count == 0 {
+			reason, _, _ := strings.Cut(s.Reason, ":")
+			skips.Add(reason, 1)
+			if first == "" {
+				_, first, _ = strings.Cut(s.Reason, ": ")
+			}
+		}
+	}
+	if len(skips) == 0 {
+		return nil
+	}
+	return badInput("%s: none of its %d files holds text to ingest: token store %s holds no tokens and records its files as skipped by an earlier run (%s; the first: %s): fix them, or the columns read, and ingest into a new store (a changed local file is read again, an unchanged one stays skipped in this store)",
+		dataset, files, storeDir, skips, first)
 }
 
 // check resolves the dataset's preset with its variables and parses the

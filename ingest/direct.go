@@ -182,7 +182,8 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	if err := CheckStoreName(storeName); err != nil {
 		return rep, &PresetError{fmt.Errorf("token store directory %s: its last element names the store: %w", opt.StoreDir, errors.Unwrap(err))}
 	}
-	if _, ok := opt.Tokenizer.EOS(); !ok {
+	eos, ok := opt.Tokenizer.EOS()
+	if !ok {
 		return rep, &PresetError{errors.New("the tokenizer has no end-of-text token, which separates documents in a token store")}
 	}
 	if err := os.MkdirAll(opt.DataDir, 0o755); err != nil {
@@ -230,6 +231,20 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	// what it holds, and the mark beside it where an append refused a
 	// shard (the queue keeps that in the store's status object).
 	if m, err := tokens.ReadManifest(dir); err == nil {
+		// A store of this tokenizer is taken now, before anything is read
+		// for it: a run on a store another process appends to stops here,
+		// not after downloading and tokenizing its first files, and leaves
+		// that process's store directory alone. Another tokenizer's store
+		// is the plan's to refuse.
+		tok := tokens.Tokenizer{Name: opt.TokenizerName, SHA256: opt.Tokenizer.SHA256(), VocabSize: opt.Tokenizer.VocabSize(), EOS: eos}
+		if tokens.CheckWrittenWith(storeName, m.Tokenizer, tok) == nil {
+			app, _, err := p.appender(ctx, dir, tok)
+			if err != nil {
+				return rep, err
+			}
+			held := app.Manifest()
+			m = &held
+		}
 		if _, err := p.publishStatus(ctx, storeName, *m, Limits{}, Limits{}); err != nil {
 			return rep, err
 		}

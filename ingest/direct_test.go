@@ -425,3 +425,43 @@ func TestDirectRemovesWhatAKilledRunLeft(t *testing.T) {
 		t.Fatalf("the live run's store: %+v, %v; want its 4 files", m, err)
 	}
 }
+
+// A direct ingest into a store another process appends to stops before it
+// downloads a file, naming the holder, instead of downloading and
+// tokenizing its first files for an append that is refused; once the
+// store is free it runs.
+func TestADirectIngestIntoAHeldStoreStopsBeforeDownloading(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tok := testTokenizer(t)
+	p, h := newCorpus(t, nil)
+	for f := range 3 {
+		h.Add(corpusRepo, fmt.Sprintf("data/part-%d.parquet", f), parquetBytes(t, []textRow{{Text: fmt.Sprintf("file %d: func main() {}", f)}}), true)
+	}
+	opt := DirectOptions{Preset: p.Presets["corpus"], Hub: p.Hub, Tokenizer: tok, TokenizerName: "test",
+		StoreDir: filepath.Join(t.TempDir(), "code"), DataDir: t.TempDir(), Seed: 3, MaxFiles: 1}
+	if _, err := Direct(ctx, opt); err != nil {
+		t.Fatal(err)
+	}
+	eos, _ := tok.EOS()
+	other, err := tokens.OpenAppender(ctx, opt.StoreDir, tokens.Tokenizer{Name: "test", SHA256: tok.SHA256(), VocabSize: tok.VocabSize(), EOS: eos}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(h.Requests())
+	opt.MaxFiles = 0
+	var locked *tokens.LockedError
+	if _, err := Direct(ctx, opt); !errors.As(err, &locked) || locked.PID != os.Getpid() {
+		t.Fatalf("a direct ingest into a store another appender holds: %v; want it locked by pid %d", err, os.Getpid())
+	}
+	for _, r := range h.Requests()[before:] {
+		if strings.Contains(r.Path, "/resolve/") || r.Host == "cdn" {
+			t.Fatalf("the refused ingest downloaded %s", r.Path)
+		}
+	}
+	other.Close()
+	rep, err := Direct(ctx, opt)
+	if err != nil || rep.Appended != 2 || rep.Duplicates != 1 {
+		t.Fatalf("the ingest once the store is free: %+v, %v", rep, err)
+	}
+}

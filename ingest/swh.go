@@ -19,6 +19,8 @@ import (
 	"golang.org/x/text/encoding"
 	"golang.org/x/text/encoding/htmlindex"
 	"golang.org/x/text/encoding/ianaindex"
+
+	"github.com/kiln-lm/kiln/ingest/hub"
 )
 
 // DefaultSWHEndpoint is Software Heritage's public content bucket. Its terms
@@ -212,7 +214,13 @@ func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
 			// NoSuchKey: the archive lacks this blob; the rest of the shard is fine.
 			return blobResult{skip: SkipMissingBlob}
 		case status == http.StatusForbidden:
-			return blobResult{err: fmt.Errorf("Software Heritage (%s) refused blob %s (403 %s): its bulk-download terms are the user's to accept; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for an account that may read it, or KILN_SWH_ENDPOINT for a mirror", s.Endpoint, rec.blob, s3Code(body))}
+			// A refusal is the bucket's for every blob, and a retry of the
+			// shard meets it again: it is the user's to fix, at once.
+			who := "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for an account that may read it"
+			if s.AccessKey != "" {
+				who = "the account of AWS_ACCESS_KEY_ID may not read it: set the keys of one that may"
+			}
+			return blobResult{err: &hub.BadInputError{Err: fmt.Errorf("Software Heritage (%s) refused blob %s (403 %s): its bulk-download terms are the user's to accept; %s, or KILN_SWH_ENDPOINT for a mirror", s.Endpoint, rec.blob, s3Code(body), who)}}
 		case status == http.StatusTooManyRequests || status >= 500:
 			last = fmt.Errorf("%d %s", status, s3Code(body))
 			continue

@@ -24,6 +24,9 @@ type SWH struct {
 	Flaky bool
 	// Down answers every request with 503 SlowDown.
 	Down bool
+	// Private answers a request that carries no AWS signature with 403
+	// AccessDenied, as the bucket does for anonymous readers.
+	Private bool
 	// Gate, when set, holds every request until it is closed.
 	Gate chan struct{}
 	// Barrier holds each request until this many are in flight at once,
@@ -78,6 +81,12 @@ func (s *SWH) serve(w http.ResponseWriter, r *http.Request) {
 	fail := s.Down || s.Flaky && !s.failed[id]
 	s.failed[id] = true
 	s.mu.Unlock()
+	if s.Private && !strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ") {
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusForbidden)
+		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>`)
+		return
+	}
 	if fail {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code></Error>`)

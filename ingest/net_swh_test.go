@@ -1,0 +1,48 @@
+package ingest
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
+)
+
+// A bucket that refuses anonymous readers fails the file once, as the
+// user's to fix (a retry of the shard meets the same refusal), naming the
+// keys to set; it does not skip every blob as missing. With keys, the same
+// bucket serves the blobs.
+func TestSoftwareHeritageRefusalIsTheUsersToFix(t *testing.T) {
+	fake := hubtest.NewSWH()
+	defer fake.Close()
+	fake.Private = true
+	var rows []blobRow
+	for i := range 50 {
+		fake.Add(blobID(i), []byte(fmt.Sprintf("print(%d)\n", i)))
+		rows = append(rows, blobRow{BlobID: blobID(i), SrcEncoding: "UTF-8"})
+	}
+	path := filepath.Join(t.TempDir(), "ids.parquet")
+	writeParquet(t, path, rows, 16)
+	cols := Columns{Blob: "blob_id", Encoding: "src_encoding"}
+
+	docs, skips, err := readAll(t, path, OpenOptions{SWH: &SWH{Endpoint: fake.URL(), InFlight: 8}, Columns: cols})
+	var bad interface{ BadInput() bool }
+	if err == nil || !errors.As(err, &bad) || !bad.BadInput() {
+		t.Fatalf("anonymous read of a private bucket: %d documents, skips %v, error %v; want an error marked bad input", len(docs), skips, err)
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "AWS_ACCESS_KEY_ID") || !strings.Contains(msg, "AccessDenied") || strings.Contains(msg, "\n") {
+		t.Fatalf("the refusal says %q; want one line naming AccessDenied and AWS_ACCESS_KEY_ID", msg)
+	}
+	if len(docs) != 0 || skips[SkipMissingBlob] != 0 {
+		t.Fatalf("a refused bucket gave %d documents and skips %v", len(docs), skips)
+	}
+
+	swh := &SWH{Endpoint: fake.URL(), InFlight: 8, AccessKey: "AKIDEXAMPLE", SecretKey: "secret"}
+	docs, skips, err = readAll(t, path, OpenOptions{SWH: swh, Columns: cols})
+	if err != nil || len(docs) != len(rows) {
+		t.Fatalf("signed reads: %d documents of %d, skips %v, error %v", len(docs), len(rows), skips, err)
+	}
+}

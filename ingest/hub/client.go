@@ -46,6 +46,13 @@ type Config struct {
 	MaxRetries int
 	// MaxWait caps one wait for a rate limit or a backoff (default 5m).
 	MaxWait time.Duration
+	// StallTimeout abandons a request whose answer, or whose body, sends
+	// nothing for this long (default 2m), and tries it again: a connection
+	// left open with nothing on it (a stalled CDN node, a NAT that forgot
+	// the connection while the peer still answers keep-alives) would
+	// otherwise hold a download for good. A download resumes from the last
+	// byte it had.
+	StallTimeout time.Duration
 	// Logger receives retries and rate-limit waits (default: none).
 	Logger *zap.Logger
 }
@@ -79,6 +86,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxWait <= 0 {
 		c.MaxWait = 5 * time.Minute
+	}
+	if c.StallTimeout <= 0 {
+		c.StallTimeout = 2 * time.Minute
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -169,8 +179,10 @@ func (c *Client) newRequest(ctx context.Context, rawURL string) (*http.Request, 
 func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.Request)) (*http.Response, error) {
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		req, err := c.newRequest(ctx, rawURL)
+		watch := c.watch(ctx)
+		req, err := c.newRequest(watch.ctx, rawURL)
 		if err != nil {
+			watch.stop()
 			return nil, err
 		}
 		if edit != nil {
@@ -180,12 +192,14 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 		var wait time.Duration
 		switch {
 		case err != nil:
+			watch.stop()
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			lastErr = err
+			lastErr = watch.explain(err)
 			wait = backoff(attempt)
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+			resp.Body = &watchedBody{ReadCloser: resp.Body, w: watch}
 			return resp, nil
 		case resp.StatusCode == http.StatusTooManyRequests:
 			wait = rateLimitWait(resp.Header, attempt)
@@ -198,8 +212,10 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 		default:
 			err := c.statusError(repo, rawURL, resp)
 			drain(resp)
+			watch.stop()
 			return nil, err
 		}
+		watch.stop()
 		if attempt >= c.cfg.MaxRetries {
 			// The cause first: a listing cuts a reason to one short line,
 			// and a file's URL is long.
@@ -311,6 +327,60 @@ func IsGated(err error) bool {
 func drain(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
+}
+
+// stallWatch cancels one attempt's request when nothing arrives for
+// StallTimeout: before its answer's headers, or between two reads of its body.
+type stallWatch struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+	d      time.Duration
+}
+
+// errStalled is the cause of a request that the watch cancelled.
+var errStalled = errors.New("stalled")
+
+func (c *Client) watch(ctx context.Context) *stallWatch {
+	w := &stallWatch{d: c.cfg.StallTimeout}
+	w.ctx, w.cancel = context.WithCancelCause(ctx)
+	w.timer = time.AfterFunc(w.d, func() { w.cancel(errStalled) })
+	return w
+}
+
+func (w *stallWatch) stop() {
+	w.timer.Stop()
+	w.cancel(nil)
+}
+
+// explain names a stall as such: the transport reports only a cancellation.
+func (w *stallWatch) explain(err error) error {
+	if errors.Is(context.Cause(w.ctx), errStalled) {
+		return fmt.Errorf("nothing arrived for %v (the connection stalled)", w.d)
+	}
+	return err
+}
+
+// watchedBody restarts its watch's timer whenever bytes arrive.
+type watchedBody struct {
+	io.ReadCloser
+	w *stallWatch
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.w.timer.Reset(b.w.d)
+	}
+	if err != nil && err != io.EOF {
+		err = b.w.explain(err)
+	}
+	return n, err
+}
+
+func (b *watchedBody) Close() error {
+	b.w.stop()
+	return b.ReadCloser.Close()
 }
 
 type noticeKey struct{}

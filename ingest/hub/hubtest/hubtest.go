@@ -42,6 +42,10 @@ type Hub struct {
 	RateLimited int
 	// BreakOnce cuts the first CDN download of each file after half its bytes.
 	BreakOnce bool
+	// StallOnce sends half of the first CDN download of each file, then
+	// nothing more on a connection it keeps open (as a stalled CDN node
+	// does) until the client gives up on it or the Hub is closed.
+	StallOnce bool
 	// IgnoreRange makes the CDN answer every request with the whole file.
 	IgnoreRange bool
 	// BeforeResolve, when set, runs before the Hub answers a request to
@@ -54,7 +58,10 @@ type Hub struct {
 	files    map[string]map[string][]byte // repo -> path -> content
 	lfs      map[string]bool              // repo/path -> stored in LFS
 	broken   map[string]bool
+	stalled  map[string]bool
 	requests []Request
+	closing  chan struct{}
+	closed   sync.Once
 }
 
 // Request is one request seen by the Hub or the CDN.
@@ -74,6 +81,8 @@ func New() *Hub {
 		files:    map[string]map[string][]byte{},
 		lfs:      map[string]bool{},
 		broken:   map[string]bool{},
+		stalled:  map[string]bool{},
+		closing:  make(chan struct{}),
 	}
 	h.Server = httptest.NewServer(http.HandlerFunc(h.serveHub))
 	// The CDN is reached by a different host name than the Hub (localhost
@@ -85,6 +94,7 @@ func New() *Hub {
 
 // Close stops both servers.
 func (h *Hub) Close() {
+	h.closed.Do(func() { close(h.closing) })
 	h.Server.Close()
 	h.CDN.Close()
 }
@@ -338,6 +348,10 @@ func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
 	if breakNow {
 		h.broken[key] = true
 	}
+	stallNow := h.StallOnce && !h.stalled[key] && content != nil
+	if stallNow {
+		h.stalled[key] = true
+	}
 	ignoreRange := h.IgnoreRange
 	h.mu.Unlock()
 	if content == nil {
@@ -355,6 +369,17 @@ func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
 		conn, _, err := w.(http.Hijacker).Hijack()
 		if err == nil {
 			conn.Close()
+		}
+		return -1
+	}
+	if stallNow && r.Header.Get("Range") == "" {
+		w.Header().Set("Content-Length", strconv.Itoa(len(content)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(content[:len(content)/2])
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-h.closing:
 		}
 		return -1
 	}

@@ -1,0 +1,62 @@
+package hub_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kiln-lm/kiln/ingest/hub"
+)
+
+// A CDN connection that stays open with nothing on it is given up on, and
+// the download resumes with a Range request from the byte it had: the file
+// is whole, and the task says why it waited.
+func TestDownloadResumesAfterAStall(t *testing.T) {
+	h := newHub(t)
+	h.StallOnce = true
+	content := randomBytes(t, 300_000)
+	h.Add(repo, "data/a.parquet", content, true)
+	// Short, so that the test waits little; a busy machine that is slower
+	// than this between two reads only resumes once more.
+	c, err := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 4, StallTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var notes []string
+	ctx := hub.WithRetryNotice(context.Background(), func(msg string) {
+		mu.Lock()
+		notes = append(notes, msg)
+		mu.Unlock()
+	})
+	files, err := c.List(ctx, repo, "main", "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "a.parquet")
+	if err := c.Download(ctx, repo, "main", files[0], dst); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
+		t.Fatal("the download resumed after a stall differs from the content")
+	}
+	ranged := false
+	for _, r := range h.Requests() {
+		if r.Host == "cdn" && strings.HasPrefix(r.Range, "bytes=") && r.Range != "bytes=0-" {
+			ranged = true
+		}
+	}
+	if !ranged {
+		t.Fatalf("no Range request resumed the stalled download: %+v", h.Requests())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(strings.Join(notes, "\n"), "stalled") {
+		t.Fatalf("the task was not told of the stall: %q", notes)
+	}
+}

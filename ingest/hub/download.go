@@ -53,6 +53,11 @@ func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst str
 	src := c.ResolveURL(repo, rev, f.Path)
 	for broken := 0; off < want; {
 		n, err := c.fetchFrom(ctx, repo, src, out, sum, &off)
+		if err == nil && off < want {
+			// A body without a length ends where the connection does: what
+			// it lacks is asked for again, like a broken transfer's.
+			err = &brokenError{fmt.Errorf("the body ended at byte %d of %d", off, want)}
+		}
 		if err == nil {
 			break
 		}

@@ -3,6 +3,7 @@ package hub_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,5 +59,37 @@ func TestDownloadResumesAfterAStall(t *testing.T) {
 	defer mu.Unlock()
 	if !strings.Contains(strings.Join(notes, "\n"), "stalled") {
 		t.Fatalf("the task was not told of the stall: %q", notes)
+	}
+}
+
+// A body that ends before the size the tree lists, with no error (a proxy
+// that dropped the Content-Length, then closed the connection), is resumed
+// from where it ended, not thrown away and failed.
+func TestDownloadResumesABodyThatEndsEarly(t *testing.T) {
+	h := newHub(t)
+	h.EndEarlyOnce = true
+	content := randomBytes(t, 300_000)
+	h.Add(repo, "data/a.parquet", content, true)
+	c := newClient(t, h, "")
+	ctx := context.Background()
+	files, err := c.List(ctx, repo, "main", "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "a.parquet")
+	if err := c.Download(ctx, repo, "main", files[0], dst); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
+		t.Fatal("the download resumed after a short body differs from the content")
+	}
+	ranged := false
+	for _, r := range h.Requests() {
+		if r.Host == "cdn" && r.Range == fmt.Sprintf("bytes=%d-", len(content)/2) {
+			ranged = true
+		}
+	}
+	if !ranged {
+		t.Fatalf("no Range request resumed the download from byte %d: %+v", len(content)/2, h.Requests())
 	}
 }

@@ -42,6 +42,10 @@ type Hub struct {
 	RateLimited int
 	// BreakOnce cuts the first CDN download of each file after half its bytes.
 	BreakOnce bool
+	// EndEarlyOnce ends the first CDN download of each file after half its
+	// bytes as if that were all: no Content-Length, and the connection
+	// closed (a proxy that drops the length, then the connection).
+	EndEarlyOnce bool
 	// StallOnce sends half of the first CDN download of each file, then
 	// nothing more on a connection it keeps open (as a stalled CDN node
 	// does) until the client gives up on it or the Hub is closed.
@@ -59,6 +63,7 @@ type Hub struct {
 	lfs      map[string]bool              // repo/path -> stored in LFS
 	broken   map[string]bool
 	stalled  map[string]bool
+	ended    map[string]bool
 	requests []Request
 	closing  chan struct{}
 	closed   sync.Once
@@ -82,6 +87,7 @@ func New() *Hub {
 		lfs:      map[string]bool{},
 		broken:   map[string]bool{},
 		stalled:  map[string]bool{},
+		ended:    map[string]bool{},
 		closing:  make(chan struct{}),
 	}
 	h.Server = httptest.NewServer(http.HandlerFunc(h.serveHub))
@@ -352,6 +358,10 @@ func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
 	if stallNow {
 		h.stalled[key] = true
 	}
+	endNow := h.EndEarlyOnce && !h.ended[key] && content != nil
+	if endNow {
+		h.ended[key] = true
+	}
 	ignoreRange := h.IgnoreRange
 	h.mu.Unlock()
 	if content == nil {
@@ -368,6 +378,17 @@ func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
 		w.(http.Flusher).Flush()
 		conn, _, err := w.(http.Hijacker).Hijack()
 		if err == nil {
+			conn.Close()
+		}
+		return -1
+	}
+	if endNow && r.Header.Get("Range") == "" {
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			h.record("cdn", r, http.StatusOK)
+			buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n")
+			buf.Write(content[:len(content)/2])
+			buf.Flush()
 			conn.Close()
 		}
 		return -1

@@ -212,6 +212,12 @@ func (c *Client) submit(ctx context.Context, t *asynq.Task, person bool) (Submit
 			}
 			s.Was, s.LastErr = ti.State.String(), ti.LastErr
 		case person && ti.State == asynq.TaskStateRetry:
+			// A task cancelled while its worker was dead waits here until a
+			// worker archives it for the mark; a person running it now means
+			// it to run.
+			if err := c.rdb.Del(ctx, cancelKey(id)).Err(); err != nil {
+				return s, fmt.Errorf("run %s now: %w", id, err)
+			}
 			if err := c.insp.RunTask(ti.Queue, id); err != nil {
 				return s, fmt.Errorf("run %s now: %w", id, err)
 			}

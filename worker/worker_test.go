@@ -345,6 +345,15 @@ func TestSIGTERMRequeuesAndAnotherWorkerCompletes(t *testing.T) {
 // recoverer runs when it starts. It returns a's task id.
 func (e *env) killItsWorkerAndRecover(a scheduler.Args) string {
 	e.t.Helper()
+	id := e.killItsWorker(a)
+	e.recoverAfterTheLease(id)
+	return id
+}
+
+// killItsWorker runs a on a worker process and kills that worker with
+// SIGKILL once a reports progress. It returns a's task id.
+func (e *env) killItsWorker(a scheduler.Args) string {
+	e.t.Helper()
 	w := e.startChild()
 	id := e.enqueue(a)
 	e.waitFor(id, 30*time.Second, "running", func(ts scheduler.TaskStatus) bool {
@@ -354,13 +363,50 @@ func (e *env) killItsWorkerAndRecover(a scheduler.Args) string {
 		e.t.Fatal(err)
 	}
 	_ = w.Wait()
+	return id
+}
+
+// recoverAfterTheLease starts a second worker once asynq will hand it the
+// task id of a dead worker.
+func (e *env) recoverAfterTheLease(id string) {
+	e.t.Helper()
 	exp, err := e.rdb.ZScore(context.Background(), "asynq:{"+scheduler.QueueIngest+"}:lease", id).Result()
 	if err != nil {
 		e.t.Fatalf("lease of %s: %v", id, err)
 	}
 	time.Sleep(time.Until(time.Unix(int64(exp), 0).Add(31 * time.Second)))
 	e.startChild()
-	return id
+}
+
+// A task cancelled while its worker is dead (killed, its host gone) stays
+// cancelled: the worker that takes it back from the dead one archives it
+// without running it, where it would otherwise run again, a training run
+// the user stopped going on as if the cancel had never been given.
+func TestACancelWhileItsWorkerIsDeadHolds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for asynq's lease expiry (about a minute)")
+	}
+	t.Parallel()
+	e := newEnv(t)
+	id := e.killItsWorker(slowArgs{Name: "cancelled", Steps: 40, StepMS: 50})
+	// No worker hears the cancel: it waits for the task to stop, then
+	// says it has not.
+	if state, err := e.c.Cancel(context.Background(), id); err != nil || state != "cancelling" {
+		t.Fatalf("cancel with its worker dead: %q, %v; want cancelling", state, err)
+	}
+	e.recoverAfterTheLease(id)
+	ts := e.waitFor(id, time.Minute, "ended", func(ts scheduler.TaskStatus) bool { return ts.State == "archived" || ts.State == "completed" })
+	if ts.State != "archived" || !strings.Contains(ts.LastErr, "cancelled by sched cancel") {
+		t.Fatalf("a task cancelled while its worker was dead, once taken back: %s (%q); want archived as cancelled", ts.State, ts.LastErr)
+	}
+	if n := e.sideEffects("cancelled"); n != 0 {
+		t.Fatalf("the cancelled task ran to its end %d times", n)
+	}
+	// Enqueuing it again is a new run of the work: it runs.
+	if _, err := e.c.Again(context.Background(), slowArgs{Name: "cancelled", Steps: 40, StepMS: 50}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(id, time.Minute, "completed when enqueued again", state("completed"))
 }
 
 // TestSIGKILLRecoveredByAnotherWorker waits out asynq's lease: a killed

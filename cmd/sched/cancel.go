@@ -26,7 +26,7 @@ func init() {
 			case "cancelled":
 				fmt.Fprintf(w, "%s cancelled: stopped and archived; it will not run again (a training segment keeps the checkpoint of its stop step)\n", args[0])
 			case "cancelling":
-				fmt.Fprintf(w, "%s cancelling: asked its worker to stop, but it is still running; run 'sched cancel %s' again to archive it once it stops\n", args[0], args[0])
+				fmt.Fprintf(w, "%s cancelling: asked its worker to stop, and it has not stopped yet (a checkpoint still writing, or a worker that stopped answering); it is archived when it stops, or without running again when another worker takes it back from a dead one ('sched status' shows which)\n", args[0])
 			default:
 				fmt.Fprintf(w, "%s %s before the cancel reached it\n", args[0], state)
 			}

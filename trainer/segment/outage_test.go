@@ -587,6 +587,10 @@ func holdsEveryStepOnce(t *testing.T, obj store.Store, run string, last int) {
 		}
 		for _, e := range evs[1:] {
 			seen[e.Step] = append(seen[e.Step], strings.TrimPrefix(f.Key, prefix))
+			if e.Step > int64(last) {
+				t.Errorf("%s: step %d, past the run's last step %d", f.Key, e.Step, last)
+				continue
+			}
 			if rec := recs[e.Step]; rec.Loss != nil && e.Values[results.TagLoss] != float32(*rec.Loss) {
 				t.Errorf("%s: step %d loss %v; metrics.jsonl says %v", f.Key, e.Step, e.Values[results.TagLoss], *rec.Loss)
 			}
@@ -693,4 +697,33 @@ func TestARedisOutageWithinTheLeaseIsLoggedTwice(t *testing.T) {
 	if n := len(said("record run state")); n != 0 {
 		t.Fatalf("%d lines per failed write", n)
 	}
+}
+
+// A segment that resumes from an older checkpoint than the one the
+// segment before it began at (the newer ones damaged in object storage,
+// on another disk) trains that segment's steps again: its event file in
+// object storage, all of whose steps this segment has trained again, is
+// removed, where it stayed beside the new one with every step twice.
+func TestAnEventFileOfStepsTrainedAgainIsRemoved(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := downableS3(t)
+	run := testRun("again", 1_000_000)
+	run.Retention.KeepLast = 4
+	run.Segment.MaxSteps = 4
+	for _, want := range []int{4, 8} {
+		if out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != want {
+			t.Fatalf("segment to step %d: %+v, %v", want, out, err)
+		}
+	}
+	for _, step := range []int{4, 6, 8} {
+		if err := obj.Delete(ctx, checkpointKey("again", step)+trainer.ModelFile); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-b"})
+	if err != nil || out.ResumedFrom != 2 || out.Step != 6 {
+		t.Fatalf("segment past the damaged checkpoints: %+v, %v; want steps 3 to 6 trained again", out, err)
+	}
+	holdsEveryStepOnce(t, obj, "again", 6)
 }

@@ -693,7 +693,8 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 // from its first step to the next segment's, and uploaded where the store
 // holds it otherwise: a stretch ends where the next begins, so that steps
 // trained again after a resume from an older checkpoint are never in two
-// files.
+// files, and a file that begins at or after current's first step holds
+// only steps current trained again: it is removed.
 func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Record, out Outcome, current string) error {
 	var files []results.EventFile
 	seen := map[string]bool{}
@@ -732,12 +733,31 @@ func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Re
 		if f.Name == current || p.caughtUp.has(f.Name) {
 			continue
 		}
+		end := results.StretchEnd(files, f, out.Step)
+		if f.From >= out.ResumedFrom {
+			// This segment resumed at or before the file's first step:
+			// it trained every step of the file again, in its own.
+			end = f.From
+		}
 		var buf bytes.Buffer
-		n, err := results.WriteEventStretch(&buf, recs, f.From, results.StretchEnd(files, f, out.Step), f.Began)
+		n, err := results.WriteEventStretch(&buf, recs, f.From, end, f.Began)
 		if err != nil {
 			return err
 		}
-		if size, ok := stored[f.Name]; n > 0 && (!ok || size != int64(buf.Len())) {
+		size, ok := stored[f.Name]
+		switch {
+		case n == 0:
+			// A file of no step of the run's: were it kept, its steps
+			// would be shown beside the ones trained again.
+			if ok {
+				if err := p.Objects.Delete(ctx, prefix+f.Name); err != nil {
+					return err
+				}
+			}
+			if err := os.Remove(filepath.Join(dir, results.TensorBoardDir, f.Name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		case !ok || size != int64(buf.Len()):
 			if err := p.Objects.Put(ctx, prefix+f.Name, bytes.NewReader(buf.Bytes()), int64(buf.Len())); err != nil {
 				return err
 			}

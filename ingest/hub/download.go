@@ -51,8 +51,9 @@ func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst str
 	}
 	defer c.release()
 	src := c.ResolveURL(repo, rev, f.Path)
+	most := off // the furthest the file has reached
 	for broken := 0; off < want; {
-		n, err := c.fetchFrom(ctx, repo, src, out, sum, &off)
+		err := c.fetchFrom(ctx, repo, src, out, sum, &off)
 		if err == nil && off < want {
 			// A body without a length ends where the connection does: what
 			// it lacks is asked for again, like a broken transfer's.
@@ -68,14 +69,17 @@ func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst str
 		if !errors.As(err, &transient) {
 			return fmt.Errorf("downloading %s of dataset %s: %w", f.Path, repo, err)
 		}
-		if n > 0 {
-			broken = 0 // progress was made: this is a flaky link, not a dead one
+		if off > most {
+			// Further than ever: a flaky link, not a dead one. A server
+			// that ignores Range starts each answer over from byte 0, so
+			// bytes alone are no progress.
+			most, broken = off, 0
 		}
 		if broken++; broken > c.cfg.MaxRetries {
-			return fmt.Errorf("downloading %s of dataset %s: connection broke %d times in a row at byte %d: %w", f.Path, repo, broken, off, err)
+			return fmt.Errorf("downloading %s of dataset %s: the connection broke %d times in a row without getting past byte %d of %d: %w", f.Path, repo, broken, most, want, err)
 		}
 		c.cfg.Logger.Sugar().Infow("download interrupted, resuming", "path", f.Path, "offset", off, "error", err)
-		wait := backoff(broken)
+		wait := min(backoff(broken), c.cfg.MaxWait)
 		notice(ctx, fmt.Sprintf("the connection broke at byte %d (%v); resuming in %v (attempt %d of %d)", off, err, wait.Round(time.Second/10), broken+1, c.cfg.MaxRetries+1))
 		if err := sleep(ctx, wait); err != nil {
 			return err
@@ -102,7 +106,7 @@ func (e *brokenError) Error() string { return "connection broken: " + e.err.Erro
 func (e *brokenError) Unwrap() error { return e.err }
 
 // fetchFrom requests src from *off on and appends what arrives to out.
-func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, sum *verifier, off *int64) (int64, error) {
+func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, sum *verifier, off *int64) error {
 	start := *off
 	resp, err := c.get(ctx, repo, src, func(r *http.Request) {
 		// Identity: a transparently gunzipped body would not match byte offsets.
@@ -112,31 +116,31 @@ func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, 
 		}
 	})
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer resp.Body.Close()
 	switch {
 	case start > 0 && resp.StatusCode == http.StatusOK:
 		// The server ignored the Range: start over rather than append twice.
 		if err := out.Truncate(0); err != nil {
-			return 0, err
+			return err
 		}
 		sum.reset()
 		start, *off = 0, 0
 	case resp.StatusCode == http.StatusPartialContent:
 		if got := contentRangeStart(resp.Header.Get("Content-Range")); got != start {
-			return 0, fmt.Errorf("asked for bytes from %d, the server sent from %d (Content-Range %q)", start, got, resp.Header.Get("Content-Range"))
+			return fmt.Errorf("asked for bytes from %d, the server sent from %d (Content-Range %q)", start, got, resp.Header.Get("Content-Range"))
 		}
 	}
 	if _, err := out.Seek(start, io.SeekStart); err != nil {
-		return 0, err
+		return err
 	}
 	n, err := io.Copy(io.MultiWriter(out, sum), resp.Body)
 	*off += n
 	if err != nil {
-		return n, &brokenError{err}
+		return &brokenError{err}
 	}
-	return n, nil
+	return nil
 }
 
 // contentRangeStart parses the first byte position of "bytes 100-199/200".

@@ -93,3 +93,40 @@ func TestDownloadResumesABodyThatEndsEarly(t *testing.T) {
 		t.Fatalf("no Range request resumed the download from byte %d: %+v", len(content)/2, h.Requests())
 	}
 }
+
+// A connection cut at the same byte each time is resumed from there while
+// the server honours Range; one that ignores Range sends the file from its
+// start each time and never gets further, and the download gives up after
+// MaxRetries such breaks, naming the file, instead of starting over for good.
+func TestDownloadCutEachTimeStopsWhereItGetsNoFurther(t *testing.T) {
+	h := newHub(t)
+	content := randomBytes(t, 100_000)
+	h.Add(repo, "a.parquet", content, true)
+	h.CutAfter = 30_000
+	c, err := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 4, MaxWait: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	files, err := c.List(ctx, repo, "main", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "a.parquet")
+	if err := c.Download(ctx, repo, "main", files[0], dst); err != nil {
+		t.Fatalf("a download cut every 30000 bytes, resumed with Range: %v", err)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
+		t.Fatal("the download resumed at each cut differs from the content")
+	}
+
+	h.IgnoreRange = true
+	dst = filepath.Join(t.TempDir(), "b.parquet")
+	err = c.Download(ctx, repo, "main", files[0], dst)
+	if err == nil || !strings.Contains(err.Error(), "a.parquet") || !strings.Contains(err.Error(), "30000") {
+		t.Fatalf("a server that ignores Range and cuts each answer at byte 30000: %v; want an error naming the file and the byte", err)
+	}
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Fatalf("a download that gave up left %s", dst)
+	}
+}

@@ -50,6 +50,10 @@ type Hub struct {
 	// nothing more on a connection it keeps open (as a stalled CDN node
 	// does) until the client gives up on it or the Hub is closed.
 	StallOnce bool
+	// CutAfter cuts every CDN answer's connection after this many bytes of
+	// its body (0: never), as a proxy that caps one connection's transfer
+	// does.
+	CutAfter int
 	// IgnoreRange makes the CDN answer every request with the whole file.
 	IgnoreRange bool
 	// BeforeResolve, when set, runs before the Hub answers a request to
@@ -362,7 +366,7 @@ func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
 	if endNow {
 		h.ended[key] = true
 	}
-	ignoreRange := h.IgnoreRange
+	ignoreRange, cutAfter := h.IgnoreRange, h.CutAfter
 	h.mu.Unlock()
 	if content == nil {
 		http.Error(w, "NoSuchKey", http.StatusNotFound)
@@ -404,11 +408,39 @@ func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
 		}
 		return -1
 	}
+	if cutAfter > 0 {
+		w = &cutWriter{ResponseWriter: w, left: cutAfter}
+	}
 	http.ServeContent(w, r, oid, time.Time{}, bytes.NewReader(content))
 	if r.Header.Get("Range") != "" {
 		return http.StatusPartialContent
 	}
 	return http.StatusOK
+}
+
+// cutWriter closes its connection once it has written left bytes of a body.
+type cutWriter struct {
+	http.ResponseWriter
+	left int
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, net.ErrClosed
+	}
+	if len(p) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.ResponseWriter.Write(p)
+	c.left -= n
+	if err == nil && c.left == 0 {
+		c.ResponseWriter.(http.Flusher).Flush()
+		if conn, _, err := c.ResponseWriter.(http.Hijacker).Hijack(); err == nil {
+			conn.Close()
+		}
+		return n, net.ErrClosed
+	}
+	return n, err
 }
 
 func notFound(w http.ResponseWriter, code, msg string) int {

@@ -192,13 +192,18 @@ func (l *RunLock) hold(ctx context.Context, renew, retake bool, fields map[strin
 	cur, _ := res[1].(string)
 	fence, _ := res[2].(string)
 	h := held{code: code}
-	switch code {
-	case -1:
+	switch {
+	case code == -1:
 		token, who, _ := strings.Cut(cur, ":")
 		h.why = fmt.Sprintf("another worker holds the lock: %s, with token %s", who, token)
-	case -2:
+	case code == -2 && fence == "":
+		// No acquisition removes the fence: Redis lost its data (a
+		// restart without its append-only file, a flush), the run's
+		// queued segment with it.
+		h.why = fmt.Sprintf("the run's lock and fencing token are gone from Redis (it lost its data: restarted without its append-only file, or flushed), and its queued segment with them: 'sched enqueue train %s' resumes the run from its last checkpoint", l.run)
+	case code == -2:
 		h.why = fmt.Sprintf("the lease expired and another worker has taken the run since (newest token %s)", fence)
-	case -3:
+	case code == -3:
 		h.why = "the lease expired after this holder stopped renewing it"
 	}
 	return h, nil

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -323,5 +324,44 @@ func TestATakeoverAfterTheLeaseExpiredStopsTheHolder(t *testing.T) {
 				t.Errorf("lock value %q after the stale holder's release; want gpu-b's", v)
 			}
 		})
+	}
+}
+
+// A holder whose Redis lost its data (restarted without its append-only
+// file) stops at its next write or renewal, saying so and how to resume
+// the run, not that another worker took it.
+func TestAHolderWhoseRedisLostItsDataSaysSo(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRunRedis(t)
+	for _, renewal := range []bool{false, true} {
+		run := fmt.Sprintf("lost-data-%v", renewal)
+		log, logs := observed()
+		ttl := time.Minute
+		if renewal {
+			ttl = 300 * time.Millisecond
+		}
+		l, err := AcquireRun(ctx, rdb, run, "gpu-a", ttl, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rdb.Del(ctx, RunLockKey(run), runFenceKey(run), RunStateKey(run)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		want := "the run's lock and fencing token are gone from Redis (it lost its data: restarted without its append-only file, or flushed), and its queued segment with them: 'sched enqueue train " + run + "' resumes the run from its last checkpoint"
+		if !renewal {
+			err := l.Fenced(ctx, map[string]string{"step": "1500"})
+			if !errors.Is(err, ErrRunLockLost) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("write after the loss of Redis's data: %v; want ErrRunLockLost saying %q", err, want)
+			}
+		}
+		select {
+		case <-l.Lost():
+		case <-time.After(time.Minute):
+			t.Fatal("the holder was not told it lost the run")
+		}
+		if lost := logs.FilterMessage("run lock lost").All(); len(lost) != 1 || lost[0].ContextMap()["why"] != want {
+			t.Errorf("renewal %v: logged %v; want one loss saying %q", renewal, logs.All(), want)
+		}
+		l.Release(ctx)
 	}
 }

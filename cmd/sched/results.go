@@ -66,7 +66,8 @@ training segment) into DIR/<run>/, for 'tensorboard --logdir DIR'.`,
 	rootCmd.AddCommand(cmd)
 }
 
-// downloadEvents copies results/<run>/tensorboard/ into dir/<run>/.
+// downloadEvents copies results/<run>/tensorboard/ into dir/<run>/, and
+// removes the event files there that it no longer holds.
 func downloadEvents(ctx context.Context, w io.Writer, st store.Store, run, dir string) error {
 	prefix := segment.ResultsPrefix(run) + results.TensorBoardDir + "/"
 	objs, err := st.List(ctx, prefix)
@@ -80,6 +81,7 @@ func downloadEvents(ctx context.Context, w io.Writer, st store.Store, run, dir s
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return badInput("--tensorboard %s: %v", dir, err)
 	}
+	held := map[string]bool{}
 	for _, o := range objs {
 		name := strings.TrimPrefix(o.Key, prefix)
 		if name == "" || strings.Contains(name, "/") {
@@ -87,6 +89,21 @@ func downloadEvents(ctx context.Context, w io.Writer, st store.Store, run, dir s
 		}
 		if err := getFile(ctx, st, o.Key, filepath.Join(out, name)); err != nil {
 			return err
+		}
+		held[name] = true
+	}
+	// An event file of an earlier download that object storage no longer
+	// holds was removed there: its steps were trained again, and are in
+	// another file.
+	entries, err := os.ReadDir(out)
+	if err != nil {
+		return fmt.Errorf("--tensorboard %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if _, _, _, ok := results.ParseEventFileName(e.Name()); ok && e.Type().IsRegular() && !held[e.Name()] {
+			if err := os.Remove(filepath.Join(out, e.Name())); err != nil {
+				return fmt.Errorf("--tensorboard %s: %w", dir, err)
+			}
 		}
 	}
 	_, err = fmt.Fprintf(w, "%d event files of run %s in %s: tensorboard --logdir %s\n", len(objs), run, out, dir)

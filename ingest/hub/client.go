@@ -274,7 +274,7 @@ func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
 	case code == "RepoNotFound":
 		return &BadInputError{fmt.Errorf("dataset %s was not found on %s: check its name at %s", repo, secret.URL(c.cfg.Endpoint), c.DatasetPage(repo))}
 	case code == "RevisionNotFound":
-		return &BadInputError{fmt.Errorf("dataset %s has no such revision (%s): check the revision in the preset", repo, redact(rawURL))}
+		return &RevisionNotFoundError{Repo: repo, URL: redact(rawURL)}
 	case resp.StatusCode == http.StatusNotFound:
 		return &NotFoundError{URL: redact(rawURL), Repo: repo}
 	}
@@ -300,6 +300,19 @@ func (e *GatedError) Error() string {
 
 // BadInput marks the error as the user's to fix.
 func (e *GatedError) BadInput() bool { return true }
+
+// RevisionNotFoundError says that the hub has no such revision of a dataset.
+type RevisionNotFoundError struct {
+	Repo string
+	URL  string
+}
+
+func (e *RevisionNotFoundError) Error() string {
+	return fmt.Sprintf("dataset %s has no such revision (%s): check the revision in the preset", e.Repo, e.URL)
+}
+
+// BadInput marks the error as the user's to fix.
+func (e *RevisionNotFoundError) BadInput() bool { return true }
 
 // NotFoundError is a 404 for a file or path that does not exist.
 type NotFoundError struct {

@@ -66,7 +66,12 @@ func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst str
 			return ctx.Err()
 		}
 		var transient *brokenError
-		if !errors.As(err, &transient) {
+		var gone *RevisionNotFoundError
+		switch {
+		case errors.As(err, &gone) && isCommit(rev):
+			// The plan pinned the commit; the preset's revision is fine.
+			return &BadInputError{fmt.Errorf("downloading %s of dataset %s: commit %s, which the ingest was planned at, is gone from the hub (a force-push replaced it): run the ingest again (sched enqueue ingest, or sched ingest --direct) to plan it at the current commit; the files its store holds are left out", f.Path, repo, rev)}
+		case !errors.As(err, &transient):
 			return fmt.Errorf("downloading %s of dataset %s: %w", f.Path, repo, err)
 		}
 		if off > most {
@@ -97,6 +102,19 @@ func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst str
 		return fmt.Errorf("downloading %s: %w", f.Path, err)
 	}
 	return os.Rename(part, dst)
+}
+
+// isCommit says whether rev is a full commit id rather than a branch or tag.
+func isCommit(rev string) bool {
+	if len(rev) != 40 {
+		return false
+	}
+	for _, c := range rev {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // brokenError is a body that ended early: the download resumes from there.

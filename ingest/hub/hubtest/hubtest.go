@@ -120,6 +120,18 @@ func (h *Hub) Add(repo, path string, content []byte, lfs bool) {
 	h.lfs[repo+"/"+path] = lfs
 }
 
+// ForcePush moves every branch to a new commit and forgets the old one, as
+// a force-push does once the Hub has let go of the commit it replaced: a
+// request at the old commit is answered 404 RevisionNotFound. It returns
+// the new commit.
+func (h *Hub) ForcePush() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sum := sha1.Sum([]byte(h.Commit))
+	h.Commit = hex.EncodeToString(sum[:])
+	return h.Commit
+}
+
 // Requests returns a copy of the requests seen so far.
 func (h *Hub) Requests() []Request {
 	h.mu.Lock()
@@ -217,6 +229,7 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 	}
 	h.mu.Lock()
 	files, ok := h.files[repo]
+	commit := h.Commit
 	h.mu.Unlock()
 	if !ok {
 		return notFound(w, "RepoNotFound", "Repository not found")
@@ -224,12 +237,12 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 	if status := h.gate(w, r, repo); status != 0 {
 		return status
 	}
-	if rev != "main" && rev != h.Commit {
+	if rev != "main" && rev != commit {
 		return notFound(w, "RevisionNotFound", "Invalid rev id: "+rev)
 	}
 	switch {
 	case api && verb == "revision":
-		writeJSON(w, map[string]any{"id": repo, "sha": h.Commit})
+		writeJSON(w, map[string]any{"id": repo, "sha": commit})
 		return http.StatusOK
 	case api && verb == "tree":
 		return h.tree(w, r, repo, files, path)
@@ -244,7 +257,7 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 		if !ok {
 			return notFound(w, "EntryNotFound", "Entry not found")
 		}
-		w.Header().Set("X-Repo-Commit", h.Commit)
+		w.Header().Set("X-Repo-Commit", commit)
 		h.mu.Lock()
 		lfs := h.lfs[repo+"/"+path]
 		h.mu.Unlock()

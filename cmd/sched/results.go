@@ -36,7 +36,8 @@ for "bench", the sweep table from results/bench/ (tok/s, peak memory, MFU,
 and whether the GPU was idle).
 
 --tensorboard DIR downloads the run's TensorBoard event files (one per
-training segment) into DIR/<run>/, for 'tensorboard --logdir DIR'.`,
+training segment) into DIR/<run>/, for 'tensorboard --logdir DIR', and
+removes those of an earlier download that object storage no longer holds.`,
 		Args: exactArgs(1, "a run name or bench"),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg, err := loadConfig(c)

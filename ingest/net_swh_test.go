@@ -46,3 +46,37 @@ func TestSoftwareHeritageRefusalIsTheUsersToFix(t *testing.T) {
 		t.Fatalf("signed reads: %d documents of %d, skips %v, error %v", len(docs), len(rows), skips, err)
 	}
 }
+
+// An endpoint that names no bucket (a mirror's URL mistyped) answers every
+// blob 404 NoSuchBucket: that fails the file as the user's to fix, naming
+// KILN_SWH_ENDPOINT, where every blob was skipped as missing from the
+// archive and the file recorded as empty, its content lost to the store.
+func TestSoftwareHeritageWrongBucketIsNotMissingBlobs(t *testing.T) {
+	fake := hubtest.NewSWH()
+	defer fake.Close()
+	var rows []blobRow
+	for i := range 20 {
+		fake.Add(blobID(i), []byte(fmt.Sprintf("print(%d)\n", i)))
+		rows = append(rows, blobRow{BlobID: blobID(i), SrcEncoding: "UTF-8"})
+	}
+	path := filepath.Join(t.TempDir(), "ids.parquet")
+	writeParquet(t, path, rows, 8)
+	cols := Columns{Blob: "blob_id", Encoding: "src_encoding"}
+
+	docs, skips, err := readAll(t, path, OpenOptions{SWH: &SWH{Endpoint: fake.URL() + "/softwareheritage-mirror", InFlight: 4}, Columns: cols})
+	var bad interface{ BadInput() bool }
+	if err == nil || !errors.As(err, &bad) || !bad.BadInput() {
+		t.Fatalf("an endpoint with no such bucket: %d documents, skips %v, error %v; want an error marked bad input", len(docs), skips, err)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "KILN_SWH_ENDPOINT") || !strings.Contains(msg, "NoSuchBucket") {
+		t.Fatalf("an endpoint with no such bucket says %q; want it to name NoSuchBucket and KILN_SWH_ENDPOINT", msg)
+	}
+	if skips[SkipMissingBlob] != 0 {
+		t.Fatalf("an endpoint with no such bucket counted %d blobs as missing", skips[SkipMissingBlob])
+	}
+
+	docs, skips, err = readAll(t, path, OpenOptions{SWH: &SWH{Endpoint: fake.URL(), InFlight: 4}, Columns: cols})
+	if err != nil || len(docs) != len(rows) {
+		t.Fatalf("the right endpoint: %d documents of %d, skips %v, error %v", len(docs), len(rows), skips, err)
+	}
+}

@@ -210,8 +210,13 @@ func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
 			continue
 		case status == http.StatusOK:
 			return decodeBlob(rec, body)
+		case status == http.StatusNotFound && s3Code(body) != "" && s3Code(body) != "NoSuchKey":
+			// NoSuchBucket and the like: no blob is there to find, and
+			// skipping each as missing would record the file as empty.
+			return blobResult{err: &hub.BadInputError{Err: fmt.Errorf("Software Heritage (%s) answered blob %s with 404 %s: check KILN_SWH_ENDPOINT, which must name the content bucket (unset, it is %s)", s.Endpoint, rec.blob, s3Code(body), DefaultSWHEndpoint)}}
 		case status == http.StatusNotFound:
-			// NoSuchKey: the archive lacks this blob; the rest of the shard is fine.
+			// NoSuchKey (or a mirror's bare 404): the archive lacks this
+			// blob; the rest of the shard is fine.
 			return blobResult{skip: SkipMissingBlob}
 		case status == http.StatusForbidden:
 			// A refusal is the bucket's for every blob, and a retry of the

@@ -75,7 +75,16 @@ func (s *SWH) serve(w http.ResponseWriter, r *http.Request) {
 	for deadline := time.Now().Add(time.Second); s.peak.Load() < s.Barrier && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
-	id := strings.TrimPrefix(r.URL.Path, "/content/")
+	id, found := strings.CutPrefix(r.URL.Path, "/content/")
+	if !found {
+		// Another bucket, as S3 reads a path-style URL: an endpoint that
+		// names the wrong one.
+		bucket, _, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message><BucketName>%s</BucketName></Error>`, bucket)
+		return
+	}
 	s.mu.Lock()
 	b, ok := s.blobs[id]
 	fail := s.Down || s.Flaky && !s.failed[id]

@@ -43,7 +43,7 @@ func openParquet(path string, opt OpenOptions) (*parquetReader, error) {
 	if err != nil {
 		return nil, err
 	}
-	pf, err := parquet.OpenFile(f, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+	pf, err := openParquetFile(f, size)
 	if err != nil {
 		f.Close()
 		return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: fmt.Errorf("not a readable parquet file: %w", err)}
@@ -83,6 +83,17 @@ func openParquet(path string, opt OpenOptions) (*parquetReader, error) {
 	return r, nil
 }
 
+// openParquetFile reads the file's footer; a footer whose damage makes the
+// library panic is an error like any other.
+func openParquetFile(f *os.File, size int64) (pf *parquet.File, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			pf, err = nil, fmt.Errorf("its footer: %v", p)
+		}
+	}()
+	return parquet.OpenFile(f, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+}
+
 func columnNames(pf *parquet.File) []string {
 	var names []string
 	for _, f := range pf.Schema().Fields() {
@@ -104,14 +115,25 @@ func (r *parquetReader) corrupt(err error) error {
 	return &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: err}
 }
 
-func (r *parquetReader) next(ctx context.Context) (record, error) {
+// recoverCorrupt turns a panic of the parquet library into the file's
+// corrupt-file skip: the library trusts the sizes a page header gives, and
+// a damaged one (a negative length, an offset past the page) would end the
+// whole process, every task of the worker with it. Deferred by the methods
+// that read pages, with their error result.
+func (r *parquetReader) recoverCorrupt(err *error) {
+	if p := recover(); p != nil {
+		*err = r.corrupt(fmt.Errorf("row group %d: unreadable page (%v)", max(r.rg-1, 0), p))
+	}
+}
+
+func (r *parquetReader) next(ctx context.Context) (rec record, err error) {
+	defer r.recoverCorrupt(&err)
 	for r.pos >= r.rows {
 		if err := r.openRowGroup(ctx); err != nil {
 			return record{}, err
 		}
 	}
 	row := r.pos
-	var rec record
 	if r.text >= 0 {
 		v, err := r.nextText()
 		if err != nil {
@@ -140,7 +162,8 @@ func (r *parquetReader) next(ctx context.Context) (record, error) {
 }
 
 // openRowGroup moves to the next row group and reads its small columns.
-func (r *parquetReader) openRowGroup(ctx context.Context) error {
+func (r *parquetReader) openRowGroup(ctx context.Context) (err error) {
+	defer r.recoverCorrupt(&err)
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -266,10 +266,13 @@ func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
 	switch {
 	case code == "GatedRepo" || (resp.StatusCode == http.StatusForbidden && strings.Contains(msg, "authorized list")):
 		return &GatedError{Repo: repo, Page: c.DatasetPage(repo), HasToken: c.cfg.Token != ""}
+	case resp.StatusCode == http.StatusUnauthorized && c.cfg.Token != "":
+		return &BadInputError{fmt.Errorf("the hub refused HF_TOKEN for dataset %s (401): check the token at %s/settings/tokens", repo, secret.URL(c.cfg.Endpoint))}
+	case code == "RepoNotFound" && c.cfg.Token == "":
+		// The Hub answers a missing and a private dataset alike (401) to
+		// a request without a token.
+		return &BadInputError{fmt.Errorf("dataset %s was not found on %s: check its name at %s; if it is private, set HF_TOKEN of an account that may read it", repo, secret.URL(c.cfg.Endpoint), c.DatasetPage(repo))}
 	case resp.StatusCode == http.StatusUnauthorized:
-		if c.cfg.Token != "" {
-			return &BadInputError{fmt.Errorf("the hub refused HF_TOKEN for dataset %s (401): check the token at %s/settings/tokens", repo, secret.URL(c.cfg.Endpoint))}
-		}
 		return &BadInputError{fmt.Errorf("dataset %s needs a token (401): set HF_TOKEN, and accept its terms at %s if it is gated", repo, c.DatasetPage(repo))}
 	case code == "RepoNotFound":
 		return &BadInputError{fmt.Errorf("dataset %s was not found on %s: check its name at %s", repo, secret.URL(c.cfg.Endpoint), c.DatasetPage(repo))}

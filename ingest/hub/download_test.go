@@ -3,6 +3,7 @@ package hub_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -128,5 +129,31 @@ func TestDownloadCutEachTimeStopsWhereItGetsNoFurther(t *testing.T) {
 	}
 	if _, err := os.Stat(dst); !os.IsNotExist(err) {
 		t.Fatalf("a download that gave up left %s", dst)
+	}
+}
+
+// The Hub answers an anonymous request for a dataset it does not have, or
+// holds privately, with 401 RepoNotFound: that says the dataset was not
+// found, naming its page, and that a private one needs HF_TOKEN; not only
+// that the dataset needs a token, which sent a mistyped name after a
+// token. With a token, the 404 says the dataset was not found.
+func TestUnknownDatasetSaysNotFoundWithOrWithoutToken(t *testing.T) {
+	h := newHub(t)
+	h.Add(repo, "a.txt", []byte("a"), false)
+	for _, token := range []string{"", "hf_token"} {
+		c := newClient(t, h, token)
+		_, err := c.List(context.Background(), "owner/mistyped", "main", "")
+		var bad interface{ BadInput() bool }
+		if err == nil || !errors.As(err, &bad) || !bad.BadInput() {
+			t.Fatalf("token %q: an unknown dataset: %v; want bad input", token, err)
+		}
+		for _, want := range []string{"owner/mistyped was not found", h.Server.URL + "/datasets/owner/mistyped"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Fatalf("token %q: an unknown dataset says %q; want %q", token, err, want)
+			}
+		}
+		if hint := strings.Contains(err.Error(), "HF_TOKEN"); hint != (token == "") {
+			t.Fatalf("token %q: an unknown dataset says %q; HF_TOKEN named: %v", token, err, hint)
+		}
 	}
 }

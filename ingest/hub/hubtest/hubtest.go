@@ -232,6 +232,14 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 	commit := h.Commit
 	h.mu.Unlock()
 	if !ok {
+		if r.Header.Get("Authorization") == "" {
+			// The Hub does not tell an anonymous reader a missing
+			// repository from a private one: both are 401.
+			w.Header().Set("X-Error-Code", "RepoNotFound")
+			w.Header().Set("X-Error-Message", "Repository not found")
+			http.Error(w, `{"error":"Repository not found"}`, http.StatusUnauthorized)
+			return http.StatusUnauthorized
+		}
 		return notFound(w, "RepoNotFound", "Repository not found")
 	}
 	if status := h.gate(w, r, repo); status != 0 {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/tokenizer"
 )
 
@@ -67,5 +68,39 @@ func TestShardOfAForcePushedCommitSaysToPlanAgain(t *testing.T) {
 	}
 	if _, _, err := p.Shard(ctx, jobs["data/b.parquet"], nil); err != nil {
 		t.Fatalf("the shard planned again: %v", err)
+	}
+}
+
+// The Hub lists a gated dataset's files for all and refuses only their
+// downloads. Planning one without HF_TOKEN fails once as the user's to
+// fix, naming HF_TOKEN and the dataset's page, and queues no shard, where
+// every file's shard was queued to fail with the same message.
+func TestPlanOfAGatedDatasetWithoutTokenQueuesNoShard(t *testing.T) {
+	p, h := newCorpus(t, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
+	h.Gated, h.Authorized, h.PublicListing = true, "hf_granted", true
+	for _, name := range []string{"a", "b", "c"} {
+		h.Add(corpusRepo, "data/"+name+".parquet", parquetBytes(t, []textRow{{Text: "func main() {}"}}), true)
+	}
+	res, err := p.Plan(context.Background(), PlanJob{Dataset: "corpus", Store: "code", Tokenizer: "t", Seed: 1})
+	var bad interface{ BadInput() bool }
+	if err == nil || !hub.IsGated(err) || !errors.As(err, &bad) || !bad.BadInput() || len(res.Shards) != 0 {
+		t.Fatalf("the plan of a gated dataset without a token queued %d shards, error %v; want none and a gated error", len(res.Shards), err)
+	}
+	page := h.Server.URL + "/datasets/" + corpusRepo
+	if !strings.Contains(err.Error(), "HF_TOKEN") || !strings.Contains(err.Error(), page) {
+		t.Fatalf("the plan of a gated dataset without a token says %q; want HF_TOKEN and %s named", err, page)
+	}
+
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL, Token: "hf_granted"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Hub = hc
+	res, err = p.Plan(context.Background(), PlanJob{Dataset: "corpus", Store: "code", Tokenizer: "t", Seed: 1})
+	if err != nil || len(res.Shards) != 3 {
+		t.Fatalf("with a granted token: %d shards, %v", len(res.Shards), err)
+	}
+	if _, _, err := p.Shard(context.Background(), res.Shards[0], nil); err != nil {
+		t.Fatalf("with a granted token: %v", err)
 	}
 }

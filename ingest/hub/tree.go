@@ -32,13 +32,19 @@ func (c *Client) ResolveRevision(ctx context.Context, repo, rev string) (string,
 	}
 	u := fmt.Sprintf("%s/api/datasets/%s/revision/%s", c.cfg.Endpoint, repo, url.PathEscape(rev))
 	var info struct {
-		SHA string `json:"sha"`
+		SHA   string `json:"sha"`
+		Gated any    `json:"gated"` // false, "auto" or "manual"
 	}
 	if _, err := c.getJSON(ctx, repo, u, &info); err != nil {
 		return "", fmt.Errorf("resolving revision %q of dataset %s: %w", rev, repo, err)
 	}
 	if len(info.SHA) != 40 {
 		return "", fmt.Errorf("resolving revision %q of dataset %s: the hub answered no commit (%q)", rev, repo, info.SHA)
+	}
+	// The Hub lists a gated dataset's files for all and refuses only their
+	// downloads: without a token, say so before an ingest is planned.
+	if g, ok := info.Gated.(string); ok && g != "" && c.cfg.Token == "" {
+		return "", &GatedError{Repo: repo, Page: c.DatasetPage(repo)}
 	}
 	return info.SHA, nil
 }

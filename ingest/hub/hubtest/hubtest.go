@@ -38,6 +38,10 @@ type Hub struct {
 	// GatedRepo, one with a token outside Authorized gets 403.
 	Gated      bool
 	Authorized string
+	// PublicListing, with Gated, answers the revision and tree endpoints
+	// without a token, as the Hub does for a gated dataset: its files are
+	// listed for all, and only their downloads are gated.
+	PublicListing bool
 	// RateLimited answers this many requests with 429 before serving.
 	RateLimited int
 	// BreakOnce cuts the first CDN download of each file after half its bytes.
@@ -242,15 +246,21 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 		}
 		return notFound(w, "RepoNotFound", "Repository not found")
 	}
-	if status := h.gate(w, r, repo); status != 0 {
-		return status
+	if !(api && h.PublicListing) {
+		if status := h.gate(w, r, repo); status != 0 {
+			return status
+		}
 	}
 	if rev != "main" && rev != commit {
 		return notFound(w, "RevisionNotFound", "Invalid rev id: "+rev)
 	}
 	switch {
 	case api && verb == "revision":
-		writeJSON(w, map[string]any{"id": repo, "sha": commit})
+		gated := any(false)
+		if h.Gated {
+			gated = "manual"
+		}
+		writeJSON(w, map[string]any{"id": repo, "sha": commit, "gated": gated})
 		return http.StatusOK
 	case api && verb == "tree":
 		return h.tree(w, r, repo, files, path)

@@ -3,6 +3,7 @@ package ingest
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -78,5 +79,38 @@ func TestSoftwareHeritageWrongBucketIsNotMissingBlobs(t *testing.T) {
 	docs, skips, err = readAll(t, path, OpenOptions{SWH: &SWH{Endpoint: fake.URL(), InFlight: 4}, Columns: cols})
 	if err != nil || len(docs) != len(rows) {
 		t.Fatalf("the right endpoint: %d documents of %d, skips %v, error %v", len(docs), len(rows), skips, err)
+	}
+}
+
+// Requests signed for another region than the bucket's (AWS_REGION set for
+// the machine's own region) are refused with 400 AuthorizationHeaderMalformed
+// for every blob: that fails the file once as the user's to fix, naming
+// AWS_REGION and the bucket's region, where it was retried as an unexpected
+// answer with nothing to say what to change.
+func TestSoftwareHeritageWrongRegionNamesAWSRegion(t *testing.T) {
+	fake := hubtest.NewSWH()
+	defer fake.Close()
+	fake.Region = "us-east-1"
+	fake.Add(blobID(1), []byte("print(1)\n"))
+	path := filepath.Join(t.TempDir(), "ids.jsonl")
+	if err := os.WriteFile(path, []byte(`{"blob_id":"`+blobID(1)+`"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cols := Columns{Blob: "blob_id"}
+	swh := &SWH{Endpoint: fake.URL(), AccessKey: "AKIDEXAMPLE", SecretKey: "secret", Region: "eu-west-1"}
+	_, _, err := readAll(t, path, OpenOptions{SWH: swh, Columns: cols})
+	var bad interface{ BadInput() bool }
+	if err == nil || !errors.As(err, &bad) || !bad.BadInput() {
+		t.Fatalf("requests signed for another region: %v; want an error marked bad input", err)
+	}
+	for _, want := range []string{"AWS_REGION", "eu-west-1", "us-east-1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("requests signed for another region: %q; want it to name %q", err, want)
+		}
+	}
+	swh.Region = ""
+	docs, _, err := readAll(t, path, OpenOptions{SWH: swh, Columns: cols})
+	if err != nil || len(docs) != 1 {
+		t.Fatalf("requests signed for the bucket's region: %d documents, %v", len(docs), err)
 	}
 }

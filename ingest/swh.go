@@ -226,6 +226,10 @@ func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
 				who = "the account of AWS_ACCESS_KEY_ID may not read it: set the keys of one that may"
 			}
 			return blobResult{err: &hub.BadInputError{Err: fmt.Errorf("Software Heritage (%s) refused blob %s (403 %s): its bulk-download terms are the user's to accept; %s, or KILN_SWH_ENDPOINT for a mirror", s.Endpoint, rec.blob, s3Code(body), who)}}
+		case status == http.StatusBadRequest && s3Code(body) == "AuthorizationHeaderMalformed":
+			// Signed for another region (AWS_REGION set for the machine's
+			// own): every blob is refused alike.
+			return blobResult{err: &hub.BadInputError{Err: fmt.Errorf("Software Heritage (%s) refused blob %s (400 AuthorizationHeaderMalformed): the requests are signed for region %s (AWS_REGION) and the bucket is in %q: set AWS_REGION to that, or unset it for Software Heritage's own bucket (us-east-1)", s.Endpoint, rec.blob, s.Region, s3Region(body))}}
 		case status == http.StatusTooManyRequests || status >= 500:
 			last = fmt.Errorf("%d %s", status, s3Code(body))
 			continue
@@ -319,6 +323,17 @@ func validBlobID(id string) bool {
 		}
 	}
 	return true
+}
+
+// s3Region extracts <Region> from an S3 error document: the bucket's region.
+func s3Region(body []byte) string {
+	var e struct {
+		Region string `xml:"Region"`
+	}
+	if xml.Unmarshal(body, &e) == nil {
+		return e.Region
+	}
+	return ""
 }
 
 // s3Code extracts <Code> from an S3 error document.

@@ -27,6 +27,9 @@ type SWH struct {
 	// Private answers a request that carries no AWS signature with 403
 	// AccessDenied, as the bucket does for anonymous readers.
 	Private bool
+	// Region, when set, is the bucket's region: a request signed for
+	// another is answered 400 AuthorizationHeaderMalformed, as S3 does.
+	Region string
 	// Gate, when set, holds every request until it is closed.
 	Gate chan struct{}
 	// Barrier holds each request until this many are in flight at once,
@@ -96,6 +99,12 @@ func (s *SWH) serve(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>`)
 		return
 	}
+	if region := signedRegion(r.Header.Get("Authorization")); s.Region != "" && region != "" && region != s.Region {
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>AuthorizationHeaderMalformed</Code><Message>The authorization header is malformed; the region '%s' is wrong; expecting '%s'</Message><Region>%s</Region></Error>`, region, s.Region, s.Region)
+		return
+	}
 	if fail {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code></Error>`)
@@ -113,4 +122,19 @@ func (s *SWH) serve(w http.ResponseWriter, r *http.Request) {
 	z.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Write(buf.Bytes())
+}
+
+// signedRegion is the region of a SigV4 Authorization header's credential
+// scope (Credential=key/date/region/s3/aws4_request), or "".
+func signedRegion(auth string) string {
+	_, cred, ok := strings.Cut(auth, "Credential=")
+	if !ok {
+		return ""
+	}
+	cred, _, _ = strings.Cut(cred, ",")
+	parts := strings.Split(cred, "/")
+	if len(parts) < 5 {
+		return ""
+	}
+	return parts[2]
 }

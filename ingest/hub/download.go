@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // ResolveURL is the download URL of path at rev in dataset repo.
@@ -25,8 +27,11 @@ func (c *Client) ResolveURL(repo, rev, path string) string {
 // Download fetches f at rev into dst. It writes dst+".part" first, resumes
 // that file with a Range request after a broken connection (or a restart),
 // checks the size, and checks the LFS sha256 (or the git blob id of a
-// small file) before renaming it to dst. A file that fails verification is
-// removed, so that the next attempt starts clean.
+// small file) before renaming it to dst. A partial file that an earlier
+// attempt left and that fails verification (another version of the file,
+// bytes damaged on disk) is downloaded again from its start, once; a file
+// that fails verification then is removed, so that the next attempt
+// starts clean.
 func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst string) error {
 	if err := checkRepo(repo); err != nil {
 		return err
@@ -51,52 +56,32 @@ func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst str
 	}
 	defer c.release()
 	src := c.ResolveURL(repo, rev, f.Path)
-	most := off // the furthest the file has reached
-	for broken := 0; off < want; {
-		err := c.fetchFrom(ctx, repo, src, out, sum, &off)
-		if err == nil && off < want {
-			// A body without a length ends where the connection does: what
-			// it lacks is asked for again, like a broken transfer's.
-			err = &brokenError{fmt.Errorf("the body ended at byte %d of %d", off, want)}
-		}
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		var transient *brokenError
-		var gone *RevisionNotFoundError
-		switch {
-		case errors.As(err, &gone) && isCommit(rev):
-			// The plan pinned the commit; the preset's revision is fine.
-			return &BadInputError{fmt.Errorf("downloading %s of dataset %s: commit %s, which the ingest was planned at, is gone from the hub (a force-push replaced it): run the ingest again (sched enqueue ingest, or sched ingest --direct) to plan it at the current commit; the files its store holds are left out", f.Path, repo, rev)}
-		case !errors.As(err, &transient):
-			return fmt.Errorf("downloading %s of dataset %s: %w", f.Path, repo, err)
-		}
-		if off > most {
-			// Further than ever: a flaky link, not a dead one. A server
-			// that ignores Range starts each answer over from byte 0, so
-			// bytes alone are no progress.
-			most, broken = off, 0
-		}
-		if broken++; broken > c.cfg.MaxRetries {
-			return fmt.Errorf("downloading %s of dataset %s: the connection broke %d times in a row without getting past byte %d of %d: %w", f.Path, repo, broken, most, want, err)
-		}
-		c.cfg.Logger.Sugar().Infow("download interrupted, resuming", "path", f.Path, "offset", off, "error", err)
-		wait := min(backoff(broken), c.cfg.MaxWait)
-		notice(ctx, fmt.Sprintf("the connection broke at byte %d (%v); resuming in %v (attempt %d of %d)", off, err, wait.Round(time.Second/10), broken+1, c.cfg.MaxRetries+1))
-		if err := sleep(ctx, wait); err != nil {
+	kept := off > 0 // bytes an earlier attempt left
+	for {
+		if err := c.transfer(ctx, repo, rev, f.Path, src, out, sum, &off, want); err != nil {
 			return err
 		}
-	}
-	if off != want {
+		bad := sum.check()
+		if off != want {
+			bad = fmt.Errorf("got %d bytes, the tree lists %d", off, want)
+		}
+		if bad == nil {
+			break
+		}
+		if kept {
+			// What an earlier attempt left may be of another version of
+			// the file (its ingest planned again at a newer commit) or
+			// damaged on disk: the file is downloaded whole once.
+			c.cfg.Logger.Info("the partial download does not match the file; downloading it again from its start", zap.String("path", f.Path), zap.Error(bad))
+			if err := out.Truncate(0); err != nil {
+				return fmt.Errorf("downloading %s: %w", f.Path, err)
+			}
+			sum.reset()
+			off, kept = 0, false
+			continue
+		}
 		os.Remove(part)
-		return fmt.Errorf("downloading %s of dataset %s: got %d bytes, the tree lists %d; the partial file was removed, retry", f.Path, repo, off, want)
-	}
-	if err := sum.check(); err != nil {
-		os.Remove(part)
-		return fmt.Errorf("downloading %s of dataset %s: %w; the file was removed, retry", f.Path, repo, err)
+		return fmt.Errorf("downloading %s of dataset %s: %w; the file was removed, retry", f.Path, repo, bad)
 	}
 	if err := out.Close(); err != nil {
 		return fmt.Errorf("downloading %s: %w", f.Path, err)
@@ -115,6 +100,51 @@ func isCommit(rev string) bool {
 		}
 	}
 	return true
+}
+
+// transfer downloads what out lacks of the file at src, from *off to want,
+// resuming after each break while it gets further.
+func (c *Client) transfer(ctx context.Context, repo, rev, path, src string, out *os.File, sum *verifier, off *int64, want int64) error {
+	most := *off // the furthest the file has reached
+	for broken := 0; *off < want; {
+		err := c.fetchFrom(ctx, repo, src, out, sum, off)
+		if err == nil && *off < want {
+			// A body without a length ends where the connection does: what
+			// it lacks is asked for again, like a broken transfer's.
+			err = &brokenError{fmt.Errorf("the body ended at byte %d of %d", *off, want)}
+		}
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var transient *brokenError
+		var gone *RevisionNotFoundError
+		switch {
+		case errors.As(err, &gone) && isCommit(rev):
+			// The plan pinned the commit; the preset's revision is fine.
+			return &BadInputError{fmt.Errorf("downloading %s of dataset %s: commit %s, which the ingest was planned at, is gone from the hub (a force-push replaced it): run the ingest again (sched enqueue ingest, or sched ingest --direct) to plan it at the current commit; the files its store holds are left out", path, repo, rev)}
+		case !errors.As(err, &transient):
+			return fmt.Errorf("downloading %s of dataset %s: %w", path, repo, err)
+		}
+		if *off > most {
+			// Further than ever: a flaky link, not a dead one. A server
+			// that ignores Range starts each answer over from byte 0, so
+			// bytes alone are no progress.
+			most, broken = *off, 0
+		}
+		if broken++; broken > c.cfg.MaxRetries {
+			return fmt.Errorf("downloading %s of dataset %s: the connection broke %d times in a row without getting past byte %d of %d: %w", path, repo, broken, most, want, err)
+		}
+		c.cfg.Logger.Sugar().Infow("download interrupted, resuming", "path", path, "offset", *off, "error", err)
+		wait := min(backoff(broken), c.cfg.MaxWait)
+		notice(ctx, fmt.Sprintf("the connection broke at byte %d (%v); resuming in %v (attempt %d of %d)", *off, err, wait.Round(time.Second/10), broken+1, c.cfg.MaxRetries+1))
+		if err := sleep(ctx, wait); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // brokenError is a body that ended early: the download resumes from there.

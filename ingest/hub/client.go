@@ -208,6 +208,10 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 		case resp.StatusCode >= 500:
 			lastErr = fmt.Errorf("%s answered %s", resp.Request.URL.Host, resp.Status)
 			wait = backoff(attempt)
+			if resp.Header.Get("Retry-After") != "" {
+				// A server in maintenance says when it is back.
+				wait = rateLimitWait(resp.Header, attempt)
+			}
 			drain(resp)
 		default:
 			err := c.statusError(repo, rawURL, resp)

@@ -187,3 +187,21 @@ func TestDownloadOfAPartialFileOfAnotherVersionStartsOver(t *testing.T) {
 		t.Fatal("the .part file was left behind")
 	}
 }
+
+// A 503 that says when to come back (Retry-After) is waited out that long,
+// as a 429 is, and the task says so; not after a backoff that gives up
+// before the Hub is back.
+func TestUnavailableHubIsWaitedOutAsItAsks(t *testing.T) {
+	h := newHub(t)
+	h.Unavailable, h.RetryAfter = 1, 1
+	h.Add(repo, "a.txt", []byte("a"), false)
+	c := newClient(t, h, "")
+	var notes []string
+	ctx := hub.WithRetryNotice(context.Background(), func(msg string) { notes = append(notes, msg) })
+	if _, err := c.ResolveRevision(ctx, repo, "main"); err != nil {
+		t.Fatal(err)
+	}
+	if len(notes) != 1 || !strings.Contains(notes[0], "503 Service Unavailable; trying again in 1s") {
+		t.Fatalf("the task was told %q; want one wait of the 1s the Hub asked", notes)
+	}
+}

@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// rateLimitWait reads how long a 429 asks us to wait. The Hub sends the IETF
-// RateLimit header ("api";r=0;t=55: t is seconds until the window resets);
-// the older draft's "reset=55" and Retry-After are read as well. Without any,
-// it backs off. A reset of 0 still waits a moment, so that a server that
+// rateLimitWait reads how long a 429 (or a 503 with Retry-After) asks us to
+// wait. The Hub sends the IETF RateLimit header ("api";r=0;t=55: t is
+// seconds until the window resets); the older draft's "reset=55" and
+// Retry-After are read as well. Without any, it backs off. A reset of 0 still waits a moment, so that a server that
 // keeps answering 429 is not hammered.
 func rateLimitWait(h http.Header, attempt int) time.Duration {
 	const least = 50 * time.Millisecond

@@ -44,6 +44,10 @@ type Hub struct {
 	PublicListing bool
 	// RateLimited answers this many requests with 429 before serving.
 	RateLimited int
+	// Unavailable answers this many requests with 503 and a Retry-After
+	// of RetryAfter seconds before serving, as the Hub does in maintenance.
+	Unavailable int
+	RetryAfter  int
 	// BreakOnce cuts the first CDN download of each file after half its bytes.
 	BreakOnce bool
 	// EndEarlyOnce ends the first CDN download of each file after half its
@@ -206,7 +210,17 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 	if limited {
 		h.RateLimited--
 	}
+	unavailable := !limited && h.Unavailable > 0
+	if unavailable {
+		h.Unavailable--
+	}
+	retryAfter := h.RetryAfter
 	h.mu.Unlock()
+	if unavailable {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+		http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
+		return http.StatusServiceUnavailable
+	}
 	if limited {
 		w.Header().Set("RateLimit", `"api";r=0;t=0`)
 		w.Header().Set("RateLimit-Policy", `"fixed window";"api";q=500;w=300`)

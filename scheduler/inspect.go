@@ -50,7 +50,8 @@ type TaskStatus struct {
 	// Lost is set by Snapshot on an active task whose worker is gone.
 	Lost bool
 	// Cancelled is an archived task stopped by `sched cancel` (its
-	// cancel mark); set by Snapshot, Runs and Task.
+	// cancel mark); set by Snapshot, Runs and Task. Snapshot sets it on a
+	// running task that `sched cancel` asked to stop too.
 	Cancelled bool
 }
 

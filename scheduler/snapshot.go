@@ -123,26 +123,32 @@ func (c *Client) taskStatuses(ctx context.Context, infos []*asynq.TaskInfo) ([]T
 		return nil, err
 	}
 	out := make([]TaskStatus, len(infos))
-	var archived []int
+	var marked []int
 	for i, ti := range infos {
 		out[i] = newTaskStatus(ti)
 		if p, ok := progress[ti.ID]; ok {
 			out[i].Progress, out[i].HasProgress = p, true
 		}
-		if ti.State == asynq.TaskStateArchived {
-			archived = append(archived, i)
+		// A running task may carry a cancel too: one whose worker died
+		// is archived, not run, by the worker that takes it back.
+		if ti.State == asynq.TaskStateArchived || ti.State == asynq.TaskStateActive {
+			marked = append(marked, i)
 		}
 	}
-	if len(archived) > 0 {
+	if len(marked) > 0 {
 		pipe := c.rdb.Pipeline()
-		marks := make([]*redis.StringCmd, len(archived))
-		for k, i := range archived {
+		marks := make([]*redis.StringCmd, len(marked))
+		for k, i := range marked {
 			marks[k] = pipe.Get(ctx, cancelKey(out[i].ID))
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("read cancel marks: %w", err)
 		}
-		for k, i := range archived {
+		for k, i := range marked {
+			if out[i].State == "active" {
+				out[i].Cancelled = marks[k].Val() != ""
+				continue
+			}
 			markCancelled(&out[i], marks[k].Val())
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -393,6 +394,21 @@ func TestACancelWhileItsWorkerIsDeadHolds(t *testing.T) {
 	// says it has not.
 	if state, err := e.c.Cancel(context.Background(), id); err != nil || state != "cancelling" {
 		t.Fatalf("cancel with its worker dead: %q, %v; want cancelling", state, err)
+	}
+	// Until then sched status shows it lost and cancelled, not as a task
+	// that runs again.
+	for {
+		snap, err := e.c.Snapshot(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i := slices.IndexFunc(snap.Running(), func(ts scheduler.TaskStatus) bool { return ts.ID == id && ts.Lost }); i >= 0 {
+			if ts := snap.Running()[i]; !ts.Cancelled {
+				t.Fatalf("sched status of the lost task after its cancel: %+v; want it cancelled", ts)
+			}
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	e.recoverAfterTheLease(id)
 	ts := e.waitFor(id, time.Minute, "ended", func(ts scheduler.TaskStatus) bool { return ts.State == "archived" || ts.State == "completed" })

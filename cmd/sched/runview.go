@@ -137,6 +137,9 @@ func lostDetail(t scheduler.TaskStatus) string {
 	if t.HasProgress && t.Progress.Worker != "" {
 		who = "worker " + t.Progress.Worker
 	}
+	if t.Cancelled {
+		return who + " stopped heartbeating; cancelled: a worker on queue " + t.Queue + " that recovers it archives it without running it"
+	}
 	return who + " stopped heartbeating; the task runs again once a worker on queue " + t.Queue + " recovers it"
 }
 

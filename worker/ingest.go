@@ -89,7 +89,8 @@ func ingestTokenizers(cat *catalog.Catalog) func(context.Context, string) (*toke
 
 // AbortStaleUploads drops the multipart uploads that a process killed
 // mid-put, or an abort that failed while S3 was down, left under kiln's
-// prefixes: S3 keeps (and bills) their parts until someone aborts them. The
+// prefixes: S3 keeps (and bills) their parts until someone aborts them (in
+// the local directory store, the temporary files of killed puts). The
 // bucket is shared with other workers whose uploads are live, so only
 // uploads idle for longer than idle go (a worker passes
 // store.StaleUploadAge). Each is logged, and returned; a failure is logged,
@@ -97,11 +98,13 @@ func ingestTokenizers(cat *catalog.Catalog) func(context.Context, string) (*toke
 func AbortStaleUploads(ctx context.Context, objects store.Store, idle time.Duration, log *zap.Logger) []store.Upload {
 	aborted, err := store.AbortStaleUploads(ctx, objects, time.Now().Add(-idle))
 	for _, u := range aborted {
-		log.Info("aborted a stale multipart upload", zap.String("object", u.Key), zap.String("upload", u.ID),
+		// In S3 a multipart upload aborted; in the local directory store a
+		// put's temporary file removed.
+		log.Info("removed an unfinished upload", zap.String("object", u.Key), zap.String("upload", u.ID),
 			zap.Time("last_active", u.LastActive), zap.Int("parts", u.Parts))
 	}
 	if err != nil && ctx.Err() == nil {
-		log.Warn("stale multipart uploads not aborted; the next sweep tries again", zap.Error(err))
+		log.Warn("unfinished uploads not removed; the next sweep tries again", zap.Error(err))
 	}
 	return aborted
 }

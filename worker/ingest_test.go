@@ -962,7 +962,7 @@ func TestWorkerStartAbortsStaleUploads(t *testing.T) {
 	}
 	core, logs := observer.New(zap.InfoLevel)
 	aborted := AbortStaleUploads(ctx, s3, 0, zap.New(core))
-	if len(aborted) != 1 || aborted[0].Key != "tokens/code/shards/orphan.tokens" || logs.FilterMessage("aborted a stale multipart upload").Len() != 1 {
+	if len(aborted) != 1 || aborted[0].Key != "tokens/code/shards/orphan.tokens" || logs.FilterMessage("removed an unfinished upload").Len() != 1 {
 		t.Fatalf("aborted %+v, logs %v; want the orphan, logged", aborted, logs.All())
 	}
 	if ups, err := s3.Uploads(ctx, "tokens/"); err != nil || len(ups) != 0 {
@@ -997,7 +997,7 @@ func TestWorkerSweepsStaleUploadsWhileItRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(3 * time.Minute) // for a sweep that never comes
-	for logs.FilterMessage("aborted a stale multipart upload").Len() == 0 {
+	for logs.FilterMessage("removed an unfinished upload").Len() == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the orphan was not aborted by a sweep; logs %v", logs.All())
 		}

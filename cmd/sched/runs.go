@@ -90,14 +90,19 @@ func printRuns(w io.Writer, snap *scheduler.Snapshot, states []scheduler.RunStat
 		}
 	}
 	sort.SliceStable(evs, func(i, j int) bool { return evs[i].at.After(evs[j].at) })
-	if len(evs) > limit {
-		evs = evs[:limit]
-	}
+	more := max(len(evs)-limit, 0)
+	evs = evs[:len(evs)-more]
 	if len(evs) == 0 {
 		fmt.Fprintln(w, "no task has ended yet")
 	}
 	for _, e := range evs {
 		fmt.Fprintf(w, "%s  %s\n", e.at.Local().Format("2006-01-02 15:04:05"), outcomeLine(e.t))
+	}
+	switch {
+	case more == 1:
+		fmt.Fprintf(w, "and 1 earlier task (--limit %d lists it)\n", limit+more)
+	case more > 1:
+		fmt.Fprintf(w, "and %d earlier tasks (--limit %d lists them)\n", more, limit+more)
 	}
 }
 

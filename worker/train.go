@@ -465,10 +465,18 @@ func waitForInputs(ctx context.Context, q Live, run, tok string, mixture []train
 			return fmt.Errorf("train:segment run %s: %w", run, err)
 		}
 		if n > 0 {
-			return &WaitError{For: fmt.Sprintf("the ingest of token store %s (%d tasks left)", m.Store, n)}
+			return &WaitError{For: fmt.Sprintf("the ingest of token store %s (%s left)", m.Store, plural(n, "task"))}
 		}
 	}
 	return nil
+}
+
+// plural is n with its noun, plural but for one: "1 task", "3 tasks".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // warnPartialStores says, in the worker's log, when a store of the run's

@@ -414,7 +414,7 @@ func TestASegmentWaitsForItsTokenizerAndStores(t *testing.T) {
 	if _, err := e.c.Cancel(context.Background(), sample); err != nil {
 		t.Fatal(err)
 	}
-	e.waitFor(seg, time.Minute, "waiting for its store", waiting("the ingest of token store pattern (1 tasks left)"))
+	e.waitFor(seg, time.Minute, "waiting for its store", waiting("the ingest of token store pattern (1 task left)"))
 	if _, err := e.c.Cancel(context.Background(), shard); err != nil {
 		t.Fatal(err)
 	}

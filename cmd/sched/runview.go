@@ -105,7 +105,7 @@ func (v *runView) classify() {
 		v.Detail = "stopped by its worker's shutdown at a step boundary; it resumes from its last checkpoint (no retry used)"
 	case back == "waiting":
 		v.Status = runWaiting
-		v.Detail = scheduler.OneLine(t.Progress.Message, 160)
+		v.Detail = scheduler.OneLine(t.Progress.Message, 160) + " (" + waitNote(*t) + ")"
 	case state == "pending" || state == "scheduled":
 		v.Status = runQueued
 	case state == "retry" && t.Retried == 0:

@@ -292,6 +292,9 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		if p.Message != "" {
 			parts = append(parts, fmt.Sprintf("%q", p.Message))
 		}
+		if setBack(ts) == "waiting" {
+			parts = append(parts, waitNote(ts))
+		}
 		if p.Worker != "" && ts.State == "active" {
 			parts = append(parts, "on "+p.Worker)
 		}
@@ -341,6 +344,21 @@ func setBack(ts scheduler.TaskStatus) string {
 		}
 	}
 	return ""
+}
+
+// waitNote says when a waiting task's worker found what the task waits
+// for, and when the task looks again: the report is its last try's, and
+// the work it waited for may have finished since (an ingest's last tasks),
+// which only its next try sees.
+func waitNote(ts scheduler.TaskStatus) string {
+	note := "as of its last try"
+	if !ts.Progress.Updated.IsZero() {
+		note += " at " + ts.Progress.Updated.UTC().Format(time.RFC3339)
+	}
+	if ts.State == "pending" || ts.NextRun.IsZero() {
+		return note + "; it looks again once a worker on queue " + ts.Queue + " takes it"
+	}
+	return note + "; it looks again at " + ts.NextRun.UTC().Format(time.RFC3339)
 }
 
 // datasetLine is one store's ingest: files done of total, bytes, tokens,

@@ -195,3 +195,51 @@ func TestCancelledQueuedTaskReadsCancelled(t *testing.T) {
 		t.Errorf("status lists the cancelled task among failures:\n%s", out)
 	}
 }
+
+// A segment that waits for its store's ingest reports what its last try
+// found, "1 task left" of it, and status shows that as the last try's,
+// with when it looks again: once the ingest is done the report is out of
+// date until that look, and must not read as the run's state now.
+func TestStatusShowsAWaitAsItsLastTrys(t *testing.T) {
+	t.Parallel()
+	env, _, q := trainingSetupStore(t, "code")
+	ctx := context.Background()
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env = append(env, "KILN_LOCAL_ROOTS="+src)
+	// The ingest's plan, queued where no worker serves the ingest queue:
+	// one task, live until it is cancelled.
+	out, errOut, code := sched(t, env, "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk")
+	m := regexp.MustCompile(`queued (ingest:plan:\S+)`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("ingest: exit %d\n%s%s", code, out, errOut)
+	}
+	startWorker(t, env, "--queues", "gpu=1")
+	info, err := q.Enqueue(ctx, scheduler.TrainSegment{Run: "eta", Tokenizer: "tk", Engine: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := info.ID
+	out = waitOutput(t, env, regexp.MustCompile(`(?m)^eta  waiting  `), time.Minute, "status")
+	run := lineOf(out, "eta  ")
+	stamp := `as of its last try at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ; it looks again at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`
+	if !regexp.MustCompile(`^eta  waiting  .*waiting for the ingest of token store code \(1 task left\) \(` + stamp + `\)$`).MatchString(run) {
+		t.Errorf("status shows the waiting run as %q", run)
+	}
+	task := waitStatus(t, env, id, regexp.MustCompile(`^`+id+`  retry  `), time.Minute)
+	if !regexp.MustCompile(`"waiting for the ingest of token store code \(1 task left\)"  ` + stamp).MatchString(task) {
+		t.Errorf("status shows the waiting segment as %q", task)
+	}
+
+	// The ingest is over; the segment has not looked again, or has and
+	// trains: either way its line says no wait as the state now.
+	if out, errOut, code := sched(t, env, "cancel", m[1]); code != 0 {
+		t.Fatalf("cancel %s: exit %d\n%s%s", m[1], code, out, errOut)
+	}
+	out, _, _ = sched(t, env, "status")
+	if run := lineOf(out, "eta  "); strings.Contains(run, "waiting for") && !regexp.MustCompile(stamp).MatchString(run) {
+		t.Errorf("after the ingest, status shows the run as %q", run)
+	}
+}

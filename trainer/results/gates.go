@@ -15,6 +15,10 @@ const (
 	// Unknown means there is not yet enough evidence to decide, which is not
 	// the same as passing: the long run waits for a pass.
 	Unknown Verdict = "unknown"
+	// Pending means the run has not reached its total steps, and the gate
+	// judges its end: the losses it ends on, a sample of its final model.
+	// A verdict on the steps so far would read as the run's.
+	Pending Verdict = "pending"
 )
 
 // Gate is one of the pilot's checks: its number, its limit and its verdict,
@@ -47,6 +51,48 @@ const (
 	// trusted: the engine shares the cores with them.
 	BusyCPU = 0.25
 )
+
+// Evidence is what a run's gates are judged on.
+type Evidence struct {
+	Run     string
+	Records []Record
+	// Warmup is the run's warmup steps, which SmoothGate passes over.
+	Warmup int
+	// Sample is a generated sample of the run's final model; nil for none.
+	Sample []int32
+	// TokPerSec is the run's measured rate, Bench the bench's row of its
+	// step (the zero row for none).
+	TokPerSec float64
+	Bench     BenchRow
+	// Step is where the run is, TotalSteps its length (0: unknown, and
+	// the run is judged as it is).
+	Step, TotalSteps int
+}
+
+// Gates judges a run. Before its total steps a run is judged only where
+// the steps so far decide: a spike is a failure whenever it comes, and the
+// rate is measured as the run goes; the falling gate (its last losses),
+// the generation gate (its final model) and a smooth curve without a spike
+// yet are pending until the run's end.
+func Gates(e Evidence) []Gate {
+	smooth, falling := SmoothGate(e.Records, e.Warmup), FallingGate(e.Records)
+	gen := GenerationGate(e.Sample)
+	if e.TotalSteps > 0 && e.Step < e.TotalSteps {
+		if smooth.Verdict != Fail {
+			smooth = smooth.pending(e.Step, e.TotalSteps, "a spike fails it at any step, a pass waits for its end; so far: "+smooth.Detail)
+		}
+		falling = falling.pending(e.Step, e.TotalSteps, "the eval losses it ends on are judged; so far: "+falling.Detail)
+		gen = gen.pending(e.Step, e.TotalSteps, "a sample of its final model is judged at its end")
+	}
+	return []Gate{smooth, falling, gen, ThroughputGate(e.TokPerSec, e.Bench, e.Run)}
+}
+
+// pending is g for a run at step of total, with what waits for its end.
+func (g Gate) pending(step, total int, why string) Gate {
+	g.Verdict, g.Value = Pending, 0
+	g.Detail = fmt.Sprintf("the run is at step %d of %d: %s", step, total, why)
+	return g
+}
 
 // SmoothGate checks that after warmup no logged training loss exceeds
 // SpikeRatio x the median of the SpikeWindow losses logged before it.

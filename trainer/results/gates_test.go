@@ -1,6 +1,7 @@
 package results
 
 import (
+	"maps"
 	"math"
 	"strings"
 	"testing"
@@ -127,5 +128,46 @@ func TestThroughputGate(t *testing.T) {
 		if g.Verdict != c.want || !strings.Contains(g.Detail, c.says) {
 			t.Errorf("%v vs %+v: %+v, want %s saying %q", c.measured, c.bench, g, c.want, c.says)
 		}
+	}
+}
+
+// A run short of its total steps is judged only where its steps so far
+// decide: a plateau so far is no failure of the run, a spike is; at its
+// total steps every gate is judged as the gates alone judge it.
+func TestGatesOfARunShortOfItsEnd(t *testing.T) {
+	recs := curve(1000)
+	for i := 900; i < 1000; i++ {
+		if recs[i].EvalLoss != nil {
+			recs[i].EvalLoss = F(2 + float64(i)/1e4)
+		}
+	}
+	sample := make([]int32, 64)
+	for i := range sample {
+		sample[i] = int32(i)
+	}
+	e := Evidence{Run: "pilot", Records: recs, Warmup: 100, Sample: sample, TokPerSec: 41000, Bench: BenchRow{TokPerSec: 100000}, Step: 1000, TotalSteps: 4000}
+	verdicts := func(gs []Gate) map[string]Verdict {
+		m := map[string]Verdict{}
+		for _, g := range gs {
+			m[g.Name] = g.Verdict
+			if g.Verdict == Pending && !strings.Contains(g.Detail, "the run is at step 1000 of 4000") {
+				t.Errorf("pending gate %s says %q", g.Name, g.Detail)
+			}
+		}
+		return m
+	}
+	want := map[string]Verdict{"smooth": Pending, "still falling": Pending, "sane generation": Pending, "tok/s vs bench": Fail}
+	if got := verdicts(Gates(e)); !maps.Equal(got, want) {
+		t.Errorf("at step 1000 of 4000: %v, want %v", got, want)
+	}
+	*e.Records[699].Loss *= 1.6
+	want["smooth"] = Fail
+	if got := verdicts(Gates(e)); !maps.Equal(got, want) {
+		t.Errorf("a spike at step 700 of 4000: %v, want %v", got, want)
+	}
+	e.Step, e.TotalSteps = 1000, 1000
+	want = map[string]Verdict{"smooth": Fail, "still falling": Fail, "sane generation": Pass, "tok/s vs bench": Fail}
+	if got := verdicts(Gates(e)); !maps.Equal(got, want) {
+		t.Errorf("at its total steps: %v, want %v", got, want)
 	}
 }

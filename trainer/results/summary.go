@@ -206,7 +206,7 @@ func (s Summary) resultRows(f Figures) [][]string {
 }
 
 func formatValue(g Gate) string {
-	if g.Verdict == Unknown {
+	if g.Verdict == Unknown || g.Verdict == Pending {
 		return "-"
 	}
 	switch g.Name {

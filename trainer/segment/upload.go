@@ -644,18 +644,20 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	}
 	s := results.Summary{Run: p.Run.Name, Settings: Settings(p.Run, rc, out.Precision), Records: recs, TotalSteps: rc.TotalSteps, WallClock: out.Wall}
 	fig := s.Figures()
-	bench := runBench(p.Bench, rc, out)
-	s.Gates = []results.Gate{results.SmoothGate(recs, rc.Warmup), results.FallingGate(recs)}
-	gen := results.GenerationGate(nil)
+	// The gates of a run short of its total steps (a checkpoint's upload, a
+	// segment that ends before the run) wait for its end where the steps
+	// so far do not decide: summary.md is what `sched results` prints.
+	ev := results.Evidence{Run: p.Run.Name, Records: recs, Warmup: rc.Warmup, TokPerSec: fig.TokPerSec, Bench: runBench(p.Bench, rc, out),
+		Step: max(out.Step, fig.Steps), TotalSteps: rc.TotalSteps}
 	if out.Done && p.Sample != nil && out.Checkpoint != "" {
 		ids, text, err := p.Sample(ctx, out.Checkpoint)
 		if err != nil {
 			log.Warn("generation sample", zap.Error(err))
 		} else {
-			gen, s.Sample = results.GenerationGate(ids), text
+			ev.Sample, s.Sample = ids, text
 		}
 	}
-	s.Gates = append(s.Gates, gen, results.ThroughputGate(fig.TokPerSec, bench, p.Run.Name))
+	s.Gates = results.Gates(ev)
 	if err := s.WriteFiles(dir); err != nil {
 		return err
 	}

@@ -146,17 +146,8 @@ func (l *Local) List(ctx context.Context, prefix string) ([]Info, error) {
 	if i := strings.LastIndexByte(prefix, '/'); i > 0 {
 		root = filepath.Join(l.dir, filepath.FromSlash(prefix[:i]))
 	}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if d.IsDir() || strings.HasSuffix(p, tmpSuffix) {
+	err := walkFiles(ctx, root, func(p string, d fs.DirEntry) error {
+		if strings.HasSuffix(p, tmpSuffix) {
 			return nil
 		}
 		rel, err := filepath.Rel(l.dir, p)
@@ -220,17 +211,8 @@ func (l *Local) removeStalePuts(ctx context.Context, cutoff time.Time) ([]Upload
 	var out []Upload
 	for _, prefix := range Prefixes {
 		root := filepath.Join(l.dir, filepath.FromSlash(strings.TrimSuffix(prefix, "/")))
-		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if d.IsDir() || !strings.HasSuffix(p, tmpSuffix) {
+		err := walkFiles(ctx, root, func(p string, d fs.DirEntry) error {
+			if !strings.HasSuffix(p, tmpSuffix) {
 				return nil
 			}
 			fi, err := d.Info()
@@ -261,6 +243,28 @@ func (l *Local) removeStalePuts(ctx context.Context, cutoff time.Time) ([]Upload
 		}
 	}
 	return out, nil
+}
+
+// walkFiles calls visit for each file under root until ctx ends. A file
+// or directory deleted while the walk passes (a delete elsewhere, an
+// emptied directory removed), or a root not made yet, is no longer there:
+// not an error.
+func walkFiles(ctx context.Context, root string, visit func(p string, d fs.DirEntry) error) error {
+	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		return visit(p, d)
+	})
 }
 
 // ctxReader stops a copy when its context ends.

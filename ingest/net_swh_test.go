@@ -3,6 +3,7 @@ package ingest
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,5 +113,29 @@ func TestSoftwareHeritageWrongRegionNamesAWSRegion(t *testing.T) {
 	docs, _, err := readAll(t, path, OpenOptions{SWH: swh, Columns: cols})
 	if err != nil || len(docs) != 1 {
 		t.Fatalf("requests signed for the bucket's region: %d documents, %v", len(docs), err)
+	}
+}
+
+// A blob past MaxBlobBytes even gzipped (incompressible content) is
+// skipped as too large, as one that is past it once decompressed is: it
+// was read only up to the bound, and that cut gzip stream is no sign of a
+// corrupt file.
+func TestSoftwareHeritageBlobTooLargeGzippedIsTooLarge(t *testing.T) {
+	fake := hubtest.NewSWH()
+	defer fake.Close()
+	big := make([]byte, MaxBlobBytes+1<<20)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range big {
+		big[i] = byte(r.Uint32())
+	}
+	fake.Add(blobID(0), big)
+	fake.Add(blobID(1), []byte("print(1)\n"))
+	rows := []blobRow{{BlobID: blobID(0), SrcEncoding: "UTF-8"}, {BlobID: blobID(1), SrcEncoding: "UTF-8"}}
+	path := filepath.Join(t.TempDir(), "ids.parquet")
+	writeParquet(t, path, rows, 16)
+	docs, skips, err := readAll(t, path, OpenOptions{SWH: &SWH{Endpoint: fake.URL(), InFlight: 2},
+		Columns: Columns{Blob: "blob_id", Encoding: "src_encoding"}})
+	if err != nil || len(docs) != 1 || skips[SkipTooLarge] != 1 || skips[SkipCorruptFile] != 0 {
+		t.Fatalf("%d documents, skips %v, error %v; want the small blob, and the large one skipped as %s", len(docs), skips, err, SkipTooLarge)
 	}
 }

@@ -265,6 +265,11 @@ func (s *SWH) get(ctx context.Context, blob string) ([]byte, int, error) {
 }
 
 func decodeBlob(rec record, body []byte) blobResult {
+	if len(body) > MaxBlobBytes {
+		// Read up to one byte past the bound: a blob that large, gzipped
+		// or not, is too large, not a gzip stream cut short.
+		return blobResult{skip: SkipTooLarge}
+	}
 	if len(body) >= 2 && body[0] == 0x1f && body[1] == 0x8b {
 		z, err := gzip.NewReader(bytes.NewReader(body))
 		if err != nil {

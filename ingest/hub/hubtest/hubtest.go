@@ -140,6 +140,14 @@ func (h *Hub) ForcePush() string {
 	return h.Commit
 }
 
+// Authorize grants token access to the gated datasets from the next
+// request on, as accepting a dataset's terms on the Hub does.
+func (h *Hub) Authorize(token string) {
+	h.mu.Lock()
+	h.Authorized = token
+	h.mu.Unlock()
+}
+
 // Requests returns a copy of the requests seen so far.
 func (h *Hub) Requests() []Request {
 	h.mu.Lock()
@@ -316,7 +324,10 @@ func (h *Hub) gate(w http.ResponseWriter, r *http.Request, repo string) int {
 		http.Error(w, `{"error":"gated"}`, http.StatusUnauthorized)
 		return http.StatusUnauthorized
 	}
-	if auth != "Bearer "+h.Authorized {
+	h.mu.Lock()
+	authorized := h.Authorized
+	h.mu.Unlock()
+	if auth != "Bearer "+authorized {
 		w.Header().Set("X-Error-Message", "Access to dataset "+repo+" is restricted and you are not in the authorized list. Visit https://huggingface.co/datasets/"+repo+" to ask for access.")
 		http.Error(w, `{"error":"not authorized"}`, http.StatusForbidden)
 		return http.StatusForbidden

@@ -235,14 +235,28 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bo
 			fails = append(fails, f)
 		}
 	}
+	printFailures(w, fails)
+	return nil
+}
+
+// failuresShown is how many of the last hour's failures status lists: a
+// cause that fails every file of an ingest (credentials, a gated dataset)
+// fails thousands of tasks, which would bury the rest of the report.
+const failuresShown = 10
+
+// printFailures lists the newest of fails (newest first) and says how many
+// more there are and where to read them.
+func printFailures(w io.Writer, fails []scheduler.TaskStatus) {
 	fmt.Fprintln(w, "\nFAILURES in the last hour")
 	if len(fails) == 0 {
 		fmt.Fprintln(w, "none")
 	}
-	for _, f := range fails {
+	for _, f := range fails[:min(len(fails), failuresShown)] {
 		fmt.Fprintln(w, failureLine(f))
 	}
-	return nil
+	if more := len(fails) - failuresShown; more > 0 {
+		fmt.Fprintf(w, "and %d more in the last hour: 'sched runs --limit N' lists the N tasks that ended last\n", more)
+	}
 }
 
 // quietTask is how long a running task may go without a report before

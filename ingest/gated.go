@@ -13,90 +13,111 @@ import (
 	"github.com/kiln-lm/kiln/store"
 )
 
-// The Hub lists a gated dataset's files for anyone, so a plan with an
-// HF_TOKEN whose account has not accepted the terms queues every file, and
-// only the downloads are refused. The first shard refused records the
-// refusal beside the store's status; the shards queued behind it read it
-// and end before their download, rather than each asking the Hub for a
-// file it refuses. The next plan of the store removes it: the user
-// accepted the terms, or the plan's shards find out again.
+// Some refusals are the same for every file of a plan, and met only once a
+// shard runs: the Hub lists a gated dataset's files for anyone, so a plan
+// with an HF_TOKEN whose account has not accepted the terms queues every
+// file and only the downloads are refused; Software Heritage's bucket,
+// refusing requests without AWS keys, is met only after a shard downloaded
+// its file of blob ids. The first shard refused records the refusal beside
+// the store's status; the shards queued behind it read it and end before
+// their download, rather than each downloading a file, or asking the Hub
+// for one, to meet the same refusal. The next plan of the store removes it:
+// the user changed what the refusal names, or the plan's shards find out
+// again.
 
-// GatedKey is the object key of the gated refusal recorded for a store.
-func GatedKey(storeName string) string { return "tokens/" + storeName + "/gated.json" }
+// RefusalKey is the object key of the refusal recorded for a store.
+func RefusalKey(storeName string) string { return "tokens/" + storeName + "/refused.json" }
 
-// gatedMark is a refused download's record: the dataset and its refusal.
-type gatedMark struct {
-	Repo     string `json:"repo"`
-	Page     string `json:"page"`
-	HasToken bool   `json:"has_token"`
+// refusal is a refused shard's record: its dataset, the refusal in one
+// line and what the user does before planning again.
+type refusal struct {
+	Repo   string `json:"repo"`
+	Reason string `json:"reason"`
+	Fix    string `json:"fix"`
 }
 
-// GatedPlanError ends a shard whose dataset refused an earlier shard of
-// the store's plan as gated, before the shard's file is downloaded.
-type GatedPlanError struct {
-	Gated *hub.GatedError
-	Store string
-	Path  string
-}
-
-func (e *GatedPlanError) Error() string {
-	return fmt.Sprintf("%s; %s was not downloaded (another file of the plan into token store %s was refused): 'sched enqueue ingest' again once the terms are accepted plans it again",
-		e.Gated, e.Path, e.Store)
-}
-
-func (e *GatedPlanError) Unwrap() error  { return e.Gated }
-func (e *GatedPlanError) BadInput() bool { return true }
-
-// markGated records, where err is the Hub's refusal of the job's dataset
-// as gated, that refusal for the shards queued behind the job. A failure
-// is logged: the refusal stands, and the next shard refused records it.
-func (p *Pipeline) markGated(ctx context.Context, job ShardJob, err error) {
+// refusalOf is the refusal that err says every file of job's dataset
+// meets, if it says one.
+func refusalOf(job ShardJob, err error) (refusal, bool) {
 	var g *hub.GatedError
-	if p.statusesMu != nil || !errors.As(err, &g) {
+	if errors.As(err, &g) {
+		return refusal{Repo: job.Repo, Reason: g.Error(), Fix: "the terms are accepted"}, true
+	}
+	var s *SWHRefusedError
+	if errors.As(err, &s) {
+		return refusal{Repo: job.Repo, Reason: s.Error(), Fix: "the keys are set"}, true
+	}
+	return refusal{}, false
+}
+
+// RefusedPlanError ends a shard whose dataset refused an earlier shard of
+// the store's plan, before the shard's file is downloaded.
+type RefusedPlanError struct {
+	Reason, Fix string
+	Store, Path string
+}
+
+func (e *RefusedPlanError) Error() string {
+	return fmt.Sprintf("%s; %s was not downloaded (another file of the plan into token store %s was refused): 'sched enqueue ingest' again once %s plans it again",
+		e.Reason, e.Path, e.Store, e.Fix)
+}
+
+func (e *RefusedPlanError) BadInput() bool { return true }
+
+// markRefused records, where err is a refusal that every file of the job's
+// dataset meets, that refusal for the shards queued behind the job. A
+// failure is logged: the refusal stands, and the next shard refused
+// records it.
+func (p *Pipeline) markRefused(ctx context.Context, job ShardJob, err error) {
+	if p.statusesMu != nil || job.Repo == "" {
 		return
 	}
-	b, err := json.Marshal(gatedMark{Repo: job.Repo, Page: g.Page, HasToken: g.HasToken})
+	r, ok := refusalOf(job, err)
+	if !ok {
+		return
+	}
+	b, err := json.Marshal(r)
 	if err == nil {
-		err = p.Objects.Put(ctx, GatedKey(job.Store), bytes.NewReader(b), int64(len(b)))
+		err = p.Objects.Put(ctx, RefusalKey(job.Store), bytes.NewReader(b), int64(len(b)))
 	}
 	if err != nil {
-		p.log().Warn("a gated dataset's refusal is not recorded; the shards queued behind it ask the Hub for their files",
+		p.log().Warn("a dataset's refusal is not recorded; the shards queued behind it download their files",
 			zap.String("store", job.Store), zap.String("dataset", job.Repo), zap.Error(err))
 	}
 }
 
-// checkGated refuses the job's download where an earlier shard of its
-// store's plan was refused it as gated.
-func (p *Pipeline) checkGated(ctx context.Context, job ShardJob) error {
+// checkRefused refuses the job's download where an earlier shard of its
+// store's plan was refused.
+func (p *Pipeline) checkRefused(ctx context.Context, job ShardJob) error {
 	if p.statusesMu != nil {
 		return nil
 	}
-	r, err := p.Objects.Get(ctx, GatedKey(job.Store))
+	rc, err := p.Objects.Get(ctx, RefusalKey(job.Store))
 	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("reading whether dataset %s was refused as gated (%s): %w", job.Repo, GatedKey(job.Store), err)
+		return fmt.Errorf("reading whether dataset %s was refused (%s): %w", job.Repo, RefusalKey(job.Store), err)
 	}
-	defer r.Close()
-	var m gatedMark
-	if err := json.NewDecoder(r).Decode(&m); err != nil {
-		return fmt.Errorf("reading whether dataset %s was refused as gated (%s): %w", job.Repo, GatedKey(job.Store), err)
+	defer rc.Close()
+	var r refusal
+	if err := json.NewDecoder(rc).Decode(&r); err != nil {
+		return fmt.Errorf("reading whether dataset %s was refused (%s): %w", job.Repo, RefusalKey(job.Store), err)
 	}
-	if m.Repo != job.Repo {
+	if r.Repo != job.Repo {
 		return nil
 	}
-	return &GatedPlanError{Gated: &hub.GatedError{Repo: m.Repo, Page: m.Page, HasToken: m.HasToken}, Store: job.Store, Path: job.Path}
+	return &RefusedPlanError{Reason: r.Reason, Fix: r.Fix, Store: job.Store, Path: job.Path}
 }
 
-// clearGated removes the store's gated refusal before a plan queues its
-// shards: the plan is the user's word that the terms are accepted.
-func (p *Pipeline) clearGated(ctx context.Context, storeName string) error {
+// clearRefused removes the store's refusal before a plan queues its
+// shards: the plan is the user's word that what it named was changed.
+func (p *Pipeline) clearRefused(ctx context.Context, storeName string) error {
 	if p.statusesMu != nil {
 		return nil
 	}
-	if err := p.Objects.Delete(ctx, GatedKey(storeName)); err != nil {
-		return fmt.Errorf("removing the gated refusal of token store %s (%s): %w", storeName, GatedKey(storeName), err)
+	if err := p.Objects.Delete(ctx, RefusalKey(storeName)); err != nil {
+		return fmt.Errorf("removing the refusal recorded for token store %s (%s): %w", storeName, RefusalKey(storeName), err)
 	}
 	return nil
 }

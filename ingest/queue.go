@@ -458,7 +458,7 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 		}
 	}
 	if preset.Repo != "" {
-		if err := p.clearGated(ctx, job.Store); err != nil {
+		if err := p.clearRefused(ctx, job.Store); err != nil {
 			return res, err
 		}
 	}
@@ -565,7 +565,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		if p.Hub == nil {
 			return out, false, fmt.Errorf("%s is in hub dataset %s, and this worker has no hub client", job.Path, job.Repo)
 		}
-		if err := p.checkGated(ctx, job); err != nil {
+		if err := p.checkRefused(ctx, job); err != nil {
 			return out, false, err
 		}
 		dl := downloadDir(p.DataDir, job.Store, job.ShardID)
@@ -605,7 +605,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		say("downloading " + job.Path)
 		notify := hub.WithRetryNotice(ctx, func(msg string) { say("downloading " + job.Path + ": " + msg) })
 		if err := p.Hub.Download(notify, job.Repo, job.Revision, job.file(), dst); err != nil {
-			p.markGated(ctx, job, err)
+			p.markRefused(ctx, job, err)
 			return out, false, noRoom(err, filepath.Dir(dst), fmt.Sprintf("the %d bytes of %s", job.Size, job.Path))
 		}
 		downloaded = true
@@ -632,6 +632,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		return skipped(err)
 	}
 	if err != nil {
+		p.markRefused(ctx, job, err)
 		return out, false, err
 	}
 	if job.Repo != "" {

@@ -221,11 +221,7 @@ func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
 		case status == http.StatusForbidden:
 			// A refusal is the bucket's for every blob, and a retry of the
 			// shard meets it again: it is the user's to fix, at once.
-			who := "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for an account that may read it"
-			if s.AccessKey != "" {
-				who = "the account of AWS_ACCESS_KEY_ID may not read it: set the keys of one that may"
-			}
-			return blobResult{err: &hub.BadInputError{Err: fmt.Errorf("Software Heritage (%s) refused blob %s (403 %s): its bulk-download terms are the user's to accept; %s, or KILN_SWH_ENDPOINT for a mirror", s.Endpoint, rec.blob, s3Code(body), who)}}
+			return blobResult{err: &hub.BadInputError{Err: &SWHRefusedError{Endpoint: s.Endpoint, Blob: rec.blob, Code: s3Code(body), HasKeys: s.AccessKey != ""}}}
 		case status == http.StatusBadRequest && s3Code(body) == "AuthorizationHeaderMalformed":
 			// Signed for another region (AWS_REGION set for the machine's
 			// own): every blob is refused alike.
@@ -240,6 +236,23 @@ func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
 	// The cause first: a listing cuts a reason to one short line.
 	return blobResult{err: fmt.Errorf("Software Heritage (%s): %w (given up after %d attempts at blob %s)", s.Endpoint, last, s.MaxRetries+1, rec.blob)}
 }
+
+// SWHRefusedError is Software Heritage's 403 to a blob: the bucket refuses
+// these credentials (none, or keys that may not read it) every blob alike.
+type SWHRefusedError struct {
+	Endpoint, Blob, Code string
+	HasKeys              bool // AWS_ACCESS_KEY_ID was set
+}
+
+func (e *SWHRefusedError) Error() string {
+	who := "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for an account that may read it"
+	if e.HasKeys {
+		who = "the account of AWS_ACCESS_KEY_ID may not read it: set the keys of one that may"
+	}
+	return fmt.Sprintf("Software Heritage (%s) refused blob %s (403 %s): its bulk-download terms are the user's to accept; %s, or KILN_SWH_ENDPOINT for a mirror", e.Endpoint, e.Blob, e.Code, who)
+}
+
+func (e *SWHRefusedError) BadInput() bool { return true }
 
 func (s *SWH) get(ctx context.Context, blob string) ([]byte, int, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.Endpoint+"/content/"+blob, nil)

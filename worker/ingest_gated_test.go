@@ -33,47 +33,81 @@ func TestIngestOfAGatedDatasetStopsAtTheFirstRefusedShard(t *testing.T) {
 	e.serve(map[string]int{scheduler.QueueIngest: concurrency, scheduler.QueueAppend: 1})
 
 	plan := scheduler.IngestPlan{Dataset: "corpus", Store: ingestStore, Tokenizer: ingestTokenizer, Seed: 3}
+	id, asked := e.planRefused(t, plan, concurrency)
+	page := e.hc.DatasetPage(ingestRepo)
+	e.checkRefusedShards(t, files, asked, []string{"HF_TOKEN", page}, []string{"is gated and this HF_TOKEN", "sched enqueue ingest"})
+
+	// The terms accepted, the ingest queued again plans and ingests it all.
+	e.hub.Authorize("hf_not_accepted")
+	e.planAgainIngestsAll(t, plan, id, files, storesDir, want)
+	st, err := (&ingest.Pipeline{Objects: e.objects}).Status(context.Background(), ingestStore)
+	if err != nil || st.Shards != files {
+		t.Fatalf("status %+v: %v", st, err)
+	}
+}
+
+// planRefused plans the dataset into the store and waits for every task to
+// end; only the shards running at once when the first was refused may ask
+// the Hub for their file (a shard starts once one before it ended, and a
+// refused one records the refusal before it ends). It returns the plan's
+// task id and the downloads asked for.
+func (e *ingestEnv) planRefused(t *testing.T, plan scheduler.IngestPlan, concurrency int) (string, map[string]int) {
+	t.Helper()
 	id := e.enqueue(plan)
 	e.waitFor(id, time.Minute, "completed", state("completed"))
 	e.waitDrained(2 * time.Minute)
-
-	// A shard starts once one before it ended, and a refused one records
-	// the refusal before it ends: only those running at once when the
-	// first was refused ask for their file.
 	asked := e.hub.Downloads(0)
 	if len(asked) == 0 || len(asked) > concurrency {
 		t.Fatalf("downloads asked for %v: want the first shards' only, at most %d", asked, concurrency)
 	}
-	page := e.hc.DatasetPage(ingestRepo)
+	return id, asked
+}
+
+// checkRefusedShards checks that each of the files' shards was archived at
+// once in one line holding every word of all, and that those that asked
+// for no download ended before it, saying so and holding every word of
+// stopped too.
+func (e *ingestEnv) checkRefusedShards(t *testing.T, files int, asked map[string]int, all, stopped []string) {
+	t.Helper()
 	snap, err := e.c.Snapshot(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	shards, stopped := 0, 0
+	holds := func(msg string, words []string) bool {
+		for _, w := range words {
+			if !strings.Contains(msg, w) {
+				return false
+			}
+		}
+		return true
+	}
+	shards, ended := 0, 0
 	for _, ts := range snap.Tasks {
 		if ts.Kind != scheduler.KindIngestShard {
 			continue
 		}
 		shards++
 		a, _ := scheduler.DecodeTask[scheduler.IngestShard](ts.Payload)
-		if ts.State != "archived" || ts.Retried != 0 || !strings.Contains(ts.LastErr, "HF_TOKEN") || !strings.Contains(ts.LastErr, page) {
+		if ts.State != "archived" || ts.Retried != 0 || !holds(ts.LastErr, all) || strings.Contains(ts.LastErr, "\n") {
 			t.Fatalf("shard of %s: %s, retried %d: %q", a.Path, ts.State, ts.Retried, ts.LastErr)
 		}
 		if asked[a.Path] > 0 {
 			continue
 		}
-		stopped++
-		if !strings.Contains(ts.LastErr, "is gated and this HF_TOKEN") || !strings.Contains(ts.LastErr, "sched enqueue ingest") ||
-			!strings.Contains(ts.LastErr, a.Path+" was not downloaded") || strings.Contains(ts.LastErr, "\n") {
+		ended++
+		if !holds(ts.LastErr, append([]string{a.Path + " was not downloaded"}, stopped...)) {
 			t.Fatalf("shard of %s, never downloaded, says %q", a.Path, ts.LastErr)
 		}
 	}
-	if shards != files || stopped != files-len(asked) {
-		t.Fatalf("%d shards queued, %d ended before their download; want %d and %d", shards, stopped, files, files-len(asked))
+	if shards != files || ended != files-len(asked) {
+		t.Fatalf("%d shards queued, %d ended before their download; want %d and %d", shards, ended, files, files-len(asked))
 	}
+}
 
-	// The terms accepted, the ingest queued again plans and ingests it all.
-	e.hub.Authorize("hf_not_accepted")
+// planAgainIngestsAll queues the plan again and checks that it downloads
+// every file and the store ends holding want, nothing archived.
+func (e *ingestEnv) planAgainIngestsAll(t *testing.T, plan scheduler.IngestPlan, id string, files int, storesDir string, want []string) {
+	t.Helper()
 	before := len(e.hub.Requests())
 	if _, err := e.c.Again(context.Background(), plan); err != nil {
 		t.Fatal(err)
@@ -87,13 +121,9 @@ func TestIngestOfAGatedDatasetStopsAtTheFirstRefusedShard(t *testing.T) {
 	}
 	got, m := ingestStoreDocs(t, e.tok, filepath.Join(storesDir, ingestStore))
 	if len(got) != len(want) || len(m.Shards) != files {
-		t.Fatalf("after the terms were accepted the store holds %d documents in %d shards, want %d in %d", len(got), len(m.Shards), len(want), files)
+		t.Fatalf("after the new plan the store holds %d documents in %d shards, want %d in %d", len(got), len(m.Shards), len(want), files)
 	}
 	if a := e.archived(scheduler.QueueIngest); len(a) != 0 {
 		t.Fatalf("archived after the new plan: %s", a[0].LastErr)
-	}
-	st, err := (&ingest.Pipeline{Objects: e.objects}).Status(context.Background(), ingestStore)
-	if err != nil || st.Shards != files {
-		t.Fatalf("status %+v: %v", st, err)
 	}
 }

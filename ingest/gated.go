@@ -69,7 +69,7 @@ func (e *RefusedPlanError) BadInput() bool { return true }
 // failure is logged: the refusal stands, and the next shard refused
 // records it.
 func (p *Pipeline) markRefused(ctx context.Context, job ShardJob, err error) {
-	if p.statusesMu != nil || job.Repo == "" {
+	if p.holdsStores() || job.Repo == "" {
 		return
 	}
 	r, ok := refusalOf(job, err)
@@ -89,7 +89,7 @@ func (p *Pipeline) markRefused(ctx context.Context, job ShardJob, err error) {
 // checkRefused refuses the job's download where an earlier shard of its
 // store's plan was refused.
 func (p *Pipeline) checkRefused(ctx context.Context, job ShardJob) error {
-	if p.statusesMu != nil {
+	if p.holdsStores() {
 		return nil
 	}
 	rc, err := p.Objects.Get(ctx, RefusalKey(job.Store))
@@ -113,7 +113,7 @@ func (p *Pipeline) checkRefused(ctx context.Context, job ShardJob) error {
 // clearRefused removes the store's refusal before a plan queues its
 // shards: the plan is the user's word that what it named was changed.
 func (p *Pipeline) clearRefused(ctx context.Context, storeName string) error {
-	if p.statusesMu != nil {
+	if p.holdsStores() {
 		return nil
 	}
 	if err := p.Objects.Delete(ctx, RefusalKey(storeName)); err != nil {

@@ -114,6 +114,11 @@ func (p *Pipeline) appender(ctx context.Context, dir string, tok tokens.Tokenize
 	return app, func() { app.Close() }, nil
 }
 
+// holdsStores reports whether p keeps its stores open (holdStores: a
+// direct ingest), and with them their statuses, which are then this
+// process's alone and never published for other shards to read.
+func (p *Pipeline) holdsStores() bool { return p.statusesMu != nil }
+
 // holdStores makes p keep its stores open until the returned function
 // closes them.
 func (p *Pipeline) holdStores() (closeAll func() error) {
@@ -345,7 +350,7 @@ func (p *Pipeline) log() *zap.Logger {
 // never been appended to has the zero status.
 func (p *Pipeline) Status(ctx context.Context, storeName string) (StoreStatus, error) {
 	var st StoreStatus
-	if p.statusesMu != nil {
+	if p.holdsStores() {
 		p.statusesMu.Lock()
 		st, held := p.statuses[storeName]
 		p.statusesMu.Unlock()
@@ -908,7 +913,7 @@ func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens
 		}
 		st.Full = before.Full.fullAfter(limits, refused)
 	}
-	if p.statusesMu != nil {
+	if p.holdsStores() {
 		p.statusesMu.Lock()
 		p.statuses[storeName] = st
 		p.statusesMu.Unlock()

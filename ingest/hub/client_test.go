@@ -160,17 +160,7 @@ func TestDownloadResumesWithRange(t *testing.T) {
 	h.Add(repo, "data/a.parquet", content, true)
 	c := newClient(t, h, "")
 	ctx := context.Background()
-	files, err := c.List(ctx, repo, "main", "data")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(t.TempDir(), "a.parquet")
-	if err := c.Download(ctx, repo, "main", files[0], dst); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
-		t.Fatal("resumed download differs from the content")
-	}
+	dst := downloadWhole(ctx, t, c, content, "resumed download differs from the content")
 	ranged := false
 	for _, r := range h.Requests() {
 		if r.Host == "cdn" && r.Range == fmt.Sprintf("bytes=%d-", len(content)/2) {

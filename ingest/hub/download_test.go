@@ -36,17 +36,7 @@ func TestDownloadResumesAfterAStall(t *testing.T) {
 		notes = append(notes, msg)
 		mu.Unlock()
 	})
-	files, err := c.List(ctx, repo, "main", "data")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(t.TempDir(), "a.parquet")
-	if err := c.Download(ctx, repo, "main", files[0], dst); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
-		t.Fatal("the download resumed after a stall differs from the content")
-	}
+	downloadWhole(ctx, t, c, content, "the download resumed after a stall differs from the content")
 	ranged := false
 	for _, r := range h.Requests() {
 		if r.Host == "cdn" && strings.HasPrefix(r.Range, "bytes=") && r.Range != "bytes=0-" {
@@ -73,17 +63,7 @@ func TestDownloadResumesABodyThatEndsEarly(t *testing.T) {
 	h.Add(repo, "data/a.parquet", content, true)
 	c := newClient(t, h, "")
 	ctx := context.Background()
-	files, err := c.List(ctx, repo, "main", "data")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst := filepath.Join(t.TempDir(), "a.parquet")
-	if err := c.Download(ctx, repo, "main", files[0], dst); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
-		t.Fatal("the download resumed after a short body differs from the content")
-	}
+	downloadWhole(ctx, t, c, content, "the download resumed after a short body differs from the content")
 	ranged := false
 	for _, r := range h.Requests() {
 		if r.Host == "cdn" && r.Range == fmt.Sprintf("bytes=%d-", len(content)/2) {
@@ -204,4 +184,23 @@ func TestUnavailableHubIsWaitedOutAsItAsks(t *testing.T) {
 	if len(notes) != 1 || !strings.Contains(notes[0], "503 Service Unavailable; trying again in 1s") {
 		t.Fatalf("the task was told %q; want one wait of the 1s the Hub asked", notes)
 	}
+}
+
+// downloadWhole lists the test repository's data folder, downloads its
+// first file, and fails t with msg unless the bytes are content. It
+// returns the downloaded file's path.
+func downloadWhole(ctx context.Context, t *testing.T, c *hub.Client, content []byte, msg string) string {
+	t.Helper()
+	files, err := c.List(ctx, repo, "main", "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "a.parquet")
+	if err := c.Download(ctx, repo, "main", files[0], dst); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
+		t.Fatal(msg)
+	}
+	return dst
 }

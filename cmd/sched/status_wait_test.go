@@ -24,19 +24,7 @@ func TestStatusActiveSegmentShowsNoPastWait(t *testing.T) {
 	t.Parallel()
 	env, _, q := trainingSetupStore(t, "code")
 	ctx := context.Background()
-	// An ingest of the run's store, queued where no worker serves the
-	// ingest queue: it stays live until it is cancelled.
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	env = append(env, "KILN_LOCAL_ROOTS="+src)
-	out, errOut, code := sched(t, env, "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk")
-	m := regexp.MustCompile(`queued (ingest:plan:\S+)`).FindStringSubmatch(out)
-	if code != 0 || m == nil {
-		t.Fatalf("ingest: exit %d\n%s%s", code, out, errOut)
-	}
-	plan := m[1]
+	env, plan := queueUnservedIngest(t, env)
 	startWorker(t, env, "--queues", "gpu=1")
 	info, err := q.Enqueue(ctx, scheduler.TrainSegment{Run: "eta", Tokenizer: "tk", Engine: "cpu"})
 	if err != nil {
@@ -50,7 +38,7 @@ func TestStatusActiveSegmentShowsNoPastWait(t *testing.T) {
 	if out, _, _ := sched(t, env, "status"); !strings.Contains(out, "FAILURES in the last hour\nnone\n") {
 		t.Errorf("status lists a wait among the failures:\n%s", out)
 	}
-	out, _, _ = sched(t, env, "runs")
+	out, _, _ := sched(t, env, "runs")
 	if run := lineOf(out, "eta  "); !strings.HasPrefix(run, "eta  waiting  waiting for the ingest of token store code") || strings.Contains(run, "attempt") {
 		t.Errorf("sched runs shows the waiting run as %q", run)
 	}
@@ -204,25 +192,14 @@ func TestStatusShowsAWaitAsItsLastTrys(t *testing.T) {
 	t.Parallel()
 	env, _, q := trainingSetupStore(t, "code")
 	ctx := context.Background()
-	src := t.TempDir()
-	if err := os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	env = append(env, "KILN_LOCAL_ROOTS="+src)
-	// The ingest's plan, queued where no worker serves the ingest queue:
-	// one task, live until it is cancelled.
-	out, errOut, code := sched(t, env, "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk")
-	m := regexp.MustCompile(`queued (ingest:plan:\S+)`).FindStringSubmatch(out)
-	if code != 0 || m == nil {
-		t.Fatalf("ingest: exit %d\n%s%s", code, out, errOut)
-	}
+	env, plan := queueUnservedIngest(t, env)
 	startWorker(t, env, "--queues", "gpu=1")
 	info, err := q.Enqueue(ctx, scheduler.TrainSegment{Run: "eta", Tokenizer: "tk", Engine: "cpu"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	id := info.ID
-	out = waitOutput(t, env, regexp.MustCompile(`(?m)^eta  waiting  `), time.Minute, "status")
+	out := waitOutput(t, env, regexp.MustCompile(`(?m)^eta  waiting  `), time.Minute, "status")
 	run := lineOf(out, "eta  ")
 	stamp := `as of its last try at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ; it looks again at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`
 	if !regexp.MustCompile(`^eta  waiting  .*waiting for the ingest of token store code \(1 task left\) \(` + stamp + `\)$`).MatchString(run) {
@@ -235,11 +212,30 @@ func TestStatusShowsAWaitAsItsLastTrys(t *testing.T) {
 
 	// The ingest is over; the segment has not looked again, or has and
 	// trains: either way its line says no wait as the state now.
-	if out, errOut, code := sched(t, env, "cancel", m[1]); code != 0 {
-		t.Fatalf("cancel %s: exit %d\n%s%s", m[1], code, out, errOut)
+	if out, errOut, code := sched(t, env, "cancel", plan); code != 0 {
+		t.Fatalf("cancel %s: exit %d\n%s%s", plan, code, out, errOut)
 	}
 	out, _, _ = sched(t, env, "status")
 	if run := lineOf(out, "eta  "); strings.Contains(run, "waiting for") && !regexp.MustCompile(stamp).MatchString(run) {
 		t.Errorf("after the ingest, status shows the run as %q", run)
 	}
+}
+
+// queueUnservedIngest queues an ingest of one file into store "code" with
+// tokenizer "tk", where no worker serves the ingest queue: its plan, one
+// task, stays live until it is cancelled. It returns env with the file's
+// directory among KILN_LOCAL_ROOTS, and the plan's task id.
+func queueUnservedIngest(t *testing.T, env []string) ([]string, string) {
+	t.Helper()
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env = append(env, "KILN_LOCAL_ROOTS="+src)
+	out, errOut, code := sched(t, env, "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk")
+	m := regexp.MustCompile(`queued (ingest:plan:\S+)`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("ingest: exit %d\n%s%s", code, out, errOut)
+	}
+	return env, m[1]
 }

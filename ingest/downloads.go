@@ -11,7 +11,8 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/kiln-lm/kiln/internal/bytesize"
+	"github.com/kiln-lm/kiln/internal/disk"
 )
 
 // StaleDownloadAge is how long a shard's download may lie in a worker's
@@ -145,9 +146,8 @@ func noRoom(err error, dir, what string) error {
 		return err
 	}
 	free := "unknown"
-	var st unix.Statfs_t
-	if unix.Statfs(dir, &st) == nil {
-		free = fmt.Sprintf("%d bytes", int64(st.Bavail)*st.Bsize)
+	if n, ferr := disk.Free(dir); ferr == nil {
+		free = bytesize.Format(n)
 	}
 	return fmt.Errorf("no space left on the disk of %s for %s (free there: %s): free space on it and run the ingest again, which adds only what the store lacks: %w",
 		dir, what, free, err)

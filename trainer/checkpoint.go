@@ -16,9 +16,10 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/kiln-lm/kiln/internal/bytesize"
+	"github.com/kiln-lm/kiln/internal/disk"
 	"github.com/kiln-lm/kiln/model"
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 )
 
 // Checkpoint file names (DESIGN.md, "Formats"). config.json,
@@ -105,33 +106,13 @@ func WriteCheckpoint(ctx context.Context, root string, s *Snapshot) (string, err
 		// what the disk had for this checkpoint.
 		need := 12*int64(len(s.Params.Data)) + int64(len(s.Tokenizer))
 		free := "too little"
-		if n, ferr := FreeSpace(root); ferr == nil {
-			free = HumanBytes(n)
+		if n, ferr := disk.Free(root); ferr == nil {
+			free = bytesize.Format(n)
 		}
 		err = fmt.Errorf("%w: the disk of %s has %s free and a checkpoint of this model takes about %s (weights and Adam moments): "+
-			"free space on it, or write the run to another disk; the checkpoints before this one are whole", err, root, free, HumanBytes(need))
+			"free space on it, or write the run to another disk; the checkpoints before this one are whole", err, root, free, bytesize.Format(need))
 	}
 	return dir, err
-}
-
-// FreeSpace is what the filesystem of dir has free for this user.
-func FreeSpace(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("free space of %s: %w", dir, err)
-	}
-	return int64(st.Bavail) * int64(st.Bsize), nil
-}
-
-// HumanBytes is n in GiB or MiB, to a tenth, or in bytes below a MiB.
-func HumanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	}
-	return fmt.Sprintf("%d bytes", n)
 }
 
 func writeCheckpoint(ctx context.Context, root string, s *Snapshot) (string, error) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokens"
 )
@@ -79,7 +80,7 @@ func init() {
 				if err != nil {
 					// Every column filled keeps the table aligned; the
 					// problem takes the last one, free text as SKIPPED is.
-					fmt.Fprintf(w, "%s\t-\t-\t%s\t-\t%s\n", e.Name(), humanBytes(size), storeProblem(dir, err))
+					fmt.Fprintf(w, "%s\t-\t-\t%s\t-\t%s\n", e.Name(), bytesize.Format(size), storeProblem(dir, err))
 					continue
 				}
 				m := st.Manifest()
@@ -93,7 +94,7 @@ func init() {
 					reason, _, _ := strings.Cut(s.Reason, ":")
 					skips.Add(reason, max(s.Count, 1)) // a count is documents; none is one whole file
 				}
-				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", e.Name(), m.Tokens, len(m.Shards), humanBytes(size),
+				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", e.Name(), m.Tokens, len(m.Shards), bytesize.Format(size),
 					strings.Join(slices.Sorted(maps.Keys(commits)), ","), skips)
 			}
 			return w.Flush()
@@ -138,7 +139,7 @@ func init() {
 				files = "file"
 			}
 			fmt.Fprintf(c.OutOrStdout(), "%s: %s: %d %s, %s; %s\n",
-				p.Name, where, res.Files, files, humanBytes(res.Bytes), res.Describe(p.Columns))
+				p.Name, where, res.Files, files, bytesize.Format(res.Bytes), res.Describe(p.Columns))
 			return nil
 		},
 	}
@@ -158,17 +159,4 @@ func storeProblem(dir string, err error) string {
 	}
 	why := strings.TrimPrefix(err.Error(), "token store "+dir+": ")
 	return "unreadable store: " + scheduler.OneLine(why, 300)
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -27,6 +27,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/internal/bytesize"
+	"github.com/kiln-lm/kiln/internal/disk"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
@@ -196,9 +198,9 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	// The training keeps the run's min_free_disk free on --dir's disk and
 	// fails without it: said here, before the tokenizer and the ingest
 	// take their minute, and with what the demo lets one change.
-	if free, err := trainer.FreeSpace(o.Dir); err == nil && free < int64(run.MinFreeDisk) {
+	if free, err := disk.Free(o.Dir); err == nil && free < int64(run.MinFreeDisk) {
 		return res, badInput("--dir %s: its disk has %s free, below the %s the demo's training keeps free (min_free_disk of the demo run): free space there, or give --dir a directory on a disk with more room",
-			o.Dir, trainer.HumanBytes(free), trainer.HumanBytes(int64(run.MinFreeDisk)))
+			o.Dir, bytesize.Format(free), bytesize.Format(int64(run.MinFreeDisk)))
 	}
 
 	stage := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }

@@ -46,3 +46,18 @@ func Parse(s string) (int64, error) {
 	}
 	return int64(v * mult), nil
 }
+
+// Format writes n in binary units to a tenth (1.5 GiB, 4.1 MiB), or in
+// bytes below a KiB: the units Parse reads back.
+func Format(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -54,3 +54,12 @@ func TestParseRefusesAFractionOfAByte(t *testing.T) {
 		}
 	}
 }
+
+// Format writes sizes in the binary units Parse reads.
+func TestFormat(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 4300 << 10: "4.2 MiB", 3 << 30: "3.0 GiB"} {
+		if got := Format(n); got != want {
+			t.Errorf("Format(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

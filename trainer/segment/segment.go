@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/internal/disk"
 	"github.com/kiln-lm/kiln/internal/lapse"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
@@ -125,7 +126,7 @@ func (p Params) withDefaults() Params {
 		p.SlowUpload = time.Minute
 	}
 	if p.FreeSpace == nil {
-		p.FreeSpace = trainer.FreeSpace
+		p.FreeSpace = disk.Free
 	}
 	if p.Log == nil {
 		p.Log = zap.NewNop()

@@ -19,6 +19,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -542,7 +543,7 @@ func (p Params) guardDisk(dir string, st diskState) error {
 			return nil
 		}
 	}
-	msg := fmt.Sprintf("run %s: %s has %s free, below min_free_disk %s", p.Run.Name, dir, trainer.HumanBytes(free), trainer.HumanBytes(min))
+	msg := fmt.Sprintf("run %s: %s has %s free, below min_free_disk %s", p.Run.Name, dir, bytesize.Format(free), bytesize.Format(min))
 	if lacking := lackingSteps(localSteps(dir), st); st.objects && len(lacking) > 0 {
 		// What holds the space is the run's own checkpoints, kept until
 		// object storage has them: the fix is there, not on this disk.
@@ -555,7 +556,7 @@ func (p Params) guardDisk(dir string, st diskState) error {
 			why = fmt.Sprintf(" (last upload: %v)", st.lastErr)
 		}
 		return fmt.Errorf("%w: %s; %d local checkpoints (steps %d to %d, %s) are not in object storage yet and stay until they are: %s is unreachable or behind%s: bring it back, free space on that disk, or lower min_free_disk in a runs file",
-			ErrDiskFull, msg, len(lacking), lacking[0], lacking[len(lacking)-1], trainer.HumanBytes(size), st.endpoint, why)
+			ErrDiskFull, msg, len(lacking), lacking[0], lacking[len(lacking)-1], bytesize.Format(size), st.endpoint, why)
 	}
 	return fmt.Errorf("%w: %s: free space on that disk, or lower min_free_disk in a runs file", ErrDiskFull, msg)
 }

@@ -64,9 +64,13 @@ type uploader struct {
 	owed     []upJob // by step
 	inFlight *upJob
 	closed   bool
-	healthy  bool // the last upload succeeded: owed ones may go
-	pushed   int  // the newest step pushed, -1 none
-	remote   int  // the newest step object storage held at the start, -1 none
+	// stopped: the loop has returned (the grace is over, or the queue
+	// closed), and no upload's end prunes the local checkpoints any more:
+	// each push does.
+	stopped bool
+	healthy bool // the last upload succeeded: owed ones may go
+	pushed  int  // the newest step pushed, -1 none
+	remote  int  // the newest step object storage held at the start, -1 none
 	// unsure holds the retained local checkpoints not yet checked against
 	// object storage, which did not answer at the segment's start (nil
 	// when it did): they stay on this disk until settle lists it.
@@ -111,6 +115,7 @@ func (u *uploader) push(dir string, step int) {
 		u.oweLocked(*replaced)
 	}
 	u.waiting, u.pushed = &j, max(u.pushed, step)
+	stopped := u.stopped
 	inFlight := -1
 	if u.inFlight != nil {
 		inFlight = u.inFlight.step
@@ -121,6 +126,8 @@ func (u *uploader) push(dir string, step int) {
 		u.log.Info("checkpoint upload still in flight: the newer checkpoint waits in place of the one that waited",
 			zap.Int("step", step), zap.Int("replaced", replaced.step), zap.Bool("replaced_owed", replaced.keep),
 			zap.Int("uploading", inFlight), zap.String("endpoint", u.endpoint))
+	}
+	if replaced != nil || stopped {
 		u.pruneLocal()
 	}
 }
@@ -187,6 +194,15 @@ func (u *uploader) next() (upJob, bool) {
 
 func (u *uploader) loop() {
 	defer close(u.done)
+	// A checkpoint pushed from now on prunes by itself; one pushed before,
+	// which no upload will take, is pruned here: a stop's last checkpoint
+	// written after the grace is over leaves the newest two, not three.
+	defer u.pruneLocal()
+	defer func() {
+		u.mu.Lock()
+		u.stopped = true
+		u.mu.Unlock()
+	}()
 	if !u.settle() {
 		return
 	}

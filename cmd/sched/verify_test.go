@@ -16,15 +16,10 @@ import (
 // code main would use.
 func runModelCLI(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
-	var out, errOut bytes.Buffer
-	rootCmd.SetArgs(args)
-	rootCmd.SetOut(&out)
-	rootCmd.SetErr(&errOut)
-	err := rootCmd.ExecuteContext(context.Background())
-	if err != nil {
-		errOut.WriteString("sched: " + err.Error() + "\n")
-	}
-	return out.String(), errOut.String(), report(err)
+	// A child process, as every run of the command is: flags set by one
+	// run in this process (a bool such as --force-sm80) would stay set
+	// for the next.
+	return sched(t, nil, args...)
 }
 
 var goldenDir = filepath.Join("..", "..", "model", "testdata", "golden")

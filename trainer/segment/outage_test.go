@@ -642,6 +642,10 @@ func TestARedisOutageLongerThanTheLeaseLosesNoStep(t *testing.T) {
 	}
 
 	rs.Start()
+	// The client dials again once Redis is back: after a run of failed
+	// dials its pool answers with the last dial error until a probe, once
+	// a second, gets through.
+	waitFor(t, "the client reaching Redis again", func() bool { return rdb.Ping(ctx).Err() == nil })
 	run.Segment.MaxSteps = 2
 	next, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", LockTTL: time.Second})
 	if err != nil || next.ResumeSource != "local" || next.ResumedFrom != out.Step || next.Step != out.Step+2 {

@@ -2,7 +2,7 @@
 # Builds .carry/g/ for one of the GPU scripts, on a machine with the Go
 # toolchain, from the repository root:
 #
-#     FOR=multi|worker|hang bash docs/benchmarks/gpu-carry-prep.sh [PEER]
+#     FOR=multi|worker|x2|hang bash docs/benchmarks/gpu-carry-prep.sh [PEER]
 #
 # A call carries the working tree (about 24 MB tracked, the golden tensors
 # most of it) and the carried folder together, at most 64 MiB: everything
@@ -13,6 +13,9 @@
 #                         torch_peer.py (about 24 MB)
 #   FOR=worker            gpu-worker-run.sh: sched.gz, demo.tgz, redis/
 #                         (about 29 MB)
+#   FOR=x2                both of the above in one call, for a host lent
+#                         for a few minutes: multi-gpu-run.sh, then
+#                         gpu-worker-run.sh (about 41 MB, 64 with the tree)
 #   FOR=hang              hang-run.sh and gpu-checks-run.sh: sched.gz and the
 #                         tests of ./kernels/, ./trainer/, ./kernels/cuda/ and
 #                         ./cmd/sched/ (about 36 MB)
@@ -36,8 +39,9 @@ G=${CARRY:-.carry/g}
 case ${FOR:=multi} in
   multi) tests="kernels trainer kernels/cuda" ;;
   worker) tests="" ;;
+  x2) tests="kernels trainer kernels/cuda" ;;
   hang) tests="kernels trainer kernels/cuda cmd/sched" ;;
-  *) echo "FOR=$FOR: give multi, worker or hang"; exit 2 ;;
+  *) echo "FOR=$FOR: give multi, worker, x2 or hang"; exit 2 ;;
 esac
 rm -rf "$G"; mkdir -p "$G"
 export CGO_ENABLED=0
@@ -53,12 +57,12 @@ if [ "$FOR" != hang ]; then
   # store are what the runs read.
   D=$(mktemp -d)
   go run ./cmd/sched demo --duration 5s --dir "$D" > "$D.log" 2>&1 || { cat "$D.log"; exit 1; }
-  if [ "$FOR" = multi ]; then tar czf "$G/store.tgz" -C "$D" tokens/go-stdlib tokenizer.json; fi
-  if [ "$FOR" = worker ]; then tar czf "$G/demo.tgz" -C "$D" tokens tokenizers objects/tokenizers; fi
+  if [ "$FOR" != worker ]; then tar czf "$G/store.tgz" -C "$D" tokens/go-stdlib tokenizer.json; fi
+  if [ "$FOR" != multi ]; then tar czf "$G/demo.tgz" -C "$D" tokens tokenizers objects/tokenizers; fi
   rm -rf "$D" "$D.log"
 fi
 
-if [ "$FOR" = worker ]; then
+if [ "$FOR" = worker ] || [ "$FOR" = x2 ]; then
   mkdir -p "$G/redis"
   redis=$(command -v redis-server)
   cp "$redis" "$G/redis/"
@@ -68,7 +72,7 @@ if [ "$FOR" = worker ]; then
     while read -r lib; do cp -L "$lib" "$G/redis/"; done
 fi
 
-if [ "$FOR" = multi ]; then
+if [ "$FOR" = multi ] || [ "$FOR" = x2 ]; then
   if [ -f "$peer" ]; then cp "$peer" "$G/"; else echo "no PyTorch peer at $peer: the DDP comparison is left out"; fi
 fi
 ls -lR "$G"

@@ -214,9 +214,10 @@ func trainStopped(err error, res trainer.Result, total int) error {
 // to there, and each earlier file its lines up to where the next file
 // begins (steps trained again after a resume from an older checkpoint are
 // in the later file alone; a call killed after a checkpoint and before its
-// file was written has its steps in the file before it). A file that
-// begins at or after from holds only steps this call trained again: it is
-// removed. It returns this call's file's name under dir, "" when none of
+// file was written has its steps in the file before it, and the first
+// call's, where none is before it, in a file of its own:
+// results.FirstStretch). A file that begins at or after from holds only
+// steps this call trained again: it is removed. It returns this call's file's name under dir, "" when none of
 // its steps was logged.
 func writeRunEvents(dir string, from, to int, began time.Time) (string, error) {
 	mf, err := os.Open(filepath.Join(dir, trainer.MetricsFile))
@@ -234,10 +235,7 @@ func writeRunEvents(dir string, from, to int, began time.Time) (string, error) {
 	}
 	tb := filepath.Join(dir, results.TensorBoardDir)
 	entries, err := os.ReadDir(tb)
-	if errors.Is(err, os.ErrNotExist) {
-		return name, nil
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("event files: %w", err)
 	}
 	host, _ := os.Hostname()
@@ -246,6 +244,9 @@ func writeRunEvents(dir string, from, to int, began time.Time) (string, error) {
 		if b, _, first, ok := results.ParseEventFileName(e.Name()); ok && e.Type().IsRegular() && e.Name() != files[0].Name {
 			files = append(files, results.EventFile{Name: e.Name(), Began: b, From: first})
 		}
+	}
+	if f, ok := results.FirstStretch(files, recs); ok {
+		files = append(files, f)
 	}
 	for _, f := range files[1:] {
 		path := filepath.Join(tb, f.Name)
@@ -264,6 +265,9 @@ func writeRunEvents(dir string, from, to int, began time.Time) (string, error) {
 		}
 		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, buf.Bytes()) {
 			continue
+		}
+		if err := os.MkdirAll(tb, 0o755); err != nil {
+			return "", fmt.Errorf("event files: %w", err)
 		}
 		if err := os.WriteFile(path+".tmp", buf.Bytes(), 0o644); err != nil {
 			return "", fmt.Errorf("event files: %w", err)

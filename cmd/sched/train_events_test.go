@@ -135,3 +135,28 @@ func TestTrainResumedFromAnOlderCheckpointLogsEachStepOnceInTensorBoard(t *testi
 	}
 	checkEventsMatchMetrics(t, out)
 }
+
+// A first call killed after its first checkpoint and before its event
+// file was written (what a kill between the two leaves: the checkpoint,
+// its metrics lines, no file) has its steps in a file of their own once
+// the run resumes: every later file begins after them, and no earlier one
+// is there to catch them up.
+func TestTrainKilledBeforeItsFirstEventFileKeepsItsStepsInTensorBoard(t *testing.T) {
+	t.Parallel()
+	out, args := eventsArgs(t)
+	if text, err := runTrainCmd(append(args, "--steps", "4")...); err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	if err := os.RemoveAll(filepath.Join(out, results.TensorBoardDir)); err != nil {
+		t.Fatal(err)
+	}
+	for _, steps := range []string{"6", "8"} {
+		if text, err := runTrainCmd(append(args, "--steps", steps, "--resume")...); err != nil {
+			t.Fatalf("resume to step %s: %v\n%s", steps, err, text)
+		}
+		checkEventsMatchMetrics(t, out)
+	}
+	if files, _ := filepath.Glob(filepath.Join(out, results.TensorBoardDir, "events.out.tfevents.*")); len(files) != 3 {
+		t.Errorf("event files %v; want three: the first stretch's and the two resumed calls'", files)
+	}
+}

@@ -79,16 +79,55 @@ type EventFile struct {
 // StretchEnd is the last step of f's stretch, one of files, when the run
 // is at step: where the next stretch begins (a later first step, or the
 // same first step begun later: a resume from the same checkpoint trained
-// those steps again), so that no step is in two files; step when none
-// begins after it.
+// those steps again; begun in the same second, the later name), so that
+// no step is in two files; step when none begins after it. A stretch that
+// ends where it begins holds no step.
 func StretchEnd(files []EventFile, f EventFile, step int) int {
 	end := step
 	for _, g := range files {
-		if g.From > f.From || (g.From == f.From && g.Began.After(f.Began)) {
+		if g.From > f.From || (g.From == f.From && (g.Began.After(f.Began) || (g.Began.Equal(f.Began) && g.Name > f.Name))) {
 			end = min(end, g.From)
 		}
 	}
 	return end
+}
+
+// FirstStretch is the event file of the run's first stretch where none of
+// files holds it: recs has lines up to the first step of the earliest
+// file, and no file begins at step 0. A process killed after its first
+// checkpoint and before that stretch's file was written (a segment's is
+// written once the checkpoint's upload ends, so a kill during the upload)
+// leaves it so, and every later file begins after it. The file's time is
+// a second before the earliest file's, less the stretch's own elapsed
+// seconds, so that TensorBoard, which reads a directory's files in the
+// order of their names, reads it first; its name, given the earliest file,
+// is the same at each call of a host. ok is false where files is empty or
+// the run's first stretch is in one.
+func FirstStretch(files []EventFile, recs []Record) (EventFile, bool) {
+	if len(files) == 0 {
+		return EventFile{}, false
+	}
+	first := files[0]
+	for _, f := range files[1:] {
+		if f.From < first.From || (f.From == first.From && f.Began.Before(first.Began)) {
+			first = f
+		}
+	}
+	if first.From == 0 {
+		return EventFile{}, false
+	}
+	elapsed, found := 0.0, false
+	for _, r := range recs {
+		if r.Step >= 0 && r.Step <= first.From && len(scalars(r)) > 0 {
+			elapsed, found = max(elapsed, r.ElapsedS), true
+		}
+	}
+	if !found {
+		return EventFile{}, false
+	}
+	began := time.Unix(first.Began.Unix()-int64(math.Ceil(elapsed))-1, 0)
+	host, _ := os.Hostname()
+	return EventFile{Name: EventFileName(began, host, 0), Began: began, From: 0}, true
 }
 
 // WriteEventFile writes the event file of one stretch of training into
@@ -123,8 +162,13 @@ func WriteEventFile(dir string, recs []Record, from, to int, began time.Time) (s
 // WriteEventStretch writes to w the event file of the lines of recs after
 // step from (a fresh run's step 0 evaluation too) up to step to, which
 // began at began, and returns how many lines it holds; with none it
-// writes nothing.
+// writes nothing. A stretch that trained no step (to at or before from)
+// holds none, not even step 0's evaluation: the stretch that trains step
+// 1 has that.
 func WriteEventStretch(w io.Writer, recs []Record, from, to int, began time.Time) (int, error) {
+	if to <= from {
+		return 0, nil
+	}
 	var seg []Record
 	for _, r := range recs {
 		if r.Step <= to && (r.Step > from || (from == 0 && r.Step == 0)) {

@@ -73,3 +73,72 @@ func TestEventFilesHoldEveryScalar(t *testing.T) {
 		}
 	}
 }
+
+// The first stretch's file is made only where lines before the earliest
+// file's first step are in none, and TensorBoard, reading a directory's
+// files in the order of their names, reads it before the others.
+func TestFirstStretchOnlyWhereNoFileHoldsTheRunsFirstSteps(t *testing.T) {
+	loss := 2.5
+	line := func(step int, elapsed float64) Record { return Record{Step: step, Loss: &loss, ElapsedS: elapsed} }
+	recs := []Record{line(1, 3), line(2, 70.2), line(3, 1), line(4, 2)}
+	began := time.Unix(1_800_000_000, 0)
+	later := EventFile{Name: EventFileName(began, "gpu", 2), Began: began, From: 2}
+	resumed := EventFile{Name: EventFileName(began.Add(time.Hour), "gpu", 3), Began: began.Add(time.Hour), From: 3}
+
+	for _, c := range []struct {
+		what  string
+		files []EventFile
+		recs  []Record
+	}{
+		{"no file", nil, recs},
+		{"the first file begins at step 0", []EventFile{resumed, {Name: EventFileName(began, "gpu", 0), Began: began}}, recs},
+		{"no line before the earliest file", []EventFile{later}, recs[2:]},
+	} {
+		if f, ok := FirstStretch(c.files, c.recs); ok {
+			t.Errorf("%s: a first stretch %+v", c.what, f)
+		}
+	}
+
+	f, ok := FirstStretch([]EventFile{resumed, later}, recs)
+	if !ok || f.From != 0 {
+		t.Fatalf("steps 1 and 2 in no file: %+v, %v; want a file from step 0", f, ok)
+	}
+	// 71 s of the stretch's own before the earliest file's start, and one
+	// more: its lines' wall times come before that file's.
+	if want := began.Add(-72 * time.Second); !f.Began.Equal(want) {
+		t.Errorf("began %v; want %v", f.Began, want)
+	}
+	if f.Name >= later.Name {
+		t.Errorf("%s sorts after %s, the earliest file's name", f.Name, later.Name)
+	}
+	if end := StretchEnd([]EventFile{resumed, later, f}, f, 4); end != 2 {
+		t.Errorf("the first stretch ends at step %d; want 2, where the earliest file begins", end)
+	}
+	if again, _ := FirstStretch([]EventFile{resumed, later}, recs); again != f {
+		t.Errorf("a second call gives %+v; want the same file %+v", again, f)
+	}
+
+	// The first segment's own file, which another worker's disk held while
+	// this one made the first stretch's, reaches the store later: of the
+	// two, begun in any order or in the same second, one holds the stretch
+	// and the other no step (step 0's evaluation included), and is removed.
+	for _, own := range []EventFile{
+		{Name: EventFileName(f.Began.Add(-time.Second), "gpu-a", 0), Began: f.Began.Add(-time.Second)},
+		{Name: EventFileName(f.Began, "gpu-a", 0), Began: f.Began},
+		{Name: EventFileName(f.Began, "zz", 0), Began: f.Began},
+		{Name: EventFileName(f.Began.Add(time.Second), "gpu-a", 0), Began: f.Began.Add(time.Second)},
+	} {
+		files := []EventFile{own, f, later, resumed}
+		var held []int
+		for _, g := range files[:2] {
+			n, err := WriteEventStretch(&bytes.Buffer{}, append([]Record{line(0, 0)}, recs...), g.From, StretchEnd(files, g, 4), g.Began)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, n)
+		}
+		if min(held[0], held[1]) != 0 || max(held[0], held[1]) != 3 {
+			t.Errorf("%s beside %s: they hold %v lines; want 3 (steps 0 to 2) in one, none in the other", own.Name, f.Name, held)
+		}
+	}
+}

@@ -550,6 +550,51 @@ func TestAKilledSegmentsShortEventFileIsFilledIn(t *testing.T) {
 	holdsEveryStepOnce(t, obj, "killed", 10)
 }
 
+// A first segment killed during its first checkpoint's upload leaves that
+// checkpoint and its metrics lines on this disk and no event file at all,
+// here or in the store (results, the file among them, are written once an
+// upload ends). The next segment resumes from the local checkpoint, and
+// its results give the first stretch a file of its own: its steps were in
+// no file, where the earlier files are caught up only over their own
+// stretches.
+func TestAFirstSegmentKilledBeforeItsResultsKeepsItsStepsInTensorBoard(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := downableS3(t)
+	run := testRun("unlogged", 1_000_000)
+	run.Segment.MaxSteps = 8
+	disk := t.TempDir()
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 8 {
+		t.Fatalf("first segment: %+v, %v", out, err)
+	}
+	// What the kill left: no event file, on this disk or in the store.
+	prefix := ResultsPrefix("unlogged") + results.TensorBoardDir + "/"
+	files, err := obj.List(ctx, prefix)
+	if err != nil || len(files) != 1 {
+		t.Fatalf("event files %v, %v; want the first segment's", files, err)
+	}
+	if err := obj.Delete(ctx, files[0].Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(RunDir(disk, "unlogged"), results.TensorBoardDir)); err != nil {
+		t.Fatal(err)
+	}
+
+	run.Segment.MaxSteps = 2
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.ResumedFrom != 8 || out.Step != 10 {
+		t.Fatalf("next segment: %+v, %v", out, err)
+	}
+	holdsEveryStepOnce(t, obj, "unlogged", 10)
+	// A third segment finds the first stretch's file and makes no other.
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 12 {
+		t.Fatalf("third segment: %+v, %v", out, err)
+	}
+	holdsEveryStepOnce(t, obj, "unlogged", 12)
+	if files, err := obj.List(ctx, prefix); err != nil || len(files) != 3 {
+		t.Errorf("event files %v, %v; want three: the first stretch's and two segments'", files, err)
+	}
+}
+
 // holdsEveryStepOnce checks that the event files of run in object storage
 // hold each step of its metrics.jsonl there, 0 to last, exactly once and
 // with its loss.

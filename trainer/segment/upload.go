@@ -706,7 +706,9 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 // object storage up to the run's metrics. A segment's file is written
 // when its checkpoints upload and when it ends, so a segment killed, or
 // ending while the store was down or hung, leaves its file short of the
-// step the next segment resumed from, or only on this disk. Each earlier
+// step the next segment resumed from, or only on this disk; the first
+// segment killed before its first upload ended leaves none, and gets one
+// (results.FirstStretch). Each earlier
 // file (of this disk or of the store; current, this segment's, was just
 // uploaded) is written anew from the run's metrics over its own stretch,
 // from its first step to the next segment's, and uploaded where the store
@@ -747,6 +749,10 @@ func (p Params) catchUpEvents(ctx context.Context, dir string, recs []results.Re
 		// This segment's stretch begins where it resumed, logged lines or
 		// not: the earlier files end there.
 		files = append(files, results.EventFile{Name: current, Began: out.Began, From: out.ResumedFrom})
+	}
+	if f, ok := results.FirstStretch(files, recs); ok {
+		// The first segment was killed before its results were written.
+		files = append(files, f)
 	}
 	for _, f := range files {
 		if f.Name == current || p.caughtUp.has(f.Name) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -507,23 +508,11 @@ func TestEventFilesCaughtUpNeverHoldAStepTwice(t *testing.T) {
 // after the checkpoint of step 8). The next segment's results fill it in.
 func TestAKilledSegmentsShortEventFileIsFilledIn(t *testing.T) {
 	ctx := context.Background()
-	rdb := newRedis(t)
-	obj, _ := downableS3(t)
-	run := testRun("killed", 1_000_000)
-	run.Segment.MaxSteps = 8
-	disk := t.TempDir()
-	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 8 {
-		t.Fatalf("first segment: %+v, %v", out, err)
-	}
+	p, key := eightStepSegment(t, "killed")
 	// What the kill left: the file as the results after step 4 wrote it.
-	prefix := ResultsPrefix("killed") + results.TensorBoardDir + "/"
-	files, err := obj.List(ctx, prefix)
-	if err != nil || len(files) != 1 {
-		t.Fatalf("event files %v, %v; want the first segment's", files, err)
-	}
-	name := strings.TrimPrefix(files[0].Key, prefix)
+	name := path.Base(key)
 	began, _, from, ok := results.ParseEventFileName(name)
-	f, err := os.Open(filepath.Join(RunDir(disk, "killed"), results.MetricsFile))
+	f, err := os.Open(filepath.Join(RunDir(p.Dir, "killed"), results.MetricsFile))
 	if err != nil || !ok || from != 0 {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -536,18 +525,18 @@ func TestAKilledSegmentsShortEventFileIsFilledIn(t *testing.T) {
 	if _, err := results.WriteEventStretch(&short, recs, 0, 4, began); err != nil {
 		t.Fatal(err)
 	}
-	if err := obj.Put(ctx, files[0].Key, bytes.NewReader(short.Bytes()), int64(short.Len())); err != nil {
+	if err := p.Objects.Put(ctx, key, bytes.NewReader(short.Bytes()), int64(short.Len())); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(RunDir(disk, "killed"), results.TensorBoardDir, name), short.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(RunDir(p.Dir, "killed"), results.TensorBoardDir, name), short.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
-	run.Segment.MaxSteps = 2
-	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.ResumedFrom != 8 || out.Step != 10 {
+	p.Run.Segment.MaxSteps = 2
+	if out, err := Run(ctx, p); err != nil || out.ResumedFrom != 8 || out.Step != 10 {
 		t.Fatalf("next segment: %+v, %v", out, err)
 	}
-	holdsEveryStepOnce(t, obj, "killed", 10)
+	holdsEveryStepOnce(t, p.Objects, "killed", 10)
 }
 
 // A first segment killed during its first checkpoint's upload leaves that
@@ -559,40 +548,47 @@ func TestAKilledSegmentsShortEventFileIsFilledIn(t *testing.T) {
 // stretches.
 func TestAFirstSegmentKilledBeforeItsResultsKeepsItsStepsInTensorBoard(t *testing.T) {
 	ctx := context.Background()
-	rdb := newRedis(t)
-	obj, _ := downableS3(t)
-	run := testRun("unlogged", 1_000_000)
-	run.Segment.MaxSteps = 8
-	disk := t.TempDir()
-	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 8 {
-		t.Fatalf("first segment: %+v, %v", out, err)
-	}
+	p, key := eightStepSegment(t, "unlogged")
 	// What the kill left: no event file, on this disk or in the store.
-	prefix := ResultsPrefix("unlogged") + results.TensorBoardDir + "/"
-	files, err := obj.List(ctx, prefix)
-	if err != nil || len(files) != 1 {
-		t.Fatalf("event files %v, %v; want the first segment's", files, err)
-	}
-	if err := obj.Delete(ctx, files[0].Key); err != nil {
+	if err := p.Objects.Delete(ctx, key); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.RemoveAll(filepath.Join(RunDir(disk, "unlogged"), results.TensorBoardDir)); err != nil {
+	if err := os.RemoveAll(filepath.Join(RunDir(p.Dir, "unlogged"), results.TensorBoardDir)); err != nil {
 		t.Fatal(err)
 	}
 
-	run.Segment.MaxSteps = 2
-	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.ResumedFrom != 8 || out.Step != 10 {
+	p.Run.Segment.MaxSteps = 2
+	if out, err := Run(ctx, p); err != nil || out.ResumedFrom != 8 || out.Step != 10 {
 		t.Fatalf("next segment: %+v, %v", out, err)
 	}
-	holdsEveryStepOnce(t, obj, "unlogged", 10)
+	holdsEveryStepOnce(t, p.Objects, "unlogged", 10)
 	// A third segment finds the first stretch's file and makes no other.
-	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Step != 12 {
+	if out, err := Run(ctx, p); err != nil || out.Step != 12 {
 		t.Fatalf("third segment: %+v, %v", out, err)
 	}
-	holdsEveryStepOnce(t, obj, "unlogged", 12)
-	if files, err := obj.List(ctx, prefix); err != nil || len(files) != 3 {
+	holdsEveryStepOnce(t, p.Objects, "unlogged", 12)
+	if files, err := p.Objects.List(ctx, path.Dir(key)+"/"); err != nil || len(files) != 3 {
 		t.Errorf("event files %v, %v; want three: the first stretch's and two segments'", files, err)
 	}
+}
+
+// eightStepSegment trains a first segment of 8 steps of a run named name
+// on a disk of its own, with a real Redis and object store, and returns
+// the segment's parameters, for the next segments, and the key of its
+// event file in the store.
+func eightStepSegment(t *testing.T, name string) (Params, string) {
+	t.Helper()
+	obj, _ := downableS3(t)
+	p := Params{Run: testRun(name, 1_000_000), Dir: t.TempDir(), Redis: newRedis(t), Objects: obj, OpenData: openStream, Owner: "gpu-a"}
+	p.Run.Segment.MaxSteps = 8
+	if out, err := Run(context.Background(), p); err != nil || out.Step != 8 {
+		t.Fatalf("first segment: %+v, %v", out, err)
+	}
+	files, err := obj.List(context.Background(), ResultsPrefix(name)+results.TensorBoardDir+"/")
+	if err != nil || len(files) != 1 {
+		t.Fatalf("event files %v, %v; want the first segment's", files, err)
+	}
+	return p, files[0].Key
 }
 
 // holdsEveryStepOnce checks that the event files of run in object storage

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -71,12 +72,33 @@ func trainTestStoreNamed(t *testing.T, name, sha string, vocab, n int) string {
 func runTrainCmd(args ...string) (string, error) {
 	// A fresh command each time: cobra keeps flag values between runs.
 	c := newTrainCmd()
-	var out bytes.Buffer
+	var out lockedBuffer
 	c.SetOut(&out)
 	c.SetErr(&out)
 	c.SetArgs(args[1:])
 	err := c.ExecuteContext(context.Background())
 	return out.String(), err
+}
+
+// lockedBuffer holds a command's standard output and its log in one: the
+// training goroutine prints its steps while the checkpoint writer's logs
+// (os.Stdout and os.Stderr, where a process writes them, are files of
+// their own).
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func TestTrainCommandTrainsAndResumes(t *testing.T) {

@@ -217,8 +217,8 @@ func trainStopped(err error, res trainer.Result, total int) error {
 // file was written has its steps in the file before it, and the first
 // call's, where none is before it, in a file of its own:
 // results.FirstStretch). A file that begins at or after from holds only
-// steps this call trained again: it is removed. It returns this call's file's name under dir, "" when none of
-// its steps was logged.
+// steps this call trained again: it is removed. It returns this call's
+// file's name under dir, "" when none of its steps was logged.
 func writeRunEvents(dir string, from, to int, began time.Time) (string, error) {
 	mf, err := os.Open(filepath.Join(dir, trainer.MetricsFile))
 	if err != nil {

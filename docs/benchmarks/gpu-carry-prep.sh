@@ -37,9 +37,8 @@ set -euo pipefail
 peer=${1:-../shared/bench/torch_peer.py}
 G=${CARRY:-.carry/g}
 case ${FOR:=multi} in
-  multi) tests="kernels trainer kernels/cuda" ;;
+  multi|x2) tests="kernels trainer kernels/cuda" ;;
   worker) tests="" ;;
-  x2) tests="kernels trainer kernels/cuda" ;;
   hang) tests="kernels trainer kernels/cuda cmd/sched" ;;
   *) echo "FOR=$FOR: give multi, worker, x2 or hang"; exit 2 ;;
 esac

@@ -118,7 +118,7 @@ func FirstStretch(files []EventFile, recs []Record) (EventFile, bool) {
 	}
 	elapsed, found := 0.0, false
 	for _, r := range recs {
-		if r.Step >= 0 && r.Step <= first.From && len(scalars(r)) > 0 {
+		if r.Step <= first.From {
 			elapsed, found = max(elapsed, r.ElapsedS), true
 		}
 	}

@@ -289,10 +289,10 @@ func TestDiskGuardWaitsForUploadsAfterAnOutage(t *testing.T) {
 	var once sync.Once
 	_, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", FreeSpace: free,
 		Progress: func(step, total int, m *trainer.Metrics) {
-			// Before step 2's checkpoint: none of this segment's reaches
-			// the store, where one upload that ended before the outage
-			// or not (step 2's, stopped at step 3) decided whether the
-			// next segment's guard had to wait.
+			// Before step 2's checkpoint, so that none of this segment's
+			// checkpoints reaches the store. Stopped at step 3, whether
+			// step 2's upload ended first decided whether the next
+			// segment's guard had to wait.
 			if m != nil && step == 1 {
 				once.Do(srv.Stop)
 			}

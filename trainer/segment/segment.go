@@ -682,7 +682,7 @@ func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig
 		"tokens":  strconv.FormatInt(m.Tokens, 10),
 		"worker":  p.Owner,
 		"updated": time.Now().UTC().Format(time.RFC3339),
-		"wall_s":  strconv.FormatFloat(wall.Seconds(), 'f', 1, 64),
+		"wall_s":  strconv.FormatFloat(wall.Seconds(), 'f', 3, 64),
 	}
 	for k, v := range extra {
 		f[k] = v

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -159,6 +160,10 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The segment writes its state every 20 steps, which on a busy
+	// machine can be more often than a status call ends: its task process
+	// is stopped (SIGSTOP) while status reads, so that the state it reads
+	// is the one read before and after.
 	var state map[string]string
 	var line string
 	deadline := time.Now().Add(2 * time.Minute)
@@ -170,11 +175,18 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if before["tok_per_s"] == "" {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		resume := freezeChildren(t, w.Process.Pid)
+		before, _ = rdb.HGetAll(ctx, scheduler.RunStateKey("eta")).Result()
 		out, errOut, code := sched(t, env, "status")
+		after, _ := rdb.HGetAll(ctx, scheduler.RunStateKey("eta")).Result()
+		resume()
 		if code != 0 {
 			t.Fatalf("status: exit %d: %s", code, errOut)
 		}
-		after, _ := rdb.HGetAll(ctx, scheduler.RunStateKey("eta")).Result()
 		line = lineOf(out, "eta  ")
 		if fmt.Sprint(before) == fmt.Sprint(after) && before["tok_per_s"] != "" && strings.HasPrefix(line, "eta  training  ") {
 			state = before
@@ -254,6 +266,87 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 	if !strings.Contains(out, "no worker is running") {
 		t.Fatalf("status lists a worker after the only one was killed:\n%s", out)
 	}
+}
+
+// freezeChildren stops every child process of pid (SIGSTOP) and waits
+// until each of their threads is stopped; the returned func lets them go
+// on (SIGCONT). A worker's children are the processes its tasks run in.
+func freezeChildren(t *testing.T, pid int) (resume func()) {
+	t.Helper()
+	kids := childPIDs(pid)
+	if len(kids) == 0 {
+		t.Fatalf("worker %d runs no task process to stop", pid)
+	}
+	for _, k := range kids {
+		_ = syscall.Kill(k, syscall.SIGSTOP)
+	}
+	resume = func() {
+		for _, k := range kids {
+			_ = syscall.Kill(k, syscall.SIGCONT)
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for _, k := range kids {
+		for !allThreadsStopped(k) {
+			if time.Now().After(deadline) {
+				resume()
+				t.Fatalf("process %d, a child of the worker, did not stop on SIGSTOP", k)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return resume
+}
+
+// childPIDs lists the processes whose parent is pid (from /proc).
+func childPIDs(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var kids []int
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ppid, ok := procStat(fmt.Sprintf("/proc/%d/stat", n)); ok && ppid == pid && st != 'Z' {
+			kids = append(kids, n)
+		}
+	}
+	return kids
+}
+
+// allThreadsStopped reports whether every thread of pid is stopped, or
+// the process is gone.
+func allThreadsStopped(pid int) bool {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return true
+	}
+	for _, e := range ents {
+		st, _, ok := procStat(fmt.Sprintf("/proc/%d/task/%s/stat", pid, e.Name()))
+		if ok && st != 'T' && st != 't' && st != 'Z' && st != 'X' {
+			return false
+		}
+	}
+	return true
+}
+
+// procStat reads a /proc stat file's state letter and parent pid; the
+// command name before them is in parentheses and may hold spaces.
+func procStat(path string) (state byte, ppid int, ok bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 || len(f[0]) != 1 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return f[0][0], ppid, err == nil
 }
 
 // waitRunningSegment returns the id of the active train:segment task.

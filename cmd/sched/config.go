@@ -36,6 +36,7 @@ import (
 	"golang.org/x/term"
 	"gopkg.in/yaml.v3"
 
+	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
@@ -59,12 +60,12 @@ var settings = func() []setting {
 		return setting{flag, env, help, g, s}
 	}
 	return []setting{
-		mk("redis-url", "KILN_REDIS_URL", "queue Redis URL (redis://[:password@]host:port/db)", func(c *scheduler.Config) *string { return &c.RedisURL }),
+		mk("redis-url", "KILN_REDIS_URL", "queue Redis URL, redis://[:password@]host:port/db (default "+scheduler.DefaultRedisURL+")", func(c *scheduler.Config) *string { return &c.RedisURL }),
 		mk("s3-endpoint", "KILN_S3_ENDPOINT", "S3 endpoint host:port; empty for the local directory store", func(c *scheduler.Config) *string { return &c.S3Endpoint }),
 		mk("s3-bucket", "KILN_S3_BUCKET", "S3 bucket (default kiln)", func(c *scheduler.Config) *string { return &c.S3Bucket }),
 		mk("s3-access-key", "KILN_S3_ACCESS_KEY", "S3 access key", func(c *scheduler.Config) *string { return &c.S3AccessKey }),
 		mk("s3-secret-key", "KILN_S3_SECRET_KEY", "S3 secret key (prefer the environment)", func(c *scheduler.Config) *string { return &c.S3SecretKey }),
-		{"s3-secure", "KILN_S3_SECURE", "use https for S3 (--s3-secure=false: http)",
+		{"s3-secure", "KILN_S3_SECURE", "use https for S3 (default false; --s3-secure alone: true)",
 			func(c *scheduler.Config) string { return strconv.FormatBool(c.S3Secure) },
 			func(c *scheduler.Config, v string) error {
 				b, err := strconv.ParseBool(v)
@@ -79,7 +80,7 @@ var settings = func() []setting {
 			func(c *scheduler.Config) string { return strings.Join(c.LocalRoots, string(os.PathListSeparator)) },
 			func(c *scheduler.Config, v string) error { c.LocalRoots = filepath.SplitList(v); return nil }},
 		mk("hf-token", "HF_TOKEN", "Hugging Face token for gated datasets (prefer the environment)", func(c *scheduler.Config) *string { return &c.HFToken }),
-		mk("tokenizer", "KILN_TOKENIZER", "default tokenizer name", func(c *scheduler.Config) *string { return &c.Tokenizer }),
+		mk("tokenizer", "KILN_TOKENIZER", "default tokenizer name, what ingests tokenize with (default "+scheduler.DefaultTokenizer+")", func(c *scheduler.Config) *string { return &c.Tokenizer }),
 		{"shutdown-grace", "KILN_SHUTDOWN_GRACE", "time in-flight tasks get to stop after SIGTERM: a positive duration such as 30s or 5m (default 30s)",
 			func(c *scheduler.Config) string { return c.ShutdownGrace.String() },
 			func(c *scheduler.Config, v string) error {
@@ -95,7 +96,7 @@ var settings = func() []setting {
 				c.ShutdownGrace = d
 				return nil
 			}},
-		mk("log-format", "KILN_LOG_FORMAT", "log format: json, console or auto", func(c *scheduler.Config) *string { return &c.LogFormat }),
+		mk("log-format", "KILN_LOG_FORMAT", "log format: json, console or auto, console on a terminal (default auto)", func(c *scheduler.Config) *string { return &c.LogFormat }),
 		mk("metrics-addr", "KILN_METRICS_ADDR", "where sched worker serves Prometheus metrics, host:port (e.g. :9400; off when empty)", func(c *scheduler.Config) *string { return &c.MetricsAddr }),
 	}
 }()
@@ -176,6 +177,13 @@ func init() {
 			for _, s := range settings {
 				fmt.Fprintf(w, "%-20s %-16s %s\n", s.env, s.flag, s.get(&m))
 			}
+			for _, s := range envOnly {
+				v := os.Getenv(s.env)
+				if v == "" {
+					v = "(" + s.unset + ")"
+				}
+				fmt.Fprintf(w, "%-20s %-16s %s\n", s.env, "-", v)
+			}
 			if !check {
 				return nil
 			}
@@ -241,9 +249,9 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 		}
 	}
 	for _, s := range settings {
-		if v, ok := os.LookupEnv(s.env); ok && v != "" {
+		if name, v := envSetting(s.env); v != "" {
 			if err := s.set(&cfg, v); err != nil {
-				return cfg, badInput("environment %s: %v", s.env, err)
+				return cfg, badInput("environment %s: %v", name, err)
 			}
 		}
 		if v, ok := flagValue(cmd, s.flag); ok {
@@ -268,6 +276,36 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 	return cfg, nil
 }
 
+// olderNames are the variables read for a setting where its own is unset
+// or empty: HUGGING_FACE_HUB_TOKEN is HF_TOKEN's older name, which
+// huggingface_hub still reads.
+var olderNames = map[string]string{"HF_TOKEN": "HUGGING_FACE_HUB_TOKEN"}
+
+// envSetting is the environment's value for the setting of variable env,
+// and the variable it came from: env's own, else its older name's; "" when
+// neither is set.
+func envSetting(env string) (name, value string) {
+	if v := os.Getenv(env); v != "" {
+		return env, v
+	}
+	if old := olderNames[env]; old != "" {
+		if v := os.Getenv(old); v != "" {
+			return old, v
+		}
+	}
+	return env, ""
+}
+
+// envOnly are the settings read from the environment alone, which `sched
+// config` prints after the others: what each is, unset.
+var envOnly = []struct{ env, unset string }{
+	{"KILN_RUNS", "unset: the preset runs only"},
+	{"KILN_DATASETS", "unset: the preset datasets only"},
+	{"KILN_GPUS", "unset: 1"},
+	{"KILN_REQUIRE_GPU", "unset: false"},
+	{"HF_ENDPOINT", "unset: " + hub.DefaultEndpoint},
+}
+
 // fileKeys is the config file read and the keys it sets.
 type fileKeys struct {
 	path string
@@ -290,8 +328,8 @@ func settingError(cmd *cobra.Command, err error, file fileKeys) error {
 		if _, ok := flagValue(cmd, s.flag); ok {
 			return badInput("--%s: %s", s.flag, ce.Msg)
 		}
-		if v, ok := os.LookupEnv(s.env); ok && v != "" {
-			return badInput("%s: %s", s.env, ce.Msg)
+		if name, v := envSetting(s.env); v != "" {
+			return badInput("%s: %s", name, ce.Msg)
 		}
 		key := strings.ReplaceAll(s.flag, "-", "_")
 		if _, ok := file.keys[key]; ok {

@@ -37,7 +37,16 @@ func init() {
 	ingest := &cobra.Command{
 		Use:   "ingest <dataset>",
 		Short: "Plan the ingest of a dataset (ingest:plan); CPU workers then fetch and tokenize its files",
-		Args:  exactArgs(1, "one dataset: a preset ('sched datasets' lists them) or local:<glob>"),
+		Long: `Plan the ingest of a dataset (ingest:plan); CPU workers then fetch and tokenize its
+files, and the append worker fills its token store.
+
+The files are tokenized with the tokenizer --tokenizer names (KILN_TOKENIZER;
+default mix-16384; 'sched tokenizers' lists them), which must exist or be
+queued ('sched enqueue tokenizer': the files wait for it). A store holds one
+tokenizer's ids, and a run reads the stores of its own tokenizer.
+The dataset is a preset ('sched datasets' lists them, KILN_DATASETS adds
+yours) or local:<glob>, files on the workers' disks under KILN_LOCAL_ROOTS.`,
+		Args: exactArgs(1, "one dataset: a preset ('sched datasets' lists them) or local:<glob>"),
 	}
 	var ingestStore string
 	var ingestPlan planFlags

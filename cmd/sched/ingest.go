@@ -65,7 +65,9 @@ worker (--queues append=2) fills the store. With --direct the same plan,
 shard and append steps run here (a few files tokenizing at once, appended
 in the plan's order), and two more flags apply: --store-dir DIR fills the store in DIR instead, and
 --tokenizer-file FILE tokenizes with a tokenizer.json that need not be
-published. Downloads go to <data dir>/raw.`,
+published. Each download is removed once tokenized: a worker downloads into
+<data dir>/ingest/raw/<store>/, --direct into a directory of its own,
+<data dir>/.shards-*, removed when it ends.`,
 		Args: exactArgs(1, "one dataset"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if err := checkTokenizerFlag(c); err != nil {

@@ -152,7 +152,7 @@ func printRunResults(ctx context.Context, w io.Writer, cfg scheduler.Config, st 
 func printBench(ctx context.Context, w io.Writer, st store.Store) error {
 	r, err := st.Get(ctx, BenchResultsKey)
 	if errors.Is(err, store.ErrNotFound) {
-		return badInput("no bench results yet (%s is absent): run 'sched enqueue bench sweep --sweep' and a GPU worker", BenchResultsKey)
+		return badInput("no bench results yet (%s is absent): run 'sched enqueue bench sweep' and a GPU worker", BenchResultsKey)
 	}
 	if err != nil {
 		return fmt.Errorf("read %s: %w", BenchResultsKey, err)

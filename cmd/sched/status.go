@@ -192,7 +192,7 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bo
 
 	fmt.Fprintln(w, "\nWORKERS")
 	if len(snap.Workers) == 0 {
-		fmt.Fprintln(w, "no worker is running (start one with 'sched worker --queues ingest=4,append=1,gpu=1')")
+		fmt.Fprintln(w, "no worker is running (start one with 'sched worker --queues ingest=4,append=2,gpu=1')")
 	}
 	for _, wp := range snap.Workers {
 		var qs []string

@@ -70,7 +70,7 @@ func init() {
 				if err != nil {
 					return fmt.Errorf("sched worker: find this program to run gpu tasks in: %w", err)
 				}
-				iso = &worker.Isolation{Queues: []string{scheduler.QueueGPU}, Command: []string{exe, taskCommand}, Env: configEnv(cfg)}
+				iso = &worker.Isolation{Queues: []string{scheduler.QueueGPU}, Command: append([]string{exe}, taskArgs...), Env: configEnv(cfg)}
 			}
 			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, Handlers: hs, Isolate: iso, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
 			if err != nil {
@@ -88,7 +88,7 @@ func init() {
 			return w.Run(c.Context())
 		},
 	}
-	cmd.Flags().StringVar(&queues, "queues", "ingest=4", "queues and concurrency, e.g. ingest=4,append=1,gpu=1")
+	cmd.Flags().StringVar(&queues, "queues", "ingest=4", "queues and concurrency, e.g. ingest=4,append=2,gpu=1 (two appends: one reads its shard while the other commits)")
 	rootCmd.AddCommand(cmd)
 	rootCmd.AddCommand(&cobra.Command{
 		Use:    taskCommand,
@@ -137,6 +137,14 @@ func init() {
 
 // taskCommand is the hidden command a worker runs each gpu task in.
 const taskCommand = "worker-task"
+
+// taskArgs are the task process's arguments. It reads no config file: its
+// configuration is the worker's, resolved, in its environment (configEnv).
+// A file would come after the defaults and before that environment, where
+// a setting the worker resolved empty (the local store, metrics off) reads
+// as unset: the worker's --config, or an explicit empty flag, would lose
+// to $KILN_CONFIG's or the XDG file's value in the child.
+var taskArgs = []string{"--config=", taskCommand}
 
 // configEnv is cfg as the environment of a task's process, so that it
 // resolves the worker's configuration whatever flags or file gave it. The

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -178,6 +179,9 @@ func (c *Client) newRequest(ctx context.Context, rawURL string) (*http.Request, 
 // headers (Range) before each attempt. The caller holds a concurrency slot.
 func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.Request)) (*http.Response, error) {
 	var lastErr error
+	// unreached: the last attempt reached no server (no address for the
+	// name, or no connection), which the network or HF_ENDPOINT decides.
+	unreached := false
 	for attempt := 0; ; attempt++ {
 		watch := c.watch(ctx)
 		req, err := c.newRequest(watch.ctx, rawURL)
@@ -197,15 +201,18 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 				return nil, ctx.Err()
 			}
 			lastErr = watch.explain(err)
+			unreached = notReached(err)
 			wait = backoff(attempt)
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
 			resp.Body = &watchedBody{ReadCloser: resp.Body, w: watch}
 			return resp, nil
 		case resp.StatusCode == http.StatusTooManyRequests:
+			unreached = false
 			wait = rateLimitWait(resp.Header, attempt)
 			lastErr = fmt.Errorf("rate limited (429) by %s", resp.Request.URL.Host)
 			drain(resp)
 		case resp.StatusCode >= 500:
+			unreached = false
 			lastErr = fmt.Errorf("%s answered %s", resp.Request.URL.Host, resp.Status)
 			wait = backoff(attempt)
 			if resp.Header.Get("Retry-After") != "" {
@@ -223,6 +230,10 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 		if attempt >= c.cfg.MaxRetries {
 			// The cause first: a listing cuts a reason to one short line,
 			// and a file's URL is long.
+			if unreached {
+				return nil, fmt.Errorf("%w (given up after %d attempts at GET %s): %s is not reached from here; check this machine's network and proxy, or set HF_ENDPOINT to a mirror of the Hub",
+					lastErr, attempt+1, redact(rawURL), req.URL.Host)
+			}
 			return nil, fmt.Errorf("%w (given up after %d attempts at GET %s)", lastErr, attempt+1, redact(rawURL))
 		}
 		wait = min(wait, c.cfg.MaxWait)
@@ -233,6 +244,14 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 			return nil, err
 		}
 	}
+}
+
+// notReached reports whether err says no server was reached: the name
+// has no address, or the connection was refused or timed out.
+func notReached(err error) bool {
+	var dns *net.DNSError
+	var op *net.OpError
+	return errors.As(err, &dns) || errors.As(err, &op) && op.Op == "dial"
 }
 
 // getJSON decodes a JSON answer into v and returns the response headers.

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// HUGGING_FACE_HUB_TOKEN, HF_TOKEN's older name, is the token where
+// HF_TOKEN is unset, and HF_TOKEN wins where both are set.
+func TestTheHubTokensOlderNameIsReadWhereHFTokenIsUnset(t *testing.T) {
+	t.Setenv("HF_TOKEN", "")
+	t.Setenv("HUGGING_FACE_HUB_TOKEN", "hf_older")
+	if name, v := envSetting("HF_TOKEN"); name != "HUGGING_FACE_HUB_TOKEN" || v != "hf_older" {
+		t.Fatalf("HF_TOKEN unset: %s=%q; want HUGGING_FACE_HUB_TOKEN's value", name, v)
+	}
+	t.Setenv("HF_TOKEN", "hf_newer")
+	if name, v := envSetting("HF_TOKEN"); name != "HF_TOKEN" || v != "hf_newer" {
+		t.Fatalf("both set: %s=%q; want HF_TOKEN's value", name, v)
+	}
+	t.Setenv("KILN_TOKENIZER", "")
+	if name, v := envSetting("KILN_TOKENIZER"); name != "KILN_TOKENIZER" || v != "" {
+		t.Fatalf("a setting of no older name, unset: %s=%q", name, v)
+	}
+}
+
+// sched config shows the token given by its older name, masked, and the
+// settings read from the environment alone, each with its value or what
+// its absence means.
+func TestConfigShowsTheEnvironmentOnlySettings(t *testing.T) {
+	t.Parallel()
+	out, errOut, code := sched(t, []string{"HUGGING_FACE_HUB_TOKEN=hf_older_secret", "KILN_RUNS=/srv/kiln/runs.yaml", "KILN_GPUS=all"}, "config")
+	if code != 0 {
+		t.Fatalf("sched config: exit %d: %s", code, errOut)
+	}
+	if strings.Contains(out, "hf_older_secret") {
+		t.Fatalf("sched config shows the hub token:\n%s", out)
+	}
+	for _, want := range []string{
+		"HF_TOKEN             hf-token         ****\n",
+		"KILN_RUNS            -                /srv/kiln/runs.yaml\n",
+		"KILN_GPUS            -                all\n",
+		"KILN_DATASETS        -                (unset: the preset datasets only)\n",
+		"KILN_REQUIRE_GPU     -                (unset: false)\n",
+		"HF_ENDPOINT          -                (unset: https://huggingface.co)\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("sched config lacks %q:\n%s", want, out)
+		}
+	}
+}

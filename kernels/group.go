@@ -297,21 +297,28 @@ func (g *Group) Step(o model.AdamW) error {
 // place, on the main stream, which the backward's side stream has joined:
 // the step's norm and AdamW, queued after it, read the sums. Each
 // micro-batch's load-balancing loss is its own, on one GPU as on several,
-// so the sum is the one-GPU step's.
+// so the sum is the one-GPU step's. In a profile the gradients' reduction
+// is a line of its own, which holds the wait for the slowest GPU too.
 func (e *Engine) reduce(c *cuda.Comm) error {
-	if err := c.AllReduceSum(e.grads, e.grads, int(e.n), e.sh); err != nil {
+	sum := func(p cuda.Ptr, n int) func() error {
+		return func() error { return c.AllReduceSum(p, p, n, e.sh) }
+	}
+	if err := e.timed(allReduceName, sum(e.grads, int(e.n))); err != nil {
 		return err
 	}
 	if e.moe != nil {
-		if err := c.AllReduceSum(e.moe.auxAcc, e.moe.auxAcc, 1, e.sh); err != nil {
+		if err := sum(e.moe.auxAcc, 1)(); err != nil {
 			return err
 		}
-		if err := c.AllReduceSum(e.moe.shareAcc, e.moe.shareAcc, e.cfg.Experts, e.sh); err != nil {
+		if err := sum(e.moe.shareAcc, e.cfg.Experts)(); err != nil {
 			return err
 		}
 	}
-	return c.AllReduceSum(e.lossAcc, e.lossAcc, 1, e.sh)
+	return sum(e.lossAcc, 1)()
 }
+
+// allReduceName is the gradients' all-reduce in a profile.
+const allReduceName = "NCCL all-reduce (grads)"
 
 // Metrics implements model.Engine: it waits for every GPU, so that an
 // error on any of them surfaces here, and returns GPU 0's figures, which
@@ -400,7 +407,8 @@ func (g *Group) SetProfiling(on bool) error {
 	return g.each(func(_ int, e *Engine) error { return e.SetProfiling(on) })
 }
 
-// KernelTimes implements model.Profiler: GPU 0's, the all-reduce included.
+// KernelTimes implements model.Profiler: GPU 0's, the gradients'
+// all-reduce included (allReduceName).
 func (g *Group) KernelTimes() map[string]float64 { return g.ranks[0].KernelTimes() }
 
 // Close implements model.Engine: the communicators, then the engines.

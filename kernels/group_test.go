@@ -261,3 +261,21 @@ func TestAGPUFailingEndsTheStepForAll(t *testing.T) {
 		t.Errorf("after the fault the group trained on: %v", err)
 	}
 }
+
+// A profile of a group times the gradients' all-reduce on a line of its
+// own, beside the kernels: on several GPUs, the share of a step that
+// buckets overlapped with the backward could hide.
+func TestAGroupsProfileTimesTheAllReduce(t *testing.T) {
+	c := model.Presets["small"]
+	o := model.Options{Precision: "bf16", MaxBatch: 2, MaxSeq: 128}
+	g := newGroup(t, c, o, cuda.Devices())
+	if err := g.SetProfiling(true); err != nil {
+		t.Fatal(err)
+	}
+	trainSteps(t, g, model.InitParams(c, 7), groupBatches(c, 1, g.Devices(), 2, 128), g.Devices())
+	times := g.KernelTimes()
+	if times[allReduceName] <= 0 {
+		t.Fatalf("the profile of a step on %d GPU(s) has no time for %q: %v", g.Devices(), allReduceName, times)
+	}
+	t.Logf("%d GPU(s): %s %.3f ms in a step of %d micro-batches of 2 x 128", g.Devices(), allReduceName, times[allReduceName], g.Devices())
+}

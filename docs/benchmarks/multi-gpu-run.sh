@@ -5,8 +5,9 @@
 # and forced sm_80; and `sched bench` on one GPU against `--gpus all` at the issue's two shapes, small
 # 32 x 1024 and base 16 x 1024 a GPU, alternated (with two GPUs `sched bench` prints the scaling
 # efficiency); and NCCL's all-reduce bus bandwidth for 1 to 256 MiB over every GPU (kernels/cuda's
-# BenchmarkAllReduce: the figure that decides buckets overlapped with the backward). ROUNDS (default 2)
-# sets the bench's alternations; SHAPES (default "small:32 base:16") its shapes.
+# BenchmarkAllReduce: the figure that decides buckets overlapped with the backward), and the all-reduce's
+# share of a profiled step on every GPU. ROUNDS (default 2) sets the bench's alternations; SHAPES (default
+# "small:32 base:16") its shapes; PROFILE_SHAPES (default "base:16") the profiled ones.
 # Run from the repository root with .carry/g holding what was built on the development machine
 # (`FOR=multi bash docs/benchmarks/gpu-carry-prep.sh` builds it): sched.gz, kernels.test.gz, trainer.test.gz and
 # cuda.test.gz; torch_peer.py for the PyTorch DDP peer (docs/benchmarks/ddp_peer.py; PEER=0 skips it);
@@ -86,5 +87,12 @@ for shape in ${SHAPES:-small:32 base:16}; do
   for i in $(seq ${ROUNDS:-2}); do for g in 1 all; do
     echo "${shape%:*} ${shape#*:}x1024 gpus=$g $(timeout 120 $G/sched bench --engine cuda --model ${shape%:*} --batch ${shape#*:} --seq 1024 --steps 30 --gpus $g 2>&1 | tail -1)" | tee -a $OUT/bench.txt
   done; done
+done
+# Where a step's time goes on every GPU: the gradients' all-reduce is a line of the profile of its own
+# (serialised, so it holds the wait for the slower GPU too), against the unprofiled step.
+log "profile on every GPU: the all-reduce's share of a step"
+for shape in ${PROFILE_SHAPES:-base:16}; do
+  timeout 120 $G/sched bench --engine cuda --model ${shape%:*} --batch ${shape#*:} --seq 1024 --steps 10 --gpus all --profile > $OUT/profile-${shape%:*}.txt 2>&1
+  echo "${shape%:*} ${shape#*:}x1024 gpus=all rc=$?: $(grep -E 'kernel time per step|NCCL all-reduce' $OUT/profile-${shape%:*}.txt | tr -s ' ' | paste -sd';')" | tee -a $OUT/bench.txt
 done
 log end

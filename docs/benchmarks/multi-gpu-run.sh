@@ -93,6 +93,6 @@ done
 log "profile on every GPU: the all-reduce's share of a step"
 for shape in ${PROFILE_SHAPES:-base:16}; do
   timeout 120 $G/sched bench --engine cuda --model ${shape%:*} --batch ${shape#*:} --seq 1024 --steps 10 --gpus all --profile > $OUT/profile-${shape%:*}.txt 2>&1
-  echo "${shape%:*} ${shape#*:}x1024 gpus=all rc=$?: $(grep -E 'kernel time per step|NCCL all-reduce' $OUT/profile-${shape%:*}.txt | tr -s ' ' | paste -sd';')" | tee -a $OUT/bench.txt
+  echo "${shape%:*} ${shape#*:}x1024 gpus=all rc=$?: $(grep -E '^(kernel time per step|  NCCL all-reduce)' $OUT/profile-${shape%:*}.txt | tr -s ' ' | paste -sd';')" | tee -a $OUT/bench.txt
 done
 log end

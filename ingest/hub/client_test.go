@@ -109,6 +109,33 @@ func TestListFollowsLinkPagination(t *testing.T) {
 	}
 }
 
+// A listing whose pages link in a loop is refused, saying so, once a
+// page's address comes again: it would otherwise never end.
+func TestAListingThatLoopsIsRefused(t *testing.T) {
+	h := newHub(t)
+	h.PageSize = 2
+	for _, p := range []string{"a.txt", "b.txt", "c.txt", "d.txt", "e.txt"} {
+		h.Add(repo, p, []byte(p), false)
+	}
+	h.LoopPages = true
+	c := newClient(t, h, "")
+	_, err := c.List(context.Background(), repo, "main", "")
+	if err == nil || !strings.Contains(err.Error(), "is one already read: its listing loops") {
+		t.Fatalf("a listing that loops: %v; want it refused", err)
+	}
+	pages := 0
+	for _, r := range h.Requests() {
+		if strings.Contains(r.Path, "/tree/") {
+			pages++
+		}
+	}
+	// The first page's own address differs from the link back to it: it
+	// is read twice, and the second page's link is the one found again.
+	if pages != 4 {
+		t.Fatalf("a loop of 3 pages read %d pages; want 4", pages)
+	}
+}
+
 func TestDownloadRedirectsWithoutLeakingToken(t *testing.T) {
 	h := newHub(t)
 	h.Gated, h.Authorized = true, "secret-token"

@@ -61,11 +61,21 @@ func (c *Client) List(ctx context.Context, repo, rev, dir string) ([]File, error
 	}
 	next += "?recursive=true&expand=false"
 	var files []File
-	for pages := 0; next != ""; pages++ {
+	// A listing whose next page is one already read, or that goes on
+	// after a page of nothing, would never end: it is refused.
+	read := map[string]bool{}
+	for next != "" {
+		if read[next] {
+			return nil, fmt.Errorf("listing dataset %s at %s: the Hub's next page, %s, is one already read: its listing loops (a proxy or cache between here and %s may be at fault); try again later", repo, rev, redact(next), c.host)
+		}
+		read[next] = true
 		var page []File
 		h, err := c.getJSON(ctx, repo, next, &page)
 		if err != nil {
 			return nil, fmt.Errorf("listing dataset %s at %s: %w", repo, rev, err)
+		}
+		if len(page) == 0 && nextLink(h.Get("Link")) != "" {
+			return nil, fmt.Errorf("listing dataset %s at %s: the Hub answered an empty page that links to another (%s): its listing does not end; try again later", repo, rev, redact(next))
 		}
 		for _, f := range page {
 			if f.Type == "file" || f.Type == "" {

@@ -42,6 +42,9 @@ type Hub struct {
 	// without a token, as the Hub does for a gated dataset: its files are
 	// listed for all, and only their downloads are gated.
 	PublicListing bool
+	// LoopPages links the tree listing's last page back to its first, as
+	// a broken proxy or cache could, where it would end the listing.
+	LoopPages bool
 	// RateLimited answers this many requests with 429 before serving.
 	RateLimited int
 	// Unavailable answers this many requests with 503 and a Retry-After
@@ -375,9 +378,9 @@ func (h *Hub) tree(w http.ResponseWriter, r *http.Request, repo string, files ma
 	sort.Slice(entries, func(i, j int) bool { return entries[i]["path"].(string) < entries[j]["path"].(string) })
 	start, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
 	end := min(start+h.PageSize, len(entries))
-	if end < len(entries) {
+	if end < len(entries) || h.LoopPages {
 		q := r.URL.Query()
-		q.Set("cursor", strconv.Itoa(end))
+		q.Set("cursor", strconv.Itoa(end%len(entries)))
 		w.Header().Set("Link", fmt.Sprintf(`<%s%s?%s>; rel="next"`, h.Server.URL, r.URL.Path, q.Encode()))
 	}
 	writeJSON(w, entries[start:end])

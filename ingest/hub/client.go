@@ -122,9 +122,31 @@ func New(cfg Config) (*Client, error) {
 	u, _ := url.Parse(cfg.Endpoint)
 	c := &Client{cfg: cfg, host: u.Host, sem: make(chan struct{}, cfg.MaxConcurrent)}
 	hc := *cfg.HTTPClient
+	hc.Transport = pinged(hc.Transport, cfg.StallTimeout)
 	hc.CheckRedirect = c.checkRedirect
 	c.http = &hc
 	return c, nil
+}
+
+// pinged is rt with HTTP/2's health check on, where rt is an
+// *http.Transport: a connection that receives nothing for half the stall
+// timeout is pinged, and closed if the ping is not answered within the
+// other half. A stall only resets its own stream, and an HTTP/2 connection
+// that carries nothing any more (a NAT or proxy that dropped it) would
+// otherwise be taken again by every retry, each stalling in turn.
+func pinged(rt http.RoundTripper, stall time.Duration) http.RoundTripper {
+	t, ok := rt.(*http.Transport)
+	if !ok {
+		return rt
+	}
+	t = t.Clone()
+	var h2 http.HTTP2Config
+	if t.HTTP2 != nil {
+		h2 = *t.HTTP2
+	}
+	h2.SendPingTimeout, h2.PingTimeout = stall/2, stall/2
+	t.HTTP2 = &h2
+	return t
 }
 
 // Endpoint returns the base URL the client talks to.

@@ -192,7 +192,7 @@ type acts struct {
 	yb, hb     []cuda.Ptr // L x (N, H*D), L x (N, F) bf16; yb with flash attention only
 	lnfb       cuda.Ptr   // (N, d) bf16
 	dlogitsb   cuda.Ptr   // (headRows, V) bf16 logit gradient of one chunk, for an fp32 head forward with a bf16 backward (KILN_CUDA_HEAD=fp32-forward)
-	dresidb    cuda.Ptr   // (N, d) bf16 copy of dresid after each norm's backward
+	dresidb    cuda.Ptr   // (N, d) bf16 residual gradient (dresidBF, the default; no fp32 dresid then), else its bf16 copy after each norm's backward
 	dqb, dkb   cuda.Ptr   // (N, H*D), (N, KV*D) bf16 copies after the inverse rotation, without flash attention
 	// The gate and up projections run as one GEMM over their stacked
 	// weights (consecutive in the flat buffer), written in bf16 and read so
@@ -756,8 +756,9 @@ func (e *Engine) SetProfiling(on bool) error {
 	})
 }
 
-// KernelTimes returns the device milliseconds per kernel name (GEMMs as
-// one entry) since SetProfiling(true).
+// KernelTimes returns the device milliseconds per kernel name since
+// SetProfiling(true): each bf16 GEMM by kind and shape (gemmName), the
+// fp32 GEMMs untimed.
 func (e *Engine) KernelTimes() map[string]float64 {
 	out := map[string]float64{}
 	_ = e.th.do(func() error {
@@ -885,9 +886,10 @@ func (e *Engine) Grads(g *model.Params) error {
 	return e.th.do(func() error { return cuda.Download(e.dv, g.Data, e.grads) })
 }
 
-// Metrics implements model.Engine; it is the one call of a step that waits
-// for the device: for the main stream (which the side stream joins), not
-// for a checkpoint's state copy (snapshot.go), which runs on beside it.
+// Metrics implements model.Engine; it waits for the device: for the main
+// stream (which the side stream joins), not for a checkpoint's state copy
+// (snapshot.go), which runs on beside it. The trainer reads a step's
+// metrics through MetricsLater instead, one step behind.
 func (e *Engine) Metrics() (model.StepMetrics, error) {
 	var m model.StepMetrics
 	err := e.th.do(func() error {

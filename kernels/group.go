@@ -27,8 +27,10 @@ type Group struct {
 	cfg   model.Config
 	ranks []*Engine
 	nccl  *cuda.NCCL
-	// next is how many micro-batches this step has queued.
-	next int
+	// next is how many micro-batches this step has queued; reduced, that
+	// Step has summed their gradients over the GPUs since ZeroGrad.
+	next    int
+	reduced bool
 	// mu guards comms and broken, which a failing rank or the hang watch
 	// changes while the other ranks run.
 	mu    sync.Mutex
@@ -257,7 +259,7 @@ func (g *Group) CopyState() (func() (*model.Params, *model.OptimizerState, error
 
 // ZeroGrad implements model.Engine.
 func (g *Group) ZeroGrad() error {
-	g.next = 0
+	g.next, g.reduced = 0, false
 	return g.each(func(_ int, e *Engine) error { return e.ZeroGrad() })
 }
 
@@ -284,6 +286,7 @@ func (g *Group) Step(o model.AdamW) error {
 		return &model.EngineError{Msg: fmt.Sprintf("a step of %d micro-batches on %d GPUs: every GPU must train the same number, so accumulate must be a multiple of gpus",
 			g.next, len(g.ranks))}
 	}
+	g.reduced = true
 	return g.each(func(r int, e *Engine) error {
 		if err := g.withComm(r, func(c *cuda.Comm) error { return e.th.do(func() error { return e.reduce(c) }) }); err != nil {
 			return err
@@ -367,7 +370,7 @@ func (g *Group) Grads(p *model.Params) error {
 	if err := g.ranks[0].Grads(p); err != nil {
 		return err
 	}
-	if g.next == 0 {
+	if g.next == 0 || g.reduced {
 		return nil
 	}
 	part, err := model.ParamsOver(g.cfg, make([]float32, len(p.Data)))

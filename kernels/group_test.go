@@ -126,6 +126,23 @@ func twoGPUsMatchOne(t *testing.T, c model.Config) {
 				t.Fatalf("accumulate %d: GPU 1's weight %d is %.9g, GPU 0's %.9g", micro, i, other.Data[i], got.params[i])
 			}
 		}
+		// After a step the gradients read are the step's, summed once
+		// over the GPUs, as one GPU's.
+		gg, eg := model.NewParams(c), model.NewParams(c)
+		if err := g.Grads(gg); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Grads(eg); err != nil {
+			t.Fatal(err)
+		}
+		var gworst, gmax float64
+		for i := range eg.Data {
+			gworst = math.Max(gworst, math.Abs(float64(gg.Data[i]-eg.Data[i])))
+			gmax = math.Max(gmax, math.Abs(float64(eg.Data[i])))
+		}
+		if gworst > 1e-5*gmax {
+			t.Errorf("accumulate %d: the gradients read after a step on 2 GPUs differ from 1 GPU's by up to %.3g (largest %.3g)", micro, gworst, gmax)
+		}
 	}
 }
 

@@ -143,7 +143,9 @@ func (c *Client) Task(ctx context.Context, id string) (TaskStatus, error) {
 }
 
 // Runs returns finished tasks (completed, and archived: failed for good or
-// cancelled) kept by retention, newest first, at most limit of them.
+// cancelled) kept by retention, newest first, at most limit of them. asynq
+// lists them oldest first, so every page is read; a task archived without
+// a failure (cancelled before it ran) has no finishing time and comes last.
 func (c *Client) Runs(ctx context.Context, limit int) ([]TaskStatus, error) {
 	known, err := c.knownQueues()
 	if err != nil {
@@ -158,9 +160,9 @@ func (c *Client) Runs(ctx context.Context, limit int) ([]TaskStatus, error) {
 			continue
 		}
 		for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){c.insp.ListCompletedTasks, c.insp.ListArchivedTasks} {
-			tis, err := list(q, asynq.PageSize(limit))
+			tis, err := allPages(list, q)
 			if err != nil {
-				return nil, fmt.Errorf("finished tasks of queue %s: %w", q, err)
+				return nil, fmt.Errorf("finished %w", err)
 			}
 			for _, ti := range tis {
 				out = append(out, c.taskStatus(ctx, ti))

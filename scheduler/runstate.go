@@ -12,7 +12,7 @@ import (
 )
 
 // RunState is a run's progress as its segments record it in Redis (the
-// hash at StateKey), for `sched status`.
+// hash at RunStateKey), for `sched status`.
 type RunState struct {
 	Run         string
 	Step, Total int

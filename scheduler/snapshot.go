@@ -44,6 +44,21 @@ type WorkerProcess struct {
 // snapshotPage is how many tasks one inspector call lists.
 const snapshotPage = 1000
 
+// allPages is every task list gives for queue q, read a page at a time.
+func allPages(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error), q string) ([]*asynq.TaskInfo, error) {
+	var infos []*asynq.TaskInfo
+	for page := 1; ; page++ {
+		tis, err := list(q, asynq.PageSize(snapshotPage), asynq.Page(page))
+		if err != nil {
+			return nil, fmt.Errorf("tasks of queue %s: %w", q, err)
+		}
+		infos = append(infos, tis...)
+		if len(tis) < snapshotPage {
+			return infos, nil
+		}
+	}
+}
+
 // Snapshot reads every task and live worker. Completed tasks are kept for
 // their kind's retention, so a large ingest lists thousands; they are read
 // in pages, and their progress records with one MGET per page.
@@ -73,16 +88,11 @@ func (c *Client) Snapshot(ctx context.Context) (*Snapshot, error) {
 		var infos []*asynq.TaskInfo
 		for _, list := range []lister{c.insp.ListActiveTasks, c.insp.ListPendingTasks, c.insp.ListScheduledTasks,
 			c.insp.ListRetryTasks, c.insp.ListArchivedTasks, c.insp.ListCompletedTasks} {
-			for page := 1; ; page++ {
-				tis, err := list(q, asynq.PageSize(snapshotPage), asynq.Page(page))
-				if err != nil {
-					return nil, fmt.Errorf("tasks of queue %s: %w", q, err)
-				}
-				infos = append(infos, tis...)
-				if len(tis) < snapshotPage {
-					break
-				}
+			tis, err := allPages(list, q)
+			if err != nil {
+				return nil, err
 			}
+			infos = append(infos, tis...)
 		}
 		tasks, err := c.taskStatuses(ctx, infos)
 		if err != nil {

@@ -140,7 +140,8 @@ func ComputedPrecision(engine, asked string) string {
 func (r BenchResult) GPUIdle() bool { return len(r.OtherProcesses) == 0 }
 
 // Bench measures training throughput the way the trainer trains: ZeroGrad,
-// ForwardBackward, Step, and Metrics (the step's one synchronisation).
+// ForwardBackward, Step, and the step's metrics (the one wait for the
+// device, one step behind where the engine runs a step ahead).
 func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	c := o.Model
 	if err := c.Validate(); err != nil {

@@ -22,7 +22,8 @@ import (
 	"go.uber.org/zap"
 )
 
-// Checkpoint file names (DESIGN.md, "Formats"). config.json,
+// Checkpoint file names (docs/operations.md says what a resume checks).
+// config.json,
 // model.safetensors and tokenizer.json are what transformers' from_pretrained
 // reads; the other two are kiln's own.
 const (

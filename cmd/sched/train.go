@@ -61,7 +61,7 @@ machine has).`,
 	fl.StringVar(&f.out, "out", "runs/train", "run directory: checkpoints and metrics.jsonl")
 	fl.StringVar(&f.tokenizerFile, "tokenizer-file", "", "tokenizer.json the stores were made with, copied into each checkpoint (or name a published one with --tokenizer)")
 	fl.BoolVar(&f.resume, "resume", false, "continue from the latest checkpoint in --out")
-	fl.StringVar(&f.moe, "moe", "", "Mixtral's mixture of experts in every layer: experts=N[,top_k=K,d_ff=F,aux_coef=C] (CPU engine)")
+	fl.StringVar(&f.moe, "moe", "", "Mixtral's mixture of experts in every layer: experts=N[,top_k=K,d_ff=F,aux_coef=C] (either engine; on CUDA at most 64 experts, top_k at most 8)")
 	fl.StringVar(&f.rc.Model, "model", "", "model size: tiny, small or base (default tiny)")
 	fl.StringVar(&f.rc.Engine, "engine", "", "cpu, cuda or auto (default auto)")
 	fl.StringVar(&f.rc.Precision, "precision", "", "fp32 or bf16 (default bf16)")

@@ -174,7 +174,7 @@ func checkTrainable(st *Store, cfg Config) error {
 func (s *Sampler) checkCursor(cur *Cursor) error {
 	switch {
 	case cur.SeqLen != s.cfg.SeqLen || cur.Seed != s.cfg.Seed || cur.HoldOut != s.cfg.HoldOut:
-		return inputErrorf("token sampler: the run's cursor was made with seq_len %d, seed %d, hold_out %d, but this run asks for %d, %d, %d: resume with the run's own settings",
+		return inputErrorf("token sampler: the run's cursor was made with seq_len %d, seed %d, hold_out %d, but this run asks for %d, %d, %d: resume with the run's own settings (a queued run: its runs entry as it was), or start another run",
 			cur.SeqLen, cur.Seed, cur.HoldOut, s.cfg.SeqLen, s.cfg.Seed, s.cfg.HoldOut)
 	case len(cur.Stores) != len(s.sources):
 		return inputErrorf("token sampler: the run's cursor covers %d stores, but %d are given: resume with the run's stores, in the same order",

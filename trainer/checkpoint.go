@@ -538,7 +538,7 @@ func ReadCheckpoint(dir string, want *model.Config) (*Snapshot, error) {
 	}
 	if want != nil {
 		if err := sameShape(c, *want); err != nil {
-			return nil, badInput(fmt.Errorf("checkpoint %s: %w: resume with the model it was trained with, or train into another --out directory", dir, err))
+			return nil, badInput(fmt.Errorf("checkpoint %s: %w: resume with the model it was trained with (a queued run: its runs entry as it was), or start another run (sched train: another --out directory; queued: a run of another name)", dir, err))
 		}
 	}
 	s := &Snapshot{Config: c, State: st, Tokenizer: files[TokenizerFile]}

@@ -377,6 +377,15 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		return out, fmt.Errorf("%w: run %s: stopped at step %d without marking it complete", scheduler.ErrRunLockLost, run, res.Step)
 	default:
 	}
+	if terr != nil && res.Step < out.ResumedFrom {
+		// The trainer refused the checkpoint (the run's settings no longer
+		// match it) or failed before it was loaded: this segment trained
+		// nothing, and the run's results and state stay as the segments
+		// before it left them, where results written now would hold the
+		// run at step 0 (its event files then emptied) with settings its
+		// checkpoints were not trained with.
+		return out, fmt.Errorf("run %s: resume from step %d: %w", run, out.ResumedFrom, terr)
+	}
 	rerr := p.writeResults(gctx, dir, rc, out, log)
 	// The segment's last word on the run, however it ended: where it
 	// stopped, and "done" to tell a waiting `sched demo` (and `sched

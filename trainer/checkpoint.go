@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -320,6 +321,9 @@ func CheckCheckpoint(dir string) (State, error) {
 	var st State
 	b, err := os.ReadFile(filepath.Join(dir, StateFile))
 	if err != nil {
+		if u := unreadable(dir, err); u != nil {
+			return st, u
+		}
 		return st, damaged("checkpoint %s is incomplete (%w): it was not written to the end; use an earlier one", dir, err)
 	}
 	if err := json.Unmarshal(b, &st); err != nil {
@@ -349,6 +353,9 @@ func CheckCheckpoint(dir string) (State, error) {
 	for name, sum := range st.Files {
 		fi, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {
+			if u := unreadable(dir, err); u != nil {
+				return st, u
+			}
 			return st, damaged("checkpoint %s is incomplete: %w; use an earlier one", dir, err)
 		}
 		if fi.Size() != sum.Size {
@@ -356,6 +363,18 @@ func CheckCheckpoint(dir string) (State, error) {
 		}
 	}
 	return st, nil
+}
+
+// unreadable is the error for a checkpoint this process may not read
+// (another user wrote it: checkpoint directories are private to their
+// writer), or nil where err is another failure. Such a checkpoint is not
+// damaged and is never set aside: the user runs as its writer, or gives
+// this one access.
+func unreadable(dir string, err error) error {
+	if !errors.Is(err, fs.ErrPermission) {
+		return nil
+	}
+	return badInput(fmt.Errorf("checkpoint %s cannot be read by this user (%w); it is not damaged: run as the user that wrote it, or give this one access to it (chown -R)", dir, err))
 }
 
 // VerifyCheckpoint is CheckCheckpoint that also reads every file and checks
@@ -368,6 +387,9 @@ func VerifyCheckpoint(dir string) (State, error) {
 	for name, sum := range st.Files {
 		f, err := os.Open(filepath.Join(dir, name))
 		if err != nil {
+			if u := unreadable(dir, err); u != nil {
+				return st, u
+			}
 			return st, damaged("checkpoint %s is incomplete: %w; use an earlier one", dir, err)
 		}
 		h := sha256.New()

@@ -374,7 +374,11 @@ func (c RunConfig) Validate() error {
 		msg = fmt.Sprintf("warmup must not be negative, got %d", c.Warmup)
 	case c.FloorOr() < 0 || c.FloorOr() > 1:
 		msg = fmt.Sprintf("floor is a fraction of lr between 0 and 1, got %g", c.FloorOr())
-	case c.TotalSteps <= 0:
+	case c.TotalSteps < 0:
+		msg = fmt.Sprintf("total_steps must be positive, got %d", c.TotalSteps)
+	case c.TotalTokens < 0:
+		msg = fmt.Sprintf("total_tokens must be positive, got %d", c.TotalTokens)
+	case c.TotalSteps == 0:
 		msg = "set total_steps or total_tokens: the run needs a length for its cosine decay"
 	case c.ClipOr() < 0:
 		msg = fmt.Sprintf("clip must not be negative (0 disables clipping), got %g", c.ClipOr())

@@ -190,11 +190,18 @@ func parse(b []byte, source string, base Set) (Set, error) {
 	if top.Kind != yaml.MappingNode {
 		return nil, inputError{fmt.Errorf("runs file %s: line %d: the top level must map run names to runs", source, top.Line)}
 	}
+	// A run written twice would be the two bodies merged, the second's
+	// keys over the first's: most likely a copy meant as a new run.
+	lines := map[string]int{}
 	for i := 0; i+1 < len(top.Content); i += 2 {
 		name, body := top.Content[i].Value, top.Content[i+1]
 		if err := store.CheckName("run", name); err != nil {
 			return nil, inputError{fmt.Errorf("runs file %s: line %d: %w", source, top.Content[i].Line, err)}
 		}
+		if first, ok := lines[name]; ok {
+			return nil, inputError{fmt.Errorf("runs file %s: line %d: run %s is written a second time (first at line %d): keep one, or give this one another name", source, top.Content[i].Line, name, first)}
+		}
+		lines[name] = top.Content[i].Line
 		// A from: key must be read before the body so that the body
 		// applies on top of the run it names.
 		var head struct {

@@ -187,6 +187,8 @@ func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 		// every name kiln is given follows.
 		{"pilot:\n  lr: 1\nmy run:\n  from: pilot\n", `line 3: run name "my run": use letters, digits, '-', '_' or '.'`},
 		{".hidden:\n  from: pilot\n", `run name ".hidden"`},
+		// A run written twice would be its two bodies merged.
+		{"dk:\n  from: pilot\n  batch: 2\ndk:\n  batch: 7\n", "line 4: run dk is written a second time (first at line 1): keep one, or give this one another name"},
 	} {
 		_, err := Load(writeFile(t, c.body))
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), c.want) {
@@ -201,7 +203,8 @@ func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 func TestGetValidates(t *testing.T) {
 	s, err := Load(writeFile(t, "pilot:\n  retention: {keep_last: 0}\nlong:\n  seq: 99999\n"+
 		"up:\n  from: pilot\n  retention: {keep_last: 2}\n  mixture:\n    - {store: ../../etc, weight: 1}\n"+
-		"abs:\n  from: pilot\n  retention: {keep_last: 2}\n  mixture:\n    - {store: /srv/tokens/code, weight: 1}\n"))
+		"abs:\n  from: pilot\n  retention: {keep_last: 2}\n  mixture:\n    - {store: /srv/tokens/code, weight: 1}\n"+
+		"negsteps:\n  from: abs\n  total_steps: -10\nnegtokens:\n  from: abs\n  total_tokens: -5\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,6 +212,7 @@ func TestGetValidates(t *testing.T) {
 		t.Errorf("a store named by its absolute path: %v", err)
 	}
 	for name, want := range map[string]string{"pilot": "retention.keep_last", "long": "seq 99999", "nope": "unknown run",
+		"negsteps": "total_steps must be positive, got -10", "negtokens": "total_tokens must be positive, got -5",
 		"up": `mixture[0] store "../../etc": name a token store of the worker's data directory`} {
 		_, err := s.Get(name)
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), want) {

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // File names inside a store directory.
@@ -189,6 +190,12 @@ func ReadManifest(dir string) (*Manifest, error) {
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, inputErrorf("token store %s has no %s: ingest into it first (sched enqueue ingest), or, on a worker that took over a run, copy the store's folder from the machine that ingested it: %w", dir, ManifestFile, err)
+		}
+		if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR) {
+			return nil, inputErrorf("token store %s is not a token store's directory (%v): name a directory that an ingest filled, which holds %s and %s", dir, err, ManifestFile, TokensFile)
+		}
+		if errors.Is(err, fs.ErrPermission) {
+			return nil, inputErrorf("token store %s cannot be read by this user (%v): run as the user that made it, or give this one access to it", dir, err)
 		}
 		return nil, fmt.Errorf("token store %s: read manifest: %w", dir, err)
 	}

@@ -119,6 +119,16 @@ func TestOpenRejectsCorruptManifest(t *testing.T) {
 	os.Remove(path)
 	_, err = Open(dir)
 	wantInputError(t, err, "has no manifest.json", "sched enqueue ingest", "copy the store's folder from the machine that ingested it")
+
+	// A file named as a store, and a store whose manifest is a directory.
+	file := filepath.Join(t.TempDir(), "all.txt")
+	os.WriteFile(file, []byte("text"), 0o644)
+	_, err = Open(file)
+	wantInputError(t, err, "token store "+file+" is not a token store's directory", "name a directory that an ingest filled")
+	wantDamage(t, err, "")
+	os.Mkdir(path, 0o755)
+	_, err = Open(dir)
+	wantInputError(t, err, "is not a token store's directory")
 }
 
 func TestOpenRejectsShortTokensFile(t *testing.T) {

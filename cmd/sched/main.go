@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"strings"
@@ -52,9 +54,17 @@ func main() {
 }
 
 // report prints err on one line and maps it to an exit code.
-func report(err error) int {
+func report(err error) int { return reportTo(os.Stderr, err) }
+
+// reportTo is report writing to w.
+func reportTo(w io.Writer, err error) int {
 	if err == nil {
 		return exitOK
+	}
+	if !isBadInput(err) && errors.Is(err, fs.ErrPermission) {
+		// A path this user may not use: the user's to fix, and the
+		// system's error names the path but not what to do.
+		err = badInputError{fmt.Errorf("%w (this user may not use that path: run as the user that owns it, or give this one access; the data directory is KILN_DATA_DIR, --data-dir)", err)}
 	}
 	msg := err.Error()
 	if strings.Contains(msg, "\n") {
@@ -66,7 +76,7 @@ func report(err error) int {
 	if !isBadInput(err) && strings.HasPrefix(msg, "unknown command ") {
 		msg += " (see 'sched --help')"
 	}
-	fmt.Fprintln(os.Stderr, "sched:", msg)
+	fmt.Fprintln(w, "sched:", msg)
 	return exitCode(err)
 }
 

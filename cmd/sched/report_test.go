@@ -1,0 +1,35 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// A path this user may not use (a data directory another user owns, a
+// checkpoint another user wrote) is the user's to fix: exit 2, and the line
+// names the path and says what to do; other failures keep exit 1.
+func TestAPathThisUserMayNotUseIsBadInputThatSaysWhatToDo(t *testing.T) {
+	var out bytes.Buffer
+	denied := fmt.Errorf("ingest: %w", &fs.PathError{Op: "mkdir", Path: "/srv/kiln/.shards-1", Err: syscall.EACCES})
+	if code := reportTo(&out, denied); code != exitBadInput {
+		t.Errorf("permission denied: exit %d; want %d", code, exitBadInput)
+	}
+	line := out.String()
+	for _, want := range []string{"mkdir /srv/kiln/.shards-1: permission denied", "run as the user that owns it, or give this one access", "KILN_DATA_DIR"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("permission denied reads %q; want %q in it", line, want)
+		}
+	}
+	if strings.Count(strings.TrimSpace(line), "\n") != 0 {
+		t.Errorf("not one line: %q", line)
+	}
+	out.Reset()
+	other := fmt.Errorf("ingest: %w", &fs.PathError{Op: "write", Path: "/srv/kiln/x", Err: syscall.EIO})
+	if code := reportTo(&out, other); code != exitFailure || strings.Contains(out.String(), "give this one access") {
+		t.Errorf("an I/O error: exit %d, %q; want exit %d without the advice on access", code, out.String(), exitFailure)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 
@@ -123,8 +124,41 @@ func isBadInput(err error) bool {
 
 func init() {
 	rootCmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return badInputError{fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
+		return badInputError{fmt.Errorf("%w (see '%s --help')", plainFlagError(err), c.CommandPath())}
 	})
+}
+
+// flagValueError is the parser's word for a flag's value it could not
+// read: invalid argument "-1" for "--seed" flag: strconv.ParseUint: ...
+var flagValueError = regexp.MustCompile(`^invalid argument (".*") for "(.*)" flag: (.*)$`)
+
+// plainFlagError says what a flag takes where the parser's error names the
+// Go function that refused its value (strconv.ParseUint: parsing "-1":
+// invalid syntax); any other error is left as it is.
+func plainFlagError(err error) error {
+	m := flagValueError.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	value, flag, why := m[1], m[2], m[3]
+	var takes string
+	switch {
+	case strings.Contains(why, "value out of range"):
+		takes = "is out of range"
+	case strings.HasPrefix(why, "strconv.ParseUint"):
+		takes = "is not a whole number of 0 or more"
+	case strings.HasPrefix(why, "strconv.ParseInt"):
+		takes = "is not a whole number"
+	case strings.HasPrefix(why, "strconv.ParseFloat"):
+		takes = "is not a number"
+	case strings.HasPrefix(why, "strconv.ParseBool"):
+		takes = "is not true or false"
+	case strings.HasPrefix(why, "time: "):
+		takes = "is not a duration such as 30s, 5m or 1h30m"
+	default:
+		return err
+	}
+	return fmt.Errorf("%s %s %s", flag, value, takes)
 }
 
 // strictArgs makes wrong arguments bad input (exit 2, one line) on every

@@ -33,3 +33,23 @@ func TestAPathThisUserMayNotUseIsBadInputThatSaysWhatToDo(t *testing.T) {
 		t.Errorf("an I/O error: exit %d, %q; want exit %d without the advice on access", code, out.String(), exitFailure)
 	}
 }
+
+// A flag's value the parser cannot read is named with what the flag
+// takes, not with the Go function that refused it.
+func TestAFlagValueThatDoesNotParseSaysWhatTheFlagTakes(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"enqueue", "ingest", "fineweb-edu", "--seed", "-1"}, `--seed "-1" is not a whole number of 0 or more (see 'sched enqueue ingest --help')`},
+		{[]string{"runs", "--limit", "abc"}, `--limit "abc" is not a whole number`},
+		{[]string{"status", "--watch", "--interval", "5"}, `--interval "5" is not a duration such as 30s, 5m or 1h30m`},
+		{[]string{"bench", "--steps", "99999999999999999999"}, `--steps "99999999999999999999" is out of range`},
+	} {
+		_, errOut, code := sched(t, nil, c.args...)
+		if code != exitBadInput || !strings.Contains(errOut, c.want) || strings.Contains(errOut, "strconv") {
+			t.Errorf("sched %s: exit %d, %q; want exit 2 and %q", strings.Join(c.args, " "), code, errOut, c.want)
+		}
+	}
+}

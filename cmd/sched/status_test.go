@@ -497,7 +497,7 @@ func TestStatusWatchBadInput(t *testing.T) {
 	}{
 		{[]string{"status", "--interval", "1s"}, "--interval 1s: it sets the refresh of --watch"},
 		{[]string{"status", "--watch", "--interval", "1ms"}, "--interval 1ms: give 100ms or more"},
-		{[]string{"status", "--watch", "--interval", "soon"}, `invalid argument "soon"`},
+		{[]string{"status", "--watch", "--interval", "soon"}, `--interval "soon" is not a duration such as 30s`},
 	} {
 		_, errOut, code := sched(t, env, c.args...)
 		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {

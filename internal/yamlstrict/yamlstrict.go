@@ -60,7 +60,10 @@ func tabbed(b []byte, err error) error {
 			return fmt.Errorf("yaml: line %d: a tab in the indentation: YAML indents with spaces only, so replace it with spaces", n)
 		}
 	}
-	return err
+	// yaml names the line a construct began on (counted from 0 for some
+	// errors, so the line before it) rather than where it went wrong.
+	msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("yaml: line %d: ", at))
+	return fmt.Errorf("YAML syntax, at line %d or after: %s (check the brackets, quotes, colons and indentation from there)", at, msg)
 }
 
 // Decode decodes n onto v (a pointer) as yaml.Node.Decode does, after

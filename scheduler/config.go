@@ -214,8 +214,9 @@ func (c Config) Validate() error {
 		return &ConfigError{"KILN_LOG_FORMAT", fmt.Sprintf("%q is not one of json, console, auto", c.LogFormat)}
 	}
 	if c.MetricsAddr != "" {
-		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil || port == "" {
-			return &ConfigError{"KILN_METRICS_ADDR", fmt.Sprintf("%q is not host:port, e.g. :9400 or 127.0.0.1:9400", c.MetricsAddr)}
+		_, port, err := net.SplitHostPort(c.MetricsAddr)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+			return &ConfigError{"KILN_METRICS_ADDR", fmt.Sprintf("%q is not host:port with a port from 0 to 65535, e.g. :9400 or 127.0.0.1:9400", c.MetricsAddr)}
 		}
 	}
 	if err := store.CheckName("tokenizer", c.Tokenizer); err != nil {

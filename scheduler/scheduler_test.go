@@ -37,6 +37,8 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 		{func(c *Config) { c.LogFormat = "xml" }, "KILN_LOG_FORMAT"},
 		{func(c *Config) { c.ShutdownGrace = -time.Second }, "KILN_SHUTDOWN_GRACE"},
 		{func(c *Config) { c.MetricsAddr = "9400" }, "KILN_METRICS_ADDR"},
+		{func(c *Config) { c.MetricsAddr = ":99999" }, "port from 0 to 65535"},
+		{func(c *Config) { c.MetricsAddr = ":http" }, "port from 0 to 65535"},
 	}
 	for _, b := range bad {
 		c := Config{}.WithDefaults()

@@ -58,7 +58,11 @@ func Open(dir string) (*Store, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			damage = TokensFile + " is missing"
 		}
-		return nil, damagedf(damage, "token store %s: open %s: %v: the manifest commits %d tokens, so the file must exist; restore it or re-ingest the store", dir, path, err, m.Tokens)
+		why := err
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			why = pe.Err // the path is said once already
+		}
+		return nil, damagedf(damage, "token store %s: open %s: %v: the manifest commits %d tokens, so the file must exist; restore it or re-ingest the store", dir, path, why, m.Tokens)
 	}
 	defer f.Close()
 	st, err := f.Stat()

@@ -226,7 +226,11 @@ func ParseMixtureEntry(s string) (MixtureEntry, error) {
 	if ok {
 		v, err := strconv.ParseFloat(w, 64)
 		if err != nil || !(v > 0) || math.IsInf(v, 0) {
-			return e, badInput(fmt.Errorf("--tokens %q: the weight after = must be a finite positive number", s))
+			hint := ""
+			if strings.Contains(w, ",") {
+				hint = " (one store a flag: repeat --tokens for each, --tokens a=0.7 --tokens b=0.3)"
+			}
+			return e, badInput(fmt.Errorf("--tokens %q: the weight after = must be a finite positive number%s", s, hint))
 		}
 		e.Weight = v
 	}

@@ -127,6 +127,17 @@ func TestParseMixtureEntry(t *testing.T) {
 			t.Errorf("%q: want a bad-input error, got %v", bad, err)
 		}
 	}
+	// Two stores in one flag: the flag is repeated instead.
+	if _, err := ParseMixtureEntry("a=0.7,b=0.3"); err == nil || !strings.Contains(err.Error(), "repeat --tokens for each, --tokens a=0.7 --tokens b=0.3") {
+		t.Errorf("two stores in one --tokens: %v; want the repeated flag shown", err)
+	}
+}
+
+// An empty --out is refused by name, before anything is made.
+func TestAnEmptyRunDirectoryIsRefused(t *testing.T) {
+	if err := makeRunDir(" "); err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "give --out a directory") {
+		t.Errorf("an empty run directory: %v; want bad input naming --out", err)
+	}
 }
 
 // A size written as 0 in the YAML is refused by key, not taken as absent.

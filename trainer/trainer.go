@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -784,6 +785,9 @@ func (l *loop) ended(c *ckWrite) {
 // a path that is a file, or that this user may not write, is refused as
 // the caller's to fix, naming it. Other failures (a full disk) are not.
 func makeRunDir(out string) error {
+	if strings.TrimSpace(out) == "" {
+		return badInput(errors.New("run directory is empty: give --out a directory for the run's checkpoints and metrics (default runs/train)"))
+	}
 	// A token store's or a published tokenizer's directory is not a
 	// run's: the run's checkpoints and metrics would be written among the
 	// files that ingest, `sched datasets` and `sched tokenizers` read and

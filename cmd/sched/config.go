@@ -184,6 +184,14 @@ func init() {
 				}
 				fmt.Fprintf(w, "%-20s %-16s %s\n", s.env, "-", v)
 			}
+			// The GPU worker reads these two at its start: a value it would
+			// refuse is refused here too.
+			if _, err := workerGPUs(os.Getenv("KILN_GPUS")); err != nil {
+				return err
+			}
+			if _, err := envBool("KILN_REQUIRE_GPU"); err != nil {
+				return err
+			}
 			if !check {
 				return nil
 			}

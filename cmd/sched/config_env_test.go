@@ -48,3 +48,18 @@ func TestConfigShowsTheEnvironmentOnlySettings(t *testing.T) {
 		}
 	}
 }
+
+// A KILN_GPUS or KILN_REQUIRE_GPU the GPU worker would refuse at its start
+// is refused by sched config too, after the settings are printed.
+func TestConfigRefusesTheWorkersBadGPUSettings(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ env, want string }{
+		{"KILN_GPUS=abc", `KILN_GPUS "abc": give a number of GPUs (1 or more), or all`},
+		{"KILN_REQUIRE_GPU=maybe", `KILN_REQUIRE_GPU "maybe": give 1 or 0 (true or false), or leave it unset`},
+	} {
+		out, errOut, code := sched(t, []string{c.env}, "config")
+		if code != 2 || !strings.Contains(errOut, c.want) || !strings.Contains(out, "KILN_REDIS_URL") {
+			t.Errorf("%s sched config: exit %d, %q; want the settings printed, then exit 2 and %q", c.env, code, errOut, c.want)
+		}
+	}
+}

@@ -43,7 +43,7 @@ func init() {
 			entries, err := os.ReadDir(storesDir)
 			none := errors.Is(err, fs.ErrNotExist) && !c.Flags().Changed("stores") // the default place, not made yet
 			if err != nil && !none {
-				return badInput("--stores %s: %v", storesDir, err)
+				return badInput("--stores %s: %v: name the directory whose subdirectories are token stores (default <data dir>/tokens)", storesDir, errors.Unwrap(err))
 			}
 			w := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "PRESET\tREPOSITORY\tREVISION\tFILES")

@@ -14,6 +14,8 @@ import (
 
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokens"
+	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/trainer/segment"
@@ -57,6 +59,9 @@ removes those of an earlier download that object storage no longer holds.`,
 				}
 				return printBench(c.Context(), c.OutOrStdout(), st)
 			}
+			if c.Flags().Changed("tensorboard") && strings.TrimSpace(tbDir) == "" {
+				return badInput("--tensorboard is given empty: give a directory to download the event files into, such as tb")
+			}
 			if tbDir != "" {
 				return downloadEvents(c.Context(), c.OutOrStdout(), st, args[0], tbDir)
 			}
@@ -78,9 +83,16 @@ func downloadEvents(ctx context.Context, w io.Writer, st store.Store, run, dir s
 	if len(objs) == 0 {
 		return badInput("run %q has no TensorBoard event files yet (%s is empty): they appear with the run's first checkpoint; see 'sched status'", run, prefix)
 	}
+	// A checkpoint's or a token store's directory is kiln's, not a
+	// download's: `sched train --out` refuses them as well.
+	for _, own := range []struct{ file, what string }{{trainer.StateFile, "a checkpoint"}, {tokens.ManifestFile, "a token store"}} {
+		if _, err := os.Stat(filepath.Join(dir, own.file)); err == nil {
+			return badInput("--tensorboard %s is %s's directory (it holds %s): give a directory of its own, such as tb", dir, own.what, own.file)
+		}
+	}
 	out := filepath.Join(dir, run)
 	if err := os.MkdirAll(out, 0o755); err != nil {
-		return badInput("--tensorboard %s: %v", dir, err)
+		return badInput("--tensorboard %s: %v: give a directory this user can write (it is made if absent), such as tb", dir, errors.Unwrap(err))
 	}
 	held := map[string]bool{}
 	for _, o := range objs {

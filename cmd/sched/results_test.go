@@ -100,4 +100,26 @@ func TestResultsCommand(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "no slashes") {
 		t.Fatalf("bad name: exit %d, %q", code, errOut)
 	}
+	// --tensorboard given empty, a file, or a directory kiln owns (a
+	// checkpoint's) is refused by name, and nothing is written there.
+	file := filepath.Join(t.TempDir(), "keep.txt")
+	os.WriteFile(file, []byte("mine"), 0o644)
+	ckpt := t.TempDir()
+	os.WriteFile(filepath.Join(ckpt, "trainer_state.json"), []byte("{}"), 0o644)
+	for _, c := range []struct{ dir, want string }{
+		{"", "--tensorboard is given empty"},
+		{file, "--tensorboard " + file + ": not a directory: give a directory this user can write"},
+		{ckpt, "--tensorboard " + ckpt + " is a checkpoint's directory (it holds trainer_state.json)"},
+	} {
+		_, errOut, code = sched(t, env, "results", "pilot", "--tensorboard", c.dir)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("--tensorboard %q: exit %d, %q; want exit 2 and %q", c.dir, code, errOut, c.want)
+		}
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "mine" {
+		t.Errorf("the file given as --tensorboard: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(ckpt, "pilot")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a download into a checkpoint's directory: %v", err)
+	}
 }

@@ -137,6 +137,27 @@ func TestEnqueueTrainSaysADoneRunIsDone(t *testing.T) {
 	}
 	_ = w.Wait()
 
+	// sched retry of its last, completed segment says the same.
+	snap, err := q.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last string
+	for _, ts := range snap.Tasks {
+		if a, err := scheduler.DecodeTask[scheduler.TrainSegment](ts.Payload); ts.Kind == scheduler.KindTrainSegment && err == nil && a.Run == "fin" && ts.State == "completed" {
+			last = ts.ID
+		}
+	}
+	if last == "" {
+		t.Fatal("run fin has no completed segment to retry")
+	}
+	if out, errOut, code := sched(t, env, "retry", last); code != 0 || !strings.HasPrefix(out, "run fin is done at step 40 of 40; nothing queued") {
+		t.Fatalf("retry %s of a done run: exit %d, %q %q; want it said done and nothing queued", last, code, out, errOut)
+	}
+	if live, err := q.LiveSegment(ctx, "fin"); err != nil || live != nil {
+		t.Fatalf("retry of a done run's segment queued %v (%v)", live, err)
+	}
+
 	runsFile := envValue(env, "KILN_RUNS")
 	length := func(from, to string) {
 		t.Helper()

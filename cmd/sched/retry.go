@@ -1,6 +1,8 @@
 package main
 
 import (
+	"fmt"
+
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
@@ -13,8 +15,9 @@ func init() {
 		Long: `Run one task again from its stored payload. A failed or cancelled task
 (archived) and a finished one are queued again under the same id; a task
 waiting out its retry back-off runs now. A training segment resumes from its
-run's last checkpoint; one of a run that is queued or training already is
-left alone (a run is one chain of segments). A task still queued or running
+run's last checkpoint; one of a run that is queued or training already, or
+done at its total steps, is left alone (a run is one chain of segments; a
+longer run is 'sched enqueue train <run>' after its total is raised). A task still queued or running
 is left as it is.
 
 To redo a whole job, enqueue it again with the same command instead: that
@@ -34,6 +37,17 @@ also re-queues what failed in it.`,
 				if a, err := scheduler.DecodeTask[scheduler.TrainSegment](ti.Payload); err == nil {
 					if live, err := runIsLive(c, q, a.Run, ti.ID); live || err != nil {
 						return err
+					}
+					// As enqueue train: a run done at its total steps has
+					// nothing for a segment to train.
+					st, ok, err := scheduler.ReadRunState(c.Context(), q.Redis(), a.Run)
+					if err != nil {
+						return err
+					}
+					if ok && st.Done {
+						fmt.Fprintf(c.OutOrStdout(), "run %s is done at step %d of %d; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and 'sched enqueue train %s')\n",
+							a.Run, st.Step, st.Total, a.Run)
+						return nil
 					}
 				}
 			}

@@ -87,7 +87,7 @@ type Worker struct {
 // MaxConcurrency bounds the tasks a worker runs at once from one queue.
 const MaxConcurrency = 256
 
-// ParseQueues reads "ingest=4,append=1,gpu=1".
+// ParseQueues reads "ingest=4,append=2,gpu=1".
 func ParseQueues(s string) (map[string]int, error) {
 	out := map[string]int{}
 	for _, part := range strings.Split(s, ",") {
@@ -101,13 +101,13 @@ func ParseQueues(s string) (map[string]int, error) {
 		}
 		c, err := strconv.Atoi(n)
 		if err != nil || c < 1 {
-			return nil, fmt.Errorf("queue %q: concurrency %q is not a positive number (want e.g. ingest=4,append=1,gpu=1)", name, n)
+			return nil, fmt.Errorf("queue %q: concurrency %q is not a positive number (want e.g. ingest=4,append=2,gpu=1)", name, n)
 		}
 		if !validQueue(name) {
 			return nil, fmt.Errorf("unknown queue %q (queues: %s)", name, strings.Join(scheduler.Queues, ", "))
 		}
 		if _, twice := out[name]; twice {
-			return nil, fmt.Errorf("queue %q is given twice: give each queue once, e.g. ingest=4,append=1,gpu=1", name)
+			return nil, fmt.Errorf("queue %q is given twice: give each queue once, e.g. ingest=4,append=2,gpu=1", name)
 		}
 		if c > MaxConcurrency {
 			return nil, fmt.Errorf("%s=%d: at most %d tasks of a queue at once (an ingest task keeps a CPU core busy: about one a core is the most that pays)", name, c, MaxConcurrency)
@@ -118,7 +118,7 @@ func ParseQueues(s string) (map[string]int, error) {
 		out[name] = c
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("no queues given (want e.g. ingest=4,append=1,gpu=1)")
+		return nil, fmt.Errorf("no queues given (want e.g. ingest=4,append=2,gpu=1)")
 	}
 	return out, nil
 }

@@ -35,6 +35,11 @@ type RunState struct {
 	Updated       time.Time
 	Wall          time.Duration
 	Done          bool
+	// Seq and Shape are the sequence length and the model's layout
+	// (trainer.Shape) the run trains with ("" and 0 where a state
+	// recorded none).
+	Seq   int
+	Shape string
 }
 
 // ReadRunStates returns every run that has recorded progress, by name.
@@ -75,6 +80,8 @@ func parseRunState(run string, h map[string]string) RunState {
 	s.Loss, _ = strconv.ParseFloat(h["loss"], 64)
 	s.TokPerS, _ = strconv.ParseFloat(h["tok_per_s"], 64)
 	s.GPUs, _ = strconv.Atoi(h["gpus"])
+	s.Seq, _ = strconv.Atoi(h["seq"])
+	s.Shape = h["shape"]
 	s.EvalLoss, _ = strconv.ParseFloat(h["eval_loss"], 64)
 	s.UploadSeconds, _ = strconv.ParseFloat(h["checkpoint_upload_s"], 64)
 	if v, err := strconv.ParseFloat(h["eta_s"], 64); err == nil {

@@ -648,23 +648,20 @@ func readOptimizer(path string, f *model.SafetensorsFile, p *model.Params) (*mod
 
 // sameShape compares the fields that fix the parameter layout.
 func sameShape(got, want model.Config) error {
-	type shape struct {
-		vocab, hidden, layers, heads, kv, headDim, ff, experts, topK int
-		tied                                                         bool
-	}
-	of := func(c model.Config) shape {
-		return shape{c.VocabSize, c.Hidden, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, c.Experts, c.ExpertsPerTok, c.TieEmbeddings}
-	}
-	say := func(s shape) string {
-		ff := "dense"
-		if s.experts > 0 {
-			ff = fmt.Sprintf("%d experts, top %d", s.experts, s.topK)
-		}
-		return fmt.Sprintf("vocab %d, d_model %d, %d layers, %d heads, %d KV heads, head_dim %d, d_ff %d (%s), tied %v",
-			s.vocab, s.hidden, s.layers, s.heads, s.kv, s.headDim, s.ff, ff, s.tied)
-	}
-	if g, w := of(got), of(want); g != w {
-		return fmt.Errorf("it holds a model of %s; this run's model has %s", say(g), say(w))
+	if g, w := Shape(got), Shape(want); g != w {
+		return fmt.Errorf("it holds a model of %s; this run's model has %s", g, w)
 	}
 	return nil
+}
+
+// Shape says the fields of c that fix the parameter layout, which a
+// checkpoint must share with the run that resumes it; two configurations
+// of one layout say the same.
+func Shape(c model.Config) string {
+	ff := "dense"
+	if c.Experts > 0 {
+		ff = fmt.Sprintf("%d experts, top %d", c.Experts, c.ExpertsPerTok)
+	}
+	return fmt.Sprintf("vocab %d, d_model %d, %d layers, %d heads, %d KV heads, head_dim %d, d_ff %d (%s), tied %v",
+		c.VocabSize, c.Hidden, c.Layers, c.Heads, c.KVHeads, c.HeadDim, c.Intermediate, ff, c.TieEmbeddings)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
+	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
@@ -114,6 +115,9 @@ to train it further).`,
 		if err := checkStepSize(run, st, ok); err != nil {
 			return err
 		}
+		if err := checkShape(run, st, ok); err != nil {
+			return err
+		}
 		// A run at its total steps would queue a segment that ends at
 		// once. The total is the runs entry's as read here, so that a run
 		// given a longer one resumes.
@@ -147,6 +151,29 @@ func checkStepSize(run runs.Run, st scheduler.RunState, ok bool) error {
 		"its length is total_tokens %d, which in steps of the new size ends at step %d: keep seq x batch x accumulate at %d "+
 		"(a smaller batch with accumulate raised as much), or give the run's length as total_steps",
 		run.Name, was, st.Tokens, st.Step, now, rc.Seq, rc.Batch, rc.Accumulate, rc.TotalTokens, rc.TotalSteps, was)
+}
+
+// checkShape refuses a resume that the worker would refuse: the runs entry
+// now gives another model layout or sequence length than the run's
+// checkpoints hold (as its state records them), which the checkpoint's
+// weights or the data cursor cannot be read with.
+func checkShape(run runs.Run, st scheduler.RunState, ok bool) error {
+	if !ok || st.Step <= 0 {
+		return nil
+	}
+	rc := run.RunConfig.WithDefaults()
+	const what = "put its entry back as it was in the runs file (KILN_RUNS), or train a run of another name (`from: %s` starts one from its settings)"
+	if st.Seq > 0 && st.Seq != rc.Seq {
+		return badInput("run %s trained at seq %d and its runs entry now gives seq %d, which its checkpoints' data order cannot resume: "+what, run.Name, st.Seq, rc.Seq, run.Name)
+	}
+	mc, err := rc.ModelConfig()
+	if err != nil {
+		return err
+	}
+	if now := trainer.Shape(mc); st.Shape != "" && st.Shape != now {
+		return badInput("run %s's checkpoints hold a model of %s, and its runs entry now gives %s: "+what, run.Name, st.Shape, now, run.Name)
+	}
+	return nil
 }
 
 // trainedTo is the step a run has surely trained to: the checkpoint its

@@ -192,6 +192,54 @@ func TestEnqueueTrainSaysADoneRunIsDone(t *testing.T) {
 	}
 }
 
+// A runs entry changed to a model layout or a sequence length its
+// checkpoints cannot be resumed with is refused at enqueue, naming both
+// and what to do, where the worker would refuse the segment it queued;
+// put back, the run resumes.
+func TestEnqueueTrainRefusesAShapeItsCheckpointsCannotResume(t *testing.T) {
+	t.Parallel()
+	env, rdb, q, _ := s3TrainingSetup(t, "")
+	ctx := context.Background()
+	appendRuns(t, env, "shp:\n  from: eta\n  total_steps: 40\n")
+	w := startWorker(t, env, "--queues", "gpu=1")
+	if out, errOut, code := sched(t, env, "enqueue", "train", "shp"); code != 0 {
+		t.Fatalf("enqueue train shp: exit %d: %s%s", code, out, errOut)
+	}
+	waitUntil(t, "run shp done, its last segment completed", func() bool {
+		st, ok, err := scheduler.ReadRunState(ctx, rdb, "shp")
+		live, lerr := q.LiveSegment(ctx, "shp")
+		return err == nil && ok && st.Done && lerr == nil && live == nil
+	})
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Wait()
+	runsFile := envValue(env, "KILN_RUNS")
+	b, err := os.ReadFile(runsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(runsFile, []byte(strings.Replace(string(b), "shp:\n  from: eta\n  total_steps: 40\n", body, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entry("shp:\n  from: eta\n  total_steps: 60\n  seq: 64\n")
+	wantBadInput(t, env, `^sched: run shp trained at seq 32 and its runs entry now gives seq 64, which its checkpoints' data order cannot resume: put its entry back as it was in the runs file \(KILN_RUNS\), or train a run of another name`,
+		"enqueue", "train", "shp")
+	entry("shp:\n  from: eta\n  total_steps: 60\n  model: small\n")
+	wantBadInput(t, env, `^sched: run shp's checkpoints hold a model of vocab \d+, d_model 64, .*, and its runs entry now gives vocab \d+, d_model 512, `,
+		"enqueue", "train", "shp")
+	if live, err := q.LiveSegment(ctx, "shp"); err != nil || live != nil {
+		t.Fatalf("a refused enqueue queued %v (%v)", live, err)
+	}
+	entry("shp:\n  from: eta\n  total_steps: 60\n")
+	if out, errOut, code := sched(t, env, "enqueue", "train", "shp"); code != 0 || !strings.Contains(out, "resumes from its last checkpoint (step 40)") {
+		t.Fatalf("enqueue train shp put back, with total_steps 60: exit %d, %q %q; want it queued from step 40", code, out, errOut)
+	}
+}
+
 // A store whose files were copied onto the appending worker's disk (a
 // backup put back) has no status in object storage until that worker
 // starts: enqueue says, after the ingest to run, that restarting that

@@ -692,6 +692,12 @@ func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig
 		"worker":  p.Owner,
 		"updated": time.Now().UTC().Format(time.RFC3339),
 		"wall_s":  strconv.FormatFloat(wall.Seconds(), 'f', 3, 64),
+		// What the checkpoints hold, which enqueue train compares with the
+		// runs entry before it queues a resume.
+		"seq": strconv.Itoa(rc.Seq),
+	}
+	if mc, err := rc.ModelConfig(); err == nil {
+		f["shape"] = trainer.Shape(mc)
 	}
 	for k, v := range extra {
 		f[k] = v

@@ -262,7 +262,13 @@ func (argsError) BadInput() bool { return true }
 func exactArgs(n int, what string) cobra.PositionalArgs {
 	return func(c *cobra.Command, args []string) error {
 		if len(args) != n {
-			return argsError{fmt.Errorf("%s expects %s (got %d argument(s)); see '%s --help'", c.CommandPath(), what, len(args), c.CommandPath())}
+			got := "none"
+			if len(args) > 0 {
+				// Named: a word taken as an argument is often a flag's value
+				// written after a switch (--s3-secure maybe).
+				got = fmt.Sprintf("%d: %q", len(args), args)
+			}
+			return argsError{fmt.Errorf("%s expects %s (got %s); see '%s --help'", c.CommandPath(), what, got, c.CommandPath())}
 		}
 		return nil
 	}

@@ -122,12 +122,16 @@ func newTaskStatus(ti *asynq.TaskInfo) TaskStatus {
 }
 
 func (c *Client) taskStatus(ctx context.Context, ti *asynq.TaskInfo) TaskStatus {
-	ts := newTaskStatus(ti)
-	if p, ok, err := ReadProgress(ctx, c.rdb, ti.ID); err == nil && ok {
+	return c.statusOf(ctx, newTaskStatus(ti))
+}
+
+// statusOf is ts with its progress report and, archived, its cancel mark.
+func (c *Client) statusOf(ctx context.Context, ts TaskStatus) TaskStatus {
+	if p, ok, err := ReadProgress(ctx, c.rdb, ts.ID); err == nil && ok {
 		ts.Progress, ts.HasProgress = p, true
 	}
-	if ti.State == asynq.TaskStateArchived {
-		mark, _ := c.rdb.Get(ctx, cancelKey(ti.ID)).Result()
+	if ts.State == asynq.TaskStateArchived.String() {
+		mark, _ := c.rdb.Get(ctx, cancelKey(ts.ID)).Result()
 		markCancelled(&ts, mark)
 	}
 	return ts
@@ -151,7 +155,7 @@ func (c *Client) Runs(ctx context.Context, limit int) ([]TaskStatus, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []TaskStatus
+	var finished []TaskStatus
 	for _, q := range Queues {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -165,13 +169,17 @@ func (c *Client) Runs(ctx context.Context, limit int) ([]TaskStatus, error) {
 				return nil, fmt.Errorf("finished %w", err)
 			}
 			for _, ti := range tis {
-				out = append(out, c.taskStatus(ctx, ti))
+				finished = append(finished, newTaskStatus(ti))
 			}
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Finished.After(out[j].Finished) })
-	if len(out) > limit {
-		out = out[:limit]
+	sort.Slice(finished, func(i, j int) bool { return finished[i].Finished.After(finished[j].Finished) })
+	finished = finished[:min(len(finished), limit)]
+	// Progress and cancel marks only for the tasks returned: each is a
+	// read of Redis, and a large ingest keeps thousands.
+	out := make([]TaskStatus, len(finished))
+	for i, ts := range finished {
+		out[i] = c.statusOf(ctx, ts)
 	}
 	return out, nil
 }

@@ -546,6 +546,9 @@ func ReadCheckpoint(dir string, want *model.Config) (*Snapshot, error) {
 	for name, sum := range st.Files {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
+			if u := unreadable(dir, err); u != nil {
+				return nil, u
+			}
 			return nil, damaged("read checkpoint %s: %w", dir, err)
 		}
 		got := sha256.Sum256(b)

@@ -37,6 +37,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/internal/redact"
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
@@ -178,7 +179,8 @@ func init() {
 				fmt.Fprintf(w, "%-20s %-16s %s\n", s.env, s.flag, s.get(&m))
 			}
 			for _, s := range envOnly {
-				v := os.Getenv(s.env)
+				// A mirror's URL may hold a password, which is masked.
+				v := redact.URL(os.Getenv(s.env))
 				if v == "" {
 					v = "(" + s.unset + ")"
 				}

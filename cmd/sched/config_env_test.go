@@ -32,6 +32,13 @@ func TestConfigShowsTheEnvironmentOnlySettings(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("sched config: exit %d: %s", code, errOut)
 	}
+	mirror, errOut, code := sched(t, []string{"HF_ENDPOINT=https://me:mirror_secret@hub.example.org"}, "config")
+	if code != 0 || strings.Contains(mirror, "mirror_secret") || !strings.Contains(mirror, "hub.example.org") {
+		t.Fatalf("sched config with a mirror's URL holding a password: exit %d: %s%s; want it shown, masked", code, mirror, errOut)
+	}
+	if code != 0 {
+		t.Fatalf("sched config: exit %d: %s", code, errOut)
+	}
 	if strings.Contains(out, "hf_older_secret") {
 		t.Fatalf("sched config shows the hub token:\n%s", out)
 	}

@@ -112,10 +112,12 @@ to train it further).`,
 				ts.FromStep = int64(steps[len(steps)-1])
 			}
 		}
-		if err := checkStepSize(run, st, ok); err != nil {
+		// The shape first: a step size kept, as the other check asks, does
+		// not make another sequence length resumable.
+		if err := checkShape(run, st, ok, ts.FromStep); err != nil {
 			return err
 		}
-		if err := checkShape(run, st, ok); err != nil {
+		if err := checkStepSize(run, st, ok); err != nil {
 			return err
 		}
 		// A run at its total steps would queue a segment that ends at
@@ -156,9 +158,10 @@ func checkStepSize(run runs.Run, st scheduler.RunState, ok bool) error {
 // checkShape refuses a resume that the worker would refuse: the runs entry
 // now gives another model layout or sequence length than the run's
 // checkpoints hold (as its state records them), which the checkpoint's
-// weights or the data cursor cannot be read with.
-func checkShape(run runs.Run, st scheduler.RunState, ok bool) error {
-	if !ok || st.Step <= 0 {
+// weights or the data cursor cannot be read with. A run with no checkpoint
+// yet (from 0) starts afresh, in any shape.
+func checkShape(run runs.Run, st scheduler.RunState, ok bool, from int64) error {
+	if !ok || from <= 0 {
 		return nil
 	}
 	rc := run.RunConfig.WithDefaults()

@@ -21,6 +21,7 @@ import (
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 // s3TrainingSetup is trainingSetupStore over a real S3 server: env names
@@ -270,5 +271,34 @@ func TestEnqueueTrainSaysACopiedStoreIsRecordedByARestart(t *testing.T) {
 	})
 	if a := queuedSegment(t, op, envValue(env, "KILN_REDIS_URL"), "eta"); a.Run != "eta" {
 		t.Fatalf("enqueue train eta queued %+v", a)
+	}
+}
+
+// A run with no checkpoint yet (its first segment died before one) starts
+// afresh, so any shape may be queued for it; with one, the shape its state
+// records is held to.
+func TestCheckShapeHoldsOnlyARunWithACheckpoint(t *testing.T) {
+	set, err := runs.Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := set.Get("pilot-cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := scheduler.RunState{Run: "pilot-cpu", Step: 15, Seq: run.Seq * 2, Shape: "another model"}
+	if err := checkShape(run, st, true, 0); err != nil {
+		t.Errorf("a run with no checkpoint, its shape changed: %v; want it queued", err)
+	}
+	if err := checkShape(run, st, true, 10); err == nil || !isBadInput(err) {
+		t.Errorf("a run with a checkpoint at step 10, its seq changed: %v; want it refused", err)
+	}
+	st.Seq = run.Seq
+	if err := checkShape(run, st, true, 10); err == nil || !strings.Contains(err.Error(), "checkpoints hold a model of another model") {
+		t.Errorf("a run with a checkpoint at step 10, its model changed: %v; want it refused", err)
+	}
+	st.Shape = ""
+	if err := checkShape(run, st, true, 10); err != nil {
+		t.Errorf("a state of an earlier kiln, with no shape: %v; want it queued", err)
 	}
 }

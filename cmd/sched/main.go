@@ -65,7 +65,7 @@ func reportTo(w io.Writer, err error) int {
 	if !isBadInput(err) && errors.Is(err, fs.ErrPermission) {
 		// A path this user may not use: the user's to fix, and the
 		// system's error names the path but not what to do.
-		err = badInputError{fmt.Errorf("%w (this user may not use that path: run as the user that owns it, or give this one access; the data directory is KILN_DATA_DIR, --data-dir)", err)}
+		err = badInputError{fmt.Errorf("%w (this user may not use that path: run as the user that owns it, or give this one access; where it is the data directory, KILN_DATA_DIR or --data-dir names another)", err)}
 	}
 	msg := err.Error()
 	if strings.Contains(msg, "\n") {

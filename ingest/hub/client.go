@@ -201,9 +201,10 @@ func (c *Client) newRequest(ctx context.Context, rawURL string) (*http.Request, 
 // headers (Range) before each attempt. The caller holds a concurrency slot.
 func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.Request)) (*http.Response, error) {
 	var lastErr error
-	// unreached: the last attempt reached no server (no address for the
-	// name, or no connection), which the network or HF_ENDPOINT decides.
-	unreached := false
+	// unreached: the host the last attempt reached no server of (no
+	// address for the name, or no connection): the Hub's, or a download's
+	// CDN it was sent on to; "" where it reached one.
+	unreached := ""
 	for attempt := 0; ; attempt++ {
 		watch := c.watch(ctx)
 		req, err := c.newRequest(watch.ctx, rawURL)
@@ -223,18 +224,18 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 				return nil, ctx.Err()
 			}
 			lastErr = watch.explain(err)
-			unreached = notReached(err)
+			unreached = notReached(err, c.host)
 			wait = backoff(attempt)
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
 			resp.Body = &watchedBody{ReadCloser: resp.Body, w: watch}
 			return resp, nil
 		case resp.StatusCode == http.StatusTooManyRequests:
-			unreached = false
+			unreached = ""
 			wait = rateLimitWait(resp.Header, attempt)
 			lastErr = fmt.Errorf("rate limited (429) by %s", resp.Request.URL.Host)
 			drain(resp)
 		case resp.StatusCode >= 500:
-			unreached = false
+			unreached = ""
 			lastErr = fmt.Errorf("%s answered %s", resp.Request.URL.Host, resp.Status)
 			wait = backoff(attempt)
 			if resp.Header.Get("Retry-After") != "" {
@@ -252,9 +253,13 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 		if attempt >= c.cfg.MaxRetries {
 			// The cause first: a listing cuts a reason to one short line,
 			// and a file's URL is long.
-			if unreached {
+			switch {
+			case unreached == c.host:
 				return nil, fmt.Errorf("%w (given up after %d attempts at GET %s): %s is not reached from here; check this machine's network and proxy, or set HF_ENDPOINT to a mirror of the Hub",
-					lastErr, attempt+1, redact(rawURL), req.URL.Host)
+					lastErr, attempt+1, redact(rawURL), unreached)
+			case unreached != "":
+				return nil, fmt.Errorf("%w (given up after %d attempts at GET %s): the Hub sent the download on to %s, which is not reached from here; check that this machine's network and proxy let it through",
+					lastErr, attempt+1, redact(rawURL), unreached)
 			}
 			return nil, fmt.Errorf("%w (given up after %d attempts at GET %s)", lastErr, attempt+1, redact(rawURL))
 		}
@@ -268,12 +273,23 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 	}
 }
 
-// notReached reports whether err says no server was reached: the name
-// has no address, or the connection was refused or timed out.
-func notReached(err error) bool {
+// notReached is the host err says no server of was reached (the name has
+// no address, the connection or the proxy's was refused or timed out):
+// the one its request went to, else host; "" where err says something
+// else.
+func notReached(err error, host string) string {
 	var dns *net.DNSError
 	var op *net.OpError
-	return errors.As(err, &dns) || errors.As(err, &op) && op.Op == "dial"
+	if !errors.As(err, &dns) && !(errors.As(err, &op) && (op.Op == "dial" || op.Op == "proxyconnect")) {
+		return ""
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		if u, perr := url.Parse(ue.URL); perr == nil {
+			return u.Host
+		}
+	}
+	return host
 }
 
 // getJSON decodes a JSON answer into v and returns the response headers.

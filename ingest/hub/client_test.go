@@ -6,11 +6,11 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -326,12 +326,7 @@ func TestServerErrorsAreGivenUpOnCauseFirst(t *testing.T) {
 // A Hub that is not reached at all (nothing listens at its address) is
 // given up on saying what to check: the network, or HF_ENDPOINT.
 func TestAHubNotReachedSaysToCheckTheNetworkOrHFEndpoint(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := refusingAddr(t)
 	c, err := hub.New(hub.Config{Endpoint: "http://" + addr, MaxRetries: 1, MaxWait: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -356,6 +351,47 @@ func TestAHubNotReachedSaysToCheckTheNetworkOrHFEndpoint(t *testing.T) {
 	if err == nil || strings.Contains(err.Error(), "HF_ENDPOINT") {
 		t.Fatalf("a Hub that answers 503: %v; want an error without the network advice", err)
 	}
+}
+
+// A download the Hub sends on to a CDN this machine does not reach names
+// the CDN, not the Hub, which answered.
+func TestACDNNotReachedIsNamedNotTheHub(t *testing.T) {
+	h := newHub(t)
+	h.Add(repo, "big.bin", []byte("stored in LFS"), true)
+	cdn := refusingAddr(t)
+	h.CDN.URL = "http://" + cdn
+	c, err := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 1, MaxWait: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := c.List(context.Background(), repo, "main", "")
+	if err != nil || len(files) != 1 {
+		t.Fatalf("list: %v, %v", files, err)
+	}
+	err = c.Download(context.Background(), repo, "main", files[0], filepath.Join(t.TempDir(), "big.bin"))
+	if err == nil || !strings.Contains(err.Error(), "the Hub sent the download on to "+cdn+", which is not reached from here") || strings.Contains(err.Error(), "HF_ENDPOINT") {
+		t.Fatalf("a CDN nothing listens for: %v; want the CDN named", err)
+	}
+}
+
+// refusingAddr is a loopback address that refuses every connection: a
+// socket bound to it that does not listen holds the port, so that no other
+// process can take it while the test runs.
+func refusingAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 }
 
 func TestContextCancelsRateLimitWait(t *testing.T) {

@@ -61,9 +61,10 @@ func tabbed(b []byte, err error) error {
 		}
 	}
 	// yaml names the line a construct began on (counted from 0 for some
-	// errors, so the line before it) rather than where it went wrong.
+	// errors, so the line before it), or where it found the problem, which
+	// can be lines after the mistake: near, not at.
 	msg := strings.TrimPrefix(err.Error(), fmt.Sprintf("yaml: line %d: ", at))
-	return fmt.Errorf("YAML syntax, at line %d or after: %s (check the brackets, quotes, colons and indentation from there)", at, msg)
+	return fmt.Errorf("YAML syntax near line %d: %s (check the brackets, quotes, colons and indentation around it)", at, msg)
 }
 
 // Decode decodes n onto v (a pointer) as yaml.Node.Decode does, after

@@ -143,9 +143,9 @@ func TestATabInTheIndentationIsNamedOnItsLine(t *testing.T) {
 		{"model: tiny\nsegment:\n    \t max_steps: 5\n", "yaml: line 3: a tab in the indentation"},
 		// Other syntax errors are yaml's; a tab elsewhere is no cause.
 		{"model: [tiny\nlr:\t1\n", "did not find expected ',' or ']'"},
-		// yaml names the line a flow began on, less one: the error says
-		// where to look from.
-		{"model: tiny\nseq: 32\nlr: [1\n", "YAML syntax, at line 2 or after: did not find expected ',' or ']' (check the brackets, quotes, colons and indentation from there)"},
+		// yaml names the line a flow began on, less one, or where it found
+		// the problem: the error says near which line to look.
+		{"model: tiny\nseq: 32\nlr: [1\n", "YAML syntax near line 2: did not find expected ',' or ']' (check the brackets, quotes, colons and indentation around it)"},
 	} {
 		var cf config
 		err := Unmarshal([]byte(c.doc), &cf)

@@ -384,7 +384,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		// before it left them, where results written now would hold the
 		// run at step 0 (its event files then emptied) with settings its
 		// checkpoints were not trained with.
-		return out, fmt.Errorf("run %s: resume from step %d: %w", run, out.ResumedFrom, terr)
+		return out, fmt.Errorf("resume from step %d: %w", out.ResumedFrom, terr)
 	}
 	rerr := p.writeResults(gctx, dir, rc, out, log)
 	// The segment's last word on the run, however it ended: where it

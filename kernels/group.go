@@ -303,21 +303,18 @@ func (g *Group) Step(o model.AdamW) error {
 // so the sum is the one-GPU step's. In a profile the gradients' reduction
 // is a line of its own, which holds the wait for the slowest GPU too.
 func (e *Engine) reduce(c *cuda.Comm) error {
-	sum := func(p cuda.Ptr, n int) func() error {
-		return func() error { return c.AllReduceSum(p, p, n, e.sh) }
-	}
-	if err := e.timed(allReduceName, sum(e.grads, int(e.n))); err != nil {
+	if err := e.timed(allReduceName, func() error { return c.AllReduceSum(e.grads, e.grads, int(e.n), e.sh) }); err != nil {
 		return err
 	}
 	if e.moe != nil {
-		if err := sum(e.moe.auxAcc, 1)(); err != nil {
+		if err := c.AllReduceSum(e.moe.auxAcc, e.moe.auxAcc, 1, e.sh); err != nil {
 			return err
 		}
-		if err := sum(e.moe.shareAcc, e.cfg.Experts)(); err != nil {
+		if err := c.AllReduceSum(e.moe.shareAcc, e.moe.shareAcc, e.cfg.Experts, e.sh); err != nil {
 			return err
 		}
 	}
-	return sum(e.lossAcc, 1)()
+	return c.AllReduceSum(e.lossAcc, e.lossAcc, 1, e.sh)
 }
 
 // allReduceName is the gradients' all-reduce in a profile.

@@ -194,9 +194,6 @@ func ReadManifest(dir string) (*Manifest, error) {
 		if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR) {
 			return nil, inputErrorf("token store %s is not a token store's directory (%v): name a directory that an ingest filled, which holds %s and %s", dir, err, ManifestFile, TokensFile)
 		}
-		if errors.Is(err, fs.ErrPermission) {
-			return nil, inputErrorf("token store %s cannot be read by this user (%v): run as the user that made it, or give this one access to it", dir, err)
-		}
 		return nil, fmt.Errorf("token store %s: read manifest: %w", dir, err)
 	}
 	var m Manifest

@@ -321,10 +321,7 @@ func CheckCheckpoint(dir string) (State, error) {
 	var st State
 	b, err := os.ReadFile(filepath.Join(dir, StateFile))
 	if err != nil {
-		if u := unreadable(dir, err); u != nil {
-			return st, u
-		}
-		return st, damaged("checkpoint %s is incomplete (%w): it was not written to the end; use an earlier one", dir, err)
+		return st, notRead(dir, err, "checkpoint %s is incomplete (%w): it was not written to the end; use an earlier one", dir, err)
 	}
 	if err := json.Unmarshal(b, &st); err != nil {
 		return st, damaged("checkpoint %s: %s is not valid JSON (%v): use an earlier checkpoint", dir, StateFile, err)
@@ -353,10 +350,7 @@ func CheckCheckpoint(dir string) (State, error) {
 	for name, sum := range st.Files {
 		fi, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {
-			if u := unreadable(dir, err); u != nil {
-				return st, u
-			}
-			return st, damaged("checkpoint %s is incomplete: %w; use an earlier one", dir, err)
+			return st, notRead(dir, err, "checkpoint %s is incomplete: %w; use an earlier one", dir, err)
 		}
 		if fi.Size() != sum.Size {
 			return st, damaged("checkpoint %s: %s is %d bytes, %s says %d (truncated?): use an earlier checkpoint", dir, name, fi.Size(), StateFile, sum.Size)
@@ -365,16 +359,16 @@ func CheckCheckpoint(dir string) (State, error) {
 	return st, nil
 }
 
-// unreadable is the error for a checkpoint this process may not read
-// (another user wrote it: checkpoint directories are private to their
-// writer), or nil where err is another failure. Such a checkpoint is not
-// damaged and is never set aside: the user runs as its writer, or gives
-// this one access.
-func unreadable(dir string, err error) error {
-	if !errors.Is(err, fs.ErrPermission) {
-		return nil
+// notRead is the error for a file of checkpoint dir that err says could
+// not be read: damage, as format and a say, except where this process may
+// not read it (another user wrote it: checkpoint directories are private
+// to their writer). Such a checkpoint is not damaged and is never set
+// aside: the user runs as its writer, or gives this one access.
+func notRead(dir string, err error, format string, a ...any) error {
+	if errors.Is(err, fs.ErrPermission) {
+		return badInput(fmt.Errorf("checkpoint %s cannot be read by this user (%w); it is not damaged: run as the user that wrote it, or give this one access to it (chown -R)", dir, err))
 	}
-	return badInput(fmt.Errorf("checkpoint %s cannot be read by this user (%w); it is not damaged: run as the user that wrote it, or give this one access to it (chown -R)", dir, err))
+	return damaged(format, a...)
 }
 
 // VerifyCheckpoint is CheckCheckpoint that also reads every file and checks
@@ -387,10 +381,7 @@ func VerifyCheckpoint(dir string) (State, error) {
 	for name, sum := range st.Files {
 		f, err := os.Open(filepath.Join(dir, name))
 		if err != nil {
-			if u := unreadable(dir, err); u != nil {
-				return st, u
-			}
-			return st, damaged("checkpoint %s is incomplete: %w; use an earlier one", dir, err)
+			return st, notRead(dir, err, "checkpoint %s is incomplete: %w; use an earlier one", dir, err)
 		}
 		h := sha256.New()
 		_, err = io.Copy(h, f)
@@ -546,10 +537,7 @@ func ReadCheckpoint(dir string, want *model.Config) (*Snapshot, error) {
 	for name, sum := range st.Files {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
-			if u := unreadable(dir, err); u != nil {
-				return nil, u
-			}
-			return nil, damaged("read checkpoint %s: %w", dir, err)
+			return nil, notRead(dir, err, "read checkpoint %s: %w", dir, err)
 		}
 		got := sha256.Sum256(b)
 		if err := matchSum(dir, name, got[:], sum); err != nil {

@@ -188,10 +188,12 @@ func init() {
 			}
 			// The GPU worker reads these two at its start: a value it would
 			// refuse is refused here too.
-			if _, err := workerGPUs(os.Getenv("KILN_GPUS")); err != nil {
+			gpus, err := workerGPUs(os.Getenv("KILN_GPUS"))
+			if err != nil {
 				return err
 			}
-			if _, err := envBool("KILN_REQUIRE_GPU"); err != nil {
+			require, err := envBool("KILN_REQUIRE_GPU")
+			if err != nil {
 				return err
 			}
 			if !check {
@@ -199,7 +201,7 @@ func init() {
 			}
 			// The machine's own part first: it needs no server, and a
 			// GPU that does not start does not keep the servers unchecked.
-			gpuErr := checkGPU(w)
+			gpuErr := checkGPU(w, require, gpus)
 			q, _, err := openQueue(cmd.Context(), cfg)
 			if err != nil {
 				return errors.Join(gpuErr, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -124,8 +125,7 @@ to train it further).`,
 		// once. The total is the runs entry's as read here, so that a run
 		// given a longer one resumes.
 		if at, total := trainedTo(st, ok, ts.FromStep), run.RunConfig.WithDefaults().TotalSteps; at >= total {
-			fmt.Fprintf(c.OutOrStdout(), "run %s is done at step %d of %d; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and enqueue it again; or train a run of another name)\n",
-				ts.Run, at, total)
+			sayDone(c.OutOrStdout(), ts.Run, at, total)
 			return nil
 		}
 		return enqueueOne(c, cfg, ts)
@@ -177,6 +177,13 @@ func checkShape(run runs.Run, st scheduler.RunState, ok bool, from int64) error 
 		return badInput("run %s's checkpoints hold a model of %s, and its runs entry now gives %s: "+what, run.Name, st.Shape, now, run.Name)
 	}
 	return nil
+}
+
+// sayDone says that run is done at step at of total, so that nothing was
+// queued, and how to train it further.
+func sayDone(w io.Writer, run string, at, total int) {
+	fmt.Fprintf(w, "run %s is done at step %d of %d; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and enqueue it again; or train a run of another name)\n",
+		run, at, total)
 }
 
 // trainedTo is the step a run has surely trained to: the checkpoint its

@@ -4,28 +4,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/kernels"
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/trainer"
 )
 
 // checkGPU prints what engine auto trains on in this process's place: the
 // GPUs, the CUDA driver and libraries, or why none starts. It fails where a
-// worker here could not do what its settings ask: KILN_REQUIRE_GPU with no
-// GPU that starts, or KILN_GPUS naming more GPUs than the driver sees.
-func checkGPU(w io.Writer) error {
-	require, err := envBool("KILN_REQUIRE_GPU")
-	if err != nil {
-		return err
-	}
-	gpus, err := workerGPUs(os.Getenv("KILN_GPUS"))
-	if err != nil {
-		return err
-	}
+// worker here could not do what its settings ask: KILN_REQUIRE_GPU
+// (require) with no GPU that starts, or KILN_GPUS (gpus) naming more GPUs
+// than the driver sees.
+func checkGPU(w io.Writer, require bool, gpus trainer.GPUCount) error {
 	h, perr := kernels.ProbeHost()
 	for _, g := range h.GPUs {
 		fmt.Fprintf(w, "%-37s %s\n", fmt.Sprintf("gpu %d", g.Ordinal), kernels.DescribeGPU(g))

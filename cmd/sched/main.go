@@ -132,6 +132,17 @@ func init() {
 // read: invalid argument "-1" for "--seed" flag: strconv.ParseUint: ...
 var flagValueError = regexp.MustCompile(`^invalid argument (".*") for "(.*)" flag: (.*)$`)
 
+// flagTakes says what a flag takes after the words of the parser's
+// refusal its value's error holds: the first that matches.
+var flagTakes = []struct{ refusal, takes string }{
+	{"value out of range", "is out of range"},
+	{"strconv.ParseUint", "is not a whole number of 0 or more"},
+	{"strconv.ParseInt", "is not a whole number"},
+	{"strconv.ParseFloat", "is not a number"},
+	{"strconv.ParseBool", "is not true or false"},
+	{"time: ", "is not a duration such as 30s, 5m or 1h30m"},
+}
+
 // plainFlagError says what a flag takes where the parser's error names the
 // Go function that refused its value (strconv.ParseUint: parsing "-1":
 // invalid syntax); any other error is left as it is.
@@ -141,24 +152,12 @@ func plainFlagError(err error) error {
 		return err
 	}
 	value, flag, why := m[1], m[2], m[3]
-	var takes string
-	switch {
-	case strings.Contains(why, "value out of range"):
-		takes = "is out of range"
-	case strings.HasPrefix(why, "strconv.ParseUint"):
-		takes = "is not a whole number of 0 or more"
-	case strings.HasPrefix(why, "strconv.ParseInt"):
-		takes = "is not a whole number"
-	case strings.HasPrefix(why, "strconv.ParseFloat"):
-		takes = "is not a number"
-	case strings.HasPrefix(why, "strconv.ParseBool"):
-		takes = "is not true or false"
-	case strings.HasPrefix(why, "time: "):
-		takes = "is not a duration such as 30s, 5m or 1h30m"
-	default:
-		return err
+	for _, t := range flagTakes {
+		if strings.Contains(why, t.refusal) {
+			return fmt.Errorf("%s %s %s", flag, value, t.takes)
+		}
 	}
-	return fmt.Errorf("%s %s %s", flag, value, takes)
+	return err
 }
 
 // strictArgs makes wrong arguments bad input (exit 2, one line) on every

@@ -14,8 +14,6 @@ import (
 
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
-	"github.com/kiln-lm/kiln/tokens"
-	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/trainer/segment"
@@ -83,14 +81,14 @@ func downloadEvents(ctx context.Context, w io.Writer, st store.Store, run, dir s
 	if len(objs) == 0 {
 		return badInput("run %q has no TensorBoard event files yet (%s is empty): they appear with the run's first checkpoint; see 'sched status'", run, prefix)
 	}
-	// A checkpoint's or a token store's directory is kiln's, not a
-	// download's: `sched train --out` refuses them as well.
-	for _, own := range []struct{ file, what string }{{trainer.StateFile, "a checkpoint"}, {tokens.ManifestFile, "a token store"}} {
-		if _, err := os.Stat(filepath.Join(dir, own.file)); err == nil {
-			return badInput("--tensorboard %s is %s's directory (it holds %s): give a directory of its own, such as tb", dir, own.what, own.file)
+	out := filepath.Join(dir, run)
+	// A checkpoint's or a token store's files are kiln's alone, as for
+	// `sched tokenize`'s output.
+	for _, m := range managedDirs {
+		if d, ok := holding(filepath.Join(out, "event file"), m.is); ok {
+			return badInput("--tensorboard %s is in a %s's directory, %s, whose files only %s writes: give a directory of its own, such as tb", dir, m.what, d, m.writer)
 		}
 	}
-	out := filepath.Join(dir, run)
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return badInput("--tensorboard %s: %v: give a directory this user can write (it is made if absent), such as tb", dir, errors.Unwrap(err))
 	}

@@ -109,7 +109,7 @@ func TestResultsCommand(t *testing.T) {
 	for _, c := range []struct{ dir, want string }{
 		{"", "--tensorboard is given empty"},
 		{file, "--tensorboard " + file + ": not a directory: give a directory this user can write"},
-		{ckpt, "--tensorboard " + ckpt + " is a checkpoint's directory (it holds trainer_state.json)"},
+		{ckpt, "--tensorboard " + ckpt + " is in a checkpoint's directory, " + ckpt + ", whose files only training writes"},
 	} {
 		_, errOut, code = sched(t, env, "results", "pilot", "--tensorboard", c.dir)
 		if code != 2 || !strings.Contains(errOut, c.want) {

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
@@ -45,8 +43,7 @@ also re-queues what failed in it.`,
 						return err
 					}
 					if ok && st.Done {
-						fmt.Fprintf(c.OutOrStdout(), "run %s is done at step %d of %d; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and 'sched enqueue train %s')\n",
-							a.Run, st.Step, st.Total, a.Run)
+						sayDone(c.OutOrStdout(), a.Run, st.Step, st.Total)
 						return nil
 					}
 				}

@@ -63,26 +63,27 @@ func (c *Client) List(ctx context.Context, repo, rev, dir string) ([]File, error
 	var files []File
 	// A listing whose next page is one already read, or that goes on
 	// after a page of nothing, would never end: it is refused.
-	read := map[string]bool{}
+	seen := map[string]bool{}
 	for next != "" {
-		if read[next] {
+		if seen[next] {
 			return nil, fmt.Errorf("listing dataset %s at %s: the Hub's next page, %s, is one already read: its listing loops (a proxy or cache between here and %s may be at fault); try again later", repo, rev, redact(next), c.host)
 		}
-		read[next] = true
+		seen[next] = true
 		var page []File
 		h, err := c.getJSON(ctx, repo, next, &page)
 		if err != nil {
 			return nil, fmt.Errorf("listing dataset %s at %s: %w", repo, rev, err)
-		}
-		if len(page) == 0 && nextLink(h.Get("Link")) != "" {
-			return nil, fmt.Errorf("listing dataset %s at %s: the Hub answered an empty page that links to another (%s): its listing does not end; try again later", repo, rev, redact(next))
 		}
 		for _, f := range page {
 			if f.Type == "file" || f.Type == "" {
 				files = append(files, f)
 			}
 		}
+		this := next
 		next = nextLink(h.Get("Link"))
+		if next != "" && len(page) == 0 {
+			return nil, fmt.Errorf("listing dataset %s at %s: the Hub answered an empty page that links to another (%s): its listing does not end; try again later", repo, rev, redact(this))
+		}
 		if next != "" {
 			// A relative next link is resolved against the endpoint; an
 			// absolute one to another host would carry our token elsewhere.

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -223,6 +224,9 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if err != nil {
 		return out, err
 	}
+	// What the checkpoints hold, in every state write: enqueue train
+	// compares it with the runs entry before it queues a resume.
+	holds := map[string]string{"seq": strconv.Itoa(rc.Seq), "shape": trainer.Shape(mc)}
 	log := p.Log.With(zap.String("run", run))
 
 	lock, err := acquireWaiting(ctx, p.Redis, run, p.Owner, p.LockTTL, log)
@@ -338,7 +342,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 			}
 			stateMu.Unlock()
 			if due {
-				p.writeState(tctx, lock, rc, m, wall(), nil, &unrecorded, log)
+				p.writeState(tctx, lock, rc, m, wall(), holds, &unrecorded, log)
 			}
 		},
 		Step: func(step, total int) {
@@ -396,8 +400,9 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	stateMu.Lock()
 	final := trainer.Metrics{Step: res.Step, Tokens: res.Tokens, Loss: lastLoss}
 	stateMu.Unlock()
-	p.writeState(context.WithoutCancel(ctx), lock, rc, final, out.Wall,
-		map[string]string{"done": strconv.FormatBool(done)}, &unrecorded, log)
+	last := maps.Clone(holds)
+	last["done"] = strconv.FormatBool(done)
+	p.writeState(context.WithoutCancel(ctx), lock, rc, final, out.Wall, last, &unrecorded, log)
 	if terr != nil {
 		return out, terr
 	}
@@ -692,12 +697,6 @@ func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig
 		"worker":  p.Owner,
 		"updated": time.Now().UTC().Format(time.RFC3339),
 		"wall_s":  strconv.FormatFloat(wall.Seconds(), 'f', 3, 64),
-		// What the checkpoints hold, which enqueue train compares with the
-		// runs entry before it queues a resume.
-		"seq": strconv.Itoa(rc.Seq),
-	}
-	if mc, err := rc.ModelConfig(); err == nil {
-		f["shape"] = trainer.Shape(mc)
 	}
 	for k, v := range extra {
 		f[k] = v

@@ -123,20 +123,7 @@ func TestEnqueueTrainSaysADoneRunIsDone(t *testing.T) {
 	ctx := context.Background()
 	short, long := "fin:\n  from: eta\n  total_steps: 40\n", "fin:\n  from: eta\n  total_steps: 60\n"
 	appendRuns(t, env, short)
-	w := startWorker(t, env, "--queues", "gpu=1")
-	if out, errOut, code := sched(t, env, "enqueue", "train", "fin"); code != 0 {
-		t.Fatalf("enqueue train fin: exit %d: %s%s", code, out, errOut)
-	}
-	waitUntil(t, "run fin done, its last segment completed", func() bool {
-		st, ok, err := scheduler.ReadRunState(ctx, rdb, "fin")
-		live, lerr := q.LiveSegment(ctx, "fin")
-		return err == nil && ok && st.Done && lerr == nil && live == nil
-	})
-	// Nothing trains what is queued from here on.
-	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	_ = w.Wait()
+	trainToTheEnd(t, env, rdb, q, "fin")
 
 	// sched retry of its last, completed segment says the same.
 	snap, err := q.Snapshot(ctx)
@@ -193,6 +180,27 @@ func TestEnqueueTrainSaysADoneRunIsDone(t *testing.T) {
 	}
 }
 
+// trainToTheEnd queues run on a worker of its own and returns once the run
+// is done and its last segment completed, the worker stopped: nothing
+// trains what is queued after it.
+func trainToTheEnd(t *testing.T, env []string, rdb *redis.Client, q *scheduler.Client, run string) {
+	t.Helper()
+	ctx := context.Background()
+	w := startWorker(t, env, "--queues", "gpu=1")
+	if out, errOut, code := sched(t, env, "enqueue", "train", run); code != 0 {
+		t.Fatalf("enqueue train %s: exit %d: %s%s", run, code, out, errOut)
+	}
+	waitUntil(t, "run "+run+" done, its last segment completed", func() bool {
+		st, ok, err := scheduler.ReadRunState(ctx, rdb, run)
+		live, lerr := q.LiveSegment(ctx, run)
+		return err == nil && ok && st.Done && lerr == nil && live == nil
+	})
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Wait()
+}
+
 // A runs entry changed to a model layout or a sequence length its
 // checkpoints cannot be resumed with is refused at enqueue, naming both
 // and what to do, where the worker would refuse the segment it queued;
@@ -202,19 +210,7 @@ func TestEnqueueTrainRefusesAShapeItsCheckpointsCannotResume(t *testing.T) {
 	env, rdb, q, _ := s3TrainingSetup(t, "")
 	ctx := context.Background()
 	appendRuns(t, env, "shp:\n  from: eta\n  total_steps: 40\n")
-	w := startWorker(t, env, "--queues", "gpu=1")
-	if out, errOut, code := sched(t, env, "enqueue", "train", "shp"); code != 0 {
-		t.Fatalf("enqueue train shp: exit %d: %s%s", code, out, errOut)
-	}
-	waitUntil(t, "run shp done, its last segment completed", func() bool {
-		st, ok, err := scheduler.ReadRunState(ctx, rdb, "shp")
-		live, lerr := q.LiveSegment(ctx, "shp")
-		return err == nil && ok && st.Done && lerr == nil && live == nil
-	})
-	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	_ = w.Wait()
+	trainToTheEnd(t, env, rdb, q, "shp")
 	runsFile := envValue(env, "KILN_RUNS")
 	b, err := os.ReadFile(runsFile)
 	if err != nil {

@@ -139,6 +139,8 @@ type Engine struct {
 	normTab                 cuda.Ptr
 	normSlots, normG        int
 	normDst, normTable      []uint64
+	// normDone: the norms of normDst already summed in this backward.
+	normDone int
 	// capturing is set while a graph is being recorded.
 	capturing           bool
 	planHost, planCount []int32
@@ -147,6 +149,13 @@ type Engine struct {
 	gs  uintptr
 	gws cuda.Ptr
 	ov  *overlap
+	// bk sums the gradients over a group's GPUs in buckets during the
+	// backward (buckets.go; nil: one all-reduce in Group.Step); red is the
+	// communicator while the step's last micro-batch queues its backward,
+	// and summed says that this step's gradients and loss are summed.
+	bk     *buckets
+	red    *cuda.Comm
+	summed bool
 	// ck is CopyState's host buffer and stream (snapshot.go).
 	ck *stateCopy
 	// ahead is MetricsLater's host slots (ahead.go).
@@ -864,6 +873,7 @@ func (e *Engine) OptimizerState() (*model.OptimizerState, error) {
 func (e *Engine) ZeroGrad() error { return e.th.do(e.zeroGrad) }
 
 func (e *Engine) zeroGrad() error {
+	e.summed = false
 	if err := e.zero(e.grads, e.n); err != nil {
 		return err
 	}
@@ -961,6 +971,9 @@ func (e *Engine) Close() error {
 		}
 		if e.ov != nil {
 			errs = append(errs, e.ov.destroy())
+		}
+		if e.bk != nil {
+			errs = append(errs, e.bk.destroy())
 		}
 		if e.mem != nil {
 			errs = append(errs, e.mem.freeAll())

@@ -31,6 +31,14 @@ type Group struct {
 	// Step has summed their gradients over the GPUs since ZeroGrad.
 	next    int
 	reduced bool
+	// size is the micro-batches of a step (0: not known), which the GPUs
+	// that sum their gradients in buckets (buckets.go) need: the backward
+	// of each GPU's last micro-batch sums them. held marks the GPUs whose
+	// last micro-batch is staged but not yet queued: the last round is
+	// queued whole or not at all, so that no GPU waits in an all-reduce
+	// that a step stopped part-way leaves the others out of.
+	size int
+	held []*model.Batch
 	// mu guards comms and broken, which a failing rank or the hang watch
 	// changes while the other ranks run.
 	mu    sync.Mutex
@@ -73,7 +81,7 @@ func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Group{cfg: c, nccl: nc}
+	g := &Group{cfg: c, nccl: nc, size: o.Accumulate}
 	// One at a time: the first compiles the kernels into the on-disk
 	// cache, and the others load them from it.
 	for d := 0; d < n; d++ {
@@ -87,6 +95,13 @@ func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
 		g.ranks = append(g.ranks, e)
 	}
 	if err := g.join(); err != nil {
+		g.Close()
+		return nil, err
+	}
+	g.held = make([]*model.Batch, n)
+	if err := g.each(func(_ int, e *Engine) error {
+		return e.th.do(func() error { return e.newBuckets(k.bucketBytes) })
+	}); err != nil {
 		g.Close()
 		return nil, err
 	}
@@ -227,6 +242,10 @@ func (g *Group) abort(cause error) {
 // Devices implements model.Parallel.
 func (g *Group) Devices() int { return len(g.ranks) }
 
+// SetAccumulate implements model.Parallel: each step trains micro
+// micro-batches.
+func (g *Group) SetAccumulate(micro int) { g.size = micro }
+
 // Name implements model.Engine.
 func (g *Group) Name() string { return "cuda" }
 
@@ -257,30 +276,68 @@ func (g *Group) CopyState() (func() (*model.Params, *model.OptimizerState, error
 	return g.ranks[0].CopyState()
 }
 
-// ZeroGrad implements model.Engine.
+// ZeroGrad implements model.Engine. A last round that a stopped step left
+// part-way is dropped unqueued.
 func (g *Group) ZeroGrad() error {
 	g.next, g.reduced = 0, false
+	clear(g.held)
 	return g.each(func(_ int, e *Engine) error { return e.ZeroGrad() })
 }
 
 // ForwardBackward implements model.Engine: the micro-batch goes to the
-// next GPU in turn. It returns once the work is queued on that GPU.
+// next GPU in turn. It returns once the work is queued on that GPU; where
+// the GPUs sum their gradients during the backward, a GPU's last
+// micro-batch of the step is staged and queued with the others' once the
+// step's last micro-batch is in.
 func (g *Group) ForwardBackward(b model.Batch, scale float32) error {
 	if err := g.brokenErr(); err != nil {
 		return err
 	}
-	r := g.next % len(g.ranks)
+	n := len(g.ranks)
+	i, r := g.next, g.next%n
 	g.next++
-	if err := g.ranks[r].ForwardBackward(b, scale); err != nil {
+	if !g.sumsInBackward() || i < g.size-n {
+		if err := g.ranks[r].ForwardBackward(b, scale); err != nil {
+			err = fmt.Errorf("GPU %d: %w", r, err)
+			g.abort(err)
+			return err
+		}
+		return nil
+	}
+	if i >= g.size {
+		return &model.EngineError{Msg: fmt.Sprintf("micro-batch %d of a step of %d (accumulate): the GPUs have summed this step's gradients already", i+1, g.size)}
+	}
+	e := g.ranks[r]
+	count, err := e.checkBatch(b, true)
+	if err != nil {
+		return fmt.Errorf("GPU %d: %w", r, err)
+	}
+	if err := e.th.do(func() error { return e.stageMicro(b, count, scale) }); err != nil {
 		err = fmt.Errorf("GPU %d: %w", r, err)
 		g.abort(err)
 		return err
 	}
-	return nil
+	g.held[r] = &b
+	if i < g.size-1 {
+		return nil
+	}
+	defer clear(g.held)
+	return g.each(func(r int, e *Engine) error {
+		return g.withComm(r, func(c *cuda.Comm) error { return e.th.do(func() error { return e.runMicro(*g.held[r], c) }) })
+	})
+}
+
+// sumsInBackward says whether the GPUs sum a step's gradients during the
+// backward of its last micro-batch: with buckets, a step of known size
+// that every GPU takes a share of.
+func (g *Group) sumsInBackward() bool {
+	n := len(g.ranks)
+	return g.size >= n && g.size%n == 0 && g.ranks[0].sumsInBackward()
 }
 
 // Step implements model.Engine: the all-reduce of the gradients and the
-// loss, then the clipping and AdamW, on every GPU.
+// loss (unless the backward summed them), then the clipping and AdamW, on
+// every GPU.
 func (g *Group) Step(o model.AdamW) error {
 	if g.next == 0 || g.next%len(g.ranks) != 0 {
 		return &model.EngineError{Msg: fmt.Sprintf("a step of %d micro-batches on %d GPUs: every GPU must train the same number, so accumulate must be a multiple of gpus",
@@ -288,8 +345,10 @@ func (g *Group) Step(o model.AdamW) error {
 	}
 	g.reduced = true
 	return g.each(func(r int, e *Engine) error {
-		if err := g.withComm(r, func(c *cuda.Comm) error { return e.th.do(func() error { return e.reduce(c) }) }); err != nil {
-			return err
+		if !e.summed {
+			if err := g.withComm(r, func(c *cuda.Comm) error { return e.th.do(func() error { return e.reduce(c) }) }); err != nil {
+				return err
+			}
 		}
 		return e.Step(o)
 	})
@@ -361,13 +420,14 @@ func (g *Group) MetricsLater() (func() (model.StepMetrics, error), error) {
 }
 
 // Grads implements model.Engine: the gradients accumulated on every GPU
-// since ZeroGrad, summed in rank order. After Step they are the reduced
-// sum on each GPU; it reads GPU 0's then.
+// since ZeroGrad, summed in rank order. Once summed over the GPUs (by Step,
+// or during the last backward) every GPU holds the sum; it reads GPU 0's
+// then.
 func (g *Group) Grads(p *model.Params) error {
 	if err := g.ranks[0].Grads(p); err != nil {
 		return err
 	}
-	if g.next == 0 || g.reduced {
+	if g.next == 0 || g.reduced || g.ranks[0].summed {
 		return nil
 	}
 	part, err := model.ParamsOver(g.cfg, make([]float32, len(p.Data)))
@@ -423,6 +483,11 @@ func (g *Group) Close() error {
 	g.mu.Unlock()
 	g.calls.Lock()
 	defer g.calls.Unlock()
+	// The graphs that hold the backward's all-reduces go before the
+	// communicators they use.
+	for _, e := range g.ranks {
+		errs = append(errs, e.th.do(func() error { return errors.Join(e.dv.Synchronize(), e.dropGraphs()) }))
+	}
 	for r, c := range comms {
 		if c != nil {
 			errs = append(errs, g.ranks[r].th.do(c.Destroy))

@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -20,6 +21,12 @@ import (
 // (not timed), so that two engines of one process run the same ones.
 func newGroup(t *testing.T, c model.Config, o model.Options, gpus int) *Group {
 	t.Helper()
+	return newGroupWith(t, c, o, gpus, envOptions(t))
+}
+
+// newGroupWith is newGroup with the engines' options k.
+func newGroupWith(t *testing.T, c model.Config, o model.Options, gpus int, k Options) *Group {
+	t.Helper()
 	skipWithoutGPU(t)
 	if _, err := cuda.LoadNCCL(); err != nil {
 		t.Skipf("no NCCL here, skipping: %v", err)
@@ -28,7 +35,7 @@ func newGroup(t *testing.T, c model.Config, o model.Options, gpus int) *Group {
 		t.Skipf("%d GPU(s) here, the test needs %d", n, gpus)
 	}
 	o.GPUs = gpus
-	g, err := NewGroup(c, o, envOptions(t))
+	g, err := NewGroup(c, o, k)
 	if err != nil {
 		t.Fatalf("new group of %d GPUs: %v", gpus, err)
 	}
@@ -54,7 +61,10 @@ func groupBatches(c model.Config, steps, micro, B, T int) []model.Batch {
 }
 
 // A group of one GPU is one engine with a one-rank all-reduce before each
-// step, which returns its input: the same steps bit for bit.
+// step, which returns its input: the same steps bit for bit. So it is with
+// the gradients summed in buckets during the step's last backward, where
+// the norms' weight gradients are summed a bucket at a time (a bucket a
+// layer, and a bucket of two layers).
 func TestGroupOfOneGPUTrainsAsOneEngine(t *testing.T) {
 	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
 	for _, c := range []struct {
@@ -67,35 +77,59 @@ func TestGroupOfOneGPUTrainsAsOneEngine(t *testing.T) {
 		{"hd64 fp32", goldenConfig(t, goldenDirs[1]), "fp32", 2, 64},
 		{"moe bf16", goldenConfig(t, moeGolden), "bf16", 2, 64},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			o := model.Options{Precision: c.precision, MaxBatch: c.B, MaxSeq: c.T}
-			g := newGroup(t, c.cfg, o, 1)
-			e := newEngine(t, c.cfg, o)
-			p0 := model.InitParams(c.cfg, 7)
-			batches := groupBatches(c.cfg, 3, 2, c.B, c.T)
-			want := trainSteps(t, e, p0, batches, 2)
-			got := trainSteps(t, g, p0, batches, 2)
-			sameBits(t, "on the engine", "on a group of one", want, got)
-		})
+		starts, _ := layerStarts(c.cfg)
+		for _, bytes := range []int64{0, 1, 2 * (starts[1] - starts[0]) * 4} {
+			t.Run(fmt.Sprintf("%s/buckets %d", c.name, bytes), func(t *testing.T) {
+				o := model.Options{Precision: c.precision, MaxBatch: c.B, MaxSeq: c.T, Accumulate: 2}
+				k := envOptions(t)
+				k.bucketBytes = bytes
+				g := newGroupWith(t, c.cfg, o, 1, k)
+				e := newEngine(t, c.cfg, o)
+				p0 := model.InitParams(c.cfg, 7)
+				batches := groupBatches(c.cfg, 3, 2, c.B, c.T)
+				want := trainSteps(t, e, p0, batches, 2)
+				got := trainSteps(t, g, p0, batches, 2)
+				sameBits(t, "on the engine", "on a group of one", want, got)
+				summing := fmt.Sprintf("%dx%d+sums", c.B, c.T)
+				_, recorded := g.ranks[0].GraphNodes()[summing]
+				if want := bytes > 0 && !c.cfg.MoE() && !g.ranks[0].kopt.eager; recorded != want {
+					t.Errorf("a graph %s recorded: %v, want %v", summing, recorded, want)
+				}
+				if bytes == 1 && !c.cfg.MoE() {
+					// A step: the first micro-batch's one launch, and the
+					// last's one a layer.
+					if got, want := g.ranks[0].LaunchCounts()["rmsnorm_dw_reduce"], 3*(1+c.cfg.Layers); got != want {
+						t.Errorf("rmsnorm_dw_reduce launched %d times in 3 steps of %d layers, want %d", got, c.cfg.Layers, want)
+					}
+				}
+			})
+		}
 	}
 }
 
 // Two GPUs with one micro-batch each take the step one GPU takes with
 // both: the same losses and weights up to the order of fp32 sums, and the
-// two GPUs' weights identical to each other without ever being sent.
+// two GPUs' weights identical to each other without ever being sent. So
+// they do with the gradients summed in buckets during the last backward
+// (a bucket a layer; the mixture of experts sums after the backward).
 func TestGroupOfTwoGPUsMatchesOne(t *testing.T) {
 	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
 	for _, dir := range []string{goldenDirs[1], moeGolden} {
-		t.Run(filepath.Base(dir), func(t *testing.T) { twoGPUsMatchOne(t, goldenConfig(t, dir)) })
+		for _, bytes := range []int64{0, 1} {
+			t.Run(fmt.Sprintf("%s/buckets %d", filepath.Base(dir), bytes), func(t *testing.T) { twoGPUsMatchOne(t, goldenConfig(t, dir), bytes) })
+		}
 	}
 }
 
-func twoGPUsMatchOne(t *testing.T, c model.Config) {
+func twoGPUsMatchOne(t *testing.T, c model.Config, bytes int64) {
 	o := model.Options{Precision: "fp32", MaxBatch: 2, MaxSeq: 64}
-	g := newGroup(t, c, o, 2)
 	e := newEngine(t, c, o)
 	p0 := model.InitParams(c, 7)
 	for _, micro := range []int{2, 4} {
+		o.Accumulate = micro
+		k := envOptions(t)
+		k.bucketBytes = bytes
+		g := newGroupWith(t, c, o, 2, k)
 		batches := groupBatches(c, 4, micro, 2, 64)
 		want := trainSteps(t, e, p0, batches, micro)
 		got := trainSteps(t, g, p0, batches, micro)
@@ -142,6 +176,9 @@ func twoGPUsMatchOne(t *testing.T, c model.Config) {
 		}
 		if gworst > 1e-5*gmax {
 			t.Errorf("accumulate %d: the gradients read after a step on 2 GPUs differ from 1 GPU's by up to %.3g (largest %.3g)", micro, gworst, gmax)
+		}
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
@@ -295,4 +332,56 @@ func TestAGroupsProfileTimesTheAllReduce(t *testing.T) {
 		t.Fatalf("the profile of a step on %d GPU(s) has no time for %q: %v", g.Devices(), allReduceName, times)
 	}
 	t.Logf("%d GPU(s): %s %.3f ms in a step of %d micro-batches of 2 x 128", g.Devices(), allReduceName, times[allReduceName], g.Devices())
+}
+
+// A step stopped part-way through its last round, where the GPUs sum the
+// gradients during the last backward, leaves no GPU waiting in an
+// all-reduce the other never joins: the round is queued whole or not at
+// all. The next steps train as they do on GPUs that never stopped, and a
+// step given more micro-batches than accumulate is refused, not summed
+// twice.
+func TestAStepStoppedPartWayLeavesNoGPUWaiting(t *testing.T) {
+	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
+	c := goldenConfig(t, goldenDirs[1])
+	o := model.Options{Precision: "fp32", MaxBatch: 2, MaxSeq: 64, Accumulate: 2}
+	k := envOptions(t)
+	k.bucketBytes = 1
+	g := newGroupWith(t, c, o, 2, k)
+	unstopped := newGroupWith(t, c, o, 2, k)
+	hung := make(chan cuda.Hang, 1)
+	defer cuda.SetHangTimeout(cuda.HangTimeout())
+	cuda.SetHangTimeout(2 * time.Minute)
+	defer cuda.SetHangHandler(func(h cuda.Hang) { hung <- h })()
+	p0 := model.InitParams(c, 7)
+	if err := g.SetParams(p0); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.ZeroGrad(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.ForwardBackward(groupBatches(c, 1, 1, 2, 64)[0], 0.5); err != nil {
+		t.Fatal(err)
+	}
+	// Stopped here. The steps after it wait for both GPUs' work.
+	batches := groupBatches(c, 2, 2, 2, 64)
+	want := trainSteps(t, unstopped, p0, batches, 2)
+	got := trainSteps(t, g, p0, batches, 2)
+	sameBits(t, "on 2 GPUs", "on 2 GPUs after a step stopped part-way", want, got)
+	select {
+	case h := <-hung:
+		t.Fatalf("a GPU waited until the hang watch (%s in %s)", h.Waited, h.Call)
+	default:
+	}
+	if err := g.ZeroGrad(); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range batches[:2] {
+		if err := g.ForwardBackward(b, 0.5); err != nil {
+			t.Fatalf("micro-batch %d: %v", i+1, err)
+		}
+	}
+	var ee *model.EngineError
+	if err := g.ForwardBackward(batches[2], 0.5); !errors.As(err, &ee) || !strings.Contains(err.Error(), "summed this step's gradients already") {
+		t.Fatalf("a third micro-batch in a step of 2: %v; want an EngineError saying the gradients are summed", err)
+	}
 }

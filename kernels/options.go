@@ -73,6 +73,10 @@ type Options struct {
 	// counts as a hang (cuda.SetHangTimeout): 0 for
 	// cuda.DefaultHangTimeout, -1 for never.
 	hangTimeout time.Duration
+	// bucketBytes: in a group of GPUs, the bytes of fp32 gradients summed
+	// in one all-reduce during the backward of a step's last micro-batch
+	// (buckets.go); 0 sums them all after the backward.
+	bucketBytes int64
 	// device: the ordinal of the GPU an engine opens (a Group sets it for
 	// each of its engines; 0 otherwise).
 	device int
@@ -83,8 +87,8 @@ type Options struct {
 // KILN_CUDA_GEMM_CHOICES, KILN_CUDA_GEMM_WORKSPACE, KILN_CUDA_ATTENTION,
 // KILN_CUDA_FLASH_FWD, KILN_CUDA_FLASH_BWD, KILN_CUDA_FLASH_PAIR,
 // KILN_CUDA_FLASH_TMA, KILN_CUDA_DRESID, KILN_CUDA_OVERLAP, KILN_CUDA_GRAPH,
-// KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80, KILN_CUDA_HANG_TIMEOUT and
-// KILN_KERNEL_CACHE. A
+// KILN_CUDA_GRAPH_MEMSETS, KILN_CUDA_FORCE_SM80, KILN_CUDA_HANG_TIMEOUT,
+// KILN_NCCL_BUCKET_MB and KILN_KERNEL_CACHE. A
 // value a setting does not take is bad input naming the variable and the
 // values it takes.
 func ParseOptions(getenv func(string) string) (Options, error) {
@@ -160,8 +164,30 @@ func ParseOptions(getenv func(string) string) (Options, error) {
 	if o.hangTimeout, err = parseHangTimeout(getenv("KILN_CUDA_HANG_TIMEOUT")); err != nil {
 		return Options{}, err
 	}
+	mib, err := parseBucketMiB(getenv("KILN_NCCL_BUCKET_MB"))
+	if err != nil {
+		return Options{}, err
+	}
+	o.bucketBytes = int64(mib) << 20
 	o.kernelCache = getenv("KILN_KERNEL_CACHE")
 	return o, nil
+}
+
+// maxBucketMiB bounds KILN_NCCL_BUCKET_MB: a bucket larger than the base
+// model's gradients (407 MB) is one all-reduce after the backward anyway.
+const maxBucketMiB = 1024
+
+// parseBucketMiB reads KILN_NCCL_BUCKET_MB: unset, off or 0 for one
+// all-reduce after the backward (0), or a bucket's MiB.
+func parseBucketMiB(v string) (int, error) {
+	switch v {
+	case "", "off", "0":
+		return 0, nil
+	}
+	if n, err := strconv.Atoi(v); err == nil && n >= 1 && n <= maxBucketMiB {
+		return n, nil
+	}
+	return 0, &envError{fmt.Sprintf("KILN_NCCL_BUCKET_MB=%q is not a bucket size: set a number of MiB from 1 to %d (the gradients of several GPUs summed in buckets of that size during the backward), or off (one all-reduce after the backward, the default)", v, maxBucketMiB)}
 }
 
 // parseHangTimeout reads KILN_CUDA_HANG_TIMEOUT: unset for the default

@@ -88,6 +88,17 @@ func TestParseOptions(t *testing.T) {
 			t.Errorf("KILN_CUDA_GEMM_WORKSPACE=%q: %v; want an error naming the variable and the sizes it takes", v, err)
 		}
 	}
+	for v, want := range map[string]int{"": 0, "off": 0, "0": 0, "1": 1, "25": 25, "1024": 1024} {
+		if o, err = ParseOptions(env(map[string]string{"KILN_NCCL_BUCKET_MB": v})); err != nil || o != (Options{bucketBytes: int64(want) << 20}) {
+			t.Errorf("KILN_NCCL_BUCKET_MB=%q: %+v, %v; want buckets of %d MiB", v, o, err, want)
+		}
+	}
+	for _, v := range []string{"-1", "1025", "25MB", "on"} {
+		if _, err = ParseOptions(env(map[string]string{"KILN_NCCL_BUCKET_MB": v})); err == nil ||
+			!strings.Contains(err.Error(), "KILN_NCCL_BUCKET_MB") || !strings.Contains(err.Error(), "from 1 to 1024") {
+			t.Errorf("KILN_NCCL_BUCKET_MB=%q: %v; want an error naming the variable and the sizes it takes", v, err)
+		}
+	}
 	if _, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "sm80"})); err == nil ||
 		!strings.Contains(err.Error(), "KILN_CUDA_ATTENTION") || !strings.Contains(err.Error(), "flash-sm80") {
 		t.Fatalf("KILN_CUDA_ATTENTION=sm80: %v; want an error naming the variable and the settings it takes", err)

@@ -568,41 +568,66 @@ func (e *Engine) ForwardBackward(b model.Batch, scale float32) error {
 		return err
 	}
 	return e.th.do(func() error {
-		if err := e.stageIDs(b.Inputs); err != nil {
+		if err := e.stageMicro(b, count, scale); err != nil {
 			return err
 		}
-		if err := e.stageTargets(b, count, scale); err != nil {
-			return err
+		return e.runMicro(b, nil)
+	})
+}
+
+// stageMicro copies what a micro-batch's recorded work reads from device
+// memory there, in stream order: its ids, targets and loss scale, and its
+// embedding gradient's plan.
+func (e *Engine) stageMicro(b model.Batch, count int, scale float32) error {
+	if err := e.stageIDs(b.Inputs); err != nil {
+		return err
+	}
+	if err := e.stageTargets(b, count, scale); err != nil {
+		return err
+	}
+	used := embedPlan(b.Inputs, e.planCount, e.planHost)
+	if err := stage(e, e.plan, e.planHost[:used]); err != nil {
+		return err
+	}
+	if e.moe != nil {
+		return stage(e, e.scal+scalMoEScale*4, []float32{scale})
+	}
+	return nil
+}
+
+// runMicro queues the forward and backward of a staged micro-batch of b's
+// shape (its ids are not read again). With red, the step's last on this
+// GPU, the backward sums the step's gradients and loss over red's GPUs in
+// buckets as it goes (buckets.go), recorded as a graph of its own.
+func (e *Engine) runMicro(b model.Batch, red *cuda.Comm) error {
+	if red != nil && e.bk == nil {
+		return fmt.Errorf("the gradients cannot be summed during the backward: this engine has no buckets (KILN_NCCL_BUCKET_MB)")
+	}
+	e.red = red
+	defer func() { e.red = nil }()
+	err := e.run(graphKey{b.B, b.T, red != nil}, func() error {
+		if e.moe != nil {
+			if err := e.moeStart(); err != nil {
+				return err
+			}
 		}
-		used := embedPlan(b.Inputs, e.planCount, e.planHost)
-		if err := stage(e, e.plan, e.planHost[:used]); err != nil {
+		if err := e.forward(b); err != nil {
 			return err
 		}
 		if e.moe != nil {
-			if err := stage(e, e.scal+scalMoEScale*4, []float32{scale}); err != nil {
+			if err := e.moeAux(b.B * b.T); err != nil {
 				return err
 			}
 		}
-		return e.run(graphKey{b.B, b.T}, func() error {
-			if e.moe != nil {
-				if err := e.moeStart(); err != nil {
-					return err
-				}
-			}
-			if err := e.forward(b); err != nil {
-				return err
-			}
-			if e.moe != nil {
-				if err := e.moeAux(b.B * b.T); err != nil {
-					return err
-				}
-			}
-			if err := e.lmHead(b, headTrain, e.lossAcc, nil); err != nil {
-				return err
-			}
-			return e.backward(b)
-		})
+		if err := e.lmHead(b, headTrain, e.lossAcc, nil); err != nil {
+			return err
+		}
+		return e.backward(b)
 	})
+	if err == nil && red != nil {
+		e.summed = true
+	}
+	return err
 }
 
 // normGrid is the blocks of a warp-per-row RMSNorm backward over N rows:
@@ -643,16 +668,19 @@ func (e *Engine) normBackward(kernel string, dx, dxb, dw, dy, x, w, rstd cuda.Pt
 // normStride is the floats of e.normPart a norm's shares take.
 func (e *Engine) normStride() int64 { return int64(max(2*e.dv.SMs, 256)) * int64(e.cfg.Hidden) }
 
-// normReduce adds the waiting norms' shares to their weight gradients, in
-// one launch. The gradients' addresses reach it through a table in device
-// memory, written when they change: never inside a graph capture, since a
+// normReduce adds the waiting norms' shares (those of the backward's norms
+// since its last call: once a backward, or once a bucket where buckets.go
+// sums the gradients during it) to their weight gradients, in one launch.
+// The gradients' addresses reach it through a table in device memory,
+// written when they change: never inside a graph capture, since a
 // backward's norms and their gradients are the same at every step.
 func (e *Engine) normReduce() error {
-	if len(e.normDst) == 0 {
+	from := e.normDone
+	n := len(e.normDst) - from
+	if n == 0 {
 		return nil
 	}
-	n := len(e.normDst)
-	if !slices.Equal(e.normDst, e.normTable) {
+	if len(e.normTable) < len(e.normDst) || !slices.Equal(e.normDst, e.normTable[:len(e.normDst)]) {
 		if e.capturing {
 			return fmt.Errorf("RMSNorm backward: the weight gradients' table changed inside a graph capture")
 		}
@@ -661,9 +689,9 @@ func (e *Engine) normReduce() error {
 		}
 		e.normTable = slices.Clone(e.normDst)
 	}
-	e.normDst = e.normDst[:0]
+	e.normDone = len(e.normDst)
 	return e.launch3("rmsnorm_dw_reduce", cuda.Dim3{X: blocks(int64(e.cfg.Hidden), 32), Y: n}, cuda.Dim3{X: 1024},
-		e.normTab, e.normPart, e.normG, e.cfg.Hidden, e.normStride())
+		e.normTab+cuda.Ptr(from*8), e.normPart+cuda.Ptr(int64(from)*e.normStride()*4), e.normG, e.cfg.Hidden, e.normStride())
 }
 
 // backward adds the gradient of the loss from the final norm's output
@@ -692,7 +720,7 @@ func (e *Engine) backward(b model.Batch) error {
 		}
 		return e.normBackward(kernel, a.dresid, a.dresidb, dw, dy, x, w, rstd, N)
 	}
-	e.normDst = e.normDst[:0]
+	e.normDst, e.normDone = e.normDst[:0], 0
 	if e.dresidBF() {
 		// N x d bf16 values are N x d / 2 words (d is even: a warp norm's).
 		if err := e.zero(a.dresidb, int64(N*d/2)); err != nil {
@@ -774,6 +802,9 @@ func (e *Engine) backward(b model.Batch) error {
 				return fmt.Errorf("layer %d backward: %w", l, err)
 			}
 		}
+		if err := e.bucketAfter(l); err != nil {
+			return fmt.Errorf("layer %d backward: %w", l, err)
+		}
 	}
 	if err := e.normReduce(); err != nil {
 		return err
@@ -794,7 +825,10 @@ func (e *Engine) backward(b model.Batch) error {
 	if err != nil {
 		return err
 	}
-	return e.launch("embed_bwd_sum", embedLongMax(N), 128, e.gw(0), e.embPart, e.plan, d)
+	if err := e.launch("embed_bwd_sum", embedLongMax(N), 128, e.gw(0), e.embPart, e.plan, d); err != nil {
+		return err
+	}
+	return e.bucketLast()
 }
 
 // denseBackward takes the gradient of layer l's output (a.dresid) through

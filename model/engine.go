@@ -291,9 +291,12 @@ func FewerGPUsNotice(from string, n, use, accumulate int) string {
 
 // Parallel is an engine that trains on several devices at once: each
 // micro-batch of a step goes to one of them, in turn, so a step's
-// micro-batches must be a multiple of Devices.
+// micro-batches must be a multiple of Devices. SetAccumulate tells it the
+// micro-batches of every step where Options.Accumulate could not (0), so
+// that it can sum the gradients over the devices during the last ones.
 type Parallel interface {
 	Devices() int
+	SetAccumulate(micro int)
 }
 
 // Plan is the memory plan of an engine start with these options.

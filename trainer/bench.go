@@ -192,6 +192,9 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 		return r, err
 	}
 	r.Accumulate = micro
+	if p, ok := eng.(model.Parallel); ok {
+		p.SetAccumulate(micro)
+	}
 	if dev, ok := eng.(model.Device); ok {
 		d := dev.Device()
 		r.Device, r.Arch, r.MemoryInUseBefore = d.Name, d.Arch, d.UsedAtStart

@@ -13,13 +13,27 @@ import (
 	"github.com/kiln-lm/kiln/model"
 )
 
+// configureCUDA makes the CUDA engine take the settings in the test's
+// environment (KILN_CUDA_FORCE_SM80, KILN_CUDA_GEMM_TUNE,
+// KILN_NCCL_BUCKET_MB, ...) as the command line does, and the production
+// path again once the test is done.
+func configureCUDA(t *testing.T) {
+	t.Helper()
+	k, err := kernels.ParseOptions(os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernels.Configure(k)
+	t.Cleanup(func() { kernels.Configure(kernels.Options{}) })
+}
+
 // A run on every GPU of the host (one communicator, rank 0 checkpointing)
 // follows the one-GPU run's curve, and its checkpoint resumes on one GPU
 // on the same curve: the data order and the checkpoint do not depend on
 // the number of GPUs. Where the host has one GPU the group is a one-rank
 // communicator and the curves are equal bit for bit (fp32, no GEMM tuning).
 func TestRunOnEveryGPUResumesOnOne(t *testing.T) {
-	kernels.Configure(kernels.Options{})
+	configureCUDA(t)
 	ctx := context.Background()
 	const total = 6
 	vocab := model.Presets["tiny"].VocabSize
@@ -85,8 +99,8 @@ func TestRunOnEveryGPUResumesOnOne(t *testing.T) {
 // all-reduce sums the gradients in another order than one GPU's
 // accumulation, and the test logs how far the curves drift.
 func TestEveryGPUFollowsOneGPUsCurveFor200Steps(t *testing.T) {
-	kernels.Configure(kernels.Options{})
 	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
+	configureCUDA(t)
 	const total = 200
 	for _, precision := range []string{"fp32", "bf16"} {
 		run := func(gpus GPUCount) map[int]Metrics {
@@ -136,7 +150,7 @@ func TestEveryGPUFollowsOneGPUsCurveFor200Steps(t *testing.T) {
 // path): the loss falls, every logged line carries the load-balancing loss
 // and each expert's share of the routing, and no expert starves.
 func TestMoERunOnTheGPU(t *testing.T) {
-	kernels.Configure(kernels.Options{})
+	configureCUDA(t)
 	d := &sliceData{ids: make([]int32, 200000), eval: make([]int32, 4000)}
 	for i := range d.ids {
 		d.ids[i] = int32(i * 7 % 61)

@@ -6,8 +6,12 @@
 # 32 x 1024 and base 16 x 1024 a GPU, alternated (with two GPUs `sched bench` prints the scaling
 # efficiency); and NCCL's all-reduce bus bandwidth for 1 to 256 MiB over every GPU (kernels/cuda's
 # BenchmarkAllReduce: the figure that decides buckets overlapped with the backward), and the all-reduce's
-# share of a profiled step on every GPU. ROUNDS (default 2) sets the bench's alternations; SHAPES (default
-# "small:32 base:16") its shapes; PROFILE_SHAPES (default "base:16") the profiled ones.
+# share of a profiled step on every GPU. The gradients summed in buckets during the backward
+# (KILN_NCCL_BUCKET_MB) are measured beside the one all-reduce after it: the group's tests take both, the
+# trainer's run on every GPU again with buckets, and the bench alternates one GPU, every GPU, and every GPU
+# with buckets of each size in BUCKETS (MiB, default "25"). ROUNDS (default 2) sets the bench's
+# alternations; SHAPES (default "small:32 base:16") its shapes; PROFILE_SHAPES (default "base:16") the
+# profiled ones.
 # Run from the repository root with .carry/g holding what was built on the development machine
 # (`FOR=multi bash docs/benchmarks/gpu-carry-prep.sh` builds it): sched.gz, kernels.test.gz, trainer.test.gz and
 # cuda.test.gz; torch_peer.py for the PyTorch DDP peer (docs/benchmarks/ddp_peer.py; PEER=0 skips it);
@@ -16,15 +20,16 @@
 C=${C:-$PWD/.carry/g}; OUT=${OUT:-/tmp/multi-gpu-run}; mkdir -p $OUT /tmp/mg-bin; G=/tmp/mg-bin
 for f in sched kernels.test trainer.test cuda.test; do [ -f $C/$f.gz ] && gunzip -c $C/$f.gz > $G/$f && chmod +x $G/$f; done
 export NCCL_NVLS_ENABLE=0
+BUCKETS=${BUCKETS:-25}
 S=$SECONDS
 log() { echo "### $(date -u +%H:%M:%S) t=$((SECONDS-S))s $*"; }
 log start; nvidia-smi --query-gpu=index,name,driver_version,memory.used,utilization.gpu --format=csv,noheader
 nvidia-smi topo -m 2>/dev/null | head -5
 log group tests, native
-(cd kernels && timeout 200 $G/kernels.test -test.v -test.run 'Group|GPUFailing|NCCL|GraphSteps|GoldenFP32' > $OUT/tests_native.log 2>&1; echo "rc=$?" >> $OUT/tests_native.log)
+(cd kernels && timeout 200 $G/kernels.test -test.v -test.run 'Group|GPUFailing|NCCL|GraphSteps|GoldenFP32|StoppedPartWay|BucketsSum' > $OUT/tests_native.log 2>&1; echo "rc=$?" >> $OUT/tests_native.log)
 grep -E "^(--- |ok|FAIL|PASS|rc=|panic)|largest weight" $OUT/tests_native.log | tail -30
 log group tests, sm80
-(cd kernels && KILN_CUDA_FORCE_SM80=1 timeout 150 $G/kernels.test -test.v -test.run 'Group|GPUFailing' > $OUT/tests_sm80.log 2>&1; echo "rc=$?" >> $OUT/tests_sm80.log)
+(cd kernels && KILN_CUDA_FORCE_SM80=1 timeout 150 $G/kernels.test -test.v -test.run 'Group|GPUFailing|StoppedPartWay' > $OUT/tests_sm80.log 2>&1; echo "rc=$?" >> $OUT/tests_sm80.log)
 grep -E "^(--- |ok|FAIL|PASS|rc=|panic)" $OUT/tests_sm80.log | tail -20
 log trainer on every GPU: resumed on one, and 200 steps against one
 (cd trainer && timeout 200 $G/trainer.test -test.v -test.run 'RunOnEveryGPU|EveryGPUFollows' > $OUT/trainer.log 2>&1; echo "rc=$?" >> $OUT/trainer.log)
@@ -32,6 +37,9 @@ grep -E "^(--- |ok|FAIL|PASS|rc=|panic)|step 6|curves at most" $OUT/trainer.log 
 log trainer on every GPU, sm80
 (cd trainer && KILN_CUDA_FORCE_SM80=1 timeout 200 $G/trainer.test -test.v -test.run 'RunOnEveryGPU|EveryGPUFollows' > $OUT/trainer_sm80.log 2>&1; echo "rc=$?" >> $OUT/trainer_sm80.log)
 grep -E "^(--- |ok|FAIL|PASS|rc=|panic)|curves at most" $OUT/trainer_sm80.log | tail -20
+log "trainer on every GPU, the gradients summed in buckets of ${BUCKETS%% *} MiB during the backward"
+(cd trainer && KILN_NCCL_BUCKET_MB=${BUCKETS%% *} timeout 200 $G/trainer.test -test.v -test.run 'RunOnEveryGPU|EveryGPUFollows' > $OUT/trainer_buckets.log 2>&1; echo "rc=$?" >> $OUT/trainer_buckets.log)
+grep -E "^(--- |ok|FAIL|PASS|rc=|panic)|step 6|curves at most" $OUT/trainer_buckets.log | tail -20
 if [ -f $C/store.tgz ]; then
   # The user's path: `sched train` processes stopped with SIGTERM once step 60 is logged and resumed
   # with --resume on the other number of GPUs (every GPU -> one, one -> every GPU), each logged loss
@@ -84,8 +92,9 @@ if [ -f $C/torch_peer.py ] && [ "${PEER:-1}" != 0 ]; then
 fi
 log bench
 for shape in ${SHAPES:-small:32 base:16}; do
-  for i in $(seq ${ROUNDS:-2}); do for g in 1 all; do
-    echo "${shape%:*} ${shape#*:}x1024 gpus=$g $(timeout 120 $G/sched bench --engine cuda --model ${shape%:*} --batch ${shape#*:} --seq 1024 --steps 30 --gpus $g 2>&1 | tail -1)" | tee -a $OUT/bench.txt
+  for i in $(seq ${ROUNDS:-2}); do for v in 1 all $(for b in $BUCKETS; do echo all:$b; done); do
+    g=${v%%:*}; b=off; [ "$v" != "$g" ] && b=${v#*:}
+    echo "${shape%:*} ${shape#*:}x1024 gpus=$g buckets=$b $(KILN_NCCL_BUCKET_MB=$b timeout 120 $G/sched bench --engine cuda --model ${shape%:*} --batch ${shape#*:} --seq 1024 --steps 30 --gpus $g 2>&1 | tail -1)" | tee -a $OUT/bench.txt
   done; done
 done
 # Where a step's time goes on every GPU: the gradients' all-reduce is a line of the profile of its own

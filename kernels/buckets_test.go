@@ -1,0 +1,78 @@
+package kernels
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/kiln-lm/kiln/model"
+)
+
+// layerStarts is where each layer's gradients begin in the flat buffer
+// (the engine's layout: the embedding, then each layer's specs, then the
+// final norm and an untied head), the end of the layers last, and the
+// count of every element.
+func layerStarts(c model.Config) ([]int64, int64) {
+	specs := c.Specs()
+	off := make([]int64, len(specs)+1)
+	for i, s := range specs {
+		off[i+1] = off[i] + int64(s.Elements())
+	}
+	perLayer := (len(specs) - 2) / c.Layers
+	if !c.TieEmbeddings {
+		perLayer = (len(specs) - 3) / c.Layers
+	}
+	starts := make([]int64, c.Layers+1)
+	for l := range starts {
+		starts[l] = off[1+perLayer*l]
+	}
+	return starts, off[len(specs)]
+}
+
+// Every gradient is summed once, in a bucket summed only once its every
+// gradient is final: a bucket summed after layer l's backward begins at
+// layer l and holds nothing of the layers below it, and the embedding and
+// what follows the layers wait for the whole backward.
+func TestBucketsSumEveryGradientOnceItIsFinal(t *testing.T) {
+	for _, name := range []string{"tiny", "small", "base"} {
+		c := model.Presets[name]
+		starts, n := layerStarts(c)
+		layerBytes := (starts[1] - starts[0]) * 4
+		for _, bytes := range []int64{1, layerBytes, layerBytes + 1, 25 << 20, 100 << 20, n * 4} {
+			t.Run(fmt.Sprintf("%s/%d", name, bytes), func(t *testing.T) {
+				p := planBuckets(starts, n, bytes)
+				var all []span
+				for l, s := range p.after {
+					if s.lo == s.hi {
+						continue
+					}
+					if s.lo != starts[l] || s.hi > starts[c.Layers] {
+						t.Errorf("the bucket summed after layer %d's backward is %d to %d; layer %d begins at %d and the layers end at %d", l, s.lo, s.hi, l, starts[l], starts[c.Layers])
+					}
+					if (s.hi-s.lo)*4 < bytes {
+						t.Errorf("the bucket after layer %d holds %d bytes, less than %d", l, (s.hi-s.lo)*4, bytes)
+					}
+					all = append(all, s)
+				}
+				all = append(all, p.last...)
+				slices.SortFunc(all, func(a, b span) int { return int(a.lo - b.lo) })
+				at := int64(0)
+				for _, s := range all {
+					if s.lo != at || s.hi <= s.lo {
+						t.Fatalf("buckets %v do not cover 0 to %d once, in order: at %d", all, n, at)
+					}
+					at = s.hi
+				}
+				if at != n {
+					t.Fatalf("buckets %v end at %d of %d", all, at, n)
+				}
+				if len(p.last) == 0 || p.last[0].lo != 0 || p.last[len(p.last)-1].hi != n {
+					t.Errorf("the last buckets %v hold neither the embedding nor what follows the layers", p.last)
+				}
+				if bytes <= layerBytes && len(all) != c.Layers+len(p.last) {
+					t.Errorf("buckets of %d bytes, a layer's %d: %d buckets, want a bucket a layer and the last %d", bytes, layerBytes, len(all), len(p.last))
+				}
+			})
+		}
+	}
+}

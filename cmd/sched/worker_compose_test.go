@@ -22,6 +22,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/kernels"
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
@@ -87,6 +88,30 @@ func TestComposeReservesKILNGPUs(t *testing.T) {
 	}
 	if _, err := loadComposeWith(types.Mapping{"KILN_GPUS": "two"}); err == nil {
 		t.Error("KILN_GPUS=two was accepted")
+	}
+}
+
+// KILN_NCCL_BUCKET_MB in .env reaches the GPU worker, whose engine takes
+// it; unset, the worker gets it empty, the one all-reduce after the
+// backward.
+func TestComposePassesTheBucketSize(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"", "25"} {
+		extra := types.Mapping{}
+		if v != "" {
+			extra["KILN_NCCL_BUCKET_MB"] = v
+		}
+		p, err := loadComposeWith(extra)
+		if err != nil {
+			t.Fatalf("KILN_NCCL_BUCKET_MB=%q: %v", v, err)
+		}
+		got := p.Services["worker-gpu"].Environment["KILN_NCCL_BUCKET_MB"]
+		if got == nil || *got != v {
+			t.Fatalf("KILN_NCCL_BUCKET_MB=%q in .env: the GPU worker gets %v", v, got)
+		}
+		if _, err := kernels.ParseOptions(func(k string) string { return map[string]string{"KILN_NCCL_BUCKET_MB": *got}[k] }); err != nil {
+			t.Errorf("the GPU worker's engine refuses KILN_NCCL_BUCKET_MB=%q: %v", *got, err)
+		}
 	}
 }
 

@@ -24,6 +24,19 @@ import (
 // joined. The sums are element by element, so on two GPUs each gradient is
 // g0 + g1 whatever the buckets, as in one all-reduce.
 
+// The summing micro-batch runs its kernels from the host, not from a
+// recorded graph: NCCL's kernels captured in a graph hold its communicator,
+// and ncclCommAbort waits until every such graph is destroyed, which a GPU
+// thread stuck in a wait could not do, so an abort after a failure would
+// wait for ever. The other micro-batches of a step, and the optimizer
+// step, are replayed from graphs as before.
+
+// allReducer sums count fp32 values over the GPUs in place on a stream: a
+// communicator, through the group, which keeps it whole for the call.
+type allReducer interface {
+	AllReduceSum(send, recv cuda.Ptr, count int, stream uintptr) error
+}
+
 // span is a [lo, hi) range of elements of the flat gradient buffer.
 type span struct{ lo, hi int64 }
 

@@ -150,11 +150,11 @@ type Engine struct {
 	gws cuda.Ptr
 	ov  *overlap
 	// bk sums the gradients over a group's GPUs in buckets during the
-	// backward (buckets.go; nil: one all-reduce in Group.Step); red is the
-	// communicator while the step's last micro-batch queues its backward,
-	// and summed says that this step's gradients and loss are summed.
+	// backward (buckets.go; nil: one all-reduce in Group.Step); red sums
+	// them while the step's last micro-batch queues its backward, and
+	// summed says that this step's gradients and loss are summed.
 	bk     *buckets
-	red    *cuda.Comm
+	red    allReducer
 	summed bool
 	// ck is CopyState's host buffer and stream (snapshot.go).
 	ck *stateCopy

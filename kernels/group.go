@@ -33,11 +33,13 @@ type Group struct {
 	reduced bool
 	// size is the micro-batches of a step (0: not known), which the GPUs
 	// that sum their gradients in buckets (buckets.go) need: the backward
-	// of each GPU's last micro-batch sums them. held marks the GPUs whose
-	// last micro-batch is staged but not yet queued: the last round is
-	// queued whole or not at all, so that no GPU waits in an all-reduce
+	// of each GPU's last micro-batch sums them. sums says whether this
+	// step does, decided at its first micro-batch. held marks the GPUs
+	// whose last micro-batch is staged but not yet queued: the last round
+	// is queued whole or not at all, so that no GPU waits in an all-reduce
 	// that a step stopped part-way leaves the others out of.
 	size int
+	sums bool
 	held []*model.Batch
 	// mu guards comms and broken, which a failing rank or the hang watch
 	// changes while the other ranks run.
@@ -99,11 +101,13 @@ func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
 		return nil, err
 	}
 	g.held = make([]*model.Batch, n)
-	if err := g.each(func(_ int, e *Engine) error {
-		return e.th.do(func() error { return e.newBuckets(k.bucketBytes) })
-	}); err != nil {
-		g.Close()
-		return nil, err
+	if n > 1 || k.bucketsOnOne {
+		if err := g.each(func(_ int, e *Engine) error {
+			return e.th.do(func() error { return e.newBuckets(k.bucketBytes) })
+		}); err != nil {
+			g.Close()
+			return nil, err
+		}
 	}
 	// A wait for a collective that a hung or lost GPU will never join
 	// ends when the hang watch aborts the communicators.
@@ -295,8 +299,14 @@ func (g *Group) ForwardBackward(b model.Batch, scale float32) error {
 	}
 	n := len(g.ranks)
 	i, r := g.next, g.next%n
+	if i == 0 {
+		g.sums = g.sumsInBackward()
+	}
+	if g.sums && i >= g.size {
+		return &model.EngineError{Msg: fmt.Sprintf("micro-batch %d of a step of %d (accumulate): the GPUs have summed this step's gradients already", i+1, g.size)}
+	}
 	g.next++
-	if !g.sumsInBackward() || i < g.size-n {
+	if !g.sums || i < g.size-n {
 		if err := g.ranks[r].ForwardBackward(b, scale); err != nil {
 			err = fmt.Errorf("GPU %d: %w", r, err)
 			g.abort(err)
@@ -304,15 +314,12 @@ func (g *Group) ForwardBackward(b model.Batch, scale float32) error {
 		}
 		return nil
 	}
-	if i >= g.size {
-		return &model.EngineError{Msg: fmt.Sprintf("micro-batch %d of a step of %d (accumulate): the GPUs have summed this step's gradients already", i+1, g.size)}
-	}
 	e := g.ranks[r]
 	count, err := e.checkBatch(b, true)
-	if err != nil {
-		return fmt.Errorf("GPU %d: %w", r, err)
+	if err == nil {
+		err = e.th.do(func() error { return e.stageMicro(b, count, scale) })
 	}
-	if err := e.th.do(func() error { return e.stageMicro(b, count, scale) }); err != nil {
+	if err != nil {
 		err = fmt.Errorf("GPU %d: %w", r, err)
 		g.abort(err)
 		return err
@@ -323,8 +330,20 @@ func (g *Group) ForwardBackward(b model.Batch, scale float32) error {
 	}
 	defer clear(g.held)
 	return g.each(func(r int, e *Engine) error {
-		return g.withComm(r, func(c *cuda.Comm) error { return e.th.do(func() error { return e.runMicro(*g.held[r], c) }) })
+		return e.th.do(func() error { return e.runMicro(*g.held[r], rankComm{g, r}) })
 	})
+}
+
+// rankComm is rank r's communicator as the summing backward calls it:
+// each all-reduce holds the communicator whole for its call only, so that
+// an abort waits for no more than one enqueue.
+type rankComm struct {
+	g *Group
+	r int
+}
+
+func (rc rankComm) AllReduceSum(send, recv cuda.Ptr, count int, stream uintptr) error {
+	return rc.g.withComm(rc.r, func(c *cuda.Comm) error { return c.AllReduceSum(send, recv, count, stream) })
 }
 
 // sumsInBackward says whether the GPUs sum a step's gradients during the
@@ -342,6 +361,11 @@ func (g *Group) Step(o model.AdamW) error {
 	if g.next == 0 || g.next%len(g.ranks) != 0 {
 		return &model.EngineError{Msg: fmt.Sprintf("a step of %d micro-batches on %d GPUs: every GPU must train the same number, so accumulate must be a multiple of gpus",
 			g.next, len(g.ranks))}
+	}
+	for r, b := range g.held {
+		if b != nil {
+			return &model.EngineError{Msg: fmt.Sprintf("a step of %d micro-batches, accumulate %d: GPU %d's last micro-batch was never trained, so the step's gradients are not whole", g.next, g.size, r)}
+		}
 	}
 	g.reduced = true
 	return g.each(func(r int, e *Engine) error {
@@ -483,11 +507,6 @@ func (g *Group) Close() error {
 	g.mu.Unlock()
 	g.calls.Lock()
 	defer g.calls.Unlock()
-	// The graphs that hold the backward's all-reduces go before the
-	// communicators they use.
-	for _, e := range g.ranks {
-		errs = append(errs, e.th.do(func() error { return errors.Join(e.dv.Synchronize(), e.dropGraphs()) }))
-	}
 	for r, c := range comms {
 		if c != nil {
 			errs = append(errs, g.ranks[r].th.do(c.Destroy))

@@ -596,16 +596,15 @@ func (e *Engine) stageMicro(b model.Batch, count int, scale float32) error {
 }
 
 // runMicro queues the forward and backward of a staged micro-batch of b's
-// shape (its ids are not read again). With red, the step's last on this
-// GPU, the backward sums the step's gradients and loss over red's GPUs in
-// buckets as it goes (buckets.go), recorded as a graph of its own.
-func (e *Engine) runMicro(b model.Batch, red *cuda.Comm) error {
+// shape (its ids are not read again), recorded as a graph after its first
+// call at this shape (graph.go). With red, the step's last on this GPU,
+// the backward sums the step's gradients and loss over the GPUs in buckets
+// as it goes (buckets.go), launched from the host.
+func (e *Engine) runMicro(b model.Batch, red allReducer) error {
 	if red != nil && e.bk == nil {
 		return fmt.Errorf("the gradients cannot be summed during the backward: this engine has no buckets (KILN_NCCL_BUCKET_MB)")
 	}
-	e.red = red
-	defer func() { e.red = nil }()
-	err := e.run(graphKey{b.B, b.T, red != nil}, func() error {
+	body := func() error {
 		if e.moe != nil {
 			if err := e.moeStart(); err != nil {
 				return err
@@ -623,8 +622,14 @@ func (e *Engine) runMicro(b model.Batch, red *cuda.Comm) error {
 			return err
 		}
 		return e.backward(b)
-	})
-	if err == nil && red != nil {
+	}
+	if red == nil {
+		return e.run(graphKey{b.B, b.T}, body)
+	}
+	e.red = red
+	err := body()
+	e.red = nil
+	if err == nil {
 		e.summed = true
 	}
 	return err

@@ -22,14 +22,27 @@ const NCCLLibraryEnv = "KILN_NCCL_LIBRARY"
 // never creates a multicast object itself either (no cuMulticastCreate).
 const ncclNVLSEnv = "NCCL_NVLS_ENABLE"
 
-// keepMulticastOff sets NCCL_NVLS_ENABLE=0 in the process environment,
-// over any value the user set. NCCL reads its settings with getenv, some
-// only once, so this runs before the library is loaded; os.Setenv reaches
-// the C environment that getenv reads (through cgo, or purego's stand-in
-// for it when built without cgo).
-func keepMulticastOff() error {
-	if err := os.Setenv(ncclNVLSEnv, "0"); err != nil {
-		return fmt.Errorf("set %s=0 before loading NCCL: %w", ncclNVLSEnv, err)
+// ncclRuntimeConnectEnv is NCCL's switch for connecting the ranks at
+// their first collective instead of when the communicator is made (the
+// default since NCCL 2.22). That first collective then waits on the host
+// for every rank to call it, inside ncclAllReduce, where a rank that
+// failed before its call leaves the others waiting with no device wait
+// for the hang watch to time and no abort able to reach them (an abort
+// must not free a communicator under a call). kiln connects the ranks
+// when the group is made, in the one ncclCommInitAll that either joins
+// them all or fails.
+const ncclRuntimeConnectEnv = "NCCL_RUNTIME_CONNECT"
+
+// ncclSettings sets NCCL_NVLS_ENABLE=0 and NCCL_RUNTIME_CONNECT=0 in the
+// process environment, over any value the user set. NCCL reads its
+// settings with getenv, some only once, so this runs before the library
+// is loaded; os.Setenv reaches the C environment that getenv reads
+// (through cgo, or purego's stand-in for it when built without cgo).
+func ncclSettings() error {
+	for _, name := range []string{ncclNVLSEnv, ncclRuntimeConnectEnv} {
+		if err := os.Setenv(name, "0"); err != nil {
+			return fmt.Errorf("set %s=0 before loading NCCL: %w", name, err)
+		}
 	}
 	return nil
 }
@@ -141,7 +154,7 @@ func ncclDirs() []string {
 }
 
 func loadNCCL(sonames, dirs []string) (*NCCL, error) {
-	if err := keepMulticastOff(); err != nil {
+	if err := ncclSettings(); err != nil {
 		return nil, err
 	}
 	lib, path, err := openLibrary("NCCL (libnccl)", sonames, dirs)

@@ -28,10 +28,12 @@ func libcGetenv(t *testing.T, name string) (string, bool) {
 
 // A machine without NCCL gets one line that lists where it was looked for
 // and says what to install, marked unavailable and bad input; and the
-// environment has NVLink multicast off even so, since it is set before
-// the library is looked for.
+// environment has NVLink multicast and the connection at the first
+// collective off even so, since they are set before the library is looked
+// for.
 func TestLoadNCCLMissingSaysWhatToInstall(t *testing.T) {
 	t.Setenv(ncclNVLSEnv, "1")
+	t.Setenv(ncclRuntimeConnectEnv, "1")
 	dir := t.TempDir()
 	_, err := loadNCCL([]string{"libkiln-no-nccl.so.2"}, []string{dir})
 	if err == nil {
@@ -56,11 +58,13 @@ func TestLoadNCCLMissingSaysWhatToInstall(t *testing.T) {
 	if !errors.As(err, &u) || !u.Unavailable() || !errors.As(err, &b) || !b.BadInput() {
 		t.Error("a missing NCCL is not marked Unavailable and BadInput")
 	}
-	if v := os.Getenv(ncclNVLSEnv); v != "0" {
-		t.Errorf("after loading NCCL, Go sees %s=%q, want 0", ncclNVLSEnv, v)
-	}
-	if v, ok := libcGetenv(t, ncclNVLSEnv); !ok || v != "0" {
-		t.Errorf("after loading NCCL, C's getenv sees %s=%q (set %v), want 0", ncclNVLSEnv, v, ok)
+	for _, name := range []string{ncclNVLSEnv, ncclRuntimeConnectEnv} {
+		if v := os.Getenv(name); v != "0" {
+			t.Errorf("after loading NCCL, Go sees %s=%q, want 0", name, v)
+		}
+		if v, ok := libcGetenv(t, name); !ok || v != "0" {
+			t.Errorf("after loading NCCL, C's getenv sees %s=%q (set %v), want 0", name, v, ok)
+		}
 	}
 }
 

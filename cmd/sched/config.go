@@ -315,6 +315,7 @@ var envOnly = []struct{ env, unset string }{
 	{"KILN_DATASETS", "unset: the preset datasets only"},
 	{"KILN_GPUS", "unset: 1"},
 	{"KILN_REQUIRE_GPU", "unset: false"},
+	{"KILN_NCCL_BUCKET_MB", "unset: off, one all-reduce after the backward"},
 	{"HF_ENDPOINT", "unset: " + hub.DefaultEndpoint},
 }
 

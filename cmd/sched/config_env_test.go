@@ -49,10 +49,25 @@ func TestConfigShowsTheEnvironmentOnlySettings(t *testing.T) {
 		"KILN_DATASETS        -                (unset: the preset datasets only)\n",
 		"KILN_REQUIRE_GPU     -                (unset: false)\n",
 		"HF_ENDPOINT          -                (unset: https://huggingface.co)\n",
+		"KILN_NCCL_BUCKET_MB  -                (unset: off, one all-reduce after the backward)\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("sched config lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// A bucket size set is shown as given; one the engine would refuse stops
+// every command, sched config too, naming the variable and the sizes.
+func TestConfigShowsTheBucketSize(t *testing.T) {
+	t.Parallel()
+	out, errOut, code := sched(t, []string{"KILN_NCCL_BUCKET_MB=25"}, "config")
+	if code != 0 || !strings.Contains(out, "KILN_NCCL_BUCKET_MB  -                25\n") {
+		t.Fatalf("KILN_NCCL_BUCKET_MB=25 sched config: exit %d: %s%s", code, out, errOut)
+	}
+	_, errOut, code = sched(t, []string{"KILN_NCCL_BUCKET_MB=25MB"}, "config")
+	if code != 2 || !strings.Contains(errOut, "KILN_NCCL_BUCKET_MB") || !strings.Contains(errOut, "from 1 to 1024") {
+		t.Fatalf("KILN_NCCL_BUCKET_MB=25MB sched config: exit %d, %q; want exit 2 naming the variable and the sizes", code, errOut)
 	}
 }
 

@@ -21,15 +21,18 @@ import (
 // lowest layer's backward, with that layer's norms summed into their weight
 // gradients (normReduce, which then runs once a bucket instead of once a
 // backward: the same sums) and the side stream's weight-gradient GEMMs
-// joined. The sums are element by element, so on two GPUs each gradient is
+// for it done. The sums are element by element, so on two GPUs each gradient is
 // g0 + g1 whatever the buckets, as in one all-reduce.
 
-// The summing micro-batch runs its kernels from the host, not from a
-// recorded graph: NCCL's kernels captured in a graph hold its communicator,
+// The summing micro-batch is recorded as a graph of its own, like the
+// others, but NCCL's calls are not in it: at each bucket's point the
+// backward records events (event record nodes in the graph, which every
+// launch records), and the all-reduces are queued from the host after the
+// micro-batch, on the buckets' stream, each waiting for its bucket's
+// events. NCCL's kernels captured in a graph would hold its communicator,
 // and ncclCommAbort waits until every such graph is destroyed, which a GPU
-// thread stuck in a wait could not do, so an abort after a failure would
-// wait for ever. The other micro-batches of a step, and the optimizer
-// step, are replayed from graphs as before.
+// thread stuck in a wait cannot do: an abort after a failure would wait
+// for ever.
 
 // allReducer sums count fp32 values over the GPUs in place on a stream: a
 // communicator, through the group, which keeps it whole for the call.
@@ -74,12 +77,24 @@ func planBuckets(layerStart []int64, n, bytes int64) bucketPlan {
 	return p
 }
 
-// buckets is an engine's bucketed all-reduce: the plan, the stream the
-// sums run on and the events that order it with the backward's streams.
+// buckets is an engine's bucketed all-reduce: the plan, a mark for each
+// bucket summed during the backward, and the stream the sums run on.
 type buckets struct {
-	plan             bucketPlan
-	stream           *cuda.Stream
-	main, side, done *cuda.Event
+	plan  bucketPlan
+	marks []bucketMark
+	// next is the mark the backward being queued records next.
+	next       int
+	stream     *cuda.Stream
+	tail, done *cuda.Event
+}
+
+// bucketMark is where a bucket's gradients are final in the backward:
+// the main stream's work there (main), and the side stream's GEMMs (side),
+// where sided says the side stream had work by then.
+type bucketMark struct {
+	span       span
+	main, side *cuda.Event
+	sided      bool
 }
 
 // newBuckets sets the engine up to sum its gradients in buckets of bytes;
@@ -98,7 +113,16 @@ func (e *Engine) newBuckets(bytes int64) error {
 		return err
 	}
 	e.bk = b
-	for _, ev := range []**cuda.Event{&b.main, &b.side, &b.done} {
+	for l := e.cfg.Layers - 1; l >= 0; l-- {
+		if s := b.plan.after[l]; s.hi > s.lo {
+			b.marks = append(b.marks, bucketMark{span: s})
+		}
+	}
+	events := []**cuda.Event{&b.tail, &b.done}
+	for i := range b.marks {
+		events = append(events, &b.marks[i].main, &b.marks[i].side)
+	}
+	for _, ev := range events {
 		if *ev, err = e.dv.NewMarker(); err != nil {
 			return err
 		}
@@ -108,7 +132,11 @@ func (e *Engine) newBuckets(bytes int64) error {
 
 func (b *buckets) destroy() error {
 	var first error
-	for _, ev := range []*cuda.Event{b.main, b.side, b.done} {
+	events := []*cuda.Event{b.tail, b.done}
+	for _, m := range b.marks {
+		events = append(events, m.main, m.side)
+	}
+	for _, ev := range events {
 		if ev != nil {
 			if err := ev.Destroy(); err != nil && first == nil {
 				first = err
@@ -126,65 +154,80 @@ func (b *buckets) destroy() error {
 // line for the all-reduce times the whole of it after the backward.
 func (e *Engine) sumsInBackward() bool { return e.bk != nil && !e.profiling }
 
-// bucketAfter sums the bucket that layer l's backward completes, if any,
-// while the backward goes on: only in the micro-batch that sums (e.red).
+// bucketAfter marks the point where layer l's backward completes a
+// bucket, if it does, in the micro-batch that sums (e.summing): the
+// bucket's norms are summed into their weight gradients, and events record
+// the main stream's work so far and the side stream's.
 func (e *Engine) bucketAfter(l int) error {
-	if e.red == nil {
+	if !e.summing {
 		return nil
 	}
-	s := e.bk.plan.after[l]
-	if s.hi == s.lo {
+	b := e.bk
+	if s := b.plan.after[l]; s.hi == s.lo {
 		return nil
 	}
+	if b.next == len(b.marks) {
+		return fmt.Errorf("bucket after layer %d: the plan has %d buckets", l, len(b.marks))
+	}
+	m := &b.marks[b.next]
+	b.next++
 	if err := e.normReduce(); err != nil {
 		return err
 	}
-	return e.sumSpans([]span{s})
+	if err := m.main.RecordExternal(e.sh); err != nil {
+		return err
+	}
+	m.sided = e.overlapping() && e.ov.any
+	if m.sided {
+		return m.side.RecordExternal(e.ov.side.Handle())
+	}
+	return nil
 }
 
-// bucketLast sums the last bucket and the loss once the backward is done,
-// and makes the main stream wait for every bucket's sum: the step's norm
-// and AdamW read them.
-func (e *Engine) bucketLast() error {
-	if e.red == nil {
+// sumBuckets queues the step's sums over the GPUs after its last
+// micro-batch's backward was queued: each bucket once its mark's events
+// are recorded, the last bucket and the loss after the whole backward;
+// the main stream then waits for them all, since the step's norm and
+// AdamW read the sums.
+func (e *Engine) sumBuckets(red allReducer) error {
+	b := e.bk
+	h := b.stream.Handle()
+	sum := func(spans ...span) error {
+		for _, s := range spans {
+			p := e.grads + cuda.Ptr(s.lo*4)
+			if err := red.AllReduceSum(p, p, int(s.hi-s.lo), h); err != nil {
+				return fmt.Errorf("all-reduce of gradients %d to %d: %w", s.lo, s.hi, err)
+			}
+		}
 		return nil
 	}
-	b := e.bk
-	if err := e.sumSpans(b.plan.last); err != nil {
+	for _, m := range b.marks {
+		if err := b.stream.Wait(m.main); err != nil {
+			return err
+		}
+		if m.sided {
+			if err := b.stream.Wait(m.side); err != nil {
+				return err
+			}
+		}
+		if err := sum(m.span); err != nil {
+			return err
+		}
+	}
+	if err := b.tail.Record(e.sh); err != nil {
 		return err
 	}
-	if err := e.red.AllReduceSum(e.lossAcc, e.lossAcc, 1, b.stream.Handle()); err != nil {
+	if err := b.stream.Wait(b.tail); err != nil {
 		return err
 	}
-	if err := b.done.Record(b.stream.Handle()); err != nil {
+	if err := sum(b.plan.last...); err != nil {
+		return err
+	}
+	if err := red.AllReduceSum(e.lossAcc, e.lossAcc, 1, h); err != nil {
+		return err
+	}
+	if err := b.done.Record(h); err != nil {
 		return err
 	}
 	return e.st.Wait(b.done)
-}
-
-// sumSpans sums spans of the gradients over the GPUs on the buckets'
-// stream, after the main stream's work so far and the side stream's.
-func (e *Engine) sumSpans(spans []span) error {
-	b := e.bk
-	if err := b.main.Record(e.sh); err != nil {
-		return err
-	}
-	if err := b.stream.Wait(b.main); err != nil {
-		return err
-	}
-	if e.overlapping() && e.ov.any {
-		if err := b.side.Record(e.ov.side.Handle()); err != nil {
-			return err
-		}
-		if err := b.stream.Wait(b.side); err != nil {
-			return err
-		}
-	}
-	for _, s := range spans {
-		p := e.grads + cuda.Ptr(s.lo*4)
-		if err := e.red.AllReduceSum(p, p, int(s.hi-s.lo), b.stream.Handle()); err != nil {
-			return fmt.Errorf("all-reduce of gradients %d to %d: %w", s.lo, s.hi, err)
-		}
-	}
-	return nil
 }

@@ -150,12 +150,12 @@ type Engine struct {
 	gws cuda.Ptr
 	ov  *overlap
 	// bk sums the gradients over a group's GPUs in buckets during the
-	// backward (buckets.go; nil: one all-reduce in Group.Step); red sums
-	// them while the step's last micro-batch queues its backward, and
+	// backward (buckets.go; nil: one all-reduce in Group.Step); summing is
+	// set while the step's last micro-batch queues its backward, and
 	// summed says that this step's gradients and loss are summed.
-	bk     *buckets
-	red    allReducer
-	summed bool
+	bk      *buckets
+	summing bool
+	summed  bool
 	// ck is CopyState's host buffer and stream (snapshot.go).
 	ck *stateCopy
 	// ahead is MetricsLater's host slots (ahead.go).

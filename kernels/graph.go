@@ -27,11 +27,15 @@ import (
 // copy engines run at the memory's rate.
 const graphFillBytes = 64 << 10
 
-// graphKey names a recorded graph: a forward-backward's batch shape, or
-// stepGraph for the optimizer step.
-type graphKey struct{ B, T int }
+// graphKey names a recorded graph: a forward-backward's batch shape, and
+// whether it marks the points where its step's gradients are summed in
+// buckets (buckets.go), or stepGraph for the optimizer step.
+type graphKey struct {
+	B, T int
+	sums bool
+}
 
-var stepGraph = graphKey{-1, -1}
+var stepGraph = graphKey{-1, -1, false}
 
 // recorded is an instantiated graph and the kernel launches it replays, so
 // that LaunchCounts stays what running the same work directly would give.
@@ -152,12 +156,17 @@ func (e *Engine) dropGraphs() error {
 }
 
 // GraphNodes reports the operations of each recorded forward-backward
-// graph by batch shape ("8x1024") and of the optimizer step's ("step").
+// graph by batch shape ("8x1024", "8x1024+sums" for a step's last
+// micro-batch where it marks its buckets) and of the optimizer step's
+// ("step").
 func (e *Engine) GraphNodes() map[string]int {
 	out := map[string]int{}
 	_ = e.th.do(func() error {
 		for k, g := range e.recorded {
 			name := fmt.Sprintf("%dx%d", k.B, k.T)
+			if k.sums {
+				name += "+sums"
+			}
 			if k == stepGraph {
 				name = "step"
 			}

@@ -90,10 +90,14 @@ func TestGroupOfOneGPUTrainsAsOneEngine(t *testing.T) {
 				want := trainSteps(t, e, p0, batches, 2)
 				got := trainSteps(t, g, p0, batches, 2)
 				sameBits(t, "on the engine", "on a group of one", want, got)
+				summing := fmt.Sprintf("%dx%d+sums", c.B, c.T)
+				_, recorded := g.ranks[0].GraphNodes()[summing]
+				if want := bytes > 0 && !c.cfg.MoE() && !g.ranks[0].kopt.eager; recorded != want {
+					t.Errorf("a graph %s recorded: %v, want %v", summing, recorded, want)
+				}
 				if bytes == 1 && !c.cfg.MoE() {
 					// A step: the first micro-batch's one launch, and the
-					// last's one a layer (counted from the graph's record
-					// for the first, launched from the host for the last).
+					// last's one a layer.
 					if got, want := g.ranks[0].LaunchCounts()["rmsnorm_dw_reduce"], 3*(1+c.cfg.Layers); got != want {
 						t.Errorf("rmsnorm_dw_reduce launched %d times in 3 steps of %d layers, want %d", got, c.cfg.Layers, want)
 					}

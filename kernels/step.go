@@ -598,8 +598,9 @@ func (e *Engine) stageMicro(b model.Batch, count int, scale float32) error {
 // runMicro queues the forward and backward of a staged micro-batch of b's
 // shape (its ids are not read again), recorded as a graph after its first
 // call at this shape (graph.go). With red, the step's last on this GPU,
-// the backward sums the step's gradients and loss over the GPUs in buckets
-// as it goes (buckets.go), launched from the host.
+// the backward marks where each bucket of gradients is final, in a graph
+// of its own, and the step's gradients and loss are then summed over the
+// GPUs in buckets that wait for those marks (buckets.go).
 func (e *Engine) runMicro(b model.Batch, red allReducer) error {
 	if red != nil && e.bk == nil {
 		return fmt.Errorf("the gradients cannot be summed during the backward: this engine has no buckets (KILN_NCCL_BUCKET_MB)")
@@ -624,15 +625,19 @@ func (e *Engine) runMicro(b model.Batch, red allReducer) error {
 		return e.backward(b)
 	}
 	if red == nil {
-		return e.run(graphKey{b.B, b.T}, body)
+		return e.run(graphKey{b.B, b.T, false}, body)
 	}
-	e.red = red
-	err := body()
-	e.red = nil
-	if err == nil {
-		e.summed = true
+	e.bk.next, e.summing = 0, true
+	err := e.run(graphKey{b.B, b.T, true}, body)
+	e.summing = false
+	if err != nil {
+		return err
 	}
-	return err
+	if err := e.sumBuckets(red); err != nil {
+		return err
+	}
+	e.summed = true
+	return nil
 }
 
 // normGrid is the blocks of a warp-per-row RMSNorm backward over N rows:
@@ -830,10 +835,7 @@ func (e *Engine) backward(b model.Batch) error {
 	if err != nil {
 		return err
 	}
-	if err := e.launch("embed_bwd_sum", embedLongMax(N), 128, e.gw(0), e.embPart, e.plan, d); err != nil {
-		return err
-	}
-	return e.bucketLast()
+	return e.launch("embed_bwd_sum", embedLongMax(N), 128, e.gw(0), e.embPart, e.plan, d)
 }
 
 // denseBackward takes the gradient of layer l's output (a.dresid) through

@@ -79,6 +79,7 @@ type Driver struct {
 	cuEventCreate             func(e *uintptr, flags uint32) int32
 	cuEventDestroy            func(e uintptr) int32
 	cuEventRecord             func(e uintptr, s uintptr) int32
+	cuEventRecordWithFlags    func(e uintptr, s uintptr, flags uint32) int32
 	cuEventSynchronize        func(e uintptr) int32
 	cuEventElapsedTime        func(ms *float32, start, end uintptr) int32
 	cuGetErrorName            func(code int32, s **byte) int32
@@ -152,6 +153,7 @@ func loadDriver(dirs []string) (*Driver, error) {
 		"cuEventCreate":                &d.cuEventCreate,
 		"cuEventDestroy_v2":            &d.cuEventDestroy,
 		"cuEventRecord":                &d.cuEventRecord,
+		"cuEventRecordWithFlags":       &d.cuEventRecordWithFlags,
 		"cuEventSynchronize":           &d.cuEventSynchronize,
 		"cuEventElapsedTime_v2":        &d.cuEventElapsedTime,
 		"cuGetErrorName":               &d.cuGetErrorName,
@@ -606,6 +608,15 @@ func (e *Event) Synchronize() error {
 // Record records the event on stream.
 func (e *Event) Record(stream uintptr) error {
 	return e.dv.D.check("cuEventRecord", e.dv.D.cuEventRecord(e.e, stream))
+}
+
+// RecordExternal records the event on stream as Record does; recorded
+// during a graph capture, it becomes an event record node of the graph
+// (CU_EVENT_RECORD_EXTERNAL), which each launch of the graph records, so
+// that work queued on another stream after the launch can wait for that
+// point of the graph's work.
+func (e *Event) RecordExternal(stream uintptr) error {
+	return e.dv.D.check("cuEventRecordWithFlags", e.dv.D.cuEventRecordWithFlags(e.e, stream, 1))
 }
 
 // Elapsed waits for end and returns the milliseconds from e to end.

@@ -174,14 +174,23 @@ func (e *Engine) bucketAfter(l int) error {
 	if err := e.normReduce(); err != nil {
 		return err
 	}
-	if err := m.main.RecordExternal(e.sh); err != nil {
+	if err := e.recordMark(m.main, e.sh); err != nil {
 		return err
 	}
 	m.sided = e.overlapping() && e.ov.any
 	if m.sided {
-		return m.side.RecordExternal(e.ov.side.Handle())
+		return e.recordMark(m.side, e.ov.side.Handle())
 	}
 	return nil
+}
+
+// recordMark records ev on stream: in a graph capture as an event record
+// node, which each launch of the graph records, and directly otherwise.
+func (e *Engine) recordMark(ev *cuda.Event, stream uintptr) error {
+	if e.capturing {
+		return ev.RecordExternal(stream)
+	}
+	return ev.Record(stream)
 }
 
 // sumBuckets queues the step's sums over the GPUs after its last

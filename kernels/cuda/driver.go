@@ -610,11 +610,12 @@ func (e *Event) Record(stream uintptr) error {
 	return e.dv.D.check("cuEventRecord", e.dv.D.cuEventRecord(e.e, stream))
 }
 
-// RecordExternal records the event on stream as Record does; recorded
-// during a graph capture, it becomes an event record node of the graph
-// (CU_EVENT_RECORD_EXTERNAL), which each launch of the graph records, so
-// that work queued on another stream after the launch can wait for that
-// point of the graph's work.
+// RecordExternal records the event on stream, which a graph capture is
+// recording, as an event record node of the graph
+// (CU_EVENT_RECORD_EXTERNAL): each launch of the graph records it, so that
+// work queued on another stream after the launch can wait for that point
+// of the graph's work. The driver refuses it on a stream not capturing
+// (CUDA_ERROR_ILLEGAL_STATE): use Record there.
 func (e *Event) RecordExternal(stream uintptr) error {
 	return e.dv.D.check("cuEventRecordWithFlags", e.dv.D.cuEventRecordWithFlags(e.e, stream, 1))
 }

@@ -89,12 +89,12 @@ type buckets struct {
 }
 
 // bucketMark is where a bucket's gradients are final in the backward:
-// the main stream's work there (main), and the side stream's GEMMs (side),
-// where sided says the side stream had work by then.
+// the main stream's work there (main), and the side stream's GEMMs (side,
+// recorded wherever the engine has a side stream, so that a graph and the
+// waits queued after it agree whatever ran when it was recorded).
 type bucketMark struct {
 	span       span
 	main, side *cuda.Event
-	sided      bool
 }
 
 // newBuckets sets the engine up to sum its gradients in buckets of bytes;
@@ -177,11 +177,13 @@ func (e *Engine) bucketAfter(l int) error {
 	if err := e.recordMark(m.main, e.sh); err != nil {
 		return err
 	}
-	m.sided = e.overlapping() && e.ov.any
-	if m.sided {
-		return e.recordMark(m.side, e.ov.side.Handle())
+	if e.ov == nil {
+		return nil
 	}
-	return nil
+	// In a capture the side stream has joined it by now: every layer's
+	// backward sends GEMMs there. Profiled, it has no work, and the event
+	// is recorded on it idle.
+	return e.recordMark(m.side, e.ov.side.Handle())
 }
 
 // recordMark records ev on stream: in a graph capture as an event record
@@ -214,7 +216,7 @@ func (e *Engine) sumBuckets(red allReducer) error {
 		if err := b.stream.Wait(m.main); err != nil {
 			return err
 		}
-		if m.sided {
+		if e.ov != nil {
 			if err := b.stream.Wait(m.side); err != nil {
 				return err
 			}

@@ -356,16 +356,12 @@ func (g *Group) sumsInBackward() bool {
 
 // Step implements model.Engine: the all-reduce of the gradients and the
 // loss (unless the backward summed them), then the clipping and AdamW, on
-// every GPU.
+// every GPU. A last round left part-way is never a multiple of the GPUs,
+// so the first check refuses it.
 func (g *Group) Step(o model.AdamW) error {
 	if g.next == 0 || g.next%len(g.ranks) != 0 {
 		return &model.EngineError{Msg: fmt.Sprintf("a step of %d micro-batches on %d GPUs: every GPU must train the same number, so accumulate must be a multiple of gpus",
 			g.next, len(g.ranks))}
-	}
-	for r, b := range g.held {
-		if b != nil {
-			return &model.EngineError{Msg: fmt.Sprintf("a step of %d micro-batches, accumulate %d: GPU %d's last micro-batch was never trained, so the step's gradients are not whole", g.next, g.size, r)}
-		}
 	}
 	g.reduced = true
 	return g.each(func(r int, e *Engine) error {

@@ -337,8 +337,8 @@ func TestAGPUFailingEndsTheStepForAll(t *testing.T) {
 }
 
 // aGPUFailingEndsTheStep trains a group of two GPUs with buckets of bytes
-// for two steps, then has GPU 1 fail while GPU 0 runs queue and waits for
-// its work.
+// for two steps, then has GPU 1 fail once GPU 0 has queued its all-reduce
+// with queue and waits for it.
 func aGPUFailingEndsTheStep(t *testing.T, bytes int64, queue func(g *Group, e *Engine) error) {
 	c := goldenConfig(t, goldenDirs[1])
 	k := envOptions(t)
@@ -350,11 +350,16 @@ func aGPUFailingEndsTheStep(t *testing.T, bytes int64, queue func(g *Group, e *E
 	cuda.SetHangTimeout(2 * time.Minute)
 	defer cuda.SetHangHandler(func(h cuda.Hang) { hung <- h })()
 	failed := errors.New("a fault on this GPU")
+	queued := make(chan struct{})
 	err := g.each(func(r int, e *Engine) error {
 		if r == 1 {
+			// GPU 0's all-reduce is queued and waits for GPU 1's.
+			<-queued
 			return failed
 		}
-		if err := queue(g, e); err != nil {
+		err := queue(g, e)
+		close(queued)
+		if err != nil {
 			return err
 		}
 		return e.th.do(e.st.Synchronize)

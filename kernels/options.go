@@ -77,10 +77,9 @@ type Options struct {
 	// in one all-reduce during the backward of a step's last micro-batch
 	// (buckets.go); 0 sums them all after the backward.
 	bucketBytes int64
-	// bucketsOnOne: a group of one GPU sums in buckets too, which only
-	// costs it (its summing micro-batch runs from the host, and its
-	// one-rank all-reduce does nothing); tests hold that path to the
-	// engine's.
+	// bucketsOnOne: a group of one GPU sums in buckets too, which gains it
+	// nothing (its one-rank all-reduce does nothing); tests hold that path
+	// to the engine's.
 	bucketsOnOne bool
 	// device: the ordinal of the GPU an engine opens (a Group sets it for
 	// each of its engines; 0 otherwise).

@@ -88,27 +88,44 @@ func TestWorkAfterAGraphLaunchWaitsForAnEventRecordedInIt(t *testing.T) {
 	defer x.Destroy()
 	release := func() { atomic.StoreUint32(held, 1) }
 	defer release()
-	if err := x.Launch(a.Handle()); err != nil {
+	// A record the event already holds, done, as the buckets' events hold
+	// the previous step's (or a direct run's): a wait bound to it would not
+	// wait.
+	if err := ev.Record(a.Handle()); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Wait(ev); err != nil {
+	if err := a.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	if err := mark.Launch(one, one, 0, b.Handle(), Ptr(uintptr(flags.p)+4)); err != nil {
-		t.Fatal(err)
-	}
-	// While the graph's kernel spins, the mark must not be written; a
-	// wait that missed the graph's record would let it run at once.
-	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		if atomic.LoadUint32(marked) != 0 {
-			t.Fatal("the work waiting for the graph's event ran while the graph's work before the event had not")
+	for launch := 1; launch <= 2; launch++ {
+		atomic.StoreUint32(held, 0)
+		atomic.StoreUint32(marked, 0)
+		if err := x.Launch(a.Handle()); err != nil {
+			t.Fatal(err)
 		}
-	}
-	release()
-	if err := b.Synchronize(); err != nil {
-		t.Fatal(err)
-	}
-	if atomic.LoadUint32(marked) != 1 {
-		t.Fatal("the work waiting for the graph's event did not run once the graph's work had")
+		if err := b.Wait(ev); err != nil {
+			t.Fatal(err)
+		}
+		if err := mark.Launch(one, one, 0, b.Handle(), Ptr(uintptr(flags.p)+4)); err != nil {
+			t.Fatal(err)
+		}
+		// While the graph's kernel spins, the mark must not be written;
+		// a wait that missed this launch's record would let it run at
+		// once.
+		for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			if atomic.LoadUint32(marked) != 0 {
+				t.Fatalf("launch %d: the work waiting for the graph's event ran while the graph's work before the event had not", launch)
+			}
+		}
+		release()
+		if err := b.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		if atomic.LoadUint32(marked) != 1 {
+			t.Fatalf("launch %d: the work waiting for the graph's event did not run once the graph's work had", launch)
+		}
 	}
 }

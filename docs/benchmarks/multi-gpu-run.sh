@@ -48,14 +48,16 @@ if [ -f $C/store.tgz ]; then
   log "sched train stopped with SIGTERM and resumed on the other number of GPUs"
   L=/tmp/mg-live; rm -rf $L; mkdir -p $L; (cd $L && tar xzf $C/store.tgz)
   T="$G/sched train --engine cuda --model small --batch 8 --accumulate 2 --seq 1024 --steps 160 --checkpoint-every 50 --log-every 10 --tokens tokens/go-stdlib --tokenizer-file tokenizer.json --seed 7"
-  stopped() { # OUT_DIR GPUS: run, SIGTERM once step 60 is logged
-    (cd $L && exec $T --gpus $2 --out $1 > $OUT/$1-1.log 2>&1) & local pid=$!
+  stopped() { # OUT_DIR GPUS [VAR=VALUE]: run, SIGTERM once step 60 is logged
+    (cd $L && exec env $3 $T --gpus $2 --out $1 > $OUT/$1-1.log 2>&1) & local pid=$!
     until grep -q '"step":60,' $L/$1/metrics.jsonl 2>/dev/null || ! kill -0 $pid 2>/dev/null; do sleep 0.02; done
     kill -TERM $pid; wait $pid; echo "$1 on gpus=$2 stopped: rc=$? $(tail -1 $OUT/$1-1.log)"
   }
   (cd $L && $T --gpus 1 --out A > $OUT/A.log 2>&1); echo "A on one GPU, uninterrupted: rc=$?"
   stopped B all; (cd $L && $T --gpus 1 --out B --resume > $OUT/B-2.log 2>&1); echo "B resumed on one GPU: rc=$? $(head -c 300 $OUT/B-2.log | grep -m1 -i resum)"
   stopped C 1; (cd $L && $T --gpus all --out C --resume > $OUT/C-2.log 2>&1); echo "C resumed on every GPU: rc=$? $(head -c 300 $OUT/C-2.log | grep -m1 -i resum)"
+  # D: as B, the gradients summed in buckets during the backward (a stop may land in a step's last round).
+  stopped D all KILN_NCCL_BUCKET_MB=${BUCKETS%% *}; (cd $L && $T --gpus 1 --out D --resume > $OUT/D-2.log 2>&1); echo "D resumed on one GPU: rc=$? $(head -c 300 $OUT/D-2.log | grep -m1 -i resum)"
   python3 - $L <<'PY' | tee $OUT/sigterm.txt
 import json, sys
 def losses(run):
@@ -66,7 +68,8 @@ def losses(run):
             d[r["step"]] = r["loss"]  # a step logged twice (before the stop and after the resume): the last
     return d
 a = losses("A")
-for run, how in (("B", "every GPU, stopped, resumed on one"), ("C", "one GPU, stopped, resumed on every GPU")):
+for run, how in (("B", "every GPU, stopped, resumed on one"), ("C", "one GPU, stopped, resumed on every GPU"),
+                 ("D", "every GPU with buckets, stopped, resumed on one")):
     b = losses(run)
     missing = sorted(set(a) - set(b))
     rel = max(abs(b[s] - a[s]) / abs(a[s]) for s in a if s in b)

@@ -76,3 +76,21 @@ func TestBucketsSumEveryGradientOnceItIsFinal(t *testing.T) {
 		}
 	}
 }
+
+// The worker's log says what KILN_NCCL_BUCKET_MB does for the run's group.
+func TestBucketsNoticeSaysWhatTheSettingDoes(t *testing.T) {
+	for _, c := range []struct {
+		n       int
+		moe     bool
+		buckets int
+		want    string
+	}{
+		{1, false, -1, "KILN_NCCL_BUCKET_MB=25: one GPU, no gradients to sum over GPUs"},
+		{2, true, -1, "KILN_NCCL_BUCKET_MB=25: a mixture of experts sums its gradients after the backward"},
+		{2, false, 3, "KILN_NCCL_BUCKET_MB=25: the gradients are summed over the 2 GPUs in 3 buckets, all but the last during the backward of each step's last micro-batch"},
+	} {
+		if got := bucketsNotice(25<<20, c.n, c.moe, c.buckets); got != c.want {
+			t.Errorf("%d GPUs, moe %v: %q, want %q", c.n, c.moe, got, c.want)
+		}
+	}
+}

@@ -109,12 +109,33 @@ func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
 			return nil, err
 		}
 	}
+	if o.Log != nil && k.bucketBytes > 0 {
+		buckets := -1
+		if b := g.ranks[0].bk; b != nil {
+			buckets = len(b.marks) + 1
+		}
+		o.Log(bucketsNotice(k.bucketBytes, n, c.MoE(), buckets))
+	}
 	// A wait for a collective that a hung or lost GPU will never join
 	// ends when the hang watch aborts the communicators.
 	g.unhang = cuda.OnHang(func() {
 		g.abort(fmt.Errorf("a wait for the GPUs lasted KILN_CUDA_HANG_TIMEOUT (%s)", cuda.HangTimeout()))
 	})
 	return g, nil
+}
+
+// bucketsNotice says what KILN_NCCL_BUCKET_MB (bytes) does for a group of
+// n GPUs whose engines sum their gradients in that many buckets (-1: in
+// none).
+func bucketsNotice(bytes int64, n int, moe bool, buckets int) string {
+	set := fmt.Sprintf("KILN_NCCL_BUCKET_MB=%d", bytes>>20)
+	switch {
+	case n == 1:
+		return set + ": one GPU, no gradients to sum over GPUs"
+	case moe:
+		return set + ": a mixture of experts sums its gradients after the backward"
+	}
+	return fmt.Sprintf("%s: the gradients are summed over the %d GPUs in %d buckets, all but the last during the backward of each step's last micro-batch", set, n, buckets)
 }
 
 // groupSize is how many GPUs a group of gpus (a number, or model.AllGPUs)

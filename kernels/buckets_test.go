@@ -2,9 +2,11 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 
+	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
 )
 
@@ -92,5 +94,97 @@ func TestBucketsNoticeSaysWhatTheSettingDoes(t *testing.T) {
 		if got := bucketsNotice(25<<20, c.n, c.moe, c.buckets); got != c.want {
 			t.Errorf("%d GPUs, moe %v: %q, want %q", c.n, c.moe, got, c.want)
 		}
+	}
+}
+
+// doubler stands where a group's communicator sums a bucket: it doubles
+// the bucket in place on the buckets' stream, as the sum over two GPUs
+// that hold the same gradients would. A bucket doubled before every
+// gradient in it was final, one doubled twice or one left out shows in
+// the gradients read after the backward.
+type doubler struct{ f *cuda.Function }
+
+func (d doubler) AllReduceSum(_, recv cuda.Ptr, count int, stream uintptr) error {
+	return d.f.Launch(cuda.Dim3{X: (count + 255) / 256, Y: 1, Z: 1}, cuda.Dim3{X: 256, Y: 1, Z: 1}, 0, stream, recv, count)
+}
+
+// The buckets' sums wait for their gradients: on one GPU, with each sum
+// doubling its bucket, the backward that sums in buckets (a bucket a
+// layer, the weight-gradient GEMMs on the side stream beside it) leaves
+// exactly twice the gradients of a backward at twice the loss scale, run
+// directly, recorded and replayed.
+func TestBucketsSumOnlyFinalGradients(t *testing.T) {
+	t.Setenv("KILN_CUDA_GEMM_TUNE", "off")
+	c := model.Presets["small"]
+	o := model.Options{Precision: "bf16", MaxBatch: 2, MaxSeq: 256, Accumulate: 1}
+	k := envOptions(t)
+	k.bucketBytes, k.bucketsOnOne = 1, true
+	g := newGroupWith(t, c, o, 1, k)
+	e := newEngine(t, c, o)
+	r := g.ranks[0]
+	nv, err := cuda.LoadNVRTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptx, err := nv.Compile("double.cu", `extern "C" __global__ void twice(float* x, int n) {
+	int i = blockIdx.x * blockDim.x + threadIdx.x;
+	if (i < n) x[i] *= 2.0f;
+}`, "compute_80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d doubler
+	if err := r.th.do(func() error {
+		m, err := r.dv.LoadModule(ptx)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { r.th.do(m.Unload) })
+		d.f, err = m.Function("twice")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p0 := model.InitParams(c, 7)
+	for _, eng := range []model.Engine{g, e} {
+		if err := eng.SetParams(p0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const scale = 0.5
+	for i, b := range groupBatches(c, 3, 1, 2, 256) {
+		if err := e.ZeroGrad(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.ForwardBackward(b, 2*scale); err != nil {
+			t.Fatal(err)
+		}
+		want := model.NewParams(c)
+		if err := e.Grads(want); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.ZeroGrad(); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.th.do(func() error {
+			if err := r.stageMicro(b, len(b.Targets), scale); err != nil {
+				return err
+			}
+			return r.runMicro(b, d)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		got := model.NewParams(c)
+		if err := r.Grads(got); err != nil {
+			t.Fatal(err)
+		}
+		for j := range want.Data {
+			if math.Float32bits(got.Data[j]) != math.Float32bits(want.Data[j]) {
+				t.Fatalf("run %d: gradient %d is %g after the buckets' sums, %g at twice the loss scale", i+1, j, got.Data[j], want.Data[j])
+			}
+		}
+	}
+	if _, ok := r.GraphNodes()["2x256+sums"]; !ok && !r.kopt.eager {
+		t.Errorf("the summing micro-batch was not recorded as a graph: %v", r.GraphNodes())
 	}
 }

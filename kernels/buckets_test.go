@@ -166,8 +166,12 @@ func TestBucketsSumOnlyFinalGradients(t *testing.T) {
 		if err := g.ZeroGrad(); err != nil {
 			t.Fatal(err)
 		}
+		count, err := r.checkBatch(b, true)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := r.th.do(func() error {
-			if err := r.stageMicro(b, len(b.Targets), scale); err != nil {
+			if err := r.stageMicro(b, count, scale); err != nil {
 				return err
 			}
 			return r.runMicro(b, d)

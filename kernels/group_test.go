@@ -326,8 +326,12 @@ func TestAGPUFailingEndsTheStepForAll(t *testing.T) {
 	t.Run("buckets", func(t *testing.T) {
 		aGPUFailingEndsTheStep(t, 1, func(g *Group, e *Engine) error {
 			b := groupBatches(g.cfg, 1, 1, 2, 64)[0]
+			count, err := e.checkBatch(b, true)
+			if err != nil {
+				return err
+			}
 			return e.th.do(func() error {
-				if err := e.stageMicro(b, len(b.Targets), 0.5); err != nil {
+				if err := e.stageMicro(b, count, 0.5); err != nil {
 					return err
 				}
 				return e.runMicro(b, rankComm{g, 0})

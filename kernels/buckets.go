@@ -77,13 +77,14 @@ func planBuckets(layerStart []int64, n, bytes int64) bucketPlan {
 	return p
 }
 
-// buckets is an engine's bucketed all-reduce: the plan, a mark for each
-// bucket summed during the backward, and the stream the sums run on.
+// buckets is an engine's bucketed all-reduce: a mark for each layer
+// whose backward completes a bucket, the last bucket's spans, and the
+// stream the sums run on.
 type buckets struct {
-	plan  bucketPlan
-	marks []bucketMark
-	// next is the mark the backward being queued records next.
-	next       int
+	// marks[l] is the bucket layer l's backward completes; a layer that
+	// completes none has an empty span and no events.
+	marks      []bucketMark
+	last       []span
 	stream     *cuda.Stream
 	tail, done *cuda.Event
 }
@@ -107,20 +108,19 @@ func (e *Engine) newBuckets(bytes int64) error {
 	for l := range starts {
 		starts[l] = e.off[e.layerSpec(l, 0)]
 	}
-	b := &buckets{plan: planBuckets(starts, e.n, bytes)}
+	p := planBuckets(starts, e.n, bytes)
+	b := &buckets{marks: make([]bucketMark, len(p.after)), last: p.last}
 	var err error
 	if b.stream, err = e.dv.NewStreamNonBlocking(); err != nil {
 		return err
 	}
 	e.bk = b
-	for l := e.cfg.Layers - 1; l >= 0; l-- {
-		if s := b.plan.after[l]; s.hi > s.lo {
-			b.marks = append(b.marks, bucketMark{span: s})
-		}
-	}
 	events := []**cuda.Event{&b.tail, &b.done}
-	for i := range b.marks {
-		events = append(events, &b.marks[i].main, &b.marks[i].side)
+	for l, s := range p.after {
+		if s.hi > s.lo {
+			b.marks[l].span = s
+			events = append(events, &b.marks[l].main, &b.marks[l].side)
+		}
 	}
 	for _, ev := range events {
 		if *ev, err = e.dv.NewMarker(); err != nil {
@@ -128,6 +128,17 @@ func (e *Engine) newBuckets(bytes int64) error {
 		}
 	}
 	return nil
+}
+
+// count is how many buckets the gradients are summed in.
+func (b *buckets) count() int {
+	n := 1
+	for _, m := range b.marks {
+		if m.main != nil {
+			n++
+		}
+	}
+	return n
 }
 
 func (b *buckets) destroy() error {
@@ -162,15 +173,10 @@ func (e *Engine) bucketAfter(l int) error {
 	if !e.summing {
 		return nil
 	}
-	b := e.bk
-	if s := b.plan.after[l]; s.hi == s.lo {
+	m := e.bk.marks[l]
+	if m.main == nil {
 		return nil
 	}
-	if b.next == len(b.marks) {
-		return fmt.Errorf("bucket after layer %d: the plan has %d buckets", l, len(b.marks))
-	}
-	m := &b.marks[b.next]
-	b.next++
 	if err := e.normReduce(); err != nil {
 		return err
 	}
@@ -212,7 +218,12 @@ func (e *Engine) sumBuckets(red allReducer) error {
 		}
 		return nil
 	}
-	for _, m := range b.marks {
+	// In the backward's order, last layer first.
+	for l := len(b.marks) - 1; l >= 0; l-- {
+		m := b.marks[l]
+		if m.main == nil {
+			continue
+		}
 		if err := b.stream.Wait(m.main); err != nil {
 			return err
 		}
@@ -231,7 +242,7 @@ func (e *Engine) sumBuckets(red allReducer) error {
 	if err := b.stream.Wait(b.tail); err != nil {
 		return err
 	}
-	if err := sum(b.plan.last...); err != nil {
+	if err := sum(b.last...); err != nil {
 		return err
 	}
 	if err := red.AllReduceSum(e.lossAcc, e.lossAcc, 1, h); err != nil {

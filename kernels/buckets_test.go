@@ -122,29 +122,10 @@ func TestBucketsSumOnlyFinalGradients(t *testing.T) {
 	g := newGroupWith(t, c, o, 1, k)
 	e := newEngine(t, c, o)
 	r := g.ranks[0]
-	nv, err := cuda.LoadNVRTC()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ptx, err := nv.Compile("double.cu", `extern "C" __global__ void twice(float* x, int n) {
+	d := doubler{testKernel(t, r, "twice", `extern "C" __global__ void twice(float* x, int n) {
 	int i = blockIdx.x * blockDim.x + threadIdx.x;
 	if (i < n) x[i] *= 2.0f;
-}`, "compute_80")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d doubler
-	if err := r.th.do(func() error {
-		m, err := r.dv.LoadModule(ptx)
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { r.th.do(m.Unload) })
-		d.f, err = m.Function("twice")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+}`)}
 	p0 := model.InitParams(c, 7)
 	for _, eng := range []model.Engine{g, e} {
 		if err := eng.SetParams(p0); err != nil {

@@ -112,7 +112,7 @@ func NewGroup(c model.Config, o model.Options, k Options) (*Group, error) {
 	if o.Log != nil && k.bucketBytes > 0 {
 		buckets := -1
 		if b := g.ranks[0].bk; b != nil {
-			buckets = len(b.marks) + 1
+			buckets = b.count()
 		}
 		o.Log(bucketsNotice(k.bucketBytes, n, c.MoE(), buckets))
 	}

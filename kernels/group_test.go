@@ -43,6 +43,34 @@ func newGroupWith(t *testing.T, c model.Config, o model.Options, gpus int, k Opt
 	return g
 }
 
+// testKernel compiles src, which defines the kernel name, with NVRTC
+// (compute_80) and loads it on e's GPU; the module is unloaded when the
+// test ends, before the engines its earlier cleanups close.
+func testKernel(t *testing.T, e *Engine, name, src string) *cuda.Function {
+	t.Helper()
+	nv, err := cuda.LoadNVRTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptx, err := nv.Compile(name+".cu", src, "compute_80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f *cuda.Function
+	if err := e.th.do(func() error {
+		m, err := e.dv.LoadModule(ptx)
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { e.th.do(m.Unload) })
+		f, err = m.Function(name)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // groupBatches are steps x micro random micro-batches, a few repeated ids
 // among them (the embedding's accumulation path) and a masked target.
 func groupBatches(c model.Config, steps, micro, B, T int) []model.Batch {
@@ -255,31 +283,17 @@ func TestAGroupAbortsItsCommunicatorWhenAWaitHangs(t *testing.T) {
 	c := model.Presets["tiny"]
 	g := newGroup(t, c, model.Options{Precision: "fp32", MaxBatch: 2, MaxSeq: 16}, 1)
 	e := g.ranks[0]
-	nv, err := cuda.LoadNVRTC()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ptx, err := nv.Compile("spin.cu", `extern "C" __global__ void spin(volatile unsigned int* flag) {
+	spin := testKernel(t, e, "spin", `extern "C" __global__ void spin(volatile unsigned int* flag) {
 	while (*flag == 0) { __nanosleep(1000); }
-}`, "compute_80")
-	if err != nil {
-		t.Fatal(err)
-	}
+}`)
 	var flag *cuda.HostBuffer
 	if err := e.th.do(func() error {
-		m, err := e.dv.LoadModule(ptx)
-		if err != nil {
-			return err
-		}
-		f, err := m.Function("spin")
-		if err != nil {
-			return err
-		}
+		var err error
 		if flag, err = e.dv.AllocHost(4); err != nil {
 			return err
 		}
 		clear(flag.Bytes())
-		return f.Launch(cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, e.sh, cuda.Ptr(uintptr(unsafe.Pointer(&flag.Bytes()[0]))))
+		return spin.Launch(cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 1, Y: 1, Z: 1}, 0, e.sh, cuda.Ptr(uintptr(unsafe.Pointer(&flag.Bytes()[0]))))
 	}); err != nil {
 		t.Fatal(err)
 	}

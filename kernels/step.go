@@ -602,9 +602,6 @@ func (e *Engine) stageMicro(b model.Batch, count int, scale float32) error {
 // of its own, and the step's gradients and loss are then summed over the
 // GPUs in buckets that wait for those marks (buckets.go).
 func (e *Engine) runMicro(b model.Batch, red allReducer) error {
-	if red != nil && e.bk == nil {
-		return fmt.Errorf("the gradients cannot be summed during the backward: this engine has no buckets (KILN_NCCL_BUCKET_MB)")
-	}
 	body := func() error {
 		if e.moe != nil {
 			if err := e.moeStart(); err != nil {
@@ -627,7 +624,7 @@ func (e *Engine) runMicro(b model.Batch, red allReducer) error {
 	if red == nil {
 		return e.run(graphKey{b.B, b.T, false}, body)
 	}
-	e.bk.next, e.summing = 0, true
+	e.summing = true
 	err := e.run(graphKey{b.B, b.T, true}, body)
 	e.summing = false
 	if err != nil {

@@ -22,27 +22,8 @@ const markSource = `extern "C" __global__ void mark(volatile unsigned int* flag)
 // each bucket's gradients are final.
 func TestWorkAfterAGraphLaunchWaitsForAnEventRecordedInIt(t *testing.T) {
 	dv := device0(t)
-	nv, err := LoadNVRTC()
-	if err != nil {
-		t.Skipf("no NVRTC: %v", err)
-	}
-	ptx, err := nv.Compile("mark.cu", spinSource+"\n"+markSource, "compute_80")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := dv.LoadModule(ptx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Unload()
-	spin, err := m.Function("spin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mark, err := m.Function("mark")
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs := testFunctions(t, dv, spinSource+"\n"+markSource, "spin", "mark")
+	spin, mark := fs[0], fs[1]
 	flags, err := dv.AllocHost(8)
 	if err != nil {
 		t.Fatal(err)

@@ -27,22 +27,7 @@ type Spin struct {
 func startSpin(t *testing.T) *Spin {
 	t.Helper()
 	dv := device0(t)
-	nv, err := LoadNVRTC()
-	if err != nil {
-		t.Skipf("no NVRTC: %v", err)
-	}
-	ptx, err := nv.Compile("spin.cu", spinSource, "compute_80")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := dv.LoadModule(ptx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := m.Function("spin")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := testFunctions(t, dv, spinSource, "spin")[0]
 	flag, err := dv.AllocHost(4)
 	if err != nil {
 		t.Fatal(err)
@@ -61,9 +46,36 @@ func startSpin(t *testing.T) *Spin {
 		st.Synchronize()
 		st.Destroy()
 		flag.Free()
-		m.Unload()
 	})
 	return s
+}
+
+// testFunctions compiles src with NVRTC (compute_80), loads it on dv and
+// returns its functions of names, skipping where there is no NVRTC. The
+// module is unloaded once the test and its cleanups registered after this
+// call are done.
+func testFunctions(t *testing.T, dv *Device, src string, names ...string) []*Function {
+	t.Helper()
+	nv, err := LoadNVRTC()
+	if err != nil {
+		t.Skipf("no NVRTC: %v", err)
+	}
+	ptx, err := nv.Compile("test.cu", src, "compute_80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := dv.LoadModule(ptx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Unload() })
+	fs := make([]*Function, len(names))
+	for i, name := range names {
+		if fs[i], err = m.Function(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return fs
 }
 
 // Release lets the kernel end.

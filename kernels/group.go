@@ -367,6 +367,17 @@ func (rc rankComm) AllReduceSum(send, recv cuda.Ptr, count int, stream uintptr) 
 	return rc.g.withComm(rc.r, func(c *cuda.Comm) error { return c.AllReduceSum(send, recv, count, stream) })
 }
 
+// GradientSum implements model.Parallel, for the step SetAccumulate set.
+func (g *Group) GradientSum() string {
+	switch {
+	case len(g.ranks) == 1:
+		return "none: one GPU"
+	case g.sumsInBackward():
+		return fmt.Sprintf("%d buckets, all but the last during the backward", g.ranks[0].bk.count())
+	}
+	return "one all-reduce after the backward"
+}
+
 // sumsInBackward says whether the GPUs sum a step's gradients during the
 // backward of its last micro-batch: with buckets, a step of known size
 // that every GPU takes a share of.

@@ -158,6 +158,14 @@ func twoGPUsMatchOne(t *testing.T, c model.Config, bytes int64) {
 		k := envOptions(t)
 		k.bucketBytes = bytes
 		g := newGroupWith(t, c, o, 2, k)
+		// What a bench line says of it: a mixture of experts takes no buckets.
+		sum := "one all-reduce after the backward"
+		if bytes > 0 && !c.MoE() {
+			sum = fmt.Sprintf("%d buckets, all but the last during the backward", c.Layers+1)
+		}
+		if got := g.GradientSum(); got != sum {
+			t.Errorf("accumulate %d: GradientSum %q, want %q", micro, got, sum)
+		}
 		batches := groupBatches(c, 4, micro, 2, 64)
 		want := trainSteps(t, e, p0, batches, micro)
 		got := trainSteps(t, g, p0, batches, micro)

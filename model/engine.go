@@ -294,9 +294,13 @@ func FewerGPUsNotice(from string, n, use, accumulate int) string {
 // micro-batches must be a multiple of Devices. SetAccumulate tells it the
 // micro-batches of every step where Options.Accumulate could not (0), so
 // that it can sum the gradients over the devices during the last ones.
+// GradientSum says how a step's gradients are summed over the devices, in
+// words, for a benchmark's line: one all-reduce after the backward, or
+// buckets during it.
 type Parallel interface {
 	Devices() int
 	SetAccumulate(micro int)
+	GradientSum() string
 }
 
 // Plan is the memory plan of an engine start with these options.

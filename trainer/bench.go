@@ -116,6 +116,9 @@ type BenchResult struct {
 	Checkpoints *CheckpointTiming
 	// GPUs is how many GPUs trained; TokPerSec is all of theirs together.
 	GPUs int
+	// GradientSum is how several GPUs summed the gradients of a step
+	// (model.Parallel's GradientSum); empty on one engine.
+	GradientSum string
 	// Accumulate is the micro-batches a step trained, over all GPUs.
 	Accumulate int
 	// OtherCPU is the share of the machine's CPU time (0 to 1) that other
@@ -194,6 +197,7 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	r.Accumulate = micro
 	if p, ok := eng.(model.Parallel); ok {
 		p.SetAccumulate(micro)
+		r.GradientSum = p.GradientSum()
 	}
 	if dev, ok := eng.(model.Device); ok {
 		d := dev.Device()

@@ -73,6 +73,9 @@ type benchResult struct {
 	TokPerSecPerGPU   float64 `json:"tok_per_s_per_gpu"`
 	OneGPUTokPerSec   float64 `json:"one_gpu_tok_per_s,omitempty"`
 	ScalingEfficiency float64 `json:"scaling_efficiency,omitempty"`
+	// GradientSum says how the GPUs summed a step's gradients: one
+	// all-reduce after the backward, or buckets (KILN_NCCL_BUCKET_MB).
+	GradientSum string `json:"gradient_sum,omitempty"`
 }
 
 type benchCheckpoints struct {
@@ -213,7 +216,7 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 		Seconds: res.Seconds, PeakGiB: float64(res.PeakAllocated) / (1 << 30), Loss: res.Loss,
 		ProcessMemory: res.ProcessMemory, ProcessMemorySource: res.ProcessMemorySource, MemoryInUseBefore: res.MemoryInUseBefore,
 		OtherProcesses: res.OtherProcesses, KernelMSPerStep: res.KernelMSPerStep}
-	r.GPUs, r.TokPerSecPerGPU = res.GPUs, res.TokPerSec/float64(max(res.GPUs, 1))
+	r.GPUs, r.TokPerSecPerGPU, r.GradientSum = res.GPUs, res.TokPerSec/float64(max(res.GPUs, 1)), res.GradientSum
 	if one > 0 {
 		r.OneGPUTokPerSec, r.ScalingEfficiency = one, res.TokPerSec/(float64(res.GPUs)*one)
 	}

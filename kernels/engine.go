@@ -740,10 +740,36 @@ func (e *Engine) gemmName(kind string, ta, tb bool, M, N, K int) string {
 // the first event and the op's start to every op: a profile's small
 // kernels read slower than they run in a step (docs/benchmarks/cuda.md).
 func (e *Engine) timed(name string, op func() error) error {
+	if err := e.timedQueue(op); err != nil {
+		return err
+	}
+	return e.timedRead(name)
+}
+
+// timedQueue is timed's first half: op queued between the profile's two
+// events. timedRead, the second, waits for the second event and adds the
+// time to name's. Apart, a caller that must not hold a lock while the GPU
+// works (the group's communicator: the all-reduce) queues under it and
+// waits after it.
+func (e *Engine) timedQueue(op func() error) error {
 	if !e.profiling {
 		return op()
 	}
-	ms, err := e.evA.Time(e.evB, e.sh, op)
+	if err := e.evA.Record(e.sh); err != nil {
+		return err
+	}
+	if err := op(); err != nil {
+		return err
+	}
+	return e.evB.Record(e.sh)
+}
+
+// timedRead ends what timedQueue began (nothing without profiling).
+func (e *Engine) timedRead(name string) error {
+	if !e.profiling {
+		return nil
+	}
+	ms, err := e.evA.Elapsed(e.evB)
 	e.profMS[name] += float64(ms)
 	return err
 }

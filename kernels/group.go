@@ -398,12 +398,24 @@ func (g *Group) Step(o model.AdamW) error {
 	g.reduced = true
 	return g.each(func(r int, e *Engine) error {
 		if !e.summed {
-			if err := g.withComm(r, func(c *cuda.Comm) error { return e.th.do(func() error { return e.reduce(c) }) }); err != nil {
+			if err := g.queueReduce(r, e); err != nil {
+				return err
+			}
+			// A profile's time for the all-reduce, read once the
+			// communicator is let go: an abort must not wait for a
+			// collective a failed GPU will never join.
+			if err := e.th.do(func() error { return e.timedRead(allReduceName) }); err != nil {
 				return err
 			}
 		}
 		return e.Step(o)
 	})
+}
+
+// queueReduce queues rank r's sums of the step's gradients and loss over
+// the GPUs (reduce), holding the communicator for the enqueue only.
+func (g *Group) queueReduce(r int, e *Engine) error {
+	return g.withComm(r, func(c *cuda.Comm) error { return e.th.do(func() error { return e.reduce(c) }) })
 }
 
 // reduce sums the gradients and the loss (and a mixture of experts'
@@ -412,9 +424,11 @@ func (g *Group) Step(o model.AdamW) error {
 // the step's norm and AdamW, queued after it, read the sums. Each
 // micro-batch's load-balancing loss is its own, on one GPU as on several,
 // so the sum is the one-GPU step's. In a profile the gradients' reduction
-// is a line of its own, which holds the wait for the slowest GPU too.
+// is a line of its own, which holds the wait for the slowest GPU too:
+// reduce queues it (timedQueue), and the caller reads its time
+// (timedRead).
 func (e *Engine) reduce(c *cuda.Comm) error {
-	if err := e.timed(allReduceName, func() error { return c.AllReduceSum(e.grads, e.grads, int(e.n), e.sh) }); err != nil {
+	if err := e.timedQueue(func() error { return c.AllReduceSum(e.grads, e.grads, int(e.n), e.sh) }); err != nil {
 		return err
 	}
 	if e.moe != nil {
@@ -533,13 +547,16 @@ func (g *Group) Close() error {
 	comms := g.comms
 	g.comms = nil
 	g.mu.Unlock()
+	// After the calls under way; let go before the engines close, which
+	// waits for their GPUs: an abort that took the communicators first
+	// must still end a collective they wait for.
 	g.calls.Lock()
-	defer g.calls.Unlock()
 	for r, c := range comms {
 		if c != nil {
 			errs = append(errs, g.ranks[r].th.do(c.Destroy))
 		}
 	}
+	g.calls.Unlock()
 	for _, e := range g.ranks {
 		errs = append(errs, e.Close())
 	}

@@ -340,13 +340,16 @@ func TestAGroupAbortsItsCommunicatorWhenAWaitHangs(t *testing.T) {
 // would wait until the hang watch stopped the process.
 func TestAGPUFailingEndsTheStepForAll(t *testing.T) {
 	t.Run("one all-reduce", func(t *testing.T) {
-		aGPUFailingEndsTheStep(t, 0, func(g *Group, e *Engine) error {
-			return g.withComm(0, func(c *cuda.Comm) error { return e.th.do(func() error { return e.reduce(c) }) })
-		})
+		aGPUFailingEndsTheStep(t, 0, false, func(g *Group, e *Engine) error { return g.queueReduce(0, e) })
+	})
+	// A profile times the all-reduce, waiting for it after the
+	// communicator is let go: the abort does not wait for that wait.
+	t.Run("profiled", func(t *testing.T) {
+		aGPUFailingEndsTheStep(t, 0, true, func(g *Group, e *Engine) error { return g.queueReduce(0, e) })
 	})
 	// GPU 0 in a backward that sums its buckets, after steps that did.
 	t.Run("buckets", func(t *testing.T) {
-		aGPUFailingEndsTheStep(t, 1, func(g *Group, e *Engine) error {
+		aGPUFailingEndsTheStep(t, 1, false, func(g *Group, e *Engine) error {
 			b := groupBatches(g.cfg, 1, 1, 2, 64)[0]
 			count, err := e.checkBatch(b, true)
 			if err != nil {
@@ -363,13 +366,16 @@ func TestAGPUFailingEndsTheStepForAll(t *testing.T) {
 }
 
 // aGPUFailingEndsTheStep trains a group of two GPUs with buckets of bytes
-// for two steps, then has GPU 1 fail once GPU 0 has queued its all-reduce
-// with queue and waits for it.
-func aGPUFailingEndsTheStep(t *testing.T, bytes int64, queue func(g *Group, e *Engine) error) {
+// for two steps, profiled or not, then has GPU 1 fail once GPU 0 has
+// queued its all-reduce with queue and waits for it.
+func aGPUFailingEndsTheStep(t *testing.T, bytes int64, profiled bool, queue func(g *Group, e *Engine) error) {
 	c := goldenConfig(t, goldenDirs[1])
 	k := envOptions(t)
 	k.bucketBytes = bytes
 	g := newGroupWith(t, c, model.Options{Precision: "fp32", MaxBatch: 2, MaxSeq: 64, Accumulate: 2}, 2, k)
+	if err := g.SetProfiling(profiled); err != nil {
+		t.Fatal(err)
+	}
 	trainSteps(t, g, model.InitParams(c, 7), groupBatches(c, 2, 2, 2, 64), 2)
 	hung := make(chan cuda.Hang, 1)
 	defer cuda.SetHangTimeout(cuda.HangTimeout())
@@ -388,7 +394,12 @@ func aGPUFailingEndsTheStep(t *testing.T, bytes int64, queue func(g *Group, e *E
 		if err != nil {
 			return err
 		}
-		return e.th.do(e.st.Synchronize)
+		return e.th.do(func() error {
+			if err := e.timedRead(allReduceName); err != nil {
+				return err
+			}
+			return e.st.Synchronize()
+		})
 	})
 	if !errors.Is(err, failed) || !strings.Contains(err.Error(), "GPU 1") {
 		t.Fatalf("the step ended with %v; want GPU 1's fault", err)
@@ -406,19 +417,28 @@ func aGPUFailingEndsTheStep(t *testing.T, bytes int64, queue func(g *Group, e *E
 // A profile of a group times the gradients' all-reduce on a line of its
 // own, beside the kernels: on several GPUs, the share of a step that
 // buckets overlapped with the backward could hide.
+// So it does where the GPUs would sum in buckets during the backward: a
+// profile sums after it, in one all-reduce it can time.
 func TestAGroupsProfileTimesTheAllReduce(t *testing.T) {
 	c := model.Presets["small"]
-	o := model.Options{Precision: "bf16", MaxBatch: 2, MaxSeq: 128}
-	g := newGroup(t, c, o, cuda.Devices())
-	if err := g.SetProfiling(true); err != nil {
-		t.Fatal(err)
+	for _, bytes := range []int64{0, 1} {
+		t.Run(fmt.Sprintf("buckets %d", bytes), func(t *testing.T) {
+			n := cuda.Devices()
+			o := model.Options{Precision: "bf16", MaxBatch: 2, MaxSeq: 128, Accumulate: n}
+			k := envOptions(t)
+			k.bucketBytes, k.bucketsOnOne = bytes, true
+			g := newGroupWith(t, c, o, n, k)
+			if err := g.SetProfiling(true); err != nil {
+				t.Fatal(err)
+			}
+			trainSteps(t, g, model.InitParams(c, 7), groupBatches(c, 1, n, 2, 128), n)
+			times := g.KernelTimes()
+			if times[allReduceName] <= 0 {
+				t.Fatalf("the profile of a step on %d GPU(s) has no time for %q: %v", n, allReduceName, times)
+			}
+			t.Logf("%d GPU(s): %s %.3f ms in a step of %d micro-batches of 2 x 128", n, allReduceName, times[allReduceName], n)
+		})
 	}
-	trainSteps(t, g, model.InitParams(c, 7), groupBatches(c, 1, g.Devices(), 2, 128), g.Devices())
-	times := g.KernelTimes()
-	if times[allReduceName] <= 0 {
-		t.Fatalf("the profile of a step on %d GPU(s) has no time for %q: %v", g.Devices(), allReduceName, times)
-	}
-	t.Logf("%d GPU(s): %s %.3f ms in a step of %d micro-batches of 2 x 128", g.Devices(), allReduceName, times[allReduceName], g.Devices())
 }
 
 // A step stopped part-way through its last round, where the GPUs sum the

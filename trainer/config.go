@@ -53,7 +53,8 @@ type RunConfig struct {
 	Eps         float64  `yaml:"eps" json:"eps"`
 
 	// EvalEvery, CheckpointEvery and LogEvery count optimizer steps; zero
-	// disables evaluation or periodic checkpoints. EvalBatches is the
+	// disables evaluation or periodic checkpoints, and leaves LogEvery at
+	// its default, 10 (every step is 1). EvalBatches is the
 	// number of held-out micro-batches one evaluation averages.
 	EvalEvery       int `yaml:"eval_every" json:"eval_every"`
 	EvalBatches     int `yaml:"eval_batches" json:"eval_batches"`

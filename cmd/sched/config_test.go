@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -211,5 +213,28 @@ func TestS3SecureIsASwitch(t *testing.T) {
 	}
 	if _, errOut, code := sched(t, nil, "config", "--s3-secure=yes please"); code != 2 || !strings.Contains(errOut, "s3-secure") {
 		t.Errorf("--s3-secure='yes please': exit %d, %q", code, errOut)
+	}
+}
+
+// The README names the settings `sched config` prints from the
+// environment alone, each of them and no other.
+func TestREADMENamesTheEnvironmentOnlySettings(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`read from the environment alone\s*\(([^)]*)\)`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("README.md no longer says which settings `sched config` reads from the environment alone")
+	}
+	var said, want []string
+	for _, n := range regexp.MustCompile("`([A-Z_]+)`").FindAllSubmatch(m[1], -1) {
+		said = append(said, string(n[1]))
+	}
+	for _, e := range envOnly {
+		want = append(want, e.env)
+	}
+	if !slices.Equal(said, want) {
+		t.Errorf("README.md names %v as read from the environment alone; sched config prints %v", said, want)
 	}
 }

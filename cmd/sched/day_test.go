@@ -377,6 +377,20 @@ func TestTheUsersDayOnACPU(t *testing.T) {
 			t.Errorf("step %d logged %d times in results/pilot-cpu/metrics.jsonl; want once", s, seen[s])
 		}
 	}
+
+	// The day typed again goes through: the tokenizer and the run, done,
+	// say so and queue nothing.
+	for _, line := range readmeDay(t) {
+		words := shellWords(line)
+		if len(words) < 3 || words[0] != "sched" || words[1] != "enqueue" || (words[2] != "tokenizer" && words[2] != "train") {
+			continue
+		}
+		t.Logf("again: $ %s", line)
+		out := run(words[1:]...)
+		if strings.Contains(out, "queued ") && !strings.Contains(out, "nothing queued") {
+			t.Errorf("%s, typed again once it is done: %q; want it left alone", line, out)
+		}
+	}
 }
 
 // interruptions does to the training what a month-long run meets, once

@@ -140,7 +140,15 @@ func enqueueTokenizer(c *cobra.Command, cfg scheduler.Config, r tokenizerRequest
 			if err != nil {
 				return err
 			}
-			return badInput("tokenizer %q already exists (%d ids, sha256 %s): a published tokenizer is never replaced, because the stores and checkpoints made with it would change meaning; choose another name", n, e.VocabSize, e.SHA256)
+			// The same request again, once it is done, is done: as a
+			// run at its total steps, it says so and is left alone.
+			if same, err := madeByRequest(ctx, cat, tasks[0]); err != nil {
+				return err
+			} else if same {
+				fmt.Fprintf(c.OutOrStdout(), "tokenizer %q already exists, made by this same request (%d ids, sha256 %s); nothing queued ('sched tokenizers %s' prints its report)\n", n, e.VocabSize, e.SHA256, n)
+				return nil
+			}
+			return badInput("tokenizer %q already exists (%d ids, sha256 %s), made by another request (datasets, sample, seed or vocabulary) or by hand: a published tokenizer is never replaced, because the stores and checkpoints made with it would change meaning; choose another name", n, e.VocabSize, e.SHA256)
 		}
 	}
 
@@ -194,4 +202,20 @@ func enqueueTokenizer(c *cobra.Command, cfg scheduler.Config, r tokenizerRequest
 	fmt.Fprintf(out, "tokenizer:train is queued once %s are sampled; the tokenizer lands at %s and its report at %s\n",
 		strings.Join(ds, ", "), catalog.Key(r.name), catalog.ReportMarkdownKey(r.name))
 	return nil
+}
+
+// madeByRequest says whether the published tokenizer of s's name was
+// trained on the sample s's request draws (its report says so), at the
+// vocabulary it asks for. One published without a report (by hand, or a
+// training that stopped between the two) is not known to be.
+func madeByRequest(ctx context.Context, cat *catalog.Catalog, s scheduler.TokenizerSample) (bool, error) {
+	rep, ok, err := cat.GetReport(ctx, s.Name)
+	if err != nil || !ok {
+		return false, err
+	}
+	asked := rep.VocabSize
+	if rep.Asked > 0 {
+		asked = rep.Asked
+	}
+	return rep.Sample == worker.TokenizerTrainTask(s).Sample && asked == s.VocabSize, nil
 }

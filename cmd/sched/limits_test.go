@@ -51,6 +51,7 @@ func TestBadNumbersExitTwoNamingTheFlag(t *testing.T) {
 		{append(train, "--eval-every", "-1"), []string{"--eval-every -1"}},
 		{append(train, "--checkpoint-every", "-1"), []string{"--checkpoint-every -1"}},
 		{append(train, "--log-every", "-2"), []string{"--log-every -2"}},
+		{append(train, "--log-every", "0"), []string{"--log-every 0", "at least 1"}},
 		{[]string{"train", "--tokens", dir, "--out", filepath.Join(dir, "out")}, []string{"--steps N", "--total-tokens N"}},
 		{[]string{"train", "--tokens", dir + "=Inf", "--steps", "10"}, []string{"--tokens", "finite positive"}},
 		{[]string{"train", "--run-config", cfg, "--tokens", dir}, []string{cfg, "batch is 0"}},

@@ -183,6 +183,21 @@ func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The same request again is done: said so, nothing queued, exit 0,
+	// as the README's day typed a second time needs; another request
+	// under the name is refused, the tokenizer left as it is.
+	mixArgs := []string{"enqueue", "tokenizer", "mixed", "--vocab", "1024", "--sample", "80KB", "--from", codeDS + "=0.6," + proseDS + "=0.25," + mathsDS + "=0.15"}
+	out, errOut, code2 = sched(t, env, mixArgs...)
+	if code2 != 0 || !strings.Contains(out, `tokenizer "mixed" already exists, made by this same request (1024 ids`) || strings.Contains(out, "queued tokenizer:") {
+		t.Errorf("the same request again: exit %d, %q %q", code2, out, errOut)
+	}
+	mixArgs[4] = "512"
+	if _, errOut, code2 := sched(t, env, mixArgs...); code2 != 2 || !strings.Contains(errOut, `tokenizer "mixed" already exists (1024 ids`) || !strings.Contains(errOut, "made by another request") {
+		t.Errorf("another vocabulary under the name: exit %d, %q", code2, errOut)
+	}
+	if e, _, err := cat.Resolve(ctx, "mixed"); err != nil || e.VocabSize != 1024 {
+		t.Errorf("after the refusal, tokenizer mixed: %+v, %v", e, err)
+	}
 	rep, _, _ := cat.GetReport(ctx, "mixed")
 	for _, s := range rep.Sources {
 		if s.Previous == nil || s.Documents == 0 {

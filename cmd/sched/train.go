@@ -372,7 +372,7 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 	for _, s := range []struct {
 		name string
 		v    int
-	}{{"batch", f.rc.Batch}, {"seq", f.rc.Seq}, {"accumulate", f.rc.Accumulate}} {
+	}{{"batch", f.rc.Batch}, {"seq", f.rc.Seq}, {"accumulate", f.rc.Accumulate}, {"log-every", f.rc.LogEvery}} {
 		if fl.Changed(s.name) && s.v < 1 {
 			return badInput("--%s %d: give at least 1, or leave it out for the default", s.name, s.v)
 		}
@@ -380,7 +380,7 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 	for _, s := range []struct {
 		name string
 		v    int
-	}{{"warmup", f.rc.Warmup}, {"eval-every", f.rc.EvalEvery}, {"checkpoint-every", f.rc.CheckpointEvery}, {"log-every", f.rc.LogEvery}} {
+	}{{"warmup", f.rc.Warmup}, {"eval-every", f.rc.EvalEvery}, {"checkpoint-every", f.rc.CheckpointEvery}} {
 		if fl.Changed(s.name) && s.v < 0 {
 			return badInput("--%s %d: give 0 or more steps", s.name, s.v)
 		}

@@ -3,6 +3,8 @@ package segment
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,6 +41,10 @@ type Marker struct {
 	// be checked before it is used.
 	Files   map[string]int64 `json:"files"`
 	Written time.Time        `json:"written"`
+	// Kept says that retention keeps the checkpoint for good (keep_every),
+	// as decided when it was written: a checkpoint_every changed later
+	// does not make it prunable.
+	Kept bool `json:"kept,omitempty"`
 }
 
 // CheckpointPrefix is checkpoints/<run>/ in object storage.
@@ -80,12 +86,22 @@ func RemoteSteps(ctx context.Context, obj Objects, run string) ([]int, error) {
 // the completion marker. Files go up in a fixed order with
 // trainer_state.json last, so that even without the marker a reader of the
 // prefix sees the trainer's own completeness rule respected.
+//
+// Each file is hashed as it goes up and checked against
+// trainer_state.json: a checkpoint damaged on this disk since it was
+// written is never marked complete (errors.Is trainer.ErrDamaged).
 func Push(ctx context.Context, obj Objects, lock Lease, run, dir string) (Marker, error) {
+	return push(ctx, obj, lock, run, dir, false)
+}
+
+// push is Push, with the marker saying whether retention keeps the
+// checkpoint for good.
+func push(ctx context.Context, obj Objects, lock Lease, run, dir string, kept bool) (Marker, error) {
 	st, err := trainer.CheckCheckpoint(dir)
 	if err != nil {
 		return Marker{}, fmt.Errorf("push %s: %w", dir, err)
 	}
-	m := Marker{Step: st.Step, Tokens: st.Tokens, Files: map[string]int64{}}
+	m := Marker{Step: st.Step, Tokens: st.Tokens, Files: map[string]int64{}, Kept: kept}
 	if lock != nil {
 		m.Token = lock.Token()
 	}
@@ -126,9 +142,13 @@ func Push(ctx context.Context, obj Objects, lock Lease, run, dir string) (Marker
 				return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run, err)
 			}
 		}
-		n, err := putFile(ctx, obj, prefix+name, filepath.Join(dir, name))
+		n, sum, err := putFile(ctx, obj, prefix+name, filepath.Join(dir, name))
 		if err != nil {
 			return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run, err)
+		}
+		if want, ok := st.Files[name]; ok && sum != want.SHA256 {
+			return m, fmt.Errorf("push checkpoint step %d of run %s: not marking it complete: %w", st.Step, run,
+				trainer.Damaged(fmt.Errorf("%s has SHA-256 %s on this disk, its %s says %s (damaged since it was written)", filepath.Join(dir, name), sum, trainer.StateFile, want.SHA256)))
 		}
 		m.Files[name] = n
 	}
@@ -155,22 +175,25 @@ func Push(ctx context.Context, obj Objects, lock Lease, run, dir string) (Marker
 	return m, nil
 }
 
-func putFile(ctx context.Context, obj Objects, key, path string) (int64, error) {
+// putFile uploads the file at path to key, and returns its size and the
+// SHA-256 (hex) of the bytes sent.
+func putFile(ctx context.Context, obj Objects, key, path string) (int64, string, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	// A file still being appended (metrics.jsonl) is sent as it was when
 	// stat'ed, so the size the store is told stays true.
-	if err := obj.Put(ctx, key, io.LimitReader(f, fi.Size()), fi.Size()); err != nil {
-		return 0, err
+	h := sha256.New()
+	if err := obj.Put(ctx, key, io.TeeReader(io.LimitReader(f, fi.Size()), h), fi.Size()); err != nil {
+		return 0, "", err
 	}
-	return fi.Size(), nil
+	return fi.Size(), hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // metricsUpTo returns the complete lines of the metrics file at path whose
@@ -351,12 +374,18 @@ func Keep(steps []int, every, keepLast, keepEvery int) map[int]bool {
 	return keep
 }
 
-// Prune deletes the run's checkpoints in object storage that retention
-// does not keep. The marker goes first, so that a checkpoint whose
-// deletion is interrupted is already incomplete and never resumed from.
-// Directories without a marker older than the newest complete checkpoint
-// are abandoned uploads and go too.
-func Prune(ctx context.Context, obj Objects, run string, every, keepLast, keepEvery int) ([]int, error) {
+// Prune deletes the run's checkpoints in object storage up to step upTo
+// that retention does not keep, counting the last keepLast among those:
+// the newest this segment uploaded or resumed from. A complete one above
+// upTo is not this history's newest (a damaged checkpoint a resume passed
+// over, or a fenced-out holder's): it is left alone and counts for
+// nothing, so that it never pushes a good one out. One whose marker says
+// it is kept for good stays whatever checkpoint_every is now. The marker
+// goes first, so that a checkpoint whose deletion is interrupted is
+// already incomplete and never resumed from. Directories without a marker
+// older than the newest complete checkpoint are abandoned uploads and go
+// too.
+func Prune(ctx context.Context, obj Objects, run string, upTo, every, keepLast, keepEvery int) ([]int, error) {
 	objs, err := obj.List(ctx, CheckpointPrefix(run))
 	if err != nil {
 		return nil, fmt.Errorf("prune checkpoints of run %s: %w", run, err)
@@ -374,7 +403,9 @@ func Prune(ctx context.Context, obj Objects, run string, every, keepLast, keepEv
 		files[s] = append(files[s], k)
 		if file == MarkerFile {
 			complete[s] = true
-			steps = append(steps, s)
+			if s <= upTo {
+				steps = append(steps, s)
+			}
 		}
 	}
 	sort.Ints(steps)
@@ -385,8 +416,18 @@ func Prune(ctx context.Context, obj Objects, run string, every, keepLast, keepEv
 	keep := Keep(steps, every, keepLast, keepEvery)
 	var deleted []int
 	for s, ks := range files {
-		if keep[s] || (!complete[s] && s >= newest) {
+		if keep[s] || s > upTo || (!complete[s] && s >= newest) {
 			continue
+		}
+		if complete[s] {
+			var m Marker
+			err := getJSON(ctx, obj, checkpointKey(run, s)+MarkerFile, &m)
+			if err != nil && !errors.Is(err, trainer.ErrDamaged) && !errors.Is(err, store.ErrNotFound) {
+				return deleted, fmt.Errorf("prune checkpoint step %d of run %s: read its marker: %w", s, run, err)
+			}
+			if m.Kept {
+				continue
+			}
 		}
 		// The marker first; path.Base of the marker key is MarkerFile.
 		sort.Slice(ks, func(i, j int) bool { return path.Base(ks[i]) == MarkerFile && path.Base(ks[j]) != MarkerFile })

@@ -89,7 +89,7 @@ func TestUploadWithoutMarkerIsNotAResumePoint(t *testing.T) {
 	// A newer upload that died before its marker: its files are there.
 	dir2 := writeTestCheckpoint(t, t.TempDir(), 200)
 	for _, name := range []string{trainer.ModelFile, trainer.ConfigFile} {
-		if _, err := putFile(ctx, obj, checkpointKey("r", 200)+name, filepath.Join(dir2, name)); err != nil {
+		if _, _, err := putFile(ctx, obj, checkpointKey("r", 200)+name, filepath.Join(dir2, name)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -150,7 +150,7 @@ func TestPruneAppliesRetentionMarkerFirst(t *testing.T) {
 	if err := obj.Put(ctx, checkpointKey("r", 35)+trainer.ModelFile, strings.NewReader("x"), 1); err != nil {
 		t.Fatal(err)
 	}
-	deleted, err := Prune(ctx, obj, "r", 10, 2, 2)
+	deleted, err := Prune(ctx, obj, "r", 50, 10, 2, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

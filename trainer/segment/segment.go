@@ -566,9 +566,11 @@ func (p Params) restore(ctx context.Context, dir string) (restored, error) {
 		err := p.ObjectsDown
 		var pulled string
 		pulledStep := -1
+		passed := map[int]error{} // damaged ones passed over
 		if err == nil {
 			if r.remote, err = RemoteSteps(ctx, p.Objects, p.Run.Name); err == nil {
 				pulled, pulledStep, err = pullNewestOf(ctx, p.Objects, p.Run.Name, r.remote, local, dir, func(step int, err error) {
+					passed[step] = err
 					p.Log.Warn("damaged checkpoint in object storage passed over; trying the one before",
 						zap.String("run", p.Run.Name), zap.Int("step", step), zap.Error(err))
 				})
@@ -580,8 +582,20 @@ func (p Params) restore(ctx context.Context, dir string) (restored, error) {
 		if err != nil {
 			return r, err
 		}
-		if len(r.remote) > 0 {
-			r.newest = r.remote[len(r.remote)-1]
+		// A damaged one is not held: its step is no newest to count the
+		// uploads and the disk guard against.
+		for _, s := range r.remote {
+			if passed[s] == nil {
+				r.newest = s
+			}
+		}
+		if pulledStep < 0 && local < 0 && len(passed) > 0 {
+			// Every one of them is damaged, and this disk holds none:
+			// training from step 0 would overwrite the run's history
+			// (its metrics, its results) with a new one.
+			steps := slices.Sorted(maps.Keys(passed))
+			return r, notResumable{fmt.Errorf("run %s: every checkpoint of it in object storage is damaged (steps %v; the newest: %v), and this disk holds no intact one: copy an intact checkpoint of the run into %s on this worker and enqueue the run again ('sched enqueue train %s'), or, to train it from step 0, delete %s in object storage and enqueue it again",
+				p.Run.Name, steps, passed[steps[len(steps)-1]], dir, p.Run.Name, CheckpointPrefix(p.Run.Name))}
 		}
 		if pulledStep > local {
 			// The checkpoint carries the run's metrics up to its step: the

@@ -162,6 +162,15 @@ func (u *uploader) uploadedStep() int {
 	return u.uploaded
 }
 
+// safeStep is the newest step object storage holds whole as far as this
+// segment knows: the newest it uploaded, or the newest there at its start
+// that its resume did not find damaged.
+func (u *uploader) safeStep() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return max(u.uploaded, u.remote)
+}
+
 // next takes the next job: the newest waiting, else the oldest owed while
 // uploads succeed. It returns false once the queue is closed and has
 // nothing more to send, or the grace is over.
@@ -288,7 +297,7 @@ func (u *uploader) upload(j upJob) error {
 	// The retention and results after the push count too: a store that
 	// hangs there holds the uploader as well.
 	defer u.warnSlow(j.step, start)()
-	m, err := Push(u.ctx, u.p.Objects, u.lock, u.p.Run.Name, j.dir)
+	m, err := push(u.ctx, u.p.Objects, u.lock, u.p.Run.Name, j.dir, j.keep)
 	if err != nil {
 		return err
 	}
@@ -297,9 +306,11 @@ func (u *uploader) upload(j upJob) error {
 		bytes += n
 	}
 	u.log.Info("checkpoint uploaded", zap.Int("step", j.step), zap.Int64("bytes", bytes), zap.Duration("took", time.Since(start)))
-	// An owed checkpoint is older than one already uploaded: the run's
-	// state and results stay the newer one's.
-	newest := j.step > u.uploadedStep()
+	// An owed checkpoint is older than one already uploaded, by this
+	// segment or before it: the run's state and results stay the newer
+	// one's.
+	safe := u.safeStep()
+	newest := j.step > safe
 	if newest {
 		if err := u.lock.Fenced(u.ctx, map[string]string{
 			"checkpoint": strconv.Itoa(j.step), "checkpoint_at": time.Now().UTC().Format(time.RFC3339),
@@ -309,7 +320,7 @@ func (u *uploader) upload(j upJob) error {
 		}
 	}
 	ret := u.p.Run.Retention
-	if deleted, err := Prune(u.ctx, u.p.Objects, u.p.Run.Name, u.rc.CheckpointEvery, ret.KeepLast, ret.KeepEvery); err != nil {
+	if deleted, err := Prune(u.ctx, u.p.Objects, u.p.Run.Name, max(j.step, safe), u.rc.CheckpointEvery, ret.KeepLast, ret.KeepEvery); err != nil {
 		u.log.Warn("checkpoint retention", zap.Error(err))
 	} else if len(deleted) > 0 {
 		u.log.Info("checkpoints deleted by retention", zap.Ints("steps", deleted))
@@ -692,7 +703,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 		if name == "" {
 			continue
 		}
-		if _, err := putFile(ctx, p.Objects, ResultsPrefix(p.Run.Name)+name, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
+		if _, _, err := putFile(ctx, p.Objects, ResultsPrefix(p.Run.Name)+name, filepath.Join(dir, filepath.FromSlash(name))); err != nil {
 			return fmt.Errorf("upload results of run %s: %w", p.Run.Name, err)
 		}
 	}

@@ -3,6 +3,8 @@ package trainer
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -69,5 +71,75 @@ func TestResumeWithEditedSettings(t *testing.T) {
 	}
 	if slices.ContainsFunc(strings.Fields(changed), func(f string) bool { return strings.HasPrefix(f, "total_steps") }) {
 		t.Errorf("the log line names total_steps, which did not change: %s", changed)
+	}
+}
+
+// A resume with the mixture's stores in another order, or another store in
+// the place of one, is refused before anything is written, though the
+// stores are of one size and the data cursor fits them: each store would go
+// on from another's place. The same stores moved elsewhere, at other
+// weights, resume, and the log line names the weights' change.
+func TestResumeRefusesTheMixtureOfOtherStores(t *testing.T) {
+	requireCPU(t)
+	mc := model.Presets["tiny"]
+	named := func(name string, seed uint64) string {
+		dir := filepath.Join(filepath.Dir(makeStore(t, mc.VocabSize, 200000, seed)), name)
+		if err := os.Rename(filepath.Join(filepath.Dir(dir), "store"), dir); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	code, web, maths := named("code", 1), named("web", 2), named("maths", 3)
+	rc := testRun(6)
+	rc.EvalEvery = 0
+	rc.Mixture = []MixtureEntry{{Store: code, Weight: 0.7}, {Store: web, Weight: 0.3}}
+	dir := t.TempDir()
+	open := func(rc RunConfig) *Mixture {
+		m, err := OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	if res, err := Run(context.Background(), Config{Run: rc, Out: dir, Data: open(rc), MaxSteps: 3}, Hooks{}); err != nil || res.Step != 3 {
+		t.Fatalf("first segment: %+v, %v", res, err)
+	}
+	before := treeDigest(t, dir)
+	for _, c := range []struct {
+		name  string
+		mix   []MixtureEntry
+		names string
+	}{
+		{"swapped", []MixtureEntry{{Store: web, Weight: 0.7}, {Store: code, Weight: 0.3}}, "web, code"},
+		{"replaced", []MixtureEntry{{Store: code, Weight: 0.7}, {Store: maths, Weight: 0.3}}, "code, maths"},
+		{"one left out", []MixtureEntry{{Store: code, Weight: 1}}, "code"},
+	} {
+		other := rc
+		other.Mixture = c.mix
+		_, err := Run(context.Background(), Config{Run: other, Out: dir, Resume: true, Data: open(other)}, Hooks{})
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "trained on the stores code, web, in that order; this run names "+c.names) ||
+			!strings.Contains(err.Error(), "train a run of another name") {
+			t.Errorf("%s: resume %v; want it refused, naming both mixtures", c.name, err)
+		}
+		if after := treeDigest(t, dir); after != before {
+			t.Errorf("%s: the refused resume changed %s", c.name, dir)
+		}
+	}
+
+	// Moved whole, at other weights: the same stores.
+	moved := filepath.Join(t.TempDir(), "code")
+	if err := os.Rename(code, moved); err != nil {
+		t.Fatal(err)
+	}
+	again := rc
+	again.Mixture = []MixtureEntry{{Store: moved, Weight: 0.5}, {Store: web, Weight: 0.5}}
+	core, logs := observer.New(zap.InfoLevel)
+	if res, err := Run(context.Background(), Config{Run: again, Out: dir, Resume: true, Data: open(again), Log: zap.New(core)}, Hooks{}); err != nil || !res.Done {
+		t.Fatalf("resume from a moved store at other weights: %+v, %v", res, err)
+	}
+	said := logs.FilterMessageSnippet("settings differ from its checkpoint's").All()
+	if len(said) != 1 || !strings.Contains(fmt.Sprint(said[0].ContextMap()["changed"]), "mixture code=0.7,web=0.3 -> code=0.5,web=0.5") {
+		t.Errorf("log %v; want one line naming the weights' change", logs.All())
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -178,6 +179,9 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 			if err := checkRunLength(dir, snap.State, rc); err != nil {
 				return Result{}, err
 			}
+			if err := checkMixture(dir, snap.State, rc); err != nil {
+				return Result{}, err
+			}
 			if changed := settingsChanged(snap.State.Run, rc); len(changed) > 0 {
 				log.Info("the run's settings differ from its checkpoint's: the new ones apply from its step on",
 					zap.String("checkpoint", dir), zap.Int("step", snap.State.Step), zap.Strings("changed", changed))
@@ -244,6 +248,31 @@ func checkRunLength(dir string, st State, rc RunConfig) error {
 		now, rc.Seq, rc.Batch, rc.Accumulate, rc.TotalTokens, rc.TotalSteps, end, was))
 }
 
+// checkMixture refuses to resume with a mixture of other stores than the
+// checkpoint st, read from dir, trained on, or of the same in another
+// order: its data cursor holds each store's place in the order the
+// mixture lists them, and a store would go on from another's (skipping
+// windows it never trained on, repeating others) where the stores'
+// sizes do not give it away. A store is known by its directory's name,
+// so that a store moved elsewhere whole is still itself; the weights may
+// change (settingsChanged logs it).
+func checkMixture(dir string, st State, rc RunConfig) error {
+	names := func(m []MixtureEntry) []string {
+		out := make([]string, len(m))
+		for i, e := range m {
+			out[i] = filepath.Base(filepath.Clean(e.Store))
+		}
+		return out
+	}
+	was, now := names(st.Run.Mixture), names(rc.Mixture)
+	if len(was) == 0 || slices.Equal(was, now) {
+		return nil
+	}
+	return badInput(fmt.Errorf("checkpoint %s (step %d) trained on the stores %s, in that order; this run names %s: each store's place in the data is kept in that order, so the run would go on with other windows than its own. "+
+		"Give the mixture its stores as they were, in the same order (their weights may change), or train a run of another name",
+		dir, st.Step, strings.Join(was, ", "), strings.Join(now, ", ")))
+}
+
 // settingsChanged lists the settings of rc that differ from was, the
 // checkpoint's, as "lr 0.0003 -> 0.0001": a resume trains on with rc's
 // (the model's shape, the seed, the mixture and the tokenizer are checked
@@ -272,6 +301,14 @@ func settingsChanged(was, rc RunConfig) []string {
 	add("log_every", was.LogEvery, rc.LogEvery)
 	add("engine", was.Engine, rc.Engine)
 	add("precision", was.Precision, rc.Precision)
+	weights := func(m []MixtureEntry) string {
+		var ws []string
+		for _, e := range m {
+			ws = append(ws, fmt.Sprintf("%s=%g", filepath.Base(filepath.Clean(e.Store)), e.Weight))
+		}
+		return strings.Join(ws, ",")
+	}
+	add("mixture", weights(was.Mixture), weights(rc.Mixture))
 	return out
 }
 

@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
+	github.com/bmatcuk/doublestar/v4 v4.10.4
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/dustin/go-humanize v1.0.1
 	github.com/ebitengine/purego v0.11.3

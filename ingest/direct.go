@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/bmatcuk/doublestar/v4"
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/ingest/hub"
@@ -36,7 +37,10 @@ type Planned struct {
 func Plan(ctx context.Context, p Preset, hc *hub.Client, seed uint64) (Planned, error) {
 	var out Planned
 	if p.Glob != "" {
-		matches, err := filepath.Glob(p.Glob)
+		// "**" matches any number of directories, as in .gitignore; a
+		// link to a directory is not followed there (a loop would never
+		// end), and every file is held to the local roots after.
+		matches, err := doublestar.FilepathGlob(p.Glob, doublestar.WithNoFollow())
 		if err != nil {
 			return out, &PresetError{fmt.Errorf("dataset %s: %w", p.Name, err)}
 		}
@@ -400,7 +404,7 @@ func (p *Pipeline) keepFullMark(ctx context.Context, dir, storeName string) erro
 // direct ingest reads what its own glob names and nothing a link inside
 // it leads to elsewhere.
 func globRoot(glob string) string {
-	if i := strings.IndexAny(glob, `*?[\`); i >= 0 {
+	if i := strings.IndexAny(glob, `*?[{\`); i >= 0 {
 		return filepath.Dir(glob[:i] + "x")
 	}
 	return glob

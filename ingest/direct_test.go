@@ -280,7 +280,7 @@ func TestDirectRefusesALinkOutOfItsGlob(t *testing.T) {
 }
 
 func TestGlobRoot(t *testing.T) {
-	for glob, want := range map[string]string{"/a/b/*.go": "/a/b", "/a/b/f*.go": "/a/b", "/a/*/c/*.go": "/a", "*.txt": ".", "d/[ab].txt": "d", "/a/b.txt": "/a/b.txt"} {
+	for glob, want := range map[string]string{"/a/b/*.go": "/a/b", "/a/b/f*.go": "/a/b", "/a/*/c/*.go": "/a", "*.txt": ".", "d/[ab].txt": "d", "/a/b.txt": "/a/b.txt", "/a/{b,c}/*.go": "/a", "/a/**/*.go": "/a"} {
 		if got := globRoot(glob); got != want {
 			t.Errorf("globRoot(%q) = %q, want %q", glob, got, want)
 		}
@@ -463,5 +463,41 @@ func TestADirectIngestIntoAHeldStoreStopsBeforeDownloading(t *testing.T) {
 	rep, err := Direct(ctx, opt)
 	if err != nil || rep.Appended != 2 || rep.Duplicates != 1 {
 		t.Fatalf("the ingest once the store is free: %+v, %v", rep, err)
+	}
+}
+
+// "**" in a local glob matches any number of directories, none included,
+// as a user who names a source tree so expects; a link to a directory is
+// not followed there, so that a link back up ends the walk.
+func TestPlanOfALocalGlobWalksDirectoriesWithTwoStars(t *testing.T) {
+	dir := t.TempDir()
+	var want []string
+	for _, f := range []string{"top.go", "a/one.go", "a/b/two.go", "a/b/c/three.go", "a/b/notes.txt"} {
+		p := filepath.Join(dir, filepath.FromSlash(f))
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte("package x\n"), 0o644)
+		if strings.HasSuffix(f, ".go") {
+			want = append(want, p)
+		}
+	}
+	if err := os.Symlink(dir, filepath.Join(dir, "a", "b", "up")); err != nil {
+		t.Fatal(err)
+	}
+	p, err := LookupPreset(nil, "local:"+filepath.Join(dir, "**", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	planned, err := Plan(context.Background(), p, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range planned.Files {
+		got = append(got, f.Path)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s planned %v, want %v", p.Glob, got, want)
 	}
 }

@@ -146,6 +146,9 @@ earlier one.`,
 			default:
 				return badInput("--engine %q: give cuda, cpu or auto", o.Engine)
 			}
+			if err := checkCUDAEngine(o.Engine); err != nil {
+				return err
+			}
 			log := logger(cfg)
 			defer log.Sync()
 			// The demo prints its own progress; the per-file ingest and

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-lm/kiln/kernels"
 	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
@@ -78,6 +79,14 @@ func TestDemoBadInput(t *testing.T) {
 		_, errOut, code := sched(t, nil, append([]string{"demo", "--dir", dir}, strings.Fields(c.args)...)...)
 		if code != 2 || !strings.Contains(errOut, c.want) {
 			t.Errorf("demo %s: exit %d, %q; want exit 2 and %q", c.args, code, errOut, c.want)
+		}
+	}
+	// --engine cuda where no GPU starts is refused in one line before
+	// the ingest and the tokenizer, not after them.
+	if _, err := kernels.ProbeHost(); err != nil {
+		_, errOut, code := sched(t, nil, "demo", "--dir", dir, "--engine", "cuda")
+		if code != 2 || !strings.HasPrefix(errOut, "sched: --engine cuda: ") || !strings.Contains(errOut, "--engine cpu") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+			t.Errorf("demo --engine cuda without a GPU: exit %d, %q; want exit 2 and one line saying why and what to use", code, errOut)
 		}
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {

@@ -84,8 +84,8 @@ func (f generateFlags) check() error {
 		return badInput("generate needs --run NAME (a run's latest checkpoint in object storage) or --checkpoint DIR (a directory with config.json, model.safetensors and tokenizer.json)")
 	case f.prompt == "":
 		return badInput("generate needs --prompt TEXT")
-	case f.maxTokens < 0:
-		return badInput("--max-tokens must not be negative, got %d", f.maxTokens)
+	case f.maxTokens < 1:
+		return badInput("--max-tokens %d: give at least 1 token to generate, or leave it out for the default 64", f.maxTokens)
 	case f.temperature < 0 || math.IsNaN(f.temperature) || math.IsInf(f.temperature, 0):
 		return badInput("--temperature must be a finite number, not negative, got %g", f.temperature)
 	case f.topK < 0:

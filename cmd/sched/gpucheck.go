@@ -31,12 +31,7 @@ func checkGPU(w io.Writer, require bool, gpus trainer.GPUCount) error {
 		fmt.Fprintf(w, "%-37s %s\n", "engine auto", "no GPU (KILN_REQUIRE_GPU: runs of engine auto are archived)")
 		return fmt.Errorf("KILN_REQUIRE_GPU is set and no GPU starts here: %w (docs/operations.md, \"The GPU worker's host\")", perr)
 	case perr != nil:
-		why := perr.Error()
-		if le := (*cuda.LoadError)(nil); errors.As(perr, &le) && h.DriverPath == "" {
-			// A machine without a GPU: the paths tried say nothing more.
-			why = "no NVIDIA driver here (libcuda.so.1 not found)"
-		}
-		fmt.Fprintf(w, "%-37s %s\n", "engine auto", "the CPU: "+why)
+		fmt.Fprintf(w, "%-37s %s\n", "engine auto", "the CPU: "+noGPUWhy(h, perr))
 		return nil
 	}
 	fmt.Fprintf(w, "%-37s %s\n", "engine auto", "the GPU")
@@ -65,4 +60,26 @@ func logGPU(log *zap.Logger, require bool) {
 	default:
 		log.Info("no GPU starts here: gpu tasks of engine auto train on the CPU", zap.Error(err))
 	}
+}
+
+// noGPUWhy says in one line why no GPU starts here, as ProbeHost found
+// (h, err): on a machine without a driver, that alone, not every path
+// tried.
+func noGPUWhy(h kernels.Host, err error) string {
+	if le := (*cuda.LoadError)(nil); errors.As(err, &le) && h.DriverPath == "" {
+		return "no NVIDIA driver here (libcuda.so.1 not found)"
+	}
+	return err.Error()
+}
+
+// checkCUDAEngine refuses --engine cuda where no GPU starts, before any
+// work that would come first.
+func checkCUDAEngine(engine string) error {
+	if engine != "cuda" {
+		return nil
+	}
+	if h, err := kernels.ProbeHost(); err != nil {
+		return badInput("--engine cuda: %s; train on --engine cpu, or auto (the GPU where one starts)", noGPUWhy(h, err))
+	}
+	return nil
 }

@@ -60,6 +60,7 @@ func TestBadNumbersExitTwoNamingTheFlag(t *testing.T) {
 		{append(gen, "--temperature", "+Inf"), []string{"--temperature", "finite"}},
 		{append(gen, "--engine", "tpu"), []string{`"tpu"`, "cpu, cuda, auto"}},
 		{append(gen, "--max-tokens", "100000000"), []string{"--max-tokens 100000000", "256 positions"}},
+		{append(gen, "--max-tokens", "0"), []string{"--max-tokens 0", "at least 1"}},
 		{append(golden, "--loss-rtol", "Inf"), []string{"--loss-rtol +Inf", "finite"}},
 		{append(golden, "--grad-rtol", "NaN"), []string{"--grad-rtol NaN"}},
 		{append(golden, "--engine", "tpu"), []string{`"tpu"`}},

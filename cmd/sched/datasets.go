@@ -155,7 +155,10 @@ func storeProblem(dir string, err error) string {
 	if errors.As(err, &ie) && ie.Damage != "" {
 		// An append refuses a damaged store too: it has to go before the
 		// store can be ingested again.
-		return fmt.Sprintf("damaged: %s; delete %s, then re-ingest it if you still need it", ie.Damage, dir)
+		// The worker that appends to it records the store gone at its
+		// start (worker.ReconcileStores): until then an ingest takes the
+		// files for stored.
+		return fmt.Sprintf("damaged: %s; delete %s, restart the worker that appends to it (at its start it records what its disk holds), then re-ingest it if you still need it", ie.Damage, dir)
 	}
 	why := strings.TrimPrefix(err.Error(), "token store "+dir+": ")
 	return "unreadable store: " + scheduler.OneLine(why, 300)

@@ -69,7 +69,7 @@ func TestDatasetsShowsADamagedStoreAsSuch(t *testing.T) {
 	} {
 		// No tokens, shards or commit to trust; the file's real size.
 		want := "(?m)^" + name + " +- +- +" + c.size + " +- +damaged: " +
-			regexp.QuoteMeta(c.damage+"; delete "+filepath.Join(stores, name)+", then re-ingest it") + ".*$"
+			regexp.QuoteMeta(c.damage+"; delete "+filepath.Join(stores, name)+", restart the worker that appends to it (at its start it records what its disk holds), then re-ingest it") + ".*$"
 		line := regexp.MustCompile(`(?m)^` + name + ` .*$`).FindString(out)
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("%s: %q; want a line matching %q\n%s", name, line, want, out)

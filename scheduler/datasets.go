@@ -35,6 +35,8 @@ type DatasetProgress struct {
 	// latest task that stopped at them (a plan's or a file's).
 	PlanStopped bool
 	StoppedAt   ingest.Limits
+	// PlanDone is set when the store's latest plan completed.
+	PlanDone bool
 	// Tokens is what the done files appended.
 	Tokens int64
 	// Started is when the store's first file task started; Last when its
@@ -185,6 +187,7 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 	}
 	for name, p := range lastPlan {
 		byStore[name].PlanStopped = isStopped(p)
+		byStore[name].PlanDone = p.State == "completed"
 	}
 	for name, t := range stoppedAt {
 		if l, ok := taskLimits(t); ok {

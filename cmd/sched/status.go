@@ -382,6 +382,11 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot) string {
 	if d.Dataset != "" && d.Dataset != d.Store {
 		name += " (" + d.Dataset + ")"
 	}
+	if d.Files == 0 && d.PlanDone && !d.PlanStopped {
+		// A plan that listed files and queued none: the store holds them
+		// all ('sched datasets' says how much that is).
+		return name + "  nothing to ingest: the store holds every file its latest plan listed"
+	}
 	parts := []string{name, fmt.Sprintf("files %d/%d done", d.Done, d.Files)}
 	if d.SizesKnown && d.Bytes > 0 {
 		parts = append(parts, formatBytes(d.DoneBytes)+" of "+formatBytes(d.Bytes))

@@ -622,3 +622,18 @@ func TestRedissToAPlainRedisSaysWhatRedissMeans(t *testing.T) {
 		}
 	}
 }
+
+// A store whose latest plan found every file in the store and queued none
+// says so, not "files 0/0 done"; a plan still running or cancelled does
+// not.
+func TestDatasetLineOfAPlanThatQueuedNothing(t *testing.T) {
+	done := datasetLine(scheduler.DatasetProgress{Store: "code", Dataset: "local:/src/*.go", PlanDone: true}, nil)
+	if done != "code (local:/src/*.go)  nothing to ingest: the store holds every file its latest plan listed" {
+		t.Errorf("a plan that queued nothing: %q", done)
+	}
+	for _, d := range []scheduler.DatasetProgress{{Store: "code", Planning: true}, {Store: "code"}} {
+		if l := datasetLine(d, nil); strings.Contains(l, "nothing to ingest") {
+			t.Errorf("%+v: %q", d, l)
+		}
+	}
+}

@@ -84,7 +84,13 @@ func Gates(e Evidence) []Gate {
 		falling = falling.pending(e.Step, e.TotalSteps, "the eval losses it ends on are judged; so far: "+falling.Detail)
 		gen = gen.pending(e.Step, e.TotalSteps, "a sample of its final model is judged at its end")
 	}
-	return []Gate{smooth, falling, gen, ThroughputGate(e.TokPerSec, e.Bench, e.Run)}
+	rate := ThroughputGate(e.TokPerSec, e.Bench, e.Run)
+	if e.TotalSteps > 0 && e.Step >= e.TotalSteps && e.TokPerSec > 0 && e.Bench.TokPerSec <= 0 {
+		// No segment of a finished run writes its results again: a bench
+		// run now would not change them.
+		rate.Detail = fmt.Sprintf("no bench figure for this run's step when it ended, and its results keep this verdict; 'sched enqueue bench %s' measures the step for the runs of it that follow", e.Run)
+	}
+	return []Gate{smooth, falling, gen, rate}
 }
 
 // pending is g for a run at step of total, with what waits for its end.

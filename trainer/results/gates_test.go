@@ -171,3 +171,16 @@ func TestGatesOfARunShortOfItsEnd(t *testing.T) {
 		t.Errorf("at its total steps: %v, want %v", got, want)
 	}
 }
+
+// A finished run without a bench figure for its step is told that its
+// results keep the verdict, not to run a bench that would not change them;
+// a run still training is told to run it.
+func TestThroughputGateOfAFinishedRunWithoutABench(t *testing.T) {
+	last := func(step int) Gate { return Gates(Evidence{Run: "pilot-cpu", TokPerSec: 9000, Step: step, TotalSteps: 100})[3] }
+	if g := last(100); g.Verdict != Unknown || !strings.Contains(g.Detail, "when it ended, and its results keep this verdict") {
+		t.Errorf("a finished run: %+v", g)
+	}
+	if g := last(50); g.Verdict != Unknown || !strings.Contains(g.Detail, "run 'sched enqueue bench pilot-cpu'") {
+		t.Errorf("a run at step 50 of 100: %+v", g)
+	}
+}

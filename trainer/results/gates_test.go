@@ -176,7 +176,9 @@ func TestGatesOfARunShortOfItsEnd(t *testing.T) {
 // results keep the verdict, not to run a bench that would not change them;
 // a run still training is told to run it.
 func TestThroughputGateOfAFinishedRunWithoutABench(t *testing.T) {
-	last := func(step int) Gate { return Gates(Evidence{Run: "pilot-cpu", TokPerSec: 9000, Step: step, TotalSteps: 100})[3] }
+	last := func(step int) Gate {
+		return Gates(Evidence{Run: "pilot-cpu", TokPerSec: 9000, Step: step, TotalSteps: 100})[3]
+	}
 	if g := last(100); g.Verdict != Unknown || !strings.Contains(g.Detail, "when it ended, and its results keep this verdict") {
 		t.Errorf("a finished run: %+v", g)
 	}

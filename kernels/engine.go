@@ -152,7 +152,8 @@ type Engine struct {
 	// bk sums the gradients over a group's GPUs in buckets during the
 	// backward (buckets.go; nil: one all-reduce in Group.Step); summing is
 	// set while the step's last micro-batch queues its backward, and
-	// summed says that this step's gradients and loss are summed.
+	// summed says that this step's gradients and loss are summed over the
+	// GPUs (by the buckets, or by reduce after the backward).
 	bk      *buckets
 	summing bool
 	summed  bool

@@ -27,10 +27,8 @@ type Group struct {
 	cfg   model.Config
 	ranks []*Engine
 	nccl  *cuda.NCCL
-	// next is how many micro-batches this step has queued; reduced, that
-	// Step has summed their gradients over the GPUs since ZeroGrad.
-	next    int
-	reduced bool
+	// next is how many micro-batches this step has queued.
+	next int
 	// size is the micro-batches of a step (0: not known), which the GPUs
 	// that sum their gradients in buckets (buckets.go) need: the backward
 	// of each GPU's last micro-batch sums them. sums says whether this
@@ -304,7 +302,7 @@ func (g *Group) CopyState() (func() (*model.Params, *model.OptimizerState, error
 // ZeroGrad implements model.Engine. A last round that a stopped step left
 // part-way is dropped unqueued.
 func (g *Group) ZeroGrad() error {
-	g.next, g.reduced = 0, false
+	g.next = 0
 	clear(g.held)
 	return g.each(func(_ int, e *Engine) error { return e.ZeroGrad() })
 }
@@ -395,7 +393,6 @@ func (g *Group) Step(o model.AdamW) error {
 		return &model.EngineError{Msg: fmt.Sprintf("a step of %d micro-batches on %d GPUs: every GPU must train the same number, so accumulate must be a multiple of gpus",
 			g.next, len(g.ranks))}
 	}
-	g.reduced = true
 	return g.each(func(r int, e *Engine) error {
 		if !e.summed {
 			if err := g.queueReduce(r, e); err != nil {
@@ -439,7 +436,11 @@ func (e *Engine) reduce(c *cuda.Comm) error {
 			return err
 		}
 	}
-	return c.AllReduceSum(e.lossAcc, e.lossAcc, 1, e.sh)
+	if err := c.AllReduceSum(e.lossAcc, e.lossAcc, 1, e.sh); err != nil {
+		return err
+	}
+	e.summed = true
+	return nil
 }
 
 // allReduceName is the gradients' all-reduce in a profile.
@@ -493,7 +494,7 @@ func (g *Group) Grads(p *model.Params) error {
 	if err := g.ranks[0].Grads(p); err != nil {
 		return err
 	}
-	if g.next == 0 || g.reduced || g.ranks[0].summed {
+	if g.next == 0 || g.ranks[0].summed {
 		return nil
 	}
 	part, err := model.ParamsOver(g.cfg, make([]float32, len(p.Data)))

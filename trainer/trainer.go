@@ -260,7 +260,7 @@ func checkMixture(dir string, st State, rc RunConfig) error {
 	names := func(m []MixtureEntry) []string {
 		out := make([]string, len(m))
 		for i, e := range m {
-			out[i] = filepath.Base(filepath.Clean(e.Store))
+			out[i] = e.storeName()
 		}
 		return out
 	}
@@ -272,6 +272,10 @@ func checkMixture(dir string, st State, rc RunConfig) error {
 		"Give the mixture its stores as they were, in the same order (their weights may change), or train a run of another name",
 		dir, st.Step, strings.Join(was, ", "), strings.Join(now, ", ")))
 }
+
+// storeName is what a resume knows e's store by: its directory's name,
+// wherever the directory now is.
+func (e MixtureEntry) storeName() string { return filepath.Base(filepath.Clean(e.Store)) }
 
 // settingsChanged lists the settings of rc that differ from was, the
 // checkpoint's, as "lr 0.0003 -> 0.0001": a resume trains on with rc's
@@ -304,7 +308,7 @@ func settingsChanged(was, rc RunConfig) []string {
 	weights := func(m []MixtureEntry) string {
 		var ws []string
 		for _, e := range m {
-			ws = append(ws, fmt.Sprintf("%s=%g", filepath.Base(filepath.Clean(e.Store)), e.Weight))
+			ws = append(ws, fmt.Sprintf("%s=%g", e.storeName(), e.Weight))
 		}
 		return strings.Join(ws, ",")
 	}

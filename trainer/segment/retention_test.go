@@ -13,7 +13,23 @@ import (
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/redis/go-redis/v9"
 )
+
+// uploadedToStep4 trains a first segment of a run of total steps to step
+// 4, checkpointed and uploaded at steps 2 and 4, with real Redis and S3.
+func uploadedToStep4(t *testing.T, name string, total int) (context.Context, *redis.Client, Objects, runs.Run) {
+	t.Helper()
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+	run := testRun(name, total)
+	run.Segment.MaxSteps = 4
+	if out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Uploaded != 4 {
+		t.Fatalf("first segment: %+v %v", out, err)
+	}
+	return ctx, rdb, obj, run
+}
 
 // A run whose every checkpoint in object storage is damaged, on a worker
 // whose disk holds none (a new machine), is not trained from step 0 over
@@ -21,14 +37,7 @@ import (
 // nothing in object storage changes. Once the damaged checkpoints are
 // deleted, as the error says, the run starts over.
 func TestEveryCheckpointDamagedInObjectStorageStopsTheSegment(t *testing.T) {
-	ctx := context.Background()
-	rdb := newRedis(t)
-	obj, _ := newS3(t)
-	run := testRun("spoilt", 8)
-	run.Segment.MaxSteps = 4
-	if out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Uploaded != 4 {
-		t.Fatalf("first segment: %+v %v", out, err)
-	}
+	ctx, rdb, obj, run := uploadedToStep4(t, "spoilt", 8)
 	steps, _ := RemoteSteps(ctx, obj, "spoilt")
 	if !reflect.DeepEqual(steps, []int{2, 4}) {
 		t.Fatalf("object storage holds %v, want steps 2 and 4", steps)
@@ -78,14 +87,7 @@ func TestEveryCheckpointDamagedInObjectStorageStopsTheSegment(t *testing.T) {
 // checkpoint a lost disk resumes from. The run's state records the
 // upload.
 func TestRetentionNeverKeepsADamagedCheckpointInPlaceOfAGoodOne(t *testing.T) {
-	ctx := context.Background()
-	rdb := newRedis(t)
-	obj, _ := newS3(t)
-	run := testRun("kept", 100)
-	run.Segment.MaxSteps = 4
-	if out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Uploaded != 4 {
-		t.Fatalf("first segment: %+v %v", out, err)
-	}
+	ctx, rdb, obj, run := uploadedToStep4(t, "kept", 100)
 	spoilObject(t, ctx, obj, checkpointKey("kept", 4)+trainer.ModelFile)
 	run.Retention = runs.Retention{KeepLast: 1}
 	run.Segment.MaxSteps = 1 // from step 2 to step 3, off the checkpoint grid

@@ -168,8 +168,11 @@ func (u *uploader) uploadedStep() int {
 func (u *uploader) safeStep() int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return max(u.uploaded, u.remote)
+	return u.safeLocked()
 }
+
+// safeLocked is safeStep, u.mu held.
+func (u *uploader) safeLocked() int { return max(u.uploaded, u.remote) }
 
 // next takes the next job: the newest waiting, else the oldest owed while
 // uploads succeed. It returns false once the queue is closed and has
@@ -392,7 +395,7 @@ func (u *uploader) disk() diskState {
 	pending := u.pending()
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return diskState{safe: max(u.remote, u.uploaded), pending: pending, lastErr: u.lastErr, endpoint: u.endpoint, objects: u.p.Objects != nil}
+	return diskState{safe: u.safeLocked(), pending: pending, lastErr: u.lastErr, endpoint: u.endpoint, objects: u.p.Objects != nil}
 }
 
 // busy is true while an upload is queued or in flight, or owed ones can go.
@@ -469,10 +472,10 @@ func (u *uploader) finish() error {
 		owed = append(owed, s)
 	}
 	sort.Ints(owed)
-	missing := u.pushed > max(u.uploaded, u.remote)
+	missing := u.pushed > u.safeLocked()
 	if u.ctx.Err() != nil && (missing || len(owed) > 0) {
 		u.log.Warn("upload grace over: the checkpoints not uploaded stay on this disk, and the next segment here uploads them; one on another worker resumes from the newest in object storage",
-			zap.Duration("grace", u.p.UploadGrace), zap.Int("newest", u.pushed), zap.Int("uploaded", max(u.uploaded, u.remote)),
+			zap.Duration("grace", u.p.UploadGrace), zap.Int("newest", u.pushed), zap.Int("uploaded", u.safeLocked()),
 			zap.Ints("owed", owed), zap.String("endpoint", u.endpoint))
 	}
 	cause := u.lastErr

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -68,17 +69,26 @@ func Plan(ctx context.Context, p Preset, hc *hub.Client, seed uint64) (Planned, 
 		}
 		out.Revision = rev
 		seen := map[string]bool{}
+		pats := p.expand()
+		hits := make([]int, len(pats))
 		for _, root := range p.ListRoots() {
 			files, err := hc.List(ctx, p.Repo, rev, root)
 			var nf *hub.NotFoundError
 			if errors.As(err, &nf) {
-				continue // a var value with no directory: checked by `datasets check`
+				continue // a var value with no directory: said below
 			}
 			if err != nil {
 				return out, err
 			}
 			for _, f := range files {
-				if p.Match(f.Path) && !seen[f.Path] {
+				matched := false
+				for i, pat := range pats {
+					if ok, _ := path.Match(pat.pattern, f.Path); ok {
+						hits[i]++
+						matched = true
+					}
+				}
+				if matched && !seen[f.Path] {
 					seen[f.Path] = true
 					out.Files = append(out.Files, f)
 				}
@@ -86,6 +96,13 @@ func Plan(ctx context.Context, p Preset, hc *hub.Client, seed uint64) (Planned, 
 		}
 		if len(out.Files) == 0 {
 			return out, &PresetError{fmt.Errorf("dataset %s (%s at %s) has no files matching %v: check the preset's include patterns and vars", p.Name, p.Repo, rev, p.Patterns())}
+		}
+		// A value that matches nothing is most often misspelt
+		// (language=Golang for Go): the plan would read the other values
+		// alone, and the store lack that part for good without a word.
+		if miss, pats := unmatchedValues(pats, hits); len(miss) > 0 {
+			return out, &PresetError{fmt.Errorf("dataset %s (%s at %s): %s matched no file (%s; the other values match %d): check the spelling against https://huggingface.co/datasets/%s/tree/%s, or leave the value out of --set",
+				p.Name, p.Repo, rev, strings.Join(miss, ", "), strings.Join(pats, ", "), len(out.Files), p.Repo, rev)}
 		}
 	}
 	key := func(path string) uint64 {

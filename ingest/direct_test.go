@@ -501,3 +501,51 @@ func TestPlanOfALocalGlobWalksDirectoriesWithTwoStars(t *testing.T) {
 		t.Errorf("%s planned %v, want %v", p.Glob, got, want)
 	}
 }
+
+// A var value that matches no file (language=Golang where the dataset's
+// directory is Go) is refused, naming it: the plan of the other values
+// alone would leave that part out of the store for good without a word.
+// The values that do match plan as before, and the check says the same.
+func TestPlanRefusesAVarValueThatMatchesNoFile(t *testing.T) {
+	h := hubtest.New()
+	defer h.Close()
+	const repo = "owner/stack"
+	for _, lang := range []string{"Python", "Go"} {
+		for f := range 2 {
+			h.Add(repo, fmt.Sprintf("data/%s/train-%d.parquet", lang, f), parquetBytes(t, []textRow{{Text: lang + " code"}}), true)
+		}
+	}
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Preset{Name: "stack", Repo: repo, Revision: "main", Include: []string{"data/{language}/*.parquet"},
+		Vars: map[string][]string{"language": {"*"}}, Columns: Columns{Text: "text"}}
+	ctx := context.Background()
+	for _, c := range []struct {
+		values []string
+		files  int
+		miss   string
+	}{
+		{[]string{"Python", "Go"}, 4, ""},
+		{[]string{"*"}, 4, ""},
+		{[]string{"Python", "Golang"}, 0, "language=Golang matched no file (data/Golang/*.parquet; the other values match 2)"},
+		{[]string{"Rust", "Go", "Pyton"}, 0, "language=Rust, language=Pyton matched no file (data/Rust/*.parquet, data/Pyton/*.parquet; the other values match 2)"},
+	} {
+		p, err := base.WithVars(map[string][]string{"language": c.values})
+		if err != nil {
+			t.Fatal(err)
+		}
+		planned, err := Plan(ctx, p, hc, 0)
+		_, cerr := Check(ctx, p, hc)
+		var pe *PresetError
+		switch {
+		case c.miss == "" && (err != nil || len(planned.Files) != c.files):
+			t.Errorf("language=%v: planned %d files, %v; want %d", c.values, len(planned.Files), err, c.files)
+		case c.miss != "" && (!errors.As(err, &pe) || !strings.Contains(err.Error(), c.miss) || !strings.Contains(err.Error(), "/datasets/"+repo+"/tree/")):
+			t.Errorf("language=%v: %v; want a preset error saying %q and where the files are", c.values, err, c.miss)
+		case (err == nil) != (cerr == nil):
+			t.Errorf("language=%v: the plan says %v, the check %v", c.values, err, cerr)
+		}
+	}
+}

@@ -192,21 +192,66 @@ func (p Preset) WithVars(set map[string][]string) (Preset, error) {
 
 // Patterns expands Include over every combination of Vars.
 func (p Preset) Patterns() []string {
-	pats := slices.Clone(p.Include)
+	var pats []string
+	for _, e := range p.expand() {
+		pats = append(pats, e.pattern)
+	}
+	return pats
+}
+
+// expansion is one of Include's patterns with a value of each var it
+// names put in.
+type expansion struct {
+	pattern string
+	values  []string // name=value, one a var the pattern names
+}
+
+func (p Preset) expand() []expansion {
+	var out []expansion
+	for _, pat := range p.Include {
+		out = append(out, expansion{pattern: pat})
+	}
 	for _, k := range slices.Sorted(maps.Keys(p.Vars)) {
-		var next []string
-		for _, pat := range pats {
-			if !strings.Contains(pat, "{"+k+"}") {
-				next = append(next, pat)
+		var next []expansion
+		for _, e := range out {
+			if !strings.Contains(e.pattern, "{"+k+"}") {
+				next = append(next, e)
 				continue
 			}
 			for _, v := range p.Vars[k] {
-				next = append(next, strings.ReplaceAll(pat, "{"+k+"}", v))
+				next = append(next, expansion{strings.ReplaceAll(e.pattern, "{"+k+"}", v), append(slices.Clip(e.values), k+"="+v)})
 			}
 		}
-		pats = next
+		out = next
 	}
-	return pats
+	return out
+}
+
+// unmatchedValues are the var values (name=value) no file matched in any
+// of the patterns they were put in, hits[i] being the files pats[i]
+// matched, and those patterns.
+func unmatchedValues(pats []expansion, hits []int) (values, patterns []string) {
+	matched := map[string]bool{}
+	for i, e := range pats {
+		for _, v := range e.values {
+			matched[v] = matched[v] || hits[i] > 0
+		}
+	}
+	for i, e := range pats {
+		missed := false
+		for _, v := range e.values {
+			if !matched[v] {
+				missed = true
+				if !slices.Contains(values, v) {
+					values = append(values, v)
+				}
+			}
+		}
+		if missed && hits[i] == 0 {
+			patterns = append(patterns, e.pattern)
+		}
+	}
+	return values, patterns
 }
 
 // Match reports whether a repository path is one of the preset's files.

@@ -21,7 +21,8 @@ import (
 )
 
 func init() {
-	var presetsFile, storesDir string
+	var presetsFile, storesDir, revision string
+	var set []string
 	cmd := &cobra.Command{
 		Use:   "datasets",
 		Short: "List dataset presets and the local token stores",
@@ -108,11 +109,7 @@ func init() {
 		Short: "Check a dataset before ingesting it: a preset's commit, files and columns on the hub, or a local:<glob>'s files and columns here",
 		Args:  exactArgs(1, "one dataset"),
 		RunE: func(c *cobra.Command, args []string) error {
-			presets, err := ingest.Presets(presetsFile)
-			if err != nil {
-				return err
-			}
-			p, err := ingest.LookupPreset(presets, args[0])
+			p, _, err := resolvePreset(presetsFile, args[0], revision, set)
 			if err != nil {
 				return err
 			}
@@ -143,6 +140,8 @@ func init() {
 			return nil
 		},
 	}
+	check.Flags().StringArrayVar(&set, "set", nil, "preset variable, name=a,b (for example language=Python,Go), as 'sched enqueue ingest' takes it")
+	check.Flags().StringVar(&revision, "revision", "", "a preset's dataset revision: a branch, tag or commit (default: the preset's)")
 	cmd.AddCommand(check)
 	rootCmd.AddCommand(cmd)
 }

@@ -115,9 +115,6 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 	if err != nil {
 		return err
 	}
-	if pf.revision != "" {
-		p.Revision = pf.revision
-	}
 	switch {
 	case storeDir != "" && storeName != "":
 		return badInput("give --store NAME (the store <data dir>/tokens/NAME) or --store-dir DIR, not both")
@@ -239,25 +236,38 @@ func (pf planFlags) check(dataset string) (p ingest.Preset, vars map[string][]st
 	if pf.maxFiles < 0 {
 		return p, nil, 0, 0, badInput("--max-files %d: give how many files of the seeded order to read, or 0 for all", pf.maxFiles)
 	}
-	presets, err := ingest.Presets(pf.presetsFile)
-	if err != nil {
-		return p, nil, 0, 0, err
-	}
-	if p, err = ingest.LookupPreset(presets, dataset); err != nil {
-		return p, nil, 0, 0, err
-	}
-	// Its files are read as they are now, whatever --revision says: given,
-	// it would be dropped without a word.
-	if p.Glob != "" && pf.revision != "" {
-		return p, nil, 0, 0, badInput("--revision %s: a local dataset (%s) has no revision, its files are read as they are: leave --revision out", pf.revision, dataset)
-	}
-	if vars, err = parseSet(pf.set); err != nil {
-		return p, nil, 0, 0, err
-	}
-	if p, err = p.WithVars(vars); err != nil {
+	if p, vars, err = resolvePreset(pf.presetsFile, dataset, pf.revision, pf.set); err != nil {
 		return p, nil, 0, 0, err
 	}
 	return p, vars, maxTokens, maxDisk, nil
+}
+
+// resolvePreset is the dataset's preset (from presetsFile, or
+// KILN_DATASETS, over the built-in ones) at revision (the preset's when
+// empty) with the --set variables in set put in.
+func resolvePreset(presetsFile, dataset, revision string, set []string) (p ingest.Preset, vars map[string][]string, err error) {
+	presets, err := ingest.Presets(presetsFile)
+	if err != nil {
+		return p, nil, err
+	}
+	if p, err = ingest.LookupPreset(presets, dataset); err != nil {
+		return p, nil, err
+	}
+	// Its files are read as they are now, whatever --revision says: given,
+	// it would be dropped without a word.
+	if p.Glob != "" && revision != "" {
+		return p, nil, badInput("--revision %s: a local dataset (%s) has no revision, its files are read as they are: leave --revision out", revision, dataset)
+	}
+	if revision != "" {
+		p.Revision = revision
+	}
+	if vars, err = parseSet(set); err != nil {
+		return p, nil, err
+	}
+	if p, err = p.WithVars(vars); err != nil {
+		return p, nil, err
+	}
+	return p, vars, nil
 }
 
 // enqueueIngest checks the dataset, store name and limits here, where a

@@ -313,6 +313,27 @@ func TestDatasetsCheckTakesPresetsAndTheConfiguredToken(t *testing.T) {
 	}
 }
 
+// sched datasets check takes --set as an ingest does, and a value that
+// matches no file exits 2 naming it, where the values that match check.
+func TestDatasetsCheckTakesSetAndNamesAValueThatMatchesNoFile(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	for _, lang := range []string{"Python", "Go"} {
+		hub.Add("org/code", "data/"+lang+"/a.jsonl", []byte(`{"text":"x = 1"}`+"\n"), false)
+	}
+	presets := filepath.Join(t.TempDir(), "presets.yaml")
+	os.WriteFile(presets, []byte("code:\n  repo: org/code\n  include: [\"data/{language}/*.jsonl\"]\n  vars: {language: [\"*\"]}\n"), 0o644)
+	env := []string{"HF_ENDPOINT=" + hub.Server.URL}
+	if out, errOut, code := sched(t, env, "datasets", "check", "code", "--presets", presets, "--set", "language=Go"); code != 0 || !strings.Contains(out, ": 1 file,") {
+		t.Errorf("check --set language=Go: exit %d\n%s%s", code, out, errOut)
+	}
+	_, errOut, code := sched(t, env, "datasets", "check", "code", "--presets", presets, "--set", "language=Python,Golang")
+	if code != 2 || !strings.Contains(errOut, "language=Golang matched no file (data/Golang/*.jsonl; the other values match 1)") || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("check --set language=Python,Golang: exit %d, %q; want exit 2 and one line naming language=Golang", code, errOut)
+	}
+}
+
 // A dataset of the user's presets file (--presets here, KILN_DATASETS
 // alike) is ingested by a worker that has no copy of the file: the plan
 // carries the preset as the command resolved it. Before, the worker looked

@@ -93,9 +93,13 @@ func requireColumns(p Preset, path string, pf *parquet.File) error {
 	if c.ID != "" {
 		want = append(want, c.ID)
 	}
-	for _, col := range want {
-		if _, ok := pf.Schema().Lookup(col); !ok {
+	for i, col := range want {
+		leaf, ok := pf.Schema().Lookup(col)
+		if !ok {
 			return &PresetError{fmt.Errorf("dataset %s: %s has no column %q (columns: %v): fix the preset's columns", p.Name, path, col, columnNames(pf))}
+		}
+		if why := notText(leaf); i == 0 && why != "" {
+			return &PresetError{fmt.Errorf("dataset %s: %s's column %q %s: name the column that holds the text in the preset's columns", p.Name, path, col, why)}
 		}
 	}
 	return nil

@@ -105,6 +105,11 @@ func (r *jsonlReader) next(ctx context.Context) (record, error) {
 			// A truncated or corrupt compressed stream surfaces here.
 			return record{}, &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: fmt.Errorf("after line %d: %w", r.line, err)}
 		}
+		if r.line == 0 {
+			// A byte-order mark, which some editors and Windows tools
+			// write first: not part of the JSON.
+			line = bytes.TrimPrefix(line, []byte("\uFEFF"))
+		}
 		r.line++
 		if tooLarge {
 			return record{skip: SkipTooLarge, id: r.lineID()}, nil

@@ -1,15 +1,22 @@
 package ingest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
+	"github.com/kiln-lm/kiln/tokens"
 )
 
 // A bucket that refuses anonymous readers fails the file once, as the
@@ -137,5 +144,65 @@ func TestSoftwareHeritageBlobTooLargeGzippedIsTooLarge(t *testing.T) {
 		Columns: Columns{Blob: "blob_id", Encoding: "src_encoding"}})
 	if err != nil || len(docs) != 1 || skips[SkipTooLarge] != 1 || skips[SkipCorruptFile] != 0 {
 		t.Fatalf("%d documents, skips %v, error %v; want the small blob, and the large one skipped as %s", len(docs), skips, err, SkipTooLarge)
+	}
+}
+
+// A mirror's address with a wrong path (a web server that answers every
+// key with a bare 404) fails the file as the user's to fix, naming
+// KILN_SWH_ENDPOINT: counted as missing blobs, each file was recorded as
+// skipped whole, and kept out of the store once the address was fixed.
+// The same ingest against the right address then appends every file. A
+// mirror that lacks some of a file's blobs still skips those alone.
+func TestAMirrorThatAnswersEveryBlobWithABare404IsNotAnEmptyFile(t *testing.T) {
+	dir := t.TempDir()
+	fake := hubtest.NewSWH()
+	defer fake.Close()
+	h := hubtest.New()
+	defer h.Close()
+	for f := range 3 {
+		var rows []blobRow
+		for i := range 10 {
+			fake.Add(blobID(f*10+i), []byte(fmt.Sprintf("print(%d)\n", f*10+i)))
+			rows = append(rows, blobRow{BlobID: blobID(f*10 + i), SrcEncoding: "UTF-8"})
+		}
+		p := filepath.Join(dir, fmt.Sprintf("ids-%d.parquet", f))
+		writeParquet(t, p, rows, 5)
+		b, _ := os.ReadFile(p)
+		h.Add("owner/ids", fmt.Sprintf("data/ids-%d.parquet", f), b, true)
+	}
+	// The mirror: a web server that serves the archive's blobs but those
+	// of files 1 and 2 of ids-0, and answers any other path with a bare 404.
+	backend, _ := url.Parse(fake.URL())
+	proxy := httputil.NewSingleHostReverseProxy(backend)
+	mirror := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest, ok := strings.CutPrefix(r.URL.Path, "/mirror")
+		if !ok || strings.Contains(rest, blobID(1)) || strings.Contains(rest, blobID(2)) {
+			http.Error(w, "<html><body>Not Found</body></html>", http.StatusNotFound)
+			return
+		}
+		r.URL.Path = rest
+		proxy.ServeHTTP(w, r)
+	}))
+	defer mirror.Close()
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := DirectOptions{Preset: Preset{Name: "ids", Repo: "owner/ids", Revision: "main", Include: []string{"data/*.parquet"},
+		Columns: Columns{Blob: "blob_id", Encoding: "src_encoding"}}, Hub: hc, Tokenizer: testTokenizer(t), TokenizerName: "test",
+		StoreDir: filepath.Join(dir, "store"), DataDir: filepath.Join(dir, "data"), SWH: &SWH{Endpoint: mirror.URL + "/wrong", InFlight: 4}}
+	ctx := context.Background()
+	_, err = Direct(ctx, opt)
+	var bad interface{ BadInput() bool }
+	if !errors.As(err, &bad) || !bad.BadInput() || !strings.Contains(err.Error(), "KILN_SWH_ENDPOINT") || !strings.Contains(err.Error(), "bare 404") {
+		t.Fatalf("an ingest through a mirror's wrong path: %v; want an error of the user's naming KILN_SWH_ENDPOINT", err)
+	}
+	if m, err := tokens.ReadManifest(opt.StoreDir); err == nil && (len(m.Skipped) > 0 || len(m.Shards) > 0) {
+		t.Fatalf("the store records %d shards and skipped files %+v after the mirror's wrong path; want none", len(m.Shards), m.Skipped)
+	}
+	opt.SWH = &SWH{Endpoint: mirror.URL + "/mirror", InFlight: 4}
+	rep, err := Direct(ctx, opt)
+	if err != nil || rep.Appended != 3 || rep.SkippedRecords[SkipMissingBlob] != 2 {
+		t.Fatalf("the ingest through the mirror's right path: %+v, %v; want 3 files appended and the 2 blobs it lacks skipped", rep, err)
 	}
 }

@@ -50,7 +50,7 @@ func openParquet(path string, opt OpenOptions) (*parquetReader, error) {
 	}
 	r := &parquetReader{f: f, pf: pf, path: path, name: opt.Name, text: -1, id: -1, blob: -1, encName: -1,
 		vals: make([]parquet.Value, 256)}
-	lookup := func(col string, required bool) (int, error) {
+	lookup := func(col string, required, text bool) (int, error) {
 		if col == "" {
 			return -1, nil
 		}
@@ -61,26 +61,43 @@ func openParquet(path string, opt OpenOptions) (*parquetReader, error) {
 			}
 			return -1, &SkipError{Reason: SkipMissingColumn, Path: opt.Name, Err: fmt.Errorf("no column %q (columns: %v)", col, columnNames(pf))}
 		}
+		if text {
+			if why := notText(leaf); why != "" {
+				return -1, &SkipError{Reason: SkipMissingColumn, Path: opt.Name, Err: fmt.Errorf("column %q %s", col, why)}
+			}
+		}
 		return leaf.ColumnIndex, nil
 	}
 	c := opt.Columns
 	if c.Blob != "" {
-		r.blob, err = lookup(c.Blob, true)
+		r.blob, err = lookup(c.Blob, true, true)
 	} else {
-		r.text, err = lookup(c.Text, true)
+		r.text, err = lookup(c.Text, true, true)
 	}
 	if err == nil {
-		r.id, err = lookup(c.ID, true)
+		// An id may be a number (many datasets' is an int64): it is
+		// read as its decimal text.
+		r.id, err = lookup(c.ID, true, false)
 	}
 	if err == nil {
 		// The encoding column is optional: python-edu has none and is UTF-8.
-		r.encName, err = lookup(c.Encoding, false)
+		r.encName, err = lookup(c.Encoding, false, true)
 	}
 	if err != nil {
 		f.Close()
 		return nil, err
 	}
 	return r, nil
+}
+
+// notText says why a column cannot be read as text ("" when it can): its
+// values are not byte arrays (an INT64 column), which the text, blob and
+// encoding columns must be.
+func notText(leaf parquet.LeafColumn) string {
+	if k := leaf.Node.Type().Kind(); k != parquet.ByteArray && k != parquet.FixedLenByteArray {
+		return fmt.Sprintf("holds %s values, not text", k)
+	}
+	return ""
 }
 
 // openParquetFile reads the file's footer; a footer whose damage makes the
@@ -244,7 +261,7 @@ func readSmallColumn(cc parquet.ColumnChunk, rows int64) ([]string, []bool, erro
 				if v.IsNull() {
 					vals = append(vals, "")
 				} else {
-					vals = append(vals, string(v.ByteArray()))
+					vals = append(vals, v.String())
 				}
 			}
 			if errors.Is(err, io.EOF) || (err == nil && n == 0) {

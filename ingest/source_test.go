@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -186,6 +187,18 @@ func TestJSONLinesCompressed(t *testing.T) {
 	}
 }
 
+// A byte-order mark before the first line (PowerShell's UTF-8, some
+// editors) is not part of the JSON: the file reads as without it, where
+// it was a corrupt file skipped whole.
+func TestJSONLinesAfterAByteOrderMark(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "bom.jsonl")
+	os.WriteFile(p, []byte("\uFEFF"+`{"text":"alpha"}`+"\n"+`{"text":"beta"}`+"\n"), 0o644)
+	docs, _, err := readAll(t, p, OpenOptions{Name: "bom"})
+	if err != nil || len(docs) != 2 || docs[0].Text != "alpha" || docs[1].Text != "beta" {
+		t.Fatalf("JSON lines after a byte-order mark: %+v, %v; want alpha and beta", docs, err)
+	}
+}
+
 func TestTextFile(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "main.go")
 	os.WriteFile(p, []byte("package main\n"), 0o644)
@@ -308,5 +321,38 @@ func TestSoftwareHeritageCloseStopsInFlight(t *testing.T) {
 	}
 	if err := src.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+type numberedRow struct {
+	ID   int64  `parquet:"id"`
+	Text string `parquet:"text"`
+	Lang int32  `parquet:"lang"`
+}
+
+// Many datasets' id column is an int64: it is read as its decimal text.
+// Before, reading it as bytes panicked, and every file was skipped as
+// corrupt. A text column of numbers is refused as the preset's to fix,
+// naming the column and what it holds, by the reader and by the check.
+func TestParquetReadsANumberIDAndRefusesANumberText(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "part-0.parquet")
+	var rows []numberedRow
+	for i := range 20 {
+		rows = append(rows, numberedRow{ID: int64(1000 + i), Text: fmt.Sprintf("document %d", i), Lang: 7})
+	}
+	writeParquet(t, path, rows, 10)
+	docs, _, err := readAll(t, path, OpenOptions{Name: "part-0.parquet", Columns: Columns{Text: "text", ID: "id"}})
+	if err != nil || len(docs) != 20 || docs[0].ID != "1000" || docs[19].ID != "1019" || docs[19].Text != "document 19" {
+		t.Fatalf("an int64 id column: %d documents (%+v ...), %v; want 20 with ids 1000 to 1019", len(docs), docs[:min(len(docs), 1)], err)
+	}
+	_, _, err = readAll(t, path, OpenOptions{Name: "part-0.parquet", Columns: Columns{Text: "lang"}})
+	if SkipReason(err) != SkipMissingColumn || !strings.Contains(err.Error(), `column "lang" holds INT32 values, not text`) {
+		t.Errorf("an int32 text column: %v (%s); want a missing-column skip naming it", err, SkipReason(err))
+	}
+	p := Preset{Name: "local:" + filepath.Join(dir, "*.parquet"), Glob: filepath.Join(dir, "*.parquet"), Columns: Columns{Text: "lang"}}
+	var pe *PresetError
+	if _, err := Check(context.Background(), p, nil); !errors.As(err, &pe) || !strings.Contains(err.Error(), `column "lang" holds INT32 values, not text`) {
+		t.Errorf("the check of an int32 text column: %v; want a preset error naming it", err)
 	}
 }

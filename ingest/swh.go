@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -102,6 +103,10 @@ type blobResult struct {
 	doc  Document
 	skip string
 	err  error
+	// found: the blob was there (a document, or a blob skipped for its
+	// content); bare: a 404 that is not S3's NoSuchKey (a plain web
+	// server's).
+	found, bare bool
 }
 
 type swhSource struct {
@@ -112,6 +117,8 @@ type swhSource struct {
 	done   chan struct{}
 	skips  Skips
 	failed error
+	// Blobs found, and answered by a bare 404.
+	found, bare int
 }
 
 // produce reads rows and starts a fetch for each, blocking while the queue
@@ -163,9 +170,24 @@ func (s *swhSource) Next(ctx context.Context) (Document, error) {
 			return Document{}, ctx.Err()
 		}
 		switch {
+		case errors.Is(r.err, io.EOF) && s.found == 0 && s.bare > 0:
+			// A mirror's address with a wrong path answers every blob
+			// with a web server's 404: the file would be recorded as
+			// empty, and kept out of the store after the address is
+			// fixed.
+			s.failed = &hub.BadInputError{Err: fmt.Errorf("Software Heritage (%s) answered each of this file's %d blobs with a bare 404 (not S3's NoSuchKey): check KILN_SWH_ENDPOINT, which must name the content bucket (unset, it is %s); the file is not recorded, and an ingest queued again reads it", s.swh.Endpoint, s.bare, DefaultSWHEndpoint)}
+			return Document{}, s.failed
 		case r.err != nil:
 			s.failed = r.err
 			return Document{}, r.err
+		}
+		if r.found {
+			s.found++
+		}
+		if r.bare {
+			s.bare++
+		}
+		switch {
 		case r.skip != "":
 			s.skips.Add(r.skip, 1)
 		default:
@@ -209,7 +231,9 @@ func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
 			last = err
 			continue
 		case status == http.StatusOK:
-			return decodeBlob(rec, body)
+			r := decodeBlob(rec, body)
+			r.found = true
+			return r
 		case status == http.StatusNotFound && s3Code(body) != "" && s3Code(body) != "NoSuchKey":
 			// NoSuchBucket and the like: no blob is there to find, and
 			// skipping each as missing would record the file as empty.
@@ -217,7 +241,7 @@ func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
 		case status == http.StatusNotFound:
 			// NoSuchKey (or a mirror's bare 404): the archive lacks this
 			// blob; the rest of the shard is fine.
-			return blobResult{skip: SkipMissingBlob}
+			return blobResult{skip: SkipMissingBlob, bare: s3Code(body) == ""}
 		case status == http.StatusForbidden:
 			// A refusal is the bucket's for every blob, and a retry of the
 			// shard meets it again: it is the user's to fix, at once.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"go.uber.org/zap"
 
@@ -15,8 +16,10 @@ import (
 
 // Some refusals are the same for every file of a plan, and met only once a
 // shard runs: the Hub lists a gated dataset's files for anyone, so a plan
-// with an HF_TOKEN whose account has not accepted the terms queues every
-// file and only the downloads are refused; Software Heritage's bucket,
+// with an HF_TOKEN whose account has not accepted the terms, or a
+// fine-grained one not allowed to read gated datasets, queues every file
+// and only the downloads are refused; a worker's HF_TOKEN may not be the
+// one that planned, or may expire mid-ingest; Software Heritage's bucket,
 // refusing requests without AWS keys, is met only after a shard downloaded
 // its file of blob ids. The first shard refused records the refusal beside
 // the store's status; the shards queued behind it read it and end before
@@ -42,6 +45,17 @@ func refusalOf(job ShardJob, err error) (refusal, bool) {
 	var g *hub.GatedError
 	if errors.As(err, &g) {
 		return refusal{Repo: job.Repo, Reason: g.Error(), Fix: "the terms are accepted"}, true
+	}
+	var a *hub.AccessError
+	if errors.As(err, &a) {
+		fix := "HF_TOKEN may read the dataset"
+		switch {
+		case !a.HasToken:
+			fix = "HF_TOKEN is set"
+		case a.Status == http.StatusUnauthorized:
+			fix = "HF_TOKEN holds a valid token"
+		}
+		return refusal{Repo: job.Repo, Reason: a.Error(), Fix: fix}, true
 	}
 	var s *SWHRefusedError
 	if errors.As(err, &s) {

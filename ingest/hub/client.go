@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -327,14 +328,12 @@ func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
 	switch {
 	case code == "GatedRepo" || (resp.StatusCode == http.StatusForbidden && strings.Contains(msg, "authorized list")):
 		return &GatedError{Repo: repo, Page: c.DatasetPage(repo), HasToken: c.cfg.Token != ""}
-	case resp.StatusCode == http.StatusUnauthorized && c.cfg.Token != "":
-		return &BadInputError{fmt.Errorf("the hub refused HF_TOKEN for dataset %s (401): check the token at %s/settings/tokens", repo, secret.URL(c.cfg.Endpoint))}
-	case code == "RepoNotFound" && c.cfg.Token == "":
-		// The Hub answers a missing and a private dataset alike (401) to
-		// a request without a token.
-		return &BadInputError{fmt.Errorf("dataset %s was not found on %s: check its name at %s; if it is private, set HF_TOKEN of an account that may read it", repo, secret.URL(c.cfg.Endpoint), c.DatasetPage(repo))}
-	case resp.StatusCode == http.StatusUnauthorized:
-		return &BadInputError{fmt.Errorf("dataset %s needs a token (401): set HF_TOKEN, and accept its terms at %s if it is gated", repo, c.DatasetPage(repo))}
+	case (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) && resp.Request.URL.Host == c.host:
+		// Only the Hub's own host: a CDN's 403 is to a signed URL that
+		// expired on its way, and a download tried again resolves a
+		// fresh one.
+		return &AccessError{Repo: repo, Page: c.DatasetPage(repo), Tokens: secret.URL(c.cfg.Endpoint) + "/settings/tokens",
+			Status: resp.StatusCode, Message: oneLine(msg), HasToken: c.cfg.Token != "", NotFound: code == "RepoNotFound"}
 	case code == "RepoNotFound":
 		return &BadInputError{fmt.Errorf("dataset %s was not found on %s: check its name at %s", repo, secret.URL(c.cfg.Endpoint), c.DatasetPage(repo))}
 	case code == "RevisionNotFound":
@@ -364,6 +363,57 @@ func (e *GatedError) Error() string {
 
 // BadInput marks the error as the user's to fix.
 func (e *GatedError) BadInput() bool { return true }
+
+// AccessError says that the Hub's own host refused a dataset's request
+// (401 or 403) for a reason other than its gate: HF_TOKEN is invalid or
+// expired, a fine-grained HF_TOKEN lacks the permission to read it, or no
+// HF_TOKEN is set for a private dataset. Every file of the dataset meets
+// the same refusal until HF_TOKEN changes, so it is not retried.
+type AccessError struct {
+	Repo   string
+	Page   string // the dataset's page
+	Tokens string // the Hub's page of access tokens
+	Status int    // 401 or 403
+	// Message is the Hub's own words, on one line ("" where it gave none).
+	Message  string
+	HasToken bool
+	// NotFound is the Hub's RepoNotFound: to a request without a token it
+	// does not tell a missing dataset from a private one.
+	NotFound bool
+}
+
+func (e *AccessError) Error() string {
+	said := strconv.Itoa(e.Status)
+	if e.Message != "" {
+		said += ": " + e.Message
+	}
+	switch {
+	case e.Status == http.StatusUnauthorized && e.HasToken:
+		return fmt.Sprintf("the Hub refused HF_TOKEN for dataset %s (%s): the token is invalid or expired; set HF_TOKEN to a token from %s of an account that may read %s",
+			e.Repo, said, e.Tokens, e.Page)
+	case e.NotFound && !e.HasToken:
+		return fmt.Sprintf("dataset %s was not found on the Hub (%s) and HF_TOKEN is not set: check its name at %s; if it is private, set HF_TOKEN of an account that may read it",
+			e.Repo, said, e.Page)
+	case !e.HasToken:
+		return fmt.Sprintf("dataset %s needs a token (%s) and HF_TOKEN is not set: set HF_TOKEN to a token from %s of an account that may read it, and accept its terms at %s if it is gated",
+			e.Repo, said, e.Tokens, e.Page)
+	}
+	return fmt.Sprintf("the Hub refused HF_TOKEN for dataset %s (%s): if it is a fine-grained token, give it \"Read access to contents of all public gated repos you can access\" for a gated dataset, or read access to this one, at %s; else set HF_TOKEN to a token of an account that may read %s",
+		e.Repo, said, e.Tokens, e.Page)
+}
+
+// BadInput marks the error as the user's to fix.
+func (e *AccessError) BadInput() bool { return true }
+
+// oneLine is the Hub's message for an error of one line: its whitespace
+// folded, and cut where a proxy's page in its stead would run on.
+func oneLine(msg string) string {
+	msg = strings.Join(strings.Fields(msg), " ")
+	if r := []rune(msg); len(r) > 200 {
+		msg = string(r[:200]) + "…"
+	}
+	return msg
+}
 
 // RevisionNotFoundError says that the hub has no such revision of a dataset.
 type RevisionNotFoundError struct {

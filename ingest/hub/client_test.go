@@ -273,6 +273,87 @@ func TestGatedDatasetNamesThePage(t *testing.T) {
 	}
 }
 
+// A token the Hub refuses for a reason other than the dataset's gate is
+// the user's to fix, asked for once and said in one line that names the
+// dataset, HF_TOKEN, what the token lacks and the dataset's page: a
+// fine-grained token without the permission to read gated datasets (403,
+// without the GatedRepo code), and a revoked one (401, with RepoNotFound
+// to a download, which is no word on the dataset).
+func TestATokenTheHubRefusesIsTheUsersToFix(t *testing.T) {
+	h := newHub(t)
+	h.Gated, h.PublicListing, h.Authorized = true, true, "hf_fine"
+	h.FineGrained, h.Revoked = "hf_fine", "hf_revoked"
+	h.Add(repo, "a.parquet", randomBytes(t, 1000), true)
+	ctx := context.Background()
+	files, err := newClient(t, h, "").List(ctx, repo, "main", "")
+	if err != nil || len(files) != 1 {
+		t.Fatalf("the listing of a gated dataset: %v, %v", files, err)
+	}
+	page, tokens := h.Server.URL+"/datasets/"+repo, h.Server.URL+"/settings/tokens"
+	check := func(what string, err error, status int, want ...string) {
+		t.Helper()
+		var a *hub.AccessError
+		if !errors.As(err, &a) || a.Status != status || !isBadInput(err) || hub.IsGated(err) {
+			t.Fatalf("%s: %v; want the user's to fix, a %d", what, err, status)
+		}
+		msg := err.Error()
+		for _, w := range append([]string{repo, "HF_TOKEN", page}, want...) {
+			if !strings.Contains(msg, w) {
+				t.Fatalf("%s says %q; want %q in it", what, msg, w)
+			}
+		}
+		if strings.Contains(msg, "\n") || strings.Contains(msg, "not found") {
+			t.Fatalf("%s says %q; want one line, and no word of a dataset not found", what, msg)
+		}
+	}
+	for _, c := range []struct {
+		token  string
+		status int
+		want   []string
+	}{
+		{"hf_fine", http.StatusForbidden, []string{"403: Please enable access to public gated repositories", `"Read access to contents of all public gated repos you can access"`, tokens}},
+		{"hf_revoked", http.StatusUnauthorized, []string{"401: Invalid credentials in Authorization header", "invalid or expired", tokens}},
+	} {
+		cl := newClient(t, h, c.token)
+		before := len(h.Requests())
+		err := cl.Download(ctx, repo, "main", files[0], filepath.Join(t.TempDir(), "a.parquet"))
+		check("a download with "+c.token, err, c.status, c.want...)
+		if n := len(h.Requests()) - before; n != 1 {
+			t.Fatalf("a download with %s asked %d times; want once", c.token, n)
+		}
+	}
+	_, err = newClient(t, h, "hf_revoked").List(ctx, repo, "main", "")
+	check("a listing with hf_revoked", err, http.StatusUnauthorized, "invalid or expired")
+}
+
+// A CDN's 403 is to a signed URL that expired on its way, and says nothing
+// of HF_TOKEN: it is no refusal of the user's, and the next attempt,
+// which resolves a fresh URL, downloads the file.
+func TestACDNRefusalIsNotTheUsersToFix(t *testing.T) {
+	h := newHub(t)
+	h.CDNForbidden = 1
+	content := randomBytes(t, 1000)
+	h.Add(repo, "a.parquet", content, true)
+	c := newClient(t, h, "hf_token")
+	ctx := context.Background()
+	files, err := c.List(ctx, repo, "main", "")
+	if err != nil || len(files) != 1 {
+		t.Fatalf("list: %v, %v", files, err)
+	}
+	dst := filepath.Join(t.TempDir(), "a.parquet")
+	err = c.Download(ctx, repo, "main", files[0], dst)
+	var a *hub.AccessError
+	if err == nil || isBadInput(err) || errors.As(err, &a) || strings.Contains(err.Error(), "HF_TOKEN") {
+		t.Fatalf("the CDN's 403: %v; want an error to try again, not the user's", err)
+	}
+	if err := c.Download(ctx, repo, "main", files[0], dst); err != nil {
+		t.Fatalf("the download after the CDN's 403: %v", err)
+	}
+	if got, _ := os.ReadFile(dst); !bytes.Equal(got, content) {
+		t.Fatal("the download after the CDN's 403 differs from the content")
+	}
+}
+
 func TestRateLimitIsWaitedOut(t *testing.T) {
 	h := newHub(t)
 	h.RateLimited = 3

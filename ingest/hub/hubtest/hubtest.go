@@ -1,8 +1,10 @@
 // Package hubtest runs a local Hugging Face Hub for tests: an HTTP server
 // that speaks the endpoints kiln uses (revision, tree with Link pagination,
 // resolve with a redirect to a separate CDN host that honours Range), and
-// that can answer as a gated repository, rate-limit with 429, and break a
-// download's connection half way.
+// that can answer as a gated repository, refuse a token as the Hub does
+// (a fine-grained one without the permission to read gated datasets, one
+// revoked), rate-limit with 429, and break a download's connection half
+// way.
 package hubtest
 
 import (
@@ -38,6 +40,15 @@ type Hub struct {
 	// GatedRepo, one with a token outside Authorized gets 403.
 	Gated      bool
 	Authorized string
+	// FineGrained is a fine-grained token without the permission to read
+	// gated datasets ("Read access to contents of all public gated repos
+	// you can access"): with Gated, the Hub refuses it 403 with no
+	// GatedRepo code, its account authorized or not.
+	FineGrained string
+	// Revoked is a token the Hub no longer knows (expired, or deleted by
+	// its owner): every request that carries it is refused 401, a public
+	// dataset's too. Revoke sets it mid-test.
+	Revoked string
 	// PublicListing, with Gated, answers the revision and tree endpoints
 	// without a token, as the Hub does for a gated dataset: its files are
 	// listed for all, and only their downloads are gated.
@@ -65,6 +76,9 @@ type Hub struct {
 	// its body (0: never), as a proxy that caps one connection's transfer
 	// does.
 	CutAfter int
+	// CDNForbidden answers this many CDN requests with 403 AccessDenied,
+	// as S3 answers a signed URL that expired before it was asked.
+	CDNForbidden int
 	// IgnoreRange makes the CDN answer every request with the whole file.
 	IgnoreRange bool
 	// BeforeResolve, when set, runs before the Hub answers a request to
@@ -148,6 +162,14 @@ func (h *Hub) ForcePush() string {
 func (h *Hub) Authorize(token string) {
 	h.mu.Lock()
 	h.Authorized = token
+	h.mu.Unlock()
+}
+
+// Revoke makes the Hub refuse token from the next request on, as it does
+// once the token expired or its owner deleted it.
+func (h *Hub) Revoke(token string) {
+	h.mu.Lock()
+	h.Revoked = token
 	h.mu.Unlock()
 }
 
@@ -237,6 +259,20 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 		w.Header().Set("RateLimit-Policy", `"fixed window";"api";q=500;w=300`)
 		http.Error(w, "rate limited", http.StatusTooManyRequests)
 		return http.StatusTooManyRequests
+	}
+	h.mu.Lock()
+	revoked := h.Revoked
+	h.mu.Unlock()
+	if revoked != "" && r.Header.Get("Authorization") == "Bearer "+revoked {
+		// To a download the Hub adds the RepoNotFound code, which
+		// huggingface_hub reports as "Repository Not Found" followed by
+		// this message.
+		if strings.Contains(r.URL.Path, "/resolve/") {
+			w.Header().Set("X-Error-Code", "RepoNotFound")
+		}
+		w.Header().Set("X-Error-Message", "Invalid credentials in Authorization header")
+		http.Error(w, `{"error":"Invalid credentials in Authorization header"}`, http.StatusUnauthorized)
+		return http.StatusUnauthorized
 	}
 	p := r.URL.Path
 	var api bool
@@ -328,8 +364,14 @@ func (h *Hub) gate(w http.ResponseWriter, r *http.Request, repo string) int {
 		return http.StatusUnauthorized
 	}
 	h.mu.Lock()
-	authorized := h.Authorized
+	authorized, fineGrained := h.Authorized, h.FineGrained
 	h.mu.Unlock()
+	if fineGrained != "" && auth == "Bearer "+fineGrained {
+		const msg = "Please enable access to public gated repositories in your fine-grained token settings to view this repository."
+		w.Header().Set("X-Error-Message", msg)
+		http.Error(w, `{"error":"`+msg+`"}`, http.StatusForbidden)
+		return http.StatusForbidden
+	}
 	if auth != "Bearer "+authorized {
 		w.Header().Set("X-Error-Message", "Access to dataset "+repo+" is restricted and you are not in the authorized list. Visit https://huggingface.co/datasets/"+repo+" to ask for access.")
 		http.Error(w, `{"error":"not authorized"}`, http.StatusForbidden)
@@ -395,6 +437,16 @@ func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
 	rest, ok := strings.CutPrefix(r.URL.Path, "/blobs/")
 	if !ok || r.URL.Query().Get("X-Amz-Signature") == "" {
 		http.Error(w, "AccessDenied", http.StatusForbidden)
+		return http.StatusForbidden
+	}
+	h.mu.Lock()
+	forbidden := h.CDNForbidden > 0
+	if forbidden {
+		h.CDNForbidden--
+	}
+	h.mu.Unlock()
+	if forbidden {
+		http.Error(w, "<Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>", http.StatusForbidden)
 		return http.StatusForbidden
 	}
 	if r.Header.Get("Authorization") != "" {

@@ -1,0 +1,98 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokenizer"
+)
+
+// A token the Hub refuses for every file of a dataset, for a reason other
+// than its gate, stops the plan's shards as a gated dataset does: the
+// first shard refused its download records the refusal, and the shards
+// queued behind it fail before theirs, each in one line naming HF_TOKEN,
+// what to do with it and the dataset's page. The Hub lists a gated
+// dataset for all, so a fine-grained token without the permission to read
+// gated datasets plans every file and has each download refused (403);
+// a token revoked mid-ingest has the downloads refused too (401). A new
+// plan with a token the Hub takes clears the record and ingests the files.
+func TestATokenTheHubRefusesStopsTheShardsQueuedBehind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p, h := newCorpus(t, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
+	h.Gated, h.PublicListing, h.Authorized, h.FineGrained = true, true, "hf_good", "hf_fine"
+	for f := range 3 {
+		h.Add(corpusRepo, fmt.Sprintf("data/part-%d.jsonl", f), fmt.Appendf(nil, `{"text":"file %d: the quick brown fox"}`+"\n", f), true)
+	}
+	withToken := func(token string) {
+		t.Helper()
+		var err error
+		if p.Hub, err = hub.New(hub.Config{Endpoint: h.Server.URL, Token: token}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page := h.Server.URL + "/datasets/" + corpusRepo
+	plan := func(storeName string) PlanResult {
+		t.Helper()
+		res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: storeName, Tokenizer: "t", Seed: 1})
+		if err != nil || len(res.Shards) != 3 {
+			t.Fatalf("plan into %s: %d shards, %v", storeName, len(res.Shards), err)
+		}
+		return res
+	}
+	// refused runs the plan's shards one after another, and checks that the
+	// first is refused its download, and the others end before theirs.
+	refused := func(res PlanResult, status int, fix string, words ...string) {
+		t.Helper()
+		before := len(h.Requests())
+		for i, job := range res.Shards {
+			_, _, err := p.Shard(ctx, job, nil)
+			var bad interface{ BadInput() bool }
+			if err == nil || !errors.As(err, &bad) || !bad.BadInput() || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("shard of %s: %v; want one line, the user's to fix", job.Path, err)
+			}
+			want := append([]string{"HF_TOKEN", page}, words...)
+			var a *hub.AccessError
+			var r *RefusedPlanError
+			switch {
+			case i == 0 && (!errors.As(err, &a) || a.Status != status):
+				t.Fatalf("the first shard, of %s: %v; want the Hub's %d", job.Path, err, status)
+			case i > 0 && !errors.As(err, &r):
+				t.Fatalf("shard of %s, queued behind a refused one: %v; want it ended before its download", job.Path, err)
+			case i > 0:
+				want = append(want, job.Path+" was not downloaded", "once "+fix+" plans it again")
+			}
+			for _, w := range want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("shard of %s says %q; want %q in it", job.Path, err, w)
+				}
+			}
+		}
+		if got := h.Downloads(before); len(got) != 1 || got[res.Shards[0].Path] != 1 {
+			t.Fatalf("downloads asked for: %v; want the first shard's once", got)
+		}
+	}
+
+	withToken("hf_fine")
+	refused(plan("fine"), http.StatusForbidden, "HF_TOKEN may read the dataset", `"Read access to contents of all public gated repos you can access"`)
+	withToken("hf_good")
+	res := plan("fine")
+	if _, err := p.Objects.Get(ctx, RefusalKey("fine")); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the refusal after a new plan: %v; want it removed", err)
+	}
+	for _, job := range res.Shards {
+		if _, _, err := p.Shard(ctx, job, nil); err != nil {
+			t.Fatalf("shard of %s with a token the Hub takes: %v", job.Path, err)
+		}
+	}
+
+	res = plan("revoked")
+	h.Revoke("hf_good")
+	refused(res, http.StatusUnauthorized, "HF_TOKEN holds a valid token", "invalid or expired")
+}

@@ -96,10 +96,10 @@ func requireColumns(p Preset, path string, pf *parquet.File) error {
 	for i, col := range want {
 		leaf, ok := pf.Schema().Lookup(col)
 		if !ok {
-			return &PresetError{fmt.Errorf("dataset %s: %s has no column %q (columns: %v): fix the preset's columns", p.Name, path, col, columnNames(pf))}
+			return &PresetError{fmt.Errorf("dataset %s: %s has no column %q (columns: %v): name the columns to read with --columns (text=<column>), or fix the preset's", p.Name, path, col, columnNames(pf))}
 		}
 		if why := notText(leaf); i == 0 && why != "" {
-			return &PresetError{fmt.Errorf("dataset %s: %s's column %q %s: name the column that holds the text in the preset's columns", p.Name, path, col, why)}
+			return &PresetError{fmt.Errorf("dataset %s: %s's column %q %s: name the column that holds the text with --columns text=<column>, or in the preset's columns", p.Name, path, col, why)}
 		}
 	}
 	return nil
@@ -162,7 +162,7 @@ func firstDocument(ctx context.Context, p Preset, res *CheckResult) (int, error)
 	doc, err := src.Next(ctx)
 	if errors.Is(err, io.EOF) {
 		if skipped := src.Skipped(); len(skipped) > 0 {
-			return 0, &PresetError{fmt.Errorf("dataset %s: %s gave no document, every record skipped (%v): check the field or column the text is in (%q)",
+			return 0, &PresetError{fmt.Errorf("dataset %s: %s gave no document, every record skipped (%v): check the field or column the text is in (%q), or name another with --columns text=<name>",
 				p.Name, res.Sample, skipped, p.Columns.withDefaults().Text)}
 		}
 		return 0, nil

@@ -281,7 +281,7 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		}
 	}()
 	limits := Limits{MaxTokens: opt.MaxTokens, MaxDisk: opt.MaxDisk}
-	plan, err := p.Plan(ctx, PlanJob{Dataset: opt.Preset.Name, Store: storeName, Tokenizer: opt.TokenizerName, Seed: opt.Seed, MaxFiles: opt.MaxFiles, Limits: limits})
+	plan, err := p.Plan(ctx, PlanJob{Dataset: opt.Preset.Name, Preset: Carried(opt.Preset), Store: storeName, Tokenizer: opt.TokenizerName, Seed: opt.Seed, MaxFiles: opt.MaxFiles, Limits: limits})
 	var stop *StopError
 	var outside *OutsideRootsError
 	switch {

@@ -139,11 +139,16 @@ func newest(dir string) time.Time {
 
 // noRoom says, of an error that is a full disk (ENOSPC), which directory
 // has no room for what, and how much room it has; other errors are
-// returned as they are. Nothing a store committed is lost to a full disk:
-// an append that fails leaves it as it was.
+// returned as they are; dir "" is that of the file the error names.
+// Nothing a store committed is lost to a full disk: an append that fails
+// leaves it as it was.
 func noRoom(err error, dir, what string) error {
 	if !errors.Is(err, syscall.ENOSPC) {
 		return err
+	}
+	var pe *fs.PathError
+	if dir == "" && errors.As(err, &pe) {
+		dir = filepath.Dir(pe.Path) // a local object store's, say
 	}
 	free := "unknown"
 	if n, ferr := disk.Free(dir); ferr == nil {

@@ -104,3 +104,30 @@ func testFullDisk(t *testing.T, size int64) {
 		t.Fatalf("the store after the ingest again: %v", err)
 	}
 }
+
+// A disk that fills up as a shard's tokens are written for their append
+// (a direct ingest's data directory; the queue's, with the local object
+// store) stops the ingest naming that directory and what to do, as an
+// append does, where it was the bare error of the write.
+func TestAFullDiskUnderTheShardsSaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	disk := smallDisk(t, 64<<10)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "src"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for d := range 4000 {
+		fmt.Fprintf(&b, `{"text":"doc %d: func main() { fmt.Println(\"hello, world\") }"}`+"\n", d)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "src", "f.jsonl"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opt := skipsDirect(t, dir, nil)
+	opt.DataDir = disk
+	_, err := Direct(context.Background(), opt)
+	if err == nil || !strings.Contains(err.Error(), "no space left on the disk of "+disk) || !strings.Contains(err.Error(), "for the shard of ") ||
+		!strings.Contains(err.Error(), "(free there: ") || !strings.Contains(err.Error(), "run the ingest again") {
+		t.Fatalf("an ingest whose shards fill their disk: %v; want the directory, the shard and what to do named", err)
+	}
+}

@@ -145,11 +145,15 @@ func LookupPreset(presets map[string]Preset, name string) (Preset, error) {
 
 // Carried is p as a queued task carries it (PlanJob.Preset), so that the
 // worker reads the dataset as the command that queued it resolved it, its
-// presets file (--presets, KILN_DATASETS) included: nil for a local
-// dataset, which its name describes.
+// presets file (--presets, KILN_DATASETS) included. A local dataset's name
+// describes it but for its columns: it carries those alone, and nothing
+// when it reads the default ones.
 func Carried(p Preset) *Preset {
 	if p.Glob != "" {
-		return nil
+		if p.Columns == (Columns{}) {
+			return nil
+		}
+		return &Preset{Name: p.Name, Revision: p.Revision, Columns: p.Columns}
 	}
 	return &p
 }
@@ -157,10 +161,14 @@ func Carried(p Preset) *Preset {
 // ResolvePreset is the preset of a queued task that names dataset name: the
 // one it carries, checked as a presets file's entry is, or else name looked
 // up in presets (the worker's own; tasks queued before tasks carried their
-// preset).
+// preset). A local dataset is its name's, with the columns it carries.
 func ResolvePreset(presets map[string]Preset, name string, carried *Preset) (Preset, error) {
-	if carried == nil {
-		return LookupPreset(presets, name)
+	if carried == nil || strings.HasPrefix(name, LocalPrefix) {
+		p, err := LookupPreset(presets, name)
+		if err == nil && carried != nil {
+			p.Columns = carried.Columns
+		}
+		return p, err
 	}
 	p := *carried
 	if p.Name != name {
@@ -169,6 +177,36 @@ func ResolvePreset(presets map[string]Preset, name string, carried *Preset) (Pre
 	if err := p.validate(); err != nil {
 		return Preset{}, &PresetError{fmt.Errorf("the task's preset of %q: %w: queue it again with 'sched enqueue'", name, err)}
 	}
+	return p, nil
+}
+
+// WithColumns returns p reading the columns (parquet) or fields (JSON
+// lines) that spec names in place of its own: "text=content,id=path", of
+// the keys text, id, blob and encoding.
+func (p Preset) WithColumns(spec string) (Preset, error) {
+	if spec == "" {
+		return p, nil
+	}
+	c := p.Columns
+	for _, kv := range strings.Split(spec, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || v == "" {
+			return p, &PresetError{fmt.Errorf("--columns %q: want key=column[,key=column...] of the keys text, id, blob and encoding, for example text=content", spec)}
+		}
+		switch k {
+		case "text":
+			c.Text = v
+		case "id":
+			c.ID = v
+		case "blob":
+			c.Blob = v
+		case "encoding":
+			c.Encoding = v
+		default:
+			return p, &PresetError{fmt.Errorf("--columns %q: unknown key %q: give text, id, blob or encoding", spec, k)}
+		}
+	}
+	p.Columns = c
 	return p, nil
 }
 

@@ -638,7 +638,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	}
 	if err != nil {
 		p.markRefused(ctx, job, err)
-		return out, false, err
+		return out, false, noRoom(err, "", "the shard of "+job.Path)
 	}
 	if job.Repo != "" {
 		os.Remove(local)

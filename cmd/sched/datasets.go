@@ -21,7 +21,7 @@ import (
 )
 
 func init() {
-	var presetsFile, storesDir, revision string
+	var presetsFile, storesDir, revision, columns string
 	var set []string
 	cmd := &cobra.Command{
 		Use:   "datasets",
@@ -109,7 +109,7 @@ func init() {
 		Short: "Check a dataset before ingesting it: a preset's commit, files and columns on the hub, or a local:<glob>'s files and columns here",
 		Args:  exactArgs(1, "one dataset"),
 		RunE: func(c *cobra.Command, args []string) error {
-			p, _, err := resolvePreset(presetsFile, args[0], revision, set)
+			p, _, err := resolvePreset(presetsFile, args[0], revision, set, columns)
 			if err != nil {
 				return err
 			}
@@ -141,6 +141,7 @@ func init() {
 		},
 	}
 	check.Flags().StringArrayVar(&set, "set", nil, "preset variable, name=a,b (for example language=Python,Go), as 'sched enqueue ingest' takes it")
+	check.Flags().StringVar(&columns, "columns", "", columnsUsage)
 	check.Flags().StringVar(&revision, "revision", "", "a preset's dataset revision: a branch, tag or commit (default: the preset's)")
 	cmd.AddCommand(check)
 	rootCmd.AddCommand(cmd)

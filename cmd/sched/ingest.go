@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 type planFlags struct {
 	presetsFile, revision string
 	set                   []string
+	columns               string
 	maxTokens, maxDisk    string
 	maxFiles              int
 	seed                  uint64
@@ -37,6 +39,7 @@ func (p *planFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.presetsFile, "presets", "", "YAML file of dataset presets that add to or replace the built-in ones (default $KILN_DATASETS)")
 	f.StringVar(&p.revision, "revision", "", "a preset's dataset revision: a branch, tag or commit (default: the preset's; a local dataset has none)")
 	f.StringArrayVar(&p.set, "set", nil, "preset variable, name=a,b (for example language=Python,Go)")
+	f.StringVar(&p.columns, "columns", "", columnsUsage)
 	f.StringVar(&p.maxTokens, "max-tokens", "", "stop before the store passes this many tokens (25B, 500M)")
 	f.StringVar(&p.maxDisk, "max-disk", "", "stop before the store's tokens.bin passes this size (50G = 50 x 2^30 bytes, 50GB = 50 x 10^9)")
 	f.IntVar(&p.maxFiles, "max-files", 0, "read at most this many files of the seeded order (0: all)")
@@ -178,7 +181,7 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		fmt.Fprintln(out, rep.Stopped)
 	}
 	if rep.Files > 0 && rep.Appended == 0 && rep.Duplicates == 0 && rep.Same == 0 && rep.Stopped == "" && len(rep.SkippedFiles) > 0 {
-		return badInput("%s: none of its %d files holds text to ingest (skipped: %s; the first: %s): give files of UTF-8 text, JSON lines or Parquet", p.Name, rep.Files, rep.SkippedFiles, rep.FirstSkipped)
+		return badInput("%s: none of its %d files holds text to ingest (skipped: %s; the first: %s): give files of UTF-8 text, JSON lines or Parquet, and --columns text=<name> where their text is in another column or field than %q", p.Name, rep.Files, rep.SkippedFiles, rep.FirstSkipped, cmp.Or(p.Columns.Text, "text"))
 	}
 	if rep.Files > 0 && rep.Appended == 0 && rep.Stopped == "" {
 		return skippedBefore(p.Name, rep.Files, storeDir)
@@ -236,16 +239,20 @@ func (pf planFlags) check(dataset string) (p ingest.Preset, vars map[string][]st
 	if pf.maxFiles < 0 {
 		return p, nil, 0, 0, badInput("--max-files %d: give how many files of the seeded order to read, or 0 for all", pf.maxFiles)
 	}
-	if p, vars, err = resolvePreset(pf.presetsFile, dataset, pf.revision, pf.set); err != nil {
+	if p, vars, err = resolvePreset(pf.presetsFile, dataset, pf.revision, pf.set, pf.columns); err != nil {
 		return p, nil, 0, 0, err
 	}
 	return p, vars, maxTokens, maxDisk, nil
 }
 
+// columnsUsage is --columns' help, for every command that takes it.
+const columnsUsage = "the columns (parquet) or fields (JSON lines) to read in place of the dataset's, key=name of text, id, blob and encoding (for example text=content; a local dataset reads text alone by default)"
+
 // resolvePreset is the dataset's preset (from presetsFile, or
 // KILN_DATASETS, over the built-in ones) at revision (the preset's when
-// empty) with the --set variables in set put in.
-func resolvePreset(presetsFile, dataset, revision string, set []string) (p ingest.Preset, vars map[string][]string, err error) {
+// empty) with the --set variables in set put in, reading the --columns
+// of columns.
+func resolvePreset(presetsFile, dataset, revision string, set []string, columns string) (p ingest.Preset, vars map[string][]string, err error) {
 	presets, err := ingest.Presets(presetsFile)
 	if err != nil {
 		return p, nil, err
@@ -265,6 +272,9 @@ func resolvePreset(presetsFile, dataset, revision string, set []string) (p inges
 		return p, nil, err
 	}
 	if p, err = p.WithVars(vars); err != nil {
+		return p, nil, err
+	}
+	if p, err = p.WithColumns(columns); err != nil {
 		return p, nil, err
 	}
 	return p, vars, nil

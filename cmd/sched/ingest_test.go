@@ -334,6 +334,51 @@ func TestDatasetsCheckTakesSetAndNamesAValueThatMatchesNoFile(t *testing.T) {
 	}
 }
 
+// A local dataset whose text is in a field other than "text" is read with
+// --columns: the check and the direct ingest without it exit 2 saying so,
+// with it they read the field, and a queued ingest carries the columns to
+// the worker, whose own presets know nothing of them.
+func TestLocalDatasetReadsTheColumnsOfColumns(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "kiln")
+	b, _ := os.ReadFile(goldenTokenizerWithEOS(t, dir))
+	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
+	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	src := filepath.Join(data, "src")
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"content":"package main","path":"a.go"}`+"\n"+`{"content":"func f() {}","path":"b.go"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"content":"func g() {}","path":"c.go"}`+"\n"), 0o644)
+	glob := "local:" + filepath.Join(src, "*.jsonl")
+	env := []string{"KILN_DATA_DIR=" + data}
+
+	if _, errOut, code := sched(t, env, "datasets", "check", glob); code != 2 || !strings.Contains(errOut, "--columns text=<name>") {
+		t.Errorf("check without --columns: exit %d, %q; want exit 2 naming --columns", code, errOut)
+	}
+	if out, errOut, code := sched(t, env, "datasets", "check", glob, "--columns", "text=content,id=path"); code != 0 || !strings.Contains(out, `field "content"`) {
+		t.Errorf("check --columns text=content: exit %d\n%s%s", code, out, errOut)
+	}
+	if _, errOut, code := sched(t, env, "datasets", "check", glob, "--columns", "body"); code != 2 || !strings.Contains(errOut, "--columns \"body\": want key=column") {
+		t.Errorf("check --columns body: exit %d, %q; want exit 2 saying the form", code, errOut)
+	}
+	direct := filepath.Join(dir, "direct")
+	if _, errOut, code := sched(t, env, "ingest", glob, "--direct", "--store-dir", direct, "--tokenizer", "tk"); code != 2 || !strings.Contains(errOut, `--columns text=<name> where their text is in another column or field than "text"`) {
+		t.Errorf("ingest --direct without --columns: exit %d, %q; want exit 2 naming --columns", code, errOut)
+	}
+	if out, errOut, code := sched(t, env, "ingest", glob, "--direct", "--store-dir", filepath.Join(dir, "direct2"), "--tokenizer", "tk", "--columns", "text=content"); code != 0 || !strings.Contains(out, "2 appended (3 documents") {
+		t.Errorf("ingest --direct --columns text=content: exit %d\n%s%s", code, out, errOut)
+	}
+
+	redis := testsvc.StartRedis(t)
+	env = append(env, "KILN_REDIS_URL="+redis.URL(0))
+	if out, errOut, code := sched(t, env, "enqueue", "ingest", glob, "--store", "code", "--tokenizer", "tk", "--columns", "text=content"); code != 0 || !strings.Contains(out, "queued ingest:plan:") {
+		t.Fatalf("enqueue ingest --columns text=content: exit %d\n%s%s", code, out, errOut)
+	}
+	startWorker(t, env, "--queues", "ingest=1,append=1")
+	if m := waitForStore(t, redis.Addr, filepath.Join(data, "tokens", "code"), 2); m.Documents != 3 || len(m.Skipped) != 0 {
+		t.Fatalf("the queued ingest's store holds %d documents and skipped %+v; want the 3 of the field content", m.Documents, m.Skipped)
+	}
+}
+
 // A dataset of the user's presets file (--presets here, KILN_DATASETS
 // alike) is ingested by a worker that has no copy of the file: the plan
 // carries the preset as the command resolved it. Before, the worker looked

@@ -172,10 +172,17 @@ func enqueueTokenizer(c *cobra.Command, cfg scheduler.Config, r tokenizerRequest
 	// A tokenizer of this name being made by another request (other
 	// datasets, size, seed or vocabulary) would be published first, and
 	// this one's work thrown away: refused. The same request again is
-	// "already queued".
+	// "already queued", its samples' or, once they are drawn, its
+	// training's.
+	out := c.OutOrStdout()
 	if live, err := q.LiveTokenizer(ctx, r.name); err != nil {
 		return err
 	} else if live != nil {
+		if id, err := scheduler.TaskID(worker.TokenizerTrainTask(tasks[0])); err == nil && id == live.ID {
+			fmt.Fprintf(out, "tokenizer %s: its samples are drawn, and tokenizer:train is already %s as %s; nothing queued ('sched status %s' follows it); the tokenizer lands at %s\n",
+				r.name, stateWord(live.State.String()), live.ID, live.ID, catalog.Key(r.name))
+			return nil
+		}
 		ours := false
 		for _, t := range tasks {
 			if id, err := scheduler.TaskID(t); err == nil && id == live.ID {
@@ -187,7 +194,6 @@ func enqueueTokenizer(c *cobra.Command, cfg scheduler.Config, r tokenizerRequest
 				r.name, live.ID, live.State, live.ID)
 		}
 	}
-	out := c.OutOrStdout()
 	for _, t := range tasks {
 		fmt.Fprintf(out, "%s, %d bytes: ", t.Dataset, t.Bytes)
 		sub, err := q.Again(ctx, t)

@@ -18,6 +18,7 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 // trainSmall learns a small vocabulary for a command test.
@@ -98,6 +99,38 @@ func TestEnqueueTokenizerQueuesOneSampleTaskPerDataset(t *testing.T) {
 	// A tokenizer being made can be the one another is compared with.
 	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "code-8k", "--vocab", "8192", "--previous", "code-16k"); code != 0 {
 		t.Errorf("--previous naming a tokenizer being made: exit %d, %q %q", code, out, errOut)
+	}
+
+	// The samples drawn, the last queued the training, as a worker's does:
+	// the same request again is that training, already queued, and queues
+	// no sample again; another is refused, naming the training.
+	q := scheduler.NewClient(opt)
+	defer q.Close()
+	a, err := scheduler.Decode[scheduler.TokenizerSample](pending[0].Payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ti := range pending {
+		if err := insp.DeleteTask(scheduler.QueueIngest, ti.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	train, err := q.Enqueue(context.Background(), worker.TokenizerTrainTask(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = sched(t, env, "enqueue", "tokenizer", "code-16k")
+	if code != 0 || !strings.Contains(out, "tokenizer:train is already queued as "+train.ID+"; nothing queued") {
+		t.Errorf("the same request while its training is queued: exit %d\n%s%s", code, out, errOut)
+	}
+	pending, _ = insp.ListPendingTasks(scheduler.QueueIngest)
+	for _, ti := range pending {
+		if a, err := scheduler.Decode[scheduler.TokenizerSample](ti.Payload); err != nil || a.Name != "code-8k" {
+			t.Errorf("the same request while its training is queued queued %s (%+v); want nothing", ti.ID, a)
+		}
+	}
+	if _, errOut, code := sched(t, env, "enqueue", "tokenizer", "code-16k", "--seed", "2"); code != 2 || !strings.Contains(errOut, "is being made by another request ("+train.ID) {
+		t.Errorf("another request while code-16k's training is queued: exit %d, %q", code, errOut)
 	}
 }
 

@@ -94,6 +94,12 @@ func (c *Client) Status(ctx context.Context) ([]QueueStatus, error) {
 
 // knownQueues returns the queues asynq has seen a task in; asking about
 // another is an error in asynq, while to kiln it is just an empty queue.
+//
+// asynq adds a queue to its set (asynqQueues) at a process's first task
+// there, and only then: a worker that queued appends before Redis lost its
+// data queues more after it without adding the queue again, and its tasks
+// would be there, unseen by status, cancel, retry and the waits for an
+// ingest. Kiln's own queues are added back where they are missing.
 func (c *Client) knownQueues() (map[string]bool, error) {
 	qs, err := c.insp.Queues()
 	if err != nil {
@@ -103,8 +109,26 @@ func (c *Client) knownQueues() (map[string]bool, error) {
 	for _, q := range qs {
 		m[q] = true
 	}
+	var missing []any
+	for _, q := range Queues {
+		if !m[q] {
+			missing = append(missing, q)
+		}
+	}
+	if len(missing) > 0 {
+		if err := c.rdb.SAdd(context.Background(), asynqQueues, missing...).Err(); err != nil {
+			return nil, fmt.Errorf("list queues: %w", err)
+		}
+		for _, q := range missing {
+			m[q.(string)] = true
+		}
+	}
 	return m, nil
 }
+
+// asynqQueues is the Redis set in which asynq (v0.26) keeps the names of
+// its queues.
+const asynqQueues = "asynq:queues"
 
 func newTaskStatus(ti *asynq.TaskInfo) TaskStatus {
 	ts := TaskStatus{

@@ -74,3 +74,30 @@ func TestLiveIngestMissesNoTaskOnTheMove(t *testing.T) {
 	}
 	t.Logf("%d scans while %d tasks ran, %d failing once", scans, total, len(failed))
 }
+
+// A worker's client that queued on a queue before Redis lost its data (a
+// restart without its append-only file) queues there after it too, and
+// asynq does not name that queue again: the tasks are still found by a
+// fresh client (sched status, cancel, retry, the waits for an ingest).
+func TestTasksQueuedAfterRedisLostItsDataAreFound(t *testing.T) {
+	worker, opt := newTestClient(t)
+	ctx := context.Background()
+	if _, err := worker.Enqueue(ctx, IngestAppend{Store: "s1", ShardID: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := worker.Redis().FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := worker.Enqueue(ctx, IngestAppend{Store: "s2", ShardID: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	cli := NewClient(opt)
+	defer cli.Close()
+	if n, err := cli.LiveIngest(ctx, "s2"); err != nil || n != 1 {
+		t.Errorf("the ingest of s2, its append queued after the data loss: %d live tasks, %v; want 1", n, err)
+	}
+	id, _ := TaskID(IngestAppend{Store: "s2", ShardID: "b"})
+	if ts, err := cli.Find(ctx, id); err != nil || ts.Queue != QueueAppend {
+		t.Errorf("Find(%s) after the data loss: %+v, %v", id, ts, err)
+	}
+}

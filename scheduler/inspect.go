@@ -47,8 +47,13 @@ type TaskStatus struct {
 	NextRun time.Time
 	// Orphaned is asynq's word for an active task whose lease lapsed.
 	Orphaned bool
-	// Lost is set by Snapshot on an active task whose worker is gone.
+	// Lost is set by Snapshot on an active task whose worker is gone, or
+	// whose lease lapsed (Orphaned).
 	Lost bool
+	// WorkerLive is set by Snapshot where the worker process the task's
+	// progress names still heartbeats: a lost task's lease lapsed under a
+	// live worker (a Redis outage longer than the lease).
+	WorkerLive bool
 	// Cancelled is an archived task stopped by `sched cancel` (its
 	// cancel mark); set by Snapshot, Runs and Task. Snapshot sets it on a
 	// running task that `sched cancel` asked to stop too.

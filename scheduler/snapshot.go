@@ -210,7 +210,8 @@ func (s *Snapshot) markLost(servers []*asynq.ServerInfo) {
 		if t.State != "active" {
 			continue
 		}
-		t.Lost = t.Orphaned || (!held[t.ID] && t.HasProgress && t.Progress.Worker != "" && !live[t.Progress.Worker])
+		t.WorkerLive = t.HasProgress && live[t.Progress.Worker]
+		t.Lost = t.Orphaned || (!held[t.ID] && t.HasProgress && t.Progress.Worker != "" && !t.WorkerLive)
 	}
 }
 

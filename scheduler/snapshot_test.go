@@ -32,3 +32,21 @@ func TestAWorkerRunsTheRunningTasksThatAreItsOwn(t *testing.T) {
 		t.Fatalf("running per worker %v; want vm:1 2 (started, no-progress-yet), vm:2 1", got)
 	}
 }
+
+// A running task is lost when its worker stops heartbeating, or when its
+// lease lapsed (asynq's orphaned) under a worker that heartbeats still: a
+// Redis outage longer than the lease. The second says its worker lives.
+func TestALostTaskSaysWhetherItsWorkerLives(t *testing.T) {
+	servers := []*asynq.ServerInfo{{Host: "vm", PID: 1, Queues: map[string]int{QueueGPU: 1}, Concurrency: 1}}
+	s := &Snapshot{Tasks: []TaskStatus{
+		{ID: "lapsed", State: "active", Orphaned: true, HasProgress: true, Progress: Progress{Worker: "vm:1"}},
+		{ID: "dead", State: "active", HasProgress: true, Progress: Progress{Worker: "vm:9"}},
+		{ID: "running", State: "active", HasProgress: true, Progress: Progress{Worker: "vm:1"}},
+	}}
+	s.markLost(servers)
+	for i, want := range []struct{ lost, live bool }{{true, true}, {true, false}, {false, true}} {
+		if got := s.Tasks[i]; got.Lost != want.lost || got.WorkerLive != want.live {
+			t.Errorf("%s: lost %v, worker live %v; want %v, %v", got.ID, got.Lost, got.WorkerLive, want.lost, want.live)
+		}
+	}
+}

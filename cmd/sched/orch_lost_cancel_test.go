@@ -21,4 +21,8 @@ func TestALostTaskThatWasCancelledSaysItWillNotRunAgain(t *testing.T) {
 	if got := lostDetail(ts); got != "worker vm:42 stopped heartbeating; cancelled: a worker on queue gpu that recovers it archives it without running it" {
 		t.Errorf("lost task that was cancelled: %q", got)
 	}
+	ts.Cancelled, ts.WorkerLive = false, true
+	if got := lostDetail(ts); got != "worker vm:42 lost the task's lease (cut off from Redis for longer than it) and stops it; the task runs again once a worker on queue gpu recovers it" {
+		t.Errorf("lost task whose worker heartbeats: %q", got)
+	}
 }

@@ -131,16 +131,22 @@ func (v *runView) classify() {
 	}
 }
 
-// lostDetail names the worker that stopped heartbeating.
+// lostDetail names the worker that stopped heartbeating, or that lost the
+// task's lease while it heartbeats still (cut off from Redis for longer
+// than the lease: it stops the task at once).
 func lostDetail(t scheduler.TaskStatus) string {
 	who := "its worker"
 	if t.HasProgress && t.Progress.Worker != "" {
 		who = "worker " + t.Progress.Worker
 	}
-	if t.Cancelled {
-		return who + " stopped heartbeating; cancelled: a worker on queue " + t.Queue + " that recovers it archives it without running it"
+	what := who + " stopped heartbeating"
+	if t.WorkerLive {
+		what = who + " lost the task's lease (cut off from Redis for longer than it) and stops it"
 	}
-	return who + " stopped heartbeating; the task runs again once a worker on queue " + t.Queue + " recovers it"
+	if t.Cancelled {
+		return what + "; cancelled: a worker on queue " + t.Queue + " that recovers it archives it without running it"
+	}
+	return what + "; the task runs again once a worker on queue " + t.Queue + " recovers it"
 }
 
 // line is the run's one-line status.

@@ -55,6 +55,12 @@ type Params struct {
 	// latency. Default 100ms: about ten polls a second per idle queue, which
 	// Redis does not notice.
 	TaskCheckInterval time.Duration
+	// AppendClaim is this worker's claim on the append queue (ClaimAppend),
+	// required where the worker serves it outside a test. Should a worker
+	// of another disk take it, this worker stops serving append and
+	// re-queues the appends it runs, for that worker: two disks appending
+	// the same stores would split them.
+	AppendClaim *AppendClaim
 }
 
 // DefaultTaskCheckInterval is Params.TaskCheckInterval's default.
@@ -74,6 +80,10 @@ type Worker struct {
 	// grace period to reach a safe point.
 	drain       context.Context
 	cancelDrain context.CancelFunc
+	// queueDrain[q] is drain for the handlers of queue q, which one queue
+	// alone can end too (stopServing), with its cause.
+	queueDrain map[string]context.Context
+	stopQueue  map[string]context.CancelCauseFunc
 	// slots bound each queue's running handlers to its concurrency. asynq
 	// frees a task's place as soon as the task's context is cancelled
 	// (sched cancel), while its handler still writes its stop checkpoint;
@@ -140,6 +150,9 @@ func New(p Params) (*Worker, error) {
 	if len(p.Queues) == 0 {
 		return nil, errors.New("worker: Params.Queues is empty")
 	}
+	if p.AppendClaim != nil && p.Queues[scheduler.QueueAppend] == 0 {
+		return nil, errors.New("worker: Params.AppendClaim is set but the append queue is not in Params.Queues")
+	}
 	set, err := p.Handlers.build()
 	if err != nil {
 		return nil, err
@@ -179,9 +192,11 @@ func New(p Params) (*Worker, error) {
 	w := &Worker{p: p, set: set, iso: iso, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
 	w.drain, w.cancelDrain = context.WithCancel(context.Background())
 	w.slots = map[string]chan struct{}{}
+	w.queueDrain, w.stopQueue = map[string]context.Context{}, map[string]context.CancelCauseFunc{}
 	w.down = newRedisDown(p.Logger, redisAddr(p.Redis), func(ctx context.Context) error { return w.rdb.Ping(ctx).Err() })
 	for q, n := range p.Queues {
 		w.slots[q] = make(chan struct{}, n)
+		w.queueDrain[q], w.stopQueue[q] = context.WithCancelCause(w.drain)
 		w.queues = append(w.queues, q)
 		w.servers = append(w.servers, asynq.NewServer(p.Redis, asynq.Config{
 			Concurrency:              n,
@@ -216,12 +231,24 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	w.p.Logger.Info("worker started", zap.Any("queues", w.p.Queues), zap.Strings("handlers", w.set.kinds()), zap.String("name", w.p.Name))
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if c := w.p.AppendClaim; c != nil {
+			select {
+			case <-c.Lost():
+				w.stopServing(scheduler.QueueAppend, &claimLostError{c.LostTo()})
+			case <-w.drain.Done():
+			}
+		}
+	}()
 	<-ctx.Done()
 	w.p.Logger.Info("worker draining", zap.Duration("grace", w.p.ShutdownGrace))
 	for _, s := range w.servers {
 		s.Stop()
 	}
 	w.cancelDrain()
+	<-watched
 	done := make(chan struct{})
 	for _, s := range w.servers {
 		go func() { s.Shutdown(); done <- struct{}{} }()
@@ -234,12 +261,46 @@ func (w *Worker) Run(ctx context.Context) error {
 	return w.rdb.Close()
 }
 
-// interruptedError is a handler's error after shutdown began: the work
-// stopped at a safe point and must run again, which is not a failure, so
-// it does not use up a retry.
-type interruptedError struct{ err error }
+// stopServing stops queue q alone while the worker's other queues go on:
+// its server takes no new task, and its running handlers' contexts end
+// with cause, so that they stop at a safe point and are re-queued, as at
+// a shutdown, for another worker to run.
+func (w *Worker) stopServing(q string, cause error) {
+	w.p.Logger.Warn("this worker stops serving queue "+q+"; its running tasks stop at a safe point and are re-queued",
+		zap.String("queue", q), zap.NamedError("why", cause))
+	for i, s := range w.servers {
+		if w.queues[i] == q {
+			s.Stop()
+		}
+	}
+	if stop := w.stopQueue[q]; stop != nil {
+		stop(cause)
+	}
+}
 
-func (e *interruptedError) Error() string { return "interrupted by worker shutdown: " + e.err.Error() }
+// claimLostError is why a worker stopped serving append: another disk's
+// worker claimed it.
+type claimLostError struct{ to AppendHolder }
+
+func (e *claimLostError) Error() string {
+	return "the append claim was lost to the worker on " + e.to.String()
+}
+
+// interruptedError is a handler's error after shutdown began, or after its
+// queue alone stopped: the work stopped at a safe point and must run
+// again, which is not a failure, so it does not use up a retry.
+type interruptedError struct {
+	err error
+	// by is what stopped it; nil: the worker's shutdown.
+	by error
+}
+
+func (e *interruptedError) Error() string {
+	if e.by != nil {
+		return "interrupted (" + e.by.Error() + "): " + e.err.Error()
+	}
+	return "interrupted by worker shutdown: " + e.err.Error()
+}
 func (e *interruptedError) Unwrap() error { return e.err }
 
 // WaitError is a handler's answer when its task needs earlier work that is
@@ -304,6 +365,10 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) (err error) {
 		id, _ := asynq.GetTaskID(ctx)
 		retried, _ := asynq.GetRetryCount(ctx)
+		drain := w.drain
+		if q, ok := asynq.GetQueueName(ctx); ok && w.queueDrain[q] != nil {
+			drain = w.queueDrain[q]
+		}
 		log := w.p.Logger.With(zap.String("task_id", id), zap.String("kind", t.Type()), zap.Int("retried", retried))
 		ttl := 7 * 24 * time.Hour
 		if p, ok := scheduler.PolicyFor(t.Type()); ok {
@@ -319,7 +384,7 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		// task as failed at once, while the handler is still saving state.
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stop := context.AfterFunc(w.drain, cancel)
+		stop := context.AfterFunc(drain, cancel)
 		defer stop()
 		log.Info("task started")
 
@@ -340,8 +405,12 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				rep.finish("stopped", msg)
 				log.Info("task done: the ingest reached its limit", zap.String("reason", msg), zap.Duration("took", time.Since(start)))
 				return
-			case w.drain.Err() != nil && !errors.Is(err, asynq.SkipRetry):
-				err = &interruptedError{err}
+			case drain.Err() != nil && !errors.Is(err, asynq.SkipRetry):
+				ie := &interruptedError{err: err}
+				if w.drain.Err() == nil {
+					ie.by = context.Cause(drain)
+				}
+				err = ie
 				rep.finish("interrupted", err.Error())
 				log.Warn("task interrupted; re-queued", zap.Error(err))
 				return

@@ -53,6 +53,19 @@ func init() {
 			defer q.Close()
 			log := logger(cfg)
 			defer log.Sync()
+			var claim *worker.AppendClaim
+			if qs[scheduler.QueueAppend] > 0 {
+				// Before anything touches the stores: they live on the
+				// disk of the worker that appends them, and this worker's
+				// start makes their statuses say what its disk holds,
+				// which on a second disk would clear every status
+				// (worker.ClaimAppend says more).
+				claim, err = worker.ClaimAppend(c.Context(), worker.AppendClaimParams{Redis: q.Redis(), DataDir: cfg.DataDir, Logger: log})
+				if err != nil {
+					return err
+				}
+				defer claim.Close()
+			}
 			hs, err := workerHandlers(c.Context(), cfg, qs, q, log)
 			if err != nil {
 				return err
@@ -72,7 +85,7 @@ func init() {
 				}
 				iso = &worker.Isolation{Queues: []string{scheduler.QueueGPU}, Command: append([]string{exe}, taskArgs...), Env: configEnv(cfg)}
 			}
-			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, Handlers: hs, Isolate: iso, ShutdownGrace: cfg.ShutdownGrace, Logger: log})
+			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, Handlers: hs, Isolate: iso, ShutdownGrace: cfg.ShutdownGrace, Logger: log, AppendClaim: claim})
 			if err != nil {
 				return err
 			}
@@ -88,7 +101,7 @@ func init() {
 			return w.Run(c.Context())
 		},
 	}
-	cmd.Flags().StringVar(&queues, "queues", "ingest=4", "queues and concurrency, e.g. ingest=4,append=2,gpu=1 (two appends: one reads its shard while the other commits)")
+	cmd.Flags().StringVar(&queues, "queues", "ingest=4", "queues and concurrency, e.g. ingest=4,append=2,gpu=1 (two appends: one reads its shard while the other commits; append from one machine only, the one whose disk holds the token stores)")
 	rootCmd.AddCommand(cmd)
 	rootCmd.AddCommand(&cobra.Command{
 		Use:    taskCommand,

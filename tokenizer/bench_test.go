@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -87,6 +89,75 @@ func BenchmarkLongWord(b *testing.B) {
 	}
 }
 
+// BenchmarkLongWordMemory encodes one word of 4 MiB (a run of spaces, as
+// a document of whitespace is one `\s+` word under either pattern, and
+// letters with no whitespace) and reports, per byte of the word, the bytes
+// allocated and the most the heap held above where it started (sampled
+// every 100µs, garbage not yet collected included: what the process's
+// resident memory follows).
+func BenchmarkLongWordMemory(b *testing.B) {
+	const n = 4 << 20
+	words := []struct {
+		name string
+		w    []byte
+	}{
+		{"spaces", bytes.Repeat([]byte{' '}, n)},
+		{"letters", bytes.Repeat([]byte("abcdefghijklmnopqrstuvwxyz"), n/26+1)[:n]},
+	}
+	for _, style := range styles {
+		tk := loadStyle(b, style)
+		for _, w := range words {
+			b.Run(style+"/"+w.name, func(b *testing.B) {
+				b.SetBytes(n)
+				b.ReportAllocs()
+				var peak uint64
+				for b.Loop() {
+					peak = max(peak, heapPeak(func() { tk.EncodeBytes(w.w) }))
+				}
+				b.ReportMetric(float64(peak)/n, "peak-B/byte")
+			})
+		}
+	}
+}
+
+// heapPeak runs f and returns the most the heap's objects, live or not
+// yet swept, came to above where they were after a collection before it.
+func heapPeak(f func()) uint64 {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	read := func() uint64 {
+		metrics.Read(sample)
+		return sample[0].Value.Uint64()
+	}
+	runtime.GC()
+	base := read()
+	var peak atomic.Uint64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	tick := time.NewTicker(100 * time.Microsecond)
+	defer tick.Stop()
+	go func() {
+		defer wg.Done()
+		for {
+			if v := read(); v > peak.Load() {
+				peak.Store(v)
+			}
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	f()
+	close(done)
+	wg.Wait()
+	if p := max(peak.Load(), read()); p > base {
+		return p - base
+	}
+	return 0
+}
+
 // BenchmarkTrain trains a 16384 vocabulary on KILN_TOKENIZER_TRAIN_TEXT (or
 // the golden texts, with a 4096 vocabulary).
 func BenchmarkTrain(b *testing.B) {
@@ -111,20 +182,17 @@ func BenchmarkTrain(b *testing.B) {
 // BenchmarkEncodePool is the pattern of ingest's encoder pool:
 // GOMAXPROCS goroutines take documents of about 8 KB from a channel and
 // encode each, with word tables of their own (own: AppendEncoded) or the
-// ones a Tokenizer's workers share (among: AppendEncodedAmong). Each pass
-// is on a freshly parsed tokenizer, as ingest meets text it has not seen;
-// the parse is outside the clock.
+// ones a Tokenizer's workers share (among: AppendEncodedAmong; bounded:
+// AppendEncodedAmongBounded at DefaultMaxWordBytes, as ingest calls it).
+// Each pass is on a freshly parsed tokenizer, as ingest meets text it has
+// not seen; the parse is outside the clock.
 func BenchmarkEncodePool(b *testing.B) {
 	text := benchText(b)
 	docs := docs8K(string(text))
 	for _, style := range styles {
 		raw := readTestdata(b, style+".tokenizer.json")
-		for _, among := range []bool{false, true} {
-			name := style + "/own"
-			if among {
-				name = style + "/among"
-			}
-			b.Run(name, func(b *testing.B) {
+		for _, mode := range []string{"own", "among", "bounded"} {
+			b.Run(style+"/"+mode, func(b *testing.B) {
 				b.SetBytes(int64(len(text)))
 				n := runtime.GOMAXPROCS(0)
 				var cpu time.Duration
@@ -145,10 +213,16 @@ func BenchmarkEncodePool(b *testing.B) {
 							var ids []uint32
 							for d := range work {
 								p := unsafe.Slice(unsafe.StringData(d), len(d))
-								if among {
-									ids = tk.AppendEncodedAmong(n, ids[:0], p)
-								} else {
+								switch mode {
+								case "own":
 									ids = tk.AppendEncoded(ids[:0], p)
+								case "among":
+									ids = tk.AppendEncodedAmong(n, ids[:0], p)
+								default:
+									var err error
+									if ids, err = tk.AppendEncodedAmongBounded(n, ids[:0], p, DefaultMaxWordBytes); err != nil {
+										panic(err)
+									}
 								}
 							}
 						}()

@@ -160,92 +160,168 @@ func (m *mergeTable) mergeWith(syms []uint32, s *mergeScratch) []uint32 {
 	return out
 }
 
-// mergeHeap is merge for long words: a doubly linked list of symbols and a
-// binary min-heap of candidate merges keyed by (rank, position). Entries go
-// stale when a neighbour merges; they are recognised on pop by comparing the
-// pair's current merge with the one recorded.
+// mergeHeap is merge for long words: the symbols linked in order, and a
+// binary min-heap of candidate merges, each rank<<32 | position, so that
+// the smallest is the lowest rank, leftmost (a rank is one pair's, so it
+// names the id too). Entries go stale when a neighbour merges; they are
+// recognised on pop by the pair's current rank.
+//
+// With the symbols it holds 8 bytes a symbol and 8 a candidate, 17 bytes
+// a byte of a word of spaces (every pair a candidate): with prev and alive
+// arrays and candidates of 16 bytes in a heap grown by append it took 68
+// at the peak (BenchmarkLongWordMemory), and a document of 16 MiB of
+// spaces took 1.2 GB resident to encode, against 290 MB.
 func (m *mergeTable) mergeHeap(syms []uint32) []uint32 {
 	n := len(syms)
-	prev := make([]int32, n)
+	// next[i] is where the symbol after symbol i starts, n after the last:
+	// symbol i covers the positions up to it. A position merged away has a
+	// negative next, ^start of the symbol it went into; at the last
+	// position of a symbol of several that start is kept up to date, so
+	// that the symbol before i is found from position i-1 with no prev
+	// array.
 	next := make([]int32, n)
-	alive := make([]bool, n)
-	for i := range syms {
-		prev[i], next[i], alive[i] = int32(i-1), int32(i+1), true
-	}
-	next[n-1] = -1
-	type cand struct {
-		val uint64 // rank<<32 | new id
-		pos int32
-	}
-	less := func(a, b cand) bool { return a.val < b.val || (a.val == b.val && a.pos < b.pos) }
-	var h []cand
-	push := func(c cand) {
-		h = append(h, c)
-		for i := len(h) - 1; i > 0; {
-			p := (i - 1) / 2
-			if !less(h[i], h[p]) {
-				break
-			}
-			h[i], h[p] = h[p], h[i]
-			i = p
+	c0 := 0
+	for i := range next {
+		next[i] = int32(i + 1)
+		if i+1 < n && m.get(syms[i], syms[i+1]) != noMerge {
+			c0++
 		}
 	}
-	pop := func() cand {
-		top := h[0]
-		last := len(h) - 1
-		h[0] = h[last]
-		h = h[:last]
-		for i := 0; ; {
-			l, r, s := 2*i+1, 2*i+2, i
-			if l < len(h) && less(h[l], h[s]) {
-				s = l
-			}
-			if r < len(h) && less(h[r], h[s]) {
-				s = r
-			}
-			if s == i {
-				break
-			}
-			h[i], h[s] = h[s], h[i]
-			i = s
-		}
-		return top
-	}
+	// Room for the first candidates and an eighth more: the heap held at
+	// most 1.01 times its first candidates on every word of 1 MiB tried
+	// (runs of one character, letters, random letters, digits and bytes,
+	// the golden vocabulary of 30,000 tokens), where its bound is the
+	// first ones and one a merge, up to twice the symbols. Full, it drops
+	// its stale entries before it grows (compact).
+	h := make(mergeQueue, 0, mergeHeapRoom(c0))
 	for i := 0; i+1 < n; i++ {
 		if v := m.get(syms[i], syms[i+1]); v != noMerge {
-			push(cand{v, int32(i)})
+			h = append(h, v>>32<<32|uint64(i))
 		}
 	}
+	h.init()
+	push := func(a, b int32) {
+		v := m.get(syms[a], syms[b])
+		if v == noMerge {
+			return
+		}
+		if len(h) == cap(h) {
+			h = m.compact(h, syms, next)
+		}
+		h = append(h, v>>32<<32|uint64(a))
+		h.up(len(h) - 1)
+	}
 	for len(h) > 0 {
-		c := pop()
-		i := c.pos
-		if !alive[i] || next[i] < 0 {
+		c := h.pop()
+		i, j, v, ok := m.current(c, syms, next)
+		if !ok {
 			continue
 		}
-		j := next[i]
-		if m.get(syms[i], syms[j]) != c.val {
-			continue
-		}
-		syms[i] = uint32(c.val)
-		alive[j] = false
-		next[i] = next[j]
-		if next[j] >= 0 {
-			prev[next[j]] = i
-		}
-		if p := prev[i]; p >= 0 {
-			if v := m.get(syms[p], syms[i]); v != noMerge {
-				push(cand{v, p})
+		syms[i] = uint32(v)
+		k := next[j]
+		next[i], next[j], next[k-1] = k, ^i, ^i
+		if i > 0 {
+			p := i - 1
+			if q := next[p]; q < 0 {
+				p = ^q
 			}
+			push(p, i)
 		}
-		if k := next[i]; k >= 0 {
-			if v := m.get(syms[i], syms[k]); v != noMerge {
-				push(cand{v, i})
-			}
+		if k < int32(n) {
+			push(i, k)
 		}
 	}
 	out := syms[:0]
-	for i := int32(0); i >= 0; i = next[i] {
+	for i := 0; i < n; i = int(next[i]) {
 		out = append(out, syms[i])
 	}
 	return out
+}
+
+// current reports whether candidate c of mergeHeap is still the merge of
+// the pair at its position: that position starts a symbol that has one
+// after it, at j, and the two merge at c's rank. v is their merge.
+func (m *mergeTable) current(c uint64, syms []uint32, next []int32) (i, j int32, v uint64, ok bool) {
+	i = int32(uint32(c))
+	j = next[i]
+	if j < 0 || int(j) >= len(next) {
+		return i, j, 0, false
+	}
+	// noMerge's rank half is above every rank.
+	v = m.get(syms[i], syms[j])
+	return i, j, v, v>>32 == c>>32
+}
+
+// mergeHeapRoom is the room mergeHeap makes for c0 first candidates. A
+// variable for tests, which make it small to exercise compact.
+var mergeHeapRoom = func(c0 int) int { return c0 + c0/8 + 16 }
+
+// compact makes room in mergeHeap's full heap q: it drops the candidates
+// pop would skip, and grows q by half when that frees less than a quarter
+// of it, so that each compaction pays for the pushes that fill it. A
+// candidate dropped as stale cannot become current later but by its pair
+// forming again, which pushes it again.
+func (m *mergeTable) compact(q mergeQueue, syms []uint32, next []int32) mergeQueue {
+	kept := q[:0]
+	for _, c := range q {
+		if _, _, _, ok := m.current(c, syms, next); ok {
+			kept = append(kept, c)
+		}
+	}
+	kept.init()
+	if len(kept) > cap(q)-cap(q)/4 {
+		grown := make(mergeQueue, len(kept), cap(q)+cap(q)/2+1)
+		copy(grown, kept)
+		kept = grown
+	}
+	return kept
+}
+
+// mergeQueue is a binary min-heap of uint64s.
+type mergeQueue []uint64
+
+func (q mergeQueue) init() {
+	for i := len(q)/2 - 1; i >= 0; i-- {
+		q.down(i)
+	}
+}
+
+func (q mergeQueue) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if q[p] <= q[i] {
+			return
+		}
+		q[i], q[p] = q[p], q[i]
+		i = p
+	}
+}
+
+func (q mergeQueue) down(i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(q) {
+			return
+		}
+		s := l
+		if r := l + 1; r < len(q) && q[r] < q[l] {
+			s = r
+		}
+		if q[i] <= q[s] {
+			return
+		}
+		q[i], q[s] = q[s], q[i]
+		i = s
+	}
+}
+
+// pop removes and returns the smallest.
+func (q *mergeQueue) pop() uint64 {
+	h := *q
+	top, last := h[0], len(h)-1
+	h[0] = h[last]
+	h = h[:last]
+	h.down(0)
+	*q = h
+	return top
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // These tests hold kiln to HF tokenizers itself: they run the npm package
@@ -129,6 +130,40 @@ func TestMatchesHFOnRandomText(t *testing.T) {
 		}
 		if bad > 0 {
 			t.Errorf("%s: %d of %d texts differ from HF", style, bad, len(texts))
+		}
+	}
+}
+
+// Long words, merged by mergeHeap (more than longWord bytes), get HF's
+// ids: runs of one character, letters, code's characters and digits of up
+// to about 20,000 bytes (longWordsToMerge's, those that are valid UTF-8,
+// which is all HF takes).
+func TestLongWordsMatchHF(t *testing.T) {
+	hfModuleDir(t)
+	var texts []string
+	for _, w := range longWordsToMerge(rand.New(rand.NewPCG(1, 2))) {
+		if utf8.Valid(w) {
+			texts = append(texts, string(w))
+		}
+	}
+	for _, style := range styles {
+		tk := loadStyle(t, style)
+		path := filepath.Join(t.TempDir(), style+".tokenizer.json")
+		if err := os.WriteFile(path, readTestdata(t, style+".tokenizer.json"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		want := hfEncode(t, path, texts)
+		long := 0
+		for i, s := range texts {
+			if j := firstDiff(tk.Encode(s), want[i]); j >= 0 {
+				t.Fatalf("%s: text %d of %d bytes (%q...): ids differ from HF's at %d", style, i, len(s), s[:20], j)
+			}
+			if _, n := longestWord([]byte(s), wordEnd(style)); n > longWord {
+				long++
+			}
+		}
+		if long < len(texts)/3 {
+			t.Errorf("%s: %d of %d texts have a word of more than %d bytes, want a third", style, long, len(texts), longWord)
 		}
 	}
 }

@@ -360,6 +360,12 @@ type encoderState struct {
 	ends    [][]int   // per stage
 	syms    []uint32
 	scratch mergeScratch
+	// A bounded encode's (AppendEncodedBounded): the longest word it
+	// merges (0: no bound), where its text lies in the document, and the
+	// first word over the bound.
+	maxWord int
+	doc     docSpan
+	tooLong *LongWordError
 }
 
 // encode runs added-token matching, normalization, pre-tokenization and BPE.
@@ -374,8 +380,18 @@ func (st *encoderState) encode(dst []uint32, b []byte) []uint32 {
 func (st *encoderState) encodeNormalized(dst []uint32, b []byte) []uint32 {
 	t := st.t
 	if t.nfc && !norm.NFC.IsNormal(b) {
-		b = norm.NFC.Bytes(b)
+		nb := norm.NFC.Bytes(b)
+		if st.maxWord > 0 {
+			return st.encodeNormalCopy(dst, b, nb)
+		}
+		b = nb
 	}
+	return st.encodeNormal(dst, b)
+}
+
+// encodeNormal is encodeNormalized for normalized text.
+func (st *encoderState) encodeNormal(dst []uint32, b []byte) []uint32 {
+	t := st.t
 	if t.normSet == nil {
 		return st.pretokenize(dst, b, 0)
 	}
@@ -395,7 +411,11 @@ func (st *encoderState) pretokenize(dst []uint32, piece []byte, k int) []uint32 
 	}
 	s := t.stages[k]
 	if s.prefixSpace && piece[0] != ' ' {
-		piece = append([]byte{' '}, piece...)
+		spaced := append([]byte{' '}, piece...)
+		if st.maxWord > 0 {
+			return st.pretokenizeSpaced(dst, piece, spaced, k)
+		}
+		piece = spaced
 	}
 	if s.split == nil {
 		return st.pretokenize(dst, piece, k+1)
@@ -654,6 +674,9 @@ func (st *encoderState) word(dst []uint32, w []byte) []uint32 {
 		}
 		return dst
 	}
+	if st.maxWord > 0 && len(w) > st.maxWord {
+		return st.refuse(dst, w)
+	}
 	if len(w) > maxCachedWord {
 		return st.merge(dst, w)
 	}
@@ -682,6 +705,12 @@ func (st *encoderState) merge(dst []uint32, w []byte) []uint32 {
 		}
 	}
 	syms := st.syms[:0]
+	if cap(syms) < len(w) {
+		// At most a symbol a byte: made at that, not grown by append
+		// through copies that a long word left behind (the room of
+		// 4*longWord symbols is then kept for the words after).
+		syms = make([]uint32, 0, max(len(w), 4*longWord))
+	}
 	for _, c := range w {
 		id := t.byteID[c]
 		if id == noID {

@@ -159,10 +159,15 @@ type DirectOptions struct {
 
 // Report is what an ingest did.
 type Report struct {
-	Revision   string
-	Files      int
+	Revision string
+	Files    int
+	// Appended counts the files appended whole, or whose rest went in
+	// after a part of them an earlier run took.
 	Appended   int
 	Duplicates int
+	// Partial counts the files of which this run took a part (at its
+	// limit): their rest waits for a run under a larger one.
+	Partial int
 	// Same counts files with the same content as another file of the
 	// plan: one shard holds it.
 	Same      int
@@ -188,7 +193,9 @@ func (r Report) StoppedBeforePlan() bool { return r.Stopped != "" && r.Revision 
 // order, so that a seed and a limit give the store the same documents as
 // they would through the queue. Shard files go through a directory store
 // under DataDir. A re-run appends only what is missing; a limit ends the
-// run cleanly with Report.Stopped set.
+// run cleanly with Report.Stopped set, once the store holds the documents
+// of the file at hand that fit (a re-run under a larger limit takes that
+// file's rest first).
 func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	rep = Report{SkippedFiles: Skips{}, SkippedRecords: Skips{}}
 	log := opt.Logger
@@ -322,9 +329,18 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		}
 		res, err := p.Append(ctx, r.job, nil)
 		results.release()
+		if res.Part {
+			rep.Partial++
+			rep.Tokens += res.Tokens
+			rep.Documents += res.Documents
+			log.Info("part of a shard appended", zap.String("file", r.job.Source), zap.Int64("tokens", res.Tokens), zap.Int64("documents", res.Documents))
+		}
 		switch {
 		case errors.As(err, &stop):
 			rep.Stopped = stop.Msg
+			if opt.Progress != nil && res.Part {
+				opt.Progress(rep)
+			}
 			return rep, nil
 		case err != nil:
 			return rep, fmt.Errorf("appending %s: %w", r.job.Source, err)
@@ -335,12 +351,15 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 			}
 		case res.Duplicate:
 			rep.Duplicates++
+		case res.Part:
+			// Counted above: the part of a file whose shard stopped short
+			// of it, all in, with room left; a later run reads its rest.
 		default:
 			rep.Appended++
 			rep.Tokens += res.Tokens
-			rep.Documents += r.job.Documents
+			rep.Documents += res.Documents
 			rep.SkippedRecords.Merge(r.job.Skipped)
-			log.Info("shard appended", zap.String("file", r.job.Source), zap.Int64("tokens", res.Tokens), zap.Int64("documents", r.job.Documents))
+			log.Info("shard appended", zap.String("file", r.job.Source), zap.Int64("tokens", res.Tokens), zap.Int64("documents", res.Documents))
 		}
 		if opt.Progress != nil {
 			opt.Progress(rep)

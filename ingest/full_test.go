@@ -20,13 +20,13 @@ import (
 	"github.com/kiln-lm/kiln/tokens"
 )
 
-// Once an append refused a shard at --max-tokens, the store is full at
-// that limit: the shards planned under it that have not started stop
-// without downloading their file, one whose download was under way stops
-// before tokenizing it, and a plan under it (or a lower limit) stops at
-// once; a shard tokenized before the refusal that still fits goes in. A
-// larger limit plans the files left out and appends them after the ones
-// in, which do not change.
+// Once an append reached --max-tokens, taking the leading documents of its
+// shard that fit, the store is full at that limit: the shards planned
+// under it that have not started stop without downloading their file, one
+// whose download was under way stops before tokenizing it, and a plan
+// under it (or a lower limit) stops at once. A larger limit plans the rest
+// of the file taken in part and the files left out, and appends them after
+// the ones in, which do not change.
 func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -127,18 +127,24 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	in := []AppendJob{shard(fullJobs[0]), shard(fullJobs[1]), shard(fullJobs[2]), shard(smallJob)}
 	appendOK(in[0])
 	appendOK(in[1])
-	// The third full file's append is refused while the fourth downloads.
+	// The small shard fits whole.
+	appendOK(in[3])
+	// The third full file is taken in part while the fourth downloads: its
+	// leading documents that fit.
 	var stopped error
+	var part AppendResult
 	mu.Lock()
-	onDownload[fullJobs[3].Path] = func() { _, stopped = p.Append(ctx, in[2], nil) }
+	onDownload[fullJobs[3].Path] = func() { part, stopped = p.Append(ctx, in[2], nil) }
 	mu.Unlock()
 	_, _, err = p.Shard(ctx, fullJobs[3], nil)
 	var stop *StopError
-	if !errors.As(stopped, &stop) || !strings.Contains(stop.Msg, fmt.Sprintf("would pass --max-tokens %d", limits.MaxTokens)) {
-		t.Fatalf("the append past the limit: %v", stopped)
+	if !errors.As(stopped, &stop) || !strings.Contains(stop.Msg, fmt.Sprintf("reached --max-tokens %d with part of %s taken", limits.MaxTokens, in[2].Source)) ||
+		!part.Part || part.Tokens <= 0 || part.Documents <= 0 || part.Documents >= in[2].Documents {
+		t.Fatalf("the append past the limit: %+v, %v; want part of its documents taken", part, stopped)
 	}
-	if st := status(); st.Full != limits || st.Tokens != 2*perFile {
-		t.Fatalf("status after the refusal: full %+v, %d tokens; want full at %+v, %d tokens", st.Full, st.Tokens, limits, 2*perFile)
+	in2 := 2*perFile + small + part.Tokens
+	if st := status(); st.Full != limits || st.Tokens != in2 || st.Tokens > limits.MaxTokens || len(st.Partial) != 1 || st.Partial[0].ID != in[2].ShardID || st.done(in[2].ShardID) {
+		t.Fatalf("status after the part: %+v; want full at %+v with %d tokens and %s in part", st, limits, in2, in[2].ShardID)
 	}
 	if !errors.As(err, &stop) || !strings.Contains(stop.Msg, fullJobs[3].Path+" was downloaded but not tokenized") ||
 		!strings.Contains(stop.Msg, fmt.Sprintf("full at --max-tokens %d", limits.MaxTokens)) || h.Downloads(0)[fullJobs[3].Path] != 1 {
@@ -147,10 +153,8 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	if _, err := objects.Stat(ctx, ShardObject(name, fullJobs[3].ShardID)); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the shard stopped before tokenizing left an object: %v", err)
 	}
-	// The small shard, tokenized before the refusal, still fits.
-	appendOK(in[3])
-	if st := status(); st.Full != limits || st.Tokens != 2*perFile+small {
-		t.Fatalf("status after an append under the same limit: %+v", st)
+	if _, err := objects.Stat(ctx, in[2].Object); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the shard taken in part was left in object storage: %v", err)
 	}
 	// The rest are not downloaded.
 	for _, j := range fullJobs[4:] {
@@ -162,7 +166,7 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	// Nor does a plan under the limit, or a lower one, list or queue them.
 	storeDir := filepath.Join(p.StoresDir, name)
 	m, err := tokens.ReadManifest(storeDir)
-	if err != nil || len(m.Shards) != 3 || m.Tokens != 2*perFile+small {
+	if err != nil || len(m.Shards) != 4 || m.Tokens != in2 || m.Version != tokens.Version {
 		t.Fatalf("manifest: %+v, %v", m, err)
 	}
 	before, err := os.ReadFile(filepath.Join(storeDir, tokens.TokensFile))
@@ -182,26 +186,35 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 		t.Fatalf("the store changed while full: %+v, %v", m2, err)
 	}
 
-	// A larger limit plans the five files left out, and the first append
-	// under it clears the mark.
+	// A larger limit plans the rest of the file in part and the four files
+	// left out, and the first append under it clears the mark.
 	res, err = plan(Limits{MaxTokens: 10 * perFile})
-	if err != nil || len(res.Shards) != 5 || res.Done != 3 {
-		t.Fatalf("plan at a larger limit: %d shards, %d done, %v", len(res.Shards), res.Done, err)
+	if err != nil || len(res.Shards) != 5 || res.Done != 3 || res.Rest != 1 {
+		t.Fatalf("plan at a larger limit: %d shards, %d done, %d rests, %v", len(res.Shards), res.Done, res.Rest, err)
 	}
-	for i, j := range res.Shards {
-		appendOK(shard(j))
-		if st := status(); st.Full != (Limits{}) || st.Tokens != 2*perFile+small+int64(i+1)*perFile {
+	want := in2
+	for _, j := range res.Shards {
+		if j.ShardID == in[2].ShardID && j.From == 0 {
+			t.Fatalf("the file in part is planned from its start: %+v", j)
+		}
+		out := shard(j)
+		appendOK(out)
+		want += out.Tokens
+		if st := status(); st.Full != (Limits{}) || st.Tokens != want {
 			t.Fatalf("status after an append under a larger limit: %+v", st)
 		}
 	}
 	m2, err := tokens.ReadManifest(storeDir)
-	if err != nil || len(m2.Shards) != 8 || m2.Tokens != 7*perFile+small {
+	if err != nil || len(m2.Shards) != 9 || m2.Tokens != 7*perFile+small {
 		t.Fatalf("manifest after the larger limit: %+v, %v", m2, err)
 	}
 	for i := range m.Shards {
 		if m2.Shards[i] != m.Shards[i] {
 			t.Fatalf("shard %d changed: %+v, was %+v", i, m2.Shards[i], m.Shards[i])
 		}
+	}
+	if st := status(); len(st.Partial) != 0 || !st.done(in[2].ShardID) {
+		t.Fatalf("status once the rest is in: %+v", st)
 	}
 	after, err := os.ReadFile(filepath.Join(storeDir, tokens.TokensFile))
 	if err != nil || !bytes.Equal(after[:len(before)], before) {
@@ -281,8 +294,8 @@ func TestFullStoreMark(t *testing.T) {
 		l    Limits
 		want string
 	}{
-		{Limits{MaxTokens: 100}, "full at --max-tokens 100 (a shard that would pass --max-tokens 100 was left out)"},
-		{Limits{MaxTokens: 60}, "full at --max-tokens 60 (a shard that would pass --max-tokens 100 was left out)"},
+		{Limits{MaxTokens: 100}, "full at --max-tokens 100 (a document that would pass --max-tokens 100 was left out)"},
+		{Limits{MaxTokens: 60}, "full at --max-tokens 60 (a document that would pass --max-tokens 100 was left out)"},
 		{Limits{MaxTokens: 101}, ""},
 		{Limits{MaxDisk: 400}, "full at --max-disk 400"},
 		{Limits{MaxDisk: 401}, ""},

@@ -58,6 +58,11 @@ type OpenOptions struct {
 	// DecodeAhead is the text a parquet file's row-group decoders may hold
 	// ahead of the reader (0: DefaultDecodeAhead()).
 	DecodeAhead int64
+	// From is the first record read: the records before it (rows, or
+	// lines of JSON) are passed over, their blobs not fetched, their row
+	// groups not decoded where they lie wholly before it. A file's rest
+	// after the part of it a store holds starts there (tokens.Part).
+	From int64
 }
 
 // Open returns the documents of the local file at path. A file that cannot
@@ -76,7 +81,7 @@ func Open(ctx context.Context, path string, opt OpenOptions) (Source, error) {
 			return nil, err
 		}
 		if opt.Columns.Blob == "" {
-			return newRowGroupSource(pr, opt.DecodeAhead), nil
+			return newRowGroupSource(pr, opt.DecodeAhead, opt.From), nil
 		}
 		rows = pr
 	case FormatJSONL:
@@ -91,11 +96,11 @@ func Open(ctx context.Context, path string, opt OpenOptions) (Source, error) {
 		return nil, err
 	}
 	if opt.Columns.Blob == "" {
-		return &textSource{r: rows, skips: Skips{}}, nil
+		return &textSource{r: rows, skips: Skips{}, from: opt.From}, nil
 	}
 	if opt.SWH == nil {
 		rows.Close()
 		return nil, fmt.Errorf("%s: blob ids in column %q need a Software Heritage client", path, opt.Columns.Blob)
 	}
-	return opt.SWH.Documents(ctx, rows), nil
+	return opt.SWH.documentsFrom(ctx, rows, opt.From), nil
 }

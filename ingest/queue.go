@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -159,9 +160,12 @@ type Limits struct {
 }
 
 // StopError ends a step at its ingest's limit (--max-tokens, --max-disk):
-// the planned end of an ingest that sizes its store, not a failure.
-// Nothing was appended; raising the limit and planning again continues
-// with the files not yet in. A worker completes the step's task.
+// the planned end of an ingest that sizes its store, not a failure. The
+// store holds all that fits: an append that reached the limit took the
+// leading documents of its file that fit and no more, and any other step
+// appended nothing. Raising the limit and planning again continues with
+// the rest of that file and the files not yet in. A worker completes the
+// step's task.
 type StopError struct{ Msg string }
 
 // stopHint ends every StopError's message: what to do for more tokens.
@@ -237,6 +241,9 @@ type ShardJob struct {
 	Tokenizer string  `json:"tokenizer"`
 	// ShardID is the file's exactly-once key in the store's manifest.
 	ShardID string `json:"shard_id,omitempty"`
+	// From is the file's first record to read: where the part of it that
+	// the store holds ends (0: the whole file).
+	From int64 `json:"from,omitempty"`
 	Limits
 }
 
@@ -265,10 +272,24 @@ type AppendJob struct {
 	Skipped     Skips  `json:"skipped,omitempty"`
 	SkipReason  string `json:"skip_reason,omitempty"`
 	SkipMessage string `json:"skip_message,omitempty"`
+	// Layout places the shard's documents in its file, from its first
+	// record read (Layout.From), so that an append that reaches a limit
+	// takes the documents that fit and records where in the file they
+	// end. Nil in a shard made by a build before layouts, which is
+	// appended whole or not at all.
+	Layout *Layout `json:"layout,omitempty"`
 	Limits
 }
 
 func (AppendJob) Kind() string { return KindAppend }
+
+// from is the file's record the job's shard starts at.
+func (j AppendJob) from() int64 {
+	if j.Layout == nil {
+		return 0
+	}
+	return j.Layout.From
+}
 
 // PlanResult is what a plan found; the caller enqueues Shards in order.
 type PlanResult struct {
@@ -277,7 +298,10 @@ type PlanResult struct {
 	Done     int // of those, already appended or skipped in the store
 	// Same counts the files whose content another file of the plan
 	// already has (a second path to the same bytes): one shard holds it.
-	Same   int
+	Same int
+	// Rest counts the files the store holds part of, whose shards read
+	// the rest of them.
+	Rest   int
 	Shards []ShardJob
 }
 
@@ -292,8 +316,12 @@ type StoreStatus struct {
 	Shards int   `json:"shards"`
 	// Done lists the ids appended or recorded as skipped whole, sorted.
 	Done []string `json:"done"`
-	// Full holds the limits at which an append refused a shard that would
-	// pass them. The store is then full at them, and at any lower limit:
+	// Partial lists the files the store holds part of, sorted by id: an
+	// append that reached a limit took their leading documents. A plan
+	// queues the rest of each, from its record Next.
+	Partial []PartialFile `json:"partial,omitempty"`
+	// Full holds the limits at which an append left out a document that
+	// would pass them. The store is then full at them, and at any lower limit:
 	// a shard or plan under such a limit stops before it downloads or
 	// tokenizes a file, which would only be refused at its append too,
 	// rather than reading the rest of the dataset for nothing. An append
@@ -313,6 +341,16 @@ func (st StoreStatus) done(id string) bool {
 	return ok
 }
 
+// partial is the part of the file id the store holds, if it holds part
+// of it.
+func (st StoreStatus) partial(id string) (PartialFile, bool) {
+	i, ok := slices.BinarySearchFunc(st.Partial, id, func(pf PartialFile, id string) int { return strings.Compare(pf.ID, id) })
+	if !ok {
+		return PartialFile{}, false
+	}
+	return st.Partial[i], true
+}
+
 // StatusKey is the object key of a store's status.
 func StatusKey(storeName string) string { return "tokens/" + storeName + "/status.json" }
 
@@ -325,9 +363,25 @@ var unsafeKeyChars = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 // and globs ("local:data/*.parquet/data/a.parquet"), so the key is a hash
 // of the id, with the file's name after it for people browsing the bucket.
 func ShardObject(storeName, shardID string) string {
-	h := sha256.Sum256([]byte(shardID))
+	return shardObject(storeName, shardID, shardID, "")
+}
+
+// restObject is the key of the shard of a file's records from record
+// from on: the rest of a file the store holds part of has a key of its
+// own, so that it never meets a shard of the whole file in the bucket.
+func restObject(storeName, shardID string, from int64) string {
+	if from == 0 {
+		return ShardObject(storeName, shardID)
+	}
+	n := strconv.FormatInt(from, 10)
+	// No id holds a NUL: hub paths are git paths, local ids hashes.
+	return shardObject(storeName, shardID+"\x00"+n, shardID, ".from-"+n)
+}
+
+func shardObject(storeName, key, shardID, suffix string) string {
+	h := sha256.Sum256([]byte(key))
 	base := unsafeKeyChars.ReplaceAllString(filepath.Base(filepath.FromSlash(shardID)), "_")
-	return ShardPrefix(storeName) + hex.EncodeToString(h[:8]) + "-" + strings.TrimLeft(base, ".") + ".tokens"
+	return ShardPrefix(storeName) + hex.EncodeToString(h[:8]) + "-" + strings.TrimLeft(base, ".") + suffix + ".tokens"
 }
 
 // CheckStoreName refuses a store name that would not stay one directory
@@ -381,17 +435,17 @@ func (l Limits) reached(storeName string, st StoreStatus) string {
 	case l.MaxDisk > 0 && st.Bytes >= l.MaxDisk:
 		return fmt.Sprintf("ingest into token store %s stopped: its tokens take %d bytes, --max-disk is %d", storeName, st.Bytes, l.MaxDisk)
 	case l.MaxTokens > 0 && st.Full.MaxTokens >= l.MaxTokens:
-		return fmt.Sprintf("ingest into token store %s stopped: it holds %d tokens and is full at --max-tokens %d (a shard that would pass --max-tokens %d was left out)",
+		return fmt.Sprintf("ingest into token store %s stopped: it holds %d tokens and is full at --max-tokens %d (a document that would pass --max-tokens %d was left out)",
 			storeName, st.Tokens, l.MaxTokens, st.Full.MaxTokens)
 	case l.MaxDisk > 0 && st.Full.MaxDisk >= l.MaxDisk:
-		return fmt.Sprintf("ingest into token store %s stopped: its tokens take %d bytes and it is full at --max-disk %d (a shard that would pass --max-disk %d was left out)",
+		return fmt.Sprintf("ingest into token store %s stopped: its tokens take %d bytes and it is full at --max-disk %d (a document that would pass --max-disk %d was left out)",
 			storeName, st.Bytes, l.MaxDisk, st.Full.MaxDisk)
 	}
 	return ""
 }
 
 // fullAfter is what a store's Full becomes after an append under the
-// job's limits (or the refusal of its shard at refused): the largest limit
+// job's limits (or one that left a document out at refused): the largest limit
 // refused so far stays while appends come under it or a lower one (shards
 // tokenized before the refusal that still fit), and goes once an append
 // comes under a larger limit or none (the user raised it).
@@ -409,7 +463,8 @@ func (full Limits) fullAfter(job, refused Limits) Limits {
 }
 
 // Plan lists the job's dataset in its seeded order and returns a ShardJob
-// for every file that the store does not yet hold, in that order.
+// for every file that the store does not yet hold, in that order: for a
+// file the store holds part of, a ShardJob of its rest.
 func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 	var res PlanResult
 	if err := CheckStoreName(job.Store); err != nil {
@@ -493,6 +548,10 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 		planned[id] = true
 		sj := ShardJob{Dataset: preset.Name, Repo: preset.Repo, Revision: listed.Revision, Path: f.Path, Size: f.Size,
 			GitOID: f.OID, Columns: preset.Columns, Store: job.Store, Tokenizer: job.Tokenizer, ShardID: id, Limits: job.Limits}
+		if pf, ok := status.partial(id); ok {
+			sj.From = pf.Next
+			res.Rest++
+		}
 		if f.LFS != nil {
 			sj.Size, sj.SHA256, sj.GitOID = f.LFS.Size, f.LFS.OID, ""
 		}
@@ -555,6 +614,11 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	}
 	if _, ok := slices.BinarySearch(status.Done, job.ShardID); ok {
 		return out, true, nil
+	}
+	// The store may have taken more of the file since the plan: only what
+	// it lacks is read.
+	if pf, ok := status.partial(job.ShardID); ok && pf.Next > job.From {
+		job.From = pf.Next
 	}
 	if msg := job.Limits.reached(job.Store, status); msg != "" {
 		return out, false, &StopError{msg + "; " + job.Path + " was not read" + stopHint}
@@ -630,9 +694,12 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	} else if err := checkLocalContent(ctx, job); err != nil {
 		return out, false, err
 	}
-	key := ShardObject(job.Store, job.ShardID)
+	key := restObject(job.Store, job.ShardID, job.From)
 	say("tokenizing " + job.Path)
-	st, err := p.tokenize(ctx, job, local, key, tok)
+	// What the store has room for now: it only fills, so its append has
+	// no more room, and the documents past it are left unread.
+	room := job.Limits.room(status.Tokens, tokens.DtypeFor(tok.VocabSize()).Width())
+	st, err := p.tokenize(ctx, job, local, key, tok, room)
 	if SkipReason(err) != "" {
 		return skipped(err)
 	}
@@ -643,8 +710,15 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	if job.Repo != "" {
 		os.Remove(local)
 	}
-	if st.Documents == 0 {
+	out.Layout = st.Layout
+	switch {
+	case st.Documents == 0 && job.From == 0:
 		return skipped(&SkipError{Reason: SkipEmptyFile, Path: job.Path, Err: fmt.Errorf("no usable documents (skipped: %s)", st.Skips)})
+	case st.Documents == 0:
+		// The rest of a file that holds no documents: its append records
+		// the file whole, with the records it left out, and no object
+		// was made.
+		key = ""
 	}
 	out.Object, out.SHA256, out.Documents, out.Tokens, out.Skipped = key, st.SHA256, st.Documents, st.Tokens, st.Skips
 	return out, false, nil
@@ -669,14 +743,14 @@ func DefaultTokenizing() int { return max(2, runtime.GOMAXPROCS(0)/8) }
 // The shard holds a place in p.Tokenizing from opening the file until its
 // last token is written; the wait for the upload's last part and its
 // completion leaves the cores to the next shard.
-func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string, tok *tokenizer.Tokenizer) (ShardStats, error) {
+func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string, tok *tokenizer.Tokenizer, room int64) (ShardStats, error) {
 	if p.Tokenizing != nil {
 		if err := p.Tokenizing.Acquire(ctx, 1); err != nil {
 			return ShardStats{}, fmt.Errorf("waiting to tokenize %s: %w", job.Path, err)
 		}
 	}
 	up := &upload{ctx: ctx, objects: p.Objects, key: key}
-	st, err := p.write(ctx, job, local, tok, up)
+	st, err := p.write(ctx, job, local, tok, up, room)
 	if p.Tokenizing != nil {
 		p.Tokenizing.Release(1)
 	}
@@ -693,15 +767,16 @@ func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string
 	return st, err
 }
 
-// write tokenizes local into up; the file is closed, and its decoders
-// stopped, when it returns.
-func (p *Pipeline) write(ctx context.Context, job ShardJob, local string, tok *tokenizer.Tokenizer, up *upload) (ShardStats, error) {
-	src, err := Open(ctx, local, OpenOptions{Name: job.Path, Columns: job.Columns, SWH: p.SWH, DecodeAhead: p.DecodeAhead})
+// write tokenizes local into up, from the job's first record to the
+// document that passes room (writeShard); the file is closed, and its
+// decoders stopped, when it returns.
+func (p *Pipeline) write(ctx context.Context, job ShardJob, local string, tok *tokenizer.Tokenizer, up *upload, room int64) (ShardStats, error) {
+	src, err := Open(ctx, local, OpenOptions{Name: job.Path, Columns: job.Columns, SWH: p.SWH, DecodeAhead: p.DecodeAhead, From: job.From})
 	if err != nil {
 		return ShardStats{}, err
 	}
 	defer src.Close()
-	return WriteShard(ctx, src, tok, up)
+	return writeShard(ctx, src, tok, up, job.From, room)
 }
 
 // upload is a writer whose bytes go to one object as they come, through
@@ -741,9 +816,13 @@ type AppendResult struct {
 	// Duplicate: the store already held the shard; nothing was written.
 	Duplicate bool
 	// Skipped: the job recorded a skipped file.
-	Skipped bool
-	Tokens  int64 // appended by this job
-	Status  StoreStatus
+	Skipped   bool
+	Tokens    int64 // appended by this job
+	Documents int64 // of the shard's documents, those appended by this job
+	// Part: the job appended part of its file, the rest of which waits
+	// for a plan: at a limit, with the StopError that says so.
+	Part   bool
+	Status StoreStatus
 }
 
 // Append commits one AppendJob to its store, exactly once per shard id:
@@ -751,6 +830,9 @@ type AppendResult struct {
 // the shard left out are recorded, the store's status is published, and the
 // shard object is deleted. A job whose shard is already in the store (a
 // retry after a crash) only finishes what the first attempt did not.
+// A shard that would take the store past the job's limits is appended in
+// part: its leading documents that fit, recorded as the part of its file
+// they came from, and the StopError that ends the ingest says so.
 // progress, when set, is told how many of the shard's bytes are in.
 func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done, total int64)) (AppendResult, error) {
 	res, err := p.append(ctx, job, progress)
@@ -776,7 +858,7 @@ func (p *Pipeline) append(ctx context.Context, job AppendJob, progress func(done
 	// The shard's bytes are read and checked before the store is taken, so
 	// that with two append tasks at once one downloads and checks while the
 	// other writes and commits.
-	var pre *tokens.CheckedShard
+	var pre *prefetched
 	if job.SkipReason == "" {
 		var err error
 		if pre, err = p.prefetch(ctx, dir, job, progress); err != nil {
@@ -792,56 +874,46 @@ func (p *Pipeline) append(ctx context.Context, job AppendJob, progress func(done
 	}
 	defer done()
 	base := tokens.Skipped{ID: job.ShardID, Source: job.Source, Revision: job.Revision}
+	m := app.Manifest()
+	in := m.Input(job.ShardID)
 
 	if job.SkipReason != "" {
 		s := base
 		s.Reason = job.SkipReason + ": " + job.SkipMessage
-		if err := app.Skip(ctx, s); err != nil {
-			return res, err
+		switch {
+		case in.Whole:
+			// A retry of the record of a file's rest, below.
+			res.Duplicate = true
+		case in.Partial():
+			// The rest of a file whose leading documents are in cannot be
+			// read (a damaged row group past them): the store holds the
+			// file whole, its rest recorded as left out.
+			s.From = in.Next
+			info := tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, Part: tokens.Part{From: in.Next}, Skipped: []tokens.Skipped{s}}
+			if _, err := app.Append(ctx, info, bytes.NewReader(nil)); err != nil {
+				return res, err
+			}
+			res.Skipped = true
+		default:
+			if err := app.Skip(ctx, s); err != nil {
+				return res, err
+			}
+			res.Skipped = true
 		}
-		res.Skipped = true
 		res.Status, err = p.publishStatus(ctx, job.Store, app.Manifest(), job.Limits, Limits{})
 		return res, err
 	}
 
-	m := app.Manifest()
-	appended := slices.ContainsFunc(m.Shards, func(s tokens.Shard) bool { return s.ID == job.ShardID })
-	if !appended {
-		width := int64(m.Dtype.Width())
-		var refused Limits
-		if job.Limits.MaxTokens > 0 && m.Tokens+job.Tokens > job.Limits.MaxTokens {
-			refused.MaxTokens = job.Limits.MaxTokens
-		}
-		if job.Limits.MaxDisk > 0 && (m.Tokens+job.Tokens)*width > job.Limits.MaxDisk {
-			refused.MaxDisk = job.Limits.MaxDisk
-		}
-		switch {
-		case refused.MaxTokens > 0:
-			return res, p.stop(ctx, job, m, refused, fmt.Sprintf("ingest into token store %s stopped before %s: the store holds %d tokens and this shard's %d would pass --max-tokens %d",
-				job.Store, job.Source, m.Tokens, job.Tokens, job.Limits.MaxTokens))
-		case refused.MaxDisk > 0:
-			return res, p.stop(ctx, job, m, refused, fmt.Sprintf("ingest into token store %s stopped before %s: its %d bytes of tokens would take the store from %d to %d bytes, past --max-disk %d",
-				job.Store, job.Source, job.Tokens*width, m.Tokens*width, (m.Tokens+job.Tokens)*width, job.Limits.MaxDisk))
-		}
-		var ar tokens.AppendResult
-		if pre != nil {
-			ar, err = app.AppendChecked(ctx, pre)
-		} else {
-			var body io.ReadCloser
-			if body, err = p.getShard(ctx, job); err != nil {
+	if in.Whole {
+		res.Duplicate = true
+		// A store appended to before shards carried the documents they
+		// left out holds the shard without their record.
+		if in.Shards == 1 {
+			if err := RecordSkips(ctx, app, base, job.Skipped); err != nil {
 				return res, err
 			}
-			defer body.Close()
-			ar, err = app.Append(ctx, job.shardInfo(), &countingReader{r: body, total: job.Tokens * width, progress: progress})
 		}
-		if err != nil {
-			return res, err
-		}
-		res.Tokens = ar.Shard.Tokens
-	} else {
-		res.Duplicate = true
-	}
-	if err := RecordSkips(ctx, app, base, job.Skipped); err != nil {
+	} else if res, err = p.appendShard(ctx, app, job, pre, in, progress); err != nil {
 		return res, err
 	}
 	if res.Status, err = p.publishStatus(ctx, job.Store, app.Manifest(), job.Limits, Limits{}); err != nil {
@@ -849,10 +921,177 @@ func (p *Pipeline) append(ctx context.Context, job AppendJob, progress func(done
 	}
 	// Deleted last: until the status says the shard is in, a lost delete
 	// only leaves garbage, while an early one could lose the shard.
-	if err := p.Objects.Delete(ctx, job.Object); err != nil {
+	if err := p.deleteShard(ctx, job); err != nil {
 		return res, fmt.Errorf("deleting the appended shard %s: %w", job.Object, err)
 	}
 	return res, nil
+}
+
+// appendShard appends to app's store, which holds in of the job's file
+// and not all of it, what fits of the job's shard: all of it, or, where
+// that would pass the job's limits, its documents the store lacks that fit
+// (none, when the next does not), recorded as the part of the file they
+// came from. The decision and the commit are made holding the store, so
+// that of appends at once each sees the others' tokens; the part is one
+// commit (tokens.Appender), so a crash leaves it in or out, never half,
+// and a retry decides again from what is in.
+//
+// Where the store reached a limit, the store's status is published full at
+// it, the shard object deleted, and the StopError that ends the ingest
+// returned.
+func (p *Pipeline) appendShard(ctx context.Context, app *tokens.Appender, job AppendJob, pre *prefetched, in tokens.Input, progress func(done, total int64)) (AppendResult, error) {
+	var res AppendResult
+	m := app.Manifest()
+	width := m.Dtype.Width()
+	from := job.from()
+	if from > in.Next {
+		return res, &PresetError{fmt.Errorf("the shard of %s for token store %s starts at its record %d, and the store holds its records up to %d only: appending it would leave the ones between out; plan the ingest again, which reads the file from there",
+			job.Source, job.Store, from, in.Next)}
+	}
+	room := job.Limits.room(m.Tokens, width)
+	if from == in.Next && job.Tokens <= room && (job.Layout == nil || job.Layout.To == 0) {
+		info := job.shardInfo()
+		ar, err := p.appendWhole(ctx, app, job, info, pre, progress)
+		res.Tokens, res.Documents = ar.Shard.Tokens, job.Documents
+		return res, err
+	}
+	if job.Layout == nil {
+		if from < in.Next {
+			return res, &PresetError{fmt.Errorf("the shard of %s for token store %s holds the file from record %d, the store holds its records up to %d, and the shard, made by an earlier kiln build, does not say where its documents lie in the file: run the workers of one build and plan the ingest again",
+				job.Source, job.Store, from, in.Next)}
+		}
+		passed := job.Limits.passed(m.Tokens, job.Tokens, width)
+		return res, p.stop(ctx, job, m, passed, fmt.Sprintf("ingest into token store %s stopped before %s: the store holds %d tokens and this shard's %d would pass %s (the shard, made by an earlier kiln build, can only be appended whole)",
+			job.Store, job.Source, m.Tokens, job.Tokens, limitsText(passed)))
+	}
+	if err := job.Layout.check(job.Documents); err != nil {
+		return res, &PresetError{fmt.Errorf("the shard of %s for token store %s has a layout that does not fit its %d documents (%v): run its ingest:shard task again", job.Source, job.Store, job.Documents, err)}
+	}
+	lead := job.Layout.docsBefore(in.Next)
+	c, data, err := p.findCut(ctx, job, pre, lead, room, m.Tokenizer.EOS, m.Dtype)
+	var missing *MissingShardError
+	if errors.As(err, &missing) && from < in.Next {
+		// An attempt of this append before took a part of the shard and
+		// then deleted it, having published the store's status: the task
+		// was retried after that (a worker lost before it could say so).
+		if _, err := p.publishStatus(ctx, job.Store, m, job.Limits, Limits{}); err != nil {
+			return res, err
+		}
+		return res, &StopError{fmt.Sprintf("ingest into token store %s stopped in %s: the store holds its records up to %d, which an earlier attempt of this append took before its shard was deleted",
+			job.Store, job.Source, in.Next) + stopHint}
+	}
+	if err != nil {
+		return res, err
+	}
+	rest := "the rest of " + job.Source
+	if in.Next == 0 {
+		rest = job.Source
+	}
+	if c.Docs == 0 && lead < job.Documents {
+		passed := job.Limits.passed(m.Tokens, c.Next, width)
+		msg := fmt.Sprintf("ingest into token store %s stopped before %s: the store holds %d tokens, and the next document's %d would pass %s",
+			job.Store, rest, m.Tokens, c.Next, limitsText(passed))
+		if passed.MaxTokens == 0 {
+			msg = fmt.Sprintf("ingest into token store %s stopped before %s: its next document's %d bytes of tokens would take the store from %d to %d bytes, past %s",
+				job.Store, rest, c.Next*int64(width), m.Tokens*int64(width), (m.Tokens+c.Next)*int64(width), limitsText(passed))
+		}
+		return res, p.stop(ctx, job, m, passed, msg)
+	}
+	to := job.Layout.To // all the shard's documents fit: up to where it ends
+	if lead+c.Docs < job.Documents {
+		to = job.Layout.recordOf(lead + c.Docs)
+	}
+	part := tokens.Part{From: in.Next, To: to}
+	info := tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, Part: part,
+		Skipped: skipRecords(tokens.Skipped{ID: job.ShardID, Source: job.Source, Revision: job.Revision, From: part.From}, job.Layout.skipsIn(in.Next, to))}
+	var ar tokens.AppendResult
+	if data != nil {
+		checked, err := tokens.CheckShard(filepath.Join(p.StoresDir, job.Store), info, job.Tokenizer, cutData(data, width, c))
+		if err != nil {
+			return res, err
+		}
+		ar, err = app.AppendChecked(ctx, checked)
+		if err != nil {
+			return res, err
+		}
+	} else {
+		body, err := p.getShard(ctx, job)
+		if err != nil {
+			return res, err
+		}
+		defer body.Close()
+		cr, err := newCutReader(body, width, c, job.SHA256)
+		if err != nil {
+			return res, fmt.Errorf("reading shard %s: %w", job.Object, err)
+		}
+		if ar, err = app.Append(ctx, info, &countingReader{r: cr, total: (c.End - c.Start) * int64(width), progress: progress}); err != nil {
+			return res, err
+		}
+	}
+	res.Tokens, res.Documents = ar.Shard.Tokens, c.Docs
+	if to == 0 {
+		return res, nil
+	}
+	res.Part = true
+	if c.Next == 0 {
+		// A shard that stops short of its file (made for less room than
+		// the store has: a part of the file went in since), all of it in:
+		// the store is not full, and a plan reads the file's rest.
+		return res, nil
+	}
+	m = app.Manifest()
+	now := m.Input(job.ShardID)
+	passed := job.Limits.passed(m.Tokens, c.Next, width)
+	return res, p.stop(ctx, job, m, passed, fmt.Sprintf("ingest into token store %s reached %s with part of %s taken: %d of its documents are in the store (%d tokens) and its other %d are not; the store holds %d tokens",
+		job.Store, limitsText(passed), job.Source, now.Documents, now.Tokens, job.Documents-lead-c.Docs, m.Tokens))
+}
+
+// appendWhole appends all of the job's shard as info says.
+func (p *Pipeline) appendWhole(ctx context.Context, app *tokens.Appender, job AppendJob, info tokens.ShardInfo, pre *prefetched, progress func(done, total int64)) (tokens.AppendResult, error) {
+	if pre != nil {
+		return app.AppendChecked(ctx, pre.checked)
+	}
+	body, err := p.getShard(ctx, job)
+	if err != nil {
+		return tokens.AppendResult{}, err
+	}
+	defer body.Close()
+	width := int64(tokens.DtypeFor(job.Tokenizer.VocabSize).Width())
+	return app.Append(ctx, info, &countingReader{r: body, total: job.Tokens * width, progress: progress})
+}
+
+// findCut finds what an append takes of the job's shard: the documents
+// after the first lead that fit in room tokens. It reads the shard held
+// in memory (pre) or from object storage, and returns the shard's bytes
+// where it holds them.
+func (p *Pipeline) findCut(ctx context.Context, job AppendJob, pre *prefetched, lead, room int64, eos uint32, dtype tokens.Dtype) (shardCut, []byte, error) {
+	var r io.Reader
+	var data []byte
+	if pre != nil {
+		data = pre.data
+		r = bytes.NewReader(data)
+	} else {
+		body, err := p.getShard(ctx, job)
+		if err != nil {
+			return shardCut{}, nil, err
+		}
+		defer body.Close()
+		r = body
+	}
+	c, err := findCut(r, dtype, eos, job.Layout, job.Documents, lead, room, job.SHA256)
+	var missing *MissingShardError
+	if err != nil && !errors.As(err, &missing) {
+		err = &PresetError{fmt.Errorf("the shard of %s for token store %s cannot be cut at a document: %w; run its ingest:shard task again", job.Source, job.Store, err)}
+	}
+	return c, data, err
+}
+
+// deleteShard deletes the job's shard object, if it made one.
+func (p *Pipeline) deleteShard(ctx context.Context, job AppendJob) error {
+	if job.Object == "" {
+		return nil
+	}
+	return p.Objects.Delete(ctx, job.Object)
 }
 
 // publishTokenizer publishes, where an append was refused because another
@@ -881,18 +1120,19 @@ func (p *Pipeline) publishTokenizer(ctx context.Context, dir string, job AppendJ
 	}
 }
 
-// stop marks the store of m full at the limits that refused the job's
-// shard, so that the shards and plans under them stop before they read a
-// file, deletes the shard (it would only wait in object storage for a
-// limit that is not coming) and returns the StopError, which the caller
-// reports: the worker as its task's outcome, Direct in its Report. The
-// status is published first: should that fail, the task is retried with
-// its shard still there.
+// stop marks the store of m full at the limits that the next document of
+// the job's shard would pass, so that the shards and plans under them stop
+// before they read a file, deletes the shard (what the store did not take
+// of it would only wait in object storage for a limit that is not coming:
+// a plan under a larger one reads the file's rest again) and returns the
+// StopError, which the caller reports: the worker as its task's outcome,
+// Direct in its Report. The status is published first: should that fail,
+// the task is retried with its shard still there.
 func (p *Pipeline) stop(ctx context.Context, job AppendJob, m tokens.Manifest, refused Limits, msg string) error {
 	if _, err := p.publishStatus(ctx, job.Store, m, job.Limits, refused); err != nil {
 		return err
 	}
-	if err := p.Objects.Delete(ctx, job.Object); err != nil {
+	if err := p.deleteShard(ctx, job); err != nil {
 		p.log().Warn("shard left in object storage", zap.String("object", job.Object), zap.Error(err))
 	}
 	return &StopError{msg + stopHint}
@@ -903,8 +1143,9 @@ func (p *Pipeline) stop(ctx context.Context, job AppendJob, m tokens.Manifest, r
 // (zero: not refused). The caller holds the store, so the Full read from
 // the status before is the latest.
 func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens.Manifest, limits, refused Limits) (StoreStatus, error) {
+	done, partial := storeFiles(m)
 	st := StoreStatus{Tokens: m.Tokens, Documents: m.Documents, Bytes: m.Tokens * int64(m.Dtype.Width()), Shards: len(m.Shards),
-		Done: doneFiles(m), Tokenizer: m.Tokenizer, Updated: time.Now().UTC()}
+		Done: done, Partial: partial, Tokenizer: m.Tokenizer, Updated: time.Now().UTC()}
 	// Without limits the marker goes whatever it was: no need to read it.
 	if limits != (Limits{}) {
 		before, err := p.Status(ctx, storeName)
@@ -934,12 +1175,19 @@ func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens
 // twice this in memory.
 const DefaultPrefetch = 64 << 20
 
+// prefetched is a shard read whole before its append: its bytes, checked
+// for an append of all of it.
+type prefetched struct {
+	data    []byte
+	checked *tokens.CheckedShard
+}
+
 // prefetch reads the job's shard whole when it is at most p.Prefetch
-// bytes and the store in dir does not hold it yet, reporting progress, and
-// makes the append's checks on it (ids, EOS, SHA-256: tokens.CheckShard);
-// it returns nil, and no error, for a shard to be streamed instead or not
-// read at all.
-func (p *Pipeline) prefetch(ctx context.Context, dir string, job AppendJob, progress func(done, total int64)) (*tokens.CheckedShard, error) {
+// bytes and the store in dir does not hold all of its file yet, reporting
+// progress, and makes the append's checks on it (ids, EOS, SHA-256:
+// tokens.CheckShard); it returns nil, and no error, for a shard to be
+// streamed instead or not read at all.
+func (p *Pipeline) prefetch(ctx context.Context, dir string, job AppendJob, progress func(done, total int64)) (*prefetched, error) {
 	limit := p.Prefetch
 	if limit == 0 {
 		limit = DefaultPrefetch
@@ -948,8 +1196,7 @@ func (p *Pipeline) prefetch(ctx context.Context, dir string, job AppendJob, prog
 	if size <= 0 || size > limit {
 		return nil, nil
 	}
-	if m := p.manifest(dir); m != nil &&
-		slices.ContainsFunc(m.Shards, func(s tokens.Shard) bool { return s.ID == job.ShardID }) {
+	if m := p.manifest(dir); m != nil && m.Input(job.ShardID).Whole {
 		return nil, nil // a retry of a committed append: its object may be gone
 	}
 	body, err := p.getShard(ctx, job)
@@ -967,18 +1214,27 @@ func (p *Pipeline) prefetch(ctx context.Context, dir string, job AppendJob, prog
 	if _, err := buf.ReadFrom(&countingReader{r: body, total: size, progress: progress}); err != nil {
 		return nil, fmt.Errorf("reading shard %s: %w", job.Object, err)
 	}
-	return tokens.CheckShard(dir, job.shardInfo(), job.Tokenizer, buf.Bytes())
+	checked, err := tokens.CheckShard(dir, job.shardInfo(), job.Tokenizer, buf.Bytes())
+	if err != nil {
+		return nil, err
+	}
+	return &prefetched{data: buf.Bytes(), checked: checked}, nil
 }
 
-// shardInfo is what the store records of the job's shard, the documents
-// it left out with it.
+// shardInfo is what the store records of all of the job's shard, which
+// holds its file from its first record read (the rest of the file), or
+// all of it, and the documents it left out with it.
 func (job AppendJob) shardInfo() tokens.ShardInfo {
-	return tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256,
-		Skipped: skipRecords(tokens.Skipped{ID: job.ShardID, Source: job.Source, Revision: job.Revision}, job.Skipped)}
+	part := tokens.Part{From: job.from()}
+	return tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256, Part: part,
+		Skipped: skipRecords(tokens.Skipped{ID: job.ShardID, Source: job.Source, Revision: job.Revision, From: part.From}, job.Skipped)}
 }
 
-// getShard opens the job's shard object.
+// getShard opens the job's shard object: none for a shard of no tokens.
 func (p *Pipeline) getShard(ctx context.Context, job AppendJob) (io.ReadCloser, error) {
+	if job.Object == "" {
+		return io.NopCloser(bytes.NewReader(nil)), nil
+	}
 	r, err := p.Objects.Get(ctx, job.Object)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, &MissingShardError{Store: job.Store, ShardID: job.ShardID, Object: job.Object}

@@ -93,27 +93,11 @@ func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool
 	case err != nil:
 		return r, false, err
 	}
-	done := doneFiles(*m)
+	done, partial := storeFiles(*m)
 	r.Holds = len(done)
-	if slices.Equal(done, st.Done) && st.Tokens == m.Tokens {
+	if slices.Equal(done, st.Done) && slices.Equal(partial, st.Partial) && st.Tokens == m.Tokens {
 		return r, false, nil
 	}
 	_, err = p.publishStatus(ctx, name, *m, Limits{}, Limits{})
 	return r, err == nil, err
-}
-
-// doneFiles are the ids of the files a store holds, appended or skipped
-// whole, sorted.
-func doneFiles(m tokens.Manifest) []string {
-	done := make([]string, 0, len(m.Shards)+len(m.Skipped))
-	for _, s := range m.Shards {
-		done = append(done, s.ID)
-	}
-	for _, s := range m.Skipped {
-		if s.Count == 0 {
-			done = append(done, s.ID)
-		}
-	}
-	slices.Sort(done)
-	return slices.Compact(done)
 }

@@ -58,6 +58,10 @@ type rowGroupSource struct {
 	seg   *docSegment
 	i     int
 	skips Skips
+	// from is the first row read (OpenOptions.From): the row groups
+	// before it are not decoded at all.
+	from int64
+	log  skipLog
 }
 
 // decodedGroup is one row group on its way to the reader.
@@ -73,16 +77,17 @@ type decodedGroup struct {
 // docSegment is consecutive checked documents of one row group.
 type docSegment struct {
 	docs   []Document
-	skips  Skips // nil when none
-	credit int64 // bytes reserved from the budget, released once read
+	skips  Skips   // nil when none
+	log    skipLog // where they are
+	credit int64   // bytes reserved from the budget, released once read
 }
 
-func newRowGroupSource(r *parquetReader, ahead int64) *rowGroupSource {
+func newRowGroupSource(r *parquetReader, ahead, from int64) *rowGroupSource {
 	if ahead <= 0 {
 		ahead = DefaultDecodeAhead()
 	}
 	return &rowGroupSource{r: r, decoders: max(1, min(runtime.GOMAXPROCS(0), len(r.pf.RowGroups()))),
-		segment: segmentBytes, ahead: ahead, skips: Skips{}}
+		segment: segmentBytes, ahead: ahead, skips: Skips{}, from: from}
 }
 
 // start launches the decoders: one goroutine queues the row groups in
@@ -101,6 +106,10 @@ func (s *rowGroupSource) start(ctx context.Context) {
 		defer close(s.groups)
 		var base int64
 		for i, g := range s.r.pf.RowGroups() {
+			if base+g.NumRows() <= s.from {
+				base += g.NumRows()
+				continue
+			}
 			ahead, reach := context.WithCancel(ctx)
 			dg := &decodedGroup{index: i, base: base, segs: make(chan *docSegment, max(1, s.ahead/s.segment)), ahead: ahead, reach: reach}
 			base += g.NumRows()
@@ -158,15 +167,20 @@ func (s *rowGroupSource) decode(ctx context.Context, dg *decodedGroup) error {
 		return nil
 	}
 	for gr.pos < gr.rows {
+		row := gr.base + gr.pos
 		rec, err := gr.next(ctx)
 		if err != nil {
 			return err
+		}
+		if row < s.from {
+			continue
 		}
 		if reason := recordSkip(rec); reason != "" {
 			if seg.skips == nil {
 				seg.skips = Skips{}
 			}
 			seg.skips.Add(reason, 1)
+			seg.log.add(row, reason)
 			continue
 		}
 		var text string
@@ -255,6 +269,7 @@ func (s *rowGroupSource) Next(ctx context.Context) (Document, error) {
 				continue
 			}
 			s.skips.Merge(seg.skips)
+			s.log.merge(seg.log)
 			s.seg, s.i = seg, 0
 		case <-ctx.Done():
 			return Document{}, ctx.Err()
@@ -262,7 +277,8 @@ func (s *rowGroupSource) Next(ctx context.Context) (Document, error) {
 	}
 }
 
-func (s *rowGroupSource) Skipped() Skips { return s.skips }
+func (s *rowGroupSource) Skipped() Skips       { return s.skips }
+func (s *rowGroupSource) SkippedAt() []SkipRun { return s.log }
 
 // Close stops the decoders, waits for them, and closes the file.
 func (s *rowGroupSource) Close() error {

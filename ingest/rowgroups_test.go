@@ -56,7 +56,7 @@ func decoded(t *testing.T, path string, opt OpenOptions, decoders int, segment, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	src := newRowGroupSource(r, ahead)
+	src := newRowGroupSource(r, ahead, 0)
 	src.decoders, src.segment, src.ahead = decoders, segment, ahead
 	defer src.Close()
 	return drainAll(src)

@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,6 +35,10 @@ type ShardStats struct {
 	Tokens    int64
 	SHA256    string // of the token bytes, as the store will hold them
 	Skips     Skips
+	// Layout places the documents in their file; nil when the source does
+	// not say where it left records out, and the shard can then be
+	// appended only whole.
+	Layout *Layout
 }
 
 // shardChunk is a run of consecutive documents and, once done is closed,
@@ -40,8 +47,16 @@ type shardChunk struct {
 	docs   []string
 	buf    []byte
 	tokens int64
-	done   chan struct{}
-	shard  *shardEncoding
+	// ends is, for each document, the tokens of the chunk up to its end.
+	ends []int64
+	// inside are the documents (their index in docs) whose own ids hold
+	// EOS.
+	inside []EOSInside
+	// long are the documents (their index in docs) refused for a word
+	// longer than tokenizer.DefaultMaxWordBytes.
+	long  []int
+	done  chan struct{}
+	shard *shardEncoding
 }
 
 // shardEncoding is how one shard's chunks are encoded.
@@ -61,7 +76,7 @@ var chunks = sync.Pool{New: func() any { return new(shardChunk) }}
 
 func getChunk(shard *shardEncoding) *shardChunk {
 	c := chunks.Get().(*shardChunk)
-	c.docs, c.buf, c.tokens, c.shard = c.docs[:0], c.buf[:0], 0, shard
+	c.docs, c.buf, c.tokens, c.ends, c.inside, c.long, c.shard = c.docs[:0], c.buf[:0], 0, c.ends[:0], c.inside[:0], c.long[:0], shard
 	c.done = make(chan struct{})
 	return c
 }
@@ -129,11 +144,28 @@ func encodeChunks(work <-chan *shardChunk, n int) {
 	for c := range work {
 		sh := c.shard
 		if sh.ctx.Err() == nil {
-			for _, d := range c.docs {
-				ids = sh.tok.AppendEncodedAmong(n, ids[:0], unsafe.Slice(unsafe.StringData(d), len(d)))
+			for i, d := range c.docs {
+				var err error
+				ids, err = sh.tok.AppendEncodedAmongBounded(n, ids[:0], unsafe.Slice(unsafe.StringData(d), len(d)), tokenizer.DefaultMaxWordBytes)
+				if err != nil {
+					// A word of megabytes (a run of spaces in generated
+					// text) would cost tens of bytes of memory a byte to
+					// merge, and is no text to learn from: the document is
+					// left out, its EOS alone kept so that the shard's
+					// documents stay those of the file's records, which a
+					// part of the file is cut by.
+					c.long = append(c.long, i)
+					ids = ids[:0]
+				}
+				// Text that spells the end-of-text token encodes to EOS:
+				// a part of the shard must not end there.
+				if k := countID(ids, sh.eos); k > 0 {
+					c.inside = append(c.inside, EOSInside{Doc: int64(i), N: k})
+				}
 				ids = append(ids, sh.eos)
 				c.buf = tokens.Encode(c.buf, sh.dtype, ids)
 				c.tokens += int64(len(ids))
+				c.ends = append(c.ends, c.tokens)
 			}
 		}
 		close(c.done)
@@ -150,6 +182,24 @@ func encodeChunks(work <-chan *shardChunk, n int) {
 // and hashes them. No stage waits for another to finish a batch, so parquet
 // decoding, the hash and the writes overlap with tokenization.
 func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.Writer) (ShardStats, error) {
+	return writeShard(ctx, src, tok, w, 0, math.MaxInt64)
+}
+
+// writeShard is WriteShard of a source whose first record is from, which
+// stops once the shard holds more than room tokens, when the source says
+// where its records lie (placed): the documents after the one that passes
+// room could never go into a store with room tokens left, whose limit
+// lets it take no more (an append takes whole documents while they fit),
+// and the file is read no further, so that a store with little room left
+// does not wait for a whole file of many times that to be read (every
+// blob of a file of Software Heritage ids fetched) and tokenized. The
+// shard's layout then ends at the record after its last document
+// (Layout.To), and counts the records left out before it alone.
+func writeShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.Writer, from, room int64) (ShardStats, error) {
+	pl, placedSrc := src.(placed)
+	if !placedSrc {
+		room = math.MaxInt64
+	}
 	eos, ok := tok.EOS()
 	if !ok {
 		return ShardStats{}, errors.New("the tokenizer has no end-of-text token: train or pick one with an EOS special token")
@@ -210,6 +260,10 @@ func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.
 
 	h := sha256.New()
 	var st ShardStats
+	var inside []EOSInside
+	var long int64 // documents left out for a word too long
+	short := false // the shard stops short of the file's end, past room
+	width := int64(shard.dtype.Width())
 	for c := range order {
 		select {
 		case <-c.done:
@@ -219,22 +273,76 @@ func WriteShard(ctx context.Context, src Source, tok *tokenizer.Tokenizer, w io.
 		if ctx.Err() != nil {
 			return st, ctx.Err()
 		}
+		docs, n := len(c.docs), c.tokens
+		if st.Tokens+n > room {
+			// The chunk's first document to pass room is the shard's last.
+			docs = 1 + slices.IndexFunc(c.ends, func(end int64) bool { return st.Tokens+end > room })
+			n = c.ends[docs-1]
+			short = true
+		}
 		// Chunks are hundreds of KiB: written as they are, with no
 		// buffering copy.
-		if _, err := w.Write(c.buf); err != nil {
+		if _, err := w.Write(c.buf[:n*width]); err != nil {
 			return st, fmt.Errorf("writing the shard: %w", err)
 		}
-		h.Write(c.buf)
-		st.Tokens += c.tokens
-		st.Documents += int64(len(c.docs))
+		h.Write(c.buf[:n*width])
+		for _, e := range c.inside {
+			if e.Doc < int64(docs) {
+				inside = append(inside, EOSInside{Doc: st.Documents + e.Doc, N: e.N})
+			}
+		}
+		for _, i := range c.long {
+			if i < docs {
+				long++
+			}
+		}
+		st.Tokens += n
+		st.Documents += int64(docs)
 		putChunk(c)
+		if short {
+			break
+		}
 	}
-	if err := <-readErr; err != nil {
+	if short {
+		// The reader and the encoders stop, and are waited for, before
+		// the source's record of what it left out is read.
+		cancel()
+		for c := range order {
+			<-c.done
+			putChunk(c)
+		}
+		wg.Wait()
+	} else if err := <-readErr; err != nil {
 		return st, err
 	}
 	st.SHA256 = hex.EncodeToString(h.Sum(nil))
 	st.Skips = src.Skipped()
+	if placedSrc {
+		st.Layout = &Layout{From: from, Skips: slices.Clone(pl.SkippedAt()), EOSInside: inside}
+		if short {
+			st.Layout.endAfter(st.Documents)
+			st.Skips = st.Layout.skipsIn(from, 0)
+		}
+	}
+	if long > 0 {
+		st.Skips = maps.Clone(st.Skips)
+		if st.Skips == nil {
+			st.Skips = Skips{}
+		}
+		st.Skips.Add(SkipLongWord, long)
+	}
 	return st, nil
+}
+
+// countID is how many of ids are id.
+func countID(ids []uint32, id uint32) int64 {
+	var n int64
+	for _, v := range ids {
+		if v == id {
+			n++
+		}
+	}
+	return n
 }
 
 // SafeJoin places a listed repository path under dir, refusing one that

@@ -2,12 +2,14 @@ package ingest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 )
 
@@ -96,5 +99,51 @@ func TestAShardsSkippedDocumentsSurviveAKillAfterItsCommit(t *testing.T) {
 		if counted[s.ID] != 1 || m.Documents != files*20 {
 			t.Errorf("shard %s (%s): %d documents left out recorded, want 1; skipped %+v", s.ID, s.Source, counted[s.ID], m.Skipped)
 		}
+	}
+}
+
+// A document with a word of megabytes (a run of spaces in generated text)
+// is left out, counted as long-word, where merging it cost tens of bytes
+// of memory a byte; the file's other documents go in as they are, and a
+// document of a long but bounded word too.
+func TestADocumentWithAWordOfMegabytesIsLeftOut(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "src"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	line := func(text string) string {
+		b, _ := json.Marshal(map[string]string{"text": text})
+		return string(b) + "\n"
+	}
+	huge := "x = 1\n" + strings.Repeat(" ", tokenizer.DefaultMaxWordBytes+1) + "\ny = 2\n"
+	long := "x = 1\n" + strings.Repeat(" ", 64<<10) + "\ny = 2\n"
+	body := line("package main") + line(huge) + line(long) + line("func f() {}")
+	if err := os.WriteFile(filepath.Join(dir, "src", "f.jsonl"), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opt := skipsDirect(t, dir, nil)
+	rep, err := Direct(context.Background(), opt)
+	if err != nil || rep.Appended != 1 || rep.SkippedRecords[SkipLongWord] != 1 {
+		t.Fatalf("an ingest of a file with a word of over 1 MiB: %+v, %v; want the file appended and one document left out as %s", rep, err, SkipLongWord)
+	}
+	st, err := tokens.Open(opt.StoreDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ids := make([]int32, st.Len())
+	if err := st.Window(0, len(ids)-1, ids); err != nil {
+		t.Fatal(err)
+	}
+	eos, _ := opt.Tokenizer.EOS()
+	var want []int32
+	for _, d := range []string{"package main", "", long, "func f() {}"} {
+		for _, id := range append(opt.Tokenizer.Encode(d), eos) {
+			want = append(want, int32(id))
+		}
+	}
+	if !slices.Equal(ids, want) {
+		t.Fatalf("the store holds %d ids; want the 3 other documents' ids, the long one's EOS alone between them (%d)", len(ids), len(want))
 	}
 }

@@ -55,6 +55,10 @@ type recordReader interface {
 type textSource struct {
 	r     recordReader
 	skips Skips
+	// from is the first record read (OpenOptions.From); at is the next
+	// record's index.
+	from, at int64
+	log      skipLog
 }
 
 func (s *textSource) Next(ctx context.Context) (Document, error) {
@@ -63,16 +67,23 @@ func (s *textSource) Next(ctx context.Context) (Document, error) {
 		if err != nil {
 			return Document{}, err
 		}
+		at := s.at
+		s.at++
+		if at < s.from {
+			continue
+		}
 		if reason := recordSkip(rec); reason != "" {
 			s.skips.Add(reason, 1)
+			s.log.add(at, reason)
 			continue
 		}
 		return Document{ID: rec.id, Text: string(rec.text)}, nil
 	}
 }
 
-func (s *textSource) Skipped() Skips { return s.skips }
-func (s *textSource) Close() error   { return s.r.Close() }
+func (s *textSource) Skipped() Skips       { return s.skips }
+func (s *textSource) SkippedAt() []SkipRun { return s.log }
+func (s *textSource) Close() error         { return s.r.Close() }
 
 // Reasons a record or a file is skipped. They are counted per reason and
 // recorded in the token store's manifest.
@@ -86,6 +97,7 @@ const (
 	SkipEmptyFile       = "empty-file"       // a file with no documents at all
 	SkipUnsafePath      = "unsafe-path"      // a listed path that would leave the data directory
 	SkipMissingColumn   = "missing-column"   // the preset's text column is not in the file
+	SkipLongWord        = "long-word"        // a document with a word over tokenizer.DefaultMaxWordBytes (1 MiB)
 )
 
 // Skips counts skipped records and files by reason. It is not safe for

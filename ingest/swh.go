@@ -91,9 +91,15 @@ func (s *SWH) withDefaults() *SWH {
 // and yields them in the order of rows so that a shard's content does not
 // depend on network timing.
 func (s *SWH) Documents(ctx context.Context, rows recordReader) Source {
+	return s.documentsFrom(ctx, rows, 0)
+}
+
+// documentsFrom is Documents of the records of rows from record from on:
+// the blobs of the records before it are not fetched.
+func (s *SWH) documentsFrom(ctx context.Context, rows recordReader, from int64) Source {
 	cfg := s.withDefaults()
 	ctx, cancel := context.WithCancel(ctx)
-	src := &swhSource{swh: cfg, rows: rows, cancel: cancel, skips: Skips{},
+	src := &swhSource{swh: cfg, rows: rows, from: from, cancel: cancel, skips: Skips{},
 		queue: make(chan chan blobResult, cfg.InFlight), done: make(chan struct{})}
 	go src.produce(ctx)
 	return src
@@ -107,11 +113,15 @@ type blobResult struct {
 	// content); bare: a 404 that is not S3's NoSuchKey (a plain web
 	// server's).
 	found, bare bool
+	// at is the record's index in its file.
+	at int64
 }
 
 type swhSource struct {
 	swh    *SWH
 	rows   recordReader
+	from   int64 // the first record read
+	log    skipLog
 	cancel context.CancelFunc
 	queue  chan chan blobResult
 	done   chan struct{}
@@ -126,8 +136,11 @@ type swhSource struct {
 func (s *swhSource) produce(ctx context.Context) {
 	defer close(s.done)
 	defer close(s.queue)
-	for {
+	for at := int64(0); ; at++ {
 		rec, err := s.rows.next(ctx)
+		if err == nil && at < s.from {
+			continue
+		}
 		ch := make(chan blobResult, 1)
 		select {
 		case s.queue <- ch:
@@ -140,11 +153,15 @@ func (s *swhSource) produce(ctx context.Context) {
 		}
 		switch {
 		case rec.skip != "":
-			ch <- blobResult{skip: rec.skip}
+			ch <- blobResult{skip: rec.skip, at: at}
 		case rec.null:
-			ch <- blobResult{skip: SkipEmptyDocument}
+			ch <- blobResult{skip: SkipEmptyDocument, at: at}
 		default:
-			go func() { ch <- s.swh.fetch(ctx, rec) }()
+			go func() {
+				r := s.swh.fetch(ctx, rec)
+				r.at = at
+				ch <- r
+			}()
 		}
 	}
 }
@@ -190,13 +207,15 @@ func (s *swhSource) Next(ctx context.Context) (Document, error) {
 		switch {
 		case r.skip != "":
 			s.skips.Add(r.skip, 1)
+			s.log.add(r.at, r.skip)
 		default:
 			return r.doc, nil
 		}
 	}
 }
 
-func (s *swhSource) Skipped() Skips { return s.skips }
+func (s *swhSource) Skipped() Skips       { return s.skips }
+func (s *swhSource) SkippedAt() []SkipRun { return s.log }
 
 func (s *swhSource) Close() error {
 	s.cancel()

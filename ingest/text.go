@@ -23,7 +23,7 @@ func openText(path string, opt OpenOptions) (Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &textSource{r: &textReader{f: f, name: opt.Name}, skips: Skips{}}, nil
+	return &textSource{r: &textReader{f: f, name: opt.Name}, skips: Skips{}, from: opt.From}, nil
 }
 
 func (r *textReader) next(ctx context.Context) (record, error) {

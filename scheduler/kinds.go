@@ -80,10 +80,12 @@ const day = 24 * time.Hour
 var policies = map[string]Policy{
 	// Listing a dataset is a few hub requests.
 	KindIngestPlan: {Queue: QueueIngest, Version: 2, Timeout: 30 * time.Minute, MaxRetry: 5, Backoff: 30 * time.Second, MaxBackoff: 30 * time.Minute, Retention: 7 * day},
-	// A shard is one file: download (hundreds of MB), decode, tokenize.
-	KindIngestShard: {Queue: QueueIngest, Version: 2, Timeout: 2 * time.Hour, MaxRetry: 8, Backoff: 30 * time.Second, MaxBackoff: time.Hour, Retention: 7 * day},
-	// An append copies one shard file into the store; exactly-once by manifest.
-	KindIngestAppend: {Queue: QueueAppend, Version: 2, Timeout: time.Hour, MaxRetry: 10, Backoff: 10 * time.Second, MaxBackoff: 10 * time.Minute, Retention: 7 * day},
+	// A shard is one file, or the rest of one a store took in part:
+	// download (hundreds of MB), decode, tokenize.
+	KindIngestShard: {Queue: QueueIngest, Version: 3, Timeout: 2 * time.Hour, MaxRetry: 8, Backoff: 30 * time.Second, MaxBackoff: time.Hour, Retention: 7 * day},
+	// An append copies one shard file into the store, or the part of it
+	// that fits its limit; exactly-once by manifest.
+	KindIngestAppend: {Queue: QueueAppend, Version: 3, Timeout: time.Hour, MaxRetry: 10, Backoff: 10 * time.Second, MaxBackoff: 10 * time.Minute, Retention: 7 * day},
 	// A training segment runs until its step budget; asynq's default
 	// 30-minute timeout would cut it, so its bound only catches a hung GPU.
 	// Its commonest failure is a lost worker (SIGKILL, OOM kill, power):

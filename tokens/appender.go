@@ -26,10 +26,17 @@ type ShardInfo struct {
 	Source   string
 	Revision string
 	SHA256   string
+	// Part, when set, is the part of the input the shard holds; the
+	// exactly-once key is then the id and Part.From, and the part must
+	// continue the parts of the input the store holds (from record 0 for
+	// the first).
+	Part Part
 	// Skipped counts the documents left out of the input, one record per
-	// reason (Count set; ID, Source and Revision are the shard's). They
-	// are committed by the manifest that commits the shard, so that no
-	// crash leaves the shard in and its count of what it left out lost.
+	// reason (Count set; ID, Source and Revision are the shard's, From is
+	// Part.From). The record of a part that starts past record 0 may
+	// count none: that rest of the input was left out whole. They are
+	// committed by the manifest that commits the shard, so that no crash
+	// leaves the shard in and its count of what it left out lost.
 	Skipped []Skipped
 }
 
@@ -49,7 +56,7 @@ type Appender struct {
 	lock  *storeLock
 	f     *os.File // tokens.bin
 	m     *Manifest
-	index map[string]int // shard id -> position in m.Shards
+	index map[string]int // shard id -> position in m.Shards of its last part
 	// bufs are the two read buffers: one is read into while the other's
 	// chunk is hashed.
 	bufs [2][]byte
@@ -264,12 +271,14 @@ func (a *Appender) AppendChecked(ctx context.Context, c *CheckedShard) (AppendRe
 		startWriteback(a.f, at, int64(len(piece)))
 	}
 	return a.commit(Shard{ID: c.info.ID, Source: c.info.Source, Revision: c.info.Revision, SHA256: c.sum, Documents: c.docs,
-		Tokens: int64(len(c.data)) / width, Offset: start}, c.info.Skipped)
+		Tokens: int64(len(c.data)) / width, Offset: start, Part: c.info.Part}, c.info.Skipped)
 }
 
 // begin refuses an append to a store whose manifest write failed or without
-// a shard id, and answers one whose shard is already in: done, with the
-// first append's record, unless its SHA-256 differs.
+// a shard id, and answers one whose shard (or part) is already in: done,
+// with the first append's record, unless its SHA-256 differs. A part must
+// continue the parts of its input the store holds, so that no record of
+// the input is appended twice and none is passed over.
 func (a *Appender) begin(ctx context.Context, info ShardInfo) (res AppendResult, done bool, err error) {
 	if a.broken != nil {
 		return res, false, fmt.Errorf("token store %s: an earlier manifest write failed (%v): reopen the store before appending", a.dir, a.broken)
@@ -277,17 +286,31 @@ func (a *Appender) begin(ctx context.Context, info ShardInfo) (res AppendResult,
 	if info.ID == "" {
 		return res, false, inputErrorf("append to token store %s: the shard id is empty: pass the ingest task's shard id", a.dir)
 	}
+	if p := info.Part; p.From < 0 || p.To < 0 || p.To != 0 && p.To <= p.From {
+		return res, false, inputErrorf("append shard %q to token store %s: records %s are no part of an input: a part starts at a record and ends after it, or at the input's end (to 0)", info.ID, a.dir, p)
+	}
 	for _, s := range info.Skipped {
-		if s.ID != info.ID || s.Count <= 0 {
-			return res, false, inputErrorf("append shard %q to token store %s: its record of documents left out (id %q, reason %q, count %d) must name the shard and count at least one document",
-				info.ID, a.dir, s.ID, s.Reason, s.Count)
+		if s.ID != info.ID || s.Count < 0 || s.Count == 0 && info.Part.From == 0 || s.From != info.Part.From {
+			return res, false, inputErrorf("append shard %q to token store %s: its record of documents left out (id %q, reason %q, count %d, from %d) must name the shard and its part's first record (%d) and count at least one document, or none for the rest of an input",
+				info.ID, a.dir, s.ID, s.Reason, s.Count, s.From, info.Part.From)
 		}
 		if err := checkSkip(a.dir, s); err != nil {
 			return res, false, err
 		}
 	}
-	if i, ok := a.index[info.ID]; ok {
-		have := a.m.Shards[i]
+	i, ok := a.index[info.ID]
+	if !ok {
+		if info.Part.From != 0 {
+			return res, false, inputErrorf("append shard %q to token store %s: it holds records %s of its input, and the store holds none of the records before: append the input from record 0",
+				info.ID, a.dir, info.Part)
+		}
+		return res, false, ctx.Err()
+	}
+	if have, ok := a.m.part(info.ID, info.Part); ok {
+		if have.Part != info.Part {
+			return res, false, inputErrorf("append shard %q to token store %s: the store holds its input's records %s, and this append holds records %s: a retry holds the same part",
+				info.ID, a.dir, have.Part, info.Part)
+		}
 		if info.SHA256 != "" && info.SHA256 != have.SHA256 {
 			return res, false, inputErrorf("append to token store %s: shard %q was appended with sha256 %s, and this append carries %s: give a changed shard a new id",
 				a.dir, info.ID, have.SHA256, info.SHA256)
@@ -295,7 +318,34 @@ func (a *Appender) begin(ctx context.Context, info ShardInfo) (res AppendResult,
 		a.log.Info("shard already appended", zap.String("store", a.dir), zap.String("shard", info.ID), zap.Int64("tokens", have.Tokens))
 		return AppendResult{Shard: have, Duplicate: true}, true, nil
 	}
+	switch last := a.m.Shards[i]; {
+	case last.Part.To == 0:
+		return res, false, inputErrorf("append shard %q to token store %s: the store holds all of its input already, and this append would add records %s of it again",
+			info.ID, a.dir, partName(info.Part))
+	case info.Part.IsZero() || info.Part.From != last.Part.To:
+		return res, false, inputErrorf("append shard %q to token store %s: the store holds its input's records up to %d, and this append holds records %s: append the part from record %d",
+			info.ID, a.dir, last.Part.To, partName(info.Part), last.Part.To)
+	}
 	return res, false, ctx.Err()
+}
+
+// partName names p for a message, the whole input included.
+func partName(p Part) string {
+	if p.IsZero() {
+		return "from 0 to the end"
+	}
+	return p.String()
+}
+
+// part finds the shard that holds the input id whole (p zero) or the part
+// of it that starts where p does.
+func (m *Manifest) part(id string, p Part) (Shard, bool) {
+	for _, s := range m.Shards {
+		if s.ID == id && s.Part.IsZero() == p.IsZero() && s.Part.From == p.From {
+			return s, true
+		}
+	}
+	return Shard{}, false
 }
 
 // cut cuts tokens.bin back to start committed tokens.
@@ -414,7 +464,7 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 	if info.SHA256 != "" && info.SHA256 != sum {
 		return Shard{}, errHash(a.dir, info, sum)
 	}
-	return Shard{ID: info.ID, Source: info.Source, Revision: info.Revision, SHA256: sum, Documents: docs, Tokens: n, Offset: start}, nil
+	return Shard{ID: info.ID, Source: info.Source, Revision: info.Revision, SHA256: sum, Documents: docs, Tokens: n, Offset: start, Part: info.Part}, nil
 }
 
 // The errors of a shard that fails Append's checks, whether it streams in or
@@ -456,6 +506,9 @@ func (a *Appender) Skip(ctx context.Context, s Skipped) error {
 	if _, ok := a.index[s.ID]; ok && s.Count == 0 {
 		return inputErrorf("token store %s: shard %q is already appended and cannot be recorded as skipped", a.dir, s.ID)
 	}
+	if i, ok := a.index[s.ID]; !ok && s.From != 0 || ok && !a.m.hasPartFrom(s.ID, s.From, i) {
+		return inputErrorf("token store %s: documents left out of %q from record %d: the store holds no part of it from there", a.dir, s.ID, s.From)
+	}
 	if a.m.hasSkip(s) {
 		return nil
 	}
@@ -483,10 +536,25 @@ func checkSkip(dir string, s Skipped) error {
 }
 
 // hasSkip reports whether m records s already: the whole input's skip
-// (Count zero) once per id, a count of documents once per id and reason.
+// (Count zero) once per id, a count of documents once per id, part and
+// reason.
 func (m *Manifest) hasSkip(s Skipped) bool {
 	for _, have := range m.Skipped {
-		if have.ID == s.ID && (have.Count == 0) == (s.Count == 0) && (s.Count == 0 || have.Reason == s.Reason) {
+		if have.ID == s.ID && (have.Count == 0) == (s.Count == 0) && (s.Count == 0 || have.Reason == s.Reason && have.From == s.From) {
+			return true
+		}
+	}
+	return false
+}
+
+// hasPartFrom reports whether the input id, whose last shard is m.Shards[last],
+// has a part (or the whole) that starts at record from.
+func (m *Manifest) hasPartFrom(id string, from int64, last int) bool {
+	if m.Shards[last].Part.IsZero() {
+		return from == 0
+	}
+	for _, s := range m.Shards[:last+1] {
+		if s.ID == id && s.Part.From == from {
 			return true
 		}
 	}

@@ -11,7 +11,9 @@
 //	               vocab_size, eos_id), the committed token and document
 //	               counts, the appended shards in order (id, source,
 //	               revision, sha256 of the shard's bytes, documents, tokens,
-//	               offset) and the skipped inputs with their reasons
+//	               offset, and for a shard that holds part of its input
+//	               the part: its first record and the one after its last)
+//	               and the skipped inputs with their reasons
 //	lock           the appender's flock, holding its pid
 //
 // Only the first Manifest.Tokens ids of tokens.bin are committed; bytes past
@@ -24,6 +26,14 @@
 // already in the manifest is a no-op reported as AppendResult.Duplicate, so
 // a queue may retry an append whose process was killed at any point.
 // Appender.Skip records an input that was left out and why.
+//
+// An input may go in in parts (ShardInfo.Part): an ingest that reaches its
+// limit appends the leading documents of an input that fit, and a later
+// one the rest. The parts are recorded under the input's id, end to end
+// from its first record, each appended exactly once under its id and first
+// record; a part that would take records again or pass some over is
+// refused. A manifest that records a part is version 2, which a reader of
+// version 1 would misread as the whole input; one without is version 1.
 //
 //	a, err := tokens.OpenAppender(ctx, dir, tokens.Tokenizer{Name: "kiln-16k", SHA256: sum, VocabSize: 16384, EOS: 0}, log)
 //	res, err := a.Append(ctx, tokens.ShardInfo{ID: "the-stack-v2/000123", Source: url, Revision: commit}, shardReader)

@@ -30,9 +30,18 @@ func IsStoreFile(name string) bool {
 
 // Format identifies a manifest; Version is bumped on any change a reader of
 // the previous version would misread.
+//
+// Version 2 adds shards that hold part of their input (Shard.Part). A
+// reader of version 1 would take such a shard for its whole input, and an
+// ingest of that build would never take the rest of it (or, its id being
+// recorded twice once the rest is in, refuse the store as damaged); so a
+// manifest is written as version 2 only while it records a part, and a
+// store of whole inputs stays version 1, which every build reads.
 const (
 	Format  = "kiln.tokens"
-	Version = 1
+	Version = 2
+	// wholeVersion is the version of a manifest without parts.
+	wholeVersion = 1
 )
 
 // Dtype names the on-disk width of one id.
@@ -98,7 +107,8 @@ func (t Tokenizer) validate() error {
 	return nil
 }
 
-// Shard is one appended input, recorded in the manifest in append order.
+// Shard is one appended input, or one part of it, recorded in the
+// manifest in append order.
 type Shard struct {
 	ID        string `json:"id"`
 	Source    string `json:"source,omitempty"`
@@ -107,18 +117,85 @@ type Shard struct {
 	Documents int64  `json:"documents"`
 	Tokens    int64  `json:"tokens"`
 	Offset    int64  `json:"offset"` // first token's index in tokens.bin
+	// Part is zero for a shard that holds its whole input, and otherwise
+	// says which part of the input it holds (an append that reached a
+	// limit took the input's leading documents, and a later one the rest).
+	Part Part `json:"part,omitzero"`
+}
+
+// Part is a stretch of an input's records: From up to, not including, To,
+// where To 0 is the input's end. A record is the input's own unit (ingest
+// counts a file's rows or lines, those it left out included), so a part is
+// named by where it lies in the input rather than by the documents read,
+// which another reading of the input could give otherwise (a Software
+// Heritage blob missing one time and present the next).
+//
+// The parts of one input are recorded under its id, in order, end to end
+// from record 0: no record is in two of them, and none between them is
+// missing. The input is whole in the store once its last part runs to
+// its end (To 0).
+type Part struct {
+	From int64 `json:"from"`
+	To   int64 `json:"to,omitempty"`
+}
+
+// IsZero reports whether p is no part: the whole input.
+func (p Part) IsZero() bool { return p == Part{} }
+
+func (p Part) String() string {
+	if p.To == 0 {
+		return fmt.Sprintf("from %d to the end", p.From)
+	}
+	return fmt.Sprintf("%d up to %d", p.From, p.To)
+}
+
+// Input is what a store holds of one input: nothing, all of it (Whole), or
+// its leading part, whose records end at Next.
+type Input struct {
+	Shards            int // the shards that hold it: one, or one a part
+	Documents, Tokens int64
+	// Next is the record the rest of the input starts at (0 for one the
+	// store holds none of).
+	Next  int64
+	Whole bool
+}
+
+// Partial reports whether the store holds part of the input and not the
+// rest.
+func (in Input) Partial() bool { return in.Shards > 0 && !in.Whole }
+
+// Input says what m holds of the input id.
+func (m *Manifest) Input(id string) Input {
+	var in Input
+	for _, s := range m.Shards {
+		if s.ID != id {
+			continue
+		}
+		in.Shards++
+		in.Documents += s.Documents
+		in.Tokens += s.Tokens
+		in.Next, in.Whole = s.Part.To, s.Part.To == 0
+	}
+	return in
 }
 
 // Skipped is an input that ingest decided not to append, and why. With
 // Count zero the whole input was left out; with Count set, ID names an
 // input (appended or not) from which Count documents were left out for
 // Reason, so that a store accounts for every document it did not take.
+//
+// From is the first record of the part of the input (Shard.Part.From)
+// whose documents left out Count counts; each part of an input counts its
+// own. With From set and Count zero, the input from record From on was
+// left out: the rest of an input the store holds part of, which could not
+// be read.
 type Skipped struct {
 	ID       string `json:"id"`
 	Source   string `json:"source,omitempty"`
 	Revision string `json:"revision,omitempty"`
 	Reason   string `json:"reason"`
 	Count    int64  `json:"count,omitempty"`
+	From     int64  `json:"from,omitempty"`
 }
 
 // Manifest describes a store. Only the first Tokens ids of tokens.bin are
@@ -141,14 +218,26 @@ func newManifest(tok Tokenizer) *Manifest {
 	}
 }
 
+// version is the version m is written as: 2 while it records a part of an
+// input, which a reader of version 1 would misread, and 1 otherwise.
+func (m *Manifest) version() int {
+	for _, s := range m.Shards {
+		if !s.Part.IsZero() {
+			return Version
+		}
+	}
+	return wholeVersion
+}
+
 // validate checks the manifest's own consistency: shards laid end to end
-// from offset 0, summing to the committed count, each id recorded once.
+// from offset 0, summing to the committed count, each input recorded once,
+// whole or in parts laid end to end from its first record.
 func (m *Manifest) validate() error {
 	if m.Format != Format {
 		return fmt.Errorf("format is %q, want %q: this is not a kiln token store manifest", m.Format, Format)
 	}
-	if m.Version != Version {
-		return fmt.Errorf("version %d is not supported (this build reads version %d): use the kiln release that wrote the store", m.Version, Version)
+	if m.Version < wholeVersion || m.Version > Version {
+		return fmt.Errorf("version %d is not supported (this build reads versions %d to %d): use the kiln release that wrote the store", m.Version, wholeVersion, Version)
 	}
 	if err := m.Tokenizer.validate(); err != nil {
 		return err
@@ -157,21 +246,39 @@ func (m *Manifest) validate() error {
 		return fmt.Errorf("dtype is %q but a vocabulary of %d is stored as %q", m.Dtype, m.Tokenizer.VocabSize, want)
 	}
 	var off, docs int64
-	seen := make(map[string]bool, len(m.Shards))
+	// next is, for each input seen, the record its next part must start
+	// at; done once it is whole.
+	next := make(map[string]int64, len(m.Shards))
+	const done = -1
 	for i, s := range m.Shards {
+		at, seen := next[s.ID]
 		switch {
 		case s.ID == "":
 			return fmt.Errorf("shard %d has an empty id", i)
-		case seen[s.ID]:
+		case seen && at == done && s.Part.IsZero():
 			return fmt.Errorf("shard %q is recorded twice", s.ID)
+		case seen && at == done:
+			return fmt.Errorf("shard %q holds records %s of an input the store holds whole already", s.ID, s.Part)
+		case s.Part.IsZero() && seen:
+			return fmt.Errorf("shard %q is recorded whole after a part of it", s.ID)
+		case !s.Part.IsZero() && s.Part.From != at:
+			return fmt.Errorf("shard %q holds records %s, but the parts of it before end at record %d", s.ID, s.Part, at)
+		case s.Part.To != 0 && s.Part.To <= s.Part.From:
+			return fmt.Errorf("shard %q holds records %s: a part ends after it starts", s.ID, s.Part)
 		case s.Offset != off:
 			return fmt.Errorf("shard %q starts at token %d, but the shards before it end at %d", s.ID, s.Offset, off)
 		case s.Tokens < 0 || s.Documents < 0:
 			return fmt.Errorf("shard %q has a negative count", s.ID)
 		}
-		seen[s.ID] = true
+		next[s.ID] = done
+		if s.Part.To != 0 {
+			next[s.ID] = s.Part.To
+		}
 		off += s.Tokens
 		docs += s.Documents
+	}
+	if m.Version < m.version() {
+		return fmt.Errorf("version %d records parts of inputs, which need version %d", m.Version, m.version())
 	}
 	if off != m.Tokens {
 		return fmt.Errorf("shards hold %d tokens but %d are committed", off, m.Tokens)
@@ -202,7 +309,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 	}
 	if err := m.validate(); err != nil {
 		damage := ManifestFile + " is inconsistent"
-		if m.Format != Format || m.Version != Version {
+		if m.Format != Format || m.Version < wholeVersion || m.Version > Version {
 			damage = "" // another release's manifest, not a damaged one: that release reads it
 		}
 		return nil, damagedf(damage, "token store %s: %s is inconsistent: %v; restore it from a backup or re-ingest the store", dir, path, err)
@@ -213,6 +320,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 // writeManifest replaces dir's manifest atomically: a reader, or a process
 // started after a crash, sees either the old manifest or the new one.
 func writeManifest(dir string, m *Manifest) error {
+	m.Version = m.version()
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode manifest: %w", err)

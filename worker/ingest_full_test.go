@@ -90,8 +90,10 @@ func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 		name, flag, refusal string
 		limits, lower       ingest.Limits
 	}{
-		{"tokens", "--max-tokens", "would pass --max-tokens", ingest.Limits{MaxTokens: 2*perFile + perFile/2}, ingest.Limits{MaxTokens: 2*perFile + 1}},
-		{"disk", "--max-disk", "past --max-disk", ingest.Limits{MaxDisk: 2*perFile*2 + perFile}, ingest.Limits{MaxDisk: 2*perFile*2 + 1}},
+		// An eighth of a file is less than one of its 4 documents: the
+		// third file cannot go in part.
+		{"tokens", "--max-tokens", "would pass --max-tokens", ingest.Limits{MaxTokens: 2*perFile + perFile/8}, ingest.Limits{MaxTokens: 2*perFile + 1}},
+		{"disk", "--max-disk", "past --max-disk", ingest.Limits{MaxDisk: 2*perFile*2 + perFile/4}, ingest.Limits{MaxDisk: 2*perFile*2 + 1}},
 	} {
 		full := func() bool {
 			st, err := status.Status(ctx, c.name)

@@ -40,7 +40,7 @@ func (p *planFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.revision, "revision", "", "a preset's dataset revision: a branch, tag or commit (default: the preset's; a local dataset has none)")
 	f.StringArrayVar(&p.set, "set", nil, "preset variable, name=a,b (for example language=Python,Go)")
 	f.StringVar(&p.columns, "columns", "", columnsUsage)
-	f.StringVar(&p.maxTokens, "max-tokens", "", "stop before the store passes this many tokens (25B, 500M)")
+	f.StringVar(&p.maxTokens, "max-tokens", "", "fill the store up to this many tokens, the last file in part (25B, 500M)")
 	f.StringVar(&p.maxDisk, "max-disk", "", "stop before the store's tokens.bin passes this size (50G = 50 x 2^30 bytes, 50GB = 50 x 10^9)")
 	f.IntVar(&p.maxFiles, "max-files", 0, "read at most this many files of the seeded order (0: all)")
 	f.Uint64Var(&p.seed, "seed", 0, "seed of the file order")
@@ -169,8 +169,14 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		fmt.Fprintln(out, rep.Stopped)
 		return nil
 	}
-	fmt.Fprintf(out, "%s at %s: %d files, %d appended (%d documents, %d tokens), %d already in the store%s\n",
-		p.Name, rep.Revision, rep.Files, rep.Appended, rep.Documents, rep.Tokens, rep.Duplicates, sameContent(rep.Same))
+	appended := fmt.Sprintf("%d appended", rep.Appended)
+	if rep.Partial > 0 {
+		// The file at which the store reached its limit: its leading
+		// documents are in, its rest waits for a larger limit.
+		appended += fmt.Sprintf(" and %d in part", rep.Partial)
+	}
+	fmt.Fprintf(out, "%s at %s: %d files, %s (%d documents, %d tokens), %d already in the store%s\n",
+		p.Name, rep.Revision, rep.Files, appended, rep.Documents, rep.Tokens, rep.Duplicates, sameContent(rep.Same))
 	if len(rep.SkippedFiles) > 0 {
 		fmt.Fprintf(out, "skipped files: %s\n", rep.SkippedFiles)
 	}

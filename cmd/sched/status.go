@@ -427,7 +427,9 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot) string {
 		}
 	}
 	if d.Stopped > 0 {
-		notes = append(notes, fmt.Sprintf("%d left out at %s (raise it and enqueue the ingest again for them)", d.Stopped, formatLimits(d.StoppedAt)))
+		// An append that reached the limit took its file's leading
+		// documents that fit; the task says which.
+		notes = append(notes, fmt.Sprintf("%d left out or taken in part at %s (raise it and enqueue the ingest again for the rest)", d.Stopped, formatLimits(d.StoppedAt)))
 	}
 	if d.Failed > 0 {
 		notes = append(notes, fmt.Sprintf("%d failed (see FAILURES and 'sched runs')", d.Failed))

@@ -21,11 +21,13 @@ import (
 )
 
 // An ingest that reaches its --max-tokens is the end the user planned when
-// they sized the store: its tasks complete, `sched status` shows the store
-// stopped at the limit with no failure, and `sched runs` says so. The
-// same ingest with a larger limit appends the files left out after the
-// ones already in, which do not change, and an ingest whose store is at
-// its limit already stops at its plan, again without a failure.
+// they sized the store: the store fills up to the limit, the file at which
+// it reached it taken in part, its tasks complete, `sched status` shows the
+// store stopped at the limit with no failure, and `sched runs` says so.
+// The same ingest with a larger limit appends the rest of that file and
+// the files left out after the ones already in, which do not change, and
+// an ingest whose store is at its limit already stops at its plan, again
+// without a failure.
 func TestIngestStopsAtItsLimitAsPlanned(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -65,23 +67,25 @@ func TestIngestStopsAtItsLimitAsPlanned(t *testing.T) {
 	}
 	perFile := one.Tokens
 
-	// Room for two and a half files: two go in, two are left out.
+	// Room for two and a half files: two go in, half of the third, and
+	// the fourth is left out.
 	glob := "local:" + filepath.Join(src, "*.jsonl")
 	limit := 2*perFile + perFile/2
 	ingestWith(glob, "--store", "code", "--max-tokens", strconv.FormatInt(limit, 10))
 	at := "stopped at " + formatLimits(ingest.Limits{MaxTokens: limit})
-	stopped := regexp.MustCompile(`(?m)^code \(.*\)  files 2/4 done  .*  ` + regexp.QuoteMeta(at) + `  2 left out at --max-tokens`)
+	stopped := regexp.MustCompile(`(?m)^code \(.*\)  files 2/4 done  .*  ` + regexp.QuoteMeta(at) + `  2 left out or taken in part at --max-tokens`)
 	out := waitOutput(t, env, stopped, time.Minute, "status")
 	storeDir := filepath.Join(data, "tokens", "code")
 	m, err := tokens.ReadManifest(storeDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m.Shards) != 2 || m.Tokens != 2*perFile {
-		t.Fatalf("the store holds %d shards, %d tokens; want 2 files of %d tokens", len(m.Shards), m.Tokens, perFile)
+	if len(m.Shards) != 3 || m.Tokens <= 2*perFile || m.Tokens > limit || m.Shards[2].Part.To == 0 {
+		t.Fatalf("the store holds %d shards, %d tokens; want 2 files of %d tokens and part of a third, at most %d in all", len(m.Shards), m.Tokens, perFile, limit)
 	}
-	if l := lineOf(out, "code ("); !strings.Contains(l, "  "+formatCount(m.Tokens, "tok")+"  ") || strings.Contains(l, "failed") {
-		t.Fatalf("dataset line %q; want the store's %d tokens and no failure", l, m.Tokens)
+	// The dataset's tokens are those of the files done.
+	if l := lineOf(out, "code ("); !strings.Contains(l, "  "+formatCount(2*perFile, "tok")+"  ") || strings.Contains(l, "failed") {
+		t.Fatalf("dataset line %q; want the %d tokens of its files done and no failure", l, 2*perFile)
 	}
 	if !strings.Contains(out, "FAILURES in the last hour\nnone\n") {
 		t.Fatalf("status lists failures for an ingest that reached its limit:\n%s", out)
@@ -99,10 +103,12 @@ func TestIngestStopsAtItsLimitAsPlanned(t *testing.T) {
 		}
 		if ts.HasProgress && ts.Progress.State == "stopped" {
 			stops++
-			// The append refused, or the shard that started once the
-			// store was full and left its file unread.
+			// The append that took part of its file, or one refused,
+			// or the shard that started once the store was full and
+			// left its file unread.
 			msg := ts.Progress.Message
-			refused := ts.Kind == scheduler.KindIngestAppend && strings.Contains(msg, "would pass --max-tokens "+strconv.FormatInt(limit, 10))
+			refused := ts.Kind == scheduler.KindIngestAppend && (strings.Contains(msg, "would pass --max-tokens "+strconv.FormatInt(limit, 10)) ||
+				strings.Contains(msg, "reached --max-tokens "+strconv.FormatInt(limit, 10)+" with part of "))
 			unread := ts.Kind == scheduler.KindIngestShard && strings.Contains(msg, "full at --max-tokens "+strconv.FormatInt(limit, 10)) &&
 				(strings.Contains(msg, " was not read") || strings.Contains(msg, " was downloaded but not tokenized"))
 			if ts.State != "completed" || !refused && !unread || !strings.Contains(msg, "raise the limit and plan again") {
@@ -111,11 +117,11 @@ func TestIngestStopsAtItsLimitAsPlanned(t *testing.T) {
 		}
 	}
 	if stops != 2 {
-		t.Fatalf("%d tasks stopped at the limit; want one for each of the 2 files left out", stops)
+		t.Fatalf("%d tasks stopped at the limit; want one for the file taken in part and one for the file left out", stops)
 	}
 	for _, d := range snap.Datasets() {
-		if d.Store == "code" && (d.Done != 2 || d.Stopped != 2 || d.Failed != 0 || d.Tokens != m.Tokens || d.StoppedAt.MaxTokens != limit) {
-			t.Fatalf("dataset %+v; want 2 files done (%d tokens) and 2 stopped at %d", d, m.Tokens, limit)
+		if d.Store == "code" && (d.Done != 2 || d.Stopped != 2 || d.Failed != 0 || d.Tokens != 2*perFile || d.StoppedAt.MaxTokens != limit) {
+			t.Fatalf("dataset %+v; want 2 files done (%d tokens) and 2 stopped at %d", d, 2*perFile, limit)
 		}
 	}
 	out, _, _ = sched(t, env, "runs")
@@ -123,7 +129,8 @@ func TestIngestStopsAtItsLimitAsPlanned(t *testing.T) {
 		t.Fatalf("sched runs shows %d tasks stopped at the limit, want 2, and no failure:\n%s", n, out)
 	}
 
-	// A larger limit appends the two files left out after the two in.
+	// A larger limit appends the rest of the file in part and the file
+	// left out after what is in.
 	before, err := os.ReadFile(filepath.Join(storeDir, "tokens.bin"))
 	if err != nil {
 		t.Fatal(err)
@@ -138,10 +145,10 @@ func TestIngestStopsAtItsLimitAsPlanned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(m2.Shards) != 4 || m2.Tokens != 4*perFile || m2.Shards[0] != m.Shards[0] || m2.Shards[1] != m.Shards[1] ||
+	if len(m2.Shards) != 5 || m2.Tokens != 4*perFile || m2.Shards[0] != m.Shards[0] || m2.Shards[1] != m.Shards[1] || m2.Shards[2] != m.Shards[2] ||
 		len(after) < len(before) || !bytes.Equal(after[:len(before)], before) {
-		t.Fatalf("after the larger limit: %d shards, %d tokens, first shards %+v (were %+v); want the two in unchanged and two more",
-			len(m2.Shards), m2.Tokens, m2.Shards[:min(2, len(m2.Shards))], m.Shards)
+		t.Fatalf("after the larger limit: %d shards, %d tokens, first shards %+v (were %+v); want the three in unchanged and two more",
+			len(m2.Shards), m2.Tokens, m2.Shards[:min(3, len(m2.Shards))], m.Shards)
 	}
 
 	// A store at its limit already: the plan stops, and that is no failure.

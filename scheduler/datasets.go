@@ -17,6 +17,9 @@ type DatasetProgress struct {
 	// files may still be queued. PlanFailed is set when its plan failed for
 	// good (archived, not cancelled).
 	Planning, PlanFailed bool
+	// PlanWaits is what a plan set back to wait for earlier work says it
+	// waits for (its tokenizer, being made), as of its last try.
+	PlanWaits string
 	// Files is every file queued for the store. A file is Done once it is
 	// appended (or found already appended, or recorded as skipped), Failed
 	// once its shard or append task is archived, Stopped once one of them
@@ -110,6 +113,9 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 				d.PlanFailed = true
 			case t.State != "completed" && t.State != "archived":
 				d.Planning = true
+				if t.State != "active" && t.HasProgress && t.Progress.State == "waiting" {
+					d.PlanWaits = t.Progress.Message
+				}
 			}
 			if p := lastPlan[name]; p == nil || newerTask(t, p) {
 				lastPlan[name] = t

@@ -402,6 +402,8 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot) string {
 		}
 	}
 	switch {
+	case d.Planning && d.PlanWaits != "":
+		parts = append(parts, "planning, "+scheduler.OneLine(d.PlanWaits, 200))
 	case d.Planning:
 		parts = append(parts, "planning: more files may be queued")
 	case d.PlanFailed && d.Files == 0:

@@ -239,3 +239,34 @@ func queueUnservedIngest(t *testing.T, env []string) ([]string, string) {
 	}
 	return env, m[1]
 }
+
+// An ingest queued while its tokenizer is being made waits for it, and
+// the store's line in sched status says so, naming the tokenizer's task,
+// where it said only that more files may be queued.
+func TestStatusSaysWhatAnIngestsPlanWaitsFor(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	env := append(baseEnv(t), "KILN_REDIS_URL="+r.URL(0))
+	data := strings.TrimPrefix(env[len(env)-2], "KILN_DATA_DIR=")
+	if err := os.MkdirAll(filepath.Join(data, "src"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(data, "src", "a.go"), []byte("package a\n"), 0o644)
+	opt, err := asynq.ParseRedisURI(r.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := scheduler.NewClient(opt)
+	defer q.Close()
+	// The tokenizer is being made: its training is queued, on a queue no
+	// worker here serves.
+	train, err := q.Enqueue(context.Background(), scheduler.TokenizerTrain{Name: "tk-new", VocabSize: 512, Sample: "samples/tk-new/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := sched(t, env, "enqueue", "ingest", "local:"+filepath.Join(data, "src", "*.go"), "--store", "code", "--tokenizer", "tk-new"); code != 0 {
+		t.Fatalf("enqueue ingest: exit %d\n%s%s", code, out, errOut)
+	}
+	startWorker(t, env, "--queues", "ingest=1")
+	waitOutput(t, env, regexp.MustCompile(`(?m)^code \(local:\S+\)  .*planning, waiting for tokenizer tk-new \(`+train.ID), time.Minute, "status")
+}

@@ -166,7 +166,12 @@ type Limits struct {
 // appended nothing. Raising the limit and planning again continues with
 // the rest of that file and the files not yet in. A worker completes the
 // step's task.
-type StopError struct{ Msg string }
+type StopError struct {
+	Msg string
+	// Tokens are what the step appended before it stopped: the part of
+	// its file that fit.
+	Tokens int64
+}
 
 // stopHint ends every StopError's message: what to do for more tokens.
 const stopHint = "; raise the limit and plan again to continue"
@@ -504,7 +509,7 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 		}
 	}
 	if msg := job.Limits.reached(job.Store, status); msg != "" {
-		return res, &StopError{msg + stopHint}
+		return res, &StopError{Msg: msg + stopHint}
 	}
 	listed, err := Plan(ctx, preset, p.Hub, job.Seed)
 	if err != nil {
@@ -621,7 +626,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		job.From = pf.Next
 	}
 	if msg := job.Limits.reached(job.Store, status); msg != "" {
-		return out, false, &StopError{msg + "; " + job.Path + " was not read" + stopHint}
+		return out, false, &StopError{Msg: msg + "; " + job.Path + " was not read" + stopHint}
 	}
 	skipped := func(err error) (AppendJob, bool, error) {
 		out.SkipReason, out.SkipMessage = SkipReason(err), err.Error()
@@ -688,7 +693,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 				return out, false, err
 			}
 			if msg := job.Limits.reached(job.Store, status); msg != "" {
-				return out, false, &StopError{msg + "; " + job.Path + " was downloaded but not tokenized" + stopHint}
+				return out, false, &StopError{Msg: msg + "; " + job.Path + " was downloaded but not tokenized" + stopHint}
 			}
 		}
 	} else if err := checkLocalContent(ctx, job); err != nil {
@@ -977,7 +982,7 @@ func (p *Pipeline) appendShard(ctx context.Context, app *tokens.Appender, job Ap
 		if _, err := p.publishStatus(ctx, job.Store, m, job.Limits, Limits{}); err != nil {
 			return res, err
 		}
-		return res, &StopError{fmt.Sprintf("ingest into token store %s stopped in %s: the store holds its records up to %d, which an earlier attempt of this append took before its shard was deleted",
+		return res, &StopError{Msg: fmt.Sprintf("ingest into token store %s stopped in %s: the store holds its records up to %d, which an earlier attempt of this append took before its shard was deleted",
 			job.Store, job.Source, in.Next) + stopHint}
 	}
 	if err != nil {
@@ -1042,8 +1047,12 @@ func (p *Pipeline) appendShard(ctx context.Context, app *tokens.Appender, job Ap
 	m = app.Manifest()
 	now := m.Input(job.ShardID)
 	passed := job.Limits.passed(m.Tokens, c.Next, width)
-	return res, p.stop(ctx, job, m, passed, fmt.Sprintf("ingest into token store %s reached %s with part of %s taken: %d of its documents are in the store (%d tokens) and its other %d are not; the store holds %d tokens",
+	err = p.stop(ctx, job, m, passed, fmt.Sprintf("ingest into token store %s reached %s with part of %s taken: %d of its documents are in the store (%d tokens) and its other %d are not; the store holds %d tokens",
 		job.Store, limitsText(passed), job.Source, now.Documents, now.Tokens, job.Documents-lead-c.Docs, m.Tokens))
+	if stop, ok := err.(*StopError); ok {
+		stop.Tokens = res.Tokens
+	}
+	return res, err
 }
 
 // appendWhole appends all of the job's shard as info says.
@@ -1135,7 +1144,7 @@ func (p *Pipeline) stop(ctx context.Context, job AppendJob, m tokens.Manifest, r
 	if err := p.deleteShard(ctx, job); err != nil {
 		p.log().Warn("shard left in object storage", zap.String("object", job.Object), zap.Error(err))
 	}
-	return &StopError{msg + stopHint}
+	return &StopError{Msg: msg + stopHint}
 }
 
 // publishStatus publishes the status of the store of m after an append

@@ -40,7 +40,8 @@ type DatasetProgress struct {
 	StoppedAt   ingest.Limits
 	// PlanDone is set when the store's latest plan completed.
 	PlanDone bool
-	// Tokens is what the done files appended.
+	// Tokens is what the done files appended, and the parts of files
+	// taken at the limit.
 	Tokens int64
 	// Started is when the store's first file task started; Last when its
 	// latest file finished.
@@ -185,6 +186,10 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 		case "stopped":
 			d.Stopped++
 			d.StoppedBytes += f.size
+			if f.apnd != nil && f.apnd.HasProgress {
+				// The part of its file that fit before the limit.
+				d.Tokens += f.apnd.Progress.Taken
+			}
 		case "running":
 			d.Running++
 		default:

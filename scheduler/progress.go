@@ -28,7 +28,10 @@ type Progress struct {
 	// State is "running", "done", "failed", "interrupted", "waiting", or
 	// "stopped": an ingest step that completed at its ingest's limit
 	// (--max-tokens, --max-disk), leaving its file out of the store.
-	State   string    `json:"state"`
+	State string `json:"state"`
+	// Taken is, for an ingest:append stopped at its limit, the tokens of
+	// its file it appended first: the part that fit.
+	Taken   int64     `json:"taken,omitempty"`
 	Worker  string    `json:"worker,omitempty"`
 	Started time.Time `json:"started"`
 	Updated time.Time `json:"updated"`

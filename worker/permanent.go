@@ -34,13 +34,17 @@ func isPermanent(err error) bool {
 }
 
 // atLimit says why an ingest step ended at its ingest's --max-tokens or
-// --max-disk, or "": the end the user planned when they sized the store,
-// so its task completes (progress state "stopped") rather than failing,
-// and a retry would only stop again.
-func atLimit(err error) string {
+// --max-disk, or "", and the tokens it appended first: the end the user
+// planned when they sized the store, so its task completes (progress
+// state "stopped") rather than failing, and a retry would only stop
+// again.
+func atLimit(err error) (msg string, taken int64) {
 	var stop *ingest.StopError
 	if errors.As(err, &stop) {
-		return stop.Msg
+		return stop.Msg, stop.Tokens
 	}
-	return ""
+	return "", 0
 }
+
+// isAtLimit says whether err is an ingest step's end at its limit.
+func isAtLimit(err error) bool { msg, _ := atLimit(err); return msg != "" }

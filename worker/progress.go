@@ -138,6 +138,14 @@ func (r *Reporter) adopt(ctx context.Context) {
 }
 
 // finish writes the final state unthrottled.
+// took records the tokens a step that stopped at its ingest's limit
+// appended first (Progress.Taken).
+func (r *Reporter) took(tokens int64) {
+	r.mu.Lock()
+	r.p.Taken = tokens
+	r.mu.Unlock()
+}
+
 func (r *Reporter) finish(state, msg string) {
 	if r.rdb == nil {
 		return

@@ -399,9 +399,10 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				rep.finish("done", "")
 				log.Info("task done", zap.Duration("took", time.Since(start)))
 				return
-			case atLimit(err) != "":
-				msg := atLimit(err)
+			case isAtLimit(err):
+				msg, taken := atLimit(err)
 				err = nil
+				rep.took(taken)
 				rep.finish("stopped", msg)
 				log.Info("task done: the ingest reached its limit", zap.String("reason", msg), zap.Duration("took", time.Since(start)))
 				return

@@ -66,12 +66,21 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 	if p.Glob != "" {
 		return res, checkLocal(ctx, p, plan.Files, &res)
 	}
-	if res.Format != FormatParquet || hc == nil {
-		return res, nil
-	}
 	size := f.Size
 	if f.LFS != nil {
 		size = f.LFS.Size
+	}
+	if strings.HasSuffix(f.Path, ".json") && hc != nil && size > 0 {
+		// Read as its first line says (formatOfFile): the file's head
+		// alone is fetched.
+		head, err := hc.ReadRange(ctx, p.Repo, plan.Revision, f.Path, 0, min(size, jsonSniffBytes))
+		if err != nil {
+			return res, err
+		}
+		res.Format = jsonLinesOrText(head, p.Columns)
+	}
+	if res.Format != FormatParquet || hc == nil {
+		return res, nil
 	}
 	pf, err := parquet.OpenFile(&rangeReader{ctx: ctx, hc: hc, repo: p.Repo, rev: plan.Revision, path: f.Path}, size,
 		parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
@@ -112,7 +121,7 @@ func requireColumns(p Preset, path string, pf *parquet.File) error {
 func checkLocal(ctx context.Context, p Preset, files []hub.File, res *CheckResult) error {
 	var empty []string
 	for _, f := range files[:min(len(files), localCheckFiles)] {
-		res.Sample, res.Format = f.Path, FormatOf(f.Path)
+		res.Sample, res.Format = f.Path, formatOfFile(f.Path, p.Columns)
 		n, err := firstDocument(ctx, p, res)
 		if err != nil || n > 0 || p.Columns.Blob != "" {
 			res.FirstDocument = n

@@ -1,8 +1,12 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 )
 
@@ -48,6 +52,50 @@ func FormatOf(name string) Format {
 	return FormatText
 }
 
+// formatOfFile is FormatOf, but for a .json file, which is read as JSON
+// lines where its first line is a JSON object holding the field the
+// preset reads (many datasets keep JSON lines in .json files) and as
+// plain text otherwise (a project's package.json, a config: source code).
+func formatOfFile(path string, c Columns) Format {
+	if !strings.HasSuffix(path, ".json") {
+		return FormatOf(path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return FormatText // the text reader says why it cannot
+	}
+	defer f.Close()
+	head := make([]byte, jsonSniffBytes)
+	n, _ := io.ReadFull(f, head)
+	return jsonLinesOrText(head[:n], c)
+}
+
+// jsonSniffBytes is how much of a .json file formatOfFile reads: a first
+// line longer than that (a document of more) reads as plain text.
+const jsonSniffBytes = 1 << 20
+
+// jsonLinesOrText says how a .json file that begins with head is read.
+func jsonLinesOrText(head []byte, c Columns) Format {
+	head = bytes.TrimPrefix(head, []byte("\uFEFF"))
+	line, _, ok := bytes.Cut(head, []byte("\n"))
+	if !ok && len(head) == jsonSniffBytes {
+		return FormatText
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(line, &fields) != nil {
+		return FormatText
+	}
+	c = c.withDefaults()
+	field := c.Text
+	if c.Blob != "" {
+		field = c.Blob
+	}
+	if _, ok := fields[field]; ok {
+		return FormatJSONL
+	}
+	return FormatText
+}
+
 // OpenOptions are what Open needs beyond the file.
 type OpenOptions struct {
 	Columns Columns
@@ -74,7 +122,7 @@ func Open(ctx context.Context, path string, opt OpenOptions) (Source, error) {
 	}
 	var rows recordReader
 	var err error
-	switch FormatOf(path) {
+	switch formatOfFile(path, opt.Columns) {
 	case FormatParquet:
 		pr, err := openParquet(path, opt)
 		if err != nil {

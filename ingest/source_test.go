@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/parquet-go/parquet-go"
 	"golang.org/x/text/encoding/charmap"
 
+	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 )
 
@@ -354,5 +356,59 @@ func TestParquetReadsANumberIDAndRefusesANumberText(t *testing.T) {
 	var pe *PresetError
 	if _, err := Check(context.Background(), p, nil); !errors.As(err, &pe) || !strings.Contains(err.Error(), `column "lang" holds INT32 values, not text`) {
 		t.Errorf("the check of an int32 text column: %v; want a preset error naming it", err)
+	}
+}
+
+// A .json file whose first line is a JSON object with the field read is
+// JSON lines (many datasets keep them so), as .json.gz is; any other .json
+// (a package.json, a config, a line without the field) is source text,
+// read whole. sched datasets check says which, of a local file and of a
+// hub dataset's, whose head alone it fetches.
+func TestAJSONFileIsReadAsItsFirstLineSays(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"lines.json":   "\uFEFF" + `{"text":"alpha","n":1}` + "\n" + `{"text":"beta"}` + "\n",
+		"package.json": "{\n  \"name\": \"x\",\n  \"text\": \"not a document\"\n}\n",
+		"other.json":   `{"body":"alpha"}` + "\n" + `{"body":"beta"}` + "\n",
+	}
+	for name, body := range files {
+		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644)
+	}
+	for name, want := range map[string][]string{
+		"lines.json":   {"alpha", "beta"},
+		"package.json": {files["package.json"]},
+		"other.json":   {files["other.json"]},
+	} {
+		docs, _, err := readAll(t, filepath.Join(dir, name), OpenOptions{Name: name})
+		var got []string
+		for _, d := range docs {
+			got = append(got, d.Text)
+		}
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("%s read as %q, %v; want %q", name, got, err, want)
+		}
+	}
+	docs, _, err := readAll(t, filepath.Join(dir, "other.json"), OpenOptions{Name: "other.json", Columns: Columns{Text: "body"}})
+	if err != nil || len(docs) != 2 || docs[0].Text != "alpha" {
+		t.Errorf("other.json read with the field body: %+v, %v; want its 2 lines", docs, err)
+	}
+	local := Preset{Name: "local:" + filepath.Join(dir, "lines.json"), Glob: filepath.Join(dir, "lines.json")}
+	if res, err := Check(context.Background(), local, nil); err != nil || res.Format != FormatJSONL {
+		t.Errorf("the check of lines.json: %+v, %v; want JSON lines", res, err)
+	}
+
+	h := hubtest.New()
+	defer h.Close()
+	h.Add("owner/lines", "data/part-0.json", []byte(files["lines.json"]), false)
+	h.Add("owner/configs", "data/package.json", []byte(files["package.json"]), false)
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for repo, want := range map[string]Format{"owner/lines": FormatJSONL, "owner/configs": FormatText} {
+		p := Preset{Name: "p", Repo: repo, Revision: "main", Include: []string{"data/*.json"}}
+		if res, err := Check(context.Background(), p, hc); err != nil || res.Format != want {
+			t.Errorf("the check of %s: %+v, %v; want %s", repo, res, err, want)
+		}
 	}
 }

@@ -62,6 +62,7 @@ type ingestFile struct {
 	size         int64
 	shard, apnd  *TaskStatus
 	tokens       int64
+	taken        int64 // the tokens of the parts of it taken at a limit
 	startedShard time.Time
 }
 
@@ -155,6 +156,12 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			if f.apnd == nil || newerTask(t, f.apnd) {
 				f.apnd, f.tokens = t, a.Tokens
 			}
+			if t.HasProgress && t.Progress.State == "stopped" {
+				// Each part of a file taken at a limit is a task of its
+				// own, and stays in the store when a larger limit takes
+				// the rest.
+				f.taken += t.Progress.Taken
+			}
 		}
 	}
 	for k, f := range files {
@@ -175,7 +182,7 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 		case "done":
 			d.Done++
 			d.DoneBytes += f.size
-			d.Tokens += f.tokens
+			d.Tokens += f.tokens + f.taken
 			end := f.finished()
 			if end.After(d.Last) {
 				d.Last = end
@@ -186,10 +193,7 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 		case "stopped":
 			d.Stopped++
 			d.StoppedBytes += f.size
-			if f.apnd != nil && f.apnd.HasProgress {
-				// The part of its file that fit before the limit.
-				d.Tokens += f.apnd.Progress.Taken
-			}
+			d.Tokens += f.taken // the parts of its file that fit
 		case "running":
 			d.Running++
 		default:

@@ -138,10 +138,14 @@ func TestIngestStopsAtItsLimitAsPlanned(t *testing.T) {
 		t.Fatal(err)
 	}
 	ingestWith(glob, "--store", "code", "--max-tokens", strconv.FormatInt(10*perFile, 10))
-	waitOutput(t, env, regexp.MustCompile(`(?m)^code \(.*\)  files 4/4 done  .*  done$`), time.Minute, "status")
+	out = waitOutput(t, env, regexp.MustCompile(`(?m)^code \(.*\)  files 4/4 done  .*  done$`), time.Minute, "status")
 	m2, err := tokens.ReadManifest(storeDir)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The part taken before and the rest taken now count both.
+	if l := lineOf(out, "code ("); !strings.Contains(l, "  "+formatCount(m2.Tokens, "tok")+"  ") {
+		t.Fatalf("dataset line %q after the larger limit; want the store's %d tokens", l, m2.Tokens)
 	}
 	after, err := os.ReadFile(filepath.Join(storeDir, "tokens.bin"))
 	if err != nil {

@@ -282,21 +282,40 @@ func (c *AppendClaim) hold(ctx context.Context) (made bool, other *AppendHolder,
 	for i := 0; i+1 < len(fields); i += 2 {
 		k, _ := fields[i].(string)
 		v, _ := fields[i+1].(string)
-		switch k {
-		case "disk":
-			h.Disk = v
-		case "host":
-			h.Host = v
-		case "dir":
-			h.Dir = v
-		case "pid":
-			h.PID, _ = strconv.Atoi(v)
-		case "ttl_ms":
-			ms, _ := strconv.ParseInt(v, 10, 64)
-			h.TTL = time.Duration(ms) * time.Millisecond
-		}
+		h.set(k, v)
 	}
 	return false, &h, nil
+}
+
+// AppendHolderNow is the worker that holds the append claim, or nil where
+// none does (no worker serves append, or its claim lapsed).
+func AppendHolderNow(ctx context.Context, rdb redis.UniversalClient) (*AppendHolder, error) {
+	m, err := rdb.HGetAll(ctx, AppendClaimKey).Result()
+	if err != nil || len(m) == 0 {
+		return nil, err
+	}
+	h := &AppendHolder{}
+	for k, v := range m {
+		h.set(k, v)
+	}
+	return h, nil
+}
+
+// set reads field k of the claim's hash.
+func (h *AppendHolder) set(k, v string) {
+	switch k {
+	case "disk":
+		h.Disk = v
+	case "host":
+		h.Host = v
+	case "dir":
+		h.Dir = v
+	case "pid":
+		h.PID, _ = strconv.Atoi(v)
+	case "ttl_ms":
+		ms, _ := strconv.ParseInt(v, 10, 64)
+		h.TTL = time.Duration(ms) * time.Millisecond
+	}
 }
 
 // keepAlive renews the claim every TTL/3. A renewal that does not reach

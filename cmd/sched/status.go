@@ -14,6 +14,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 // failureWindow is how far back `sched status` lists failures.
@@ -201,6 +202,13 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bo
 		}
 		sort.Strings(qs)
 		fmt.Fprintf(w, "%s  %s  %d running  up %s\n", wp.Name, strings.Join(qs, ","), wp.Active, formatETA(now.Sub(wp.Started)))
+	}
+	// The machine whose disk holds the token stores: the one place the
+	// append queue is served from.
+	if h, err := worker.AppendHolderNow(ctx, q.Redis()); err != nil {
+		return err
+	} else if h != nil {
+		fmt.Fprintf(w, "append is served from %s: the token stores are on its disk\n", h)
 	}
 
 	fmt.Fprintln(w, "\nRUNNING")

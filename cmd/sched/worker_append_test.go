@@ -96,6 +96,10 @@ func TestASecondDiskIsRefusedTheAppendQueue(t *testing.T) {
 	if after := status(); after != before {
 		t.Fatalf("the refused start changed store code's status in object storage:\nbefore %s\nafter  %s", before, after)
 	}
+	// sched status names the machine append is served from.
+	if out, _, _ := sched(t, onSecond, "status"); !strings.Contains(out, fmt.Sprintf("\nappend is served from host %s, data directory %s (pid %d): the token stores are on its disk\n", host, first, a.Process.Pid)) {
+		t.Errorf("sched status does not name the worker append is served from:\n%s", out)
+	}
 
 	ingestOnly := startWorker(t, onSecond, "--queues", "ingest=2")
 	started(ingestOnly)

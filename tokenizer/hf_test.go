@@ -53,6 +53,16 @@ func hfModuleDir(t *testing.T) string {
 	return ""
 }
 
+// hfEncodeStyle is hfEncode with the test data's tokenizer of style.
+func hfEncodeStyle(t *testing.T, style string, texts []string) [][]uint32 {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), style+".tokenizer.json")
+	if err := os.WriteFile(path, readTestdata(t, style+".tokenizer.json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return hfEncode(t, path, texts)
+}
+
 // hfEncode encodes texts with HF tokenizers through node.
 func hfEncode(t *testing.T, tokPath string, texts []string) [][]uint32 {
 	t.Helper()
@@ -113,11 +123,7 @@ func TestMatchesHFOnRandomText(t *testing.T) {
 	}
 	for _, style := range styles {
 		tk := loadStyle(t, style)
-		path := filepath.Join(t.TempDir(), style+".tokenizer.json")
-		if err := os.WriteFile(path, readTestdata(t, style+".tokenizer.json"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		want := hfEncode(t, path, texts)
+		want := hfEncodeStyle(t, style, texts)
 		bad := 0
 		for i, s := range texts {
 			got := tk.Encode(s)
@@ -148,11 +154,7 @@ func TestLongWordsMatchHF(t *testing.T) {
 	}
 	for _, style := range styles {
 		tk := loadStyle(t, style)
-		path := filepath.Join(t.TempDir(), style+".tokenizer.json")
-		if err := os.WriteFile(path, readTestdata(t, style+".tokenizer.json"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		want := hfEncode(t, path, texts)
+		want := hfEncodeStyle(t, style, texts)
 		long := 0
 		for i, s := range texts {
 			if j := firstDiff(tk.Encode(s), want[i]); j >= 0 {

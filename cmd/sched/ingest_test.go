@@ -155,14 +155,28 @@ func TestIngestDirectIntoTheDataDir(t *testing.T) {
 // `sched ingest` without --direct queues a plan that `sched worker` carries
 // through shards and appends into <data dir>/tokens/<store>; mistakes are
 // refused before anything is queued.
+// tokenizerTK writes goldenTokenizerWithEOS's tokenizer in dir, and
+// as tokenizer tk of the data directory data's catalog; it returns the
+// file in dir.
+func tokenizerTK(t *testing.T, dir, data string) string {
+	t.Helper()
+	tokFile := goldenTokenizerWithEOS(t, dir)
+	b, err := os.ReadFile(tokFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
+	if err := os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return tokFile
+}
+
 func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "kiln")
-	tokFile := goldenTokenizerWithEOS(t, dir)
-	b, _ := os.ReadFile(tokFile)
 	// A tokenizer this machine holds in its catalog directory, by name.
-	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
-	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	tokFile := tokenizerTK(t, dir, data)
 	src := filepath.Join(dir, "src")
 	os.MkdirAll(src, 0o755)
 	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
@@ -210,7 +224,7 @@ func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
 	}
 	// Another tokenizer's ingest into the store is refused at once.
 	other, _ := trainTestTokenizer(t, "SELECT name FROM users WHERE id = 1;\n")
-	b, _ = os.ReadFile(other)
+	b, _ := os.ReadFile(other)
 	os.MkdirAll(filepath.Join(data, "tokenizers", "tk2"), 0o755)
 	os.WriteFile(filepath.Join(data, "tokenizers", "tk2", "tokenizer.json"), b, 0o644)
 	out, errOut, code = sched(t, env, "ingest", glob, "--store", "code", "--tokenizer", "tk2")
@@ -341,9 +355,7 @@ func TestDatasetsCheckTakesSetAndNamesAValueThatMatchesNoFile(t *testing.T) {
 func TestLocalDatasetReadsTheColumnsOfColumns(t *testing.T) {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "kiln")
-	b, _ := os.ReadFile(goldenTokenizerWithEOS(t, dir))
-	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
-	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	tokenizerTK(t, dir, data)
 	src := filepath.Join(data, "src")
 	os.MkdirAll(src, 0o755)
 	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"content":"package main","path":"a.go"}`+"\n"+`{"content":"func f() {}","path":"b.go"}`+"\n"), 0o644)
@@ -387,9 +399,7 @@ func TestLocalDatasetReadsTheColumnsOfColumns(t *testing.T) {
 func TestQueuedIngestCarriesThePresetOfThePresetsFile(t *testing.T) {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "kiln")
-	b, _ := os.ReadFile(goldenTokenizerWithEOS(t, dir))
-	os.MkdirAll(filepath.Join(data, "tokenizers", "tk"), 0o755)
-	os.WriteFile(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"), b, 0o644)
+	tokenizerTK(t, dir, data)
 	hub := hubtest.New()
 	t.Cleanup(hub.Close)
 	hub.Add("org/mine", "data/a.jsonl", []byte(`{"body":"package main"}`+"\n"+`{"body":"func f() {}"}`+"\n"), false)

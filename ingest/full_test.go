@@ -189,8 +189,8 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	// A larger limit plans the rest of the file in part and the four files
 	// left out, and the first append under it clears the mark.
 	res, err = plan(Limits{MaxTokens: 10 * perFile})
-	if err != nil || len(res.Shards) != 5 || res.Done != 3 || res.Rest != 1 {
-		t.Fatalf("plan at a larger limit: %d shards, %d done, %d rests, %v", len(res.Shards), res.Done, res.Rest, err)
+	if err != nil || len(res.Shards) != 5 || res.Done != 3 || res.Rests() != 1 {
+		t.Fatalf("plan at a larger limit: %d shards, %d done, %d rests, %v", len(res.Shards), res.Done, res.Rests(), err)
 	}
 	want := in2
 	for _, j := range res.Shards {

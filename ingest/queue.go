@@ -303,11 +303,20 @@ type PlanResult struct {
 	Done     int // of those, already appended or skipped in the store
 	// Same counts the files whose content another file of the plan
 	// already has (a second path to the same bytes): one shard holds it.
-	Same int
-	// Rest counts the files the store holds part of, whose shards read
-	// the rest of them.
-	Rest   int
+	Same   int
 	Shards []ShardJob
+}
+
+// Rests counts the files of the plan the store holds part of, whose shards
+// read the rest of them.
+func (r PlanResult) Rests() int {
+	n := 0
+	for _, sj := range r.Shards {
+		if sj.From > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // StoreStatus is the summary of a token store that the append step keeps in
@@ -555,7 +564,6 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 			GitOID: f.OID, Columns: preset.Columns, Store: job.Store, Tokenizer: job.Tokenizer, ShardID: id, Limits: job.Limits}
 		if pf, ok := status.partial(id); ok {
 			sj.From = pf.Next
-			res.Rest++
 		}
 		if f.LFS != nil {
 			sj.Size, sj.SHA256, sj.GitOID = f.LFS.Size, f.LFS.OID, ""

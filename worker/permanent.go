@@ -45,6 +45,3 @@ func atLimit(err error) (msg string, taken int64) {
 	}
 	return "", 0
 }
-
-// isAtLimit says whether err is an ingest step's end at its limit.
-func isAtLimit(err error) bool { msg, _ := atLimit(err); return msg != "" }

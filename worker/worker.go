@@ -394,17 +394,17 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				log.Error("task panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			}
 			err = outageWait(err)
+			limitMsg, taken := atLimit(err)
 			switch {
 			case err == nil:
 				rep.finish("done", "")
 				log.Info("task done", zap.Duration("took", time.Since(start)))
 				return
-			case isAtLimit(err):
-				msg, taken := atLimit(err)
+			case limitMsg != "":
 				err = nil
 				rep.took(taken)
-				rep.finish("stopped", msg)
-				log.Info("task done: the ingest reached its limit", zap.String("reason", msg), zap.Duration("took", time.Since(start)))
+				rep.finish("stopped", limitMsg)
+				log.Info("task done: the ingest reached its limit", zap.String("reason", limitMsg), zap.Duration("took", time.Since(start)))
 				return
 			case drain.Err() != nil && !errors.Is(err, asynq.SkipRetry):
 				ie := &interruptedError{err: err}

@@ -28,19 +28,20 @@ type CheckResult struct {
 
 // Describe says in a few words how ingest reads the sample.
 func (r CheckResult) Describe(c Columns) string {
-	c = c.withDefaults()
 	var s string
-	switch r.Format {
+	switch field := c.field(); r.Format {
 	case FormatParquet:
 		s = fmt.Sprintf("%s has columns %v", r.Sample, r.Columns)
 	case FormatJSONL:
-		field := c.Text
-		if c.Blob != "" {
-			field = c.Blob
-		}
 		s = fmt.Sprintf("%s is JSON lines, each line's field %q read", r.Sample, field)
+	case FormatJSONArray:
+		s = fmt.Sprintf("%s is a JSON array, each element's field %q read", r.Sample, field)
 	default:
 		s = fmt.Sprintf("%s is plain text, each file one document", r.Sample)
+		if strings.HasSuffix(r.Sample, ".json") {
+			// The field misspelt makes a dataset's .json files text.
+			s += fmt.Sprintf(" (a .json file is read as records where its first line or array element is an object holding the field %q)", field)
+		}
 	}
 	if r.FirstDocument > 0 {
 		s += fmt.Sprintf("; its first document reads %d bytes", r.FirstDocument)
@@ -71,13 +72,13 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 		size = f.LFS.Size
 	}
 	if strings.HasSuffix(f.Path, ".json") && hc != nil && size > 0 {
-		// Read as its first line says (formatOfFile): the file's head
+		// Read as its first record says (jsonFormat): the file's head
 		// alone is fetched.
 		head, err := hc.ReadRange(ctx, p.Repo, plan.Revision, f.Path, 0, min(size, jsonSniffBytes))
 		if err != nil {
 			return res, err
 		}
-		res.Format = jsonLinesOrText(head, p.Columns)
+		res.Format = jsonFormat(head, p.Columns)
 	}
 	if res.Format != FormatParquet || hc == nil {
 		return res, nil

@@ -125,34 +125,41 @@ func (r *jsonlReader) next(ctx context.Context) (record, error) {
 		if err := json.Unmarshal(line, &r.fields); err != nil {
 			return record{}, &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: fmt.Errorf("line %d is not a JSON object: %w", r.line, err)}
 		}
-		rec := record{id: r.lineID()}
-		if r.cols.ID != "" {
-			if id, ok := r.str(r.cols.ID); ok && id != "" {
-				rec.id = id
-			}
-		}
-		if r.cols.Blob != "" {
-			rec.blob, _ = r.str(r.cols.Blob)
-			rec.encoding, _ = r.str(r.cols.Encoding)
-			rec.id = rec.blob
-			rec.null = rec.blob == ""
-			return rec, nil
-		}
-		text, ok := r.str(r.cols.Text)
-		if !ok {
-			rec.null = true
-		} else {
-			rec.text = []byte(text)
-		}
-		return rec, nil
+		return jsonRecord(r.fields, r.cols, r.lineID()), nil
 	}
 }
 
 func (r *jsonlReader) lineID() string { return r.name + "#" + strconv.FormatInt(r.line-1, 10) }
 
-// str returns a string field; a number is given as its text.
-func (r *jsonlReader) str(field string) (string, bool) {
-	raw, ok := r.fields[field]
+// jsonRecord is the record of a JSON object's fields, as cols reads them:
+// a JSON line's or a JSON array's element alike. id names it where cols
+// names no id field, or the field is empty.
+func jsonRecord(fields map[string]json.RawMessage, cols Columns, id string) record {
+	rec := record{id: id}
+	if cols.ID != "" {
+		if id, ok := jsonString(fields, cols.ID); ok && id != "" {
+			rec.id = id
+		}
+	}
+	if cols.Blob != "" {
+		rec.blob, _ = jsonString(fields, cols.Blob)
+		rec.encoding, _ = jsonString(fields, cols.Encoding)
+		rec.id = rec.blob
+		rec.null = rec.blob == ""
+		return rec
+	}
+	text, ok := jsonString(fields, cols.Text)
+	if !ok {
+		rec.null = true
+	} else {
+		rec.text = []byte(text)
+	}
+	return rec
+}
+
+// jsonString returns a string field; a number is given as its text.
+func jsonString(fields map[string]json.RawMessage, field string) (string, bool) {
+	raw, ok := fields[field]
 	if !ok || string(raw) == "null" {
 		return "", false
 	}

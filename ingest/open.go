@@ -16,7 +16,10 @@ type Format string
 const (
 	FormatParquet Format = "parquet"
 	FormatJSONL   Format = "jsonl" // also .jsonl.gz and .jsonl.zst, by name
-	FormatText    Format = "text"  // the whole file is one document
+	// FormatJSONArray is a .json file of one JSON array of objects, each
+	// element a record, told by its head (jsonFormat).
+	FormatJSONArray Format = "json-array"
+	FormatText      Format = "text" // the whole file is one document
 )
 
 // Columns says where a file keeps what ingest reads.
@@ -40,6 +43,15 @@ func (c Columns) withDefaults() Columns {
 	return c
 }
 
+// field is the JSON field or column each record is read from: the blob
+// ids' where they are read, else the text's.
+func (c Columns) field() string {
+	if c.Blob != "" {
+		return c.Blob
+	}
+	return c.withDefaults().Text
+}
+
 // FormatOf infers a file's format from its name.
 func FormatOf(name string) Format {
 	switch {
@@ -52,10 +64,8 @@ func FormatOf(name string) Format {
 	return FormatText
 }
 
-// formatOfFile is FormatOf, but for a .json file, which is read as JSON
-// lines where its first line is a JSON object holding the field the
-// preset reads (many datasets keep JSON lines in .json files) and as
-// plain text otherwise (a project's package.json, a config: source code).
+// formatOfFile is FormatOf, but for a .json file, which is read as its
+// head says (jsonFormat).
 func formatOfFile(path string, c Columns) Format {
 	if !strings.HasSuffix(path, ".json") {
 		return FormatOf(path)
@@ -67,16 +77,34 @@ func formatOfFile(path string, c Columns) Format {
 	defer f.Close()
 	head := make([]byte, jsonSniffBytes)
 	n, _ := io.ReadFull(f, head)
-	return jsonLinesOrText(head[:n], c)
+	return jsonFormat(head[:n], c)
 }
 
 // jsonSniffBytes is how much of a .json file formatOfFile reads: a first
-// line longer than that (a document of more) reads as plain text.
+// line longer than that (a document of more), or a first array element
+// whose fields before the one read are longer, reads as plain text.
 const jsonSniffBytes = 1 << 20
 
-// jsonLinesOrText says how a .json file that begins with head is read.
-func jsonLinesOrText(head []byte, c Columns) Format {
+// jsonFormat says how a .json file that begins with head is read. Many
+// datasets keep their records in .json files, as JSON lines or as one
+// JSON array of objects (pretty-printed or not); a project's package.json,
+// a config or a list of fixtures is source code. The file's first record
+// tells them apart: the file is JSON lines where its first line is a JSON
+// object holding the field read, a JSON array where its first element is
+// an object holding it (or where the array is empty), and plain text
+// otherwise. An array whose first element lacks the field is text, as
+// such a first line is, not an error: a source tree's .json arrays are
+// its code, and a dataset's field misspelt shows in 'sched datasets
+// check', which says that its files are read as plain text.
+func jsonFormat(head []byte, c Columns) Format {
 	head = bytes.TrimPrefix(head, []byte("\uFEFF"))
+	field := c.field()
+	if rest := bytes.TrimLeft(head, " \t\r\n"); len(rest) > 0 && rest[0] == '[' {
+		if firstElementHolds(rest, field) {
+			return FormatJSONArray
+		}
+		return FormatText
+	}
 	line, _, ok := bytes.Cut(head, []byte("\n"))
 	if !ok && len(head) == jsonSniffBytes {
 		return FormatText
@@ -85,15 +113,40 @@ func jsonLinesOrText(head []byte, c Columns) Format {
 	if json.Unmarshal(line, &fields) != nil {
 		return FormatText
 	}
-	c = c.withDefaults()
-	field := c.Text
-	if c.Blob != "" {
-		field = c.Blob
-	}
 	if _, ok := fields[field]; ok {
 		return FormatJSONL
 	}
 	return FormatText
+}
+
+// firstElementHolds says whether head begins a JSON array whose first
+// element is an object with field among its own (not nested) fields, or
+// an empty array: a dataset's file of no records, skipped as empty, where
+// its "[]" would be a document. It reads no further than that field's
+// name, so that a first document longer than the head, its field named
+// first, does not make the file text.
+func firstElementHolds(head []byte, field string) bool {
+	dec := json.NewDecoder(bytes.NewReader(head))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return false
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return err == nil && tok == json.Delim(']')
+	}
+	for dec.More() {
+		name, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if name == field {
+			return true
+		}
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return false
+		}
+	}
+	return false
 }
 
 // OpenOptions are what Open needs beyond the file.
@@ -106,8 +159,8 @@ type OpenOptions struct {
 	// DecodeAhead is the text a parquet file's row-group decoders may hold
 	// ahead of the reader (0: DefaultDecodeAhead()).
 	DecodeAhead int64
-	// From is the first record read: the records before it (rows, or
-	// lines of JSON) are passed over, their blobs not fetched, their row
+	// From is the first record read: the records before it (rows, lines
+	// of JSON, or a JSON array's elements) are passed over, their blobs not fetched, their row
 	// groups not decoded where they lie wholly before it. A file's rest
 	// after the part of it a store holds starts there (tokens.Part).
 	From int64
@@ -134,9 +187,11 @@ func Open(ctx context.Context, path string, opt OpenOptions) (Source, error) {
 		rows = pr
 	case FormatJSONL:
 		rows, err = openJSONL(path, opt)
+	case FormatJSONArray:
+		rows, err = openJSONArray(path, opt)
 	default:
 		if opt.Columns.Blob != "" {
-			return nil, fmt.Errorf("%s: Software Heritage blob ids need a parquet or JSON lines file", path)
+			return nil, fmt.Errorf("%s: Software Heritage blob ids need a parquet, JSON lines or JSON array file", path)
 		}
 		return openText(path, opt)
 	}

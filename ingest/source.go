@@ -1,7 +1,7 @@
 // Package ingest turns dataset files into token shards: it reads parquet,
-// JSON lines (plain, gzip, zstd), plain text and Software Heritage blobs as
-// streams of documents, tokenizes them on all cores, and hands the shards to
-// the token store's appender.
+// JSON lines (plain, gzip, zstd), JSON arrays, plain text and Software
+// Heritage blobs as streams of documents, tokenizes them on all cores, and
+// hands the shards to the token store's appender.
 package ingest
 
 import (
@@ -25,8 +25,9 @@ type Document struct {
 }
 
 // Source yields a file's documents one at a time. Next returns io.EOF after
-// the last one. A Source holds at most a page (parquet) or a line (JSON
-// lines) of text at a time, whatever the file's size.
+// the last one. A Source holds at most a page (parquet), a line (JSON
+// lines) or an element (a JSON array) of text at a time, whatever the
+// file's size.
 type Source interface {
 	Next(ctx context.Context) (Document, error)
 	// Skipped counts the records skipped so far, by reason.

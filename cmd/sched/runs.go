@@ -24,11 +24,13 @@ func init() {
 		Long: `runs lists each training run with what became of it (training, queued,
 interrupted and re-queued, waiting for its tokenizer or stores, retrying
 after a failed attempt, worker lost, done, cancelled, failed with its
-reason, stopped), then the tasks that ended or were set back, newest
-first: completed (an ingest step that reached its --max-tokens or
---max-disk says so), cancelled (archived by 'sched cancel'), failed for
-good (archived, with the reason), failed and waiting to retry, waiting
-for earlier work, and interrupted by a worker's shutdown and re-queued.
+reason, stopped; and, read from object storage, each run Redis has no
+record of, its data lost, with its newest checkpoint there), then the
+tasks that ended or were set back, newest first: completed (an ingest
+step that reached its --max-tokens or --max-disk says so), cancelled
+(archived by 'sched cancel'), failed for good (archived, with the
+reason), failed and waiting to retry, waiting for earlier work, and
+interrupted by a worker's shutdown and re-queued.
 A wait or an interruption uses no retry and is no failed attempt.
 
 --presets lists the runs 'sched enqueue train' takes instead: the presets
@@ -42,7 +44,11 @@ tokenizer and engine. It needs no Redis.`,
 			if limit < 1 {
 				return badInput("--limit %d: give a positive number", limit)
 			}
-			q, err := commandQueue(c)
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			q, _, err := openQueue(c.Context(), cfg)
 			if err != nil {
 				return err
 			}
@@ -55,7 +61,10 @@ tokenizer and engine. It needs no Redis.`,
 			if err != nil {
 				return err
 			}
-			printRuns(c.OutOrStdout(), snap, states, limit)
+			// The runs Redis lost its record of are known by their
+			// checkpoints alone; a store that does not answer leaves them
+			// out, saying so, and the rest is printed all the same.
+			printRuns(c.OutOrStdout(), snap, states, readStoredRuns(c.Context(), cfg), limit)
 			return nil
 		},
 	}
@@ -64,15 +73,9 @@ tokenizer and engine. It needs no Redis.`,
 	rootCmd.AddCommand(cmd)
 }
 
-func printRuns(w io.Writer, snap *scheduler.Snapshot, states []scheduler.RunState, limit int) {
+func printRuns(w io.Writer, snap *scheduler.Snapshot, states []scheduler.RunState, stored storedRuns, limit int) {
 	fmt.Fprintln(w, "RUNS")
-	views := runViews(states, snap)
-	if len(views) == 0 {
-		fmt.Fprintln(w, "no training runs")
-	}
-	for _, v := range views {
-		fmt.Fprintln(w, v.line(snap.At))
-	}
+	printRunLines(w, runViews(states, snap), stored, snap.At, "no training runs")
 	fmt.Fprintln(w, "\nTASKS")
 	type event struct {
 		at time.Time

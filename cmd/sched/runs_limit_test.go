@@ -30,7 +30,7 @@ func TestRunsSaysHowManyTasksItLeftOut(t *testing.T) {
 		{2, []string{"task-3", "task-2"}, "and 2 earlier tasks (--limit 4 lists them)\n"},
 	} {
 		var out bytes.Buffer
-		printRuns(&out, snap, nil, c.limit)
+		printRuns(&out, snap, nil, storedRuns{}, c.limit)
 		tasks := out.String()[strings.Index(out.String(), "TASKS\n")+len("TASKS\n"):]
 		lines := strings.SplitAfter(tasks, "\n")
 		for i, id := range c.shown {

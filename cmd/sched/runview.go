@@ -1,12 +1,19 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"os"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // Run states as `sched status` and `sched runs` name them. Only a run
@@ -193,4 +200,103 @@ func (v runView) line(now time.Time) string {
 		parts = append(parts, v.Detail)
 	}
 	return strings.Join(parts, "  ")
+}
+
+// storedRuns is what object storage says of runs: the step of the newest
+// complete checkpoint of each run it holds, or why it was not read. A run
+// Redis has no record of (its data lost: restarted without its
+// append-only file, flushed) is known by these alone.
+type storedRuns struct {
+	newest map[string]int
+	err    error
+}
+
+// storedListWait bounds the listing of checkpoints/ once the store has
+// answered openStore's check (15 s): a few requests of 1000 keys each,
+// where a store that stalls part-way would hold the command for its
+// client's stall timeout of two minutes, a retry, and more.
+const storedListWait = 30 * time.Second
+
+// readStoredRuns lists the runs that object storage, opened as every
+// command opens it, holds complete checkpoints of. A local directory
+// store that does not exist holds none; looking does not make it.
+func readStoredRuns(ctx context.Context, cfg scheduler.Config) storedRuns {
+	where := cfg.LocalStoreDir()
+	if cfg.S3Endpoint == "" {
+		if _, err := os.Stat(where); errors.Is(err, fs.ErrNotExist) {
+			return storedRuns{}
+		}
+	} else {
+		where = "the object store at " + s3Address(cfg)
+	}
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return storedRuns{err: err}
+	}
+	lctx, cancel := context.WithTimeout(ctx, storedListWait)
+	defer cancel()
+	newest, err := segment.RemoteRuns(lctx, st)
+	if err != nil {
+		if lctx.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (no listing within %s)", err, storedListWait)
+		}
+		return storedRuns{err: redactErr(cfg, fmt.Errorf("%s: %w", where, err))}
+	}
+	return storedRuns{newest: newest}
+}
+
+// printRunLines writes a line for each run of views and each run that
+// stored holds checkpoints of and views lack, by name; then, where object
+// storage was not read, one line that says so and why. none is the line
+// for no run at all.
+func printRunLines(w io.Writer, views []runView, stored storedRuns, now time.Time, none string) {
+	type line struct{ run, text string }
+	var lines []line
+	known := map[string]bool{}
+	for _, v := range views {
+		lines = append(lines, line{v.Run, v.line(now)})
+		known[v.Run] = true
+	}
+	var set runs.Set
+	loaded := false
+	for run, step := range stored.newest {
+		if known[run] {
+			continue
+		}
+		if !loaded {
+			loaded = true
+			// The runs file here, which 'sched enqueue train' reads:
+			// whether a run is done, and whether it is known by that name.
+			set, _ = runs.Load(os.Getenv("KILN_RUNS"))
+		}
+		lines = append(lines, line{run, storedLine(run, step, set)})
+	}
+	sort.Slice(lines, func(i, j int) bool { return lines[i].run < lines[j].run })
+	switch {
+	case len(lines) == 0 && stored.err != nil:
+		fmt.Fprintln(w, strings.Replace(none, "no training runs", "no training runs in Redis", 1))
+	case len(lines) == 0:
+		fmt.Fprintln(w, none)
+	}
+	for _, l := range lines {
+		fmt.Fprintln(w, l.text)
+	}
+	if stored.err != nil {
+		fmt.Fprintf(w, "object storage not read, so a run that only its checkpoints there still record is not listed: %s\n",
+			scheduler.OneLine(stored.err.Error(), 400))
+	}
+}
+
+// storedLine is a run that Redis has no record of and object storage
+// holds checkpoints of, up to step: what 'sched enqueue train' would do
+// with it, as the runs file here (set; nil where it does not read) says.
+func storedLine(run string, step int, set runs.Set) string {
+	if r, err := set.Get(run); err == nil && step >= r.RunConfig.TotalSteps {
+		return fmt.Sprintf("%s  done: checkpoints in object storage up to step %d of %d, and no record in Redis", run, step, r.RunConfig.TotalSteps)
+	}
+	l := fmt.Sprintf("%s  not queued: checkpoints in object storage up to step %d, and no record in Redis; 'sched enqueue train %s' resumes it", run, step, run)
+	if _, ok := set[run]; set != nil && !ok {
+		l += " (with KILN_RUNS naming the runs file that defines it, as the GPU worker's does)"
+	}
+	return l
 }

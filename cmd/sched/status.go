@@ -32,9 +32,10 @@ func init() {
 running task with its progress, rate and ETA, each dataset's ingest (files
 done of total, bytes, rate, ETA, or the --max-tokens or --max-disk it
 stopped at), each training run (step, loss, tok/s, ETA
-from the measured rate over the tokens left) and the failures of the last
-hour with their reason. A running task whose worker stopped heartbeating
-reads "worker lost", with no ETA.
+from the measured rate over the tokens left; where Redis knows no run, as
+after it lost its data, those whose checkpoints object storage holds, read
+once) and the failures of the last hour with their reason. A running task
+whose worker stopped heartbeating reads "worker lost", with no ETA.
 
 With --watch it refreshes every --interval: in place, with a progress bar
 per running task, on a terminal; as plain blocks, one per refresh and no
@@ -60,11 +61,12 @@ escape codes, when its output is a file or a pipe. Ctrl-C ends it.`,
 			if len(args) == 1 {
 				id = args[0]
 			}
+			stored := &storedCache{cfg: cfg}
 			draw := func(ctx context.Context, w io.Writer, bars bool) error {
 				if id != "" {
 					return redactErr(cfg, renderTask(ctx, w, q, id, bars))
 				}
-				return redactErr(cfg, renderStatus(ctx, w, q, bars))
+				return redactErr(cfg, renderStatus(ctx, w, q, stored, bars))
 			}
 			out := c.OutOrStdout()
 			if !watch {
@@ -170,9 +172,38 @@ func statesByRun(states []scheduler.RunState) map[string]scheduler.RunState {
 	return m
 }
 
+// storedCache is `sched status`'s read of the runs object storage holds
+// checkpoints of (readStoredRuns). Status reads it only while Redis knows
+// no run at all, the one case where a run known by its checkpoints alone
+// would otherwise read as "no training runs" (Redis lost its data), and
+// once until Redis knows a run again: a --watch redraws every 2 s from
+// Redis alone, which a listing of the store on every frame would slow,
+// and a store that does not answer would hold each frame for openStore's
+// 15 s check. A run gets checkpoints only while Redis records it, so the
+// one read stays true until Redis knows a run again; `sched runs` reads
+// the store every time, beside the runs Redis knows.
+type storedCache struct {
+	cfg  scheduler.Config
+	have bool
+	runs storedRuns
+}
+
+// read returns object storage's runs where Redis knows none (redisRuns
+// is 0), reading them the first time, and nothing otherwise.
+func (c *storedCache) read(ctx context.Context, redisRuns int) storedRuns {
+	if redisRuns > 0 {
+		c.have = false
+		return storedRuns{}
+	}
+	if !c.have {
+		c.runs, c.have = readStoredRuns(ctx, c.cfg), true
+	}
+	return c.runs
+}
+
 // renderStatus writes the whole status: queues, workers, running tasks,
 // ingest per dataset, runs and recent failures.
-func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bool) error {
+func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored *storedCache, bars bool) error {
 	snap, err := q.Snapshot(ctx)
 	if err != nil {
 		return err
@@ -230,12 +261,7 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, bars bo
 
 	fmt.Fprintln(w, "\nRUNS")
 	views := runViews(states, snap)
-	if len(views) == 0 {
-		fmt.Fprintln(w, "no training runs (start one with 'sched enqueue train <run>')")
-	}
-	for _, v := range views {
-		fmt.Fprintln(w, v.line(now))
-	}
+	printRunLines(w, views, stored.read(ctx, len(views)), now, "no training runs (start one with 'sched enqueue train <run>')")
 
 	var fails []scheduler.TaskStatus
 	for _, f := range snap.Failures(now.Add(-failureWindow)) {

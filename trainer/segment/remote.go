@@ -80,6 +80,30 @@ func RemoteSteps(ctx context.Context, obj Objects, run string) ([]int, error) {
 	return steps, nil
 }
 
+// RemoteRuns lists every run object storage holds a complete checkpoint
+// of, with the step of its newest, from one listing of checkpoints/: what
+// says where a run is when Redis has lost its record of it.
+func RemoteRuns(ctx context.Context, obj Objects) (map[string]int, error) {
+	const prefix = "checkpoints/"
+	objs, err := obj.List(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("list checkpoints: %w", err)
+	}
+	newest := map[string]int{}
+	for _, o := range objs {
+		parts := strings.Split(strings.TrimPrefix(o.Key, prefix), "/")
+		if len(parts) != 3 || parts[2] != MarkerFile {
+			continue
+		}
+		if s, ok := trainer.DirStep(parts[1]); ok {
+			if n, seen := newest[parts[0]]; !seen || s > n {
+				newest[parts[0]] = s
+			}
+		}
+	}
+	return newest, nil
+}
+
 // Push uploads the local checkpoint dir (a complete one: trainer writes
 // trainer_state.json last and renames the directory into place) to
 // checkpoints/<run>/step-NNNNNNN/, then, only if lock still holds, writes

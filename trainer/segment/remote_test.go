@@ -97,6 +97,13 @@ func TestUploadWithoutMarkerIsNotAResumePoint(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(steps, []int{100}) {
 		t.Fatalf("want only the complete step 100, got %v %v", steps, err)
 	}
+	// Nor is it the run's newest step among every run's.
+	if _, err := Push(ctx, obj, nil, "q", writeTestCheckpoint(t, t.TempDir(), 300)); err != nil {
+		t.Fatal(err)
+	}
+	if runs, err := RemoteRuns(ctx, obj); err != nil || !reflect.DeepEqual(runs, map[string]int{"r": 100, "q": 300}) {
+		t.Fatalf("want runs r at step 100 and q at 300, got %v %v", runs, err)
+	}
 	if _, err := Pull(ctx, obj, "r", 200, t.TempDir()); err == nil {
 		t.Fatal("pulled a checkpoint without its marker")
 	}

@@ -19,14 +19,17 @@ import (
 // with an HF_TOKEN whose account has not accepted the terms, or a
 // fine-grained one not allowed to read gated datasets, queues every file
 // and only the downloads are refused; a worker's HF_TOKEN may not be the
-// one that planned, or may expire mid-ingest; Software Heritage's bucket,
-// refusing requests without AWS keys, is met only after a shard downloaded
-// its file of blob ids. The first shard refused records the refusal beside
-// the store's status; the shards queued behind it read it and end before
-// their download, rather than each downloading a file, or asking the Hub
-// for one, to meet the same refusal. The next plan of the store removes it:
-// the user changed what the refusal names, or the plan's shards find out
-// again.
+// one that planned, or may expire mid-ingest; a dataset deleted, renamed
+// or made private after its plan is no longer found (404 RepoNotFound, or
+// 401 to a request without a token) by any download of it, where a file
+// that alone is not found (404 EntryNotFound) is that file's failure and
+// no refusal; Software Heritage's bucket, refusing requests without AWS
+// keys, is met only after a shard downloaded its file of blob ids. The
+// first shard refused records the refusal beside the store's status; the
+// shards queued behind it read it and end before their download, rather
+// than each downloading a file, or asking the Hub for one, to meet the
+// same refusal. The next plan of the store removes it: the user changed
+// what the refusal names, or the plan's shards find out again.
 
 // RefusalKey is the object key of the refusal recorded for a store.
 func RefusalKey(storeName string) string { return "tokens/" + storeName + "/refused.json" }
@@ -46,10 +49,18 @@ func refusalOf(job ShardJob, err error) (refusal, bool) {
 	if errors.As(err, &g) {
 		return refusal{Repo: job.Repo, Reason: g.Error(), Fix: "the terms are accepted"}, true
 	}
+	var gone *hub.RepoNotFoundError
+	if errors.As(err, &gone) && gone.Repo == job.Repo {
+		return refusal{Repo: job.Repo, Reason: gone.Error(), Fix: "the dataset's name is checked (" + goneSincePlan + ") and HF_TOKEN may read it"}, true
+	}
 	var a *hub.AccessError
 	if errors.As(err, &a) {
 		fix := "HF_TOKEN may read the dataset"
 		switch {
+		case a.NotFound && !a.HasToken:
+			// The Hub tells no reader without a token a dataset deleted
+			// from one made private (401 RepoNotFound).
+			fix = "the dataset's name is checked (" + goneSincePlan + "), or HF_TOKEN is set if it is private"
 		case !a.HasToken:
 			fix = "HF_TOKEN is set"
 		case a.Status == http.StatusUnauthorized:
@@ -63,6 +74,10 @@ func refusalOf(job ShardJob, err error) (refusal, bool) {
 	}
 	return refusal{}, false
 }
+
+// goneSincePlan is why the Hub no longer has a dataset at a shard's
+// download that it had at the plan.
+const goneSincePlan = "it was deleted, renamed or made private since the plan"
 
 // RefusedPlanError ends a shard whose dataset refused an earlier shard of
 // the store's plan, before the shard's file is downloaded.

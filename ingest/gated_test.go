@@ -96,3 +96,122 @@ func TestATokenTheHubRefusesStopsTheShardsQueuedBehind(t *testing.T) {
 	h.Revoke("hf_good")
 	refused(res, http.StatusUnauthorized, "HF_TOKEN holds a valid token", "invalid or expired")
 }
+
+// A dataset the Hub no longer has when the plan's shards download it
+// (deleted, renamed or made private after the plan: 404 RepoNotFound to a
+// token, 401 to a request without one) stops the plan's shards as a token
+// the Hub refuses does: the first shard records the refusal, and the
+// shards queued behind it fail before their download, each in one line
+// naming the dataset's page, what became of it and HF_TOKEN, none tried
+// again. A file alone gone (404 EntryNotFound) is that file's failure and
+// no refusal: the shards behind it download theirs. A new plan, once the
+// dataset is back, clears the record and ingests the files.
+func TestADatasetGoneAfterItsPlanStopsTheShardsQueuedBehind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p, h := newCorpus(t, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
+	files := map[string][]byte{}
+	for f := range 3 {
+		files[fmt.Sprintf("data/part-%d.jsonl", f)] = fmt.Appendf(nil, `{"text":"file %d: the quick brown fox"}`+"\n", f)
+	}
+	restore := func() {
+		for path, b := range files {
+			h.Add(corpusRepo, path, b, true)
+		}
+	}
+	restore()
+	withToken := func(token string) {
+		t.Helper()
+		var err error
+		if p.Hub, err = hub.New(hub.Config{Endpoint: h.Server.URL, Token: token}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page := h.Server.URL + "/datasets/" + corpusRepo
+	plan := func(storeName string) PlanResult {
+		t.Helper()
+		res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: storeName, Tokenizer: "t", Seed: 1})
+		if err != nil || len(res.Shards) != 3 {
+			t.Fatalf("plan into %s: %d shards, %v", storeName, len(res.Shards), err)
+		}
+		return res
+	}
+	ingested := func(res PlanResult) {
+		t.Helper()
+		for _, job := range res.Shards {
+			if _, _, err := p.Shard(ctx, job, nil); err != nil {
+				t.Fatalf("shard of %s: %v", job.Path, err)
+			}
+		}
+	}
+
+	withToken("hf_token")
+	res := plan("entry")
+	h.DeleteFile(corpusRepo, res.Shards[0].Path)
+	before := len(h.Requests())
+	_, _, err := p.Shard(ctx, res.Shards[0], nil)
+	var nf *hub.NotFoundError
+	if !errors.As(err, &nf) || isBadInput(err) {
+		t.Fatalf("the shard of a file deleted after the plan: %v; want its own 404, tried again", err)
+	}
+	ingested(PlanResult{Shards: res.Shards[1:]})
+	if _, err := p.Objects.Get(ctx, RefusalKey("entry")); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a refusal after a file's 404: %v; want none", err)
+	}
+	if got := h.Downloads(before); len(got) != 3 {
+		t.Fatalf("downloads asked for: %v; want each file's", got)
+	}
+	restore()
+
+	for _, c := range []struct {
+		token, store, fix string
+		status            int
+	}{
+		{"hf_token", "gone", "once the dataset's name is checked (it was deleted, renamed or made private since the plan) and HF_TOKEN may read it plans it again", http.StatusNotFound},
+		{"", "gone-anonymous", "once the dataset's name is checked (it was deleted, renamed or made private since the plan), or HF_TOKEN is set if it is private plans it again", http.StatusUnauthorized},
+	} {
+		withToken(c.token)
+		res := plan(c.store)
+		h.Delete(corpusRepo)
+		before := len(h.Requests())
+		for i, job := range res.Shards {
+			_, _, err := p.Shard(ctx, job, nil)
+			if !isBadInput(err) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("token %q: shard of %s: %v; want one line, the user's to fix", c.token, job.Path, err)
+			}
+			want := []string{corpusRepo, page, "HF_TOKEN"}
+			var gone *hub.RepoNotFoundError
+			var a *hub.AccessError
+			var r *RefusedPlanError
+			switch {
+			case i == 0 && c.status == http.StatusNotFound && !errors.As(err, &gone):
+				t.Fatalf("the first shard, of %s: %v; want the dataset not found", job.Path, err)
+			case i == 0 && c.status == http.StatusUnauthorized && (!errors.As(err, &a) || !a.NotFound || a.Status != c.status):
+				t.Fatalf("the first shard, without a token, of %s: %v; want the Hub's 401 RepoNotFound", job.Path, err)
+			case i > 0 && !errors.As(err, &r):
+				t.Fatalf("shard of %s, queued behind a refused one: %v; want it ended before its download", job.Path, err)
+			case i > 0:
+				want = append(want, job.Path+" was not downloaded", c.fix)
+			}
+			if c.status == http.StatusNotFound {
+				want = append(want, "is no longer found", "deleted, renamed or made private")
+			}
+			for _, w := range want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("token %q: shard of %s says %q; want %q in it", c.token, job.Path, err, w)
+				}
+			}
+		}
+		if got := h.Downloads(before); len(got) != 1 || got[res.Shards[0].Path] != 1 {
+			t.Fatalf("token %q: downloads asked for: %v; want the first shard's once", c.token, got)
+		}
+		restore()
+		ingested(plan(c.store))
+	}
+}
+
+// isBadInput says whether err is the user's to fix, not tried again.
+func isBadInput(err error) bool {
+	var bad interface{ BadInput() bool }
+	return errors.As(err, &bad) && bad.BadInput()
+}

@@ -335,7 +335,7 @@ func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
 		return &AccessError{Repo: repo, Page: c.DatasetPage(repo), Tokens: secret.URL(c.cfg.Endpoint) + "/settings/tokens",
 			Status: resp.StatusCode, Message: oneLine(msg), HasToken: c.cfg.Token != "", NotFound: code == "RepoNotFound"}
 	case code == "RepoNotFound":
-		return &BadInputError{fmt.Errorf("dataset %s was not found on %s: check its name at %s", repo, secret.URL(c.cfg.Endpoint), c.DatasetPage(repo))}
+		return &RepoNotFoundError{Repo: repo, Endpoint: secret.URL(c.cfg.Endpoint), Page: c.DatasetPage(repo), Status: resp.StatusCode, HasToken: c.cfg.Token != ""}
 	case code == "RevisionNotFound":
 		return &RevisionNotFoundError{Repo: repo, URL: redact(rawURL)}
 	case resp.StatusCode == http.StatusNotFound:
@@ -414,6 +414,37 @@ func oneLine(msg string) string {
 	}
 	return msg
 }
+
+// RepoNotFoundError says that the Hub has no dataset repo that this
+// request may read (404 RepoNotFound, to a request with a token): none of
+// that name, or a private one. Every file of the dataset meets it alike
+// until the user changes the name or HF_TOKEN, so it is not retried.
+type RepoNotFoundError struct {
+	Repo     string
+	Endpoint string
+	Page     string // the dataset's page
+	Status   int    // the answer's: 404 from the Hub itself
+	HasToken bool
+	// Commit, where set, is the commit of the dataset that the download
+	// was planned at: the dataset was there then, and was deleted, renamed
+	// or made private since.
+	Commit string
+}
+
+func (e *RepoNotFoundError) Error() string {
+	if e.Commit == "" {
+		return fmt.Sprintf("dataset %s was not found on %s: check its name at %s", e.Repo, e.Endpoint, e.Page)
+	}
+	token := "that HF_TOKEN is of an account that may read it"
+	if !e.HasToken {
+		token = "set HF_TOKEN to a token of an account that may read it"
+	}
+	return fmt.Sprintf("dataset %s is no longer found on %s (%d RepoNotFound), where commit %s was planned: it was deleted, renamed or made private since; check its name at %s and, if it is private, %s; then run the ingest again (sched enqueue ingest, or sched ingest --direct) to plan it under its name",
+		e.Repo, e.Endpoint, e.Status, e.Commit, e.Page, token)
+}
+
+// BadInput marks the error as the user's to fix.
+func (e *RepoNotFoundError) BadInput() bool { return true }
 
 // RevisionNotFoundError says that the hub has no such revision of a dataset.
 type RevisionNotFoundError struct {

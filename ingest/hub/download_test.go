@@ -138,6 +138,51 @@ func TestUnknownDatasetSaysNotFoundWithOrWithoutToken(t *testing.T) {
 	}
 }
 
+// A dataset the Hub no longer has when a file listed at a commit is
+// downloaded (deleted, renamed or made private since: 404 RepoNotFound to
+// a token) is the user's to fix, asked for once and said in one line that
+// names the dataset, the commit, what became of it, its page and
+// HF_TOKEN; a file alone gone (404 EntryNotFound) is no word on the
+// dataset.
+func TestADatasetGoneSinceItsListingSaysSo(t *testing.T) {
+	h := newHub(t)
+	h.Add(repo, "data/a.parquet", randomBytes(t, 1000), true)
+	h.Add(repo, "data/b.parquet", randomBytes(t, 1000), false)
+	c := newClient(t, h, "hf_token")
+	ctx := context.Background()
+	commit, err := c.ResolveRevision(ctx, repo, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := c.List(ctx, repo, commit, "data")
+	if err != nil || len(files) != 2 || files[1].Path != "data/b.parquet" {
+		t.Fatalf("the listing: %+v, %v", files, err)
+	}
+	var gone *hub.RepoNotFoundError
+	h.DeleteFile(repo, "data/b.parquet")
+	err = c.Download(ctx, repo, commit, files[1], filepath.Join(t.TempDir(), "b.parquet"))
+	var nf *hub.NotFoundError
+	if !errors.As(err, &nf) || errors.As(err, &gone) || isBadInput(err) {
+		t.Fatalf("a file deleted since the listing: %v; want its own 404, no word on the dataset", err)
+	}
+
+	h.Delete(repo)
+	before := len(h.Requests())
+	err = c.Download(ctx, repo, commit, files[0], filepath.Join(t.TempDir(), "a.parquet"))
+	if !errors.As(err, &gone) || gone.Repo != repo || !isBadInput(err) {
+		t.Fatalf("a dataset deleted since the listing: %v; want the user's to fix", err)
+	}
+	for _, w := range []string{"downloading data/a.parquet: dataset " + repo + " is no longer found", "(404 RepoNotFound), where commit " + commit + " was planned",
+		"deleted, renamed or made private", h.Server.URL + "/datasets/" + repo, "HF_TOKEN"} {
+		if !strings.Contains(err.Error(), w) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("a dataset deleted since the listing says %q; want one line with %q", err, w)
+		}
+	}
+	if n := len(h.Requests()) - before; n != 1 {
+		t.Fatalf("the download asked %d times; want once", n)
+	}
+}
+
 // A partial file that an earlier attempt left of another version of the
 // file (the ingest planned again at a newer commit, which changed it) does
 // not verify once resumed: the file is downloaded again from its start in

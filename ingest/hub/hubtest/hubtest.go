@@ -3,8 +3,8 @@
 // resolve with a redirect to a separate CDN host that honours Range), and
 // that can answer as a gated repository, refuse a token as the Hub does
 // (a fine-grained one without the permission to read gated datasets, one
-// revoked), rate-limit with 429, and break a download's connection half
-// way.
+// revoked), lose a dataset or a file after it was listed, rate-limit with
+// 429, and break a download's connection half way.
 package hubtest
 
 import (
@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -143,6 +144,27 @@ func (h *Hub) Add(repo, path string, content []byte, lfs bool) {
 	}
 	h.files[repo][path] = content
 	h.lfs[repo+"/"+path] = lfs
+}
+
+// Delete removes repo, its listing and its files, from the next request
+// on, as its owner deleting it, renaming it or making it private does to
+// a reader it does not let in: the Hub answers RepoNotFound, 404 to a
+// request with a token and 401 to one without.
+func (h *Hub) Delete(repo string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.files, repo)
+}
+
+// DeleteFile removes path from repo from the next request on, as a commit
+// that deletes it does: its download is answered 404 EntryNotFound.
+func (h *Hub) DeleteFile(repo, path string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	// A copy: a request in flight reads the map it was given unlocked.
+	files := maps.Clone(h.files[repo])
+	delete(files, path)
+	h.files[repo] = files
 }
 
 // ForcePush moves every branch to a new commit and forgets the old one, as

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 )
 
 // Verdict is a gate's outcome.
@@ -60,6 +61,9 @@ type Evidence struct {
 	Warmup int
 	// Sample is a generated sample of the run's final model; nil for none.
 	Sample []int32
+	// SampleErr is why a finished run has no sample: the gate then says
+	// so, not that a sample of no tokens is too short to judge.
+	SampleErr error
 	// TokPerSec is the run's measured rate, Bench the bench's row of its
 	// step (the zero row for none).
 	TokPerSec float64
@@ -77,6 +81,9 @@ type Evidence struct {
 func Gates(e Evidence) []Gate {
 	smooth, falling := SmoothGate(e.Records, e.Warmup), FallingGate(e.Records)
 	gen := GenerationGate(e.Sample)
+	if e.Sample == nil && e.SampleErr != nil {
+		gen.Detail = "no sample of the final model: " + strings.Join(strings.Fields(e.SampleErr.Error()), " ")
+	}
 	if e.TotalSteps > 0 && e.Step < e.TotalSteps {
 		if smooth.Verdict != Fail {
 			smooth = smooth.pending(e.Step, e.TotalSteps, "a spike fails it at any step, a pass waits for its end; so far: "+smooth.Detail)
@@ -170,7 +177,8 @@ func FallingGate(recs []Record) Gate {
 		g.Detail = fmt.Sprintf("slope %.4g loss per billion tokens over the last %d eval losses", slope, n)
 	} else {
 		g.Verdict = Fail
-		g.Detail = fmt.Sprintf("slope %.4g over the last %d eval losses: a plateau means the learning rate is wrong", slope, n)
+		g.Detail = fmt.Sprintf("slope %.4g over the last %d eval losses: a plateau means the learning rate is wrong, or the data ran out and repeats: "+
+			"check that the mixture's stores hold the run's tokens, then try a higher lr", slope, n)
 	}
 	return g
 }
@@ -191,6 +199,9 @@ func GenerationGate(sample []int32) Gate {
 		g.Verdict = Fail
 	}
 	g.Detail = fmt.Sprintf("%.0f%% of the %d 4-grams in a %d-token sample are distinct", g.Value*100, len(sample)-3, len(sample))
+	if g.Verdict == Fail {
+		g.Detail += ": the model repeats itself; check that its tokenizer is the one its token stores were made with (the same sha256 in their manifests), then train longer"
+	}
 	return g
 }
 
@@ -234,7 +245,7 @@ func ThroughputGate(measured float64, row BenchRow, run string) Gate {
 		g.Verdict = Pass
 	case g.Value < 1:
 		g.Verdict = Fail
-		g.Detail += ": the data loader, or other work on this machine, holds the run back"
+		g.Detail += ": the data loader, or other work on this machine, holds the run back; check its CPU and disk use"
 	default:
 		// Faster than the engine alone: the bench was held back instead.
 		g.Verdict = Fail

@@ -1,6 +1,7 @@
 package results
 
 import (
+	"errors"
 	"maps"
 	"math"
 	"strings"
@@ -58,8 +59,9 @@ func TestFallingGate(t *testing.T) {
 			recs[i].EvalLoss = F(2 + float64(i)/1e4)
 		}
 	}
-	if g := FallingGate(recs); g.Verdict != Fail || g.Value <= 0 {
-		t.Fatalf("rising tail: %+v", g)
+	if g := FallingGate(recs); g.Verdict != Fail || g.Value <= 0 ||
+		!strings.HasSuffix(g.Detail, "or the data ran out and repeats: check that the mixture's stores hold the run's tokens, then try a higher lr") {
+		t.Fatalf("rising tail: %+v; want it to say what to check and try", g)
 	}
 	if g := FallingGate(curve(15)); g.Verdict != Unknown {
 		t.Fatalf("one eval loss: %+v", g)
@@ -91,8 +93,12 @@ func TestGenerationGate(t *testing.T) {
 		rep[i] = int32(i % 3)
 	}
 	g := GenerationGate(rep)
-	if g.Verdict != Fail || math.Abs(g.Value-3.0/253) > 1e-12 {
-		t.Fatalf("repeating sample: %+v", g)
+	if g.Verdict != Fail || math.Abs(g.Value-3.0/253) > 1e-12 ||
+		!strings.HasSuffix(g.Detail, "the model repeats itself; check that its tokenizer is the one its token stores were made with (the same sha256 in their manifests), then train longer") {
+		t.Fatalf("repeating sample: %+v; want it to say what to check and do", g)
+	}
+	if g := GenerationGate(varied); strings.Contains(g.Detail, "repeats") {
+		t.Fatalf("varied sample: %+v", g)
 	}
 	if g := GenerationGate([]int32{1, 2}); g.Verdict != Unknown {
 		t.Fatalf("short sample: %+v", g)
@@ -110,7 +116,7 @@ func TestThroughputGate(t *testing.T) {
 	}{
 		{95000, gpu(100000), Pass, "95000 tok/s against 100000 in bench (95%)"},
 		{109000, gpu(100000), Pass, "(109%)"},
-		{85000, gpu(100000), Fail, "(85%): the data loader, or other work on this machine, holds the run back"},
+		{85000, gpu(100000), Fail, "(85%): the data loader, or other work on this machine, holds the run back; check its CPU and disk use"},
 		// Faster than the bench: the bench figure is what was held back,
 		// and the way out is to measure the run's step again.
 		{120000, gpu(100000), Fail, "(120%): the bench ran slower than the run, likely beside other work; measure again on an idle machine with 'sched enqueue bench pilot-cpu'"},
@@ -184,5 +190,15 @@ func TestThroughputGateOfAFinishedRunWithoutABench(t *testing.T) {
 	}
 	if g := last(50); g.Verdict != Unknown || !strings.Contains(g.Detail, "run 'sched enqueue bench pilot-cpu'") {
 		t.Errorf("a run at step 50 of 100: %+v", g)
+	}
+}
+
+// A finished run whose sample could not be drawn says why, where its gate
+// said the sample of no tokens was too short to judge.
+func TestGenerationGateWithoutASampleSaysWhy(t *testing.T) {
+	g := Gates(Evidence{Run: "pilot-cpu", Records: curve(100), SampleErr: errors.New("sample from step-0000100: decode: id 279 at position 9\nis not in the vocabulary of 275 tokens"),
+		Step: 100, TotalSteps: 100})[2]
+	if g.Verdict != Unknown || g.Detail != "no sample of the final model: sample from step-0000100: decode: id 279 at position 9 is not in the vocabulary of 275 tokens" {
+		t.Errorf("a finished run without a sample: %+v", g)
 	}
 }

@@ -2,6 +2,7 @@ package segment
 
 import (
 	"context"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -80,5 +81,25 @@ func TestTheGatesOfARunShortOfItsEndArePending(t *testing.T) {
 	}
 	if row := gateRow(md, "sane generation"); !strings.Contains(row, "| pass ") {
 		t.Errorf("the generation gate of the finished run: %q", row)
+	}
+}
+
+// A finished run whose sample of its final model could not be drawn says
+// why in its sane-generation gate, which `sched results` prints, where it
+// said that a sample of 0 tokens was too short to judge.
+func TestAGenerationGateWithoutItsSampleSaysWhy(t *testing.T) {
+	ctx := context.Background()
+	obj, _ := newS3(t)
+	run := testRun("nosample", 4)
+	sample := func(context.Context, string) ([]int32, string, error) {
+		return nil, "", errors.New("decode: id 279 at position 9 is not in the vocabulary of 275 tokens")
+	}
+	out, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: newRedis(t), Objects: obj, OpenData: openStream, Sample: sample})
+	if err != nil || !out.Done {
+		t.Fatalf("segment: %+v %v", out, err)
+	}
+	if row := gateRow(readSummary(t, obj, run.Name), "sane generation"); !strings.Contains(row, "| unknown ") ||
+		!strings.Contains(row, "no sample of the final model: decode: id 279 at position 9 is not in the vocabulary of 275 tokens") {
+		t.Errorf("the generation gate of a run whose sample failed: %q", row)
 	}
 }

@@ -684,6 +684,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 		ids, text, err := p.Sample(ctx, out.Checkpoint)
 		if err != nil {
 			log.Warn("generation sample", zap.Error(err))
+			ev.SampleErr = err
 		} else {
 			ev.Sample, s.Sample = ids, text
 		}

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -38,7 +39,7 @@ func (r CheckResult) Describe(c Columns) string {
 		s = fmt.Sprintf("%s is a JSON array, each element's field %q read", r.Sample, field)
 	default:
 		s = fmt.Sprintf("%s is plain text, each file one document", r.Sample)
-		if strings.HasSuffix(r.Sample, ".json") {
+		if isJSON(r.Sample) {
 			// The field misspelt makes a dataset's .json files text.
 			s += fmt.Sprintf(" (a .json file is read as records where its first line or array element is an object holding the field %q)", field)
 		}
@@ -71,10 +72,12 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 	if f.LFS != nil {
 		size = f.LFS.Size
 	}
-	if strings.HasSuffix(f.Path, ".json") && hc != nil && size > 0 {
+	if isJSON(f.Path) && hc != nil && size > 0 {
 		// Read as its first record says (jsonFormat): the file's head
-		// alone is fetched.
-		head, err := hc.ReadRange(ctx, p.Repo, plan.Revision, f.Path, 0, min(size, jsonSniffBytes))
+		// alone is fetched, in one request unless a compressed file's
+		// head is in more than jsonSniffBytes of it.
+		in := &rangeStream{r: rangeReader{ctx: ctx, hc: hc, repo: p.Repo, rev: plan.Revision, path: f.Path}, size: size}
+		head, err := jsonHead(bufio.NewReaderSize(in, jsonSniffBytes), f.Path)
 		if err != nil {
 			return res, err
 		}
@@ -195,6 +198,26 @@ func (r *rangeReader) ReadAt(p []byte, off int64) (int, error) {
 	n := copy(p, b)
 	if err == nil && n < len(p) {
 		err = fmt.Errorf("short read of %s at %d", r.path, off)
+	}
+	return n, err
+}
+
+// rangeStream reads a hub file from its start through Range requests, one
+// a call to Read.
+type rangeStream struct {
+	r         rangeReader
+	off, size int64
+}
+
+func (s *rangeStream) Read(p []byte) (int, error) {
+	if s.off >= s.size {
+		return 0, io.EOF
+	}
+	b, err := s.r.hc.ReadRange(s.r.ctx, s.r.repo, s.r.rev, s.r.path, s.off, min(int64(len(p)), s.size-s.off))
+	n := copy(p, b)
+	s.off += int64(n)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("reading %s of dataset %s: the hub sent no bytes from byte %d of the %d it lists", s.r.path, s.r.repo, s.off, s.size)
 	}
 	return n, err
 }

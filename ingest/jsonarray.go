@@ -15,20 +15,23 @@ import (
 
 // jsonArrayReader reads a .json file that holds one JSON array of objects
 // (FormatJSONArray), an element at a time, as JSON lines are read a line
-// at a time: the file, of any size, is never held whole. Each element is
-// a record, numbered from 0 as JSON lines are, so that OpenOptions.From
-// passes over a part already taken. An element is read as a JSON line:
-// one that is not UTF-8 is skipped as invalid-utf8, a null as an empty
-// document, a field that is not a string is read as its JSON text, and
-// one that is not a JSON object ends the file as corrupt, as such a line
-// does. So does an array cut short or malformed part-way: the file is
-// skipped as corrupt and its shard not made, and the store keeps what
-// earlier files (or an earlier part of this one) put in it. An element
-// over MaxLineBytes ends the file, skipped as too-large, where such a line
-// is passed over alone: the decoder holds an element whole to find its
-// end, so it is stopped there rather than hold more.
+// at a time: the file, of any size, is never held whole, and a compressed
+// one (.json.gz, .json.zst) is streamed through its decompressor. Each
+// element is a record, numbered from 0 as JSON lines are, so that
+// OpenOptions.From passes over a part already taken. An element is read
+// as a JSON line: one that is not UTF-8 is skipped as invalid-utf8, a
+// null as an empty document, a field that is not a string is read as its
+// JSON text, and one that is not a JSON object ends the file as corrupt,
+// as such a line does. So does an array cut short or malformed part-way,
+// or its compressed stream cut short or corrupt: the file is skipped as
+// corrupt and its shard not made, and the store keeps what earlier files
+// (or an earlier part of this one) put in it. An element over
+// MaxLineBytes ends the file, skipped as too-large, where such a line is
+// passed over alone: the decoder holds an element whole to find its end,
+// so it is stopped there rather than hold more.
 type jsonArrayReader struct {
 	f      *os.File
+	z      io.Closer // the decompressor, a no-op for a plain file (decompressed)
 	in     *elementBound
 	dec    *json.Decoder
 	name   string
@@ -45,14 +48,19 @@ func openJSONArray(path string, opt OpenOptions) (*jsonArrayReader, error) {
 	if err != nil {
 		return nil, err
 	}
-	br := bufio.NewReaderSize(f, 1<<20)
+	z, err := decompressed(f, path)
+	if err != nil {
+		f.Close()
+		return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: err}
+	}
+	br := bufio.NewReaderSize(z, 1<<20)
 	if bom, _ := br.Peek(3); bytes.Equal(bom, []byte("\uFEFF")) {
 		// As a JSON line's: some editors and Windows tools write it.
 		br.Discard(3)
 	}
 	in := &elementBound{r: br, max: MaxLineBytes}
 	in.from(0)
-	return &jsonArrayReader{f: f, in: in, dec: json.NewDecoder(in), name: opt.Name, cols: opt.Columns}, nil
+	return &jsonArrayReader{f: f, z: z, in: in, dec: json.NewDecoder(in), name: opt.Name, cols: opt.Columns}, nil
 }
 
 func (r *jsonArrayReader) next(ctx context.Context) (record, error) {
@@ -120,7 +128,10 @@ func (r *jsonArrayReader) corrupt(err error) error {
 	return &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: fmt.Errorf("after element %d of the array: %w", r.n, err)}
 }
 
-func (r *jsonArrayReader) Close() error { return r.f.Close() }
+func (r *jsonArrayReader) Close() error {
+	r.z.Close()
+	return r.f.Close()
+}
 
 // errElementTooLarge is what elementBound answers past its bound.
 var errElementTooLarge = errors.New("a JSON array's element is past the size bound")

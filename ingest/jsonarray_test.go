@@ -1,14 +1,19 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
@@ -19,6 +24,47 @@ import (
 // pretty-printed array: an element on lines of its own, indented.
 func jsonArray(elements []string) string {
 	return "[\n  " + strings.Join(elements, ",\n  ") + "\n]\n"
+}
+
+// compressions are the ways a .json file is kept that are read alike: as
+// it is, gzipped (.json.gz) and zstd-compressed (.json.zst), as exporters
+// write them.
+var compressions = []string{"", ".gz", ".zst"}
+
+// compressedAs is body as a file named name holds it: gzipped for a .gz
+// name, zstd-compressed for a .zst one, as it is for any other.
+func compressedAs(t testing.TB, name string, body []byte) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	var w io.WriteCloser
+	switch {
+	case strings.HasSuffix(name, ".gz"):
+		w = gzip.NewWriter(&b)
+	case strings.HasSuffix(name, ".zst"):
+		z, err := zstd.NewWriter(&b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w = z
+	default:
+		return body
+	}
+	if _, err := w.Write(body); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// writeAs writes body to path as a file of its name holds it (compressedAs).
+func writeAs(t testing.TB, path, body string) string {
+	t.Helper()
+	if err := os.WriteFile(path, compressedAs(t, path, []byte(body)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // texts are the documents' texts.
@@ -36,8 +82,16 @@ func texts(docs []Document) []string {
 // left out. Where the first element holds no field read the file is
 // source text, as a .json whose first line holds none; an empty array
 // holds no document. sched datasets check says which, of a local file and
-// of a hub dataset's.
+// of a hub dataset's. A .json.gz or .json.zst file is told and read alike,
+// through its decompressor: an array of records, where it was read as
+// JSON lines by its name and skipped as corrupt, and text decompressed.
 func TestAJSONArrayIsReadAnElementADocument(t *testing.T) {
+	for _, ext := range compressions {
+		t.Run("json"+ext, func(t *testing.T) { testAJSONArrayIsReadAnElementADocument(t, ext) })
+	}
+}
+
+func testAJSONArrayIsReadAnElementADocument(t *testing.T, ext string) {
 	dir := t.TempDir()
 	elements := []string{
 		`{"id": "a", "text": "alpha"}`,
@@ -51,11 +105,7 @@ func TestAJSONArrayIsReadAnElementADocument(t *testing.T) {
 	}
 	write := func(name, body string) string {
 		t.Helper()
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
+		return writeAs(t, filepath.Join(dir, name+ext), body)
 	}
 	array := write("array.json", "\uFEFF"+jsonArray(elements))
 	lines := write("lines.json", strings.Join(elements, "\n")+"\n")
@@ -74,7 +124,9 @@ func TestAJSONArrayIsReadAnElementADocument(t *testing.T) {
 	// to tell the format does not make the file text.
 	long := strings.Repeat("the quick brown fox ", jsonSniffBytes/10)
 	first, _ := json.Marshal(map[string]string{"text": long})
-	body := write("body.json", jsonArray([]string{`{"body": "one", "n": [1, {"x": 2}]}`, `{"body": "two"}`}))
+	bodyJSON := jsonArray([]string{`{"body": "one", "n": [1, {"x": 2}]}`, `{"body": "two"}`})
+	body := write("body.json", bodyJSON)
+	config := "{\n  \"name\": \"x\",\n  \"text\": \"not a document\"\n}\n"
 	for _, c := range []struct {
 		path string
 		cols Columns
@@ -82,9 +134,10 @@ func TestAJSONArrayIsReadAnElementADocument(t *testing.T) {
 	}{
 		{write("long.json", jsonArray([]string{string(first), `{"text": "short"}`})), Columns{}, []string{long, "short"}},
 		{body, Columns{Text: "body"}, []string{"one", "two"}},
-		{body, Columns{}, []string{jsonArray([]string{`{"body": "one", "n": [1, {"x": 2}]}`, `{"body": "two"}`})}},
+		{body, Columns{}, []string{bodyJSON}},
 		{write("fixtures.json", `[{"name": "x", "value": 1}]`), Columns{}, []string{`[{"name": "x", "value": 1}]`}},
 		{write("numbers.json", "[1, 2, 3]\n"), Columns{}, []string{"[1, 2, 3]\n"}},
+		{write("config.json", config), Columns{}, []string{config}},
 	} {
 		docs, _, err := readAll(t, c.path, OpenOptions{Name: filepath.Base(c.path), Columns: c.cols})
 		if got := texts(docs); err != nil || !slices.Equal(got, c.want) {
@@ -101,28 +154,32 @@ func TestAJSONArrayIsReadAnElementADocument(t *testing.T) {
 	ctx := context.Background()
 	res, err := Check(ctx, local(array, Columns{}), nil)
 	if err != nil || res.Format != FormatJSONArray || res.FirstDocument != len("alpha") ||
-		!strings.Contains(res.Describe(Columns{}), `array.json is a JSON array, each element's field "text" read; its first document reads 5 bytes`) {
-		t.Errorf("the check of array.json: %+v, %v (%s); want a JSON array", res, err, res.Describe(Columns{}))
+		!strings.Contains(res.Describe(Columns{}), `array.json`+ext+` is a JSON array, each element's field "text" read; its first document reads 5 bytes`) {
+		t.Errorf("the check of array.json%s: %+v, %v (%s); want a JSON array", ext, res, err, res.Describe(Columns{}))
 	}
 	res, err = Check(ctx, local(body, Columns{}), nil)
-	if err != nil || res.Format != FormatText || !strings.Contains(res.Describe(Columns{}), `body.json is plain text, each file one document (a .json file is read as records where its first line or array element is an object holding the field "text")`) {
-		t.Errorf("the check of body.json read with the field text: %+v, %v (%s); want plain text, and why", res, err, res.Describe(Columns{}))
+	if err != nil || res.Format != FormatText || !strings.Contains(res.Describe(Columns{}), `body.json`+ext+` is plain text, each file one document (a .json file is read as records where its first line or array element is an object holding the field "text")`) {
+		t.Errorf("the check of body.json%s read with the field text: %+v, %v (%s); want plain text, and why", ext, res, err, res.Describe(Columns{}))
 	}
 	if res, err = Check(ctx, local(body, Columns{Text: "body"}), nil); err != nil || res.Format != FormatJSONArray {
-		t.Errorf("the check of body.json read with the field body: %+v, %v; want a JSON array", res, err)
+		t.Errorf("the check of body.json%s read with the field body: %+v, %v; want a JSON array", ext, res, err)
 	}
 
 	h := hubtest.New()
 	defer h.Close()
-	h.Add("owner/array", "data/part-0.json", []byte("\uFEFF"+jsonArray(elements)), true)
-	h.Add("owner/long", "data/part-0.json", []byte(jsonArray([]string{string(first)})), true)
-	h.Add("owner/fixtures", "data/fixtures.json", []byte(`[{"name": "x"}]`), false)
+	add := func(repo, path, body string, lfs bool) {
+		h.Add(repo, path+ext, compressedAs(t, path+ext, []byte(body)), lfs)
+	}
+	add("owner/array", "data/part-0.json", "\uFEFF"+jsonArray(elements), true)
+	add("owner/long", "data/part-0.json", jsonArray([]string{string(first)}), true)
+	add("owner/fixtures", "data/fixtures.json", `[{"name": "x"}]`, false)
+	add("owner/configs", "data/config.json", config, false)
 	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for repo, want := range map[string]Format{"owner/array": FormatJSONArray, "owner/long": FormatJSONArray, "owner/fixtures": FormatText} {
-		p := Preset{Name: "p", Repo: repo, Revision: "main", Include: []string{"data/*.json"}}
+	for repo, want := range map[string]Format{"owner/array": FormatJSONArray, "owner/long": FormatJSONArray, "owner/fixtures": FormatText, "owner/configs": FormatText} {
+		p := Preset{Name: "p", Repo: repo, Revision: "main", Include: []string{"data/*.json" + ext}}
 		if res, err := Check(ctx, p, hc); err != nil || res.Format != want {
 			t.Errorf("the check of %s: %+v, %v; want %s", repo, res, err, want)
 		}
@@ -131,41 +188,62 @@ func TestAJSONArrayIsReadAnElementADocument(t *testing.T) {
 
 // An array cut short or malformed part-way ends its file as corrupt, as a
 // JSON line that is not an object does, and so does an element that is
-// not an object; an element over MaxLineBytes ends it as too-large, not
-// held whole; each error names the file and the element.
+// not an object, and a compressed file cut short; an element over
+// MaxLineBytes ends it as too-large, not held whole; each error names the
+// file and the element, of a .json, .json.gz or .json.zst file alike.
 func TestABrokenJSONArrayIsSkippedAsItsFileIs(t *testing.T) {
+	for _, ext := range compressions {
+		t.Run("json"+ext, func(t *testing.T) { testABrokenJSONArrayIsSkippedAsItsFileIs(t, ext) })
+	}
+}
+
+func testABrokenJSONArrayIsSkippedAsItsFileIs(t *testing.T, ext string) {
 	dir := t.TempDir()
 	huge := `{"text": "` + strings.Repeat("x", MaxLineBytes) + `"}`
+	var many []string // in zstd blocks of 128 KiB, the first whole before the cut
+	for i := range 50000 {
+		many = append(many, fmt.Sprintf(`{"text": "document %d"}`, i))
+	}
 	for _, c := range []struct {
 		name, body string
+		cut        bool // the file's bytes, compressed where it is, cut in half
 		reason     string
 		says       string
 	}{
-		{"cut.json", `[{"text": "a"}, {"text": "b"}, {"text": "c`, SkipCorruptFile, "after element 2 of the array: unexpected EOF"},
-		{"cut-between.json", "[{\"text\": \"a\"},\n  ", SkipCorruptFile, "after element 1 of the array: unexpected EOF"},
-		{"no-end.json", `[{"text": "a"}`, SkipCorruptFile, "after element 1 of the array: unexpected EOF"},
-		{"bad-syntax.json", `[{"text": "a"}, {"text": }]`, SkipCorruptFile, "after element 1 of the array: invalid character '}'"},
-		{"no-comma.json", `[{"text": "a"} {"text": "b"}]`, SkipCorruptFile, "after element 1 of the array: expected comma after array element"},
-		{"more.json", `[{"text": "a"}] [{"text": "b"}]`, SkipCorruptFile, "after element 1 of the array: more after the array's end"},
-		{"not-object.json", `[{"text": "a"}, "b", {"text": "c"}]`, SkipCorruptFile, "element 2 of the array is not a JSON object"},
-		{"huge.json", `[{"text": "a"}, ` + huge + `, {"text": "c"}]`, SkipTooLarge, "element 2 of the array is over 64 MiB"},
+		{"cut.json", `[{"text": "a"}, {"text": "b"}, {"text": "c`, false, SkipCorruptFile, "after element 2 of the array: unexpected EOF"},
+		{"cut-between.json", "[{\"text\": \"a\"},\n  ", false, SkipCorruptFile, "after element 1 of the array: unexpected EOF"},
+		{"no-end.json", `[{"text": "a"}`, false, SkipCorruptFile, "after element 1 of the array: unexpected EOF"},
+		{"bad-syntax.json", `[{"text": "a"}, {"text": }]`, false, SkipCorruptFile, "after element 1 of the array: invalid character '}'"},
+		{"no-comma.json", `[{"text": "a"} {"text": "b"}]`, false, SkipCorruptFile, "after element 1 of the array: expected comma after array element"},
+		{"more.json", `[{"text": "a"}] [{"text": "b"}]`, false, SkipCorruptFile, "after element 1 of the array: more after the array's end"},
+		{"not-object.json", `[{"text": "a"}, "b", {"text": "c"}]`, false, SkipCorruptFile, "element 2 of the array is not a JSON object"},
+		{"huge.json", `[{"text": "a"}, ` + huge + `, {"text": "c"}]`, false, SkipTooLarge, "element 2 of the array is over 64 MiB"},
+		{"cut-file.json", jsonArray(many), true, SkipCorruptFile, "unexpected EOF"},
 	} {
-		path := filepath.Join(dir, c.name)
-		if err := os.WriteFile(path, []byte(c.body), 0o644); err != nil {
-			t.Fatal(err)
+		name := c.name + ext
+		path := writeAs(t, filepath.Join(dir, name), c.body)
+		if c.cut {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(path, b[:len(b)/2], 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if f := formatOfFile(path, Columns{}); f != FormatJSONArray {
-			t.Fatalf("%s reads as %s; want a JSON array: the test would not test it", c.name, f)
+			t.Fatalf("%s reads as %s; want a JSON array: the test would not test it", name, f)
 		}
-		_, _, err := readAll(t, path, OpenOptions{Name: "data/" + c.name})
-		if SkipReason(err) != c.reason || !strings.Contains(err.Error(), "data/"+c.name) || !strings.Contains(err.Error(), c.says) {
-			t.Errorf("%s: %v; want it skipped as %s, saying %q", c.name, err, c.reason, c.says)
+		_, _, err := readAll(t, path, OpenOptions{Name: "data/" + name})
+		if SkipReason(err) != c.reason || !strings.Contains(err.Error(), "data/"+name) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v; want it skipped as %s, saying %q", name, err, c.reason, c.says)
 		}
 	}
 }
 
 // arrayFile is a JSON array of the partial-ingest fixture's documents and
-// left-out records (partFile), and the documents it holds.
+// left-out records (partFile), compressed as path's name says
+// (compressedAs), and the documents it holds.
 func arrayFile(t *testing.T, path string, f, rows int) []string {
 	t.Helper()
 	records, docs := partFile(f, rows)
@@ -178,9 +256,7 @@ func arrayFile(t *testing.T, path string, f, rows int) []string {
 		}
 		elements = append(elements, `{"text": "`+r.Text+`"}`) // bytes json.Marshal would replace
 	}
-	if err := os.WriteFile(path, []byte(jsonArray(elements)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeAs(t, path, jsonArray(elements))
 	return docs
 }
 
@@ -188,16 +264,23 @@ func arrayFile(t *testing.T, path string, f, rows int) []string {
 // a limit smaller than the file takes its leading elements, and a larger
 // limit the rest from the element after them, so that the store holds
 // each element's document once, as a one-shot ingest does, with the same
-// records left out.
+// records left out; a compressed array's rest is read through its
+// decompressor from its start, to the element after the part.
 func TestAJSONArrayIsTakenInPartsEachElementOnce(t *testing.T) {
+	for _, ext := range compressions {
+		t.Run("json"+ext, func(t *testing.T) { testAJSONArrayIsTakenInPartsEachElementOnce(t, ext) })
+	}
+}
+
+func testAJSONArrayIsTakenInPartsEachElementOnce(t *testing.T, ext string) {
 	dir := t.TempDir()
 	files := filepath.Join(dir, "files")
 	os.MkdirAll(files, 0o755)
 	var all []string
 	for f := range 2 {
-		all = append(all, arrayFile(t, filepath.Join(files, fmt.Sprintf("part-%d.json", f)), f, 40+f)...)
+		all = append(all, arrayFile(t, filepath.Join(files, fmt.Sprintf("part-%d.json%s", f, ext)), f, 40+f)...)
 	}
-	preset, err := LookupPreset(nil, "local:"+filepath.Join(files, "*.json"))
+	preset, err := LookupPreset(nil, "local:"+filepath.Join(files, "*.json"+ext))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,11 +328,17 @@ func TestAJSONArrayIsTakenInPartsEachElementOnce(t *testing.T) {
 }
 
 // The rest of a JSON array taken in part that is cut short past the part
-// is recorded as left out after it, as a JSON lines file's is: the part
-// stays in the store as it was.
+// (a compressed one, its stream cut) is recorded as left out after it, as
+// a JSON lines file's is: the part stays in the store as it was.
 func TestTheRestOfACutJSONArrayIsLeftOutAndItsPartKept(t *testing.T) {
+	for _, ext := range compressions {
+		t.Run("json"+ext, func(t *testing.T) { testTheRestOfACutJSONArrayIsLeftOutAndItsPartKept(t, ext) })
+	}
+}
+
+func testTheRestOfACutJSONArrayIsLeftOutAndItsPartKept(t *testing.T, ext string) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, "files", "cut.json")
+	path := filepath.Join(dir, "files", "cut.json"+ext)
 	os.MkdirAll(filepath.Dir(path), 0o755)
 	all := arrayFile(t, path, 0, 20000)
 	b, err := os.ReadFile(path)

@@ -24,7 +24,7 @@ const MaxLineBytes = 64 << 20
 // jsonlReader reads JSON lines, plain or compressed, one line at a time.
 type jsonlReader struct {
 	f      *os.File
-	dec    io.Closer // the decompressor, when there is one
+	dec    io.Closer // the decompressor, a no-op for a plain file (decompressed)
 	br     *bufio.Reader
 	name   string
 	cols   Columns
@@ -38,32 +38,40 @@ func openJSONL(path string, opt OpenOptions) (*jsonlReader, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &jsonlReader{f: f, name: opt.Name, cols: opt.Columns}
-	var in io.Reader = f
-	switch {
-	case strings.HasSuffix(path, ".gz"):
-		z, err := gzip.NewReader(f)
-		if err != nil {
-			f.Close()
-			return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: fmt.Errorf("not gzip: %w", err)}
-		}
-		in, r.dec = z, z
-	case strings.HasSuffix(path, ".zst"):
-		// One decoder goroutine: the cores are the tokenizer's.
-		z, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
-		if err != nil {
-			f.Close()
-			return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: fmt.Errorf("not zstd: %w", err)}
-		}
-		in, r.dec = z, zstdCloser{z}
+	in, err := decompressed(f, path)
+	if err != nil {
+		f.Close()
+		return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: err}
 	}
-	r.br = bufio.NewReaderSize(in, 1<<20)
-	return r, nil
+	return &jsonlReader{f: f, dec: in, br: bufio.NewReaderSize(in, 1<<20), name: opt.Name, cols: opt.Columns}, nil
 }
 
-type zstdCloser struct{ d *zstd.Decoder }
+// decompressed reads r's bytes as the file named name holds them: through
+// gzip for a .gz name, zstd for a .zst one, as they are for any other.
+// Close closes the decompressor, not r. The error is r's header not being
+// the compressor's.
+func decompressed(r io.Reader, name string) (io.ReadCloser, error) {
+	switch {
+	case strings.HasSuffix(name, ".gz"):
+		z, err := gzip.NewReader(r)
+		if err != nil {
+			return nil, fmt.Errorf("not gzip: %w", err)
+		}
+		return z, nil
+	case strings.HasSuffix(name, ".zst"):
+		// One decoder goroutine: the cores are the tokenizer's.
+		z, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		if err != nil {
+			return nil, fmt.Errorf("not zstd: %w", err)
+		}
+		return zstdCloser{z}, nil
+	}
+	return io.NopCloser(r), nil
+}
 
-func (z zstdCloser) Close() error { z.d.Close(); return nil }
+type zstdCloser struct{ *zstd.Decoder }
+
+func (z zstdCloser) Close() error { z.Decoder.Close(); return nil }
 
 // readLine returns the next line without its newline. A line longer than
 // MaxLineBytes is consumed and reported with tooLarge set.
@@ -171,8 +179,6 @@ func jsonString(fields map[string]json.RawMessage, field string) (string, bool) 
 }
 
 func (r *jsonlReader) Close() error {
-	if r.dec != nil {
-		r.dec.Close()
-	}
+	r.dec.Close()
 	return r.f.Close()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -15,9 +16,10 @@ type Format string
 
 const (
 	FormatParquet Format = "parquet"
-	FormatJSONL   Format = "jsonl" // also .jsonl.gz and .jsonl.zst, by name
-	// FormatJSONArray is a .json file of one JSON array of objects, each
-	// element a record, told by its head (jsonFormat).
+	FormatJSONL   Format = "jsonl" // also .jsonl.gz and .jsonl.zst by name, and .json by its head
+	// FormatJSONArray is a .json file (plain, gzip or zstd) of one JSON
+	// array of objects, each element a record, told by its head
+	// (jsonFormat).
 	FormatJSONArray Format = "json-array"
 	FormatText      Format = "text" // the whole file is one document
 )
@@ -52,22 +54,35 @@ func (c Columns) field() string {
 	return c.withDefaults().Text
 }
 
-// FormatOf infers a file's format from its name.
+// FormatOf infers a file's format from its name. A .json file, plain or
+// compressed, is told by its head (formatOfFile): by name it is text.
 func FormatOf(name string) Format {
 	switch {
 	case strings.HasSuffix(name, ".parquet"):
 		return FormatParquet
-	case strings.HasSuffix(name, ".jsonl"), strings.HasSuffix(name, ".jsonl.gz"), strings.HasSuffix(name, ".jsonl.zst"),
-		strings.HasSuffix(name, ".json.gz"), strings.HasSuffix(name, ".json.zst"):
+	case strings.HasSuffix(name, ".jsonl"), strings.HasSuffix(name, ".jsonl.gz"), strings.HasSuffix(name, ".jsonl.zst"):
 		return FormatJSONL
 	}
 	return FormatText
 }
 
-// formatOfFile is FormatOf, but for a .json file, which is read as its
-// head says (jsonFormat).
+// isJSON says whether name is a .json file, plain or compressed (.json.gz,
+// .json.zst), which is read as its head says (jsonFormat): exporters
+// compress the same files that they write as .json, JSON lines or one
+// array, and a source tree keeps compressed configs.
+func isJSON(name string) bool {
+	return strings.HasSuffix(name, ".json") || compressedJSON(name)
+}
+
+// compressedJSON says whether name is a .json.gz or .json.zst file.
+func compressedJSON(name string) bool {
+	return strings.HasSuffix(name, ".json.gz") || strings.HasSuffix(name, ".json.zst")
+}
+
+// formatOfFile is FormatOf, but for a .json file, plain or compressed,
+// which is read as its head says (jsonFormat).
 func formatOfFile(path string, c Columns) Format {
-	if !strings.HasSuffix(path, ".json") {
+	if !isJSON(path) {
 		return FormatOf(path)
 	}
 	f, err := os.Open(path)
@@ -75,9 +90,10 @@ func formatOfFile(path string, c Columns) Format {
 		return FormatText // the text reader says why it cannot
 	}
 	defer f.Close()
-	head := make([]byte, jsonSniffBytes)
-	n, _ := io.ReadFull(f, head)
-	return jsonFormat(head[:n], c)
+	// A file that cannot be read or decompressed is text here, and its
+	// reader says why.
+	head, _ := jsonHead(f, path)
+	return jsonFormat(head, c)
 }
 
 // jsonSniffBytes is how much of a .json file formatOfFile reads: a first
@@ -85,17 +101,56 @@ func formatOfFile(path string, c Columns) Format {
 // whose fields before the one read are longer, reads as plain text.
 const jsonSniffBytes = 1 << 20
 
-// jsonFormat says how a .json file that begins with head is read. Many
-// datasets keep their records in .json files, as JSON lines or as one
-// JSON array of objects (pretty-printed or not); a project's package.json,
-// a config or a list of fixtures is source code. The file's first record
-// tells them apart: the file is JSON lines where its first line is a JSON
-// object holding the field read, a JSON array where its first element is
-// an object holding it (or where the array is empty), and plain text
-// otherwise. An array whose first element lacks the field is text, as
-// such a first line is, not an error: a source tree's .json arrays are
-// its code, and a dataset's field misspelt shows in 'sched datasets
-// check', which says that its files are read as plain text.
+// jsonHead reads from r the head of the .json file named name that
+// jsonFormat reads: its first jsonSniffBytes bytes, or all of them where
+// it is shorter, decompressed where name says it is compressed. Of a
+// compressed file it reads at most twice that, more than any compressor
+// takes to hold a head of jsonSniffBytes (a stored block adds a few bytes
+// in 64 KiB). A stream cut short or corrupt gives what was decompressed
+// before the fault, and the file's reader skips it as corrupt. The error
+// is r's alone (a failed request for a hub file's bytes).
+func jsonHead(r io.Reader, name string) ([]byte, error) {
+	in := &readErr{r: r}
+	var src io.Reader = in
+	if compressedJSON(name) {
+		src = io.LimitReader(in, 2*jsonSniffBytes)
+	}
+	z, err := decompressed(src, name)
+	if err != nil {
+		return nil, in.err
+	}
+	defer z.Close()
+	head := make([]byte, jsonSniffBytes)
+	n, _ := io.ReadFull(z, head)
+	return head[:n], in.err
+}
+
+// readErr is r, keeping the first error other than io.EOF that r gave.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErr) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) && r.err == nil {
+		r.err = err
+	}
+	return n, err
+}
+
+// jsonFormat says how a .json file that begins with head (decompressed,
+// where it is compressed) is read. Many datasets keep their records in
+// .json files, as JSON lines or as one JSON array of objects
+// (pretty-printed or not); a project's package.json, a config or a list
+// of fixtures is source code. The file's first record tells them apart:
+// the file is JSON lines where its first line is a JSON object holding
+// the field read, a JSON array where its first element is an object
+// holding it (or where the array is empty), and plain text otherwise. An
+// array whose first element lacks the field is text, as such a first
+// line is, not an error: a source tree's .json arrays are its code, and a
+// dataset's field misspelt shows in 'sched datasets check', which says
+// that its files are read as plain text.
 func jsonFormat(head []byte, c Columns) Format {
 	head = bytes.TrimPrefix(head, []byte("\uFEFF"))
 	field := c.field()

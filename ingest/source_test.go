@@ -360,11 +360,19 @@ func TestParquetReadsANumberIDAndRefusesANumberText(t *testing.T) {
 }
 
 // A .json file whose first line is a JSON object with the field read is
-// JSON lines (many datasets keep them so), as .json.gz is; any other .json
-// (a package.json, a config, a line without the field) is source text,
-// read whole. sched datasets check says which, of a local file and of a
-// hub dataset's, whose head alone it fetches.
+// JSON lines (many datasets keep them so); any other .json (a
+// package.json, a config, a line without the field) is source text, read
+// whole. A .json.gz or .json.zst file is told alike by its head
+// decompressed, and a compressed config read as its text, where each was
+// JSON lines by its name. sched datasets check says which, of a local
+// file and of a hub dataset's, whose head alone it fetches.
 func TestAJSONFileIsReadAsItsFirstLineSays(t *testing.T) {
+	for _, ext := range compressions {
+		t.Run("json"+ext, func(t *testing.T) { testAJSONFileIsReadAsItsFirstLineSays(t, ext) })
+	}
+}
+
+func testAJSONFileIsReadAsItsFirstLineSays(t *testing.T, ext string) {
 	dir := t.TempDir()
 	files := map[string]string{
 		"lines.json":   "\uFEFF" + `{"text":"alpha","n":1}` + "\n" + `{"text":"beta"}` + "\n",
@@ -372,41 +380,58 @@ func TestAJSONFileIsReadAsItsFirstLineSays(t *testing.T) {
 		"other.json":   `{"body":"alpha"}` + "\n" + `{"body":"beta"}` + "\n",
 	}
 	for name, body := range files {
-		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644)
+		writeAs(t, filepath.Join(dir, name+ext), body)
 	}
 	for name, want := range map[string][]string{
 		"lines.json":   {"alpha", "beta"},
 		"package.json": {files["package.json"]},
 		"other.json":   {files["other.json"]},
 	} {
-		docs, _, err := readAll(t, filepath.Join(dir, name), OpenOptions{Name: name})
+		docs, _, err := readAll(t, filepath.Join(dir, name+ext), OpenOptions{Name: name})
 		var got []string
 		for _, d := range docs {
 			got = append(got, d.Text)
 		}
 		if err != nil || !slices.Equal(got, want) {
-			t.Errorf("%s read as %q, %v; want %q", name, got, err, want)
+			t.Errorf("%s%s read as %q, %v; want %q", name, ext, got, err, want)
 		}
 	}
-	docs, _, err := readAll(t, filepath.Join(dir, "other.json"), OpenOptions{Name: "other.json", Columns: Columns{Text: "body"}})
+	docs, _, err := readAll(t, filepath.Join(dir, "other.json"+ext), OpenOptions{Name: "other.json", Columns: Columns{Text: "body"}})
 	if err != nil || len(docs) != 2 || docs[0].Text != "alpha" {
-		t.Errorf("other.json read with the field body: %+v, %v; want its 2 lines", docs, err)
+		t.Errorf("other.json%s read with the field body: %+v, %v; want its 2 lines", ext, docs, err)
 	}
-	local := Preset{Name: "local:" + filepath.Join(dir, "lines.json"), Glob: filepath.Join(dir, "lines.json")}
-	if res, err := Check(context.Background(), local, nil); err != nil || res.Format != FormatJSONL {
-		t.Errorf("the check of lines.json: %+v, %v; want JSON lines", res, err)
+	for name, want := range map[string]Format{"lines.json": FormatJSONL, "package.json": FormatText} {
+		local := Preset{Name: "local:" + filepath.Join(dir, name+ext), Glob: filepath.Join(dir, name+ext)}
+		if res, err := Check(context.Background(), local, nil); err != nil || res.Format != want {
+			t.Errorf("the check of %s%s: %+v, %v; want %s", name, ext, res, err, want)
+		}
 	}
 
 	h := hubtest.New()
 	defer h.Close()
-	h.Add("owner/lines", "data/part-0.json", []byte(files["lines.json"]), false)
-	h.Add("owner/configs", "data/package.json", []byte(files["package.json"]), false)
+	h.Add("owner/lines", "data/part-0.json"+ext, compressedAs(t, ext, []byte(files["lines.json"])), false)
+	h.Add("owner/configs", "data/package.json"+ext, compressedAs(t, ext, []byte(files["package.json"])), false)
+	wants := map[string]Format{"owner/lines": FormatJSONL, "owner/configs": FormatText}
+	if ext == ".gz" {
+		// Stored uncompressed (gzip's level 0): the head's first line
+		// ends past the file's first jsonSniffBytes bytes, all that the
+		// check's first request fetches.
+		var b bytes.Buffer
+		w, _ := gzip.NewWriterLevel(&b, gzip.NoCompression)
+		fmt.Fprintf(w, `{"text":"%s"}`+"\n"+`{"text":"beta"}`+"\n", strings.Repeat("x", jsonSniffBytes-32))
+		w.Close()
+		if b.Len() <= jsonSniffBytes {
+			t.Fatalf("the stored file is %d bytes; want more than the first request fetches", b.Len())
+		}
+		h.Add("owner/stored", "data/part-0.json.gz", b.Bytes(), true)
+		wants["owner/stored"] = FormatJSONL
+	}
 	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for repo, want := range map[string]Format{"owner/lines": FormatJSONL, "owner/configs": FormatText} {
-		p := Preset{Name: "p", Repo: repo, Revision: "main", Include: []string{"data/*.json"}}
+	for repo, want := range wants {
+		p := Preset{Name: "p", Repo: repo, Revision: "main", Include: []string{"data/*.json" + ext}}
 		if res, err := Check(context.Background(), p, hc); err != nil || res.Format != want {
 			t.Errorf("the check of %s: %+v, %v; want %s", repo, res, err, want)
 		}

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,9 +12,13 @@ import (
 // past it is skipped as too-large rather than held in memory.
 const MaxTextFileBytes = 64 << 20
 
-// textReader yields a plain text file as one document.
+// textReader yields a plain text file as one document: a compressed .json
+// file that is text (a config gzipped in a source tree) decompressed, any
+// other file as its bytes are.
 type textReader struct {
 	f    *os.File
+	in   io.Reader // f, or its decompressor
+	z    io.Closer // the decompressor; nil where f is read as it is
 	name string
 	done bool
 }
@@ -23,7 +28,16 @@ func openText(path string, opt OpenOptions) (Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &textSource{r: &textReader{f: f, name: opt.Name}, skips: Skips{}, from: opt.From}, nil
+	r := &textReader{f: f, in: f, name: opt.Name}
+	if compressedJSON(path) {
+		z, err := decompressed(f, path)
+		if err != nil {
+			f.Close()
+			return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: err}
+		}
+		r.in, r.z = z, z
+	}
+	return &textSource{r: r, skips: Skips{}, from: opt.From}, nil
 }
 
 func (r *textReader) next(ctx context.Context) (record, error) {
@@ -31,14 +45,25 @@ func (r *textReader) next(ctx context.Context) (record, error) {
 		return record{}, io.EOF
 	}
 	r.done = true
-	b, err := io.ReadAll(io.LimitReader(r.f, MaxTextFileBytes+1))
-	if err != nil {
+	b, err := io.ReadAll(io.LimitReader(r.in, MaxTextFileBytes+1))
+	compressed := r.z != nil
+	switch {
+	case err != nil && compressed:
+		// A compressed stream cut short or corrupt, as in JSON lines.
+		return record{}, &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: err}
+	case err != nil:
 		return record{}, fmt.Errorf("reading %s: %w", r.name, err)
-	}
-	if len(b) > MaxTextFileBytes {
+	case len(b) > MaxTextFileBytes:
 		return record{id: r.name, skip: SkipTooLarge}, nil
+	case len(b) == 0 && compressed:
+		return record{}, &SkipError{Reason: SkipEmptyFile, Path: r.name, Err: errors.New("the file decompresses to nothing")}
 	}
 	return record{id: r.name, text: b}, nil
 }
 
-func (r *textReader) Close() error { return r.f.Close() }
+func (r *textReader) Close() error {
+	if r.z != nil {
+		r.z.Close()
+	}
+	return r.f.Close()
+}

@@ -389,6 +389,10 @@ type MemoryError struct {
 	Available int64
 	// Where names the memory: "GPU 0 (NVIDIA H200)", "this host", ...
 	Where string
+	// Fix is what to change in a training or bench step whose sizes are
+	// not the command's flags (a run's entry in a runs file); empty for
+	// the flags.
+	Fix string
 }
 
 func (e *MemoryError) Error() string {
@@ -402,6 +406,9 @@ func (e *MemoryError) Error() string {
 	case PurposeEval:
 		fix = "use a smaller batch or sequence"
 	default:
+		if e.Fix != "" {
+			fix = e.Fix
+		}
 		// Weights, gradients and AdamW's two moments in fp32: no batch
 		// makes a model fit whose state alone does not.
 		if state := 16 * p.Config.ParamCount(); state >= float64(e.Available) {

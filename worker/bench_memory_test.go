@@ -63,8 +63,8 @@ func TestBenchRunOfImpossibleSizeIsArchived(t *testing.T) {
 
 // A train:segment of a run whose batch no host could hold, put into Redis
 // as `sched enqueue train` would refuse it, is archived with the sizing's
-// one line before any engine allocates, and the worker trains the next
-// run.
+// one line before any engine allocates, naming what to change in a runs
+// file, and the worker trains the next run.
 func TestTrainSegmentOfImpossibleSizeIsArchived(t *testing.T) {
 	e := newEnv(t)
 	objects, err := store.NewLocal(t.TempDir())
@@ -84,6 +84,12 @@ func TestTrainSegmentOfImpossibleSizeIsArchived(t *testing.T) {
 	ts := e.waitFor(id, time.Minute, "archived", state("archived"))
 	if !strings.Contains(ts.LastErr, "batch 100000000 x seq 16") || !strings.Contains(ts.LastErr, "this host has") || ts.Retried != 0 {
 		t.Errorf("archived after %d retries with %q; want no retry and the sizing's line naming the host's memory", ts.Retried, ts.LastErr)
+	}
+	// A segment's sizes are its run's fields, which a runs file sets: the
+	// worker and `sched enqueue train` have no --batch.
+	if fix := "in a runs file (KILN_RUNS, here and on the GPU worker), give run huge a smaller batch and a larger accumulate (the same tokens a step), or a smaller seq"; !strings.Contains(ts.LastErr, fix) ||
+		strings.Contains(ts.LastErr, "--batch") {
+		t.Errorf("archived with %q; want it to say what to change in the runs file (%q), and no flag", ts.LastErr, fix)
 	}
 	id = e.enqueue(scheduler.TrainSegment{Run: "fits"})
 	e.waitFor(id, time.Minute, "completed", state("completed"))

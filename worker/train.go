@@ -411,7 +411,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		if gpuOnly {
 			err = requireGPUError(err)
 		}
-		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, err))
+		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, runs.SizeAdvice(a.Run, err)))
 	}
 	if out.Done {
 		rep.Message(ctx, fmt.Sprintf("run %s done at step %d", a.Run, out.Step))

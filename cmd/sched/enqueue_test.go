@@ -137,7 +137,10 @@ func TestEnqueueTrainChecksTheRunFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	renv := append(env, "KILN_RUNS="+runsFile)
-	wantBadInput(t, renv, `run huge: batch 100000000 x seq 64 .* needs .* but the largest card kiln supports .* has 139.00 GiB available`, "enqueue", "train", "huge")
+	// Its sizes are the run's fields, not flags: the advice says where.
+	wantBadInput(t, renv, `run huge: batch 100000000 x seq 64 .* needs .* but the largest card kiln supports .* has 139.00 GiB available: `+
+		`in a runs file \(KILN_RUNS, here and on the GPU worker\), give run huge a smaller batch and a larger accumulate \(the same tokens a step\), or a smaller seq\s*$`,
+		"enqueue", "train", "huge")
 	wantBadInput(t, renv, `run r: its token stores hold at most 1000 tokens, too few for one evaluation window .*set eval_every: 0`, "enqueue", "train", "r")
 	if a := queuedSegment(t, renv, r.URL(0), "r0"); a.Run != "r0" {
 		t.Fatalf("enqueue train r0 queued %+v", a)

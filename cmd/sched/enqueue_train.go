@@ -227,7 +227,7 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	}
 	plan := model.MemoryPlan{Config: mc, Engine: engine, Precision: rc.Precision, Batch: rc.Batch, Seq: rc.Seq, Purpose: model.PurposeTrain}
 	if err := model.CheckMemory(plan, model.LargestGPU, "the largest card kiln supports (an H200, 141 GB)"); err != nil {
-		return badInput("run %s: %v (set batch, seq and accumulate in the run)", run.Name, err)
+		return badInput("run %s: %v", run.Name, runs.SizeAdvice(run.Name, err))
 	}
 	uses, err := checkRunTokenizer(ctx, tc, run.Name, tok, rc.Model, mc)
 	if err != nil {

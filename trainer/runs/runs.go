@@ -5,6 +5,7 @@ package runs
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
+	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
 )
@@ -114,6 +116,24 @@ func Load(path string) (Set, error) {
 		return nil, inputError{fmt.Errorf("runs file: %w", err)}
 	}
 	return parse(b, path, base)
+}
+
+// SizeAdvice is err, where it holds a step of run that does not fit the
+// memory it would train in (a *model.MemoryError), as that error alone,
+// saying what to change in the run's entry of a runs file, whose fields
+// are the run's sizes, rather than naming command-line flags, which
+// `sched enqueue train` and the worker have none of. The wrappers' text
+// holds the flags' advice (fmt.Errorf formats it as it wraps) and adds
+// nothing the error does not say: the engine and both sizes. Any other
+// err is returned as it is.
+func SizeAdvice(run string, err error) error {
+	var me *model.MemoryError
+	if !errors.As(err, &me) || me.Plan.Purpose != model.PurposeTrain {
+		return err
+	}
+	fixed := *me
+	fixed.Fix = fmt.Sprintf("in a runs file (KILN_RUNS, here and on the GPU worker), give run %s a smaller batch and a larger accumulate (the same tokens a step), or a smaller seq", run)
+	return &fixed
 }
 
 // Get returns the named run with defaults filled in and validated.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -23,13 +24,20 @@ import (
 // or made private after its plan is no longer found (404 RepoNotFound, or
 // 401 to a request without a token) by any download of it, where a file
 // that alone is not found (404 EntryNotFound) is that file's failure and
-// no refusal; Software Heritage's bucket, refusing requests without AWS
-// keys, is met only after a shard downloaded its file of blob ids. The
-// first shard refused records the refusal beside the store's status; the
-// shards queued behind it read it and end before their download, rather
-// than each downloading a file, or asking the Hub for one, to meet the
-// same refusal. The next plan of the store removes it: the user changed
-// what the refusal names, or the plan's shards find out again.
+// no refusal; a force-push that replaced the commit the plan pinned
+// (404 RevisionNotFound) refuses every download at that commit, and the
+// same plan made again, at the commit its branch names now, reads the
+// files the store lacks; Software Heritage's bucket, refusing requests
+// without AWS keys, is met only after a shard downloaded its file of blob
+// ids. The first shard refused records the refusal beside the store's
+// status; the shards queued behind it read it and end before their
+// download, rather than each downloading a file, or asking the Hub for
+// one, to meet the same refusal. The next plan of the store removes it:
+// the user changed what the refusal names, or the plan's shards find out
+// again. A refusal of a commit refuses the shards at that commit alone: a
+// shard of the plan before, still queued once the plan made again cleared
+// the record, records it again, and the new plan's shards, at the new
+// commit, are not refused by it.
 
 // RefusalKey is the object key of the refusal recorded for a store.
 func RefusalKey(storeName string) string { return "tokens/" + storeName + "/refused.json" }
@@ -37,9 +45,14 @@ func RefusalKey(storeName string) string { return "tokens/" + storeName + "/refu
 // refusal is a refused shard's record: its dataset, the refusal in one
 // line and what the user does before planning again.
 type refusal struct {
-	Repo   string `json:"repo"`
+	Repo string `json:"repo"`
+	// Commit, where set, is the commit the refusal is of: the shards
+	// planned at another commit are not refused.
+	Commit string `json:"commit,omitempty"`
 	Reason string `json:"reason"`
-	Fix    string `json:"fix"`
+	// Fix is what the user changes; "" where a plan made again is all
+	// it takes.
+	Fix string `json:"fix"`
 }
 
 // refusalOf is the refusal that err says every file of job's dataset
@@ -52,6 +65,16 @@ func refusalOf(job ShardJob, err error) (refusal, bool) {
 	var gone *hub.RepoNotFoundError
 	if errors.As(err, &gone) && gone.Repo == job.Repo {
 		return refusal{Repo: job.Repo, Reason: gone.Error(), Fix: "the dataset's name is checked (" + goneSincePlan + ") and HF_TOKEN may read it"}, true
+	}
+	var pinned *PinnedRevisionError
+	if errors.As(err, &pinned) && pinned.Err.Repo == job.Repo && pinned.Err.Commit != "" {
+		return refusal{Repo: job.Repo, Commit: pinned.Err.Commit, Reason: pinned.reason(), Fix: pinned.Setting + " names a commit the dataset has, or a branch,"}, true
+	}
+	var moved *hub.RevisionNotFoundError
+	if errors.As(err, &moved) && moved.Repo == job.Repo && moved.Commit != "" {
+		// Nothing to change: the plan made again is at the commit the
+		// branch names now.
+		return refusal{Repo: job.Repo, Commit: moved.Commit, Reason: moved.Error()}, true
 	}
 	var a *hub.AccessError
 	if errors.As(err, &a) {
@@ -79,6 +102,66 @@ func refusalOf(job ShardJob, err error) (refusal, bool) {
 // download that it had at the plan.
 const goneSincePlan = "it was deleted, renamed or made private since the plan"
 
+// revisionSetting names the setting that gave a plan its revision, for a
+// refusal that says to change it: --revision where the plan was asked
+// for one, else the preset's revision, which sched ingest --direct's
+// --revision is carried in.
+func revisionSetting(job PlanJob) string {
+	if job.Revision != "" {
+		return "--revision"
+	}
+	return "--revision or the preset's revision"
+}
+
+// namesCommit says whether rev, the revision a plan was asked for, is the
+// id of commit, which it resolved to (whole, or its first 7 or more hex
+// digits), not a branch or tag that a force-push moves.
+func namesCommit(rev, commit string) bool {
+	rev = strings.ToLower(rev)
+	return len(rev) >= 7 && strings.Trim(rev, "0123456789abcdef") == "" && strings.HasPrefix(commit, rev)
+}
+
+// PinnedRevisionError is a revision of a hub dataset that the Hub does
+// not have (RevisionNotFound) where a setting of the user's asked for it
+// by its commit id: a plan made again asks for the same commit, so the
+// error says to change that setting, where the Hub's says to plan again
+// or to check the preset.
+type PinnedRevisionError struct {
+	Setting  string // --revision, or another revisionSetting
+	Revision string // as the setting gives it
+	Path     string // the file whose download met it; "" at the plan
+	Err      *hub.RevisionNotFoundError
+}
+
+// pinnedRevision is err as a PinnedRevisionError where it is the Hub's
+// RevisionNotFound to the revision that setting gave: at the plan, or at
+// the download of the file at path, of the commit the plan pinned.
+func pinnedRevision(err error, setting, revision, path string) error {
+	var gone *hub.RevisionNotFoundError
+	if !errors.As(err, &gone) || path != "" && gone.Commit == "" {
+		return err
+	}
+	return &PinnedRevisionError{Setting: setting, Revision: revision, Path: path, Err: gone}
+}
+
+func (e *PinnedRevisionError) Error() string {
+	if e.Err.Commit == "" {
+		return fmt.Sprintf("dataset %s has no revision %s, which %s names (RevisionNotFound): set %s to a branch, tag or commit the dataset has (one a force-push replaced is gone)",
+			e.Err.Repo, e.Revision, e.Setting, e.Setting)
+	}
+	return "downloading " + e.Path + ": " + e.reason()
+}
+
+// reason is the error of a download without its file: every file's of
+// the plan.
+func (e *PinnedRevisionError) reason() string {
+	return fmt.Sprintf("commit %s of dataset %s, which the ingest was planned at, is gone from the hub (RevisionNotFound: a force-push replaced it), and %s names it, so a plan made again would ask for it again: set %s to a commit the dataset has, or to a branch, then run the ingest again (sched enqueue ingest, or sched ingest --direct); the files its store holds are left out",
+		e.Err.Commit, e.Err.Repo, e.Setting, e.Setting)
+}
+
+func (e *PinnedRevisionError) Unwrap() error  { return e.Err }
+func (e *PinnedRevisionError) BadInput() bool { return true }
+
 // RefusedPlanError ends a shard whose dataset refused an earlier shard of
 // the store's plan, before the shard's file is downloaded.
 type RefusedPlanError struct {
@@ -87,8 +170,12 @@ type RefusedPlanError struct {
 }
 
 func (e *RefusedPlanError) Error() string {
-	return fmt.Sprintf("%s; %s was not downloaded (another file of the plan into token store %s was refused): 'sched enqueue ingest' again once %s plans it again",
-		e.Reason, e.Path, e.Store, e.Fix)
+	again := "'sched enqueue ingest' again once " + e.Fix + " plans it again"
+	if e.Fix == "" {
+		again = "'sched enqueue ingest' again plans it at the dataset's current commit"
+	}
+	return fmt.Sprintf("%s; %s was not downloaded (another file of the plan into token store %s was refused): %s",
+		e.Reason, e.Path, e.Store, again)
 }
 
 func (e *RefusedPlanError) BadInput() bool { return true }
@@ -133,7 +220,7 @@ func (p *Pipeline) checkRefused(ctx context.Context, job ShardJob) error {
 	if err := json.NewDecoder(rc).Decode(&r); err != nil {
 		return fmt.Errorf("reading whether dataset %s was refused (%s): %w", job.Repo, RefusalKey(job.Store), err)
 	}
-	if r.Repo != job.Repo {
+	if r.Repo != job.Repo || r.Commit != "" && r.Commit != job.Revision {
 		return nil
 	}
 	return &RefusedPlanError{Reason: r.Reason, Fix: r.Fix, Store: job.Store, Path: job.Path}

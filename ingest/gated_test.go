@@ -215,3 +215,136 @@ func isBadInput(err error) bool {
 	var bad interface{ BadInput() bool }
 	return errors.As(err, &bad) && bad.BadInput()
 }
+
+// A force-push that replaced the commit a plan pinned (404
+// RevisionNotFound at the shards' downloads) stops the plan's shards as a
+// dataset gone does: the first shard to meet it records the refusal, and
+// the shards queued behind it fail before their download, each in one
+// line naming the dataset, the commit and what plans it again, none tried
+// again. Where a branch was planned, the plan made again reads it at its
+// new commit; where --revision (or the preset's revision) named the
+// commit, each says to change that setting, and the plan made again at
+// the same commit is refused, the record kept. A new plan clears the
+// record and ingests the files; a shard of the plan before, still queued,
+// records the refusal again, and the new plan's shards are not refused.
+func TestAForcePushAfterThePlanStopsTheShardsQueuedBehind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p, h := newCorpus(t, map[string]*tokenizer.Tokenizer{"t": testTokenizer(t)})
+	for f := range 3 {
+		h.Add(corpusRepo, fmt.Sprintf("data/part-%d.jsonl", f), fmt.Appendf(nil, `{"text":"file %d: the quick brown fox"}`+"\n", f), true)
+	}
+	const flag, preset = "--revision", "--revision or the preset's revision"
+	for _, c := range []struct {
+		store  string
+		pinned string // the setting that named the commit; "" for a branch
+	}{
+		{"branch", ""},
+		{"flag", flag},
+		{"preset", preset},
+	} {
+		// plan plans the store as c's user asks: at the branch, or at
+		// commit by --revision or by the preset's revision.
+		plan := func(commit string) (PlanResult, error) {
+			job := PlanJob{Dataset: "corpus", Store: c.store, Tokenizer: "t", Seed: 1}
+			switch c.pinned {
+			case flag:
+				job.Revision = commit
+			case preset:
+				p.Presets["corpus-at"] = Preset{Name: "corpus-at", Repo: corpusRepo, Revision: commit, Include: []string{"data/*"}, Columns: Columns{Text: "text"}}
+				job.Dataset = "corpus-at"
+			}
+			return p.Plan(ctx, job)
+		}
+		planned := func(commit string) PlanResult {
+			t.Helper()
+			res, err := plan(commit)
+			if err != nil || len(res.Shards) != 3 || res.Revision != commit {
+				t.Fatalf("%s: plan: %d shards at %s, %v; want 3 at %s", c.store, len(res.Shards), res.Revision, err, commit)
+			}
+			for _, job := range res.Shards {
+				if job.Pinned != c.pinned {
+					t.Fatalf("%s: the shard of %s is pinned by %q; want %q", c.store, job.Path, job.Pinned, c.pinned)
+				}
+			}
+			return res
+		}
+		ingested := func(res PlanResult) {
+			t.Helper()
+			for _, job := range res.Shards {
+				if _, _, err := p.Shard(ctx, job, nil); err != nil {
+					t.Fatalf("%s: shard of %s at %s: %v", c.store, job.Path, job.Revision, err)
+				}
+			}
+		}
+		refused := func(job ShardJob, err error, first bool, old string) {
+			t.Helper()
+			want := []string{corpusRepo, "commit " + old, "a force-push replaced it"}
+			var moved *hub.RevisionNotFoundError
+			var r *RefusedPlanError
+			switch {
+			case !isBadInput(err) || strings.Contains(err.Error(), "\n"):
+				t.Fatalf("%s: shard of %s: %v; want one line, the user's to fix", c.store, job.Path, err)
+			case first && (!errors.As(err, &moved) || moved.Commit != old):
+				t.Fatalf("%s: the first shard, of %s: %v; want its commit %s not found", c.store, job.Path, err, old)
+			case first && c.pinned == "":
+				want = append(want, "downloading "+job.Path, "run the ingest again", "to plan it at the current commit")
+			case first:
+				want = append(want, "downloading "+job.Path, "and "+c.pinned+" names it", "set "+c.pinned+" to a commit the dataset has, or to a branch")
+			case !errors.As(err, &r):
+				t.Fatalf("%s: shard of %s, queued behind a refused one: %v; want it ended before its download", c.store, job.Path, err)
+			case c.pinned == "":
+				want = append(want, job.Path+" was not downloaded", "'sched enqueue ingest' again plans it at the dataset's current commit")
+			default:
+				want = append(want, job.Path+" was not downloaded", "'sched enqueue ingest' again once "+c.pinned+" names a commit the dataset has, or a branch, plans it again")
+			}
+			for _, w := range want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("%s: shard of %s says %q; want %q in it", c.store, job.Path, err, w)
+				}
+			}
+		}
+
+		old := h.Commit
+		res := planned(old)
+		ingested(PlanResult{Shards: res.Shards[:1]})
+		now := h.ForcePush()
+		before := len(h.Requests())
+		for i, job := range res.Shards[1:] {
+			_, _, err := p.Shard(ctx, job, nil)
+			refused(job, err, i == 0, old)
+		}
+		if got := h.Downloads(before); len(got) != 1 || got[res.Shards[1].Path] != 1 {
+			t.Fatalf("%s: downloads asked for: %v; want the first refused shard's once", c.store, got)
+		}
+		if c.pinned != "" {
+			// The user plans again as it was asked: the commit is gone.
+			_, err := plan(old)
+			check := "which --revision names (RevisionNotFound): set --revision to a branch, tag or commit the dataset has"
+			if c.pinned == preset {
+				check = "has no such revision (" + h.Server.URL
+			}
+			var moved *hub.RevisionNotFoundError
+			if !errors.As(err, &moved) || !isBadInput(err) || !strings.Contains(err.Error(), check) {
+				t.Fatalf("%s: the plan made again at commit %s: %v; want it refused, saying %q", c.store, old, err, check)
+			}
+			before := len(h.Requests())
+			_, _, err = p.Shard(ctx, res.Shards[2], nil)
+			refused(res.Shards[2], err, false, old)
+			if got := h.Downloads(before); len(got) != 0 {
+				t.Fatalf("%s: downloads asked for after the refused plan: %v; want none, the record kept", c.store, got)
+			}
+		}
+
+		again := planned(now)
+		if _, err := p.Objects.Get(ctx, RefusalKey(c.store)); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s: the refusal after a new plan: %v; want it cleared", c.store, err)
+		}
+		_, _, err := p.Shard(ctx, res.Shards[2], nil)
+		refused(res.Shards[2], err, true, old)
+		if _, err := p.Objects.Get(ctx, RefusalKey(c.store)); err != nil {
+			t.Fatalf("%s: the refusal the plan before's shard met: %v; want it recorded again", c.store, err)
+		}
+		ingested(again)
+	}
+}

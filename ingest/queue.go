@@ -249,6 +249,11 @@ type ShardJob struct {
 	// From is the file's first record to read: where the part of it that
 	// the store holds ends (0: the whole file).
 	From int64 `json:"from,omitempty"`
+	// Pinned is the setting that asked the plan for Revision by its commit
+	// id, not by a branch or tag that resolved to it: a plan made again
+	// asks for the same commit, so a force-push that removes it is that
+	// setting's to change. Empty where a branch or tag was asked for.
+	Pinned string `json:"pinned,omitempty"`
 	Limits
 }
 
@@ -521,8 +526,15 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 		return res, &StopError{Msg: msg + stopHint}
 	}
 	listed, err := Plan(ctx, preset, p.Hub, job.Seed)
+	if job.Revision != "" {
+		err = pinnedRevision(err, "--revision", job.Revision, "")
+	}
 	if err != nil {
 		return res, err
+	}
+	var pinned string
+	if preset.Repo != "" && namesCommit(preset.Revision, listed.Revision) {
+		pinned = revisionSetting(job)
 	}
 	if preset.Glob != "" {
 		for _, f := range listed.Files {
@@ -561,7 +573,7 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 		}
 		planned[id] = true
 		sj := ShardJob{Dataset: preset.Name, Repo: preset.Repo, Revision: listed.Revision, Path: f.Path, Size: f.Size,
-			GitOID: f.OID, Columns: preset.Columns, Store: job.Store, Tokenizer: job.Tokenizer, ShardID: id, Limits: job.Limits}
+			GitOID: f.OID, Columns: preset.Columns, Store: job.Store, Tokenizer: job.Tokenizer, ShardID: id, Pinned: pinned, Limits: job.Limits}
 		if pf, ok := status.partial(id); ok {
 			sj.From = pf.Next
 		}
@@ -687,6 +699,9 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		say("downloading " + job.Path)
 		notify := hub.WithRetryNotice(ctx, func(msg string) { say("downloading " + job.Path + ": " + msg) })
 		if err := p.Hub.Download(notify, job.Repo, job.Revision, job.file(), dst); err != nil {
+			if job.Pinned != "" {
+				err = pinnedRevision(err, job.Pinned, job.Revision, job.Path)
+			}
 			p.markRefused(ctx, job, err)
 			return out, false, noRoom(err, filepath.Dir(dst), fmt.Sprintf("the %d bytes of %s", job.Size, job.Path))
 		}

@@ -446,14 +446,23 @@ func (e *RepoNotFoundError) Error() string {
 // BadInput marks the error as the user's to fix.
 func (e *RepoNotFoundError) BadInput() bool { return true }
 
-// RevisionNotFoundError says that the hub has no such revision of a dataset.
+// RevisionNotFoundError says that the hub has no such revision of a
+// dataset (RevisionNotFound). Every file of the dataset meets it alike at
+// that revision, so it is not retried.
 type RevisionNotFoundError struct {
 	Repo string
 	URL  string
+	// Commit, where set, is the commit that a download was planned at:
+	// the dataset had it then, and a force-push replaced it since.
+	Commit string
 }
 
 func (e *RevisionNotFoundError) Error() string {
-	return fmt.Sprintf("dataset %s has no such revision (%s): check the revision in the preset", e.Repo, e.URL)
+	if e.Commit == "" {
+		return fmt.Sprintf("dataset %s has no such revision (%s): check the revision in the preset", e.Repo, e.URL)
+	}
+	return fmt.Sprintf("commit %s of dataset %s, which the ingest was planned at, is gone from the hub (RevisionNotFound: a force-push replaced it): run the ingest again (sched enqueue ingest, or sched ingest --direct) to plan it at the current commit; the files its store holds are left out",
+		e.Commit, e.Repo)
 }
 
 // BadInput marks the error as the user's to fix.

@@ -125,7 +125,8 @@ func (c *Client) transfer(ctx context.Context, repo, rev, path, src string, out 
 		switch {
 		case errors.As(err, &gone) && isCommit(rev):
 			// The plan pinned the commit; the preset's revision is fine.
-			return &BadInputError{fmt.Errorf("downloading %s of dataset %s: commit %s, which the ingest was planned at, is gone from the hub (a force-push replaced it): run the ingest again (sched enqueue ingest, or sched ingest --direct) to plan it at the current commit; the files its store holds are left out", path, repo, rev)}
+			gone.Commit = rev
+			return fmt.Errorf("downloading %s: %w", path, gone)
 		case errors.As(err, &vanished) && isCommit(rev):
 			// The plan listed the dataset at that commit: it was there.
 			vanished.Commit = rev

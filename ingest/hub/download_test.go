@@ -249,3 +249,38 @@ func downloadWhole(ctx context.Context, t *testing.T, c *hub.Client, content []b
 	}
 	return dst
 }
+
+// A commit that a force-push replaced after a file was listed at it (404
+// RevisionNotFound at the download) is the user's to fix, asked for once,
+// typed with the commit so that the plan's other shards can be ended
+// before theirs, and said in one line that names the file, the commit and
+// that the ingest is to be run again.
+func TestACommitGoneSinceItsListingSaysSo(t *testing.T) {
+	h := newHub(t)
+	h.Add(repo, "data/a.parquet", randomBytes(t, 1000), true)
+	c := newClient(t, h, "hf_token")
+	ctx := context.Background()
+	commit, err := c.ResolveRevision(ctx, repo, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := c.List(ctx, repo, commit, "data")
+	if err != nil || len(files) != 1 {
+		t.Fatalf("the listing: %+v, %v", files, err)
+	}
+	h.ForcePush()
+	before := len(h.Requests())
+	err = c.Download(ctx, repo, commit, files[0], filepath.Join(t.TempDir(), "a.parquet"))
+	var gone *hub.RevisionNotFoundError
+	if !errors.As(err, &gone) || gone.Repo != repo || gone.Commit != commit || !isBadInput(err) {
+		t.Fatalf("a commit replaced since the listing: %v; want it named, the user's to fix", err)
+	}
+	for _, w := range []string{"downloading data/a.parquet: commit " + commit + " of dataset " + repo, "a force-push replaced it", "run the ingest again"} {
+		if !strings.Contains(err.Error(), w) || strings.Contains(err.Error(), "\n") {
+			t.Fatalf("a commit replaced since the listing says %q; want one line with %q", err, w)
+		}
+	}
+	if n := len(h.Requests()) - before; n != 1 {
+		t.Fatalf("the download asked %d times; want once", n)
+	}
+}

@@ -14,8 +14,11 @@ const SamplePrompt = "package main\n\nimport (\n"
 // Sample generates the sane-generation gate's sample from checkpoint dir:
 // 256 tokens after SamplePrompt, on the CPU engine whatever the run trained
 // on (a few seconds for the presets' models), seeded so that the same
-// weights always give the same text. It returns the generated ids, which
-// the gate reads, and the prompt with their text.
+// weights always give the same text. It draws only ids the tokenizer has,
+// as `sched generate` does: a model's vocabulary may be larger than its
+// tokenizer's, whose ids past it an early model still gives weight to. It
+// returns the generated ids, which the gate reads, and the prompt with
+// their text.
 func Sample(dir string, tok *tokenizer.Tokenizer) ([]int32, string, error) {
 	snap, err := ReadCheckpoint(dir, nil)
 	if err != nil {
@@ -33,7 +36,7 @@ func Sample(dir string, tok *tokenizer.Tokenizer) ([]int32, string, error) {
 	for _, id := range tok.Encode(SamplePrompt) {
 		ids = append(ids, int32(id))
 	}
-	gen, err := eng.Generate(ids, 256, -1, model.Sampling{Temperature: 0.8, TopK: 40, Seed: 1})
+	gen, err := eng.Generate(ids, 256, -1, model.Sampling{Temperature: 0.8, TopK: 40, Seed: 1, Vocab: tok.VocabSize()})
 	if err != nil {
 		return nil, "", fmt.Errorf("sample from %s: %w", dir, err)
 	}

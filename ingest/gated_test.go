@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 )
@@ -30,22 +31,8 @@ func TestATokenTheHubRefusesStopsTheShardsQueuedBehind(t *testing.T) {
 	for f := range 3 {
 		h.Add(corpusRepo, fmt.Sprintf("data/part-%d.jsonl", f), fmt.Appendf(nil, `{"text":"file %d: the quick brown fox"}`+"\n", f), true)
 	}
-	withToken := func(token string) {
-		t.Helper()
-		var err error
-		if p.Hub, err = hub.New(hub.Config{Endpoint: h.Server.URL, Token: token}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	withToken, plan := threeFilePlans(t, p, h)
 	page := h.Server.URL + "/datasets/" + corpusRepo
-	plan := func(storeName string) PlanResult {
-		t.Helper()
-		res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: storeName, Tokenizer: "t", Seed: 1})
-		if err != nil || len(res.Shards) != 3 {
-			t.Fatalf("plan into %s: %d shards, %v", storeName, len(res.Shards), err)
-		}
-		return res
-	}
 	// refused runs the plan's shards one after another, and checks that the
 	// first is refused its download, and the others end before theirs.
 	refused := func(res PlanResult, status int, fix string, words ...string) {
@@ -120,22 +107,8 @@ func TestADatasetGoneAfterItsPlanStopsTheShardsQueuedBehind(t *testing.T) {
 		}
 	}
 	restore()
-	withToken := func(token string) {
-		t.Helper()
-		var err error
-		if p.Hub, err = hub.New(hub.Config{Endpoint: h.Server.URL, Token: token}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	withToken, plan := threeFilePlans(t, p, h)
 	page := h.Server.URL + "/datasets/" + corpusRepo
-	plan := func(storeName string) PlanResult {
-		t.Helper()
-		res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: storeName, Tokenizer: "t", Seed: 1})
-		if err != nil || len(res.Shards) != 3 {
-			t.Fatalf("plan into %s: %d shards, %v", storeName, len(res.Shards), err)
-		}
-		return res
-	}
 	ingested := func(res PlanResult) {
 		t.Helper()
 		for _, job := range res.Shards {
@@ -347,4 +320,26 @@ func TestAForcePushAfterThePlanStopsTheShardsQueuedBehind(t *testing.T) {
 		}
 		ingested(again)
 	}
+}
+
+// threeFilePlans returns, for the refusal tests, withToken, which gives p
+// a Hub client of h with token, and plan, which plans the corpus's three
+// files into a store.
+func threeFilePlans(t *testing.T, p *Pipeline, h *hubtest.Hub) (withToken func(token string), plan func(storeName string) PlanResult) {
+	withToken = func(token string) {
+		t.Helper()
+		var err error
+		if p.Hub, err = hub.New(hub.Config{Endpoint: h.Server.URL, Token: token}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plan = func(storeName string) PlanResult {
+		t.Helper()
+		res, err := p.Plan(context.Background(), PlanJob{Dataset: "corpus", Store: storeName, Tokenizer: "t", Seed: 1})
+		if err != nil || len(res.Shards) != 3 {
+			t.Fatalf("plan into %s: %d shards, %v", storeName, len(res.Shards), err)
+		}
+		return res
+	}
+	return withToken, plan
 }

@@ -296,7 +296,7 @@ func ReadManifest(dir string) (*Manifest, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil, inputErrorf("token store %s has no %s: ingest into it first (sched enqueue ingest), or, on a worker that took over a run, copy the store's folder from the machine that ingested it: %w", dir, ManifestFile, err)
+			return nil, &InputError{err: &NoStoreError{Dir: dir, Err: err}}
 		}
 		if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR) {
 			return nil, inputErrorf("token store %s is not a token store's directory (%v): name a directory that an ingest filled, which holds %s and %s", dir, err, ManifestFile, TokensFile)
@@ -316,6 +316,23 @@ func ReadManifest(dir string) (*Manifest, error) {
 	}
 	return &m, nil
 }
+
+// NoStoreError is a token store whose directory holds no manifest: no
+// ingest filled it on this machine, or its folder was not copied here from
+// the machine that ingested it. ReadManifest returns it inside an
+// InputError, so that a caller that knows what the store was opened for (a
+// run's segment) can add what to do once it is there.
+type NoStoreError struct {
+	Dir string
+	Err error // reading the manifest's, which wraps fs.ErrNotExist
+}
+
+func (e *NoStoreError) Error() string {
+	return fmt.Sprintf("token store %s has no %s: ingest into it first (sched enqueue ingest), or, on a worker that took over a run, copy the store's folder from the machine that ingested it",
+		e.Dir, ManifestFile)
+}
+
+func (e *NoStoreError) Unwrap() error { return e.Err }
 
 // writeManifest replaces dir's manifest atomically: a reader, or a process
 // started after a crash, sees either the old manifest or the new one.

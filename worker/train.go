@@ -20,6 +20,7 @@ import (
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
@@ -411,7 +412,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		if gpuOnly {
 			err = requireGPUError(err)
 		}
-		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, runs.SizeAdvice(a.Run, err)))
+		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, runs.SizeAdvice(a.Run, noStoreAdvice(a.Run, err))))
 	}
 	if out.Done {
 		rep.Message(ctx, fmt.Sprintf("run %s done at step %d", a.Run, out.Step))
@@ -425,6 +426,18 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		}
 	}
 	return nil
+}
+
+// noStoreAdvice adds to the error of a run whose token store this
+// worker's disk lacks (a run moved to another machine) what to do once the
+// store is there: the segment is archived, and the run waits for an
+// enqueue.
+func noStoreAdvice(run string, err error) error {
+	var no *tokens.NoStoreError
+	if !errors.As(err, &no) {
+		return err
+	}
+	return fmt.Errorf("%w, then 'sched enqueue train %s' resumes the run from its last checkpoint", err, run)
 }
 
 // Live is what a task asks the queue about earlier work under way

@@ -68,7 +68,7 @@ func Decode[A Args](data []byte) (A, error) {
 		return a, &PayloadError{kind, fmt.Sprintf("malformed payload (%v): not a kiln task envelope {\"v\":N,\"args\":{...}}; enqueue it with sched enqueue", err)}
 	}
 	if env.V != p.Version {
-		return a, &PayloadError{kind, fmt.Sprintf("payload version %d is not read by this build (it reads version %d); run a worker built from the same kiln as the enqueuer", env.V, p.Version)}
+		return a, &PayloadError{kind, versionMsg(env.V, p.Version)}
 	}
 	if len(env.Args) == 0 {
 		return a, &PayloadError{kind, "payload has no args"}
@@ -77,6 +77,19 @@ func Decode[A Args](data []byte) (A, error) {
 		return a, &PayloadError{kind, fmt.Sprintf("malformed args: %v", err)}
 	}
 	return a, nil
+}
+
+// versionMsg says that a payload of version v is not read by a build that
+// reads version want, and what to do. Work an older kiln queued is queued
+// again by the command that queued it, at this build's version: sched
+// retry would queue the same old payload. Work a newer kiln queued runs
+// once this worker is upgraded. It fits the 200 characters sched runs
+// shows of an error.
+func versionMsg(v, want int) string {
+	if v < want {
+		return fmt.Sprintf("payload version %d is not read by this build (it reads version %d): an older kiln queued it; enqueue the work again with the sched enqueue command that queued it, not sched retry", v, want)
+	}
+	return fmt.Sprintf("payload version %d is not read by this build (it reads version %d): a newer kiln queued it; upgrade this worker to that kiln, then 'sched retry' the task", v, want)
 }
 
 // TaskID derives a task's id from its kind and content, so enqueuing the

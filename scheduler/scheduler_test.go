@@ -116,6 +116,17 @@ func TestPayloadRoundTripAndVersion(t *testing.T) {
 		if strings.HasSuffix(name, "version") && !strings.Contains(err.Error(), "reads version "+v) {
 			t.Errorf("%s: %q does not say which version this build reads", name, err)
 		}
+		// What to do: an older kiln's work is queued again by its command
+		// (sched retry would queue the same payload); a newer kiln's waits
+		// for this worker's upgrade. Within what sched runs shows.
+		for want, in := range map[string]string{
+			"an older kiln queued it; enqueue the work again with the sched enqueue command that queued it, not sched retry": "previous version",
+			"a newer kiln queued it; upgrade this worker to that kiln, then 'sched retry' the task":                          "future version",
+		} {
+			if name == in && (!strings.HasSuffix(err.Error(), want) || len(err.Error()) > 200) {
+				t.Errorf("%s: %q; want it to end %q within 200 characters", name, err, want)
+			}
+		}
 	}
 }
 

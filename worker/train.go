@@ -509,7 +509,7 @@ func warnPartialStores(ctx context.Context, q Live, run string, mixture []traine
 		if filepath.IsAbs(m.Store) || !ok {
 			continue
 		}
-		what := fmt.Sprintf("%d files", f.Files)
+		what := plural(f.Files, "file")
 		if f.Plan {
 			what = "its plan (and so its unplanned files)"
 		}

@@ -448,7 +448,7 @@ func TestRunOnAPartlyIngestedStoreIsWarned(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	warnPartialStores(ctx, q, "pilot", []trainer.MixtureEntry{{Store: "code", Weight: 1}, {Store: "web", Weight: 1}}, zap.New(core))
 	w := logs.All()
-	if len(w) != 1 || !strings.Contains(w[0].Message, "run pilot trains on part of token store code: the ingest of 1 files failed for good") ||
+	if len(w) != 1 || !strings.Contains(w[0].Message, "run pilot trains on part of token store code: the ingest of 1 file failed for good") ||
 		!strings.Contains(w[0].Message, "sched retry") {
 		t.Fatalf("warnings %v; want one naming store code, its failed file and sched retry", w)
 	}

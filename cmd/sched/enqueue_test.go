@@ -157,6 +157,29 @@ func TestEnqueueTrainChecksTheRunFirst(t *testing.T) {
 	}
 }
 
+// An ingest is refused at enqueue, naming the command to run first, while
+// its tokenizer neither exists nor is being made, and nothing is queued;
+// once the tokenizer is queued, the same ingest is queued (to wait for it
+// on the worker).
+func TestEnqueueIngestChecksItsTokenizerFirst(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + t.TempDir()}
+	wantBadInput(t, env, `^sched: the ingest would tokenize with tokenizer mix-16384, which does not exist yet: make it first with 'sched enqueue tokenizer mix-16384', or name an existing one with --tokenizer`,
+		"enqueue", "ingest", "fineweb-edu")
+	wantBadInput(t, env, `tokenizer mine, which does not exist yet: make it first with 'sched enqueue tokenizer mine'`,
+		"enqueue", "ingest", "fineweb-edu", "--tokenizer", "mine")
+	if out, errOut, code := sched(t, env, "runs"); code != 0 || strings.Contains(out, "ingest:plan") {
+		t.Fatalf("sched runs after the refusals: exit %d: %s%s; want nothing queued", code, out, errOut)
+	}
+	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "mix-16384"); code != 0 {
+		t.Fatalf("enqueue tokenizer: exit %d %q %q", code, out, errOut)
+	}
+	if out, errOut, code := sched(t, env, "enqueue", "ingest", "fineweb-edu"); code != 0 || !strings.Contains(out, "queued ingest:plan:") {
+		t.Fatalf("enqueue ingest fineweb-edu while its tokenizer is being made: exit %d: %s%s; want it queued", code, out, errOut)
+	}
+}
+
 // A name longer than store.MaxNameBytes (a tokenizer's, a token store's, a
 // run's) is refused at the command, naming the limit, where it was queued
 // and failed on the worker's filesystem.

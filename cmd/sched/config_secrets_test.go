@@ -1,6 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -47,5 +51,44 @@ func TestSecretsAppearInNoOutput(t *testing.T) {
 	out, errOut, code := sched(t, []string{"KILN_REDIS_URL=redis://:" + secret + "@" + redis + "/0", "KILN_LOCAL_ROOTS=/corpus:/more"}, "config", "--check")
 	if strings.Contains(out+errOut, secret) || !strings.Contains(out, "/corpus:/more") || !strings.Contains(out, ":xxxxx@") {
 		t.Fatalf("sched config --check: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// The Docker day's first line makes .env, which holds the passwords,
+// readable by its owner alone, as operations.md's "Security" says it is:
+// a plain cp of .env.example leaves it readable by every user of the host
+// (umask 022).
+func TestTheDockerDaysEnvIsReadableByItsOwnerAlone(t *testing.T) {
+	t.Parallel()
+	var line string
+	for _, l := range readmeBlock(t, "## The user's day (with Docker)") {
+		if cmd, _, _ := strings.Cut(l, "#"); strings.Contains(cmd, ".env.example") {
+			line = strings.TrimSpace(cmd)
+			break
+		}
+	}
+	if line == "" {
+		t.Fatal("the Docker day makes no .env from .env.example")
+	}
+	example, err := os.ReadFile("../../.env.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, ".env.example"), example, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "-c", "umask 022\n"+line)
+	cmd.Dir = dir
+	cmd.Env = append(baseEnv(t), "EDITOR=true")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", line, err, out)
+	}
+	st, err := os.Stat(filepath.Join(dir, ".env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, ".env")); st.Mode().Perm() != 0o600 || !bytes.Equal(b, example) {
+		t.Fatalf("%s made .env of mode %v; want .env.example's lines, mode 0600", line, st.Mode().Perm())
 	}
 }

@@ -111,6 +111,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 	dir := t.TempDir()
 	badYAML := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(badYAML, []byte("# kiln\nredis_ur1: x\n"), 0o644)
+	twoDocs := filepath.Join(dir, "two.yaml")
+	os.WriteFile(twoDocs, []byte("s3_bucket: first\n---\nredis_ur1: x\n"), 0o644)
 	runYAML := filepath.Join(dir, "run.yaml")
 	os.WriteFile(runYAML, []byte("model: tiny\nchekpoint_every: 5\n"), 0o644)
 	cases := []struct {
@@ -140,6 +142,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"unknown task id", []string{good}, []string{"cancel", "nope"}, `task "nope" not found`},
 		{"bad grace", []string{good, "KILN_SHUTDOWN_GRACE=soon"}, []string{"config"}, "KILN_SHUTDOWN_GRACE"},
 		{"bad config key", []string{good}, []string{"config", "--config", badYAML}, `config file ` + badYAML + `: line 2: unknown key "redis_ur1" (did you mean redis_url?); the keys here are data_dir, hf_token,`},
+		{"a second document in the config file", []string{good}, []string{"config", "--config", twoDocs}, `config file ` + twoDocs + `: line 3: a second YAML document begins at the "---" of line 2`},
 		{"bad run config key", nil, []string{"train", "--run-config", runYAML}, `run config ` + runYAML + `: line 2: unknown key "chekpoint_every" (did you mean checkpoint_every?)`},
 		{"missing config file", []string{good}, []string{"config", "--config", filepath.Join(dir, "none.yaml")}, "none.yaml"},
 		{"wrong s3 credentials", []string{good, "KILN_S3_ENDPOINT=" + s3.Endpoint, "KILN_S3_ACCESS_KEY=" + s3.AccessKey, "KILN_S3_SECRET_KEY=wrong"},

@@ -32,17 +32,35 @@ func Unmarshal(b []byte, v any) error {
 // Parse reads the YAML document b into its node (of no content when b
 // holds none). A tab in the indentation, which YAML forbids and an editor
 // can put there unseen, is named on its own line: yaml names the line
-// before it, or no tab at all.
+// before it, or no tab at all. A second document (after a "---") is
+// refused: decoding reads the first alone, so its settings, misspelt keys
+// too, would go unread without a word.
 func Parse(b []byte) (*yaml.Node, error) {
 	var doc yaml.Node
-	err := yaml.NewDecoder(bytes.NewReader(b)).Decode(&doc)
+	d := yaml.NewDecoder(bytes.NewReader(b))
+	err := d.Decode(&doc)
 	switch {
 	case errors.Is(err, io.EOF):
 		return &yaml.Node{Kind: yaml.DocumentNode}, nil
 	case err != nil:
 		return nil, tabbed(b, err)
 	}
-	return &doc, nil
+	for {
+		var next yaml.Node
+		err := d.Decode(&next)
+		switch {
+		case errors.Is(err, io.EOF):
+			return &doc, nil
+		case err != nil:
+			return nil, tabbed(b, err)
+		}
+		// A "---" with nothing after it ends the file, as "..." does.
+		if len(next.Content) == 0 || next.Content[0].ShortTag() == "!!null" && next.Content[0].Value == "" {
+			continue
+		}
+		return nil, fmt.Errorf("line %d: a second YAML document begins at the \"---\" of line %d, and the file is read as one: move its settings into the first and remove the \"---\"",
+			next.Content[0].Line, next.Line)
+	}
 }
 
 // tabbed returns yaml's syntax error err as a tab in the indentation of

@@ -118,6 +118,29 @@ func TestTypeErrorsSayWhatTheValueMustBe(t *testing.T) {
 	}
 }
 
+// A second document after a "---" is refused, naming its lines: it was
+// left unread, its keys unchecked. A "---" that opens the file or ends it
+// with nothing after it is no second document.
+func TestASecondDocumentIsRefused(t *testing.T) {
+	for doc, want := range map[string]string{
+		"model: tiny\n---\nlr: 1\n":    `line 3: a second YAML document begins at the "---" of line 2, and the file is read as one: move its settings into the first and remove the "---"`,
+		"model: tiny\n---\ntotl: 1\n":  `line 3: a second YAML document begins at the "---" of line 2`,
+		"---\nmodel: tiny\n---\n\nx\n": `line 5: a second YAML document begins at the "---" of line 3`,
+		"model: tiny\n---\nmodel: [\n": "YAML syntax near line 3",
+	} {
+		var v config
+		if err := Unmarshal([]byte(doc), &v); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v; want %q", doc, err, want)
+		}
+	}
+	for _, doc := range []string{"---\nmodel: tiny\n", "model: tiny\n---\n", "model: tiny\n---\n# nothing more\n", "model: tiny\n...\n"} {
+		var v config
+		if err := Unmarshal([]byte(doc), &v); err != nil || v.Model != "tiny" {
+			t.Errorf("%q: %v, model %q; want tiny", doc, err, v.Model)
+		}
+	}
+}
+
 func TestClosest(t *testing.T) {
 	names := []string{"checkpoint_every", "eval_every", "log_every", "lr", "seq"}
 	for s, want := range map[string]string{"chekpoint_every": "checkpoint_every", "sequence": "", "seqq": "seq", "checkpoint": "checkpoint_every", "zzz": ""} {

@@ -238,11 +238,15 @@ func init() {
 func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 	defer func() { err = redactErr(cfg, err) }()
 	path, explicit := flagValue(cmd, "config")
+	// What names the file, and what to do where it cannot be read.
+	from, instead := "--config", `give the path of a YAML config file, or --config "" to read none`
 	if !explicit {
 		if p := os.Getenv("KILN_CONFIG"); p != "" {
 			path, explicit = p, true
+			from, instead = "KILN_CONFIG", "set it to the path of a YAML config file, or unset it"
 		} else {
 			path = scheduler.DefaultConfigPath()
+			from, instead = "read without --config or KILN_CONFIG", `make it a readable YAML file, remove it, or give --config "" to read none`
 		}
 	}
 	var fromFile fileKeys
@@ -250,8 +254,10 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 		b, err := os.ReadFile(path)
 		switch {
 		case errors.Is(err, fs.ErrNotExist) && !explicit:
+		case errors.Is(err, fs.ErrNotExist):
+			return cfg, badInput("config file %s (%s) does not exist: %s", path, from, instead)
 		case err != nil:
-			return cfg, badInput("config file %s: %v", path, err)
+			return cfg, badInput("config file %s (%s): %v: %s", path, from, err, instead)
 		default:
 			if err := yamlstrict.Unmarshal(b, &cfg); err != nil {
 				return cfg, badInput("config file %s: %s", path, strings.ReplaceAll(err.Error(), "\n", "; "))

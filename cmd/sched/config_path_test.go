@@ -41,3 +41,48 @@ func TestConfigFileDefaultIsWhereTheHelpSays(t *testing.T) {
 		}
 	}
 }
+
+// A config file that cannot be read is refused in one line that says what
+// named it (--config, KILN_CONFIG, or neither: the default path) and what
+// to do; --config "" reads none, whatever KILN_CONFIG says, and a default
+// file that does not exist is no error.
+func TestAConfigFileThatCannotBeReadSaysWhatNamedIt(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "none.yaml")
+	xdg := filepath.Join(dir, "xdg")
+	// A directory where the default config file would be.
+	if err := os.MkdirAll(filepath.Join(xdg, "kiln", "config.yaml"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"config", "--config", missing},
+			"config file " + missing + ` (--config) does not exist: give the path of a YAML config file, or --config "" to read none`},
+		{[]string{"KILN_CONFIG=" + missing}, []string{"config"},
+			"config file " + missing + " (KILN_CONFIG) does not exist: set it to the path of a YAML config file, or unset it"},
+		{nil, []string{"config", "--config", dir}, "config file " + dir + " (--config): read " + dir + ": is a directory: give the path"},
+		{[]string{"XDG_CONFIG_HOME=" + xdg}, []string{"config"}, "config file " + filepath.Join(xdg, "kiln", "config.yaml") +
+			` (read without --config or KILN_CONFIG): read ` + filepath.Join(xdg, "kiln", "config.yaml") + `: is a directory: make it a readable YAML file, remove it, or give --config "" to read none`},
+	} {
+		out, errOut, code := sched(t, c.env, c.args...)
+		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v sched %v: exit %d\n%s%s\nwant exit 2 and one line containing %q", c.env, c.args, code, out, errOut, c.want)
+		}
+	}
+	for _, c := range []struct {
+		env  []string
+		args []string
+	}{
+		{[]string{"KILN_CONFIG=" + missing}, []string{"config", "--config", ""}},
+		{[]string{"XDG_CONFIG_HOME=" + xdg}, []string{"config", "--config="}},
+		{[]string{"XDG_CONFIG_HOME=" + filepath.Join(dir, "empty")}, []string{"config"}},
+	} {
+		if out, errOut, code := sched(t, c.env, c.args...); code != 0 || !strings.Contains(out, "KILN_S3_BUCKET       s3-bucket        kiln\n") {
+			t.Errorf("%v sched %q: exit %d; want no file read, the defaults\n%s%s", c.env, c.args, code, out, errOut)
+		}
+	}
+}

@@ -36,11 +36,13 @@ import (
 	"golang.org/x/term"
 	"gopkg.in/yaml.v3"
 
+	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/internal/redact"
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 // setting binds one Config field to its flag and environment variable.
@@ -196,6 +198,9 @@ func init() {
 			if err != nil {
 				return err
 			}
+			if err := checkEnvOnly(cfg); err != nil {
+				return err
+			}
 			if !check {
 				return nil
 			}
@@ -323,6 +328,24 @@ var envOnly = []struct{ env, unset string }{
 	{"KILN_REQUIRE_GPU", "unset: false"},
 	{"KILN_NCCL_BUCKET_MB", "unset: off, one all-reduce after the backward"},
 	{"HF_ENDPOINT", "unset: " + hub.DefaultEndpoint},
+}
+
+// checkEnvOnly refuses, as the commands that read them would, an
+// HF_ENDPOINT that is no http(s) URL (every ingest, and a CPU worker at its
+// start), a KILN_RUNS file that does not read as runs (sched enqueue train,
+// and the GPU worker at its start) and a KILN_DATASETS file that does not
+// read as presets (sched ingest, enqueue ingest and enqueue tokenizer).
+func checkEnvOnly(cfg scheduler.Config) error {
+	if _, err := hub.New(hubConfig(cfg)); err != nil {
+		return err
+	}
+	if _, err := runs.Load(os.Getenv("KILN_RUNS")); err != nil {
+		return badInput("KILN_RUNS: %v; fix the file or its path, or unset KILN_RUNS for the preset runs alone", err)
+	}
+	if _, err := ingest.Presets(""); err != nil {
+		return badInput("KILN_DATASETS: %v", err)
+	}
+	return nil
 }
 
 // fileKeys is the config file read and the keys it sets.

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -28,7 +30,11 @@ func TestTheHubTokensOlderNameIsReadWhereHFTokenIsUnset(t *testing.T) {
 // its absence means.
 func TestConfigShowsTheEnvironmentOnlySettings(t *testing.T) {
 	t.Parallel()
-	out, errOut, code := sched(t, []string{"HUGGING_FACE_HUB_TOKEN=hf_older_secret", "KILN_RUNS=/srv/kiln/runs.yaml", "KILN_GPUS=all"}, "config")
+	runsFile := filepath.Join(t.TempDir(), "runs.yaml")
+	if err := os.WriteFile(runsFile, []byte("mine:\n  from: pilot\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := sched(t, []string{"HUGGING_FACE_HUB_TOKEN=hf_older_secret", "KILN_RUNS=" + runsFile, "KILN_GPUS=all"}, "config")
 	if code != 0 {
 		t.Fatalf("sched config: exit %d: %s", code, errOut)
 	}
@@ -44,7 +50,7 @@ func TestConfigShowsTheEnvironmentOnlySettings(t *testing.T) {
 	}
 	for _, want := range []string{
 		"HF_TOKEN             hf-token         ****\n",
-		"KILN_RUNS            -                /srv/kiln/runs.yaml\n",
+		"KILN_RUNS            -                " + runsFile + "\n",
 		"KILN_GPUS            -                all\n",
 		"KILN_DATASETS        -                (unset: the preset datasets only)\n",
 		"KILN_REQUIRE_GPU     -                (unset: false)\n",
@@ -82,6 +88,36 @@ func TestConfigRefusesTheWorkersBadGPUSettings(t *testing.T) {
 		out, errOut, code := sched(t, []string{c.env}, "config")
 		if code != 2 || !strings.Contains(errOut, c.want) || !strings.Contains(out, "KILN_REDIS_URL") {
 			t.Errorf("%s sched config: exit %d, %q; want the settings printed, then exit 2 and %q", c.env, code, errOut, c.want)
+		}
+	}
+}
+
+// An HF_ENDPOINT, KILN_RUNS or KILN_DATASETS that the commands reading it
+// would refuse (an ingest, sched enqueue train, a worker at its start) is
+// refused by sched config too, after the settings are printed, in one line
+// that names the variable and what to do.
+func TestConfigRefusesWhatTheCommandsReadingTheEnvironmentWould(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "none.yaml")
+	broken := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(broken, []byte("mine: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ env, want string }{
+		{"HF_ENDPOINT=huggingface.co", `hub endpoint "huggingface.co" (HF_ENDPOINT) is not an http(s) URL: set it to a base URL such as https://huggingface.co`},
+		{"HF_ENDPOINT=https://me:mirror_secret@hub example.org", `(HF_ENDPOINT) is not an http(s) URL`},
+		{"KILN_RUNS=" + missing, "KILN_RUNS: runs file: open " + missing + ": no such file or directory; fix the file or its path, or unset KILN_RUNS for the preset runs alone"},
+		{"KILN_RUNS=" + broken, "KILN_RUNS: runs file " + broken + ": YAML syntax near line 1"},
+		{"KILN_DATASETS=" + missing, "KILN_DATASETS: reading dataset presets " + missing + ": open " + missing + ": no such file or directory"},
+		{"KILN_DATASETS=" + broken, "KILN_DATASETS: " + broken + ": not valid preset YAML: YAML syntax near line 1"},
+	} {
+		out, errOut, code := sched(t, []string{c.env}, "config")
+		if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, c.want) || !strings.Contains(out, "KILN_REDIS_URL") {
+			t.Errorf("%s sched config: exit %d, %q; want the settings printed, then exit 2 and one line containing %q", c.env, code, errOut, c.want)
+		}
+		if strings.Contains(out+errOut, "mirror_secret") {
+			t.Errorf("%s sched config shows the mirror's password:\n%s%s", c.env, out, errOut)
 		}
 	}
 }

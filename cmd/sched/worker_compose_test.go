@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"github.com/compose-spec/compose-go/v2/types"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"gopkg.in/yaml.v3"
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
@@ -516,4 +518,115 @@ func TestComposePassesTheWorkersRunsFile(t *testing.T) {
 			t.Errorf("KILN_WORKER_RUNS=%q: the GPU worker's KILN_RUNS is %v, want %q", c.set, v, c.want)
 		}
 	}
+}
+
+// operations.md's excerpt of compose.yaml in "Compose: grace periods and
+// restart policies" is compose.yaml's: each command (words left out where
+// the excerpt says "..."), environment value, stop grace, restart policy
+// and volume it shows; and the systemd settings it gives a GPU worker
+// outside compose are compose's grace and stop grace.
+func TestOperationsComposeExcerptIsComposes(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Compose: grace periods and restart policies\n")
+	if !ok {
+		t.Fatal("docs/operations.md has no section \"Compose: grace periods and restart policies\"")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	_, excerpt, ok := strings.Cut(section, "```yaml\n")
+	if !ok {
+		t.Fatal("operations.md's compose section has no yaml excerpt")
+	}
+	excerpt, _, _ = strings.Cut(excerpt, "```")
+	var doc struct {
+		Services map[string]struct {
+			Command         []string          `yaml:"command"`
+			Environment     map[string]string `yaml:"environment"`
+			StopGracePeriod string            `yaml:"stop_grace_period"`
+			Restart         string            `yaml:"restart"`
+			Volumes         []string          `yaml:"volumes"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal([]byte(excerpt), &doc); err != nil {
+		t.Fatalf("operations.md's compose excerpt: %v", err)
+	}
+	p := loadCompose(t)
+	shown := 0
+	for name, e := range doc.Services {
+		s, ok := p.Services[name]
+		if !ok {
+			t.Errorf("operations.md shows service %s, which compose.yaml has not", name)
+			continue
+		}
+		if len(e.Command) > 0 {
+			shown++
+			want := strings.Fields(strings.Join(e.Command, " "))
+			got := strings.Fields(strings.Join(s.Command, " "))
+			if !strings.Contains(strings.Join(e.Command, " "), "...") {
+				if !slices.Equal(got, want) {
+					t.Errorf("operations.md shows %s's command %q; compose.yaml's is %q", name, e.Command, s.Command)
+				}
+			} else if !subsequence(slices.DeleteFunc(want, func(w string) bool { return w == "..." }), got) {
+				t.Errorf("operations.md shows %s's command %q; compose.yaml's, %q, does not say those words in that order", name, e.Command, s.Command)
+			}
+		}
+		for k, v := range e.Environment {
+			shown++
+			if got := s.Environment[k]; got == nil {
+				t.Errorf("operations.md shows %s's %s: %s; compose.yaml sets none", name, k, v)
+			} else if *got != v {
+				t.Errorf("operations.md shows %s's %s: %s; compose.yaml's is %s", name, k, v, *got)
+			}
+		}
+		if e.StopGracePeriod != "" {
+			shown++
+			d, err := time.ParseDuration(e.StopGracePeriod)
+			if err != nil || s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) != d {
+				t.Errorf("operations.md shows %s's stop_grace_period: %s; compose.yaml's is %v", name, e.StopGracePeriod, s.StopGracePeriod)
+			}
+		}
+		if e.Restart != "" {
+			shown++
+			if s.Restart != e.Restart {
+				t.Errorf("operations.md shows %s's restart: %s; compose.yaml's is %q", name, e.Restart, s.Restart)
+			}
+		}
+		for _, v := range e.Volumes {
+			shown++
+			source, target, _ := strings.Cut(v, ":")
+			if !slices.ContainsFunc(s.Volumes, func(sv types.ServiceVolumeConfig) bool { return sv.Source == source && sv.Target == target }) {
+				t.Errorf("operations.md shows %s's volume %s; compose.yaml's are %v", name, v, s.Volumes)
+			}
+		}
+	}
+	if shown < 8 {
+		t.Fatalf("operations.md's compose excerpt shows %d settings; it shows more:\n%s", shown, excerpt)
+	}
+
+	// Outside compose, the GPU worker's systemd unit: compose's grace, and
+	// its stop grace as TimeoutStopSec.
+	gpu := p.Services["worker-gpu"]
+	m := regexp.MustCompile("`KILN_SHUTDOWN_GRACE=([^`]+)`,\\s+`TimeoutStopSec=(\\d+)`").FindStringSubmatch(section)
+	if m == nil {
+		t.Fatal("operations.md no longer gives a GPU worker's KILN_SHUTDOWN_GRACE and TimeoutStopSec outside compose")
+	}
+	if g := gpu.Environment["KILN_SHUTDOWN_GRACE"]; g == nil || *g != m[1] {
+		t.Errorf("operations.md gives a GPU worker outside compose KILN_SHUTDOWN_GRACE=%s; compose's is %q", m[1], gpu.Environment.ToMapping()["KILN_SHUTDOWN_GRACE"])
+	}
+	if stop, _ := strconv.Atoi(m[2]); gpu.StopGracePeriod == nil || time.Duration(stop)*time.Second != time.Duration(*gpu.StopGracePeriod) {
+		t.Errorf("operations.md gives a GPU worker outside compose TimeoutStopSec=%s; compose's stop_grace_period is %v", m[2], gpu.StopGracePeriod)
+	}
+}
+
+// subsequence says whether want's words come in got in their order.
+func subsequence(want, got []string) bool {
+	for _, g := range got {
+		if len(want) > 0 && g == want[0] {
+			want = want[1:]
+		}
+	}
+	return len(want) == 0
 }

@@ -86,3 +86,38 @@ func TestAConfigFileThatCannotBeReadSaysWhatNamedIt(t *testing.T) {
 		}
 	}
 }
+
+// The config file read is --config's, else KILN_CONFIG's, else the one
+// under XDG_CONFIG_HOME: each is read in place of those after it.
+func TestTheConfigFileSearchOrder(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := func(name, bucket string) string {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("s3_bucket: "+bucket+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	file("xdg/kiln/config.yaml", "from-xdg")
+	byEnv := file("env.yaml", "from-kiln-config")
+	byFlag := file("flag.yaml", "from-flag")
+	xdg := "XDG_CONFIG_HOME=" + filepath.Join(dir, "xdg")
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{[]string{xdg}, nil, "from-xdg"},
+		{[]string{xdg, "KILN_CONFIG=" + byEnv}, nil, "from-kiln-config"},
+		{[]string{xdg, "KILN_CONFIG=" + byEnv}, []string{"--config", byFlag}, "from-flag"},
+	} {
+		out, errOut, code := sched(t, c.env, append([]string{"config"}, c.args...)...)
+		if code != 0 || !strings.Contains(out, "KILN_S3_BUCKET       s3-bucket        "+c.want+"\n") {
+			t.Errorf("%v sched config %q: exit %d, want the bucket %s\n%s%s", c.env, c.args, code, c.want, out, errOut)
+		}
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/kernels"
 	"github.com/kiln-lm/kiln/kernels/cuda"
@@ -629,4 +630,40 @@ func subsequence(want, got []string) bool {
 		}
 	}
 	return len(want) == 0
+}
+
+// The workers get .env's HF_ENDPOINT and HF_TOKEN, which their Hub client
+// reads; without them in .env, the Hub itself, asked without a token.
+func TestComposePassesTheHubSettings(t *testing.T) {
+	want := types.Mapping{"HF_ENDPOINT": "https://hub-mirror.example", "HF_TOKEN": "hf_from_env"}
+	for _, set := range []bool{true, false} {
+		extra := types.Mapping{}
+		if set {
+			extra = want
+		}
+		p, err := loadComposeWith(extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"worker-ingest", "worker-gpu"} {
+			env := p.Services[name].Environment.ToMapping()
+			t.Setenv("HUGGING_FACE_HUB_TOKEN", "")
+			for k := range want {
+				t.Setenv(k, env[k])
+			}
+			hc := hubConfig(scheduler.Config{})
+			h, err := hub.New(hc)
+			if err != nil {
+				t.Fatalf("%s's Hub client, .env's settings given %v: %v", name, set, err)
+			}
+			got := types.Mapping{"HF_ENDPOINT": h.Endpoint(), "HF_TOKEN": hc.Token}
+			wantNow := want
+			if !set {
+				wantNow = types.Mapping{"HF_ENDPOINT": hub.DefaultEndpoint, "HF_TOKEN": ""}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(wantNow) {
+				t.Errorf("%s, .env's settings given %v: its Hub client reads %v, want %v", name, set, got, wantNow)
+			}
+		}
+	}
 }

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -44,11 +45,22 @@ func (c *Client) Redis() redis.UniversalClient { return c.rdb }
 // Ping checks that Redis answers. Over TLS (a rediss:// URL) to a server
 // without it, the handshake ends in a timeout or in a reply that is no TLS
 // record, whose error alone ("context deadline exceeded") does not say
-// why: the error then adds what rediss:// means.
+// why: the error then adds what rediss:// means. A server certificate this
+// machine does not take is said in words, with what to do.
 func (c *Client) Ping(ctx context.Context) error {
 	err := c.rdb.Ping(ctx).Err()
-	if err != nil && c.overTLS() && mayNotSpeakTLS(err) {
+	if err == nil || !c.overTLS() {
+		return err
+	}
+	var authority x509.UnknownAuthorityError
+	var host x509.HostnameError
+	switch addr := c.rdb.(*redis.Client).Options().Addr; {
+	case mayNotSpeakTLS(err):
 		return fmt.Errorf("%w (rediss:// means TLS, which this server may not speak: use redis:// for a Redis without TLS)", err)
+	case errors.As(err, &authority):
+		return fmt.Errorf("%w (the certificate of Redis at %s is signed by an authority this machine does not trust: add that authority's certificate to the system's trusted ones, or name its PEM file in SSL_CERT_FILE)", err, addr)
+	case errors.As(err, &host):
+		return fmt.Errorf("%w (the certificate of Redis at %s does not name %s: give the URL a host it names)", err, addr, host.Host)
 	}
 	return err
 }

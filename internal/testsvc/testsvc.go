@@ -7,6 +7,8 @@
 //
 //	addr := testsvc.Redis(t)                 // "127.0.0.1:PORT", a fresh server
 //	r := testsvc.StartRedis(t)               // a handle: r.Addr, r.URL(db), r.Stop, r.Start, r.Kill
+//	r := testsvc.StartRedisTLS(t)            // one that speaks TLS alone: r.URL(db) is rediss://,
+//	                                         // its CA's certificate in r.CAFile
 //	s := testsvc.S3(t)                       // s.Endpoint ("127.0.0.1:PORT"), s.AccessKey, s.SecretKey,
 //	                                         // s.URL(), s.Stop, s.Start, s.Kill
 //
@@ -26,6 +28,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -226,7 +229,12 @@ func findBinary(t testing.TB, name string) string {
 type RedisServer struct {
 	// Addr is host:port on loopback.
 	Addr string
-	p    *process
+	// CAFile, for a server that speaks TLS, is the PEM file of the
+	// certificate authority that signed its certificate, which names
+	// 127.0.0.1: a client trusts the server by it (SSL_CERT_FILE). Empty
+	// for a server without TLS.
+	CAFile string
+	p      *process
 }
 
 // Redis starts a fresh redis-server and returns its address.
@@ -239,20 +247,51 @@ func Redis(t testing.TB) string {
 // and restart it on the same port and data directory.
 func StartRedis(t testing.TB) *RedisServer {
 	t.Helper()
+	return startRedis(t, nil)
+}
+
+// StartRedisTLS is StartRedis for a server that speaks TLS alone, with a
+// certificate for 127.0.0.1 signed by a certificate authority of its own
+// (RedisServer.CAFile). It asks clients for no certificate.
+func StartRedisTLS(t testing.TB) *RedisServer {
+	t.Helper()
+	dir := t.TempDir()
+	ca, cert, key, err := writeCertificates(dir)
+	if err != nil {
+		t.Fatalf("testsvc: certificates for redis-server: %v", err)
+	}
+	r := startRedis(t, func(port string) []string {
+		return []string{"--port", "0", "--tls-port", port, "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no"}
+	})
+	r.CAFile = ca
+	return r
+}
+
+// startRedis starts redis-server listening as listen says for a port (a
+// plain one where listen is nil).
+func startRedis(t testing.TB, listen func(port string) []string) *RedisServer {
+	t.Helper()
 	bin := findBinary(t, "redis-server")
 	dir := t.TempDir()
 	r := &RedisServer{}
+	var tlsConfig *tls.Config
+	if listen == nil {
+		listen = func(port string) []string { return []string{"--port", port} }
+	} else {
+		// Readiness over TLS, the server's certificate unchecked: what is
+		// asked is whether it answers.
+		tlsConfig = &tls.Config{InsecureSkipVerify: true}
+	}
 	r.p = &process{
 		t:       t,
 		name:    "redis-server",
 		bin:     bin,
 		logPath: filepath.Join(dir, "redis.log"),
-		ready:   func(ctx context.Context) error { return redisPing(ctx, r.Addr) },
+		ready:   func(ctx context.Context) error { return redisPing(ctx, r.Addr, tlsConfig) },
 	}
 	launch(t, r.p, func(port int) []string {
 		r.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		return []string{
-			"--port", strconv.Itoa(port),
+		return append(listen(strconv.Itoa(port)),
 			"--bind", "127.0.0.1",
 			"--dir", dir,
 			"--daemonize", "no",
@@ -263,14 +302,19 @@ func StartRedis(t testing.TB) *RedisServer {
 			"--appendonly", "yes",
 			"--appendfsync", "always",
 			"--maxmemory-policy", "noeviction",
-		}
+		)
 	})
 	return r
 }
 
-// URL returns a redis:// URL for database db.
+// URL returns a redis:// URL for database db, rediss:// for a server that
+// speaks TLS.
 func (r *RedisServer) URL(db int) string {
-	return fmt.Sprintf("redis://%s/%d", r.Addr, db)
+	scheme := "redis"
+	if r.CAFile != "" {
+		scheme = "rediss"
+	}
+	return fmt.Sprintf("%s://%s/%d", scheme, r.Addr, db)
 }
 
 // Stop shuts the server down gracefully (SIGTERM) and waits for it to exit.
@@ -293,12 +337,18 @@ func (r *RedisServer) Start() {
 }
 
 // redisPing speaks just enough RESP to learn that the server is accepting
-// commands (and not still loading its data set).
-func redisPing(ctx context.Context, addr string) error {
-	var d net.Dialer
+// commands (and not still loading its data set): over TLS where tlsConfig
+// is not nil.
+func redisPing(ctx context.Context, addr string, tlsConfig *tls.Config) error {
 	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	c, err := d.DialContext(dctx, "tcp", addr)
+	var c net.Conn
+	var err error
+	if tlsConfig != nil {
+		c, err = (&tls.Dialer{Config: tlsConfig}).DialContext(dctx, "tcp", addr)
+	} else {
+		c, err = (&net.Dialer{}).DialContext(dctx, "tcp", addr)
+	}
 	if err != nil {
 		return err
 	}

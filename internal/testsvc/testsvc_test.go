@@ -3,7 +3,9 @@ package testsvc
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"io"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -111,5 +113,36 @@ func TestS3RejectsWrongCredentials(t *testing.T) {
 	}
 	if _, err := c.ListBuckets(context.Background()); err == nil {
 		t.Fatal("ListBuckets with a wrong secret succeeded")
+	}
+}
+
+// A TLS server answers over TLS to a client that trusts its CA, by the
+// rediss:// URL it gives, and not in plain text.
+func TestRedisTLSAnswersOverTLS(t *testing.T) {
+	t.Parallel()
+	r := StartRedisTLS(t)
+	pem, err := os.ReadFile(r.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		t.Fatalf("%s holds no certificate", r.CAFile)
+	}
+	opt, err := redis.ParseURL(r.URL(0))
+	if err != nil || opt.TLSConfig == nil {
+		t.Fatalf("URL %s: %v, TLS %v; want rediss://", r.URL(0), err, opt.TLSConfig)
+	}
+	opt.TLSConfig.RootCAs = pool
+	c := redis.NewClient(opt)
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING over TLS: %v", err)
+	}
+	plain := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, DialTimeout: time.Minute, ReadTimeout: time.Minute})
+	defer plain.Close()
+	if err := plain.Ping(ctx).Err(); err == nil {
+		t.Fatal("PING in plain text answered by the TLS server")
 	}
 }

@@ -370,13 +370,12 @@ func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config, storeName s
 }
 
 // hubConfig is the Hugging Face Hub client's settings: the environment's
-// (HF_ENDPOINT, HF_TOKEN), the configuration's token (--hf-token, YAML
-// hf_token) over it.
+// endpoint (HF_ENDPOINT) and the configuration's token, which has read
+// HF_TOKEN (or its older name) below --hf-token and over the file's
+// hf_token; a flag given empty is no token, whatever the environment says.
 func hubConfig(cfg scheduler.Config) hub.Config {
 	hc := hub.Environment()
-	if cfg.HFToken != "" {
-		hc.Token = cfg.HFToken
-	}
+	hc.Token = cfg.HFToken
 	return hc
 }
 

@@ -322,8 +322,21 @@ func TestDatasetsCheckTakesPresetsAndTheConfiguredToken(t *testing.T) {
 	for _, r := range hub.Requests() {
 		seen = append(seen, r.Authorization)
 	}
-	if !slices.Contains(seen, "Bearer hf_flag") || !slices.Contains(seen, "Bearer hf_env") {
+	if !slices.Contains(seen, "Bearer hf_flag") || !slices.Contains(seen, "Bearer hf_env") || slices.Contains(seen, "") {
 		t.Errorf("the hub saw the tokens %q; want the flag's, then the environment's", seen)
+	}
+	// --hf-token "" is no token, over HF_TOKEN's and its older name's, as
+	// sched config shows it.
+	asked := len(hub.Requests())
+	for _, env := range [][]string{env, {"HF_ENDPOINT=" + hub.Server.URL, "HUGGING_FACE_HUB_TOKEN=hf_env"}} {
+		if _, errOut, code := sched(t, env, "datasets", "check", "mine", "--presets", presets, "--hf-token", ""); code == 0 || !strings.Contains(errOut, "org/gated") {
+			t.Errorf("%v check with --hf-token \"\": code %d, %q; want the gated dataset refused", env, code, errOut)
+		}
+	}
+	for _, r := range hub.Requests()[asked:] {
+		if r.Authorization != "" {
+			t.Errorf("with --hf-token \"\", the hub was asked with %q", r.Authorization)
+		}
 	}
 }
 

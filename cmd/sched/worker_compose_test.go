@@ -651,7 +651,9 @@ func TestComposePassesTheHubSettings(t *testing.T) {
 			for k := range want {
 				t.Setenv(k, env[k])
 			}
-			hc := hubConfig(scheduler.Config{})
+			// The token as the worker's configuration reads it.
+			_, token := envSetting("HF_TOKEN")
+			hc := hubConfig(scheduler.Config{HFToken: token})
 			h, err := hub.New(hc)
 			if err != nil {
 				t.Fatalf("%s's Hub client, .env's settings given %v: %v", name, set, err)

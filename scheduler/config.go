@@ -310,11 +310,18 @@ func mask(s string) string {
 func (c Config) LocalStoreDir() string { return filepath.Join(c.DataDir, "objects") }
 
 // DefaultConfigPath is the config file read when --config is not given and
-// the file exists: $XDG_CONFIG_HOME/kiln/config.yaml (or ~/.config/...).
+// the file exists: $XDG_CONFIG_HOME/kiln/config.yaml, or
+// ~/.config/kiln/config.yaml where XDG_CONFIG_HOME is unset or relative
+// (the XDG spec has a relative one ignored), on every system, as the help
+// says.
 func DefaultConfigPath() string {
-	dir, err := os.UserConfigDir()
-	if err != nil {
-		return ""
+	dir := os.Getenv("XDG_CONFIG_HOME")
+	if !filepath.IsAbs(dir) {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return ""
+		}
+		dir = filepath.Join(home, ".config")
 	}
 	return filepath.Join(dir, "kiln", "config.yaml")
 }

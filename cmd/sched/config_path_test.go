@@ -34,6 +34,8 @@ func TestConfigFileDefaultIsWhereTheHelpSays(t *testing.T) {
 	}{
 		{[]string{"HOME=" + home, "XDG_CONFIG_HOME=" + xdg}, "from-xdg"},
 		{[]string{"HOME=" + home, "XDG_CONFIG_HOME="}, "from-home"},
+		// A relative XDG_CONFIG_HOME is ignored, as the XDG spec says.
+		{[]string{"HOME=" + home, "XDG_CONFIG_HOME=rel/xdg"}, "from-home"},
 	} {
 		out, errOut, code := sched(t, c.env, "config")
 		if code != 0 || !strings.Contains(out, "KILN_S3_BUCKET       s3-bucket        "+c.want+"\n") {

@@ -76,9 +76,6 @@ func TestConfigRefusesAMalformedEndpointAndAFileForDataDir(t *testing.T) {
 			"--data-dir: " + `"` + file + `" is a file, not a directory: point it at a directory`},
 		{[]string{"KILN_DATA_DIR=" + filepath.Join(file, "data")}, []string{"config"}, `is under a file, not a directory: point it at a directory`},
 	} {
-		_, errOut, code := sched(t, c.env, c.args...)
-		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, c.want) {
-			t.Errorf("%v sched %v: exit %d, stderr %q; want exit 2 and one line containing %q", c.env, c.args, code, errOut, c.want)
-		}
+		wantRefused(t, c.env, c.want, c.args...)
 	}
 }

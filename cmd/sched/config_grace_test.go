@@ -39,10 +39,7 @@ func TestShutdownGraceGivenAsZeroIsRefused(t *testing.T) {
 		{nil, []string{"config", "--config", zeroFile}, "config file " + zeroFile + ": shutdown_grace: 0s " + hint},
 		{nil, []string{"config", "--config", negFile}, "config file " + negFile + ": shutdown_grace: -5s is negative: give a duration such as 30s, or leave it unset for the default 30s"},
 	} {
-		out, errOut, code := sched(t, c.env, c.args...)
-		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, c.want) {
-			t.Errorf("%v sched %v: exit %d\n%s%s\nwant exit 2 and one line containing %q", c.env, c.args, code, out, errOut, c.want)
-		}
+		wantRefused(t, c.env, c.want, c.args...)
 	}
 	for _, c := range []struct {
 		env  []string

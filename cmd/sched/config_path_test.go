@@ -70,10 +70,7 @@ func TestAConfigFileThatCannotBeReadSaysWhatNamedIt(t *testing.T) {
 		{[]string{"XDG_CONFIG_HOME=" + xdg}, []string{"config"}, "config file " + filepath.Join(xdg, "kiln", "config.yaml") +
 			` (read without --config or KILN_CONFIG): read ` + filepath.Join(xdg, "kiln", "config.yaml") + `: is a directory: make it a readable YAML file, remove it, or give --config "" to read none`},
 	} {
-		out, errOut, code := sched(t, c.env, c.args...)
-		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, c.want) {
-			t.Errorf("%v sched %v: exit %d\n%s%s\nwant exit 2 and one line containing %q", c.env, c.args, code, out, errOut, c.want)
-		}
+		wantRefused(t, c.env, c.want, c.args...)
 	}
 	for _, c := range []struct {
 		env  []string

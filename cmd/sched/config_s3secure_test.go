@@ -28,10 +28,7 @@ func TestS3SecureWithASeparateBooleanWordIsRefused(t *testing.T) {
 		// Every switch is read so: a bool flag of a command too.
 		{[]string{"train", "--resume", "false", "--steps", "1"}, "write --resume=false"},
 	} {
-		out, errOut, code := sched(t, noRedis, c.args...)
-		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, c.want) {
-			t.Errorf("sched %v: exit %d\n%s%s\nwant exit 2 and one line containing %q", c.args, code, out, errOut, c.want)
-		}
+		wantRefused(t, noRedis, c.want, c.args...)
 	}
 	for _, c := range []struct {
 		args []string

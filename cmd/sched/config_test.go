@@ -46,6 +46,17 @@ func sched(t *testing.T, env []string, args ...string) (stdout, stderr string, c
 	return o.String(), e.String(), code
 }
 
+// wantRefused runs the CLI as sched does and fails t unless it exits 2
+// with one line on stderr that contains want: the form every refusal of
+// bad input takes.
+func wantRefused(t *testing.T, env []string, want string, args ...string) {
+	t.Helper()
+	out, errOut, code := sched(t, env, args...)
+	if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, want) {
+		t.Errorf("%v sched %v: exit %d\n%s%s\nwant exit 2 and one line containing %q", env, args, code, out, errOut, want)
+	}
+}
+
 func baseEnv(t *testing.T) []string {
 	home := t.TempDir()
 	return []string{"KILN_SCHED_EXEC=1", "PATH=" + os.Getenv("PATH"), "HOME=" + home, "XDG_CONFIG_HOME=" + filepath.Join(home, ".config"), "KILN_DATA_DIR=" + filepath.Join(home, "data")}

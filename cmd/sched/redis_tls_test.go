@@ -31,9 +31,6 @@ func TestRedissReachesARedisThatSpeaksTLS(t *testing.T) {
 		{[]string{"KILN_REDIS_URL=" + r.URL(0)}, "the certificate of Redis at " + r.Addr + " is signed by an authority this machine does not trust: add that authority's certificate to the system's trusted ones, or name its PEM file in SSL_CERT_FILE"},
 		{[]string{"KILN_REDIS_URL=rediss://localhost:" + port + "/0", trusted}, "the certificate of Redis at localhost:" + port + " does not name localhost: give the URL a host it names"},
 	} {
-		_, errOut, code := sched(t, c.env, "status")
-		if code != exitBadInput || strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, c.want) {
-			t.Errorf("%v sched status: exit %d, %q; want exit 2 and one line containing %q", c.env, code, errOut, c.want)
-		}
+		wantRefused(t, c.env, c.want, "status")
 	}
 }

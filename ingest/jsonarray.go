@@ -44,14 +44,9 @@ type jsonArrayReader struct {
 }
 
 func openJSONArray(path string, opt OpenOptions) (*jsonArrayReader, error) {
-	f, _, err := openNonEmpty(path, opt.Name)
+	f, z, err := openDecompressed(path, opt.Name)
 	if err != nil {
 		return nil, err
-	}
-	z, err := decompressed(f, path)
-	if err != nil {
-		f.Close()
-		return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: err}
 	}
 	br := bufio.NewReaderSize(z, 1<<20)
 	if bom, _ := br.Peek(3); bytes.Equal(bom, []byte("\uFEFF")) {

@@ -34,16 +34,27 @@ type jsonlReader struct {
 }
 
 func openJSONL(path string, opt OpenOptions) (*jsonlReader, error) {
-	f, _, err := openNonEmpty(path, opt.Name)
+	f, in, err := openDecompressed(path, opt.Name)
 	if err != nil {
 		return nil, err
 	}
-	in, err := decompressed(f, path)
+	return &jsonlReader{f: f, dec: in, br: bufio.NewReaderSize(in, 1<<20), name: opt.Name, cols: opt.Columns}, nil
+}
+
+// openDecompressed opens the file at path (name, in its dataset) and
+// reads it through its decompressor (decompressed): a stream that is not
+// what its name says is the file skipped as corrupt.
+func openDecompressed(path, name string) (*os.File, io.ReadCloser, error) {
+	f, _, err := openNonEmpty(path, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	z, err := decompressed(f, path)
 	if err != nil {
 		f.Close()
-		return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: err}
+		return nil, nil, &SkipError{Reason: SkipCorruptFile, Path: name, Err: err}
 	}
-	return &jsonlReader{f: f, dec: in, br: bufio.NewReaderSize(in, 1<<20), name: opt.Name, cols: opt.Columns}, nil
+	return f, z, nil
 }
 
 // decompressed reads r's bytes as the file named name holds them: through

@@ -24,18 +24,18 @@ type textReader struct {
 }
 
 func openText(path string, opt OpenOptions) (Source, error) {
-	f, _, err := openNonEmpty(path, opt.Name)
+	r := &textReader{name: opt.Name}
+	var err error
+	if compressedJSON(path) {
+		var z io.ReadCloser
+		r.f, z, err = openDecompressed(path, opt.Name)
+		r.in, r.z = z, z
+	} else {
+		r.f, _, err = openNonEmpty(path, opt.Name)
+		r.in = r.f
+	}
 	if err != nil {
 		return nil, err
-	}
-	r := &textReader{f: f, in: f, name: opt.Name}
-	if compressedJSON(path) {
-		z, err := decompressed(f, path)
-		if err != nil {
-			f.Close()
-			return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: err}
-		}
-		r.in, r.z = z, z
 	}
 	return &textSource{r: r, skips: Skips{}, from: opt.From}, nil
 }

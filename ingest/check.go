@@ -76,7 +76,7 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 		// Read as its first record says (jsonFormat): the file's head
 		// alone is fetched, in one request unless a compressed file's
 		// head is in more than jsonSniffBytes of it.
-		in := &rangeStream{r: rangeReader{ctx: ctx, hc: hc, repo: p.Repo, rev: plan.Revision, path: f.Path}, size: size}
+		in := io.NewSectionReader(&rangeReader{ctx: ctx, hc: hc, repo: p.Repo, rev: plan.Revision, path: f.Path}, 0, size)
 		head, err := jsonHead(bufio.NewReaderSize(in, jsonSniffBytes), f.Path)
 		if err != nil {
 			return res, err
@@ -198,26 +198,6 @@ func (r *rangeReader) ReadAt(p []byte, off int64) (int, error) {
 	n := copy(p, b)
 	if err == nil && n < len(p) {
 		err = fmt.Errorf("short read of %s at %d", r.path, off)
-	}
-	return n, err
-}
-
-// rangeStream reads a hub file from its start through Range requests, one
-// a call to Read.
-type rangeStream struct {
-	r         rangeReader
-	off, size int64
-}
-
-func (s *rangeStream) Read(p []byte) (int, error) {
-	if s.off >= s.size {
-		return 0, io.EOF
-	}
-	b, err := s.r.hc.ReadRange(s.r.ctx, s.r.repo, s.r.rev, s.r.path, s.off, min(int64(len(p)), s.size-s.off))
-	n := copy(p, b)
-	s.off += int64(n)
-	if err == nil && n == 0 {
-		err = fmt.Errorf("reading %s of dataset %s: the hub sent no bytes from byte %d of the %d it lists", s.r.path, s.r.repo, s.off, s.size)
 	}
 	return n, err
 }

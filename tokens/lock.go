@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -15,15 +16,56 @@ import (
 // the holder dies, even by SIGKILL, so a crashed appender never leaves a
 // store locked; the pid written into the file only names the holder in the
 // error a second appender gets.
-type storeLock struct{ f *os.File }
+//
+// A flock belongs to the open file, which a child this process forks
+// shares until its exec closes it: a lock released while another
+// goroutine starts a process (a task's process, a test's server) is held
+// a moment longer by that child. So a process knows its own appenders'
+// locks (held), and where the flock is busy, the file names this process
+// and none of its appenders holds the store, it waits for the flock: the
+// child's exec lets it go.
+type storeLock struct {
+	f    *os.File
+	path string
+}
+
+var held = struct {
+	sync.Mutex
+	paths map[string]bool
+}{paths: map[string]bool{}}
 
 func lockStore(dir string) (*storeLock, error) {
-	path := filepath.Join(dir, lockFile)
+	path, err := filepath.Abs(filepath.Join(dir, lockFile))
+	if err != nil {
+		return nil, fmt.Errorf("lock token store %s: %w", dir, err)
+	}
+	held.Lock()
+	if held.paths[path] {
+		held.Unlock()
+		return nil, &LockedError{Dir: dir, PID: os.Getpid()}
+	}
+	held.paths[path] = true
+	held.Unlock()
+	l, err := flockStore(dir, path)
+	if err != nil {
+		held.Lock()
+		delete(held.paths, path)
+		held.Unlock()
+	}
+	return l, err
+}
+
+func flockStore(dir, path string) (*storeLock, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lock token store %s: %w", dir, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) && readPID(path) == os.Getpid() {
+		// Held by a child of this process between its fork and exec.
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+	}
+	if err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, &LockedError{Dir: dir, PID: readPID(path)}
@@ -33,7 +75,7 @@ func lockStore(dir string) (*storeLock, error) {
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
-	return &storeLock{f: f}, nil
+	return &storeLock{f: f, path: path}, nil
 }
 
 func readPID(path string) int {
@@ -48,7 +90,11 @@ func readPID(path string) int {
 func (l *storeLock) release() error {
 	// Closing the descriptor releases the flock; the file stays so that a
 	// waiting appender never races a re-creation.
-	return l.f.Close()
+	err := l.f.Close()
+	held.Lock()
+	delete(held.paths, l.path)
+	held.Unlock()
+	return err
 }
 
 // LockedError is returned when another appender holds the store.

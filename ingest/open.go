@@ -79,6 +79,18 @@ func compressedJSON(name string) bool {
 	return strings.HasSuffix(name, ".json.gz") || strings.HasSuffix(name, ".json.zst")
 }
 
+// compressedText says whether name is a gzip (.gz) or zstd (.zst) file that
+// is read as the text it decompresses to: a corpus kept as .txt.gz, a
+// source file or a config compressed in a tree. An archive (.tar.gz,
+// .tar.zst) is not text once decompressed either: it is read as its bytes
+// are and skipped as invalid-utf8.
+func compressedText(name string) bool {
+	if strings.HasSuffix(name, ".tar.gz") || strings.HasSuffix(name, ".tar.zst") {
+		return false
+	}
+	return strings.HasSuffix(name, ".gz") || strings.HasSuffix(name, ".zst")
+}
+
 // formatOfFile is FormatOf, but for a .json file, plain or compressed,
 // which is read as its head says (jsonFormat).
 func formatOfFile(path string, c Columns) Format {

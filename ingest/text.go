@@ -12,9 +12,9 @@ import (
 // past it is skipped as too-large rather than held in memory.
 const MaxTextFileBytes = 64 << 20
 
-// textReader yields a plain text file as one document: a compressed .json
-// file that is text (a config gzipped in a source tree) decompressed, any
-// other file as its bytes are.
+// textReader yields a plain text file as one document: a compressed one
+// (compressedText: .txt.gz, a config gzipped in a source tree)
+// decompressed, any other file as its bytes are.
 type textReader struct {
 	f    *os.File
 	in   io.Reader // f, or its decompressor
@@ -26,7 +26,7 @@ type textReader struct {
 func openText(path string, opt OpenOptions) (Source, error) {
 	r := &textReader{name: opt.Name}
 	var err error
-	if compressedJSON(path) {
+	if compressedText(path) {
 		var z io.ReadCloser
 		r.f, z, err = openDecompressed(path, opt.Name)
 		r.in, r.z = z, z

@@ -52,7 +52,7 @@ func init() {
 				p := presets[name]
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", name, p.Repo, p.Revision, strings.Join(p.Patterns(), " "))
 			}
-			fmt.Fprintln(w, "local:<glob>\t(local files)\t-\tparquet, jsonl[.gz|.zst], json[.gz|.zst] (JSON lines, or one array of objects, by its head), text")
+			fmt.Fprintln(w, "local:<glob>\t(local files)\t-\tparquet, jsonl[.gz|.zst], json[.gz|.zst] (JSON lines, or one array of objects, by its head), text[.gz|.zst]")
 			w.Flush()
 			fmt.Fprintln(c.OutOrStdout())
 			if none {

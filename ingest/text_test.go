@@ -1,0 +1,48 @@
+package ingest
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A text file kept compressed (a corpus as .txt.gz, a source file or a
+// config compressed in a tree) is one document of the text it decompresses
+// to, where its compressed bytes were skipped as invalid-utf8. An archive
+// (.tar.gz) stays its bytes, skipped; a stream cut short is a corrupt file;
+// one that decompresses past MaxTextFileBytes is too large, read no
+// further than that.
+func TestACompressedTextFileIsReadAsTheTextItHolds(t *testing.T) {
+	dir := t.TempDir()
+	body := "package main\n\nfunc main() { println(\"héllo\") }\n"
+	for _, name := range []string{"corpus.txt.gz", "main.go.zst", "README.md.gz", "notes.zst"} {
+		path := writeAs(t, filepath.Join(dir, name), body)
+		docs, skips, err := readAll(t, path, OpenOptions{Name: name})
+		if err != nil || !slices.Equal(texts(docs), []string{body}) || len(skips) != 0 {
+			t.Errorf("%s read as %q (skipped %v), %v; want its text, one document", name, texts(docs), skips, err)
+		}
+	}
+
+	archive := writeAs(t, filepath.Join(dir, "src.tar.gz"), body)
+	if docs, skips, err := readAll(t, archive, OpenOptions{Name: "src.tar.gz"}); err != nil || len(docs) != 0 || skips.String() != "invalid-utf8=1" {
+		t.Errorf("src.tar.gz read as %q (skipped %v), %v; want it skipped as invalid-utf8", texts(docs), skips, err)
+	}
+
+	whole := compressedAs(t, "x.gz", []byte(strings.Repeat(body, 1000)))
+	cut := filepath.Join(dir, "cut.txt.gz")
+	if err := os.WriteFile(cut, whole[:len(whole)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var skip *SkipError
+	if docs, _, err := readAll(t, cut, OpenOptions{Name: "cut.txt.gz"}); !errors.As(err, &skip) || skip.Reason != SkipCorruptFile || len(docs) != 0 {
+		t.Errorf("a .txt.gz cut short read as %d documents, %v; want the file skipped as corrupt-file", len(docs), err)
+	}
+
+	big := writeAs(t, filepath.Join(dir, "big.txt.zst"), strings.Repeat("a", MaxTextFileBytes+1))
+	if docs, skips, err := readAll(t, big, OpenOptions{Name: "big.txt.zst"}); err != nil || len(docs) != 0 || skips.String() != "too-large=1" {
+		t.Errorf("a .txt.zst of %d bytes decompressed read as %d documents (skipped %v), %v; want it skipped as too-large", MaxTextFileBytes+1, len(docs), skips, err)
+	}
+}

@@ -160,7 +160,7 @@ func renderTask(ctx context.Context, w io.Writer, q *scheduler.Client, id string
 		}
 		runs = statesByRun(states)
 	}
-	fmt.Fprintln(w, taskLine(ts, runs, time.Now(), bars))
+	fmt.Fprintln(w, taskLine(ts, runs, time.Now(), bars, taskErrRunes))
 	return nil
 }
 
@@ -249,7 +249,7 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 	}
 	byRun := statesByRun(states)
 	for _, ts := range running {
-		fmt.Fprintln(w, taskLine(ts, byRun, now, bars))
+		fmt.Fprintln(w, taskLine(ts, byRun, now, bars, listErrRunes))
 	}
 
 	if ds := snap.Datasets(); len(ds) > 0 {
@@ -297,11 +297,20 @@ func printFailures(w io.Writer, fails []scheduler.TaskStatus) {
 // its line says when it last reported.
 const quietTask = 5 * time.Minute
 
+// Of a task whose last attempt failed, its line says the error's first
+// line: cut at listErrRunes where status lists tasks, whole where it shows
+// the one task asked for.
+const (
+	listErrRunes = 200
+	taskErrRunes = 1 << 16
+)
+
 // taskLine is one task: id, state, then what its progress says. A
 // training segment's ETA is its run's (tokens left over the measured
 // rate); a task whose worker is lost shows that, and no rate or ETA.
-func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now time.Time, bars bool) string {
+func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now time.Time, bars bool, errRunes int) string {
 	parts := []string{ts.ID, ts.State}
+	failed := ts.LastErr != "" && failedLast(ts)
 	if ts.Lost {
 		parts[1] = "worker lost"
 		if s := scheduler.Subject(ts.Kind, ts.Payload); s != "" {
@@ -337,7 +346,9 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		if eta > 0 && ts.State == "active" {
 			parts = append(parts, "ETA "+formatETA(eta))
 		}
-		if p.Message != "" {
+		// A failed attempt's message is its error, which "last error"
+		// says once below.
+		if p.Message != "" && !(failed && p.State == "failed" && sameError(p.Message, ts.LastErr)) {
 			parts = append(parts, fmt.Sprintf("%q", p.Message))
 		}
 		if setBack(ts) == "waiting" {
@@ -355,10 +366,17 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 	} else if s := scheduler.Subject(ts.Kind, ts.Payload); s != "" {
 		parts = append(parts, s)
 	}
-	if ts.LastErr != "" && failedLast(ts) {
-		parts = append(parts, "last error: "+scheduler.OneLine(ts.LastErr, 200))
+	if failed {
+		parts = append(parts, "last error: "+scheduler.OneLine(ts.LastErr, errRunes))
 	}
 	return strings.Join(parts, "  ")
+}
+
+// sameError reports whether a progress message and asynq's last error
+// say the same, as they do of an attempt that failed: the worker writes
+// the error as the message, and asynq keeps it with its own marks.
+func sameError(msg, lastErr string) bool {
+	return scheduler.OneLine(msg, len(msg)+1) == scheduler.OneLine(lastErr, len(lastErr)+1)
 }
 
 // failedLast reports whether a task is where it is because its last

@@ -562,11 +562,11 @@ func TestAQuietTaskSaysWhenItLastReported(t *testing.T) {
 	now := time.Date(2026, 12, 4, 21, 0, 0, 0, time.UTC)
 	ts := scheduler.TaskStatus{ID: "train:segment:x", Kind: scheduler.KindTrainSegment, State: "active", HasProgress: true,
 		Progress: scheduler.Progress{Fraction: 0.5, Message: "step 500/1000", Worker: "gpu-a", Updated: now.Add(-time.Second)}}
-	if line := taskLine(ts, nil, now, false); strings.Contains(line, "last report") {
+	if line := taskLine(ts, nil, now, false, listErrRunes); strings.Contains(line, "last report") {
 		t.Errorf("a task that reported a second ago: %q", line)
 	}
 	ts.Progress.Updated = now.Add(-7 * time.Minute)
-	if line := taskLine(ts, nil, now, false); !strings.HasSuffix(line, "on gpu-a  last report 7m0s ago") {
+	if line := taskLine(ts, nil, now, false, listErrRunes); !strings.HasSuffix(line, "on gpu-a  last report 7m0s ago") {
 		t.Errorf("a task silent for 7 minutes: %q; want it to end with when it last reported", line)
 	}
 }
@@ -635,5 +635,29 @@ func TestDatasetLineOfAPlanThatQueuedNothing(t *testing.T) {
 		if l := datasetLine(d, nil); strings.Contains(l, "nothing to ingest") {
 			t.Errorf("%+v: %q", d, l)
 		}
+	}
+}
+
+// A task whose attempt failed says its error once: the worker writes it as
+// the task's message and asynq keeps it as the last error, and the line
+// showed both. Listed among others, it is cut to a line's length; asked
+// for alone, it is whole. A message that says something else stays.
+func TestAFailedTaskSaysItsErrorOnce(t *testing.T) {
+	now := time.Date(2026, 12, 6, 5, 0, 0, 0, time.UTC)
+	why := "ingest:shard of owner/data file data/part-7.parquet: " + strings.Repeat("the hub answered 503 Service Unavailable; ", 8) + "run sched retry once it answers"
+	ts := scheduler.TaskStatus{ID: "ingest:shard:x", Kind: scheduler.KindIngestShard, State: "archived", Retried: 3,
+		LastErr: why + " (skip retry for the task)", HasProgress: true,
+		Progress: scheduler.Progress{State: "failed", Fraction: 0.25, Message: why, Updated: now.Add(-time.Minute)}}
+	alone := taskLine(ts, nil, now, false, taskErrRunes)
+	if strings.Count(alone, "503 Service Unavailable; the hub") != 7 || !strings.HasSuffix(alone, "last error: "+why) {
+		t.Errorf("the task alone: %q; want its whole error once, as its last error", alone)
+	}
+	listed := taskLine(ts, nil, now, false, listErrRunes)
+	if !strings.Contains(listed, "last error: ingest:shard of owner/data") || strings.Count(listed, "owner/data") != 1 || len([]rune(listed)) > listErrRunes+60 {
+		t.Errorf("the task listed: %q; want its error once, cut to %d characters", listed, listErrRunes)
+	}
+	ts.Progress.Message = "read 3 of 12 row groups"
+	if line := taskLine(ts, nil, now, false, taskErrRunes); !strings.Contains(line, `"read 3 of 12 row groups"`) || !strings.Contains(line, "last error: "+why) {
+		t.Errorf("a task whose message is not its error: %q; want both", line)
 	}
 }

@@ -147,8 +147,11 @@ type DirectOptions struct {
 	// when Direct returns), the downloads, each deleted once tokenized, and
 	// the shard token files waiting for their append. A run removes the
 	// directories that killed runs left, never one a live run holds.
-	DataDir   string
-	Seed      uint64
+	DataDir string
+	Seed    uint64
+	// Revision is --revision, where the user gave one: the preset's
+	// revision already holds it, and the plan's refusals name the flag.
+	Revision  string
 	MaxFiles  int   // 0: all
 	MaxTokens int64 // the store stops below this many tokens (0: no limit)
 	MaxDisk   int64 // the store's tokens.bin stays at most this size (0: no limit)
@@ -288,7 +291,7 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		}
 	}()
 	limits := Limits{MaxTokens: opt.MaxTokens, MaxDisk: opt.MaxDisk}
-	plan, err := p.Plan(ctx, PlanJob{Dataset: opt.Preset.Name, Preset: Carried(opt.Preset), Store: storeName, Tokenizer: opt.TokenizerName, Seed: opt.Seed, MaxFiles: opt.MaxFiles, Limits: limits})
+	plan, err := p.Plan(ctx, PlanJob{Dataset: opt.Preset.Name, Preset: Carried(opt.Preset), Store: storeName, Tokenizer: opt.TokenizerName, Seed: opt.Seed, MaxFiles: opt.MaxFiles, Limits: limits, Revision: opt.Revision})
 	var stop *StopError
 	var outside *OutsideRootsError
 	switch {

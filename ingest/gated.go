@@ -104,13 +104,12 @@ const goneSincePlan = "it was deleted, renamed or made private since the plan"
 
 // revisionSetting names the setting that gave a plan its revision, for a
 // refusal that says to change it: --revision where the plan was asked
-// for one, else the preset's revision, which sched ingest --direct's
-// --revision is carried in.
+// for one (sched ingest --direct's too), else the preset's revision.
 func revisionSetting(job PlanJob) string {
 	if job.Revision != "" {
 		return "--revision"
 	}
-	return "--revision or the preset's revision"
+	return "the preset's revision"
 }
 
 // namesCommit says whether rev, the revision a plan was asked for, is the

@@ -207,7 +207,7 @@ func TestAForcePushAfterThePlanStopsTheShardsQueuedBehind(t *testing.T) {
 	for f := range 3 {
 		h.Add(corpusRepo, fmt.Sprintf("data/part-%d.jsonl", f), fmt.Appendf(nil, `{"text":"file %d: the quick brown fox"}`+"\n", f), true)
 	}
-	const flag, preset = "--revision", "--revision or the preset's revision"
+	const flag, preset = "--revision", "the preset's revision"
 	for _, c := range []struct {
 		store  string
 		pinned string // the setting that named the commit; "" for a branch

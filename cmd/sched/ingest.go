@@ -154,7 +154,7 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 	log := newLogger(c.ErrOrStderr(), cfg.LogFormat)
 	defer log.Sync()
 	opt := ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: tokName, StoreDir: storeDir, DataDir: cfg.DataDir,
-		Seed: pf.seed, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk, Logger: log}
+		Seed: pf.seed, Revision: pf.revision, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk, Logger: log}
 	if p.Glob == "" {
 		if opt.Hub, opt.SWH, err = openSources(cfg, log); err != nil {
 			return err

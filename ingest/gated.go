@@ -112,10 +112,10 @@ func revisionSetting(job PlanJob) string {
 	return "the preset's revision"
 }
 
-// namesCommit says whether rev, the revision a plan was asked for, is the
+// NamesCommit says whether rev, the revision a plan was asked for, is the
 // id of commit, which it resolved to (whole, or its first 7 or more hex
 // digits), not a branch or tag that a force-push moves.
-func namesCommit(rev, commit string) bool {
+func NamesCommit(rev, commit string) bool {
 	rev = strings.ToLower(rev)
 	return len(rev) >= 7 && strings.Trim(rev, "0123456789abcdef") == "" && strings.HasPrefix(commit, rev)
 }

@@ -533,7 +533,7 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 		return res, err
 	}
 	var pinned string
-	if preset.Repo != "" && namesCommit(preset.Revision, listed.Revision) {
+	if preset.Repo != "" && NamesCommit(preset.Revision, listed.Revision) {
 		pinned = revisionSetting(job)
 	}
 	if preset.Glob != "" {

@@ -123,6 +123,9 @@ func Draw(ctx context.Context, opt Options, sample, heldOut io.Writer) (Stats, e
 		left := int64(len(plan.Files) - i)
 		w.fileCap = ceilDiv(opt.Bytes-st.Bytes, max(1, min(left, int64(opt.Spread-st.Files))))
 		err := w.readFile(ctx, plan.Revision, f)
+		if moved := revisionGone(opt.Preset, err); moved != nil {
+			return st, moved
+		}
 		if reason := ingest.SkipReason(err); reason != "" {
 			opt.Logger.Warn("sample: file skipped", zap.String("dataset", opt.Preset.Name), zap.String("file", f.Path), zap.String("reason", reason), zap.Error(err))
 			st.Skipped.Add(reason, 1)
@@ -148,6 +151,41 @@ func Draw(ctx context.Context, opt Options, sample, heldOut io.Writer) (Stats, e
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+
+// RevisionGoneError is a commit of a hub dataset that a sample was planned
+// at and a force-push replaced before the sample read its files (404
+// RevisionNotFound at a download). Where the preset's revision names that
+// commit, the user changes it (BadInput); where it names a branch, the
+// sample drawn again is planned at the branch's new commit, so the error
+// is the task's to try again.
+type RevisionGoneError struct {
+	Dataset string // the preset's name
+	Pinned  bool   // the preset's revision names the commit
+	Err     *hub.RevisionNotFoundError
+}
+
+func (e *RevisionGoneError) Error() string {
+	if e.Pinned {
+		return fmt.Sprintf("sample of %s: commit %s of dataset %s, which the preset's revision names, is gone from the hub (RevisionNotFound: a force-push replaced it): set the preset's revision to a commit the dataset has, or to a branch, then run sched enqueue tokenizer again",
+			e.Dataset, e.Err.Commit, e.Err.Repo)
+	}
+	return fmt.Sprintf("sample of %s: commit %s of dataset %s, which the sample was planned at, is gone from the hub (RevisionNotFound: a force-push replaced it): the sample is drawn again, at the commit the preset's revision names now",
+		e.Dataset, e.Err.Commit, e.Err.Repo)
+}
+
+func (e *RevisionGoneError) Unwrap() error  { return e.Err }
+func (e *RevisionGoneError) BadInput() bool { return e.Pinned }
+
+// revisionGone is err as a RevisionGoneError where it is the Hub's
+// RevisionNotFound to a download at the commit the sample was planned at;
+// nil otherwise.
+func revisionGone(p ingest.Preset, err error) error {
+	var gone *hub.RevisionNotFoundError
+	if !errors.As(err, &gone) || gone.Commit == "" {
+		return nil
+	}
+	return &RevisionGoneError{Dataset: p.Name, Pinned: ingest.NamesCommit(p.Revision, gone.Commit), Err: gone}
+}
 
 type writer struct {
 	opt          Options

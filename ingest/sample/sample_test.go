@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -310,5 +311,56 @@ func TestSmallSampleHoldsOutADocument(t *testing.T) {
 	// fills in when it picked nothing.
 	if byHash == 0 || byHash == seeds {
 		t.Errorf("in %d of %d seeds the held-out text starts elsewhere than the second document", byHash, seeds)
+	}
+}
+
+// A force-push that replaces the commit a sample was planned at, once it
+// has read a file, ends the draw in one line naming the dataset and the
+// commit: at a branch the sample drawn again is planned at the new commit,
+// so the error is the task's to try again (not the user's), and the draw
+// made again succeeds; where the preset's revision names the commit, the
+// user changes it. It used to say to run the ingest again.
+func TestAForcePushDuringASampleIsDrawnAgainOrNamesThePresetsRevision(t *testing.T) {
+	h := hubtest.New()
+	defer h.Close()
+	const repo = "owner/web"
+	fakeDataset(t, h, repo, 6, 20)
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pinned := range []bool{false, true} {
+		old := h.Commit
+		preset := ingest.Preset{Name: "web", Repo: repo, Revision: "main", Include: []string{"data/*.parquet"}, Columns: ingest.Columns{Text: "text"}}
+		if pinned {
+			preset.Revision = old
+		}
+		var pushed sync.Once
+		h.BeforeResolve = func(context.Context, string, string) error {
+			pushed.Do(func() { h.ForcePush() }) // after the first file's commit was checked
+			return nil
+		}
+		opt := Options{Preset: preset, Hub: hc, Bytes: 8_000, Seed: 1, Spread: 6, TempDir: t.TempDir()}
+		_, err := Draw(context.Background(), opt, &bytes.Buffer{}, &bytes.Buffer{})
+		var gone *RevisionGoneError
+		want := "the sample is drawn again, at the commit the preset's revision names now"
+		if pinned {
+			want = "which the preset's revision names, is gone from the hub (RevisionNotFound: a force-push replaced it): set the preset's revision to a commit the dataset has, or to a branch, then run sched enqueue tokenizer again"
+		}
+		switch {
+		case !errors.As(err, &gone) || strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "ingest"):
+			t.Fatalf("pinned %v: the draw across a force-push: %v; want one line of the sample's", pinned, err)
+		case isBadInput(err) != pinned:
+			t.Fatalf("pinned %v: %v is the user's to fix: %v; want %v", pinned, err, isBadInput(err), pinned)
+		case !strings.Contains(err.Error(), "sample of web: commit "+old+" of dataset "+repo) || !strings.Contains(err.Error(), want):
+			t.Fatalf("pinned %v: %v; want the commit named and %q", pinned, err, want)
+		}
+		h.BeforeResolve = nil
+		if pinned {
+			opt.Preset.Revision = h.Commit
+		}
+		if st, err := Draw(context.Background(), opt, &bytes.Buffer{}, &bytes.Buffer{}); err != nil || st.Revision != h.Commit || st.Bytes != 8_000 {
+			t.Fatalf("pinned %v: the draw made again: %+v, %v; want the whole budget at %s", pinned, st, err, h.Commit)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,6 +20,7 @@ import (
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 // trainFlags are the command-line overrides of a run configuration; a flag
@@ -32,6 +34,17 @@ type trainFlags struct {
 }
 
 func newTrainCmd() *cobra.Command { return newTrainCmdFor(&trainFlags{}) }
+
+// trainArgs refuses sched train's arguments: a run's name, which sched
+// enqueue train takes, is answered with the two ways to train it.
+func trainArgs(c *cobra.Command, args []string) error {
+	if len(args) == 1 {
+		if set, err := runs.Load(os.Getenv("KILN_RUNS")); err == nil && slices.Contains(set.Names(), args[0]) {
+			return argsError{fmt.Errorf("sched train takes no run name: 'sched enqueue train %s' queues run %s for a worker; to train here and now, name the token stores with --tokens and the model with --model or --run-config (see 'sched train --help')", args[0], args[0])}
+		}
+	}
+	return exactArgs(0, "no arguments")(c, args)
+}
 
 // newTrainCmdFor is newTrainCmd with its flags read into f, where a test
 // can see them.
@@ -52,7 +65,7 @@ under the name their manifests record ('sched tokenizers' lists those this
 machine has).`,
 		Example: `  sched train --model tiny --tokens data/code=0.7 --tokens data/web=0.3 --steps 200 --engine cpu
   sched train --run-config run.yaml --tokenizer mix-16384 --out runs/pilot --resume`,
-		Args: exactArgs(0, "no arguments"),
+		Args: trainArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runTrain(cmd, f) },
 	}
 	fl := c.Flags()

@@ -132,6 +132,9 @@ func joinOrDash(ss []string) string {
 
 func printTokenizerReport(ctx context.Context, w io.Writer, cat *catalog.Catalog, name string) error {
 	e, _, err := cat.Resolve(ctx, name)
+	if nf := (*catalog.NotFoundError)(nil); errors.As(err, &nf) {
+		nf.Argument = true
+	}
 	if err != nil {
 		return err
 	}

@@ -75,7 +75,8 @@ func TestTokenizersCommand(t *testing.T) {
 		t.Fatalf("report: exit %d\n%s", code, out)
 	}
 	_, errOut, code = sched(t, env, "tokenizers", "missing")
-	if code != 2 || !strings.Contains(errOut, `tokenizer "missing" is not known (known: kiln-bpe, other)`) {
+	// The name was the argument: no --tokenizer to name another with.
+	if code != 2 || !strings.Contains(errOut, `tokenizer "missing" is not known (known: kiln-bpe, other)`) || !strings.HasSuffix(errOut, ", or name another\n") {
 		t.Fatalf("unknown name: exit %d, %q", code, errOut)
 	}
 	// A damaged tokenizer.json in object storage is listed as such, with

@@ -108,6 +108,9 @@ type NotFoundError struct {
 	// Local is where this machine would find it: a tokenizer.json that
 	// 'sched tokenizer train' writes there is known by the name.
 	Local string
+	// Argument is set where the name was a command's argument, not
+	// --tokenizer's (or KILN_TOKENIZER's) value.
+	Argument bool
 }
 
 func (e *NotFoundError) Error() string {
@@ -119,8 +122,12 @@ func (e *NotFoundError) Error() string {
 	if e.Local != "" {
 		here = fmt.Sprintf("'mkdir -p %s && sched tokenizer train --in TEXT --out %s'", shell.Quote(filepath.Dir(e.Local)), shell.Quote(e.Local))
 	}
-	return fmt.Sprintf("tokenizer %q is not known (known: %s): train it with 'sched enqueue tokenizer %s' or, on this machine, %s, or name another with --tokenizer",
-		e.Name, known, e.Name, here)
+	other := "name another with --tokenizer"
+	if e.Argument {
+		other = "name another"
+	}
+	return fmt.Sprintf("tokenizer %q is not known (known: %s): train it with 'sched enqueue tokenizer %s' or, on this machine, %s, or %s",
+		e.Name, known, e.Name, here, other)
 }
 func (e *NotFoundError) BadInput() bool { return true }
 

@@ -265,6 +265,14 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 			return cfg, badInput("config file %s (%s): %v: %s", path, from, err, instead)
 		default:
 			if err := yamlstrict.Unmarshal(b, &cfg); err != nil {
+				// A grace of 0 or less with no unit: written with one, it
+				// would be refused next as not positive, so say that now.
+				var de *yamlstrict.DurationError
+				if errors.As(err, &de) && de.Key == "shutdown_grace" && de.Number {
+					if f, ferr := strconv.ParseFloat(de.Value, 64); ferr == nil && f <= 0 {
+						return cfg, badInput("config file %s: shutdown_grace: %s is not positive: %s", path, de.Value, scheduler.ShutdownGraceHint)
+					}
+				}
 				return cfg, badInput("config file %s: %s", path, strings.ReplaceAll(err.Error(), "\n", "; "))
 			}
 			fromFile.path = path

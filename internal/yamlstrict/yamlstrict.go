@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -90,7 +91,7 @@ func tabbed(b []byte, err error) error {
 // v's type, inline structs included. Line numbers are n's, so those of the
 // file n was parsed from.
 func Decode(n *yaml.Node, v any) error {
-	if err := checkKeys(n, reflect.TypeOf(v)); err != nil {
+	if err := checkKeys(n, reflect.TypeOf(v), ""); err != nil {
 		return err
 	}
 	if err := n.Decode(v); err != nil {
@@ -137,9 +138,69 @@ func plainTypes(msg string) string {
 	})
 }
 
-var unmarshaler = reflect.TypeFor[yaml.Unmarshaler]()
+var (
+	unmarshaler  = reflect.TypeFor[yaml.Unmarshaler]()
+	durationType = reflect.TypeFor[time.Duration]()
+)
 
-func checkKeys(n *yaml.Node, t reflect.Type) error {
+// DurationError is a duration a file writes without a unit (30, which
+// yaml refuses in its own words as an !!int that is no time.Duration) or
+// that is no duration at all (5 minutes).
+type DurationError struct {
+	Line int
+	// Key is the key the value is written under, with the keys above it
+	// (segment.max_duration) from where decoding began.
+	Key string
+	// Value is the value as written, without its quotes.
+	Value string
+	// Number is true for a number written without a unit.
+	Number bool
+}
+
+// plainNumber is a number that "s" after it makes a duration: 30, 1.5, -5.
+var plainNumber = regexp.MustCompile(`^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)$`)
+
+func (e *DurationError) Error() string {
+	at := fmt.Sprintf("line %d: ", e.Line)
+	if e.Key != "" {
+		at += e.Key + ": "
+	}
+	switch {
+	case !e.Number:
+		return fmt.Sprintf("%s%q is not a duration: write one such as 30s, 5m or 1h30m", at, e.Value)
+	case plainNumber.MatchString(e.Value):
+		return fmt.Sprintf("%s%s has no unit: write %ss (or 5m, 1h)", at, e.Value, e.Value)
+	}
+	return fmt.Sprintf("%s%s has no unit: write a duration such as 30s, 5m or 1h", at, e.Value)
+}
+
+// checkDuration refuses a scalar n that does not decode as a
+// time.Duration, which yaml reads with time.ParseDuration from a string
+// alone: a number above all, which a YAML writer takes for seconds and
+// yaml refuses in its own words. An empty value (null) is left unset, as
+// yaml leaves it; a list or a mapping is left to yaml's type error.
+func checkDuration(n *yaml.Node, key string) error {
+	if n.Kind != yaml.ScalarNode {
+		return nil
+	}
+	switch n.ShortTag() {
+	case "!!null":
+		return nil
+	case "!!int", "!!float":
+		return &DurationError{Line: n.Line, Key: key, Value: n.Value, Number: true}
+	case "!!str":
+		if _, err := time.ParseDuration(n.Value); err == nil {
+			return nil
+		}
+		// "30", quoted, is the number still.
+		return &DurationError{Line: n.Line, Key: key, Value: n.Value, Number: plainNumber.MatchString(n.Value)}
+	}
+	return &DurationError{Line: n.Line, Key: key, Value: n.Value}
+}
+
+// checkKeys checks n, the value of key (the keys above it joined by ".",
+// "" at the top) against t.
+func checkKeys(n *yaml.Node, t reflect.Type, key string) error {
 	for n.Kind == yaml.DocumentNode || n.Kind == yaml.AliasNode {
 		if n.Kind == yaml.AliasNode {
 			n = n.Alias
@@ -160,6 +221,9 @@ func checkKeys(n *yaml.Node, t reflect.Type) error {
 	}
 	if reflect.PointerTo(t).Implements(unmarshaler) {
 		return nil
+	}
+	if t == durationType {
+		return checkDuration(n, key)
 	}
 	switch t.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
@@ -185,14 +249,14 @@ func checkKeys(n *yaml.Node, t reflect.Type) error {
 			if !ok {
 				return unknownKey(k, fields)
 			}
-			if err := checkKeys(n.Content[i+1], ft); err != nil {
+			if err := checkKeys(n.Content[i+1], ft, join(key, k.Value)); err != nil {
 				return err
 			}
 		}
 	case reflect.Slice, reflect.Array:
 		if n.Kind == yaml.SequenceNode {
 			for _, c := range n.Content {
-				if err := checkKeys(c, t.Elem()); err != nil {
+				if err := checkKeys(c, t.Elem(), key); err != nil {
 					return err
 				}
 			}
@@ -200,13 +264,21 @@ func checkKeys(n *yaml.Node, t reflect.Type) error {
 	case reflect.Map:
 		if n.Kind == yaml.MappingNode {
 			for i := 1; i < len(n.Content); i += 2 {
-				if err := checkKeys(n.Content[i], t.Elem()); err != nil {
+				if err := checkKeys(n.Content[i], t.Elem(), join(key, n.Content[i-1].Value)); err != nil {
 					return err
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// join is key below parent, as a path of keys.
+func join(parent, key string) string {
+	if parent == "" {
+		return key
+	}
+	return parent + "." + key
 }
 
 // collectFields maps the yaml names of t's exported fields to their types,

@@ -1,6 +1,7 @@
 package yamlstrict
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -100,7 +101,7 @@ func TestTypeErrorsSayWhatTheValueMustBe(t *testing.T) {
 		"lr: fast\n":                       "line 1: cannot unmarshal !!str `fast` into a number",
 		"model: x\ntotal_steps: 1.5\n":     "line 2: 1.5 is not a whole number",
 		"total_steps: ten\n":               "line 1: cannot unmarshal !!str `ten` into a whole number",
-		"segment:\n  max_duration: soon\n": "line 2: cannot unmarshal !!str `soon` into a duration such as 90m or 2h30m",
+		"segment:\n  max_duration: soon\n": `line 2: segment.max_duration: "soon" is not a duration: write one such as 30s, 5m or 1h30m`,
 		// No Go type names: a struct is a mapping of settings, a slice a
 		// list, a map a mapping.
 		"segment: soon\n":        "line 1: cannot unmarshal !!str `soon` into a mapping of settings",
@@ -115,6 +116,59 @@ func TestTypeErrorsSayWhatTheValueMustBe(t *testing.T) {
 	var v config
 	if err := Unmarshal([]byte("model: [\n"), &v); err == nil || !strings.Contains(err.Error(), "line") {
 		t.Errorf("malformed YAML: %v; want yaml's error with its line", err)
+	}
+}
+
+// A duration written as a bare number, which yaml refused as an !!int
+// that is no time.Duration, is named with its line and key and the
+// spelling to write; so is one that is no duration at all. A duration with
+// its unit, a quoted one and an empty value (unset) decode as before.
+func TestDurationsWithoutAUnitSayWhatToWrite(t *testing.T) {
+	for doc, want := range map[string]string{
+		"segment:\n  max_duration: 30\n":           "line 2: segment.max_duration: 30 has no unit: write 30s (or 5m, 1h)",
+		"segment:\n  max_duration: 0\n":            "line 2: segment.max_duration: 0 has no unit: write 0s (or 5m, 1h)",
+		"segment:\n  max_duration: 1.5\n":          "line 2: segment.max_duration: 1.5 has no unit: write 1.5s (or 5m, 1h)",
+		"segment:\n  max_duration: -5\n":           "line 2: segment.max_duration: -5 has no unit: write -5s (or 5m, 1h)",
+		"segment:\n  max_duration: \"90\"\n":       "line 2: segment.max_duration: 90 has no unit: write 90s (or 5m, 1h)",
+		"segment:\n  max_duration: 0x10\n":         "line 2: segment.max_duration: 0x10 has no unit: write a duration such as 30s, 5m or 1h",
+		"segment:\n  max_duration: 5 min\n":        `line 2: segment.max_duration: "5 min" is not a duration: write one such as 30s, 5m or 1h30m`,
+		"segment:\n  max_duration: true\n":         `line 2: segment.max_duration: "true" is not a duration: write one such as 30s, 5m or 1h30m`,
+		"timeouts:\n  fetch: 10\n":                 "line 2: timeouts.fetch: 10 has no unit: write 10s (or 5m, 1h)",
+		"steps:\n  - wait: 2\n":                    "line 2: steps.wait: 2 has no unit: write 2s (or 5m, 1h)",
+		"grace: 30\n":                              "line 1: grace: 30 has no unit: write 30s (or 5m, 1h)",
+		"later: 7\n":                               "line 1: later: 7 has no unit: write 7s (or 5m, 1h)",
+		"segment: {max_steps: 1, max_duration: 9}": "line 1: segment.max_duration: 9 has no unit: write 9s (or 5m, 1h)",
+	} {
+		var v struct {
+			Segment struct {
+				MaxSteps    int           `yaml:"max_steps"`
+				MaxDuration time.Duration `yaml:"max_duration"`
+			} `yaml:"segment"`
+			Timeouts map[string]time.Duration `yaml:"timeouts"`
+			Steps    []struct {
+				Wait time.Duration `yaml:"wait"`
+			} `yaml:"steps"`
+			Grace time.Duration  `yaml:"grace"`
+			Later *time.Duration `yaml:"later"`
+		}
+		err := Unmarshal([]byte(doc), &v)
+		var de *DurationError
+		if err == nil || err.Error() != want || !errors.As(err, &de) {
+			t.Errorf("%q: %v; want %q", doc, err, want)
+		}
+	}
+	var v config
+	for doc, want := range map[string]time.Duration{
+		"segment:\n  max_duration: 90m\n":    90 * time.Minute,
+		"segment:\n  max_duration: \"2h\"\n": 2 * time.Hour,
+		"segment:\n  max_duration: \"0\"\n":  0,
+		// Empty: unset, the value before kept.
+		"segment:\n  max_duration:\n": 7,
+	} {
+		v.Segment.MaxDuration = 7
+		if err := Unmarshal([]byte(doc), &v); err != nil || v.Segment.MaxDuration != want {
+			t.Errorf("%q: %v, %v; want %v", doc, err, v.Segment.MaxDuration, want)
+		}
 	}
 }
 

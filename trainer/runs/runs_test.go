@@ -179,6 +179,8 @@ func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 		{"x:\n  from: nothing\n", `from "nothing"`},
 		{"x:\n  lr: 1\n", "needs `from: <run>`"},
 		{"- a\n- b\n", "map run names"},
+		// A duration with no unit: the key and what to write.
+		{"pilot:\n  segment:\n    max_duration: 90\n", "run pilot: line 3: segment.max_duration: 90 has no unit: write 90s (or 5m, 1h)"},
 		{"pilot:\n  min_free_disk: lots\n", `run pilot: line 2: size "lots" is not a number of bytes with an optional unit, such as 50G or 512MiB`},
 		{"pilot: [\n", "runs file"},
 		// A tab an editor put in the indentation is named on its own line.

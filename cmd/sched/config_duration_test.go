@@ -1,0 +1,62 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A duration written in a YAML file as a bare number (shutdown_grace: 30
+// in the config file, segment.max_duration: 90 in a KILN_RUNS file) is
+// refused in one line that names the file, the key and what to write
+// instead, where yaml's own "cannot unmarshal !!int `30`" named neither the
+// key nor the unit missing; exit 2, as every refusal of bad input. A grace
+// of 0 or less is refused as not positive, as one written with a unit is.
+func TestDurationWithoutAUnitNamesTheFileAndTheKey(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	file := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	bare := file("bare.yaml", "log_format: json\nshutdown_grace: 30\n")
+	quoted := file("quoted.yaml", "shutdown_grace: \"30\"\n")
+	fraction := file("fraction.yaml", "shutdown_grace: 1.5\n")
+	words := file("words.yaml", "shutdown_grace: 5 minutes\n")
+	zero := file("zero.yaml", "shutdown_grace: 0\n")
+	negative := file("negative.yaml", "shutdown_grace: -5\n")
+	if err := os.MkdirAll(filepath.Join(dir, "xdg", "kiln"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	xdgFile := file(filepath.Join("xdg", "kiln", "config.yaml"), "shutdown_grace: 45\n")
+	runsFile := file("runs.yaml", "mine:\n  from: pilot\n  segment:\n    max_duration: 90\n")
+	noRedis := "KILN_REDIS_URL=redis://127.0.0.1:1/0"
+	const hint = "is not positive: give a duration such as 30s, or leave it unset for the default 30s"
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"config", "--config", bare}, "config file " + bare + ": line 2: shutdown_grace: 30 has no unit: write 30s (or 5m, 1h)"},
+		{[]string{"KILN_CONFIG=" + bare, noRedis}, []string{"worker"}, "config file " + bare + ": line 2: shutdown_grace: 30 has no unit: write 30s (or 5m, 1h)"},
+		{[]string{"XDG_CONFIG_HOME=" + filepath.Join(dir, "xdg")}, []string{"config"}, "config file " + xdgFile + ": line 1: shutdown_grace: 45 has no unit: write 45s (or 5m, 1h)"},
+		{nil, []string{"config", "--config", quoted}, "config file " + quoted + ": line 1: shutdown_grace: 30 has no unit: write 30s (or 5m, 1h)"},
+		{nil, []string{"config", "--config", fraction}, "config file " + fraction + ": line 1: shutdown_grace: 1.5 has no unit: write 1.5s (or 5m, 1h)"},
+		{nil, []string{"config", "--config", words}, "config file " + words + `: line 1: shutdown_grace: "5 minutes" is not a duration: write one such as 30s, 5m or 1h30m`},
+		{nil, []string{"config", "--config", zero}, "config file " + zero + ": shutdown_grace: 0 " + hint},
+		{nil, []string{"config", "--config", negative}, "config file " + negative + ": shutdown_grace: -5 " + hint},
+		{[]string{"KILN_RUNS=" + runsFile}, []string{"config"}, "KILN_RUNS: runs file " + runsFile + ": run mine: line 4: segment.max_duration: 90 has no unit: write 90s (or 5m, 1h)"},
+		{[]string{"KILN_RUNS=" + runsFile, noRedis}, []string{"runs", "--presets"}, "runs file " + runsFile + ": run mine: line 4: segment.max_duration: 90 has no unit: write 90s (or 5m, 1h)"},
+	} {
+		wantRefused(t, c.env, c.want, c.args...)
+	}
+	// Written with its unit, the same file reads.
+	fixed := file("fixed.yaml", "shutdown_grace: 30s\n")
+	if out, errOut, code := sched(t, nil, "config", "--config", fixed); code != 0 || !strings.Contains(out, "KILN_SHUTDOWN_GRACE  shutdown-grace   30s\n") {
+		t.Errorf("sched config --config %s: exit %d\n%s%s", fixed, code, out, errOut)
+	}
+}

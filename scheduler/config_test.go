@@ -53,6 +53,18 @@ func TestConfigNeverShowsTheRedisPassword(t *testing.T) {
 	}
 }
 
+// A Redis password of one letter is masked in a library's error where it
+// stands alone and in the URL, not in every word that holds the letter;
+// a long secret is masked inside longer text too.
+func TestRedactMasksAShortPasswordOnlyAsAWholeToken(t *testing.T) {
+	c := Config{RedisURL: "redis://:a@localhost:6379/0", S3SecretKey: "s3cret-key-0123", HFToken: "hf_a"}.WithDefaults()
+	lib := `dial tcp: lookup redis on 127.0.0.11:53: no such host (redis://:a@localhost:6379/0); AUTH a failed; key=s3cret-key-0123x; token hf_a`
+	want := `dial tcp: lookup redis on 127.0.0.11:53: no such host (redis://:xxxxx@localhost:6379/0); AUTH xxxxx failed; key=xxxxxx; token xxxxx`
+	if got := c.Redact(lib); got != want {
+		t.Errorf("Redact(%q)\n = %q\nwant %q", lib, got, want)
+	}
+}
+
 // A malformed S3 endpoint is refused naming KILN_S3_ENDPOINT and giving a
 // valid value, before minio-go's parser quotes it as a URL.
 func TestConfigRefusesAMalformedS3Endpoint(t *testing.T) {

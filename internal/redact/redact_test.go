@@ -46,3 +46,56 @@ func TestSecretsHidesQuotedPasswords(t *testing.T) {
 		t.Error("a URL without userinfo has no password")
 	}
 }
+
+// A secret of a few bytes is masked where it stands as a whole token, not
+// inside every word that holds its letters: a Redis password "a" masked in
+// "dial" and "file" left the text unreadable, and the masks showed where
+// each "a" was. A secret of 8 bytes or more is masked wherever it is.
+func TestSecretsMasksAShortSecretOnlyAsAWholeToken(t *testing.T) {
+	for _, c := range []struct {
+		in, secret, want string
+	}{
+		{"dial tcp: a file", "a", "dial tcp: xxxxx file"},
+		{"auth a failed", "a", "auth xxxxx failed"},
+		{"dial tcp 127.0.0.1:6379: connect: connection refused", "a", "dial tcp 127.0.0.1:6379: connect: connection refused"},
+		{"WRONGPASS invalid password 'a'", "a", "WRONGPASS invalid password 'xxxxx'"},
+		{"password=a,user=b", "a", "password=xxxxx,user=b"},
+		{"a", "a", "xxxxx"},
+		{"a b a", "a", "xxxxx b xxxxx"},
+		// Digits too: a port, an address, a count keep theirs.
+		{"connect 6379 after 17 tries, said 7", "7", "connect 6379 after 17 tries, said xxxxx"},
+		// Overlapping occurrences: the whole token is found after a part.
+		{"aaa aa", "aa", "aaa xxxxx"},
+		// Edges that are no letter or digit join nothing.
+		{"auth x!a! y", "!a!", "auth xxxxxx y"},
+		{"pw é1é", "1", "pw é1é"},
+		{"pw é 1 é", "1", "pw é xxxxx é"},
+		// A password in a URL is bounded by ':' or "//" and '@': masked
+		// whatever its length.
+		{`parse "redis://:a@localhost:63x9/0": invalid port ":63x9" after host`, "a", `parse "redis://:xxxxx@localhost:63x9/0": invalid port ":63x9" after host`},
+		{"redis://user:a@h:1/0 and redis://a@h:1/0", "a", "redis://user:xxxxx@h:1/0 and redis://xxxxx@h:1/0"},
+		// 8 bytes or more: everywhere, inside longer text too.
+		{"auth failed for tokens3cretpass1x", "s3cretpass", "auth failed for tokenxxxxx1x"},
+		{"key=abcdefgh12", "abcdefgh", "key=xxxxx12"},
+	} {
+		if got := Secrets(c.in, c.secret); got != c.want {
+			t.Errorf("Secrets(%q, %q) = %q, want %q", c.in, c.secret, got, c.want)
+		}
+	}
+	// As %q writes a short secret, escapes and all, in a whole token too.
+	if got := Secrets(`auth "a\"" failed, "ab" ok`, `a"`); got != `auth "xxxxx" failed, "ab" ok` {
+		t.Errorf("quoted short secret: %q", got)
+	}
+	// A short secret within a longer one does not split it: the longer
+	// one is masked whole, whichever is given first.
+	for _, order := range [][]string{{"a", "s3-a-cretpass"}, {"s3-a-cretpass", "a"}} {
+		if got := Secrets("key s3-a-cretpass, pw a", order...); got != "key xxxxx, pw xxxxx" {
+			t.Errorf("Secrets with %q: %q", order, got)
+		}
+	}
+	// Each of several secrets, short and long.
+	got := Secrets("user a with key s3cretkey9 at a.example", "a", "s3cretkey9")
+	if want := "user xxxxx with key xxxxx at xxxxx.example"; got != want {
+		t.Errorf("two secrets: %q, want %q", got, want)
+	}
+}

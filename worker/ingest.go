@@ -46,6 +46,13 @@ type Ingest struct {
 	// WaitEvery is how often a waiting plan looks again. Default
 	// DefaultWaitEvery.
 	WaitEvery time.Duration
+	// Stores, on a worker that appends, watches the token stores of its
+	// disk (ingest.Pipeline.WatchStores): WatchStores looks at them every
+	// second, and a plan this worker runs looks before it reads its
+	// store's status, so that a store deleted from the disk (a damaged
+	// one, as `sched datasets` says to do) is ingested whole again by the
+	// next ingest, without a restart of the worker.
+	Stores *ingest.StoresWatch
 }
 
 // resolve checks c's dependencies and returns a copy with its defaults.
@@ -144,6 +151,49 @@ func (c *Ingest) ReconcileStores(ctx context.Context, log *zap.Logger) []ingest.
 	return rs
 }
 
+// DefaultWatchStoresEvery is how often a worker that appends looks at
+// its token stores for one that went (WatchStores).
+const DefaultWatchStoresEvery = time.Second
+
+// WatchStores looks at the token stores of this worker's disk through
+// c.Stores every `every` until ctx ends, and makes the status in object
+// storage of each store that went or was replaced since say what the disk
+// holds, as ReconcileStores does at the start: `sched enqueue ingest`
+// then plans the files of a deleted store again instead of taking them
+// for stored. Each store so mended is logged, and a failure once while
+// it stays the same; the next look tries again.
+func (c *Ingest) WatchStores(ctx context.Context, every time.Duration, log *zap.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.checkStores(ctx, log)
+		}
+	}
+}
+
+// checkStores mends the statuses of the stores that went or were
+// replaced since c.Stores last looked; nothing where c watches none.
+func (c *Ingest) checkStores(ctx context.Context, log *zap.Logger) {
+	if c.Stores == nil {
+		return
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	rs, err := c.Stores.Check(ctx)
+	for _, r := range rs {
+		log.Warn("token store went from this disk, or was replaced, while the worker ran: its status in object storage says what the disk holds now, and an ingest plans the files the store lacks again",
+			zap.String("store", r.Store), zap.Int("files_listed", r.Listed), zap.Int("files_held", r.Holds), zap.String("dir", filepath.Join(c.Pipeline.StoresDir, r.Store)))
+	}
+	if err != nil && ctx.Err() == nil {
+		log.Warn("the status of a token store that went from this disk, or was replaced, is not mended; the next look tries again", zap.Error(err))
+	}
+}
+
 // plan lists a dataset and queues one ingest:shard per file the store
 // lacks, in the plan's seeded order; a file already queued keeps its task.
 func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
@@ -167,6 +217,9 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 		}()
 		defer func() { <-loaded }()
 	}
+	// On the worker that holds the stores, a store deleted from its disk
+	// a moment ago is forgotten before the plan reads its status.
+	c.checkStores(ctx, c.Pipeline.Logger)
 	res, err := c.Pipeline.Plan(ctx, a)
 	if err != nil {
 		return permanent(a.Kind(), err)
@@ -251,6 +304,11 @@ func (c *Ingest) append(ctx context.Context, a scheduler.IngestAppend) error {
 		rep.Report(ctx, float64(done)/float64(max(total, 1)), float64(done)/max(time.Since(start).Seconds(), 1e-3), "B",
 			fmt.Sprintf("appending %s to %s", a.Source, a.Store))
 	})
+	if c.Stores != nil {
+		// Should the store go before the watch looks at it, the watch
+		// still knows it was here.
+		c.Stores.Saw(a.Store)
+	}
 	if err != nil {
 		return permanent(a.Kind(), err)
 	}

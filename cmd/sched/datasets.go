@@ -26,7 +26,15 @@ func init() {
 	cmd := &cobra.Command{
 		Use:   "datasets",
 		Short: "List dataset presets and the local token stores",
-		Args:  exactArgs(0, "no arguments"),
+		Long: `List dataset presets and the local token stores.
+
+Each store's TOKENS and SIZE are what its manifest commits, the tokens a run
+reads and the bytes they take (bytes an interrupted append left past them in
+tokens.bin are not counted); SHARDS is the files appended, a file taken in
+parts under --max-tokens counted once; COMMIT the dataset commits they came
+from; SKIPPED the files and documents left out, by reason. A store that does
+not open shows what is wrong in place of its counts.`,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(c *cobra.Command, args []string) error {
 			presets, err := ingest.Presets(presetsFile)
 			if err != nil {
@@ -66,10 +74,6 @@ func init() {
 				if !e.IsDir() {
 					continue
 				}
-				var size int64
-				if fi, err := os.Stat(filepath.Join(dir, tokens.TokensFile)); err == nil {
-					size = fi.Size()
-				}
 				// Open checks what sched train checks before it trains (the
 				// manifest, tokens.bin's size against it, 64 spans of ids, not
 				// every id), so a store listed with its tokens is one a run
@@ -81,21 +85,31 @@ func init() {
 				if err != nil {
 					// Every column filled keeps the table aligned; the
 					// problem takes the last one, free text as SKIPPED is.
+					// No manifest to trust: the file's size as it is.
+					var size int64
+					if fi, err := os.Stat(filepath.Join(dir, tokens.TokensFile)); err == nil {
+						size = fi.Size()
+					}
 					fmt.Fprintf(w, "%s\t-\t-\t%s\t-\t%s\n", e.Name(), bytesize.Format(size), storeProblem(dir, err))
 					continue
 				}
 				m := st.Manifest()
 				st.Close()
+				// What a run reads: the committed tokens, not the bytes an
+				// interrupted append left past them in tokens.bin.
+				size := m.Tokens * int64(m.Dtype.Width())
 				commits := map[string]bool{}
+				files := map[string]bool{} // a file taken in parts is one
 				for _, s := range m.Shards {
 					commits[s.Revision] = true
+					files[s.ID] = true
 				}
 				skips := ingest.Skips{}
 				for _, s := range m.Skipped {
 					reason, _, _ := strings.Cut(s.Reason, ":")
 					skips.Add(reason, max(s.Count, 1)) // a count is documents; none is one whole file
 				}
-				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", e.Name(), m.Tokens, len(m.Shards), bytesize.Format(size),
+				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", e.Name(), m.Tokens, len(files), bytesize.Format(size),
 					strings.Join(slices.Sorted(maps.Keys(commits)), ","), skips)
 			}
 			return w.Flush()
@@ -154,11 +168,10 @@ func storeProblem(dir string, err error) string {
 	var ie *tokens.InputError
 	if errors.As(err, &ie) && ie.Damage != "" {
 		// An append refuses a damaged store too: it has to go before the
-		// store can be ingested again.
-		// The worker that appends to it records the store gone at its
-		// start (worker.ReconcileStores): until then an ingest takes the
-		// files for stored.
-		return fmt.Sprintf("damaged: %s; delete %s, restart the worker that appends to it (at its start it records what its disk holds), then re-ingest it if you still need it", ie.Damage, dir)
+		// store can be ingested again. The worker that appends to it
+		// notices the store gone while it runs (worker.Ingest.Stores)
+		// and forgets its files, which the next ingest then plans again.
+		return fmt.Sprintf("damaged: %s; delete %s, then re-ingest it if you still need it", ie.Damage, dir)
 	}
 	why := strings.TrimPrefix(err.Error(), "token store "+dir+": ")
 	return "unreadable store: " + scheduler.OneLine(why, 300)

@@ -7,9 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/hibiken/asynq"
+
+	"github.com/kiln-lm/kiln/internal/bytesize"
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/tokens"
 )
 
@@ -23,16 +29,84 @@ func makeStore(t *testing.T, dir string, n int) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	ids := make([]byte, 2*n) // uint16 ids: a vocabulary of 300
+	if _, err := a.Append(context.Background(), tokens.ShardInfo{ID: "s", Revision: "r1"}, bytes.NewReader(storeIDs(n))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// storeIDs is n tokens of makeStore's tokenizer as a shard holds them:
+// uint16 ids (a vocabulary of 300), every 10th an EOS, the last one too.
+func storeIDs(n int) []byte {
+	ids := make([]byte, 2*n)
 	for i := range n {
 		id := uint16(1 + i%299)
 		if i%10 == 9 || i == n-1 {
-			id = uint16(tok.EOS)
+			id = 0 // the EOS
 		}
 		binary.LittleEndian.PutUint16(ids[2*i:], id)
 	}
-	if _, err := a.Append(context.Background(), tokens.ShardInfo{ID: "s", Revision: "r1"}, bytes.NewReader(ids)); err != nil {
+	return ids
+}
+
+// A store's SIZE is what its manifest commits, the bytes a run reads, and
+// not the bytes an append killed midway left past them in tokens.bin,
+// which the listing counted; its SHARDS are its files, a file taken in
+// two parts under --max-tokens counted once, where each part counted.
+func TestDatasetsCountsWhatTheManifestCommits(t *testing.T) {
+	t.Parallel()
+	stores := t.TempDir()
+	// An append killed after it wrote its tokens and before it committed
+	// them leaves them past the committed ones.
+	tail := filepath.Join(stores, "tail")
+	makeStore(t, tail, 5000)
+	f, err := os.OpenFile(filepath.Join(tail, tokens.TokensFile), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := f.Write(storeIDs(2048)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if fi, err := os.Stat(filepath.Join(tail, tokens.TokensFile)); err != nil || fi.Size() != 2*(5000+2048) {
+		t.Fatalf("tokens.bin with an uncommitted tail: %v, %v", fi, err)
+	}
+
+	// File f in two parts, the first up to its record 10 and then the
+	// rest, beside file g whole: two files in three shards.
+	parts := filepath.Join(stores, "parts")
+	tok := tokens.Tokenizer{Name: "t", SHA256: strings.Repeat("ab", 32), VocabSize: 300, EOS: 0}
+	a, err := tokens.OpenAppender(context.Background(), parts, tok, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []struct {
+		info tokens.ShardInfo
+		n    int
+	}{
+		{tokens.ShardInfo{ID: "f", Revision: "r1", Part: tokens.Part{From: 0, To: 10}}, 100},
+		{tokens.ShardInfo{ID: "g", Revision: "r1"}, 300},
+		{tokens.ShardInfo{ID: "f", Revision: "r1", Part: tokens.Part{From: 10}}, 600},
+	} {
+		if _, err := a.Append(context.Background(), s.info, bytes.NewReader(storeIDs(s.n))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	out, errOut, code := sched(t, nil, "datasets", "--stores", stores)
+	if code != 0 {
+		t.Fatalf("datasets: exit %d\n%s%s", code, out, errOut)
+	}
+	for name, want := range map[string]string{
+		"tail":  `tail +5000 +1 +9\.8 KiB +r1 `,  // 10000 bytes committed, not the 14096 in the file
+		"parts": `parts +1000 +2 +2\.0 KiB +r1 `, // files f and g, 2000 bytes
+	} {
+		line := regexp.MustCompile(`(?m)^` + name + ` .*$`).FindString(out)
+		if !regexp.MustCompile(`^` + want).MatchString(line) {
+			t.Errorf("%s: %q; want a line matching %q\n%s", name, line, want, out)
+		}
 	}
 }
 
@@ -69,7 +143,7 @@ func TestDatasetsShowsADamagedStoreAsSuch(t *testing.T) {
 	} {
 		// No tokens, shards or commit to trust; the file's real size.
 		want := "(?m)^" + name + " +- +- +" + c.size + " +- +damaged: " +
-			regexp.QuoteMeta(c.damage+"; delete "+filepath.Join(stores, name)+", restart the worker that appends to it (at its start it records what its disk holds), then re-ingest it") + ".*$"
+			regexp.QuoteMeta(c.damage+"; delete "+filepath.Join(stores, name)+", then re-ingest it") + ".*$"
 		line := regexp.MustCompile(`(?m)^` + name + ` .*$`).FindString(out)
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("%s: %q; want a line matching %q\n%s", name, line, want, out)
@@ -82,5 +156,146 @@ func TestDatasetsShowsADamagedStoreAsSuch(t *testing.T) {
 	}
 	if got := regexp.MustCompile(`(?m)^good .*$`).FindString(out); got != healthy || !strings.HasPrefix(out, "PRESET") {
 		t.Errorf("the healthy store reads %q beside damaged ones, %q alone\n%s", got, healthy, out)
+	}
+}
+
+// queuedStore is store code of a data directory, which the workers a test
+// starts fill through the queues, over Redis and an S3 server, with the
+// three documents of two local files.
+type queuedStore struct {
+	env    []string
+	redis  *testsvc.RedisServer
+	dir    string   // the store's directory
+	ingest []string // the command that queues its ingest
+}
+
+func newQueuedStore(t *testing.T) *queuedStore {
+	t.Helper()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "kiln")
+	tokenizerTK(t, dir, data)
+	src := filepath.Join(dir, "src")
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"text":"func g() {}"}`+"\n"), 0o644)
+	s := &queuedStore{redis: testsvc.StartRedis(t), dir: filepath.Join(data, "tokens", "code"),
+		ingest: []string{"enqueue", "ingest", "local:" + filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk"}}
+	s3 := testsvc.S3(t)
+	s.env = []string{"KILN_REDIS_URL=" + s.redis.URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src,
+		"KILN_S3_ENDPOINT=" + s3.Endpoint, "KILN_S3_ACCESS_KEY=" + s3.AccessKey, "KILN_S3_SECRET_KEY=" + s3.SecretKey}
+	return s
+}
+
+// fill queues the store's ingest and waits until the store holds both
+// files and the queues are idle (the last append's task ended, so that
+// the next ingest's appends are queued anew), for two minutes at most; a
+// task archived ends the wait at once.
+func (s *queuedStore) fill(t *testing.T) *tokens.Manifest {
+	t.Helper()
+	if out, errOut, code := sched(t, s.env, s.ingest...); code != 0 {
+		t.Fatalf("%v: exit %d\n%s%s", s.ingest, code, out, errOut)
+	}
+	inspector := asynq.NewInspector(asynq.RedisClientOpt{Addr: s.redis.Addr})
+	defer inspector.Close()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		m, err := tokens.ReadManifest(s.dir)
+		if err == nil && len(m.Shards) == 2 && s.idle(inspector) {
+			if m.Documents != 3 || m.Tokens == 0 {
+				t.Fatalf("the store holds %d documents and %d tokens, want the 3 documents of src/*.jsonl", m.Documents, m.Tokens)
+			}
+			return m
+		}
+		for _, q := range []string{"ingest", "append"} {
+			if archived, _ := inspector.ListArchivedTasks(q); len(archived) > 0 {
+				t.Fatalf("the worker archived %s: %s", archived[0].ID, archived[0].LastErr)
+			}
+		}
+		if time.Now().After(deadline) {
+			status, _, _ := sched(t, s.env, "status")
+			t.Fatalf("the store was not filled in two minutes (%v)\n%s", err, status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// idle reports whether the ingest and append queues hold no task that is
+// waiting, running or to be retried.
+func (s *queuedStore) idle(inspector *asynq.Inspector) bool {
+	for _, q := range []string{"ingest", "append"} {
+		info, err := inspector.GetQueueInfo(q)
+		if err != nil || info.Pending+info.Active+info.Scheduled+info.Retry > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// listing is the store's line in `sched datasets`.
+func (s *queuedStore) listing(t *testing.T) string {
+	t.Helper()
+	out, errOut, code := sched(t, s.env, "datasets")
+	if code != 0 {
+		t.Fatalf("datasets: exit %d\n%s%s", code, out, errOut)
+	}
+	return regexp.MustCompile(`(?m)^code .*$`).FindString(out)
+}
+
+// A damaged store that is deleted is ingested again by the worker that
+// appended it, still running: the listing names the damage and says to
+// delete the store and ingest it again, where it said to restart that
+// worker first, without which the ingest took every file of the deleted
+// store for stored and queued none; the same ingest queued again now
+// fills the store as before.
+func TestDamagedStoreDeletedIsIngestedAgainWithoutARestart(t *testing.T) {
+	s := newQueuedStore(t)
+	startWorker(t, s.env, "--queues", "ingest=1,append=1")
+	first := s.fill(t)
+	healthy := s.listing(t)
+	want := "code +" + strconv.FormatInt(first.Tokens, 10) + " +2 +" + regexp.QuoteMeta(bytesize.Format(2*first.Tokens)) + " +local *$"
+	if !regexp.MustCompile(want).MatchString(healthy) {
+		t.Fatalf("the store filled is listed %q; want a line matching %q", healthy, want)
+	}
+
+	os.Truncate(filepath.Join(s.dir, tokens.TokensFile), 2)
+	damaged := "damaged: tokens.bin is truncated (2 of " + strconv.FormatInt(2*first.Tokens, 10) + " bytes); delete " + s.dir + ", then re-ingest it if you still need it"
+	if line := s.listing(t); !strings.HasSuffix(line, damaged) {
+		t.Fatalf("the store damaged is listed %q; want it to end %q", line, damaged)
+	}
+
+	if err := os.RemoveAll(s.dir); err != nil {
+		t.Fatal(err)
+	}
+	again := s.fill(t)
+	if again.Tokens != first.Tokens || again.Documents != first.Documents {
+		t.Fatalf("the store ingested again holds %d tokens and %d documents, want %d and %d as before", again.Tokens, again.Documents, first.Tokens, first.Documents)
+	}
+	if line := s.listing(t); line != healthy {
+		t.Fatalf("the store ingested again is listed %q, want %q as before", line, healthy)
+	}
+}
+
+// Where the ingest is planned by another worker than the one that
+// appends, the worker that appends notices a store deleted while it runs
+// by itself, and says so in its log; the ingest queued then fills the
+// store again.
+func TestStoreDeletedIsNoticedByTheWorkerThatAppends(t *testing.T) {
+	s := newQueuedStore(t)
+	appender := startWorker(t, s.env, "--queues", "append=1")
+	startWorker(t, s.env, "--queues", "ingest=1")
+	first := s.fill(t)
+	if err := os.RemoveAll(s.dir); err != nil {
+		t.Fatal(err)
+	}
+	const noticed = "token store went from this disk, or was replaced, while the worker ran"
+	deadline := time.Now().Add(2 * time.Minute)
+	for !strings.Contains(workerLog(t, appender), noticed) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker that appends did not log %q in two minutes after the store was deleted", noticed)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if again := s.fill(t); again.Tokens != first.Tokens || again.Documents != first.Documents {
+		t.Fatalf("the store ingested again holds %d tokens and %d documents, want %d and %d as before", again.Tokens, again.Documents, first.Tokens, first.Documents)
 	}
 }

@@ -70,6 +70,18 @@ func init() {
 			if err != nil {
 				return err
 			}
+			if hs.Ingest != nil && hs.Ingest.Stores != nil {
+				go hs.Ingest.WatchStores(c.Context(), worker.DefaultWatchStoresEvery, log)
+				go func() {
+					// A worker that lost the append queue to another disk
+					// no longer speaks for the stores.
+					select {
+					case <-claim.Lost():
+						hs.Ingest.Stores.Stop()
+					case <-c.Context().Done():
+					}
+				}()
+			}
 			var iso *worker.Isolation
 			if hs.Training != nil {
 				logGPU(log, hs.Training.RequireGPU)
@@ -229,10 +241,16 @@ func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int
 	}
 	go worker.SweepStaleUploads(ctx, objects, store.StaleUploadAge, store.StaleUploadAge, log)
 	hs, err = handlersWith(cfg, qs, q, log, objects)
-	if err == nil && reachable && qs[scheduler.QueueAppend] > 0 {
+	if err == nil && qs[scheduler.QueueAppend] > 0 {
 		// The stores live on this worker's disk: their statuses must say
-		// what it holds (a lost disk, a backup put back).
-		hs.Ingest.ReconcileStores(ctx, log)
+		// what it holds (a lost disk, a backup put back), and go on
+		// saying it while the worker runs (a store deleted). The watch
+		// looks first, so that a store deleted while the statuses are
+		// mended is noticed too.
+		hs.Ingest.Stores = hs.Ingest.Pipeline.WatchStores()
+		if reachable {
+			hs.Ingest.ReconcileStores(ctx, log)
+		}
 	}
 	return hs, err
 }

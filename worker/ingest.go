@@ -121,6 +121,12 @@ func AbortStaleUploads(ctx context.Context, objects store.Store, idle time.Durat
 // would otherwise hold their bytes until its next start. The worker's
 // start runs the first sweep itself.
 func SweepStaleUploads(ctx context.Context, objects store.Store, idle, interval time.Duration, log *zap.Logger) {
+	repeat(ctx, interval, func() { AbortStaleUploads(ctx, objects, idle, log) })
+}
+
+// repeat calls f every interval, the first an interval from now, until ctx
+// ends.
+func repeat(ctx context.Context, interval time.Duration, f func()) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -128,7 +134,7 @@ func SweepStaleUploads(ctx context.Context, objects store.Store, idle, interval 
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			AbortStaleUploads(ctx, objects, idle, log)
+			f()
 		}
 	}
 }
@@ -163,16 +169,7 @@ const DefaultWatchStoresEvery = time.Second
 // for stored. Each store so mended is logged, and a failure once while
 // it stays the same; the next look tries again.
 func (c *Ingest) WatchStores(ctx context.Context, every time.Duration, log *zap.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			c.checkStores(ctx, log)
-		}
-	}
+	repeat(ctx, every, func() { c.checkStores(ctx, log) })
 }
 
 // checkStores mends the statuses of the stores that went or were

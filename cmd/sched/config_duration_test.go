@@ -16,13 +16,7 @@ import (
 func TestDurationWithoutAUnitNamesTheFileAndTheKey(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	file := func(name, text string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	file := fileIn(t, dir)
 	bare := file("bare.yaml", "log_format: json\nshutdown_grace: 30\n")
 	quoted := file("quoted.yaml", "shutdown_grace: \"30\"\n")
 	fraction := file("fraction.yaml", "shutdown_grace: 1.5\n")

@@ -14,13 +14,7 @@ import (
 func TestShutdownGraceGivenAsZeroIsRefused(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	file := func(name, text string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	file := fileIn(t, dir)
 	zeroFile := file("zero.yaml", "shutdown_grace: 0s\n")
 	negFile := file("negative.yaml", "shutdown_grace: -5s\n")
 	emptyFile := file("empty.yaml", "shutdown_grace:\n")
@@ -56,5 +50,18 @@ func TestShutdownGraceGivenAsZeroIsRefused(t *testing.T) {
 		if code != 0 || !strings.Contains(out, "KILN_SHUTDOWN_GRACE  shutdown-grace   "+c.want+"\n") {
 			t.Errorf("%v sched %v: exit %d, want grace %s\n%s%s", c.env, c.args, code, c.want, out, errOut)
 		}
+	}
+}
+
+// fileIn returns a function that writes a file of text named name in dir
+// and returns its path.
+func fileIn(t *testing.T, dir string) func(name, text string) string {
+	return func(name, text string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
 	}
 }

@@ -59,6 +59,9 @@ func TestRunsPresetsListsTheRuns(t *testing.T) {
 	if line := lineOf(out, "mine "); code != 0 || !strings.Contains(line, "small  1.0G tok (7630 steps)") || !strings.HasSuffix(line, "my own") {
 		t.Errorf("runs --presets with KILN_RUNS: exit %d, line %q\n%s%s", code, line, out, errOut)
 	}
+	// A file after --presets, as sched ingest's takes one, says how a
+	// runs file is named.
+	wantRefused(t, []string{noRedis}, "sched runs --presets takes no file: it lists the presets and the runs of the file KILN_RUNS names; to list those of "+file+", run KILN_RUNS="+file+" sched runs --presets", "runs", "--presets", file)
 	os.WriteFile(file, []byte("mine: [\n"), 0o644)
 	if _, errOut, code := sched(t, []string{noRedis, "KILN_RUNS=" + file}, "runs", "--presets"); code != 2 || !strings.Contains(errOut, file) {
 		t.Errorf("a runs file that does not read: exit %d, %q", code, errOut)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/internal/shell"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/trainer/runs"
 )
@@ -36,7 +37,14 @@ A wait or an interruption uses no retry and is no failed attempt.
 --presets lists the runs 'sched enqueue train' takes instead: the presets
 and those of the file KILN_RUNS names, with their model, length, batch,
 tokenizer and engine. It needs no Redis.`,
-		Args: exactArgs(0, "no arguments"),
+		Args: func(c *cobra.Command, args []string) error {
+			if presets && len(args) == 1 {
+				// --presets FILE names a file elsewhere (sched ingest's
+				// dataset presets); runs files are KILN_RUNS's.
+				return argsError{fmt.Errorf("sched runs --presets takes no file: it lists the presets and the runs of the file KILN_RUNS names; to list those of %s, run KILN_RUNS=%s sched runs --presets", args[0], shell.Quote(args[0]))}
+			}
+			return exactArgs(0, "no arguments")(c, args)
+		},
 		RunE: func(c *cobra.Command, args []string) error {
 			if presets {
 				return printRunPresets(c.OutOrStdout(), os.Getenv("KILN_RUNS"))

@@ -70,14 +70,6 @@ const noMerge = ^uint64(0)
 // to the heap, so that a 10 MB word without whitespace stays O(n log n).
 const longWord = 128
 
-// merge applies the BPE merges to syms in place, lowest rank first and
-// leftmost first among equal ranks, as HF's Word::merge_all does, and
-// returns the merged symbols.
-func (m *mergeTable) merge(syms []uint32) []uint32 {
-	var scratch mergeScratch
-	return m.mergeWith(syms, &scratch)
-}
-
 // mergeScratch is mergeWith's working space for a word of up to longWord
 // symbols, which an encoder keeps: zeroing a fresh one for every word it
 // merged was a tenth of the merging.
@@ -100,11 +92,13 @@ func minKey(a, b uint64) uint64 {
 	return b + uint64(d&(d>>63))
 }
 
-// mergeWith is merge with scratch space. The symbols stay where they are,
-// linked in order, and a merge takes the smallest key by a branch-free
-// scan: shifting the symbols and their ranks after each merge (two copies)
-// and finding the lowest rank by comparisons that the branch predictor
-// missed took half as long again.
+// mergeWith applies the BPE merges to syms in place, lowest rank first and
+// leftmost first among equal ranks, as HF's Word::merge_all does, and
+// returns the merged symbols; s is its working space. The symbols stay
+// where they are, linked in order, and a merge takes the smallest key by a
+// branch-free scan: shifting the symbols and their ranks after each merge
+// (two copies) and finding the lowest rank by comparisons that the branch
+// predictor missed took half as long again.
 func (m *mergeTable) mergeWith(syms []uint32, s *mergeScratch) []uint32 {
 	n := len(syms)
 	if n < 2 {

@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	asynqmetrics "github.com/hibiken/asynq/x/metrics"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
@@ -158,7 +159,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 // the listener is open, with its address (addr may name port 0).
 func ServeMetrics(ctx context.Context, addr string, m *Metrics) (string, error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(m, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	reg.MustRegister(m, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("metrics endpoint %s: %w", addr, err)

@@ -6,7 +6,6 @@ package redact
 
 import (
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -88,59 +87,70 @@ const shortSecret = 8
 // secret of 8 bytes or more is replaced wherever it appears; a shorter one
 // only where it is a whole token, not joined to a letter or digit before
 // or after it. A password in a URL stays masked whatever its length: its
-// ':' or "//" before it and '@' after it bound it.
+// ':' or "//" before it and '@' after it bound it. Every secret is found in
+// s as given, and the text they cover, overlapping or adjacent, becomes one
+// Mask: a secret masked first never hides another's edge, nor makes one
+// that followed it look joined to a word.
 func Secrets(s string, secrets ...string) string {
-	// The longest first: a short secret masked first could split a longer
-	// one that holds it, leaving the rest of the longer one shown.
-	secrets = slices.Clone(secrets)
-	slices.SortStableFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	var hide []bool // hide[i]: byte i of s is a secret's
+	mark := func(v string) {
+		for from := 0; ; {
+			i := strings.Index(s[from:], v)
+			if i < 0 {
+				return
+			}
+			i += from
+			end := i + len(v)
+			if len(v) >= shortSecret || wholeToken(s, i, end) {
+				if hide == nil {
+					hide = make([]bool, len(s))
+				}
+				for j := i; j < end; j++ {
+					hide[j] = true
+				}
+			}
+			// From the next byte: an occurrence may overlap this one
+			// ("aa" in "aaa aa").
+			from = i + 1
+		}
+	}
 	for _, v := range secrets {
 		if v == "" {
 			continue
 		}
-		s = replace(s, v)
+		mark(v)
 		// As %q writes it, escapes and all.
 		if q := strconv.Quote(v); q[1:len(q)-1] != v {
-			s = replace(s, q[1:len(q)-1])
+			mark(q[1 : len(q)-1])
 		}
 	}
-	return s
+	if hide == nil {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		j := i
+		for j < len(s) && hide[j] == hide[i] {
+			j++
+		}
+		if hide[i] {
+			b.WriteString(Mask)
+		} else {
+			b.WriteString(s[i:j])
+		}
+		i = j
+	}
+	return b.String()
 }
 
-// replace replaces v in s with Mask: everywhere, or for a short v only
-// where it is a whole token.
-func replace(s, v string) string {
-	if len(v) >= shortSecret {
-		return strings.ReplaceAll(s, v, Mask)
-	}
-	first, _ := utf8.DecodeRuneInString(v)
-	last, _ := utf8.DecodeLastRuneInString(v)
-	var b strings.Builder
-	for from := 0; ; {
-		i := strings.Index(s[from:], v)
-		if i < 0 {
-			if from == 0 {
-				return s
-			}
-			b.WriteString(s[from:])
-			return b.String()
-		}
-		i += from
-		end := i + len(v)
-		before, _ := utf8.DecodeLastRuneInString(s[:i])
-		after, _ := utf8.DecodeRuneInString(s[end:])
-		if wordRune(first) && wordRune(before) || wordRune(last) && wordRune(after) {
-			// Part of a longer run of letters or digits: look again
-			// from the next byte, for an occurrence that overlaps this
-			// one ("aa" in "aaa aa").
-			b.WriteString(s[from : i+1])
-			from = i + 1
-			continue
-		}
-		b.WriteString(s[from:i])
-		b.WriteString(Mask)
-		from = end
-	}
+// wholeToken says whether s[i:end] stands as a whole token: neither end of
+// it is a letter or digit joined to one beside it.
+func wholeToken(s string, i, end int) bool {
+	first, _ := utf8.DecodeRuneInString(s[i:end])
+	last, _ := utf8.DecodeLastRuneInString(s[i:end])
+	before, _ := utf8.DecodeLastRuneInString(s[:i])
+	after, _ := utf8.DecodeRuneInString(s[end:])
+	return !(wordRune(first) && wordRune(before) || wordRune(last) && wordRune(after))
 }
 
 // wordRune is a rune of a word: a letter or a digit. utf8.RuneError, which

@@ -93,6 +93,23 @@ func TestSecretsMasksAShortSecretOnlyAsAWholeToken(t *testing.T) {
 			t.Errorf("Secrets with %q: %q", order, got)
 		}
 	}
+	// Each secret is found in the text as given: one masked before it,
+	// ending in punctuation, does not make a short one after it look
+	// joined to a word and leave it shown; adjacent secrets are one mask.
+	for _, c := range []struct {
+		in      string
+		secrets []string
+		want    string
+	}{
+		{"creds=AKIAs3cret/key+=pw9 end", []string{"AKIAs3cret/key+=", "pw9"}, "creds=xxxxx end"},
+		{"creds=AKIAs3cret/key+=pw9 end", []string{"pw9", "AKIAs3cret/key+="}, "creds=xxxxx end"},
+		{"auth p!q! ok", []string{"p!", "q!"}, "auth xxxxx ok"},
+		{"auth p! q! ok", []string{"q!", "p!"}, "auth xxxxx xxxxx ok"},
+	} {
+		if got := Secrets(c.in, c.secrets...); got != c.want {
+			t.Errorf("Secrets(%q, %q) = %q, want %q", c.in, c.secrets, got, c.want)
+		}
+	}
 	// Each of several secrets, short and long.
 	got := Secrets("user a with key s3cretkey9 at a.example", "a", "s3cretkey9")
 	if want := "user xxxxx with key xxxxx at xxxxx.example"; got != want {

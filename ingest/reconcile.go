@@ -73,14 +73,18 @@ func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) 
 
 func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool, error) {
 	r := Reconciled{Store: name}
+	dir := filepath.Join(p.StoresDir, name)
+	// The status is read under the store's lock, which an append holds
+	// until it has published the status of what it committed: read before
+	// it, an append's status could be taken for a stale one and published
+	// over, its limits' mark lost.
+	unlock := lockStoreHere(dir)
+	defer unlock()
 	st, err := p.Status(ctx, name)
 	if err != nil {
 		return r, false, err
 	}
 	r.Listed = len(st.Done)
-	dir := filepath.Join(p.StoresDir, name)
-	unlock := lockStoreHere(dir)
-	defer unlock()
 	m, err := tokens.ReadManifest(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -104,127 +108,183 @@ func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool
 }
 
 // StoresWatch notices the token stores of a Pipeline's StoresDir that
-// went while the process runs (their directory or its manifest deleted,
-// as `sched datasets` says to do with a damaged one) or whose directory
-// was replaced by another, and makes their statuses in object storage say
+// changed while the process runs other than by its own appends (a store's
+// directory or manifest deleted, as `sched datasets` says to do with a
+// damaged one; a directory replaced, or a backup put back in it; a store
+// moved away and back) and makes their statuses in object storage say
 // what the directory holds now, as ReconcileStatuses does for every store
 // at a worker's start: a status that outlived its store would keep the
-// store's files out of the next ingest, which would take them for stored.
-// A store that appears is left to the appends that fill it, which publish
-// its status. It is safe for concurrent use.
+// store's files out of the next ingest, which would take them for stored,
+// and a store back without a status would be taken for empty. It is safe
+// for concurrent use; a Check's requests to object storage hold up no Saw.
 type StoresWatch struct {
-	p       *Pipeline
-	mu      sync.Mutex
-	seen    map[string]storeSeen
-	failed  map[string]string // the last error of each store not mended
-	stopped bool
+	p *Pipeline
+	// checking is held by a Check from its look to its last mend, and by
+	// Stop: Checks take turns, and Stop waits for the one under way.
+	checking sync.Mutex
+	mu       sync.Mutex // guards the fields below
+	seen     map[string]storeSeen
+	listed   bool              // StoresDir existed at a look
+	failed   map[string]string // the last error of each store not mended
+	stopped  bool
 }
 
-// storeSeen is what a look found of one store's directory.
+// storeSeen is what a look found of one store: its directory's and its
+// manifest's identity (device and inode, for os.SameFile), the manifest's
+// size and time too, which a manifest written again in place changes.
+// The zero value is a store not there.
 type storeSeen struct {
-	dir      os.FileInfo // its identity, for os.SameFile (device and inode); nil: not known
-	manifest bool
+	dir, manifest os.FileInfo // nil: not there
+	// again marks a store whose status was not mended: the next Check
+	// tries again.
+	again bool
+}
+
+// same says whether a and b are the same look of a store.
+func (a storeSeen) same(b storeSeen) bool {
+	return !a.again && !b.again && sameFile(a.dir, b.dir) && sameFile(a.manifest, b.manifest) &&
+		(a.manifest == nil || a.manifest.Size() == b.manifest.Size() && a.manifest.ModTime().Equal(b.manifest.ModTime()))
+}
+
+func sameFile(a, b os.FileInfo) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return os.SameFile(a, b)
 }
 
 // WatchStores looks at the stores in p.StoresDir now; Check looks again
-// and mends the statuses of those that went or were replaced since.
+// and mends the statuses of those that changed since.
 func (p *Pipeline) WatchStores() *StoresWatch {
-	seen, err := p.lookAtStores()
-	if err != nil {
-		seen = map[string]storeSeen{} // the next look that reads tells
+	w := &StoresWatch{p: p, seen: map[string]storeSeen{}, failed: map[string]string{}}
+	if seen, listed, err := p.lookAtStores(false); err == nil {
+		w.seen, w.listed = seen, listed
 	}
-	return &StoresWatch{p: p, seen: seen, failed: map[string]string{}}
+	return w
 }
 
-// lookAtStores lists the store directories in p.StoresDir (none when it
-// does not exist yet) and whether each holds a manifest.
-func (p *Pipeline) lookAtStores() (map[string]storeSeen, error) {
+// lookAtStores looks at each store directory in p.StoresDir and its
+// manifest, and says whether the directory exists. Where it existed at
+// the last look (listed) and does not now, it is an error: a disk that
+// went for a moment (unmounted) must not clear every status; a worker's
+// start mends them if it stays gone.
+func (p *Pipeline) lookAtStores(listed bool) (map[string]storeSeen, bool, error) {
 	seen := map[string]storeSeen{}
 	if p.StoresDir == "" {
-		return seen, nil
+		return seen, false, nil
 	}
 	dirs, err := os.ReadDir(p.StoresDir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return seen, nil
+	if errors.Is(err, fs.ErrNotExist) && !listed {
+		return seen, false, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("listing the token stores in %s: %w", p.StoresDir, err)
+		return nil, listed, fmt.Errorf("listing the token stores in %s: %w; their statuses are left as they are until it lists again", p.StoresDir, err)
 	}
 	for _, d := range dirs {
 		if !d.IsDir() || CheckStoreName(d.Name()) != nil {
 			continue
 		}
-		fi, err := d.Info()
-		if err != nil {
-			continue // gone since the listing
+		if s, ok := lookAtStore(filepath.Join(p.StoresDir, d.Name())); ok {
+			seen[d.Name()] = s
 		}
-		_, err = os.Lstat(filepath.Join(p.StoresDir, d.Name(), tokens.ManifestFile))
-		seen[d.Name()] = storeSeen{dir: fi, manifest: !errors.Is(err, fs.ErrNotExist)}
 	}
-	return seen, nil
+	return seen, true, nil
+}
+
+// lookAtStore is what the store directory dir holds now; false where it
+// cannot tell (gone since the listing, or a manifest it may not stat).
+func lookAtStore(dir string) (storeSeen, bool) {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return storeSeen{}, errors.Is(err, fs.ErrNotExist)
+	}
+	s := storeSeen{dir: fi}
+	m, err := os.Lstat(filepath.Join(dir, tokens.ManifestFile))
+	switch {
+	case err == nil:
+		s.manifest = m
+	case !errors.Is(err, fs.ErrNotExist):
+		return storeSeen{}, false
+	}
+	return s, true
 }
 
 // Check looks at the stores again and makes the status of each store that
-// held a manifest at the last look, and no longer does (its directory or
-// manifest gone) or lies in another directory now, say what its directory
-// holds (ReconcileStatuses); it returns the stores whose status changed.
-// A store whose status could not be mended is tried again at the next
-// Check, and its error is returned again only when it changes. After Stop,
-// Check does nothing.
+// changed since the last look (went, came, or holds another manifest than
+// an append of this process left) say what its directory holds
+// (ReconcileStatuses); it returns the stores whose status changed. A store
+// whose status could not be mended is tried again at the next Check, and
+// its error is returned again only when it changes. After Stop, Check does
+// nothing.
 func (w *StoresWatch) Check(ctx context.Context) ([]Reconciled, error) {
+	w.checking.Lock()
+	defer w.checking.Unlock()
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	if w.stopped {
+		w.mu.Unlock()
 		return nil, nil
 	}
-	now, err := w.p.lookAtStores()
+	now, listed, err := w.p.lookAtStores(w.listed)
 	if err != nil {
-		return nil, w.fail("", err)
+		err = w.fail("", err)
+		w.mu.Unlock()
+		return nil, err
 	}
 	delete(w.failed, "")
+	var changed []string
+	for _, name := range slices.Sorted(maps.Keys(w.seen)) {
+		if !w.seen[name].same(now[name]) {
+			changed = append(changed, name)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(now)) {
+		if _, was := w.seen[name]; !was && now[name].manifest != nil {
+			changed = append(changed, name)
+		}
+	}
+	w.seen, w.listed = now, listed
+	w.mu.Unlock()
+
 	var out []Reconciled
 	var errs []error
-	for _, name := range slices.Sorted(maps.Keys(w.seen)) {
-		was := w.seen[name]
-		is, here := now[name]
-		if !was.manifest || here && is.manifest && was.dir != nil && os.SameFile(was.dir, is.dir) {
-			continue
-		}
-		r, changed, err := w.p.reconcile(ctx, name)
+	for _, name := range changed {
+		r, mended, err := w.p.reconcile(ctx, name)
+		w.mu.Lock()
 		if err != nil {
-			now[name] = was // looked at again at the next Check
+			s := w.seen[name]
+			s.again = true // looked at again at the next Check
+			w.seen[name] = s
 			if err := w.fail(name, err); err != nil {
 				errs = append(errs, err)
 			}
-			continue
+		} else {
+			delete(w.failed, name)
 		}
-		delete(w.failed, name)
-		if changed {
+		w.mu.Unlock()
+		if err == nil && mended {
 			out = append(out, r)
 		}
 	}
-	w.seen = now
 	return out, errors.Join(errs...)
 }
 
-// Saw tells the watch that the store name held a manifest a moment ago
-// (an append to it ended), whether or not a look found it since: a store
-// made and deleted between two looks is noticed too.
+// Saw tells the watch that an append of this process to the store name
+// ended: the store as it is now is its own doing, and a store made and
+// deleted before the next look is noticed too.
 func (w *StoresWatch) Saw(name string) {
+	s, ok := lookAtStore(filepath.Join(w.p.StoresDir, name))
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.seen[name].manifest {
-		return
+	if !ok || s.manifest == nil {
+		// Gone already, or cannot tell: the next Check mends its status.
+		s = storeSeen{again: true}
 	}
-	fi, err := os.Lstat(filepath.Join(w.p.StoresDir, name))
-	if err != nil {
-		fi = nil // gone already: the next Check mends its status
-	}
-	w.seen[name] = storeSeen{dir: fi, manifest: true}
+	w.seen[name] = s
 }
 
 // fail records err as the last error of the store name ("": of the
 // listing) and returns it, or nil when it is the one recorded already.
+// The caller holds w.mu.
 func (w *StoresWatch) fail(name string, err error) error {
 	if w.failed[name] == err.Error() {
 		return nil
@@ -237,6 +297,8 @@ func (w *StoresWatch) fail(name string, err error) error {
 // worker that lost the append queue to another disk no longer speaks for
 // the stores).
 func (w *StoresWatch) Stop() {
+	w.checking.Lock()
+	defer w.checking.Unlock()
 	w.mu.Lock()
 	w.stopped = true
 	w.mu.Unlock()

@@ -13,9 +13,11 @@ import (
 )
 
 // A watch of the stores mends the status of a store that went (its
-// directory or its manifest deleted) or whose directory was replaced
-// since it last looked, also one made and deleted between two looks that
-// an append told it of; a store that stays, or appears, is left alone,
+// directory or its manifest deleted), whose directory was replaced, that
+// came back, or over which a smaller backup was written in place, since it
+// last looked, also one made and deleted between two looks that an append
+// told it of; a store that stays, or appears with its status published,
+// is left alone; the stores' directory gone for a moment clears nothing;
 // and after Stop nothing is mended.
 func TestAWatchMendsTheStatusOfAStoreThatWent(t *testing.T) {
 	ctx := context.Background()
@@ -101,6 +103,57 @@ func TestAWatchMendsTheStatusOfAStoreThatWent(t *testing.T) {
 	os.RemoveAll(filepath.Join(p.StoresDir, "brief"))
 	check(w, "brief")
 	check(w)
+
+	// A store moved away and back: its status is cleared, then says again
+	// what it holds.
+	fill("back", "a", "b")
+	w.Saw("back")
+	check(w)
+	away := filepath.Join(t.TempDir(), "back")
+	os.Rename(filepath.Join(p.StoresDir, "back"), away)
+	check(w, "back")
+	os.Rename(away, filepath.Join(p.StoresDir, "back"))
+	check(w, "back")
+	if got := done("back"); got != "a,b" {
+		t.Errorf("the store moved back has a status listing %q; want a,b", got)
+	}
+
+	// A smaller backup written over a store in place, its directory and
+	// files the same (as a copy into it, or a directory made again on the
+	// freed inode, leaves them): its manifest's size and time tell.
+	small := filepath.Join(t.TempDir(), "small")
+	b, err := tokens.OpenAppender(ctx, small, tok, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Append(ctx, tokens.ShardInfo{ID: "a"}, bytes.NewReader([]byte{1, 0, 0, 0}))
+	b.Close()
+	for _, f := range []string{tokens.ManifestFile, tokens.TokensFile} {
+		data, err := os.ReadFile(filepath.Join(small, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(p.StoresDir, "back", f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(w, "back")
+	if got := done("back"); got != "a" {
+		t.Errorf("the store a smaller backup was written over has a status listing %q; want a", got)
+	}
+
+	// The stores' directory gone for a moment (a disk unmounted): no
+	// status is cleared, and none is once it is back.
+	gone := filepath.Join(t.TempDir(), "stores")
+	os.Rename(p.StoresDir, gone)
+	if rs, err := w.Check(ctx); err == nil || len(rs) != 0 || !strings.Contains(err.Error(), "their statuses are left as they are") {
+		t.Fatalf("Check with the stores' directory gone: %v, %v; want an error and nothing mended", rs, err)
+	}
+	os.Rename(gone, p.StoresDir)
+	check(w)
+	if got := done("kept"); got != "d" {
+		t.Errorf("after the stores' directory came back, store kept's status lists %q; want d", got)
+	}
 
 	w.Stop()
 	os.RemoveAll(filepath.Join(p.StoresDir, "new"))

@@ -297,9 +297,9 @@ func printFailures(w io.Writer, fails []scheduler.TaskStatus) {
 // its line says when it last reported.
 const quietTask = 5 * time.Minute
 
-// Of a task whose last attempt failed, its line says the error's first
-// line: cut at listErrRunes where status lists tasks, whole where it shows
-// the one task asked for.
+// Of a task whose last attempt failed, its line says the error, its lines
+// joined: cut at listErrRunes where status lists tasks, whole where it
+// shows the one task asked for.
 const (
 	listErrRunes = 200
 	taskErrRunes = 1 << 16
@@ -367,7 +367,7 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		parts = append(parts, s)
 	}
 	if failed {
-		parts = append(parts, "last error: "+scheduler.OneLine(ts.LastErr, errRunes))
+		parts = append(parts, "last error: "+errorLine(ts.LastErr, errRunes))
 	}
 	return strings.Join(parts, "  ")
 }
@@ -376,7 +376,13 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 // say the same, as they do of an attempt that failed: the worker writes
 // the error as the message, and asynq keeps it with its own marks.
 func sameError(msg, lastErr string) bool {
-	return scheduler.OneLine(msg, len(msg)+1) == scheduler.OneLine(lastErr, len(lastErr)+1)
+	return errorLine(msg, len(msg)+1) == errorLine(lastErr, len(lastErr)+1)
+}
+
+// errorLine is an error of several lines (errors.Join's) as one, its lines
+// joined by "; ", cut at n characters.
+func errorLine(err string, n int) string {
+	return scheduler.OneLine(strings.ReplaceAll(strings.TrimSpace(err), "\n", "; "), n)
 }
 
 // failedLast reports whether a task is where it is because its last

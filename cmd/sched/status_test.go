@@ -656,6 +656,13 @@ func TestAFailedTaskSaysItsErrorOnce(t *testing.T) {
 	if !strings.Contains(listed, "last error: ingest:shard of owner/data") || strings.Count(listed, "owner/data") != 1 || len([]rune(listed)) > listErrRunes+60 {
 		t.Errorf("the task listed: %q; want its error once, cut to %d characters", listed, listErrRunes)
 	}
+	// An error of several lines (errors.Join's) is said whole, once.
+	joined := "train:segment pilot: the loss is NaN at step 40\ncheckpoint of step 39: disk full"
+	ts.LastErr, ts.Progress.Message = joined+" (skip retry for the task)", joined
+	if line := taskLine(ts, nil, now, false, taskErrRunes); strings.Count(line, "step 40") != 1 || !strings.HasSuffix(line, "last error: train:segment pilot: the loss is NaN at step 40; checkpoint of step 39: disk full") {
+		t.Errorf("a task whose error has two lines: %q; want both lines once", line)
+	}
+	ts.LastErr = why
 	ts.Progress.Message = "read 3 of 12 row groups"
 	if line := taskLine(ts, nil, now, false, taskErrRunes); !strings.Contains(line, `"read 3 of 12 row groups"`) || !strings.Contains(line, "last error: "+why) {
 		t.Errorf("a task whose message is not its error: %q; want both", line)

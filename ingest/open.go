@@ -81,13 +81,9 @@ func compressedJSON(name string) bool {
 
 // compressedText says whether name is a gzip (.gz) or zstd (.zst) file that
 // is read as the text it decompresses to: a corpus kept as .txt.gz, a
-// source file or a config compressed in a tree. An archive (.tar.gz,
-// .tar.zst) is not text once decompressed either: it is read as its bytes
-// are and skipped as invalid-utf8.
+// source file or a config compressed in a tree. One that holds a tar
+// archive (.tar.gz) is skipped as an archive by its first header.
 func compressedText(name string) bool {
-	if strings.HasSuffix(name, ".tar.gz") || strings.HasSuffix(name, ".tar.zst") {
-		return false
-	}
 	return strings.HasSuffix(name, ".gz") || strings.HasSuffix(name, ".zst")
 }
 

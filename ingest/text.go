@@ -1,6 +1,8 @@
 package ingest
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,8 +47,19 @@ func (r *textReader) next(ctx context.Context) (record, error) {
 		return record{}, io.EOF
 	}
 	r.done = true
-	b, err := io.ReadAll(io.LimitReader(r.in, MaxTextFileBytes+1))
+	in := r.in
 	compressed := r.z != nil
+	if compressed {
+		// A tar archive compressed (src.tar.gz, or a .gz that holds one
+		// under another name) is files and their headers, not a text:
+		// told by its first header's magic, before the rest is read.
+		br := bufio.NewReaderSize(r.in, 4096)
+		if head, _ := br.Peek(tarHeader); isTar(head) {
+			return record{id: r.name, skip: SkipArchive}, nil
+		}
+		in = br
+	}
+	b, err := io.ReadAll(io.LimitReader(in, MaxTextFileBytes+1))
 	switch {
 	case err != nil && compressed:
 		// A compressed stream cut short or corrupt, as in JSON lines.
@@ -59,6 +72,14 @@ func (r *textReader) next(ctx context.Context) (record, error) {
 		return record{}, &SkipError{Reason: SkipEmptyFile, Path: r.name, Err: errors.New("the file decompresses to nothing")}
 	}
 	return record{id: r.name, text: b}, nil
+}
+
+// tarHeader is the size of a tar header, which holds the format's magic
+// "ustar" at offset 257 (POSIX and GNU alike).
+const tarHeader = 512
+
+func isTar(head []byte) bool {
+	return len(head) >= tarHeader && bytes.HasPrefix(head[257:], []byte("ustar"))
 }
 
 func (r *textReader) Close() error {

@@ -188,14 +188,14 @@ func checkDuration(n *yaml.Node, key string) error {
 		return nil
 	case "!!int", "!!float":
 		return &DurationError{Line: n.Line, Key: key, Value: n.Value, Number: true}
-	case "!!str":
-		if _, err := time.ParseDuration(n.Value); err == nil {
-			return nil
-		}
-		// "30", quoted, is the number still.
-		return &DurationError{Line: n.Line, Key: key, Value: n.Value, Number: plainNumber.MatchString(n.Value)}
 	}
-	return &DurationError{Line: n.Line, Key: key, Value: n.Value}
+	// A string, or a value of a tag of the writer's own (!dur 30s), which
+	// yaml decodes as its text.
+	if _, err := time.ParseDuration(n.Value); err == nil {
+		return nil
+	}
+	// "30", quoted, is the number still.
+	return &DurationError{Line: n.Line, Key: key, Value: n.Value, Number: plainNumber.MatchString(n.Value)}
 }
 
 // checkKeys checks n, the value of key (the keys above it joined by ".",

@@ -162,6 +162,8 @@ func TestDurationsWithoutAUnitSayWhatToWrite(t *testing.T) {
 		"segment:\n  max_duration: 90m\n":    90 * time.Minute,
 		"segment:\n  max_duration: \"2h\"\n": 2 * time.Hour,
 		"segment:\n  max_duration: \"0\"\n":  0,
+		// A tag of the writer's own: its text is read.
+		"segment:\n  max_duration: !dur 30s\n": 30 * time.Second,
 		// Empty: unset, the value before kept.
 		"segment:\n  max_duration:\n": 7,
 	} {

@@ -29,20 +29,15 @@ func TestDurationWithoutAUnitNamesTheFileAndTheKey(t *testing.T) {
 	xdgFile := file(filepath.Join("xdg", "kiln", "config.yaml"), "shutdown_grace: 45\n")
 	runsFile := file("runs.yaml", "mine:\n  from: pilot\n  segment:\n    max_duration: 90\n")
 	noRedis := "KILN_REDIS_URL=redis://127.0.0.1:1/0"
-	const hint = "is not positive: give a duration such as 30s, or leave it unset for the default 30s"
-	for _, c := range []struct {
-		env  []string
-		args []string
-		want string
-	}{
+	for _, c := range []refusal{
 		{nil, []string{"config", "--config", bare}, "config file " + bare + ": line 2: shutdown_grace: 30 has no unit: write 30s (or 5m, 1h)"},
 		{[]string{"KILN_CONFIG=" + bare, noRedis}, []string{"worker"}, "config file " + bare + ": line 2: shutdown_grace: 30 has no unit: write 30s (or 5m, 1h)"},
 		{[]string{"XDG_CONFIG_HOME=" + filepath.Join(dir, "xdg")}, []string{"config"}, "config file " + xdgFile + ": line 1: shutdown_grace: 45 has no unit: write 45s (or 5m, 1h)"},
 		{nil, []string{"config", "--config", quoted}, "config file " + quoted + ": line 1: shutdown_grace: 30 has no unit: write 30s (or 5m, 1h)"},
 		{nil, []string{"config", "--config", fraction}, "config file " + fraction + ": line 1: shutdown_grace: 1.5 has no unit: write 1.5s (or 5m, 1h)"},
 		{nil, []string{"config", "--config", words}, "config file " + words + `: line 1: shutdown_grace: "5 minutes" is not a duration: write one such as 30s, 5m or 1h30m`},
-		{nil, []string{"config", "--config", zero}, "config file " + zero + ": shutdown_grace: 0 " + hint},
-		{nil, []string{"config", "--config", negative}, "config file " + negative + ": shutdown_grace: -5 " + hint},
+		{nil, []string{"config", "--config", zero}, "config file " + zero + ": shutdown_grace: 0 " + graceHint},
+		{nil, []string{"config", "--config", negative}, "config file " + negative + ": shutdown_grace: -5 " + graceHint},
 		{[]string{"KILN_RUNS=" + runsFile}, []string{"config"}, "KILN_RUNS: runs file " + runsFile + ": run mine: line 4: segment.max_duration: 90 has no unit: write 90s (or 5m, 1h)"},
 		{[]string{"KILN_RUNS=" + runsFile, noRedis}, []string{"runs", "--presets"}, "runs file " + runsFile + ": run mine: line 4: segment.max_duration: 90 has no unit: write 90s (or 5m, 1h)"},
 	} {

@@ -19,18 +19,13 @@ func TestShutdownGraceGivenAsZeroIsRefused(t *testing.T) {
 	negFile := file("negative.yaml", "shutdown_grace: -5s\n")
 	emptyFile := file("empty.yaml", "shutdown_grace:\n")
 	noRedis := "KILN_REDIS_URL=redis://127.0.0.1:1/0"
-	const hint = "is not positive: give a duration such as 30s, or leave it unset for the default 30s"
-	for _, c := range []struct {
-		env  []string
-		args []string
-		want string
-	}{
-		{[]string{noRedis}, []string{"worker", "--shutdown-grace", "0"}, `flag --shutdown-grace: "0" ` + hint},
-		{nil, []string{"config", "--shutdown-grace=0s"}, `flag --shutdown-grace: "0s" ` + hint},
-		{nil, []string{"config", "--shutdown-grace", "-1s"}, `flag --shutdown-grace: "-1s" ` + hint},
-		{[]string{"KILN_SHUTDOWN_GRACE=0"}, []string{"config"}, `environment KILN_SHUTDOWN_GRACE: "0" ` + hint},
-		{[]string{"KILN_SHUTDOWN_GRACE=0", noRedis}, []string{"worker"}, `environment KILN_SHUTDOWN_GRACE: "0" ` + hint},
-		{nil, []string{"config", "--config", zeroFile}, "config file " + zeroFile + ": shutdown_grace: 0s " + hint},
+	for _, c := range []refusal{
+		{[]string{noRedis}, []string{"worker", "--shutdown-grace", "0"}, `flag --shutdown-grace: "0" ` + graceHint},
+		{nil, []string{"config", "--shutdown-grace=0s"}, `flag --shutdown-grace: "0s" ` + graceHint},
+		{nil, []string{"config", "--shutdown-grace", "-1s"}, `flag --shutdown-grace: "-1s" ` + graceHint},
+		{[]string{"KILN_SHUTDOWN_GRACE=0"}, []string{"config"}, `environment KILN_SHUTDOWN_GRACE: "0" ` + graceHint},
+		{[]string{"KILN_SHUTDOWN_GRACE=0", noRedis}, []string{"worker"}, `environment KILN_SHUTDOWN_GRACE: "0" ` + graceHint},
+		{nil, []string{"config", "--config", zeroFile}, "config file " + zeroFile + ": shutdown_grace: 0s " + graceHint},
 		{nil, []string{"config", "--config", negFile}, "config file " + negFile + ": shutdown_grace: -5s is negative: give a duration such as 30s, or leave it unset for the default 30s"},
 	} {
 		wantRefused(t, c.env, c.want, c.args...)
@@ -51,6 +46,17 @@ func TestShutdownGraceGivenAsZeroIsRefused(t *testing.T) {
 			t.Errorf("%v sched %v: exit %d, want grace %s\n%s%s", c.env, c.args, code, c.want, out, errOut)
 		}
 	}
+}
+
+// graceHint is what a refusal of a shutdown grace that is not positive
+// says to give instead.
+const graceHint = "is not positive: give a duration such as 30s, or leave it unset for the default 30s"
+
+// refusal is a command (env and args) and what its one line says.
+type refusal struct {
+	env  []string
+	args []string
+	want string
 }
 
 // fileIn returns a function that writes a file of text named name in dir

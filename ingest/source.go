@@ -99,7 +99,7 @@ const (
 	SkipUnsafePath      = "unsafe-path"      // a listed path that would leave the data directory
 	SkipMissingColumn   = "missing-column"   // the preset's text column is not in the file
 	SkipLongWord        = "long-word"        // a document with a word over tokenizer.DefaultMaxWordBytes (1 MiB)
-	SkipArchive         = "archive"          // a compressed text file that holds a tar archive (.tar.gz)
+	SkipArchive         = "archive"          // a compressed file read as text that holds a tar archive (.tar.gz)
 )
 
 // Skips counts skipped records and files by reason. It is not safe for

@@ -55,7 +55,7 @@ func (r *textReader) next(ctx context.Context) (record, error) {
 		// told by its first header's magic, before the rest is read.
 		br := bufio.NewReaderSize(r.in, 4096)
 		if head, _ := br.Peek(tarHeader); isTar(head) {
-			return record{id: r.name, skip: SkipArchive}, nil
+			return record{}, &SkipError{Reason: SkipArchive, Path: r.name, Err: errors.New("it holds a tar archive (its first header says so), not text")}
 		}
 		in = br
 	}

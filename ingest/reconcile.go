@@ -231,14 +231,12 @@ func (w *StoresWatch) Check(ctx context.Context) ([]Reconciled, error) {
 		return nil, err
 	}
 	delete(w.failed, "")
+	// A store not in one of the looks is its zero value there.
+	names := maps.Clone(w.seen)
+	maps.Copy(names, now)
 	var changed []string
-	for _, name := range slices.Sorted(maps.Keys(w.seen)) {
+	for _, name := range slices.Sorted(maps.Keys(names)) {
 		if !w.seen[name].same(now[name]) {
-			changed = append(changed, name)
-		}
-	}
-	for _, name := range slices.Sorted(maps.Keys(now)) {
-		if _, was := w.seen[name]; !was && now[name].manifest != nil {
 			changed = append(changed, name)
 		}
 	}

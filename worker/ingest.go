@@ -147,14 +147,19 @@ func repeat(ctx context.Context, interval time.Duration, f func()) {
 // again instead of taking them for stored. Each store so mended is logged.
 func (c *Ingest) ReconcileStores(ctx context.Context, log *zap.Logger) []ingest.Reconciled {
 	rs, err := c.Pipeline.ReconcileStatuses(ctx)
-	for _, r := range rs {
-		log.Warn("token store's status in object storage did not say what this disk's store holds: it does now, and an ingest plans the files the store lacks again",
-			zap.String("store", r.Store), zap.Int("files_listed", r.Listed), zap.Int("files_held", r.Holds), zap.String("dir", filepath.Join(c.Pipeline.StoresDir, r.Store)))
-	}
+	c.logMended(log, "token store's status in object storage did not say what this disk's store holds: it does now, and an ingest plans the files the store lacks again", rs)
 	if err != nil && ctx.Err() == nil {
 		log.Warn("token stores' statuses not checked against this disk; the next start tries again", zap.Error(err))
 	}
 	return rs
+}
+
+// logMended logs msg of each store whose status was mended.
+func (c *Ingest) logMended(log *zap.Logger, msg string, rs []ingest.Reconciled) {
+	for _, r := range rs {
+		log.Warn(msg, zap.String("store", r.Store), zap.Int("files_listed", r.Listed), zap.Int("files_held", r.Holds),
+			zap.String("dir", filepath.Join(c.Pipeline.StoresDir, r.Store)))
+	}
 }
 
 // DefaultWatchStoresEvery is how often a worker that appends looks at
@@ -182,10 +187,7 @@ func (c *Ingest) checkStores(ctx context.Context, log *zap.Logger) {
 		log = zap.NewNop()
 	}
 	rs, err := c.Stores.Check(ctx)
-	for _, r := range rs {
-		log.Warn("token store went from this disk, or was replaced, while the worker ran: its status in object storage says what the disk holds now, and an ingest plans the files the store lacks again",
-			zap.String("store", r.Store), zap.Int("files_listed", r.Listed), zap.Int("files_held", r.Holds), zap.String("dir", filepath.Join(c.Pipeline.StoresDir, r.Store)))
-	}
+	c.logMended(log, "token store went from this disk, or was replaced, while the worker ran: its status in object storage says what the disk holds now, and an ingest plans the files the store lacks again", rs)
 	if err != nil && ctx.Err() == nil {
 		log.Warn("the status of a token store that went from this disk, or was replaced, is not mended; the next look tries again", zap.Error(err))
 	}

@@ -174,10 +174,7 @@ func newQueuedStore(t *testing.T) *queuedStore {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "kiln")
 	tokenizerTK(t, dir, data)
-	src := filepath.Join(dir, "src")
-	os.MkdirAll(src, 0o755)
-	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"text":"func g() {}"}`+"\n"), 0o644)
+	src := sourceDir(t, dir, twoFiles)
 	s := &queuedStore{redis: testsvc.StartRedis(t), dir: filepath.Join(data, "tokens", "code"),
 		ingest: []string{"enqueue", "ingest", "local:" + filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk"}}
 	s3 := testsvc.S3(t)

@@ -116,10 +116,7 @@ func TestIngestDirectIntoTheDataDir(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	data := dataDirWithTokenizer(t, dir, "tk")
-	src := filepath.Join(dir, "src")
-	os.MkdirAll(src, 0o755)
-	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"text":"func g() {}"}`+"\n"), 0o644)
+	src := sourceDir(t, dir, twoFiles)
 	// A second path to a's bytes: one shard holds both, and the report
 	// says so rather than counting it as already in the new store.
 	os.WriteFile(filepath.Join(src, "c.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
@@ -177,10 +174,7 @@ func TestIngestThroughTheQueueFromTheCLI(t *testing.T) {
 	data := filepath.Join(dir, "kiln")
 	// A tokenizer this machine holds in its catalog directory, by name.
 	tokFile := tokenizerTK(t, dir, data)
-	src := filepath.Join(dir, "src")
-	os.MkdirAll(src, 0o755)
-	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main"}`+"\n"+`{"text":"func f() {}"}`+"\n"), 0o644)
-	os.WriteFile(filepath.Join(src, "b.jsonl"), []byte(`{"text":"func g() {}"}`+"\n"), 0o644)
+	src := sourceDir(t, dir, twoFiles)
 	// The files are outside the data directory: the worker reads them
 	// only because they are under one of its local roots.
 	redis := testsvc.StartRedis(t)
@@ -282,6 +276,28 @@ func dataDirWithTokenizer(t *testing.T, dir, name string) string {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// sourceDir writes files (name to text) into dir/src, a local dataset's
+// directory, and returns its path.
+func sourceDir(t *testing.T, dir string, files map[string]string) string {
+	t.Helper()
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return src
+}
+
+// twoFiles are a local dataset of two JSON lines files, three documents.
+var twoFiles = map[string]string{
+	"a.jsonl": `{"text":"package main"}` + "\n" + `{"text":"func f() {}"}` + "\n",
+	"b.jsonl": `{"text":"func g() {}"}` + "\n",
 }
 
 // goldenTokenizerWithEOS trains a small tokenizer (with <|endoftext|>) into dir.

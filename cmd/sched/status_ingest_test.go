@@ -24,20 +24,16 @@ func TestStatusIngestPerDataset(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	data := dataDirWithTokenizer(t, dir, "tk")
-	src := filepath.Join(dir, "src")
-	os.MkdirAll(src, 0o755)
 	files := map[string]string{
-		"a.jsonl": `{"text":"package main"}` + "\n" + `{"text":"func f() {}"}` + "\n",
-		"b.jsonl": `{"text":"func g() {}"}` + "\n",
+		"a.jsonl": twoFiles["a.jsonl"],
+		"b.jsonl": twoFiles["b.jsonl"],
 		// Not gzip: recorded in the store as skipped, which is done.
 		"c.jsonl.gz": "this is not gzip\n",
 	}
+	src := sourceDir(t, dir, files)
 	var done int64 // bytes of the files that end up in the store or recorded as skipped
-	for name, text := range files {
+	for _, text := range files {
 		done += int64(len(text))
-		if err := os.WriteFile(filepath.Join(src, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
 	}
 	// A second store whose directory a file blocks: its appends fail.
 	os.MkdirAll(filepath.Join(data, "tokens"), 0o755)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -24,13 +23,7 @@ func TestWorkAnOlderKilnQueuedIsArchivedAndQueuedAgainByItsCommand(t *testing.T)
 	t.Parallel()
 	dir := t.TempDir()
 	data := dataDirWithTokenizer(t, dir, "tk")
-	src := filepath.Join(dir, "src")
-	if err := os.MkdirAll(src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"text":"package main\nfunc f() {}\n"}`+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	src := sourceDir(t, dir, map[string]string{"a.jsonl": `{"text":"package main\nfunc f() {}\n"}` + "\n"})
 	r := testsvc.StartRedis(t)
 	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src}
 	glob := "local:" + filepath.Join(src, "*.jsonl")

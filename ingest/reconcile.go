@@ -301,3 +301,10 @@ func (w *StoresWatch) Stop() {
 	w.stopped = true
 	w.mu.Unlock()
 }
+
+// Stopped says whether Stop has been called.
+func (w *StoresWatch) Stopped() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopped
+}

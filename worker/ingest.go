@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"golang.org/x/sync/semaphore"
 
@@ -53,6 +54,11 @@ type Ingest struct {
 	// one, as `sched datasets` says to do) is ingested whole again by the
 	// next ingest, without a restart of the worker.
 	Stores *ingest.StoresWatch
+	// Redis is the queue's Redis. Through it a worker that watches its
+	// stores says so and answers the plans of other workers, which ask it
+	// to look at its stores before they read the stores' statuses
+	// (askForALook). Nil: neither.
+	Redis redis.UniversalClient
 }
 
 // resolve checks c's dependencies and returns a copy with its defaults.
@@ -167,14 +173,57 @@ func (c *Ingest) logMended(log *zap.Logger, msg string, rs []ingest.Reconciled) 
 const DefaultWatchStoresEvery = time.Second
 
 // WatchStores looks at the token stores of this worker's disk through
-// c.Stores every `every` until ctx ends, and makes the status in object
-// storage of each store that went or was replaced since say what the disk
-// holds, as ReconcileStores does at the start: `sched enqueue ingest`
-// then plans the files of a deleted store again instead of taking them
-// for stored. Each store so mended is logged, and a failure once while
-// it stays the same; the next look tries again.
+// c.Stores every `every`, and whenever a plan on another worker asks it
+// to, until ctx ends, and makes the status in object storage of each
+// store that went or was replaced since say what the disk holds, as
+// ReconcileStores does at the start: `sched enqueue ingest` then plans
+// the files of a deleted store again instead of taking them for stored.
+// Each store so mended is logged, and a failure once while it stays the
+// same; the next look tries again.
 func (c *Ingest) WatchStores(ctx context.Context, every time.Duration, log *zap.Logger) {
-	repeat(ctx, every, func() { c.checkStores(ctx, log) })
+	if log == nil {
+		log = zap.NewNop()
+	}
+	var asks <-chan *redis.Message
+	if c.Redis != nil {
+		// Subscribed before the watch is announced, so that no plan
+		// asks unheard.
+		sub := c.Redis.Subscribe(ctx, StoresLookChannel)
+		defer sub.Close()
+		if _, err := sub.Receive(ctx); err != nil && ctx.Err() == nil {
+			log.Warn("not listening for the plans of other workers that ask this one to look at its token stores; it looks every "+every.String()+" and tries to listen again", zap.Error(err))
+		}
+		asks = sub.Channel()
+		if err := c.announceWatch(ctx, every); err != nil && ctx.Err() == nil {
+			log.Warn("could not say in Redis that this worker watches its token stores; the next look tries again", zap.Error(err))
+		}
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-asks:
+		}
+		c.watchLook(ctx, every, log)
+	}
+}
+
+// watchLook is one look of WatchStores, numbered in Redis for the plans
+// that wait for it.
+func (c *Ingest) watchLook(ctx context.Context, every time.Duration, log *zap.Logger) {
+	if c.Stores == nil || c.Stores.Stopped() {
+		// No longer the stores' worker: its looks answer no plan, and
+		// the watch's key lapses.
+		return
+	}
+	n := c.startLook(ctx)
+	c.checkStores(ctx, log)
+	if err := c.finishLook(ctx, n, every); err != nil && ctx.Err() == nil {
+		log.Debug("a look at the token stores not recorded in Redis", zap.Error(err))
+	}
 }
 
 // checkStores mends the statuses of the stores that went or were
@@ -216,9 +265,9 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 		}()
 		defer func() { <-loaded }()
 	}
-	// On the worker that holds the stores, a store deleted from its disk
+	// A store deleted from the disk of the worker that holds the stores
 	// a moment ago is forgotten before the plan reads its status.
-	c.checkStores(ctx, c.Pipeline.Logger)
+	c.lookAtStores(ctx)
 	res, err := c.Pipeline.Plan(ctx, a)
 	if err != nil {
 		return permanent(a.Kind(), err)

@@ -296,3 +296,21 @@ func TestStoreDeletedIsNoticedByTheWorkerThatAppends(t *testing.T) {
 		t.Fatalf("the store ingested again holds %d tokens and %d documents, want %d and %d as before", again.Tokens, again.Documents, first.Tokens, first.Documents)
 	}
 }
+
+// Where the store's ingest is queued again the moment the store is
+// deleted, before the worker that appends has looked at its disk, the
+// plan on the other worker asks it to look first: the store is ingested
+// whole again, where the plan read the deleted store's status and queued
+// nothing.
+func TestStoreDeletedAndIngestedAtOnceIsIngestedWhole(t *testing.T) {
+	s := newQueuedStore(t)
+	startWorker(t, s.env, "--queues", "append=1")
+	startWorker(t, s.env, "--queues", "ingest=1")
+	first := s.fill(t)
+	if err := os.RemoveAll(s.dir); err != nil {
+		t.Fatal(err)
+	}
+	if again := s.fill(t); again.Tokens != first.Tokens || again.Documents != first.Documents {
+		t.Fatalf("the store ingested again holds %d tokens and %d documents, want %d and %d as before", again.Tokens, again.Documents, first.Tokens, first.Documents)
+	}
+}

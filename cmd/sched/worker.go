@@ -274,6 +274,7 @@ func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, 
 			Tokenizers: catalog.New(objects, cfg.DataDir),
 			Enqueue:    func(ctx context.Context, a scheduler.Args) error { _, err := q.Again(ctx, a); return err },
 			Queue:      q,
+			Redis:      q.Redis(),
 		}
 		hs.Tokenizers = &worker.Tokenizers{Objects: objects, DataDir: cfg.DataDir, Hub: h, SWH: swh, LocalRoots: cfg.LocalRoots, Log: log, Enqueue: enqueue}
 	}

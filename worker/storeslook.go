@@ -1,0 +1,146 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// A plan reads its store's status in object storage and queues only the
+// files the status does not list. The worker that appends watches its
+// disk and mends the status of a store that went (WatchStores), but only
+// at its next look, a second later: a plan that another worker runs
+// (compose's worker-ingest) in that second would read the status of a
+// store no longer there, take every file for stored and queue nothing.
+// So the plan asks the watching worker, through Redis, to look now, and
+// reads the status once a look that began after the question has ended.
+// The keys below carry the question and the answer.
+
+// StoresLookChannel is the Redis channel on which a plan asks the worker
+// that watches the token stores to look at them now.
+const StoresLookChannel = "kiln:stores:look"
+
+// StoresLooksKey is the Redis hash that numbers the watching worker's
+// looks at its stores: "started" counts the looks begun, "finished" is
+// the largest number of a look ended (its stores' statuses mended).
+const StoresLooksKey = "kiln:stores:looks"
+
+// StoresWatchedKey exists while a worker watches its token stores: it
+// lapses a few looks' time after the last one, so that a plan does not
+// wait for a worker that has stopped.
+const StoresWatchedKey = "kiln:stores:watched"
+
+// lookFinished records look n as ended: "finished" only ever grows, so
+// that a short look ending after a longer later one takes nothing back.
+// It renews StoresWatchedKey for ARGV[2] ms.
+var lookFinished = redis.NewScript(`
+local f = tonumber(redis.call('HGET', KEYS[1], 'finished') or '0')
+if tonumber(ARGV[1]) > f then redis.call('HSET', KEYS[1], 'finished', ARGV[1]) end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+return 1
+`)
+
+// watchedFor is how long StoresWatchedKey outlives the look that set it,
+// for a watch that looks every `every`.
+func watchedFor(every time.Duration) time.Duration { return 3*every + 2*time.Second }
+
+// announceWatch says that this worker watches its stores, before its
+// first look; nothing where c has no Redis.
+func (c *Ingest) announceWatch(ctx context.Context, every time.Duration) error {
+	if c.Redis == nil {
+		return nil
+	}
+	return c.Redis.Set(ctx, StoresWatchedKey, "1", watchedFor(every)).Err()
+}
+
+// startLook numbers a look about to begin (0: not numbered, where c has
+// no Redis or Redis does not answer; such a look answers no plan).
+func (c *Ingest) startLook(ctx context.Context) int64 {
+	if c.Redis == nil {
+		return 0
+	}
+	n, err := c.Redis.HIncrBy(ctx, StoresLooksKey, "started", 1).Result()
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// finishLook tells the plans that look n has ended.
+func (c *Ingest) finishLook(ctx context.Context, n int64, every time.Duration) error {
+	if c.Redis == nil || n == 0 {
+		return nil
+	}
+	return lookFinished.Run(ctx, c.Redis, []string{StoresLooksKey, StoresWatchedKey}, n, watchedFor(every).Milliseconds()).Err()
+}
+
+// lookPoll is how often a plan that asked for a look reads whether it has
+// ended: a look takes a listing of the stores' directory, and a request
+// to object storage for each store that changed.
+const lookPoll = 20 * time.Millisecond
+
+// askForALook, on a worker that does not hold the token stores, asks the
+// worker that does to look at them, and returns once a look that began
+// after the question has ended, so that the plan then reads statuses that
+// say what that worker's disk holds now. It returns at once where no
+// worker watches its stores (none serves append, or one of a kiln from
+// before the watch), and as soon as the watching worker stops (its
+// StoresWatchedKey lapses). An error says only that the plan goes on
+// without the look.
+func (c *Ingest) askForALook(ctx context.Context) error {
+	if c.Redis == nil {
+		return nil
+	}
+	watched, err := c.Redis.Exists(ctx, StoresWatchedKey).Result()
+	if err != nil || watched == 0 {
+		return err
+	}
+	s, err := c.Redis.HGet(ctx, StoresLooksKey, "started").Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return err
+	}
+	asked, _ := strconv.ParseInt(s, 10, 64)
+	if err := c.Redis.Publish(ctx, StoresLookChannel, asked).Err(); err != nil {
+		return err
+	}
+	t := time.NewTicker(lookPoll)
+	defer t.Stop()
+	for {
+		pipe := c.Redis.Pipeline()
+		exists := pipe.Exists(ctx, StoresWatchedKey)
+		finished := pipe.HGet(ctx, StoresLooksKey, "finished")
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		if exists.Val() == 0 {
+			return nil
+		}
+		if f, _ := strconv.ParseInt(finished.Val(), 10, 64); f > asked {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// lookAtStores makes the statuses a plan is about to read say what the
+// disk of the worker that holds the stores holds now: on that worker by
+// looking itself, on another by asking it.
+func (c *Ingest) lookAtStores(ctx context.Context) {
+	if c.Stores != nil {
+		c.checkStores(ctx, c.Pipeline.Logger)
+		return
+	}
+	if err := c.askForALook(ctx); err != nil && ctx.Err() == nil && c.Pipeline.Logger != nil {
+		c.Pipeline.Logger.Warn("the worker that holds the token stores was not asked to look at them before this plan read their statuses; "+
+			"a store deleted from its disk in the last second may be taken for stored: queue the ingest again if it plans nothing",
+			zap.Error(err))
+	}
+}

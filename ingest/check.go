@@ -180,6 +180,11 @@ func firstDocument(ctx context.Context, p Preset, res *CheckResult) (int, error)
 		}
 		return 0, nil
 	}
+	if SkipReason(err) != "" {
+		// The skip names the file (a text file too large or not UTF-8,
+		// a corrupt one) and says why.
+		return 0, &PresetError{fmt.Errorf("dataset %s: %w", p.Name, err)}
+	}
 	if err != nil {
 		return 0, &PresetError{fmt.Errorf("dataset %s: %s: %w", p.Name, res.Sample, err)}
 	}

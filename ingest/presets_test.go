@@ -171,6 +171,13 @@ func TestCheckReadsALocalFilesFirstDocument(t *testing.T) {
 		!strings.Contains(err.Error(), "e.txt") {
 		t.Fatalf("an empty file: %v; want it named", err)
 	}
+	// A text file is its one document: one not UTF-8 is named once, with
+	// the reason it would be skipped, not as a field that holds no text.
+	f := write("f.txt", "caf\xe9")
+	if _, err := check(filepath.Join(dir, "[f].txt"), Columns{}); !isPresetError(err) || !strings.HasSuffix(err.Error(), ": "+f+": skipped (invalid-utf8): it is not UTF-8 text"+
+		" (a binary file, or text in another encoding such as Latin-1 or UTF-16): convert it to UTF-8 to ingest it") || strings.Count(err.Error(), f) != 1 {
+		t.Fatalf("a text file not UTF-8: %v; want it named once, skipped as invalid-utf8", err)
+	}
 	// An empty file first in the plan's order is passed over for the next.
 	res, err = check(filepath.Join(dir, "[de].txt"), Columns{})
 	if err != nil || res.FirstDocument != 11 || !strings.HasSuffix(res.Sample, "d.txt") {

@@ -147,3 +147,49 @@ func TestADocumentWithAWordOfMegabytesIsLeftOut(t *testing.T) {
 		t.Fatalf("the store holds %d ids; want the 3 other documents' ids, the long one's EOS alone between them (%d)", len(ids), len(want))
 	}
 }
+
+// A direct ingest reports a text file whose one document it skipped under
+// that document's reason, too-large or invalid-utf8, and the store records
+// it so; a JSON lines file of nothing but skipped lines is an empty-file.
+func TestADirectIngestSkipsATextFileForItsDocumentsReason(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"a.txt":     "package main\n",
+		"big.txt":   strings.Repeat("a", MaxTextFileBytes+1),
+		"bin.txt":   "\xff\xfe\x00\x81\xc3\x28",
+		"bad.jsonl": "{\"text\":\"\"}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opt := skipsDirect(t, dir, nil)
+	glob := filepath.Join(src, "*")
+	opt.Preset = Preset{Name: LocalPrefix + glob, Glob: glob, Columns: Columns{Text: "text"}}
+	rep, err := Direct(context.Background(), opt)
+	if err != nil || rep.Appended != 1 || rep.SkippedFiles.String() != "empty-file=1, invalid-utf8=1, too-large=1" || len(rep.SkippedRecords) != 0 {
+		t.Fatalf("a direct ingest: %+v, %v; want a.txt appended and its other files skipped as empty-file=1, invalid-utf8=1, too-large=1", rep, err)
+	}
+	m, err := tokens.ReadManifest(opt.StoreDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := map[string]string{}
+	for _, s := range m.Skipped {
+		recorded[filepath.Base(s.Source)] = s.Reason
+	}
+	for name, want := range map[string]string{
+		"big.txt":   "too-large: " + filepath.Join(src, "big.txt") + ": skipped (too-large): it is 67108865 bytes, over the 64 MiB",
+		"bin.txt":   "invalid-utf8: " + filepath.Join(src, "bin.txt") + ": skipped (invalid-utf8): it is not UTF-8 text",
+		"bad.jsonl": "empty-file: " + filepath.Join(src, "bad.jsonl") + ": skipped (empty-file): no usable documents (skipped: empty-document=1)",
+	} {
+		if !strings.HasPrefix(recorded[name], want) {
+			t.Errorf("the store records %s as skipped for %q; want %q", name, recorded[name], want)
+		}
+	}
+}

@@ -89,13 +89,13 @@ func (s *textSource) Close() error         { return s.r.Close() }
 // Reasons a record or a file is skipped. They are counted per reason and
 // recorded in the token store's manifest.
 const (
-	SkipInvalidUTF8     = "invalid-utf8"     // a document's text is not UTF-8
+	SkipInvalidUTF8     = "invalid-utf8"     // a document's text is not UTF-8 (a text file's: the file)
 	SkipEmptyDocument   = "empty-document"   // a document with no text (or a null)
-	SkipTooLarge        = "too-large"        // a line or blob past the size limit
+	SkipTooLarge        = "too-large"        // a line, blob or text file past the size limit
 	SkipUnknownEncoding = "unknown-encoding" // a Software Heritage src_encoding we cannot decode
 	SkipMissingBlob     = "swh-missing"      // Software Heritage answered NoSuchKey
 	SkipCorruptFile     = "corrupt-file"     // a file that cannot be decoded (bad parquet, truncated zstd)
-	SkipEmptyFile       = "empty-file"       // a file with no documents at all
+	SkipEmptyFile       = "empty-file"       // a file with no documents at all, or none that could be taken
 	SkipUnsafePath      = "unsafe-path"      // a listed path that would leave the data directory
 	SkipMissingColumn   = "missing-column"   // the preset's text column is not in the file
 	SkipLongWord        = "long-word"        // a document with a word over tokenizer.DefaultMaxWordBytes (1 MiB)

@@ -326,7 +326,8 @@ func (c *Ingest) shard(ctx context.Context, a scheduler.IngestShard) error {
 		return fmt.Errorf("%s %s: queuing its append: %w", a.Kind(), a.Path, err)
 	}
 	if out.SkipReason != "" {
-		rep.Message(ctx, fmt.Sprintf("%s skipped (%s): %s", a.Path, out.SkipReason, out.SkipMessage))
+		// The skip's message names the file and the reason.
+		rep.Message(ctx, out.SkipMessage)
 	} else {
 		rep.Message(ctx, shardDone(a.Path, out))
 	}

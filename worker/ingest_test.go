@@ -452,11 +452,14 @@ func TestIngestThroughTheQueue(t *testing.T) {
 			reported[ts.Progress.Message] = true
 		}
 	}
-	for _, want := range []string{"data/corrupt.parquet skipped (corrupt-file)", "data/truncated.jsonl.zst skipped (corrupt-file)",
-		"data/empty.parquet skipped (empty-file)", "data/x/../../../escape.parquet skipped (unsafe-path)", "skipped documents: invalid-utf8=1"} {
+	for _, want := range []string{"data/corrupt.parquet: skipped (corrupt-file)", "data/truncated.jsonl.zst: skipped (corrupt-file)",
+		"data/empty.parquet: skipped (empty-file)", "data/x/../../../escape.parquet: skipped (unsafe-path)", "skipped documents: invalid-utf8=1"} {
 		found := false
 		for msg := range reported {
 			found = found || strings.Contains(msg, want)
+			if strings.Count(msg, "skipped (") > 1 {
+				t.Errorf("a shard task's report names its skip twice: %q", msg)
+			}
 		}
 		if !found {
 			t.Errorf("no shard task reported %q; reports: %q", want, slices.Collect(maps.Keys(reported)))

@@ -97,11 +97,11 @@ func TestIngestDirectOfNoTextIsBadInput(t *testing.T) {
 		dataset string
 		want    string
 	}{
-		{"local:" + filepath.Join(src, "*"), "none of its 2 files holds text to ingest (skipped: empty-file=2; the first: " + src},
+		{"local:" + filepath.Join(src, "*"), "none of its 2 files holds text to ingest (skipped: empty-file=1, invalid-utf8=1; the first: " + src},
 		// Run again, its files are recorded as skipped: still no text, not
 		// "already in the store" with the store empty.
 		{"local:" + filepath.Join(src, "*"), "none of its 2 files holds text to ingest: token store " + filepath.Join(data, "tokens", "code") +
-			" holds no tokens and records its files as skipped by an earlier run (empty-file=2; the first: " + src},
+			" holds no tokens and records its files as skipped by an earlier run (empty-file=1, invalid-utf8=1; the first: " + src},
 		{"local:" + src, "is a directory: name its files with a glob, such as local:" + filepath.Join(src, "*")},
 		{"local:" + filepath.Join(src, "["), `write a literal [ as \[`},
 	} {

@@ -79,6 +79,14 @@ type Pipeline struct {
 	LocalRoots []string
 	// Logger receives the steps' logs (default: none).
 	Logger *zap.Logger
+	// Lease is until when this worker may write what speaks for the
+	// stores in StoresDir to object storage: their statuses, and the
+	// deletion of a shard appended (lease.go). A worker that serves append
+	// sets its claim's Until (worker.AppendClaim): once it has passed,
+	// another disk's worker may serve append and have made the statuses
+	// say what its own disk holds. Nil: no bound (Direct, tests, a worker
+	// that does not serve append).
+	Lease func() time.Time
 
 	// held keeps each store's appender open from one append to the next
 	// (Direct, which appends a whole plan in one process) rather than
@@ -949,10 +957,12 @@ func (p *Pipeline) append(ctx context.Context, job AppendJob, progress func(done
 	}
 	// Deleted last: until the status says the shard is in, a lost delete
 	// only leaves garbage, while an early one could lose the shard.
-	if err := p.deleteShard(ctx, job); err != nil {
-		return res, fmt.Errorf("deleting the appended shard %s: %w", job.Object, err)
+	err = p.deleteShard(ctx, job)
+	var lapsed *LeaseError
+	if err != nil && !errors.As(err, &lapsed) {
+		err = fmt.Errorf("deleting the appended shard %s: %w", job.Object, err)
 	}
-	return res, nil
+	return res, err
 }
 
 // appendShard appends to app's store, which holds in of the job's file
@@ -1118,12 +1128,17 @@ func (p *Pipeline) findCut(ctx context.Context, job AppendJob, pre *prefetched, 
 	return c, data, err
 }
 
-// deleteShard deletes the job's shard object, if it made one.
+// deleteShard deletes the job's shard object, if it made one, while the
+// lease lasts: the deletion says that the store holds the shard, which,
+// once another disk's worker may serve append, only that worker's store
+// can say; the shard stays for it to append.
 func (p *Pipeline) deleteShard(ctx context.Context, job AppendJob) error {
 	if job.Object == "" {
 		return nil
 	}
-	return p.Objects.Delete(ctx, job.Object)
+	return p.leased(ctx, job.Store, "delete its appended shard "+job.Object, func(ctx context.Context) error {
+		return p.Objects.Delete(ctx, job.Object)
+	})
 }
 
 // publishTokenizer publishes, where an append was refused because another
@@ -1196,10 +1211,14 @@ func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens
 	if err != nil {
 		return st, err
 	}
-	if err := p.Objects.Put(ctx, StatusKey(storeName), bytes.NewReader(b), int64(len(b))); err != nil {
+	err = p.leased(ctx, storeName, "publish its status", func(ctx context.Context) error {
+		return p.Objects.Put(ctx, StatusKey(storeName), bytes.NewReader(b), int64(len(b)))
+	})
+	var lapsed *LeaseError
+	if err != nil && !errors.As(err, &lapsed) {
 		return st, fmt.Errorf("publishing the status of token store %s: %w", storeName, err)
 	}
-	return st, nil
+	return st, err
 }
 
 // DefaultPrefetch is Pipeline.Prefetch's default: a larger shard streams

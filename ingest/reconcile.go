@@ -91,7 +91,13 @@ func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool
 		if len(st.Done) == 0 {
 			return r, false, nil
 		}
-		if err := p.Objects.Delete(ctx, StatusKey(name)); err != nil {
+		err := p.leased(ctx, name, "clear its status", func(ctx context.Context) error { return p.Objects.Delete(ctx, StatusKey(name)) })
+		var lapsed *LeaseError
+		if errors.As(err, &lapsed) {
+			lapsed.Then = statusLeft
+			return r, false, err
+		}
+		if err != nil {
 			return r, false, fmt.Errorf("clearing the status of token store %s, which is not in %s: %w", name, p.StoresDir, err)
 		}
 		return r, true, nil
@@ -104,8 +110,16 @@ func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool
 		return r, false, nil
 	}
 	_, err = p.publishStatus(ctx, name, *m, Limits{}, Limits{})
+	var lapsed *LeaseError
+	if errors.As(err, &lapsed) {
+		lapsed.Then = statusLeft
+	}
 	return r, err == nil, err
 }
+
+// statusLeft is what becomes of a status that reconcile did not mend for
+// want of a lease (LeaseError.Then).
+const statusLeft = "the status is left as it was, for a worker whose claim holds to mend: this one's watch of the stores tries again at its next look, and a worker's start mends every status"
 
 // StoresWatch notices the token stores of a Pipeline's StoresDir that
 // changed while the process runs other than by its own appends (a store's

@@ -172,7 +172,19 @@ type AppendClaim struct {
 	lostCh   chan struct{}
 	lostTo   AppendHolder
 	failures lapse.Lapse
+	// until is when the claim may lapse at the earliest, as its last
+	// confirmation says (Until); zero once the claim is lost.
+	until time.Time
 }
+
+// untilMargin is what Until takes off the TTL: the claim's hash lapses a
+// TTL after Redis ran the renewal, by Redis's clock, and this worker
+// counts from before it sent the renewal, by its own. A sixth of the TTL
+// (5 s of the default 30 s) covers clocks that run at rates that differ
+// by far more than any machine's do, and the write to object storage that
+// starts just before Until and must have landed when another disk's
+// worker may claim the queue.
+func untilMargin(ttl time.Duration) time.Duration { return ttl / 6 }
 
 // claimScript claims KEYS[1] for the disk ARGV[1], or renews its claim,
 // writing this worker (ARGV[2..4]) into it with a lease of ARGV[5] ms. A
@@ -221,6 +233,7 @@ func ClaimAppend(ctx context.Context, p AppendClaimParams) (*AppendClaim, error)
 	}
 	host, _ := os.Hostname()
 	c := &AppendClaim{p: p, me: AppendHolder{Disk: id, Host: host, Dir: dir, PID: os.Getpid(), TTL: p.TTL}, lostCh: make(chan struct{}), done: make(chan struct{})}
+	sent := time.Now()
 	made, other, err := c.hold(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("claim the append queue for data directory %s in Redis: %w", dir, err)
@@ -228,6 +241,7 @@ func ClaimAppend(ctx context.Context, p AppendClaimParams) (*AppendClaim, error)
 	if other != nil {
 		return nil, &AppendClaimedError{Holder: *other, Dir: dir, Host: host}
 	}
+	c.confirmed(sent)
 	if made {
 		p.Logger.Info("append queue claimed for this data directory", zap.String("dir", dir), zap.String("disk_id", id), zap.Duration("ttl", p.TTL))
 	} else {
@@ -250,6 +264,38 @@ func (c *AppendClaim) LostTo() AppendHolder {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.lostTo
+}
+
+// Until is the time up to which the claim surely holds: no worker of
+// another disk can have claimed the append queue before it. It is a TTL,
+// less a margin for clocks and for the write that follows (untilMargin),
+// after the last renewal that Redis confirmed was sent, and it stops
+// advancing while Redis does not answer; zero once the claim is lost. A
+// worker checks it before each write to object storage that speaks for
+// the stores on its disk (ingest.Pipeline.Lease): once it has passed,
+// another disk's worker may serve append and have made the stores'
+// statuses say what its own disk holds. After Close it stays where the
+// last renewal left it, which the claim in Redis outlives.
+func (c *AppendClaim) Until() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.until
+}
+
+// confirmed records a renewal (or the first claim) sent at sent that
+// Redis confirmed: Redis set the claim's expiry after that time, so the
+// claim holds at least a TTL from it.
+func (c *AppendClaim) confirmed(sent time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.lostCh:
+		return // lost for good: no renewal brings it back
+	default:
+	}
+	if u := sent.Add(c.p.TTL - untilMargin(c.p.TTL)); u.After(c.until) {
+		c.until = u
+	}
 }
 
 // Close stops renewing the claim. It is left in Redis to lapse after its
@@ -337,10 +383,16 @@ func (c *AppendClaim) keepAlive(ctx context.Context) {
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, every)
+		// Taken before the request goes out: Redis sets the expiry at
+		// some moment after it.
+		sent := time.Now()
 		made, other, err := c.hold(rctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
+		}
+		if err == nil && other == nil {
+			c.confirmed(sent)
 		}
 		first, back := c.failures.Note(err)
 		switch {
@@ -364,6 +416,7 @@ func (c *AppendClaim) markLost(to AppendHolder, log *zap.Logger) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.lostTo = to
+	c.until = time.Time{}
 	log.Error("append claim lost: the worker on "+to.String()+" claimed the append queue after this one's claim was gone from Redis "+
 		"(Redis lost its data, or did not answer for "+c.p.TTL.String()+"). This worker stops serving append and re-queues the appends it runs; "+
 		"the token stores of the two disks may now differ. Serve append from one machine: stop that worker (start it again with --queues ingest=N), "+

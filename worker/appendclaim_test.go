@@ -14,7 +14,11 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/tokens"
 )
 
 // appendSlowArgs is slowArgs on the append queue.
@@ -182,6 +186,9 @@ func TestAClaimIsRenewedWhereRedisLostItAndLostWhereAnotherDiskTookIt(t *testing
 	if got := c.LostTo(); got != other {
 		t.Fatalf("lost to %+v; want %+v", got, other)
 	}
+	if u := c.Until(); !u.IsZero() {
+		t.Fatalf("a lost claim holds until %v; want the zero time", u)
+	}
 	lost := logs.FilterMessageSnippet("append claim lost")
 	if lost.Len() != 1 || lost.All()[0].Level != zap.ErrorLevel || !strings.Contains(lost.All()[0].Message, "Serve append from one machine") {
 		t.Fatalf("the loss was not logged as an error saying what to do: %v", logs.All())
@@ -229,5 +236,144 @@ func TestAWorkerStopsServingAppendWhenItsClaimIsLost(t *testing.T) {
 	e.waitFor(e.enqueue(slowArgs{Name: "ingest", Steps: 1, StepMS: 1}), time.Minute, "completed", state("completed"))
 	if ts, err := e.c.Task(ctx, id); err != nil || ts.State != "pending" {
 		t.Fatalf("the append after an ingest task ran: %+v, %v; want it still pending", ts, err)
+	}
+}
+
+// A claim's Until is ahead of now while Redis confirms its renewals, and
+// never past the moment its hash lapses in Redis, after which another
+// disk's worker may claim the queue: checked against the lapse itself
+// once its worker stops renewing it.
+func TestAClaimHoldsUntilNoLaterThanItsHashLapses(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	const ttl = 3 * time.Second
+	start := time.Now()
+	c, err := claim(t, e.rdb, t.TempDir(), ttl, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := c.Until()
+	// Counted from before the claim was sent: a TTL less its margin
+	// after a moment no earlier than start.
+	if first.Before(start.Add(ttl-untilMargin(ttl))) || first.After(start.Add(ttl)) {
+		t.Fatalf("a claim made at %v holds until %v; want a TTL (%v) less its margin after it at least, and within the TTL", start, first, ttl)
+	}
+	waitTill(t, "a renewal to move the claim's Until on", func() bool { return c.Until().After(first) })
+	c.Close()
+	for {
+		until := c.Until()
+		if e.rdb.Exists(ctx, AppendClaimKey).Val() == 0 {
+			if now := time.Now(); !until.Before(now) {
+				t.Fatalf("the claim's hash lapsed by %v, and its Until says it holds until %v", now, until)
+			}
+			break
+		}
+		if time.Since(start) > time.Minute {
+			t.Fatal("waited a minute for the claim to lapse")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A claim whose Redis stops answering stops advancing its Until: once a
+// TTL less its margin has passed since the last renewal Redis confirmed,
+// Until is behind now, and the worker writes no status; once Redis is
+// back, a renewal puts it ahead of now again.
+func TestAClaimWhoseRedisStopsStopsAdvancing(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"stopped", "killed"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			r := testsvc.StartRedis(t)
+			rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+			t.Cleanup(func() { rdb.Close() })
+			const ttl = 3 * time.Second
+			start := time.Now()
+			c, err := claim(t, rdb, t.TempDir(), ttl, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if u := c.Until(); u.Before(start.Add(ttl - untilMargin(ttl))) {
+				t.Fatalf("a claim made at %v holds until %v; want a TTL (%v) less its margin after it at least", start, u, ttl)
+			}
+			if how == "stopped" {
+				r.Stop()
+			} else {
+				r.Kill()
+			}
+			gone := time.Now()
+			waitTill(t, "the claim's Until to pass with its Redis "+how, func() bool { return c.Until().Before(time.Now()) })
+			// The last renewal confirmed was sent before Redis went.
+			if u := c.Until(); u.After(gone.Add(ttl - untilMargin(ttl))) {
+				t.Fatalf("the claim holds until %v; want no later than a TTL less its margin after Redis went at %v", u, gone)
+			}
+			r.Start()
+			waitTill(t, "a renewal to put the claim's Until ahead of now again", func() bool { return c.Until().After(time.Now()) })
+		})
+	}
+}
+
+// A worker given its append claim appends under it: an append that runs
+// once the claim may have lapsed (its Redis gone) publishes no status and
+// fails with the error that says why, and runs once the claim is
+// renewed. The caller's Pipeline is left as it was.
+func TestAWorkerAppendsUnderItsClaim(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	srv := testsvc.S3(t)
+	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The claim's Redis is another than the queue's, so that it alone
+	// can go.
+	r := testsvc.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	c, err := claim(t, rdb, t.TempDir(), 3*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &Ingest{Pipeline: ingest.Pipeline{Objects: objects, StoresDir: t.TempDir()},
+		Enqueue: func(context.Context, scheduler.Args) error { return nil }}
+	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueAppend: 1}, Handlers: Handlers{Ingest: in}, AppendClaim: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.rdb.Close() })
+	if in.Pipeline.Lease != nil {
+		t.Fatal("New set the caller's Pipeline.Lease")
+	}
+	task, err := scheduler.NewTask(ingest.AppendJob{Store: "code", ShardID: "owner/corpus/data/bad.parquet", Source: "data/bad.parquet",
+		SkipReason: ingest.SkipCorruptFile, SkipMessage: "not parquet", Tokenizer: tokens.Tokenizer{Name: "t", SHA256: strings.Repeat("ab", 32), VocabSize: 300}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendTask := w.set[ingest.KindAppend]
+
+	r.Kill()
+	waitTill(t, "the claim's Until to pass", func() bool { return c.Until().Before(time.Now()) })
+	err = appendTask.ProcessTask(ctx, task)
+	var lapsed *ingest.LeaseError
+	if !errors.As(err, &lapsed) || !strings.Contains(err.Error(), "may have lapsed because Redis does not answer") {
+		t.Fatalf("an append once the claim may have lapsed: %v; want an ingest.LeaseError saying why", err)
+	}
+	if isPermanent(err) {
+		t.Fatalf("the append's refusal %v reads as permanent; want it retried", err)
+	}
+	if _, err := objects.Get(ctx, ingest.StatusKey("code")); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("an append once the claim may have lapsed published a status: %v", err)
+	}
+
+	r.Start()
+	waitTill(t, "the claim to be renewed", func() bool { return c.Until().After(time.Now()) })
+	if err := appendTask.ProcessTask(ctx, task); err != nil {
+		t.Fatal(err)
+	}
+	st, err := (&ingest.Pipeline{Objects: objects}).Status(ctx, "code")
+	if err != nil || len(st.Done) != 1 {
+		t.Fatalf("the status after the append ran under the renewed claim: %+v, %v; want it to list the file", st, err)
 	}
 }

@@ -59,7 +59,9 @@ type Params struct {
 	// required where the worker serves it outside a test. Should a worker
 	// of another disk take it, this worker stops serving append and
 	// re-queues the appends it runs, for that worker: two disks appending
-	// the same stores would split them.
+	// the same stores would split them. Where Handlers.Ingest's Pipeline
+	// has no Lease, its appends take the claim's Until: they write no
+	// status once the claim may have lapsed.
 	AppendClaim *AppendClaim
 }
 
@@ -152,6 +154,14 @@ func New(p Params) (*Worker, error) {
 	}
 	if p.AppendClaim != nil && p.Queues[scheduler.QueueAppend] == 0 {
 		return nil, errors.New("worker: Params.AppendClaim is set but the append queue is not in Params.Queues")
+	}
+	if c := p.AppendClaim; c != nil && p.Handlers.Ingest != nil && p.Handlers.Ingest.Pipeline.Lease == nil {
+		// The appends speak for the stores only while the claim surely
+		// holds. A copy: the caller's Pipeline may be in use (its store
+		// watch), and is the caller's to fence from the start.
+		in := *p.Handlers.Ingest
+		in.Pipeline.Lease = c.Until
+		p.Handlers.Ingest = &in
 	}
 	set, err := p.Handlers.build()
 	if err != nil {

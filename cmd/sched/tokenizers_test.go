@@ -154,7 +154,7 @@ func TestTokenizerFromALocalMixedCorpus(t *testing.T) {
 	q := scheduler.NewClient(opt)
 	defer q.Close()
 	queues := map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1}
-	hs, err := workerHandlers(ctx, cfg, queues, q, zap.NewNop())
+	hs, err := workerHandlers(ctx, cfg, queues, q, zap.NewNop(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
@@ -66,7 +67,11 @@ func init() {
 				}
 				defer claim.Close()
 			}
-			hs, err := workerHandlers(c.Context(), cfg, qs, q, log)
+			var lease func() time.Time
+			if claim != nil {
+				lease = claim.Until
+			}
+			hs, err := workerHandlers(c.Context(), cfg, qs, q, log, lease)
 			if err != nil {
 				return err
 			}
@@ -217,7 +222,10 @@ func benchRow(ctx context.Context, b worker.BenchSpec, logf func(string)) (resul
 // workerHandlers makes the product handlers of the queues this process
 // serves, with what they need opened once: the object store, the dataset
 // sources, and q, the queue client through which a task queues the next.
-func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int, q *scheduler.Client, log *zap.Logger) (worker.Handlers, error) {
+// lease, on a worker that serves append, is its claim's Until: the writes
+// that speak for the stores on its disk (their statuses, mended at the
+// start and by the watch, and the appends') stop once it has passed.
+func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int, q *scheduler.Client, log *zap.Logger, lease func() time.Time) (worker.Handlers, error) {
 	var hs worker.Handlers
 	cpu := qs[scheduler.QueueIngest] > 0 || qs[scheduler.QueueAppend] > 0
 	gpu := qs[scheduler.QueueGPU] > 0
@@ -247,6 +255,7 @@ func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int
 		// saying it while the worker runs (a store deleted). The watch
 		// looks first, so that a store deleted while the statuses are
 		// mended is noticed too.
+		hs.Ingest.Pipeline.Lease = lease
 		hs.Ingest.Stores = hs.Ingest.Pipeline.WatchStores()
 		if reachable {
 			hs.Ingest.ReconcileStores(ctx, log)

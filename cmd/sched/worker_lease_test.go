@@ -1,0 +1,94 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+)
+
+// A worker that serves append speaks for the stores on its disk only
+// while its claim on the append queue surely holds: the handlers it makes
+// take the claim's lease, so that its start's mending of the statuses,
+// and its store watch's, write nothing once the lease has passed (another
+// disk's worker may serve append and have made the statuses say what its
+// disk holds). With a live lease the same start clears the status of a
+// store its disk lacks, as ever.
+func TestAWorkerMendsNoStatusOnceItsClaimMayHaveLapsed(t *testing.T) {
+	ctx := context.Background()
+	r := testsvc.StartRedis(t)
+	data := t.TempDir()
+	objects, err := store.NewLocal(filepath.Join(data, "objects"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The status of a store this disk does not hold.
+	b, err := json.Marshal(ingest.StoreStatus{Tokens: 10, Documents: 1, Bytes: 20, Shards: 1, Done: []string{"f0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func() {
+		t.Helper()
+		if err := objects.Put(ctx, ingest.StatusKey("elsewhere"), bytes.NewReader(b), int64(len(b))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put()
+	status := func() bool {
+		t.Helper()
+		_, err := objects.Stat(ctx, ingest.StatusKey("elsewhere"))
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+
+	cfg := scheduler.Config{RedisURL: r.URL(0), DataDir: data}.WithDefaults()
+	opt, _ := asynq.ParseRedisURI(cfg.RedisURL)
+	q := scheduler.NewClient(opt)
+	defer q.Close()
+	queues := map[string]int{scheduler.QueueAppend: 1}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	passed := func() time.Time { return time.Now().Add(-time.Second) }
+	hs, err := workerHandlers(wctx, cfg, queues, q, zap.NewNop(), passed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !status() {
+		t.Fatal("a worker whose lease had passed cleared a store's status at its start")
+	}
+	// The store's directory comes, empty: the watch would clear the
+	// status, and may not.
+	if err := os.MkdirAll(filepath.Join(data, "tokens", "elsewhere"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var lapsed *ingest.LeaseError
+	if rs, err := hs.Ingest.Stores.Check(ctx); len(rs) != 0 || !errors.As(err, &lapsed) || !status() {
+		t.Fatalf("the watch with the lease passed: mended %+v, %v; want nothing mended, a LeaseError, the status there", rs, err)
+	}
+	if rs := hs.Ingest.ReconcileStores(ctx, zap.NewNop()); len(rs) != 0 || !status() {
+		t.Fatalf("with the lease passed, mending the statuses again mended %+v; the status is there: %v", rs, status())
+	}
+
+	live := func() time.Time { return time.Now().Add(time.Hour) }
+	if _, err := workerHandlers(wctx, cfg, queues, q, zap.NewNop(), live); err != nil {
+		t.Fatal(err)
+	}
+	if status() {
+		t.Fatal("a worker whose lease holds left the status of a store its disk lacks")
+	}
+}

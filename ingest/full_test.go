@@ -318,11 +318,7 @@ const corpusRepo = "owner/corpus"
 // are toks, by name.
 func newCorpus(t *testing.T, toks map[string]*tokenizer.Tokenizer) (*Pipeline, *hubtest.Hub) {
 	t.Helper()
-	srv := testsvc.S3(t)
-	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	objects := versityObjects(t, testsvc.S3(t))
 	h := hubtest.New()
 	t.Cleanup(h.Close)
 	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})

@@ -171,11 +171,7 @@ func TestAnAppendWhoseLeasePassedPublishesNoStatus(t *testing.T) {
 func TestAShardIsNotDeletedOnceTheLeasePassed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testsvc.S3(t)
-	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	objects := versityObjects(t, testsvc.S3(t))
 	tok := testTokenizer(t)
 	eos, _ := tok.EOS()
 	l := &lease{}
@@ -191,7 +187,7 @@ func TestAShardIsNotDeletedOnceTheLeasePassed(t *testing.T) {
 	}
 	job := AppendJob{Store: "code", ShardID: "owner/corpus/data/a.parquet", Object: key, Source: "data/a.parquet", Documents: 1, Tokens: int64(len(b) / 2),
 		Tokenizer: tokens.Tokenizer{Name: "t", SHA256: tok.SHA256(), VocabSize: tok.VocabSize(), EOS: eos}}
-	_, err = p.Append(ctx, job, nil)
+	_, err := p.Append(ctx, job, nil)
 	wantLeaseError(t, err, "code", "delete its appended shard "+key, "the shard stays in object storage")
 	if objectBytes(t, objects, key) == nil {
 		t.Fatal("the shard was deleted after the lease passed")
@@ -297,10 +293,7 @@ func TestAStatusWriteIsCutOffAtTheLease(t *testing.T) {
 		t.Fatalf("the append ended before its lease (%v) did: %v", asked, err)
 	}
 	wantLeaseError(t, err, "code", "publish its status", "the write was cut off at", "the append is retried")
-	direct, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	direct := versityObjects(t, srv)
 	if b := objectBytes(t, direct, StatusKey("code")); b != nil {
 		t.Fatalf("a status landed: %s", b)
 	}
@@ -314,35 +307,11 @@ func TestAStatusWriteIsCutOffAtTheLease(t *testing.T) {
 func TestStatusesAreNotMendedOnceTheLeasePassed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	srv := testsvc.S3(t)
-	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
-	if err != nil {
-		t.Fatal(err)
-	}
+	objects := versityObjects(t, testsvc.S3(t))
 	l := &lease{}
 	l.live()
 	p := &Pipeline{Objects: objects, StoresDir: t.TempDir(), Lease: l.Until}
-	tok := tokens.Tokenizer{Name: "t", SHA256: strings.Repeat("ab", 32), VocabSize: 300, EOS: 0}
-	// fill appends files ids to store name, publishing its status where
-	// publish says so.
-	fill := func(name string, publish bool, ids ...string) {
-		t.Helper()
-		a, err := tokens.OpenAppender(ctx, filepath.Join(p.StoresDir, name), tok, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
-		for _, id := range ids {
-			if _, err := a.Append(ctx, tokens.ShardInfo{ID: id}, bytes.NewReader([]byte{1, 0, 0, 0})); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if publish {
-			if _, err := p.publishStatus(ctx, name, a.Manifest(), Limits{}, Limits{}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	fill := func(name string, publish bool, ids ...string) { fillStore(t, p, name, publish, ids...) }
 	fill("gone", true, "a", "b")
 	fill("behind", true, "a")
 	fill("behind", false, "b") // copied here, say, with no append to publish it
@@ -397,4 +366,14 @@ func TestStatusesAreNotMendedOnceTheLeasePassed(t *testing.T) {
 			t.Errorf("the status of %s: %+v, %v; want it to list %q", name, st, err, want)
 		}
 	}
+}
+
+// versityObjects is the bucket kiln of the test's versitygw srv.
+func versityObjects(t *testing.T, srv *testsvc.S3Server) store.Store {
+	t.Helper()
+	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objects
 }

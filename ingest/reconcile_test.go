@@ -26,25 +26,7 @@ func TestAWatchMendsTheStatusOfAStoreThatWent(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &Pipeline{Objects: objects, StoresDir: t.TempDir()}
-	tok := tokens.Tokenizer{Name: "t", SHA256: strings.Repeat("ab", 32), VocabSize: 300, EOS: 0}
-	// fill makes store name hold files ids, as appends leave it: the
-	// manifest and the status that says so.
-	fill := func(name string, ids ...string) {
-		t.Helper()
-		a, err := tokens.OpenAppender(ctx, filepath.Join(p.StoresDir, name), tok, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
-		for _, id := range ids {
-			if _, err := a.Append(ctx, tokens.ShardInfo{ID: id}, bytes.NewReader([]byte{1, 0, 0, 0})); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if _, err := p.publishStatus(ctx, name, a.Manifest(), Limits{}, Limits{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fill := func(name string, ids ...string) { fillStore(t, p, name, true, ids...) }
 	done := func(name string) string {
 		t.Helper()
 		st, err := p.Status(ctx, name)
@@ -84,12 +66,7 @@ func TestAWatchMendsTheStatusOfAStoreThatWent(t *testing.T) {
 
 	// A store replaced by one whose status no append published.
 	os.Rename(filepath.Join(p.StoresDir, "kept"), filepath.Join(t.TempDir(), "old"))
-	a, err := tokens.OpenAppender(ctx, filepath.Join(p.StoresDir, "kept"), tok, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.Append(ctx, tokens.ShardInfo{ID: "d"}, bytes.NewReader([]byte{1, 0, 0, 0}))
-	a.Close()
+	fillStore(t, p, "kept", false, "d")
 	// A store made and deleted between two looks is known to the watch
 	// only by an append's word.
 	fill("brief", "a")
@@ -122,12 +99,7 @@ func TestAWatchMendsTheStatusOfAStoreThatWent(t *testing.T) {
 	// files the same (as a copy into it, or a directory made again on the
 	// freed inode, leaves them): its manifest's size and time tell.
 	small := filepath.Join(t.TempDir(), "small")
-	b, err := tokens.OpenAppender(ctx, small, tok, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.Append(ctx, tokens.ShardInfo{ID: "a"}, bytes.NewReader([]byte{1, 0, 0, 0}))
-	b.Close()
+	fillStore(t, &Pipeline{StoresDir: filepath.Dir(small)}, "small", false, "a")
 	for _, f := range []string{tokens.ManifestFile, tokens.TokensFile} {
 		data, err := os.ReadFile(filepath.Join(small, f))
 		if err != nil {
@@ -160,5 +132,29 @@ func TestAWatchMendsTheStatusOfAStoreThatWent(t *testing.T) {
 	check(w)
 	if got := done("new"); got != "a" {
 		t.Errorf("a watch stopped mended a status: %q", got)
+	}
+}
+
+// fillStore appends files ids to store name of p, one token each, as
+// appends leave it, and publishes the status that says so where publish
+// says to (not: a store copied here with no append to publish it).
+func fillStore(t *testing.T, p *Pipeline, name string, publish bool, ids ...string) {
+	t.Helper()
+	ctx := context.Background()
+	tok := tokens.Tokenizer{Name: "t", SHA256: strings.Repeat("ab", 32), VocabSize: 300, EOS: 0}
+	a, err := tokens.OpenAppender(ctx, filepath.Join(p.StoresDir, name), tok, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for _, id := range ids {
+		if _, err := a.Append(ctx, tokens.ShardInfo{ID: id}, bytes.NewReader([]byte{1, 0, 0, 0})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if publish {
+		if _, err := p.publishStatus(ctx, name, a.Manifest(), Limits{}, Limits{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

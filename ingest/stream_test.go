@@ -79,9 +79,7 @@ func newStreamEnv(t *testing.T) *streamEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.direct, err = store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey}); err != nil {
-		t.Fatal(err)
-	}
+	e.direct = versityObjects(t, srv)
 	dir := t.TempDir()
 	e.p = &Pipeline{Objects: viaProxy, DataDir: filepath.Join(dir, "data"), StoresDir: filepath.Join(dir, "stores"), LocalRoots: []string{dir},
 		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return e.tok, nil }}

@@ -25,6 +25,10 @@ type CheckResult struct {
 	// read through ingest's own reader: set for local files, which Check
 	// reads whole where needed (a hub file's footer alone is read).
 	FirstDocument int
+	// PassedOver are the local files before Sample that an ingest would
+	// take nothing from, with why: "empty", or the reason a text file is
+	// skipped whole (not UTF-8, too large, an archive).
+	PassedOver []string
 }
 
 // Describe says in a few words how ingest reads the sample.
@@ -46,6 +50,9 @@ func (r CheckResult) Describe(c Columns) string {
 	}
 	if r.FirstDocument > 0 {
 		s += fmt.Sprintf("; its first document reads %d bytes", r.FirstDocument)
+	}
+	if len(r.PassedOver) > 0 {
+		s += fmt.Sprintf(" (passed over before it, as an ingest skips them: %s)", strings.Join(r.PassedOver, ", "))
 	}
 	return s
 }
@@ -121,23 +128,28 @@ func requireColumns(p Preset, path string, pf *parquet.File) error {
 // checkLocal reads the local dataset's first document with ingest's own
 // reader, so that a wrong column or field, a file that is not what its name
 // says, or files of nothing but skipped records are named before any
-// ingest. Empty files are passed over, up to localCheckFiles of them.
+// ingest. Empty files are passed over, up to localCheckFiles of them, as
+// are text files skipped whole (one not UTF-8, too large, an archive: a
+// source tree's image among its code), which an ingest skips and goes on.
 func checkLocal(ctx context.Context, p Preset, files []hub.File, res *CheckResult) error {
-	var empty []string
 	for _, f := range files[:min(len(files), localCheckFiles)] {
 		res.Sample, res.Format = f.Path, formatOfFile(f.Path, p.Columns)
 		n, err := firstDocument(ctx, p, res)
+		why := "empty"
+		if reason := SkipReason(err); reason != "" && res.Format == FormatText {
+			why, err = reason, nil
+		}
 		if err != nil || n > 0 || p.Columns.Blob != "" {
 			res.FirstDocument = n
 			return err
 		}
-		empty = append(empty, f.Path)
+		res.PassedOver = append(res.PassedOver, f.Path+": "+why)
 	}
 	return &PresetError{fmt.Errorf("dataset %s: the first %d files hold no document (%s): give a glob that matches files with text",
-		p.Name, len(empty), strings.Join(empty, ", "))}
+		p.Name, len(res.PassedOver), strings.Join(res.PassedOver, ", "))}
 }
 
-// localCheckFiles bounds the empty files a local check passes over.
+// localCheckFiles bounds the files a local check passes over.
 const localCheckFiles = 8
 
 // firstDocument reads res.Sample's columns (parquet) and the length of its

@@ -1,12 +1,16 @@
 package ingest
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -171,12 +175,52 @@ func TestCheckReadsALocalFilesFirstDocument(t *testing.T) {
 		!strings.Contains(err.Error(), "e.txt") {
 		t.Fatalf("an empty file: %v; want it named", err)
 	}
-	// A text file is its one document: one not UTF-8 is named once, with
-	// the reason it would be skipped, not as a field that holds no text.
+	// A text file is its one document: one not UTF-8, or an archive, is
+	// passed over as an ingest skips it, named with its reason, not
+	// refused as a field that holds no text.
 	f := write("f.txt", "caf\xe9")
-	if _, err := check(filepath.Join(dir, "[f].txt"), Columns{}); !isPresetError(err) || !strings.HasSuffix(err.Error(), ": "+f+": skipped (invalid-utf8): it is not UTF-8 text"+
-		" (a binary file, or text in another encoding such as Latin-1 or UTF-16): convert it to UTF-8 to ingest it") || strings.Count(err.Error(), f) != 1 {
-		t.Fatalf("a text file not UTF-8: %v; want it named once, skipped as invalid-utf8", err)
+	if _, err := check(filepath.Join(dir, "[f].txt"), Columns{}); !isPresetError(err) ||
+		!strings.Contains(err.Error(), "the first 1 files hold no document ("+f+": invalid-utf8)") {
+		t.Fatalf("a text file not UTF-8 alone: %v; want it named with its reason", err)
+	}
+	var tgz bytes.Buffer
+	zw := gzip.NewWriter(&tgz)
+	tw := tar.NewWriter(zw)
+	tw.WriteHeader(&tar.Header{Name: "a.go", Mode: 0o644, Size: 2})
+	tw.Write([]byte("ok"))
+	tw.Close()
+	zw.Close()
+	g := write("g.txt.gz", tgz.String())
+	if _, err := check(filepath.Join(dir, "[fg].txt*"), Columns{}); !isPresetError(err) ||
+		!strings.Contains(err.Error(), "the first 2 files hold no document (") || !strings.Contains(err.Error(), f+": invalid-utf8") ||
+		!strings.Contains(err.Error(), g+": archive") {
+		t.Fatalf("two text files skipped whole: %v; want both passed over, named with their reasons", err)
+	}
+	// With a good one among them, the files before it in the plan's
+	// order are passed over, and the check says so.
+	h := write("h.txt", "the good one")
+	glob := filepath.Join(dir, "[fgh].txt*")
+	res, err = check(glob, Columns{})
+	if err != nil || res.Sample != h || res.FirstDocument != len("the good one") {
+		t.Fatalf("a good text file among skipped ones: %+v, %v; want the good one read", res, err)
+	}
+	p, err := LookupPreset(nil, LocalPrefix+glob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := Plan(context.Background(), p, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before []string
+	for _, pf := range plan.Files {
+		if pf.Path == h {
+			break
+		}
+		before = append(before, map[string]string{f: f + ": invalid-utf8", g: g + ": archive"}[pf.Path])
+	}
+	if !slices.Equal(res.PassedOver, before) || (len(before) > 0) != strings.Contains(res.Describe(Columns{}), "(passed over before it, as an ingest skips them: ") {
+		t.Fatalf("passed over %q (%s); want %q", res.PassedOver, res.Describe(Columns{}), before)
 	}
 	// An empty file first in the plan's order is passed over for the next.
 	res, err = check(filepath.Join(dir, "[de].txt"), Columns{})

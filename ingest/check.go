@@ -145,8 +145,15 @@ func checkLocal(ctx context.Context, p Preset, files []hub.File, res *CheckResul
 		}
 		res.PassedOver = append(res.PassedOver, f.Path+": "+why)
 	}
-	return &PresetError{fmt.Errorf("dataset %s: the first %d files hold no document (%s): give a glob that matches files with text",
-		p.Name, len(res.PassedOver), strings.Join(res.PassedOver, ", "))}
+	which := fmt.Sprintf("the first %d of its %d files hold no document", len(res.PassedOver), len(files))
+	switch {
+	case len(files) == 1:
+		which = "its one file holds no document"
+	case len(res.PassedOver) == len(files):
+		which = fmt.Sprintf("none of its %d files holds a document", len(files))
+	}
+	return &PresetError{fmt.Errorf("dataset %s: %s (%s): give a glob that matches files with text",
+		p.Name, which, strings.Join(res.PassedOver, ", "))}
 }
 
 // localCheckFiles bounds the files a local check passes over.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -171,7 +172,7 @@ func TestCheckReadsALocalFilesFirstDocument(t *testing.T) {
 		t.Fatalf("plain text: %+v %v", res, err)
 	}
 	write("e.txt", "")
-	if _, err := check(filepath.Join(dir, "e.txt"), Columns{}); !isPresetError(err) || !strings.Contains(err.Error(), "hold no document (") ||
+	if _, err := check(filepath.Join(dir, "e.txt"), Columns{}); !isPresetError(err) || !strings.Contains(err.Error(), "its one file holds no document (") ||
 		!strings.Contains(err.Error(), "e.txt") {
 		t.Fatalf("an empty file: %v; want it named", err)
 	}
@@ -180,7 +181,7 @@ func TestCheckReadsALocalFilesFirstDocument(t *testing.T) {
 	// refused as a field that holds no text.
 	f := write("f.txt", "caf\xe9")
 	if _, err := check(filepath.Join(dir, "[f].txt"), Columns{}); !isPresetError(err) ||
-		!strings.Contains(err.Error(), "the first 1 files hold no document ("+f+": invalid-utf8)") {
+		!strings.Contains(err.Error(), "its one file holds no document ("+f+": invalid-utf8)") {
 		t.Fatalf("a text file not UTF-8 alone: %v; want it named with its reason", err)
 	}
 	var tgz bytes.Buffer
@@ -192,9 +193,21 @@ func TestCheckReadsALocalFilesFirstDocument(t *testing.T) {
 	zw.Close()
 	g := write("g.txt.gz", tgz.String())
 	if _, err := check(filepath.Join(dir, "[fg].txt*"), Columns{}); !isPresetError(err) ||
-		!strings.Contains(err.Error(), "the first 2 files hold no document (") || !strings.Contains(err.Error(), f+": invalid-utf8") ||
+		!strings.Contains(err.Error(), "none of its 2 files holds a document (") || !strings.Contains(err.Error(), f+": invalid-utf8") ||
 		!strings.Contains(err.Error(), g+": archive") {
 		t.Fatalf("two text files skipped whole: %v; want both passed over, named with their reasons", err)
+	}
+	// More files than a check passes over: it says how many it read.
+	many := filepath.Join(dir, "many")
+	if err := os.Mkdir(many, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range localCheckFiles + 1 {
+		write(filepath.Join("many", fmt.Sprintf("%d.txt", i)), "")
+	}
+	if _, err := check(filepath.Join(many, "*.txt"), Columns{}); !isPresetError(err) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("the first %d of its %d files hold no document (", localCheckFiles, localCheckFiles+1)) {
+		t.Fatalf("more empty files than a check reads: %v", err)
 	}
 	// With a good one among them, the files before it in the plan's
 	// order are passed over, and the check says so.

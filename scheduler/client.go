@@ -361,7 +361,7 @@ func (c *Client) Cancel(ctx context.Context, id string) (state string, err error
 		}
 		return "cancelled", nil
 	default:
-		return "", &finishedError{id: id, state: ti.State.String()}
+		return "", &FinishedError{ID: id, State: ti.State.String()}
 	}
 }
 
@@ -404,12 +404,16 @@ func (c *Client) archiveWhenStopped(ctx context.Context, queue, id string) (stri
 	}
 }
 
-type finishedError struct{ id, state string }
+// FinishedError is Cancel's answer for a task that has already ended
+// (completed, or archived: failed for good or cancelled). It is not bad
+// input: the task does not run, as the cancel asked, and a task that ends
+// a moment before its cancel arrives is answered so, as one that ends
+// while the cancel waits is.
+type FinishedError struct{ ID, State string }
 
-func (e *finishedError) Error() string {
-	return fmt.Sprintf("task %s is already %s; nothing to cancel", e.id, e.state)
+func (e *FinishedError) Error() string {
+	return fmt.Sprintf("task %s is already %s; nothing to cancel", e.ID, e.State)
 }
-func (e *finishedError) BadInput() bool { return true }
 
 // jitter spreads d by ±20% so retries of many tasks do not arrive together.
 func jitter(d time.Duration) time.Duration {

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/scheduler"
 )
 
 func init() {
@@ -18,10 +21,17 @@ func init() {
 			}
 			defer q.Close()
 			state, err := q.Cancel(c.Context(), args[0])
+			w := c.OutOrStdout()
+			var done *scheduler.FinishedError
+			if errors.As(err, &done) {
+				// It does not run, as asked: a script that cancels a task
+				// which ended a moment before is not told it erred.
+				fmt.Fprintln(w, done.Error())
+				return nil
+			}
 			if err != nil {
 				return err
 			}
-			w := c.OutOrStdout()
 			switch state {
 			case "cancelled":
 				fmt.Fprintf(w, "%s cancelled: stopped and archived; it will not run again (a training segment keeps the checkpoint of its stop step)\n", args[0])

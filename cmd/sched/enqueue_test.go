@@ -83,15 +83,29 @@ func TestEnqueueTrainChecksTheRunFirst(t *testing.T) {
 	data := filepath.Join(home, "data")
 	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + data}
 
-	wantBadInput(t, env, `run pilot trains with tokenizer mix-16384, which does not exist yet: make it first with 'sched enqueue tokenizer mix-16384'`,
+	wantBadInput(t, env, `run pilot trains with tokenizer mix-16384, which does not exist yet: make it first with 'sched enqueue tokenizer mix-16384' \(the small model's vocab_size`,
 		"enqueue", "train", "pilot")
+	// A run of a smaller model is told the vocabulary to ask for: the
+	// default, 16384 ids, would make a tokenizer it could never use.
+	wantBadInput(t, env, `run pilot-cpu trains with tokenizer mix-4096, which does not exist yet: make it first with 'sched enqueue tokenizer mix-4096 --vocab 4096' \(the tiny model's vocab_size`,
+		"enqueue", "train", "pilot-cpu")
+	// Asked for more ids than the run's model holds, it is refused while
+	// it is being made, where the segment waited for it and then failed.
+	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "big"); code != 0 {
+		t.Fatalf("enqueue tokenizer big: exit %d %q %q", code, out, errOut)
+	}
+	wantBadInput(t, env, `run pilot-cpu: tokenizer big, being made \(task tokenizer:sample:[0-9a-f]+\), was asked for 16384 ids but the tiny model's vocab_size is 4096: the run could never use it`,
+		"enqueue", "train", "pilot-cpu", "--tokenizer", "big")
+	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "mix-4096", "--vocab", "4096"); code != 0 {
+		t.Fatalf("enqueue tokenizer mix-4096: exit %d %q %q", code, out, errOut)
+	}
 	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "mix-16384"); code != 0 {
 		t.Fatalf("enqueue tokenizer: exit %d %q %q", code, out, errOut)
 	}
 	wantBadInput(t, env, `run pilot trains on token store the-stack-v2, which holds no tokens and which no ingest is filling: run 'sched enqueue ingest the-stack-v2' first`,
 		"enqueue", "train", "pilot")
 	wantBadInput(t, env, `run demo trains on token store go-stdlib, .*: run 'sched enqueue ingest <dataset> --store go-stdlib' first`,
-		"enqueue", "train", "demo", "--tokenizer", "mix-16384")
+		"enqueue", "train", "demo", "--tokenizer", "mix-4096")
 	for _, ds := range []string{"the-stack-v2", "fineweb-edu", "proof-pile-2"} {
 		if out, errOut, code := sched(t, env, "enqueue", "ingest", ds); code != 0 {
 			t.Fatalf("enqueue ingest %s: exit %d %q %q", ds, code, out, errOut)

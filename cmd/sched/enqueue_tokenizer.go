@@ -19,6 +19,9 @@ import (
 // with prose and mathematics so that neither falls apart into characters.
 const defaultMixture = "the-stack-v2=0.7,fineweb-edu=0.2,proof-pile-2=0.1"
 
+// defaultTokenizerVocab is --vocab's default, the pilot's vocabulary.
+const defaultTokenizerVocab = 16384
+
 // minVocab is the 256 byte symbols, the end-of-text token and one merge.
 const minVocab = 258
 
@@ -61,7 +64,7 @@ sha256, so a new vocabulary needs a new name.`,
 		},
 	}
 	f := cmd.Flags()
-	f.IntVar(&r.vocab, "vocab", 16384, "vocabulary size, special tokens and the 256 bytes included")
+	f.IntVar(&r.vocab, "vocab", defaultTokenizerVocab, "vocabulary size, special tokens and the 256 bytes included")
 	f.StringVar(&r.sample, "sample", "2GB", "text to train on, over all datasets (e.g. 2GB, 500MB, 1GiB)")
 	f.StringVar(&r.from, "from", defaultMixture, "datasets and weights: preset=weight,... or local:<glob>=weight")
 	f.Uint64Var(&r.seed, "seed", 1, "chooses the files sampled and the held-out documents")

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/ingest"
@@ -241,7 +242,7 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	var most int64
 	filling := false
 	for _, m := range rc.Mixture {
-		held, live, err := checkRunStore(ctx, tc, run.Name, m.Store, uses)
+		held, live, err := checkRunStore(ctx, tc, run.Name, m.Store, uses, tok)
 		if err != nil {
 			return err
 		}
@@ -270,7 +271,21 @@ func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName 
 			return nil, lerr
 		}
 		if live == nil {
-			return nil, badInput("run %s trains with tokenizer %s, which does not exist yet: make it first with 'sched enqueue tokenizer %s' ('sched tokenizers' lists the existing ones)", run, name, name)
+			// The request as the run needs it: a tokenizer of more ids
+			// than the model's vocabulary would be refused here once made,
+			// and its name, once published, is never made again.
+			request := "sched enqueue tokenizer " + name
+			if mc.VocabSize != defaultTokenizerVocab {
+				request += fmt.Sprintf(" --vocab %d", mc.VocabSize)
+			}
+			return nil, badInput("run %s trains with tokenizer %s, which does not exist yet: make it first with '%s' (the %s model's vocab_size; 'sched tokenizers' lists the existing ones)", run, name, request, modelName)
+		}
+		// Its ids are not known yet, but the number it was asked for is:
+		// more than the model holds, and the segment would fail once the
+		// tokenizer is made.
+		if asked := liveTokenizerVocab(live); asked > mc.VocabSize {
+			return nil, badInput("run %s: tokenizer %s, being made (task %s), was asked for %d ids but the %s model's vocab_size is %d: the run could never use it; give the run a tokenizer of at most %d ids ('sched enqueue tokenizer <another name> --vocab %d'), or a model with a larger vocab_size",
+				run, name, live.ID, asked, modelName, mc.VocabSize, mc.VocabSize, mc.VocabSize)
 		}
 		return nil, nil // the worker waits for it
 	case err != nil:
@@ -283,18 +298,29 @@ func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName 
 	return &entry, nil
 }
 
+// liveTokenizerVocab is the vocabulary a live tokenizer task was asked
+// for (0: not said).
+func liveTokenizerVocab(ti *asynq.TaskInfo) int {
+	if ti.Type == scheduler.KindTokenizerTrain {
+		a, _ := scheduler.Decode[scheduler.TokenizerTrain](ti.Payload)
+		return a.VocabSize
+	}
+	a, _ := scheduler.Decode[scheduler.TokenizerSample](ti.Payload)
+	return a.VocabSize
+}
+
 // checkRunStore refuses a store of the run that another tokenizer than
-// uses (nil: one being made) made, and one that holds nothing and that no
-// ingest is filling; it returns the tokens the store holds, and whether an
-// ingest is filling it.
-func checkRunStore(ctx context.Context, tc trainCheck, run, name string, uses *catalog.Entry) (held int64, filling bool, err error) {
+// uses (nil: tok, being made) made, and one that holds nothing and that
+// no ingest is filling; it returns the tokens the store holds, and whether
+// an ingest is filling it.
+func checkRunStore(ctx context.Context, tc trainCheck, run, name string, uses *catalog.Entry, tok string) (held int64, filling bool, err error) {
 	if filepath.IsAbs(name) {
 		m, err := tokens.ReadManifest(name)
 		if err != nil {
 			return 0, false, badInput("run %s trains on the token store at %s: %v", run, name, err)
 		}
 		held = m.Tokens
-		if err := checkStoreTokenizer(run, name, m.Tokenizer, uses); err != nil {
+		if err := checkStoreTokenizer(run, name, m.Tokenizer, uses, tok); err != nil {
 			return 0, false, err
 		}
 	} else {
@@ -316,7 +342,7 @@ func checkRunStore(ctx context.Context, tc trainCheck, run, name string, uses *c
 		}
 		// Also while an ingest fills the store: an append with another
 		// tokenizer than the one that wrote it is refused, so it keeps it.
-		if err := checkStoreTokenizer(run, name, made, uses); err != nil {
+		if err := checkStoreTokenizer(run, name, made, uses, tok); err != nil {
 			return 0, false, err
 		}
 		live, err := tc.q.LiveIngest(ctx, name)
@@ -348,32 +374,53 @@ func checkRunStore(ctx context.Context, tc trainCheck, run, name string, uses *c
 // checkStoreTokenizer refuses store name, whose ids tokenizer made wrote,
 // to a run that trains with uses: the ids would mean other text than the
 // run's checkpoints say, and the worker would refuse the segment. The
-// comparison is the worker's (catalog.CheckUses). A store that records no
-// tokenizer (a status from before the field, or no ids yet) and a run
-// tokenizer still being made (uses nil) are left to the worker.
-func checkStoreTokenizer(run, name string, made tokens.Tokenizer, uses *catalog.Entry) error {
-	if uses == nil || made.SHA256 == "" {
+// comparison is the worker's (catalog.CheckUses). Where the run's
+// tokenizer, tok, is still being made (uses nil), its ids are not known
+// but its name is, and a published name never names another tokenizer:
+// a store that records another name was made by another tokenizer. A
+// store that records no tokenizer (a status from before the field, or no
+// ids yet), or no name (a tokenizer file's), is left to the worker then.
+func checkStoreTokenizer(run, name string, made tokens.Tokenizer, uses *catalog.Entry, tok string) error {
+	if made.SHA256 == "" {
 		return nil
 	}
-	var me *catalog.MismatchError
-	if err := catalog.CheckUses(catalog.Store{Store: name, Tokenizer: made}, *uses); !errors.As(err, &me) {
-		return err
+	want := tokens.Tokenizer{Name: tok}
+	switch {
+	case uses == nil && (made.Name == "" || made.Name == tok):
+		return nil
+	case uses != nil:
+		var me *catalog.MismatchError
+		if err := catalog.CheckUses(catalog.Store{Store: name, Tokenizer: made}, *uses); !errors.As(err, &me) {
+			return err
+		}
+		want = me.TokB
+	}
+	return storeMadeByAnother(run, name, made, want)
+}
+
+// storeMadeByAnother is the refusal of a run that trains with tokenizer
+// want (with no SHA-256: one being made) on store name, which tokenizer
+// made wrote.
+func storeMadeByAnother(run, name string, made, want tokens.Tokenizer) error {
+	mine := tokenizerLabel(want)
+	if want.SHA256 == "" {
+		mine = "tokenizer " + want.Name + " (being made)"
 	}
 	dataset, other := "<dataset>", "<another store>"
 	if !filepath.IsAbs(name) {
 		if presets, err := ingest.Presets(""); err == nil && presets[name].Name != "" {
 			dataset = name
 		}
-		if n := name + "-" + uses.Name; ingest.CheckStoreName(n) == nil {
+		if n := name + "-" + want.Name; ingest.CheckStoreName(n) == nil {
 			other = n
 		}
 	}
 	theirs := "the tokenizer that made the store ('sched tokenizers' lists each with its sha256)"
-	if me.TokA.Name != "" {
-		theirs = fmt.Sprintf("tokenizer %s (tokenizer: %s in its runs entry, or --tokenizer %s)", me.TokA.Name, me.TokA.Name, me.TokA.Name)
+	if made.Name != "" {
+		theirs = fmt.Sprintf("tokenizer %s (tokenizer: %s in its runs entry, or --tokenizer %s)", made.Name, made.Name, made.Name)
 	}
 	return badInput("run %s trains with %s but its token store %s was made by %s: their ids mean different text; ingest the store's data with %s into another store ('sched enqueue ingest %s --store %s --tokenizer %s', then name that store in the run's mixture), or give the run %s",
-		run, tokenizerLabel(me.TokB), name, tokenizerLabel(me.TokA), uses.Name, dataset, other, uses.Name, theirs)
+		run, mine, name, tokenizerLabel(made), want.Name, dataset, other, want.Name, theirs)
 }
 
 // tokenizerLabel names t with the first 12 digits of its SHA-256, as

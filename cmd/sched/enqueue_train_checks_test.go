@@ -111,6 +111,27 @@ func TestEnqueueTrainRefusesAStoreOfAnotherTokenizer(t *testing.T) {
 	}
 	wantBadInput(t, env, `^sched: run fill-tk trains with tokenizer tk \(sha256 [0-9a-f]{12}\) but its token store filling was made by tokenizer t512b \(sha256 [0-9a-f]{12}\): .*or give the run tokenizer t512b`,
 		"enqueue", "train", "fill-tk")
+
+	// The run's tokenizer being made: its ids are not known yet, but its
+	// name is, and a published name never names another tokenizer, so a
+	// store that records another name is refused too, where the segment
+	// was queued and archived by the worker. One that records no name (a
+	// tokenizer file's) is left to the worker.
+	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "tnew", "--vocab", "512"); code != 0 {
+		t.Fatalf("enqueue tokenizer tnew: exit %d %q %q", code, out, errOut)
+	}
+	putStatus(t, objects, "anon", ingest.StoreStatus{Tokens: 400_000, Documents: 10, Shards: 1, Done: []string{"s0"}, Tokenizer: tokens.Tokenizer{SHA256: otherSHA, VocabSize: 280}})
+	appendRuns(t, env, "new:\n  from: eta\n  tokenizer: tnew\n  mixture: [{store: code, weight: 1}]\n"+
+		"new-anon:\n  from: eta\n  tokenizer: tnew\n  mixture: [{store: anon, weight: 1}]\n")
+	wantBadInput(t, env, `^sched: run new trains with tokenizer tnew \(being made\) but its token store code was made by tokenizer tk \(sha256 [0-9a-f]{12}\): `+
+		`their ids mean different text; ingest the store's data with tnew into another store \('sched enqueue ingest <dataset> --store code-tnew --tokenizer tnew', .*or give the run tokenizer tk`,
+		"enqueue", "train", "new")
+	if live, err := q.LiveSegment(ctx, "new"); err != nil || live != nil {
+		t.Fatalf("run new refused, yet its segment %v is queued (%v)", live, err)
+	}
+	if a := queuedSegment(t, env, envValue(env, "KILN_REDIS_URL"), "new-anon"); a.Run != "new-anon" {
+		t.Fatalf("enqueue train new-anon queued %+v", a)
+	}
 }
 
 // Enqueuing a run done at its total steps queues nothing and says so,

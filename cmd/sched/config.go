@@ -31,6 +31,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
@@ -111,13 +112,65 @@ var settings = func() []setting {
 // "$DIR" would write to ./.kiln, --tokenizer "$TOK" ingest with mix-16384).
 var emptyFlagMeans = map[string]bool{"s3-endpoint": true, "s3-access-key": true, "s3-secret-key": true, "hf-token": true, "metrics-addr": true}
 
-// checkSwitchWords refuses a word that reads as true or false given after
-// a switch (a flag that alone means true: every bool flag, and
-// --s3-secure) as an argument of its own. The parser leaves such a word to
-// the command: "--s3-secure false" meant https and a task or run named
-// "false", "--resume false" a resume. It reads the arguments as typed,
-// before the command parses them, since a command that takes no arguments
-// would otherwise refuse the word without saying how to give the value.
+// givenEmptyKey is the annotation noEmpty puts on a command's flag: what
+// to give it, and what leaving it out means.
+const givenEmptyKey = "kiln/given-empty"
+
+// noEmpty marks the flag name of fs as one whose empty value is no setting
+// of its own, as emptyFlagMeans does for the global flags: given empty (an
+// unset shell variable in --stores "$DIR"), it would mean its default
+// unnoticed, over the environment's value too. give says what to give it,
+// def what leaving it out means; refuseGivenEmpty, run before every
+// command (the root's PersistentPreRunE), refuses it.
+func noEmpty(fs *pflag.FlagSet, name, give, def string) {
+	if err := fs.SetAnnotation(name, givenEmptyKey, []string{give, def}); err != nil {
+		panic(err) // a flag's name mistyped here: every run of sched would say so
+	}
+}
+
+// refuseGivenEmpty refuses, as bad input, a flag of cmd that noEmpty
+// marked and that was given empty (one its parent declares for it
+// included). The root runs it before every command, so that the flag is
+// refused before the command reads anything.
+func refuseGivenEmpty(cmd *cobra.Command, _ []string) error {
+	var err error
+	// After parsing, cmd.Flags() holds its parents' persistent flags too.
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if a, ok := f.Annotations[givenEmptyKey]; ok && err == nil && f.Value.String() == "" {
+			err = badInput("flag --%s is given empty: give %s, or leave it out to use %s", f.Name, a[0], a[1])
+		}
+	})
+	return err
+}
+
+// dataDirPathError refuses path, which the command found under the data
+// directory dataDir as no flag of its own named it, for err: it names what
+// set the data directory, which is what the user gave, and the command's
+// flag (flag) that names the directory instead. what says what path is.
+func dataDirPathError(cmd *cobra.Command, dataDir, what, path, flag string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err // the path is said once, below
+	}
+	from, fix := "the data directory "+dataDir+" (the config file's data_dir, or the default ./.kiln)", "--data-dir or KILN_DATA_DIR"
+	if _, ok := flagValue(cmd, "data-dir"); ok {
+		from, fix = "--data-dir "+dataDir, "--data-dir"
+	} else if name, v := envSetting("KILN_DATA_DIR"); v != "" {
+		from, fix = name+" "+dataDir, name
+	}
+	return badInput("%s %s, under %s: %v: make it a directory this user can read, give %s another data directory, or name the %s with %s",
+		what, path, from, err, fix, what, flag)
+}
+
+// checkSwitchWords refuses a word given after a switch (a flag that alone
+// means true: every bool flag, and --s3-secure) as an argument of its own,
+// where it reads as true or false or where it is read as a command's name.
+// The parser leaves such a word to the command: "--s3-secure false" meant
+// https and a task or run named "false", "--resume false" a resume, and
+// "sched --s3-secure maybe config" was an unknown command "maybe". It
+// reads the arguments as typed, before the command parses them, since a
+// command that takes no arguments would otherwise refuse the word without
+// saying how to give the value.
 func checkSwitchWords(args []string) error {
 	cmd, _, err := rootCmd.Find(args)
 	if err != nil {
@@ -125,6 +178,7 @@ func checkSwitchWords(args []string) error {
 		// an unknown command: the root's switches are every command's.
 		cmd = rootCmd
 	}
+	unknown, group := unknownCommandWord(args)
 	for i, a := range args {
 		if a == "--" {
 			return nil // what follows is the command's arguments, as given
@@ -143,6 +197,79 @@ func checkSwitchWords(args []string) error {
 			return badInput("%s %s: the flag's value follows '=', so %q here is read as an argument of the command; write %s=false", a, w, w, a)
 		case "true", "yes", "1", "on":
 			return badInput("%s %s: the flag's value follows '=', so %q here is read as an argument of the command; write %s=true (or %s alone)", a, w, w, a, a)
+		}
+		if i+1 == unknown {
+			// Any other word, where a command's name goes: the flag's
+			// value meant, or a command mistyped after the switch.
+			msg := fmt.Sprintf("%s %s: the flag's value follows '=', so %q here is read as a command, and '%s' has none of that name; write %s=<value> (true or false; %s alone is true), then the command",
+				a, w, w, group.CommandPath(), a, a)
+			if group.SuggestionsMinimumDistance <= 0 {
+				group.SuggestionsMinimumDistance = 2 // cobra's default, set only where it suggests itself
+			}
+			if s := group.SuggestionsFor(w); len(s) > 0 {
+				msg += fmt.Sprintf(", or did you mean %s?", strings.Join(s, " or "))
+			}
+			return badInput("%s (see '%s --help')", msg, group.CommandPath())
+		}
+	}
+	return nil
+}
+
+// unknownCommandWord finds the word of args that is read as an unknown
+// command: the first word that is neither a flag, a flag's value, nor the
+// name of a command, where the command named so far has commands of its
+// own and takes no such argument. It returns its index, -1 for none, and
+// the command whose commands it is not.
+func unknownCommandWord(args []string) (int, *cobra.Command) {
+	cmd := rootCmd
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if strings.HasPrefix(a, "-") {
+			// A flag's value is the next word unless it follows '=' or
+			// the flag is a switch; cobra skips it so when it finds the
+			// command, and so does this.
+			name := strings.TrimLeft(a, "-")
+			if strings.Contains(name, "=") || (!strings.HasPrefix(a, "--") && len(name) != 1) {
+				continue
+			}
+			var f *pflag.Flag
+			if strings.HasPrefix(a, "--") {
+				f = cmd.Flag(name)
+			} else {
+				f = cmd.Flags().ShorthandLookup(name)
+				if f == nil {
+					f = cmd.InheritedFlags().ShorthandLookup(name)
+				}
+			}
+			if f == nil || f.NoOptDefVal == "" {
+				i++
+			}
+			continue
+		}
+		sub := commandNamed(cmd, a)
+		if sub == nil {
+			// The root takes no arguments; a group (sched tokenizer), or
+			// a command that also runs alone (sched datasets), refuses
+			// a word it does not take as a command it does not have.
+			if cmd == rootCmd || cmd.HasSubCommands() && cmd.ValidateArgs([]string{a}) != nil {
+				return i, cmd
+			}
+			break // an argument of the command
+		}
+		cmd = sub
+	}
+	return -1, cmd
+}
+
+// commandNamed is the subcommand of cmd that name names, by its name or an
+// alias; nil if none.
+func commandNamed(cmd *cobra.Command, name string) *cobra.Command {
+	for _, sub := range cmd.Commands() {
+		if sub.Name() == name || sub.HasAlias(name) {
+			return sub
 		}
 	}
 	return nil

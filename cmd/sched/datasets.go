@@ -40,9 +40,10 @@ not open shows what is wrong in place of its counts.`,
 			if err != nil {
 				return err
 			}
-			if storesDir == "" {
-				cfg, err := loadConfig(c)
-				if err != nil {
+			given := c.Flags().Changed("stores")
+			var cfg scheduler.Config
+			if !given {
+				if cfg, err = loadConfig(c); err != nil {
 					return err
 				}
 				storesDir = filepath.Join(cfg.DataDir, "tokens")
@@ -50,7 +51,11 @@ not open shows what is wrong in place of its counts.`,
 			// Read before anything is printed: a --stores that does not
 			// read is an error, with no half of the listing before it.
 			entries, err := os.ReadDir(storesDir)
-			none := errors.Is(err, fs.ErrNotExist) && !c.Flags().Changed("stores") // the default place, not made yet
+			none := errors.Is(err, fs.ErrNotExist) && !given // the default place, not made yet
+			if err != nil && !none && !given {
+				// The user gave the data directory, not this path.
+				return dataDirPathError(c, cfg.DataDir, "token stores' directory", storesDir, "--stores", err)
+			}
 			if err != nil && !none {
 				return badInput("--stores %s: %v: name the directory whose subdirectories are token stores (default <data dir>/tokens)", storesDir, errors.Unwrap(err))
 			}
@@ -116,7 +121,9 @@ not open shows what is wrong in place of its counts.`,
 		},
 	}
 	cmd.PersistentFlags().StringVar(&presetsFile, "presets", "", "YAML file of dataset presets (default $KILN_DATASETS)")
+	noEmpty(cmd.PersistentFlags(), "presets", "a YAML file of dataset presets", "KILN_DATASETS's file, or the built-in presets alone where it is unset")
 	cmd.Flags().StringVar(&storesDir, "stores", "", "directory whose subdirectories are token stores (default <data dir>/tokens)")
+	noEmpty(cmd.Flags(), "stores", "a directory", "<data dir>/tokens")
 
 	check := &cobra.Command{
 		Use:   "check <name>",
@@ -157,6 +164,8 @@ not open shows what is wrong in place of its counts.`,
 	check.Flags().StringArrayVar(&set, "set", nil, "preset variable, name=a,b (for example language=Python,Go), as 'sched enqueue ingest' takes it")
 	check.Flags().StringVar(&columns, "columns", "", columnsUsage)
 	check.Flags().StringVar(&revision, "revision", "", "a preset's dataset revision: a branch, tag or commit (default: the preset's)")
+	noEmpty(check.Flags(), "columns", "key=name pairs such as text=content", "the dataset's columns")
+	noEmpty(check.Flags(), "revision", "a branch, tag or commit", "the preset's")
 	cmd.AddCommand(check)
 	rootCmd.AddCommand(cmd)
 }

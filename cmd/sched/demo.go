@@ -169,6 +169,8 @@ earlier one.`,
 	}
 	cmd.Flags().StringVar(&o.Dir, "dir", "", "directory for the demo's files (default <data-dir>/demo)")
 	cmd.Flags().StringVar(&o.Files, "files", "", "corpus glob (default $GOROOT/src/*/*.go)")
+	noEmpty(cmd.Flags(), "dir", "a directory", "<data dir>/demo")
+	noEmpty(cmd.Flags(), "files", "a glob of text files", "$GOROOT/src/*/*.go")
 	cmd.Flags().DurationVar(&o.Duration, "duration", 2*time.Minute, "training time")
 	cmd.Flags().StringVar(&o.Engine, "engine", "auto", "engine: cuda, cpu or auto")
 	rootCmd.AddCommand(cmd)

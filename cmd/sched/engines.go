@@ -13,7 +13,12 @@ import (
 // instead of failing a run or a worker's first task; every engine the
 // command starts then uses them.
 func init() {
-	rootCmd.PersistentPreRunE = func(*cobra.Command, []string) error {
+	rootCmd.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		// Before anything the command reads: a flag given empty would
+		// mean its default unnoticed.
+		if err := refuseGivenEmpty(cmd, args); err != nil {
+			return err
+		}
 		o, err := kernels.ParseOptions(os.Getenv)
 		if err != nil {
 			return err

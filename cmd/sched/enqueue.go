@@ -51,6 +51,7 @@ yours) or local:<glob>, files on the workers' disks under KILN_LOCAL_ROOTS.`,
 	var ingestStore string
 	var ingestPlan planFlags
 	ingest.Flags().StringVar(&ingestStore, "store", "", "token store name (default: the dataset's name; required for local:<glob>)")
+	noEmpty(ingest.Flags(), "store", "a token store's name", "the dataset's name")
 	ingestPlan.register(ingest.Flags())
 	ingest.RunE = func(c *cobra.Command, args []string) error {
 		return enqueueIngest(c, args[0], ingestStore, ingestPlan)
@@ -80,6 +81,7 @@ Flags given override what the model's defaults or the run's settings say.`,
 	bench.Flags().IntVar(&st.seq, "seq", 0, "sequence length of a model's measurement (default 1024, or the run's)")
 	bench.Flags().IntVar(&st.accumulate, "accumulate", 0, "micro-batches a step over all GPUs, as a run's accumulate (default one a GPU, or the run's)")
 	bench.Flags().StringVar(&st.precision, "precision", "", "bf16 or fp32 (default bf16, or the run's)")
+	noEmpty(bench.Flags(), "precision", "bf16 or fp32", "bf16, or the run's")
 	bench.Flags().IntVar(&st.steps, "steps", 0, "timed steps (default: sched bench's 30)")
 	bench.Flags().Var(&benchWarmup, "warmup", "untimed steps first (default: sched bench's 8)")
 	bench.RunE = func(c *cobra.Command, args []string) error {

@@ -70,6 +70,7 @@ sha256, so a new vocabulary needs a new name.`,
 	f.Uint64Var(&r.seed, "seed", 1, "chooses the files sampled and the held-out documents")
 	f.StringVar(&r.previous, "previous", "", "tokenizer to compare with in the report (default: the configured tokenizer; empty for none)")
 	f.StringVar(&r.presetsFile, "presets", "", "YAML file of dataset presets that add to or replace the built-in ones (default $KILN_DATASETS)")
+	noEmpty(f, "presets", "a YAML file of dataset presets", "KILN_DATASETS's file, or the built-in presets alone where it is unset")
 	return cmd
 }
 

@@ -44,6 +44,9 @@ func (p *planFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.maxDisk, "max-disk", "", "stop before the store's tokens.bin passes this size (50G = 50 x 2^30 bytes, 50GB = 50 x 10^9)")
 	f.IntVar(&p.maxFiles, "max-files", 0, "read at most this many files of the seeded order (0: all)")
 	f.Uint64Var(&p.seed, "seed", 0, "seed of the file order")
+	noEmpty(f, "presets", "a YAML file of dataset presets", "KILN_DATASETS's file, or the built-in presets alone where it is unset")
+	noEmpty(f, "revision", "a branch, tag or commit", "the preset's")
+	noEmpty(f, "columns", "key=name pairs such as text=content", "the dataset's columns")
 }
 
 func init() {
@@ -95,6 +98,9 @@ published. Each download is removed once tokenized: a worker downloads into
 	f.StringVar(&storeName, "store", "", "token store name: <data dir>/tokens/NAME (default: the dataset's name; required for local:<glob>)")
 	f.StringVar(&storeDir, "store-dir", "", "with --direct: the token store's directory, instead of --store NAME")
 	f.StringVar(&tokFile, "tokenizer-file", "", "with --direct: a tokenizer.json to tokenize with, instead of the tokenizer --tokenizer names")
+	noEmpty(f, "store", "a token store's name", "the dataset's name")
+	noEmpty(f, "store-dir", "a directory", "<data dir>/tokens/<store>")
+	noEmpty(f, "tokenizer-file", "a tokenizer.json", "the published tokenizer --tokenizer (KILN_TOKENIZER) names")
 	pf.register(f)
 	rootCmd.AddCommand(cmd)
 }

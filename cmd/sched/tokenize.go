@@ -94,6 +94,7 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.
 		},
 	}
 	tok.Flags().StringVar(&tokFile, "tokenizer-file", "", "tokenizer.json to encode with, instead of the tokenizer --tokenizer names")
+	noEmpty(tok.Flags(), "tokenizer-file", "a tokenizer.json", "the published tokenizer --tokenizer (KILN_TOKENIZER) names")
 	tok.Flags().StringVar(&in, "in", "", "text file to encode (required; /dev/stdin reads standard input)")
 	tok.Flags().StringVar(&out, "out", "", "file to write the ids to (required; /dev/stdout to pipe them on)")
 	tok.Flags().StringVar(&dtype, "dtype", "u16", "id width: u16 or u32")
@@ -146,6 +147,7 @@ machine as a published tokenizer.
 	train.Flags().Int64Var(&opts.MinFrequency, "min-frequency", 2, "do not merge pairs seen fewer times")
 	train.Flags().StringSliceVar(&special, "special", []string{"<|endoftext|>"}, "special tokens, first ids in order (the first end-of-text name is the EOS)")
 	train.Flags().StringVar(&opts.Pattern, "pattern", "gpt4", "pre-tokenizer: gpt4 (GPT-4/Llama-3 split) or gpt2")
+	noEmpty(train.Flags(), "pattern", "gpt4 or gpt2", "gpt4")
 	train.Flags().StringVar(&trainOut, "out", "tokenizer.json", "file to write")
 	train.Flags().BoolVar(&trainForce, "force", false, "replace a file already at --out (never a token store's file or a published tokenizer)")
 	group := &cobra.Command{Use: "tokenizer", Short: "Tokenizer vocabularies: train"}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -56,8 +57,14 @@ func init() {
 			if len(args) == 1 {
 				return printTokenizerReport(ctx, c.OutOrStdout(), cat, args[0])
 			}
-			if tokensDir == "" {
+			if !c.Flags().Changed("tokens-dir") {
 				tokensDir = filepath.Join(cfg.DataDir, "tokens")
+				// Not made yet is no store yet; anything else that keeps
+				// it from reading is the data directory's to fix, which is
+				// what the user gave.
+				if _, err := os.ReadDir(tokensDir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return dataDirPathError(c, cfg.DataDir, "token stores' directory", tokensDir, "--tokens-dir", err)
+				}
 			} else if st, err := os.Stat(tokensDir); err != nil || !st.IsDir() {
 				// The default may not exist yet (no store made); a
 				// directory named by hand that is not there is a typo.
@@ -67,6 +74,7 @@ func init() {
 		},
 	}
 	cmd.Flags().StringVar(&tokensDir, "tokens-dir", "", "directory of the token stores (default <data dir>/tokens)")
+	noEmpty(cmd.Flags(), "tokens-dir", "a directory", "<data dir>/tokens")
 	rootCmd.AddCommand(cmd)
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/sample"
+	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/worker"
@@ -21,6 +22,12 @@ const defaultMixture = "the-stack-v2=0.7,fineweb-edu=0.2,proof-pile-2=0.1"
 
 // defaultTokenizerVocab is --vocab's default, the pilot's vocabulary.
 const defaultTokenizerVocab = 16384
+
+// minSampleBytesPerID is the least text a tokenizer's sample holds per id
+// asked: a unit left off (--sample 100) would train 257 ids under a name
+// published for good. The smallest samples in use hold 64 (the tests'
+// 1MB for 16384 ids) to 512 bytes an id (the README's CPU day).
+const minSampleBytesPerID = 16
 
 // minVocab is the 256 byte symbols, the end-of-text token and one merge.
 const minVocab = 258
@@ -86,6 +93,10 @@ func sampleTasks(r tokenizerRequest) ([]scheduler.TokenizerSample, error) {
 	total, err := sample.ParseSize(r.sample)
 	if err != nil {
 		return nil, badInput("--sample: %v", err)
+	}
+	if least := int64(r.vocab) * minSampleBytesPerID; total < least {
+		return nil, badInput("--sample %s is too little text for %d ids: each merge is learnt from pairs seen many times over, and a tokenizer that falls short is published anyway, its name taken for good; give at least %s (%d bytes an id; the README's CPU day samples 2MB for 4096 ids, the plan 2GB for 16384)",
+			r.sample, r.vocab, bytesize.Format(least), minSampleBytesPerID)
 	}
 	mix, err := sample.ParseMix(r.from)
 	if err != nil {

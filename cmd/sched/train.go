@@ -188,6 +188,11 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 			},
 		})
 	trained := from >= 0
+	if res.Precision != "" && res.Precision != rc.Precision {
+		// The checkpoint's run_config says what was asked; its weights
+		// were computed so.
+		fmt.Fprintf(out, "trained in %s, not the %s asked: the CPU engine computes in fp32 only (--engine cuda on a GPU trains in bf16)\n", res.Precision, rc.Precision)
+	}
 	if err == nil && !trained && res.Step >= rc.TotalSteps {
 		fmt.Fprintf(out, "the run is at step %d of its %d already: nothing to train (a longer run needs --steps or --total-tokens raised)\n", res.Step, rc.TotalSteps)
 	}

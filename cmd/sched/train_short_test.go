@@ -35,3 +35,25 @@ func TestTrainShorterThanLogEveryReportsItsSteps(t *testing.T) {
 		t.Errorf("event files %v of a run that logged nothing", events)
 	}
 }
+
+// A run on the CPU engine asked for bf16 (the default) says that it
+// trained in fp32, which the CPU engine computes in: the checkpoint's
+// run_config records what was asked, and nothing said otherwise.
+func TestTrainOnTheCPUSaysItComputedInFP32(t *testing.T) {
+	t.Parallel()
+	tokJSON, sha := trainTestTokenizer(t, "func main() { return x } the quick brown fox\n")
+	store := trainTestStoreBy(t, sha, 4096, 50000)
+	for _, c := range []struct{ precision, want string }{
+		{"bf16", "trained in fp32, not the bf16 asked: the CPU engine computes in fp32 only"},
+		{"fp32", ""},
+	} {
+		got, errOut, code := sched(t, nil, "train", "--model", "tiny", "--tokens", store, "--engine", "cpu", "--precision", c.precision,
+			"--seq", "32", "--batch", "2", "--steps", "2", "--out", filepath.Join(t.TempDir(), "run"), "--tokenizer-file", tokJSON)
+		if code != 0 {
+			t.Fatalf("train --precision %s: exit %d\n%s%s", c.precision, code, got, errOut)
+		}
+		if said := strings.Contains(got, "trained in fp32"); said != (c.want != "") || !strings.Contains(got, c.want) {
+			t.Errorf("train --engine cpu --precision %s said:\n%s\nwant %q", c.precision, got, c.want)
+		}
+	}
+}

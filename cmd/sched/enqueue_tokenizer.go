@@ -29,8 +29,10 @@ const defaultTokenizerVocab = 16384
 // 1MB for 16384 ids) to 512 bytes an id (the README's CPU day).
 const minSampleBytesPerID = 16
 
-// minVocab is the 256 byte symbols, the end-of-text token and one merge.
-const minVocab = 258
+// minVocab is the 256 byte symbols, the end-of-text token and one merge;
+// maxVocab the most ids a tokenizer may be asked for (a model's embedding
+// of more would not be trained on the GPUs kiln serves).
+const minVocab, maxVocab = 258, 1 << 24
 
 // tokenizerRequest is what `sched enqueue tokenizer` was asked for.
 type tokenizerRequest struct {
@@ -87,8 +89,8 @@ func sampleTasks(r tokenizerRequest) ([]scheduler.TokenizerSample, error) {
 	if err := catalog.CheckName(r.name); err != nil {
 		return nil, badInput("%v", err)
 	}
-	if r.vocab < minVocab || r.vocab > 1<<24 {
-		return nil, badInput("--vocab %d: give a vocabulary of %d to %d ids (16384 is the plan's)", r.vocab, minVocab, 1<<24)
+	if r.vocab < minVocab || r.vocab > maxVocab {
+		return nil, badInput("--vocab %d: give a vocabulary of %d to %d ids (the 256 byte symbols, the end-of-text token and at least one merge; 16384 is the plan's)", r.vocab, minVocab, maxVocab)
 	}
 	total, err := sample.ParseSize(r.sample)
 	if err != nil {

@@ -125,9 +125,11 @@ machine as a published tokenizer.
 			}
 			opts.SpecialTokens = special
 			// Zero is the library's "default", which a size typed on the
-			// command line never means.
-			if opts.VocabSize <= 0 {
-				return badInput("--vocab %d: give the vocabulary's size, at least 257 (256 byte symbols and the end-of-text token; default 16384)", opts.VocabSize)
+			// command line never means; the bounds are sched enqueue
+			// tokenizer's, its special tokens counted.
+			if least := 256 + len(special) + 1; opts.VocabSize < least || opts.VocabSize > maxVocab {
+				return badInput("--vocab %d: give a vocabulary of %d to %d ids (the 256 byte symbols, the %d special tokens and at least one merge; 16384 is the plan's)",
+					opts.VocabSize, least, maxVocab, len(special))
 			}
 			if opts.MinFrequency < 1 {
 				return badInput("--min-frequency %d: give how many times a pair must occur to be merged, at least 1 (default 2)", opts.MinFrequency)

@@ -261,7 +261,11 @@ func TestTokenizerTrainCommand(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--in", in, "--vocab", "0"}, "--vocab 0: give the vocabulary's size, at least 257"},
+		{[]string{"--in", in, "--vocab", "0"}, "--vocab 0: give a vocabulary of 258 to 16777216 ids (the 256 byte symbols, the 1 special tokens and at least one merge"},
+		// The bounds sched enqueue tokenizer holds a request to, in its words.
+		{[]string{"--in", in, "--vocab", "100"}, "--vocab 100: give a vocabulary of 258 to 16777216 ids"},
+		{[]string{"--in", in, "--vocab", "99999999999"}, "--vocab 99999999999: give a vocabulary of 258 to 16777216 ids"},
+		{[]string{"--in", in, "--vocab", "258", "--special", "<|endoftext|>,<|pad|>"}, "--vocab 258: give a vocabulary of 259 to 16777216 ids (the 256 byte symbols, the 2 special tokens"},
 		{[]string{"--in", in, "--min-frequency", "0"}, "--min-frequency 0: give how many times"},
 		{[]string{"--in", in + "," + dir}, "--in " + dir + " is a directory; name its text files"},
 	} {

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -205,6 +206,7 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 		shapes = []runs.Shape{sh}
 	}
 	rep := Progress(ctx)
+	var measured []results.BenchRow
 	for i, sh := range shapes {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -231,6 +233,7 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 		if err := appendBenchRow(ctx, t.Objects, row); err != nil {
 			return err
 		}
+		measured = append(measured, row)
 		if row.Error != "" || row.Devices() < 2 {
 			continue
 		}
@@ -248,7 +251,39 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 			return err
 		}
 	}
+	// What `sched status` shows of the finished task: the measure, not
+	// the last shape it began.
+	rep.Report(ctx, 1, 0, "", benchSummary(shapes, measured))
 	return nil
+}
+
+// benchSummary says in one line what a bench task measured: a shape's
+// tok/s, or why it could not be measured; a sweep's count of shapes and
+// of those that could not run. The table is `sched results bench`.
+func benchSummary(shapes []runs.Shape, rows []results.BenchRow) string {
+	const table = "; sched results bench shows the table"
+	if len(shapes) == 1 && len(rows) == 1 {
+		r := rows[0]
+		if r.Error != "" {
+			return fmt.Sprintf("%s could not be measured: %s%s", shapes[0], r.Error, table)
+		}
+		where := "the CPU"
+		if r.Device != "" {
+			where = plural(r.Devices(), "GPU")
+		}
+		return fmt.Sprintf("measured %s: %s tok/s on %s%s", shapes[0], humanize.Comma(int64(math.Round(r.TokPerSec))), where, table)
+	}
+	failed := 0
+	for _, r := range rows {
+		if r.Error != "" {
+			failed++
+		}
+	}
+	msg := "measured " + plural(len(rows), "shape")
+	if failed > 0 {
+		msg += fmt.Sprintf(" (%d could not run)", failed)
+	}
+	return msg + table
 }
 
 // failedRow is the sweep's row of a shape that could not be measured on

@@ -509,3 +509,28 @@ func TestTheLastSegmentWaitsForTheObjectStoreToTakeItsCheckpoint(t *testing.T) {
 		t.Errorf("run state %v; want done at checkpoint %d", st, total)
 	}
 }
+
+// A finished bench says what it measured: a shape's tok/s on the GPUs or
+// the CPU, why a shape could not be measured, or a sweep's count of shapes
+// with those that could not run.
+func TestBenchSummarySaysWhatWasMeasured(t *testing.T) {
+	one := []runs.Shape{{Model: "small", Batch: 32, Seq: 1024, Precision: "bf16"}}
+	for _, c := range []struct {
+		shapes []runs.Shape
+		rows   []results.BenchRow
+		want   string
+	}{
+		{one, []results.BenchRow{{TokPerSec: 1541299.4, Device: "NVIDIA H100", GPUs: 2}},
+			"measured small 32x1024 bf16: 1,541,299 tok/s on 2 GPUs; sched results bench shows the table"},
+		{one, []results.BenchRow{{TokPerSec: 812.6}},
+			"measured small 32x1024 bf16: 813 tok/s on the CPU; sched results bench shows the table"},
+		{one, []results.BenchRow{{Error: "CUDA out of memory"}},
+			"small 32x1024 bf16 could not be measured: CUDA out of memory; sched results bench shows the table"},
+		{runs.Sweep(), []results.BenchRow{{TokPerSec: 1}, {Error: "too big"}, {TokPerSec: 2}},
+			"measured 3 shapes (1 could not run); sched results bench shows the table"},
+	} {
+		if got := benchSummary(c.shapes, c.rows); got != c.want {
+			t.Errorf("benchSummary of %d rows:\n got %q\nwant %q", len(c.rows), got, c.want)
+		}
+	}
+}

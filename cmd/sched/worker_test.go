@@ -168,6 +168,11 @@ func TestEnqueueBenchOfARunMeasuresItsStep(t *testing.T) {
 	}
 	startWorker(t, env, "--queues", "gpu=1")
 	waitStatus(t, env, m[1], regexp.MustCompile(`^`+m[1]+`\s+completed\s+100\.0%`), time.Minute)
+	// The finished task says what it measured, not the shape it began.
+	out, _, _ = sched(t, env, "status", m[1])
+	if !regexp.MustCompile(`completed  100\.0%  "measured tiny 2x16 accumulate 4 fp32: [1-9][0-9,]* tok/s on the CPU; sched results bench shows the table"`).MatchString(out) {
+		t.Errorf("sched status of the finished bench:\n%s\nwant its measure and where the table is", out)
+	}
 	b, err := os.ReadFile(filepath.Join(data, "objects", filepath.FromSlash(worker.BenchKey)))
 	if err != nil {
 		t.Fatal(err)

@@ -58,6 +58,10 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.
 			if in == "" || out == "" {
 				return badInput("tokenize needs --in and --out; see 'sched tokenize --help'")
 			}
+			// Before anything loads: the width is the command line's.
+			if _, err := idWidth(dtype); err != nil {
+				return err
+			}
 			if err := checkNoDash("tokenize", out, in); err != nil {
 				return err
 			}
@@ -203,15 +207,21 @@ func loadTokenizerFor(cmd *cobra.Command, file string) (tk *tokenizer.Tokenizer,
 	return tk, "tokenizer " + cfg.Tokenizer, nil
 }
 
-func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer, label, in, out, dtype string) error {
-	width := 0
+// idWidth is the bytes of an id that --dtype names.
+func idWidth(dtype string) (int, error) {
 	switch dtype {
 	case "u16":
-		width = 2
+		return 2, nil
 	case "u32":
-		width = 4
-	default:
-		return badInput("--dtype %q is not u16 or u32", dtype)
+		return 4, nil
+	}
+	return 0, badInput("--dtype %q is not u16 or u32: give u16 (vocabularies of up to 65536 ids) or u32", dtype)
+}
+
+func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer, label, in, out, dtype string) error {
+	width, err := idWidth(dtype)
+	if err != nil {
+		return err
 	}
 	if width == 2 && tk.VocabSize() > 1<<16 {
 		return badInput("%s has %d tokens, more than the 65536 that --dtype u16 holds; use --dtype u32", label, tk.VocabSize())

@@ -132,6 +132,10 @@ func TestTokenizeCommandBadInput(t *testing.T) {
 		want string
 	}{
 		{[]string{"--tokenizer-file", tokPath, "--in", in, "--dtype", "u8"}, `--dtype "u8"`},
+		// The width before the tokenizer: a mistyped --dtype is named
+		// first, not a tokenizer that will not load.
+		{[]string{"--tokenizer-file", broken, "--in", in, "--dtype", "u8"}, `--dtype "u8" is not u16 or u32: give u16 (vocabularies of up to 65536 ids) or u32`},
+		{[]string{"--tokenizer-file", filepath.Join(dir, "none.json"), "--in", in, "--dtype", "U32"}, `--dtype "U32" is not u16 or u32`},
 		{[]string{"--tokenizer-file", tokPath, "--in", filepath.Join(dir, "missing.txt")}, "missing.txt: no such file or directory (name a readable text file)"},
 		{[]string{"--tokenizer-file", broken, "--in", in}, "WordPiece"},
 		{[]string{"--tokenizer-file", big, "--in", in}, "70001 tokens, more than the 65536"},

@@ -195,6 +195,24 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	if len(files) == 0 {
 		return res, badInput("--files %q matches no files: give a glob of text files, such as '$GOROOT/src/*/*.go'", o.Files)
 	}
+	// A directory the glob matches holds files, and is not one: the
+	// corpus is the files, as `sched datasets check local:` reads it.
+	var dirs []string
+	files = slices.DeleteFunc(files, func(f string) bool {
+		st, err := os.Stat(f)
+		if err == nil && st.IsDir() {
+			dirs = append(dirs, f)
+			return true
+		}
+		return false
+	})
+	if len(files) == 0 {
+		which := dirs[0]
+		if len(dirs) > 1 {
+			which += fmt.Sprintf(" and %d more", len(dirs)-1)
+		}
+		return res, badInput("--files %q matches only directories (%s): name their files with a glob, such as '%s'", o.Files, which, filepath.Join(dirs[0], "*"))
+	}
 	sort.Strings(files)
 	run, err := runs.Presets().Get(demoRun)
 	if err != nil {

@@ -196,3 +196,35 @@ func TestDemoSaysWhyAutoChoseTheCPU(t *testing.T) {
 		t.Errorf("engine auto trained on the CPU and said %q; want why", said)
 	}
 }
+
+// A --files that matches directories names them and the glob of their
+// files, before a tokenizer is learned from nothing; directories among
+// files are passed over.
+func TestDemoFilesThatAreDirectoriesAreNamed(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(filepath.Join(src, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := sched(t, nil, "demo", "--dir", filepath.Join(dir, "demo"), "--files", src)
+	if code != exitBadInput || out != "" || errOut != fmt.Sprintf("sched: --files %q matches only directories (%s): name their files with a glob, such as '%s'\n", src, src, filepath.Join(src, "*")) {
+		t.Errorf("demo --files DIR: exit %d, stdout %q, stderr %q; want exit 2 naming the directory and its glob, nothing begun", code, out, errOut)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "src2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = sched(t, nil, "demo", "--dir", filepath.Join(dir, "demo"), "--files", filepath.Join(dir, "src*"))
+	if code != exitBadInput || !strings.Contains(errOut, "matches only directories ("+src+" and 1 more)") {
+		t.Errorf("demo --files of two directories: exit %d, %q; want both counted", code, errOut)
+	}
+	// A file beside the directory is the corpus: the refusal is its
+	// own (too little text), not the directories'.
+	if err := os.WriteFile(filepath.Join(src, "a.go"), []byte("package a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = sched(t, nil, "demo", "--dir", filepath.Join(dir, "demo"), "--files", filepath.Join(src, "*"))
+	if code != exitBadInput || strings.Contains(errOut, "directories") || !strings.Contains(errOut, "its 1 file(s)") {
+		t.Errorf("demo --files of a file and a directory: exit %d, %q; want the one file read", code, errOut)
+	}
+}

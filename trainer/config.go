@@ -336,6 +336,19 @@ func orZero(p *float64) float64 {
 	return *p
 }
 
+// CheckWarmup refuses, as bad input, a warmup as long as the run or
+// longer: its learning rate would rise for the whole run and never decay,
+// which trains without error and ends far from where the schedule meant
+// to. A new run is held to it (sched train, sched enqueue train); a run
+// already under way resumes as it began. It expects c.WithDefaults().
+func (c RunConfig) CheckWarmup() error {
+	if c.TotalSteps > 0 && c.Warmup >= c.TotalSteps {
+		return badInput(fmt.Errorf("warmup %d is not shorter than the run's %d steps: the learning rate would rise for the whole run and never decay; give a warmup under %d steps (a few percent of the run is usual)",
+			c.Warmup, c.TotalSteps, c.TotalSteps))
+	}
+	return nil
+}
+
 // TokensPerStep is the number of target tokens one optimizer step trains on.
 func (c RunConfig) TokensPerStep() int { return c.Batch * c.Accumulate * c.Seq }
 

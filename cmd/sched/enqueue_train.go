@@ -122,6 +122,12 @@ to train it further).`,
 		if err := checkStepSize(run, st, ok); err != nil {
 			return err
 		}
+		// A new run only: one under way resumes as it began.
+		if trainedTo(st, ok, ts.FromStep) == 0 {
+			if err := run.RunConfig.WithDefaults().CheckWarmup(); err != nil {
+				return badInput("run %s: %v: edit its runs entry", run.Name, err)
+			}
+		}
 		// A run at its total steps would queue a segment that ends at
 		// once. The total is the runs entry's as read here, so that a run
 		// given a longer one resumes.

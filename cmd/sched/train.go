@@ -119,6 +119,15 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 		}
 		return err
 	}
+	if !f.resume {
+		// A run under way resumes as it began.
+		if err := rc.CheckWarmup(); err != nil {
+			if f.runConfig != "" && !cmd.Flags().Changed("warmup") && !cmd.Flags().Changed("steps") && !cmd.Flags().Changed("total-tokens") {
+				return badInputError{fmt.Errorf("run config %s: %w", f.runConfig, err)}
+			}
+			return err
+		}
+	}
 	mc, err := rc.ModelConfig()
 	if err != nil {
 		return err

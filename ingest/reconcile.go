@@ -141,6 +141,49 @@ type StoresWatch struct {
 	listed   bool              // StoresDir existed at a look
 	failed   map[string]string // the last error of each store not mended
 	stopped  bool
+	// pending is set while every status is still to be mended (ReconcileAll
+	// failed, or ReconcileLater): a worker's start that could not.
+	pending bool
+}
+
+// allStores is the key of failed for ReconcileAll's last error.
+const allStores = "\x00all"
+
+// ReconcileAll runs ReconcileStatuses, every store's status mended, as
+// a worker's start does; where it fails (object storage down, the lease
+// unconfirmed) it is left pending, for the caller's next look to try
+// again (Pending). Its error is returned once while it stays the same.
+// After Stop it does nothing.
+func (w *StoresWatch) ReconcileAll(ctx context.Context) ([]Reconciled, error) {
+	w.checking.Lock()
+	defer w.checking.Unlock()
+	if w.Stopped() {
+		return nil, nil
+	}
+	rs, err := w.p.ReconcileStatuses(ctx)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.pending = err != nil
+	if err != nil {
+		return rs, w.fail(allStores, err)
+	}
+	delete(w.failed, allStores)
+	return rs, nil
+}
+
+// ReconcileLater leaves ReconcileAll pending: a worker that starts while
+// object storage does not answer.
+func (w *StoresWatch) ReconcileLater() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.pending = true
+}
+
+// Pending says whether ReconcileAll is still to succeed.
+func (w *StoresWatch) Pending() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pending
 }
 
 // storeSeen is what a look found of one store: its directory's and its

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokens"
 )
@@ -156,5 +157,51 @@ func fillStore(t *testing.T, p *Pipeline, name string, publish bool, ids ...stri
 		if _, err := p.publishStatus(ctx, name, a.Manifest(), Limits{}, Limits{}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// ReconcileAll, a start's mending of every status, that fails is left
+// pending and says its error once while it stays the same; once object
+// storage answers it mends the statuses and is pending no more. After
+// Stop it mends nothing.
+func TestReconcileAllFailedIsPendingUntilItSucceeds(t *testing.T) {
+	ctx := context.Background()
+	srv := testsvc.S3(t)
+	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Pipeline{Objects: objects, StoresDir: t.TempDir()}
+	// The status of a store this disk lacks.
+	fillStore(t, p, "gone", true, "a")
+	os.RemoveAll(filepath.Join(p.StoresDir, "gone"))
+	w := p.WatchStores()
+	if w.Pending() {
+		t.Fatal("a new watch is pending")
+	}
+	w.ReconcileLater()
+	if !w.Pending() {
+		t.Fatal("ReconcileLater left nothing pending")
+	}
+	srv.Stop()
+	if _, err := w.ReconcileAll(ctx); err == nil || !w.Pending() {
+		t.Fatalf("ReconcileAll with object storage down: %v, pending %v; want an error, pending", err, w.Pending())
+	}
+	if _, err := w.ReconcileAll(ctx); err != nil || !w.Pending() {
+		t.Fatalf("ReconcileAll failing again the same way: %v, pending %v; want no error said twice, pending", err, w.Pending())
+	}
+	srv.Start()
+	rs, err := w.ReconcileAll(ctx)
+	if err != nil || len(rs) != 1 || rs[0].Store != "gone" || w.Pending() {
+		t.Fatalf("ReconcileAll with object storage back: mended %+v, %v, pending %v; want store gone mended, nothing pending", rs, err, w.Pending())
+	}
+	fillStore(t, p, "later", true, "a")
+	os.RemoveAll(filepath.Join(p.StoresDir, "later"))
+	w.Stop()
+	if rs, err := w.ReconcileAll(ctx); len(rs) != 0 || err != nil {
+		t.Fatalf("ReconcileAll after Stop: %+v, %v; want nothing mended", rs, err)
+	}
+	if st, err := p.Status(ctx, "later"); err != nil || len(st.Done) != 1 {
+		t.Fatalf("after Stop the status of store later: %+v, %v; want it as it was", st, err)
 	}
 }

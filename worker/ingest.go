@@ -151,11 +151,20 @@ func repeat(ctx context.Context, interval time.Duration, f func()) {
 // runs it at its start, so that after its disk was lost, or a backup of
 // fewer files was put back, `sched enqueue ingest` plans the missing files
 // again instead of taking them for stored. Each store so mended is logged.
+//
+// On a worker that watches its stores (c.Stores), a failure (object
+// storage down, the append claim's lease unconfirmed) leaves it to the
+// watch, whose looks try again until it succeeds; the failure is logged
+// once while it stays the same.
 func (c *Ingest) ReconcileStores(ctx context.Context, log *zap.Logger) []ingest.Reconciled {
-	rs, err := c.Pipeline.ReconcileStatuses(ctx)
+	reconcile, again := c.Pipeline.ReconcileStatuses, "the next start tries again"
+	if c.Stores != nil {
+		reconcile, again = c.Stores.ReconcileAll, "the store watch tries again at each look until it succeeds"
+	}
+	rs, err := reconcile(ctx)
 	c.logMended(log, "token store's status in object storage did not say what this disk's store holds: it does now, and an ingest plans the files the store lacks again", rs)
 	if err != nil && ctx.Err() == nil {
-		log.Warn("token stores' statuses not checked against this disk; the next start tries again", zap.Error(err))
+		log.Warn("token stores' statuses not checked against this disk; "+again, zap.Error(err))
 	}
 	return rs
 }
@@ -234,6 +243,10 @@ func (c *Ingest) checkStores(ctx context.Context, log *zap.Logger) {
 	}
 	if log == nil {
 		log = zap.NewNop()
+	}
+	if c.Stores.Pending() {
+		// The start's mending of every status, which could not.
+		c.ReconcileStores(ctx, log)
 	}
 	rs, err := c.Stores.Check(ctx)
 	c.logMended(log, "token store went from this disk, or was replaced, while the worker ran: its status in object storage says what the disk holds now, and an ingest plans the files the store lacks again", rs)

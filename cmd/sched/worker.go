@@ -259,6 +259,9 @@ func workerHandlers(ctx context.Context, cfg scheduler.Config, qs map[string]int
 		hs.Ingest.Stores = hs.Ingest.Pipeline.WatchStores()
 		if reachable {
 			hs.Ingest.ReconcileStores(ctx, log)
+		} else {
+			// Once object storage answers: the watch's looks.
+			hs.Ingest.Stores.ReconcileLater()
 		}
 	}
 	return hs, err

@@ -211,25 +211,24 @@ func checkSwitchWords(args []string) error {
 			}
 			return badInput("%s (see '%s --help')", msg, group.CommandPath())
 		}
-		if unknown < 0 && !strings.HasPrefix(w, "-") && !inPath(cmd, w) && !cmd.HasSubCommands() && cmd.ValidateArgs([]string{w}) != nil {
-			// A command that takes no such argument: its own refusal
-			// would not say how to give the switch its value.
-			return badInput("%s %s: the flag's value follows '=', so %q here is read as an argument of '%s', which takes none; write %s=<value> (true or false; %s alone is true) (see '%s --help')",
-				a, w, w, cmd.CommandPath(), a, a, cmd.CommandPath())
-		}
 	}
 	return nil
 }
 
-// inPath reports whether word names cmd or a command above it: a word
-// of the command's path, not an argument.
-func inPath(cmd *cobra.Command, word string) bool {
-	for c := cmd; c != nil; c = c.Parent() {
-		if c.Name() == word || c.HasAlias(word) {
-			return true
+// switchBefore finds, in the words typed (raw), a switch of cmd that word
+// directly follows: the word, taken as an argument the command does not
+// take, was most likely the switch's value. Empty where none does.
+func switchBefore(cmd *cobra.Command, raw []string, word string) string {
+	for i := 0; i+1 < len(raw) && raw[i] != "--"; i++ {
+		name, ok := strings.CutPrefix(raw[i], "--")
+		if !ok || raw[i+1] != word {
+			continue
+		}
+		if f := cmd.Flag(name); f != nil && f.NoOptDefVal != "" {
+			return raw[i]
 		}
 	}
-	return false
+	return ""
 }
 
 // unknownCommandWord finds the word of args that is read as an unknown

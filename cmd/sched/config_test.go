@@ -137,7 +137,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"bad run name", []string{good}, []string{"enqueue", "train", "a/b"}, `run name "a/b"`},
 		{"missing dataset", []string{good}, []string{"enqueue", "ingest"}, "expects one dataset: a preset ('sched datasets' lists them) or local:<glob> (got none)"},
 		// A word after a switch is an argument: it is named.
-		{"a word after a switch", []string{good}, []string{"config", "--s3-secure", "maybe"}, `sched config expects no arguments (got 1: ["maybe"])`},
+		{"a word after a switch", []string{good}, []string{"config", "--s3-secure", "maybe"}, `--s3-secure maybe: the flag's value follows '=', so "maybe" here is read as an argument of 'sched config', which expects no arguments; write --s3-secure=<value>`},
 		{"unknown sweep", []string{good}, []string{"enqueue", "bench", "nosuchsweep", "--sweep"}, `--sweep "nosuchsweep": the one sweep is "sweep"`},
 		{"unknown dataset", []string{good}, []string{"enqueue", "ingest", "the-stack-v3"}, `unknown dataset "the-stack-v3"`},
 		{"local dataset without a store", []string{good}, []string{"enqueue", "ingest", "local:/src/*.go"}, "needs --store NAME"},

@@ -129,8 +129,8 @@ func TestSwitchBeforeAWordThatIsNoCommandSaysHowToGiveItsValue(t *testing.T) {
 		{[]string{"--s3-secure", "confg"}, "write --s3-secure=<value> (true or false; --s3-secure alone is true), then the command, or did you mean config? (see 'sched --help')"},
 		{[]string{"--log-format", "json", "--s3-secure", "maybe", "config"}, "--s3-secure maybe: "},
 		{[]string{"tokenizer", "--s3-secure", "maybe", "train"}, `"maybe" here is read as a command, and 'sched tokenizer' has none of that name; write --s3-secure=<value>`},
-		{[]string{"config", "--s3-secure", "maybe"}, `--s3-secure maybe: the flag's value follows '=', so "maybe" here is read as an argument of 'sched config', which takes none; write --s3-secure=<value> (true or false; --s3-secure alone is true) (see 'sched config --help')`},
-		{[]string{"runs", "--s3-secure", "maybe"}, `"maybe" here is read as an argument of 'sched runs', which takes none`},
+		{[]string{"config", "--s3-secure", "maybe"}, `--s3-secure maybe: the flag's value follows '=', so "maybe" here is read as an argument of 'sched config', which expects no arguments; write --s3-secure=<value> (true or false; --s3-secure alone is true) (see 'sched config --help')`},
+		{[]string{"runs", "--s3-secure", "maybe"}, `"maybe" here is read as an argument of 'sched runs', which expects no arguments`},
 		{[]string{"datasets", "--s3-secure", "chek"}, "'sched datasets' has none of that name; write --s3-secure=<value> (true or false; --s3-secure alone is true), then the command, or did you mean check?"},
 	} {
 		wantRefused(t, noRedis, c.want, c.args...)

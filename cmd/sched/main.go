@@ -261,6 +261,14 @@ func (argsError) BadInput() bool { return true }
 func exactArgs(n int, what string) cobra.PositionalArgs {
 	return func(c *cobra.Command, args []string) error {
 		if len(args) != n {
+			if len(args) > n {
+				// A word after a switch: say how to give its value, which
+				// the count of arguments would not.
+				if sw := switchBefore(c, os.Args[1:], args[n]); sw != "" {
+					return argsError{fmt.Errorf("%s %s: the flag's value follows '=', so %q here is read as an argument of '%s', which expects %s; write %s=<value> (true or false; %s alone is true) (see '%s --help')",
+						sw, args[n], args[n], c.CommandPath(), what, sw, sw, c.CommandPath())}
+				}
+			}
 			got := "none"
 			if len(args) > 0 {
 				// Named: a word taken as an argument is often a flag's value

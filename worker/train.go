@@ -271,7 +271,13 @@ func benchSummary(shapes []runs.Shape, rows []results.BenchRow) string {
 		if r.Device != "" {
 			where = plural(r.Devices(), "GPU")
 		}
-		return fmt.Sprintf("measured %s: %s tok/s on %s%s", shapes[0], humanize.Comma(int64(math.Round(r.TokPerSec))), where, table)
+		// The precision the engine computed in: the CPU's fp32 whatever
+		// was asked.
+		sh := shapes[0]
+		if r.Precision != "" {
+			sh.Precision = r.Precision
+		}
+		return fmt.Sprintf("measured %s: %s tok/s on %s%s", sh, humanize.Comma(int64(math.Round(r.TokPerSec))), where, table)
 	}
 	failed := 0
 	for _, r := range rows {

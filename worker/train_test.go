@@ -522,8 +522,8 @@ func TestBenchSummarySaysWhatWasMeasured(t *testing.T) {
 	}{
 		{one, []results.BenchRow{{TokPerSec: 1541299.4, Device: "NVIDIA H100", GPUs: 2}},
 			"measured small 32x1024 bf16: 1,541,299 tok/s on 2 GPUs; sched results bench shows the table"},
-		{one, []results.BenchRow{{TokPerSec: 812.6}},
-			"measured small 32x1024 bf16: 813 tok/s on the CPU; sched results bench shows the table"},
+		{one, []results.BenchRow{{TokPerSec: 812.6, Precision: "fp32"}},
+			"measured small 32x1024 fp32: 813 tok/s on the CPU; sched results bench shows the table"},
 		{one, []results.BenchRow{{Error: "CUDA out of memory"}},
 			"small 32x1024 bf16 could not be measured: CUDA out of memory; sched results bench shows the table"},
 		{runs.Sweep(), []results.BenchRow{{TokPerSec: 1}, {Error: "too big"}, {TokPerSec: 2}},

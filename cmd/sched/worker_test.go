@@ -106,6 +106,10 @@ func TestEnqueueWorkerStatusDuplicate(t *testing.T) {
 	}
 	startWorker(t, env, "--queues", "gpu=1")
 	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`\s+completed\s+100\.0%`), time.Minute)
+	// The CPU computes in fp32 whatever was asked, and the task says so.
+	if out, _, _ = sched(t, env, "status", id); !strings.Contains(out, `"measured tiny 1x16 fp32: `) {
+		t.Errorf("sched status %s:\n%s\nwant the measure in the fp32 the CPU computed in", id, out)
+	}
 	out, _, _ = sched(t, env, "status")
 	if !regexp.MustCompile(`(?m)^gpu\s+0\s+0\s+0\s+0\s+0\s+1$`).MatchString(out) {
 		t.Fatalf("status does not show the gpu queue with one completed task:\n%s", out)

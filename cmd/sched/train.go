@@ -197,7 +197,7 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 			},
 		})
 	trained := from >= 0
-	if res.Precision != "" && res.Precision != rc.Precision {
+	if trained && res.Precision != "" && res.Precision != rc.Precision {
 		// The checkpoint's run_config says what was asked; its weights
 		// were computed so.
 		fmt.Fprintf(out, "trained in %s, not the %s asked: the CPU engine computes in fp32 only (--engine cuda on a GPU trains in bf16)\n", res.Precision, rc.Precision)

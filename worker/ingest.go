@@ -206,6 +206,12 @@ func (c *Ingest) WatchStores(ctx context.Context, every time.Duration, log *zap.
 		if err := c.announceWatch(ctx, every); err != nil && ctx.Err() == nil {
 			log.Warn("could not say in Redis that this worker watches its token stores; the next look tries again", zap.Error(err))
 		}
+		// Said again every `every` whatever a look takes (one waits for
+		// an append's store lock, or for object storage), so that a plan
+		// waiting for a long look does not take the watch for stopped.
+		beat, stop := context.WithCancel(ctx)
+		defer stop()
+		go c.keepWatched(beat, every)
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -57,6 +57,31 @@ func (c *Ingest) announceWatch(ctx context.Context, every time.Duration) error {
 	return c.Redis.Set(ctx, StoresWatchedKey, "1", watchedFor(every)).Err()
 }
 
+// keepWatched renews StoresWatchedKey every `every` until ctx ends or
+// the watch stops (the worker no longer holds the stores), after which
+// the key lapses.
+func (c *Ingest) keepWatched(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if c.Stores == nil || c.Stores.Stopped() {
+			return
+		}
+		// A failure is the next beat's to mend, within the key's life.
+		_ = c.announceWatch(ctx, every)
+	}
+}
+
+// errWatchGone is askForALook's where the watching worker stopped
+// answering (its StoresWatchedKey lapsed) before the look it was asked
+// for ended.
+var errWatchGone = errors.New("the worker that watches the token stores stopped saying so before the look asked of it ended")
+
 // startLook numbers a look about to begin (0: not numbered, where c has
 // no Redis or Redis does not answer; such a look answers no plan).
 func (c *Ingest) startLook(ctx context.Context) int64 {
@@ -89,8 +114,8 @@ const lookPoll = 20 * time.Millisecond
 // say what that worker's disk holds now. It returns at once where no
 // worker watches its stores (none serves append, or one of a kiln from
 // before the watch), and as soon as the watching worker stops (its
-// StoresWatchedKey lapses). An error says only that the plan goes on
-// without the look.
+// StoresWatchedKey lapses: errWatchGone). An error says only that the
+// plan goes on without the look.
 func (c *Ingest) askForALook(ctx context.Context) error {
 	if c.Redis == nil {
 		return nil
@@ -116,11 +141,11 @@ func (c *Ingest) askForALook(ctx context.Context) error {
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return err
 		}
-		if exists.Val() == 0 {
-			return nil
-		}
 		if f, _ := strconv.ParseInt(finished.Val(), 10, 64); f > asked {
 			return nil
+		}
+		if exists.Val() == 0 {
+			return errWatchGone
 		}
 		select {
 		case <-ctx.Done():

@@ -2,17 +2,23 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 )
 
 // A plan that a worker without the token stores runs (compose's
@@ -95,13 +101,67 @@ func TestAPlanDoesNotWaitForAWatchThatStopped(t *testing.T) {
 	go func() { done <- c.askForALook(ctx) }()
 	select {
 	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
+		if !errors.Is(err, errWatchGone) {
+			t.Fatalf("a plan whose watching worker stopped: %v; want errWatchGone, which its log says", err)
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("a plan still waits a minute after the watching worker's key was set to lapse in 300 ms")
 	}
 	if n := e.rdb.Exists(ctx, StoresWatchedKey).Val(); n != 0 {
 		t.Fatalf("the plan went on while the watch's key was still there")
+	}
+}
+
+// A look that lasts longer than the watch's key lives (here object
+// storage hung, under the start's mending of the statuses left pending)
+// is not taken for a stopped watch: the watch says so again while the
+// look runs, and a plan that asked meanwhile waits for the look asked of
+// it, where it went on without one once the key lapsed.
+func TestALongLookIsNotTakenForAStoppedWatch(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("SIGSTOP of the S3 server is exercised on linux")
+	}
+	t.Parallel()
+	e := newEnv(t)
+	srv := testsvc.S3(t)
+	objects, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	holder := &Ingest{Redis: e.rdb, Pipeline: ingest.Pipeline{Objects: objects, StoresDir: t.TempDir()}}
+	holder.Stores = holder.Pipeline.WatchStores()
+	holder.Stores.ReconcileLater()
+	// Connections are accepted and never answered until SIGCONT.
+	if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resume := func() { _ = syscall.Kill(srv.Pid(), syscall.SIGCONT) }
+	t.Cleanup(resume)
+	const every = 100 * time.Millisecond
+	watching := make(chan struct{})
+	go func() { defer close(watching); holder.WatchStores(ctx, every, zap.NewNop()) }()
+	t.Cleanup(func() { resume(); cancel(); <-watching })
+	waitTill(t, "the watch's first look to begin", func() bool {
+		return e.rdb.HGet(context.Background(), StoresLooksKey, "started").Val() != ""
+	})
+
+	asked := make(chan error, 1)
+	go func() { asked <- (&Ingest{Redis: e.rdb}).askForALook(ctx) }()
+	// The look hangs on object storage past the key's life, at least.
+	time.Sleep(2 * watchedFor(every))
+	select {
+	case err := <-asked:
+		t.Fatalf("a plan asked for a look went on (%v) while the look hung and the watch ran", err)
+	default:
+	}
+	resume()
+	select {
+	case err := <-asked:
+		if err != nil {
+			t.Fatalf("the plan's look, object storage back: %v; want it answered", err)
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the plan still waits 3 minutes after object storage answered again")
 	}
 }

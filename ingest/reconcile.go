@@ -35,12 +35,24 @@ type Reconciled struct {
 // which the statuses alone would not name. A store whose manifest cannot
 // be read is left alone and named in the error.
 func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) {
+	out, failed, err := p.reconcileAll(ctx)
+	errs := []error{err}
+	for _, name := range slices.Sorted(maps.Keys(failed)) {
+		errs = append(errs, failed[name])
+	}
+	return out, errors.Join(errs...)
+}
+
+// reconcileAll is ReconcileStatuses with its errors apart: err is the
+// whole's (a listing, of the statuses or of the stores' directory),
+// failed each store's that could not be mended.
+func (p *Pipeline) reconcileAll(ctx context.Context) (out []Reconciled, failed map[string]error, err error) {
 	if p.StoresDir == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	objs, err := p.Objects.List(ctx, "tokens/")
 	if err != nil {
-		return nil, fmt.Errorf("listing the token stores' statuses: %w", err)
+		return nil, nil, fmt.Errorf("listing the token stores' statuses: %w", err)
 	}
 	names := map[string]bool{}
 	for _, o := range objs {
@@ -49,26 +61,27 @@ func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) 
 			names[name] = true
 		}
 	}
-	var errs []error
-	dirs, err := os.ReadDir(p.StoresDir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("listing the token stores in %s: %w", p.StoresDir, err))
+	dirs, lerr := os.ReadDir(p.StoresDir)
+	if lerr != nil && !errors.Is(lerr, fs.ErrNotExist) {
+		err = fmt.Errorf("listing the token stores in %s: %w", p.StoresDir, lerr)
 	}
 	for _, d := range dirs {
 		if d.IsDir() && CheckStoreName(d.Name()) == nil {
 			names[d.Name()] = true
 		}
 	}
-	var out []Reconciled
 	for _, name := range slices.Sorted(maps.Keys(names)) {
-		r, changed, err := p.reconcile(ctx, name)
-		if err != nil {
-			errs = append(errs, err)
+		r, changed, rerr := p.reconcile(ctx, name)
+		if rerr != nil {
+			if failed == nil {
+				failed = map[string]error{}
+			}
+			failed[name] = rerr
 		} else if changed {
 			out = append(out, r)
 		}
 	}
-	return out, errors.Join(errs...)
+	return out, failed, err
 }
 
 func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool, error) {
@@ -150,25 +163,36 @@ type StoresWatch struct {
 const allStores = "\x00all"
 
 // ReconcileAll runs ReconcileStatuses, every store's status mended, as
-// a worker's start does; where it fails (object storage down, the lease
-// unconfirmed) it is left pending, for the caller's next look to try
-// again (Pending). Its error is returned once while it stays the same.
-// After Stop it does nothing.
+// a worker's start does. Where the whole fails (object storage down, the
+// stores' directory unreadable) it is left pending, for the caller's next
+// look to try again whole (Pending); a store that fails alone (its
+// manifest unreadable, the lease unconfirmed) is tried again by the next
+// Check, as a store that changed, so that one damaged store does not
+// make every look list every status. Each error is returned once while
+// it stays the same. After Stop it does nothing.
 func (w *StoresWatch) ReconcileAll(ctx context.Context) ([]Reconciled, error) {
 	w.checking.Lock()
 	defer w.checking.Unlock()
 	if w.Stopped() {
 		return nil, nil
 	}
-	rs, err := w.p.ReconcileStatuses(ctx)
+	rs, failed, err := w.p.reconcileAll(ctx)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.pending = err != nil
+	var errs []error
 	if err != nil {
-		return rs, w.fail(allStores, err)
+		errs = append(errs, w.fail(allStores, err))
+	} else {
+		delete(w.failed, allStores)
 	}
-	delete(w.failed, allStores)
-	return rs, nil
+	for _, name := range slices.Sorted(maps.Keys(failed)) {
+		s := w.seen[name]
+		s.again = true
+		w.seen[name] = s
+		errs = append(errs, w.fail(name, failed[name]))
+	}
+	return rs, errors.Join(errs...)
 }
 
 // ReconcileLater leaves ReconcileAll pending: a worker that starts while

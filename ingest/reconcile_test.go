@@ -195,6 +195,33 @@ func TestReconcileAllFailedIsPendingUntilItSucceeds(t *testing.T) {
 	if err != nil || len(rs) != 1 || rs[0].Store != "gone" || w.Pending() {
 		t.Fatalf("ReconcileAll with object storage back: mended %+v, %v, pending %v; want store gone mended, nothing pending", rs, err, w.Pending())
 	}
+
+	// A store whose manifest does not read fails alone: named once, left
+	// to the next Check, nothing pending; mended there once it reads.
+	fillStore(t, p, "damaged", true, "a")
+	manifest := filepath.Join(p.StoresDir, "damaged", tokens.ManifestFile)
+	good, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifest, []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.ReconcileAll(ctx); err == nil || !strings.Contains(err.Error(), "damaged") || w.Pending() {
+		t.Fatalf("ReconcileAll with a damaged store: %v, pending %v; want the store named, nothing pending", err, w.Pending())
+	}
+	if rs, err := w.Check(ctx); len(rs) != 0 || err != nil {
+		t.Fatalf("Check with the store still damaged: %+v, %v; want nothing mended, its error not said twice", rs, err)
+	}
+	// Put back from a backup, after its status was cleared.
+	os.WriteFile(manifest, good, 0o644)
+	if err := objects.Delete(ctx, StatusKey("damaged")); err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := w.Check(ctx); err != nil || len(rs) != 1 || rs[0].Store != "damaged" {
+		t.Fatalf("Check with the store readable again: %+v, %v; want its status mended", rs, err)
+	}
+
 	fillStore(t, p, "later", true, "a")
 	os.RemoveAll(filepath.Join(p.StoresDir, "later"))
 	w.Stop()

@@ -167,6 +167,9 @@ type AppendClaim struct {
 	me   AppendHolder
 	stop context.CancelFunc
 	done chan struct{}
+	// remade is sent on, without blocking, each time a renewal finds the
+	// claim gone and makes it again (Remade).
+	remade chan struct{}
 
 	mu       sync.Mutex
 	lostCh   chan struct{}
@@ -232,7 +235,7 @@ func ClaimAppend(ctx context.Context, p AppendClaimParams) (*AppendClaim, error)
 		return nil, fmt.Errorf("claim the append queue: %w", err)
 	}
 	host, _ := os.Hostname()
-	c := &AppendClaim{p: p, me: AppendHolder{Disk: id, Host: host, Dir: dir, PID: os.Getpid(), TTL: p.TTL}, lostCh: make(chan struct{}), done: make(chan struct{})}
+	c := &AppendClaim{p: p, me: AppendHolder{Disk: id, Host: host, Dir: dir, PID: os.Getpid(), TTL: p.TTL}, lostCh: make(chan struct{}), done: make(chan struct{}), remade: make(chan struct{}, 1)}
 	sent := time.Now()
 	made, other, err := c.hold(ctx)
 	if err != nil {
@@ -258,6 +261,13 @@ func (c *AppendClaim) Disk() string { return c.me.Disk }
 
 // Lost is closed once another disk's claim has replaced this one.
 func (c *AppendClaim) Lost() <-chan struct{} { return c.lostCh }
+
+// Remade receives once a renewal has found the claim gone from Redis
+// and made it again (one value for any number of such renewals not yet
+// received). Another disk's worker may have held the claim in the gap,
+// and made the stores' statuses say what its disk holds: the stores'
+// statuses are this disk's to mend again (ingest.StoresWatch.ReconcileLater).
+func (c *AppendClaim) Remade() <-chan struct{} { return c.remade }
 
 // LostTo is the worker whose claim replaced this one, once Lost is closed.
 func (c *AppendClaim) LostTo() AppendHolder {
@@ -404,8 +414,13 @@ func (c *AppendClaim) keepAlive(ctx context.Context) {
 			c.markLost(*other, log)
 			return
 		case made:
-			log.Warn("append claim was gone from Redis (Redis lost its data, or it lapsed while Redis did not answer) and no other disk held it: claimed again",
+			log.Warn("append claim was gone from Redis (Redis lost its data, or it lapsed while Redis did not answer) and no other disk held it: claimed again; "+
+				"the stores' statuses are made to say what this disk holds again, as at a start",
 				zap.Int("renewals_failed", back))
+			select {
+			case c.remade <- struct{}{}:
+			default:
+			}
 		case back > 0:
 			log.Info("append claim renewed again", zap.Int("renewals_failed", back))
 		}

@@ -168,6 +168,13 @@ func TestAClaimIsRenewedWhereRedisLostItAndLostWhereAnotherDiskTookIt(t *testing
 	if logs.FilterMessageSnippet("append claim was gone from Redis").Len() == 0 {
 		t.Errorf("the claim made again was not logged: %v", logs.All())
 	}
+	// Said to the watch of the stores, whose statuses are this disk's to
+	// mend again.
+	select {
+	case <-c.Remade():
+	case <-time.After(time.Minute):
+		t.Fatal("the claim made again was not said on Remade")
+	}
 	select {
 	case <-c.Lost():
 		t.Fatal("a claim that Redis lost, with no other disk's in its place, was taken for lost")

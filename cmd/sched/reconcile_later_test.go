@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 // putElsewhere writes the status of a store named elsewhere, which no
@@ -108,7 +110,43 @@ func TestAStartsMendingRefusedByTheLeaseIsTriedAgainByTheWatch(t *testing.T) {
 	if !status() {
 		t.Fatal("a worker whose lease had passed cleared a store's status at its start")
 	}
-	go hs.Ingest.WatchStores(ctx, 10*time.Millisecond, zap.NewNop())
+	watching := make(chan struct{})
+	go func() { defer close(watching); hs.Ingest.WatchStores(ctx, 10*time.Millisecond, zap.NewNop()) }()
+	// Ended before the test's directories go.
+	t.Cleanup(func() { cancel(); <-watching })
 	live.Store(true)
 	waitUntil(t, "the watch to mend the status once the lease holds", func() bool { return !status() })
+}
+
+// A stores worker whose append claim was gone from Redis for a while
+// (Redis lost its data) makes it again and then makes the stores'
+// statuses say what its disk holds again: in the gap another disk's
+// worker may have held the claim and published the statuses of its own
+// stores, which this disk's watch, looking only at its own stores, never
+// mended.
+func TestAStoresWorkerWhoseClaimWasGoneMendsTheStatusesAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := testsvc.StartRedis(t)
+	data := t.TempDir()
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json", "KILN_DATA_DIR=" + data}
+	w := startWorker(t, env, "--queues", "append=1")
+	waitUntil(t, "the worker to watch its stores", func() bool {
+		return strings.Contains(workerLog(t, w), "append queue claimed for this data directory")
+	})
+	objects, err := store.NewLocal(data + "/objects")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the other disk's worker, in the gap, publishes it.
+	status := putElsewhere(t, objects)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rdb.Close()
+	if err := rdb.Del(ctx, worker.AppendClaimKey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the status the other disk published mended once the claim is made again", func() bool { return !status() })
+	if log := workerLog(t, w); !strings.Contains(log, "claimed again") {
+		t.Errorf("the worker's log does not say its claim was made again:\n%s", log)
+	}
 }

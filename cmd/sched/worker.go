@@ -78,12 +78,20 @@ func init() {
 			if hs.Ingest != nil && hs.Ingest.Stores != nil {
 				go hs.Ingest.WatchStores(c.Context(), worker.DefaultWatchStoresEvery, log)
 				go func() {
-					// A worker that lost the append queue to another disk
-					// no longer speaks for the stores.
-					select {
-					case <-claim.Lost():
-						hs.Ingest.Stores.Stop()
-					case <-c.Context().Done():
+					for {
+						select {
+						case <-claim.Lost():
+							// A worker that lost the append queue to
+							// another disk no longer speaks for the stores.
+							hs.Ingest.Stores.Stop()
+							return
+						case <-claim.Remade():
+							// Another disk's worker may have held it in the
+							// gap and published what its disk holds.
+							hs.Ingest.Stores.ReconcileLater()
+						case <-c.Context().Done():
+							return
+						}
 					}
 				}()
 			}

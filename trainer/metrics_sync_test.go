@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kiln-lm/kiln/model"
 )
@@ -123,4 +124,20 @@ func loggedSteps(path string) ([]int, error) {
 		steps = append(steps, m.Step)
 	}
 	return steps, nil
+}
+
+// A duration bound shorter than a call's setup still takes one step, and a
+// resume under it one more: a call that ended before its first step left
+// the next to end the same way, and a segment chain never advanced.
+func TestADurationBoundTakesAtLeastOneStep(t *testing.T) {
+	requireCPU(t)
+	vocab := model.Presets["tiny"].VocabSize
+	rc := testRun(6)
+	out := t.TempDir()
+	for i, want := range []int{1, 2} {
+		cfg := Config{Run: rc, Out: out, Resume: i > 0, Data: newSliceData(vocab, 20000), MaxDuration: time.Nanosecond}
+		if res, err := Run(context.Background(), cfg, Hooks{}); err != nil || res.Step != want {
+			t.Fatalf("call %d under a 1ns bound: %+v %v; want step %d", i+1, res, err, want)
+		}
+	}
 }

@@ -428,8 +428,11 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 		if ctx.Err() != nil {
 			return l.stop(ctx)
 		}
+		// The duration bound takes at least one step: a call that ended
+		// before its first would end the next the same way (a segment
+		// bound shorter than the run's setup chained segments for ever).
 		if (l.cfg.MaxSteps > 0 && l.queued()-first >= l.cfg.MaxSteps) ||
-			(l.cfg.MaxDuration > 0 && time.Since(began) >= l.cfg.MaxDuration) {
+			(l.cfg.MaxDuration > 0 && l.queued() > first && time.Since(began) >= l.cfg.MaxDuration) {
 			err := l.checkpointNow(work)
 			return l.result(), err
 		}

@@ -720,7 +720,8 @@ func calibrate(ctx context.Context, rc trainer.RunConfig, say func(string)) (tim
 // fitRun sizes the demo run to d at stepTime per step, at least minSteps,
 // with evaluations on about 10 points of the curve (each costs about one
 // and a third steps), warmup a tenth of the run, and a segment bound of
-// twice d in case the machine slows down. The step count is a multiple of
+// twice d, or of the run's steps where minSteps makes it longer, in case
+// the machine slows down. The step count is a multiple of
 // the evaluation interval so that the final evaluation, the one the demo's
 // loss drop is measured at, is of the final weights.
 func fitRun(r *runs.Run, d, stepTime time.Duration, minSteps int) {
@@ -734,7 +735,7 @@ func fitRun(r *runs.Run, d, stepTime time.Duration, minSteps int) {
 	r.LogEvery = max(min(r.LogEvery, steps/40), 1)
 	r.CheckpointEvery = max(steps/4, 1)
 	r.Segment.MaxSteps = 0
-	r.Segment.MaxDuration = 2 * d
+	r.Segment.MaxDuration = 2 * max(d, time.Duration(steps)*stepTime)
 }
 
 // sampleFromSummary returns the fenced sample of summary.md.

@@ -117,7 +117,8 @@ func TestFitRunEndsOnAnEvaluation(t *testing.T) {
 		{2 * time.Minute, 273 * time.Millisecond, 40}, // 439 steps
 		{2 * time.Minute, 5 * time.Second, 40},        // 24, below minSteps
 		{5 * time.Second, time.Second, 15},
-		{2 * time.Minute, time.Millisecond / 2, 40}, // a fast GPU
+		{2 * time.Minute, time.Millisecond / 2, 40},  // a fast GPU
+		{time.Nanosecond, 30 * time.Millisecond, 40}, // --duration 1ns: minSteps
 	} {
 		r, err := runs.Presets().Get(demoRun)
 		if err != nil {
@@ -128,7 +129,7 @@ func TestFitRunEndsOnAnEvaluation(t *testing.T) {
 		if r.TotalSteps%r.EvalEvery != 0 || r.TotalSteps < c.minSteps || r.TotalSteps > max(want, c.minSteps+r.EvalEvery) || want-r.TotalSteps > 9 {
 			t.Errorf("%v at %v a step: %d steps, evaluation every %d; want a multiple of it within 9 below %d", c.d, c.step, r.TotalSteps, r.EvalEvery, want)
 		}
-		if r.TotalSteps/r.EvalEvery < 10 || r.Warmup > r.TotalSteps/10+1 || r.Segment.MaxDuration != 2*c.d {
+		if r.TotalSteps/r.EvalEvery < 10 || r.Warmup > r.TotalSteps/10+1 || r.Segment.MaxDuration != 2*max(c.d, time.Duration(r.TotalSteps)*c.step) {
 			t.Errorf("%v at %v a step: %+v", c.d, c.step, r.RunConfig)
 		}
 	}

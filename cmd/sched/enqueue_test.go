@@ -183,6 +183,11 @@ func TestEnqueueIngestChecksItsTokenizerFirst(t *testing.T) {
 		"enqueue", "ingest", "fineweb-edu")
 	wantBadInput(t, env, `tokenizer mine, which does not exist yet: make it first with 'sched enqueue tokenizer mine'`,
 		"enqueue", "ingest", "fineweb-edu", "--tokenizer", "mine")
+	// A tokenizer a run trains with is asked for with its model's
+	// vocabulary: published under the name with another, it could never
+	// serve the run.
+	wantBadInput(t, env, `tokenizer mix-4096, which does not exist yet: make it first with 'sched enqueue tokenizer mix-4096 --vocab 4096' \(the vocabulary of the model of run pilot-cpu, which trains with it\), or name`,
+		"enqueue", "ingest", "fineweb-edu", "--tokenizer", "mix-4096")
 	if out, errOut, code := sched(t, env, "runs"); code != 0 || strings.Contains(out, "ingest:plan") {
 		t.Fatalf("sched runs after the refusals: exit %d: %s%s; want nothing queued", code, out, errOut)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 // planFlags shape an ingest plan; `sched ingest` and `sched enqueue ingest`
@@ -168,6 +169,10 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 	}
 	rep, err := ingest.Direct(c.Context(), opt)
 	if err != nil {
+		if c.Context().Err() != nil {
+			// Ctrl-C or SIGTERM: each file's append is whole or not in.
+			return interruptedError{fmt.Errorf("ingest stopped (%w); the files appended to %s so far are kept, and the same command again goes on with the rest", err, storeDir)}
+		}
 		return err
 	}
 	out := c.OutOrStdout()
@@ -372,7 +377,37 @@ func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config, storeName s
 	if err != nil || live != nil {
 		return err
 	}
-	return badInput("the ingest would tokenize with tokenizer %s, which does not exist yet: make it first with 'sched enqueue tokenizer %s', or name an existing one with --tokenizer ('sched tokenizers' lists them)", cfg.Tokenizer, cfg.Tokenizer)
+	request, why := tokenizerCommand(cfg.Tokenizer)
+	return badInput("the ingest would tokenize with tokenizer %s, which does not exist yet: make it first with '%s'%s, or name an existing one with --tokenizer ('sched tokenizers' lists them)", cfg.Tokenizer, request, why)
+}
+
+// tokenizerCommand is the command that makes tokenizer name as the runs
+// that train with it need it (the presets and KILN_RUNS's file): with their
+// model's vocabulary, which a tokenizer published under the name with
+// another could never give them. why says whose it is; empty where no run
+// names the tokenizer, or its runs' models differ.
+func tokenizerCommand(name string) (request, why string) {
+	request = "sched enqueue tokenizer " + name
+	set, err := runs.Load(os.Getenv("KILN_RUNS"))
+	if err != nil {
+		return request, ""
+	}
+	vocab, by := 0, ""
+	for _, r := range set.Names() {
+		run, err := set.Get(r)
+		if err != nil || run.Tokenizer != name {
+			continue
+		}
+		mc, err := run.WithDefaults().ModelConfig()
+		if err != nil || vocab != 0 && mc.VocabSize != vocab {
+			return request, ""
+		}
+		vocab, by = mc.VocabSize, r
+	}
+	if vocab == 0 || vocab == defaultTokenizerVocab {
+		return request, ""
+	}
+	return request + fmt.Sprintf(" --vocab %d", vocab), fmt.Sprintf(" (the vocabulary of the model of run %s, which trains with it)", by)
 }
 
 // hubConfig is the Hugging Face Hub client's settings: the environment's

@@ -96,13 +96,15 @@ func sampleTasks(r tokenizerRequest) ([]scheduler.TokenizerSample, error) {
 	if err != nil {
 		return nil, badInput("--sample: %v", err)
 	}
-	if least := int64(r.vocab) * minSampleBytesPerID; total < least {
-		return nil, badInput("--sample %s is too little text for %d ids: each merge is learnt from pairs seen many times over, and a tokenizer that falls short is published anyway, its name taken for good; give at least %s (%d bytes an id; the README's CPU day samples 2MB for 4096 ids, the plan 2GB for 16384)",
-			r.sample, r.vocab, bytesize.Format(least), minSampleBytesPerID)
-	}
+	// A --from that does not read is named before a --sample too small:
+	// each is a mistake of its own flag.
 	mix, err := sample.ParseMix(r.from)
 	if err != nil {
 		return nil, badInput("--from: %v", err)
+	}
+	if least := int64(r.vocab) * minSampleBytesPerID; total < least {
+		return nil, badInput("--sample %s is too little text for %d ids: each merge is learnt from pairs seen many times over, and a tokenizer that falls short is published anyway, its name taken for good; give at least %s (%d bytes an id; the README's CPU day samples 2MB for 4096 ids, the plan 2GB for 16384)",
+			r.sample, r.vocab, bytesize.Format(least), minSampleBytesPerID)
 	}
 	presets, err := ingest.Presets(r.presetsFile)
 	if err != nil {

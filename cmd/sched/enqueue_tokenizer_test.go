@@ -154,6 +154,9 @@ func TestEnqueueTokenizerRefusals(t *testing.T) {
 		{[]string{"t", "--sample", "100"}, "--sample 100 is too little text for 16384 ids: each merge is learnt from pairs seen many times over, and a tokenizer that falls short is published anyway, its name taken for good; give at least 256.0 KiB"},
 		{[]string{"t", "--vocab", "4096", "--sample", "60KB"}, "--sample 60KB is too little text for 4096 ids"},
 		{[]string{"t", "--from", "the-stack-v2"}, `--from: mixture "the-stack-v2": "the-stack-v2" is not dataset=weight`},
+		// --from's own mistake, not a --sample too small for the vocab.
+		{[]string{"t", "--from", "local:/src/*.go=0", "--sample", "100KB"}, `--from: `},
+		{[]string{"t", "--from", "local:/src/*.go", "--sample", "100KB"}, `is not dataset=weight`},
 		{[]string{"t", "--from", "the-stack-v2=0.5,nope=0.5"}, `--from: unknown dataset "nope"`},
 		{[]string{"t", "--from", "fineweb-edu=1,proof-pile-2=1e-12", "--sample", "1MB"}, "proof-pile-2's weight 1e-12 of --sample 1MB is no bytes at all"},
 		{[]string{"taken"}, `tokenizer "taken" already exists (`},

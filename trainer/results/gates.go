@@ -177,7 +177,7 @@ func FallingGate(recs []Record) Gate {
 		g.Detail = fmt.Sprintf("slope %.4g loss per billion tokens over the last %d eval losses", slope, n)
 	} else {
 		g.Verdict = Fail
-		g.Detail = fmt.Sprintf("slope %.4g over the last %d eval losses: a plateau means the learning rate is wrong, or the data ran out and repeats: "+
+		g.Detail = fmt.Sprintf("slope %.4g loss per billion tokens over the last %d eval losses: a plateau means the learning rate is wrong, or the data ran out and repeats: "+
 			"check that the mixture's stores hold the run's tokens, then try a higher lr", slope, n)
 	}
 	return g

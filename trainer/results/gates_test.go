@@ -59,7 +59,7 @@ func TestFallingGate(t *testing.T) {
 			recs[i].EvalLoss = F(2 + float64(i)/1e4)
 		}
 	}
-	if g := FallingGate(recs); g.Verdict != Fail || g.Value <= 0 ||
+	if g := FallingGate(recs); g.Verdict != Fail || g.Value <= 0 || !strings.Contains(g.Detail, " loss per billion tokens over the last ") ||
 		!strings.HasSuffix(g.Detail, "or the data ran out and repeats: check that the mixture's stores hold the run's tokens, then try a higher lr") {
 		t.Fatalf("rising tail: %+v; want it to say what to check and try", g)
 	}

@@ -483,15 +483,23 @@ var envOnly = []struct{ env, unset string }{
 
 // checkEnvOnly refuses, as the commands that read them would, an
 // HF_ENDPOINT that is no http(s) URL (every ingest, and a CPU worker at its
-// start), a KILN_RUNS file that does not read as runs (sched enqueue train,
-// and the GPU worker at its start) and a KILN_DATASETS file that does not
+// start), a KILN_RUNS file that does not read as runs or holds a run that
+// could never train (sched enqueue train, and the GPU worker at its start) and a KILN_DATASETS file that does not
 // read as presets (sched ingest, enqueue ingest and enqueue tokenizer).
 func checkEnvOnly(cfg scheduler.Config) error {
 	if _, err := hub.New(hubConfig(cfg)); err != nil {
 		return err
 	}
-	if _, err := runs.Load(os.Getenv("KILN_RUNS")); err != nil {
+	set, err := runs.Load(os.Getenv("KILN_RUNS"))
+	if err != nil {
 		return badInput("KILN_RUNS: %v; fix the file or its path, or unset KILN_RUNS for the preset runs alone", err)
+	}
+	// A run that reads but could never train, as sched enqueue train
+	// would refuse it.
+	for _, name := range set.Names() {
+		if _, err := set.Get(name); err != nil {
+			return badInput("KILN_RUNS %s: %v; fix the run in the file ('sched runs --presets' lists every run and whether it is valid)", os.Getenv("KILN_RUNS"), err)
+		}
 	}
 	if _, err := ingest.Presets(""); err != nil {
 		return badInput("KILN_DATASETS: %v", err)

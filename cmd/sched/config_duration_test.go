@@ -49,3 +49,17 @@ func TestDurationWithoutAUnitNamesTheFileAndTheKey(t *testing.T) {
 		t.Errorf("sched config --config %s: exit %d\n%s%s", fixed, code, out, errOut)
 	}
 }
+
+// A KILN_RUNS file that reads but holds a run that could never train (a
+// store named twice in its mixture) is refused by sched config, naming the
+// run and what is wrong, as sched enqueue train would refuse it; sched
+// runs --presets lists it as invalid.
+func TestConfigRefusesARunsFileOfARunThatCannotTrain(t *testing.T) {
+	t.Parallel()
+	runsFile := fileIn(t, t.TempDir())("runs.yaml", "twice:\n  from: pilot-cpu\n  mixture:\n    - {store: codea, weight: 1}\n    - {store: codea, weight: 2}\n")
+	wantRefused(t, []string{"KILN_RUNS=" + runsFile}, `KILN_RUNS `+runsFile+`: run twice: mixture[1]: store "codea" is named twice`, "config")
+	out, errOut, code := sched(t, []string{"KILN_RUNS=" + runsFile, "KILN_REDIS_URL=redis://127.0.0.1:1/0"}, "runs", "--presets")
+	if code != 0 || !strings.Contains(out, "twice") || !strings.Contains(out, `invalid: run twice: mixture[1]: store "codea" is named twice`) {
+		t.Errorf("sched runs --presets: exit %d\n%s%s\nwant the run listed as invalid", code, out, errOut)
+	}
+}

@@ -150,7 +150,7 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 		!strings.Contains(stop.Msg, fmt.Sprintf("full at --max-tokens %d", limits.MaxTokens)) || h.Downloads(0)[fullJobs[3].Path] != 1 {
 		t.Fatalf("the shard whose download was under way: %v (%d downloads)", err, h.Downloads(0)[fullJobs[3].Path])
 	}
-	if _, err := objects.Stat(ctx, ShardObject(name, fullJobs[3].ShardID)); !errors.Is(err, store.ErrNotFound) {
+	if _, err := objects.Stat(ctx, shardKey(fullJobs[3])); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the shard stopped before tokenizing left an object: %v", err)
 	}
 	if _, err := objects.Stat(ctx, in[2].Object); !errors.Is(err, store.ErrNotFound) {

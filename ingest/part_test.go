@@ -720,3 +720,49 @@ func TestARestThatCannotBeReadIsRecordedAsLeftOut(t *testing.T) {
 		t.Fatalf("a run again: %+v, %v", rep, err)
 	}
 }
+
+// Two ingests of one dataset into one store with other limits, queued
+// together (the second while the first runs), each append their own shard
+// of a file: the first's appends, which stop at its limit and delete their
+// shards, leave the second's, and the second fills the store as if run
+// alone, where its appends found their shards gone and failed for good.
+func TestIngestsOfOtherLimitsQueuedTogetherKeepEachOthersShards(t *testing.T) {
+	t.Parallel()
+	tok := testTokenizer(t)
+	p, h := newCorpus(t, map[string]*tokenizer.Tokenizer{"t": tok})
+	all := partHub(t, h, corpusRepo)
+	ctx := context.Background()
+	shards := func(l Limits) []AppendJob {
+		t.Helper()
+		res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: "both", Tokenizer: "t", Seed: 5, Limits: l})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var jobs []AppendJob
+		for _, sj := range res.Shards {
+			out, done, err := p.Shard(ctx, sj, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !done {
+				jobs = append(jobs, out)
+			}
+		}
+		return jobs
+	}
+	// Both planned and tokenized before any append, as two plans queued
+	// at once are.
+	small, whole := shards(Limits{MaxTokens: 10}), shards(Limits{})
+	var stop *StopError
+	for _, j := range small {
+		if _, err := p.Append(ctx, j, nil); err != nil && !errors.As(err, &stop) {
+			t.Fatalf("the limited ingest's append of %s: %v", j.Source, err)
+		}
+	}
+	for _, j := range whole {
+		if _, err := p.Append(ctx, j, nil); err != nil {
+			t.Fatalf("the unlimited ingest's append of %s after the limited one's: %v", j.Source, err)
+		}
+	}
+	sameDocs(t, storeDocs(t, tok, filepath.Join(p.StoresDir, "both"), all), all)
+}

@@ -405,6 +405,25 @@ func restObject(storeName, shardID string, from int64) string {
 	return shardObject(storeName, shardID+"\x00"+n, shardID, ".from-"+n)
 }
 
+// shardKey is the key of job's shard token file: restObject's, and for
+// an ingest with limits one of its own for them. Two ingests of one file
+// into one store with other limits (one queued while the other runs) then
+// each append their own shard: the append that stops at its limit deletes
+// its shard, and the other's, which its append still needs, stays. A
+// retry of the same job writes the same key.
+func shardKey(job ShardJob) string {
+	if job.Limits == (Limits{}) {
+		return restObject(job.Store, job.ShardID, job.From)
+	}
+	n := strconv.FormatInt(job.From, 10)
+	lim := fmt.Sprintf("%d.%d", job.Limits.MaxTokens, job.Limits.MaxDisk)
+	suffix := ".max-" + lim
+	if job.From > 0 {
+		suffix = ".from-" + n + suffix
+	}
+	return shardObject(job.Store, job.ShardID+"\x00"+n+"\x00"+lim, job.ShardID, suffix)
+}
+
 func shardObject(storeName, key, shardID, suffix string) string {
 	h := sha256.Sum256([]byte(key))
 	base := unsafeKeyChars.ReplaceAllString(filepath.Base(filepath.FromSlash(shardID)), "_")
@@ -730,7 +749,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	} else if err := checkLocalContent(ctx, job); err != nil {
 		return out, false, err
 	}
-	key := restObject(job.Store, job.ShardID, job.From)
+	key := shardKey(job)
 	say("tokenizing " + job.Path)
 	// What the store has room for now: it only fills, so its append has
 	// no more room, and the documents past it are left unread.

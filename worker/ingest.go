@@ -276,13 +276,24 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 			return we
 		}
 	}
+	// The tokenizer is loaded while the plan lists the dataset, so that
+	// the first shards on this worker find it loaded (on 16 cores one
+	// shard spent 104 ms loading it while the other waited, 3% of a 1 GB
+	// run: docs/benchmarks/ingest.md); the plan waits for it, so no load
+	// outlives its task. One that is neither made nor being made (its
+	// making cancelled or failed for good) fails the plan once, where each
+	// of its shards would; other errors are left to the shards, which
+	// load it again and report them.
+	loaded := make(chan struct{})
+	var tokErr error
 	if a.Tokenizer != "" {
-		loaded := make(chan struct{})
 		go func() {
 			defer close(loaded)
-			preloadTokenizer(ctx, c, a.Tokenizer)
+			_, tokErr = c.Pipeline.Tokenizer(ctx, a.Tokenizer)
 		}()
 		defer func() { <-loaded }()
+	} else {
+		close(loaded)
 	}
 	// A store deleted from the disk of the worker that holds the stores
 	// a moment ago is forgotten before the plan reads its status.
@@ -290,6 +301,12 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 	res, err := c.Pipeline.Plan(ctx, a)
 	if err != nil {
 		return permanent(a.Kind(), err)
+	}
+	<-loaded
+	var unknown *catalog.NotFoundError
+	if errors.As(tokErr, &unknown) && len(res.Shards) > 0 {
+		return permanent(a.Kind(), fmt.Errorf("%s: its tokenizer %s is neither made nor being made (its making cancelled or failed: 'sched status' shows it), so no file of it is queued: make the tokenizer, then queue this ingest again: %w",
+			a.Dataset, a.Tokenizer, tokErr))
 	}
 	queued, dups := 0, 0
 	start := time.Now()
@@ -315,16 +332,6 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 	}
 	rep.Message(ctx, msg)
 	return nil
-}
-
-// preloadTokenizer loads a plan's tokenizer while the plan lists the
-// dataset and queues its files, so that the first shards on this worker
-// find it loaded: on 16 cores one shard spent 104 ms loading it while the
-// other waited, 3% of a 1 GB run (docs/benchmarks/ingest.md). The plan
-// waits for it before it returns, so no load outlives its task. An error
-// is left to the shards, which load it again and report it.
-func preloadTokenizer(ctx context.Context, c *Ingest, name string) {
-	_, _ = c.Pipeline.Tokenizer(ctx, name)
 }
 
 // shard tokenizes one file into a shard object and queues its append

@@ -1057,6 +1057,35 @@ func TestIngestPlanWaitsForItsTokenizer(t *testing.T) {
 	}
 }
 
+// A plan that waited for its tokenizer, whose making is then cancelled,
+// fails once, naming the tokenizer and what to do, and queues none of its
+// files, where each of them failed for good on a tokenizer not known.
+func TestIngestPlanWhoseTokenizerWasCancelledFailsOnce(t *testing.T) {
+	e := newIngestEnv(t)
+	e.addGoodFiles("good", 2, 3, "")
+	e.handlers.Ingest = &Ingest{
+		Pipeline: ingest.Pipeline{Objects: e.objects, Hub: e.hc, Presets: e.presets, DataDir: t.TempDir(), StoresDir: t.TempDir(), Logger: zap.NewNop()},
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Again(ctx, a); return err },
+		Queue:    e.c, WaitEvery: 50 * time.Millisecond,
+	}
+	train := e.enqueue(scheduler.TokenizerTrain{Name: "never-bpe", VocabSize: 320})
+	e.serve(map[string]int{scheduler.QueueIngest: 1})
+	plan := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "never", Tokenizer: "never-bpe"})
+	e.waitFor(plan, time.Minute, "waiting for its tokenizer", func(ts scheduler.TaskStatus) bool {
+		return strings.Contains(ts.LastErr, "waiting for tokenizer never-bpe")
+	})
+	if _, err := e.c.Cancel(context.Background(), train); err != nil {
+		t.Fatal(err)
+	}
+	ts := e.waitFor(plan, time.Minute, "archived", state("archived"))
+	if !strings.Contains(ts.LastErr, "its tokenizer never-bpe is neither made nor being made") || !strings.Contains(ts.LastErr, "make the tokenizer, then queue this ingest again") {
+		t.Errorf("the plan failed with %q; want its tokenizer named and what to do", ts.LastErr)
+	}
+	if n, err := e.c.LiveIngest(context.Background(), "never"); err != nil || n != 0 {
+		t.Errorf("after the plan, %d live tasks fill store never (%v); want none queued", n, err)
+	}
+}
+
 // A shard's last message lists the documents left out only when there were
 // some: a clean file's does not end in an empty list.
 func TestShardDoneMessage(t *testing.T) {

@@ -153,6 +153,9 @@ type Submitted struct {
 	Was string
 	// LastErr is the archived task's last error, when Was is "archived".
 	LastErr string
+	// Cancelled says that the archived task was stopped by `sched
+	// cancel` (its LastErr then only the cancellation's echo).
+	Cancelled bool
 }
 
 // Again queues a as a person asks for it: like Enqueue, and the same work
@@ -219,10 +222,11 @@ func (c *Client) submit(ctx context.Context, t *asynq.Task, person bool) (Submit
 			}
 			// A cancel mark belongs to the cancelled run of the work, not
 			// to the new one.
+			cancelled := ti.State == asynq.TaskStateArchived && IsCancelled(ctx, c.rdb, id)
 			if err := c.rdb.Del(ctx, cancelKey(id)).Err(); err != nil {
 				return s, fmt.Errorf("enqueue %s again: %w", t.Type(), err)
 			}
-			s.Was, s.LastErr = ti.State.String(), ti.LastErr
+			s.Was, s.LastErr, s.Cancelled = ti.State.String(), ti.LastErr, cancelled
 		case person && ti.State == asynq.TaskStateRetry:
 			// A task cancelled while its worker was dead waits here until a
 			// worker archives it for the mark; a person running it now means

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -34,7 +35,11 @@ func init() {
 			}
 			switch state {
 			case "cancelled":
-				fmt.Fprintf(w, "%s cancelled: stopped and archived; it will not run again (a training segment keeps the checkpoint of its stop step)\n", args[0])
+				kept := ""
+				if strings.HasPrefix(args[0], scheduler.KindTrainSegment+":") {
+					kept = " (the segment keeps the checkpoint of its stop step)"
+				}
+				fmt.Fprintf(w, "%s cancelled: stopped and archived; it will not run again%s\n", args[0], kept)
 			case "cancelling":
 				fmt.Fprintf(w, "%s cancelling: asked its worker to stop, and it has not stopped yet (a checkpoint still writing, or a worker that stopped answering); it is archived when it stops, or without running again when another worker takes it back from a dead one ('sched status' shows which)\n", args[0])
 			default:

@@ -21,10 +21,15 @@ func TestCancelOfATaskThatEndedSaysSoAndSucceeds(t *testing.T) {
 	if code != 0 || id == "" {
 		t.Fatalf("enqueue tokenizer: exit %d %q %q", code, out, errOut)
 	}
-	if out, errOut, code := sched(t, env, "cancel", id); code != 0 || out != id+" cancelled: stopped and archived; it will not run again (a training segment keeps the checkpoint of its stop step)\n" {
-		t.Fatalf("cancel %s: exit %d %q %q", id, code, out, errOut)
+	if out, errOut, code := sched(t, env, "cancel", id); code != 0 || out != id+" cancelled: stopped and archived; it will not run again\n" {
+		t.Fatalf("cancel %s: exit %d %q %q; want no word of a segment's checkpoint, which a tokenizer's task has none of", id, code, out, errOut)
 	}
 	if out, errOut, code := sched(t, env, "cancel", id); code != 0 || out != "task "+id+" is already archived; nothing to cancel\n" || errOut != "" {
 		t.Fatalf("cancel %s again: exit %d %q %q; want exit 0 and it said to be archived already", id, code, out, errOut)
+	}
+	// Queued again, it says it had been cancelled, not the cancellation's
+	// echo as an error.
+	if out, errOut, code := sched(t, env, "retry", id); code != 0 || out != "queued "+id+" on ingest again (it had been cancelled by sched cancel)\n" {
+		t.Fatalf("retry %s after its cancel: exit %d %q %q", id, code, out, errOut)
 	}
 }

@@ -272,6 +272,8 @@ func printSubmitted(w io.Writer, a scheduler.Args, s scheduler.Submitted, err er
 		fmt.Fprintf(w, "queued %s on %s\n", s.Info.ID, s.Info.Queue)
 	case s.Was == "retry":
 		fmt.Fprintf(w, "%s was waiting to retry after %q; running it now%s\n", s.Info.ID, scheduler.OneLine(s.LastErr, 200), resumes)
+	case s.Was == "archived" && s.Cancelled:
+		fmt.Fprintf(w, "queued %s on %s again (it had been cancelled by sched cancel)%s\n", s.Info.ID, s.Info.Queue, resumes)
 	case s.Was == "archived":
 		why := ""
 		if s.LastErr != "" {

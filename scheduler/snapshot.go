@@ -348,7 +348,9 @@ func Subject(kind string, payload []byte) string {
 	switch kind {
 	case KindTrainSegment:
 		if a, err := DecodeTask[TrainSegment](payload); err == nil {
-			return fmt.Sprintf("run %s from step %d", a.Run, a.FromStep)
+			// The step it was queued at: a retry resumes from the run's
+			// newest checkpoint, which its progress shows.
+			return fmt.Sprintf("run %s queued at step %d", a.Run, a.FromStep)
 		}
 	case KindIngestPlan:
 		if a, err := DecodeTask[IngestPlan](payload); err == nil {

@@ -50,3 +50,16 @@ func TestALostTaskSaysWhetherItsWorkerLives(t *testing.T) {
 		}
 	}
 }
+
+// A segment is listed by the step it was queued at: a retry after a crash
+// resumes from the run's newest checkpoint, past it, so "from step 0" read
+// as where a segment at step 4400 had started.
+func TestASegmentIsListedByTheStepItWasQueuedAt(t *testing.T) {
+	b, err := Encode(TrainSegment{Run: "r2", FromStep: 400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := Subject(KindTrainSegment, b); got != "run r2 queued at step 400" {
+		t.Errorf("Subject of a segment queued at step 400: %q", got)
+	}
+}

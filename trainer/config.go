@@ -413,7 +413,7 @@ func (c RunConfig) Validate() error {
 	case c.Precision != "fp32" && c.Precision != "bf16":
 		msg = fmt.Sprintf("precision %q: choose fp32 or bf16", c.Precision)
 	case len(c.Mixture) == 0:
-		msg = "mixture is empty: name at least one token store (--tokens STORE[=WEIGHT])"
+		msg = "mixture is empty: name at least one token store (a runs entry's mixture: [{store: NAME, weight: 1}], sched train's --tokens STORE[=WEIGHT])"
 	case c.GPUs < GPUCount(model.AllGPUs):
 		msg = fmt.Sprintf("gpus %d: give a number of GPUs (1 or more), or all", int(c.GPUs))
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -58,6 +59,20 @@ func TestConfigRefusesARunsFileOfARunThatCannotTrain(t *testing.T) {
 	t.Parallel()
 	runsFile := fileIn(t, t.TempDir())("runs.yaml", "twice:\n  from: pilot-cpu\n  mixture:\n    - {store: codea, weight: 1}\n    - {store: codea, weight: 2}\n")
 	wantRefused(t, []string{"KILN_RUNS=" + runsFile}, `KILN_RUNS `+runsFile+`: run twice: mixture[1]: store "codea" is named twice`, "config")
+	// An empty mixture is named as a runs file writes it, not as a flag of
+	// another command.
+	empty := fileIn(t, t.TempDir())("runs.yaml", "none:\n  from: pilot-cpu\n  mixture: []\n")
+	wantRefused(t, []string{"KILN_RUNS=" + empty}, `run none: mixture is empty: name at least one token store (a runs entry's mixture: [{store: NAME, weight: 1}]`, "config")
+	// A warmup as long as the run is refused for a new run only: the
+	// listing says so, and sched config lets a run under way keep it.
+	warm := fileIn(t, t.TempDir())("runs.yaml", "warm:\n  from: pilot-cpu\n  total_steps: 50\n  warmup: 100\n")
+	if out, errOut, code := sched(t, []string{"KILN_RUNS=" + warm}, "config"); code != 0 {
+		t.Errorf("sched config of a runs file whose run's warmup is its length: exit %d\n%s%s", code, out, errOut)
+	}
+	if out, errOut, code := sched(t, []string{"KILN_RUNS=" + warm, "KILN_REDIS_URL=redis://127.0.0.1:1/0"}, "runs", "--presets"); code != 0 ||
+		!regexp.MustCompile(`(?m)^warm .*a new run of it is refused: warmup 100 is not shorter than the run's 50 steps`).MatchString(out) {
+		t.Errorf("sched runs --presets: exit %d\n%s%s\nwant run warm said to be refused as a new run", code, out, errOut)
+	}
 	out, errOut, code := sched(t, []string{"KILN_RUNS=" + runsFile, "KILN_REDIS_URL=redis://127.0.0.1:1/0"}, "runs", "--presets")
 	if code != 0 || !strings.Contains(out, "twice") || !strings.Contains(out, `invalid: run twice: mixture[1]: store "codea" is named twice`) {
 		t.Errorf("sched runs --presets: exit %d\n%s%s\nwant the run listed as invalid", code, out, errOut)

@@ -175,11 +175,15 @@ func printRunPresets(w io.Writer, path string) error {
 			fmt.Fprintf(tw, "%s\t\t\t\t\t\tinvalid: %s\n", name, scheduler.OneLine(err.Error(), 160))
 			continue
 		}
+		desc := scheduler.OneLine(r.Description, 100)
+		if err := r.CheckWarmup(); err != nil {
+			// Valid for a run under way, which resumes as it began.
+			desc = "a new run of it is refused: " + scheduler.OneLine(err.Error(), 160)
+		}
 		per := int64(r.Batch) * int64(r.Seq) * int64(max(r.Accumulate, 1))
 		length := fmt.Sprintf("%s (%d steps)", formatCount(int64(r.TotalSteps)*per, "tok"), r.TotalSteps)
 		step := fmt.Sprintf("%dx%dx%d", r.Batch, r.Seq, max(r.Accumulate, 1))
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, r.Model, length, step, r.Tokenizer, r.Engine,
-			scheduler.OneLine(r.Description, 100))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, r.Model, length, step, r.Tokenizer, r.Engine, desc)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -134,7 +134,7 @@ func Shortfall(got, asked int, minFrequency int64) string {
 	if minFrequency <= 0 {
 		minFrequency = 2
 	}
-	return fmt.Sprintf("the corpus yields %d ids of the %d asked: no pair of symbols occurs %d times more; train on more text, or ask for %d ids",
+	return fmt.Sprintf("the corpus yields %d ids of the %d asked: no pair of symbols occurs %d times or more; train on more text, or ask for %d ids",
 		got, asked, minFrequency, got)
 }
 

@@ -310,6 +310,7 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	}
 	var readers []io.Reader
 	var total int64
+	regular := true // every input a file whose size says what it holds
 	for _, p := range inputs {
 		f, err := os.Open(p)
 		if err != nil {
@@ -321,8 +322,14 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 				return badInput("tokenizer train: --in %s is a directory; name its text files (--in repeated or comma-separated)", p)
 			}
 			total += st.Size()
+			regular = regular && st.Mode().IsRegular()
 		}
 		readers = append(readers, bufio.NewReaderSize(f, 1<<20))
+	}
+	if regular && total == 0 {
+		// It would learn no merge, and write a tokenizer of the bytes
+		// alone, fewer ids than any vocabulary allowed.
+		return badInput("tokenizer train: --in %s holds no text: name files of the text to learn the vocabulary from", strings.Join(inputs, ","))
 	}
 	if err := policy.check(ctx, out); err != nil {
 		return err

@@ -261,6 +261,10 @@ func TestTokenizerTrainCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	emptyText := filepath.Join(t.TempDir(), "empty.txt")
+	if err := os.WriteFile(emptyText, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
@@ -272,6 +276,9 @@ func TestTokenizerTrainCommand(t *testing.T) {
 		{[]string{"--in", in, "--vocab", "258", "--special", "<|endoftext|>,<|pad|>"}, "--vocab 258: give a vocabulary of 259 to 16777216 ids (the 256 byte symbols, the 2 special tokens"},
 		{[]string{"--in", in, "--min-frequency", "0"}, "--min-frequency 0: give how many times"},
 		{[]string{"--in", in + "," + dir}, "--in " + dir + " is a directory; name its text files"},
+		// No text at all would learn no merge: a tokenizer of the bytes
+		// alone, below every vocabulary allowed.
+		{[]string{"--in", emptyText}, "--in " + emptyText + " holds no text: name files of the text to learn the vocabulary from"},
 	} {
 		wantBadInput(t, nil, regexp.QuoteMeta(c.want), append([]string{"tokenizer", "train", "--out", out}, c.args...)...)
 	}

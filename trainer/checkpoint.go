@@ -479,7 +479,7 @@ func newestUsable(root string, log *zap.Logger, use func(dir string) error) (str
 			return "", fmt.Errorf("%w; setting it aside failed too (%v): move it out of %s by hand", err, aerr, root)
 		}
 		setAside = append(setAside, aside)
-		log.Warn("damaged checkpoint set aside; resuming from an earlier one",
+		log.Warn("damaged checkpoint set aside; the resume takes the next whole one (the same step from object storage where a worker holds it there whole, else an earlier one)",
 			zap.String("checkpoint", d), zap.String("now", aside), zap.Error(err))
 	}
 	if len(setAside) > 0 {

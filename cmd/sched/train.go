@@ -200,7 +200,11 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	if trained && res.Precision != "" && res.Precision != rc.Precision {
 		// The checkpoint's run_config says what was asked; its weights
 		// were computed so.
-		fmt.Fprintf(out, "trained in %s, not the %s asked: the CPU engine computes in fp32 only (--engine cuda on a GPU trains in bf16)\n", res.Precision, rc.Precision)
+		asked := fmt.Sprintf("not the %s asked", rc.Precision)
+		if !cmd.Flags().Changed("precision") && f.runConfig == "" {
+			asked = fmt.Sprintf("not the default %s", rc.Precision)
+		}
+		fmt.Fprintf(out, "trained in %s, %s: the CPU engine computes in fp32 only (--engine cuda on a GPU trains in bf16)\n", res.Precision, asked)
 	}
 	if err == nil && !trained && res.Step >= rc.TotalSteps {
 		fmt.Fprintf(out, "the run is at step %d of its %d already: nothing to train (a longer run needs --steps or --total-tokens raised)\n", res.Step, rc.TotalSteps)

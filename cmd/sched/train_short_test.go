@@ -56,13 +56,19 @@ func TestTrainOnTheCPUSaysItComputedInFP32(t *testing.T) {
 			t.Errorf("train --engine cpu --precision %s said:\n%s\nwant %q", c.precision, got, c.want)
 		}
 	}
+	// Left at its default, the precision is not said to have been asked.
+	got, errOut, code := sched(t, nil, "train", "--model", "tiny", "--tokens", store, "--engine", "cpu",
+		"--seq", "32", "--batch", "2", "--steps", "2", "--out", filepath.Join(t.TempDir(), "run"), "--tokenizer-file", tokJSON)
+	if code != 0 || !strings.Contains(got, "trained in fp32, not the default bf16: the CPU engine computes in fp32 only") {
+		t.Errorf("train --engine cpu, no --precision: exit %d\n%s%s\nwant the default named as such", code, got, errOut)
+	}
 	// A resume with nothing left to train trained in no precision.
 	out := filepath.Join(t.TempDir(), "run")
 	args := []string{"train", "--model", "tiny", "--tokens", store, "--engine", "cpu", "--seq", "32", "--batch", "2", "--steps", "2", "--out", out, "--tokenizer-file", tokJSON}
 	if got, errOut, code := sched(t, nil, args...); code != 0 {
 		t.Fatalf("train: exit %d\n%s%s", code, got, errOut)
 	}
-	got, errOut, code := sched(t, nil, append(args, "--resume")...)
+	got, errOut, code = sched(t, nil, append(args, "--resume")...)
 	if code != 0 || !strings.Contains(got, "nothing to train") || strings.Contains(got, "trained in") {
 		t.Errorf("train --resume of a run at its end: exit %d\n%s%s\nwant nothing to train, and nothing said of a precision trained in", code, got, errOut)
 	}

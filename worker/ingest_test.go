@@ -1015,25 +1015,33 @@ func TestWorkerSweepsStaleUploadsWhileItRuns(t *testing.T) {
 	<-done // and the sweeps end with the worker
 }
 
-// A plan queued while its tokenizer is still being trained waits for it,
-// using no retry, and plans once the tokenizer is made: `sched enqueue
-// tokenizer` and `sched enqueue ingest` can be typed one after the other.
-func TestIngestPlanWaitsForItsTokenizer(t *testing.T) {
-	e := newIngestEnv(t)
+// planWaitingForItsTokenizer queues the training of tokenizer tok, on the
+// append queue, which nobody serves until the test says it is done, and
+// a plan of the corpus into store that tokenizes with it; it returns the
+// two tasks' ids once the plan waits for the tokenizer.
+func planWaitingForItsTokenizer(t *testing.T, e *ingestEnv, tok, store string) (train, plan string) {
+	t.Helper()
 	e.addGoodFiles("good", 2, 3, "")
 	e.handlers.Ingest = &Ingest{
 		Pipeline: ingest.Pipeline{Objects: e.objects, Hub: e.hc, Presets: e.presets, DataDir: t.TempDir(), StoresDir: t.TempDir(), Logger: zap.NewNop()},
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Again(ctx, a); return err },
 		Queue:    e.c, WaitEvery: 50 * time.Millisecond,
 	}
-	// The tokenizer's training sits on the append queue, which nobody
-	// serves until the test says it is done.
-	train := e.enqueue(scheduler.TokenizerTrain{Name: "later-bpe", VocabSize: 320})
+	train = e.enqueue(scheduler.TokenizerTrain{Name: tok, VocabSize: 320})
 	e.serve(map[string]int{scheduler.QueueIngest: 1})
-	plan := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "later", Tokenizer: "later-bpe"})
+	plan = e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: store, Tokenizer: tok})
 	e.waitFor(plan, time.Minute, "waiting for its tokenizer", func(ts scheduler.TaskStatus) bool {
-		return strings.Contains(ts.LastErr, "waiting for tokenizer later-bpe")
+		return strings.Contains(ts.LastErr, "waiting for tokenizer "+tok)
 	})
+	return train, plan
+}
+
+// A plan queued while its tokenizer is still being trained waits for it,
+// using no retry, and plans once the tokenizer is made: `sched enqueue
+// tokenizer` and `sched enqueue ingest` can be typed one after the other.
+func TestIngestPlanWaitsForItsTokenizer(t *testing.T) {
+	e := newIngestEnv(t)
+	train, plan := planWaitingForItsTokenizer(t, e, "later-bpe", "later")
 
 	// The training finishes: the tokenizer is published, its task gone.
 	tj, err := tokenizer.Train(context.Background(), []io.Reader{strings.NewReader(strings.Repeat("the quick brown fox\n", 100))}, tokenizer.TrainOptions{VocabSize: 300})
@@ -1062,18 +1070,7 @@ func TestIngestPlanWaitsForItsTokenizer(t *testing.T) {
 // files, where each of them failed for good on a tokenizer not known.
 func TestIngestPlanWhoseTokenizerWasCancelledFailsOnce(t *testing.T) {
 	e := newIngestEnv(t)
-	e.addGoodFiles("good", 2, 3, "")
-	e.handlers.Ingest = &Ingest{
-		Pipeline: ingest.Pipeline{Objects: e.objects, Hub: e.hc, Presets: e.presets, DataDir: t.TempDir(), StoresDir: t.TempDir(), Logger: zap.NewNop()},
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Again(ctx, a); return err },
-		Queue:    e.c, WaitEvery: 50 * time.Millisecond,
-	}
-	train := e.enqueue(scheduler.TokenizerTrain{Name: "never-bpe", VocabSize: 320})
-	e.serve(map[string]int{scheduler.QueueIngest: 1})
-	plan := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "never", Tokenizer: "never-bpe"})
-	e.waitFor(plan, time.Minute, "waiting for its tokenizer", func(ts scheduler.TaskStatus) bool {
-		return strings.Contains(ts.LastErr, "waiting for tokenizer never-bpe")
-	})
+	train, plan := planWaitingForItsTokenizer(t, e, "never-bpe", "never")
 	if _, err := e.c.Cancel(context.Background(), train); err != nil {
 		t.Fatal(err)
 	}

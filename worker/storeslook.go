@@ -61,20 +61,16 @@ func (c *Ingest) announceWatch(ctx context.Context, every time.Duration) error {
 // the watch stops (the worker no longer holds the stores), after which
 // the key lapses.
 func (c *Ingest) keepWatched(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	repeat(ctx, every, func() {
 		if c.Stores == nil || c.Stores.Stopped() {
+			stop()
 			return
 		}
 		// A failure is the next beat's to mend, within the key's life.
 		_ = c.announceWatch(ctx, every)
-	}
+	})
 }
 
 // errWatchGone is askForALook's where the watching worker stopped

@@ -207,14 +207,7 @@ func TestAWorkerStartsWhileObjectStorageIsDown(t *testing.T) {
 	srv.Stop()
 	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json", "KILN_DATA_DIR=" + t.TempDir(),
 		"KILN_S3_ENDPOINT=" + srv.Endpoint, "KILN_S3_ACCESS_KEY=" + srv.AccessKey, "KILN_S3_SECRET_KEY=" + srv.SecretKey}
-	w := startWorker(t, env, "--queues", "gpu=1,append=1")
-	deadline := time.Now().Add(3 * time.Minute) // for a line that never comes
-	for log := workerLog(t, w); !strings.Contains(log, "object storage does not answer; the worker starts"); log = workerLog(t, w) {
-		if strings.Contains(log, "cannot reach the object store") || time.Now().After(deadline) {
-			t.Fatalf("the worker did not start without object storage:\n%s", log)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	startWorkerWithoutObjectStorage(t, env, "gpu=1,append=1")
 	srv.Start()
 	out, errOut, code := sched(t, env, "enqueue", "bench", "tiny", "--engine", "cpu", "--batch", "1", "--seq", "16", "--steps", "2", "--warmup", "0")
 	m := regexp.MustCompile(`queued (bench:run:[0-9a-f]+) on gpu`).FindStringSubmatch(out)
@@ -225,6 +218,22 @@ func TestAWorkerStartsWhileObjectStorageIsDown(t *testing.T) {
 	if out, _, _ = sched(t, env, "results", "bench"); !regexp.MustCompile(`\| tiny +\|`).MatchString(out) {
 		t.Errorf("sched results bench has no row from the worker's store:\n%s", out)
 	}
+}
+
+// startWorkerWithoutObjectStorage starts a worker of queues while the
+// object storage env names does not answer, and returns once the worker
+// says it starts anyway.
+func startWorkerWithoutObjectStorage(t *testing.T, env []string, queues string) *exec.Cmd {
+	t.Helper()
+	w := startWorker(t, env, "--queues", queues)
+	deadline := time.Now().Add(3 * time.Minute) // for a line that never comes
+	for log := workerLog(t, w); !strings.Contains(log, "object storage does not answer; the worker starts"); log = workerLog(t, w) {
+		if strings.Contains(log, "cannot reach the object store") || time.Now().After(deadline) {
+			t.Fatalf("the worker did not start without object storage:\n%s", log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return w
 }
 
 func TestEnqueueBenchBadInput(t *testing.T) {

@@ -143,3 +143,49 @@ func TestResumeRefusesTheMixtureOfOtherStores(t *testing.T) {
 		t.Errorf("log %v; want one line naming the weights' change", logs.All())
 	}
 }
+
+// A resume with another seed or sequence length is refused before
+// anything is written, naming both and what to give, where the data
+// cursor refused it in its own words after a line saying the new
+// settings applied.
+func TestResumeRefusesAnotherSeedOrSequence(t *testing.T) {
+	requireCPU(t)
+	mc := model.Presets["tiny"]
+	store := makeStore(t, mc.VocabSize, 200000, 1)
+	rc := testRun(6)
+	rc.EvalEvery = 0
+	rc.Mixture = []MixtureEntry{{Store: store, Weight: 1}}
+	dir := t.TempDir()
+	open := func(rc RunConfig) *Mixture {
+		m, err := OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	if res, err := Run(context.Background(), Config{Run: rc, Out: dir, Data: open(rc), MaxSteps: 3}, Hooks{}); err != nil || res.Step != 3 {
+		t.Fatalf("first segment: %+v, %v", res, err)
+	}
+	before := treeDigest(t, dir)
+	for _, c := range []struct {
+		name string
+		seed uint64
+		seq  int
+	}{{"seed", rc.Seed + 4, rc.Seq}, {"seq", rc.Seed, rc.Seq / 2}} {
+		other := rc
+		other.Seed, other.Seq = c.seed, c.seq
+		core, logs := observer.New(zap.InfoLevel)
+		_, err := Run(context.Background(), Config{Run: other, Out: dir, Resume: true, Data: open(other), Log: zap.New(core)}, Hooks{})
+		want := fmt.Sprintf("was trained with seed %d and seq %d; this run asks for seed %d and seq %d", rc.Seed, rc.Seq, c.seed, c.seq)
+		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("Resume with seed %d and seq %d", rc.Seed, rc.Seq)) {
+			t.Errorf("resume with another %s: %v; want it refused with %q", c.name, err, want)
+		}
+		if logs.FilterMessageSnippet("the new ones apply").Len() != 0 {
+			t.Errorf("resume with another %s logged that the new settings apply before it was refused", c.name)
+		}
+		if after := treeDigest(t, dir); after != before {
+			t.Errorf("%s: the refused resume changed %s", c.name, dir)
+		}
+	}
+}

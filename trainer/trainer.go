@@ -182,6 +182,9 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 			if err := checkMixture(dir, snap.State, rc); err != nil {
 				return Result{}, err
 			}
+			if err := checkDataOrder(dir, snap.State, rc); err != nil {
+				return Result{}, err
+			}
 			if changed := settingsChanged(snap.State.Run, rc); len(changed) > 0 {
 				log.Info("the run's settings differ from its checkpoint's: the new ones apply from its step on",
 					zap.String("checkpoint", dir), zap.Int("step", snap.State.Step), zap.Strings("changed", changed))
@@ -271,6 +274,21 @@ func checkMixture(dir string, st State, rc RunConfig) error {
 	return badInput(fmt.Errorf("checkpoint %s (step %d) trained on the stores %s, in that order; this run names %s: each store's place in the data is kept in that order, so the run would go on with other windows than its own. "+
 		"Give the mixture its stores as they were, in the same order (their weights may change), or train a run of another name",
 		dir, st.Step, strings.Join(was, ", "), strings.Join(now, ", ")))
+}
+
+// checkDataOrder refuses a resume with another seed or sequence length
+// than the checkpoint's, before anything is written: the data cursor it
+// resumes was made with them (and the model's first weights with the
+// seed), so the run could not go on over its own windows. A checkpoint of
+// a build that did not record them is left to the cursor's own check.
+func checkDataOrder(dir string, st State, rc RunConfig) error {
+	was := st.Run
+	if was.Seq == 0 || was.Seed == rc.Seed && was.Seq == rc.Seq {
+		return nil
+	}
+	return badInput(fmt.Errorf("checkpoint %s (step %d) was trained with seed %d and seq %d; this run asks for seed %d and seq %d: its data order was drawn with the checkpoint's, and a resume can only go on with it. "+
+		"Resume with seed %d and seq %d (sched train's --seed and --seq, or the run's entry), or train a run of another name or --out",
+		dir, st.Step, was.Seed, was.Seq, rc.Seed, rc.Seq, was.Seed, was.Seq))
 }
 
 // storeName is what a resume knows e's store by: its directory's name,

@@ -76,10 +76,12 @@ func CheckUses(s Store, want Entry) error {
 	if s.Tokenizer.SHA256 == want.SHA256 {
 		return nil
 	}
+	// The store's tokenizer may be known here by its name, or only as a
+	// file: the fix names both ways to give it.
 	return &MismatchError{
-		A: "token store " + s.Store, B: "the tokenizer named for this work",
+		A: "token store " + s.Store, B: "this work's ids are made",
 		TokA: s.Tokenizer, TokB: tokens.Tokenizer{Name: want.Name, SHA256: want.SHA256, VocabSize: want.VocabSize, EOS: want.EOS},
-		Fix: fmt.Sprintf("name the store's tokenizer with --tokenizer %s, or use a store made by %s", label(s.Tokenizer), want.Name),
+		Fix: fmt.Sprintf("give the store's tokenizer (--tokenizer %s where it is published, or --tokenizer-file with its tokenizer.json), or use a store made by %s", label(s.Tokenizer), want.Name),
 	}
 }
 

@@ -93,18 +93,7 @@ func TestResumeRefusesTheMixtureOfOtherStores(t *testing.T) {
 	rc := testRun(6)
 	rc.EvalEvery = 0
 	rc.Mixture = []MixtureEntry{{Store: code, Weight: 0.7}, {Store: web, Weight: 0.3}}
-	dir := t.TempDir()
-	open := func(rc RunConfig) *Mixture {
-		m, err := OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		return m
-	}
-	if res, err := Run(context.Background(), Config{Run: rc, Out: dir, Data: open(rc), MaxSteps: 3}, Hooks{}); err != nil || res.Step != 3 {
-		t.Fatalf("first segment: %+v, %v", res, err)
-	}
+	dir, open := trainedThreeSteps(t, mc, rc)
 	before := treeDigest(t, dir)
 	for _, c := range []struct {
 		name  string
@@ -155,18 +144,7 @@ func TestResumeRefusesAnotherSeedOrSequence(t *testing.T) {
 	rc := testRun(6)
 	rc.EvalEvery = 0
 	rc.Mixture = []MixtureEntry{{Store: store, Weight: 1}}
-	dir := t.TempDir()
-	open := func(rc RunConfig) *Mixture {
-		m, err := OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		return m
-	}
-	if res, err := Run(context.Background(), Config{Run: rc, Out: dir, Data: open(rc), MaxSteps: 3}, Hooks{}); err != nil || res.Step != 3 {
-		t.Fatalf("first segment: %+v, %v", res, err)
-	}
+	dir, open := trainedThreeSteps(t, mc, rc)
 	before := treeDigest(t, dir)
 	for _, c := range []struct {
 		name string
@@ -188,4 +166,24 @@ func TestResumeRefusesAnotherSeedOrSequence(t *testing.T) {
 			t.Errorf("%s: the refused resume changed %s", c.name, dir)
 		}
 	}
+}
+
+// trainedThreeSteps trains rc's first three steps into a new directory and
+// returns it, with what opens a run config's mixture for the resumes the
+// test tries there.
+func trainedThreeSteps(t *testing.T, mc model.Config, rc RunConfig) (dir string, open func(RunConfig) *Mixture) {
+	t.Helper()
+	dir = t.TempDir()
+	open = func(rc RunConfig) *Mixture {
+		m, err := OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	if res, err := Run(context.Background(), Config{Run: rc, Out: dir, Data: open(rc), MaxSteps: 3}, Hooks{}); err != nil || res.Step != 3 {
+		t.Fatalf("first segment: %+v, %v", res, err)
+	}
+	return dir, open
 }

@@ -277,13 +277,8 @@ func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName 
 			return nil, lerr
 		}
 		if live == nil {
-			// The request as the run needs it: a tokenizer of more ids
-			// than the model's vocabulary would be refused here once made,
-			// and its name, once published, is never made again.
-			request := "sched enqueue tokenizer " + name
-			if mc.VocabSize != defaultTokenizerVocab {
-				request += fmt.Sprintf(" --vocab %d", mc.VocabSize)
-			}
+			// The request as the run needs it.
+			request := tokenizerFor(name, mc.VocabSize)
 			return nil, badInput("run %s trains with tokenizer %s, which does not exist yet: make it first with '%s' (the %s model's vocab_size; 'sched tokenizers' lists the existing ones)", run, name, request, modelName)
 		}
 		// Its ids are not known yet, but the number it was asked for is:

@@ -387,7 +387,7 @@ func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config, storeName s
 // another could never give them. why says whose it is; empty where no run
 // names the tokenizer, or its runs' models differ.
 func tokenizerCommand(name string) (request, why string) {
-	request = "sched enqueue tokenizer " + name
+	request = tokenizerFor(name, defaultTokenizerVocab)
 	set, err := runs.Load(os.Getenv("KILN_RUNS"))
 	if err != nil {
 		return request, ""
@@ -407,7 +407,18 @@ func tokenizerCommand(name string) (request, why string) {
 	if vocab == 0 || vocab == defaultTokenizerVocab {
 		return request, ""
 	}
-	return request + fmt.Sprintf(" --vocab %d", vocab), fmt.Sprintf(" (the vocabulary of the model of run %s, which trains with it)", by)
+	return tokenizerFor(name, vocab), fmt.Sprintf(" (the vocabulary of the model of run %s, which trains with it)", by)
+}
+
+// tokenizerFor is the command that makes tokenizer name of vocab ids: a
+// tokenizer of more ids than a model's vocabulary would be refused once
+// made, and its name, once published, is never made again.
+func tokenizerFor(name string, vocab int) string {
+	request := "sched enqueue tokenizer " + name
+	if vocab != defaultTokenizerVocab {
+		request += fmt.Sprintf(" --vocab %d", vocab)
+	}
+	return request
 }
 
 // hubConfig is the Hugging Face Hub client's settings: the environment's

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -38,25 +36,7 @@ func TestAWorkerMendsNoStatusOnceItsClaimMayHaveLapsed(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The status of a store this disk does not hold.
-	b, err := json.Marshal(ingest.StoreStatus{Tokens: 10, Documents: 1, Bytes: 20, Shards: 1, Done: []string{"f0"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	put := func() {
-		t.Helper()
-		if err := objects.Put(ctx, ingest.StatusKey("elsewhere"), bytes.NewReader(b), int64(len(b))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	put()
-	status := func() bool {
-		t.Helper()
-		_, err := objects.Stat(ctx, ingest.StatusKey("elsewhere"))
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			t.Fatal(err)
-		}
-		return err == nil
-	}
+	status := putElsewhere(t, objects)
 
 	cfg := scheduler.Config{RedisURL: r.URL(0), DataDir: data}.WithDefaults()
 	opt, _ := asynq.ParseRedisURI(cfg.RedisURL)

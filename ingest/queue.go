@@ -359,7 +359,36 @@ type StoreStatus struct {
 	// before it downloads or tokenizes a file. Zero in a status from
 	// before the field, and for a store never appended to.
 	Tokenizer tokens.Tokenizer `json:"tokenizer,omitzero"`
-	Updated   time.Time        `json:"updated"`
+	// Damaged says, where the worker that holds the store found its files
+	// damaged (tokens.bin cut short or gone, the manifest unreadable), how
+	// and what to do, in one line: plans into the store and runs over it
+	// are refused until it is deleted or mended, where they would take
+	// its files for stored. The other fields are its last whole status.
+	Damaged string    `json:"damaged,omitempty"`
+	Updated time.Time `json:"updated"`
+}
+
+// DamagedError is work refused because the token store it names is
+// damaged (StoreStatus.Damaged).
+type DamagedError struct {
+	Store, Damaged string
+}
+
+func (e *DamagedError) Error() string {
+	return fmt.Sprintf("token store %s is damaged: %s", e.Store, e.Damaged)
+}
+
+// BadInput marks the refusal as one a retry cannot mend: a person has to
+// delete or mend the store.
+func (e *DamagedError) BadInput() bool { return true }
+
+// CheckDamaged refuses work with the store of status st where it is
+// damaged.
+func (st StoreStatus) CheckDamaged(storeName string) error {
+	if st.Damaged != "" {
+		return &DamagedError{Store: storeName, Damaged: st.Damaged}
+	}
+	return nil
 }
 
 // done reports whether id is in the store, appended or skipped whole.
@@ -538,6 +567,9 @@ func (p *Pipeline) Plan(ctx context.Context, job PlanJob) (PlanResult, error) {
 	}
 	status, err := p.Status(ctx, job.Store)
 	if err != nil {
+		return res, err
+	}
+	if err := status.CheckDamaged(job.Store); err != nil {
 		return res, err
 	}
 	if status.Tokenizer.SHA256 != "" && p.Tokenizer != nil {
@@ -1226,18 +1258,24 @@ func (p *Pipeline) publishStatus(ctx context.Context, storeName string, m tokens
 		p.statusesMu.Unlock()
 		return st, nil
 	}
+	return st, p.putStatus(ctx, storeName, st, "publish its status")
+}
+
+// putStatus writes st as the status of the store in object storage, under
+// the store's lease (what, for a LeaseError, says what it was to do).
+func (p *Pipeline) putStatus(ctx context.Context, storeName string, st StoreStatus, what string) error {
 	b, err := json.Marshal(st)
 	if err != nil {
-		return st, err
+		return err
 	}
-	err = p.leased(ctx, storeName, "publish its status", func(ctx context.Context) error {
+	err = p.leased(ctx, storeName, what, func(ctx context.Context) error {
 		return p.Objects.Put(ctx, StatusKey(storeName), bytes.NewReader(b), int64(len(b)))
 	})
 	var lapsed *LeaseError
 	if err != nil && !errors.As(err, &lapsed) {
-		return st, fmt.Errorf("publishing the status of token store %s: %w", storeName, err)
+		return fmt.Errorf("writing the status of token store %s (to %s): %w", storeName, what, err)
 	}
-	return st, err
+	return err
 }
 
 // DefaultPrefetch is Pipeline.Prefetch's default: a larger shard streams

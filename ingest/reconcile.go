@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kiln-lm/kiln/tokens"
 )
@@ -21,6 +22,9 @@ import (
 type Reconciled struct {
 	Store         string
 	Listed, Holds int
+	// Damaged is set where the store's files are damaged: its status now
+	// says so (StoreStatus.Damaged), and the status's files stay listed.
+	Damaged string
 }
 
 // ReconcileStatuses makes the status in object storage of every token
@@ -35,7 +39,7 @@ type Reconciled struct {
 // which the statuses alone would not name. A store whose manifest cannot
 // be read is left alone and named in the error.
 func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) {
-	out, failed, err := p.reconcileAll(ctx)
+	out, _, failed, err := p.reconcileAll(ctx)
 	errs := []error{err}
 	for _, name := range slices.Sorted(maps.Keys(failed)) {
 		errs = append(errs, failed[name])
@@ -45,14 +49,15 @@ func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) 
 
 // reconcileAll is ReconcileStatuses with its errors apart: err is the
 // whole's (a listing, of the statuses or of the stores' directory),
-// failed each store's that could not be mended.
-func (p *Pipeline) reconcileAll(ctx context.Context) (out []Reconciled, failed map[string]error, err error) {
+// failed each store's that could not be mended; damaged names the stores
+// whose files are damaged, their statuses mended now or before.
+func (p *Pipeline) reconcileAll(ctx context.Context) (out []Reconciled, damaged []string, failed map[string]error, err error) {
 	if p.StoresDir == "" {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	objs, err := p.Objects.List(ctx, "tokens/")
 	if err != nil {
-		return nil, nil, fmt.Errorf("listing the token stores' statuses: %w", err)
+		return nil, nil, nil, fmt.Errorf("listing the token stores' statuses: %w", err)
 	}
 	names := map[string]bool{}
 	for _, o := range objs {
@@ -77,11 +82,16 @@ func (p *Pipeline) reconcileAll(ctx context.Context) (out []Reconciled, failed m
 				failed = map[string]error{}
 			}
 			failed[name] = rerr
-		} else if changed {
+			continue
+		}
+		if changed {
 			out = append(out, r)
 		}
+		if r.Damaged != "" {
+			damaged = append(damaged, name)
+		}
 	}
-	return out, failed, err
+	return out, damaged, failed, err
 }
 
 func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool, error) {
@@ -99,6 +109,13 @@ func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool
 	}
 	r.Listed = len(st.Done)
 	m, err := tokens.ReadManifest(dir)
+	if err == nil {
+		err = tokens.CheckFile(dir, m)
+	}
+	var ie *tokens.InputError
+	if errors.As(err, &ie) && ie.Damage != "" {
+		return p.publishDamaged(ctx, r, st, dir, ie.Damage)
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if len(st.Done) == 0 {
@@ -119,10 +136,32 @@ func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool
 	}
 	done, partial := storeFiles(*m)
 	r.Holds = len(done)
-	if slices.Equal(done, st.Done) && slices.Equal(partial, st.Partial) && st.Tokens == m.Tokens {
+	if slices.Equal(done, st.Done) && slices.Equal(partial, st.Partial) && st.Tokens == m.Tokens && st.Damaged == "" {
 		return r, false, nil
 	}
 	_, err = p.publishStatus(ctx, name, *m, Limits{}, Limits{})
+	var lapsed *LeaseError
+	if errors.As(err, &lapsed) {
+		lapsed.Then = statusLeft
+	}
+	return r, err == nil, err
+}
+
+// publishDamaged marks the status st of the store in dir damaged, as
+// damage says: its last whole status stays, for the files it lists to be
+// planned again only once the store is deleted (reconcile then clears
+// it) or mended.
+func (p *Pipeline) publishDamaged(ctx context.Context, r Reconciled, st StoreStatus, dir, damage string) (Reconciled, bool, error) {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "the worker that serves append"
+	}
+	r.Damaged = fmt.Sprintf("%s; delete %s on %s, then re-ingest it if you still need it", damage, dir, host)
+	if st.Damaged == r.Damaged {
+		return r, false, nil
+	}
+	st.Damaged, st.Updated = r.Damaged, time.Now().UTC()
+	err := p.putStatus(ctx, r.Store, st, "mark its status damaged")
 	var lapsed *LeaseError
 	if errors.As(err, &lapsed) {
 		lapsed.Then = statusLeft
@@ -176,9 +215,14 @@ func (w *StoresWatch) ReconcileAll(ctx context.Context) ([]Reconciled, error) {
 	if w.Stopped() {
 		return nil, nil
 	}
-	rs, failed, err := w.p.reconcileAll(ctx)
+	rs, damaged, failed, err := w.p.reconcileAll(ctx)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	for _, name := range damaged {
+		s := w.seen[name]
+		s.damaged = true
+		w.seen[name] = s
+	}
 	w.pending = err != nil
 	var errs []error
 	if err != nil {
@@ -210,21 +254,30 @@ func (w *StoresWatch) Pending() bool {
 	return w.pending
 }
 
-// storeSeen is what a look found of one store: its directory's and its
-// manifest's identity (device and inode, for os.SameFile), the manifest's
-// size and time too, which a manifest written again in place changes.
-// The zero value is a store not there.
+// storeSeen is what a look found of one store: its directory's, its
+// manifest's and its tokens.bin's identity (device and inode, for
+// os.SameFile), the manifest's size and time too, which a manifest
+// written again in place changes, and tokens.bin's size. The zero value
+// is a store not there.
 type storeSeen struct {
-	dir, manifest os.FileInfo // nil: not there
+	dir, manifest, tokens os.FileInfo // nil: not there
 	// again marks a store whose status was not mended: the next Check
 	// tries again.
 	again bool
+	// damaged marks a store whose status says its files are damaged:
+	// any change of tokens.bin may have mended it.
+	damaged bool
 }
 
-// same says whether a and b are the same look of a store.
+// same says whether a, the last look of a store, and b, the look now,
+// are the same. tokens.bin grows with every append, this process's too:
+// only a file that shrank (cut short outside kiln) or was replaced is a
+// change, or any change of a store found damaged (a file put back).
 func (a storeSeen) same(b storeSeen) bool {
 	return !a.again && !b.again && sameFile(a.dir, b.dir) && sameFile(a.manifest, b.manifest) &&
-		(a.manifest == nil || a.manifest.Size() == b.manifest.Size() && a.manifest.ModTime().Equal(b.manifest.ModTime()))
+		(a.manifest == nil || a.manifest.Size() == b.manifest.Size() && a.manifest.ModTime().Equal(b.manifest.ModTime())) &&
+		sameFile(a.tokens, b.tokens) &&
+		(a.tokens == nil || b.tokens.Size() >= a.tokens.Size() && (!a.damaged || b.tokens.Size() == a.tokens.Size() && b.tokens.ModTime().Equal(a.tokens.ModTime())))
 }
 
 func sameFile(a, b os.FileInfo) bool {
@@ -280,12 +333,17 @@ func lookAtStore(dir string) (storeSeen, bool) {
 		return storeSeen{}, errors.Is(err, fs.ErrNotExist)
 	}
 	s := storeSeen{dir: fi}
-	m, err := os.Lstat(filepath.Join(dir, tokens.ManifestFile))
-	switch {
-	case err == nil:
-		s.manifest = m
-	case !errors.Is(err, fs.ErrNotExist):
-		return storeSeen{}, false
+	for _, f := range []struct {
+		name string
+		fi   *os.FileInfo
+	}{{tokens.ManifestFile, &s.manifest}, {tokens.TokensFile, &s.tokens}} {
+		fi, err := os.Lstat(filepath.Join(dir, f.name))
+		switch {
+		case err == nil:
+			*f.fi = fi
+		case !errors.Is(err, fs.ErrNotExist):
+			return storeSeen{}, false
+		}
 	}
 	return s, true
 }
@@ -320,6 +378,10 @@ func (w *StoresWatch) Check(ctx context.Context) ([]Reconciled, error) {
 		if !w.seen[name].same(now[name]) {
 			changed = append(changed, name)
 		}
+		if s, ok := now[name]; ok {
+			s.damaged = w.seen[name].damaged // until a mend says otherwise
+			now[name] = s
+		}
 	}
 	w.seen, w.listed = now, listed
 	w.mu.Unlock()
@@ -329,6 +391,10 @@ func (w *StoresWatch) Check(ctx context.Context) ([]Reconciled, error) {
 	for _, name := range changed {
 		r, mended, err := w.p.reconcile(ctx, name)
 		w.mu.Lock()
+		if s, ok := w.seen[name]; ok && err == nil {
+			s.damaged = r.Damaged != ""
+			w.seen[name] = s
+		}
 		if err != nil {
 			s := w.seen[name]
 			s.again = true // looked at again at the next Check
@@ -358,6 +424,7 @@ func (w *StoresWatch) Saw(name string) {
 		// Gone already, or cannot tell: the next Check mends its status.
 		s = storeSeen{again: true}
 	}
+	s.damaged = w.seen[name].damaged // an append refuses a damaged store
 	w.seen[name] = s
 }
 

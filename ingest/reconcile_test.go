@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -196,29 +197,34 @@ func TestReconcileAllFailedIsPendingUntilItSucceeds(t *testing.T) {
 		t.Fatalf("ReconcileAll with object storage back: mended %+v, %v, pending %v; want store gone mended, nothing pending", rs, err, w.Pending())
 	}
 
-	// A store whose manifest does not read fails alone: named once, left
-	// to the next Check, nothing pending; mended there once it reads.
-	fillStore(t, p, "damaged", true, "a")
-	manifest := filepath.Join(p.StoresDir, "damaged", tokens.ManifestFile)
+	// A store whose manifest does not read here (another release's, not
+	// a damaged one: TestADamagedStoreIsMarkedUntilItIsMendedOrDeleted)
+	// fails alone: named once, left to the next Check, nothing pending;
+	// mended there once it reads.
+	fillStore(t, p, "unread", true, "a")
+	manifest := filepath.Join(p.StoresDir, "unread", tokens.ManifestFile)
 	good, err := os.ReadFile(manifest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(manifest, []byte("{not json"), 0o644); err != nil {
+	if !bytes.Contains(good, []byte(`"version": 1,`)) {
+		t.Fatalf("the manifest names no version 1: %s", good)
+	}
+	if err := os.WriteFile(manifest, bytes.Replace(good, []byte(`"version": 1,`), []byte(`"version": 9,`), 1), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.ReconcileAll(ctx); err == nil || !strings.Contains(err.Error(), "damaged") || w.Pending() {
-		t.Fatalf("ReconcileAll with a damaged store: %v, pending %v; want the store named, nothing pending", err, w.Pending())
+	if _, err := w.ReconcileAll(ctx); err == nil || !strings.Contains(err.Error(), "unread") || w.Pending() {
+		t.Fatalf("ReconcileAll with a store that does not read: %v, pending %v; want the store named, nothing pending", err, w.Pending())
 	}
 	if rs, err := w.Check(ctx); len(rs) != 0 || err != nil {
-		t.Fatalf("Check with the store still damaged: %+v, %v; want nothing mended, its error not said twice", rs, err)
+		t.Fatalf("Check with the store still unread: %+v, %v; want nothing mended, its error not said twice", rs, err)
 	}
 	// Put back from a backup, after its status was cleared.
 	os.WriteFile(manifest, good, 0o644)
-	if err := objects.Delete(ctx, StatusKey("damaged")); err != nil {
+	if err := objects.Delete(ctx, StatusKey("unread")); err != nil {
 		t.Fatal(err)
 	}
-	if rs, err := w.Check(ctx); err != nil || len(rs) != 1 || rs[0].Store != "damaged" {
+	if rs, err := w.Check(ctx); err != nil || len(rs) != 1 || rs[0].Store != "unread" {
 		t.Fatalf("Check with the store readable again: %+v, %v; want its status mended", rs, err)
 	}
 
@@ -230,5 +236,135 @@ func TestReconcileAllFailedIsPendingUntilItSucceeds(t *testing.T) {
 	}
 	if st, err := p.Status(ctx, "later"); err != nil || len(st.Done) != 1 {
 		t.Fatalf("after Stop the status of store later: %+v, %v; want it as it was", st, err)
+	}
+}
+
+// A store whose tokens.bin was cut short or deleted outside kiln, with its
+// manifest whole, is marked damaged in its status, by a worker's start
+// and by a watch that sees the file shrink: its files stay listed, a plan
+// into it is refused for good and says what to do, where it would take
+// them for stored and report the ingest done. The file put back in place
+// clears the mark; the store deleted clears its status.
+func TestADamagedStoreIsMarkedUntilItIsMendedOrDeleted(t *testing.T) {
+	ctx := context.Background()
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Pipeline{Objects: objects, StoresDir: t.TempDir()}
+	status := func(name string) StoreStatus {
+		t.Helper()
+		st, err := p.Status(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	check := func(w *StoresWatch, want ...string) []Reconciled {
+		t.Helper()
+		rs, err := w.Check(ctx)
+		var got []string
+		for _, r := range rs {
+			got = append(got, r.Store)
+		}
+		if err != nil || strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Fatalf("Check mended %v, %v; want %v", got, err, want)
+		}
+		return rs
+	}
+	fillStore(t, p, "cut", true, "a", "b")
+	fillStore(t, p, "whole", true, "a")
+	bin := filepath.Join(p.StoresDir, "cut", tokens.TokensFile)
+	good, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Cut before a worker's start: its mending of every status marks it.
+	if err := os.Truncate(bin, 3); err != nil {
+		t.Fatal(err)
+	}
+	w := p.WatchStores()
+	rs, err := w.ReconcileAll(ctx)
+	if err != nil || len(rs) != 1 || rs[0].Store != "cut" {
+		t.Fatalf("ReconcileAll mended %+v, %v; want store cut", rs, err)
+	}
+	dir := filepath.Join(p.StoresDir, "cut")
+	for _, want := range []string{"tokens.bin is truncated (3 of 8 bytes)", "delete " + dir + " on ", "re-ingest it"} {
+		if !strings.Contains(rs[0].Damaged, want) {
+			t.Errorf("Reconciled.Damaged %q does not say %q", rs[0].Damaged, want)
+		}
+	}
+	st := status("cut")
+	if st.Damaged != rs[0].Damaged || strings.Join(st.Done, ",") != "a,b" {
+		t.Errorf("the status of the cut store: damaged %q, files %v; want %q, its files a,b kept", st.Damaged, st.Done, rs[0].Damaged)
+	}
+	if st := status("whole"); st.Damaged != "" {
+		t.Errorf("a whole store's status says it is damaged: %q", st.Damaged)
+	}
+	// Marked once: looks that find it as it was mend nothing.
+	if rs, err := w.ReconcileAll(ctx); err != nil || len(rs) != 0 {
+		t.Fatalf("ReconcileAll again mended %+v, %v; want nothing", rs, err)
+	}
+	check(w)
+
+	// A plan into it is refused for good, naming the store and what to do.
+	job := PlanJob{Dataset: "local:" + filepath.Join(t.TempDir(), "*.txt"), Store: "cut", Tokenizer: "t"}
+	_, err = p.Plan(ctx, job)
+	var de *DamagedError
+	if !errors.As(err, &de) || !de.BadInput() || !strings.Contains(err.Error(), "token store cut is damaged: tokens.bin is truncated") {
+		t.Fatalf("a plan into a damaged store: %v; want a DamagedError naming it", err)
+	}
+
+	// Put back in place (the same file, written over): the next look
+	// clears the mark.
+	if err := os.WriteFile(bin, good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check(w, "cut")
+	if st := status("cut"); st.Damaged != "" || strings.Join(st.Done, ",") != "a,b" {
+		t.Errorf("the store put back: damaged %q, files %v; want no mark, files a,b", st.Damaged, st.Done)
+	}
+	if _, err := p.Plan(ctx, job); errors.As(err, &de) {
+		t.Errorf("a plan into the store put back: %v", err)
+	}
+
+	// Cut while watched, and a file deleted: each look marks what it
+	// finds now.
+	if err := os.Truncate(bin, 1); err != nil {
+		t.Fatal(err)
+	}
+	if rs := check(w, "cut"); !strings.Contains(rs[0].Damaged, "(1 of 8 bytes)") {
+		t.Errorf("the store cut while watched: %q", rs[0].Damaged)
+	}
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	if rs := check(w, "cut"); !strings.HasPrefix(rs[0].Damaged, "tokens.bin is missing") {
+		t.Errorf("the store whose tokens.bin went: %q", rs[0].Damaged)
+	}
+	// An append's word leaves the mark as it is.
+	w.Saw("cut")
+	check(w)
+	// A manifest that does not parse is damage too.
+	manifest := filepath.Join(dir, tokens.ManifestFile)
+	if err := os.WriteFile(manifest, []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if rs := check(w, "cut"); !strings.HasPrefix(rs[0].Damaged, "manifest.json does not parse") {
+		t.Errorf("the store whose manifest does not parse: %q", rs[0].Damaged)
+	}
+	if st := status("cut"); strings.Join(st.Done, ",") != "a,b" {
+		t.Errorf("the store whose manifest does not parse: files %v; want a,b kept", st.Done)
+	}
+
+	// Deleted, as the mark says to: its status goes, and a plan lists
+	// its files again.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	check(w, "cut")
+	if st := status("cut"); st.Damaged != "" || len(st.Done) != 0 {
+		t.Errorf("the deleted store's status: damaged %q, files %v; want none", st.Damaged, st.Done)
 	}
 }

@@ -45,40 +45,29 @@ func Open(dir string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, TokensFile)
 	width := int64(m.Dtype.Width())
 	want := m.Tokens * width
-	f, err := os.Open(path)
+	f, err := os.Open(filepath.Join(dir, TokensFile))
 	if errors.Is(err, fs.ErrNotExist) && m.Tokens == 0 {
 		// A store killed while it was being created: empty, not damaged.
 		return &Store{dir: dir, m: m, vocab: uint32(m.Tokenizer.VocabSize)}, nil
 	}
 	if err != nil {
-		damage := "" // a file that will not open (permissions) is not damaged
-		if errors.Is(err, fs.ErrNotExist) {
-			damage = TokensFile + " is missing"
-		}
-		why := err
-		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
-			why = pe.Err // the path is said once already
-		}
-		return nil, damagedf(damage, "token store %s: open %s: %v: the manifest commits %d tokens, so the file must exist; restore it or re-ingest the store", dir, path, why, m.Tokens)
+		return nil, fileDamage(dir, m, nil, err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("token store %s: stat %s: %w", dir, path, err)
+		return nil, fmt.Errorf("token store %s: stat %s: %w", dir, f.Name(), err)
 	}
-	if st.Size() < want {
-		return nil, damagedf(fmt.Sprintf("%s is truncated (%d of %d bytes)", TokensFile, st.Size(), want),
-			"token store %s: %s holds %d bytes, but the manifest commits %d tokens (%d bytes): the file was truncated outside kiln; restore it or re-ingest the store",
-			dir, path, st.Size(), m.Tokens, want)
+	if err := fileDamage(dir, m, st, nil); err != nil {
+		return nil, err
 	}
 	s := &Store{dir: dir, m: m, vocab: uint32(m.Tokenizer.VocabSize)}
 	if m.Tokens > 0 {
 		data, err := unix.Mmap(int(f.Fd()), 0, int(want), unix.PROT_READ, unix.MAP_SHARED)
 		if err != nil {
-			return nil, fmt.Errorf("token store %s: mmap %d bytes of %s: %w", dir, want, path, err)
+			return nil, fmt.Errorf("token store %s: mmap %d bytes of %s: %w", dir, want, f.Name(), err)
 		}
 		// Training reads scattered windows; read-ahead would fetch pages no
 		// one asked for.
@@ -95,6 +84,46 @@ func Open(dir string) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// CheckFile says whether the store in dir, of manifest m, has the
+// tokens.bin its manifest commits: a stat, no id read, so that a worker
+// may look at every store often. A file missing or shorter than the
+// committed tokens is damage (an *InputError whose Damage says how); a
+// file that cannot be stat'ed for another reason (permissions) is an error
+// that is no damage.
+func CheckFile(dir string, m *Manifest) error {
+	st, err := os.Stat(filepath.Join(dir, TokensFile))
+	if errors.Is(err, fs.ErrNotExist) && m.Tokens == 0 {
+		return nil
+	}
+	if err != nil {
+		return fileDamage(dir, m, nil, err)
+	}
+	return fileDamage(dir, m, st, nil)
+}
+
+// fileDamage is what Open and CheckFile make of the store's tokens.bin:
+// st its stat, or err why it could not be opened or stat'ed.
+func fileDamage(dir string, m *Manifest, st os.FileInfo, err error) error {
+	path := filepath.Join(dir, TokensFile)
+	if err != nil {
+		damage := "" // a file that will not open (permissions) is not damaged
+		if errors.Is(err, fs.ErrNotExist) {
+			damage = TokensFile + " is missing"
+		}
+		why := err
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			why = pe.Err // the path is said once already
+		}
+		return damagedf(damage, "token store %s: open %s: %v: the manifest commits %d tokens, so the file must exist; restore it or re-ingest the store", dir, path, why, m.Tokens)
+	}
+	if want := m.Tokens * int64(m.Dtype.Width()); st.Size() < want {
+		return damagedf(fmt.Sprintf("%s is truncated (%d of %d bytes)", TokensFile, st.Size(), want),
+			"token store %s: %s holds %d bytes, but the manifest commits %d tokens (%d bytes): the file was truncated outside kiln; restore it or re-ingest the store",
+			dir, path, st.Size(), m.Tokens, want)
+	}
+	return nil
 }
 
 func littleEndian() bool {

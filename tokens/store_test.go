@@ -133,12 +133,33 @@ func TestOpenRejectsCorruptManifest(t *testing.T) {
 
 func TestOpenRejectsShortTokensFile(t *testing.T) {
 	dir := newStore(t, testTok, shardIDs(1, 100, 1000, 0))
+	m, err := ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckFile(dir, m); err != nil {
+		t.Fatalf("CheckFile of a whole store: %v", err)
+	}
 	os.Truncate(filepath.Join(dir, TokensFile), 150)
-	_, err := Open(dir)
+	_, err = Open(dir)
 	wantInputError(t, err, dir, "holds 150 bytes", "commits 100 tokens (200 bytes)")
 	wantDamage(t, err, "tokens.bin is truncated (150 of 200 bytes)")
 	_, err = OpenAppender(context.Background(), dir, testTok, nil)
 	wantInputError(t, err, "holds 150 bytes")
+	// CheckFile finds what Open does, without reading an id.
+	err = CheckFile(dir, m)
+	wantInputError(t, err, dir, "holds 150 bytes", "commits 100 tokens (200 bytes)")
+	wantDamage(t, err, "tokens.bin is truncated (150 of 200 bytes)")
+
+	os.Remove(filepath.Join(dir, TokensFile))
+	for _, err := range []error{CheckFile(dir, m), func() error { _, err := Open(dir); return err }()} {
+		wantInputError(t, err, dir, "the manifest commits 100 tokens, so the file must exist")
+		wantDamage(t, err, "tokens.bin is missing")
+	}
+	// A store that commits nothing needs no file.
+	if err := CheckFile(dir, &Manifest{Dtype: m.Dtype}); err != nil {
+		t.Errorf("CheckFile of a store that commits nothing: %v", err)
+	}
 }
 
 // corruptID overwrites the uint16 id at token p, as a foreign tokenizer or

@@ -57,7 +57,7 @@ type Ingest struct {
 	// Redis is the queue's Redis. Through it a worker that watches its
 	// stores says so and answers the plans of other workers, which ask it
 	// to look at its stores before they read the stores' statuses
-	// (askForALook). Nil: neither.
+	// (AskForALook). Nil: neither.
 	Redis redis.UniversalClient
 }
 
@@ -172,8 +172,13 @@ func (c *Ingest) ReconcileStores(ctx context.Context, log *zap.Logger) []ingest.
 // logMended logs msg of each store whose status was mended.
 func (c *Ingest) logMended(log *zap.Logger, msg string, rs []ingest.Reconciled) {
 	for _, r := range rs {
-		log.Warn(msg, zap.String("store", r.Store), zap.Int("files_listed", r.Listed), zap.Int("files_held", r.Holds),
-			zap.String("dir", filepath.Join(c.Pipeline.StoresDir, r.Store)))
+		dir := zap.String("dir", filepath.Join(c.Pipeline.StoresDir, r.Store))
+		if r.Damaged != "" {
+			log.Error("token store is damaged: its status in object storage says so, and ingests into it and runs over it are refused until it is deleted or mended",
+				zap.String("store", r.Store), zap.String("damaged", r.Damaged), dir)
+			continue
+		}
+		log.Warn(msg, zap.String("store", r.Store), zap.Int("files_listed", r.Listed), zap.Int("files_held", r.Holds), dir)
 	}
 }
 

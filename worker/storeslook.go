@@ -73,7 +73,7 @@ func (c *Ingest) keepWatched(ctx context.Context, every time.Duration) {
 	})
 }
 
-// errWatchGone is askForALook's where the watching worker stopped
+// errWatchGone is AskForALook's where the watching worker stopped
 // answering (its StoresWatchedKey lapsed) before the look it was asked
 // for ended.
 var errWatchGone = errors.New("the worker that watches the token stores stopped saying so before the look asked of it ended")
@@ -104,34 +104,36 @@ func (c *Ingest) finishLook(ctx context.Context, n int64, every time.Duration) e
 // to object storage for each store that changed.
 const lookPoll = 20 * time.Millisecond
 
-// askForALook, on a worker that does not hold the token stores, asks the
-// worker that does to look at them, and returns once a look that began
-// after the question has ended, so that the plan then reads statuses that
-// say what that worker's disk holds now. It returns at once where no
-// worker watches its stores (none serves append, or one of a kiln from
-// before the watch), and as soon as the watching worker stops (its
-// StoresWatchedKey lapses: errWatchGone). An error says only that the
-// plan goes on without the look.
-func (c *Ingest) askForALook(ctx context.Context) error {
-	if c.Redis == nil {
+// AskForALook asks the worker that holds the token stores, through the
+// Redis rdb, to look at them, and returns once a look that began after
+// the question has ended, so that statuses read then say what that
+// worker's disk holds now: a plan on another worker asks before it reads
+// its store's status, and an enqueue before it refuses a store whose
+// status says it is damaged (deleted since, maybe). It returns at once
+// where no worker watches its stores (none serves append, or one of a
+// kiln from before the watch), and as soon as the watching worker stops
+// (its StoresWatchedKey lapses: errWatchGone). An error says only that
+// the caller goes on without the look.
+func AskForALook(ctx context.Context, rdb redis.UniversalClient) error {
+	if rdb == nil {
 		return nil
 	}
-	watched, err := c.Redis.Exists(ctx, StoresWatchedKey).Result()
+	watched, err := rdb.Exists(ctx, StoresWatchedKey).Result()
 	if err != nil || watched == 0 {
 		return err
 	}
-	s, err := c.Redis.HGet(ctx, StoresLooksKey, "started").Result()
+	s, err := rdb.HGet(ctx, StoresLooksKey, "started").Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return err
 	}
 	asked, _ := strconv.ParseInt(s, 10, 64)
-	if err := c.Redis.Publish(ctx, StoresLookChannel, asked).Err(); err != nil {
+	if err := rdb.Publish(ctx, StoresLookChannel, asked).Err(); err != nil {
 		return err
 	}
 	t := time.NewTicker(lookPoll)
 	defer t.Stop()
 	for {
-		pipe := c.Redis.Pipeline()
+		pipe := rdb.Pipeline()
 		exists := pipe.Exists(ctx, StoresWatchedKey)
 		finished := pipe.HGet(ctx, StoresLooksKey, "finished")
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
@@ -159,7 +161,7 @@ func (c *Ingest) lookAtStores(ctx context.Context) {
 		c.checkStores(ctx, c.Pipeline.Logger)
 		return
 	}
-	if err := c.askForALook(ctx); err != nil && ctx.Err() == nil && c.Pipeline.Logger != nil {
+	if err := AskForALook(ctx, c.Redis); err != nil && ctx.Err() == nil && c.Pipeline.Logger != nil {
 		c.Pipeline.Logger.Warn("the worker that holds the token stores was not asked to look at them before this plan read their statuses; "+
 			"a store deleted from its disk in the last second may be taken for stored: queue the ingest again if it plans nothing",
 			zap.Error(err))

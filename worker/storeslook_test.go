@@ -98,7 +98,7 @@ func TestAPlanDoesNotWaitForAWatchThatStopped(t *testing.T) {
 	}
 	c := &Ingest{Redis: e.rdb}
 	done := make(chan error, 1)
-	go func() { done <- c.askForALook(ctx) }()
+	go func() { done <- AskForALook(ctx, c.Redis) }()
 	select {
 	case err := <-done:
 		if !errors.Is(err, errWatchGone) {
@@ -147,7 +147,7 @@ func TestALongLookIsNotTakenForAStoppedWatch(t *testing.T) {
 	})
 
 	asked := make(chan error, 1)
-	go func() { asked <- (&Ingest{Redis: e.rdb}).askForALook(ctx) }()
+	go func() { asked <- AskForALook(ctx, e.rdb) }()
 	// The look hangs on object storage past the key's life, at least.
 	time.Sleep(2 * watchedFor(every))
 	select {

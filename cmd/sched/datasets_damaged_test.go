@@ -243,10 +243,12 @@ func (s *queuedStore) listing(t *testing.T) string {
 // delete the store and ingest it again, where it said to restart that
 // worker first, without which the ingest took every file of the deleted
 // store for stored and queued none; the same ingest queued again now
-// fills the store as before.
+// fills the store as before. Before it is deleted, the worker marks its
+// status damaged, and the same ingest is refused at enqueue saying so,
+// where it was queued and reported done.
 func TestDamagedStoreDeletedIsIngestedAgainWithoutARestart(t *testing.T) {
 	s := newQueuedStore(t)
-	startWorker(t, s.env, "--queues", "ingest=1,append=1")
+	w := startWorker(t, s.env, "--queues", "ingest=1,append=1")
 	first := s.fill(t)
 	healthy := s.listing(t)
 	want := "code +" + strconv.FormatInt(first.Tokens, 10) + " +2 +" + regexp.QuoteMeta(bytesize.Format(2*first.Tokens)) + " +local *$"
@@ -259,6 +261,15 @@ func TestDamagedStoreDeletedIsIngestedAgainWithoutARestart(t *testing.T) {
 	if line := s.listing(t); !strings.HasSuffix(line, damaged) {
 		t.Fatalf("the store damaged is listed %q; want it to end %q", line, damaged)
 	}
+	const marked = "token store is damaged: its status in object storage says so"
+	deadline := time.Now().Add(2 * time.Minute)
+	for !strings.Contains(workerLog(t, w), marked) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker that appends did not log %q in two minutes after the store was cut\n%s", marked, workerLog(t, w))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	wantBadInput(t, s.env, `^sched: token store code is damaged: tokens.bin is truncated \(2 of `+strconv.FormatInt(2*first.Tokens, 10)+` bytes\); delete `+regexp.QuoteMeta(s.dir)+` on .+, then re-ingest it if you still need it\n$`, s.ingest...)
 
 	if err := os.RemoveAll(s.dir); err != nil {
 		t.Fatal(err)

@@ -67,9 +67,32 @@ type demoOptions struct {
 	Log   *zap.Logger
 }
 
+// demoFiles is the demo's corpus glob: the Go standard library's
+// top-level packages under this machine's GOROOT.
+func demoFiles() string { return filepath.Join(runtime.GOROOT(), "src", "*", "*.go") }
+
+// demoTokenizerRequest is the request that makes on the queue the demo's
+// tokenizer as sched demo learns it in its own directory, from this
+// machine's Go sources; "" for another name or vocabulary.
+func demoTokenizerRequest(name string, vocab int) string {
+	if name != demoTokenizer || vocab != demoVocab {
+		return ""
+	}
+	return fmt.Sprintf(`sched enqueue tokenizer %s --vocab %d --from "local:%s=1" --sample 3MB`, name, vocab, demoFiles())
+}
+
+// demoIngest is the ingest that fills on the queue the demo's store as
+// sched demo fills it, with tokenizer tok; "" for another store.
+func demoIngest(storeName, tok string) string {
+	if storeName != demoStore {
+		return ""
+	}
+	return fmt.Sprintf(`sched enqueue ingest "local:%s" --store %s --tokenizer %s --max-tokens 3M`, demoFiles(), storeName, tok)
+}
+
 func (o demoOptions) withDefaults() demoOptions {
 	if o.Files == "" {
-		o.Files = filepath.Join(runtime.GOROOT(), "src", "*", "*.go")
+		o.Files = demoFiles()
 	}
 	if o.Duration == 0 {
 		o.Duration = 2 * time.Minute

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -89,6 +90,12 @@ func TestEnqueueTrainChecksTheRunFirst(t *testing.T) {
 	// default, 16384 ids, would make a tokenizer it could never use.
 	wantBadInput(t, env, `run pilot-cpu trains with tokenizer mix-4096, which does not exist yet: make it first with 'sched enqueue tokenizer mix-4096 --vocab 4096' \(the tiny model's vocab_size`,
 		"enqueue", "train", "pilot-cpu")
+	// The demo run's tokenizer and store are made from this machine's Go
+	// sources, as sched demo makes them, where the hints sampled the
+	// pilot's datasets from the Hub and named no dataset for the store.
+	goFiles := regexp.QuoteMeta("local:" + filepath.Join(runtime.GOROOT(), "src", "*", "*.go"))
+	wantBadInput(t, env, `run demo trains with tokenizer go-4096, which does not exist yet: make it first with 'sched enqueue tokenizer go-4096 --vocab 4096 --from "`+goFiles+`=1" --sample 3MB' \(the tiny model's vocab_size`,
+		"enqueue", "train", "demo")
 	// Asked for more ids than the run's model holds, it is refused while
 	// it is being made, where the segment waited for it and then failed.
 	if out, errOut, code := sched(t, env, "enqueue", "tokenizer", "big"); code != 0 {
@@ -104,7 +111,7 @@ func TestEnqueueTrainChecksTheRunFirst(t *testing.T) {
 	}
 	wantBadInput(t, env, `run pilot trains on token store the-stack-v2, which holds no tokens and which no ingest is filling: run 'sched enqueue ingest the-stack-v2' first`,
 		"enqueue", "train", "pilot")
-	wantBadInput(t, env, `run demo trains on token store go-stdlib, .*: run 'sched enqueue ingest <dataset> --store go-stdlib' first`,
+	wantBadInput(t, env, `run demo trains on token store go-stdlib, .*: run 'sched enqueue ingest "`+goFiles+`" --store go-stdlib --tokenizer mix-4096 --max-tokens 3M' first`,
 		"enqueue", "train", "demo", "--tokenizer", "mix-4096")
 	for _, ds := range []string{"the-stack-v2", "fineweb-edu", "proof-pile-2"} {
 		if out, errOut, code := sched(t, env, "enqueue", "ingest", ds); code != 0 {

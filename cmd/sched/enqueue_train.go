@@ -325,9 +325,12 @@ func checkRunStore(ctx context.Context, tc trainCheck, run, name string, uses *c
 			return 0, false, err
 		}
 	} else {
-		st, err := (&ingest.Pipeline{Objects: tc.objects}).Status(ctx, name)
+		st, err := storeStatus(ctx, tc.objects, tc.q.Redis(), name)
 		if err != nil {
 			return 0, false, err
+		}
+		if st.Damaged != "" {
+			return 0, false, badInput("run %s trains on token store %s, which is damaged: %s", run, name, st.Damaged)
 		}
 		held = st.Tokens
 		made := st.Tokenizer
@@ -356,7 +359,9 @@ func checkRunStore(ctx context.Context, tc trainCheck, run, name string, uses *c
 	}
 	if held == 0 {
 		first := "sched enqueue ingest " + name
-		if presets, err := ingest.Presets(""); err != nil || presets[name].Name == "" {
+		if demo := demoIngest(name, tok); demo != "" {
+			first = demo
+		} else if presets, err := ingest.Presets(""); err != nil || presets[name].Name == "" {
 			first = "sched enqueue ingest <dataset> --store " + name
 		}
 		// A named store is known here by its status, which the appending

@@ -134,6 +134,28 @@ func TestEnqueueTrainRefusesAStoreOfAnotherTokenizer(t *testing.T) {
 	}
 }
 
+// A store whose status says it is damaged (its worker found tokens.bin
+// cut short) refuses a run over it and an ingest into it at enqueue,
+// saying how it is damaged and what to do, where the ingest was queued
+// and its plan took every file for stored.
+func TestEnqueueRefusesADamagedStore(t *testing.T) {
+	t.Parallel()
+	env, _, q, objects := s3TrainingSetup(t, "")
+	ctx := context.Background()
+	tk := setupTokenizer(t, env)
+	const damaged = "tokens.bin is truncated (2 of 800000 bytes); delete /data/tokens/code on gpu-host, then re-ingest it if you still need it"
+	putStatus(t, objects, "code", ingest.StoreStatus{Tokens: 400_000, Documents: 10, Shards: 1, Done: []string{"s0"}, Tokenizer: tk, Damaged: damaged})
+	appendRuns(t, env, "dmg:\n  from: eta\n  mixture: [{store: code, weight: 1}]\n")
+	wantBadInput(t, env, `^sched: run dmg trains on token store code, which is damaged: `+regexp.QuoteMeta(damaged)+"\n$", "enqueue", "train", "dmg")
+	if live, err := q.LiveSegment(ctx, "dmg"); err != nil || live != nil {
+		t.Fatalf("run dmg refused, yet its segment %v is queued (%v)", live, err)
+	}
+	wantBadInput(t, env, `^sched: token store code is damaged: `+regexp.QuoteMeta(damaged)+"\n$", "enqueue", "ingest", "fineweb-edu", "--store", "code", "--tokenizer", "tk")
+	if live, err := q.LiveIngest(ctx, "code"); err != nil || live != 0 {
+		t.Fatalf("the ingest into store code refused, yet %d of its tasks are queued (%v)", live, err)
+	}
+}
+
 // Enqueuing a run done at its total steps queues nothing and says so,
 // whether Redis or only object storage says where the run is; given a
 // longer total_steps in the runs file, the same run resumes from its last

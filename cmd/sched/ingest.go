@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
@@ -20,9 +21,11 @@ import (
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 // planFlags shape an ingest plan; `sched ingest` and `sched enqueue ingest`
@@ -356,10 +359,18 @@ func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config, storeName s
 	if err != nil {
 		return err
 	}
+	q, _, err := openQueue(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer q.Close()
 	entry, _, err := catalog.New(objects, cfg.DataDir).Resolve(ctx, cfg.Tokenizer)
 	if err == nil {
-		status, err := (&ingest.Pipeline{Objects: objects}).Status(ctx, storeName)
+		status, err := storeStatus(ctx, objects, q.Redis(), storeName)
 		if err != nil {
+			return err
+		}
+		if err := status.CheckDamaged(storeName); err != nil {
 			return err
 		}
 		return tokens.CheckWrittenWith(storeName, status.Tokenizer, tokens.Tokenizer{Name: entry.Name, SHA256: entry.SHA256})
@@ -368,17 +379,29 @@ func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config, storeName s
 	if !errors.As(err, &nf) {
 		return err
 	}
-	q, _, err := openQueue(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer q.Close()
 	live, err := q.LiveTokenizer(ctx, cfg.Tokenizer)
 	if err != nil || live != nil {
 		return err
 	}
 	request, why := tokenizerCommand(cfg.Tokenizer)
 	return badInput("the ingest would tokenize with tokenizer %s, which does not exist yet: make it first with '%s'%s, or name an existing one with --tokenizer ('sched tokenizers' lists them)", cfg.Tokenizer, request, why)
+}
+
+// storeStatus reads the status of token store name. One that says the
+// store is damaged is read again once the worker that holds the stores
+// has looked at them (worker.AskForALook, through rdb), so that a store
+// deleted or put back a moment ago, as its damage says to do, is not
+// refused for what it was.
+func storeStatus(ctx context.Context, objects store.Store, rdb redis.UniversalClient, name string) (ingest.StoreStatus, error) {
+	p := &ingest.Pipeline{Objects: objects}
+	st, err := p.Status(ctx, name)
+	if err != nil || st.Damaged == "" {
+		return st, err
+	}
+	if err := worker.AskForALook(ctx, rdb); err != nil {
+		return st, nil // the status as it was: the refusal names the store
+	}
+	return p.Status(ctx, name)
 }
 
 // tokenizerCommand is the command that makes tokenizer name as the runs
@@ -414,6 +437,9 @@ func tokenizerCommand(name string) (request, why string) {
 // tokenizer of more ids than a model's vocabulary would be refused once
 // made, and its name, once published, is never made again.
 func tokenizerFor(name string, vocab int) string {
+	if demo := demoTokenizerRequest(name, vocab); demo != "" {
+		return demo
+	}
 	request := "sched enqueue tokenizer " + name
 	if vocab != defaultTokenizerVocab {
 		request += fmt.Sprintf(" --vocab %d", vocab)

@@ -431,9 +431,13 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				return
 			case scheduler.IsCancelled(context.Background(), w.rdb, id):
 				err = fmt.Errorf("cancelled by sched cancel: %w (%w)", err, asynq.SkipRetry)
+				rep.finish("failed", err.Error())
+				// Asked for, not gone wrong: no error in the log.
+				log.Info("task cancelled by sched cancel", zap.NamedError("ended_with", err), zap.Duration("took", time.Since(start)))
+			default:
+				rep.finish("failed", err.Error())
+				log.Error("task failed", zap.Error(err), zap.Duration("took", time.Since(start)))
 			}
-			rep.finish("failed", err.Error())
-			log.Error("task failed", zap.Error(err), zap.Duration("took", time.Since(start)))
 			// A failure at the kind's MaxRetry is archived here: asynq,
 			// which would archive any error at its own, interrupted and
 			// waiting ones too, holds one more (scheduler.Options).

@@ -16,6 +16,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
@@ -131,6 +132,8 @@ type env struct {
 	opt      asynq.RedisConnOpt
 	c        *scheduler.Client
 	rdb      redis.UniversalClient
+	// log is the in-process worker's logger; nil: none.
+	log *zap.Logger
 }
 
 func newEnv(t *testing.T) *env {
@@ -150,7 +153,11 @@ func (e *env) startInProcess() { e.serve(map[string]int{scheduler.QueueIngest: 2
 // serve runs a worker for queues in this process until the test ends.
 func (e *env) serve(queues map[string]int) {
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := New(Params{Redis: e.opt, Queues: queues, Handlers: e.handlers, Logger: zap.NewNop(),
+	log := e.log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	w, err := New(Params{Redis: e.opt, Queues: queues, Handlers: e.handlers, Logger: log,
 		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
@@ -423,6 +430,41 @@ func TestACancelWhileItsWorkerIsDeadHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitFor(id, time.Minute, "completed when enqueued again", state("completed"))
+}
+
+// A task stopped by sched cancel is logged as cancelled, at info: the
+// user asked for it, and the worker's log said ERROR task failed. Its
+// end is archived as cancelled, as before.
+func TestACancelledTaskIsNoErrorInTheLog(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	core, logs := observer.New(zap.InfoLevel)
+	e.log = zap.New(core)
+	e.startInProcess()
+	id := e.enqueue(slowArgs{Name: "stopped", Steps: 100_000, StepMS: 10})
+	e.waitFor(id, time.Minute, "running", state("active"))
+	if _, err := e.c.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if ts := e.waitFor(id, time.Minute, "archived", state("archived")); !ts.Cancelled {
+		t.Fatalf("the task archived after its cancel: %+v; want it cancelled", ts)
+	}
+	// asynq archives the task as soon as its context ends; the handler
+	// returns, and the worker logs its end, after.
+	deadline := time.Now().Add(time.Minute)
+	for logs.FilterField(zap.String("task_id", id)).FilterMessageSnippet("task ").Len() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker logged no end of the cancelled task in a minute: %+v", logs.All())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ended := logs.FilterField(zap.String("task_id", id)).FilterMessageSnippet("task ").All()
+	if len(ended) != 2 || ended[1].Message != "task cancelled by sched cancel" || ended[1].Level != zap.InfoLevel {
+		t.Fatalf("the cancelled task's log: %+v; want it started, then cancelled at info", ended)
+	}
+	if errs := logs.FilterLevelExact(zap.ErrorLevel).All(); len(errs) != 0 {
+		t.Fatalf("a cancel logged errors: %+v", errs)
+	}
 }
 
 // TestSIGKILLRecoveredByAnotherWorker waits out asynq's lease: a killed

@@ -414,8 +414,9 @@ func DirStep(name string) (int, bool) {
 	return step, err == nil && step >= 0
 }
 
-// stepDirs lists root's step directories, newest first.
-func stepDirs(root string) ([]string, error) {
+// StepDirs lists root's step directories (a run's checkpoints, as
+// training writes them), newest first; none where root does not exist.
+func StepDirs(root string) ([]string, error) {
 	entries, err := os.ReadDir(root)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -461,7 +462,7 @@ func LatestIntactCheckpoint(root string, log *zap.Logger) (string, State, error)
 // first that use accepts. A directory use finds damaged is set aside and
 // the walk goes on; any other error ends it.
 func newestUsable(root string, log *zap.Logger, use func(dir string) error) (string, error) {
-	dirs, err := stepDirs(root)
+	dirs, err := StepDirs(root)
 	if err != nil {
 		return "", err
 	}

@@ -150,7 +150,7 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	if !cfg.Resume {
 		// A fresh run into a directory that holds another's checkpoints
 		// would overwrite them step by step and cut its metrics: refused.
-		if dirs, err := stepDirs(cfg.Out); err != nil {
+		if dirs, err := StepDirs(cfg.Out); err != nil {
 			return Result{}, err
 		} else if len(dirs) > 0 {
 			return Result{}, badInput(fmt.Errorf("%s already holds a run's checkpoints (the newest %s): continue it with --resume, or train into another --out directory (or delete it first)",

@@ -104,6 +104,13 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 	if fi, err := os.Stat(f.checkpoint); err == nil && !fi.IsDir() {
 		return badInput("--checkpoint %s is a file: give the checkpoint's directory (it holds config.json, model.safetensors and tokenizer.json)", f.checkpoint)
 	}
+	if _, err := os.Stat(filepath.Join(f.checkpoint, "config.json")); errors.Is(err, os.ErrNotExist) {
+		// A run's directory, as training writes it, holds its checkpoints.
+		if steps, _ := trainer.StepDirs(f.checkpoint); len(steps) > 0 {
+			return badInput("--checkpoint %s is a run's directory of %d checkpoints: give one of them, such as %s (the newest), or --run %s for the run's newest complete checkpoint in object storage",
+				f.checkpoint, len(steps), steps[0], filepath.Base(filepath.Clean(f.checkpoint)))
+		}
+	}
 	if !f.pulled {
 		if err := verifyCheckpoint(f.checkpoint); err != nil {
 			return err

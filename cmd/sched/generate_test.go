@@ -253,6 +253,10 @@ func TestGenerateFromARunsLatestCheckpoint(t *testing.T) {
 		{[]string{"--run", "wolf"}, "run wolf has no complete checkpoint in object storage (checkpoints/wolf/): train it first"},
 		{[]string{"--run", "fox", "--checkpoint", out}, "not both"},
 		{[]string{"--run", "a/b"}, `run name "a/b"`},
+		// The run's own directory, where its checkpoints are: each is named,
+		// where the error said it held no config.json.
+		{[]string{"--checkpoint", out}, "--checkpoint " + out + " is a run's directory of 2 checkpoints: give one of them, such as " +
+			filepath.Join(out, "step-0000002") + " (the newest), or --run " + filepath.Base(out) + " for the run's newest complete checkpoint in object storage"},
 	} {
 		_, errOut, code := sched(t, env, append(gen, c.args...)...)
 		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") > 0 {

@@ -451,10 +451,12 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		}()
 		// `sched cancel` of a task whose worker had stopped answering
 		// reaches no handler: asynq's recoverer brings the task back with
-		// the cancel's mark on it, and it is archived here, not run again
-		// (enqueuing the work again, or sched retry, clears the mark).
+		// the cancel's mark on it; and a handler that a cancel stopped
+		// may be tried again by asynq before the cancel archives it. It
+		// is archived here, not run again (enqueuing the work again, or
+		// sched retry, clears the mark).
 		if scheduler.IsCancelled(ctx, w.rdb, id) {
-			return errors.New("not run again: its worker had stopped answering when it was cancelled")
+			return errors.New("not started again")
 		}
 		if err := diedInLastRetry(ctx, t.Type(), id, retried); err != nil {
 			return err

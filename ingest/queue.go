@@ -756,7 +756,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 			return out, false, err
 		}
 		say("downloading " + job.Path)
-		notify := hub.WithRetryNotice(ctx, func(msg string) { say("downloading " + job.Path + ": " + msg) })
+		notify := hub.SayRetries(ctx, "downloading "+job.Path, say)
 		if err := p.Hub.Download(notify, job.Repo, job.Revision, job.file(), dst); err != nil {
 			if job.Pinned != "" {
 				err = pinnedRevision(err, job.Pinned, job.Revision, job.Path)

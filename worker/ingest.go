@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -303,7 +304,9 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 	// A store deleted from the disk of the worker that holds the stores
 	// a moment ago is forgotten before the plan reads its status.
 	c.lookAtStores(ctx)
-	res, err := c.Pipeline.Plan(ctx, a)
+	listing := fmt.Sprintf("listing %s", a.Dataset)
+	rep.Message(ctx, listing)
+	res, err := c.Pipeline.Plan(hub.SayRetries(ctx, listing, func(msg string) { rep.Message(ctx, msg) }), a)
 	if err != nil {
 		return permanent(a.Kind(), err)
 	}

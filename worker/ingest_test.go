@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"runtime/pprof"
 	"runtime/trace"
 	"slices"
@@ -213,6 +214,28 @@ func newIngestEnv(t *testing.T) *ingestEnv {
 	e.presets = map[string]ingest.Preset{"corpus": {Name: "corpus", Repo: ingestRepo, Revision: "main",
 		Include: []string{"data/*", "data/*/*/*/*/*"}, Columns: ingest.Columns{Text: "text"}}}
 	return e
+}
+
+// A plan whose Hub answers 503 says so in its task's message while it
+// waits, after the dataset it lists; once the Hub is back it plans.
+func TestAPlanSaysItWaitsForTheHub(t *testing.T) {
+	e := newIngestEnv(t)
+	e.addGoodFiles("a", 2, 3, "")
+	e.hub.SetUnavailable(1<<30, 1)
+	var err error
+	if e.hc, err = hub.New(hub.Config{Endpoint: e.hub.Server.URL, MaxRetries: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	e.configure(t.TempDir(), t.TempDir())
+	e.serve(map[string]int{scheduler.QueueIngest: 1})
+	id := e.enqueue(scheduler.IngestPlan{Dataset: "corpus", Store: "waits", Tokenizer: ingestTokenizer})
+	e.waitFor(id, time.Minute, "saying it waits for the Hub", func(ts scheduler.TaskStatus) bool {
+		return ts.State == "active" && regexp.MustCompile(`^listing corpus: .* answered 503 Service Unavailable; trying again in 1s \(attempt \d+ of \d+\)$`).MatchString(ts.Progress.Message)
+	})
+	e.hub.SetUnavailable(0, 0)
+	if ts := e.waitFor(id, time.Minute, "completed", state("completed")); !strings.Contains(ts.Progress.Message, "2 files planned into store waits") {
+		t.Fatalf("the plan once the Hub is back: %q", ts.Progress.Message)
+	}
 }
 
 // configure sets the ingest handlers of the workers serve starts: a data

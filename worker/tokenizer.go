@@ -199,8 +199,9 @@ func drawSample(ctx context.Context, t *Tokenizers, a scheduler.TokenizerSample,
 	}
 	defer held.Close()
 	rep := Progress(ctx)
-	rep.Message(ctx, fmt.Sprintf("sampling %d bytes of %s for tokenizer %s", a.Bytes, a.Dataset, a.Name))
-	st, err := sample.Draw(ctx, sample.Options{Preset: preset, Hub: t.Hub, SWH: t.SWH, Bytes: a.Bytes, Seed: a.Seed, TempDir: tmp.Path, Logger: log}, text, held)
+	msg := fmt.Sprintf("sampling %d bytes of %s for tokenizer %s", a.Bytes, a.Dataset, a.Name)
+	rep.Message(ctx, msg)
+	st, err := sample.Draw(hub.SayRetries(ctx, msg, func(msg string) { rep.Message(ctx, msg) }), sample.Options{Preset: preset, Hub: t.Hub, SWH: t.SWH, Bytes: a.Bytes, Seed: a.Seed, TempDir: tmp.Path, Logger: log}, text, held)
 	if err != nil {
 		return err
 	}

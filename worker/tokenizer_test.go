@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -286,6 +287,36 @@ func tokenizerSHA(t *testing.T, b []byte) string {
 
 // A sampling task that cannot succeed (an unknown dataset, a bad name, a
 // dataset missing from the hub) is archived with its reason, not retried.
+// A sample whose Hub answers 503 says so in its task's message while it
+// waits, after what it does, where sched status showed "sampling" with no
+// word of the wait; once the Hub is back it is drawn.
+func TestATokenizerSampleSaysItWaitsForTheHub(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, presets := mixedHub(t)
+	h.SetUnavailable(1<<30, 1)
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL, MaxRetries: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, err := (&Tokenizers{Objects: objects, DataDir: t.TempDir(), Hub: hc, Presets: presets, Log: zap.NewNop(),
+		Enqueue: func(ctx context.Context, a scheduler.Args) error { return nil }}).resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.handlers = Handlers{Tokenizers: tk}
+	e.startInProcess()
+	id := e.enqueue(TokenizerSampleTasks("tok", []sample.Share{{Dataset: "prose", Weight: 1}}, 20_000, 512, 1, "")[0])
+	e.waitFor(id, time.Minute, "saying it waits for the Hub", func(ts scheduler.TaskStatus) bool {
+		return ts.State == "active" && regexp.MustCompile(`^sampling 20000 bytes of prose for tokenizer tok: .* answered 503 Service Unavailable; trying again in 1s \(attempt \d+ of \d+\)$`).MatchString(ts.Progress.Message)
+	})
+	h.SetUnavailable(0, 0)
+	e.waitFor(id, time.Minute, "completed", state("completed"))
+}
+
 func TestTokenizerSampleRefusals(t *testing.T) {
 	tk, _, queued := hubSampler(t)
 	mix := []sample.Share{{Dataset: "code", Weight: 1}}

@@ -229,6 +229,9 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 			wait = backoff(attempt)
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
 			resp.Body = &watchedBody{ReadCloser: resp.Body, w: watch}
+			if attempt > 0 {
+				notice(ctx, "") // answered: the wait's notice is over
+			}
 			return resp, nil
 		case resp.StatusCode == http.StatusTooManyRequests:
 			unreached = ""
@@ -555,9 +558,23 @@ type noticeKey struct{}
 // WithRetryNotice returns ctx under which the client tells say why a
 // request waits to be tried again (a 503, a rate limit, a broken
 // connection) as it starts to wait: a task shows that, not a download
-// that seems to hang.
+// that seems to hang. Once a request tried again is answered, say hears
+// "": the task goes back to saying what it does.
 func WithRetryNotice(ctx context.Context, say func(msg string)) context.Context {
 	return context.WithValue(ctx, noticeKey{}, say)
+}
+
+// SayRetries is WithRetryNotice for a task whose message is msg: say
+// hears msg with the notice after it while a request waits to be tried
+// again, and msg alone once it is answered.
+func SayRetries(ctx context.Context, msg string, say func(msg string)) context.Context {
+	return WithRetryNotice(ctx, func(note string) {
+		if note == "" {
+			say(msg)
+			return
+		}
+		say(msg + ": " + note)
+	})
 }
 
 func notice(ctx context.Context, msg string) {

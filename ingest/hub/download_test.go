@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -215,19 +216,20 @@ func TestDownloadOfAPartialFileOfAnotherVersionStartsOver(t *testing.T) {
 
 // A 503 that says when to come back (Retry-After) is waited out that long,
 // as a 429 is, and the task says so; not after a backoff that gives up
-// before the Hub is back.
+// before the Hub is back. Once answered, the task is told the wait is
+// over.
 func TestUnavailableHubIsWaitedOutAsItAsks(t *testing.T) {
 	h := newHub(t)
 	h.Unavailable, h.RetryAfter = 1, 1
 	h.Add(repo, "a.txt", []byte("a"), false)
 	c := newClient(t, h, "")
 	var notes []string
-	ctx := hub.WithRetryNotice(context.Background(), func(msg string) { notes = append(notes, msg) })
+	ctx := hub.SayRetries(context.Background(), "resolving", func(msg string) { notes = append(notes, msg) })
 	if _, err := c.ResolveRevision(ctx, repo, "main"); err != nil {
 		t.Fatal(err)
 	}
-	if len(notes) != 1 || !strings.Contains(notes[0], "503 Service Unavailable; trying again in 1s") {
-		t.Fatalf("the task was told %q; want one wait of the 1s the Hub asked", notes)
+	if len(notes) != 2 || !regexp.MustCompile(`^resolving: .* answered 503 Service Unavailable; trying again in 1s`).MatchString(notes[0]) || notes[1] != "resolving" {
+		t.Fatalf("the task was told %q; want one wait of the 1s the Hub asked, then what it does", notes)
 	}
 }
 

@@ -195,6 +195,15 @@ func (h *Hub) Revoke(token string) {
 	h.mu.Unlock()
 }
 
+// SetUnavailable makes the Hub answer the next n requests with 503 and a
+// Retry-After of retryAfter seconds, from the next request on: a Hub that
+// goes into maintenance, or (n 0) comes back, while it is being used.
+func (h *Hub) SetUnavailable(n, retryAfter int) {
+	h.mu.Lock()
+	h.Unavailable, h.RetryAfter = n, retryAfter
+	h.mu.Unlock()
+}
+
 // Requests returns a copy of the requests seen so far.
 func (h *Hub) Requests() []Request {
 	h.mu.Lock()

@@ -49,9 +49,9 @@ func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) 
 
 // reconcileAll is ReconcileStatuses with its errors apart: err is the
 // whole's (a listing, of the statuses or of the stores' directory),
-// failed each store's that could not be mended; damaged names the stores
-// whose files are damaged, their statuses mended now or before.
-func (p *Pipeline) reconcileAll(ctx context.Context) (out []Reconciled, damaged []string, failed map[string]error, err error) {
+// failed each store's that could not be mended; damaged holds how each
+// store whose files are damaged is, its status marked now or before.
+func (p *Pipeline) reconcileAll(ctx context.Context) (out []Reconciled, damaged map[string]string, failed map[string]error, err error) {
 	if p.StoresDir == "" {
 		return nil, nil, nil, nil
 	}
@@ -88,7 +88,10 @@ func (p *Pipeline) reconcileAll(ctx context.Context) (out []Reconciled, damaged 
 			out = append(out, r)
 		}
 		if r.Damaged != "" {
-			damaged = append(damaged, name)
+			if damaged == nil {
+				damaged = map[string]string{}
+			}
+			damaged[name] = r.Damaged
 		}
 	}
 	return out, damaged, failed, err
@@ -218,9 +221,9 @@ func (w *StoresWatch) ReconcileAll(ctx context.Context) ([]Reconciled, error) {
 	rs, damaged, failed, err := w.p.reconcileAll(ctx)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, name := range damaged {
+	for name, d := range damaged {
 		s := w.seen[name]
-		s.damaged = true
+		s.damaged = d
 		w.seen[name] = s
 	}
 	w.pending = err != nil
@@ -264,9 +267,10 @@ type storeSeen struct {
 	// again marks a store whose status was not mended: the next Check
 	// tries again.
 	again bool
-	// damaged marks a store whose status says its files are damaged:
-	// any change of tokens.bin may have mended it.
-	damaged bool
+	// damaged is, for a store whose status says its files are damaged,
+	// how (StoreStatus.Damaged): any change of tokens.bin may have
+	// mended it.
+	damaged string
 }
 
 // same says whether a, the last look of a store, and b, the look now,
@@ -277,7 +281,7 @@ func (a storeSeen) same(b storeSeen) bool {
 	return !a.again && !b.again && sameFile(a.dir, b.dir) && sameFile(a.manifest, b.manifest) &&
 		(a.manifest == nil || a.manifest.Size() == b.manifest.Size() && a.manifest.ModTime().Equal(b.manifest.ModTime())) &&
 		sameFile(a.tokens, b.tokens) &&
-		(a.tokens == nil || b.tokens.Size() >= a.tokens.Size() && (!a.damaged || b.tokens.Size() == a.tokens.Size() && b.tokens.ModTime().Equal(a.tokens.ModTime())))
+		(a.tokens == nil || b.tokens.Size() >= a.tokens.Size() && (a.damaged == "" || b.tokens.Size() == a.tokens.Size() && b.tokens.ModTime().Equal(a.tokens.ModTime())))
 }
 
 func sameFile(a, b os.FileInfo) bool {
@@ -392,7 +396,7 @@ func (w *StoresWatch) Check(ctx context.Context) ([]Reconciled, error) {
 		r, mended, err := w.p.reconcile(ctx, name)
 		w.mu.Lock()
 		if s, ok := w.seen[name]; ok && err == nil {
-			s.damaged = r.Damaged != ""
+			s.damaged = r.Damaged
 			w.seen[name] = s
 		}
 		if err != nil {
@@ -426,6 +430,23 @@ func (w *StoresWatch) Saw(name string) {
 	}
 	s.damaged = w.seen[name].damaged // an append refuses a damaged store
 	w.seen[name] = s
+}
+
+// Damaged returns how each store found damaged at the last look is
+// damaged (StoreStatus.Damaged), by its name; nil where none is.
+func (w *StoresWatch) Damaged() map[string]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out map[string]string
+	for name, s := range w.seen {
+		if s.damaged != "" {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[name] = s.damaged
+		}
+	}
+	return out
 }
 
 // fail records err as the last error of the store name ("": of the

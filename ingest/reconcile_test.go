@@ -302,6 +302,9 @@ func TestADamagedStoreIsMarkedUntilItIsMendedOrDeleted(t *testing.T) {
 	if st := status("whole"); st.Damaged != "" {
 		t.Errorf("a whole store's status says it is damaged: %q", st.Damaged)
 	}
+	if d := w.Damaged(); len(d) != 1 || d["cut"] != rs[0].Damaged {
+		t.Errorf("the watch's damaged stores: %v; want cut's", d)
+	}
 	// Marked once: looks that find it as it was mend nothing.
 	if rs, err := w.ReconcileAll(ctx); err != nil || len(rs) != 0 {
 		t.Fatalf("ReconcileAll again mended %+v, %v; want nothing", rs, err)
@@ -325,6 +328,9 @@ func TestADamagedStoreIsMarkedUntilItIsMendedOrDeleted(t *testing.T) {
 	if st := status("cut"); st.Damaged != "" || strings.Join(st.Done, ",") != "a,b" {
 		t.Errorf("the store put back: damaged %q, files %v; want no mark, files a,b", st.Damaged, st.Done)
 	}
+	if d := w.Damaged(); d != nil {
+		t.Errorf("the watch's damaged stores once it was put back: %v; want none", d)
+	}
 	if _, err := p.Plan(ctx, job); errors.As(err, &de) {
 		t.Errorf("a plan into the store put back: %v", err)
 	}
@@ -346,6 +352,9 @@ func TestADamagedStoreIsMarkedUntilItIsMendedOrDeleted(t *testing.T) {
 	// An append's word leaves the mark as it is.
 	w.Saw("cut")
 	check(w)
+	if d := w.Damaged(); !strings.HasPrefix(d["cut"], "tokens.bin is missing") {
+		t.Errorf("the watch's damaged stores after an append's word: %v", d)
+	}
 	// A manifest that does not parse is damage too.
 	manifest := filepath.Join(dir, tokens.ManifestFile)
 	if err := os.WriteFile(manifest, []byte("{not json"), 0o644); err != nil {
@@ -366,5 +375,8 @@ func TestADamagedStoreIsMarkedUntilItIsMendedOrDeleted(t *testing.T) {
 	check(w, "cut")
 	if st := status("cut"); st.Damaged != "" || len(st.Done) != 0 {
 		t.Errorf("the deleted store's status: damaged %q, files %v; want none", st.Damaged, st.Done)
+	}
+	if d := w.Damaged(); d != nil {
+		t.Errorf("the watch's damaged stores once it was deleted: %v; want none", d)
 	}
 }

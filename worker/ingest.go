@@ -265,6 +265,9 @@ func (c *Ingest) checkStores(ctx context.Context, log *zap.Logger) {
 	if err != nil && ctx.Err() == nil {
 		log.Warn("the status of a token store that went from this disk, or was replaced, is not mended; the next look tries again", zap.Error(err))
 	}
+	if err := c.sayDamaged(ctx); err != nil && ctx.Err() == nil {
+		log.Debug("the damaged token stores not written to Redis for sched status; the next look tries again", zap.Error(err))
+	}
 }
 
 // plan lists a dataset and queues one ingest:shard per file the store

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,6 +34,42 @@ const StoresLooksKey = "kiln:stores:looks"
 // lapses a few looks' time after the last one, so that a plan does not
 // wait for a worker that has stopped.
 const StoresWatchedKey = "kiln:stores:watched"
+
+// StoresDamagedKey is the Redis hash of the token stores that the worker
+// holding them found damaged, each store's name to how it is damaged and
+// what to do (ingest.StoreStatus.Damaged): sched status lists them. The
+// watching worker writes it whole at each look.
+const StoresDamagedKey = "kiln:stores:damaged"
+
+// sayDamagedMu holds each sayDamaged from its reading of the watch to its
+// write: a look that read before another's Check wrote before it too, so
+// that no older word is written over a newer one.
+var sayDamagedMu sync.Mutex
+
+// sayDamaged writes the stores c.Stores found damaged at its last look to
+// StoresDamagedKey, in place of what it held.
+func (c *Ingest) sayDamaged(ctx context.Context) error {
+	if c.Redis == nil || c.Stores == nil {
+		return nil
+	}
+	sayDamagedMu.Lock()
+	defer sayDamagedMu.Unlock()
+	damaged := c.Stores.Damaged()
+	_, err := c.Redis.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, StoresDamagedKey)
+		if len(damaged) > 0 {
+			p.HSet(ctx, StoresDamagedKey, damaged)
+		}
+		return nil
+	})
+	return err
+}
+
+// DamagedStores reads StoresDamagedKey: the token stores found damaged,
+// by name.
+func DamagedStores(ctx context.Context, rdb redis.UniversalClient) (map[string]string, error) {
+	return rdb.HGetAll(ctx, StoresDamagedKey).Result()
+}
 
 // lookFinished records look n as ended: "finished" only ever grows, so
 // that a short look ending after a longer later one takes nothing back.

@@ -270,6 +270,9 @@ func TestDamagedStoreDeletedIsIngestedAgainWithoutARestart(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	wantBadInput(t, s.env, `^sched: token store code is damaged: tokens.bin is truncated \(2 of `+strconv.FormatInt(2*first.Tokens, 10)+` bytes\); delete `+regexp.QuoteMeta(s.dir)+` on .+, then re-ingest it if you still need it\n$`, s.ingest...)
+	// sched status lists it, from the worker's word in Redis.
+	shown := regexp.MustCompile(`(?m)^code  DAMAGED: tokens.bin is truncated \(2 of \d+ bytes\); delete ` + regexp.QuoteMeta(s.dir) + ` on .+, then re-ingest it if you still need it$`)
+	s.waitStatus(t, "the damaged store listed", func(status string) bool { return shown.MatchString(status) })
 
 	if err := os.RemoveAll(s.dir); err != nil {
 		t.Fatal(err)
@@ -280,6 +283,27 @@ func TestDamagedStoreDeletedIsIngestedAgainWithoutARestart(t *testing.T) {
 	}
 	if line := s.listing(t); line != healthy {
 		t.Fatalf("the store ingested again is listed %q, want %q as before", line, healthy)
+	}
+	s.waitStatus(t, "no store listed damaged", func(status string) bool { return !strings.Contains(status, "DAMAGED") })
+}
+
+// waitStatus waits until `sched status` says what ok looks for, for two
+// minutes at most.
+func (s *queuedStore) waitStatus(t *testing.T, what string, ok func(status string) bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		out, errOut, code := sched(t, s.env, "status")
+		if code != 0 {
+			t.Fatalf("status: exit %d\n%s%s", code, out, errOut)
+		}
+		if ok(out) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sched status did not show %s in two minutes:\n%s", what, out)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

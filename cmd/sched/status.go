@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -252,10 +254,20 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 		fmt.Fprintln(w, taskLine(ts, byRun, now, bars, listErrRunes))
 	}
 
-	if ds := snap.Datasets(); len(ds) > 0 {
+	damaged, err := worker.DamagedStores(ctx, q.Redis())
+	if err != nil {
+		return err
+	}
+	if ds := snap.Datasets(); len(ds) > 0 || len(damaged) > 0 {
 		fmt.Fprintln(w, "\nINGEST")
 		for _, d := range ds {
 			fmt.Fprintln(w, datasetLine(d, snap))
+		}
+		// The worker that holds the stores found these damaged: ingests
+		// into them and runs over them are refused until they are
+		// deleted or mended.
+		for _, name := range slices.Sorted(maps.Keys(damaged)) {
+			fmt.Fprintf(w, "%s  DAMAGED: %s\n", name, scheduler.OneLine(damaged[name], 300))
 		}
 	}
 

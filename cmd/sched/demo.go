@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"io/fs"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -68,8 +70,42 @@ type demoOptions struct {
 }
 
 // demoFiles is the demo's corpus glob: the Go standard library's
-// top-level packages under this machine's GOROOT.
-func demoFiles() string { return filepath.Join(runtime.GOROOT(), "src", "*", "*.go") }
+// top-level packages under this machine's GOROOT (goRoot); "" where it
+// has none.
+func demoFiles() string {
+	root := goRoot()
+	if root == "" {
+		return ""
+	}
+	return filepath.Join(root, "src", "*", "*.go")
+}
+
+// goRoot is the Go installation whose sources the demo learns from: the
+// one this binary knows (GOROOT, else the one that built it), where its
+// sources are there, else the one the go command names; "" where there
+// is none (a binary built with -trimpath, or copied to a machine without
+// Go).
+func goRoot() string {
+	if r := runtime.GOROOT(); r != "" {
+		if fi, err := os.Stat(filepath.Join(r, "src")); err == nil && fi.IsDir() {
+			return r
+		}
+	}
+	cmd := exec.Command("go", "env", "GOROOT")
+	// Without the GOROOT found wanting above, which go would report too.
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOROOT=") })
+	out, err := cmd.Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// noGoRootError is the demo's refusal where it has no corpus: no --files
+// and no Go installation.
+func noGoRootError() error {
+	return badInput("sched demo learns from the Go standard library's sources, and finds no Go installation here (GOROOT is unset or holds no src, this sched was built without one, and there is no go command): set GOROOT to a Go installation, or give --files a glob of text files")
+}
 
 // demoTokenizerRequest is the request that makes on the queue the demo's
 // tokenizer as sched demo learns it in its own directory, from this
@@ -78,7 +114,7 @@ func demoTokenizerRequest(name string, vocab int) string {
 	if name != demoTokenizer || vocab != demoVocab {
 		return ""
 	}
-	return fmt.Sprintf(`sched enqueue tokenizer %s --vocab %d --from "local:%s=1" --sample 3MB`, name, vocab, demoFiles())
+	return fmt.Sprintf(`sched enqueue tokenizer %s --vocab %d --from "local:%s=1" --sample 3MB`, name, vocab, cmp.Or(demoFiles(), "$GOROOT/src/*/*.go"))
 }
 
 // demoIngest is the ingest that fills on the queue the demo's store as
@@ -87,7 +123,7 @@ func demoIngest(storeName, tok string) string {
 	if storeName != demoStore {
 		return ""
 	}
-	return fmt.Sprintf(`sched enqueue ingest "local:%s" --store %s --tokenizer %s --max-tokens 3M`, demoFiles(), storeName, tok)
+	return fmt.Sprintf(`sched enqueue ingest "local:%s" --store %s --tokenizer %s --max-tokens 3M`, cmp.Or(demoFiles(), "$GOROOT/src/*/*.go"), storeName, tok)
 }
 
 func (o demoOptions) withDefaults() demoOptions {
@@ -210,6 +246,9 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	}
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return res, badInput("--dir %s: %v: give a directory this user can create and write", o.Dir, errors.Unwrap(err))
+	}
+	if o.Files == "" {
+		return res, noGoRootError()
 	}
 	files, err := filepath.Glob(o.Files)
 	if err != nil {

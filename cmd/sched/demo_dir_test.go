@@ -178,6 +178,22 @@ func TestDemoCorpusMessages(t *testing.T) {
 	}
 }
 
+// Where the GOROOT this sched knows holds no sources (a binary built with
+// -trimpath, or one copied to another machine), the demo learns from the
+// Go installation the go command names; where there is none either, it
+// says so and what to give, where it said --files "src/*/*.go" matched
+// nothing though no --files was given.
+func TestDemoFindsTheGoSourcesOrSaysWhatToGive(t *testing.T) {
+	t.Setenv("GOROOT", filepath.Join(t.TempDir(), "no-go"))
+	root := goRoot()
+	if _, err := os.Stat(filepath.Join(root, "src", "fmt", "print.go")); err != nil {
+		t.Fatalf("goRoot with GOROOT naming no Go: %q, which holds no Go sources (%v); want the go command's", root, err)
+	}
+	wantRefused(t, []string{"GOROOT=" + filepath.Join(t.TempDir(), "no-go"), "PATH=" + t.TempDir()},
+		"sched demo learns from the Go standard library's sources, and finds no Go installation here (GOROOT is unset or holds no src, this sched was built without one, and there is no go command): set GOROOT to a Go installation, or give --files a glob of text files",
+		"demo", "--dir", t.TempDir())
+}
+
 // The demo's engine auto says why it trains on the CPU where no GPU
 // starts, as every other command of the engine does (on a GPU host it
 // names the cuda engine instead).

@@ -37,17 +37,7 @@ func TestAWatchMendsTheStatusOfAStoreThatWent(t *testing.T) {
 		}
 		return strings.Join(st.Done, ",")
 	}
-	check := func(w *StoresWatch, want ...string) {
-		t.Helper()
-		rs, err := w.Check(ctx)
-		var got []string
-		for _, r := range rs {
-			got = append(got, r.Store)
-		}
-		if err != nil || strings.Join(got, ",") != strings.Join(want, ",") {
-			t.Fatalf("Check mended %v, %v; want %v", got, err, want)
-		}
-	}
+	check := func(w *StoresWatch, want ...string) { t.Helper(); checkMends(t, w, want...) }
 
 	for _, name := range []string{"kept", "gone", "nomanifest", "replaced"} {
 		fill(name, "a", "b")
@@ -135,6 +125,21 @@ func TestAWatchMendsTheStatusOfAStoreThatWent(t *testing.T) {
 	if got := done("new"); got != "a" {
 		t.Errorf("a watch stopped mended a status: %q", got)
 	}
+}
+
+// checkMends runs w.Check and fails t unless it mends the stores want,
+// in order, and no error; it returns what it mended.
+func checkMends(t *testing.T, w *StoresWatch, want ...string) []Reconciled {
+	t.Helper()
+	rs, err := w.Check(context.Background())
+	var got []string
+	for _, r := range rs {
+		got = append(got, r.Store)
+	}
+	if err != nil || strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("Check mended %v, %v; want %v", got, err, want)
+	}
+	return rs
 }
 
 // fillStore appends files ids to store name of p, one token each, as
@@ -260,18 +265,7 @@ func TestADamagedStoreIsMarkedUntilItIsMendedOrDeleted(t *testing.T) {
 		}
 		return st
 	}
-	check := func(w *StoresWatch, want ...string) []Reconciled {
-		t.Helper()
-		rs, err := w.Check(ctx)
-		var got []string
-		for _, r := range rs {
-			got = append(got, r.Store)
-		}
-		if err != nil || strings.Join(got, ",") != strings.Join(want, ",") {
-			t.Fatalf("Check mended %v, %v; want %v", got, err, want)
-		}
-		return rs
-	}
+	check := func(w *StoresWatch, want ...string) []Reconciled { t.Helper(); return checkMends(t, w, want...) }
 	fillStore(t, p, "cut", true, "a", "b")
 	fillStore(t, p, "whole", true, "a")
 	bin := filepath.Join(p.StoresDir, "cut", tokens.TokensFile)

@@ -143,6 +143,7 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"local dataset without a store", []string{good}, []string{"enqueue", "ingest", "local:/src/*.go"}, "needs --store NAME"},
 		{"bad token limit", []string{good}, []string{"enqueue", "ingest", "the-stack-v2", "--max-tokens", "lots"}, `--max-tokens "lots"`},
 		{"a token limit of 0", []string{good}, []string{"enqueue", "ingest", "the-stack-v2", "--max-tokens", "0"}, `--max-tokens 0: give a positive limit, or leave it out for none`},
+		{"a negative token limit", []string{good}, []string{"enqueue", "ingest", "the-stack-v2", "--max-tokens", "-5M"}, `--max-tokens "-5M": negative: give a positive limit, or leave it out for none`},
 		{"a disk limit of 0", []string{good}, []string{"enqueue", "ingest", "the-stack-v2", "--max-disk", "0GB"}, `--max-disk 0GB: give a positive limit`},
 		{"a run's data is its YAML's", []string{good}, []string{"enqueue", "train", "r", "--store", "a"}, "unknown flag: --store"},
 		{"malformed redis url", nil, []string{"status", "--redis-url", "localhost:6379"}, `--redis-url: "localhost:6379" is not a redis://`},

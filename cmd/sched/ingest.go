@@ -534,8 +534,11 @@ func parseScaled(s string, units map[byte]float64) (int64, error) {
 		mult, s = m, s[:len(s)-1]
 	}
 	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || math.IsNaN(v) || v < 0 {
+	if err != nil || math.IsNaN(v) {
 		return 0, fmt.Errorf("not a number with an optional unit")
+	}
+	if v < 0 {
+		return 0, fmt.Errorf("negative: give a positive limit, or leave it out for none")
 	}
 	// 2^63 and above (infinity among them) would wrap negative: no limit.
 	x := v * mult

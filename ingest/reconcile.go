@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokens"
 )
 
@@ -55,16 +56,13 @@ func (p *Pipeline) reconcileAll(ctx context.Context) (out []Reconciled, damaged 
 	if p.StoresDir == "" {
 		return nil, nil, nil, nil
 	}
-	objs, err := p.Objects.List(ctx, "tokens/")
+	published, err := PublishedStores(ctx, p.Objects)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("listing the token stores' statuses: %w", err)
+		return nil, nil, nil, err
 	}
 	names := map[string]bool{}
-	for _, o := range objs {
-		name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, "tokens/"), "/status.json")
-		if ok && !strings.Contains(name, "/") && CheckStoreName(name) == nil {
-			names[name] = true
-		}
+	for _, name := range published {
+		names[name] = true
 	}
 	dirs, lerr := os.ReadDir(p.StoresDir)
 	if lerr != nil && !errors.Is(lerr, fs.ErrNotExist) {
@@ -95,6 +93,25 @@ func (p *Pipeline) reconcileAll(ctx context.Context) (out []Reconciled, damaged 
 		}
 	}
 	return out, damaged, failed, err
+}
+
+// PublishedStores names the token stores that have a status in objects,
+// sorted: those the worker that appends holds, and those it held that
+// are not mended yet.
+func PublishedStores(ctx context.Context, objects store.Store) ([]string, error) {
+	objs, err := objects.List(ctx, "tokens/")
+	if err != nil {
+		return nil, fmt.Errorf("listing the token stores' statuses: %w", err)
+	}
+	var names []string
+	for _, o := range objs {
+		name, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, "tokens/"), "/status.json")
+		if ok && !strings.Contains(name, "/") && CheckStoreName(name) == nil {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
 }
 
 func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool, error) {

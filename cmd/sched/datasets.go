@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -10,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -25,8 +28,11 @@ func init() {
 	var set []string
 	cmd := &cobra.Command{
 		Use:   "datasets",
-		Short: "List dataset presets and the local token stores",
-		Long: `List dataset presets and the local token stores.
+		Short: "List dataset presets and the token stores",
+		Long: `List dataset presets and the token stores: those of this data directory,
+then those that only the worker serving append holds (compose's GPU worker,
+whose disk is not this machine's), by the statuses it publishes in object
+storage (their tokens, size and last update, or how they are damaged).
 
 Each store's TOKENS and SIZE are what its manifest commits, the tokens a run
 reads and the bytes they take (bytes an interrupted append left past them in
@@ -68,56 +74,14 @@ not open shows what is wrong in place of its counts.`,
 			fmt.Fprintln(w, "local:<glob>\t(local files)\t-\tparquet, jsonl[.gz|.zst], json[.gz|.zst] (JSON lines, or one array of objects, by its head), text[.gz|.zst]")
 			w.Flush()
 			fmt.Fprintln(c.OutOrStdout())
-			if none {
-				fmt.Fprintf(c.OutOrStdout(), "no token stores in %s yet ('sched enqueue ingest <dataset>' fills one)\n", storesDir)
-				return nil
+			here := map[string]bool{}
+			if err := listLocalStores(c.OutOrStdout(), storesDir, entries, none, here); err != nil {
+				return err
 			}
-			w = tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "STORE\tTOKENS\tSHARDS\tSIZE\tCOMMIT\tSKIPPED")
-			for _, e := range entries {
-				dir := filepath.Join(storesDir, e.Name())
-				if !e.IsDir() {
-					continue
-				}
-				// Open checks what sched train checks before it trains (the
-				// manifest, tokens.bin's size against it, 64 spans of ids, not
-				// every id), so a store listed with its tokens is one a run
-				// can open.
-				st, err := tokens.Open(dir)
-				if errors.Is(err, fs.ErrNotExist) {
-					continue // no manifest: not a store
-				}
-				if err != nil {
-					// Every column filled keeps the table aligned; the
-					// problem takes the last one, free text as SKIPPED is.
-					// No manifest to trust: the file's size as it is.
-					var size int64
-					if fi, err := os.Stat(filepath.Join(dir, tokens.TokensFile)); err == nil {
-						size = fi.Size()
-					}
-					fmt.Fprintf(w, "%s\t-\t-\t%s\t-\t%s\n", e.Name(), bytesize.Format(size), storeProblem(dir, err))
-					continue
-				}
-				m := st.Manifest()
-				st.Close()
-				// What a run reads: the committed tokens, not the bytes an
-				// interrupted append left past them in tokens.bin.
-				size := m.Tokens * int64(m.Dtype.Width())
-				commits := map[string]bool{}
-				files := map[string]bool{} // a file taken in parts is one
-				for _, s := range m.Shards {
-					commits[s.Revision] = true
-					files[s.ID] = true
-				}
-				skips := ingest.Skips{}
-				for _, s := range m.Skipped {
-					reason, _, _ := strings.Cut(s.Reason, ":")
-					skips.Add(reason, max(s.Count, 1)) // a count is documents; none is one whole file
-				}
-				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", e.Name(), m.Tokens, len(files), bytesize.Format(size),
-					strings.Join(slices.Sorted(maps.Keys(commits)), ","), skips)
+			if !given {
+				listPublishedStores(c.Context(), c.OutOrStdout(), c.ErrOrStderr(), cfg, storesDir, here)
 			}
-			return w.Flush()
+			return nil
 		},
 	}
 	cmd.PersistentFlags().StringVar(&presetsFile, "presets", "", "YAML file of dataset presets (default $KILN_DATASETS)")
@@ -184,4 +148,106 @@ func storeProblem(dir string, err error) string {
 	}
 	why := strings.TrimPrefix(err.Error(), "token store "+dir+": ")
 	return "unreadable store: " + scheduler.OneLine(why, 300)
+}
+
+// listLocalStores writes the table of the token stores in storesDir, whose
+// entries are given (none: the directory is not made yet), and records
+// their names in here.
+func listLocalStores(out io.Writer, storesDir string, entries []os.DirEntry, none bool, here map[string]bool) error {
+	if none {
+		fmt.Fprintf(out, "no token stores in %s yet ('sched enqueue ingest <dataset>' fills one)\n", storesDir)
+		return nil
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "STORE\tTOKENS\tSHARDS\tSIZE\tCOMMIT\tSKIPPED")
+	for _, e := range entries {
+		dir := filepath.Join(storesDir, e.Name())
+		if !e.IsDir() {
+			continue
+		}
+		// Open checks what sched train checks before it trains (the
+		// manifest, tokens.bin's size against it, 64 spans of ids, not
+		// every id), so a store listed with its tokens is one a run
+		// can open.
+		st, err := tokens.Open(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // no manifest: not a store
+		}
+		here[e.Name()] = true
+		if err != nil {
+			// Every column filled keeps the table aligned; the
+			// problem takes the last one, free text as SKIPPED is.
+			// No manifest to trust: the file's size as it is.
+			var size int64
+			if fi, err := os.Stat(filepath.Join(dir, tokens.TokensFile)); err == nil {
+				size = fi.Size()
+			}
+			fmt.Fprintf(w, "%s\t-\t-\t%s\t-\t%s\n", e.Name(), bytesize.Format(size), storeProblem(dir, err))
+			continue
+		}
+		m := st.Manifest()
+		st.Close()
+		// What a run reads: the committed tokens, not the bytes an
+		// interrupted append left past them in tokens.bin.
+		size := m.Tokens * int64(m.Dtype.Width())
+		commits := map[string]bool{}
+		files := map[string]bool{} // a file taken in parts is one
+		for _, s := range m.Shards {
+			commits[s.Revision] = true
+			files[s.ID] = true
+		}
+		skips := ingest.Skips{}
+		for _, s := range m.Skipped {
+			reason, _, _ := strings.Cut(s.Reason, ":")
+			skips.Add(reason, max(s.Count, 1)) // a count is documents; none is one whole file
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\n", e.Name(), m.Tokens, len(files), bytesize.Format(size),
+			strings.Join(slices.Sorted(maps.Keys(commits)), ","), skips)
+	}
+	return w.Flush()
+}
+
+// listPublishedStores writes, after the stores of this data directory,
+// those that only the worker that serves append holds (compose's GPU
+// worker, whose disk this shell does not see), by the statuses it
+// publishes in object storage: their tokens and size, or how they are
+// damaged. Where object storage is not configured here, or does not
+// answer, it says so on errOut and lists none.
+func listPublishedStores(ctx context.Context, out, errOut io.Writer, cfg scheduler.Config, storesDir string, here map[string]bool) {
+	if cfg.S3Endpoint == "" {
+		if _, err := os.Stat(cfg.LocalStoreDir()); err != nil {
+			return // no object storage here: nothing was published to it
+		}
+	}
+	objects, err := openStore(ctx, cfg)
+	var names []string
+	if err == nil {
+		names, err = ingest.PublishedStores(ctx, objects)
+	}
+	if err != nil {
+		fmt.Fprintf(errOut, "sched datasets: the token stores' statuses in object storage were not read (%v): only %s's stores are listed\n", redactErr(cfg, err), storesDir)
+		return
+	}
+	names = slices.DeleteFunc(names, func(n string) bool { return here[n] })
+	if len(names) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "\ntoken stores on the disk of the worker that serves append, not in %s (from their statuses in object storage):\n", storesDir)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "STORE\tTOKENS\tSIZE\tUPDATED")
+	p := &ingest.Pipeline{Objects: objects}
+	for _, name := range names {
+		st, err := p.Status(ctx, name)
+		switch {
+		case err != nil:
+			fmt.Fprintf(w, "%s\t-\t-\tstatus unread: %s\n", name, scheduler.OneLine(err.Error(), 200))
+		case st.Damaged != "":
+			fmt.Fprintf(w, "%s\t-\t-\tDAMAGED: %s\n", name, st.Damaged)
+		case st.Tokens == 0:
+			continue // cleared, or never appended to
+		default:
+			fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", name, st.Tokens, bytesize.Format(st.Bytes), st.Updated.UTC().Format(time.RFC3339))
+		}
+	}
+	w.Flush()
 }

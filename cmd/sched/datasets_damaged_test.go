@@ -349,3 +349,40 @@ func TestStoreDeletedAndIngestedAtOnceIsIngestedWhole(t *testing.T) {
 		t.Fatalf("the store ingested again holds %d tokens and %d documents, want %d and %d as before", again.Tokens, again.Documents, first.Tokens, first.Documents)
 	}
 }
+
+// sched datasets on another machine than the worker that appends (the
+// user's shell beside compose's GPU worker, whose disk it does not see)
+// lists that worker's stores by the statuses it publishes, where it said
+// there were no token stores yet; a store it found damaged is listed as
+// such. On the worker's own data directory each store is listed once,
+// from its manifest.
+func TestDatasetsListsTheStoresOfTheWorkerThatAppends(t *testing.T) {
+	s := newQueuedStore(t)
+	startWorker(t, s.env, "--queues", "ingest=1,append=1")
+	first := s.fill(t)
+	laptop := append(append([]string(nil), s.env...), "KILN_DATA_DIR="+t.TempDir())
+	datasets := func(env []string) string {
+		t.Helper()
+		out, errOut, code := sched(t, env, "datasets")
+		if code != 0 || errOut != "" {
+			t.Fatalf("datasets: exit %d\n%s%s", code, out, errOut)
+		}
+		return out
+	}
+	out := datasets(laptop)
+	want := regexp.MustCompile(`(?m)^token stores on the disk of the worker that serves append, not in .*/tokens \(from their statuses in object storage\):\nSTORE +TOKENS +SIZE +UPDATED\ncode +` +
+		strconv.FormatInt(first.Tokens, 10) + ` +` + regexp.QuoteMeta(bytesize.Format(2*first.Tokens)) + ` +\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$`)
+	if !strings.Contains(out, "no token stores in ") || !want.MatchString(out) {
+		t.Fatalf("sched datasets on another machine:\n%s\nwant the worker's store code listed by its status", out)
+	}
+	if out := datasets(s.env); strings.Contains(out, "worker that serves append") || strings.Count(out, "\ncode ") != 1 {
+		t.Fatalf("sched datasets on the worker's data directory:\n%s\nwant store code listed once, from its manifest", out)
+	}
+
+	os.Truncate(filepath.Join(s.dir, tokens.TokensFile), 2)
+	s.waitStatus(t, "the damaged store listed", func(status string) bool { return strings.Contains(status, "code  DAMAGED: ") })
+	damaged := regexp.MustCompile(`(?m)^code +- +- +DAMAGED: tokens.bin is truncated \(2 of \d+ bytes\); delete ` + regexp.QuoteMeta(s.dir) + ` on .+, then re-ingest it if you still need it$`)
+	if out := datasets(laptop); !damaged.MatchString(out) {
+		t.Fatalf("sched datasets on another machine with the store damaged:\n%s", out)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -74,12 +75,26 @@ not open shows what is wrong in place of its counts.`,
 			fmt.Fprintln(w, "local:<glob>\t(local files)\t-\tparquet, jsonl[.gz|.zst], json[.gz|.zst] (JSON lines, or one array of objects, by its head), text[.gz|.zst]")
 			w.Flush()
 			fmt.Fprintln(c.OutOrStdout())
+			out := c.OutOrStdout()
+			if none {
+				// The worker's stores, where it holds some, are the ones
+				// there are: no hint to make one.
+				var published bytes.Buffer
+				listPublishedStores(c.Context(), &published, c.ErrOrStderr(), cfg, storesDir, nil)
+				if published.Len() == 0 {
+					fmt.Fprintf(out, "no token stores in %s yet ('sched enqueue ingest <dataset>' fills one)\n", storesDir)
+					return nil
+				}
+				fmt.Fprintf(out, "no token stores in %s\n", storesDir)
+				_, err := published.WriteTo(out)
+				return err
+			}
 			here := map[string]bool{}
-			if err := listLocalStores(c.OutOrStdout(), storesDir, entries, none, here); err != nil {
+			if err := listLocalStores(out, storesDir, entries, here); err != nil {
 				return err
 			}
 			if !given {
-				listPublishedStores(c.Context(), c.OutOrStdout(), c.ErrOrStderr(), cfg, storesDir, here)
+				listPublishedStores(c.Context(), out, c.ErrOrStderr(), cfg, storesDir, here)
 			}
 			return nil
 		},
@@ -151,13 +166,8 @@ func storeProblem(dir string, err error) string {
 }
 
 // listLocalStores writes the table of the token stores in storesDir, whose
-// entries are given (none: the directory is not made yet), and records
-// their names in here.
-func listLocalStores(out io.Writer, storesDir string, entries []os.DirEntry, none bool, here map[string]bool) error {
-	if none {
-		fmt.Fprintf(out, "no token stores in %s yet ('sched enqueue ingest <dataset>' fills one)\n", storesDir)
-		return nil
-	}
+// entries are given, and records their names in here.
+func listLocalStores(out io.Writer, storesDir string, entries []os.DirEntry, here map[string]bool) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "STORE\tTOKENS\tSHARDS\tSIZE\tCOMMIT\tSKIPPED")
 	for _, e := range entries {

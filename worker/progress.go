@@ -171,7 +171,10 @@ func (r *Reporter) finish(state, msg string) {
 // the task. While Redis does not answer every write fails (one a second);
 // the log says so once, and once more when a write succeeds again.
 func (r *Reporter) write(ctx context.Context, p scheduler.Progress) {
-	err := scheduler.WriteProgress(ctx, r.rdb, p, r.ttl)
+	// Also once the task's context has ended (a cancel, a drain): what a
+	// task says while it stops, saving its state, is worth showing, and a
+	// write refused for the context alone is no failure to log.
+	err := scheduler.WriteProgress(context.WithoutCancel(ctx), r.rdb, p, r.ttl)
 	first, lost := r.unwritten.Note(err)
 	switch {
 	case first:

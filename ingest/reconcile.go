@@ -37,8 +37,11 @@ type Reconciled struct {
 // start. A store not here at all loses its status, as one never ingested;
 // one here gets its manifest's, also one that has no status (its files
 // copied here after its status was cleared, or for another object store),
-// which the statuses alone would not name. A store whose manifest cannot
-// be read is left alone and named in the error.
+// which the statuses alone would not name. A store whose files are
+// damaged (tokens.bin cut short or gone, a manifest that does not parse)
+// has its status marked so (StoreStatus.Damaged); one whose manifest
+// cannot be read for another reason (another release's) is left alone
+// and named in the error.
 func (p *Pipeline) ReconcileStatuses(ctx context.Context) ([]Reconciled, error) {
 	out, _, failed, err := p.reconcileAll(ctx)
 	errs := []error{err}

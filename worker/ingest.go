@@ -60,6 +60,9 @@ type Ingest struct {
 	// to look at its stores before they read the stores' statuses
 	// (AskForALook). Nil: neither.
 	Redis redis.UniversalClient
+	// saidDamaged is what sayDamaged last wrote to StoresDamagedKey; nil
+	// until it has written (guarded by sayDamagedMu).
+	saidDamaged *map[string]string
 }
 
 // resolve checks c's dependencies and returns a copy with its defaults.

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"maps"
 	"strconv"
 	"sync"
 	"time"
@@ -38,16 +39,20 @@ const StoresWatchedKey = "kiln:stores:watched"
 // StoresDamagedKey is the Redis hash of the token stores that the worker
 // holding them found damaged, each store's name to how it is damaged and
 // what to do (ingest.StoreStatus.Damaged): sched status lists them. The
-// watching worker writes it whole at each look.
+// watching worker writes it whole at its first look and whenever they
+// change.
 const StoresDamagedKey = "kiln:stores:damaged"
 
 // sayDamagedMu holds each sayDamaged from its reading of the watch to its
-// write: a look that read before another's Check wrote before it too, so
-// that no older word is written over a newer one.
+// write, and guards Ingest.saidDamaged: a look that read before another's
+// Check wrote before it too, so that no older word is written over a
+// newer one.
 var sayDamagedMu sync.Mutex
 
 // sayDamaged writes the stores c.Stores found damaged at its last look to
-// StoresDamagedKey, in place of what it held.
+// StoresDamagedKey, in place of what it held, where they differ from what
+// this worker last wrote there: a look, every second and before each
+// plan, costs Redis nothing while they stay the same.
 func (c *Ingest) sayDamaged(ctx context.Context) error {
 	if c.Redis == nil || c.Stores == nil {
 		return nil
@@ -55,6 +60,9 @@ func (c *Ingest) sayDamaged(ctx context.Context) error {
 	sayDamagedMu.Lock()
 	defer sayDamagedMu.Unlock()
 	damaged := c.Stores.Damaged()
+	if c.saidDamaged != nil && maps.Equal(*c.saidDamaged, damaged) {
+		return nil
+	}
 	_, err := c.Redis.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Del(ctx, StoresDamagedKey)
 		if len(damaged) > 0 {
@@ -62,6 +70,9 @@ func (c *Ingest) sayDamaged(ctx context.Context) error {
 		}
 		return nil
 	})
+	if err == nil {
+		c.saidDamaged = &damaged
+	}
 	return err
 }
 

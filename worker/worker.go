@@ -405,6 +405,7 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 			}
 			err = outageWait(err)
 			limitMsg, taken := atLimit(err)
+			cancelled := false
 			switch {
 			case err == nil:
 				rep.finish("done", "")
@@ -431,11 +432,13 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				return
 			case scheduler.IsCancelled(context.Background(), w.rdb, id):
 				err = fmt.Errorf("cancelled by sched cancel: %w (%w)", err, asynq.SkipRetry)
-				rep.finish("failed", err.Error())
+				cancelled = true
+			}
+			rep.finish("failed", err.Error())
+			if cancelled {
 				// Asked for, not gone wrong: no error in the log.
 				log.Info("task cancelled by sched cancel", zap.NamedError("ended_with", err), zap.Duration("took", time.Since(start)))
-			default:
-				rep.finish("failed", err.Error())
+			} else {
 				log.Error("task failed", zap.Error(err), zap.Duration("took", time.Since(start)))
 			}
 			// A failure at the kind's MaxRetry is archived here: asynq,

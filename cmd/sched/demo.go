@@ -114,7 +114,7 @@ func demoTokenizerRequest(name string, vocab int) string {
 	if name != demoTokenizer || vocab != demoVocab {
 		return ""
 	}
-	return fmt.Sprintf(`sched enqueue tokenizer %s --vocab %d --from "local:%s=1" --sample 3MB`, name, vocab, cmp.Or(demoFiles(), "$GOROOT/src/*/*.go"))
+	return fmt.Sprintf(`sched enqueue tokenizer %s --vocab %d --from "local:%s=1" --sample 3MB`, name, vocab, demoFilesNamed())
 }
 
 // demoIngest is the ingest that fills on the queue the demo's store as
@@ -123,8 +123,12 @@ func demoIngest(storeName, tok string) string {
 	if storeName != demoStore {
 		return ""
 	}
-	return fmt.Sprintf(`sched enqueue ingest "local:%s" --store %s --tokenizer %s --max-tokens 3M`, cmp.Or(demoFiles(), "$GOROOT/src/*/*.go"), storeName, tok)
+	return fmt.Sprintf(`sched enqueue ingest "local:%s" --store %s --tokenizer %s --max-tokens 3M`, demoFilesNamed(), storeName, tok)
 }
+
+// demoFilesNamed is demoFiles for a command shown to the user: the glob
+// under $GOROOT where this machine has no Go.
+func demoFilesNamed() string { return cmp.Or(demoFiles(), "$GOROOT/src/*/*.go") }
 
 func (o demoOptions) withDefaults() demoOptions {
 	if o.Files == "" {

@@ -197,7 +197,12 @@ func BenchTable(rows []BenchRow) string {
 				mfu = fmt.Sprintf("%.1f%%", r.MFU*100)
 			}
 		}
-		if r.GPUIdle {
+		gpus := fmt.Sprint(r.Devices())
+		switch {
+		case r.Device == "" && r.Error == "":
+			// The CPU engine's row: no GPU was measured, idle or not.
+			gpus, perGPU, idle = "-", "-", "-"
+		case r.GPUIdle:
 			idle = "yes"
 		}
 		experts := "-"
@@ -213,7 +218,7 @@ func BenchTable(rows []BenchRow) string {
 			others = fmt.Sprintf("%.0f%%", r.OtherCPU*100)
 		}
 		out = append(out, []string{name, fmt.Sprint(r.Vocab), fmt.Sprint(r.DModel), fmt.Sprint(r.Layers), experts,
-			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.MicroBatches()), precision, fmt.Sprint(r.Devices()), tps, perGPU, scaling, mem, mfu, idle, others})
+			fmt.Sprint(r.Batch), fmt.Sprint(r.Seq), fmt.Sprint(r.MicroBatches()), precision, gpus, tps, perGPU, scaling, mem, mfu, idle, others})
 	}
 	table(&b, []string{"model", "vocab", "d_model", "layers", "experts", "batch", "seq", "accumulate", "precision", "GPUs", "tok/s", "tok/s per GPU", "scaling", "peak memory", "MFU", "GPU idle", "others' CPU"}, out)
 	return b.String()

@@ -8,10 +8,10 @@ import (
 
 func TestReadBenchReplacesSameShape(t *testing.T) {
 	in := `{"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":40000,"peak_memory_bytes":2147483648,"mfu":0.31,"gpu_idle":false}
-{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":32,"seq":1024,"tok_per_sec":90000,"peak_memory_bytes":8589934592,"mfu":0.35,"gpu_idle":true}
-{"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":43704,"peak_memory_bytes":2147483648,"mfu":0.33,"gpu_idle":true}
+{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":32,"seq":1024,"tok_per_sec":90000,"peak_memory_bytes":8589934592,"mfu":0.35,"gpu_idle":true,"device":"NVIDIA H200"}
+{"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":43704,"peak_memory_bytes":2147483648,"mfu":0.33,"gpu_idle":true,"device":"NVIDIA H200"}
 {"vocab":16384,"d_model":768,"layers":12,"batch":16,"seq":512,"error":"out of memory"}
-{"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":85000,"gpu_idle":true,"gpus":2}
+{"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":85000,"gpu_idle":true,"gpus":2,"device":"NVIDIA H200"}
 {"vocab":16384,"d_model":512,"layers":8,"batch":16,"seq":512,"tok_per_sec":30000,"gpu_idle":true,"moe":"experts=8,top_k=2,d_ff=352"}
 `
 	rows, err := ReadBench(strings.NewReader(in))
@@ -43,6 +43,52 @@ func TestReadBenchReplacesSameShape(t *testing.T) {
 	for _, want := range []string{"| model ", "| GPU idle |", "| GPUs |", "| experts ", "experts=8,top_k=2,d_ff=352", "| 2 ", "43704", "8.00 GiB", "35.0%", "| small ", "error: out of memory", "| yes "} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("bench table lacks %q:\n%s", want, tab)
+		}
+	}
+}
+
+// A row the CPU engine measured says nothing of GPUs: no count, no rate
+// per GPU, no "GPU idle" (a CPU figure taken beside busy processes has
+// its own column).
+func TestBenchTableCPURowNamesNoGPU(t *testing.T) {
+	in := `{"model":"tiny","vocab":4096,"d_model":64,"layers":2,"batch":8,"seq":32,"tok_per_sec":13000,"precision":"fp32","gpu_idle":true,"gpus":1}
+{"model":"tiny","vocab":4096,"d_model":64,"layers":2,"batch":16,"seq":32,"tok_per_sec":900000,"precision":"bf16","gpu_idle":true,"gpus":1,"device":"NVIDIA H200"}
+`
+	rows, err := ReadBench(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(BenchTable(rows), "\n")
+	var cpu, gpu []string
+	for _, l := range lines {
+		cells := strings.Split(l, "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		switch {
+		case strings.Contains(l, "| 13000 "):
+			cpu = cells
+		case strings.Contains(l, "| 900000 "):
+			gpu = cells
+		}
+	}
+	if cpu == nil || gpu == nil {
+		t.Fatalf("rows missing from the table:\n%s", strings.Join(lines, "\n"))
+	}
+	head := strings.Split(lines[0], "|")
+	col := func(name string) int {
+		for i, h := range head {
+			if strings.TrimSpace(h) == name {
+				return i
+			}
+		}
+		t.Fatalf("no column %q in %q", name, lines[0])
+		return 0
+	}
+	for _, c := range []struct{ col, cpu, gpu string }{{"GPUs", "-", "1"}, {"tok/s per GPU", "-", "900000"}, {"GPU idle", "-", "yes"}} {
+		i := col(c.col)
+		if cpu[i] != c.cpu || gpu[i] != c.gpu {
+			t.Errorf("column %s: CPU row %q, GPU row %q; want %q and %q", c.col, cpu[i], gpu[i], c.cpu, c.gpu)
 		}
 	}
 }

@@ -26,6 +26,9 @@ type Reconciled struct {
 	// Damaged is set where the store's files are damaged: its status now
 	// says so (StoreStatus.Damaged), and the status's files stay listed.
 	Damaged string
+	// Gone is set where the store is not in the directory at all (deleted,
+	// or its disk lost): its status was cleared.
+	Gone bool
 }
 
 // ReconcileStatuses makes the status in object storage of every token
@@ -153,6 +156,7 @@ func (p *Pipeline) reconcile(ctx context.Context, name string) (Reconciled, bool
 		if err != nil {
 			return r, false, fmt.Errorf("clearing the status of token store %s, which is not in %s: %w", name, p.StoresDir, err)
 		}
+		r.Gone = true
 		return r, true, nil
 	case err != nil:
 		return r, false, err

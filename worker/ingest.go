@@ -170,6 +170,7 @@ func (c *Ingest) ReconcileStores(ctx context.Context, log *zap.Logger) []ingest.
 	if err != nil && ctx.Err() == nil {
 		log.Warn("token stores' statuses not checked against this disk; "+again, zap.Error(err))
 	}
+	c.noteDeleted(ctx, log, rs)
 	return rs
 }
 
@@ -183,6 +184,15 @@ func (c *Ingest) logMended(log *zap.Logger, msg string, rs []ingest.Reconciled) 
 			continue
 		}
 		log.Warn(msg, zap.String("store", r.Store), zap.Int("files_listed", r.Listed), zap.Int("files_held", r.Holds), dir)
+	}
+}
+
+// noteDeleted records the stores of rs found gone for sched status
+// (sayDeleted). A store's deletion not recorded (Redis away) costs only
+// status's word on it: the store's status in object storage is mended.
+func (c *Ingest) noteDeleted(ctx context.Context, log *zap.Logger, rs []ingest.Reconciled) {
+	if err := c.sayDeleted(ctx, rs); err != nil && ctx.Err() == nil {
+		log.Debug("the token stores found gone not written to Redis for sched status", zap.Error(err))
 	}
 }
 
@@ -268,6 +278,7 @@ func (c *Ingest) checkStores(ctx context.Context, log *zap.Logger) {
 	if err != nil && ctx.Err() == nil {
 		log.Warn("the status of a token store that went from this disk, or was replaced, is not mended; the next look tries again", zap.Error(err))
 	}
+	c.noteDeleted(ctx, log, rs)
 	if err := c.sayDamaged(ctx); err != nil && ctx.Err() == nil {
 		log.Debug("the damaged token stores not written to Redis for sched status; the next look tries again", zap.Error(err))
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/ingest"
 )
 
 // A plan reads its store's status in object storage and queues only the
@@ -42,6 +44,48 @@ const StoresWatchedKey = "kiln:stores:watched"
 // watching worker writes it whole at its first look and whenever they
 // change.
 const StoresDamagedKey = "kiln:stores:damaged"
+
+// StoresDeletedKey is the Redis hash of the token stores that the worker
+// holding them found gone from its disk, each store's name to when it
+// noticed (RFC 3339): sched status tells an ingest it lists as done, from
+// the tasks' history, from one whose store went after it.
+const StoresDeletedKey = "kiln:stores:deleted"
+
+// sayDeleted records in StoresDeletedKey the stores of rs, a look's or a
+// start's mended statuses, found gone; nothing where none is.
+func (c *Ingest) sayDeleted(ctx context.Context, rs []ingest.Reconciled) error {
+	if c.Redis == nil {
+		return nil
+	}
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	var gone []any
+	for _, r := range rs {
+		if r.Gone {
+			gone = append(gone, r.Store, now)
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	return c.Redis.HSet(ctx, StoresDeletedKey, gone...).Err()
+}
+
+// DeletedStores reads StoresDeletedKey: when the worker holding the token
+// stores found each store gone from its disk, by name. A store that is
+// here again keeps its time: what was ingested after it is in the store.
+func DeletedStores(ctx context.Context, rdb redis.UniversalClient) (map[string]time.Time, error) {
+	all, err := rdb.HGetAll(ctx, StoresDeletedKey).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]time.Time, len(all))
+	for name, at := range all {
+		if t, err := time.Parse(time.RFC3339Nano, at); err == nil {
+			out[name] = t
+		}
+	}
+	return out, nil
+}
 
 // sayDamagedMu holds each sayDamaged from its reading of the watch to its
 // write, and guards Ingest.saidDamaged: a look that read before another's

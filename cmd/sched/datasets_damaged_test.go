@@ -310,12 +310,16 @@ func (s *queuedStore) waitStatus(t *testing.T, what string, ok func(status strin
 // Where the ingest is planned by another worker than the one that
 // appends, the worker that appends notices a store deleted while it runs
 // by itself, and says so in its log; the ingest queued then fills the
-// store again.
+// store again. sched status, whose INGEST lines come from the tasks'
+// history, says the store was deleted after the ingest it lists, where
+// it went on saying "done" of a store no longer there.
 func TestStoreDeletedIsNoticedByTheWorkerThatAppends(t *testing.T) {
 	s := newQueuedStore(t)
 	appender := startWorker(t, s.env, "--queues", "append=1")
 	startWorker(t, s.env, "--queues", "ingest=1")
 	first := s.fill(t)
+	done := regexp.MustCompile(`(?m)^code \(local:.*\)  files 2/2 done  .*  done$`)
+	s.waitStatus(t, "the ingest done", func(status string) bool { return done.MatchString(status) })
 	if err := os.RemoveAll(s.dir); err != nil {
 		t.Fatal(err)
 	}
@@ -327,9 +331,12 @@ func TestStoreDeletedIsNoticedByTheWorkerThatAppends(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	gone := regexp.MustCompile(`(?m)^code \(local:.*\)  its store was deleted from the disk at \S+, after this ingest: enqueue the ingest again to fill it$`)
+	s.waitStatus(t, "the store deleted", func(status string) bool { return gone.MatchString(status) && !done.MatchString(status) })
 	if again := s.fill(t); again.Tokens != first.Tokens || again.Documents != first.Documents {
 		t.Fatalf("the store ingested again holds %d tokens and %d documents, want %d and %d as before", again.Tokens, again.Documents, first.Tokens, first.Documents)
 	}
+	s.waitStatus(t, "the ingest done again", func(status string) bool { return done.MatchString(status) && !gone.MatchString(status) })
 }
 
 // Where the store's ingest is queued again the moment the store is

@@ -258,10 +258,14 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 	if err != nil {
 		return err
 	}
+	deleted, err := worker.DeletedStores(ctx, q.Redis())
+	if err != nil {
+		return err
+	}
 	if ds := snap.Datasets(); len(ds) > 0 || len(damaged) > 0 {
 		fmt.Fprintln(w, "\nINGEST")
 		for _, d := range ds {
-			fmt.Fprintln(w, datasetLine(d, snap))
+			fmt.Fprintln(w, datasetLine(d, snap, deleted[d.Store]))
 		}
 		// The worker that holds the stores found these damaged: ingests
 		// into them and runs over them are refused until they are
@@ -446,11 +450,19 @@ func waitNote(ts scheduler.TaskStatus) string {
 }
 
 // datasetLine is one store's ingest: files done of total, bytes, tokens,
-// rate and ETA, and why it is not moving when it is not.
-func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot) string {
+// rate and ETA, and why it is not moving when it is not; deletedAt is
+// when the worker holding the stores found d's store gone from its disk
+// (zero: never), which an ingest ended before it no longer holds.
+func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedAt time.Time) string {
 	name := d.Store
 	if d.Dataset != "" && d.Dataset != d.Store {
 		name += " (" + d.Dataset + ")"
+	}
+	if !deletedAt.IsZero() && !d.Planning && d.Running == 0 && d.Waiting == 0 && !d.Last.After(deletedAt) {
+		// The tasks' history outlives the store: what they appended went
+		// with it.
+		return fmt.Sprintf("%s  its store was deleted from the disk at %s, after this ingest: enqueue the ingest again to fill it",
+			name, deletedAt.UTC().Format(time.RFC3339))
 	}
 	if d.Files == 0 && d.PlanDone && !d.PlanStopped {
 		// A plan that listed files and queued none: the store holds them

@@ -627,12 +627,12 @@ func TestRedissToAPlainRedisSaysWhatRedissMeans(t *testing.T) {
 // says so, not "files 0/0 done"; a plan still running or cancelled does
 // not.
 func TestDatasetLineOfAPlanThatQueuedNothing(t *testing.T) {
-	done := datasetLine(scheduler.DatasetProgress{Store: "code", Dataset: "local:/src/*.go", PlanDone: true}, nil)
+	done := datasetLine(scheduler.DatasetProgress{Store: "code", Dataset: "local:/src/*.go", PlanDone: true}, nil, time.Time{})
 	if done != "code (local:/src/*.go)  nothing to ingest: the store holds every file its latest plan listed" {
 		t.Errorf("a plan that queued nothing: %q", done)
 	}
 	for _, d := range []scheduler.DatasetProgress{{Store: "code", Planning: true}, {Store: "code"}} {
-		if l := datasetLine(d, nil); strings.Contains(l, "nothing to ingest") {
+		if l := datasetLine(d, nil, time.Time{}); strings.Contains(l, "nothing to ingest") {
 			t.Errorf("%+v: %q", d, l)
 		}
 	}

@@ -371,6 +371,11 @@ func TestDirectFillsTheStoreToItsLimit(t *testing.T) {
 	if m.Tokens != rep.Tokens || len(docs) == 0 || len(m.Shards) != 1 || m.Shards[0].Part.From != 0 || m.Shards[0].Part.To == 0 {
 		t.Fatalf("the store after the first run: %d tokens, %d documents, shards %+v", m.Tokens, len(docs), m.Shards)
 	}
+	// It says how much of the file went in, not how many documents the
+	// shard read past the limit (one) as if they were the file's rest.
+	if want := fmt.Sprintf("its first %d documents are in the store (%d tokens), the rest of the file is not", len(docs), m.Tokens); !strings.Contains(rep.Stopped, want) {
+		t.Fatalf("the ingest stopped saying %q; want it to say %q", rep.Stopped, want)
+	}
 	for _, d := range docs {
 		if !strings.HasPrefix(d, strings.Fields(docs[0])[0]+" "+strings.Fields(docs[0])[1]+" ") {
 			t.Fatalf("the first run took documents of two files: %q, %q", docs[0], d)

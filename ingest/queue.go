@@ -1131,8 +1131,8 @@ func (p *Pipeline) appendShard(ctx context.Context, app *tokens.Appender, job Ap
 	m = app.Manifest()
 	now := m.Input(job.ShardID)
 	passed := job.Limits.passed(m.Tokens, c.Next, width)
-	err = p.stop(ctx, job, m, passed, fmt.Sprintf("ingest into token store %s reached %s with part of %s taken: %d of its documents are in the store (%d tokens) and its other %d are not; the store holds %d tokens",
-		job.Store, limitsText(passed), job.Source, now.Documents, now.Tokens, job.Documents-lead-c.Docs, m.Tokens))
+	err = p.stop(ctx, job, m, passed, fmt.Sprintf("ingest into token store %s reached %s with part of %s taken: its first %d documents are in the store (%d tokens), the rest of the file is not; the store holds %d tokens",
+		job.Store, limitsText(passed), job.Source, now.Documents, now.Tokens, m.Tokens))
 	if stop, ok := err.(*StopError); ok {
 		stop.Tokens = res.Tokens
 	}

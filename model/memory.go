@@ -418,8 +418,12 @@ func (e *MemoryError) Error() string {
 			}
 		}
 	}
+	precision := p.Precision
+	if p.Engine == "cpu" {
+		precision = "fp32" // the CPU engine computes in fp32 whatever was asked
+	}
 	return fmt.Sprintf("%s of a %.1fM-parameter model on the %s engine (%s) needs %s but %s has %s available: %s",
-		what, p.Config.ParamCount()/1e6, p.Engine, p.Precision, GiB(e.Needed), e.Where, GiB(e.Available), fix)
+		what, p.Config.ParamCount()/1e6, p.Engine, precision, GiB(e.Needed), e.Where, GiB(e.Available), fix)
 }
 
 // BadInput marks the size as the caller's to change.

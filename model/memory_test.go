@@ -126,7 +126,9 @@ func TestNewEngineRefusesWhatDoesNotFit(t *testing.T) {
 		t.Fatalf("got %v, want a *MemoryError", err)
 	}
 	msg := err.Error()
-	for _, want := range []string{"batch 100000000 x seq 1024", "cpu engine", GiB(me.Needed), "this host", "--batch", "--accumulate"} {
+	// The CPU engine computes in fp32, whatever precision was asked (bf16
+	// by default), and its line says so.
+	for _, want := range []string{"batch 100000000 x seq 1024", "cpu engine (fp32)", GiB(me.Needed), "this host", "--batch", "--accumulate"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error lacks %q: %s", want, msg)
 		}

@@ -808,6 +808,7 @@ func TestAStoreRestoredOrLostIsIngestedAgain(t *testing.T) {
 	e := newIngestEnv(t)
 	root, storesDir := t.TempDir(), t.TempDir()
 	e.configureLocal(t.TempDir(), storesDir, root)
+	e.handlers.Ingest.Redis = e.rdb // as sched worker's: it says in Redis which stores went
 	e.serve(map[string]int{scheduler.QueueIngest: 2, scheduler.QueueAppend: 1})
 	var want []string
 	write := func(f int) {
@@ -875,8 +876,12 @@ func TestAStoreRestoredOrLostIsIngestedAgain(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	if rs := e.handlers.Ingest.ReconcileStores(context.Background(), zap.NewNop()); len(rs) != 1 || rs[0] != (ingest.Reconciled{Store: "kept", Listed: 3}) {
+	if rs := e.handlers.Ingest.ReconcileStores(context.Background(), zap.NewNop()); len(rs) != 1 || rs[0] != (ingest.Reconciled{Store: "kept", Listed: 3, Gone: true}) {
 		t.Fatalf("reconciled %+v; want store kept, its status listing 3 files and no store here", rs)
+	}
+	// sched status learns when it went, for the ingest it lists as done.
+	if gone, err := DeletedStores(context.Background(), e.rdb); err != nil || gone["kept"].IsZero() {
+		t.Fatalf("stores recorded gone: %v, %v; want kept", gone, err)
 	}
 	ingestAll()
 	holds("after the store was lost and the files planned again")

@@ -1,11 +1,18 @@
 package worker
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 // A run that names no gpus takes the worker's KILN_GPUS, as many of them as
@@ -29,16 +36,52 @@ func TestRunGPUsTakesTheWorkersThatDivideAccumulate(t *testing.T) {
 		{3, 0, 16, 3, false},
 		{all, 2, 16, all, false},
 	} {
-		got, notice := runGPUs(c.named, c.worker, c.accumulate)
+		got, notice := runGPUs(c.named, c.worker, c.accumulate, "auto")
 		if got != c.want || (notice != "") != c.notice {
 			t.Errorf("run gpus %s, KILN_GPUS %s, accumulate %d: %s, notice %q; want %s, a notice %v",
 				c.named, c.worker, c.accumulate, got, notice, c.want, c.notice)
 		}
 	}
-	_, notice := runGPUs(0, 3, 16)
+	// On the CPU engine the worker's GPUs are not the run's: it trains as
+	// one, where it was refused for naming several GPUs on the CPU.
+	for _, worker := range []trainer.GPUCount{2, 3, all} {
+		if got, notice := runGPUs(0, worker, 16, "cpu"); got != 0 || notice != "" {
+			t.Errorf("a cpu run naming no gpus on a worker of KILN_GPUS %s: %s, notice %q; want 0 and none", worker, got, notice)
+		}
+	}
+	if got, _ := runGPUs(2, 4, 16, "cpu"); got != 2 {
+		t.Errorf("a cpu run naming gpus 2: %s; want it kept, for the engine to refuse", got)
+	}
+	_, notice := runGPUs(0, 3, 16, "cuda")
 	for _, want := range []string{"KILN_GPUS is 3", "training on 2", "15 or 18"} {
 		if !strings.Contains(notice, want) {
 			t.Errorf("notice %q does not say %q", notice, want)
 		}
+	}
+}
+
+// A run on the CPU engine that names no gpus trains on a worker that
+// reserves several GPUs (KILN_GPUS=2) as on any other: the worker's GPUs
+// are for the runs that use them. It was archived as "gpus 2 needs the
+// cuda engine, not cpu".
+func TestACPURunTrainsOnAWorkerOfSeveralGPUs(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := patternRun("cpu-beside-gpus", publishTestTokenizer(t, objects), 1e-3, 3, 3, 3)
+	run.Accumulate = 4 // as pilot-cpu's: two GPUs would divide it
+	e.handlers.Training = &Training{
+		Redis: e.rdb, Objects: objects, Runs: runs.Set{run.Name: run}, Dir: t.TempDir(), Owner: "gpu-test", GPUs: 2,
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
+		Log:      zap.NewNop(),
+	}
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
+	id := e.enqueue(scheduler.TrainSegment{Run: run.Name})
+	ended := func(ts scheduler.TaskStatus) bool { return ts.State == "completed" || ts.State == "archived" }
+	if ts := e.waitFor(id, 2*time.Minute, "completed", ended); ts.State != "completed" {
+		t.Fatalf("the segment ended %s: %s", ts.State, ts.LastErr)
 	}
 }

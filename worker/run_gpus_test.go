@@ -85,3 +85,33 @@ func TestACPURunTrainsOnAWorkerOfSeveralGPUs(t *testing.T) {
 		t.Fatalf("the segment ended %s: %s", ts.State, ts.LastErr)
 	}
 }
+
+// A run of engine auto that names no gpus, on a worker of several GPUs
+// where none starts, is archived at once with the reason (what did not
+// load), as operations.md says: the worker's GPUs are never replaced by
+// the CPU.
+func TestAnAutoRunOnAWorkerOfSeveralGPUsWithoutOneIsArchivedSayingWhy(t *testing.T) {
+	e := newEnv(t)
+	objects, err := store.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := patternRun("auto-beside-gpus", publishTestTokenizer(t, objects), 1e-3, 3, 3, 3)
+	run.Accumulate, run.Engine = 4, "auto"
+	e.handlers.Training = &Training{
+		Redis: e.rdb, Objects: objects, Runs: runs.Set{run.Name: run}, Dir: t.TempDir(), Owner: "gpu-test", GPUs: 2,
+		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
+		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
+		Log:      zap.NewNop(),
+	}
+	e.serve(map[string]int{scheduler.QueueGPU: 1})
+	id := e.enqueue(scheduler.TrainSegment{Run: run.Name})
+	ended := func(ts scheduler.TaskStatus) bool { return ts.State == "completed" || ts.State == "archived" }
+	ts := e.waitFor(id, 2*time.Minute, "ended", ended)
+	if ts.State == "completed" {
+		t.Skip("two GPUs started here")
+	}
+	if ts.Retried != 0 || !strings.Contains(ts.LastErr, "run auto-beside-gpus: engine auto: ") {
+		t.Fatalf("archived after %d retries with %q; want it archived at once naming the engine's reason", ts.Retried, ts.LastErr)
+	}
+}

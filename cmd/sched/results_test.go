@@ -33,7 +33,7 @@ func TestResultsCommand(t *testing.T) {
 	if err := st.Put(ctx, "results/pilot/summary.md", strings.NewReader(md.String()), int64(md.Len())); err != nil {
 		t.Fatal(err)
 	}
-	bench := `{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":32,"seq":1024,"tok_per_sec":91234,"peak_memory_bytes":4294967296,"mfu":0.33,"gpu_idle":true}` + "\n"
+	bench := `{"model":"small","vocab":16384,"d_model":512,"layers":8,"batch":32,"seq":1024,"tok_per_sec":91234,"peak_memory_bytes":4294967296,"mfu":0.33,"gpu_idle":true,"device":"NVIDIA H200"}` + "\n"
 	if err := st.Put(ctx, BenchResultsKey, strings.NewReader(bench), int64(len(bench))); err != nil {
 		t.Fatal(err)
 	}

@@ -337,15 +337,16 @@ func getJSON(ctx context.Context, obj Objects, key string, v any) error {
 		return err
 	}
 	defer r.Close()
-	if err := json.NewDecoder(r).Decode(v); err != nil {
-		var syntax *json.SyntaxError
-		var typ *json.UnmarshalTypeError
-		if errors.As(err, &syntax) || errors.As(err, &typ) || errors.Is(err, io.EOF) {
-			// Read, and empty or not JSON of its kind: written wrong, not
-			// fetched wrong (a transfer cut off ends unexpectedly instead).
-			err = trainer.Damaged(err)
-		}
+	// Read whole first: a transfer cut off fails here, and is no damage
+	// (the segment is retried); what was read whole and does not decode
+	// as its JSON (empty, cut short where it was written, another kind)
+	// was written wrong, and the checkpoint is passed over.
+	b, err := io.ReadAll(r)
+	if err != nil {
 		return fmt.Errorf("%s: %w", key, err)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", key, trainer.Damaged(err))
 	}
 	return nil
 }
@@ -446,7 +447,12 @@ func Prune(ctx context.Context, obj Objects, run string, upTo, every, keepLast, 
 		if complete[s] {
 			var m Marker
 			err := getJSON(ctx, obj, checkpointKey(run, s)+MarkerFile, &m)
-			if err != nil && !errors.Is(err, trainer.ErrDamaged) && !errors.Is(err, store.ErrNotFound) {
+			switch {
+			case errors.Is(err, trainer.ErrDamaged):
+				// Its marker does not say whether it is kept for good: it
+				// stays, and the others are pruned as ever.
+				continue
+			case err != nil && !errors.Is(err, store.ErrNotFound):
 				return deleted, fmt.Errorf("prune checkpoint step %d of run %s: read its marker: %w", s, run, err)
 			}
 			if m.Kept {

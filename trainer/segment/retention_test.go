@@ -106,6 +106,26 @@ func TestRetentionNeverKeepsADamagedCheckpointInPlaceOfAGoodOne(t *testing.T) {
 	}
 }
 
+// A checkpoint whose marker is damaged (cut short where it was written)
+// is left in object storage by retention, which cannot tell whether it is
+// kept for good, and the others are pruned as ever: retention stopped at
+// it, and object storage grew from then on.
+func TestRetentionPassesOverACheckpointWhoseMarkerIsDamaged(t *testing.T) {
+	ctx, _, obj, _ := uploadedToStep4(t, "cut", 100)
+	key := checkpointKey("cut", 2) + MarkerFile
+	marker := readObject(t, ctx, obj, key)
+	putObject(t, ctx, obj, key, marker[:len(marker)/2])
+	if deleted, err := Prune(ctx, obj, "cut", 4, 2, 1, 0); err != nil || len(deleted) != 0 {
+		t.Fatalf("prune: deleted %v, %v; want nothing deleted and no error", deleted, err)
+	}
+	if got := readObject(t, ctx, obj, key); !bytes.Equal(got, marker[:len(marker)/2]) {
+		t.Fatalf("the damaged marker was changed: %q", got)
+	}
+	if _, err := obj.Stat(ctx, checkpointKey("cut", 2)+trainer.ModelFile); err != nil {
+		t.Fatalf("the checkpoint of the damaged marker lost its weights: %v", err)
+	}
+}
+
 // A checkpoint retention keeps for good that reached object storage only
 // after a newer one (the earlier segment ended before its upload) leaves
 // the run's state at the newest: a worker that resumes during an outage

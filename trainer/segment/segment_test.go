@@ -449,6 +449,7 @@ func TestPartialCheckpointInObjectStorageIsPassedOver(t *testing.T) {
 	prev := steps[0]
 	prefix := CheckpointPrefix("p") + trainer.StepDir(6) + "/"
 	whole := readObject(t, ctx, obj, prefix+trainer.ModelFile)
+	marker := readObject(t, ctx, obj, prefix+MarkerFile)
 	for _, c := range []struct {
 		name  string
 		spoil func()
@@ -463,7 +464,11 @@ func TestPartialCheckpointInObjectStorageIsPassedOver(t *testing.T) {
 		{"an empty marker", func() {
 			putObject(t, ctx, obj, prefix+trainer.ModelFile, whole)
 			putObject(t, ctx, obj, prefix+MarkerFile, nil)
-		}, "EOF"},
+		}, "unexpected end of JSON input"},
+		// Read whole, and cut short where it was written: no transfer
+		// failure to retry, where the segment failed and was retried
+		// until it was archived.
+		{"a marker cut short", func() { putObject(t, ctx, obj, prefix+MarkerFile, marker[:len(marker)/2]) }, "unexpected end of JSON input"},
 	} {
 		c.spoil()
 		var passed []string

@@ -146,6 +146,11 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	if err := makeRunDir(cfg.Out); err != nil {
 		return Result{}, err
 	}
+	lock, err := lockRunDir(cfg.Out)
+	if err != nil {
+		return Result{}, err
+	}
+	defer lock.Close()
 	var snap *Snapshot
 	if !cfg.Resume {
 		// A fresh run into a directory that holds another's checkpoints

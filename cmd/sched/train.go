@@ -232,6 +232,11 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
 		return trainStopped(err, res, rc.TotalSteps)
 	}
+	var busy *trainer.RunDirBusyError
+	if errors.As(err, &busy) {
+		// Started twice into one --out: the user's to choose.
+		return badInputError{err}
+	}
 	return err
 }
 

@@ -405,3 +405,61 @@ func TestTrainLogsInTheConfiguredFormat(t *testing.T) {
 		t.Errorf("--log-format xml: exit %d, %q", code, errOut)
 	}
 }
+
+// onMark runs then once, in the Write of the first output that holds
+// mark, the writer's goroutine held there until it returns.
+type onMark struct {
+	mark string
+	then func()
+	buf  bytes.Buffer
+	done bool
+}
+
+func (w *onMark) Write(p []byte) (int, error) {
+	w.buf.Write(p)
+	if !w.done && strings.Contains(w.buf.String(), w.mark) {
+		w.done = true
+		w.then()
+	}
+	return len(p), nil
+}
+
+// A second `sched train` into the --out of one that trains is refused,
+// exit 2, naming the directory and the process: the two wrote each
+// other's checkpoints and metrics, and removed each other's checkpoints
+// under way as stale. The first trains on; once it ended, the directory is
+// free again.
+func TestTrainIntoADirectoryInUseIsRefused(t *testing.T) {
+	tokJSON, sha := trainTestTokenizer(t, "func main() { return x } the quick brown fox\n")
+	store := trainTestStoreBy(t, sha, 4096, 50000)
+	out := filepath.Join(t.TempDir(), "run")
+	args := []string{"--model", "tiny", "--tokens", store + "=1", "--engine", "cpu", "--precision", "fp32",
+		"--seq", "32", "--batch", "2", "--log-every", "1", "--out", out, "--tokenizer-file", tokJSON}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var second string
+	var secondErr error
+	w := &onMark{mark: "step 3/40", then: func() {
+		// The first is held in its step 3's line, its directory locked.
+		second, secondErr = runTrainCmd(append([]string{"train"}, append(args, "--steps", "20")...)...)
+		cancel()
+	}}
+	c := newTrainCmd()
+	c.SetOut(w)
+	c.SetErr(io.Discard)
+	c.SetArgs(append(args, "--steps", "40", "--checkpoint-every", "40"))
+	err := c.ExecuteContext(ctx)
+	if code := exitCode(err); code != exitInterrupted {
+		t.Fatalf("the first run: exit code %d (%v), want %d, stopped after the second\n%s", code, err, exitInterrupted, w.buf.String())
+	}
+	want := fmt.Sprintf("run directory %s is being trained into by another process (pid %d): wait for it to end or stop it, or train into another directory (--out)", out, os.Getpid())
+	if code := exitCode(secondErr); code != 2 || secondErr == nil || secondErr.Error() != want || strings.Contains(second, "step 1/20") {
+		t.Fatalf("the second run: exit code %d, %v\n%s\nwant exit 2 and %q, nothing trained", code, secondErr, second, want)
+	}
+	// The first kept its checkpoint of the stop step; the directory is
+	// free once it ended.
+	text, err := runTrainCmd(append([]string{"train"}, append(args, "--steps", "40", "--resume")...)...)
+	if err != nil || strings.Contains(text, "step 1/40") || !strings.Contains(text, "step 40/40") {
+		t.Fatalf("resumed: %v\n%s", err, text)
+	}
+}

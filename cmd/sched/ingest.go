@@ -201,7 +201,8 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		fmt.Fprintln(out, rep.Stopped)
 	}
 	if rep.Files > 0 && rep.Appended == 0 && rep.Duplicates == 0 && rep.Same == 0 && rep.Stopped == "" && len(rep.SkippedFiles) > 0 {
-		return badInput("%s: none of its %d files holds text to ingest (skipped: %s; the first: %s): give files of UTF-8 text, JSON lines or Parquet, and --columns text=<name> where their text is in another column or field than %q", p.Name, rep.Files, rep.SkippedFiles, rep.FirstSkipped, cmp.Or(p.Columns.Text, "text"))
+		return badInput("%s: none of its %d files holds text to ingest (skipped: %s; the first: %s): give files of UTF-8 text, JSON lines or Parquet, and --columns text=<name> where their text is in another column or field than %q%s",
+			p.Name, rep.Files, rep.SkippedFiles, rep.FirstSkipped, cmp.Or(p.Columns.Text, "text"), emptyStoreHint(storeDir))
 	}
 	if rep.Files > 0 && rep.Appended == 0 && rep.Stopped == "" {
 		return skippedBefore(p.Name, rep.Files, storeDir)
@@ -233,8 +234,21 @@ func skippedBefore(dataset string, files int, storeDir string) error {
 	if len(skips) == 0 {
 		return nil
 	}
-	return badInput("%s: none of its %d files holds text to ingest: token store %s holds no tokens and records its files as skipped by an earlier run (%s; the first: %s): fix them, or the columns read, and ingest into a new store (a changed local file is read again, an unchanged one stays skipped in this store)",
-		dataset, files, storeDir, skips, first)
+	return badInput("%s: none of its %d files holds text to ingest: token store %s holds no tokens and records its files as skipped by an earlier run (%s; the first: %s): fix them, or the columns read (--columns), and delete the store (rm -r %s), which holds nothing else, before you ingest them again (a changed local file is read again, an unchanged one stays skipped in this store)",
+		dataset, files, storeDir, skips, first, storeDir)
+}
+
+// emptyStoreHint is what an ingest that appended nothing says of its
+// store where the store holds no tokens: its files are recorded there as
+// skipped, and the same files ingested again with other --columns would be
+// passed over, so the store, which holds nothing else, is to be deleted
+// first. Empty where the store holds tokens or has no manifest.
+func emptyStoreHint(storeDir string) string {
+	m, err := tokens.ReadManifest(storeDir)
+	if err != nil || m.Tokens > 0 {
+		return ""
+	}
+	return fmt.Sprintf("; token store %s now holds no tokens, only these files recorded as skipped, which an ingest into it passes over: delete it (rm -r %s) before you ingest them again", storeDir, storeDir)
 }
 
 // check resolves the dataset's preset with its variables and parses the

@@ -112,6 +112,36 @@ func TestIngestDirectOfNoTextIsBadInput(t *testing.T) {
 	}
 }
 
+// A JSON lines file whose text is in another field than "text" gives an
+// ingest of no text; its message says to name the field with --columns
+// and to delete the store it made first, which the same files with the
+// right --columns are then ingested into. Before, it said --columns only,
+// and the ingest with it was refused, the files recorded as skipped in the
+// store the first run made.
+func TestIngestDirectWithTheWrongFieldSaysHowToIngestAgain(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := dataDirWithTokenizer(t, dir, "tk")
+	src := filepath.Join(dir, "src")
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "a.jsonl"), []byte(`{"content":"package main"}`+"\n"+`{"content":"func f() {}"}`+"\n"), 0o644)
+	store := filepath.Join(data, "tokens", "code")
+	args := []string{"ingest", "local:" + filepath.Join(src, "*.jsonl"), "--direct", "--store", "code", "--tokenizer", "tk", "--data-dir", data}
+	_, errOut, code := sched(t, nil, args...)
+	for _, want := range []string{`--columns text=<name> where their text is in another column or field than "text"`, "delete it (rm -r " + store + ") before you ingest them again"} {
+		if code != 2 || !strings.Contains(errOut, want) {
+			t.Fatalf("ingest of the wrong field: exit %d, %q; want exit 2 and %q", code, errOut, want)
+		}
+	}
+	if err := os.RemoveAll(store); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := sched(t, nil, append(args, "--columns", "text=content")...)
+	if code != 0 || !strings.Contains(out, "1 files, 1 appended (2 documents") {
+		t.Fatalf("ingest with --columns text=content after the store was deleted: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
 func TestIngestDirectIntoTheDataDir(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -161,6 +161,27 @@ var eosNames = []string{"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|
 // looks for.
 func IsEOSName(name string) bool { return slices.Contains(eosNames, name) }
 
+// DroppedBytes lists the bytes that encoding drops from the text: those
+// whose byte-level symbol the vocabulary lacks, where there is no unknown
+// token to stand for them (HF's encoder drops them too, without a word).
+// Every byte-level BPE that kiln or HF tokenizers trains holds all 256.
+func (t *Tokenizer) DroppedBytes() []byte {
+	if t.unk != noID {
+		return nil
+	}
+	var out []byte
+	for c, id := range t.byteID {
+		if id == noID {
+			out = append(out, byte(c))
+		}
+	}
+	return out
+}
+
+// ByteSymbol is the character of the byte-level alphabet that stands for
+// byte b in a vocabulary.
+func ByteSymbol(b byte) string { return string(byteToRune[b]) }
+
 // EOS returns the end-of-text token that separates documents in a token
 // store: the first of the usual names (<|endoftext|>, <|end_of_text|>, </s>,
 // <eos>, ...) that the tokenizer knows.

@@ -191,6 +191,9 @@ func loadTokenizerFor(cmd *cobra.Command, file string) (tk *tokenizer.Tokenizer,
 		if tk, err = tokenizer.Load(file); err != nil {
 			return nil, "", badInput("--tokenizer-file %s: %v", file, err)
 		}
+		if err := requireAllBytes("--tokenizer-file "+file, tk); err != nil {
+			return nil, "", err
+		}
 		return tk, file, nil
 	}
 	cfg, err := loadConfig(cmd)
@@ -376,6 +379,18 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 		}
 	}
 	return nil
+}
+
+// requireAllBytes refuses, for encoding text, a tokenizer that would drop
+// some bytes of it without a word (tokenizer.DroppedBytes): a token store
+// made with it would lack every one of them.
+func requireAllBytes(label string, tk *tokenizer.Tokenizer) error {
+	dropped := tk.DroppedBytes()
+	if len(dropped) == 0 {
+		return nil
+	}
+	return badInput("%s: its vocabulary lacks the byte-level symbols of %d of the 256 bytes (the first: byte %#02x, symbol %q) and it has no unk_token, so text holding them would be dropped from its encodings: give a tokenizer whose vocabulary holds all 256 (every byte-level BPE that kiln or HF tokenizers trains does)",
+		label, len(dropped), dropped[0], tokenizer.ByteSymbol(dropped[0]))
 }
 
 // requireEOS refuses a tokenizer with no end-of-text token for work that

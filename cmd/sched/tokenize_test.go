@@ -616,8 +616,9 @@ func snapshot(t *testing.T, dir string) map[string]string {
 }
 
 // A tokenizer file that is not one is refused in one line naming it: a
-// device read only to the cap (it used to run out of memory), and a
-// vocabulary that gives one id to two tokens.
+// device read only to the cap (it used to run out of memory), a
+// vocabulary that gives one id to two tokens, and one that lacks a byte's
+// symbol, which encoding dropped from the text.
 func TestTokenizeRefusesABadTokenizerFile(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -643,10 +644,32 @@ func TestTokenizeRefusesABadTokenizerFile(t *testing.T) {
 	}
 	b, _ := json.Marshal(f)
 	os.WriteFile(shared, b, 0o644)
+	// A vocabulary without the symbol of byte 0x65 ("e"), and no unknown
+	// token: every e was dropped from the ids without a word.
+	noE := filepath.Join(dir, "no-e.json")
+	if err := json.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	model := f["model"].(map[string]any)
+	for k := range model["vocab"].(map[string]any) {
+		if strings.Contains(k, "e") {
+			delete(model["vocab"].(map[string]any), k)
+		}
+	}
+	var merges []any
+	for _, m := range model["merges"].([]any) {
+		if !strings.Contains(fmt.Sprint(m), "e") {
+			merges = append(merges, m)
+		}
+	}
+	model["merges"] = merges
+	b, _ = json.Marshal(f)
+	os.WriteFile(noE, b, 0o644)
 	out := filepath.Join(dir, "out.ids")
 	for _, c := range []struct{ file, want string }{
 		{"/dev/zero", "--tokenizer-file /dev/zero: /dev/zero: is larger than 256 MiB, the most a tokenizer.json may be"},
 		{shared, fmt.Sprintf("--tokenizer-file %s: %s: model.vocab gives id 5 to two tokens, %q and %q", shared, shared, first, second)},
+		{noE, fmt.Sprintf("--tokenizer-file %s: its vocabulary lacks the byte-level symbols of 1 of the 256 bytes (the first: byte 0x65, symbol \"e\") and it has no unk_token, so text holding them would be dropped from its encodings", noE)},
 	} {
 		if _, err := os.Stat(c.file); err != nil {
 			continue

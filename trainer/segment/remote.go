@@ -144,13 +144,19 @@ func push(ctx context.Context, obj Objects, lock Lease, run, dir string, kept bo
 	prefix := checkpointKey(run, st.Step)
 	if lock != nil {
 		// A holder of the run that lost its lease (it froze past it) must
-		// not write into a checkpoint the newer holder marked complete.
+		// not write into a checkpoint the newer holder marked complete. A
+		// marker of a larger token whose holder is not newer, this one's
+		// lease holding in Redis, was written before Redis lost its data
+		// (its fencing counters start again at 1): the step trained again
+		// (its copy there damaged) is this holder's to mark.
 		var done Marker
 		err := getJSON(ctx, obj, prefix+MarkerFile, &done)
 		switch {
 		case err == nil && done.Token > m.Token:
-			return m, fmt.Errorf("push checkpoint step %d of run %s: %w: the holder of fencing token %d marked it complete, this one holds %d",
-				st.Step, run, scheduler.ErrRunLockLost, done.Token, m.Token)
+			if lerr := lock.Check(ctx); lerr != nil {
+				return m, fmt.Errorf("push checkpoint step %d of run %s: %w: the holder of fencing token %d marked it complete, this one holds %d",
+					st.Step, run, scheduler.ErrRunLockLost, done.Token, m.Token)
+			}
 		case err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, trainer.ErrDamaged):
 			return m, fmt.Errorf("push checkpoint step %d of run %s: read its marker: %w", st.Step, run, err)
 		}

@@ -6,10 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 
-	"golang.org/x/sys/unix"
+	"github.com/kiln-lm/kiln/internal/pidlock"
 )
 
 // storeLock is an exclusive flock on <store>/lock. The kernel drops it when
@@ -56,35 +55,17 @@ func lockStore(dir string) (*storeLock, error) {
 }
 
 func flockStore(dir, path string) (*storeLock, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("lock token store %s: %w", dir, err)
-	}
-	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-	if errors.Is(err, unix.EWOULDBLOCK) && readPID(path) == os.Getpid() {
-		// Held by a child of this process between its fork and exec.
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+	// Held by this process's pid: a child of it between its fork and
+	// exec, which lets it go at its exec.
+	f, err := pidlock.Lock(path, true)
+	var busy *pidlock.BusyError
+	if errors.As(err, &busy) {
+		return nil, &LockedError{Dir: dir, PID: busy.PID}
 	}
 	if err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, &LockedError{Dir: dir, PID: readPID(path)}
-		}
 		return nil, fmt.Errorf("lock token store %s: %w", dir, err)
-	}
-	if err := f.Truncate(0); err == nil {
-		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return &storeLock{f: f, path: path}, nil
-}
-
-func readPID(path string) int {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return pid
 }
 
 func (l *storeLock) release() error {

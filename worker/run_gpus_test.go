@@ -60,18 +60,19 @@ func TestRunGPUsTakesTheWorkersThatDivideAccumulate(t *testing.T) {
 	}
 }
 
-// A run on the CPU engine that names no gpus trains on a worker that
-// reserves several GPUs (KILN_GPUS=2) as on any other: the worker's GPUs
-// are for the runs that use them. It was archived as "gpus 2 needs the
-// cuda engine, not cpu".
-func TestACPURunTrainsOnAWorkerOfSeveralGPUs(t *testing.T) {
+// segmentOnTwoGPUs trains one segment of a pattern run on engine, its
+// accumulate 4 as pilot-cpu's (two GPUs divide it), on a worker that
+// reserves two GPUs (KILN_GPUS=2), and returns the task once it completed
+// or was archived.
+func segmentOnTwoGPUs(t *testing.T, name, engine string) scheduler.TaskStatus {
+	t.Helper()
 	e := newEnv(t)
 	objects, err := store.NewLocal(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := patternRun("cpu-beside-gpus", publishTestTokenizer(t, objects), 1e-3, 3, 3, 3)
-	run.Accumulate = 4 // as pilot-cpu's: two GPUs would divide it
+	run := patternRun(name, publishTestTokenizer(t, objects), 1e-3, 3, 3, 3)
+	run.Accumulate, run.Engine = 4, engine
 	e.handlers.Training = &Training{
 		Redis: e.rdb, Objects: objects, Runs: runs.Set{run.Name: run}, Dir: t.TempDir(), Owner: "gpu-test", GPUs: 2,
 		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
@@ -81,7 +82,15 @@ func TestACPURunTrainsOnAWorkerOfSeveralGPUs(t *testing.T) {
 	e.serve(map[string]int{scheduler.QueueGPU: 1})
 	id := e.enqueue(scheduler.TrainSegment{Run: run.Name})
 	ended := func(ts scheduler.TaskStatus) bool { return ts.State == "completed" || ts.State == "archived" }
-	if ts := e.waitFor(id, 2*time.Minute, "completed", ended); ts.State != "completed" {
+	return e.waitFor(id, 2*time.Minute, "ended", ended)
+}
+
+// A run on the CPU engine that names no gpus trains on a worker that
+// reserves several GPUs (KILN_GPUS=2) as on any other: the worker's GPUs
+// are for the runs that use them. It was archived as "gpus 2 needs the
+// cuda engine, not cpu".
+func TestACPURunTrainsOnAWorkerOfSeveralGPUs(t *testing.T) {
+	if ts := segmentOnTwoGPUs(t, "cpu-beside-gpus", "cpu"); ts.State != "completed" {
 		t.Fatalf("the segment ended %s: %s", ts.State, ts.LastErr)
 	}
 }
@@ -91,23 +100,7 @@ func TestACPURunTrainsOnAWorkerOfSeveralGPUs(t *testing.T) {
 // load), as operations.md says: the worker's GPUs are never replaced by
 // the CPU.
 func TestAnAutoRunOnAWorkerOfSeveralGPUsWithoutOneIsArchivedSayingWhy(t *testing.T) {
-	e := newEnv(t)
-	objects, err := store.NewLocal(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := patternRun("auto-beside-gpus", publishTestTokenizer(t, objects), 1e-3, 3, 3, 3)
-	run.Accumulate, run.Engine = 4, "auto"
-	e.handlers.Training = &Training{
-		Redis: e.rdb, Objects: objects, Runs: runs.Set{run.Name: run}, Dir: t.TempDir(), Owner: "gpu-test", GPUs: 2,
-		Enqueue:  func(ctx context.Context, a scheduler.Args) error { _, err := e.c.Enqueue(ctx, a); return err },
-		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
-		Log:      zap.NewNop(),
-	}
-	e.serve(map[string]int{scheduler.QueueGPU: 1})
-	id := e.enqueue(scheduler.TrainSegment{Run: run.Name})
-	ended := func(ts scheduler.TaskStatus) bool { return ts.State == "completed" || ts.State == "archived" }
-	ts := e.waitFor(id, 2*time.Minute, "ended", ended)
+	ts := segmentOnTwoGPUs(t, "auto-beside-gpus", "auto")
 	if ts.State == "completed" {
 		t.Skip("two GPUs started here")
 	}

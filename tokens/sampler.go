@@ -171,8 +171,15 @@ func checkTrainable(st *Store, cfg Config) error {
 		st.Dir(), n, cfg.SeqLen+1)
 }
 
+// cursorNotARuns is the end of the message for a cursor no sampler writes.
+const cursorNotARuns = "the checkpoint's trainer_state.json was damaged or edited: set that checkpoint aside (rename its directory to step-NNNNNNN.damaged) and resume, which takes the one before it"
+
 func (s *Sampler) checkCursor(cur *Cursor) error {
 	switch {
+	case cur.SeqLen < 1 || len(cur.Stores) == 0:
+		// A cursor of zeros (null, or cut from the file) is no run's:
+		// not a run's other settings.
+		return inputErrorf("token sampler: the run's cursor is not one a run writes (seq_len %d, %d stores): %s", cur.SeqLen, len(cur.Stores), cursorNotARuns)
 	case cur.SeqLen != s.cfg.SeqLen || cur.Seed != s.cfg.Seed || cur.HoldOut != s.cfg.HoldOut:
 		return inputErrorf("token sampler: the run's cursor was made with seq_len %d, seed %d, hold_out %d, but this run asks for %d, %d, %d: resume with the run's own settings (a queued run: its runs entry as it was), or start another run",
 			cur.SeqLen, cur.Seed, cur.HoldOut, s.cfg.SeqLen, s.cfg.Seed, s.cfg.HoldOut)
@@ -186,8 +193,8 @@ func (s *Sampler) checkCursor(cur *Cursor) error {
 		case sc.Windows < 1 || sc.Pos < 0 || sc.Pos > sc.Windows || sc.Epoch < 0 || sc.Taken < 0:
 			// No sampler writes these: the checkpoint's state was damaged
 			// or edited.
-			return inputErrorf("token sampler: the run's cursor for store %s is not one a run writes (position %d of %d windows, epoch %d, %d taken): resume from an earlier checkpoint",
-				s.sources[i].Store.Dir(), sc.Pos, sc.Windows, sc.Epoch, sc.Taken)
+			return inputErrorf("token sampler: the run's cursor for store %s is not one a run writes (position %d of %d windows, epoch %d, %d taken): %s",
+				s.sources[i].Store.Dir(), sc.Pos, sc.Windows, sc.Epoch, sc.Taken, cursorNotARuns)
 		case sc.Windows > have:
 			return inputErrorf("token sampler: store %s holds %d windows, but the run's cursor records %d (epoch %d, position %d): it is not the store the run trained on; pass that store",
 				s.sources[i].Store.Dir(), have, sc.Windows, sc.Epoch, sc.Pos)

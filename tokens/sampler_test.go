@@ -269,7 +269,11 @@ func TestSamplerBadInput(t *testing.T) {
 	cur.Stores[0] = good
 	cur.Stores[0].Pos = 1 << 50
 	_, err = NewSampler([]Source{{Store: st, Weight: 1}}, cfg, &cur)
-	wantInputError(t, err, st.Dir(), "not one a run writes", "earlier checkpoint")
+	wantInputError(t, err, st.Dir(), "not one a run writes", "set that checkpoint aside (rename its directory to step-NNNNNNN.damaged) and resume")
+	// A cursor of zeros (null in the file) is no run's either: it does
+	// not blame the run's settings, which are right.
+	_, err = NewSampler([]Source{{Store: st, Weight: 1}}, cfg, &Cursor{})
+	wantInputError(t, err, "the run's cursor is not one a run writes (seq_len 0, 0 stores)", "set that checkpoint aside")
 }
 
 func TestSamplerStopsAtABadID(t *testing.T) {

@@ -88,6 +88,17 @@ func TestTokenizersCommand(t *testing.T) {
 		!regexp.MustCompile(`other\s+\d+\s+`+eb.SHA256[:12]).MatchString(out) {
 		t.Errorf("tokenizers with a damaged one: exit %d\n%s%s", code, out, errOut)
 	}
+	// So is a copy on this machine that does not read (a directory in the
+	// place of its tokenizer.json), where the whole listing failed.
+	odd := filepath.Join(data, "tokenizers", "odd", catalog.FileName)
+	if err := os.MkdirAll(odd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = sched(t, env, "tokenizers")
+	if code != 0 || !regexp.MustCompile(`(?m)^odd\s+unreadable: `+regexp.QuoteMeta(odd)+`: .*is a directory`).MatchString(out) ||
+		!regexp.MustCompile(`other\s+\d+\s+`+eb.SHA256[:12]).MatchString(out) {
+		t.Errorf("tokenizers with a directory for one: exit %d\n%s%s", code, out, errOut)
+	}
 }
 
 // The CLI path on a mixed local corpus (code files, prose in JSON lines,

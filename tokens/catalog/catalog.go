@@ -159,7 +159,7 @@ func (c *Catalog) fetch(ctx context.Context, name string) (remote, local []byte,
 	if errors.Is(err, fs.ErrNotExist) {
 		local = nil
 	} else if err != nil {
-		return nil, nil, fmt.Errorf("tokenizer %s: %w", name, err)
+		return nil, nil, &localReadError{name: name, err: err}
 	}
 	if c.Objects == nil {
 		return nil, local, nil
@@ -179,6 +179,16 @@ func (c *Catalog) fetch(ctx context.Context, name string) (remote, local []byte,
 	}
 	return remote, local, nil
 }
+
+// localReadError is fetch's where this machine's copy of a tokenizer is
+// there but does not read (a directory in its place, no permission).
+type localReadError struct {
+	name string
+	err  error
+}
+
+func (e *localReadError) Error() string { return fmt.Sprintf("tokenizer %s: %v", e.name, e.err) }
+func (e *localReadError) Unwrap() error { return e.err }
 
 // Resolve finds tokenizer name, copies it from object storage to the local
 // directory when this machine lacks it, and loads it. A local copy that
@@ -298,6 +308,12 @@ func (c *Catalog) List(ctx context.Context) ([]Entry, error) {
 			return nil, err
 		}
 		remote, local, err := c.fetch(ctx, name)
+		var unread *localReadError
+		if errors.As(err, &unread) {
+			// One copy here that does not read hides none of the others.
+			out = append(out, Entry{Name: name, Path: c.localPath(name), Unreadable: unread.err.Error()})
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -418,12 +418,19 @@ func (e *MemoryError) Error() string {
 			}
 		}
 	}
-	precision := p.Precision
-	if p.Engine == "cpu" {
-		precision = "fp32" // the CPU engine computes in fp32 whatever was asked
-	}
 	return fmt.Sprintf("%s of a %.1fM-parameter model on the %s engine (%s) needs %s but %s has %s available: %s",
-		what, p.Config.ParamCount()/1e6, p.Engine, precision, GiB(e.Needed), e.Where, GiB(e.Available), fix)
+		what, p.Config.ParamCount()/1e6, p.Engine, ComputedPrecision(p.Engine, p.Precision), GiB(e.Needed), e.Where, GiB(e.Available), fix)
+}
+
+// ComputedPrecision is the precision an engine named engine (its Name)
+// computes in when asked for asked: the CPU engine computes in fp32 only
+// (Options.Precision), whatever was asked; others compute in the precision
+// asked.
+func ComputedPrecision(engine, asked string) string {
+	if engine == "cpu" {
+		return "fp32"
+	}
+	return asked
 }
 
 // BadInput marks the size as the caller's to change.

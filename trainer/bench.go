@@ -89,7 +89,7 @@ type CheckpointTiming struct {
 type BenchResult struct {
 	Engine, Device, Arch string
 	// Precision is the one the engine computed in: fp32 on the CPU engine
-	// whatever BenchOptions asked (ComputedPrecision).
+	// whatever BenchOptions asked (model.ComputedPrecision).
 	Precision string
 	TokPerSec float64
 	// MFU is 0 when the device's peak is unknown (the CPU).
@@ -126,17 +126,6 @@ type BenchResult struct {
 	// cannot be read): a CPU engine's figure taken beside them measures
 	// them too.
 	OtherCPU float64
-}
-
-// ComputedPrecision is the precision an engine named engine (its Name)
-// computes in when asked for asked: the CPU engine computes in fp32 only
-// (model.Options.Precision), whatever was asked; others compute in the
-// precision asked.
-func ComputedPrecision(engine, asked string) string {
-	if engine == "cpu" {
-		return "fp32"
-	}
-	return asked
 }
 
 // GPUIdle reports whether no other process was on the GPU.
@@ -178,7 +167,7 @@ func Bench(ctx context.Context, o BenchOptions) (BenchResult, error) {
 	defer eng.Close()
 	// The row records what was measured: a CPU engine asked for bf16
 	// trains in fp32, and a row saying bf16 would pass for a bf16 figure.
-	r := BenchResult{Engine: eng.Name(), Precision: ComputedPrecision(eng.Name(), o.Precision), OtherProcesses: others, GPUs: 1}
+	r := BenchResult{Engine: eng.Name(), Precision: model.ComputedPrecision(eng.Name(), o.Precision), OtherProcesses: others, GPUs: 1}
 	if r.Precision != o.Precision {
 		logf(fmt.Sprintf("the %s engine computes in %s only: measured in %s, not %s", r.Engine, r.Precision, r.Precision, o.Precision))
 	}

@@ -418,7 +418,7 @@ func (l *loop) result() Result {
 	r := Result{Step: l.step, Tokens: l.tokens, Checkpoint: l.lastCk, Done: l.step >= l.rc.TotalSteps}
 	if l.eng != nil {
 		r.Devices = l.devices()
-		r.Precision = ComputedPrecision(l.eng.Name(), l.rc.Precision)
+		r.Precision = model.ComputedPrecision(l.eng.Name(), l.rc.Precision)
 	}
 	return r
 }

@@ -36,7 +36,7 @@ func TestRunGPUsTakesTheWorkersThatDivideAccumulate(t *testing.T) {
 		{3, 0, 16, 3, false},
 		{all, 2, 16, all, false},
 	} {
-		got, notice := runGPUs(c.named, c.worker, c.accumulate, "auto")
+		got, notice := runGPUs(c.named, (&Training{GPUs: c.worker}).gpusFor("auto"), c.accumulate)
 		if got != c.want || (notice != "") != c.notice {
 			t.Errorf("run gpus %s, KILN_GPUS %s, accumulate %d: %s, notice %q; want %s, a notice %v",
 				c.named, c.worker, c.accumulate, got, notice, c.want, c.notice)
@@ -45,14 +45,14 @@ func TestRunGPUsTakesTheWorkersThatDivideAccumulate(t *testing.T) {
 	// On the CPU engine the worker's GPUs are not the run's: it trains as
 	// one, where it was refused for naming several GPUs on the CPU.
 	for _, worker := range []trainer.GPUCount{2, 3, all} {
-		if got, notice := runGPUs(0, worker, 16, "cpu"); got != 0 || notice != "" {
+		if got, notice := runGPUs(0, (&Training{GPUs: worker}).gpusFor("cpu"), 16); got != 0 || notice != "" {
 			t.Errorf("a cpu run naming no gpus on a worker of KILN_GPUS %s: %s, notice %q; want 0 and none", worker, got, notice)
 		}
 	}
-	if got, _ := runGPUs(2, 4, 16, "cpu"); got != 2 {
+	if got, _ := runGPUs(2, (&Training{GPUs: 4}).gpusFor("cpu"), 16); got != 2 {
 		t.Errorf("a cpu run naming gpus 2: %s; want it kept, for the engine to refuse", got)
 	}
-	_, notice := runGPUs(0, 3, 16, "cuda")
+	_, notice := runGPUs(0, (&Training{GPUs: 3}).gpusFor("cuda"), 16)
 	for _, want := range []string{"KILN_GPUS is 3", "training on 2", "15 or 18"} {
 		if !strings.Contains(notice, want) {
 			t.Errorf("notice %q does not say %q", notice, want)

@@ -213,10 +213,7 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 		}
 		rep.Report(ctx, float64(i)/float64(len(shapes)), 0, "", "measuring "+sh.String())
 		engine, gpuOnly := t.gpuEngine(a.Engine)
-		gpus := t.GPUs // every shape on all of the worker's GPUs, then on one
-		if engine == "cpu" {
-			gpus = 0 // a CPU bench measures the CPU alone
-		}
+		gpus := t.gpusFor(engine) // every shape on all of them, then on one
 		row, err := t.Bench(ctx, BenchSpec{Shape: sh, Engine: engine, Steps: steps, Warmup: warmup, GPUs: int(gpus)})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -330,21 +327,26 @@ func appendBenchRow(ctx context.Context, obj store.Store, row results.BenchRow) 
 	return nil
 }
 
-// runGPUs is the GPUs a run on engine trains on: those it names, else
-// the worker's (KILN_GPUS), except on the CPU engine, where a run that
-// names none trains as one (the worker's GPUs are for the runs that use
-// them). A run that names none asked for what the worker has, so of
+// gpusFor is the worker's GPUs (KILN_GPUS) that a run or bench on engine
+// which names no number of them takes: none on the CPU engine, which
+// trains as one (the worker's GPUs are for the runs that use them).
+func (t *Training) gpusFor(engine string) trainer.GPUCount {
+	if engine == "cpu" {
+		return 0
+	}
+	return t.GPUs
+}
+
+// runGPUs is the GPUs a run trains on: those it names, else the worker's
+// (gpusFor). A run that names none asked for what the worker has, so of
 // the worker's number it takes the most that share its accumulate
 // micro-batches evenly, with the notice to log when that leaves some out;
 // a number the run names is kept, and refused when the segment starts if
 // its steps do not split over it, as 'sched enqueue train' refuses it.
 // The worker's all is resolved by the engine (kernels.NewGroup).
-func runGPUs(named, worker trainer.GPUCount, accumulate int, engine string) (trainer.GPUCount, string) {
+func runGPUs(named, worker trainer.GPUCount, accumulate int) (trainer.GPUCount, string) {
 	if named != 0 {
 		return named, ""
-	}
-	if engine == "cpu" {
-		return 0, ""
 	}
 	if worker < 2 {
 		return worker, ""
@@ -387,7 +389,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	run.Engine, gpuOnly = t.gpuEngine(run.Engine)
 	log := t.Log
 	var notice string
-	if run.GPUs, notice = runGPUs(run.GPUs, t.GPUs, run.RunConfig.WithDefaults().Accumulate, run.Engine); notice != "" {
+	if run.GPUs, notice = runGPUs(run.GPUs, t.gpusFor(run.Engine), run.RunConfig.WithDefaults().Accumulate); notice != "" {
 		log.Warn(notice, zap.String("run", a.Run))
 	}
 	// The payload pins the tokenizer the run was queued with; the runs

@@ -49,9 +49,30 @@ func main() {
 		os.Exit(report(err))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := rootCmd.ExecuteContext(ctx)
+	// The first signal asks the command to stop where it keeps its work
+	// whole; a second one ends the process at once, as if it were not
+	// caught, for a stop the command is slow to make (a CPU step of
+	// minutes, a long sample) or one the user will not wait for.
+	context.AfterFunc(ctx, stop)
+	cmd, err := rootCmd.ExecuteContextC(ctx)
 	stop()
-	os.Exit(report(err))
+	os.Exit(report(stoppedBySignal(ctx, cmd, err)))
+}
+
+// stoppedBySignal is the error of a command that a signal stopped where
+// the command itself says no more than that its context ended: it says
+// which command stopped, and why, and exits 130 as the commands that say
+// what they kept do.
+func stoppedBySignal(ctx context.Context, cmd *cobra.Command, err error) error {
+	if err == nil || ctx.Err() == nil || cmd == nil || isBadInput(err) || errors.As(err, new(interruptedError)) {
+		return err
+	}
+	cause := context.Cause(ctx)
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, cause) {
+		return err
+	}
+	name := strings.TrimPrefix(cmd.CommandPath(), rootCmd.Name()+" ")
+	return interruptedError{fmt.Errorf("%s stopped (%w) before it finished", name, cause)}
 }
 
 // report prints err on one line and maps it to an exit code.

@@ -229,8 +229,11 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	if width == 2 && tk.VocabSize() > 1<<16 {
 		return badInput("%s has %d tokens, more than the 65536 that --dtype u16 holds; use --dtype u32", label, tk.VocabSize())
 	}
-	src, err := os.Open(in)
+	src, err := openInput(ctx, in)
 	if err != nil {
+		if ctx.Err() != nil {
+			return stoppedError(ctx, "tokenize", out, err)
+		}
 		return badInput("tokenize: cannot open --in: %v (name a readable text file)", err)
 	}
 	if err := checkOut(out); err != nil {
@@ -267,6 +270,9 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 		return nil
 	})
 	if err != nil {
+		if ctx.Err() != nil {
+			return stoppedError(ctx, "tokenize", out, err)
+		}
 		return fmt.Errorf("tokenize: %w", err)
 	}
 	took := time.Since(start)
@@ -315,8 +321,11 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	var total int64
 	regular := true // every input a file whose size says what it holds
 	for _, p := range inputs {
-		f, err := os.Open(p)
+		f, err := openInput(ctx, p)
 		if err != nil {
+			if ctx.Err() != nil {
+				return stoppedError(ctx, "tokenizer train", out, err)
+			}
 			return badInput("tokenizer train: cannot open --in: %v (name readable text files: --in repeated or comma-separated)", err)
 		}
 		defer f.Close()
@@ -362,6 +371,9 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	}
 	data, err := tokenizer.Train(ctx, readers, opts)
 	if err != nil {
+		if ctx.Err() != nil {
+			return stoppedError(ctx, "tokenizer train", out, err)
+		}
 		return err
 	}
 	// Again: in the minutes the training took, a file may have come to

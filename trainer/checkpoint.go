@@ -317,7 +317,11 @@ func HoldsCheckpoint(dir string) bool {
 // or of another size (errors.Is ErrDamaged), or it is of a format this build
 // does not read. It reads no file in full; VerifyCheckpoint and
 // ReadCheckpoint also check every hash.
-func CheckCheckpoint(dir string) (State, error) {
+func CheckCheckpoint(dir string) (State, error) { return checkCheckpoint(dir, true) }
+
+// checkCheckpoint is CheckCheckpoint, the optimizer's file left
+// unlooked-at unless withOptimizer (it is listed all the same).
+func checkCheckpoint(dir string, withOptimizer bool) (State, error) {
 	var st State
 	b, err := os.ReadFile(filepath.Join(dir, StateFile))
 	if err != nil {
@@ -348,6 +352,9 @@ func CheckCheckpoint(dir string) (State, error) {
 		}
 	}
 	for name, sum := range st.Files {
+		if name == OptimizerFile && !withOptimizer {
+			continue
+		}
 		fi, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {
 			return st, notRead(dir, err, "checkpoint %s is incomplete: %w; use an earlier one", dir, err)
@@ -373,12 +380,22 @@ func notRead(dir string, err error, format string, a ...any) error {
 
 // VerifyCheckpoint is CheckCheckpoint that also reads every file and checks
 // its SHA-256 against trainer_state.json.
-func VerifyCheckpoint(dir string) (State, error) {
-	st, err := CheckCheckpoint(dir)
+func VerifyCheckpoint(dir string) (State, error) { return verifyCheckpoint(dir, true) }
+
+// VerifyWeights is VerifyCheckpoint of what sampling from the checkpoint
+// reads: every file but the optimizer's, which need not be there (a copy
+// for generating text has no use for it).
+func VerifyWeights(dir string) (State, error) { return verifyCheckpoint(dir, false) }
+
+func verifyCheckpoint(dir string, withOptimizer bool) (State, error) {
+	st, err := checkCheckpoint(dir, withOptimizer)
 	if err != nil {
 		return st, err
 	}
 	for name, sum := range st.Files {
+		if name == OptimizerFile && !withOptimizer {
+			continue
+		}
 		f, err := os.Open(filepath.Join(dir, name))
 		if err != nil {
 			return st, notRead(dir, err, "checkpoint %s is incomplete: %w; use an earlier one", dir, err)

@@ -185,26 +185,28 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 
 // verifyCheckpoint refuses, as bad input, a checkpoint training wrote
 // whose files no longer match the sizes and SHA-256 hashes its
-// trainer_state.json lists (trainer.VerifyCheckpoint, as a resume checks
+// trainer_state.json lists (trainer.VerifyWeights, as a resume checks
 // them): the weights or the tokenizer were altered or cut short since, and
-// what they generate would not be the run's. A directory without a
+// what they generate would not be the run's. The optimizer's file, which
+// sampling does not read, may be gone. A directory without a
 // trainer_state.json (as transformers saves one), or with one of another
 // format than kiln's, has no hashes to check.
 func verifyCheckpoint(dir string) error {
 	if !trainer.HoldsCheckpoint(dir) {
 		return nil
 	}
-	if _, err := trainer.VerifyCheckpoint(dir); errors.Is(err, trainer.ErrDamaged) {
+	if _, err := trainer.VerifyWeights(dir); errors.Is(err, trainer.ErrDamaged) {
 		return badInput("%w", err)
 	}
 	return nil
 }
 
-// pullLatestCheckpoint copies run's latest complete checkpoint from object
-// storage to <data dir>/checkpoints/<run>/step-NNNNNNN and returns that
-// directory. A checkpoint whose upload never finished (no completion
-// marker) is passed over, and so, with a line on stderr, is one whose files
-// do not match their hashes.
+// pullLatestCheckpoint copies what sampling reads of run's latest complete
+// checkpoint from object storage to <data dir>/checkpoints/<run>/step-NNNNNNN
+// (segment.PullNewestWeights: a whole copy there is taken as it is, the
+// older ones removed) and returns that directory. A checkpoint whose upload
+// never finished (no completion marker) is passed over, and so, with a
+// line on stderr, is one whose files do not match their hashes.
 func pullLatestCheckpoint(cmd *cobra.Command, run string) (string, error) {
 	if err := checkName("run", run); err != nil {
 		return "", err
@@ -218,14 +220,20 @@ func pullLatestCheckpoint(cmd *cobra.Command, run string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	dir, step, err := segment.PullNewest(ctx, objects, run, -1, filepath.Join(cfg.DataDir, "checkpoints", run), func(step int, err error) {
+	damaged := 0
+	dir, step, err := segment.PullNewestWeights(ctx, objects, run, filepath.Join(cfg.DataDir, "checkpoints", run), func(step int, err error) {
+		damaged++
 		fmt.Fprintf(cmd.ErrOrStderr(), "run %s: step %d in object storage is damaged, passed over: %v\n", run, step, err)
 	})
 	if err != nil {
 		return "", redactErr(cfg, err)
 	}
-	if dir == "" {
-		return "", badInput("run %s has no complete checkpoint in object storage (%s): train it first ('sched enqueue train %s'; 'sched runs' lists the runs), or give a local checkpoint with --checkpoint DIR",
+	switch {
+	case dir == "" && damaged > 0:
+		return "", badInput("run %s: every complete checkpoint in object storage (%s) is damaged, as the lines above say: training it on ('sched enqueue train %s') writes new ones from an intact local checkpoint on the worker's disk, if it has one; or give a local checkpoint with --checkpoint DIR",
+			run, segment.CheckpointPrefix(run), run)
+	case dir == "":
+		return "", badInput("run %s has no complete checkpoint in object storage (%s) yet: a run uploads one every checkpoint_every steps of its training ('sched runs' says where it is; 'sched enqueue train %s' trains it), or give a local checkpoint with --checkpoint DIR",
 			run, segment.CheckpointPrefix(run), run)
 	}
 	fmt.Fprintf(cmd.ErrOrStderr(), "run %s: step %d, from %s%s\n", run, step, segment.CheckpointPrefix(run), filepath.Base(dir))

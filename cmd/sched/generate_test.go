@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -245,12 +246,38 @@ func TestGenerateFromARunsLatestCheckpoint(t *testing.T) {
 		!strings.Contains(errOut, "model.safetensors has SHA-256") || !strings.Contains(errOut, "run fox: step 1, from") {
 		t.Fatalf("generate --run fox with step 2 damaged: exit %d, printed %q (want %q)\n%s", code, got, want, errOut)
 	}
+	// What sampling reads of step 1, once: the optimizer's moments are
+	// not pulled.
+	local := filepath.Join(data, "checkpoints", "fox")
+	if entries, _ := os.ReadDir(local); len(entries) != 1 || entries[0].Name() != "step-0000001" {
+		t.Fatalf("%s holds %v; want step-0000001 alone", local, entries)
+	}
+	if _, err := os.Stat(filepath.Join(local, "step-0000001", trainer.OptimizerFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the pulled copy holds %s (%v); sampling never reads it", trainer.OptimizerFile, err)
+	}
+
+	// Step 1 damaged in object storage too, and no copy here: every
+	// checkpoint is damaged, which is what the refusal says, where it said
+	// to train the run first.
+	if err := os.RemoveAll(local); err != nil {
+		t.Fatal(err)
+	}
+	key = segment.CheckpointPrefix("fox") + "step-0000001/" + trainer.ModelFile
+	if err := objects.Put(ctx, key, bytes.NewReader(b[:100]), 100); err != nil {
+		t.Fatal(err)
+	}
+	got, errOut, code = sched(t, env, append(gen, "--run", "fox")...)
+	if wantLast := "run fox: every complete checkpoint in object storage (checkpoints/fox/) is damaged, as the lines above say"; code != 2 ||
+		!strings.Contains(errOut, "run fox: step 2 in object storage is damaged") || !strings.Contains(errOut, "run fox: step 1 in object storage is damaged") ||
+		!strings.Contains(errOut, wantLast) {
+		t.Fatalf("generate --run fox with every checkpoint damaged: exit %d\n%s%s\nwant exit 2 and %q", code, got, errOut, wantLast)
+	}
 
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--run", "wolf"}, "run wolf has no complete checkpoint in object storage (checkpoints/wolf/): train it first"},
+		{[]string{"--run", "wolf"}, "run wolf has no complete checkpoint in object storage (checkpoints/wolf/) yet: a run uploads one every checkpoint_every steps"},
 		{[]string{"--run", "fox", "--checkpoint", out}, "not both"},
 		{[]string{"--run", "a/b"}, `run name "a/b"`},
 		// The run's own directory, where its checkpoints are: each is named,
@@ -317,6 +344,11 @@ func TestGenerateRefusesAnAlteredCheckpoint(t *testing.T) {
 	out, _ := trainedRun(t)
 	gen := []string{"generate", "--prompt", "func main", "--max-tokens", "4", "--temperature", "0", "--engine", "cpu", "--checkpoint"}
 	step1, step2 := filepath.Join(out, "step-0000001"), filepath.Join(out, "step-0000002")
+	// The optimizer's moments, which sampling never reads, deleted to save
+	// the room: no damage.
+	if err := os.Remove(filepath.Join(step1, trainer.OptimizerFile)); err != nil {
+		t.Fatal(err)
+	}
 	for _, dir := range []string{step1, step2} {
 		if got, errOut, code := sched(t, nil, append(gen, dir)...); code != 0 || !strings.HasPrefix(got, "func main") {
 			t.Fatalf("generate --checkpoint %s, intact: exit %d\n%s%s", dir, code, got, errOut)

@@ -265,8 +265,36 @@ func PullNewest(ctx context.Context, obj Objects, run string, after int, root st
 // pullNewestOf is PullNewest among steps, the run's complete checkpoints
 // in object storage as RemoteSteps lists them.
 func pullNewestOf(ctx context.Context, obj Objects, run string, steps []int, after int, root string, damaged func(step int, err error)) (string, int, error) {
+	return pullNewest(ctx, obj, run, steps, after, root, false, damaged)
+}
+
+// PullNewestWeights is PullNewest for sampling from the run: it pulls
+// every file of the newest whole checkpoint but the optimizer's (two
+// thirds of its bytes, which sampling never reads), takes a copy already
+// under root that VerifyWeights finds whole instead of downloading it
+// again, and then removes the older copies under root. Processes pulling
+// the same checkpoint at once each end with the one whole copy.
+func PullNewestWeights(ctx context.Context, obj Objects, run, root string, damaged func(step int, err error)) (string, int, error) {
+	steps, err := RemoteSteps(ctx, obj, run)
+	if err != nil {
+		return "", -1, err
+	}
+	dir, step, err := pullNewest(ctx, obj, run, steps, -1, root, true, damaged)
+	if err != nil || dir == "" {
+		return dir, step, err
+	}
+	entries, _ := os.ReadDir(root) // what cannot be listed is left
+	for _, e := range entries {
+		if s, ok := trainer.DirStep(e.Name()); ok && e.IsDir() && s < step {
+			_ = os.RemoveAll(filepath.Join(root, e.Name()))
+		}
+	}
+	return dir, step, nil
+}
+
+func pullNewest(ctx context.Context, obj Objects, run string, steps []int, after int, root string, weights bool, damaged func(step int, err error)) (string, int, error) {
 	for i := len(steps) - 1; i >= 0 && steps[i] > after; i-- {
-		dir, err := Pull(ctx, obj, run, steps[i], root)
+		dir, err := pull(ctx, obj, run, steps[i], root, weights)
 		if errors.Is(err, trainer.ErrDamaged) {
 			damaged(steps[i], err)
 			continue
@@ -291,6 +319,20 @@ const pullTempPattern = ".pull-step-*"
 // that a power cut leaves either no step directory or a whole one, not
 // one of torn files that the resume sets aside and downloads again.
 func Pull(ctx context.Context, obj Objects, run string, step int, root string) (string, error) {
+	return pull(ctx, obj, run, step, root, false)
+}
+
+// pull is Pull; with weights, of every file but the optimizer's, and a
+// copy under root that trainer.VerifyWeights finds whole is taken as it is.
+func pull(ctx context.Context, obj Objects, run string, step int, root string, weights bool) (string, error) {
+	final := filepath.Join(root, trainer.StepDir(step))
+	verify := trainer.VerifyCheckpoint
+	if weights {
+		verify = trainer.VerifyWeights
+		if _, err := verify(final); err == nil {
+			return final, nil
+		}
+	}
 	prefix := checkpointKey(run, step)
 	var m Marker
 	if err := getJSON(ctx, obj, prefix+MarkerFile, &m); err != nil {
@@ -308,6 +350,9 @@ func Pull(ctx context.Context, obj Objects, run string, step int, root string) (
 		if name != filepath.Base(name) || name == "." || name == ".." {
 			return "", fmt.Errorf("pull checkpoint step %d of run %s: marker lists a bad file name %q", step, run, name)
 		}
+		if weights && name == trainer.OptimizerFile {
+			continue
+		}
 		got, err := getFile(ctx, obj, prefix+name, filepath.Join(tmp, name))
 		if err != nil {
 			return "", fmt.Errorf("pull checkpoint step %d of run %s: %s: %w", step, run, name, damagedIfMissing(err))
@@ -318,18 +363,25 @@ func Pull(ctx context.Context, obj Objects, run string, step int, root string) (
 			return "", trainer.Damaged(fmt.Errorf("pull checkpoint step %d of run %s: %s is %d bytes, the marker says %d", step, run, name, got, size))
 		}
 	}
-	if _, err := trainer.VerifyCheckpoint(tmp); err != nil {
+	if _, err := verify(tmp); err != nil {
 		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
 	}
 	if err := trainer.SyncDir(tmp); err != nil {
 		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
 	}
-	final := filepath.Join(root, trainer.StepDir(step))
-	if err := os.RemoveAll(final); err != nil {
-		return "", fmt.Errorf("pull checkpoint: %w", err)
-	}
 	if err := os.Rename(tmp, final); err != nil {
-		return "", fmt.Errorf("pull checkpoint: %w", err)
+		// A copy is there: another process's pull of the same step,
+		// renamed into place since, is whole and may be in use; one that
+		// is not whole is replaced.
+		if _, verr := verify(final); verr == nil {
+			return final, nil
+		}
+		if err := os.RemoveAll(final); err != nil {
+			return "", fmt.Errorf("pull checkpoint: %w", err)
+		}
+		if err := os.Rename(tmp, final); err != nil {
+			return "", fmt.Errorf("pull checkpoint: %w", err)
+		}
 	}
 	if err := trainer.SyncDir(root); err != nil {
 		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)

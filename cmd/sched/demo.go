@@ -251,6 +251,9 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return res, badInput("--dir %s: %v: give a directory this user can create and write", o.Dir, errors.Unwrap(err))
 	}
+	if err := checkDemoOwns(o.Dir); err != nil {
+		return res, err
+	}
 	if o.Files == "" {
 		return res, noGoRootError()
 	}
@@ -613,6 +616,30 @@ func loadDemoTokenizer(ctx context.Context, out io.Writer, dir, glob string, fil
 	}
 	tok.Tokenizer, tok.JSON = t, b
 	return tok, nil
+}
+
+// checkDemoOwns refuses a --dir holding a tokenizer.json or corpus.json
+// that no demo wrote (a model's directory, say): the demo owns its
+// directory, and would replace them. The demo's are told by its corpus.json
+// beside them, or, from a release that wrote none, by its object store.
+func checkDemoOwns(dir string) error {
+	var held []string
+	for _, name := range []string{demoTokenizerFile, demoCorpusFile} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); !errors.Is(err, fs.ErrNotExist) {
+			held = append(held, name)
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	if c, err := readDemoCorpus(dir); err == nil && c.Files != "" {
+		return nil
+	}
+	if st, err := os.Stat(filepath.Join(dir, "objects")); err == nil && st.IsDir() {
+		return nil
+	}
+	return badInput("--dir %s holds %s that no sched demo wrote: the demo replaces what its directory holds, so give it a new or empty directory (--dir), or move %s elsewhere",
+		dir, strings.Join(held, " and "), strings.Join(held, " and "))
 }
 
 func readDemoCorpus(dir string) (demoCorpus, error) {

@@ -92,6 +92,19 @@ func TestDemoBadInput(t *testing.T) {
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("refused demos wrote %d entries into --dir", len(entries))
 	}
+	// A --dir holding a tokenizer.json the demo did not write (a model's
+	// directory): refused, and the file kept, where the demo learned its
+	// own and wrote it over the user's.
+	model := t.TempDir()
+	theirs := []byte(`{"model": {"type": "BPE"}, "the user's": true}`)
+	if err := os.WriteFile(filepath.Join(model, "tokenizer.json"), theirs, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(t, nil, "--dir "+model+" holds tokenizer.json that no sched demo wrote: the demo replaces what its directory holds, so give it a new or empty directory (--dir)",
+		"demo", "--dir", model, "--engine", "cpu")
+	if b, err := os.ReadFile(filepath.Join(model, "tokenizer.json")); err != nil || !bytes.Equal(b, theirs) {
+		t.Errorf("the user's tokenizer.json after the refused demo: %q, %v", b, err)
+	}
 	// A corpus of empty files, and a --dir that is a file.
 	empty := filepath.Join(t.TempDir(), "empty.txt")
 	os.WriteFile(empty, nil, 0o644)

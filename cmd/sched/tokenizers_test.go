@@ -88,6 +88,26 @@ func TestTokenizersCommand(t *testing.T) {
 		!regexp.MustCompile(`other\s+\d+\s+`+eb.SHA256[:12]).MatchString(out) {
 		t.Errorf("tokenizers with a damaged one: exit %d\n%s%s", code, out, errOut)
 	}
+	// Published from here, then its copy in object storage damaged: the
+	// damaged copy is named, where the line named this machine's intact
+	// one; and a copy here cut short beside an intact published one is
+	// listed as the two copies that differ, where it was listed whole
+	// (sched tokenizers NAME and every task refuse them).
+	for _, name := range []string{"twin", "cut"} {
+		if _, err := cat.Publish(ctx, name, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	objects.Put(ctx, catalog.Key("twin"), bytes.NewReader(broken), int64(len(broken)))
+	cut := filepath.Join(data, "tokenizers", "cut", catalog.FileName)
+	if err := os.Truncate(cut, int64(len(b)/2)); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = sched(t, env, "tokenizers")
+	if code != 0 || !regexp.MustCompile(`(?m)^twin\s+unreadable: `+regexp.QuoteMeta(catalog.Key("twin"))+` in object storage: .*JSON`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^cut\s+unreadable: tokenizer "cut" differs between `+regexp.QuoteMeta(cut)+` \(sha256 \w+\) and object storage `+regexp.QuoteMeta(catalog.Key("cut"))).MatchString(out) {
+		t.Errorf("tokenizers with a published copy damaged and a local one cut short: exit %d\n%s%s", code, out, errOut)
+	}
 	// So is a copy on this machine that does not read (a directory in the
 	// place of its tokenizer.json), where the whole listing failed.
 	odd := filepath.Join(data, "tokenizers", "odd", catalog.FileName)

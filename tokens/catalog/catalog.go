@@ -317,21 +317,25 @@ func (c *Catalog) List(ctx context.Context) ([]Entry, error) {
 		if err != nil {
 			return nil, err
 		}
-		data, where := remote, ""
+		// The published copy is object storage's, where there is one;
+		// the path shown is this machine's copy, where there is one.
+		data, where, read := remote, "", Key(name)+" in object storage"
 		if data == nil {
-			data, where = local, c.localPath(name)
+			data, where, read = local, c.localPath(name), c.localPath(name)
 		} else if local != nil {
 			where = c.localPath(name)
 		}
 		t, err := tokenizer.Parse(data)
 		if err != nil {
 			// One damaged file does not hide the others: it is listed as
-			// such, naming where it is.
-			at := where
-			if at == "" {
-				at = Key(name) + " in object storage"
-			}
-			out = append(out, Entry{Name: name, Path: where, Unreadable: fmt.Sprintf("%s: %v", at, err)})
+			// such, naming the copy that was read.
+			out = append(out, Entry{Name: name, Path: where, Unreadable: fmt.Sprintf("%s: %v", read, err)})
+			continue
+		}
+		if remote != nil && local != nil && !bytes.Equal(remote, local) {
+			// Not what Resolve would load: it refuses the two copies.
+			conflict := &ConflictError{Name: name, Have: where, HaveSHA: sha(local), Other: "object storage " + Key(name), OtherSHA: sha(remote)}
+			out = append(out, Entry{Name: name, Path: where, Unreadable: conflict.Error()})
 			continue
 		}
 		out = append(out, entryOf(name, where, t))

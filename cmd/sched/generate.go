@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -49,6 +50,9 @@ directory.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Before --run's checkpoint is pulled: a mistake in a flag
 			// should not wait for a download to be told.
+			if cmd.Flags().Changed("prompt") && f.prompt == "" {
+				return badInput(`--prompt "" is empty: give the text to continue, one character or more`)
+			}
 			if err := f.check(); err != nil {
 				return err
 			}
@@ -134,6 +138,13 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 	}
 	if tok.VocabSize() > cfg.VocabSize {
 		return badInput("%s has %d tokens but the model's vocab_size is %d: the tokenizer does not belong to this checkpoint", tokPath, tok.VocabSize(), cfg.VocabSize)
+	}
+	// The model would be given the prompt without them, and the output
+	// would show them as if it had not.
+	for _, b := range tok.DroppedBytes() {
+		if i := strings.IndexByte(f.prompt, b); i >= 0 {
+			return badInput("--prompt holds byte %#02x (at byte %d), for which %s has no symbol and no unk_token: it would be dropped from what the model reads; leave it out of the prompt, or use a tokenizer whose vocabulary holds all 256 bytes", b, i, tokPath)
+		}
 	}
 	ids := tok.Encode(f.prompt)
 	if len(ids) == 0 {

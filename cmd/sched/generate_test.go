@@ -2,15 +2,19 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -150,8 +154,54 @@ func TestGenerateCommandBadCheckpoints(t *testing.T) {
 			t.Errorf("error is not one line: %q", errOut)
 		}
 	}
-	if _, errOut, code := runModelCLI(t, "generate", "--checkpoint", other, "--prompt", "", "--max-tokens", "2", "--temperature", "0", "--top-k", "0", "--engine", "cpu"); code != exitBadInput || !strings.Contains(errOut, "--prompt") {
-		t.Errorf("empty prompt: exit %d %q", code, errOut)
+	if _, errOut, code := runModelCLI(t, "generate", "--checkpoint", other, "--prompt", "", "--max-tokens", "2", "--temperature", "0", "--top-k", "0", "--engine", "cpu"); code != exitBadInput || !strings.Contains(errOut, `--prompt "" is empty: give the text to continue`) {
+		t.Errorf("empty prompt: exit %d %q; want exit 2 saying --prompt is empty", code, errOut)
+	}
+
+	// A tokenizer without the symbol of byte 0x65 ("e") and no unknown
+	// token: a prompt holding an e is refused, where the model was given
+	// it without the e and the output showed it whole; one without is not.
+	noE, _ := makeCheckpoint(t)
+	tokPath := filepath.Join(noE, "tokenizer.json")
+	tj, err := os.ReadFile(tokPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f map[string]any
+	if err := json.Unmarshal(tj, &f); err != nil {
+		t.Fatal(err)
+	}
+	m := f["model"].(map[string]any)
+	for k := range m["vocab"].(map[string]any) {
+		if strings.Contains(k, "e") {
+			delete(m["vocab"].(map[string]any), k)
+		}
+	}
+	m["merges"] = slices.DeleteFunc(m["merges"].([]any), func(x any) bool { return strings.Contains(fmt.Sprint(x), "e") })
+	// Ids without gaps, so that every id the model may pick decodes.
+	vocab := m["vocab"].(map[string]any)
+	byID := slices.SortedFunc(maps.Keys(vocab), func(a, b string) int { return cmp.Compare(vocab[a].(float64), vocab[b].(float64)) })
+	for i, k := range byID {
+		vocab[k] = i
+	}
+	for _, a := range f["added_tokens"].([]any) {
+		tok := a.(map[string]any)
+		tok["id"] = slices.Index(byID, tok["content"].(string))
+	}
+	if tj, err = json.Marshal(f); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokPath, tj, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gen := func(prompt string) (string, string, int) {
+		return runModelCLI(t, append([]string{"generate", "--checkpoint", noE}, append(base(), "--prompt", prompt)...)...)
+	}
+	if _, errOut, code := gen("func hello"); code != exitBadInput || !strings.Contains(errOut, "--prompt holds byte 0x65 (at byte 6), for which "+tokPath+" has no symbol and no unk_token") {
+		t.Errorf("a prompt with a byte the tokenizer drops: exit %d %q; want exit 2 naming the byte", code, errOut)
+	}
+	if got, errOut, code := gen("func main"); code != 0 || !strings.HasPrefix(got, "func main") {
+		t.Errorf("a prompt without such a byte: exit %d\n%s%s", code, got, errOut)
 	}
 }
 

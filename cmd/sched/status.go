@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -44,6 +45,9 @@ per running task, on a terminal; as plain blocks, one per refresh and no
 escape codes, when its output is a file or a pipe. Ctrl-C ends it.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) == 1 && strings.TrimSpace(args[0]) == "" {
+				return badInput("sched status %q: the task id is empty; give one as 'sched status' lists them, or none for the whole status", args[0])
+			}
 			if c.Flags().Changed("interval") && !watch {
 				return badInput("--interval %s: it sets the refresh of --watch; add --watch", interval)
 			}
@@ -151,6 +155,13 @@ func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, from 
 // renderTask writes one task's line.
 func renderTask(ctx context.Context, w io.Writer, q *scheduler.Client, id string, bars bool) error {
 	ts, err := q.Task(ctx, id)
+	var nf *scheduler.NotFoundError
+	if errors.As(err, &nf) {
+		// A run's name, given where a task's id goes, is named as such.
+		if _, known, _ := scheduler.ReadRunState(ctx, q.Redis(), id); known {
+			return badInput("%q is a run, not a task id: 'sched runs' and 'sched status' show its progress, 'sched results %s' its figures; 'sched status ID' takes the id of one of its tasks", id, id)
+		}
+	}
 	if err != nil {
 		return err
 	}

@@ -194,6 +194,11 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// The run's name where a task's id goes is named as a run, where it
+	// was "task not found"; an empty id is refused, where it printed the
+	// whole status.
+	wantRefused(t, env, `"eta" is a run, not a task id: 'sched runs' and 'sched status' show its progress, 'sched results eta' its figures`, "status", "eta")
+	wantRefused(t, env, `sched status "": the task id is empty`, "status", "")
 	step, _ := strconv.Atoi(state["step"])
 	total, _ := strconv.Atoi(state["total"])
 	rate, _ := strconv.ParseFloat(state["tok_per_s"], 64)

@@ -63,6 +63,8 @@ func TestBadNumbersExitTwoNamingTheFlag(t *testing.T) {
 		{append(gen, "--max-tokens", "0"), []string{"--max-tokens 0", "at least 1"}},
 		{append(golden, "--loss-rtol", "Inf"), []string{"--loss-rtol +Inf", "finite"}},
 		{append(golden, "--grad-rtol", "NaN"), []string{"--grad-rtol NaN"}},
+		// A fraction: at 1 or above no weight would be checked.
+		{append(golden, "--significant", "2"), []string{"--significant 2: give a fraction of a tensor's largest gradient below 1"}},
 		{append(golden, "--engine", "tpu"), []string{`"tpu"`}},
 		{[]string{"enqueue", "bench", "tiny", "--batch", "100000000"}, []string{"batch 100000000 x seq 1024", "141 GB", "--batch"}},
 		{[]string{"enqueue", "bench", "tiny", "--batch", "100000000", "--engine", "cpu"}, []string{"cpu engine", "141 GB"}},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,6 +80,9 @@ func downloadEvents(ctx context.Context, w io.Writer, st store.Store, run, dir s
 		return fmt.Errorf("list %s: %w", prefix, err)
 	}
 	if len(objs) == 0 {
+		if err := checkRunKnown(run, "TensorBoard event files"); err != nil {
+			return err
+		}
 		return badInput("run %q has no TensorBoard event files yet (%s is empty): they appear with the run's first checkpoint; see 'sched status'", run, prefix)
 	}
 	out := filepath.Join(dir, run)
@@ -90,7 +94,17 @@ func downloadEvents(ctx context.Context, w io.Writer, st store.Store, run, dir s
 		}
 	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
-		return badInput("--tensorboard %s: %v: give a directory this user can write (it is made if absent), such as tb", dir, errors.Unwrap(err))
+		// Where in the path it failed: a file in the way of dir/<run>
+		// is not dir itself.
+		at, why := dir, errors.Unwrap(err)
+		var pe *fs.PathError
+		if errors.As(err, &pe) && filepath.Clean(pe.Path) != filepath.Clean(dir) {
+			at = pe.Path
+		}
+		if at != dir {
+			return badInput("--tensorboard %s: %s: %v: give a directory this user can write (it is made if absent), such as tb, or move %s", dir, at, why, at)
+		}
+		return badInput("--tensorboard %s: %v: give a directory this user can write (it is made if absent), such as tb", dir, why)
 	}
 	held := map[string]bool{}
 	for _, o := range objs {
@@ -138,8 +152,8 @@ func printRunResults(ctx context.Context, w io.Writer, cfg scheduler.Config, st 
 	key := segment.ResultsPrefix(run) + results.SummaryFile
 	r, err := st.Get(ctx, key)
 	if errors.Is(err, store.ErrNotFound) {
-		if set, lerr := runs.Load(os.Getenv("KILN_RUNS")); lerr == nil && !slices.Contains(set.Names(), run) {
-			return badInput("no results for run %q: no run of that name is known here (%s, or one in a runs file named by KILN_RUNS, as the GPU worker's)", run, strings.Join(set.Names(), ", "))
+		if err := checkRunKnown(run, "results"); err != nil {
+			return err
 		}
 		return badInput("no results for run %q yet (%s is absent): results appear with the run's first checkpoint; see 'sched status'", run, key)
 	}
@@ -174,4 +188,14 @@ func printBench(ctx context.Context, w io.Writer, st store.Store) error {
 	}
 	_, err = io.WriteString(w, results.BenchTable(rows))
 	return err
+}
+
+// checkRunKnown refuses, for what (results, event files) of run in object
+// storage that has none, a run no preset and no KILN_RUNS file names: it
+// is a name mistyped, not a run without them yet.
+func checkRunKnown(run, what string) error {
+	if set, err := runs.Load(os.Getenv("KILN_RUNS")); err == nil && !slices.Contains(set.Names(), run) {
+		return badInput("no %s for run %q: no run of that name is known here (%s, or one in a runs file named by KILN_RUNS, as the GPU worker's)", what, run, strings.Join(set.Names(), ", "))
+	}
+	return nil
 }

@@ -92,6 +92,10 @@ func TestResultsCommand(t *testing.T) {
 			t.Errorf("%s: %q %v", name, b, err)
 		}
 	}
+	_, errOut, code = sched(t, env, "results", "nosuch", "--tensorboard", tb)
+	if code != 2 || !strings.Contains(errOut, `no TensorBoard event files for run "nosuch": no run of that name is known here (demo, long, pilot, pilot-cpu`) {
+		t.Errorf("--tensorboard of an unknown run: exit %d, %q; want it said to be no run's name", code, errOut)
+	}
 	_, errOut, code = sched(t, env, "results", "long", "--tensorboard", tb)
 	if code != 2 || !strings.Contains(errOut, `run "long" has no TensorBoard event files yet`) {
 		t.Errorf("--tensorboard of a run without results: exit %d, %q", code, errOut)
@@ -106,9 +110,14 @@ func TestResultsCommand(t *testing.T) {
 	os.WriteFile(file, []byte("mine"), 0o644)
 	ckpt := t.TempDir()
 	os.WriteFile(filepath.Join(ckpt, "trainer_state.json"), []byte("{}"), 0o644)
+	// A directory whose <run> is a file: that file is named, not the
+	// directory, which is one.
+	inTheWay := t.TempDir()
+	os.WriteFile(filepath.Join(inTheWay, "pilot"), []byte("mine"), 0o644)
 	for _, c := range []struct{ dir, want string }{
 		{"", "--tensorboard is given empty"},
 		{file, "--tensorboard " + file + ": not a directory: give a directory this user can write"},
+		{inTheWay, "--tensorboard " + inTheWay + ": " + filepath.Join(inTheWay, "pilot") + ": not a directory: give a directory this user can write (it is made if absent), such as tb, or move " + filepath.Join(inTheWay, "pilot")},
 		{ckpt, "--tensorboard " + ckpt + " is in a checkpoint's directory, " + ckpt + ", whose files only training writes"},
 	} {
 		_, errOut, code = sched(t, env, "results", "pilot", "--tensorboard", c.dir)

@@ -85,6 +85,11 @@ func runVerify(ctx context.Context, out, errOut io.Writer, f verifyFlags) error 
 		if o.v < 0 {
 			return badInput("--%s must not be negative, got %g", o.flag, o.v)
 		}
+		// A fraction of the largest gradient: at 1 or above no weight is
+		// held to --weight-atol, and the check passes having made none.
+		if o.flag == "significant" && o.v >= 1 {
+			return badInput("--significant %g: give a fraction of a tensor's largest gradient below 1 (the default is %g), or at 1 or above no weight would be checked", o.v, tol.Significant)
+		}
 		if o.v > 0 {
 			*o.dst = o.v
 		}

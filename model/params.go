@@ -96,6 +96,21 @@ func NewParams(c Config) *Params {
 // Specs lists the tensors in buffer order.
 func (p *Params) Specs() []TensorSpec { return p.specs }
 
+// NonFinite names the first tensor holding a NaN or an infinity, and the
+// index of that value in it; ok is false when every value is finite. Weights
+// of a training that diverged are such, and sample nothing but noise.
+func (p *Params) NonFinite() (name string, at int, ok bool) {
+	for _, s := range p.specs {
+		for i, v := range p.Tensor(s.Name) {
+			// v-v is 0 for every finite v, NaN for NaN and the infinities.
+			if v-v != 0 {
+				return s.Name, i, true
+			}
+		}
+	}
+	return "", 0, false
+}
+
 // Tensor returns the slice of Data holding the named tensor, or nil.
 func (p *Params) Tensor(name string) []float32 {
 	off, ok := p.offset[name]

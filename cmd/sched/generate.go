@@ -127,6 +127,9 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 		}
 		return fmt.Errorf("load checkpoint %s: %w", f.checkpoint, err)
 	}
+	if name, at, bad := params.NonFinite(); bad {
+		return badInput("checkpoint %s: model.safetensors holds a NaN or an infinity (%s, value %d): its training had diverged by then, and it would generate noise; use an earlier checkpoint", f.checkpoint, name, at)
+	}
 	cfg := params.Config
 	tokPath := filepath.Join(f.checkpoint, "tokenizer.json")
 	tok, err := tokenizer.Load(tokPath)

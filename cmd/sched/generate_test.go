@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -129,10 +130,20 @@ func TestGenerateCommandBadCheckpoints(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(garbled, "config.json"), []byte("{bad"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A training that diverged: one weight NaN, where it generated the
+	// prompt alone and exited 0.
+	diverged, dc := makeCheckpoint(t)
+	dp := model.InitParams(dc, 5)
+	last := dp.Specs()[len(dp.Specs())-1].Name
+	dp.Tensor(last)[3] = float32(math.NaN())
+	if err := model.SaveParams(filepath.Join(diverged, "model.safetensors"), dp, model.F32); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		dir  string
 		want []string
 	}{
+		{diverged, []string{"model.safetensors holds a NaN or an infinity (" + last + ", value 3)", "use an earlier checkpoint"}},
 		{other, []string{"model.safetensors", "mlp.gate_proj.weight", "[64 32]", "[96 32]", "config.json saved with them"}},
 		{trunc, []string{"model.safetensors", "truncated", "save it again"}},
 		{notok, []string{"no tokenizer.json"}},

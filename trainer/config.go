@@ -500,19 +500,28 @@ func LoadRunConfig(path string) (RunConfig, error) {
 // zeroValues are the values of a run that WithDefaults reads as absent
 // when 0, and whose 0 cannot mean anything: written out, a 0 would silently
 // become the default, and the run would train with a value nobody wrote.
-// Not here: counts whose 0 means something (eval_every: no evaluation),
-// and floor and clip, whose 0 is kept.
+// Not here: counts whose 0 means something (eval_every: no evaluation,
+// and eval_batches beside it), and floor and clip, whose 0 is kept.
 var zeroValues = []struct {
 	key string
 	get func(RunConfig) float64
+	// instead says what to write for what a 0 might have meant.
+	instead string
 }{
-	{"seq", func(c RunConfig) float64 { return float64(c.Seq) }},
-	{"batch", func(c RunConfig) float64 { return float64(c.Batch) }},
-	{"accumulate", func(c RunConfig) float64 { return float64(c.Accumulate) }},
-	{"moe.top_k", func(c RunConfig) float64 { return float64(c.moeOr().TopK) }},
-	{"moe.d_ff", func(c RunConfig) float64 { return float64(c.moeOr().DFF) }},
-	{"lr", func(c RunConfig) float64 { return c.LR }},
-	{"eps", func(c RunConfig) float64 { return c.Eps }},
+	{"seq", func(c RunConfig) float64 { return float64(c.Seq) }, ""},
+	{"batch", func(c RunConfig) float64 { return float64(c.Batch) }, ""},
+	{"accumulate", func(c RunConfig) float64 { return float64(c.Accumulate) }, ""},
+	{"moe.top_k", func(c RunConfig) float64 { return float64(c.moeOr().TopK) }, ""},
+	{"moe.d_ff", func(c RunConfig) float64 { return float64(c.moeOr().DFF) }, ""},
+	{"lr", func(c RunConfig) float64 { return c.LR }, ""},
+	{"eps", func(c RunConfig) float64 { return c.Eps }, ""},
+	// With eval_every 0 beside it, no evaluation is what both say.
+	{"eval_batches", func(c RunConfig) float64 {
+		if c.EvalEvery == 0 {
+			return 1
+		}
+		return float64(c.EvalBatches)
+	}, "; for no evaluation, set eval_every: 0"},
 }
 
 // CheckZerosWritten refuses, naming its line, a value that body (a run's
@@ -522,7 +531,7 @@ func CheckZerosWritten(body *yaml.Node, c RunConfig) error {
 	for _, z := range zeroValues {
 		// Present in the file and 0 once decoded, so that 00 or 0.0 is 0 too.
 		if n := LookupYAML(body, strings.Split(z.key, ".")...); n != nil && z.get(c) == 0 {
-			return fmt.Errorf("line %d: %s is 0: give a positive value, or leave it out", n.Line, z.key)
+			return fmt.Errorf("line %d: %s is 0: give a positive value, or leave it out%s", n.Line, z.key, z.instead)
 		}
 	}
 	if n := LookupYAML(body, "mixture"); n != nil && n.Kind == yaml.SequenceNode {

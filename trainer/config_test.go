@@ -142,9 +142,9 @@ func TestAnEmptyRunDirectoryIsRefused(t *testing.T) {
 
 // A size written as 0 in the YAML is refused by key, not taken as absent.
 func TestLoadRunConfigRefusesZeroSizes(t *testing.T) {
-	for _, key := range []string{"seq", "batch", "accumulate", "lr", "eps"} {
+	for _, key := range []string{"seq", "batch", "accumulate", "lr", "eps", "eval_batches"} {
 		path := filepath.Join(t.TempDir(), "run.yaml")
-		os.WriteFile(path, []byte("model: tiny\n"+key+": 0\n"), 0o644)
+		os.WriteFile(path, []byte("model: tiny\neval_every: 10\n"+key+": 0\n"), 0o644)
 		_, err := LoadRunConfig(path)
 		if err == nil || !isBadInput(err) || !strings.Contains(err.Error(), key+" is 0") {
 			t.Errorf("%s: 0: got %v, want a bad-input error naming it", key, err)

@@ -127,3 +127,42 @@ func TestAStopAnywhereLosesNoCompletedStep(t *testing.T) {
 		})
 	}
 }
+
+// A stop during an evaluation gives it up at its next batch, where the
+// stop waited for every batch: an evaluation of many batches (eval_batches
+// far above the held-out windows, scored again and again) held a stop for
+// minutes, past the worker's grace, and the segment was killed with its
+// steps since the last checkpoint. The step stands and its checkpoint is
+// written; only its held-out loss is not recorded. The last step's
+// evaluation, the run's result, is made whole.
+func TestAStopDuringAnEvaluationGivesItUp(t *testing.T) {
+	requireCPU(t)
+	vocab := model.Presets["tiny"].VocabSize
+	run := testRun(7)
+	run.EvalBatches = 1000
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Reads: one to check for held-out windows, then step 3's first.
+	d := &stopData{sliceData: newSliceData(vocab, 20000), cancel: cancel, onEval: 2}
+	res, got, err := runCollect(t, ctx, Config{Run: run, Out: t.TempDir(), Data: d}, Hooks{})
+	if !errors.Is(err, context.Canceled) || res.Step != 3 || filepath.Base(res.Checkpoint) != StepDir(3) {
+		t.Fatalf("stopped during step 3's evaluation: step %d, checkpoint %q, %v; want step 3, its checkpoint and the cancellation", res.Step, res.Checkpoint, err)
+	}
+	if d.eval != 2 {
+		t.Errorf("the evaluation read %d of its 1000 batches after the stop; want none after the one under way", d.eval-2)
+	}
+	if m, ok := got[3]; !ok || m.Loss == nil || m.EvalLoss != nil {
+		t.Errorf("step 3's line: %+v (logged %v); want its loss, without the held-out loss cut short", m, ok)
+	}
+
+	// A stop during the last step's evaluation waits for it.
+	last := testRun(3)
+	last.EvalBatches = 5
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	d = &stopData{sliceData: newSliceData(vocab, 20000), cancel: cancel, onEval: 2}
+	res, got, err = runCollect(t, ctx, Config{Run: last, Out: t.TempDir(), Data: d}, Hooks{})
+	if err != nil || !res.Done || d.eval != 6 || got[3].EvalLoss == nil {
+		t.Fatalf("stopped during the last step's evaluation: %+v, %v, %d evaluation reads, step 3's line %+v; want the run done with its held-out loss of 5 batches", res, err, d.eval, got[3])
+	}
+}

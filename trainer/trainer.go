@@ -437,9 +437,10 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 	l.markTime, l.markTok = began, l.tokens
 	// A step, once begun, is either finished or abandoned as a whole, and
 	// a checkpoint, once begun, is always finished: a stop never leaves
-	// half of either. Checkpoints, and a step's evaluation, run on work,
-	// which a stop does not cancel; the stop is read from ctx at step
-	// boundaries and, to abandon a step, while its data is read.
+	// half of either. Checkpoints run on work, which a stop does not
+	// cancel; the stop is read from ctx at step boundaries, to abandon a
+	// step while its data is read, and between a step's evaluation
+	// batches, to give up that evaluation (the step stands).
 	work := context.WithoutCancel(ctx)
 	for l.step < l.rc.TotalSteps {
 		// A checkpoint written beside the steps that failed stops the run
@@ -650,7 +651,7 @@ func (l *loop) finishStep(ctx context.Context, m model.StepMetrics, lr float64) 
 		if m.At.IsZero() {
 			m.At = time.Now()
 		}
-		if err := l.logStep(context.WithoutCancel(ctx), m, lr); err != nil {
+		if err := l.logStep(ctx, m, lr); err != nil {
 			return err
 		}
 	}
@@ -705,13 +706,26 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 	var evaluating time.Duration
 	if l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 && l.rc.EvalBatches > 0 {
 		start := time.Now()
-		ev, err := l.evaluate(ctx)
-		if err != nil {
-			return err
+		// The last step's figure is the run's result, which the gates
+		// read: it is made whole, the stop or not.
+		evalCtx := ctx
+		if l.step >= l.rc.TotalSteps {
+			evalCtx = context.WithoutCancel(ctx)
 		}
-		ppl := math.Exp(ev)
-		line.EvalLoss, line.EvalPPL = &ev, &ppl
-		if line.EvalLossByStore, err = l.evaluateStores(ctx); err != nil {
+		ev, err := l.evaluate(evalCtx)
+		if err == nil {
+			ppl := math.Exp(ev)
+			line.EvalLoss, line.EvalPPL = &ev, &ppl
+			line.EvalLossByStore, err = l.evaluateStores(evalCtx)
+		}
+		switch {
+		case errors.Is(err, errEvalStopped):
+			// The step is trained and counted; only its figure of the
+			// held-out loss is not, so that the stop checkpoints now,
+			// not after an evaluation of minutes.
+			line.EvalLoss, line.EvalPPL, line.EvalLossByStore = nil, nil, nil
+			l.log.Info("stopping: the evaluation of this step was cut short, its held-out loss is not recorded", zap.Int("step", l.step))
+		case err != nil:
 			return err
 		}
 		evaluating = time.Since(start)
@@ -726,10 +740,17 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 	return nil
 }
 
+// errEvalStopped is an evaluation given up between its batches because
+// the run was stopped (ctx): it changes nothing, and the step it was of
+// stands.
+var errEvalStopped = errors.New("evaluation stopped")
+
 // evaluateStores is each store's mean loss over its first EvalBatches
 // held-out batches, for data of several stores; nil otherwise. A store
-// without a held-out window is left out.
+// without a held-out window is left out. A stop (ctx) between batches
+// gives it up (errEvalStopped); what it reads is read whole.
 func (l *loop) evaluateStores(ctx context.Context) (map[string]float64, error) {
+	work := context.WithoutCancel(ctx)
 	se, ok := l.cfg.Data.(StoreEval)
 	if !ok || len(se.EvalStores()) < 2 {
 		return nil, nil
@@ -738,7 +759,10 @@ func (l *loop) evaluateStores(ctx context.Context) (map[string]float64, error) {
 	for s, name := range se.EvalStores() {
 		sum, n := 0.0, 0
 		for i := 0; i < l.rc.EvalBatches; i++ {
-			b, ok, err := se.EvalStore(ctx, s, i, l.rc.Batch, l.rc.Seq)
+			if ctx.Err() != nil {
+				return nil, errEvalStopped
+			}
+			b, ok, err := se.EvalStore(work, s, i, l.rc.Batch, l.rc.Seq)
 			if err != nil {
 				return nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
 			}
@@ -761,11 +785,16 @@ func (l *loop) evaluateStores(ctx context.Context) (map[string]float64, error) {
 	return out, nil
 }
 
-// evaluate is the mean loss over the first EvalBatches held-out batches.
+// evaluate is the mean loss over the first EvalBatches held-out batches;
+// a stop (ctx) between batches gives it up, as evaluateStores.
 func (l *loop) evaluate(ctx context.Context) (float64, error) {
+	work := context.WithoutCancel(ctx)
 	sum := 0.0
 	for i := 0; i < l.rc.EvalBatches; i++ {
-		b, err := l.cfg.Data.Eval(ctx, i, l.rc.Batch, l.rc.Seq)
+		if ctx.Err() != nil {
+			return 0, errEvalStopped
+		}
+		b, err := l.cfg.Data.Eval(work, i, l.rc.Batch, l.rc.Seq)
 		if err != nil {
 			return 0, fmt.Errorf("step %d: evaluation data: %w", l.step, err)
 		}

@@ -255,6 +255,8 @@ func TestRunsFileRefusesZeroSizes(t *testing.T) {
 		{"pilot:\n  moe: {experts: 8, d_ff: 0}\n", "moe.d_ff is 0"},
 		{"pilot:\n  lr: 0\n", "line 2: lr is 0"},
 		{"pilot:\n  eps: 0.0\n", "line 2: eps is 0"},
+		// Trained as 4 batches, where it meant none.
+		{"pilot:\n  eval_batches: 0\n", "line 2: eval_batches is 0: give a positive value, or leave it out; for no evaluation, set eval_every: 0"},
 		{"pilot:\n  mixture:\n    - {store: a, weight: 1}\n    - {store: b, weight: 0}\n", "line 4: mixture[1] weight is 0"},
 	} {
 		path := writeFile(t, c.body)

@@ -366,6 +366,10 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	}, hooks)
 	out.Step, out.Done, out.Checkpoint, out.Devices, out.Precision = res.Step, res.Done, res.Checkpoint, res.Devices, res.Precision
 	out.Wall = wall()
+	var busy *trainer.RunDirBusyError
+	if errors.As(terr, &busy) {
+		terr = dirBusyError{run: run, busy: busy}
+	}
 
 	// Training is over and the run goes on: what is owed object storage
 	// gets the grace now, not as long as a hung store would hold it. The
@@ -643,6 +647,25 @@ func (p Params) restoreOffline(ctx context.Context, local int, outage error) (re
 		zap.String("run", p.Run.Name), zap.Int("step", local), zap.Int("recorded_uploaded", st.Checkpoint), zap.String("endpoint", describe(p.Objects)), zap.Error(outage))
 	return restored{step: local, source: "local", unknown: true, newest: st.Checkpoint}, nil
 }
+
+// dirBusyError is trainer.RunDirBusyError as a segment meets it: another
+// process on this machine still trains the run in its directory, a segment
+// whose worker lost the run's lock (stopped, frozen, cut off from Redis)
+// and that has not ended yet.
+type dirBusyError struct {
+	run  string
+	busy *trainer.RunDirBusyError
+}
+
+func (e dirBusyError) Error() string {
+	who := "another process"
+	if e.busy.PID > 0 {
+		who = fmt.Sprintf("another process (pid %d)", e.busy.PID)
+	}
+	return fmt.Sprintf("run %s: its directory %s on this machine is held by %s, a segment of the run that has not ended (its worker stopped, frozen or cut off from Redis): this segment is tried again; where that process hangs, stop it", e.run, e.busy.Dir, who)
+}
+
+func (e dirBusyError) Unwrap() error { return e.busy }
 
 // notResumable is a run that has trained but has no checkpoint left to
 // resume from: no retry can change that (bad input: archived at once).

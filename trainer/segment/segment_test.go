@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kiln-lm/kiln/internal/pidlock"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
@@ -248,6 +249,26 @@ func TestDiskGuardStopsTheSegment(t *testing.T) {
 	// The lock is released, so the run can be retried once space is freed.
 	if _, err := Run(ctx, Params{Run: run, Dir: t.TempDir(), Redis: rdb, OpenData: openStream}); err != nil {
 		t.Fatalf("retry with space: %v", err)
+	}
+
+	// With object storage that answers, a disk filled by something else
+	// is said to be so: the checkpoint just written, whose upload is under
+	// way, is no sign that the store is behind, where the message blamed
+	// it.
+	obj, _ := newS3(t)
+	run2 := testRun("filled", 6)
+	run2.MinFreeDisk = 10 << 30
+	disk := t.TempDir()
+	// Room at the start, none once the first checkpoint is written.
+	fills := func(string) (int64, error) {
+		if len(localSteps(RunDir(disk, "filled"))) == 0 {
+			return 20 << 30, nil
+		}
+		return 1 << 30, nil
+	}
+	_, err = Run(ctx, Params{Run: run2, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, FreeSpace: fills, Owner: "gpu-a"})
+	if !errors.Is(err, ErrDiskFull) || strings.Contains(err.Error(), "unreachable or behind") || !strings.Contains(err.Error(), "free space on that disk, or lower min_free_disk") {
+		t.Fatalf("disk filled with object storage answering: %v; want ErrDiskFull saying to free space, without blaming object storage", err)
 	}
 }
 
@@ -722,5 +743,30 @@ func TestTheThroughputGateReadsTheRowOfTheRunsGPUs(t *testing.T) {
 		if got := benchGPUs(c.configured, c.devices); got != c.want {
 			t.Errorf("gpus %v on %d device(s): the row of %d GPU(s), want %d", c.configured, c.devices, got, c.want)
 		}
+	}
+}
+
+// A segment whose run directory another process still trains in (a
+// segment whose worker lost the run's lock and has not ended) says so in
+// a segment's words, where it said to train into another directory with
+// --out, which a segment has not.
+func TestASegmentWhoseRunDirectoryIsHeldSaysWhoHoldsIt(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	disk := t.TempDir()
+	dir := RunDir(disk, "held")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := pidlock.Lock(filepath.Join(dir, trainer.RunDirLockFile), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, err = Run(ctx, Params{Run: testRun("held", 6), Dir: disk, Redis: rdb, OpenData: openStream})
+	want := fmt.Sprintf("run held: its directory %s on this machine is held by another process (pid %d), a segment of the run that has not ended", dir, os.Getpid())
+	var busy *trainer.RunDirBusyError
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "--out") || !errors.As(err, &busy) {
+		t.Fatalf("segment of a run whose directory is held: %v; want %q, without --out", err, want)
 	}
 }

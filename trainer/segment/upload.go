@@ -574,7 +574,14 @@ func (p Params) guardDisk(dir string, st diskState) error {
 		}
 	}
 	msg := fmt.Sprintf("run %s: %s has %s free, below min_free_disk %s", p.Run.Name, dir, bytesize.Format(free), bytesize.Format(min))
-	if lacking := lackingSteps(localSteps(dir), st); st.objects && len(lacking) > 0 {
+	// The newest, which the guard never removes (it is the one just
+	// written, its upload under way), holds its space whatever object
+	// storage does: it blames the store for nothing.
+	older := localSteps(dir)
+	if len(older) > 0 {
+		older = older[:len(older)-1]
+	}
+	if lacking := lackingSteps(older, st); st.objects && len(lacking) > 0 {
 		// What holds the space is the run's own checkpoints, kept until
 		// object storage has them: the fix is there, not on this disk.
 		var size int64

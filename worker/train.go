@@ -464,7 +464,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		if gpuOnly {
 			err = requireGPUError(err)
 		}
-		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, runs.SizeAdvice(a.Run, noStoreAdvice(a.Run, err))))
+		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, runs.SizeAdvice(a.Run, t.noStoreAdvice(ctx, a.Run, err))))
 	}
 	if out.Done {
 		rep.Message(ctx, fmt.Sprintf("run %s done at step %d", a.Run, out.Step))
@@ -483,11 +483,20 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 // noStoreAdvice adds to the error of a run whose token store this
 // worker's disk lacks (a run moved to another machine) what to do once the
 // store is there: the segment is archived, and the run waits for an
-// enqueue.
-func noStoreAdvice(run string, err error) error {
+// enqueue. Where the worker that appends holds the stores on another disk
+// (a GPU worker started on another machine), that is said first: an
+// ingest there fills no store here.
+func (t *Training) noStoreAdvice(ctx context.Context, run string, err error) error {
 	var no *tokens.NoStoreError
 	if !errors.As(err, &no) {
 		return err
+	}
+	if h, herr := AppendHolderNow(ctx, t.Redis); herr == nil && h != nil && t.DataDir != "" {
+		if id, derr := DiskID(t.DataDir); derr == nil && id != h.Disk {
+			host, _ := os.Hostname()
+			return fmt.Errorf("%w; the token stores are on the disk of the worker that appends (%s), not on this one's (host %s, data directory %s): train on a GPU worker of that data directory (stop this one's gpu queue), or copy the store's folder here, then 'sched enqueue train %s' resumes the run from its last checkpoint",
+				err, h, host, t.DataDir, run)
+		}
 	}
 	return fmt.Errorf("%w, then 'sched enqueue train %s' resumes the run from its last checkpoint", err, run)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/segment"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 // operations.md's move of a run to another machine: the old worker stops
@@ -64,6 +65,14 @@ func TestARunMovedToAMachineWithoutItsStoresResumesOnceTheyAreCopied(t *testing.
 	}
 	newest := steps[len(steps)-1]
 
+	// The stores' machine goes on appending: the new machine's failure
+	// names it, where it said to ingest into the store, which would fill
+	// the old machine's.
+	appender := startWorker(t, env, "--queues", "append=1")
+	waitUntil(t, "the old machine's worker holding the append claim again", func() bool {
+		h, err := worker.AppendHolderNow(ctx, rdb)
+		return err == nil && h != nil && h.PID == appender.Process.Pid
+	})
 	newData := t.TempDir()
 	newEnv := append(env[:len(env):len(env)], "KILN_DATA_DIR="+newData)
 	w := startWorker(t, newEnv, "--queues", "gpu=1")
@@ -80,6 +89,11 @@ func TestARunMovedToAMachineWithoutItsStoresResumesOnceTheyAreCopied(t *testing.
 		!strings.Contains(ts.LastErr, "then 'sched enqueue train eta' resumes the run from its last checkpoint") {
 		t.Fatalf("the segment on a machine without the store: %s after %d retries, %q; want it archived without a retry, naming %s, what to copy and what to enqueue then",
 			ts.State, ts.Retried, ts.LastErr, store)
+	}
+	if want := "the token stores are on the disk of the worker that appends (host "; !strings.Contains(ts.LastErr, want) ||
+		!strings.Contains(ts.LastErr, "data directory "+oldData+" (pid ") || !strings.Contains(ts.LastErr, "not on this one's (host ") ||
+		!strings.Contains(ts.LastErr, "data directory "+newData+"): train on a GPU worker of that data directory") {
+		t.Fatalf("the segment's error %q; want it to name where the stores are (%s) and this worker's data directory (%s)", ts.LastErr, oldData, newData)
 	}
 	// sched runs shows an error's first 200 characters; the task's own
 	// status shows all of it, the advice at its end included.

@@ -531,7 +531,11 @@ func CheckZerosWritten(body *yaml.Node, c RunConfig) error {
 	for _, z := range zeroValues {
 		// Present in the file and 0 once decoded, so that 00 or 0.0 is 0 too.
 		if n := LookupYAML(body, strings.Split(z.key, ".")...); n != nil && z.get(c) == 0 {
-			return fmt.Errorf("line %d: %s is 0: give a positive value, or leave it out%s", n.Line, z.key, z.instead)
+			what := "0"
+			if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+				what = "empty" // lr: (or null, ~), which decodes as 0
+			}
+			return fmt.Errorf("line %d: %s is %s: give a positive value, or leave it out%s", n.Line, z.key, what, z.instead)
 		}
 	}
 	if n := LookupYAML(body, "mixture"); n != nil && n.Kind == yaml.SequenceNode {

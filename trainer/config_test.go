@@ -396,3 +396,15 @@ func TestGPUsSetting(t *testing.T) {
 		}
 	}
 }
+
+// A size written without a value (lr: null, or lr: alone) is said to be
+// empty, where it was said to be 0, which nobody wrote.
+func TestLoadRunConfigSaysAnEmptyValueIsEmpty(t *testing.T) {
+	for _, body := range []string{"model: tiny\nlr: null\n", "model: tiny\nlr:\n"} {
+		path := filepath.Join(t.TempDir(), "run.yaml")
+		os.WriteFile(path, []byte(body), 0o644)
+		if _, err := LoadRunConfig(path); err == nil || !isBadInput(err) || !strings.Contains(err.Error(), "line 2: lr is empty: give a positive value, or leave it out") {
+			t.Errorf("%q: %v; want a bad-input error saying lr is empty", body, err)
+		}
+	}
+}

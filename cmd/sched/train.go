@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
@@ -147,7 +149,7 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	}
 	data, err := trainer.OpenMixture(rc.Mixture, mc, rc.Seq, rc.Seed)
 	if err != nil {
-		return err
+		return storeNamedAsAPath(cfg, rc.Mixture, err)
 	}
 	if tok != nil {
 		t, err := tokenizer.Parse(tok)
@@ -514,6 +516,28 @@ func mergeFlags(cmd *cobra.Command, rc *trainer.RunConfig, f *trainFlags) {
 	set("seed", func() { rc.Seed = f.rc.Seed })
 	set("moe", func() { rc.MoE = f.moeCfg })
 	set("gpus", func() { rc.GPUs = f.rc.GPUs })
+}
+
+// storeNamedAsAPath adds to err, an open of the mixture's stores that
+// found one missing, the store of that name in the data directory, where
+// the name (a store's, as a run of the queue names it) was read as a path
+// from here.
+func storeNamedAsAPath(cfg scheduler.Config, mixture []trainer.MixtureEntry, err error) error {
+	var no *tokens.NoStoreError
+	if !errors.As(err, &no) || cfg.DataDir == "" {
+		return err
+	}
+	for _, e := range mixture {
+		if filepath.Clean(e.Store) != filepath.Clean(no.Dir) || strings.ContainsRune(e.Store, filepath.Separator) {
+			continue
+		}
+		named := filepath.Join(cfg.DataDir, "tokens", e.Store)
+		if _, serr := tokens.ReadManifest(named); serr == nil {
+			return badInput("token store %s: %s here has no %s; the token store of that name in the data directory is %s: give its path (--tokens takes a store's directory)",
+				e.Store, no.Dir, tokens.ManifestFile, named)
+		}
+	}
+	return err
 }
 
 // parseTokensFlags is applied before validation so that a malformed

@@ -463,3 +463,19 @@ func TestTrainIntoADirectoryInUseIsRefused(t *testing.T) {
 		t.Fatalf("resumed: %v\n%s", err, text)
 	}
 }
+
+// A store's name given to --tokens, as a run of the queue names it, is
+// read as a path from here; where the data directory holds the store of
+// that name, the refusal names its path, where it said to ingest into a
+// store that exists.
+func TestTrainTokensNamingAStoreOfTheDataDirectory(t *testing.T) {
+	t.Parallel()
+	env := baseEnv(t)
+	data := envValue(env, "KILN_DATA_DIR")
+	named := filepath.Join(data, "tokens", "mystore")
+	if err := os.CopyFS(named, os.DirFS(trainTestStore(t, 4096, 50000))); err != nil {
+		t.Fatal(err)
+	}
+	wantRefused(t, env, "token store mystore: mystore here has no manifest.json; the token store of that name in the data directory is "+named+": give its path",
+		"train", "--tokens", "mystore", "--model", "tiny", "--steps", "2", "--engine", "cpu", "--seq", "32", "--batch", "2", "--out", filepath.Join(t.TempDir(), "run"))
+}

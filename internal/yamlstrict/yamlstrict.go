@@ -120,7 +120,10 @@ func plainTypes(msg string) string {
 			plain = "a mapping"
 		case t == "float64" || t == "float32":
 			plain = "a number"
-		case strings.HasPrefix(t, "int") || strings.HasPrefix(t, "uint"):
+		case strings.HasPrefix(t, "uint"):
+			// A negative number is what such a type refuses most.
+			plain = "a whole number of 0 or more"
+		case strings.HasPrefix(t, "int"):
 			plain = "a whole number"
 		case t == "bool":
 			plain = "true or false"

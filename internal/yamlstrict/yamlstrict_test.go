@@ -22,6 +22,7 @@ type base struct {
 	Model string  `yaml:"model"`
 	LR    float64 `yaml:"lr"`
 	Steps int     `yaml:"total_steps"`
+	Seed  uint64  `yaml:"seed"`
 	Parts []struct {
 		Store  string  `yaml:"store"`
 		Weight float64 `yaml:"weight"`
@@ -78,7 +79,7 @@ func TestUnknownKeysAreNamed(t *testing.T) {
 	for _, c := range []struct {
 		doc, want string
 	}{
-		{"model: tiny\n\ntotl_steps: 10\n", `line 3: unknown key "totl_steps" (did you mean total_steps?); the keys here are extra, labels, lr, min_free_disk, mixture, model, segment, total_steps`},
+		{"model: tiny\n\ntotl_steps: 10\n", `line 3: unknown key "totl_steps" (did you mean total_steps?); the keys here are extra, labels, lr, min_free_disk, mixture, model, seed, segment, total_steps`},
 		{"segment:\n  max_step: 5\n", `line 2: unknown key "max_step" (did you mean max_steps?); the keys here are max_duration, max_steps`},
 		{"mixture:\n  - store: a\n  - stor: b\n", `line 3: unknown key "stor" (did you mean store?)`},
 		{"labels:\n  a:\n    valeu: x\n", `line 3: unknown key "valeu" (did you mean value?)`},
@@ -98,9 +99,12 @@ func TestUnknownKeysAreNamed(t *testing.T) {
 // A value of the wrong kind is named with its line, in YAML's words.
 func TestTypeErrorsSayWhatTheValueMustBe(t *testing.T) {
 	for doc, want := range map[string]string{
-		"lr: fast\n":                       "line 1: cannot unmarshal !!str `fast` into a number",
-		"model: x\ntotal_steps: 1.5\n":     "line 2: 1.5 is not a whole number",
-		"total_steps: ten\n":               "line 1: cannot unmarshal !!str `ten` into a whole number",
+		"lr: fast\n":                   "line 1: cannot unmarshal !!str `fast` into a number",
+		"model: x\ntotal_steps: 1.5\n": "line 2: 1.5 is not a whole number",
+		"total_steps: ten\n":           "line 1: cannot unmarshal !!str `ten` into a whole number",
+		// An unsigned one says so: a negative seed was "into a whole
+		// number", which -1 is.
+		"seed: -1\n":                       "line 1: cannot unmarshal !!int `-1` into a whole number of 0 or more",
 		"segment:\n  max_duration: soon\n": `line 2: segment.max_duration: "soon" is not a duration: write one such as 30s, 5m or 1h30m`,
 		// No Go type names: a struct is a mapping of settings, a slice a
 		// list, a map a mapping.

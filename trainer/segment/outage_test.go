@@ -776,3 +776,48 @@ func TestAnEventFileOfStepsTrainedAgainIsRemoved(t *testing.T) {
 	}
 	holdsEveryStepOnce(t, obj, "again", 6)
 }
+
+// A segment that starts as object storage begins to hang (after the
+// worker's check of it, before the listing of the run's checkpoints) gives
+// the listing AnswerWithin, then trains on from the checkpoint on this
+// disk, as after a check that failed, where it waited on the store's
+// timeouts and retries, minutes at a time, saying nothing.
+func TestASegmentStartingAsTheStoreHangsTrainsOnFromItsDisk(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _, hang, resume := stoppableS3(t)
+	run := testRun("hangs", 1_000_000)
+	run.Segment.MaxSteps = 4
+	disk := t.TempDir()
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.Uploaded != 4 {
+		t.Fatalf("first segment: %+v, %v; want step 4 uploaded", out, err)
+	}
+	hang()
+	core, logs := observer.New(zap.InfoLevel)
+	type result struct {
+		out Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
+			AnswerWithin: 200 * time.Millisecond, UploadGrace: 200 * time.Millisecond})
+		done <- result{out, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(2 * time.Minute):
+		// The store's stall timeout is an hour: a listing left unbounded
+		// would hold the segment that long.
+		resume()
+		r = <-done
+		t.Fatalf("the segment waited on the hung store's listing: %+v, %v", r.out, r.err)
+	}
+	if r.out.ResumeSource != "local" || r.out.ResumedFrom != 4 || r.out.Step != 8 {
+		t.Fatalf("segment started as the store hung: %+v, %v; want it to resume from the local step 4 and train to 8", r.out, r.err)
+	}
+	if w := logs.FilterMessageSnippet("object storage does not answer: resuming from the local checkpoint").All(); len(w) != 1 {
+		t.Errorf("warnings %v; want one saying it resumes from the local checkpoint", w)
+	}
+}

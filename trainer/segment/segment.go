@@ -77,6 +77,13 @@ type Params struct {
 	// stays on this disk for the next segment here. Keep it below the
 	// worker's shutdown grace. Default 60s.
 	UploadGrace time.Duration
+	// AnswerWithin bounds the listing of the run's checkpoints at the
+	// segment's start: a store that does not answer it by then (one that
+	// hangs) is taken as down, as the worker's check of it at the task's
+	// start takes it, and the segment trains on from this disk where it
+	// can, where it waited on minutes of the store's timeouts and retries
+	// saying nothing. Default 15s.
+	AnswerWithin time.Duration
 	// SlowUpload is how long a checkpoint's upload may take before a
 	// warning names its step, the time so far and the endpoint; the
 	// warning comes again each time that time doubles. Default 1 minute.
@@ -125,6 +132,9 @@ func (p Params) withDefaults() Params {
 	}
 	if p.SlowUpload == 0 {
 		p.SlowUpload = time.Minute
+	}
+	if p.AnswerWithin == 0 {
+		p.AnswerWithin = 15 * time.Second
 	}
 	if p.FreeSpace == nil {
 		p.FreeSpace = disk.Free
@@ -572,7 +582,10 @@ func (p Params) restore(ctx context.Context, dir string) (restored, error) {
 		pulledStep := -1
 		passed := map[int]error{} // damaged ones passed over
 		if err == nil {
-			if r.remote, err = RemoteSteps(ctx, p.Objects, p.Run.Name); err == nil {
+			lctx, cancel := context.WithTimeout(ctx, p.AnswerWithin)
+			r.remote, err = RemoteSteps(lctx, p.Objects, p.Run.Name)
+			cancel()
+			if err == nil {
 				pulled, pulledStep, err = pullNewestOf(ctx, p.Objects, p.Run.Name, r.remote, local, dir, func(step int, err error) {
 					passed[step] = err
 					p.Log.Warn("damaged checkpoint in object storage passed over; trying the one before",

@@ -260,6 +260,17 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		return out, err
 	}
 	out.ResumedFrom, out.ResumeSource = r.step, r.source
+	if !r.unknown && r.newest >= 0 {
+		// Where Redis lost the run's state, the newest checkpoint object
+		// storage holds is recorded now, not at this segment's first
+		// upload (hours away at the pilot's interval): until then `sched
+		// status` said the run had no checkpoint yet.
+		if st, known, err := scheduler.ReadRunState(ctx, p.Redis, run); err == nil && (!known || st.Checkpoint < 0) {
+			if err := lock.Fenced(ctx, map[string]string{"checkpoint": strconv.Itoa(r.newest)}); err != nil {
+				log.Warn("record the newest checkpoint in object storage in the run's state", zap.Int("step", r.newest), zap.Error(err))
+			}
+		}
+	}
 	// Wall-clock adds up over segments; the state hash carries the sum.
 	prevWall, err := p.Redis.HGet(ctx, scheduler.RunStateKey(run), "wall_s").Float64()
 	if err != nil && !errors.Is(err, redis.Nil) {

@@ -770,3 +770,34 @@ func TestASegmentWhoseRunDirectoryIsHeldSaysWhoHoldsIt(t *testing.T) {
 		t.Fatalf("segment of a run whose directory is held: %v; want %q, without --out", err, want)
 	}
 }
+
+// After Redis lost its data, a segment records at its start the newest
+// checkpoint object storage holds, where the run's state said it had none
+// (`sched status`: "no checkpoint yet") until the segment's first upload,
+// hours away at the pilot's checkpoint interval.
+func TestASegmentAfterRedisLostItsDataRecordsTheNewestCheckpointAtOnce(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+	run := testRun("lostdata", 1_000_000)
+	run.Segment.MaxSteps = 4
+	disk := t.TempDir()
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream}); err != nil || out.Uploaded != 4 {
+		t.Fatalf("first segment: %+v, %v", out, err)
+	}
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	run.CheckpointEvery = 1000 // no upload during the second segment
+	var at5 scheduler.RunState
+	var read error
+	_, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if step == 5 && m == nil {
+				at5, _, read = scheduler.ReadRunState(ctx, rdb, "lostdata")
+			}
+		}})
+	if err != nil || read != nil || at5.Checkpoint != 4 {
+		t.Fatalf("the run's state at the second segment's first step: %+v, %v, %v; want checkpoint 4 recorded", at5, read, err)
+	}
+}

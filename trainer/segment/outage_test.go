@@ -781,7 +781,9 @@ func TestAnEventFileOfStepsTrainedAgainIsRemoved(t *testing.T) {
 // worker's check of it, before the listing of the run's checkpoints) gives
 // the listing AnswerWithin, then trains on from the checkpoint on this
 // disk, as after a check that failed, where it waited on the store's
-// timeouts and retries, minutes at a time, saying nothing.
+// timeouts and retries, minutes at a time, saying nothing. The store still
+// hung at its end, it ends without waiting for the grace (an hour here),
+// where it waited all of it, as one whose store refuses does.
 func TestASegmentStartingAsTheStoreHangsTrainsOnFromItsDisk(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRedis(t)
@@ -801,15 +803,15 @@ func TestASegmentStartingAsTheStoreHangsTrainsOnFromItsDisk(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a", Log: zap.New(core),
-			AnswerWithin: 200 * time.Millisecond, UploadGrace: 200 * time.Millisecond})
+			AnswerWithin: 200 * time.Millisecond, UploadGrace: time.Hour})
 		done <- result{out, err}
 	}()
 	var r result
 	select {
 	case r = <-done:
 	case <-time.After(2 * time.Minute):
-		// The store's stall timeout is an hour: a listing left unbounded
-		// would hold the segment that long.
+		// The store's stall timeout is an hour, as is the grace: a
+		// listing left unbounded would hold the segment that long.
 		resume()
 		r = <-done
 		t.Fatalf("the segment waited on the hung store's listing: %+v, %v", r.out, r.err)
@@ -820,4 +822,12 @@ func TestASegmentStartingAsTheStoreHangsTrainsOnFromItsDisk(t *testing.T) {
 	if w := logs.FilterMessageSnippet("object storage does not answer: resuming from the local checkpoint").All(); len(w) != 1 {
 		t.Errorf("warnings %v; want one saying it resumes from the local checkpoint", w)
 	}
+	// Once the store answers, the next segment uploads what this one
+	// left on the disk, and every step is in TensorBoard's files once.
+	resume()
+	run.Segment.MaxSteps = 2
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-a"}); err != nil || out.ResumedFrom != 8 || out.Uploaded != 10 {
+		t.Fatalf("segment after the hang: %+v, %v; want it to resume from 8 and upload 10", out, err)
+	}
+	holdsEveryStepOnce(t, obj, "hangs", 10)
 }

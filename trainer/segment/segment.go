@@ -415,7 +415,18 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		// checkpoints were not trained with.
 		return out, fmt.Errorf("resume from step %d: %w", out.ResumedFrom, terr)
 	}
-	rerr := p.writeResults(gctx, dir, rc, out, log)
+	var rerr error
+	if !res.Done && up.unanswered() {
+		// Object storage has not answered since before this segment began:
+		// the results are written by the next segment that reaches it,
+		// with its own, not waited for here as long as the grace.
+		rerr = uerr
+		if rerr == nil {
+			rerr = fmt.Errorf("results of run %s: object storage did not answer this segment", run)
+		}
+	} else {
+		rerr = p.writeResults(gctx, dir, rc, out, log)
+	}
 	// The segment's last word on the run, however it ended: where it
 	// stopped, and "done" to tell a waiting `sched demo` (and `sched
 	// status`) that the results are final.

@@ -78,6 +78,8 @@ type uploader struct {
 	uploaded int // the newest step this segment uploaded, -1 none
 	lastErr  error
 	changed  chan struct{} // closed and replaced when an upload ends
+	// endListing ends settle's listing under way, where training is over.
+	endListing context.CancelFunc
 }
 
 type upJob struct {
@@ -254,7 +256,22 @@ func (u *uploader) settle() bool {
 	unsure := u.unsure != nil
 	u.mu.Unlock()
 	for wait := time.Second; unsure; wait = min(2*wait, 30*time.Second) {
-		steps, err := RemoteSteps(u.ctx, u.p.Objects, u.p.Run.Name)
+		// A store that hangs is given AnswerWithin, as at the segment's
+		// start, and no more once training is over (finish ends the
+		// listing): the segment that began during the outage and finds
+		// it still there at its end ends without waiting for the grace.
+		lctx, cancel := context.WithTimeout(u.ctx, u.p.AnswerWithin)
+		u.mu.Lock()
+		if u.closed {
+			cancel()
+		}
+		u.endListing = cancel
+		u.mu.Unlock()
+		steps, err := RemoteSteps(lctx, u.p.Objects, u.p.Run.Name)
+		if err != nil && lctx.Err() != nil && u.ctx.Err() == nil {
+			err = fmt.Errorf("object storage at %s does not answer (no listing of the run's checkpoints within %v): %w", u.endpoint, u.p.AnswerWithin, err)
+		}
+		cancel()
 		if err == nil {
 			lacking := u.p.owedSteps(u.dir, u.rc, steps)
 			var owed []int
@@ -449,6 +466,14 @@ func (u *uploader) pruneLocal() {
 	}
 }
 
+// unanswered reports whether object storage has not answered this segment
+// at all: it did not at the start, and settle has not listed it since.
+func (u *uploader) unanswered() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.unsure != nil
+}
+
 // finish closes the queue and waits for what it holds, or until the grace
 // is over (u.ctx ends UploadGrace after the segment's context): the upload
 // in flight is then abandoned (its marker is never written, so object
@@ -459,6 +484,9 @@ func (u *uploader) pruneLocal() {
 func (u *uploader) finish() error {
 	u.mu.Lock()
 	u.closed = true
+	if u.endListing != nil {
+		u.endListing()
+	}
 	u.mu.Unlock()
 	u.signal()
 	<-u.done

@@ -34,6 +34,10 @@ import (
 type Training struct {
 	// Redis holds the runs' locks and state (required).
 	Redis redis.UniversalClient
+	// NoGPU says why no GPU starts on this worker ("" where one does):
+	// the sweep, of GPU shapes, is refused where its engine would be the
+	// CPU, on which it would hold the gpu queue for hours. Nil: not asked.
+	NoGPU func() string
 	// Objects holds checkpoints and results (required).
 	Objects store.Store
 	// Enqueue queues the next segment (required): scheduler.Client.Enqueue.
@@ -166,6 +170,16 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 	switch {
 	case a.Sweep == "sweep" || (a.Sweep == "" && a.Model == "sweep"):
 		shapes = runs.Sweep()
+		if engine, _ := t.gpuEngine(a.Engine); engine == "cpu" || (engine == "" || engine == "auto") && t.NoGPU != nil {
+			why := "its engine is cpu"
+			if engine != "cpu" {
+				why = t.NoGPU()
+			}
+			if why != "" {
+				return fmt.Errorf("bench:run: the sweep measures the GPU's shapes (%d of them, up to the base model at 32 x 1024), hours on a CPU, and this worker trains on the CPU (%s): run it on a worker whose GPU starts, or measure a CPU run's own step with 'sched enqueue bench RUN' (pilot-cpu, demo) (%w)",
+					len(shapes), why, asynq.SkipRetry)
+			}
+		}
 	case a.Sweep != "":
 		return fmt.Errorf("bench:run: unknown sweep %q: the one sweep is \"sweep\" (%w)", a.Sweep, asynq.SkipRetry)
 	default:

@@ -198,6 +198,30 @@ func TestEnqueueBenchOfARunMeasuresItsStep(t *testing.T) {
 	}
 }
 
+// The bench sweep on a worker where no GPU starts (the README's CPU day)
+// is archived at once, saying why and what to measure instead, where it
+// ran its GPU shapes on the CPU, holding the gpu queue for hours.
+func TestTheSweepOnAWorkerWithoutAGPUIsRefused(t *testing.T) {
+	t.Parallel()
+	if cuda.Devices() > 0 {
+		t.Skip("a GPU is present; this test covers machines without one")
+	}
+	r := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_LOG_FORMAT=json", "KILN_DATA_DIR=" + t.TempDir()}
+	out, errOut, code := sched(t, env, "enqueue", "bench", "sweep")
+	m := regexp.MustCompile(`queued (bench:run:[0-9a-f]+) on gpu`).FindStringSubmatch(out)
+	if code != 0 || m == nil {
+		t.Fatalf("enqueue bench sweep: exit %d, %q %q", code, out, errOut)
+	}
+	startWorker(t, env, "--queues", "gpu=1")
+	out = waitStatus(t, env, m[1], regexp.MustCompile(`archived`), time.Minute)
+	for _, want := range []string{"the sweep measures the GPU's shapes", "hours on a CPU, and this worker trains on the CPU (", "'sched enqueue bench RUN' (pilot-cpu, demo)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("sched status %s lacks %q:\n%s", m[1], want, out)
+		}
+	}
+}
+
 // A worker (re)started while object storage is down starts anyway, saying
 // so, rather than exiting: under compose or systemd it would crash-loop
 // until the store came back, and its running segment could not train on

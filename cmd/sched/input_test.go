@@ -258,3 +258,24 @@ func TestASecondSignalStopsACommandAtOnce(t *testing.T) {
 		t.Fatalf("tokenize after a second SIGTERM: %v\n%swant it ended by the signal", cmd.ProcessState, said.String())
 	}
 }
+
+// A gpu task's process, which its worker stops and which systemd's stop
+// signals too (every process of the unit), is not ended by a second
+// SIGTERM: that would lose the checkpoint its stop is writing. Every other
+// command is.
+func TestASecondSignalEndsEveryCommandButAGPUTasksProcess(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		ends bool
+	}{
+		{[]string{taskCommand}, false},
+		{[]string{"worker", "--queues", "gpu=1"}, true},
+		{[]string{"train", "--steps", "2"}, true},
+		{[]string{"tokenize"}, true},
+		{nil, true},
+	} {
+		if got := secondSignalEnds(c.args); got != c.ends {
+			t.Errorf("sched %v: a second signal ends it: %v, want %v", c.args, got, c.ends)
+		}
+	}
+}

@@ -49,14 +49,27 @@ func main() {
 		os.Exit(report(err))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// The first signal asks the command to stop where it keeps its work
-	// whole; a second one ends the process at once, as if it were not
-	// caught, for a stop the command is slow to make (a CPU step of
-	// minutes, a long sample) or one the user will not wait for.
-	context.AfterFunc(ctx, stop)
+	if secondSignalEnds(os.Args[1:]) {
+		// The first signal asks the command to stop where it keeps its
+		// work whole; a second one ends the process at once, as if it were
+		// not caught, for a stop the command is slow to make (a CPU step
+		// of minutes, a long sample) or one the user will not wait for.
+		context.AfterFunc(ctx, stop)
+	}
 	cmd, err := rootCmd.ExecuteContextC(ctx)
 	stop()
 	os.Exit(report(stoppedBySignal(ctx, cmd, err)))
+}
+
+// secondSignalEnds says whether a second signal ends the command args
+// names at once: every command but a gpu task's process, which its worker
+// stops (one SIGTERM, then SIGKILL after the grace) and which may get the
+// same SIGTERM from elsewhere too (systemd's stop signals every process
+// of the worker's unit), so that a second one must not cost the
+// checkpoint the first is writing.
+func secondSignalEnds(args []string) bool {
+	c, _, err := rootCmd.Find(args)
+	return err != nil || c.Name() != taskCommand
 }
 
 // stoppedBySignal is the error of a command that a signal stopped where

@@ -78,8 +78,6 @@ type uploader struct {
 	uploaded int // the newest step this segment uploaded, -1 none
 	lastErr  error
 	changed  chan struct{} // closed and replaced when an upload ends
-	// endListing ends settle's listing under way, where training is over.
-	endListing context.CancelFunc
 }
 
 type upJob struct {
@@ -257,18 +255,13 @@ func (u *uploader) settle() bool {
 	u.mu.Unlock()
 	for wait := time.Second; unsure; wait = min(2*wait, 30*time.Second) {
 		// A store that hangs is given AnswerWithin, as at the segment's
-		// start, and no more once training is over (finish ends the
-		// listing): the segment that began during the outage and finds
-		// it still there at its end ends without waiting for the grace.
+		// start: the segment that began during the outage and finds it
+		// still there at its end ends after that, not the grace. The
+		// error stays the store's (store.Unreachable), so that the run's
+		// last segment waits for it.
 		lctx, cancel := context.WithTimeout(u.ctx, u.p.AnswerWithin)
-		u.mu.Lock()
-		if u.closed {
-			cancel()
-		}
-		u.endListing = cancel
-		u.mu.Unlock()
 		steps, err := RemoteSteps(lctx, u.p.Objects, u.p.Run.Name)
-		if err != nil && lctx.Err() != nil && u.ctx.Err() == nil {
+		if err != nil && errors.Is(lctx.Err(), context.DeadlineExceeded) && u.ctx.Err() == nil {
 			err = fmt.Errorf("object storage at %s does not answer (no listing of the run's checkpoints within %v): %w", u.endpoint, u.p.AnswerWithin, err)
 		}
 		cancel()
@@ -484,9 +477,6 @@ func (u *uploader) unanswered() bool {
 func (u *uploader) finish() error {
 	u.mu.Lock()
 	u.closed = true
-	if u.endListing != nil {
-		u.endListing()
-	}
 	u.mu.Unlock()
 	u.signal()
 	<-u.done

@@ -25,11 +25,16 @@ type RunDirBusyError struct {
 }
 
 func (e *RunDirBusyError) Error() string {
-	who := "another process"
+	return fmt.Sprintf("run directory %s is being trained into by %s: wait for it to end or stop it, or train into another directory (--out)", e.Dir, e.Holder())
+}
+
+// Holder names the process that holds the directory, by its pid where
+// that could be read.
+func (e *RunDirBusyError) Holder() string {
 	if e.PID > 0 {
-		who = "another process (pid " + strconv.Itoa(e.PID) + ")"
+		return "another process (pid " + strconv.Itoa(e.PID) + ")"
 	}
-	return fmt.Sprintf("run directory %s is being trained into by %s: wait for it to end or stop it, or train into another directory (--out)", e.Dir, who)
+	return "another process"
 }
 
 // lockRunDir takes the flock of dir's RunDirLockFile without waiting; the

@@ -170,15 +170,10 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 	switch {
 	case a.Sweep == "sweep" || (a.Sweep == "" && a.Model == "sweep"):
 		shapes = runs.Sweep()
-		if engine, _ := t.gpuEngine(a.Engine); engine == "cpu" || (engine == "" || engine == "auto") && t.NoGPU != nil {
-			why := "its engine is cpu"
-			if engine != "cpu" {
-				why = t.NoGPU()
-			}
-			if why != "" {
-				return fmt.Errorf("bench:run: the sweep measures the GPU's shapes (%d of them, up to the base model at 32 x 1024), hours on a CPU, and this worker trains on the CPU (%s): run it on a worker whose GPU starts, or measure a CPU run's own step with 'sched enqueue bench RUN' (pilot-cpu, demo) (%w)",
-					len(shapes), why, asynq.SkipRetry)
-			}
+		engine, _ := t.gpuEngine(a.Engine)
+		if why := t.onCPU(engine); why != "" {
+			return fmt.Errorf("bench:run: the sweep measures the GPU's shapes (%d of them, up to the base model at 32 x 1024), hours on a CPU, and this worker trains on the CPU (%s): run it on a worker whose GPU starts, or measure a CPU run's own step with 'sched enqueue bench RUN' (pilot-cpu, demo) (%w)",
+				len(shapes), why, asynq.SkipRetry)
 		}
 	case a.Sweep != "":
 		return fmt.Errorf("bench:run: unknown sweep %q: the one sweep is \"sweep\" (%w)", a.Sweep, asynq.SkipRetry)
@@ -339,6 +334,18 @@ func appendBenchRow(ctx context.Context, obj store.Store, row results.BenchRow) 
 		return fmt.Errorf("write %s: %w", BenchKey, err)
 	}
 	return nil
+}
+
+// onCPU says why work on engine trains on the CPU on this worker, "" where
+// it does not (or NoGPU is not there to say).
+func (t *Training) onCPU(engine string) string {
+	switch {
+	case engine == "cpu":
+		return "its engine is cpu"
+	case (engine == "" || engine == "auto") && t.NoGPU != nil:
+		return t.NoGPU()
+	}
+	return ""
 }
 
 // gpusFor is the worker's GPUs (KILN_GPUS) that a run or bench on engine

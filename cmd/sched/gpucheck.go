@@ -72,14 +72,22 @@ func noGPUWhy(h kernels.Host, err error) string {
 	return err.Error()
 }
 
+// noGPUHere says why no GPU starts on this machine, "" where one does.
+func noGPUHere() string {
+	if h, err := kernels.ProbeHost(); err != nil {
+		return noGPUWhy(h, err)
+	}
+	return ""
+}
+
 // checkCUDAEngine refuses --engine cuda where no GPU starts, before any
 // work that would come first.
 func checkCUDAEngine(engine string) error {
 	if engine != "cuda" {
 		return nil
 	}
-	if h, err := kernels.ProbeHost(); err != nil {
-		return badInput("--engine cuda: %s; train on --engine cpu, or auto (the GPU where one starts)", noGPUWhy(h, err))
+	if why := noGPUHere(); why != "" {
+		return badInput("--engine cuda: %s; train on --engine cpu, or auto (the GPU where one starts)", why)
 	}
 	return nil
 }

@@ -45,12 +45,15 @@ func openInput(ctx context.Context, path string) (*os.File, error) {
 	return o.f, nil
 }
 
-// stoppedError is the error of a text command (tokenize, tokenizer
-// train) whose work a signal stopped: it says what became of out, and
-// exits 130. err is what the work returned, the signal's cause when it is
-// the closed stream's error.
-func stoppedError(ctx context.Context, what, out string, err error) error {
-	if errors.Is(err, os.ErrClosed) || !errors.Is(err, context.Cause(ctx)) {
+// stoppedBy is err, the error of a text command (tokenize, tokenizer
+// train), where no signal stopped it; where one did (ctx ended), whatever
+// the work returned, it says so and what became of out, and exits 130.
+func stoppedBy(ctx context.Context, what, out string, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	if !errors.Is(err, context.Cause(ctx)) {
+		// The closed stream's error, an open given up: the signal is why.
 		err = context.Cause(ctx)
 	}
 	kept := fmt.Sprintf("nothing was written to %s (a file already there is as it was)", out)

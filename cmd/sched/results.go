@@ -96,15 +96,12 @@ func downloadEvents(ctx context.Context, w io.Writer, st store.Store, run, dir s
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		// Where in the path it failed: a file in the way of dir/<run>
 		// is not dir itself.
-		at, why := dir, errors.Unwrap(err)
+		at, move := dir, ""
 		var pe *fs.PathError
 		if errors.As(err, &pe) && filepath.Clean(pe.Path) != filepath.Clean(dir) {
-			at = pe.Path
+			at, move = dir+": "+pe.Path, ", or move "+pe.Path
 		}
-		if at != dir {
-			return badInput("--tensorboard %s: %s: %v: give a directory this user can write (it is made if absent), such as tb, or move %s", dir, at, why, at)
-		}
-		return badInput("--tensorboard %s: %v: give a directory this user can write (it is made if absent), such as tb", dir, why)
+		return badInput("--tensorboard %s: %v: give a directory this user can write (it is made if absent), such as tb%s", at, errors.Unwrap(err), move)
 	}
 	held := map[string]bool{}
 	for _, o := range objs {

@@ -221,7 +221,8 @@ func idWidth(dtype string) (int, error) {
 	return 0, badInput("--dtype %q is not u16 or u32: give u16 (vocabularies of up to 65536 ids) or u32", dtype)
 }
 
-func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer, label, in, out, dtype string) error {
+func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer, label, in, out, dtype string) (err error) {
+	defer func() { err = stoppedBy(ctx, "tokenize", out, err) }()
 	width, err := idWidth(dtype)
 	if err != nil {
 		return err
@@ -231,9 +232,6 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 	}
 	src, err := openInput(ctx, in)
 	if err != nil {
-		if ctx.Err() != nil {
-			return stoppedError(ctx, "tokenize", out, err)
-		}
 		return badInput("tokenize: cannot open --in: %v (name a readable text file)", err)
 	}
 	if err := checkOut(out); err != nil {
@@ -270,9 +268,6 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 		return nil
 	})
 	if err != nil {
-		if ctx.Err() != nil {
-			return stoppedError(ctx, "tokenize", out, err)
-		}
 		return fmt.Errorf("tokenize: %w", err)
 	}
 	took := time.Since(start)
@@ -305,7 +300,8 @@ func (p progressFile) ReadAt(b []byte, off int64) (int, error) {
 	return n, err
 }
 
-func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, out string, policy outPolicy, opts tokenizer.TrainOptions) error {
+func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, out string, policy outPolicy, opts tokenizer.TrainOptions) (err error) {
+	defer func() { err = stoppedBy(ctx, "tokenizer train", out, err) }()
 	if len(inputs) == 0 {
 		return badInput("tokenizer train needs --in FILES; see 'sched tokenizer train --help'")
 	}
@@ -323,9 +319,6 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	for _, p := range inputs {
 		f, err := openInput(ctx, p)
 		if err != nil {
-			if ctx.Err() != nil {
-				return stoppedError(ctx, "tokenizer train", out, err)
-			}
 			return badInput("tokenizer train: cannot open --in: %v (name readable text files: --in repeated or comma-separated)", err)
 		}
 		defer f.Close()
@@ -371,9 +364,6 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	}
 	data, err := tokenizer.Train(ctx, readers, opts)
 	if err != nil {
-		if ctx.Err() != nil {
-			return stoppedError(ctx, "tokenizer train", out, err)
-		}
 		return err
 	}
 	// Again: in the minutes the training took, a file may have come to

@@ -14,7 +14,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/kiln-lm/kiln/ingest"
-	"github.com/kiln-lm/kiln/kernels"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokens/catalog"
@@ -318,12 +317,7 @@ func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, 
 			Bench: func(ctx context.Context, b worker.BenchSpec) (results.BenchRow, error) {
 				return benchRow(ctx, b, func(msg string) { log.Info(msg) })
 			},
-			NoGPU: func() string {
-				if h, err := kernels.ProbeHost(); err != nil {
-					return noGPUWhy(h, err)
-				}
-				return ""
-			},
+			NoGPU: noGPUHere,
 		}
 	}
 	return hs, nil

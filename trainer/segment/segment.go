@@ -604,10 +604,7 @@ func (p Params) restore(ctx context.Context, dir string) (restored, error) {
 		pulledStep := -1
 		passed := map[int]error{} // damaged ones passed over
 		if err == nil {
-			lctx, cancel := context.WithTimeout(ctx, p.AnswerWithin)
-			r.remote, err = RemoteSteps(lctx, p.Objects, p.Run.Name)
-			cancel()
-			if err == nil {
+			if r.remote, err = p.remoteSteps(ctx); err == nil {
 				pulled, pulledStep, err = pullNewestOf(ctx, p.Objects, p.Run.Name, r.remote, local, dir, func(step int, err error) {
 					passed[step] = err
 					p.Log.Warn("damaged checkpoint in object storage passed over; trying the one before",
@@ -683,6 +680,19 @@ func (p Params) restoreOffline(ctx context.Context, local int, outage error) (re
 	return restored{step: local, source: "local", unknown: true, newest: st.Checkpoint}, nil
 }
 
+// remoteSteps is RemoteSteps of the run, given AnswerWithin: a store that
+// hangs is taken as one that is down (store.Unreachable, the error naming
+// the bound), where it held the segment for its timeouts and retries.
+func (p Params) remoteSteps(ctx context.Context) ([]int, error) {
+	lctx, cancel := context.WithTimeout(ctx, p.AnswerWithin)
+	defer cancel()
+	steps, err := RemoteSteps(lctx, p.Objects, p.Run.Name)
+	if err != nil && errors.Is(lctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		err = fmt.Errorf("object storage at %s does not answer (no listing of the run's checkpoints within %v): %w", describe(p.Objects), p.AnswerWithin, err)
+	}
+	return steps, err
+}
+
 // dirBusyError is trainer.RunDirBusyError as a segment meets it: another
 // process on this machine still trains the run in its directory, a segment
 // whose worker lost the run's lock (stopped, frozen, cut off from Redis)
@@ -693,11 +703,7 @@ type dirBusyError struct {
 }
 
 func (e dirBusyError) Error() string {
-	who := "another process"
-	if e.busy.PID > 0 {
-		who = fmt.Sprintf("another process (pid %d)", e.busy.PID)
-	}
-	return fmt.Sprintf("run %s: its directory %s on this machine is held by %s, a segment of the run that has not ended (its worker stopped, frozen or cut off from Redis): this segment is tried again; where that process hangs, stop it", e.run, e.busy.Dir, who)
+	return fmt.Sprintf("run %s: its directory %s on this machine is held by %s, a segment of the run that has not ended (its worker stopped, frozen or cut off from Redis): this segment is tried again; where that process hangs, stop it", e.run, e.busy.Dir, e.busy.Holder())
 }
 
 func (e dirBusyError) Unwrap() error { return e.busy }

@@ -259,12 +259,7 @@ func (u *uploader) settle() bool {
 		// still there at its end ends after that, not the grace. The
 		// error stays the store's (store.Unreachable), so that the run's
 		// last segment waits for it.
-		lctx, cancel := context.WithTimeout(u.ctx, u.p.AnswerWithin)
-		steps, err := RemoteSteps(lctx, u.p.Objects, u.p.Run.Name)
-		if err != nil && errors.Is(lctx.Err(), context.DeadlineExceeded) && u.ctx.Err() == nil {
-			err = fmt.Errorf("object storage at %s does not answer (no listing of the run's checkpoints within %v): %w", u.endpoint, u.p.AnswerWithin, err)
-		}
-		cancel()
+		steps, err := u.p.remoteSteps(u.ctx)
 		if err == nil {
 			lacking := u.p.owedSteps(u.dir, u.rc, steps)
 			var owed []int

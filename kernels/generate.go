@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/kiln-lm/kiln/kernels/cuda"
@@ -11,7 +12,7 @@ import (
 // then one row, attending to the cached keys and values. It returns the new
 // tokens only (the stop token included), as the CPU engine does, and picks
 // them with model.Sampler so that a seed draws the same on both engines.
-func (e *Engine) Generate(prompt []int32, n int, stop int32, s model.Sampling) ([]int32, error) {
+func (e *Engine) Generate(ctx context.Context, prompt []int32, n int, stop int32, s model.Sampling) ([]int32, error) {
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("generate needs a prompt of at least one token")
 	}
@@ -75,6 +76,9 @@ func (e *Engine) Generate(prompt []int32, n int, stop int32, s model.Sampling) (
 		logits := make([]float32, V)
 		tokens := prompt
 		for {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
 			if err := e.stageIDs(tokens); err != nil {
 				return err
 			}

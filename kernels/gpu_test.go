@@ -366,7 +366,7 @@ func TestGenerateMatchesCPU(t *testing.T) {
 			if err := eng.SetParams(p); err != nil {
 				t.Fatal(err)
 			}
-			out, err := eng.Generate(prompt, n, -1, model.Sampling{})
+			out, err := eng.Generate(context.Background(), prompt, n, -1, model.Sampling{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -382,12 +382,18 @@ func TestGenerateMatchesCPU(t *testing.T) {
 		}
 		// Stopping: a stop token ends the run and is included.
 		stop := outs[1][3]
-		out, err := e.Generate(prompt, n, stop, model.Sampling{})
+		out, err := e.Generate(context.Background(), prompt, n, stop, model.Sampling{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(out) == 0 || out[len(out)-1] != stop || len(out) > 4 {
 			t.Fatalf("generation with stop %d returned %v", stop, out)
+		}
+		// A cancelled context ends it before its first new token.
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if out, err := e.Generate(ctx, prompt, n, -1, model.Sampling{}); !errors.Is(err, context.Canceled) || len(out) != 0 {
+			t.Fatalf("generation with a cancelled context returned %v, %v; want no tokens and context.Canceled", out, err)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -519,8 +520,8 @@ func (g *Group) Logits(b model.Batch) ([]float32, error) { return g.ranks[0].Log
 func (g *Group) EvalLoss(b model.Batch) (float64, error) { return g.ranks[0].EvalLoss(b) }
 
 // Generate implements model.Engine on GPU 0.
-func (g *Group) Generate(prompt []int32, n int, stop int32, s model.Sampling) ([]int32, error) {
-	return g.ranks[0].Generate(prompt, n, stop, s)
+func (g *Group) Generate(ctx context.Context, prompt []int32, n int, stop int32, s model.Sampling) ([]int32, error) {
+	return g.ranks[0].Generate(ctx, prompt, n, stop, s)
 }
 
 // Memory implements model.Engine: GPU 0's, which every GPU matches.

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"context"
 	"path/filepath"
 	"testing"
 
@@ -83,7 +84,7 @@ func TestGenerateBF16(t *testing.T) {
 	if err := e.SetParams(p); err != nil {
 		t.Fatal(err)
 	}
-	out, err := e.Generate(prompt, n, -1, model.Sampling{})
+	out, err := e.Generate(context.Background(), prompt, n, -1, model.Sampling{})
 	if err != nil {
 		t.Fatal(err)
 	}

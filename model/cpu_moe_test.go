@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"math"
 	"testing"
 )
@@ -151,7 +152,7 @@ func TestMoEGenerateMatchesFullForward(t *testing.T) {
 	c := moeTestConfig()
 	e := newTestEngine(t, c, 2, 4)
 	prompt := []int32{5, 17, 3, 88, 40}
-	out, err := e.Generate(prompt, 8, -1, Sampling{})
+	out, err := e.Generate(context.Background(), prompt, 8, -1, Sampling{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"context"
+	"errors"
 	"math"
 	"slices"
 	"strings"
@@ -191,7 +193,7 @@ func TestGenerateMatchesFullForward(t *testing.T) {
 	c := testConfig(false)
 	e := newTestEngine(t, c, 2, 4)
 	prompt := []int32{5, 17, 3, 88, 40}
-	out, err := e.Generate(prompt, 8, -1, Sampling{})
+	out, err := e.Generate(context.Background(), prompt, 8, -1, Sampling{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,9 +214,44 @@ func TestGenerateMatchesFullForward(t *testing.T) {
 		seq = append(seq, tok)
 	}
 	// Stopping: the stop token ends the run and is returned.
-	stopped, _ := e.Generate(prompt, 8, out[2], Sampling{})
+	stopped, _ := e.Generate(context.Background(), prompt, 8, out[2], Sampling{})
 	if len(stopped) != 3 || stopped[2] != out[2] {
 		t.Errorf("stop at %d: got %v from %v", out[2], stopped, out)
+	}
+}
+
+// countdown is a context that is cancelled once Err has been asked n
+// times: a stop that comes in the middle of a generation, at a point the
+// test chooses.
+type countdown struct {
+	context.Context
+	n int
+}
+
+func (c *countdown) Err() error {
+	if c.n--; c.n < 0 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// A cancelled context ends a generation before its next token: a stop
+// (Ctrl-C on sched generate) does not wait for the tokens still to come.
+func TestGenerateEndsWhenItsContextIs(t *testing.T) {
+	c := testConfig(false)
+	e := newTestEngine(t, c, 2, 4)
+	prompt := []int32{5, 17, 3, 88, 40}
+	whole, err := e.Generate(context.Background(), prompt, 20, -1, Sampling{})
+	if err != nil || len(whole) != 20 {
+		t.Fatalf("uncancelled: %d tokens, %v", len(whole), err)
+	}
+	ctx := &countdown{Context: context.Background(), n: 3}
+	out, err := e.Generate(ctx, prompt, 20, -1, Sampling{})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled after 3 tokens: err %v, want context.Canceled", err)
+	}
+	if !slices.Equal(out, whole[:3]) {
+		t.Errorf("cancelled after 3 tokens: returned %v, want the first 3 of %v", out, whole)
 	}
 }
 
@@ -222,17 +259,17 @@ func TestSampling(t *testing.T) {
 	c := testConfig(true)
 	e := newTestEngine(t, c, 1, 4)
 	prompt := []int32{1, 2, 3}
-	a, _ := e.Generate(prompt, 20, -1, Sampling{Temperature: 1, Seed: 9})
-	b, _ := e.Generate(prompt, 20, -1, Sampling{Temperature: 1, Seed: 9})
-	d, _ := e.Generate(prompt, 20, -1, Sampling{Temperature: 1, Seed: 10})
+	a, _ := e.Generate(context.Background(), prompt, 20, -1, Sampling{Temperature: 1, Seed: 9})
+	b, _ := e.Generate(context.Background(), prompt, 20, -1, Sampling{Temperature: 1, Seed: 9})
+	d, _ := e.Generate(context.Background(), prompt, 20, -1, Sampling{Temperature: 1, Seed: 10})
 	if !slices.Equal(a, b) {
 		t.Errorf("same seed, different tokens: %v vs %v", a, b)
 	}
 	if slices.Equal(a, d) {
 		t.Errorf("seeds 9 and 10 drew the same 20 tokens %v", a)
 	}
-	greedy, _ := e.Generate(prompt, 20, -1, Sampling{})
-	top1, _ := e.Generate(prompt, 20, -1, Sampling{Temperature: 0.7, TopK: 1, Seed: 3})
+	greedy, _ := e.Generate(context.Background(), prompt, 20, -1, Sampling{})
+	top1, _ := e.Generate(context.Background(), prompt, 20, -1, Sampling{Temperature: 0.7, TopK: 1, Seed: 3})
 	if !slices.Equal(greedy, top1) {
 		t.Errorf("top-k 1 %v differs from greedy %v", top1, greedy)
 	}
@@ -289,7 +326,7 @@ func TestBadBatches(t *testing.T) {
 	if err := e.ForwardBackward(b, 1); err == nil || !strings.Contains(err.Error(), "no targets") {
 		t.Errorf("all targets ignored: %v", err)
 	}
-	if _, err := e.Generate(nil, 3, -1, Sampling{}); err == nil {
+	if _, err := e.Generate(context.Background(), nil, 3, -1, Sampling{}); err == nil {
 		t.Error("empty prompt accepted")
 	}
 }

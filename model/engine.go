@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -128,8 +129,9 @@ type Engine interface {
 	// Generate extends prompt by up to n tokens with a KV cache, stopping
 	// early after stop when stop >= 0. It returns the new tokens only, the
 	// stop token included, drawn with a Sampler so that a seed means the
-	// same draws on every engine.
-	Generate(prompt []int32, n int, stop int32, s Sampling) ([]int32, error)
+	// same draws on every engine. A cancelled ctx ends it before the next
+	// token, with ctx's error.
+	Generate(ctx context.Context, prompt []int32, n int, stop int32, s Sampling) ([]int32, error)
 
 	Memory() MemoryStats
 	Close() error

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -80,7 +81,7 @@ type kvCache struct {
 // (the stop token included when it ends the run). The prompt is run once
 // through the model; each new token then costs one row of work, attending to
 // the cached keys and values.
-func (e *CPUEngine) Generate(prompt []int32, n int, stop int32, s Sampling) ([]int32, error) {
+func (e *CPUEngine) Generate(ctx context.Context, prompt []int32, n int, stop int32, s Sampling) ([]int32, error) {
 	if len(prompt) == 0 {
 		return nil, fmt.Errorf("generate needs a prompt of at least one token")
 	}
@@ -103,6 +104,9 @@ func (e *CPUEngine) Generate(prompt []int32, n int, stop int32, s Sampling) ([]i
 	var out []int32
 	logits := e.decode(cache, prompt)
 	for len(out) < n {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
 		next := sm.Next(logits)
 		out = append(out, next)
 		if stop >= 0 && next == stop || len(out) == n {

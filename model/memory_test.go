@@ -1,6 +1,7 @@
 package model
 
 import (
+	"context"
 	"errors"
 	"math"
 	"runtime"
@@ -91,7 +92,7 @@ func TestCPUGenerateEstimateMatchesAllocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Generate(prompt, 8, -1, Sampling{}); err != nil {
+	if _, err := e.Generate(context.Background(), prompt, 8, -1, Sampling{}); err != nil {
 		t.Fatal(err)
 	}
 	runtime.ReadMemStats(&after)
@@ -292,7 +293,7 @@ func TestMoEEstimateMatchesAllocation(t *testing.T) {
 		prompt[i] = int32(i)
 	}
 	got = measure(func(e *CPUEngine) {
-		if _, err := e.Generate(prompt, 8, -1, Sampling{}); err != nil {
+		if _, err := e.Generate(context.Background(), prompt, 8, -1, Sampling{}); err != nil {
 			t.Fatal(err)
 		}
 	})

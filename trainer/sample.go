@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/kiln-lm/kiln/model"
@@ -19,7 +20,7 @@ const SamplePrompt = "package main\n\nimport (\n"
 // tokenizer's, whose ids past it an early model still gives weight to. It
 // returns the generated ids, which the gate reads, and the prompt with
 // their text.
-func Sample(dir string, tok *tokenizer.Tokenizer) ([]int32, string, error) {
+func Sample(ctx context.Context, dir string, tok *tokenizer.Tokenizer) ([]int32, string, error) {
 	snap, err := ReadCheckpoint(dir, nil)
 	if err != nil {
 		return nil, "", err
@@ -36,7 +37,7 @@ func Sample(dir string, tok *tokenizer.Tokenizer) ([]int32, string, error) {
 	for _, id := range tok.Encode(SamplePrompt) {
 		ids = append(ids, int32(id))
 	}
-	gen, err := eng.Generate(ids, 256, -1, model.Sampling{Temperature: 0.8, TopK: 40, Seed: 1, Vocab: tok.VocabSize()})
+	gen, err := eng.Generate(ctx, ids, 256, -1, model.Sampling{Temperature: 0.8, TopK: 40, Seed: 1, Vocab: tok.VocabSize()})
 	if err != nil {
 		return nil, "", fmt.Errorf("sample from %s: %w", dir, err)
 	}

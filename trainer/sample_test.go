@@ -37,7 +37,7 @@ func TestASampleDrawsOnlyIdsItsTokenizerHas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, text2, err := Sample(dir, tok)
+	ids, text2, err := Sample(context.Background(), dir, tok)
 	if err != nil {
 		t.Fatalf("sample of a model of %d ids with a tokenizer of %d: %v", c.VocabSize, tok.VocabSize(), err)
 	}

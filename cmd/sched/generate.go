@@ -178,7 +178,7 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	gen, err := eng.Generate(prompt, f.maxTokens, stop, model.Sampling{Temperature: f.temperature, TopK: f.topK, Seed: f.seed, Vocab: tok.VocabSize()})
+	gen, err := eng.Generate(ctx, prompt, f.maxTokens, stop, model.Sampling{Temperature: f.temperature, TopK: f.topK, Seed: f.seed, Vocab: tok.VocabSize()})
 	if err != nil {
 		return fmt.Errorf("generate: %w", err)
 	}

@@ -81,7 +81,7 @@ func TestGenerateCommand(t *testing.T) {
 		ids = append(ids, int32(id))
 	}
 	eos, _ := tok.EOS()
-	gen, err := e.Generate(ids, 6, int32(eos), model.Sampling{})
+	gen, err := e.Generate(context.Background(), ids, 6, int32(eos), model.Sampling{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -144,12 +144,12 @@ func (p Params) withDefaults() Params {
 	}
 	if p.Sample == nil && len(p.Tokenizer) > 0 {
 		tj := p.Tokenizer
-		p.Sample = func(_ context.Context, dir string) ([]int32, string, error) {
+		p.Sample = func(ctx context.Context, dir string) ([]int32, string, error) {
 			tok, err := tokenizer.Parse(tj)
 			if err != nil {
 				return nil, "", fmt.Errorf("the run's tokenizer: %w", err)
 			}
-			return trainer.Sample(dir, tok)
+			return trainer.Sample(ctx, dir, tok)
 		}
 	}
 	if p.OpenData == nil {

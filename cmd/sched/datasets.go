@@ -123,7 +123,14 @@ not open shows what is wrong in place of its counts.`,
 					return err
 				}
 			}
-			res, err := ingest.Check(c.Context(), p, hc)
+			// A hub that does not answer is tried again for up to a
+			// minute: each wait is said, where it would be silence.
+			ctx := hub.WithRetryNotice(c.Context(), func(msg string) {
+				if msg != "" {
+					fmt.Fprintln(c.ErrOrStderr(), msg)
+				}
+			})
+			res, err := ingest.Check(ctx, p, hc)
 			if err != nil {
 				return err
 			}

@@ -386,6 +386,26 @@ func TestDatasetsCheckTakesPresetsAndTheConfiguredToken(t *testing.T) {
 	}
 }
 
+// sched datasets check says each wait of a hub that does not answer as it
+// starts, where it was silent for up to a minute, and checks once the hub
+// answers.
+func TestDatasetsCheckSaysItsRetries(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	hub.Add("org/code", "data/a.jsonl", []byte(`{"text":"x = 1"}`+"\n"), false)
+	hub.SetUnavailable(2, 0)
+	presets := filepath.Join(t.TempDir(), "presets.yaml")
+	os.WriteFile(presets, []byte("code:\n  repo: org/code\n  include: [\"data/*.jsonl\"]\n"), 0o644)
+	out, errOut, code := sched(t, []string{"HF_ENDPOINT=" + hub.Server.URL}, "datasets", "check", "code", "--presets", presets)
+	if code != 0 || !strings.Contains(out, ": 1 file,") {
+		t.Fatalf("check after two 503s: exit %d\n%s%s", code, out, errOut)
+	}
+	if n := strings.Count(errOut, "trying again in"); n != 2 {
+		t.Errorf("check after two 503s said %d waits, want 2:\n%s", n, errOut)
+	}
+}
+
 // sched datasets check takes --set as an ingest does, and a value that
 // matches no file exits 2 naming it, where the values that match check.
 func TestDatasetsCheckTakesSetAndNamesAValueThatMatchesNoFile(t *testing.T) {

@@ -36,6 +36,18 @@ type Reporter struct {
 	base     float64
 	baseAt   time.Time
 	baseSeen bool
+	// held is the write of a report the throttle held back, due once
+	// every has passed since the last write: a task's last word before a
+	// long wait (a hub's retry, minutes away) is what status shows during
+	// it, not the word before. ended stops it for good once the final
+	// state is written.
+	held  *time.Timer
+	ended bool
+
+	// wmu orders the writes: each publishes what was last reported when
+	// it takes wmu, so that a held write and a due one never leave the
+	// older of two reports in Redis.
+	wmu sync.Mutex
 	// unwritten folds the writes that fail while Redis is down: only the
 	// first of them is logged, and the first to succeed after them.
 	unwritten lapse.Lapse
@@ -66,12 +78,52 @@ func (r *Reporter) Report(ctx context.Context, fraction, rate float64, unit, msg
 	due := now.Sub(r.last) >= r.every
 	if due {
 		r.last = now
+	} else if r.held == nil && !r.ended {
+		r.held = time.AfterFunc(r.every-now.Sub(r.last), r.writeHeld)
 	}
-	p := r.p
 	r.mu.Unlock()
 	if due {
-		r.write(ctx, p)
+		r.publish(ctx)
 	}
+}
+
+// writeHeld writes the report the throttle held back.
+func (r *Reporter) writeHeld() {
+	r.mu.Lock()
+	r.held = nil
+	ended := r.ended
+	if !ended {
+		r.last = r.clock()
+	}
+	r.mu.Unlock()
+	if ended {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r.publish(ctx)
+}
+
+// stopHeld ends the held write, and any later one: the task's last
+// state is being written.
+func (r *Reporter) stopHeld() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended = true
+	if r.held != nil {
+		r.held.Stop()
+		r.held = nil
+	}
+}
+
+// publish writes what was last reported.
+func (r *Reporter) publish(ctx context.Context) {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	r.mu.Lock()
+	p := r.p
+	r.mu.Unlock()
+	r.write(ctx, p)
 }
 
 // eta is the time the rest of the work takes at the rate measured since
@@ -107,17 +159,16 @@ func (r *Reporter) Message(ctx context.Context, msg string) {
 	r.Report(ctx, f, rate, unit, msg)
 }
 
-// flush writes what was last reported, whatever the throttle.
+// flush writes what was last reported, whatever the throttle, as a task's
+// process ends: nothing is written after it.
 func (r *Reporter) flush() {
 	if r.rdb == nil {
 		return
 	}
-	r.mu.Lock()
-	p := r.p
-	r.mu.Unlock()
+	r.stopHeld()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	r.write(ctx, p)
+	r.publish(ctx)
 }
 
 // adopt takes what a task's child process last reported, so that the
@@ -158,13 +209,13 @@ func (r *Reporter) finish(state, msg string) {
 	if msg != "" {
 		r.p.Message = msg
 	}
-	p := r.p
 	r.mu.Unlock()
+	r.stopHeld()
 	// The task's context may be cancelled by now; the final state must
 	// still be written, so it gets its own short deadline.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	r.write(ctx, p)
+	r.publish(ctx)
 }
 
 // write publishes p. Progress is advisory: a lost update does not fail

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,5 +87,55 @@ func TestLostProgressIsLoggedOnce(t *testing.T) {
 	}
 	if p, ok, err := scheduler.ReadProgress(ctx, rdb, "t-lost"); err != nil || !ok || p.Fraction != 0.7 {
 		t.Errorf("progress after Redis came back: %+v, %v, %v; want 0.7", p, ok, err)
+	}
+}
+
+// A report the throttle holds back is written once the interval has
+// passed: the message a task gives as it starts a long wait (a hub's
+// retry, a second after it began a download) is what status shows during
+// the wait. Once the task's final state is written, nothing held
+// overwrites it.
+func TestAHeldReportIsWrittenOnceItsIntervalPasses(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: testsvc.Redis(t)})
+	defer rdb.Close()
+	ctx := context.Background()
+	r := &Reporter{rdb: rdb, log: zap.NewNop(), ttl: time.Hour, every: 50 * time.Millisecond,
+		p: scheduler.Progress{TaskID: "t-held", Kind: scheduler.KindIngestShard, Fraction: -1, State: "running"}}
+	r.Report(ctx, 0.1, 0, "", "downloading a.parquet")
+	r.Message(ctx, "downloading a.parquet: 503; trying again in 5m0s (attempt 2 of 9)")
+	// A bound for a test that fails, not a margin: the write is due 50ms on.
+	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		p, ok, err := scheduler.ReadProgress(ctx, rdb, "t-held")
+		if err != nil || !ok {
+			t.Fatalf("progress: ok %v, %v", ok, err)
+		}
+		if strings.HasSuffix(p.Message, "(attempt 2 of 9)") {
+			break
+		}
+		if wait.Err() != nil {
+			t.Fatalf("the held report was not written: status shows %q", p.Message)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.Message(ctx, "downloading b.parquet")
+	r.finish("failed", "the hub refused")
+	r.mu.Lock()
+	held := r.held
+	r.mu.Unlock()
+	if held != nil {
+		t.Fatal("a held write outlived the task's final state")
+	}
+	r.Message(ctx, "after the end")
+	r.mu.Lock()
+	held = r.held
+	r.mu.Unlock()
+	if held != nil {
+		t.Fatal("a report after the task's final state was held for writing")
+	}
+	if p, _, _ := scheduler.ReadProgress(ctx, rdb, "t-held"); p.State != "failed" || p.Message != "the hub refused" {
+		t.Errorf("final state %q %q; want failed, the hub refused", p.State, p.Message)
 	}
 }

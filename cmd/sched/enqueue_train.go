@@ -131,11 +131,19 @@ to train it further).`,
 		// A run at its total steps would queue a segment that ends at
 		// once. The total is the runs entry's as read here, so that a run
 		// given a longer one resumes.
-		if at, total := trainedTo(st, ok, ts.FromStep), run.RunConfig.WithDefaults().TotalSteps; at >= total {
+		at, total := trainedTo(st, ok, ts.FromStep), run.RunConfig.WithDefaults().TotalSteps
+		if at >= total && (!ok || st.Done) {
 			sayDone(c.OutOrStdout(), ts.Run, at, total)
 			return nil
 		}
-		return enqueueOne(c, cfg, ts)
+		if err := enqueueOne(c, cfg, ts); err != nil || at < total {
+			return err
+		}
+		// A run stopped short of its total (cancelled, or failed) whose
+		// runs entry now ends it at or before its checkpoint: the segment
+		// ends it there, and judges its results, as its last.
+		fmt.Fprintf(c.OutOrStdout(), "its total_steps %d is at or before that checkpoint: the segment trains no step, and ends the run there, judging its results\n", total)
+		return nil
 	}
 	return cmd
 }

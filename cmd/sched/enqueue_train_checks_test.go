@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,7 +22,9 @@ import (
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
+	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
 // s3TrainingSetup is trainingSetupStore over a real S3 server: env names
@@ -340,4 +343,80 @@ func TestCheckShapeHoldsOnlyARunWithACheckpoint(t *testing.T) {
 	if err := checkShape(run, st, true, 10); err != nil {
 		t.Errorf("a state of an earlier kiln, with no shape: %v; want it queued", err)
 	}
+}
+
+// A run cancelled short of its total whose runs entry then ends it at or
+// before its checkpoint is ended there by the segment sched enqueue train
+// queues, its results judged. Before, enqueue said the run was done and
+// queued nothing, while the run stayed cancelled, its gates pending, for
+// good.
+func TestACancelledRunShortenedBelowItsCheckpointIsEndedThere(t *testing.T) {
+	t.Parallel()
+	env, rdb, q, objects := s3TrainingSetup(t, "")
+	ctx := context.Background()
+	appendRuns(t, env, "cut:\n  from: eta\n")
+	w := startWorker(t, env, "--queues", "gpu=1")
+	if out, errOut, code := sched(t, env, "enqueue", "train", "cut"); code != 0 {
+		t.Fatalf("enqueue train cut: exit %d: %s%s", code, out, errOut)
+	}
+	waitUntil(t, "run cut's first checkpoint", func() bool {
+		st, ok, err := scheduler.ReadRunState(ctx, rdb, "cut")
+		return err == nil && ok && st.Checkpoint > 0
+	})
+	if out, errOut, code := sched(t, env, "cancel", waitRunningSegment(t, q)); code != 0 {
+		t.Fatalf("cancel: exit %d: %s%s", code, out, errOut)
+	}
+	waitUntil(t, "run cut's segment ended by the cancel", func() bool {
+		live, err := q.LiveSegment(ctx, "cut")
+		return err == nil && live == nil
+	})
+	st, ok, err := scheduler.ReadRunState(ctx, rdb, "cut")
+	if err != nil || !ok || st.Done || st.Checkpoint <= 0 {
+		t.Fatalf("run cut after its cancel: %+v (%v, %v); want a checkpoint, not done", st, ok, err)
+	}
+	at := st.Checkpoint
+	b, err := os.ReadFile(envValue(env, "KILN_RUNS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shorter := strings.Replace(string(b), "cut:\n  from: eta\n", fmt.Sprintf("cut:\n  from: eta\n  total_steps: %d\n", at), 1)
+	if err := os.WriteFile(envValue(env, "KILN_RUNS"), []byte(shorter), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := sched(t, env, "enqueue", "train", "cut")
+	// The checkpoint its stop wrote may be recorded after the cancel ended
+	// the task: the run is at step at or after it.
+	want := regexp.MustCompile(fmt.Sprintf(`^queued train:segment:\S+ on gpu; the run resumes from its last checkpoint \(step \d+\)\n`+
+		`its total_steps %d is at or before that checkpoint: the segment trains no step, and ends the run there, judging its results\n$`, at))
+	if code != 0 || !want.MatchString(out) {
+		t.Fatalf("enqueue train cut with total_steps %d, its checkpoint's step: exit %d, %q %q; want a segment queued to end it", at, code, out, errOut)
+	}
+	waitUntil(t, "run cut done", func() bool {
+		st, ok, err := scheduler.ReadRunState(ctx, rdb, "cut")
+		live, lerr := q.LiveSegment(ctx, "cut")
+		return err == nil && ok && st.Done && lerr == nil && live == nil
+	})
+	steps, err := segment.RemoteSteps(ctx, objects, "cut")
+	if err != nil || len(steps) == 0 {
+		t.Fatalf("run cut's checkpoints in object storage: %v, %v", steps, err)
+	}
+	if st, _, _ := scheduler.ReadRunState(ctx, rdb, "cut"); st.Step < at || st.Step != steps[len(steps)-1] {
+		t.Errorf("run cut ended at step %d; want its newest checkpoint's, %d, which its cancel wrote (at step %d or after)", st.Step, steps[len(steps)-1], at)
+	}
+	rc, err := objects.Get(ctx, segment.ResultsPrefix("cut")+results.SummaryFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	summary, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(summary), "pending") {
+		t.Errorf("run cut's results, after it ended, still wait for its end:\n%s", summary)
+	}
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Wait()
 }

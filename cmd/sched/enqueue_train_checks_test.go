@@ -420,3 +420,40 @@ func TestACancelledRunShortenedBelowItsCheckpointIsEndedThere(t *testing.T) {
 	}
 	_ = w.Wait()
 }
+
+// A done run given a longer total, whose next segment is refused (its
+// runs entry changed its seed as well), reads failed with the reason in
+// sched runs and sched status, where it read done.
+func TestADoneRunWhoseLongerSegmentFailsReadsFailed(t *testing.T) {
+	t.Parallel()
+	env, rdb, q, _ := s3TrainingSetup(t, "")
+	ctx := context.Background()
+	appendRuns(t, env, "fin:\n  from: eta\n  total_steps: 40\n")
+	trainToTheEnd(t, env, rdb, q, "fin")
+	b, err := os.ReadFile(envValue(env, "KILN_RUNS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	longer := strings.Replace(string(b), "  total_steps: 40\n", "  total_steps: 60\n  seed: 4\n", 1)
+	if err := os.WriteFile(envValue(env, "KILN_RUNS"), []byte(longer), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := sched(t, env, "enqueue", "train", "fin"); code != 0 {
+		t.Fatalf("enqueue train fin with total_steps 60: exit %d: %s%s", code, out, errOut)
+	}
+	w := startWorker(t, env, "--queues", "gpu=1")
+	waitUntil(t, "run fin's segment past its end refused", func() bool {
+		snap, err := q.Snapshot(ctx)
+		return err == nil && snap.RunTasks()["fin"].Task.State == "archived"
+	})
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Wait()
+	for _, cmd := range []string{"runs", "status"} {
+		out, errOut, code := sched(t, env, cmd)
+		if l := lineOf(out, "fin  "); code != 0 || !strings.HasPrefix(l, "fin  failed  step 40/40") || !strings.Contains(l, "run fin: resume from step 40: ") {
+			t.Errorf("sched %s: exit %d, run fin's line %q (%s); want it failed at step 40, saying why", cmd, code, l, errOut)
+		}
+	}
+}

@@ -42,6 +42,8 @@ type runView struct {
 	// Detail says why: a failure's reason, a lost worker's name.
 	Detail string
 	Task   *scheduler.TaskStatus
+	// From is the step Task starts from.
+	From int64
 	// ETA is the remaining tokens over the measured rate; set only while
 	// the run is training.
 	ETA time.Duration
@@ -76,7 +78,7 @@ func runViews(states []scheduler.RunState, snap *scheduler.Snapshot) []runView {
 	for name, v := range byName {
 		if rt, ok := tasks[name]; ok {
 			t := rt.Task
-			v.Task = &t
+			v.Task, v.From = &t, rt.FromStep
 		}
 		v.classify()
 		out = append(out, *v)
@@ -122,7 +124,10 @@ func (v *runView) classify() {
 	case state == "retry":
 		v.Status = runRetrying
 		v.Detail = fmt.Sprintf("attempt %d of %d failed: %s", t.Retried, t.MaxRetry+1, scheduler.OneLine(t.LastErr, 160))
-	case v.Done:
+	case v.Done && (state != "archived" || v.From < int64(v.Step)):
+		// A segment that began at the run's end and was archived was
+		// queued to train it further (a longer total): its failure, or
+		// its cancel, is what became of the run, below.
 		v.Status = runDone
 	case state == "archived" && t.Cancelled:
 		v.Status = runCancelled

@@ -218,6 +218,11 @@ func TestEnqueueTrainSaysADoneRunIsDone(t *testing.T) {
 		if code != 0 || !resumed.MatchString(out) {
 			t.Fatalf("enqueue train fin %s, with total_steps 60: exit %d, %q %q; want it queued from step 40", when, code, out, errOut)
 		}
+		// Without its record in Redis, the run's line says where the
+		// segment queued resumes.
+		if out, _, _ := sched(t, env, "runs"); when == "after Redis lost its data" && lineOf(out, "fin  ") != "fin  queued  from checkpoint step 40" {
+			t.Errorf("sched runs %s, the run queued again: %q; want it queued from checkpoint step 40\n%s", when, lineOf(out, "fin  "), out)
+		}
 		// The segment queued, and the run's state, go with Redis's data.
 		length(long, short)
 		if err := rdb.FlushAll(ctx).Err(); err != nil {

@@ -200,6 +200,10 @@ func (v runView) line(now time.Time) string {
 		if v.Status != runTraining && v.Status != runDone && !v.Updated.IsZero() {
 			parts = append(parts, "last report "+formatAge(v.Updated, now))
 		}
+	} else if v.From > 0 {
+		// Its record in Redis lost (its data lost): the segment queued
+		// says where it resumes, from object storage's newest checkpoint.
+		parts = append(parts, fmt.Sprintf("from checkpoint step %d", v.From))
 	}
 	if v.Detail != "" {
 		parts = append(parts, v.Detail)

@@ -135,12 +135,14 @@ func TestDirectIngestFromHub(t *testing.T) {
 		t.Fatal("skipped content reached the store")
 	}
 
-	// Nothing is left in the data directory, and a re-run appends nothing.
+	// Nothing is left in the data directory, and a re-run appends nothing:
+	// it reads again only the file that held no document (empty-file),
+	// which another column could give text.
 	if left := filesUnder(t, dataDir); len(left) != 0 {
 		t.Fatalf("files left behind: %v", left)
 	}
 	rep, err = Direct(context.Background(), opt)
-	if err != nil || rep.Appended != 0 || rep.Duplicates != rep.Files {
+	if err != nil || rep.Appended != 0 || rep.Duplicates != rep.Files-1 || rep.SkippedFiles.String() != (Skips{SkipEmptyFile: 1}).String() {
 		t.Fatalf("re-run: %+v, %v", rep, err)
 	}
 	if m2, _ := tokens.ReadManifest(storeDir); m2.Tokens != m.Tokens {
@@ -547,5 +549,42 @@ func TestPlanRefusesAVarValueThatMatchesNoFile(t *testing.T) {
 		case (err == nil) != (cerr == nil):
 			t.Errorf("language=%v: the plan says %v, the check %v", c.values, err, cerr)
 		}
+	}
+}
+
+// Files ingested with a column they do not have are recorded as skipped
+// (missing-column), and an ingest with the right column takes them into
+// the same store, which then records none of them as skipped. Before, the
+// store held them as done: the second ingest took nothing, and the store
+// stayed empty until it was deleted.
+func TestFilesSkippedForTheirColumnAreTakenWithTheRightOne(t *testing.T) {
+	h := hubtest.New()
+	defer h.Close()
+	const repo = "owner/code"
+	for f := range 3 {
+		h.Add(repo, fmt.Sprintf("data/part-%d.parquet", f), parquetBytes(t, []textRow{{Text: fmt.Sprintf("file %d", f)}}), true)
+	}
+	hc, err := hub.New(hub.Config{Endpoint: h.Server.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storeDir := t.TempDir()
+	opt := DirectOptions{Preset: Preset{Name: "code", Repo: repo, Revision: "main", Include: []string{"data/*"}, Columns: Columns{Text: "content"}},
+		Hub: hc, Tokenizer: testTokenizer(t), TokenizerName: "test", StoreDir: storeDir, DataDir: t.TempDir(), Seed: 1}
+	rep, err := Direct(context.Background(), opt)
+	if err != nil || rep.Appended != 0 || rep.SkippedFiles.String() != (Skips{SkipMissingColumn: 3}).String() {
+		t.Fatalf("ingest of column content: %+v, %v; want its 3 files skipped for the column", rep, err)
+	}
+	opt.Preset.Columns.Text = "text"
+	rep, err = Direct(context.Background(), opt)
+	if err != nil || rep.Appended != 3 {
+		t.Fatalf("ingest of column text into the same store: %+v, %v; want its 3 files appended", rep, err)
+	}
+	m, err := tokens.ReadManifest(storeDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Shards) != 3 || len(m.Skipped) != 0 {
+		t.Errorf("the store holds %d files and records %+v as skipped; want 3 and none", len(m.Shards), m.Skipped)
 	}
 }

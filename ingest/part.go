@@ -368,8 +368,21 @@ type PartialFile struct {
 	Tokens    int64 `json:"tokens"`
 }
 
+// SkipHeld reports whether a store that records s holds its file as done:
+// a file left out whole for what its bytes are (corrupt, too large, not
+// UTF-8), which an ingest again passes over. A file left out for the
+// column or field the ingest read (missing-column; empty-file: no
+// document with text in it) is read again by the next ingest: one with
+// the right --columns takes it, where it found its store full of files
+// recorded as skipped and took none.
+func SkipHeld(s tokens.Skipped) bool {
+	reason, _, _ := strings.Cut(s.Reason, ":")
+	return s.Count == 0 && reason != SkipMissingColumn && reason != SkipEmptyFile
+}
+
 // storeFiles are the ids of the files m holds whole (appended, or
-// recorded as skipped whole), and those it holds part of, each sorted.
+// recorded as skipped whole, SkipHeld), and those it holds part of, each
+// sorted.
 func storeFiles(m tokens.Manifest) (done []string, partial []PartialFile) {
 	done = make([]string, 0, len(m.Shards)+len(m.Skipped))
 	parts := map[string]*PartialFile{}
@@ -395,7 +408,7 @@ func storeFiles(m tokens.Manifest) (done []string, partial []PartialFile) {
 		}
 	}
 	for _, s := range m.Skipped {
-		if s.Count == 0 {
+		if SkipHeld(s) {
 			done = append(done, s.ID)
 		}
 	}

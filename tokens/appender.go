@@ -363,6 +363,9 @@ func (a *Appender) commit(sh Shard, skips []Skipped) (AppendResult, error) {
 		return AppendResult{}, fmt.Errorf("token store %s: sync %s: %w", a.dir, TokensFile, err)
 	}
 	next := a.Manifest()
+	// The input recorded as skipped whole before (read with other
+	// columns) is the store's now: its record goes.
+	next.Skipped = slices.DeleteFunc(next.Skipped, func(s Skipped) bool { return s.ID == sh.ID && s.Count == 0 && s.From == 0 })
 	next.Shards = append(next.Shards, sh)
 	next.Tokens += sh.Tokens
 	next.Documents += sh.Documents

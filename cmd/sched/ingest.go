@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -223,7 +224,7 @@ func skippedBefore(dataset string, files int, storeDir string) error {
 	skips := ingest.Skips{}
 	first := ""
 	for _, s := range m.Skipped {
-		if s.Count == 0 {
+		if ingest.SkipHeld(s) {
 			reason, _, _ := strings.Cut(s.Reason, ":")
 			skips.Add(reason, 1)
 			if first == "" {
@@ -245,7 +246,9 @@ func skippedBefore(dataset string, files int, storeDir string) error {
 // first. Empty where the store holds tokens or has no manifest.
 func emptyStoreHint(storeDir string) string {
 	m, err := tokens.ReadManifest(storeDir)
-	if err != nil || m.Tokens > 0 {
+	if err != nil || m.Tokens > 0 || !slices.ContainsFunc(m.Skipped, ingest.SkipHeld) {
+		// Files without the column read (missing-column) are read
+		// again by the next ingest, with the --columns it gives.
 		return ""
 	}
 	return fmt.Sprintf("; token store %s now holds no tokens, only these files recorded as skipped, which an ingest into it passes over: delete it (rm -r %s) before you ingest them again", storeDir, storeDir)

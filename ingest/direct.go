@@ -94,15 +94,20 @@ func Plan(ctx context.Context, p Preset, hc *hub.Client, seed uint64) (Planned, 
 				}
 			}
 		}
-		if len(out.Files) == 0 {
-			return out, &PresetError{fmt.Errorf("dataset %s (%s at %s) has no files matching %v: check the preset's include patterns and vars", p.Name, p.Repo, rev, p.Patterns())}
-		}
 		// A value that matches nothing is most often misspelt
 		// (language=Golang for Go): the plan would read the other values
 		// alone, and the store lack that part for good without a word.
-		if miss, pats := unmatchedValues(pats, hits); len(miss) > 0 {
-			return out, &PresetError{fmt.Errorf("dataset %s (%s at %s): %s matched no file (%s; the other values match %d): check the spelling against https://huggingface.co/datasets/%s/tree/%s, or leave the value out of --set",
-				p.Name, p.Repo, rev, strings.Join(miss, ", "), strings.Join(pats, ", "), len(out.Files), p.Repo, rev)}
+		miss, missed := unmatchedValues(pats, hits)
+		tree := hc.DatasetPage(p.Repo) + "/tree/" + rev
+		switch {
+		case len(out.Files) == 0 && len(miss) > 0:
+			return out, &PresetError{fmt.Errorf("dataset %s (%s at %s): %s matched no file (%s): check the spelling against %s, or give another value with --set",
+				p.Name, p.Repo, rev, strings.Join(miss, ", "), strings.Join(missed, ", "), tree)}
+		case len(out.Files) == 0:
+			return out, &PresetError{fmt.Errorf("dataset %s (%s at %s) has no files matching %v: check the preset's include patterns and vars", p.Name, p.Repo, rev, p.Patterns())}
+		case len(miss) > 0:
+			return out, &PresetError{fmt.Errorf("dataset %s (%s at %s): %s matched no file (%s; the other values match %d): check the spelling against %s, or leave the value out of --set",
+				p.Name, p.Repo, rev, strings.Join(miss, ", "), strings.Join(missed, ", "), len(out.Files), tree)}
 		}
 	}
 	key := func(path string) uint64 {

@@ -533,6 +533,8 @@ func TestPlanRefusesAVarValueThatMatchesNoFile(t *testing.T) {
 		{[]string{"*"}, 4, ""},
 		{[]string{"Python", "Golang"}, 0, "language=Golang matched no file (data/Golang/*.parquet; the other values match 2)"},
 		{[]string{"Rust", "Go", "Pyton"}, 0, "language=Rust, language=Pyton matched no file (data/Rust/*.parquet, data/Pyton/*.parquet; the other values match 2)"},
+		// A value alone is named too, not blamed on the preset.
+		{[]string{"Golang"}, 0, "language=Golang matched no file (data/Golang/*.parquet): check the spelling against " + h.Server.URL + "/datasets/" + repo + "/tree/"},
 	} {
 		p, err := base.WithVars(map[string][]string{"language": c.values})
 		if err != nil {

@@ -143,6 +143,13 @@ func pinnedRevision(err error, setting, revision, path string) error {
 	return &PinnedRevisionError{Setting: setting, Revision: revision, Path: path, Err: gone}
 }
 
+// RevisionGiven is err of a plan or a check of a dataset at revision,
+// which setting (--revision) gave, saying so where the Hub has no such
+// revision: the preset's revision is not the one to check.
+func RevisionGiven(err error, setting, revision string) error {
+	return pinnedRevision(err, setting, revision, "")
+}
+
 func (e *PinnedRevisionError) Error() string {
 	if e.Err.Commit == "" {
 		return fmt.Sprintf("dataset %s has no revision %s, which %s names (RevisionNotFound): set %s to a branch, tag or commit the dataset has (one a force-push replaced is gone)",

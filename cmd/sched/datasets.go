@@ -131,6 +131,9 @@ not open shows what is wrong in place of its counts.`,
 				}
 			})
 			res, err := ingest.Check(ctx, p, hc)
+			if err != nil && revision != "" {
+				err = ingest.RevisionGiven(err, "--revision", revision)
+			}
 			if err != nil {
 				return err
 			}

@@ -410,6 +410,21 @@ func TestDatasetsCheckSaysItsRetries(t *testing.T) {
 	}
 }
 
+// sched datasets check --revision of a revision the dataset lacks names
+// the flag, as an ingest does, where it said to check the preset's.
+func TestDatasetsCheckNamesTheRevisionFlag(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	hub.Add("org/code", "data/a.jsonl", []byte(`{"text":"x = 1"}`+"\n"), false)
+	presets := filepath.Join(t.TempDir(), "presets.yaml")
+	os.WriteFile(presets, []byte("code:\n  repo: org/code\n  include: [\"data/*.jsonl\"]\n"), 0o644)
+	_, errOut, code := sched(t, []string{"HF_ENDPOINT=" + hub.Server.URL}, "datasets", "check", "code", "--presets", presets, "--revision", "nosuchrev")
+	if want := "has no revision nosuchrev, which --revision names (RevisionNotFound): set --revision to a branch, tag or commit"; code != 2 || !strings.Contains(errOut, want) {
+		t.Errorf("check --revision nosuchrev: exit %d, %q; want exit 2 and %q", code, errOut, want)
+	}
+}
+
 // sched datasets check takes --set as an ingest does, and a value that
 // matches no file exits 2 naming it, where the values that match check.
 func TestDatasetsCheckTakesSetAndNamesAValueThatMatchesNoFile(t *testing.T) {

@@ -93,8 +93,13 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 	if res.Format != FormatParquet || hc == nil {
 		return res, nil
 	}
-	pf, err := parquet.OpenFile(&rangeReader{ctx: ctx, hc: hc, repo: p.Repo, rev: plan.Revision, path: f.Path}, size,
-		parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+	rr := &rangeReader{ctx: ctx, hc: hc, repo: p.Repo, rev: plan.Revision, path: f.Path}
+	pf, err := parquet.OpenFile(rr, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+	if err != nil && rr.failed != nil {
+		// The hub refused it (a gated dataset, a token it does not take)
+		// or did not answer: no word of the file's format.
+		return res, fmt.Errorf("dataset %s: reading %s: %w", p.Name, f.Path, rr.failed)
+	}
 	if err != nil {
 		return res, fmt.Errorf("dataset %s: %s is not readable parquet: %w", p.Name, f.Path, err)
 	}
@@ -215,10 +220,16 @@ type rangeReader struct {
 	ctx             context.Context
 	hc              *hub.Client
 	repo, rev, path string
+	// failed is the hub's error of a read, where it gave one: the file
+	// was not read, which says nothing of what it holds.
+	failed error
 }
 
 func (r *rangeReader) ReadAt(p []byte, off int64) (int, error) {
 	b, err := r.hc.ReadRange(r.ctx, r.repo, r.rev, r.path, off, int64(len(p)))
+	if err != nil && r.failed == nil {
+		r.failed = err
+	}
 	n := copy(p, b)
 	if err == nil && n < len(p) {
 		err = fmt.Errorf("short read of %s at %d", r.path, off)

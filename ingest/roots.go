@@ -20,14 +20,22 @@ const RootsSetting = "KILN_LOCAL_ROOTS (--local-roots, local_roots in the config
 type OutsideRootsError struct {
 	Path  string
 	Roots []string
+	// Target is where Path leads through a symbolic link (itself or a
+	// directory above it); "" where it leads nowhere else.
+	Target string
 }
 
 func (e *OutsideRootsError) Error() string {
 	if len(e.Roots) == 0 {
 		return fmt.Sprintf("local file %s: this worker reads no local files; set %s to the directories it may read", e.Path, RootsSetting)
 	}
+	roots := strings.Join(e.Roots, string(os.PathListSeparator))
+	if e.Target != "" {
+		return fmt.Sprintf("local file %s leads through a symbolic link to %s, outside the directories this worker may read (%s): copy that file under one of them in the link's place, or add its directory to %s",
+			e.Path, e.Target, roots, RootsSetting)
+	}
 	return fmt.Sprintf("local file %s is outside the directories this worker may read (%s): move it under one of them or add its directory to %s",
-		e.Path, strings.Join(e.Roots, string(os.PathListSeparator)), RootsSetting)
+		e.Path, roots, RootsSetting)
 }
 
 // BadInput is true: retrying cannot help until the worker's roots change.
@@ -63,7 +71,11 @@ func CheckLocalPath(roots []string, path string) error {
 			return nil
 		}
 	}
-	return &OutsideRootsError{Path: path, Roots: roots}
+	e := &OutsideRootsError{Path: path, Roots: roots}
+	if real != abs {
+		e.Target = real
+	}
+	return e
 }
 
 // within reports whether p is dir or lies below it; both are absolute and

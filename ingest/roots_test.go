@@ -35,6 +35,10 @@ func TestCheckLocalPathKeepsToItsRoots(t *testing.T) {
 			t.Errorf("CheckLocalPath(%s) = %v; want an OutsideRootsError naming the path and KILN_LOCAL_ROOTS", bad, err)
 		}
 	}
+	// The link is said to lead out, and where: its own path is in a root.
+	if err := CheckLocalPath([]string{root}, filepath.Join(root, "escape.txt")); err == nil || !strings.Contains(err.Error(), "leads through a symbolic link to "+secret+", outside") {
+		t.Errorf("a link out of the root: %v; want it said where it leads", err)
+	}
 	if err := CheckLocalPath(nil, in); err == nil || !strings.Contains(err.Error(), "reads no local files") {
 		t.Errorf("with no roots: %v; want every local file refused", err)
 	}

@@ -410,6 +410,30 @@ func TestDatasetsCheckSaysItsRetries(t *testing.T) {
 	}
 }
 
+// sched datasets check of a gated dataset whose files the hub lists to
+// everyone, with a token the hub refuses, says that the hub refused it,
+// not that the file is not readable parquet.
+func TestDatasetsCheckOfARefusedFileSaysTheHubRefusedIt(t *testing.T) {
+	t.Parallel()
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	hub.Gated, hub.PublicListing, hub.Authorized = true, true, "hf_good"
+	type row struct {
+		Text string `parquet:"text"`
+	}
+	hub.Add("org/gated", "data/train-0.parquet", writeParquet(t, []row{{Text: "package main"}}), true)
+	presets := filepath.Join(t.TempDir(), "presets.yaml")
+	os.WriteFile(presets, []byte("gated:\n  repo: org/gated\n  include: [\"data/*.parquet\"]\n"), 0o644)
+	env := []string{"HF_ENDPOINT=" + hub.Server.URL}
+	if out, errOut, code := sched(t, env, "datasets", "check", "gated", "--presets", presets, "--hf-token", "hf_good"); code != 0 {
+		t.Fatalf("check with the token the hub takes: exit %d\n%s%s", code, out, errOut)
+	}
+	_, errOut, code := sched(t, env, "datasets", "check", "gated", "--presets", presets, "--hf-token", "hf_other")
+	if code != 2 || !strings.Contains(errOut, "dataset gated: reading data/train-0.parquet: ") || !strings.Contains(errOut, "gated") || strings.Contains(errOut, "not readable parquet") {
+		t.Errorf("check with a token the hub refuses: exit %d, %q; want exit 2, the hub's refusal, and no word of the file's format", code, errOut)
+	}
+}
+
 // sched datasets check --revision of a revision the dataset lacks names
 // the flag, as an ingest does, where it said to check the preset's.
 func TestDatasetsCheckNamesTheRevisionFlag(t *testing.T) {

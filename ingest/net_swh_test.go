@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -87,6 +88,24 @@ func TestSoftwareHeritageWrongBucketIsNotMissingBlobs(t *testing.T) {
 	docs, skips, err = readAll(t, path, OpenOptions{SWH: &SWH{Endpoint: fake.URL(), InFlight: 4}, Columns: cols})
 	if err != nil || len(docs) != len(rows) {
 		t.Fatalf("the right endpoint: %d documents of %d, skips %v, error %v", len(docs), len(rows), skips, err)
+	}
+}
+
+// An endpoint nothing answers at fails the file after its retries,
+// saying that it is not reached and what to check, where it named the
+// connection's error alone.
+func TestSoftwareHeritageNotReachedSaysWhatToCheck(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "http://" + l.Addr().String()
+	l.Close() // nothing listens there now: every request is refused
+	path := filepath.Join(t.TempDir(), "ids.parquet")
+	writeParquet(t, path, []blobRow{{BlobID: blobID(1), SrcEncoding: "UTF-8"}}, 8)
+	_, _, err = readAll(t, path, OpenOptions{SWH: &SWH{Endpoint: endpoint, InFlight: 1, MaxRetries: 1}, Columns: Columns{Blob: "blob_id", Encoding: "src_encoding"}})
+	if err == nil || !strings.Contains(err.Error(), endpoint+" is not reached from here; check this machine's network and proxy, or KILN_SWH_ENDPOINT") {
+		t.Fatalf("an endpoint nothing answers at: %v; want it said not reached, naming KILN_SWH_ENDPOINT", err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -277,7 +278,12 @@ func (s *SWH) fetch(ctx context.Context, rec record) blobResult {
 		}
 	}
 	// The cause first: a listing cuts a reason to one short line.
-	return blobResult{err: fmt.Errorf("Software Heritage (%s): %w (given up after %d attempts at blob %s)", s.Endpoint, last, s.MaxRetries+1, rec.blob)}
+	err := fmt.Errorf("Software Heritage (%s): %w (given up after %d attempts at blob %s)", s.Endpoint, last, s.MaxRetries+1, rec.blob)
+	if errors.As(last, new(*net.OpError)) || errors.As(last, new(*net.DNSError)) {
+		// No answer at all: the network, or the endpoint's name.
+		err = fmt.Errorf("%w: %s is not reached from here; check this machine's network and proxy, or KILN_SWH_ENDPOINT (unset, it is %s)", err, s.Endpoint, DefaultSWHEndpoint)
+	}
+	return blobResult{err: err}
 }
 
 // SWHRefusedError is Software Heritage's 403 to a blob: the bucket refuses

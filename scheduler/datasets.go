@@ -276,6 +276,12 @@ func fileState(f *ingestFile) string {
 			return "running"
 		}
 	}
+	if f.apnd != nil && f.apnd.State == "completed" && !isStopped(f.apnd) {
+		// In the store whole, whatever a later ingest's shard of it said:
+		// one of a smaller limit stops, its file unread, at a store the
+		// append filled.
+		return "done"
+	}
 	for _, t := range []*TaskStatus{f.shard, f.apnd} {
 		if t != nil && isStopped(t) {
 			return "stopped"

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 )
@@ -61,5 +62,34 @@ func TestASegmentIsListedByTheStepItWasQueuedAt(t *testing.T) {
 	}
 	if got := Subject(KindTrainSegment, b); got != "run r2 queued at step 400" {
 		t.Errorf("Subject of a segment queued at step 400: %q", got)
+	}
+}
+
+// A file an ingest appended whole is done, whatever a later ingest of a
+// smaller limit said of it: that ingest's shard, planned before the append
+// filled the store, found the store at its limit and left the file unread
+// (stopped). The store was listed as stopped with the file left out.
+func TestAFileAppendedWholeIsDoneWhateverALaterShardOfItSaid(t *testing.T) {
+	enc := func(a Args) []byte {
+		b, err := Encode(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	shard := enc(IngestShard{Dataset: "code", Store: "c", ShardID: "f1", Path: "data/f1.parquet", Size: 100})
+	apnd := enc(IngestAppend{Store: "c", ShardID: "f1", Tokens: 1000})
+	s := &Snapshot{At: at.Add(time.Minute), Tasks: []TaskStatus{
+		// The unlimited ingest's shard and append: the file is in whole.
+		{ID: "s1", Kind: KindIngestShard, State: "completed", Payload: shard, Finished: at, HasProgress: true, Progress: Progress{State: "done", Updated: at}},
+		{ID: "a1", Kind: KindIngestAppend, State: "completed", Payload: apnd, Finished: at.Add(time.Second), HasProgress: true, Progress: Progress{State: "done", Updated: at.Add(time.Second)}},
+		// The smaller limit's shard, after it: the store was full.
+		{ID: "s2", Kind: KindIngestShard, State: "completed", Payload: shard, Finished: at.Add(2 * time.Second), HasProgress: true,
+			Progress: Progress{State: "stopped", Updated: at.Add(2 * time.Second), Message: "store c is full at --max-tokens 10: data/f1.parquet was not read"}},
+	}}
+	ds := s.Datasets()
+	if len(ds) != 1 || ds[0].Done != 1 || ds[0].Stopped != 0 || ds[0].Tokens != 1000 {
+		t.Fatalf("datasets %+v; want store c's one file done, 1000 tokens, none stopped", ds)
 	}
 }

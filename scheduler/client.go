@@ -331,7 +331,9 @@ func (c *Client) Find(ctx context.Context, id string) (*asynq.TaskInfo, error) {
 // leaves the active state. asynq moves a cancelled task to retry at once,
 // without waiting for its handler, so without the archive it would run
 // again after its back-off. The cancel mark outlives the task's longest
-// timeout. state is "cancelled", or "cancelling" when the task was still
+// timeout. state is "withdrawn" for a task archived as it waited (never
+// begun, or waiting to be tried again), "cancelled" for one stopped, or
+// "cancelling" when the task was still
 // active after CancelWait (its worker did not answer: it is archived by
 // the worker's middleware when the handler returns, or by a later cancel).
 func (c *Client) Cancel(ctx context.Context, id string) (state string, err error) {
@@ -363,7 +365,7 @@ func (c *Client) Cancel(ctx context.Context, id string) (state string, err error
 		if err := c.insp.ArchiveTask(ti.Queue, id); err != nil {
 			return "", fmt.Errorf("cancel %s: %w", id, err)
 		}
-		return "cancelled", nil
+		return "withdrawn", nil
 	default:
 		return "", &FinishedError{ID: id, State: ti.State.String()}
 	}

@@ -34,6 +34,9 @@ func init() {
 				return err
 			}
 			switch state {
+			case "withdrawn":
+				// It was not running: no stop, and no checkpoint of one.
+				fmt.Fprintf(w, "%s cancelled: archived while it waited to run; it will not run\n", args[0])
 			case "cancelled":
 				kept := ""
 				if strings.HasPrefix(args[0], scheduler.KindTrainSegment+":") {

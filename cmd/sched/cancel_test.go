@@ -21,8 +21,8 @@ func TestCancelOfATaskThatEndedSaysSoAndSucceeds(t *testing.T) {
 	if code != 0 || id == "" {
 		t.Fatalf("enqueue tokenizer: exit %d %q %q", code, out, errOut)
 	}
-	if out, errOut, code := sched(t, env, "cancel", id); code != 0 || out != id+" cancelled: stopped and archived; it will not run again\n" {
-		t.Fatalf("cancel %s: exit %d %q %q; want no word of a segment's checkpoint, which a tokenizer's task has none of", id, code, out, errOut)
+	if out, errOut, code := sched(t, env, "cancel", id); code != 0 || out != id+" cancelled: archived while it waited to run; it will not run\n" {
+		t.Fatalf("cancel %s: exit %d %q %q; want it said archived as it waited, not stopped, which it never began", id, code, out, errOut)
 	}
 	if out, errOut, code := sched(t, env, "cancel", id); code != 0 || out != "task "+id+" is already archived; nothing to cancel\n" || errOut != "" {
 		t.Fatalf("cancel %s again: exit %d %q %q; want exit 0 and it said to be archived already", id, code, out, errOut)

@@ -462,3 +462,24 @@ func TestADoneRunWhoseLongerSegmentFailsReadsFailed(t *testing.T) {
 		}
 	}
 }
+
+// A segment cancelled as it waited is said to be archived, not stopped,
+// and its run, which has no checkpoint, is said to start again, where
+// both spoke of a checkpoint it never wrote.
+func TestASegmentCancelledAsItWaitedSaysNoCheckpoint(t *testing.T) {
+	t.Parallel()
+	env, _, _, _ := s3TrainingSetup(t, "")
+	appendRuns(t, env, "wait:\n  from: eta\n")
+	out, errOut, code := sched(t, env, "enqueue", "train", "wait")
+	id := regexp.MustCompile(`train:segment:[0-9a-f]+`).FindString(out)
+	if code != 0 || id == "" {
+		t.Fatalf("enqueue train wait: exit %d %q %q", code, out, errOut)
+	}
+	if out, errOut, code := sched(t, env, "cancel", id); code != 0 || out != id+" cancelled: archived while it waited to run; it will not run\n" {
+		t.Fatalf("cancel %s as it waited: exit %d %q %q", id, code, out, errOut)
+	}
+	out, _, _ = sched(t, env, "runs")
+	if l := lineOf(out, "wait  "); l != "wait  cancelled  by sched cancel, before its first checkpoint; 'sched enqueue train wait' starts it" {
+		t.Errorf("sched runs, the run cancelled before it began: %q\n%s", l, out)
+	}
+}

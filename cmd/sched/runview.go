@@ -132,6 +132,9 @@ func (v *runView) classify() {
 	case state == "archived" && t.Cancelled:
 		v.Status = runCancelled
 		v.Detail = "by sched cancel; 'sched enqueue train " + v.Run + "' resumes it from its last checkpoint"
+		if !v.HasState || v.Checkpoint <= 0 {
+			v.Detail = "by sched cancel, before its first checkpoint; 'sched enqueue train " + v.Run + "' starts it"
+		}
 	case state == "archived":
 		v.Status = runFailed
 		v.Detail = scheduler.OneLine(t.LastErr, 160)

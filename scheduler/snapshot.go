@@ -354,11 +354,11 @@ func Subject(kind string, payload []byte) string {
 		}
 	case KindIngestPlan:
 		if a, err := DecodeTask[IngestPlan](payload); err == nil {
-			return "plan " + a.Dataset
+			return "plan " + a.Dataset + intoStore(a.Dataset, a.Store)
 		}
 	case KindIngestShard:
 		if a, err := DecodeTask[IngestShard](payload); err == nil {
-			return a.Dataset + " " + a.Path
+			return a.Dataset + " " + a.Path + intoStore(a.Dataset, a.Store)
 		}
 	case KindIngestAppend:
 		if a, err := DecodeTask[IngestAppend](payload); err == nil {
@@ -378,6 +378,16 @@ func Subject(kind string, payload []byte) string {
 		}
 	}
 	return ""
+}
+
+// intoStore names the token store an ingest task fills where it is not
+// the one named after its dataset: several stores of one dataset (a store
+// for each limit or language) are told apart.
+func intoStore(dataset, store string) string {
+	if store == "" || store == lastElem(dataset) {
+		return ""
+	}
+	return " into " + store
 }
 
 // ansiEscape matches a terminal's colour and cursor sequences, which a

@@ -93,3 +93,27 @@ func TestAFileAppendedWholeIsDoneWhateverALaterShardOfItSaid(t *testing.T) {
 		t.Fatalf("datasets %+v; want store c's one file done, 1000 tokens, none stopped", ds)
 	}
 }
+
+// An ingest task names the token store it fills where that is not the
+// one named after its dataset: FAILURES told two stores of one dataset
+// apart by nothing.
+func TestAnIngestTasksSubjectNamesItsStore(t *testing.T) {
+	for _, c := range []struct {
+		a    Args
+		kind string
+		want string
+	}{
+		{IngestShard{Dataset: "code", Store: "c15", Path: "data/a.parquet"}, KindIngestShard, "code data/a.parquet into c15"},
+		{IngestShard{Dataset: "org/code", Store: "code", Path: "data/a.parquet"}, KindIngestShard, "org/code data/a.parquet"},
+		{IngestPlan{Dataset: "code", Store: "c16"}, KindIngestPlan, "plan code into c16"},
+		{IngestPlan{Dataset: "code"}, KindIngestPlan, "plan code"},
+	} {
+		b, err := Encode(c.a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Subject(c.kind, b); got != c.want {
+			t.Errorf("Subject(%s, %+v) = %q; want %q", c.kind, c.a, got, c.want)
+		}
+	}
+}

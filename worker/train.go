@@ -387,7 +387,12 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	set := t.Runs
 	if set == nil {
 		var err error
-		if set, err = runs.Load(os.Getenv("KILN_RUNS")); err != nil {
+		if set, err = runs.Load(os.Getenv("KILN_RUNS")); err != nil && a.FromStep > 0 {
+			// A run under way whose file is being edited (a half-written
+			// file, a typo): it waits, its checkpoint kept, and goes on
+			// once the file reads, where it was archived for good.
+			return &WaitError{For: fmt.Sprintf("this worker's KILN_RUNS to read (%v): mend it on the worker; the run goes on from step %d once it reads", err, a.FromStep)}
+		} else if err != nil {
 			return fmt.Errorf("train:segment: this worker's KILN_RUNS: %w; mend it on the worker, then 'sched enqueue train %s' (%w)", err, a.Run, asynq.SkipRetry)
 		}
 	}
@@ -400,6 +405,11 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 			where = "this worker's KILN_RUNS is " + f
 		} else if t.Runs != nil {
 			where = "this worker's runs"
+		}
+		if t.Runs == nil && os.Getenv("KILN_RUNS") != "" && a.FromStep > 0 {
+			// Its entry gone from a file being written (an editor that
+			// empties it first): as above. 'sched cancel' stops a run.
+			return &WaitError{For: fmt.Sprintf("run %s's entry in this worker's runs file (%v; %s): put it back; the run goes on from step %d once it is there, or 'sched cancel' its segment", a.Run, err, where, a.FromStep)}
 		}
 		return fmt.Errorf("train:segment: %w; %s: define the run there, then 'sched enqueue train %s' (%w)", err, where, a.Run, asynq.SkipRetry)
 	}

@@ -204,6 +204,30 @@ func TestTrainSegmentOfAnUnknownRunIsArchived(t *testing.T) {
 		!strings.Contains(ts.LastErr, "mend it on the worker, then 'sched enqueue train pilot'") {
 		t.Fatalf("archived with %q; want the runs file's error and how to go on", ts.LastErr)
 	}
+	// A run under way waits, using no retry, where its file does not read
+	// (caught as it is written) or lacks its entry, and goes on once it is
+	// mended: it is not archived for good.
+	id = e.enqueue(scheduler.TrainSegment{Run: "pilot", FromStep: 100})
+	ts = e.waitFor(id, 30*time.Second, "waiting on the runs file", func(ts scheduler.TaskStatus) bool {
+		return ts.HasProgress && ts.Progress.State == "waiting" || ts.State == "archived"
+	})
+	if ts.State == "archived" || ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "this worker's KILN_RUNS to read") ||
+		!strings.Contains(ts.Progress.Message, "learning_rate") || !strings.Contains(ts.Progress.Message, "the run goes on from step 100 once it reads") {
+		t.Fatalf("a run under way with a runs file that does not read: %s, retried %d, %q (%q); want it waiting, saying why", ts.State, ts.Retried, ts.Progress.Message, ts.LastErr)
+	}
+	if _, err := e.c.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("other:\n  from: pilot\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id = e.enqueue(scheduler.TrainSegment{Run: "gone", FromStep: 100})
+	ts = e.waitFor(id, 30*time.Second, "waiting on the run's entry", func(ts scheduler.TaskStatus) bool {
+		return ts.HasProgress && ts.Progress.State == "waiting" || ts.State == "archived"
+	})
+	if ts.State == "archived" || ts.Retried != 0 || !strings.Contains(ts.Progress.Message, "run gone's entry in this worker's runs file") {
+		t.Fatalf("a run under way whose entry is gone: %s, retried %d, %q (%q); want it waiting, saying why", ts.State, ts.Retried, ts.Progress.Message, ts.LastErr)
+	}
 }
 
 // cpuBench measures a shape with the engine the spec names, the CPU

@@ -356,7 +356,12 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 			eta = 0
 			if a, err := scheduler.DecodeTask[scheduler.TrainSegment](ts.Payload); err == nil {
 				if rs, ok := runs[a.Run]; ok && !rs.Done {
-					eta, _ = runETA(rs)
+					var measured bool
+					if eta, measured = runETA(rs); measured {
+						// The rate the ETA is of, as the run's line
+						// says it: the two agree.
+						p.Rate, p.Unit = rs.TokPerS, "tok"
+					}
 				}
 			}
 		}

@@ -165,7 +165,7 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 	// is stopped (SIGSTOP) while status reads, so that the state it reads
 	// is the one read before and after.
 	var state map[string]string
-	var line string
+	var line, taskLine string
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		if time.Now().After(deadline) {
@@ -189,7 +189,7 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 		}
 		line = lineOf(out, "eta  ")
 		if fmt.Sprint(before) == fmt.Sprint(after) && before["tok_per_s"] != "" && strings.HasPrefix(line, "eta  training  ") {
-			state = before
+			state, taskLine = before, lineOf(out, "train:segment:")
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -210,6 +210,11 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 	}
 	if !strings.Contains(line, formatRate(rate, "tok")) || !strings.Contains(line, " tok/s") {
 		t.Fatalf("run line %q lacks its rate in tok/s", line)
+	}
+	// Its running task says the rate its ETA is of: the run's, where it
+	// said the task's own, which a step's figure differed from.
+	if !strings.Contains(taskLine, "  "+formatRate(rate, "tok")+"  "+want+"  ") {
+		t.Fatalf("task line %q; want the run's rate %s and %s", taskLine, formatRate(rate, "tok"), want)
 	}
 	// The run and its task are on the worker that WORKERS lists, not on
 	// the process the worker runs the task in, and the worker counts it.
@@ -671,5 +676,24 @@ func TestAFailedTaskSaysItsErrorOnce(t *testing.T) {
 	ts.Progress.Message = "read 3 of 12 row groups"
 	if line := taskLine(ts, nil, now, false, taskErrRunes); !strings.Contains(line, `"read 3 of 12 row groups"`) || !strings.Contains(line, "last error: "+why) {
 		t.Errorf("a task whose message is not its error: %q; want both", line)
+	}
+}
+
+// A segment's task line gives the rate its ETA is of, the run's measured
+// tok/s, as the run's line does: it gave the task's own report's rate
+// beside an ETA of the run's, which disagreed.
+func TestASegmentsTaskLineSaysTheRateOfItsETA(t *testing.T) {
+	payload, err := scheduler.Encode(scheduler.TrainSegment{Run: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	ts := scheduler.TaskStatus{ID: "train:segment:1", Kind: scheduler.KindTrainSegment, State: "active", Payload: payload, HasProgress: true,
+		Progress: scheduler.Progress{Fraction: 0.5, Rate: 1000, Unit: "tok", Updated: now}}
+	rs := scheduler.RunState{Run: "r", Step: 500, Total: 1000, Tokens: 500 * 64, TokPerS: 3200}
+	line := taskLine(ts, map[string]scheduler.RunState{"r": rs}, now, false, 200)
+	eta, _ := runETA(rs) // 500 steps x 64 tokens at 3200 tok/s: 10s
+	if want := "  " + formatRate(3200, "tok") + "  ETA " + formatETA(eta); !strings.HasSuffix(line, want) {
+		t.Errorf("task line %q; want %q, the run's rate beside its ETA", line, want)
 	}
 }

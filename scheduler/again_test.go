@@ -103,7 +103,7 @@ func TestWorkCanAlwaysBeQueuedAgain(t *testing.T) {
 	if live, err := c.LiveSegment(ctx, "long"); err != nil || live != nil {
 		t.Fatalf("LiveSegment(long) = %+v, %v; want none", live, err)
 	}
-	if st, err := c.Cancel(ctx, id); err != nil || st != "cancelled" {
+	if st, err := c.Cancel(ctx, id); err != nil || st != "withdrawn" {
 		t.Fatalf("cancel: %s %v", st, err)
 	}
 	if err := c.rdb.Set(ctx, cancelKey(id), 1, time.Hour).Err(); err != nil {

@@ -196,7 +196,7 @@ func TestEnqueueDuplicateAndCancel(t *testing.T) {
 	if err != nil || st[0].Name != QueueIngest || st[0].Pending != 2 {
 		t.Fatalf("status: %+v, %v", st, err)
 	}
-	if s, err := c.Cancel(ctx, info.ID); err != nil || s != "cancelled" {
+	if s, err := c.Cancel(ctx, info.ID); err != nil || s != "withdrawn" {
 		t.Fatalf("cancel: %s, %v", s, err)
 	}
 	if _, err := c.Cancel(ctx, "nope"); err == nil {

@@ -25,9 +25,11 @@ type DatasetProgress struct {
 	// once its shard or append task is archived, Stopped once one of them
 	// completed at the ingest's limit (progress state "stopped": the file
 	// is not in the store, and a larger limit plans it again), Running
-	// while either task runs, and Waiting otherwise. A file queued again
-	// (a larger limit) counts by its newest tasks.
-	Files, Done, Failed, Stopped, Running, Waiting int
+	// while either task runs, Lost while one is held by a worker that
+	// stopped heartbeating (it runs again once recovered), and Waiting
+	// otherwise. A file queued again (a larger limit) counts by its newest
+	// tasks.
+	Files, Done, Failed, Stopped, Running, Lost, Waiting int
 	// Bytes and DoneBytes are the files' download sizes; SizesKnown is
 	// false when a source did not publish every file's size, and the rate
 	// then counts files.
@@ -196,6 +198,8 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			d.Tokens += f.taken // the parts of its file that fit
 		case "running":
 			d.Running++
+		case "lost":
+			d.Lost++
 		default:
 			d.Waiting++
 		}
@@ -272,6 +276,9 @@ func fileState(f *ingestFile) string {
 		}
 	}
 	for _, t := range []*TaskStatus{f.shard, f.apnd} {
+		if t != nil && t.State == "active" && t.Lost {
+			return "lost"
+		}
 		if t != nil && t.State == "active" {
 			return "running"
 		}

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -115,5 +116,30 @@ func TestAnIngestTasksSubjectNamesItsStore(t *testing.T) {
 		if got := Subject(c.kind, b); got != c.want {
 			t.Errorf("Subject(%s, %+v) = %q; want %q", c.kind, c.a, got, c.want)
 		}
+	}
+}
+
+// A file whose task is held by a lost worker counts as lost, not running,
+// and the store has no ETA while nothing runs: it showed its files running
+// and an ETA for the minutes until the tasks were recovered.
+func TestAFileOfALostWorkerIsNotRunning(t *testing.T) {
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	var tasks []TaskStatus
+	for i, st := range []string{"completed", "active", "active"} {
+		b, err := Encode(IngestShard{Dataset: "code", Store: "code", ShardID: fmt.Sprint(i), Path: fmt.Sprint(i), Size: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tasks = append(tasks, TaskStatus{ID: fmt.Sprint("s", i), Kind: KindIngestShard, State: st, Payload: b, Lost: st == "active",
+			HasProgress: true, Progress: Progress{Started: at, Updated: at.Add(time.Duration(i) * time.Second)}})
+	}
+	b, err := Encode(IngestAppend{Store: "code", ShardID: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks = append(tasks, TaskStatus{ID: "a0", Kind: KindIngestAppend, State: "completed", Payload: b, HasProgress: true, Progress: Progress{State: "done", Updated: at.Add(time.Second)}})
+	ds := (&Snapshot{At: at.Add(time.Minute), Tasks: tasks}).Datasets()
+	if len(ds) != 1 || ds[0].Done != 1 || ds[0].Lost != 2 || ds[0].Running != 0 || ds[0].ETA != 0 {
+		t.Fatalf("datasets %+v; want 1 file done, 2 on a lost worker, none running, no ETA", ds)
 	}
 }

@@ -518,6 +518,9 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 	if d.Running > 0 {
 		notes = append(notes, fmt.Sprintf("%d running", d.Running))
 	}
+	if d.Lost > 0 {
+		notes = append(notes, fmt.Sprintf("%d on a lost worker (they run again once a worker recovers them)", d.Lost))
+	}
 	if d.Waiting > 0 {
 		notes = append(notes, fmt.Sprintf("%d waiting", d.Waiting))
 		for _, q := range []string{scheduler.QueueIngest, scheduler.QueueAppend} {

@@ -369,15 +369,16 @@ type PartialFile struct {
 }
 
 // SkipHeld reports whether a store that records s holds its file as done:
-// a file left out whole for what its bytes are (corrupt, too large, not
-// UTF-8), which an ingest again passes over. A file left out for the
-// column or field the ingest read (missing-column; empty-file: no
-// document with text in it) is read again by the next ingest: one with
-// the right --columns takes it, where it found its store full of files
-// recorded as skipped and took none.
+// a file left out whole for what its bytes are (corrupt, empty, too large,
+// not UTF-8), which an ingest again passes over. A file left out for the
+// column or field the ingest read (missing-column; empty-file whose
+// documents had no text there, empty-document) is read again by the next
+// ingest: one with the right --columns takes it, where it found its store
+// full of files recorded as skipped and took none.
 func SkipHeld(s tokens.Skipped) bool {
-	reason, _, _ := strings.Cut(s.Reason, ":")
-	return s.Count == 0 && reason != SkipMissingColumn && reason != SkipEmptyFile
+	reason, why, _ := strings.Cut(s.Reason, ":")
+	forColumn := reason == SkipMissingColumn || reason == SkipEmptyFile && strings.Contains(why, SkipEmptyDocument+"=")
+	return s.Count == 0 && !forColumn
 }
 
 // storeFiles are the ids of the files m holds whole (appended, or

@@ -104,9 +104,9 @@ func TestStatusOfAStore(t *testing.T) {
 	}
 	m := tokens.Manifest{Dtype: tokens.Uint16, Tokens: 10, Documents: 2,
 		Shards: []tokens.Shard{{ID: "b", Tokens: 4}, {ID: "a", Tokens: 6}},
-		Skipped: []tokens.Skipped{{ID: "c", Reason: "corrupt-file: x"}, {ID: "a", Reason: "invalid-utf8", Count: 2},
+		Skipped: []tokens.Skipped{{ID: "c", Reason: "empty-file: x: the file is empty"}, {ID: "a", Reason: "invalid-utf8", Count: 2},
 			// Read again by the next ingest, which may read another column.
-			{ID: "d", Reason: "missing-column: x"}, {ID: "e", Reason: "empty-file: x"}}}
+			{ID: "d", Reason: "missing-column: x"}, {ID: "e", Reason: "empty-file: x: no usable documents (skipped: empty-document=2)"}}}
 	if _, err := p.publishStatus(ctx, "s", m, Limits{}, Limits{}); err != nil {
 		t.Fatal(err)
 	}

@@ -292,7 +292,8 @@ func TestACrashBeforeACancelDoesNotCountAfterTheEnqueueAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st, err := e.c.Cancel(ctx, id); err != nil || st != "cancelled" {
+	// Waiting to be tried again, it is withdrawn.
+	if st, err := e.c.Cancel(ctx, id); err != nil || st != "withdrawn" {
 		t.Fatalf("cancel: %s, %v", st, err)
 	}
 	crashedOnce("crashed once after it was enqueued again")

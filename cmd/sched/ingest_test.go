@@ -98,12 +98,10 @@ func TestIngestDirectOfNoTextIsBadInput(t *testing.T) {
 		want    string
 	}{
 		{"local:" + filepath.Join(src, "*"), "none of its 2 files holds text to ingest (skipped: empty-file=1, invalid-utf8=1; the first: " + src},
-		// Run again, the file that is not UTF-8 is recorded as skipped
-		// (the empty one is read again, as a file of no text in the column
-		// read is): still no text, not "already in the store" with the
-		// store empty.
+		// Run again, its files are recorded as skipped: still no text, not
+		// "already in the store" with the store empty.
 		{"local:" + filepath.Join(src, "*"), "none of its 2 files holds text to ingest: token store " + filepath.Join(data, "tokens", "code") +
-			" holds no tokens and records its files as skipped by an earlier run (invalid-utf8=1; the first: " + src},
+			" holds no tokens and records its files as skipped by an earlier run (empty-file=1, invalid-utf8=1; the first: " + src},
 		{"local:" + src, "is a directory: name its files with a glob, such as local:" + filepath.Join(src, "*")},
 		{"local:" + filepath.Join(src, "["), `write a literal [ as \[`},
 	} {

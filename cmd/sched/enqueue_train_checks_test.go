@@ -192,17 +192,7 @@ func TestEnqueueTrainSaysADoneRunIsDone(t *testing.T) {
 		t.Fatalf("retry of a done run's segment queued %v (%v)", live, err)
 	}
 
-	runsFile := envValue(env, "KILN_RUNS")
-	length := func(from, to string) {
-		t.Helper()
-		b, err := os.ReadFile(runsFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(runsFile, []byte(strings.Replace(string(b), from, to, 1)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	length := func(from, to string) { t.Helper(); editRuns(t, env, from, to) }
 	done := "run fin is done at step 40 of 40; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and enqueue it again; or train a run of another name)\n"
 	resumed := regexp.MustCompile(`^queued train:segment:\S+ on gpu; the run resumes from its last checkpoint \(step 40\)\n$`)
 	for _, when := range []string{"with its state in Redis", "after Redis lost its data"} {
@@ -262,17 +252,8 @@ func TestEnqueueTrainRefusesAShapeItsCheckpointsCannotResume(t *testing.T) {
 	ctx := context.Background()
 	appendRuns(t, env, "shp:\n  from: eta\n  total_steps: 40\n")
 	trainToTheEnd(t, env, rdb, q, "shp")
-	runsFile := envValue(env, "KILN_RUNS")
-	b, err := os.ReadFile(runsFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	entry := func(body string) {
-		t.Helper()
-		if err := os.WriteFile(runsFile, []byte(strings.Replace(string(b), "shp:\n  from: eta\n  total_steps: 40\n", body, 1)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	was := "shp:\n  from: eta\n  total_steps: 40\n"
+	entry := func(body string) { t.Helper(); editRuns(t, env, was, body); was = body }
 	entry("shp:\n  from: eta\n  total_steps: 60\n  seq: 64\n")
 	wantBadInput(t, env, `^sched: run shp trained at seq 32 and its runs entry now gives seq 64, which its checkpoints' data order cannot resume: put its entry back as it was in the runs file \(KILN_RUNS\), or train a run of another name`,
 		"enqueue", "train", "shp")
@@ -380,14 +361,7 @@ func TestACancelledRunShortenedBelowItsCheckpointIsEndedThere(t *testing.T) {
 		t.Fatalf("run cut after its cancel: %+v (%v, %v); want a checkpoint, not done", st, ok, err)
 	}
 	at := st.Checkpoint
-	b, err := os.ReadFile(envValue(env, "KILN_RUNS"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	shorter := strings.Replace(string(b), "cut:\n  from: eta\n", fmt.Sprintf("cut:\n  from: eta\n  total_steps: %d\n", at), 1)
-	if err := os.WriteFile(envValue(env, "KILN_RUNS"), []byte(shorter), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	editRuns(t, env, "cut:\n  from: eta\n", fmt.Sprintf("cut:\n  from: eta\n  total_steps: %d\n", at))
 	out, errOut, code := sched(t, env, "enqueue", "train", "cut")
 	// The checkpoint its stop wrote may be recorded after the cancel ended
 	// the task: the run is at step at or after it.
@@ -435,14 +409,7 @@ func TestADoneRunWhoseLongerSegmentFailsReadsFailed(t *testing.T) {
 	ctx := context.Background()
 	appendRuns(t, env, "fin:\n  from: eta\n  total_steps: 40\n")
 	trainToTheEnd(t, env, rdb, q, "fin")
-	b, err := os.ReadFile(envValue(env, "KILN_RUNS"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	longer := strings.Replace(string(b), "  total_steps: 40\n", "  total_steps: 60\n  seed: 4\n", 1)
-	if err := os.WriteFile(envValue(env, "KILN_RUNS"), []byte(longer), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	editRuns(t, env, "fin:\n  from: eta\n  total_steps: 40\n", "fin:\n  from: eta\n  total_steps: 60\n  seed: 4\n")
 	if out, errOut, code := sched(t, env, "enqueue", "train", "fin"); code != 0 {
 		t.Fatalf("enqueue train fin with total_steps 60: exit %d: %s%s", code, out, errOut)
 	}

@@ -78,6 +78,23 @@ func appendRuns(t *testing.T, env []string, entries string) {
 	}
 }
 
+// editRuns replaces the first from in the runs file that env's KILN_RUNS
+// names with to: a runs entry edited between enqueues.
+func editRuns(t *testing.T, env []string, from, to string) {
+	t.Helper()
+	runsFile := envValue(env, "KILN_RUNS")
+	b, err := os.ReadFile(runsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), from) {
+		t.Fatalf("the runs file holds no %q to replace:\n%s", from, b)
+	}
+	if err := os.WriteFile(runsFile, []byte(strings.Replace(string(b), from, to, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // trainingSetupStore is trainingSetup with the run's store, when name is
 // set, at <data dir>/tokens/<name> and named so in the mixture, as the
 // preset runs name theirs: a segment then waits while the store is being

@@ -234,15 +234,40 @@ func TestAWorkerStopsServingAppendWhenItsClaimIsLost(t *testing.T) {
 	if err := e.rdb.HSet(ctx, AppendClaimKey, "disk", strings.Repeat("0", 32), "host", "elsewhere", "dir", "/data", "pid", 7).Err(); err != nil {
 		t.Fatal(err)
 	}
-	ts := e.waitFor(id, time.Minute, "re-queued", func(ts scheduler.TaskStatus) bool { return ts.State == "pending" })
+	// Re-queued: pending, or waiting in retry (no delay, no retry used)
+	// for a worker that serves append to forward it, this one's append
+	// server being shut down.
+	requeued := func(ts scheduler.TaskStatus) bool { return ts.State == "pending" || ts.State == "retry" && ts.Retried == 0 }
+	ts := e.waitFor(id, time.Minute, "re-queued", requeued)
 	if ts.Progress.State != "interrupted" || !strings.Contains(ts.Progress.Message, "the append claim was lost to the worker on host elsewhere") || ts.Retried != 0 {
 		t.Fatalf("the append after the claim was lost: retried %d, progress %+v; want interrupted, naming the claim's loss, no retry used", ts.Retried, ts.Progress)
 	}
 	// The ingest queue still serves; by the time its task is done, the
 	// append queue would have taken its task again had it not stopped.
 	e.waitFor(e.enqueue(slowArgs{Name: "ingest", Steps: 1, StepMS: 1}), time.Minute, "completed", state("completed"))
-	if ts, err := e.c.Task(ctx, id); err != nil || ts.State != "pending" {
-		t.Fatalf("the append after an ingest task ran: %+v, %v; want it still pending", ts, err)
+	if ts, err := e.c.Task(ctx, id); err != nil || !requeued(ts) {
+		t.Fatalf("the append after an ingest task ran: %+v, %v; want it still waiting", ts, err)
+	}
+	// Its heartbeat no longer lists append, which sched status's WORKERS
+	// read as served still, while ingest is.
+	deadline := time.Now().Add(time.Minute) // for a test that fails
+	for {
+		snap, err := e.c.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		append, ingest := 0, 0
+		for _, wp := range snap.Workers {
+			append += wp.Queues[scheduler.QueueAppend]
+			ingest += wp.Queues[scheduler.QueueIngest]
+		}
+		if append == 0 && ingest > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute after its claim was lost, the worker's heartbeats list append=%d, ingest=%d; want append gone, ingest served", append, ingest)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

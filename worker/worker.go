@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -86,6 +87,9 @@ type Worker struct {
 	// alone can end too (stopServing), with its cause.
 	queueDrain map[string]context.Context
 	stopQueue  map[string]context.CancelCauseFunc
+	// shutdowns are the servers of queues stopped alone (stopServing)
+	// still shutting down.
+	shutdowns sync.WaitGroup
 	// slots bound each queue's running handlers to its concurrency. asynq
 	// frees a task's place as soon as the task's context is cancelled
 	// (sched cancel), while its handler still writes its stop checkpoint;
@@ -266,6 +270,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	for range w.servers {
 		<-done
 	}
+	w.shutdowns.Wait()
 	w.down.close()
 	w.p.Logger.Info("worker stopped")
 	return w.rdb.Close()
@@ -278,13 +283,24 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) stopServing(q string, cause error) {
 	w.p.Logger.Warn("this worker stops serving queue "+q+"; its running tasks stop at a safe point and are re-queued",
 		zap.String("queue", q), zap.NamedError("why", cause))
+	var stopped []*asynq.Server
 	for i, s := range w.servers {
 		if w.queues[i] == q {
 			s.Stop()
+			stopped = append(stopped, s)
 		}
 	}
 	if stop := w.stopQueue[q]; stop != nil {
 		stop(cause)
+	}
+	// Shut down once its handlers have stopped: its heartbeat, which
+	// `sched status` lists the worker's queues from, goes with it.
+	for _, s := range stopped {
+		w.shutdowns.Add(1)
+		go func() {
+			defer w.shutdowns.Done()
+			s.Shutdown()
+		}()
 	}
 }
 

@@ -63,7 +63,8 @@ func testFullDisk(t *testing.T, size int64) {
 		t.Fatalf("the ingest filled a %d KiB disk without an error", size>>10)
 	}
 	if msg := err.Error(); !strings.Contains(msg, "no space left on the disk of "+opt.StoreDir+" for the ") ||
-		!strings.Contains(msg, " bytes of tokens of ") || !strings.Contains(msg, "(free there: ") || !strings.Contains(msg, "run the ingest again") {
+		!strings.Contains(msg, " bytes of tokens of ") || !strings.Contains(msg, " and a new copy of its manifest.json (") ||
+		!strings.Contains(msg, "(free there: ") || !strings.Contains(msg, "run the ingest again") {
 		t.Fatalf("the error does not name the store's directory, the room the shard needs and the room there is: %v", err)
 	}
 	m, err := tokens.ReadManifest(opt.StoreDir)

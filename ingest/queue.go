@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
@@ -924,11 +925,17 @@ type AppendResult struct {
 func (p *Pipeline) Append(ctx context.Context, job AppendJob, progress func(done, total int64)) (AppendResult, error) {
 	res, err := p.append(ctx, job, progress)
 	if err != nil && p.StoresDir != "" {
+		dir := filepath.Join(p.StoresDir, job.Store)
 		what := "the record of " + job.Source + " as skipped"
 		if job.SkipReason == "" {
 			what = fmt.Sprintf("the %d bytes of tokens of %s", job.Tokens*int64(tokens.DtypeFor(job.Tokenizer.VocabSize).Width()), job.Source)
 		}
-		err = noRoom(err, filepath.Join(p.StoresDir, job.Store), what)
+		if fi, serr := os.Stat(filepath.Join(dir, tokens.ManifestFile)); serr == nil {
+			// Each append writes a new copy of it beside the old one:
+			// the room the tokens need is not enough.
+			what += fmt.Sprintf(" and a new copy of its manifest.json (%s)", bytesize.Format(fi.Size()))
+		}
+		err = noRoom(err, dir, what)
 	}
 	return res, err
 }

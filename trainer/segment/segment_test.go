@@ -270,6 +270,11 @@ func TestDiskGuardStopsTheSegment(t *testing.T) {
 	if !errors.Is(err, ErrDiskFull) || strings.Contains(err.Error(), "unreachable or behind") || !strings.Contains(err.Error(), "free space on that disk, or lower min_free_disk") {
 		t.Fatalf("disk filled with object storage answering: %v; want ErrDiskFull saying to free space, without blaming object storage", err)
 	}
+	// The run is its wrapper's to name (the worker's "run filled: "),
+	// which named it twice.
+	if strings.Contains(err.Error(), "run filled") || !strings.Contains(err.Error(), "min_free_disk: "+RunDir(disk, "filled")+" has ") {
+		t.Errorf("disk filled: %v; want the run's directory named after the guard's words, and no run named", err)
+	}
 }
 
 // Cancellation (SIGTERM, `sched cancel`) checkpoints at the next step and

@@ -586,7 +586,8 @@ func (p Params) guardDisk(dir string, st diskState) error {
 			return nil
 		}
 	}
-	msg := fmt.Sprintf("run %s: %s has %s free, below min_free_disk %s", p.Run.Name, dir, bytesize.Format(free), bytesize.Format(min))
+	// The run is named by the error's wrapper, and by its directory.
+	msg := fmt.Sprintf("%s has %s free, below min_free_disk %s", dir, bytesize.Format(free), bytesize.Format(min))
 	// The newest, which the guard never removes (it is the one just
 	// written, its upload under way), holds its space whatever object
 	// storage does: it blames the store for nothing.

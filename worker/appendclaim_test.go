@@ -237,7 +237,9 @@ func TestAWorkerStopsServingAppendWhenItsClaimIsLost(t *testing.T) {
 	// Re-queued: pending, or waiting in retry (no delay, no retry used)
 	// for a worker that serves append to forward it, this one's append
 	// server being shut down.
-	requeued := func(ts scheduler.TaskStatus) bool { return ts.State == "pending" || ts.State == "retry" && ts.Retried == 0 }
+	requeued := func(ts scheduler.TaskStatus) bool {
+		return ts.State == "pending" || ts.State == "retry" && ts.Retried == 0
+	}
 	ts := e.waitFor(id, time.Minute, "re-queued", requeued)
 	if ts.Progress.State != "interrupted" || !strings.Contains(ts.Progress.Message, "the append claim was lost to the worker on host elsewhere") || ts.Retried != 0 {
 		t.Fatalf("the append after the claim was lost: retried %d, progress %+v; want interrupted, naming the claim's loss, no retry used", ts.Retried, ts.Progress)
@@ -256,16 +258,16 @@ func TestAWorkerStopsServingAppendWhenItsClaimIsLost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		append, ingest := 0, 0
+		appends, ingests := 0, 0
 		for _, wp := range snap.Workers {
-			append += wp.Queues[scheduler.QueueAppend]
-			ingest += wp.Queues[scheduler.QueueIngest]
+			appends += wp.Queues[scheduler.QueueAppend]
+			ingests += wp.Queues[scheduler.QueueIngest]
 		}
-		if append == 0 && ingest > 0 {
+		if appends == 0 && ingests > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a minute after its claim was lost, the worker's heartbeats list append=%d, ingest=%d; want append gone, ingest served", append, ingest)
+			t.Fatalf("a minute after its claim was lost, the worker's heartbeats list append=%d, ingest=%d; want append gone, ingest served", appends, ingests)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

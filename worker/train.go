@@ -384,13 +384,16 @@ func runGPUs(named, worker trainer.GPUCount, accumulate int) (trainer.GPUCount, 
 // the segment was stopped, queues the next one. A run another worker holds
 // is retried later; a run name this build does not know is archived.
 func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error {
+	file := os.Getenv("KILN_RUNS")
+	// A run under way whose runs file is being edited (caught half
+	// written, or with a mistake in it) waits, its checkpoint kept, and
+	// goes on once the file is mended, where it was archived for good; a
+	// new run's segment is archived, naming the file's error.
+	edited := t.Runs == nil && file != "" && a.FromStep > 0
 	set := t.Runs
 	if set == nil {
 		var err error
-		if set, err = runs.Load(os.Getenv("KILN_RUNS")); err != nil && a.FromStep > 0 {
-			// A run under way whose file is being edited (a half-written
-			// file, a typo): it waits, its checkpoint kept, and goes on
-			// once the file reads, where it was archived for good.
+		if set, err = runs.Load(file); err != nil && edited {
 			return &WaitError{For: fmt.Sprintf("this worker's KILN_RUNS to read (%v): mend it on the worker; the run goes on from step %d once it reads", err, a.FromStep)}
 		} else if err != nil {
 			return fmt.Errorf("train:segment: this worker's KILN_RUNS: %w; mend it on the worker, then 'sched enqueue train %s' (%w)", err, a.Run, asynq.SkipRetry)
@@ -401,14 +404,14 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		// The enqueuing machine knew the run: the worker reads its own
 		// runs file, which may differ.
 		where := "this worker has no KILN_RUNS"
-		if f := os.Getenv("KILN_RUNS"); f != "" {
-			where = "this worker's KILN_RUNS is " + f
+		if file != "" {
+			where = "this worker's KILN_RUNS is " + file
 		} else if t.Runs != nil {
 			where = "this worker's runs"
 		}
-		if t.Runs == nil && os.Getenv("KILN_RUNS") != "" && a.FromStep > 0 {
-			// Its entry gone from a file being written (an editor that
-			// empties it first): as above. 'sched cancel' stops a run.
+		if edited {
+			// 'sched cancel' stops a run; an entry gone may be a file
+			// an editor empties before it writes.
 			return &WaitError{For: fmt.Sprintf("run %s's entry in this worker's runs file (%v; %s): put it back; the run goes on from step %d once it is there, or 'sched cancel' its segment", a.Run, err, where, a.FromStep)}
 		}
 		return fmt.Errorf("train:segment: %w; %s: define the run there, then 'sched enqueue train %s' (%w)", err, where, a.Run, asynq.SkipRetry)

@@ -585,7 +585,9 @@ func formatLimit(n int64, units []limitUnit) string {
 func failureLine(t scheduler.TaskStatus) string {
 	what := "failed for good (archived)"
 	if t.State == "retry" {
-		what = fmt.Sprintf("failed, retry %d of %d at %s", t.Retried, t.MaxRetry, t.NextRun.Local().Format("15:04:05"))
+		// Counted as sched runs counts it: the attempts, the first one
+		// included, where asynq counts the retries.
+		what = fmt.Sprintf("failed (attempt %d of %d), retries at %s", t.Retried, t.MaxRetry+1, t.NextRun.Local().Format("15:04:05"))
 	}
 	subject := scheduler.Subject(t.Kind, t.Payload)
 	if subject == "" {

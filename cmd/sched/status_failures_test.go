@@ -52,3 +52,20 @@ func TestStatusListsTheNewestFailuresAndCountsTheRest(t *testing.T) {
 		}
 	}
 }
+
+// A task that waits to retry is counted alike under FAILURES and in
+// sched runs: the same attempt of the same number, where FAILURES once
+// counted asynq's retries ("retry 2 of 8") and runs the attempts
+// ("attempt 2 of 9").
+func TestAFailureAndItsRunCountTheSameAttempt(t *testing.T) {
+	next := time.Date(2026, 12, 1, 12, 5, 0, 0, time.Local)
+	task := scheduler.TaskStatus{ID: "task-1", Kind: scheduler.KindIngestShard, State: "retry", Retried: 2, MaxRetry: 8,
+		LastFailed: next.Add(-time.Minute), NextRun: next, LastErr: "connection reset"}
+	const want = "failed (attempt 2 of 9), retries at 12:05:00"
+	if line := failureLine(task); !strings.Contains(line, want) {
+		t.Fatalf("FAILURES: %q, want it to say %q", line, want)
+	}
+	if line := outcomeLine(task); !strings.Contains(line, want) {
+		t.Fatalf("sched runs: %q, want it to say %q", line, want)
+	}
+}

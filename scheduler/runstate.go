@@ -35,11 +35,13 @@ type RunState struct {
 	Updated       time.Time
 	Wall          time.Duration
 	Done          bool
-	// Seq and Shape are the sequence length and the model's layout
-	// (trainer.Shape) the run trains with ("" and 0 where a state
-	// recorded none).
-	Seq   int
-	Shape string
+	// Seq, Shape and Seed are the sequence length, the model's layout
+	// (trainer.Shape) and the seed the run trains with (0, "" and
+	// HasSeed false where a state recorded none).
+	Seq     int
+	Shape   string
+	Seed    uint64
+	HasSeed bool
 }
 
 // ReadRunStates returns every run that has recorded progress, by name.
@@ -82,6 +84,9 @@ func parseRunState(run string, h map[string]string) RunState {
 	s.GPUs, _ = strconv.Atoi(h["gpus"])
 	s.Seq, _ = strconv.Atoi(h["seq"])
 	s.Shape = h["shape"]
+	if v, err := strconv.ParseUint(h["seed"], 10, 64); err == nil {
+		s.Seed, s.HasSeed = v, true
+	}
 	s.EvalLoss, _ = strconv.ParseFloat(h["eval_loss"], 64)
 	s.UploadSeconds, _ = strconv.ParseFloat(h["checkpoint_upload_s"], 64)
 	if v, err := strconv.ParseFloat(h["eta_s"], 64); err == nil {

@@ -171,7 +171,7 @@ func checkStepSize(run runs.Run, st scheduler.RunState, ok bool) error {
 }
 
 // checkShape refuses a resume that the worker would refuse: the runs entry
-// now gives another model layout or sequence length than the run's
+// now gives another model layout, sequence length or seed than the run's
 // checkpoints hold (as its state records them), which the checkpoint's
 // weights or the data cursor cannot be read with. A run with no checkpoint
 // yet (from 0) starts afresh, in any shape.
@@ -183,6 +183,9 @@ func checkShape(run runs.Run, st scheduler.RunState, ok bool, from int64) error 
 	const what = "put its entry back as it was in the runs file (KILN_RUNS), or train a run of another name (`from: %s` starts one from its settings)"
 	if st.Seq > 0 && st.Seq != rc.Seq {
 		return badInput("run %s trained at seq %d and its runs entry now gives seq %d, which its checkpoints' data order cannot resume: "+what, run.Name, st.Seq, rc.Seq, run.Name)
+	}
+	if st.HasSeed && st.Seed != rc.Seed {
+		return badInput("run %s trained with seed %d and its runs entry now gives seed %d, which its checkpoints' data order cannot resume: "+what, run.Name, st.Seed, rc.Seed, run.Name)
 	}
 	mc, err := rc.ModelConfig()
 	if err != nil {

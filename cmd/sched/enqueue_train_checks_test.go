@@ -242,7 +242,7 @@ func trainToTheEnd(t *testing.T, env []string, rdb *redis.Client, q *scheduler.C
 	_ = w.Wait()
 }
 
-// A runs entry changed to a model layout or a sequence length its
+// A runs entry changed to a model layout, a sequence length or a seed its
 // checkpoints cannot be resumed with is refused at enqueue, naming both
 // and what to do, where the worker would refuse the segment it queued;
 // put back, the run resumes.
@@ -256,6 +256,9 @@ func TestEnqueueTrainRefusesAShapeItsCheckpointsCannotResume(t *testing.T) {
 	entry := func(body string) { t.Helper(); editRuns(t, env, was, body); was = body }
 	entry("shp:\n  from: eta\n  total_steps: 60\n  seq: 64\n")
 	wantBadInput(t, env, `^sched: run shp trained at seq 32 and its runs entry now gives seq 64, which its checkpoints' data order cannot resume: put its entry back as it was in the runs file \(KILN_RUNS\), or train a run of another name`,
+		"enqueue", "train", "shp")
+	entry("shp:\n  from: eta\n  total_steps: 60\n  seed: 7\n")
+	wantBadInput(t, env, `^sched: run shp trained with seed \d+ and its runs entry now gives seed 7, which its checkpoints' data order cannot resume: put its entry back as it was in the runs file \(KILN_RUNS\), or train a run of another name`,
 		"enqueue", "train", "shp")
 	entry("shp:\n  from: eta\n  total_steps: 60\n  model: small\n")
 	wantBadInput(t, env, `^sched: run shp's checkpoints hold a model of vocab \d+, d_model 64, .*, and its runs entry now gives vocab \d+, d_model 512, `,
@@ -328,6 +331,17 @@ func TestCheckShapeHoldsOnlyARunWithACheckpoint(t *testing.T) {
 	st.Shape = ""
 	if err := checkShape(run, st, true, 10); err != nil {
 		t.Errorf("a state of an earlier kiln, with no shape: %v; want it queued", err)
+	}
+	st.Seed, st.HasSeed = run.Seed+1, true
+	if err := checkShape(run, st, true, 10); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("trained with seed %d and its runs entry now gives seed %d", run.Seed+1, run.Seed)) {
+		t.Errorf("a run with a checkpoint at step 10, its seed changed: %v; want it refused", err)
+	}
+	if err := checkShape(run, st, true, 0); err != nil {
+		t.Errorf("a run with no checkpoint, its seed changed: %v; want it queued", err)
+	}
+	st.Seed = run.Seed
+	if err := checkShape(run, st, true, 10); err != nil {
+		t.Errorf("a run with a checkpoint at step 10, its seed as it was: %v; want it queued", err)
 	}
 }
 

@@ -236,7 +236,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	}
 	// What the checkpoints hold, in every state write: enqueue train
 	// compares it with the runs entry before it queues a resume.
-	holds := map[string]string{"seq": strconv.Itoa(rc.Seq), "shape": trainer.Shape(mc)}
+	holds := map[string]string{"seq": strconv.Itoa(rc.Seq), "shape": trainer.Shape(mc), "seed": strconv.FormatUint(rc.Seed, 10)}
 	log := p.Log.With(zap.String("run", run))
 
 	lock, err := acquireWaiting(ctx, p.Redis, run, p.Owner, p.LockTTL, log)

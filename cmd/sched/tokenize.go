@@ -34,8 +34,9 @@ failed run never leaves a part-written file there. A file already at
 --out is replaced only with --force, and never one that kiln manages,
 --force or not: a file of a token store (a directory holding its
 manifest.json) or of a training checkpoint (a directory holding its
-trainer_state.json), or a tokenizer.json the data directory's catalog
-publishes ('sched tokenizers' lists them). A device or a pipe (/dev/null)
+trainer_state.json), or a tokenizer.json a catalog publishes: the data
+directory's ('sched tokenizers' lists them), or any other's
+(<data dir>/tokenizers/NAME or <data dir>/objects/tokenizers/NAME). A device or a pipe (/dev/null)
 is written in place, as is /dev/stdout whatever it leads to (a file the
 shell redirected it to included). '-' is refused: read standard input with
 --in /dev/stdin, and pipe or redirect the output with --out /dev/stdout.`
@@ -600,6 +601,11 @@ func (p outPolicy) check(ctx context.Context, out string) error {
 			return err
 		}
 	}
+	if st != nil {
+		if name, dir, ok := catalogCopy(real); ok {
+			return badInput("--out %s is the tokenizer %s of the data directory %s (its catalog's copy): a published name always means the same bytes, so it is refused even with --force; write to another path", out, name, dir)
+		}
+	}
 	if _, own := descriptorOf(out); st != nil && !p.force && !own {
 		return badInput("--out %s already exists: pass --force to replace it, or choose another path", out)
 	}
@@ -711,6 +717,30 @@ func (p outPolicy) storeFileLinkedAs(st fs.FileInfo) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// catalogCopy says whether path is a tokenizer.json where a data
+// directory's catalog keeps one, <data dir>/tokenizers/NAME, or its local
+// object store, <data dir>/objects/tokenizers/NAME, of any data directory:
+// one a command's configuration does not name is published all the same,
+// and stores and runs of its own use it. A data directory is known by its
+// tokens or objects directory beside the tokenizers.
+func catalogCopy(path string) (name, dataDir string, ok bool) {
+	nameDir := filepath.Dir(path)
+	tokenizers := filepath.Dir(nameDir)
+	if filepath.Base(path) != catalog.FileName || filepath.Base(tokenizers) != "tokenizers" {
+		return "", "", false
+	}
+	root := filepath.Dir(tokenizers)
+	if filepath.Base(root) == "objects" {
+		return filepath.Base(nameDir), filepath.Dir(root), true
+	}
+	for _, sub := range []string{"tokens", "objects"} {
+		if st, err := os.Stat(filepath.Join(root, sub)); err == nil && st.IsDir() {
+			return filepath.Base(nameDir), root, true
+		}
+	}
+	return "", "", false
 }
 
 // catalogRoots are the directories whose NAME/tokenizer.json the catalog

@@ -589,6 +589,18 @@ func TestOutputNeverReplacesAFileKilnManages(t *testing.T) {
 			wantBadInput(t, env, regexp.QuoteMeta(c.want), args...)
 		}
 	}
+	// A command configured with another data directory (another shell's
+	// KILN_DATA_DIR, or none) knows nothing of this one's catalog, and
+	// still may not replace what it holds.
+	elsewhere := []string{"KILN_DATA_DIR=" + filepath.Join(home, "elsewhere")}
+	for _, out := range []string{published, filepath.Join(data, "objects", "tokenizers", "go-4096", "tokenizer.json")} {
+		for _, args := range [][]string{
+			{"tokenize", "--tokenizer-file", tokPath, "--in", in, "--out", out, "--force"},
+			{"tokenizer", "train", "--in", in, "--vocab", "300", "--out", out, "--force"},
+		} {
+			wantBadInput(t, elsewhere, regexp.QuoteMeta("--out "+out+" is the tokenizer go-4096 of the data directory "+data+" (its catalog's copy): a published name always means the same bytes, so it is refused even with --force"), args...)
+		}
+	}
 	if after := snapshot(t, data); !maps.Equal(after, before) {
 		t.Errorf("refused outputs changed the data directory:\nbefore %v\nafter  %v", before, after)
 	}

@@ -405,3 +405,22 @@ func TestAGPUWorkerRefusesAnUnreadableRunsFile(t *testing.T) {
 		t.Fatalf("ingest worker with a bad runs file: exit %d, %s; want Redis's refusal, not the runs file's", code, errOut)
 	}
 }
+
+// A worker ends on SIGTERM (how compose and systemd stop it) or Ctrl-C
+// once its tasks have stopped, and that is its way to end, not a failure:
+// exit 0, as the README says, where a command stopped mid-work exits 130.
+func TestAWorkerStoppedBySignalExitsZero(t *testing.T) {
+	t.Parallel()
+	env := []string{"KILN_REDIS_URL=redis://" + testsvc.Redis(t) + "/0", "KILN_DATA_DIR=" + t.TempDir(), "KILN_LOG_FORMAT=json"}
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		w := startWorker(t, env, "--queues", "ingest=1")
+		waitUntil(t, "the worker to start", func() bool { return strings.Contains(workerLog(t, w), `"msg":"worker started"`) })
+		if err := w.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+		err := w.Wait()
+		if code := w.ProcessState.ExitCode(); code != 0 || !strings.Contains(workerLog(t, w), `"msg":"worker stopped"`) {
+			t.Fatalf("a worker sent %v: exit %d (%v), log:\n%s\nwant exit 0 after \"worker stopped\"", sig, code, err, workerLog(t, w))
+		}
+	}
+}

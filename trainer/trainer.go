@@ -573,7 +573,7 @@ func (l *loop) trainStep(ctx context.Context, first int) error {
 		}
 		// An engine may refuse to apply a non-finite gradient; that is a
 		// divergence like a non-finite loss, and is reported as one.
-		if m, merr := l.eng.Metrics(); merr == nil && (!finite(m.Loss) || !finite(m.GradNorm)) {
+		if m, merr := l.eng.Metrics(); merr == nil && diverging(m) {
 			return l.diverged(m)
 		}
 		return fmt.Errorf("step %d: %w", n, err)
@@ -640,7 +640,7 @@ func (l *loop) fail(ctx context.Context, err error) error {
 // loss or gradient norm ends the run; a logged step writes its line (and
 // runs its evaluation).
 func (l *loop) finishStep(ctx context.Context, m model.StepMetrics, lr float64) error {
-	if !finite(m.Loss) || !finite(m.GradNorm) {
+	if diverging(m) {
 		return l.diverged(m)
 	}
 	l.step++
@@ -662,6 +662,16 @@ func (l *loop) finishStep(ctx context.Context, m model.StepMetrics, lr float64) 
 }
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// diverging says whether a step's metrics are those of a run that has
+// diverged: a loss or gradient norm that is not a number, or a loss whose
+// perplexity is not (past ln of the largest float64, about 709.8 nats:
+// some 75 times a fresh model's loss over a vocabulary of 16384, a figure
+// no run that learns comes near). A learning rate far too high reaches
+// such a loss a step before NaN, or never.
+func diverging(m model.StepMetrics) bool {
+	return !finite(m.Loss) || !finite(math.Exp(m.Loss)) || !finite(m.GradNorm)
+}
 
 // diverged is the NonFiniteError of the step being trained, naming the
 // last checkpoint once a write in flight has ended.
@@ -714,8 +724,10 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 		}
 		ev, err := l.evaluate(evalCtx)
 		if err == nil {
-			ppl := math.Exp(ev)
-			line.EvalLoss, line.EvalPPL = &ev, &ppl
+			line.EvalLoss = &ev
+			if ppl := math.Exp(ev); finite(ppl) {
+				line.EvalPPL = &ppl
+			}
 			line.EvalLossByStore, err = l.evaluateStores(evalCtx)
 		}
 		switch {

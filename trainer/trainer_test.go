@@ -260,6 +260,41 @@ func TestDivergenceStopsAndKeepsTheLastGoodCheckpoint(t *testing.T) {
 	}
 }
 
+// A learning rate far too high can take the loss past 709.8 nats, where
+// its perplexity overflows, a step before the loss is NaN (or never): that
+// is a divergence too, reported as one, and not a metrics line that cannot
+// be written (an error the worker retried, to diverge again each time).
+func TestALossPastWhatPerplexityHoldsIsADivergence(t *testing.T) {
+	requireCPU(t)
+	rc := testRun(10)
+	rc.LR, rc.Warmup, rc.LogEvery, rc.CheckpointEvery = 100, 0, 1, 1
+	out := t.TempDir()
+	var last float64
+	_, err := Run(context.Background(), Config{Run: rc, Out: out, Data: newSliceData(model.Presets["tiny"].VocabSize, 20000)},
+		Hooks{Metrics: func(m Metrics) { last = m.LossOr(0) }})
+	var nf *NonFiniteError
+	if !errors.As(err, &nf) || !finite(nf.Loss) || nf.Loss < 709 {
+		t.Fatalf("lr 100: %v; want a NonFiniteError of a finite loss past 709 (the last step logged had loss %v)", err, last)
+	}
+	if !strings.Contains(err.Error(), "training diverged; the last good checkpoint is "+nf.LastGood) {
+		t.Errorf("error must name the last good checkpoint: %v", err)
+	}
+	b, rerr := os.ReadFile(filepath.Join(out, MetricsFile))
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for _, line := range lines {
+		var m Metrics
+		if err := json.Unmarshal([]byte(line), &m); err != nil || m.PPL == nil || !finite(*m.PPL) {
+			t.Fatalf("metrics line %q: %v; want every line whole, with its perplexity", line, err)
+		}
+	}
+	if len(lines) != nf.Step-1 {
+		t.Errorf("metrics.jsonl holds %d lines; want the %d steps before the diverged one", len(lines), nf.Step-1)
+	}
+}
+
 func TestIDsOutsideTheVocabularyStopTheRun(t *testing.T) {
 	requireCPU(t)
 	rc := testRun(3)

@@ -563,7 +563,7 @@ func printMetrics(w io.Writer, m trainer.Metrics, total int) {
 		line += fmt.Sprintf("  mfu %.1f%%", 100**m.MFU)
 	}
 	if m.EvalLoss != nil {
-		line += fmt.Sprintf("  eval %.4f (ppl %.2f)", *m.EvalLoss, *m.EvalPPL)
+		line += fmt.Sprintf("  eval %.4f (ppl %.2f)", *m.EvalLoss, math.Exp(*m.EvalLoss))
 	}
 	fmt.Fprintln(w, line)
 }

@@ -24,6 +24,9 @@ type Reporter struct {
 
 	// now is the clock (time.Now when nil).
 	now func() time.Time
+	// redact hides the configuration's secrets in what is written (nil:
+	// nothing to hide).
+	redact func(string) string
 
 	mu   sync.Mutex
 	p    scheduler.Progress
@@ -225,6 +228,9 @@ func (r *Reporter) write(ctx context.Context, p scheduler.Progress) {
 	// Also once the task's context has ended (a cancel, a drain): what a
 	// task says while it stops, saving its state, is worth showing, and a
 	// write refused for the context alone is no failure to log.
+	if r.redact != nil {
+		p.Message = r.redact(p.Message)
+	}
 	err := scheduler.WriteProgress(context.WithoutCancel(ctx), r.rdb, p, r.ttl)
 	first, lost := r.unwritten.Note(err)
 	switch {

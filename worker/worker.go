@@ -29,6 +29,11 @@ type Params struct {
 	Redis asynq.RedisConnOpt
 	// Handlers are the handlers of the kinds this worker serves (required).
 	Handlers Handlers
+	// Redact hides the configuration's secrets (the Redis password, the S3
+	// secret key, HF_TOKEN) in what a task's error and progress say, which
+	// the log, Redis and sched status show: a library or a server may quote
+	// one (nil: nothing is hidden).
+	Redact func(string) string
 	// Queues maps queue name to concurrency, e.g. {"ingest": 4}. Each
 	// queue gets its own asynq server, so a concurrency is a hard bound for
 	// that queue: "gpu": 1 means one training segment at a time whatever
@@ -276,6 +281,26 @@ func (w *Worker) Run(ctx context.Context) error {
 	return w.rdb.Close()
 }
 
+// redacted is err with Params.Redact's secrets hidden in its text; it
+// wraps err still, so that errors.Is and errors.As see what it was.
+func (w *Worker) redacted(err error) error {
+	if err == nil || w.p.Redact == nil {
+		return err
+	}
+	if msg := w.p.Redact(err.Error()); msg != err.Error() {
+		return &redactedError{msg: msg, err: err}
+	}
+	return err
+}
+
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
 // stopServing stops queue q alone while the worker's other queues go on:
 // its server takes no new task, and its running handlers' contexts end
 // with cause, so that they stop at a safe point and are re-queued, as at
@@ -401,7 +426,7 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 			ttl = p.Retention
 		}
 		start := time.Now()
-		rep := &Reporter{rdb: w.rdb, log: log, ttl: ttl, every: w.p.ProgressEvery,
+		rep := &Reporter{rdb: w.rdb, log: log, ttl: ttl, every: w.p.ProgressEvery, redact: w.p.Redact,
 			p: scheduler.Progress{TaskID: id, Kind: t.Type(), Fraction: -1, State: "running", Worker: w.p.Name, Started: start, Updated: start}}
 		rep.write(ctx, rep.p)
 		ctx = context.WithValue(ctx, reporterKey{}, rep)
@@ -419,6 +444,7 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				err = fmt.Errorf("task %s panicked: %v", t.Type(), r)
 				log.Error("task panicked", zap.Any("panic", r), zap.ByteString("stack", debug.Stack()))
 			}
+			err = w.redacted(err)
 			err = outageWait(err)
 			limitMsg, taken := atLimit(err)
 			cancelled := false

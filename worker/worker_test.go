@@ -134,6 +134,8 @@ type env struct {
 	rdb      redis.UniversalClient
 	// log is the in-process worker's logger; nil: none.
 	log *zap.Logger
+	// redact is the in-process worker's Params.Redact.
+	redact func(string) string
 }
 
 func newEnv(t *testing.T) *env {
@@ -157,7 +159,7 @@ func (e *env) serve(queues map[string]int) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	w, err := New(Params{Redis: e.opt, Queues: queues, Handlers: e.handlers, Logger: log,
+	w, err := New(Params{Redis: e.opt, Queues: queues, Handlers: e.handlers, Logger: log, Redact: e.redact,
 		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)

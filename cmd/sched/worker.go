@@ -110,7 +110,7 @@ func init() {
 				}
 				iso = &worker.Isolation{Queues: []string{scheduler.QueueGPU}, Command: append([]string{exe}, taskArgs...), Env: configEnv(cfg)}
 			}
-			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, Handlers: hs, Isolate: iso, ShutdownGrace: cfg.ShutdownGrace, Logger: log, AppendClaim: claim})
+			w, err := worker.New(worker.Params{Redis: opt, Queues: qs, Handlers: hs, Isolate: iso, ShutdownGrace: cfg.ShutdownGrace, Logger: log, AppendClaim: claim, Redact: cfg.Redact})
 			if err != nil {
 				return err
 			}

@@ -328,6 +328,10 @@ func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
 			msg = strings.TrimSpace(string(body))
 		}
 	}
+	// A proxy or mirror may echo the request, its Authorization header
+	// included: the token never reaches an error, which is logged, shown
+	// by sched status and kept in Redis.
+	msg = secret.Secrets(msg, c.cfg.Token)
 	switch {
 	case code == "GatedRepo" || (resp.StatusCode == http.StatusForbidden && strings.Contains(msg, "authorized list")):
 		return &GatedError{Repo: repo, Page: c.DatasetPage(repo), HasToken: c.cfg.Token != ""}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -507,4 +508,32 @@ func TestEnvironment(t *testing.T) {
 func isBadInput(err error) bool {
 	var b interface{ BadInput() bool }
 	return errors.As(err, &b) && b.BadInput()
+}
+
+// A mirror or proxy at HF_ENDPOINT may echo the request in its refusal,
+// the Authorization header included: the token is masked in the error,
+// which the worker logs and sched status shows, and the rest of what the
+// server said is kept.
+func TestARefusalThatEchoesTheTokenDoesNotCarryIt(t *testing.T) {
+	const token = "hf_SECRETtoken123"
+	for _, header := range []bool{false, true} {
+		proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			said := "echo: " + r.Header.Get("Authorization")
+			if header {
+				w.Header().Set("X-Error-Message", said)
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprintf(w, `{"error":%q}`, said)
+		}))
+		c, err := hub.New(hub.Config{Endpoint: proxy.URL, Token: token, MaxRetries: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.List(context.Background(), repo, "main", "")
+		proxy.Close()
+		if err == nil || strings.Contains(err.Error(), token) || !strings.Contains(err.Error(), "401: echo: Bearer xxxxx") {
+			t.Fatalf("a refusal echoing the token (in X-Error-Message: %v): %v; want it said, the token masked", header, err)
+		}
+	}
 }

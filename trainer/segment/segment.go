@@ -260,6 +260,14 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		return out, err
 	}
 	out.ResumedFrom, out.ResumeSource = r.step, r.source
+	if r.step < rc.TotalSteps {
+		// A run done at an earlier total and given a longer one trains
+		// again: its state says so from the first write of a trained step
+		// (kiln_run_done, sched status and sched retry read it), not at
+		// the segment's end, hours on. A resume refused before then leaves
+		// the state as it was.
+		holds["done"] = "false"
+	}
 	if !r.unknown && r.newest >= 0 {
 		// Where Redis lost the run's state, the newest checkpoint object
 		// storage holds is recorded now, not at this segment's first

@@ -102,6 +102,39 @@ func (l *losses) hook(step, total int, m *trainer.Metrics) {
 	l.m[m.Step] = m.LossOr(0)
 }
 
+// A run done at its total and given a longer one is not done while it
+// trains towards it: its state says so from the first step it trains, which
+// the metrics endpoint's kiln_run_done and sched retry read, not from the
+// end of the segment.
+func TestADoneRunGivenALongerTotalIsNotDoneWhileItTrains(t *testing.T) {
+	ctx := context.Background()
+	rdb := newRedis(t)
+	obj, _ := newS3(t)
+	run := testRun("longer", 4)
+	disk := t.TempDir()
+	if out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream}); err != nil || !out.Done {
+		t.Fatalf("the run to its first total: %+v, %v", out, err)
+	}
+	if st, _, err := scheduler.ReadRunState(ctx, rdb, "longer"); err != nil || !st.Done {
+		t.Fatalf("the run's state at its first total: %+v, %v; want done", st, err)
+	}
+	run.TotalSteps = 8
+	var at5 scheduler.RunState
+	var read error
+	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream,
+		Progress: func(step, total int, m *trainer.Metrics) {
+			if step == 5 && m == nil {
+				at5, _, read = scheduler.ReadRunState(ctx, rdb, "longer")
+			}
+		}})
+	if err != nil || !out.Done || read != nil || at5.Step != 5 || at5.Done {
+		t.Fatalf("the run's state at the first step towards its longer total: %+v (%v); the segment: %+v, %v; want step 5, not done", at5, read, out, err)
+	}
+	if st, _, err := scheduler.ReadRunState(ctx, rdb, "longer"); err != nil || !st.Done || st.Step != 8 {
+		t.Fatalf("the run's state at its longer total: %+v, %v; want done at step 8", st, err)
+	}
+}
+
 // A worker that loses its disk costs at most one checkpoint interval: the
 // next worker pulls the newest complete checkpoint from object storage and
 // the run continues with the losses it would have had uninterrupted.

@@ -500,11 +500,22 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		}
 		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, runs.SizeAdvice(a.Run, t.noStoreAdvice(ctx, a.Run, err))))
 	}
+	total := out.TotalSteps
 	if out.Done {
-		rep.Message(ctx, fmt.Sprintf("run %s done at step %d", a.Run, out.Step))
-		return nil
+		longer, ok := t.longerTotal(a.Run, file, out.Step)
+		if !ok {
+			rep.Message(ctx, fmt.Sprintf("run %s done at step %d", a.Run, out.Step))
+			return nil
+		}
+		// The entry was given a longer total while this segment trained
+		// towards the one it read at its start ('sched enqueue train'
+		// then said the run was running, and queued nothing): the run
+		// goes on, as it would have from a segment that began later.
+		total = longer
+		log.Info("the run's entry now gives a longer total: the run goes on", zap.String("run", a.Run), zap.Int("step", out.Step), zap.Int("total", total))
+		rep.Message(ctx, fmt.Sprintf("run %s reached step %d, its total when this segment began; its runs entry now gives %d, and the next segment goes on", a.Run, out.Step, total))
 	}
-	next := scheduler.TrainSegment{Run: a.Run, Tokenizer: name, Engine: a.Engine, FromStep: int64(out.Step), TotalSteps: int64(out.TotalSteps)}
+	next := scheduler.TrainSegment{Run: a.Run, Tokenizer: name, Engine: a.Engine, FromStep: int64(out.Step), TotalSteps: int64(total)}
 	if err := t.Enqueue(ctx, next); err != nil {
 		var dup *scheduler.DuplicateError
 		if !errors.As(err, &dup) {
@@ -512,6 +523,24 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		}
 	}
 	return nil
+}
+
+// longerTotal is the total steps run's entry gives now, in the runs the
+// segment read its own from, where it is past step.
+func (t *Training) longerTotal(run, file string, step int) (int, bool) {
+	set := t.Runs
+	if set == nil {
+		var err error
+		if set, err = runs.Load(file); err != nil {
+			return 0, false // read again by the next enqueue, which says what is wrong
+		}
+	}
+	r, err := set.Get(run)
+	if err != nil {
+		return 0, false
+	}
+	total := r.RunConfig.WithDefaults().TotalSteps
+	return total, total > step
 }
 
 // noStoreAdvice adds to the error of a run whose token store this

@@ -52,16 +52,27 @@ const StoresDamagedKey = "kiln:stores:damaged"
 const StoresDeletedKey = "kiln:stores:deleted"
 
 // sayDeleted records in StoresDeletedKey the stores of rs, a look's or a
-// start's mended statuses, found gone; nothing where none is.
+// start's mended statuses, found gone, and forgets those found holding
+// files again (a backup put back, a store copied from another machine):
+// what the ingests before its deletion appended is there again.
 func (c *Ingest) sayDeleted(ctx context.Context, rs []ingest.Reconciled) error {
 	if c.Redis == nil {
 		return nil
 	}
 	now := time.Now().UTC().Format(time.RFC3339Nano)
 	var gone []any
+	var back []string
 	for _, r := range rs {
-		if r.Gone {
+		switch {
+		case r.Gone:
 			gone = append(gone, r.Store, now)
+		case r.Damaged == "" && r.Holds > 0:
+			back = append(back, r.Store)
+		}
+	}
+	if len(back) > 0 {
+		if err := c.Redis.HDel(ctx, StoresDeletedKey, back...).Err(); err != nil {
+			return err
 		}
 	}
 	if len(gone) == 0 {
@@ -71,8 +82,9 @@ func (c *Ingest) sayDeleted(ctx context.Context, rs []ingest.Reconciled) error {
 }
 
 // DeletedStores reads StoresDeletedKey: when the worker holding the token
-// stores found each store gone from its disk, by name. A store that is
-// here again keeps its time: what was ingested after it is in the store.
+// stores found each store gone from its disk, by name. A store filled
+// again by an ingest keeps its time (what was ingested after it is in the
+// store); one put back whole is forgotten.
 func DeletedStores(ctx context.Context, rdb redis.UniversalClient) (map[string]time.Time, error) {
 	all, err := rdb.HGetAll(ctx, StoresDeletedKey).Result()
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -392,4 +393,33 @@ func TestDatasetsListsTheStoresOfTheWorkerThatAppends(t *testing.T) {
 	if out := datasets(laptop); !damaged.MatchString(out) {
 		t.Fatalf("sched datasets on another machine with the store damaged:\n%s", out)
 	}
+}
+
+// A store deleted from the disk and then put back whole (a backup, or the
+// store copied from another machine, as a run moved there needs) is read
+// as its ingest left it once the worker that appends has found it again,
+// here at its restart: sched status said it was deleted for good, and the
+// ingest it advised queued nothing, every file being in the store.
+func TestAStoreDeletedAndPutBackIsNotDeleted(t *testing.T) {
+	s := newQueuedStore(t)
+	appender := startWorker(t, s.env, "--queues", "append=1")
+	startWorker(t, s.env, "--queues", "ingest=1")
+	s.fill(t)
+	done := regexp.MustCompile(`(?m)^code \(local:.*\)  files 2/2 done  .*  done$`)
+	s.waitStatus(t, "the ingest done", func(status string) bool { return done.MatchString(status) })
+	backup := filepath.Join(t.TempDir(), "code")
+	if err := os.Rename(s.dir, backup); err != nil {
+		t.Fatal(err)
+	}
+	gone := regexp.MustCompile(`(?m)^code \(local:.*\)  its store was deleted from the disk at `)
+	s.waitStatus(t, "the store deleted", func(status string) bool { return gone.MatchString(status) })
+	if err := appender.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	_ = appender.Wait()
+	if err := os.Rename(backup, s.dir); err != nil {
+		t.Fatal(err)
+	}
+	startWorker(t, s.env, "--queues", "append=1")
+	s.waitStatus(t, "the store put back read as its ingest left it", func(status string) bool { return done.MatchString(status) && !gone.MatchString(status) })
 }

@@ -171,10 +171,17 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 			return err
 		}
 	}
+	_, statErr := os.Stat(filepath.Join(storeDir, tokens.ManifestFile))
+	newStore := statErr != nil
+	_, statErr = os.Stat(storeDir)
+	dirExisted := statErr == nil
 	rep, err := ingest.Direct(c.Context(), opt)
 	if err != nil {
 		if c.Context().Err() != nil {
 			// Ctrl-C or SIGTERM: each file's append is whole or not in.
+			if _, serr := os.Stat(filepath.Join(storeDir, tokens.ManifestFile)); newStore && serr != nil {
+				return interruptedError{fmt.Errorf("ingest stopped (%w) before its first append: nothing was written to %s, and the same command again starts it", err, storeDir)}
+			}
 			return interruptedError{fmt.Errorf("ingest stopped (%w); the files appended to %s so far are kept, and the same command again goes on with the rest", err, storeDir)}
 		}
 		return err
@@ -202,6 +209,11 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		fmt.Fprintln(out, rep.Stopped)
 	}
 	if rep.Files > 0 && rep.Appended == 0 && rep.Duplicates == 0 && rep.Same == 0 && rep.Stopped == "" && len(rep.SkippedFiles) > 0 {
+		if newStore {
+			// Refused, it leaves nothing: no store that sched datasets
+			// would list, bound to this tokenizer, holding no token.
+			dropEmptyStore(storeDir, dirExisted, log)
+		}
 		return badInput("%s: none of its %d files holds text to ingest (skipped: %s; the first: %s): give files of UTF-8 text, JSON lines or Parquet, and --columns text=<name> where their text is in another column or field than %q%s",
 			p.Name, rep.Files, rep.SkippedFiles, rep.FirstSkipped, cmp.Or(p.Columns.Text, "text"), emptyStoreHint(storeDir))
 	}
@@ -209,6 +221,30 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		return skippedBefore(p.Name, rep.Files, storeDir)
 	}
 	return nil
+}
+
+// dropEmptyStore removes the store at dir, which this run made and left
+// holding no token: the directory where the run made it, its files where
+// the directory was there before (empty, as a new store's must be).
+func dropEmptyStore(dir string, dirExisted bool, log *zap.Logger) {
+	if m, err := tokens.ReadManifest(dir); err != nil || m.Tokens > 0 {
+		return
+	}
+	var err error
+	if !dirExisted {
+		err = os.RemoveAll(dir)
+	} else if entries, rerr := os.ReadDir(dir); rerr != nil {
+		err = rerr
+	} else {
+		for _, e := range entries {
+			if n := e.Name(); tokens.IsStoreFile(n) || strings.HasPrefix(n, ingest.FullMarkFile) {
+				err = errors.Join(err, os.RemoveAll(filepath.Join(dir, n)))
+			}
+		}
+	}
+	if err != nil {
+		log.Warn("the empty token store this ingest made is not removed", zap.String("dir", dir), zap.Error(err))
+	}
 }
 
 // skippedBefore refuses, as an ingest of no text, a run that appended none

@@ -2,15 +2,20 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/tokens"
 )
 
@@ -82,5 +87,53 @@ func TestADirectIngestStoppedSaysWhatItKept(t *testing.T) {
 	}
 	if len(m.Shards) != files {
 		t.Fatalf("the store holds %d shards after the second run; want the %d files once each", len(m.Shards), files)
+	}
+}
+
+// Stopped before its first append (here as its first download waits on
+// the Hub), a direct ingest says that nothing was written to its store,
+// which is not there: not that the files appended so far are kept.
+func TestADirectIngestStoppedBeforeItsFirstAppendSaysNothingWasWritten(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tok := goldenTokenizerWithEOS(t, dir)
+	hub := hubtest.New()
+	t.Cleanup(hub.Close)
+	type textRow struct {
+		Text string `parquet:"text"`
+	}
+	hub.Add("HuggingFaceFW/fineweb-edu", "sample/100BT/000_00000.parquet", writeParquet(t, []textRow{{"a lesson in a sentence"}}), true)
+	asked := make(chan struct{})
+	var once sync.Once
+	hub.BeforeResolve = func(ctx context.Context, repo, path string) error {
+		once.Do(func() { close(asked) })
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	store := filepath.Join(dir, "store")
+	cmd := exec.Command(os.Args[0], "ingest", "fineweb-edu", "--direct", "--store-dir", store, "--tokenizer-file", tok)
+	cmd.Env = append(baseEnv(t), "HF_ENDPOINT="+hub.Server.URL)
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-asked:
+	case <-time.After(2 * time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatalf("the ingest did not ask the Hub for its file: %s", errOut.String())
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	want := "before its first append: nothing was written to " + store + ", and the same command again starts it"
+	if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupted || !strings.Contains(errOut.String(), want) || strings.Contains(errOut.String(), "so far are kept") {
+		t.Fatalf("ingest --direct stopped before its first append: %v, %q; want exit %d and %q", err, errOut.String(), exitInterrupted, want)
+	}
+	if _, err := os.Stat(filepath.Join(store, tokens.ManifestFile)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a store at %s (%v); want none", store, err)
 	}
 }

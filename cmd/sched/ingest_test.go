@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub/hubtest"
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
@@ -83,7 +86,11 @@ func TestIngestDirectLocalThenDatasets(t *testing.T) {
 // store the queue fills and train reads, with the tokenizer --tokenizer
 // names; the global --data-dir says where that is.
 // An ingest whose files hold no text at all is an error of its input
-// (exit 2, after the summary), not an empty store reported as done; a
+// (exit 2, after the summary), not an empty store reported as done, and
+// leaves no store behind (sched datasets would list it, bound to the
+// tokenizer, holding nothing): run again, it says the same. A store that
+// held those files as skipped before the run (an ingest through the queue
+// made it) is not "already in the store" with the store empty either. A
 // directory and a bad glob say how to name files.
 func TestIngestDirectOfNoTextIsBadInput(t *testing.T) {
 	t.Parallel()
@@ -93,20 +100,46 @@ func TestIngestDirectOfNoTextIsBadInput(t *testing.T) {
 	os.MkdirAll(src, 0o755)
 	os.WriteFile(filepath.Join(src, "empty.txt"), nil, 0o644)
 	os.WriteFile(filepath.Join(src, "bin.txt"), []byte{0xff, 0xfe, 0x00, 0x81, 0xc3, 0x28}, 0o644)
+	glob := "local:" + filepath.Join(src, "*")
+	store := filepath.Join(data, "tokens", "code")
+	ingestCode := func(dataset string) (string, int) {
+		t.Helper()
+		_, errOut, code := sched(t, nil, "ingest", dataset, "--direct", "--store", "code", "--tokenizer", "tk", "--data-dir", data)
+		return errOut, code
+	}
+	noText := "none of its 2 files holds text to ingest (skipped: empty-file=1, invalid-utf8=1; the first: " + src
+	for range 2 {
+		if errOut, code := ingestCode(glob); code != 2 || !strings.Contains(errOut, noText) || strings.Contains(errOut, "rm -r") {
+			t.Fatalf("ingest %s: exit %d, %q; want exit 2 and %q, and no store to delete", glob, code, errOut, noText)
+		}
+		if _, err := os.Stat(store); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("a refused ingest left %s behind (%v)", store, err)
+		}
+	}
+	// A store that records the files as skipped, as the pipeline leaves it.
+	tok, err := tokenizer.Load(filepath.Join(data, "tokenizers", "tk", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ingest.ResolvePreset(nil, glob, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := ingest.Direct(context.Background(), ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: "tk", StoreDir: store, DataDir: data}); err != nil || len(rep.SkippedFiles) == 0 {
+		t.Fatalf("the pipeline over files of no text: %+v, %v", rep, err)
+	}
+	if errOut, code := ingestCode(glob); code != 2 || !strings.Contains(errOut, "none of its 2 files holds text to ingest: token store "+store+
+		" holds no tokens and records its files as skipped by an earlier run (empty-file=1, invalid-utf8=1; the first: "+src) {
+		t.Fatalf("ingest into a store that holds its files as skipped: exit %d, %q", code, errOut)
+	}
 	for _, c := range []struct {
 		dataset string
 		want    string
 	}{
-		{"local:" + filepath.Join(src, "*"), "none of its 2 files holds text to ingest (skipped: empty-file=1, invalid-utf8=1; the first: " + src},
-		// Run again, its files are recorded as skipped: still no text, not
-		// "already in the store" with the store empty.
-		{"local:" + filepath.Join(src, "*"), "none of its 2 files holds text to ingest: token store " + filepath.Join(data, "tokens", "code") +
-			" holds no tokens and records its files as skipped by an earlier run (empty-file=1, invalid-utf8=1; the first: " + src},
 		{"local:" + src, "is a directory: name its files with a glob, such as local:" + filepath.Join(src, "*")},
 		{"local:" + filepath.Join(src, "["), `write a literal [ as \[`},
 	} {
-		_, errOut, code := sched(t, nil, "ingest", c.dataset, "--direct", "--store", "code", "--tokenizer", "tk", "--data-dir", data)
-		if code != 2 || !strings.Contains(errOut, c.want) {
+		if errOut, code := ingestCode(c.dataset); code != 2 || !strings.Contains(errOut, c.want) {
 			t.Errorf("ingest %s: exit %d, %q; want exit 2 and %q", c.dataset, code, errOut, c.want)
 		}
 	}

@@ -204,7 +204,9 @@ func (s *S3) wrap(op, key string, err error) error {
 	switch resp.Code {
 	case "NoSuchKey", "NoSuchBucket":
 		err = fmt.Errorf("%w (%s)", ErrNotFound, resp.Code)
-	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidSecretKey":
+	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidSecretKey",
+		// versitygw's answer to an access key it does not know, a 404.
+		"XAdminUserNotFound":
 		return &S3Error{Op: op, Store: s.o.url(), Key: key, bad: true,
 			Err: fmt.Errorf("%s: check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY", resp.Code)}
 	}

@@ -205,29 +205,39 @@ func TestS3UnreachableDuringPut(t *testing.T) {
 	}
 }
 
+// A wrong secret key, and an access key the server does not know (which
+// versitygw answers with a 404 of its own code), are the user's to fix,
+// named as such: the latter read as the object store not reached, "check
+// the endpoint".
 func TestS3WrongCredentialsIsBadInput(t *testing.T) {
 	t.Parallel()
 	srv := testsvc.S3(t)
-	s, err := NewS3(S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: "wrong-secret"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	for name, op := range map[string]func() error{
-		"put":   func() error { return s.Put(ctx, "results/x", strings.NewReader("x"), 1) },
-		"check": func() error { _, err := s.Check(ctx); return err },
+	for _, c := range []struct{ what, access, secret string }{
+		{"a wrong secret", srv.AccessKey, "wrong-secret"},
+		{"an unknown access key", "no-such-key", srv.SecretKey},
 	} {
-		err := op()
-		var se *S3Error
-		if !errors.As(err, &se) || !se.BadInput() || !strings.Contains(err.Error(), "KILN_S3_SECRET_KEY") || !strings.Contains(err.Error(), srv.Endpoint) {
-			t.Errorf("%s with a wrong secret: %v; want bad input naming the endpoint and KILN_S3_SECRET_KEY", name, err)
+		s, err := NewS3(S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: c.access, SecretKey: c.secret})
+		if err != nil {
+			t.Fatal(err)
 		}
-		if Unreachable(err) {
-			t.Errorf("%s with a wrong secret: %v reads as the server unreachable", name, err)
+		ctx := context.Background()
+		for name, op := range map[string]func() error{
+			"put":   func() error { return s.Put(ctx, "results/x", strings.NewReader("x"), 1) },
+			"check": func() error { _, err := s.Check(ctx); return err },
+			"get":   func() error { _, err := s.Get(ctx, "results/x"); return err },
+		} {
+			err := op()
+			var se *S3Error
+			if !errors.As(err, &se) || !se.BadInput() || !strings.Contains(err.Error(), "check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY") || !strings.Contains(err.Error(), srv.Endpoint) {
+				t.Errorf("%s with %s: %v; want bad input naming the endpoint and the keys", name, c.what, err)
+			}
+			if Unreachable(err) || errors.Is(err, ErrNotFound) {
+				t.Errorf("%s with %s: %v reads as the server unreachable or the object not found", name, c.what, err)
+			}
 		}
-	}
-	if _, err := s.Check(ctx); strings.Contains(fmtErr(err), "wrong-secret") {
-		t.Error("error shows the secret")
+		if _, err := s.Check(ctx); strings.Contains(fmtErr(err), "wrong-secret") {
+			t.Error("error shows the secret")
+		}
 	}
 }
 

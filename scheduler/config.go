@@ -185,8 +185,11 @@ func (c Config) Validate() error {
 		if why := endpointProblem(c.S3Endpoint); why != "" {
 			return &ConfigError{"KILN_S3_ENDPOINT", fmt.Sprintf("%q is not host:port (%s), e.g. minio:9000 or 127.0.0.1:9000", redact.URL(c.S3Endpoint), why)}
 		}
-		if c.S3AccessKey == "" || c.S3SecretKey == "" {
-			return &ConfigError{"KILN_S3_ACCESS_KEY", "an S3 endpoint is set but its access key or secret key (KILN_S3_SECRET_KEY) is empty"}
+		switch {
+		case c.S3AccessKey == "":
+			return &ConfigError{"KILN_S3_ACCESS_KEY", "an S3 endpoint is set but its access key is empty"}
+		case c.S3SecretKey == "":
+			return &ConfigError{"KILN_S3_SECRET_KEY", "an S3 endpoint is set but its secret key is empty"}
 		}
 	}
 	if !validBucket(c.S3Bucket) {

@@ -94,6 +94,8 @@ func TestConfigErrorsNameWhereTheValueCameFrom(t *testing.T) {
 	os.WriteFile(file, []byte("log_format: xml\n"), 0o644)
 	s3 := filepath.Join(dir, "s3.yaml")
 	os.WriteFile(s3, []byte("s3_endpoint: minio:9000\n"), 0o644)
+	s3NoSecret := filepath.Join(dir, "s3-no-secret.yaml")
+	os.WriteFile(s3NoSecret, []byte("s3_endpoint: minio:9000\ns3_access_key: ak\n"), 0o644)
 	for _, c := range []struct {
 		env  []string
 		args string
@@ -103,7 +105,10 @@ func TestConfigErrorsNameWhereTheValueCameFrom(t *testing.T) {
 		{[]string{"KILN_LOG_FORMAT=yaml"}, "--config " + file, `KILN_LOG_FORMAT: "yaml" is not one of`},
 		{[]string{"KILN_LOG_FORMAT=yaml"}, "--config " + file + " --log-format toml", `--log-format: "toml" is not one of`},
 		{[]string{"KILN_TOKENIZER=-x"}, "", `KILN_TOKENIZER: tokenizer name "-x": use letters, digits`},
-		{nil, "--config " + s3, "KILN_S3_ACCESS_KEY (--s3-access-key): an S3 endpoint is set but its access key"},
+		{nil, "--config " + s3, "KILN_S3_ACCESS_KEY (--s3-access-key): an S3 endpoint is set but its access key is empty"},
+		// The key that is empty is the one named.
+		{nil, "--config " + s3NoSecret, "KILN_S3_SECRET_KEY (--s3-secret-key): an S3 endpoint is set but its secret key is empty"},
+		{[]string{"KILN_S3_SECRET_KEY=sk"}, "--config " + s3NoSecret + " --s3-secret-key=", "--s3-secret-key"},
 	} {
 		_, errOut, code := sched(t, c.env, append([]string{"config"}, strings.Fields(c.args)...)...)
 		if code != 2 || !strings.Contains(errOut, c.want) || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {

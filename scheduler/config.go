@@ -7,12 +7,14 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 	"unicode"
 
+	"github.com/hibiken/asynq"
 	"gopkg.in/yaml.v3"
 
 	"github.com/kiln-lm/kiln/internal/redact"
@@ -151,6 +153,33 @@ func (e *ConfigError) Error() string {
 // BadInput marks configuration errors as the user's to fix.
 func (e *ConfigError) BadInput() bool { return true }
 
+// reservedInPassword says whether raw's user information (before the last
+// '@' of its authority) holds a character that ends an authority early.
+func reservedInPassword(raw string) bool {
+	_, rest, ok := strings.Cut(raw, "://")
+	at := strings.LastIndex(rest, "@")
+	return ok && at > 0 && strings.ContainsAny(rest[:at], "/?#")
+}
+
+// RedisOpt is the connection the Redis URL names, with its user name (an
+// ACL user of Redis 6 and later), which asynq's parser drops: the password
+// alone would be tried as the default user's.
+func (c Config) RedisOpt() (asynq.RedisConnOpt, error) {
+	opt, err := asynq.ParseRedisURI(c.RedisURL)
+	if err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(c.RedisURL)
+	if err != nil {
+		return nil, err
+	}
+	if o, ok := opt.(asynq.RedisClientOpt); ok && u.User.Username() != "" {
+		o.Username = u.User.Username()
+		opt = o
+	}
+	return opt, nil
+}
+
 // Validate checks a defaulted Config; the first error names the field.
 func (c Config) Validate() error {
 	u, err := url.Parse(c.RedisURL)
@@ -163,11 +192,29 @@ func (c Config) Validate() error {
 		}
 		if err != nil && strings.Contains(err.Error(), "invalid port") {
 			why = "its port is not a number"
+			if reservedInPassword(c.RedisURL) {
+				why = "its password holds '/', '?' or '#', which end the host part: percent-encode them (%2F, %3F, %23)"
+			}
 		}
 		return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("%q is not a redis:// or rediss:// URL with a host (%s), e.g. %s", redact.URL(c.RedisURL), why, DefaultRedisURL)}
 	}
 	if port := u.Port(); port != "" && !validPort(port) {
 		return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("port %s in %q is not a number from 1 to 65535, e.g. %s", port, redact.URL(c.RedisURL), DefaultRedisURL)}
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		// Read by no one: a password there would be sent nowhere, and an
+		// option would seem to be in force. Named, not shown (a value
+		// may be a password).
+		var names []string
+		for k := range u.Query() {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		what := "options after '?' (" + strings.Join(names, ", ") + ")"
+		if u.RawQuery == "" {
+			what = "a part after '#'"
+		}
+		return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("%q has %s, which kiln does not read: remove it; a password goes before the host, redis://[user]:password@host:port/db", redact.URL(u.Scheme+"://"+u.Host), what)}
 	}
 	if p := strings.Trim(u.Path, "/"); p != "" {
 		var db int

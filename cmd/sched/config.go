@@ -64,7 +64,7 @@ var settings = func() []setting {
 		return setting{flag, env, help, g, s}
 	}
 	return []setting{
-		mk("redis-url", "KILN_REDIS_URL", "queue Redis URL, redis://[:password@]host:port/db (default "+scheduler.DefaultRedisURL+")", func(c *scheduler.Config) *string { return &c.RedisURL }),
+		mk("redis-url", "KILN_REDIS_URL", "queue Redis URL, redis://[[user]:password@]host:port/db (default "+scheduler.DefaultRedisURL+")", func(c *scheduler.Config) *string { return &c.RedisURL }),
 		mk("s3-endpoint", "KILN_S3_ENDPOINT", "S3 endpoint host:port; empty for the local directory store", func(c *scheduler.Config) *string { return &c.S3Endpoint }),
 		mk("s3-bucket", "KILN_S3_BUCKET", "S3 bucket (default kiln)", func(c *scheduler.Config) *string { return &c.S3Bucket }),
 		mk("s3-access-key", "KILN_S3_ACCESS_KEY", "S3 access key", func(c *scheduler.Config) *string { return &c.S3AccessKey }),
@@ -565,7 +565,7 @@ func commandQueue(cmd *cobra.Command) (*scheduler.Client, error) {
 // openQueue connects to Redis and checks that it answers, so that a wrong
 // URL fails here with one clear line instead of in a retry loop.
 func openQueue(ctx context.Context, cfg scheduler.Config) (*scheduler.Client, asynq.RedisConnOpt, error) {
-	opt, err := asynq.ParseRedisURI(cfg.RedisURL)
+	opt, err := cfg.RedisOpt()
 	if err != nil {
 		// The parser's error quotes the URL, password and all.
 		return nil, nil, badInput("KILN_REDIS_URL %s: %v", cfg.Masked().RedisURL, redactErr(cfg, err))

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"golang.org/x/term"
@@ -138,7 +137,7 @@ func init() {
 			if err != nil {
 				return err
 			}
-			opt, err := asynq.ParseRedisURI(cfg.RedisURL)
+			opt, err := cfg.RedisOpt()
 			if err != nil {
 				return badInput("KILN_REDIS_URL %s: %v", cfg.Masked().RedisURL, redactErr(cfg, err))
 			}

@@ -126,6 +126,8 @@ busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
 	fl.BoolVar(&f.checkpointWait, "checkpoint-wait", false, "with --checkpoint-every: wait for each checkpoint's write before the next step, for comparison")
 	fl.StringVar(&f.gpus, "gpus", "1", "GPUs to train on data-parallel, a number or all; where that is several, one GPU is measured after them for the scaling efficiency")
 	fl.StringVar(&f.moe, "moe", "", "Mixtral's mixture of experts in every layer of the preset: experts=N[,top_k=K,d_ff=F,aux_coef=C], as sched train takes it")
+	noEmpty(fl, "gpus", "a number or all", "1")
+	noEmpty(fl, "moe", "experts=N[,top_k=K,d_ff=F,aux_coef=C]", "the preset's dense layers")
 	fl.BoolVar(&f.profile, "profile", false, "CUDA engine: after the timed steps, run as many again with each kernel timed by events and print the time per kernel")
 	rootCmd.AddCommand(cmd)
 }

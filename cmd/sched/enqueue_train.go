@@ -49,6 +49,7 @@ to train it further).`,
 		Args: exactArgs(1, "one run name"),
 	}
 	cmd.Flags().StringVar(&engine, "engine", "", "engine: cuda, cpu or auto (default: the run's)")
+	noEmpty(cmd.Flags(), "engine", "cuda, cpu or auto", "the run's engine")
 	cmd.RunE = func(c *cobra.Command, args []string) error {
 		cfg, err := loadConfig(c)
 		if err != nil {

@@ -50,6 +50,9 @@ func TestCommandFlagsGivenEmptyAreRefused(t *testing.T) {
 		{[]string{"enqueue", "ingest", "fineweb-edu", "--presets", ""}, "flag --presets is given empty"},
 		{[]string{"enqueue", "tokenizer", "t", "--presets", ""}, "flag --presets is given empty"},
 		{[]string{"enqueue", "bench", "sweep", "--precision", ""}, "flag --precision is given empty: give bf16 or fp32"},
+		{[]string{"enqueue", "train", "pilot-cpu", "--engine", ""}, "flag --engine is given empty: give cuda, cpu or auto, or leave it out to use the run's engine"},
+		{[]string{"bench", "--model", "tiny", "--engine", "cpu", "--steps", "1", "--moe", ""}, "flag --moe is given empty: give experts=N[,top_k=K,d_ff=F,aux_coef=C], or leave it out to use the preset's dense layers"},
+		{[]string{"bench", "--model", "tiny", "--engine", "cpu", "--steps", "1", "--gpus", ""}, "flag --gpus is given empty: give a number or all, or leave it out to use 1"},
 	} {
 		wantRefused(t, env, c.want, c.args...)
 	}

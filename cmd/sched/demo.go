@@ -398,7 +398,7 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 // demoInterrupted is the error of a demo stopped by Ctrl-C or SIGTERM: what
 // it was doing, and what is kept for the next run.
 func demoInterrupted(dir string, err error) error {
-	return interruptedError{fmt.Errorf("demo stopped (%w); what it finished is kept in %s (the tokenizer, the files ingested so far), and 'sched demo' again reuses it and trains afresh", err, dir)}
+	return interruptedError{fmt.Errorf("demo stopped (%w); what it finished is kept in %s (the tokenizer, the files ingested so far), and the same command again (its --dir and --files as given) reuses it and trains afresh", err, dir)}
 }
 
 // trainThroughQueue trains the run as a user's GPU worker would: an

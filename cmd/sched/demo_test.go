@@ -183,7 +183,7 @@ func TestDemoInterruptedKeepsWhatItMade(t *testing.T) {
 	if code := exitCode(stopped); code != exitInterrupted {
 		t.Errorf("exit code %d, want %d", code, exitInterrupted)
 	}
-	for _, want := range []string{"demo stopped", dir, "'sched demo' again"} {
+	for _, want := range []string{"demo stopped", dir, "the same command again (its --dir and --files as given) reuses it"} {
 		if !strings.Contains(stopped.Error(), want) {
 			t.Errorf("%q does not say %q", stopped, want)
 		}

@@ -37,6 +37,29 @@ func TestARunIsNotWrittenIntoAStoreOrATokenizer(t *testing.T) {
 	}
 }
 
+// A run pointed at a checkpoint's directory (typed to resume from it) is
+// refused before it writes anything there, saying how a resume is asked:
+// it started a new run nested among the checkpoint's files.
+func TestARunIsNotWrittenIntoACheckpoint(t *testing.T) {
+	requireCPU(t)
+	vocab := model.Presets["tiny"].VocabSize
+	run := t.TempDir()
+	rc := testRun(2)
+	rc.CheckpointEvery = 2
+	if _, err := Run(context.Background(), Config{Run: rc, Out: run, Data: newSliceData(vocab, 20000)}, Hooks{}); err != nil {
+		t.Fatal(err)
+	}
+	ck := filepath.Join(run, StepDir(2))
+	before := treeDigest(t, ck)
+	_, err := Run(context.Background(), Config{Run: testRun(2), Out: ck, Data: newSliceData(vocab, 20000)}, Hooks{})
+	if want := "to go on from its run's checkpoints give --out " + run + " with --resume"; err == nil || !isBadInput(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("a run into checkpoint %s: %v; want bad input saying %q", ck, err, want)
+	}
+	if after := treeDigest(t, ck); after != before {
+		t.Errorf("the refused run wrote into the checkpoint:\n%s", after)
+	}
+}
+
 // A tokenizer.json the user keeps beside their runs does not make the
 // directory a published tokenizer's.
 func TestARunMayShareADirectoryWithALooseTokenizer(t *testing.T) {

@@ -909,6 +909,13 @@ func makeRunDir(out string) error {
 			return badInput(fmt.Errorf("run directory %s holds %s (its %s): give the run a directory of its own (--out)", out, f.what, f.name))
 		}
 	}
+	// A checkpoint's directory is its run's: a run there would nest its
+	// own among the checkpoint's files. Typed for "resume from it", it
+	// says how that is asked.
+	if HoldsCheckpoint(out) {
+		run := filepath.Dir(filepath.Clean(out))
+		return badInput(fmt.Errorf("run directory %s is a checkpoint (it holds %s) of the run in %s: to go on from its run's checkpoints give --out %s with --resume; for a new run, give it a directory of its own (--out)", out, StateFile, run, run))
+	}
 	err := os.MkdirAll(out, 0o755)
 	if err == nil {
 		return nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -376,4 +377,46 @@ func versityObjects(t *testing.T, srv *testsvc.S3Server) store.Store {
 		t.Fatal(err)
 	}
 	return objects
+}
+
+// An append whose object is not a shard of its store (a task written into
+// Redis by hand or by a bug: no plan makes one) is refused as the user's to
+// fix, not retried, before it reads or deletes anything: the object stays,
+// and the store is not made.
+func TestAnAppendOfAnObjectOutsideItsStoresShardsIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	tok := testTokenizer(t)
+	p, h := newCorpus(t, map[string]*tokenizer.Tokenizer{"t": tok})
+	h.Add(corpusRepo, "data/part-0.parquet", parquetBytes(t, []textRow{{Text: "func main() {}"}}), true)
+	plan, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: "code", Tokenizer: "t", Seed: 1})
+	if err != nil || len(plan.Shards) != 1 {
+		t.Fatalf("plan: %+v, %v", plan, err)
+	}
+	j, _, err := p.Shard(ctx, plan.Shards[0], nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const other = "checkpoints/run/step-0000100/model.safetensors"
+	if err := p.Objects.Put(ctx, other, bytes.NewReader(objectBytes(t, p.Objects, j.Object)), int64(len(objectBytes(t, p.Objects, j.Object)))); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"../../../../etc/passwd", other, ShardPrefix("another") + "x.tokens"} {
+		bad := j
+		bad.Object = key
+		_, err := p.Append(ctx, bad, nil)
+		var be interface{ BadInput() bool }
+		if err == nil || !errors.As(err, &be) || !be.BadInput() || !strings.Contains(err.Error(), "which is not a shard of token store code") {
+			t.Fatalf("an append of %q: %v; want it refused as bad input", key, err)
+		}
+	}
+	if objectBytes(t, p.Objects, other) == nil {
+		t.Fatal("the refused append deleted the object it named")
+	}
+	if _, err := os.Stat(filepath.Join(p.StoresDir, "code")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the refused appends made the store (%v)", err)
+	}
+	if _, err := p.Append(ctx, j, nil); err != nil {
+		t.Fatalf("the shard's own append: %v", err)
+	}
 }

@@ -948,6 +948,14 @@ func (p *Pipeline) append(ctx context.Context, job AppendJob, progress func(done
 	if p.StoresDir == "" {
 		return res, errors.New("this worker has no token store directory configured: it cannot serve the append queue")
 	}
+	if job.SkipReason == "" {
+		// Every shard a plan of kiln's queues is under its store's
+		// prefix: another key was made by no plan, and no retry reads it.
+		if err := store.CheckKey(job.Object); err != nil || !strings.HasPrefix(job.Object, ShardPrefix(job.Store)) {
+			return res, &PresetError{fmt.Errorf("the append of shard %s names object %q, which is not a shard of token store %s (under %s): no plan of kiln's queued it; enqueue the ingest again ('sched enqueue ingest')",
+				job.ShardID, job.Object, job.Store, ShardPrefix(job.Store))}
+		}
+	}
 	dir := filepath.Join(p.StoresDir, job.Store)
 	// The shard's bytes are read and checked before the store is taken, so
 	// that with two append tasks at once one downloads and checks while the

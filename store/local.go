@@ -36,7 +36,7 @@ func NewLocal(dir string) (*Local, error) {
 }
 
 func (l *Local) path(key string) (string, error) {
-	if err := checkKey(key); err != nil {
+	if err := CheckKey(key); err != nil {
 		return "", err
 	}
 	if strings.HasSuffix(key, tmpSuffix) {

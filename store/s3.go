@@ -289,7 +289,7 @@ func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, unsig
 	if size < 0 {
 		return s.putStream(ctx, key, r, unsigned)
 	}
-	if err := checkKey(key); err != nil {
+	if err := CheckKey(key); err != nil {
 		return err
 	}
 	if err := s.ensureBucket(ctx); err != nil {
@@ -315,7 +315,7 @@ func (s *S3) putStream(ctx context.Context, key string, r io.Reader, unsigned bo
 
 // Get implements Store.
 func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
-	if err := checkKey(key); err != nil {
+	if err := CheckKey(key); err != nil {
 		return nil, err
 	}
 	// minio-go's GetObject is lazy; Stat first so that a missing object is
@@ -332,7 +332,7 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 
 // Stat implements Store.
 func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
-	if err := checkKey(key); err != nil {
+	if err := CheckKey(key); err != nil {
 		return Info{}, err
 	}
 	oi, err := s.c.StatObject(ctx, s.o.Bucket, key, minio.StatObjectOptions{})
@@ -363,7 +363,7 @@ func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
 
 // Delete implements Store.
 func (s *S3) Delete(ctx context.Context, key string) error {
-	if err := checkKey(key); err != nil {
+	if err := CheckKey(key); err != nil {
 		return err
 	}
 	err := s.c.RemoveObject(ctx, s.o.Bucket, key, minio.RemoveObjectOptions{})

@@ -90,7 +90,7 @@ func (s *S3) newWriter(ctx context.Context, key string, unsigned bool) *s3Writer
 	ctx, cancel := context.WithCancel(ctx)
 	w := &s3Writer{s: s, core: minio.Core{Client: s.c}, ctx: ctx, cancel: cancel, key: key,
 		opts: minio.PutObjectOptions{ContentType: "application/octet-stream", DisableContentSha256: unsigned}}
-	if err := checkKey(key); err != nil {
+	if err := CheckKey(key); err != nil {
 		w.err = err
 	} else if err := s.ensureBucket(ctx); err != nil {
 		w.err = err

@@ -92,8 +92,8 @@ func isAlnum(r rune) bool {
 	return (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
 }
 
-// checkKey rejects keys that would escape a prefix or a directory.
-func checkKey(key string) error {
+// CheckKey rejects keys that would escape a prefix or a directory.
+func CheckKey(key string) error {
 	if key == "" || strings.HasPrefix(key, "/") || strings.HasSuffix(key, "/") {
 		return fmt.Errorf("object key %q: must be a non-empty relative path not ending in /", key)
 	}

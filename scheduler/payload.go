@@ -67,6 +67,10 @@ func Decode[A Args](data []byte) (A, error) {
 	if err := json.Unmarshal(data, &env); err != nil {
 		return a, &PayloadError{kind, fmt.Sprintf("malformed payload (%v): not a kiln task envelope {\"v\":N,\"args\":{...}}; enqueue it with sched enqueue", err)}
 	}
+	if env.V == 0 {
+		// No kiln writes a payload without its version.
+		return a, &PayloadError{kind, "payload has no version: it is not a kiln task envelope {\"v\":N,\"args\":{...}}, which every kiln writes; enqueue the work with sched enqueue"}
+	}
 	if env.V != p.Version {
 		return a, &PayloadError{kind, versionMsg(env.V, p.Version)}
 	}

@@ -261,6 +261,8 @@ func TestFinalErrorsAreArchivedWithoutRetry(t *testing.T) {
 		"unknown kind":      {asynq.NewTask("nope:x", []byte("{}"), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), `unknown task kind "nope:x"`},
 		"malformed payload": {asynq.NewTask(kindSlow, []byte("\xff not json"), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), "malformed payload"},
 		"future version":    {asynq.NewTask(kindSlow, []byte(`{"v":7,"args":{}}`), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), "payload version 7"},
+		// No kiln queued it: not "an older kiln queued it".
+		"no envelope": {asynq.NewTask(kindSlow, []byte(`{"path":"/etc/passwd"}`), asynq.Queue(scheduler.QueueIngest), asynq.MaxRetry(5)), "payload has no version: it is not a kiln task envelope"},
 	}
 	for name, c := range cases {
 		info, err := raw.EnqueueContext(ctx, c.task)

@@ -178,6 +178,8 @@ type S3Error struct {
 	Store, Key string
 	Err        error
 	bad        bool
+	// refused is set where the server refused the keys (bad too).
+	refused bool
 	// status is the server's HTTP status, 0 when none came back (the
 	// connection failed or stalled).
 	status int
@@ -207,7 +209,7 @@ func (s *S3) wrap(op, key string, err error) error {
 	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidSecretKey",
 		// versitygw's answer to an access key it does not know, a 404.
 		"XAdminUserNotFound":
-		return &S3Error{Op: op, Store: s.o.url(), Key: key, bad: true,
+		return &S3Error{Op: op, Store: s.o.url(), Key: key, bad: true, refused: true,
 			Err: fmt.Errorf("%s: check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY", resp.Code)}
 	}
 	if resp.StatusCode == http.StatusNotFound && !errors.Is(err, ErrNotFound) {
@@ -240,6 +242,14 @@ func Outage(err error) string {
 // (refused or dropped connections, a request that stalled) or answered
 // that it is failing (a 5xx status): an outage, which ends when the server
 // is back, unlike wrong credentials, a missing object or a cancelled call.
+// KeysRefused says whether err is the object store refusing the keys it
+// was asked with (wrong, rotated or revoked), where it had answered: the
+// configuration's to mend, not the request's.
+func KeysRefused(err error) bool {
+	var se *S3Error
+	return errors.As(err, &se) && se.refused
+}
+
 func Unreachable(err error) bool {
 	var se *S3Error
 	if !errors.As(err, &se) || se.bad || errors.Is(err, ErrNotFound) || errors.Is(err, context.Canceled) {

@@ -378,12 +378,25 @@ const DefaultWaitEvery = 30 * time.Second
 // hour would otherwise use up its retries and be archived. The task is
 // tried again every DefaultWaitEvery until the store answers, and `sched
 // status` shows it waiting for it. Other errors are returned as they are.
+//
+// The store refusing the worker's keys is waited out the same way: this
+// worker began with keys the store took (its start checks them), so they
+// were rotated or revoked since, which no retry mends, and a month-long
+// run would be archived after its retries' back-offs, some 20 minutes.
+// The task waits until the worker is restarted with keys the store takes
+// (the restart re-queues it) or the store takes these again.
 func outageWait(err error) error {
 	var se *store.S3Error
-	if !store.Unreachable(err) || !errors.As(err, &se) {
+	if !errors.As(err, &se) {
 		return err
 	}
-	return &WaitError{For: fmt.Sprintf("the object store at %s to answer (%s)", se.Store, store.Outage(err))}
+	switch {
+	case store.Unreachable(err):
+		return &WaitError{For: fmt.Sprintf("the object store at %s to answer (%s)", se.Store, store.Outage(err))}
+	case store.KeysRefused(err):
+		return &WaitError{For: fmt.Sprintf("the object store at %s to take this worker's keys (%s): set KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY to keys it takes and restart the worker", se.Store, store.Outage(err))}
+	}
+	return err
 }
 
 func isFailure(err error) bool {

@@ -640,3 +640,42 @@ func TestATaskThatUsedItsRetriesStillWaits(t *testing.T) {
 		t.Errorf("a task failing %d times: %s, retried %d (%q); want archived at its %dth failure", testPolicy.MaxRetry+1, ts.State, ts.Retried, ts.LastErr, testPolicy.MaxRetry+1)
 	}
 }
+
+// A task whose object store refuses the worker's keys (rotated or revoked
+// since the worker began) waits for keys it takes instead of using up its
+// retries, saying which settings to mend; once the store takes the keys
+// the task is done, still with no retry used. Here the keys are read at
+// each attempt, as a restarted worker would read its new ones.
+func TestATaskWaitsForKeysTheObjectStoreTakes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	srv := testsvc.S3(t)
+	const secretKey = "kiln-test:s3-secret"
+	e.handlers.Extra = append(e.handlers.Extra, HandlerFunc(func(ctx context.Context, a objectsArgs) error {
+		secret, err := e.rdb.Get(ctx, secretKey).Result()
+		if err != nil {
+			return err
+		}
+		s, err := store.NewS3(store.S3Options{Endpoint: a.Endpoint, Bucket: "kiln", AccessKey: a.AccessKey, SecretKey: secret, MaxRetries: 1})
+		if err != nil {
+			return err
+		}
+		return s.Put(ctx, "results/keys", strings.NewReader("x"), 1)
+	}))
+	e.startInProcess()
+	if err := e.rdb.Set(context.Background(), secretKey, "rotated-away", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	id := e.enqueue(objectsArgs{Endpoint: srv.Endpoint, AccessKey: srv.AccessKey})
+	ts := e.waitFor(id, 2*time.Minute, "waiting", func(ts scheduler.TaskStatus) bool { return ts.Progress.State == "waiting" || ts.Retried > 0 })
+	if want := "waiting for the object store at http://" + srv.Endpoint + "/kiln to take this worker's keys ("; ts.Retried != 0 || !strings.Contains(ts.Progress.Message, want) ||
+		!strings.Contains(ts.Progress.Message, "set KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY to keys it takes and restart the worker") {
+		t.Fatalf("a task whose keys the store refuses: retried %d, progress %q; want no retry used and %q", ts.Retried, ts.Progress.Message, want)
+	}
+	if err := e.rdb.Set(context.Background(), secretKey, srv.SecretKey, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ts = e.waitFor(id, 2*time.Minute, "completed", state("completed")); ts.Retried != 0 {
+		t.Errorf("the task used up %d retries waiting for keys the store takes", ts.Retried)
+	}
+}

@@ -45,6 +45,9 @@ type DatasetProgress struct {
 	// Tokens is what the done files appended, and the parts of files
 	// taken at the limit.
 	Tokens int64
+	// Skipped counts the done files recorded as skipped whole (not in the
+	// store), by reason.
+	Skipped map[string]int
 	// Started is when the store's first file task started; Last when its
 	// latest file finished.
 	Started, Last time.Time
@@ -64,7 +67,8 @@ type ingestFile struct {
 	size         int64
 	shard, apnd  *TaskStatus
 	tokens       int64
-	taken        int64 // the tokens of the parts of it taken at a limit
+	taken        int64  // the tokens of the parts of it taken at a limit
+	skip         string // why its append recorded it as skipped, "" appended
 	startedShard time.Time
 }
 
@@ -156,7 +160,7 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			stopped(a.Store, t)
 			f := file(key{a.Store, a.ShardID})
 			if f.apnd == nil || newerTask(t, f.apnd) {
-				f.apnd, f.tokens = t, a.Tokens
+				f.apnd, f.tokens, f.skip = t, a.Tokens, a.SkipReason
 			}
 			if t.HasProgress && t.Progress.State == "stopped" {
 				// Each part of a file taken at a limit is a task of its
@@ -185,6 +189,12 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			d.Done++
 			d.DoneBytes += f.size
 			d.Tokens += f.tokens + f.taken
+			if f.skip != "" {
+				if d.Skipped == nil {
+					d.Skipped = map[string]int{}
+				}
+				d.Skipped[f.skip]++
+			}
 			end := f.finished()
 			if end.After(d.Last) {
 				d.Last = end

@@ -529,6 +529,11 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 			}
 		}
 	}
+	if n := skippedFiles(d.Skipped); n != "" {
+		// Done, and not in the store: a file of one too-large document,
+		// corrupt, not UTF-8. The bytes above were read, not stored.
+		notes = append(notes, n)
+	}
 	if d.Stopped > 0 {
 		// An append that reached the limit took its file's leading
 		// documents that fit; the task says which.
@@ -541,6 +546,23 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 		parts = append(parts, strings.Join(notes, ", "))
 	}
 	return strings.Join(parts, "  ")
+}
+
+// skippedFiles says how many of a store's done files were skipped whole, by
+// reason: "1 skipped, not in the store (too-large=1; 'sched datasets'
+// says why)"; "" where none was.
+func skippedFiles(by map[string]int) string {
+	n := 0
+	var reasons []string
+	for r, c := range by {
+		n += c
+		reasons = append(reasons, fmt.Sprintf("%s=%d", r, c))
+	}
+	if n == 0 {
+		return ""
+	}
+	sort.Strings(reasons)
+	return fmt.Sprintf("%d skipped, not in the store (%s; 'sched datasets' says why)", n, strings.Join(reasons, ", "))
 }
 
 // formatLimits names an ingest's limits as they are typed: "--max-tokens

@@ -73,6 +73,12 @@ func TestStatusIngestPerDataset(t *testing.T) {
 			t.Fatalf("dataset line %q lacks %q (store holds %d tokens)", l, want, m.Tokens)
 		}
 	}
+	// The file recorded as skipped is done, and said not to be in the
+	// store: its bytes count as read, and a store of such files alone
+	// read as filled.
+	if !regexp.MustCompile(`  1 skipped, not in the store \([a-z-]+=1; 'sched datasets' says why\)`).MatchString(l) {
+		t.Fatalf("dataset line %q does not say that one file was skipped, and why", l)
+	}
 	// A rate in bytes a second, in whatever unit its size takes.
 	if !regexp.MustCompile(`  \d[\d.]* [kMGT]?B/s(  |$)`).MatchString(l) {
 		t.Fatalf("dataset line %q lacks its rate in bytes a second", l)

@@ -113,6 +113,10 @@ to train it further).`,
 			}
 			if len(steps) > 0 {
 				ts.FromStep = int64(steps[len(steps)-1])
+				// A segment stopped as Redis lost its data checkpoints on
+				// its disk, and does not mark that one complete in object
+				// storage: the worker resumes from the newer.
+				fmt.Fprintf(c.OutOrStdout(), "Redis holds no record of run %s: its newest checkpoint in object storage is step %d, and the GPU worker resumes from a newer one where its disk holds one (a segment stopped as Redis lost its data writes one there)\n", ts.Run, ts.FromStep)
 			}
 		}
 		// The shape first: a step size kept, as the other check asks, does

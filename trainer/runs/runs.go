@@ -222,6 +222,16 @@ func parse(b []byte, source string, base Set) (Set, error) {
 			return nil, inputError{fmt.Errorf("runs file %s: line %d: run %s is written a second time (first at line %d): keep one, or give this one another name", source, top.Content[i].Line, name, first)}
 		}
 		lines[name] = top.Content[i].Line
+		if body.Kind != yaml.MappingNode && !(body.Kind == yaml.ScalarNode && body.Tag == "!!null") {
+			// A setting written at the top level (no run above it), or a
+			// run written on one line.
+			is := strconv.Quote(body.Value)
+			if body.Kind != yaml.ScalarNode {
+				is = "a list"
+			}
+			return nil, inputError{fmt.Errorf("runs file %s: line %d: run %s is %s, not its settings: write each of a run's settings on a line of its own, indented under the run's name; a setting at the top level belongs under the run it sets",
+				source, top.Content[i].Line, name, is)}
+		}
 		// A from: key must be read before the body so that the body
 		// applies on top of the run it names.
 		var head struct {

@@ -179,6 +179,10 @@ func TestBadRunsFilesSayWhatToFix(t *testing.T) {
 		{"x:\n  from: nothing\n", `from "nothing"`},
 		{"x:\n  lr: 1\n", "needs `from: <run>`"},
 		{"- a\n- b\n", "map run names"},
+		// A setting at the top level, as if a run: said so, not in Go's
+		// words for the struct it was read into.
+		{"mine:\n  from: pilot\ntokenizr: x\n", `line 3: run tokenizr is "x", not its settings: write each of a run's settings on a line of its own, indented under the run's name`},
+		{"mine: {from: pilot}\nlr: [1, 2]\n", `line 2: run lr is a list, not its settings`},
 		// A duration with no unit: the key and what to write.
 		{"pilot:\n  segment:\n    max_duration: 90\n", "run pilot: line 3: segment.max_duration: 90 has no unit: write 90s (or 5m, 1h)"},
 		{"pilot:\n  min_free_disk: lots\n", `run pilot: line 2: size "lots" is not a number of bytes with an optional unit, such as 50G or 512MiB`},

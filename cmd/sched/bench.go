@@ -105,7 +105,7 @@ the PyTorch peer, torch_peer.py, counts them), the peak bytes kiln allocated for
 tensors and workspaces, and the process's device memory. It also lists
 other processes on the GPU and warns when there are any: figures from a
 busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
-		Args: cobra.NoArgs,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.accumulateSet = cmd.Flags().Changed("accumulate")
 			return runBench(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)

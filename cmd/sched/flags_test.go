@@ -110,6 +110,11 @@ func TestWrongArgumentsExitTwoOnEveryCommand(t *testing.T) {
 		{"help a b", `no help topic "a b": 'sched help' takes a command's name`},
 		{"help tokenizer trian", `unknown command "trian" for 'sched tokenizer': did you mean train?`},
 		{"help status now", `no help topic "now" under 'sched status'`},
+		// A command of no arguments and no subcommands says so, not that
+		// the word is an unknown command of its.
+		{"bench extra", `sched bench expects no arguments (got 1: ["extra"])`},
+		{"generate extra", `sched generate expects no arguments`},
+		{"verify extra", `sched verify expects no arguments`},
 	} {
 		out, errOut, code := sched(t, []string{noRedis}, strings.Fields(tc.args)...)
 		if code != 2 || !strings.Contains(errOut, tc.want) || out != "" {

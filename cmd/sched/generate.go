@@ -46,7 +46,7 @@ from a stream fixed by --seed.
 (checkpoints/NAME/step-NNNNNNN/ with its completion marker) and copies it to
 <data dir>/checkpoints/NAME/ first; --checkpoint DIR reads a local
 directory.`,
-		Args: cobra.NoArgs,
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Before --run's checkpoint is pulled: a mistake in a flag
 			// should not wait for a download to be told.

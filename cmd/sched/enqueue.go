@@ -262,10 +262,15 @@ func printSubmitted(w io.Writer, a scheduler.Args, s scheduler.Submitted, err er
 		return err
 	}
 	resumes := ""
-	if a.Kind() == scheduler.KindTrainSegment {
+	ts, isSegment := a.(scheduler.TrainSegment)
+	switch {
+	case isSegment && ts.FromStep == 0:
+		// sched enqueue train found no checkpoint of the run.
+		resumes = "; the run starts at step 0, having no checkpoint"
+	case a.Kind() == scheduler.KindTrainSegment:
 		resumes = "; the run resumes from its last checkpoint"
 	}
-	switch ts, _ := a.(scheduler.TrainSegment); {
+	switch {
 	case s.Was == "" && ts.FromStep > 0:
 		fmt.Fprintf(w, "queued %s on %s%s (step %d)\n", s.Info.ID, s.Info.Queue, resumes, ts.FromStep)
 	case s.Was == "":

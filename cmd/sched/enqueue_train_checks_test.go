@@ -463,4 +463,8 @@ func TestASegmentCancelledAsItWaitedSaysNoCheckpoint(t *testing.T) {
 	if l := lineOf(out, "wait  "); l != "wait  cancelled  by sched cancel, before its first checkpoint; 'sched enqueue train wait' starts it" {
 		t.Errorf("sched runs, the run cancelled before it began: %q\n%s", l, out)
 	}
+	// Enqueued again, it starts: it has no checkpoint to resume from.
+	if out, errOut, code := sched(t, env, "enqueue", "train", "wait"); code != 0 || out != "queued "+id+" on gpu again (it had been cancelled by sched cancel); the run starts at step 0, having no checkpoint\n" {
+		t.Errorf("enqueue train wait after its cancel: exit %d %q %q; want it queued again, starting at step 0", code, out, errOut)
+	}
 }

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -96,6 +97,45 @@ func (c *Client) LiveSegment(ctx context.Context, run string) (*asynq.TaskInfo, 
 		return err == nil && a.Run == run
 	})
 	return ti, err
+}
+
+// DropArchivedSegmentsFrom deletes run's archived segments that began at
+// step from or later, and returns their ids: those of a done run are
+// extensions past its end that failed or were cancelled, which sched
+// status reads as what became of the run. Where the run is to stay done
+// at its total (its runs entry put back), they are history no longer.
+func (c *Client) DropArchivedSegmentsFrom(ctx context.Context, run string, from int64) ([]string, error) {
+	const page = 1000
+	var ids []string
+	for p := 1; ; p++ {
+		if err := ctx.Err(); err != nil {
+			return ids, err
+		}
+		tasks, err := c.insp.ListArchivedTasks(QueueGPU, asynq.Page(p), asynq.PageSize(page))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			return nil, nil // no task was ever queued on it
+		}
+		if err != nil {
+			return ids, fmt.Errorf("list the %s queue's archived tasks: %w", QueueGPU, err)
+		}
+		for _, ti := range tasks {
+			if ti.Type != KindTrainSegment {
+				continue
+			}
+			if a, err := Decode[TrainSegment](ti.Payload); err == nil && a.Run == run && a.FromStep >= from {
+				ids = append(ids, ti.ID)
+			}
+		}
+		if len(tasks) < page {
+			break
+		}
+	}
+	for _, id := range ids {
+		if err := c.insp.DeleteTask(QueueGPU, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			return ids, fmt.Errorf("delete the archived segment %s: %w", id, err)
+		}
+	}
+	return ids, nil
 }
 
 // LiveTokenizer is a live task that makes tokenizer name (its sampling or

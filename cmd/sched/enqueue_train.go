@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
@@ -102,6 +103,7 @@ to train it further).`,
 		if err != nil {
 			return err
 		}
+		fromStorage := false
 		if ok && st.Checkpoint > 0 {
 			ts.FromStep = int64(st.Checkpoint)
 		} else {
@@ -113,10 +115,7 @@ to train it further).`,
 			}
 			if len(steps) > 0 {
 				ts.FromStep = int64(steps[len(steps)-1])
-				// A segment stopped as Redis lost its data checkpoints on
-				// its disk, and does not mark that one complete in object
-				// storage: the worker resumes from the newer.
-				fmt.Fprintf(c.OutOrStdout(), "Redis holds no record of run %s: its newest checkpoint in object storage is step %d, and the GPU worker resumes from a newer one where its disk holds one (a segment stopped as Redis lost its data writes one there)\n", ts.Run, ts.FromStep)
+				fromStorage = true
 			}
 		}
 		// The shape first: a step size kept, as the other check asks, does
@@ -138,8 +137,24 @@ to train it further).`,
 		// given a longer one resumes.
 		at, total := trainedTo(st, ok, ts.FromStep), run.RunConfig.WithDefaults().TotalSteps
 		if at >= total && (!ok || st.Done) {
+			// An extension past its end that was refused (a runs entry
+			// changed as no resume may, since put back) is what status
+			// would say became of the run, for the archive's 30 days.
+			dropped, err := q.DropArchivedSegmentsFrom(ctx, ts.Run, int64(at))
+			if len(dropped) > 0 {
+				fmt.Fprintf(c.OutOrStdout(), "the segment that was to train run %s past step %d, and failed or was cancelled, is dropped: %s\n", ts.Run, at, strings.Join(dropped, ", "))
+			}
+			if err != nil {
+				return err
+			}
 			sayDone(c.OutOrStdout(), ts.Run, at, total)
 			return nil
+		}
+		if fromStorage {
+			// A segment stopped as Redis lost its data checkpoints on its
+			// disk, and does not mark that one complete in object
+			// storage: the worker resumes from the newer.
+			fmt.Fprintf(c.OutOrStdout(), "Redis holds no record of run %s: its newest checkpoint in object storage is step %d, and the GPU worker resumes from a newer one where its disk holds one (a segment stopped as Redis lost its data writes one there)\n", ts.Run, ts.FromStep)
 		}
 		if err := enqueueOne(c, cfg, ts); err != nil || at < total {
 			return err

@@ -194,7 +194,9 @@ func TestEnqueueTrainSaysADoneRunIsDone(t *testing.T) {
 
 	length := func(from, to string) { t.Helper(); editRuns(t, env, from, to) }
 	done := "run fin is done at step 40 of 40; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and enqueue it again; or train a run of another name)\n"
-	resumed := regexp.MustCompile(`^queued train:segment:\S+ on gpu; the run resumes from its last checkpoint \(step 40\)\n$`)
+	// Without its record in Redis, it says too that the worker may hold a
+	// newer checkpoint on its disk.
+	resumed := regexp.MustCompile(`^(Redis holds no record of run fin: its newest checkpoint in object storage is step 40, and the GPU worker resumes from a newer one where its disk holds one .*\n)?queued train:segment:\S+ on gpu; the run resumes from its last checkpoint \(step 40\)\n$`)
 	for _, when := range []string{"with its state in Redis", "after Redis lost its data"} {
 		out, errOut, code := sched(t, env, "enqueue", "train", "fin")
 		if code != 0 || out != done {
@@ -423,10 +425,13 @@ func TestADoneRunWhoseLongerSegmentFailsReadsFailed(t *testing.T) {
 	ctx := context.Background()
 	appendRuns(t, env, "fin:\n  from: eta\n  total_steps: 40\n")
 	trainToTheEnd(t, env, rdb, q, "fin")
-	editRuns(t, env, "fin:\n  from: eta\n  total_steps: 40\n", "fin:\n  from: eta\n  total_steps: 60\n  seed: 4\n")
+	editRuns(t, env, "fin:\n  from: eta\n  total_steps: 40\n", "fin:\n  from: eta\n  total_steps: 60\n")
 	if out, errOut, code := sched(t, env, "enqueue", "train", "fin"); code != 0 {
 		t.Fatalf("enqueue train fin with total_steps 60: exit %d: %s%s", code, out, errOut)
 	}
+	// Edited again before the worker reads it: a seed no resume may take,
+	// which the worker refuses (sched enqueue train would have).
+	editRuns(t, env, "fin:\n  from: eta\n  total_steps: 60\n", "fin:\n  from: eta\n  total_steps: 60\n  seed: 4\n")
 	w := startWorker(t, env, "--queues", "gpu=1")
 	waitUntil(t, "run fin's segment past its end refused", func() bool {
 		snap, err := q.Snapshot(ctx)
@@ -440,6 +445,25 @@ func TestADoneRunWhoseLongerSegmentFailsReadsFailed(t *testing.T) {
 		out, errOut, code := sched(t, env, cmd)
 		if l := lineOf(out, "fin  "); code != 0 || !strings.HasPrefix(l, "fin  failed  step 40/40") || !strings.Contains(l, "run fin: resume from step 40: ") {
 			t.Errorf("sched %s: exit %d, run fin's line %q (%s); want it failed at step 40, saying why", cmd, code, l, errOut)
+		}
+	}
+	// Its runs entry put back, as operations.md says, the run is done at
+	// its total: enqueue says so and drops the refused segment, and status
+	// reads done, where it read failed for the archive's 30 days.
+	snap, err := q.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := snap.RunTasks()["fin"].Task.ID
+	editRuns(t, env, "fin:\n  from: eta\n  total_steps: 60\n  seed: 4\n", "fin:\n  from: eta\n  total_steps: 40\n")
+	out, errOut, code := sched(t, env, "enqueue", "train", "fin")
+	if want := "the segment that was to train run fin past step 40, and failed or was cancelled, is dropped: " + id + "\nrun fin is done at step 40 of 40; nothing queued"; code != 0 || !strings.HasPrefix(out, want) {
+		t.Fatalf("enqueue train fin put back: exit %d %q %q; want %q", code, out, errOut, want)
+	}
+	for _, cmd := range []string{"runs", "status"} {
+		out, errOut, code := sched(t, env, cmd)
+		if l := lineOf(out, "fin  "); code != 0 || !strings.HasPrefix(l, "fin  done  step 40/40") {
+			t.Errorf("sched %s after the entry was put back: exit %d, run fin's line %q (%s); want it done", cmd, code, l, errOut)
 		}
 	}
 }

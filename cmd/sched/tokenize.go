@@ -142,6 +142,11 @@ machine as a published tokenizer.
 			if err := checkNoDash("tokenizer train", trainOut, inputs...); err != nil {
 				return err
 			}
+			if opts.Pattern != "gpt4" && opts.Pattern != "gpt2" {
+				// Before the input is read: the trainer's own refusal
+				// comes after it, naming no flag.
+				return badInput("--pattern %q: give gpt4 (the GPT-4/Llama-3 split) or gpt2", opts.Pattern)
+			}
 			policy, err := outPolicyFor(cmd, trainForce)
 			if err != nil {
 				return err
@@ -318,6 +323,9 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	var total int64
 	regular := true // every input a file whose size says what it holds
 	for _, p := range inputs {
+		if p == "" {
+			return badInput("tokenizer train: --in %s names an empty file name (two commas, or one at an end): name readable text files, --in repeated or comma-separated", strings.Join(inputs, ","))
+		}
 		f, err := openInput(ctx, p)
 		if err != nil {
 			return badInput("tokenizer train: cannot open --in: %v (name readable text files: --in repeated or comma-separated)", err)

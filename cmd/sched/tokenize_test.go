@@ -198,6 +198,10 @@ func TestTokenizeCommandBadInput(t *testing.T) {
 		{[]string{"tokenize", "--tokenizer-file", tokCopy, "--in", in, "--out", link}, "--out " + link + " is the file --in " + in + " names"},
 		{[]string{"tokenize", "--tokenizer-file", tokCopy, "--in", in, "--out", tokCopy}, "--out " + tokCopy + " is the file --tokenizer-file " + tokCopy + " names"},
 		{[]string{"tokenizer", "train", "--in", out, "--in", in, "--vocab", "300", "--out", link}, "--out " + link + " is the file --in " + in + " names: the tokenizer would replace it"},
+		// An empty name in the list, and a pattern of no such name, are
+		// named as what was given: not "open : no such file", nor "train:".
+		{[]string{"tokenizer", "train", "--in", in + ",," + in, "--vocab", "300", "--out", filepath.Join(t.TempDir(), "t.json")}, "tokenizer train: --in " + in + ",," + in + " names an empty file name (two commas, or one at an end)"},
+		{[]string{"tokenizer", "train", "--in", in, "--pattern", "gpt3", "--vocab", "300", "--out", filepath.Join(t.TempDir(), "t.json")}, `--pattern "gpt3": give gpt4 (the GPT-4/Llama-3 split) or gpt2`},
 	} {
 		wantBadInput(t, nil, regexp.QuoteMeta(c.want), c.args...)
 	}

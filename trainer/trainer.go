@@ -153,13 +153,9 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	defer lock.Close()
 	var snap *Snapshot
 	if !cfg.Resume {
-		// A fresh run into a directory that holds another's checkpoints
-		// would overwrite them step by step and cut its metrics: refused.
-		if dirs, err := StepDirs(cfg.Out); err != nil {
+		// Again under the lock: another run may have begun there since.
+		if err := refuseHeldCheckpoints(cfg.Out); err != nil {
 			return Result{}, err
-		} else if len(dirs) > 0 {
-			return Result{}, badInput(fmt.Errorf("%s already holds a run's checkpoints (the newest %s): continue it with --resume, or train into another --out directory (or delete it first)",
-				cfg.Out, filepath.Base(dirs[0])))
 		}
 	}
 	if cfg.Resume {
@@ -889,10 +885,56 @@ func (l *loop) ended(c *ckWrite) {
 	}
 }
 
+// CheckRunDir refuses, as the caller's to fix, a run directory that Run
+// would refuse before it trains (a token store's, a tokenizer's, a
+// checkpoint's, or one holding checkpoints where resume is false), and
+// writes nothing: a command checks its --out so before it reads its data
+// or logs a word. Run checks it again.
+func CheckRunDir(out string, resume bool) error {
+	if err := refuseRunDir(out); err != nil {
+		return err
+	}
+	if !resume {
+		return refuseHeldCheckpoints(out)
+	}
+	return nil
+}
+
+// refuseHeldCheckpoints refuses a fresh run into a directory that holds
+// another's checkpoints: it would overwrite them step by step and cut
+// their metrics.
+func refuseHeldCheckpoints(out string) error {
+	dirs, err := StepDirs(out)
+	if err != nil {
+		return err
+	}
+	if len(dirs) > 0 {
+		return badInput(fmt.Errorf("%s already holds a run's checkpoints (the newest %s): continue it with --resume, or train into another --out directory (or delete it first)",
+			out, filepath.Base(dirs[0])))
+	}
+	return nil
+}
+
 // makeRunDir makes the run directory, before the engine takes its memory:
 // a path that is a file, or that this user may not write, is refused as
 // the caller's to fix, naming it. Other failures (a full disk) are not.
 func makeRunDir(out string) error {
+	if err := refuseRunDir(out); err != nil {
+		return err
+	}
+	err := os.MkdirAll(out, 0o755)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) ||
+		errors.Is(err, fs.ErrExist) || errors.Is(err, fs.ErrNotExist) {
+		return badInput(fmt.Errorf("run directory %s: %v: choose a directory this user can create and write (--out)", out, errors.Unwrap(err)))
+	}
+	return fmt.Errorf("run directory %s: %w", out, err)
+}
+
+// refuseRunDir refuses a run directory that is not a run's to write in.
+func refuseRunDir(out string) error {
 	if strings.TrimSpace(out) == "" {
 		return badInput(errors.New("run directory is empty: give --out a directory for the run's checkpoints and metrics (default runs/train)"))
 	}
@@ -916,15 +958,7 @@ func makeRunDir(out string) error {
 		run := filepath.Dir(filepath.Clean(out))
 		return badInput(fmt.Errorf("run directory %s is a checkpoint (it holds %s) of the run in %s: to go on from its run's checkpoints give --out %s with --resume; for a new run, give it a directory of its own (--out)", out, StateFile, run, run))
 	}
-	err := os.MkdirAll(out, 0o755)
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS) ||
-		errors.Is(err, fs.ErrExist) || errors.Is(err, fs.ErrNotExist) {
-		return badInput(fmt.Errorf("run directory %s: %v: choose a directory this user can create and write (--out)", out, errors.Unwrap(err)))
-	}
-	return fmt.Errorf("run directory %s: %w", out, err)
+	return nil
 }
 
 // MetricsFile is the run directory's log of steps.

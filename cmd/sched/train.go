@@ -143,6 +143,11 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 	if err != nil {
 		return err
 	}
+	// Before the data is opened and a word is logged: a refused --out is
+	// one line.
+	if err := trainer.CheckRunDir(f.out, f.resume); err != nil {
+		return err
+	}
 	tok, tokName, err := trainTokenizer(cmd, cfg, f.tokenizerFile)
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -134,10 +135,17 @@ func TestTrainCommandTrainsAndResumes(t *testing.T) {
 	// The same command without --resume (another seed here) would start
 	// afresh over the run's checkpoints: refused, nothing touched.
 	before := dirDigest(t, out)
-	text, err = runTrainCmd(append(args, "--seed", "9")...)
+	// (Without --tokenizer-file, whose absence it would warn of first.)
+	fresh := append(slices.Clone(args[:len(args)-2]), "--seed", "9")
+	text, err = runTrainCmd(fresh...)
 	if code := exitCode(err); code != exitBadInput || !strings.Contains(err.Error(), out+" already holds a run's checkpoints (the newest step-0000003)") ||
 		!strings.Contains(err.Error(), "--resume") {
 		t.Errorf("a fresh run into %s: exit %d, %v\n%s", out, code, err, text)
+	}
+	// Refused before it says a word (a log line of its tokenizer): the
+	// error is the one line (here cobra's print of it, and its usage).
+	if !strings.HasPrefix(text, "Error: "+out+" already holds") {
+		t.Errorf("a fresh run into %s wrote before its refusal:\n%s", out, text)
 	}
 	if after := dirDigest(t, out); after != before {
 		t.Errorf("the refused run changed %s:\n%s\nbecame\n%s", out, before, after)

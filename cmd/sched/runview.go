@@ -164,6 +164,19 @@ func lostDetail(t scheduler.TaskStatus) string {
 	return what + "; the task runs again once a worker on queue " + t.Queue + " recovers it"
 }
 
+// trainingOn is the worker a training run is on: its segment task's, which
+// is written as the task starts, over the run's state's, which its first
+// step writes (until then, after a worker died, it names the dead one).
+func (v runView) trainingOn() string {
+	if v.Status != runTraining {
+		return ""
+	}
+	if v.Task != nil && v.Task.HasProgress && v.Task.Progress.Worker != "" {
+		return v.Task.Progress.Worker
+	}
+	return v.Worker
+}
+
 // line is the run's one-line status.
 func (v runView) line(now time.Time) string {
 	parts := []string{v.Run, v.Status}
@@ -197,8 +210,8 @@ func (v runView) line(now time.Time) string {
 		} else {
 			parts = append(parts, "no checkpoint yet")
 		}
-		if v.Status == runTraining && v.Worker != "" {
-			parts = append(parts, "on "+v.Worker)
+		if w := v.trainingOn(); w != "" {
+			parts = append(parts, "on "+w)
 		}
 		if v.Status != runTraining && v.Status != runDone && !v.Updated.IsZero() {
 			parts = append(parts, "last report "+formatAge(v.Updated, now))

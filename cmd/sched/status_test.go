@@ -583,6 +583,21 @@ func TestARunsLineShowsNoCheckpointAheadOfItsStep(t *testing.T) {
 	}
 }
 
+// A training run is on the worker its segment task runs on, which the
+// task says as it starts: the run's state names the worker of its last
+// step, a dead one until the segment taken back trains its first.
+func TestARunsLineNamesTheWorkerItsSegmentRunsOn(t *testing.T) {
+	now := time.Date(2026, 12, 1, 11, 19, 0, 0, time.UTC)
+	v := runView{RunState: scheduler.RunState{Run: "eta", Step: 20, Total: 1000, Checkpoint: 20, Worker: "vm:14244"}, HasState: true, Status: runTraining}
+	if line := v.line(now); !strings.HasSuffix(line, "  on vm:14244") {
+		t.Errorf("line %q; want the state's worker where the task says none", line)
+	}
+	v.Task = &scheduler.TaskStatus{State: "active", HasProgress: true, Progress: scheduler.Progress{Worker: "vm:14517"}}
+	if line := v.line(now); !strings.HasSuffix(line, "  on vm:14517") {
+		t.Errorf("line %q; want the worker its segment runs on", line)
+	}
+}
+
 // A running task that has not reported for minutes says when it last did;
 // one that reports as it goes does not.
 func TestAQuietTaskSaysWhenItLastReported(t *testing.T) {

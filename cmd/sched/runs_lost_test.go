@@ -66,11 +66,11 @@ func TestRunsListsARunRedisLostByItsCheckpoints(t *testing.T) {
 		}
 	}
 	// The runs file here lacks them: 'sched enqueue train' would not know
-	// the name, nor whether the run is done.
+	// the name. Whether a run is done, its newest checkpoint says (its run
+	// configuration, total included), where fin was said to be resumed.
 	out, errOut, code := sched(t, append(env[:len(env):len(env)], "KILN_RUNS="), "runs")
 	unknown := " (with KILN_RUNS naming the runs file that defines it, as the GPU worker's does)\n"
-	want := "RUNS\nfin  not queued: checkpoints in object storage up to step 40, and no record in Redis; 'sched enqueue train fin' resumes it" + unknown +
-		strings.TrimSuffix(lost, "\n") + unknown + "\n"
+	want := "RUNS\n" + fin + strings.TrimSuffix(lost, "\n") + unknown + "\n"
 	if code != 0 || !strings.HasPrefix(out, want) {
 		t.Errorf("sched runs without the runs file: exit %d, stderr %q; want it to begin\n%sgot:\n%s", code, errOut, want, out)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
+	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/trainer/segment"
 )
@@ -234,6 +237,37 @@ func (v runView) line(now time.Time) string {
 type storedRuns struct {
 	newest map[string]int
 	err    error
+	// objects is the store they were read from, for the total a run's
+	// newest checkpoint records (checkpointTotal), read where the runs
+	// file here does not name the run, once: totals keeps what was read.
+	objects store.Store
+	totals  map[string]int
+}
+
+// checkpointTotal is the total steps run's checkpoint of step step records
+// in its run configuration: whether the run is done where the runs file
+// here does not say (0 where it was not read).
+func (s storedRuns) checkpointTotal(run string, step int) int {
+	if s.objects == nil {
+		return 0
+	}
+	if t, ok := s.totals[run]; ok {
+		return t
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storedListWait)
+	defer cancel()
+	total := 0
+	if r, err := s.objects.Get(ctx, segment.CheckpointPrefix(run)+trainer.StepDir(step)+"/"+trainer.StateFile); err == nil {
+		var st struct {
+			Run trainer.RunConfig `json:"run_config"`
+		}
+		if json.NewDecoder(io.LimitReader(r, 1<<20)).Decode(&st) == nil {
+			total = st.Run.WithDefaults().TotalSteps
+		}
+		r.Close()
+	}
+	s.totals[run] = total
+	return total
 }
 
 // storedListWait bounds the listing of checkpoints/ once the store has
@@ -267,7 +301,7 @@ func readStoredRuns(ctx context.Context, cfg scheduler.Config) storedRuns {
 		}
 		return storedRuns{err: redactErr(cfg, fmt.Errorf("%s: %w", where, err))}
 	}
-	return storedRuns{newest: newest}
+	return storedRuns{newest: newest, objects: st, totals: map[string]int{}}
 }
 
 // printRunLines writes a line for each run of views and each run that
@@ -294,7 +328,7 @@ func printRunLines(w io.Writer, views []runView, stored storedRuns, now time.Tim
 			// whether a run is done, and whether it is known by that name.
 			set, _ = runs.Load(os.Getenv("KILN_RUNS"))
 		}
-		lines = append(lines, line{run, storedLine(run, step, set)})
+		lines = append(lines, line{run, storedLine(run, step, set, stored)})
 	}
 	sort.Slice(lines, func(i, j int) bool { return lines[i].run < lines[j].run })
 	switch {
@@ -314,10 +348,17 @@ func printRunLines(w io.Writer, views []runView, stored storedRuns, now time.Tim
 
 // storedLine is a run that Redis has no record of and object storage
 // holds checkpoints of, up to step: what 'sched enqueue train' would do
-// with it, as the runs file here (set; nil where it does not read) says.
-func storedLine(run string, step int, set runs.Set) string {
-	if r, err := set.Get(run); err == nil && step >= r.RunConfig.TotalSteps {
-		return fmt.Sprintf("%s  done: checkpoints in object storage up to step %d of %d, and no record in Redis", run, step, r.RunConfig.TotalSteps)
+// with it, as the runs file here (set; nil where it does not read) says,
+// or where it does not name the run, its newest checkpoint's total.
+func storedLine(run string, step int, set runs.Set, stored storedRuns) string {
+	total := 0
+	if r, err := set.Get(run); err == nil {
+		total = r.RunConfig.TotalSteps
+	} else {
+		total = stored.checkpointTotal(run, step)
+	}
+	if total > 0 && step >= total {
+		return fmt.Sprintf("%s  done: checkpoints in object storage up to step %d of %d, and no record in Redis", run, step, total)
 	}
 	l := fmt.Sprintf("%s  not queued: checkpoints in object storage up to step %d, and no record in Redis; 'sched enqueue train %s' resumes it", run, step, run)
 	if _, ok := set[run]; set != nil && !ok {

@@ -137,18 +137,7 @@ to train it further).`,
 		// given a longer one resumes.
 		at, total := trainedTo(st, ok, ts.FromStep), run.RunConfig.WithDefaults().TotalSteps
 		if at >= total && (!ok || st.Done) {
-			// An extension past its end that was refused (a runs entry
-			// changed as no resume may, since put back) is what status
-			// would say became of the run, for the archive's 30 days.
-			dropped, err := q.DropArchivedSegmentsFrom(ctx, ts.Run, int64(at))
-			if len(dropped) > 0 {
-				fmt.Fprintf(c.OutOrStdout(), "the segment that was to train run %s past step %d, and failed or was cancelled, is dropped: %s\n", ts.Run, at, strings.Join(dropped, ", "))
-			}
-			if err != nil {
-				return err
-			}
-			sayDone(c.OutOrStdout(), ts.Run, at, total)
-			return nil
+			return sayDoneDropping(c, q, ts.Run, at, total)
 		}
 		if fromStorage {
 			// A segment stopped as Redis lost its data checkpoints on its
@@ -214,6 +203,27 @@ func checkShape(run runs.Run, st scheduler.RunState, ok bool, from int64) error 
 	if now := trainer.Shape(mc); st.Shape != "" && st.Shape != now {
 		return badInput("run %s's checkpoints hold a model of %s, and its runs entry now gives %s: "+what, run.Name, st.Shape, now, run.Name)
 	}
+	return nil
+}
+
+// sayDoneDropping says that run is done at step at of total (sayDone),
+// first dropping its archived segments that were to train it past at: an
+// extension past its end that failed or was refused (a runs entry changed
+// as no resume may, since put back) is what status would say became of
+// the run, for the archive's 30 days.
+func sayDoneDropping(c *cobra.Command, q *scheduler.Client, run string, at, total int) error {
+	ctx := c.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	dropped, err := q.DropArchivedSegmentsFrom(ctx, run, int64(at))
+	if len(dropped) > 0 {
+		fmt.Fprintf(c.OutOrStdout(), "the segment that was to train run %s past step %d, and failed or was cancelled, is dropped: %s\n", run, at, strings.Join(dropped, ", "))
+	}
+	if err != nil {
+		return err
+	}
+	sayDone(c.OutOrStdout(), run, at, total)
 	return nil
 }
 

@@ -456,9 +456,16 @@ func TestADoneRunWhoseLongerSegmentFailsReadsFailed(t *testing.T) {
 	}
 	id := snap.RunTasks()["fin"].Task.ID
 	editRuns(t, env, "fin:\n  from: eta\n  total_steps: 60\n  seed: 4\n", "fin:\n  from: eta\n  total_steps: 40\n")
-	out, errOut, code := sched(t, env, "enqueue", "train", "fin")
-	if want := "the segment that was to train run fin past step 40, and failed or was cancelled, is dropped: " + id + "\nrun fin is done at step 40 of 40; nothing queued"; code != 0 || !strings.HasPrefix(out, want) {
-		t.Fatalf("enqueue train fin put back: exit %d %q %q; want %q", code, out, errOut, want)
+	// sched retry of the refused segment does as enqueue train does.
+	for _, args := range [][]string{{"retry", id}, {"enqueue", "train", "fin"}} {
+		out, errOut, code := sched(t, env, args...)
+		want := "run fin is done at step 40 of 40; nothing queued"
+		if args[0] == "retry" {
+			want = "the segment that was to train run fin past step 40, and failed or was cancelled, is dropped: " + id + "\n" + want
+		}
+		if code != 0 || !strings.HasPrefix(out, want) {
+			t.Fatalf("%v, its entry put back: exit %d %q %q; want %q", args, code, out, errOut, want)
+		}
 	}
 	for _, cmd := range []string{"runs", "status"} {
 		out, errOut, code := sched(t, env, cmd)

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"os"
+
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 func init() {
@@ -36,15 +39,23 @@ also re-queues what failed in it.`,
 					if live, err := runIsLive(c, q, a.Run, ti.ID); live || err != nil {
 						return err
 					}
-					// As enqueue train: a run done at its total steps has
-					// nothing for a segment to train.
+					// As enqueue train: a run done at its total steps, as
+					// the runs entry here gives it (its state's where the
+					// entry is not here), has nothing for a segment to
+					// train, and an extension past its end that failed is
+					// dropped.
 					st, ok, err := scheduler.ReadRunState(c.Context(), q.Redis(), a.Run)
 					if err != nil {
 						return err
 					}
-					if ok && st.Done {
-						sayDone(c.OutOrStdout(), a.Run, st.Step, st.Total)
-						return nil
+					total := st.Total
+					if set, err := runs.Load(os.Getenv("KILN_RUNS")); err == nil {
+						if r, err := set.Get(a.Run); err == nil {
+							total = r.RunConfig.WithDefaults().TotalSteps
+						}
+					}
+					if ok && st.Done && st.Step >= total {
+						return sayDoneDropping(c, q, a.Run, st.Step, total)
 					}
 				}
 			}

@@ -208,7 +208,11 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 	if rep.Stopped != "" {
 		fmt.Fprintln(out, rep.Stopped)
 	}
-	if rep.Files > 0 && rep.Appended == 0 && rep.Duplicates == 0 && rep.Same == 0 && rep.Stopped == "" && len(rep.SkippedFiles) > 0 {
+	// A store this run made that holds no token holds only what this run
+	// skipped (files of no text, and their copies: the same content under
+	// another name): it is this run's to refuse as one of no text.
+	madeEmpty := newStore && rep.Appended == 0 && rep.Stopped == "" && len(rep.SkippedFiles) > 0
+	if rep.Files > 0 && rep.Appended == 0 && (rep.Duplicates == 0 && rep.Same == 0 || madeEmpty) && rep.Stopped == "" && len(rep.SkippedFiles) > 0 {
 		if newStore {
 			// Refused, it leaves nothing: no store that sched datasets
 			// would list, bound to this tokenizer, holding no token.

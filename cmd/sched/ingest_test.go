@@ -100,6 +100,9 @@ func TestIngestDirectOfNoTextIsBadInput(t *testing.T) {
 	os.MkdirAll(src, 0o755)
 	os.WriteFile(filepath.Join(src, "empty.txt"), nil, 0o644)
 	os.WriteFile(filepath.Join(src, "bin.txt"), []byte{0xff, 0xfe, 0x00, 0x81, 0xc3, 0x28}, 0o644)
+	// A copy of it (the same content under another name) is passed over
+	// as the same file, not skipped again: the store is this run's still.
+	os.WriteFile(filepath.Join(src, "copy.txt"), []byte{0xff, 0xfe, 0x00, 0x81, 0xc3, 0x28}, 0o644)
 	glob := "local:" + filepath.Join(src, "*")
 	store := filepath.Join(data, "tokens", "code")
 	ingestCode := func(dataset string) (string, int) {
@@ -107,7 +110,7 @@ func TestIngestDirectOfNoTextIsBadInput(t *testing.T) {
 		_, errOut, code := sched(t, nil, "ingest", dataset, "--direct", "--store", "code", "--tokenizer", "tk", "--data-dir", data)
 		return errOut, code
 	}
-	noText := "none of its 2 files holds text to ingest (skipped: empty-file=1, invalid-utf8=1; the first: " + src
+	noText := "none of its 3 files holds text to ingest (skipped: empty-file=1, invalid-utf8=1; the first: " + src
 	for range 2 {
 		if errOut, code := ingestCode(glob); code != 2 || !strings.Contains(errOut, noText) || strings.Contains(errOut, "rm -r") {
 			t.Fatalf("ingest %s: exit %d, %q; want exit 2 and %q, and no store to delete", glob, code, errOut, noText)
@@ -128,7 +131,7 @@ func TestIngestDirectOfNoTextIsBadInput(t *testing.T) {
 	if rep, err := ingest.Direct(context.Background(), ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: "tk", StoreDir: store, DataDir: data}); err != nil || len(rep.SkippedFiles) == 0 {
 		t.Fatalf("the pipeline over files of no text: %+v, %v", rep, err)
 	}
-	if errOut, code := ingestCode(glob); code != 2 || !strings.Contains(errOut, "none of its 2 files holds text to ingest: token store "+store+
+	if errOut, code := ingestCode(glob); code != 2 || !strings.Contains(errOut, "none of its 3 files holds text to ingest: token store "+store+
 		" holds no tokens and records its files as skipped by an earlier run (empty-file=1, invalid-utf8=1; the first: "+src) {
 		t.Fatalf("ingest into a store that holds its files as skipped: exit %d, %q", code, errOut)
 	}

@@ -178,8 +178,9 @@ type S3Error struct {
 	Store, Key string
 	Err        error
 	bad        bool
-	// refused is set where the server refused the keys (bad too).
-	refused bool
+	// refused is the server's code where it refused the keys ("" where
+	// it did not; bad is set too).
+	refused string
 	// status is the server's HTTP status, 0 when none came back (the
 	// connection failed or stalled).
 	status int
@@ -209,7 +210,7 @@ func (s *S3) wrap(op, key string, err error) error {
 	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidSecretKey",
 		// versitygw's answer to an access key it does not know, a 404.
 		"XAdminUserNotFound":
-		return &S3Error{Op: op, Store: s.o.url(), Key: key, bad: true, refused: true,
+		return &S3Error{Op: op, Store: s.o.url(), Key: key, bad: true, refused: resp.Code,
 			Err: fmt.Errorf("%s: check KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY", resp.Code)}
 	}
 	if resp.StatusCode == http.StatusNotFound && !errors.Is(err, ErrNotFound) {
@@ -242,12 +243,15 @@ func Outage(err error) string {
 // (refused or dropped connections, a request that stalled) or answered
 // that it is failing (a 5xx status): an outage, which ends when the server
 // is back, unlike wrong credentials, a missing object or a cancelled call.
-// KeysRefused says whether err is the object store refusing the keys it
-// was asked with (wrong, rotated or revoked), where it had answered: the
-// configuration's to mend, not the request's.
-func KeysRefused(err error) bool {
+// KeysRefused is the object store's code (SignatureDoesNotMatch, say)
+// where err is its refusal of the keys it was asked with (wrong, rotated or
+// revoked): the configuration's to mend, not the request's. "" otherwise.
+func KeysRefused(err error) string {
 	var se *S3Error
-	return errors.As(err, &se) && se.refused
+	if errors.As(err, &se) {
+		return se.refused
+	}
+	return ""
 }
 
 func Unreachable(err error) bool {

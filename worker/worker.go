@@ -393,8 +393,9 @@ func outageWait(err error) error {
 	switch {
 	case store.Unreachable(err):
 		return &WaitError{For: fmt.Sprintf("the object store at %s to answer (%s)", se.Store, store.Outage(err))}
-	case store.KeysRefused(err):
-		return &WaitError{For: fmt.Sprintf("the object store at %s to take this worker's keys (%s): set KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY to keys it takes and restart the worker", se.Store, store.Outage(err))}
+	case store.KeysRefused(err) != "":
+		// Short enough that sched status's line of the run holds it whole.
+		return &WaitError{For: fmt.Sprintf("the object store at %s to take this worker's keys (%s): set KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY and restart the worker", se.Store, store.KeysRefused(err))}
 	}
 	return err
 }

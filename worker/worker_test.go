@@ -669,7 +669,7 @@ func TestATaskWaitsForKeysTheObjectStoreTakes(t *testing.T) {
 	id := e.enqueue(objectsArgs{Endpoint: srv.Endpoint, AccessKey: srv.AccessKey})
 	ts := e.waitFor(id, 2*time.Minute, "waiting", func(ts scheduler.TaskStatus) bool { return ts.Progress.State == "waiting" || ts.Retried > 0 })
 	if want := "waiting for the object store at http://" + srv.Endpoint + "/kiln to take this worker's keys ("; ts.Retried != 0 || !strings.Contains(ts.Progress.Message, want) ||
-		!strings.Contains(ts.Progress.Message, "set KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY to keys it takes and restart the worker") {
+		!strings.HasSuffix(ts.Progress.Message, "keys (SignatureDoesNotMatch): set KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY and restart the worker") {
 		t.Fatalf("a task whose keys the store refuses: retried %d, progress %q; want no retry used and %q", ts.Retried, ts.Progress.Message, want)
 	}
 	if err := e.rdb.Set(context.Background(), secretKey, srv.SecretKey, 0).Err(); err != nil {

@@ -141,7 +141,7 @@ func outcomeLine(t scheduler.TaskStatus) string {
 		if t.State == "retry" {
 			when = "looks again at " + t.NextRun.Local().Format("15:04:05")
 		}
-		parts = append(parts, fmt.Sprintf("%s; %s (no retry used)", scheduler.OneLine(t.Progress.Message, 200), when))
+		parts = append(parts, fmt.Sprintf("%s; %s (no retry used)", scheduler.OneLine(t.Progress.Message, 240), when))
 	case t.State == "retry" && t.Retried == 0:
 		// Set back without a failure, its worker's report of why lost.
 		parts = append(parts, "re-queued (no retry used): "+scheduler.OneLine(t.LastErr, 200))

@@ -117,7 +117,8 @@ func (v *runView) classify() {
 		v.Detail = "stopped by its worker's shutdown at a step boundary; it resumes from its last checkpoint (no retry used)"
 	case back == "waiting":
 		v.Status = runWaiting
-		v.Detail = scheduler.OneLine(t.Progress.Message, 160) + " (" + waitNote(*t) + ")"
+		// Whole: what it waits for ends with what to do.
+		v.Detail = scheduler.OneLine(t.Progress.Message, 240) + " (" + waitNote(*t) + ")"
 	case state == "pending" || state == "scheduled":
 		v.Status = runQueued
 	case state == "retry" && t.Retried == 0:

@@ -729,3 +729,21 @@ func TestASegmentsTaskLineSaysTheRateOfItsETA(t *testing.T) {
 		t.Errorf("task line %q; want %q, the run's rate beside its ETA", line, want)
 	}
 }
+
+// A run whose segment waits says whole what it waits for, which ends with
+// what to do: waiting for the object store to take the worker's keys was
+// cut before the settings to mend.
+func TestAWaitingRunsLineSaysWhatToDo(t *testing.T) {
+	now := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	msg := "waiting for the object store at http://minio.example.internal:9000/kiln to take this worker's keys (SignatureDoesNotMatch): set KILN_S3_ACCESS_KEY and KILN_S3_SECRET_KEY and restart the worker"
+	task := scheduler.TaskStatus{ID: "train:segment:x", Kind: scheduler.KindTrainSegment, Queue: "gpu", State: "retry", NextRun: now.Add(30 * time.Second),
+		HasProgress: true, Progress: scheduler.Progress{State: "waiting", Message: msg, Updated: now}}
+	v := runView{RunState: scheduler.RunState{Run: "pilot", Step: 120, Total: 1000, Checkpoint: 120}, HasState: true, Task: &task}
+	v.classify()
+	if line := v.line(now); !strings.Contains(line, msg+" (as of its last try") {
+		t.Errorf("sched status's line: %q; want the whole wait, what to do included", line)
+	}
+	if line := outcomeLine(task); !strings.Contains(line, msg+"; looks again at ") {
+		t.Errorf("sched runs's line: %q; want the whole wait, what to do included", line)
+	}
+}

@@ -575,6 +575,11 @@ func openQueue(ctx context.Context, cfg scheduler.Config) (*scheduler.Client, as
 	defer cancel()
 	if err := c.Ping(pctx); err != nil {
 		c.Close()
+		if m := err.Error(); strings.HasPrefix(m, "WRONGPASS") || strings.HasPrefix(m, "NOAUTH") {
+			// Reached, and refused: the URL's credentials, not Redis's
+			// address or health, are what to check.
+			return nil, nil, badInput("Redis at %s (KILN_REDIS_URL or --redis-url) refused its credentials: %v; check the password in the URL, and its user name where Redis has ACL users", cfg.Masked().RedisURL, redactErr(cfg, err))
+		}
 		return nil, nil, badInput("cannot reach Redis at %s (KILN_REDIS_URL or --redis-url): %v; check the URL and that Redis is running", cfg.Masked().RedisURL, redactErr(cfg, err))
 	}
 	return c, opt, nil

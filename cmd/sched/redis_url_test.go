@@ -31,6 +31,9 @@ func TestARedisURLIsReadAsItIsWritten(t *testing.T) {
 	if out, errOut, code := sched(t, env, "status"); code != 0 || !strings.Contains(out, "WORKERS\n") {
 		t.Fatalf("status as the ACL user bob: exit %d\n%s%s", code, out, errOut)
 	}
+	// Reached and refused is said so, not "cannot reach Redis".
+	wantRefused(t, []string{"KILN_REDIS_URL=redis://bob:wrongpw@" + r.Addr + "/0"}, "Redis at redis://bob:xxxxx@"+r.Addr+"/0 (KILN_REDIS_URL or --redis-url) refused its credentials: WRONGPASS", "status")
+	wantRefused(t, []string{"KILN_REDIS_URL=redis://" + r.Addr + "/0"}, "refused its credentials: NOAUTH", "status")
 	for _, c := range []struct{ url, want string }{
 		{"redis://" + r.Addr + "/0?password=s3cretpass&db=2", `KILN_REDIS_URL: "redis://` + r.Addr + `" has options after '?' (db, password), which kiln does not read: remove it; a password goes before the host`},
 		{"redis://" + r.Addr + "/0#frag", "has a part after '#', which kiln does not read"},

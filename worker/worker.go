@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/internal/redact"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 )
@@ -284,22 +285,11 @@ func (w *Worker) Run(ctx context.Context) error {
 // redacted is err with Params.Redact's secrets hidden in its text; it
 // wraps err still, so that errors.Is and errors.As see what it was.
 func (w *Worker) redacted(err error) error {
-	if err == nil || w.p.Redact == nil {
+	if w.p.Redact == nil {
 		return err
 	}
-	if msg := w.p.Redact(err.Error()); msg != err.Error() {
-		return &redactedError{msg: msg, err: err}
-	}
-	return err
+	return redact.Err(err, w.p.Redact)
 }
-
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }
 
 // stopServing stops queue q alone while the worker's other queues go on:
 // its server takes no new task, and its running handlers' contexts end

@@ -640,24 +640,7 @@ func s3Address(cfg scheduler.Config) string {
 // redactErr hides cfg's secrets in err's text, keeping what err wraps for
 // errors.As (whether it is bad input, say): errors from libraries may
 // quote the URL or the key they were given.
-func redactErr(cfg scheduler.Config, err error) error {
-	if err == nil {
-		return nil
-	}
-	msg := cfg.Redact(err.Error())
-	if msg == err.Error() {
-		return err
-	}
-	return redactedError{msg: msg, err: err}
-}
-
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e redactedError) Error() string { return e.msg }
-func (e redactedError) Unwrap() error { return e.err }
+func redactErr(cfg scheduler.Config, err error) error { return redact.Err(err, cfg.Redact) }
 
 // consoleLog says whether a log in format (KILN_LOG_FORMAT) written to w
 // is readable lines, not JSON: console, or auto (or unset) on a terminal,

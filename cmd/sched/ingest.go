@@ -241,7 +241,7 @@ func dropEmptyStore(dir string, dirExisted bool, log *zap.Logger) {
 		err = rerr
 	} else {
 		for _, e := range entries {
-			if n := e.Name(); tokens.IsStoreFile(n) || strings.HasPrefix(n, ingest.FullMarkFile) {
+			if n := e.Name(); isStoreDirFile(n) {
 				err = errors.Join(err, os.RemoveAll(filepath.Join(dir, n)))
 			}
 		}
@@ -555,15 +555,18 @@ func notOfAStore(dir string) string {
 		return ""
 	}
 	for _, e := range entries {
-		// What a store's first append leaves before its manifest, and the
-		// mark a direct ingest keeps beside it.
-		n := e.Name()
-		if tokens.IsStoreFile(n) || strings.HasPrefix(n, ingest.FullMarkFile) {
-			continue
+		if n := e.Name(); !isStoreDirFile(n) {
+			return n
 		}
-		return n
 	}
 	return ""
+}
+
+// isStoreDirFile says whether name is a file a token store's directory
+// holds: the store's own (a first append leaves some before its manifest)
+// and the mark a direct ingest keeps beside them.
+func isStoreDirFile(name string) bool {
+	return tokens.IsStoreFile(name) || strings.HasPrefix(name, ingest.FullMarkFile)
 }
 
 // parseCount reads a token count: "25B" (billions), "500M", "1.5K", or a

@@ -158,3 +158,25 @@ func wholeToken(s string, i, end int) bool {
 func wordRune(r rune) bool {
 	return r != utf8.RuneError && (unicode.IsLetter(r) || unicode.IsDigit(r))
 }
+
+// Err is err with hide applied to its text, wrapping err still, so that
+// errors.Is and errors.As see what it was: for errors from libraries and
+// servers, which may quote a secret they were given. err itself where
+// hide changes nothing (nil stays nil).
+func Err(err error, hide func(string) string) error {
+	if err == nil {
+		return nil
+	}
+	if msg := hide(err.Error()); msg != err.Error() {
+		return hiddenError{msg: msg, err: err}
+	}
+	return err
+}
+
+type hiddenError struct {
+	msg string
+	err error
+}
+
+func (e hiddenError) Error() string { return e.msg }
+func (e hiddenError) Unwrap() error { return e.err }

@@ -46,6 +46,10 @@ func TestCommandFlagsGivenEmptyAreRefused(t *testing.T) {
 		{[]string{"ingest", local, "--direct", "--store-dir", ""}, "flag --store-dir is given empty"},
 		{[]string{"ingest", local, "--direct", "--store", "s", "--tokenizer-file", ""}, "flag --tokenizer-file is given empty"},
 		{[]string{"ingest", "fineweb-edu", "--direct", "--revision", ""}, "flag --revision is given empty"},
+		// Empty, a limit read as none: an unset variable in --max-tokens
+		// "$LIMIT" filled the disk.
+		{[]string{"ingest", local, "--direct", "--store", "s", "--max-tokens", ""}, "flag --max-tokens is given empty: give a number of tokens such as 500M, or leave it out to use no limit"},
+		{[]string{"enqueue", "ingest", local, "--max-disk="}, "flag --max-disk is given empty: give a size such as 50G, or leave it out to use no limit"},
 		{[]string{"enqueue", "ingest", local, "--store", ""}, "flag --store is given empty"},
 		{[]string{"enqueue", "ingest", "fineweb-edu", "--presets", ""}, "flag --presets is given empty"},
 		{[]string{"enqueue", "tokenizer", "t", "--presets", ""}, "flag --presets is given empty"},

@@ -52,6 +52,8 @@ func (p *planFlags) register(f *pflag.FlagSet) {
 	noEmpty(f, "presets", "a YAML file of dataset presets", "KILN_DATASETS's file, or the built-in presets alone where it is unset")
 	noEmpty(f, "revision", "a branch, tag or commit", "the preset's")
 	noEmpty(f, "columns", "key=name pairs such as text=content", "the dataset's columns")
+	noEmpty(f, "max-tokens", "a number of tokens such as 500M", "no limit")
+	noEmpty(f, "max-disk", "a size such as 50G", "no limit")
 }
 
 func init() {

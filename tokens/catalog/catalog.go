@@ -3,7 +3,9 @@
 // worker finds it, and is copied to <data dir>/tokenizers/<name>/tokenizer.json
 // on each machine that uses it. A name, once published, always means the same
 // bytes: token stores and checkpoints record the SHA-256 of those bytes, and a
-// name that changed meaning would silently re-map every id made with it.
+// name that changed meaning would silently re-map every id made with it. So
+// the SHA-256 is published beside the file (SHA256SUMS), and a machine saves
+// or uses a download only once it matches.
 package catalog
 
 import (
@@ -152,7 +154,8 @@ func (e *ConflictError) BadInput() bool { return true }
 
 func (c *Catalog) localPath(name string) string { return filepath.Join(c.Dir, name, FileName) }
 
-// fetch returns the bytes of name from object storage (nil, nil when absent)
+// fetch returns the bytes of name from object storage (nil, nil when
+// absent), checked against the SHA-256 published with them (download),
 // and from the local directory (nil, nil when absent).
 func (c *Catalog) fetch(ctx context.Context, name string) (remote, local []byte, err error) {
 	local, err = tokenizer.ReadFile(c.localPath(name))
@@ -164,20 +167,10 @@ func (c *Catalog) fetch(ctx context.Context, name string) (remote, local []byte,
 	if c.Objects == nil {
 		return nil, local, nil
 	}
-	r, err := c.Objects.Get(ctx, Key(name))
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, local, nil
-	}
-	if err != nil {
-		// local stays: Resolve uses it while object storage is down.
-		return nil, local, fmt.Errorf("get tokenizer %s: %w", Key(name), err)
-	}
-	defer r.Close()
-	remote, err = tokenizer.ReadAll(r, "object storage "+Key(name))
-	if err != nil {
-		return nil, nil, fmt.Errorf("tokenizer %s: %w", name, err)
-	}
-	return remote, local, nil
+	// local stays on an error: Resolve uses it while object storage is
+	// down, or while its downloads do not match but local does.
+	remote, err = c.download(ctx, name, local)
+	return remote, local, err
 }
 
 // localReadError is fetch's where this machine's copy of a tokenizer is
@@ -191,9 +184,11 @@ func (e *localReadError) Error() string { return fmt.Sprintf("tokenizer %s: %v",
 func (e *localReadError) Unwrap() error { return e.err }
 
 // Resolve finds tokenizer name, copies it from object storage to the local
-// directory when this machine lacks it, and loads it. A local copy that
-// differs from object storage's is refused rather than used; while object
-// storage does not answer, the local copy is used as it is.
+// directory when this machine lacks it, and loads it. Only a download that
+// matches the SHA-256 published with it is saved, used, or compared with
+// the local copy: one that differs from the published tokenizer is refused
+// rather than used. While object storage does not answer, the local copy
+// is used as it is.
 func (c *Catalog) Resolve(ctx context.Context, name string) (Entry, *tokenizer.Tokenizer, error) {
 	if err := CheckName(name); err != nil {
 		return Entry{}, nil, err
@@ -201,8 +196,10 @@ func (c *Catalog) Resolve(ctx context.Context, name string) (Entry, *tokenizer.T
 	remote, local, err := c.fetch(ctx, name)
 	// While object storage is out of service this machine's copy serves:
 	// it came from there or was published from here, and a published
-	// tokenizer's bytes never change (Publish refuses other bytes).
-	if err != nil && !(store.Unreachable(err) && local != nil) {
+	// tokenizer's bytes never change (Publish refuses other bytes). It
+	// serves too where no download matched the published SHA-256 and this
+	// copy does: it is the published tokenizer.
+	if err != nil && !localServes(err, local) {
 		return Entry{}, nil, err
 	}
 	data := local
@@ -214,16 +211,22 @@ func (c *Catalog) Resolve(ctx context.Context, name string) (Entry, *tokenizer.T
 		}
 		return Entry{}, nil, &NotFoundError{Name: name, Known: known, Local: c.localPath(name)}
 	case remote != nil && local != nil && !bytes.Equal(remote, local):
+		// remote is what was published (download checked it): the
+		// local copy is another.
 		return Entry{}, nil, &ConflictError{Name: name, Have: c.localPath(name), HaveSHA: sha(local), Other: "object storage " + Key(name), OtherSHA: sha(remote)}
 	case local == nil:
 		data = remote
-		if err := writeAtomic(c.localPath(name), remote); err != nil {
-			return Entry{}, nil, err
-		}
 	}
 	t, err := tokenizer.Parse(data)
 	if err != nil {
 		return Entry{}, nil, fmt.Errorf("tokenizer %s: %w", name, err)
+	}
+	// Saved only once it loads: a file saved here is taken as this
+	// machine's copy of the published tokenizer by every later command.
+	if local == nil {
+		if err := writeAtomic(c.localPath(name), data); err != nil {
+			return Entry{}, nil, err
+		}
 	}
 	return entryOf(name, c.localPath(name), t), t, nil
 }
@@ -252,6 +255,12 @@ func (c *Catalog) Publish(ctx context.Context, name string, data []byte) (Entry,
 		}
 	}
 	if c.Objects != nil && remote == nil {
+		// The hash first: every machine checks its download against it,
+		// so none ever finds the tokenizer.json without it.
+		sums := sumsLine(data)
+		if err := c.Objects.Put(ctx, SumsKey(name), bytes.NewReader(sums), int64(len(sums))); err != nil {
+			return Entry{}, fmt.Errorf("publish tokenizer %s: %w", name, err)
+		}
 		if err := c.Objects.Put(ctx, Key(name), bytes.NewReader(data), int64(len(data))); err != nil {
 			return Entry{}, fmt.Errorf("publish tokenizer %s: %w", name, err)
 		}
@@ -309,12 +318,23 @@ func (c *Catalog) List(ctx context.Context) ([]Entry, error) {
 		}
 		remote, local, err := c.fetch(ctx, name)
 		var unread *localReadError
-		if errors.As(err, &unread) {
+		var dl *DownloadError
+		switch {
+		case errors.As(err, &unread):
 			// One copy here that does not read hides none of the others.
 			out = append(out, Entry{Name: name, Path: c.localPath(name), Unreadable: unread.err.Error()})
 			continue
-		}
-		if err != nil {
+		case errors.As(err, &dl):
+			// Nor does one whose downloads never matched what was
+			// published, though this machine's copy may serve its tasks
+			// (Resolve): the listing is where that is seen.
+			e := Entry{Name: name, Unreadable: dl.listed()}
+			if local != nil {
+				e.Path = c.localPath(name)
+			}
+			out = append(out, e)
+			continue
+		case err != nil:
 			return nil, err
 		}
 		// The published copy is object storage's, where there is one;

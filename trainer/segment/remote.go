@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -39,8 +41,17 @@ type Marker struct {
 	Token int64 `json:"fencing_token"`
 	// Files lists the checkpoint's files and sizes, so that a download can
 	// be checked before it is used.
-	Files   map[string]int64 `json:"files"`
-	Written time.Time        `json:"written"`
+	Files map[string]int64 `json:"files"`
+	// SHA256 lists each file's SHA-256 (hex) of the bytes uploaded:
+	// trainer_state.json lists the hashes of the weights and the optimizer's
+	// moments but not its own (it holds the data cursor) nor that of
+	// metrics.jsonl (the run's history), and a pull checks those two too. A
+	// marker written by an earlier kiln has none: its files are checked
+	// against its sizes and trainer_state.json's hashes alone. A separate
+	// field, not a hash beside each size in Files, so that an earlier kiln
+	// still reads the markers this one writes.
+	SHA256  map[string]string `json:"sha256,omitempty"`
+	Written time.Time         `json:"written"`
 	// Kept says that retention keeps the checkpoint for good (keep_every),
 	// as decided when it was written: a checkpoint_every changed later
 	// does not make it prunable.
@@ -125,7 +136,7 @@ func push(ctx context.Context, obj Objects, lock Lease, run, dir string, kept bo
 	if err != nil {
 		return Marker{}, fmt.Errorf("push %s: %w", dir, err)
 	}
-	m := Marker{Step: st.Step, Tokens: st.Tokens, Files: map[string]int64{}, Kept: kept}
+	m := Marker{Step: st.Step, Tokens: st.Tokens, Files: map[string]int64{}, SHA256: map[string]string{}, Kept: kept}
 	if lock != nil {
 		m.Token = lock.Token()
 	}
@@ -180,7 +191,7 @@ func push(ctx context.Context, obj Objects, lock Lease, run, dir string, kept bo
 			return m, fmt.Errorf("push checkpoint step %d of run %s: not marking it complete: %w", st.Step, run,
 				trainer.Damaged(fmt.Errorf("%s has SHA-256 %s on this disk, its %s says %s (damaged since it was written)", filepath.Join(dir, name), sum, trainer.StateFile, want.SHA256)))
 		}
-		m.Files[name] = n
+		m.Files[name], m.SHA256[name] = n, sum
 	}
 	// The run's metrics up to this step go with it, so that a worker that
 	// resumes from here on another disk continues the whole history.
@@ -190,7 +201,8 @@ func push(ctx context.Context, obj Objects, lock Lease, run, dir string, kept bo
 		if err := obj.Put(ctx, prefix+results.MetricsFile, bytes.NewReader(hist), int64(len(hist))); err != nil {
 			return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run, err)
 		}
-		m.Files[results.MetricsFile] = int64(len(hist))
+		sum := sha256.Sum256(hist)
+		m.Files[results.MetricsFile], m.SHA256[results.MetricsFile] = int64(len(hist)), hex.EncodeToString(sum[:])
 	}
 	if lock != nil {
 		if err := lock.Check(ctx); err != nil {
@@ -252,20 +264,29 @@ func metricsUpTo(path string, step int) ([]byte, error) {
 // PullNewest pulls the newest complete checkpoint of run in object storage
 // whose step is above after into root (see Pull), and returns its
 // directory and step, or "" and -1 when object storage holds none above
-// after. One whose files turn out damaged (trainer.ErrDamaged) is left where
-// it is, reported to damaged, and the one before it is tried.
+// after. One whose files do not download intact (trainer.ErrDamaged, after
+// pullAttempts downloads) is left where it is, reported to damaged, and the
+// one before it is tried.
 func PullNewest(ctx context.Context, obj Objects, run string, after int, root string, damaged func(step int, err error)) (string, int, error) {
 	steps, err := RemoteSteps(ctx, obj, run)
 	if err != nil {
 		return "", -1, err
 	}
-	return pullNewestOf(ctx, obj, run, steps, after, root, damaged)
+	return pullNewestOf(ctx, obj, run, steps, after, root, pullReport{damaged: damaged})
+}
+
+// pullReport receives what a pull of the newest checkpoint meets on its
+// way: damaged, a checkpoint passed over; again, when set, a download that
+// did not match and is made again.
+type pullReport struct {
+	damaged func(step int, err error)
+	again   func(step int, err error)
 }
 
 // pullNewestOf is PullNewest among steps, the run's complete checkpoints
 // in object storage as RemoteSteps lists them.
-func pullNewestOf(ctx context.Context, obj Objects, run string, steps []int, after int, root string, damaged func(step int, err error)) (string, int, error) {
-	return pullNewest(ctx, obj, run, steps, after, root, false, damaged)
+func pullNewestOf(ctx context.Context, obj Objects, run string, steps []int, after int, root string, report pullReport) (string, int, error) {
+	return pullNewest(ctx, obj, run, steps, after, root, false, report)
 }
 
 // PullNewestWeights is PullNewest for sampling from the run: it pulls
@@ -279,7 +300,7 @@ func PullNewestWeights(ctx context.Context, obj Objects, run, root string, damag
 	if err != nil {
 		return "", -1, err
 	}
-	dir, step, err := pullNewest(ctx, obj, run, steps, -1, root, true, damaged)
+	dir, step, err := pullNewest(ctx, obj, run, steps, -1, root, true, pullReport{damaged: damaged})
 	if err != nil || dir == "" {
 		return dir, step, err
 	}
@@ -292,11 +313,16 @@ func PullNewestWeights(ctx context.Context, obj Objects, run, root string, damag
 	return dir, step, nil
 }
 
-func pullNewest(ctx context.Context, obj Objects, run string, steps []int, after int, root string, weights bool, damaged func(step int, err error)) (string, int, error) {
+func pullNewest(ctx context.Context, obj Objects, run string, steps []int, after int, root string, weights bool, report pullReport) (string, int, error) {
 	for i := len(steps) - 1; i >= 0 && steps[i] > after; i-- {
-		dir, err := pull(ctx, obj, run, steps[i], root, weights)
+		var again func(error)
+		if report.again != nil {
+			step := steps[i]
+			again = func(err error) { report.again(step, err) }
+		}
+		dir, err := pull(ctx, obj, run, steps[i], root, weights, again)
 		if errors.Is(err, trainer.ErrDamaged) {
-			damaged(steps[i], err)
+			report.damaged(steps[i], err)
 			continue
 		}
 		if err != nil {
@@ -311,20 +337,32 @@ func pullNewest(ctx context.Context, obj Objects, run string, steps []int, after
 // renamed into place.
 const pullTempPattern = ".pull-step-*"
 
+// pullAttempts is how many times a pull downloads a checkpoint's file that
+// does not match its marker or trainer_state.json before it takes the
+// checkpoint as damaged. A byte changed on its way here (a proxy, a faulty
+// link) is no damage to the stored copy, and passing that over for the
+// checkpoint before costs every step since (thousands of the pilot's).
+const pullAttempts = 3
+
 // Pull downloads the complete checkpoint of step into root/step-NNNNNNN,
 // through a temporary directory renamed into place once every file has the
-// size its marker lists and the hash trainer_state.json lists
-// (trainer.VerifyCheckpoint). As trainer.WriteCheckpoint does, every file
-// and the directory are synced before the rename and root after it, so
-// that a power cut leaves either no step directory or a whole one, not
-// one of torn files that the resume sets aside and downloads again.
+// size and SHA-256 hash its marker lists (a marker written by an earlier
+// kiln lists sizes alone) and the hash trainer_state.json lists
+// (trainer.VerifyCheckpoint). A file that does not match is downloaded
+// again, up to pullAttempts times in all, before the checkpoint counts as
+// damaged. As trainer.WriteCheckpoint does, every file and the directory
+// are synced before the rename and root after it, so that a power cut
+// leaves either no step directory or a whole one, not one of torn files
+// that the resume sets aside and downloads again.
 func Pull(ctx context.Context, obj Objects, run string, step int, root string) (string, error) {
-	return pull(ctx, obj, run, step, root, false)
+	return pull(ctx, obj, run, step, root, false, nil)
 }
 
 // pull is Pull; with weights, of every file but the optimizer's, and a
 // copy under root that trainer.VerifyWeights finds whole is taken as it is.
-func pull(ctx context.Context, obj Objects, run string, step int, root string, weights bool) (string, error) {
+// again, when set, hears of each download that did not match and is made
+// again.
+func pull(ctx context.Context, obj Objects, run string, step int, root string, weights bool, again func(error)) (string, error) {
 	final := filepath.Join(root, trainer.StepDir(step))
 	verify := trainer.VerifyCheckpoint
 	if weights {
@@ -332,11 +370,6 @@ func pull(ctx context.Context, obj Objects, run string, step int, root string, w
 		if _, err := verify(final); err == nil {
 			return final, nil
 		}
-	}
-	prefix := checkpointKey(run, step)
-	var m Marker
-	if err := getJSON(ctx, obj, prefix+MarkerFile, &m); err != nil {
-		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, damagedIfMissing(err))
 	}
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", fmt.Errorf("pull checkpoint: %w", err)
@@ -346,24 +379,22 @@ func pull(ctx context.Context, obj Objects, run string, step int, root string, w
 		return "", fmt.Errorf("pull checkpoint: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	for name, size := range m.Files {
-		if name != filepath.Base(name) || name == "." || name == ".." {
-			return "", fmt.Errorf("pull checkpoint step %d of run %s: marker lists a bad file name %q", step, run, name)
+	d := checkpointDownload{obj: obj, prefix: checkpointKey(run, step), dir: tmp, weights: weights, verify: verify,
+		got: map[string]fileSum{}, seen: map[string]map[string]bool{}}
+	for attempt := 1; ; attempt++ {
+		err = d.pass(ctx)
+		if err == nil || !errors.Is(err, trainer.ErrDamaged) || d.stored {
+			break
 		}
-		if weights && name == trainer.OptimizerFile {
-			continue
+		if attempt == pullAttempts {
+			err = fmt.Errorf("%w (%s)", err, d.verdict(attempt))
+			break
 		}
-		got, err := getFile(ctx, obj, prefix+name, filepath.Join(tmp, name))
-		if err != nil {
-			return "", fmt.Errorf("pull checkpoint step %d of run %s: %s: %w", step, run, name, damagedIfMissing(err))
-		}
-		if got != size {
-			// Read whole (no error) and still short or long: the object is
-			// a partial copy, not a transfer cut off.
-			return "", trainer.Damaged(fmt.Errorf("pull checkpoint step %d of run %s: %s is %d bytes, the marker says %d", step, run, name, got, size))
+		if again != nil {
+			again(err)
 		}
 	}
-	if _, err := verify(tmp); err != nil {
+	if err != nil {
 		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
 	}
 	if err := trainer.SyncDir(tmp); err != nil {
@@ -387,6 +418,158 @@ func pull(ctx context.Context, obj Objects, run string, step int, root string, w
 		return "", fmt.Errorf("pull checkpoint step %d of run %s: %w", step, run, err)
 	}
 	return final, nil
+}
+
+// fileSum is a file's size and SHA-256 (hex); an empty hash is none known.
+type fileSum struct {
+	size   int64
+	sha256 string
+}
+
+// checkpointDownload is one pull's downloads of a checkpoint's files into
+// dir, over its passes.
+type checkpointDownload struct {
+	obj     Objects
+	prefix  string // checkpoints/<run>/step-NNNNNNN/
+	dir     string
+	weights bool
+	verify  func(dir string) (trainer.State, error)
+
+	// got is each file in dir as downloaded: one that matches the marker
+	// read by a later pass is not downloaded again.
+	got map[string]fileSum
+	// seen holds the SHA-256 of every download of each file, the marker's
+	// included: a file whose downloads differ changes on its way here.
+	seen map[string]map[string]bool
+	// stored is true once the damage is known to be the stored copy's:
+	// downloading again would not change it.
+	stored bool
+}
+
+// pass reads the marker and downloads the files it lists that dir lacks or
+// holds with another size or hash than it lists, then checks the whole
+// against trainer_state.json. Its error is trainer.ErrDamaged where what
+// was downloaded does not match, which another pass may mend.
+func (d *checkpointDownload) pass(ctx context.Context) error {
+	b, err := d.get(ctx, MarkerFile)
+	if errors.Is(err, store.ErrNotFound) {
+		// Retention removed the checkpoint since it was listed.
+		d.stored = true
+	}
+	if err != nil {
+		return damagedIfMissing(err)
+	}
+	var m Marker
+	if err := json.Unmarshal(b, &m); err != nil {
+		return fmt.Errorf("%s: %w", d.prefix+MarkerFile, trainer.Damaged(err))
+	}
+	for name := range d.got {
+		if _, ok := m.Files[name]; !ok {
+			// Listed by a marker an earlier pass read, changed on its way.
+			delete(d.got, name)
+			if err := os.Remove(filepath.Join(d.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	}
+	var mismatched []string
+	for _, name := range slices.Sorted(maps.Keys(m.Files)) {
+		want := fileSum{size: m.Files[name], sha256: m.SHA256[name]}
+		if name != filepath.Base(name) || name == "." || name == ".." || name == MarkerFile {
+			// Written so by no kiln: changed on its way here, or in the store.
+			return trainer.Damaged(fmt.Errorf("%s lists a bad file name %q", MarkerFile, name))
+		}
+		if d.weights && name == trainer.OptimizerFile {
+			continue
+		}
+		if got, ok := d.got[name]; ok && got.size == want.size && (want.sha256 == "" || got.sha256 == want.sha256) {
+			continue
+		}
+		got, err := d.getFile(ctx, name)
+		if err != nil {
+			// A file the marker lists and the store does not hold: a name
+			// changed on its way here, or a file removed; the next pass
+			// reads the marker again.
+			return fmt.Errorf("%s: %w", name, damagedIfMissing(err))
+		}
+		switch {
+		case got.size != want.size:
+			// Read whole (no error) and still short or long: another copy
+			// than the one uploaded, stored or on its way here.
+			mismatched = append(mismatched, fmt.Sprintf("%s is %d bytes, the marker says %d", name, got.size, want.size))
+		case want.sha256 != "" && got.sha256 != want.sha256:
+			mismatched = append(mismatched, fmt.Sprintf("%s has SHA-256 %s, the marker says %s", name, got.sha256, want.sha256))
+		}
+	}
+	if len(mismatched) > 0 {
+		return trainer.Damaged(errors.New(strings.Join(mismatched, "; ")))
+	}
+	if _, err := d.verify(d.dir); err != nil {
+		if !errors.Is(err, trainer.ErrDamaged) {
+			return err
+		}
+		if len(m.SHA256) > 0 {
+			// Every file downloaded is as uploaded, and they do not agree
+			// with trainer_state.json: the checkpoint was stored so.
+			d.stored = true
+			return err
+		}
+		// A marker of an earlier kiln says which file differs from its
+		// upload by size alone: every one is downloaded again.
+		clear(d.got)
+		return err
+	}
+	return nil
+}
+
+// get reads the checkpoint's object name whole, noting its hash.
+func (d *checkpointDownload) get(ctx context.Context, name string) ([]byte, error) {
+	r, err := d.obj.Get(ctx, d.prefix+name)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	// A transfer cut off fails here, and is no damage (the segment is
+	// retried).
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", d.prefix+name, err)
+	}
+	sum := sha256.Sum256(b)
+	d.note(name, hex.EncodeToString(sum[:]))
+	return b, nil
+}
+
+// getFile downloads the checkpoint's file name into dir, hashing it as it
+// arrives.
+func (d *checkpointDownload) getFile(ctx context.Context, name string) (fileSum, error) {
+	delete(d.got, name)
+	n, sum, err := getFile(ctx, d.obj, d.prefix+name, filepath.Join(d.dir, name))
+	if err != nil {
+		return fileSum{}, err
+	}
+	got := fileSum{size: n, sha256: sum}
+	d.got[name] = got
+	d.note(name, sum)
+	return got, nil
+}
+
+func (d *checkpointDownload) note(name, sum string) {
+	if d.seen[name] == nil {
+		d.seen[name] = map[string]bool{}
+	}
+	d.seen[name][sum] = true
+}
+
+// verdict says what attempts passes that never matched tell of where the
+// bytes changed.
+func (d *checkpointDownload) verdict(attempts int) string {
+	for _, name := range slices.Sorted(maps.Keys(d.seen)) {
+		if len(d.seen[name]) > 1 {
+			return fmt.Sprintf("downloaded %d times, and %s came with other bytes from one download to the next: something between here and the store (a proxy, a faulty link) changes what is downloaded, and the stored copy may be intact", attempts, name)
+		}
+	}
+	return fmt.Sprintf("downloaded %d times, alike each time: the stored copy differs from the one uploaded, or something between here and the store (a proxy) changes it alike each time", attempts)
 }
 
 func getJSON(ctx context.Context, obj Objects, key string, v any) error {
@@ -421,24 +604,27 @@ func damagedIfMissing(err error) error {
 	return err
 }
 
-func getFile(ctx context.Context, obj Objects, key, path string) (int64, error) {
+// getFile downloads key to path, and returns its size and the SHA-256
+// (hex) of the bytes received.
+func getFile(ctx context.Context, obj Objects, key, path string) (int64, string, error) {
 	r, err := obj.Get(ctx, key)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	defer r.Close()
 	f, err := os.Create(path)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	n, err := io.Copy(f, r)
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(f, h), r)
 	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	return n, err
+	return n, hex.EncodeToString(h.Sum(nil)), err
 }
 
 // Keep reports which checkpoint steps retention keeps: the last keepLast,

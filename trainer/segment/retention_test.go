@@ -52,7 +52,8 @@ func TestEveryCheckpointDamagedInObjectStorageStopsTheSegment(t *testing.T) {
 	out, err := Run(ctx, Params{Run: run, Dir: disk, Redis: rdb, Objects: obj, OpenData: openStream, Owner: "gpu-b"})
 	var bad interface{ BadInput() bool }
 	if err == nil || !errors.As(err, &bad) || !bad.BadInput() ||
-		!strings.Contains(err.Error(), "every checkpoint of it in object storage is damaged (steps [2 4]") ||
+		!strings.Contains(err.Error(), "no checkpoint of it in object storage downloaded intact (steps [2 4]") ||
+		!strings.Contains(err.Error(), "Before deleting anything, check the stored copies") ||
 		!strings.Contains(err.Error(), "delete "+CheckpointPrefix("spoilt")+" in object storage") {
 		t.Fatalf("a segment on a new disk: %+v, %v; want it stopped for good, saying how to go on", out, err)
 	}

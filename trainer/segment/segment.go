@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -77,13 +78,25 @@ type Params struct {
 	// stays on this disk for the next segment here. Keep it below the
 	// worker's shutdown grace. Default 60s.
 	UploadGrace time.Duration
-	// AnswerWithin bounds the listing of the run's checkpoints at the
-	// segment's start: a store that does not answer it by then (one that
-	// hangs) is taken as down, as the worker's check of it at the task's
-	// start takes it, and the segment trains on from this disk where it
-	// can, where it waited on minutes of the store's timeouts and retries
-	// saying nothing. Default 15s.
+	// AnswerWithin bounds the listing of the run's checkpoints where
+	// waiting for it holds the run up: at the start of a segment that can
+	// train on from the checkpoint on this disk (it is as new as any the
+	// run's state records uploaded), and once the training of a segment
+	// that another follows is over. A store that does not answer by then
+	// (one that hangs) is taken as down, as the worker's check of it at
+	// the task's start takes it, and the segment trains on from this disk,
+	// where it waited on minutes of the store's timeouts and retries saying
+	// nothing. Default 15s.
 	AnswerWithin time.Duration
+	// ListWithin bounds the listing of the run's checkpoints where waiting
+	// for it holds up no training: at the start of a segment that has no
+	// checkpoint on this disk to train on from, and while the uploads of
+	// one that began without the listing wait for it. A store whose
+	// listing takes longer than AnswerWithin (a large bucket, a loaded
+	// server, a slow link) is slow, not down: taken as down, its every
+	// listing failed, no checkpoint went up and the run's last segment
+	// waited for good. Default 5 minutes.
+	ListWithin time.Duration
 	// SlowUpload is how long a checkpoint's upload may take before a
 	// warning names its step, the time so far and the endpoint; the
 	// warning comes again each time that time doubles. Default 1 minute.
@@ -135,6 +148,9 @@ func (p Params) withDefaults() Params {
 	}
 	if p.AnswerWithin == 0 {
 		p.AnswerWithin = 15 * time.Second
+	}
+	if p.ListWithin == 0 {
+		p.ListWithin = 5 * time.Minute
 	}
 	if p.FreeSpace == nil {
 		p.FreeSpace = disk.Free
@@ -309,6 +325,11 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		}
 		owed = nil
 	}
+	// A stop (SIGTERM, `sched cancel`) ends the segment short of the run's
+	// end wherever it is: a store that has not answered since the start is
+	// given AnswerWithin from then, as at the end of a segment another
+	// follows.
+	defer context.AfterFunc(ctx, up.end)()
 	go up.loop()
 	if p.Objects != nil && out.ResumeSource == "local" && out.ResumedFrom > r.newest {
 		// The checkpoint resumed from never reached object storage (its
@@ -323,7 +344,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		up.owe(filepath.Join(dir, trainer.StepDir(s)), s)
 	}
 	if err := p.guardStart(ctx, dir, up, log); err != nil {
-		up.finish()
+		up.finish(false)
 		return out, err
 	}
 
@@ -340,14 +361,14 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 
 	if out.ResumeSource == "" {
 		if err := p.initialEval(ctx, dir, rc, mc); err != nil {
-			up.finish()
+			up.finish(false)
 			return out, err
 		}
 	}
 
 	data, err := p.OpenData(rc, mc)
 	if err != nil {
-		up.finish()
+		up.finish(false)
 		return out, err
 	}
 	var stateMu sync.Mutex
@@ -407,7 +428,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if !res.Done {
 		startGrace()
 	}
-	uerr := up.finish()
+	uerr := up.finish(res.Done)
 	out.Uploaded = up.uploadedStep()
 	select {
 	case <-lock.Lost():
@@ -612,11 +633,17 @@ func (p Params) restore(ctx context.Context, dir string) (restored, error) {
 		pulledStep := -1
 		passed := map[int]error{} // damaged ones passed over
 		if err == nil {
-			if r.remote, err = p.remoteSteps(ctx); err == nil {
-				pulled, pulledStep, err = pullNewestOf(ctx, p.Objects, p.Run.Name, r.remote, local, dir, func(step int, err error) {
-					passed[step] = err
-					p.Log.Warn("damaged checkpoint in object storage passed over; trying the one before",
-						zap.String("run", p.Run.Name), zap.Int("step", step), zap.Error(err))
+			if r.remote, err = p.remoteSteps(ctx, p.listWithin(ctx, local), nil); err == nil {
+				pulled, pulledStep, err = pullNewestOf(ctx, p.Objects, p.Run.Name, r.remote, local, dir, pullReport{
+					damaged: func(step int, err error) {
+						passed[step] = err
+						p.Log.Warn("checkpoint in object storage passed over, as it did not download intact; trying the one before",
+							zap.String("run", p.Run.Name), zap.Int("step", step), zap.Error(err))
+					},
+					again: func(step int, err error) {
+						p.Log.Warn("checkpoint download does not match what was uploaded; downloading it again",
+							zap.String("run", p.Run.Name), zap.Int("step", step), zap.String("endpoint", describe(p.Objects)), zap.Error(err))
+					},
 				})
 			}
 		}
@@ -634,12 +661,21 @@ func (p Params) restore(ctx context.Context, dir string) (restored, error) {
 			}
 		}
 		if pulledStep < 0 && local < 0 && len(passed) > 0 {
-			// Every one of them is damaged, and this disk holds none:
+			// None of them downloaded intact, and this disk holds none:
 			// training from step 0 would overwrite the run's history
-			// (its metrics, its results) with a new one.
+			// (its metrics, its results) with a new one. Each download
+			// was made several times, and what differed each time may
+			// still be a proxy's doing, not the store's: the stored
+			// copies are checked before anything is deleted.
 			steps := slices.Sorted(maps.Keys(passed))
-			return r, notResumable{fmt.Errorf("run %s: every checkpoint of it in object storage is damaged (steps %v; the newest: %v), and this disk holds no intact one: copy an intact checkpoint of the run into %s on this worker and enqueue the run again ('sched enqueue train %s'), or, to train it from step 0, delete %s in object storage and enqueue it again",
-				p.Run.Name, steps, passed[steps[len(steps)-1]], dir, p.Run.Name, CheckpointPrefix(p.Run.Name))}
+			newest := steps[len(steps)-1]
+			return r, notResumable{fmt.Errorf("run %s: no checkpoint of it in object storage downloaded intact (steps %v; the newest: %v), and this disk holds no intact one. "+
+				"Before deleting anything, check the stored copies: hash each file of the newest, %s at %s, as the store holds it, from a machine with nothing between it and the store "+
+				"(with MinIO's client: 'mc cat ALIAS/BUCKET/%sFILE | sha256sum'), and compare with the sha256 its %s lists (trainer_state.json's, where the marker was written by an earlier kiln and lists none). "+
+				"Where they match, the stored copies are intact and something between this worker and the store (a proxy, a faulty link) changes what it downloads: mend that and enqueue the run again ('sched enqueue train %s'). "+
+				"Where they differ, copy an intact checkpoint of the run into %s on this worker and enqueue the run again, or, to train it from step 0, delete %s in object storage and enqueue it again",
+				p.Run.Name, steps, passed[newest], checkpointKey(p.Run.Name, newest), describe(p.Objects), checkpointKey(p.Run.Name, newest), MarkerFile,
+				p.Run.Name, dir, CheckpointPrefix(p.Run.Name))}
 		}
 		if pulledStep > local {
 			// The checkpoint carries the run's metrics up to its step: the
@@ -688,15 +724,58 @@ func (p Params) restoreOffline(ctx context.Context, local int, outage error) (re
 	return restored{step: local, source: "local", unknown: true, newest: st.Checkpoint}, nil
 }
 
-// remoteSteps is RemoteSteps of the run, given AnswerWithin: a store that
-// hangs is taken as one that is down (store.Unreachable, the error naming
-// the bound), where it held the segment for its timeouts and retries.
-func (p Params) remoteSteps(ctx context.Context) ([]int, error) {
-	lctx, cancel := context.WithTimeout(ctx, p.AnswerWithin)
+// listWithin is how long a segment starting with local, the step of the
+// newest intact checkpoint on this disk (-1 none), gives the listing of the
+// run's checkpoints: AnswerWithin where it can train on from that
+// checkpoint without it (restoreOffline), ListWithin where it cannot and
+// waits for the store whatever the bound.
+func (p Params) listWithin(ctx context.Context, local int) time.Duration {
+	if local < 0 {
+		return p.ListWithin
+	}
+	st, known, err := scheduler.ReadRunState(ctx, p.Redis, p.Run.Name)
+	if err != nil || !known || local < st.Checkpoint {
+		return p.ListWithin
+	}
+	return p.AnswerWithin
+}
+
+// remoteSteps is RemoteSteps of the run, given within, and once ending is
+// closed (nil: never) AnswerWithin from then where that is sooner: a store
+// that does not answer by then is taken as one that is down (the error
+// names the bound; store.Unreachable where within ran out), where it held
+// the segment for its timeouts and retries.
+func (p Params) remoteSteps(ctx context.Context, within time.Duration, ending <-chan struct{}) ([]int, error) {
+	lctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
+	var cut atomic.Bool
+	if ending != nil {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-ending:
+			case <-stop:
+				return
+			}
+			t := time.NewTimer(p.AnswerWithin)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				cut.Store(true)
+				cancel()
+			case <-stop:
+			}
+		}()
+	}
 	steps, err := RemoteSteps(lctx, p.Objects, p.Run.Name)
-	if err != nil && errors.Is(lctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-		err = fmt.Errorf("object storage at %s does not answer (no listing of the run's checkpoints within %v): %w", describe(p.Objects), p.AnswerWithin, err)
+	if err != nil && ctx.Err() == nil {
+		switch {
+		case cut.Load():
+			err = fmt.Errorf("object storage at %s does not answer (no listing of the run's checkpoints within %v of the segment's training ending): %w", describe(p.Objects), p.AnswerWithin, err)
+		case errors.Is(lctx.Err(), context.DeadlineExceeded):
+			err = fmt.Errorf("object storage at %s does not answer (no listing of the run's checkpoints within %v): %w", describe(p.Objects), within, err)
+		}
 	}
 	return steps, err
 }

@@ -438,7 +438,7 @@ func TestDamagedCheckpointsArePassedOver(t *testing.T) {
 	if err != nil || out.ResumedFrom != 4 || out.ResumeSource != "object storage" || !out.Done || out.Step != 8 {
 		t.Fatalf("third segment: %+v %v; want it to resume from step 4 and finish", out, err)
 	}
-	if w := logs.FilterMessageSnippet("damaged checkpoint in object storage passed over").All(); len(w) != 1 || w[0].ContextMap()["step"] != int64(6) {
+	if w := logs.FilterMessageSnippet("checkpoint in object storage passed over").All(); len(w) != 1 || w[0].ContextMap()["step"] != int64(6) {
 		t.Errorf("warnings %v; want one naming step 6", logs.All())
 	}
 	for step := 5; step <= 8; step++ {

@@ -58,6 +58,13 @@ type uploader struct {
 	ctx  context.Context
 	wake chan struct{} // a job was queued or the queue closed
 	done chan struct{} // loop has returned
+	// ending is closed once the segment ends short of the run's end (its
+	// training is over and another segment follows, or it was stopped):
+	// a store that has not answered since the segment began is then
+	// given AnswerWithin, not ListWithin, as the next segment here
+	// uploads what this one leaves.
+	ending  chan struct{}
+	endOnce sync.Once
 
 	mu       sync.Mutex
 	waiting  *upJob
@@ -88,7 +95,7 @@ type upJob struct {
 
 func newUploader(ctx context.Context, p Params, lock Lease, dir string, rc trainer.RunConfig, remote int, log *zap.Logger, wall func() time.Duration) *uploader {
 	return &uploader{p: p, lock: lock, dir: dir, rc: rc, log: log, wall: wall, endpoint: describe(p.Objects),
-		ctx: ctx, wake: make(chan struct{}, 1), done: make(chan struct{}),
+		ctx: ctx, wake: make(chan struct{}, 1), done: make(chan struct{}), ending: make(chan struct{}),
 		healthy: true, pushed: -1, remote: remote, uploaded: -1, changed: make(chan struct{})}
 }
 
@@ -147,6 +154,9 @@ func (u *uploader) oweLocked(j upJob) {
 		u.owed = slices.Insert(u.owed, i, j)
 	}
 }
+
+// end says that the segment ends short of the run's end (see ending).
+func (u *uploader) end() { u.endOnce.Do(func() { close(u.ending) }) }
 
 func (u *uploader) signal() {
 	select {
@@ -254,12 +264,16 @@ func (u *uploader) settle() bool {
 	unsure := u.unsure != nil
 	u.mu.Unlock()
 	for wait := time.Second; unsure; wait = min(2*wait, 30*time.Second) {
-		// A store that hangs is given AnswerWithin, as at the segment's
-		// start: the segment that began during the outage and finds it
-		// still there at its end ends after that, not the grace. The
-		// error stays the store's (store.Unreachable), so that the run's
-		// last segment waits for it.
-		steps, err := u.p.remoteSteps(u.ctx)
+		// Training goes on meanwhile: the store is given ListWithin, not
+		// the AnswerWithin of the segment's start, so that one slow to
+		// list is waited for and its uploads go. Once the segment ends
+		// short of the run's end, a store that still has not answered is
+		// given AnswerWithin more: the segment that began during the
+		// outage and finds it still there at its end ends after that, not
+		// the grace. A listing that ran out of ListWithin fails as the
+		// store's outage (store.Unreachable), so that the run's last
+		// segment waits for it.
+		steps, err := u.p.remoteSteps(u.ctx, u.p.ListWithin, u.ending)
 		if err == nil {
 			lacking := u.p.owedSteps(u.dir, u.rc, steps)
 			var owed []int
@@ -468,8 +482,12 @@ func (u *uploader) unanswered() bool {
 // storage stays consistent), and what was not uploaded stays on this disk
 // for the next segment, which uploads what object storage lacks. It returns
 // an error when the newest checkpoint pushed, or one owed, is not in object
-// storage.
-func (u *uploader) finish() error {
+// storage. last says the segment ended the run: the store is waited for,
+// a slow one included, where another segment would catch up.
+func (u *uploader) finish(last bool) error {
+	if !last {
+		u.end()
+	}
 	u.mu.Lock()
 	u.closed = true
 	u.mu.Unlock()

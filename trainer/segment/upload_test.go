@@ -42,7 +42,7 @@ func TestACheckpointPushedAfterTheGraceKeepsTheNewestTwo(t *testing.T) {
 	if got := localSteps(dir); !slices.Equal(got, []int{10, 12}) {
 		t.Errorf("local checkpoints %v after the last push; want the newest two, [10 12]", got)
 	}
-	if err := u.finish(); err == nil {
+	if err := u.finish(false); err == nil {
 		t.Error("finish: nil; want step 12's upload named as not done")
 	}
 }

@@ -1310,7 +1310,40 @@ type prefetched struct {
 // progress, and makes the append's checks on it (ids, EOS, SHA-256:
 // tokens.CheckShard); it returns nil, and no error, for a shard to be
 // streamed instead or not read at all.
+//
+// A shard whose tokens do not hash to what its shard step made is read
+// again, shardReads times in all: bytes changed on their way here (a
+// middlebox, a faulty NIC) seldom change the same way twice. One that
+// hashes the same wrong way each time is the stored object's, which no
+// retry mends: that is bad input, saying to make the shard again.
 func (p *Pipeline) prefetch(ctx context.Context, dir string, job AppendJob, progress func(done, total int64)) (*prefetched, error) {
+	var sums []string
+	for {
+		pre, err := p.prefetchOnce(ctx, dir, job, progress)
+		var he *tokens.HashError
+		if !errors.As(err, &he) {
+			return pre, err
+		}
+		sums = append(sums, he.Got)
+		if len(sums) < shardReads {
+			continue
+		}
+		if slices.Sort(sums); len(slices.Compact(sums)) > 1 {
+			// Changed on the way, differently each time: the task's next
+			// try reads it again.
+			return nil, err
+		}
+		return nil, &PresetError{fmt.Errorf("append shard %q to token store %s: its object %s, read %d times, hashed each time to sha256 %s, not the %s it was made with: the stored shard is not the one its shard step made (or something between here and object storage changes it the same way each time); enqueue the ingest again ('sched enqueue ingest'), which makes it again",
+			job.ShardID, job.Store, job.Object, len(sums), he.Got, he.Want)}
+	}
+}
+
+// shardReads is how many times prefetch reads a shard whose tokens do not
+// hash to what was made before it takes the stored object as changed.
+const shardReads = 3
+
+// prefetchOnce is one read of prefetch's.
+func (p *Pipeline) prefetchOnce(ctx context.Context, dir string, job AppendJob, progress func(done, total int64)) (*prefetched, error) {
 	limit := p.Prefetch
 	if limit == 0 {
 		limit = DefaultPrefetch

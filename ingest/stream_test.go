@@ -196,8 +196,8 @@ func TestAppendRefusesAShardThatDoesNotMatchItsHash(t *testing.T) {
 	}
 	_, err = e.p.Append(ctx, out, nil)
 	var bad interface{ BadInput() bool }
-	if err == nil || !strings.Contains(err.Error(), "damaged") || !errors.As(err, &bad) || !bad.BadInput() {
-		t.Fatalf("append of a changed shard: %v; want a bad-input error saying it is damaged", err)
+	if err == nil || !strings.Contains(err.Error(), "read 3 times") || !strings.Contains(err.Error(), "enqueue the ingest again") || !errors.As(err, &bad) || !bad.BadInput() {
+		t.Fatalf("append of a changed shard: %v; want a bad-input error saying the stored shard is not the one made, read 3 times", err)
 	}
 	// The shard is refused before the store is opened: no store was made,
 	// or (a streamed shard) it is empty.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,10 +34,16 @@ type S3Options struct {
 	// part while the previous one uploads, so two of these bound its
 	// memory. Default 16 MiB (S3's minimum is 5 MiB).
 	PartSize uint64
-	// MaxRetries bounds minio-go's retries of one request on transient
-	// errors (connection refused, 5xx, throttling), with backoff and jitter.
-	// Only re-readable bodies are retried: whole known-size bodies and
-	// buffered parts. Default 5.
+	// MaxRetries is how many times minio-go sends one request (the first
+	// time included) that meets a transient error: a refused or dropped
+	// connection, a 5xx status, throttling (503 SlowDown). Between tries it
+	// waits a random time up to 200 ms, the bound doubling each try up to a
+	// second: the default's five tries wait up to 2.4 s in all (half that
+	// on average), which outlasts a short burst of throttling; a longer
+	// outage is the caller's to wait out. A put's body is sent again from
+	// its reader where that can seek (bytes.Reader, os.File), else from
+	// memory or from the buffers of its parts (putBody). A download cut
+	// off mid-body is not read again: its read fails. Default 5.
 	MaxRetries int
 	// StallTimeout bounds how long a request may go without progress: no
 	// byte sent or received, the wait for the server's answer after the
@@ -216,8 +225,36 @@ func (s *S3) wrap(op, key string, err error) error {
 	if resp.StatusCode == http.StatusNotFound && !errors.Is(err, ErrNotFound) {
 		err = fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
+	if resp.StatusCode != 0 && !errors.Is(err, ErrNotFound) {
+		err = answerError{resp}
+	}
 	return &S3Error{Op: op, Store: s.o.url(), Key: key, Err: err, status: resp.StatusCode}
 }
+
+// answerError is the server's error answer as a message names it: its
+// status, its code and its message ("503 SlowDown: Please reduce your
+// request rate"), where minio-go's error reads as the message alone, which
+// does not say that the store answered, nor what.
+type answerError struct{ resp minio.ErrorResponse }
+
+func (e answerError) Error() string {
+	status := strconv.Itoa(e.resp.StatusCode)
+	code := e.resp.Code
+	switch {
+	case code == "":
+		code = status + " " + http.StatusText(e.resp.StatusCode)
+	case !strings.HasPrefix(code, status):
+		// Without an S3 error in its body, the code is the status line
+		// ("503 Service Unavailable").
+		code = status + " " + code
+	}
+	if m := e.resp.Message; m != "" && m != e.resp.Code {
+		return code + ": " + m
+	}
+	return code
+}
+
+func (e answerError) Unwrap() error { return e.resp }
 
 // Outage says in a few words what an Unreachable err is: the operation
 // and its innermost cause ("list: connect: connection refused", "get: 503
@@ -309,9 +346,60 @@ func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, unsig
 	if err := s.ensureBucket(ctx); err != nil {
 		return err
 	}
+	body, err := putBody(ctx, r, size, s.o.PartSize)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
 	opts := minio.PutObjectOptions{PartSize: s.o.PartSize, ContentType: "application/octet-stream", DisableContentSha256: unsigned}
-	_, err := s.c.PutObject(ctx, s.o.Bucket, key, ctxReader{ctx, r}, size, opts)
+	_, err = s.c.PutObject(ctx, s.o.Bucket, key, body, size, opts)
 	return s.wrap("put", key, err)
+}
+
+// putBody is the body of a put of known size, read until ctx ends, that
+// minio-go can send again after a transient failure (a 503 SlowDown): it
+// retries a request only when it can rewind the body, which it does by
+// seeking to 0. A reader that can seek keeps Seek, relative to where the
+// put found it. One that cannot (a reader that hashes what it passes on)
+// and fits one part is read into memory first; a larger one goes in
+// parts, which minio-go reads into buffers of its own.
+func putBody(ctx context.Context, r io.Reader, size int64, partSize uint64) (io.Reader, error) {
+	if rs, ok := r.(io.ReadSeeker); ok {
+		// A pipe or a terminal as an *os.File cannot seek after all.
+		if start, err := rs.Seek(0, io.SeekCurrent); err == nil {
+			return &ctxReadSeeker{ctxReader: ctxReader{ctx, r}, s: rs, start: start}, nil
+		}
+	}
+	if size > int64(partSize) {
+		return ctxReader{ctx, r}, nil
+	}
+	// One byte more than the size, whose arrival refuses a body longer
+	// than it says, as a request's length does.
+	b := make([]byte, size+1)
+	n, err := io.ReadFull(ctxReader{ctx, r}, b)
+	switch {
+	case err == nil:
+		return nil, fmt.Errorf("its body holds more than its %d bytes", size)
+	case err != io.EOF && err != io.ErrUnexpectedEOF:
+		return nil, fmt.Errorf("reading its body: %w", err)
+	case int64(n) < size:
+		return nil, fmt.Errorf("its body ended after %d of its %d bytes", n, size)
+	}
+	return bytes.NewReader(b[:size]), nil
+}
+
+// ctxReadSeeker is a ctxReader that seeks within the body from start on.
+type ctxReadSeeker struct {
+	ctxReader
+	s     io.Seeker
+	start int64
+}
+
+func (c *ctxReadSeeker) Seek(offset int64, whence int) (int64, error) {
+	if whence == io.SeekStart {
+		offset += c.start
+	}
+	at, err := c.s.Seek(offset, whence)
+	return at - c.start, err
 }
 
 // putStream puts a reader of unknown size through the store's streaming
@@ -327,7 +415,8 @@ func (s *S3) putStream(ctx context.Context, key string, r io.Reader, unsigned bo
 	return w.Close()
 }
 
-// Get implements Store.
+// Get implements Store. A read of the body that fails returns an *S3Error
+// as every other request does (s3Body).
 func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	if err := CheckKey(key); err != nil {
 		return nil, err
@@ -341,8 +430,31 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, s.wrap("get", key, err)
 	}
-	return o, nil
+	return &s3Body{s: s, key: key, o: o}, nil
 }
+
+// s3Body is an object's body whose read errors name the store, the object
+// and the server's answer, and are classed as every request's are:
+// minio-go's reader, which sends the GET at the first read, returns them
+// bare. A connection dropped before the body's length came is
+// io.ErrUnexpectedEOF, which would otherwise read as no outage
+// (Unreachable) although the store stopped answering; it stays an error,
+// so a body cut short is never taken for a whole one.
+type s3Body struct {
+	s   *S3
+	key string
+	o   *minio.Object
+}
+
+func (b *s3Body) Read(p []byte) (int, error) {
+	n, err := b.o.Read(p)
+	if err != nil && err != io.EOF {
+		err = b.s.wrap("get", b.key, err)
+	}
+	return n, err
+}
+
+func (b *s3Body) Close() error { return b.o.Close() }
 
 // Stat implements Store.
 func (s *S3) Stat(ctx context.Context, key string) (Info, error) {

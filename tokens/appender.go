@@ -172,7 +172,8 @@ func (a *Appender) Manifest() Manifest {
 // store's dtype (the bytes tokens.bin holds), exactly once per info.ID. The
 // shard must end with the EOS id so that shard boundaries are document
 // boundaries. Every id is checked against the vocabulary before the shard
-// is committed; on any error the store is left as it was.
+// is committed; on any error the store is left as it was. Bytes that do not
+// hash to info.SHA256 are a *HashError, whichever check they fail first.
 //
 // The commit protocol survives SIGKILL at any point: tokens.bin is cut back
 // to the committed count, the shard is written past it and fsynced, and only
@@ -215,12 +216,18 @@ func CheckShard(dir string, info ShardInfo, tok Tokenizer, data []byte) (*Checke
 	if err := tok.validate(); err != nil {
 		return nil, &InputError{err: fmt.Errorf("check shard %q for token store %s: %w", info.ID, dir, err)}
 	}
+	sum := sha256.Sum256(data)
+	c := &CheckedShard{info: info, tok: tok, data: data, sum: hex.EncodeToString(sum[:])}
+	// Bytes changed on their way here may fail any check below: the hash
+	// says whether they are the shard that was made, as Append's does.
+	if info.SHA256 != "" && info.SHA256 != c.sum {
+		return nil, errHash(dir, info, c.sum)
+	}
 	dtype := DtypeFor(tok.VocabSize)
 	width := dtype.Width()
 	if left := len(data) % width; left != 0 {
 		return nil, errPartialID(dir, info, width, dtype, left)
 	}
-	var docs int64
 	if len(data) > 0 {
 		ids := data
 		if uintptr(unsafe.Pointer(unsafe.SliceData(ids)))%8 != 0 {
@@ -233,12 +240,7 @@ func CheckShard(dir string, info ShardInfo, tok Tokenizer, data []byte) (*Checke
 		if last != tok.EOS {
 			return nil, errNoEOS(dir, info, last, tok.EOS)
 		}
-		docs = d
-	}
-	sum := sha256.Sum256(data)
-	c := &CheckedShard{info: info, tok: tok, data: data, docs: docs, sum: hex.EncodeToString(sum[:])}
-	if info.SHA256 != "" && info.SHA256 != c.sum {
-		return nil, errHash(dir, info, c.sum)
+		c.docs = d
 	}
 	return c, nil
 }
@@ -408,6 +410,25 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 	}()
 	stopHash := sync.OnceFunc(func() { close(toHash); <-hashed })
 	defer stopHash()
+	// refuse returns err, a check the shard failed, unless the shard's
+	// bytes are not those it was made with: bytes changed on their way
+	// here may fail any check, and are a HashError (which a retry reads
+	// again), not bad input. unhashed is what was read and not hashed; the
+	// rest of r is read to end the hash.
+	refuse := func(err error, unhashed []byte) (Shard, error) {
+		if info.SHA256 == "" {
+			return Shard{}, err
+		}
+		stopHash()
+		h.Write(unhashed)
+		if _, rerr := io.Copy(h, r); rerr != nil {
+			return Shard{}, fmt.Errorf("token store %s: read shard %q: %w", a.dir, info.ID, rerr)
+		}
+		if sum := hex.EncodeToString(h.Sum(nil)); sum != info.SHA256 {
+			return Shard{}, errHash(a.dir, info, sum)
+		}
+		return Shard{}, err
+	}
 
 	buf := a.bufs[0]
 	var n, docs int64
@@ -432,7 +453,7 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 		if whole > 0 {
 			d, l, bad := scanIDs(chunk, width, vocab, eos)
 			if bad >= 0 {
-				return Shard{}, errBadID(a.dir, info, a.m.Tokenizer, n+int64(bad), idAt(chunk, width, bad))
+				return refuse(errBadID(a.dir, info, a.m.Tokenizer, n+int64(bad), idAt(chunk, width, bad)), buf[:have])
 			}
 			docs += d
 			last = l
@@ -458,10 +479,10 @@ func (a *Appender) write(ctx context.Context, info ShardInfo, r io.Reader, start
 	}
 	stopHash()
 	if have != 0 {
-		return Shard{}, errPartialID(a.dir, info, width, a.m.Dtype, have)
+		return refuse(errPartialID(a.dir, info, width, a.m.Dtype, have), buf[:have])
 	}
 	if n > 0 && last != eos {
-		return Shard{}, errNoEOS(a.dir, info, last, eos)
+		return refuse(errNoEOS(a.dir, info, last, eos), nil)
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
 	if info.SHA256 != "" && info.SHA256 != sum {
@@ -489,8 +510,25 @@ func errNoEOS(dir string, info ShardInfo, last, eos uint32) error {
 }
 
 func errHash(dir string, info ShardInfo, sum string) error {
-	return inputErrorf("append shard %q to token store %s: its tokens hash to sha256 %s, not the expected %s: the shard file is damaged; produce it again",
-		info.ID, dir, sum, info.SHA256)
+	return &HashError{Dir: dir, ShardID: info.ID, Got: sum, Want: info.SHA256}
+}
+
+// HashError is a shard whose tokens, as they were read, hash to another
+// SHA-256 than the one the shard was made with. Unlike Append's other
+// refusals it is no input error, which a retry would meet again: a shard
+// read from object storage may have changed on the way (a middlebox, a
+// faulty NIC), and an append task's next try downloads it again, while
+// the object in the store may be intact. Only where every try sees a
+// mismatch does the shard object itself differ from what was made.
+type HashError struct {
+	Dir, ShardID string
+	// Got is the SHA-256 of the tokens read, Want the one expected.
+	Got, Want string
+}
+
+func (e *HashError) Error() string {
+	return fmt.Sprintf("append shard %q to token store %s: its tokens as read hash to sha256 %s, not the %s it was made with: they changed on their way here, or the stored shard differs from what was made; an append task's next try reads it again, and where every try says so, run the ingest again, which makes the shard again",
+		e.ShardID, e.Dir, e.Got, e.Want)
 }
 
 // Skip records an input that will not be appended, and why, so that ingest

@@ -603,7 +603,10 @@ func openStoreUnchecked(cfg scheduler.Config) (store.Store, error) {
 	if cfg.S3Endpoint == "" {
 		return store.NewLocal(cfg.LocalStoreDir())
 	}
-	s, err := store.NewS3(store.S3Options{Endpoint: cfg.S3Endpoint, Bucket: cfg.S3Bucket, AccessKey: cfg.S3AccessKey, SecretKey: cfg.S3SecretKey, Secure: cfg.S3Secure, MaxRetries: 2})
+	// The store's default tries of a request (S3Options.MaxRetries), with
+	// their back-off, ride out a short burst of throttling or a dropped
+	// connection, where a task would wait 30 s for an outage to end.
+	s, err := store.NewS3(store.S3Options{Endpoint: cfg.S3Endpoint, Bucket: cfg.S3Bucket, AccessKey: cfg.S3AccessKey, SecretKey: cfg.S3SecretKey, Secure: cfg.S3Secure})
 	if err != nil {
 		return nil, redactErr(cfg, err)
 	}

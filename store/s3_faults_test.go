@@ -1,0 +1,176 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+)
+
+// newS3Via is an S3 store that reaches srv through the fault proxy f.
+func newS3Via(t *testing.T, srv *testsvc.S3Server, f *testsvc.S3Faults, retries int) *S3 {
+	t.Helper()
+	st, err := NewS3(S3Options{Endpoint: f.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, PartSize: 5 << 20, MaxRetries: retries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// A put of known size is sent again after a 503 SlowDown, at once: one
+// throttled request costs a short back-off, not the caller's wait for an
+// outage. A body that can seek (a bytes.Reader, a file) is sent again from
+// where the put found it, and one that cannot (a reader that hashes what
+// it passes on) is read into memory first. A store that throttles every
+// try fails the put, naming the store, the operation, the object and the
+// server's answer (status and code), as an outage.
+func TestS3PutIsRetriedAfterSlowDown(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	f := srv.Faults(t)
+	s := newS3Via(t, srv, f, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	body := make([]byte, 100<<10)
+	rand.Read(body)
+	file := filepath.Join(t.TempDir(), "body")
+	if err := os.WriteFile(file, append([]byte("header"), body...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		open func() io.Reader
+	}{
+		{"a bytes.Reader", func() io.Reader {
+			r := bytes.NewReader(append([]byte("header"), body...))
+			r.Seek(6, io.SeekStart)
+			return r
+		}},
+		{"a file", func() io.Reader {
+			fh, err := os.Open(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { fh.Close() })
+			fh.Seek(6, io.SeekStart)
+			return fh
+		}},
+		{"a reader that cannot seek", func() io.Reader { return io.TeeReader(bytes.NewReader(body), io.Discard) }},
+	} {
+		key := "results/r1/" + strings.ReplaceAll(c.name, " ", "-")
+		f.Add(testsvc.Fault{Method: "PUT", Path: key, Action: testsvc.Status, Code: http.StatusServiceUnavailable, Count: 1})
+		if err := s.Put(ctx, key, c.open(), int64(len(body))); err != nil {
+			t.Fatalf("put from %s after one SlowDown: %v", c.name, err)
+		}
+		if n := f.Acted("PUT /kiln/" + key); n != 1 {
+			t.Fatalf("put from %s: the proxy answered %d PUTs with SlowDown, want 1", c.name, n)
+		}
+		r, err := s.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(r)
+		r.Close()
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("put from %s: read back %d bytes (equal %v), %v; want the body from where the put found it", c.name, len(got), bytes.Equal(got, body), err)
+		}
+	}
+
+	const key = "results/r1/throttled"
+	f.Add(testsvc.Fault{Method: "PUT", Path: key, Action: testsvc.Status, Code: http.StatusServiceUnavailable})
+	err := s.Put(ctx, key, bytes.NewReader(body), int64(len(body)))
+	if err == nil {
+		t.Fatal("a put succeeded while every PUT was throttled")
+	}
+	if n := f.Acted("PUT /kiln/" + key); n != 5 {
+		t.Errorf("the put was tried %d times, want the default 5", n)
+	}
+	msg := err.Error()
+	for _, w := range []string{"put", "http://" + f.Endpoint + "/kiln/" + key, "503 SlowDown", "injected by the test"} {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error %q does not name %q", msg, w)
+		}
+	}
+	if !Unreachable(err) {
+		t.Errorf("Unreachable(%v) is false for a store that throttles", err)
+	}
+	if got := Outage(err); got != "put: 503 SlowDown: injected by the test" {
+		t.Errorf("Outage(%v) = %q", err, got)
+	}
+
+	// A body read into memory must hold its size, as a request's must.
+	for _, c := range []struct {
+		name string
+		r    io.Reader
+		want string
+	}{
+		{"short", io.TeeReader(bytes.NewReader(body[:10]), io.Discard), "ended after 10 of its 11 bytes"},
+		{"long", io.TeeReader(bytes.NewReader(body[:12]), io.Discard), "holds more than its 11 bytes"},
+	} {
+		err := s.Put(ctx, "results/r1/"+c.name, c.r, 11)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "results/r1/"+c.name) {
+			t.Errorf("a %s body: %v; want the put refused saying it %s", c.name, err, c.want)
+		}
+		if _, err := s.Stat(ctx, "results/r1/"+c.name); !errors.Is(err, ErrNotFound) {
+			t.Errorf("a %s body left an object: %v", c.name, err)
+		}
+	}
+}
+
+// A download whose connection drops mid-body fails, never reads short as
+// whole, and is the store not answering (Unreachable), as a refused
+// connection is; the next read gets the whole object. A GET the server
+// answers with an error names the store, the object and the answer.
+func TestS3GetCutShortIsUnreachable(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	f := srv.Faults(t)
+	s := newS3Via(t, srv, f, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	body := make([]byte, 1<<20)
+	rand.Read(body)
+	const key = "checkpoints/r1/step-0000350/optimizer.safetensors"
+	if err := s.Put(ctx, key, bytes.NewReader(body), int64(len(body))); err != nil {
+		t.Fatal(err)
+	}
+	read := func() ([]byte, error) {
+		r, err := s.Get(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		defer r.Close()
+		return io.ReadAll(r)
+	}
+
+	f.Add(testsvc.Fault{Method: "GET", Path: key, Action: testsvc.Truncate, Count: 1})
+	got, err := read()
+	if err == nil {
+		t.Fatalf("a body cut short read %d of %d bytes and no error", len(got), len(body))
+	}
+	if !errors.Is(err, io.ErrUnexpectedEOF) || !Unreachable(err) {
+		t.Errorf("a body cut short: %v (Unreachable %v); want an unexpected EOF that reads as the store not answering", err, Unreachable(err))
+	}
+	if msg := err.Error(); !strings.Contains(msg, "get http://"+f.Endpoint+"/kiln/"+key) {
+		t.Errorf("error %q does not name the operation and the object", msg)
+	}
+	if got, err := read(); err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("the next read: %d bytes, %v; want the whole object", len(got), err)
+	}
+
+	f.Add(testsvc.Fault{Method: "GET", Path: key, Action: testsvc.Status, Code: http.StatusServiceUnavailable})
+	_, err = read()
+	if err == nil || !Unreachable(err) || !strings.Contains(err.Error(), "get http://"+f.Endpoint+"/kiln/"+key+": 503 SlowDown: injected by the test") {
+		t.Fatalf("a GET answered 503 SlowDown: %v; want it named, as the store not answering", err)
+	}
+}

@@ -237,14 +237,14 @@ func pullLatestCheckpoint(cmd *cobra.Command, run string) (string, error) {
 	damaged := 0
 	dir, step, err := segment.PullNewestWeights(ctx, objects, run, filepath.Join(cfg.DataDir, "checkpoints", run), func(step int, err error) {
 		damaged++
-		fmt.Fprintf(cmd.ErrOrStderr(), "run %s: step %d in object storage is damaged, passed over: %v\n", run, step, err)
+		fmt.Fprintf(cmd.ErrOrStderr(), "run %s: step %d in object storage did not download intact, passed over: %v\n", run, step, err)
 	})
 	if err != nil {
 		return "", redactErr(cfg, err)
 	}
 	switch {
 	case dir == "" && damaged > 0:
-		return "", badInput("run %s: every complete checkpoint in object storage (%s) is damaged, as the lines above say: training it on ('sched enqueue train %s') writes new ones from an intact local checkpoint on the worker's disk, if it has one; or give a local checkpoint with --checkpoint DIR",
+		return "", badInput("run %s: no complete checkpoint in object storage (%s) downloaded intact, as the lines above say: where the downloads differed from one another, something between here and the store changes them, and the stored copies may be intact: mend that and try again; otherwise training it on ('sched enqueue train %s') writes new ones from an intact local checkpoint on the worker's disk, if it has one; or give a local checkpoint with --checkpoint DIR",
 			run, segment.CheckpointPrefix(run), run)
 	case dir == "":
 		return "", badInput("run %s has no complete checkpoint in object storage (%s) yet: a run uploads one every checkpoint_every steps of its training ('sched runs' says where it is; 'sched enqueue train %s' trains it), or give a local checkpoint with --checkpoint DIR",

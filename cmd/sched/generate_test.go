@@ -303,7 +303,7 @@ func TestGenerateFromARunsLatestCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, errOut, code = sched(t, env, append(gen, "--run", "fox")...)
-	if code != 0 || got != want || !strings.Contains(errOut, "run fox: step 2 in object storage is damaged, passed over: ") ||
+	if code != 0 || got != want || !strings.Contains(errOut, "run fox: step 2 in object storage did not download intact, passed over: ") ||
 		!strings.Contains(errOut, "model.safetensors has SHA-256") || !strings.Contains(errOut, "run fox: step 1, from") {
 		t.Fatalf("generate --run fox with step 2 damaged: exit %d, printed %q (want %q)\n%s", code, got, want, errOut)
 	}
@@ -328,8 +328,8 @@ func TestGenerateFromARunsLatestCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, errOut, code = sched(t, env, append(gen, "--run", "fox")...)
-	if wantLast := "run fox: every complete checkpoint in object storage (checkpoints/fox/) is damaged, as the lines above say"; code != 2 ||
-		!strings.Contains(errOut, "run fox: step 2 in object storage is damaged") || !strings.Contains(errOut, "run fox: step 1 in object storage is damaged") ||
+	if wantLast := "run fox: no complete checkpoint in object storage (checkpoints/fox/) downloaded intact, as the lines above say"; code != 2 ||
+		!strings.Contains(errOut, "run fox: step 2 in object storage did not download intact") || !strings.Contains(errOut, "run fox: step 1 in object storage did not download intact") ||
 		!strings.Contains(errOut, wantLast) {
 		t.Fatalf("generate --run fox with every checkpoint damaged: exit %d\n%s%s\nwant exit 2 and %q", code, got, errOut, wantLast)
 	}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/store"
-	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
 )
 
 // A shard whose bytes change on their way to the append (a middlebox, a

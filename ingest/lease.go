@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/kiln-lm/kiln/internal/redismem"
 )
 
 // The token stores are files on the disk of the one worker that serves
@@ -41,6 +43,10 @@ type LeaseError struct {
 	Until time.Time
 	// Err is the write's own error, where the lease ended while it ran.
 	Err error
+	// Renewal is the error of the claim's last renewal, where the worker
+	// that holds the claim gave it: why the lease was not renewed. Nil:
+	// Redis did not answer, as far as this error knows.
+	Renewal error
 	// Then says what becomes of the write: by default, the append that
 	// made it is retried.
 	Then string
@@ -58,7 +64,14 @@ func (e *LeaseError) Error() string {
 		if e.Err != nil {
 			why = fmt.Sprintf("the write was cut off at %s (%v), to which this worker's claim on the append queue was last confirmed in Redis to hold", at, e.Err)
 		}
-		why += ", and may have lapsed because Redis does not answer its renewals: another disk's worker may serve append now"
+		if redismem.Refused(e.Renewal) {
+			// Redis answers, and refuses writes: no other worker can claim
+			// append until it takes them again either.
+			why += ", and may have lapsed because Redis refuses its renewals, being full (its maxmemory reached): " +
+				"another disk's worker may serve append once Redis takes writes again"
+		} else {
+			why += ", and may have lapsed because Redis does not answer its renewals: another disk's worker may serve append now"
+		}
 	}
 	then := e.Then
 	if then == "" {

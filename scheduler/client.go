@@ -15,6 +15,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/kiln-lm/kiln/internal/redismem"
 )
 
 // Client enqueues and inspects kiln's tasks. It is safe for concurrent use.
@@ -202,7 +204,9 @@ func (c *Client) submit(ctx context.Context, t *asynq.Task, person bool) (Submit
 			return s, nil
 		}
 		if !errors.Is(err, asynq.ErrTaskIDConflict) {
-			return s, fmt.Errorf("enqueue %s: %w", t.Type(), err)
+			// A full Redis said in words, not as the queue's "UNKNOWN:
+			// redis command error: SADD failed: OOM ...".
+			return s, redismem.Wrap("enqueue "+t.Type(), err)
 		}
 		ti, err := c.Find(ctx, id)
 		var nf *NotFoundError
@@ -218,13 +222,13 @@ func (c *Client) submit(ctx context.Context, t *asynq.Task, person bool) (Submit
 				return s, &DuplicateError{ID: id, State: ti.State.String()}
 			}
 			if err := c.insp.DeleteTask(ti.Queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-				return s, fmt.Errorf("enqueue %s again: remove the %s task %s: %w", t.Type(), ti.State, id, err)
+				return s, redismem.Wrap(fmt.Sprintf("enqueue %s again: remove the %s task %s", t.Type(), ti.State, id), err)
 			}
 			// A cancel mark belongs to the cancelled run of the work, not
 			// to the new one.
 			cancelled := ti.State == asynq.TaskStateArchived && IsCancelled(ctx, c.rdb, id)
 			if err := c.rdb.Del(ctx, cancelKey(id)).Err(); err != nil {
-				return s, fmt.Errorf("enqueue %s again: %w", t.Type(), err)
+				return s, redismem.Wrap("enqueue "+t.Type()+" again", err)
 			}
 			s.Was, s.LastErr, s.Cancelled = ti.State.String(), ti.LastErr, cancelled
 		case person && ti.State == asynq.TaskStateRetry:
@@ -232,10 +236,10 @@ func (c *Client) submit(ctx context.Context, t *asynq.Task, person bool) (Submit
 			// worker archives it for the mark; a person running it now means
 			// it to run.
 			if err := c.rdb.Del(ctx, cancelKey(id)).Err(); err != nil {
-				return s, fmt.Errorf("run %s now: %w", id, err)
+				return s, redismem.Wrap("run "+id+" now", err)
 			}
 			if err := c.insp.RunTask(ti.Queue, id); err != nil {
-				return s, fmt.Errorf("run %s now: %w", id, err)
+				return s, redismem.Wrap("run "+id+" now", err)
 			}
 			s.Info, s.Was, s.LastErr = ti, "retry", ti.LastErr
 			return s, nil
@@ -345,7 +349,7 @@ func (c *Client) Cancel(ctx context.Context, id string) (state string, err error
 		// The mark tells the worker to archive, not retry, and status and
 		// runs to say cancelled, not failed.
 		if err := c.rdb.Set(ctx, cancelKey(id), time.Now().Unix(), 8*day).Err(); err != nil {
-			return fmt.Errorf("cancel %s: %w", id, err)
+			return redismem.Wrap("cancel "+id, err)
 		}
 		return nil
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kiln-lm/kiln/internal/redismem"
 )
 
 // Progress is what a running task last reported; workers write it to Redis
@@ -48,7 +50,7 @@ func WriteProgress(ctx context.Context, rdb redis.UniversalClient, p Progress, t
 		return err
 	}
 	if err := rdb.Set(ctx, progressKey(p.TaskID), b, ttl).Err(); err != nil {
-		return fmt.Errorf("write progress of %s: %w", p.TaskID, err)
+		return redismem.Wrap("write progress of "+p.TaskID, err)
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/kiln-lm/kiln/internal/redismem"
 )
 
 // ErrRunLocked means another worker holds the run; the task should be retried
@@ -239,7 +241,13 @@ func (l *RunLock) keepAlive(ctx context.Context) {
 			return
 		case err != nil:
 			if time.Since(lastOK) >= l.ttl {
-				l.markLost("redis unreachable for the whole lease: " + err.Error())
+				why := "redis unreachable for the whole lease: "
+				if redismem.Refused(err) {
+					// Redis answers, and refuses writes: said as such,
+					// with what to do, not as an outage.
+					why = "Redis refused the lease's renewals for the whole lease because it is full (its maxmemory reached): "
+				}
+				l.markLost(why + err.Error())
 				return
 			}
 			l.log.Warn("renew run lock", zap.String("run", l.run), zap.Error(err))
@@ -272,7 +280,7 @@ func (l *RunLock) Fenced(ctx context.Context, fields map[string]string) error {
 	}
 	h, err := l.hold(ctx, false, retake, fields)
 	if err != nil {
-		return fmt.Errorf("fenced write for run %s: %w", l.run, err)
+		return redismem.Wrap("fenced write for run "+l.run, err)
 	}
 	if h.code < 0 {
 		l.markLost(h.why)

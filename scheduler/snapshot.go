@@ -13,6 +13,8 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kiln-lm/kiln/internal/redismem"
 )
 
 // Snapshot is every kiln task in the queues, with its last progress, and
@@ -27,7 +29,16 @@ type Snapshot struct {
 	Tasks []TaskStatus
 	// Workers are the worker processes whose heartbeat is current.
 	Workers []WorkerProcess
+	// Memory is Redis's memory as the snapshot was read (INFO memory);
+	// zero where Redis did not say (RedisFull).
+	Memory redismem.Memory
 }
+
+// RedisFull reports whether Redis refused writes for memory as the
+// snapshot was read. A worker's heartbeat is a write: then Workers lacks
+// the workers whose last heartbeat has lapsed although they run, and a
+// queue no listed worker serves may be served all the same.
+func (s *Snapshot) RedisFull() bool { return s != nil && s.Memory.Full() }
 
 // WorkerProcess is one worker process: asynq runs a server per queue in it
 // (worker.New), all sharing the process's host and pid.
@@ -111,6 +122,12 @@ func (c *Client) Snapshot(ctx context.Context) (*Snapshot, error) {
 		return nil, fmt.Errorf("list workers: %w", err)
 	}
 	s.Workers = workerProcesses(servers)
+	// A Redis that does not answer INFO (a managed one that renames or
+	// forbids it) leaves Memory zero, and its refusals, where it is
+	// full, unexplained here; the rest of the snapshot stands.
+	if m, err := redismem.Read(ctx, c.rdb); err == nil {
+		s.Memory = m
+	}
 	s.markLost(servers)
 	s.countActive(servers)
 	for i := range s.Queues {

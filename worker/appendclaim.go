@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/internal/lapse"
+	"github.com/kiln-lm/kiln/internal/redismem"
 )
 
 // The append queue has one consumer host (scheduler.QueueAppend): the
@@ -175,6 +176,9 @@ type AppendClaim struct {
 	lostCh   chan struct{}
 	lostTo   AppendHolder
 	failures lapse.Lapse
+	// renewal is the last renewal's error; nil where it succeeded
+	// (RenewalError).
+	renewal error
 	// until is when the claim may lapse at the earliest, as its last
 	// confirmation says (Until); zero once the claim is lost.
 	until time.Time
@@ -292,6 +296,15 @@ func (c *AppendClaim) Until() time.Time {
 	return c.until
 }
 
+// RenewalError is the error of the claim's last renewal, which says why
+// Until stopped advancing (Redis not answering, or full); nil where the
+// last renewal succeeded.
+func (c *AppendClaim) RenewalError() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.renewal
+}
+
 // confirmed records a renewal (or the first claim) sent at sent that
 // Redis confirmed: Redis set the claim's expiry after that time, so the
 // claim holds at least a TTL from it.
@@ -404,8 +417,16 @@ func (c *AppendClaim) keepAlive(ctx context.Context) {
 		if err == nil && other == nil {
 			c.confirmed(sent)
 		}
+		c.mu.Lock()
+		c.renewal = err
+		c.mu.Unlock()
 		first, back := c.failures.Note(err)
 		switch {
+		case first && redismem.Refused(err):
+			// Redis answers: the worker's line that it refuses writes
+			// says what to do.
+			log.Warn(fmt.Sprintf("append claim not renewed: Redis refuses writes because it is full (its maxmemory reached); the worker tries again every %s, and once the claim has gone unrenewed for %s another disk's worker may claim append as soon as Redis takes writes again", every, c.p.TTL),
+				zap.Error(err))
 		case first:
 			log.Warn(fmt.Sprintf("append claim not renewed: Redis does not answer; the worker tries again every %s, and another disk's worker may claim append once the claim has gone unrenewed for %s", every, c.p.TTL),
 				zap.Error(err))
@@ -414,7 +435,7 @@ func (c *AppendClaim) keepAlive(ctx context.Context) {
 			c.markLost(*other, log)
 			return
 		case made:
-			log.Warn("append claim was gone from Redis (Redis lost its data, or it lapsed while Redis did not answer) and no other disk held it: claimed again; "+
+			log.Warn("append claim was gone from Redis (Redis lost its data, or it lapsed while Redis did not answer or refused writes) and no other disk held it: claimed again; "+
 				"the stores' statuses are made to say what this disk holds again, as at a start",
 				zap.Int("renewals_failed", back))
 			select {
@@ -433,7 +454,7 @@ func (c *AppendClaim) markLost(to AppendHolder, log *zap.Logger) {
 	c.lostTo = to
 	c.until = time.Time{}
 	log.Error("append claim lost: the worker on "+to.String()+" claimed the append queue after this one's claim was gone from Redis "+
-		"(Redis lost its data, or did not answer for "+c.p.TTL.String()+"). This worker stops serving append and re-queues the appends it runs; "+
+		"(Redis lost its data, or did not answer or refused writes for "+c.p.TTL.String()+"). This worker stops serving append and re-queues the appends it runs; "+
 		"the token stores of the two disks may now differ. Serve append from one machine: stop that worker (start it again with --queues ingest=N), "+
 		"then, once its claim has lapsed ("+c.p.TTL.String()+"), restart this one, whose start makes the stores' statuses say what this disk holds",
 		zap.String("holder_host", to.Host), zap.String("holder_dir", to.Dir), zap.Int("holder_pid", to.PID), zap.String("holder_disk_id", to.Disk))

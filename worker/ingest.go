@@ -60,6 +60,10 @@ type Ingest struct {
 	// to look at its stores before they read the stores' statuses
 	// (AskForALook). Nil: neither.
 	Redis redis.UniversalClient
+	// claim is the worker's append claim, whose lease Pipeline.Lease is
+	// (set by New): an append refused for want of it says why the claim
+	// was not renewed.
+	claim *AppendClaim
 	// saidDamaged is what sayDamaged last wrote to StoresDamagedKey; nil
 	// until it has written (guarded by sayDamagedMu).
 	saidDamaged *map[string]string
@@ -408,6 +412,10 @@ func (c *Ingest) append(ctx context.Context, a scheduler.IngestAppend) error {
 		// Should the store go before the watch looks at it, the watch
 		// still knows it was here.
 		c.Stores.Saw(a.Store)
+	}
+	var lapsed *ingest.LeaseError
+	if errors.As(err, &lapsed) && lapsed.Renewal == nil && c.claim != nil {
+		lapsed.Renewal = c.claim.RenewalError()
 	}
 	if err != nil {
 		return permanent(a.Kind(), err)

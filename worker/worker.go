@@ -102,7 +102,8 @@ type Worker struct {
 	// without the slot the next gpu task would start beside it, two CUDA
 	// contexts on a card sized for one.
 	slots map[string]chan struct{}
-	// down folds the task queue's errors while Redis does not answer.
+	// down folds the task queue's errors while Redis does not answer, or
+	// refuses writes because it is full.
 	down *redisDown
 }
 
@@ -170,7 +171,7 @@ func New(p Params) (*Worker, error) {
 		// holds. A copy: the caller's Pipeline may be in use (its store
 		// watch), and is the caller's to fence from the start.
 		in := *p.Handlers.Ingest
-		in.Pipeline.Lease = c.Until
+		in.Pipeline.Lease, in.claim = c.Until, c
 		p.Handlers.Ingest = &in
 	}
 	set, err := p.Handlers.build()
@@ -213,7 +214,7 @@ func New(p Params) (*Worker, error) {
 	w.drain, w.cancelDrain = context.WithCancel(context.Background())
 	w.slots = map[string]chan struct{}{}
 	w.queueDrain, w.stopQueue = map[string]context.Context{}, map[string]context.CancelCauseFunc{}
-	w.down = newRedisDown(p.Logger, redisAddr(p.Redis), func(ctx context.Context) error { return w.rdb.Ping(ctx).Err() })
+	w.down = newRedisDown(p.Logger, redisAddr(p.Redis), func(ctx context.Context) error { return probeWrite(ctx, w.rdb) })
 	for q, n := range p.Queues {
 		w.slots[q] = make(chan struct{}, n)
 		w.queueDrain[q], w.stopQueue[q] = context.WithCancelCause(w.drain)
@@ -548,8 +549,8 @@ func diedInLastRetry(ctx context.Context, kind, id string, retried int) error {
 }
 
 // asynqLogger routes asynq's own logs into zap, leaving out its warnings
-// and errors that only repeat that Redis does not answer (redisDown says
-// that).
+// and errors that only repeat that Redis does not answer, or is full
+// (redisDown says that).
 type asynqLogger struct {
 	s    *zap.SugaredLogger
 	down *redisDown

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/internal/redismem"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
@@ -257,6 +258,9 @@ func printSubmitted(w io.Writer, a scheduler.Args, s scheduler.Submitted, err er
 	if errors.As(err, &dup) {
 		fmt.Fprintf(w, "%s is already %s as %s; nothing queued\n", a.Kind(), stateWord(dup.State), dup.ID)
 		return nil
+	}
+	if errors.As(err, new(*redismem.FullError)) {
+		return fmt.Errorf("%w; %s was not queued: run this again once Redis takes writes", err, a.Kind())
 	}
 	if err != nil {
 		return err

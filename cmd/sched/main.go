@@ -16,6 +16,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/internal/redismem"
 )
 
 // Exit codes. Bad input (a usage mistake, an unknown name, a malformed file,
@@ -101,6 +103,11 @@ func reportTo(w io.Writer, err error) int {
 		// system's error names the path but not what to do.
 		err = badInputError{fmt.Errorf("%w (this user may not use that path: run as the user that owns it, or give this one access; where it is the data directory, KILN_DATA_DIR or --data-dir names another)", err)}
 	}
+	if redismem.Refused(err) && !errors.As(err, new(*redismem.FullError)) {
+		// A write that Redis refused for memory where no command said
+		// so: what it means, and what to do.
+		err = fmt.Errorf("%w (Redis refused a write because it is full: its used memory is over its maxmemory; %s)", err, redismem.Remedy)
+	}
 	msg := err.Error()
 	if strings.Contains(msg, "\n") {
 		// One line, so that logs and scripts see the whole error; cobra's
@@ -122,6 +129,11 @@ func exitCode(err error) int {
 		return exitOK
 	// cobra reports an unknown subcommand as a plain error.
 	case isBadInput(err) || strings.HasPrefix(err.Error(), "unknown command "):
+		return exitBadInput
+	// Redis full, as Redis not reached or refusing the URL's credentials:
+	// the operator's to fix, not the work's failure. Not bad input below
+	// cmd: a worker's task that meets a full Redis is retried.
+	case redismem.Refused(err):
 		return exitBadInput
 	case errors.As(err, new(interruptedError)):
 		return exitInterrupted

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/ingest"
+	"github.com/kiln-lm/kiln/internal/redismem"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/worker"
 )
@@ -226,6 +227,12 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 		return err
 	}
 	now := snap.At
+	if snap.RedisFull() {
+		// First: every line below is read from a Redis that takes no
+		// write, and what it lacks (heartbeats, progress) is why.
+		fmt.Fprintln(w, redisFullLine(snap.Memory))
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "%-8s %6s %8s %7s %6s %9s %9s\n", "QUEUE", "SIZE", "PENDING", "ACTIVE", "RETRY", "ARCHIVED", "COMPLETED")
 	for _, s := range snap.Queues {
 		paused := ""
@@ -236,7 +243,13 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 	}
 
 	fmt.Fprintln(w, "\nWORKERS")
-	if len(snap.Workers) == 0 {
+	switch {
+	case snap.RedisFull():
+		// A worker's heartbeat is a write: one that runs drops out of
+		// the list once its last heartbeat lapses, and another started
+		// now would meet the same refusals.
+		fmt.Fprintln(w, "unknown while Redis is full: it refuses the workers' heartbeats, so a worker that runs may be missing here; they are listed again once Redis takes writes")
+	case len(snap.Workers) == 0:
 		fmt.Fprintln(w, "no worker is running (start one with 'sched worker --queues ingest=4,append=2,gpu=1')")
 	}
 	for _, wp := range snap.Workers {
@@ -298,6 +311,14 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 	}
 	printFailures(w, fails)
 	return nil
+}
+
+// redisFullLine is status's first line where Redis refuses writes for
+// memory: what that stops, that nothing is lost, and what to do.
+func redisFullLine(m redismem.Memory) string {
+	return fmt.Sprintf("REDIS IS FULL: it uses %s, over its maxmemory of %s, and refuses every write (new tasks, progress, the workers' heartbeats): "+
+		"the work waits, losing nothing, and which workers run is unknown (a task may read 'worker lost'); to go on, %s",
+		formatBytes(m.Used-m.NotCounted), formatBytes(m.Max), redismem.Remedy)
 }
 
 // failuresShown is how many of the last hour's failures status lists: a
@@ -524,7 +545,9 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 	if d.Waiting > 0 {
 		notes = append(notes, fmt.Sprintf("%d waiting", d.Waiting))
 		for _, q := range []string{scheduler.QueueIngest, scheduler.QueueAppend} {
-			if !snap.Serves(q) {
+			// While Redis is full no worker's heartbeat says which
+			// queues it serves (the line at the top says so).
+			if !snap.Serves(q) && !snap.RedisFull() {
 				notes = append(notes, "no worker serves queue "+q)
 			}
 		}

@@ -34,6 +34,12 @@ const (
 	// closed (or the request's client goes away): a store slow to answer,
 	// for as long as the test says.
 	Hold
+	// HoldAnswer passes the request on at once and holds its answer until
+	// the rule's Release channel is closed: the server has done what was
+	// asked (an object is stored) and its client does not know it yet, the
+	// window in which a client killed leaves what it never learnt of. When
+	// the client goes away first, the answer is dropped.
+	HoldAnswer
 )
 
 // Fault is one rule of an S3Faults proxy: the requests it matches and what
@@ -52,10 +58,16 @@ type Fault struct {
 	At int64
 	// Code is a Status rule's HTTP status.
 	Code int
-	// Release, closed by the test, lets a Hold rule's requests through.
+	// Release, closed by the test, lets a Hold rule's requests through,
+	// and a HoldAnswer rule's answers.
 	Release chan struct{}
+	// Held, closed by the proxy, says that a Hold rule holds its first
+	// request, or a HoldAnswer rule its first answer (the server has done
+	// the request): the event a test waits for to act in that window.
+	Held chan struct{}
 
 	hits int
+	held bool // Held is closed
 }
 
 // S3Faults is a reverse proxy in front of a real S3 server (versitygw) that
@@ -101,12 +113,23 @@ func (s *S3Server) Faults(t testing.TB) *S3Faults {
 			w.WriteHeader(rule.Code)
 			fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>%s</Code><Message>injected by the test</Message><Resource>%s</Resource><RequestId>fault</RequestId></Error>`, code, r.URL.Path)
 		case Hold:
+			f.holding(rule)
 			select {
 			case <-rule.Release:
 			case <-r.Context().Done():
 				return
 			}
 			rp.ServeHTTP(w, r)
+		case HoldAnswer:
+			rec := httptest.NewRecorder()
+			rp.ServeHTTP(rec, r)
+			f.holding(rule)
+			select {
+			case <-rule.Release:
+			case <-r.Context().Done():
+				return
+			}
+			copyAnswer(w, rec.Result().Header, rec.Code, rec.Body.Bytes())
 		case Flip, Truncate:
 			rec := httptest.NewRecorder()
 			rp.ServeHTTP(rec, r)
@@ -129,18 +152,7 @@ func (s *S3Server) Faults(t testing.TB) *S3Faults {
 		}
 	}))
 	t.Cleanup(func() {
-		f.mu.Lock()
-		for _, r := range f.rules {
-			if r.Action == Hold {
-				select {
-				case <-r.Release:
-				default:
-					close(r.Release)
-				}
-			}
-		}
-		f.rules = nil
-		f.mu.Unlock()
+		f.Clear()
 		srv.Close()
 	})
 	f.Endpoint = strings.TrimPrefix(srv.URL, "http://")
@@ -148,12 +160,18 @@ func (s *S3Server) Faults(t testing.TB) *S3Faults {
 }
 
 // Add puts rule in force, after those already added; the first rule that
-// matches a request acts on it. A Hold rule without a Release gets one,
-// which Clear or the test's end closes.
+// matches a request acts on it. A Hold or HoldAnswer rule without a
+// Release gets one, which Clear or the test's end closes, and one without
+// a Held gets one.
 func (f *S3Faults) Add(rule Fault) *Fault {
 	r := rule
-	if r.Action == Hold && r.Release == nil {
-		r.Release = make(chan struct{})
+	if r.holds() {
+		if r.Release == nil {
+			r.Release = make(chan struct{})
+		}
+		if r.Held == nil {
+			r.Held = make(chan struct{})
+		}
 	}
 	f.mu.Lock()
 	f.rules = append(f.rules, &r)
@@ -161,12 +179,13 @@ func (f *S3Faults) Add(rule Fault) *Fault {
 	return &r
 }
 
-// Clear takes every rule out of force and lets held requests through.
+// Clear takes every rule out of force and lets held requests and answers
+// through.
 func (f *S3Faults) Clear() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, r := range f.rules {
-		if r.Action == Hold {
+		if r.holds() {
 			select {
 			case <-r.Release:
 			default:
@@ -189,6 +208,19 @@ func (f *S3Faults) Acted(match string) int {
 		}
 	}
 	return n
+}
+
+func (r *Fault) holds() bool { return r.Action == Hold || r.Action == HoldAnswer }
+
+// holding closes rule's Held, the first time it holds a request or an
+// answer.
+func (f *S3Faults) holding(rule *Fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !rule.held {
+		rule.held = true
+		close(rule.Held)
+	}
 }
 
 func (f *S3Faults) match(r *http.Request) *Fault {

@@ -74,11 +74,38 @@ func TestS3FaultsActOnTheRequestsTheyMatch(t *testing.T) {
 		}
 		done <- err
 	}()
+	<-held.Held
 	close(held.Release)
 	if err := <-done; err != nil {
 		t.Fatalf("held GET once released: %v", err)
 	}
 	if n := f.Acted("GET /bkt/b/x"); n != 2 {
 		t.Fatalf("Acted(GET b/x) = %d, want 2 (the truncation and the hold)", n)
+	}
+
+	// An answer held: the server stored the object, and the PUT has not
+	// returned until the answer is let through.
+	direct, err := minio.New(s.Endpoint, &minio.Options{Creds: credentials.NewStaticV4(s.AccessKey, s.SecretKey, "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := f.Add(Fault{Method: "PUT", Path: "a/z", Action: HoldAnswer, Count: 1})
+	put := make(chan error, 1)
+	go func() {
+		_, err := c.PutObject(ctx, "bkt", "a/z", bytes.NewReader(body), int64(len(body)), minio.PutObjectOptions{})
+		put <- err
+	}()
+	<-answer.Held
+	if info, err := direct.StatObject(ctx, "bkt", "a/z", minio.StatObjectOptions{}); err != nil || info.Size != int64(len(body)) {
+		t.Fatalf("object of a PUT whose answer is held: %+v, %v; want it stored", info, err)
+	}
+	select {
+	case err := <-put:
+		t.Fatalf("PUT whose answer is held returned: %v", err)
+	default:
+	}
+	close(answer.Release)
+	if err := <-put; err != nil {
+		t.Fatalf("PUT whose answer is let through: %v", err)
 	}
 }

@@ -71,11 +71,19 @@ func checkpointKey(run string, step int) string {
 // RemoteSteps lists the steps of the run's complete checkpoints in object
 // storage, in increasing order.
 func RemoteSteps(ctx context.Context, obj Objects, run string) ([]int, error) {
+	steps, _, err := remoteCheckpoints(ctx, obj, run)
+	return steps, err
+}
+
+// remoteCheckpoints is RemoteSteps, with when each was marked complete:
+// its marker's time in the listing.
+func remoteCheckpoints(ctx context.Context, obj Objects, run string) ([]int, map[int]time.Time, error) {
 	objs, err := obj.List(ctx, CheckpointPrefix(run))
 	if err != nil {
-		return nil, fmt.Errorf("list checkpoints of run %s: %w", run, err)
+		return nil, nil, fmt.Errorf("list checkpoints of run %s: %w", run, err)
 	}
 	var steps []int
+	marked := map[int]time.Time{}
 	for _, o := range objs {
 		k := o.Key
 		rest := strings.TrimPrefix(k, CheckpointPrefix(run))
@@ -85,10 +93,11 @@ func RemoteSteps(ctx context.Context, obj Objects, run string) ([]int, error) {
 		}
 		if s, ok := trainer.DirStep(dir); ok {
 			steps = append(steps, s)
+			marked[s] = o.Modified
 		}
 	}
 	sort.Ints(steps)
-	return steps, nil
+	return steps, marked, nil
 }
 
 // RemoteRuns lists every run object storage holds a complete checkpoint

@@ -284,17 +284,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		// the state as it was.
 		holds["done"] = "false"
 	}
-	if !r.unknown && r.newest >= 0 {
-		// Where Redis lost the run's state, the newest checkpoint object
-		// storage holds is recorded now, not at this segment's first
-		// upload (hours away at the pilot's interval): until then `sched
-		// status` said the run had no checkpoint yet.
-		if st, known, err := scheduler.ReadRunState(ctx, p.Redis, run); err == nil && (!known || st.Checkpoint < 0) {
-			if err := lock.Fenced(ctx, map[string]string{"checkpoint": strconv.Itoa(r.newest)}); err != nil {
-				log.Warn("record the newest checkpoint in object storage in the run's state", zap.Int("step", r.newest), zap.Error(err))
-			}
-		}
-	}
+	behind := p.recordStored(ctx, lock, r, log)
 	// Wall-clock adds up over segments; the state hash carries the sum.
 	prevWall, err := p.Redis.HGet(ctx, scheduler.RunStateKey(run), "wall_s").Float64()
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -312,6 +302,14 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	defer cancelGrace()
 	up := newUploader(gctx, p, lock, dir, rc, r.newest, log, wall)
 	up.from, up.began = out.ResumedFrom, began
+	// Retention runs after each upload. It is owed for the newest
+	// checkpoint object storage holds where the worker that uploaded it
+	// stopped before it ran (the run's state records an older one), and
+	// may be at the run's end (a stop between the state write and
+	// retention), where this segment uploads nothing that would run it:
+	// left so, one checkpoint more than retention keeps stayed in object
+	// storage for good. A segment resumed from a newer one uploads that.
+	up.retain = p.Objects != nil && r.newest >= 0 && out.ResumedFrom == r.newest && (behind || r.step >= rc.TotalSteps)
 	var owed []int // retained local checkpoints object storage lacks
 	if p.Objects != nil {
 		owed = slices.DeleteFunc(p.owedSteps(dir, rc, r.remote), func(s int) bool { return s == out.ResumedFrom })
@@ -471,6 +469,15 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	if terr != nil {
 		return out, terr
 	}
+	var notRecorded *unrecordedError
+	if errors.As(uerr, &notRecorded) && rerr == nil && !out.Done && ctx.Err() == nil {
+		// Object storage took every upload; Redis did not take the run's
+		// state of the last one (it is full, or does not answer): the next
+		// segment records it at its start, wherever it runs.
+		log.Warn("this segment's last checkpoint is in object storage, but the run's state in Redis could not record it; the next segment records it",
+			zap.String("run", run), zap.Int("step", notRecorded.step), zap.NamedError("redis", notRecorded.err))
+		return out, nil
+	}
 	if (uerr != nil || rerr != nil) && !out.Done && ctx.Err() == nil {
 		// The run goes on while object storage is down: the checkpoint is
 		// whole on this disk, the next segment here resumes from it and
@@ -592,6 +599,9 @@ type restored struct {
 	// none. The local checkpoints up to it are safe there, which the disk
 	// guard may remove.
 	newest int
+	// newestAt is when newest was marked complete, as object storage
+	// lists it; zero where unknown.
+	newestAt time.Time
 }
 
 // restore makes dir's newest checkpoint the run's newest anywhere: when
@@ -632,8 +642,9 @@ func (p Params) restore(ctx context.Context, dir string) (restored, error) {
 		var pulled string
 		pulledStep := -1
 		passed := map[int]error{} // damaged ones passed over
+		var marked map[int]time.Time
 		if err == nil {
-			if r.remote, err = p.remoteSteps(ctx, p.listWithin(ctx, local), nil); err == nil {
+			if r.remote, marked, err = p.remoteSteps(ctx, p.listWithin(ctx, local), nil); err == nil {
 				pulled, pulledStep, err = pullNewestOf(ctx, p.Objects, p.Run.Name, r.remote, local, dir, pullReport{
 					damaged: func(step int, err error) {
 						passed[step] = err
@@ -660,6 +671,7 @@ func (p Params) restore(ctx context.Context, dir string) (restored, error) {
 				r.newest = s
 			}
 		}
+		r.newestAt = marked[r.newest]
 		if pulledStep < 0 && local < 0 && len(passed) > 0 {
 			// None of them downloaded intact, and this disk holds none:
 			// training from step 0 would overwrite the run's history
@@ -702,6 +714,37 @@ func (p Params) restore(ctx context.Context, dir string) (restored, error) {
 	return r, nil
 }
 
+// recordStored records in the run's state the newest checkpoint object
+// storage holds complete, where the state records an older one or none,
+// and reports whether it did: Redis lost the run's state, or the worker
+// that uploaded the checkpoint stopped between its marker and its state
+// write (SIGKILL, power loss). Mid-run the segment's first upload would
+// record a newer one, hours away at the pilot's interval, and until then
+// `sched status` and kiln_run_checkpoint_step named an older one, or none;
+// after a run's last checkpoint no upload comes, and they did for good.
+func (p Params) recordStored(ctx context.Context, lock Lease, r restored, log *zap.Logger) bool {
+	if r.unknown || r.newest < 0 {
+		return false
+	}
+	st, known, err := scheduler.ReadRunState(ctx, p.Redis, p.Run.Name)
+	if err != nil || known && st.Checkpoint >= r.newest {
+		// A state Redis does not give is not written either: the segment
+		// reads it again at once, and stops where it cannot.
+		return false
+	}
+	// When the marker was stored, as the state's own time of a checkpoint
+	// is when its upload ended; none where the listing gives none.
+	at := ""
+	if !r.newestAt.IsZero() {
+		at = r.newestAt.UTC().Format(time.RFC3339)
+	}
+	log.Info("recording the newest checkpoint in object storage in the run's state, which recorded an older one or none", zap.Int("step", r.newest), zap.Int("recorded", st.Checkpoint))
+	if err := lock.Fenced(ctx, map[string]string{"checkpoint": strconv.Itoa(r.newest), "checkpoint_at": at}); err != nil {
+		log.Warn("record the newest checkpoint in object storage in the run's state", zap.Int("step", r.newest), zap.Error(err))
+	}
+	return true
+}
+
 // restoreOffline is restore while object storage does not answer (outage
 // says how): from local, the step of dir's newest intact checkpoint (-1
 // none), when the run's state says object storage holds none newer.
@@ -740,12 +783,13 @@ func (p Params) listWithin(ctx context.Context, local int) time.Duration {
 	return p.AnswerWithin
 }
 
-// remoteSteps is RemoteSteps of the run, given within, and once ending is
-// closed (nil: never) AnswerWithin from then where that is sooner: a store
-// that does not answer by then is taken as one that is down (the error
-// names the bound; store.Unreachable where within ran out), where it held
-// the segment for its timeouts and retries.
-func (p Params) remoteSteps(ctx context.Context, within time.Duration, ending <-chan struct{}) ([]int, error) {
+// remoteSteps is RemoteSteps of the run, with when each was marked
+// complete, given within, and once ending is closed (nil: never)
+// AnswerWithin from then where that is sooner: a store that does not
+// answer by then is taken as one that is down (the error names the bound;
+// store.Unreachable where within ran out), where it held the segment for
+// its timeouts and retries.
+func (p Params) remoteSteps(ctx context.Context, within time.Duration, ending <-chan struct{}) ([]int, map[int]time.Time, error) {
 	lctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	var cut atomic.Bool
@@ -768,7 +812,7 @@ func (p Params) remoteSteps(ctx context.Context, within time.Duration, ending <-
 			}
 		}()
 	}
-	steps, err := RemoteSteps(lctx, p.Objects, p.Run.Name)
+	steps, marked, err := remoteCheckpoints(lctx, p.Objects, p.Run.Name)
 	if err != nil && ctx.Err() == nil {
 		switch {
 		case cut.Load():
@@ -777,7 +821,7 @@ func (p Params) remoteSteps(ctx context.Context, within time.Duration, ending <-
 			err = fmt.Errorf("object storage at %s does not answer (no listing of the run's checkpoints within %v): %w", describe(p.Objects), within, err)
 		}
 	}
-	return steps, err
+	return steps, marked, err
 }
 
 // dirBusyError is trainer.RunDirBusyError as a segment meets it: another

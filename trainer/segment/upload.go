@@ -52,6 +52,10 @@ type uploader struct {
 	// event file.
 	from  int
 	began time.Time
+	// retain says that retention is owed for remote, the newest
+	// checkpoint object storage held at the segment's start: it runs
+	// before the first upload.
+	retain bool
 
 	// ctx ends UploadGrace after the segment's context does (graceContext):
 	// the upload in flight is then abandoned, its marker never written.
@@ -84,7 +88,10 @@ type uploader struct {
 	unsure   map[int]bool
 	uploaded int // the newest step this segment uploaded, -1 none
 	lastErr  error
-	changed  chan struct{} // closed and replaced when an upload ends
+	// unrecorded is the newest checkpoint this segment uploaded where
+	// the run's state in Redis could not record it (nil where it did).
+	unrecorded *unrecordedError
+	changed    chan struct{} // closed and replaced when an upload ends
 }
 
 type upJob struct {
@@ -228,6 +235,9 @@ func (u *uploader) loop() {
 	if !u.settle() {
 		return
 	}
+	if u.retain {
+		u.prune(u.safeStep())
+	}
 	for {
 		j, ok := u.next()
 		if !ok {
@@ -273,7 +283,7 @@ func (u *uploader) settle() bool {
 		// the grace. A listing that ran out of ListWithin fails as the
 		// store's outage (store.Unreachable), so that the run's last
 		// segment waits for it.
-		steps, err := u.p.remoteSteps(u.ctx, u.p.ListWithin, u.ending)
+		steps, _, err := u.p.remoteSteps(u.ctx, u.p.ListWithin, u.ending)
 		if err == nil {
 			lacking := u.p.owedSteps(u.dir, u.rc, steps)
 			var owed []int
@@ -334,19 +344,33 @@ func (u *uploader) upload(j upJob) error {
 	safe := u.safeStep()
 	newest := j.step > safe
 	if newest {
-		if err := u.lock.Fenced(u.ctx, map[string]string{
+		err := u.lock.Fenced(u.ctx, map[string]string{
 			"checkpoint": strconv.Itoa(j.step), "checkpoint_at": time.Now().UTC().Format(time.RFC3339),
 			"checkpoint_upload_s": strconv.FormatFloat(time.Since(start).Seconds(), 'f', 3, 64),
-		}); err != nil {
-			return err
+		})
+		u.mu.Lock()
+		u.unrecorded = nil
+		if err != nil {
+			u.unrecorded = &unrecordedError{step: j.step, err: err}
+		}
+		u.mu.Unlock()
+		if err != nil {
+			// The checkpoint is in object storage all the same: it counts
+			// as uploaded (the local ones it supersedes may go, and a
+			// resume anywhere finds it), and the state's next write of a
+			// checkpoint, this segment's next upload or the next
+			// segment's start, records it. Retention and the results wait
+			// for that write: a holder fenced out must not prune or
+			// write the run's results over the new holder's.
+			if u.ctx.Err() != nil {
+				return nil // the grace is over: finish says what is left
+			}
+			u.log.Warn("checkpoint uploaded, but the run's state in Redis could not record it: `sched status` and kiln_run_checkpoint_step name an older checkpoint, and retention and the results wait, until the next upload or the next segment records it",
+				zap.Int("step", j.step), zap.NamedError("redis", err))
+			return nil
 		}
 	}
-	ret := u.p.Run.Retention
-	if deleted, err := Prune(u.ctx, u.p.Objects, u.p.Run.Name, max(j.step, safe), u.rc.CheckpointEvery, ret.KeepLast, ret.KeepEvery); err != nil {
-		u.log.Warn("checkpoint retention", zap.Error(err))
-	} else if len(deleted) > 0 {
-		u.log.Info("checkpoints deleted by retention", zap.Ints("steps", deleted))
-	}
+	u.prune(max(j.step, safe))
 	if newest {
 		if err := u.p.writeResults(u.ctx, u.dir, u.rc, Outcome{Step: j.step, TotalSteps: u.rc.TotalSteps, Wall: u.wall(),
 			ResumedFrom: u.from, Began: u.began}, u.log); err != nil {
@@ -355,6 +379,31 @@ func (u *uploader) upload(j upJob) error {
 	}
 	return nil
 }
+
+// prune applies the run's retention to its checkpoints in object storage
+// up to step upTo.
+func (u *uploader) prune(upTo int) {
+	ret := u.p.Run.Retention
+	if deleted, err := Prune(u.ctx, u.p.Objects, u.p.Run.Name, upTo, u.rc.CheckpointEvery, ret.KeepLast, ret.KeepEvery); err != nil {
+		u.log.Warn("checkpoint retention", zap.Error(err))
+	} else if len(deleted) > 0 {
+		u.log.Info("checkpoints deleted by retention", zap.Ints("steps", deleted))
+	}
+}
+
+// unrecordedError is a checkpoint uploaded whose record in the run's state
+// in Redis failed: object storage holds it, and the state names an older
+// one until its next write of a checkpoint.
+type unrecordedError struct {
+	step int
+	err  error
+}
+
+func (e *unrecordedError) Error() string {
+	return fmt.Sprintf("checkpoint step %d is in object storage, but the run's state in Redis could not record it (Redis: %v); the next segment records it", e.step, e.err)
+}
+
+func (e *unrecordedError) Unwrap() error { return e.err }
 
 // warnSlow warns while the upload of step, begun at start, goes on past
 // SlowUpload, and again each time its time doubles: the one sign an
@@ -482,8 +531,10 @@ func (u *uploader) unanswered() bool {
 // storage stays consistent), and what was not uploaded stays on this disk
 // for the next segment, which uploads what object storage lacks. It returns
 // an error when the newest checkpoint pushed, or one owed, is not in object
-// storage. last says the segment ended the run: the store is waited for,
-// a slow one included, where another segment would catch up.
+// storage, and an *unrecordedError when the newest is, and the run's state
+// in Redis could not record it. last says the segment ended the run: the
+// store is waited for, a slow one included, where another segment would
+// catch up.
 func (u *uploader) finish(last bool) error {
 	if !last {
 		u.end()
@@ -518,6 +569,8 @@ func (u *uploader) finish(last bool) error {
 		return fmt.Errorf("upload of the last checkpoint, step %d, to %s: %w", u.pushed, u.endpoint, cause)
 	case len(owed) > 0:
 		return fmt.Errorf("upload of checkpoints retention keeps (steps %v) to %s: %w", owed, u.endpoint, cause)
+	case u.unrecorded != nil:
+		return u.unrecorded
 	}
 	return nil
 }

@@ -53,6 +53,8 @@ func TestWritesAFullRedisRefusesSaySo(t *testing.T) {
 	full("a cancel", err, "cancel "+queued.ID)
 	full("a fenced write", lock.Fenced(ctx, map[string]string{"step": "1"}), "fenced write for run pilot")
 	full("a progress record", WriteProgress(ctx, rdb, Progress{TaskID: "t1"}, time.Minute), "write progress of t1")
+	_, err = AcquireRun(ctx, rdb, "other", "gpu-a", 600*time.Millisecond, log)
+	full("a run lock taken", err, "lock run other")
 	snap, err := c.Snapshot(ctx)
 	if err != nil || !snap.RedisFull() || snap.Memory.Max != 1 {
 		t.Fatalf("a snapshot of a full Redis: full %v, memory %+v, %v; want it full", snap.RedisFull(), snap.Memory, err)

@@ -128,7 +128,7 @@ func AcquireRun(ctx context.Context, rdb redis.UniversalClient, run, owner strin
 	}
 	res, err := acquireScript.Run(ctx, rdb, []string{RunLockKey(run), runFenceKey(run)}, owner, ttl.Milliseconds()).Slice()
 	if err != nil {
-		return nil, fmt.Errorf("lock run %s: %w", run, err)
+		return nil, redismem.Wrap("lock run "+run, err)
 	}
 	token, _ := res[0].(int64)
 	if token == 0 {

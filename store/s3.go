@@ -416,42 +416,91 @@ func (s *S3) putStream(ctx context.Context, key string, r io.Reader, unsigned bo
 }
 
 // Get implements Store. A read of the body that fails returns an *S3Error
-// as every other request does (s3Body).
+// as every other request does (s3Body); one whose connection drops
+// mid-body goes on from where it stopped, as other requests are tried
+// again.
 func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	if err := CheckKey(key); err != nil {
 		return nil, err
 	}
 	// minio-go's GetObject is lazy; Stat first so that a missing object is
 	// reported here rather than on the first Read.
-	if _, err := s.Stat(ctx, key); err != nil {
+	oi, err := s.c.StatObject(ctx, s.o.Bucket, key, minio.StatObjectOptions{})
+	if err != nil {
+		return nil, s.wrap("stat", key, err)
+	}
+	b := &s3Body{s: s, ctx: ctx, key: key, etag: oi.ETag}
+	if err := b.open(); err != nil {
 		return nil, err
 	}
-	o, err := s.c.GetObject(ctx, s.o.Bucket, key, minio.GetObjectOptions{})
-	if err != nil {
-		return nil, s.wrap("get", key, err)
-	}
-	return &s3Body{s: s, key: key, o: o}, nil
+	return b, nil
 }
 
 // s3Body is an object's body whose read errors name the store, the object
 // and the server's answer, and are classed as every request's are:
 // minio-go's reader, which sends the GET at the first read, returns them
-// bare. A connection dropped before the body's length came is
-// io.ErrUnexpectedEOF, which would otherwise read as no outage
-// (Unreachable) although the store stopped answering; it stays an error,
-// so a body cut short is never taken for a whole one.
+// bare. A read that fails as the store not answering (a connection
+// dropped mid-body, a 5xx) is taken up again from the byte it stopped at,
+// by a GET of the rest of the same object (its ETag, so that an object
+// replaced meanwhile fails rather than splice two), up to MaxRetries-1
+// times in one body: minio-go tries a request again, but not a body cut
+// off once its answer began. Where that is not enough the error stays
+// (io.ErrUnexpectedEOF for a cut), classed as the store not answering:
+// a body cut short is never taken for a whole one.
 type s3Body struct {
-	s   *S3
-	key string
-	o   *minio.Object
+	s    *S3
+	ctx  context.Context
+	key  string
+	etag string
+	o    *minio.Object
+	// off is how many bytes of the object were read; resumed, how many
+	// times the rest of it was asked for.
+	off     int64
+	resumed int
+}
+
+// open sends the GET of the object from off.
+func (b *s3Body) open() error {
+	var opts minio.GetObjectOptions
+	if b.etag != "" {
+		if err := opts.SetMatchETag(b.etag); err != nil {
+			return err
+		}
+	}
+	if b.off > 0 {
+		if err := opts.SetRange(b.off, 0); err != nil {
+			return err
+		}
+	}
+	o, err := b.s.c.GetObject(b.ctx, b.s.o.Bucket, b.key, opts)
+	if err != nil {
+		return b.s.wrap("get", b.key, err)
+	}
+	b.o = o
+	return nil
 }
 
 func (b *s3Body) Read(p []byte) (int, error) {
-	n, err := b.o.Read(p)
-	if err != nil && err != io.EOF {
+	for {
+		n, err := b.o.Read(p)
+		b.off += int64(n)
+		if err == nil || err == io.EOF {
+			return n, err
+		}
 		err = b.s.wrap("get", b.key, err)
+		if n > 0 {
+			// The bytes first; the next read meets the error again.
+			return n, nil
+		}
+		if !Unreachable(err) || b.ctx.Err() != nil || b.resumed >= b.s.o.MaxRetries-1 {
+			return 0, err
+		}
+		b.resumed++
+		b.o.Close()
+		if oerr := b.open(); oerr != nil {
+			return 0, oerr
+		}
 	}
-	return n, err
 }
 
 func (b *s3Body) Close() error { return b.o.Close() }

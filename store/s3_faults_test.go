@@ -127,15 +127,16 @@ func TestS3PutIsRetriedAfterSlowDown(t *testing.T) {
 	}
 }
 
-// A download whose connection drops mid-body fails, never reads short as
-// whole, and is the store not answering (Unreachable), as a refused
-// connection is; the next read gets the whole object. A GET the server
-// answers with an error names the store, the object and the answer.
+// A body whose connection drops mid-way goes on from where it stopped,
+// with a GET of the rest of the same object: before, each cut was an
+// outage that held the task 30 s. One cut every time is, once the store's
+// tries are spent, an unexpected EOF that reads as the store not
+// answering, never a whole body.
 func TestS3GetCutShortIsUnreachable(t *testing.T) {
 	t.Parallel()
 	srv := testsvc.S3(t)
 	f := srv.Faults(t)
-	s := newS3Via(t, srv, f, 1)
+	s := newS3Via(t, srv, f, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	body := make([]byte, 1<<20)
@@ -153,10 +154,18 @@ func TestS3GetCutShortIsUnreachable(t *testing.T) {
 		return io.ReadAll(r)
 	}
 
-	f.Add(testsvc.Fault{Method: "GET", Path: key, Action: testsvc.Truncate, Count: 1})
+	f.Add(testsvc.Fault{Method: "GET", Path: key, Action: testsvc.Truncate, Count: 2})
+	if got, err := read(); err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("a body cut twice: %d bytes, %v; want the whole object, its rest asked for again", len(got), err)
+	}
+	if n := f.Acted("GET /kiln/" + key); n != 2 {
+		t.Fatalf("%d GETs cut, want 2", n)
+	}
+
+	f.Add(testsvc.Fault{Method: "GET", Path: key, Action: testsvc.Truncate})
 	got, err := read()
 	if err == nil {
-		t.Fatalf("a body cut short read %d of %d bytes and no error", len(got), len(body))
+		t.Fatalf("a body cut short at every GET read %d of %d bytes and no error", len(got), len(body))
 	}
 	if !errors.Is(err, io.ErrUnexpectedEOF) || !Unreachable(err) {
 		t.Errorf("a body cut short: %v (Unreachable %v); want an unexpected EOF that reads as the store not answering", err, Unreachable(err))
@@ -164,8 +173,34 @@ func TestS3GetCutShortIsUnreachable(t *testing.T) {
 	if msg := err.Error(); !strings.Contains(msg, "get http://"+f.Endpoint+"/kiln/"+key) {
 		t.Errorf("error %q does not name the operation and the object", msg)
 	}
-	if got, err := read(); err != nil || !bytes.Equal(got, body) {
-		t.Fatalf("the next read: %d bytes, %v; want the whole object", len(got), err)
+	if n := f.Acted("GET /kiln/" + key); n != 2+5 {
+		t.Errorf("%d GETs cut, want 2 and then the 5 tries of one body", n)
+	}
+	f.Clear()
+
+	// An object replaced while its body is read is not spliced with its
+	// successor: the rest is asked for of the same ETag, which the store
+	// no longer has.
+	f.Add(testsvc.Fault{Method: "GET", Path: key, Action: testsvc.Truncate, Count: 1})
+	r, err := s.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 1024)
+	if _, err := io.ReadFull(r, first); err != nil {
+		t.Fatal(err)
+	}
+	other := bytes.Repeat([]byte{7}, len(body))
+	if err := s.Put(ctx, key, bytes.NewReader(other), int64(len(other))); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(r)
+	r.Close()
+	if err == nil || bytes.Contains(rest, []byte{7, 7, 7, 7}) {
+		t.Fatalf("a body whose object was replaced as it was cut: %d more bytes, %v; want an error and none of the new object", len(rest), err)
+	}
+	if err := s.Put(ctx, key, bytes.NewReader(body), int64(len(body))); err != nil {
+		t.Fatal(err)
 	}
 
 	f.Add(testsvc.Fault{Method: "GET", Path: key, Action: testsvc.Status, Code: http.StatusServiceUnavailable})

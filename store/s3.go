@@ -43,7 +43,8 @@ type S3Options struct {
 	// outage is the caller's to wait out. A put's body is sent again from
 	// its reader where that can seek (bytes.Reader, os.File), else from
 	// memory or from the buffers of its parts (putBody). A download cut
-	// off mid-body is not read again: its read fails. Default 5.
+	// off mid-body asks for its rest, up to MaxRetries-1 times (s3Body).
+	// Default 5.
 	MaxRetries int
 	// StallTimeout bounds how long a request may go without progress: no
 	// byte sent or received, the wait for the server's answer after the

@@ -134,7 +134,7 @@ func TestHungObjectStoreNeitherStallsTrainingNorLosesSteps(t *testing.T) {
 	// The upload in flight hangs (its push, or the retention or results
 	// after it): it is warned of again and again, the elapsed time growing,
 	// naming the step and the endpoint.
-	slow := func() []observer.LoggedEntry { return logs.FilterMessageSnippet("checkpoint upload is slow").All() }
+	slow := func() []observer.LoggedEntry { return logs.FilterMessageSnippet(" slow; training").All() }
 	before := len(slow())
 	endpoint := "http://" + srv.Endpoint + "/kiln"
 	stuck := -1

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -328,11 +329,13 @@ func (u *uploader) upload(j upJob) error {
 	start := time.Now()
 	// The retention and results after the push count too: a store that
 	// hangs there holds the uploader as well.
-	defer u.warnSlow(j.step, start)()
+	var pushed atomic.Bool
+	defer u.warnSlow(j.step, start, &pushed)()
 	m, err := push(u.ctx, u.p.Objects, u.lock, u.p.Run.Name, j.dir, j.keep)
 	if err != nil {
 		return err
 	}
+	pushed.Store(true)
 	var bytes int64
 	for _, n := range m.Files {
 		bytes += n
@@ -407,9 +410,11 @@ func (e *unrecordedError) Unwrap() error { return e.err }
 
 // warnSlow warns while the upload of step, begun at start, goes on past
 // SlowUpload, and again each time its time doubles: the one sign an
-// operator gets of a hung or crawling store, as training goes on. The
+// operator gets of a hung or crawling store, as training goes on. Each
+// says what holds it, the push or (pushed) the retention and results
+// after it, and whether training goes on or is over and waits for it. The
 // returned func ends the warnings.
-func (u *uploader) warnSlow(step int, start time.Time) (stop func()) {
+func (u *uploader) warnSlow(step int, start time.Time, pushed *atomic.Bool) (stop func()) {
 	end := make(chan struct{})
 	go func() {
 		after := u.p.SlowUpload
@@ -422,13 +427,21 @@ func (u *uploader) warnSlow(step int, start time.Time) (stop func()) {
 			case <-t.C:
 			}
 			u.mu.Lock()
-			waiting := -1
+			waiting, over := -1, u.closed
 			if u.waiting != nil {
 				waiting = u.waiting.step
 			}
 			u.mu.Unlock()
-			u.log.Warn("checkpoint upload is slow; training goes on, and the newest checkpoint waits to go next",
-				zap.Int("step", step), zap.Duration("elapsed", time.Since(start)), zap.String("endpoint", u.endpoint),
+			what := "checkpoint upload is slow"
+			if pushed.Load() {
+				what = "checkpoint uploaded, and the retention and results after it are slow"
+			}
+			if over {
+				what += "; training is over, and the segment waits for it"
+			} else {
+				what += "; training goes on, and the newest checkpoint waits to go next"
+			}
+			u.log.Warn(what, zap.Int("step", step), zap.Duration("elapsed", time.Since(start)), zap.String("endpoint", u.endpoint),
 				zap.Int("waiting", waiting))
 			after *= 2
 			t.Reset(time.Until(start.Add(after)))

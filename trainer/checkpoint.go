@@ -380,20 +380,34 @@ func notRead(dir string, err error, format string, a ...any) error {
 
 // VerifyCheckpoint is CheckCheckpoint that also reads every file and checks
 // its SHA-256 against trainer_state.json.
-func VerifyCheckpoint(dir string) (State, error) { return verifyCheckpoint(dir, true) }
+func VerifyCheckpoint(dir string) (State, error) { return verifyCheckpoint(dir, true, nil) }
 
 // VerifyWeights is VerifyCheckpoint of what sampling from the checkpoint
 // reads: every file but the optimizer's, which need not be there (a copy
 // for generating text has no use for it).
-func VerifyWeights(dir string) (State, error) { return verifyCheckpoint(dir, false) }
+func VerifyWeights(dir string) (State, error) { return verifyCheckpoint(dir, false, nil) }
 
-func verifyCheckpoint(dir string, withOptimizer bool) (State, error) {
+// VerifyHashed is VerifyCheckpoint (VerifyWeights where !withOptimizer)
+// for files whose SHA-256 (hex) the caller took as it wrote them (a
+// download hashes what it receives): those are not read again, the others
+// are.
+func VerifyHashed(dir string, withOptimizer bool, sums map[string]string) (State, error) {
+	return verifyCheckpoint(dir, withOptimizer, sums)
+}
+
+func verifyCheckpoint(dir string, withOptimizer bool, sums map[string]string) (State, error) {
 	st, err := checkCheckpoint(dir, withOptimizer)
 	if err != nil {
 		return st, err
 	}
 	for name, sum := range st.Files {
 		if name == OptimizerFile && !withOptimizer {
+			continue
+		}
+		if got, ok := sums[name]; ok {
+			if err := matchSum(dir, name, got, sum); err != nil {
+				return st, err
+			}
 			continue
 		}
 		f, err := os.Open(filepath.Join(dir, name))
@@ -406,16 +420,16 @@ func verifyCheckpoint(dir string, withOptimizer bool) (State, error) {
 		if err != nil {
 			return st, damaged("checkpoint %s: read %s: %w", dir, name, err)
 		}
-		if err := matchSum(dir, name, h.Sum(nil), sum); err != nil {
+		if err := matchSum(dir, name, hex.EncodeToString(h.Sum(nil)), sum); err != nil {
 			return st, err
 		}
 	}
 	return st, nil
 }
 
-func matchSum(dir, name string, got []byte, want FileSum) error {
-	if hex.EncodeToString(got) != want.SHA256 {
-		return damaged("checkpoint %s: %s has SHA-256 %x, %s says %s (corrupted): use an earlier checkpoint", dir, name, got, StateFile, want.SHA256)
+func matchSum(dir, name, got string, want FileSum) error {
+	if got != want.SHA256 {
+		return damaged("checkpoint %s: %s has SHA-256 %s, %s says %s (corrupted): use an earlier checkpoint", dir, name, got, StateFile, want.SHA256)
 	}
 	return nil
 }
@@ -558,7 +572,7 @@ func ReadCheckpoint(dir string, want *model.Config) (*Snapshot, error) {
 			return nil, notRead(dir, err, "read checkpoint %s: %w", dir, err)
 		}
 		got := sha256.Sum256(b)
-		if err := matchSum(dir, name, got[:], sum); err != nil {
+		if err := matchSum(dir, name, hex.EncodeToString(got[:]), sum); err != nil {
 			return nil, badInput(err)
 		}
 		files[name] = b

@@ -388,7 +388,7 @@ func pull(ctx context.Context, obj Objects, run string, step int, root string, w
 		return "", fmt.Errorf("pull checkpoint: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	d := checkpointDownload{obj: obj, prefix: checkpointKey(run, step), dir: tmp, weights: weights, verify: verify,
+	d := checkpointDownload{obj: obj, prefix: checkpointKey(run, step), dir: tmp, weights: weights,
 		got: map[string]fileSum{}, seen: map[string]map[string]bool{}}
 	for attempt := 1; ; attempt++ {
 		err = d.pass(ctx)
@@ -442,7 +442,6 @@ type checkpointDownload struct {
 	prefix  string // checkpoints/<run>/step-NNNNNNN/
 	dir     string
 	weights bool
-	verify  func(dir string) (trainer.State, error)
 
 	// got is each file in dir as downloaded: one that matches the marker
 	// read by a later pass is not downloaded again.
@@ -513,7 +512,13 @@ func (d *checkpointDownload) pass(ctx context.Context) error {
 	if len(mismatched) > 0 {
 		return trainer.Damaged(errors.New(strings.Join(mismatched, "; ")))
 	}
-	if _, err := d.verify(d.dir); err != nil {
+	// The files were hashed as they arrived: trainer_state.json's hashes
+	// are checked against those, not read again.
+	sums := map[string]string{}
+	for name, got := range d.got {
+		sums[name] = got.sha256
+	}
+	if _, err := trainer.VerifyHashed(d.dir, !d.weights, sums); err != nil {
 		if !errors.Is(err, trainer.ErrDamaged) {
 			return err
 		}

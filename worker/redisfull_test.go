@@ -63,7 +63,7 @@ func TestTheLogSaysOnceThatRedisIsFullAndWhenItHasRoom(t *testing.T) {
 	setMaxmemory(t, e.rdb, "1")
 	waitTill(t, "the warning that Redis is full", func() bool { return count("Redis refuses writes because it is full") == 1 })
 	warn := logs.FilterMessageSnippet("Redis refuses writes because it is full").All()[0]
-	for _, want := range []string{"it answers, and loses nothing", "redis-cli CONFIG SET maxmemory <size>", "compose.yaml"} {
+	for _, want := range []string{"it answers, and loses nothing", "redis-cli CONFIG SET maxmemory <size>", "KILN_REDIS_MAXMEMORY=<size> in .env"} {
 		if !strings.Contains(warn.Message, want) {
 			t.Errorf("the warning %q does not say %q", warn.Message, want)
 		}

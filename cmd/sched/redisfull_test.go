@@ -43,7 +43,7 @@ func TestAFullRedisIsSaidByStatusAndEnqueue(t *testing.T) {
 	}
 	first, _, _ := strings.Cut(out, "\n")
 	for _, want := range []string{"REDIS IS FULL: it uses ", "over its maxmemory of 1 B", "refuses every write", "losing nothing",
-		"redis-cli CONFIG SET maxmemory <size>", "--maxmemory <size> to the redis service's command in compose.yaml"} {
+		"redis-cli CONFIG SET maxmemory <size>", "KILN_REDIS_MAXMEMORY=<size> in .env"} {
 		if !strings.Contains(first, want) {
 			t.Errorf("status's first line with Redis full: %q; want %q in it", first, want)
 		}

@@ -147,10 +147,20 @@ func TestComposeFile(t *testing.T) {
 		}
 	}
 	redisCmd := strings.Join(p.Services["redis"].Command, " ")
-	for _, want := range []string{"--appendonly yes", "--maxmemory-policy noeviction"} {
+	for _, want := range []string{"--appendonly yes", "--maxmemory-policy noeviction", `--maxmemory "$KILN_REDIS_MAXMEMORY"`} {
 		if !strings.Contains(redisCmd, want) {
 			t.Errorf("redis command %q lacks %q", redisCmd, want)
 		}
+	}
+	// .env's KILN_REDIS_MAXMEMORY reaches the redis service (the default,
+	// 2gb, is checked against a running server in
+	// TestComposeKeepsTheRedisPasswordOffCommandLines).
+	sized, err := loadComposeWith(types.Mapping{"KILN_REDIS_MAXMEMORY": "64mb"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := sized.Services["redis"].Environment["KILN_REDIS_MAXMEMORY"]; v == nil || *v != "64mb" {
+		t.Errorf("with KILN_REDIS_MAXMEMORY=64mb in .env, redis's environment has %v", v)
 	}
 	gpu := p.Services["worker-gpu"]
 	if gpu.Deploy == nil || gpu.Deploy.Resources.Reservations == nil || len(gpu.Deploy.Resources.Reservations.Devices) != 1 {
@@ -232,7 +242,13 @@ func TestComposeKeepsTheRedisPasswordOffCommandLines(t *testing.T) {
 		t.Skip("no redis-server on PATH (make test installs it)")
 	}
 	cmd := exec.Command(redis.Command[0], append(redis.Command[1:], "--port", port, "--bind", "127.0.0.1", "--dir", t.TempDir(), "--save", "")...)
-	cmd.Env = append(os.Environ(), "REDIS_PASSWORD="+pw, "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
+	// The service's environment, as docker gives it to the container.
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(bin)+":"+os.Getenv("PATH"))
+	for k, v := range redis.Environment {
+		if v != nil {
+			cmd.Env = append(cmd.Env, k+"="+*v)
+		}
+	}
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -259,6 +275,11 @@ func TestComposeKeepsTheRedisPasswordOffCommandLines(t *testing.T) {
 			t.Fatalf("compose's redis command exited (%v) before it answered:\n%s", err, out.String())
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+	// Bounded below the host's memory, and refusing rather than evicting
+	// at the bound.
+	if got, err := authed.ConfigGet(ctx, "maxmemory*").Result(); err != nil || got["maxmemory"] != "2147483648" || got["maxmemory-policy"] != "noeviction" {
+		t.Errorf("compose's redis runs with %v (%v): want maxmemory 2gb (2147483648) and noeviction", got, err)
 	}
 	if err := redisClient(t, "redis://127.0.0.1:"+port+"/0").Ping(ctx).Err(); err == nil || !strings.Contains(err.Error(), "NOAUTH") {
 		t.Errorf("a client without the password: %v, want NOAUTH", err)

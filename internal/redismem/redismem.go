@@ -37,10 +37,10 @@ func Refused(err error) bool {
 func RefusedIn(msg string) bool { return strings.Contains(msg, refusal) }
 
 // Remedy says how to give a full Redis room. CONFIG SET takes effect at
-// once; compose's redis-server is started with its settings on its
-// command line, where one added stays over a restart.
+// once; compose's redis-server takes its bound from .env at its start,
+// where one raised stays over a restart.
 const Remedy = "raise its maxmemory (redis-cli CONFIG SET maxmemory <size>, e.g. 4gb, which takes effect at once; " +
-	"under compose also add --maxmemory <size> to the redis service's command in compose.yaml, so that a restart keeps it), " +
+	"under compose also set KILN_REDIS_MAXMEMORY=<size> in .env, so that a restart keeps it), " +
 	"first freeing memory on its host where that has none to spare; docs/operations.md, \"Redis memory\", says what kiln keeps there"
 
 // FullError is a write Redis refused because it is full. Its text says so

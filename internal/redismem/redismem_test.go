@@ -70,7 +70,7 @@ func TestAFullRedisIsToldFromOneThatDoesNotAnswer(t *testing.T) {
 	}
 	msg := err.Error()
 	for _, want := range []string{"enqueue kind: Redis refused the write because it is full",
-		`it answered "OOM command not allowed when used memory > 'maxmemory'."`, "redis-cli CONFIG SET maxmemory", "compose.yaml"} {
+		`it answered "OOM command not allowed when used memory > 'maxmemory'."`, "redis-cli CONFIG SET maxmemory", "KILN_REDIS_MAXMEMORY=<size> in .env"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("Wrap says %q; want %q in it", msg, want)
 		}

@@ -44,17 +44,23 @@ type S3Options struct {
 	// its reader where that can seek (bytes.Reader, os.File), else from
 	// memory or from the buffers of its parts (putBody). A download cut
 	// off mid-body asks for its rest, up to MaxRetries-1 times (s3Body).
-	// Default 5.
+	// A request that stalls (StallTimeout) is tried twice at most. Default
+	// 5.
 	MaxRetries int
 	// StallTimeout bounds how long a request may go without progress: no
 	// byte sent or received, the wait for the server's answer after the
 	// body included. A server that hangs (a stopped process, a network
 	// path that drops packets without a reset) would otherwise hold the
 	// request, and the caller, forever; after it the request fails and is
-	// retried as above. A slow transfer that keeps moving is never cut,
-	// however long it takes in all, so it is no bound on a whole request.
-	// Default 2 minutes, above minio-go's own wait for an answer (1 minute)
-	// as servers may take a while to assemble a large multipart object.
+	// tried once more, and a second stall gives up on the store for the
+	// rest of the operation (stallBudget): its other requests, and the
+	// rest of a download, fail at once. A store that takes connections and
+	// never answers so holds an operation twice StallTimeout (4 minutes at
+	// the default), not once per try (10). A slow transfer that keeps
+	// moving is never cut, however long it takes in all, so it is no bound
+	// on a whole request. Default 2 minutes, above minio-go's own wait for
+	// an answer (1 minute, which it replaces) as servers may take a while
+	// to assemble a large multipart object.
 	StallTimeout time.Duration
 }
 
@@ -102,67 +108,6 @@ func NewS3(o S3Options) (*S3, error) {
 		return nil, &S3Error{Op: "connect", Store: o.url(), Err: err, bad: true}
 	}
 	return &S3{o: o, c: c, pool: &partPool{size: int(o.PartSize), idle: make(chan []byte, idleParts)}}, nil
-}
-
-// transport is minio-go's default transport (its dial, TLS handshake and
-// answer timeouts, proxy from the environment) whose connections fail
-// after StallTimeout without progress. minio-go's timeouts alone leave a
-// body's transfer unbounded: a write to a server that stopped reading
-// blocks once the socket buffers are full, and a read of a body the server
-// stopped sending blocks for good.
-func (o S3Options) transport() (*http.Transport, error) {
-	tr, err := minio.DefaultTransport(o.Secure)
-	if err != nil {
-		return nil, err
-	}
-	d := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
-	stall := o.StallTimeout
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &stallConn{Conn: c, stall: stall}, nil
-	}
-	tr.ResponseHeaderTimeout = max(tr.ResponseHeaderTimeout, stall)
-	return tr, nil
-}
-
-// stallChunk is the most a stallConn writes under one deadline: a body
-// handed over whole (minio-go's part buffers, 16 MiB) is written in pieces
-// so that each piece, not the whole, must move within the stall timeout.
-const stallChunk = 256 << 10
-
-// stallConn is a connection whose every read and write must make progress
-// within stall: each one moves the deadline of both (a deadline applies to
-// reads already waiting too, so the transport's read of the answer, posted
-// while the body is still going out, keeps being moved while it does).
-type stallConn struct {
-	net.Conn
-	stall time.Duration
-}
-
-func (c *stallConn) Read(b []byte) (int, error) {
-	if err := c.Conn.SetDeadline(time.Now().Add(c.stall)); err != nil {
-		return 0, err
-	}
-	return c.Conn.Read(b)
-}
-
-func (c *stallConn) Write(b []byte) (int, error) {
-	n := 0
-	for len(b) > 0 {
-		if err := c.Conn.SetDeadline(time.Now().Add(c.stall)); err != nil {
-			return n, err
-		}
-		m, err := c.Conn.Write(b[:min(len(b), stallChunk)])
-		n += m
-		if err != nil {
-			return n, err
-		}
-		b = b[m:]
-	}
-	return n, nil
 }
 
 // String is the store's URL, scheme://endpoint/bucket, for messages that
@@ -338,6 +283,7 @@ func (s *S3) PutUnsigned(ctx context.Context, key string, r io.Reader, size int6
 }
 
 func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, unsigned bool) error {
+	ctx = withStallBudget(ctx)
 	if size < 0 {
 		return s.putStream(ctx, key, r, unsigned)
 	}
@@ -424,6 +370,8 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	if err := CheckKey(key); err != nil {
 		return nil, err
 	}
+	// One budget for the stat, the GET and the GETs of the body's rest.
+	ctx = withStallBudget(ctx)
 	// minio-go's GetObject is lazy; Stat first so that a missing object is
 	// reported here rather than on the first Read.
 	oi, err := s.c.StatObject(ctx, s.o.Bucket, key, minio.StatObjectOptions{})
@@ -445,9 +393,11 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 // by a GET of the rest of the same object (its ETag, so that an object
 // replaced meanwhile fails rather than splice two), up to MaxRetries-1
 // times in one body: minio-go tries a request again, but not a body cut
-// off once its answer began. Where that is not enough the error stays
-// (io.ErrUnexpectedEOF for a cut), classed as the store not answering:
-// a body cut short is never taken for a whole one.
+// off once its answer began. A body that stopped coming (StallTimeout)
+// counts as a stall of its GET: a stalled GET is asked for again once, and
+// after a second stall the body gives up (stallBudget). Where that is not
+// enough the error stays (io.ErrUnexpectedEOF for a cut), classed as the
+// store not answering: a body cut short is never taken for a whole one.
 type s3Body struct {
 	s    *S3
 	ctx  context.Context
@@ -493,7 +443,8 @@ func (b *s3Body) Read(p []byte) (int, error) {
 			// The bytes first; the next read meets the error again.
 			return n, nil
 		}
-		if !Unreachable(err) || b.ctx.Err() != nil || b.resumed >= b.s.o.MaxRetries-1 {
+		var stalled *stalledError
+		if !Unreachable(err) || b.ctx.Err() != nil || b.resumed >= b.s.o.MaxRetries-1 || errors.As(err, &stalled) {
 			return 0, err
 		}
 		b.resumed++
@@ -511,6 +462,7 @@ func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 	if err := CheckKey(key); err != nil {
 		return Info{}, err
 	}
+	ctx = withStallBudget(ctx)
 	oi, err := s.c.StatObject(ctx, s.o.Bucket, key, minio.StatObjectOptions{})
 	if err != nil {
 		return Info{}, s.wrap("stat", key, err)
@@ -520,6 +472,7 @@ func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 
 // List implements Store. A bucket that does not exist yet lists empty.
 func (s *S3) List(ctx context.Context, prefix string) ([]Info, error) {
+	ctx = withStallBudget(ctx)
 	var out []Info
 	for oi := range s.c.ListObjects(ctx, s.o.Bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
 		if oi.Err != nil {
@@ -542,6 +495,7 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 	if err := CheckKey(key); err != nil {
 		return err
 	}
+	ctx = withStallBudget(ctx)
 	err := s.c.RemoveObject(ctx, s.o.Bucket, key, minio.RemoveObjectOptions{})
 	if code := minio.ToErrorResponse(err).Code; code == "NoSuchKey" || code == "NoSuchBucket" {
 		return nil
@@ -555,6 +509,7 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 // created the same way, so a caller that checks the configuration should
 // say that it is missing.
 func (s *S3) Check(ctx context.Context) (bucket bool, err error) {
+	ctx = withStallBudget(ctx)
 	ok, err := s.c.BucketExists(ctx, s.o.Bucket)
 	if err != nil {
 		return false, s.wrap("check", "", err)

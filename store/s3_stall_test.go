@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"errors"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,6 +30,8 @@ type stallProxy struct {
 	pace   time.Duration // between the pieces forwarded from the server
 	conns  []net.Conn
 	closed chan struct{}
+	// accepted counts the connections the proxy took from its clients.
+	accepted atomic.Int64
 }
 
 func newStallProxy(t *testing.T, target string) *stallProxy {
@@ -49,6 +54,7 @@ func (p *stallProxy) serve() {
 		if err != nil {
 			return
 		}
+		p.accepted.Add(1)
 		p.track(c)
 		go func() {
 			p.wait()
@@ -256,4 +262,187 @@ func TestS3SlowTransferOutlastsStallTimeout(t *testing.T) {
 		t.Fatalf("slow get: %d of %d bytes, %v", len(got), len(body), err)
 	}
 	t.Logf("the get took %v, StallTimeout %v", time.Since(start).Round(time.Millisecond), stall)
+}
+
+// A store that takes every request and never answers (a hung MinIO, a
+// stuck load balancer) is given up on at a request's second stall, not at
+// its fifth try: 4 minutes at the default StallTimeout, not 10. A put, a
+// get whose stat is held and a get whose GET is held (its body asks for
+// it again) each send their request twice, and fail as the store not
+// answering, saying that it stalled.
+func TestS3HungStoreIsTriedTwice(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	f := srv.Faults(t)
+	const stall = time.Second
+	s, err := NewS3(S3Options{Endpoint: f.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, StallTimeout: stall})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, key := range []string{"results/r/stat-held", "results/r/get-held"} {
+		if err := s.Put(ctx, key, strings.NewReader("x"), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(key string) error {
+		r, err := s.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		_, err = io.ReadAll(r)
+		return err
+	}
+	for _, c := range []struct {
+		what  string
+		fault testsvc.Fault
+		op    func() error
+		sent  string // the held request, as the proxy counts it
+	}{
+		{"a put", testsvc.Fault{Path: "results/r/put-held"},
+			func() error { return s.Put(ctx, "results/r/put-held", strings.NewReader("x"), 1) }, "PUT /kiln/results/r/put-held"},
+		{"a get, at its stat", testsvc.Fault{Path: "results/r/stat-held"},
+			func() error { return get("results/r/stat-held") }, "HEAD /kiln/results/r/stat-held"},
+		{"a get, at its GET", testsvc.Fault{Method: "GET", Path: "results/r/get-held"},
+			func() error { return get("results/r/get-held") }, "GET /kiln/results/r/get-held"},
+	} {
+		rule := c.fault
+		rule.Action = testsvc.Hold
+		f.Add(rule)
+		err := within(t, c.what, c.op)
+		if err == nil || !Unreachable(err) {
+			t.Fatalf("%s to a store that holds every request: %v (Unreachable %v); want it failed as the store not answering", c.what, err, Unreachable(err))
+		}
+		if n := f.Acted(c.sent); n != 2 {
+			t.Errorf("%s to a store that holds every request: %s sent %d times, want 2", c.what, c.sent, n)
+		}
+		if got, want := Outage(err), "does not answer: a request stalled 2 times, nothing sent or received for 1s each time"; !strings.Contains(got, want) {
+			t.Errorf("%s: Outage(%v) = %q; want it to say %q", c.what, err, got, want)
+		}
+	}
+	f.Clear()
+	if err := get("results/r/get-held"); err != nil {
+		t.Fatalf("a get once the store answers again: %v", err)
+	}
+}
+
+// A stall takes one of a request's tries and leaves it the others: a put
+// or a get throttled (503 SlowDown) four times succeeds at its fifth try,
+// as does a put that stalled once and then was throttled three times; but
+// one that stalls again after a throttled try is given up on at once, its
+// third try.
+func TestS3StallLeavesOtherTries(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	f := srv.Faults(t)
+	// Longer than the others: the tries after a stall must be answered
+	// within it.
+	s, err := NewS3(S3Options{Endpoint: f.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, StallTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	put := func(key string) error { return s.Put(ctx, key, strings.NewReader(key), int64(len(key))) }
+	slowDown := func(method, key string, n int) testsvc.Fault {
+		return testsvc.Fault{Method: method, Path: key, Action: testsvc.Status, Code: http.StatusServiceUnavailable, Count: n}
+	}
+	hold := func(key string) testsvc.Fault { return testsvc.Fault{Path: key, Action: testsvc.Hold, Count: 1} }
+
+	const throttled = "results/r/throttled"
+	f.Add(slowDown("PUT", throttled, 4))
+	if err := within(t, "a throttled put", func() error { return put(throttled) }); err != nil {
+		t.Fatalf("a put throttled four times: %v; want it in at the fifth try", err)
+	}
+	f.Add(slowDown("GET", throttled, 4))
+	err = within(t, "a throttled get", func() error {
+		r, err := s.Get(ctx, throttled)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		got, err := io.ReadAll(r)
+		if err == nil && string(got) != throttled {
+			t.Errorf("a get throttled four times read %q, want %q", got, throttled)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("a get throttled four times: %v; want it read at the fifth try", err)
+	}
+	if n, m := f.Acted("PUT /kiln/"+throttled), f.Acted("GET /kiln/"+throttled); n != 4 || m != 4 {
+		t.Errorf("%d PUTs and %d GETs throttled, want 4 of each", n, m)
+	}
+
+	const once = "results/r/stalled-once"
+	f.Add(hold(once))
+	f.Add(slowDown("PUT", once, 3))
+	if err := within(t, "a put that stalled once", func() error { return put(once) }); err != nil {
+		t.Fatalf("a put that stalled once, then was throttled three times: %v; want it in at the fifth try", err)
+	}
+	if n := f.Acted("PUT /kiln/" + once); n != 4 {
+		t.Errorf("a put that stalled once: the proxy acted on %d PUTs, want 4 (1 held, 3 throttled)", n)
+	}
+
+	const twice = "results/r/stalled-twice"
+	f.Add(hold(twice))
+	f.Add(slowDown("PUT", twice, 1))
+	f.Add(hold(twice))
+	err = within(t, "a put that stalled twice", func() error { return put(twice) })
+	if err == nil || !Unreachable(err) {
+		t.Fatalf("a put that stalled, was throttled and stalled again: %v; want it failed as the store not answering", err)
+	}
+	if n := f.Acted("PUT /kiln/" + twice); n != 3 {
+		t.Errorf("a put that stalled twice: the proxy acted on %d PUTs, want 3 (held, throttled, held) and no fourth try", n)
+	}
+	if _, err := s.Stat(ctx, twice); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a put given up on left an object: %v", err)
+	}
+}
+
+// A download whose body stops coming is asked for its rest once: when that
+// stalls too, the body gives up, where it asked up to four times, each
+// request tried five times, a stall each.
+func TestS3StalledBodyIsAskedForOnce(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	proxy := newStallProxy(t, srv.Endpoint)
+	s, err := NewS3(S3Options{Endpoint: proxy.addr(), Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, StallTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	body := make([]byte, 8<<20)
+	rand.Read(body)
+	const key = "checkpoints/r/step-0000100/model.safetensors"
+	if err := s.Put(ctx, key, bytes.NewReader(body), int64(len(body))); err != nil {
+		t.Fatal(err)
+	}
+	// Paced, most of the body is still on its way when the proxy freezes.
+	proxy.setPace(10 * time.Millisecond)
+	r, err := s.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := io.ReadFull(r, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	proxy.freeze()
+	before := proxy.accepted.Load()
+	var n int64
+	err = within(t, "a get's body", func() error {
+		var err error
+		n, err = io.Copy(io.Discard, r)
+		return err
+	})
+	if err == nil || !Unreachable(err) || n+1024 >= int64(len(body)) {
+		t.Fatalf("a body the store stopped sending: read %d more bytes, %v (Unreachable %v); want it failed as the store not answering", n, err, Unreachable(err))
+	}
+	if got := proxy.accepted.Load() - before; got != 1 {
+		t.Errorf("the body's rest was asked for on %d connections, want 1", got)
+	}
+	if !strings.Contains(Outage(err), "does not answer") {
+		t.Errorf("Outage(%v) = %q; want it to say that the store does not answer", err, Outage(err))
+	}
 }

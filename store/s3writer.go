@@ -87,7 +87,8 @@ func (s *S3) unsignedWriter(ctx context.Context, key string) Writer {
 }
 
 func (s *S3) newWriter(ctx context.Context, key string, unsigned bool) *s3Writer {
-	ctx, cancel := context.WithCancel(ctx)
+	// One stall budget for the upload's every request, its abort included.
+	ctx, cancel := context.WithCancel(withStallBudget(ctx))
 	w := &s3Writer{s: s, core: minio.Core{Client: s.c}, ctx: ctx, cancel: cancel, key: key,
 		opts: minio.PutObjectOptions{ContentType: "application/octet-stream", DisableContentSha256: unsigned}}
 	if err := CheckKey(key); err != nil {

@@ -44,6 +44,7 @@ func AbortStaleUploads(ctx context.Context, s Store, cutoff time.Time) ([]Upload
 	if !ok {
 		return nil, nil
 	}
+	ctx = withStallBudget(ctx)
 	var aborted []Upload
 	for _, prefix := range Prefixes {
 		ups, err := s3.Uploads(ctx, prefix)
@@ -72,6 +73,7 @@ func (s *S3) core() minio.Core { return minio.Core{Client: s.c} }
 // Uploads lists the unfinished multipart uploads under prefix, each with
 // the time it was last active. A bucket that does not exist has none.
 func (s *S3) Uploads(ctx context.Context, prefix string) ([]Upload, error) {
+	ctx = withStallBudget(ctx)
 	var out []Upload
 	keyMarker, idMarker := "", ""
 	for {

@@ -42,7 +42,21 @@ type RunState struct {
 	Shape   string
 	Seed    uint64
 	HasSeed bool
+	// Phase is where the run's last segment is once its training is over
+	// and before it records the run done (PhaseUpload, PhaseResults); ""
+	// while it trains, and in a state that records none.
+	Phase string
 }
+
+// The phases of a run's last segment between its last step and the run's
+// end: it waits for its last checkpoint's upload (minutes on a slow store),
+// then writes the run's results. No step is taken meanwhile, so the rate
+// and ETA of its last steps say nothing of it: `sched status` says the
+// phase in their place.
+const (
+	PhaseUpload  = "upload"
+	PhaseResults = "results"
+)
 
 // ReadRunStates returns every run that has recorded progress, by name.
 func ReadRunStates(ctx context.Context, rdb redis.UniversalClient) ([]RunState, error) {
@@ -84,6 +98,7 @@ func parseRunState(run string, h map[string]string) RunState {
 	s.GPUs, _ = strconv.Atoi(h["gpus"])
 	s.Seq, _ = strconv.Atoi(h["seq"])
 	s.Shape = h["shape"]
+	s.Phase = h["phase"]
 	if v, err := strconv.ParseUint(h["seed"], 10, 64); err == nil {
 		s.Seed, s.HasSeed = v, true
 	}
@@ -103,6 +118,27 @@ func parseRunState(run string, h map[string]string) RunState {
 	return s
 }
 
+// Finishing says what the run's last segment does now that its training
+// is over, its phase in words: "uploading its last checkpoint (step 40)";
+// "" while it trains, once the run is done, and for a phase this kiln does
+// not know (one a later kiln records), which reads as before.
+func (s RunState) Finishing() string {
+	if s.Done {
+		return ""
+	}
+	switch {
+	case s.Phase == PhaseUpload && s.Checkpoint < s.Step:
+		return fmt.Sprintf("uploading its last checkpoint (step %d)", s.Step)
+	case (s.Phase == PhaseUpload || s.Phase == PhaseResults) && s.Checkpoint >= s.Step:
+		// The upload phase goes on once the checkpoint is recorded: the
+		// retention and results after it are its last part.
+		return fmt.Sprintf("its last checkpoint (step %d) is uploaded; writing its results", s.Step)
+	case s.Phase == PhaseResults:
+		return "writing its results"
+	}
+	return ""
+}
+
 // OnGPUs is " on N GPUs" where the run's rate is that of several, or "".
 func (s RunState) OnGPUs() string {
 	if s.GPUs > 1 {
@@ -112,19 +148,23 @@ func (s RunState) OnGPUs() string {
 }
 
 // String is the run's one-line status: step/total, loss, tok/s, ETA and
-// last checkpoint.
+// last checkpoint; once its training is over, what its last segment does
+// in place of the rate and ETA.
 func (s RunState) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: step %d/%d", s.Run, s.Step, s.Total)
 	if s.Loss > 0 {
 		fmt.Fprintf(&b, ", loss %.4f", s.Loss)
 	}
-	if s.TokPerS > 0 {
+	finishing := s.Finishing()
+	if s.TokPerS > 0 && finishing == "" {
 		fmt.Fprintf(&b, ", %.0f tok/s%s", s.TokPerS, s.OnGPUs())
 	}
 	switch {
 	case s.Done:
 		b.WriteString(", done")
+	case finishing != "":
+		b.WriteString(", training is over: " + finishing)
 	case s.ETA > 0:
 		fmt.Fprintf(&b, ", ETA %s", s.ETA.Round(time.Minute))
 	}

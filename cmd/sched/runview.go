@@ -23,6 +23,7 @@ import (
 // that is training has an ETA.
 const (
 	runTraining   = "training"
+	runFinishing  = "finishing" // trained its last step; its last checkpoint or results still go up
 	runLost       = "worker lost"
 	runQueued     = "queued"
 	runRequeued   = "interrupted, re-queued"
@@ -105,6 +106,11 @@ func (v *runView) classify() {
 	case state == "active" && t.Lost:
 		v.Status = runLost
 		v.Detail = lostDetail(*t)
+	case state == "active" && v.Finishing() != "":
+		// The last step's rate and the ETA it gives would say the run
+		// still trains, for the minutes a slow store takes.
+		v.Status = runFinishing
+		v.Detail = "training is over: " + v.Finishing()
 	case state == "active":
 		v.Status = runTraining
 		if eta, ok := runETA(v.RunState); ok {
@@ -168,11 +174,12 @@ func lostDetail(t scheduler.TaskStatus) string {
 	return what + "; the task runs again once a worker on queue " + t.Queue + " recovers it"
 }
 
-// trainingOn is the worker a training run is on: its segment task's, which
-// is written as the task starts, over the run's state's, which its first
-// step writes (until then, after a worker died, it names the dead one).
+// trainingOn is the worker a training (or finishing) run is on: its
+// segment task's, which is written as the task starts, over the run's
+// state's, which its first step writes (until then, after a worker died,
+// it names the dead one).
 func (v runView) trainingOn() string {
-	if v.Status != runTraining {
+	if v.Status != runTraining && v.Status != runFinishing {
 		return ""
 	}
 	if v.Task != nil && v.Task.HasProgress && v.Task.Progress.Worker != "" {
@@ -217,7 +224,7 @@ func (v runView) line(now time.Time) string {
 		if w := v.trainingOn(); w != "" {
 			parts = append(parts, "on "+w)
 		}
-		if v.Status != runTraining && v.Status != runDone && !v.Updated.IsZero() {
+		if v.Status != runTraining && v.Status != runFinishing && v.Status != runDone && !v.Updated.IsZero() {
 			parts = append(parts, "last report "+formatAge(v.Updated, now))
 		}
 	} else if v.From > 0 {
@@ -225,7 +232,11 @@ func (v runView) line(now time.Time) string {
 		// says where it resumes, from object storage's newest checkpoint.
 		parts = append(parts, fmt.Sprintf("from checkpoint step %d", v.From))
 	}
-	if v.Detail != "" {
+	if v.Status == runFinishing && !v.Updated.IsZero() {
+		// The state's time is the end of training, which the phase's
+		// writes leave as it is.
+		parts = append(parts, "training ended "+formatAge(v.Updated, now)+": "+v.Finishing())
+	} else if v.Detail != "" {
 		parts = append(parts, v.Detail)
 	}
 	return strings.Join(parts, "  ")

@@ -39,7 +39,10 @@ stopped at), each training run (step, loss, tok/s, ETA
 from the measured rate over the tokens left; where Redis knows no run, as
 after it lost its data, those whose checkpoints object storage holds, read
 once) and the failures of the last hour with their reason. A running task
-whose worker stopped heartbeating reads "worker lost", with no ETA.
+whose worker stopped heartbeating reads "worker lost", with no ETA; a run
+whose last segment has trained its last step and waits for its last
+checkpoint's upload or its results reads "finishing", saying which, with
+no rate or ETA.
 
 With --watch it refreshes every --interval: in place, with a progress bar
 per running task, on a terminal; as plain blocks, one per refresh and no
@@ -373,10 +376,15 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 	if ts.HasProgress {
 		p := ts.Progress
 		eta := p.ETA
+		finishing := ""
 		if ts.Kind == scheduler.KindTrainSegment {
 			eta = 0
 			if a, err := scheduler.DecodeTask[scheduler.TrainSegment](ts.Payload); err == nil {
-				if rs, ok := runs[a.Run]; ok && !rs.Done {
+				if rs, ok := runs[a.Run]; ok && !rs.Done && rs.Finishing() != "" {
+					// Its training is over: the rate of its last steps
+					// says nothing of what it waits for.
+					p.Rate, finishing = 0, "training is over: "+rs.Finishing()
+				} else if ok && !rs.Done {
 					var measured bool
 					if eta, measured = runETA(rs); measured {
 						// The rate the ETA is of, as the run's line
@@ -398,6 +406,9 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		}
 		if eta > 0 && ts.State == "active" {
 			parts = append(parts, "ETA "+formatETA(eta))
+		}
+		if finishing != "" && ts.State == "active" {
+			parts = append(parts, finishing)
 		}
 		// A failed attempt's message is its error, which "last error"
 		// says once below.

@@ -266,6 +266,10 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 			log.Warn("release run lock", zap.Error(err))
 		}
 	}()
+	if clearPhase(ctx, p.Redis, lock, run, log) {
+		// Until it is cleared, every write of the run's progress clears it.
+		holds["phase"] = ""
+	}
 
 	dir := RunDir(p.Dir, run)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -419,12 +423,29 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		terr = dirBusyError{run: run, busy: busy}
 	}
 
+	// With the last logged loss: the state's own was written up to a second
+	// before (writes are spaced), so it may be steps older.
+	stateMu.Lock()
+	final := trainer.Metrics{Step: res.Step, Tokens: res.Tokens, Loss: lastLoss}
+	stateMu.Unlock()
 	// Training is over and the run goes on: what is owed object storage
 	// gets the grace now, not as long as a hung store would hold it. The
 	// run's last segment waits for its uploads (a slow store's too): they
 	// are the run's result.
 	if !res.Done {
 		startGrace()
+	}
+	// The run's last segment records that its training is over and what
+	// it waits for, its last checkpoint's upload and then its results: the
+	// run's state said it trained on at its last rate, with an ETA, for
+	// the minutes a slow store takes.
+	phase := ""
+	if res.Done && terr == nil {
+		phase = scheduler.PhaseResults
+		if up.busy() {
+			phase = scheduler.PhaseUpload
+		}
+		p.writeState(ctx, lock, rc, final, wall(), withPhase(holds, phase), &unrecorded, log)
 	}
 	uerr := up.finish(res.Done)
 	out.Uploaded = up.uploadedStep()
@@ -452,20 +473,29 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 			rerr = fmt.Errorf("results of run %s: object storage did not answer this segment", run)
 		}
 	} else {
+		if phase == scheduler.PhaseUpload {
+			// The phase alone: the state's time stays the end of training,
+			// which `sched status` counts the phase's time from.
+			p.recordState(ctx, lock, map[string]string{"phase": scheduler.PhaseResults}, &unrecorded, log)
+		}
 		rerr = p.writeResults(gctx, dir, rc, out, log)
 	}
 	// The segment's last word on the run, however it ended: where it
 	// stopped, and "done" to tell a waiting `sched demo` (and `sched
 	// status`) that the results are final.
 	done := out.Done && terr == nil && uerr == nil && rerr == nil
-	// With the last logged loss: the state's own was written up to a second
-	// before (writes are spaced), so it may be steps older.
-	stateMu.Lock()
-	final := trainer.Metrics{Step: res.Step, Tokens: res.Tokens, Loss: lastLoss}
-	stateMu.Unlock()
 	last := maps.Clone(holds)
+	if phase != "" {
+		last["phase"] = ""
+	}
 	last["done"] = strconv.FormatBool(done)
-	p.writeState(context.WithoutCancel(ctx), lock, rc, final, out.Wall, last, &unrecorded, log)
+	if done {
+		if err := p.recordDone(ctx, lock, p.stateFields(rc, final, out.Wall, last), log); err != nil {
+			return out, err
+		}
+	} else {
+		p.writeState(context.WithoutCancel(ctx), lock, rc, final, out.Wall, last, &unrecorded, log)
+	}
 	if terr != nil {
 		return out, terr
 	}
@@ -893,12 +923,97 @@ func (p Params) usesName() string {
 	return p.Uses.Name
 }
 
+// withPhase is fields with the run's phase (scheduler.PhaseUpload, ...)
+// set to phase, "" for none.
+func withPhase(fields map[string]string, phase string) map[string]string {
+	f := maps.Clone(fields)
+	f["phase"] = phase
+	return f
+}
+
+// clearPhase clears the phase that a segment stopped in its last phase
+// (its worker killed as the run's last checkpoint uploaded) left in the
+// run's state, where `sched status` would say of this segment, which may
+// pull a checkpoint and train for hours, that its training is over. It
+// reports whether the state may still record one: Redis did not take the
+// write, or did not say.
+func clearPhase(ctx context.Context, rdb redis.UniversalClient, lock Lease, run string, log *zap.Logger) bool {
+	phase, err := rdb.HGet(ctx, scheduler.RunStateKey(run), "phase").Result()
+	if errors.Is(err, redis.Nil) || err == nil && phase == "" {
+		return false
+	}
+	if err == nil {
+		err = lock.Fenced(ctx, map[string]string{"phase": ""})
+	}
+	if err != nil {
+		log.Warn("the run's state may still record the last phase of an earlier segment that stopped in it; this segment's first record of its progress clears it",
+			zap.String("phase", phase), zap.Error(err))
+		return true
+	}
+	return false
+}
+
+// doneRetry is how often recordDone makes its write again while Redis
+// does not take it.
+const doneRetry = time.Second
+
+// recordDone sets fields, the run's state at its end with done true,
+// fenced; while Redis does not take the write (it is full, or does not
+// answer) it is made again every doneRetry for as long as ctx lasts and
+// the lock holds. A lost write left the run not done (`sched status`,
+// kiln_run_done, a waiting `sched demo`) until someone queued another
+// segment. Where the write is not made by then, the error says so: the
+// task is tried again, and its retry, which trains nothing, records the
+// run done, as asynq takes a task back whose completion Redis did not
+// record by the end of its lease.
+func (p Params) recordDone(ctx context.Context, lock Lease, fields map[string]string, log *zap.Logger) error {
+	// Made once whatever ctx: a segment stopped as the run ends records it.
+	err := lock.Fenced(context.WithoutCancel(ctx), fields)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, scheduler.ErrRunLockLost) && ctx.Err() == nil {
+		log.Warn("the run reached its end, and Redis did not take the write that records it done: it is made again every second until Redis takes it, for as long as the task runs",
+			zap.String("step", fields["step"]), zap.NamedError("redis", err))
+		begun := time.Now()
+		t := time.NewTicker(doneRetry)
+		defer t.Stop()
+	retry:
+		for tries := 2; ; tries++ {
+			select {
+			case <-ctx.Done():
+				break retry
+			case <-lock.Lost():
+				err = fmt.Errorf("%w (Redis: %w)", scheduler.ErrRunLockLost, err)
+				break retry
+			case <-t.C:
+			}
+			if err = lock.Fenced(ctx, fields); err == nil {
+				log.Info("the run's end recorded: Redis took the write", zap.String("step", fields["step"]),
+					zap.Int("tries", tries), zap.Duration("waited", time.Since(begun).Round(time.Millisecond)))
+				return nil
+			}
+			if errors.Is(err, scheduler.ErrRunLockLost) || ctx.Err() != nil {
+				break retry
+			}
+		}
+	}
+	return fmt.Errorf("run %s reached its end at step %s, and its state in Redis does not record it done: %w; the segment is tried again, and its retry, which trains nothing, records it",
+		p.Run.Name, fields["step"], err)
+}
+
 // writeState records the run's progress in its state hash, fenced. While
 // Redis does not answer every write fails (one a second at most):
 // unrecorded folds them into a line when the first fails and one when a
 // write succeeds again.
 func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig, m trainer.Metrics, wall time.Duration, extra map[string]string,
 	unrecorded *lapse.Lapse, log *zap.Logger) {
+	p.recordState(ctx, lock, p.stateFields(rc, m, wall, extra), unrecorded, log)
+}
+
+// stateFields are the fields of the run's state that record its progress
+// at m, with extra's over them.
+func (p Params) stateFields(rc trainer.RunConfig, m trainer.Metrics, wall time.Duration, extra map[string]string) map[string]string {
 	f := map[string]string{
 		"step":    strconv.Itoa(m.Step),
 		"total":   strconv.Itoa(rc.TotalSteps),
@@ -924,6 +1039,11 @@ func (p Params) writeState(ctx context.Context, lock Lease, rc trainer.RunConfig
 		left := float64(rc.TotalSteps-m.Step) * float64(rc.TokensPerStep()) / m.TokPerSec
 		f["eta_s"] = strconv.FormatFloat(left, 'f', 0, 64)
 	}
+	return f
+}
+
+// recordState sets fields of the run's state, fenced, as writeState does.
+func (p Params) recordState(ctx context.Context, lock Lease, f map[string]string, unrecorded *lapse.Lapse, log *zap.Logger) {
 	err := lock.Fenced(ctx, f)
 	if errors.Is(err, context.Canceled) {
 		return

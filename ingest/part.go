@@ -200,9 +200,10 @@ type shardCut struct {
 // findCut reads a shard, whose layout is l, and finds the documents an
 // append takes: those after the first lead, as many whole ones as fit in
 // room tokens. It reads the shard to its end, checking that the shard
-// hashes to sum and holds docs documents, so that a cut is never made in
-// a shard other than the one the layout describes.
-func findCut(r io.Reader, dtype tokens.Dtype, eos uint32, l *Layout, docs, lead, room int64, sum string) (shardCut, error) {
+// hashes to sum (a *tokens.HashError where it does not) and holds docs
+// documents, so that a cut is never made in a shard other than the one
+// the layout describes.
+func findCut(r io.Reader, dtype tokens.Dtype, eos uint32, l *Layout, docs, lead, room int64, sum shardSum) (shardCut, error) {
 	c := shardCut{Lead: lead}
 	width := dtype.Width()
 	h := sha256.New()
@@ -255,11 +256,15 @@ func findCut(r io.Reader, dtype tokens.Dtype, eos uint32, l *Layout, docs, lead,
 			return c, err
 		}
 	}
-	switch {
-	case have != 0:
+	if have != 0 {
 		return c, errors.New("it ends inside an id")
-	case hex.EncodeToString(h.Sum(nil)) != sum:
-		return c, fmt.Errorf("it hashes to another SHA-256 than the %s its shard task recorded", sum)
+	}
+	// Bytes changed on their way may make any of the checks after this
+	// fail: the hash says first whether they are the shard that was made.
+	if err := sum.check(h); err != nil {
+		return c, err
+	}
+	switch {
 	case seen != 0:
 		return c, errors.New("its last document does not end with EOS")
 	case doc != docs:
@@ -270,17 +275,18 @@ func findCut(r io.Reader, dtype tokens.Dtype, eos uint32, l *Layout, docs, lead,
 
 // cutReader is the ids of a shard from Start to End, read from r, which
 // holds the whole shard: it reads r to its end and fails, where it would
-// say EOF, unless all of r hashes to sum, so that an append of the ids it
-// gives commits nothing of a shard other than the one cut.
+// say EOF, unless all of r hashes to sum (a *tokens.HashError), so that an
+// append of the ids it gives commits nothing of a shard other than the
+// one cut.
 type cutReader struct {
 	r        io.Reader
 	h        hash.Hash
 	pos, end int64 // bytes
-	sum      string
+	sum      shardSum
 	done     bool
 }
 
-func newCutReader(r io.Reader, width int, c shardCut, sum string) (*cutReader, error) {
+func newCutReader(r io.Reader, width int, c shardCut, sum shardSum) (*cutReader, error) {
 	h := sha256.New()
 	cr := &cutReader{r: io.TeeReader(r, h), h: h, end: c.End * int64(width), sum: sum}
 	if _, err := io.CopyN(io.Discard, cr.r, c.Start*int64(width)); err != nil {
@@ -308,10 +314,40 @@ func (c *cutReader) Read(b []byte) (int, error) {
 		}
 		c.done = true
 	}
-	if got := hex.EncodeToString(c.h.Sum(nil)); got != c.sum {
-		return 0, fmt.Errorf("the shard hashes to sha256 %s, not the %s its shard task recorded: it changed since its part was found; produce it again", got, c.sum)
+	if err := c.sum.check(c.h); err != nil {
+		return 0, err
 	}
 	return 0, io.EOF
+}
+
+// refusal is err, what the append of the ids c gave returned, unless the
+// append refused them (a *tokens.InputError: an id outside the
+// vocabulary) and the shard's bytes are not the ones it was made with:
+// bytes changed on their way may fail the append's checks before the hash
+// is known, so the rest of the shard is read, and where it hashes to
+// another SHA-256 that HashError, which a read again mends, is returned
+// instead of bad input.
+func (c *cutReader) refusal(err error) error {
+	if !errors.As(err, new(*tokens.InputError)) {
+		return err
+	}
+	if _, rerr := io.Copy(io.Discard, c); rerr != nil {
+		return rerr
+	}
+	return err
+}
+
+// shardSum is the SHA-256 a shard was made with (want), and the shard and
+// store (dir) that a HashError of bytes hashing to another names.
+type shardSum struct{ dir, id, want string }
+
+// check is the HashError of a shard whose bytes h hashed, unless they
+// hash to s.want.
+func (s shardSum) check(h hash.Hash) error {
+	if got := hex.EncodeToString(h.Sum(nil)); got != s.want {
+		return &tokens.HashError{Dir: s.dir, ShardID: s.id, Got: got, Want: s.want}
+	}
+	return nil
 }
 
 // cutData is the ids of an in-memory shard from Start to End.

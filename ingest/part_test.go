@@ -147,7 +147,7 @@ func TestAShardIsCutAtItsDocumentsEnds(t *testing.T) {
 	}
 	for lead := int64(0); lead <= int64(len(docs)); lead += 3 {
 		for _, room := range []int64{0, 1, 9, 10, 25, 60, 200, 1 << 40} {
-			c, err := findCut(bytes.NewReader(data), tokens.Uint16, eos, l, st.Documents, lead, room, st.SHA256)
+			c, err := findCut(bytes.NewReader(data), tokens.Uint16, eos, l, st.Documents, lead, room, shardSum{want: st.SHA256})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -164,10 +164,10 @@ func TestAShardIsCutAtItsDocumentsEnds(t *testing.T) {
 			}
 		}
 	}
-	if _, err := findCut(bytes.NewReader(data), tokens.Uint16, eos, l, st.Documents+1, 0, 10, st.SHA256); err == nil {
+	if _, err := findCut(bytes.NewReader(data), tokens.Uint16, eos, l, st.Documents+1, 0, 10, shardSum{want: st.SHA256}); err == nil {
 		t.Fatal("a cut of a shard whose documents its layout miscounts")
 	}
-	if _, err := findCut(bytes.NewReader(data[:len(data)-2]), tokens.Uint16, eos, l, st.Documents, 0, 10, st.SHA256); err == nil {
+	if _, err := findCut(bytes.NewReader(data[:len(data)-2]), tokens.Uint16, eos, l, st.Documents, 0, 10, shardSum{want: st.SHA256}); err == nil {
 		t.Fatal("a cut of a shard that is not the one recorded")
 	}
 	// A shard made for a store with room for few tokens ends with the

@@ -1119,16 +1119,20 @@ func (p *Pipeline) appendShard(ctx context.Context, app *tokens.Appender, job Ap
 			return res, err
 		}
 	} else {
-		body, err := p.getShard(ctx, job)
+		err := readIntact(job, func() error {
+			body, err := p.getShard(ctx, job)
+			if err != nil {
+				return err
+			}
+			defer body.Close()
+			cr, err := newCutReader(body, width, c, job.sum(p.StoresDir))
+			if err != nil {
+				return fmt.Errorf("reading shard %s: %w", job.Object, err)
+			}
+			ar, err = app.Append(ctx, info, &countingReader{r: cr, total: (c.End - c.Start) * int64(width), progress: progress})
+			return cr.refusal(err)
+		})
 		if err != nil {
-			return res, err
-		}
-		defer body.Close()
-		cr, err := newCutReader(body, width, c, job.SHA256)
-		if err != nil {
-			return res, fmt.Errorf("reading shard %s: %w", job.Object, err)
-		}
-		if ar, err = app.Append(ctx, info, &countingReader{r: cr, total: (c.End - c.Start) * int64(width), progress: progress}); err != nil {
 			return res, err
 		}
 	}
@@ -1159,39 +1163,48 @@ func (p *Pipeline) appendWhole(ctx context.Context, app *tokens.Appender, job Ap
 	if pre != nil {
 		return app.AppendChecked(ctx, pre.checked)
 	}
-	body, err := p.getShard(ctx, job)
-	if err != nil {
-		return tokens.AppendResult{}, err
-	}
-	defer body.Close()
 	width := int64(tokens.DtypeFor(job.Tokenizer.VocabSize).Width())
-	return app.Append(ctx, info, &countingReader{r: body, total: job.Tokens * width, progress: progress})
+	var ar tokens.AppendResult
+	err := readIntact(job, func() error {
+		body, err := p.getShard(ctx, job)
+		if err != nil {
+			return err
+		}
+		defer body.Close()
+		ar, err = app.Append(ctx, info, &countingReader{r: body, total: job.Tokens * width, progress: progress})
+		return err
+	})
+	return ar, err
 }
 
 // findCut finds what an append takes of the job's shard: the documents
 // after the first lead that fit in room tokens. It reads the shard held
-// in memory (pre) or from object storage, and returns the shard's bytes
-// where it holds them.
+// in memory (pre) or from object storage, again where it changed on its
+// way (readIntact), and returns the shard's bytes where it holds them.
 func (p *Pipeline) findCut(ctx context.Context, job AppendJob, pre *prefetched, lead, room int64, eos uint32, dtype tokens.Dtype) (shardCut, []byte, error) {
-	var r io.Reader
-	var data []byte
+	var c shardCut
+	cut := func(r io.Reader) (err error) {
+		c, err = findCut(r, dtype, eos, job.Layout, job.Documents, lead, room, job.sum(p.StoresDir))
+		// A shard changed on its way is read again; a store that fails as
+		// it is read is an outage, which the task waits out: neither is
+		// the stored shard's fault.
+		if err != nil && !errors.As(err, new(*tokens.HashError)) && !store.Unreachable(err) && ctx.Err() == nil {
+			err = &PresetError{fmt.Errorf("the shard of %s for token store %s cannot be cut at a document: %w; run its ingest:shard task again", job.Source, job.Store, err)}
+		}
+		return err
+	}
 	if pre != nil {
-		data = pre.data
-		r = bytes.NewReader(data)
-	} else {
+		return c, pre.data, cut(bytes.NewReader(pre.data))
+	}
+	err := readIntact(job, func() error {
 		body, err := p.getShard(ctx, job)
 		if err != nil {
-			return shardCut{}, nil, err
+			return err
 		}
 		defer body.Close()
-		r = body
-	}
-	c, err := findCut(r, dtype, eos, job.Layout, job.Documents, lead, room, job.SHA256)
-	var missing *MissingShardError
-	if err != nil && !errors.As(err, &missing) {
-		err = &PresetError{fmt.Errorf("the shard of %s for token store %s cannot be cut at a document: %w; run its ingest:shard task again", job.Source, job.Store, err)}
-	}
-	return c, data, err
+		return cut(body)
+	})
+	return c, nil, err
 }
 
 // deleteShard deletes the job's shard object, if it made one, while the
@@ -1309,20 +1322,34 @@ type prefetched struct {
 // bytes and the store in dir does not hold all of its file yet, reporting
 // progress, and makes the append's checks on it (ids, EOS, SHA-256:
 // tokens.CheckShard); it returns nil, and no error, for a shard to be
-// streamed instead or not read at all.
-//
-// A shard whose tokens do not hash to what its shard step made is read
-// again, shardReads times in all: bytes changed on their way here (a
-// middlebox, a faulty NIC) seldom change the same way twice. One that
-// hashes the same wrong way each time is the stored object's, which no
-// retry mends: that is bad input, saying to make the shard again.
+// streamed instead or not read at all. A shard changed on its way here is
+// read again (readIntact).
 func (p *Pipeline) prefetch(ctx context.Context, dir string, job AppendJob, progress func(done, total int64)) (*prefetched, error) {
+	var pre *prefetched
+	err := readIntact(job, func() (err error) {
+		pre, err = p.prefetchOnce(ctx, dir, job, progress)
+		return err
+	})
+	return pre, err
+}
+
+// readIntact makes read, one read of the job's shard, again while what it
+// read does not hash to what the shard step made (a *tokens.HashError),
+// shardReads times in all: bytes changed on their way here (a middlebox,
+// a faulty NIC) seldom change the same way twice. One that hashes the same
+// wrong way each time is the stored object's, which no retry mends: that
+// is bad input, saying to make the shard again. Every read of an append
+// goes through it, whether it holds the shard in memory or streams it
+// into the store (whose append of a shard that hashes wrong commits
+// nothing), so that a shard too large to be held is read again on the
+// spot too, not after the task's retry and its back-off.
+func readIntact(job AppendJob, read func() error) error {
 	var sums []string
 	for {
-		pre, err := p.prefetchOnce(ctx, dir, job, progress)
+		err := read()
 		var he *tokens.HashError
 		if !errors.As(err, &he) {
-			return pre, err
+			return err
 		}
 		sums = append(sums, he.Got)
 		if len(sums) < shardReads {
@@ -1331,15 +1358,15 @@ func (p *Pipeline) prefetch(ctx context.Context, dir string, job AppendJob, prog
 		if slices.Sort(sums); len(slices.Compact(sums)) > 1 {
 			// Changed on the way, differently each time: the task's next
 			// try reads it again.
-			return nil, err
+			return err
 		}
-		return nil, &PresetError{fmt.Errorf("append shard %q to token store %s: its object %s, read %d times, hashed each time to sha256 %s, not the %s it was made with: the stored shard is not the one its shard step made (or something between here and object storage changes it the same way each time); enqueue the ingest again ('sched enqueue ingest'), which makes it again",
+		return &PresetError{fmt.Errorf("append shard %q to token store %s: its object %s, read %d times, hashed each time to sha256 %s, not the %s it was made with: the stored shard is not the one its shard step made (or something between here and object storage changes it the same way each time); enqueue the ingest again ('sched enqueue ingest'), which makes it again",
 			job.ShardID, job.Store, job.Object, len(sums), he.Got, he.Want)}
 	}
 }
 
-// shardReads is how many times prefetch reads a shard whose tokens do not
-// hash to what was made before it takes the stored object as changed.
+// shardReads is how many times readIntact reads a shard whose tokens do
+// not hash to what was made before it takes the stored object as changed.
 const shardReads = 3
 
 // prefetchOnce is one read of prefetch's.
@@ -1384,6 +1411,12 @@ func (job AppendJob) shardInfo() tokens.ShardInfo {
 	part := tokens.Part{From: job.from()}
 	return tokens.ShardInfo{ID: job.ShardID, Source: job.Source, Revision: job.Revision, SHA256: job.SHA256, Part: part,
 		Skipped: skipRecords(tokens.Skipped{ID: job.ShardID, Source: job.Source, Revision: job.Revision, From: part.From}, job.Skipped)}
+}
+
+// sum is the SHA-256 the job's shard was made with, for a read of it
+// that the store in storesDir appends from.
+func (job AppendJob) sum(storesDir string) shardSum {
+	return shardSum{dir: filepath.Join(storesDir, job.Store), id: job.ShardID, want: job.SHA256}
 }
 
 // getShard opens the job's shard object: none for a shard of no tokens.

@@ -22,7 +22,8 @@ import (
 // the queues (asynq's own collector, whose asynq_* names asynqmon's
 // metrics view reads), every run's progress (step,
 // loss, evaluation loss, tok/s, tokens, last checkpoint and its upload
-// time), and every store's ingest (files by state, bytes, tokens, rate).
+// time, when it last reported), and every store's ingest (files by state,
+// bytes, tokens, rate).
 // The figures are read from Redis at each scrape, so every worker serves
 // the same cluster-wide view and a scrape costs what `sched status` does;
 // scrape every 15 s or more.
@@ -49,7 +50,8 @@ var (
 	descRunTokens     = prometheus.NewDesc("kiln_run_tokens", "Target tokens a run has trained on.", []string{"run"}, nil)
 	descRunLoss       = prometheus.NewDesc("kiln_run_loss", "A run's last logged training loss.", []string{"run"}, nil)
 	descRunEvalLoss   = prometheus.NewDesc("kiln_run_eval_loss", "A run's last held-out loss.", []string{"run"}, nil)
-	descRunTokPerSec  = prometheus.NewDesc("kiln_run_tokens_per_second", "A run's training throughput over its last logged interval.", []string{"run"}, nil)
+	descRunTokPerSec  = prometheus.NewDesc("kiln_run_tokens_per_second", "A run's training throughput over its last logged interval; 0 while its segment trains and has not reported for 5 minutes (a hang).", []string{"run"}, nil)
+	descRunReported   = prometheus.NewDesc("kiln_run_last_report_timestamp_seconds", "When a run last reported (Unix time): its last logged step, or its running segment's start.", []string{"run"}, nil)
 	descRunCheckpoint = prometheus.NewDesc("kiln_run_checkpoint_step", "The step of a run's newest checkpoint complete in object storage.", []string{"run"}, nil)
 	descRunUpload     = prometheus.NewDesc("kiln_run_checkpoint_upload_seconds", "How long a run's last checkpoint took to upload.", []string{"run"}, nil)
 	descRunDone       = prometheus.NewDesc("kiln_run_done", "1 once a run reached its end.", []string{"run"}, nil)
@@ -66,7 +68,7 @@ var (
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.queues.Describe(ch)
 	for _, d := range []*prometheus.Desc{descWorkers, descRunStep, descRunTotal, descRunTokens, descRunLoss,
-		descRunEvalLoss, descRunTokPerSec, descRunCheckpoint, descRunUpload, descRunDone, descIngestFiles, descIngestBytes,
+		descRunEvalLoss, descRunTokPerSec, descRunReported, descRunCheckpoint, descRunUpload, descRunDone, descIngestFiles, descIngestBytes,
 		descIngestTokens, descIngestRate, descAppendLag, descScrapeError} {
 		ch <- d
 	}
@@ -131,7 +133,13 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		failed = 1
 		return
 	}
+	now, segments := time.Now(), snap.RunTasks()
 	for _, s := range states {
+		var running *scheduler.TaskStatus
+		if rt, ok := segments[s.Run]; ok && rt.Task.State == "active" {
+			running = &rt.Task
+		}
+		last := LastReport(s, running)
 		gauge(descRunStep, float64(s.Step), s.Run)
 		gauge(descRunTotal, float64(s.Total), s.Run)
 		gauge(descRunTokens, float64(s.Tokens), s.Run)
@@ -141,7 +149,20 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		if s.EvalLoss > 0 {
 			gauge(descRunEvalLoss, s.EvalLoss, s.Run)
 		}
-		gauge(descRunTokPerSec, s.TokPerS, s.Run)
+		// A hung step (a stopped process, a GPU that hangs) writes
+		// nothing, and the rate of the last logged interval would stand
+		// for as long: an alert on the rate could never see it. A last
+		// segment whose training is over and that waits for its uploads
+		// writes nothing either (minutes on a slow store): not a hang
+		// of its training, which the rate is of.
+		rate := s.TokPerS
+		if running != nil && s.Finishing() == "" && !last.IsZero() && now.Sub(last) >= Quiet {
+			rate = 0
+		}
+		gauge(descRunTokPerSec, rate, s.Run)
+		if !last.IsZero() {
+			gauge(descRunReported, float64(last.Unix()), s.Run)
+		}
 		gauge(descRunCheckpoint, float64(s.Checkpoint), s.Run)
 		if s.UploadSeconds > 0 {
 			gauge(descRunUpload, s.UploadSeconds, s.Run)
@@ -152,6 +173,29 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descRunDone, done, s.Run)
 	}
+}
+
+// Quiet is how long a running task, or a run whose segment trains, may go
+// without a report before it reads as quiet: `sched status` says when it
+// last reported in place of its rate and ETA, and a run's tok/s reads 0
+// here. A segment reports at every logged step; one that has not for this
+// long is stopped, or hangs (a GPU's wait ends its process only after
+// KILN_CUDA_HANG_TIMEOUT, 10 minutes by default), or logs too rarely for
+// its step time.
+const Quiet = 5 * time.Minute
+
+// LastReport is when run s last reported: its state's last write (at a
+// logged step), or where its segment task runs (running, nil where none
+// does), that task's last progress, which the worker writes as the task
+// starts, whichever is later. A segment that has just begun after the run
+// waited for the GPU has logged no step yet and is not quiet. Zero where
+// neither says.
+func LastReport(s scheduler.RunState, running *scheduler.TaskStatus) time.Time {
+	last := s.Updated
+	if running != nil && running.HasProgress && running.Progress.Updated.After(last) {
+		last = running.Progress.Updated
+	}
+	return last
 }
 
 // ServeMetrics listens on addr and serves /metrics (kiln's figures and the

@@ -17,6 +17,7 @@ import (
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/trainer/segment"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 // Run states as `sched status` and `sched runs` name them. Only a run
@@ -196,20 +197,25 @@ func (v runView) line(now time.Time) string {
 		// checkpoint as soon as it is uploaded: the run has trained at
 		// least to its checkpoint, and the loss names its own step then.
 		at := max(v.Step, v.Checkpoint)
-		step := fmt.Sprintf("step %d/%d", at, v.Total)
-		if v.Total > 0 {
-			step += fmt.Sprintf(" (%.1f%%)", 100*float64(at)/float64(v.Total))
-		}
-		parts = append(parts, step)
+		parts = append(parts, stepOfTotal(at, v.Total))
 		if v.Loss > 0 && at > v.Step {
 			parts = append(parts, fmt.Sprintf("loss %.4f at step %d", v.Loss, v.Step))
 		} else if v.Loss > 0 {
 			parts = append(parts, fmt.Sprintf("loss %.4f", v.Loss))
 		}
-		if v.Status == runTraining && v.TokPerS > 0 {
+		// A segment that stopped reporting (a stopped process, a hung
+		// GPU) would show the rate and ETA of its last logged step for as
+		// long: it says when it last reported in their place.
+		var running *scheduler.TaskStatus
+		if v.Task != nil && v.Task.State == "active" {
+			running = v.Task
+		}
+		last := worker.LastReport(v.RunState, running)
+		quiet := v.Status == runTraining && !last.IsZero() && now.Sub(last) >= quietTask
+		if v.Status == runTraining && v.TokPerS > 0 && !quiet {
 			parts = append(parts, formatRate(v.TokPerS, "tok")+v.OnGPUs())
 		}
-		if v.ETA > 0 {
+		if v.ETA > 0 && !quiet {
 			parts = append(parts, "ETA "+formatETA(v.ETA))
 		}
 		if v.Checkpoint >= 0 {
@@ -224,8 +230,8 @@ func (v runView) line(now time.Time) string {
 		if w := v.trainingOn(); w != "" {
 			parts = append(parts, "on "+w)
 		}
-		if v.Status != runTraining && v.Status != runFinishing && v.Status != runDone && !v.Updated.IsZero() {
-			parts = append(parts, "last report "+formatAge(v.Updated, now))
+		if (quiet || v.Status != runTraining && v.Status != runFinishing && v.Status != runDone) && !last.IsZero() {
+			parts = append(parts, "last report "+formatAge(last, now))
 		}
 	} else if v.From > 0 {
 		// Its record in Redis lost (its data lost): the segment queued
@@ -240,6 +246,21 @@ func (v runView) line(now time.Time) string {
 		parts = append(parts, v.Detail)
 	}
 	return strings.Join(parts, "  ")
+}
+
+// stepOfTotal is a run's step at of its total steps, with the percentage
+// done: "step 600/20000 (3.0%)". A run whose length (total_steps or
+// total_tokens) was lowered below the step a segment already under way
+// went on to (a segment reads the runs file as it begins) ended past its
+// total, which a percentage over 100 would make read as a fault.
+func stepOfTotal(at, total int) string {
+	switch {
+	case total <= 0:
+		return fmt.Sprintf("step %d/%d", at, total)
+	case at > total:
+		return fmt.Sprintf("step %d (past its total of %d: the run's length was lowered after the segment that trained to step %d began)", at, total, at)
+	}
+	return fmt.Sprintf("step %d/%d (%.1f%%)", at, total, 100*float64(at)/float64(total))
 }
 
 // storedRuns is what object storage says of runs: the step of the newest

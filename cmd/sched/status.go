@@ -42,7 +42,8 @@ once) and the failures of the last hour with their reason. A running task
 whose worker stopped heartbeating reads "worker lost", with no ETA; a run
 whose last segment has trained its last step and waits for its last
 checkpoint's upload or its results reads "finishing", saying which, with
-no rate or ETA.
+no rate or ETA. A running task, or a training run, that has not reported
+for 5 minutes says when it last did, in place of its rate and ETA.
 
 With --watch it refreshes every --interval: in place, with a progress bar
 per running task, on a terminal; as plain blocks, one per refresh and no
@@ -344,9 +345,10 @@ func printFailures(w io.Writer, fails []scheduler.TaskStatus) {
 	}
 }
 
-// quietTask is how long a running task may go without a report before
-// its line says when it last reported.
-const quietTask = 5 * time.Minute
+// quietTask is how long a running task, or a run whose segment trains, may
+// go without a report before its line says when it last reported, in
+// place of its rate and ETA: the metrics read the run's tok/s as 0 then.
+const quietTask = worker.Quiet
 
 // Of a task whose last attempt failed, its line says the error, its lines
 // joined: cut at listErrRunes where status lists tasks, whole where it
@@ -376,6 +378,11 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 	if ts.HasProgress {
 		p := ts.Progress
 		eta := p.ETA
+		// A task reports as it goes (a segment every logged step): one
+		// silent for minutes is in a long quiet phase, or stuck (a GPU
+		// that hangs ends its process after KILN_CUDA_HANG_TIMEOUT), and
+		// the rate and ETA of its last report say nothing of now.
+		quiet := ts.State == "active" && !p.Updated.IsZero() && now.Sub(p.Updated) >= quietTask
 		finishing := ""
 		if ts.Kind == scheduler.KindTrainSegment {
 			eta = 0
@@ -401,10 +408,10 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 			}
 			parts = append(parts, pct)
 		}
-		if p.Rate > 0 && ts.State == "active" {
+		if p.Rate > 0 && ts.State == "active" && !quiet {
 			parts = append(parts, formatRate(p.Rate, p.Unit))
 		}
-		if eta > 0 && ts.State == "active" {
+		if eta > 0 && ts.State == "active" && !quiet {
 			parts = append(parts, "ETA "+formatETA(eta))
 		}
 		if finishing != "" && ts.State == "active" {
@@ -421,10 +428,7 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		if p.Worker != "" && ts.State == "active" {
 			parts = append(parts, "on "+p.Worker)
 		}
-		// A task reports as it goes (a segment every step): one silent
-		// for minutes is in a long quiet phase, or stuck (a GPU that
-		// hangs ends its process after KILN_CUDA_HANG_TIMEOUT).
-		if ts.State == "active" && !p.Updated.IsZero() && now.Sub(p.Updated) >= quietTask {
+		if quiet {
 			parts = append(parts, "last report "+formatAge(p.Updated, now))
 		}
 	} else if s := scheduler.Subject(ts.Kind, ts.Payload); s != "" {

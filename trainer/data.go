@@ -36,6 +36,15 @@ type StoreEval interface {
 	EvalStore(ctx context.Context, s, i, b, t int) (batch model.Batch, ok bool, err error)
 }
 
+// HeldOutLister is Data over several stores that can say which of them
+// hold no held-out window (the token-store mixture can): the trainer warns
+// at its start that the run's evaluation leaves them out, where it said
+// nothing and the mixed eval loss, and the gates judged on it, covered the
+// other stores alone.
+type HeldOutLister interface {
+	WithoutHeldOut() []ShortStore
+}
+
 // checkIDs reports the first id of b outside the vocabulary. The stores are
 // checked when opened; this guards the engines (which index embedding rows
 // with these ids) against a store whose manifest lies.

@@ -47,6 +47,10 @@ type Metrics struct {
 	// EvalLossByStore is each store's own held-out loss, by store name, on
 	// steps that evaluated a run of several stores.
 	EvalLossByStore map[string]float64 `json:"eval_loss_by_store,omitempty"`
+	// EvalLeftOut names the stores of such a run that the evaluation
+	// left out, holding no held-out window: its eval losses are the
+	// other stores' alone.
+	EvalLeftOut []string `json:"eval_left_out,omitempty"`
 	// PeakMemory is the engine's peak allocation so far, in bytes.
 	PeakMemory int64 `json:"peak_memory_bytes,omitempty"`
 	// ElapsedS is the wall time since this process began the run's loop,
@@ -141,18 +145,21 @@ func MFU(tokPerS, flopsPerToken, peak float64) *float64 {
 // The file is rewritten through a rename, the new version synced before it
 // and the directory after (as WriteCheckpoint does), so that a crash or a
 // power cut keeps either version whole, never an empty or partial one.
-func truncateMetrics(path string, step int) error {
+// logged is the step of the last line kept that carries a training loss
+// (0: none).
+func truncateMetrics(path string, step int) (logged int, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return fmt.Errorf("read %s: %w", path, err)
+		return 0, fmt.Errorf("read %s: %w", path, err)
 	}
 	var kept []byte
 	for _, line := range bytes.SplitAfter(b, []byte("\n")) {
 		var m struct {
-			Step *int `json:"step"`
+			Step *int            `json:"step"`
+			Loss json.RawMessage `json:"loss"`
 		}
 		// A torn last line (no newline) is dropped with the steps past the
 		// checkpoint: it was being written when the run stopped.
@@ -160,19 +167,22 @@ func truncateMetrics(path string, step int) error {
 			continue
 		}
 		kept = append(kept, line...)
+		if m.Loss != nil {
+			logged = max(logged, *m.Step)
+		}
 	}
 	if len(kept) == len(b) {
-		return nil
+		return logged, nil
 	}
 	tmp := path + ".tmp"
 	if _, err := writeSynced(tmp, func(w io.Writer) error { _, err := w.Write(kept); return err }); err != nil {
-		return fmt.Errorf("rewrite %s: %w", path, err)
+		return 0, fmt.Errorf("rewrite %s: %w", path, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rewrite %s: %w", path, err)
+		return 0, fmt.Errorf("rewrite %s: %w", path, err)
 	}
 	if err := SyncDir(filepath.Dir(path)); err != nil {
-		return fmt.Errorf("rewrite %s: %w", path, err)
+		return 0, fmt.Errorf("rewrite %s: %w", path, err)
 	}
-	return nil
+	return logged, nil
 }

@@ -94,8 +94,8 @@ func TestTruncateMetricsKeepsStepsUpToTheCheckpoint(t *testing.T) {
 	if err := os.WriteFile(path, []byte(in), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := truncateMetrics(path, 2); err != nil {
-		t.Fatal(err)
+	if logged, err := truncateMetrics(path, 2); err != nil || logged != 2 {
+		t.Fatalf("truncated to step 2: last line logged with a loss %d, %v; want 2", logged, err)
 	}
 	got, _ := os.ReadFile(path)
 	if want := "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2.5}\n"; string(got) != want {
@@ -105,13 +105,13 @@ func TestTruncateMetricsKeepsStepsUpToTheCheckpoint(t *testing.T) {
 	if err := os.WriteFile(path, []byte("{\"step\":0,\"loss\":4}\n{\"step\":1,\"loss\":3}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := truncateMetrics(path, 0); err != nil {
+	if _, err := truncateMetrics(path, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := os.ReadFile(path); string(got) != "{\"step\":0,\"loss\":4}\n" {
 		t.Errorf("truncated to step 0: kept %q, want the step-0 line", got)
 	}
-	if err := truncateMetrics(filepath.Join(t.TempDir(), "absent.jsonl"), 5); err != nil {
+	if _, err := truncateMetrics(filepath.Join(t.TempDir(), "absent.jsonl"), 5); err != nil {
 		t.Errorf("absent file: %v", err)
 	}
 }

@@ -175,6 +175,35 @@ func (m *Mixture) EvalStores() []string {
 	return out
 }
 
+// ShortStore is a store of a mixture that holds no held-out window: too
+// few tokens for the first window that evaluation holds out.
+type ShortStore struct {
+	// Name is the store's name as EvalStores gives it.
+	Name string
+	// Tokens is what the store holds, Need what it needs for one held-out
+	// window at the mixture's sequence length.
+	Tokens, Need int64
+}
+
+// WithoutHeldOut lists the stores that hold no held-out window at the
+// mixture's sequence length, in the mixture's order: evaluation leaves
+// them out. Which windows are held out depends on their index alone
+// (tokens.FirstHeldOut), so a store's count of tokens says it; which ones
+// are is not changed for a small store, as that would change the data
+// order of the runs over it and break their exact resumes.
+func (m *Mixture) WithoutHeldOut() []ShortStore {
+	first := tokens.FirstHeldOut(m.cfg.HoldOut)
+	need := (first + 1) * int64(m.cfg.SeqLen+1)
+	names := m.EvalStores()
+	var out []ShortStore
+	for i, st := range m.stores {
+		if st.Windows(m.cfg.SeqLen) <= first {
+			out = append(out, ShortStore{Name: names[i], Tokens: st.Len(), Need: need})
+		}
+	}
+	return out
+}
+
 // EvalStore returns held-out batch i of store s alone: the same windows at
 // every evaluation, repeated when the store holds fewer than asked. ok is
 // false when the store holds no held-out window.

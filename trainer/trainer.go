@@ -128,12 +128,11 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	// An evaluation the data cannot feed is refused now, not at the first
-	// evaluation step, after eval_every steps of training that no
-	// checkpoint would keep.
-	if rc.EvalEvery > 0 && rc.EvalBatches > 0 {
-		if _, err := cfg.Data.Eval(ctx, 0, rc.Batch, rc.Seq); err != nil {
-			return Result{}, fmt.Errorf("evaluation every %d steps: %w", rc.EvalEvery, err)
+	// A fresh run's evaluation is checked before anything is written; a
+	// resume's once its checkpoint is (below).
+	if !cfg.Resume {
+		if err := checkEvalData(ctx, cfg.Data, rc); err != nil {
+			return Result{}, err
 		}
 	}
 	log := cfg.Log
@@ -192,7 +191,14 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 			}
 			l.lastCk = dir
 		}
+		// After the checkpoint's checks: a sequence length changed since
+		// it leaves the stores fewer windows of the new length, often none
+		// held out, and the change, which no ingest mends, is what to say.
+		if err := checkEvalData(ctx, cfg.Data, rc); err != nil {
+			return Result{}, err
+		}
 	}
+	warnWithoutHeldOut(log, cfg.Data, rc)
 	if len(cfg.Tokenizer) > 0 {
 		l.tokName = cfg.TokenizerName
 		// The tokenizer is the checkpoint's (checked above): a resume
@@ -231,6 +237,35 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 	}
 	defer l.metrics.Close()
 	return l.finish(l.run(ctx))
+}
+
+// checkEvalData refuses a run that evaluates on data with no held-out
+// window before its first step, not at its first evaluation, after
+// eval_every steps of training that no checkpoint would keep.
+func checkEvalData(ctx context.Context, d Data, rc RunConfig) error {
+	if rc.EvalEvery <= 0 || rc.EvalBatches <= 0 {
+		return nil
+	}
+	if _, err := d.Eval(ctx, 0, rc.Batch, rc.Seq); err != nil {
+		return fmt.Errorf("evaluation every %d steps: %w", rc.EvalEvery, err)
+	}
+	return nil
+}
+
+// warnWithoutHeldOut warns, once a call (a segment), of each store of the
+// data that holds no held-out window: the run's evaluation leaves it out,
+// so its eval loss, each store's and the gates judged on them cover the
+// other stores alone (a run none of whose stores holds one is refused by
+// checkEvalData).
+func warnWithoutHeldOut(log *zap.Logger, d Data, rc RunConfig) {
+	hl, ok := d.(HeldOutLister)
+	if !ok || rc.EvalEvery <= 0 || rc.EvalBatches <= 0 {
+		return
+	}
+	for _, s := range hl.WithoutHeldOut() {
+		log.Warn("a token store of the run holds too few tokens for a held-out window: the run's eval loss, and the gates judged on it, leave that store out until it holds them; ingest more into it",
+			zap.String("store", s.Name), zap.Int64("tokens", s.Tokens), zap.Int64("needs", s.Need), zap.Int("seq", rc.Seq))
+	}
 }
 
 // checkRunLength refuses to resume a run whose length is total_tokens
@@ -372,6 +407,19 @@ type loop struct {
 	// pend is the step queued on the engine whose metrics are read once
 	// the next step is queued (step-ahead; nil when none).
 	pend *pendingStep
+	// last is the step this call trained last, with its metrics and
+	// learning rate (last.step 0: none yet), and logged the step of the
+	// run's last line with a training loss (0: none): a call that ends at
+	// a step not logged logs it (logEnd).
+	last   doneStep
+	logged int
+}
+
+// doneStep is a trained step's metrics, kept until the next step.
+type doneStep struct {
+	step int
+	m    model.StepMetrics
+	lr   float64
 }
 
 // pendingStep is a queued step whose metrics are still on their way: the
@@ -453,6 +501,9 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 		// bound shorter than the run's setup chained segments for ever).
 		if (l.cfg.MaxSteps > 0 && l.queued()-first >= l.cfg.MaxSteps) ||
 			(l.cfg.MaxDuration > 0 && l.queued() > first && time.Since(began) >= l.cfg.MaxDuration) {
+			if err := l.logEnd(work); err != nil {
+				return l.result(), err
+			}
 			err := l.checkpointNow(work)
 			return l.result(), err
 		}
@@ -469,6 +520,9 @@ func (l *loop) run(ctx context.Context) (Result, error) {
 				return l.result(), err
 			}
 		}
+	}
+	if err := l.logEnd(work); err != nil {
+		return l.result(), err
 	}
 	err := l.checkpointNow(work)
 	return l.result(), err
@@ -491,7 +545,7 @@ func (l *loop) finish(_ Result, err error) (Result, error) {
 // written (unless it is already on disk) and ctx's error returned, so that
 // the caller knows the run stopped and resumes exactly there.
 func (l *loop) stop(ctx context.Context) (Result, error) {
-	if err := l.settle(context.WithoutCancel(ctx)); err != nil {
+	if err := l.logEnd(context.WithoutCancel(ctx)); err != nil {
 		return l.result(), errors.Join(ctx.Err(), err)
 	}
 	l.log.Info("stopping: writing a checkpoint at the step boundary", zap.Int("step", l.step))
@@ -642,11 +696,14 @@ func (l *loop) finishStep(ctx context.Context, m model.StepMetrics, lr float64) 
 	l.step++
 	l.tokens += int64(l.rc.TokensPerStep())
 	l.loss = m.Loss
+	// When the step ended, which its line's rate counts to, also where
+	// the line is written as the call ends (logEnd).
+	if m.At.IsZero() {
+		m.At = time.Now()
+	}
+	l.last = doneStep{step: l.step, m: m, lr: lr}
 	if l.rc.LogEvery > 0 && l.step%l.rc.LogEvery == 0 || l.rc.EvalEvery > 0 && l.step%l.rc.EvalEvery == 0 {
 		// The step is complete: its evaluation and log line are part of it.
-		if m.At.IsZero() {
-			m.At = time.Now()
-		}
 		if err := l.logStep(ctx, m, lr); err != nil {
 			return err
 		}
@@ -724,14 +781,14 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 			if ppl := math.Exp(ev); finite(ppl) {
 				line.EvalPPL = &ppl
 			}
-			line.EvalLossByStore, err = l.evaluateStores(evalCtx)
+			line.EvalLossByStore, line.EvalLeftOut, err = l.evaluateStores(evalCtx)
 		}
 		switch {
 		case errors.Is(err, errEvalStopped):
 			// The step is trained and counted; only its figure of the
 			// held-out loss is not, so that the stop checkpoints now,
 			// not after an evaluation of minutes.
-			line.EvalLoss, line.EvalPPL, line.EvalLossByStore = nil, nil, nil
+			line.EvalLoss, line.EvalPPL, line.EvalLossByStore, line.EvalLeftOut = nil, nil, nil, nil
 			l.log.Info("stopping: the evaluation of this step was cut short, its held-out loss is not recorded", zap.Int("step", l.step))
 		case err != nil:
 			return err
@@ -745,7 +802,25 @@ func (l *loop) logStep(ctx context.Context, m model.StepMetrics, lr float64) err
 		l.hooks.Metrics(line)
 	}
 	l.markTime, l.markTok, l.paused = m.At, l.tokens, evaluating
+	l.logged = l.step
 	return nil
+}
+
+// logEnd logs the step this call ends at (a stop, a segment's bound, the
+// run's end) where it was not logged, once the step pending is settled:
+// the results read the run's step and tokens from its last line, and a
+// run cancelled at step 8177 between lines every 20 steps read 8160 there
+// for good, its total set to 8177 and done. A call that trained no step
+// has no line of its own to write, and a run that has logged none (it is
+// shorter than its log_every) has no history to end, nor results.
+func (l *loop) logEnd(ctx context.Context) error {
+	if err := l.settle(ctx); err != nil {
+		return err
+	}
+	if l.rc.LogEvery <= 0 || l.last.step != l.step || l.logged == 0 || l.logged >= l.step {
+		return nil
+	}
+	return l.logStep(ctx, l.last.m, l.last.lr)
 }
 
 // errEvalStopped is an evaluation given up between its batches because
@@ -755,42 +830,45 @@ var errEvalStopped = errors.New("evaluation stopped")
 
 // evaluateStores is each store's mean loss over its first EvalBatches
 // held-out batches, for data of several stores; nil otherwise. A store
-// without a held-out window is left out. A stop (ctx) between batches
-// gives it up (errEvalStopped); what it reads is read whole.
-func (l *loop) evaluateStores(ctx context.Context) (map[string]float64, error) {
+// without a held-out window is left out, and named in left (the mixed
+// loss leaves it out too). A stop (ctx) between batches gives it up
+// (errEvalStopped); what it reads is read whole.
+func (l *loop) evaluateStores(ctx context.Context) (out map[string]float64, left []string, err error) {
 	work := context.WithoutCancel(ctx)
 	se, ok := l.cfg.Data.(StoreEval)
 	if !ok || len(se.EvalStores()) < 2 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	out := map[string]float64{}
+	out = map[string]float64{}
 	for s, name := range se.EvalStores() {
 		sum, n := 0.0, 0
 		for i := 0; i < l.rc.EvalBatches; i++ {
 			if ctx.Err() != nil {
-				return nil, errEvalStopped
+				return nil, nil, errEvalStopped
 			}
 			b, ok, err := se.EvalStore(work, s, i, l.rc.Batch, l.rc.Seq)
 			if err != nil {
-				return nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
+				return nil, nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
 			}
 			if !ok {
 				break
 			}
 			if err := checkIDs(b, l.mc.VocabSize); err != nil {
-				return nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
+				return nil, nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
 			}
 			loss, err := l.eng.EvalLoss(b)
 			if err != nil {
-				return nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
+				return nil, nil, fmt.Errorf("step %d: evaluation of store %s: %w", l.step, name, err)
 			}
 			sum, n = sum+loss, n+1
 		}
 		if n > 0 {
 			out[name] = sum / float64(n)
+		} else {
+			left = append(left, name)
 		}
 	}
-	return out, nil
+	return out, left, nil
 }
 
 // evaluate is the mean loss over the first EvalBatches held-out batches;
@@ -975,9 +1053,11 @@ func (l *loop) openMetrics() error {
 		return fmt.Errorf("run directory: %w", err)
 	}
 	path := filepath.Join(l.cfg.Out, MetricsFile)
-	if err := truncateMetrics(path, l.step); err != nil {
+	logged, err := truncateMetrics(path, l.step)
+	if err != nil {
 		return err
 	}
+	l.logged = logged
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", path, err)

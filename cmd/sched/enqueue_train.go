@@ -36,12 +36,14 @@ pilot, pilot-cpu, long, demo) or in your own YAML file named by KILN_RUNS, on th
 and on the GPU worker; the run says the model, the data mixture, the tokenizer and
 the schedule.
 
-Before anything is queued the run is checked: its settings, its tokenizer (made, or
-being made by 'sched enqueue tokenizer'), the tokenizer's vocabulary against the
-model's, and each token store of its mixture (filled, or being filled by 'sched
-enqueue ingest', by the run's tokenizer, with at least one held-out window for
-evaluation). A run whose tokenizer or stores are still being made waits for them
-on the worker.
+Before anything is queued the run is checked: its settings (and, for a run that
+has checkpointed, that they can resume it), its tokenizer (made, or being made by
+'sched enqueue tokenizer'), the tokenizer's vocabulary against the model's, and
+each token store of its mixture (filled, or being filled by 'sched enqueue
+ingest', by the run's tokenizer, one of them at least with a held-out window for
+evaluation). A store too small for a held-out window is named in a note: the
+run's eval loss, and the gates judged on it, leave it out. A run whose tokenizer
+or stores are still being made waits for them on the worker.
 
 Enqueuing a run that was cancelled, stopped or failed resumes it from its last
 checkpoint; a run already queued or training is left alone, and so is a run done
@@ -93,45 +95,15 @@ to train it further).`,
 			return err
 		}
 		defer q.Close()
-		if err := checkRun(ctx, trainCheck{cfg: cfg, q: q, objects: objects}, run, tok); err != nil {
+		pos, notes, err := checkRun(ctx, trainCheck{cfg: cfg, q: q, objects: objects}, run, tok)
+		if err != nil {
 			return err
 		}
 		// A run that has checkpointed resumes from its newest checkpoint
 		// (the worker finds it); the segment says so, which also gives it
 		// its own task id rather than the first segment's, long finished.
-		st, ok, err := scheduler.ReadRunState(ctx, q.Redis(), ts.Run)
-		if err != nil {
-			return err
-		}
-		fromStorage := false
-		if ok && st.Checkpoint > 0 {
-			ts.FromStep = int64(st.Checkpoint)
-		} else {
-			// Redis lost the run's state (its data lost, or another
-			// Redis): object storage still says where the run is.
-			steps, err := segment.RemoteSteps(ctx, objects, ts.Run)
-			if err != nil {
-				return err
-			}
-			if len(steps) > 0 {
-				ts.FromStep = int64(steps[len(steps)-1])
-				fromStorage = true
-			}
-		}
-		// The shape first: a step size kept, as the other check asks, does
-		// not make another sequence length resumable.
-		if err := checkShape(run, st, ok, ts.FromStep); err != nil {
-			return err
-		}
-		if err := checkStepSize(run, st, ok); err != nil {
-			return err
-		}
-		// A new run only: one under way resumes as it began.
-		if trainedTo(st, ok, ts.FromStep) == 0 {
-			if err := run.RunConfig.WithDefaults().CheckWarmup(); err != nil {
-				return badInput("run %s: %v: edit its runs entry", run.Name, err)
-			}
-		}
+		st, ok, fromStorage := pos.st, pos.ok, pos.fromStorage
+		ts.FromStep = pos.from
 		// A run at its total steps would queue a segment that ends at
 		// once. The total is the runs entry's as read here, so that a run
 		// given a longer one resumes.
@@ -145,8 +117,12 @@ to train it further).`,
 			// storage: the worker resumes from the newer.
 			fmt.Fprintf(c.OutOrStdout(), "Redis holds no record of run %s: its newest checkpoint in object storage is step %d, and the GPU worker resumes from a newer one where its disk holds one (a segment stopped as Redis lost its data writes one there)\n", ts.Run, ts.FromStep)
 		}
-		if err := enqueueOne(c, cfg, ts); err != nil || at < total {
+		if err := enqueueOne(c, cfg, ts); err != nil {
 			return err
+		}
+		if at < total {
+			printNotes(c.OutOrStdout(), notes)
+			return nil
 		}
 		// A run stopped short of its total (cancelled, or failed) whose
 		// runs entry now ends it at or before its checkpoint: the segment
@@ -253,19 +229,79 @@ type trainCheck struct {
 	objects store.Store
 }
 
-// checkRun refuses, as bad input naming the command to run first, a run
-// that could never train: invalid settings, a tokenizer that neither
-// exists nor is being made, a vocabulary larger than the model's, a store
-// that is neither filled nor being filled, one made by another tokenizer
-// than the run's, or one too small to hold out an evaluation window.
-func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) error {
+// runAt is where a run stands: its state in Redis (ok: Redis holds one),
+// and from, the checkpoint its next segment resumes from (0: none), which
+// object storage gives where Redis holds no record (fromStorage).
+type runAt struct {
+	st          scheduler.RunState
+	ok          bool
+	from        int64
+	fromStorage bool
+}
+
+// readRunAt reads where run stands.
+func readRunAt(ctx context.Context, tc trainCheck, run string) (runAt, error) {
+	st, ok, err := scheduler.ReadRunState(ctx, tc.q.Redis(), run)
+	if err != nil {
+		return runAt{}, err
+	}
+	at := runAt{st: st, ok: ok}
+	if ok && st.Checkpoint > 0 {
+		at.from = int64(st.Checkpoint)
+		return at, nil
+	}
+	// Redis lost the run's state (its data lost, or another Redis):
+	// object storage still says where the run is.
+	steps, err := segment.RemoteSteps(ctx, tc.objects, run)
+	if err != nil {
+		return runAt{}, err
+	}
+	if len(steps) > 0 {
+		at.from, at.fromStorage = int64(steps[len(steps)-1]), true
+	}
+	return at, nil
+}
+
+// checkRun refuses, as bad input naming what to do, a run that could
+// never train, or not go on from where it stands (readRunAt): invalid
+// settings, a model layout, sequence length or seed its checkpoints
+// cannot resume with, another number of tokens a step for a length in
+// tokens, a warmup a new run cannot take, a tokenizer that neither exists
+// nor is being made, a vocabulary larger than the model's, a store that
+// is neither filled nor being filled, one made by another tokenizer than
+// the run's, or stores none of which holds a held-out window to evaluate
+// on. The resume's refusals come before those of the data: a sequence
+// length changed mid-run leaves the stores fewer windows of the new
+// length, often none held out, and the change, which no ingest mends, is
+// what to fix. It returns where the run stands, and notes to print once
+// its segment is queued: each store that evaluation leaves out, holding
+// too few tokens for a held-out window.
+func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) (runAt, []string, error) {
 	rc := run.RunConfig.WithDefaults()
 	if err := rc.Validate(); err != nil {
-		return badInput("run %s: %v", run.Name, err)
+		return runAt{}, nil, badInput("run %s: %v", run.Name, err)
 	}
 	mc, err := rc.ModelConfig()
 	if err != nil {
-		return badInput("run %s: %v", run.Name, err)
+		return runAt{}, nil, badInput("run %s: %v", run.Name, err)
+	}
+	at, err := readRunAt(ctx, tc, run.Name)
+	if err != nil {
+		return runAt{}, nil, err
+	}
+	// The shape first: a step size kept, as the other check asks, does
+	// not make another sequence length resumable.
+	if err := checkShape(run, at.st, at.ok, at.from); err != nil {
+		return runAt{}, nil, err
+	}
+	if err := checkStepSize(run, at.st, at.ok); err != nil {
+		return runAt{}, nil, err
+	}
+	// A new run only: one under way resumes as it began.
+	if trainedTo(at.st, at.ok, at.from) == 0 {
+		if err := rc.CheckWarmup(); err != nil {
+			return runAt{}, nil, badInput("run %s: %v: edit its runs entry", run.Name, err)
+		}
 	}
 	// The GPU worker's device is unknown here: refuse what no card kiln
 	// supports could hold (the worker sizes it against its own device).
@@ -275,11 +311,11 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	}
 	plan := model.MemoryPlan{Config: mc, Engine: engine, Precision: rc.Precision, Batch: rc.Batch, Seq: rc.Seq, Purpose: model.PurposeTrain}
 	if err := model.CheckMemory(plan, model.LargestGPU, "the largest card kiln supports (an H200, 141 GB)"); err != nil {
-		return badInput("run %s: %v", run.Name, runs.SizeAdvice(run.Name, err))
+		return runAt{}, nil, badInput("run %s: %v", run.Name, runs.SizeAdvice(run.Name, err))
 	}
 	uses, err := checkRunTokenizer(ctx, tc, run.Name, tok, rc.Model, mc)
 	if err != nil {
-		return err
+		return runAt{}, nil, err
 	}
 	// Evaluation needs one held-out window in any of the stores. Which
 	// windows are held out depends on their index alone: a store has one
@@ -288,18 +324,35 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) erro
 	need := (first + 1) * int64(rc.Seq+1)
 	var most int64
 	filling := false
+	var short []string
 	for _, m := range rc.Mixture {
 		held, live, err := checkRunStore(ctx, tc, run.Name, m.Store, uses, tok)
 		if err != nil {
-			return err
+			return runAt{}, nil, err
 		}
 		most, filling = max(most, held), filling || live
+		// A store being filled is judged by the worker, once it is.
+		if !live && held < need {
+			short = append(short, fmt.Sprintf("note: token store %s holds %d tokens, too few for a held-out window of run %s (at seq %d a store needs %d): "+
+				"the run's eval loss, and the gates judged on it, leave that store out until it holds them; ingest more into it (an ingest with a higher --max-tokens appends only what it left out)",
+				m.Store, held, run.Name, rc.Seq, need))
+		}
 	}
-	if rc.EvalEvery > 0 && rc.EvalBatches > 0 && !filling && most < need {
-		return badInput("run %s: its token stores hold at most %d tokens, too few for one evaluation window (about 1 window of %d tokens in %d is held out, the first of them at window %d, so a store needs %d tokens): ingest more, or set eval_every: 0 in the run",
+	if rc.EvalEvery <= 0 || rc.EvalBatches <= 0 {
+		return at, nil, nil
+	}
+	if !filling && most < need {
+		return runAt{}, nil, badInput("run %s: its token stores hold at most %d tokens, too few for one evaluation window (about 1 window of %d tokens in %d is held out, the first of them at window %d, so a store needs %d tokens): ingest more, or set eval_every: 0 in the run",
 			run.Name, most, rc.Seq+1, tokens.DefaultHoldOut, first, need)
 	}
-	return nil
+	return at, short, nil
+}
+
+// printNotes writes notes, one a line.
+func printNotes(w io.Writer, notes []string) {
+	for _, n := range notes {
+		fmt.Fprintln(w, n)
+	}
 }
 
 // checkRunTokenizer refuses a run's tokenizer that neither exists nor is

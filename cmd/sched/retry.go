@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -16,22 +17,35 @@ func init() {
 		Long: `Run one task again from its stored payload. A failed or cancelled task
 (archived) and a finished one are queued again under the same id; a task
 waiting out its retry back-off runs now. A training segment resumes from its
-run's last checkpoint; one of a run that is queued or training already, or
-done at its total steps, is left alone (a run is one chain of segments; a
-longer run is 'sched enqueue train <run>' after its total is raised). A task still queued or running
-is left as it is.
+run's last checkpoint (or starts the run, where it has none), once its run is
+checked as 'sched enqueue train' checks it (its tokenizer exists or is being
+made, its stores, its settings against its checkpoints): one that would fail
+the same way again is refused, saying what to do first. A segment of a run that
+is queued or training already, or done at its total steps, is left alone (a run
+is one chain of segments; a longer run is 'sched enqueue train <run>' after its
+total is raised). A task still queued or running is left as it is.
 
 To redo a whole job, enqueue it again with the same command instead: that
 also re-queues what failed in it.`,
 		Args: exactArgs(1, "one task id (see 'sched status' or 'sched runs')"),
 		RunE: func(c *cobra.Command, args []string) error {
-			q, err := commandQueue(c)
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			ctx := c.Context()
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			q, _, err := openQueue(ctx, cfg)
 			if err != nil {
 				return err
 			}
 			defer q.Close()
+			var said scheduler.Args = taskKind(args[0])
+			var notes []string
 			if taskKind(args[0]).Kind() == scheduler.KindTrainSegment {
-				ti, err := q.Find(c.Context(), args[0])
+				ti, err := q.Find(ctx, args[0])
 				if err != nil {
 					return err
 				}
@@ -39,30 +53,68 @@ also re-queues what failed in it.`,
 					if live, err := runIsLive(c, q, a.Run, ti.ID); live || err != nil {
 						return err
 					}
-					// As enqueue train: a run done at its total steps, as
-					// the runs entry here gives it (its state's where the
-					// entry is not here), has nothing for a segment to
-					// train, and an extension past its end that failed is
-					// dropped.
-					st, ok, err := scheduler.ReadRunState(c.Context(), q.Redis(), a.Run)
-					if err != nil {
+					seg, more, done, err := checkRetrySegment(c, cfg, q, a)
+					if done || err != nil {
 						return err
 					}
-					total := st.Total
-					if set, err := runs.Load(os.Getenv("KILN_RUNS")); err == nil {
-						if r, err := set.Get(a.Run); err == nil {
-							total = r.RunConfig.WithDefaults().TotalSteps
-						}
-					}
-					if ok && st.Done && st.Step >= total {
-						return sayDoneDropping(c, q, a.Run, st.Step, total)
-					}
+					said, notes = seg, more
 				}
 			}
-			s, err := q.Retry(c.Context(), args[0])
-			return printSubmitted(c.OutOrStdout(), taskKind(args[0]), s, err)
+			s, err := q.Retry(ctx, args[0])
+			if err := printSubmitted(c.OutOrStdout(), said, s, err); err != nil {
+				return err
+			}
+			printNotes(c.OutOrStdout(), notes)
+			return nil
 		},
 	})
+}
+
+// checkRetrySegment makes the checks 'sched enqueue train' makes (checkRun)
+// of a, the segment to run again: a segment archived for a tokenizer that
+// does not exist, say, would fail the same way again, where enqueue train
+// says what to do first. As enqueue train, it says that a run done at its
+// total steps, as its runs entry here gives it, is done (done true), and
+// drops its archived segments past its end. It returns the segment as the
+// line that says it queued reads it: from the checkpoint the run resumes
+// from, or from 0 where it has none, where the line said "resumes from
+// its last checkpoint" of a run that had none; and checkRun's notes.
+func checkRetrySegment(c *cobra.Command, cfg scheduler.Config, q *scheduler.Client, a scheduler.TrainSegment) (seg scheduler.TrainSegment, notes []string, done bool, err error) {
+	ctx := c.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	set, err := runs.Load(os.Getenv("KILN_RUNS"))
+	if err != nil {
+		return seg, nil, false, badInput("KILN_RUNS: %v", err)
+	}
+	run, err := set.Get(a.Run)
+	if err != nil {
+		return seg, nil, false, err
+	}
+	// The segment's tokenizer, pinned by --tokenizer when it was
+	// enqueued, else the run's, else the configured default, as the
+	// worker picks it.
+	tok := a.Tokenizer
+	if tok == "" {
+		tok = run.Tokenizer
+	}
+	if tok == "" {
+		tok = cfg.Tokenizer
+	}
+	objects, err := openStore(ctx, cfg)
+	if err != nil {
+		return seg, nil, false, err
+	}
+	pos, notes, err := checkRun(ctx, trainCheck{cfg: cfg, q: q, objects: objects}, run, tok)
+	if err != nil {
+		return seg, nil, false, err
+	}
+	at, total := trainedTo(pos.st, pos.ok, pos.from), run.RunConfig.WithDefaults().TotalSteps
+	if at >= total && (!pos.ok || pos.st.Done) {
+		return seg, nil, true, sayDoneDropping(c, q, a.Run, at, total)
+	}
+	return scheduler.TrainSegment{Run: a.Run, FromStep: pos.from}, notes, false, nil
 }
 
 // taskKind is the kind a task id begins with, as printSubmitted names it.

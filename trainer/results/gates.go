@@ -91,6 +91,9 @@ func Gates(e Evidence) []Gate {
 		falling = falling.pending(e.Step, e.TotalSteps, "the eval losses it ends on are judged; so far: "+falling.Detail)
 		gen = gen.pending(e.Step, e.TotalSteps, "a sample of its final model is judged at its end")
 	}
+	if e.TotalSteps > 0 && e.Step >= e.TotalSteps && smooth.Verdict == Unknown {
+		smooth.Detail = smoothNotJudged(e)
+	}
 	rate := ThroughputGate(e.TokPerSec, e.Bench, e.Run)
 	if e.TotalSteps > 0 && e.Step >= e.TotalSteps && e.TokPerSec > 0 && e.Bench.TokPerSec <= 0 {
 		// No segment of a finished run writes its results again: a bench
@@ -98,6 +101,21 @@ func Gates(e Evidence) []Gate {
 		rate.Detail = fmt.Sprintf("no bench figure for this run's step when it ended, and its results keep this verdict; 'sched enqueue bench %s' measures the step for the runs of it that follow", e.Run)
 	}
 	return []Gate{smooth, falling, gen, rate}
+}
+
+// smoothNotJudged says why the smooth gate of the finished run e has no
+// verdict, which no later segment gives it ("... yet" read as if one
+// would), and what gives the runs after it one: a smaller log_every, so
+// that SpikeWindow losses are logged before the ones it checks.
+func smoothNotJudged(e Evidence) string {
+	if e.Warmup >= e.Step {
+		return fmt.Sprintf("the run ended at step %d, within its warmup of %d steps: there is no loss after warmup to judge, so this gate cannot be judged for it; give a run a warmup shorter than its length", e.Step, e.Warmup)
+	}
+	// Twice the window: the later half of the losses is checked.
+	every := max(1, e.TotalSteps/(2*SpikeWindow))
+	return fmt.Sprintf("the run ended with %d losses logged, none of them after warmup (step %d) with the %d before it that the gate compares a loss with: this gate cannot be judged for it; "+
+		"a run of %d steps given log_every %d or less in its runs entry logs %d losses or more, enough to judge (the pilot-cpu preset logs every step)",
+		len(TrainCurve(e.Records)), e.Warmup, SpikeWindow, e.TotalSteps, every, e.TotalSteps/every)
 }
 
 // pending is g for a run at step of total, with what waits for its end.

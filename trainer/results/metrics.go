@@ -64,7 +64,7 @@ func merge(out []Record, rec Record) []Record {
 			rec.Loss = prev.Loss
 		}
 		if rec.EvalLoss == nil {
-			rec.EvalLoss = prev.EvalLoss
+			rec.EvalLoss, rec.EvalLossByStore, rec.EvalLeftOut = prev.EvalLoss, prev.EvalLossByStore, prev.EvalLeftOut
 		}
 		if rec.Tokens == 0 {
 			rec.Tokens = prev.Tokens

@@ -3,9 +3,11 @@ package results
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -51,6 +53,11 @@ type Figures struct {
 	HaveTrain      bool
 	HaveEval       bool
 	HaveThroughput bool
+
+	// EvalStores and EvalLeftOut are the stores the last evaluation of a
+	// run of several covered, and those it left out, holding no held-out
+	// window (Record.EvalLeftOut).
+	EvalStores, EvalLeftOut []string
 }
 
 // LossWindow is how many logged training losses the headline train-loss
@@ -86,6 +93,7 @@ func (s Summary) Figures() Figures {
 				f.BestEvalLoss, f.BestEvalStep = *r.EvalLoss, r.Step
 			}
 			f.FinalEvalLoss, f.HaveEval = *r.EvalLoss, true
+			f.EvalStores, f.EvalLeftOut = slices.Sorted(maps.Keys(r.EvalLossByStore)), r.EvalLeftOut
 		}
 	}
 	if len(losses) > 0 {
@@ -168,7 +176,13 @@ func (s Summary) Table() string {
 func (s Summary) resultRows(f Figures) [][]string {
 	na := "n/a"
 	step := fmt.Sprint(f.Steps)
-	if s.TotalSteps > 0 {
+	switch {
+	case s.TotalSteps > 0 && f.Steps > s.TotalSteps:
+		// A segment reads the run's total as it begins: one lowered
+		// meanwhile below the step it trains to ends the run at the
+		// segment's end, past it. "1500 / 800" read as a broken run.
+		step = fmt.Sprintf("%d, past its total_steps of %d: the total was lowered while a segment trained, the segment went on to its own end, step %d, and the run ended there", f.Steps, s.TotalSteps, f.Steps)
+	case s.TotalSteps > 0:
 		step = fmt.Sprintf("%d / %d", f.Steps, s.TotalSteps)
 	}
 	rows := [][]string{{"step", step}, {"tokens seen", humanCount(float64(f.TokensSeen))}}
@@ -185,6 +199,16 @@ func (s Summary) resultRows(f Figures) [][]string {
 		bestE = fmt.Sprintf("%.4f (step %d)", f.BestEvalLoss, f.BestEvalStep)
 	}
 	rows = append(rows, []string{"first eval loss", firstE}, []string{"final eval loss", finalE}, []string{"best eval loss", bestE})
+	if len(f.EvalLeftOut) > 0 {
+		// Said where it happens: nothing else tells a mixed eval loss of
+		// some of the stores from one of all of them.
+		them := "it"
+		if len(f.EvalLeftOut) > 1 {
+			them = "them"
+		}
+		rows = append(rows, []string{"eval loss covers", fmt.Sprintf("%s alone: %s held no held-out window (too few tokens), and the eval losses and the gates leave %s out; ingest more into %s",
+			strings.Join(f.EvalStores, ", "), strings.Join(f.EvalLeftOut, ", "), them, them)})
+	}
 	tps, mfu := na, na
 	if f.HaveThroughput {
 		tps = fmt.Sprintf("%.0f", f.TokPerSec)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/kiln-lm/kiln/internal/redismem"
 )
 
 // QueueStatus is one queue's sizes and its running tasks.
@@ -63,7 +65,7 @@ type TaskStatus struct {
 // Status returns every kiln queue with its running tasks' progress. A queue
 // no task has reached yet is reported empty.
 func (c *Client) Status(ctx context.Context) ([]QueueStatus, error) {
-	known, err := c.knownQueues()
+	known, err := c.shownQueues()
 	if err != nil {
 		return nil, err
 	}
@@ -106,9 +108,42 @@ func (c *Client) Status(ctx context.Context) ([]QueueStatus, error) {
 // would be there, unseen by status, cancel, retry and the waits for an
 // ingest. Kiln's own queues are added back where they are missing.
 func (c *Client) knownQueues() (map[string]bool, error) {
+	m, missing, err := c.queuesInSet()
+	if err != nil {
+		return nil, err
+	}
+	if len(missing) > 0 {
+		if err := c.rdb.SAdd(context.Background(), asynqQueues, missing...).Err(); err != nil {
+			return nil, fmt.Errorf("list queues: %w", err)
+		}
+		for _, q := range missing {
+			m[q.(string)] = true
+		}
+	}
+	return m, nil
+}
+
+// shownQueues is knownQueues for the listings (status, runs), which a
+// Redis full before kiln added its queues (a fresh or shared one) must not
+// end: the queues' adding is a write it refuses, and the listing reads
+// what Redis holds all the same, the queues missing empty, while its
+// snapshot says Redis is full (Snapshot.RedisFull). The waits for earlier
+// work keep knownQueues: a queue taken for empty there would let a task
+// go on before the work it waits for.
+func (c *Client) shownQueues() (map[string]bool, error) {
+	m, err := c.knownQueues()
+	if redismem.Refused(err) {
+		m, _, err = c.queuesInSet()
+	}
+	return m, err
+}
+
+// queuesInSet returns the queues asynq's set holds, and kiln's queues it
+// lacks.
+func (c *Client) queuesInSet() (map[string]bool, []any, error) {
 	qs, err := c.insp.Queues()
 	if err != nil {
-		return nil, fmt.Errorf("list queues: %w", err)
+		return nil, nil, fmt.Errorf("list queues: %w", err)
 	}
 	m := make(map[string]bool, len(qs))
 	for _, q := range qs {
@@ -120,15 +155,7 @@ func (c *Client) knownQueues() (map[string]bool, error) {
 			missing = append(missing, q)
 		}
 	}
-	if len(missing) > 0 {
-		if err := c.rdb.SAdd(context.Background(), asynqQueues, missing...).Err(); err != nil {
-			return nil, fmt.Errorf("list queues: %w", err)
-		}
-		for _, q := range missing {
-			m[q.(string)] = true
-		}
-	}
-	return m, nil
+	return m, missing, nil
 }
 
 // asynqQueues is the Redis set in which asynq (v0.26) keeps the names of
@@ -180,7 +207,7 @@ func (c *Client) Task(ctx context.Context, id string) (TaskStatus, error) {
 // lists them oldest first, so every page is read; a task archived without
 // a failure (cancelled before it ran) has no finishing time and comes last.
 func (c *Client) Runs(ctx context.Context, limit int) ([]TaskStatus, error) {
-	known, err := c.knownQueues()
+	known, err := c.shownQueues()
 	if err != nil {
 		return nil, err
 	}

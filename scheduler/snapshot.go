@@ -75,7 +75,7 @@ func allPages(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error),
 // in pages, and their progress records with one MGET per page.
 func (c *Client) Snapshot(ctx context.Context) (*Snapshot, error) {
 	s := &Snapshot{At: time.Now()}
-	known, err := c.knownQueues()
+	known, err := c.shownQueues()
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -281,6 +282,7 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 	for _, ts := range running {
 		fmt.Fprintln(w, taskLine(ts, byRun, now, bars, listErrRunes))
 	}
+	printWaiting(w, snap.Tasks)
 
 	damaged, err := worker.DamagedStores(ctx, q.Redis())
 	if err != nil {
@@ -343,6 +345,48 @@ func printFailures(w io.Writer, fails []scheduler.TaskStatus) {
 	if more := len(fails) - failuresShown; more > 0 {
 		fmt.Fprintf(w, "and %d more in the last hour: 'sched runs --limit N' lists the N tasks that ended last\n", more)
 	}
+}
+
+// waitingShown is how many waiting tasks status lists: an outage of the
+// object store sets back every task that meets it.
+const waitingShown = 10
+
+// printWaiting lists the tasks set back to wait (setBack "waiting": for
+// the object store to answer or to take the worker's keys, for a
+// tokenizer, for a store's ingest), newest report first, under WAITING,
+// and nothing where none waits. They are in asynq's retry state, which
+// neither RUNNING nor FAILURES lists. A training segment is left out: its
+// run's line in RUNS says what it waits for, in the same words.
+func printWaiting(w io.Writer, tasks []scheduler.TaskStatus) {
+	var waiting []scheduler.TaskStatus
+	for _, t := range tasks {
+		if setBack(t) == "waiting" && t.Kind != scheduler.KindTrainSegment {
+			waiting = append(waiting, t)
+		}
+	}
+	if len(waiting) == 0 {
+		return
+	}
+	sort.SliceStable(waiting, func(i, j int) bool { return waiting[i].Progress.Updated.After(waiting[j].Progress.Updated) })
+	fmt.Fprintln(w, "\nWAITING (no retry used)")
+	for _, t := range waiting[:min(len(waiting), waitingShown)] {
+		fmt.Fprintln(w, waitingLine(t))
+	}
+	if more := len(waiting) - waitingShown; more > 0 {
+		fmt.Fprintf(w, "and %d more waiting: 'sched runs --limit N' lists them among the N tasks that ended or were set back last\n", more)
+	}
+}
+
+// waitingLine is one waiting task: id, what it works on, what it waits
+// for (kiln's own words, which end with what to do, whole), and when its
+// worker found that and when it looks again.
+func waitingLine(t scheduler.TaskStatus) string {
+	parts := []string{t.ID, "waiting"}
+	if s := scheduler.Subject(t.Kind, t.Payload); s != "" {
+		parts = append(parts, s)
+	}
+	parts = append(parts, errorLine(t.Progress.Message, taskErrRunes), waitNote(t))
+	return strings.Join(parts, "  ")
 }
 
 // quietTask is how long a running task, or a run whose segment trains, may
@@ -653,5 +697,25 @@ func failureLine(t scheduler.TaskStatus) string {
 	if subject == "" {
 		subject = t.Kind
 	}
-	return fmt.Sprintf("%s  %s  %s  %s: %s", t.LastFailed.Local().Format("15:04:05"), t.ID, subject, what, scheduler.OneLine(t.LastErr, 200))
+	return fmt.Sprintf("%s  %s  %s  %s: %s", t.LastFailed.Local().Format("15:04:05"), t.ID, subject, what, failureErr(t, listErrRunes))
+}
+
+// failureErr is a failure's error as a FAILURES line says it, cut to about
+// n runes. Kiln's errors end with what to do, after their last "; "
+// ("...; enqueue the ingest again ('sched enqueue ingest'), which makes it
+// again"), which a cut at n would drop: a longer one keeps that last
+// clause whole after the cut, and one whose last clause would take most of
+// the line says where it is read whole ('sched status <task-id>').
+func failureErr(t scheduler.TaskStatus, n int) string {
+	msg := scheduler.OneLine(t.LastErr, taskErrRunes)
+	if utf8.RuneCountInString(msg) <= n {
+		return msg
+	}
+	if i := strings.LastIndex(msg, "; "); i >= 0 {
+		tail := msg[i+2:]
+		if head := n - utf8.RuneCountInString(tail) - 3; head >= n/3 {
+			return string([]rune(msg[:i])[:head]) + "…; " + tail
+		}
+	}
+	return scheduler.OneLine(msg, n) + " ('sched status " + t.ID + "' says it whole)"
 }

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+)
+
+// An ingest's task that meets an object store out of service (every shard
+// upload answered 503 SlowDown) waits for it, using none of its retries,
+// and `sched status` lists it under WAITING as operations.md says: waiting
+// for the object store at <url> to answer (<what failed>), as of its last
+// try, with its time and that of its next look. It was in asynq's retry
+// state, which status listed nowhere but in the RETRY count: neither
+// running nor failed, only `sched runs` showed it.
+func TestStatusListsATaskWaitingOutAnObjectStoreOutage(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "kiln")
+	tokenizerTK(t, dir, data)
+	src := sourceDir(t, dir, twoFiles)
+	r := testsvc.StartRedis(t)
+	srv := testsvc.S3(t)
+	faults := srv.Faults(t)
+	faults.Add(testsvc.Fault{Method: "PUT", Path: "/shards/", Action: testsvc.Status, Code: http.StatusServiceUnavailable})
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src,
+		"KILN_S3_ENDPOINT=" + faults.Endpoint, "KILN_S3_ACCESS_KEY=" + srv.AccessKey, "KILN_S3_SECRET_KEY=" + srv.SecretKey}
+	if out, errOut, code := sched(t, env, "enqueue", "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk"); code != 0 {
+		t.Fatalf("enqueue ingest: exit %d\n%s%s", code, out, errOut)
+	}
+	startWorker(t, env, "--queues", "ingest=1,append=1")
+
+	stamp := `\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`
+	line := regexp.MustCompile(`(?m)^ingest:shard:\S+  waiting  local:\S+ \S+/[ab]\.jsonl into code  waiting for the object store at ` +
+		regexp.QuoteMeta("http://"+faults.Endpoint+"/kiln") + ` to answer \(put: 503 SlowDown: injected by the test\)  ` +
+		`as of its last try at ` + stamp + `; it looks again at ` + stamp + `$`)
+	out := waitOutput(t, env, line, 2*time.Minute, "status")
+	if !strings.Contains(out, "\nWAITING (no retry used)\ningest:shard:") {
+		t.Errorf("status:\n%s\nwant the waiting task under WAITING", out)
+	}
+	if !strings.Contains(out, "FAILURES in the last hour\nnone\n") {
+		t.Errorf("status:\n%s\nwant no failure: the task waits, using no retry", out)
+	}
+}

@@ -787,7 +787,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	// What the store has room for now: it only fills, so its append has
 	// no more room, and the documents past it are left unread.
 	room := job.Limits.room(status.Tokens, tokens.DtypeFor(tok.VocabSize()).Width())
-	st, err := p.tokenize(ctx, job, local, key, tok, room)
+	st, err := p.tokenize(ctx, job, local, key, tok, room, say)
 	if SkipReason(err) != "" {
 		return skipped(err)
 	}
@@ -830,8 +830,10 @@ func DefaultTokenizing() int { return max(2, runtime.GOMAXPROCS(0)/8) }
 //
 // The shard holds a place in p.Tokenizing from opening the file until its
 // last token is written; the wait for the upload's last part and its
-// completion leaves the cores to the next shard.
-func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string, tok *tokenizer.Tokenizer, room int64) (ShardStats, error) {
+// completion leaves the cores to the next shard, and is said (say): a
+// shard of less than a part is sent whole then, which a slow or hung
+// store holds for minutes.
+func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string, tok *tokenizer.Tokenizer, room int64, say func(string)) (ShardStats, error) {
 	if p.Tokenizing != nil {
 		if err := p.Tokenizing.Acquire(ctx, 1); err != nil {
 			return ShardStats{}, fmt.Errorf("waiting to tokenize %s: %w", job.Path, err)
@@ -841,6 +843,9 @@ func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string
 	st, err := p.write(ctx, job, local, tok, up, room)
 	if p.Tokenizing != nil {
 		p.Tokenizing.Release(1)
+	}
+	if err == nil {
+		say("uploading the shard of " + job.Path)
 	}
 	// A write that failed because the upload did carries the upload's own
 	// error; one that failed for its own reason keeps it, and says so if

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -309,7 +310,7 @@ func TestAShardSaysWhyItsDownloadWaits(t *testing.T) {
 			}
 		}
 	}
-	if waits != 2 || said[len(said)-1] != "tokenizing data/a.parquet" {
-		t.Errorf("progress %q; want two waits for the Hub, then the tokenizing", said)
+	if waits != 2 || !slices.Equal(said[len(said)-2:], []string{"tokenizing data/a.parquet", "uploading the shard of data/a.parquet"}) {
+		t.Errorf("progress %q; want two waits for the Hub, then the tokenizing and the shard's upload", said)
 	}
 }

@@ -139,6 +139,40 @@ func (s RunState) Finishing() string {
 	return ""
 }
 
+// Quiet is how long a running task, or a run whose segment trains, may go
+// without a report before it reads as quiet: `sched status` says when it
+// last reported in place of its rate and ETA, and the run's tok/s metric
+// reads 0. A segment reports at every logged step; one that has not for
+// this long is stopped, or hangs (a GPU's wait ends its process only after
+// KILN_CUDA_HANG_TIMEOUT, 10 minutes by default), or logs too rarely for
+// its step time.
+const Quiet = 5 * time.Minute
+
+// LastReport is when the run last reported: its state's last write (at a
+// logged step), or where its segment task runs (running, nil where none
+// does), that task's last progress, which the worker writes as the task
+// starts, whichever is later. A segment that has just begun after the run
+// waited for the GPU has logged no step yet and is not quiet. Zero where
+// neither says.
+func (s RunState) LastReport(running *TaskStatus) time.Time {
+	last := s.Updated
+	if running != nil && running.HasProgress && running.Progress.Updated.After(last) {
+		last = running.Progress.Updated
+	}
+	return last
+}
+
+// Silent reports, with LastReport, whether the run's segment runs
+// (running), trains (its training is not over: a last segment waiting for
+// its uploads writes nothing either, for the minutes a slow store takes)
+// and has not reported for Quiet at now: a hung step (a stopped process, a
+// GPU that hangs) writes nothing, and the rate and ETA of its last logged
+// interval would stand for as long.
+func (s RunState) Silent(running *TaskStatus, now time.Time) (last time.Time, silent bool) {
+	last = s.LastReport(running)
+	return last, running != nil && s.Finishing() == "" && !last.IsZero() && now.Sub(last) >= Quiet
+}
+
 // OnGPUs is " on N GPUs" where the run's rate is that of several, or "".
 func (s RunState) OnGPUs() string {
 	if s.GPUs > 1 {

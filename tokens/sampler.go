@@ -65,6 +65,13 @@ func FirstHeldOut(holdOut int) int64 {
 	}
 }
 
+// HeldOutNeed is how many tokens a store needs to hold its first held-out
+// window of seq+1 tokens, when one window in holdOut is (DefaultHoldOut
+// when 0): fewer, and evaluation has none of it.
+func HeldOutNeed(holdOut, seq int) int64 {
+	return (FirstHeldOut(holdOut) + 1) * int64(seq+1)
+}
+
 // Source is one store in a mixture and its share of the windows.
 type Source struct {
 	Store  *Store

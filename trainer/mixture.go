@@ -192,12 +192,11 @@ type ShortStore struct {
 // are is not changed for a small store, as that would change the data
 // order of the runs over it and break their exact resumes.
 func (m *Mixture) WithoutHeldOut() []ShortStore {
-	first := tokens.FirstHeldOut(m.cfg.HoldOut)
-	need := (first + 1) * int64(m.cfg.SeqLen+1)
+	need := tokens.HeldOutNeed(m.cfg.HoldOut, m.cfg.SeqLen)
 	names := m.EvalStores()
 	var out []ShortStore
 	for i, st := range m.stores {
-		if st.Windows(m.cfg.SeqLen) <= first {
+		if st.Len() < need {
 			out = append(out, ShortStore{Name: names[i], Tokens: st.Len(), Need: need})
 		}
 	}

@@ -139,7 +139,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		if rt, ok := segments[s.Run]; ok && rt.Task.State == "active" {
 			running = &rt.Task
 		}
-		last := LastReport(s, running)
+		last, silent := s.Silent(running, now)
 		gauge(descRunStep, float64(s.Step), s.Run)
 		gauge(descRunTotal, float64(s.Total), s.Run)
 		gauge(descRunTokens, float64(s.Tokens), s.Run)
@@ -156,7 +156,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		// writes nothing either (minutes on a slow store): not a hang
 		// of its training, which the rate is of.
 		rate := s.TokPerS
-		if running != nil && s.Finishing() == "" && !last.IsZero() && now.Sub(last) >= Quiet {
+		if silent {
 			rate = 0
 		}
 		gauge(descRunTokPerSec, rate, s.Run)
@@ -173,29 +173,6 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descRunDone, done, s.Run)
 	}
-}
-
-// Quiet is how long a running task, or a run whose segment trains, may go
-// without a report before it reads as quiet: `sched status` says when it
-// last reported in place of its rate and ETA, and a run's tok/s reads 0
-// here. A segment reports at every logged step; one that has not for this
-// long is stopped, or hangs (a GPU's wait ends its process only after
-// KILN_CUDA_HANG_TIMEOUT, 10 minutes by default), or logs too rarely for
-// its step time.
-const Quiet = 5 * time.Minute
-
-// LastReport is when run s last reported: its state's last write (at a
-// logged step), or where its segment task runs (running, nil where none
-// does), that task's last progress, which the worker writes as the task
-// starts, whichever is later. A segment that has just begun after the run
-// waited for the GPU has logged no step yet and is not quiet. Zero where
-// neither says.
-func LastReport(s scheduler.RunState, running *scheduler.TaskStatus) time.Time {
-	last := s.Updated
-	if running != nil && running.HasProgress && running.Progress.Updated.After(last) {
-		last = running.Progress.Updated
-	}
-	return last
 }
 
 // ServeMetrics listens on addr and serves /metrics (kiln's figures and the

@@ -740,7 +740,7 @@ func clearDemoRun(ctx context.Context, dir string, objects store.Store) error {
 // its first evaluation with advice for 'sched train' that the demo cannot
 // take.
 func checkEvalWindows(glob string, files int, have int64, seq int) error {
-	need := (tokens.FirstHeldOut(0) + 1) * int64(seq+1)
+	need := tokens.HeldOutNeed(0, seq)
 	if have >= need {
 		return nil
 	}

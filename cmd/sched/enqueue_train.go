@@ -320,8 +320,7 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) (run
 	// Evaluation needs one held-out window in any of the stores. Which
 	// windows are held out depends on their index alone: a store has one
 	// once it holds the first of them.
-	first := tokens.FirstHeldOut(0)
-	need := (first + 1) * int64(rc.Seq+1)
+	first, need := tokens.FirstHeldOut(0), tokens.HeldOutNeed(0, rc.Seq)
 	var most int64
 	filling := false
 	var short []string

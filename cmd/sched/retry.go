@@ -53,7 +53,7 @@ also re-queues what failed in it.`,
 					if live, err := runIsLive(c, q, a.Run, ti.ID); live || err != nil {
 						return err
 					}
-					seg, more, done, err := checkRetrySegment(c, cfg, q, a)
+					seg, more, done, err := checkRetrySegment(ctx, c, cfg, q, a)
 					if done || err != nil {
 						return err
 					}
@@ -79,11 +79,7 @@ also re-queues what failed in it.`,
 // line that says it queued reads it: from the checkpoint the run resumes
 // from, or from 0 where it has none, where the line said "resumes from
 // its last checkpoint" of a run that had none; and checkRun's notes.
-func checkRetrySegment(c *cobra.Command, cfg scheduler.Config, q *scheduler.Client, a scheduler.TrainSegment) (seg scheduler.TrainSegment, notes []string, done bool, err error) {
-	ctx := c.Context()
-	if ctx == nil {
-		ctx = context.Background()
-	}
+func checkRetrySegment(ctx context.Context, c *cobra.Command, cfg scheduler.Config, q *scheduler.Client, a scheduler.TrainSegment) (seg scheduler.TrainSegment, notes []string, done bool, err error) {
 	set, err := runs.Load(os.Getenv("KILN_RUNS"))
 	if err != nil {
 		return seg, nil, false, badInput("KILN_RUNS: %v", err)

@@ -17,7 +17,6 @@ import (
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/trainer/segment"
-	"github.com/kiln-lm/kiln/worker"
 )
 
 // Run states as `sched status` and `sched runs` name them. Only a run
@@ -210,8 +209,8 @@ func (v runView) line(now time.Time) string {
 		if v.Task != nil && v.Task.State == "active" {
 			running = v.Task
 		}
-		last := worker.LastReport(v.RunState, running)
-		quiet := v.Status == runTraining && !last.IsZero() && now.Sub(last) >= quietTask
+		last, silent := v.Silent(running, now)
+		quiet := v.Status == runTraining && silent
 		if v.Status == runTraining && v.TokPerS > 0 && !quiet {
 			parts = append(parts, formatRate(v.TokPerS, "tok")+v.OnGPUs())
 		}

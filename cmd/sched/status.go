@@ -389,11 +389,6 @@ func waitingLine(t scheduler.TaskStatus) string {
 	return strings.Join(parts, "  ")
 }
 
-// quietTask is how long a running task, or a run whose segment trains, may
-// go without a report before its line says when it last reported, in
-// place of its rate and ETA: the metrics read the run's tok/s as 0 then.
-const quietTask = worker.Quiet
-
 // Of a task whose last attempt failed, its line says the error, its lines
 // joined: cut at listErrRunes where status lists tasks, whole where it
 // shows the one task asked for.
@@ -426,7 +421,7 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		// silent for minutes is in a long quiet phase, or stuck (a GPU
 		// that hangs ends its process after KILN_CUDA_HANG_TIMEOUT), and
 		// the rate and ETA of its last report say nothing of now.
-		quiet := ts.State == "active" && !p.Updated.IsZero() && now.Sub(p.Updated) >= quietTask
+		quiet := ts.State == "active" && !p.Updated.IsZero() && now.Sub(p.Updated) >= scheduler.Quiet
 		finishing := ""
 		if ts.Kind == scheduler.KindTrainSegment {
 			eta = 0

@@ -33,14 +33,14 @@ func TestADownloadNoTaskFinishesIsRemoved(t *testing.T) {
 	var mu sync.Mutex
 	cut := map[string]context.CancelFunc{}
 	resolves := map[string]int{}
-	h.BeforeResolve = func(_ context.Context, _, path string) error {
+	h.SetBeforeResolve(func(_ context.Context, _, path string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if resolves[path]++; resolves[path] == 2 && cut[path] != nil {
 			cut[path]()
 		}
 		return nil
-	}
+	})
 	res, err := p.Plan(context.Background(), PlanJob{Dataset: "corpus", Store: "code", Tokenizer: "t", Seed: 1})
 	if err != nil || len(res.Shards) != 3 {
 		t.Fatalf("plan: %+v, %v", res, err)

@@ -49,7 +49,7 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 	// download.
 	var mu sync.Mutex
 	onDownload := map[string]func(){}
-	h.BeforeResolve = func(_ context.Context, _, path string) error {
+	h.SetBeforeResolve(func(_ context.Context, _, path string) error {
 		mu.Lock()
 		run := onDownload[path]
 		delete(onDownload, path)
@@ -58,7 +58,7 @@ func TestAStoreFullAtItsLimitReadsNoMoreFiles(t *testing.T) {
 			run()
 		}
 		return nil
-	}
+	})
 	const name = "code"
 	plan := func(l Limits) (PlanResult, error) {
 		return p.Plan(ctx, PlanJob{Dataset: "corpus", Store: name, Tokenizer: "t", Seed: 3, Limits: l})

@@ -284,7 +284,7 @@ func TestAShardSaysWhyItsDownloadWaits(t *testing.T) {
 	h.Add(corpusRepo, "data/a.parquet", parquetBytes(t, []textRow{{Text: "func main() {}"}}), true)
 	var mu sync.Mutex
 	refusals := 2
-	h.BeforeResolve = func(context.Context, string, string) error {
+	h.SetBeforeResolve(func(context.Context, string, string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if refusals > 0 {
@@ -292,7 +292,7 @@ func TestAShardSaysWhyItsDownloadWaits(t *testing.T) {
 			return errors.New("busy")
 		}
 		return nil
-	}
+	})
 	res, err := p.Plan(ctx, PlanJob{Dataset: "corpus", Store: "code", Tokenizer: "t", Seed: 3})
 	if err != nil || len(res.Shards) != 1 {
 		t.Fatalf("plan: %+v, %v", res, err)

@@ -58,7 +58,7 @@ func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 		defer mu.Unlock()
 		return e.hub.Downloads(from)
 	}
-	e.hub.BeforeResolve = func(ctx context.Context, _, path string) error {
+	e.hub.SetBeforeResolve(func(ctx context.Context, _, path string) error {
 		mu.Lock()
 		var wait func() bool
 		if !seen[path] {
@@ -73,7 +73,7 @@ func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 			return errors.New("the test's condition never came")
 		}
 		return nil
-	}
+	})
 	const files = 8
 	e.addGoodFiles("good", files, 4, strings.Repeat(" and more text", 20))
 	storesDir := t.TempDir()

@@ -105,11 +105,11 @@ func TestADirectIngestStoppedBeforeItsFirstAppendSaysNothingWasWritten(t *testin
 	hub.Add("HuggingFaceFW/fineweb-edu", "sample/100BT/000_00000.parquet", writeParquet(t, []textRow{{"a lesson in a sentence"}}), true)
 	asked := make(chan struct{})
 	var once sync.Once
-	hub.BeforeResolve = func(ctx context.Context, repo, path string) error {
+	hub.SetBeforeResolve(func(ctx context.Context, repo, path string) error {
 		once.Do(func() { close(asked) })
 		<-ctx.Done()
 		return ctx.Err()
-	}
+	})
 	store := filepath.Join(dir, "store")
 	cmd := exec.Command(os.Args[0], "ingest", "fineweb-edu", "--direct", "--store-dir", store, "--tokenizer-file", tok)
 	cmd.Env = append(baseEnv(t), "HF_ENDPOINT="+hub.Server.URL)

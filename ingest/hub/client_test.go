@@ -378,7 +378,7 @@ func TestRateLimitIsWaitedOut(t *testing.T) {
 		t.Fatal("the client did not wait between rate-limited attempts")
 	}
 
-	h.RateLimited = 100
+	h.SetRateLimited(100)
 	_, err = c.ResolveRevision(context.Background(), repo, "main")
 	if err == nil || !strings.Contains(err.Error(), "429") {
 		t.Fatalf("endless 429: want an error after the retries, got %v", err)
@@ -390,7 +390,7 @@ func TestRateLimitIsWaitedOut(t *testing.T) {
 func TestServerErrorsAreGivenUpOnCauseFirst(t *testing.T) {
 	h := newHub(t)
 	h.Add(repo, "data/a.txt", []byte("some text"), false)
-	h.BeforeResolve = func(context.Context, string, string) error { return errors.New("down for maintenance") }
+	h.SetBeforeResolve(func(context.Context, string, string) error { return errors.New("down for maintenance") })
 	c, err := hub.New(hub.Config{Endpoint: h.Server.URL + "/", MaxRetries: 2, MaxWait: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

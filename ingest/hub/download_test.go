@@ -102,7 +102,7 @@ func TestDownloadCutEachTimeStopsWhereItGetsNoFurther(t *testing.T) {
 		t.Fatal("the download resumed at each cut differs from the content")
 	}
 
-	h.IgnoreRange = true
+	h.SetIgnoreRange(true)
 	dst = filepath.Join(t.TempDir(), "b.parquet")
 	err = c.Download(ctx, repo, "main", files[0], dst)
 	if err == nil || !strings.Contains(err.Error(), "a.parquet") || !strings.Contains(err.Error(), "30000") {

@@ -336,10 +336,10 @@ func TestAForcePushDuringASampleIsDrawnAgainOrNamesThePresetsRevision(t *testing
 			preset.Revision = old
 		}
 		var pushed sync.Once
-		h.BeforeResolve = func(context.Context, string, string) error {
+		h.SetBeforeResolve(func(context.Context, string, string) error {
 			pushed.Do(func() { h.ForcePush() }) // after the first file's commit was checked
 			return nil
-		}
+		})
 		opt := Options{Preset: preset, Hub: hc, Bytes: 8_000, Seed: 1, Spread: 6, TempDir: t.TempDir()}
 		_, err := Draw(context.Background(), opt, &bytes.Buffer{}, &bytes.Buffer{})
 		var gone *RevisionGoneError
@@ -355,7 +355,7 @@ func TestAForcePushDuringASampleIsDrawnAgainOrNamesThePresetsRevision(t *testing
 		case !strings.Contains(err.Error(), "sample of web: commit "+old+" of dataset "+repo) || !strings.Contains(err.Error(), want):
 			t.Fatalf("pinned %v: %v; want the commit named and %q", pinned, err, want)
 		}
-		h.BeforeResolve = nil
+		h.SetBeforeResolve(nil)
 		if pinned {
 			opt.Preset.Revision = h.Commit
 		}

@@ -27,7 +27,12 @@ import (
 	"time"
 )
 
-// Hub is a fake Hub with one CDN. Configure it before the first request.
+// Hub is a fake Hub with one CDN. Set its fields before the first request
+// and before Add, whose lock orders them before the server's reads: a
+// request from a process the test starts orders nothing for the race
+// detector. Once it may be serving, change it with its setters:
+// SetBeforeResolve, Authorize, Revoke, SetUnavailable, SetRateLimited,
+// SetIgnoreRange.
 type Hub struct {
 	// Server is the Hub; CDN is where resolve redirects LFS files.
 	Server *httptest.Server
@@ -82,11 +87,6 @@ type Hub struct {
 	CDNForbidden int
 	// IgnoreRange makes the CDN answer every request with the whole file.
 	IgnoreRange bool
-	// BeforeResolve, when set, runs before the Hub answers a request to
-	// download a file of repo (a resolve), which waits for it; an error
-	// answers the request with 503 and the error's text. A test acts there
-	// at a given download, or holds it until what it tests has happened.
-	BeforeResolve func(ctx context.Context, repo, path string) error
 
 	mu       sync.Mutex
 	files    map[string]map[string][]byte // repo -> path -> content
@@ -97,6 +97,8 @@ type Hub struct {
 	requests []Request
 	closing  chan struct{}
 	closed   sync.Once
+	// beforeResolve is SetBeforeResolve's hook, read and written under mu.
+	beforeResolve func(ctx context.Context, repo, path string) error
 }
 
 // Request is one request seen by the Hub or the CDN.
@@ -201,6 +203,34 @@ func (h *Hub) Revoke(token string) {
 func (h *Hub) SetUnavailable(n, retryAfter int) {
 	h.mu.Lock()
 	h.Unavailable, h.RetryAfter = n, retryAfter
+	h.mu.Unlock()
+}
+
+// SetRateLimited makes the Hub answer the next n requests with 429, from
+// the next request on.
+func (h *Hub) SetRateLimited(n int) {
+	h.mu.Lock()
+	h.RateLimited = n
+	h.mu.Unlock()
+}
+
+// SetIgnoreRange makes the CDN answer every request with the whole file
+// (ignore) or honour Range again, from the next request on.
+func (h *Hub) SetIgnoreRange(ignore bool) {
+	h.mu.Lock()
+	h.IgnoreRange = ignore
+	h.mu.Unlock()
+}
+
+// SetBeforeResolve sets the hook that runs before the Hub answers a
+// request to download a file of repo (a resolve), which waits for it, from
+// the next request on; nil takes it out. An error it returns answers the
+// request with 503 and the error's text. A test acts there at a given
+// download, or holds it until what it tests has happened. What the test
+// wrote before the call, the hook sees.
+func (h *Hub) SetBeforeResolve(f func(ctx context.Context, repo, path string) error) {
+	h.mu.Lock()
+	h.beforeResolve = f
 	h.mu.Unlock()
 }
 
@@ -325,7 +355,7 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 	}
 	h.mu.Lock()
 	files, ok := h.files[repo]
-	commit := h.Commit
+	commit, beforeResolve := h.Commit, h.beforeResolve
 	h.mu.Unlock()
 	if !ok {
 		if r.Header.Get("Authorization") == "" {
@@ -357,8 +387,8 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 	case api && verb == "tree":
 		return h.tree(w, r, repo, files, path)
 	case !api && verb == "resolve":
-		if h.BeforeResolve != nil {
-			if err := h.BeforeResolve(r.Context(), repo, path); err != nil {
+		if beforeResolve != nil {
+			if err := beforeResolve(r.Context(), repo, path); err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
 				return http.StatusServiceUnavailable
 			}

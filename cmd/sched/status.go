@@ -360,7 +360,7 @@ const waitingShown = 10
 func printWaiting(w io.Writer, tasks []scheduler.TaskStatus) {
 	var waiting []scheduler.TaskStatus
 	for _, t := range tasks {
-		if setBack(t) == "waiting" && t.Kind != scheduler.KindTrainSegment {
+		if waits(t) && t.Kind != scheduler.KindTrainSegment {
 			waiting = append(waiting, t)
 		}
 	}
@@ -399,9 +399,15 @@ const (
 
 // taskLine is one task: id, state, then what its progress says. A
 // training segment's ETA is its run's (tokens left over the measured
-// rate); a task whose worker is lost shows that, and no rate or ETA.
+// rate); a task whose worker is lost shows that, and no rate or ETA. A
+// task set back to wait (waits) reads "waiting", as WAITING lists it, not
+// asynq's state, "retry", which a failed attempt's task reads too: none of
+// its attempts failed, and its message says what it waits for.
 func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now time.Time, bars bool, errRunes int) string {
 	parts := []string{ts.ID, ts.State}
+	if waits(ts) {
+		parts[1] = "waiting"
+	}
 	failed := ts.LastErr != "" && failedLast(ts)
 	if ts.Lost {
 		parts[1] = "worker lost"
@@ -461,7 +467,7 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		if p.Message != "" && !(failed && p.State == "failed" && sameError(p.Message, ts.LastErr)) {
 			parts = append(parts, fmt.Sprintf("%q", p.Message))
 		}
-		if setBack(ts) == "waiting" {
+		if waits(ts) {
 			parts = append(parts, waitNote(ts))
 		}
 		if p.Worker != "" && ts.State == "active" {
@@ -524,6 +530,12 @@ func setBack(ts scheduler.TaskStatus) string {
 	}
 	return ""
 }
+
+// waits reports whether a task is set back to wait for something (the
+// object store to answer or to take the worker's keys, a tokenizer, a
+// store's ingest) rather than for its next try after a failure: the one
+// test of whether status says it is waiting, in WAITING and on its own.
+func waits(ts scheduler.TaskStatus) bool { return setBack(ts) == "waiting" }
 
 // waitNote says when a waiting task's worker found what the task waits
 // for, and when the task looks again: the report is its last try's, and

@@ -31,7 +31,7 @@ func TestStatusActiveSegmentShowsNoPastWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := info.ID
-	waiting := waitStatus(t, env, id, regexp.MustCompile(`^`+id+`  retry  .*"waiting for the ingest of token store code`), time.Minute)
+	waiting := waitStatus(t, env, id, regexp.MustCompile(`^`+id+`  waiting  .*"waiting for the ingest of token store code`), time.Minute)
 	if strings.Contains(waiting, "last error") {
 		t.Errorf("a waiting segment's line calls its wait an error: %q", waiting)
 	}
@@ -205,7 +205,7 @@ func TestStatusShowsAWaitAsItsLastTrys(t *testing.T) {
 	if !regexp.MustCompile(`^eta  waiting  .*waiting for the ingest of token store code \(1 task left\) \(` + stamp + `\)$`).MatchString(run) {
 		t.Errorf("status shows the waiting run as %q", run)
 	}
-	task := waitStatus(t, env, id, regexp.MustCompile(`^`+id+`  retry  `), time.Minute)
+	task := waitStatus(t, env, id, regexp.MustCompile(`^`+id+`  waiting  `), time.Minute)
 	if !regexp.MustCompile(`"waiting for the ingest of token store code \(1 task left\)"  ` + stamp).MatchString(task) {
 		t.Errorf("status shows the waiting segment as %q", task)
 	}

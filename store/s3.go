@@ -397,7 +397,10 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 // counts as a stall of its GET: a stalled GET is asked for again once, and
 // after a second stall the body gives up (stallBudget). Where that is not
 // enough the error stays (io.ErrUnexpectedEOF for a cut), classed as the
-// store not answering: a body cut short is never taken for a whole one.
+// store not answering: a body cut short is never taken for a whole one. An
+// object replaced between the stat and the GET's answer, before a byte of
+// it was read, is stated and asked for again (replaced), up to
+// MaxRetries-1 times.
 type s3Body struct {
 	s    *S3
 	ctx  context.Context
@@ -405,9 +408,18 @@ type s3Body struct {
 	etag string
 	o    *minio.Object
 	// off is how many bytes of the object were read; resumed, how many
-	// times the rest of it was asked for.
-	off     int64
-	resumed int
+	// times the rest of it was asked for; restated, how many times it was
+	// found replaced before its first byte and asked for again.
+	off      int64
+	resumed  int
+	restated int
+}
+
+// replaced reports whether err is the store's answer to a GET of an object
+// whose ETag is no longer the one asked for (412 PreconditionFailed).
+func replaced(err error) bool {
+	var e *S3Error
+	return errors.As(err, &e) && e.status == http.StatusPreconditionFailed
 }
 
 // open sends the GET of the object from off.
@@ -444,6 +456,24 @@ func (b *s3Body) Read(p []byte) (int, error) {
 			return n, nil
 		}
 		var stalled *stalledError
+		if b.off == 0 && replaced(err) && b.restated < b.s.o.MaxRetries-1 && b.ctx.Err() == nil {
+			// Replaced between its stat and its GET, before a byte of it
+			// was read: the new object is read whole, as a Get sent a
+			// moment later would. An object rewritten in place (a store's
+			// status.json, written at every append) is read while it
+			// changes, and this is no fault of the store's.
+			b.restated++
+			b.o.Close()
+			oi, serr := b.s.c.StatObject(b.ctx, b.s.o.Bucket, b.key, minio.StatObjectOptions{})
+			if serr != nil {
+				return 0, b.s.wrap("stat", b.key, serr)
+			}
+			b.etag = oi.ETag
+			if oerr := b.open(); oerr != nil {
+				return 0, oerr
+			}
+			continue
+		}
 		if !Unreachable(err) || b.ctx.Err() != nil || b.resumed >= b.s.o.MaxRetries-1 || errors.As(err, &stalled) {
 			return 0, err
 		}

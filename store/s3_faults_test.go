@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -207,5 +208,66 @@ func TestS3GetCutShortIsUnreachable(t *testing.T) {
 	_, err = read()
 	if err == nil || !Unreachable(err) || !strings.Contains(err.Error(), "get http://"+f.Endpoint+"/kiln/"+key+": 503 SlowDown: injected by the test") {
 		t.Fatalf("a GET answered 503 SlowDown: %v; want it named, as the store not answering", err)
+	}
+}
+
+// An object replaced between a Get's stat and its GET, before a byte of
+// it was read, is read whole in its new version: a store's status.json,
+// rewritten at every append, is read by tasks while it changes, and a
+// 412 there failed the task that read it. Replaced after its first bytes
+// were read, it still fails (above): the two are never spliced.
+func TestS3GetOfAnObjectReplacedBeforeItsFirstByteReadsTheNewOne(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	f := srv.Faults(t)
+	s := newS3Via(t, srv, f, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const key = "tokens/code/status.json"
+	if err := s.Put(ctx, key, strings.NewReader(`{"tokens":1}`), -1); err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, replaces := range []int{1, 3} {
+		var versions []string
+		rules := make([]*testsvc.Fault, replaces)
+		for i := range rules {
+			rules[i] = f.Add(testsvc.Fault{Method: "GET", Path: key, Action: testsvc.Hold, Count: 1,
+				Release: make(chan struct{}), Held: make(chan struct{})})
+		}
+		type read struct {
+			b   []byte
+			err error
+		}
+		done := make(chan read, 1)
+		go func() {
+			r, err := s.Get(ctx, key)
+			if err != nil {
+				done <- read{err: err}
+				return
+			}
+			defer r.Close()
+			b, err := io.ReadAll(r)
+			done <- read{b, err}
+		}()
+		// Each held GET asks for the version its stat saw; the object is
+		// replaced before the store answers it.
+		for i, rule := range rules {
+			<-rule.Held
+			v := fmt.Sprintf(`{"tokens":%d}`, 100*replaces+i)
+			versions = append(versions, v)
+			if err := s.Put(ctx, key, strings.NewReader(v), -1); err != nil {
+				t.Fatal(err)
+			}
+			close(rule.Release)
+		}
+		got := <-done
+		if want := versions[len(versions)-1]; got.err != nil || string(got.b) != want {
+			t.Fatalf("a get whose object was replaced %d time(s) before its GET was answered: %q, %v; want %q, its newest version", replaces, got.b, got.err, want)
+		}
+		held += replaces
+		if n := f.Acted("GET /kiln/" + key); n != held {
+			t.Fatalf("%d GETs held, want %d", n, held)
+		}
 	}
 }

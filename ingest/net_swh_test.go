@@ -27,7 +27,7 @@ import (
 func TestSoftwareHeritageRefusalIsTheUsersToFix(t *testing.T) {
 	fake := hubtest.NewSWH()
 	defer fake.Close()
-	fake.Private = true
+	fake.SetPrivate(true)
 	var rows []blobRow
 	for i := range 50 {
 		fake.Add(blobID(i), []byte(fmt.Sprintf("print(%d)\n", i)))
@@ -117,7 +117,7 @@ func TestSoftwareHeritageNotReachedSaysWhatToCheck(t *testing.T) {
 func TestSoftwareHeritageWrongRegionNamesAWSRegion(t *testing.T) {
 	fake := hubtest.NewSWH()
 	defer fake.Close()
-	fake.Region = "us-east-1"
+	fake.SetRegion("us-east-1")
 	fake.Add(blobID(1), []byte("print(1)\n"))
 	path := filepath.Join(t.TempDir(), "ids.jsonl")
 	if err := os.WriteFile(path, []byte(`{"blob_id":"`+blobID(1)+`"}`+"\n"), 0o644); err != nil {

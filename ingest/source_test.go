@@ -221,7 +221,8 @@ func blobID(i int) string { return fmt.Sprintf("%040x", i+1) }
 func TestSoftwareHeritageBlobs(t *testing.T) {
 	fake := hubtest.NewSWH()
 	defer fake.Close()
-	fake.Flaky, fake.Barrier = true, 32
+	fake.SetFlaky(true)
+	fake.SetBarrier(32)
 	var rows []blobRow
 	var want []string
 	for i := range 300 {
@@ -290,7 +291,7 @@ func TestSoftwareHeritageDenied(t *testing.T) {
 func TestSoftwareHeritageDownIsGivenUpOnWithItsAnswerFirst(t *testing.T) {
 	fake := hubtest.NewSWH()
 	defer fake.Close()
-	fake.Down = true
+	fake.SetDown(true)
 	fake.Add(blobID(1), []byte("print(1)\n"))
 	path := filepath.Join(t.TempDir(), "ids.jsonl")
 	os.WriteFile(path, []byte(`{"blob_id":"`+blobID(1)+`"}`+"\n"), 0o644)
@@ -304,8 +305,9 @@ func TestSoftwareHeritageDownIsGivenUpOnWithItsAnswerFirst(t *testing.T) {
 func TestSoftwareHeritageCloseStopsInFlight(t *testing.T) {
 	fake := hubtest.NewSWH()
 	defer fake.Close()
-	fake.Gate = make(chan struct{})
-	defer close(fake.Gate)
+	gate := make(chan struct{})
+	defer close(gate)
+	fake.SetGate(gate)
 	var rows []blobRow
 	for i := range 100 {
 		rows = append(rows, blobRow{BlobID: blobID(i)})

@@ -117,10 +117,12 @@ func printRuns(w io.Writer, snap *scheduler.Snapshot, states []scheduler.RunStat
 	}
 }
 
-// outcomeLine is a task that ended or was set back: id, asynq's state,
-// what happened in words, what it worked on, and its last message.
+// outcomeLine is a task that ended or was set back: id, its state as
+// status says it (stateShown: a task set back reads what set it back, not
+// asynq's "retry"), what happened in words, what it worked on, and its
+// last message.
 func outcomeLine(t scheduler.TaskStatus) string {
-	parts := []string{t.ID, t.State}
+	parts := []string{t.ID, stateShown(t)}
 	switch {
 	case t.State == "completed" && t.HasProgress && t.Progress.State == "stopped":
 		parts = append(parts, "stopped at its ingest's limit, as planned (not a failure)")
@@ -135,7 +137,8 @@ func outcomeLine(t scheduler.TaskStatus) string {
 		}
 		parts = append(parts, fmt.Sprintf("failed for good after %s: %s", attempts, scheduler.OneLine(t.LastErr, 200)))
 	case setBack(t) == "interrupted":
-		parts = append(parts, "interrupted by a worker's shutdown and re-queued (no retry used)")
+		// After its state word: "interrupted  by a worker's shutdown ...".
+		parts = append(parts, "by a worker's shutdown and re-queued (no retry used)")
 	case setBack(t) == "waiting":
 		when := "queued to look again"
 		if t.State == "retry" {

@@ -400,14 +400,12 @@ const (
 // taskLine is one task: id, state, then what its progress says. A
 // training segment's ETA is its run's (tokens left over the measured
 // rate); a task whose worker is lost shows that, and no rate or ETA. A
-// task set back to wait (waits) reads "waiting", as WAITING lists it, not
-// asynq's state, "retry", which a failed attempt's task reads too: none of
-// its attempts failed, and its message says what it waits for.
+// task set back (setBack) reads what set it back, "waiting" as WAITING
+// lists it or "interrupted" by its worker's shutdown, with when it runs
+// again, not asynq's state, "retry", which a failed attempt's task reads
+// too: none of its attempts failed.
 func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now time.Time, bars bool, errRunes int) string {
-	parts := []string{ts.ID, ts.State}
-	if waits(ts) {
-		parts[1] = "waiting"
-	}
+	parts := []string{ts.ID, stateShown(ts)}
 	failed := ts.LastErr != "" && failedLast(ts)
 	if ts.Lost {
 		parts[1] = "worker lost"
@@ -467,8 +465,11 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		if p.Message != "" && !(failed && p.State == "failed" && sameError(p.Message, ts.LastErr)) {
 			parts = append(parts, fmt.Sprintf("%q", p.Message))
 		}
-		if waits(ts) {
+		switch setBack(ts) {
+		case "waiting":
 			parts = append(parts, waitNote(ts))
+		case "interrupted":
+			parts = append(parts, rerunNote(ts, now))
 		}
 		if p.Worker != "" && ts.State == "active" {
 			parts = append(parts, "on "+p.Worker)
@@ -534,8 +535,31 @@ func setBack(ts scheduler.TaskStatus) string {
 // waits reports whether a task is set back to wait for something (the
 // object store to answer or to take the worker's keys, a tokenizer, a
 // store's ingest) rather than for its next try after a failure: the one
-// test of whether status says it is waiting, in WAITING and on its own.
+// test of whether status lists it under WAITING, as setBack is of whether
+// its line and sched runs' read "waiting" (stateShown).
 func waits(ts scheduler.TaskStatus) bool { return setBack(ts) == "waiting" }
+
+// stateShown is a task's state as status and runs say it: what set it
+// back where something did (setBack: "waiting", "interrupted"), asynq's
+// state otherwise. asynq holds a task set back in its retry state, beside
+// those whose attempt failed, and a user reads "retry" as a failure.
+func stateShown(ts scheduler.TaskStatus) string {
+	if back := setBack(ts); back != "" {
+		return back
+	}
+	return ts.State
+}
+
+// rerunNote says when a task its worker's shutdown interrupted runs again:
+// at once, without using a retry, once a worker on its queue takes it
+// (asynq's retry state holds it until a worker moves it back to its
+// queue; none may run now).
+func rerunNote(ts scheduler.TaskStatus, now time.Time) string {
+	if ts.State == "retry" && ts.NextRun.After(now) {
+		return "it runs again at " + ts.NextRun.UTC().Format(time.RFC3339) + " (no retry used)"
+	}
+	return "it runs again once a worker on queue " + ts.Queue + " takes it (no retry used)"
+}
 
 // waitNote says when a waiting task's worker found what the task waits
 // for, and when the task looks again: the report is its last try's, and

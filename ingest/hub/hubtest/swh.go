@@ -14,8 +14,12 @@ import (
 
 // SWH is a local Software Heritage content bucket for tests: it serves
 // each blob gzipped at /content/<blob id>, as the public S3 bucket does, and
-// answers S3's NoSuchKey for a blob it does not hold. Configure it before
-// the first request.
+// answers S3's NoSuchKey for a blob it does not hold. Set its fields
+// before the first request and before Add, whose lock orders them before
+// the server's reads: a request from a process the test starts orders
+// nothing for the race detector. Once it may be serving, change it with
+// its setters: SetFlaky, SetDown, SetPrivate, SetRegion, SetGate,
+// SetBarrier.
 type SWH struct {
 	Server *httptest.Server
 
@@ -37,6 +41,8 @@ type SWH struct {
 	// keeps that many requests outstanding.
 	Barrier int64
 
+	// mu guards the fields above once it may be serving (their setters),
+	// and blobs and failed.
 	mu       sync.Mutex
 	blobs    map[string][]byte
 	failed   map[string]bool
@@ -64,6 +70,56 @@ func (s *SWH) Add(id string, content []byte) {
 	s.blobs[id] = content
 }
 
+// SetFlaky makes the bucket answer each blob's first request with 503
+// SlowDown (flaky), or stop, from the next request on.
+func (s *SWH) SetFlaky(flaky bool) {
+	s.mu.Lock()
+	s.Flaky = flaky
+	s.mu.Unlock()
+}
+
+// SetDown makes the bucket answer every request with 503 SlowDown (down),
+// or serve again, from the next request on.
+func (s *SWH) SetDown(down bool) {
+	s.mu.Lock()
+	s.Down = down
+	s.mu.Unlock()
+}
+
+// SetPrivate makes the bucket refuse requests that carry no AWS signature
+// with 403 AccessDenied (private), or take them again, from the next
+// request on.
+func (s *SWH) SetPrivate(private bool) {
+	s.mu.Lock()
+	s.Private = private
+	s.mu.Unlock()
+}
+
+// SetRegion sets the bucket's region, "" for none, from the next request
+// on: a request signed for another is answered 400
+// AuthorizationHeaderMalformed.
+func (s *SWH) SetRegion(region string) {
+	s.mu.Lock()
+	s.Region = region
+	s.mu.Unlock()
+}
+
+// SetGate makes every request from the next on wait until gate is closed;
+// nil takes the gate out. Requests already held wait for the gate they met.
+func (s *SWH) SetGate(gate chan struct{}) {
+	s.mu.Lock()
+	s.Gate = gate
+	s.mu.Unlock()
+}
+
+// SetBarrier makes every request from the next on wait until n are in
+// flight at once, or a second has passed (Barrier).
+func (s *SWH) SetBarrier(n int64) {
+	s.mu.Lock()
+	s.Barrier = n
+	s.mu.Unlock()
+}
+
 // Peak is the most requests that were in flight at once.
 func (s *SWH) Peak() int64 { return s.peak.Load() }
 
@@ -72,10 +128,13 @@ func (s *SWH) serve(w http.ResponseWriter, r *http.Request) {
 	defer s.inFlight.Add(-1)
 	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
 	}
-	if s.Gate != nil {
-		<-s.Gate
+	s.mu.Lock()
+	gate, barrier := s.Gate, s.Barrier
+	s.mu.Unlock()
+	if gate != nil {
+		<-gate
 	}
-	for deadline := time.Now().Add(time.Second); s.peak.Load() < s.Barrier && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(time.Second); s.peak.Load() < barrier && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
 	id, found := strings.CutPrefix(r.URL.Path, "/content/")
@@ -92,17 +151,18 @@ func (s *SWH) serve(w http.ResponseWriter, r *http.Request) {
 	b, ok := s.blobs[id]
 	fail := s.Down || s.Flaky && !s.failed[id]
 	s.failed[id] = true
+	private, bucketRegion := s.Private, s.Region
 	s.mu.Unlock()
-	if s.Private && !strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ") {
+	if private && !strings.HasPrefix(r.Header.Get("Authorization"), "AWS4-HMAC-SHA256 ") {
 		w.Header().Set("Content-Type", "application/xml")
 		w.WriteHeader(http.StatusForbidden)
 		fmt.Fprint(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>`)
 		return
 	}
-	if region := signedRegion(r.Header.Get("Authorization")); s.Region != "" && region != "" && region != s.Region {
+	if region := signedRegion(r.Header.Get("Authorization")); bucketRegion != "" && region != "" && region != bucketRegion {
 		w.Header().Set("Content-Type", "application/xml")
 		w.WriteHeader(http.StatusBadRequest)
-		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>AuthorizationHeaderMalformed</Code><Message>The authorization header is malformed; the region '%s' is wrong; expecting '%s'</Message><Region>%s</Region></Error>`, region, s.Region, s.Region)
+		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>AuthorizationHeaderMalformed</Code><Message>The authorization header is malformed; the region '%s' is wrong; expecting '%s'</Message><Region>%s</Region></Error>`, region, bucketRegion, bucketRegion)
 		return
 	}
 	if fail {

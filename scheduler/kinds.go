@@ -191,6 +191,11 @@ type BenchRun struct {
 	Model  string            `json:"model,omitempty"`
 	Engine string            `json:"engine,omitempty"`
 	Params map[string]string `json:"params,omitempty"`
+	// GPUs is the run's gpus as its settings write it (a number or all)
+	// for `sched enqueue bench RUN`, so that the worker measures on the
+	// GPUs the run trains on; empty (and in tasks queued before it was
+	// carried): a run that names none, on the worker's KILN_GPUS.
+	GPUs string `json:"gpus,omitempty"`
 }
 
 func (BenchRun) Kind() string { return KindBenchRun }

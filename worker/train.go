@@ -119,8 +119,9 @@ type BenchSpec struct {
 	// Steps is 0 and Warmup -1 where the payload leaves them to the bench
 	// routine's defaults.
 	Steps, Warmup int
-	// GPUs is the worker's (KILN_GPUS; 0: one), so that the sweep measures
-	// what its runs train on.
+	// GPUs is what this measurement trains on (0: one; model.AllGPUs):
+	// one of benchGPUs, so that a row is of the GPUs a run of its shape
+	// trains on here.
 	GPUs int
 }
 
@@ -164,6 +165,15 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 				return fmt.Errorf("bench:run: %s %q is not a positive number (%w)", k, v, asynq.SkipRetry)
 			}
 			*p = n
+		}
+	}
+	// The run's own gpus (sched enqueue bench RUN); none in a payload
+	// queued before they were carried, and for a model or the sweep.
+	var named trainer.GPUCount
+	if a.GPUs != "" {
+		var err error
+		if named, err = trainer.ParseGPUs(a.GPUs); err != nil {
+			return fmt.Errorf("bench:run: %w (%w)", err, asynq.SkipRetry)
 		}
 	}
 	var shapes []runs.Shape
@@ -222,7 +232,8 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 		}
 		rep.Report(ctx, float64(i)/float64(len(shapes)), 0, "", "measuring "+sh.String())
 		engine, gpuOnly := t.gpuEngine(a.Engine)
-		gpus := t.gpusFor(engine) // every shape on all of them, then on one
+		counts := t.benchGPUs(engine, named, sh.Accumulate)
+		gpus := counts[0]
 		row, err := t.Bench(ctx, BenchSpec{Shape: sh, Engine: engine, Steps: steps, Warmup: warmup, GPUs: int(gpus)})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -244,7 +255,11 @@ func (t *Training) bench(ctx context.Context, a scheduler.BenchRun) error {
 			return err
 		}
 		measured = append(measured, row)
-		if row.Error != "" || row.Devices() < 2 {
+		// A measure of all that found one GPU was the one-GPU row. One of
+		// several that failed (NCCL, a count that does not divide a run's
+		// accumulate) still leaves it to measure: runs of one GPU are held
+		// to it.
+		if len(counts) < 2 || row.Error == "" && row.Devices() < 2 {
 			continue
 		}
 		// The same shape on one GPU: the table's scaling efficiency, and
@@ -378,6 +393,21 @@ func runGPUs(named, worker trainer.GPUCount, accumulate int) (trainer.GPUCount, 
 	}
 	from := fmt.Sprintf("the run names no gpus and this worker's KILN_GPUS is %d", worker)
 	return trainer.GPUCount(n), model.FewerGPUsNotice(from, int(worker), n, accumulate)
+}
+
+// benchGPUs is the GPUs bench measures a shape of accumulate micro-batches
+// a step on (0: one a GPU), in order: those a run of that step trains on
+// on this worker, naming the gpus named (the run's, from `sched enqueue
+// bench RUN`) or none (runGPUs decides both), so that the run's
+// 'tok/s vs bench' gate finds their row; then, where that is several (or
+// all, which the engine counts), one GPU, for the scaling efficiency and
+// the row a run of one GPU is held to.
+func (t *Training) benchGPUs(engine string, named trainer.GPUCount, accumulate int) []trainer.GPUCount {
+	gpus, _ := runGPUs(named, t.gpusFor(engine), accumulate)
+	if gpus >= 2 || gpus == trainer.GPUCount(model.AllGPUs) {
+		return []trainer.GPUCount{gpus, 1}
+	}
+	return []trainer.GPUCount{gpus}
 }
 
 // segment trains one segment of a run and, unless the run is done or

@@ -66,8 +66,9 @@ yours) or local:<glob>, files on the workers' disks under KILN_LOCAL_ROOTS.`,
   sched enqueue bench sweep    the sweep's shapes (the pilot's step among them)
   sched enqueue bench small    one model preset, at --batch x --seq (32 x 1024)
   sched enqueue bench pilot    a run's own step: its model, engine, precision,
-                               batch, sequence and accumulate, which its
-                               'tok/s vs bench' gate compares the run with
+                               batch, sequence and accumulate, on its gpus,
+                               which its 'tok/s vs bench' gate compares the
+                               run with
 
 Flags given override what the model's defaults or the run's settings say.`,
 		Args: exactArgs(1, "one sweep, model or run name"),
@@ -135,6 +136,14 @@ Flags given override what the model's defaults or the run's settings say.`,
 			}
 			if st.precision == "" {
 				st.precision = rc.Precision
+			}
+			// The worker measures on the GPUs the run trains on, which
+			// are its own where it names them.
+			if rc.GPUs != 0 {
+				if model.CheckGPUs(br.Engine, int(rc.GPUs)) != nil {
+					return badInput("--engine %s: run %s trains on gpus %s, which needs the cuda engine: give --engine cuda or auto, or leave --engine out for the run's", br.Engine, args[0], rc.GPUs)
+				}
+				br.GPUs = rc.GPUs.String()
 			}
 		}
 		params, err := benchParams(sweep, st)

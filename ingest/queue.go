@@ -88,6 +88,15 @@ type Pipeline struct {
 	// say what its own disk holds. Nil: no bound (Direct, tests, a worker
 	// that does not serve append).
 	Lease func() time.Time
+	// StoreWait is how long an append waits for its store while another
+	// process holds it: another worker of this data directory holds it
+	// while it commits, a direct ingest for its whole run. After it the
+	// append fails with the *tokens.LockedError, its Waited set. 0 (Direct,
+	// tests): it fails at once. A worker sets DefaultStoreWait.
+	StoreWait time.Duration
+	// StoreWaiting, when set, hears with the append's context what it
+	// waits for while it waits for its store.
+	StoreWaiting func(ctx context.Context, msg string)
 
 	// held keeps each store's appender open from one append to the next
 	// (Direct, which appends a whole plan in one process) rather than
@@ -114,7 +123,13 @@ func (p *Pipeline) appender(ctx context.Context, dir string, tok tokens.Tokenize
 	if app := p.held[dir]; app != nil {
 		return app, func() {}, nil
 	}
-	if app, err = tokens.OpenAppender(ctx, dir, tok, p.log()); err != nil {
+	wait := tokens.LockWait{For: p.StoreWait}
+	if p.StoreWaiting != nil {
+		wait.Waiting = func(pid int) {
+			p.StoreWaiting(ctx, fmt.Sprintf("waiting for the lock of token store %s, held by %s: one process appends to a store at a time", filepath.Base(dir), holderName(pid)))
+		}
+	}
+	if app, err = tokens.OpenAppenderWaiting(ctx, dir, tok, p.log(), wait); err != nil {
 		return nil, nil, err
 	}
 	if p.held != nil {
@@ -122,6 +137,21 @@ func (p *Pipeline) appender(ctx context.Context, dir string, tok tokens.Tokenize
 		return app, func() {}, nil
 	}
 	return app, func() { app.Close() }, nil
+}
+
+// DefaultStoreWait is how long a worker's append waits for a store another
+// process holds (Pipeline.StoreWait). Another worker's append holds it for
+// one commit, well within it; a direct ingest holds it for its whole run,
+// and the worker then sets the append back to wait rather than keep its
+// append slot.
+const DefaultStoreWait = 2 * time.Minute
+
+// holderName names the process of pid, which a store's lock named (0: none).
+func holderName(pid int) string {
+	if pid > 0 {
+		return fmt.Sprintf("pid %d", pid)
+	}
+	return "another process"
 }
 
 // holdsStores reports whether p keeps its stores open (holdStores: a
@@ -1440,9 +1470,9 @@ func (p *Pipeline) getShard(ctx context.Context, job AppendJob) (io.ReadCloser, 
 }
 
 // storeLocks serialises this process's appends to one store directory:
-// tokens.OpenAppender's file lock refuses a second holder rather than
-// waiting, which is right between processes but would fail the second of
-// two append tasks of one worker.
+// the store's file lock refuses a second appender of this process at once
+// (it waits, as StoreWait says, only for another process), which would
+// fail the second of two append tasks of one worker.
 var storeLocks sync.Map // store directory -> *sync.Mutex
 
 func lockStoreHere(dir string) (unlock func()) {

@@ -74,8 +74,17 @@ const writebackBytes = 8 << 20
 
 // OpenAppender locks the store in dir for writing, creating an empty store
 // for tok when dir holds none. An existing store must have been created with
-// the same tokenizer. log may be nil.
+// the same tokenizer. log may be nil. A store another appender holds is a
+// *LockedError at once.
 func OpenAppender(ctx context.Context, dir string, tok Tokenizer, log *zap.Logger) (*Appender, error) {
+	return OpenAppenderWaiting(ctx, dir, tok, log, LockWait{})
+}
+
+// OpenAppenderWaiting is OpenAppender that waits, as wait says, for a store
+// another process holds, until ctx ends. One this process's own appender
+// holds is a *LockedError at once: that appender is this process's to
+// close.
+func OpenAppenderWaiting(ctx context.Context, dir string, tok Tokenizer, log *zap.Logger, wait LockWait) (*Appender, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -88,7 +97,7 @@ func OpenAppender(ctx context.Context, dir string, tok Tokenizer, log *zap.Logge
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create token store %s: %w", dir, err)
 	}
-	lock, err := lockStore(dir)
+	lock, err := lockStore(ctx, dir, wait)
 	if err != nil {
 		return nil, err
 	}

@@ -1,12 +1,14 @@
 package tokens
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/kiln-lm/kiln/internal/pidlock"
 )
@@ -33,7 +35,25 @@ var held = struct {
 	paths map[string]bool
 }{paths: map[string]bool{}}
 
-func lockStore(dir string) (*storeLock, error) {
+// LockWait says whether and how OpenAppenderWaiting waits for a store that
+// another process holds: another worker's append holds it while it
+// commits, a direct ingest for its whole run.
+type LockWait struct {
+	// For is how long to wait for the other process to let the store go;
+	// the *LockedError after it has its Waited set. 0: not at all.
+	For time.Duration
+	// Waiting, when set, hears the holder's pid (0: not read) as the wait
+	// begins, and again when another process holds the store.
+	Waiting func(pid int)
+}
+
+// lockPoll is how often a wait tries the store's flock again: a flock
+// that blocks cannot be given up on when the wait's context ends. A
+// commit takes milliseconds and more (an fsync), so the store is taken
+// within a commit or so of its release.
+const lockPoll = 10 * time.Millisecond
+
+func lockStore(ctx context.Context, dir string, wait LockWait) (*storeLock, error) {
 	path, err := filepath.Abs(filepath.Join(dir, lockFile))
 	if err != nil {
 		return nil, fmt.Errorf("lock token store %s: %w", dir, err)
@@ -45,7 +65,7 @@ func lockStore(dir string) (*storeLock, error) {
 	}
 	held.paths[path] = true
 	held.Unlock()
-	l, err := flockStore(dir, path)
+	l, err := flockStore(ctx, dir, path, wait)
 	if err != nil {
 		held.Lock()
 		delete(held.paths, path)
@@ -54,18 +74,41 @@ func lockStore(dir string) (*storeLock, error) {
 	return l, err
 }
 
-func flockStore(dir, path string) (*storeLock, error) {
-	// Held by this process's pid: a child of it between its fork and
-	// exec, which lets it go at its exec.
-	f, err := pidlock.Lock(path, true)
-	var busy *pidlock.BusyError
-	if errors.As(err, &busy) {
-		return nil, &LockedError{Dir: dir, PID: busy.PID}
+func flockStore(ctx context.Context, dir, path string, wait LockWait) (*storeLock, error) {
+	var giveUp, poll *time.Timer
+	said := -1 // the holder Waiting heard of last
+	for {
+		// Held by this process's pid: a child of it between its fork and
+		// exec, which lets it go at its exec.
+		f, err := pidlock.Lock(path, true)
+		var busy *pidlock.BusyError
+		switch {
+		case err == nil:
+			return &storeLock{f: f, path: path}, nil
+		case !errors.As(err, &busy):
+			return nil, fmt.Errorf("lock token store %s: %w", dir, err)
+		case wait.For <= 0:
+			return nil, &LockedError{Dir: dir, PID: busy.PID}
+		}
+		if giveUp == nil {
+			giveUp, poll = time.NewTimer(wait.For), time.NewTimer(lockPoll)
+			defer giveUp.Stop()
+			defer poll.Stop()
+		} else {
+			poll.Reset(lockPoll)
+		}
+		if busy.PID != said && wait.Waiting != nil {
+			wait.Waiting(busy.PID)
+		}
+		said = busy.PID
+		select {
+		case <-poll.C:
+		case <-giveUp.C:
+			return nil, &LockedError{Dir: dir, PID: busy.PID, Waited: wait.For}
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for token store %s, locked by %s: %w", dir, holder(busy.PID), ctx.Err())
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("lock token store %s: %w", dir, err)
-	}
-	return &storeLock{f: f, path: path}, nil
 }
 
 func (l *storeLock) release() error {
@@ -82,12 +125,23 @@ func (l *storeLock) release() error {
 type LockedError struct {
 	Dir string
 	PID int // 0 when the holder could not be read
+	// Waited is how long OpenAppenderWaiting waited for the holder to let
+	// the store go (LockWait.For); 0: it did not wait.
+	Waited time.Duration
 }
 
 func (e *LockedError) Error() string {
-	who := "another process"
-	if e.PID > 0 {
-		who = "pid " + strconv.Itoa(e.PID)
+	if e.Waited > 0 {
+		return fmt.Sprintf("token store %s is still locked by %s after this append waited %v for it: only one process appends to a store at a time, and a direct ingest ('sched ingest --direct') holds its store until it ends",
+			e.Dir, holder(e.PID), e.Waited)
 	}
-	return fmt.Sprintf("token store %s is locked by %s: only one appender may write a store; wait for it to finish or stop it", e.Dir, who)
+	return fmt.Sprintf("token store %s is locked by %s: only one appender may write a store; wait for it to finish or stop it", e.Dir, holder(e.PID))
+}
+
+// holder names the process of pid, which a lock's file named (0: none).
+func holder(pid int) string {
+	if pid > 0 {
+		return "pid " + strconv.Itoa(pid)
+	}
+	return "another process"
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 )
 
@@ -86,6 +87,14 @@ func (c *Ingest) resolve() (*Ingest, error) {
 	}
 	if r.Pipeline.Tokenizer == nil {
 		r.Pipeline.Tokenizer = ingestTokenizers(r.Tokenizers)
+	}
+	// Several workers of one data directory may serve append: each
+	// append waits for another's commit rather than fail.
+	if r.Pipeline.StoreWait == 0 {
+		r.Pipeline.StoreWait = ingest.DefaultStoreWait
+	}
+	if r.Pipeline.StoreWaiting == nil {
+		r.Pipeline.StoreWaiting = func(ctx context.Context, msg string) { Progress(ctx).Message(ctx, msg) }
 	}
 	return &r, nil
 }
@@ -416,6 +425,20 @@ func (c *Ingest) append(ctx context.Context, a scheduler.IngestAppend) error {
 	var lapsed *ingest.LeaseError
 	if errors.As(err, &lapsed) && lapsed.Renewal == nil && c.claim != nil {
 		lapsed.Renewal = c.claim.RenewalError()
+	}
+	var locked *tokens.LockedError
+	if errors.As(err, &locked) && locked.Waited > 0 {
+		// Held past a commit's time: a direct ingest's run, say. Not
+		// the task's fault, so it waits without using a retry, and
+		// sched status lists it under WAITING.
+		by := "another process"
+		if locked.PID > 0 {
+			by = fmt.Sprintf("pid %d", locked.PID)
+		}
+		we := &WaitError{For: fmt.Sprintf("token store %s, still locked by %s after this append waited %v for it (a direct ingest, 'sched ingest --direct', holds its store until it ends)",
+			a.Store, by, locked.Waited), Every: c.WaitEvery}
+		rep.Message(ctx, we.Error())
+		return we
 	}
 	if err != nil {
 		return permanent(a.Kind(), err)

@@ -105,10 +105,16 @@ func runIngestChild() int {
 	if n, err := strconv.Atoi(os.Getenv("KILN_TEST_ENCODERS")); err == nil && n > 0 {
 		ingest.SetEncoders(n)
 	}
+	// and how long an append waits for a store another process holds,
+	// and how soon one set back to wait looks again (default: a worker's).
+	storeWait, _ := time.ParseDuration(os.Getenv("KILN_TEST_STORE_WAIT"))
+	waitEvery, _ := time.ParseDuration(os.Getenv("KILN_TEST_WAIT_EVERY"))
 	ing := &Ingest{
 		Pipeline: ingest.Pipeline{Objects: st, StoresDir: os.Getenv("KILN_TEST_STORES"), DataDir: os.Getenv("KILN_TEST_DATA"), Logger: log,
-			DecodeAhead: ahead, Tokenizing: tokenizing, Prefetch: prefetch, LocalRoots: filepath.SplitList(os.Getenv("KILN_TEST_LOCAL_ROOTS"))},
-		Enqueue: func(ctx context.Context, a scheduler.Args) error { _, err := c.Again(ctx, a); return err },
+			DecodeAhead: ahead, Tokenizing: tokenizing, Prefetch: prefetch, LocalRoots: filepath.SplitList(os.Getenv("KILN_TEST_LOCAL_ROOTS")),
+			StoreWait: storeWait},
+		Enqueue:   func(ctx context.Context, a scheduler.Args) error { _, err := c.Again(ctx, a); return err },
+		WaitEvery: waitEvery,
 	}
 	// Tests watch progress as it happens; a benchmark sets the production
 	// throttle instead, so that it measures what a worker does.

@@ -189,13 +189,44 @@ func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, 
 	if _, err := out.Seek(start, io.SeekStart); err != nil {
 		return err
 	}
-	n, err := io.Copy(io.MultiWriter(out, sum), resp.Body)
+	n, err := io.Copy(partWriter{out, sum}, resp.Body)
 	*off += n
+	var werr *writeError
+	if errors.As(err, &werr) {
+		// The disk, not the connection: a full disk (ENOSPC, EDQUOT) or
+		// a failing one (EIO) is no better on the next request, and
+		// resuming would ask the Hub again for bytes there is nowhere to
+		// put. The caller says which directory lacks room.
+		return werr.err
+	}
 	if err != nil {
 		return &brokenError{err}
 	}
 	return nil
 }
+
+// partWriter writes a download's bytes to its .part file and hashes those
+// the file took; a failed write is a *writeError, told apart from a read
+// of the body that failed.
+type partWriter struct {
+	f   *os.File
+	sum *verifier
+}
+
+func (w partWriter) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	w.sum.Write(p[:n])
+	if err != nil {
+		return n, &writeError{err}
+	}
+	return n, nil
+}
+
+// writeError is a write to the .part file that failed.
+type writeError struct{ err error }
+
+func (e *writeError) Error() string { return e.err.Error() }
+func (e *writeError) Unwrap() error { return e.err }
 
 // contentRangeStart parses the first byte position of "bytes 100-199/200".
 func contentRangeStart(h string) int64 {

@@ -226,6 +226,14 @@ func checkName(what, name string) error {
 // says what happened: queued, queued again in place of a finished or
 // failed task, a waiting retry started now, or already queued (exit 0).
 func enqueueOne(c *cobra.Command, cfg scheduler.Config, a scheduler.Args) error {
+	return enqueueFrom(c, cfg, a, "")
+}
+
+// enqueueFrom is enqueueOne whose "queued" line of a training segment
+// says of the step it resumes from what where adds ("" for nothing): the
+// step is the newest checkpoint the CLI can see, and the worker may hold a
+// newer one.
+func enqueueFrom(c *cobra.Command, cfg scheduler.Config, a scheduler.Args, where string) error {
 	ctx := c.Context()
 	if ctx == nil {
 		ctx = context.Background()
@@ -241,6 +249,10 @@ func enqueueOne(c *cobra.Command, cfg scheduler.Config, a scheduler.Args) error 
 		}
 	}
 	s, err := q.Again(ctx, a)
+	if ts, ok := a.(scheduler.TrainSegment); ok && where != "" && err == nil && s.Was == "" && ts.FromStep > 0 {
+		fmt.Fprintf(c.OutOrStdout(), "queued %s on %s; the run resumes from its last checkpoint (step %d, %s)\n", s.Info.ID, s.Info.Queue, ts.FromStep, where)
+		return nil
+	}
 	return printSubmitted(c.OutOrStdout(), a, s, err)
 }
 

@@ -111,13 +111,14 @@ to train it further).`,
 		if at >= total && (!ok || st.Done) {
 			return sayDoneDropping(c, q, ts.Run, at, total)
 		}
+		where := ""
 		if fromStorage {
 			// A segment stopped as Redis lost its data checkpoints on its
 			// disk, and does not mark that one complete in object
 			// storage: the worker resumes from the newer.
-			fmt.Fprintf(c.OutOrStdout(), "Redis holds no record of run %s: its newest checkpoint in object storage is step %d, and the GPU worker resumes from a newer one where its disk holds one (a segment stopped as Redis lost its data writes one there)\n", ts.Run, ts.FromStep)
+			where = "the newest in object storage, or a newer one where the GPU worker's disk holds one: Redis holds no record of the run, and a segment stopped as Redis lost its data checkpoints there"
 		}
-		if err := enqueueOne(c, cfg, ts); err != nil {
+		if err := enqueueFrom(c, cfg, ts, where); err != nil {
 			return err
 		}
 		if at < total {

@@ -108,7 +108,7 @@ func TestARunMovedToAMachineWithoutItsStoresResumesOnceTheyAreCopied(t *testing.
 		t.Fatal(err)
 	}
 	out, errOut, code = sched(t, newEnv, "enqueue", "train", "eta")
-	if code != 0 || !strings.Contains(out, fmt.Sprintf("the run resumes from its last checkpoint (step %d)", newest)) {
+	if code != 0 || !regexp.MustCompile(fmt.Sprintf(`the run resumes from its last checkpoint \(step %d[,)]`, newest)).MatchString(out) {
 		t.Fatalf("enqueue train eta with the store copied: exit %d: %s%s; want it queued from step %d", code, out, errOut, newest)
 	}
 	resumed := regexp.MustCompile(fmt.Sprintf(`"msg":"resumed",.*"step":%d[,}]`, newest))

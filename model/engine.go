@@ -241,6 +241,15 @@ type Options struct {
 // AllGPUs as Options.GPUs asks for every GPU the process sees.
 const AllGPUs = -1
 
+// MaxGPUs is the most GPUs a run or a bench may name. gpus counts GPUs of
+// one host, which one process joins in one NCCL communicator
+// (kernels.NewGroup), and NCCL holds at most 64 ranks on a node
+// (NCCL_MAX_LOCAL_RANKS; 72 in the releases for NVL72 racks), where the
+// largest single hosts carry 8 or 16 GPUs. The host's CUDA device count
+// bounds it further when the engine starts; a count above this one is a
+// typo, refused where it is read, before anything counts up to it.
+const MaxGPUs = 64
+
 // GPUsString writes a GPU count as the settings take it: a number or all.
 func GPUsString(n int) string {
 	if n == AllGPUs {
@@ -270,7 +279,8 @@ func DividingGPUs(n, accumulate int) int {
 	if accumulate < 1 || n < 1 {
 		return n
 	}
-	d := n
+	// No count above accumulate divides it: the search starts there.
+	d := min(n, accumulate)
 	for accumulate%d != 0 {
 		d--
 	}
@@ -361,8 +371,8 @@ func NewEngine(name string, c Config, o Options) (Engine, error) {
 		return nil, &EngineError{Msg: fmt.Sprintf("batch %d and seq %d must not be negative", o.MaxBatch, o.MaxSeq)}
 	}
 	several := o.GPUs != 0 && o.GPUs != 1
-	if o.GPUs < AllGPUs {
-		return nil, &EngineError{Msg: fmt.Sprintf("gpus %d: give a number of GPUs, or all", o.GPUs)}
+	if o.GPUs < AllGPUs || o.GPUs > MaxGPUs {
+		return nil, &EngineError{Msg: fmt.Sprintf("gpus %d: give a number of GPUs (1 to %d), or all", o.GPUs, MaxGPUs)}
 	}
 	if err := CheckGPUs(name, o.GPUs); err != nil {
 		return nil, &EngineError{Msg: err.Error()}
@@ -383,12 +393,19 @@ func NewEngine(name string, c Config, o Options) (Engine, error) {
 	if name == "auto" {
 		if cuda != nil {
 			e, err := cuda(c, o)
-			// Several GPUs asked for are never replaced by one CPU.
-			if err == nil || several {
-				return e, err
+			if err == nil {
+				return e, nil
 			}
 			var me *MemoryError
 			if errors.As(err, &me) {
+				return nil, err
+			}
+			// Several GPUs asked for are never replaced by one CPU.
+			var un interface{ Unavailable() bool }
+			if several && errors.As(err, &un) && un.Unavailable() {
+				return nil, &GPUsUnavailableError{GPUs: o.GPUs, Err: err}
+			}
+			if several {
 				return nil, err
 			}
 			if o.Log != nil {
@@ -421,6 +438,50 @@ func checkHost(c Config, o Options) error {
 		return nil
 	}
 	return CheckMemory(o.Plan("cpu", c), avail, "this host")
+}
+
+// GPUsUnavailableError refuses engine auto on several GPUs (gpus 2, all)
+// where the GPUs do not start: auto moves a run of one GPU to the CPU, but
+// a run that asked for several is not moved to one CPU, so it is the
+// user's to choose. It says which setting ruled the CPU out and what to
+// change, the driver's reason short (Brief), and ends with the remedy:
+// sched status keeps an error's last "; " clause when it cuts the line.
+type GPUsUnavailableError struct {
+	GPUs int   // as Options.GPUs: a number above 1, or AllGPUs
+	Err  error // the CUDA engine's, Unavailable
+}
+
+func (e *GPUsUnavailableError) Error() string {
+	why, noDriver := Brief(e.Err)
+	mend := "make the GPUs start (above)"
+	if noDriver {
+		mend = "install the NVIDIA driver"
+	}
+	return fmt.Sprintf("gpus %s (--gpus, the run's gpus, or the worker's KILN_GPUS where the run names none) and no GPU starts here (%s): "+
+		"engine auto moves a run of one GPU to the CPU, never one of several; "+
+		"to train on the CPU set --gpus 1, gpus: 1 in the run (or drop it, with KILN_GPUS=1) or engine cpu, or %s",
+		GPUsString(e.GPUs), why, mend)
+}
+
+func (e *GPUsUnavailableError) Unwrap() error { return e.Err }
+
+// BadInput: the run's settings or the host are the user's to change; a
+// retry meets the same refusal.
+func (e *GPUsUnavailableError) BadInput() bool { return true }
+
+// Brief is err in one line for a message that says what to do itself:
+// the short form an error in its chain gives, and true, else the whole
+// error. Only the CUDA driver missing from the machine has one ("no NVIDIA
+// driver here (libcuda.so.1 not found)", not every path the loader
+// tried), so a short form also says that the driver is to be installed.
+func Brief(err error) (string, bool) {
+	var b interface{ Brief() string }
+	if errors.As(err, &b) {
+		if s := b.Brief(); s != "" {
+			return s, true
+		}
+	}
+	return err.Error(), false
 }
 
 // EngineError is an engine choice or setting the caller has to fix: an

@@ -85,18 +85,34 @@ type RunConfig struct {
 // (model.AllGPUs), which the settings write as "all". Zero is unset.
 type GPUCount int
 
-// ParseGPUs reads a GPU count as the settings write it: a positive number
-// or all.
-func ParseGPUs(s string) (GPUCount, error) {
-	if strings.TrimSpace(s) == "all" {
+// ParseGPUs reads a GPU count as the settings write it: a number from 1
+// to model.MaxGPUs, or all in any case (compose, which reserves the GPUs
+// for KILN_GPUS, takes ALL as all).
+func ParseGPUs(s string) (GPUCount, error) { return ParseGPUsOf("gpus", s) }
+
+// ParseGPUsOf is ParseGPUs for the setting name (--gpus, KILN_GPUS), which
+// its refusal names.
+func ParseGPUsOf(name, s string) (GPUCount, error) {
+	v := strings.TrimSpace(s)
+	if strings.EqualFold(v, "all") {
 		return GPUCount(model.AllGPUs), nil
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil || n < 1 {
-		return 0, badInput(fmt.Errorf("gpus %q: give a number of GPUs (1 or more), or all", s))
+	n, err := strconv.Atoi(v)
+	if errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(v, "-") {
+		n, err = model.MaxGPUs+1, nil
+	}
+	switch {
+	case err != nil || n < 1:
+		return 0, badInput(fmt.Errorf("%s %q: give a number of GPUs (1 or more), or all", name, s))
+	case n > model.MaxGPUs:
+		return 0, badInput(fmt.Errorf("%s %q: %s", name, s, tooManyGPUs))
 	}
 	return GPUCount(n), nil
 }
+
+// tooManyGPUs says why a count above model.MaxGPUs is refused.
+var tooManyGPUs = fmt.Sprintf("more than one host's GPUs: a run trains on the GPUs of one host, and NCCL joins at most %d there: give 1 to %d, or all",
+	model.MaxGPUs, model.MaxGPUs)
 
 func (g GPUCount) String() string { return model.GPUsString(int(g)) }
 
@@ -416,6 +432,8 @@ func (c RunConfig) Validate() error {
 		msg = "mixture is empty: name at least one token store (a runs entry's mixture: [{store: NAME, weight: 1}], sched train's --tokens STORE[=WEIGHT])"
 	case c.GPUs < GPUCount(model.AllGPUs):
 		msg = fmt.Sprintf("gpus %d: give a number of GPUs (1 or more), or all", int(c.GPUs))
+	case c.GPUs > model.MaxGPUs:
+		msg = fmt.Sprintf("gpus %d: %s", int(c.GPUs), tooManyGPUs)
 	}
 	if err := model.CheckGPUs(c.Engine, int(c.GPUs)); msg == "" && err != nil {
 		msg = err.Error()

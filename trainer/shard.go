@@ -62,9 +62,11 @@ func multiplesNear(a, n int) string {
 }
 
 // gpuCounts names the device counts below devices that divide accumulate.
+// None above accumulate does, so the search stops there: a count of
+// devices read from a typo ends at once.
 func gpuCounts(accumulate, devices int) string {
 	var ok []string
-	for n := 1; n < devices; n++ {
+	for n := 1; n < devices && n <= accumulate; n++ {
 		if accumulate%n == 0 {
 			ok = append(ok, fmt.Sprint(n))
 		}

@@ -174,10 +174,9 @@ func runBench(ctx context.Context, out, errOut io.Writer, f benchFlags) error {
 	}
 	gpus := trainer.GPUCount(1)
 	if f.gpus != "" {
-		gpus, err = trainer.ParseGPUs(f.gpus)
-	}
-	if err != nil {
-		return badInput("--gpus %q: give a number of GPUs (1 or more), or all", f.gpus)
+		if gpus, err = trainer.ParseGPUsOf("--gpus", f.gpus); err != nil {
+			return err
+		}
 	}
 	// Refused here, not after the one-GPU measurement below has run a
 	// whole bench on the CPU; the rule's words name the flags.

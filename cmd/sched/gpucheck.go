@@ -1,14 +1,12 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/kernels"
-	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/trainer"
 )
@@ -17,7 +15,8 @@ import (
 // GPUs, the CUDA driver and libraries, or why none starts. It fails where a
 // worker here could not do what its settings ask: KILN_REQUIRE_GPU
 // (require) with no GPU that starts, or KILN_GPUS (gpus) naming more GPUs
-// than the driver sees.
+// than the driver sees, none among them: engine auto moves a run of one
+// GPU to the CPU, never one of several (model.GPUsUnavailableError).
 func checkGPU(w io.Writer, require bool, gpus trainer.GPUCount) error {
 	h, perr := kernels.ProbeHost()
 	for _, g := range h.GPUs {
@@ -29,9 +28,14 @@ func checkGPU(w io.Writer, require bool, gpus trainer.GPUCount) error {
 	switch {
 	case perr != nil && require:
 		fmt.Fprintf(w, "%-37s %s\n", "engine auto", "no GPU (KILN_REQUIRE_GPU: runs of engine auto are archived)")
-		return fmt.Errorf("KILN_REQUIRE_GPU is set and no GPU starts here: %w (docs/operations.md, \"The GPU worker's host\")", perr)
+		return badInput("KILN_REQUIRE_GPU is set and no GPU starts here (%s): this worker's runs of engine auto would be archived; "+
+			"mend the host (docs/operations.md, \"The GPU worker's host\"), or unset KILN_REQUIRE_GPU to let them train on the CPU", noGPUWhy(perr))
+	case perr != nil && severalGPUs(gpus):
+		fmt.Fprintf(w, "%-37s %s\n", "engine auto", fmt.Sprintf("no GPU (KILN_GPUS %s: runs of engine auto are archived unless they name gpus 1): %s", gpus, noGPUWhy(perr)))
+		return badInput("KILN_GPUS is %s and no GPU starts here (%s): this worker's runs of engine auto that name no gpus would be archived, "+
+			"not moved to the CPU; set KILN_GPUS=1 to let them train on the CPU, or %s", gpus, noGPUWhy(perr), mendGPU(perr))
 	case perr != nil:
-		fmt.Fprintf(w, "%-37s %s\n", "engine auto", "the CPU: "+noGPUWhy(h, perr))
+		fmt.Fprintf(w, "%-37s %s\n", "engine auto", "the CPU: "+noGPUWhy(perr))
 		return nil
 	}
 	fmt.Fprintf(w, "%-37s %s\n", "engine auto", "the GPU")
@@ -41,12 +45,26 @@ func checkGPU(w io.Writer, require bool, gpus trainer.GPUCount) error {
 	return nil
 }
 
+// severalGPUs says whether the worker's KILN_GPUS asks for more than one
+// GPU (all among them), which engine auto does not replace with the CPU.
+func severalGPUs(gpus trainer.GPUCount) bool {
+	return gpus > 1 || gpus == trainer.GPUCount(model.AllGPUs)
+}
+
+// mendGPU says what makes a GPU start where err says why none does.
+func mendGPU(err error) string {
+	if _, noDriver := model.Brief(err); noDriver {
+		return "install the NVIDIA driver"
+	}
+	return "mend the host (docs/operations.md, \"The GPU worker's host\")"
+}
+
 // logGPU says at a GPU worker's start what its gpu tasks will train on, so
 // that a host whose GPU does not start shows in the worker's log before a
 // run is archived or trained on the CPU for it. The worker's own process
 // only reads the devices: its tasks open them, each in a process of its
-// own.
-func logGPU(log *zap.Logger, require bool) {
+// own. gpus is the worker's KILN_GPUS.
+func logGPU(log *zap.Logger, require bool, gpus trainer.GPUCount) {
 	h, err := kernels.ProbeHost()
 	switch {
 	case err == nil:
@@ -57,25 +75,25 @@ func logGPU(log *zap.Logger, require bool) {
 	case require:
 		log.Warn("this worker requires a GPU (KILN_REQUIRE_GPU) and none starts here: its gpu tasks of engine auto will be archived; "+
 			"mend the host (docs/operations.md, \"The GPU worker's host\"), restart the worker, then sched retry them", zap.Error(err))
+	case severalGPUs(gpus):
+		log.Warn(fmt.Sprintf("no GPU starts here (%s) and KILN_GPUS is %s: gpu tasks of engine auto that name no gpus will be archived, not moved to the CPU, as those that name several; "+
+			"set KILN_GPUS=1 to let them train on the CPU, or %s, and restart the worker", noGPUWhy(err), gpus, mendGPU(err)), zap.Error(err))
 	default:
-		log.Info("no GPU starts here: gpu tasks of engine auto train on the CPU", zap.Error(err))
+		log.Info("no GPU starts here: gpu tasks of engine auto train on the CPU (those that name several GPUs are archived)", zap.Error(err))
 	}
 }
 
-// noGPUWhy says in one line why no GPU starts here, as ProbeHost found
-// (h, err): on a machine without a driver, that alone, not every path
-// tried.
-func noGPUWhy(h kernels.Host, err error) string {
-	if le := (*cuda.LoadError)(nil); errors.As(err, &le) && h.DriverPath == "" {
-		return "no NVIDIA driver here (libcuda.so.1 not found)"
-	}
-	return err.Error()
+// noGPUWhy says in one line why no GPU starts here, as ProbeHost found:
+// on a machine without a driver, that alone, not every path tried.
+func noGPUWhy(err error) string {
+	why, _ := model.Brief(err)
+	return why
 }
 
 // noGPUHere says why no GPU starts on this machine, "" where one does.
 func noGPUHere() string {
-	if h, err := kernels.ProbeHost(); err != nil {
-		return noGPUWhy(h, err)
+	if _, err := kernels.ProbeHost(); err != nil {
+		return noGPUWhy(err)
 	}
 	return ""
 }

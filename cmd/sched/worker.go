@@ -96,7 +96,7 @@ func init() {
 			}
 			var iso *worker.Isolation
 			if hs.Training != nil {
-				logGPU(log, hs.Training.RequireGPU)
+				logGPU(log, hs.Training.RequireGPU, hs.Training.GPUs)
 			}
 			if qs[scheduler.QueueGPU] > 0 {
 				// Training and benchmarks run in a child process each, the
@@ -342,9 +342,5 @@ func workerGPUs(v string) (trainer.GPUCount, error) {
 	if v == "" {
 		return 0, nil
 	}
-	g, err := trainer.ParseGPUs(v)
-	if err != nil {
-		return 0, badInput("KILN_GPUS %q: give a number of GPUs (1 or more), or all", v)
-	}
-	return g, nil
+	return trainer.ParseGPUsOf("KILN_GPUS", v)
 }

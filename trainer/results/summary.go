@@ -54,6 +54,11 @@ type Figures struct {
 	HaveEval       bool
 	HaveThroughput bool
 
+	// FewestGPUs and MostGPUs are the GPUs the logged rates were measured
+	// on (1 where a line records none): each rate is all of theirs
+	// together, MFU each one's.
+	FewestGPUs, MostGPUs int
+
 	// EvalStores and EvalLeftOut are the stores the last evaluation of a
 	// run of several covered, and those it left out, holding no held-out
 	// window (Record.EvalLeftOut).
@@ -78,6 +83,11 @@ func (s Summary) Figures() Figures {
 		f.WallClock = max(f.WallClock, time.Duration(r.ElapsedS*float64(time.Second)))
 		if r.TokPerSec > 0 {
 			rates = append(rates, r.TokPerSec)
+			n := max(r.GPUs, 1)
+			if f.FewestGPUs == 0 || n < f.FewestGPUs {
+				f.FewestGPUs = n
+			}
+			f.MostGPUs = max(f.MostGPUs, n)
 		}
 		if r.MFU != nil {
 			mfus = append(mfus, *r.MFU)
@@ -212,6 +222,12 @@ func (s Summary) resultRows(f Figures) [][]string {
 	tps, mfu := na, na
 	if f.HaveThroughput {
 		tps = fmt.Sprintf("%.0f", f.TokPerSec)
+	}
+	switch {
+	case f.MostGPUs > 1 && f.FewestGPUs == f.MostGPUs:
+		tps += fmt.Sprintf(" (all %d GPUs together; MFU is each GPU's)", f.MostGPUs)
+	case f.MostGPUs > 1:
+		tps += fmt.Sprintf(" (each logged rate all its GPUs together, %d to %d; MFU is each GPU's)", f.FewestGPUs, f.MostGPUs)
 	}
 	if f.MFU > 0 {
 		mfu = fmt.Sprintf("%.1f%%", f.MFU*100)

@@ -56,7 +56,7 @@ func TestTheSummarySaysThePrecisionComputedIn(t *testing.T) {
 	rc := r.RunConfig.WithDefaults()
 	rc.Engine, rc.Precision = "auto", "bf16"
 	value := func(computed string) string {
-		for _, s := range Settings(r, rc, computed) {
+		for _, s := range Settings(r, rc, computed, nil) {
 			if s.Key == "engine, precision" {
 				return s.Value
 			}

@@ -778,7 +778,7 @@ func (p Params) writeResults(ctx context.Context, dir string, rc trainer.RunConf
 	if len(results.TrainCurve(recs)) == 0 {
 		return nil
 	}
-	s := results.Summary{Run: p.Run.Name, Settings: Settings(p.Run, rc, out.Precision), Records: recs, TotalSteps: rc.TotalSteps, WallClock: out.Wall}
+	s := results.Summary{Run: p.Run.Name, Settings: Settings(p.Run, rc, out.Precision, recs), Records: recs, TotalSteps: rc.TotalSteps, WallClock: out.Wall}
 	fig := s.Figures()
 	// The gates of a run short of its total steps (a checkpoint's upload, a
 	// segment that ends before the run) wait for its end where the steps
@@ -941,8 +941,9 @@ func (c *caughtUp) add(name string) {
 }
 
 // Settings is the configuration table of a run's summary; computed is the
-// precision its engine computed in, where known.
-func Settings(r runs.Run, rc trainer.RunConfig, computed string) []results.Setting {
+// precision its engine computed in, where known, and recs the run's
+// metrics lines, which say the GPUs it trained on.
+func Settings(r runs.Run, rc trainer.RunConfig, computed string, recs []results.Record) []results.Setting {
 	precision := rc.Precision
 	if computed != "" && computed != rc.Precision {
 		// A bf16 run that fell back to the CPU trained in fp32: the
@@ -962,9 +963,43 @@ func Settings(r runs.Run, rc trainer.RunConfig, computed string) []results.Setti
 		{Key: "mixture", Value: strings.Join(mix, ", ")},
 		{Key: "tokenizer", Value: r.Tokenizer},
 		{Key: "engine, precision", Value: rc.Engine + ", " + precision},
+		{Key: "gpus", Value: gpusTrained(rc, recs)},
 		{Key: "checkpoint every", Value: fmt.Sprintf("%d steps (keep last %d, every %d)", rc.CheckpointEvery, r.Retention.KeepLast, r.Retention.KeepEvery)},
 		{Key: "segment", Value: fmt.Sprintf("max %d steps, max %v", r.Segment.MaxSteps, r.Segment.MaxDuration)},
 	}
+}
+
+// gpusTrained is how many GPUs the run trained on, as its logged steps
+// record it (a run resumed on another number of them says from which
+// step), else, before any step is logged, what it asks for: its tok/s is
+// all of theirs together, its MFU each one's.
+func gpusTrained(rc trainer.RunConfig, recs []results.Record) string {
+	if rc.Engine == "cpu" {
+		return "none (engine cpu)"
+	}
+	var b strings.Builder
+	last := 0
+	for _, rec := range recs {
+		if rec.Loss == nil {
+			continue
+		}
+		n := max(rec.GPUs, 1)
+		switch {
+		case last == 0:
+			fmt.Fprint(&b, n)
+		case n != last:
+			fmt.Fprintf(&b, ", then %d from step %d", n, rec.Step)
+		}
+		last = n
+	}
+	if last == 0 {
+		asked := rc.GPUs
+		if asked == 0 {
+			asked = 1
+		}
+		return fmt.Sprintf("%s (no step logged yet)", asked)
+	}
+	return b.String()
 }
 
 func totalWeight(m []trainer.MixtureEntry) float64 {

@@ -2,10 +2,13 @@ package ingest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/parquet-go/parquet-go"
@@ -23,7 +26,8 @@ type CheckResult struct {
 	Columns  []string // its columns, when it is parquet
 	// FirstDocument is the length in bytes of the sample's first document,
 	// read through ingest's own reader: set for local files, which Check
-	// reads whole where needed (a hub file's footer alone is read).
+	// reads whole where needed, and for a hub file of JSON lines, whose
+	// head alone it reads (of a hub parquet file, the footer alone).
 	FirstDocument int
 	// PassedOver are the local files before Sample that an ingest would
 	// take nothing from, with why: "empty", or the reason a text file is
@@ -59,7 +63,9 @@ func (r CheckResult) Describe(c Columns) string {
 
 // Check resolves the preset's revision, lists its files and, for parquet,
 // reads one file's footer through Range requests to confirm that the
-// columns the preset reads are there, without downloading the file.
+// columns the preset reads are there, without downloading the file; for
+// JSON lines (and a .json file), its head, whose first records must hold
+// the field the preset reads.
 func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 	plan, err := Plan(ctx, p, hc, 0)
 	if err != nil {
@@ -79,16 +85,22 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 	if f.LFS != nil {
 		size = f.LFS.Size
 	}
-	if isJSON(f.Path) && hc != nil && size > 0 {
-		// Read as its first record says (jsonFormat): the file's head
-		// alone is fetched, in one request unless a compressed file's
-		// head is in more than jsonSniffBytes of it.
+	if jsonRecords(f.Path) && hc != nil && size > 0 {
+		// Read as ingest reads it (formatOfHead): the file's head alone
+		// is fetched, in one request unless a compressed file's head is
+		// in more than jsonSniffBytes of it. The request is also where
+		// the Hub refuses a gated dataset's token, as it refuses the
+		// ingest's download.
 		in := io.NewSectionReader(&rangeReader{ctx: ctx, hc: hc, repo: p.Repo, rev: plan.Revision, path: f.Path}, 0, size)
 		head, err := jsonHead(bufio.NewReaderSize(in, jsonSniffBytes), f.Path)
 		if err != nil {
+			return res, fmt.Errorf("dataset %s: %w", p.Name, err)
+		}
+		res.Format = formatOfHead(f.Path, head, p.Columns)
+		if res.Format == FormatJSONL {
+			res.FirstDocument, err = headDocument(ctx, p, f.Path, head)
 			return res, err
 		}
-		res.Format = jsonFormat(head, p.Columns)
 	}
 	if res.Format != FormatParquet || hc == nil {
 		return res, nil
@@ -213,6 +225,66 @@ func firstDocument(ctx context.Context, p Preset, res *CheckResult) (int, error)
 		return 0, &PresetError{fmt.Errorf("dataset %s: %s: %w", p.Name, res.Sample, err)}
 	}
 	return len(doc.Text), nil
+}
+
+// headDocument reads the JSON lines of head, the head (jsonHead) of the
+// hub file path, through ingest's own reader, and returns the length of
+// the first document in them: a field misspelt, which an ingest would
+// take for a store of skipped records, or a line that is not JSON, for
+// which it would skip the file, is refused here naming the file. A head
+// cut in its first line (a first record longer than jsonSniffBytes) is
+// not judged.
+func headDocument(ctx context.Context, p Preset, path string, head []byte) (int, error) {
+	if len(head) == jsonSniffBytes {
+		// The file goes on: its last line in the head is cut.
+		i := bytes.LastIndexByte(head, '\n')
+		if i < 0 {
+			return 0, nil
+		}
+		head = head[:i+1]
+	}
+	cols := p.Columns.withDefaults()
+	rows := &jsonlReader{br: bufio.NewReader(bytes.NewReader(head)), name: path, cols: cols}
+	skips := Skips{}
+	var firstFields []string
+	for {
+		rec, err := rows.next(ctx)
+		if errors.Is(err, io.EOF) || SkipReason(err) == SkipEmptyFile {
+			break
+		}
+		if err != nil {
+			// The skip names the file and its line, and says why.
+			return 0, &PresetError{fmt.Errorf("dataset %s: %w", p.Name, err)}
+		}
+		if firstFields == nil {
+			firstFields = slices.Sorted(maps.Keys(rows.fields))
+		}
+		if cols.Blob != "" && rec.skip == "" && !rec.null {
+			return 0, nil // the document would be fetched from Software Heritage
+		}
+		reason := recordSkip(rec)
+		if reason == "" {
+			return len(rec.text), nil
+		}
+		skips.Add(reason, 1)
+	}
+	if len(skips) == 0 {
+		return 0, nil
+	}
+	key := "text"
+	if cols.Blob != "" {
+		key = "blob"
+	}
+	var n int64
+	for _, c := range skips {
+		n += c
+	}
+	lines := "its first line"
+	if n > 1 {
+		lines = fmt.Sprintf("the %d lines of it", n)
+	}
+	return 0, &PresetError{fmt.Errorf("dataset %s: %s gave no document in %s that the check read, every one skipped (%v): check the field the text is in (%q; its first line has the fields %q), or name another with --columns %s=<field>",
+		p.Name, path, lines, skips, cols.field(), firstFields, key)}
 }
 
 // rangeReader reads a hub file through Range requests.

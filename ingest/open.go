@@ -74,6 +74,13 @@ func isJSON(name string) bool {
 	return strings.HasSuffix(name, ".json") || compressedJSON(name)
 }
 
+// jsonRecords says whether the file named name may hold JSON records: a
+// JSON lines file by its name, a .json file, plain or compressed, as its
+// head says (formatOfHead). Of these the check reads the head.
+func jsonRecords(name string) bool {
+	return FormatOf(name) == FormatJSONL || isJSON(name)
+}
+
 // compressedJSON says whether name is a .json.gz or .json.zst file.
 func compressedJSON(name string) bool {
 	return strings.HasSuffix(name, ".json.gz") || strings.HasSuffix(name, ".json.zst")
@@ -87,8 +94,9 @@ func compressedText(name string) bool {
 	return strings.HasSuffix(name, ".gz") || strings.HasSuffix(name, ".zst")
 }
 
-// formatOfFile is FormatOf, but for a .json file, plain or compressed,
-// which is read as its head says (jsonFormat).
+// formatOfFile is how ingest reads the local file at path: as its name
+// says, but a .json file, plain or compressed, as its head says
+// (formatOfHead).
 func formatOfFile(path string, c Columns) Format {
 	if !isJSON(path) {
 		return FormatOf(path)
@@ -101,7 +109,18 @@ func formatOfFile(path string, c Columns) Format {
 	// A file that cannot be read or decompressed is text here, and its
 	// reader says why.
 	head, _ := jsonHead(f, path)
-	return jsonFormat(head, c)
+	return formatOfHead(path, head, c)
+}
+
+// formatOfHead is how ingest reads the file named name whose head
+// (jsonHead) is head, a local file's or a hub file's alike: FormatOf its
+// name, but a .json file, plain or compressed, as its first record says
+// (jsonFormat).
+func formatOfHead(name string, head []byte, c Columns) Format {
+	if isJSON(name) {
+		return jsonFormat(head, c)
+	}
+	return FormatOf(name)
 }
 
 // jsonSniffBytes is how much of a .json file formatOfFile reads: a first
@@ -109,18 +128,19 @@ func formatOfFile(path string, c Columns) Format {
 // whose fields before the one read are longer, reads as plain text.
 const jsonSniffBytes = 1 << 20
 
-// jsonHead reads from r the head of the .json file named name that
-// jsonFormat reads: its first jsonSniffBytes bytes, or all of them where
-// it is shorter, decompressed where name says it is compressed. Of a
-// compressed file it reads at most twice that, more than any compressor
-// takes to hold a head of jsonSniffBytes (a stored block adds a few bytes
-// in 64 KiB). A stream cut short or corrupt gives what was decompressed
-// before the fault, and the file's reader skips it as corrupt. The error
-// is r's alone (a failed request for a hub file's bytes).
+// jsonHead reads from r the head of the file of JSON records named name
+// (jsonRecords) that jsonFormat and the check read: its first
+// jsonSniffBytes bytes, or all of them where it is shorter, decompressed
+// where name says it is compressed. Of a compressed file (.gz, .zst) it
+// reads at most twice that, more than any compressor takes to hold a head
+// of jsonSniffBytes (a stored block adds a few bytes in 64 KiB). A stream
+// cut short or corrupt gives what was decompressed before the fault, and
+// the file's reader skips it as corrupt. The error is r's alone (a failed
+// request for a hub file's bytes).
 func jsonHead(r io.Reader, name string) ([]byte, error) {
 	in := &readErr{r: r}
 	var src io.Reader = in
-	if compressedJSON(name) {
+	if compressedText(name) {
 		src = io.LimitReader(in, 2*jsonSniffBytes)
 	}
 	z, err := decompressed(src, name)

@@ -44,33 +44,64 @@ func (c *Client) Close() error {
 // Redis returns the client's Redis connection (for progress and cancel marks).
 func (c *Client) Redis() redis.UniversalClient { return c.rdb }
 
-// Ping checks that Redis answers. Over TLS (a rediss:// URL) to a server
-// without it, the handshake ends in a timeout or in a reply that is no TLS
-// record, whose error alone ("context deadline exceeded") does not say
-// why: the error then adds what rediss:// means. A server certificate this
-// machine does not take is said in words, with what to do.
+// Ping checks that Redis answers. A failure that is a question of TLS
+// says so, and what to do (tlsHint).
 func (c *Client) Ping(ctx context.Context) error {
 	err := c.rdb.Ping(ctx).Err()
-	if err == nil || !c.overTLS() {
+	rc, ok := c.rdb.(*redis.Client)
+	if err == nil || !ok {
 		return err
 	}
-	var authority x509.UnknownAuthorityError
-	var host x509.HostnameError
-	switch addr := c.rdb.(*redis.Client).Options().Addr; {
-	case mayNotSpeakTLS(err):
-		return fmt.Errorf("%w (rediss:// means TLS, which this server may not speak: use redis:// for a Redis without TLS)", err)
-	case errors.As(err, &authority):
-		return fmt.Errorf("%w (the certificate of Redis at %s is signed by an authority this machine does not trust: add that authority's certificate to the system's trusted ones, or name its PEM file in SSL_CERT_FILE)", err, addr)
-	case errors.As(err, &host):
-		return fmt.Errorf("%w (the certificate of Redis at %s does not name %s: give the URL a host it names)", err, addr, host.Host)
+	o := rc.Options()
+	if hint := tlsHint(err, o.TLSConfig != nil, o.Addr); hint != "" {
+		return fmt.Errorf("%w (%s)", err, hint)
 	}
 	return err
 }
 
-// overTLS says whether the client speaks TLS to Redis: a rediss:// URL.
-func (c *Client) overTLS() bool {
-	rc, ok := c.rdb.(*redis.Client)
-	return ok && rc.Options().TLSConfig != nil
+// tlsHint says what err, a failed ping of Redis at addr over TLS (overTLS:
+// a rediss:// URL) or not, tells of TLS, with what to do; "" where it
+// tells nothing. The errors alone do not say why ("EOF", "context
+// deadline exceeded"):
+//   - a redis:// URL to a Redis that speaks TLS alone: the server takes
+//     the command for a handshake that fails and closes the connection,
+//     which reads as EOF;
+//   - a rediss:// URL to a Redis without TLS: the handshake ends as
+//     mayNotSpeakTLS says;
+//   - a Redis that requires a client certificate (tls-auth-clients yes,
+//     Redis's default where it speaks TLS): kiln presents none, and the
+//     server's alert says "certificate required";
+//   - a server certificate this machine does not take.
+func tlsHint(err error, overTLS bool, addr string) string {
+	if !overTLS {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return "the server closed the connection at once, as a Redis that speaks TLS alone does to redis://: use rediss:// for a Redis with TLS"
+		}
+		return ""
+	}
+	var authority x509.UnknownAuthorityError
+	var host x509.HostnameError
+	switch {
+	case certificateRequired(err):
+		return fmt.Sprintf("Redis at %s requires a client certificate (tls-auth-clients yes, Redis's default with TLS), which kiln cannot present: set tls-auth-clients no (or optional) in that Redis's configuration", addr)
+	case mayNotSpeakTLS(err):
+		return "rediss:// means TLS, which this server may not speak: use redis:// for a Redis without TLS"
+	case errors.As(err, &authority):
+		return fmt.Sprintf("the certificate of Redis at %s is signed by an authority this machine does not trust: add that authority's certificate to the system's trusted ones, or name its PEM file in SSL_CERT_FILE", addr)
+	case errors.As(err, &host):
+		return fmt.Sprintf("the certificate of Redis at %s does not name %s: give the URL a host it names", addr, host.Host)
+	}
+	return ""
+}
+
+// certificateRequired says whether err is the TLS alert of a server that
+// requires a client certificate (certificate_required, RFC 8446), which
+// crypto/tls gives as a "remote error" of an alert type of its own.
+func certificateRequired(err error) bool {
+	const alertCertificateRequired = 116
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error" && op.Err != nil &&
+		op.Err.Error() == tls.AlertError(alertCertificateRequired).Error()
 }
 
 // mayNotSpeakTLS says whether err is how a TLS handshake with a server

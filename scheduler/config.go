@@ -153,12 +153,13 @@ func (e *ConfigError) Error() string {
 // BadInput marks configuration errors as the user's to fix.
 func (e *ConfigError) BadInput() bool { return true }
 
-// reservedInPassword says whether raw's user information (before the last
-// '@' of its authority) holds a character that ends an authority early.
-func reservedInPassword(raw string) bool {
+// passwordHolds says whether raw's user information (before the last '@'
+// of its authority) holds any of chars: '/', '?' or '#' end an authority
+// early, and '%' begins an escape.
+func passwordHolds(raw, chars string) bool {
 	_, rest, ok := strings.Cut(raw, "://")
 	at := strings.LastIndex(rest, "@")
-	return ok && at > 0 && strings.ContainsAny(rest[:at], "/?#")
+	return ok && at > 0 && strings.ContainsAny(rest[:at], chars)
 }
 
 // RedisOpt is the connection the Redis URL names, with its user name (an
@@ -190,11 +191,16 @@ func (c Config) Validate() error {
 		if err == nil {
 			why = "it needs the scheme redis:// or rediss:// and a host"
 		}
-		if err != nil && strings.Contains(err.Error(), "invalid port") {
+		var escape url.EscapeError
+		switch {
+		case err != nil && strings.Contains(err.Error(), "invalid port"):
 			why = "its port is not a number"
-			if reservedInPassword(c.RedisURL) {
+			if passwordHolds(c.RedisURL, "/?#") {
 				why = "its password holds '/', '?' or '#', which end the host part: percent-encode them (%2F, %3F, %23)"
 			}
+		case errors.As(err, &escape) && passwordHolds(c.RedisURL, "%"):
+			// Not shown: the escape is a piece of the password.
+			why = "its password holds a '%' that begins no escape such as %2F: percent-encode each '%' of it as %25 (and '/', '?', '#' as %2F, %3F, %23)"
 		}
 		return &ConfigError{"KILN_REDIS_URL", fmt.Sprintf("%q is not a redis:// or rediss:// URL with a host (%s), e.g. %s", redact.URL(c.RedisURL), why, DefaultRedisURL)}
 	}

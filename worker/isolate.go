@@ -137,13 +137,18 @@ func (e *childError) Is(target error) bool { return e.skip && target == asynq.Sk
 
 // PoisonError archives a task whose process died PoisonCrashes times.
 type PoisonError struct {
+	// ID is the task's id, for the retry its message asks for.
+	ID string
 	// Last says how the process died the last time: its exit status and
 	// its last words (lastLines.why).
 	Last string
 }
 
+// Error ends with what to do as its last "; " clause, which sched status
+// keeps when it cuts a long failure to fit its line.
 func (e *PoisonError) Error() string {
-	return "poison task: the worker died twice running it (last: " + e.Last + ")"
+	return "poison task: the worker died twice running it (last: " + e.Last + "); fix the cause, then `sched retry " + e.ID +
+		"`, which starts the count again"
 }
 
 func (e *PoisonError) Unwrap() error { return asynq.SkipRetry }
@@ -277,7 +282,7 @@ func (w *Worker) countCrash(ctx context.Context, id, last string) error {
 	}
 	if n.Val() >= PoisonCrashes {
 		// Archived: the middleware forgets the count (taskArchived).
-		return &PoisonError{Last: last}
+		return &PoisonError{ID: id, Last: last}
 	}
 	return &CrashError{Last: last, Crashes: n.Val()}
 }

@@ -200,6 +200,31 @@ func (e *env) serveIsolated(queues map[string]int, childEnv ...string) (stop fun
 
 const poison = "poison task: the worker died twice running it"
 
+// poisonRemedy is what a poison task's failure ends with: the remedy of
+// docs/operations.md ("Task isolation") for task id.
+func poisonRemedy(id string) string {
+	return "; fix the cause, then `sched retry " + id + "`, which starts the count again"
+}
+
+// A poison task's failure says what to do as its last "; " clause, which
+// sched status keeps when it cuts a long failure to its line: after last
+// words that hold "; " of their own too.
+func TestPoisonErrorEndsWithWhatToDo(t *testing.T) {
+	const id = "train:segment:1fcba4492c380bb9669e"
+	for _, last := range []string{
+		"exit status 2: SIGABRT: abort",
+		"exit status 1: ERROR\tupload failed; retrying\t{\"error\": \"s3: reset; giving up\"}",
+	} {
+		msg := (&PoisonError{ID: id, Last: last}).Error()
+		if !strings.HasPrefix(msg, poison+" (last: "+last+")") || !strings.HasSuffix(msg, poisonRemedy(id)) {
+			t.Errorf("%q; want %q, how it died, and then %q", msg, poison, poisonRemedy(id))
+		}
+		if i := strings.LastIndex(msg, "; "); i < 0 || msg[i:] != poisonRemedy(id) {
+			t.Errorf("%q: its last \"; \" clause is not the remedy %q", msg, poisonRemedy(id))
+		}
+	}
+}
+
 const killedWhy = "s3: connection reset"
 
 // A task whose process really aborts (SIGABRT) or exits is archived as a
@@ -215,8 +240,8 @@ func TestACrashingTaskIsPoisonAndItsNeighboursComplete(t *testing.T) {
 	for how, want := range map[string]string{"abort": "SIGABRT", "exit": "exit status 2"} {
 		id := e.enqueue(crashArgs{How: how})
 		ts := e.waitFor(id, time.Minute, "archived", state("archived"))
-		if !strings.HasPrefix(ts.LastErr, poison) || !strings.Contains(ts.LastErr, want) || ts.Retried != 1 {
-			t.Errorf("%s: archived after %d retries with %q; want after one retry, %q and %q", how, ts.Retried, ts.LastErr, poison, want)
+		if !strings.HasPrefix(ts.LastErr, poison) || !strings.Contains(ts.LastErr, want) || !strings.HasSuffix(ts.LastErr, poisonRemedy(id)) || ts.Retried != 1 {
+			t.Errorf("%s: archived after %d retries with %q; want after one retry, %q, %q and %q", how, ts.Retried, ts.LastErr, poison, want, poisonRemedy(id))
 		}
 		if n := e.rdb.Exists(context.Background(), crashKey(id)).Val(); n != 0 {
 			t.Errorf("%s: the crash count outlives the archived task", how)
@@ -256,8 +281,8 @@ func TestCrashesAreCountedAcrossWorkers(t *testing.T) {
 	}
 	e.serveIsolated(map[string]int{scheduler.QueueGPU: 1})
 	ts = e.waitFor(id, time.Minute, "archived", state("archived"))
-	if !strings.HasPrefix(ts.LastErr, poison) {
-		t.Errorf("archived with %q; want %q", ts.LastErr, poison)
+	if !strings.HasPrefix(ts.LastErr, poison) || !strings.HasSuffix(ts.LastErr, poisonRemedy(id)) {
+		t.Errorf("archived with %q; want %q and %q", ts.LastErr, poison, poisonRemedy(id))
 	}
 }
 
@@ -305,8 +330,8 @@ func TestACrashBeforeACancelDoesNotCountAfterTheEnqueueAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := e.waitFor(id, time.Minute, "archived", state("archived"))
-	if !strings.HasPrefix(ts.LastErr, poison) || !strings.Contains(ts.LastErr, killedWhy) {
-		t.Errorf("archived with %q; want %q and the error line", ts.LastErr, poison)
+	if !strings.HasPrefix(ts.LastErr, poison) || !strings.Contains(ts.LastErr, killedWhy) || !strings.HasSuffix(ts.LastErr, poisonRemedy(id)) {
+		t.Errorf("archived with %q; want %q, the error line and %q", ts.LastErr, poison, poisonRemedy(id))
 	}
 	if e.rdb.Exists(ctx, crashKey(id)).Val() != 0 {
 		t.Error("the crash count outlives the archived task")

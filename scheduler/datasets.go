@@ -42,6 +42,15 @@ type DatasetProgress struct {
 	StoppedAt   ingest.Limits
 	// PlanDone is set when the store's latest plan completed.
 	PlanDone bool
+	// NoPlan is set when Redis holds tasks of the store's files but none
+	// of its plans: Redis lost its data (restarted without its append-only
+	// file, or flushed) after the plan queued them, and an append a worker
+	// held then queued itself again into the empty Redis; or retention
+	// dropped the plan, which ended days before its last files did. Files
+	// and Done then count the files whose tasks Redis holds, not the
+	// dataset's: the plan's count is gone with it, and a file it queued
+	// that Redis lost reads nowhere.
+	NoPlan bool
 	// Tokens is what the done files appended, and the parts of files
 	// taken at the limit.
 	Tokens int64
@@ -214,9 +223,14 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			d.Waiting++
 		}
 	}
-	for name, p := range lastPlan {
-		byStore[name].PlanStopped = isStopped(p)
-		byStore[name].PlanDone = p.State == "completed"
+	for name, d := range byStore {
+		p := lastPlan[name]
+		if p == nil {
+			d.NoPlan = true
+			continue
+		}
+		d.PlanStopped = isStopped(p)
+		d.PlanDone = p.State == "completed"
 	}
 	for name, t := range stoppedAt {
 		if l, ok := taskLimits(t); ok {

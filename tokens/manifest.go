@@ -325,9 +325,18 @@ func ReadManifest(dir string) (*Manifest, error) {
 type NoStoreError struct {
 	Dir string
 	Err error // reading the manifest's, which wraps fs.ErrNotExist
+	// Stored is the tokens the store's status in object storage records,
+	// set by a caller that read it: the store was ingested on another
+	// worker's disk, and an ingest here is the wrong way to get it.
+	Stored int64
 }
 
 func (e *NoStoreError) Error() string {
+	if e.Stored > 0 {
+		// Said first: a failure's one-line view keeps the head.
+		return fmt.Sprintf("token store %s is on the disk of the worker that ingested it, not this one's (%d tokens by its status in object storage; no %s here): train on a GPU worker of that data directory, or copy the store's folder here",
+			e.Dir, e.Stored, ManifestFile)
+	}
 	return fmt.Sprintf("token store %s has no %s: ingest into it first (sched enqueue ingest), or, on a worker that took over a run, copy the store's folder from the machine that ingested it",
 		e.Dir, ManifestFile)
 }

@@ -84,8 +84,16 @@ func TestARunMovedToAMachineWithoutItsStoresResumesOnceTheyAreCopied(t *testing.
 		return err == nil && (ts.State == "archived" || ts.Retried > 0)
 	})
 	store := filepath.Join(newData, "tokens", "code")
-	if ts.State != "archived" || ts.Retried != 0 || !strings.Contains(ts.LastErr, "token store "+store+" has no manifest.json") ||
-		!strings.Contains(ts.LastErr, "copy the store's folder from the machine that ingested it") ||
+	// The store's status in object storage says it was ingested: the
+	// error leads with where it is, in the part a one-line view keeps,
+	// not with an ingest into it, which would fill the old machine's.
+	onDisk := "token store " + store + " is on the disk of the worker that ingested it, not this one's ("
+	for what, line := range map[string]string{"sched runs": scheduler.OneLine(ts.LastErr, 200), "sched status": failureErr(ts, listErrRunes)} {
+		if !strings.Contains(line, onDisk) || strings.Contains(line, "ingest into it") {
+			t.Errorf("%s's line of the failure: %q; want it to begin with %q", what, line, onDisk)
+		}
+	}
+	if ts.State != "archived" || ts.Retried != 0 || !strings.Contains(ts.LastErr, "no manifest.json here): train on a GPU worker of that data directory, or copy the store's folder here") ||
 		!strings.Contains(ts.LastErr, "then 'sched enqueue train eta' resumes the run from its last checkpoint") {
 		t.Fatalf("the segment on a machine without the store: %s after %d retries, %q; want it archived without a retry, naming %s, what to copy and what to enqueue then",
 			ts.State, ts.Retried, ts.LastErr, store)

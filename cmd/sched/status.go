@@ -205,6 +205,9 @@ type storedCache struct {
 	cfg  scheduler.Config
 	have bool
 	runs storedRuns
+	// stores is what object storage says of the stores whose plan Redis
+	// lost (planLost).
+	stores storeStatuses
 }
 
 // read returns object storage's runs where Redis knows none (redisRuns
@@ -295,7 +298,11 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 	if ds := snap.Datasets(); len(ds) > 0 || len(damaged) > 0 {
 		fmt.Fprintln(w, "\nINGEST")
 		for _, d := range ds {
-			fmt.Fprintln(w, datasetLine(d, snap, deleted[d.Store]))
+			line := datasetLine(d, snap, deleted[d.Store])
+			if d.NoPlan {
+				line += "  " + stored.planLost(ctx, d)
+			}
+			fmt.Fprintln(w, line)
 		}
 		// The worker that holds the stores found these damaged: ingests
 		// into them and runs over them are refused until they are
@@ -597,6 +604,10 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 		return name + "  nothing to ingest: the store holds every file its latest plan listed"
 	}
 	parts := []string{name, fmt.Sprintf("files %d/%d done", d.Done, d.Files)}
+	if d.NoPlan {
+		// Not the dataset's count: its plan's record is gone.
+		parts[1] += " of those Redis holds"
+	}
 	if d.SizesKnown && d.Bytes > 0 {
 		parts = append(parts, formatBytes(d.DoneBytes)+" of "+formatBytes(d.Bytes))
 	}
@@ -620,7 +631,7 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 	case d.Remaining() == 0 && d.Failed == 0 && (d.Stopped > 0 || d.PlanStopped):
 		// The end the user sized the store for, not a failure.
 		parts = append(parts, "stopped at "+formatLimits(d.StoppedAt))
-	case d.Files > 0 && d.Remaining() == 0 && d.Failed == 0:
+	case d.Files > 0 && d.Remaining() == 0 && d.Failed == 0 && !d.NoPlan:
 		parts = append(parts, "done")
 	case d.ETA > 0:
 		parts = append(parts, "ETA "+formatETA(d.ETA))

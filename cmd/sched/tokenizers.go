@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/shell"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
@@ -70,7 +71,12 @@ func init() {
 				// directory named by hand that is not there is a typo.
 				return badInput("--tokens-dir %s: not a directory: give the directory that holds the token stores (default <data dir>/tokens)", tokensDir)
 			}
-			return listTokenizers(ctx, c.OutOrStdout(), cat, tokensDir, cfg.Tokenizer)
+			// The stores of the worker that serves append, on a disk
+			// that is not this machine's, by their statuses in object
+			// storage, as 'sched datasets' lists them: only a --tokens-dir
+			// named by hand is read alone.
+			published := !c.Flags().Changed("tokens-dir")
+			return listTokenizers(ctx, c.OutOrStdout(), c.ErrOrStderr(), cat, tokensDir, cfg.Tokenizer, published)
 		},
 	}
 	cmd.Flags().StringVar(&tokensDir, "tokens-dir", "", "directory of the token stores (default <data dir>/tokens)")
@@ -79,8 +85,12 @@ func init() {
 }
 
 // listTokenizers prints one line per tokenizer, and then any store made
-// by a tokenizer the catalog does not hold, so that it is noticed.
-func listTokenizers(ctx context.Context, w io.Writer, cat *catalog.Catalog, tokensDir, configured string) error {
+// by a tokenizer the catalog does not hold, so that it is noticed. With
+// published, a store's user is also read from the statuses the worker
+// that serves append publishes in object storage, so that a tokenizer
+// reads as used from any machine, not only from the one whose disk holds
+// its stores; a status that does not read is said on errOut.
+func listTokenizers(ctx context.Context, w, errOut io.Writer, cat *catalog.Catalog, tokensDir, configured string, published bool) error {
 	entries, err := cat.List(ctx)
 	if err != nil {
 		return err
@@ -88,6 +98,11 @@ func listTokenizers(ctx context.Context, w io.Writer, cat *catalog.Catalog, toke
 	u, err := cat.Usage(ctx, tokensDir)
 	if err != nil {
 		return err
+	}
+	if published && cat.Objects != nil {
+		if err := publishedUsage(ctx, cat.Objects, u.Stores); err != nil {
+			fmt.Fprintf(errOut, "sched tokenizers: the token stores' statuses in object storage were not read (%v): STORES lists only %s's stores\n", err, tokensDir)
+		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tVOCAB\tSHA256\tSTORES\tRUNS")
@@ -157,4 +172,39 @@ func printTokenizerReport(ctx context.Context, w io.Writer, cat *catalog.Catalog
 	}
 	_, err = io.WriteString(w, r.Markdown())
 	return err
+}
+
+// publishedUsage adds to stores (the store names by tokenizer hash) the
+// stores whose statuses in object storage record the tokenizer that wrote
+// them, those of this disk already listed left as they are.
+func publishedUsage(ctx context.Context, objects store.Store, stores map[string][]string) error {
+	names, err := ingest.PublishedStores(ctx, objects)
+	if err != nil {
+		return err
+	}
+	listed := map[string]bool{}
+	for _, ns := range stores {
+		for _, n := range ns {
+			listed[n] = true
+		}
+	}
+	p := &ingest.Pipeline{Objects: objects}
+	added := map[string]bool{}
+	for _, name := range names {
+		if listed[name] {
+			continue
+		}
+		st, err := p.Status(ctx, name)
+		if err != nil {
+			return err
+		}
+		if sha := st.Tokenizer.SHA256; sha != "" && st.Tokens > 0 {
+			stores[sha] = append(stores[sha], name)
+			added[sha] = true
+		}
+	}
+	for sha := range added {
+		slices.Sort(stores[sha])
+	}
+	return nil
 }

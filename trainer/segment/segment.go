@@ -20,12 +20,14 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/disk"
 	"github.com/kiln-lm/kiln/internal/lapse"
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
+	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
@@ -371,7 +373,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	data, err := p.OpenData(rc, mc)
 	if err != nil {
 		up.finish(false)
-		return out, err
+		return out, p.storeElsewhere(ctx, err)
 	}
 	var stateMu sync.Mutex
 	var unrecorded lapse.Lapse
@@ -559,7 +561,7 @@ func (p Params) initialEval(ctx context.Context, dir string, rc trainer.RunConfi
 	}
 	data, err := p.OpenData(rc, mc)
 	if err != nil {
-		return err
+		return p.storeElsewhere(ctx, err)
 	}
 	defer data.Close()
 	sum := 0.0
@@ -1070,4 +1072,30 @@ func checkUses(d trainer.Data, uses catalog.Entry) error {
 		}
 	}
 	return nil
+}
+
+// storeElsewhere adds to the error of a mixture's store that this disk
+// lacks (tokens.NoStoreError) the tokens its status in object storage
+// records, where it records some: the store was ingested on the disk of
+// another worker, the one that serves append, and the error then says to
+// train there or copy the store here, not to ingest into it.
+func (p Params) storeElsewhere(ctx context.Context, err error) error {
+	var no *tokens.NoStoreError
+	if !errors.As(err, &no) || p.Objects == nil || p.TokensDir == "" {
+		return err
+	}
+	name := filepath.Base(no.Dir)
+	if filepath.Join(p.TokensDir, name) != filepath.Clean(no.Dir) || ingest.CheckStoreName(name) != nil {
+		return err // a store named by its path, which no ingest publishes
+	}
+	sctx, cancel := context.WithTimeout(ctx, p.AnswerWithin)
+	defer cancel()
+	st, serr := (&ingest.Pipeline{Objects: p.Objects}).Status(sctx, name)
+	if serr != nil {
+		// The error as it was: what it says of the store still holds.
+		p.Log.Warn("the status of a token store this disk lacks was not read", zap.String("store", name), zap.Error(serr))
+		return err
+	}
+	no.Stored = st.Tokens
+	return err
 }

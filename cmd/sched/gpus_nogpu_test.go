@@ -151,6 +151,6 @@ func TestAHugeGPUCountIsRefusedInOneLine(t *testing.T) {
 	wantRefused(t, env, `gpus "`+huge+`": `+most, "config")
 	wantRefused(t, env, `gpus "`+huge+`": `+most, "enqueue", "train", "big")
 	wantRefused(t, nil, `--gpus "`+huge+`": `+most, "bench", "--model", "tiny", "--gpus", huge, "--accumulate", "16")
-	wantRefused(t, nil, `gpus "`+huge+`": `+most, "train", "--model", "tiny", "--tokens", t.TempDir(), "--gpus", huge, "--accumulate", "16")
+	wantRefused(t, nil, `--gpus "`+huge+`": `+most, "train", "--model", "tiny", "--tokens", t.TempDir(), "--gpus", huge, "--accumulate", "16")
 	wantRefused(t, []string{"KILN_GPUS=" + huge}, `KILN_GPUS "`+huge+`": `+most, "config")
 }

@@ -458,7 +458,7 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 		f.moeCfg = m
 	}
 	if fl.Changed("gpus") {
-		g, err := trainer.ParseGPUs(f.gpus)
+		g, err := trainer.ParseGPUsOf("--gpus", f.gpus)
 		if err != nil {
 			return err
 		}

@@ -193,7 +193,7 @@ func TestTrainCommandBadInput(t *testing.T) {
 		{[]string{"train", "--steps", "1", "--tokens", store, "--seq", "32", "--tokenizer-file", otherTok}, "or --tokenizer-file with its tokenizer.json)"},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--moe", "experts=1"}, "moe.experts must be at least 2"},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--moe", "experts=4,top_k=5"}, "top_k"},
-		{[]string{"train", "--steps", "1", "--tokens", store, "--gpus", "two"}, `gpus "two"`},
+		{[]string{"train", "--steps", "1", "--tokens", store, "--gpus", "two"}, `--gpus "two": give a number of GPUs`},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--gpus", "2", "--accumulate", "3", "--engine", "cuda"}, "accumulate 3 is not a multiple of gpus 2"},
 		{[]string{"train", "--steps", "1", "--tokens", store, "--gpus", "2", "--accumulate", "2", "--engine", "cpu"}, "needs the cuda engine"},
 		{[]string{"train", "--steps", "2", "--total-tokens", "100", "--tokens", store}, "--steps 2 and --total-tokens 100 both give the run's length"},

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/internal/disk"
@@ -67,9 +68,17 @@ type State struct {
 	// refused for another tokenizer can say which one to give; empty when
 	// the checkpoint has no tokenizer.json or the run gave no name.
 	TokenizerName string `json:"tokenizer_name,omitempty"`
+	// WallClock is the run's wall-clock up to this checkpoint, in seconds,
+	// over all its segments: a run whose record in Redis was lost carries
+	// its sum on from the checkpoint it resumes from. 0 (absent) in a
+	// checkpoint written before it was recorded.
+	WallClock float64 `json:"wall_clock_s,omitempty"`
 	// Files maps each other file of the checkpoint to its size and hash.
 	Files map[string]FileSum `json:"files"`
 }
+
+// Wall is s's WallClock as a duration.
+func (s State) Wall() time.Duration { return time.Duration(s.WallClock * float64(time.Second)) }
 
 // RNGState records the run's random seed.
 type RNGState struct {
@@ -342,6 +351,9 @@ func checkCheckpoint(dir string, withOptimizer bool) (State, error) {
 	// own: values no run writes mean it was damaged or edited.
 	if st.Step < 0 || st.Tokens < 0 {
 		return st, damaged("checkpoint %s: %s says step %d, %d tokens seen, which no run writes (damaged or edited): use an earlier checkpoint", dir, StateFile, st.Step, st.Tokens)
+	}
+	if st.WallClock < 0 {
+		return st, damaged("checkpoint %s: %s says a wall-clock of %gs, which no run writes (damaged or edited): use an earlier checkpoint", dir, StateFile, st.WallClock)
 	}
 	if step, ok := DirStep(filepath.Base(dir)); ok && step != st.Step {
 		return st, damaged("checkpoint %s: %s says step %d, its directory's name step %d (damaged, edited, or renamed by hand): use an earlier checkpoint", dir, StateFile, st.Step, step)

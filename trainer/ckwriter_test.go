@@ -67,7 +67,7 @@ func (h *heldWrite) hooks() Hooks {
 
 // checkpointFiles is what a checkpoint holds that training decides: the
 // weights, the Adam moments and the state, without the run configuration
-// (which names the checkpoint interval).
+// (which names the checkpoint interval) and the wall-clock.
 func checkpointFiles(t *testing.T, dir string) (State, []byte, []byte) {
 	t.Helper()
 	st, err := CheckCheckpoint(dir)
@@ -82,7 +82,7 @@ func checkpointFiles(t *testing.T, dir string) (State, []byte, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.Run, st.Files = RunConfig{}, nil
+	st.Run, st.Files, st.WallClock = RunConfig{}, nil, 0
 	return st, w, o
 }
 

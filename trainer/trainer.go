@@ -52,6 +52,11 @@ type Config struct {
 	// PeakFLOPS is the device's peak for MFU; 0 leaves MFU out.
 	PeakFLOPS float64
 	Log       *zap.Logger
+	// Wall, when set, is the run's wall-clock so far (a segment's: the
+	// sum over the run's segments), recorded in each checkpoint's
+	// trainer_state.json. Unset, it is the resumed checkpoint's plus the
+	// time since this call began.
+	Wall func() time.Duration
 
 	// beforeWrite, when set, is called by the checkpoint writer before
 	// each write, off the training loop (tests hold a write there).
@@ -229,6 +234,15 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 			l.cfg.PeakFLOPS = PeakFor(d.Device().Name, rc.Precision)
 		}
 	}
+	l.wall = cfg.Wall
+	if l.wall == nil {
+		var before time.Duration
+		if snap != nil {
+			before = snap.State.Wall()
+		}
+		began := time.Now()
+		l.wall = func() time.Duration { return before + time.Since(began) }
+	}
 	if err := l.start(snap); err != nil {
 		return l.result(), err
 	}
@@ -401,6 +415,8 @@ type loop struct {
 	markTime time.Time // start of the current logging interval: when the last logged step ended
 	began    time.Time // start of this process's part of the run
 	markTok  int64
+	// wall is the run's wall-clock so far, over all its calls (Config.Wall).
+	wall func() time.Duration
 	// paused is the time inside the current logging interval that was
 	// not training: the evaluation at the step that opened it.
 	paused time.Duration
@@ -919,7 +935,8 @@ func (l *loop) checkpoint(ctx context.Context) error {
 	if err := l.syncMetrics(); err != nil {
 		return fmt.Errorf("checkpoint at step %d: %w", l.step, err)
 	}
-	return l.ck.start(ctx, State{Step: l.step, Tokens: l.tokens, Cursor: cur, RNG: RNGState{Seed: l.rc.Seed}, Run: l.rc, Loss: l.loss, TokenizerName: l.tokName})
+	return l.ck.start(ctx, State{Step: l.step, Tokens: l.tokens, Cursor: cur, RNG: RNGState{Seed: l.rc.Seed}, Run: l.rc, Loss: l.loss, TokenizerName: l.tokName,
+		WallClock: l.wall().Seconds()})
 }
 
 // syncMetrics makes metrics.jsonl's lines durable before the checkpoint

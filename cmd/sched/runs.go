@@ -135,7 +135,7 @@ func outcomeLine(t scheduler.TaskStatus) string {
 		if t.Retried > 0 {
 			attempts = fmt.Sprintf("%d attempts", t.Retried+1)
 		}
-		parts = append(parts, fmt.Sprintf("failed for good after %s: %s", attempts, scheduler.OneLine(t.LastErr, 200)))
+		parts = append(parts, fmt.Sprintf("failed for good after %s: %s", attempts, failureErr(t, 200)))
 	case setBack(t) == "interrupted":
 		// After its state word: "interrupted  by a worker's shutdown ...".
 		parts = append(parts, "by a worker's shutdown and re-queued (no retry used)")
@@ -147,10 +147,10 @@ func outcomeLine(t scheduler.TaskStatus) string {
 		parts = append(parts, fmt.Sprintf("%s; %s (no retry used)", scheduler.OneLine(t.Progress.Message, 240), when))
 	case t.State == "retry" && t.Retried == 0:
 		// Set back without a failure, its worker's report of why lost.
-		parts = append(parts, "re-queued (no retry used): "+scheduler.OneLine(t.LastErr, 200))
+		parts = append(parts, "re-queued (no retry used): "+failureErr(t, 200))
 	case t.State == "retry":
 		parts = append(parts, fmt.Sprintf("failed (attempt %d of %d), retries at %s: %s", t.Retried, t.MaxRetry+1,
-			t.NextRun.Local().Format("15:04:05"), scheduler.OneLine(t.LastErr, 200)))
+			t.NextRun.Local().Format("15:04:05"), failureErr(t, 200)))
 	}
 	if s := scheduler.Subject(t.Kind, t.Payload); s != "" {
 		parts = append(parts, s)

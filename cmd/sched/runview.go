@@ -130,10 +130,10 @@ func (v *runView) classify() {
 	case state == "retry" && t.Retried == 0:
 		// Set back without a failure, its worker's report of why lost.
 		v.Status = runRequeued
-		v.Detail = scheduler.OneLine(t.LastErr, 160)
+		v.Detail = failureErr(*t, 160)
 	case state == "retry":
 		v.Status = runRetrying
-		v.Detail = fmt.Sprintf("attempt %d of %d failed: %s", t.Retried, t.MaxRetry+1, scheduler.OneLine(t.LastErr, 160))
+		v.Detail = fmt.Sprintf("attempt %d of %d failed: %s", t.Retried, t.MaxRetry+1, failureErr(*t, 160))
 	case v.Done && (state != "archived" || v.From < int64(v.Step)):
 		// A segment that began at the run's end and was archived was
 		// queued to train it further (a longer total): its failure, or
@@ -147,7 +147,7 @@ func (v *runView) classify() {
 		}
 	case state == "archived":
 		v.Status = runFailed
-		v.Detail = scheduler.OneLine(t.LastErr, 160)
+		v.Detail = failureErr(*t, 160)
 	case !v.HasState:
 		v.Status = runNotStarted
 	default:

@@ -742,8 +742,9 @@ func failureLine(t scheduler.TaskStatus) string {
 	return fmt.Sprintf("%s  %s  %s  %s: %s", t.LastFailed.Local().Format("15:04:05"), t.ID, subject, what, failureErr(t, listErrRunes))
 }
 
-// failureErr is a failure's error as a FAILURES line says it, cut to about
-// n runes. Kiln's errors end with what to do, after their last "; "
+// failureErr is a task's last error as every one-line view says it
+// (FAILURES, sched runs, a run's line), cut to about n runes. Kiln's
+// errors end with what to do, after their last "; "
 // ("...; enqueue the ingest again ('sched enqueue ingest'), which makes it
 // again"), which a cut at n would drop: a longer one keeps that last
 // clause whole after the cut, and one whose last clause would take most of

@@ -132,6 +132,9 @@ type Params struct {
 	// caughtUp holds the earlier segments' event files this segment has
 	// found or made whole in object storage (catchUpEvents); Run sets it.
 	caughtUp *caughtUp
+	// since is this segment's part of the run's wall-clock, from its
+	// start. Default time.Since; tests add the hours a run trains.
+	since func(time.Time) time.Duration
 }
 
 func (p Params) withDefaults() Params {
@@ -156,6 +159,9 @@ func (p Params) withDefaults() Params {
 	}
 	if p.FreeSpace == nil {
 		p.FreeSpace = disk.Free
+	}
+	if p.since == nil {
+		p.since = time.Since
 	}
 	if p.Log == nil {
 		p.Log = zap.NewNop()
@@ -291,16 +297,25 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		holds["done"] = "false"
 	}
 	behind := p.recordStored(ctx, lock, r, log)
-	// Wall-clock adds up over segments; the state hash carries the sum.
+	// Wall-clock adds up over segments; the state hash carries the sum,
+	// and each checkpoint the sum at its write.
 	prevWall, err := p.Redis.HGet(ctx, scheduler.RunStateKey(run), "wall_s").Float64()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		// Read as 0, the run's summed wall-clock would restart from this
 		// segment and be written back so.
 		return out, fmt.Errorf("run %s: read its wall-clock so far: %w", run, err)
 	}
+	if r.source != "" {
+		// Where Redis lost the run's state (or restarted from an older
+		// copy of it), the checkpoint resumed from carries the sum on. One
+		// that cannot be read is the trainer's to refuse, with its reason.
+		if st, err := trainer.CheckCheckpoint(filepath.Join(dir, trainer.StepDir(r.step))); err == nil {
+			prevWall = max(prevWall, st.WallClock)
+		}
+	}
 	began := time.Now()
 	out.Began = began
-	wall := func() time.Duration { return time.Duration(prevWall*float64(time.Second)) + time.Since(began) }
+	wall := func() time.Duration { return time.Duration(prevWall*float64(time.Second)) + p.since(began) }
 
 	// What the segment owes object storage after training (the last
 	// uploads, the results) gets UploadGrace once ctx ends, and no more.
@@ -416,7 +431,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	}
 	res, terr := trainer.Run(tctx, trainer.Config{
 		Run: rc, Out: dir, Resume: true, Data: data, Engine: p.Engine, Tokenizer: p.Tokenizer, TokenizerName: p.usesName(),
-		MaxSteps: p.Run.Segment.MaxSteps, MaxDuration: p.Run.Segment.MaxDuration, PeakFLOPS: p.PeakFLOPS, Log: log,
+		MaxSteps: p.Run.Segment.MaxSteps, MaxDuration: p.Run.Segment.MaxDuration, PeakFLOPS: p.PeakFLOPS, Log: log, Wall: wall,
 	}, hooks)
 	out.Step, out.Done, out.Checkpoint, out.Devices, out.Precision = res.Step, res.Done, res.Checkpoint, res.Devices, res.Precision
 	out.Wall = wall()

@@ -329,16 +329,34 @@ type NoStoreError struct {
 	// set by a caller that read it: the store was ingested on another
 	// worker's disk, and an ingest here is the wrong way to get it.
 	Stored int64
+	// Appender names the worker that appends, whose disk holds the stores
+	// ("host h, data directory d (pid n)"), and Here this worker ("host h,
+	// data directory d"), set by a caller that found the two disks differ.
+	Appender, Here string
 }
 
+// Error says where the store is and, as its last clause (the part a
+// failure's one-line view keeps), what to do: an ingest here only where
+// nothing says the store was ingested elsewhere.
 func (e *NoStoreError) Error() string {
-	if e.Stored > 0 {
-		// Said first: a failure's one-line view keeps the head.
-		return fmt.Sprintf("token store %s is on the disk of the worker that ingested it, not this one's (%d tokens by its status in object storage; no %s here): train on a GPU worker of that data directory, or copy the store's folder here",
-			e.Dir, e.Stored, ManifestFile)
+	if e.Stored <= 0 && e.Appender == "" {
+		return fmt.Sprintf("token store %s has no %s: ingest into it first (sched enqueue ingest), or, on a worker that took over a run, copy the store's folder from the machine that ingested it",
+			e.Dir, ManifestFile)
 	}
-	return fmt.Sprintf("token store %s has no %s: ingest into it first (sched enqueue ingest), or, on a worker that took over a run, copy the store's folder from the machine that ingested it",
-		e.Dir, ManifestFile)
+	here := "this worker's disk"
+	if e.Here != "" {
+		here += " (" + e.Here + ")"
+	}
+	there := "another worker's disk"
+	if e.Appender != "" {
+		there = "the disk of the worker that appends (" + e.Appender + ")"
+	}
+	held := "the stores are on " + there
+	if e.Stored > 0 {
+		held = fmt.Sprintf("its status in object storage says it holds %d tokens, ingested on %s", e.Stored, there)
+	}
+	return fmt.Sprintf("token store %s is not on %s, which has no %s for it: %s; train on a GPU worker of that disk, or copy the store's folder here",
+		e.Dir, here, ManifestFile, held)
 }
 
 func (e *NoStoreError) Unwrap() error { return e.Err }

@@ -577,8 +577,8 @@ func (t *Training) longerTotal(run, file string, step int) (int, bool) {
 // worker's disk lacks (a run moved to another machine) what to do once the
 // store is there: the segment is archived, and the run waits for an
 // enqueue. Where the worker that appends holds the stores on another disk
-// (a GPU worker started on another machine), that is said first: an
-// ingest there fills no store here.
+// (a GPU worker started on another machine), the error names both disks:
+// an ingest there fills no store here.
 func (t *Training) noStoreAdvice(ctx context.Context, run string, err error) error {
 	var no *tokens.NoStoreError
 	if !errors.As(err, &no) {
@@ -587,11 +587,10 @@ func (t *Training) noStoreAdvice(ctx context.Context, run string, err error) err
 	if h, herr := AppendHolderNow(ctx, t.Redis); herr == nil && h != nil && t.DataDir != "" {
 		if id, derr := DiskID(t.DataDir); derr == nil && id != h.Disk {
 			host, _ := os.Hostname()
-			return fmt.Errorf("%w; the token stores are on the disk of the worker that appends (%s), not on this one's (host %s, data directory %s): train on a GPU worker of that data directory (stop this one's gpu queue), or copy the store's folder here, then 'sched enqueue train %s' resumes the run from its last checkpoint",
-				err, h, host, t.DataDir, run)
+			no.Appender, no.Here = h.String(), fmt.Sprintf("host %s, data directory %s", host, t.DataDir)
 		}
 	}
-	return fmt.Errorf("%w, then 'sched enqueue train %s' resumes the run from its last checkpoint", err, run)
+	return fmt.Errorf("%w, then 'sched enqueue train %s' resumes the run", err, run)
 }
 
 // Live is what a task asks the queue about earlier work under way

@@ -20,20 +20,7 @@ import (
 // running nor failed, only `sched runs` showed it.
 func TestStatusListsATaskWaitingOutAnObjectStoreOutage(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	data := filepath.Join(dir, "kiln")
-	tokenizerTK(t, dir, data)
-	src := sourceDir(t, dir, twoFiles)
-	r := testsvc.StartRedis(t)
-	srv := testsvc.S3(t)
-	faults := srv.Faults(t)
-	faults.Add(testsvc.Fault{Method: "PUT", Path: "/shards/", Action: testsvc.Status, Code: http.StatusServiceUnavailable})
-	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src,
-		"KILN_S3_ENDPOINT=" + faults.Endpoint, "KILN_S3_ACCESS_KEY=" + srv.AccessKey, "KILN_S3_SECRET_KEY=" + srv.SecretKey}
-	if out, errOut, code := sched(t, env, "enqueue", "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk"); code != 0 {
-		t.Fatalf("enqueue ingest: exit %d\n%s%s", code, out, errOut)
-	}
-	startWorker(t, env, "--queues", "ingest=1,append=1")
+	env, faults := ingestIntoAStoreAnswering503(t)
 
 	stamp := `\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`
 	line := regexp.MustCompile(`(?m)^ingest:shard:\S+  waiting  local:\S+ \S+/[ab]\.jsonl into code  waiting for the object store at ` +
@@ -55,20 +42,7 @@ func TestStatusListsATaskWaitingOutAnObjectStoreOutage(t *testing.T) {
 // (400), the attempt failed, and the task reads "retry" with that error.
 func TestStatusOfATaskWaitingOutAnOutageSaysItWaits(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	data := filepath.Join(dir, "kiln")
-	tokenizerTK(t, dir, data)
-	src := sourceDir(t, dir, twoFiles)
-	r := testsvc.StartRedis(t)
-	srv := testsvc.S3(t)
-	faults := srv.Faults(t)
-	faults.Add(testsvc.Fault{Method: "PUT", Path: "/shards/", Action: testsvc.Status, Code: http.StatusServiceUnavailable})
-	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src,
-		"KILN_S3_ENDPOINT=" + faults.Endpoint, "KILN_S3_ACCESS_KEY=" + srv.AccessKey, "KILN_S3_SECRET_KEY=" + srv.SecretKey}
-	if out, errOut, code := sched(t, env, "enqueue", "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk"); code != 0 {
-		t.Fatalf("enqueue ingest: exit %d\n%s%s", code, out, errOut)
-	}
-	startWorker(t, env, "--queues", "ingest=1,append=1")
+	env, faults := ingestIntoAStoreAnswering503(t)
 
 	listed := regexp.MustCompile(`(?m)^(ingest:shard:\S+)  waiting  `)
 	id := listed.FindStringSubmatch(waitOutput(t, env, listed, 2*time.Minute, "status"))[1]
@@ -91,4 +65,26 @@ func TestStatusOfATaskWaitingOutAnOutageSaysItWaits(t *testing.T) {
 	if strings.Contains(failed, "waiting") {
 		t.Errorf("status %s after a failed attempt: %q; want it no longer waiting", id, failed)
 	}
+}
+
+// ingestIntoAStoreAnswering503 queues the ingest of two files into store
+// code, with a worker of ingest and append, through a proxy that answers
+// every shard upload 503 SlowDown: each shard task waits out the store.
+func ingestIntoAStoreAnswering503(t *testing.T) (env []string, faults *testsvc.S3Faults) {
+	t.Helper()
+	dir := t.TempDir()
+	data := filepath.Join(dir, "kiln")
+	tokenizerTK(t, dir, data)
+	src := sourceDir(t, dir, twoFiles)
+	r := testsvc.StartRedis(t)
+	srv := testsvc.S3(t)
+	faults = srv.Faults(t)
+	faults.Add(testsvc.Fault{Method: "PUT", Path: "/shards/", Action: testsvc.Status, Code: http.StatusServiceUnavailable})
+	env = []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + data, "KILN_LOCAL_ROOTS=" + src,
+		"KILN_S3_ENDPOINT=" + faults.Endpoint, "KILN_S3_ACCESS_KEY=" + srv.AccessKey, "KILN_S3_SECRET_KEY=" + srv.SecretKey}
+	if out, errOut, code := sched(t, env, "enqueue", "ingest", "local:"+filepath.Join(src, "*.jsonl"), "--store", "code", "--tokenizer", "tk"); code != 0 {
+		t.Fatalf("enqueue ingest: exit %d\n%s%s", code, out, errOut)
+	}
+	startWorker(t, env, "--queues", "ingest=1,append=1")
+	return env, faults
 }

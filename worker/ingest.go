@@ -287,9 +287,9 @@ func (c *Ingest) checkStores(ctx context.Context, log *zap.Logger) {
 		c.ReconcileStores(ctx, log)
 	}
 	rs, err := c.Stores.Check(ctx)
-	c.logMended(log, "token store went from this disk, or was replaced, while the worker ran: its status in object storage says what the disk holds now, and an ingest plans the files the store lacks again", rs)
+	c.logMended(log, "token store changed on this disk while the worker ran (it went, was replaced, or a direct ingest grew it) or its last status was not written: its status in object storage says what the disk holds now, and an ingest plans the files the store lacks again", rs)
 	if err != nil && ctx.Err() == nil {
-		log.Warn("the status of a token store that went from this disk, or was replaced, is not mended; the next look tries again", zap.Error(err))
+		log.Warn("the status of a token store that changed on this disk is not mended; the next look tries again", zap.Error(err))
 	}
 	c.noteDeleted(ctx, log, rs)
 	if err := c.sayDamaged(ctx); err != nil && ctx.Err() == nil {

@@ -324,7 +324,7 @@ func TestStoreDeletedIsNoticedByTheWorkerThatAppends(t *testing.T) {
 	if err := os.RemoveAll(s.dir); err != nil {
 		t.Fatal(err)
 	}
-	const noticed = "token store went from this disk, or was replaced, while the worker ran"
+	const noticed = "token store changed on this disk while the worker ran (it went, was replaced,"
 	deadline := time.Now().Add(2 * time.Minute)
 	for !strings.Contains(workerLog(t, appender), noticed) {
 		if time.Now().After(deadline) {

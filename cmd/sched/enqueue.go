@@ -268,8 +268,24 @@ func runIsLive(c *cobra.Command, q *scheduler.Client, run, except string) (bool,
 	if err != nil || live == nil || live.ID == except {
 		return false, err
 	}
-	fmt.Fprintf(c.OutOrStdout(), "run %s is already %s as %s; nothing queued ('sched status %s' follows it)\n", run, stateWord(live.State.String()), live.ID, live.ID)
+	fmt.Fprintf(c.OutOrStdout(), "run %s is already %s as %s; nothing queued ('sched status %s' follows it)\n", run, taskWord(ctx, q, live.ID, live.State.String()), live.ID, live.ID)
 	return true, nil
+}
+
+// taskWord is how enqueue says the state of a task already queued, as
+// status does (setBack): asynq's retry state holds a task whose attempt
+// failed beside one set back by its worker's shutdown or to wait, which
+// used no retry and which "waiting to retry" would misread.
+func taskWord(ctx context.Context, q *scheduler.Client, id, state string) string {
+	if ts, err := q.Task(ctx, id); err == nil {
+		switch setBack(ts) {
+		case "interrupted":
+			return "queued again after its worker's shutdown (no retry used)"
+		case "waiting":
+			return "waiting (no retry used)"
+		}
+	}
+	return stateWord(state)
 }
 
 // printSubmitted says what Again did with a; a duplicate is reported, not

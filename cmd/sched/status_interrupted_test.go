@@ -52,6 +52,12 @@ func TestStatusOfAnInterruptedTaskSaysItWasInterrupted(t *testing.T) {
 		t.Errorf("sched runs shows the interrupted segment as %q", task)
 	}
 
+	// Typed again, the enqueue says the same, not "waiting to retry".
+	again := "run eta is already queued again after its worker's shutdown (no retry used) as " + id + "; nothing queued"
+	if out, errOut, code := sched(t, env, "enqueue", "train", "eta"); code != 0 || !strings.HasPrefix(out, again) {
+		t.Errorf("enqueue train eta after its worker's shutdown: exit %d %q %q\nwant %q", code, out, errOut, again)
+	}
+
 	startWorker(t, env, "--queues", "gpu=1")
 	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`  active  .*"run eta step \d+`), time.Minute)
 }

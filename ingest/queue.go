@@ -126,7 +126,7 @@ func (p *Pipeline) appender(ctx context.Context, dir string, tok tokens.Tokenize
 	wait := tokens.LockWait{For: p.StoreWait}
 	if p.StoreWaiting != nil {
 		wait.Waiting = func(pid int) {
-			p.StoreWaiting(ctx, fmt.Sprintf("waiting for the lock of token store %s, held by %s: one process appends to a store at a time", filepath.Base(dir), holderName(pid)))
+			p.StoreWaiting(ctx, fmt.Sprintf("waiting for the lock of token store %s, held by %s: one process appends to a store at a time", filepath.Base(dir), tokens.LockHolder(pid)))
 		}
 	}
 	if app, err = tokens.OpenAppenderWaiting(ctx, dir, tok, p.log(), wait); err != nil {
@@ -145,14 +145,6 @@ func (p *Pipeline) appender(ctx context.Context, dir string, tok tokens.Tokenize
 // and the worker then sets the append back to wait rather than keep its
 // append slot.
 const DefaultStoreWait = 2 * time.Minute
-
-// holderName names the process of pid, which a store's lock named (0: none).
-func holderName(pid int) string {
-	if pid > 0 {
-		return fmt.Sprintf("pid %d", pid)
-	}
-	return "another process"
-}
 
 // holdsStores reports whether p keeps its stores open (holdStores: a
 // direct ingest), and with them their statuses, which are then this

@@ -106,7 +106,7 @@ func flockStore(ctx context.Context, dir, path string, wait LockWait) (*storeLoc
 		case <-giveUp.C:
 			return nil, &LockedError{Dir: dir, PID: busy.PID, Waited: wait.For}
 		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for token store %s, locked by %s: %w", dir, holder(busy.PID), ctx.Err())
+			return nil, fmt.Errorf("waiting for token store %s, locked by %s: %w", dir, LockHolder(busy.PID), ctx.Err())
 		}
 	}
 }
@@ -133,13 +133,14 @@ type LockedError struct {
 func (e *LockedError) Error() string {
 	if e.Waited > 0 {
 		return fmt.Sprintf("token store %s is still locked by %s after this append waited %v for it: only one process appends to a store at a time, and a direct ingest ('sched ingest --direct') holds its store until it ends",
-			e.Dir, holder(e.PID), e.Waited)
+			e.Dir, LockHolder(e.PID), e.Waited)
 	}
-	return fmt.Sprintf("token store %s is locked by %s: only one appender may write a store; wait for it to finish or stop it", e.Dir, holder(e.PID))
+	return fmt.Sprintf("token store %s is locked by %s: only one appender may write a store; wait for it to finish or stop it", e.Dir, LockHolder(e.PID))
 }
 
-// holder names the process of pid, which a lock's file named (0: none).
-func holder(pid int) string {
+// LockHolder names the process of pid, which a store's lock file named
+// (0: none, or not read).
+func LockHolder(pid int) string {
 	if pid > 0 {
 		return "pid " + strconv.Itoa(pid)
 	}

@@ -189,6 +189,11 @@ type Submitted struct {
 	// Cancelled says that the archived task was stopped by `sched
 	// cancel` (its LastErr then only the cancellation's echo).
 	Cancelled bool
+	// Reported is the state its worker last reported of the task whose
+	// waiting retry was started now: "interrupted" where its worker's
+	// shutdown set it back, "waiting" where it waited for something,
+	// neither of which used a retry; otherwise what the worker last said.
+	Reported string
 }
 
 // Again queues a as a person asks for it: like Enqueue, and the same work
@@ -268,6 +273,10 @@ func (c *Client) submit(ctx context.Context, t *asynq.Task, person bool) (Submit
 			// it to run.
 			if err := c.rdb.Del(ctx, cancelKey(id)).Err(); err != nil {
 				return s, redismem.Wrap("run "+id+" now", err)
+			}
+			// Read before it runs: the worker that takes it reports anew.
+			if st := c.taskStatus(ctx, ti); st.HasProgress {
+				s.Reported = st.Progress.State
 			}
 			if err := c.insp.RunTask(ti.Queue, id); err != nil {
 				return s, redismem.Wrap("run "+id+" now", err)

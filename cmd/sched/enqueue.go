@@ -316,6 +316,12 @@ func printSubmitted(w io.Writer, a scheduler.Args, s scheduler.Submitted, err er
 		fmt.Fprintf(w, "queued %s on %s%s (step %d)\n", s.Info.ID, s.Info.Queue, resumes, ts.FromStep)
 	case s.Was == "":
 		fmt.Fprintf(w, "queued %s on %s\n", s.Info.ID, s.Info.Queue)
+	case s.Was == "retry" && s.Reported == "interrupted":
+		// Set back by its worker's shutdown, as status says (setBack):
+		// no attempt failed, and "waiting to retry" would say one did.
+		fmt.Fprintf(w, "%s was queued again after its worker's shutdown (no retry used); running it now%s\n", s.Info.ID, resumes)
+	case s.Was == "retry" && s.Reported == "waiting":
+		fmt.Fprintf(w, "%s was waiting (no retry used): %q; running it now%s\n", s.Info.ID, scheduler.OneLine(s.LastErr, 200), resumes)
 	case s.Was == "retry":
 		fmt.Fprintf(w, "%s was waiting to retry after %q; running it now%s\n", s.Info.ID, scheduler.OneLine(s.LastErr, 200), resumes)
 	case s.Was == "archived" && s.Cancelled:

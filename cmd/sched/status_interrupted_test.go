@@ -57,6 +57,12 @@ func TestStatusOfAnInterruptedTaskSaysItWasInterrupted(t *testing.T) {
 	if out, errOut, code := sched(t, env, "enqueue", "train", "eta"); code != 0 || !strings.HasPrefix(out, again) {
 		t.Errorf("enqueue train eta after its worker's shutdown: exit %d %q %q\nwant %q", code, out, errOut, again)
 	}
+	// sched retry runs it now, and says why it waited as status does: it
+	// said "was waiting to retry after", an attempt that never failed.
+	now := id + " was queued again after its worker's shutdown (no retry used); running it now"
+	if out, errOut, code := sched(t, env, "retry", id); code != 0 || !strings.HasPrefix(out, now) {
+		t.Errorf("retry %s after its worker's shutdown: exit %d %q %q\nwant %q", id, code, out, errOut, now)
+	}
 
 	startWorker(t, env, "--queues", "gpu=1")
 	waitStatus(t, env, id, regexp.MustCompile(`^`+id+`  active  .*"run eta step \d+`), time.Minute)

@@ -58,8 +58,13 @@ func TestStatusOfATaskWaitingOutAnOutageSaysItWaits(t *testing.T) {
 	faults.Clear()
 	faults.Add(testsvc.Fault{Method: "PUT", Path: "/shards/", Action: testsvc.Status, Code: http.StatusBadRequest})
 	// Now, not at the wait's next look.
-	if out, errOut, code := sched(t, env, "retry", id); code != 0 {
+	out, errOut, code := sched(t, env, "retry", id)
+	if code != 0 {
 		t.Fatalf("retry %s: exit %d\n%s%s", id, code, out, errOut)
+	}
+	// It says the task waited, as status does, not that an attempt failed.
+	if now := id + " was waiting (no retry used)"; !strings.HasPrefix(out, now) || !strings.Contains(out, "; running it now") {
+		t.Errorf("retry %s of a waiting task said %q; want %q ... running it now", id, out, now)
 	}
 	failed := waitStatus(t, env, id, regexp.MustCompile(`^`+regexp.QuoteMeta(id)+`  retry  .*last error: .*400 InternalError: injected by the test`), 2*time.Minute)
 	if strings.Contains(failed, "waiting") {

@@ -105,6 +105,10 @@ the PyTorch peer, torch_peer.py, counts them), the peak bytes kiln allocated for
 tensors and workspaces, and the process's device memory. It also lists
 other processes on the GPU and warns when there are any: figures from a
 busy GPU are not comparable (a 2.14x difference was measured from that alone).`,
+		Example: `  sched bench
+  sched bench --model base --batch 16 --seq 1024
+  sched bench --gpus all --profile
+  sched bench --engine cpu --model tiny --batch 4 --seq 256 --steps 5 --warmup 1`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.accumulateSet = cmd.Flags().Changed("accumulate")

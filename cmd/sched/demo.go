@@ -193,6 +193,9 @@ tokenizer and the token store and trains afresh. A run with other --files
 learns its own tokenizer and replaces the store and the run made with the
 earlier one.`,
 		Args: exactArgs(0, "no arguments"),
+		Example: `  sched demo
+  sched demo --duration 10m --engine cpu
+  sched demo --files '/data/repos/**/*.go' --dir /tmp/my-demo`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			cfg, err := loadConfig(c)
 			if err != nil {

@@ -48,6 +48,9 @@ tokenizer's ids, and a run reads the stores of its own tokenizer.
 The dataset is a preset ('sched datasets' lists them, KILN_DATASETS adds
 yours) or local:<glob>, files on the workers' disks under KILN_LOCAL_ROOTS.`,
 		Args: exactArgs(1, "one dataset: a preset ('sched datasets' lists them) or local:<glob>"),
+		Example: `  sched enqueue ingest the-stack-v2 --max-tokens 1.5B
+  sched enqueue ingest the-stack-v2 --set language=Go,Rust --store code-go-rust
+  sched enqueue ingest 'local:/data/repos/**/*.go' --store my-go --tokenizer mix-16384`,
 	}
 	var ingestStore string
 	var ingestPlan planFlags
@@ -72,9 +75,12 @@ yours) or local:<glob>, files on the workers' disks under KILN_LOCAL_ROOTS.`,
 
 Flags given override what the model's defaults or the run's settings say.`,
 		Args: exactArgs(1, "one sweep, model or run name"),
+		Example: `  sched enqueue bench sweep
+  sched enqueue bench pilot
+  sched enqueue bench base --batch 16 --seq 1024 --precision bf16`,
 	}
 	var br scheduler.BenchRun
-	bench.Flags().StringVar(&br.Engine, "engine", "auto", "engine: cuda, cpu or auto")
+	bench.Flags().StringVar(&br.Engine, "engine", "auto", "engine: cuda, cpu or auto (a run's bench: the run's engine unless given)")
 	var isSweep bool
 	bench.Flags().BoolVar(&isSweep, "sweep", false, "the name is the sweep (\"sweep\", the one there is), not a model or a run")
 	var st benchStep

@@ -60,6 +60,9 @@ next to the previous tokenizer's (--previous, default the configured one).
 A tokenizer's name is never reused: token stores and checkpoints record its
 sha256, so a new vocabulary needs a new name.`,
 		Args: exactArgs(1, "one tokenizer name"),
+		Example: `  sched enqueue tokenizer mix-16384
+  sched enqueue tokenizer mix-4096 --vocab 4096 --sample 2MB
+  sched enqueue tokenizer go-8192 --vocab 8192 --from 'the-stack-v2=0.8,local:/data/docs/*.md=0.2'`,
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg, err := loadConfig(c)
 			if err != nil {

@@ -50,6 +50,9 @@ checkpoint; a run already queued or training is left alone, and so is a run done
 at its total steps (give it a longer total_steps or total_tokens in a runs file
 to train it further).`,
 		Args: exactArgs(1, "one run name"),
+		Example: `  sched enqueue train pilot
+  KILN_RUNS=runs.yaml sched enqueue train my-run
+  sched enqueue train pilot-cpu --engine cpu`,
 	}
 	cmd.Flags().StringVar(&engine, "engine", "", "engine: cuda, cpu or auto (default: the run's)")
 	noEmpty(cmd.Flags(), "engine", "cuda, cpu or auto", "the run's engine")

@@ -82,6 +82,9 @@ published. Each download is removed once tokenized: a worker downloads into
 <data dir>/ingest/raw/<store>/, --direct into a directory of its own,
 <data dir>/.shards-*, removed when it ends.`,
 		Args: exactArgs(1, "one dataset"),
+		Example: `  sched ingest the-stack-v2 --max-tokens 1.5B
+  sched ingest 'local:/data/repos/**/*.go' --store my-go --direct
+  sched ingest fineweb-edu --direct --store-dir /scratch/web --tokenizer-file tokenizer.json --max-files 10`,
 		RunE: func(c *cobra.Command, args []string) error {
 			if err := checkTokenizerFlag(c); err != nil {
 				return err

@@ -37,6 +37,9 @@ A wait or an interruption uses no retry and is no failed attempt.
 --presets lists the runs 'sched enqueue train' takes instead: the presets
 and those of the file KILN_RUNS names, with their model, length, batch,
 tokenizer and engine. It needs no Redis.`,
+		Example: `  sched runs
+  sched runs --limit 10
+  KILN_RUNS=runs.yaml sched runs --presets`,
 		Args: func(c *cobra.Command, args []string) error {
 			if presets && len(args) == 1 {
 				// --presets FILE names a file elsewhere (sched ingest's

@@ -55,6 +55,9 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.
 
 ` + outHelp,
 		Args: exactArgs(0, "no positional arguments"),
+		Example: `  sched tokenize --in main.go --out main.ids
+  sched tokenize --tokenizer-file tokenizer.json --in corpus.txt --out corpus.u32 --dtype u32
+  echo 'func main() {}' | sched tokenize --in /dev/stdin --out /dev/stdout | od -An -tu2`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if in == "" || out == "" {
 				return badInput("tokenize needs --in and --out; see 'sched tokenize --help'")
@@ -121,6 +124,8 @@ machine as a published tokenizer.
 
 ` + outHelp,
 		Args: exactArgs(0, "no positional arguments (pass files with --in)"),
+		Example: `  sched tokenizer train --in a.go,b.go --vocab 4096 --out tokenizer.json
+  sched tokenizer train --in corpus.txt --vocab 16384 --pattern gpt2 --out /tmp/gpt2-style.json`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(special) == 0 {
 				return badInput("--special names no token: give at least the end-of-text token (such as <|endoftext|>), which ends each document in a token store")

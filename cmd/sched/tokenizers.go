@@ -27,6 +27,8 @@ func init() {
 	cmd := &cobra.Command{
 		Use:   "tokenizers [name]",
 		Short: "List the tokenizers known, their vocabulary, and the token stores and runs that use each; with a name, print its report",
+		Example: `  sched tokenizers
+  sched tokenizers mix-16384`,
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) > 1 {
 				return badInput("sched tokenizers takes at most one tokenizer name (got %d arguments); see 'sched tokenizers --help'", len(args))

@@ -40,6 +40,9 @@ their largest magnitude, weights after the step 1e-6 where the gradient
 exceeds 1e-4 of its tensor's largest and 2 x lr elsewhere. bf16 - loss 5e-3,
 logits and gradients 3e-2, weights 1e-5 where the gradient exceeds 3e-2 of
 its tensor's largest and 2 x lr elsewhere. Each can be overridden by a flag.`,
+		Example: `  sched verify --golden model/testdata/golden/tiny
+  sched verify --golden model/testdata/golden/hd64 --engine cuda --precision bf16
+  sched verify --golden model/testdata/golden/moe --engine cuda --force-sm80`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runVerify(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)

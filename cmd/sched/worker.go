@@ -27,7 +27,23 @@ func init() {
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Run a worker serving the given queues until SIGTERM (then drain and re-queue)",
-		Args:  exactArgs(0, "no arguments (queues go in --queues)"),
+		Long: `worker serves the queues --queues names, each with its number of tasks at
+once: ingest (download and tokenize files into object storage), append (fill
+the token stores on this machine's disk), gpu (training segments and
+benchmarks). Several workers may serve ingest from any machine; append is
+served from the one machine whose data directory holds the token stores,
+and a worker of another data directory told to serve it is refused.
+
+On SIGTERM (or Ctrl-C) it takes no new task and gives those in flight
+--shutdown-grace to stop: a training segment writes the checkpoint of its
+step and is re-queued, using no retry (docs/operations.md, "How a run
+survives"); a second signal ends it at once. Training segments and
+benchmarks each run in a child process, so that a crash there fails that
+task alone.`,
+		Example: `  sched worker --queues ingest=2,append=1,gpu=1
+  sched worker --queues ingest=4
+  KILN_GPUS=2 sched worker --queues gpu=1`,
+		Args: exactArgs(0, "no arguments (queues go in --queues)"),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg, err := loadConfig(c)
 			if err != nil {
@@ -125,7 +141,7 @@ func init() {
 			return w.Run(c.Context())
 		},
 	}
-	cmd.Flags().StringVar(&queues, "queues", "ingest=4", "queues and concurrency, e.g. ingest=4,append=2,gpu=1 (two appends: one reads its shard while the other commits; append from one machine only, the one whose disk holds the token stores)")
+	cmd.Flags().StringVar(&queues, "queues", "ingest=4", "queues and concurrency, e.g. ingest=4,append=2,gpu=1, a queue without =N serving one task at a time (two appends: one reads its shard while the other commits; append from one machine only, the one whose disk holds the token stores)")
 	rootCmd.AddCommand(cmd)
 	rootCmd.AddCommand(&cobra.Command{
 		Use:    taskCommand,

@@ -324,7 +324,7 @@ func TestComposeKeepsTheRedisPasswordOffCommandLines(t *testing.T) {
 // them in .env the workers ask the bucket anonymously.
 func TestComposePassesTheSoftwareHeritageSettings(t *testing.T) {
 	want := types.Mapping{"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "swh-secret", "AWS_SESSION_TOKEN": "swh-session",
-		"KILN_SWH_ENDPOINT": "http://swh-mirror.example"}
+		"AWS_REGION": "eu-west-3", "KILN_SWH_ENDPOINT": "http://swh-mirror.example"}
 	p, err := loadComposeWith(want)
 	if err != nil {
 		t.Fatal(err)
@@ -337,7 +337,7 @@ func TestComposePassesTheSoftwareHeritageSettings(t *testing.T) {
 		}
 		swh := ingest.SWHFromEnv()
 		if got := (types.Mapping{"AWS_ACCESS_KEY_ID": swh.AccessKey, "AWS_SECRET_ACCESS_KEY": swh.SecretKey, "AWS_SESSION_TOKEN": swh.SessionToken,
-			"KILN_SWH_ENDPOINT": swh.Endpoint}); fmt.Sprint(got) != fmt.Sprint(want) {
+			"AWS_REGION": swh.Region, "KILN_SWH_ENDPOINT": swh.Endpoint}); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("%s's ingest reads %v from its compose environment, want %v", name, got, want)
 		}
 		for k := range want {

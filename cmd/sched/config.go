@@ -8,6 +8,7 @@ package main
 //	cfg, err := loadConfig(cmd)        // scheduler.Config: flags > env > config file > defaults, validated
 //	q, err := openQueue(ctx, cfg)      // *scheduler.Client, Redis checked (bad URL or unreachable: exit 2)
 //	st, err := openStore(ctx, cfg)     // store.Store: S3 when KILN_S3_ENDPOINT is set, else DataDir/objects
+//	st, err := openStoreToRead(ctx, cfg, what) // the same, for a command that only reads: no bucket is exit 2
 //	log := logger(cfg)              // zap: JSON in containers, console on a terminal
 //
 // Precedence: a flag given on the command line wins over the environment
@@ -24,6 +25,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -72,9 +74,9 @@ var settings = func() []setting {
 		{"s3-secure", "KILN_S3_SECURE", "use https for S3 (default false; --s3-secure alone: true)",
 			func(c *scheduler.Config) string { return strconv.FormatBool(c.S3Secure) },
 			func(c *scheduler.Config, v string) error {
-				b, err := strconv.ParseBool(v)
+				b, err := parseSwitch(v)
 				if err != nil {
-					return fmt.Errorf("%q is not true or false", v)
+					return err
 				}
 				c.S3Secure = b
 				return nil
@@ -111,6 +113,25 @@ var settings = func() []setting {
 // the environment's value too (an unset shell variable in --data-dir
 // "$DIR" would write to ./.kiln, --tokenizer "$TOK" ingest with mix-16384).
 var emptyFlagMeans = map[string]bool{"s3-endpoint": true, "s3-access-key": true, "s3-secret-key": true, "hf-token": true, "metrics-addr": true}
+
+// switchWords are the words an on/off setting takes, in any case, from
+// every source alike: its variable, its flag and its config file key
+// (KILN_S3_SECURE, --s3-secure, s3_secure; KILN_REQUIRE_GPU). Each source
+// read booleans by its own parser (strconv's took 1 and t but not yes, the
+// YAML file's yes and on but not 1), so one value worked in one place and
+// was refused in another.
+const switchWords = "true, yes, on or 1, or false, no, off or 0 (in any case)"
+
+// parseSwitch reads v, the value of an on/off setting, as switchWords says.
+func parseSwitch(v string) (bool, error) {
+	switch strings.ToLower(v) {
+	case "true", "yes", "on", "1":
+		return true, nil
+	case "false", "no", "off", "0":
+		return false, nil
+	}
+	return false, fmt.Errorf("%q is not true or false: write %s", v, switchWords)
+}
 
 // givenEmptyKey is the annotation noEmpty puts on a command's flag: what
 // to give it, and what leaving it out means.
@@ -369,8 +390,7 @@ func init() {
 				// No error: the first write creates the bucket, which a
 				// fresh setup relies on. But a mistyped name would be
 				// created the same way, unnoticed, so it is said here.
-				fmt.Fprintf(w, "redis and object store reachable, but bucket %s does not exist at %s: check KILN_S3_BUCKET (--s3-bucket); kiln creates it at the first write\n",
-					cfg.S3Bucket, s3Address(cfg))
+				fmt.Fprintf(w, "redis and object store reachable, but %s: %s\n", noBucket(cfg), noBucketFix)
 				return gpuErr
 			}
 			fmt.Fprintln(w, "redis and object store reachable")
@@ -407,7 +427,7 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 		case err != nil:
 			return cfg, badInput("config file %s (%s): %v: %s", path, from, err, instead)
 		default:
-			if err := yamlstrict.Unmarshal(b, &cfg); err != nil {
+			if err := decodeConfigFile(b, &cfg); err != nil {
 				// A grace of 0 or less with no unit: written with one, it
 				// would be refused next as not positive, so say that now.
 				var de *yamlstrict.DurationError
@@ -448,6 +468,62 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 		return cfg, settingError(cmd, err, fromFile)
 	}
 	return cfg, nil
+}
+
+// decodeConfigFile decodes the config file b onto cfg, its on/off keys
+// (s3_secure) read as their variables are (parseSwitch): YAML's own bool
+// takes yes and on but refuses 1 and "true", in words that name no key.
+func decodeConfigFile(b []byte, cfg *scheduler.Config) error {
+	doc, err := yamlstrict.Parse(b)
+	if err != nil || len(doc.Content) == 0 {
+		return err
+	}
+	if m := doc.Content[0]; m.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(m.Content); i += 2 {
+			if key := m.Content[i].Value; configSwitches[key] {
+				if err := readSwitch(m.Content[i+1], key); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return yamlstrict.Decode(doc, cfg)
+}
+
+// configSwitches are the config file's keys of on/off settings: those of
+// scheduler.Config's bool fields.
+var configSwitches = func() map[string]bool {
+	keys := map[string]bool{}
+	t := reflect.TypeFor[scheduler.Config]()
+	for i := range t.NumField() {
+		if f := t.Field(i); f.Type.Kind() == reflect.Bool {
+			if name, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); name != "" {
+				keys[name] = true
+			}
+		}
+	}
+	return keys
+}()
+
+// readSwitch reads n, the value of the config file's on/off key, by
+// parseSwitch, and leaves it a plain true or false for yaml to decode. A
+// key left empty stays unset, as an empty variable does.
+func readSwitch(n *yaml.Node, key string) error {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: %s: write %s, not a list or a mapping", n.Line, key, switchWords)
+	}
+	if n.ShortTag() == "!!null" {
+		return nil
+	}
+	b, err := parseSwitch(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %s: %w", n.Line, key, err)
+	}
+	n.Value, n.Tag, n.Style = strconv.FormatBool(b), "!!bool", 0
+	return nil
 }
 
 // olderNames are the variables read for a setting where its own is unset
@@ -597,6 +673,37 @@ func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
 	}
 	return s, nil
 }
+
+// openStoreToRead is openStore for a command that only reads what (the
+// results of run pilot) from the store: a bucket that does not exist is
+// refused, naming it: it is most likely a name mistyped here, or another
+// than the workers write to (the default kiln, where they were given
+// one). Read as a store that lacks what, it would say "not yet", and send
+// the user to train again what the workers' bucket holds. Nothing is
+// created: a command that writes opens the store with openStore and
+// creates the bucket at its first write, as a fresh setup needs.
+func openStoreToRead(ctx context.Context, cfg scheduler.Config, what string) (store.Store, error) {
+	s, err := openStoreUnchecked(cfg)
+	if err != nil || cfg.S3Endpoint == "" {
+		return s, err
+	}
+	bucket, err := checkStore(ctx, cfg, s.(*store.S3))
+	if err != nil {
+		return nil, err
+	}
+	if !bucket {
+		return nil, badInput("%s, so it holds no %s: %s", noBucket(cfg), what, noBucketFix)
+	}
+	return s, nil
+}
+
+// noBucket says that cfg's bucket does not exist on its server.
+func noBucket(cfg scheduler.Config) string {
+	return fmt.Sprintf("bucket %s does not exist at %s", cfg.S3Bucket, s3Address(cfg))
+}
+
+// noBucketFix is what to do where the bucket does not exist.
+const noBucketFix = "check KILN_S3_BUCKET (--s3-bucket); kiln creates it at the first write"
 
 // openStoreUnchecked is openStore without the check of the server.
 func openStoreUnchecked(cfg scheduler.Config) (store.Store, error) {

@@ -83,7 +83,7 @@ func TestConfigRefusesTheWorkersBadGPUSettings(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ env, want string }{
 		{"KILN_GPUS=abc", `KILN_GPUS "abc": give a number of GPUs (1 or more), or all`},
-		{"KILN_REQUIRE_GPU=maybe", `KILN_REQUIRE_GPU "maybe": give 1 or 0 (true or false), or leave it unset`},
+		{"KILN_REQUIRE_GPU=maybe", `KILN_REQUIRE_GPU "maybe" is not true or false: write true, yes, on or 1, or false, no, off or 0 (in any case), or leave it unset`},
 	} {
 		out, errOut, code := sched(t, []string{c.env}, "config")
 		if code != 2 || !strings.Contains(errOut, c.want) || !strings.Contains(out, "KILN_REDIS_URL") {

@@ -230,7 +230,7 @@ func pullLatestCheckpoint(cmd *cobra.Command, run string) (string, error) {
 		return "", err
 	}
 	ctx := cmd.Context()
-	objects, err := openStore(ctx, cfg)
+	objects, err := openStoreToRead(ctx, cfg, "checkpoint of run "+run)
 	if err != nil {
 		return "", err
 	}
@@ -247,6 +247,10 @@ func pullLatestCheckpoint(cmd *cobra.Command, run string) (string, error) {
 		return "", badInput("run %s: no complete checkpoint in object storage (%s) downloaded intact, as the lines above say: where the downloads differed from one another, something between here and the store changes them, and the stored copies may be intact: mend that and try again; otherwise training it on ('sched enqueue train %s') writes new ones from an intact local checkpoint on the worker's disk, if it has one; or give a local checkpoint with --checkpoint DIR",
 			run, segment.CheckpointPrefix(run), run)
 	case dir == "":
+		// A name no run has is a typo, which training would refuse too.
+		if err := checkRunKnown(run, "checkpoint in object storage"); err != nil {
+			return "", err
+		}
 		return "", badInput("run %s has no complete checkpoint in object storage (%s) yet: a run uploads one every checkpoint_every steps of its training ('sched runs' says where it is; 'sched enqueue train %s' trains it), or give a local checkpoint with --checkpoint DIR",
 			run, segment.CheckpointPrefix(run), run)
 	}

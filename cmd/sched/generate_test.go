@@ -338,7 +338,8 @@ func TestGenerateFromARunsLatestCheckpoint(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--run", "wolf"}, "run wolf has no complete checkpoint in object storage (checkpoints/wolf/) yet: a run uploads one every checkpoint_every steps"},
+		{[]string{"--run", "pilot"}, "run pilot has no complete checkpoint in object storage (checkpoints/pilot/) yet: a run uploads one every checkpoint_every steps"},
+		{[]string{"--run", "wolf"}, `no checkpoint in object storage for run "wolf": no run of that name is known here`},
 		{[]string{"--run", "fox", "--checkpoint", out}, "not both"},
 		{[]string{"--run", "a/b"}, `run name "a/b"`},
 		// The run's own directory, where its checkpoints are: each is named,

@@ -48,7 +48,14 @@ removes those of an earlier download that object storage no longer holds.`,
 			if err := checkName("run", args[0]); err != nil {
 				return err
 			}
-			st, err := openStore(c.Context(), cfg)
+			what := "results of run " + args[0]
+			switch {
+			case args[0] == "bench":
+				what = "bench results"
+			case tbDir != "":
+				what = "TensorBoard event files of run " + args[0]
+			}
+			st, err := openStoreToRead(c.Context(), cfg, what)
 			if err != nil {
 				return err
 			}

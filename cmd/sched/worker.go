@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -338,16 +337,16 @@ func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, 
 	return hs, nil
 }
 
-// envBool reads a yes-or-no setting of the environment: unset or empty is
-// no.
+// envBool reads a yes-or-no setting of the environment, in the words
+// every on/off setting takes (parseSwitch): unset or empty is no.
 func envBool(name string) (bool, error) {
 	v := os.Getenv(name)
 	if v == "" {
 		return false, nil
 	}
-	b, err := strconv.ParseBool(v)
+	b, err := parseSwitch(v)
 	if err != nil {
-		return false, badInput("%s %q: give 1 or 0 (true or false), or leave it unset", name, v)
+		return false, badInput("%s %v, or leave it unset", name, err)
 	}
 	return b, nil
 }

@@ -119,12 +119,18 @@ not open shows what is wrong in place of its counts.`,
 				if err != nil {
 					return err
 				}
-				if hc, err = hub.New(hubConfig(cfg)); err != nil {
+				// A person waits on the check: a Hub never reached (a
+				// wrong HF_ENDPOINT, no network) is said at once.
+				hcfg := hubConfig(cfg)
+				hcfg.FailUnreached = true
+				if hc, err = hub.New(hcfg); err != nil {
 					return err
 				}
 			}
-			// A hub that does not answer is tried again for up to a
-			// minute: each wait is said, where it would be silence.
+			// A hub that answers with errors (a 503, a rate limit), or
+			// breaks a connection once it has answered, is tried again
+			// for up to a minute: each wait is said, where it would be
+			// silence.
 			ctx := hub.WithRetryNotice(c.Context(), func(msg string) {
 				if msg != "" {
 					fmt.Fprintln(c.ErrOrStderr(), msg)

@@ -172,7 +172,7 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 	opt := ingest.DirectOptions{Preset: p, Tokenizer: tok, TokenizerName: tokName, StoreDir: storeDir, DataDir: cfg.DataDir,
 		Seed: pf.seed, Revision: pf.revision, MaxFiles: pf.maxFiles, MaxTokens: limTokens, MaxDisk: limDisk, Logger: log}
 	if p.Glob == "" {
-		if opt.Hub, opt.SWH, err = openSources(cfg, log); err != nil {
+		if opt.Hub, opt.SWH, err = openSources(cfg, log, true); err != nil {
 			return err
 		}
 	}
@@ -521,10 +521,14 @@ func hubConfig(cfg scheduler.Config) hub.Config {
 
 // openSources makes the clients that datasets are read through: the
 // Hugging Face Hub (HF_ENDPOINT; HF_TOKEN or --hf-token) and Software
-// Heritage (KILN_SWH_ENDPOINT, AWS_* credentials when set).
-func openSources(cfg scheduler.Config, log *zap.Logger) (*hub.Client, *ingest.SWH, error) {
+// Heritage (KILN_SWH_ENDPOINT, AWS_* credentials when set). atTerminal
+// is a command a person waits on (sched ingest --direct), which is told at
+// once of a Hub never reached (hub.Config.FailUnreached), where a worker
+// waits it out.
+func openSources(cfg scheduler.Config, log *zap.Logger, atTerminal bool) (*hub.Client, *ingest.SWH, error) {
 	hc := hubConfig(cfg)
 	hc.Logger = log
+	hc.FailUnreached = atTerminal
 	h, err := hub.New(hc)
 	if err != nil {
 		return nil, nil, err

@@ -298,7 +298,7 @@ func handlersWith(cfg scheduler.Config, qs map[string]int, q *scheduler.Client, 
 	// tokenizer:sample runs on the ingest queue and tokenizer:train on
 	// append, so either one needs the tokenizer handlers too.
 	if cpu {
-		h, swh, err := openSources(cfg, log)
+		h, swh, err := openSources(cfg, log, false)
 		if err != nil {
 			return hs, err
 		}

@@ -19,6 +19,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -57,6 +58,17 @@ type Config struct {
 	StallTimeout time.Duration
 	// Logger receives retries and rate-limit waits (default: none).
 	Logger *zap.Logger
+	// FailUnreached gives up at once on a Hub that is not reached at all
+	// (no address for its name, no connection to it, directly or through
+	// the proxy) before it has answered this client once, with an error
+	// that names HF_ENDPOINT and is the user's to fix (BadInput): a person
+	// at a terminal (sched datasets check, sched ingest --direct) is told
+	// of a wrong HF_ENDPOINT or a network that is down at once, not after
+	// a minute of retries that meet the same. Once the Hub has answered,
+	// the same failure is a passing one and is retried as any other. A
+	// worker leaves it off: its tasks wait out a Hub or a mirror that is
+	// down or restarting, and are retried in turn.
+	FailUnreached bool
 }
 
 // Environment returns a Config read from the environment as huggingface_hub
@@ -112,16 +124,28 @@ type Client struct {
 	host string // the endpoint's host:port, the only host that sees the token
 	http *http.Client
 	sem  chan struct{}
+	// defaulted: Config.Endpoint was empty (HF_ENDPOINT unset), so that
+	// errors about the endpoint say where its value came from.
+	defaulted bool
+	// reached: some request of this client was answered over HTTP, with
+	// any status: the endpoint's host is there (Config.FailUnreached).
+	reached atomic.Bool
+	// served: the endpoint answered as the Hub does, with a 2xx or with
+	// one of the Hub's error codes (X-Error-Code): a later 404 without
+	// one is a missing path of a mirror that sends none, not a wrong
+	// HF_ENDPOINT (statusError).
+	served atomic.Bool
 }
 
 // New returns a Client for cfg.
 func New(cfg Config) (*Client, error) {
+	defaulted := strings.TrimRight(cfg.Endpoint, "/") == ""
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	u, _ := url.Parse(cfg.Endpoint)
-	c := &Client{cfg: cfg, host: u.Host, sem: make(chan struct{}, cfg.MaxConcurrent)}
+	c := &Client{cfg: cfg, host: u.Host, sem: make(chan struct{}, cfg.MaxConcurrent), defaulted: defaulted}
 	hc := *cfg.HTTPClient
 	hc.Transport = pinged(hc.Transport, cfg.StallTimeout)
 	hc.CheckRedirect = c.checkRedirect
@@ -152,6 +176,16 @@ func pinged(rt http.RoundTripper, stall time.Duration) http.RoundTripper {
 
 // Endpoint returns the base URL the client talks to.
 func (c *Client) Endpoint() string { return c.cfg.Endpoint }
+
+// endpointSetting is the endpoint as errors about it name it, its value
+// and the variable that gave it or that it is the default, and what to set
+// that variable to.
+func (c *Client) endpointSetting() (named, fix string) {
+	if c.defaulted {
+		return secret.URL(c.cfg.Endpoint) + " (HF_ENDPOINT is unset)", "set HF_ENDPOINT to a mirror of the Hub"
+	}
+	return "HF_ENDPOINT " + secret.URL(c.cfg.Endpoint), "set HF_ENDPOINT to the Hub's address or a mirror's (unset, it is " + DefaultEndpoint + ")"
+}
 
 // DatasetPage is the dataset's page on the Hub, where gated terms are accepted.
 func (c *Client) DatasetPage(repo string) string {
@@ -226,19 +260,30 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 			}
 			lastErr = watch.explain(err)
 			unreached = notReached(err, c.host)
+			if unreached == c.host && c.cfg.FailUnreached && !c.reached.Load() {
+				// Never answered: a wrong address, or no network, which
+				// retries would only meet again.
+				named, fix := c.endpointSetting()
+				return nil, &BadInputError{fmt.Errorf("%w: the Hub at %s is not reached from here; check this machine's network and proxy, or %s",
+					lastErr, named, fix)}
+			}
 			wait = backoff(attempt)
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+			c.reached.Store(true)
+			c.served.Store(true)
 			resp.Body = &watchedBody{ReadCloser: resp.Body, w: watch}
 			if attempt > 0 {
 				notice(ctx, "") // answered: the wait's notice is over
 			}
 			return resp, nil
 		case resp.StatusCode == http.StatusTooManyRequests:
+			c.reached.Store(true)
 			unreached = ""
 			wait = rateLimitWait(resp.Header, attempt)
 			lastErr = fmt.Errorf("rate limited (429) by %s", resp.Request.URL.Host)
 			drain(resp)
 		case resp.StatusCode >= 500:
+			c.reached.Store(true)
 			unreached = ""
 			lastErr = fmt.Errorf("%s answered %s", resp.Request.URL.Host, resp.Status)
 			wait = backoff(attempt)
@@ -248,6 +293,7 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 			}
 			drain(resp)
 		default:
+			c.reached.Store(true)
 			err := c.statusError(repo, rawURL, resp)
 			drain(resp)
 			watch.stop()
@@ -332,6 +378,9 @@ func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
 	// included: the token never reaches an error, which is logged, shown
 	// by sched status and kept in Redis.
 	msg = secret.Secrets(msg, c.cfg.Token)
+	if code != "" {
+		c.served.Store(true)
+	}
 	switch {
 	case code == "GatedRepo" || (resp.StatusCode == http.StatusForbidden && strings.Contains(msg, "authorized list")):
 		return &GatedError{Repo: repo, Page: c.DatasetPage(repo), HasToken: c.cfg.Token != ""}
@@ -345,6 +394,18 @@ func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
 		return &RepoNotFoundError{Repo: repo, Endpoint: secret.URL(c.cfg.Endpoint), Page: c.DatasetPage(repo), Status: resp.StatusCode, HasToken: c.cfg.Token != ""}
 	case code == "RevisionNotFound":
 		return &RevisionNotFoundError{Repo: repo, URL: redact(rawURL)}
+	case resp.StatusCode == http.StatusNotFound && code == "" && !c.served.Load() && strings.HasPrefix(rawURL, c.cfg.Endpoint+"/api/"):
+		// The Hub's API names what it does not find (RepoNotFound,
+		// RevisionNotFound, EntryNotFound); a 404 without a name, before
+		// the endpoint has answered as the Hub, is a server with no such
+		// API under that address: an HF_ENDPOINT with a path too many
+		// (.../api), or another site's. The dataset is not at fault.
+		said := fmt.Sprintf("%s answered 404 to GET %s, a request of the Hub's API, without the Hub's error code (X-Error-Code) that would name what is missing", resp.Request.URL.Host, redact(rawURL))
+		if c.defaulted {
+			return &BadInputError{fmt.Errorf("%s: with HF_ENDPOINT unset, something between here and the Hub answers in its stead; check this machine's proxy, or set HF_ENDPOINT to a mirror of the Hub", said)}
+		}
+		return &BadInputError{fmt.Errorf("%s: HF_ENDPOINT %s may not be the Hub's address or a mirror's; set it to the base URL under which the Hub's API answers /api/datasets/ (%s for the Hub itself)",
+			said, secret.URL(c.cfg.Endpoint), DefaultEndpoint)}
 	case resp.StatusCode == http.StatusNotFound:
 		return &NotFoundError{URL: redact(rawURL), Repo: repo}
 	}

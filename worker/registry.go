@@ -84,21 +84,21 @@ func (hs Handlers) build() (handlerSet, error) {
 	if hs.Ingest != nil {
 		c, err := hs.Ingest.resolve()
 		if err != nil {
-			return nil, fmt.Errorf("worker: Handlers.Ingest.%w", err)
+			return nil, groupError("Ingest", err)
 		}
 		all = append(all, HandlerFunc(c.plan), HandlerFunc(c.shard), HandlerFunc(c.append))
 	}
 	if hs.Tokenizers != nil {
 		c, err := hs.Tokenizers.resolve()
 		if err != nil {
-			return nil, fmt.Errorf("worker: Handlers.Tokenizers.%w", err)
+			return nil, groupError("Tokenizers", err)
 		}
 		all = append(all, HandlerFunc(c.sample), HandlerFunc(c.train))
 	}
 	if hs.Training != nil {
 		c, err := hs.Training.resolve()
 		if err != nil {
-			return nil, fmt.Errorf("worker: Handlers.Training.%w", err)
+			return nil, groupError("Training", err)
 		}
 		all = append(all, HandlerFunc(c.segment))
 		if c.Bench != nil {
@@ -119,6 +119,19 @@ func (hs Handlers) build() (handlerSet, error) {
 type requiredError struct{ field, why string }
 
 func (e *requiredError) Error() string { return e.field + " is required: " + e.why }
+
+// groupError is the error of a group's resolve. A missing dependency is
+// the program's, named by its field (Handlers.<Group>.<Field>); any other
+// comes of what the group reads as it starts (a setting, a directory), and
+// names that input and what to do for the person who runs the worker, who
+// sets variables and knows no fields: no field path goes before it.
+func groupError(group string, err error) error {
+	var req *requiredError
+	if errors.As(err, &req) {
+		return fmt.Errorf("worker: Handlers.%s.%w", group, err)
+	}
+	return fmt.Errorf("worker: %w", err)
+}
 
 // checkQueues refuses a queue that none of the handlers' kinds is on: its
 // tasks would all be archived as unavailable.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"go.uber.org/zap"
 
@@ -33,7 +34,10 @@ type Tokenizers struct {
 	// SWH fetches blob contents for presets that ship blob ids only.
 	// Default ingest.SWHFromEnv().
 	SWH *ingest.SWH
-	// Presets are the datasets known by name. Default ingest.Presets("").
+	// Presets are the datasets known by name, for a task that carries no
+	// preset: one queued by a sched older than the tasks that carry the
+	// presets they name. Default ingest.Presets(""), the built-in ones and
+	// KILN_DATASETS's file, read by each such task.
 	Presets map[string]ingest.Preset
 	// LocalRoots are the directories whose files a sample of a local
 	// dataset (local:<glob>) may read, as ingest.Pipeline.LocalRoots: a
@@ -63,26 +67,31 @@ func (t *Tokenizers) resolve() (*Tokenizers, error) {
 		r.Log = zap.NewNop()
 	}
 	if r.Presets == nil {
-		p, err := ingest.Presets("")
-		if err != nil {
-			return nil, fmt.Errorf("Presets: %w", err)
+		// The tasks carry the presets they name, as the command that
+		// queued them read them, so a presets file this worker cannot
+		// read fails only a task queued by an older sched, which carries
+		// none: the worker starts, and says it here, where the file's
+		// owner looks, rather than when such a task comes.
+		if _, err := ingest.Presets(""); err != nil {
+			r.Log.Warn("KILN_DATASETS is not read; the worker starts all the same, as every task queued by this build carries the presets it names, "+
+				"and a tokenizer or ingest task queued by an older sched, which carries none, fails until the file is mended or KILN_DATASETS unset", zap.Error(err))
 		}
-		r.Presets = p
 	}
 	if r.SWH == nil {
 		r.SWH = ingest.SWHFromEnv()
 	}
 	if r.Hub == nil {
+		// Its error names HF_ENDPOINT, the setting to mend.
 		h, err := hub.New(hub.Environment())
 		if err != nil {
-			return nil, fmt.Errorf("Hub: %w", err)
+			return nil, err
 		}
 		r.Hub = h
 	}
 	// A worker started after a kill removes what killed tasks left, even
 	// if no tokenizer task comes again.
 	if err := r.removeStaleTemp(sampleTemp, trainTemp); err != nil {
-		return nil, fmt.Errorf("DataDir: %w", err)
+		return nil, fmt.Errorf("tokenizer tasks' temporary directories: %w", err)
 	}
 	return &r, nil
 }
@@ -176,7 +185,17 @@ func checkSamplePayload(a scheduler.TokenizerSample) error {
 }
 
 func drawSample(ctx context.Context, t *Tokenizers, a scheduler.TokenizerSample, prefix string, log *zap.Logger) error {
-	preset, err := ingest.ResolvePreset(t.Presets, a.Dataset, a.Preset)
+	presets := t.Presets
+	if presets == nil && a.Preset == nil && !strings.HasPrefix(a.Dataset, ingest.LocalPrefix) {
+		// Queued by an older sched: the dataset is looked up here.
+		p, err := ingest.Presets("")
+		if err != nil {
+			return fmt.Errorf("KILN_DATASETS on this worker: %w; this task, queued by an older sched, carries no preset of dataset %s and is looked up there: "+
+				"mend the file or unset KILN_DATASETS and retry it ('sched retry'), or queue it again with 'sched enqueue tokenizer', which carries the presets", err, a.Dataset)
+		}
+		presets = p
+	}
+	preset, err := ingest.ResolvePreset(presets, a.Dataset, a.Preset)
 	if err != nil {
 		return err
 	}

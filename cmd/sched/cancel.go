@@ -31,7 +31,7 @@ func init() {
 				return nil
 			}
 			if err != nil {
-				return err
+				return runNotTask(c.Context(), q, args[0], "cancel", err)
 			}
 			switch state {
 			case "withdrawn":

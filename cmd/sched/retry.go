@@ -61,6 +61,10 @@ also re-queues what failed in it.`,
 				}
 			}
 			s, err := q.Retry(ctx, args[0])
+			if err != nil {
+				// A run's name is not a task's: it says what to type.
+				err = runNotTask(ctx, q, args[0], "retry", err)
+			}
 			if err := printSubmitted(c.OutOrStdout(), said, s, err); err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/redismem"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/worker"
 )
 
@@ -161,15 +163,8 @@ func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, from 
 // renderTask writes one task's line.
 func renderTask(ctx context.Context, w io.Writer, q *scheduler.Client, id string, bars bool) error {
 	ts, err := q.Task(ctx, id)
-	var nf *scheduler.NotFoundError
-	if errors.As(err, &nf) {
-		// A run's name, given where a task's id goes, is named as such.
-		if _, known, _ := scheduler.ReadRunState(ctx, q.Redis(), id); known {
-			return badInput("%q is a run, not a task id: 'sched runs' and 'sched status' show its progress, 'sched results %s' its figures; 'sched status ID' takes the id of one of its tasks", id, id)
-		}
-	}
 	if err != nil {
-		return err
+		return runNotTask(ctx, q, id, "status", err)
 	}
 	var runs map[string]scheduler.RunState
 	if ts.Kind == scheduler.KindTrainSegment {
@@ -181,6 +176,168 @@ func renderTask(ctx context.Context, w io.Writer, q *scheduler.Client, id string
 	}
 	fmt.Fprintln(w, taskLine(ts, runs, time.Now(), bars, taskErrRunes))
 	return nil
+}
+
+// runNotTask is the error of 'sched <verb> name' (status, cancel, retry),
+// which take a task's id, where no queue holds a task of that id (err, a
+// *scheduler.NotFoundError) and name is a run's: "stop a run" is typed
+// 'sched cancel pilot', where a run is a chain of segment tasks. It says
+// so, and what to type instead: the command with its live or last
+// segment's id where it has one, 'sched enqueue train' where that is what
+// the user means. Any other err, or a name no run has, is err unchanged.
+func runNotTask(ctx context.Context, q *scheduler.Client, name, verb string, err error) error {
+	var nf *scheduler.NotFoundError
+	if !errors.As(err, &nf) {
+		return err
+	}
+	v, ok := runNamed(ctx, q, name)
+	if !ok {
+		return err
+	}
+	return badInput("%s", runInstead(v, verb))
+}
+
+// runNamed is the run called name as 'sched status' shows it, with its
+// newest segment task, and whether name is a run at all: one whose state
+// Redis holds (it trained), one with a segment live in the queues (queued
+// by a machine whose runs file this one lacks), or one of the runs known
+// here (the presets and KILN_RUNS's file), which may never have started.
+// A lookup that fails says it is not one: the caller's own error stands.
+func runNamed(ctx context.Context, q *scheduler.Client, name string) (runView, bool) {
+	st, known, err := scheduler.ReadRunState(ctx, q.Redis(), name)
+	if err != nil {
+		return runView{}, false
+	}
+	live, err := q.LiveSegment(ctx, name)
+	if err != nil {
+		return runView{}, false
+	}
+	if !known && live == nil {
+		if set, err := runs.Load(os.Getenv("KILN_RUNS")); err != nil || !slices.Contains(set.Names(), name) {
+			return runView{}, false
+		}
+	}
+	var states []scheduler.RunState
+	if known {
+		states = append(states, st)
+	}
+	// The live segment alone where there is one (a run has at most one);
+	// else every task, for the newest of the run's finished segments.
+	var snap *scheduler.Snapshot
+	if live != nil {
+		ts, err := q.Task(ctx, live.ID)
+		if err != nil {
+			return runView{}, false
+		}
+		snap = &scheduler.Snapshot{At: time.Now(), Tasks: []scheduler.TaskStatus{ts}}
+	} else if snap, err = q.Snapshot(ctx); err != nil {
+		return runView{}, false
+	}
+	for _, v := range runViews(states, snap) {
+		if v.Run == name {
+			return v, true
+		}
+	}
+	// Known by its runs entry alone: no state, no segment.
+	v := runView{RunState: st}
+	v.classify()
+	return v, true
+}
+
+// runInstead says of run v, named where 'sched verb' takes a task id, what
+// to type instead, in one line.
+func runInstead(v runView, verb string) string {
+	run := v.Run
+	head := fmt.Sprintf("%q is a run, not a task id", run)
+	seg := ""
+	live := false
+	if v.Task != nil {
+		seg = v.Task.ID
+		live = v.Task.State != "completed" && v.Task.State != "archived"
+	}
+	switch verb {
+	case "cancel":
+		if live {
+			stops := "stops it"
+			if v.Task.State != "active" {
+				stops = "withdraws it, and it does not run"
+			}
+			return fmt.Sprintf("%s: its segment %s is %s: 'sched cancel %s' %s (%s)", head, seg, liveWord(v), seg, stops, resumeWith(v))
+		}
+		return fmt.Sprintf("%s, and no segment of it is queued or running: nothing to cancel (%s)", head, runNow(v))
+	case "retry":
+		if live {
+			return fmt.Sprintf("%s: its segment %s is %s already: nothing to retry ('sched status %s' follows it)", head, seg, liveWord(v), seg)
+		}
+		if v.Task != nil && v.Task.State == "archived" && v.Status != runDone {
+			what := "failed"
+			if v.Task.Cancelled {
+				what = "was cancelled by sched cancel"
+			}
+			from := "resuming the run from its last checkpoint"
+			if !v.HasState || v.Checkpoint <= 0 {
+				from = "starting the run, which has no checkpoint"
+			}
+			return fmt.Sprintf("%s: its last segment %s %s: 'sched retry %s' runs it again, %s", head, seg, what, seg, from)
+		}
+		return fmt.Sprintf("%s: nothing of it to retry (%s)", head, runNow(v))
+	}
+	which := "'sched status ID' takes the id of one of its tasks"
+	switch {
+	case live:
+		which = fmt.Sprintf("'sched status %s' shows its live segment", seg)
+	case seg != "":
+		which = fmt.Sprintf("'sched status %s' shows its last segment", seg)
+	case v.Status == runNotStarted:
+		which = "it has no segment: 'sched enqueue train " + run + "' starts it"
+	}
+	return fmt.Sprintf("%s: 'sched runs' and 'sched status' show its progress, 'sched results %s' its figures; %s", head, run, which)
+}
+
+// liveWord is what the live segment of run v is doing, as its line in
+// 'sched status' says it.
+func liveWord(v runView) string {
+	switch v.Status {
+	case runLost:
+		return "held by a worker that stopped heartbeating"
+	case runRequeued:
+		return "queued again after its worker stopped it"
+	case runRetrying:
+		return "waiting to retry"
+	case runFinishing:
+		return "finishing (its training is over)"
+	}
+	return v.Status
+}
+
+// resumeWith says how run v goes on once its live segment is cancelled: a
+// segment that trains writes the checkpoint of the step it stops at.
+func resumeWith(v runView) string {
+	if v.Task.State == "active" || (v.HasState && v.Checkpoint > 0) {
+		return "it resumes from its last checkpoint with 'sched enqueue train " + v.Run + "'"
+	}
+	return "'sched enqueue train " + v.Run + "' queues it again"
+}
+
+// runNow says where run v, with no live segment, stands, and what goes on
+// with it.
+func runNow(v runView) string {
+	enqueue := "'sched enqueue train " + v.Run + "'"
+	switch {
+	case v.Status == runDone:
+		return fmt.Sprintf("it is done at step %d of %d; a longer run is %s after its total is raised", v.Step, v.Total, enqueue)
+	case v.Status == runNotStarted:
+		return "it has not started: " + enqueue + " starts it"
+	case v.Task != nil && v.Task.State == "archived":
+		what := "failed"
+		if v.Task.Cancelled {
+			what = "was cancelled"
+		}
+		return fmt.Sprintf("its last segment %s %s: 'sched retry %s' runs it again", v.Task.ID, what, v.Task.ID)
+	case !v.HasState || v.Checkpoint <= 0:
+		return enqueue + " starts it"
+	}
+	return enqueue + " resumes it from its last checkpoint"
 }
 
 func statesByRun(states []scheduler.RunState) map[string]scheduler.RunState {
@@ -603,6 +760,16 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 		// all ('sched datasets' says how much that is).
 		return name + "  nothing to ingest: the store holds every file its latest plan listed"
 	}
+	cancelled := ""
+	if p := latestPlan(snap, d); p != nil && p.State == "archived" && p.Cancelled {
+		if d.Files == 0 {
+			// No count to give: "files 0/0 done" read as an ingest done.
+			return fmt.Sprintf("%s  its plan %s was cancelled by sched cancel before it queued a file: 'sched retry %s' queues it again", name, p.ID, p.ID)
+		}
+		// The files it queued before the cancel go on; those it had not
+		// listed yet are in no task.
+		cancelled = fmt.Sprintf("its plan %s was cancelled by sched cancel, so any files it had not queued yet are not ingested: 'sched retry %s' queues those the store lacks, none twice", p.ID, p.ID)
+	}
 	parts := []string{name, fmt.Sprintf("files %d/%d done", d.Done, d.Files)}
 	if d.NoPlan {
 		// Not the dataset's count: its plan's record is gone.
@@ -631,7 +798,7 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 	case d.Remaining() == 0 && d.Failed == 0 && (d.Stopped > 0 || d.PlanStopped):
 		// The end the user sized the store for, not a failure.
 		parts = append(parts, "stopped at "+formatLimits(d.StoppedAt))
-	case d.Files > 0 && d.Remaining() == 0 && d.Failed == 0 && !d.NoPlan:
+	case d.Files > 0 && d.Remaining() == 0 && d.Failed == 0 && !d.NoPlan && cancelled == "":
 		parts = append(parts, "done")
 	case d.ETA > 0:
 		parts = append(parts, "ETA "+formatETA(d.ETA))
@@ -669,7 +836,43 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 	if len(notes) > 0 {
 		parts = append(parts, strings.Join(notes, ", "))
 	}
+	if cancelled != "" {
+		parts = append(parts, cancelled)
+	}
 	return strings.Join(parts, "  ")
+}
+
+// latestPlan is the newest ingest:plan of d's store in snap once none is
+// live (d.Planning), the one whose end the store's line says; nil where
+// snap holds none (or is nil). A plan's store is found as Datasets finds
+// it, so that the two never disagree on which store a plan fills.
+func latestPlan(snap *scheduler.Snapshot, d scheduler.DatasetProgress) *scheduler.TaskStatus {
+	if snap == nil || d.Planning || d.NoPlan {
+		return nil
+	}
+	var latest *scheduler.TaskStatus
+	for i := range snap.Tasks {
+		t := &snap.Tasks[i]
+		if t.Kind != scheduler.KindIngestPlan {
+			continue
+		}
+		if ds := (&scheduler.Snapshot{Tasks: []scheduler.TaskStatus{*t}}).Datasets(); len(ds) != 1 || ds[0].Store != d.Store {
+			continue
+		}
+		if latest == nil || planEnded(*t).After(planEnded(*latest)) {
+			latest = t
+		}
+	}
+	return latest
+}
+
+// planEnded is when an ended plan last reported, to the nanosecond, or
+// when it ended: a plan cancelled before it ran has only its cancel's time.
+func planEnded(t scheduler.TaskStatus) time.Time {
+	if t.HasProgress && !t.Progress.Updated.IsZero() {
+		return t.Progress.Updated
+	}
+	return t.Finished
 }
 
 // skippedFiles says how many of a store's done files were skipped whole, by

@@ -138,8 +138,12 @@ machine as a published tokenizer.
 			// command line never means; the bounds are sched enqueue
 			// tokenizer's, its special tokens counted.
 			if least := 256 + len(special) + 1; opts.VocabSize < least || opts.VocabSize > maxVocab {
-				return badInput("--vocab %d: give a vocabulary of %d to %d ids (the 256 byte symbols, the %d special tokens and at least one merge; 16384 is the plan's)",
-					opts.VocabSize, least, maxVocab, len(special))
+				specials := fmt.Sprintf("the %d special tokens", len(special))
+				if len(special) == 1 {
+					specials = "the special token " + special[0]
+				}
+				return badInput("--vocab %d: give a vocabulary of %d to %d ids (the 256 byte symbols, %s and at least one merge; 16384 is the plan's)",
+					opts.VocabSize, least, maxVocab, specials)
 			}
 			if opts.MinFrequency < 1 {
 				return badInput("--min-frequency %d: give how many times a pair must occur to be merged, at least 1 (default 2)", opts.MinFrequency)

@@ -273,7 +273,7 @@ func TestTokenizerTrainCommand(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--in", in, "--vocab", "0"}, "--vocab 0: give a vocabulary of 258 to 16777216 ids (the 256 byte symbols, the 1 special tokens and at least one merge"},
+		{[]string{"--in", in, "--vocab", "0"}, "--vocab 0: give a vocabulary of 258 to 16777216 ids (the 256 byte symbols, the special token <|endoftext|> and at least one merge"},
 		// The bounds sched enqueue tokenizer holds a request to, in its words.
 		{[]string{"--in", in, "--vocab", "100"}, "--vocab 100: give a vocabulary of 258 to 16777216 ids"},
 		{[]string{"--in", in, "--vocab", "99999999999"}, "--vocab 99999999999: give a vocabulary of 258 to 16777216 ids"},

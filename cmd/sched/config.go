@@ -333,6 +333,9 @@ func init() {
 	cfgCmd := &cobra.Command{
 		Use:   "config",
 		Short: "Print the resolved configuration, secrets masked (--check: also the GPU, Redis and the object store)",
+		Example: `  sched config
+  sched config --check
+  KILN_RUNS=runs.yaml sched config`,
 		Args:  exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := loadConfig(cmd)

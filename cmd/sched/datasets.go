@@ -30,6 +30,8 @@ func init() {
 	cmd := &cobra.Command{
 		Use:   "datasets",
 		Short: "List dataset presets and the token stores",
+		Example: `  sched datasets
+  KILN_DATASETS=my-presets.yaml sched datasets`,
 		Long: `List dataset presets and the token stores: those of this data directory,
 then those that only the worker serving append holds (compose's GPU worker,
 whose disk is not this machine's), by the statuses it publishes in object
@@ -107,6 +109,9 @@ not open shows what is wrong in place of its counts.`,
 	check := &cobra.Command{
 		Use:   "check <name>",
 		Short: "Check a dataset before ingesting it: a preset's commit, files and columns on the hub, or a local:<glob>'s files and columns here",
+		Example: `  sched datasets check the-stack-v2 --set language=Go
+  sched datasets check fineweb-edu --revision main
+  sched datasets check 'local:/data/docs/*.jsonl' --columns text=body`,
 		Args:  exactArgs(1, "one dataset"),
 		RunE: func(c *cobra.Command, args []string) error {
 			p, _, err := resolvePreset(presetsFile, args[0], revision, set, columns)

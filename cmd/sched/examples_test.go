@@ -66,7 +66,8 @@ func commandPath(c *cobra.Command) string {
 
 // exampleWords splits an example line as a shell would, for the simple
 // quoting examples use, and returns the words of its sched command: from
-// "sched" to the end or to a pipe, past any VAR=value before it.
+// "sched" to the end or to the next command (|, && or ;), past any
+// VAR=value before it.
 func exampleWords(line string) ([]string, error) {
 	var words []string
 	var cur strings.Builder
@@ -109,7 +110,7 @@ func exampleWords(line string) ([]string, error) {
 	}
 	words = words[start:]
 	for i, w := range words {
-		if w == "|" {
+		if w == "|" || w == "&&" || w == ";" {
 			words = words[:i]
 			break
 		}

@@ -46,6 +46,9 @@ from a stream fixed by --seed.
 (checkpoints/NAME/step-NNNNNNN/ with its completion marker) and copies it to
 <data dir>/checkpoints/NAME/ first; --checkpoint DIR reads a local
 directory.`,
+		Example: `  sched generate --run pilot --prompt 'func main() {'
+  sched generate --run pilot --prompt 'def fib(n):' --temperature 0.8 --top-k 40 --seed 7
+  sched generate --checkpoint runs/pilot/step-0004000 --prompt 'package main' --max-tokens 200`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// Before --run's checkpoint is pulled: a mistake in a flag

@@ -39,6 +39,9 @@ and whether the GPU was idle).
 --tensorboard DIR downloads the run's TensorBoard event files (one per
 training segment) into DIR/<run>/, for 'tensorboard --logdir DIR', and
 removes those of an earlier download that object storage no longer holds.`,
+		Example: `  sched results pilot
+  sched results pilot --tensorboard tb && tensorboard --logdir tb
+  sched results bench`,
 		Args: exactArgs(1, "a run name or bench"),
 		RunE: func(c *cobra.Command, args []string) error {
 			cfg, err := loadConfig(c)

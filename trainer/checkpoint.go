@@ -21,6 +21,7 @@ import (
 	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/internal/disk"
 	"github.com/kiln-lm/kiln/model"
+	"github.com/kiln-lm/kiln/tokens"
 	"go.uber.org/zap"
 )
 
@@ -371,8 +372,13 @@ func checkCheckpoint(dir string, withOptimizer bool) (State, error) {
 		if err != nil {
 			return st, notRead(dir, err, "checkpoint %s is incomplete: %w; use an earlier one", dir, err)
 		}
-		if fi.Size() != sum.Size {
+		switch {
+		case fi.Size() < sum.Size:
 			return st, damaged("checkpoint %s: %s is %d bytes, %s says %d (truncated?): use an earlier checkpoint", dir, name, fi.Size(), StateFile, sum.Size)
+		case fi.Size() > sum.Size:
+			// No write cut short makes a file longer: it was edited or
+			// replaced since.
+			return st, damaged("checkpoint %s: %s is %d bytes, %s says %d: it was changed after the checkpoint was written (it grew): use an earlier checkpoint", dir, name, fi.Size(), StateFile, sum.Size)
 		}
 	}
 	return st, nil
@@ -618,34 +624,44 @@ func ReadCheckpoint(dir string, want *model.Config) (*Snapshot, error) {
 	return s, nil
 }
 
-// checkTokenizer refuses to go on from s, the checkpoint read from dir,
-// with tok, a tokenizer.json other than the one s was trained with. An id
-// means the text its tokenizer gives it: under another tokenizer of the
-// same vocabulary size every shape still matches, the run would train on
-// teaching the weights other meanings for their ids, and its next
-// checkpoint would carry the other tokenizer.json, hiding the change.
-// Nothing is compared when s holds no tokenizer.json or the run gives
-// none: there is no second tokenizer to compare with.
-func checkTokenizer(dir string, s *Snapshot, tok []byte, name string) error {
-	if len(s.Tokenizer) == 0 || len(tok) == 0 {
-		return nil
-	}
-	had, has := sha256.Sum256(s.Tokenizer), sha256.Sum256(tok)
-	if had == has {
+// checkTokenizer refuses to go on from the checkpoint whose
+// trainer_state.json, read from dir, is st with tok, a tokenizer other than
+// the one it was trained with (told apart by their tokenizer.json's
+// SHA-256: the one st lists for its copy, which a read of the checkpoint
+// checks). An id means the text its tokenizer gives it: under another
+// tokenizer of the same vocabulary size every shape still matches, the run
+// would train on teaching the weights other meanings for their ids, and
+// its next checkpoint would carry the other tokenizer.json, hiding the
+// change. Nothing is compared when the checkpoint holds no tokenizer.json
+// or the run gives none: there is no second tokenizer to compare with.
+func checkTokenizer(dir string, st State, tok tokens.Tokenizer) error {
+	had, ok := st.Files[TokenizerFile]
+	if !ok || had.Size == 0 || tok.SHA256 == "" || strings.EqualFold(had.SHA256, tok.SHA256) {
 		return nil
 	}
 	return badInput(fmt.Errorf("checkpoint %s (step %d) was trained with tokenizer %s, but this run gives tokenizer %s: "+
 		"their ids mean different text, which the model's shape does not show; "+
 		"resume with the tokenizer the run was trained with (the checkpoint's %s is a copy of it), "+
 		"or train with the new one as a new run, under another run name or --out directory",
-		dir, s.State.Step, tokenizerLabel(s.State.TokenizerName, had), tokenizerLabel(name, has), TokenizerFile))
+		dir, st.Step, tokenizerLabel(st.TokenizerName, had.SHA256), tokenizerLabel(tok.Name, tok.SHA256), TokenizerFile))
+}
+
+// tokenizerOf is the tokenizer a run gives as checkTokenizer compares it:
+// name, and the SHA-256 of b, its tokenizer.json (none where b is empty).
+func tokenizerOf(name string, b []byte) tokens.Tokenizer {
+	t := tokens.Tokenizer{Name: name}
+	if len(b) > 0 {
+		sum := sha256.Sum256(b)
+		t.SHA256 = hex.EncodeToString(sum[:])
+	}
+	return t
 }
 
 // tokenizerLabel names a tokenizer in a message by its name, where known,
-// and the first 12 hex digits of its tokenizer.json's SHA-256, the prefix
-// that tells two tokenizers of one name apart.
-func tokenizerLabel(name string, sum [sha256.Size]byte) string {
-	short := hex.EncodeToString(sum[:6])
+// and the first 12 hex digits of its tokenizer.json's SHA-256 (sum, in
+// hex), the prefix that tells two tokenizers of one name apart.
+func tokenizerLabel(name, sum string) string {
+	short := strings.ToLower(sum[:min(len(sum), 12)])
 	if name == "" {
 		return "(unnamed, sha256 " + short + ")"
 	}

@@ -178,16 +178,7 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 		default:
 			// Refused before anything is written: the run's checkpoints
 			// and metrics.jsonl stay as the first tokenizer left them.
-			if err := checkTokenizer(dir, snap, cfg.Tokenizer, cfg.TokenizerName); err != nil {
-				return Result{}, err
-			}
-			if err := checkRunLength(dir, snap.State, rc); err != nil {
-				return Result{}, err
-			}
-			if err := checkMixture(dir, snap.State, rc); err != nil {
-				return Result{}, err
-			}
-			if err := checkDataOrder(dir, snap.State, rc); err != nil {
+			if err := CheckResume(dir, snap.State, rc, tokenizerOf(cfg.TokenizerName, cfg.Tokenizer)); err != nil {
 				return Result{}, err
 			}
 			if changed := settingsChanged(snap.State.Run, rc); len(changed) > 0 {
@@ -218,7 +209,11 @@ func Run(ctx context.Context, cfg Config, hooks Hooks) (Result, error) {
 		eng, err = model.NewEngine(rc.Engine, mc, model.Options{Precision: rc.Precision, MaxBatch: rc.Batch, MaxSeq: rc.Seq,
 			GPUs: int(rc.GPUs), Accumulate: rc.Accumulate, Log: func(s string) { log.Info(s) }})
 		if err != nil {
-			return Result{}, fmt.Errorf("engine %s: %w", rc.Engine, err)
+			err = fmt.Errorf("engine %s: %w", rc.Engine, err)
+			if snap != nil {
+				err = &ResumedError{Step: snap.State.Step, Err: err}
+			}
+			return Result{}, err
 		}
 		defer eng.Close()
 	}
@@ -281,6 +276,39 @@ func warnWithoutHeldOut(log *zap.Logger, d Data, rc RunConfig) {
 			zap.String("store", s.Name), zap.Int64("tokens", s.Tokens), zap.Int64("needs", s.Need), zap.Int("seq", rc.Seq))
 	}
 }
+
+// CheckResume refuses to resume rc, with the tokenizer tok (its name, and
+// its tokenizer.json's SHA-256; none where the run gives none), from the
+// checkpoint whose trainer_state.json, read from dir, is st: another
+// tokenizer, another number of tokens a step for a length in tokens,
+// other stores in the mixture, or another seed or sequence length, each
+// refused as bad input naming both and what to do. A resume runs it on the
+// checkpoint it has read, and `sched enqueue train` on the run's newest in
+// object storage, so that a segment the worker would refuse is not queued.
+func CheckResume(dir string, st State, rc RunConfig, tok tokens.Tokenizer) error {
+	if err := checkTokenizer(dir, st, tok); err != nil {
+		return err
+	}
+	if err := checkRunLength(dir, st, rc); err != nil {
+		return err
+	}
+	if err := checkMixture(dir, st, rc); err != nil {
+		return err
+	}
+	return checkDataOrder(dir, st, rc)
+}
+
+// ResumedError is Err, an error of a run resumed from its checkpoint of
+// Step: the run's sequence length, seed, model and mixture are its
+// checkpoints', which advice on what to change in the run leaves alone
+// (runs.SizeAdvice). It reads as Err.
+type ResumedError struct {
+	Step int
+	Err  error
+}
+
+func (e *ResumedError) Error() string { return e.Err.Error() }
+func (e *ResumedError) Unwrap() error { return e.Err }
 
 // checkRunLength refuses to resume a run whose length is total_tokens
 // (RunConfig.LengthInTokens) with another number of tokens a step than

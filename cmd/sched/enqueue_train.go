@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -271,7 +274,9 @@ func readRunAt(ctx context.Context, tc trainCheck, run string) (runAt, error) {
 // settings, a model layout, sequence length or seed its checkpoints
 // cannot resume with, another number of tokens a step for a length in
 // tokens, a warmup a new run cannot take, a tokenizer that neither exists
-// nor is being made, a vocabulary larger than the model's, a store that
+// nor is being made, a vocabulary larger than the model's, another
+// tokenizer or other stores than its newest checkpoint was trained with
+// (checkResume), a store that
 // is neither filled nor being filled, one made by another tokenizer than
 // the run's, or stores none of which holds a held-out window to evaluate
 // on. The resume's refusals come before those of the data: a sequence
@@ -315,10 +320,16 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) (run
 	}
 	plan := model.MemoryPlan{Config: mc, Engine: engine, Precision: rc.Precision, Batch: rc.Batch, Seq: rc.Seq, Purpose: model.PurposeTrain}
 	if err := model.CheckMemory(plan, model.LargestGPU, "the largest card kiln supports (an H200, 141 GB)"); err != nil {
+		if at.from > 0 {
+			err = &trainer.ResumedError{Step: int(at.from), Err: err}
+		}
 		return runAt{}, nil, badInput("run %s: %v", run.Name, runs.SizeAdvice(run.Name, err))
 	}
 	uses, err := checkRunTokenizer(ctx, tc, run.Name, tok, rc.Model, mc)
 	if err != nil {
+		return runAt{}, nil, err
+	}
+	if err := checkResume(ctx, tc, run.Name, at.from, rc, uses); err != nil {
 		return runAt{}, nil, err
 	}
 	// Evaluation needs one held-out window in any of the stores. Which
@@ -349,6 +360,74 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) (run
 			run.Name, most, rc.Seq+1, tokens.DefaultHoldOut, first, need)
 	}
 	return at, short, nil
+}
+
+// checkResume refuses a resume from step from that the worker would
+// refuse once it has read that checkpoint, with its own check
+// (trainer.CheckResume) and words: another tokenizer than the run trained
+// with (uses, told apart by its SHA-256; nil while it is being made, and
+// then left to the worker), other stores in its mixture, another seed or sequence length, another
+// number of tokens a step for a length in tokens. The checkpoint's
+// trainer_state.json is read from object storage, where from names the
+// newest; one not there, or not as its marker lists it (damaged), is left
+// to the worker, which passes over a damaged checkpoint to an earlier one.
+func checkResume(ctx context.Context, tc trainCheck, run string, from int64, rc trainer.RunConfig, uses *catalog.Entry) error {
+	if from <= 0 {
+		return nil
+	}
+	dir := segment.CheckpointPrefix(run) + trainer.StepDir(int(from))
+	st, ok, err := readStoredState(ctx, tc.objects, dir, int(from))
+	if err != nil || !ok {
+		return err
+	}
+	var tok tokens.Tokenizer
+	if uses != nil {
+		tok = tokens.Tokenizer{Name: uses.Name, SHA256: uses.SHA256}
+	}
+	if err := trainer.CheckResume(dir, st, rc, tok); err != nil {
+		return fmt.Errorf("run %s: %w", run, err)
+	}
+	return nil
+}
+
+// readStoredState reads the trainer_state.json of the checkpoint of step
+// in object storage under dir; ok is false where there is none, or where
+// it is not the one its marker lists (damaged since it was uploaded).
+func readStoredState(ctx context.Context, objects store.Store, dir string, step int) (trainer.State, bool, error) {
+	read := func(name string) ([]byte, error) {
+		r, err := objects.Get(ctx, dir+"/"+name)
+		if err != nil {
+			return nil, err
+		}
+		defer r.Close()
+		// trainer_state.json holds the data cursor: kilobytes, a few
+		// megabytes for a mixture of many stores.
+		b, err := io.ReadAll(io.LimitReader(r, 64<<20))
+		if err != nil {
+			return nil, fmt.Errorf("read %s/%s from object storage: %w", dir, name, err)
+		}
+		return b, nil
+	}
+	b, err := read(trainer.StateFile)
+	if errors.Is(err, store.ErrNotFound) {
+		return trainer.State{}, false, nil
+	}
+	if err != nil {
+		return trainer.State{}, false, err
+	}
+	var m segment.Marker
+	if mb, err := read(segment.MarkerFile); err == nil && json.Unmarshal(mb, &m) == nil {
+		if want := m.SHA256[trainer.StateFile]; want != "" {
+			if sum := sha256.Sum256(b); !strings.EqualFold(hex.EncodeToString(sum[:]), want) {
+				return trainer.State{}, false, nil
+			}
+		}
+	}
+	var st trainer.State
+	if json.Unmarshal(b, &st) != nil || st.Step != step {
+		return trainer.State{}, false, nil
+	}
+	return st, true, nil
 }
 
 // printNotes writes notes, one a line.

@@ -439,7 +439,7 @@ func TestGenerateRefusesAnAlteredCheckpoint(t *testing.T) {
 	}
 
 	for _, c := range []struct{ dir, want string }{
-		{step1, fmt.Sprintf("checkpoint %s: tokenizer.json is %d bytes, trainer_state.json says %d (truncated?): use an earlier checkpoint", step1, len(tj)+1, len(tj))},
+		{step1, fmt.Sprintf("checkpoint %s: tokenizer.json is %d bytes, trainer_state.json says %d: it was changed after the checkpoint was written (it grew): use an earlier checkpoint", step1, len(tj)+1, len(tj))},
 		{step2, "checkpoint " + step2 + ": model.safetensors has SHA-256 "},
 	} {
 		wantBadInput(t, nil, regexp.QuoteMeta(c.want), append(gen, c.dir)...)

@@ -6,13 +6,17 @@ import (
 	"testing"
 )
 
-// A run whose total was lowered while a segment trained past it ends at
-// that segment's end: its step reads so, where "1500 / 800" read as a
-// broken run.
+// A run whose total was lowered below its step ends there: lowered while
+// a segment trained past it, at that segment's end; lowered after it
+// stopped (cancelled, then total_steps set to its step or lower, and
+// queued again), at its checkpoint. Its step reads so, true of both, where
+// "1500 / 800" read as a broken run (and the words read as if every such
+// run had been lowered while a segment went on).
 func TestTheStepOfARunEndedPastItsTotal(t *testing.T) {
 	past := Summary{Run: "r19", Records: curve(1500), TotalSteps: 800}.Table()
-	if row := tableRow(past, "step"); !strings.HasPrefix(row, "1500, past its total_steps of 800: the total was lowered while a segment trained") {
-		t.Errorf("a run ended at step 1500 past its total of 800: step row %q\n%s", row, past)
+	want := "1500, past its total_steps of 800: the run's length was lowered to 800 after the segment that trained to step 1500 began, while it trained or after it stopped; the run ended there"
+	if row := tableRow(past, "step"); row != want {
+		t.Errorf("a run ended at step 1500 past its total of 800: step row %q, want %q\n%s", row, want, past)
 	}
 	if row := tableRow(Summary{Run: "r4", Records: curve(1500), TotalSteps: 1500}.Table(), "step"); row != "1500 / 1500" {
 		t.Errorf("a run ended at its total: step row %q; want 1500 / 1500", row)

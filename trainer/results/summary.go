@@ -183,6 +183,15 @@ func (s Summary) Table() string {
 	return b.String()
 }
 
+// LoweredTotal says why a run ended at step at, past its total steps: its
+// length was lowered below at after the segment that trained to at began,
+// as that segment trained (it keeps the length it began with) or once it
+// had stopped (a cancelled or failed run then queued again ends at its
+// checkpoint).
+func LoweredTotal(at, total int) string {
+	return fmt.Sprintf("the run's length was lowered to %d after the segment that trained to step %d began, while it trained or after it stopped; the run ended there", total, at)
+}
+
 func (s Summary) resultRows(f Figures) [][]string {
 	na := "n/a"
 	step := fmt.Sprint(f.Steps)
@@ -190,8 +199,11 @@ func (s Summary) resultRows(f Figures) [][]string {
 	case s.TotalSteps > 0 && f.Steps > s.TotalSteps:
 		// A segment reads the run's total as it begins: one lowered
 		// meanwhile below the step it trains to ends the run at the
-		// segment's end, past it. "1500 / 800" read as a broken run.
-		step = fmt.Sprintf("%d, past its total_steps of %d: the total was lowered while a segment trained, the segment went on to its own end, step %d, and the run ended there", f.Steps, s.TotalSteps, f.Steps)
+		// segment's end, past it; one lowered after the run stopped
+		// (cancelled, or failed) ends it at its checkpoint, where a
+		// segment queued then trains no step. "1500 / 800" read as a
+		// broken run. The same words as `sched status` (stepOfTotal).
+		step = fmt.Sprintf("%d, past its total_steps of %d: %s", f.Steps, s.TotalSteps, LoweredTotal(f.Steps, s.TotalSteps))
 	case s.TotalSteps > 0:
 		step = fmt.Sprintf("%d / %d", f.Steps, s.TotalSteps)
 	}

@@ -125,14 +125,23 @@ func Load(path string) (Set, error) {
 // `sched enqueue train` and the worker have none of. The wrappers' text
 // holds the flags' advice (fmt.Errorf formats it as it wraps) and adds
 // nothing the error does not say: the engine and both sizes. Any other
-// err is returned as it is.
+// err is returned as it is. A run resumed from a checkpoint (err holds a
+// *trainer.ResumedError) is not told to take a smaller seq: its
+// checkpoints' data order was drawn at theirs, and a resume at another is
+// refused.
 func SizeAdvice(run string, err error) error {
 	var me *model.MemoryError
 	if !errors.As(err, &me) || me.Plan.Purpose != model.PurposeTrain {
 		return err
 	}
 	fixed := *me
-	fixed.Fix = fmt.Sprintf("in a runs file (KILN_RUNS, here and on the GPU worker), give run %s a smaller batch and a larger accumulate (the same tokens a step), or a smaller seq", run)
+	fixed.Fix = fmt.Sprintf("in a runs file (KILN_RUNS, here and on the GPU worker), give run %s a smaller batch and a larger accumulate (the same tokens a step)", run)
+	var resumed *trainer.ResumedError
+	if errors.As(err, &resumed) {
+		fixed.Fix += fmt.Sprintf("; its seq stays %d, which its checkpoints (step %d) were trained at", me.Plan.Seq, resumed.Step)
+	} else {
+		fixed.Fix += ", or a smaller seq"
+	}
 	return &fixed
 }
 

@@ -43,6 +43,7 @@ import (
 	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/internal/redact"
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
+	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -336,7 +337,7 @@ func init() {
 		Example: `  sched config
   sched config --check
   KILN_RUNS=runs.yaml sched config`,
-		Args:  exactArgs(0, "no arguments"),
+		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := loadConfig(cmd)
 			if err != nil {
@@ -576,7 +577,17 @@ func checkEnvOnly(cfg scheduler.Config) error {
 	// A run that reads but could never train, as sched enqueue train
 	// would refuse it.
 	for _, name := range set.Names() {
-		if _, err := set.Get(name); err != nil {
+		run, err := set.Get(name)
+		if err == nil {
+			var mc model.Config
+			if mc, err = run.RunConfig.ModelConfig(); err == nil {
+				err = fitsLargestCard(run.RunConfig, mc)
+			}
+			if err != nil {
+				err = fmt.Errorf("run %s: %w", name, runs.SizeAdvice(name, err))
+			}
+		}
+		if err != nil {
 			return badInput("KILN_RUNS %s: %v; fix the run in the file ('sched runs --presets' lists every run and whether it is valid)", os.Getenv("KILN_RUNS"), err)
 		}
 	}

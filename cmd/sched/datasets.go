@@ -112,7 +112,7 @@ not open shows what is wrong in place of its counts.`,
 		Example: `  sched datasets check the-stack-v2 --set language=Go
   sched datasets check fineweb-edu --revision main
   sched datasets check 'local:/data/docs/*.jsonl' --columns text=body`,
-		Args:  exactArgs(1, "one dataset"),
+		Args: exactArgs(1, "one dataset"),
 		RunE: func(c *cobra.Command, args []string) error {
 			p, _, err := resolvePreset(presetsFile, args[0], revision, set, columns)
 			if err != nil {

@@ -162,6 +162,18 @@ func checkStepSize(run runs.Run, st scheduler.RunState, ok bool) error {
 		run.Name, was, st.Tokens, st.Step, now, rc.Seq, rc.Batch, rc.Accumulate, rc.TotalTokens, rc.TotalSteps, was)
 }
 
+// fitsLargestCard refuses a run whose step no card kiln supports could
+// hold: where it is asked (enqueue, sched config) the GPU worker's device
+// is unknown, and the worker sizes the run against its own.
+func fitsLargestCard(rc trainer.RunConfig, mc model.Config) error {
+	engine := rc.Engine
+	if engine == "auto" {
+		engine = "cuda"
+	}
+	plan := model.MemoryPlan{Config: mc, Engine: engine, Precision: rc.Precision, Batch: rc.Batch, Seq: rc.Seq, Purpose: model.PurposeTrain}
+	return model.CheckMemory(plan, model.LargestGPU, "the largest card kiln supports (an H200, 141 GB)")
+}
+
 // checkShape refuses a resume that the worker would refuse: the runs entry
 // now gives another model layout, sequence length or seed than the run's
 // checkpoints hold (as its state records them), which the checkpoint's
@@ -312,14 +324,7 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) (run
 			return runAt{}, nil, badInput("run %s: %v: edit its runs entry", run.Name, err)
 		}
 	}
-	// The GPU worker's device is unknown here: refuse what no card kiln
-	// supports could hold (the worker sizes it against its own device).
-	engine := rc.Engine
-	if engine == "auto" {
-		engine = "cuda"
-	}
-	plan := model.MemoryPlan{Config: mc, Engine: engine, Precision: rc.Precision, Batch: rc.Batch, Seq: rc.Seq, Purpose: model.PurposeTrain}
-	if err := model.CheckMemory(plan, model.LargestGPU, "the largest card kiln supports (an H200, 141 GB)"); err != nil {
+	if err := fitsLargestCard(rc, mc); err != nil {
 		if at.from > 0 {
 			err = &trainer.ResumedError{Step: int(at.from), Err: err}
 		}

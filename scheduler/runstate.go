@@ -17,7 +17,13 @@ type RunState struct {
 	Run         string
 	Step, Total int
 	Tokens      int64
-	Loss        float64
+	// Loss is the training loss of step LossStep, the last logged one
+	// that the state records (LossAt): a segment that stopped between two
+	// logged steps records the step it stopped at, and the loss of the
+	// one logged before it. 0 where the state records none, as one an
+	// earlier kiln wrote: the loss is then read as Step's.
+	Loss     float64
+	LossStep int
 	// EvalLoss is the last held-out loss (0 none yet).
 	EvalLoss float64
 	TokPerS  float64
@@ -46,6 +52,96 @@ type RunState struct {
 	// and before it records the run done (PhaseUpload, PhaseResults); ""
 	// while it trains, and in a state that records none.
 	Phase string
+	// Unsent is set while object storage does not take the run's
+	// checkpoints; its zero value while it does.
+	Unsent Unsent
+}
+
+// Unsent is what a segment records in the run's state while object
+// storage does not take its checkpoints (it is down, hangs, or refuses
+// them): training goes on, and the checkpoints after the state's newest
+// uploaded one pile up on its worker's disk, their only copy, where
+// nothing else a watcher reads changes but the last checkpoint's falling
+// further behind. The upload that next succeeds clears it.
+type Unsent struct {
+	// Since is when the run's checkpoints stopped reaching object storage
+	// (the failed or slow upload's start); zero while they reach it.
+	Since time.Time
+	// Newest is the step of the newest checkpoint on Worker's disk only.
+	Newest int
+	Worker string
+	// Store is the object store's URL; Err its last failure, in short.
+	Store, Err string
+}
+
+// LossAt is the step Loss is of: LossStep, or where the state records
+// none, Step. A training loss is of a step trained, never of step 0.
+func (s RunState) LossAt() int {
+	if s.LossStep > 0 {
+		return s.LossStep
+	}
+	return s.Step
+}
+
+// unsentFields are Unsent's fields in the run's state hash.
+var unsentFields = [...]string{"unsent_since", "unsent_step", "unsent_worker", "unsent_store", "unsent_error"}
+
+// Fields are u as fields of the run's state, for a fenced write; those of
+// the zero Unsent clear it.
+func (u Unsent) Fields() map[string]string {
+	f := map[string]string{}
+	if u.Since.IsZero() {
+		for _, k := range unsentFields {
+			f[k] = ""
+		}
+		return f
+	}
+	for i, v := range []string{u.Since.UTC().Format(time.RFC3339), strconv.Itoa(u.Newest), u.Worker, u.Store, u.Err} {
+		f[unsentFields[i]] = v
+	}
+	return f
+}
+
+func parseUnsent(h map[string]string) Unsent {
+	since, err := time.Parse(time.RFC3339, h["unsent_since"])
+	if err != nil {
+		return Unsent{}
+	}
+	u := Unsent{Since: since, Worker: h["unsent_worker"], Store: h["unsent_store"], Err: h["unsent_error"]}
+	u.Newest, _ = strconv.Atoi(h["unsent_step"])
+	return u
+}
+
+// UnsentNote says where the run's checkpoints are while object storage
+// does not take them: "checkpoints after step 200 (newest: step 1000) are
+// on gpu-a's disk only: object storage at http://minio:9000/kiln has not
+// taken them since 2026-12-07T10:43:38Z (put: connect: connection
+// refused)". "" while it takes them, and where the state records the
+// newest as uploaded.
+func (s RunState) UnsentNote() string {
+	u := s.Unsent
+	if u.Since.IsZero() || u.Newest <= s.Checkpoint {
+		return ""
+	}
+	which := fmt.Sprintf("checkpoints after step %d (newest: step %d)", s.Checkpoint, u.Newest)
+	if s.Checkpoint < 0 {
+		which = fmt.Sprintf("its checkpoints (newest: step %d)", u.Newest)
+	}
+	where := "its worker's disk"
+	if u.Worker != "" {
+		where = u.Worker + "'s disk"
+	}
+	store := "object storage"
+	if u.Store != "" {
+		store += " at " + u.Store
+	}
+	note := fmt.Sprintf("%s are on %s only: %s has not taken them since %s", which, where, store, u.Since.UTC().Format(time.RFC3339))
+	if u.Err != "" {
+		// The error's cause in a few words: the one-line views cut a
+		// line's reasons, and this one is no reason the run stopped.
+		note += " (" + OneLine(u.Err, 100) + ")"
+	}
+	return note
 }
 
 // The phases of a run's last segment between its last step and the run's
@@ -94,6 +190,7 @@ func parseRunState(run string, h map[string]string) RunState {
 	s.Total, _ = strconv.Atoi(h["total"])
 	s.Tokens, _ = strconv.ParseInt(h["tokens"], 10, 64)
 	s.Loss, _ = strconv.ParseFloat(h["loss"], 64)
+	s.LossStep, _ = strconv.Atoi(h["loss_step"])
 	s.TokPerS, _ = strconv.ParseFloat(h["tok_per_s"], 64)
 	s.GPUs, _ = strconv.Atoi(h["gpus"])
 	s.Seq, _ = strconv.Atoi(h["seq"])
@@ -115,6 +212,7 @@ func parseRunState(run string, h map[string]string) RunState {
 	}
 	s.CheckpointAt, _ = time.Parse(time.RFC3339, h["checkpoint_at"])
 	s.Updated, _ = time.Parse(time.RFC3339, h["updated"])
+	s.Unsent = parseUnsent(h)
 	return s
 }
 
@@ -181,14 +279,19 @@ func (s RunState) OnGPUs() string {
 	return ""
 }
 
-// String is the run's one-line status: step/total, loss, tok/s, ETA and
-// last checkpoint; once its training is over, what its last segment does
-// in place of the rate and ETA.
+// String is the run's one-line status: step/total, loss (with its step
+// where that is another), tok/s, ETA and last checkpoint, and where the
+// newer checkpoints are while object storage does not take them; once its
+// training is over, what its last segment does in place of the rate and
+// ETA.
 func (s RunState) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: step %d/%d", s.Run, s.Step, s.Total)
 	if s.Loss > 0 {
 		fmt.Fprintf(&b, ", loss %.4f", s.Loss)
+		if s.LossAt() != s.Step {
+			fmt.Fprintf(&b, " at step %d", s.LossAt())
+		}
 	}
 	finishing := s.Finishing()
 	if s.TokPerS > 0 && finishing == "" {
@@ -212,6 +315,9 @@ func (s RunState) String() string {
 	}
 	if s.Worker != "" && !s.Done {
 		fmt.Fprintf(&b, " (worker %s)", s.Worker)
+	}
+	if note := s.UnsentNote(); note != "" {
+		b.WriteString("; " + note)
 	}
 	return b.String()
 }

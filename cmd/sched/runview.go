@@ -194,11 +194,14 @@ func (v runView) line(now time.Time) string {
 	if v.HasState {
 		// The step and its loss are written at most once a second, a
 		// checkpoint as soon as it is uploaded: the run has trained at
-		// least to its checkpoint, and the loss names its own step then.
+		// least to its checkpoint. The loss is that of the last logged
+		// step, which a segment that stopped between logged steps, or a
+		// checkpoint newer than the state's step, leaves behind the step
+		// shown: it names its own step then.
 		at := max(v.Step, v.Checkpoint)
 		parts = append(parts, stepOfTotal(at, v.Total))
-		if v.Loss > 0 && at > v.Step {
-			parts = append(parts, fmt.Sprintf("loss %.4f at step %d", v.Loss, v.Step))
+		if v.Loss > 0 && v.LossAt() != at {
+			parts = append(parts, fmt.Sprintf("loss %.4f at step %d", v.Loss, v.LossAt()))
 		} else if v.Loss > 0 {
 			parts = append(parts, fmt.Sprintf("loss %.4f", v.Loss))
 		}
@@ -228,6 +231,12 @@ func (v runView) line(now time.Time) string {
 		}
 		if w := v.trainingOn(); w != "" {
 			parts = append(parts, "on "+w)
+		}
+		if note := v.UnsentNote(); note != "" && v.Status != runDone {
+			// The last checkpoint named falls behind and nothing else
+			// changes: a watcher would take the run for healthy while
+			// everything after it has one copy, on one disk.
+			parts = append(parts, note)
 		}
 		if (quiet || v.Status != runTraining && v.Status != runFinishing && v.Status != runDone) && !last.IsZero() {
 			parts = append(parts, "last report "+formatAge(last, now))

@@ -174,8 +174,8 @@ func push(ctx context.Context, obj Objects, lock Lease, run, dir string, kept bo
 		switch {
 		case err == nil && done.Token > m.Token:
 			if lerr := lock.Check(ctx); lerr != nil {
-				return m, fmt.Errorf("push checkpoint step %d of run %s: %w: the holder of fencing token %d marked it complete, this one holds %d",
-					st.Step, run, scheduler.ErrRunLockLost, done.Token, m.Token)
+				return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run,
+					fenceError{fmt.Errorf("%w: the holder of fencing token %d marked it complete, this one holds %d", scheduler.ErrRunLockLost, done.Token, m.Token)})
 			}
 		case err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, trainer.ErrDamaged):
 			return m, fmt.Errorf("push checkpoint step %d of run %s: read its marker: %w", st.Step, run, err)
@@ -189,7 +189,7 @@ func push(ctx context.Context, obj Objects, lock Lease, run, dir string, kept bo
 			// The lease checked before every file, not only before the
 			// marker: a holder fenced out stops writing at once.
 			if err := lock.Check(ctx); err != nil {
-				return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run, err)
+				return m, fmt.Errorf("push checkpoint step %d of run %s: %w", st.Step, run, fenceError{err})
 			}
 		}
 		n, sum, err := putFile(ctx, obj, prefix+name, filepath.Join(dir, name))
@@ -215,7 +215,7 @@ func push(ctx context.Context, obj Objects, lock Lease, run, dir string, kept bo
 	}
 	if lock != nil {
 		if err := lock.Check(ctx); err != nil {
-			return m, fmt.Errorf("push checkpoint step %d of run %s: not marking it complete: %w", st.Step, run, err)
+			return m, fmt.Errorf("push checkpoint step %d of run %s: not marking it complete: %w", st.Step, run, fenceError{err})
 		}
 	}
 	m.Written = time.Now().UTC()
@@ -225,6 +225,15 @@ func push(ctx context.Context, obj Objects, lock Lease, run, dir string, kept bo
 	}
 	return m, nil
 }
+
+// fenceError is a push stopped because the run's lease, which every write
+// of a checkpoint to object storage is checked against, could not be
+// confirmed: Redis did not answer, or refused, or another worker holds the
+// run. Object storage is not what failed. Its message is the lease's own.
+type fenceError struct{ err error }
+
+func (e fenceError) Error() string { return e.err.Error() }
+func (e fenceError) Unwrap() error { return e.err }
 
 // putFile uploads the file at path to key, and returns its size and the
 // SHA-256 (hex) of the bytes sent.

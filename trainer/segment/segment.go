@@ -323,6 +323,11 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	defer cancelGrace()
 	up := newUploader(gctx, p, lock, dir, rc, r.newest, log, wall)
 	up.from, up.began = out.ResumedFrom, began
+	if st, known, err := scheduler.ReadRunState(ctx, p.Redis, run); err == nil && known {
+		// An outage that outlasts a segment is one: the state says since
+		// when, and this segment's first upload that succeeds clears it.
+		up.unsent = st.Unsent
+	}
 	// Retention runs after each upload. It is owed for the newest
 	// checkpoint object storage holds where the worker that uploaded it
 	// stopped before it ran (the run's state records an older one), and
@@ -394,6 +399,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 	var unrecorded lapse.Lapse
 	lastState := time.Time{}
 	var lastLoss *float64 // the last logged loss, for the segment's last word
+	lastLossStep := 0     // its step
 	hooks := trainer.Hooks{
 		Metrics: func(m trainer.Metrics) {
 			if p.Progress != nil {
@@ -401,7 +407,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 			}
 			stateMu.Lock()
 			if m.Loss != nil {
-				lastLoss = m.Loss
+				lastLoss, lastLossStep = m.Loss, m.Step
 			}
 			// An evaluation is always recorded: it is what a watcher
 			// reads to see the run learn.
@@ -440,11 +446,24 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		terr = dirBusyError{run: run, busy: busy}
 	}
 
-	// With the last logged loss: the state's own was written up to a second
-	// before (writes are spaced), so it may be steps older.
+	// With the last logged loss and its step: the state's own was written
+	// up to a second before (writes are spaced), so it may be steps older,
+	// and the segment may have stopped at a step it did not log.
 	stateMu.Lock()
 	final := trainer.Metrics{Step: res.Step, Tokens: res.Tokens, Loss: lastLoss}
+	lossAt := map[string]string{}
+	if lastLoss != nil {
+		lossAt["loss_step"] = strconv.Itoa(lastLossStep)
+	}
 	stateMu.Unlock()
+	var diverged *trainer.NonFiniteError
+	if errors.As(terr, &diverged) {
+		// The weights diverged, and the steps after the last good
+		// checkpoint went with them: the run is where that checkpoint
+		// is, as its resume, its results and its metrics say.
+		final, lossAt = p.kept(res, rc, log)
+		out.Step = final.Step
+	}
 	// Training is over and the run goes on: what is owed object storage
 	// gets the grace now, not as long as a hung store would hold it. The
 	// run's last segment waits for its uploads (a slow store's too): they
@@ -462,7 +481,9 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		if up.busy() {
 			phase = scheduler.PhaseUpload
 		}
-		p.writeState(ctx, lock, rc, final, wall(), withPhase(holds, phase), &unrecorded, log)
+		f := withPhase(holds, phase)
+		maps.Copy(f, lossAt)
+		p.writeState(ctx, lock, rc, final, wall(), f, &unrecorded, log)
 	}
 	uerr := up.finish(res.Done)
 	out.Uploaded = up.uploadedStep()
@@ -506,6 +527,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		last["phase"] = ""
 	}
 	last["done"] = strconv.FormatBool(done)
+	maps.Copy(last, lossAt)
 	if done {
 		if err := p.recordDone(ctx, lock, p.stateFields(rc, final, out.Wall, last), log); err != nil {
 			return out, err
@@ -523,6 +545,14 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		// segment records it at its start, wherever it runs.
 		log.Warn("this segment's last checkpoint is in object storage, but the run's state in Redis could not record it; the next segment records it",
 			zap.String("run", run), zap.Int("step", notRecorded.step), zap.NamedError("redis", notRecorded.err))
+		return out, nil
+	}
+	var fenced fenceError
+	if errors.As(uerr, &fenced) && rerr == nil && !out.Done && ctx.Err() == nil {
+		// Redis did not confirm the run's lease for the last upload: the
+		// checkpoint is whole on this disk, and the next segment uploads it.
+		log.Warn("Redis did not confirm the run's lease for this segment's last upload; the run goes on from the checkpoint on this disk",
+			zap.String("run", run), zap.Int("step", res.Step), zap.NamedError("redis", fenced.err))
 		return out, nil
 	}
 	if (uerr != nil || rerr != nil) && !out.Done && ctx.Err() == nil {
@@ -543,6 +573,27 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 		return out, rerr
 	}
 	return out, nil
+}
+
+// kept is where a segment whose training diverged (res) leaves the run:
+// at its last good checkpoint, with that step's loss, which the checkpoint
+// records whether or not the step was logged; with the state's fields that
+// name the loss's step, or, with no checkpoint (a run that diverged before
+// its first), clear the loss of a step not kept. Where the checkpoint
+// cannot be read, its step, and no loss.
+func (p Params) kept(res trainer.Result, rc trainer.RunConfig, log *zap.Logger) (trainer.Metrics, map[string]string) {
+	none := map[string]string{"loss": "", "loss_step": ""}
+	if res.Checkpoint == "" {
+		return trainer.Metrics{}, none
+	}
+	st, err := trainer.CheckCheckpoint(res.Checkpoint)
+	if err != nil {
+		log.Warn("the last good checkpoint of a diverged segment did not read: the run's state records its step, without a loss", zap.Error(err))
+		step, _ := trainer.DirStep(filepath.Base(res.Checkpoint))
+		return trainer.Metrics{Step: step, Tokens: int64(step) * int64(rc.TokensPerStep())}, none
+	}
+	loss := st.Loss
+	return trainer.Metrics{Step: st.Step, Tokens: st.Tokens, Loss: &loss}, map[string]string{"loss_step": strconv.Itoa(st.Step)}
 }
 
 // initialEval logs the evaluation loss of the initial weights as step 0,
@@ -1039,11 +1090,14 @@ func (p Params) stateFields(rc trainer.RunConfig, m trainer.Metrics, wall time.D
 		"updated": time.Now().UTC().Format(time.RFC3339),
 		"wall_s":  strconv.FormatFloat(wall.Seconds(), 'f', 3, 64),
 	}
-	for k, v := range extra {
-		f[k] = v
-	}
 	if m.Loss != nil {
 		f["loss"] = strconv.FormatFloat(*m.Loss, 'f', 4, 64)
+		f["loss_step"] = strconv.Itoa(m.Step)
+	}
+	// After the loss: the segment's last word names the step of a loss
+	// logged before the step it stopped at, or clears one not kept.
+	for k, v := range extra {
+		f[k] = v
 	}
 	if m.EvalLoss != nil {
 		f["eval_loss"] = strconv.FormatFloat(*m.EvalLoss, 'f', 4, 64)

@@ -21,6 +21,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/kiln-lm/kiln/internal/bytesize"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer"
 	"github.com/kiln-lm/kiln/trainer/results"
 	"github.com/kiln-lm/kiln/trainer/runs"
@@ -92,7 +94,15 @@ type uploader struct {
 	// unrecorded is the newest checkpoint this segment uploaded where
 	// the run's state in Redis could not record it (nil where it did).
 	unrecorded *unrecordedError
-	changed    chan struct{} // closed and replaced when an upload ends
+	// unsent is what the run's state records, or is to record, of the
+	// checkpoints object storage has not taken (noteUnsent); its zero
+	// value while it takes them. Its Since carries over from the state
+	// the segment began with: an outage that outlasts a segment is one.
+	unsent scheduler.Unsent
+	// unsentMu orders the state writes of unsent: a slow upload's
+	// warning must not record it after the upload's end cleared it.
+	unsentMu sync.Mutex
+	changed  chan struct{} // closed and replaced when an upload ends
 }
 
 type upJob struct {
@@ -244,6 +254,7 @@ func (u *uploader) loop() {
 		if !ok {
 			return
 		}
+		start := time.Now()
 		err := u.upload(j)
 		u.mu.Lock()
 		u.inFlight = nil
@@ -257,9 +268,18 @@ func (u *uploader) loop() {
 		close(u.changed)
 		u.changed = make(chan struct{})
 		u.mu.Unlock()
-		if err != nil && u.ctx.Err() == nil {
+		var fenced fenceError
+		switch {
+		case err == nil || u.ctx.Err() != nil:
+		case errors.As(err, &fenced):
+			// Redis is what failed, which the worker's log says of its
+			// own: nothing here is object storage's doing.
+			u.log.Warn("checkpoint not uploaded: every write of a checkpoint to object storage waits for Redis to confirm the run's lease, and it did not; the next checkpoint's upload tries again, and this one stays on this disk until it is superseded",
+				zap.Int("step", j.step), zap.NamedError("redis", fenced.err))
+		default:
 			u.log.Error("checkpoint upload failed; the next checkpoint's upload tries again, and this one stays on this disk until it is superseded",
 				zap.Int("step", j.step), zap.String("endpoint", u.endpoint), zap.Error(err))
+			u.noteUnsent(start, briefly(err), nil)
 		}
 		u.pruneLocal()
 	}
@@ -307,6 +327,9 @@ func (u *uploader) settle() bool {
 		u.healthy, u.lastErr = false, err
 		closed := u.closed
 		u.mu.Unlock()
+		if u.ctx.Err() == nil {
+			u.noteUnsent(u.began, briefly(err), nil)
+		}
 		if closed {
 			// Training is over: the segment ends saying what object
 			// storage still lacks, and the next one tries again.
@@ -347,10 +370,11 @@ func (u *uploader) upload(j upJob) error {
 	safe := u.safeStep()
 	newest := j.step > safe
 	if newest {
-		err := u.lock.Fenced(u.ctx, map[string]string{
+		f := map[string]string{
 			"checkpoint": strconv.Itoa(j.step), "checkpoint_at": time.Now().UTC().Format(time.RFC3339),
 			"checkpoint_upload_s": strconv.FormatFloat(time.Since(start).Seconds(), 'f', 3, 64),
-		})
+		}
+		err := u.recordUploaded(f)
 		u.mu.Lock()
 		u.unrecorded = nil
 		if err != nil {
@@ -381,6 +405,28 @@ func (u *uploader) upload(j upJob) error {
 		}
 	}
 	return nil
+}
+
+// recordUploaded sets f, the run's state of the newest checkpoint
+// uploaded, fenced; where the state may record that checkpoints do not
+// reach object storage (unsent), the same write clears that: the store
+// takes them again.
+func (u *uploader) recordUploaded(f map[string]string) error {
+	u.unsentMu.Lock()
+	defer u.unsentMu.Unlock()
+	u.mu.Lock()
+	unsent := !u.unsent.Since.IsZero()
+	u.mu.Unlock()
+	if unsent {
+		maps.Copy(f, scheduler.Unsent{}.Fields())
+	}
+	err := u.lock.Fenced(u.ctx, f)
+	if err == nil && unsent {
+		u.mu.Lock()
+		u.unsent = scheduler.Unsent{}
+		u.mu.Unlock()
+	}
+	return err
 }
 
 // prune applies the run's retention to its checkpoints in object storage
@@ -441,13 +487,64 @@ func (u *uploader) warnSlow(step int, start time.Time, pushed *atomic.Bool) (sto
 			} else {
 				what += "; training goes on, and the newest checkpoint waits to go next"
 			}
-			u.log.Warn(what, zap.Int("step", step), zap.Duration("elapsed", time.Since(start)), zap.String("endpoint", u.endpoint),
+			elapsed := time.Since(start)
+			u.log.Warn(what, zap.Int("step", step), zap.Duration("elapsed", elapsed), zap.String("endpoint", u.endpoint),
 				zap.Int("waiting", waiting))
+			if !pushed.Load() && !over {
+				// Training goes on and its checkpoints wait on this disk.
+				// Once training is over, the run reads finishing, which
+				// says that it uploads its last checkpoint.
+				u.noteUnsent(start, fmt.Sprintf("the upload of step %d has gone on for %s", step, elapsed.Round(time.Second)),
+					func() bool { return !pushed.Load() })
+			}
 			after *= 2
 			t.Reset(time.Until(start.Add(after)))
 		}
 	}()
 	return func() { close(end) }
+}
+
+// noteUnsent records in the run's state, fenced, that object storage has
+// not taken the newest checkpoint, as of since where the state records no
+// earlier time, and why (in short): it and those after the state's newest
+// uploaded one are on this worker's disk only, where `sched status` would
+// otherwise read as if all were well while the outage lasts. Nothing is
+// recorded while the newest is in object storage (an owed older one that
+// fails waits for the next upload, which says whether the store takes
+// them), nor where still (nil: always) no longer holds once the writes
+// before are done. Each failed or slow upload writes it again, with the
+// newest step.
+func (u *uploader) noteUnsent(since time.Time, why string, still func() bool) {
+	u.unsentMu.Lock()
+	defer u.unsentMu.Unlock()
+	if still != nil && !still() {
+		return
+	}
+	u.mu.Lock()
+	if u.pushed <= u.safeLocked() {
+		u.mu.Unlock()
+		return
+	}
+	if u.unsent.Since.IsZero() {
+		u.unsent.Since = since
+	}
+	u.unsent.Newest, u.unsent.Worker, u.unsent.Store, u.unsent.Err = u.pushed, u.p.Owner, u.endpoint, why
+	f := u.unsent.Fields()
+	u.mu.Unlock()
+	if err := u.lock.Fenced(u.ctx, f); err != nil && u.ctx.Err() == nil && !errors.Is(err, scheduler.ErrRunLockLost) {
+		u.log.Warn("the run's state does not record that object storage has not taken its newest checkpoints", zap.NamedError("redis", err))
+	}
+}
+
+// briefly is an upload's error in a few words for the run's state: an
+// object store's operation and its innermost cause, where the whole error
+// repeats the store's URL and the object's key.
+func briefly(err error) string {
+	var se *store.S3Error
+	if errors.As(err, &se) {
+		return store.Outage(err)
+	}
+	return scheduler.OneLine(err.Error(), 200)
 }
 
 // pending is the set of local checkpoints that must stay: queued, in
@@ -577,7 +674,10 @@ func (u *uploader) finish(last bool) error {
 	if cause == nil && u.ctx.Err() != nil {
 		cause = fmt.Errorf("upload grace of %v over", u.p.UploadGrace)
 	}
+	var fenced fenceError
 	switch {
+	case missing && errors.As(cause, &fenced):
+		return fmt.Errorf("upload of the last checkpoint, step %d, to %s: Redis did not confirm the run's lease, which every write of a checkpoint waits for: %w", u.pushed, u.endpoint, cause)
 	case missing:
 		return fmt.Errorf("upload of the last checkpoint, step %d, to %s: %w", u.pushed, u.endpoint, cause)
 	case len(owed) > 0:

@@ -42,6 +42,11 @@ type DatasetProgress struct {
 	StoppedAt   ingest.Limits
 	// PlanDone is set when the store's latest plan completed.
 	PlanDone bool
+	// LastPlan is the store's latest plan: a live one, else the one that
+	// ended last (nil with NoPlan). Its end, where it failed or was
+	// cancelled, is the store's: the files it had not queued yet are in
+	// no task.
+	LastPlan *TaskStatus
 	// NoPlan is set when Redis holds tasks of the store's files but none
 	// of its plans: Redis lost its data (restarted without its append-only
 	// file, or flushed) after the plan queued them, and an append a worker
@@ -231,6 +236,7 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 		}
 		d.PlanStopped = isStopped(p)
 		d.PlanDone = p.State == "completed"
+		d.LastPlan = p
 	}
 	for name, t := range stoppedAt {
 		if l, ok := taskLimits(t); ok {

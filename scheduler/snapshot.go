@@ -397,6 +397,23 @@ func Subject(kind string, payload []byte) string {
 	return ""
 }
 
+// CancelledBy begins what a task that `sched cancel` stopped says of its
+// end (the worker writes it as the task's progress message).
+const CancelledBy = "cancelled by sched cancel"
+
+// RedoCancelled says what runs a task that `sched cancel` archived again:
+// a training segment is a stretch of its run, which 'sched enqueue train
+// RUN' resumes from its last checkpoint, with nothing redone; any other
+// task runs again whole with 'sched retry ID'.
+func RedoCancelled(kind, id string, payload []byte) string {
+	if kind == KindTrainSegment {
+		if a, err := DecodeTask[TrainSegment](payload); err == nil && a.Run != "" {
+			return "'sched enqueue train " + a.Run + "' resumes the run from its last checkpoint"
+		}
+	}
+	return "'sched retry " + id + "' runs it again"
+}
+
 // intoStore names the token store an ingest task fills where it is not
 // the one named after its dataset: several stores of one dataset (a store
 // for each limit or language) are told apart.

@@ -226,7 +226,7 @@ func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	}()
 
 	var waitErr error
-	stopped := false
+	stopped, killed := false, false
 	select {
 	case waitErr = <-exited:
 	case <-ctx.Done():
@@ -237,6 +237,7 @@ func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		case waitErr = <-exited:
 		case <-grace.C:
 			_ = cmd.Process.Kill()
+			killed = true
 			waitErr = <-exited
 		}
 		grace.Stop()
@@ -259,7 +260,8 @@ func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	last := describeExit(waitErr, lines.why())
 	if stopped {
 		// Killed or stopped on the worker's request: not the task's fault.
-		return fmt.Errorf("the task's process was stopped: %s: %w", last, ctx.Err())
+		return &stoppedProcessError{err: fmt.Errorf("the task's process was stopped: %s: %w", last, ctx.Err()),
+			exit: last, killed: killed, grace: w.p.ShutdownGrace}
 	}
 	return w.countCrash(context.WithoutCancel(ctx), id, last)
 }

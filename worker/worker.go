@@ -433,7 +433,12 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		start := time.Now()
 		rep := &Reporter{rdb: w.rdb, log: log, ttl: ttl, every: w.p.ProgressEvery, redact: w.p.Redact,
 			p: scheduler.Progress{TaskID: id, Kind: t.Type(), Fraction: -1, State: "running", Worker: w.p.Name, Started: start, Updated: start}}
-		rep.write(ctx, rep.p)
+		// A task found cancelled as it starts is not run (below), and
+		// its progress is its last attempt's, which its end keeps.
+		notAgain := scheduler.IsCancelled(ctx, w.rdb, id)
+		if !notAgain {
+			rep.write(ctx, rep.p)
+		}
 		ctx = context.WithValue(ctx, reporterKey{}, rep)
 		// The handler's context ends when shutdown begins. asynq's own
 		// context is left alone: were it cancelled, asynq would treat the
@@ -452,7 +457,9 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 			err = w.redacted(err)
 			err = outageWait(err)
 			limitMsg, taken := atLimit(err)
-			cancelled := false
+			// ended is the handler's own error, which a cancel's words
+			// replace.
+			ended, cancelled, kept := err, false, false
 			switch {
 			case err == nil:
 				rep.finish("done", "")
@@ -478,14 +485,23 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				log.Info("task waits; tried again later", zap.Error(err))
 				return
 			case scheduler.IsCancelled(context.Background(), w.rdb, id):
-				err = fmt.Errorf("cancelled by sched cancel: %w (%w)", err, asynq.SkipRetry)
+				// An earlier attempt's end says more than this one's.
+				kept = errors.Is(ended, errNotStartedAgain) && w.endedBefore(ctx, rep)
+				err = &cancelledError{said: w.cancelledSays(context.WithoutCancel(ctx), t, id, ended, lastReport(rep)), err: ended}
 				cancelled = true
 			}
-			rep.finish("failed", err.Error())
-			if cancelled {
+			if !kept {
+				rep.finish("failed", err.Error())
+			}
+			switch {
+			case cancelled && errors.As(ended, new(*stoppedProcessError)):
+				// Asked for, but what the task had not saved is lost.
+				log.Warn("task cancelled by sched cancel; its process was killed at the grace, or died, before it stopped",
+					zap.String("outcome", err.Error()), zap.NamedError("ended_with", ended), zap.Duration("took", time.Since(start)))
+			case cancelled:
 				// Asked for, not gone wrong: no error in the log.
-				log.Info("task cancelled by sched cancel", zap.NamedError("ended_with", err), zap.Duration("took", time.Since(start)))
-			} else {
+				log.Info("task cancelled by sched cancel", zap.String("outcome", err.Error()), zap.NamedError("ended_with", ended), zap.Duration("took", time.Since(start)))
+			default:
 				log.Error("task failed", zap.Error(err), zap.Duration("took", time.Since(start)))
 			}
 			// A failure at the kind's MaxRetry is archived here: asynq,
@@ -505,8 +521,8 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		// may be tried again by asynq before the cancel archives it. It
 		// is archived here, not run again (enqueuing the work again, or
 		// sched retry, clears the mark).
-		if scheduler.IsCancelled(ctx, w.rdb, id) {
-			return errors.New("not started again")
+		if notAgain {
+			return errNotStartedAgain
 		}
 		if err := diedInLastRetry(ctx, t.Type(), id, retried); err != nil {
 			return err
@@ -526,6 +542,165 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		}
 		return next.ProcessTask(ctx, t)
 	})
+}
+
+// errNotStartedAgain is the end of a task found cancelled as it starts: a
+// worker took it back from one that stopped answering, or asynq tried it
+// again before the cancel archived it.
+var errNotStartedAgain = errors.New("not started again")
+
+// cancelledError is the end of a task that `sched cancel` stopped: what
+// it says of it (cancelledSays), which sched status and sched runs show,
+// with the handler's own error kept for errors.Is and the log. It is
+// final: the task is archived, not retried.
+type cancelledError struct {
+	said string
+	err  error
+}
+
+func (e *cancelledError) Error() string   { return e.said }
+func (e *cancelledError) Unwrap() []error { return []error{e.err, asynq.SkipRetry} }
+
+// stoppedProcessError is the end of a task run in a child process
+// (Isolation) that was asked to stop and ended without handing back an
+// outcome: killed, where it did not stop within ShutdownGrace (grace), or
+// dead on its own meanwhile, exit saying how. Either way, what it had not
+// saved is lost, a training segment's steps since its last checkpoint,
+// and no stop of its own says where it stopped. Its text is err's.
+type stoppedProcessError struct {
+	err    error
+	exit   string
+	killed bool
+	grace  time.Duration
+}
+
+func (e *stoppedProcessError) Error() string { return e.err.Error() }
+func (e *stoppedProcessError) Unwrap() error { return e.err }
+
+// cancelledSays is what a task that `sched cancel` stopped says of its
+// end, for sched status and sched runs, in place of the handler's error
+// (a stop's "context canceled" says nothing to a person): that the cancel
+// stopped it; where it had got to, where known (a training segment's step
+// and checkpoint, from its run's state; another task's last report, last);
+// what its stop lost, where the worker killed it at the grace, or the
+// handler's error where it ended with another than the stop's; and, as its
+// last "; " clause, which status keeps when it cuts the line, what runs it
+// again (scheduler.RedoCancelled).
+func (w *Worker) cancelledSays(ctx context.Context, t *asynq.Task, id string, ended error, last string) string {
+	redo := scheduler.RedoCancelled(t.Type(), id, t.Payload())
+	var stopped *stoppedProcessError
+	if errors.As(ended, &stopped) {
+		said := fmt.Sprintf("%s: its process outlasted the worker's grace (KILN_SHUTDOWN_GRACE, %s) and was killed", scheduler.CancelledBy, stopped.grace)
+		lost := ", losing the steps since its last checkpoint"
+		if !stopped.killed {
+			said = fmt.Sprintf("%s: its process ended as it stopped, without saying where (%s)", scheduler.CancelledBy, scheduler.OneLine(stopped.exit, 120))
+			lost = ", so the steps since its last checkpoint may be lost"
+		}
+		if st, ok := w.segmentState(ctx, t); ok {
+			said += fmt.Sprintf("%s (it had reached step %d of %d; %s)", lost, st.Step, st.Total, storedCheckpoint(st))
+		} else if t.Type() == scheduler.KindTrainSegment {
+			said += lost
+		} else if last != "" {
+			said += " (its last report: " + scheduler.OneLine(last, 120) + ")"
+		}
+		return said + "; " + redo
+	}
+	var said string
+	if errors.Is(ended, errNotStartedAgain) {
+		said = scheduler.CancelledBy + ": not started again"
+		if last != "" {
+			said += " (its last report: " + scheduler.OneLine(last, 120) + ")"
+		}
+	} else if st, ok := w.segmentState(ctx, t); ok {
+		said = fmt.Sprintf("%s at step %d of %d", scheduler.CancelledBy, st.Step, st.Total)
+		switch {
+		case besidesStop(ended) != "":
+			said += " (" + storedCheckpoint(st) + ")"
+		case st.Checkpoint == st.Step:
+			said += ", whose checkpoint is in object storage"
+		default:
+			// A stop at a step boundary writes that step's checkpoint;
+			// its upload did not end within the grace.
+			said += fmt.Sprintf(", whose checkpoint is on the disk of worker %s only (%s)", w.p.Name, storedCheckpoint(st))
+		}
+	} else {
+		said = scheduler.CancelledBy
+		if last != "" {
+			said += " (its last report: " + scheduler.OneLine(last, 120) + ")"
+		}
+	}
+	if rest := besidesStop(ended); rest != "" && !errors.Is(ended, errNotStartedAgain) {
+		said += ", ending with: " + scheduler.OneLine(rest, 300)
+	}
+	return said + "; " + redo
+}
+
+// segmentState is the state of the run a training segment trains, as it
+// recorded it in Redis; ok is false for another task, and where none is
+// recorded or it cannot be read. Its Step is the step the run has
+// reached, as `sched status` reads it: the state's step, which is written
+// at most once a second, or its checkpoint's, where that is newer.
+func (w *Worker) segmentState(ctx context.Context, t *asynq.Task) (scheduler.RunState, bool) {
+	if t.Type() != scheduler.KindTrainSegment {
+		return scheduler.RunState{}, false
+	}
+	a, err := scheduler.DecodeTask[scheduler.TrainSegment](t.Payload())
+	if err != nil || a.Run == "" {
+		return scheduler.RunState{}, false
+	}
+	st, ok, err := scheduler.ReadRunState(ctx, w.rdb, a.Run)
+	st.Step = max(st.Step, st.Checkpoint)
+	return st, ok && err == nil
+}
+
+// storedCheckpoint names a run's newest checkpoint in object storage.
+func storedCheckpoint(st scheduler.RunState) string {
+	if st.Checkpoint < 0 {
+		return "object storage holds no checkpoint of it yet"
+	}
+	return fmt.Sprintf("object storage's newest checkpoint: step %d", st.Checkpoint)
+}
+
+// besidesStop is what a handler's error says besides the stop a cancel
+// asks for (the context's error, with what the handler was doing, a line
+// of its own where errors.Join put a failure beside it: a stop checkpoint
+// not written), its lines joined by "; "; "" where the stop is all of it.
+// An isolated task's error comes back as text.
+func besidesStop(err error) string {
+	var rest []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasSuffix(l, context.Canceled.Error()) {
+			rest = append(rest, l)
+		}
+	}
+	return strings.Join(rest, "; ")
+}
+
+// endedBefore reports whether the task rep reports on, found cancelled as
+// it started and not run, ended in an earlier attempt, which said how in
+// its progress (where it stopped, what it lost): asynq may try a task
+// that a cancel stopped again before the cancel archives it, and that
+// try's end must not say less in its place. Where the earlier attempt
+// still reads running (its handler still stops, and says how when it
+// ends; or its worker died), rep takes its last report, for the end the
+// caller writes.
+func (w *Worker) endedBefore(ctx context.Context, rep *Reporter) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	p, ok, err := scheduler.ReadProgress(ctx, w.rdb, rep.p.TaskID)
+	if err == nil && ok && p.State != "running" {
+		return true
+	}
+	rep.adopt(ctx)
+	return false
+}
+
+// lastReport is the message a task last reported (an isolated task's
+// child's, once adopted).
+func lastReport(rep *Reporter) string {
+	rep.mu.Lock()
+	defer rep.mu.Unlock()
+	return rep.p.Message
 }
 
 // diedInLastRetry archives a task whose worker stopped answering (a kill,

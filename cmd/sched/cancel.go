@@ -38,11 +38,14 @@ func init() {
 				// It was not running: no stop, and no checkpoint of one.
 				fmt.Fprintf(w, "%s cancelled: archived while it waited to run; it will not run\n", args[0])
 			case "cancelled":
-				kept := ""
+				// asynq lets go of the task as soon as its context ends,
+				// before its handler has stopped: what the stop saves is
+				// not known yet.
+				stops := "its worker stops it at its next safe point"
 				if strings.HasPrefix(args[0], scheduler.KindTrainSegment+":") {
-					kept = " (the segment keeps the checkpoint of its stop step)"
+					stops = "its worker stops it at the end of the step under way, and the segment writes that step's checkpoint if the step ends within the worker's grace (KILN_SHUTDOWN_GRACE; else its process is killed, and the steps since its last checkpoint are lost)"
 				}
-				fmt.Fprintf(w, "%s cancelled: stopped and archived; it will not run again%s\n", args[0], kept)
+				fmt.Fprintf(w, "%s cancelled: archived, and it will not run again; %s: 'sched status %s' says where it stopped\n", args[0], stops, args[0])
 			case "cancelling":
 				fmt.Fprintf(w, "%s cancelling: asked its worker to stop, and it has not stopped yet (a checkpoint still writing, or a worker that stopped answering); it is archived when it stops, or without running again when another worker takes it back from a dead one ('sched status' shows which)\n", args[0])
 			default:

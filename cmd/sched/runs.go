@@ -132,7 +132,9 @@ func outcomeLine(t scheduler.TaskStatus) string {
 	case t.State == "completed":
 		parts = append(parts, "done")
 	case t.State == "archived" && t.Cancelled:
-		parts = append(parts, "cancelled by sched cancel; enqueue it again to redo it")
+		// Where it stopped and what runs it again: a training segment's
+		// run resumes from its checkpoint, nothing redone.
+		parts = append(parts, cancelledNote(t, time.Now(), 320))
 	case t.State == "archived":
 		attempts := "1 attempt"
 		if t.Retried > 0 {

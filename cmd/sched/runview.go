@@ -145,6 +145,11 @@ func (v *runView) classify() {
 		if !v.HasState || v.Checkpoint <= 0 {
 			v.Detail = "by sched cancel, before its first checkpoint; 'sched enqueue train " + v.Run + "' starts it"
 		}
+		if t.HasProgress && strings.HasPrefix(t.Progress.Message, scheduler.CancelledBy+": its process") {
+			// Killed at the worker's grace as it stopped: no checkpoint of
+			// its stop step was written.
+			v.Detail = "by sched cancel, its process killed before it stopped: the steps after its last checkpoint are lost; 'sched enqueue train " + v.Run + "' resumes it from that checkpoint"
+		}
 	case state == "archived":
 		v.Status = runFailed
 		v.Detail = failureErr(*t, 160)

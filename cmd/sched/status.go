@@ -570,7 +570,11 @@ const (
 // too: none of its attempts failed.
 func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now time.Time, bars bool, errRunes int) string {
 	parts := []string{ts.ID, stateShown(ts)}
-	failed := ts.LastErr != "" && failedLast(ts)
+	// A task sched cancel archived says what became of it in its own
+	// words (cancelledNote), not as a failure: asynq's last error of a
+	// task stopped as it ran is the stop's "context canceled".
+	cancelled := ts.State == "archived" && ts.Cancelled
+	failed := ts.LastErr != "" && failedLast(ts) && !cancelled
 	if ts.Lost {
 		parts[1] = "worker lost"
 		if s := scheduler.Subject(ts.Kind, ts.Payload); s != "" {
@@ -626,7 +630,7 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		}
 		// A failed attempt's message is its error, which "last error"
 		// says once below.
-		if p.Message != "" && !(failed && p.State == "failed" && sameError(p.Message, ts.LastErr)) {
+		if p.Message != "" && !cancelled && !(failed && p.State == "failed" && sameError(p.Message, ts.LastErr)) {
 			parts = append(parts, fmt.Sprintf("%q", p.Message))
 		}
 		switch setBack(ts) {
@@ -647,7 +651,60 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 	if failed {
 		parts = append(parts, "last error: "+errorLine(ts.LastErr, errRunes))
 	}
+	if cancelled {
+		parts = append(parts, cancelledNote(ts, now, errRunes))
+		if e := errorBeforeCancel(ts); e != "" {
+			parts = append(parts, "last error before the cancel: "+errorLine(e, errRunes))
+		}
+	}
 	return strings.Join(parts, "  ")
+}
+
+// cancelledNote says what became of a task that sched cancel archived, in
+// one clause that ends with what runs it again (scheduler.RedoCancelled),
+// cut to about n runes: the worker's own words once its handler returned
+// (where it stopped, what a process killed at the grace lost); while its
+// handler still stops (its progress reads running), that it does; where
+// it never ran, or an older worker said nothing of use, that the cancel
+// archived it.
+func cancelledNote(ts scheduler.TaskStatus, now time.Time, n int) string {
+	redo := scheduler.RedoCancelled(ts.Kind, ts.ID, ts.Payload)
+	if ts.HasProgress {
+		p := ts.Progress
+		msg := errorLine(p.Message, taskErrRunes)
+		switch {
+		case p.State == "running":
+			// asynq lets go of a task as soon as its context ends; the
+			// handler reaches its safe point after.
+			stops := "its worker stops it at its next safe point"
+			if ts.Kind == scheduler.KindTrainSegment {
+				stops = "its worker stops it at the end of the step under way, and writes that step's checkpoint if the step ends within the worker's grace (KILN_SHUTDOWN_GRACE), else kills it, losing the steps since its last checkpoint"
+			}
+			when := ""
+			if !p.Updated.IsZero() {
+				when = " (" + formatAge(p.Updated, now) + ")"
+			}
+			return fmt.Sprintf("%s, and not stopped yet at its last report%s: %s; %s", scheduler.CancelledBy, when, stops, redo)
+		case strings.HasPrefix(msg, scheduler.CancelledBy) && strings.HasSuffix(msg, "; "+redo):
+			return keepRemedy(msg, n, ts.ID)
+		}
+	}
+	return scheduler.CancelledBy + "; " + redo
+}
+
+// errorBeforeCancel is the error of a cancelled task's attempt that
+// failed before the cancel withdrew it from its wait to retry; "" where
+// its last error is the cancel's (the stop's "context canceled", or the
+// worker's words), or a wait or an interruption, which no attempt failed.
+func errorBeforeCancel(ts scheduler.TaskStatus) string {
+	e := strings.TrimSpace(ts.LastErr)
+	switch {
+	case e == "" || e == context.Canceled.Error() || strings.HasPrefix(e, scheduler.CancelledBy):
+		return ""
+	case ts.HasProgress && (ts.Progress.State == "interrupted" || ts.Progress.State == "waiting"):
+		return ""
+	}
+	return e
 }
 
 // sameError reports whether a progress message and asynq's last error
@@ -760,15 +817,15 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 		// all ('sched datasets' says how much that is).
 		return name + "  nothing to ingest: the store holds every file its latest plan listed"
 	}
-	cancelled := ""
-	if p := latestPlan(snap, d); p != nil && p.State == "archived" && p.Cancelled {
+	planEnd := ""
+	if p := d.LastPlan; p != nil && p.State == "archived" {
 		if d.Files == 0 {
 			// No count to give: "files 0/0 done" read as an ingest done.
-			return fmt.Sprintf("%s  its plan %s was cancelled by sched cancel before it queued a file: 'sched retry %s' queues it again", name, p.ID, p.ID)
+			return name + "  " + planEnded(p, false)
 		}
-		// The files it queued before the cancel go on; those it had not
+		// The files it queued before its end go on; those it had not
 		// listed yet are in no task.
-		cancelled = fmt.Sprintf("its plan %s was cancelled by sched cancel, so any files it had not queued yet are not ingested: 'sched retry %s' queues those the store lacks, none twice", p.ID, p.ID)
+		planEnd = planEnded(p, true)
 	}
 	parts := []string{name, fmt.Sprintf("files %d/%d done", d.Done, d.Files)}
 	if d.NoPlan {
@@ -793,12 +850,10 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 		parts = append(parts, "planning, "+scheduler.OneLine(d.PlanWaits, 200))
 	case d.Planning:
 		parts = append(parts, "planning: more files may be queued")
-	case d.PlanFailed && d.Files == 0:
-		parts = append(parts, "its plan failed (see FAILURES)")
 	case d.Remaining() == 0 && d.Failed == 0 && (d.Stopped > 0 || d.PlanStopped):
 		// The end the user sized the store for, not a failure.
 		parts = append(parts, "stopped at "+formatLimits(d.StoppedAt))
-	case d.Files > 0 && d.Remaining() == 0 && d.Failed == 0 && !d.NoPlan && cancelled == "":
+	case d.Files > 0 && d.Remaining() == 0 && d.Failed == 0 && !d.NoPlan && planEnd == "":
 		parts = append(parts, "done")
 	case d.ETA > 0:
 		parts = append(parts, "ETA "+formatETA(d.ETA))
@@ -836,43 +891,27 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 	if len(notes) > 0 {
 		parts = append(parts, strings.Join(notes, ", "))
 	}
-	if cancelled != "" {
-		parts = append(parts, cancelled)
+	if planEnd != "" {
+		parts = append(parts, planEnd)
 	}
 	return strings.Join(parts, "  ")
 }
 
-// latestPlan is the newest ingest:plan of d's store in snap once none is
-// live (d.Planning), the one whose end the store's line says; nil where
-// snap holds none (or is nil). A plan's store is found as Datasets finds
-// it, so that the two never disagree on which store a plan fills.
-func latestPlan(snap *scheduler.Snapshot, d scheduler.DatasetProgress) *scheduler.TaskStatus {
-	if snap == nil || d.Planning || d.NoPlan {
-		return nil
+// planEnded says of a store's latest plan p, archived (failed for good,
+// or cancelled by sched cancel), that it ended so and what queues it
+// again, for the store's INGEST line, which then never reads done:
+// queued (it queued some files first, which go on) says that those it
+// had not queued yet are not ingested, and that the retry queues only
+// those the store lacks.
+func planEnded(p *scheduler.TaskStatus, queued bool) string {
+	how, why := "was cancelled by sched cancel", ""
+	if !p.Cancelled {
+		how, why = "failed", " ('sched status "+p.ID+"' says why)"
 	}
-	var latest *scheduler.TaskStatus
-	for i := range snap.Tasks {
-		t := &snap.Tasks[i]
-		if t.Kind != scheduler.KindIngestPlan {
-			continue
-		}
-		if ds := (&scheduler.Snapshot{Tasks: []scheduler.TaskStatus{*t}}).Datasets(); len(ds) != 1 || ds[0].Store != d.Store {
-			continue
-		}
-		if latest == nil || planEnded(*t).After(planEnded(*latest)) {
-			latest = t
-		}
+	if !queued {
+		return fmt.Sprintf("its plan %s %s before it queued a file%s: 'sched retry %s' queues it again", p.ID, how, why, p.ID)
 	}
-	return latest
-}
-
-// planEnded is when an ended plan last reported, to the nanosecond, or
-// when it ended: a plan cancelled before it ran has only its cancel's time.
-func planEnded(t scheduler.TaskStatus) time.Time {
-	if t.HasProgress && !t.Progress.Updated.IsZero() {
-		return t.Progress.Updated
-	}
-	return t.Finished
+	return fmt.Sprintf("its plan %s %s%s, so any files it had not queued yet are not ingested: 'sched retry %s' queues those the store lacks, none twice", p.ID, how, why, p.ID)
 }
 
 // skippedFiles says how many of a store's done files were skipped whole, by
@@ -953,7 +992,12 @@ func failureLine(t scheduler.TaskStatus) string {
 // clause whole after the cut, and one whose last clause would take most of
 // the line says where it is read whole ('sched status <task-id>').
 func failureErr(t scheduler.TaskStatus, n int) string {
-	msg := scheduler.OneLine(t.LastErr, taskErrRunes)
+	return keepRemedy(scheduler.OneLine(t.LastErr, taskErrRunes), n, t.ID)
+}
+
+// keepRemedy is msg, one line, cut to about n runes as failureErr cuts
+// task id's error: its last "; " clause, what to do, kept whole.
+func keepRemedy(msg string, n int, id string) string {
 	if utf8.RuneCountInString(msg) <= n {
 		return msg
 	}
@@ -963,5 +1007,5 @@ func failureErr(t scheduler.TaskStatus, n int) string {
 			return string([]rune(msg[:i])[:head]) + "…; " + tail
 		}
 	}
-	return scheduler.OneLine(msg, n) + " ('sched status " + t.ID + "' says it whole)"
+	return scheduler.OneLine(msg, n) + " ('sched status " + id + "' says it whole)"
 }

@@ -97,7 +97,7 @@ func TestDatasetLineSaysTheLatestPlansCancel(t *testing.T) {
 		{"a cancel after a failure", []scheduler.TaskStatus{plan("ingest:plan:old", "archived", false, 0, at), plan("ingest:plan:new", "archived", true, 1000, at.Add(time.Minute)), prose},
 			"code (org/code)  its plan ingest:plan:new was cancelled by sched cancel before it queued a file: 'sched retry ingest:plan:new' queues it again"},
 		{"a failure after a cancel", []scheduler.TaskStatus{plan("ingest:plan:old", "archived", true, 0, at), plan("ingest:plan:new", "archived", false, 1000, at.Add(time.Minute)), prose},
-			"code (org/code)  files 0/0 done  its plan failed (see FAILURES)"},
+			"code (org/code)  its plan ingest:plan:new failed before it queued a file ('sched status ingest:plan:new' says why): 'sched retry ingest:plan:new' queues it again"},
 		{"a plan done after a cancel", []scheduler.TaskStatus{plan("ingest:plan:old", "archived", true, 0, at), plan("ingest:plan:new", "completed", false, 1000, at.Add(time.Minute)), prose},
 			"code (org/code)  nothing to ingest: the store holds every file its latest plan listed"},
 	} {

@@ -14,7 +14,9 @@ func init() {
 	rootCmd.AddCommand(&cobra.Command{
 		Use:   "cancel <task-id>",
 		Short: "Cancel a queued or running task (it is archived, not retried)",
-		Args:  exactArgs(1, "one task id (see 'sched status')"),
+		Example: `  sched cancel train:segment:8258cc948f28b3fc7610
+  sched cancel ingest:plan:1857df92f79d3eda8763`,
+		Args: exactArgs(1, "one task id (see 'sched status')"),
 		RunE: func(c *cobra.Command, args []string) error {
 			q, err := commandQueue(c)
 			if err != nil {

@@ -156,3 +156,22 @@ func (v *typeCheck) Set(s string) error {
 	}
 	return err
 }
+
+// Every command a user runs shows examples in its help: all but the help
+// and completion commands cobra adds, the hidden task runner, version,
+// which takes nothing, and the groups whose subcommands show theirs.
+func TestEveryCommandShowsExamples(t *testing.T) {
+	walk(rootCmd, func(c *cobra.Command) {
+		for p := c; p != nil; p = p.Parent() {
+			if p.Name() == "help" || p.Name() == "completion" {
+				return
+			}
+		}
+		if !c.Runnable() || c.Hidden || c == rootCmd || c.Name() == "version" || (c.HasSubCommands() && c.Example == "") {
+			return
+		}
+		if strings.TrimSpace(c.Example) == "" {
+			t.Errorf("%s --help shows no example", c.CommandPath())
+		}
+	})
+}

@@ -14,6 +14,8 @@ func init() {
 	rootCmd.AddCommand(&cobra.Command{
 		Use:   "retry <task-id>",
 		Short: "Run one task again: a failed, cancelled or finished one, or one waiting out its retry back-off",
+		Example: `  sched retry train:segment:8258cc948f28b3fc7610
+  sched retry ingest:plan:1857df92f79d3eda8763`,
 		Long: `Run one task again from its stored payload. A failed or cancelled task
 (archived) and a finished one are queued again under the same id; a task
 waiting out its retry back-off runs now. A training segment resumes from its

@@ -35,6 +35,9 @@ func init() {
 	cmd := &cobra.Command{
 		Use:   "status [task-id]",
 		Short: "Show queues, workers, running tasks, ingest per dataset, training runs and the last hour's failures, or one task",
+		Example: `  sched status
+  sched status --watch --interval 10s
+  sched status train:segment:8258cc948f28b3fc7610`,
 		Long: `status shows the queues' sizes, the worker processes that heartbeat, each
 running task with its progress, rate and ETA, each dataset's ingest (files
 done of total, bytes, rate, ETA, or the --max-tokens or --max-disk it

@@ -275,8 +275,8 @@ func (c *Client) submit(ctx context.Context, t *asynq.Task, person bool) (Submit
 				return s, redismem.Wrap("run "+id+" now", err)
 			}
 			// Read before it runs: the worker that takes it reports anew.
-			if st := c.taskStatus(ctx, ti); st.HasProgress {
-				s.Reported = st.Progress.State
+			if p, ok, err := ReadProgress(ctx, c.rdb, id); err == nil && ok {
+				s.Reported = p.State
 			}
 			if err := c.insp.RunTask(ti.Queue, id); err != nil {
 				return s, redismem.Wrap("run "+id+" now", err)

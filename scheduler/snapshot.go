@@ -401,6 +401,20 @@ func Subject(kind string, payload []byte) string {
 // end (the worker writes it as the task's progress message).
 const CancelledBy = "cancelled by sched cancel"
 
+// InterruptedBy begins what a task its worker's shutdown stopped says of
+// its end (the worker writes it as the task's progress message).
+const InterruptedBy = "interrupted by worker shutdown"
+
+// ProcessEndedAtStop says whether msg, what a task said of its end, is a
+// stop's (a cancel's or its worker's shutdown) whose task's process
+// outlasted the worker's grace and was killed, or died as it stopped:
+// what it had not saved, a segment's steps since its last checkpoint, is
+// lost, where a stop at a step boundary would have written that step's
+// checkpoint.
+func ProcessEndedAtStop(msg string) bool {
+	return strings.HasPrefix(msg, CancelledBy+": its process ") || strings.HasPrefix(msg, InterruptedBy+": its process ")
+}
+
 // RedoCancelled says what runs a task that `sched cancel` archived again:
 // a training segment is a stretch of its run, which 'sched enqueue train
 // RUN' resumes from its last checkpoint, with nothing redone; any other

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -187,9 +188,10 @@ func TestACancelledSegmentSaysWhereItStopped(t *testing.T) {
 }
 
 // isolatedShell runs a worker whose gpu queue runs each task in a child
-// process of script (sh), with ShutdownGrace grace, until the test ends;
-// script gets the directory that ready reads in $KILN_TEST_READY.
-func (e *env) isolatedShell(grace time.Duration, script string, log *zap.Logger) (ready func(id string)) {
+// process of script (sh), with ShutdownGrace grace, until the test ends
+// or shutdown (its SIGTERM) returns; script gets the directory that ready
+// reads in $KILN_TEST_READY.
+func (e *env) isolatedShell(grace time.Duration, script string, log *zap.Logger) (ready func(id string), shutdown func()) {
 	e.t.Helper()
 	dir := e.t.TempDir()
 	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Handlers: e.handlers, Logger: log,
@@ -202,7 +204,9 @@ func (e *env) isolatedShell(grace time.Duration, script string, log *zap.Logger)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	e.t.Cleanup(func() { cancel(); <-done })
+	var once sync.Once
+	shutdown = func() { once.Do(func() { cancel(); <-done }) }
+	e.t.Cleanup(shutdown)
 	// ready waits for task id to run, and for its process to have made
 	// its file in the directory: it has set its SIGTERM trap, which a
 	// SIGTERM before it would miss.
@@ -218,7 +222,7 @@ func (e *env) isolatedShell(grace time.Duration, script string, log *zap.Logger)
 				e.t.Fatalf("task %s's process never started", id)
 			}
 		}
-	}
+	}, shutdown
 }
 
 // heldRun is the state of run "held" as its segment left it: trained to
@@ -239,7 +243,7 @@ func TestATaskKilledAtTheGraceOfACancelSaysWhatWasLost(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	core, logs := observer.New(zap.InfoLevel)
-	ready := e.isolatedShell(50*time.Millisecond, `trap '' TERM; : > "$KILN_TEST_READY/$$"; exec sleep 3600`, zap.New(core))
+	ready, _ := e.isolatedShell(50*time.Millisecond, `trap '' TERM; : > "$KILN_TEST_READY/$$"; exec sleep 3600`, zap.New(core))
 	e.heldRun()
 	ctx := context.Background()
 	for _, c := range []struct {
@@ -280,7 +284,7 @@ func TestATaskKilledAtTheGraceOfACancelSaysWhatWasLost(t *testing.T) {
 func TestASegmentWhoseProcessDiedAtItsCancelSaysStepsMayBeLost(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ready := e.isolatedShell(time.Hour, `trap 'kill $!; exit 3' TERM; : > "$KILN_TEST_READY/$$"; sleep 3600 & wait`, zap.NewNop())
+	ready, _ := e.isolatedShell(time.Hour, `trap 'kill $!; exit 3' TERM; : > "$KILN_TEST_READY/$$"; sleep 3600 & wait`, zap.NewNop())
 	e.heldRun()
 	id := e.enqueue(scheduler.TrainSegment{Run: "held"})
 	ready(id)
@@ -289,4 +293,32 @@ func TestASegmentWhoseProcessDiedAtItsCancelSaysStepsMayBeLost(t *testing.T) {
 	}
 	e.waitSays(id, "cancelled by sched cancel: its process ended as it stopped, without saying where (exit status 3), so the steps since its last checkpoint may be lost "+
 		"(it had reached step 250 of 1000; object storage's newest checkpoint: step 247); 'sched enqueue train held' resumes the run from its last checkpoint")
+}
+
+// A segment whose process outlasts the grace of its worker's shutdown is
+// killed, and says so and what that lost, with the step it had reached
+// and object storage's newest checkpoint, where it said "the task's
+// process was stopped: signal: killed: context canceled". It is queued
+// again, as any task the shutdown stopped, using no retry.
+func TestASegmentKilledAtTheGraceOfItsWorkersShutdownSaysWhatWasLost(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ready, shutdown := e.isolatedShell(50*time.Millisecond, `trap '' TERM; : > "$KILN_TEST_READY/$$"; exec sleep 3600`, zap.NewNop())
+	e.heldRun()
+	id := e.enqueue(scheduler.TrainSegment{Run: "held"})
+	ready(id)
+	shutdown()
+	want := "interrupted by worker shutdown: its process outlasted the worker's grace (KILN_SHUTDOWN_GRACE, 50ms) and was killed, " +
+		"losing the steps since its last checkpoint (it had reached step 250 of 1000; object storage's newest checkpoint: step 247)"
+	ts, err := e.c.Task(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ts.Progress.State != "interrupted" || ts.Progress.Message != want || ts.Retried != 0 || ts.State == "archived" {
+		t.Fatalf("the segment after its worker's shutdown: %s, retried %d, %s %q;\nwant it queued again, no retry used, interrupted %q",
+			ts.State, ts.Retried, ts.Progress.State, ts.Progress.Message, want)
+	}
+	if !scheduler.ProcessEndedAtStop(ts.Progress.Message) {
+		t.Errorf("scheduler.ProcessEndedAtStop(%q) is false", ts.Progress.Message)
+	}
 }

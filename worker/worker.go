@@ -222,7 +222,7 @@ func New(p Params) (*Worker, error) {
 		w.servers = append(w.servers, asynq.NewServer(p.Redis, asynq.Config{
 			Concurrency:              n,
 			Queues:                   map[string]int{q: 1},
-			ShutdownTimeout:          p.ShutdownGrace,
+			ShutdownTimeout:          p.ShutdownGrace + WrapUp,
 			RetryDelayFunc:           retryDelay,
 			IsFailure:                isFailure,
 			DelayedTaskCheckInterval: p.DelayedTaskCheckInterval,
@@ -234,9 +234,19 @@ func New(p Params) (*Worker, error) {
 	return w, nil
 }
 
+// WrapUp is how long past its ShutdownGrace a worker's shutdown waits for
+// its handlers before asynq re-queues what still runs: a task's process
+// is killed at the grace, and its handler then says so, and what that
+// lost, in the task's progress. Were asynq's wait the grace alone, it
+// would end with the kill, and the worker with it, before those words
+// were written: the task would read as queued, its last report that of a
+// process still training.
+const WrapUp = 10 * time.Second
+
 // Run serves until ctx ends, then drains: handlers see their context
-// cancelled and get ShutdownGrace to return; what is still running after
-// that is re-queued by asynq. Shutdown order: stop fetching, cancel
+// cancelled and get ShutdownGrace to return (a task's process is killed
+// then), and WrapUp more to report it; what is still running after that
+// is re-queued by asynq. Shutdown order: stop fetching, cancel
 // handlers, wait, close Redis.
 func (w *Worker) Run(ctx context.Context) error {
 	for i, s := range w.servers {
@@ -335,13 +345,20 @@ type interruptedError struct {
 	err error
 	// by is what stopped it; nil: the worker's shutdown.
 	by error
+	// said, where set, says what became of it in err's place (a task's
+	// process killed at the grace: stoppedSays).
+	said string
 }
 
 func (e *interruptedError) Error() string {
-	if e.by != nil {
-		return "interrupted (" + e.by.Error() + "): " + e.err.Error()
+	what := e.err.Error()
+	if e.said != "" {
+		what = e.said
 	}
-	return "interrupted by worker shutdown: " + e.err.Error()
+	if e.by != nil {
+		return "interrupted (" + e.by.Error() + "): " + what
+	}
+	return scheduler.InterruptedBy + ": " + what
 }
 func (e *interruptedError) Unwrap() error { return e.err }
 
@@ -476,6 +493,9 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 				if w.drain.Err() == nil {
 					ie.by = context.Cause(drain)
 				}
+				if stopped := (*stoppedProcessError)(nil); errors.As(err, &stopped) {
+					ie.said = w.stoppedSays(context.WithoutCancel(ctx), t, stopped, lastReport(rep))
+				}
 				err = ie
 				rep.finish("interrupted", err.Error())
 				log.Warn("task interrupted; re-queued", zap.Error(err))
@@ -590,20 +610,7 @@ func (w *Worker) cancelledSays(ctx context.Context, t *asynq.Task, id string, en
 	redo := scheduler.RedoCancelled(t.Type(), id, t.Payload())
 	var stopped *stoppedProcessError
 	if errors.As(ended, &stopped) {
-		said := fmt.Sprintf("%s: its process outlasted the worker's grace (KILN_SHUTDOWN_GRACE, %s) and was killed", scheduler.CancelledBy, stopped.grace)
-		lost := ", losing the steps since its last checkpoint"
-		if !stopped.killed {
-			said = fmt.Sprintf("%s: its process ended as it stopped, without saying where (%s)", scheduler.CancelledBy, scheduler.OneLine(stopped.exit, 120))
-			lost = ", so the steps since its last checkpoint may be lost"
-		}
-		if st, ok := w.segmentState(ctx, t); ok {
-			said += fmt.Sprintf("%s (it had reached step %d of %d; %s)", lost, st.Step, st.Total, storedCheckpoint(st))
-		} else if t.Type() == scheduler.KindTrainSegment {
-			said += lost
-		} else if last != "" {
-			said += " (its last report: " + scheduler.OneLine(last, 120) + ")"
-		}
-		return said + "; " + redo
+		return scheduler.CancelledBy + ": " + w.stoppedSays(ctx, t, stopped, last) + "; " + redo
 	}
 	var said string
 	if errors.Is(ended, errNotStartedAgain) {
@@ -633,6 +640,28 @@ func (w *Worker) cancelledSays(ctx context.Context, t *asynq.Task, id string, en
 		said += ", ending with: " + scheduler.OneLine(rest, 300)
 	}
 	return said + "; " + redo
+}
+
+// stoppedSays is what a task whose process was asked to stop and ended
+// without its outcome (stopped) says of that end: that it was killed at
+// the grace, or died, and what that lost, with where a training segment
+// had got to (the step it had reached, object storage's newest
+// checkpoint), or another task's last report.
+func (w *Worker) stoppedSays(ctx context.Context, t *asynq.Task, stopped *stoppedProcessError, last string) string {
+	said := fmt.Sprintf("its process outlasted the worker's grace (KILN_SHUTDOWN_GRACE, %s) and was killed", stopped.grace)
+	lost := ", losing the steps since its last checkpoint"
+	if !stopped.killed {
+		said = fmt.Sprintf("its process ended as it stopped, without saying where (%s)", scheduler.OneLine(stopped.exit, 120))
+		lost = ", so the steps since its last checkpoint may be lost"
+	}
+	if st, ok := w.segmentState(ctx, t); ok {
+		return said + fmt.Sprintf("%s (it had reached step %d of %d; %s)", lost, st.Step, st.Total, storedCheckpoint(st))
+	} else if t.Type() == scheduler.KindTrainSegment {
+		return said + lost
+	} else if last != "" {
+		return said + " (its last report: " + scheduler.OneLine(last, 120) + ")"
+	}
+	return said
 }
 
 // segmentState is the state of the run a training segment trains, as it

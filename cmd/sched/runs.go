@@ -143,6 +143,12 @@ func outcomeLine(t scheduler.TaskStatus) string {
 		parts = append(parts, fmt.Sprintf("failed for good after %s: %s", attempts, failureErr(t, 200)))
 	case setBack(t) == "interrupted":
 		// After its state word: "interrupted  by a worker's shutdown ...".
+		if scheduler.ProcessEndedAtStop(t.Progress.Message) {
+			// Whole: which step it had reached, and the checkpoint it
+			// resumes from.
+			parts = append(parts, "by a worker's shutdown: "+scheduler.OneLine(strings.TrimPrefix(t.Progress.Message, scheduler.InterruptedBy+": "), 320)+"; re-queued (no retry used)")
+			break
+		}
 		parts = append(parts, "by a worker's shutdown and re-queued (no retry used)")
 	case setBack(t) == "waiting":
 		when := "queued to look again"

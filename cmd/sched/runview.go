@@ -121,6 +121,9 @@ func (v *runView) classify() {
 		// in its retry state until a worker picks it up, using no retry.
 		v.Status = runRequeued
 		v.Detail = "stopped by its worker's shutdown at a step boundary; it resumes from its last checkpoint (no retry used)"
+		if scheduler.ProcessEndedAtStop(t.Progress.Message) {
+			v.Detail = "by its worker's shutdown, " + lostAtStop(t.Progress.Message) + "; it resumes from that checkpoint (no retry used)"
+		}
 	case back == "waiting":
 		v.Status = runWaiting
 		// Whole: what it waits for ends with what to do.
@@ -145,10 +148,10 @@ func (v *runView) classify() {
 		if !v.HasState || v.Checkpoint <= 0 {
 			v.Detail = "by sched cancel, before its first checkpoint; 'sched enqueue train " + v.Run + "' starts it"
 		}
-		if t.HasProgress && strings.HasPrefix(t.Progress.Message, scheduler.CancelledBy+": its process") {
+		if t.HasProgress && scheduler.ProcessEndedAtStop(t.Progress.Message) {
 			// Killed at the worker's grace as it stopped: no checkpoint of
 			// its stop step was written.
-			v.Detail = "by sched cancel, its process killed before it stopped: the steps after its last checkpoint are lost; 'sched enqueue train " + v.Run + "' resumes it from that checkpoint"
+			v.Detail = "by sched cancel, " + lostAtStop(t.Progress.Message) + "; 'sched enqueue train " + v.Run + "' resumes it from that checkpoint"
 		}
 	case state == "archived":
 		v.Status = runFailed
@@ -411,4 +414,15 @@ func storedLine(run string, step int, set runs.Set, stored storedRuns) string {
 		l += " (with KILN_RUNS naming the runs file that defines it, as the GPU worker's does)"
 	}
 	return l
+}
+
+// lostAtStop says what a segment whose process was killed at the
+// worker's grace, or died, as it stopped (scheduler.ProcessEndedAtStop:
+// msg is what it said of its end) lost: no checkpoint of its stop step
+// was written.
+func lostAtStop(msg string) string {
+	if strings.Contains(msg, "and was killed") {
+		return "its process killed before it stopped: the steps after its last checkpoint are lost"
+	}
+	return "its process ended before it stopped: the steps after its last checkpoint may be lost"
 }

@@ -251,3 +251,84 @@ func TestAnIngestWhosePlanFailedNeverReadsDone(t *testing.T) {
 		}
 	}
 }
+
+// A segment whose process outlasts the grace of its worker's SIGTERM is
+// killed: its task's line in `sched status <id>` and `sched runs`, and
+// its run's line, say so and that the steps since its last checkpoint are
+// lost, where the task read "the task's process was stopped: signal:
+// killed" and the run "stopped by its worker's shutdown at a step
+// boundary". A worker started again resumes the run from that checkpoint.
+// The process is held stopped (SIGSTOP), as a step longer than the grace
+// holds it: it can end only by the worker's kill.
+func TestASegmentKilledAtItsWorkersGraceSaysTheStepsAreLost(t *testing.T) {
+	t.Parallel()
+	env, rdb, q := trainingSetup(t)
+	ctx := context.Background()
+	w := startWorker(t, append(env, "KILN_SHUTDOWN_GRACE=1s"), "--queues", "gpu=1")
+	if _, err := q.Enqueue(ctx, scheduler.TrainSegment{Run: "eta", Tokenizer: "tk", Engine: "cpu"}); err != nil {
+		t.Fatal(err)
+	}
+	id := waitRunningSegment(t, q)
+	// Past its first checkpoint: a checkpoint to resume from.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		st, _, err := scheduler.ReadRunState(ctx, rdb, "eta")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Checkpoint > 0 && st.Step > st.Checkpoint {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the segment trained past no checkpoint in a minute (step %d, checkpoint %d)", st.Step, st.Checkpoint)
+		}
+	}
+	freezeChildren(t, w.Process.Pid)
+	if err := w.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Wait(); err != nil {
+		t.Fatalf("worker on SIGTERM: %v", err)
+	}
+	st, _, err := scheduler.ReadRunState(ctx, rdb, "eta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	said := fmt.Sprintf("interrupted by worker shutdown: its process outlasted the worker's grace (KILN_SHUTDOWN_GRACE, 1s) and was killed, "+
+		"losing the steps since its last checkpoint (it had reached step %d of 1000000; object storage's newest checkpoint: step %d)", st.Step, st.Checkpoint)
+	status, _, _ := sched(t, env, "status", id)
+	if !strings.Contains(status, fmt.Sprintf("%q", said)) {
+		t.Errorf("sched status of the segment killed at its worker's grace:\n%q\nwant\n%q", status, said)
+	}
+	out, _, _ := sched(t, env, "runs")
+	runs := lineWith(out, "  "+id+"  ")
+	if want := "  " + id + "  interrupted  by a worker's shutdown: its process outlasted the worker's grace (KILN_SHUTDOWN_GRACE, 1s) and was killed, losing the steps since its last checkpoint"; !strings.Contains(runs, want) ||
+		!strings.Contains(runs, "; re-queued (no retry used)") {
+		t.Errorf("sched runs of the segment killed at its worker's grace:\n%q\nwant\n%q, then re-queued", runs, want)
+	}
+	out, _, _ = sched(t, env, "status")
+	if line := lineWith(out, "eta  interrupted"); !strings.Contains(line, "by its worker's shutdown, its process killed before it stopped: the steps after its last checkpoint are lost; it resumes from that checkpoint (no retry used)") {
+		t.Errorf("the run's line after its segment was killed at its worker's grace:\n%q\nwant it to say the steps after its checkpoint are lost", line)
+	}
+	for what, line := range map[string]string{"status": status, "runs": runs} {
+		for _, bad := range []string{"signal: killed", "context canceled", "step boundary"} {
+			if strings.Contains(line, bad) {
+				t.Errorf("sched %s of the segment killed at its worker's grace says %q: %q", what, bad, line)
+			}
+		}
+	}
+
+	// Taken up again, from the checkpoint.
+	startWorker(t, env, "--queues", "gpu=1")
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		now, _, err := scheduler.ReadRunState(ctx, rdb, "eta")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.Step > st.Step {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the run trained no step past %d in two minutes of a worker started again", st.Step)
+		}
+	}
+}

@@ -30,6 +30,7 @@ import (
 	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/trainer"
+	"github.com/kiln-lm/kiln/worker"
 )
 
 func loadCompose(t *testing.T) *types.Project {
@@ -192,8 +193,9 @@ func TestComposeFile(t *testing.T) {
 			t.Errorf("%s cannot scale: it has a container name or host ports", name)
 		}
 		grace, err := time.ParseDuration(*s.Environment["KILN_SHUTDOWN_GRACE"])
-		if err != nil || s.StopGracePeriod == nil || grace >= time.Duration(*s.StopGracePeriod) {
-			t.Errorf("%s: KILN_SHUTDOWN_GRACE %v must be shorter than stop_grace_period %v, or compose kills the drain", name, grace, s.StopGracePeriod)
+		// The worker ends at most worker.WrapUp after the grace.
+		if err != nil || s.StopGracePeriod == nil || grace+worker.WrapUp >= time.Duration(*s.StopGracePeriod) {
+			t.Errorf("%s: KILN_SHUTDOWN_GRACE %v must be shorter than stop_grace_period %v by more than %v, or compose kills the drain", name, grace, s.StopGracePeriod, worker.WrapUp)
 		}
 		if len(s.Volumes) == 0 || s.Volumes[0].Source != "kiln-data" {
 			t.Errorf("%s does not mount the kiln-data volume", name)

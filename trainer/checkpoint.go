@@ -601,7 +601,7 @@ func ReadCheckpoint(dir string, want *model.Config) (*Snapshot, error) {
 	}
 	if want != nil {
 		if err := sameShape(c, *want); err != nil {
-			return nil, badInput(fmt.Errorf("checkpoint %s: %w: resume with the model it was trained with (a queued run: its runs entry as it was), or start another run (sched train: another --out directory; queued: a run of another name)", dir, err))
+			return nil, badInput(fmt.Errorf("checkpoint %s: %w: %s", dir, err, otherModelFix))
 		}
 	}
 	s := &Snapshot{Config: c, State: st, Tokenizer: files[TokenizerFile]}
@@ -696,6 +696,10 @@ func readOptimizer(path string, f *model.SafetensorsFile, p *model.Params) (*mod
 	}
 	return o, nil
 }
+
+// otherModelFix is what to do about a checkpoint of another model layout
+// than the run's.
+const otherModelFix = "resume with the model it was trained with (a queued run: its runs entry as it was), or start another run (sched train: another --out directory; queued: a run of another name)"
 
 // sameShape compares the fields that fix the parameter layout.
 func sameShape(got, want model.Config) error {

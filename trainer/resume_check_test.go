@@ -66,7 +66,8 @@ func TestACheckpointFileOfAnotherSizeSaysWhichWay(t *testing.T) {
 // The checks a resume makes of its checkpoint's trainer_state.json alone
 // (CheckResume, which sched enqueue train runs too, on the run's newest
 // checkpoint in object storage): another tokenizer, told by its SHA-256,
-// other stores or their order, another seed or seq; weights, a store moved
+// other stores or their order, another seed or seq, another model layout;
+// weights, a store moved
 // elsewhere whole and an unknown tokenizer pass.
 func TestCheckResumeRefusesWhatTheCheckpointCannotGoOnWith(t *testing.T) {
 	requireCPU(t)
@@ -112,6 +113,8 @@ func TestCheckResumeRefusesWhatTheCheckpointCannotGoOnWith(t *testing.T) {
 		{"stores swapped", edit(func(r *RunConfig) { r.Mixture[0], r.Mixture[1] = r.Mixture[1], r.Mixture[0] }), same,
 			"this run names web, code"},
 		{"another seed", edit(func(r *RunConfig) { r.Seed++ }), same, fmt.Sprintf("was trained with seed %d and seq %d", want.Seed, want.Seq)},
+		{"another model", edit(func(r *RunConfig) { r.Model = "small" }), same, "holds a model of vocab "},
+		{"experts added", edit(func(r *RunConfig) { r.MoE = &MoEConfig{Experts: 4, TopK: 2} }), same, "experts, top 2), tied true: resume with the model it was trained with"},
 	} {
 		err := CheckResume(dir, st, c.rc, c.tok)
 		switch {

@@ -281,8 +281,9 @@ func warnWithoutHeldOut(log *zap.Logger, d Data, rc RunConfig) {
 // its tokenizer.json's SHA-256; none where the run gives none), from the
 // checkpoint whose trainer_state.json, read from dir, is st: another
 // tokenizer, another number of tokens a step for a length in tokens,
-// other stores in the mixture, or another seed or sequence length, each
-// refused as bad input naming both and what to do. A resume runs it on the
+// other stores in the mixture, another seed or sequence length, or
+// another model layout, each refused as bad input naming both and what to
+// do. A resume runs it on the
 // checkpoint it has read, and `sched enqueue train` on the run's newest in
 // object storage, so that a segment the worker would refuse is not queued.
 func CheckResume(dir string, st State, rc RunConfig, tok tokens.Tokenizer) error {
@@ -295,7 +296,36 @@ func CheckResume(dir string, st State, rc RunConfig, tok tokens.Tokenizer) error
 	if err := checkMixture(dir, st, rc); err != nil {
 		return err
 	}
-	return checkDataOrder(dir, st, rc)
+	if err := checkDataOrder(dir, st, rc); err != nil {
+		return err
+	}
+	return checkModel(dir, st, rc)
+}
+
+// checkModel refuses to resume rc from the checkpoint st, read from dir,
+// where rc's model is of another layout than the one st's run gave (both
+// as this build's presets make them): its weights cannot be read into it.
+// A resume reads the layout from the checkpoint's config.json too, and
+// refuses it in the same words (ReadCheckpoint); this check, on
+// trainer_state.json alone, is what `sched enqueue train` can make without
+// the weights, where Redis no longer holds the run's layout. A checkpoint
+// of a build that did not record its run's model is left to the weights.
+func checkModel(dir string, st State, rc RunConfig) error {
+	if st.Run.Model == "" {
+		return nil
+	}
+	was, err := st.Run.ModelConfig()
+	if err != nil {
+		return nil
+	}
+	now, err := rc.ModelConfig()
+	if err != nil {
+		return err
+	}
+	if a, b := Shape(was), Shape(now); a != b {
+		return badInput(fmt.Errorf("checkpoint %s (step %d) holds a model of %s; this run's model has %s: %s", dir, st.Step, a, b, otherModelFix))
+	}
+	return nil
 }
 
 // ResumedError is Err, an error of a run resumed from its checkpoint of

@@ -20,7 +20,7 @@ import (
 // show), is refused at enqueue with the worker's own words, read from the
 // run's newest checkpoint in object storage: it was queued, said to resume,
 // and the worker archived the segment. Without the run's record in Redis
-// the checkpoint still says it, and a seq changed too. A step too large
+// the checkpoint still says it, and a seq or a model changed too. A step too large
 // for any card is not told to take a smaller seq, which a resume refuses.
 // A trainer_state.json that is not the one its marker lists (damaged)
 // refuses nothing: the worker passes over it. Put back, with only a
@@ -94,6 +94,10 @@ func TestEnqueueTrainRefusesATokenizerOrStoresItsCheckpointsCannotResume(t *test
 	wantBadInput(t, env, storesRefused, "enqueue", "train", "mix")
 	entry("mix:\n  from: eta\n  total_steps: 60\n  seq: 64\n")
 	wantBadInput(t, env, ck+`was trained with seed 3 and seq 32; this run asks for seed 3 and seq 64`, "enqueue", "train", "mix")
+	// Another model: Redis, which recorded the run's layout, no longer
+	// holds it; the checkpoint's trainer_state.json names its model.
+	entry("mix:\n  from: eta\n  total_steps: 60\n  model: small\n")
+	wantBadInput(t, env, ck+`holds a model of vocab \d+, d_model 64, .*; this run's model has vocab \d+, d_model 512, .*: resume with the model it was trained with`, "enqueue", "train", "mix")
 
 	// A state of other stores than the marker lists (edited, damaged).
 	key := segment.CheckpointPrefix("mix") + trainer.StepDir(40) + "/" + trainer.StateFile

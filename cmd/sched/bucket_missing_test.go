@@ -94,3 +94,45 @@ func TestAWorkerCreatesTheBucketAReadFoundMissing(t *testing.T) {
 		t.Fatalf("results bench once the worker wrote its row: exit %d\n%s%s", code, out, errOut)
 	}
 }
+
+// A command that lists what object storage holds beside this machine's
+// copies (tokenizers, datasets) and finds the bucket absent lists what it
+// has, and a note says that the bucket does not exist, naming it and
+// KILN_S3_BUCKET: a mistyped bucket listed no tokenizer and no store on
+// the worker's disk, as if none had been made. It creates nothing.
+func TestListingCommandsNoteAMissingBucket(t *testing.T) {
+	t.Parallel()
+	srv := testsvc.S3(t)
+	env := []string{"KILN_S3_ENDPOINT=" + srv.Endpoint, "KILN_S3_ACCESS_KEY=" + srv.AccessKey, "KILN_S3_SECRET_KEY=" + srv.SecretKey,
+		"KILN_S3_BUCKET=kiln2", "KILN_DATA_DIR=" + t.TempDir()}
+	for _, c := range []struct {
+		args []string
+		what string
+	}{
+		{[]string{"tokenizers"}, "tokenizers"},
+		{[]string{"datasets"}, "token stores' statuses"},
+	} {
+		out, errOut, code := sched(t, env, c.args...)
+		want := "note: bucket kiln2 does not exist at http://" + srv.Endpoint + ", so no " + c.what +
+			" are listed from it (kiln creates it at the first write): if the workers write to another bucket, check KILN_S3_BUCKET (--s3-bucket)\n"
+		if code != 0 || !strings.Contains(errOut, want) {
+			t.Errorf("sched %s with bucket kiln2 absent: exit %d, stdout %q, stderr %q; want exit 0 and the note\n%q", c.args[0], code, out, errOut, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(srv.Dir, "kiln2")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a command that only lists created the bucket kiln2: %v", err)
+	}
+	// The bucket there, no note.
+	st, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln2", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put(context.Background(), "x", strings.NewReader("x"), 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"tokenizers"}, {"datasets"}} {
+		if out, errOut, code := sched(t, env, args...); code != 0 || strings.Contains(errOut, "does not exist") {
+			t.Errorf("sched %s with bucket kiln2 there: exit %d, stdout %q, stderr %q; want no note", args[0], code, out, errOut)
+		}
+	}
+}

@@ -711,6 +711,27 @@ func openStoreToRead(ctx context.Context, cfg scheduler.Config, what string) (st
 	return s, nil
 }
 
+// openStoreToList is openStore for a command that lists what object
+// storage holds beside this machine's copies (what a listing holds, its
+// plural: "tokenizers"): a bucket that does not exist lists as empty, and
+// a note on errOut says why, naming it, where the listing would otherwise
+// pass for all there is (a bucket mistyped here, while the workers write
+// to another). Nothing is created.
+func openStoreToList(ctx context.Context, cfg scheduler.Config, errOut io.Writer, what string) (store.Store, error) {
+	s, err := openStoreUnchecked(cfg)
+	if err != nil || cfg.S3Endpoint == "" {
+		return s, err
+	}
+	bucket, err := checkStore(ctx, cfg, s.(*store.S3))
+	if err != nil {
+		return nil, err
+	}
+	if !bucket {
+		fmt.Fprintf(errOut, "note: %s, so no %s are listed from it (kiln creates it at the first write): if the workers write to another bucket, check KILN_S3_BUCKET (--s3-bucket)\n", noBucket(cfg), what)
+	}
+	return s, nil
+}
+
 // noBucket says that cfg's bucket does not exist on its server.
 func noBucket(cfg scheduler.Config) string {
 	return fmt.Sprintf("bucket %s does not exist at %s", cfg.S3Bucket, s3Address(cfg))

@@ -250,7 +250,7 @@ func listPublishedStores(ctx context.Context, out, errOut io.Writer, cfg schedul
 			return // no object storage here: nothing was published to it
 		}
 	}
-	objects, err := openStore(ctx, cfg)
+	objects, err := openStoreToList(ctx, cfg, errOut, "token stores' statuses")
 	var names []string
 	if err == nil {
 		names, err = ingest.PublishedStores(ctx, objects)

@@ -44,7 +44,7 @@ func init() {
 			if ctx == nil {
 				ctx = context.Background()
 			}
-			objects, err := openStore(ctx, cfg)
+			objects, err := openStoreToList(ctx, cfg, c.ErrOrStderr(), "tokenizers")
 			if store.Unreachable(err) {
 				// This machine's copies of the tokenizers serve while
 				// object storage is out of service, as catalog.Resolve's

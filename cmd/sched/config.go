@@ -678,14 +678,22 @@ func openQueue(ctx context.Context, cfg scheduler.Config) (*scheduler.Client, as
 // openStore returns the object store the configuration names. For S3 it
 // checks the server and the credentials.
 func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
+	s, _, err := openStoreBucket(ctx, cfg)
+	return s, err
+}
+
+// openStoreBucket is openStore, saying too whether the bucket exists
+// (always, for the local store).
+func openStoreBucket(ctx context.Context, cfg scheduler.Config) (store.Store, bool, error) {
 	s, err := openStoreUnchecked(cfg)
 	if err != nil || cfg.S3Endpoint == "" {
-		return s, err
+		return s, err == nil, err
 	}
-	if _, err := checkStore(ctx, cfg, s.(*store.S3)); err != nil {
-		return nil, err
+	bucket, err := checkStore(ctx, cfg, s.(*store.S3))
+	if err != nil {
+		return nil, false, err
 	}
-	return s, nil
+	return s, bucket, nil
 }
 
 // openStoreToRead is openStore for a command that only reads what (the
@@ -697,18 +705,11 @@ func openStore(ctx context.Context, cfg scheduler.Config) (store.Store, error) {
 // created: a command that writes opens the store with openStore and
 // creates the bucket at its first write, as a fresh setup needs.
 func openStoreToRead(ctx context.Context, cfg scheduler.Config, what string) (store.Store, error) {
-	s, err := openStoreUnchecked(cfg)
-	if err != nil || cfg.S3Endpoint == "" {
-		return s, err
-	}
-	bucket, err := checkStore(ctx, cfg, s.(*store.S3))
-	if err != nil {
-		return nil, err
-	}
-	if !bucket {
+	s, bucket, err := openStoreBucket(ctx, cfg)
+	if err == nil && !bucket {
 		return nil, badInput("%s, so it holds no %s: %s", noBucket(cfg), what, noBucketFix)
 	}
-	return s, nil
+	return s, err
 }
 
 // openStoreToList is openStore for a command that lists what object
@@ -718,18 +719,11 @@ func openStoreToRead(ctx context.Context, cfg scheduler.Config, what string) (st
 // pass for all there is (a bucket mistyped here, while the workers write
 // to another). Nothing is created.
 func openStoreToList(ctx context.Context, cfg scheduler.Config, errOut io.Writer, what string) (store.Store, error) {
-	s, err := openStoreUnchecked(cfg)
-	if err != nil || cfg.S3Endpoint == "" {
-		return s, err
-	}
-	bucket, err := checkStore(ctx, cfg, s.(*store.S3))
-	if err != nil {
-		return nil, err
-	}
-	if !bucket {
+	s, bucket, err := openStoreBucket(ctx, cfg)
+	if err == nil && !bucket {
 		fmt.Fprintf(errOut, "note: %s, so no %s are listed from it (kiln creates it at the first write): if the workers write to another bucket, check KILN_S3_BUCKET (--s3-bucket)\n", noBucket(cfg), what)
 	}
-	return s, nil
+	return s, err
 }
 
 // noBucket says that cfg's bucket does not exist on its server.

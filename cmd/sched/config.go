@@ -570,9 +570,9 @@ func checkEnvOnly(cfg scheduler.Config) error {
 	if _, err := hub.New(hubConfig(cfg)); err != nil {
 		return err
 	}
-	set, err := runs.Load(os.Getenv("KILN_RUNS"))
+	set, err := loadRuns()
 	if err != nil {
-		return badInput("KILN_RUNS: %v; fix the file or its path, or unset KILN_RUNS for the preset runs alone", err)
+		return err
 	}
 	// A run that reads but could never train, as sched enqueue train
 	// would refuse it.
@@ -588,13 +588,41 @@ func checkEnvOnly(cfg scheduler.Config) error {
 			}
 		}
 		if err != nil {
-			return badInput("KILN_RUNS %s: %v; fix the run in the file ('sched runs --presets' lists every run and whether it is valid)", os.Getenv("KILN_RUNS"), err)
+			return invalidRun(err)
 		}
 	}
 	if _, err := ingest.Presets(""); err != nil {
 		return badInput("KILN_DATASETS: %v", err)
 	}
 	return nil
+}
+
+// loadRuns reads the runs there are: the presets, with KILN_RUNS's file
+// applied where it is set; a file that does not read is bad input naming
+// it and what to do.
+func loadRuns() (runs.Set, error) {
+	set, err := runs.Load(os.Getenv("KILN_RUNS"))
+	if err != nil {
+		return nil, badInput("KILN_RUNS: %v; fix the file or its path, or unset KILN_RUNS for the preset runs alone", err)
+	}
+	return set, nil
+}
+
+// getRun is set's run name (runs.Set.Get), a run there that could never
+// train refused as invalidRun says.
+func getRun(set runs.Set, name string) (runs.Run, error) {
+	run, err := set.Get(name)
+	if _, known := set[name]; err != nil && known {
+		return runs.Run{}, invalidRun(err)
+	}
+	return run, err
+}
+
+// invalidRun is err, of a run that reads but could never train, as bad
+// input naming the runs file it comes from (the presets all train) and
+// what to do.
+func invalidRun(err error) error {
+	return badInput("KILN_RUNS %s: %v; fix the run in the file ('sched runs --presets' lists every run and whether it is valid)", os.Getenv("KILN_RUNS"), err)
 }
 
 // fileKeys is the config file read and the keys it sets.

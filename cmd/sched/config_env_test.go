@@ -1,10 +1,15 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
 )
 
 // HUGGING_FACE_HUB_TOKEN, HF_TOKEN's older name, is the token where
@@ -119,5 +124,46 @@ func TestConfigRefusesWhatTheCommandsReadingTheEnvironmentWould(t *testing.T) {
 		if strings.Contains(out+errOut, "mirror_secret") {
 			t.Errorf("%s sched config shows the mirror's password:\n%s%s", c.env, out, errOut)
 		}
+	}
+}
+
+// Every command that reads KILN_RUNS's file refuses one it cannot read as
+// sched config does, naming the file and what to do; and a run in it that
+// reads but could never train, naming the file and the fix, where
+// `sched enqueue train` said only "run r1: batch must be at least 1" and
+// the other commands "KILN_RUNS: runs file: open ...", with nothing to do.
+// Nothing is queued.
+func TestEveryCommandReadingKILN_RUNSSaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "none.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("r1:\n  from: pilot-cpu\n  batch: -2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + t.TempDir()}
+	unread := "sched: KILN_RUNS: runs file: open " + missing + ": no such file or directory; fix the file or its path, or unset KILN_RUNS for the preset runs alone\n"
+	for _, args := range [][]string{{"enqueue", "train", "pilot-cpu"}, {"enqueue", "bench", "pilot-cpu"}, {"runs", "--presets"}, {"config"}} {
+		_, errOut, code := sched(t, append(base, "KILN_RUNS="+missing), args...)
+		if code != 2 || !strings.HasSuffix(errOut, unread) {
+			t.Errorf("KILN_RUNS=%s sched %s: exit %d, %q; want exit 2 and\n%q", missing, strings.Join(args, " "), code, errOut, unread)
+		}
+	}
+	invalid := "sched: KILN_RUNS " + bad + ": run r1: batch must be at least 1, got -2; fix the run in the file ('sched runs --presets' lists every run and whether it is valid)\n"
+	for _, args := range [][]string{{"enqueue", "train", "r1"}, {"enqueue", "bench", "r1"}, {"config"}} {
+		_, errOut, code := sched(t, append(base, "KILN_RUNS="+bad), args...)
+		if code != 2 || !strings.HasSuffix(errOut, invalid) {
+			t.Errorf("KILN_RUNS=%s sched %s: exit %d, %q; want exit 2 and\n%q", bad, strings.Join(args, " "), code, errOut, invalid)
+		}
+	}
+	opt, err := redis.ParseURL(r.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	if n, err := rdb.DBSize(context.Background()).Result(); err != nil || n != 0 {
+		t.Errorf("refused commands left %d keys in Redis (%v)", n, err)
 	}
 }

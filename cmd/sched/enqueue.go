@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,14 +203,14 @@ func isModel(name string) bool {
 // benchedRun is the run `sched enqueue bench NAME` measures the step of,
 // or bad input naming the models and runs there are.
 func benchedRun(name string) (runs.Run, error) {
-	set, err := runs.Load(os.Getenv("KILN_RUNS"))
+	set, err := loadRuns()
 	if err != nil {
-		return runs.Run{}, badInput("KILN_RUNS: %v", err)
+		return runs.Run{}, err
 	}
 	run, err := set.Get(name)
 	if err != nil {
 		if _, ok := set[name]; ok {
-			return runs.Run{}, err
+			return runs.Run{}, invalidRun(err)
 		}
 		return runs.Run{}, badInput("%q is neither a model (%s) nor a run (%s, or one in a runs file named by KILN_RUNS), nor sweep",
 			name, strings.Join(slices.Sorted(maps.Keys(model.Presets)), ", "), strings.Join(set.Names(), ", "))

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -72,11 +71,11 @@ to train it further).`,
 		default:
 			return badInput("--engine %q: use cuda, cpu or auto", engine)
 		}
-		set, err := runs.Load(os.Getenv("KILN_RUNS"))
+		set, err := loadRuns()
 		if err != nil {
-			return badInput("KILN_RUNS: %v", err)
+			return err
 		}
-		run, err := set.Get(args[0])
+		run, err := getRun(set, args[0])
 		if err != nil {
 			return err
 		}
@@ -300,11 +299,11 @@ func readRunAt(ctx context.Context, tc trainCheck, run string) (runAt, error) {
 func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) (runAt, []string, error) {
 	rc := run.RunConfig.WithDefaults()
 	if err := rc.Validate(); err != nil {
-		return runAt{}, nil, badInput("run %s: %v", run.Name, err)
+		return runAt{}, nil, invalidRun(fmt.Errorf("run %s: %w", run.Name, err))
 	}
 	mc, err := rc.ModelConfig()
 	if err != nil {
-		return runAt{}, nil, badInput("run %s: %v", run.Name, err)
+		return runAt{}, nil, invalidRun(fmt.Errorf("run %s: %w", run.Name, err))
 	}
 	at, err := readRunAt(ctx, tc, run.Name)
 	if err != nil {

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"os"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 func init() {
@@ -86,11 +84,11 @@ also re-queues what failed in it.`,
 // from, or from 0 where it has none, where the line said "resumes from
 // its last checkpoint" of a run that had none; and checkRun's notes.
 func checkRetrySegment(ctx context.Context, c *cobra.Command, cfg scheduler.Config, q *scheduler.Client, a scheduler.TrainSegment) (seg scheduler.TrainSegment, notes []string, done bool, err error) {
-	set, err := runs.Load(os.Getenv("KILN_RUNS"))
+	set, err := loadRuns()
 	if err != nil {
-		return seg, nil, false, badInput("KILN_RUNS: %v", err)
+		return seg, nil, false, err
 	}
-	run, err := set.Get(a.Run)
+	run, err := getRun(set, a.Run)
 	if err != nil {
 		return seg, nil, false, err
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/shell"
 	"github.com/kiln-lm/kiln/scheduler"
-	"github.com/kiln-lm/kiln/trainer/runs"
 )
 
 func init() {
@@ -50,7 +48,7 @@ tokenizer and engine. It needs no Redis.`,
 		},
 		RunE: func(c *cobra.Command, args []string) error {
 			if presets {
-				return printRunPresets(c.OutOrStdout(), os.Getenv("KILN_RUNS"))
+				return printRunPresets(c.OutOrStdout())
 			}
 			if limit < 1 {
 				return badInput("--limit %d: give a positive number", limit)
@@ -172,14 +170,14 @@ func outcomeLine(t scheduler.TaskStatus) string {
 	return strings.Join(parts, "  ")
 }
 
-// printRunPresets lists the runs file (the embedded presets with the file
-// at path applied, "" for none): each run's model, length in tokens and
+// printRunPresets lists the runs there are (the embedded presets with
+// KILN_RUNS's file applied, where it is set): each run's model, length in tokens and
 // steps, tokens a step (micro-batch x sequence x accumulation), tokenizer,
 // engine and description.
-func printRunPresets(w io.Writer, path string) error {
-	set, err := runs.Load(path)
+func printRunPresets(w io.Writer) error {
+	set, err := loadRuns()
 	if err != nil {
-		return badInput("KILN_RUNS: %v", err)
+		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "RUN\tMODEL\tLENGTH\tSTEP\tTOKENIZER\tENGINE\tDESCRIPTION")

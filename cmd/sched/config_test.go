@@ -169,8 +169,8 @@ func TestBadInputExitsTwo(t *testing.T) {
 		{"https to an http s3", []string{good, "KILN_S3_ENDPOINT=" + s3.Endpoint, "KILN_S3_ACCESS_KEY=" + s3.AccessKey, "KILN_S3_SECRET_KEY=" + s3.SecretKey, "KILN_S3_SECURE=true"},
 			[]string{"results", "pilot"}, "cannot reach the object store at https://" + s3.Endpoint},
 		{"unknown flag", []string{good}, []string{"status", "--colour"}, "unknown flag: --colour"},
-		{"unknown command", []string{good}, []string{"nope"}, `unknown command "nope" for "sched"`},
-		{"misspelt command", []string{good}, []string{"statu"}, `Did you mean this? status`},
+		{"unknown command", []string{good}, []string{"nope"}, `unknown command "nope" for 'sched' (see 'sched --help')`},
+		{"misspelt command", []string{good}, []string{"statu"}, `unknown command "statu" for 'sched': did you mean status? (see 'sched --help')`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

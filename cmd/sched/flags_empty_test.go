@@ -149,5 +149,5 @@ func TestSwitchBeforeAWordThatIsNoCommandSaysHowToGiveItsValue(t *testing.T) {
 		t.Errorf("sched datasets --s3-secure check: exit %d, want the check\n%s%s", code, out, errOut)
 	}
 	// The unknown command comes first: cobra names it, not the switch.
-	wantRefused(t, noRedis, `unknown command "bogus" for "sched"`, "bogus", "--s3-secure", "maybe")
+	wantRefused(t, noRedis, `unknown command "bogus" for 'sched'`, "bogus", "--s3-secure", "maybe")
 }

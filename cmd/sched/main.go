@@ -114,13 +114,21 @@ func reportTo(w io.Writer, err error) int {
 		// "Did you mean" suggestions come on lines of their own.
 		msg = strings.Join(strings.Fields(msg), " ")
 	}
-	// cobra's own, at the root; strictArgs's already name a command's help.
-	if !isBadInput(err) && strings.HasPrefix(msg, "unknown command ") {
-		msg += " (see 'sched --help')"
+	// cobra's own, at the root, in the words of the commands below it
+	// (didYouMean); strictArgs's already name a command's help.
+	if m := rootUnknown.FindStringSubmatch(msg); !isBadInput(err) && m != nil {
+		msg = fmt.Sprintf("unknown command %q for '%s' (see '%s --help')", m[1], rootCmd.Name(), rootCmd.Name())
+		if e := didYouMean(rootCmd, m[1]); e != nil {
+			msg = e.Error()
+		}
 	}
 	fmt.Fprintln(w, "sched:", msg)
 	return exitCode(err)
 }
+
+// rootUnknown is cobra's error for an unknown command at the root, with
+// its "Did you mean this?" lines, if any, joined onto its own.
+var rootUnknown = regexp.MustCompile(`^unknown command "(.*)" for "[^"]*"`)
 
 // exitCode maps a command's error to the process's exit code.
 func exitCode(err error) int {

@@ -45,6 +45,7 @@ func TestAFlagValueThatDoesNotParseSaysWhatTheFlagTakes(t *testing.T) {
 		{[]string{"enqueue", "ingest", "fineweb-edu", "--seed", "-1"}, `--seed "-1" is not a whole number of 0 or more (see 'sched enqueue ingest --help')`},
 		{[]string{"runs", "--limit", "abc"}, `--limit "abc" is not a whole number`},
 		{[]string{"status", "--watch", "--interval", "5"}, `--interval "5" is not a duration such as 30s, 5m or 1h30m`},
+		{[]string{"status", "--watch", "--interval", "99999999h"}, `--interval "99999999h" is out of range: the longest duration is about 292 years (2562047h) (see 'sched status --help')`},
 		{[]string{"bench", "--steps", "99999999999999999999"}, `--steps "99999999999999999999" is out of range`},
 	} {
 		_, errOut, code := sched(t, nil, c.args...)

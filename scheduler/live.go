@@ -99,6 +99,25 @@ func (c *Client) LiveSegment(ctx context.Context, run string) (*asynq.TaskInfo, 
 	return ti, err
 }
 
+// SupersedingSegment is a live segment of run, other than id, that the
+// segment id, queued to resume from step from (its FromStep), leaves the
+// run to, or nil: one queued to resume from a later step, or from the same
+// step with a lower id (so that of two such, one trains). A segment queues
+// the next before the queue records it done: where its worker stops
+// answering in between (a SIGKILL, a power loss), asynq runs it again, and
+// it would start a second chain of segments beside the one it queued,
+// which a cancel of one would not stop.
+func (c *Client) SupersedingSegment(ctx context.Context, run, id string, from int64) (*asynq.TaskInfo, error) {
+	_, ti, err := c.live(ctx, QueueGPU, map[string]bool{KindTrainSegment: true}, func(ti *asynq.TaskInfo) bool {
+		if ti.ID == id {
+			return false
+		}
+		a, err := Decode[TrainSegment](ti.Payload)
+		return err == nil && a.Run == run && (a.FromStep > from || a.FromStep == from && ti.ID < id)
+	})
+	return ti, err
+}
+
 // DropArchivedSegmentsFrom deletes run's archived segments that began at
 // step from or later, and returns their ids: those of a done run are
 // extensions past its end that failed or were cancelled, which sched

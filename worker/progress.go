@@ -155,6 +155,16 @@ func (r *Reporter) clock() time.Time {
 }
 
 // Message records a message without changing the fraction.
+// TaskID is the id of the task r reports on ("" where r is nil).
+func (r *Reporter) TaskID() string {
+	if r == nil {
+		return ""
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.p.TaskID
+}
+
 func (r *Reporter) Message(ctx context.Context, msg string) {
 	r.mu.Lock()
 	f, rate, unit := r.p.Fraction, r.p.Rate, r.p.Unit

@@ -465,6 +465,24 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	if name == "" {
 		return fmt.Errorf("train:segment run %s names no tokenizer: set tokenizer in its runs entry or queue it with KILN_TOKENIZER set (%w)", a.Run, asynq.SkipRetry)
 	}
+	if t.Queue != nil {
+		// Run again after its worker stopped answering, once it had
+		// queued the next segment: that one goes on with the run.
+		sup, err := t.Queue.SupersedingSegment(ctx, a.Run, Progress(ctx).TaskID(), a.FromStep)
+		if err != nil {
+			return fmt.Errorf("train:segment run %s: %w", a.Run, err)
+		}
+		if sup != nil {
+			from := int64(0)
+			if b, err := scheduler.Decode[scheduler.TrainSegment](sup.Payload); err == nil {
+				from = b.FromStep
+			}
+			msg := fmt.Sprintf("superseded: run %s goes on with segment %s (queued from step %d); this segment, run again after its worker stopped answering once it had queued the next, trains nothing", a.Run, sup.ID, from)
+			log.Warn("training segment superseded: the run's chain goes on with another", zap.String("run", a.Run), zap.String("superseded_by", sup.ID), zap.Int64("from_step", from))
+			Progress(ctx).Message(ctx, msg)
+			return nil
+		}
+	}
 	if err := waitForInputs(ctx, t.Queue, a.Run, name, run.Mixture); err != nil {
 		var we *WaitError
 		if errors.As(err, &we) {
@@ -596,6 +614,7 @@ func (t *Training) noStoreAdvice(ctx context.Context, run string, err error) err
 // Live is what a task asks the queue about earlier work under way
 // (scheduler.Client implements it).
 type Live interface {
+	SupersedingSegment(ctx context.Context, run, id string, from int64) (*asynq.TaskInfo, error)
 	LiveTokenizer(ctx context.Context, name string) (*asynq.TaskInfo, error)
 	LiveIngest(ctx context.Context, store string) (int, error)
 	FailedIngests(ctx context.Context) (map[string]scheduler.IngestFailure, error)

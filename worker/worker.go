@@ -466,6 +466,9 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		defer stop()
 		log.Info("task started")
 
+		// Registered first, so run last: once the task's end is said, and
+		// before asynq records it.
+		defer w.holdForRedis(rep, log)
 		defer func() {
 			if r := recover(); r != nil {
 				err = fmt.Errorf("task %s panicked: %v", t.Type(), r)
@@ -562,6 +565,43 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		}
 		return next.ProcessTask(ctx, t)
 	})
+}
+
+// RedisEndWait bounds how long a task's end is held back while Redis does
+// not answer (holdForRedis): under the task's lease in the queue (30 s),
+// which the worker renews only while Redis answers, so that asynq's own
+// record of the end still finds the task its worker's.
+const RedisEndWait = 20 * time.Second
+
+// holdForRedis holds a task's end back from asynq while Redis does not
+// answer (or refuses writes), for up to RedisEndWait. asynq records a
+// task's end (done, failed, to retry) in one write; where that write
+// fails, its later tries all fail at once (asynq v0.26.0 hands them a
+// context it has already cancelled), so the task stays active until its
+// lease lapses, and a recoverer runs it again, minutes later, as a
+// failure that uses a retry, for work that had ended: `sched status`
+// meanwhile reads it as running, then as its worker lost. Held until Redis
+// answers, the end is recorded as it was. The task's last state, whose
+// own write failed, is written again first.
+func (w *Worker) holdForRedis(rep *Reporter, log *zap.Logger) {
+	answers := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return probeWrite(ctx, w.rdb) == nil
+	}
+	if answers() {
+		return
+	}
+	log.Warn("the task ended while Redis does not answer: its end is recorded in the queue once Redis answers", zap.Duration("wait_at_most", RedisEndWait))
+	for deadline := time.Now().Add(RedisEndWait); time.Now().Before(deadline); {
+		time.Sleep(250 * time.Millisecond)
+		if answers() {
+			rep.publish(context.Background())
+			log.Info("Redis answers again: the task's end is recorded in the queue")
+			return
+		}
+	}
+	log.Warn("Redis did not answer within the wait: the task's end is left to the queue, which runs it again once its lease lapses", zap.Duration("waited", RedisEndWait))
 }
 
 // errNotStartedAgain is the end of a task found cancelled as it starts: a

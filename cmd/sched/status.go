@@ -999,7 +999,8 @@ func failureErr(t scheduler.TaskStatus, n int) string {
 }
 
 // keepRemedy is msg, one line, cut to about n runes as failureErr cuts
-// task id's error: its last "; " clause, what to do, kept whole.
+// task id's error: its last "; " clause, what to do, kept whole, and a
+// parenthesis the cut leaves open closed.
 func keepRemedy(msg string, n int, id string) string {
 	if utf8.RuneCountInString(msg) <= n {
 		return msg
@@ -1007,7 +1008,9 @@ func keepRemedy(msg string, n int, id string) string {
 	if i := strings.LastIndex(msg, "; "); i >= 0 {
 		tail := msg[i+2:]
 		if head := n - utf8.RuneCountInString(tail) - 3; head >= n/3 {
-			return string([]rune(msg[:i])[:head]) + "…; " + tail
+			kept := string([]rune(msg[:i])[:head])
+			// A parenthesis the cut leaves open is closed after it.
+			return kept + "…" + strings.Repeat(")", max(strings.Count(kept, "(")-strings.Count(kept, ")"), 0)) + "; " + tail
 		}
 	}
 	return scheduler.OneLine(msg, n) + " ('sched status " + id + "' says it whole)"

@@ -654,10 +654,7 @@ func (w *Worker) cancelledSays(ctx context.Context, t *asynq.Task, id string, en
 	}
 	var said string
 	if errors.Is(ended, errNotStartedAgain) {
-		said = scheduler.CancelledBy + ": not started again"
-		if last != "" {
-			said += " (its last report: " + scheduler.OneLine(last, 120) + ")"
-		}
+		said = scheduler.CancelledBy + ": not started again" + lastReportSays(last)
 	} else if st, ok := w.segmentState(ctx, t); ok {
 		said = fmt.Sprintf("%s at step %d of %d", scheduler.CancelledBy, st.Step, st.Total)
 		switch {
@@ -671,10 +668,7 @@ func (w *Worker) cancelledSays(ctx context.Context, t *asynq.Task, id string, en
 			said += fmt.Sprintf(", whose checkpoint is on the disk of worker %s only (%s)", w.p.Name, storedCheckpoint(st))
 		}
 	} else {
-		said = scheduler.CancelledBy
-		if last != "" {
-			said += " (its last report: " + scheduler.OneLine(last, 120) + ")"
-		}
+		said = scheduler.CancelledBy + lastReportSays(last)
 	}
 	if rest := besidesStop(ended); rest != "" && !errors.Is(ended, errNotStartedAgain) {
 		said += ", ending with: " + scheduler.OneLine(rest, 300)
@@ -698,10 +692,17 @@ func (w *Worker) stoppedSays(ctx context.Context, t *asynq.Task, stopped *stoppe
 		return said + fmt.Sprintf("%s (it had reached step %d of %d; %s)", lost, st.Step, st.Total, storedCheckpoint(st))
 	} else if t.Type() == scheduler.KindTrainSegment {
 		return said + lost
-	} else if last != "" {
-		return said + " (its last report: " + scheduler.OneLine(last, 120) + ")"
 	}
-	return said
+	return said + lastReportSays(last)
+}
+
+// lastReportSays is the clause that gives a stopped task's last report,
+// last, where it made one.
+func lastReportSays(last string) string {
+	if last == "" {
+		return ""
+	}
+	return " (its last report: " + scheduler.OneLine(last, 120) + ")"
 }
 
 // segmentState is the state of the run a training segment trains, as it

@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -380,7 +377,7 @@ func checkResume(ctx context.Context, tc trainCheck, run string, from int64, rc 
 		return nil
 	}
 	dir := segment.CheckpointPrefix(run) + trainer.StepDir(int(from))
-	st, ok, err := readStoredState(ctx, tc.objects, dir, int(from))
+	st, ok, err := segment.StoredState(ctx, tc.objects, run, int(from))
 	if err != nil || !ok {
 		return err
 	}
@@ -392,46 +389,6 @@ func checkResume(ctx context.Context, tc trainCheck, run string, from int64, rc 
 		return fmt.Errorf("run %s: %w", run, err)
 	}
 	return nil
-}
-
-// readStoredState reads the trainer_state.json of the checkpoint of step
-// in object storage under dir; ok is false where there is none, or where
-// it is not the one its marker lists (damaged since it was uploaded).
-func readStoredState(ctx context.Context, objects store.Store, dir string, step int) (trainer.State, bool, error) {
-	read := func(name string) ([]byte, error) {
-		r, err := objects.Get(ctx, dir+"/"+name)
-		if err != nil {
-			return nil, err
-		}
-		defer r.Close()
-		// trainer_state.json holds the data cursor: kilobytes, a few
-		// megabytes for a mixture of many stores.
-		b, err := io.ReadAll(io.LimitReader(r, 64<<20))
-		if err != nil {
-			return nil, fmt.Errorf("read %s/%s from object storage: %w", dir, name, err)
-		}
-		return b, nil
-	}
-	b, err := read(trainer.StateFile)
-	if errors.Is(err, store.ErrNotFound) {
-		return trainer.State{}, false, nil
-	}
-	if err != nil {
-		return trainer.State{}, false, err
-	}
-	var m segment.Marker
-	if mb, err := read(segment.MarkerFile); err == nil && json.Unmarshal(mb, &m) == nil {
-		if want := m.SHA256[trainer.StateFile]; want != "" {
-			if sum := sha256.Sum256(b); !strings.EqualFold(hex.EncodeToString(sum[:]), want) {
-				return trainer.State{}, false, nil
-			}
-		}
-	}
-	var st trainer.State
-	if json.Unmarshal(b, &st) != nil || st.Step != step {
-		return trainer.State{}, false, nil
-	}
-	return st, true, nil
 }
 
 // printNotes writes notes, one a line.

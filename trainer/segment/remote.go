@@ -595,6 +595,41 @@ func (d *checkpointDownload) verdict(attempts int) string {
 	return fmt.Sprintf("downloaded %d times, alike each time: the stored copy differs from the one uploaded, or something between here and the store (a proxy) changes it alike each time", attempts)
 }
 
+// StoredState reads the trainer_state.json of run's checkpoint of step in
+// object storage, for a check of a resume made before any download (sched
+// enqueue train); ok is false where there is none, or where it is not the
+// one its marker lists (damaged since it was uploaded), which a pull
+// passes over for an earlier checkpoint.
+func StoredState(ctx context.Context, obj Objects, run string, step int) (st trainer.State, ok bool, err error) {
+	prefix := checkpointKey(run, step)
+	r, err := obj.Get(ctx, prefix+trainer.StateFile)
+	if errors.Is(err, store.ErrNotFound) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, err
+	}
+	defer r.Close()
+	// It holds the data cursor: kilobytes, a few megabytes for a mixture
+	// of many stores.
+	b, err := io.ReadAll(io.LimitReader(r, 64<<20))
+	if err != nil {
+		return st, false, fmt.Errorf("%s: %w", prefix+trainer.StateFile, err)
+	}
+	var m Marker
+	if getJSON(ctx, obj, prefix+MarkerFile, &m) == nil {
+		if want := m.SHA256[trainer.StateFile]; want != "" {
+			if sum := sha256.Sum256(b); !strings.EqualFold(hex.EncodeToString(sum[:]), want) {
+				return st, false, nil
+			}
+		}
+	}
+	if json.Unmarshal(b, &st) != nil || st.Step != step {
+		return trainer.State{}, false, nil
+	}
+	return st, true, nil
+}
+
 func getJSON(ctx context.Context, obj Objects, key string, v any) error {
 	r, err := obj.Get(ctx, key)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kiln-lm/kiln/internal/durlimit"
 	"github.com/kiln-lm/kiln/kernels/cuda"
 	"github.com/kiln-lm/kiln/model"
 )
@@ -204,6 +205,9 @@ func parseHangTimeout(v string) (time.Duration, error) {
 		return -1, nil
 	}
 	d, err := time.ParseDuration(v)
+	if err != nil && durlimit.Past(v) {
+		return 0, &envError{fmt.Sprintf("KILN_CUDA_HANG_TIMEOUT=%q is out of range: %s; set a duration such as 10m, or off", v, durlimit.Longest)}
+	}
 	if err != nil || d <= 0 {
 		return 0, &envError{fmt.Sprintf("KILN_CUDA_HANG_TIMEOUT=%q is not a setting it takes: set a duration such as 10m (how long a wait for the GPU may last before the process stops as hung; default %s), or off", v, cuda.DefaultHangTimeout)}
 	}

@@ -63,6 +63,9 @@ func TestParseOptions(t *testing.T) {
 			t.Errorf("KILN_CUDA_HANG_TIMEOUT=%s: %v; want an error naming the variable and the settings it takes", v, err)
 		}
 	}
+	if _, err = ParseOptions(env(map[string]string{"KILN_CUDA_HANG_TIMEOUT": "3000000h"})); err == nil || !strings.Contains(err.Error(), `KILN_CUDA_HANG_TIMEOUT="3000000h" is out of range`) {
+		t.Errorf("KILN_CUDA_HANG_TIMEOUT=3000000h: %v; want it said out of range", err)
+	}
 	if o, err = ParseOptions(env(map[string]string{"KILN_CUDA_ATTENTION": "flash-sm80"})); err != nil || o != (Options{flashSM80: true}) {
 		t.Fatalf("flash.cu's kernels on Hopper too: %+v, %v", o, err)
 	}

@@ -41,6 +41,7 @@ import (
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/internal/durlimit"
 	"github.com/kiln-lm/kiln/internal/redact"
 	"github.com/kiln-lm/kiln/internal/yamlstrict"
 	"github.com/kiln-lm/kiln/model"
@@ -92,6 +93,9 @@ var settings = func() []setting {
 			func(c *scheduler.Config) string { return c.ShutdownGrace.String() },
 			func(c *scheduler.Config, v string) error {
 				d, err := time.ParseDuration(v)
+				if err != nil && durlimit.Past(v) {
+					return fmt.Errorf("%q is out of range: %s", v, durlimit.Longest)
+				}
 				if err != nil {
 					return fmt.Errorf("%q is not a duration like 30s or 5m", v)
 				}

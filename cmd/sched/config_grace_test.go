@@ -18,6 +18,7 @@ func TestShutdownGraceGivenAsZeroIsRefused(t *testing.T) {
 	zeroFile := file("zero.yaml", "shutdown_grace: 0s\n")
 	negFile := file("negative.yaml", "shutdown_grace: -5s\n")
 	emptyFile := file("empty.yaml", "shutdown_grace:\n")
+	hugeFile := file("huge.yaml", "shutdown_grace: 3000000h\n")
 	noRedis := "KILN_REDIS_URL=redis://127.0.0.1:1/0"
 	for _, c := range []refusal{
 		{[]string{noRedis}, []string{"worker", "--shutdown-grace", "0"}, `flag --shutdown-grace: "0" ` + graceHint},
@@ -27,6 +28,10 @@ func TestShutdownGraceGivenAsZeroIsRefused(t *testing.T) {
 		{[]string{"KILN_SHUTDOWN_GRACE=0", noRedis}, []string{"worker"}, `environment KILN_SHUTDOWN_GRACE: "0" ` + graceHint},
 		{nil, []string{"config", "--config", zeroFile}, "config file " + zeroFile + ": shutdown_grace: 0s " + graceHint},
 		{nil, []string{"config", "--config", negFile}, "config file " + negFile + ": shutdown_grace: -5s is negative: give a duration such as 30s, or leave it unset for the default 30s"},
+		// Past Go's range is said so, where it read "not a duration".
+		{[]string{"KILN_SHUTDOWN_GRACE=3000000h"}, []string{"config"}, `environment KILN_SHUTDOWN_GRACE: "3000000h" is out of range: the longest duration is about 292 years (2562047h)`},
+		{nil, []string{"config", "--shutdown-grace", "3000000h"}, `flag --shutdown-grace: "3000000h" is out of range: the longest duration is about 292 years (2562047h)`},
+		{nil, []string{"config", "--config", hugeFile}, "config file " + hugeFile + ": line 1: shutdown_grace: 3000000h is out of range: the longest duration is about 292 years (2562047h)"},
 	} {
 		wantRefused(t, c.env, c.want, c.args...)
 	}

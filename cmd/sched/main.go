@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/internal/durlimit"
 	"github.com/kiln-lm/kiln/internal/redismem"
 )
 
@@ -197,10 +198,6 @@ var flagTakes = []struct{ refusal, takes string }{
 	{"time: ", "is not a duration such as 30s, 5m or 1h30m"},
 }
 
-// durationWritten is a duration written as time.ParseDuration reads one,
-// whatever its size.
-var durationWritten = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
-
 // plainFlagError says what a flag takes where the parser's error names the
 // Go function that refused its value (strconv.ParseUint: parsing "-1":
 // invalid syntax); any other error is left as it is.
@@ -210,10 +207,8 @@ func plainFlagError(err error) error {
 		return err
 	}
 	value, flag, why := m[1], m[2], m[3]
-	if strings.HasPrefix(why, "time: ") && durationWritten.MatchString(strings.Trim(value, `"`)) {
-		// Go's words for a duration past its range are those of one
-		// written wrong.
-		return fmt.Errorf("%s %s is out of range: the longest duration is about 292 years (2562047h)", flag, value)
+	if strings.HasPrefix(why, "time: ") && durlimit.Past(strings.Trim(value, `"`)) {
+		return fmt.Errorf("%s %s is out of range: %s", flag, value, durlimit.Longest)
 	}
 	for _, t := range flagTakes {
 		if strings.Contains(why, t.refusal) {

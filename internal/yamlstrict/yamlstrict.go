@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/kiln-lm/kiln/internal/durlimit"
 )
 
 // Unmarshal decodes the YAML document b onto v (a pointer). An empty
@@ -169,6 +171,8 @@ func (e *DurationError) Error() string {
 		at += e.Key + ": "
 	}
 	switch {
+	case durlimit.Past(e.Value):
+		return fmt.Sprintf("%s%s is out of range: %s", at, e.Value, durlimit.Longest)
 	case !e.Number:
 		return fmt.Sprintf("%s%q is not a duration: write one such as 30s, 5m or 1h30m", at, e.Value)
 	case plainNumber.MatchString(e.Value):

@@ -137,6 +137,7 @@ func TestDurationsWithoutAUnitSayWhatToWrite(t *testing.T) {
 		"segment:\n  max_duration: 0x10\n":         "line 2: segment.max_duration: 0x10 has no unit: write a duration such as 30s, 5m or 1h",
 		"segment:\n  max_duration: 5 min\n":        `line 2: segment.max_duration: "5 min" is not a duration: write one such as 30s, 5m or 1h30m`,
 		"segment:\n  max_duration: true\n":         `line 2: segment.max_duration: "true" is not a duration: write one such as 30s, 5m or 1h30m`,
+		"segment:\n  max_duration: 3000000h\n":     "line 2: segment.max_duration: 3000000h is out of range: the longest duration is about 292 years (2562047h)",
 		"timeouts:\n  fetch: 10\n":                 "line 2: timeouts.fetch: 10 has no unit: write 10s (or 5m, 1h)",
 		"steps:\n  - wait: 2\n":                    "line 2: steps.wait: 2 has no unit: write 2s (or 5m, 1h)",
 		"grace: 30\n":                              "line 1: grace: 30 has no unit: write 30s (or 5m, 1h)",

@@ -197,7 +197,7 @@ func (e *env) isolatedShell(grace time.Duration, script string, log *zap.Logger)
 	w, err := New(Params{Redis: e.opt, Queues: map[string]int{scheduler.QueueGPU: 1}, Handlers: e.handlers, Logger: log,
 		ShutdownGrace: grace, ProgressEvery: time.Millisecond,
 		Isolate: &Isolation{Queues: []string{scheduler.QueueGPU}, Command: []string{"sh", "-c", script},
-			Env: []string{"KILN_TEST_READY=" + dir}, Output: os.Stderr}})
+			Env: []string{"KILN_TEST_READY=" + dir}, Output: os.Stderr, OutputWait: e.outputWait}})
 	if err != nil {
 		e.t.Fatal(err)
 	}

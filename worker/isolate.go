@@ -44,6 +44,14 @@ import (
 // a retry, whichever worker runs it, keeps its count. A worker that dies
 // itself loses its children with it (they get SIGKILL on Linux) and its
 // tasks come back through asynq's lease, as they would in process.
+//
+// What a child leaves behind when it ends (a shell's background job, a
+// helper it started) is killed with it, on Linux, where the child leads a
+// process group of its own: such a process holds the child's output and
+// outcome pipes open, and the worker, which reads them to their end,
+// would wait for it, its task reading as running until it ended, an hour
+// or never, and the queue's slot held meanwhile. One that left the group
+// is waited for OutputWait at most.
 type Isolation struct {
 	// Queues are the queues whose tasks each run in a child (required).
 	Queues []string
@@ -59,7 +67,16 @@ type Isolation struct {
 	// CrashTTL is how long a crash is remembered against its task id.
 	// Default DefaultCrashTTL.
 	CrashTTL time.Duration
+	// OutputWait bounds how long, once a child has ended, the worker
+	// waits for the rest of its output and outcome, which is in their
+	// pipes by then unless a process it left behind, outside its process
+	// group, holds them open. Default DefaultOutputWait.
+	OutputWait time.Duration
 }
+
+// DefaultOutputWait is Isolation.OutputWait's default: what an ended
+// child wrote is read in well under a millisecond.
+const DefaultOutputWait = 5 * time.Second
 
 // DefaultCrashTTL is Isolation.CrashTTL's default: longer than a task's
 // retries take, so that two crashes a day apart still make it poison.
@@ -87,6 +104,9 @@ func (iso *Isolation) resolve() (*Isolation, error) {
 	}
 	if r.CrashTTL <= 0 {
 		r.CrashTTL = DefaultCrashTTL
+	}
+	if r.OutputWait <= 0 {
+		r.OutputWait = DefaultOutputWait
 	}
 	return &r, nil
 }
@@ -199,6 +219,7 @@ func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	defer outR.Close()
 	cmd.ExtraFiles = []*os.File{outW}
 	cmd.SysProcAttr = childAttr()
+	cmd.WaitDelay = iso.OutputWait
 
 	// The child is started, and waited for, from one locked OS thread:
 	// on Linux it is killed when the thread that started it ends, which
@@ -212,6 +233,7 @@ func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
 			return
 		}
 		started <- nil
+		endGroup(cmd.Process.Pid)
 		exited <- cmd.Wait()
 	}()
 	err = <-started
@@ -219,9 +241,12 @@ func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return fmt.Errorf("start the task's process %s: %w", iso.Command[0], err)
 	}
-	outcome := make(chan []byte, 1)
+	// held is set where the outcome's pipe was still open OutputWait after
+	// the child ended.
+	outcome, held := make(chan []byte, 1), false
 	go func() {
-		b, _ := io.ReadAll(outR)
+		b, err := io.ReadAll(outR)
+		held = errors.Is(err, os.ErrDeadlineExceeded)
 		outcome <- b
 	}()
 
@@ -242,7 +267,12 @@ func (h isolated) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		}
 		grace.Stop()
 	}
+	_ = outR.SetReadDeadline(time.Now().Add(iso.OutputWait))
 	b := <-outcome
+	if held || errors.Is(waitErr, exec.ErrWaitDelay) {
+		w.p.Logger.Warn("the task's process left a process behind that holds its output open; the task ended without waiting for it",
+			zap.String("task_id", id), zap.Duration("waited", iso.OutputWait))
+	}
 	Progress(ctx).adopt(ctx)
 
 	var out childOutcome

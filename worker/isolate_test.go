@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/model"
@@ -501,4 +504,98 @@ func completed(qs []scheduler.QueueStatus, queue string) int {
 		}
 	}
 	return 0
+}
+
+// leftBehind is the script of a task's process that starts a process
+// which outlives it (left, the shell run by start: it writes its pid to
+// pidFile, then sleeps an hour), waits until it has written its pid, and
+// exits 3 at a stop, leaving it running.
+func leftBehind(start, pidFile string) string {
+	return fmt.Sprintf(`trap 'exit 3' TERM; %s sh -c 'echo $$ > %s; exec sleep 3600' & `+
+		`while [ ! -s %s ]; do sleep 0.01; done; : > "$KILN_TEST_READY/$$"; wait`, start, pidFile, pidFile)
+}
+
+// leftPid is the pid leftBehind's process wrote to pidFile; the test's end
+// kills it, where it still runs.
+func leftPid(t *testing.T, pidFile string) int {
+	t.Helper()
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("%s: %v", pidFile, err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	return pid
+}
+
+// running reports whether process pid still runs (a zombie, killed and
+// not yet reaped by init, does not).
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: the state follows the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// A task's process that dies at a cancel, leaving behind a process it
+// started (a shell's background job, a helper), ends its task as any that
+// dies does, and the process left behind is killed with it. It held the
+// child's output and outcome pipes open, which the worker reads to their
+// end: the task read as running until it ended, an hour later, and the
+// gpu queue ran nothing else meanwhile.
+func TestAProcessLeftBehindByATasksProcessIsKilledWithIt(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("a task's process has a process group of its own on Linux only")
+	}
+	t.Parallel()
+	e := newEnv(t)
+	pidFile := filepath.Join(t.TempDir(), "left")
+	ready, _ := e.isolatedShell(time.Hour, leftBehind("", pidFile), zap.NewNop())
+	e.heldRun()
+	id := e.enqueue(scheduler.TrainSegment{Run: "held"})
+	ready(id)
+	left := leftPid(t, pidFile)
+	if _, err := e.c.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSays(id, "cancelled by sched cancel: its process ended as it stopped, without saying where (exit status 3), so the steps since its last checkpoint may be lost "+
+		"(it had reached step 250 of 1000; object storage's newest checkpoint: step 247); 'sched enqueue train held' resumes the run from its last checkpoint")
+	if running(left) {
+		t.Errorf("process %d, left behind by the task's process, still runs after the task ended", left)
+	}
+	// The queue's slot is free: the next task runs.
+	next := e.enqueue(heldArgs{})
+	ready(next)
+}
+
+// A process left behind that left the task's process group too (setsid),
+// which the worker cannot kill with it, holds the task's end back
+// Isolation.OutputWait at most, and a warning says so.
+func TestAProcessLeftBehindOutsideItsGroupHoldsTheTasksEndBackForAWhileOnly(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid: ", err)
+	}
+	t.Parallel()
+	e := newEnv(t)
+	e.outputWait = 100 * time.Millisecond
+	core, logs := observer.New(zap.InfoLevel)
+	pidFile := filepath.Join(t.TempDir(), "left")
+	ready, _ := e.isolatedShell(time.Hour, leftBehind("setsid", pidFile), zap.New(core))
+	id := e.enqueue(heldArgs{})
+	ready(id)
+	leftPid(t, pidFile)
+	if _, err := e.c.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	e.waitSays(id, "cancelled by sched cancel: its process ended as it stopped, without saying where (exit status 3); 'sched retry "+id+"' runs it again")
+	if held := logs.FilterField(zap.String("task_id", id)).FilterMessageSnippet("left a process behind").All(); len(held) != 1 || held[0].Level != zap.WarnLevel {
+		t.Errorf("the worker's log of the process left behind: %v; want one warning", held)
+	}
 }

@@ -136,6 +136,8 @@ type env struct {
 	log *zap.Logger
 	// redact is the in-process worker's Params.Redact.
 	redact func(string) string
+	// outputWait is isolatedShell's Isolation.OutputWait; 0: its default.
+	outputWait time.Duration
 }
 
 func newEnv(t *testing.T) *env {

@@ -100,6 +100,9 @@ func noMarks(t *testing.T, what, msg string) {
 func TestACancelledTaskSaysWhatRunsItAgain(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	// The cancel's message stops the task here, not its mark (below: the
+	// mark alone, without the message, is set first).
+	e.cancelCheckEvery = time.Hour
 	e.handlers.Extra = append(e.handlers.Extra, HandlerFunc(stopped))
 	e.startInProcess()
 	ctx := context.Background()
@@ -148,6 +151,31 @@ func TestACancelledTaskSaysWhatRunsItAgain(t *testing.T) {
 	e.waitFor(id, time.Minute, "archived with its stop's words", func(ts scheduler.TaskStatus) bool {
 		return ts.State == "archived" && ts.Retried > 0 && ts.Progress.State == "failed" && said(id).MatchString(ts.Progress.Message)
 	})
+}
+
+// A cancel whose message no subscription heard (published while the
+// worker was connecting to Redis, or connecting again after its
+// connection dropped) stops the task still, by the mark it left: the task
+// ran on, and sched cancel answered "cancelling".
+func TestACancelWhoseMessageNoWorkerHeardStopsTheTaskByItsMark(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.cancelCheckEvery = 20 * time.Millisecond
+	e.handlers.Extra = append(e.handlers.Extra, HandlerFunc(stopped))
+	e.startInProcess()
+	id := e.enqueue(stoppedArgs{slowArgs: slowArgs{Name: "unheard", Steps: 100_000, StepMS: 10}})
+	e.waitFor(id, time.Minute, "past its first step", func(ts scheduler.TaskStatus) bool { return ts.Progress.Fraction > 0 })
+	// The cancel's mark, without its message.
+	if err := e.rdb.Set(context.Background(), "kiln:cancel:"+id, time.Now().Unix(), time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	said := regexp.MustCompile(`^cancelled by sched cancel \(its last report: step \d+\); 'sched retry ` + regexp.QuoteMeta(id) + `' runs it again$`)
+	ts := e.waitFor(id, time.Minute, "archived as cancelled", func(ts scheduler.TaskStatus) bool {
+		return ts.State == "archived" && ts.Cancelled && ts.Progress.State == "failed"
+	})
+	if !said.MatchString(ts.Progress.Message) || ts.Retried != 0 {
+		t.Fatalf("the task cancelled by its mark alone: retried %d, %q; want no retry used, %v", ts.Retried, ts.Progress.Message, said)
+	}
 }
 
 // A training segment that sched cancel stopped says the step it stopped

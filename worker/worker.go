@@ -62,6 +62,11 @@ type Params struct {
 	// latency. Default 100ms: about ten polls a second per idle queue, which
 	// Redis does not notice.
 	TaskCheckInterval time.Duration
+	// CancelCheckEvery is how often a running task's cancel mark is read,
+	// for a `sched cancel` whose message reached no subscription of this
+	// worker's (it was connecting or reconnecting to Redis as the cancel
+	// was published). Default DefaultCancelCheckEvery.
+	CancelCheckEvery time.Duration
 	// AppendClaim is this worker's claim on the append queue (ClaimAppend),
 	// required where the worker serves it outside a test. Should a worker
 	// of another disk take it, this worker stops serving append and
@@ -71,6 +76,11 @@ type Params struct {
 	// status once the claim may have lapsed.
 	AppendClaim *AppendClaim
 }
+
+// DefaultCancelCheckEvery is Params.CancelCheckEvery's default: well
+// inside the 15 s `sched cancel` waits for a task to stop, at one read of
+// Redis a running task.
+const DefaultCancelCheckEvery = 3 * time.Second
 
 // DefaultTaskCheckInterval is Params.TaskCheckInterval's default.
 const DefaultTaskCheckInterval = 100 * time.Millisecond
@@ -209,6 +219,9 @@ func New(p Params) (*Worker, error) {
 	}
 	if p.TaskCheckInterval <= 0 {
 		p.TaskCheckInterval = DefaultTaskCheckInterval
+	}
+	if p.CancelCheckEvery <= 0 {
+		p.CancelCheckEvery = DefaultCancelCheckEvery
 	}
 	w := &Worker{p: p, set: set, iso: iso, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
 	w.drain, w.cancelDrain = context.WithCancel(context.Background())
@@ -464,6 +477,9 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		defer cancel()
 		stop := context.AfterFunc(drain, cancel)
 		defer stop()
+		if !notAgain {
+			defer w.watchCancel(ctx, id, cancel)()
+		}
 		log.Info("task started")
 
 		// Registered first, so run last: once the task's end is said, and
@@ -565,6 +581,36 @@ func (w *Worker) middleware(next asynq.Handler) asynq.Handler {
 		}
 		return next.ProcessTask(ctx, t)
 	})
+}
+
+// watchCancel reads task id's cancel mark every CancelCheckEvery until
+// the returned function is called, and calls cancel once it is there.
+// `sched cancel` marks the task, then publishes the cancel, which asynq's
+// subscription hands to the task's handler; a publish while the worker's
+// subscription is not live (connecting at its start, or again after a
+// connection to Redis dropped) reaches no one, and the task ran on, the
+// cancel answered "cancelling". The mark stays: the task stops once it is
+// read, as if the message had come.
+func (w *Worker) watchCancel(ctx context.Context, id string, cancel context.CancelFunc) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(w.p.CancelCheckEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				if scheduler.IsCancelled(ctx, w.rdb, id) {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // RedisEndWait bounds how long a task's end is held back while Redis does

@@ -138,6 +138,8 @@ type env struct {
 	redact func(string) string
 	// outputWait is isolatedShell's Isolation.OutputWait; 0: its default.
 	outputWait time.Duration
+	// cancelCheckEvery is serve's Params.CancelCheckEvery; 0: its default.
+	cancelCheckEvery time.Duration
 }
 
 func newEnv(t *testing.T) *env {
@@ -162,7 +164,7 @@ func (e *env) serve(queues map[string]int) {
 		log = zap.NewNop()
 	}
 	w, err := New(Params{Redis: e.opt, Queues: queues, Handlers: e.handlers, Logger: log, Redact: e.redact,
-		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond})
+		DelayedTaskCheckInterval: 200 * time.Millisecond, ProgressEvery: time.Millisecond, CancelCheckEvery: e.cancelCheckEvery})
 	if err != nil {
 		e.t.Fatal(err)
 	}

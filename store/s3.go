@@ -252,9 +252,9 @@ func (s *S3) ensureBucket(ctx context.Context) error {
 	if s.bucket {
 		return nil
 	}
-	ok, err := s.c.BucketExists(ctx, s.o.Bucket)
+	ok, err := s.bucketExists(ctx, "check bucket")
 	if err != nil {
-		return s.wrap("check bucket", "", err)
+		return err
 	}
 	if !ok {
 		err := s.c.MakeBucket(ctx, s.o.Bucket, minio.MakeBucketOptions{})
@@ -374,9 +374,9 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	ctx = withStallBudget(ctx)
 	// minio-go's GetObject is lazy; Stat first so that a missing object is
 	// reported here rather than on the first Read.
-	oi, err := s.c.StatObject(ctx, s.o.Bucket, key, minio.StatObjectOptions{})
+	oi, err := s.stat(ctx, key)
 	if err != nil {
-		return nil, s.wrap("stat", key, err)
+		return nil, err
 	}
 	b := &s3Body{s: s, ctx: ctx, key: key, etag: oi.ETag}
 	if err := b.open(); err != nil {
@@ -464,9 +464,9 @@ func (b *s3Body) Read(p []byte) (int, error) {
 			// changes, and this is no fault of the store's.
 			b.restated++
 			b.o.Close()
-			oi, serr := b.s.c.StatObject(b.ctx, b.s.o.Bucket, b.key, minio.StatObjectOptions{})
+			oi, serr := b.s.stat(b.ctx, b.key)
 			if serr != nil {
-				return 0, b.s.wrap("stat", b.key, serr)
+				return 0, serr
 			}
 			b.etag = oi.ETag
 			if oerr := b.open(); oerr != nil {
@@ -493,11 +493,70 @@ func (s *S3) Stat(ctx context.Context, key string) (Info, error) {
 		return Info{}, err
 	}
 	ctx = withStallBudget(ctx)
-	oi, err := s.c.StatObject(ctx, s.o.Bucket, key, minio.StatObjectOptions{})
+	oi, err := s.stat(ctx, key)
 	if err != nil {
-		return Info{}, s.wrap("stat", key, err)
+		return Info{}, err
 	}
 	return Info{Key: oi.Key, Size: oi.Size, Modified: oi.LastModified}, nil
+}
+
+// stat is StatObject, a HEAD, whose 404 is confirmed (confirmMissing)
+// before it is reported as the object missing.
+func (s *S3) stat(ctx context.Context, key string) (minio.ObjectInfo, error) {
+	oi, err := s.c.StatObject(ctx, s.o.Bucket, key, minio.StatObjectOptions{})
+	if err == nil {
+		return oi, nil
+	}
+	if minio.ToErrorResponse(err).StatusCode == http.StatusNotFound {
+		if cerr := s.confirmMissing(ctx, "stat", key); cerr != nil {
+			return oi, cerr
+		}
+	}
+	return oi, s.wrap("stat", key, err)
+}
+
+// bucketExists is BucketExists, a HEAD, whose "no bucket" (its 404) is
+// confirmed (confirmMissing).
+func (s *S3) bucketExists(ctx context.Context, op string) (bool, error) {
+	ok, err := s.c.BucketExists(ctx, s.o.Bucket)
+	if err != nil {
+		return false, s.wrap(op, "", err)
+	}
+	if !ok {
+		if cerr := s.confirmMissing(ctx, op, ""); cerr != nil {
+			return false, cerr
+		}
+	}
+	return ok, nil
+}
+
+// confirmMissing asks the store, after a HEAD of key (the bucket where key
+// is "") was answered 404, whether it takes this store's keys at all: nil
+// where it does, and the 404 stands; the error of op otherwise. A HEAD's
+// answer has no body to name its code, and versitygw answers a request
+// signed with an access key it does not know (keys rotated or revoked) with
+// a 404 whose code (XAdminUserNotFound) only a body carries: minio-go reads
+// that bare 404 as NoSuchKey, or as no bucket. A listing of one key from
+// key on is answered with a body, so its error is classed as every other
+// request's: the keys refused, the store not answering. Real S3 and MinIO
+// answer a HEAD with refused keys 403, classed without this; an object
+// found costs no listing.
+func (s *S3) confirmMissing(ctx context.Context, op, key string) error {
+	noOwner := false
+	for oi := range s.c.ListObjectsIter(ctx, s.o.Bucket, minio.ListObjectsOptions{Prefix: key, Recursive: true, MaxKeys: 1, FetchOwner: &noOwner}) {
+		if oi.Err == nil {
+			break
+		}
+		err := s.wrap(op, key, oi.Err)
+		if errors.Is(err, ErrNotFound) {
+			// No bucket, with keys the store takes.
+			return nil
+		}
+		return err
+	}
+	// None where the listing is empty, or where ctx ended before it was
+	// sent.
+	return s.wrap(op, key, ctx.Err())
 }
 
 // List implements Store. A bucket that does not exist yet lists empty.
@@ -540,9 +599,9 @@ func (s *S3) Delete(ctx context.Context, key string) error {
 // say that it is missing.
 func (s *S3) Check(ctx context.Context) (bucket bool, err error) {
 	ctx = withStallBudget(ctx)
-	ok, err := s.c.BucketExists(ctx, s.o.Bucket)
+	ok, err := s.bucketExists(ctx, "check")
 	if err != nil {
-		return false, s.wrap("check", "", err)
+		return false, err
 	}
 	if ok {
 		s.mu.Lock()

@@ -434,6 +434,20 @@ func (s *S3Server) Start() {
 	}
 }
 
+// StartWithKeys restarts a stopped server on the same port and directory
+// with other credentials (keys rotated or revoked under clients that keep
+// the old ones), and waits until it answers HTTP. AccessKey and SecretKey
+// keep the keys it was started with; Start starts it with those again.
+func (s *S3Server) StartWithKeys(access, secret string) {
+	s.p.t.Helper()
+	args := append([]string(nil), s.p.args...)
+	s.p.args = []string{"--port", s.Endpoint, "--access", access, "--secret", secret, "--quiet", "posix", s.Dir}
+	defer func() { s.p.args = args }()
+	if err := s.p.start(); err != nil {
+		s.p.t.Fatalf("testsvc: restart with other keys: %v", err)
+	}
+}
+
 // httpUp succeeds once the server answers HTTP at all: an unauthenticated
 // request gets 403 from a working S3 server, which is what "up" means here.
 func httpUp(ctx context.Context, url string) error {

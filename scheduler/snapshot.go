@@ -415,10 +415,11 @@ func ProcessEndedAtStop(msg string) bool {
 	return strings.HasPrefix(msg, CancelledBy+": its process ") || strings.HasPrefix(msg, InterruptedBy+": its process ")
 }
 
-// RedoCancelled says what runs a task that `sched cancel` archived again:
-// a training segment is a stretch of its run, which 'sched enqueue train
-// RUN' resumes from its last checkpoint, with nothing redone; any other
-// task runs again whole with 'sched retry ID'.
+// RedoCancelled says what runs a task that `sched cancel` archived again,
+// or one archived once its retries were spent: a training segment is a
+// stretch of its run, which 'sched enqueue train RUN' resumes from its
+// last checkpoint, with nothing redone; any other task runs again whole
+// with 'sched retry ID'.
 func RedoCancelled(kind, id string, payload []byte) string {
 	if kind == KindTrainSegment {
 		if a, err := DecodeTask[TrainSegment](payload); err == nil && a.Run != "" {

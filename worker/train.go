@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -424,7 +425,9 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	if set == nil {
 		var err error
 		if set, err = runs.Load(file); err != nil && edited {
-			return &WaitError{For: fmt.Sprintf("this worker's KILN_RUNS to read (%v): mend it on the worker; the run goes on from step %d once it reads", err, a.FromStep)}
+			// One clause after the file's error: a line too short for
+			// the whole keeps its last clause, what to do.
+			return &WaitError{For: fmt.Sprintf("this worker's KILN_RUNS to read (%v): mend it on the worker, and the run goes on from step %d once it reads", err, a.FromStep)}
 		} else if err != nil {
 			return fmt.Errorf("train:segment: this worker's KILN_RUNS: %w; mend it on the worker, then 'sched enqueue train %s' (%w)", err, a.Run, asynq.SkipRetry)
 		}
@@ -506,9 +509,28 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 			uses, err = local, nil
 		}
 	}
+	if gone := (*catalog.NotFoundError)(nil); errors.As(err, &gone) {
+		// Deleted from object storage and from this disk: a run with
+		// checkpoints trains with the tokenizer they were trained with,
+		// which each holds a copy of, and which nothing else gives back
+		// (a tokenizer trained again under its name is another, which
+		// the run refuses and which a published name never gives way
+		// to). That copy, checked against its checkpoint's record, is
+		// published again; a run not begun is told how to make one.
+		var c segment.TokenizerCopy
+		if uses, c, err = segment.PutBackTokenizer(ctx, t.Objects, t.DataDir, a.Run, segment.RunDir(t.Dir, a.Run), gone); err == nil {
+			log.Warn("the run's tokenizer was in neither object storage nor this machine's data directory: put back from its checkpoint's copy",
+				zap.String("run", a.Run), zap.String("tokenizer", name), zap.String("from", c.From), zap.String("sha256", c.SHA256))
+		}
+	}
 	if err != nil {
 		// An unknown or conflicting name does not fix itself by waiting.
-		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: tokenizer %s: %w", a.Run, name, err))
+		// The catalog's errors name the tokenizer (they read "tokenizer
+		// x: tokenizer "x" is not known" where it was named again).
+		if !strings.Contains(err.Error(), name) {
+			err = fmt.Errorf("tokenizer %s: %w", name, err)
+		}
+		return permanent(scheduler.KindTrainSegment, ofRun(a.Run, err))
 	}
 	tok, err := os.ReadFile(uses.Path)
 	if err != nil {
@@ -546,7 +568,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		if gpuOnly {
 			err = requireGPUError(err)
 		}
-		return permanent(scheduler.KindTrainSegment, fmt.Errorf("run %s: %w", a.Run, runs.SizeAdvice(a.Run, t.noStoreAdvice(ctx, a.Run, err))))
+		return permanent(scheduler.KindTrainSegment, ofRun(a.Run, runs.SizeAdvice(a.Run, t.noStoreAdvice(ctx, a.Run, err))))
 	}
 	total := out.TotalSteps
 	if out.Done {
@@ -571,6 +593,16 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		}
 	}
 	return nil
+}
+
+// ofRun is err, a segment's, said of run: named once, where the segment's
+// own words name it already (several begin "run <name>: "), where they
+// read "run he: run he: no checkpoint of it ...".
+func ofRun(run string, err error) error {
+	if msg := err.Error(); strings.HasPrefix(msg, "run "+run+": ") || strings.HasPrefix(msg, "run "+run+" ") {
+		return err
+	}
+	return fmt.Errorf("run %s: %w", run, err)
 }
 
 // longerTotal is the total steps run's entry gives now, in the runs the

@@ -326,15 +326,15 @@ func printSubmitted(w io.Writer, a scheduler.Args, s scheduler.Submitted, err er
 		// no attempt failed, and "waiting to retry" would say one did.
 		fmt.Fprintf(w, "%s was queued again after its worker's shutdown (no retry used); running it now%s\n", s.Info.ID, resumes)
 	case s.Was == "retry" && s.Reported == "waiting":
-		fmt.Fprintf(w, "%s was waiting (no retry used): %q; running it now%s\n", s.Info.ID, scheduler.OneLine(s.LastErr, 200), resumes)
+		fmt.Fprintf(w, "%s was waiting (no retry used): %q; running it now%s\n", s.Info.ID, keepRemedy(errorLine(s.LastErr, taskErrRunes), 200, s.Info.ID), resumes)
 	case s.Was == "retry":
-		fmt.Fprintf(w, "%s was waiting to retry after %q; running it now%s\n", s.Info.ID, scheduler.OneLine(s.LastErr, 200), resumes)
+		fmt.Fprintf(w, "%s was waiting to retry after %q; running it now%s\n", s.Info.ID, keepRemedy(errorLine(s.LastErr, taskErrRunes), 200, s.Info.ID), resumes)
 	case s.Was == "archived" && s.Cancelled:
 		fmt.Fprintf(w, "queued %s on %s again (it had been cancelled by sched cancel)%s\n", s.Info.ID, s.Info.Queue, resumes)
 	case s.Was == "archived":
 		why := ""
 		if s.LastErr != "" {
-			why = fmt.Sprintf(" after %q", scheduler.OneLine(s.LastErr, 200))
+			why = fmt.Sprintf(" after %q", keepRemedy(errorLine(s.LastErr, taskErrRunes), 200, s.Info.ID))
 		}
 		fmt.Fprintf(w, "queued %s on %s again (it had stopped%s)%s\n", s.Info.ID, s.Info.Queue, why, resumes)
 	default:

@@ -326,7 +326,7 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) (run
 		}
 		return runAt{}, nil, badInput("run %s: %v", run.Name, runs.SizeAdvice(run.Name, err))
 	}
-	uses, err := checkRunTokenizer(ctx, tc, run.Name, tok, rc.Model, mc)
+	uses, putBack, err := checkRunTokenizer(ctx, tc, run.Name, tok, rc.Model, mc)
 	if err != nil {
 		return runAt{}, nil, err
 	}
@@ -353,14 +353,18 @@ func checkRun(ctx context.Context, tc trainCheck, run runs.Run, tok string) (run
 				m.Store, held, run.Name, rc.Seq, need))
 		}
 	}
+	var notes []string
+	if putBack != "" {
+		notes = append(notes, putBack)
+	}
 	if rc.EvalEvery <= 0 || rc.EvalBatches <= 0 {
-		return at, nil, nil
+		return at, notes, nil
 	}
 	if !filling && most < need {
 		return runAt{}, nil, badInput("run %s: its token stores hold at most %d tokens, too few for one evaluation window (about 1 window of %d tokens in %d is held out, the first of them at window %d, so a store needs %d tokens): ingest more, or set eval_every: 0 in the run",
 			run.Name, most, rc.Seq+1, tokens.DefaultHoldOut, first, need)
 	}
-	return at, short, nil
+	return at, append(notes, short...), nil
 }
 
 // checkResume refuses a resume from step from that the worker would
@@ -400,40 +404,53 @@ func printNotes(w io.Writer, notes []string) {
 
 // checkRunTokenizer refuses a run's tokenizer that neither exists nor is
 // being made, or that has more ids than the model; it returns the
-// tokenizer, or nil while it is being made.
-func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName string, mc model.Config) (*catalog.Entry, error) {
+// tokenizer, or nil while it is being made. A run with checkpoints whose
+// tokenizer is gone has it put back from the copy they hold
+// (segment.PutBackTokenizer), as its segment would, and the note to print
+// says so.
+func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName string, mc model.Config) (*catalog.Entry, string, error) {
 	if name == "" {
-		return nil, badInput("run %s names no tokenizer: set tokenizer: in its runs entry, or pass --tokenizer NAME", run)
+		return nil, "", badInput("run %s names no tokenizer: set tokenizer: in its runs entry, or pass --tokenizer NAME", run)
 	}
 	entry, _, err := catalog.New(tc.objects, tc.cfg.DataDir).Resolve(ctx, name)
 	var nf *catalog.NotFoundError
+	note := ""
 	switch {
 	case errors.As(err, &nf):
 		live, lerr := tc.q.LiveTokenizer(ctx, name)
 		if lerr != nil {
-			return nil, lerr
+			return nil, "", lerr
 		}
-		if live == nil {
-			// The request as the run needs it.
+		if live != nil {
+			// Its ids are not known yet, but the number it was asked
+			// for is: more than the model holds, and the segment would
+			// fail once the tokenizer is made.
+			if asked := liveTokenizerVocab(live); asked > mc.VocabSize {
+				return nil, "", badInput("run %s: tokenizer %s, being made (task %s), was asked for %d ids but the %s model's vocab_size is %d: the run could never use it; give the run a tokenizer of at most %d ids ('sched enqueue tokenizer <another name> --vocab %d'), or a model with a larger vocab_size",
+					run, name, live.ID, asked, modelName, mc.VocabSize, mc.VocabSize, mc.VocabSize)
+			}
+			return nil, "", nil // the worker waits for it
+		}
+		var c segment.TokenizerCopy
+		entry, c, err = segment.PutBackTokenizer(ctx, tc.objects, tc.cfg.DataDir, run, "", nf)
+		switch {
+		case errors.Is(err, nf):
+			// A run not begun: the request as the run needs it.
 			request := tokenizerFor(name, mc.VocabSize)
-			return nil, badInput("run %s trains with tokenizer %s, which does not exist yet: make it first with '%s' (the %s model's vocab_size; 'sched tokenizers' lists the existing ones)", run, name, request, modelName)
+			return nil, "", badInput("run %s trains with tokenizer %s, which does not exist yet: make it first with '%s' (the %s model's vocab_size; 'sched tokenizers' lists the existing ones)", run, name, request, modelName)
+		case err != nil:
+			return nil, "", err
 		}
-		// Its ids are not known yet, but the number it was asked for is:
-		// more than the model holds, and the segment would fail once the
-		// tokenizer is made.
-		if asked := liveTokenizerVocab(live); asked > mc.VocabSize {
-			return nil, badInput("run %s: tokenizer %s, being made (task %s), was asked for %d ids but the %s model's vocab_size is %d: the run could never use it; give the run a tokenizer of at most %d ids ('sched enqueue tokenizer <another name> --vocab %d'), or a model with a larger vocab_size",
-				run, name, live.ID, asked, modelName, mc.VocabSize, mc.VocabSize, mc.VocabSize)
-		}
-		return nil, nil // the worker waits for it
+		note = fmt.Sprintf("note: tokenizer %s was in neither object storage nor this machine's data directory: put back from %s, the copy run %s's checkpoint of step %d holds (sha256 %.12s, as that checkpoint records it)",
+			name, c.From, run, c.Step, c.SHA256)
 	case err != nil:
-		return nil, err
+		return nil, "", err
 	}
 	if entry.VocabSize > mc.VocabSize {
-		return nil, badInput("run %s: tokenizer %s has %d ids but the %s model's vocab_size is %d: use a tokenizer of at most %d ids, or a model with a larger vocab_size",
+		return nil, "", badInput("run %s: tokenizer %s has %d ids but the %s model's vocab_size is %d: use a tokenizer of at most %d ids, or a model with a larger vocab_size",
 			run, name, entry.VocabSize, modelName, mc.VocabSize, mc.VocabSize)
 	}
-	return &entry, nil
+	return &entry, note, nil
 }
 
 // liveTokenizerVocab is the vocabulary a live tokenizer task was asked

@@ -138,7 +138,7 @@ func outcomeLine(t scheduler.TaskStatus) string {
 		if t.Retried > 0 {
 			attempts = fmt.Sprintf("%d attempts", t.Retried+1)
 		}
-		parts = append(parts, fmt.Sprintf("failed for good after %s: %s", attempts, failureErr(t, 200)))
+		parts = append(parts, fmt.Sprintf("failed for good after %s: %s%s", attempts, failureErr(t, 200), spentNote(t)))
 	case setBack(t) == "interrupted":
 		// After its state word: "interrupted  by a worker's shutdown ...".
 		if scheduler.ProcessEndedAtStop(t.Progress.Message) {
@@ -153,7 +153,7 @@ func outcomeLine(t scheduler.TaskStatus) string {
 		if t.State == "retry" {
 			when = "looks again at " + t.NextRun.Local().Format("15:04:05")
 		}
-		parts = append(parts, fmt.Sprintf("%s; %s (no retry used)", scheduler.OneLine(t.Progress.Message, 240), when))
+		parts = append(parts, fmt.Sprintf("%s; %s (no retry used)", keepRemedy(errorLine(t.Progress.Message, taskErrRunes), 240, t.ID), when))
 	case t.State == "retry" && t.Retried == 0:
 		// Set back without a failure, its worker's report of why lost.
 		parts = append(parts, "re-queued (no retry used): "+failureErr(t, 200))

@@ -126,8 +126,8 @@ func (v *runView) classify() {
 		}
 	case back == "waiting":
 		v.Status = runWaiting
-		// Whole: what it waits for ends with what to do.
-		v.Detail = scheduler.OneLine(t.Progress.Message, 240) + " (" + waitNote(*t) + ")"
+		// What it waits for ends with what to do, which a cut keeps.
+		v.Detail = keepRemedy(errorLine(t.Progress.Message, taskErrRunes), 240, t.ID) + " (" + waitNote(*t) + ")"
 	case state == "pending" || state == "scheduled":
 		v.Status = runQueued
 	case state == "retry" && t.Retried == 0:
@@ -156,6 +156,15 @@ func (v *runView) classify() {
 	case state == "archived":
 		v.Status = runFailed
 		v.Detail = failureErr(*t, 160)
+		if retriesSpent(*t) {
+			// The cause is the error's to say, with what to mend; then
+			// what resumes the run, as a cancelled run's line says.
+			resumes := "resumes it from its last checkpoint"
+			if !v.HasState || v.Checkpoint <= 0 {
+				resumes = "starts it"
+			}
+			v.Detail += "; once that is mended, 'sched enqueue train " + v.Run + "' " + resumes
+		}
 	case !v.HasState:
 		v.Status = runNotStarted
 	default:

@@ -652,7 +652,7 @@ func taskLine(ts scheduler.TaskStatus, runs map[string]scheduler.RunState, now t
 		parts = append(parts, s)
 	}
 	if failed {
-		parts = append(parts, "last error: "+errorLine(ts.LastErr, errRunes))
+		parts = append(parts, "last error: "+errorLine(ts.LastErr, errRunes)+spentNote(ts))
 	}
 	if cancelled {
 		parts = append(parts, cancelledNote(ts, now, errRunes))
@@ -984,14 +984,36 @@ func failureLine(t scheduler.TaskStatus) string {
 	if subject == "" {
 		subject = t.Kind
 	}
-	return fmt.Sprintf("%s  %s  %s  %s: %s", t.LastFailed.Local().Format("15:04:05"), t.ID, subject, what, failureErr(t, listErrRunes))
+	return fmt.Sprintf("%s  %s  %s  %s: %s", t.LastFailed.Local().Format("15:04:05"), t.ID, subject, what, failureErr(t, listErrRunes)+spentNote(t))
+}
+
+// spentNote is, for a task archived as its last attempt failed, its
+// retries spent, what runs it again once the cause is mended, as a clause
+// to add after its error ("" for any other task): the error says what to
+// mend, for an attempt to come, where a cancelled task's line says what
+// resumes it. A training segment's run resumes from its last checkpoint
+// (docs/operations.md, "Resuming").
+func spentNote(t scheduler.TaskStatus) string {
+	if !retriesSpent(t) {
+		return ""
+	}
+	return "; once that is mended, " + scheduler.RedoCancelled(t.Kind, t.ID, t.Payload)
+}
+
+// retriesSpent reports whether t was archived as its last attempt failed:
+// not cancelled, and its retries all used (a failure that no retry mends,
+// archived at once, says what to do in its own words).
+func retriesSpent(t scheduler.TaskStatus) bool {
+	return t.State == "archived" && !t.Cancelled && t.MaxRetry > 0 && t.Retried >= t.MaxRetry
 }
 
 // failureErr is a task's last error as every one-line view says it
 // (FAILURES, sched runs, a run's line), cut to about n runes. Kiln's
 // errors end with what to do, after their last "; "
 // ("...; enqueue the ingest again ('sched enqueue ingest'), which makes it
-// again"), which a cut at n would drop: a longer one keeps that last
+// again") or, in one without, their last ": " ("...below min_free_disk
+// 40.0 TiB: free space on that disk, or lower min_free_disk in a runs
+// file"), which a cut at n would drop: a longer one keeps that last
 // clause whole after the cut, and one whose last clause would take most of
 // the line says where it is read whole ('sched status <task-id>').
 func failureErr(t scheduler.TaskStatus, n int) string {
@@ -999,19 +1021,54 @@ func failureErr(t scheduler.TaskStatus, n int) string {
 }
 
 // keepRemedy is msg, one line, cut to about n runes as failureErr cuts
-// task id's error: its last "; " clause, what to do, kept whole, and a
-// parenthesis the cut leaves open closed.
+// task id's error: its last clause, what to do (remedyAt), kept whole, and
+// a parenthesis the cut leaves open closed.
 func keepRemedy(msg string, n int, id string) string {
 	if utf8.RuneCountInString(msg) <= n {
 		return msg
 	}
-	if i := strings.LastIndex(msg, "; "); i >= 0 {
-		tail := msg[i+2:]
+	if i, sep := remedyAt(msg); i >= 0 {
+		tail := msg[i+len(sep):]
 		if head := n - utf8.RuneCountInString(tail) - 3; head >= n/3 {
 			kept := string([]rune(msg[:i])[:head])
 			// A parenthesis the cut leaves open is closed after it.
-			return kept + "…" + strings.Repeat(")", max(strings.Count(kept, "(")-strings.Count(kept, ")"), 0)) + "; " + tail
+			return kept + "…" + strings.Repeat(")", max(strings.Count(kept, "(")-strings.Count(kept, ")"), 0)) + sep + tail
 		}
 	}
 	return scheduler.OneLine(msg, n) + " ('sched status " + id + "' says it whole)"
+}
+
+// remedyAt is where msg's last clause, what to do, begins (-1 where it
+// has none), and the separator before it: its last "; ", or, in a message
+// with none, its last ": ". One inside parentheses is another error's,
+// quoted in msg, and separates none of msg's clauses (a wait for a runs
+// file that does not read ends "(runs file ...: line 122: mapping key
+// ...): mend it on the worker, and ..."); where msg's parentheses do not
+// pair up, its last "; " anywhere is taken, as it was before parentheses
+// were counted.
+func remedyAt(msg string) (int, string) {
+	semi, colon, depth := -1, -1, 0
+	for i := 0; i+1 < len(msg); i++ {
+		switch {
+		case msg[i] == '(':
+			depth++
+		case msg[i] == ')':
+			depth = max(depth-1, 0)
+		case depth > 0 || msg[i+1] != ' ':
+		case msg[i] == ';':
+			semi = i
+		case msg[i] == ':':
+			colon = i
+		}
+	}
+	switch {
+	case depth == 0 && semi >= 0:
+		return semi, "; "
+	case depth == 0 && colon >= 0:
+		return colon, ": "
+	}
+	if i := strings.LastIndex(msg, "; "); i >= 0 {
+		return i, "; "
+	}
+	return -1, ""
 }

@@ -242,11 +242,14 @@ func parse(b []byte, source string, base Set) (Set, error) {
 				source, top.Content[i].Line, name, is)}
 		}
 		// A from: key must be read before the body so that the body
-		// applies on top of the run it names.
-		var head struct {
-			From string `yaml:"from"`
-		}
-		if err := body.Decode(&head); err != nil {
+		// applies on top of the run it names. It is read with the rest of
+		// the body, onto a run of its own, so that a mistake in the body
+		// (a key written twice) is said as the body's decode says it, on
+		// one line with the line at fault: yaml's own words put that line
+		// below "yaml: unmarshal errors:", which every one-line view of
+		// the error (a waiting segment's status) cut off.
+		var head Run
+		if err := yamlstrict.Decode(body, &head); err != nil {
 			return nil, inputError{fmt.Errorf("runs file %s: run %s: %w", source, name, err)}
 		}
 		r, exists := out[name]

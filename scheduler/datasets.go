@@ -26,10 +26,11 @@ type DatasetProgress struct {
 	// completed at the ingest's limit (progress state "stopped": the file
 	// is not in the store, and a larger limit plans it again), Running
 	// while either task runs, Lost while one is held by a worker that
-	// stopped heartbeating (it runs again once recovered), and Waiting
-	// otherwise. A file queued again (a larger limit) counts by its newest
-	// tasks.
-	Files, Done, Failed, Stopped, Running, Lost, Waiting int
+	// stopped heartbeating (it runs again once recovered), Retrying while
+	// one waits to run again after a failed attempt (FAILURES says why),
+	// and Waiting otherwise. A file queued again (a larger limit) counts by
+	// its newest tasks.
+	Files, Done, Failed, Stopped, Running, Lost, Retrying, Waiting int
 	// Bytes and DoneBytes are the files' download sizes; SizesKnown is
 	// false when a source did not publish every file's size, and the rate
 	// then counts files.
@@ -224,6 +225,8 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			d.Running++
 		case "lost":
 			d.Lost++
+		case "retrying":
+			d.Retrying++
 		default:
 			d.Waiting++
 		}
@@ -331,6 +334,13 @@ func fileState(f *ingestFile) string {
 		// A completed shard queues its append before it completes, so a
 		// completed shard without one found its file already in the store.
 		return "done"
+	}
+	for _, t := range []*TaskStatus{f.shard, f.apnd} {
+		// Set back after a failure, not to wait out an outage (whose
+		// progress says "waiting", and which uses no retry).
+		if t != nil && t.State == "retry" && t.HasProgress && t.Progress.State == "failed" {
+			return "retrying"
+		}
 	}
 	return "waiting"
 }

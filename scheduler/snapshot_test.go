@@ -143,3 +143,28 @@ func TestAFileOfALostWorkerIsNotRunning(t *testing.T) {
 		t.Fatalf("datasets %+v; want 1 file done, 2 on a lost worker, none running, no ETA", ds)
 	}
 }
+
+// A file whose task failed an attempt and waits for its retry counts as
+// retrying, not waiting: the INGEST line read "2 waiting" of appends
+// failing on a full disk, their retries running out, as of files waiting
+// their turn. One set back to wait out an outage (no retry used) waits.
+func TestAFileRetryingAfterAFailureIsNotWaiting(t *testing.T) {
+	at := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	var tasks []TaskStatus
+	for i, p := range []string{"failed", "waiting", ""} {
+		b, err := Encode(IngestAppend{Store: "code", ShardID: fmt.Sprint(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := "retry"
+		if p == "" {
+			st = "pending"
+		}
+		tasks = append(tasks, TaskStatus{ID: fmt.Sprint("a", i), Kind: KindIngestAppend, State: st, Payload: b, HasProgress: p != "",
+			Progress: Progress{State: p, Started: at, Updated: at}})
+	}
+	ds := (&Snapshot{At: at.Add(time.Minute), Tasks: tasks}).Datasets()
+	if len(ds) != 1 || ds[0].Files != 3 || ds[0].Retrying != 1 || ds[0].Waiting != 2 || ds[0].Remaining() != 3 {
+		t.Fatalf("datasets %+v; want 3 files: 1 retrying after its failure, 2 waiting, 3 remaining", ds)
+	}
+}

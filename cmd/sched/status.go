@@ -809,7 +809,7 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 	if d.Dataset != "" && d.Dataset != d.Store {
 		name += " (" + d.Dataset + ")"
 	}
-	if !deletedAt.IsZero() && !d.Planning && d.Running == 0 && d.Waiting == 0 && !d.Last.After(deletedAt) {
+	if !deletedAt.IsZero() && !d.Planning && d.Running == 0 && d.Retrying == 0 && d.Waiting == 0 && !d.Last.After(deletedAt) {
 		// The tasks' history outlives the store: what they appended went
 		// with it.
 		return fmt.Sprintf("%s  its store was deleted from the disk at %s, after this ingest: enqueue the ingest again to fill it",
@@ -867,6 +867,9 @@ func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedA
 	}
 	if d.Lost > 0 {
 		notes = append(notes, fmt.Sprintf("%d on a lost worker (they run again once a worker recovers them)", d.Lost))
+	}
+	if d.Retrying > 0 {
+		notes = append(notes, fmt.Sprintf("%d retrying after a failed attempt (FAILURES says why)", d.Retrying))
 	}
 	if d.Waiting > 0 {
 		notes = append(notes, fmt.Sprintf("%d waiting", d.Waiting))

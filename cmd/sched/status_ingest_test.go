@@ -116,3 +116,13 @@ func TestStatusIngestPerDataset(t *testing.T) {
 		t.Fatalf("rate %v ETA %v (line %q); want %v bytes/s, done", d.Rate, d.ETA, l, want)
 	}
 }
+
+// A store's files whose tasks failed an attempt and wait for their retry
+// read as retrying, pointing at FAILURES, not as waiting their turn.
+func TestADatasetsFilesRetryingAfterAFailureSaySo(t *testing.T) {
+	d := scheduler.DatasetProgress{Store: "code", Files: 5, Done: 2, Retrying: 2, Waiting: 1}
+	line := datasetLine(d, &scheduler.Snapshot{}, time.Time{})
+	if !strings.Contains(line, "2 retrying after a failed attempt (FAILURES says why)") || !strings.Contains(line, "1 waiting") {
+		t.Fatalf("a store with files retrying: %q; want 2 retrying and 1 waiting", line)
+	}
+}

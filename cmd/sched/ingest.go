@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/big"
 	"os"
@@ -385,7 +386,7 @@ func enqueueIngest(c *cobra.Command, dataset, storeName string, pf planFlags) er
 	if err := ingest.CheckStoreName(storeName); err != nil {
 		return err
 	}
-	if err := checkIngestTokenizer(c.Context(), cfg, storeName); err != nil {
+	if err := checkIngestTokenizer(c.Context(), c.OutOrStdout(), cfg, storeName); err != nil {
 		return err
 	}
 	// The plan carries the preset as resolved here, --presets and
@@ -412,8 +413,11 @@ func checkQueuedGlob(p ingest.Preset) error {
 
 // checkIngestTokenizer refuses an ingest whose tokenizer neither exists nor
 // is being made (the plan on the worker waits for one being made), and one
-// into a store that another tokenizer wrote.
-func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config, storeName string) error {
+// into a store that another tokenizer wrote. A tokenizer that token stores
+// or runs record, deleted, is put back from a run's checkpoint where that
+// is sound (the note is written to out), else the error says how: never
+// made again, which would make another.
+func checkIngestTokenizer(ctx context.Context, out io.Writer, cfg scheduler.Config, storeName string) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -427,6 +431,20 @@ func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config, storeName s
 	}
 	defer q.Close()
 	entry, _, err := catalog.New(objects, cfg.DataDir).Resolve(ctx, cfg.Tokenizer)
+	var nf *catalog.NotFoundError
+	if errors.As(err, &nf) {
+		d, used, derr := findDeletedTokenizer(ctx, objects, cfg.DataDir, cfg.Tokenizer)
+		if derr != nil {
+			return derr
+		}
+		if used {
+			var note string
+			if entry, note, err = d.putBack(ctx, objects, cfg.DataDir, "the ingest"); err != nil {
+				return err
+			}
+			fmt.Fprintln(out, note)
+		}
+	}
 	if err == nil {
 		status, err := storeStatus(ctx, objects, q.Redis(), storeName)
 		if err != nil {
@@ -437,7 +455,6 @@ func checkIngestTokenizer(ctx context.Context, cfg scheduler.Config, storeName s
 		}
 		return tokens.CheckWrittenWith(storeName, status.Tokenizer, tokens.Tokenizer{Name: entry.Name, SHA256: entry.SHA256})
 	}
-	var nf *catalog.NotFoundError
 	if !errors.As(err, &nf) {
 		return err
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/spf13/cobra"
 
@@ -44,12 +46,14 @@ also re-queues what failed in it.`,
 			defer q.Close()
 			var said scheduler.Args = taskKind(args[0])
 			var notes []string
+			run := "" // the segment's run, which names it as the other views do
 			if taskKind(args[0]).Kind() == scheduler.KindTrainSegment {
 				ti, err := q.Find(ctx, args[0])
 				if err != nil {
 					return err
 				}
 				if a, err := scheduler.DecodeTask[scheduler.TrainSegment](ti.Payload); err == nil {
+					run = a.Run
 					if live, err := runIsLive(c, q, a.Run, ti.ID); live || err != nil {
 						return err
 					}
@@ -61,6 +65,12 @@ also re-queues what failed in it.`,
 				}
 			}
 			s, err := q.Retry(ctx, args[0])
+			if dup := (*scheduler.DuplicateError)(nil); run != "" && errors.As(err, &dup) {
+				// The segment itself, queued or running (runIsLive lets
+				// it through): said as 'sched enqueue train' says it.
+				fmt.Fprintf(c.OutOrStdout(), "run %s is already %s as %s; nothing queued ('sched status %s' follows it)\n", run, taskWord(ctx, q, dup.ID, dup.State), dup.ID, dup.ID)
+				return nil
+			}
 			if err != nil {
 				// A run's name is not a task's: it says what to type.
 				err = runNotTask(ctx, q, args[0], "retry", err)

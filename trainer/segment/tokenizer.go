@@ -102,6 +102,15 @@ func checkpointTokenizer(ctx context.Context, obj Objects, run, localRoot string
 	return c, has, false, nil
 }
 
+// CheckpointTokenizer is the copy of run's tokenizer that its newest
+// checkpoint in object storage holds, checked as PutBackTokenizer checks
+// it; ok is false where no checkpoint of the run holds one. Another run
+// that names the tokenizer, deleted, can be given it back from here.
+func CheckpointTokenizer(ctx context.Context, obj Objects, run string) (c TokenizerCopy, ok bool, err error) {
+	c, _, ok, err = checkpointTokenizer(ctx, obj, run, "")
+	return c, ok, err
+}
+
 // readCopy reads key, the tokenizer.json of the checkpoint whose state is
 // st, whole: no more than the size st records for it, and one byte more to
 // tell one larger.

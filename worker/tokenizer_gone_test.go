@@ -25,7 +25,9 @@ import (
 // pausedRun is a run of 4 steps in segments of 2, on a worker in this
 // process with object storage on versitygw, whose first segment has
 // trained and checkpointed step 2: the segment it queued is held back
-// (next), for the test to run once it has changed what the run finds.
+// (next), for the test to run once it has changed what the run finds. The
+// worker's runs hold another of the same tokenizer, not begun: the run's
+// name and "-new".
 type pausedRun struct {
 	e        *env
 	objects  store.Store
@@ -45,9 +47,11 @@ func trainFirstSegment(t *testing.T, name string) *pausedRun {
 	p := &pausedRun{e: newEnv(t), objects: objects, run: name, tok: publishTestTokenizer(t, objects), dir: t.TempDir(), data: t.TempDir()}
 	run := patternRun(name, p.tok, 1e-3, 4, 0, 2)
 	run.Segment = runs.Segment{MaxSteps: 2}
+	fresh := patternRun(name+"-new", p.tok, 1e-3, 4, 0, 2)
+	fresh.Segment = runs.Segment{MaxSteps: 2}
 	next := make(chan scheduler.Args, 4)
 	p.e.handlers.Training = &Training{
-		Redis: p.e.rdb, Objects: objects, Runs: runs.Set{name: run}, Dir: p.dir, DataDir: p.data, Owner: "gpu-test",
+		Redis: p.e.rdb, Objects: objects, Runs: runs.Set{name: run, name + "-new": fresh}, Dir: p.dir, DataDir: p.data, Owner: "gpu-test",
 		Enqueue:  func(_ context.Context, a scheduler.Args) error { next <- a; return nil },
 		OpenData: func(trainer.RunConfig, model.Config) (trainer.Data, error) { return &patternData{}, nil },
 		Log:      zap.NewNop(),
@@ -178,6 +182,25 @@ func TestARunWhoseTokenizerAndItsCopiesAreGoneSaysHowToPutItBack(t *testing.T) {
 	}
 	if _, err := p.objects.Stat(context.Background(), catalog.Key(p.tok)); err == nil {
 		t.Errorf("a copy that does not match its checkpoint's record was put back as %s", catalog.Key(p.tok))
+	}
+}
+
+// A run not begun whose tokenizer was deleted from object storage and
+// from the worker's disk, while another run's checkpoint holds it, trains:
+// the segment puts the tokenizer back from that copy, the bytes first
+// published. It was archived saying to train one with 'sched enqueue
+// tokenizer', which makes another that the run under way refuses.
+func TestARunNotBegunPutsBackItsDeletedTokenizerFromAnotherRunsCheckpoint(t *testing.T) {
+	p := trainFirstSegment(t, "tok-other")
+	published := p.get(t, catalog.Key(p.tok))
+	p.deleteTokenizer(t)
+	id := p.e.enqueue(scheduler.TrainSegment{Run: p.run + "-new"})
+	ts := p.e.waitFor(id, time.Minute, "completed", state("completed"))
+	if ts.Retried != 0 {
+		t.Errorf("the segment of the run not begun took %d retries", ts.Retried)
+	}
+	if got := p.get(t, catalog.Key(p.tok)); !bytes.Equal(got, published) {
+		t.Errorf("tokenizer %s put back as %d bytes, not the %d first published", p.tok, len(got), len(published))
 	}
 }
 

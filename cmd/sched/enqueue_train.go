@@ -439,12 +439,12 @@ func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName 
 			// existed and was deleted: its bytes are put back, where a
 			// copy is sure to be them, for a tokenizer made again would
 			// be another, which they refuse.
-			d, used, derr := findDeletedTokenizer(ctx, tc.objects, tc.cfg.DataDir, name)
+			d, used, derr := segment.FindDeletedTokenizer(ctx, tc.objects, tc.cfg.DataDir, name)
 			if derr != nil {
 				return nil, "", derr
 			}
 			if used {
-				entry, note, err = d.putBack(ctx, tc.objects, tc.cfg.DataDir, "run "+run)
+				entry, note, err = d.PutBack(ctx, tc.objects, tc.cfg.DataDir, "run "+run)
 				if err != nil {
 					return nil, "", err
 				}

@@ -27,6 +27,7 @@ import (
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
 	"github.com/kiln-lm/kiln/trainer/runs"
+	"github.com/kiln-lm/kiln/trainer/segment"
 	"github.com/kiln-lm/kiln/worker"
 )
 
@@ -433,13 +434,13 @@ func checkIngestTokenizer(ctx context.Context, out io.Writer, cfg scheduler.Conf
 	entry, _, err := catalog.New(objects, cfg.DataDir).Resolve(ctx, cfg.Tokenizer)
 	var nf *catalog.NotFoundError
 	if errors.As(err, &nf) {
-		d, used, derr := findDeletedTokenizer(ctx, objects, cfg.DataDir, cfg.Tokenizer)
+		d, used, derr := segment.FindDeletedTokenizer(ctx, objects, cfg.DataDir, cfg.Tokenizer)
 		if derr != nil {
 			return derr
 		}
 		if used {
 			var note string
-			if entry, note, err = d.putBack(ctx, objects, cfg.DataDir, "the ingest"); err != nil {
+			if entry, note, err = d.PutBack(ctx, objects, cfg.DataDir, "the ingest"); err != nil {
 				return err
 			}
 			fmt.Fprintln(out, note)

@@ -1,4 +1,4 @@
-package main
+package segment
 
 import (
 	"context"
@@ -15,17 +15,16 @@ import (
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokens"
 	"github.com/kiln-lm/kiln/tokens/catalog"
-	"github.com/kiln-lm/kiln/trainer/segment"
 )
 
-// deletedTokenizer is what still records a tokenizer name that the
+// DeletedTokenizer is what still records a tokenizer name that the
 // catalog holds no more: the token stores it made (their statuses in
 // object storage, and this machine's manifests) and the runs whose newest
 // checkpoint holds a copy of it under the name. A name with users existed
 // and was deleted; one trained again under it would be another tokenizer,
 // which every one of them refuses and which a published name never gives
 // way to.
-type deletedTokenizer struct {
+type DeletedTokenizer struct {
 	Name   string
 	Stores []string
 	Runs   []string
@@ -34,13 +33,13 @@ type deletedTokenizer struct {
 	SHA256s []string
 	// Copy is a checkpoint's copy of it, checked against the hash that
 	// checkpoint records (Data nil: none).
-	Copy segment.TokenizerCopy
+	Copy TokenizerCopy
 }
 
-// findDeletedTokenizer reads who records tokenizer name, which the catalog
+// FindDeletedTokenizer reads who records tokenizer name, which the catalog
 // does not hold; used is false where nothing does (a tokenizer not made
 // yet).
-func findDeletedTokenizer(ctx context.Context, objects store.Store, dataDir, name string) (d deletedTokenizer, used bool, err error) {
+func FindDeletedTokenizer(ctx context.Context, objects store.Store, dataDir, name string) (d DeletedTokenizer, used bool, err error) {
 	d.Name = name
 	shas := map[string]bool{}
 	stores := map[string]bool{}
@@ -93,7 +92,7 @@ func findDeletedTokenizer(ctx context.Context, objects store.Store, dataDir, nam
 			}
 		}
 		for _, run := range slices.Sorted(maps.Keys(runs)) {
-			c, ok, err := segment.CheckpointTokenizer(ctx, objects, run)
+			c, ok, err := CheckpointTokenizer(ctx, objects, run)
 			if err != nil {
 				return d, false, err
 			}
@@ -112,7 +111,7 @@ func findDeletedTokenizer(ctx context.Context, objects store.Store, dataDir, nam
 }
 
 // users names a few of those that use it.
-func (d deletedTokenizer) users() string {
+func (d DeletedTokenizer) users() string {
 	var parts []string
 	if len(d.Stores) > 0 {
 		parts = append(parts, "token stores "+firstFew(d.Stores))
@@ -131,11 +130,11 @@ func firstFew(names []string) string {
 	return fmt.Sprintf("%s and %d more", strings.Join(names[:few], ", "), len(names)-few)
 }
 
-// putBack publishes the tokenizer again from the checkpoint's copy where
+// PutBack publishes the tokenizer again from the checkpoint's copy where
 // that is sound: every user records the one hash the copy has. It returns
 // the note to print, and an error that says what to do by hand where it
 // cannot: the old name's bytes, never a tokenizer trained again.
-func (d deletedTokenizer) putBack(ctx context.Context, objects store.Store, dataDir, who string) (catalog.Entry, string, error) {
+func (d DeletedTokenizer) PutBack(ctx context.Context, objects store.Store, dataDir, who string) (catalog.Entry, string, error) {
 	if d.Copy.Data != nil && len(d.SHA256s) == 1 && d.SHA256s[0] == d.Copy.SHA256 {
 		e, err := catalog.New(objects, dataDir).Publish(ctx, d.Name, d.Copy.Data)
 		if err != nil {
@@ -149,13 +148,24 @@ func (d deletedTokenizer) putBack(ctx context.Context, objects store.Store, data
 	for i, s := range d.SHA256s {
 		hashes[i] = fmt.Sprintf("%.12s", s)
 	}
-	from := "from a copy of it with that sha256 (each checkpoint of a run trained with it holds one, as " + segment.CheckpointPrefix("<run>") + "step-NNNNNNN/tokenizer.json, and so does the disk of the worker that made the stores)"
+	from := "from a copy of it with that sha256 (each checkpoint of a run trained with it holds one, as " + CheckpointPrefix("<run>") + "step-NNNNNNN/tokenizer.json, and so does the disk of the worker that made the stores)"
 	if d.Copy.Data != nil && len(d.SHA256s) == 1 {
 		from = fmt.Sprintf("from %s (sha256 %.12s, as run %s's checkpoint of step %d records it)", d.Copy.From, d.Copy.SHA256, d.Runs[0], d.Copy.Step)
 	}
-	return catalog.Entry{}, "", badInput("%s uses tokenizer %s, which existed and was deleted from object storage and this machine's data directory: %s were made with it (sha256 %s): "+
+	return catalog.Entry{}, "", &DeletedTokenizerError{fmt.Sprintf("%s uses tokenizer %s, which existed and was deleted from object storage and this machine's data directory: %s were made with it (sha256 %s): "+
 		"put back %s, and beside it its %s ('sha256sum %s > %s'), %s, then run this again; "+
 		"a tokenizer trained again under this name is another, which they refuse and which never gives way to this one",
 		who, d.Name, d.users(), strings.Join(hashes, " or "),
-		catalog.Key(d.Name), catalog.SumsFile, catalog.FileName, catalog.SumsFile, from)
+		catalog.Key(d.Name), catalog.SumsFile, catalog.FileName, catalog.SumsFile, from)}
 }
+
+// DeletedTokenizerError is a tokenizer that stores or runs record and the
+// catalog holds no more, which no checkpoint's copy could put back: it
+// says how to put it back by hand. It is a person's to mend.
+type DeletedTokenizerError struct{ msg string }
+
+func (e *DeletedTokenizerError) Error() string { return e.msg }
+
+// BadInput marks it as a person's to mend: no retry puts the tokenizer
+// back.
+func (e *DeletedTokenizerError) BadInput() bool { return true }

@@ -68,4 +68,9 @@ func TestEnqueueTrainPutsBackATokenizerItsCheckpointsHold(t *testing.T) {
 	if got, err := os.ReadFile(local); err != nil || !bytes.Equal(got, published) {
 		t.Errorf("this machine's copy of tk: %v; want it put back too", err)
 	}
+	// Its report is not put back (no checkpoint holds one): said so, not
+	// that the queue did not train it.
+	if out, errOut, code := sched(t, env, "tokenizers", "tk"); code != 0 || !strings.Contains(out, "put back from a run's checkpoint, which holds no copy of the report") {
+		t.Errorf("sched tokenizers tk after it was put back: exit %d, %q %q; want it to say the report was not put back", code, out, errOut)
+	}
 }

@@ -168,7 +168,7 @@ func printTokenizerReport(ctx context.Context, w io.Writer, cat *catalog.Catalog
 		return err
 	}
 	if !ok {
-		fmt.Fprintf(w, "# Tokenizer %s\n\n- vocabulary: %d ids\n- sha256: %s\n- special tokens: %q\n\n(no report: it was not trained by 'sched enqueue tokenizer')\n",
+		fmt.Fprintf(w, "# Tokenizer %s\n\n- vocabulary: %d ids\n- sha256: %s\n- special tokens: %q\n\n(no report: it was not trained by 'sched enqueue tokenizer', or it was put back from a run's checkpoint, which holds no copy of the report)\n",
 			e.Name, e.VocabSize, e.SHA256, e.Special)
 		return nil
 	}

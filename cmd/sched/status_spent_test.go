@@ -15,7 +15,7 @@ import (
 // ": ", where it was cut mid-word ("free space on that disk, or lo…").
 func TestASegmentArchivedWithItsRetriesSpentSaysWhatResumesIt(t *testing.T) {
 	const remedy = "free space on that disk, or lower min_free_disk in a runs file"
-	cause := "train:segment: run hb: local disk below min_free_disk: /tmp/probe/data/runs/hb has 39.9 GiB free, below min_free_disk 40.0 TiB: " + remedy
+	cause := "train:segment: run hb: local disk below min_free_disk: /data/runs/hb has 39.9 GiB free, below min_free_disk 40.0 TiB: " + remedy
 	payload, err := scheduler.Encode(scheduler.TrainSegment{Run: "hb", Tokenizer: "go-4096", FromStep: 400, TotalSteps: 1000})
 	if err != nil {
 		t.Fatal(err)

@@ -516,25 +516,12 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		// (a tokenizer trained again under its name is another, which
 		// the run refuses and which a published name never gives way
 		// to). That copy, checked against its checkpoint's record, is
-		// published again; a run not begun is told how to make one.
-		var c segment.TokenizerCopy
-		if uses, c, err = segment.PutBackTokenizer(ctx, t.Objects, t.DataDir, a.Run, segment.RunDir(t.Dir, a.Run), gone); err == nil {
-			log.Warn("the run's tokenizer was in neither object storage nor this machine's data directory: put back from its checkpoint's copy",
-				zap.String("run", a.Run), zap.String("tokenizer", name), zap.String("from", c.From), zap.String("sha256", c.SHA256))
-		} else if errors.Is(err, gone) {
-			// A run not begun: a name that token stores or other runs
-			// record existed and was deleted, and is put back from their
-			// copy where that is sure to be it, or said how to.
-			d, used, derr := segment.FindDeletedTokenizer(ctx, t.Objects, t.DataDir, name)
-			switch {
-			case derr != nil:
-				err = derr
-			case used:
-				var note string
-				if uses, note, err = d.PutBack(ctx, t.Objects, t.DataDir, "run "+a.Run); err == nil {
-					log.Warn(note, zap.String("run", a.Run), zap.String("tokenizer", name))
-				}
-			}
+		// published again; a run not begun takes another run's copy
+		// where stores and runs record the name, and is otherwise told
+		// how to make one.
+		var said string
+		if uses, said, err = segment.RestoreTokenizer(ctx, t.Objects, t.DataDir, a.Run, segment.RunDir(t.Dir, a.Run), gone); err == nil {
+			log.Warn(said, zap.String("run", a.Run), zap.String("tokenizer", name))
 		}
 	}
 	if err != nil {

@@ -27,22 +27,7 @@ func TestEnqueueTrainPutsBackATokenizerItsCheckpointsHold(t *testing.T) {
 	trainToTheEnd(t, env, rdb, q, "tg")
 	tk := setupTokenizer(t, env)
 	local := filepath.Join(envValue(env, "KILN_DATA_DIR"), "tokenizers", "tk", catalog.FileName)
-	published, err := os.ReadFile(local)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(filepath.Dir(local)); err != nil {
-		t.Fatal(err)
-	}
-	objs, err := objects.List(ctx, catalog.Prefix+"tk/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objs {
-		if err := objects.Delete(ctx, o.Key); err != nil {
-			t.Fatal(err)
-		}
-	}
+	published := deleteTokenizerTk(t, env, objects)
 	editRuns(t, env, was, "tg:\n  from: eta\n  total_steps: 60\n")
 
 	out, errOut, code := sched(t, env, "enqueue", "train", "tg")

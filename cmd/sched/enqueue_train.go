@@ -431,34 +431,17 @@ func checkRunTokenizer(ctx context.Context, tc trainCheck, run, name, modelName 
 			}
 			return nil, "", nil // the worker waits for it
 		}
-		var c segment.TokenizerCopy
-		entry, c, err = segment.PutBackTokenizer(ctx, tc.objects, tc.cfg.DataDir, run, "", nf)
+		var said string
+		entry, said, err = segment.RestoreTokenizer(ctx, tc.objects, tc.cfg.DataDir, run, "", nf)
 		switch {
 		case errors.Is(err, nf):
-			// A run not begun. A name that stores or other runs record
-			// existed and was deleted: its bytes are put back, where a
-			// copy is sure to be them, for a tokenizer made again would
-			// be another, which they refuse.
-			d, used, derr := segment.FindDeletedTokenizer(ctx, tc.objects, tc.cfg.DataDir, name)
-			if derr != nil {
-				return nil, "", derr
-			}
-			if used {
-				entry, note, err = d.PutBack(ctx, tc.objects, tc.cfg.DataDir, "run "+run)
-				if err != nil {
-					return nil, "", err
-				}
-				break
-			}
 			// A tokenizer not made yet: the request as the run needs it.
 			request := tokenizerFor(name, mc.VocabSize)
 			return nil, "", badInput("run %s trains with tokenizer %s, which does not exist yet: make it first with '%s' (the %s model's vocab_size; 'sched tokenizers' lists the existing ones)", run, name, request, modelName)
 		case err != nil:
 			return nil, "", err
-		default:
-			note = fmt.Sprintf("note: tokenizer %s was in neither object storage nor this machine's data directory: put back from %s, the copy run %s's checkpoint of step %d holds (sha256 %.12s, as that checkpoint records it)",
-				name, c.From, run, c.Step, c.SHA256)
 		}
+		note = "note: " + said
 	case err != nil:
 		return nil, "", err
 	}

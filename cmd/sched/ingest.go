@@ -439,11 +439,11 @@ func checkIngestTokenizer(ctx context.Context, out io.Writer, cfg scheduler.Conf
 			return derr
 		}
 		if used {
-			var note string
-			if entry, note, err = d.PutBack(ctx, objects, cfg.DataDir, "the ingest"); err != nil {
+			var said string
+			if entry, said, err = d.PutBack(ctx, objects, cfg.DataDir, "the ingest"); err != nil {
 				return err
 			}
-			fmt.Fprintln(out, note)
+			fmt.Fprintln(out, "note: "+said)
 		}
 	}
 	if err == nil {

@@ -140,9 +140,9 @@ func (d DeletedTokenizer) PutBack(ctx context.Context, objects store.Store, data
 		if err != nil {
 			return catalog.Entry{}, "", fmt.Errorf("put back tokenizer %s from %s: %w", d.Name, d.Copy.From, err)
 		}
-		note := fmt.Sprintf("note: tokenizer %s was deleted from object storage and this machine's data directory, but %s use it (sha256 %.12s): put back from %s, the copy run %s's checkpoint of step %d holds",
+		said := fmt.Sprintf("tokenizer %s was deleted from object storage and this machine's data directory, but %s use it (sha256 %.12s): put back from %s, the copy run %s's checkpoint of step %d holds",
 			d.Name, d.users(), d.Copy.SHA256, d.Copy.From, d.Runs[0], d.Copy.Step)
-		return e, note, nil
+		return e, said, nil
 	}
 	hashes := make([]string, len(d.SHA256s))
 	for i, s := range d.SHA256s {

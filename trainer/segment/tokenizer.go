@@ -174,6 +174,31 @@ func PutBackTokenizer(ctx context.Context, obj Objects, dataDir, run, localRoot 
 	return e, c, nil
 }
 
+// RestoreTokenizer puts back tokenizer gone.Name, which run trains with
+// and the catalog holds no more (gone, Resolve's answer), and says what it
+// did: from the copy the run's own newest checkpoint holds
+// (PutBackTokenizer), or, for a run not begun, from another run's where
+// token stores and runs record the name (FindDeletedTokenizer). A name
+// nothing records returns gone: a tokenizer not made yet.
+func RestoreTokenizer(ctx context.Context, obj Objects, dataDir, run, localRoot string, gone *catalog.NotFoundError) (catalog.Entry, string, error) {
+	e, c, err := PutBackTokenizer(ctx, obj, dataDir, run, localRoot, gone)
+	switch {
+	case err == nil:
+		return e, fmt.Sprintf("tokenizer %s was in neither object storage nor this machine's data directory: put back from %s, the copy run %s's checkpoint of step %d holds (sha256 %.12s, as that checkpoint records it)",
+			gone.Name, c.From, run, c.Step, c.SHA256), nil
+	case !errors.Is(err, gone):
+		return e, "", err
+	}
+	d, used, err := FindDeletedTokenizer(ctx, obj, dataDir, gone.Name)
+	switch {
+	case err != nil:
+		return catalog.Entry{}, "", err
+	case !used:
+		return catalog.Entry{}, "", gone
+	}
+	return d.PutBack(ctx, obj, dataDir, "run "+run)
+}
+
 // TokenizerGoneError is the tokenizer of a run with checkpoints that the
 // catalog holds no more, and that no checkpoint could put back: none held
 // a copy that matches what it records (each damaged), and it says how to

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -11,8 +12,10 @@ import (
 // files (one ingest:shard task each, then one ingest:append), how many are
 // done, the bytes behind them, and the rate and ETA they imply.
 type DatasetProgress struct {
-	Store   string
-	Dataset string
+	Store string
+	// Datasets are those whose ingests queued files into the store, sorted:
+	// one, unless --store sent two datasets' files into one store.
+	Datasets []string
 	// Planning is set while an ingest:plan of the store waits or runs: more
 	// files may still be queued. PlanFailed is set when its plan failed for
 	// good (archived, not cancelled).
@@ -87,6 +90,17 @@ type ingestFile struct {
 	startedShard time.Time
 }
 
+// addDataset records that an ingest of dataset queued work into d's store.
+func (d *DatasetProgress) addDataset(dataset string) {
+	if dataset == "" {
+		return
+	}
+	i, found := slices.BinarySearch(d.Datasets, dataset)
+	if !found {
+		d.Datasets = slices.Insert(d.Datasets, i, dataset)
+	}
+}
+
 // Datasets groups the ingest tasks by token store, sorted by store name.
 func (s *Snapshot) Datasets() []DatasetProgress {
 	type key struct{ store, file string }
@@ -128,9 +142,7 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 				name = lastElem(a.Dataset)
 			}
 			d := store(name)
-			if d.Dataset == "" {
-				d.Dataset = a.Dataset
-			}
+			d.addDataset(a.Dataset)
 			switch {
 			case t.State == "archived" && !t.Cancelled:
 				d.PlanFailed = true
@@ -154,9 +166,7 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 				id = a.Path
 			}
 			d := store(a.Store)
-			if d.Dataset == "" {
-				d.Dataset = a.Dataset
-			}
+			d.addDataset(a.Dataset)
 			stopped(a.Store, t)
 			f := file(key{a.Store, id})
 			if f.shard != nil && !newerTask(t, f.shard) {

@@ -168,3 +168,34 @@ func TestAFileRetryingAfterAFailureIsNotWaiting(t *testing.T) {
 		t.Fatalf("datasets %+v; want 3 files: 1 retrying after its failure, 2 waiting, 3 remaining", ds)
 	}
 }
+
+// A store that two datasets' ingests filled (--store naming one store for
+// both) names both, whichever of their tasks Redis lists first: its line
+// named the first dataset met and counted the other's files under it.
+func TestAStoreFilledByTwoDatasetsNamesBoth(t *testing.T) {
+	at := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	var tasks []TaskStatus
+	for i, a := range []Args{
+		IngestPlan{Dataset: "the-stack-v2", Store: "code"},
+		IngestShard{Dataset: "the-stack-v2", Store: "code", ShardID: "s0", Path: "a.parquet", Size: 100},
+		IngestPlan{Dataset: "local:/src/*.go", Store: "code"},
+		IngestShard{Dataset: "local:/src/*.go", Store: "code", ShardID: "l0", Path: "/src/main.go", Size: 10},
+		IngestPlan{Dataset: "the-stack-v2", Store: "code"},
+	} {
+		b, err := Encode(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kind := KindIngestShard
+		if _, plan := a.(IngestPlan); plan {
+			kind = KindIngestPlan
+		}
+		tasks = append(tasks, TaskStatus{ID: fmt.Sprint("t", i), Kind: kind, State: "completed", Payload: b, Finished: at})
+	}
+	for _, order := range [][]TaskStatus{tasks, {tasks[3], tasks[2], tasks[1], tasks[0], tasks[4]}} {
+		ds := (&Snapshot{At: at, Tasks: order}).Datasets()
+		if len(ds) != 1 || len(ds[0].Datasets) != 2 || ds[0].Datasets[0] != "local:/src/*.go" || ds[0].Datasets[1] != "the-stack-v2" || ds[0].Files != 2 {
+			t.Fatalf("datasets %+v; want store code of 2 files, of local:/src/*.go and the-stack-v2", ds)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -93,17 +94,18 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.queues.Collect(ch)
 	gauge(descWorkers, float64(len(snap.Workers)))
 	for _, d := range snap.Datasets() {
+		dataset := strings.Join(d.Datasets, ",") // several where --store sent several datasets into one store
 		for state, n := range map[string]int{"done": d.Done, "failed": d.Failed, "stopped": d.Stopped, "running": d.Running, "waiting": d.Waiting} {
-			gauge(descIngestFiles, float64(n), d.Store, d.Dataset, state)
+			gauge(descIngestFiles, float64(n), d.Store, dataset, state)
 		}
-		gauge(descIngestBytes, float64(d.Bytes), d.Store, d.Dataset, "total")
-		gauge(descIngestBytes, float64(d.DoneBytes), d.Store, d.Dataset, "done")
-		gauge(descIngestTokens, float64(d.Tokens), d.Store, d.Dataset)
+		gauge(descIngestBytes, float64(d.Bytes), d.Store, dataset, "total")
+		gauge(descIngestBytes, float64(d.DoneBytes), d.Store, dataset, "done")
+		gauge(descIngestTokens, float64(d.Tokens), d.Store, dataset)
 		unit := "bytes"
 		if !d.SizesKnown {
 			unit = "files"
 		}
-		gauge(descIngestRate, d.Rate, d.Store, d.Dataset, unit)
+		gauge(descIngestRate, d.Rate, d.Store, dataset, unit)
 	}
 
 	lag := map[string]int{}

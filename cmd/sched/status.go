@@ -806,8 +806,8 @@ func waitNote(ts scheduler.TaskStatus) string {
 // (zero: never), which an ingest ended before it no longer holds.
 func datasetLine(d scheduler.DatasetProgress, snap *scheduler.Snapshot, deletedAt time.Time) string {
 	name := d.Store
-	if d.Dataset != "" && d.Dataset != d.Store {
-		name += " (" + d.Dataset + ")"
+	if len(d.Datasets) > 1 || len(d.Datasets) == 1 && d.Datasets[0] != d.Store {
+		name += " (" + strings.Join(d.Datasets, ", ") + ")"
 	}
 	if !deletedAt.IsZero() && !d.Planning && d.Running == 0 && d.Retrying == 0 && d.Waiting == 0 && !d.Last.After(deletedAt) {
 		// The tasks' history outlives the store: what they appended went

@@ -669,9 +669,13 @@ func TestRedissToAPlainRedisSaysWhatRedissMeans(t *testing.T) {
 // says so, not "files 0/0 done"; a plan still running or cancelled does
 // not.
 func TestDatasetLineOfAPlanThatQueuedNothing(t *testing.T) {
-	done := datasetLine(scheduler.DatasetProgress{Store: "code", Dataset: "local:/src/*.go", PlanDone: true}, nil, time.Time{})
+	done := datasetLine(scheduler.DatasetProgress{Store: "code", Datasets: []string{"local:/src/*.go"}, PlanDone: true}, nil, time.Time{})
 	if done != "code (local:/src/*.go)  nothing to ingest: the store holds every file its latest plan listed" {
 		t.Errorf("a plan that queued nothing: %q", done)
+	}
+	two := datasetLine(scheduler.DatasetProgress{Store: "code", Datasets: []string{"local:/src/*.go", "the-stack-v2"}, PlanDone: true}, nil, time.Time{})
+	if !strings.HasPrefix(two, "code (local:/src/*.go, the-stack-v2)  ") {
+		t.Errorf("a store of two datasets: %q", two)
 	}
 	for _, d := range []scheduler.DatasetProgress{{Store: "code", Planning: true}, {Store: "code"}} {
 		if l := datasetLine(d, nil, time.Time{}); strings.Contains(l, "nothing to ingest") {

@@ -264,8 +264,8 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		}
 	}()
 	// The plan skips what the status lists; here the store itself says
-	// what it holds, and the mark beside it where an append refused a
-	// shard (the queue keeps that in the store's status object).
+	// what it holds, and the mark beside it where an append left out a
+	// document (the queue keeps that in the store's status object).
 	if m, err := tokens.ReadManifest(dir); err == nil {
 		// A store of this tokenizer is taken now, before anything is read
 		// for it: a run on a store another process appends to stops here,
@@ -380,31 +380,45 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 const shardsPattern = ".shards-*"
 
 // FullMarkFile, in a token store's directory, is where a direct ingest
-// keeps its store's StoreStatus.Full between runs: the limits at which an
-// append refused a shard. A run again at such a limit then stops before it
-// reads a file, as the queue's steps do, rather than downloading and
-// tokenizing files that its first append would refuse.
+// keeps its store's StoreStatus.Full between runs, as {"full_at":{...}}:
+// the limits at which an append left out a document that would pass them.
+// A run again at such a limit then stops before it reads a file, as the
+// queue's steps do, rather than downloading and tokenizing files that its
+// first append would refuse.
+//
+// An older kiln kept the limits bare in this file ({"max_tokens":L})
+// where an append refused a whole file, with room left for some of its
+// documents: such a mark reads as none, so the same run after an upgrade
+// fills the store to its limit, and replaces the mark, or removes it, as
+// it ends. A bare mark that a later build wrote with today's meaning
+// reads so too: that costs one run's first files, tokenized and refused,
+// once.
 const FullMarkFile = "ingest-full.json"
+
+// fullMark is what FullMarkFile holds.
+type fullMark struct {
+	FullAt Limits `json:"full_at"`
+}
 
 // readFullMark returns the limits the mark in the store directory dir
 // holds, or none. A mark that cannot be read is left out with a warning:
-// it only saves work, and the next append that refuses a shard makes it
-// again.
+// it only saves work, and the next append that leaves out a document
+// makes it again.
 func readFullMark(dir string, log *zap.Logger) Limits {
-	var full Limits
+	var mark fullMark
 	b, err := os.ReadFile(filepath.Join(dir, FullMarkFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return full
+		return Limits{}
 	}
 	if err == nil {
-		err = json.Unmarshal(b, &full)
+		err = json.Unmarshal(b, &mark)
 	}
-	if err != nil || full.MaxTokens < 0 || full.MaxDisk < 0 {
+	if err != nil || mark.FullAt.MaxTokens < 0 || mark.FullAt.MaxDisk < 0 {
 		log.Warn("the token store's mark of where it is full is left out; the run finds the limit at its first append instead",
 			zap.String("file", filepath.Join(dir, FullMarkFile)), zap.Error(err))
 		return Limits{}
 	}
-	return full
+	return mark.FullAt
 }
 
 // keepFullMark writes the Full of the store's status to its mark, or
@@ -425,7 +439,7 @@ func (p *Pipeline) keepFullMark(ctx context.Context, dir, storeName string) erro
 		}
 		return nil
 	}
-	b, err := json.Marshal(st.Full)
+	b, err := json.Marshal(fullMark{FullAt: st.Full})
 	if err != nil {
 		return err
 	}

@@ -253,7 +253,7 @@ func TestFullStoreMark(t *testing.T) {
 		t.Fatal(err)
 	} else if err := json.NewDecoder(b).Decode(&raw); err != nil {
 		t.Fatal(err)
-	} else if _, ok := raw["full"]; ok {
+	} else if _, ok := raw["full_at"]; ok {
 		t.Fatalf("an unmarked status carries the mark: %v", raw)
 	}
 

@@ -377,7 +377,16 @@ type StoreStatus struct {
 	// rather than reading the rest of the dataset for nothing. An append
 	// under a larger limit, or none, clears it. Zero: not full (a status
 	// from before the field reads so).
-	Full Limits `json:"full,omitzero"`
+	//
+	// It is kept as "full_at", not "full": an older kiln wrote "full" where
+	// an append refused a whole file at a limit, with room left for some
+	// of its documents, and a status carries no version to tell the two
+	// apart. Such a "full" reads as not full, so the same ingest after an
+	// upgrade fills the store to its limit, and the first append that
+	// leaves a document out marks the store full_at. A "full" that a later
+	// build wrote with this meaning reads so too: that costs one plan's
+	// shards, tokenized and refused at their appends, once.
+	Full Limits `json:"full_at,omitzero"`
 	// Tokenizer wrote the store's ids: work with another one is refused
 	// before it downloads or tokenizes a file. Zero in a status from
 	// before the field, and for a store never appended to.
@@ -525,7 +534,7 @@ func (p *Pipeline) Status(ctx context.Context, storeName string) (StoreStatus, e
 }
 
 // reached says why a store at st has no room left, or "": it is at the
-// limit, or an append refused a shard at this limit or a larger one.
+// limit, or an append left out a document at this limit or a larger one.
 func (l Limits) reached(storeName string, st StoreStatus) string {
 	switch {
 	case l.MaxTokens > 0 && st.Tokens >= l.MaxTokens:

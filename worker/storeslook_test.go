@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -133,11 +132,7 @@ func TestALongLookIsNotTakenForAStoppedWatch(t *testing.T) {
 	holder.Stores = holder.Pipeline.WatchStores()
 	holder.Stores.ReconcileLater()
 	// Connections are accepted and never answered until SIGCONT.
-	if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resume := func() { _ = syscall.Kill(srv.Pid(), syscall.SIGCONT) }
-	t.Cleanup(resume)
+	resume := srv.Freeze()
 	const every = 100 * time.Millisecond
 	watching := make(chan struct{})
 	go func() { defer close(watching); holder.WatchStores(ctx, every, zap.NewNop()) }()

@@ -5,7 +5,6 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -86,19 +85,7 @@ func TestASegmentStartsFromItsDiskWhileTheStoreHangs(t *testing.T) {
 	}
 	t.Parallel()
 	o := startOutageRun(t)
-	if err := syscall.Kill(o.s3.Pid(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := syscall.Kill(o.s3.Pid(), syscall.SIGCONT); err != nil {
-				t.Errorf("resume versitygw: %v", err)
-			}
-		}
-	}
-	t.Cleanup(resume) // before the server is stopped, which a stopped process would ignore
+	resume := o.s3.Freeze()
 	o.waitStep(t, "run outage trained to step 40 while the store hangs", 40)
 	resume()
 	o.wantDone(t, 5*time.Minute)

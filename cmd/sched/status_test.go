@@ -314,7 +314,7 @@ func freezeChildren(t *testing.T, pid int) (resume func()) {
 	}
 	deadline := time.Now().Add(time.Minute)
 	for _, k := range kids {
-		for !allThreadsStopped(k) {
+		for !testsvc.AllThreadsStopped(k) {
 			if time.Now().After(deadline) {
 				resume()
 				t.Fatalf("process %d, a child of the worker, did not stop on SIGSTOP", k)
@@ -339,22 +339,6 @@ func childPIDs(pid int) []int {
 		}
 	}
 	return kids
-}
-
-// allThreadsStopped reports whether every thread of pid is stopped, or
-// the process is gone.
-func allThreadsStopped(pid int) bool {
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return true
-	}
-	for _, e := range ents {
-		st, _, ok := procStat(fmt.Sprintf("/proc/%d/task/%s/stat", pid, e.Name()))
-		if ok && st != 'T' && st != 't' && st != 'Z' && st != 'X' {
-			return false
-		}
-	}
-	return true
 }
 
 // procStat reads a /proc stat file's state letter and parent pid; the

@@ -9,12 +9,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -51,31 +49,30 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // relies on its timeouts.
 func stoppableS3(t *testing.T) (obj store.Store, srv *testsvc.S3Server, hang, resume func()) {
 	t.Helper()
-	if runtime.GOOS != "linux" {
-		t.Skip("SIGSTOP of the S3 server is exercised on linux")
-	}
 	srv = testsvc.S3(t)
 	obj, err := store.NewS3(store.S3Options{Endpoint: srv.Endpoint, Bucket: "kiln", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
 		StallTimeout: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := srv.Pid()
-	var hung atomic.Bool
+	var mu sync.Mutex
+	var thaw func()
 	hang = func() {
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-		hung.Store(true)
+		t.Helper()
+		f := srv.Freeze()
+		mu.Lock()
+		thaw = f
+		mu.Unlock()
 	}
 	resume = func() {
-		if hung.CompareAndSwap(true, false) {
-			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-				t.Errorf("resume versitygw: %v", err)
-			}
+		mu.Lock()
+		f := thaw
+		thaw = nil
+		mu.Unlock()
+		if f != nil {
+			f()
 		}
 	}
-	t.Cleanup(resume) // before testsvc stops it, which a stopped process would ignore
 	return obj, srv, hang, resume
 }
 

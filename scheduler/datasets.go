@@ -1,8 +1,11 @@
 package scheduler
 
 import (
+	"encoding/json"
+	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/kiln-lm/kiln/ingest"
@@ -17,23 +20,37 @@ type DatasetProgress struct {
 	// one, unless --store sent two datasets' files into one store.
 	Datasets []string
 	// Planning is set while an ingest:plan of the store waits or runs: more
-	// files may still be queued. PlanFailed is set when its plan failed for
-	// good (archived, not cancelled).
+	// files may still be queued. PlanFailed is set when its latest plan
+	// failed for good (archived, not cancelled): one that failed before
+	// the ingest was enqueued again does not count.
 	Planning, PlanFailed bool
 	// PlanWaits is what a plan set back to wait for earlier work says it
 	// waits for (its tokenizer, being made), as of its last try.
 	PlanWaits string
+	// PlanOlder is set with PlanFailed where an older kiln queued that
+	// plan: this build's workers refuse its payload's version, and 'sched
+	// retry' queues the same payload again, so only the ingest's command,
+	// enqueued again, plans the store.
+	PlanOlder bool
 	// Files is every file queued for the store. A file is Done once it is
-	// appended (or found already appended, or recorded as skipped), Failed
-	// once its shard or append task is archived, Stopped once one of them
-	// completed at the ingest's limit (progress state "stopped": the file
-	// is not in the store, and a larger limit plans it again), Running
-	// while either task runs, Lost while one is held by a worker that
-	// stopped heartbeating (it runs again once recovered), Retrying while
-	// one waits to run again after a failed attempt (FAILURES says why),
-	// and Waiting otherwise. A file queued again (a larger limit) counts by
-	// its newest tasks.
+	// appended (or found already appended, or recorded as skipped) by any
+	// of its append tasks, whatever a later ended task of it says (the
+	// store holds a file once), Failed once its shard or append task is
+	// archived otherwise, Stopped once one of them completed at the
+	// ingest's limit (progress state "stopped": the file is not in the
+	// store, and a larger limit plans it again), Running while either task
+	// runs, Lost while one is held by a worker that stopped heartbeating
+	// (it runs again once recovered), Retrying while one waits to run
+	// again after a failed attempt (FAILURES says why), and Waiting
+	// otherwise. A file queued again (a larger limit) counts by its newest
+	// tasks.
 	Files, Done, Failed, Stopped, Running, Lost, Retrying, Waiting int
+	// FailedOlder is, of Failed, the files with an archived task an older
+	// kiln queued (its payload's version is older than this build reads):
+	// this build's workers refuse it, and 'sched retry' queues the same
+	// payload again, so only the ingest's command, enqueued again, adds
+	// them to the store.
+	FailedOlder int
 	// Bytes and DoneBytes are the files' download sizes; SizesKnown is
 	// false when a source did not publish every file's size, and the rate
 	// then counts files.
@@ -81,13 +98,28 @@ type DatasetProgress struct {
 func (d DatasetProgress) Remaining() int { return d.Files - d.Done - d.Failed - d.Stopped }
 
 type ingestFile struct {
-	dataset      string
-	size         int64
-	shard, apnd  *TaskStatus
-	tokens       int64
+	dataset     string
+	size        int64
+	shard, apnd *TaskStatus // its newest tasks
+	// whole is its append that last completed other than at a limit: the
+	// file is in the store (or recorded as skipped) since then.
+	whole        *TaskStatus
+	tokens       int64  // what whole appended
 	taken        int64  // the tokens of the parts of it taken at a limit
-	skip         string // why its append recorded it as skipped, "" appended
+	skip         string // why whole recorded it as skipped, "" appended
 	startedShard time.Time
+}
+
+// EnqueueAgain is the command that queues the files d's store lacks,
+// none twice: its ingest's own, enqueued again.
+func (d DatasetProgress) EnqueueAgain() string {
+	switch len(d.Datasets) {
+	case 0: // an append's task does not name its dataset
+		return fmt.Sprintf("'sched enqueue ingest <dataset> --store %s' with the ingest's arguments queues the files the store lacks, none twice", d.Store)
+	case 1:
+		return fmt.Sprintf("'sched enqueue ingest %s --store %s' with the ingest's arguments queues the files the store lacks, none twice", d.Datasets[0], d.Store)
+	}
+	return fmt.Sprintf("'sched enqueue ingest <dataset> --store %s' with each ingest's arguments (%s) queues the files the store lacks, none twice", d.Store, strings.Join(d.Datasets, ", "))
 }
 
 // addDataset records that an ingest of dataset queued work into d's store.
@@ -143,10 +175,7 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			}
 			d := store(name)
 			d.addDataset(a.Dataset)
-			switch {
-			case t.State == "archived" && !t.Cancelled:
-				d.PlanFailed = true
-			case t.State != "completed" && t.State != "archived":
+			if !ended(t) {
 				d.Planning = true
 				if t.State != "active" && t.HasProgress && t.Progress.State == "waiting" {
 					d.PlanWaits = t.Progress.Message
@@ -185,7 +214,10 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			stopped(a.Store, t)
 			f := file(key{a.Store, a.ShardID})
 			if f.apnd == nil || newerTask(t, f.apnd) {
-				f.apnd, f.tokens, f.skip = t, a.Tokens, a.SkipReason
+				f.apnd = t
+			}
+			if t.State == "completed" && !isStopped(t) && (f.whole == nil || newerTask(t, f.whole)) {
+				f.whole, f.tokens, f.skip = t, a.Tokens, a.SkipReason
 			}
 			if t.HasProgress && t.Progress.State == "stopped" {
 				// Each part of a file taken at a limit is a task of its
@@ -227,6 +259,10 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 		case "failed":
 			d.Failed++
 			d.FailedBytes += f.size
+			if (f.shard != nil && f.shard.State == "archived" && olderPayload(f.shard)) ||
+				(f.apnd != nil && f.apnd.State == "archived" && olderPayload(f.apnd)) {
+				d.FailedOlder++
+			}
 		case "stopped":
 			d.Stopped++
 			d.StoppedBytes += f.size
@@ -249,6 +285,11 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 		}
 		d.PlanStopped = isStopped(p)
 		d.PlanDone = p.State == "completed"
+		// An older plan that failed does not count where the ingest was
+		// enqueued again: the latest plan queued the files the store
+		// lacked.
+		d.PlanFailed = p.State == "archived" && !p.Cancelled
+		d.PlanOlder = d.PlanFailed && olderPayload(p)
 		d.LastPlan = p
 	}
 	for name, t := range stoppedAt {
@@ -307,11 +348,33 @@ func taskLimits(t *TaskStatus) (ingest.Limits, bool) {
 	return ingest.Limits{}, false
 }
 
+// olderPayload reports whether t's payload has a version older than the
+// one this build reads its kind at: this build's workers refuse it (the
+// error of one that did says "an older kiln queued it", versionMsg).
+func olderPayload(t *TaskStatus) bool {
+	var env envelope
+	if err := json.Unmarshal(t.Payload, &env); err != nil {
+		return false
+	}
+	p, ok := PolicyFor(t.Kind)
+	return ok && env.V > 0 && env.V < p.Version
+}
+
 // fileState is one file's place in the two-task pipeline.
 func fileState(f *ingestFile) string {
 	if f.shard != nil && f.apnd != nil && !ended(f.shard) && ended(f.apnd) {
-		// Queued again (a larger limit): the append is the earlier ingest's.
+		// Queued again (a larger limit, or its store deleted): the
+		// appends are the earlier ingest's.
 		f = &ingestFile{shard: f.shard}
+	}
+	if f.whole != nil && ended(f.apnd) {
+		// In the store whole, whatever a later task of it said: a shard
+		// of a smaller limit stops, its file unread, at a store the
+		// append filled; an append that failed after (an older kiln's
+		// refused, retried once the ingest enqueued again had appended
+		// the file) had nothing to add, appends of a file being
+		// idempotent.
+		return "done"
 	}
 	for _, t := range []*TaskStatus{f.shard, f.apnd} {
 		if t != nil && t.State == "archived" {
@@ -326,21 +389,12 @@ func fileState(f *ingestFile) string {
 			return "running"
 		}
 	}
-	if f.apnd != nil && f.apnd.State == "completed" && !isStopped(f.apnd) {
-		// In the store whole, whatever a later ingest's shard of it said:
-		// one of a smaller limit stops, its file unread, at a store the
-		// append filled.
-		return "done"
-	}
 	for _, t := range []*TaskStatus{f.shard, f.apnd} {
 		if t != nil && isStopped(t) {
 			return "stopped"
 		}
 	}
-	switch {
-	case f.apnd != nil && f.apnd.State == "completed":
-		return "done"
-	case f.apnd == nil && f.shard != nil && f.shard.State == "completed":
+	if f.apnd == nil && f.shard != nil && f.shard.State == "completed" {
 		// A completed shard queues its append before it completes, so a
 		// completed shard without one found its file already in the store.
 		return "done"
@@ -355,10 +409,13 @@ func fileState(f *ingestFile) string {
 	return "waiting"
 }
 
-// finished is when the file's last task ended: its progress record's last
-// update, to the nanosecond, where asynq's completion time has whole seconds.
+// finished is when the done file entered the store (its append that
+// completed whole), or was found there (its shard): its progress record's
+// last update, to the nanosecond, where asynq's completion time has whole
+// seconds. A task of it that failed after does not count: a store deleted
+// from the disk since the append holds the file no more.
 func (f *ingestFile) finished() time.Time {
-	t := f.apnd
+	t := f.whole
 	if t == nil {
 		t = f.shard
 	}

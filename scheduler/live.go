@@ -201,25 +201,40 @@ func (c *Client) LiveIngest(ctx context.Context, store string) (int, error) {
 	return n + m, err
 }
 
-// IngestFailure is what a token store lacks that no task will add unless
-// it is retried: Files whose ingest failed for good or was cancelled (their
-// newest shard or append task archived), and whether its newest Plan did.
-type IngestFailure struct {
-	Files int
-	Plan  bool
-}
-
-// FailedIngests reads, from one snapshot, the failures of every store that
-// has any.
-func (c *Client) FailedIngests(ctx context.Context) (map[string]IngestFailure, error) {
+// FailedIngests reads, from one snapshot, the ingest of every store that
+// lacks what no task will add unless it is queued again: files whose
+// ingest failed for good or was cancelled (Failed), or whose latest plan
+// did (PlanFailed). A failure is an archived task, so where the ingest queues hold
+// none it reads no snapshot: every segment starts with this, and a
+// snapshot reads every task Redis keeps, a week of a large ingest's
+// completed ones (seconds, and hundreds of MB, at 100,000 of them).
+func (c *Client) FailedIngests(ctx context.Context) (map[string]DatasetProgress, error) {
+	known, err := c.shownQueues()
+	if err != nil {
+		return nil, err
+	}
+	archived := 0
+	for _, q := range []string{QueueIngest, QueueAppend} {
+		if !known[q] {
+			continue
+		}
+		info, err := c.insp.GetQueueInfo(q)
+		if err != nil {
+			return nil, fmt.Errorf("status of queue %s: %w", q, err)
+		}
+		archived += info.Archived
+	}
+	if archived == 0 {
+		return map[string]DatasetProgress{}, nil
+	}
 	snap, err := c.Snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]IngestFailure{}
+	out := map[string]DatasetProgress{}
 	for _, d := range snap.Datasets() {
 		if d.Failed > 0 || d.PlanFailed {
-			out[d.Store] = IngestFailure{Files: d.Failed, Plan: d.PlanFailed}
+			out[d.Store] = d
 		}
 	}
 	return out, nil

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -93,6 +94,104 @@ func TestAFileAppendedWholeIsDoneWhateverALaterShardOfItSaid(t *testing.T) {
 	if len(ds) != 1 || ds[0].Done != 1 || ds[0].Stopped != 0 || ds[0].Tokens != 1000 {
 		t.Fatalf("datasets %+v; want store c's one file done, 1000 tokens, none stopped", ds)
 	}
+}
+
+// olderEnvelope is a's payload as a kiln that wrote its kind's previous
+// payload version queued it.
+func olderEnvelope(t *testing.T, a Args) []byte {
+	t.Helper()
+	p, _ := PolicyFor(a.Kind())
+	raw, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(envelope{V: p.Version - 1, Args: raw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A file that an append put in the store is done whatever a later append
+// of it said: kiln upgraded mid-ingest refused the older kiln's append,
+// the ingest enqueued again appended the file, and a 'sched retry' of the
+// refused task, archived again at once, made the INGEST line read "1
+// failed" for the tasks' 7 days, which no ingest enqueued again cleared.
+// Its time in the store is the append's, so a store deleted from the disk
+// after it still reads deleted.
+func TestAFileAppendedIsDoneWhateverALaterAppendOfItSaid(t *testing.T) {
+	at := time.Date(2026, 12, 8, 12, 0, 0, 0, time.UTC)
+	ts := func(id, kind, st string, payload []byte, end time.Duration, lastErr string) TaskStatus {
+		return TaskStatus{ID: id, Kind: kind, State: st, Payload: payload, Finished: at.Add(end).Truncate(time.Second), LastErr: lastErr,
+			HasProgress: true, Progress: Progress{State: map[string]string{"completed": "done", "archived": "failed"}[st], Started: at, Updated: at.Add(end)}}
+	}
+	p, _ := PolicyFor(KindIngestAppend)
+	refused := (&PayloadError{KindIngestAppend, versionMsg(p.Version-1, p.Version)}).Error()
+	shard := IngestShard{Dataset: "code", Store: "c", ShardID: "f1", Path: "data/f1.parquet", Size: 100}
+	apnd := IngestAppend{Store: "c", ShardID: "f1", Tokens: 1000}
+	s := &Snapshot{At: at.Add(time.Minute), Tasks: []TaskStatus{
+		// The older kiln's shard, and its append that the upgraded
+		// worker refused.
+		ts("s-old", KindIngestShard, "completed", olderEnvelope(t, shard), 100*time.Millisecond, ""),
+		// The ingest enqueued again, at this build's version: the file
+		// is in the store.
+		ts("s-new", KindIngestShard, "completed", mustEncode(t, shard), 300*time.Millisecond, ""),
+		ts("a-new", KindIngestAppend, "completed", mustEncode(t, apnd), 400*time.Millisecond, ""),
+		// 'sched retry' of the refused append, refused again after.
+		ts("a-old", KindIngestAppend, "archived", olderEnvelope(t, apnd), 500*time.Millisecond, refused),
+	}}
+	ds := s.Datasets()
+	if len(ds) != 1 || ds[0].Files != 1 || ds[0].Done != 1 || ds[0].Failed != 0 || ds[0].FailedOlder != 0 || ds[0].Tokens != 1000 {
+		t.Fatalf("datasets %+v; want store c's one file done, 1000 tokens, none failed", ds)
+	}
+	if want := at.Add(400 * time.Millisecond); !ds[0].Last.Equal(want) {
+		t.Errorf("store c's last file done at %v; want %v, when its append completed, not when the refused one ended", ds[0].Last, want)
+	}
+}
+
+// A file an older kiln's archived task left out of the store is told
+// apart from one whose task failed at this build's version: 'sched retry'
+// queues the older payload again, which this build refuses again. A plan
+// that failed counts only while it is the store's latest: the ingest
+// enqueued again plans anew.
+func TestAFailureOfAnOlderKilnsTaskIsToldApart(t *testing.T) {
+	at := time.Date(2026, 12, 8, 12, 0, 0, 0, time.UTC)
+	ts := func(id, kind, st string, payload []byte, end time.Duration) TaskStatus {
+		return TaskStatus{ID: id, Kind: kind, State: st, Payload: payload, Finished: at.Add(end).Truncate(time.Second),
+			HasProgress: true, Progress: Progress{Started: at, Updated: at.Add(end)}}
+	}
+	plan := IngestPlan{Dataset: "code", Store: "c"}
+	s := &Snapshot{At: at.Add(time.Minute), Tasks: []TaskStatus{
+		// Store c: the older kiln's plan, refused, then the ingest
+		// enqueued again.
+		ts("p-old", KindIngestPlan, "archived", olderEnvelope(t, plan), 100*time.Millisecond),
+		ts("p-new", KindIngestPlan, "completed", mustEncode(t, plan), 200*time.Millisecond),
+		// f1's append, the older kiln's, refused; f2's failed at this
+		// build's version.
+		ts("a1", KindIngestAppend, "archived", olderEnvelope(t, IngestAppend{Store: "c", ShardID: "f1"}), 300*time.Millisecond),
+		ts("a2", KindIngestAppend, "archived", mustEncode(t, IngestAppend{Store: "c", ShardID: "f2"}), 300*time.Millisecond),
+		// Store d: only the older kiln's plan, refused.
+		ts("p-d", KindIngestPlan, "archived", olderEnvelope(t, IngestPlan{Dataset: "web", Store: "d"}), 100*time.Millisecond),
+	}}
+	ds := s.Datasets()
+	if len(ds) != 2 {
+		t.Fatalf("datasets %+v; want stores c and d", ds)
+	}
+	if c := ds[0]; c.Store != "c" || c.Failed != 2 || c.FailedOlder != 1 || c.PlanFailed || c.PlanOlder {
+		t.Errorf("store c: %+v; want 2 files failed, 1 of them an older kiln's, and no plan failed (the latest completed)", c)
+	}
+	if d := ds[1]; d.Store != "d" || !d.PlanFailed || !d.PlanOlder {
+		t.Errorf("store d: %+v; want its plan failed, an older kiln's", d)
+	}
+}
+
+func mustEncode(t *testing.T, a Args) []byte {
+	t.Helper()
+	b, err := Encode(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // An ingest task names the token store it fills where that is not the

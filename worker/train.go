@@ -650,7 +650,7 @@ type Live interface {
 	SupersedingSegment(ctx context.Context, run, id string, from int64) (*asynq.TaskInfo, error)
 	LiveTokenizer(ctx context.Context, name string) (*asynq.TaskInfo, error)
 	LiveIngest(ctx context.Context, store string) (int, error)
-	FailedIngests(ctx context.Context) (map[string]scheduler.IngestFailure, error)
+	FailedIngests(ctx context.Context) (map[string]scheduler.DatasetProgress, error)
 }
 
 // waitForTokenizer returns a *WaitError while tokenizer name is being
@@ -699,8 +699,8 @@ func plural(n int, noun string) string {
 
 // warnPartialStores says, in the worker's log, when a store of the run's
 // mixture lacks files whose ingest failed for good or was cancelled: the
-// run trains on what the store holds, and the warning names what to retry
-// for the rest.
+// run trains on what the store holds, and the warning says what adds the
+// rest. A file that any of its appends put in the store does not count.
 func warnPartialStores(ctx context.Context, q Live, run string, mixture []trainer.MixtureEntry, log *zap.Logger) {
 	if q == nil {
 		return
@@ -710,18 +710,41 @@ func warnPartialStores(ctx context.Context, q Live, run string, mixture []traine
 		return
 	}
 	for _, m := range mixture {
-		f, ok := failed[m.Store]
+		d, ok := failed[m.Store]
 		if filepath.IsAbs(m.Store) || !ok {
 			continue
 		}
-		what := plural(f.Files, "file")
-		if f.Plan {
-			what = "its plan (and so its unplanned files)"
-		}
-		log.Warn(fmt.Sprintf("run %s trains on part of token store %s: the ingest of %s failed for good or was cancelled; "+
-			"'sched runs' lists those tasks, 'sched retry <task-id>' adds them to the store", run, m.Store, what),
-			zap.String("run", run), zap.String("store", m.Store), zap.Int("failed_files", f.Files), zap.Bool("plan_failed", f.Plan))
+		log.Warn(fmt.Sprintf("run %s trains on part of token store %s: %s", run, m.Store, partialStore(d)),
+			zap.String("run", run), zap.String("store", m.Store), zap.Int("failed_files", d.Failed), zap.Bool("plan_failed", d.PlanFailed),
+			zap.Int("older_kiln_files", d.FailedOlder), zap.Bool("older_kiln_plan", d.PlanOlder))
 	}
+}
+
+// partialStore says what store d lacks for good and what adds it: 'sched
+// retry' of the tasks that failed, unless an older kiln queued some of
+// them, which this build's workers refuse and which a retry queues
+// unchanged; then the ingest's command enqueued again, which queues every
+// file the store lacks (an archived task of the same work is replaced).
+func partialStore(d scheduler.DatasetProgress) string {
+	var all, again []string
+	if d.Failed > 0 {
+		all = append(all, plural(d.Failed, "file"))
+	}
+	if d.PlanFailed {
+		all = append(all, "its plan (and so its unplanned files)")
+	}
+	msg := "the ingest of " + strings.Join(all, " and ") + " failed for good or was cancelled; "
+	if d.FailedOlder > 0 {
+		again = append(again, "the tasks of "+plural(d.FailedOlder, "file"))
+	}
+	if d.PlanOlder {
+		again = append(again, "its plan")
+	}
+	if len(again) == 0 {
+		return msg + "'sched runs' lists those tasks, 'sched retry <task-id>' adds them to the store"
+	}
+	return msg + fmt.Sprintf("an older kiln queued %s, which this kiln's workers refuse and a retry queues unchanged: "+
+		"enqueue the ingest again, not sched retry: %s", strings.Join(again, " and "), d.EnqueueAgain())
 }
 
 // benchRows reads the bench sweep's rows, for the run's tok/s gate; none

@@ -3,6 +3,8 @@ package worker
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -475,6 +477,83 @@ func TestRunOnAPartlyIngestedStoreIsWarned(t *testing.T) {
 	if len(w) != 1 || !strings.Contains(w[0].Message, "run pilot trains on part of token store code: the ingest of 1 file failed for good") ||
 		!strings.Contains(w[0].Message, "sched retry") {
 		t.Fatalf("warnings %v; want one naming store code, its failed file and sched retry", w)
+	}
+}
+
+// A run over a store that kiln, upgraded mid-ingest, left short is warned
+// with what adds the rest: the files whose tasks an older kiln queued (the
+// upgraded worker refused them) by the ingest enqueued again, not by
+// 'sched retry', which queues the same payload to be refused again. A file
+// the ingest enqueued again appended is not counted, though a 'sched
+// retry' of its refused append was refused again after. The warning read
+// "the ingest of 3 files failed ...; 'sched retry <task-id>' adds them".
+func TestRunOnAStoreAnOlderKilnLeftShortIsWarnedToEnqueueItAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	// This build's append, a test's: f3's fails for good, others complete.
+	e.handlers.Extra = append(e.handlers.Extra, HandlerFunc(func(ctx context.Context, a scheduler.IngestAppend) error {
+		if a.ShardID == "f3" {
+			return fmt.Errorf("append %s to token store %s: the disk is damaged (%w)", a.ShardID, a.Store, asynq.SkipRetry)
+		}
+		return nil
+	}))
+	e.serve(map[string]int{scheduler.QueueAppend: 1})
+	ctx := context.Background()
+	raw := asynq.NewClient(e.opt)
+	defer raw.Close()
+	p, _ := scheduler.PolicyFor(scheduler.KindIngestAppend)
+	olderKiln := func(a scheduler.IngestAppend) string {
+		b, err := scheduler.Encode(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var env map[string]json.RawMessage
+		if err := json.Unmarshal(b, &env); err != nil {
+			t.Fatal(err)
+		}
+		env["v"] = json.RawMessage(strconv.Itoa(p.Version - 1))
+		if b, err = json.Marshal(env); err != nil {
+			t.Fatal(err)
+		}
+		// Its id as every kiln gives it: its kind and payload's hash
+		// (scheduler.TaskID), which 'sched retry' finds it by.
+		h := sha256.Sum256(append(append([]byte(a.Kind()), 0), b...))
+		id := a.Kind() + ":" + hex.EncodeToString(h[:10])
+		info, err := raw.EnqueueContext(ctx, asynq.NewTask(a.Kind(), b, asynq.TaskID(id), asynq.Queue(scheduler.QueueAppend),
+			asynq.MaxRetry(10), asynq.Retention(time.Hour)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.ID
+	}
+	refused := func(id string) {
+		e.waitFor(id, 20*time.Second, "refused as an older kiln's", func(ts scheduler.TaskStatus) bool {
+			return ts.State == "archived" && strings.Contains(ts.LastErr, "an older kiln queued it")
+		})
+	}
+	file := func(id string) scheduler.IngestAppend {
+		return scheduler.IngestAppend{Store: "code", ShardID: id, Dataset: "local:/src/*", Source: "/src/" + id + ".jsonl", Tokens: 10}
+	}
+	old1, old2 := olderKiln(file("f1")), olderKiln(file("f2"))
+	refused(old1)
+	refused(old2)
+	// The ingest enqueued again: f1 is appended, f3 fails at this
+	// build's version.
+	e.waitFor(e.enqueue(file("f1")), 20*time.Second, "completed", state("completed"))
+	e.waitFor(e.enqueue(file("f3")), 20*time.Second, "archived", state("archived"))
+	// Then 'sched retry' of f1's refused append: refused again.
+	if _, err := e.c.Retry(ctx, old1); err != nil {
+		t.Fatal(err)
+	}
+	refused(old1)
+
+	core, logs := observer.New(zap.WarnLevel)
+	warnPartialStores(ctx, e.c, "pilot", []trainer.MixtureEntry{{Store: "code", Weight: 1}}, zap.New(core))
+	w := logs.All()
+	if len(w) != 1 || !strings.Contains(w[0].Message, "run pilot trains on part of token store code: the ingest of 2 files failed for good or was cancelled; ") ||
+		!strings.Contains(w[0].Message, "an older kiln queued the tasks of 1 file, ") ||
+		!strings.Contains(w[0].Message, "enqueue the ingest again, not sched retry: 'sched enqueue ingest <dataset> --store code' with the ingest's arguments") {
+		t.Fatalf("warnings %v; want one saying store code lacks 2 files, f2 an older kiln's, to be added by the ingest enqueued again", w)
 	}
 }
 

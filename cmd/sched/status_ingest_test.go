@@ -99,7 +99,7 @@ func TestStatusIngestPerDataset(t *testing.T) {
 	}
 	// A run of store code lacks nothing; one of blocked waits (its append
 	// retries: nothing failed for good yet).
-	if failed, err := q.FailedIngests(context.Background()); err != nil || failed["code"].Files != 0 || failed["code"].Plan {
+	if failed, err := q.FailedIngests(context.Background()); err != nil || failed["code"].Failed != 0 || failed["code"].PlanFailed {
 		t.Errorf("FailedIngests: code %+v, %v; want none", failed["code"], err)
 	}
 	if n, err := q.LiveIngest(context.Background(), "blocked"); err != nil || n != 1 {

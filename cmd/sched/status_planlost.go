@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/kiln-lm/kiln/ingest"
@@ -42,15 +41,7 @@ type storeStatusRead struct {
 // object storage (which the append worker publishes after every commit,
 // and which outlives Redis), and how to queue the files it lacks.
 func (c *storedCache) planLost(ctx context.Context, d scheduler.DatasetProgress) string {
-	var again string
-	switch len(d.Datasets) {
-	case 0: // an append's task does not name its dataset
-		again = fmt.Sprintf("'sched enqueue ingest <dataset> --store %s' with the ingest's arguments queues the files the store lacks, none twice", d.Store)
-	case 1:
-		again = fmt.Sprintf("'sched enqueue ingest %s --store %s' with the ingest's arguments queues the files the store lacks, none twice", d.Datasets[0], d.Store)
-	default:
-		again = fmt.Sprintf("'sched enqueue ingest <dataset> --store %s' with each ingest's arguments (%s) queues the files the store lacks, none twice", d.Store, strings.Join(d.Datasets, ", "))
-	}
+	again := d.EnqueueAgain()
 	why := "Redis holds no record of its plan (it lost its data, or the plan ended more than 7 days ago), so the dataset's file count is unknown"
 	st, err := c.stores.status(ctx, c.cfg, d)
 	switch {

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -349,15 +348,10 @@ func taskLimits(t *TaskStatus) (ingest.Limits, bool) {
 }
 
 // olderPayload reports whether t's payload has a version older than the
-// one this build reads its kind at: this build's workers refuse it (the
-// error of one that did says "an older kiln queued it", versionMsg).
+// one this build reads its kind at (OlderPayload).
 func olderPayload(t *TaskStatus) bool {
-	var env envelope
-	if err := json.Unmarshal(t.Payload, &env); err != nil {
-		return false
-	}
-	p, ok := PolicyFor(t.Kind)
-	return ok && env.V > 0 && env.V < p.Version
+	_, _, older := OlderPayload(t.Kind, t.Payload)
+	return older
 }
 
 // fileState is one file's place in the two-task pipeline.

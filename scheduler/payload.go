@@ -83,6 +83,19 @@ func Decode[A Args](data []byte) (A, error) {
 	return a, nil
 }
 
+// OlderPayload reports whether payload, of a task of kind, has a version v
+// older than the version want this build reads the kind at: an older kiln
+// queued it, this build's workers refuse it (versionMsg), and 'sched retry'
+// would queue the same payload again.
+func OlderPayload(kind string, payload []byte) (v, want int, older bool) {
+	var env envelope
+	if err := json.Unmarshal(payload, &env); err != nil {
+		return 0, 0, false
+	}
+	p, ok := PolicyFor(kind)
+	return env.V, p.Version, ok && env.V > 0 && env.V < p.Version
+}
+
 // versionMsg says that a payload of version v is not read by a build that
 // reads version want, and what to do. Work an older kiln queued is queued
 // again by the command that queued it, at this build's version: sched

@@ -45,6 +45,16 @@ also re-queues what failed in it.`,
 			}
 			defer q.Close()
 			var said scheduler.Args = taskKind(args[0])
+			if ti, err := q.Find(ctx, args[0]); err == nil {
+				if v, want, older := scheduler.OlderPayload(ti.Type, ti.Payload); older {
+					// Its workers refuse it again at once: the retry
+					// would say it queued work that no worker does.
+					return badInput("task %s was queued by an older kiln (payload version %d; this build reads version %d), and a retry queues the same payload, which this build's workers refuse: "+
+						"enqueue the work again with the sched enqueue command that queued it (an ingest queues only the files its store lacks; a run resumes from its checkpoint). "+
+						"Where this build's own enqueue queued the work, a worker of an older build still serves a queue: upgrade every worker ('sched version' on each host), then enqueue it again",
+						ti.ID, v, want)
+				}
+			}
 			var notes []string
 			run := "" // the segment's run, which names it as the other views do
 			if taskKind(args[0]).Kind() == scheduler.KindTrainSegment {

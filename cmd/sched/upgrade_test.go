@@ -42,7 +42,16 @@ func TestWorkAnOlderKilnQueuedIsArchivedAndQueuedAgainByItsCommand(t *testing.T)
 		info.ID, scheduler.KindIngestPlan, p.Version-1, p.Version)
 	waitOutput(t, env, regexp.MustCompile(regexp.QuoteMeta(want)), time.Minute, "runs")
 
-	out, errOut, code := sched(t, env, "ingest", glob, "--store", "code", "--tokenizer", "tk")
+	// A retry would queue the same payload, which the worker refuses at
+	// once: it is refused here, saying what queues the work. It said it
+	// queued the task again, exit 0.
+	out, errOut, code := sched(t, env, "retry", info.ID)
+	if code != 2 || !strings.Contains(errOut, fmt.Sprintf("task %s was queued by an older kiln (payload version %d; this build reads version %d)", info.ID, p.Version-1, p.Version)) ||
+		!strings.Contains(errOut, "enqueue the work again with the sched enqueue command that queued it") || strings.Contains(out, "queued") {
+		t.Fatalf("sched retry of the older kiln's task: exit %d\n%s%s", code, out, errOut)
+	}
+
+	out, errOut, code = sched(t, env, "ingest", glob, "--store", "code", "--tokenizer", "tk")
 	if code != 0 || !strings.Contains(out, "queued ingest:plan:") {
 		t.Fatalf("the same ingest again: exit %d\n%s%s", code, out, errOut)
 	}

@@ -29,6 +29,10 @@ import (
 // the same cluster-wide view and a scrape costs what `sched status` does;
 // scrape every 15 s or more.
 type Metrics struct {
+	// IngestWithin bounds a scrape's read of every task, which the
+	// ingest's figures come from; the runs' figures are read first, within
+	// 10 s of their own. Default 10s.
+	IngestWithin time.Duration
 	q      *scheduler.Client
 	queues prometheus.Collector
 	log    *zap.Logger
@@ -62,7 +66,7 @@ var (
 	descIngestTokens = prometheus.NewDesc("kiln_ingest_tokens", "Tokens the done files of a store's ingest appended.", []string{"store", "dataset"}, nil)
 	descIngestRate   = prometheus.NewDesc("kiln_ingest_bytes_per_second", "A store's ingest rate over its files so far (bytes, or files where sizes are unknown).", []string{"store", "dataset", "unit"}, nil)
 	descAppendLag    = prometheus.NewDesc("kiln_ingest_append_lag", "Shards of a store tokenized and waiting for, or in, their append.", []string{"store"}, nil)
-	descScrapeError  = prometheus.NewDesc("kiln_scrape_error", "1 when this scrape could not read Redis.", nil, nil)
+	descScrapeError  = prometheus.NewDesc("kiln_scrape_error", "1 when this scrape could not read Redis (the runs' figures, or the ingest's, which are then left out).", nil, nil)
 )
 
 // Describe sends every metric's description.
@@ -75,65 +79,45 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect reads the figures from Redis.
+// Collect reads the figures from Redis. The runs' figures, which the
+// alerts read, come first and from the gpu queue's tasks alone, each part
+// within its own bound: the ingest's come from every task Redis keeps, a
+// week of a large ingest's (seconds at 100,000), and a scrape that ran
+// out of time reading them went without the runs' too.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	failed := 0.0
 	defer func() { gauge(descScrapeError, failed) }()
-
-	snap, err := m.q.Snapshot(ctx)
-	if err != nil {
-		m.log.Warn("metrics: read the queues", zap.Error(err))
-		failed = 1
-		return
-	}
-	m.queues.Collect(ch)
-	gauge(descWorkers, float64(len(snap.Workers)))
-	for _, d := range snap.Datasets() {
-		dataset := strings.Join(d.Datasets, ",") // several where --store sent several datasets into one store
-		for state, n := range map[string]int{"done": d.Done, "failed": d.Failed, "stopped": d.Stopped, "running": d.Running, "waiting": d.Waiting} {
-			gauge(descIngestFiles, float64(n), d.Store, dataset, state)
-		}
-		gauge(descIngestBytes, float64(d.Bytes), d.Store, dataset, "total")
-		gauge(descIngestBytes, float64(d.DoneBytes), d.Store, dataset, "done")
-		gauge(descIngestTokens, float64(d.Tokens), d.Store, dataset)
-		unit := "bytes"
-		if !d.SizesKnown {
-			unit = "files"
-		}
-		gauge(descIngestRate, d.Rate, d.Store, dataset, unit)
-	}
-
-	lag := map[string]int{}
-	for _, t := range snap.Tasks {
-		if t.Kind != scheduler.KindIngestAppend {
-			continue
-		}
-		switch t.State {
-		case "pending", "active", "retry", "scheduled":
-			if a, err := scheduler.Decode[scheduler.IngestAppend](t.Payload); err == nil {
-				lag[a.Store]++
-			}
-		}
-	}
-	for _, d := range snap.Datasets() {
-		if _, ok := lag[d.Store]; !ok {
-			lag[d.Store] = 0
-		}
-	}
-	for store, n := range lag {
-		gauge(descAppendLag, float64(n), store)
-	}
-
-	states, err := scheduler.ReadRunStates(ctx, m.q.Redis())
-	if err != nil {
+	if err := m.collectRuns(gauge); err != nil {
 		m.log.Warn("metrics: read the runs", zap.Error(err))
 		failed = 1
-		return
+	}
+	m.queues.Collect(ch)
+	if err := m.collectIngest(gauge); err != nil {
+		m.log.Warn("metrics: read the ingest's tasks", zap.Error(err))
+		failed = 1
+	}
+}
+
+type gaugeFunc func(d *prometheus.Desc, v float64, labels ...string)
+
+// runsWithin bounds a scrape's read of the runs' figures.
+const runsWithin = 10 * time.Second
+
+// collectRuns sends the workers' count and every run's figures.
+func (m *Metrics) collectRuns(gauge gaugeFunc) error {
+	ctx, cancel := context.WithTimeout(context.Background(), runsWithin)
+	defer cancel()
+	snap, err := m.q.SnapshotOf(ctx, scheduler.QueueGPU)
+	if err != nil {
+		return err
+	}
+	gauge(descWorkers, float64(len(snap.Workers)))
+	states, err := scheduler.ReadRunStates(ctx, m.q.Redis())
+	if err != nil {
+		return err
 	}
 	now, segments := time.Now(), snap.RunTasks()
 	for _, s := range states {
@@ -175,6 +159,53 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descRunDone, done, s.Run)
 	}
+	return nil
+}
+
+// collectIngest sends every store's ingest figures and append lag.
+func (m *Metrics) collectIngest(gauge gaugeFunc) error {
+	within := m.IngestWithin
+	if within <= 0 {
+		within = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	snap, err := m.q.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	datasets := snap.Datasets()
+	lag := map[string]int{}
+	for _, d := range datasets {
+		lag[d.Store] = 0
+		dataset := strings.Join(d.Datasets, ",") // several where --store sent several datasets into one store
+		for state, n := range map[string]int{"done": d.Done, "failed": d.Failed, "stopped": d.Stopped, "running": d.Running, "waiting": d.Waiting} {
+			gauge(descIngestFiles, float64(n), d.Store, dataset, state)
+		}
+		gauge(descIngestBytes, float64(d.Bytes), d.Store, dataset, "total")
+		gauge(descIngestBytes, float64(d.DoneBytes), d.Store, dataset, "done")
+		gauge(descIngestTokens, float64(d.Tokens), d.Store, dataset)
+		unit := "bytes"
+		if !d.SizesKnown {
+			unit = "files"
+		}
+		gauge(descIngestRate, d.Rate, d.Store, dataset, unit)
+	}
+	for _, t := range snap.Tasks {
+		if t.Kind != scheduler.KindIngestAppend {
+			continue
+		}
+		switch t.State {
+		case "pending", "active", "retry", "scheduled":
+			if a, err := scheduler.Decode[scheduler.IngestAppend](t.Payload); err == nil {
+				lag[a.Store]++
+			}
+		}
+	}
+	for store, n := range lag {
+		gauge(descAppendLag, float64(n), store)
+	}
+	return nil
 }
 
 // ServeMetrics listens on addr and serves /metrics (kiln's figures and the

@@ -90,3 +90,49 @@ func TestMetricsSayWhenEachRunLastReported(t *testing.T) {
 		t.Errorf("the scrape did not read Redis:\n%s", page)
 	}
 }
+
+// A scrape whose read of every task runs out of time (a week of a large
+// ingest's tasks kept in Redis) still gives the runs' figures, which the
+// alerts read, and says it failed: the runs' read waited behind it and
+// ran out with it, and every kiln_run_* series dropped out.
+func TestAScrapeWhoseIngestReadRunsOutKeepsTheRunsFigures(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	q := scheduler.NewClient(asynq.RedisClientOpt{Addr: r.Addr})
+	t.Cleanup(func() { q.Close() })
+	if err := rdb.HSet(ctx, scheduler.RunStateKey("pilot"), "step", "600", "total", "20000", "tok_per_s", "13979").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Enqueue(ctx, scheduler.IngestPlan{Dataset: "local:/src/*.go", Store: "code", Tokenizer: "tk"}); err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics(q, asynq.RedisClientOpt{Addr: r.Addr}, nil)
+	m.IngestWithin = time.Nanosecond // out of time before its first read
+	addr, err := ServeMetrics(ctx, "127.0.0.1:0", m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
+	}
+	page := string(b)
+	if v, ok := gaugeOf(page, "kiln_run_step", "pilot"); !ok || v != 600 {
+		t.Errorf("kiln_run_step of run pilot: %v (%v), want 600:\n%s", v, ok, page)
+	}
+	if v, ok := gaugeOf(page, "kiln_run_tokens_per_second", "pilot"); !ok || v != 13979 {
+		t.Errorf("kiln_run_tokens_per_second of run pilot: %v (%v), want 13979", v, ok)
+	}
+	if !strings.Contains(page, "\nkiln_scrape_error 1\n") || strings.Contains(page, "kiln_ingest_files{") {
+		t.Errorf("want kiln_scrape_error 1 and no ingest figures:\n%s", page)
+	}
+}

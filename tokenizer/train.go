@@ -124,9 +124,26 @@ func Train(ctx context.Context, inputs []io.Reader, opts TrainOptions) ([]byte, 
 	return writeTokenizerJSON(tokens, merges, opts)
 }
 
+// NoMerge says why a training learned no merge at all, and what to do:
+// no pair of symbols occurs minFrequency times in the corpus, and no
+// size asked for makes a tokenizer of the byte symbols alone of use.
+func NoMerge(minFrequency int64) string {
+	if minFrequency <= 0 {
+		minFrequency = 2
+	}
+	return fmt.Sprintf("the corpus has no pair of symbols seen %s, so it teaches no merge (its tokenizer would hold the 256 byte symbols and the special tokens alone, one byte a token): train on more text", timesOrMore(minFrequency))
+}
+
+// minTrainedVocab is the fewest ids of a tokenizer with one merge: the 256
+// byte symbols, an end-of-text token and the merge; no kiln command takes
+// a smaller size.
+const minTrainedVocab = 258
+
 // Shortfall says, when a training yielded fewer ids than asked, why and
 // what to do; "" when it yielded them all. BPE stops when no pair of
-// symbols occurs minFrequency times: the corpus has no more to teach.
+// symbols occurs minFrequency times: the corpus has no more to teach. The
+// size it suggests is one a command takes: a yield below minTrainedVocab,
+// which learned no merge, gets none.
 func Shortfall(got, asked int, minFrequency int64) string {
 	if got >= asked {
 		return ""
@@ -134,8 +151,23 @@ func Shortfall(got, asked int, minFrequency int64) string {
 	if minFrequency <= 0 {
 		minFrequency = 2
 	}
-	return fmt.Sprintf("the corpus yields %d ids of the %d asked: no pair of symbols occurs %d times or more; train on more text, or ask for %d ids",
-		got, asked, minFrequency, got)
+	msg := fmt.Sprintf("the corpus yields %d ids of the %d asked: no pair of symbols occurs %s", got, asked, timesOrMore(minFrequency))
+	if got < minTrainedVocab {
+		return msg + ", so it taught no merge; train on more text"
+	}
+	return msg + fmt.Sprintf("; train on more text, or ask for %d ids", got)
+}
+
+// timesOrMore is "twice or more", "5 times or more": how often a pair
+// must occur to be merged, in words.
+func timesOrMore(n int64) string {
+	switch n {
+	case 1:
+		return "once or more"
+	case 2:
+		return "twice or more"
+	}
+	return fmt.Sprintf("%d times or more", n)
 }
 
 // countWords pre-tokenizes all input on all cores and counts each word.

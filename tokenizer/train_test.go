@@ -184,3 +184,31 @@ func TestTrainOutputUnchanged(t *testing.T) {
 		}
 	}
 }
+
+// Shortfall suggests the size a training yielded only where a command
+// takes it: a yield of no merge (257 ids) gets no size, where it said to
+// ask for 257 ids, which sched tokenizer train refuses.
+func TestShortfallNeverSuggestsASizeBelowTheLeast(t *testing.T) {
+	for _, c := range []struct {
+		got, asked int
+		want, not  string
+	}{
+		{257, 300, "the corpus yields 257 ids of the 300 asked: no pair of symbols occurs twice or more, so it taught no merge; train on more text", "ask for"},
+		{5275, 16384, "the corpus yields 5275 ids of the 16384 asked: no pair of symbols occurs twice or more; train on more text, or ask for 5275 ids", ""},
+	} {
+		msg := Shortfall(c.got, c.asked, 2)
+		if !strings.Contains(msg, c.want) || c.not != "" && strings.Contains(msg, c.not) {
+			t.Errorf("Shortfall(%d, %d): %q; want %q", c.got, c.asked, msg, c.want)
+		}
+	}
+	if msg := Shortfall(300, 300, 2); msg != "" {
+		t.Errorf("Shortfall of a full yield: %q; want none", msg)
+	}
+	// A training of no merge, which a command refuses, says why in the
+	// same words, naming no size either.
+	for minFrequency, want := range map[int64]string{0: "seen twice or more", 2: "seen twice or more", 5: "seen 5 times or more"} {
+		if msg := NoMerge(minFrequency); !strings.Contains(msg, "the corpus has no pair of symbols "+want) || !strings.HasSuffix(msg, "train on more text") || strings.Contains(msg, "ask for") {
+			t.Errorf("NoMerge(%d): %q; want it to say no pair is %s, and to train on more text", minFrequency, msg, want)
+		}
+	}
+}

@@ -831,12 +831,17 @@ func consoleLog(format string, w io.Writer) bool {
 func logger(cfg scheduler.Config) *zap.Logger { return newLogger(os.Stderr, cfg.LogFormat) }
 
 // newLogger writes to w in format (KILN_LOG_FORMAT): readable lines or
-// JSON, as consoleLog says.
+// JSON, as consoleLog says. Readable lines colour their level on a
+// terminal only: console is also chosen for a file (sched worker >
+// worker.log) or journald, where escape codes are noise.
 func newLogger(w io.Writer, format string) *zap.Logger {
 	enc := zap.NewProductionEncoderConfig()
 	enc.EncodeTime = zapcore.ISO8601TimeEncoder
 	if consoleLog(format, w) {
-		enc.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		enc.EncodeLevel = zapcore.CapitalLevelEncoder
+		if isTerminal(w) {
+			enc.EncodeLevel = zapcore.CapitalColorLevelEncoder
+		}
 		return zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w), zap.InfoLevel))
 	}
 	enc.TimeKey = "time" // as the worker's

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -85,4 +86,32 @@ func openTerminal(t *testing.T) (r, w *os.File) {
 	}
 	t.Cleanup(func() { s.Close() })
 	return m, s
+}
+
+// KILN_LOG_FORMAT=console colours the level on a terminal only: chosen for
+// a file (sched worker > worker.log) or a pipe, its lines hold no escape
+// codes, where they held the terminal's colour codes wherever they went.
+func TestConsoleLogColoursOnlyOnATerminal(t *testing.T) {
+	t.Parallel()
+	if line := logLine(t, "console", true); !strings.Contains(line, "\x1b[") || !strings.Contains(line, "INFO") {
+		t.Errorf("console log on a terminal: %q; want its level coloured", line)
+	}
+	if line := logLine(t, "console", false); strings.Contains(line, "\x1b") || !strings.Contains(line, "\tINFO\t") {
+		t.Errorf("console log into a pipe: %q; want the level as plain INFO, no escape codes", line)
+	}
+
+	// The command's own log, into a pipe, as sched ingest writes it.
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "a.go"), []byte("package main\nfunc f() {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code := sched(t, []string{"KILN_LOG_FORMAT=console"}, "ingest", "local:"+filepath.Join(src, "*.go"), "--direct",
+		"--store-dir", filepath.Join(dir, "store"), "--tokenizer-file", goldenTokenizerWithEOS(t, dir))
+	if code != 0 || !strings.Contains(errOut, "\tINFO\t") || strings.Contains(errOut, "\x1b") {
+		t.Fatalf("sched ingest with KILN_LOG_FORMAT=console, its log into a pipe: exit %d\n%q\nwant exit 0 and INFO lines with no escape codes", code, errOut)
+	}
 }

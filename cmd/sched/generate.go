@@ -108,12 +108,21 @@ func (f generateFlags) check() error {
 // runGenerate writes the prompt and its continuation to out; f has passed
 // check, and f.checkpoint names a directory (--run's, once pulled).
 func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) error {
-	if fi, err := os.Stat(f.checkpoint); err == nil && !fi.IsDir() {
+	fi, err := os.Stat(f.checkpoint)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return badInput("--checkpoint %s does not exist: give a checkpoint's directory (it holds config.json, model.safetensors and tokenizer.json), or --run NAME for a run's newest checkpoint in object storage", f.checkpoint)
+	case err == nil && !fi.IsDir():
 		return badInput("--checkpoint %s is a file: give the checkpoint's directory (it holds config.json, model.safetensors and tokenizer.json)", f.checkpoint)
 	}
 	if _, err := os.Stat(filepath.Join(f.checkpoint, "config.json")); errors.Is(err, os.ErrNotExist) {
 		// A run's directory, as training writes it, holds its checkpoints.
-		if steps, _ := trainer.StepDirs(f.checkpoint); len(steps) > 0 {
+		steps, _ := trainer.StepDirs(f.checkpoint)
+		if len(steps) == 1 {
+			return badInput("--checkpoint %s is a run's directory of 1 checkpoint: give the checkpoint, %s, or --run %s for the run's newest complete checkpoint in object storage",
+				f.checkpoint, steps[0], filepath.Base(filepath.Clean(f.checkpoint)))
+		}
+		if len(steps) > 1 {
 			return badInput("--checkpoint %s is a run's directory of %d checkpoints: give one of them, such as %s (the newest), or --run %s for the run's newest complete checkpoint in object storage",
 				f.checkpoint, len(steps), steps[0], filepath.Base(filepath.Clean(f.checkpoint)))
 		}
@@ -128,7 +137,7 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 		if errors.Is(err, os.ErrNotExist) {
 			return badInput("checkpoint %s: %v (a checkpoint directory holds config.json, model.safetensors and tokenizer.json)", f.checkpoint, err)
 		}
-		return fmt.Errorf("load checkpoint %s: %w", f.checkpoint, err)
+		return onPath("load checkpoint", f.checkpoint, err)
 	}
 	if name, at, bad := params.NonFinite(); bad {
 		return badInput("checkpoint %s: model.safetensors holds a NaN or an infinity (%s, value %d): its training had diverged by then, and it would generate noise; use an earlier checkpoint", f.checkpoint, name, at)
@@ -140,7 +149,7 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 		if errors.Is(err, os.ErrNotExist) {
 			return badInput("checkpoint %s has no tokenizer.json: copy the tokenizer the model was trained with into it", f.checkpoint)
 		}
-		return fmt.Errorf("load checkpoint %s: %w", f.checkpoint, err)
+		return onPath("load checkpoint", f.checkpoint, err)
 	}
 	if tok.VocabSize() > cfg.VocabSize {
 		return badInput("%s has %d tokens but the model's vocab_size is %d: the tokenizer does not belong to this checkpoint", tokPath, tok.VocabSize(), cfg.VocabSize)

@@ -204,8 +204,13 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 		// documents are in, its rest waits for a larger limit.
 		appended += fmt.Sprintf(" and %d in part", rep.Partial)
 	}
-	fmt.Fprintf(out, "%s at %s: %d files, %s (%d documents, %d tokens), %d already in the store%s\n",
-		p.Name, rep.Revision, rep.Files, appended, rep.Documents, rep.Tokens, rep.Duplicates, sameContent(rep.Same))
+	// A local dataset has no revision: its files are read as they are.
+	at := " at " + rep.Revision
+	if p.Glob != "" {
+		at = ""
+	}
+	fmt.Fprintf(out, "%s%s: %d files, %s (%d documents, %d tokens), %d already in the store%s\n",
+		p.Name, at, rep.Files, appended, rep.Documents, rep.Tokens, rep.Duplicates, sameContent(rep.Same))
 	if len(rep.SkippedFiles) > 0 {
 		fmt.Fprintf(out, "skipped files: %s\n", rep.SkippedFiles)
 	}

@@ -48,6 +48,9 @@ tokenizer and engine. It needs no Redis.`,
 		},
 		RunE: func(c *cobra.Command, args []string) error {
 			if presets {
+				if c.Flags().Changed("limit") {
+					return badInput("--limit %d: it limits the tasks 'sched runs' lists; --presets lists every run that can be enqueued: drop --limit, or --presets", limit)
+				}
 				return printRunPresets(c.OutOrStdout())
 			}
 			if limit < 1 {
@@ -72,9 +75,12 @@ tokenizer and engine. It needs no Redis.`,
 			}
 			// The runs Redis lost its record of are known by their
 			// checkpoints alone; a store that does not answer leaves them
-			// out, saying so, and the rest is printed all the same.
-			printRuns(c.OutOrStdout(), snap, states, readStoredRuns(c.Context(), cfg), limit)
-			return nil
+			// out, saying so, and the rest is printed all the same; one
+			// that refuses the credentials too, and the command then says
+			// which to check and exits 2.
+			stored := readStoredRuns(c.Context(), cfg)
+			printRuns(c.OutOrStdout(), snap, states, stored, limit)
+			return keysRefused(stored.err)
 		},
 	}
 	cmd.Flags().IntVar(&limit, "limit", 50, "list at most this many tasks")

@@ -204,7 +204,7 @@ func loadTokenizerFor(cmd *cobra.Command, file string) (tk *tokenizer.Tokenizer,
 			return nil, "", badInput("give --tokenizer NAME (a published tokenizer) or --tokenizer-file FILE, not both")
 		}
 		if tk, err = tokenizer.Load(file); err != nil {
-			return nil, "", badInput("--tokenizer-file %s: %v", file, err)
+			return nil, "", badInputError{onPath("--tokenizer-file", file, err)}
 		}
 		if err := requireAllBytes("--tokenizer-file "+file, tk); err != nil {
 			return nil, "", err
@@ -384,6 +384,12 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 	if err != nil {
 		return err
 	}
+	trained, perr := tokenizer.Parse(data)
+	if perr == nil && trained.VocabSize() <= 256+len(opts.SpecialTokens) {
+		// The byte symbols alone encode a byte a token: no size the
+		// command takes (one merge at least) would have made it of use.
+		return badInput("tokenizer train: --in %s: %s", strings.Join(inputs, ","), tokenizer.NoMerge(opts.MinFrequency))
+	}
 	// Again: in the minutes the training took, a file may have come to
 	// --out (a tokenizer published by that name, say).
 	if err := policy.check(ctx, out); err != nil {
@@ -393,8 +399,8 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 		return fmt.Errorf("tokenizer train: %w", err)
 	}
 	fmt.Fprintf(errOut, "wrote %s\n", out)
-	if t, err := tokenizer.Parse(data); err == nil {
-		if msg := tokenizer.Shortfall(t.VocabSize(), opts.VocabSize, opts.MinFrequency); msg != "" {
+	if perr == nil {
+		if msg := tokenizer.Shortfall(trained.VocabSize(), opts.VocabSize, opts.MinFrequency); msg != "" {
 			fmt.Fprintf(errOut, "warning: %s\n", msg)
 		}
 	}

@@ -683,8 +683,8 @@ func TestTokenizeRefusesABadTokenizerFile(t *testing.T) {
 	os.WriteFile(noE, b, 0o644)
 	out := filepath.Join(dir, "out.ids")
 	for _, c := range []struct{ file, want string }{
-		{"/dev/zero", "--tokenizer-file /dev/zero: /dev/zero: is larger than 256 MiB, the most a tokenizer.json may be"},
-		{shared, fmt.Sprintf("--tokenizer-file %s: %s: model.vocab gives id 5 to two tokens, %q and %q", shared, shared, first, second)},
+		{"/dev/zero", "--tokenizer-file /dev/zero: is larger than 256 MiB, the most a tokenizer.json may be"},
+		{shared, fmt.Sprintf("--tokenizer-file %s: model.vocab gives id 5 to two tokens, %q and %q", shared, first, second)},
 		{noE, fmt.Sprintf("--tokenizer-file %s: its vocabulary lacks the byte-level symbols of 1 of the 256 bytes (the first: byte 0x65, symbol \"e\") and it has no unk_token, so text holding them would be dropped from its encodings", noE)},
 	} {
 		if _, err := os.Stat(c.file); err != nil {

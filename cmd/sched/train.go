@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/model"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/tokenizer"
 	"github.com/kiln-lm/kiln/tokens"
@@ -71,7 +72,7 @@ machine has).`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runTrain(cmd, f) },
 	}
 	fl := c.Flags()
-	fl.StringVar(&f.runConfig, "run-config", "", "YAML run configuration (keys of trainer.RunConfig)")
+	fl.StringVar(&f.runConfig, "run-config", "", "YAML file of the run's settings (model, seq, batch, accumulate, lr, total_steps, mixture, ...: the keys of a KILN_RUNS entry, less from and segment); flags given win over it")
 	fl.StringArrayVar(&f.tokens, "tokens", nil, "token store directory, optionally =WEIGHT (repeat to mix stores)")
 	fl.StringVar(&f.out, "out", "runs/train", "run directory: checkpoints and metrics.jsonl")
 	fl.StringVar(&f.tokenizerFile, "tokenizer-file", "", "tokenizer.json the stores were made with, copied into each checkpoint (or name a published one with --tokenizer)")
@@ -237,7 +238,7 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 		}
 	}
 	if errors.Is(err, context.Canceled) && cmd.Context().Err() != nil {
-		return trainStopped(err, res, rc.TotalSteps)
+		return trainStopped(context.Cause(cmd.Context()), res, rc.TotalSteps)
 	}
 	var busy *trainer.RunDirBusyError
 	if errors.As(err, &busy) {
@@ -248,7 +249,9 @@ func runTrain(cmd *cobra.Command, f *trainFlags) error {
 }
 
 // trainStopped is the error of a run stopped by Ctrl-C or SIGTERM (exit
-// code 130): where it stopped and how to go on.
+// code 130): where it stopped and how to go on. err is the stop's cause
+// (the signal, as sched bench and sched tokenize name it), not the
+// context's "context canceled".
 func trainStopped(err error, res trainer.Result, total int) error {
 	if res.Checkpoint == "" {
 		return interruptedError{fmt.Errorf("training stopped (%w) before its first step ended: nothing was kept", err)}
@@ -463,6 +466,16 @@ func checkTrainFlags(cmd *cobra.Command, f *trainFlags) error {
 			return err
 		}
 		f.rc.GPUs = g
+	}
+	// By flag, as sched bench names them: the run configuration's own
+	// check names its YAML keys (model:, precision:).
+	if fl.Changed("model") {
+		if _, err := model.Preset(f.rc.Model); err != nil {
+			return badInput("--model: %v", err)
+		}
+	}
+	if fl.Changed("precision") && f.rc.Precision != "fp32" && f.rc.Precision != "bf16" {
+		return badInput("--precision: unknown precision %q: choose fp32 or bf16", f.rc.Precision)
 	}
 	if fl.Changed("engine") {
 		return checkEngine(f.rc.Engine)

@@ -114,9 +114,9 @@ func runVerify(ctx context.Context, out, errOut io.Writer, f verifyFlags) error 
 	})
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return badInput("verify %s: %v", f.golden, err)
+			return badInputError{onPath("verify", f.golden, err)}
 		}
-		return fmt.Errorf("verify %s: %w", f.golden, err)
+		return onPath("verify", f.golden, err)
 	}
 	// Engine auto finds out only as it starts that it has no GPU; the
 	// CPU's fp32 step is then no bf16 check, whatever it scored.

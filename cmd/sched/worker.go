@@ -148,6 +148,10 @@ task alone.`,
 		Short:  "Run one gpu task handed over on standard input by sched worker, which starts this",
 		Args:   exactArgs(0, "no arguments: sched worker starts this command and hands it the task"),
 		RunE: func(c *cobra.Command, _ []string) error {
+			outcome, err := outcomePipe()
+			if err != nil {
+				return err
+			}
 			cfg, err := loadConfig(c)
 			if err != nil {
 				return err
@@ -158,7 +162,7 @@ task alone.`,
 			}
 			log := logger(cfg)
 			q := scheduler.NewClient(opt)
-			code := worker.ServeTask(c.Context(), worker.TaskParams{Redis: opt, Logger: log,
+			code := worker.ServeTask(c.Context(), worker.TaskParams{Redis: opt, Logger: log, Outcome: outcome,
 				Open: func(ctx context.Context) (worker.Handlers, error) {
 					objects, err := openStore(ctx, cfg)
 					var down error
@@ -189,6 +193,26 @@ task alone.`,
 
 // taskCommand is the hidden command a worker runs each gpu task in.
 const taskCommand = "worker-task"
+
+// outcomeFile is descriptor 3 as outcomePipe found it.
+var outcomeFile *os.File
+
+// outcomePipe is the pipe on file descriptor 3 that the worker starting
+// taskCommand hands it for the task's outcome. Where there is none, the
+// command was typed by hand: it is refused at once, where it waited for a
+// task on its standard input or failed writing its outcome ("bad file
+// descriptor").
+func outcomePipe() (*os.File, error) {
+	f := os.NewFile(3, "outcome")
+	// Held for the life of the process: a File no longer referenced is
+	// closed when collected, and a descriptor 3 that is not the worker's
+	// pipe is whatever this process opened there.
+	outcomeFile = f
+	if st, err := f.Stat(); err == nil && st.Mode()&os.ModeNamedPipe != 0 {
+		return f, nil
+	}
+	return nil, badInput("sched %s is started by 'sched worker', which hands it one gpu task on its standard input and takes the outcome on a pipe: it is not to be run by hand; to serve gpu tasks, run 'sched worker --queues gpu=1'", taskCommand)
+}
 
 // taskArgs are the task process's arguments. It reads no config file: its
 // configuration is the worker's, resolved, in its environment (configEnv).

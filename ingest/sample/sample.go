@@ -53,7 +53,10 @@ type Options struct {
 	Spread int
 	// TempDir holds downloads while they are read (required for hub datasets).
 	TempDir string
-	Logger  *zap.Logger
+	// Logger receives the sample's warnings. Its lines name no dataset:
+	// the caller's logger does (the worker's names its task's), and a
+	// second "dataset" key in a JSON line is one some readers refuse.
+	Logger *zap.Logger
 }
 
 func (o Options) withDefaults() Options {
@@ -127,7 +130,7 @@ func Draw(ctx context.Context, opt Options, sample, heldOut io.Writer) (Stats, e
 			return st, moved
 		}
 		if reason := ingest.SkipReason(err); reason != "" {
-			opt.Logger.Warn("sample: file skipped", zap.String("dataset", opt.Preset.Name), zap.String("file", f.Path), zap.String("reason", reason), zap.Error(err))
+			opt.Logger.Warn("sample: file skipped", zap.String("file", f.Path), zap.String("reason", reason), zap.Error(err))
 			st.Skipped.Add(reason, 1)
 			continue
 		}
@@ -144,8 +147,7 @@ func Draw(ctx context.Context, opt Options, sample, heldOut io.Writer) (Stats, e
 	}
 	st.Short = st.Bytes < opt.Bytes
 	if st.Short {
-		opt.Logger.Warn("sample: the dataset ran out before the budget", zap.String("dataset", opt.Preset.Name),
-			zap.Int64("bytes", st.Bytes), zap.Int64("budget", opt.Bytes), zap.Int("files", st.Files))
+		opt.Logger.Warn("sample: the dataset ran out before the budget", zap.Int64("bytes", st.Bytes), zap.Int64("budget", opt.Bytes), zap.Int("files", st.Files))
 	}
 	return st, nil
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/parquet-go/parquet-go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/ingest/hub"
@@ -362,5 +364,46 @@ func TestAForcePushDuringASampleIsDrawnAgainOrNamesThePresetsRevision(t *testing
 		if st, err := Draw(context.Background(), opt, &bytes.Buffer{}, &bytes.Buffer{}); err != nil || st.Revision != h.Commit || st.Bytes != 8_000 {
 			t.Fatalf("pinned %v: the draw made again: %+v, %v; want the whole budget at %s", pinned, st, err, h.Commit)
 		}
+	}
+}
+
+// A sample's warnings add no "dataset" key of their own: the caller's
+// logger names the dataset (the worker's names its task's), and a line
+// with the key twice is one some JSON readers refuse.
+func TestDrawWarningsNameTheDatasetOnce(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.txt"), []byte("a short file of text\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "b.txt"), []byte{0xff, 0xfe, 0x00, 0x01}, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	name := "local:" + filepath.Join(dir, "*.txt")
+	preset, err := ingest.LookupPreset(nil, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines bytes.Buffer
+	enc := zap.NewProductionEncoderConfig()
+	log := zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(&lines), zap.InfoLevel)).With(zap.String("dataset", name))
+	var s, ho bytes.Buffer
+	st, err := Draw(context.Background(), Options{Preset: preset, Bytes: 1 << 20, Seed: 3, Logger: log}, &s, &ho)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.Short {
+		t.Fatalf("stats %+v: want a sample that ran short", st)
+	}
+	warned := 0
+	for _, line := range strings.Split(strings.TrimSpace(lines.String()), "\n") {
+		if strings.Count(line, `"dataset":`) != 1 {
+			t.Errorf("log line %s: want one \"dataset\" key", line)
+		}
+		if strings.Contains(line, "ran out before the budget") {
+			warned++
+		}
+	}
+	if warned != 1 {
+		t.Errorf("log:\n%swant one warning that the dataset ran out", lines.String())
 	}
 }

@@ -33,9 +33,9 @@ type Metrics struct {
 	// ingest's figures come from; the runs' figures are read first, within
 	// 10 s of their own. Default 10s.
 	IngestWithin time.Duration
-	q      *scheduler.Client
-	queues prometheus.Collector
-	log    *zap.Logger
+	q            *scheduler.Client
+	queues       prometheus.Collector
+	log          *zap.Logger
 }
 
 // NewMetrics returns the collector reading through q, and asynq's queue

@@ -545,6 +545,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		}
 	}
 	rep := Progress(ctx)
+	rate := rateWindow{span: rateSpan.Seconds()}
 	out, err := segment.Run(ctx, segment.Params{
 		Run: run, Dir: t.Dir, TokensDir: t.TokensDir, Objects: t.Objects, Redis: t.Redis, Owner: t.Owner,
 		LockTTL: t.LockTTL, UploadGrace: t.UploadGrace, Bench: bench, Tokenizer: tok, Uses: &uses, OpenData: t.OpenData, Log: log,
@@ -553,12 +554,18 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 			if m == nil || total <= 0 {
 				return
 			}
+			// The run's state, which the segment writes from *m once this
+			// returns, records the rate of the last rateSpan's steps, and
+			// sched status the ETA it gives, not the step's own.
+			own := m.TokPerSec
+			m.TokPerSec = rate.add(*m)
 			rep.Report(ctx, float64(step)/float64(total), m.TokPerSec, "tok",
 				fmt.Sprintf("run %s step %d/%d loss %.4f", a.Run, step, total, m.LossOr(0)))
 			// Every logged step in the worker's log too, for a user who
-			// follows it (docker compose logs -f worker-gpu).
+			// follows it (docker compose logs -f worker-gpu), with its own
+			// rate.
 			fields := []zap.Field{zap.String("run", a.Run), zap.Int("step", step), zap.Int("total", total),
-				zap.Float64("loss", m.LossOr(0)), zap.Float64("tok_per_s", math.Round(m.TokPerSec))}
+				zap.Float64("loss", m.LossOr(0)), zap.Float64("tok_per_s", math.Round(own))}
 			if m.EvalLoss != nil {
 				fields = append(fields, zap.Float64("eval_loss", *m.EvalLoss))
 			}
@@ -594,6 +601,58 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 		}
 	}
 	return nil
+}
+
+// rateSpan is about how much of a segment's latest training the rate its
+// run's state records is measured over (rateWindow).
+const rateSpan = 30 * time.Second
+
+// rateWindow is the rate of a segment's training as its run's state
+// records it, and sched status shows it with the ETA it gives: the tokens
+// of its logged steps of about the last span seconds over the wall time
+// they took, all of it, the checkpoints and evaluations among them
+// included, as the steps left will take theirs. A logged step's own rate
+// (trainer.Metrics.TokPerSec) is that of the steps since the line before:
+// logged every step (pilot-cpu's log_every 1), the step that writes a
+// checkpoint reads a sixth of the others', and the ETA status gave from
+// the last one swung between one minute and six from refresh to refresh.
+type rateWindow struct {
+	span float64 // seconds
+	// logged are the logged steps the window begins at or holds, oldest
+	// first.
+	logged []loggedStep
+}
+
+// loggedStep is a logged step's place in its segment's training: the wall
+// time since the segment's loop began (trainer.Metrics.ElapsedS) and the
+// run's tokens.
+type loggedStep struct {
+	elapsed float64
+	tokens  int64
+}
+
+// add takes the metrics of a logged step, m, and returns the rate of the
+// window that ends at it: from the newest logged step at least span
+// before it (so that the window spans span and one interval between
+// logged lines at most), or the segment's first logged step while span
+// has not passed since it. m's own rate stands where there is no earlier
+// logged step to measure from (the segment's first), or no wall time.
+func (r *rateWindow) add(m trainer.Metrics) float64 {
+	if m.ElapsedS <= 0 {
+		return m.TokPerSec
+	}
+	if n := len(r.logged); n > 0 && (m.ElapsedS <= r.logged[n-1].elapsed || m.Tokens < r.logged[n-1].tokens) {
+		r.logged = r.logged[:0] // another loop's count: measured afresh
+	}
+	r.logged = append(r.logged, loggedStep{m.ElapsedS, m.Tokens})
+	for len(r.logged) > 1 && m.ElapsedS-r.logged[1].elapsed >= r.span {
+		r.logged = r.logged[1:]
+	}
+	if len(r.logged) < 2 {
+		return m.TokPerSec
+	}
+	first := r.logged[0]
+	return float64(m.Tokens-first.tokens) / (m.ElapsedS - first.elapsed)
 }
 
 // ofRun is err, a segment's, said of run: named once, where the segment's

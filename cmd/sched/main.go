@@ -48,6 +48,11 @@ func main() {
 	rootCmd.InitDefaultHelpCmd()
 	rootCmd.InitDefaultCompletionCmd()
 	strictArgs(rootCmd)
+	if warnsOfVariables(os.Args[1:]) {
+		// First, so that a failure it explains (Redis not reached at the
+		// default address, KILN_REDIS_URL mistyped) comes after it.
+		warnUnknownVariables(os.Stderr, os.Environ())
+	}
 	if err := checkSwitchWords(os.Args[1:]); err != nil {
 		os.Exit(report(err))
 	}
@@ -316,17 +321,30 @@ type argsError struct{ error }
 func (argsError) BadInput() bool { return true }
 
 // exactArgs is cobra.ExactArgs with a message that says what to pass.
-func exactArgs(n int, what string) cobra.PositionalArgs {
+func exactArgs(n int, what string) cobra.PositionalArgs { return rangeArgs(n, n, what) }
+
+// maxArgs is cobra.MaximumNArgs with exactArgs's messages: what stands for
+// what the command takes ("at most one task id").
+func maxArgs(n int, what string) cobra.PositionalArgs { return rangeArgs(0, n, what) }
+
+// rangeArgs takes from least to most arguments, saying what to pass where
+// it is given another number, and how to give a switch's value where a
+// word typed after the switch was read as an argument: one too many, or an
+// empty one (--s3-secure "", an unset shell variable), which no command
+// takes and which a command of one argument read as that argument.
+func rangeArgs(least, most int, what string) cobra.PositionalArgs {
 	return func(c *cobra.Command, args []string) error {
-		if len(args) != n {
-			if len(args) > n {
-				// A word after a switch: say how to give its value, which
-				// the count of arguments would not.
-				if sw := switchBefore(c, os.Args[1:], args[n]); sw != "" {
-					return argsError{fmt.Errorf("%s %s: the flag's value follows '=', so %q here is read as an argument of '%s', which expects %s; write %s=<value> (true or false; %s alone is true) (see '%s --help')",
-						sw, args[n], args[n], c.CommandPath(), what, sw, sw, c.CommandPath())}
-				}
+		for i, a := range args {
+			if i < most && a != "" {
+				continue
 			}
+			// A word after a switch: say how to give its value, which
+			// the count of arguments would not.
+			if sw := switchBefore(c, os.Args[1:], a); sw != "" {
+				return switchWordError(c, sw, a, what)
+			}
+		}
+		if len(args) < least || len(args) > most {
 			got := "none"
 			if len(args) > 0 {
 				// Named: a word taken as an argument is often a flag's value
@@ -337,4 +355,16 @@ func exactArgs(n int, what string) cobra.PositionalArgs {
 		}
 		return nil
 	}
+}
+
+// switchWordError is the error of command c, which expects what, where
+// word, typed right after switch sw (a flag that alone means true), was
+// read as an argument of c: the switch's value follows '='.
+func switchWordError(c *cobra.Command, sw, word, what string) error {
+	typed := word
+	if word == "" {
+		typed = `""`
+	}
+	return argsError{fmt.Errorf("%s %s: the flag's value follows '=', so %q here is read as an argument of '%s', which expects %s; write %s=<value> (true or false; %s alone is true) (see '%s --help')",
+		sw, typed, word, c.CommandPath(), what, sw, sw, c.CommandPath())}
 }

@@ -173,6 +173,17 @@ func (v *runView) classify() {
 	}
 }
 
+// ended reports whether nothing goes on with the run: done, cancelled,
+// failed, or stopped with no segment queued; 'sched enqueue train' (or a
+// retry) starts it again where it is not done.
+func (v runView) ended() bool {
+	switch v.Status {
+	case runDone, runCancelled, runFailed, runStopped:
+		return true
+	}
+	return false
+}
+
 // lostDetail names the worker that stopped heartbeating, or that lost the
 // task's lease while it heartbeats still (cut off from Redis for longer
 // than the lease: it stops the task at once).
@@ -255,7 +266,11 @@ func (v runView) line(now time.Time) string {
 			// everything after it has one copy, on one disk.
 			parts = append(parts, note)
 		}
-		if (quiet || v.Status != runTraining && v.Status != runFinishing && v.Status != runDone) && !last.IsZero() {
+		// When it last reported: of a segment silent as it trains, and of
+		// a run that waits to go on (queued, waiting, retrying, its worker
+		// lost); not of one that ended, done, cancelled, failed or
+		// stopped, whose last report is no news.
+		if (quiet || v.Status != runTraining && v.Status != runFinishing && !v.ended()) && !last.IsZero() {
 			parts = append(parts, "last report "+formatAge(last, now))
 		}
 	} else if v.From > 0 {

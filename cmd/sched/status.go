@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,10 +17,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/kiln-lm/kiln/ingest"
 	"github.com/kiln-lm/kiln/internal/redismem"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/trainer/runs"
 	"github.com/kiln-lm/kiln/worker"
 )
@@ -41,10 +44,13 @@ func init() {
 		Long: `status shows the queues' sizes, the worker processes that heartbeat, each
 running task with its progress, rate and ETA, each dataset's ingest (files
 done of total, bytes, rate, ETA, or the --max-tokens or --max-disk it
-stopped at), each training run (step, loss, tok/s, ETA
-from the measured rate over the tokens left; where Redis knows no run, as
-after it lost its data, those whose checkpoints object storage holds, read
-once) and the failures of the last hour with their reason. A running task
+stopped at), each training run (step, loss, tok/s over about its last
+30 s of training, checkpoints included, ETA from that rate over the
+tokens left; where Redis knows no run, as after it lost its data, those
+whose checkpoints object storage holds, read once: where object storage
+refuses the credentials, the rest is printed, then a line on stderr
+naming them, and status exits 2) and the failures of the last hour with
+their reason. A running task
 whose worker stopped heartbeating reads "worker lost", with no ETA; a run
 whose last segment has trained its last step and waits for its last
 checkpoint's upload or its results reads "finishing", saying which, with
@@ -52,9 +58,11 @@ no rate or ETA. A running task, or a training run, that has not reported
 for 5 minutes says when it last did, in place of its rate and ETA.
 
 With --watch it refreshes every --interval: in place, with a progress bar
-per running task, on a terminal; as plain blocks, one per refresh and no
-escape codes, when its output is a file or a pipe. Ctrl-C ends it.`,
-		Args: cobra.MaximumNArgs(1),
+per running task, on a terminal, each line cut to its width and, where the
+status has more lines than it has rows, the last row saying how many are
+left out; as plain blocks, one per refresh, whole and with no escape
+codes, when its output is a file or a pipe. Ctrl-C ends it.`,
+		Args: maxArgs(1, "at most one task id (none for the whole status)"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if len(args) == 1 && strings.TrimSpace(args[0]) == "" {
 				return badInput("sched status %q: the task id is empty; give one as 'sched status' lists them, or none for the whole status", args[0])
@@ -92,7 +100,7 @@ escape codes, when its output is a file or a pipe. Ctrl-C ends it.`,
 			// A refresh that fails while Redis is away says which Redis,
 			// and where it is set, rather than only a dial error.
 			from := fmt.Sprintf("Redis at %s (KILN_REDIS_URL or --redis-url)", cfg.Masked().RedisURL)
-			return watchStatus(c.Context(), out, interval, from, draw)
+			return watchStatus(c.Context(), out, terminalSize(out), interval, from, draw)
 		},
 	}
 	cmd.Flags().BoolVar(&watch, "watch", false, "refresh until interrupted: in place on a terminal, as plain blocks otherwise")
@@ -110,26 +118,31 @@ const (
 	escShowCursor = "\x1b[?25h"
 )
 
-// watchStatus draws every interval until ctx ends. On a terminal each frame
-// overwrites the last: home, each line followed by erase-to-end-of-line,
-// then erase below, so a shorter frame leaves nothing behind and nothing
-// flickers. Elsewhere each frame is a plain block under a time line. A
+// watchStatus draws every interval until ctx ends. On a terminal (size
+// is its size; nil for a file or a pipe) each frame overwrites the last
+// (inPlace). Elsewhere each frame is a plain block under a time line. A
 // failed refresh (Redis restarting) is shown, naming from (where the
 // status is read), and retried, except the first, which is a
-// configuration mistake and ends the command.
-func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, from string, draw func(context.Context, io.Writer, bool) error) error {
+// configuration mistake and ends the command; so does object storage's
+// refusal of the credentials (keysRefusedError) at the first refresh,
+// once its frame, whole but for what object storage holds, is drawn.
+func watchStatus(ctx context.Context, w io.Writer, size func() (cols, rows int, ok bool), interval time.Duration, from string, draw func(context.Context, io.Writer, bool) error) error {
 	// A file, a pipe or a log collector gets plain text.
-	tty := isTerminal(w)
+	tty := size != nil
 	if tty {
 		fmt.Fprint(w, escHideCursor+"\x1b[2J")
-		defer fmt.Fprint(w, escShowCursor)
+		// A frame's last line ends without a newline (inPlace): the
+		// shell's prompt goes on the line below it.
+		defer fmt.Fprint(w, "\n"+escShowCursor)
 	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for frame := 0; ; frame++ {
 		var buf bytes.Buffer
 		fmt.Fprintf(&buf, "kiln status at %s, every %s (ctrl-c to stop)\n\n", time.Now().Format("2006-01-02 15:04:05"), interval)
-		if err := draw(ctx, &buf, true); err != nil {
+		err := draw(ctx, &buf, true)
+		drawn := err == nil || errors.As(err, new(keysRefusedError))
+		if !drawn {
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -139,21 +152,19 @@ func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, from 
 			fmt.Fprintf(&buf, "status not read from %s: %v; trying again every %s\n", from, err, interval)
 		}
 		if tty {
-			var scr strings.Builder
-			scr.WriteString(escHome)
-			for _, line := range strings.SplitAfter(buf.String(), "\n") {
-				if line == "" {
-					continue
-				}
-				scr.WriteString(strings.TrimSuffix(line, "\n") + escClearLine + "\n")
+			cols, rows, ok := size()
+			if !ok {
+				cols, rows = 0, 0
 			}
-			scr.WriteString(escClearBelow)
-			io.WriteString(w, scr.String())
+			io.WriteString(w, inPlace(buf.String(), cols, rows))
 		} else {
 			if frame > 0 {
 				io.WriteString(w, "\n")
 			}
 			w.Write(buf.Bytes())
+		}
+		if drawn && err != nil && frame == 0 {
+			return err
 		}
 		select {
 		case <-ctx.Done():
@@ -161,6 +172,64 @@ func watchStatus(ctx context.Context, w io.Writer, interval time.Duration, from 
 		case <-tick.C:
 		}
 	}
+}
+
+// terminalSize is the size of w where w is a terminal, read at each call
+// (the user may resize it between frames), for --watch's frames drawn in
+// place; nil where w is a file or a pipe, which gets every line whole.
+func terminalSize(w io.Writer) func() (cols, rows int, ok bool) {
+	f, ok := w.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return nil
+	}
+	return func() (int, int, bool) {
+		cols, rows, err := term.GetSize(int(f.Fd()))
+		return cols, rows, err == nil && cols > 0 && rows > 0
+	}
+}
+
+// inPlace is frame as --watch draws it over the last one on a terminal of
+// cols columns and rows rows (0: not known, nothing cut): from the top
+// left, each line cleared, then written, so that a shorter line leaves
+// nothing of the last frame's and nothing flickers, then everything below
+// cleared. It must take no more rows than the terminal has, or each
+// refresh scrolls it and leaves a copy of the frame above (a status line
+// is 100 to 230 characters wide): each line is cut to cols (its end
+// marked "…"), and a frame of more lines than rows shows rows-1 of them
+// and a last line that says how many more there are and how to see them.
+// Its last line ends without a newline, which on the bottom row would
+// scroll the screen.
+func inPlace(frame string, cols, rows int) string {
+	lines := strings.Split(strings.TrimSuffix(frame, "\n"), "\n")
+	if rows > 0 && len(lines) > rows {
+		more := len(lines) - (rows - 1)
+		what := "lines"
+		if more == 1 {
+			what = "line"
+		}
+		// Short, to be read whole on a terminal of 60 columns.
+		lines = append(lines[:rows-1], fmt.Sprintf("(%d more %s: make the terminal taller, or drop --watch)", more, what))
+	}
+	var b strings.Builder
+	b.WriteString(escHome)
+	for i, line := range lines {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString(escClearLine + clipLine(line, cols))
+	}
+	b.WriteString(escClearBelow)
+	return b.String()
+}
+
+// clipLine is line cut to cols characters, its last one "…" where it is
+// cut; line itself where cols is 0. A status line is text of one column a
+// character: no tabs, no escapes, no wide characters.
+func clipLine(line string, cols int) string {
+	if cols <= 0 || utf8.RuneCountInString(line) <= cols {
+		return line
+	}
+	return string([]rune(line)[:cols-1]) + "…"
 }
 
 // renderTask writes one task's line.
@@ -455,12 +524,17 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 	if err != nil {
 		return err
 	}
+	// Object storage refused the keys where status read it: what it
+	// holds is left out, saying so, and the status ends with the error.
+	var refused error
 	if ds := snap.Datasets(); len(ds) > 0 || len(damaged) > 0 {
 		fmt.Fprintln(w, "\nINGEST")
 		for _, d := range ds {
 			line := datasetLine(d, snap, deleted[d.Store])
 			if d.NoPlan {
-				line += "  " + stored.planLost(ctx, d)
+				lost, err := stored.planLost(ctx, d)
+				line += "  " + lost
+				refused = cmp.Or(refused, keysRefused(err))
 			}
 			fmt.Fprintln(w, line)
 		}
@@ -474,7 +548,9 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 
 	fmt.Fprintln(w, "\nRUNS")
 	views := runViews(states, snap)
-	printRunLines(w, views, stored.read(ctx, len(views)), now, "no training runs (start one with 'sched enqueue train <run>')")
+	fromStore := stored.read(ctx, len(views))
+	printRunLines(w, views, fromStore, now, "no training runs (start one with 'sched enqueue train <run>')")
+	refused = cmp.Or(refused, keysRefused(fromStore.err))
 
 	var fails []scheduler.TaskStatus
 	for _, f := range snap.Failures(now.Add(-failureWindow)) {
@@ -483,7 +559,31 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 		}
 	}
 	printFailures(w, fails)
-	return nil
+	return refused
+}
+
+// keysRefusedError is the error of `sched status` and `sched runs` where
+// object storage refused the credentials they read it with (err): what
+// they print is whole but for what only object storage holds, which a
+// line of theirs says was not read and why, and they exit 2, as every
+// command does that meets wrong credentials. A store that does not
+// answer is an outage, not the configuration's mistake: they say so in
+// that line, and exit 0.
+type keysRefusedError struct{ err error }
+
+func (e keysRefusedError) Error() string {
+	return "object storage refused the credentials, so what only it holds is not shown above: " + scheduler.OneLine(e.err.Error(), 400)
+}
+func (e keysRefusedError) Unwrap() error  { return e.err }
+func (e keysRefusedError) BadInput() bool { return true }
+
+// keysRefused is keysRefusedError of err where err is object storage's
+// refusal of the credentials (store.KeysRefused), else nil.
+func keysRefused(err error) error {
+	if store.KeysRefused(err) == "" {
+		return nil
+	}
+	return keysRefusedError{err}
 }
 
 // redisFullLine is status's first line where Redis refuses writes for

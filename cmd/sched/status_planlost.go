@@ -39,24 +39,26 @@ type storeStatusRead struct {
 // planLost says of a store whose plan Redis no longer holds (d.NoPlan)
 // what its line's counts are not, what the store holds by its status in
 // object storage (which the append worker publishes after every commit,
-// and which outlives Redis), and how to queue the files it lacks.
-func (c *storedCache) planLost(ctx context.Context, d scheduler.DatasetProgress) string {
+// and which outlives Redis), and how to queue the files it lacks; and the
+// error of the read of that status, if any (the line says it too).
+func (c *storedCache) planLost(ctx context.Context, d scheduler.DatasetProgress) (string, error) {
 	again := d.EnqueueAgain()
 	why := "Redis holds no record of its plan (it lost its data, or the plan ended more than 7 days ago), so the dataset's file count is unknown"
 	st, err := c.stores.status(ctx, c.cfg, d)
 	switch {
 	case err != nil:
+		err = redactErr(c.cfg, err)
 		return fmt.Sprintf("%s, and the store's status in object storage was not read (%v): 'sched datasets' says what the store holds; %s",
-			why, scheduler.OneLine(redactErr(c.cfg, err).Error(), 200), again)
+			why, scheduler.OneLine(err.Error(), 200), again), err
 	case st == nil:
-		return fmt.Sprintf("%s: 'sched datasets' says what the store holds; %s", why, again)
+		return fmt.Sprintf("%s: 'sched datasets' says what the store holds; %s", why, again), nil
 	}
 	files := "files"
 	if len(st.Done) == 1 {
 		files = "file"
 	}
 	return fmt.Sprintf("%s: the store holds %s of %d %s, by its status in object storage; %s",
-		why, formatCount(st.Tokens, "tok"), len(st.Done), files, again)
+		why, formatCount(st.Tokens, "tok"), len(st.Done), files, again), nil
 }
 
 // status reads the store's status in object storage, or the one read

@@ -198,3 +198,30 @@ func TestARunEndedPastItsLoweredTotalSaysSo(t *testing.T) {
 		}
 	}
 }
+
+// A run that ended (cancelled, failed, stopped with no segment queued,
+// done) said when it last reported ("last report 11m22s ago" on a run
+// cancelled an hour before), which status promises of a run still going:
+// one that waits to go on (queued, retrying) still says it.
+func TestOnlyARunStillGoingSaysWhenItLastReported(t *testing.T) {
+	now := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	rs := scheduler.RunState{Run: "r", Step: 500, Total: 1000, Tokens: 500 * 64, TokPerS: 3200, Checkpoint: 400, Updated: now.Add(-11 * time.Minute)}
+	for _, c := range []struct {
+		task *scheduler.TaskStatus
+		want string // the run's state as its line says it
+		says bool   // whether it says when it last reported
+	}{
+		{&scheduler.TaskStatus{ID: "train:segment:1", Kind: scheduler.KindTrainSegment, State: "archived", Cancelled: true}, runCancelled, false},
+		{&scheduler.TaskStatus{ID: "train:segment:1", Kind: scheduler.KindTrainSegment, State: "archived", LastErr: "diverged"}, runFailed, false},
+		{nil, runStopped, false},
+		{&scheduler.TaskStatus{ID: "train:segment:1", Kind: scheduler.KindTrainSegment, State: "pending"}, runQueued, true},
+		{&scheduler.TaskStatus{ID: "train:segment:1", Kind: scheduler.KindTrainSegment, State: "retry", Retried: 1, MaxRetry: 8, LastErr: "boom"}, runRetrying, true},
+	} {
+		v := runView{RunState: rs, HasState: true, Task: c.task}
+		v.classify()
+		line := v.line(now)
+		if v.Status != c.want || strings.Contains(line, "last report 11m0s ago") != c.says {
+			t.Errorf("a run %s: %q; want it to say when it last reported: %v", c.want, line, c.says)
+		}
+	}
+}

@@ -265,6 +265,10 @@ func TestStatusTrainingRunETACancelAndLostWorker(t *testing.T) {
 	if l := lineOf(out, "eta  "); strings.Contains(l, "ETA") || strings.Contains(l, "tok/s") {
 		t.Fatalf("a cancelled run shows a live-looking figure: %q", l)
 	}
+	// Nor when it last reported, which is said of a run still going.
+	if l := lineOf(out, "eta  "); strings.Contains(l, "last report") {
+		t.Fatalf("a cancelled run says when it last reported: %q", l)
+	}
 	out, _, _ = sched(t, env, "runs")
 	if !strings.Contains(out, running+"  archived  cancelled by sched cancel") || lineOf(out, "eta  cancelled  ") == "" {
 		t.Fatalf("runs does not say run eta and task %s were cancelled:\n%s", running, out)

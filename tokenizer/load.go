@@ -417,6 +417,7 @@ func (t *Tokenizer) parseModel(m *modelJSON) error {
 	if shared {
 		return sharedIDError(m.Vocab)
 	}
+	t.vocabIDs = taken
 	t.vocabSize = int(maxID) + 1
 	// The byte symbols: the tokens of one byte, each one character of
 	// the byte-level alphabet.
@@ -574,6 +575,25 @@ func parseMerge(raw json.RawMessage) (string, string, error) {
 }
 
 func (t *Tokenizer) parseAdded(added []addedJSON) error {
+	// An added token is often one of the vocabulary's, at its id
+	// (<|endoftext|>); one of other content at an id the vocabulary gives
+	// a token would make that id decode as the added token, and text
+	// encoded to it would not round trip, as model.vocab's shared ids
+	// would not (sharedIDError).
+	owner := func(id uint32) (string, bool) {
+		w := int(id / 64)
+		if w >= len(t.vocabIDs) || t.vocabIDs[w]&(1<<(id%64)) == 0 {
+			return "", false
+		}
+		for tok, v := range t.vocab { // only on the way to an error
+			if v == id {
+				return tok, true
+			}
+		}
+		return "", false
+	}
+	defer func() { t.vocabIDs = nil }()
+	addedAt := map[uint32]int{}
 	for i, a := range added {
 		if a.ID == nil {
 			return formatErr("added_tokens[%d] (%q) has no id", i, a.Content)
@@ -588,6 +608,15 @@ func (t *Tokenizer) parseAdded(added []addedJSON) error {
 		if id >= 1<<31 {
 			return formatErr("added_tokens[%d] (%q) has id %d; ids must be below 2^31", i, a.Content, id)
 		}
+		if vid, ok := t.vocab[a.Content]; !ok || vid != id { // not the vocabulary's own token, repeated
+			if tok, taken := owner(id); taken {
+				return formatErr("added_tokens[%d] (%q) has id %d, which model.vocab gives to %q: each id must name one token, or decoding it is ambiguous; give the added token an id no other token has", i, a.Content, id, tok)
+			}
+		}
+		if j, ok := addedAt[id]; ok && added[j].Content != a.Content {
+			return formatErr("added_tokens[%d] (%q) has id %d, as added_tokens[%d] (%q) has: each id must name one token, or decoding it is ambiguous; give one of them another id", i, a.Content, id, j, added[j].Content)
+		}
+		addedAt[id] = i
 		t.vocabSize = max(t.vocabSize, int(id)+1)
 		t.added = append(t.added, addedToken{
 			id: id, content: a.Content, lstrip: a.LStrip, rstrip: a.RStrip,

@@ -114,8 +114,9 @@ func (z *countingZeros) Read(p []byte) (int, error) {
 
 // A vocabulary that gives one id to two tokens is refused at load, naming
 // the file, the id and both tokens, on the hand-read path and through
-// encoding/json alike; an added token that repeats a vocabulary entry with
-// its id, as HF files do for their special tokens, is accepted.
+// encoding/json alike; so is an added token at an id a token of other
+// content has. An added token that repeats a vocabulary entry with its id,
+// as HF files do for their special tokens, is accepted.
 func TestLoadRefusesTwoTokensWithOneID(t *testing.T) {
 	dir := t.TempDir()
 	file := func(name, vocab, added string) string {
@@ -129,6 +130,8 @@ func TestLoadRefusesTwoTokensWithOneID(t *testing.T) {
 	}
 	shared := file("shared.json", `"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3, "c": 5, "x": 2, "d": 5`, "")
 	special := file("special.json", `"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3`, `{"id": 0, "content": "<|endoftext|>", "special": true}`)
+	clash := file("clash.json", `"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3`, `{"id": 2, "content": "<dup>", "special": true}`)
+	twice := file("twice.json", `"<|endoftext|>": 0, "a": 1, "b": 2, "ab": 3`, `{"id": 9, "content": "<x>", "special": true}, {"id": 9, "content": "<y>", "special": true}`)
 	defer func(was bool) { fastLoad = was }(fastLoad)
 	for _, fast := range []bool{true, false} {
 		fastLoad = fast
@@ -136,6 +139,12 @@ func TestLoadRefusesTwoTokensWithOneID(t *testing.T) {
 		// The smallest shared id, and its first two tokens in order, so
 		// that the message is the same on every load.
 		wantBadInput(t, shared, err, shared+`: model.vocab gives id 2 to two tokens, "b" and "x"`, "give one of them another id")
+		// An added token of other content at an id the vocabulary gives,
+		// or at another added token's: the id decoded as the added token.
+		_, err = Load(clash)
+		wantBadInput(t, clash, err, clash+`: added_tokens[0] ("<dup>") has id 2, which model.vocab gives to "b"`, "give the added token an id no other token has")
+		_, err = Load(twice)
+		wantBadInput(t, twice, err, twice+`: added_tokens[1] ("<y>") has id 9, as added_tokens[0] ("<x>") has`, "give one of them another id")
 		tk, err := Load(special)
 		if err != nil {
 			t.Fatalf("fast %v: an added token repeating its vocabulary entry: %v", fast, err)

@@ -64,6 +64,7 @@ type Tokenizer struct {
 
 	vocab     map[string]uint32 // token as written in tokenizer.json -> id
 	vocabSize int
+	vocabIDs  []uint64          // while a load reads added_tokens: a bit per id model.vocab gives
 	byBytes   map[string]uint32 // token's bytes -> id, for ignore_merges
 	byteID    [256]uint32
 	merges    *mergeTable

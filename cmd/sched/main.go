@@ -12,8 +12,10 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
+	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -128,9 +130,32 @@ func reportTo(w io.Writer, err error) int {
 			msg = e.Error()
 		}
 	}
-	fmt.Fprintln(w, "sched:", msg)
+	fmt.Fprintln(w, "sched:", escapeControls(msg))
 	return exitCode(err)
 }
+
+// escapeControls writes the control characters of s as Go escapes
+// (\x1b, \a): an error may name a file whose name a dataset's owner chose,
+// and its escape sequences, printed raw, set the terminal's title, its
+// colours, or cleared the screen.
+func escapeControls(s string) string {
+	if !strings.ContainsFunc(s, isControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if !isControl(r) {
+			b.WriteRune(r)
+			continue
+		}
+		q := strconv.QuoteRune(r) // '\x1b', '\a', '\u0085'
+		b.WriteString(q[1 : len(q)-1])
+	}
+	return b.String()
+}
+
+// isControl is a C0 or C1 control character or DEL, a tab aside.
+func isControl(r rune) bool { return r != '\t' && unicode.IsControl(r) }
 
 // rootUnknown is cobra's error for an unknown command at the root, with
 // its "Did you mean this?" lines, if any, joined onto its own.

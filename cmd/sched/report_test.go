@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,5 +54,26 @@ func TestAFlagValueThatDoesNotParseSaysWhatTheFlagTakes(t *testing.T) {
 		if code != exitBadInput || !strings.Contains(errOut, c.want) || strings.Contains(errOut, "strconv") {
 			t.Errorf("sched %s: exit %d, %q; want exit 2 and %q", strings.Join(c.args, " "), code, errOut, c.want)
 		}
+	}
+}
+
+// A file whose name carries escape sequences (a dataset's owner chose it)
+// is named in the error with them escaped: printed raw, they set the
+// terminal's title and colours and cleared its screen.
+func TestAnErrorNamingAFileEscapesItsControlCharacters(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	name := "evil\x1b]0;pwned\a\x1b[2Jx.jsonl"
+	if err := os.WriteFile(filepath.Join(dir, name), []byte("{not json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code := sched(t, nil, "datasets", "check", "local:"+filepath.Join(dir, "*.jsonl"))
+	if code != exitBadInput || strings.ContainsAny(errOut, "\x1b\a") || !strings.Contains(errOut, `evil\x1b]0;pwned\a\x1b[2Jx.jsonl`) {
+		t.Fatalf("datasets check of a file named %q: exit %d, %q; want exit 2 naming it with its escapes written out", name, code, errOut)
+	}
+	var out bytes.Buffer
+	reportTo(&out, fmt.Errorf("a\tb\u0085c\x7fd"))
+	if got := out.String(); got != "sched: a\tb\\u0085c\\x7fd\n" {
+		t.Errorf("reportTo: %q", got)
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/kiln-lm/kiln/internal/bytesize"
 	secret "github.com/kiln-lm/kiln/internal/redact"
 )
 
@@ -56,6 +57,23 @@ type Config struct {
 	// otherwise hold a download for good. A download resumes from the last
 	// byte it had.
 	StallTimeout time.Duration
+	// MinRate and RateWindow abandon a download whose body brings less
+	// than MinRate bytes a second over a RateWindow (defaults 1 KiB/s and
+	// 2m: under 120 KiB in 2 minutes), and resume it from its last byte,
+	// as a stall is: a server that trickles a byte now and then never
+	// stalls, and would hold a download for good. A download slower than
+	// that each time gives up after MaxRetries more.
+	MinRate    int64
+	RateWindow time.Duration
+	// MaxEntries bounds the entries (files and folders) that one listing
+	// reads (default 1,000,000): ten times the 100,000 files the Hub asks
+	// a repository to keep under. A listing whose pages went on without
+	// end (a mirror or proxy that links each page to a new one) held
+	// every entry until the process was killed for it; a listed LFS file
+	// holds about 250 bytes (500,000 decoded on a 2-vCPU VM), so the
+	// bound keeps a listing near 250 MB, within the 1 GiB an ingest
+	// worker stays under.
+	MaxEntries int
 	// Logger receives retries and rate-limit waits (default: none).
 	Logger *zap.Logger
 	// FailUnreached gives up at once on a Hub that is not reached at all
@@ -103,6 +121,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StallTimeout <= 0 {
 		c.StallTimeout = 2 * time.Minute
+	}
+	if c.MinRate <= 0 {
+		c.MinRate = 1 << 10
+	}
+	if c.RateWindow <= 0 {
+		c.RateWindow = 2 * time.Minute
+	}
+	if c.MaxEntries <= 0 {
+		c.MaxEntries = 1_000_000
 	}
 	if c.Logger == nil {
 		c.Logger = zap.NewNop()
@@ -596,10 +623,24 @@ func (w *stallWatch) explain(err error) error {
 	return err
 }
 
-// watchedBody restarts its watch's timer whenever bytes arrive.
+// watchedBody restarts its watch's timer whenever bytes arrive, and,
+// with a floor (minRate), fails a read once a window of its reads has
+// brought less than the floor.
 type watchedBody struct {
 	io.ReadCloser
 	w *stallWatch
+
+	rate   int64         // the floor, in bytes a second; 0: none
+	window time.Duration // over which the rate is measured
+	since  time.Time     // when the window began
+	moved  int64         // bytes read since then
+}
+
+// minRate sets the body's floor from now on: rate bytes a second, over
+// each window. A trickle slower than one read per StallTimeout is the
+// stall watch's; any other is caught at the first read past the window.
+func (b *watchedBody) minRate(rate int64, window time.Duration) {
+	b.rate, b.window, b.since, b.moved = rate, window, time.Now(), 0
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
@@ -610,7 +651,28 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 	if err != nil && err != io.EOF {
 		err = b.w.explain(err)
 	}
+	if b.rate > 0 && err == nil {
+		b.moved += int64(n)
+		if took := time.Since(b.since); took >= b.window {
+			if float64(b.moved) < float64(b.rate)*took.Seconds() {
+				return n, &slowError{moved: b.moved, took: took, rate: b.rate}
+			}
+			b.since, b.moved = time.Now(), 0
+		}
+	}
 	return n, err
+}
+
+// slowError is a body that brought less than its floor over a window.
+type slowError struct {
+	moved int64
+	took  time.Duration
+	rate  int64 // the floor, bytes a second
+}
+
+func (e *slowError) Error() string {
+	return fmt.Sprintf("%s arrived in %v (%s/s), under the %s/s a download must keep up (the connection stalled)",
+		bytesize.Format(e.moved), e.took.Round(time.Millisecond), bytesize.Format(int64(float64(e.moved)/e.took.Seconds())), bytesize.Format(e.rate))
 }
 
 func (b *watchedBody) Close() error {

@@ -58,17 +58,24 @@ func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst str
 	src := c.ResolveURL(repo, rev, f.Path)
 	kept := off > 0 // bytes an earlier attempt left
 	for {
-		if err := c.transfer(ctx, repo, rev, f.Path, src, out, sum, &off, want); err != nil {
+		err := c.transfer(ctx, repo, rev, f.Path, src, out, sum, &off, want)
+		var over *overrunError
+		if err != nil && !errors.As(err, &over) {
 			return err
 		}
-		bad := sum.check()
-		if off != want {
+		bad := err
+		if bad == nil {
+			bad = sum.check()
+		}
+		if off != want && over == nil {
 			bad = fmt.Errorf("got %d bytes, the tree lists %d", off, want)
 		}
 		if bad == nil {
 			break
 		}
-		if kept {
+		// A body longer than the file is the server's, whatever an earlier
+		// attempt left: asked again, it sends the same.
+		if kept && over == nil {
 			// What an earlier attempt left may be of another version of
 			// the file (its ingest planned again at a newer commit) or
 			// damaged on disk: the file is downloaded whole once.
@@ -81,12 +88,24 @@ func (c *Client) Download(ctx context.Context, repo, rev string, f File, dst str
 			continue
 		}
 		os.Remove(part)
-		return fmt.Errorf("downloading %s of dataset %s: %w; the file was removed, retry", f.Path, repo, bad)
+		return fmt.Errorf("downloading %s of dataset %s: %w; the file was removed: %s", f.Path, repo, bad, c.mismatchRemedy(rev))
 	}
 	if err := out.Close(); err != nil {
 		return fmt.Errorf("downloading %s: %w", f.Path, err)
 	}
 	return os.Rename(part, dst)
+}
+
+// mismatchRemedy says what to do about a download at rev whose bytes are
+// not those the listing gave: asking the same server again meets the same.
+func (c *Client) mismatchRemedy(rev string) string {
+	named, _ := c.endpointSetting()
+	again := "run the ingest again (sched enqueue ingest, or sched ingest --direct), which lists the dataset anew"
+	if isCommit(rev) {
+		// A file at a commit never changes on the Hub.
+		return fmt.Sprintf("the Hub serves the same bytes for a file at a commit, so a mirror, proxy or CDN between here and %s sent other bytes than its listing of commit %s gives; check it, then %s", named, rev, again)
+	}
+	return fmt.Sprintf("the file may have changed at %s since it was listed, or a mirror, proxy or CDN between here and %s sent other bytes than its listing gives; %s", rev, named, again)
 }
 
 // isCommit says whether rev is a full commit id rather than a branch or tag.
@@ -107,7 +126,7 @@ func isCommit(rev string) bool {
 func (c *Client) transfer(ctx context.Context, repo, rev, path, src string, out *os.File, sum *verifier, off *int64, want int64) error {
 	most := *off // the furthest the file has reached
 	for broken := 0; *off < want; {
-		err := c.fetchFrom(ctx, repo, src, out, sum, off)
+		err := c.fetchFrom(ctx, repo, src, out, sum, off, want)
 		if err == nil && *off < want {
 			// A body without a length ends where the connection does: what
 			// it lacks is asked for again, like a broken transfer's.
@@ -122,7 +141,11 @@ func (c *Client) transfer(ctx context.Context, repo, rev, path, src string, out 
 		var transient *brokenError
 		var gone *RevisionNotFoundError
 		var vanished *RepoNotFoundError
+		var over *overrunError
+		var slow *slowError
 		switch {
+		case errors.As(err, &over):
+			return over // Download says what of, and what to do
 		case errors.As(err, &gone) && isCommit(rev):
 			// The plan pinned the commit; the preset's revision is fine.
 			gone.Commit = rev
@@ -134,18 +157,30 @@ func (c *Client) transfer(ctx context.Context, repo, rev, path, src string, out 
 		case !errors.As(err, &transient):
 			return fmt.Errorf("downloading %s of dataset %s: %w", path, repo, err)
 		}
+		tooSlow := errors.As(err, &slow)
 		if *off > most {
 			// Further than ever: a flaky link, not a dead one. A server
 			// that ignores Range starts each answer over from byte 0, so
-			// bytes alone are no progress.
-			most, broken = *off, 0
+			// bytes alone are no progress; nor are those of a trickle,
+			// which gets further each time and would never end.
+			most = *off
+			if !tooSlow {
+				broken = 0
+			}
 		}
 		if broken++; broken > c.cfg.MaxRetries {
+			if tooSlow {
+				return fmt.Errorf("downloading %s of dataset %s: too slow %d times in a row, at byte %d of %d: %w; check the network between here and the Hub (or the CDN it sends downloads to)", path, repo, broken, *off, want, err)
+			}
 			return fmt.Errorf("downloading %s of dataset %s: the connection broke %d times in a row without getting past byte %d of %d: %w", path, repo, broken, most, want, err)
 		}
 		c.cfg.Logger.Sugar().Infow("download interrupted, resuming", "path", path, "offset", *off, "error", err)
 		wait := min(backoff(broken), c.cfg.MaxWait)
-		notice(ctx, fmt.Sprintf("the connection broke at byte %d (%v); resuming in %v (attempt %d of %d)", *off, err, wait.Round(time.Second/10), broken+1, c.cfg.MaxRetries+1))
+		what := "the connection broke"
+		if tooSlow {
+			what = "the download was too slow"
+		}
+		notice(ctx, fmt.Sprintf("%s at byte %d (%v); resuming in %v (attempt %d of %d)", what, *off, err, wait.Round(time.Second/10), broken+1, c.cfg.MaxRetries+1))
 		if err := sleep(ctx, wait); err != nil {
 			return err
 		}
@@ -159,8 +194,10 @@ type brokenError struct{ err error }
 func (e *brokenError) Error() string { return "connection broken: " + e.err.Error() }
 func (e *brokenError) Unwrap() error { return e.err }
 
-// fetchFrom requests src from *off on and appends what arrives to out.
-func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, sum *verifier, off *int64) error {
+// fetchFrom requests src from *off on and appends what arrives to out, up
+// to want, the file's size: a body that goes on past it is an
+// *overrunError, and its bytes past want are never written.
+func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, sum *verifier, off *int64, want int64) error {
 	start := *off
 	resp, err := c.get(ctx, repo, src, func(r *http.Request) {
 		// Identity: a transparently gunzipped body would not match byte offsets.
@@ -189,7 +226,13 @@ func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, 
 	if _, err := out.Seek(start, io.SeekStart); err != nil {
 		return err
 	}
-	n, err := io.Copy(partWriter{out, sum}, resp.Body)
+	if body, ok := resp.Body.(*watchedBody); ok {
+		body.minRate(c.cfg.MinRate, c.cfg.RateWindow)
+	}
+	// No more than the file's size: a server that sends without end (a
+	// broken mirror, or a hostile one) would otherwise fill the disk that
+	// the token stores and checkpoints share.
+	n, err := io.Copy(partWriter{out, sum}, io.LimitReader(resp.Body, want-start))
 	*off += n
 	var werr *writeError
 	if errors.As(err, &werr) {
@@ -202,7 +245,35 @@ func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, 
 	if err != nil {
 		return &brokenError{err}
 	}
+	if *off < want {
+		return nil
+	}
+	// One byte more says whether the body ends with the file; one whose
+	// length is the file's ends here without a read of the connection.
+	if extra, _ := io.ReadFull(resp.Body, make([]byte, 1)); extra > 0 {
+		sent := int64(-1)
+		if resp.ContentLength >= 0 {
+			sent = start + resp.ContentLength
+		}
+		return &overrunError{want: want, sent: sent}
+	}
+	// Anything else past the file's bytes (the connection closed, or a
+	// stall before the body's end) leaves them whole: the sums say.
 	return nil
+}
+
+// overrunError is a download whose body goes on past the size the
+// listing gives the file.
+type overrunError struct {
+	want int64 // the listed size
+	sent int64 // the body's whole length, where its Content-Length said; else -1
+}
+
+func (e *overrunError) Error() string {
+	if e.sent >= 0 {
+		return fmt.Sprintf("got more than the %d bytes the tree lists: the server sends %d", e.want, e.sent)
+	}
+	return fmt.Sprintf("got more than the %d bytes the tree lists: the server's answer goes on past them, with no length given", e.want)
 }
 
 // partWriter writes a download's bytes to its .part file and hashes those

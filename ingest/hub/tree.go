@@ -62,8 +62,10 @@ func (c *Client) List(ctx context.Context, repo, rev, dir string) ([]File, error
 	next += "?recursive=true&expand=false"
 	var files []File
 	// A listing whose next page is one already read, or that goes on
-	// after a page of nothing, would never end: it is refused.
+	// after a page of nothing, would never end: it is refused. So is one
+	// that goes on past MaxEntries, each page linking to a new one.
 	seen := map[string]bool{}
+	entries := 0
 	for next != "" {
 		if seen[next] {
 			return nil, fmt.Errorf("listing dataset %s at %s: the Hub's next page, %s, is one already read: its listing loops (a proxy or cache between here and %s may be at fault); try again later", repo, rev, redact(next), c.host)
@@ -73,6 +75,11 @@ func (c *Client) List(ctx context.Context, repo, rev, dir string) ([]File, error
 		h, err := c.getJSON(ctx, repo, next, &page)
 		if err != nil {
 			return nil, fmt.Errorf("listing dataset %s at %s: %w", repo, rev, err)
+		}
+		if entries += len(page); entries > c.cfg.MaxEntries {
+			named, _ := c.endpointSetting()
+			return nil, fmt.Errorf("listing dataset %s at %s: the Hub's listing goes on past %d entries (files and folders), the most one listing reads: the Hub asks a dataset to keep under 100,000 files, so a mirror, proxy or cache between here and %s may be sending pages without end; check it, or split the preset's include patterns by folder, each of which is listed on its own",
+				repo, rev, c.cfg.MaxEntries, named)
 		}
 		for _, f := range page {
 			if f.Type == "file" || f.Type == "" {

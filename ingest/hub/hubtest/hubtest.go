@@ -4,7 +4,9 @@
 // that can answer as a gated repository, refuse a token as the Hub does
 // (a fine-grained one without the permission to read gated datasets, one
 // revoked), lose a dataset or a file after it was listed, rate-limit with
-// 429, and break a download's connection half way.
+// 429, break a download's connection half way, send a body longer than
+// its file or trickle it (SetBody), and list pages without end
+// (MorePages).
 package hubtest
 
 import (
@@ -32,7 +34,7 @@ import (
 // request from a process the test starts orders nothing for the race
 // detector. Once it may be serving, change it with its setters:
 // SetBeforeResolve, Authorize, Revoke, SetUnavailable, SetRateLimited,
-// SetIgnoreRange.
+// SetIgnoreRange, SetBody.
 type Hub struct {
 	// Server is the Hub; CDN is where resolve redirects LFS files.
 	Server *httptest.Server
@@ -62,6 +64,11 @@ type Hub struct {
 	// LoopPages links the tree listing's last page back to its first, as
 	// a broken proxy or cache could, where it would end the listing.
 	LoopPages bool
+	// MorePages goes on with the tree listing past its last page, for
+	// this many pages (-1: without end) of PageSize made-up files
+	// (more/000000000.parquet, ...), each page linking to a new cursor,
+	// as a broken or hostile mirror could.
+	MorePages int
 	// RateLimited answers this many requests with 429 before serving.
 	RateLimited int
 	// Unavailable answers this many requests with 503 and a Retry-After
@@ -94,6 +101,7 @@ type Hub struct {
 	broken   map[string]bool
 	stalled  map[string]bool
 	ended    map[string]bool
+	bodies   map[string]Body // repo/path -> how its downloads are sent
 	requests []Request
 	closing  chan struct{}
 	closed   sync.Once
@@ -120,6 +128,7 @@ func New() *Hub {
 		broken:   map[string]bool{},
 		stalled:  map[string]bool{},
 		ended:    map[string]bool{},
+		bodies:   map[string]Body{},
 		closing:  make(chan struct{}),
 	}
 	h.Server = httptest.NewServer(http.HandlerFunc(h.serveHub))
@@ -231,6 +240,28 @@ func (h *Hub) SetIgnoreRange(ignore bool) {
 func (h *Hub) SetBeforeResolve(f func(ctx context.Context, repo, path string) error) {
 	h.mu.Lock()
 	h.beforeResolve = f
+	h.mu.Unlock()
+}
+
+// Body is how the downloads of one file are sent, where not at once
+// and as listed (SetBody).
+type Body struct {
+	// Extra bytes follow the file's content, which the listing still
+	// gives the size and ids of (-1: without end, until the client goes
+	// or the Hub is closed), as a broken or hostile server sends them.
+	Extra int64
+	// Length sends a Content-Length that counts Extra, where it has an
+	// end; else the body has no length (chunked).
+	Length bool
+	// Every is a pause before each byte: a body that trickles.
+	Every time.Duration
+}
+
+// SetBody makes every download of path in repo, through the CDN or the
+// Hub itself, be sent as b, from the next request on. Range is honoured.
+func (h *Hub) SetBody(repo, path string, b Body) {
+	h.mu.Lock()
+	h.bodies[repo+"/"+path] = b
 	h.mu.Unlock()
 }
 
@@ -400,8 +431,12 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) int {
 		w.Header().Set("X-Repo-Commit", commit)
 		h.mu.Lock()
 		lfs := h.lfs[repo+"/"+path]
+		body, shaped := h.bodies[repo+"/"+path]
 		h.mu.Unlock()
 		if !lfs {
+			if shaped {
+				return h.send(w, r, content, body)
+			}
 			http.ServeContent(w, r, path, time.Time{}, bytes.NewReader(content))
 			return http.StatusOK
 		}
@@ -480,6 +515,9 @@ func (h *Hub) tree(w http.ResponseWriter, r *http.Request, repo string, files ma
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i]["path"].(string) < entries[j]["path"].(string) })
 	start, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
+	if h.MorePages != 0 && (start >= len(entries) || start+h.PageSize >= len(entries)) {
+		return h.morePages(w, r, entries, start, prefix)
+	}
 	end := min(start+h.PageSize, len(entries))
 	if end < len(entries) || h.LoopPages {
 		q := r.URL.Query()
@@ -487,6 +525,26 @@ func (h *Hub) tree(w http.ResponseWriter, r *http.Request, repo string, files ma
 		w.Header().Set("Link", fmt.Sprintf(`<%s%s?%s>; rel="next"`, h.Server.URL, r.URL.Path, q.Encode()))
 	}
 	writeJSON(w, entries[start:end])
+	return http.StatusOK
+}
+
+// morePages answers the listing's page at cursor start where MorePages
+// goes on past its real entries: what is left of those, then made-up
+// files, and a link to the next cursor until MorePages pages are sent.
+func (h *Hub) morePages(w http.ResponseWriter, r *http.Request, entries []map[string]any, start int, prefix string) int {
+	page := entries[min(start, len(entries)):min(start+h.PageSize, len(entries))]
+	for i := max(start, len(entries)); len(page) < h.PageSize; i++ {
+		content := []byte(strconv.Itoa(i))
+		page = append(page, map[string]any{"type": "file", "path": fmt.Sprintf("%smore/%09d.parquet", prefix, i-len(entries)),
+			"size": len(content), "oid": gitOID(content)})
+	}
+	end := start + h.PageSize
+	if h.MorePages < 0 || end < len(entries)+h.MorePages*h.PageSize {
+		q := r.URL.Query()
+		q.Set("cursor", strconv.Itoa(end))
+		w.Header().Set("Link", fmt.Sprintf(`<%s%s?%s>; rel="next"`, h.Server.URL, r.URL.Path, q.Encode()))
+	}
+	writeJSON(w, page)
 	return http.StatusOK
 }
 
@@ -539,10 +597,14 @@ func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
 		h.ended[key] = true
 	}
 	ignoreRange, cutAfter := h.IgnoreRange, h.CutAfter
+	body, shaped := h.bodies[key]
 	h.mu.Unlock()
 	if content == nil {
 		http.Error(w, "NoSuchKey", http.StatusNotFound)
 		return http.StatusNotFound
+	}
+	if shaped {
+		return h.send(w, r, content, body)
 	}
 	if ignoreRange {
 		r.Header.Del("Range")
@@ -588,6 +650,65 @@ func (h *Hub) cdn(w http.ResponseWriter, r *http.Request) int {
 		return http.StatusPartialContent
 	}
 	return http.StatusOK
+}
+
+// send answers r with content as b says: from the Range's first byte
+// ("bytes=N-"), followed by b.Extra bytes, each after b.Every.
+func (h *Hub) send(w http.ResponseWriter, r *http.Request, content []byte, b Body) int {
+	from := int64(0)
+	status := http.StatusOK
+	if first, ok := strings.CutPrefix(r.Header.Get("Range"), "bytes="); ok {
+		first, _, _ = strings.Cut(first, "-")
+		if n, err := strconv.ParseInt(first, 10, 64); err == nil && n <= int64(len(content)) {
+			from, status = n, http.StatusPartialContent
+			w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", n, len(content)-1, len(content)))
+		}
+	}
+	if b.Length && b.Extra >= 0 {
+		w.Header().Set("Content-Length", strconv.FormatInt(int64(len(content))-from+b.Extra, 10))
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.WriteHeader(status)
+	rest := content[from:]
+	chunk := 32 << 10
+	if b.Every > 0 {
+		chunk = 1
+	}
+	filler := bytes.Repeat([]byte("x"), chunk)
+	for sent := int64(0); b.Extra < 0 || sent < int64(len(rest))+b.Extra; {
+		var p []byte
+		if sent < int64(len(rest)) {
+			p = rest[sent:min(sent+int64(chunk), int64(len(rest)))]
+		} else {
+			p = filler
+			if b.Extra >= 0 {
+				p = p[:min(int64(len(p)), int64(len(rest))+b.Extra-sent)]
+			}
+		}
+		if b.Every > 0 {
+			t := time.NewTimer(b.Every)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+				return status
+			case <-h.closing:
+				t.Stop()
+				return status
+			}
+		}
+		if _, err := w.Write(p); err != nil {
+			return status // the client went
+		}
+		w.(http.Flusher).Flush()
+		sent += int64(len(p))
+		select {
+		case <-h.closing:
+			return status
+		default:
+		}
+	}
+	return status
 }
 
 // cutWriter closes its connection once it has written left bytes of a body.

@@ -106,7 +106,7 @@ func Check(ctx context.Context, p Preset, hc *hub.Client) (CheckResult, error) {
 		return res, nil
 	}
 	rr := &rangeReader{ctx: ctx, hc: hc, repo: p.Repo, rev: plan.Revision, path: f.Path}
-	pf, err := parquet.OpenFile(rr, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+	pf, err := openParquetFile(rr, size)
 	if err != nil && rr.failed != nil {
 		// The hub refused it (a gated dataset, a token it does not take)
 		// or did not answer: no word of the file's format.
@@ -188,7 +188,7 @@ func firstDocument(ctx context.Context, p Preset, res *CheckResult) (int, error)
 			return 0, err
 		}
 		defer f.Close()
-		pf, err := parquet.OpenFile(f, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+		pf, err := openParquetFile(f, size)
 		if err != nil {
 			return 0, &PresetError{fmt.Errorf("dataset %s: %s is not readable parquet: %w", p.Name, res.Sample, err)}
 		}

@@ -7,14 +7,18 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/parquet-go/parquet-go"
 )
 
-// parquetReader streams one parquet file. The text column is read a page at
-// a time, so memory is bounded by the page size (about 1 MiB in the datasets
-// kiln reads), not by the row group (often hundreds of MiB of text). The
-// small columns (ids, blob ids, encodings) are read a row group at a time.
+// parquetReader streams one parquet file. Each column it reads is read a
+// page at a time, the small ones (ids, blob ids, encodings) row by row
+// beside the text, so memory is bounded by the page size (about 1 MiB in
+// the datasets kiln reads), not by the row group (often hundreds of MiB
+// of text) nor by the rows it claims to hold: a count the file gives sizes
+// nothing (a row group claiming 2^33 rows ends at its last value, a
+// corrupt file).
 type parquetReader struct {
 	f    *os.File
 	pf   *parquet.File
@@ -24,18 +28,12 @@ type parquetReader struct {
 	text              int // leaf index of the text column, -1 when blobs are read instead
 	id, blob, encName int // leaf indexes of the small columns, -1 when absent
 
-	rg         int // next row group to open
-	base       int64
-	rows, pos  int64
-	small      map[int][]string // the small columns of the current row group
-	smallNulls map[int][]bool
+	rg        int // next row group to open
+	base      int64
+	rows, pos int64
 
-	pages parquet.Pages
-	page  parquet.Page
-	vr    parquet.ValueReader
-	vals  []parquet.Value
-	vi    int
-	vn    int
+	// The current row group's columns, nil where not read.
+	textCol, idCol, blobCol, encCol *columnCursor
 }
 
 func openParquet(path string, opt OpenOptions) (*parquetReader, error) {
@@ -46,10 +44,12 @@ func openParquet(path string, opt OpenOptions) (*parquetReader, error) {
 	pf, err := openParquetFile(f, size)
 	if err != nil {
 		f.Close()
-		return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: fmt.Errorf("not a readable parquet file: %w", err)}
+		if !errors.As(err, new(*footerError)) {
+			err = fmt.Errorf("not a readable parquet file: %w", err)
+		}
+		return nil, &SkipError{Reason: SkipCorruptFile, Path: opt.Name, Err: err}
 	}
-	r := &parquetReader{f: f, pf: pf, path: path, name: opt.Name, text: -1, id: -1, blob: -1, encName: -1,
-		vals: make([]parquet.Value, 256)}
+	r := &parquetReader{f: f, pf: pf, path: path, name: opt.Name, text: -1, id: -1, blob: -1, encName: -1}
 	lookup := func(col string, required, text bool) (int, error) {
 		if col == "" {
 			return -1, nil
@@ -100,15 +100,29 @@ func notText(leaf parquet.LeafColumn) string {
 	return ""
 }
 
-// openParquetFile reads the file's footer; a footer whose damage makes the
-// library panic is an error like any other.
-func openParquetFile(f *os.File, size int64) (pf *parquet.File, err error) {
+// openParquetFile reads the footer of the parquet file r (size bytes),
+// every reader of one (ingest's, datasets check's local and hub ones)
+// through here: a footer that claims more than its bytes hold is a
+// *footerError before the library sizes anything by it (checkParquetFooter),
+// and one whose damage makes the library panic is an error like any other.
+func openParquetFile(r io.ReaderAt, size int64) (pf *parquet.File, err error) {
+	tail, err := checkParquetFooter(r, size)
+	if err != nil {
+		return nil, err
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			pf, err = nil, fmt.Errorf("its footer: %v", p)
 		}
 	}()
-	return parquet.OpenFile(f, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+	if tail != nil {
+		c := &footerCache{ReaderAt: r, off: size - int64(len(tail)), tail: tail}
+		// The library keeps the reader for the pages: the tail is not
+		// held past the footer's decoding.
+		defer func() { c.tail = nil }()
+		r = c
+	}
+	return parquet.OpenFile(r, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
 }
 
 func columnNames(pf *parquet.File) []string {
@@ -125,7 +139,7 @@ func columnNames(pf *parquet.File) []string {
 // caller closes its pages, not the file.
 func (r *parquetReader) cursor(g int, base int64) *parquetReader {
 	return &parquetReader{f: r.f, pf: r.pf, path: r.path, name: r.name, text: r.text, id: r.id, blob: r.blob, encName: r.encName,
-		rg: g, base: base, vals: make([]parquet.Value, len(r.vals))}
+		rg: g, base: base}
 }
 
 func (r *parquetReader) corrupt(err error) error {
@@ -151,7 +165,7 @@ func (r *parquetReader) next(ctx context.Context) (rec record, err error) {
 		}
 	}
 	row := r.pos
-	if r.text >= 0 {
+	if r.textCol != nil {
 		v, err := r.nextText()
 		if err != nil {
 			return record{}, err
@@ -162,23 +176,46 @@ func (r *parquetReader) next(ctx context.Context) (rec record, err error) {
 			rec.text = v.ByteArray()
 		}
 	}
-	r.pos++
-	if r.id >= 0 && !r.smallNulls[r.id][row] {
-		rec.id = r.small[r.id][row]
-	} else {
+	null := true
+	if r.idCol != nil {
+		if rec.id, null, err = r.nextSmall(r.idCol); err != nil {
+			return record{}, err
+		}
+	}
+	if null {
 		rec.id = r.name + "#" + strconv.FormatInt(r.base+row, 10)
 	}
-	if r.blob >= 0 {
-		rec.blob, rec.null = r.small[r.blob][row], r.smallNulls[r.blob][row]
+	if r.blobCol != nil {
+		if rec.blob, rec.null, err = r.nextSmall(r.blobCol); err != nil {
+			return record{}, err
+		}
 		rec.id = rec.blob
 	}
-	if r.encName >= 0 {
-		rec.encoding = r.small[r.encName][row]
+	if r.encCol != nil {
+		if rec.encoding, _, err = r.nextSmall(r.encCol); err != nil {
+			return record{}, err
+		}
+	}
+	r.pos++
+	if r.pos == r.rows {
+		// Each small column holds a value a row, as the text does.
+		for _, c := range []*columnCursor{r.idCol, r.blobCol, r.encCol} {
+			if c == nil {
+				continue
+			}
+			if _, err := c.next(); !errors.Is(err, io.EOF) {
+				if err == nil {
+					err = fmt.Errorf("column %q has more values than its %d rows", r.columnName(c), r.rows)
+				}
+				return record{}, r.corrupt(fmt.Errorf("row group %d: %w", r.rg-1, err))
+			}
+		}
 	}
 	return rec, nil
 }
 
-// openRowGroup moves to the next row group and reads its small columns.
+// openRowGroup moves to the next row group and opens the pages of its
+// columns.
 func (r *parquetReader) openRowGroup(ctx context.Context) (err error) {
 	defer r.recoverCorrupt(&err)
 	if err := ctx.Err(); err != nil {
@@ -193,103 +230,112 @@ func (r *parquetReader) openRowGroup(ctx context.Context) (err error) {
 	r.rg++
 	r.base += r.rows
 	r.rows, r.pos = g.NumRows(), 0
-	r.small, r.smallNulls = map[int][]string{}, map[int][]bool{}
-	for _, col := range []int{r.id, r.blob, r.encName} {
+	chunks := g.ColumnChunks()
+	open := func(col int) *columnCursor {
 		if col < 0 {
-			continue
+			return nil
 		}
-		vals, nulls, err := readSmallColumn(g.ColumnChunks()[col], r.rows)
-		if err != nil {
-			return r.corrupt(fmt.Errorf("row group %d: %w", r.rg-1, err))
-		}
-		r.small[col], r.smallNulls[col] = vals, nulls
+		return &columnCursor{col: col, pages: chunks[col].Pages()}
 	}
-	if r.text >= 0 {
-		r.pages = g.ColumnChunks()[r.text].Pages()
-	}
+	r.textCol, r.idCol, r.blobCol, r.encCol = open(r.text), open(r.id), open(r.blob), open(r.encName)
 	return nil
 }
 
-// nextText returns the next value of the text column, reading pages as needed.
+// nextText returns the next value of the text column.
 func (r *parquetReader) nextText() (parquet.Value, error) {
-	for r.vi >= r.vn {
-		if r.vr != nil {
-			n, err := r.vr.ReadValues(r.vals)
-			r.vi, r.vn = 0, n
+	v, err := r.textCol.next()
+	if errors.Is(err, io.EOF) {
+		return parquet.Value{}, r.corrupt(fmt.Errorf("row group %d ended after %d of %d rows", r.rg-1, r.pos, r.rows))
+	}
+	if err != nil {
+		return parquet.Value{}, r.corrupt(err)
+	}
+	return v, nil
+}
+
+// nextSmall returns the current row's value of a small column as text,
+// and whether it is null.
+func (r *parquetReader) nextSmall(c *columnCursor) (string, bool, error) {
+	v, err := c.next()
+	if errors.Is(err, io.EOF) {
+		err = fmt.Errorf("column %q has %d values for %d rows", r.columnName(c), r.pos, r.rows)
+	}
+	if err != nil {
+		return "", false, r.corrupt(fmt.Errorf("row group %d: %w", r.rg-1, err))
+	}
+	if v.IsNull() {
+		return "", true, nil
+	}
+	return v.String(), false, nil
+}
+
+func (r *parquetReader) columnName(c *columnCursor) string {
+	return strings.Join(r.pf.Schema().Columns()[c.col], ".")
+}
+
+// columnCursor reads one column chunk's values a page at a time.
+type columnCursor struct {
+	col   int // the column's leaf index
+	pages parquet.Pages
+	page  parquet.Page
+	vr    parquet.ValueReader
+	vals  [256]parquet.Value
+	vi    int
+	vn    int
+}
+
+// next returns the chunk's next value, or io.EOF after its last. A byte
+// array value points into the page, valid until the next call.
+func (c *columnCursor) next() (parquet.Value, error) {
+	if c.vi >= c.vn {
+		return c.fill()
+	}
+	c.vi++
+	return c.vals[c.vi-1], nil
+}
+
+// fill is next where the values read are done: it reads more, from the
+// next page where the page is done.
+func (c *columnCursor) fill() (parquet.Value, error) {
+	for c.vi >= c.vn {
+		if c.vr != nil {
+			n, err := c.vr.ReadValues(c.vals[:])
+			c.vi, c.vn = 0, n
 			if n > 0 {
 				continue
 			}
 			if err != nil && !errors.Is(err, io.EOF) {
-				return parquet.Value{}, r.corrupt(err)
+				return parquet.Value{}, err
 			}
-			parquet.Release(r.page)
-			r.page, r.vr = nil, nil
+			parquet.Release(c.page)
+			c.page, c.vr = nil, nil
 		}
-		p, err := r.pages.ReadPage()
-		if errors.Is(err, io.EOF) {
-			return parquet.Value{}, r.corrupt(fmt.Errorf("row group %d ended after %d of %d rows", r.rg-1, r.pos, r.rows))
-		}
+		p, err := c.pages.ReadPage()
 		if err != nil {
-			return parquet.Value{}, r.corrupt(err)
+			return parquet.Value{}, err
 		}
-		r.page, r.vr = p, p.Values()
+		c.page, c.vr = p, p.Values()
 	}
-	v := r.vals[r.vi]
-	r.vi++
-	return v, nil
+	c.vi++
+	return c.vals[c.vi-1], nil
 }
 
-func readSmallColumn(cc parquet.ColumnChunk, rows int64) ([]string, []bool, error) {
-	pages := cc.Pages()
-	defer pages.Close()
-	vals := make([]string, 0, rows)
-	nulls := make([]bool, 0, rows)
-	buf := make([]parquet.Value, 1024)
-	for {
-		p, err := pages.ReadPage()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		vr := p.Values()
-		for {
-			n, err := vr.ReadValues(buf)
-			for _, v := range buf[:n] {
-				nulls = append(nulls, v.IsNull())
-				if v.IsNull() {
-					vals = append(vals, "")
-				} else {
-					vals = append(vals, v.String())
-				}
-			}
-			if errors.Is(err, io.EOF) || (err == nil && n == 0) {
-				break
-			}
-			if err != nil {
-				parquet.Release(p)
-				return nil, nil, err
-			}
-		}
-		parquet.Release(p)
+func (c *columnCursor) close() {
+	if c == nil {
+		return
 	}
-	if int64(len(vals)) != rows {
-		return nil, nil, fmt.Errorf("a column has %d values for %d rows", len(vals), rows)
+	if c.page != nil {
+		parquet.Release(c.page)
+		c.page, c.vr = nil, nil
 	}
-	return vals, nulls, nil
+	c.pages.Close()
 }
 
 func (r *parquetReader) closePages() {
-	if r.page != nil {
-		parquet.Release(r.page)
-		r.page, r.vr = nil, nil
+	for _, c := range []*columnCursor{r.textCol, r.idCol, r.blobCol, r.encCol} {
+		c.close()
 	}
-	r.vi, r.vn = 0, 0
-	if r.pages != nil {
-		r.pages.Close()
-		r.pages = nil
-	}
+	r.textCol, r.idCol, r.blobCol, r.encCol = nil, nil, nil, nil
 }
 
 func (r *parquetReader) Close() error {

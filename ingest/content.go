@@ -73,40 +73,45 @@ func hashLocal(ctx context.Context, files []hub.File) error {
 	return g.Wait()
 }
 
-// ChangedFileError is a local file whose content is no longer what its
-// ingest was planned with: its id names the old content.
+// ChangedFileError is a local file whose bytes, read for its shard, are
+// not the content its ingest was planned with: the shard's id names that
+// content (LocalShardID), so a shard of other bytes would stand for it in
+// the store for good, and the file as it is now could never go in.
 type ChangedFileError struct {
-	Path       string
-	Size       int64
-	SHA256     string
+	Path string
+	// WantSize and WantSHA256 are the content the ingest was planned
+	// with; Size and SHA256 the bytes read.
 	WantSize   int64
 	WantSHA256 string
+	Size       int64
+	SHA256     string
+	// Reading is set where the file changed while it was read: it was
+	// being written, and a later try, once it is settled, may read the
+	// content planned. Otherwise it held other content from the start of
+	// the read, and only a new plan can take it.
+	Reading bool
+	// Since says how the file changed after the bytes read, which were
+	// those planned ("" where they were not).
+	Since string
 }
 
 func (e *ChangedFileError) Error() string {
-	return fmt.Sprintf("local file %s changed since its ingest was planned (%d bytes, sha256 %s; planned %d bytes, sha256 %s): plan the ingest again",
-		e.Path, e.Size, e.SHA256, e.WantSize, e.WantSHA256)
+	switch {
+	case e.Since != "":
+		return fmt.Sprintf("local file %s changed while it was read (it was %d bytes with SHA-256 %s when planned and as read, and %s): run the ingest again once nothing writes to it",
+			e.Path, e.WantSize, e.WantSHA256, e.Since)
+	case e.Reading:
+		return fmt.Sprintf("local file %s changed while it was read (it was %d bytes with SHA-256 %s when planned, %d bytes / %s as read): run the ingest again once nothing writes to it",
+			e.Path, e.WantSize, e.WantSHA256, e.Size, e.SHA256)
+	}
+	return fmt.Sprintf("local file %s changed since its ingest was planned (it was %d bytes with SHA-256 %s then, and is %d bytes / %s now): its shard's id names the content planned, which no retry can read now; run the ingest again (sched enqueue ingest, or sched ingest --direct), which plans the file as it is now, once nothing writes to it",
+		e.Path, e.WantSize, e.WantSHA256, e.Size, e.SHA256)
 }
 
-// BadInput is true: a retry would read the same changed file.
-func (e *ChangedFileError) BadInput() bool { return true }
-
-// checkLocalContent refuses a local file whose content differs from what
-// the job was planned with. A job planned without a hash (queued before
-// ids were contents) is not checked.
-func checkLocalContent(ctx context.Context, job ShardJob) error {
-	if job.SHA256 == "" {
-		return nil
-	}
-	size, sum, err := hashFile(ctx, job.Path)
-	if err != nil {
-		return err
-	}
-	if size != job.Size || sum != job.SHA256 {
-		return &ChangedFileError{Path: job.Path, Size: size, SHA256: sum, WantSize: job.Size, WantSHA256: job.SHA256}
-	}
-	return nil
-}
+// BadInput is true where the file held other content from the start of
+// the read: a retry of the same shard would read it again. One that
+// changed while it was read is tried again.
+func (e *ChangedFileError) BadInput() bool { return !e.Reading && e.Since == "" }
 
 // ctxReader stops a long read when its context ends.
 type ctxReader struct {

@@ -163,6 +163,9 @@ type DirectOptions struct {
 	// Progress, when set, is told the report so far after each file.
 	Progress func(Report)
 	Logger   *zap.Logger
+
+	// onRead, set by tests, is the pipeline's (Pipeline.onRead).
+	onRead func(stage readStage, path string)
 }
 
 // Report is what an ingest did.
@@ -253,7 +256,7 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	// killed run's are removed with its shards.
 	p := &Pipeline{Objects: objects, Hub: opt.Hub, SWH: opt.SWH, Presets: map[string]Preset{opt.Preset.Name: opt.Preset},
 		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return opt.Tokenizer, nil },
-		DataDir:   tmp.Path, StoresDir: filepath.Dir(dir), Logger: log}
+		DataDir:   tmp.Path, StoresDir: filepath.Dir(dir), Logger: log, onRead: opt.onRead}
 	if opt.Preset.Glob != "" {
 		p.LocalRoots = []string{globRoot(opt.Preset.Glob)}
 	}

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
 	"github.com/kiln-lm/kiln/tokens"
@@ -117,14 +119,20 @@ func TestAFullDiskUnderTheShardsSaysWhatToDo(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(dir, "src"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var b strings.Builder
+	// The file is compressed: the copy it is read from fits in the disk,
+	// and its tokens do not.
+	var b bytes.Buffer
+	zw, _ := zstd.NewWriter(&b)
 	for d := range 4000 {
-		fmt.Fprintf(&b, `{"text":"doc %d: func main() { fmt.Println(\"hello, world\") }"}`+"\n", d)
+		fmt.Fprintf(zw, `{"text":"doc %d: func main() { fmt.Println(\"hello, world\") }"}`+"\n", d)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "src", "f.jsonl"), []byte(b.String()), 0o644); err != nil {
+	zw.Close()
+	if err := os.WriteFile(filepath.Join(dir, "src", "f.jsonl.zst"), b.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	opt := skipsDirect(t, dir, nil)
+	opt.Preset.Glob = filepath.Join(dir, "src", "*.jsonl.zst")
+	opt.Preset.Name = LocalPrefix + opt.Preset.Glob
 	opt.DataDir = disk
 	_, err := Direct(context.Background(), opt)
 	if err == nil || !strings.Contains(err.Error(), "no space left on the disk of "+disk) || !strings.Contains(err.Error(), "for the shard of ") ||

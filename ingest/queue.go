@@ -49,8 +49,9 @@ type Pipeline struct {
 	// needs it.
 	Tokenizer func(ctx context.Context, name string) (*tokenizer.Tokenizer, error)
 	// DataDir is this machine's own scratch directory: downloads go to
-	// DataDir/raw, each deleted once tokenized. Shard tokens go straight to
-	// Objects as they are made.
+	// DataDir/raw, each deleted once tokenized, and so do the copies that
+	// local files are tokenized from (localcopy.go). Shard tokens go
+	// straight to Objects as they are made.
 	DataDir string
 	// StoresDir holds the token stores, one directory per store; Append
 	// needs it.
@@ -98,6 +99,10 @@ type Pipeline struct {
 	// waits for while it waits for its store.
 	StoreWaiting func(ctx context.Context, msg string)
 
+	// onRead, set by tests, is called with a local file's path at each
+	// stage of its read for its shard: a test changes the file on the disk
+	// there.
+	onRead func(stage readStage, path string)
 	// held keeps each store's appender open from one append to the next
 	// (Direct, which appends a whole plan in one process) rather than
 	// opening the store and reading its manifest for every shard, which
@@ -761,15 +766,7 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 		if err != nil {
 			return out, false, err
 		}
-		// What tasks that ended for good left goes first; a failed
-		// attempt's partial download stays for its retry to resume.
-		stale, err := RemoveStaleDownloads(p.DataDir, time.Now())
-		for _, s := range stale {
-			p.log().Info("removed a download that no shard task is left to finish", zap.String("path", s))
-		}
-		if err != nil {
-			p.log().Warn("stale downloads not removed; the next shard tries again", zap.Error(err))
-		}
+		p.removeStaleDownloads()
 		held, err := holdDownload(dl)
 		if err != nil {
 			return out, false, err
@@ -810,15 +807,26 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 				return out, false, &StopError{Msg: msg + "; " + job.Path + " was downloaded but not tokenized" + stopHint}
 			}
 		}
-	} else if err := checkLocalContent(ctx, job); err != nil {
-		return out, false, err
+	}
+	// A local file planned by its content is tokenized from a copy of
+	// that content (localcopy.go); one queued before ids were contents
+	// names no content to check, and is read where it is.
+	var settled func() error
+	if job.Repo == "" && job.SHA256 != "" {
+		say("copying " + job.Path)
+		c, err := p.copyLocal(ctx, job)
+		if err != nil {
+			return out, false, err
+		}
+		defer c.remove(p.log())
+		local, settled = c.path, c.settled
 	}
 	key := shardKey(job)
 	say("tokenizing " + job.Path)
 	// What the store has room for now: it only fills, so its append has
 	// no more room, and the documents past it are left unread.
 	room := job.Limits.room(status.Tokens, tokens.DtypeFor(tok.VocabSize()).Width())
-	st, err := p.tokenize(ctx, job, local, key, tok, room, say)
+	st, err := p.tokenize(ctx, job, local, key, tok, room, settled, say)
 	if SkipReason(err) != "" {
 		return skipped(err)
 	}
@@ -843,6 +851,19 @@ func (p *Pipeline) Shard(ctx context.Context, job ShardJob, say func(msg string)
 	return out, false, nil
 }
 
+// removeStaleDownloads removes from the data directory what shard tasks
+// that ended for good left (RemoveStaleDownloads); a failed attempt's
+// partial download stays for its retry to resume.
+func (p *Pipeline) removeStaleDownloads() {
+	stale, err := RemoveStaleDownloads(p.DataDir, time.Now())
+	for _, s := range stale {
+		p.log().Info("removed a download that no shard task is left to finish", zap.String("path", s))
+	}
+	if err != nil {
+		p.log().Warn("stale downloads not removed; the next shard tries again", zap.Error(err))
+	}
+}
+
 // DefaultTokenizing is how many shards a worker reads and tokenizes at
 // once (Pipeline.Tokenizing): one per 8 cores, at least two. The shards
 // share the process's encoders (one per core), so more shards add readers
@@ -864,14 +885,18 @@ func DefaultTokenizing() int { return max(2, runtime.GOMAXPROCS(0)/8) }
 // completion leaves the cores to the next shard, and is said (say): a
 // shard of less than a part is sent whole then, which a slow or hung
 // store holds for minutes.
-func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string, tok *tokenizer.Tokenizer, room int64, say func(string)) (ShardStats, error) {
+//
+// settled, when set, is asked once the file is read whether the shard may
+// stand for it (localCopy.settled): an error ends the shard as any write
+// error does, its upload aborted.
+func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string, tok *tokenizer.Tokenizer, room int64, settled func() error, say func(string)) (ShardStats, error) {
 	if p.Tokenizing != nil {
 		if err := p.Tokenizing.Acquire(ctx, 1); err != nil {
 			return ShardStats{}, fmt.Errorf("waiting to tokenize %s: %w", job.Path, err)
 		}
 	}
 	up := &upload{ctx: ctx, objects: p.Objects, key: key}
-	st, err := p.write(ctx, job, local, tok, up, room)
+	st, err := p.write(ctx, job, local, tok, up, room, settled)
 	if p.Tokenizing != nil {
 		p.Tokenizing.Release(1)
 	}
@@ -893,8 +918,19 @@ func (p *Pipeline) tokenize(ctx context.Context, job ShardJob, local, key string
 
 // write tokenizes local into up, from the job's first record to the
 // document that passes room (writeShard); the file is closed, and its
-// decoders stopped, when it returns.
-func (p *Pipeline) write(ctx context.Context, job ShardJob, local string, tok *tokenizer.Tokenizer, up *upload, room int64) (ShardStats, error) {
+// decoders stopped, when it returns. A shard made, or a file skipped, is
+// then the error of settled where it has one: a skip is recorded under
+// the file's id as surely as a shard.
+func (p *Pipeline) write(ctx context.Context, job ShardJob, local string, tok *tokenizer.Tokenizer, up *upload, room int64, settled func() error) (st ShardStats, err error) {
+	if settled != nil {
+		defer func() {
+			if err == nil || SkipReason(err) != "" {
+				if serr := settled(); serr != nil {
+					st, err = ShardStats{}, serr
+				}
+			}
+		}()
+	}
 	src, err := Open(ctx, local, OpenOptions{Name: job.Path, Columns: job.Columns, SWH: p.SWH, DecodeAhead: p.DecodeAhead, From: job.From})
 	if err != nil {
 		return ShardStats{}, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kiln-lm/kiln/internal/nearest"
 	"github.com/kiln-lm/kiln/kernels"
 	"github.com/kiln-lm/kiln/kernels/cuda"
 )
@@ -135,7 +136,7 @@ func nearestName(name string, known []string) string {
 	}
 	best, bestD := "", -1
 	for _, k := range known {
-		d := editDistance(up, k)
+		d := nearest.Distance(up, k)
 		if d > max(2, (max(len(up), len(k))-len(kilnPrefix))/3) {
 			continue
 		}
@@ -144,31 +145,4 @@ func nearestName(name string, known []string) string {
 		}
 	}
 	return best
-}
-
-// editDistance is the optimal string alignment distance of a and b: the
-// insertions, deletions, substitutions and swaps of two neighbouring bytes
-// that make one the other, each once.
-func editDistance(a, b string) int {
-	prev2 := make([]int, len(b)+1)
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
-				cur[j] = min(cur[j], prev2[j-2]+1)
-			}
-		}
-		prev2, prev, cur = prev, cur, prev2
-	}
-	return prev[len(b)]
 }

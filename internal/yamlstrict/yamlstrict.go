@@ -20,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kiln-lm/kiln/internal/durlimit"
+	"github.com/kiln-lm/kiln/internal/nearest"
 )
 
 // Unmarshal decodes the YAML document b onto v (a pointer). An empty
@@ -334,7 +335,7 @@ func unknownKey(k *yaml.Node, fields map[string]reflect.Type) error {
 func closest(s string, names []string) string {
 	best, bestD := "", 3
 	for _, name := range names {
-		if d := distance(s, name); d < bestD {
+		if d := nearest.Distance(s, name); d < bestD {
 			best, bestD = name, d
 		}
 	}
@@ -346,25 +347,4 @@ func closest(s string, names []string) string {
 		}
 	}
 	return best
-}
-
-// distance is the Levenshtein distance of a and b.
-func distance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }

@@ -209,12 +209,6 @@ func TestClosest(t *testing.T) {
 			t.Errorf("closest(%q) = %q, want %q", s, got, want)
 		}
 	}
-	for _, c := range []struct{ a, b string }{{"", "abc"}, {"kitten", "sitting"}, {"flaw", "lawn"}} {
-		want := map[string]int{"abc": 3, "sitting": 3, "lawn": 2}[c.b]
-		if got := distance(c.a, c.b); got != want {
-			t.Errorf("distance(%q, %q) = %d, want %d", c.a, c.b, got, want)
-		}
-	}
 }
 
 // yaml names the line before a tab in the indentation, or says nothing of

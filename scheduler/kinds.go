@@ -21,6 +21,10 @@ const (
 // Queues lists every queue kiln uses.
 var Queues = []string{QueueIngest, QueueAppend, QueueGPU}
 
+// IngestQueues hold every ingest task (plans and shards, appends): what
+// Snapshot.Datasets reads.
+var IngestQueues = []string{QueueIngest, QueueAppend}
+
 // Task kinds: stable strings stored in Redis with every queued task. Never
 // rename one; add the old string to aliases instead, so queued work is not
 // orphaned.

@@ -214,7 +214,7 @@ func (c *Client) FailedIngests(ctx context.Context) (map[string]DatasetProgress,
 		return nil, err
 	}
 	archived := 0
-	for _, q := range []string{QueueIngest, QueueAppend} {
+	for _, q := range IngestQueues {
 		if !known[q] {
 			continue
 		}
@@ -227,7 +227,7 @@ func (c *Client) FailedIngests(ctx context.Context) (map[string]DatasetProgress,
 	if archived == 0 {
 		return map[string]DatasetProgress{}, nil
 	}
-	snap, err := c.Snapshot(ctx)
+	snap, err := c.SnapshotOf(ctx, IngestQueues...)
 	if err != nil {
 		return nil, err
 	}

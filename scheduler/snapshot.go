@@ -80,9 +80,9 @@ func (c *Client) Snapshot(ctx context.Context) (*Snapshot, error) {
 	return c.SnapshotOf(ctx, Queues...)
 }
 
-// SnapshotOf is Snapshot of the tasks of queues alone (Queues lists the
-// others empty), and every live worker: the gpu queue's, say, which a
-// week of a large ingest's tasks does not slow.
+// SnapshotOf is Snapshot of queues alone (its Queues and Tasks are
+// theirs), and every live worker: the gpu queue's, say, which a week of a
+// large ingest's tasks does not slow.
 func (c *Client) SnapshotOf(ctx context.Context, queues ...string) (*Snapshot, error) {
 	s := &Snapshot{At: time.Now()}
 	known, err := c.shownQueues()
@@ -92,7 +92,6 @@ func (c *Client) SnapshotOf(ctx context.Context, queues ...string) (*Snapshot, e
 	type lister func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error)
 	for _, q := range Queues {
 		if !slices.Contains(queues, q) {
-			s.Queues = append(s.Queues, QueueStatus{Name: q})
 			continue
 		}
 		if err := ctx.Err(); err != nil {

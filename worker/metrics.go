@@ -29,8 +29,8 @@ import (
 // the same cluster-wide view and a scrape costs what `sched status` does;
 // scrape every 15 s or more.
 type Metrics struct {
-	// IngestWithin bounds a scrape's read of every task, which the
-	// ingest's figures come from; the runs' figures are read first, within
+	// IngestWithin bounds a scrape's read of the ingest queues' tasks,
+	// which the ingest's figures come from; the runs' figures are read first, within
 	// 10 s of their own. Default 10s.
 	IngestWithin time.Duration
 	q            *scheduler.Client
@@ -81,7 +81,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reads the figures from Redis. The runs' figures, which the
 // alerts read, come first and from the gpu queue's tasks alone, each part
-// within its own bound: the ingest's come from every task Redis keeps, a
+// within its own bound: the ingest's come from the ingest tasks Redis keeps, a
 // week of a large ingest's (seconds at 100,000), and a scrape that ran
 // out of time reading them went without the runs' too.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
@@ -170,7 +170,7 @@ func (m *Metrics) collectIngest(gauge gaugeFunc) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
-	snap, err := m.q.Snapshot(ctx)
+	snap, err := m.q.SnapshotOf(ctx, scheduler.IngestQueues...)
 	if err != nil {
 		return err
 	}

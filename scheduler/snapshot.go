@@ -74,8 +74,8 @@ func allPages(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error),
 // Snapshot reads every task and live worker. Completed tasks are kept for
 // their kind's retention, so a large ingest lists thousands; they are read
 // in pages, and their progress records with one MGET per page. Its cost
-// grows with them: about 800 B read from Redis and 5 KB allocated per
-// task kept (a second at 30,000).
+// grows with them: about 1.1 KB read from Redis and 6 KB allocated per
+// task kept (0.34 s at 20,000: BenchmarkSnapshotOfALargeIngest).
 func (c *Client) Snapshot(ctx context.Context) (*Snapshot, error) {
 	return c.SnapshotOf(ctx, Queues...)
 }

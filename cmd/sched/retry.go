@@ -45,7 +45,10 @@ also re-queues what failed in it.`,
 			}
 			defer q.Close()
 			var said scheduler.Args = taskKind(args[0])
-			if ti, err := q.Find(ctx, args[0]); err == nil {
+			// A task not found is said so by the retry below, where a
+			// segment's run is not needed.
+			ti, findErr := q.Find(ctx, args[0])
+			if findErr == nil {
 				if v, want, older := scheduler.OlderPayload(ti.Type, ti.Payload); older {
 					// Its workers refuse it again at once: the retry
 					// would say it queued work that no worker does.
@@ -58,9 +61,8 @@ also re-queues what failed in it.`,
 			var notes []string
 			run := "" // the segment's run, which names it as the other views do
 			if taskKind(args[0]).Kind() == scheduler.KindTrainSegment {
-				ti, err := q.Find(ctx, args[0])
-				if err != nil {
-					return err
+				if findErr != nil {
+					return findErr
 				}
 				if a, err := scheduler.DecodeTask[scheduler.TrainSegment](ti.Payload); err == nil {
 					run = a.Run

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -57,12 +58,14 @@ type Config struct {
 	// otherwise hold a download for good. A download resumes from the last
 	// byte it had.
 	StallTimeout time.Duration
-	// MinRate and RateWindow abandon a download whose body brings less
+	// MinRate and RateWindow abandon an answer whose body brings less
 	// than MinRate bytes a second over a RateWindow (defaults 1 KiB/s and
-	// 2m: under 120 KiB in 2 minutes), and resume it from its last byte,
-	// as a stall is: a server that trickles a byte now and then never
-	// stalls, and would hold a download for good. A download slower than
-	// that each time gives up after MaxRetries more.
+	// 2m: under 120 KiB in 2 minutes), as a stall is: a server that
+	// trickles a byte now and then never stalls, and would hold a
+	// download, a page of a listing or a revision's answer for good. A
+	// download resumes from its last byte, and one slower than that each
+	// time gives up after MaxRetries more; any other answer is asked for
+	// again, as a request that failed is.
 	MinRate    int64
 	RateWindow time.Duration
 	// MaxEntries bounds the entries (files and folders) that one listing
@@ -262,11 +265,26 @@ func (c *Client) newRequest(ctx context.Context, rawURL string) (*http.Request, 
 // response with a 2xx status. The caller closes the body. edit may add
 // headers (Range) before each attempt. The caller holds a concurrency slot.
 func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.Request)) (*http.Response, error) {
+	return c.getRead(ctx, repo, rawURL, edit, nil)
+}
+
+// getRead is get that, where read is not nil, has read take the body of
+// each 2xx answer within its attempt, under the floor (MinRate) a
+// download's body is under: an answer whose body stalls, trickles or
+// breaks before read is done is asked for again, as a request that failed
+// is, where one whose body was left to its caller would hold it for as
+// long as the server keeps the connection open. Read's other errors (what
+// the body holds, not how it came) are returned as they are. The response
+// returned after read has its body closed, and its headers.
+func (c *Client) getRead(ctx context.Context, repo, rawURL string, edit func(*http.Request), read func(*http.Response) error) (*http.Response, error) {
 	var lastErr error
 	// unreached: the host the last attempt reached no server of (no
 	// address for the name, or no connection): the Hub's, or a download's
 	// CDN it was sent on to; "" where it reached one.
 	unreached := ""
+	// stalled: the host whose answer to the last attempt stalled or
+	// trickled; "" where it did not.
+	stalled := ""
 	for attempt := 0; ; attempt++ {
 		watch := c.watch(ctx)
 		req, err := c.newRequest(watch.ctx, rawURL)
@@ -279,6 +297,7 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 		}
 		resp, err := c.http.Do(req)
 		var wait time.Duration
+		stalled = ""
 		switch {
 		case err != nil:
 			watch.stop()
@@ -286,6 +305,9 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 				return nil, ctx.Err()
 			}
 			lastErr = watch.explain(err)
+			if watch.stalled() {
+				stalled = errHost(err, c.host)
+			}
 			unreached = notReached(err, c.host)
 			if unreached == c.host && c.cfg.FailUnreached && !c.reached.Load() {
 				// Never answered: a wrong address, or no network, which
@@ -298,11 +320,37 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 		case resp.StatusCode >= 200 && resp.StatusCode < 300:
 			c.reached.Store(true)
 			c.served.Store(true)
-			resp.Body = &watchedBody{ReadCloser: resp.Body, w: watch}
-			if attempt > 0 {
-				notice(ctx, "") // answered: the wait's notice is over
+			body := &watchedBody{ReadCloser: resp.Body, w: watch}
+			resp.Body = body
+			if read == nil {
+				if attempt > 0 {
+					notice(ctx, "") // answered: the wait's notice is over
+				}
+				return resp, nil
 			}
-			return resp, nil
+			body.minRate(c.cfg.MinRate, c.cfg.RateWindow, "an answer")
+			err := read(resp)
+			resp.Body.Close()
+			switch {
+			case err != nil && ctx.Err() != nil:
+				return nil, ctx.Err()
+			case body.failed != nil:
+				// The connection, not what it brought: read may have
+				// taken a break for the body's end (io.ReadFull).
+				unreached, lastErr = "", body.failed
+				var slow *slowError
+				if watch.stalled() || errors.As(body.failed, &slow) {
+					stalled = resp.Request.URL.Host
+				}
+				wait = backoff(attempt)
+			case err != nil:
+				return nil, err
+			default:
+				if attempt > 0 {
+					notice(ctx, "")
+				}
+				return resp, nil
+			}
 		case resp.StatusCode == http.StatusTooManyRequests:
 			c.reached.Store(true)
 			unreached = ""
@@ -337,6 +385,13 @@ func (c *Client) get(ctx context.Context, repo, rawURL string, edit func(*http.R
 			case unreached != "":
 				return nil, fmt.Errorf("%w (given up after %d attempts at GET %s): the Hub sent the download on to %s, which is not reached from here; check that this machine's network and proxy let it through",
 					lastErr, attempt+1, redact(rawURL), unreached)
+			case stalled == c.host:
+				named, fix := c.endpointSetting()
+				return nil, fmt.Errorf("%w (given up after %d attempts at GET %s): the Hub at %s sent nothing, or too little, each time; check this machine's network and proxy (one that holds connections open without passing them on), or %s",
+					lastErr, attempt+1, redact(rawURL), named, fix)
+			case stalled != "":
+				return nil, fmt.Errorf("%w (given up after %d attempts at GET %s): %s, where the Hub sent the request on, sent nothing, or too little, each time; check that this machine's network and proxy let it through",
+					lastErr, attempt+1, redact(rawURL), stalled)
 			}
 			return nil, fmt.Errorf("%w (given up after %d attempts at GET %s)", lastErr, attempt+1, redact(rawURL))
 		}
@@ -360,9 +415,15 @@ func notReached(err error, host string) string {
 	if !errors.As(err, &dns) && !(errors.As(err, &op) && (op.Op == "dial" || op.Op == "proxyconnect")) {
 		return ""
 	}
+	return errHost(err, host)
+}
+
+// errHost is the host of the request that err, from a Client's Do, failed
+// at (the Hub's, or one it redirected to), else host.
+func errHost(err error, host string) string {
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		if u, perr := url.Parse(ue.URL); perr == nil {
+		if u, perr := url.Parse(ue.URL); perr == nil && u.Host != "" {
 			return u.Host
 		}
 	}
@@ -375,13 +436,16 @@ func (c *Client) getJSON(ctx context.Context, repo, rawURL string, v any) (http.
 		return nil, err
 	}
 	defer c.release()
-	resp, err := c.get(ctx, repo, rawURL, nil)
+	resp, err := c.getRead(ctx, repo, rawURL, nil, func(resp *http.Response) error {
+		// What an attempt cut short decoded is not kept.
+		reflect.ValueOf(v).Elem().SetZero()
+		if err := json.NewDecoder(io.LimitReader(resp.Body, 256<<20)).Decode(v); err != nil {
+			return fmt.Errorf("GET %s: decoding the answer: %w", redact(rawURL), err)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 256<<20)).Decode(v); err != nil {
-		return nil, fmt.Errorf("GET %s: decoding the answer: %w", redact(rawURL), err)
 	}
 	return resp.Header, nil
 }
@@ -610,6 +674,9 @@ func (c *Client) watch(ctx context.Context) *stallWatch {
 	return w
 }
 
+// stalled says whether the watch cancelled its request.
+func (w *stallWatch) stalled() bool { return errors.Is(context.Cause(w.ctx), errStalled) }
+
 func (w *stallWatch) stop() {
 	w.timer.Stop()
 	w.cancel(nil)
@@ -617,7 +684,7 @@ func (w *stallWatch) stop() {
 
 // explain names a stall as such: the transport reports only a cancellation.
 func (w *stallWatch) explain(err error) error {
-	if errors.Is(context.Cause(w.ctx), errStalled) {
+	if w.stalled() {
 		return fmt.Errorf("nothing arrived for %v (the connection stalled)", w.d)
 	}
 	return err
@@ -629,21 +696,34 @@ func (w *stallWatch) explain(err error) error {
 type watchedBody struct {
 	io.ReadCloser
 	w *stallWatch
+	// failed is the first read that failed other than at the body's end:
+	// the connection's fault (a stall, a trickle, a break), not the
+	// body's.
+	failed error
 
 	rate   int64         // the floor, in bytes a second; 0: none
 	window time.Duration // over which the rate is measured
 	since  time.Time     // when the window began
 	moved  int64         // bytes read since then
+	what   string        // what the floor is of, for its error: "a download"
 }
 
 // minRate sets the body's floor from now on: rate bytes a second, over
 // each window. A trickle slower than one read per StallTimeout is the
 // stall watch's; any other is caught at the first read past the window.
-func (b *watchedBody) minRate(rate int64, window time.Duration) {
-	b.rate, b.window, b.since, b.moved = rate, window, time.Now(), 0
+func (b *watchedBody) minRate(rate int64, window time.Duration, what string) {
+	b.rate, b.window, b.since, b.moved, b.what = rate, window, time.Now(), 0, what
 }
 
 func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.read(p)
+	if err != nil && err != io.EOF && b.failed == nil {
+		b.failed = err
+	}
+	return n, err
+}
+
+func (b *watchedBody) read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 {
 		b.w.timer.Reset(b.w.d)
@@ -655,7 +735,7 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 		b.moved += int64(n)
 		if took := time.Since(b.since); took >= b.window {
 			if float64(b.moved) < float64(b.rate)*took.Seconds() {
-				return n, &slowError{moved: b.moved, took: took, rate: b.rate}
+				return n, &slowError{moved: b.moved, took: took, rate: b.rate, what: b.what}
 			}
 			b.since, b.moved = time.Now(), 0
 		}
@@ -667,12 +747,13 @@ func (b *watchedBody) Read(p []byte) (int, error) {
 type slowError struct {
 	moved int64
 	took  time.Duration
-	rate  int64 // the floor, bytes a second
+	rate  int64  // the floor, bytes a second
+	what  string // what the floor is of: "a download", "an answer"
 }
 
 func (e *slowError) Error() string {
-	return fmt.Sprintf("%s arrived in %v (%s/s), under the %s/s a download must keep up (the connection stalled)",
-		bytesize.Format(e.moved), e.took.Round(time.Millisecond), bytesize.Format(int64(float64(e.moved)/e.took.Seconds())), bytesize.Format(e.rate))
+	return fmt.Sprintf("%s arrived in %v (%s/s), under the %s/s %s must keep up (the connection stalled)",
+		bytesize.Format(e.moved), e.took.Round(time.Millisecond), bytesize.Format(int64(float64(e.moved)/e.took.Seconds())), bytesize.Format(e.rate), e.what)
 }
 
 func (b *watchedBody) Close() error {

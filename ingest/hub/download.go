@@ -227,7 +227,7 @@ func (c *Client) fetchFrom(ctx context.Context, repo, src string, out *os.File, 
 		return err
 	}
 	if body, ok := resp.Body.(*watchedBody); ok {
-		body.minRate(c.cfg.MinRate, c.cfg.RateWindow)
+		body.minRate(c.cfg.MinRate, c.cfg.RateWindow, "a download")
 	}
 	// No more than the file's size: a server that sends without end (a
 	// broken mirror, or a hostile one) would otherwise fill the disk that
@@ -376,27 +376,32 @@ func (v *verifier) check() error {
 
 // ReadRange returns n bytes of path at rev from offset off, through a Range
 // request: enough to read a parquet footer or the first lines of a file
-// without downloading it.
+// without downloading it. An answer that stalls or trickles (MinRate) is
+// asked for again, as a request that failed is.
 func (c *Client) ReadRange(ctx context.Context, repo, rev, path string, off, n int64) ([]byte, error) {
 	if err := c.acquire(ctx); err != nil {
 		return nil, err
 	}
 	defer c.release()
-	resp, err := c.get(ctx, repo, c.ResolveURL(repo, rev, path), func(r *http.Request) {
+	var buf []byte
+	_, err := c.getRead(ctx, repo, c.ResolveURL(repo, rev, path), func(r *http.Request) {
 		r.Header.Set("Accept-Encoding", "identity")
 		r.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", off, off+n-1))
+	}, func(resp *http.Response) error {
+		if resp.StatusCode != http.StatusPartialContent {
+			return fmt.Errorf("the server ignored the Range request (%s)", resp.Status)
+		}
+		buf = make([]byte, n)
+		got, err := io.ReadFull(resp.Body, buf)
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+			return err
+		}
+		// A file shorter than the range ends early.
+		buf = buf[:got]
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading %s of dataset %s: %w", path, repo, err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusPartialContent {
-		return nil, fmt.Errorf("reading %s of dataset %s: the server ignored the Range request (%s)", path, repo, resp.Status)
-	}
-	buf := make([]byte, n)
-	got, err := io.ReadFull(resp.Body, buf)
-	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return nil, fmt.Errorf("reading %s of dataset %s: %w", path, repo, err)
-	}
-	return buf[:got], nil
+	return buf, nil
 }

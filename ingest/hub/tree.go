@@ -65,14 +65,20 @@ func (c *Client) List(ctx context.Context, repo, rev, dir string) ([]File, error
 	// after a page of nothing, would never end: it is refused. So is one
 	// that goes on past MaxEntries, each page linking to a new one.
 	seen := map[string]bool{}
-	entries := 0
+	entries, pages := 0, 0
 	for next != "" {
+		pages++
 		if seen[next] {
 			return nil, fmt.Errorf("listing dataset %s at %s: the Hub's next page, %s, is one already read: its listing loops (a proxy or cache between here and %s may be at fault); try again later", repo, rev, redact(next), c.host)
 		}
 		seen[next] = true
 		var page []File
 		h, err := c.getJSON(ctx, repo, next, &page)
+		if err != nil && pages > 1 {
+			// The pages after the first are asked for at the same
+			// address, with a cursor that errors leave out.
+			return nil, fmt.Errorf("listing dataset %s at %s, page %d (after %d entries): %w", repo, rev, pages, entries, err)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("listing dataset %s at %s: %w", repo, rev, err)
 		}

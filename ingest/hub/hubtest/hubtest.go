@@ -5,8 +5,8 @@
 // (a fine-grained one without the permission to read gated datasets, one
 // revoked), lose a dataset or a file after it was listed, rate-limit with
 // 429, break a download's connection half way, send a body longer than
-// its file or trickle it (SetBody), and list pages without end
-// (MorePages).
+// its file or trickle it (SetBody), list pages without end
+// (MorePages), and answer its API late, slowly or never (SetAnswer).
 package hubtest
 
 import (
@@ -34,7 +34,7 @@ import (
 // request from a process the test starts orders nothing for the race
 // detector. Once it may be serving, change it with its setters:
 // SetBeforeResolve, Authorize, Revoke, SetUnavailable, SetRateLimited,
-// SetIgnoreRange, SetBody.
+// SetIgnoreRange, SetBody, SetAnswer.
 type Hub struct {
 	// Server is the Hub; CDN is where resolve redirects LFS files.
 	Server *httptest.Server
@@ -101,7 +101,8 @@ type Hub struct {
 	broken   map[string]bool
 	stalled  map[string]bool
 	ended    map[string]bool
-	bodies   map[string]Body // repo/path -> how its downloads are sent
+	bodies   map[string]Body    // repo/path -> how its downloads are sent
+	answers  map[string]*Answer // API verb -> how its answers are sent
 	requests []Request
 	closing  chan struct{}
 	closed   sync.Once
@@ -115,7 +116,8 @@ type Request struct {
 	Path          string
 	Authorization string
 	Range         string
-	Status        int
+	Query         string // the URL's, without the "?"
+	Status        int    // 0: not answered (Answer.Silent)
 }
 
 // New starts a Hub and its CDN; Close them with Close.
@@ -129,6 +131,7 @@ func New() *Hub {
 		stalled:  map[string]bool{},
 		ended:    map[string]bool{},
 		bodies:   map[string]Body{},
+		answers:  map[string]*Answer{},
 		closing:  make(chan struct{}),
 	}
 	h.Server = httptest.NewServer(http.HandlerFunc(h.serveHub))
@@ -265,6 +268,107 @@ func (h *Hub) SetBody(repo, path string, b Body) {
 	h.mu.Unlock()
 }
 
+// Answer is how the Hub sends the answers of one endpoint of its API,
+// where not at once (SetAnswer): as a server, a mirror or a proxy between
+// that hangs or crawls does.
+type Answer struct {
+	// Silent takes the request and sends nothing, not even a status,
+	// until the client goes or the Hub is closed.
+	Silent bool
+	// Mute sends the status and headers at once, then none of the body.
+	Mute bool
+	// Every is a pause before each byte of the body, which follows the
+	// status and headers, sent at once: an answer that trickles.
+	Every time.Duration
+	// Page, for the tree, is the one page of a listing answered so (1
+	// the first); 0: every page.
+	Page int
+	// Times is how many requests are answered so (0: all); the rest are
+	// answered at once.
+	Times int
+}
+
+// SetAnswer makes the Hub send its API's answers to verb ("revision" or
+// "tree") as a says, from the next request on; the zero Answer sends them
+// at once again.
+func (h *Hub) SetAnswer(verb string, a Answer) {
+	h.mu.Lock()
+	h.answers[verb] = &a
+	h.mu.Unlock()
+}
+
+// answer is how r is to be answered, where SetAnswer shapes it.
+func (h *Hub) answer(r *http.Request) (Answer, bool) {
+	rest, ok := strings.CutPrefix(r.URL.Path, "/api/datasets/")
+	if !ok {
+		return Answer{}, false
+	}
+	parts := strings.SplitN(rest, "/", 4) // owner, name, verb, the rest
+	if len(parts) < 3 {
+		return Answer{}, false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	a := h.answers[parts[2]]
+	if a == nil || *a == (Answer{}) {
+		return Answer{}, false
+	}
+	if a.Page > 0 {
+		cursor, _ := strconv.Atoi(r.URL.Query().Get("cursor"))
+		if cursor/h.PageSize+1 != a.Page {
+			return Answer{}, false
+		}
+	}
+	shaped := *a
+	if a.Times > 0 {
+		if a.Times--; a.Times == 0 {
+			*a = Answer{} // the last one so
+		}
+	}
+	return shaped, true
+}
+
+// sendAs answers r as a says: what route answers, sent late, slowly or
+// never.
+func (h *Hub) sendAs(w http.ResponseWriter, r *http.Request, a Answer) {
+	hold := func() {
+		select {
+		case <-r.Context().Done():
+		case <-h.closing:
+		}
+	}
+	if a.Silent {
+		h.record("hub", r, 0)
+		hold()
+		return
+	}
+	answer := httptest.NewRecorder()
+	h.route(answer, r)
+	maps.Copy(w.Header(), answer.Header())
+	w.WriteHeader(answer.Code)
+	w.(http.Flusher).Flush()
+	if a.Mute {
+		hold()
+		return
+	}
+	for _, b := range answer.Body.Bytes() {
+		t := time.NewTimer(a.Every)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return
+		case <-h.closing:
+			t.Stop()
+			return
+		}
+		if _, err := w.Write([]byte{b}); err != nil {
+			return // the client went
+		}
+		w.(http.Flusher).Flush()
+	}
+}
+
 // Requests returns a copy of the requests seen so far.
 func (h *Hub) Requests() []Request {
 	h.mu.Lock()
@@ -290,12 +394,17 @@ func (h *Hub) Downloads(from int) map[string]int {
 
 func (h *Hub) record(host string, r *http.Request, status int) {
 	h.mu.Lock()
-	h.requests = append(h.requests, Request{Host: host, Path: r.URL.Path, Authorization: r.Header.Get("Authorization"), Range: r.Header.Get("Range"), Status: status})
+	h.requests = append(h.requests, Request{Host: host, Path: r.URL.Path, Authorization: r.Header.Get("Authorization"), Range: r.Header.Get("Range"), Query: r.URL.RawQuery, Status: status})
 	h.mu.Unlock()
 }
 
 func (h *Hub) serveHub(w http.ResponseWriter, r *http.Request) {
-	h.route(&recorder{ResponseWriter: w, h: h, host: "hub", r: r}, r)
+	rec := &recorder{ResponseWriter: w, h: h, host: "hub", r: r}
+	if a, ok := h.answer(r); ok {
+		h.sendAs(rec, r, a)
+		return
+	}
+	h.route(rec, r)
 }
 
 // recorder logs a request when its status is written, before the client can

@@ -53,6 +53,10 @@ tokenizer is a tokenizer.json given with --tokenizer-file, or else the
 published one --tokenizer names (default KILN_TOKENIZER; 'sched tokenizers'
 lists them). u16 is refused when the vocabulary has more than 65536 tokens.
 
+TEXT is read as UTF-8 text, to its end, a pipe's or /dev/stdin's too: a
+NUL byte, which no text holds, ends the command (exit 2) as binary data,
+such as a device (/dev/zero, /dev/urandom), an image or text in UTF-16.
+
 ` + outHelp,
 		Args: exactArgs(0, "no positional arguments"),
 		Example: `  sched tokenize --in main.go --out main.ids
@@ -121,6 +125,11 @@ lists them). u16 is refused when the vocabulary has more than 65536 tokens.
 and writes it as a tokenizer.json. Written to
 <data dir>/tokenizers/NAME/tokenizer.json, a new NAME becomes known to this
 machine as a published tokenizer.
+
+The files are read as UTF-8 text, each to its end, a pipe's or
+/dev/stdin's too: a NUL byte, which no text holds, ends the command
+(exit 2) as binary data, such as a device (/dev/zero, /dev/urandom), an
+image or text in UTF-16.
 
 ` + outHelp,
 		Args: exactArgs(0, "no positional arguments (pass files with --in)"),
@@ -271,6 +280,12 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 			r = io.TeeReader(src, bar)
 		}
 	}
+	// Read as text: a NUL byte ends it (tokenizer_input.go).
+	if f, ok := r.(fileText); ok && size >= 0 {
+		r = newTextFile("tokenize", in, f)
+	} else {
+		r = newTextStream("tokenize", in, r)
+	}
 	var n int64
 	start := time.Now()
 	err = writeOutput(out, func(dst io.Writer) error {
@@ -282,6 +297,9 @@ func runTokenize(ctx context.Context, errOut io.Writer, tk *tokenizer.Tokenizer,
 		}
 		return nil
 	})
+	if bin := (*binaryInputError)(nil); errors.As(err, &bin) {
+		return bin // whole: it names the command and --in
+	}
 	if err != nil {
 		return fmt.Errorf("tokenize: %w", err)
 	}
@@ -347,7 +365,7 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 			total += st.Size()
 			regular = regular && st.Mode().IsRegular()
 		}
-		readers = append(readers, bufio.NewReaderSize(f, 1<<20))
+		readers = append(readers, bufio.NewReaderSize(newTextStream("tokenizer train", p, f), 1<<20))
 	}
 	if regular && total == 0 {
 		// It would learn no merge, and write a tokenizer of the bytes
@@ -381,6 +399,9 @@ func runTokenizerTrain(ctx context.Context, errOut io.Writer, inputs []string, o
 		}()
 	}
 	data, err := tokenizer.Train(ctx, readers, opts)
+	if bin := (*binaryInputError)(nil); errors.As(err, &bin) {
+		return bin // without the trainer's "read input N", which names no file
+	}
 	if err != nil {
 		return err
 	}

@@ -211,8 +211,8 @@ func firstDocument(ctx context.Context, p Preset, res *CheckResult) (int, error)
 	doc, err := src.Next(ctx)
 	if errors.Is(err, io.EOF) {
 		if skipped := src.Skipped(); len(skipped) > 0 {
-			return 0, &PresetError{fmt.Errorf("dataset %s: %s gave no document, every record skipped (%v): check the field or column the text is in (%q), or name another with --columns text=<name>",
-				p.Name, res.Sample, skipped, p.Columns.withDefaults().Text)}
+			return 0, &PresetError{fmt.Errorf("dataset %s: %s gave no document, every record skipped (%v): %s",
+				p.Name, res.Sample, skipped, skipsRemedy(skipped, p.Columns))}
 		}
 		return 0, nil
 	}
@@ -225,6 +225,24 @@ func firstDocument(ctx context.Context, p Preset, res *CheckResult) (int, error)
 		return 0, &PresetError{fmt.Errorf("dataset %s: %s: %w", p.Name, res.Sample, err)}
 	}
 	return len(doc.Text), nil
+}
+
+// skipsRemedy says what to do of a file none of whose records gave a
+// document, skipped as skips counts: records over the size limit are
+// documents too large, which no column or field would mend; any other
+// skip (no text, or empty, in the field read) most often means the text is
+// in another one.
+func skipsRemedy(skips Skips, c Columns) string {
+	size := fmt.Sprintf("a record over the %d MiB one JSON line may hold is skipped as too large (a fixed limit that bounds memory): split such documents into smaller ones, or the file into lines of less",
+		MaxLineBytes>>20)
+	column := fmt.Sprintf("check the field or column the text is in (%q), or name another with --columns text=<name>", c.withDefaults().Text)
+	switch {
+	case skips[SkipTooLarge] == 0:
+		return column
+	case len(skips) == 1:
+		return size
+	}
+	return column + "; " + size
 }
 
 // headDocument reads the JSON lines of head, the head (jsonHead) of the

@@ -38,23 +38,22 @@ type Planned struct {
 func Plan(ctx context.Context, p Preset, hc *hub.Client, seed uint64) (Planned, error) {
 	var out Planned
 	if p.Glob != "" {
-		// "**" matches any number of directories, as in .gitignore; a
-		// link to a directory is not followed there (a loop would never
-		// end), and every file is held to the local roots after.
-		matches, err := doublestar.FilepathGlob(p.Glob, doublestar.WithNoFollow())
+		files, passed, err := localFiles(p.Glob)
 		if err != nil {
 			return out, &PresetError{fmt.Errorf("dataset %s: %w", p.Name, err)}
 		}
-		for _, m := range matches {
-			st, err := os.Stat(m)
-			if err != nil || !st.Mode().IsRegular() {
-				continue
-			}
-			out.Files = append(out.Files, hub.File{Path: m, Type: "file", Size: st.Size()})
-		}
+		out.Files = files
 		if len(out.Files) == 0 {
 			if st, err := os.Stat(p.Glob); err == nil && st.IsDir() {
 				return out, &PresetError{fmt.Errorf("dataset %s: %s is a directory: name its files with a glob, such as %s%s", p.Name, p.Glob, LocalPrefix, filepath.Join(p.Glob, "*"))}
+			}
+			if len(passed) > 0 {
+				more := ""
+				if len(passed) > 1 {
+					more = fmt.Sprintf(", and %d more that are not regular files", len(passed)-1)
+				}
+				return out, &PresetError{fmt.Errorf("dataset %s: %q matches no regular file (%s%s): only regular files are read, so give a glob that matches files of text, JSON lines or Parquet",
+					p.Name, p.Glob, passed[0], more)}
 			}
 			return out, &PresetError{fmt.Errorf("dataset %s: no files match %q", p.Name, p.Glob)}
 		}
@@ -128,6 +127,73 @@ func Plan(ctx context.Context, p Preset, hc *hub.Client, seed uint64) (Planned, 
 	return out, nil
 }
 
+// localFiles lists the regular files glob matches, and the matches it
+// passes over that are not regular files or cannot be read (a device, a
+// FIFO, a socket, or a link to one or to nothing): reading a device or a
+// FIFO would never end, or hang. A directory it matches is neither: a glob
+// such as src/* matches them beside the files, and they hold no text.
+// "**" matches any number of directories, as in .gitignore; a link to a
+// directory is not followed there (a loop would never end), and every file
+// is held to the local roots after.
+func localFiles(glob string) (files []hub.File, passed []NotRegular, err error) {
+	matches, err := doublestar.FilepathGlob(glob, doublestar.WithNoFollow())
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, m := range matches {
+		st, err := os.Stat(m)
+		switch {
+		case err == nil && st.Mode().IsRegular():
+			files = append(files, hub.File{Path: m, Type: "file", Size: st.Size()})
+		case err == nil && st.IsDir():
+			// Not a file, and no surprise: passed over unsaid.
+		default:
+			passed = append(passed, notRegular(m, st, err))
+		}
+	}
+	return files, passed, nil
+}
+
+// NotRegular is a match of a local dataset's glob that is not a regular
+// file, passed over unread: What it is, in words ("a FIFO").
+type NotRegular struct {
+	Path, What string
+}
+
+func (n NotRegular) String() string { return n.Path + " is " + n.What }
+
+// notRegular says what path is, where its Stat gave st, or err: through
+// a symbolic link, where the link leads, as a link out of the glob's
+// directory is named.
+func notRegular(path string, st fs.FileInfo, err error) NotRegular {
+	what := "not a regular file"
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		what = "gone"
+	case err != nil:
+		what = fmt.Sprintf("unreadable (%v)", err)
+	case st.Mode()&fs.ModeCharDevice != 0:
+		what = "a character device"
+	case st.Mode()&fs.ModeDevice != 0:
+		what = "a block device"
+	case st.Mode()&fs.ModeNamedPipe != 0:
+		what = "a FIFO (named pipe)"
+	case st.Mode()&fs.ModeSocket != 0:
+		what = "a socket"
+	}
+	if l, lerr := os.Lstat(path); lerr == nil && l.Mode()&fs.ModeSymlink != 0 {
+		target, terr := filepath.EvalSymlinks(path)
+		if terr != nil {
+			target, _ = os.Readlink(path)
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			what = "which does not exist"
+		}
+		what = fmt.Sprintf("a symbolic link to %s, %s", target, what)
+	}
+	return NotRegular{Path: path, What: what}
+}
+
 // ShardID is the exactly-once key of a hub dataset's file in a store; a
 // local file's is its content (LocalShardID).
 func ShardID(p Preset, path string) string {
@@ -174,7 +240,10 @@ type Report struct {
 	Files    int
 	// Appended counts the files appended whole, or whose rest went in
 	// after a part of them an earlier run took.
-	Appended   int
+	Appended int
+	// Duplicates counts the files the store already held: appended, or
+	// recorded as skipped by an earlier run (SkippedBefore of them),
+	// which this run passed over unread.
 	Duplicates int
 	// Partial counts the files of which this run took a part (at its
 	// limit): their rest waits for a run under a larger one.
@@ -184,12 +253,21 @@ type Report struct {
 	Same      int
 	Documents int64 // appended by this run
 	Tokens    int64 // appended by this run
-	// SkippedFiles counts whole files left out, by reason; SkippedRecords
-	// the documents left out of appended files.
+	// SkippedFiles counts whole files this run left out, by reason;
+	// SkippedRecords the documents left out of appended files.
 	SkippedFiles   Skips
 	SkippedRecords Skips
 	// FirstSkipped says why the first file this run skipped was left out.
 	FirstSkipped string
+	// SkippedBefore counts, by the reason recorded, the files of
+	// Duplicates that the store holds as skipped whole: none of their
+	// text is in it. FirstSkippedBefore says why the first was left out,
+	// as the run that read it said.
+	SkippedBefore      Skips
+	FirstSkippedBefore string
+	// NotRegular are the matches of a local dataset's glob passed over
+	// unread for not being regular files (a device, a FIFO, a socket).
+	NotRegular []NotRegular
 	// Stopped says why the run ended before the last file, if it did.
 	Stopped string
 }
@@ -208,7 +286,7 @@ func (r Report) StoppedBeforePlan() bool { return r.Stopped != "" && r.Revision 
 // of the file at hand that fit (a re-run under a larger limit takes that
 // file's rest first).
 func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
-	rep = Report{SkippedFiles: Skips{}, SkippedRecords: Skips{}}
+	rep = Report{SkippedFiles: Skips{}, SkippedRecords: Skips{}, SkippedBefore: Skips{}}
 	log := opt.Logger
 	if log == nil {
 		log = zap.NewNop()
@@ -253,8 +331,9 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		return rep, err
 	}
 	// Downloads go in the held directory too (DataDir/raw under it), so a
-	// killed run's are removed with its shards.
-	p := &Pipeline{Objects: objects, Hub: opt.Hub, SWH: opt.SWH, Presets: map[string]Preset{opt.Preset.Name: opt.Preset},
+	// killed run's are removed with its shards. A shard that fills the
+	// disk says how much of it had been written (countedPuts).
+	p := &Pipeline{Objects: countedPuts{objects}, Hub: opt.Hub, SWH: opt.SWH, Presets: map[string]Preset{opt.Preset.Name: opt.Preset},
 		Tokenizer: func(context.Context, string) (*tokenizer.Tokenizer, error) { return opt.Tokenizer, nil },
 		DataDir:   tmp.Path, StoresDir: filepath.Dir(dir), Logger: log, onRead: opt.onRead}
 	if opt.Preset.Glob != "" {
@@ -269,6 +348,13 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	// The plan skips what the status lists; here the store itself says
 	// what it holds, and the mark beside it where an append left out a
 	// document (the queue keeps that in the store's status object).
+	// earlier are the files it records as skipped whole, which the plan
+	// counts as done with the files appended: the plan sees a status
+	// without them (whole is the status with them), so that its shards
+	// name them, and the run passes over them, counting them apart
+	// (Report.SkippedBefore).
+	var earlier map[string]tokens.Skipped
+	var whole StoreStatus
 	if m, err := tokens.ReadManifest(dir); err == nil {
 		// A store of this tokenizer is taken now, before anything is read
 		// for it: a run on a store another process appends to stops here,
@@ -290,6 +376,8 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		p.statusesMu.Lock()
 		st := p.statuses[storeName]
 		st.Full = readFullMark(dir, log)
+		whole, earlier = st, heldSkips(*m)
+		st.Done = slices.DeleteFunc(slices.Clone(st.Done), func(id string) bool { _, ok := earlier[id]; return ok })
 		p.statuses[storeName] = st
 		p.statusesMu.Unlock()
 	}
@@ -300,6 +388,11 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 	}()
 	limits := Limits{MaxTokens: opt.MaxTokens, MaxDisk: opt.MaxDisk}
 	plan, err := p.Plan(ctx, PlanJob{Dataset: opt.Preset.Name, Preset: Carried(opt.Preset), Store: storeName, Tokenizer: opt.TokenizerName, Seed: opt.Seed, MaxFiles: opt.MaxFiles, Limits: limits, Revision: opt.Revision})
+	if earlier != nil {
+		p.statusesMu.Lock()
+		p.statuses[storeName] = whole
+		p.statusesMu.Unlock()
+	}
 	var stop *StopError
 	var outside *OutsideRootsError
 	switch {
@@ -312,6 +405,36 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		return rep, err
 	}
 	rep.Revision, rep.Files, rep.Duplicates, rep.Same = plan.Revision, plan.Files, plan.Done, plan.Same
+	if opt.Preset.Glob != "" {
+		// The plan lists the regular files alone: what else the glob
+		// matches is listed again here, for the report.
+		if _, passed, err := localFiles(opt.Preset.Glob); err == nil {
+			rep.NotRegular = passed
+		}
+		for _, n := range rep.NotRegular {
+			log.Warn("file passed over: only regular files are read", zap.String("file", n.Path), zap.String("is", n.What))
+		}
+	}
+	plan.Shards = slices.DeleteFunc(plan.Shards, func(sj ShardJob) bool {
+		s, ok := earlier[sj.ShardID]
+		if !ok && opt.Preset.Glob != "" {
+			s, ok = earlier[legacyShardID(opt.Preset, sj.Path)]
+		}
+		if !ok {
+			return false
+		}
+		reason, why, cut := strings.Cut(s.Reason, ": ")
+		if !cut {
+			why = s.Reason
+		}
+		rep.Duplicates++
+		rep.SkippedBefore.Add(reason, 1)
+		if rep.FirstSkippedBefore == "" {
+			rep.FirstSkippedBefore = why
+		}
+		log.Info("file passed over: the token store records it as skipped by an earlier run", zap.String("file", sj.Path), zap.String("reason", reason), zap.String("why", why))
+		return true
+	})
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -377,6 +500,21 @@ func Direct(ctx context.Context, opt DirectOptions) (rep Report, err error) {
 		}
 	}
 	return rep, nil
+}
+
+// heldSkips are the records of the files m holds as skipped whole
+// (SkipHeld), by id: not those it also holds appended.
+func heldSkips(m tokens.Manifest) map[string]tokens.Skipped {
+	out := map[string]tokens.Skipped{}
+	for _, s := range m.Skipped {
+		if SkipHeld(s) {
+			out[s.ID] = s
+		}
+	}
+	for _, sh := range m.Shards {
+		delete(out, sh.ID)
+	}
+	return out
 }
 
 // shardsPattern names a direct ingest's directory under DataDir.

@@ -1,10 +1,12 @@
 package ingest
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/bytesize"
 	"github.com/kiln-lm/kiln/internal/disk"
+	"github.com/kiln-lm/kiln/store"
 )
 
 // StaleDownloadAge is how long a shard's download may lie in a worker's
@@ -141,7 +144,10 @@ func newest(dir string) time.Time {
 // has no room for what, and how much room it has; other errors are
 // returned as they are; dir "" is that of the file the error names.
 // Nothing a store committed is lost to a full disk: an append that fails
-// leaves it as it was.
+// leaves it as it was. A put that filled the disk (filledError) says how
+// much of its object it had written: the store removed the partial file,
+// so the room free now is not what the put found, and a shard's size, known
+// only once it is made, needs more than that.
 func noRoom(err error, dir, what string) error {
 	if !errors.Is(err, syscall.ENOSPC) {
 		return err
@@ -154,6 +160,53 @@ func noRoom(err error, dir, what string) error {
 	if n, ferr := disk.Free(dir); ferr == nil {
 		free = bytesize.Format(n)
 	}
+	var filled *filledError
+	if errors.As(err, &filled) && filled.Written > 0 {
+		return fmt.Errorf("no space left on the disk of %s for %s: the disk filled once at least %s of it had been written, so it needs more room than that (free there: %s, with its partial file since removed): free space on it and run the ingest again, which adds only what the store lacks: %w",
+			dir, what, bytesize.Format(filled.Written), free, err)
+	}
 	return fmt.Errorf("no space left on the disk of %s for %s (free there: %s): free space on it and run the ingest again, which adds only what the store lacks: %w",
 		dir, what, free, err)
+}
+
+// filledError is a put whose disk filled (ENOSPC) once at least Written
+// bytes of its object had gone to it; the store removed the partial file.
+type filledError struct {
+	Written int64
+	Err     error
+}
+
+func (e *filledError) Error() string { return e.Err.Error() }
+func (e *filledError) Unwrap() error { return e.Err }
+
+// countedPuts is a local object store whose puts that fill the disk say
+// how far they got (filledError): a shard's tokens stream into a put of
+// unknown size, and the partial file that the store removes is the only
+// measure of the room the shard needed.
+type countedPuts struct{ *store.Local }
+
+func (s countedPuts) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	c := &putCount{r: r}
+	err := s.Local.Put(ctx, key, c, size)
+	if errors.Is(err, syscall.ENOSPC) {
+		// The put writes each read before the next: all but the last
+		// went to the disk whole, and of the last, what the disk took.
+		return &filledError{Written: c.n - c.last, Err: err}
+	}
+	return err
+}
+
+// putCount counts the bytes a put read, and those of its last read.
+type putCount struct {
+	r       io.Reader
+	n, last int64
+}
+
+func (c *putCount) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	c.n += int64(n)
+	if n > 0 {
+		c.last = int64(n)
+	}
+	return n, err
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/kiln-lm/kiln/internal/bytesize"
 )
 
 // MaxLineBytes bounds one JSON line (one document). A line past it is
@@ -71,18 +73,94 @@ func decompressed(r io.Reader, name string) (io.ReadCloser, error) {
 		return z, nil
 	case strings.HasSuffix(name, ".zst"):
 		// One decoder goroutine: the cores are the tokenizer's.
-		z, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		head := &frameHead{r: r}
+		z, err := zstd.NewReader(head, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true), zstd.WithDecoderMaxWindow(zstdMaxWindow))
 		if err != nil {
 			return nil, fmt.Errorf("not zstd: %w", err)
 		}
-		return zstdCloser{z}, nil
+		return &zstdReader{z: z, head: head}, nil
 	}
 	return io.NopCloser(r), nil
 }
 
-type zstdCloser struct{ *zstd.Decoder }
+// zstdMaxWindow is the largest window a zstd frame may declare for ingest
+// to read it: its decoder holds up to that much of what it decompressed,
+// for each file being read. zstd writes windows of 8 MiB by default, up to
+// 128 MiB at its highest levels and 512 MiB with --long=29; a frame of a
+// larger one (--long=30 or 31, 1 or 2 GiB) is skipped (SkipZstdWindow)
+// rather than held.
+const zstdMaxWindow = 1 << 29
 
-func (z zstdCloser) Close() error { z.Decoder.Close(); return nil }
+// zstdReader reads a zstd stream, saying of a frame whose window is over
+// zstdMaxWindow that it is (windowError) where the decoder's error would
+// read as a corrupt file. It has Read alone: the decoder's WriteTo, which
+// io.Copy would call in its place, would pass that by.
+type zstdReader struct {
+	z    *zstd.Decoder
+	head *frameHead
+}
+
+func (z *zstdReader) Read(p []byte) (int, error) {
+	n, err := z.z.Read(p)
+	if err != nil && (errors.Is(err, zstd.ErrWindowSizeExceeded) || errors.Is(err, zstd.ErrDecoderSizeExceeded)) {
+		// The same errors stand for a corrupt block's reference past
+		// the window: the frame's header tells them apart.
+		var h zstd.Header
+		if h.Decode(z.head.b) == nil {
+			window := h.WindowSize
+			if h.SingleSegment {
+				window = h.FrameContentSize // the whole content is the window
+			}
+			if window > zstdMaxWindow {
+				err = &windowError{window: window}
+			}
+		}
+	}
+	return n, err
+}
+
+func (z *zstdReader) Close() error { z.z.Close(); return nil }
+
+// frameHead keeps the first bytes read through it: the header of a zstd
+// stream's first frame.
+type frameHead struct {
+	r io.Reader
+	b []byte
+}
+
+func (f *frameHead) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if room := zstd.HeaderMaxSize - len(f.b); room > 0 {
+		f.b = append(f.b, p[:min(n, room)]...)
+	}
+	return n, err
+}
+
+// windowError is a zstd frame that declares a window over zstdMaxWindow:
+// a valid file, which a decoder of more memory would read.
+type windowError struct{ window uint64 }
+
+func (e *windowError) Error() string {
+	return fmt.Sprintf("its zstd frame declares a window of %s, over the %s ingest's decoder holds for a file (a fixed limit, which bounds its memory; zstd --long=31 makes 2 GiB windows): recompress it with --long=29 or less, or without --long (zstd -dc --long=31 FILE | zstd -o NEW.zst)",
+		bytesize.Format(int64(e.window)), bytesize.Format(zstdMaxWindow))
+}
+
+func (e *windowError) Unwrap() error { return zstd.ErrWindowSizeExceeded }
+
+// streamSkip is the skip of the file named name whose decompressed stream
+// failed with err, at where ("after line 3", or ""): the stream cut short
+// or corrupt, or a zstd frame of a window over the decoder's limit, which
+// is no fault of the file and has its own reason.
+func streamSkip(name, where string, err error) *SkipError {
+	var w *windowError
+	if errors.As(err, &w) {
+		return &SkipError{Reason: SkipZstdWindow, Path: name, Err: w}
+	}
+	if where != "" {
+		err = fmt.Errorf("%s: %w", where, err)
+	}
+	return &SkipError{Reason: SkipCorruptFile, Path: name, Err: err}
+}
 
 // readLine returns the next line without its newline. A line longer than
 // MaxLineBytes is consumed and reported with tooLarge set.
@@ -122,7 +200,7 @@ func (r *jsonlReader) next(ctx context.Context) (record, error) {
 		}
 		if err != nil {
 			// A truncated or corrupt compressed stream surfaces here.
-			return record{}, &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: fmt.Errorf("after line %d: %w", r.line, err)}
+			return record{}, streamSkip(r.name, fmt.Sprintf("after line %d", r.line), err)
 		}
 		if r.line == 0 {
 			// A byte-order mark, which some editors and Windows tools

@@ -100,6 +100,7 @@ const (
 	SkipMissingColumn   = "missing-column"   // the preset's text column is not in the file
 	SkipLongWord        = "long-word"        // a document with a word over tokenizer.DefaultMaxWordBytes (1 MiB)
 	SkipArchive         = "archive"          // a compressed file read as text that holds a tar archive (.tar.gz)
+	SkipZstdWindow      = "zstd-window"      // a zstd file whose frame's window is over the decoder's 512 MiB (zstd --long=30, 31)
 )
 
 // Skips counts skipped records and files by reason. It is not safe for

@@ -70,8 +70,9 @@ func (r *textReader) next(ctx context.Context) (record, error) {
 	b, err := io.ReadAll(io.LimitReader(in, MaxTextFileBytes+1))
 	switch {
 	case err != nil && compressed:
-		// A compressed stream cut short or corrupt, as in JSON lines.
-		return record{}, &SkipError{Reason: SkipCorruptFile, Path: r.name, Err: err}
+		// A compressed stream cut short or corrupt, as in JSON lines
+		// (or of a zstd window too large to read).
+		return record{}, streamSkip(r.name, "", err)
 	case err != nil:
 		return record{}, fmt.Errorf("reading %s: %w", r.name, err)
 	case len(b) > MaxTextFileBytes && compressed:

@@ -209,34 +209,81 @@ func ingestDirect(c *cobra.Command, dataset, storeName, storeDir, tokFile string
 	if p.Glob != "" {
 		at = ""
 	}
+	// A file the store records as skipped, by an earlier run, holds none
+	// of its text: it is counted as skipped, for the reason recorded, as
+	// the run that read it counted it, not as in the store.
+	before := skipCount(rep.SkippedBefore)
+	inStore := rep.Duplicates - before
+	skipped := ingest.Skips{}
+	skipped.Merge(rep.SkippedFiles)
+	skipped.Merge(rep.SkippedBefore)
 	fmt.Fprintf(out, "%s%s: %d files, %s (%d documents, %d tokens), %d already in the store%s\n",
-		p.Name, at, rep.Files, appended, rep.Documents, rep.Tokens, rep.Duplicates, sameContent(rep.Same))
-	if len(rep.SkippedFiles) > 0 {
-		fmt.Fprintf(out, "skipped files: %s\n", rep.SkippedFiles)
+		p.Name, at, rep.Files, appended, rep.Documents, rep.Tokens, inStore, sameContent(rep.Same))
+	if len(skipped) > 0 {
+		fmt.Fprintf(out, "skipped files: %s%s\n", skipped, skippedEarlier(before, p.Glob != ""))
 	}
 	if len(rep.SkippedRecords) > 0 {
 		fmt.Fprintf(out, "skipped documents: %s\n", rep.SkippedRecords)
 	}
+	if n := len(rep.NotRegular); n > 0 {
+		more := ""
+		if n > 1 {
+			more = fmt.Sprintf(", and %d more", n-1)
+		}
+		fmt.Fprintf(out, "passed over: %d of the glob's matches, not regular files (%s%s): only regular files are read\n", n, rep.NotRegular[0], more)
+	}
 	if rep.Stopped != "" {
 		fmt.Fprintln(out, rep.Stopped)
 	}
-	// A store this run made that holds no token holds only what this run
-	// skipped (files of no text, and their copies: the same content under
-	// another name): it is this run's to refuse as one of no text.
-	madeEmpty := newStore && rep.Appended == 0 && rep.Stopped == "" && len(rep.SkippedFiles) > 0
-	if rep.Files > 0 && rep.Appended == 0 && (rep.Duplicates == 0 && rep.Same == 0 || madeEmpty) && rep.Stopped == "" && len(rep.SkippedFiles) > 0 {
+	// Nothing of the dataset in the store, and files skipped (by this run,
+	// or recorded so by an earlier one; the rest their copies: the same
+	// content under another name): an ingest of no text, whether or not
+	// the store holds other files' tokens.
+	if rep.Files > 0 && rep.Appended == 0 && inStore == 0 && rep.Stopped == "" && len(skipped) > 0 {
 		if newStore {
 			// Refused, it leaves nothing: no store that sched datasets
 			// would list, bound to this tokenizer, holding no token.
 			dropEmptyStore(storeDir, dirExisted, log)
 		}
-		return badInput("%s: none of its %d files holds text to ingest (skipped: %s; the first: %s): give files of UTF-8 text, JSON lines or Parquet, and --columns text=<name> where their text is in another column or field than %q%s",
-			p.Name, rep.Files, rep.SkippedFiles, rep.FirstSkipped, cmp.Or(p.Columns.Text, "text"), emptyStoreHint(storeDir))
-	}
-	if rep.Files > 0 && rep.Appended == 0 && rep.Stopped == "" {
-		return skippedBefore(p.Name, rep.Files, storeDir)
+		first := cmp.Or(rep.FirstSkipped, rep.FirstSkippedBefore)
+		if len(rep.SkippedFiles) == 0 {
+			if err := skippedBefore(p.Name, rep.Files, skipped, first, storeDir); err != nil {
+				return err
+			}
+		}
+		earlier := ""
+		if before > 0 {
+			earlier = fmt.Sprintf(", %d of them recorded so in the store by an earlier run", before)
+		}
+		return badInput("%s: none of its %d files holds text to ingest (skipped: %s%s; the first: %s): give files of UTF-8 text, JSON lines or Parquet, and --columns text=<name> where their text is in another column or field than %q%s",
+			p.Name, rep.Files, skipped, earlier, first, cmp.Or(p.Columns.Text, "text"), emptyStoreHint(storeDir))
 	}
 	return nil
+}
+
+// skipCount is the number of skips s counts, of every reason.
+func skipCount(s ingest.Skips) int {
+	n := 0
+	for _, c := range s {
+		n += int(c)
+	}
+	return n
+}
+
+// skippedEarlier is the clause a report adds to its skipped files for the
+// n of them that the store records as skipped by an earlier run, which
+// this one passed over unread, or "". local: the dataset's files are
+// local, which are read again once they change (their id is their
+// content).
+func skippedEarlier(n int, local bool) string {
+	if n == 0 {
+		return ""
+	}
+	s := fmt.Sprintf(" (%d of them recorded as skipped in the store by an earlier run, which this one passed over", n)
+	if local {
+		s += ": a local file is read again once it changes"
+	}
+	return s + ")"
 }
 
 // dropEmptyStore removes the store at dir, which this run made and left
@@ -263,28 +310,14 @@ func dropEmptyStore(dir string, dirExisted bool, log *zap.Logger) {
 	}
 }
 
-// skippedBefore refuses, as an ingest of no text, a run that appended none
-// of the dataset's files to a store that holds no tokens at all: every
-// file is recorded there as skipped, by an earlier run, which the plan
-// counts as done. Such a run again would otherwise report its files as
-// already in the store and succeed with the store still empty.
-func skippedBefore(dataset string, files int, storeDir string) error {
-	m, err := tokens.ReadManifest(storeDir)
-	if err != nil || m.Tokens > 0 {
-		return nil
-	}
-	skips := ingest.Skips{}
-	first := ""
-	for _, s := range m.Skipped {
-		if ingest.SkipHeld(s) {
-			reason, _, _ := strings.Cut(s.Reason, ":")
-			skips.Add(reason, 1)
-			if first == "" {
-				_, first, _ = strings.Cut(s.Reason, ": ")
-			}
-		}
-	}
-	if len(skips) == 0 {
+// skippedBefore refuses, as an ingest of no text, a run that appended
+// none of the dataset's files to a store that holds no tokens at all,
+// every file it skipped (skips, the first for why first) recorded there
+// as skipped by an earlier run: the store holds nothing else, and is to
+// be deleted before the files, fixed, are ingested again. It returns nil
+// where the store holds tokens.
+func skippedBefore(dataset string, files int, skips ingest.Skips, first, storeDir string) error {
+	if m, err := tokens.ReadManifest(storeDir); err != nil || m.Tokens > 0 {
 		return nil
 	}
 	return badInput("%s: none of its %d files holds text to ingest: token store %s holds no tokens and records its files as skipped by an earlier run (%s; the first: %s): fix them, or the columns read (--columns), and delete the store (rm -r %s), which holds nothing else, before you ingest them again (a changed local file is read again, an unchanged one stays skipped in this store)",

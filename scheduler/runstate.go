@@ -21,7 +21,10 @@ type RunState struct {
 	// that the state records (LossAt): a segment that stopped between two
 	// logged steps records the step it stopped at, and the loss of the
 	// one logged before it. 0 where the state records none, as one an
-	// earlier kiln wrote: the loss is then read as Step's.
+	// earlier kiln wrote: the loss is then read as Step's. 0 too where the
+	// loss was written after its step by a kiln that records no loss
+	// step (a run that an older worker went on with): the step recorded
+	// is then another loss's (LossFields).
 	Loss     float64
 	LossStep int
 	// EvalLoss is the last held-out loss (0 none yet).
@@ -81,6 +84,33 @@ func (s RunState) LossAt() int {
 		return s.LossStep
 	}
 	return s.Step
+}
+
+// LossFields are the fields of the run's state that record loss as step's:
+// the loss, its step, and beside the step the loss it is the step of. A
+// kiln older than loss_step writes the loss alone, and leaves a later
+// kiln's loss_step behind, another loss's step: the state's loss is read
+// as that step's only while it is still the one written with it.
+func LossFields(loss float64, step int) map[string]string {
+	l := strconv.FormatFloat(loss, 'f', 4, 64)
+	return map[string]string{"loss": l, "loss_step": strconv.Itoa(step), "loss_step_loss": l}
+}
+
+// NoLoss are the fields that clear the run's state's loss, and its step.
+func NoLoss() map[string]string {
+	return map[string]string{"loss": "", "loss_step": "", "loss_step_loss": ""}
+}
+
+// lossStep is the step the state h records its loss as of (LossStep): its
+// loss_step, where the loss beside it is still the one it was written
+// with (LossFields), or where it records none beside it, as a kiln that
+// wrote loss_step alone did; 0 otherwise.
+func lossStep(h map[string]string) int {
+	if of, ok := h["loss_step_loss"]; ok && of != h["loss"] {
+		return 0
+	}
+	n, _ := strconv.Atoi(h["loss_step"])
+	return n
 }
 
 // unsentFields are Unsent's fields in the run's state hash.
@@ -190,7 +220,7 @@ func parseRunState(run string, h map[string]string) RunState {
 	s.Total, _ = strconv.Atoi(h["total"])
 	s.Tokens, _ = strconv.ParseInt(h["tokens"], 10, 64)
 	s.Loss, _ = strconv.ParseFloat(h["loss"], 64)
-	s.LossStep, _ = strconv.Atoi(h["loss_step"])
+	s.LossStep = lossStep(h)
 	s.TokPerS, _ = strconv.ParseFloat(h["tok_per_s"], 64)
 	s.GPUs, _ = strconv.Atoi(h["gpus"])
 	s.Seq, _ = strconv.Atoi(h["seq"])

@@ -75,6 +75,10 @@ type Params struct {
 	// has no Lease, its appends take the claim's Until: they write no
 	// status once the claim may have lapsed.
 	AppendClaim *AppendClaim
+	// Build is the build this worker publishes in Redis while it runs
+	// (BuildKey), which `sched status` compares with its own. Default
+	// ThisBuild().
+	Build Build
 }
 
 // DefaultCancelCheckEvery is Params.CancelCheckEvery's default: well
@@ -115,6 +119,9 @@ type Worker struct {
 	// down folds the task queue's errors while Redis does not answer, or
 	// refuses writes because it is full.
 	down *redisDown
+	// procName is this process as asynq's heartbeat names it (host:pid),
+	// the name its build is published under.
+	procName string
 }
 
 // MaxConcurrency bounds the tasks a worker runs at once from one queue.
@@ -223,7 +230,10 @@ func New(p Params) (*Worker, error) {
 	if p.CancelCheckEvery <= 0 {
 		p.CancelCheckEvery = DefaultCancelCheckEvery
 	}
-	w := &Worker{p: p, set: set, iso: iso, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient)}
+	if p.Build.Version == "" {
+		p.Build = ThisBuild()
+	}
+	w := &Worker{p: p, set: set, iso: iso, rdb: p.Redis.MakeRedisClient().(redis.UniversalClient), procName: processName()}
 	w.drain, w.cancelDrain = context.WithCancel(context.Background())
 	w.slots = map[string]chan struct{}{}
 	w.queueDrain, w.stopQueue = map[string]context.Context{}, map[string]context.CancelCauseFunc{}
@@ -260,8 +270,11 @@ const WrapUp = 10 * time.Second
 // cancelled and get ShutdownGrace to return (a task's process is killed
 // then), and WrapUp more to report it; what is still running after that
 // is re-queued by asynq. Shutdown order: stop fetching, cancel
-// handlers, wait, close Redis.
+// handlers, wait, delete the build's key, close Redis. The build is
+// published before the servers start and deleted after they stopped, so
+// that a server the heartbeat lists has its build beside it.
 func (w *Worker) Run(ctx context.Context) error {
+	stopBuild := w.keepBuild()
 	for i, s := range w.servers {
 		h := w.middleware(mux{w.set})
 		if w.iso.isolates(w.queues[i]) {
@@ -271,10 +284,11 @@ func (w *Worker) Run(ctx context.Context) error {
 			for _, started := range w.servers[:i] {
 				started.Shutdown()
 			}
+			stopBuild()
 			return fmt.Errorf("start worker: %w", err)
 		}
 	}
-	w.p.Logger.Info("worker started", zap.Any("queues", w.p.Queues), zap.Strings("handlers", w.set.kinds()), zap.String("name", w.p.Name))
+	w.p.Logger.Info("worker started", zap.Any("queues", w.p.Queues), zap.Strings("handlers", w.set.kinds()), zap.String("name", w.p.Name), zap.Stringer("build", w.p.Build))
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
@@ -301,6 +315,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		<-done
 	}
 	w.shutdowns.Wait()
+	stopBuild()
 	w.down.close()
 	w.p.Logger.Info("worker stopped")
 	return w.rdb.Close()

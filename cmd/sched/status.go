@@ -41,7 +41,8 @@ func init() {
 		Example: `  sched status
   sched status --watch --interval 10s
   sched status train:segment:8258cc948f28b3fc7610`,
-		Long: `status shows the queues' sizes, the worker processes that heartbeat, each
+		Long: `status shows the queues' sizes, the worker processes that heartbeat (each
+with its build, marked where it is not status's own: upgrade it), each
 running task with its progress, rate and ETA, each dataset's ingest (files
 done of total, bytes, rate, ETA, or the --max-tokens or --max-disk it
 stopped at), each training run (step, loss, tok/s over about its last
@@ -439,6 +440,42 @@ type storedCache struct {
 	stores storeStatuses
 }
 
+// buildSays is what a worker's line in WORKERS says of its build, b (ok:
+// it publishes one), beside this sched's, mine; other is set where the
+// worker is marked to upgrade. A worker of another build queues work at
+// its payload versions, which the workers of this one refuse as an older
+// or a newer kiln's, and reads theirs likewise; one that publishes none
+// is a kiln older than this. Where its payloads are all newer than this
+// sched's, this sched is the one to upgrade; where they are the same the
+// builds do not say which is older. While Redis is full it refuses the
+// builds' writes too, so a missing one says nothing of the worker.
+func buildSays(b worker.Build, ok bool, mine worker.Build, redisFull bool) (said string, other bool) {
+	switch {
+	case !ok && redisFull:
+		return "build unknown", false
+	case !ok:
+		return "build unknown (a kiln older than this sched's): upgrade it", true
+	case b.Same(mine):
+		return b.Short(), false
+	}
+	var ps []string
+	newer := true
+	for _, k := range b.OtherPayloads(mine) {
+		ps = append(ps, fmt.Sprintf("%s v%d, here v%d", k, b.Payloads[k], mine.Payloads[k]))
+		newer = newer && b.Payloads[k] > mine.Payloads[k]
+	}
+	if len(ps) == 0 {
+		return b.Short() + "  not this sched's build: upgrade it", true
+	}
+	said = b.Short() + "  not this sched's build (payloads " + strings.Join(ps, "; ") + ")"
+	if newer {
+		// Its payloads say which is the older: this sched, whose
+		// tasks that worker refuses.
+		return said + ": a newer kiln, upgrade this sched", true
+	}
+	return said + ": upgrade it", true
+}
+
 // read returns object storage's runs where Redis knows none (redisRuns
 // is 0), reading them the first time, and nothing otherwise.
 func (c *storedCache) read(ctx context.Context, redisRuns int) storedRuns {
@@ -489,13 +526,28 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 	case len(snap.Workers) == 0:
 		fmt.Fprintln(w, "no worker is running (start one with 'sched worker --queues ingest=4,append=2,gpu=1')")
 	}
+	names := make([]string, len(snap.Workers))
+	for i, wp := range snap.Workers {
+		names[i] = wp.Name
+	}
+	builds, err := worker.ReadBuilds(ctx, q.Redis(), names)
+	if err != nil {
+		return err
+	}
+	mine, others := worker.ThisBuild(), false
 	for _, wp := range snap.Workers {
 		var qs []string
 		for q, n := range wp.Queues {
 			qs = append(qs, fmt.Sprintf("%s=%d", q, n))
 		}
 		sort.Strings(qs)
-		fmt.Fprintf(w, "%s  %s  %d running  up %s\n", wp.Name, strings.Join(qs, ","), wp.Active, formatETA(now.Sub(wp.Started)))
+		b, ok := builds[wp.Name]
+		said, other := buildSays(b, ok, mine, snap.RedisFull())
+		others = others || other
+		fmt.Fprintf(w, "%s  %s  %d running  up %s  %s\n", wp.Name, strings.Join(qs, ","), wp.Active, formatETA(now.Sub(wp.Started)), said)
+	}
+	if others {
+		fmt.Fprintf(w, "this sched is %s: upgrade the workers marked, or this sched, to one build (docs/operations.md, \"Upgrading kiln with work queued\")\n", mine)
 	}
 	// The machine whose disk holds the token stores: the one place the
 	// append queue is served from.

@@ -2,30 +2,25 @@ package main
 
 import (
 	"fmt"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kiln-lm/kiln/worker"
 )
 
 // version is set at build time: -ldflags "-X main.version=v0.1.0".
 var version = "dev"
 
 func init() {
+	// The build a worker publishes, which sched status compares with its
+	// own, is the one this command prints.
+	worker.Version = version
 	rootCmd.AddCommand(&cobra.Command{
 		Use:   "version",
 		Short: "Print sched's version and build",
 		Args:  exactArgs(0, "no arguments"),
 		Run: func(c *cobra.Command, args []string) {
-			rev, goVersion := "unknown", "unknown"
-			if bi, ok := debug.ReadBuildInfo(); ok {
-				goVersion = bi.GoVersion
-				for _, s := range bi.Settings {
-					if s.Key == "vcs.revision" {
-						rev = s.Value
-					}
-				}
-			}
-			fmt.Fprintf(c.OutOrStdout(), "sched %s (commit %s, %s)\n", version, rev, goVersion)
+			fmt.Fprintf(c.OutOrStdout(), "sched %s\n", worker.ThisBuild())
 		},
 	})
 }

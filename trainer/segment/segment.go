@@ -582,7 +582,7 @@ func Run(ctx context.Context, p Params) (Outcome, error) {
 // its first), clear the loss of a step not kept. Where the checkpoint
 // cannot be read, its step, and no loss.
 func (p Params) kept(res trainer.Result, rc trainer.RunConfig, log *zap.Logger) (trainer.Metrics, map[string]string) {
-	none := map[string]string{"loss": "", "loss_step": ""}
+	none := scheduler.NoLoss()
 	if res.Checkpoint == "" {
 		return trainer.Metrics{}, none
 	}
@@ -1091,8 +1091,7 @@ func (p Params) stateFields(rc trainer.RunConfig, m trainer.Metrics, wall time.D
 		"wall_s":  strconv.FormatFloat(wall.Seconds(), 'f', 3, 64),
 	}
 	if m.Loss != nil {
-		f["loss"] = strconv.FormatFloat(*m.Loss, 'f', 4, 64)
-		f["loss_step"] = strconv.Itoa(m.Step)
+		maps.Copy(f, scheduler.LossFields(*m.Loss, m.Step))
 	}
 	// After the loss: the segment's last word names the step of a loss
 	// logged before the step it stopped at, or clears one not kept.

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
+	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/worker"
+)
+
+// WORKERS says the build each worker runs, and marks, to upgrade, one of
+// another build than sched's and one that publishes none (a kiln older
+// than this): after an upgrade, a worker left on the old build queues work
+// the upgraded workers refuse as an older kiln's, and nothing said which
+// worker that was. A `sched worker` of this build, a worker of another
+// build (this process's, given that build), then an old kiln's worker (an
+// asynq server of this process that publishes nothing) serve beside it.
+func TestWorkersSayTheirBuildAndTheOtherBuildsToUpgrade(t *testing.T) {
+	t.Parallel()
+	r := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + t.TempDir()}
+	ctx := context.Background()
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The build a worker publishes is what `sched version` prints.
+	mine := worker.ThisBuild()
+	if out, errOut, code := sched(t, env, "version"); code != 0 || out != "sched "+mine.String()+"\n" {
+		t.Fatalf("sched version: exit %d, %q%s; want the build workers publish, %q", code, out, errOut, mine)
+	}
+	child := startWorker(t, env, "--queues", "ingest=1")
+	childLine := regexp.QuoteMeta(host+":"+strconv.Itoa(child.Process.Pid)) + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta(mine.Short()) + `\n`
+	here := regexp.QuoteMeta(host + ":" + strconv.Itoa(os.Getpid()))
+	upgrade := "this sched is " + mine.String() + `: upgrade the workers marked, or this sched, to one build (docs/operations.md, "Upgrading kiln with work queued")`
+
+	// Another build: its version, its commit, and one payload version.
+	other := worker.ThisBuild()
+	other.Version, other.Commit = "v0.0.9", "9f8e7d6c5b4a39281706f5e4d3c2b1a098765432"
+	other.Payloads[scheduler.KindIngestShard]--
+	opt, err := asynq.ParseRedisURI(r.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// It serves the ingest queue, where no task is queued.
+	idle := worker.HandlerFunc(func(context.Context, scheduler.TokenizerSample) error { return nil })
+	w, err := worker.New(worker.Params{Redis: opt, Queues: map[string]int{scheduler.QueueIngest: 1}, Handlers: worker.Handlers{Extra: []worker.Handler{idle}}, Build: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	stop := sync.OnceValue(func() error { cancel(); return <-done })
+	t.Cleanup(func() { stop() })
+
+	otherLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta(fmt.Sprintf("v0.0.9 (commit 9f8e7d6c5b4a)  not this sched's build (payloads %s v%d, here v%d): upgrade it",
+		scheduler.KindIngestShard, other.Payloads[scheduler.KindIngestShard], mine.Payloads[scheduler.KindIngestShard])) + `\n`
+	out := waitOutput(t, env, regexp.MustCompile(`\nWORKERS\n(`+childLine+otherLine+`|`+otherLine+childLine+`)`), time.Minute, "status")
+	if !strings.Contains(out, "\n"+upgrade+"\n") {
+		t.Errorf("status with a worker of another build:\n%s\nwant the line %q", out, upgrade)
+	}
+
+	// Stopped cleanly, its build goes with it.
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rdb.Close()
+	if n := rdb.Exists(ctx, worker.BuildKey(host+":"+strconv.Itoa(os.Getpid()))).Val(); n != 0 {
+		t.Errorf("the build of a worker that stopped is still in Redis")
+	}
+	out, errOut, code := sched(t, env, "status")
+	if code != 0 || !regexp.MustCompile(`\nWORKERS\n`+childLine+`append is|\nWORKERS\n`+childLine+`\n`).MatchString(out) || strings.Contains(out, upgrade) {
+		t.Errorf("status: exit %d\n%s%s\nwant this build's worker alone, not marked", code, out, errOut)
+	}
+
+	// An old kiln's worker: an asynq server that publishes no build.
+	old := asynq.NewServer(opt, asynq.Config{Queues: map[string]int{scheduler.QueueIngest: 1}, Concurrency: 1, LogLevel: asynq.FatalLevel})
+	if err := old.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
+		t.Fatal(err)
+	}
+	defer old.Shutdown()
+	oldLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta("build unknown (a kiln older than this sched's): upgrade it") + `\n`
+	out = waitOutput(t, env, regexp.MustCompile(`\nWORKERS\n(`+childLine+oldLine+`|`+oldLine+childLine+`)`), time.Minute, "status")
+	if !strings.Contains(out, "\n"+upgrade+"\n") {
+		t.Errorf("status with an old kiln's worker:\n%s\nwant the line %q", out, upgrade)
+	}
+}
+
+// A worker's build reads as this sched's, as another to upgrade, with the
+// kinds whose payload versions differ, as a newer kiln's where those are
+// all newer (this sched is then the older), and as unknown where it
+// publishes none, unmarked while Redis is full and refuses its writes.
+func TestBuildSays(t *testing.T) {
+	mine := worker.Build{Version: "v0.2.0", Commit: "1a2b3c4d5e6f708192a3b4c5d6e7f80912345678", Go: "go1.26.0",
+		Payloads: map[string]int{"ingest:shard": 3, "ingest:append": 3, "train:segment": 1}}
+	with := func(version string, payloads map[string]int) worker.Build {
+		b := mine
+		b.Version, b.Payloads = version, payloads
+		return b
+	}
+	for _, c := range []struct {
+		b         worker.Build
+		ok, full  bool
+		said      string
+		upgrading bool
+	}{
+		{mine, true, false, "v0.2.0 (commit 1a2b3c4d5e6f)", false},
+		{with("v0.2.1", mine.Payloads), true, false, "v0.2.1 (commit 1a2b3c4d5e6f)  not this sched's build: upgrade it", true},
+		{with("v0.1.0", map[string]int{"ingest:shard": 2, "ingest:append": 2, "train:segment": 1}), true, false,
+			"v0.1.0 (commit 1a2b3c4d5e6f)  not this sched's build (payloads ingest:append v2, here v3; ingest:shard v2, here v3): upgrade it", true},
+		{with("v0.3.0", map[string]int{"ingest:shard": 4, "train:segment": 1, "bench:new": 1}), true, false,
+			"v0.3.0 (commit 1a2b3c4d5e6f)  not this sched's build (payloads ingest:shard v4, here v3): a newer kiln, upgrade this sched", true},
+		{with("v0.3.0", map[string]int{"ingest:shard": 4, "ingest:append": 2}), true, false,
+			"v0.3.0 (commit 1a2b3c4d5e6f)  not this sched's build (payloads ingest:append v2, here v3; ingest:shard v4, here v3): upgrade it", true},
+		{worker.Build{}, false, false, "build unknown (a kiln older than this sched's): upgrade it", true},
+		{worker.Build{}, false, true, "build unknown", false},
+	} {
+		said, upgrading := buildSays(c.b, c.ok, mine, c.full)
+		if said != c.said || upgrading != c.upgrading {
+			t.Errorf("build %+v (published %v, Redis full %v): %q, marked %v; want %q, marked %v", c.b, c.ok, c.full, said, upgrading, c.said, c.upgrading)
+		}
+	}
+}

@@ -185,7 +185,9 @@ func (m *MoEConfig) String() string {
 const DefaultAuxCoef = 0.02
 
 // ParseMoE reads the command line's experts=N,top_k=K,d_ff=F,aux_coef=C
-// (any subset but experts; the rest take WithDefaults' values).
+// (any subset but experts; the rest take WithDefaults' values, and a
+// top_k or d_ff of 0 is refused), checking each as a runs file's moe: is
+// checked.
 func ParseMoE(s string) (*MoEConfig, error) {
 	m := &MoEConfig{}
 	bad := func(format string, args ...any) error {
@@ -220,8 +222,26 @@ func ParseMoE(s string) (*MoEConfig, error) {
 			return nil, bad("%s=%s is not a number", k, v)
 		}
 	}
+	// A 0 would read as absent and take the default (withDefaults), a
+	// value nobody gave, as a runs file's moe.top_k: 0 is refused
+	// (CheckZerosWritten).
+	for _, z := range []struct {
+		key, dflt string
+		v         int
+	}{{"top_k", "2", m.TopK}, {"d_ff", "the dense SwiGLU's width", m.DFF}} {
+		if seen[z.key] && z.v == 0 {
+			return nil, badInput(fmt.Errorf("--moe %q: %s is 0: give a positive value, or leave %s out for its default (%s)", s, z.key, z.key, z.dflt))
+		}
+	}
 	if !seen["experts"] {
 		return nil, bad("experts is missing")
+	}
+	// Checked here, in a runs file's words, so that sched train and sched
+	// bench refuse the flag alike and by its name (train's run check would
+	// put a --run-config file's name on it). d_ff's default, the model's
+	// SwiGLU width, is not known yet, and is positive.
+	if err := m.withDefaults(1).check(); err != nil {
+		return nil, badInput(fmt.Errorf("--moe %q: %w", s, err))
 	}
 	return m, nil
 }
@@ -326,9 +346,13 @@ func (m MoEConfig) withDefaults(ff int) MoEConfig {
 }
 
 // Apply puts m's experts in place of c's SwiGLU, its absent fields taking
-// their defaults (d_ff: c's SwiGLU width), and checks the result.
+// their defaults (d_ff: c's SwiGLU width), and checks the result: m first,
+// in a run's words (sched bench --moe, a bench shape), then the model.
 func (m MoEConfig) Apply(c model.Config) (model.Config, error) {
 	m = m.withDefaults(c.Intermediate)
+	if err := m.check(); err != nil {
+		return c, err
+	}
 	c.Experts, c.ExpertsPerTok, c.Intermediate, c.RouterAuxCoef = m.Experts, m.TopK, m.DFF, *m.AuxCoef
 	if err := c.Validate(); err != nil {
 		return c, badInput(fmt.Errorf("moe: %w", err))
@@ -456,20 +480,31 @@ func (c RunConfig) Validate() error {
 			return err
 		}
 	}
-	if m := c.MoE; m != nil {
-		switch {
-		case m.Experts < 2:
-			msg = fmt.Sprintf("moe.experts must be at least 2, got %d", m.Experts)
-		case m.TopK < 1 || m.TopK > m.Experts:
-			msg = fmt.Sprintf("moe.top_k must be between 1 and moe.experts (%d), got %d", m.Experts, m.TopK)
-		case m.DFF < 1:
-			msg = fmt.Sprintf("moe.d_ff must be at least 1, got %d", m.DFF)
-		case m.AuxCoef == nil || !(*m.AuxCoef >= 0) || math.IsInf(*m.AuxCoef, 0):
-			msg = fmt.Sprintf("moe.aux_coef must be a finite number >= 0, got %v", derefOr(m.AuxCoef))
-		}
-		if msg != "" {
-			return badInput(errors.New(msg))
-		}
+	if c.MoE != nil {
+		return c.MoE.check()
+	}
+	return nil
+}
+
+// check reports the first of m's fields out of range, by the key a runs
+// file and --moe both write (moe.top_k, top_k=), in the same words for
+// either. It expects m with its defaults (withDefaults): the model's own
+// check (model.Config.Validate) would name config.json's keys, and say 0
+// experts is a dense model, which --moe and moe: refuse.
+func (m MoEConfig) check() error {
+	var msg string
+	switch {
+	case m.Experts < 2:
+		msg = fmt.Sprintf("moe.experts must be at least 2, got %d", m.Experts)
+	case m.TopK < 1 || m.TopK > m.Experts:
+		msg = fmt.Sprintf("moe.top_k must be between 1 and moe.experts (%d), got %d", m.Experts, m.TopK)
+	case m.DFF < 1:
+		msg = fmt.Sprintf("moe.d_ff must be at least 1, got %d", m.DFF)
+	case m.AuxCoef == nil || !(*m.AuxCoef >= 0) || math.IsInf(*m.AuxCoef, 0):
+		msg = fmt.Sprintf("moe.aux_coef must be a finite number >= 0, got %v", derefOr(m.AuxCoef))
+	}
+	if msg != "" {
+		return badInput(errors.New(msg))
 	}
 	return nil
 }
@@ -509,6 +544,9 @@ func LoadRunConfig(path string) (RunConfig, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(b, &doc); err == nil && len(doc.Content) > 0 {
 		if err := CheckZerosWritten(doc.Content[0], c); err != nil {
+			return c, badInput(fmt.Errorf("run config %s: %w", path, err))
+		}
+		if err := CheckMoEWritten(doc.Content[0], false); err != nil {
 			return c, badInput(fmt.Errorf("run config %s: %w", path, err))
 		}
 	}
@@ -562,6 +600,19 @@ func CheckZerosWritten(body *yaml.Node, c RunConfig) error {
 				return fmt.Errorf("line %d: mixture[%d] weight is 0: leave the store out of the mixture instead, or give it a positive weight", w.Line, i)
 			}
 		}
+	}
+	return nil
+}
+
+// CheckMoEWritten refuses, naming its line, a moe: that body (a run's
+// YAML) writes with nothing under it (or null, ~): it decodes as no
+// experts, and the keys under it forgotten would train a dense run
+// without a word, where moe: {} and an empty lr: are refused. Where the
+// run inherits experts (inherits: a runs file's from:, or the preset it
+// overrides), it turns them off, which nothing else in the file can say.
+func CheckMoEWritten(body *yaml.Node, inherits bool) error {
+	if n := LookupYAML(body, "moe"); n != nil && n.Kind == yaml.ScalarNode && n.Tag == "!!null" && !inherits {
+		return fmt.Errorf("line %d: moe is empty: give its experts under it (moe: {experts: 4}, top_k, d_ff and aux_coef optional), or leave it out for a dense model", n.Line)
 	}
 	return nil
 }

@@ -165,8 +165,24 @@ func runGenerate(ctx context.Context, out, errOut io.Writer, f generateFlags) er
 	if len(ids) == 0 {
 		return badInput("--prompt %q encodes to no tokens", f.prompt)
 	}
-	if len(ids)+f.maxTokens > cfg.MaxPositions {
-		return badInput("--prompt (%d tokens) plus --max-tokens %d exceeds the model's %d positions (max_position_embeddings): lower --max-tokens or shorten the prompt", len(ids), f.maxTokens, cfg.MaxPositions)
+	// Lowering --max-tokens is advice only where the prompt leaves room
+	// for a token: at 1 it cannot be lowered, and the prompt is what to cut.
+	n := len(ids)
+	if n >= cfg.MaxPositions {
+		alone := "exceeds"
+		if n == cfg.MaxPositions {
+			alone = "fills"
+		}
+		todo := fmt.Sprintf("shorten the prompt to at most %d tokens (the %d positions less --max-tokens %d)", cfg.MaxPositions-f.maxTokens, cfg.MaxPositions, f.maxTokens)
+		if f.maxTokens >= cfg.MaxPositions {
+			todo = fmt.Sprintf("shorten the prompt, and lower --max-tokens %d: the two together must fit in %d", f.maxTokens, cfg.MaxPositions)
+		}
+		return badInput("--prompt is %d tokens, which alone %s the model's %d positions (max_position_embeddings), leaving none to generate into: %s",
+			n, alone, cfg.MaxPositions, todo)
+	}
+	if n+f.maxTokens > cfg.MaxPositions {
+		return badInput("--prompt (%d tokens) plus --max-tokens %d exceeds the model's %d positions (max_position_embeddings): lower --max-tokens to %d or less, or shorten the prompt",
+			n, f.maxTokens, cfg.MaxPositions, cfg.MaxPositions-n)
 	}
 	prompt := make([]int32, len(ids))
 	for i, id := range ids {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kiln-lm/kiln/internal/shell"
 	"github.com/kiln-lm/kiln/scheduler"
+	"github.com/kiln-lm/kiln/trainer"
 )
 
 func init() {
@@ -176,8 +177,21 @@ func outcomeLine(t scheduler.TaskStatus) string {
 	return strings.Join(parts, "  ")
 }
 
+// modelLabel is rc's model as a line of runs shows it: its preset, and
+// with a mixture of experts "+moe" with its experts and top k
+// ("tiny+moe 4x2"), or a run differing only in its moe: would read as the
+// dense one.
+func modelLabel(rc trainer.RunConfig) string {
+	if rc.MoE == nil {
+		return rc.Model
+	}
+	m := rc.WithDefaults().MoE
+	return fmt.Sprintf("%s+moe %dx%d", rc.Model, m.Experts, m.TopK)
+}
+
 // printRunPresets lists the runs there are (the embedded presets with
-// KILN_RUNS's file applied, where it is set): each run's model, length in tokens and
+// KILN_RUNS's file applied, where it is set): each run's model (with its
+// experts, modelLabel), length in tokens and
 // steps, tokens a step (micro-batch x sequence x accumulation), tokenizer,
 // engine and description.
 func printRunPresets(w io.Writer) error {
@@ -201,7 +215,7 @@ func printRunPresets(w io.Writer) error {
 		per := int64(r.Batch) * int64(r.Seq) * int64(max(r.Accumulate, 1))
 		length := fmt.Sprintf("%s (%d steps)", formatCount(int64(r.TotalSteps)*per, "tok"), r.TotalSteps)
 		step := fmt.Sprintf("%dx%dx%d", r.Batch, r.Seq, max(r.Accumulate, 1))
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, r.Model, length, step, r.Tokenizer, r.Engine, desc)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, modelLabel(r.RunConfig), length, step, r.Tokenizer, r.Engine, desc)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

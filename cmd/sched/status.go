@@ -1203,13 +1203,15 @@ func keepRemedy(msg string, n int, id string) string {
 // were counted.
 func remedyAt(msg string) (int, string) {
 	semi, colon, depth := -1, -1, 0
-	for i := 0; i+1 < len(msg); i++ {
+	// Every byte is read, the last too: a ")" that ends msg closes its
+	// parenthesis, or the "; " inside it would be taken for msg's own.
+	for i := 0; i < len(msg); i++ {
 		switch {
 		case msg[i] == '(':
 			depth++
 		case msg[i] == ')':
 			depth = max(depth-1, 0)
-		case depth > 0 || msg[i+1] != ' ':
+		case depth > 0 || i+1 == len(msg) || msg[i+1] != ' ':
 		case msg[i] == ';':
 			semi = i
 		case msg[i] == ':':

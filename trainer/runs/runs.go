@@ -268,13 +268,14 @@ func parse(b []byte, source string, base Set) (Set, error) {
 			r.Retention.KeepLast = DefaultKeepLast
 		}
 		dropInheritedLength(body, &r)
+		inheritsMoE := r.MoE != nil
 		if err := yamlstrict.Decode(body, &r); err != nil {
 			return nil, inputError{fmt.Errorf("runs file %s: run %s: %w", source, name, err)}
 		}
 		if !exists && r.Model == "" && head.From == "" {
 			return nil, inputError{fmt.Errorf("runs file %s: run %s: a new run needs `from: <run>` or at least a model", source, name)}
 		}
-		if err := checkWritten(body, r); err != nil {
+		if err := checkWritten(body, r, inheritsMoE); err != nil {
 			return nil, inputError{fmt.Errorf("runs file %s: run %s: %w", source, name, err)}
 		}
 		r.Name, r.From = name, head.From
@@ -302,10 +303,15 @@ func dropInheritedLength(body *yaml.Node, r *Run) {
 
 // checkWritten refuses what body, one run of the file decoded into r, gets
 // wrong where the file and the line are still known: a value written as 0
-// where 0 reads as absent (trainer.CheckZerosWritten), and a tokenizer name
+// where 0 reads as absent (trainer.CheckZerosWritten), a moe: with nothing
+// under it where the run had no experts for it to turn off (inheritsMoE:
+// it had, from its from: or the preset it overrides), and a tokenizer name
 // that cannot be one (refused later, it named neither the file nor the run).
-func checkWritten(body *yaml.Node, r Run) error {
+func checkWritten(body *yaml.Node, r Run, inheritsMoE bool) error {
 	if err := trainer.CheckZerosWritten(body, r.RunConfig); err != nil {
+		return err
+	}
+	if err := trainer.CheckMoEWritten(body, inheritsMoE); err != nil {
 		return err
 	}
 	if n := trainer.LookupYAML(body, "tokenizer"); n != nil {
@@ -316,9 +322,27 @@ func checkWritten(body *yaml.Node, r Run) error {
 	return nil
 }
 
+// cloneRun is r with nothing shared with it: the body decoded over the
+// clone (a from: run's, or an override's) writes into the pointers it
+// holds, and `floor: 0.2` or `moe: {top_k: 1}` under `from: pilot` would
+// change pilot's too.
 func cloneRun(r Run) Run {
 	r.Mixture = append([]trainer.MixtureEntry(nil), r.Mixture...)
+	r.Floor, r.Clip = clonePtr(r.Floor), clonePtr(r.Clip)
+	if r.MoE != nil {
+		m := *r.MoE
+		m.AuxCoef = clonePtr(m.AuxCoef)
+		r.MoE = &m
+	}
 	return r
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
 }
 
 type inputError struct{ err error }

@@ -699,14 +699,52 @@ func readOptimizer(path string, f *model.SafetensorsFile, p *model.Params) (*mod
 
 // otherModelFix is what to do about a checkpoint of another model layout
 // than the run's.
-const otherModelFix = "resume with the model it was trained with (a queued run: its runs entry as it was), or start another run (sched train: another --out directory; queued: a run of another name)"
+const otherModelFix = "give the run the model it was trained with, or train a run of another name (sched train: another --out)"
 
 // sameShape compares the fields that fix the parameter layout.
 func sameShape(got, want model.Config) error {
 	if g, w := Shape(got), Shape(want); g != w {
-		return fmt.Errorf("it holds a model of %s; this run's model has %s", g, w)
+		return fmt.Errorf("it holds a model of another layout, %s", ShapeDiff(g, w))
 	}
 	return nil
+}
+
+// ShapeDiff says how the layout of Shape a differs from b, the run's: the
+// fields a gives otherwise, each with the run's beside it ("d_model 64
+// (this run's: d_model 512)"), where the two lists were given whole, too
+// long a line for a one-line view of a failure to reach its remedy.
+// Shapes of another form (another build's) are given whole.
+func ShapeDiff(a, b string) string {
+	pa, pb := shapeFields(a), shapeFields(b)
+	if len(pa) != len(pb) {
+		return a + " (this run's: " + b + ")"
+	}
+	var d []string
+	for i := range pa {
+		if pa[i] != pb[i] {
+			d = append(d, fmt.Sprintf("%s (this run's: %s)", pa[i], pb[i]))
+		}
+	}
+	return strings.Join(d, ", ")
+}
+
+// shapeFields are Shape s's fields: its parts between ", " outside
+// parentheses ("d_ff 176 (4 experts, top 2)" is one).
+func shapeFields(s string) []string {
+	var out []string
+	depth, from := 0, 0
+	for i := 0; i < len(s); i++ {
+		switch {
+		case s[i] == '(':
+			depth++
+		case s[i] == ')':
+			depth = max(depth-1, 0)
+		case depth == 0 && strings.HasPrefix(s[i:], ", "):
+			out = append(out, s[from:i])
+			from = i + 2
+		}
+	}
+	return append(out, s[from:])
 }
 
 // Shape says the fields of c that fix the parameter layout, which a

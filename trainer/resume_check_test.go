@@ -113,8 +113,8 @@ func TestCheckResumeRefusesWhatTheCheckpointCannotGoOnWith(t *testing.T) {
 		{"stores swapped", edit(func(r *RunConfig) { r.Mixture[0], r.Mixture[1] = r.Mixture[1], r.Mixture[0] }), same,
 			"this run names web, code"},
 		{"another seed", edit(func(r *RunConfig) { r.Seed++ }), same, fmt.Sprintf("was trained with seed %d and seq %d", want.Seed, want.Seq)},
-		{"another model", edit(func(r *RunConfig) { r.Model = "small" }), same, "holds a model of vocab "},
-		{"experts added", edit(func(r *RunConfig) { r.MoE = &MoEConfig{Experts: 4, TopK: 2} }), same, "experts, top 2), tied true: resume with the model it was trained with"},
+		{"another model", edit(func(r *RunConfig) { r.Model = "small" }), same, "holds a model of another layout, vocab 4096 (this run's: vocab 16384), d_model 64 (this run's: d_model 512), "},
+		{"experts added", edit(func(r *RunConfig) { r.MoE = &MoEConfig{Experts: 4, TopK: 2} }), same, "(dense) (this run's: d_ff 176 (4 experts, top 2)): give the run the model it was trained with"},
 	} {
 		err := CheckResume(dir, st, c.rc, c.tok)
 		switch {

@@ -323,7 +323,7 @@ func checkModel(dir string, st State, rc RunConfig) error {
 		return err
 	}
 	if a, b := Shape(was), Shape(now); a != b {
-		return badInput(fmt.Errorf("checkpoint %s (step %d) holds a model of %s; this run's model has %s: %s", dir, st.Step, a, b, otherModelFix))
+		return badInput(fmt.Errorf("checkpoint %s (step %d) holds a model of another layout, %s: %s", dir, st.Step, ShapeDiff(a, b), otherModelFix))
 	}
 	return nil
 }

@@ -97,7 +97,7 @@ func TestEnqueueTrainRefusesATokenizerOrStoresItsCheckpointsCannotResume(t *test
 	// Another model: Redis, which recorded the run's layout, no longer
 	// holds it; the checkpoint's trainer_state.json names its model.
 	entry("mix:\n  from: eta\n  total_steps: 60\n  model: small\n")
-	wantBadInput(t, env, ck+`holds a model of vocab \d+, d_model 64, .*; this run's model has vocab \d+, d_model 512, .*: resume with the model it was trained with`, "enqueue", "train", "mix")
+	wantBadInput(t, env, ck+`holds a model of another layout, vocab \d+ \(this run's: vocab \d+\), d_model 64 \(this run's: d_model 512\), .*: give the run the model it was trained with`, "enqueue", "train", "mix")
 
 	// A state of other stores than the marker lists (edited, damaged).
 	key := segment.CheckpointPrefix("mix") + trainer.StepDir(40) + "/" + trainer.StateFile

@@ -192,7 +192,7 @@ func checkShape(run runs.Run, st scheduler.RunState, ok bool, from int64) error 
 		return err
 	}
 	if now := trainer.Shape(mc); st.Shape != "" && st.Shape != now {
-		return badInput("run %s's checkpoints hold a model of %s, and its runs entry now gives %s: "+what, run.Name, st.Shape, now, run.Name)
+		return badInput("run %s's checkpoints hold a model of another layout than its runs entry now gives, %s: "+what, run.Name, trainer.ShapeDiff(st.Shape, now), run.Name)
 	}
 	return nil
 }

@@ -263,7 +263,7 @@ func TestEnqueueTrainRefusesAShapeItsCheckpointsCannotResume(t *testing.T) {
 	wantBadInput(t, env, `^sched: run shp trained with seed \d+ and its runs entry now gives seed 7, which its checkpoints' data order cannot resume: put its entry back as it was in the runs file \(KILN_RUNS\), or train a run of another name`,
 		"enqueue", "train", "shp")
 	entry("shp:\n  from: eta\n  total_steps: 60\n  model: small\n")
-	wantBadInput(t, env, `^sched: run shp's checkpoints hold a model of vocab \d+, d_model 64, .*, and its runs entry now gives vocab \d+, d_model 512, `,
+	wantBadInput(t, env, `^sched: run shp's checkpoints hold a model of another layout than its runs entry now gives, vocab \d+ \(this run's: vocab \d+\), d_model 64 \(this run's: d_model 512\), .*: put its entry back as it was`,
 		"enqueue", "train", "shp")
 	if live, err := q.LiveSegment(ctx, "shp"); err != nil || live != nil {
 		t.Fatalf("a refused enqueue queued %v (%v)", live, err)
@@ -327,7 +327,7 @@ func TestCheckShapeHoldsOnlyARunWithACheckpoint(t *testing.T) {
 		t.Errorf("a run with a checkpoint at step 10, its seq changed: %v; want it refused", err)
 	}
 	st.Seq = run.Seq
-	if err := checkShape(run, st, true, 10); err == nil || !strings.Contains(err.Error(), "checkpoints hold a model of another model") {
+	if err := checkShape(run, st, true, 10); err == nil || !strings.Contains(err.Error(), "checkpoints hold a model of another layout than its runs entry now gives, another model (this run's: vocab ") {
 		t.Errorf("a run with a checkpoint at step 10, its model changed: %v; want it refused", err)
 	}
 	st.Shape = ""

@@ -295,7 +295,7 @@ func TestTrainCommandWithExperts(t *testing.T) {
 			"--batch", "2", "--steps", "4", "--log-every", "1", "--out", out, "--tokenizer-file", tokJSON, "--resume"}, moe...)
 		text, err := runTrainCmd(args...)
 		if code := exitCode(err); code != exitBadInput || !strings.Contains(err.Error(), "d_ff 64 (4 experts, top 2)") ||
-			!strings.Contains(err.Error(), "resume with the model it was trained with") {
+			!strings.Contains(err.Error(), "give the run the model it was trained with") {
 			t.Errorf("resume with %v: exit %d, %v\n%s", moe, code, err, text)
 		}
 	}

@@ -64,7 +64,7 @@ func refusalOf(job ShardJob, err error) (refusal, bool) {
 	}
 	var gone *hub.RepoNotFoundError
 	if errors.As(err, &gone) && gone.Repo == job.Repo {
-		return refusal{Repo: job.Repo, Reason: gone.Error(), Fix: "the dataset's name is checked (" + goneSincePlan + ") and HF_TOKEN may read it"}, true
+		return refusal{Repo: job.Repo, Reason: gone.Error(), Fix: "the dataset's name is checked (" + goneSincePlan + ") and " + gone.TokenFrom.Setting() + " may read it"}, true
 	}
 	var pinned *PinnedRevisionError
 	if errors.As(err, &pinned) && pinned.Err.Repo == job.Repo && pinned.Err.Commit != "" {
@@ -78,16 +78,19 @@ func refusalOf(job ShardJob, err error) (refusal, bool) {
 	}
 	var a *hub.AccessError
 	if errors.As(err, &a) {
-		fix := "HF_TOKEN may read the dataset"
+		// What the worker's token came from (HF_TOKEN, its older name,
+		// --hf-token or the config file) is what the user changes.
+		token := a.TokenFrom.Setting()
+		fix := token + " may read the dataset"
 		switch {
 		case a.NotFound && !a.HasToken:
 			// The Hub tells no reader without a token a dataset deleted
 			// from one made private (401 RepoNotFound).
-			fix = "the dataset's name is checked (" + goneSincePlan + "), or HF_TOKEN is set if it is private"
+			fix = "the dataset's name is checked (" + goneSincePlan + "), or " + token + " is set if it is private"
 		case !a.HasToken:
-			fix = "HF_TOKEN is set"
+			fix = token + " is set"
 		case a.Status == http.StatusUnauthorized:
-			fix = "HF_TOKEN holds a valid token"
+			fix = token + " holds a valid token"
 		}
 		return refusal{Repo: job.Repo, Reason: a.Error(), Fix: fix}, true
 	}

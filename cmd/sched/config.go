@@ -28,6 +28,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -465,6 +466,7 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 			}
 		}
 	}
+	recordHubToken(cmd, cfg.HFToken, fromFile)
 	// The file's zero grace, where nothing above it set one: WithDefaults
 	// would read it as unset (the flag and the variable refuse their own).
 	// A key left empty is unset, as an empty variable is.
@@ -552,6 +554,43 @@ func envSetting(env string) (name, value string) {
 		}
 	}
 	return env, ""
+}
+
+// hubToken is a Hub token and what gave it, where the flag or the config
+// file did.
+type hubToken struct {
+	token string
+	from  hub.TokenSource
+}
+
+// hubTokenFrom is what gave the Hub token that loadConfig read last, kept
+// with the token: scheduler.Config keeps the value alone, and hubConfig,
+// given the configuration, names that source in the messages that say to
+// change the token. A token of the environment is not kept here:
+// hub.Environment names its variable itself.
+var hubTokenFrom atomic.Pointer[hubToken]
+
+// recordHubToken records, for hubConfig, what gave token, the Hub token
+// loadConfig read for cmd, where --hf-token or the config file (file)
+// did. The flag's note names the variable also set that it was read over,
+// or, given empty (no token), the one it keeps from being read.
+func recordHubToken(cmd *cobra.Command, token string, file fileKeys) {
+	env := hub.Environment()
+	var from hub.TokenSource
+	if _, ok := flagValue(cmd, "hf-token"); ok {
+		from.Name = "--hf-token"
+		switch {
+		case token != "" && env.Token != "":
+			from.Note = "read over " + env.TokenFrom.Setting() + ", also set"
+		case token == "" && env.Token != "":
+			from.Note = "given empty, so " + env.TokenFrom.Setting() + " is not read"
+		case token == "":
+			from.Note = "given empty"
+		}
+	} else if token != "" && env.Token == "" {
+		from.Name = "hf_token in " + file.path
+	}
+	hubTokenFrom.Store(&hubToken{token: token, from: from})
 }
 
 // envOnly are the settings read from the environment alone, which `sched

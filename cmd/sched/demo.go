@@ -340,8 +340,18 @@ func runDemo(ctx context.Context, out io.Writer, o demoOptions) (demoResult, err
 	if rep.StoppedBeforePlan() {
 		fmt.Fprintf(out, "    0 files appended this time: the store is full at its limit and holds %d tokens\n", res.CorpusTokens)
 	} else {
-		fmt.Fprintf(out, "    %d files appended this time, %d already there%s; the store holds %d tokens\n", rep.Appended, rep.Duplicates,
+		// A file the store records as skipped, by an earlier demo, holds
+		// none of its text: it is counted as skipped, for the reason
+		// recorded, as sched ingest --direct counts it, not as there.
+		before := skipCount(rep.SkippedBefore)
+		fmt.Fprintf(out, "    %d files appended this time, %d already there%s; the store holds %d tokens\n", rep.Appended, rep.Duplicates-before,
 			sameContent(rep.Same), res.CorpusTokens)
+		skipped := ingest.Skips{}
+		skipped.Merge(rep.SkippedFiles)
+		skipped.Merge(rep.SkippedBefore)
+		if len(skipped) > 0 {
+			fmt.Fprintf(out, "    skipped files: %s%s\n", skipped, skippedEarlier(before, true))
+		}
 	}
 
 	run.Engine = o.Engine

@@ -569,8 +569,17 @@ func tokenizerFor(name string, vocab int) string {
 // endpoint (HF_ENDPOINT) and the configuration's token, which has read
 // HF_TOKEN (or its older name) below --hf-token and over the file's
 // hf_token; a flag given empty is no token, whatever the environment says.
+// The client's messages name what gave the token: the flag or the file as
+// loadConfig recorded it, else the variable hub.Environment read.
 func hubConfig(cfg scheduler.Config) hub.Config {
 	hc := hub.Environment()
+	if r := hubTokenFrom.Load(); r != nil && r.token == cfg.HFToken && r.from.Name != "" {
+		hc.TokenFrom = r.from
+	} else if hc.Token != cfg.HFToken {
+		// A token no variable holds, from no source recorded: named
+		// HF_TOKEN, as where none is said.
+		hc.TokenFrom = hub.TokenSource{}
+	}
 	hc.Token = cfg.HFToken
 	return hc
 }

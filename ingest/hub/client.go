@@ -40,6 +40,9 @@ type Config struct {
 	Endpoint string
 	// Token is sent as a bearer token to the Hub's own host only (HF_TOKEN).
 	Token string
+	// TokenFrom names what gave Token (HF_TOKEN where it is zero), for
+	// the messages that say to change it.
+	TokenFrom TokenSource
 	// HTTPClient carries the requests; its CheckRedirect is replaced so that
 	// the token never follows a redirect to another host.
 	HTTPClient *http.Client
@@ -94,15 +97,60 @@ type Config struct {
 
 // Environment returns a Config read from the environment as huggingface_hub
 // reads it: HF_ENDPOINT (trailing slashes removed) and HF_TOKEN, with
-// HUGGING_FACE_HUB_TOKEN as the older spelling.
+// HUGGING_FACE_HUB_TOKEN as the older spelling, and which of the two gave
+// the token.
 func Environment() Config {
 	var c Config
 	c.Endpoint = strings.TrimRight(os.Getenv("HF_ENDPOINT"), "/")
-	c.Token = os.Getenv("HF_TOKEN")
-	if c.Token == "" {
-		c.Token = os.Getenv("HUGGING_FACE_HUB_TOKEN")
+	older := os.Getenv("HUGGING_FACE_HUB_TOKEN")
+	switch c.Token = os.Getenv("HF_TOKEN"); {
+	case c.Token != "" && older != "":
+		// Two tokens: the one to change is the one read.
+		c.TokenFrom = TokenSource{Name: "HF_TOKEN", Note: "read over HUGGING_FACE_HUB_TOKEN, also set"}
+	case c.Token == "" && older != "":
+		c.Token = older
+		c.TokenFrom = TokenSource{Name: "HUGGING_FACE_HUB_TOKEN", Note: "HF_TOKEN's older name, read as HF_TOKEN is unset"}
 	}
 	return c
+}
+
+// TokenSource names what gave a Config's token, where a message says to
+// change it: a user with a token of HUGGING_FACE_HUB_TOKEN, a flag or a
+// config file, told to change HF_TOKEN, changes what is not read.
+type TokenSource struct {
+	// Name is the variable, the flag (--hf-token) or the config file's
+	// key ("hf_token in /etc/kiln/config.yaml"): HF_TOKEN where empty.
+	Name string
+	// Note, where set, is said beside Name where a message first names
+	// it: why it was read ("read over HUGGING_FACE_HUB_TOKEN, also
+	// set"), or, where it gave no token, how ("given empty, so HF_TOKEN
+	// is not read").
+	Note string
+}
+
+// Setting is the source's name alone, for a remedy: "set HF_TOKEN to ...".
+func (s TokenSource) Setting() string {
+	if s.Name == "" {
+		return "HF_TOKEN"
+	}
+	return s.Name
+}
+
+// said is the source as a message first names it, with its note.
+func (s TokenSource) said() string {
+	if s.Note == "" {
+		return s.Setting()
+	}
+	return s.Setting() + " (" + s.Note + ")"
+}
+
+// unset says that the source gave no token: "HF_TOKEN is not set", or
+// its note ("--hf-token is given empty, ...").
+func (s TokenSource) unset() string {
+	if s.Note == "" {
+		return s.Setting() + " is not set"
+	}
+	return s.Setting() + " is " + s.Note
 }
 
 func (c Config) withDefaults() Config {
@@ -474,15 +522,16 @@ func (c *Client) statusError(repo, rawURL string, resp *http.Response) error {
 	}
 	switch {
 	case code == "GatedRepo" || (resp.StatusCode == http.StatusForbidden && strings.Contains(msg, "authorized list")):
-		return &GatedError{Repo: repo, Page: c.DatasetPage(repo), HasToken: c.cfg.Token != ""}
+		return &GatedError{Repo: repo, Page: c.DatasetPage(repo), HasToken: c.cfg.Token != "", TokenFrom: c.cfg.TokenFrom}
 	case (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) && resp.Request.URL.Host == c.host:
 		// Only the Hub's own host: a CDN's 403 is to a signed URL that
 		// expired on its way, and a download tried again resolves a
 		// fresh one.
 		return &AccessError{Repo: repo, Page: c.DatasetPage(repo), Tokens: secret.URL(c.cfg.Endpoint) + "/settings/tokens",
-			Status: resp.StatusCode, Message: oneLine(msg), HasToken: c.cfg.Token != "", NotFound: code == "RepoNotFound"}
+			Status: resp.StatusCode, Message: oneLine(msg), HasToken: c.cfg.Token != "", TokenFrom: c.cfg.TokenFrom, NotFound: code == "RepoNotFound"}
 	case code == "RepoNotFound":
-		return &RepoNotFoundError{Repo: repo, Endpoint: secret.URL(c.cfg.Endpoint), Page: c.DatasetPage(repo), Status: resp.StatusCode, HasToken: c.cfg.Token != ""}
+		return &RepoNotFoundError{Repo: repo, Endpoint: secret.URL(c.cfg.Endpoint), Page: c.DatasetPage(repo), Status: resp.StatusCode,
+			HasToken: c.cfg.Token != "", TokenFrom: c.cfg.TokenFrom}
 	case code == "RevisionNotFound":
 		return &RevisionNotFoundError{Repo: repo, URL: redact(rawURL)}
 	case resp.StatusCode == http.StatusNotFound && code == "" && !c.served.Load() && strings.HasPrefix(rawURL, c.cfg.Endpoint+"/api/"):
@@ -511,13 +560,19 @@ type GatedError struct {
 	Repo     string
 	Page     string
 	HasToken bool
+	// TokenFrom names what gave the token, or gave none.
+	TokenFrom TokenSource
 }
 
 func (e *GatedError) Error() string {
 	if e.HasToken {
-		return fmt.Sprintf("dataset %s is gated and this HF_TOKEN is not in its authorized list: accept its terms at %s with the token's account", e.Repo, e.Page)
+		return fmt.Sprintf("dataset %s is gated and this %s is not in its authorized list: accept its terms at %s with the token's account", e.Repo, e.TokenFrom.said(), e.Page)
 	}
-	return fmt.Sprintf("dataset %s is gated: accept its terms at %s and set HF_TOKEN", e.Repo, e.Page)
+	if e.TokenFrom.Note != "" {
+		// --hf-token given empty: a variable also set is not read.
+		return fmt.Sprintf("dataset %s is gated and %s: accept its terms at %s and set %s", e.Repo, e.TokenFrom.unset(), e.Page, e.TokenFrom.Setting())
+	}
+	return fmt.Sprintf("dataset %s is gated: accept its terms at %s and set %s", e.Repo, e.Page, e.TokenFrom.Setting())
 }
 
 // BadInput marks the error as the user's to fix.
@@ -536,6 +591,8 @@ type AccessError struct {
 	// Message is the Hub's own words, on one line ("" where it gave none).
 	Message  string
 	HasToken bool
+	// TokenFrom names what gave the token, or gave none.
+	TokenFrom TokenSource
 	// NotFound is the Hub's RepoNotFound: to a request without a token it
 	// does not tell a missing dataset from a private one.
 	NotFound bool
@@ -546,19 +603,20 @@ func (e *AccessError) Error() string {
 	if e.Message != "" {
 		said += ": " + e.Message
 	}
+	from, set := e.TokenFrom.said(), e.TokenFrom.Setting()
 	switch {
 	case e.Status == http.StatusUnauthorized && e.HasToken:
-		return fmt.Sprintf("the Hub refused HF_TOKEN for dataset %s (%s): the token is invalid or expired; set HF_TOKEN to a token from %s of an account that may read %s",
-			e.Repo, said, e.Tokens, e.Page)
+		return fmt.Sprintf("the Hub refused %s for dataset %s (%s): the token is invalid or expired; set %s to a token from %s of an account that may read %s",
+			from, e.Repo, said, set, e.Tokens, e.Page)
 	case e.NotFound && !e.HasToken:
-		return fmt.Sprintf("dataset %s was not found on the Hub (%s) and HF_TOKEN is not set: check its name at %s; if it is private, set HF_TOKEN of an account that may read it",
-			e.Repo, said, e.Page)
+		return fmt.Sprintf("dataset %s was not found on the Hub (%s) and %s: check its name at %s; if it is private, set %s of an account that may read it",
+			e.Repo, said, e.TokenFrom.unset(), e.Page, set)
 	case !e.HasToken:
-		return fmt.Sprintf("dataset %s needs a token (%s) and HF_TOKEN is not set: set HF_TOKEN to a token from %s of an account that may read it, and accept its terms at %s if it is gated",
-			e.Repo, said, e.Tokens, e.Page)
+		return fmt.Sprintf("dataset %s needs a token (%s) and %s: set %s to a token from %s of an account that may read it, and accept its terms at %s if it is gated",
+			e.Repo, said, e.TokenFrom.unset(), set, e.Tokens, e.Page)
 	}
-	return fmt.Sprintf("the Hub refused HF_TOKEN for dataset %s (%s): if it is a fine-grained token, give it \"Read access to contents of all public gated repos you can access\" for a gated dataset, or read access to this one, at %s; else set HF_TOKEN to a token of an account that may read %s",
-		e.Repo, said, e.Tokens, e.Page)
+	return fmt.Sprintf("the Hub refused %s for dataset %s (%s): if it is a fine-grained token, give it \"Read access to contents of all public gated repos you can access\" for a gated dataset, or read access to this one, at %s; else set %s to a token of an account that may read %s",
+		from, e.Repo, said, e.Tokens, set, e.Page)
 }
 
 // BadInput marks the error as the user's to fix.
@@ -584,6 +642,8 @@ type RepoNotFoundError struct {
 	Page     string // the dataset's page
 	Status   int    // the answer's: 404 from the Hub itself
 	HasToken bool
+	// TokenFrom names what gave the token, or gave none.
+	TokenFrom TokenSource
 	// Commit, where set, is the commit of the dataset that the download
 	// was planned at: the dataset was there then, and was deleted, renamed
 	// or made private since.
@@ -594,9 +654,9 @@ func (e *RepoNotFoundError) Error() string {
 	if e.Commit == "" {
 		return fmt.Sprintf("dataset %s was not found on %s: check its name at %s", e.Repo, e.Endpoint, e.Page)
 	}
-	token := "that HF_TOKEN is of an account that may read it"
+	token := "that " + e.TokenFrom.said() + " holds a token of an account that may read it"
 	if !e.HasToken {
-		token = "set HF_TOKEN to a token of an account that may read it"
+		token = "set " + e.TokenFrom.Setting() + " to a token of an account that may read it"
 	}
 	return fmt.Sprintf("dataset %s is no longer found on %s (%d RepoNotFound), where commit %s was planned: it was deleted, renamed or made private since; check its name at %s and, if it is private, %s; then run the ingest again (sched enqueue ingest, or sched ingest --direct) to plan it under its name",
 		e.Repo, e.Endpoint, e.Status, e.Commit, e.Page, token)

@@ -44,7 +44,7 @@ func (c *Client) ResolveRevision(ctx context.Context, repo, rev string) (string,
 	// The Hub lists a gated dataset's files for all and refuses only their
 	// downloads: without a token, say so before an ingest is planned.
 	if g, ok := info.Gated.(string); ok && g != "" && c.cfg.Token == "" {
-		return "", &GatedError{Repo: repo, Page: c.DatasetPage(repo)}
+		return "", &GatedError{Repo: repo, Page: c.DatasetPage(repo), TokenFrom: c.cfg.TokenFrom}
 	}
 	return info.SHA, nil
 }

@@ -185,6 +185,17 @@ func (e *filledError) Unwrap() error { return e.Err }
 // measure of the room the shard needed.
 type countedPuts struct{ *store.Local }
 
+// CountPuts is s, where s is a local object store, with its puts that
+// fill the disk saying how far they got, so that a shard that fills it
+// says how much of it had been written; any other store is returned as it
+// is (an S3 server's disk is not this machine's).
+func CountPuts(s store.Store) store.Store {
+	if l, ok := s.(*store.Local); ok {
+		return countedPuts{l}
+	}
+	return s
+}
+
 func (s countedPuts) Put(ctx context.Context, key string, r io.Reader, size int64) error {
 	c := &putCount{r: r}
 	err := s.Local.Put(ctx, key, c, size)

@@ -82,6 +82,11 @@ func (c *Ingest) resolve() (*Ingest, error) {
 	if r.Pipeline.Tokenizing == nil {
 		r.Pipeline.Tokenizing = semaphore.NewWeighted(int64(ingest.DefaultTokenizing()))
 	}
+	// A shard that fills the disk of a local object store (no S3
+	// endpoint) says how much of it had been written, as a direct ingest
+	// does: the room free once its partial file is removed is no measure
+	// of what it needed.
+	r.Pipeline.Objects = ingest.CountPuts(r.Pipeline.Objects)
 	if r.Tokenizers == nil {
 		r.Tokenizers = catalog.New(r.Pipeline.Objects, r.Pipeline.DataDir)
 	}
@@ -363,7 +368,10 @@ func (c *Ingest) plan(ctx context.Context, a scheduler.IngestPlan) error {
 		rep.Report(ctx, float64(i+1)/float64(len(res.Shards)), float64(i+1)/max(time.Since(start).Seconds(), 1e-3), "tasks",
 			fmt.Sprintf("%s at %s: queued %d of %d files", a.Dataset, res.Revision, i+1, len(res.Shards)))
 	}
-	msg := fmt.Sprintf("%s at %s: %d files planned into store %s: %d queued, %d already queued, %d already in the store",
+	// The store's status lists the files appended and those recorded as
+	// skipped whole as one (res.Done): a file skipped for its bytes holds
+	// none of them in the store, so the count names both.
+	msg := fmt.Sprintf("%s at %s: %d files planned into store %s: %d queued, %d already queued, %d already appended or skipped in the store",
 		a.Dataset, res.Revision, res.Files, a.Store, queued, dups, res.Done)
 	if res.Same > 0 {
 		msg += fmt.Sprintf(", %d with the same content as another of its files (one shard holds it)", res.Same)

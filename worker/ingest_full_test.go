@@ -215,7 +215,7 @@ func TestIngestReadsNoMoreFilesOnceTheStoreIsFull(t *testing.T) {
 		plan.Limits = ingest.Limits{MaxTokens: 10 * perFile}
 		id = e.enqueue(plan)
 		ts := e.waitFor(id, time.Minute, "completed", state("completed"))
-		if !strings.Contains(ts.Progress.Message, "6 queued") || !strings.Contains(ts.Progress.Message, "2 already in the store") {
+		if !strings.Contains(ts.Progress.Message, "6 queued") || !strings.Contains(ts.Progress.Message, "2 already appended or skipped in the store") {
 			t.Fatalf("%s: plan at a larger limit: %q", c.name, ts.Progress.Message)
 		}
 		e.waitDrained(2 * time.Minute)

@@ -520,7 +520,7 @@ func TestIngestThroughTheQueue(t *testing.T) {
 	id = e.enqueue(plan)
 	ts = e.waitFor(id, time.Minute, "completed", state("completed"))
 	if !strings.Contains(ts.Progress.Message, "9 files planned") || !strings.Contains(ts.Progress.Message, "1 queued") ||
-		!strings.Contains(ts.Progress.Message, "8 already in the store") {
+		!strings.Contains(ts.Progress.Message, "8 already appended or skipped in the store") {
 		t.Fatalf("re-plan progress: %q", ts.Progress.Message)
 	}
 	e.waitDrained(time.Minute)
@@ -938,19 +938,19 @@ func TestIngestLocalFilesByContentThroughTheQueue(t *testing.T) {
 		}
 		e.waitDrained(time.Minute)
 	}
-	plan(filepath.Join(root, "*"), "4 queued, 0 already queued, 0 already in the store")
+	plan(filepath.Join(root, "*"), "4 queued, 0 already queued, 0 already appended or skipped in the store")
 	m1, err := tokens.ReadManifest(filepath.Join(storesDir, ingestStore))
 	if err != nil || len(m1.Shards) != 3 || len(m1.Skipped) != 1 {
 		t.Fatalf("first ingest: %+v, %v; want 3 shards and the cut file skipped", m1, err)
 	}
-	plan(root+"/./*.jsonl", "3 files planned into store corpus: 0 queued, 0 already queued, 3 already in the store")
-	plan(root+"//*", "4 files planned into store corpus: 0 queued, 0 already queued, 4 already in the store")
+	plan(root+"/./*.jsonl", "3 files planned into store corpus: 0 queued, 0 already queued, 3 already appended or skipped in the store")
+	plan(root+"//*", "4 files planned into store corpus: 0 queued, 0 already queued, 4 already appended or skipped in the store")
 	if m2, _ := tokens.ReadManifest(filepath.Join(storesDir, ingestStore)); m2.Tokens != m1.Tokens || len(m2.Shards) != 3 {
 		t.Fatalf("another spelling changed the store: %d tokens in %d shards, was %d", m2.Tokens, len(m2.Shards), m1.Tokens)
 	}
 
 	os.WriteFile(corrupt, z.Bytes(), 0o644)
-	plan(filepath.Join(root, "*"), "1 queued, 0 already queued, 3 already in the store")
+	plan(filepath.Join(root, "*"), "1 queued, 0 already queued, 3 already appended or skipped in the store")
 	got, m3 := ingestStoreDocs(t, e.tok, filepath.Join(storesDir, ingestStore))
 	want = append(want, late...)
 	slices.Sort(got)
@@ -964,7 +964,7 @@ func TestIngestLocalFilesByContentThroughTheQueue(t *testing.T) {
 	for _, name := range []string{"d1.jsonl", "d2.jsonl"} {
 		os.WriteFile(filepath.Join(root, name), []byte(`{"text":"the same document twice"}`+"\n"), 0o644)
 	}
-	plan(filepath.Join(root, "*"), "6 files planned into store corpus: 1 queued, 0 already queued, 4 already in the store, 1 with the same content as another of its files")
+	plan(filepath.Join(root, "*"), "6 files planned into store corpus: 1 queued, 0 already queued, 4 already appended or skipped in the store, 1 with the same content as another of its files")
 	if m4, _ := tokens.ReadManifest(filepath.Join(storesDir, ingestStore)); len(m4.Shards) != 5 {
 		t.Fatalf("two files of the same bytes made %d shards, want 1 (5 in all)", len(m4.Shards)-4)
 	}

@@ -1054,8 +1054,11 @@ func Settings(r runs.Run, rc trainer.RunConfig, computed string, recs []results.
 	for _, m := range r.RunConfig.Mixture {
 		mix = append(mix, fmt.Sprintf("%s %.0f%%", m.Store, 100*m.Weight/totalWeight(r.RunConfig.Mixture)))
 	}
-	return []results.Setting{
-		{Key: "model", Value: rc.Model},
+	settings := []results.Setting{{Key: "model", Value: rc.Model}}
+	if moe := experts(rc); moe != "" {
+		settings = append(settings, results.Setting{Key: "moe", Value: moe})
+	}
+	return append(settings, []results.Setting{
 		{Key: "seq x batch x accumulate", Value: fmt.Sprintf("%d x %d x %d = %d tokens/step", rc.Seq, rc.Batch, rc.Accumulate, rc.TokensPerStep())},
 		{Key: "total steps", Value: strconv.Itoa(rc.TotalSteps)},
 		{Key: "lr", Value: fmt.Sprintf("%g, warmup %d, cosine to %gx", rc.LR, rc.Warmup, rc.FloorOr())},
@@ -1066,7 +1069,23 @@ func Settings(r runs.Run, rc trainer.RunConfig, computed string, recs []results.
 		{Key: "gpus", Value: gpusTrained(rc, recs)},
 		{Key: "checkpoint every", Value: fmt.Sprintf("%d steps (keep last %d, every %d)", rc.CheckpointEvery, r.Retention.KeepLast, r.Retention.KeepEvery)},
 		{Key: "segment", Value: fmt.Sprintf("max %d steps, max %v", r.Segment.MaxSteps, r.Segment.MaxDuration)},
+	}...)
+}
+
+// experts says a run's mixture of experts as its model trained with it,
+// absent fields at their defaults ("4 experts, top 2, d_ff 176, aux_coef
+// 0.02"), or "" for a dense run: the model's name alone reads as its
+// dense preset.
+func experts(rc trainer.RunConfig) string {
+	if rc.MoE == nil {
+		return ""
 	}
+	mc, err := rc.ModelConfig()
+	if err != nil || mc.Experts == 0 {
+		// A model this build has no preset of: what the run asked.
+		return rc.MoE.String()
+	}
+	return fmt.Sprintf("%d experts, top %d, d_ff %d, aux_coef %g", mc.Experts, mc.ExpertsPerTok, mc.Intermediate, mc.RouterAuxCoef)
 }
 
 // gpusTrained is how many GPUs the run trained on, as its logged steps

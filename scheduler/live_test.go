@@ -101,3 +101,62 @@ func TestTasksQueuedAfterRedisLostItsDataAreFound(t *testing.T) {
 		t.Errorf("Find(%s) after the data loss: %+v, %v", id, ts, err)
 	}
 }
+
+// While a real worker takes tasks from pending to active and to completed,
+// some failing once into retry and back, a snapshot lists every task once,
+// whatever moved while it read the lists. Read in another order (active
+// before pending) it missed a shard that started in between, and the
+// file's line read done, as one whose shard had found it in the store,
+// before its append had run.
+func TestSnapshotMissesNoTaskOnTheMove(t *testing.T) {
+	c, opt := newTestClient(t)
+	ctx := context.Background()
+
+	const total = 150
+	for i := range total {
+		if _, err := c.Enqueue(ctx, IngestShard{Dataset: "d", Path: fmt.Sprintf("data/%03d.parquet", i), Store: "s", Tokenizer: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var done atomic.Int64
+	var mu sync.Mutex
+	failed := map[string]bool{}
+	srv := asynq.NewServer(opt, asynq.Config{Concurrency: 1, Queues: map[string]int{QueueIngest: 1}, LogLevel: asynq.FatalLevel,
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 4 * time.Second },
+		TaskCheckInterval:        time.Millisecond,
+		DelayedTaskCheckInterval: 10 * time.Millisecond})
+	if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		first := !failed[id] && len(failed) < total/3 && id[len(id)-1]%2 == 0
+		if first {
+			failed[id] = true
+		}
+		mu.Unlock()
+		if first {
+			return errors.New("fails once")
+		}
+		done.Add(1)
+		return nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+
+	snaps := 0
+	for done.Load() < total {
+		s, err := c.SnapshotOf(ctx, QueueIngest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]int{}
+		for _, ts := range s.Tasks {
+			seen[ts.ID]++
+		}
+		if len(seen) != total || len(s.Tasks) != total {
+			t.Fatalf("snapshot %d lists %d tasks, %d of them once or more; want each of %d once", snaps, len(s.Tasks), len(seen), total)
+		}
+		snaps++
+	}
+	t.Logf("%d snapshots while %d tasks ran, %d failing once", snaps, total, len(failed))
+}

@@ -109,16 +109,22 @@ func (c *Client) SnapshotOf(ctx context.Context, queues ...string) (*Snapshot, e
 		qs.Pending, qs.Active, qs.Scheduled = info.Pending, info.Active, info.Scheduled
 		qs.Retry, qs.Archived, qs.Completed, qs.Paused = info.Retry, info.Archived, info.Completed, info.Paused
 		qs.Size = qs.Pending + qs.Active + qs.Scheduled + qs.Retry
+		// The lists in the way tasks move (liveLists'), then those a
+		// running task ends in: a task that moves while they are read is
+		// found at a later read, and one found twice is taken as the last
+		// read found it. Read active before pending, a shard that started
+		// in between was missed, and its file, with no shard and no append,
+		// read as one its shard had found in the store: done.
 		var infos []*asynq.TaskInfo
-		for _, list := range []lister{c.insp.ListActiveTasks, c.insp.ListPendingTasks, c.insp.ListScheduledTasks,
-			c.insp.ListRetryTasks, c.insp.ListArchivedTasks, c.insp.ListCompletedTasks} {
+		for _, list := range []lister{c.insp.ListRetryTasks, c.insp.ListScheduledTasks, c.insp.ListPendingTasks,
+			c.insp.ListActiveTasks, c.insp.ListRetryTasks, c.insp.ListArchivedTasks, c.insp.ListCompletedTasks} {
 			tis, err := allPages(list, q)
 			if err != nil {
 				return nil, err
 			}
 			infos = append(infos, tis...)
 		}
-		tasks, err := c.taskStatuses(ctx, infos)
+		tasks, err := c.taskStatuses(ctx, lastRead(infos))
 		if err != nil {
 			return nil, err
 		}
@@ -149,6 +155,22 @@ func (c *Client) SnapshotOf(ctx context.Context, queues ...string) (*Snapshot, e
 		}
 	}
 	return s, nil
+}
+
+// lastRead is infos with each task once, as its last read found it, in the
+// order of those reads.
+func lastRead(infos []*asynq.TaskInfo) []*asynq.TaskInfo {
+	last := make(map[string]int, len(infos))
+	for i, ti := range infos {
+		last[ti.ID] = i
+	}
+	out := infos[:0:0]
+	for i, ti := range infos {
+		if last[ti.ID] == i {
+			out = append(out, ti)
+		}
+	}
+	return out
 }
 
 // taskStatuses converts infos, reading their progress records and, for

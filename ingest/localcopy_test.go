@@ -339,7 +339,7 @@ func TestEveryFormatOfALocalFileChangedWhileReadIsNotStored(t *testing.T) {
 // and what to do, and stores nothing of it.
 func TestAFullDiskUnderALocalFilesCopySaysWhatToDo(t *testing.T) {
 	t.Parallel()
-	disk := smallDisk(t, 64<<10)
+	disk := testsvc.SmallDisk(t, 64<<10)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "big.jsonl")
 	if err := os.WriteFile(path, changedJSONL(0, 200), 0o644); err != nil {

@@ -6,26 +6,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
+	"github.com/kiln-lm/kiln/internal/bytesize"
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/tokens"
 )
-
-// smallDisk mounts a tmpfs of size bytes on a new directory, for a full
-// disk; the test is skipped where this process may not mount one.
-func smallDisk(t *testing.T, size int64) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Skipf("a full disk needs a tmpfs of its own, and mounting one failed: %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
 
 // A direct ingest into a store on a disk that fills up, as it writes a
 // shard's tokens or the manifest that commits them, stops naming the
@@ -42,7 +33,7 @@ func TestADirectIngestOnAFullDiskSaysWhatItNeeds(t *testing.T) {
 }
 
 func testFullDisk(t *testing.T, size int64) {
-	disk := smallDisk(t, size)
+	disk := testsvc.SmallDisk(t, size)
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "src"), 0o755); err != nil {
 		t.Fatal(err)
@@ -114,7 +105,7 @@ func testFullDisk(t *testing.T, size int64) {
 // append does, where it was the bare error of the write.
 func TestAFullDiskUnderTheShardsSaysWhatToDo(t *testing.T) {
 	t.Parallel()
-	disk := smallDisk(t, 64<<10)
+	disk := testsvc.SmallDisk(t, 64<<10)
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "src"), 0o755); err != nil {
 		t.Fatal(err)
@@ -138,5 +129,20 @@ func TestAFullDiskUnderTheShardsSaysWhatToDo(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no space left on the disk of "+disk) || !strings.Contains(err.Error(), "for the shard of ") ||
 		!strings.Contains(err.Error(), "(free there: ") || !strings.Contains(err.Error(), "run the ingest again") {
 		t.Fatalf("an ingest whose shards fill their disk: %v; want the directory, the shard and what to do named", err)
+	}
+	// How much of the shard had been written when the disk filled, and
+	// that its partial file is gone: the room free after that is the
+	// partial file's, where the message showed it alone and the disk
+	// looked nearly empty.
+	m := regexp.MustCompile(`for the shard of \S+: the disk filled once at least (.+?) of it had been written, so it needs more room than that \(free there: (.+?), with its partial file since removed\)`).FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Fatalf("a shard that fills its disk: %v; want how much of it had been written, and that its partial file is removed", err)
+	}
+	const size = 64 << 10
+	if written, err := bytesize.Parse(m[1]); err != nil || written <= 0 || written > size {
+		t.Fatalf("the shard had written %q (%d) of a %d KiB disk when it filled: %v", m[1], written, size>>10, err)
+	}
+	if free, err := bytesize.Parse(m[2]); err != nil || free > size {
+		t.Fatalf("free there: %q (%d, %v)", m[2], free, err)
 	}
 }

@@ -23,37 +23,7 @@ func TestLiveIngestMissesNoTaskOnTheMove(t *testing.T) {
 	ctx := context.Background()
 
 	const total = 150
-	for i := range total {
-		if _, err := c.Enqueue(ctx, IngestShard{Dataset: "d", Path: fmt.Sprintf("data/%03d.parquet", i), Store: "s", Tokenizer: "t"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var done atomic.Int64
-	var mu sync.Mutex
-	failed := map[string]bool{}
-	srv := asynq.NewServer(opt, asynq.Config{Concurrency: 1, Queues: map[string]int{QueueIngest: 1}, LogLevel: asynq.FatalLevel,
-		// The shortest back-off any kind has (5 s less its jitter): a failed
-		// task waits in retry before it is pending again.
-		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 4 * time.Second },
-		TaskCheckInterval:        time.Millisecond,
-		DelayedTaskCheckInterval: 10 * time.Millisecond})
-	if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
-		id, _ := asynq.GetTaskID(ctx)
-		mu.Lock()
-		first := !failed[id] && len(failed) < total/3 && id[len(id)-1]%2 == 0
-		if first {
-			failed[id] = true
-		}
-		mu.Unlock()
-		if first {
-			return errors.New("fails once")
-		}
-		done.Add(1)
-		return nil
-	})); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
+	done, failed := shardsOnTheMove(t, c, opt, total)
 
 	scans := 0
 	for done.Load() < total {
@@ -72,7 +42,7 @@ func TestLiveIngestMissesNoTaskOnTheMove(t *testing.T) {
 		}
 		scans++
 	}
-	t.Logf("%d scans while %d tasks ran, %d failing once", scans, total, len(failed))
+	t.Logf("%d scans while %d tasks ran, %d failing once", scans, total, failed())
 }
 
 // A worker's client that queued on a queue before Redis lost its data (a
@@ -113,15 +83,43 @@ func TestSnapshotMissesNoTaskOnTheMove(t *testing.T) {
 	ctx := context.Background()
 
 	const total = 150
+	done, failed := shardsOnTheMove(t, c, opt, total)
+
+	snaps := 0
+	for done.Load() < total {
+		s, err := c.SnapshotOf(ctx, QueueIngest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]int{}
+		for _, ts := range s.Tasks {
+			seen[ts.ID]++
+		}
+		if len(seen) != total || len(s.Tasks) != total {
+			t.Fatalf("snapshot %d lists %d tasks, %d of them once or more; want each of %d once", snaps, len(s.Tasks), len(seen), total)
+		}
+		snaps++
+	}
+	t.Logf("%d snapshots while %d tasks ran, %d failing once", snaps, total, failed())
+}
+
+// shardsOnTheMove queues total ingest shards and starts a real worker that
+// takes them from pending to active and to completed, a third of them
+// failing once into retry and back: it returns how many have succeeded,
+// and how many failed once.
+func shardsOnTheMove(t *testing.T, c *Client, opt asynq.RedisConnOpt, total int) (done *atomic.Int64, failedOnce func() int) {
+	t.Helper()
 	for i := range total {
-		if _, err := c.Enqueue(ctx, IngestShard{Dataset: "d", Path: fmt.Sprintf("data/%03d.parquet", i), Store: "s", Tokenizer: "t"}); err != nil {
+		if _, err := c.Enqueue(context.Background(), IngestShard{Dataset: "d", Path: fmt.Sprintf("data/%03d.parquet", i), Store: "s", Tokenizer: "t"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var done atomic.Int64
+	done = new(atomic.Int64)
 	var mu sync.Mutex
 	failed := map[string]bool{}
 	srv := asynq.NewServer(opt, asynq.Config{Concurrency: 1, Queues: map[string]int{QueueIngest: 1}, LogLevel: asynq.FatalLevel,
+		// The shortest back-off any kind has (5 s less its jitter): a failed
+		// task waits in retry before it is pending again.
 		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return 4 * time.Second },
 		TaskCheckInterval:        time.Millisecond,
 		DelayedTaskCheckInterval: 10 * time.Millisecond})
@@ -141,22 +139,6 @@ func TestSnapshotMissesNoTaskOnTheMove(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Shutdown()
-
-	snaps := 0
-	for done.Load() < total {
-		s, err := c.SnapshotOf(ctx, QueueIngest)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seen := map[string]int{}
-		for _, ts := range s.Tasks {
-			seen[ts.ID]++
-		}
-		if len(seen) != total || len(s.Tasks) != total {
-			t.Fatalf("snapshot %d lists %d tasks, %d of them once or more; want each of %d once", snaps, len(s.Tasks), len(seen), total)
-		}
-		snaps++
-	}
-	t.Logf("%d snapshots while %d tasks ran, %d failing once", snaps, total, len(failed))
+	t.Cleanup(srv.Shutdown)
+	return done, func() int { mu.Lock(); defer mu.Unlock(); return len(failed) }
 }

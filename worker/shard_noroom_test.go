@@ -14,9 +14,9 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/klauspost/compress/zstd"
-	"golang.org/x/sys/unix"
 
 	"github.com/kiln-lm/kiln/internal/bytesize"
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
 	"github.com/kiln-lm/kiln/store"
 	"github.com/kiln-lm/kiln/tokenizer"
@@ -46,18 +46,6 @@ func newLocalIngestEnv(t *testing.T, objects string) *ingestEnv {
 	return e
 }
 
-// smallDisk is a directory on a tmpfs of size bytes of its own: a disk
-// that fills.
-func smallDisk(t *testing.T, size int64) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", size)); err != nil {
-		t.Skipf("a full disk needs a tmpfs of its own, and mounting one failed: %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
 // A queued shard whose tokens fill the disk of a worker's local object
 // store says how much of it had been written when the disk filled, and
 // that its partial file is gone, as a direct ingest does: the room free
@@ -65,7 +53,7 @@ func smallDisk(t *testing.T, size int64) string {
 // message showed it alone and the disk looked nearly empty.
 func TestAQueuedShardThatFillsALocalObjectStoreSaysHowMuchItHadWritten(t *testing.T) {
 	const size = 128 << 10
-	objects := smallDisk(t, size)
+	objects := testsvc.SmallDisk(t, size)
 	e := newLocalIngestEnv(t, objects)
 	root := t.TempDir()
 	// Compressed, the file is a few KiB; its tokens are far more than the

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kiln-lm/kiln/internal/testsvc"
 )
 
 // sched demo on a disk with less free than its training keeps free is
@@ -13,7 +15,7 @@ import (
 // would fail only after them, advising a runs file the demo does not read).
 func TestDemoOnADiskWithoutRoomIsRefusedFirst(t *testing.T) {
 	t.Parallel()
-	dir := filepath.Join(mountSmallDisk(t, "20M"), "demo")
+	dir := filepath.Join(testsvc.SmallDisk(t, 20<<20), "demo")
 	out, errOut, code := sched(t, nil, "demo", "--dir", dir, "--duration", "5s")
 	lines := strings.Split(strings.TrimSpace(errOut), "\n")
 	if code != exitBadInput || len(lines) != 1 || !strings.Contains(errOut, "--dir "+dir+": its disk has ") ||

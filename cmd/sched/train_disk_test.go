@@ -9,23 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/trainer"
 )
-
-// mountSmallDisk mounts a tmpfs of size (mount's size= option) on a fresh
-// directory, unmounted at the end of the test; the test is skipped where
-// this user may not mount one.
-func mountSmallDisk(t *testing.T, size string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
-		t.Skipf("a full disk needs a tmpfs mounted on %s, which this user may not mount: %v", dir, err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
 
 // metricsSteps is the step of every line of a metrics.jsonl, in order,
 // repeats kept.
@@ -69,7 +55,7 @@ func TestTrainOnAFullDiskResumesOnceSpaceIsFreed(t *testing.T) {
 
 	// A checkpoint of the tiny model is about 4.1 MiB: two fit, the third
 	// (step 6) does not.
-	out := filepath.Join(mountSmallDisk(t, "10m"), "run")
+	out := filepath.Join(testsvc.SmallDisk(t, 10<<20), "run")
 	text, err := runTrainCmd(append(args, "--out", out)...)
 	if err == nil || !strings.Contains(err.Error(), "no space left on device") ||
 		!strings.Contains(err.Error(), "the disk of "+out+" has ") || !strings.Contains(err.Error(), "free and a checkpoint of this model takes about") {

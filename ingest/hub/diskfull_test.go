@@ -3,7 +3,6 @@ package hub_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,9 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/kiln-lm/kiln/ingest/hub"
+	"github.com/kiln-lm/kiln/internal/testsvc"
 )
 
 // A download whose file cannot take its bytes (a full disk) fails at once
@@ -38,12 +36,7 @@ func TestADownloadOntoAFullDiskFailsAtOnce(t *testing.T) {
 			return dst
 		}},
 		{"tmpfs", func(t *testing.T) string {
-			dir := t.TempDir()
-			if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%d", 64<<10)); err != nil {
-				t.Skipf("a full disk needs a tmpfs of its own, and mounting one failed: %v", err)
-			}
-			t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-			return filepath.Join(dir, "a.parquet")
+			return filepath.Join(testsvc.SmallDisk(t, 64<<10), "a.parquet")
 		}},
 	}
 	for _, disk := range disks {

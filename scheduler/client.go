@@ -24,6 +24,10 @@ type Client struct {
 	c    *asynq.Client
 	insp *asynq.Inspector
 	rdb  redis.UniversalClient
+	// listed, where a test sets it, is called after each of a queue's
+	// lists is read by a snapshot or a scan of live work, with the
+	// list's state: what moves in between is the test's to make.
+	listed func(queue, state string)
 }
 
 // NewClient connects to the queue's Redis. It does not dial until used;

@@ -19,18 +19,23 @@ import (
 // pending when due, a pending one active), then the retries again, for an
 // active task that failed in between: it waits out its back-off (seconds
 // at least, for every kind) in retry, so it cannot be pending again before
-// that last read. A task that moves while the lists are read is found at a
-// later read; one found twice counts once.
+// that last read. Then pending and active again, for a task queued by one
+// that ended while they were read (a plan's shard, a segment's next): born
+// pending after the first read of pending, with the one that queued it
+// gone from active by the read of active, it was found at no read. A task
+// that moves while the lists are read is found at a later read; one found
+// twice counts once.
 func (c *Client) liveLists() []liveList {
 	return []liveList{
-		{c.insp.ListRetryTasks, false}, {c.insp.ListScheduledTasks, false}, {c.insp.ListPendingTasks, false},
-		{c.insp.ListActiveTasks, true}, {c.insp.ListRetryTasks, false},
+		{c.insp.ListRetryTasks, "retry"}, {c.insp.ListScheduledTasks, "scheduled"}, {c.insp.ListPendingTasks, "pending"},
+		{c.insp.ListActiveTasks, "active"}, {c.insp.ListRetryTasks, "retry"},
+		{c.insp.ListPendingTasks, "pending"}, {c.insp.ListActiveTasks, "active"},
 	}
 }
 
 type liveList struct {
-	list   func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error)
-	active bool
+	list  func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error)
+	state string
 }
 
 // liveScanLimit bounds how long one reading of the lists may take: under
@@ -76,13 +81,16 @@ func (c *Client) scanLive(ctx context.Context, queue string, kinds map[string]bo
 					continue
 				}
 				seen[ti.ID] = true
-				if first == nil || l.active && !firstActive {
-					first, firstActive = ti, l.active
+				if active := l.state == "active"; first == nil || active && !firstActive {
+					first, firstActive = ti, active
 				}
 			}
 			if len(tasks) < page {
 				break
 			}
+		}
+		if c.listed != nil {
+			c.listed(queue, l.state)
 		}
 	}
 	return len(seen), first, nil

@@ -142,3 +142,82 @@ func shardsOnTheMove(t *testing.T, c *Client, opt asynq.RedisConnOpt, total int)
 	t.Cleanup(srv.Shutdown)
 	return done, func() int { mu.Lock(); defer mu.Unlock(); return len(failed) }
 }
+
+// A task queued by one that ends while the lists are read (a plan's
+// shard, a segment's next) is found by a snapshot and by a scan of live
+// work: born pending after pending was read, with the task that queued it
+// gone from active by the time active was read, it was found at no read,
+// and status read the plan's store as holding every file, the run as
+// stopped, and a run waiting for its stores could have started.
+func TestATaskQueuedByOneThatEndsWhileTheListsAreReadIsFound(t *testing.T) {
+	for _, scan := range []string{"snapshot", "live"} {
+		t.Run(scan, func(t *testing.T) {
+			c, opt := newTestClient(t)
+			ctx := context.Background()
+			started, release, stop := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			t.Cleanup(func() { close(stop) })
+			srv := asynq.NewServer(opt, asynq.Config{Concurrency: 1, Queues: map[string]int{QueueIngest: 1}, LogLevel: asynq.FatalLevel})
+			if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+				a, err := Decode[IngestShard](task.Payload())
+				if err != nil || a.Path != "parent" {
+					<-stop
+					return nil
+				}
+				close(started)
+				<-release
+				_, err = c.Enqueue(ctx, IngestShard{Dataset: "d", Path: "child", Store: "s", Tokenizer: "t"})
+				return err
+			})); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(srv.Shutdown)
+			parent, err := c.Enqueue(ctx, IngestShard{Dataset: "d", Path: "parent", Store: "s", Tokenizer: "t"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-started
+			// No worker takes the child while the lists are read: it
+			// stays pending.
+			if err := c.insp.PauseQueue(QueueIngest); err != nil {
+				t.Fatal(err)
+			}
+			once := false
+			c.listed = func(q, state string) {
+				if state != "pending" || once {
+					return
+				}
+				once = true
+				close(release)
+				for {
+					ti, err := c.insp.GetTaskInfo(QueueIngest, parent.ID)
+					if err == nil && ti.State == asynq.TaskStateCompleted {
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			switch scan {
+			case "snapshot":
+				s, err := c.SnapshotOf(ctx, QueueIngest)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []string
+				for _, ts := range s.Tasks {
+					got = append(got, ts.ID+" "+ts.State)
+				}
+				if len(s.Tasks) != 2 {
+					t.Fatalf("the snapshot lists %v; want the parent completed and the child it queued", got)
+				}
+			case "live":
+				n, err := c.LiveIngest(ctx, "s")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n != 1 {
+					t.Fatalf("live ingest counts %d tasks; want the child the parent queued as it ended", n)
+				}
+			}
+		})
+	}
+}

@@ -109,20 +109,29 @@ func (c *Client) SnapshotOf(ctx context.Context, queues ...string) (*Snapshot, e
 		qs.Pending, qs.Active, qs.Scheduled = info.Pending, info.Active, info.Scheduled
 		qs.Retry, qs.Archived, qs.Completed, qs.Paused = info.Retry, info.Archived, info.Completed, info.Paused
 		qs.Size = qs.Pending + qs.Active + qs.Scheduled + qs.Retry
-		// The lists in the way tasks move (liveLists'), then those a
-		// running task ends in: a task that moves while they are read is
-		// found at a later read, and one found twice is taken as the last
-		// read found it. Read active before pending, a shard that started
-		// in between was missed, and its file, with no shard and no append,
-		// read as one its shard had found in the store: done.
+		// The lists in the way tasks move (liveLists'), with those a
+		// running task ends in before pending and active are read again:
+		// a task that moves while they are read is found at a later read,
+		// and one found twice is taken as the last read found it. Read
+		// active before pending, a shard that started in between was
+		// missed, and its file, with no shard and no append, read as one
+		// its shard had found in the store: done; read without the last
+		// two, a plan that ended while they were read showed without the
+		// shard it had queued ("nothing to ingest"), and a segment without
+		// its next (the run "stopped").
 		var infos []*asynq.TaskInfo
-		for _, list := range []lister{c.insp.ListRetryTasks, c.insp.ListScheduledTasks, c.insp.ListPendingTasks,
-			c.insp.ListActiveTasks, c.insp.ListRetryTasks, c.insp.ListArchivedTasks, c.insp.ListCompletedTasks} {
-			tis, err := allPages(list, q)
+		for _, l := range []liveList{{c.insp.ListRetryTasks, "retry"}, {c.insp.ListScheduledTasks, "scheduled"},
+			{c.insp.ListPendingTasks, "pending"}, {c.insp.ListActiveTasks, "active"}, {c.insp.ListRetryTasks, "retry"},
+			{c.insp.ListArchivedTasks, "archived"}, {c.insp.ListCompletedTasks, "completed"},
+			{c.insp.ListPendingTasks, "pending"}, {c.insp.ListActiveTasks, "active"}} {
+			tis, err := allPages(l.list, q)
 			if err != nil {
 				return nil, err
 			}
 			infos = append(infos, tis...)
+			if c.listed != nil {
+				c.listed(q, l.state)
+			}
 		}
 		tasks, err := c.taskStatuses(ctx, lastRead(infos))
 		if err != nil {

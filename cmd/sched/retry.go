@@ -54,7 +54,7 @@ also re-queues what failed in it.`,
 					// would say it queued work that no worker does.
 					return badInput("task %s was queued by an older kiln (payload version %d; this build reads version %d), and a retry queues the same payload, which this build's workers refuse: "+
 						"enqueue the work again with the sched enqueue command that queued it (an ingest queues only the files its store lacks; a run resumes from its checkpoint). "+
-						"Where this build's own enqueue queued the work, a worker of an older build still serves a queue: upgrade every worker ('sched status' marks, under WORKERS, each of another build), then enqueue it again",
+						"Where this build's own enqueue queued the work, a worker of an older build still serves a queue: upgrade every worker ('sched status' marks, under WORKERS, each of other task formats), then enqueue it again",
 						ti.ID, v, want)
 				}
 			}

@@ -42,7 +42,8 @@ func init() {
   sched status --watch --interval 10s
   sched status train:segment:8258cc948f28b3fc7610`,
 		Long: `status shows the queues' sizes, the worker processes that heartbeat (each
-with its build, marked where it is not status's own: upgrade it), each
+with its build, marked where its task formats are not status's own:
+upgrade it, or status where the worker's are newer), each
 running task with its progress, rate and ETA, each dataset's ingest (files
 done of total, bytes, rate, ETA, or the --max-tokens or --max-disk it
 stopped at), each training run (step, loss, tok/s over about its last
@@ -442,21 +443,21 @@ type storedCache struct {
 
 // buildSays is what a worker's line in WORKERS says of its build, b (ok:
 // it publishes one), beside this sched's, mine; other is set where the
-// worker is marked to upgrade. A worker of another build queues work at
-// its payload versions, which the workers of this one refuse as an older
-// or a newer kiln's, and reads theirs likewise; one that publishes none
-// is a kiln older than this. Where its payloads are all newer than this
-// sched's, this sched is the one to upgrade; where they are the same the
-// builds do not say which is older. While Redis is full it refuses the
-// builds' writes too, so a missing one says nothing of the worker.
+// worker is marked to upgrade. What marks it is its task formats (payload
+// versions): a worker of others queues work that the workers of this one
+// refuse, and refuses theirs. A build of the same formats is only named:
+// an image built without its commit (compose's, "dev (commit unknown)")
+// beside a sched built from a checkout, or a patch release, works with
+// this one. One that publishes none is a kiln older than this. Where its
+// formats are all newer than this sched's, this sched, and the workers of
+// its build, are the older. While Redis is full it refuses the builds'
+// writes too, so a missing one says nothing of the worker.
 func buildSays(b worker.Build, ok bool, mine worker.Build, redisFull bool) (said string, other bool) {
 	switch {
 	case !ok && redisFull:
 		return "build unknown", false
 	case !ok:
-		return "build unknown (a kiln older than this sched's): upgrade it", true
-	case b.Same(mine):
-		return b.Short(), false
+		return "build unknown, a kiln older than this sched: upgrade it", true
 	}
 	var ps []string
 	newer := true
@@ -465,13 +466,11 @@ func buildSays(b worker.Build, ok bool, mine worker.Build, redisFull bool) (said
 		newer = newer && b.Payloads[k] > mine.Payloads[k]
 	}
 	if len(ps) == 0 {
-		return b.Short() + "  not this sched's build: upgrade it", true
+		return b.Short(), false
 	}
-	said = b.Short() + "  not this sched's build (payloads " + strings.Join(ps, "; ") + ")"
+	said = b.Short() + "  other task formats (" + strings.Join(ps, "; ") + ")"
 	if newer {
-		// Its payloads say which is the older: this sched, whose
-		// tasks that worker refuses.
-		return said + ": a newer kiln, upgrade this sched", true
+		return said + ": newer, upgrade this sched and the workers of its build", true
 	}
 	return said + ": upgrade it", true
 }
@@ -547,7 +546,7 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 		fmt.Fprintf(w, "%s  %s  %d running  up %s  %s\n", wp.Name, strings.Join(qs, ","), wp.Active, formatETA(now.Sub(wp.Started)), said)
 	}
 	if others {
-		fmt.Fprintf(w, "this sched is %s: upgrade the workers marked, or this sched, to one build (docs/operations.md, \"Upgrading kiln with work queued\")\n", mine)
+		fmt.Fprintf(w, "this sched is %s: workers of other task formats refuse each other's tasks; bring them to one build (docs/operations.md, \"Upgrading kiln with work queued\")\n", mine.Short())
 	}
 	// The machine whose disk holds the token stores: the one place the
 	// append queue is served from.

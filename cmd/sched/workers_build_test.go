@@ -43,7 +43,7 @@ func TestWorkersSayTheirBuildAndTheOtherBuildsToUpgrade(t *testing.T) {
 	child := startWorker(t, env, "--queues", "ingest=1")
 	childLine := regexp.QuoteMeta(host+":"+strconv.Itoa(child.Process.Pid)) + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta(mine.Short()) + `\n`
 	here := regexp.QuoteMeta(host + ":" + strconv.Itoa(os.Getpid()))
-	upgrade := "this sched is " + mine.String() + `: upgrade the workers marked, or this sched, to one build (docs/operations.md, "Upgrading kiln with work queued")`
+	upgrade := "this sched is " + mine.Short() + `: workers of other task formats refuse each other's tasks; bring them to one build (docs/operations.md, "Upgrading kiln with work queued")`
 
 	// Another build: its version, its commit, and one payload version.
 	other := worker.ThisBuild()
@@ -65,7 +65,7 @@ func TestWorkersSayTheirBuildAndTheOtherBuildsToUpgrade(t *testing.T) {
 	stop := sync.OnceValue(func() error { cancel(); return <-done })
 	t.Cleanup(func() { stop() })
 
-	otherLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta(fmt.Sprintf("v0.0.9 (commit 9f8e7d6c5b4a)  not this sched's build (payloads %s v%d, here v%d): upgrade it",
+	otherLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta(fmt.Sprintf("v0.0.9 (commit 9f8e7d6c5b4a)  other task formats (%s v%d, here v%d): upgrade it",
 		scheduler.KindIngestShard, other.Payloads[scheduler.KindIngestShard], mine.Payloads[scheduler.KindIngestShard])) + `\n`
 	out := waitOutput(t, env, regexp.MustCompile(`\nWORKERS\n(`+childLine+otherLine+`|`+otherLine+childLine+`)`), time.Minute, "status")
 	if !strings.Contains(out, "\n"+upgrade+"\n") {
@@ -92,17 +92,21 @@ func TestWorkersSayTheirBuildAndTheOtherBuildsToUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer old.Shutdown()
-	oldLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta("build unknown (a kiln older than this sched's): upgrade it") + `\n`
+	oldLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta("build unknown, a kiln older than this sched: upgrade it") + `\n`
 	out = waitOutput(t, env, regexp.MustCompile(`\nWORKERS\n(`+childLine+oldLine+`|`+oldLine+childLine+`)`), time.Minute, "status")
 	if !strings.Contains(out, "\n"+upgrade+"\n") {
 		t.Errorf("status with an old kiln's worker:\n%s\nwant the line %q", out, upgrade)
 	}
 }
 
-// A worker's build reads as this sched's, as another to upgrade, with the
-// kinds whose payload versions differ, as a newer kiln's where those are
-// all newer (this sched is then the older), and as unknown where it
-// publishes none, unmarked while Redis is full and refuses its writes.
+// A worker's build is named, and marked to upgrade where its task formats
+// (payload versions) differ from this sched's, with the kinds that do: as
+// the newer where those are all newer (this sched and the workers of its
+// build are then the older), and as unknown where it publishes none,
+// unmarked while Redis is full and refuses its writes. Another version or
+// commit of the same formats is not marked: compose's images, built
+// without their commit, beside a sched built from the same checkout, were
+// all marked to upgrade.
 func TestBuildSays(t *testing.T) {
 	mine := worker.Build{Version: "v0.2.0", Commit: "1a2b3c4d5e6f708192a3b4c5d6e7f80912345678", Go: "go1.26.0",
 		Payloads: map[string]int{"ingest:shard": 3, "ingest:append": 3, "train:segment": 1}}
@@ -118,14 +122,15 @@ func TestBuildSays(t *testing.T) {
 		upgrading bool
 	}{
 		{mine, true, false, "v0.2.0 (commit 1a2b3c4d5e6f)", false},
-		{with("v0.2.1", mine.Payloads), true, false, "v0.2.1 (commit 1a2b3c4d5e6f)  not this sched's build: upgrade it", true},
+		{with("v0.2.1", mine.Payloads), true, false, "v0.2.1 (commit 1a2b3c4d5e6f)", false},
+		{worker.Build{Version: "dev", Commit: "unknown", Go: "go1.26.0", Payloads: mine.Payloads}, true, false, "dev (commit unknown)", false},
 		{with("v0.1.0", map[string]int{"ingest:shard": 2, "ingest:append": 2, "train:segment": 1}), true, false,
-			"v0.1.0 (commit 1a2b3c4d5e6f)  not this sched's build (payloads ingest:append v2, here v3; ingest:shard v2, here v3): upgrade it", true},
+			"v0.1.0 (commit 1a2b3c4d5e6f)  other task formats (ingest:append v2, here v3; ingest:shard v2, here v3): upgrade it", true},
 		{with("v0.3.0", map[string]int{"ingest:shard": 4, "train:segment": 1, "bench:new": 1}), true, false,
-			"v0.3.0 (commit 1a2b3c4d5e6f)  not this sched's build (payloads ingest:shard v4, here v3): a newer kiln, upgrade this sched", true},
+			"v0.3.0 (commit 1a2b3c4d5e6f)  other task formats (ingest:shard v4, here v3): newer, upgrade this sched and the workers of its build", true},
 		{with("v0.3.0", map[string]int{"ingest:shard": 4, "ingest:append": 2}), true, false,
-			"v0.3.0 (commit 1a2b3c4d5e6f)  not this sched's build (payloads ingest:append v2, here v3; ingest:shard v4, here v3): upgrade it", true},
-		{worker.Build{}, false, false, "build unknown (a kiln older than this sched's): upgrade it", true},
+			"v0.3.0 (commit 1a2b3c4d5e6f)  other task formats (ingest:append v2, here v3; ingest:shard v4, here v3): upgrade it", true},
+		{worker.Build{}, false, false, "build unknown, a kiln older than this sched: upgrade it", true},
 		{worker.Build{}, false, true, "build unknown", false},
 	} {
 		said, upgrading := buildSays(c.b, c.ok, mine, c.full)

@@ -323,45 +323,41 @@ func (w *footerWalk) mapValue(nest int) error {
 	return nil
 }
 
-// structValue walks a struct none of whose fields the library sizes
-// anything by.
-func (w *footerWalk) structValue(nest int) error {
+// fields walks a struct's fields up to its stop, each with walk, given
+// its id and type.
+func (w *footerWalk) fields(walk func(id int16, t byte) error) error {
 	var last int16
 	for {
 		id, t, ok, err := w.field(last)
 		if err != nil || !ok {
 			return err
 		}
-		if err := w.value(t, false, nest+1); err != nil {
+		if err := walk(id, t); err != nil {
 			return err
 		}
 		last = id
 	}
 }
 
+// structValue walks a struct none of whose fields the library sizes
+// anything by.
+func (w *footerWalk) structValue(nest int) error {
+	return w.fields(func(_ int16, t byte) error { return w.value(t, false, nest+1) })
+}
+
 // fileMetaData walks the footer's FileMetaData: the schema is field 2 and
 // the row groups field 4, each a list of structs.
 func (w *footerWalk) fileMetaData() error {
-	var last int16
 	var schema, rowGroups bool
-	for {
-		id, t, ok, err := w.field(last)
-		if err != nil || !ok {
-			return err
-		}
-		last = id
+	return w.fields(func(id int16, t byte) error {
 		switch {
 		case id == 2 && t == ctList:
-			err = w.structs(&schema, "schema", w.schemaElement)
+			return w.structs(&schema, "schema", w.schemaElement)
 		case id == 4 && t == ctList:
-			err = w.structs(&rowGroups, "row groups", w.rowGroup)
-		default:
-			err = w.value(t, false, 1)
+			return w.structs(&rowGroups, "row groups", w.rowGroup)
 		}
-		if err != nil {
-			return err
-		}
-	}
+		return w.value(t, false, 1)
+	})
 }
 
 // structs walks a list field that the library decodes into a slice of
@@ -395,30 +391,22 @@ func (w *footerWalk) structs(seen *bool, name string, walk func() error) error {
 // leaf and whose num_children (field 5) opens a group, and follows the
 // schema's nesting as the library does to size the columns' paths.
 func (w *footerWalk) schemaElement() error {
-	var last int16
 	var typed bool
 	var children int32
-	for {
-		id, t, ok, err := w.field(last)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			break
-		}
-		last = id
+	err := w.fields(func(id int16, t byte) (err error) {
 		switch {
 		case id == 1 && t == ctI32:
-			_, err = w.int32v()
 			typed = true
+			_, err = w.int32v()
 		case id == 5 && t == ctI32:
 			children, err = w.int32v()
 		default:
 			err = w.value(t, false, 3)
 		}
-		if err != nil {
-			return err
-		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	w.elements++
 	if typed {
@@ -446,18 +434,9 @@ func (w *footerWalk) schemaElement() error {
 // rowGroup walks one RowGroup: its column chunks are field 1, its rows
 // field 3.
 func (w *footerWalk) rowGroup() error {
-	var last int16
 	var listed bool
 	columns := 0
-	for {
-		id, t, ok, err := w.field(last)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			break
-		}
-		last = id
+	err := w.fields(func(id int16, t byte) (err error) {
 		switch {
 		case id == 1 && t == ctList:
 			if listed {
@@ -486,9 +465,10 @@ func (w *footerWalk) rowGroup() error {
 		default:
 			err = w.value(t, false, 3)
 		}
-		if err != nil {
-			return err
-		}
+		return err
+	})
+	if err != nil {
+		return err
 	}
 	if w.rowGroups == 0 || columns < w.minColumns {
 		w.minColumns = columns

@@ -17,6 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 	"gopkg.in/yaml.v3"
 
+	"github.com/kiln-lm/kiln/ingest/hub"
 	"github.com/kiln-lm/kiln/internal/redact"
 	"github.com/kiln-lm/kiln/store"
 )
@@ -75,6 +76,10 @@ type Config struct {
 	LocalRoots PathList `yaml:"local_roots"`
 	// HFToken authenticates Hugging Face Hub downloads (gated datasets). HF_TOKEN.
 	HFToken string `yaml:"hf_token"`
+	// HFTokenFrom is what gave HFToken, where the flag or the config file
+	// did (zero: the environment's variable, which hub.Environment names),
+	// for the Hub's refusals to name what to change.
+	HFTokenFrom hub.TokenSource `yaml:"-"`
 	// Tokenizer is the default tokenizer name (tokenizers/<name>/tokenizer.json
 	// in the object store). KILN_TOKENIZER. Default "mix-16384", the
 	// tokenizer the pilot and long runs train with.

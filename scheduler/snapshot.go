@@ -109,8 +109,8 @@ func (c *Client) SnapshotOf(ctx context.Context, queues ...string) (*Snapshot, e
 		qs.Pending, qs.Active, qs.Scheduled = info.Pending, info.Active, info.Scheduled
 		qs.Retry, qs.Archived, qs.Completed, qs.Paused = info.Retry, info.Archived, info.Completed, info.Paused
 		qs.Size = qs.Pending + qs.Active + qs.Scheduled + qs.Retry
-		// The lists in the way tasks move (liveLists'), with those a
-		// running task ends in before pending and active are read again:
+		// The lists of live work (liveLists), with those a running task
+		// ends in before pending and active are read again at their end:
 		// a task that moves while they are read is found at a later read,
 		// and one found twice is taken as the last read found it. Read
 		// active before pending, a shard that started in between was
@@ -120,10 +120,9 @@ func (c *Client) SnapshotOf(ctx context.Context, queues ...string) (*Snapshot, e
 		// shard it had queued ("nothing to ingest"), and a segment without
 		// its next (the run "stopped").
 		var infos []*asynq.TaskInfo
-		for _, l := range []liveList{{c.insp.ListRetryTasks, "retry"}, {c.insp.ListScheduledTasks, "scheduled"},
-			{c.insp.ListPendingTasks, "pending"}, {c.insp.ListActiveTasks, "active"}, {c.insp.ListRetryTasks, "retry"},
-			{c.insp.ListArchivedTasks, "archived"}, {c.insp.ListCompletedTasks, "completed"},
-			{c.insp.ListPendingTasks, "pending"}, {c.insp.ListActiveTasks, "active"}} {
+		lists := c.liveLists()
+		lists = slices.Insert(lists, len(lists)-2, liveList{c.insp.ListArchivedTasks, "archived"}, liveList{c.insp.ListCompletedTasks, "completed"})
+		for _, l := range lists {
 			tis, err := allPages(l.list, q)
 			if err != nil {
 				return nil, err

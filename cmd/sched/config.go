@@ -28,7 +28,6 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -466,7 +465,7 @@ func loadConfig(cmd *cobra.Command) (cfg scheduler.Config, err error) {
 			}
 		}
 	}
-	recordHubToken(cmd, cfg.HFToken, fromFile)
+	cfg.HFTokenFrom = hubTokenFrom(cmd, cfg.HFToken, fromFile)
 	// The file's zero grace, where nothing above it set one: WithDefaults
 	// would read it as unset (the flag and the variable refuse their own).
 	// A key left empty is unset, as an empty variable is.
@@ -556,25 +555,12 @@ func envSetting(env string) (name, value string) {
 	return env, ""
 }
 
-// hubToken is a Hub token and what gave it, where the flag or the config
-// file did.
-type hubToken struct {
-	token string
-	from  hub.TokenSource
-}
-
-// hubTokenFrom is what gave the Hub token that loadConfig read last, kept
-// with the token: scheduler.Config keeps the value alone, and hubConfig,
-// given the configuration, names that source in the messages that say to
-// change the token. A token of the environment is not kept here:
-// hub.Environment names its variable itself.
-var hubTokenFrom atomic.Pointer[hubToken]
-
-// recordHubToken records, for hubConfig, what gave token, the Hub token
-// loadConfig read for cmd, where --hf-token or the config file (file)
-// did. The flag's note names the variable also set that it was read over,
-// or, given empty (no token), the one it keeps from being read.
-func recordHubToken(cmd *cobra.Command, token string, file fileKeys) {
+// hubTokenFrom is what gave token, the Hub token loadConfig read for cmd,
+// where --hf-token or the config file (file) did: the flag's note names
+// the variable also set that it was read over, or, given empty (no
+// token), the one it keeps from being read. Zero where the environment
+// gave it: hub.Environment names the variable.
+func hubTokenFrom(cmd *cobra.Command, token string, file fileKeys) hub.TokenSource {
 	env := hub.Environment()
 	var from hub.TokenSource
 	if _, ok := flagValue(cmd, "hf-token"); ok {
@@ -590,7 +576,7 @@ func recordHubToken(cmd *cobra.Command, token string, file fileKeys) {
 	} else if token != "" && env.Token == "" {
 		from.Name = "hf_token in " + file.path
 	}
-	hubTokenFrom.Store(&hubToken{token: token, from: from})
+	return from
 }
 
 // envOnly are the settings read from the environment alone, which `sched

@@ -573,8 +573,8 @@ func tokenizerFor(name string, vocab int) string {
 // loadConfig recorded it, else the variable hub.Environment read.
 func hubConfig(cfg scheduler.Config) hub.Config {
 	hc := hub.Environment()
-	if r := hubTokenFrom.Load(); r != nil && r.token == cfg.HFToken && r.from.Name != "" {
-		hc.TokenFrom = r.from
+	if cfg.HFTokenFrom.Name != "" {
+		hc.TokenFrom = cfg.HFTokenFrom
 	} else if hc.Token != cfg.HFToken {
 		// A token no variable holds, from no source recorded: named
 		// HF_TOKEN, as where none is said.

@@ -98,15 +98,17 @@ func OlderPayload(kind string, payload []byte) (v, want int, older bool) {
 
 // versionMsg says that a payload of version v is not read by a build that
 // reads version want, and what to do. Work an older kiln queued is queued
-// again by the command that queued it, at this build's version: sched
-// retry would queue the same old payload. Work a newer kiln queued runs
-// once this worker is upgraded. It fits the 200 characters sched runs
-// shows of an error.
+// again by the command that queued it, at this build's version, once the
+// workers of the older build that sched status marks are upgraded (one
+// left serving a queue queues the old version again: an ingest's shards
+// queue its appends): sched retry would queue the same old payload. Work
+// a newer kiln queued runs once this worker is upgraded. Its remedy and
+// the task's kind fit the 200 characters sched runs shows of an error.
 func versionMsg(v, want int) string {
 	if v < want {
-		return fmt.Sprintf("payload version %d is not read by this build (it reads version %d): an older kiln queued it; enqueue the work again with the sched enqueue command that queued it, not sched retry", v, want)
+		return fmt.Sprintf("payload version %d is not read by this build (it reads %d): an older kiln queued it; upgrade the workers sched status marks, then sched enqueue the work again (not sched retry)", v, want)
 	}
-	return fmt.Sprintf("payload version %d is not read by this build (it reads version %d): a newer kiln queued it; upgrade this worker to that kiln, then 'sched retry' the task", v, want)
+	return fmt.Sprintf("payload version %d is not read by this build (it reads %d): a newer kiln queued it; upgrade this worker to that kiln, then 'sched retry' the task", v, want)
 }
 
 // TaskID derives a task's id from its kind and content, so enqueuing the

@@ -30,16 +30,45 @@ import (
 // build: its version, commit and Go version, and its payload versions.
 func BuildKey(name string) string { return "kiln:worker:" + name + ":build" }
 
-// BuildEvery is how often a worker writes its build again: as often as
-// asynq writes its heartbeat. BuildTTL is how long the key outlives the
-// last write: several writes, so that a Redis that stalls for a few
-// seconds does not show a live worker as one that publishes no build (a
-// kiln older than this), while a worker that died is dropped from the
-// list by asynq 10 s after its last heartbeat whatever its key says.
+// BuildEvery is how often a worker writes its build again: more often
+// than asynq writes its heartbeat (every 5 s), so that a Redis that comes
+// back empty has a worker's build again before asynq lists the worker
+// again. BuildTTL is how long the key outlives the last write: many
+// writes, so that a Redis that stalls for a few seconds does not show a
+// live worker as one that publishes no build (a kiln older than this),
+// while a worker that died is dropped from the list by asynq 10 s after
+// its last heartbeat whatever its key says.
 const (
-	BuildEvery = 5 * time.Second
+	BuildEvery = time.Second
 	BuildTTL   = 30 * time.Second
 )
+
+// BuildsSettle is how long after Redis starts a worker that runs may
+// still lack its build's key: a Redis restarted empty (or with its keys
+// lapsed while it was down) holds no build until each worker's next write,
+// due within BuildEvery; BuildsSettle allows ten, for a worker on a busy
+// machine or a Redis still loading.
+const BuildsSettle = 10 * BuildEvery
+
+// RedisUptime is how long Redis has run (INFO server's uptime_in_seconds):
+// within BuildsSettle of its start, a worker listed without a build may be
+// one whose write has not come yet, not a kiln older than this.
+func RedisUptime(ctx context.Context, rdb redis.Cmdable) (time.Duration, error) {
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return 0, fmt.Errorf("read Redis's INFO server: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "uptime_in_seconds:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return 0, fmt.Errorf("Redis's INFO server: uptime_in_seconds is %q, not a number of seconds", v)
+			}
+			return time.Duration(n) * time.Second, nil
+		}
+	}
+	return 0, fmt.Errorf("Redis's INFO server has no uptime_in_seconds")
+}
 
 // Version is the version of the sched program this package is built into,
 // as `sched version` prints it: sched's own (set at build time with
@@ -187,6 +216,11 @@ func (w *Worker) publishBuild(ctx context.Context) error {
 	return err
 }
 
+// buildWriteTimeout bounds one write of the build: longer than
+// BuildEvery, for a Redis that answers slowly (the ticker skips the ticks
+// a write outlasts).
+const buildWriteTimeout = 5 * time.Second
+
 // keepBuild publishes the worker's build now and every BuildEvery until
 // the returned function is called, which then deletes it: a worker that
 // stops cleanly leaves no key behind. A write that fails (Redis does not
@@ -196,7 +230,7 @@ func (w *Worker) keepBuild() (stop func()) {
 	log := w.p.Logger.With(zap.String("key", BuildKey(w.procName)))
 	var failures lapse.Lapse
 	write := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), BuildEvery)
+		ctx, cancel := context.WithTimeout(context.Background(), buildWriteTimeout)
 		err := w.publishBuild(ctx)
 		cancel()
 		switch first, back := failures.Note(err); {

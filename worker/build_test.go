@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/kiln-lm/kiln/internal/testsvc"
 	"github.com/kiln-lm/kiln/scheduler"
 )
 
@@ -70,10 +72,10 @@ func TestAWorkerPublishesItsBuildBesideItsHeartbeat(t *testing.T) {
 	if err := e.rdb.Del(ctx, key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * BuildEvery)
+	deadline := time.Now().Add(BuildTTL)
 	for e.rdb.Exists(ctx, key).Val() == 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("key %s deleted is not written again within %v", key, 3*BuildEvery)
+			t.Fatalf("key %s deleted is not written again within %v", key, BuildTTL)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -145,5 +147,42 @@ func TestAWorkerOfAnotherBuildReadsAsOne(t *testing.T) {
 	}
 	if n := e.rdb.Exists(ctx, BuildKey(processName())).Val(); n != 0 {
 		t.Errorf("key %s is left behind by a worker that stopped cleanly", BuildKey(processName()))
+	}
+}
+
+// RedisUptime is how long Redis has run: at most the time since it was
+// started, growing while it runs, and from 0 again once it restarts.
+func TestRedisUptimeIsHowLongRedisHasRun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	started := time.Now()
+	r := testsvc.StartRedis(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rdb.Close()
+	read := func() time.Duration {
+		t.Helper()
+		up, err := RedisUptime(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return up
+	}
+	// Whole seconds, as Redis counts them.
+	first := read()
+	if first < 0 || first > time.Since(started) {
+		t.Fatalf("uptime %s of a Redis started %s ago", first, time.Since(started))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for up := first; up <= first; up = read() {
+		if time.Now().After(deadline) {
+			t.Fatalf("uptime still %s 30 s later", up)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r.Stop()
+	restarted := time.Now()
+	r.Start()
+	if up := read(); up > time.Since(restarted) {
+		t.Fatalf("uptime %s of a Redis restarted %s ago", up, time.Since(restarted))
 	}
 }

@@ -448,16 +448,21 @@ type storedCache struct {
 // refuse, and refuses theirs. A build of the same formats is only named:
 // an image built without its commit (compose's, "dev (commit unknown)")
 // beside a sched built from a checkout, or a patch release, works with
-// this one. One that publishes none is a kiln older than this. Where its
-// formats are all newer than this sched's, this sched, and the workers of
-// its build, are the older. While Redis is full it refuses the builds'
-// writes too, so a missing one says nothing of the worker.
-func buildSays(b worker.Build, ok bool, mine worker.Build, redisFull bool) (said string, other bool) {
+// this one. One that publishes none is a kiln older than this, unless
+// Redis is full (it refuses the builds' writes too) or started less than
+// worker.BuildsSettle ago (redisUp; negative where unknown), when the
+// worker's next write has not come yet: a missing build then says nothing
+// of the worker. Where its formats are all newer than this sched's, this
+// sched, and the workers of its build, are the older. What to do comes
+// first: --watch cuts a line at the terminal's width.
+func buildSays(b worker.Build, ok bool, mine worker.Build, redisFull bool, redisUp time.Duration) (said string, other bool) {
 	switch {
 	case !ok && redisFull:
 		return "build unknown", false
+	case !ok && redisUp >= 0 && redisUp < worker.BuildsSettle:
+		return fmt.Sprintf("build not published yet (Redis started %s ago)", redisUp), false
 	case !ok:
-		return "build unknown, a kiln older than this sched: upgrade it", true
+		return "upgrade it: it publishes no build, a kiln older than this sched", true
 	}
 	var ps []string
 	newer := true
@@ -468,11 +473,11 @@ func buildSays(b worker.Build, ok bool, mine worker.Build, redisFull bool) (said
 	if len(ps) == 0 {
 		return b.Short(), false
 	}
-	said = b.Short() + "  other task formats (" + strings.Join(ps, "; ") + ")"
+	formats := b.Short() + " (" + strings.Join(ps, "; ") + ")"
 	if newer {
-		return said + ": newer, upgrade this sched and the workers of its build", true
+		return "newer task formats, upgrade this sched and the workers of its build: " + formats, true
 	}
-	return said + ": upgrade it", true
+	return "upgrade it, other task formats: " + formats, true
 }
 
 // read returns object storage's runs where Redis knows none (redisRuns
@@ -533,6 +538,14 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 	if err != nil {
 		return err
 	}
+	// Redis's uptime only where a worker lacks its build: whether its
+	// write may be still to come.
+	redisUp := time.Duration(-1)
+	if len(builds) < len(snap.Workers) && !snap.RedisFull() {
+		if up, err := worker.RedisUptime(ctx, q.Redis()); err == nil {
+			redisUp = up
+		}
+	}
 	mine, others := worker.ThisBuild(), false
 	for _, wp := range snap.Workers {
 		var qs []string
@@ -541,7 +554,7 @@ func renderStatus(ctx context.Context, w io.Writer, q *scheduler.Client, stored 
 		}
 		sort.Strings(qs)
 		b, ok := builds[wp.Name]
-		said, other := buildSays(b, ok, mine, snap.RedisFull())
+		said, other := buildSays(b, ok, mine, snap.RedisFull(), redisUp)
 		others = others || other
 		fmt.Fprintf(w, "%s  %s  %d running  up %s  %s\n", wp.Name, strings.Join(qs, ","), wp.Active, formatETA(now.Sub(wp.Started)), said)
 	}

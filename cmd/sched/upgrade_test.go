@@ -37,8 +37,8 @@ func TestWorkAnOlderKilnQueuedIsArchivedAndQueuedAgainByItsCommand(t *testing.T)
 		t.Fatal(err)
 	}
 	startWorker(t, env, "--queues", "ingest=1,append=1")
-	want := fmt.Sprintf("%s  archived  failed for good after 1 attempt: task %s: payload version %d is not read by this build (it reads version %d): "+
-		"an older kiln queued it; enqueue the work again with the sched enqueue command that queued it, not sched retry",
+	want := fmt.Sprintf("%s  archived  failed for good after 1 attempt: task %s: payload version %d is not read by this build (it reads %d): "+
+		"an older kiln queued it; upgrade the workers sched status marks, then sched enqueue the work again (not sched retry)",
 		info.ID, scheduler.KindIngestPlan, p.Version-1, p.Version)
 	waitOutput(t, env, regexp.MustCompile(regexp.QuoteMeta(want)), time.Minute, "runs")
 

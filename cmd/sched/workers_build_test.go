@@ -65,7 +65,7 @@ func TestWorkersSayTheirBuildAndTheOtherBuildsToUpgrade(t *testing.T) {
 	stop := sync.OnceValue(func() error { cancel(); return <-done })
 	t.Cleanup(func() { stop() })
 
-	otherLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta(fmt.Sprintf("v0.0.9 (commit 9f8e7d6c5b4a)  other task formats (%s v%d, here v%d): upgrade it",
+	otherLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta(fmt.Sprintf("upgrade it, other task formats: v0.0.9 (commit 9f8e7d6c5b4a) (%s v%d, here v%d)",
 		scheduler.KindIngestShard, other.Payloads[scheduler.KindIngestShard], mine.Payloads[scheduler.KindIngestShard])) + `\n`
 	out := waitOutput(t, env, regexp.MustCompile(`\nWORKERS\n(`+childLine+otherLine+`|`+otherLine+childLine+`)`), time.Minute, "status")
 	if !strings.Contains(out, "\n"+upgrade+"\n") {
@@ -92,7 +92,9 @@ func TestWorkersSayTheirBuildAndTheOtherBuildsToUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer old.Shutdown()
-	oldLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta("build unknown, a kiln older than this sched: upgrade it") + `\n`
+	// Read once Redis has run for worker.BuildsSettle: before that, a
+	// build missing may be one whose write has not come yet.
+	oldLine := here + `  ingest=1  0 running  up \S+  ` + regexp.QuoteMeta("upgrade it: it publishes no build, a kiln older than this sched") + `\n`
 	out = waitOutput(t, env, regexp.MustCompile(`\nWORKERS\n(`+childLine+oldLine+`|`+oldLine+childLine+`)`), time.Minute, "status")
 	if !strings.Contains(out, "\n"+upgrade+"\n") {
 		t.Errorf("status with an old kiln's worker:\n%s\nwant the line %q", out, upgrade)
@@ -118,24 +120,118 @@ func TestBuildSays(t *testing.T) {
 	for _, c := range []struct {
 		b         worker.Build
 		ok, full  bool
+		up        time.Duration
 		said      string
 		upgrading bool
 	}{
-		{mine, true, false, "v0.2.0 (commit 1a2b3c4d5e6f)", false},
-		{with("v0.2.1", mine.Payloads), true, false, "v0.2.1 (commit 1a2b3c4d5e6f)", false},
-		{worker.Build{Version: "dev", Commit: "unknown", Go: "go1.26.0", Payloads: mine.Payloads}, true, false, "dev (commit unknown)", false},
-		{with("v0.1.0", map[string]int{"ingest:shard": 2, "ingest:append": 2, "train:segment": 1}), true, false,
-			"v0.1.0 (commit 1a2b3c4d5e6f)  other task formats (ingest:append v2, here v3; ingest:shard v2, here v3): upgrade it", true},
-		{with("v0.3.0", map[string]int{"ingest:shard": 4, "train:segment": 1, "bench:new": 1}), true, false,
-			"v0.3.0 (commit 1a2b3c4d5e6f)  other task formats (ingest:shard v4, here v3): newer, upgrade this sched and the workers of its build", true},
-		{with("v0.3.0", map[string]int{"ingest:shard": 4, "ingest:append": 2}), true, false,
-			"v0.3.0 (commit 1a2b3c4d5e6f)  other task formats (ingest:append v2, here v3; ingest:shard v4, here v3): upgrade it", true},
-		{worker.Build{}, false, false, "build unknown, a kiln older than this sched: upgrade it", true},
-		{worker.Build{}, false, true, "build unknown", false},
+		{mine, true, false, -1, "v0.2.0 (commit 1a2b3c4d5e6f)", false},
+		{with("v0.2.1", mine.Payloads), true, false, -1, "v0.2.1 (commit 1a2b3c4d5e6f)", false},
+		{worker.Build{Version: "dev", Commit: "unknown", Go: "go1.26.0", Payloads: mine.Payloads}, true, false, -1, "dev (commit unknown)", false},
+		{with("v0.1.0", map[string]int{"ingest:shard": 2, "ingest:append": 2, "train:segment": 1}), true, false, -1,
+			"upgrade it, other task formats: v0.1.0 (commit 1a2b3c4d5e6f) (ingest:append v2, here v3; ingest:shard v2, here v3)", true},
+		{with("v0.3.0", map[string]int{"ingest:shard": 4, "train:segment": 1, "bench:new": 1}), true, false, -1,
+			"newer task formats, upgrade this sched and the workers of its build: v0.3.0 (commit 1a2b3c4d5e6f) (ingest:shard v4, here v3)", true},
+		{with("v0.3.0", map[string]int{"ingest:shard": 4, "ingest:append": 2}), true, false, -1,
+			"upgrade it, other task formats: v0.3.0 (commit 1a2b3c4d5e6f) (ingest:append v2, here v3; ingest:shard v4, here v3)", true},
+		// Another build's formats are marked whatever Redis's uptime.
+		{with("v0.1.0", map[string]int{"ingest:shard": 2}), true, false, time.Second,
+			"upgrade it, other task formats: v0.1.0 (commit 1a2b3c4d5e6f) (ingest:shard v2, here v3)", true},
+		{worker.Build{}, false, false, -1, "upgrade it: it publishes no build, a kiln older than this sched", true},
+		{worker.Build{}, false, false, worker.BuildsSettle, "upgrade it: it publishes no build, a kiln older than this sched", true},
+		{worker.Build{}, false, true, -1, "build unknown", false},
+		// Redis started since the worker's last write.
+		{worker.Build{}, false, false, 0, "build not published yet (Redis started 0s ago)", false},
+		{worker.Build{}, false, false, worker.BuildsSettle - time.Second, "build not published yet (Redis started 9s ago)", false},
 	} {
-		said, upgrading := buildSays(c.b, c.ok, mine, c.full)
+		said, upgrading := buildSays(c.b, c.ok, mine, c.full, c.up)
 		if said != c.said || upgrading != c.upgrading {
-			t.Errorf("build %+v (published %v, Redis full %v): %q, marked %v; want %q, marked %v", c.b, c.ok, c.full, said, upgrading, c.said, c.upgrading)
+			t.Errorf("build %+v (published %v, Redis full %v, up %s): %q, marked %v; want %q, marked %v", c.b, c.ok, c.full, c.up, said, upgrading, c.said, c.upgrading)
 		}
+		// What to do first: --watch cuts a line at the terminal's width,
+		// and a worker's name, queues and uptime come before it.
+		if i := strings.Index(said, "upgrade"); upgrading && (i < 0 || i > 25) {
+			t.Errorf("%q: a marked build says what to do at character %d; want it within the first 25", said, i)
+		}
+	}
+}
+
+// A worker listed without a build is marked as a kiln older than this
+// only once Redis has run for worker.BuildsSettle: a Redis that comes back
+// empty holds no build until each worker's next write, and asynq's
+// heartbeat lists a worker again on a timer of its own, so status read
+// between the two said to upgrade a worker of this build. Redis is
+// restarted empty under a `sched worker` of this build, and an old kiln's
+// worker (an asynq server that publishes no build) joins it; status is
+// read, with Redis's uptime before and after each read, until the old
+// one is marked: the worker of this build never is, and the old one reads
+// "not published yet" where the read began within BuildsSettle of
+// Redis's start, marked where it began after.
+func TestAWorkerIsMarkedOlderOnlyOnceRedisHasHadItsBuild(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := testsvc.StartRedis(t)
+	env := []string{"KILN_REDIS_URL=" + r.URL(0), "KILN_DATA_DIR=" + t.TempDir()}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := worker.ThisBuild().Short()
+	child := startWorker(t, env, "--queues", "ingest=1")
+	name := host + ":" + strconv.Itoa(child.Process.Pid)
+	waitOutput(t, env, regexp.MustCompile(`\nWORKERS\n`+regexp.QuoteMeta(name)+`  ingest=1  0 running  up \S+  `+regexp.QuoteMeta(mine)+`\n`), time.Minute, "status")
+
+	r.Stop()
+	r.StartEmpty()
+	opt, err := asynq.ParseRedisURI(r.URL(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := asynq.NewServer(opt, asynq.Config{Queues: map[string]int{scheduler.QueueIngest: 1}, Concurrency: 1, LogLevel: asynq.FatalLevel})
+	if err := old.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
+		t.Fatal(err)
+	}
+	defer old.Shutdown()
+	oldName := host + ":" + strconv.Itoa(os.Getpid())
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rdb.Close()
+	uptime := func() time.Duration {
+		t.Helper()
+		up, err := worker.RedisUptime(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return up
+	}
+	const marked = "upgrade it: it publishes no build, a kiln older than this sched"
+	deadline := time.Now().Add(2 * time.Minute)
+	for youngSeen := false; ; {
+		before := uptime()
+		out, errOut, code := sched(t, env, "status")
+		after := uptime()
+		childLine, oldLine := lineOf(out, name+"  "), lineOf(out, oldName+"  ")
+		if code != 0 || strings.Contains(childLine, "upgrade") {
+			t.Fatalf("status as Redis came back empty: exit %d\n%s%s\nwant this build's worker not marked", code, out, errOut)
+		}
+		if childLine != "" && !strings.HasSuffix(childLine, "  "+mine) && !strings.Contains(childLine, "  build not published yet (Redis started ") {
+			t.Fatalf("status as Redis came back empty:\n%s\nwant this build's worker with its build, or its build not yet published", out)
+		}
+		switch {
+		case oldLine == "":
+		case after < worker.BuildsSettle && !strings.Contains(oldLine, "  build not published yet (Redis started "):
+			t.Fatalf("status read within %s of Redis's start:\n%s\nwant the worker without a build not yet marked", after, out)
+		case before >= worker.BuildsSettle && !strings.HasSuffix(oldLine, "  "+marked):
+			t.Fatalf("status read %s after Redis's start:\n%s\nwant the worker without a build marked", before, out)
+		case after < worker.BuildsSettle:
+			youngSeen = true
+		case before >= worker.BuildsSettle && strings.HasSuffix(childLine, "  "+mine):
+			if !youngSeen {
+				t.Logf("no status was read within %s of Redis's start: only the mark once it has run that long is checked", worker.BuildsSettle)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("2 minutes after Redis came back empty, the worker of this build is not listed with it, or the old one not marked; last status:\n%s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

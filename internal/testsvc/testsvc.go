@@ -235,6 +235,7 @@ type RedisServer struct {
 	// for a server without TLS.
 	CAFile string
 	p      *process
+	dir    string
 }
 
 // Redis starts a fresh redis-server and returns its address.
@@ -273,7 +274,7 @@ func startRedis(t testing.TB, listen func(port string) []string) *RedisServer {
 	t.Helper()
 	bin := findBinary(t, "redis-server")
 	dir := t.TempDir()
-	r := &RedisServer{}
+	r := &RedisServer{dir: dir}
 	var tlsConfig *tls.Config
 	if listen == nil {
 		listen = func(port string) []string { return []string{"--port", port} }
@@ -334,6 +335,25 @@ func (r *RedisServer) Start() {
 	if err := r.p.start(); err != nil {
 		r.p.t.Fatalf("testsvc: restart: %v", err)
 	}
+}
+
+// StartEmpty restarts a stopped server on the same port with none of its
+// data, as a Redis whose disk was lost, or one run without persistence,
+// comes back: its data directory emptied first.
+func (r *RedisServer) StartEmpty() {
+	r.p.t.Helper()
+	ents, err := os.ReadDir(r.dir)
+	if err != nil {
+		r.p.t.Fatalf("testsvc: empty Redis's data: %v", err)
+	}
+	for _, e := range ents {
+		if p := filepath.Join(r.dir, e.Name()); p != r.p.logPath {
+			if err := os.RemoveAll(p); err != nil {
+				r.p.t.Fatalf("testsvc: empty Redis's data: %v", err)
+			}
+		}
+	}
+	r.Start()
 }
 
 // redisPing speaks just enough RESP to learn that the server is accepting

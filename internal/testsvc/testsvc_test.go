@@ -45,6 +45,33 @@ func TestRedisSurvivesRestart(t *testing.T) {
 	}
 }
 
+// StartEmpty brings a stopped server back on its port with none of its
+// data, as one whose disk was lost; one started so keeps what is written
+// to it after, as any other.
+func TestRedisStartEmptyComesBackWithoutItsData(t *testing.T) {
+	t.Parallel()
+	r := StartRedis(t)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1})
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r.Stop()
+	r.StartEmpty()
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Fatalf("after StartEmpty: DBSIZE = %d, %v; want an empty server", n, err)
+	}
+	if err := c.Set(ctx, "k2", "v2", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r.Stop()
+	r.Start()
+	if got, err := c.Get(ctx, "k2").Result(); err != nil || got != "v2" {
+		t.Fatalf("a restart after StartEmpty: Get = %q, %v; want \"v2\"", got, err)
+	}
+}
+
 func TestRedisInstancesAreIndependent(t *testing.T) {
 	t.Parallel()
 	a, b := Redis(t), Redis(t)

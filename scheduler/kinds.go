@@ -181,8 +181,11 @@ type TrainSegment struct {
 	// FromStep is the checkpoint step this segment resumes from (0: start);
 	// it makes each segment's task id distinct.
 	FromStep int64 `json:"from_step"`
-	// TotalSteps is the run's length when the segment was queued, for
-	// `sched status`.
+	// TotalSteps is the run's length when the segment was queued, by the
+	// runs entry where it was queued (sched enqueue train's, or the
+	// worker's that queued it): `sched status` gives a run queued to go on
+	// past its end this length, and a worker whose own entry ends the run
+	// where it is done waits for that entry to give it (worker.Training).
 	TotalSteps int64 `json:"total_steps,omitempty"`
 }
 

@@ -351,6 +351,9 @@ type RunTask struct {
 	Task TaskStatus
 	// FromStep is the checkpoint step the segment starts from.
 	FromStep int64
+	// TotalSteps is the run's length when the segment was queued (0 in a
+	// segment queued by a kiln that did not record it).
+	TotalSteps int64
 }
 
 // RunTasks returns, per training run, its newest segment task: one still
@@ -370,7 +373,7 @@ func (s *Snapshot) RunTasks() map[string]RunTask {
 		}
 		cur, ok := out[a.Run]
 		if !ok || newerSegment(t, a.FromStep, cur.Task, cur.FromStep) {
-			out[a.Run] = RunTask{Task: t, FromStep: a.FromStep}
+			out[a.Run] = RunTask{Task: t, FromStep: a.FromStep, TotalSteps: a.TotalSteps}
 		}
 	}
 	return out

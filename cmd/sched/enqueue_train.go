@@ -113,6 +113,10 @@ to train it further).`,
 		if at >= total && (!ok || st.Done) {
 			return sayDoneDropping(c, q, ts.Run, at, total)
 		}
+		// The length the segment is queued for: status gives it while the
+		// segment waits, and a worker whose runs entry ends the run
+		// sooner says so rather than ending it there.
+		ts.TotalSteps = int64(total)
 		where := ""
 		if fromStorage {
 			// A segment stopped as Redis lost its data checkpoints on its
@@ -221,8 +225,14 @@ func sayDoneDropping(c *cobra.Command, q *scheduler.Client, run string, at, tota
 // sayDone says that run is done at step at of total, so that nothing was
 // queued, and how to train it further.
 func sayDone(w io.Writer, run string, at, total int) {
-	fmt.Fprintf(w, "run %s is done at step %d of %d; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and enqueue it again; or train a run of another name)\n",
-		run, at, total)
+	// A run whose total was lowered below the step it reached is done
+	// there: "done at step 1000 of 500" read as a fault.
+	where := fmt.Sprintf("at step %d of %d", at, total)
+	if at > total {
+		where = fmt.Sprintf("at step %d, past its total of %d", at, total)
+	}
+	fmt.Fprintf(w, "run %s is done %s; nothing queued (to train it further, give it a longer total_steps or total_tokens in a runs file, named by KILN_RUNS here and on the GPU worker, and enqueue it again; or train a run of another name)\n",
+		run, where)
 }
 
 // trainedTo is the step a run has surely trained to: the checkpoint its

@@ -46,8 +46,9 @@ type runView struct {
 	// Detail says why: a failure's reason, a lost worker's name.
 	Detail string
 	Task   *scheduler.TaskStatus
-	// From is the step Task starts from.
-	From int64
+	// From is the step Task starts from; QueuedTotal the run's length
+	// when Task was queued (0 where it does not say).
+	From, QueuedTotal int64
 	// ETA is the remaining tokens over the measured rate; set only while
 	// the run is training.
 	ETA time.Duration
@@ -82,7 +83,7 @@ func runViews(states []scheduler.RunState, snap *scheduler.Snapshot) []runView {
 	for name, v := range byName {
 		if rt, ok := tasks[name]; ok {
 			t := rt.Task
-			v.Task, v.From = &t, rt.FromStep
+			v.Task, v.From, v.QueuedTotal = &t, rt.FromStep, rt.TotalSteps
 		}
 		v.classify()
 		out = append(out, *v)
@@ -173,6 +174,18 @@ func (v *runView) classify() {
 	}
 }
 
+// total is the run's length as its line gives it: its state's, which the
+// segment training it wrote as it began, or, while a segment waits to run
+// (queued, set back, waiting), the longer length that segment was queued
+// for: a run given a longer total and queued to go on read as done at its
+// old one ("step 800/800 (100.0%)") until its segment began.
+func (v runView) total() int {
+	if t := v.Task; t != nil && t.State != "active" && t.State != "completed" && t.State != "archived" && v.QueuedTotal > int64(v.Total) {
+		return int(v.QueuedTotal)
+	}
+	return v.Total
+}
+
 // ended reports whether nothing goes on with the run: done, cancelled,
 // failed, or stopped with no segment queued; 'sched enqueue train' (or a
 // retry) starts it again where it is not done.
@@ -227,7 +240,7 @@ func (v runView) line(now time.Time) string {
 		// checkpoint newer than the state's step, leaves behind the step
 		// shown: it names its own step then.
 		at := max(v.Step, v.Checkpoint)
-		parts = append(parts, stepOfTotal(at, v.Total))
+		parts = append(parts, stepOfTotal(at, v.total()))
 		if v.Loss > 0 && v.LossAt() != at {
 			parts = append(parts, fmt.Sprintf("loss %.4f at step %d", v.Loss, v.LossAt()))
 		} else if v.Loss > 0 {

@@ -264,10 +264,10 @@ func (c *Client) submit(ctx context.Context, t *asynq.Task, person bool) (Submit
 			if err := c.insp.DeleteTask(ti.Queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 				return s, redismem.Wrap(fmt.Sprintf("enqueue %s again: remove the %s task %s", t.Type(), ti.State, id), err)
 			}
-			// A cancel mark belongs to the cancelled run of the work, not
-			// to the new one.
+			// A cancel mark, and the last report, belong to the ended run
+			// of the work, not to the new one.
 			cancelled := ti.State == asynq.TaskStateArchived && IsCancelled(ctx, c.rdb, id)
-			if err := c.rdb.Del(ctx, cancelKey(id)).Err(); err != nil {
+			if err := c.forget(ctx, id); err != nil {
 				return s, redismem.Wrap("enqueue "+t.Type()+" again", err)
 			}
 			s.Was, s.LastErr, s.Cancelled = ti.State.String(), ti.LastErr, cancelled

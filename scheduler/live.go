@@ -161,6 +161,11 @@ func (c *Client) DropArchivedSegmentsFrom(ctx context.Context, run string, from 
 		if err := c.insp.DeleteTask(QueueGPU, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 			return ids, fmt.Errorf("delete the archived segment %s: %w", id, err)
 		}
+		// A segment queued later from the same step takes the same id: a
+		// cancel mark left would cancel it.
+		if err := c.forget(ctx, id); err != nil {
+			return ids, fmt.Errorf("delete the archived segment %s: %w", id, err)
+		}
 	}
 	return ids, nil
 }

@@ -104,6 +104,15 @@ func ReadProgressMany(ctx context.Context, rdb redis.UniversalClient, ids []stri
 // it instead of retrying the handler's cancellation error.
 func cancelKey(taskID string) string { return "kiln:cancel:" + taskID }
 
+// forget deletes what kiln keeps of task id beside asynq's record, its
+// cancel mark and its last report, once that record is deleted: a task
+// queued again under the same id (the same work) is new, and would read as
+// cancelled, or waiting for what it waited for before, and a worker would
+// archive it for the old cancel.
+func (c *Client) forget(ctx context.Context, id string) error {
+	return c.rdb.Del(ctx, cancelKey(id), progressKey(id)).Err()
+}
+
 // IsCancelled reports whether `sched cancel` was run on taskID.
 func IsCancelled(ctx context.Context, rdb redis.UniversalClient, taskID string) bool {
 	n, err := rdb.Exists(ctx, cancelKey(taskID)).Result()

@@ -686,23 +686,23 @@ func (t *Training) longerTotal(run, file string, step int) (int, bool) {
 	return total, total > step
 }
 
-// queuedPastItsEnd is the wait of a segment queued to train run a.Run on
-// to a.TotalSteps, the length the runs entry where it was queued gives,
-// where this worker's entry gives total, at which the run is done: 'sched
-// enqueue train' after a longer total in a runs file of the enqueuing
-// machine, the worker's own (KILN_RUNS on the worker, compose's
-// KILN_WORKER_RUNS) left as it was. The segment would end the run at once,
-// as done, the longer length dropped without a word. It waits for the
-// worker's entry to give the longer length, as a segment whose entry is
-// missing does. A run whose length was lowered after its segment was
-// queued is not done, and ends where its entry now says; a run Redis
-// holds no state of is not judged.
+// queuedPastItsEnd is the wait of a segment queued to train a done run
+// on to a.TotalSteps, the length the runs entry where it was queued gives,
+// where this worker's entry gives less, total: 'sched enqueue train' after
+// a longer total in a runs file of the enqueuing machine, the worker's own
+// (KILN_RUNS on the worker, compose's KILN_WORKER_RUNS) left as it was, or
+// given another. The segment would end the run at once, or at the
+// worker's length, as done, the length it was queued for dropped without
+// a word. It waits for the worker's entry to give that length, as a
+// segment whose entry is missing does. A run not done whose length was
+// lowered after its segment was queued ends where its entry now says; a
+// run Redis holds no state of is not judged.
 func (t *Training) queuedPastItsEnd(ctx context.Context, a scheduler.TrainSegment, total int, file string) error {
-	if a.TotalSteps <= int64(total) || a.FromStep < int64(total) || t.Redis == nil {
+	if a.TotalSteps <= int64(total) || t.Redis == nil {
 		return nil
 	}
 	st, ok, err := scheduler.ReadRunState(ctx, t.Redis, a.Run)
-	if err != nil || !ok || !st.Done || st.Total != total {
+	if err != nil || !ok || !st.Done {
 		return nil
 	}
 	where := "this worker has no KILN_RUNS, so its runs are the presets"
@@ -711,8 +711,8 @@ func (t *Training) queuedPastItsEnd(ctx context.Context, a scheduler.TrainSegmen
 	} else if t.Runs != nil {
 		where = "this worker's runs"
 	}
-	return &WaitError{For: fmt.Sprintf("this worker's runs entry of run %s to give the length it was queued for (step %d; it gives %d, where the run is done; %s); give it that length and the run goes on from step %d, or 'sched cancel' its segment",
-		a.Run, a.TotalSteps, total, where, a.FromStep)}
+	return &WaitError{For: fmt.Sprintf("this worker's runs entry of run %s to give the length it was queued for (step %d; it gives %d, and the run is done at step %d; %s); give it that length and the run goes on from step %d, or 'sched cancel' its segment",
+		a.Run, a.TotalSteps, total, st.Step, where, a.FromStep)}
 }
 
 // noStoreAdvice adds to the error of a run whose token store this

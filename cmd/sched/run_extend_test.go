@@ -54,7 +54,7 @@ func TestAnExtensionTheWorkersRunsFileLacksWaitsForIt(t *testing.T) {
 		ts, err = q.Task(ctx, id)
 		return err == nil && (ts.HasProgress && ts.Progress.State == "waiting" || ts.State == "completed" || ts.State == "archived")
 	})
-	want := "this worker's runs entry of run ext to give the length it was queued for (step 60; it gives 40, where the run is done; this worker's KILN_RUNS is " + workerRuns + "); give it that length and the run goes on from step 40, or 'sched cancel' its segment"
+	want := "this worker's runs entry of run ext to give the length it was queued for (step 60; it gives 40, and the run is done at step 40; this worker's KILN_RUNS is " + workerRuns + "); give it that length and the run goes on from step 40, or 'sched cancel' its segment"
 	if ts.State == "completed" || ts.State == "archived" || ts.Retried != 0 || !strings.Contains(ts.Progress.Message, want) {
 		t.Fatalf("the segment queued past the worker's total: %s, retried %d, %q (%q); want it waiting, saying %q", ts.State, ts.Retried, ts.Progress.Message, ts.LastErr, want)
 	}
@@ -86,6 +86,31 @@ func TestAnExtensionTheWorkersRunsFileLacksWaitsForIt(t *testing.T) {
 	out, errOut, code = sched(t, env, "status")
 	if l := lineOf(out, "ext  "); code != 0 || !strings.HasPrefix(l, "ext  done  step 60/60 (100.0%)") {
 		t.Errorf("sched status once the worker's entry gave the length: exit %d, its line %q (%s)", code, l, errOut)
+	}
+
+	// The worker's entry longer than the run's step, and shorter than the
+	// length it is queued for: the run trained to the worker's length and
+	// read done there, the queued length dropped without a word.
+	editRuns(t, env, "ext:\n  from: eta\n  total_steps: 60\n", "ext:\n  from: eta\n  total_steps: 100\n")
+	if err := os.WriteFile(workerRuns, []byte(strings.Replace(string(b), "total_steps: 40", "total_steps: 80", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = sched(t, env, "enqueue", "train", "ext")
+	id = regexp.MustCompile(`train:segment:[0-9a-f]+`).FindString(out)
+	if code != 0 || id == "" {
+		t.Fatalf("enqueue train ext with total_steps 100: exit %d: %s%s", code, out, errOut)
+	}
+	startWorker(t, append(env[:len(env):len(env)], "KILN_RUNS="+workerRuns), "--queues", "gpu=1")
+	waitUntil(t, "run ext's segment waiting for the worker's longer entry", func() bool {
+		ts, err = q.Task(ctx, id)
+		return err == nil && (ts.HasProgress && ts.Progress.State == "waiting" || ts.State == "completed" || ts.State == "archived")
+	})
+	want = "(step 100; it gives 80, and the run is done at step 60; this worker's KILN_RUNS is " + workerRuns + ")"
+	if ts.State == "completed" || ts.State == "archived" || !strings.Contains(ts.Progress.Message, want) {
+		t.Fatalf("the segment queued past the worker's longer total: %s, %q (%q); want it waiting, saying %q", ts.State, ts.Progress.Message, ts.LastErr, want)
+	}
+	if st, _, err := scheduler.ReadRunState(ctx, rdb, "ext"); err != nil || !st.Done || st.Step != 60 {
+		t.Fatalf("run ext's state while it waits: %+v, %v; want it done at 60, untouched", st, err)
 	}
 }
 

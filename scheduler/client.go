@@ -419,6 +419,56 @@ func (c *Client) Cancel(ctx context.Context, id string) (state string, err error
 	}
 }
 
+// Stopping reports whether task id is one `sched cancel` archived whose
+// handler has not returned yet (its report reads running, from a worker
+// that heartbeats): asynq lets go of a cancelled task as soon as its
+// context ends, and its worker still stops it (a segment finishes its
+// step and writes that step's checkpoint). The same work queued again
+// meanwhile ran beside it, from a checkpoint older than the one the stop
+// writes, and the old handler's end read as the new task's failure.
+func (c *Client) Stopping(ctx context.Context, id string) (TaskStatus, bool, error) {
+	ts, err := c.Task(ctx, id)
+	var nf *NotFoundError
+	switch {
+	case errors.As(err, &nf):
+		return ts, false, nil
+	case err != nil:
+		return ts, false, err
+	case ts.State != "archived" || !ts.Cancelled || !ts.HasProgress || ts.Progress.State != "running":
+		return ts, false, nil
+	}
+	servers, err := c.insp.Servers()
+	if err != nil {
+		return ts, false, fmt.Errorf("list workers: %w", err)
+	}
+	for _, wp := range workerProcesses(servers) {
+		if wp.Name == ts.Progress.Worker {
+			return ts, true, nil
+		}
+	}
+	return ts, false, nil
+}
+
+// WaitStopped waits while task id is Stopping, calling waiting once, as
+// it begins to, and reports whether it waited. A worker that stops
+// heartbeating ends the wait as the handler's return does.
+func (c *Client) WaitStopped(ctx context.Context, id string, waiting func(TaskStatus)) (bool, error) {
+	for waited := false; ; waited = true {
+		ts, stopping, err := c.Stopping(ctx, id)
+		if err != nil || !stopping {
+			return waited, err
+		}
+		if !waited && waiting != nil {
+			waiting(ts)
+		}
+		select {
+		case <-ctx.Done():
+			return waited, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // CancelWait bounds how long Cancel waits for a running task to leave the
 // active state before it reports "cancelling".
 var CancelWait = 15 * time.Second

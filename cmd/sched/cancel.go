@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -56,4 +57,19 @@ func init() {
 			return nil
 		},
 	})
+}
+
+// waitCancelStop waits while task id, which sched cancel archived, still
+// stops (scheduler.Client.Stopping), saying so once, with what follows,
+// then: the same work queued again meanwhile ran beside it, and its
+// handler's end, the cancel's, read as the new task's failure.
+func waitCancelStop(c *cobra.Command, q *scheduler.Client, id, then string) error {
+	ctx := c.Context()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	_, err := q.WaitStopped(ctx, id, func(scheduler.TaskStatus) {
+		fmt.Fprintf(c.OutOrStdout(), "%s was cancelled and is still stopping (its worker stops it at its next safe point; a training segment writes the checkpoint of the step it stops at): waiting for it to stop, then %s (Ctrl-C leaves it)\n", id, then)
+	})
+	return err
 }

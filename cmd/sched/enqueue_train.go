@@ -45,7 +45,9 @@ run's eval loss, and the gates judged on it, leave it out. A run whose tokenizer
 or stores are still being made waits for them on the worker.
 
 Enqueuing a run that was cancelled, stopped or failed resumes it from its last
-checkpoint; a run already queued or training is left alone, and so is a run done
+checkpoint (a segment cancelled a moment ago that still stops is waited for, and
+the run resumes from the checkpoint its stop writes); a run already queued or
+training is left alone, and so is a run done
 at its total steps (give it a longer total_steps or total_tokens in a runs file
 to train it further).`,
 		Args: exactArgs(1, "one run name"),
@@ -97,6 +99,15 @@ to train it further).`,
 			return err
 		}
 		defer q.Close()
+		// A segment cancelled a moment ago may still be stopping: the run
+		// resumes from the checkpoint its stop writes, once it has.
+		if snap, err := q.SnapshotOf(ctx, scheduler.QueueGPU); err != nil {
+			return err
+		} else if rt, ok := snap.RunTasks()[args[0]]; ok && rt.Task.State == "archived" && rt.Task.Cancelled {
+			if err := waitCancelStop(c, q, rt.Task.ID, "queuing the run again from the checkpoint of the step it stops at"); err != nil {
+				return err
+			}
+		}
 		pos, notes, err := checkRun(ctx, trainCheck{cfg: cfg, q: q, objects: objects}, run, tok)
 		if err != nil {
 			return err

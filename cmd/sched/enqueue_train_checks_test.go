@@ -380,8 +380,9 @@ func TestACancelledRunShortenedBelowItsCheckpointIsEndedThere(t *testing.T) {
 	editRuns(t, env, "cut:\n  from: eta\n", fmt.Sprintf("cut:\n  from: eta\n  total_steps: %d\n", at))
 	out, errOut, code := sched(t, env, "enqueue", "train", "cut")
 	// The checkpoint its stop wrote may be recorded after the cancel ended
-	// the task: the run is at step at or after it.
-	want := regexp.MustCompile(fmt.Sprintf(`^queued train:segment:\S+ on gpu; the run resumes from its last checkpoint \(step \d+\)\n`+
+	// the task: the run is at step at or after it; the enqueue waits for
+	// a stop still under way, and says so.
+	want := regexp.MustCompile(fmt.Sprintf(`^(train:segment:\S+ was cancelled and is still stopping \(.*\n)?queued train:segment:\S+ on gpu; the run resumes from its last checkpoint \(step \d+\)\n`+
 		`its total_steps %d is at or before that checkpoint: the segment trains no step, and ends the run there, judging its results\n$`, at))
 	if code != 0 || !want.MatchString(out) {
 		t.Fatalf("enqueue train cut with total_steps %d, its checkpoint's step: exit %d, %q %q; want a segment queued to end it", at, code, out, errOut)

@@ -44,6 +44,9 @@ also re-queues what failed in it.`,
 				return err
 			}
 			defer q.Close()
+			if err := waitCancelStop(c, q, args[0], "running it again"); err != nil {
+				return err
+			}
 			var said scheduler.Args = taskKind(args[0])
 			// A task not found is said so by the retry below, where a
 			// segment's run is not needed.

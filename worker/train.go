@@ -436,12 +436,7 @@ func (t *Training) segment(ctx context.Context, a scheduler.TrainSegment) error 
 	if err != nil {
 		// The enqueuing machine knew the run: the worker reads its own
 		// runs file, which may differ.
-		where := "this worker has no KILN_RUNS"
-		if file != "" {
-			where = "this worker's KILN_RUNS is " + file
-		} else if t.Runs != nil {
-			where = "this worker's runs"
-		}
+		where := t.runsFrom(file)
 		if edited {
 			// 'sched cancel' stops a run; an entry gone may be a file
 			// an editor empties before it writes.
@@ -705,14 +700,20 @@ func (t *Training) queuedPastItsEnd(ctx context.Context, a scheduler.TrainSegmen
 	if err != nil || !ok || !st.Done {
 		return nil
 	}
-	where := "this worker has no KILN_RUNS, so its runs are the presets"
-	if file != "" {
-		where = "this worker's KILN_RUNS is " + file
-	} else if t.Runs != nil {
-		where = "this worker's runs"
-	}
 	return &WaitError{For: fmt.Sprintf("this worker's runs entry of run %s to give the length it was queued for (step %d; it gives %d, and the run is done at step %d; %s); give it that length and the run goes on from step %d, or 'sched cancel' its segment",
-		a.Run, a.TotalSteps, total, st.Step, where, a.FromStep)}
+		a.Run, a.TotalSteps, total, st.Step, t.runsFrom(file), a.FromStep)}
+}
+
+// runsFrom says where this worker's runs come from, file being its
+// KILN_RUNS: the enqueuing machine reads its own, which may differ.
+func (t *Training) runsFrom(file string) string {
+	switch {
+	case file != "":
+		return "this worker's KILN_RUNS is " + file
+	case t.Runs != nil:
+		return "this worker's runs"
+	}
+	return "this worker has no KILN_RUNS"
 }
 
 // noStoreAdvice adds to the error of a run whose token store this

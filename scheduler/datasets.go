@@ -174,7 +174,7 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 			}
 			d := store(name)
 			d.addDataset(a.Dataset)
-			if !ended(t) {
+			if !t.Ended() {
 				d.Planning = true
 				if t.State != "active" && t.HasProgress && t.Progress.State == "waiting" {
 					d.PlanWaits = t.Progress.Message
@@ -305,8 +305,6 @@ func (s *Snapshot) Datasets() []DatasetProgress {
 	return out
 }
 
-func ended(t *TaskStatus) bool { return t.State == "completed" || t.State == "archived" }
-
 // endOf is when a task last reported, to the nanosecond (asynq's
 // completion time has whole seconds), or when it ended.
 func endOf(t *TaskStatus) time.Time {
@@ -320,8 +318,8 @@ func endOf(t *TaskStatus) time.Time {
 // queued by two ingests (a larger limit queues its own): live before
 // ended, then the later report.
 func newerTask(a, b *TaskStatus) bool {
-	if ended(a) != ended(b) {
-		return !ended(a)
+	if a.Ended() != b.Ended() {
+		return !a.Ended()
 	}
 	return endOf(a).After(endOf(b))
 }
@@ -356,12 +354,12 @@ func olderPayload(t *TaskStatus) bool {
 
 // fileState is one file's place in the two-task pipeline.
 func fileState(f *ingestFile) string {
-	if f.shard != nil && f.apnd != nil && !ended(f.shard) && ended(f.apnd) {
+	if f.shard != nil && f.apnd != nil && !f.shard.Ended() && f.apnd.Ended() {
 		// Queued again (a larger limit, or its store deleted): the
 		// appends are the earlier ingest's.
 		f = &ingestFile{shard: f.shard}
 	}
-	if f.whole != nil && ended(f.apnd) {
+	if f.whole != nil && f.apnd.Ended() {
 		// In the store whole, whatever a later task of it said: a shard
 		// of a smaller limit stops, its file unread, at a store the
 		// append filled; an append that failed after (an older kiln's

@@ -62,6 +62,10 @@ type TaskStatus struct {
 	Cancelled bool
 }
 
+// Ended reports whether the task has ended: completed, or archived (failed
+// for good, or cancelled); nothing more runs of it until it is queued again.
+func (t TaskStatus) Ended() bool { return t.State == "completed" || t.State == "archived" }
+
 // Status returns every kiln queue with its running tasks' progress. A queue
 // no task has reached yet is reported empty.
 func (c *Client) Status(ctx context.Context) ([]QueueStatus, error) {

@@ -382,7 +382,7 @@ func (s *Snapshot) RunTasks() map[string]RunTask {
 // newerSegment orders two segment tasks of one run: live before finished,
 // then the later starting step, then the later finish.
 func newerSegment(a TaskStatus, aFrom int64, b TaskStatus, bFrom int64) bool {
-	la, lb := a.State != "completed" && a.State != "archived", b.State != "completed" && b.State != "archived"
+	la, lb := !a.Ended(), !b.Ended()
 	switch {
 	case la != lb:
 		return la

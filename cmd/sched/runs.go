@@ -100,7 +100,7 @@ func printRuns(w io.Writer, snap *scheduler.Snapshot, states []scheduler.RunStat
 	var evs []event
 	for _, t := range snap.Tasks {
 		switch {
-		case t.State == "completed" || t.State == "archived":
+		case t.Ended():
 			evs = append(evs, event{t.Finished, t})
 		case t.State == "retry":
 			evs = append(evs, event{t.LastFailed, t})

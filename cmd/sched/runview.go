@@ -180,7 +180,7 @@ func (v *runView) classify() {
 // for: a run given a longer total and queued to go on read as done at its
 // old one ("step 800/800 (100.0%)") until its segment began.
 func (v runView) total() int {
-	if t := v.Task; t != nil && t.State != "active" && t.State != "completed" && t.State != "archived" && v.QueuedTotal > int64(v.Total) {
+	if t := v.Task; t != nil && t.State != "active" && !t.Ended() && v.QueuedTotal > int64(v.Total) {
 		return int(v.QueuedTotal)
 	}
 	return v.Total

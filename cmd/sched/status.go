@@ -327,7 +327,7 @@ func runInstead(v runView, verb string) string {
 	live := false
 	if v.Task != nil {
 		seg = v.Task.ID
-		live = v.Task.State != "completed" && v.Task.State != "archived"
+		live = !v.Task.Ended()
 	}
 	switch verb {
 	case "cancel":
